@@ -1,0 +1,105 @@
+"""The only place that reads driver errors: SQLSTATE plus constraint name to pybatch errors.
+
+Meaning is never read out of message text (postgres-lessons.md 10). Mapped errors
+are raised `from None`: driver messages can quote row values and the DSN's host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import psycopg
+
+from pybatch.errors import (
+    ConcurrentModification,
+    IntegrityViolation,
+    PyBatchError,
+    RetryableConflict,
+    SchemaUninitialized,
+    Unavailable,
+)
+
+__all__ = [
+    "CONSTRAINT_ERRORS",
+    "UNMAPPED_CONSTRAINTS",
+    "constraint_name",
+    "is_connection_loss",
+    "sqlstate_of",
+    "translate",
+    "unwrap",
+]
+
+#: Unique constraints that arbitrate a race: a violation means another unit of work won.
+#: Operations that know more (DuplicateStep, DefinitionUpgradeConflict) pass `overrides`.
+CONSTRAINT_ERRORS: Mapping[str, Callable[[], PyBatchError]] = {
+    "job_instance_identity_unique": ConcurrentModification,
+    "job_definition_revision_unique": ConcurrentModification,
+    "job_definition_digest_unique": ConcurrentModification,
+    "job_execution_attempt_unique": ConcurrentModification,
+    "job_execution_one_unresolved": ConcurrentModification,
+    "recovery_decision_version_unique": ConcurrentModification,
+    "flow_decision_sequence_unique": ConcurrentModification,
+    "flow_decision_source_unique": ConcurrentModification,
+    "operator_request_identity_unique": ConcurrentModification,
+    "retention_action_identity_unique": ConcurrentModification,
+}
+
+#: Constraints whose violation is a bug or corrupt input: reported as IntegrityViolation.
+UNMAPPED_CONSTRAINTS = "every CHECK, NOT NULL, foreign key and any unique not listed above"
+
+_RETRYABLE = frozenset({"40001", "40P01"})
+_INTEGRITY = frozenset({"23505", "23514", "23502", "23503", "23P01", "23000", "23001"})
+_SCHEMA_MISSING = frozenset({"42P01", "3F000"})
+_CONNECTION_LOSS = frozenset({"57P01", "57P02", "57P03", "25P03"})
+
+
+def unwrap(exc: BaseException) -> BaseException:
+    """Return the psycopg error behind a SQLAlchemy wrapper (`DBAPIError.orig`), or `exc`."""
+    orig = getattr(exc, "orig", None)
+    return orig if isinstance(orig, psycopg.Error) else exc
+
+
+def sqlstate_of(exc: BaseException) -> str | None:
+    """The SQLSTATE of a driver error, if the server sent one."""
+    return getattr(unwrap(exc), "sqlstate", None)
+
+
+def constraint_name(exc: BaseException) -> str | None:
+    """The violated constraint's name, if the server named one."""
+    error = unwrap(exc)
+    if isinstance(error, psycopg.Error):
+        return error.diag.constraint_name
+    return None
+
+
+def is_connection_loss(exc: BaseException, conn: psycopg.Connection[object] | None) -> bool:
+    """True when the connection can no longer be trusted (class 08, admin shutdown, closed)."""
+    error = unwrap(exc)
+    if conn is not None and (conn.broken or conn.closed):
+        return True
+    state = getattr(error, "sqlstate", None)
+    if state is None:
+        return isinstance(error, (psycopg.OperationalError, psycopg.InterfaceError))
+    return state.startswith("08") or state in _CONNECTION_LOSS
+
+
+def translate(
+    exc: BaseException,
+    *,
+    overrides: Mapping[str, Callable[[], PyBatchError]] | None = None,
+    schema_probe: bool = False,
+) -> PyBatchError:
+    """Map a driver error raised by a pybatch statement to the contract's error."""
+    state = sqlstate_of(exc)
+    if state in _RETRYABLE:
+        return RetryableConflict(sqlstate=state)
+    if state in _INTEGRITY:
+        name = constraint_name(exc) or "unnamed"
+        if state == "23505":
+            factory = (overrides or {}).get(name) or CONSTRAINT_ERRORS.get(name)
+            if factory is not None:
+                return factory()
+        return IntegrityViolation(constraint=name)
+    if schema_probe and state in _SCHEMA_MISSING:
+        return SchemaUninitialized()
+    return Unavailable(sqlstate=state)

@@ -1,0 +1,95 @@
+"""The `pybatch` operator command line: `pybatch.cli:main`.
+
+Commands call the migrator, the repository or the explorer; none holds SQL. Exit
+codes: 0 done, 1 refused (a pybatch error), 2 usage, 3 unavailable, 4 outcome unknown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from pybatch.cli import schema
+from pybatch.config import ConnectionConfig, TlsMode
+from pybatch.errors import (
+    ChunkCommitOutcomeUnknown,
+    CommitOutcomeUnknown,
+    ConfigError,
+    PyBatchError,
+    Unavailable,
+)
+
+__all__ = ["build_parser", "config_from_args", "main"]
+
+
+def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    """Connection options shared by every command that talks to PostgreSQL."""
+    parser.add_argument(
+        "--dsn",
+        help="libpq DSN or URI; defaults to $PYBATCH_DSN (never printed)",
+    )
+    parser.add_argument(
+        "--plaintext",
+        action="store_true",
+        help="connect without TLS (isolated environments only; default is verify-full)",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> ConnectionConfig:
+    """Turn the environment plus explicit options into a validated configuration."""
+    config = ConnectionConfig.from_env() if args.dsn is None else None
+    if config is None:
+        base = ConnectionConfig.from_env({"PYBATCH_DSN": args.dsn})
+        config = base
+    if args.plaintext:
+        import attrs
+
+        config = attrs.evolve(config, tls_mode=TlsMode.PLAINTEXT)
+    return config
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every command group."""
+    parser = argparse.ArgumentParser(prog="pybatch", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    schema.register(commands)
+    _register_optional(commands)
+    return parser
+
+
+def _register_optional(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Command groups that live in their own modules (demo, explore, ...)."""
+    for module_name in ("pybatch.cli.demo",):
+        try:
+            module = __import__(module_name, fromlist=["register"])
+        except ModuleNotFoundError:
+            continue
+        module.register(commands)
+
+
+def exit_code_for(error: BaseException) -> int:
+    """One table from error family to exit code."""
+    if isinstance(error, CommitOutcomeUnknown | ChunkCommitOutcomeUnknown):
+        return 4
+    if isinstance(error, Unavailable):
+        return 3
+    if isinstance(error, ConfigError):
+        return 2
+    return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; errors print as one redacted line on stderr."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        result: int = args.handler(args)
+    except PyBatchError as error:
+        print(f"pybatch: {type(error).__name__}: {error}", file=sys.stderr)
+        return exit_code_for(error)
+    return result
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,10 @@
+"""Row and column codecs between PostgreSQL rows and pybatch values (style.md 3.5).
+
+Import the codec modules directly (`pybatch.codecs.executions`, `pybatch.codecs._primitives`).
+This package imports nothing at load time, so values may use the stdlib-only primitives
+(canonical JSON, digests) without pulling in the driver or creating import cycles.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []

@@ -1,0 +1,237 @@
+"""Schema migrations: numbered, checksummed files applied under an advisory lock (schema.md 7).
+
+Statements: schema.sql (bookkeeping), transaction.sql set_session_lock_timeout, and the
+migration files themselves, each run whole in its own transaction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import psycopg
+
+from pybatch import _sqlstate
+from pybatch._connect import open_connection
+from pybatch._resources import migrations_dir
+from pybatch._statements import load_statements
+from pybatch.config import ConnectionConfig
+from pybatch.errors import (
+    MigrationChecksumMismatch,
+    MigrationHistoryInvalid,
+    MigrationLockTimeout,
+    NewerSchema,
+    PyBatchError,
+    Unavailable,
+)
+
+__all__ = [
+    "Migration",
+    "installed_schema_version",
+    "migrate",
+    "migration_sql",
+    "pending_migrations",
+    "shipped_migrations",
+    "supported_schema_version",
+]
+
+_FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+@attrs.frozen
+class Migration:
+    """One shipped migration file."""
+
+    version: int
+    name: str
+    path: Path = attrs.field(repr=False)
+    checksum: bytes = attrs.field(repr=False)
+
+    def text(self) -> str:
+        """The file's SQL, exactly as shipped."""
+        return self.path.read_text(encoding="utf-8")
+
+
+def shipped_migrations(directory: Path | None = None) -> list[Migration]:
+    """Every migration file shipped with this package, in version order, contiguous from 1."""
+    folder = directory or migrations_dir()
+    found: list[Migration] = []
+    for path in sorted(folder.glob("*.sql")):
+        match = _FILE_NAME.match(path.name)
+        if match is None:
+            raise ValueError(f"migration file {path.name} is not named NNNN_description.sql")
+        data = path.read_bytes()
+        found.append(
+            Migration(
+                version=int(match.group(1)),
+                name=match.group(2),
+                path=path,
+                checksum=hashlib.sha256(data).digest(),
+            )
+        )
+    for expected, migration in enumerate(found, start=1):
+        if migration.version != expected:
+            raise ValueError(f"migration files are not contiguous at {migration.version}")
+    return found
+
+
+def supported_schema_version() -> int:
+    """The schema version this package runs against (the highest shipped migration)."""
+    return shipped_migrations()[-1].version
+
+
+def _read_version(conn: psycopg.Connection[Any]) -> int | None:
+    """Installed version, or None when the schema, the table or the row is missing."""
+    try:
+        with conn.transaction():
+            version = load_statements().read_schema_version(conn)
+    except psycopg.Error as error:
+        mapped = _sqlstate.translate(error, schema_probe=True)
+        if mapped.__class__.__name__ == "SchemaUninitialized":
+            return None
+        raise mapped from None
+    return None if version is None else int(version)
+
+
+def installed_schema_version(config: ConnectionConfig) -> int | None:
+    """Read the installed schema version: no lock, no DDL, fine for a read-only role."""
+    with open_connection(config, autocommit=True) as conn:
+        return _read_version(conn)
+
+
+@contextmanager
+def _migration_lock(conn: psycopg.Connection[Any], config: ConnectionConfig) -> Iterator[None]:
+    statements = load_statements()
+    statements.set_session_lock_timeout(conn, lock_timeout_ms=str(config.lock_timeout_ms))
+    try:
+        statements.lock_schema_migrations(conn)
+    except psycopg.errors.LockNotAvailable:
+        raise MigrationLockTimeout() from None
+    try:
+        yield
+    finally:
+        if not conn.broken:
+            statements.unlock_schema_migrations(conn)
+
+
+def _verify_history(
+    conn: psycopg.Connection[Any], installed: int | None, shipped: list[Migration]
+) -> None:
+    """Refuse a history that is not a prefix of the shipped files, byte for byte."""
+    statements = load_statements()
+    if installed is None:
+        return
+    if not statements.find_schema_migration_table(conn):
+        raise MigrationHistoryInvalid(version=installed)
+    applied = statements.list_schema_migrations(conn)
+    if [row["version"] for row in applied] != list(range(1, installed + 1)):
+        raise MigrationHistoryInvalid(version=installed)
+    by_version = {migration.version: migration for migration in shipped}
+    for row in applied:
+        migration = by_version.get(row["version"])
+        if migration is None:
+            continue  # newer than this package: reported as NewerSchema before we get here
+        if bytes(row["checksum"]) != migration.checksum:
+            raise MigrationChecksumMismatch(version=row["version"])
+
+
+def _pending(installed: int | None, shipped: list[Migration]) -> list[Migration]:
+    current = installed or 0
+    supported = shipped[-1].version
+    if current > supported:
+        raise NewerSchema(current=current, supported=supported)
+    return [migration for migration in shipped if migration.version > current]
+
+
+def pending_migrations(config: ConnectionConfig) -> list[Migration]:
+    """The files `migrate` would apply now, after the same refusals (read-only)."""
+    shipped = shipped_migrations()
+    with open_connection(config, autocommit=True) as conn:
+        installed = _read_version(conn)
+        pending = _pending(installed, shipped)
+        _verify_history(conn, installed, shipped)
+        return pending
+
+
+def migration_sql(config: ConnectionConfig) -> str:
+    """The exact SQL `migrate` would run now, for a DBA to review or apply by hand."""
+    statements = load_statements()
+    pending = pending_migrations(config)
+    with open_connection(config, autocommit=True) as conn:
+        cursor = psycopg.ClientCursor(conn)
+        parts = [cursor.mogrify(statements.create_pybatch_schema.query) + "\n"]
+        for migration in pending:
+            bookkeeping = [
+                cursor.mogrify(
+                    statements.insert_schema_migration.query,
+                    {
+                        "version": migration.version,
+                        "name": migration.name,
+                        "checksum": migration.checksum,
+                        "execution_ms": 0,
+                    },
+                ),
+                cursor.mogrify(
+                    statements.update_schema_version.query, {"version": migration.version}
+                ),
+            ]
+            parts.append(
+                "BEGIN ISOLATION LEVEL READ COMMITTED;\n"
+                + migration.text()
+                + "\n"
+                + "\n".join(bookkeeping)
+                + "\nCOMMIT;\n"
+            )
+    return "\n".join(parts)
+
+
+def _apply(conn: psycopg.Connection[Any], migration: Migration) -> None:
+    statements = load_statements()
+    started = time.monotonic()
+    with conn.transaction():
+        conn.execute(migration.text().encode("utf-8"))
+        elapsed_ms = int((time.monotonic() - started) * 1000)
+        statements.insert_schema_migration(
+            conn,
+            version=migration.version,
+            name=migration.name,
+            checksum=migration.checksum,
+            execution_ms=elapsed_ms,
+        )
+        if statements.update_schema_version(conn, version=migration.version) != 1:
+            raise MigrationHistoryInvalid(version=migration.version)
+
+
+def migrate(config: ConnectionConfig, *, dry_run: bool = False) -> list[Migration]:
+    """Bring the schema to the supported version; return the files applied (or pending).
+
+    Safe when several processes run it at once: they serialize on an advisory lock
+    and the later ones find nothing pending. A newer schema or an applied file whose
+    checksum changed is refused before anything runs.
+    """
+    shipped = shipped_migrations()
+    with open_connection(config, autocommit=True) as conn:
+        try:
+            with _migration_lock(conn, config):
+                installed = _read_version(conn)
+                pending = _pending(installed, shipped)
+                _verify_history(conn, installed, shipped)
+                if dry_run or not pending:
+                    return pending
+                load_statements().create_pybatch_schema(conn)
+                for migration in pending:
+                    _apply(conn, migration)
+                final = _read_version(conn)
+                if final != shipped[-1].version:
+                    raise MigrationHistoryInvalid(version=final or 0)
+                return pending
+        except PyBatchError:
+            raise
+        except psycopg.Error as error:
+            raise Unavailable(sqlstate=_sqlstate.sqlstate_of(error)) from None

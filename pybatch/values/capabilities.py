@@ -1,0 +1,54 @@
+"""Capabilities and the repository descriptor (behaviour.md 2.21, 4.18)."""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from pybatch.errors import UnsupportedCapability
+
+__all__ = ["RepositoryCapability", "RepositoryDescriptor"]
+
+
+class RepositoryCapability(enum.Enum):
+    """Optional repository features, in their stable declaration order."""
+
+    OPERATOR_REQUESTS = "operator requests"
+    STOP_REQUESTS = "durable stop requests"
+    EXECUTION_OWNERSHIP = "execution ownership evidence"
+    INSTANCE_HOLDS = "instance holds"
+    RETENTION_PURGE = "retention purge"
+    STEP_PARTITIONS = "durable step partitions"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@attrs.frozen
+class RepositoryDescriptor:
+    """What a repository declares: descriptor shape version, schema version, capabilities."""
+
+    CURRENT_VERSION = 1
+
+    descriptor_version: int
+    schema_version: int
+    capabilities: frozenset[RepositoryCapability] = attrs.field(converter=frozenset)
+
+    @classmethod
+    def default(cls) -> RepositoryDescriptor:
+        """The conservative claim of an adapter that declares nothing."""
+        return cls(cls.CURRENT_VERSION, 0, frozenset())
+
+    def declares(self, capability: RepositoryCapability) -> bool:
+        """Whether `capability` is declared."""
+        return capability in self.capabilities
+
+    def require(self, capability: RepositoryCapability) -> None:
+        """Raise UnsupportedCapability unless `capability` is declared; never downgrade."""
+        if capability not in self.capabilities:
+            raise UnsupportedCapability(capability=capability.value)
+
+    def ordered_capabilities(self) -> list[RepositoryCapability]:
+        """Declared capabilities in the stable declaration order."""
+        return [c for c in RepositoryCapability if c in self.capabilities]

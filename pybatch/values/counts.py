@@ -1,0 +1,81 @@
+"""Execution counters and step fault counters, each bounded to 0..2^63-1 (behaviour.md 2.6).
+
+The bound is the portable one shared with PostgreSQL bigint, so a value that validates here is
+always storable.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from pybatch.errors import CountExhausted
+from pybatch.values.ids import INT64_MAX, check_counter
+
+__all__ = ["ExecutionCounts", "StepFaultCounts"]
+
+
+def _counter(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    check_counter(attribute.name, value)
+
+
+def _checked_sum(left: int, right: int) -> int:
+    total = left + right
+    if total > INT64_MAX:
+        raise CountExhausted()
+    return total
+
+
+@attrs.frozen(kw_only=True)
+class ExecutionCounts:
+    """Six item and transaction counters of a step (job executions carry none, rule 14)."""
+
+    read: int = attrs.field(default=0, validator=_counter)
+    processed: int = attrs.field(default=0, validator=_counter)
+    written: int = attrs.field(default=0, validator=_counter)
+    filtered: int = attrs.field(default=0, validator=_counter)
+    committed: int = attrs.field(default=0, validator=_counter)
+    rolled_back: int = attrs.field(default=0, validator=_counter)
+
+    def plus(self, other: ExecutionCounts) -> ExecutionCounts:
+        """Return the counter-wise sum; a sum above 2^63-1 raises CountExhausted.
+
+        Raises:
+            CountExhausted: a counter would exceed 2^63-1.
+        """
+        return ExecutionCounts(
+            read=_checked_sum(self.read, other.read),
+            processed=_checked_sum(self.processed, other.processed),
+            written=_checked_sum(self.written, other.written),
+            filtered=_checked_sum(self.filtered, other.filtered),
+            committed=_checked_sum(self.committed, other.committed),
+            rolled_back=_checked_sum(self.rolled_back, other.rolled_back),
+        )
+
+    def with_terminal_rollback(self) -> ExecutionCounts:
+        """Return the counts with `rolled_back + 1` (a terminal-rollback transition).
+
+        Raises:
+            CountExhausted: `rolled_back` is already 2^63-1.
+        """
+        return attrs.evolve(self, rolled_back=_checked_sum(self.rolled_back, 1))
+
+    @property
+    def is_zero(self) -> bool:
+        """Whether every counter is zero (always true for a job execution)."""
+        return self == _ZERO
+
+
+_ZERO = ExecutionCounts()
+
+
+@attrs.frozen(kw_only=True)
+class StepFaultCounts:
+    """Retry, skip and no-rollback counters of a step, copied on restart (rule 4)."""
+
+    read_retry: int = attrs.field(default=0, validator=_counter)
+    process_retry: int = attrs.field(default=0, validator=_counter)
+    write_retry: int = attrs.field(default=0, validator=_counter)
+    read_skip: int = attrs.field(default=0, validator=_counter)
+    process_skip: int = attrs.field(default=0, validator=_counter)
+    write_skip: int = attrs.field(default=0, validator=_counter)
+    no_rollback: int = attrs.field(default=0, validator=_counter)

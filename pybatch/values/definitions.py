@@ -1,0 +1,290 @@
+"""Definition identities and directed upgrade edges (behaviour.md 2.12).
+
+A definition is identified by the SHA-256 of its canonical manifest bytes. The bytes are
+validated on every construction: at most 65,536 bytes, a canonical JSON object, no floats.
+The manifest format (1..3) is checked by the repository, which reports an unsupported one as
+`UnsupportedManifestVersion`, as the contract requires (`check_manifest_format`).
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar, NoReturn
+
+import attrs
+
+from pybatch.codecs._primitives import canonical_json, sha256
+from pybatch.errors import (
+    DuplicateSourceStep,
+    DuplicateTargetStep,
+    EmptyStepMapping,
+    JsonNotEncodable,
+    ManifestInvalid,
+    ManifestTooLarge,
+    UnsupportedManifestVersion,
+    UpgradeSelfEdge,
+)
+from pybatch.values.names import DefinitionRevision, DefinitionUpgradeKey, JobName, StepName
+
+__all__ = [
+    "LEGACY_MANIFEST",
+    "LEGACY_REVISION",
+    "MANIFEST_FORMAT_FLOW",
+    "MANIFEST_FORMAT_LOCAL_SCALE",
+    "MANIFEST_FORMAT_ONE_STEP",
+    "MANIFEST_MAX_BYTES",
+    "DefinitionIdentity",
+    "DefinitionUpgrade",
+    "check_manifest_format",
+]
+
+#: Byte bound of a canonical manifest.
+MANIFEST_MAX_BYTES = 65_536
+#: Manifest format of a one-step tasklet or chunk definition.
+MANIFEST_FORMAT_ONE_STEP = 1
+#: Manifest format of a flow graph.
+MANIFEST_FORMAT_FLOW = 2
+#: Manifest format of a local-scale (split / partition) plan; the newest supported.
+MANIFEST_FORMAT_LOCAL_SCALE = 3
+#: Revision of the legacy definition used by launches without a definition.
+LEGACY_REVISION = "__m1_repository_port_v1"
+#: Canonical manifest bytes of the legacy definition (frozen, durable).
+LEGACY_MANIFEST = b'{"format":1,"repository_port":"m1","revision":"__m1_repository_port_v1"}'
+
+_U16_MAX = 2**16 - 1
+
+
+def check_manifest_format(manifest_format: int) -> int:
+    """Return `manifest_format` if this package can interpret it (1..3).
+
+    Raises:
+        UnsupportedManifestVersion: 0 (missing) or above 3.
+    """
+    if not MANIFEST_FORMAT_ONE_STEP <= manifest_format <= MANIFEST_FORMAT_LOCAL_SCALE:
+        raise UnsupportedManifestVersion(format=manifest_format)
+    return manifest_format
+
+
+def _contains_float(document: object) -> bool:
+    """Whether a document holds a float anywhere; too deep to walk counts as invalid."""
+    try:
+        return any(isinstance(value, float) for value in _walk(document))
+    except RecursionError:
+        raise ManifestInvalid(reason="nesting too deep") from None
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise ValueError("NaN and infinity are not JSON")
+
+
+def _parse_canonical_manifest(data: bytes) -> dict[str, Any]:
+    """Parse canonical manifest bytes, refusing anything the manifest reader refuses."""
+    if len(data) > MANIFEST_MAX_BYTES:
+        raise ManifestTooLarge(max_bytes=MANIFEST_MAX_BYTES)
+    try:
+        document = json.loads(data, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        raise ManifestInvalid(reason="not valid JSON") from None
+    if not isinstance(document, dict):
+        raise ManifestInvalid(reason="not a JSON object")
+    if _contains_float(document):
+        raise ManifestInvalid(reason="contains a floating-point number")
+    if canonical_json(document) != data:
+        raise ManifestInvalid(reason="not canonically encoded")
+    return document
+
+
+def _format_member(document: Mapping[str, object]) -> int:
+    """The `format` member as a u16, or 0 (missing format) when absent or not a u16."""
+    value = document.get("format")
+    if type(value) is int and 0 <= value <= _U16_MAX:
+        return value
+    return 0
+
+
+@attrs.frozen(repr=False)
+class DefinitionIdentity:
+    """The restart-relevant identity of a job definition: revision, format and manifest bytes.
+
+    Equality covers every field; `digest` (SHA-256 of the manifest bytes) is derived.
+    """
+
+    job_name: JobName | None = attrs.field(
+        validator=attrs.validators.optional(attrs.validators.instance_of(JobName))
+    )
+    revision: DefinitionRevision = attrs.field(
+        validator=attrs.validators.instance_of(DefinitionRevision)
+    )
+    manifest_format: int
+    canonical_manifest: bytes
+    _digest: bytes = attrs.field(init=False, eq=False, repr=False)
+
+    LEGACY: ClassVar[DefinitionIdentity]
+
+    def __attrs_post_init__(self) -> None:
+        if type(self.manifest_format) is not int or not 0 <= self.manifest_format <= _U16_MAX:
+            raise ManifestInvalid(reason="manifest format is not a u16")
+        if type(self.canonical_manifest) is not bytes:
+            raise TypeError("canonical_manifest is bytes")
+        _parse_canonical_manifest(self.canonical_manifest)
+        object.__setattr__(self, "_digest", sha256(self.canonical_manifest))
+
+    @classmethod
+    def from_manifest(
+        cls,
+        job_name: JobName | None,
+        revision: DefinitionRevision,
+        manifest: Mapping[str, Any],
+    ) -> DefinitionIdentity:
+        """Canonicalise `manifest` and build its identity; the format is its `format` member.
+
+        A missing or non-u16 `format` member gives format 0, which registration reports as
+        `UnsupportedManifestVersion{format=0}` (the seed's MissingFormat).
+
+        Raises:
+            ManifestInvalid: not an object, a float, NaN/infinity or another non-JSON value.
+            ManifestTooLarge: the canonical bytes exceed 65,536 bytes.
+        """
+        if not isinstance(manifest, Mapping):
+            raise ManifestInvalid(reason="not a JSON object")
+        # Before canonicalising: canonical JSON writes 1e16 as an integer, hiding the float.
+        if _contains_float(manifest):
+            raise ManifestInvalid(reason="contains a floating-point number")
+        try:
+            data = canonical_json(manifest)
+        except JsonNotEncodable as error:
+            raise ManifestInvalid(reason=error.reason) from None
+        if len(data) > MANIFEST_MAX_BYTES:
+            raise ManifestTooLarge(max_bytes=MANIFEST_MAX_BYTES)
+        document = _parse_canonical_manifest(data)
+        return cls(job_name, revision, _format_member(document), data)
+
+    @classmethod
+    def legacy(cls) -> DefinitionIdentity:
+        """The legacy definition of launches without a definition (behaviour.md 2.12)."""
+        return cls.LEGACY
+
+    @property
+    def digest(self) -> bytes:
+        """SHA-256 of `canonical_manifest` (the stored `manifest_digest`)."""
+        return self._digest
+
+    @property
+    def manifest_digest(self) -> bytes:
+        """Alias of `digest`, named like the column."""
+        return self._digest
+
+    def manifest(self) -> dict[str, Any]:
+        """A fresh parsed copy of the manifest (what the `manifest` jsonb column stores)."""
+        document: dict[str, Any] = json.loads(self.canonical_manifest)
+        return document
+
+    def __repr__(self) -> str:
+        job_name = None if self.job_name is None else self.job_name.value
+        return (
+            f"DefinitionIdentity(job_name={job_name!r}, revision={self.revision.value!r}, "
+            f"manifest_format={self.manifest_format}, digest_prefix={self._digest[:4].hex()!r}, "
+            "canonical_manifest='<redacted>')"
+        )
+
+
+def _walk(value: object) -> Iterable[object]:
+    """Every nested value of a Mapping/sequence document (tuples included)."""
+    if isinstance(value, Mapping):
+        for child in value.values():
+            yield child
+            yield from _walk(child)
+    elif isinstance(value, list | tuple):
+        for child in value:
+            yield child
+            yield from _walk(child)
+
+
+DefinitionIdentity.LEGACY = DefinitionIdentity(
+    None, DefinitionRevision(LEGACY_REVISION), MANIFEST_FORMAT_ONE_STEP, LEGACY_MANIFEST
+)
+
+
+def _step_key(name: StepName) -> bytes:
+    return name.value.encode("utf-8")
+
+
+@attrs.frozen(repr=False)
+class DefinitionUpgrade:
+    """A directed, non-transitive compatibility edge between two definitions (behaviour.md 2.12).
+
+    `step_mapping` maps source step names to target step names, ordered by source name;
+    checkpoint and context bytes carry over unchanged.
+    """
+
+    key: DefinitionUpgradeKey = attrs.field(
+        validator=attrs.validators.instance_of(DefinitionUpgradeKey)
+    )
+    from_definition: DefinitionIdentity = attrs.field(
+        validator=attrs.validators.instance_of(DefinitionIdentity)
+    )
+    to_definition: DefinitionIdentity = attrs.field(
+        validator=attrs.validators.instance_of(DefinitionIdentity)
+    )
+    step_mapping: Mapping[StepName, StepName] = attrs.field(hash=False)
+
+    def __attrs_post_init__(self) -> None:
+        pairs = list(self.step_mapping.items()) if isinstance(self.step_mapping, Mapping) else None
+        if pairs is None:
+            raise TypeError("step_mapping is a Mapping[StepName, StepName]")
+        frozen = _validated_mapping(self.from_definition, self.to_definition, pairs)
+        object.__setattr__(self, "step_mapping", frozen)
+
+    @classmethod
+    def from_pairs(
+        cls,
+        key: DefinitionUpgradeKey,
+        from_definition: DefinitionIdentity,
+        to_definition: DefinitionIdentity,
+        pairs: Iterable[tuple[StepName, StepName]],
+    ) -> DefinitionUpgrade:
+        """Build from (source, target) pairs, detecting a source given twice.
+
+        Raises:
+            UpgradeSelfEdge: both definitions have the same digest.
+            DuplicateSourceStep: a source step occurs twice.
+            DuplicateTargetStep: two sources map to one target.
+            EmptyStepMapping: no pair.
+        """
+        frozen = _validated_mapping(from_definition, to_definition, list(pairs))
+        return cls(key, from_definition, to_definition, frozen)
+
+    def __repr__(self) -> str:
+        return (
+            f"DefinitionUpgrade(key={self.key.value!r}, "
+            f"from_digest_prefix={self.from_definition.digest[:4].hex()!r}, "
+            f"to_digest_prefix={self.to_definition.digest[:4].hex()!r}, "
+            f"step_count={len(self.step_mapping)})"
+        )
+
+
+def _validated_mapping(
+    from_definition: DefinitionIdentity,
+    to_definition: DefinitionIdentity,
+    pairs: list[tuple[StepName, StepName]],
+) -> Mapping[StepName, StepName]:
+    """Apply the four checks of behaviour.md 2.12 in the seed's order; return a frozen mapping."""
+    if from_definition.digest == to_definition.digest:
+        raise UpgradeSelfEdge()
+    mapping: dict[StepName, StepName] = {}
+    targets: set[StepName] = set()
+    for source, target in pairs:
+        if not isinstance(source, StepName) or not isinstance(target, StepName):
+            raise TypeError("step mapping entries are StepName pairs")
+        if source in mapping:
+            raise DuplicateSourceStep()
+        if target in targets:
+            raise DuplicateTargetStep()
+        mapping[source] = target
+        targets.add(target)
+    if not mapping:
+        raise EmptyStepMapping()
+    ordered = {source: mapping[source] for source in sorted(mapping, key=_step_key)}
+    return types.MappingProxyType(ordered)

@@ -1,0 +1,130 @@
+"""Identifiers, versions and counters as plain ints with explicit range checks (behaviour.md 2.2).
+
+Identifiers stay `int` in the API (NewType aliases document which one is meant). The domain
+range is 1..2^64-1; storage is `bigint`, so binding a value above 2^63-1 is refused with
+`IdentifierOutOfRange`. `bool` is never accepted where an int is meant.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NewType
+
+from pybatch.errors import (
+    CounterOutOfRange,
+    IdentifierOutOfRange,
+    NegativeIdentifier,
+    VersionOutOfRange,
+    ZeroIdentifier,
+)
+
+__all__ = [
+    "INT64_MAX",
+    "UINT64_MAX",
+    "DefinitionId",
+    "FailureId",
+    "FlowDecisionId",
+    "FlowDecisionSequence",
+    "IdentifierKind",
+    "JobExecutionId",
+    "JobInstanceId",
+    "OperatorRequestId",
+    "RecoveryDecisionId",
+    "RetentionActionId",
+    "StepExecutionId",
+    "StepPartitionId",
+    "check_counter",
+    "check_identifier",
+    "check_version",
+]
+
+#: Storage bound of ids, versions and counters (PostgreSQL bigint).
+INT64_MAX = 2**63 - 1
+#: Domain bound of identifiers (Rust u64).
+UINT64_MAX = 2**64 - 1
+
+JobInstanceId = NewType("JobInstanceId", int)
+JobExecutionId = NewType("JobExecutionId", int)
+StepExecutionId = NewType("StepExecutionId", int)
+RecoveryDecisionId = NewType("RecoveryDecisionId", int)
+OperatorRequestId = NewType("OperatorRequestId", int)
+RetentionActionId = NewType("RetentionActionId", int)
+StepPartitionId = NewType("StepPartitionId", int)
+FailureId = NewType("FailureId", int)
+FlowDecisionId = NewType("FlowDecisionId", int)
+FlowDecisionSequence = NewType("FlowDecisionSequence", int)
+#: Surrogate key of a `job_definition` row (storage only; no contract identifier kind).
+DefinitionId = NewType("DefinitionId", int)
+
+
+class IdentifierKind(enum.Enum):
+    """Which identifier a check is about; the value is the contract's display name."""
+
+    JOB_INSTANCE = "job instance"
+    JOB_EXECUTION = "job execution"
+    STEP_EXECUTION = "step execution"
+    FLOW_DECISION = "flow decision"
+    FLOW_DECISION_SEQUENCE = "flow decision sequence"
+    RECOVERY_DECISION = "recovery decision"
+    OPERATOR_REQUEST = "operator request"
+    RETENTION_ACTION = "retention action"
+    STEP_PARTITION = "step partition"
+    FAILURE = "failure"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _require_int(value: object) -> int:
+    """Refuse bool and non-int values: the Python kind is part of identity, never coerced."""
+    if type(value) is bool or not isinstance(value, int):
+        raise TypeError("expected an int (bool is not accepted)")
+    return value
+
+
+def check_identifier(kind: IdentifierKind, value: int, *, storable: bool = True) -> int:
+    """Return `value` if it is a valid identifier of `kind` (behaviour.md 2.2).
+
+    Args:
+        kind: the identifier kind named in errors.
+        value: the candidate identifier.
+        storable: also require the bigint storage bound (the default); pass False to check
+            only the domain range 1..2^64-1, e.g. for generator output.
+
+    Raises:
+        ZeroIdentifier: the value is 0.
+        NegativeIdentifier: the value is negative or above 2^64-1.
+        IdentifierOutOfRange: the value is above 2^63-1 and `storable` is set.
+    """
+    value = _require_int(value)
+    if value == 0:
+        raise ZeroIdentifier(kind=kind.value)
+    if value < 0 or value > UINT64_MAX:
+        raise NegativeIdentifier(kind=kind.value)
+    if storable and value > INT64_MAX:
+        raise IdentifierOutOfRange(kind=kind.value, value=value)
+    return value
+
+
+def check_version(value: int) -> int:
+    """Return `value` if it is a storable optimistic version 0..2^63-1 (behaviour.md 2.10).
+
+    Raises:
+        VersionOutOfRange: outside 0..2^63-1.
+    """
+    value = _require_int(value)
+    if not 0 <= value <= INT64_MAX:
+        raise VersionOutOfRange()
+    return value
+
+
+def check_counter(name: str, value: int) -> int:
+    """Return `value` if it is a counter in 0..2^63-1 (behaviour.md 2.6).
+
+    Raises:
+        CounterOutOfRange: outside 0..2^63-1.
+    """
+    value = _require_int(value)
+    if not 0 <= value <= INT64_MAX:
+        raise CounterOutOfRange(name=name)
+    return value

@@ -1,0 +1,231 @@
+"""Lifecycle transitions: the table, execution metadata and the checked apply (behaviour.md 3).
+
+The repository locks the row, calls `apply_transition` (or `apply_exit_enrichment`) on the
+decoded metadata and writes the result with a version compare-and-swap; any error leaves the
+stored record unchanged because nothing is written.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import types
+from collections.abc import Mapping
+
+import attrs
+
+from pybatch.errors import (
+    ActiveExecutionHasEndTime,
+    FailedExecutionMissingFailure,
+    FailedTransitionMissingFailure,
+    FinishedExecutionMissingEndTime,
+    IllegalTransition,
+    InvalidTimestampOrder,
+    InvalidTransitionTime,
+    RestartRequiresNewAttempt,
+    StaleVersion,
+    VersionExhausted,
+)
+from pybatch.values.counts import ExecutionCounts
+from pybatch.values.ids import INT64_MAX
+from pybatch.values.names import ExitCode
+from pybatch.values.status import BatchStatus, FailureSummary
+from pybatch.values.timestamps import ExecutionTimestamps, aware_utc
+
+__all__ = [
+    "INITIAL_VERSION",
+    "TRANSITIONS",
+    "ExecutionMetadata",
+    "LifecycleTransition",
+    "apply_exit_enrichment",
+    "apply_transition",
+    "is_legal_transition",
+]
+
+#: The version of every new execution, step and partition.
+INITIAL_VERSION = 0
+
+_S = BatchStatus
+#: The transition table of behaviour.md 3.1: from-status -> allowed targets. Everything else is
+#: illegal, including self-transitions and every transition to STARTING.
+TRANSITIONS: Mapping[BatchStatus, frozenset[BatchStatus]] = types.MappingProxyType(
+    {
+        _S.STARTING: frozenset({_S.STARTED, _S.STOPPING, _S.FAILED, _S.UNKNOWN}),
+        _S.STARTED: frozenset({_S.STOPPING, _S.STOPPED, _S.FAILED, _S.COMPLETED, _S.UNKNOWN}),
+        _S.STOPPING: frozenset({_S.STOPPED, _S.FAILED, _S.UNKNOWN}),
+        _S.STOPPED: frozenset({_S.ABANDONED}),
+        _S.FAILED: frozenset({_S.ABANDONED}),
+        _S.UNKNOWN: frozenset({_S.FAILED, _S.ABANDONED}),
+        _S.COMPLETED: frozenset(),
+        _S.ABANDONED: frozenset(),
+    }
+)
+
+
+def is_legal_transition(from_status: BatchStatus, to_status: BatchStatus) -> bool:
+    """Whether the table of behaviour.md 3.1 allows `from_status -> to_status`."""
+    return to_status in TRANSITIONS[from_status]
+
+
+def _optional_failure(
+    instance: object, attribute: attrs.Attribute[FailureSummary | None], value: object
+) -> None:
+    if value is not None and not isinstance(value, FailureSummary):
+        raise TypeError("failure is a FailureSummary or None")
+
+
+@attrs.frozen(kw_only=True)
+class LifecycleTransition:
+    """A requested transition: target status, caller-supplied instant, failure, rollback flag."""
+
+    target: BatchStatus = attrs.field(validator=attrs.validators.instance_of(BatchStatus))
+    at: _dt.datetime = attrs.field(converter=aware_utc)
+    failure: FailureSummary | None = attrs.field(default=None, validator=_optional_failure)
+    terminal_rollback: bool = attrs.field(
+        default=False, validator=attrs.validators.instance_of(bool)
+    )
+
+    @classmethod
+    def new(cls, target: BatchStatus, at: _dt.datetime) -> LifecycleTransition:
+        """A transition that introduces no failure."""
+        return cls(target=target, at=at)
+
+    @classmethod
+    def failed(cls, at: _dt.datetime, failure: FailureSummary) -> LifecycleTransition:
+        """A transition to FAILED carrying its redacted failure summary."""
+        return cls(target=BatchStatus.FAILED, at=at, failure=failure)
+
+    def with_terminal_rollback(self) -> LifecycleTransition:
+        """The same transition, marked as one whose terminal work was rolled back."""
+        return attrs.evolve(self, terminal_rollback=True)
+
+
+@attrs.frozen(kw_only=True)
+class ExecutionMetadata:
+    """Status, exit, timestamps, counters and failure of an execution (behaviour.md 2.9)."""
+
+    status: BatchStatus = attrs.field(validator=attrs.validators.instance_of(BatchStatus))
+    exit_status: ExitCode = attrs.field(validator=attrs.validators.instance_of(ExitCode))
+    timestamps: ExecutionTimestamps = attrs.field(
+        validator=attrs.validators.instance_of(ExecutionTimestamps)
+    )
+    counts: ExecutionCounts = attrs.field(
+        factory=ExecutionCounts, validator=attrs.validators.instance_of(ExecutionCounts)
+    )
+    failure: FailureSummary | None = attrs.field(default=None, validator=_optional_failure)
+
+    def __attrs_post_init__(self) -> None:
+        ended = self.timestamps.ended_at is not None
+        if self.status.is_active and ended:
+            raise ActiveExecutionHasEndTime()
+        if self.status.is_finished and not ended:
+            raise FinishedExecutionMissingEndTime()
+        if self.status is BatchStatus.FAILED and self.failure is None:
+            raise FailedExecutionMissingFailure()
+
+    @classmethod
+    def starting(cls, created_at: _dt.datetime) -> ExecutionMetadata:
+        """The metadata of a new execution or step: STARTING, exit UNKNOWN, zero counters."""
+        return cls(
+            status=BatchStatus.STARTING,
+            exit_status=ExitCode.UNKNOWN,
+            timestamps=ExecutionTimestamps(created_at),
+        )
+
+
+def _check_int(value: int) -> int:
+    if type(value) is not int:
+        raise TypeError("versions are int (bool is not accepted)")
+    return value
+
+
+def apply_transition(
+    metadata: ExecutionMetadata,
+    version: int,
+    expected_version: int,
+    transition: LifecycleTransition,
+    *,
+    counts_apply: bool,
+) -> tuple[ExecutionMetadata, int]:
+    """Apply `transition` to `metadata` at `version`, in the check order of behaviour.md 3.2.
+
+    Args:
+        metadata: the current (locked) metadata.
+        version: the current stored version.
+        expected_version: the version the caller observed.
+        transition: the requested transition.
+        counts_apply: True for step executions, whose terminal-rollback flag increments
+            `rolled_back`; False for job executions, which carry no counters (rule 14).
+
+    Returns:
+        The new metadata and the new version (`version + 1`).
+
+    Raises:
+        StaleVersion: `expected_version != version` (checked first, even if also illegal).
+        RestartRequiresNewAttempt: STOPPED or FAILED to STARTING.
+        IllegalTransition: the table forbids the transition.
+        FailedTransitionMissingFailure: target FAILED without a failure.
+        InvalidTransitionTime: `at` is before the start (or creation) or before the end.
+        CountExhausted: the terminal-rollback increment would exceed 2^63-1.
+        VersionExhausted: `version` is already the storage maximum 2^63-1.
+    """
+    version, expected_version = _check_int(version), _check_int(expected_version)
+    if expected_version != version:
+        raise StaleVersion(expected=expected_version, actual=version)
+    current, target = metadata.status, transition.target
+    if current in (BatchStatus.STOPPED, BatchStatus.FAILED) and target is BatchStatus.STARTING:
+        raise RestartRequiresNewAttempt(from_status=current.value)
+    if not is_legal_transition(current, target):
+        raise IllegalTransition(from_status=current.value, to_status=target.value)
+    if target is BatchStatus.FAILED and transition.failure is None:
+        raise FailedTransitionMissingFailure()
+    times = metadata.timestamps
+    lower = times.started_at if times.started_at is not None else times.created_at
+    if transition.at < lower or (times.ended_at is not None and transition.at < times.ended_at):
+        raise InvalidTransitionTime() from InvalidTimestampOrder()
+
+    started_at = transition.at if target is BatchStatus.STARTED else times.started_at
+    if target.is_finished:
+        ended_at = times.ended_at if times.ended_at is not None else transition.at
+    else:
+        ended_at = None
+    counts = metadata.counts
+    if transition.terminal_rollback and counts_apply:
+        counts = counts.with_terminal_rollback()
+    try:
+        updated = ExecutionMetadata(
+            status=target,
+            exit_status=metadata.exit_status,  # transitions never change the exit status
+            timestamps=ExecutionTimestamps(times.created_at, started_at, ended_at),
+            counts=counts,
+            failure=transition.failure if transition.failure is not None else metadata.failure,
+        )
+    except FailedExecutionMissingFailure:
+        raise FailedTransitionMissingFailure() from None
+    except (InvalidTimestampOrder, ActiveExecutionHasEndTime, FinishedExecutionMissingEndTime) as e:
+        raise InvalidTransitionTime() from e
+    return updated, _next_version(version)
+
+
+def apply_exit_enrichment(
+    metadata: ExecutionMetadata, version: int, expected_version: int, exit_status: ExitCode
+) -> tuple[ExecutionMetadata, int]:
+    """Replace only the exit status and bump the version, in any status (behaviour.md 3.3).
+
+    Raises:
+        StaleVersion: `expected_version != version`.
+        VersionExhausted: `version` is already the storage maximum 2^63-1.
+    """
+    version, expected_version = _check_int(version), _check_int(expected_version)
+    if expected_version != version:
+        raise StaleVersion(expected=expected_version, actual=version)
+    if not isinstance(exit_status, ExitCode):
+        raise TypeError("exit_status is an ExitCode")
+    next_version = _next_version(version)
+    return attrs.evolve(metadata, exit_status=exit_status), next_version
+
+
+def _next_version(version: int) -> int:
+    """`version + 1`, bounded by storage (bigint) rather than the seed's u64."""
+    if version >= INT64_MAX:
+        raise VersionExhausted(version=version)
+    return version + 1

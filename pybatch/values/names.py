@@ -1,0 +1,330 @@
+"""Validated text values: names, definition tokens, state schema ids, request fields (behaviour.md 2.1).
+
+Validation order for names and tokens is empty -> too long (UTF-8 bytes) -> surrounding white
+space -> control character, exactly as the contract lists it, so the reported error is the same
+as the Rust seeds'. Errors never carry the value itself (behaviour.md 6.1).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import unicodedata
+from typing import ClassVar
+
+import attrs
+
+from pybatch.errors import (
+    EmptyName,
+    EmptySchemaId,
+    EmptyToken,
+    NameContainsControl,
+    NameHasSurroundingWhitespace,
+    NameTooLong,
+    RequestFieldEmpty,
+    RequestFieldInvalidCharacter,
+    RequestFieldTooLong,
+    SchemaIdContainsControl,
+    SchemaIdHasSurroundingWhitespace,
+    SchemaIdTooLong,
+    TextNotUtf8,
+    TokenContainsControl,
+    TokenHasSurroundingWhitespace,
+    TokenTooLong,
+)
+
+__all__ = [
+    "NAME_MAX_BYTES",
+    "TOKEN_MAX_BYTES",
+    "UNICODE_WHITE_SPACE",
+    "ActorRef",
+    "ClassifierRevision",
+    "ComponentRevision",
+    "DeciderRevision",
+    "DefinitionRevision",
+    "DefinitionUpgradeKey",
+    "ExitCode",
+    "JobName",
+    "NodeId",
+    "OperationId",
+    "ParameterName",
+    "ReasonCode",
+    "StateSchemaId",
+    "StepName",
+]
+
+#: Byte bound of job, step and parameter names.
+NAME_MAX_BYTES = 128
+#: Byte bound of definition tokens and state schema ids.
+TOKEN_MAX_BYTES = 128
+
+#: Characters with the Unicode White_Space property (what Rust's `str::trim` strips). Python's
+#: `str.strip()` also strips U+001C..U+001F, which would change the reported error.
+UNICODE_WHITE_SPACE = frozenset(
+    "\t\n\x0b\x0c\r \x85\xa0\u1680"
+    + "".join(chr(code) for code in range(0x2000, 0x200B))
+    + "\u2028\u2029\u202f\u205f\u3000"
+)
+
+
+class _Rule(enum.Enum):
+    """The first validation rule a text value breaks."""
+
+    EMPTY = enum.auto()
+    TOO_LONG = enum.auto()
+    WHITESPACE = enum.auto()
+    CONTROL = enum.auto()
+    NOT_UTF8 = enum.auto()
+
+
+def _first_violation(value: str, max_bytes: int) -> tuple[_Rule, int] | None:
+    """Return the first broken rule (and the control character's index), in contract order."""
+    if type(value) is not str:
+        raise TypeError("a validated text value takes a str")
+    if not value:
+        return (_Rule.EMPTY, 0)
+    # surrogatepass: a lone surrogate counts its 3 bytes here and is refused below.
+    if len(value.encode("utf-8", "surrogatepass")) > max_bytes:
+        return (_Rule.TOO_LONG, 0)
+    if value[0] in UNICODE_WHITE_SPACE or value[-1] in UNICODE_WHITE_SPACE:
+        return (_Rule.WHITESPACE, 0)
+    for index, character in enumerate(value):
+        if unicodedata.category(character) == "Cc":
+            return (_Rule.CONTROL, index)
+    for character in value:
+        if unicodedata.category(character) == "Cs":
+            return (_Rule.NOT_UTF8, 0)
+    return None
+
+
+@attrs.frozen(order=True)
+class _Text:
+    """Base of every validated text value: one `value` field, `str()` returns it."""
+
+    value: str
+
+    def __attrs_post_init__(self) -> None:
+        type(self)._validate(self.value)
+
+    @classmethod
+    def _validate(cls, value: str) -> None:
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# --------------------------------------------------------------------------- names
+
+
+@attrs.frozen(order=True)
+class _Name(_Text):
+    """A name validated with the DomainError leaves."""
+
+    _KIND: ClassVar[str] = "name"
+    _MAX_BYTES: ClassVar[int] = NAME_MAX_BYTES
+
+    @classmethod
+    def _validate(cls, value: str) -> None:
+        violation = _first_violation(value, cls._MAX_BYTES)
+        if violation is None:
+            return
+        rule, index = violation
+        if rule is _Rule.EMPTY:
+            raise EmptyName(kind=cls._KIND)
+        if rule is _Rule.TOO_LONG:
+            raise NameTooLong(kind=cls._KIND, max_bytes=cls._MAX_BYTES)
+        if rule is _Rule.WHITESPACE:
+            raise NameHasSurroundingWhitespace(kind=cls._KIND)
+        if rule is _Rule.CONTROL:
+            raise NameContainsControl(kind=cls._KIND, character_index=index)
+        raise TextNotUtf8(kind=f"{cls._KIND} name")
+
+
+@attrs.frozen(order=True)
+class JobName(_Name):
+    """The name of a job: at most 128 bytes, no surrounding white space, no control character."""
+
+    _KIND = "job"
+
+
+@attrs.frozen(order=True)
+class StepName(_Name):
+    """The name of a step within a job execution (same rules as JobName)."""
+
+    _KIND = "step"
+
+
+@attrs.frozen(order=True, repr=False)
+class ParameterName(_Name):
+    """A job parameter name; its repr is redacted because names can describe values."""
+
+    _KIND = "parameter"
+
+    def __repr__(self) -> str:
+        return "ParameterName(<redacted>)"
+
+
+@attrs.frozen(order=True)
+class ExitCode(_Name):
+    """A flow- and operator-facing exit code (at most 64 bytes); applications may add codes."""
+
+    _KIND = "exit code"
+    _MAX_BYTES = 64
+
+    #: The exit of new executions and steps.
+    UNKNOWN: ClassVar[ExitCode]
+    #: Conventional exit of a completed execution.
+    COMPLETED: ClassVar[ExitCode]
+    #: Conventional exit of a failed execution.
+    FAILED: ClassVar[ExitCode]
+    #: Conventional exit of a stopped execution.
+    STOPPED: ClassVar[ExitCode]
+
+
+ExitCode.UNKNOWN = ExitCode("UNKNOWN")
+ExitCode.COMPLETED = ExitCode("COMPLETED")
+ExitCode.FAILED = ExitCode("FAILED")
+ExitCode.STOPPED = ExitCode("STOPPED")
+
+
+# --------------------------------------------------------------------------- definition tokens
+
+
+@attrs.frozen(order=True)
+class _DefinitionToken(_Text):
+    """A definition token validated with the DefinitionError leaves."""
+
+    _KIND: ClassVar[str] = "definition token"
+
+    @classmethod
+    def _validate(cls, value: str) -> None:
+        violation = _first_violation(value, TOKEN_MAX_BYTES)
+        if violation is None:
+            return
+        rule = violation[0]
+        if rule is _Rule.EMPTY:
+            raise EmptyToken(kind=cls._KIND)
+        if rule is _Rule.TOO_LONG:
+            raise TokenTooLong(kind=cls._KIND, max_bytes=TOKEN_MAX_BYTES)
+        if rule is _Rule.WHITESPACE:
+            raise TokenHasSurroundingWhitespace(kind=cls._KIND)
+        if rule is _Rule.CONTROL:
+            raise TokenContainsControl(kind=cls._KIND)
+        raise TextNotUtf8(kind=cls._KIND)
+
+
+@attrs.frozen(order=True)
+class NodeId(_DefinitionToken):
+    """The stable logical id of a step, independent of its StepName (behaviour.md 2.13)."""
+
+    _KIND = "node id"
+
+
+@attrs.frozen(order=True)
+class DefinitionRevision(_DefinitionToken):
+    """An application-owned audit label of one restart-relevant definition."""
+
+    _KIND = "definition revision"
+
+
+@attrs.frozen(order=True)
+class DefinitionUpgradeKey(_DefinitionToken):
+    """An application-owned key naming one directed definition upgrade edge."""
+
+    _KIND = "definition upgrade key"
+
+
+@attrs.frozen(order=True)
+class ComponentRevision(_DefinitionToken):
+    """A revision token of one opaque executable component."""
+
+    _KIND = "component revision"
+
+
+@attrs.frozen(order=True)
+class ClassifierRevision(_DefinitionToken):
+    """A revision token of one bounded fault classifier (fault-state entries carry it)."""
+
+    _KIND = "classifier revision"
+
+
+@attrs.frozen(order=True)
+class DeciderRevision(_DefinitionToken):
+    """A revision token of one flow decider."""
+
+    _KIND = "decider revision"
+
+
+# --------------------------------------------------------------------------- state schema id
+
+
+@attrs.frozen(order=True)
+class StateSchemaId(_Text):
+    """The application schema id of a checkpoint or execution context (behaviour.md 2.15)."""
+
+    @classmethod
+    def _validate(cls, value: str) -> None:
+        violation = _first_violation(value, TOKEN_MAX_BYTES)
+        if violation is None:
+            return
+        rule = violation[0]
+        if rule is _Rule.EMPTY:
+            raise EmptySchemaId()
+        if rule is _Rule.TOO_LONG:
+            raise SchemaIdTooLong(max_bytes=TOKEN_MAX_BYTES)
+        if rule is _Rule.WHITESPACE:
+            raise SchemaIdHasSurroundingWhitespace()
+        if rule is _Rule.CONTROL:
+            raise SchemaIdContainsControl()
+        raise TextNotUtf8(kind="state schema identifier")
+
+
+# --------------------------------------------------------------------------- request fields
+
+
+@attrs.frozen(order=True)
+class _RequestField(_Text):
+    """An operator request field: non-empty, bounded, restricted ASCII charset."""
+
+    _FIELD: ClassVar[str] = "request field"
+    _MAX_BYTES: ClassVar[int] = 64
+    _CHARSET: ClassVar[re.Pattern[str]] = re.compile(r"[A-Za-z0-9._:-]+")
+
+    @classmethod
+    def _validate(cls, value: str) -> None:
+        if type(value) is not str:
+            raise TypeError("a validated text value takes a str")
+        if not value:
+            raise RequestFieldEmpty(field=cls._FIELD)
+        if len(value.encode("utf-8", "surrogatepass")) > cls._MAX_BYTES:
+            raise RequestFieldTooLong(field=cls._FIELD, max_bytes=cls._MAX_BYTES)
+        if cls._CHARSET.fullmatch(value) is None:
+            raise RequestFieldInvalidCharacter(field=cls._FIELD)
+
+
+@attrs.frozen(order=True)
+class ActorRef(_RequestField):
+    """An audit correlation of who asked (never a credential): `[A-Za-z0-9._:@-]`, 128 bytes."""
+
+    _FIELD = "actor reference"
+    _MAX_BYTES = 128
+    _CHARSET = re.compile(r"[A-Za-z0-9._:@-]+")
+
+
+@attrs.frozen(order=True)
+class ReasonCode(_RequestField):
+    """A machine reason code for audit rows: `[A-Z0-9_]`, 64 bytes."""
+
+    _FIELD = "reason code"
+    _MAX_BYTES = 64
+    _CHARSET = re.compile(r"[A-Z0-9_]+")
+
+
+@attrs.frozen(order=True)
+class OperationId(_RequestField):
+    """An idempotency key of an operator or retention request: `[A-Za-z0-9._:-]`, 64 bytes."""
+
+    _FIELD = "operation id"
+    _MAX_BYTES = 64
+    _CHARSET = re.compile(r"[A-Za-z0-9._:-]+")

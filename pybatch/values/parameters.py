@@ -1,0 +1,395 @@
+"""Job parameters, instance keys and their durable digests (behaviour.md 2.3; schema.md 3.7).
+
+The kind of a value is part of identity: `U64(1)`, `I64(1)` and `Bool(True)` are different
+values, and Python `bool` is never accepted where an integer kind is meant (or vice versa).
+Values are redacted in every repr (behaviour.md 6.1).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import struct
+from collections.abc import Iterable, Iterator, Mapping
+
+import attrs
+
+from pybatch.errors import (
+    DuplicateParameter,
+    ParameterStringTooLong,
+    ParameterValueOutOfRange,
+    TextNotUtf8,
+)
+from pybatch.values.names import JobName, ParameterName
+
+__all__ = [
+    "PARAMETER_STRING_MAX_BYTES",
+    "JobInstanceKey",
+    "JobParameter",
+    "JobParameters",
+    "ParameterRole",
+    "ParameterValue",
+    "ParameterValueKind",
+]
+
+#: Byte bound of a string parameter value.
+PARAMETER_STRING_MAX_BYTES = 65_536
+
+_I64_MIN = -(2**63)
+_I64_MAX = 2**63 - 1
+_U64_MAX = 2**64 - 1
+
+#: Domain separation prefix of `JobParameters.flow_input_digest` [upstream], kept byte for byte.
+_FLOW_INPUT_PREFIX = b"oxide-batch.flow-parameters.v1\x00"
+#: Version byte of `JobInstanceKey.digest` (version 1, durable, never changed).
+_INSTANCE_KEY_VERSION = b"\x01"
+
+
+class ParameterValueKind(enum.Enum):
+    """The kind of a parameter value; values are the type tags."""
+
+    STRING = "STRING"
+    I64 = "I64"
+    U64 = "U64"
+    BOOL = "BOOL"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def json_tag(self) -> str:
+        """The lower-case tag stored in identifying-parameter JSON (schema.md 3.8)."""
+        return self.value.lower()
+
+    @property
+    def digest_tag(self) -> int:
+        """The tag byte of the instance-key and flow-input digests (String = 1 ... Bool = 4)."""
+        return _DIGEST_TAGS[self]
+
+    @property
+    def display(self) -> str:
+        """The seed's Debug name, used in reprs: String, I64, U64, Bool."""
+        return _DISPLAY[self]
+
+
+_DIGEST_TAGS = {
+    ParameterValueKind.STRING: 1,
+    ParameterValueKind.I64: 2,
+    ParameterValueKind.U64: 3,
+    ParameterValueKind.BOOL: 4,
+}
+_DISPLAY = {
+    ParameterValueKind.STRING: "String",
+    ParameterValueKind.I64: "I64",
+    ParameterValueKind.U64: "U64",
+    ParameterValueKind.BOOL: "Bool",
+}
+
+
+class ParameterRole(enum.Enum):
+    """Whether a parameter takes part in instance identity."""
+
+    IDENTIFYING = "Identifying"
+    NON_IDENTIFYING = "NonIdentifying"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@attrs.frozen(repr=False)
+class ParameterValue:
+    """One typed parameter value; build it with `string`, `i64`, `u64` or `boolean`."""
+
+    kind: ParameterValueKind
+    value: str | int | bool
+
+    def __attrs_post_init__(self) -> None:
+        kind, value = self.kind, self.value
+        if kind is ParameterValueKind.STRING:
+            if type(value) is not str:
+                raise TypeError("a STRING parameter takes a str")
+            try:
+                size = len(value.encode("utf-8"))
+            except UnicodeEncodeError:
+                raise TextNotUtf8(kind="parameter value") from None
+            if size > PARAMETER_STRING_MAX_BYTES:
+                raise ParameterStringTooLong(max_bytes=PARAMETER_STRING_MAX_BYTES)
+        elif kind is ParameterValueKind.BOOL:
+            if type(value) is not bool:
+                raise TypeError("a BOOL parameter takes a bool")
+        elif kind is ParameterValueKind.I64 or kind is ParameterValueKind.U64:
+            if type(value) is not int:
+                raise TypeError(f"a {kind.value} parameter takes an int (bool is not accepted)")
+            low, high = (_I64_MIN, _I64_MAX) if kind is ParameterValueKind.I64 else (0, _U64_MAX)
+            if not low <= value <= high:
+                raise ParameterValueOutOfRange(kind=kind.json_tag)
+        else:
+            raise TypeError("unknown parameter kind")
+
+    @classmethod
+    def string(cls, value: str) -> ParameterValue:
+        """A string value of at most 65,536 UTF-8 bytes."""
+        return cls(ParameterValueKind.STRING, value)
+
+    @classmethod
+    def i64(cls, value: int) -> ParameterValue:
+        """A signed 64-bit value, -2^63..2^63-1."""
+        return cls(ParameterValueKind.I64, value)
+
+    @classmethod
+    def u64(cls, value: int) -> ParameterValue:
+        """An unsigned 64-bit value, 0..2^64-1."""
+        return cls(ParameterValueKind.U64, value)
+
+    @classmethod
+    def boolean(cls, value: bool) -> ParameterValue:  # noqa: FBT001 - the value itself is a bool
+        """A boolean value."""
+        return cls(ParameterValueKind.BOOL, value)
+
+    def __repr__(self) -> str:
+        return f"{self.kind.display}(<redacted>)"
+
+    def __str__(self) -> str:
+        return "<redacted>"
+
+    def _digest_value(self, length_format: str) -> bytes:
+        """The tag byte and value bytes shared by both digests; strings use `length_format`."""
+        tag = bytes([self.kind.digest_tag])
+        value = self.value
+        # The constructor pins the Python type to the kind: str <-> STRING, bool <-> BOOL.
+        if isinstance(value, str):
+            data = value.encode("utf-8")
+            return tag + struct.pack(length_format, len(data)) + data
+        if isinstance(value, bool):
+            return tag + (b"\x01" if value else b"\x00")
+        if self.kind is ParameterValueKind.I64:
+            return tag + struct.pack(">q", value)
+        return tag + struct.pack(">Q", value)
+
+
+@attrs.frozen(repr=False)
+class JobParameter:
+    """A parameter value and whether it is identifying (the default, as in Spring Batch)."""
+
+    value: ParameterValue = attrs.field(validator=attrs.validators.instance_of(ParameterValue))
+    identifying: bool = attrs.field(
+        default=True, kw_only=True, validator=attrs.validators.instance_of(bool)
+    )
+
+    @property
+    def kind(self) -> ParameterValueKind:
+        """The kind of the value."""
+        return self.value.kind
+
+    @property
+    def role(self) -> ParameterRole:
+        """IDENTIFYING or NON_IDENTIFYING."""
+        return ParameterRole.IDENTIFYING if self.identifying else ParameterRole.NON_IDENTIFYING
+
+    def __repr__(self) -> str:
+        return f"JobParameter(kind={self.kind.display}, role={self.role}, value=<redacted>)"
+
+
+def _name_key(name: ParameterName) -> bytes:
+    return name.value.encode("utf-8")
+
+
+def _as_name(name: ParameterName | str) -> ParameterName:
+    return name if isinstance(name, ParameterName) else ParameterName(name)
+
+
+def _check_entries(
+    instance: JobParameters,
+    attribute: attrs.Attribute[tuple[tuple[ParameterName, JobParameter], ...]],
+    value: tuple[tuple[ParameterName, JobParameter], ...],
+) -> None:
+    previous: bytes | None = None
+    for name, parameter in value:
+        if not isinstance(name, ParameterName) or not isinstance(parameter, JobParameter):
+            raise TypeError("entries are (ParameterName, JobParameter) pairs")
+        key = _name_key(name)
+        if previous is not None and key <= previous:
+            raise ValueError("entries must be strictly ordered by name; use from_pairs or of")
+        previous = key
+
+
+@attrs.frozen(repr=False)
+class JobParameters:
+    """An immutable map of parameters, ordered by name in UTF-8 byte (= code-point) order."""
+
+    entries: tuple[tuple[ParameterName, JobParameter], ...] = attrs.field(
+        default=(), validator=_check_entries
+    )
+
+    @classmethod
+    def from_pairs(
+        cls, pairs: Iterable[tuple[ParameterName | str, JobParameter]]
+    ) -> JobParameters:
+        """Build from (name, parameter) pairs in any order.
+
+        Raises:
+            DuplicateParameter: a name occurs twice.
+        """
+        seen: dict[bytes, tuple[ParameterName, JobParameter]] = {}
+        for raw_name, parameter in pairs:
+            name = _as_name(raw_name)
+            key = _name_key(name)
+            if key in seen:
+                raise DuplicateParameter()
+            if not isinstance(parameter, JobParameter):
+                raise TypeError("parameters are JobParameter values")
+            seen[key] = (name, parameter)
+        return cls(tuple(seen[key] for key in sorted(seen)))
+
+    @classmethod
+    def of(
+        cls,
+        values: Mapping[ParameterName | str, str | int | bool | ParameterValue | JobParameter],
+        *,
+        identifying: bool = True,
+    ) -> JobParameters:
+        """Build from plain Python values: str -> STRING, int -> I64, bool -> BOOL.
+
+        ParameterValue and JobParameter values are taken as they are (use
+        `ParameterValue.u64` for unsigned values); `identifying` applies to everything that is
+        not already a JobParameter.
+
+        Raises:
+            DuplicateParameter: two keys name the same parameter (e.g. "a" and ParameterName("a")).
+            ParameterStringTooLong: a string is longer than 65,536 bytes.
+            ParameterValueOutOfRange: an int is outside the I64 range.
+        """
+        pairs: list[tuple[ParameterName | str, JobParameter]] = []
+        for name, raw in values.items():
+            if isinstance(raw, JobParameter):
+                parameter = raw
+            else:
+                parameter = JobParameter(_as_value(raw), identifying=identifying)
+            pairs.append((name, parameter))
+        return cls.from_pairs(pairs)
+
+    def with_parameter(
+        self, name: ParameterName | str, parameter: JobParameter
+    ) -> JobParameters:
+        """Return a copy with one more parameter; this map is unchanged.
+
+        Raises:
+            DuplicateParameter: the name is already present (the first value is kept).
+        """
+        return JobParameters.from_pairs([*self.entries, (name, parameter)])
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __iter__(self) -> Iterator[ParameterName]:
+        return (name for name, _ in self.entries)
+
+    def __contains__(self, name: object) -> bool:
+        return self.get(name) is not None if isinstance(name, ParameterName | str) else False
+
+    def __getitem__(self, name: ParameterName | str) -> JobParameter:
+        parameter = self.get(name)
+        if parameter is None:
+            raise KeyError("parameter not present")  # never echo the (possibly sensitive) name
+        return parameter
+
+    def get(self, name: ParameterName | str) -> JobParameter | None:
+        """The parameter called `name`, or None."""
+        wanted = name.value if isinstance(name, ParameterName) else name
+        for present, parameter in self.entries:
+            if present.value == wanted:
+                return parameter
+        return None
+
+    def items(self) -> tuple[tuple[ParameterName, JobParameter], ...]:
+        """(name, parameter) pairs in name order."""
+        return self.entries
+
+    def names(self) -> tuple[ParameterName, ...]:
+        """Parameter names in order."""
+        return tuple(name for name, _ in self.entries)
+
+    @property
+    def parameter_count(self) -> int:
+        """Number of parameters."""
+        return len(self.entries)
+
+    @property
+    def identifying_count(self) -> int:
+        """Number of identifying parameters."""
+        return sum(1 for _, parameter in self.entries if parameter.identifying)
+
+    def identifying(self) -> JobParameters:
+        """Only the identifying parameters."""
+        return JobParameters(tuple(entry for entry in self.entries if entry[1].identifying))
+
+    def flow_input_digest(self) -> bytes:
+        """SHA-256 over all parameters, identifying or not (behaviour.md 2.3) [upstream].
+
+        Flow records store only this digest, never raw parameter values.
+        """
+        digest = hashlib.sha256(_FLOW_INPUT_PREFIX)
+        for name, parameter in self.entries:
+            data = name.value.encode("utf-8")
+            digest.update(struct.pack(">Q", len(data)) + data)
+            digest.update(b"\x01" if parameter.identifying else b"\x00")
+            digest.update(parameter.value._digest_value(">Q"))
+        return digest.digest()
+
+    def __repr__(self) -> str:
+        return (
+            f"JobParameters(parameter_count={self.parameter_count}, "
+            f"identifying_count={self.identifying_count}, ..)"
+        )
+
+
+def _as_value(raw: object) -> ParameterValue:
+    if isinstance(raw, ParameterValue):
+        return raw
+    if type(raw) is bool:
+        return ParameterValue.boolean(raw)
+    if type(raw) is int:
+        return ParameterValue.i64(raw)
+    if type(raw) is str:
+        return ParameterValue.string(raw)
+    raise TypeError("parameter values are str, int, bool, ParameterValue or JobParameter")
+
+
+def _identifying_only(parameters: JobParameters) -> JobParameters:
+    if not isinstance(parameters, JobParameters):
+        raise TypeError("expected JobParameters")
+    return parameters.identifying()
+
+
+@attrs.frozen(repr=False)
+class JobInstanceKey:
+    """The identity of a job instance: the job name and its identifying parameters only."""
+
+    job_name: JobName = attrs.field(validator=attrs.validators.instance_of(JobName))
+    parameters: JobParameters = attrs.field(converter=_identifying_only)
+
+    def digest_input(self) -> bytes:
+        """The exact bytes `digest` hashes (schema.md 3.7); 84 bytes for the golden vector."""
+        job = self.job_name.value.encode("utf-8")
+        parts = [_INSTANCE_KEY_VERSION, struct.pack(">I", len(job)), job]
+        for name, parameter in self.parameters.entries:
+            data = name.value.encode("utf-8")
+            parts.append(struct.pack(">I", len(data)))
+            parts.append(data)
+            parts.append(parameter.value._digest_value(">I"))
+        return b"".join(parts)
+
+    def digest(self) -> bytes:
+        """The 32-byte instance-key digest stored in `job_instance.instance_key` (version 1)."""
+        return hashlib.sha256(self.digest_input()).digest()
+
+    @property
+    def identifying_parameter_count(self) -> int:
+        """Number of identifying parameters in the key."""
+        return len(self.parameters)
+
+    def __repr__(self) -> str:
+        return (
+            f"JobInstanceKey(job_name={self.job_name.value!r}, "
+            f"identifying_parameter_count={self.identifying_parameter_count}, ..)"
+        )

@@ -1,0 +1,313 @@
+"""Checkpoint and ExecutionContext envelopes, bounded and versioned (behaviour.md 2.15).
+
+An envelope is `{"format", "format_version": 1, "schema", "schema_version", "payload": {..}}`.
+
+Floats in payloads are accepted. They are normalised at construction to the form that survives
+a `jsonb` round trip (schema.md 3.5): the payload is kept as its canonical JSON, in which a
+float is written the way PostgreSQL `numeric` prints it (`1e16` -> `10000000000000000`,
+`1e-7` -> `0.0000001`, `-0.0` -> `0.0`), and `payload` re-parses that text. So
+`generation_digest()` computed before a write equals the digest computed from the state read
+back from the database, and `Checkpoint(.., {"x": 1e16}).payload == {"x": 10000000000000000}`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar, NoReturn, TypeVar
+
+import attrs
+
+from pybatch.codecs._primitives import canonical_json, sha256
+from pybatch.errors import (
+    InvalidStateByteLimit,
+    InvalidStateDepthLimit,
+    JsonNotEncodable,
+    StateFormatMismatch,
+    StateMalformed,
+    StatePayloadNotObject,
+    StateSchemaMismatch,
+    StateTooDeep,
+    StateTooLarge,
+    UnsupportedStateFormatVersion,
+    UnsupportedStateSchemaVersion,
+    ZeroSchemaVersion,
+)
+from pybatch.values.names import StateSchemaId
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "EMPTY_STATE_SCHEMA",
+    "EXECUTION_CONTEXT_FORMAT",
+    "STATE_FORMAT_VERSION",
+    "Checkpoint",
+    "ExecutionContext",
+    "StateLimits",
+]
+
+#: Envelope format name of a checkpoint (kept byte for byte).
+CHECKPOINT_FORMAT = "oxide-batch.checkpoint"
+#: Envelope format name of an execution context (kept byte for byte).
+EXECUTION_CONTEXT_FORMAT = "oxide-batch.execution-context"
+#: The only envelope format version.
+STATE_FORMAT_VERSION = 1
+#: Schema of the default (empty) state of new steps and of every job execution's context.
+EMPTY_STATE_SCHEMA = StateSchemaId("oxide_batch.empty.v1")
+
+_MAX_BYTES = 1024 * 1024
+_MAX_DEPTH = 64
+_U16_MAX = 2**16 - 1
+_U32_MAX = 2**32 - 1
+
+_S = TypeVar("_S", bound="_DurableState")
+
+
+def _check_bytes(instance: StateLimits, attribute: attrs.Attribute[int], value: int) -> None:
+    if type(value) is not int or not 1 <= value <= _MAX_BYTES:
+        raise InvalidStateByteLimit(maximum=_MAX_BYTES)
+
+
+def _check_depth(instance: StateLimits, attribute: attrs.Attribute[int], value: int) -> None:
+    if type(value) is not int or not 1 <= value <= _MAX_DEPTH:
+        raise InvalidStateDepthLimit(maximum=_MAX_DEPTH)
+
+
+@attrs.frozen
+class StateLimits:
+    """Byte and JSON-depth bounds of an encoded envelope (1..1 MiB, 1..64; default 64 KiB / 16).
+
+    Depth counts the envelope root: `{"payload": {}}` has depth 2.
+    """
+
+    max_bytes: int = attrs.field(default=64 * 1024, validator=_check_bytes)
+    max_depth: int = attrs.field(default=16, validator=_check_depth)
+
+    #: Limits for durable step state (checkpoint and context columns).
+    STEP: ClassVar[StateLimits]
+    #: Limits for partition contexts.
+    PARTITION: ClassVar[StateLimits]
+
+
+StateLimits.STEP = StateLimits(_MAX_BYTES, _MAX_DEPTH)
+StateLimits.PARTITION = StateLimits(4096, 16)
+
+
+def _depth_exceeds(value: object, limit: int) -> bool:
+    """Whether the JSON nesting depth of `value` exceeds `limit` (stops early; safe on cycles)."""
+    if limit < 1:
+        return True
+    if isinstance(value, dict):
+        return any(_depth_exceeds(child, limit - 1) for child in value.values())
+    if isinstance(value, list | tuple):
+        return any(_depth_exceeds(child, limit - 1) for child in value)
+    return False
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise ValueError("NaN and infinity are not JSON")
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        raise ValueError("duplicate object key")
+    return result
+
+
+def _strict_loads(data: bytes) -> Any:
+    """Parse JSON refusing NaN/Infinity and duplicate keys (callers map ValueError)."""
+    return json.loads(data, parse_constant=_reject_constant, object_pairs_hook=_unique_object)
+
+
+@attrs.frozen(eq=False, repr=False, init=False)
+class _DurableState:
+    """A validated envelope; equality and hashing follow its canonical bytes."""
+
+    _FORMAT: ClassVar[str] = ""
+    _KIND: ClassVar[str] = ""
+
+    schema: StateSchemaId
+    schema_version: int
+    _payload_json: bytes
+    _encoded: bytes
+
+    def __init__(
+        self,
+        schema: StateSchemaId,
+        schema_version: int,
+        payload: dict[str, Any],
+        *,
+        limits: StateLimits | None = None,
+    ) -> None:
+        """Validate and build an envelope from its parts.
+
+        Raises:
+            ZeroSchemaVersion: `schema_version` is outside 1..2^32-1.
+            StatePayloadNotObject: `payload` is not a dict.
+            StateMalformed: the payload holds a value that is not JSON (NaN, a set, ...).
+            StateTooLarge: the canonical envelope exceeds `limits.max_bytes`.
+            StateTooDeep: the envelope exceeds `limits.max_depth`.
+        """
+        if not isinstance(schema, StateSchemaId):
+            raise TypeError("schema is a StateSchemaId")
+        if type(schema_version) is not int or not 1 <= schema_version <= _U32_MAX:
+            raise ZeroSchemaVersion()
+        if not isinstance(payload, dict):
+            raise StatePayloadNotObject()
+        limits = limits if limits is not None else StateLimits()
+        envelope = self._envelope(schema, schema_version, payload)
+        try:
+            encoded = canonical_json(envelope)
+        except JsonNotEncodable:
+            if _depth_exceeds(envelope, limits.max_depth):
+                raise StateTooDeep(kind=self._KIND, max_depth=limits.max_depth) from None
+            raise StateMalformed(kind=self._KIND) from None
+        if len(encoded) > limits.max_bytes:
+            raise StateTooLarge(kind=self._KIND, max_bytes=limits.max_bytes)
+        if _depth_exceeds(envelope, limits.max_depth):
+            raise StateTooDeep(kind=self._KIND, max_depth=limits.max_depth)
+        self.__attrs_init__(schema, schema_version, canonical_json(payload), encoded)
+
+    @classmethod
+    def _envelope(
+        cls, schema: StateSchemaId, schema_version: int, payload: object
+    ) -> dict[str, object]:
+        return {
+            "format": cls._FORMAT,
+            "format_version": STATE_FORMAT_VERSION,
+            "payload": payload,
+            "schema": schema.value,
+            "schema_version": schema_version,
+        }
+
+    @classmethod
+    def empty(cls: type[_S]) -> _S:
+        """The default state: schema `oxide_batch.empty.v1`, version 1, payload `{}`."""
+        return cls(EMPTY_STATE_SCHEMA, 1, {})
+
+    @classmethod
+    def decode(cls: type[_S], data: bytes, *, limits: StateLimits | None = None) -> _S:
+        """Validate serialized envelope bytes (any key order or spacing) before retaining them.
+
+        Raises:
+            StateTooLarge: `data` exceeds `limits.max_bytes`.
+            StateMalformed: not JSON, not an object, or a member is missing or mistyped.
+            StateTooDeep: nesting exceeds `limits.max_depth`.
+            StateFormatMismatch: the envelope is of the other kind.
+            UnsupportedStateFormatVersion: the format version is not 1.
+            StateError: the schema id is invalid (the StateSchemaId leaves).
+            ZeroSchemaVersion: the schema version is 0.
+            StatePayloadNotObject: the payload is not an object.
+        """
+        limits = limits if limits is not None else StateLimits()
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise TypeError("decode takes bytes")
+        data = bytes(data)
+        if len(data) > limits.max_bytes:
+            raise StateTooLarge(kind=cls._KIND, max_bytes=limits.max_bytes)
+        try:
+            document = _strict_loads(data)
+        except (ValueError, RecursionError):
+            raise StateMalformed(kind=cls._KIND) from None
+        if _depth_exceeds(document, limits.max_depth):
+            raise StateTooDeep(kind=cls._KIND, max_depth=limits.max_depth)
+        if not isinstance(document, dict):
+            raise StateMalformed(kind=cls._KIND)
+        format_name = document.get("format")
+        if type(format_name) is not str:
+            raise StateMalformed(kind=cls._KIND)
+        if format_name != cls._FORMAT:
+            raise StateFormatMismatch(kind=cls._KIND)
+        format_version = document.get("format_version")
+        if type(format_version) is not int or not 0 <= format_version <= _U16_MAX:
+            raise StateMalformed(kind=cls._KIND)
+        if format_version != STATE_FORMAT_VERSION:
+            raise UnsupportedStateFormatVersion(kind=cls._KIND, version=format_version)
+        schema = document.get("schema")
+        if type(schema) is not str:
+            raise StateMalformed(kind=cls._KIND)
+        schema_id = StateSchemaId(schema)
+        schema_version = document.get("schema_version")
+        if type(schema_version) is not int or not 0 <= schema_version <= _U32_MAX:
+            raise StateMalformed(kind=cls._KIND)
+        if "payload" not in document:
+            raise StateMalformed(kind=cls._KIND)
+        return cls(schema_id, schema_version, document["payload"], limits=limits)
+
+    def encode(self) -> bytes:
+        """The canonical envelope JSON bytes."""
+        return self._encoded
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        """A fresh copy of the payload in its canonical (round-trip stable) form."""
+        result: dict[str, Any] = json.loads(self._payload_json)
+        return result
+
+    def payload_json(self) -> bytes:
+        """The canonical payload bytes (what the `*_payload` jsonb column holds)."""
+        return self._payload_json
+
+    @property
+    def format_version(self) -> int:
+        """The envelope format version (always 1)."""
+        return STATE_FORMAT_VERSION
+
+    @property
+    def encoded_bytes(self) -> int:
+        """Length of the canonical envelope in bytes."""
+        return len(self._encoded)
+
+    def require_schema(self, schema: StateSchemaId, current_version: int) -> None:
+        """Check this state can be read by a component of `schema` up to `current_version`.
+
+        Raises:
+            StateSchemaMismatch: another schema id.
+            UnsupportedStateSchemaVersion: written by a newer schema version.
+        """
+        if self.schema != schema:
+            raise StateSchemaMismatch(kind=self._KIND)
+        if self.schema_version > current_version:
+            raise UnsupportedStateSchemaVersion(
+                kind=self._KIND, found=self.schema_version, current=current_version
+            )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _DurableState) or type(other) is not type(self):
+            return NotImplemented
+        return self._encoded == other._encoded
+
+    def __hash__(self) -> int:
+        return hash((type(self), self._encoded))
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(format_version={STATE_FORMAT_VERSION}, "
+            f"schema_version={self.schema_version}, encoded_bytes={self.encoded_bytes}, "
+            "payload=<redacted>)"
+        )
+
+
+class Checkpoint(_DurableState):
+    """A bounded, versioned reader position committed with a chunk."""
+
+    __slots__ = ()
+
+    _FORMAT = CHECKPOINT_FORMAT
+    _KIND = "checkpoint"
+
+    def generation_digest(self) -> bytes:
+        """SHA-256 of the canonical envelope: the checkpoint generation (behaviour.md 2.15).
+
+        A constructed checkpoint is always encodable, so this never returns the 32 zero bytes
+        the contract reserves for an unencodable one.
+        """
+        return sha256(self._encoded)
+
+
+class ExecutionContext(_DurableState):
+    """Bounded, versioned application restart state committed with a chunk."""
+
+    __slots__ = ()
+
+    _FORMAT = EXECUTION_CONTEXT_FORMAT
+    _KIND = "execution context"

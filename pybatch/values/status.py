@@ -1,0 +1,161 @@
+"""BatchStatus, ExitStatus, FailureCategory and FailureSummary (behaviour.md 2.4, 2.5, 2.8).
+
+Enum values are the durable codes; decoders refuse any other text (behaviour.md 6.3).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TypeAlias
+
+import attrs
+
+from pybatch.values.ids import FailureId, IdentifierKind, check_identifier
+from pybatch.values.names import ExitCode
+
+__all__ = [
+    "BatchStatus",
+    "ExitStatus",
+    "FailureCategory",
+    "FailureSummary",
+]
+
+#: The exit status of an execution is exactly one ExitCode (behaviour.md 2.5).
+ExitStatus: TypeAlias = ExitCode
+
+
+class BatchStatus(enum.Enum):
+    """The lifecycle status of a job or step execution; values are the durable codes."""
+
+    #: Metadata exists; user work has not started.
+    STARTING = "STARTING"
+    #: User work is running.
+    STARTED = "STARTED"
+    #: A cooperative stop is in progress.
+    STOPPING = "STOPPING"
+    #: Stopped cooperatively; restartable.
+    STOPPED = "STOPPED"
+    #: Failed; restartable.
+    FAILED = "FAILED"
+    #: Succeeded; the instance is terminal.
+    COMPLETED = "COMPLETED"
+    #: Intentionally terminal; never restarts.
+    ABANDONED = "ABANDONED"
+    #: Outcome ambiguous; needs explicit recovery.
+    UNKNOWN = "UNKNOWN"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def is_active(self) -> bool:
+        """STARTING, STARTED or STOPPING: work may still be running."""
+        return self in _ACTIVE
+
+    @property
+    def is_finished(self) -> bool:
+        """STOPPED, FAILED, COMPLETED or ABANDONED: a known outcome with an end time."""
+        return self in _FINISHED
+
+    @property
+    def is_terminal(self) -> bool:
+        """COMPLETED or ABANDONED: the instance never runs again."""
+        return self in _TERMINAL
+
+    @property
+    def is_unresolved(self) -> bool:
+        """Not finished (active or UNKNOWN): blocks launches and purges."""
+        return self not in _FINISHED
+
+
+_ACTIVE = frozenset({BatchStatus.STARTING, BatchStatus.STARTED, BatchStatus.STOPPING})
+_FINISHED = frozenset(
+    {BatchStatus.STOPPED, BatchStatus.FAILED, BatchStatus.COMPLETED, BatchStatus.ABANDONED}
+)
+_TERMINAL = frozenset({BatchStatus.COMPLETED, BatchStatus.ABANDONED})
+
+
+class FailureCategory(enum.Enum):
+    """A stable, redacted failure category; values are the durable codes (never renamed)."""
+
+    #: Invalid job definition or launch configuration.
+    INVALID_DEFINITION = "INVALID_DEFINITION"
+    #: Duplicate, completed or non-restartable execution.
+    DUPLICATE_EXECUTION = "DUPLICATE_EXECUTION"
+    #: Illegal or conflicting lifecycle transition.
+    ILLEGAL_TRANSITION = "ILLEGAL_TRANSITION"
+    #: A transient repository or infrastructure failure.
+    TRANSIENT_INFRASTRUCTURE = "TRANSIENT_INFRASTRUCTURE"
+    #: A permanent repository or infrastructure failure.
+    PERMANENT_INFRASTRUCTURE = "PERMANENT_INFRASTRUCTURE"
+    #: A user reader, processor, writer, tasklet or listener failure.
+    USER_COMPONENT = "USER_COMPONENT"
+    #: Cancellation, stop or deadline expiry.
+    CANCELLED = "CANCELLED"
+    #: Serialization or version incompatibility.
+    SERIALIZATION = "SERIALIZATION"
+    #: A framework invariant was violated.
+    INVARIANT = "INVARIANT"
+    #: An optimistic version check lost to a concurrent writer.
+    OPTIMISTIC_CONFLICT = "OPTIMISTIC_CONFLICT"
+    #: A bounded operation exceeded its deadline.
+    TIMEOUT = "TIMEOUT"
+    #: The resource cannot provide a required capability.
+    UNSUPPORTED_CAPABILITY = "UNSUPPORTED_CAPABILITY"
+    #: A commit outcome is unknown and must never be guessed.
+    UNKNOWN_COMMIT = "UNKNOWN_COMMIT"
+    #: A bounded shutdown could not resolve every owned child.
+    SHUTDOWN_INCOMPLETE = "SHUTDOWN_INCOMPLETE"
+    #: Resolved from stale-ownership evidence.
+    STALE_RECOVERED = "STALE_RECOVERED"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def as_str(self) -> str:
+        """The lower-case manifest and telemetry name, e.g. `user_component`."""
+        return self.value.lower()
+
+    @property
+    def durable_code(self) -> str:
+        """The upper-case code stored in `failure_category`."""
+        return self.value
+
+    @property
+    def policy_eligible(self) -> bool:
+        """Whether a fault policy may retry or skip it; every other category fails closed."""
+        return self in _POLICY_ELIGIBLE
+
+    @classmethod
+    def from_durable_code(cls, code: str) -> FailureCategory | None:
+        """Return the category stored as `code`, or None for unknown text (never coerced)."""
+        for member in cls:
+            if member.value == code:
+                return member
+        return None
+
+
+_POLICY_ELIGIBLE = frozenset(
+    {
+        FailureCategory.TRANSIENT_INFRASTRUCTURE,
+        FailureCategory.PERMANENT_INFRASTRUCTURE,
+        FailureCategory.USER_COMPONENT,
+        FailureCategory.OPTIMISTIC_CONFLICT,
+        FailureCategory.TIMEOUT,
+    }
+)
+
+
+def _check_failure_id(instance: FailureSummary, attribute: attrs.Attribute[int], value: int) -> None:
+    # Domain range only: a FailureId above 2^63-1 is valid but unstorable, which the encoder
+    # reports as IdentifierOutOfRange when it binds the value.
+    check_identifier(IdentifierKind.FAILURE, value, storable=False)
+
+
+@attrs.frozen
+class FailureSummary:
+    """A redacted failure: a category and a caller-supplied correlation id, no message text."""
+
+    category: FailureCategory = attrs.field(validator=attrs.validators.instance_of(FailureCategory))
+    failure_id: FailureId = attrs.field(validator=_check_failure_id)

@@ -1,0 +1,50 @@
+"""Aware UTC instants and execution timestamps (behaviour.md 2.7).
+
+Every instant in the API is a timezone-aware datetime; any offset is accepted and normalised to
+UTC (the same instant), naive datetimes are refused. Microseconds are kept: `timestamptz`
+round-trips a Python datetime exactly.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+
+import attrs
+
+from pybatch.errors import InvalidTimestampOrder, NaiveTimestamp
+
+__all__ = ["ExecutionTimestamps", "aware_utc", "optional_aware_utc"]
+
+
+def aware_utc(value: _dt.datetime) -> _dt.datetime:
+    """Return the same instant in UTC; a naive datetime raises NaiveTimestamp.
+
+    Raises:
+        NaiveTimestamp: `value` has no time zone (or its zone gives no offset).
+    """
+    if not isinstance(value, _dt.datetime):
+        raise TypeError("expected a datetime")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise NaiveTimestamp()
+    return value.astimezone(_dt.UTC)
+
+
+def optional_aware_utc(value: _dt.datetime | None) -> _dt.datetime | None:
+    """Like `aware_utc`, passing None through (for optional instants)."""
+    return None if value is None else aware_utc(value)
+
+
+@attrs.frozen
+class ExecutionTimestamps:
+    """Creation, start and end instants of an execution, in order (behaviour.md 2.7)."""
+
+    created_at: _dt.datetime = attrs.field(converter=aware_utc)
+    started_at: _dt.datetime | None = attrs.field(default=None, converter=optional_aware_utc)
+    ended_at: _dt.datetime | None = attrs.field(default=None, converter=optional_aware_utc)
+
+    def __attrs_post_init__(self) -> None:
+        if self.started_at is not None and self.started_at < self.created_at:
+            raise InvalidTimestampOrder()
+        lower = self.started_at if self.started_at is not None else self.created_at
+        if self.ended_at is not None and self.ended_at < lower:
+            raise InvalidTimestampOrder()

@@ -1,0 +1,56 @@
+-- :name read_schema_version :scalar
+-- :doc Installed schema version; relies on the schema_version singleton (schema.md 2.1).
+SELECT sv.version
+FROM pybatch.schema_version AS sv
+WHERE sv.singleton;
+
+-- :name lock_schema_migrations :scalar
+-- :doc Take the database-wide migration advisory lock, waited for at most lock_timeout.
+SELECT PG_ADVISORY_LOCK(HASHTEXTEXTENDED('pybatch.schema.migrations', 0)) AS lock_acquired;
+
+-- :name unlock_schema_migrations :scalar
+-- :doc Release the migration advisory lock taken by lock_schema_migrations.
+SELECT PG_ADVISORY_UNLOCK(HASHTEXTEXTENDED('pybatch.schema.migrations', 0)) AS lock_released;
+
+-- :name create_pybatch_schema :affected
+-- :doc Create the pybatch schema before the first migration file runs (schema.md 7).
+CREATE SCHEMA IF NOT EXISTS pybatch;
+
+-- :name find_schema_migration_table :scalar
+-- :doc Whether the migration history table exists yet (it is created by migration 0001).
+SELECT TO_REGCLASS('pybatch.schema_migration') IS NOT NULL AS present;
+
+-- :name list_schema_migrations :many
+-- :doc Applied migrations in order, for the checksum comparison (schema_migration_pkey).
+SELECT
+    sm.version,
+    sm.name,
+    sm.checksum
+FROM pybatch.schema_migration AS sm
+ORDER BY sm.version;
+
+-- :name insert_schema_migration :affected
+-- :doc Record an applied migration file in the transaction that applied it.
+INSERT INTO pybatch.schema_migration (
+    version, name, checksum, installed_at, installed_by, execution_ms, success
+)
+VALUES (
+    :version,
+    :name,
+    :checksum,
+    CLOCK_TIMESTAMP(),
+    CURRENT_USER,
+    :execution_ms,
+    TRUE
+);
+
+-- :name update_schema_version :affected
+-- :doc Advance the singleton version; the guard refuses to skip a version (schema.md 7).
+-- Version 1 inserts the row; later versions update it only from version - 1.
+INSERT INTO pybatch.schema_version AS sv (singleton, version, installed_at)
+VALUES (TRUE, :version, CLOCK_TIMESTAMP())
+ON CONFLICT (singleton) DO UPDATE
+    SET
+        version = excluded.version,
+        installed_at = excluded.installed_at
+    WHERE sv.version = excluded.version - 1;

@@ -1,0 +1,309 @@
+-- :name find_conflicting_step_execution :one
+-- :doc A step of the execution with this name or this logical id (step_execution_name_unique,
+-- step_execution_logical_id_unique), checked before inserting to report DuplicateStep.
+SELECT s.id
+FROM pybatch.step_execution AS s
+WHERE
+    s.job_execution_id = :job_execution_id
+    AND (s.step_name = :step_name OR s.step_logical_id = :node_id)
+ORDER BY s.id
+LIMIT 1;
+
+-- :name find_restart_source_step_execution :scalar
+-- :doc The newest step with this name in the previous attempt, whose durable state a restart copies
+-- (covered by step_execution_name_unique).
+SELECT s.id
+FROM pybatch.step_execution AS s
+WHERE s.job_execution_id = :previous_job_execution_id AND s.step_name = :source_step_name
+ORDER BY s.id DESC
+LIMIT 1;
+
+-- :name insert_step_execution :one
+-- :doc Insert a fresh step in STARTING with empty state and the empty fault-state envelope
+-- written explicitly; name and logical-id uniqueness arbitrate duplicates.
+INSERT INTO pybatch.step_execution (
+    job_execution_id,
+    step_name,
+    step_logical_id,
+    status,
+    exit_code,
+    checkpoint_format,
+    checkpoint_schema,
+    checkpoint_schema_version,
+    checkpoint_payload,
+    context_format,
+    context_schema,
+    context_schema_version,
+    context_payload,
+    fault_state_format,
+    fault_state_schema,
+    fault_state_schema_version,
+    fault_state_payload,
+    fault_state_checksum,
+    created_at,
+    updated_at,
+    version
+)
+VALUES (
+    :job_execution_id,
+    :step_name,
+    :node_id,
+    'STARTING',
+    'UNKNOWN',
+    1,
+    'oxide_batch.empty.v1',
+    1,
+    CAST('{}' AS JSONB),
+    1,
+    'oxide_batch.empty.v1',
+    1,
+    CAST('{}' AS JSONB),
+    1,
+    'oxide-batch.fault-state',
+    1,
+    :fault_state_payload,
+    :fault_state_checksum,
+    :now,
+    :now,
+    0
+)
+RETURNING id;
+
+-- :name insert_step_execution_from_source :one
+-- :doc Insert a restart step that copies every durable field of its source step (rule 4):
+-- counters, checkpoint, context, retry/skip/no-rollback counts and the fault-state envelope.
+INSERT INTO pybatch.step_execution (
+    job_execution_id,
+    step_name,
+    step_logical_id,
+    status,
+    exit_code,
+    read_count,
+    processed_count,
+    write_count,
+    filter_count,
+    commit_count,
+    rollback_count,
+    checkpoint_format,
+    checkpoint_schema,
+    checkpoint_schema_version,
+    checkpoint_payload,
+    context_format,
+    context_schema,
+    context_schema_version,
+    context_payload,
+    read_retry_count,
+    process_retry_count,
+    write_retry_count,
+    read_skip_count,
+    process_skip_count,
+    write_skip_count,
+    no_rollback_count,
+    fault_state_format,
+    fault_state_schema,
+    fault_state_schema_version,
+    fault_state_payload,
+    fault_state_checksum,
+    created_at,
+    updated_at,
+    version
+)
+SELECT
+    :job_execution_id AS job_execution_id,
+    :step_name AS step_name,
+    :node_id AS step_logical_id,
+    'STARTING' AS status,
+    'UNKNOWN' AS exit_code,
+    src.read_count,
+    src.processed_count,
+    src.write_count,
+    src.filter_count,
+    src.commit_count,
+    src.rollback_count,
+    src.checkpoint_format,
+    src.checkpoint_schema,
+    src.checkpoint_schema_version,
+    src.checkpoint_payload,
+    src.context_format,
+    src.context_schema,
+    src.context_schema_version,
+    src.context_payload,
+    src.read_retry_count,
+    src.process_retry_count,
+    src.write_retry_count,
+    src.read_skip_count,
+    src.process_skip_count,
+    src.write_skip_count,
+    src.no_rollback_count,
+    src.fault_state_format,
+    src.fault_state_schema,
+    src.fault_state_schema_version,
+    src.fault_state_payload,
+    src.fault_state_checksum,
+    :now AS created_at,
+    :now AS updated_at,
+    0 AS version
+FROM pybatch.step_execution AS src
+WHERE src.id = :source_step_execution_id
+RETURNING id;
+
+-- :name get_step_execution :one
+-- :doc One step execution with its durable state (step_execution_pkey).
+SELECT
+    s.id,
+    s.job_execution_id,
+    s.step_name,
+    s.step_logical_id,
+    s.status,
+    s.exit_code,
+    s.read_count,
+    s.processed_count,
+    s.write_count,
+    s.filter_count,
+    s.commit_count,
+    s.rollback_count,
+    s.checkpoint_format,
+    s.checkpoint_schema,
+    s.checkpoint_schema_version,
+    s.checkpoint_payload,
+    s.context_format,
+    s.context_schema,
+    s.context_schema_version,
+    s.context_payload,
+    s.failure_category,
+    s.failure_id,
+    s.created_at,
+    s.started_at,
+    s.ended_at,
+    s.updated_at,
+    s.version,
+    s.read_retry_count,
+    s.process_retry_count,
+    s.write_retry_count,
+    s.read_skip_count,
+    s.process_skip_count,
+    s.write_skip_count,
+    s.no_rollback_count,
+    s.fault_state_format,
+    s.fault_state_schema,
+    s.fault_state_schema_version,
+    s.fault_state_payload,
+    s.fault_state_checksum
+FROM pybatch.step_execution AS s
+WHERE s.id = :step_execution_id;
+
+-- :name lock_step_execution :one
+-- :doc Lock one step execution before a transition or enrichment (lock order - last).
+SELECT
+    s.id,
+    s.job_execution_id,
+    s.step_name,
+    s.step_logical_id,
+    s.status,
+    s.exit_code,
+    s.read_count,
+    s.processed_count,
+    s.write_count,
+    s.filter_count,
+    s.commit_count,
+    s.rollback_count,
+    s.checkpoint_format,
+    s.checkpoint_schema,
+    s.checkpoint_schema_version,
+    s.checkpoint_payload,
+    s.context_format,
+    s.context_schema,
+    s.context_schema_version,
+    s.context_payload,
+    s.failure_category,
+    s.failure_id,
+    s.created_at,
+    s.started_at,
+    s.ended_at,
+    s.updated_at,
+    s.version,
+    s.read_retry_count,
+    s.process_retry_count,
+    s.write_retry_count,
+    s.read_skip_count,
+    s.process_skip_count,
+    s.write_skip_count,
+    s.no_rollback_count,
+    s.fault_state_format,
+    s.fault_state_schema,
+    s.fault_state_schema_version,
+    s.fault_state_payload,
+    s.fault_state_checksum
+FROM pybatch.step_execution AS s
+WHERE s.id = :step_execution_id
+FOR UPDATE;
+
+-- :name list_step_executions :many
+-- :doc The steps of a job execution in creation order (step_execution_execution_identity).
+SELECT
+    s.id,
+    s.job_execution_id,
+    s.step_name,
+    s.step_logical_id,
+    s.status,
+    s.exit_code,
+    s.read_count,
+    s.processed_count,
+    s.write_count,
+    s.filter_count,
+    s.commit_count,
+    s.rollback_count,
+    s.checkpoint_format,
+    s.checkpoint_schema,
+    s.checkpoint_schema_version,
+    s.checkpoint_payload,
+    s.context_format,
+    s.context_schema,
+    s.context_schema_version,
+    s.context_payload,
+    s.failure_category,
+    s.failure_id,
+    s.created_at,
+    s.started_at,
+    s.ended_at,
+    s.updated_at,
+    s.version,
+    s.read_retry_count,
+    s.process_retry_count,
+    s.write_retry_count,
+    s.read_skip_count,
+    s.process_skip_count,
+    s.write_skip_count,
+    s.no_rollback_count,
+    s.fault_state_format,
+    s.fault_state_schema,
+    s.fault_state_schema_version,
+    s.fault_state_payload,
+    s.fault_state_checksum
+FROM pybatch.step_execution AS s
+WHERE s.job_execution_id = :job_execution_id
+ORDER BY s.id;
+
+-- :name update_step_execution_transition :affected
+-- :doc Apply a checked lifecycle transition, with the counters (terminal rollback), as a
+-- compare-and-swap on the version; updated_at never moves backwards (rule 13).
+UPDATE pybatch.step_execution
+SET
+    status = :status,
+    failure_category = :failure_category,
+    failure_id = :failure_id,
+    started_at = :started_at,
+    ended_at = :ended_at,
+    rollback_count = :rollback_count,
+    updated_at = GREATEST(updated_at, :transitioned_at),
+    version = version + 1
+WHERE id = :step_execution_id AND version = :expected_version;
+
+-- :name update_step_execution_exit_code :affected
+-- :doc Replace only the exit code as a compare-and-swap on the version (behaviour.md 3.3).
+UPDATE pybatch.step_execution
+SET
+    exit_code = :exit_code,
+    updated_at = GREATEST(updated_at, :now),
+    version = version + 1
+WHERE id = :step_execution_id AND version = :expected_version;

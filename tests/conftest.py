@@ -1,0 +1,96 @@
+"""Test harness: one PostgreSQL per run, a migrated template, a fresh database per test.
+
+The server binaries come from PG_BINDIR (set per tox env) through tools/pg_ctl_wrapper,
+which runs initdb/pg_ctl as the postgres user when the tests run as root.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from pytest_postgresql import factories
+
+from pybatch import ConnectionConfig, JobRepository, TlsMode, migrate
+from tests.support import pg_harness
+from tests.support.clock import ManualClock
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    pg_harness.use_wrapper_by_default(config)
+
+
+def dsn_for(*, host: str, port: int, user: str, dbname: str, password: str | None = None) -> str:
+    parts = [f"host={host}", f"port={port}", f"user={user}", f"dbname={dbname}"]
+    if password:
+        parts.append(f"password={password}")
+    return " ".join(parts)
+
+
+def plaintext_config(dsn: str, **overrides: Any) -> ConnectionConfig:
+    return ConnectionConfig(dsn=dsn, tls_mode=TlsMode.PLAINTEXT, **overrides)
+
+
+def migrate_template(host: str, port: int, user: str, dbname: str, password: str | None = None,
+                     **_: Any) -> None:
+    """pytest-postgresql loader: run the real migrations into the template database once."""
+    migrate(plaintext_config(dsn_for(host=host, port=port, user=user, dbname=dbname,
+                                     password=password)))
+
+
+postgresql_proc = factories.postgresql_proc(load=[migrate_template])
+postgresql = factories.postgresql("postgresql_proc")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _server_major(postgresql_proc: Any) -> int:
+    """Every run first proves it talks to the PostgreSQL major its tox env names."""
+    return pg_harness.check_executor_major(postgresql_proc)
+
+
+@pytest.fixture
+def db_dsn(postgresql: psycopg.Connection[Any]) -> str:
+    info = postgresql.info
+    return dsn_for(host=info.host, port=info.port, user=info.user, dbname=info.dbname,
+                   password=info.password or None)
+
+
+@pytest.fixture
+def pg_config(db_dsn: str) -> ConnectionConfig:
+    return plaintext_config(db_dsn, pool_size=4)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def repository(pg_config: ConnectionConfig, clock: ManualClock) -> Iterator[JobRepository]:
+    with JobRepository.connect(pg_config, clock=clock) as repo:
+        yield repo
+
+
+@pytest.fixture
+def admin(postgresql: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+    """The test database's owner connection, autocommit, for arranging rows behind pybatch."""
+    postgresql.autocommit = True
+    return postgresql
+
+
+@pytest.fixture
+def blank_database(postgresql_proc: Any) -> Iterator[str]:
+    """A brand-new database with no pybatch schema; yields its DSN."""
+    name = f"blank_{uuid.uuid4().hex[:12]}"
+    server = dict(host=postgresql_proc.host, port=postgresql_proc.port,
+                  user=postgresql_proc.user, password=postgresql_proc.password)
+    with psycopg.connect(dbname="postgres", autocommit=True, **server) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+    try:
+        yield dsn_for(dbname=name, **server)
+    finally:
+        with psycopg.connect(dbname="postgres", autocommit=True, **server) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

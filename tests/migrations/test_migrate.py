@@ -1,0 +1,206 @@
+"""The migrator and the runtime's schema-version check, against real PostgreSQL (N8, N11)."""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import threading
+from typing import Any
+
+import psycopg
+import pytest
+
+import pybatch
+from pybatch import errors, migrator
+from pybatch.config import ConnectionConfig
+from tests.conftest import plaintext_config
+from tests.migrations.catalogue import describe_catalogue
+from tests.support.clock import ManualClock
+
+REFERENCE = __import__("pathlib").Path(__file__).with_name("reference_catalogue.txt")
+
+
+def _history(dsn: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(
+            "SELECT version, name, checksum, success FROM pybatch.schema_migration ORDER BY 1"
+        ).fetchall()
+
+
+def test_migrate_from_empty_creates_the_reference_schema(blank_database: str) -> None:
+    config = plaintext_config(blank_database)
+    assert migrator.installed_schema_version(config) is None
+    applied = migrator.migrate(config)
+    assert [m.version for m in applied] == [1]
+    assert migrator.installed_schema_version(config) == migrator.supported_schema_version()
+    with psycopg.connect(blank_database) as conn:
+        assert describe_catalogue(conn) == REFERENCE.read_text()
+    [(version, name, checksum, success)] = _history(blank_database)
+    shipped = migrator.shipped_migrations()[0]
+    assert (version, name, bytes(checksum), success) == (1, shipped.name, shipped.checksum, True)
+    assert bytes(checksum) == hashlib.sha256(shipped.path.read_bytes()).digest()
+
+
+def test_rerun_is_a_no_op(pg_config: ConnectionConfig, db_dsn: str) -> None:
+    before = _history(db_dsn)
+    assert migrator.migrate(pg_config) == []
+    assert migrator.migrate(pg_config, dry_run=True) == []
+    assert _history(db_dsn) == before
+
+
+def test_dry_run_lists_pending_files_and_changes_nothing(blank_database: str) -> None:
+    config = plaintext_config(blank_database)
+    pending = migrator.migrate(config, dry_run=True)
+    assert [m.version for m in pending] == [1]
+    assert migrator.installed_schema_version(config) is None
+
+
+def test_printed_sql_applies_by_hand_to_the_same_schema(
+    blank_database: str, pg_config: ConnectionConfig, db_dsn: str
+) -> None:
+    script = migrator.migration_sql(plaintext_config(blank_database))
+    assert "CREATE TABLE pybatch.job_execution" in script
+    with psycopg.connect(blank_database, autocommit=True) as conn:
+        conn.execute(script.encode())
+        hand_applied = describe_catalogue(conn)
+    with psycopg.connect(db_dsn) as conn:
+        assert hand_applied == describe_catalogue(conn)
+    assert migrator.installed_schema_version(plaintext_config(blank_database)) == 1
+    assert migrator.migrate(plaintext_config(blank_database)) == []
+
+
+def _migrate_in_thread(config: ConnectionConfig, barrier: threading.Barrier,
+                       results: list[object]) -> None:
+    barrier.wait()
+    try:
+        results.append([m.version for m in migrator.migrate(config)])
+    except Exception as error:  # noqa: BLE001 - reported by the assertion below
+        results.append(error)
+
+
+@pytest.mark.race
+def test_four_concurrent_migrators_in_threads_end_with_one_schema(blank_database: str) -> None:
+    config = plaintext_config(blank_database)
+    barrier = threading.Barrier(4)
+    results: list[object] = []
+    threads = [threading.Thread(target=_migrate_in_thread, args=(config, barrier, results))
+               for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(map(str, results)) == ["[1]", "[]", "[]", "[]"]
+    assert len(_history(blank_database)) == 1
+
+
+def _migrate_in_process(dsn: str, barrier: Any, queue: Any) -> None:
+    config = plaintext_config(dsn)
+    barrier.wait()
+    try:
+        queue.put([m.version for m in migrator.migrate(config)])
+    except Exception as error:  # noqa: BLE001
+        queue.put(repr(error))
+
+
+@pytest.mark.race
+def test_four_concurrent_migrator_processes_end_with_one_schema(blank_database: str) -> None:
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(4)
+    queue = context.Queue()
+    processes = [context.Process(target=_migrate_in_process, args=(blank_database, barrier, queue))
+                 for _ in range(4)]
+    for process in processes:
+        process.start()
+    results = [queue.get(timeout=120) for _ in processes]
+    for process in processes:
+        process.join(30)
+        assert process.exitcode == 0
+    assert sorted(map(str, results)) == ["[1]", "[]", "[]", "[]"]
+    assert migrator.installed_schema_version(plaintext_config(blank_database)) == 1
+
+
+def test_newer_schema_is_refused_and_left_untouched(
+    pg_config: ConnectionConfig, admin: psycopg.Connection[Any], db_dsn: str
+) -> None:
+    admin.execute("UPDATE pybatch.schema_version SET version = 2")
+    before = _history(db_dsn)
+    with pytest.raises(errors.NewerSchema) as caught:
+        migrator.migrate(pg_config)
+    assert (caught.value.current, caught.value.supported) == (2, 1)
+    assert _history(db_dsn) == before
+    with pytest.raises(errors.NewerSchema):
+        pybatch.JobRepository.connect(pg_config)
+
+
+def test_changed_checksum_is_refused(
+    pg_config: ConnectionConfig, admin: psycopg.Connection[Any]
+) -> None:
+    admin.execute(
+        "UPDATE pybatch.schema_migration SET checksum = sha256('edited'::bytea) WHERE version = 1"
+    )
+    with pytest.raises(errors.MigrationChecksumMismatch) as caught:
+        migrator.migrate(pg_config)
+    assert caught.value.version == 1
+    with pytest.raises(errors.MigrationChecksumMismatch):
+        migrator.migrate(pg_config, dry_run=True)
+
+
+def test_version_read_works_for_a_role_that_may_create_nothing(
+    admin: psycopg.Connection[Any], db_dsn: str
+) -> None:
+    admin.execute("DROP ROLE IF EXISTS pybatch_reader")
+    admin.execute("CREATE ROLE pybatch_reader LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE")
+    dbname = admin.info.dbname
+    admin.execute(f'REVOKE CREATE ON DATABASE "{dbname}" FROM PUBLIC')
+    admin.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+    admin.execute("GRANT USAGE ON SCHEMA pybatch TO pybatch_reader")
+    admin.execute("GRANT SELECT ON pybatch.schema_version TO pybatch_reader")
+    reader_dsn = db_dsn.replace(f"user={admin.info.user}", "user=pybatch_reader")
+    try:
+        assert migrator.installed_schema_version(plaintext_config(reader_dsn)) == 1
+    finally:
+        admin.execute("DROP OWNED BY pybatch_reader")
+        admin.execute("DROP ROLE pybatch_reader")
+
+
+def test_runtime_refuses_an_uninitialized_database(blank_database: str) -> None:
+    with pytest.raises(errors.SchemaUninitialized):
+        pybatch.JobRepository.connect(plaintext_config(blank_database))
+    assert migrator.installed_schema_version(plaintext_config(blank_database)) is None
+
+
+def test_runtime_refuses_an_older_schema_and_never_migrates(
+    pg_config: ConnectionConfig, monkeypatch: pytest.MonkeyPatch, db_dsn: str
+) -> None:
+    import pybatch.repository as repository_module
+
+    monkeypatch.setattr(repository_module, "supported_schema_version", lambda: 2)
+    before = _history(db_dsn)
+    with pytest.raises(errors.MigrationRequired) as caught:
+        pybatch.JobRepository.connect(pg_config)
+    assert (caught.value.current, caught.value.supported) == (1, 2)
+    assert _history(db_dsn) == before
+
+
+def test_runtime_refuses_a_database_without_the_version_row(
+    pg_config: ConnectionConfig, admin: psycopg.Connection[Any]
+) -> None:
+    admin.execute("DELETE FROM pybatch.schema_version")
+    with pytest.raises(errors.SchemaUninitialized):
+        pybatch.JobRepository.connect(pg_config)
+
+
+def test_runtime_connects_at_the_supported_version(pg_config: ConnectionConfig) -> None:
+    with pybatch.JobRepository.connect(pg_config, clock=ManualClock()) as repository:
+        assert repository.schema_version == migrator.supported_schema_version()
+
+
+def test_unreachable_server_is_unavailable_without_the_password() -> None:
+    config = plaintext_config(
+        "host=127.0.0.1 port=1 user=u password=hunter2-secret dbname=x",
+        connect_timeout=__import__("datetime").timedelta(seconds=1),
+    )
+    with pytest.raises(errors.Unavailable) as caught:
+        migrator.installed_schema_version(config)
+    assert "hunter2" not in str(caught.value) and "hunter2" not in repr(caught.value)
+    assert caught.value.__cause__ is None

@@ -1,0 +1,129 @@
+"""Guard rails over queries/ and pybatch/ (stack.md 4.4): what neither sqlfluff nor pugsql reports."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from pybatch._statements import load_pugsql_module, load_statements
+
+ROOT = Path(__file__).resolve().parents[2]
+QUERY_FILES = sorted((ROOT / "queries").glob("*.sql"))
+PACKAGE_FILES = sorted((ROOT / "pybatch").rglob("*.py"))
+HEADER = re.compile(r"^-- :name (\S+)(?: (\S+))?\s*$")
+
+
+def _statements_of(path: Path) -> list[tuple[str, list[str]]]:
+    """(header line, body lines) for each statement of a file."""
+    chunks: list[tuple[str, list[str]]] = []
+    for line in path.read_text().splitlines():
+        if line.startswith("-- :name"):
+            chunks.append((line, []))
+        elif chunks:
+            chunks[-1][1].append(line)
+        elif line.strip() and not line.startswith("--"):
+            pytest.fail(f"{path.name}: SQL before the first -- :name header")
+    return chunks
+
+
+def test_every_query_file_loads_in_pugsql() -> None:
+    module = load_pugsql_module()
+    assert len(module._statements) == len(load_statements()) > 0
+
+
+@pytest.mark.parametrize("path", QUERY_FILES, ids=lambda p: p.name)
+def test_headers_name_a_safe_result_mode_and_a_doc(path: Path) -> None:
+    for header, body in _statements_of(path):
+        match = HEADER.match(header)
+        assert match, f"{path.name}: malformed header {header!r}"
+        name, mode = match.groups()
+        assert mode in {":one", ":many", ":affected", ":scalar"}, (
+            f"{path.name}:{name} declares {mode!r}; :insert and :raw (the default) are banned"
+        )
+        assert len(name) >= 2 and re.fullmatch(r"[a-z][a-z0-9_]*", name)
+        assert body and body[0].startswith("-- :doc "), f"{path.name}:{name} has no -- :doc line"
+
+
+@pytest.mark.parametrize("path", QUERY_FILES, ids=lambda p: p.name)
+def test_no_pugsql_traps_in_statement_text(path: Path) -> None:
+    for header, body in _statements_of(path):
+        for line in body:
+            if line.startswith("-- :doc"):
+                continue
+            code, _, comment = line.partition("--")
+            assert not re.search(r":\w+::", code), f"{header}: use CAST, not :param::type"
+            for literal in re.findall(r"'[^']*'", code):
+                assert not re.search(r"(?<!:):\w", literal), f"{header}: :word in a literal"
+            assert not re.search(r"(?<![:\w]):[A-Za-z_]", comment), f"{header}: :word in comment"
+
+
+def test_statement_names_are_unique_across_files() -> None:
+    names = [HEADER.match(h).group(1) for p in QUERY_FILES for h, _ in _statements_of(p)]  # type: ignore[union-attr]
+    assert len(names) == len(set(names))
+
+
+def test_every_statement_is_called_from_the_package() -> None:
+    source = "\n".join(path.read_text() for path in PACKAGE_FILES)
+    unused = [s.name for s in load_statements() if not re.search(rf"\.{s.name}\b", source)]
+    assert unused == []
+
+
+_SQL_SHAPES = re.compile(
+    r"\b(SELECT\b.+\bFROM|INSERT\s+INTO|UPDATE\s+\w+(\.\w+)?\s+SET|DELETE\s+FROM|"
+    r"CREATE\s+(TABLE|INDEX|SCHEMA|ROLE|DATABASE)|ALTER\s+TABLE|DROP\s+(TABLE|SCHEMA)|"
+    r"SET_CONFIG\s*\(|PG_ADVISORY|TRUNCATE\s+)",
+    re.IGNORECASE | re.DOTALL,
+)
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                found.add(id(body[0].value))
+    return found
+
+
+@pytest.mark.parametrize("path", PACKAGE_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_sql_text_in_python_source(path: Path) -> None:
+    tree = ast.parse(path.read_text())
+    docstrings = _docstrings(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if id(node) in docstrings:
+                continue
+            assert not _SQL_SHAPES.search(node.value), (
+                f"{path.name}:{node.lineno}: SQL belongs in queries/*.sql"
+            )
+
+
+def test_only_the_statement_loader_imports_pugsql_or_sqlalchemy() -> None:
+    offenders = [
+        str(path.relative_to(ROOT))
+        for path in PACKAGE_FILES
+        if re.search(r"^\s*(import|from)\s+(pugsql|sqlalchemy)\b", path.read_text(), re.M)
+        and path.name != "_statements.py"
+    ]
+    assert offenders == []
+
+
+def test_statement_parameters_are_declared_and_checked() -> None:
+    statement = load_statements().update_schema_version
+    assert statement.parameters == {"version"}
+    with pytest.raises(TypeError, match="missing parameters"):
+        statement(None)  # type: ignore[arg-type]
+
+
+def test_every_parameter_has_a_sqlfluff_sample_value() -> None:
+    import configparser
+
+    parser = configparser.ConfigParser()
+    parser.read(ROOT / ".sqlfluff")
+    samples = set(parser["sqlfluff:templater:placeholder"])
+    missing = sorted({p for s in load_statements() for p in s.parameters} - samples)
+    assert missing == [], "run tools/sqlfluff_params.py and update .sqlfluff"
