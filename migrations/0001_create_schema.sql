@@ -13,9 +13,10 @@
 -- octet_length CHECK; every enum column has a named CHECK listing every value the domain
 -- defines; every foreign key is ON DELETE RESTRICT and its columns lead an index.
 --
--- Lint: the non-unique CREATE INDEX statements carry "noqa PG01" because the tables are created
--- empty in this same transaction, so a non-concurrent build locks nothing anyone waits on. Every
--- foreign key is declared inside its CREATE TABLE, where PG02 does not apply.
+-- Lint: each non-unique CREATE INDEX suppresses PG01 (no CONCURRENTLY) because its table is
+-- created empty in this same transaction, so the build locks nothing anyone waits on (and
+-- CONCURRENTLY cannot run in a transaction block). Every foreign key is declared inside its
+-- CREATE TABLE, where PG02 (ALTER TABLE ... ADD FOREIGN KEY without NOT VALID) does not apply.
 
 -- ---------------------------------------------------------------------------------------------
 -- schema_version
@@ -196,6 +197,7 @@ CREATE TABLE pybatch.job_instance (
 );
 
 -- Explorer instance pages, the per-name identity ceiling and the distinct job-name listing.
+-- Not CONCURRENTLY (PG01): the table is empty, created above in this transaction.
 CREATE INDEX job_instance_name_identity -- noqa: PG01
 ON pybatch.job_instance (job_name, id DESC);
 
@@ -330,19 +332,23 @@ ON pybatch.job_execution (job_instance_id)
 WHERE status IN ('STARTING', 'STARTED', 'STOPPING', 'UNKNOWN');
 
 -- The unresolved-executions list and the purge survey.
+-- Not CONCURRENTLY (PG01): the table is empty, created above in this transaction.
 CREATE INDEX job_execution_status_updated -- noqa: PG01
 ON pybatch.job_execution (status, updated_at, id);
 
 -- The retained-chain rule and the RESTRICT check of job_execution_restart_fk on purge (its
 -- columns in the foreign key's order, so the index covers the whole composite key).
+-- Not CONCURRENTLY (PG01): the table is empty, created above in this transaction.
 CREATE INDEX job_execution_restart_of -- noqa: PG01
 ON pybatch.job_execution (restart_of_execution_id, job_instance_id);
 
 -- Covers job_execution_definition_fk.
+-- Not CONCURRENTLY (PG01): the table is empty, created above in this transaction.
 CREATE INDEX job_execution_definition -- noqa: PG01
 ON pybatch.job_execution (definition_id);
 
 -- Covers job_execution_upgrade_fk.
+-- Not CONCURRENTLY (PG01): the table is empty, created above in this transaction.
 CREATE INDEX job_execution_upgrade_edge -- noqa: PG01
 ON pybatch.job_execution (upgrade_from_definition_id, definition_id);
 
@@ -525,10 +531,12 @@ CREATE TABLE pybatch.step_execution (
 );
 
 -- Start-limit counts and the latest step of a logical id.
+-- Not CONCURRENTLY (PG01): the table is empty, created above in this transaction.
 CREATE INDEX step_execution_logical_history -- noqa: PG01
 ON pybatch.step_execution (step_logical_id, job_execution_id, id DESC);
 
 -- Explorer pages, derived job totals and purge.
+-- Not CONCURRENTLY (PG01): the table is empty, created above in this transaction.
 CREATE INDEX step_execution_execution_identity -- noqa: PG01
 ON pybatch.step_execution (job_execution_id, id);
 
@@ -639,10 +647,12 @@ CREATE TABLE pybatch.recovery_decision (
 );
 
 -- The latest decision of an execution.
+-- Not CONCURRENTLY (PG01): the table is empty, created above in this transaction.
 CREATE INDEX recovery_decision_execution_time -- noqa: PG01
 ON pybatch.recovery_decision (job_execution_id, decided_at, id);
 
 -- Explorer pages.
+-- Not CONCURRENTLY (PG01): the table is empty, created above in this transaction.
 CREATE INDEX recovery_decision_execution_identity -- noqa: PG01
 ON pybatch.recovery_decision (job_execution_id, id);
 
@@ -717,10 +727,12 @@ CREATE TABLE pybatch.flow_decision (
 );
 
 -- The retained-chain rule and the RESTRICT check of flow_decision_reused_decision_fk.
+-- Not CONCURRENTLY (PG01): the table is empty, created above in this transaction.
 CREATE INDEX flow_decision_reused -- noqa: PG01
 ON pybatch.flow_decision (reused_decision_id);
 
 -- The retained-chain rule and the RESTRICT check of flow_decision_source_step_execution_fk.
+-- Not CONCURRENTLY (PG01): the table is empty, created above in this transaction.
 CREATE INDEX flow_decision_source_step -- noqa: PG01
 ON pybatch.flow_decision (source_step_execution_id);
 
@@ -852,10 +864,12 @@ CREATE TABLE pybatch.operator_request (
 );
 
 -- Execution-scoped requests, and the purge of an execution.
+-- Not CONCURRENTLY (PG01): the table is empty, created above in this transaction.
 CREATE INDEX operator_request_execution -- noqa: PG01
 ON pybatch.operator_request (job_execution_id, id);
 
 -- The purge's instance-scoped deletion; covers operator_request_job_instance_fk.
+-- Not CONCURRENTLY (PG01): the table is empty, created above in this transaction.
 CREATE INDEX operator_request_instance -- noqa: PG01
 ON pybatch.operator_request (job_instance_id);
 
@@ -959,6 +973,7 @@ CREATE TABLE pybatch.retention_action (
 );
 
 -- Retention history of an instance; covers retention_action_job_instance_fk.
+-- Not CONCURRENTLY (PG01): the table is empty, created above in this transaction.
 CREATE INDEX retention_action_instance -- noqa: PG01
 ON pybatch.retention_action (job_instance_id, id);
 
@@ -1068,10 +1083,12 @@ CREATE TABLE pybatch.step_partition (
 );
 
 -- A plan in id order (= ordinal order).
+-- Not CONCURRENTLY (PG01): the table is empty, created above in this transaction.
 CREATE INDEX step_partition_parent_identity -- noqa: PG01
 ON pybatch.step_partition (step_execution_id, id);
 
 -- The assign check, the retained-chain rule and the RESTRICT check of the worker foreign key.
+-- Not CONCURRENTLY (PG01): the table is empty, created above in this transaction.
 CREATE INDEX step_partition_worker -- noqa: PG01
 ON pybatch.step_partition (worker_step_execution_id);
 

@@ -43,12 +43,14 @@ class Statement:
     def __init__(self, source: Any) -> None:
         mode = _MODES.get(type(source.result))
         if mode is None:
-            raise ValueError(f"statement {source.name} must declare :one, :many, :affected or :scalar")
+            raise ValueError(
+                f"statement {source.name} must declare :one, :many, :affected or :scalar"
+            )
         self.name: str = source.name
         self.filename: str = Path(source.filename).name
         self.doc: str = source.__doc__ or ""
         self.mode: str = mode
-        compiled = source._text.compile(dialect=sqlalchemy_psycopg.dialect())
+        compiled = source._text.compile(dialect=sqlalchemy_psycopg.dialect())  # type: ignore[no-untyped-call]
         self.parameters: frozenset[str] = frozenset(compiled.params)
         # Replace pugsql's origin comment (it reveals install paths) with one that tells a
         # DBA reading pg_stat_activity which file and statement this is.
@@ -58,8 +60,18 @@ class Statement:
     def __repr__(self) -> str:
         return f"<Statement {self.filename}:{self.name} :{self.mode}>"
 
-    def __call__(self, conn: psycopg.Connection[Any], /, *, prepare: bool | None = None, **params: Any) -> Any:
+    def __call__(self, conn: psycopg.Connection[Any], /, **params: Any) -> Any:
         """Run the statement on `conn` and shape the result by its declared mode."""
+        return self.run(conn, params)
+
+    def run(
+        self,
+        conn: psycopg.Connection[Any],
+        params: Mapping[str, Any],
+        *,
+        prepare: bool | None = None,
+    ) -> Any:
+        """Run with a parameter mapping; `prepare=True` prepares it on first use (hot paths)."""
         if params.keys() != self.parameters:
             missing = sorted(self.parameters - params.keys())
             unknown = sorted(params.keys() - self.parameters)

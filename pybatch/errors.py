@@ -7,13 +7,16 @@ string (behaviour.md 6.1).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
 __all__ = [name for name in dir() if not name.startswith("_")]  # rebuilt at the end
 
-_error = attrs.define(frozen=True, slots=False, kw_only=True, eq=False)
+if TYPE_CHECKING:  # mypy's attrs plugin recognises a decorator, not a variable holding one
+    from attrs import frozen as _error
+else:
+    _error = attrs.define(frozen=True, slots=False, kw_only=True, eq=False)
 
 
 @_error
@@ -278,9 +281,7 @@ class RestartStateNotFound(RepositoryError):
 class DuplicateStep(RepositoryError):
     """A step with the same name or logical id already exists in the execution."""
 
-    message = (
-        "job execution {job_execution_id} already has step {step_name} / logical id {node_id}"
-    )
+    message = "job execution {job_execution_id} already has step {step_name} / logical id {node_id}"
     job_execution_id: int
     step_name: str
     node_id: str
@@ -348,7 +349,9 @@ class Unavailable(RepositoryError):
 
     def __str__(self) -> str:
         # The SQLSTATE is safe to show; the driver's message is not (it can quote values).
-        return self.message if self.sqlstate is None else f"{self.message} (SQLSTATE {self.sqlstate})"
+        return (
+            self.message if self.sqlstate is None else f"{self.message} (SQLSTATE {self.sqlstate})"
+        )
 
 
 @_error
@@ -890,7 +893,7 @@ class MigrationLockTimeout(MigrationError):
     message = "timed out waiting for the migration lock"
 
 
-# --------------------------------------------------------------------------- values and codecs (appended)
+# ---------------------------------------------------------------- values and codecs (appended)
 
 
 @_error

@@ -22,11 +22,23 @@ from pybatch import _sqlstate
 from pybatch.codecs._primitives import DecodeError
 from pybatch.errors import (
     CommitOutcomeUnknown,
+    DefinitionUpgradeConflict,
     PyBatchError,
     RetryableConflict,
     TransactionAborted,
     Unavailable,
     UnitOfWorkClosed,
+)
+from pybatch.repository import definitions, executions, instances, steps
+from pybatch.values.definitions import DefinitionIdentity, DefinitionUpgrade
+from pybatch.values.lifecycle import LifecycleTransition
+from pybatch.values.names import ExitCode, JobName, StepName
+from pybatch.values.parameters import JobInstanceKey
+from pybatch.values.records import (
+    JobExecution,
+    JobInstance,
+    JobInstanceSelection,
+    StepExecution,
 )
 
 if TYPE_CHECKING:
@@ -167,9 +179,124 @@ class UnitOfWorkBase:
             self._repository._release(conn, discard=discard)
 
 
-
 class UnitOfWork(UnitOfWorkBase):
-    """A unit of work with every repository operation; each is atomic."""
+    """A unit of work with every repository operation; each is atomic (rule 21).
+
+    Each method runs its capability function (pybatch/repository/<capability>.py, which
+    runs queries/<capability>.sql) under its own savepoint.
+    """
 
     def __enter__(self) -> UnitOfWork:
         return self
+
+    # ------------------------------------------------------------------ definitions
+
+    def register_definition_upgrade(self, job_name: JobName, upgrade: DefinitionUpgrade) -> None:
+        """Register a direct definition upgrade edge (behaviour.md 4.1)."""
+        conflict = {
+            "definition_upgrade_target_key_unique": lambda: DefinitionUpgradeConflict(
+                job_name=job_name.value
+            )
+        }
+        with self.operation(overrides=conflict) as conn:
+            definitions.register_definition_upgrade(
+                self.statements, conn, self.clock, job_name, upgrade
+            )
+
+    # ------------------------------------------------------------------ instances
+
+    def select_or_create_job_instance(self, key: JobInstanceKey) -> JobInstanceSelection:
+        """The instance of `key`: Created, or Existing when it was already there (4.2)."""
+        with self.operation() as conn:
+            return instances.select_or_create_job_instance(self.statements, conn, self.clock, key)
+
+    def find_job_instance(self, key: JobInstanceKey) -> JobInstance | None:
+        """The instance of `key`, or None (4.2)."""
+        with self.operation() as conn:
+            return instances.find_job_instance(self.statements, conn, key)
+
+    def get_job_instance(self, instance_id: int) -> JobInstance | None:
+        """The instance with this id, or None (4.2)."""
+        with self.operation() as conn:
+            return instances.get_job_instance(self.statements, conn, instance_id)
+
+    # ------------------------------------------------------------------ job executions
+
+    def create_job_execution(self, instance_id: int) -> JobExecution:
+        """Launch or restart `instance_id` under the legacy definition (4.3)."""
+        return self.create_job_execution_with_definition(instance_id, DefinitionIdentity.legacy())
+
+    def create_job_execution_with_definition(
+        self, instance_id: int, definition: DefinitionIdentity
+    ) -> JobExecution:
+        """Launch or restart `instance_id` under `definition` (4.3)."""
+        with self.operation() as conn:
+            return executions.create_job_execution(
+                self.statements, conn, self.clock, instance_id, definition
+            )
+
+    def transition_job_execution(
+        self, execution_id: int, expected_version: int, transition: LifecycleTransition
+    ) -> JobExecution:
+        """Apply a lifecycle transition with a version compare-and-swap (4.4)."""
+        with self.operation() as conn:
+            return executions.transition_job_execution(
+                self.statements, conn, execution_id, expected_version, transition
+            )
+
+    def enrich_job_exit_status(
+        self, execution_id: int, expected_version: int, exit_status: ExitCode
+    ) -> JobExecution:
+        """Replace the exit status of a job execution (4.4)."""
+        with self.operation() as conn:
+            return executions.enrich_job_exit_status(
+                self.statements, conn, self.clock, execution_id, expected_version, exit_status
+            )
+
+    def get_job_execution(self, execution_id: int) -> JobExecution | None:
+        """One job execution, or None (4.5)."""
+        with self.operation() as conn:
+            return executions.get_job_execution(self.statements, conn, execution_id)
+
+    def job_executions(self, instance_id: int) -> list[JobExecution]:
+        """Every attempt of an instance in attempt order (4.5)."""
+        with self.operation() as conn:
+            return executions.job_executions(self.statements, conn, instance_id)
+
+    # ------------------------------------------------------------------ step executions
+
+    def create_step_execution(self, job_execution_id: int, step_name: StepName) -> StepExecution:
+        """Create a step, copying its source's state in a restart attempt (4.6)."""
+        duplicate = steps.duplicate_step_overrides(job_execution_id, step_name, step_name.value)
+        with self.operation(overrides=duplicate) as conn:
+            return steps.create_step_execution(
+                self.statements, conn, self.clock, job_execution_id, step_name
+            )
+
+    def transition_step_execution(
+        self, step_id: int, expected_version: int, transition: LifecycleTransition
+    ) -> StepExecution:
+        """Apply a lifecycle transition to a step (4.4)."""
+        with self.operation() as conn:
+            return steps.transition_step_execution(
+                self.statements, conn, step_id, expected_version, transition
+            )
+
+    def enrich_step_exit_status(
+        self, step_id: int, expected_version: int, exit_status: ExitCode
+    ) -> StepExecution:
+        """Replace the exit status of a step (4.4)."""
+        with self.operation() as conn:
+            return steps.enrich_step_exit_status(
+                self.statements, conn, self.clock, step_id, expected_version, exit_status
+            )
+
+    def get_step_execution(self, step_id: int) -> StepExecution | None:
+        """One step execution, or None (4.5)."""
+        with self.operation() as conn:
+            return steps.get_step_execution(self.statements, conn, step_id)
+
+    def step_executions(self, job_execution_id: int) -> list[StepExecution]:
+        """The steps of a job execution in creation order (4.5)."""
+        with self.operation() as conn:
+            return steps.step_executions(self.statements, conn, job_execution_id)

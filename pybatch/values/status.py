@@ -6,7 +6,7 @@ Enum values are the durable codes; decoders refuse any other text (behaviour.md 
 from __future__ import annotations
 
 import enum
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import attrs
 
@@ -147,9 +147,11 @@ _POLICY_ELIGIBLE = frozenset(
 )
 
 
-def _check_failure_id(instance: FailureSummary, attribute: attrs.Attribute[int], value: int) -> None:
+def _check_failure_id(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     # Domain range only: a FailureId above 2^63-1 is valid but unstorable, which the encoder
     # reports as IdentifierOutOfRange when it binds the value.
+    if type(value) is not int:
+        raise TypeError("failure_id is an int (bool is not accepted)")
     check_identifier(IdentifierKind.FAILURE, value, storable=False)
 
 

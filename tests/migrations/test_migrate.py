@@ -69,12 +69,13 @@ def test_printed_sql_applies_by_hand_to_the_same_schema(
     assert migrator.migrate(plaintext_config(blank_database)) == []
 
 
-def _migrate_in_thread(config: ConnectionConfig, barrier: threading.Barrier,
-                       results: list[object]) -> None:
+def _migrate_in_thread(
+    config: ConnectionConfig, barrier: threading.Barrier, results: list[object]
+) -> None:
     barrier.wait()
     try:
         results.append([m.version for m in migrator.migrate(config)])
-    except Exception as error:  # noqa: BLE001 - reported by the assertion below
+    except Exception as error:
         results.append(error)
 
 
@@ -83,8 +84,10 @@ def test_four_concurrent_migrators_in_threads_end_with_one_schema(blank_database
     config = plaintext_config(blank_database)
     barrier = threading.Barrier(4)
     results: list[object] = []
-    threads = [threading.Thread(target=_migrate_in_thread, args=(config, barrier, results))
-               for _ in range(4)]
+    threads = [
+        threading.Thread(target=_migrate_in_thread, args=(config, barrier, results))
+        for _ in range(4)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -98,7 +101,7 @@ def _migrate_in_process(dsn: str, barrier: Any, queue: Any) -> None:
     barrier.wait()
     try:
         queue.put([m.version for m in migrator.migrate(config)])
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         queue.put(repr(error))
 
 
@@ -107,8 +110,10 @@ def test_four_concurrent_migrator_processes_end_with_one_schema(blank_database: 
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(4)
     queue = context.Queue()
-    processes = [context.Process(target=_migrate_in_process, args=(blank_database, barrier, queue))
-                 for _ in range(4)]
+    processes = [
+        context.Process(target=_migrate_in_process, args=(blank_database, barrier, queue))
+        for _ in range(4)
+    ]
     for process in processes:
         process.start()
     results = [queue.get(timeout=120) for _ in processes]

@@ -15,6 +15,9 @@ runs (docs: stack.md 6.4).  The rest are small helpers for conftest.py:
 from __future__ import annotations
 
 import os
+import shutil
+import stat
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +78,50 @@ def use_wrapper_by_default(config: pytest.Config) -> None:
     if config.getini("postgresql_exec") not in ("", None, builtin):
         return
     config.option.postgresql_exec = default_pg_ctl()
+
+
+def isolate_basetemp(config: pytest.Config) -> None:
+    """As root, give this session a private basetemp instead of /tmp/pytest-of-root.
+
+    Every pytest session resets /tmp/pytest-of-root to mode 0700 when it starts.
+    The wrapper opens it up (a+x) for the postgres user, so any other root
+    session starting meanwhile (another tox env under ``tox p``, a colleague's
+    run on a shared machine) cuts the running server off from its data
+    directory: it dies mid-test and ``pg_ctl stop`` fails.  Our own parent dir
+    is left alone by pytest; the per-pid subdirectories of finished sessions are
+    pruned here.  Non-root runs need none of this.  An explicit ``--basetemp``
+    wins.  Must run before pytest's tmpdir plugin reads the option, i.e. from a
+    ``pytest_configure`` marked ``tryfirst``.
+    """
+    if os.geteuid() != 0 or config.option.basetemp:
+        return
+    if hasattr(config, "_tmp_path_factory"):
+        raise RuntimeError("isolate_basetemp() ran too late: mark pytest_configure tryfirst")
+    parent = Path(tempfile.gettempdir()) / "pybatch-pytest-of-root"
+    parent.mkdir(mode=0o711, exist_ok=True)
+    st = parent.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
+        raise RuntimeError(f"{parent} is not a directory owned by root")
+    for old in parent.iterdir():
+        if old.name.isdigit() and not _pid_alive(int(old.name)):
+            shutil.rmtree(old, ignore_errors=True)
+    config.option.basetemp = str(parent / str(os.getpid()))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def configure(config: pytest.Config) -> None:
+    """Everything conftest's ``pytest_configure`` (marked tryfirst) should call."""
+    isolate_basetemp(config)
+    use_wrapper_by_default(config)
 
 
 def expected_major() -> int | None:

@@ -169,9 +169,10 @@ def test_tls_mapping_is_forced_and_application_name_is_pybatch() -> None:
 
 
 def test_sub_second_connect_timeout_rounds_up_never_to_zero() -> None:
-    assert make(connect_timeout=timedelta(milliseconds=1)).connection_kwargs()[
-        "connect_timeout"
-    ] == "1"
+    assert (
+        make(connect_timeout=timedelta(milliseconds=1)).connection_kwargs()["connect_timeout"]
+        == "1"
+    )
 
 
 def test_ca_certificate_bounds_and_repr() -> None:

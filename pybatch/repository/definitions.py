@@ -1,0 +1,120 @@
+"""Definitions and upgrade edges (behaviour.md 2.12, 4.1) over queries/definitions.sql."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from pybatch._statements import Statements
+from pybatch.clock import Clock
+from pybatch.codecs._jsonb import to_jsonb
+from pybatch.errors import (
+    ConcurrentModification,
+    DefinitionDrift,
+    DefinitionJobMismatch,
+    DefinitionUpgradeConflict,
+    Unavailable,
+    UnsupportedManifestVersion,
+)
+from pybatch.values.definitions import DefinitionIdentity, DefinitionUpgrade
+from pybatch.values.names import JobName
+
+__all__ = ["ensure_definition", "register_definition_upgrade"]
+
+Connection = psycopg.Connection[Any]
+
+
+def ensure_definition(
+    q: Statements, conn: Connection, clock: Clock, job_name: JobName, definition: DefinitionIdentity
+) -> int:
+    """Return the id of `definition` for `job_name`, registering it when new (behaviour.md 2.12).
+
+    Raises:
+        DefinitionJobMismatch: the definition is bound to another job.
+        UnsupportedManifestVersion: manifest format outside 1..3.
+        DefinitionDrift: the revision is registered with another digest.
+
+    Statements: definitions.sql find_job_definition_by_revision, insert_job_definition_if_absent,
+    find_job_definition_by_digest.
+    """
+    if definition.job_name is not None and definition.job_name != job_name:
+        raise DefinitionJobMismatch(expected=job_name.value, actual=definition.job_name.value)
+    if not 1 <= definition.manifest_format <= 3:
+        raise UnsupportedManifestVersion(format=definition.manifest_format)
+    try:
+        manifest = definition.manifest()
+    except ValueError:
+        raise Unavailable() from None
+    if not isinstance(manifest, dict):
+        raise Unavailable()
+    names = {"job_name": job_name.value, "definition_revision": definition.revision.value}
+    # The revision is checked first and on its own, so a drifted revision whose new digest
+    # already exists under another revision is still reported (D12).
+    known = _definition_for_revision(q, conn, names, definition)
+    if known is not None:
+        return known
+    inserted = q.insert_job_definition_if_absent(
+        conn,
+        **names,
+        manifest_format=definition.manifest_format,
+        manifest_digest=definition.digest,
+        manifest=to_jsonb(manifest),
+        now=clock.now(),
+    )
+    if inserted is not None:
+        return int(inserted["id"])
+    # A concurrent registration won one of the two unique constraints: read back which.
+    known = _definition_for_revision(q, conn, names, definition)
+    if known is not None:
+        return known
+    by_digest = q.find_job_definition_by_digest(
+        conn, job_name=job_name.value, manifest_digest=definition.digest
+    )
+    if by_digest is None:
+        raise ConcurrentModification()
+    return int(by_digest["id"])
+
+
+def _definition_for_revision(
+    q: Statements, conn: Connection, names: dict[str, str], definition: DefinitionIdentity
+) -> int | None:
+    row = q.find_job_definition_by_revision(conn, **names)
+    if row is None:
+        return None
+    if bytes(row["manifest_digest"]) != definition.digest:
+        raise DefinitionDrift(job_name=names["job_name"], revision=names["definition_revision"])
+    return int(row["id"])
+
+
+def register_definition_upgrade(
+    q: Statements, conn: Connection, clock: Clock, job_name: JobName, upgrade: DefinitionUpgrade
+) -> None:
+    """Register a direct, non-transitive upgrade edge; idempotent for equal content (4.1).
+
+    Raises:
+        DefinitionJobMismatch, UnsupportedManifestVersion, DefinitionDrift: from `ensure`.
+        DefinitionUpgradeConflict: the edge exists with other content, or the key is taken.
+
+    Statements: definitions.sql insert_definition_upgrade_if_absent, find_definition_upgrade.
+    """
+    from_id = ensure_definition(q, conn, clock, job_name, upgrade.from_definition)
+    to_id = ensure_definition(q, conn, clock, job_name, upgrade.to_definition)
+    mapping = {source.value: target.value for source, target in upgrade.step_mapping.items()}
+    edge = {"from_definition_id": from_id, "to_definition_id": to_id}
+    inserted = q.insert_definition_upgrade_if_absent(
+        conn,
+        **edge,
+        upgrade_key=upgrade.key.value,
+        step_mapping=to_jsonb(mapping),
+        now=clock.now(),
+    )
+    if inserted is not None:
+        return
+    existing = q.find_definition_upgrade(conn, **edge)
+    if (
+        existing is None
+        or existing["upgrade_key"] != upgrade.key.value
+        or existing["step_mapping"] != mapping
+    ):
+        raise DefinitionUpgradeConflict(job_name=job_name.value)

@@ -1,0 +1,212 @@
+"""Plain step executions: create, restart copy, transitions, reads (behaviour.md 4.4-4.6).
+
+Statements come from queries/steps.sql; the upgrade mapping from queries/definitions.sql.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import psycopg
+
+from pybatch._statements import Statements
+from pybatch.clock import Clock
+from pybatch.codecs._jsonb import to_jsonb
+from pybatch.codecs.executions import decode_step_execution, encode_execution_metadata
+from pybatch.errors import (
+    DuplicateStep,
+    InvalidDefinitionUpgrade,
+    JobExecutionNotFound,
+    PyBatchError,
+    RestartStateNotFound,
+    StaleVersion,
+    StepExecutionNotFound,
+)
+from pybatch.values.fault import FaultStateEnvelope
+from pybatch.values.ids import IdentifierKind, check_identifier, check_version
+from pybatch.values.lifecycle import LifecycleTransition, apply_exit_enrichment, apply_transition
+from pybatch.values.names import ExitCode, StepName
+from pybatch.values.records import StepExecution
+
+__all__ = [
+    "create_step_execution",
+    "duplicate_step_overrides",
+    "enrich_step_exit_status",
+    "get_step_execution",
+    "step_executions",
+    "transition_step_execution",
+]
+
+Connection = psycopg.Connection[Any]
+
+
+def duplicate_step_overrides(
+    job_execution_id: int, step_name: StepName, node_id: str
+) -> dict[str, Any]:
+    """Report a concurrent duplicate caught by a unique constraint as DuplicateStep (rule 5)."""
+
+    def duplicate() -> PyBatchError:
+        return DuplicateStep(
+            job_execution_id=job_execution_id, step_name=step_name.value, node_id=node_id
+        )
+
+    return {
+        "step_execution_name_unique": duplicate,
+        "step_execution_logical_id_unique": duplicate,
+    }
+
+
+def create_step_execution(
+    q: Statements, conn: Connection, clock: Clock, job_execution_id: int, step_name: StepName
+) -> StepExecution:
+    """Create a step; in a restart attempt copy its source's durable state (rule 4).
+
+    Raises:
+        JobExecutionNotFound: no such job execution.
+        DuplicateStep: the name or logical id is taken in this execution.
+        InvalidDefinitionUpgrade: an upgraded restart has no mapping entry for the step.
+        RestartStateNotFound: the previous attempt has no source step.
+
+    Statements: executions.sql get_job_execution; steps.sql find_conflicting_step_execution,
+    find_restart_source_step_execution, insert_step_execution(_from_source),
+    get_step_execution; definitions.sql find_upgrade_source_step_name.
+    """
+    check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
+    execution = q.get_job_execution(conn, job_execution_id=job_execution_id)
+    if execution is None:
+        raise JobExecutionNotFound(id=job_execution_id)
+    names = {"job_execution_id": job_execution_id, "step_name": step_name.value}
+    if q.find_conflicting_step_execution(conn, **names, node_id=step_name.value) is not None:
+        raise DuplicateStep(
+            job_execution_id=job_execution_id, step_name=step_name.value, node_id=step_name.value
+        )
+    now = clock.now()
+    previous = execution["restart_of_execution_id"]
+    if previous is None:
+        fault = FaultStateEnvelope.EMPTY.to_columns()
+        step_id = q.insert_step_execution(
+            conn,
+            **names,
+            node_id=step_name.value,
+            fault_state_payload=to_jsonb(fault["fault_state_payload"]),
+            fault_state_checksum=fault["fault_state_checksum"],
+            now=now,
+        )["id"]
+    else:
+        source_name = step_name.value
+        if execution["upgrade_from_definition_id"] is not None:
+            source_name = q.find_upgrade_source_step_name(conn, **names)
+            if source_name is None:
+                raise InvalidDefinitionUpgrade(execution_id=job_execution_id)
+        source_id = q.find_restart_source_step_execution(
+            conn, previous_job_execution_id=previous, source_step_name=source_name
+        )
+        if source_id is None:
+            raise RestartStateNotFound(execution_id=job_execution_id, step_name=step_name.value)
+        step_id = q.insert_step_execution_from_source(
+            conn, **names, node_id=step_name.value, source_step_execution_id=source_id, now=now
+        )["id"]
+    return decode_step_execution(q.get_step_execution(conn, step_execution_id=step_id))
+
+
+def _locked(q: Statements, conn: Connection, step_id: int) -> StepExecution:
+    check_identifier(IdentifierKind.STEP_EXECUTION, step_id)
+    row = q.lock_step_execution(conn, step_execution_id=step_id)
+    if row is None:
+        raise StepExecutionNotFound(id=step_id)
+    return decode_step_execution(row)
+
+
+def _cas_lost(q: Statements, conn: Connection, step_id: int, expected: int) -> Exception:
+    row = q.get_step_execution(conn, step_execution_id=step_id)
+    if row is None:
+        return StepExecutionNotFound(id=step_id)
+    return StaleVersion(expected=expected, actual=int(row["version"]))
+
+
+def transition_step_execution(
+    q: Statements,
+    conn: Connection,
+    step_id: int,
+    expected_version: int,
+    transition: LifecycleTransition,
+) -> StepExecution:
+    """Apply a lifecycle transition to a step under its row lock (behaviour.md 4.4).
+
+    Statements: steps.sql lock_step_execution, update_step_execution_transition.
+    """
+    check_version(expected_version)
+    current = _locked(q, conn, step_id)
+    metadata, version = apply_transition(
+        current.metadata, current.version, expected_version, transition, counts_apply=True
+    )
+    columns = encode_execution_metadata(metadata)
+    del columns["exit_code"]
+    changed = q.update_step_execution_transition(
+        conn,
+        **columns,
+        rollback_count=metadata.counts.rolled_back,
+        transitioned_at=transition.at,
+        step_execution_id=step_id,
+        expected_version=expected_version,
+    )
+    if changed != 1:
+        raise _cas_lost(q, conn, step_id, expected_version)
+    return attrs.evolve(
+        current,
+        metadata=metadata,
+        version=version,
+        updated_at=max(current.updated_at, transition.at),
+    )
+
+
+def enrich_step_exit_status(
+    q: Statements,
+    conn: Connection,
+    clock: Clock,
+    step_id: int,
+    expected_version: int,
+    exit_status: ExitCode,
+) -> StepExecution:
+    """Replace a step's exit status in any status (behaviour.md 3.3).
+
+    Statements: steps.sql lock_step_execution, update_step_execution_exit_code.
+    """
+    check_version(expected_version)
+    current = _locked(q, conn, step_id)
+    metadata, version = apply_exit_enrichment(
+        current.metadata, current.version, expected_version, exit_status
+    )
+    now = clock.now()
+    changed = q.update_step_execution_exit_code(
+        conn,
+        exit_code=exit_status.value,
+        now=now,
+        step_execution_id=step_id,
+        expected_version=expected_version,
+    )
+    if changed != 1:
+        raise _cas_lost(q, conn, step_id, expected_version)
+    return attrs.evolve(
+        current, metadata=metadata, version=version, updated_at=max(current.updated_at, now)
+    )
+
+
+def get_step_execution(q: Statements, conn: Connection, step_id: int) -> StepExecution | None:
+    """One step execution, or None (statements: steps.sql get_step_execution)."""
+    check_identifier(IdentifierKind.STEP_EXECUTION, step_id)
+    row = q.get_step_execution(conn, step_execution_id=step_id)
+    return None if row is None else decode_step_execution(row)
+
+
+def step_executions(q: Statements, conn: Connection, job_execution_id: int) -> list[StepExecution]:
+    """The steps of a job execution in creation order (behaviour.md 4.5).
+
+    Statements: executions.sql get_job_execution; steps.sql list_step_executions.
+    """
+    check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
+    if q.get_job_execution(conn, job_execution_id=job_execution_id) is None:
+        raise JobExecutionNotFound(id=job_execution_id)
+    rows = q.list_step_executions(conn, job_execution_id=job_execution_id)
+    return [decode_step_execution(row) for row in rows]

@@ -1,0 +1,588 @@
+"""Retry keys, retry bounds and the durable fault-state envelope (behaviour.md 2.16; schema.md 3.6).
+
+Pure values only: the envelope is decoded from, and encoded to, the five `fault_state_*` columns
+of `step_execution`, but the SQL (lock, compare-and-swap update) belongs to `FaultState`
+(behaviour.md 4.15). Every refusal of the envelope is a `FaultStateEnvelopeInvalid` whose `reason`
+is one of `FaultStateRefusal`; the store maps it to `FaultStateCorrupt` (behaviour.md 6.3).
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import itertools
+import re
+import struct
+from collections.abc import Mapping
+from typing import ClassVar, TypedDict
+
+import attrs
+
+from pybatch.codecs._primitives import canonical_json, sha256
+from pybatch.errors import (
+    CapacityExhausted,
+    DefinitionError,
+    DomainError,
+    FaultStateEnvelopeInvalid,
+    JsonNotEncodable,
+    StaleReservation,
+)
+from pybatch.values.names import ClassifierRevision, StepName
+from pybatch.values.status import FailureCategory
+
+__all__ = [
+    "FAULT_STATE_FORMAT",
+    "FAULT_STATE_MAX_BYTES",
+    "FAULT_STATE_MAX_ENTRIES",
+    "FAULT_STATE_SCHEMA",
+    "FAULT_STATE_SCHEMA_VERSION",
+    "RETRY_KEY_DOMAIN",
+    "FaultEntry",
+    "FaultPhase",
+    "FaultStateColumns",
+    "FaultStateEnvelope",
+    "FaultStateRefusal",
+    "RetryKey",
+    "RetryLimit",
+    "RetryOrdinal",
+    "RetryStateLimit",
+]
+
+#: Value of the `fault_state_format` column; the only format version (kept from the seed).
+FAULT_STATE_FORMAT = 1
+#: Value of the `fault_state_schema` column (kept byte for byte).
+FAULT_STATE_SCHEMA = "oxide-batch.fault-state"
+#: Value of the `fault_state_schema_version` column.
+FAULT_STATE_SCHEMA_VERSION = 1
+#: Byte ceiling of the canonical envelope.
+FAULT_STATE_MAX_BYTES = 64 * 1024
+#: Hard entry ceiling of format 1 (and the upper bound of `RetryStateLimit`).
+FAULT_STATE_MAX_ENTRIES = 256
+#: Domain separator of `RetryKey.derive` (kept byte for byte).
+RETRY_KEY_DOMAIN = b"oxide-batch/retry-key/1"
+
+_U16_MAX = 2**16 - 1
+_U64_MAX = 2**64 - 1
+_DIGEST_BYTES = 32
+_ZERO_DIGEST = bytes(_DIGEST_BYTES)
+# Lower case only: the canonical form is lower-case hex, so anything else was not written by us.
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+_ENTRY_MEMBERS = frozenset({"category", "key", "ordinal", "phase", "revision"})
+
+
+class FaultStateRefusal(enum.StrEnum):
+    """The `reason` of each `FaultStateEnvelopeInvalid`, one per broken rule (behaviour.md 2.16)."""
+
+    #: `fault_state_format` is not 1.
+    UNSUPPORTED_FORMAT = "unsupported format"
+    #: `fault_state_schema` is not `oxide-batch.fault-state`.
+    UNSUPPORTED_SCHEMA = "unsupported schema"
+    #: `fault_state_schema_version` is not 1.
+    UNSUPPORTED_SCHEMA_VERSION = "unsupported schema version"
+    #: The payload is not an object with a 64-hex `checkpoint` and an `entries` array.
+    MALFORMED = "malformed"
+    #: The canonical envelope is larger than 64 KiB.
+    TOO_LARGE = "too large"
+    #: More entries than the format ceiling (decode) or the policy's state limit (validate_for).
+    TOO_MANY_ENTRIES = "too many entries"
+    #: An entry is not exactly {category, key, ordinal 1..65535, phase, revision}.
+    MALFORMED_ENTRY = "malformed entry"
+    #: An entry names a phase or failure category that does not exist.
+    UNKNOWN_ENUMERATION = "unknown enumeration"
+    #: Entries are not in ascending key order.
+    UNSORTED_ENTRIES = "unsorted entries"
+    #: Two entries share one retry key.
+    DUPLICATE_KEY = "duplicate key"
+    #: Empty with a non-zero checkpoint digest, or non-empty with the all-zero digest.
+    CHECKPOINT_EMPTINESS_MISMATCH = "checkpoint emptiness mismatch"
+    #: The stored checksum does not cover the canonical envelope.
+    CHECKSUM_MISMATCH = "checksum mismatch"
+    #: A retained ordinal is above the policy's retry limit.
+    ORDINAL_ABOVE_LIMIT = "ordinal above limit"
+    #: Retained entries belong to a superseded checkpoint generation.
+    CHECKPOINT_MISMATCH = "checkpoint mismatch"
+
+
+def _refuse(refusal: FaultStateRefusal) -> FaultStateEnvelopeInvalid:
+    """Build the refusal; the reason is a plain str so the error pickles and prints cleanly."""
+    return FaultStateEnvelopeInvalid(reason=refusal.value)
+
+
+def _check_u16(value: object, *, minimum: int, maximum: int, what: str) -> None:
+    # Programmer errors (policy constants in the ETL script), hence ValueError and not a
+    # contract error: errors.py has no retry-policy family.
+    if type(value) is not int:
+        raise TypeError(f"{what} takes an int")
+    if not minimum <= value <= maximum:
+        raise ValueError(f"{what} must lie in {minimum}..{maximum}")
+
+
+def _check_digest(value: object, what: str) -> bytes:
+    if type(value) is not bytes:
+        raise TypeError(f"{what} takes bytes")
+    if len(value) != _DIGEST_BYTES:
+        raise ValueError(f"{what} must be exactly {_DIGEST_BYTES} bytes")
+    return value
+
+
+# --------------------------------------------------------------------------- bounds
+
+
+def _ordinal_value(instance: RetryOrdinal, attribute: attrs.Attribute[int], value: int) -> None:
+    _check_u16(value, minimum=0, maximum=_U16_MAX, what="RetryOrdinal")
+
+
+def _limit_value(instance: RetryLimit, attribute: attrs.Attribute[int], value: int) -> None:
+    _check_u16(value, minimum=0, maximum=_U16_MAX, what="RetryLimit")
+
+
+def _state_limit_value(
+    instance: RetryStateLimit, attribute: attrs.Attribute[int], value: int
+) -> None:
+    _check_u16(value, minimum=1, maximum=FAULT_STATE_MAX_ENTRIES, what="RetryStateLimit")
+
+
+@attrs.frozen(order=True)
+class RetryOrdinal:
+    """Zero-based invocation ordinal of one retry key; 0 is the first call, which is no retry."""
+
+    value: int = attrs.field(validator=_ordinal_value)
+
+    #: The initial, non-retried call.
+    INITIAL: ClassVar[RetryOrdinal]
+    #: The largest ordinal (u16).
+    MAX: ClassVar[RetryOrdinal]
+
+    @property
+    def is_initial(self) -> bool:
+        """Whether this is the first call (never reserved)."""
+        return self.value == 0
+
+
+RetryOrdinal.INITIAL = RetryOrdinal(0)
+RetryOrdinal.MAX = RetryOrdinal(_U16_MAX)
+
+
+@attrs.frozen(order=True)
+class RetryLimit:
+    """Maximum re-invocations after the first call (u16); stored ordinals above it are corrupt."""
+
+    value: int = attrs.field(validator=_limit_value)
+
+    #: A policy that never retries.
+    NONE: ClassVar[RetryLimit]
+
+    def permits(self, ordinal: RetryOrdinal) -> bool:
+        """Whether `ordinal` may be reserved: a retry (not the first call) within the limit."""
+        return not ordinal.is_initial and ordinal.value <= self.value
+
+
+RetryLimit.NONE = RetryLimit(0)
+
+
+@attrs.frozen(order=True)
+class RetryStateLimit:
+    """Maximum unresolved retry keys one step retains (1..256), so fault state stays bounded."""
+
+    value: int = attrs.field(validator=_state_limit_value)
+
+
+# --------------------------------------------------------------------------- phase and key
+
+
+class FaultPhase(enum.Enum):
+    """The framework phase that produced a fault; values are the durable lower-case names."""
+
+    #: An item reader failed.
+    READ = "read"
+    #: An item processor failed.
+    PROCESS = "process"
+    #: An item writer failed.
+    WRITE = "write"
+    #: A chunk transaction failed to begin, commit or roll back.
+    TRANSACTION = "transaction"
+    #: Checkpoint or execution-context state could not be produced or stored.
+    CHECKPOINT = "checkpoint"
+    #: A listener callback failed.
+    LISTENER = "listener"
+    #: Cancellable backoff failed or was interrupted.
+    BACKOFF = "backoff"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def is_reservable(self) -> bool:
+        """Whether a retry can be reserved: only read, process and write have retry counters."""
+        return self in _RESERVABLE
+
+    @classmethod
+    def from_durable_name(cls, name: str) -> FaultPhase | None:
+        """Return the phase stored as `name`, or None for unknown text (never coerced)."""
+        for member in cls:
+            if member.value == name:
+                return member
+        return None
+
+
+_RESERVABLE = frozenset({FaultPhase.READ, FaultPhase.PROCESS, FaultPhase.WRITE})
+
+
+def _key_digest(instance: RetryKey, attribute: attrs.Attribute[bytes], value: bytes) -> None:
+    _check_digest(value, "RetryKey")
+
+
+@attrs.frozen(order=True, repr=False)
+class RetryKey:
+    """Opaque 32-byte digest of one retryable unit of work; ordered by bytes, repr redacted."""
+
+    digest: bytes = attrs.field(validator=_key_digest)
+
+    @classmethod
+    def derive(
+        cls,
+        definition_digest: bytes,
+        step_name: StepName,
+        phase: FaultPhase,
+        checkpoint_digest: bytes,
+        ordinal: int,
+    ) -> RetryKey:
+        """Derive the key of one failed unit of work so a restart finds the same key (2.16).
+
+        SHA-256 over `"oxide-batch/retry-key/1"` ‖ definition digest ‖ u64be(len(step)) ‖ step
+        (UTF-8) ‖ phase name ‖ 0x00 ‖ checkpoint digest ‖ u64be(ordinal). `ordinal` is the stable
+        item or output ordinal (u64), not a `RetryOrdinal`.
+
+        Raises:
+            TypeError: an argument has the wrong type.
+            ValueError: a digest is not 32 bytes or `ordinal` is outside 0..2^64-1.
+        """
+        _check_digest(definition_digest, "definition digest")
+        _check_digest(checkpoint_digest, "checkpoint digest")
+        if not isinstance(step_name, StepName):
+            raise TypeError("step_name takes a StepName")
+        if not isinstance(phase, FaultPhase):
+            raise TypeError("phase takes a FaultPhase")
+        if type(ordinal) is not int:
+            raise TypeError("ordinal takes an int")
+        if not 0 <= ordinal <= _U64_MAX:
+            raise ValueError("ordinal must lie in 0..2^64-1")
+        step = step_name.value.encode("utf-8")
+        material = b"".join(
+            (
+                RETRY_KEY_DOMAIN,
+                definition_digest,
+                struct.pack(">Q", len(step)),
+                step,
+                phase.value.encode("ascii"),
+                b"\x00",
+                checkpoint_digest,
+                struct.pack(">Q", ordinal),
+            )
+        )
+        return cls(sha256(material))
+
+    def hex(self) -> str:
+        """Return the 64 lower-case hex digits stored in the fault-state payload."""
+        return self.digest.hex()
+
+    def __repr__(self) -> str:
+        return "RetryKey(digest=<redacted>)"
+
+
+# --------------------------------------------------------------------------- entry
+
+
+@attrs.frozen(kw_only=True)
+class FaultEntry:
+    """One retained retry reservation: framework classification only, never an item or message."""
+
+    key: RetryKey = attrs.field(validator=attrs.validators.instance_of(RetryKey))
+    phase: FaultPhase = attrs.field(validator=attrs.validators.instance_of(FaultPhase))
+    category: FailureCategory = attrs.field(validator=attrs.validators.instance_of(FailureCategory))
+    ordinal: RetryOrdinal = attrs.field(validator=attrs.validators.instance_of(RetryOrdinal))
+    revision: ClassifierRevision = attrs.field(
+        validator=attrs.validators.instance_of(ClassifierRevision)
+    )
+
+    def to_payload(self) -> dict[str, object]:
+        """Return the entry's JSON object, members as schema.md 3.6 names them."""
+        return {
+            "category": self.category.durable_code,
+            "key": self.key.hex(),
+            "ordinal": self.ordinal.value,
+            "phase": self.phase.value,
+            "revision": self.revision.value,
+        }
+
+
+def _decode_entry(raw: object) -> FaultEntry:
+    """Decode one stored entry, refusing anything a reservation could not have written."""
+    if not isinstance(raw, Mapping) or set(raw) != _ENTRY_MEMBERS:
+        raise _refuse(FaultStateRefusal.MALFORMED_ENTRY)
+    key = raw["key"]
+    if type(key) is not str or _HEX_DIGEST.fullmatch(key) is None:
+        raise _refuse(FaultStateRefusal.MALFORMED_ENTRY)
+    phase_name, category_code = raw["phase"], raw["category"]
+    if type(phase_name) is not str or type(category_code) is not str:
+        raise _refuse(FaultStateRefusal.MALFORMED_ENTRY)
+    phase = FaultPhase.from_durable_name(phase_name)
+    category = FailureCategory.from_durable_code(category_code)
+    if phase is None or category is None:
+        raise _refuse(FaultStateRefusal.UNKNOWN_ENUMERATION)
+    ordinal = raw["ordinal"]
+    # bool is an int subclass and a JSON float is never an ordinal; 0 is never reserved.
+    if type(ordinal) is not int or not 1 <= ordinal <= _U16_MAX:
+        raise _refuse(FaultStateRefusal.MALFORMED_ENTRY)
+    revision_text = raw["revision"]
+    if type(revision_text) is not str:
+        raise _refuse(FaultStateRefusal.MALFORMED_ENTRY)
+    try:
+        revision = ClassifierRevision(revision_text)
+    except (DefinitionError, DomainError):
+        raise _refuse(FaultStateRefusal.MALFORMED_ENTRY) from None
+    return FaultEntry(
+        key=RetryKey(bytes.fromhex(key)),
+        phase=phase,
+        category=category,
+        ordinal=RetryOrdinal(ordinal),
+        revision=revision,
+    )
+
+
+# --------------------------------------------------------------------------- envelope
+
+
+class FaultStateColumns(TypedDict):
+    """The five `step_execution.fault_state_*` values, keyed by column (= statement parameter)."""
+
+    fault_state_format: int
+    fault_state_schema: str
+    fault_state_schema_version: int
+    fault_state_payload: dict[str, object]
+    fault_state_checksum: bytes
+
+
+def _checkpoint_value(
+    instance: FaultStateEnvelope, attribute: attrs.Attribute[bytes], value: bytes
+) -> None:
+    _check_digest(value, "checkpoint digest")
+
+
+def _entries_value(
+    instance: FaultStateEnvelope,
+    attribute: attrs.Attribute[tuple[FaultEntry, ...]],
+    value: tuple[FaultEntry, ...],
+) -> None:
+    if type(value) is not tuple or not all(isinstance(entry, FaultEntry) for entry in value):
+        raise TypeError("entries takes a tuple of FaultEntry")
+
+
+@attrs.frozen(repr=False)
+class FaultStateEnvelope:
+    """The bounded, checksummed retry state of one step, tied to one checkpoint generation.
+
+    Entries are sorted strictly by key; an empty envelope carries the all-zero checkpoint digest
+    and a non-empty one a non-zero digest; the canonical form is at most 64 KiB. Construction
+    enforces all of it, so every envelope can be encoded and checksummed.
+    """
+
+    checkpoint_digest: bytes = attrs.field(validator=_checkpoint_value)
+    entries: tuple[FaultEntry, ...] = attrs.field(validator=_entries_value)
+    _canonical: bytes = attrs.field(init=False, eq=False, hash=False)
+
+    #: The state of every new step and the value every chunk commit writes.
+    EMPTY: ClassVar[FaultStateEnvelope]
+
+    def __attrs_post_init__(self) -> None:
+        if len(self.entries) > FAULT_STATE_MAX_ENTRIES:
+            raise _refuse(FaultStateRefusal.TOO_MANY_ENTRIES)
+        for previous, current in itertools.pairwise(self.entries):
+            if previous.key == current.key:
+                raise _refuse(FaultStateRefusal.DUPLICATE_KEY)
+            if previous.key > current.key:
+                raise _refuse(FaultStateRefusal.UNSORTED_ENTRIES)
+        if (not self.entries) != (self.checkpoint_digest == _ZERO_DIGEST):
+            raise _refuse(FaultStateRefusal.CHECKPOINT_EMPTINESS_MISMATCH)
+        canonical = canonical_json(self.to_payload())
+        if len(canonical) > FAULT_STATE_MAX_BYTES:
+            raise _refuse(FaultStateRefusal.TOO_LARGE)
+        object.__setattr__(self, "_canonical", canonical)
+
+    # ----------------------------------------------------------------- reading
+
+    @property
+    def is_empty(self) -> bool:
+        """Whether no retry key is retained (the state right after a chunk commit)."""
+        return not self.entries
+
+    def ordinal_for(self, key: RetryKey) -> RetryOrdinal | None:
+        """Return the ordinal already reserved for `key`, or None when it holds none."""
+        entry = self._entry(key)
+        return None if entry is None else entry.ordinal
+
+    def _entry(self, key: RetryKey) -> FaultEntry | None:
+        index = bisect.bisect_left(self.entries, key, key=_entry_key)
+        if index < len(self.entries) and self.entries[index].key == key:
+            return self.entries[index]
+        return None
+
+    # ----------------------------------------------------------------- encoding
+
+    def to_payload(self) -> dict[str, object]:
+        """Return the `fault_state_payload` document: exactly `checkpoint` and `entries`."""
+        return {
+            "checkpoint": self.checkpoint_digest.hex(),
+            "entries": [entry.to_payload() for entry in self.entries],
+        }
+
+    def canonical_bytes(self) -> bytes:
+        """Return the canonical JSON the checksum covers (schema.md 3.6)."""
+        return self._canonical
+
+    def checksum(self) -> bytes:
+        """Return `fault_state_checksum`: SHA-256 of the canonical bytes."""
+        return sha256(self._canonical)
+
+    def to_columns(self) -> FaultStateColumns:
+        """Return the five `fault_state_*` column values; the SQL layer wraps the payload."""
+        return {
+            "fault_state_format": FAULT_STATE_FORMAT,
+            "fault_state_schema": FAULT_STATE_SCHEMA,
+            "fault_state_schema_version": FAULT_STATE_SCHEMA_VERSION,
+            "fault_state_payload": self.to_payload(),
+            "fault_state_checksum": self.checksum(),
+        }
+
+    # ----------------------------------------------------------------- decoding
+
+    @classmethod
+    def from_columns(
+        cls,
+        format: object,
+        schema: object,
+        schema_version: object,
+        payload: object,
+        checksum: object,
+    ) -> FaultStateEnvelope:
+        """Decode and verify the stored columns; corrupt state must stop all work (6.3).
+
+        Only the payload members `checkpoint` and `entries` are read (other members are
+        ignored), and they are re-canonicalised because `jsonb` reorders keys (rule 24).
+
+        Raises:
+            FaultStateEnvelopeInvalid: with `reason`, in check order, `unsupported format`,
+                `unsupported schema`, `unsupported schema version`, `malformed` (payload not an
+                object or a member missing), `too large`, `malformed` (checkpoint not 64
+                lower-case hex, entries not an array), `too many entries`, `malformed entry` /
+                `unknown enumeration` (per entry, in order), `duplicate key` /
+                `unsorted entries` (first offending pair), `checkpoint emptiness mismatch`,
+                `checksum mismatch`.
+        """
+        if type(format) is not int or format != FAULT_STATE_FORMAT:
+            raise _refuse(FaultStateRefusal.UNSUPPORTED_FORMAT)
+        if type(schema) is not str or schema != FAULT_STATE_SCHEMA:
+            raise _refuse(FaultStateRefusal.UNSUPPORTED_SCHEMA)
+        if type(schema_version) is not int or schema_version != FAULT_STATE_SCHEMA_VERSION:
+            raise _refuse(FaultStateRefusal.UNSUPPORTED_SCHEMA_VERSION)
+        if not isinstance(payload, Mapping) or not {"checkpoint", "entries"} <= set(payload):
+            raise _refuse(FaultStateRefusal.MALFORMED)
+        checkpoint, raw_entries = payload["checkpoint"], payload["entries"]
+        try:
+            canonical = canonical_json({"checkpoint": checkpoint, "entries": raw_entries})
+        except JsonNotEncodable:
+            raise _refuse(FaultStateRefusal.MALFORMED) from None
+        if len(canonical) > FAULT_STATE_MAX_BYTES:
+            raise _refuse(FaultStateRefusal.TOO_LARGE)
+        if type(checkpoint) is not str or _HEX_DIGEST.fullmatch(checkpoint) is None:
+            raise _refuse(FaultStateRefusal.MALFORMED)
+        if not isinstance(raw_entries, list):
+            raise _refuse(FaultStateRefusal.MALFORMED)
+        if len(raw_entries) > FAULT_STATE_MAX_ENTRIES:
+            raise _refuse(FaultStateRefusal.TOO_MANY_ENTRIES)
+        entries = tuple(_decode_entry(raw) for raw in raw_entries)
+        # The constructor refuses duplicate or unsorted keys, emptiness mismatch and size.
+        envelope = cls(bytes.fromhex(checkpoint), entries)
+        # Strict entry decoding means the envelope re-encodes to exactly `canonical`, so the
+        # checksum below covers what was stored, not a normalised variant of it.
+        if not isinstance(checksum, bytes | bytearray | memoryview):
+            raise _refuse(FaultStateRefusal.CHECKSUM_MISMATCH)
+        if bytes(checksum) != envelope.checksum():
+            raise _refuse(FaultStateRefusal.CHECKSUM_MISMATCH)
+        return envelope
+
+    # ----------------------------------------------------------------- rules
+
+    def validate_for(
+        self,
+        retry_limit: RetryLimit,
+        state_limit: RetryStateLimit,
+        checkpoint_digest: bytes,
+    ) -> None:
+        """Refuse state the current policy and checkpoint cannot own (2.16; run on every load).
+
+        Raises:
+            FaultStateEnvelopeInvalid: `too many entries` above `state_limit`, then
+                `ordinal above limit` above `retry_limit`, then `checkpoint mismatch` when a
+                non-empty envelope belongs to another checkpoint generation.
+        """
+        _check_digest(checkpoint_digest, "checkpoint digest")
+        if len(self.entries) > state_limit.value:
+            raise _refuse(FaultStateRefusal.TOO_MANY_ENTRIES)
+        if any(entry.ordinal.value > retry_limit.value for entry in self.entries):
+            raise _refuse(FaultStateRefusal.ORDINAL_ABOVE_LIMIT)
+        if self.entries and self.checkpoint_digest != checkpoint_digest:
+            raise _refuse(FaultStateRefusal.CHECKPOINT_MISMATCH)
+
+    def reserved(
+        self,
+        entry: FaultEntry,
+        checkpoint_digest: bytes,
+        state_limit: RetryStateLimit,
+    ) -> FaultStateEnvelope:
+        """Return the envelope after one reservation, so an ordinal is never spent twice (2.16).
+
+        The new envelope carries `checkpoint_digest` and keeps its entries sorted by key; the
+        entry replaces the key's previous one.
+
+        Raises:
+            FaultStateEnvelopeInvalid: `checkpoint mismatch` when this envelope is non-empty and
+                belongs to another checkpoint generation.
+            StaleReservation: the ordinal is not (the key's reserved ordinal, or 0) + 1.
+            CapacityExhausted: a new key while `state_limit` keys are already retained.
+            StaleReservation: the phase is not read, process or write (checked after the
+                store's own order: ordinal and capacity come first, behaviour.md 4.15).
+            FaultStateEnvelopeInvalid: `checkpoint emptiness mismatch` for an all-zero
+                `checkpoint_digest`, or `too large` when the result exceeds 64 KiB.
+        """
+        if not isinstance(entry, FaultEntry):
+            raise TypeError("entry takes a FaultEntry")
+        _check_digest(checkpoint_digest, "checkpoint digest")
+        if self.entries and self.checkpoint_digest != checkpoint_digest:
+            raise _refuse(FaultStateRefusal.CHECKPOINT_MISMATCH)
+        index = bisect.bisect_left(self.entries, entry.key, key=_entry_key)
+        exists = index < len(self.entries) and self.entries[index].key == entry.key
+        previous = self.entries[index].ordinal.value if exists else RetryOrdinal.INITIAL.value
+        # At 65535 no successor exists, so every ordinal is stale.
+        if entry.ordinal.value != previous + 1:
+            raise StaleReservation()
+        if not exists and len(self.entries) >= state_limit.value:
+            raise CapacityExhausted(max=state_limit.value)
+        if not entry.phase.is_reservable:
+            raise StaleReservation()
+        if exists:
+            entries = (*self.entries[:index], entry, *self.entries[index + 1 :])
+        else:
+            entries = (*self.entries[:index], entry, *self.entries[index:])
+        return FaultStateEnvelope(checkpoint_digest, entries)
+
+    def __repr__(self) -> str:
+        # Fault payloads and digests are redacted (behaviour.md 6.1); the count is safe.
+        return f"FaultStateEnvelope(entry_count={len(self.entries)}, ..)"
+
+
+def _entry_key(entry: FaultEntry) -> RetryKey:
+    return entry.key
+
+
+FaultStateEnvelope.EMPTY = FaultStateEnvelope(_ZERO_DIGEST, ())

@@ -1,0 +1,213 @@
+"""Job instance, job execution and step execution records (behaviour.md 2.11).
+
+Records are what the repository returns; they are decoded from rows by
+`pybatch.codecs.executions`. Job executions carry no counters (rule 14): their metadata
+counts are always zero.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from pybatch.errors import InvalidTimestampOrder
+from pybatch.values.counts import StepFaultCounts
+from pybatch.values.ids import (
+    INT64_MAX,
+    DefinitionId,
+    IdentifierKind,
+    JobExecutionId,
+    JobInstanceId,
+    StepExecutionId,
+    check_identifier,
+    check_version,
+)
+from pybatch.values.lifecycle import ExecutionMetadata
+from pybatch.values.names import JobName, NodeId, StepName
+from pybatch.values.parameters import JobInstanceKey, JobParameters
+from pybatch.values.state import Checkpoint, ExecutionContext
+from pybatch.values.status import BatchStatus
+from pybatch.values.timestamps import aware_utc
+
+__all__ = [
+    "Created",
+    "Existing",
+    "JobExecution",
+    "JobInstance",
+    "JobInstanceSelection",
+    "StepExecution",
+]
+
+_INT32_MAX = 2**31 - 1
+
+
+_Validator = Callable[[object, "attrs.Attribute[Any]", object], None]
+
+
+def _identifier(kind: IdentifierKind, *, optional: bool = False) -> _Validator:
+    """An attrs validator checking an identifier of `kind` (None allowed when `optional`)."""
+
+    def validate(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if value is None and optional:
+            return
+        if type(value) is not int:
+            raise TypeError(f"{attribute.name} is an int")
+        check_identifier(kind, value)
+
+    return validate
+
+
+def _definition_id(*, optional: bool = False) -> _Validator:
+    """An attrs validator for `job_definition` surrogate keys (1..2^63-1)."""
+
+    def validate(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if value is None and optional:
+            return
+        if type(value) is not int or not 1 <= value <= INT64_MAX:
+            raise ValueError(f"{attribute.name} must be a positive bigint")
+
+    return validate
+
+
+def _version(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if type(value) is not int:
+        raise TypeError("version is an int")
+    check_version(value)
+
+
+def _attempt(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if type(value) is not int or not 1 <= value <= _INT32_MAX:
+        raise ValueError("attempt is 1-based and fits an integer column")
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class JobInstance:
+    """A logical job instance: id, job name, key digest, creation instant, identifying parameters.
+
+    The stored `instance_key` must equal `key.digest()`; the parameters are identifying only.
+    """
+
+    id: JobInstanceId = attrs.field(validator=_identifier(IdentifierKind.JOB_INSTANCE))
+    job_name: JobName = attrs.field(validator=attrs.validators.instance_of(JobName))
+    instance_key: bytes
+    created_at: _dt.datetime = attrs.field(converter=aware_utc)
+    parameters: JobParameters = attrs.field(validator=attrs.validators.instance_of(JobParameters))
+
+    def __attrs_post_init__(self) -> None:
+        if self.parameters.identifying_count != self.parameters.parameter_count:
+            raise ValueError("an instance holds identifying parameters only")
+        if self.instance_key != self.key.digest():
+            raise ValueError("instance_key does not match the job name and parameters")
+
+    @property
+    def key(self) -> JobInstanceKey:
+        """The instance key (job name and identifying parameters)."""
+        return JobInstanceKey(self.job_name, self.parameters)
+
+    def __repr__(self) -> str:
+        return (
+            f"JobInstance(id={self.id}, job_name={self.job_name.value!r}, "
+            f"identifying_parameter_count={self.parameters.parameter_count}, "
+            f"created_at={self.created_at.isoformat()!r})"
+        )
+
+
+@attrs.frozen(kw_only=True)
+class JobExecution:
+    """One launch or restart attempt of a job instance (behaviour.md 2.11)."""
+
+    id: JobExecutionId = attrs.field(validator=_identifier(IdentifierKind.JOB_EXECUTION))
+    job_instance_id: JobInstanceId = attrs.field(validator=_identifier(IdentifierKind.JOB_INSTANCE))
+    attempt: int = attrs.field(validator=_attempt)
+    definition_id: DefinitionId = attrs.field(validator=_definition_id())
+    metadata: ExecutionMetadata = attrs.field(
+        validator=attrs.validators.instance_of(ExecutionMetadata)
+    )
+    version: int = attrs.field(validator=_version)
+    updated_at: _dt.datetime = attrs.field(converter=aware_utc)
+    restart_of_execution_id: JobExecutionId | None = attrs.field(
+        default=None,
+        validator=_identifier(IdentifierKind.JOB_EXECUTION, optional=True),
+    )
+    upgrade_from_definition_id: DefinitionId | None = attrs.field(
+        default=None, validator=_definition_id(optional=True)
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.updated_at < self.metadata.timestamps.created_at:
+            raise InvalidTimestampOrder()
+
+    @property
+    def created_at(self) -> _dt.datetime:
+        """When the execution was created (repository clock)."""
+        return self.metadata.timestamps.created_at
+
+    @property
+    def status(self) -> BatchStatus:
+        """Shortcut to `metadata.status`."""
+        return self.metadata.status
+
+
+@attrs.frozen(kw_only=True)
+class StepExecution:
+    """One attempt of a named step, with its durable chunk state (behaviour.md 2.11, 4.15)."""
+
+    id: StepExecutionId = attrs.field(validator=_identifier(IdentifierKind.STEP_EXECUTION))
+    job_execution_id: JobExecutionId = attrs.field(
+        validator=_identifier(IdentifierKind.JOB_EXECUTION)
+    )
+    step_name: StepName = attrs.field(validator=attrs.validators.instance_of(StepName))
+    logical_id: NodeId = attrs.field(validator=attrs.validators.instance_of(NodeId))
+    metadata: ExecutionMetadata = attrs.field(
+        validator=attrs.validators.instance_of(ExecutionMetadata)
+    )
+    version: int = attrs.field(validator=_version)
+    updated_at: _dt.datetime = attrs.field(converter=aware_utc)
+    checkpoint: Checkpoint = attrs.field(
+        factory=Checkpoint.empty, validator=attrs.validators.instance_of(Checkpoint)
+    )
+    context: ExecutionContext = attrs.field(
+        factory=ExecutionContext.empty, validator=attrs.validators.instance_of(ExecutionContext)
+    )
+    fault_counts: StepFaultCounts = attrs.field(
+        factory=StepFaultCounts, validator=attrs.validators.instance_of(StepFaultCounts)
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.updated_at < self.metadata.timestamps.created_at:
+            raise InvalidTimestampOrder()
+
+    @property
+    def created_at(self) -> _dt.datetime:
+        """When the step was created (repository clock)."""
+        return self.metadata.timestamps.created_at
+
+    @property
+    def status(self) -> BatchStatus:
+        """Shortcut to `metadata.status`."""
+        return self.metadata.status
+
+
+@attrs.frozen
+class JobInstanceSelection:
+    """The result of `select_or_create_job_instance`: `Created` or `Existing`."""
+
+    instance: JobInstance = attrs.field(validator=attrs.validators.instance_of(JobInstance))
+
+    @property
+    def was_created(self) -> bool:
+        """Whether this call created the instance."""
+        return isinstance(self, Created)
+
+
+@attrs.frozen
+class Created(JobInstanceSelection):
+    """The instance did not exist and was created by this call."""
+
+
+@attrs.frozen
+class Existing(JobInstanceSelection):
+    """The instance already existed."""

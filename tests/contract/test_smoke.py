@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+from pybatch.values.lifecycle import LifecycleTransition
+from pybatch.values.names import JobName, StepName
+from pybatch.values.parameters import JobInstanceKey, JobParameters
+from pybatch.values.status import BatchStatus
+
+
+def test_launch_step_complete(repository, clock) -> None:
+    key = JobInstanceKey(JobName("load_orders"), JobParameters.of({"day": "2026-11-30"}))
+    with repository.begin() as uow:
+        selection = uow.select_or_create_job_instance(key)
+        assert selection.was_created
+        execution = uow.create_job_execution(selection.instance.id)
+        execution = uow.transition_job_execution(
+            execution.id, 0, LifecycleTransition.new(BatchStatus.STARTED, clock.advance())
+        )
+        step = uow.create_step_execution(execution.id, StepName("extract"))
+        step = uow.transition_step_execution(
+            step.id, 0, LifecycleTransition.new(BatchStatus.STARTED, clock.advance())
+        )
+        uow.commit()
+    with repository.begin() as uow:
+        assert uow.select_or_create_job_instance(key).was_created is False
+        [stored] = uow.job_executions(selection.instance.id)
+        assert stored.status is BatchStatus.STARTED and stored.version == 1
+        [stored_step] = uow.step_executions(execution.id)
+        assert stored_step == step
+        clock.advance(timedelta(seconds=5))

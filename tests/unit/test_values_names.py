@@ -1,0 +1,197 @@
+"""Validated text values: order of checks, bounds, white space, control characters (A1, A2, A9)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from pybatch import errors
+from pybatch.values.names import (
+    UNICODE_WHITE_SPACE,
+    ActorRef,
+    ClassifierRevision,
+    DefinitionRevision,
+    DefinitionUpgradeKey,
+    ExitCode,
+    JobName,
+    NodeId,
+    OperationId,
+    ParameterName,
+    ReasonCode,
+    StateSchemaId,
+    StepName,
+)
+
+NAME_KINDS = [(JobName, "job"), (StepName, "step"), (ParameterName, "parameter")]
+
+
+@pytest.mark.parametrize(("cls", "kind"), NAME_KINDS)
+def test_a1_name_rules_in_contract_order(cls: type[JobName], kind: str) -> None:
+    with pytest.raises(errors.EmptyName) as empty:
+        cls("")
+    assert empty.value.kind == kind
+    with pytest.raises(errors.NameTooLong) as long:
+        cls("a" * 129)
+    assert (long.value.kind, long.value.max_bytes) == (kind, 128)
+    with pytest.raises(errors.NameHasSurroundingWhitespace):
+        cls(" a")
+    with pytest.raises(errors.NameHasSurroundingWhitespace):
+        cls("a\u3000")
+    with pytest.raises(errors.NameContainsControl) as control:
+        cls("a\x07b")
+    assert control.value.character_index == 1
+    assert "\x07" not in str(control.value)
+
+
+def test_a1_multibyte_name_counts_bytes_not_characters() -> None:
+    accepted = "가" * 42 + "ab"  # 42 * 3 + 2 = 128 bytes
+    assert len(accepted.encode()) == 128
+    assert JobName(accepted).value == accepted
+    with pytest.raises(errors.NameTooLong):
+        JobName("가" * 43)  # 129 bytes, 43 characters
+
+
+def test_order_too_long_wins_over_whitespace_and_control() -> None:
+    with pytest.raises(errors.NameTooLong):
+        JobName(" " + "\x07" * 200)
+    with pytest.raises(errors.NameHasSurroundingWhitespace):
+        JobName(" a\x07")
+
+
+def test_whitespace_uses_the_unicode_white_space_set_not_str_strip() -> None:
+    # U+001C..U+001F are stripped by str.strip() but are not White_Space: they are controls.
+    with pytest.raises(errors.NameContainsControl) as error:
+        JobName("\x1ca")
+    assert error.value.character_index == 0
+    for character in [
+        "\t",
+        "\n",
+        "\x0b",
+        "\x0c",
+        "\r",
+        " ",
+        "\x85",
+        "\xa0",
+        "\u1680",
+        "\u2000",
+        "\u200a",
+        "\u2028",
+        "\u2029",
+        "\u202f",
+        "\u205f",
+        "\u3000",
+    ]:
+        assert character in UNICODE_WHITE_SPACE
+        with pytest.raises(errors.NameHasSurroundingWhitespace):
+            JobName(f"a{character}")
+    assert "\u200b" not in UNICODE_WHITE_SPACE  # zero width space is not White_Space
+    assert JobName("a\u200b").value == "a\u200b"
+
+
+def test_inner_whitespace_is_allowed_and_control_index_is_a_character_index() -> None:
+    assert JobName("daily load").value == "daily load"
+    with pytest.raises(errors.NameContainsControl) as error:
+        JobName("서울\x7fx")
+    assert error.value.character_index == 2
+
+
+def test_unpaired_surrogate_is_refused() -> None:
+    with pytest.raises(errors.TextNotUtf8):
+        JobName("a\ud800")
+
+
+def test_a2_exit_code_bound_is_64_bytes() -> None:
+    assert ExitCode("E" * 64).value == "E" * 64
+    with pytest.raises(errors.NameTooLong) as error:
+        ExitCode("E" * 65)
+    assert (error.value.kind, error.value.max_bytes) == ("exit code", 64)
+    assert [
+        ExitCode.UNKNOWN.value,
+        ExitCode.COMPLETED.value,
+        ExitCode.FAILED.value,
+        ExitCode.STOPPED.value,
+    ] == ["UNKNOWN", "COMPLETED", "FAILED", "STOPPED"]
+    assert ExitCode("COMPLETED") == ExitCode.COMPLETED
+
+
+def test_str_repr_equality_and_kinds() -> None:
+    assert str(JobName("load")) == "load"
+    assert repr(JobName("load")) == "JobName(value='load')"
+    assert repr(ParameterName("secret_name")) == "ParameterName(<redacted>)"
+    assert str(ParameterName("secret_name")) == "secret_name"
+    job: object = JobName("a")
+    assert job != StepName("a")
+    assert sorted([StepName("b"), StepName("a")]) == [StepName("a"), StepName("b")]
+    assert hash(JobName("a")) == hash(JobName("a"))
+
+
+def test_non_str_is_a_programmer_error() -> None:
+    with pytest.raises(TypeError):
+        JobName(5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("cls", "kind"),
+    [
+        (NodeId, "node id"),
+        (DefinitionRevision, "definition revision"),
+        (DefinitionUpgradeKey, "definition upgrade key"),
+        (ClassifierRevision, "classifier revision"),
+    ],
+)
+def test_definition_tokens_raise_definition_errors(cls: type[NodeId], kind: str) -> None:
+    with pytest.raises(errors.EmptyToken) as empty:
+        cls("")
+    assert empty.value.kind == kind
+    with pytest.raises(errors.TokenTooLong) as long:
+        cls("x" * 129)
+    assert long.value.max_bytes == 128
+    with pytest.raises(errors.TokenHasSurroundingWhitespace):
+        cls("x ")
+    with pytest.raises(errors.TokenContainsControl):
+        cls("x\ny")
+    assert isinstance(long.value, errors.DefinitionError)
+    assert cls("x" * 128).value == "x" * 128
+
+
+def test_state_schema_id_raises_state_errors() -> None:
+    with pytest.raises(errors.EmptySchemaId):
+        StateSchemaId("")
+    with pytest.raises(errors.SchemaIdTooLong) as long:
+        StateSchemaId("s" * 129)
+    assert long.value.max_bytes == 128
+    with pytest.raises(errors.SchemaIdHasSurroundingWhitespace):
+        StateSchemaId(" s")
+    with pytest.raises(errors.SchemaIdContainsControl):
+        StateSchemaId("s\x00")
+    assert isinstance(long.value, errors.StateError)
+    assert StateSchemaId("oxide_batch.empty.v1").value == "oxide_batch.empty.v1"
+
+
+def test_a9_request_fields() -> None:
+    assert ReasonCode("OPS_1").value == "OPS_1"
+    with pytest.raises(errors.RequestFieldInvalidCharacter) as invalid:
+        ReasonCode("ops")
+    assert invalid.value.field == "reason code"
+    with pytest.raises(errors.RequestFieldTooLong) as long:
+        OperationId("o" * 65)
+    assert long.value.max_bytes == 64
+    assert OperationId("op-1.a:b_c").value == "op-1.a:b_c"
+    with pytest.raises(errors.RequestFieldInvalidCharacter):
+        OperationId("a@b")
+    assert ActorRef("svc@ops:1").value == "svc@ops:1"
+    with pytest.raises(errors.RequestFieldEmpty):
+        ActorRef("")
+    with pytest.raises(errors.RequestFieldTooLong):
+        ActorRef("a" * 129)
+    with pytest.raises(errors.RequestFieldInvalidCharacter):
+        ActorRef("a b")
+    with pytest.raises(errors.RequestFieldInvalidCharacter):
+        ActorRef("é")
+
+
+def test_values_and_errors_pickle() -> None:
+    assert pickle.loads(pickle.dumps(JobName("a"))) == JobName("a")
+    error = errors.NameContainsControl(kind="job", character_index=3)
+    assert str(pickle.loads(pickle.dumps(error))) == str(error)
