@@ -11,9 +11,13 @@ from collections.abc import Callable, Mapping
 import psycopg
 
 from pybatch.errors import (
+    BusinessTransactionError,
+    Cancelled,
     ConcurrentModification,
+    Infrastructure,
     IntegrityViolation,
     PyBatchError,
+    Rejected,
     RetryableConflict,
     SchemaUninitialized,
     Unavailable,
@@ -22,6 +26,7 @@ from pybatch.errors import (
 __all__ = [
     "CONSTRAINT_ERRORS",
     "UNMAPPED_CONSTRAINTS",
+    "classify_business_error",
     "constraint_name",
     "is_connection_loss",
     "sqlstate_of",
@@ -103,3 +108,24 @@ def translate(
     if schema_probe and state in _SCHEMA_MISSING:
         return SchemaUninitialized()
     return Unavailable(sqlstate=state)
+
+
+def classify_business_error(
+    exc: BaseException, conn: psycopg.Connection[object] | None
+) -> BusinessTransactionError:
+    """Classify an ETL statement's failure inside a chunk (behaviour.md 4.15).
+
+    Cancelled (57014) and Rejected (classes 22, 23, 42, or a value psycopg cannot adapt)
+    keep the connection, though the transaction can now only roll back; anything else is
+    Infrastructure and the connection must be discarded.
+    """
+    if is_connection_loss(exc, conn):
+        return Infrastructure()
+    state = sqlstate_of(exc)
+    if state == "57014":
+        return Cancelled()
+    if state is not None and state[:2] in {"22", "23", "42"}:
+        return Rejected(sqlstate=state)
+    if state is None and isinstance(unwrap(exc), psycopg.ProgrammingError | psycopg.DataError):
+        return Rejected(sqlstate="22000")
+    return Infrastructure()

@@ -288,7 +288,7 @@ class DuplicateStep(RepositoryError):
 
 
 @_error
-class FaultStateCorrupt(RepositoryError):
+class FaultStateCorrupt(RepositoryError, FaultStateError):
     """Durable fault state is unusable; no work may begin."""
 
     message = "durable fault state is unusable and no work may begin"
@@ -1030,6 +1030,24 @@ class UnsupportedStateSchemaVersion(StateError):
     kind: str
     found: int
     current: int
+
+
+@_error
+class RecoveryFieldInvalid(RecoveryRequestError):
+    """A recovery reason code or operator reference broke a text rule."""
+
+    message = "recovery {field} is invalid: {rule}"
+    field: str
+    rule: str
+
+
+@_error
+class RecoveryNotAllowed(RepositoryError):
+    """Only unresolved executions (STARTING, STARTED, STOPPING, UNKNOWN) can be recovered."""
+
+    message = "job execution {id} in {status} cannot be recovered"
+    id: int
+    status: str
 
 
 __all__ = sorted(

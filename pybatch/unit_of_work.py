@@ -29,10 +29,11 @@ from pybatch.errors import (
     Unavailable,
     UnitOfWorkClosed,
 )
-from pybatch.repository import definitions, executions, instances, steps
+from pybatch.repository import definitions, executions, flow, instances, recovery, steps
 from pybatch.values.definitions import DefinitionIdentity, DefinitionUpgrade
+from pybatch.values.flow import StartLimit
 from pybatch.values.lifecycle import LifecycleTransition
-from pybatch.values.names import ExitCode, JobName, StepName
+from pybatch.values.names import ExitCode, JobName, NodeId, StepName
 from pybatch.values.parameters import JobInstanceKey
 from pybatch.values.records import (
     JobExecution,
@@ -40,6 +41,7 @@ from pybatch.values.records import (
     JobInstanceSelection,
     StepExecution,
 )
+from pybatch.values.recovery import RecoveryRequest
 
 if TYPE_CHECKING:
     from pybatch.repository import JobRepository
@@ -263,6 +265,15 @@ class UnitOfWork(UnitOfWorkBase):
         with self.operation() as conn:
             return executions.job_executions(self.statements, conn, instance_id)
 
+    def recover_job_execution(
+        self, execution_id: int, request: RecoveryRequest
+    ) -> recovery.RecoveryResult:
+        """Mark an unresolved execution FAILED or ABANDONED with an audit decision (4.9)."""
+        with self.operation() as conn:
+            return recovery.recover_job_execution(
+                self.statements, conn, self.clock, execution_id, request
+            )
+
     # ------------------------------------------------------------------ step executions
 
     def create_step_execution(self, job_execution_id: int, step_name: StepName) -> StepExecution:
@@ -272,6 +283,31 @@ class UnitOfWork(UnitOfWorkBase):
             return steps.create_step_execution(
                 self.statements, conn, self.clock, job_execution_id, step_name
             )
+
+    def create_flow_step_execution(
+        self,
+        job_execution_id: int,
+        step_name: StepName,
+        node_id: NodeId,
+        start_limit: StartLimit | None = None,
+    ) -> StepExecution:
+        """Start a flow node: start limit, then the node's newest state or a fresh step (4.7)."""
+        duplicate = steps.duplicate_step_overrides(job_execution_id, step_name, node_id.value)
+        with self.operation(overrides=duplicate) as conn:
+            return flow.create_flow_step_execution(
+                self.statements,
+                conn,
+                self.clock,
+                job_execution_id,
+                step_name,
+                node_id,
+                start_limit or StartLimit.unrestricted(),
+            )
+
+    def latest_flow_step(self, instance_id: int, node_id: NodeId) -> StepExecution | None:
+        """The newest step of a node in an instance, with its stored context (4.7)."""
+        with self.operation() as conn:
+            return flow.latest_flow_step(self.statements, conn, instance_id, node_id)
 
     def transition_step_execution(
         self, step_id: int, expected_version: int, transition: LifecycleTransition

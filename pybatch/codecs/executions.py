@@ -70,6 +70,9 @@ __all__ = [
     "JOB_INSTANCE_COLUMNS",
     "STEP_EXECUTION_COLUMNS",
     "Row",
+    "decode_checkpoint",
+    "decode_context",
+    "decode_counts",
     "decode_identifying_parameters",
     "decode_job_execution",
     "decode_job_instance",
@@ -492,3 +495,23 @@ def encode_counts(counts: ExecutionCounts) -> dict[str, object]:
 def encode_fault_counts(counts: StepFaultCounts) -> dict[str, object]:
     """Column values of the seven retry/skip/no-rollback counters of a step."""
     return {column: getattr(counts, field) for field, column in _FAULT_COUNT_COLUMNS}
+
+
+def decode_checkpoint(row: Row) -> Checkpoint:
+    """Rebuild a step's checkpoint from its `checkpoint_*` columns (limits 1 MiB / depth 64)."""
+    return _decode_state(Checkpoint, row, "checkpoint")
+
+
+def decode_context(row: Row) -> ExecutionContext:
+    """Rebuild a step's execution context from its `context_*` columns."""
+    return _decode_state(ExecutionContext, row, "context")
+
+
+def decode_counts(row: Row) -> ExecutionCounts:
+    """The six step counters of a row (read_count ... rollback_count)."""
+    return ExecutionCounts(
+        **{
+            field: decode_int64(row[column], column=column, minimum=0)
+            for field, column in _COUNT_COLUMNS
+        }
+    )

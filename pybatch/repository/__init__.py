@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import psycopg
@@ -143,6 +144,17 @@ class JobRepository:
             conn.close()
         self._pool.putconn(conn)
 
+    def dedicated_connection(self) -> psycopg.Connection[Any]:
+        """An autocommit connection outside the pool (liveness locks live as long as a run).
+
+        Raises:
+            Unavailable: the server cannot be reached (details redacted).
+        """
+        try:
+            return psycopg.connect(**connection_kwargs(self.config, self._ca_file), autocommit=True)
+        except psycopg.Error as error:
+            raise Unavailable(sqlstate=_sqlstate.sqlstate_of(error)) from None
+
     def begin(self) -> UnitOfWork:
         """Open a unit of work: READ COMMITTED with the configured transaction timeouts."""
         conn = self._acquire()
@@ -157,6 +169,36 @@ class JobRepository:
             self._release(conn, discard=True)
             raise Unavailable(sqlstate=_sqlstate.sqlstate_of(error)) from None
         return UnitOfWork(self, conn)
+
+    @contextmanager
+    def read_transaction(self) -> Iterator[psycopg.Connection[Any]]:
+        """A READ ONLY, READ COMMITTED transaction with the configured timeouts, always rolled back.
+
+        For reads that must not join a unit of work (committed chunk state, reports).
+        """
+        conn = self._acquire()
+        discard = False
+        try:
+            conn.read_only = True
+            try:
+                self.statements.set_transaction_timeouts(
+                    conn,
+                    statement_timeout_ms=str(self.config.statement_timeout_ms),
+                    lock_timeout_ms=str(self.config.lock_timeout_ms),
+                    idle_transaction_timeout_ms=str(self.config.idle_transaction_timeout_ms),
+                )
+                yield conn
+            except psycopg.Error as error:
+                discard = _sqlstate.is_connection_loss(error, conn)
+                raise _sqlstate.translate(error) from None
+        finally:
+            if not discard and not conn.broken and not conn.closed:
+                try:
+                    conn.rollback()
+                    conn.read_only = False
+                except psycopg.Error:
+                    discard = True
+            self._release(conn, discard=discard or conn.broken)
 
     def run_in_unit_of_work(self, work: Callable[[UnitOfWork], T]) -> T:
         """Run `work` in a unit of work and commit; re-run it on RetryableConflict only.

@@ -1,0 +1,457 @@
+"""The ETL-facing API: launch or restart a job, run steps, commit chunks with checkpoints.
+
+Written for script authors rather than mirroring the repository's ports::
+
+    job = Job(repository, "load_orders", {"business_date": "2026-11-30"})
+    with job.launch() as run:
+        run.step("load", load_orders)          # load_orders(step: StepRun) -> None
+
+    def load_orders(step: StepRun) -> None:
+        offset = step.checkpoint.get("offset", 0)
+        for rows in read_batches(start=offset):
+            with step.chunk() as chunk:
+                chunk.copy("COPY orders (id, amount) FROM STDIN", rows)
+                offset += len(rows)
+                chunk.commit(read=len(rows), written=len(rows), checkpoint={"offset": offset})
+
+A step that raises marks the step and the job FAILED; running the script again restarts
+the instance: completed steps are skipped and the failed step resumes from its last
+committed checkpoint. A run holds a liveness lock for its execution; a later launch that
+finds an unresolved execution whose lock nobody holds (its process died) records an
+audited recovery decision (FAILED, reason OWNER_LOST) and restarts (docs/etl-guide.md).
+Composition only: every statement is run by the repository, chunk and recovery modules.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import attrs
+import psycopg
+
+from pybatch.chunks import (
+    ChunkContext,
+    ChunkCounts,
+    ChunkTransaction,
+    ChunkTransactionManager,
+    CommittedStepState,
+    FaultProgress,
+)
+from pybatch.codecs._primitives import canonical_json, sha256
+from pybatch.errors import ExecutionAlreadyActive, PyBatchError, Unavailable
+from pybatch.repository import JobRepository
+from pybatch.unit_of_work import UnitOfWork
+from pybatch.values.definitions import DefinitionIdentity
+from pybatch.values.flow import StartLimit
+from pybatch.values.ids import FailureId
+from pybatch.values.lifecycle import LifecycleTransition
+from pybatch.values.names import ExitCode, JobName, NodeId, StateSchemaId, StepName
+from pybatch.values.parameters import JobInstanceKey, JobParameters
+from pybatch.values.records import JobExecution, JobInstance, StepExecution
+from pybatch.values.recovery import RecoveryRequest
+from pybatch.values.state import Checkpoint, ExecutionContext, StateLimits
+from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+
+__all__ = ["Chunk", "Job", "JobRun", "StepRun"]
+
+logger = logging.getLogger("pybatch.etl")
+
+#: The schema id of checkpoints and contexts written through this API.
+ETL_STATE_SCHEMA = StateSchemaId("pybatch.etl.v1")
+_RECOVERY_REFERENCE = "pybatch.etl"
+
+
+def _state(cls: type[Checkpoint] | type[ExecutionContext], payload: Mapping[str, Any]) -> Any:
+    return cls(ETL_STATE_SCHEMA, 1, dict(payload), limits=StateLimits.STEP)
+
+
+class Chunk:
+    """One chunk of a step: your statements and the step's progress commit together."""
+
+    def __init__(self, step: StepRun, transaction: ChunkTransaction) -> None:
+        self._step = step
+        self._transaction = transaction
+        self._committed = False
+
+    def __enter__(self) -> Chunk:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._transaction.rollback()
+
+    @property
+    def connection(self) -> psycopg.Connection[Any]:
+        """The chunk's psycopg connection, for statements of your own."""
+        return self._transaction.connection
+
+    def execute(self, query: Any, params: Sequence[Any] | Mapping[str, Any] | None = None) -> int:
+        """Run one statement in the chunk; return its row count."""
+        return self._transaction.execute(query, params)
+
+    def executemany(
+        self, query: Any, rows: Sequence[Sequence[Any]] | Sequence[Mapping[str, Any]]
+    ) -> int:
+        """Run one statement per row, pipelined."""
+        return self._transaction.executemany(query, rows)
+
+    def copy(self, statement: Any, rows: Iterable[Sequence[Any]]) -> int:
+        """COPY rows in through `statement` (`COPY t (a, b) FROM STDIN`)."""
+        return self._transaction.copy(statement, iter(rows))
+
+    def commit(
+        self,
+        *,
+        read: int,
+        written: int,
+        checkpoint: Mapping[str, Any],
+        processed: int | None = None,
+        filtered: int = 0,
+        context: Mapping[str, Any] | None = None,
+        skips: FaultProgress | None = None,
+    ) -> None:
+        """COMMIT the chunk with the step's new checkpoint; the step's counters advance.
+
+        Raises:
+            NotCommitted: nothing of the chunk is durable (a statement failed, or the step
+                was changed by someone else); the step then fails.
+            ChunkCommitOutcomeUnknown: the acknowledgement was lost; the step fails and a
+                restart resumes from whatever is durable.
+        """
+        counts = ChunkCounts(
+            read=read,
+            processed=read if processed is None else processed,
+            written=written,
+            filtered=filtered,
+        )
+        state = self._transaction.commit(
+            counts,
+            skips,
+            checkpoint=_state(Checkpoint, checkpoint),
+            context=None if context is None else _state(ExecutionContext, context),
+        )
+        self._step._committed(state)
+        self._committed = True
+
+
+class StepRun:
+    """A running step: its committed checkpoint and a way to open chunks."""
+
+    def __init__(self, run: JobRun, step: StepExecution) -> None:
+        self.run = run
+        self.execution = step
+        self.state: CommittedStepState | None = None
+        self._manager = ChunkTransactionManager(run.repository)
+        self._context = ChunkContext(step.id, step.job_execution_id)
+
+    @property
+    def name(self) -> str:
+        """The step name."""
+        return self.execution.step_name.value
+
+    @property
+    def checkpoint(self) -> dict[str, Any]:
+        """The last committed checkpoint payload ({} on a fresh step); resume from here."""
+        source = self.state.checkpoint if self.state else self.execution.checkpoint
+        return dict(source.payload)
+
+    @property
+    def context(self) -> dict[str, Any]:
+        """The last committed execution context payload."""
+        source = self.state.context if self.state else self.execution.context
+        return dict(source.payload)
+
+    @property
+    def read_count(self) -> int:
+        """Items read so far, across restarts (counters carry over)."""
+        return self.state.counts.read if self.state else self.execution.metadata.counts.read
+
+    @property
+    def written_count(self) -> int:
+        """Items written so far, across restarts."""
+        counts = self.state.counts if self.state else self.execution.metadata.counts
+        return counts.written
+
+    @property
+    def commit_count(self) -> int:
+        """Chunks committed so far, across restarts."""
+        counts = self.state.counts if self.state else self.execution.metadata.counts
+        return counts.committed
+
+    def chunk(self) -> Chunk:
+        """Open a chunk transaction on the step (use it in a `with` block)."""
+        return Chunk(self, self._manager.begin_for(self._context))
+
+    def _committed(self, state: CommittedStepState) -> None:
+        self.state = state
+
+
+@attrs.frozen
+class StepOutcome:
+    """What `JobRun.step` did: ran the step, or skipped one completed earlier."""
+
+    name: str
+    skipped: bool
+    step: StepExecution
+
+
+class JobRun:
+    """One launched attempt of a job; a context manager that records how it ended."""
+
+    def __init__(
+        self,
+        repository: JobRepository,
+        instance: JobInstance,
+        execution: JobExecution,
+        liveness: psycopg.Connection[Any],
+    ) -> None:
+        self.repository = repository
+        self.instance = instance
+        self.execution = execution
+        self._liveness: psycopg.Connection[Any] | None = liveness
+
+    def __repr__(self) -> str:
+        return (
+            f"JobRun(job={self.instance.job_name.value!r}, instance={self.instance.id}, "
+            f"execution={self.execution.id}, attempt={self.execution.attempt})"
+        )
+
+    @property
+    def attempt(self) -> int:
+        """1 for the first launch, 2 and up for restarts."""
+        return self.execution.attempt
+
+    @property
+    def restarted(self) -> bool:
+        """Whether this attempt restarts an earlier one."""
+        return self.execution.restart_of_execution_id is not None
+
+    def __enter__(self) -> JobRun:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        try:
+            if exc is None:
+                self._finish(BatchStatus.COMPLETED, ExitCode.COMPLETED)
+            elif isinstance(exc, Exception):
+                self._finish(BatchStatus.FAILED, ExitCode.FAILED)
+            else:  # KeyboardInterrupt, SystemExit: stopped, and restartable
+                self._finish(BatchStatus.STOPPED, ExitCode.STOPPED)
+        except PyBatchError:
+            if exc is None:
+                raise
+            logger.exception(
+                "pybatch: could not record how job execution %s ended", self.execution.id
+            )
+        finally:
+            self._release_liveness()
+
+    def _finish(self, status: BatchStatus, exit_code: ExitCode) -> None:
+        def work(uow: UnitOfWork) -> JobExecution:
+            current = uow.get_job_execution(self.execution.id)
+            assert current is not None
+            at = max(uow.clock.now(), current.updated_at)
+            if status is BatchStatus.FAILED:
+                transition = LifecycleTransition.failed(
+                    at, FailureSummary(FailureCategory.USER_COMPONENT, FailureId(self.execution.id))
+                )
+            else:
+                transition = LifecycleTransition.new(status, at)
+            ended = uow.transition_job_execution(current.id, current.version, transition)
+            return uow.enrich_job_exit_status(ended.id, ended.version, exit_code)
+
+        self.execution = self.repository.run_in_unit_of_work(work)
+
+    def _release_liveness(self) -> None:
+        conn, self._liveness = self._liveness, None
+        if conn is not None:
+            conn.close()  # ends the session, which releases the liveness lock
+
+    def step(
+        self,
+        name: str,
+        work: Callable[[StepRun], None],
+        *,
+        start_limit: int | None = None,
+    ) -> StepOutcome:
+        """Run `work` as step `name`, unless an earlier attempt completed it.
+
+        The step is created with its durable state copied from the newest earlier attempt
+        of the same step (counters, checkpoint, context), marked STARTED, and ended
+        COMPLETED, or FAILED if `work` raises (the exception propagates).
+        """
+        step_name, node = StepName(name), NodeId(name)
+        limit = StartLimit.unrestricted() if start_limit is None else StartLimit(start_limit)
+
+        def start(uow: UnitOfWork) -> StepExecution | None:
+            latest = uow.latest_flow_step(self.instance.id, node)
+            if latest is not None and latest.status is BatchStatus.COMPLETED:
+                return None
+            step = uow.create_flow_step_execution(self.execution.id, step_name, node, limit)
+            at = max(uow.clock.now(), step.created_at)
+            return uow.transition_step_execution(
+                step.id, step.version, LifecycleTransition.new(BatchStatus.STARTED, at)
+            )
+
+        started = self.repository.run_in_unit_of_work(start)
+        if started is None:
+            with self.repository.begin() as uow:
+                latest = uow.latest_flow_step(self.instance.id, node)
+            assert latest is not None
+            logger.info("pybatch: step %s completed in an earlier attempt; skipped", name)
+            return StepOutcome(name=name, skipped=True, step=latest)
+        step_run = StepRun(self, started)
+        try:
+            work(step_run)
+        except BaseException as error:
+            status = BatchStatus.FAILED if isinstance(error, Exception) else BatchStatus.STOPPED
+            self._end_step(started.id, status)
+            raise
+        return StepOutcome(
+            name=name, skipped=False, step=self._end_step(started.id, BatchStatus.COMPLETED)
+        )
+
+    def _end_step(self, step_id: int, status: BatchStatus) -> StepExecution:
+        exit_code = {
+            BatchStatus.COMPLETED: ExitCode.COMPLETED,
+            BatchStatus.FAILED: ExitCode.FAILED,
+            BatchStatus.STOPPED: ExitCode.STOPPED,
+        }[status]
+
+        def end(uow: UnitOfWork) -> StepExecution:
+            current = uow.get_step_execution(step_id)
+            assert current is not None
+            at = max(uow.clock.now(), current.updated_at)
+            if status is BatchStatus.FAILED:
+                transition = LifecycleTransition.failed(
+                    at, FailureSummary(FailureCategory.USER_COMPONENT, FailureId(step_id))
+                )
+            else:
+                transition = LifecycleTransition.new(status, at)
+            ended = uow.transition_step_execution(step_id, current.version, transition)
+            return uow.enrich_step_exit_status(step_id, ended.version, exit_code)
+
+        return self.repository.run_in_unit_of_work(end)
+
+
+class Job:
+    """A job by name and identifying parameters: what `launch` starts or restarts."""
+
+    def __init__(
+        self,
+        repository: JobRepository,
+        name: str,
+        parameters: Mapping[str, str | int | bool] | JobParameters | None = None,
+        *,
+        definition: DefinitionIdentity | None = None,
+        recover_orphans: bool = True,
+    ) -> None:
+        self.repository = repository
+        params = (
+            parameters
+            if isinstance(parameters, JobParameters)
+            else JobParameters.of(dict(parameters or {}))
+        )
+        self.key = JobInstanceKey(JobName(name), params)
+        self.definition = definition or DefinitionIdentity.legacy()
+        self.recover_orphans = recover_orphans
+
+    def launch(self) -> JobRun:
+        """Start the first attempt, or restart after FAILED or STOPPED, and mark it STARTED.
+
+        Raises:
+            CompletedInstance, AbandonedInstance: the instance never runs again.
+            ExecutionAlreadyActive: another live process runs this instance.
+        """
+        liveness = self.repository.dedicated_connection()
+        try:
+            return self.repository.run_in_unit_of_work(lambda uow: self._launch(uow, liveness))
+        except BaseException:
+            liveness.close()
+            raise
+
+    def _launch(self, uow: UnitOfWork, liveness: psycopg.Connection[Any]) -> JobRun:
+        statements = uow.statements
+        instance = uow.select_or_create_job_instance(self.key).instance
+        try:
+            execution = uow.create_job_execution_with_definition(instance.id, self.definition)
+        except ExecutionAlreadyActive as active:
+            if not self.recover_orphans or not _is_orphaned(
+                liveness, statements, active.execution_id
+            ):
+                raise
+            _recover_orphan(uow, active.execution_id)
+            execution = uow.create_job_execution_with_definition(instance.id, self.definition)
+        # Take the liveness lock before the execution becomes visible (before COMMIT), so no
+        # other launcher can ever see it unlocked while this process is alive.
+        if not statements.try_lock_job_execution_liveness(liveness, job_execution_id=execution.id):
+            raise Unavailable()
+        at = max(uow.clock.now(), execution.created_at)
+        started = uow.transition_job_execution(
+            execution.id, execution.version, LifecycleTransition.new(BatchStatus.STARTED, at)
+        )
+        logger.info(
+            "pybatch: job %s instance %s attempt %s started (execution %s)",
+            instance.job_name.value,
+            instance.id,
+            started.attempt,
+            started.id,
+        )
+        return JobRun(self.repository, instance, started, liveness)
+
+
+def _is_orphaned(conn: psycopg.Connection[Any], statements: Any, execution_id: int) -> bool:
+    """True when no live session holds the execution's liveness lock (its process is gone)."""
+    if not statements.try_lock_job_execution_liveness(conn, job_execution_id=execution_id):
+        return False
+    statements.unlock_job_execution_liveness(conn, job_execution_id=execution_id)
+    return True
+
+
+def _recover_orphan(uow: UnitOfWork, execution_id: int) -> None:
+    """Record an audited FAILED decision for an orphaned execution and fail its open steps."""
+    orphan = uow.get_job_execution(execution_id)
+    assert orphan is not None
+    evidence = sha256(
+        canonical_json(
+            {
+                "execution_id": orphan.id,
+                "observation": "OWNER_LOST",
+                "status": orphan.status.value,
+                "updated_at": orphan.updated_at.isoformat(),
+                "version": orphan.version,
+            }
+        )
+    )
+    failure = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(orphan.id))
+    for step in uow.step_executions(orphan.id):
+        if step.status.is_active:
+            at = max(uow.clock.now(), step.updated_at)
+            uow.transition_step_execution(
+                step.id,
+                step.version,
+                LifecycleTransition.failed(
+                    at, FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(step.id))
+                ),
+            )
+    uow.recover_job_execution(
+        orphan.id,
+        RecoveryRequest.mark_failed(
+            orphan.version, "OWNER_LOST", _RECOVERY_REFERENCE, evidence, failure
+        ),
+    )
+    logger.warning(
+        "pybatch: job execution %s had no live owner; recorded FAILED (OWNER_LOST)", orphan.id
+    )

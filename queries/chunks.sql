@@ -1,0 +1,101 @@
+-- :name begin_step_chunk :one
+-- :doc Open a chunk - read the committed step state and apply the transaction timeouts in one
+-- round trip (no row means no settings, and the chunk is refused anyway); the row is not locked,
+-- because the commit is a compare-and-swap on version and STARTED.
+SELECT
+    s.id,
+    s.job_execution_id,
+    s.status,
+    s.version,
+    s.read_count,
+    s.processed_count,
+    s.write_count,
+    s.filter_count,
+    s.commit_count,
+    s.rollback_count,
+    s.checkpoint_format,
+    s.checkpoint_schema,
+    s.checkpoint_schema_version,
+    s.checkpoint_payload,
+    s.context_format,
+    s.context_schema,
+    s.context_schema_version,
+    s.context_payload,
+    s.fault_state_format,
+    s.fault_state_schema,
+    s.fault_state_schema_version,
+    s.fault_state_payload,
+    s.fault_state_checksum,
+    SET_CONFIG('statement_timeout', :statement_timeout_ms, TRUE) AS statement_timeout,
+    SET_CONFIG('lock_timeout', :lock_timeout_ms, TRUE) AS lock_timeout,
+    SET_CONFIG(
+        'idle_in_transaction_session_timeout', :idle_transaction_timeout_ms, TRUE
+    ) AS idle_in_transaction_session_timeout
+FROM pybatch.step_execution AS s
+WHERE s.id = :step_execution_id AND s.job_execution_id = :job_execution_id;
+
+-- :name get_step_chunk_state :one
+-- :doc The committed chunk state of a step (counters, checkpoint, context, fault state), read in a
+-- read-only transaction by load_committed_state and inherited_progress.
+SELECT
+    s.id,
+    s.job_execution_id,
+    s.status,
+    s.version,
+    s.read_count,
+    s.processed_count,
+    s.write_count,
+    s.filter_count,
+    s.commit_count,
+    s.rollback_count,
+    s.checkpoint_format,
+    s.checkpoint_schema,
+    s.checkpoint_schema_version,
+    s.checkpoint_payload,
+    s.context_format,
+    s.context_schema,
+    s.context_schema_version,
+    s.context_payload,
+    s.fault_state_format,
+    s.fault_state_schema,
+    s.fault_state_schema_version,
+    s.fault_state_payload,
+    s.fault_state_checksum
+FROM pybatch.step_execution AS s
+WHERE s.id = :step_execution_id AND s.job_execution_id = :job_execution_id;
+
+-- :name update_step_chunk_commit :affected
+-- :doc Commit a chunk's progress with the business writes of the same transaction - a
+-- compare-and-swap on version and STARTED; it clears retained retry reservations because the
+-- checkpoint generation advances. Zero rows means another writer won or the step left STARTED.
+UPDATE pybatch.step_execution
+SET
+    read_count = :read_count,
+    processed_count = :processed_count,
+    write_count = :write_count,
+    filter_count = :filter_count,
+    commit_count = :commit_count,
+    checkpoint_format = 1,
+    checkpoint_schema = :checkpoint_schema,
+    checkpoint_schema_version = :checkpoint_schema_version,
+    checkpoint_payload = :checkpoint_payload,
+    context_format = 1,
+    context_schema = :context_schema,
+    context_schema_version = :context_schema_version,
+    context_payload = :context_payload,
+    read_skip_count = read_skip_count + :read_skips,
+    process_skip_count = process_skip_count + :process_skips,
+    write_skip_count = write_skip_count + :write_skips,
+    no_rollback_count = no_rollback_count + :no_rollbacks,
+    fault_state_format = 1,
+    fault_state_schema = 'oxide-batch.fault-state',
+    fault_state_schema_version = 1,
+    fault_state_payload = :fault_state_payload,
+    fault_state_checksum = :fault_state_checksum,
+    updated_at = GREATEST(updated_at, :now),
+    version = version + 1
+WHERE
+    id = :step_execution_id
+    AND job_execution_id = :job_execution_id
+    AND version = :expected_version
+    AND status = 'STARTED';

@@ -1,0 +1,548 @@
+"""Group B: lifecycle transitions of job and step executions (behaviour.md 3, 4.4, 8.B)."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+import psycopg
+import pytest
+
+from pybatch import JobRepository, UnitOfWork
+from pybatch.errors import (
+    FailedTransitionMissingFailure,
+    IllegalTransition,
+    InvalidTransitionTime,
+    JobExecutionNotFound,
+    RestartRequiresNewAttempt,
+    StaleVersion,
+    StepExecutionNotFound,
+)
+from pybatch.values.lifecycle import LifecycleTransition
+from pybatch.values.names import ExitCode, JobName, StepName
+from pybatch.values.parameters import JobInstanceKey, JobParameters
+from pybatch.values.records import JobExecution, StepExecution
+from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+from tests.support.clock import ManualClock
+
+S = BatchStatus
+Kind = Literal["job", "step"]
+Record = JobExecution | StepExecution
+
+FAILURE = FailureSummary(FailureCategory.USER_COMPONENT, 4242)
+OTHER_FAILURE = FailureSummary(FailureCategory.TIMEOUT, 77)
+
+#: behaviour.md 3.1, written out here independently of pybatch's own table.
+LEGAL: frozenset[tuple[BatchStatus, BatchStatus]] = frozenset(
+    {
+        (S.STARTING, S.STARTED),
+        (S.STARTING, S.STOPPING),
+        (S.STARTING, S.FAILED),
+        (S.STARTING, S.UNKNOWN),
+        (S.STARTED, S.STOPPING),
+        (S.STARTED, S.STOPPED),
+        (S.STARTED, S.FAILED),
+        (S.STARTED, S.COMPLETED),
+        (S.STARTED, S.UNKNOWN),
+        (S.STOPPING, S.STOPPED),
+        (S.STOPPING, S.FAILED),
+        (S.STOPPING, S.UNKNOWN),
+        (S.STOPPED, S.ABANDONED),
+        (S.FAILED, S.ABANDONED),
+        (S.UNKNOWN, S.FAILED),
+        (S.UNKNOWN, S.ABANDONED),
+    }
+)
+
+#: A legal path from STARTING to each status.
+PATHS: dict[BatchStatus, tuple[BatchStatus, ...]] = {
+    S.STARTING: (),
+    S.STARTED: (S.STARTED,),
+    S.STOPPING: (S.STOPPING,),
+    S.STOPPED: (S.STARTED, S.STOPPED),
+    S.FAILED: (S.FAILED,),
+    S.COMPLETED: (S.STARTED, S.COMPLETED),
+    S.ABANDONED: (S.FAILED, S.ABANDONED),
+    S.UNKNOWN: (S.UNKNOWN,),
+}
+
+_keys = itertools.count(1)
+
+
+def new_key(job: str = "orders") -> JobInstanceKey:
+    return JobInstanceKey(JobName(job), JobParameters.of({"run": next(_keys)}))
+
+
+def to(target: BatchStatus, at: datetime) -> LifecycleTransition:
+    """A transition to `target`, carrying a failure when the target is FAILED."""
+    if target is S.FAILED:
+        return LifecycleTransition.failed(at, FAILURE)
+    return LifecycleTransition.new(target, at)
+
+
+def transition(uow: UnitOfWork, kind: Kind, record: Record, t: LifecycleTransition) -> Record:
+    if kind == "job":
+        return uow.transition_job_execution(record.id, record.version, t)
+    return uow.transition_step_execution(record.id, record.version, t)
+
+
+def read(uow: UnitOfWork, kind: Kind, record_id: int) -> Record | None:
+    if kind == "job":
+        return uow.get_job_execution(record_id)
+    return uow.get_step_execution(record_id)
+
+
+def create(uow: UnitOfWork, kind: Kind) -> Record:
+    execution = uow.create_job_execution(uow.select_or_create_job_instance(new_key()).instance.id)
+    if kind == "job":
+        return execution
+    return uow.create_step_execution(execution.id, StepName("extract"))
+
+
+def drive(uow: UnitOfWork, clock: ManualClock, kind: Kind, record: Record, status: S) -> Record:
+    for step in PATHS[status]:
+        record = transition(uow, kind, record, to(step, clock.advance()))
+    assert record.status is status
+    return record
+
+
+def arrange(repository: JobRepository, clock: ManualClock, kind: Kind, status: S) -> Record:
+    """A committed job execution or step execution in `status`."""
+    with repository.begin() as uow:
+        record = drive(uow, clock, kind, create(uow, kind), status)
+        uow.commit()
+    return record
+
+
+def stored(repository: JobRepository, kind: Kind, record_id: int) -> Record:
+    with repository.begin() as uow:
+        record = read(uow, kind, record_id)
+    assert record is not None
+    return record
+
+
+KINDS: tuple[Kind, ...] = ("job", "step")
+
+
+# --------------------------------------------------------------------------- B1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_b1_start_sets_started_at_and_bumps_version(
+    repository: JobRepository, clock: ManualClock, kind: Kind
+) -> None:
+    created = arrange(repository, clock, kind, S.STARTING)
+    at = clock.advance(timedelta(seconds=3))
+    with repository.begin() as uow:
+        started = transition(uow, kind, created, LifecycleTransition.new(S.STARTED, at))
+        uow.commit()
+    for record in (started, stored(repository, kind, created.id)):
+        assert record.status is S.STARTED
+        assert record.metadata.timestamps.started_at == at
+        assert record.metadata.timestamps.ended_at is None
+        assert record.metadata.timestamps.created_at == created.created_at
+        assert record.version == 1
+        assert record.metadata.exit_status == ExitCode.UNKNOWN
+        assert record.metadata.failure is None
+    assert created.version == 0
+
+
+# --------------------------------------------------------------------------- B2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("target", list(S), ids=str)
+@pytest.mark.parametrize("source", list(S), ids=str)
+def test_b2_transition_matrix(
+    repository: JobRepository, clock: ManualClock, kind: Kind, source: S, target: S
+) -> None:
+    before = arrange(repository, clock, kind, source)
+    at = clock.advance()
+    with repository.begin() as uow:
+        if (source, target) in LEGAL:
+            after = transition(uow, kind, before, to(target, at))
+            assert after.status is target
+            assert after.version == before.version + 1
+            assert after.metadata.exit_status == before.metadata.exit_status
+        elif source in (S.STOPPED, S.FAILED) and target is S.STARTING:
+            with pytest.raises(RestartRequiresNewAttempt) as refused:
+                transition(uow, kind, before, to(target, at))
+            assert refused.value.from_status == source.value
+            after = before
+        else:
+            with pytest.raises(IllegalTransition) as illegal:
+                transition(uow, kind, before, to(target, at))
+            assert (illegal.value.from_status, illegal.value.to_status) == (
+                source.value,
+                target.value,
+            )
+            after = before
+        uow.commit()
+    assert stored(repository, kind, before.id) == after
+
+
+# --------------------------------------------------------------------------- B3
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_b3_failed_requires_a_failure_and_stores_it(
+    repository: JobRepository, clock: ManualClock, kind: Kind
+) -> None:
+    started = arrange(repository, clock, kind, S.STARTED)
+    at = clock.advance()
+    with repository.begin() as uow:
+        with pytest.raises(FailedTransitionMissingFailure):
+            transition(uow, kind, started, LifecycleTransition(target=S.FAILED, at=at))
+        assert read(uow, kind, started.id) == started
+        failed = transition(uow, kind, started, LifecycleTransition.failed(at, FAILURE))
+        uow.commit()
+    for record in (failed, stored(repository, kind, started.id)):
+        assert record.status is S.FAILED
+        assert record.metadata.failure == FAILURE
+        assert record.metadata.timestamps.ended_at == at
+        assert record.version == started.version + 1
+
+
+# --------------------------------------------------------------------------- B4
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_b4_transition_before_start_is_refused_and_changes_nothing(
+    repository: JobRepository, clock: ManualClock, kind: Kind
+) -> None:
+    started = arrange(repository, clock, kind, S.STARTED)
+    started_at = started.metadata.timestamps.started_at
+    assert started_at is not None
+    with repository.begin() as uow:
+        for target in (S.COMPLETED, S.STOPPING, S.FAILED):
+            early = to(target, started_at - timedelta(microseconds=1))
+            with pytest.raises(InvalidTransitionTime):
+                transition(uow, kind, started, early)
+        uow.commit()
+    assert stored(repository, kind, started.id) == started
+    # Exactly at started_at is allowed: the bound is inclusive.
+    with repository.begin() as uow:
+        done = transition(uow, kind, started, LifecycleTransition.new(S.COMPLETED, started_at))
+        uow.commit()
+    assert done.metadata.timestamps.ended_at == started_at
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_b4_transition_before_creation_or_end_is_refused(
+    repository: JobRepository, clock: ManualClock, kind: Kind
+) -> None:
+    starting = arrange(repository, clock, kind, S.STARTING)
+    failed = arrange(repository, clock, kind, S.FAILED)
+    ended_at = failed.metadata.timestamps.ended_at
+    assert ended_at is not None
+    with repository.begin() as uow:
+        with pytest.raises(InvalidTransitionTime):
+            transition(
+                uow,
+                kind,
+                starting,
+                to(S.STARTED, starting.created_at - timedelta(microseconds=1)),
+            )
+        with pytest.raises(InvalidTransitionTime):
+            transition(uow, kind, failed, to(S.ABANDONED, ended_at - timedelta(microseconds=1)))
+        uow.commit()
+    assert stored(repository, kind, starting.id) == starting
+    assert stored(repository, kind, failed.id) == failed
+
+
+# --------------------------------------------------------------------------- B5
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_b5_abandoning_a_failure_keeps_end_time_and_failure(
+    repository: JobRepository, clock: ManualClock, kind: Kind
+) -> None:
+    failed = arrange(repository, clock, kind, S.FAILED)
+    at = clock.advance(timedelta(hours=1))
+    with repository.begin() as uow:
+        abandoned = transition(uow, kind, failed, LifecycleTransition.new(S.ABANDONED, at))
+        uow.commit()
+    for record in (abandoned, stored(repository, kind, failed.id)):
+        assert record.status is S.ABANDONED
+        assert record.metadata.timestamps.ended_at == failed.metadata.timestamps.ended_at
+        assert record.metadata.timestamps.ended_at != at
+        assert record.metadata.failure == FAILURE
+        assert record.updated_at == at
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_b5_abandoning_with_a_new_failure_replaces_it(
+    repository: JobRepository, clock: ManualClock, kind: Kind
+) -> None:
+    failed = arrange(repository, clock, kind, S.FAILED)
+    t = LifecycleTransition(target=S.ABANDONED, at=clock.advance(), failure=OTHER_FAILURE)
+    with repository.begin() as uow:
+        abandoned = transition(uow, kind, failed, t)
+        uow.commit()
+    assert stored(repository, kind, failed.id).metadata.failure == OTHER_FAILURE == (
+        abandoned.metadata.failure
+    )
+
+
+# --------------------------------------------------------------------------- B6
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_b6_unknown_has_no_end_time_until_failed(
+    repository: JobRepository, clock: ManualClock, kind: Kind
+) -> None:
+    started = arrange(repository, clock, kind, S.STARTED)
+    with repository.begin() as uow:
+        unknown = transition(uow, kind, started, LifecycleTransition.new(S.UNKNOWN, clock.advance()))
+        uow.commit()
+    assert unknown.metadata.timestamps.ended_at is None
+    assert stored(repository, kind, started.id).metadata.timestamps.ended_at is None
+    at = clock.advance()
+    with repository.begin() as uow:
+        failed = transition(uow, kind, unknown, LifecycleTransition.failed(at, FAILURE))
+        uow.commit()
+    for record in (failed, stored(repository, kind, started.id)):
+        assert record.status is S.FAILED
+        assert record.metadata.timestamps.ended_at == at
+        assert record.metadata.timestamps.started_at == started.metadata.timestamps.started_at
+        assert record.version == 3
+
+
+# --------------------------------------------------------------------------- B7
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_b7_stale_version_is_checked_first(
+    repository: JobRepository, clock: ManualClock, kind: Kind
+) -> None:
+    started = arrange(repository, clock, kind, S.STARTED)
+    assert started.version == 1
+    at = clock.advance()
+    attempts: list[tuple[int, LifecycleTransition]] = [
+        (0, LifecycleTransition.new(S.STARTING, at)),  # also illegal
+        (0, LifecycleTransition(target=S.FAILED, at=at)),  # also missing its failure
+        (0, LifecycleTransition.new(S.COMPLETED, at - timedelta(days=1))),  # also too early
+        (0, LifecycleTransition.new(S.COMPLETED, at)),  # otherwise legal
+        (7, LifecycleTransition.new(S.COMPLETED, at)),  # a version from the future
+    ]
+    with repository.begin() as uow:
+        for expected, t in attempts:
+            with pytest.raises(StaleVersion) as stale:
+                if kind == "job":
+                    uow.transition_job_execution(started.id, expected, t)
+                else:
+                    uow.transition_step_execution(started.id, expected, t)
+            assert (stale.value.expected, stale.value.actual) == (expected, 1)
+        uow.commit()
+    assert stored(repository, kind, started.id) == started
+
+
+# --------------------------------------------------------------------------- B8
+
+
+def test_b8_terminal_rollback_counts_once_on_a_step(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    started = arrange(repository, clock, "step", S.STARTED)
+    assert isinstance(started, StepExecution)
+    assert started.metadata.counts.rolled_back == 0
+    with repository.begin() as uow:
+        failed = uow.transition_step_execution(
+            started.id,
+            started.version,
+            LifecycleTransition.failed(clock.advance(), FAILURE).with_terminal_rollback(),
+        )
+        uow.commit()
+    assert failed.metadata.counts.rolled_back == 1
+    step = stored(repository, "step", started.id)
+    assert step.metadata.counts.rolled_back == 1
+    assert step.metadata.counts.committed == 0 and step.metadata.counts.read == 0
+    # A transition without the flag leaves the counter alone; another flagged one adds 1 more.
+    with repository.begin() as uow:
+        abandoned = uow.transition_step_execution(
+            failed.id,
+            failed.version,
+            LifecycleTransition.new(S.ABANDONED, clock.advance()).with_terminal_rollback(),
+        )
+        uow.commit()
+    assert abandoned.metadata.counts.rolled_back == 2
+    row = admin.execute(
+        "SELECT rollback_count FROM pybatch.step_execution WHERE id = %s", (started.id,)
+    ).fetchone()
+    assert row == (2,)
+
+
+def test_b8_terminal_rollback_has_no_effect_on_a_job_execution(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    started = arrange(repository, clock, "job", S.STARTED)
+    with repository.begin() as uow:
+        failed = uow.transition_job_execution(
+            started.id,
+            started.version,
+            LifecycleTransition.failed(clock.advance(), FAILURE).with_terminal_rollback(),
+        )
+        uow.commit()
+    assert failed.status is S.FAILED and failed.version == 2
+    assert failed.metadata.counts.is_zero
+    assert stored(repository, "job", started.id) == failed
+
+
+# --------------------------------------------------------------------------- B9
+
+
+def enrich(uow: UnitOfWork, kind: Kind, record: Record, exit_code: ExitCode) -> Record:
+    if kind == "job":
+        return uow.enrich_job_exit_status(record.id, record.version, exit_code)
+    return uow.enrich_step_exit_status(record.id, record.version, exit_code)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_b9_enrich_completed_sets_exit_and_moves_updated_at_forward(
+    repository: JobRepository, clock: ManualClock, kind: Kind
+) -> None:
+    completed = arrange(repository, clock, kind, S.COMPLETED)
+    now = clock.advance(timedelta(minutes=5))
+    with repository.begin() as uow:
+        enriched = enrich(uow, kind, completed, ExitCode("PARTIAL_LOAD"))
+        uow.commit()
+    for record in (enriched, stored(repository, kind, completed.id)):
+        assert record.status is S.COMPLETED
+        assert record.metadata.exit_status == ExitCode("PARTIAL_LOAD")
+        assert record.version == completed.version + 1
+        assert record.updated_at == now
+        assert record.metadata.timestamps == completed.metadata.timestamps
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_b9_enrich_never_moves_updated_at_backwards(
+    repository: JobRepository, clock: ManualClock, kind: Kind
+) -> None:
+    started = arrange(repository, clock, kind, S.STARTED)
+    later = clock.now() + timedelta(hours=2)  # a caller-supplied instant ahead of the clock
+    with repository.begin() as uow:
+        completed = transition(uow, kind, started, LifecycleTransition.new(S.COMPLETED, later))
+        enriched = enrich(uow, kind, completed, ExitCode("NOOP"))
+        uow.commit()
+    assert clock.now() < later
+    assert enriched.updated_at == later
+    assert stored(repository, kind, started.id).updated_at == later
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_b9_enrich_is_allowed_in_every_status(
+    repository: JobRepository, clock: ManualClock, kind: Kind
+) -> None:
+    records = [arrange(repository, clock, kind, status) for status in S]
+    with repository.begin() as uow:
+        for record in records:
+            enriched = enrich(uow, kind, record, ExitCode("AUDITED"))
+            assert enriched.status is record.status
+            assert enriched.version == record.version + 1
+        uow.commit()
+    for record in records:
+        assert stored(repository, kind, record.id).metadata.exit_status == ExitCode("AUDITED")
+
+
+# --------------------------------------------------------------------------- B10, B11
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_b10_enrich_with_stale_version_or_unknown_id(
+    repository: JobRepository, clock: ManualClock, kind: Kind
+) -> None:
+    started = arrange(repository, clock, kind, S.STARTED)
+    with repository.begin() as uow:
+        for expected in (0, 2):
+            with pytest.raises(StaleVersion) as stale:
+                if kind == "job":
+                    uow.enrich_job_exit_status(started.id, expected, ExitCode("X"))
+                else:
+                    uow.enrich_step_exit_status(started.id, expected, ExitCode("X"))
+            assert (stale.value.expected, stale.value.actual) == (expected, 1)
+        missing = started.id + 1000
+        if kind == "job":
+            with pytest.raises(JobExecutionNotFound) as not_found:
+                uow.enrich_job_exit_status(missing, 0, ExitCode("X"))
+        else:
+            with pytest.raises(StepExecutionNotFound) as not_found:  # type: ignore[assignment]
+                uow.enrich_step_exit_status(missing, 0, ExitCode("X"))
+        assert not_found.value.id == missing
+        uow.commit()
+    assert stored(repository, kind, started.id) == started
+
+
+def test_b11_transition_of_unknown_ids(repository: JobRepository, clock: ManualClock) -> None:
+    t = LifecycleTransition.new(S.STARTED, clock.now())
+    with repository.begin() as uow:
+        with pytest.raises(JobExecutionNotFound) as job:
+            uow.transition_job_execution(987654, 0, t)
+        assert job.value.id == 987654
+        with pytest.raises(StepExecutionNotFound) as step:
+            uow.transition_step_execution(876543, 0, t)
+        assert step.value.id == 876543
+        # A job execution id is not a step id: ids of the other table do not resolve.
+        execution = create(uow, "job")
+        with pytest.raises(StepExecutionNotFound):
+            uow.transition_step_execution(execution.id + 500, 0, t)
+
+
+# --------------------------------------------------------------------------- B12
+
+
+def simulate_stop_request(admin: psycopg.Connection[Any], execution_id: int, at: datetime) -> None:
+    """A durable stop request as section 4.11 stores it (the operation is not built yet)."""
+    admin.execute(
+        "UPDATE pybatch.job_execution SET stop_requested_at = %(at)s, stop_requested_by = 'ops', "
+        "updated_at = GREATEST(updated_at, %(at)s) WHERE id = %(id)s",
+        {"at": at, "id": execution_id},
+    )
+
+
+def test_b12_updated_at_is_monotonic_after_a_stop_request(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    started = arrange(repository, clock, "job", S.STARTED)
+    started_at = started.metadata.timestamps.started_at
+    assert started_at is not None
+    t1 = started_at + timedelta(seconds=10)
+    t2 = started_at + timedelta(seconds=20)
+    simulate_stop_request(admin, started.id, t2)
+    with repository.begin() as uow:
+        stopping = uow.transition_job_execution(
+            started.id, started.version, LifecycleTransition.new(S.STOPPING, t1)
+        )
+        uow.commit()
+    assert stopping.updated_at == t2
+    assert stored(repository, "job", started.id).updated_at == t2
+    # A later transition does move it forward.
+    t3 = t2 + timedelta(seconds=1)
+    with repository.begin() as uow:
+        stopped = uow.transition_job_execution(
+            stopping.id, stopping.version, LifecycleTransition.new(S.STOPPED, t3)
+        )
+        uow.commit()
+    assert stopped.updated_at == t3 == stored(repository, "job", started.id).updated_at
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_b12_updated_at_is_monotonic_after_an_enrichment(
+    repository: JobRepository, clock: ManualClock, kind: Kind
+) -> None:
+    started = arrange(repository, clock, kind, S.STARTED)
+    started_at = started.metadata.timestamps.started_at
+    assert started_at is not None
+    t1 = started_at + timedelta(seconds=10)
+    t2 = started_at + timedelta(seconds=20)
+    clock.set(t2)
+    with repository.begin() as uow:
+        enriched = enrich(uow, kind, started, ExitCode("NOTED"))
+        completed = transition(uow, kind, enriched, LifecycleTransition.new(S.COMPLETED, t1))
+        uow.commit()
+    assert enriched.updated_at == t2
+    assert completed.updated_at == t2
+    record = stored(repository, kind, started.id)
+    assert record.updated_at == t2
+    assert record.metadata.timestamps.ended_at == t1
+
