@@ -124,7 +124,9 @@ def classify_business_error(
     state = sqlstate_of(exc)
     if state == "57014":
         return Cancelled()
-    if state is not None and state[:2] in {"22", "23", "42"}:
+    # 25P02: a later statement of a chunk whose earlier statement was rejected; the
+    # connection is healthy, the transaction can only roll back.
+    if state is not None and (state[:2] in {"22", "23", "42"} or state == "25P02"):
         return Rejected(sqlstate=state)
     if state is None and isinstance(unwrap(exc), psycopg.ProgrammingError | psycopg.DataError):
         return Rejected(sqlstate="22000")

@@ -21,7 +21,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from pybatch import _sqlstate
-from pybatch.codecs._jsonb import to_jsonb
+from pybatch.codecs._jsonb import CanonicalJsonb, to_jsonb
 from pybatch.codecs._primitives import DecodeError, decode_enum, decode_int64
 from pybatch.codecs.executions import decode_checkpoint, decode_context, decode_counts
 from pybatch.errors import (
@@ -56,6 +56,35 @@ __all__ = [
 ]
 
 _EMPTY_FAULT_STATE = FaultStateEnvelope.EMPTY.to_columns()
+
+
+def _as_is(canonical: bytes) -> bytes:
+    return canonical
+
+
+def _canonical_jsonb(canonical: bytes) -> CanonicalJsonb:
+    """Bind JSON bytes that are already canonical as jsonb, without parsing and re-encoding."""
+    return CanonicalJsonb(canonical, dumps=_as_is)
+
+
+# Every chunk commit writes the empty fault state: its canonical payload is encoded once
+# (the same bytes `to_jsonb` would produce on every commit).
+_EMPTY_FAULT_STATE_PAYLOAD = _canonical_jsonb(FaultStateEnvelope.EMPTY.canonical_bytes())
+# The five columns in `FaultStateEnvelope.from_columns` order, and the empty state's values.
+_FAULT_STATE_COLUMNS = (
+    "fault_state_format",
+    "fault_state_schema",
+    "fault_state_schema_version",
+    "fault_state_payload",
+    "fault_state_checksum",
+)
+_EMPTY_FAULT_STATE_VALUES: tuple[object, ...] = (
+    _EMPTY_FAULT_STATE["fault_state_format"],
+    _EMPTY_FAULT_STATE["fault_state_schema"],
+    _EMPTY_FAULT_STATE["fault_state_schema_version"],
+    _EMPTY_FAULT_STATE["fault_state_payload"],
+    _EMPTY_FAULT_STATE["fault_state_checksum"],
+)
 
 
 def _count(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -94,6 +123,9 @@ class FaultProgress:
     process_skips: int = attrs.field(default=0, validator=_count)
     write_skips: int = attrs.field(default=0, validator=_count)
     no_rollbacks: int = attrs.field(default=0, validator=_count)
+
+
+_NO_FAULT_PROGRESS = FaultProgress()
 
 
 @attrs.frozen
@@ -137,18 +169,28 @@ class ChunkStateProvider(Protocol):
         ...
 
 
+def _is_empty_fault_state(columns: tuple[Any, ...]) -> bool:
+    """Whether the five fault-state columns hold exactly what every chunk commit writes.
+
+    Exact types and values (the payload without extra members), so `from_columns` would
+    return an envelope equal to EMPTY for them: it is skipped, not weakened.
+    """
+    return all(
+        type(value) is type(expected) and value == expected
+        for value, expected in zip(columns, _EMPTY_FAULT_STATE_VALUES, strict=True)
+    )
+
+
 def _decode_state(row: Mapping[str, Any]) -> CommittedStepState:
     """Decode a chunk-state row; a bad fault envelope is FaultStateCorrupt, the rest Unavailable."""
-    try:
-        fault_state = FaultStateEnvelope.from_columns(
-            row["fault_state_format"],
-            row["fault_state_schema"],
-            row["fault_state_schema_version"],
-            row["fault_state_payload"],
-            row["fault_state_checksum"],
-        )
-    except (FaultStateFormatError, ValueError, TypeError):
-        raise FaultStateCorrupt() from None
+    columns = tuple(row[name] for name in _FAULT_STATE_COLUMNS)
+    if _is_empty_fault_state(columns):
+        fault_state = FaultStateEnvelope.EMPTY
+    else:
+        try:
+            fault_state = FaultStateEnvelope.from_columns(*columns)
+        except (FaultStateFormatError, ValueError, TypeError):
+            raise FaultStateCorrupt() from None
     try:
         return CommittedStepState(
             step_execution_id=decode_int64(row["id"], column="id", minimum=1),
@@ -266,7 +308,7 @@ class ChunkTransaction:
         """
         conn = self.connection
         state = self.committed
-        progress = fault_progress or FaultProgress()
+        progress = fault_progress or _NO_FAULT_PROGRESS
         try:
             if conn.info.transaction_status == TransactionStatus.INERROR:
                 raise NotCommitted(reason="a statement in the chunk failed")
@@ -282,6 +324,13 @@ class ChunkTransaction:
             except (CountExhausted, PyBatchError):
                 raise NotCommitted(reason="a counter would overflow") from None
             receipt = self._receipt(state, counts, checkpoint, context)
+            # The committed context, carried over unchanged, goes back as the canonical bytes
+            # it was decoded to (canonical JSON of a jsonb document re-encodes to itself).
+            context_payload = (
+                _canonical_jsonb(state.context.payload_json())
+                if receipt.context is state.context
+                else to_jsonb(receipt.context.payload)
+            )
             changed = self._manager.statements.update_step_chunk_commit.run(
                 conn,
                 {
@@ -295,12 +344,12 @@ class ChunkTransaction:
                     "checkpoint_payload": to_jsonb(receipt.checkpoint.payload),
                     "context_schema": receipt.context.schema.value,
                     "context_schema_version": receipt.context.schema_version,
-                    "context_payload": to_jsonb(receipt.context.payload),
+                    "context_payload": context_payload,
                     "read_skips": progress.read_skips,
                     "process_skips": progress.process_skips,
                     "write_skips": progress.write_skips,
                     "no_rollbacks": progress.no_rollbacks,
-                    "fault_state_payload": to_jsonb(_EMPTY_FAULT_STATE["fault_state_payload"]),
+                    "fault_state_payload": _EMPTY_FAULT_STATE_PAYLOAD,
                     "fault_state_checksum": _EMPTY_FAULT_STATE["fault_state_checksum"],
                     "now": self._manager.clock.now(),
                     "step_execution_id": state.step_execution_id,

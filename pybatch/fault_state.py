@@ -77,6 +77,15 @@ class FaultState:
             FaultStateCorrupt: the envelope is corrupt, exceeds the policy, or belongs to a
                 superseded checkpoint (no work may begin).
         """
+        self._load(context)
+        self._context = context
+
+    def _load(self, context: ChunkContext) -> FaultStateEnvelope:
+        """Load the retained envelope and validate it against the policy and checkpoint.
+
+        Every read validates, as seed 000 does: state of a superseded generation or beyond
+        the policy is FaultStateCorrupt, never an answer work could proceed on (6.3).
+        """
         state = ChunkTransactionManager(self._repository).load_committed_state(context)
         try:
             state.fault_state.validate_for(
@@ -86,19 +95,23 @@ class FaultState:
             )
         except FaultStateFormatError:
             raise FaultStateCorrupt() from None
-        self._context = context
+        return state.fault_state
 
     def reserved_ordinal(self, key: RetryKey) -> RetryOrdinal | None:
-        """The ordinal stored for `key`, or None."""
-        context = self._bound()
-        state = ChunkTransactionManager(self._repository).load_committed_state(context)
-        return state.fault_state.ordinal_for(key)
+        """The ordinal stored for `key`, or None.
+
+        Raises:
+            FaultStateCorrupt: the retained state is unusable (as in `bind`).
+        """
+        return self._load(self._bound()).ordinal_for(key)
 
     def unresolved(self) -> int:
-        """How many retry keys the step retains."""
-        context = self._bound()
-        state = ChunkTransactionManager(self._repository).load_committed_state(context)
-        return len(state.fault_state.entries)
+        """How many retry keys the step retains.
+
+        Raises:
+            FaultStateCorrupt: the retained state is unusable (as in `bind`).
+        """
+        return len(self._load(self._bound()).entries)
 
     def resolve(self, key: RetryKey) -> None:
         """No-op: retained state is cleared by the next chunk commit, which supersedes it."""

@@ -30,11 +30,14 @@ WHERE i.id = :job_instance_id;
 
 -- :name lock_job_instance :one
 -- :doc Lock the instance row: it serializes every launch, restart and flow-step start of the
--- instance (lock order - instance, then job execution, then step).
+-- instance (lock order - instance, then job execution, then step). Returns every column the
+-- instance decoder reads, so a launch refuses a corrupt instance instead of copying it.
 SELECT
     i.id,
     i.job_name,
+    i.instance_key,
     i.identifying_parameters,
+    i.created_at,
     i.last_attempt,
     i.final_status
 FROM pybatch.job_instance AS i

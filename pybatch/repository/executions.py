@@ -14,7 +14,12 @@ from pybatch._statements import Statements
 from pybatch.clock import Clock
 from pybatch.codecs._jsonb import to_jsonb
 from pybatch.codecs._primitives import decode_enum
-from pybatch.codecs.executions import decode_job_execution, encode_execution_metadata
+from pybatch.codecs.executions import (
+    decode_job_execution,
+    decode_job_instance,
+    encode_execution_metadata,
+    encode_identifying_parameters,
+)
 from pybatch.errors import (
     AbandonedInstance,
     CompletedInstance,
@@ -24,16 +29,19 @@ from pybatch.errors import (
     JobExecutionNotFound,
     JobInstanceNotFound,
     StaleVersion,
+    Unavailable,
+    VersionOutOfRange,
 )
 from pybatch.repository.definitions import ensure_definition
 from pybatch.values.definitions import DefinitionIdentity
-from pybatch.values.ids import IdentifierKind, check_identifier, check_version
+from pybatch.values.ids import INT64_MAX, IdentifierKind, check_identifier, check_version
 from pybatch.values.lifecycle import LifecycleTransition, apply_exit_enrichment, apply_transition
-from pybatch.values.names import ExitCode, JobName
+from pybatch.values.names import ExitCode
 from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus
 
 __all__ = [
+    "check_expected_version",
     "create_job_execution",
     "enrich_job_exit_status",
     "get_job_execution",
@@ -44,7 +52,7 @@ __all__ = [
 Connection = psycopg.Connection[Any]
 
 
-def _refuse_latest(instance_id: int, latest: dict[str, Any] | None, tombstone: Any) -> None:
+def _refuse_latest(instance_id: int, latest: JobExecution | None, tombstone: Any) -> None:
     """Launch check order, step 2: the latest attempt decides (behaviour.md 4.3)."""
     if latest is None:
         if tombstone is not None:
@@ -54,14 +62,14 @@ def _refuse_latest(instance_id: int, latest: dict[str, Any] | None, tombstone: A
             if status is BatchStatus.ABANDONED:
                 raise AbandonedInstance(id=instance_id)
         return
-    status = decode_enum(BatchStatus, latest["status"], column="status")
+    status = latest.status
     if status is BatchStatus.COMPLETED:
         raise CompletedInstance(id=instance_id)
     if status is BatchStatus.ABANDONED:
         raise AbandonedInstance(id=instance_id)
     if status.is_unresolved:
         raise ExecutionAlreadyActive(
-            instance_id=instance_id, execution_id=int(latest["id"]), status=status.value
+            instance_id=instance_id, execution_id=latest.id, status=status.value
         )
 
 
@@ -88,24 +96,27 @@ def create_job_execution(
     """
     check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
     # Lock order - the instance row first: it serializes launches and restarts (rule 1).
-    instance = q.lock_job_instance(conn, job_instance_id=instance_id)
-    if instance is None:
+    row = q.lock_job_instance(conn, job_instance_id=instance_id)
+    if row is None:
         raise JobInstanceNotFound(id=instance_id)
-    latest = q.find_latest_job_execution(conn, job_instance_id=instance_id)
-    _refuse_latest(instance_id, latest, instance["final_status"])
-    job_name = JobName(instance["job_name"])
-    definition_id = ensure_definition(q, conn, clock, job_name, definition)
+    # Fail closed (behaviour.md 6.3): a corrupt instance or latest attempt is decoded, and
+    # refused, before it decides anything or is copied into the new attempt.
+    instance = decode_job_instance(row)
+    latest_row = q.find_latest_job_execution(conn, job_instance_id=instance_id)
+    latest = None if latest_row is None else decode_job_execution(latest_row)
+    _refuse_latest(instance_id, latest, row["final_status"])
+    definition_id = ensure_definition(q, conn, clock, instance.job_name, definition)
     upgrade_from: int | None = None
-    if latest is not None and latest["definition_id"] != definition_id:
-        previous_digest = q.get_job_definition_digest(conn, definition_id=latest["definition_id"])
+    if latest is not None and latest.definition_id != definition_id:
+        previous_digest = q.get_job_definition_digest(conn, definition_id=latest.definition_id)
         if previous_digest is None or bytes(previous_digest) != definition.digest:
             edge = q.find_definition_upgrade(
-                conn, from_definition_id=latest["definition_id"], to_definition_id=definition_id
+                conn, from_definition_id=latest.definition_id, to_definition_id=definition_id
             )
             if edge is None:
                 raise IncompatibleDefinition(instance_id=instance_id)
-            upgrade_from = int(latest["definition_id"])
-    attempt = int(instance["last_attempt"]) + 1
+            upgrade_from = int(latest.definition_id)
+    attempt = int(row["last_attempt"]) + 1
     if q.update_job_instance_last_attempt(conn, job_instance_id=instance_id, attempt=attempt) != 1:
         raise ConcurrentModification()
     now = clock.now()
@@ -114,12 +125,27 @@ def create_job_execution(
         job_instance_id=instance_id,
         definition_id=definition_id,
         upgrade_from_definition_id=upgrade_from,
-        restart_of_execution_id=None if latest is None else latest["id"],
+        restart_of_execution_id=None if latest is None else latest.id,
         attempt=attempt,
-        parameters=to_jsonb(instance["identifying_parameters"]),
+        parameters=to_jsonb(encode_identifying_parameters(instance.key)),
         now=now,
     )
     return decode_job_execution(row)
+
+
+def check_expected_version(expected_version: int) -> int:
+    """An expected version to compare with a stored one (behaviour.md 2.2).
+
+    Raises:
+        Unavailable: above 2^63-1, where no stored version can be (bigint).
+        VersionOutOfRange: negative.
+    """
+    try:
+        return check_version(expected_version)
+    except VersionOutOfRange:
+        if type(expected_version) is int and expected_version > INT64_MAX:
+            raise Unavailable() from None
+        raise
 
 
 def _locked(q: Statements, conn: Connection, execution_id: int) -> JobExecution:
@@ -152,7 +178,7 @@ def transition_job_execution(
 
     Statements: executions.sql lock_job_execution, update_job_execution_transition.
     """
-    check_version(expected_version)
+    check_expected_version(expected_version)
     current = _locked(q, conn, execution_id)
     metadata, version = apply_transition(
         current.metadata, current.version, expected_version, transition, counts_apply=False
@@ -188,7 +214,7 @@ def enrich_job_exit_status(
 
     Statements: executions.sql lock_job_execution, update_job_execution_exit_code.
     """
-    check_version(expected_version)
+    check_expected_version(expected_version)
     current = _locked(q, conn, execution_id)
     metadata, version = apply_exit_enrichment(
         current.metadata, current.version, expected_version, exit_status

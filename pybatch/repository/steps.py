@@ -13,7 +13,11 @@ import psycopg
 from pybatch._statements import Statements
 from pybatch.clock import Clock
 from pybatch.codecs._jsonb import to_jsonb
-from pybatch.codecs.executions import decode_step_execution, encode_execution_metadata
+from pybatch.codecs.executions import (
+    decode_job_execution,
+    decode_step_execution,
+    encode_execution_metadata,
+)
 from pybatch.errors import (
     DuplicateStep,
     InvalidDefinitionUpgrade,
@@ -23,8 +27,9 @@ from pybatch.errors import (
     StaleVersion,
     StepExecutionNotFound,
 )
+from pybatch.repository.executions import check_expected_version
 from pybatch.values.fault import FaultStateEnvelope
-from pybatch.values.ids import IdentifierKind, check_identifier, check_version
+from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.lifecycle import LifecycleTransition, apply_exit_enrichment, apply_transition
 from pybatch.values.names import ExitCode, StepName
 from pybatch.values.records import StepExecution
@@ -73,16 +78,17 @@ def create_step_execution(
     get_step_execution; definitions.sql find_upgrade_source_step_name.
     """
     check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
-    execution = q.get_job_execution(conn, job_execution_id=job_execution_id)
-    if execution is None:
+    row = q.get_job_execution(conn, job_execution_id=job_execution_id)
+    if row is None:
         raise JobExecutionNotFound(id=job_execution_id)
+    execution = decode_job_execution(row)  # no step begins under a corrupt execution (6.3)
     names = {"job_execution_id": job_execution_id, "step_name": step_name.value}
     if q.find_conflicting_step_execution(conn, **names, node_id=step_name.value) is not None:
         raise DuplicateStep(
             job_execution_id=job_execution_id, step_name=step_name.value, node_id=step_name.value
         )
     now = clock.now()
-    previous = execution["restart_of_execution_id"]
+    previous = execution.restart_of_execution_id
     if previous is None:
         fault = FaultStateEnvelope.EMPTY.to_columns()
         step_id = q.insert_step_execution(
@@ -95,7 +101,7 @@ def create_step_execution(
         )["id"]
     else:
         source_name = step_name.value
-        if execution["upgrade_from_definition_id"] is not None:
+        if execution.upgrade_from_definition_id is not None:
             source_name = q.find_upgrade_source_step_name(conn, **names)
             if source_name is None:
                 raise InvalidDefinitionUpgrade(execution_id=job_execution_id)
@@ -136,7 +142,7 @@ def transition_step_execution(
 
     Statements: steps.sql lock_step_execution, update_step_execution_transition.
     """
-    check_version(expected_version)
+    check_expected_version(expected_version)
     current = _locked(q, conn, step_id)
     metadata, version = apply_transition(
         current.metadata, current.version, expected_version, transition, counts_apply=True
@@ -173,7 +179,7 @@ def enrich_step_exit_status(
 
     Statements: steps.sql lock_step_execution, update_step_execution_exit_code.
     """
-    check_version(expected_version)
+    check_expected_version(expected_version)
     current = _locked(q, conn, step_id)
     metadata, version = apply_exit_enrichment(
         current.metadata, current.version, expected_version, exit_status

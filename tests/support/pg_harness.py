@@ -1,12 +1,18 @@
 """PostgreSQL test-server plumbing shared by tests/conftest.py.
 
-Importing this module lowers pytest-postgresql's version floor so PostgreSQL 13
-runs (docs: stack.md 6.4).  The rest are small helpers for conftest.py:
+Importing this module patches two library behaviours (both behind the exact
+pins in constraints.txt; re-check them on every upgrade):
 
-* ``use_wrapper_by_default(config)`` from ``pytest_configure``: plain ``pytest``
-  runs use tools/pg_ctl_wrapper unless ``--postgresql-exec`` or the
-  ``postgresql_exec`` ini key says otherwise (an ini value cannot name a path
-  relative to the rootdir, and pytest-postgresql has no environment variable);
+* pytest-postgresql's version floor is lowered so PostgreSQL 13 runs
+  (docs: stack.md 6.4);
+* mirakuru's exit hook, which can SIGKILL other sessions' servers, is replaced
+  by an exact-match one (see ``_kill_own_leftovers``).
+
+The rest are helpers for conftest.py:
+
+* ``configure(config)`` from a ``tryfirst`` ``pytest_configure``: a private
+  basetemp under root (``isolate_basetemp``) and tools/pg_ctl_wrapper as the
+  default pg_ctl (``use_wrapper_by_default``);
 * ``check_server_major(conn)`` / ``check_executor_major(proc)``: fail when the
   server is not the major that ``PYBATCH_EXPECTED_PG_MAJOR`` (set per tox env)
   asks for, so a wrong PG_BINDIR cannot silently test PostgreSQL 15 six times.
@@ -14,6 +20,8 @@ runs (docs: stack.md 6.4).  The rest are small helpers for conftest.py:
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import shutil
 import stat
@@ -21,6 +29,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import mirakuru.base
+import psutil
 import psycopg
 import pytest
 import pytest_postgresql.plugin
@@ -36,6 +46,26 @@ if not hasattr(PostgreSQLExecutor, "MIN_SUPPORTED_VERSION"):
         "re-check the PostgreSQL 13 floor patch (stack.md 6.4) for this version"
     )
 PostgreSQLExecutor.MIN_SUPPORTED_VERSION = parse("13")
+
+# mirakuru (pytest-postgresql's process runner) registers, in every process that
+# imports it, an atexit hook that SIGKILLs each process whose mirakuru_uuid env
+# var ("<pytest pid>:<uuid4>") merely *contains* str(os.getpid()).  A short pid
+# (common after the 32768 pid wrap) matches digits of another server's value, so
+# an exiting multiprocessing child that imported the conftest, or any other
+# pytest run on the machine (as root every environ is readable), kills a server
+# mid-test.  Keep the safety net, with an exact prefix match.
+atexit.unregister(mirakuru.base.cleanup_subprocesses)
+
+
+@atexit.register
+def _kill_own_leftovers() -> None:
+    prefix = f"{os.getpid()}:"
+    for proc in psutil.process_iter(["environ"]):
+        environ = proc.info.get("environ") or {}
+        if environ.get(mirakuru.base.ENV_UUID, "").startswith(prefix):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+
 
 EXPECTED_MAJOR_ENV = "PYBATCH_EXPECTED_PG_MAJOR"
 

@@ -10,8 +10,10 @@ barrier from the spawn context and report `target(*args)`'s return value (or the
 exception's type name) through a queue. `target` must be a picklable module-level
 function; `launch_in_process` is the one used by tests/races.
 
-`wait_until_lock_wait(admin, pid)` polls pg_stat_activity until a backend waits on a
-heavyweight lock: the "let the first take its lock, start the second" step of section 8.
+`Contender` runs one unit of work on its own thread; `start_blocked(admin)` returns once
+it waits on a row lock (pg_stat_activity), which is the "let the first take its lock, start
+the second" step of behaviour.md section 8. `terminate_backend(admin, pid)` ends a backend
+and waits until it is gone (PostgreSQL 13 has no pg_terminate_backend timeout).
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ from pybatch.values.names import JobName
 from pybatch.values.parameters import JobInstanceKey, JobParameters
 
 __all__ = [
+    "Contender",
     "Outcome",
     "launch_in_process",
     "race",
     "race_processes",
     "race_units_of_work",
+    "terminate_backend",
     "wait_until_lock_wait",
 ]
 
@@ -58,7 +62,9 @@ class Outcome(Generic[T]):
         return self.error is None
 
 
-def race(n: int, work: Callable[[int], T], *, timeout: float = DEADLINE_SECONDS) -> list[Outcome[T]]:
+def race(
+    n: int, work: Callable[[int], T], *, timeout: float = DEADLINE_SECONDS
+) -> list[Outcome[T]]:
     """Run `work(index)` on `n` threads released together; return outcomes by index."""
     barrier = threading.Barrier(n)
     outcomes: list[Outcome[T] | None] = [None] * n
@@ -67,7 +73,7 @@ def race(n: int, work: Callable[[int], T], *, timeout: float = DEADLINE_SECONDS)
         try:
             barrier.wait(timeout)
             value = work(index)
-        except BaseException as error:  # noqa: BLE001 - every outcome is reported
+        except BaseException as error:
             outcomes[index] = Outcome(index, error=error)
         else:
             outcomes[index] = Outcome(index, value=value)
@@ -120,6 +126,65 @@ def wait_until_lock_wait(
     raise AssertionError(f"backend {pid} never waited on a lock")
 
 
+def terminate_backend(
+    admin: psycopg.Connection[Any], pid: int, *, timeout: float = DEADLINE_SECONDS
+) -> None:
+    """pg_terminate_backend(pid), then wait until the backend has really exited."""
+    row = admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()
+    assert row == (True,), f"backend {pid} could not be terminated"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (
+            admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+            is None
+        ):
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"backend {pid} is still alive")
+
+
+class Contender(Generic[T]):
+    """A unit of work on its own thread: `work(uow)` then commit, started behind a lock."""
+
+    def __init__(self, repository: JobRepository, work: Callable[[UnitOfWork], T]) -> None:
+        self._repository = repository
+        self._work = work
+        self._ready = threading.Event()
+        self._outcome: Outcome[T] | None = None
+        self.pid: int | None = None
+        self._thread = threading.Thread(target=self._run, name="contender", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            with self._repository.begin() as uow:
+                self.pid = uow.connection.info.backend_pid
+                self._ready.set()
+                value = self._work(uow)
+                uow.commit()
+        except BaseException as error:
+            self._outcome = Outcome(0, error=error)
+        else:
+            self._outcome = Outcome(0, value=value)
+        finally:
+            self._ready.set()
+
+    def start_blocked(self, admin: psycopg.Connection[Any]) -> Contender[T]:
+        """Start the thread and return once its backend waits on a lock."""
+        self._thread.start()
+        assert self._ready.wait(DEADLINE_SECONDS), "contender never opened its unit of work"
+        assert self.pid is not None, f"contender failed early: {self._outcome}"
+        wait_until_lock_wait(admin, self.pid)
+        assert self._outcome is None, "contender finished instead of waiting"
+        return self
+
+    def outcome(self, timeout: float = DEADLINE_SECONDS) -> Outcome[T]:
+        """Wait for the contender to finish and return what it did."""
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "contender did not finish"
+        assert self._outcome is not None
+        return self._outcome
+
+
 # --------------------------------------------------------------------------- processes
 
 
@@ -139,7 +204,7 @@ def launch_in_process(
                 instance = uow.select_or_create_job_instance(key).instance
                 execution = uow.create_job_execution(instance.id)
                 uow.commit()
-        except Exception as error:  # noqa: BLE001 - reported to the parent by name
+        except Exception as error:
             return ("error", type(error).__name__)
         return ("launched", execution.id)
 
@@ -149,7 +214,7 @@ def _process_main(
 ) -> None:
     try:
         queue.put((index, "ok", target(*args)))
-    except BaseException as error:  # noqa: BLE001 - reported to the parent
+    except BaseException as error:
         queue.put((index, "crashed", f"{type(error).__name__}"))
 
 

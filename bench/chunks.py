@@ -1,0 +1,652 @@
+"""Chunk throughput: pybatch chunks against a hand-written psycopg loop doing the same work.
+
+    python -m bench.chunks [--dsn DSN] [--rows 200000] [--repeat 3]
+
+The reference workload loads `--rows` rows into `bench_item` in chunks of 100 and of 1000,
+with the business writes done by `executemany` (one INSERT per row, pipelined) and by
+`COPY ... FROM STDIN`. Each variant runs two ways:
+
+* pybatch: a new job instance per run, one step, and per chunk `with step.chunk()`, the
+  business writes, and `chunk.commit(read=, written=, checkpoint={"offset": n})`;
+* baseline: one plain psycopg connection doing the same business statements per chunk,
+  then ONE `UPDATE bench_checkpoint SET "offset" = %s WHERE id = 1` and COMMIT.
+
+Runs are interleaved (variant by variant, the side that goes first alternating) and
+repeated, and medians are compared, because a shared machine is noisy. Before every timed
+run the target is truncated and a CHECKPOINT taken (untimed), so no run pays for the
+previous run's dirty pages. The timed span is the chunk loop of both sides; pybatch's
+end-to-end time (launch, step start and end, job end) is reported alongside.
+
+Per chunk, nothing is guessed: an untimed pass traces one steady-state chunk of each side
+at the libpq protocol level (`PQtrace`) and counts statements and round trips; every timed
+run also records the client's CPU time and, when the server is local (the embedded one),
+the CPU time of the side's server backends (/proc/<pid>/schedstat), because wall time on a
+busy machine mixes in everybody else's work while CPU time does not.
+
+Without `--dsn` an EmbeddedPostgres is started with fsync on, so COMMIT costs what it
+costs in production. Results are printed and written as JSON under bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import pq
+
+from bench._server import ADMIN_APPLICATION, admin_connect, postgres_server, scratch_database
+from pybatch import ConnectionConfig, JobRepository, TlsMode, migrate
+from pybatch.config import APPLICATION_NAME
+from pybatch.etl import Chunk, Job, StepRun
+
+__all__ = [
+    "BASELINE_APPLICATION",
+    "ChunkTracer",
+    "ProtocolCount",
+    "ServerCpu",
+    "Variant",
+    "machine_info",
+    "main",
+    "print_machine",
+    "protocol_trace",
+    "pybatch_repository",
+    "write_results",
+]
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+#: application_name of the hand-written baseline's connection.
+BASELINE_APPLICATION = "pybatch-bench-baseline"
+
+Row = tuple[int, str, int]
+
+TABLES_SQL = (
+    "CREATE TABLE bench_item (id BIGINT PRIMARY KEY, name TEXT NOT NULL, amount BIGINT NOT NULL)",
+    'CREATE TABLE bench_checkpoint (id INTEGER PRIMARY KEY, "offset" BIGINT NOT NULL)',
+    'INSERT INTO bench_checkpoint (id, "offset") VALUES (1, 0)',
+)
+INSERT_SQL = "INSERT INTO bench_item (id, name, amount) VALUES (%s, %s, %s)"
+COPY_SQL = "COPY bench_item (id, name, amount) FROM STDIN"
+# OFFSET is a reserved word in PostgreSQL, hence the quotes.
+CHECKPOINT_SQL = 'UPDATE bench_checkpoint SET "offset" = %s WHERE id = 1'
+
+#: Chunks of the untimed tracing pass; the last one is traced (statements prepared by then).
+TRACE_CHUNKS = 8
+TARGET_RATIO = 0.9
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One cell of the workload: a chunk size and a way to write the business rows."""
+
+    size: int
+    method: str  # "executemany" or "copy"
+
+    @property
+    def name(self) -> str:
+        return f"{self.size} {self.method}"
+
+
+VARIANTS = (
+    Variant(100, "executemany"),
+    Variant(100, "copy"),
+    Variant(1000, "executemany"),
+    Variant(1000, "copy"),
+)
+
+
+# ---------------------------------------------------------------------- machine and output
+
+
+def machine_info(dsn: str) -> dict[str, Any]:
+    """The machine and server the figures describe."""
+    cpu = "unknown"
+    memory_kib = 0
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                memory_kib = int(line.split()[1])
+                break
+    except OSError:
+        pass
+    settings: dict[str, str] = {}
+    with admin_connect(dsn) as conn:
+        for name in ("server_version", "fsync", "synchronous_commit", "wal_sync_method"):
+            row = conn.execute(f"SHOW {name}").fetchone()
+            settings[name] = "" if row is None else str(row[0])
+    return {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "nproc": os.cpu_count(),
+        "memory_gib": round(memory_kib / 1024 / 1024, 1),
+        "cpu": cpu,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "psycopg": psycopg.__version__,
+        "libpq": pq.version(),
+        "postgresql": settings.pop("server_version"),
+        "server_settings": settings,
+        "load_average_at_start": list(os.getloadavg()),
+        "command": " ".join(["python -m", _module_name(), *sys.argv[1:]]),
+    }
+
+
+def _module_name() -> str:
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    return spec.name if spec is not None else Path(sys.argv[0]).name
+
+
+def print_machine(machine: dict[str, Any]) -> None:
+    settings = machine["server_settings"]
+    load = ", ".join(f"{value:.2f}" for value in machine["load_average_at_start"])
+    print(
+        f"machine: {machine['nproc']} CPUs ({machine['cpu']}), {machine['memory_gib']} GiB, "
+        f"load average {load}\n"
+        f"server:  PostgreSQL {machine['postgresql']} (fsync={settings['fsync']}, "
+        f"synchronous_commit={settings['synchronous_commit']}, "
+        f"wal_sync_method={settings['wal_sync_method']})\n"
+        f"client:  Python {machine['python']}, psycopg {machine['psycopg']} "
+        f"(libpq {machine['libpq']}); {machine['date']}\n"
+        f"command: {machine['command']}"
+    )
+
+
+def write_results(name: str, payload: dict[str, Any]) -> Path:
+    """Write `payload` as bench/results/<name>-<UTC timestamp>.json; return the path."""
+    RESULTS_DIR.mkdir(exist_ok=True)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = RESULTS_DIR / f"{name}-{stamp}.json"
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+# ---------------------------------------------------------------------- protocol counting
+
+
+@dataclass
+class ProtocolCount:
+    """What one traced span sent: statements executed and times the client waited.
+
+    statements: simple Query messages (BEGIN, COMMIT, COPY) plus extended-protocol
+        Execute messages (one per executemany row).
+    round_trips: ReadyForQuery messages (one per sync point) plus CopyInResponse
+        (COPY waits for it before sending data).
+    """
+
+    statements: int = 0
+    round_trips: int = 0
+
+    @classmethod
+    def parse(cls, trace: str) -> ProtocolCount:
+        count = cls()
+        for line in trace.splitlines():
+            parts = line.split("\t")
+            if len(parts) < 3:
+                continue
+            direction, message = parts[0], parts[2]
+            if direction == "F" and message in ("Query", "Execute"):
+                count.statements += 1
+            elif direction == "B" and message in ("ReadyForQuery", "CopyInResponse"):
+                count.round_trips += 1
+        return count
+
+
+@contextmanager
+def protocol_trace(conn: psycopg.Connection[Any]) -> Iterator[list[str]]:
+    """Trace `conn`'s protocol messages for the block; the list receives the trace text."""
+    out: list[str] = []
+    with tempfile.TemporaryFile(mode="w+") as handle:
+        conn.pgconn.trace(handle.fileno())
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            yield out
+        finally:
+            conn.pgconn.untrace()
+            handle.seek(0)
+            out.append(handle.read())
+
+
+class ChunkTracer:
+    """Counts the protocol messages of one pybatch chunk, acquire to release.
+
+    Tracing from the moment the chunk takes its pooled connection until it gives it back
+    sees the chunk's opening statement too. Benchmark instrumentation, never timed: it
+    wraps the repository's acquire and release while installed, and `arm()` traces the
+    next connection use only.
+    """
+
+    def __init__(self, repository: JobRepository) -> None:
+        self.repository = repository
+        self.counts: list[ProtocolCount] = []
+        self._armed = False
+        self._open: dict[int, tuple[Any, list[str]]] = {}
+
+    def arm(self) -> None:
+        self._armed = True
+
+    def __enter__(self) -> ChunkTracer:
+        repository = self.repository
+        acquire, release = repository._acquire, repository._release
+
+        def traced_acquire() -> psycopg.Connection[Any]:
+            conn = acquire()
+            if self._armed:
+                self._armed = False
+                manager = protocol_trace(conn)
+                self._open[id(conn)] = (manager, manager.__enter__())
+            return conn
+
+        def traced_release(conn: psycopg.Connection[Any], *, discard: bool) -> None:
+            entry = self._open.pop(id(conn), None)
+            if entry is not None:
+                manager, out = entry
+                manager.__exit__(None, None, None)
+                self.counts.append(ProtocolCount.parse(out[0]))
+            release(conn, discard=discard)
+
+        repository._acquire = traced_acquire  # type: ignore[method-assign]
+        repository._release = traced_release  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        del self.repository._acquire, self.repository._release  # the class's methods again
+
+
+# ---------------------------------------------------------------------- CPU accounting
+
+
+class ServerCpu:
+    """CPU time of server backends, read from /proc/<pid>/schedstat (local servers only).
+
+    Only meaningful when the server runs on this machine, so it is off with `--dsn`.
+    """
+
+    def __init__(self, dsn: str, *, local: bool) -> None:
+        self.dsn = dsn
+        self.local = local and Path("/proc/self/schedstat").exists()
+
+    def snapshot(self, application_name: str) -> dict[int, int]:
+        """CPU nanoseconds so far of each backend serving `application_name`."""
+        if not self.local:
+            return {}
+        with admin_connect(self.dsn) as conn:
+            rows = conn.execute(
+                "SELECT pid FROM pg_stat_activity"
+                " WHERE datname = current_database() AND application_name = %s",
+                (application_name,),
+            ).fetchall()
+        return {int(row[0]): self._cpu_ns(int(row[0])) for row in rows}
+
+    def since(self, before: dict[int, int]) -> float | None:
+        """CPU seconds the backends of `before` used since then (None: not measured)."""
+        if not self.local or not before:
+            return None
+        return sum(max(0, self._cpu_ns(pid) - ns) for pid, ns in before.items()) / 1e9
+
+    @staticmethod
+    def _cpu_ns(pid: int) -> int:
+        try:
+            return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return 0
+
+
+@dataclass
+class RunStats:
+    """One timed run of one side."""
+
+    seconds: float  # wall time of the chunk loop
+    client_cpu: float  # CPU seconds of this process in the chunk loop
+    server_cpu: float | None  # CPU seconds of the side's backends in the loop (local only)
+    end_to_end: float | None = None  # pybatch: launch to job end
+
+
+# ---------------------------------------------------------------------- the two sides
+
+
+def pybatch_repository(dsn: str) -> JobRepository:
+    """A repository on `dsn` with the default configuration (plaintext: a local server)."""
+    return JobRepository.connect(ConnectionConfig(dsn=dsn, tls_mode=TlsMode.PLAINTEXT))
+
+
+def _insert_rows(chunk: Chunk, batch: Sequence[Row]) -> None:
+    chunk.executemany(INSERT_SQL, batch)
+
+
+def _copy_rows(chunk: Chunk, batch: Sequence[Row]) -> None:
+    chunk.copy(COPY_SQL, batch)
+
+
+def run_pybatch(
+    repository: JobRepository,
+    variant: Variant,
+    batches: Sequence[Sequence[Row]],
+    label: str,
+    cpu: ServerCpu,
+    *,
+    before_last_chunk: Callable[[], None] | None = None,
+) -> RunStats:
+    """Load `batches` through the ETL API (a new job instance, one step)."""
+    write = _insert_rows if variant.method == "executemany" else _copy_rows
+    measured: list[RunStats] = []
+    last = len(batches) - 1
+
+    def load(step: StepRun) -> None:
+        offset = int(step.checkpoint.get("offset", 0))
+        backends = cpu.snapshot(APPLICATION_NAME)
+        client = time.process_time()
+        started = time.perf_counter()
+        for index, batch in enumerate(batches):
+            if index == last and before_last_chunk is not None:
+                before_last_chunk()
+            with step.chunk() as chunk:
+                write(chunk, batch)
+                offset += len(batch)
+                chunk.commit(read=len(batch), written=len(batch), checkpoint={"offset": offset})
+        seconds = time.perf_counter() - started
+        measured.append(RunStats(seconds, time.process_time() - client, cpu.since(backends)))
+
+    began = time.perf_counter()
+    with Job(repository, "bench_chunks", {"variant": variant.name, "run": label}).launch() as run:
+        run.step("load", load)
+    stats = measured[0]
+    stats.end_to_end = time.perf_counter() - began
+    return stats
+
+
+def run_baseline(
+    conn: psycopg.Connection[Any],
+    variant: Variant,
+    batches: Sequence[Sequence[Row]],
+    cpu: ServerCpu,
+    *,
+    before_last_chunk: Callable[[], None] | None = None,
+) -> RunStats:
+    """The hand-written loop: business statements, one checkpoint UPDATE, COMMIT."""
+    offset = 0
+    copy = variant.method == "copy"
+    last = len(batches) - 1
+    backends = cpu.snapshot(BASELINE_APPLICATION)
+    client = time.process_time()
+    started = time.perf_counter()
+    for index, batch in enumerate(batches):
+        if index == last and before_last_chunk is not None:
+            before_last_chunk()
+        with conn.cursor() as cursor:
+            if copy:
+                with cursor.copy(COPY_SQL) as writer:
+                    for row in batch:
+                        writer.write_row(row)
+            else:
+                cursor.executemany(INSERT_SQL, batch)
+            offset += len(batch)
+            cursor.execute(CHECKPOINT_SQL, (offset,))
+        conn.commit()
+    seconds = time.perf_counter() - started
+    return RunStats(seconds, time.process_time() - client, cpu.since(backends))
+
+
+# ---------------------------------------------------------------------- orchestration
+
+
+@dataclass
+class Cell:
+    """The measurements of one variant."""
+
+    variant: Variant
+    rows: int
+    pybatch: list[RunStats] = field(default_factory=list)
+    baseline: list[RunStats] = field(default_factory=list)
+    pybatch_per_chunk: ProtocolCount = field(default_factory=ProtocolCount)
+    baseline_per_chunk: ProtocolCount = field(default_factory=ProtocolCount)
+
+    @property
+    def chunks(self) -> int:
+        return -(-self.rows // self.variant.size)
+
+    def summary(self) -> dict[str, float | None]:
+        def rate(runs: list[RunStats]) -> list[float]:
+            return [self.rows / run.seconds for run in runs]
+
+        def per_chunk_us(values: list[float | None]) -> float | None:
+            known = [value for value in values if value is not None]
+            return median(known) / self.chunks * 1e6 if known else None
+
+        pybatch, baseline = rate(self.pybatch), rate(self.baseline)
+        pairs = [p / b for p, b in zip(pybatch, baseline, strict=True)]
+        return {
+            "pybatch_items_per_s": median(pybatch),
+            "baseline_items_per_s": median(baseline),
+            "ratio": median(pybatch) / median(baseline),
+            "pair_ratio_min": min(pairs),
+            "pair_ratio_max": max(pairs),
+            "pybatch_end_to_end_items_per_s": median(
+                [self.rows / run.end_to_end for run in self.pybatch if run.end_to_end]
+            ),
+            "pybatch_wall_us_per_chunk": per_chunk_us([run.seconds for run in self.pybatch]),
+            "baseline_wall_us_per_chunk": per_chunk_us([run.seconds for run in self.baseline]),
+            "pybatch_client_cpu_us_per_chunk": per_chunk_us(
+                [run.client_cpu for run in self.pybatch]
+            ),
+            "baseline_client_cpu_us_per_chunk": per_chunk_us(
+                [run.client_cpu for run in self.baseline]
+            ),
+            "pybatch_server_cpu_us_per_chunk": per_chunk_us(
+                [run.server_cpu for run in self.pybatch]
+            ),
+            "baseline_server_cpu_us_per_chunk": per_chunk_us(
+                [run.server_cpu for run in self.baseline]
+            ),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "variant": self.variant.name,
+            "chunk_size": self.variant.size,
+            "method": self.variant.method,
+            "rows": self.rows,
+            "chunks": self.chunks,
+            "pybatch_runs": [asdict(run) for run in self.pybatch],
+            "baseline_runs": [asdict(run) for run in self.baseline],
+            "pybatch_per_chunk": asdict(self.pybatch_per_chunk),
+            "baseline_per_chunk": asdict(self.baseline_per_chunk),
+            "summary": self.summary(),
+        }
+
+
+def reset(dsn: str) -> None:
+    """Untimed: empty the target, rewind the checkpoint row, flush dirty pages."""
+    with admin_connect(dsn) as conn:
+        conn.execute("TRUNCATE bench_item")
+        conn.execute('UPDATE bench_checkpoint SET "offset" = 0 WHERE id = 1')
+        conn.execute("VACUUM bench_checkpoint, pybatch.step_execution")
+        try:
+            conn.execute("CHECKPOINT")
+        except psycopg.errors.InsufficientPrivilege:
+            pass  # --dsn with a role lacking pg_checkpoint: the runs just carry more noise
+
+
+def batches_of(rows: Sequence[Row], size: int) -> list[Sequence[Row]]:
+    return [rows[start : start + size] for start in range(0, len(rows), size)]
+
+
+def make_rows(count: int) -> list[Row]:
+    return [(i, f"item-{i:09d}", i * 7 % 100_003) for i in range(1, count + 1)]
+
+
+def trace_pass(
+    repository: JobRepository,
+    baseline: psycopg.Connection[Any],
+    dsn: str,
+    cell: Cell,
+    cpu: ServerCpu,
+) -> None:
+    """Untimed: count one steady-state chunk of each side (this also warms both up)."""
+    sample = batches_of(make_rows(cell.variant.size * TRACE_CHUNKS), cell.variant.size)
+    reset(dsn)
+    with ChunkTracer(repository) as tracer:
+        run_pybatch(repository, cell.variant, sample, "trace", cpu, before_last_chunk=tracer.arm)
+    reset(dsn)
+    traces: list[list[str]] = []
+    manager: list[Any] = []
+
+    def start_baseline_trace() -> None:
+        manager.append(protocol_trace(baseline))
+        traces.append(manager[0].__enter__())
+
+    run_baseline(baseline, cell.variant, sample, cpu, before_last_chunk=start_baseline_trace)
+    if not manager or len(tracer.counts) != 1:
+        raise RuntimeError("the tracing pass recorded no chunk")
+    manager[0].__exit__(None, None, None)
+    cell.pybatch_per_chunk = tracer.counts[0]
+    cell.baseline_per_chunk = ProtocolCount.parse(traces[0][0])
+
+
+def measure(dsn: str, rows: int, repeat: int, cpu: ServerCpu) -> list[Cell]:
+    """Trace, then run every variant `repeat` times, interleaved; return the cells."""
+    with admin_connect(dsn) as conn:
+        for statement in TABLES_SQL:
+            conn.execute(statement)
+    migrate(ConnectionConfig(dsn=dsn, tls_mode=TlsMode.PLAINTEXT))
+    data = make_rows(rows)
+    cells = [Cell(variant, rows) for variant in VARIANTS]
+    with (
+        pybatch_repository(dsn) as repository,
+        psycopg.connect(dsn, application_name=BASELINE_APPLICATION) as baseline,
+    ):
+        for cell in cells:
+            trace_pass(repository, baseline, dsn, cell, cpu)
+        for round_ in range(repeat):
+            for position, cell in enumerate(cells):
+                batches = batches_of(data, cell.variant.size)
+                pybatch_first = (round_ + position) % 2 == 0
+                for side in ("pybatch", "baseline") if pybatch_first else ("baseline", "pybatch"):
+                    reset(dsn)
+                    if side == "pybatch":
+                        label = f"round-{round_}"
+                        cell.pybatch.append(
+                            run_pybatch(repository, cell.variant, batches, label, cpu)
+                        )
+                    else:
+                        cell.baseline.append(run_baseline(baseline, cell.variant, batches, cpu))
+                    _check_loaded(dsn, rows)
+                print(
+                    f"  round {round_ + 1}/{repeat} {cell.variant.name:>16}: pybatch "
+                    f"{rows / cell.pybatch[-1].seconds:>9,.0f} items/s, baseline "
+                    f"{rows / cell.baseline[-1].seconds:>9,.0f} items/s",
+                    flush=True,
+                )
+    return cells
+
+
+def _check_loaded(dsn: str, rows: int) -> None:
+    with admin_connect(dsn) as conn:
+        loaded = conn.execute("SELECT count(*) FROM bench_item").fetchone()
+    if loaded is None or loaded[0] != rows:
+        raise RuntimeError(f"expected {rows} rows in bench_item, found {loaded}")
+
+
+def _us(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.0f}"
+
+
+def tables(cells: Sequence[Cell]) -> str:
+    """The printed tables (also pasted into docs/benchmarks.md)."""
+    throughput = [
+        "| variant | pybatch items/s | baseline items/s | ratio (target >= 0.9) "
+        "| pair ratios (min-max) | pybatch end-to-end items/s |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    per_chunk = [
+        "| variant | statements pybatch / baseline | round trips pybatch / baseline "
+        "| wall us pybatch / baseline | client CPU us pybatch / baseline "
+        "| server CPU us pybatch / baseline |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for cell in cells:
+        s = cell.summary()
+        ratio = s["ratio"] or 0.0
+        verdict = "ok" if ratio >= TARGET_RATIO else "MISSED"
+        throughput.append(
+            f"| {cell.variant.name} | {s['pybatch_items_per_s']:,.0f} "
+            f"| {s['baseline_items_per_s']:,.0f} | {ratio:.2f} {verdict} "
+            f"| {s['pair_ratio_min']:.2f}-{s['pair_ratio_max']:.2f} "
+            f"| {s['pybatch_end_to_end_items_per_s']:,.0f} |"
+        )
+        p, b = cell.pybatch_per_chunk, cell.baseline_per_chunk
+        per_chunk.append(
+            f"| {cell.variant.name} | {p.statements} / {b.statements} "
+            f"| {p.round_trips} / {b.round_trips} "
+            f"| {_us(s['pybatch_wall_us_per_chunk'])} / {_us(s['baseline_wall_us_per_chunk'])} "
+            f"| {_us(s['pybatch_client_cpu_us_per_chunk'])} "
+            f"/ {_us(s['baseline_client_cpu_us_per_chunk'])} "
+            f"| {_us(s['pybatch_server_cpu_us_per_chunk'])} "
+            f"/ {_us(s['baseline_server_cpu_us_per_chunk'])} |"
+        )
+    return (
+        "Throughput (medians of the timed chunk loops):\n\n"
+        + "\n".join(throughput)
+        + "\n\nPer chunk (statements and round trips from a protocol trace; times are medians):\n\n"
+        + "\n".join(per_chunk)
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.chunks",
+        description="Chunk throughput: pybatch against a hand-written psycopg loop.",
+    )
+    parser.add_argument(
+        "--dsn", help="use this server (its role needs CREATEDB); default: an embedded one"
+    )
+    parser.add_argument("--rows", type=int, default=200_000, help="rows per run (200000)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per variant and side (3)")
+    args = parser.parse_args(argv)
+    if args.rows < 1000 or args.repeat < 1:
+        parser.error("--rows must be at least 1000 and --repeat at least 1")
+    with postgres_server(args.dsn) as server, scratch_database(server, "chunks") as dsn:
+        machine = machine_info(dsn)
+        print_machine(machine)
+        print(f"workload: {args.rows:,} rows per run, {args.repeat} runs per variant and side")
+        cpu = ServerCpu(dsn, local=args.dsn is None)
+        cells = measure(dsn, args.rows, args.repeat, cpu)
+    machine["load_average_at_end"] = list(os.getloadavg())
+    print()
+    print(tables(cells))
+    path = write_results(
+        "chunks",
+        {
+            "benchmark": "chunks",
+            "machine": machine,
+            "rows": args.rows,
+            "repeat": args.repeat,
+            "target_ratio": TARGET_RATIO,
+            "admin_application": ADMIN_APPLICATION,
+            "cells": [cell.to_json() for cell in cells],
+        },
+    )
+    print(f"\nresults: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

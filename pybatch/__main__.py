@@ -1,0 +1,10 @@
+"""`python -m pybatch`: the operator command line, the same as the `pybatch` script."""
+
+from __future__ import annotations
+
+import sys
+
+from pybatch.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,575 @@
+"""Group G: recovery of orphaned or ambiguous executions (behaviour.md 4.9, 8.G, L6), and the
+flow-step starts recovery relies on (4.7: state copied across attempts, start limits, E5,
+E21, L5).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from pybatch import JobRepository, UnitOfWork
+from pybatch.chunks import ChunkContext, ChunkCounts, ChunkTransactionManager, FaultProgress
+from pybatch.errors import (
+    AbandonedInstance,
+    DuplicateStep,
+    InvalidTimestampOrder,
+    JobExecutionNotFound,
+    JobInstanceNotFound,
+    RecoveryNotAllowed,
+    StaleVersion,
+    StartLimitExceeded,
+)
+from pybatch.fault_state import FaultState, RetryPolicy
+from pybatch.repository.recovery import RecoveryResult
+from pybatch.values.fault import (
+    FaultEntry,
+    FaultPhase,
+    RetryKey,
+    RetryLimit,
+    RetryOrdinal,
+    RetryStateLimit,
+)
+from pybatch.values.flow import StartLimit
+from pybatch.values.ids import FailureId
+from pybatch.values.lifecycle import LifecycleTransition
+from pybatch.values.names import (
+    ClassifierRevision,
+    ExitCode,
+    JobName,
+    NodeId,
+    StateSchemaId,
+    StepName,
+)
+from pybatch.values.parameters import JobInstanceKey, JobParameters
+from pybatch.values.records import JobExecution, StepExecution
+from pybatch.values.recovery import RecoveryRequest
+from pybatch.values.state import Checkpoint, ExecutionContext
+from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+from tests.support.clock import ManualClock
+from tests.support.race import race, race_units_of_work, wait_until_lock_wait
+
+S = BatchStatus
+EVIDENCE = bytes(range(32))
+STALE = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(4242))
+USER = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(7))
+SCHEMA = StateSchemaId("tests.orders.cursor.v1")
+NODE = NodeId("load")
+
+_keys = itertools.count(1)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def new_key() -> JobInstanceKey:
+    return JobInstanceKey(JobName("orders"), JobParameters.of({"run": next(_keys)}))
+
+
+def to(target: BatchStatus, at: Any) -> LifecycleTransition:
+    if target is S.FAILED:
+        return LifecycleTransition.failed(at, USER)
+    return LifecycleTransition.new(target, at)
+
+
+#: A legal path from STARTING to each status.
+PATHS: dict[BatchStatus, tuple[BatchStatus, ...]] = {
+    S.STARTING: (),
+    S.STARTED: (S.STARTED,),
+    S.STOPPING: (S.STARTED, S.STOPPING),
+    S.UNKNOWN: (S.STARTED, S.UNKNOWN),
+    S.STOPPED: (S.STARTED, S.STOPPED),
+    S.FAILED: (S.STARTED, S.FAILED),
+    S.COMPLETED: (S.STARTED, S.COMPLETED),
+    S.ABANDONED: (S.STARTED, S.FAILED, S.ABANDONED),
+}
+
+
+def execution_in(
+    repository: JobRepository, clock: ManualClock, status: BatchStatus, exit_code: str = "RUNNING"
+) -> JobExecution:
+    """A committed job execution in `status`, with a non-default exit status."""
+    with repository.begin() as uow:
+        execution = uow.create_job_execution(
+            uow.select_or_create_job_instance(new_key()).instance.id
+        )
+        execution = uow.enrich_job_exit_status(execution.id, execution.version, ExitCode(exit_code))
+        for target in PATHS[status]:
+            execution = uow.transition_job_execution(
+                execution.id, execution.version, to(target, clock.advance())
+            )
+        uow.commit()
+    assert execution.status is status
+    return execution
+
+
+def mark_failed(version: int) -> RecoveryRequest:
+    return RecoveryRequest.mark_failed(version, "OWNER_LOST", "ticket-42", EVIDENCE, STALE)
+
+
+def abandon(version: int) -> RecoveryRequest:
+    return RecoveryRequest.abandon(version, "OPERATOR_ABANDON", "ticket-43", EVIDENCE)
+
+
+def recover(
+    repository: JobRepository, execution_id: int, request: RecoveryRequest
+) -> RecoveryResult:
+    with repository.begin() as uow:
+        result = uow.recover_job_execution(execution_id, request)
+        uow.commit()
+    return result
+
+
+def stored(repository: JobRepository, execution_id: int) -> JobExecution:
+    with repository.begin() as uow:
+        execution = uow.get_job_execution(execution_id)
+    assert execution is not None
+    return execution
+
+
+def decisions(admin: psycopg.Connection[Any]) -> list[dict[str, Any]]:
+    with admin.cursor(row_factory=dict_row) as cur:
+        return cur.execute("SELECT * FROM pybatch.recovery_decision ORDER BY id").fetchall()
+
+
+# --------------------------------------------------------------------------- G1, G2
+
+
+def test_g1_mark_failed_records_the_decision_and_g2_allows_a_restart(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    prior = execution_in(repository, clock, S.STARTED)
+    decided_at = clock.advance(timedelta(minutes=20))
+    result = recover(repository, prior.id, mark_failed(prior.version))
+
+    recovered = result.execution
+    assert recovered == stored(repository, prior.id)
+    assert recovered.status is S.FAILED
+    assert recovered.version == prior.version + 1
+    assert recovered.metadata.exit_status == ExitCode("RUNNING")  # exit unchanged
+    assert recovered.metadata.failure == STALE
+    assert recovered.metadata.counts == prior.metadata.counts
+    times = recovered.metadata.timestamps
+    assert (times.created_at, times.started_at, times.ended_at) == (
+        prior.created_at,
+        prior.metadata.timestamps.started_at,
+        decided_at,
+    )
+    assert recovered.updated_at == decided_at
+
+    [decision] = decisions(admin)
+    assert decision["id"] == result.decision_id
+    assert decision["job_execution_id"] == prior.id
+    assert decision["execution_version"] == prior.version  # observed before the decision
+    assert (decision["prior_status"], decision["resulting_status"]) == ("STARTED", "FAILED")
+    assert (decision["reason_code"], decision["operator_reference"]) == ("OWNER_LOST", "ticket-42")
+    assert bytes(decision["evidence_digest"]) == EVIDENCE
+    assert decision["decided_at"] == decided_at
+
+    with repository.begin() as uow:
+        restarted = uow.create_job_execution(prior.job_instance_id)
+        uow.commit()
+    assert (restarted.attempt, restarted.restart_of_execution_id) == (2, prior.id)
+
+
+# --------------------------------------------------------------------------- G3, G4
+
+
+def test_g3_abandon_clears_the_failure_keeps_the_exit_and_ends_the_instance(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    with repository.begin() as uow:
+        prior = uow.create_job_execution(uow.select_or_create_job_instance(new_key()).instance.id)
+        prior = uow.enrich_job_exit_status(prior.id, prior.version, ExitCode("IN_DOUBT"))
+        prior = uow.transition_job_execution(
+            prior.id, prior.version, to(S.STARTED, clock.advance())
+        )
+        prior = uow.transition_job_execution(
+            prior.id, prior.version, LifecycleTransition(S.UNKNOWN, clock.advance(), USER)
+        )
+        uow.commit()
+    assert prior.status is S.UNKNOWN and prior.metadata.failure == USER
+    decided_at = clock.advance()
+    result = recover(repository, prior.id, abandon(prior.version))
+    for execution in (result.execution, stored(repository, prior.id)):
+        assert execution.status is S.ABANDONED
+        assert execution.metadata.failure is None  # the request's failure: none
+        assert execution.metadata.exit_status == ExitCode("IN_DOUBT")
+        assert execution.metadata.timestamps.ended_at == decided_at
+        assert execution.version == prior.version + 1
+    [decision] = decisions(admin)
+    assert (decision["prior_status"], decision["resulting_status"]) == ("UNKNOWN", "ABANDONED")
+    assert decision["reason_code"] == "OPERATOR_ABANDON"
+    with repository.begin() as uow, pytest.raises(AbandonedInstance):
+        uow.create_job_execution(prior.job_instance_id)
+
+
+@pytest.mark.parametrize(
+    ("status", "request_for", "result"),
+    [
+        (S.STARTING, abandon, S.ABANDONED),  # G4: the lifecycle table forbids this one
+        (S.STARTING, mark_failed, S.FAILED),
+        (S.STOPPING, mark_failed, S.FAILED),
+        (S.STARTED, abandon, S.ABANDONED),
+    ],
+)
+def test_g4_recovery_bypasses_the_lifecycle_table(
+    repository: JobRepository,
+    clock: ManualClock,
+    admin: psycopg.Connection[Any],
+    status: BatchStatus,
+    request_for: Any,
+    result: BatchStatus,
+) -> None:
+    prior = execution_in(repository, clock, status)
+    recovered = recover(repository, prior.id, request_for(prior.version)).execution
+    assert (recovered.status, recovered.version) == (result, prior.version + 1)
+    assert stored(repository, prior.id) == recovered
+    [decision] = decisions(admin)
+    assert (decision["prior_status"], decision["resulting_status"]) == (status.value, result.value)
+
+
+# --------------------------------------------------------------------------- G5, G6, G7, G9
+
+
+def test_g5_finished_executions_cannot_be_recovered(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    for status in (S.FAILED, S.STOPPED, S.COMPLETED, S.ABANDONED):
+        prior = execution_in(repository, clock, status)
+        for request in (mark_failed(prior.version), abandon(prior.version)):
+            with repository.begin() as uow, pytest.raises(RecoveryNotAllowed) as refused:
+                uow.recover_job_execution(prior.id, request)
+            assert (refused.value.id, refused.value.status) == (prior.id, status.value)
+        assert stored(repository, prior.id) == prior
+    assert decisions(admin) == []
+
+
+def test_g6_stale_and_replayed_requests_are_stale_version(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    prior = execution_in(repository, clock, S.STARTED)
+    with repository.begin() as uow, pytest.raises(StaleVersion) as stale:
+        uow.recover_job_execution(prior.id, mark_failed(prior.version - 1))
+    assert (stale.value.expected, stale.value.actual) == (prior.version - 1, prior.version)
+    request = mark_failed(prior.version)
+    recovered = recover(repository, prior.id, request).execution
+    clock.advance()
+    for replay in (request, abandon(prior.version)):  # rule 10: a replay is stale
+        with repository.begin() as uow, pytest.raises(StaleVersion) as stale:
+            uow.recover_job_execution(prior.id, replay)
+        assert (stale.value.expected, stale.value.actual) == (prior.version, prior.version + 1)
+    # At the new version the execution is FAILED, which is not recoverable.
+    with repository.begin() as uow, pytest.raises(RecoveryNotAllowed):
+        uow.recover_job_execution(prior.id, abandon(recovered.version))
+    assert stored(repository, prior.id) == recovered
+    assert len(decisions(admin)) == 1
+
+
+def test_g7_unknown_execution_and_g9_a_clock_behind_the_start(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    prior = execution_in(repository, clock, S.STARTED)
+    with repository.begin() as uow, pytest.raises(JobExecutionNotFound) as missing:
+        uow.recover_job_execution(prior.id + 1000, mark_failed(0))
+    assert missing.value.id == prior.id + 1000
+
+    clock.set(clock.now() - timedelta(hours=1))
+    with repository.begin() as uow:
+        with pytest.raises(InvalidTimestampOrder):
+            uow.recover_job_execution(prior.id, mark_failed(prior.version))
+        # Rule 21: nothing is staged and the unit of work is still usable.
+        assert uow.get_job_execution(prior.id) == prior
+        uow.select_or_create_job_instance(new_key())
+        uow.commit()
+    assert stored(repository, prior.id) == prior
+    assert decisions(admin) == []
+
+
+def test_l6_two_recoveries_at_one_version_make_one_decision(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    prior = execution_in(repository, clock, S.STARTED)
+    requests = [mark_failed(prior.version), abandon(prior.version)]
+    outcomes = race_units_of_work(
+        repository, 2, lambda uow, index: uow.recover_job_execution(prior.id, requests[index])
+    )
+    winners = [outcome for outcome in outcomes if outcome.ok]
+    losers = [outcome for outcome in outcomes if not outcome.ok]
+    assert len(winners) == 1 and len(losers) == 1
+    assert isinstance(losers[0].error, StaleVersion)
+    winner = winners[0].value
+    assert winner is not None
+    [decision] = decisions(admin)
+    assert decision["id"] == winner.decision_id
+    assert decision["resulting_status"] == winner.execution.status.value
+    assert stored(repository, prior.id) == winner.execution
+    assert winner.execution.version == prior.version + 1
+
+
+# --------------------------------------------------------------------------- flow steps
+
+
+def attempt(repository: JobRepository, clock: ManualClock, instance_id: int) -> JobExecution:
+    """The next attempt of an instance, STARTED."""
+    with repository.begin() as uow:
+        execution = uow.create_job_execution(instance_id)
+        execution = uow.transition_job_execution(
+            execution.id, execution.version, to(S.STARTED, clock.advance())
+        )
+        uow.commit()
+    return execution
+
+
+def fail_attempt(repository: JobRepository, clock: ManualClock, execution: JobExecution) -> None:
+    """Fail every open step of the attempt, then the attempt itself."""
+    with repository.begin() as uow:
+        for step in uow.step_executions(execution.id):
+            if step.status.is_active:
+                uow.transition_step_execution(step.id, step.version, to(S.FAILED, clock.advance()))
+        current = uow.get_job_execution(execution.id)
+        assert current is not None
+        uow.transition_job_execution(current.id, current.version, to(S.FAILED, clock.advance()))
+        uow.commit()
+
+
+def run_node(
+    repository: JobRepository,
+    clock: ManualClock,
+    execution: JobExecution,
+    name: str,
+    offset: int,
+    limit: StartLimit | None = None,
+) -> StepExecution:
+    """Start node NODE as step `name`, commit one chunk to `offset` and spend one retry."""
+    with repository.begin() as uow:
+        step = uow.create_flow_step_execution(execution.id, StepName(name), NODE, limit)
+        step = uow.transition_step_execution(step.id, step.version, to(S.STARTED, clock.advance()))
+        uow.commit()
+    context = ChunkContext(step.id, execution.id)
+    with ChunkTransactionManager(repository).begin_for(context) as chunk:
+        chunk.commit(
+            ChunkCounts(read=offset, processed=offset, written=offset - 1, filtered=1),
+            FaultProgress(read_skips=1, write_skips=offset, no_rollbacks=2),
+            checkpoint=Checkpoint(SCHEMA, 1, {"offset": offset}),
+            context=ExecutionContext(SCHEMA, 1, {"file": f"part-{offset}"}),
+        )
+    fault_state = FaultState(repository, RetryPolicy(RetryLimit(3), RetryStateLimit(8)))
+    fault_state.bind(context)
+    fault_state.reserve(
+        FaultEntry(
+            key=RetryKey(bytes([offset]) * 32),
+            phase=FaultPhase.WRITE,
+            category=FailureCategory.TRANSIENT_INFRASTRUCTURE,
+            ordinal=RetryOrdinal(1),
+            revision=ClassifierRevision("classifier-1"),
+        )
+    )
+    with repository.begin() as uow:
+        current = uow.get_step_execution(step.id)
+    assert current is not None
+    return current
+
+
+def durable_columns(admin: psycopg.Connection[Any], step_id: int) -> dict[str, Any]:
+    """Every durable state column a restart must copy (rule 4)."""
+    with admin.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(
+            """
+            SELECT read_count, processed_count, write_count, filter_count, commit_count,
+                rollback_count, checkpoint_format, checkpoint_schema, checkpoint_schema_version,
+                checkpoint_payload, context_format, context_schema, context_schema_version,
+                context_payload, read_retry_count, process_retry_count, write_retry_count,
+                read_skip_count, process_skip_count, write_skip_count, no_rollback_count,
+                fault_state_format, fault_state_schema, fault_state_schema_version,
+                fault_state_payload, fault_state_checksum
+            FROM pybatch.step_execution WHERE id = %s
+            """,
+            (step_id,),
+        ).fetchone()
+    assert row is not None
+    return row
+
+
+def test_e21_flow_step_copies_the_newest_state_of_its_node_across_attempts(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    with repository.begin() as uow:
+        instance = uow.select_or_create_job_instance(new_key()).instance
+        uow.commit()
+    first = attempt(repository, clock, instance.id)
+    source_1 = run_node(repository, clock, first, "load", offset=3)
+    fail_attempt(repository, clock, first)
+
+    second = attempt(repository, clock, instance.id)
+    with repository.begin() as uow:
+        # A renamed step of the same node: the logical id is the restart authority.
+        copy_2 = uow.create_flow_step_execution(second.id, StepName("load-v2"), NODE)
+        fresh = uow.create_flow_step_execution(second.id, StepName("report"), NodeId("report"))
+        uow.commit()
+    assert (copy_2.step_name, copy_2.logical_id) == (StepName("load-v2"), NODE)
+    assert (copy_2.status, copy_2.version) == (S.STARTING, 0)
+    assert copy_2.metadata.exit_status == ExitCode.UNKNOWN
+    assert copy_2.metadata.failure is None
+    assert copy_2.metadata.counts == source_1.metadata.counts
+    assert copy_2.checkpoint == Checkpoint(SCHEMA, 1, {"offset": 3})
+    assert copy_2.context == ExecutionContext(SCHEMA, 1, {"file": "part-3"})
+    assert copy_2.fault_counts == source_1.fault_counts
+    assert durable_columns(admin, copy_2.id) == durable_columns(admin, source_1.id)
+    # The copied fault state is still valid for the copied checkpoint.
+    assert ChunkTransactionManager(repository).inherited_progress(
+        ChunkContext(copy_2.id, second.id)
+    ).fault_state.ordinal_for(RetryKey(bytes([3]) * 32)) == RetryOrdinal(1)
+    assert fresh.metadata.counts.is_zero and fresh.checkpoint == Checkpoint.empty()
+    assert durable_columns(admin, fresh.id)["fault_state_payload"]["entries"] == []
+
+    with repository.begin() as uow:
+        latest = uow.latest_flow_step(instance.id, NODE)
+        assert latest is not None and latest.id == copy_2.id
+        assert latest.context == ExecutionContext(SCHEMA, 1, {"file": "part-3"})  # rule 8
+        assert uow.latest_flow_step(instance.id, NodeId("never-ran")) is None
+        with pytest.raises(JobInstanceNotFound):
+            uow.latest_flow_step(instance.id + 1000, NODE)
+
+    # Attempt 2 moves on; attempt 3 copies attempt 2 (the newest), not attempt 1.
+    with repository.begin() as uow:
+        uow.transition_step_execution(copy_2.id, 0, to(S.STARTED, clock.advance()))
+        uow.commit()
+    with ChunkTransactionManager(repository).begin_for(ChunkContext(copy_2.id, second.id)) as c:
+        c.commit(ChunkCounts(read=2), checkpoint=Checkpoint(SCHEMA, 1, {"offset": 5}))
+    fail_attempt(repository, clock, second)
+    third = attempt(repository, clock, instance.id)
+    with repository.begin() as uow:
+        copy_3 = uow.create_flow_step_execution(third.id, StepName("load"), NODE)
+        uow.commit()
+    assert copy_3.checkpoint == Checkpoint(SCHEMA, 1, {"offset": 5})
+    assert copy_3.metadata.counts.read == 5 and copy_3.metadata.counts.committed == 2
+    assert durable_columns(admin, copy_3.id) == durable_columns(admin, copy_2.id)
+
+
+def test_e5_start_limit_counts_every_attempt(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    with repository.begin() as uow:
+        instance = uow.select_or_create_job_instance(new_key()).instance
+        uow.commit()
+    limit = StartLimit(2)
+    for _ in range(2):
+        execution = attempt(repository, clock, instance.id)
+        run_node(repository, clock, execution, "load", offset=2, limit=limit)
+        fail_attempt(repository, clock, execution)
+    third = attempt(repository, clock, instance.id)
+    with repository.begin() as uow:
+        with pytest.raises(StartLimitExceeded) as exceeded:
+            uow.create_flow_step_execution(third.id, StepName("load"), NODE, limit)
+        assert (exceeded.value.instance_id, exceeded.value.node_id, exceeded.value.limit) == (
+            instance.id,
+            NODE.value,
+            2,
+        )
+        # Nothing staged; other nodes still start in the same unit of work (rule 21).
+        other = uow.create_flow_step_execution(third.id, StepName("report"), NodeId("report"))
+        with pytest.raises(DuplicateStep):  # one step per logical id in an execution
+            uow.create_flow_step_execution(third.id, StepName("report-2"), NodeId("report"))
+        uow.commit()
+    with repository.begin() as uow:
+        assert [step.id for step in uow.step_executions(third.id)] == [other.id]
+        # A larger limit lets the node start a third time.
+        assert uow.create_flow_step_execution(third.id, StepName("load"), NODE, StartLimit(3))
+
+
+def _starts_of_node(admin: psycopg.Connection[Any], instance_id: int) -> int:
+    row = admin.execute(
+        """
+        SELECT count(*) FROM pybatch.step_execution AS s
+        JOIN pybatch.job_execution AS e ON e.id = s.job_execution_id
+        WHERE e.job_instance_id = %s AND s.step_logical_id = %s
+        """,
+        (instance_id, NODE.value),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.race
+def test_l5_two_flow_step_starts_against_start_limit_one(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    """Two attempts of one instance start node NODE at once: the instance lock lets one in."""
+    with repository.begin() as uow:
+        instance = uow.select_or_create_job_instance(new_key()).instance
+        # An older attempt, FAILED already, whose process still tries to start the node.
+        old = uow.create_job_execution(instance.id)
+        old = uow.transition_job_execution(old.id, old.version, to(S.FAILED, clock.advance()))
+        uow.commit()
+    new = attempt(repository, clock, instance.id)
+    targets = [old.id, new.id]
+
+    def start(uow: UnitOfWork, index: int) -> StepExecution:
+        return uow.create_flow_step_execution(targets[index], StepName("load"), NODE, StartLimit(1))
+
+    outcomes = race_units_of_work(repository, 2, start)
+    assert sorted(outcome.ok for outcome in outcomes) == [False, True]
+    [loser] = [outcome for outcome in outcomes if not outcome.ok]
+    assert isinstance(loser.error, StartLimitExceeded)
+    assert _starts_of_node(admin, instance.id) == 1
+
+    # The same race inside one execution: one step, and the loser is DuplicateStep.
+    other = NodeId("report")
+
+    def start_same(index: int) -> StepExecution:
+        with repository.begin() as uow:
+            step = uow.create_flow_step_execution(
+                new.id, StepName(f"report-{index}"), other, StartLimit(1)
+            )
+            uow.commit()
+        return step
+
+    outcomes = race(2, start_same)
+    assert sorted(outcome.ok for outcome in outcomes) == [False, True]
+    [loser] = [outcome for outcome in outcomes if not outcome.ok]
+    assert isinstance(loser.error, DuplicateStep | StartLimitExceeded)
+    with repository.begin() as uow:
+        assert [s.logical_id for s in uow.step_executions(new.id)].count(other) == 1
+
+
+@pytest.mark.race
+def test_l5_a_waiting_start_sees_the_committed_start(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    """Forced interleaving: the second start blocks on the instance lock, then counts 1."""
+    with repository.begin() as uow:
+        instance = uow.select_or_create_job_instance(new_key()).instance
+        old = uow.create_job_execution(instance.id)
+        old = uow.transition_job_execution(old.id, old.version, to(S.FAILED, clock.advance()))
+        uow.commit()
+    new = attempt(repository, clock, instance.id)
+    ready = threading.Event()
+    pid: list[int] = []
+
+    def second() -> str:
+        with repository.begin() as uow:
+            pid.append(uow.connection.info.backend_pid)
+            ready.set()
+            try:
+                uow.create_flow_step_execution(new.id, StepName("load"), NODE, StartLimit(1))
+            except StartLimitExceeded:
+                return "limit"
+            uow.commit()
+            return "created"
+
+    with repository.begin() as first, ThreadPoolExecutor(1) as pool:
+        first.create_flow_step_execution(old.id, StepName("load"), NODE, StartLimit(1))
+        waiting = pool.submit(second)
+        assert ready.wait(10)
+        wait_until_lock_wait(admin, pid[0])
+        first.commit()
+        assert waiting.result(timeout=30) == "limit"
+    assert _starts_of_node(admin, instance.id) == 1

@@ -1,0 +1,641 @@
+"""Group L: the unit of work and concurrency (behaviour.md 4.0, 5, 8.L).
+
+L4, L5 and L6 need operator requests, flow steps and recovery, which are not built yet.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import attrs
+import psycopg
+import pytest
+
+from pybatch import ConnectionConfig, JobRepository, UnitOfWork
+from pybatch.errors import (
+    CommitOutcomeUnknown,
+    CompletedInstance,
+    ExecutionAlreadyActive,
+    IncompatibleDefinition,
+    RetryableConflict,
+    StaleVersion,
+    TransactionAborted,
+    UnitOfWorkClosed,
+)
+from pybatch.values.definitions import DefinitionIdentity
+from pybatch.values.lifecycle import LifecycleTransition
+from pybatch.values.names import DefinitionRevision, ExitCode, JobName, StepName
+from pybatch.values.parameters import JobInstanceKey, JobParameters
+from pybatch.values.records import Created, Existing, JobExecution
+from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+from tests.support.clock import ManualClock
+from tests.support.race import Contender, race, terminate_backend
+
+S = BatchStatus
+FAILURE = FailureSummary(FailureCategory.CANCELLED, 3)
+_runs = itertools.count(1)
+
+
+def new_key(job: str = "settlement") -> JobInstanceKey:
+    return JobInstanceKey(JobName(job), JobParameters.of({"run": next(_runs)}))
+
+
+def to(target: S, clock: ManualClock) -> LifecycleTransition:
+    at = clock.advance()
+    if target is S.FAILED:
+        return LifecycleTransition.failed(at, FAILURE)
+    return LifecycleTransition.new(target, at)
+
+
+def launched(
+    repository: JobRepository, clock: ManualClock, *path: S, key: JobInstanceKey | None = None
+) -> JobExecution:
+    """A committed first attempt of a new instance, moved along `path`."""
+    with repository.begin() as uow:
+        execution = uow.create_job_execution(
+            uow.select_or_create_job_instance(key or new_key()).instance.id
+        )
+        for target in path:
+            execution = uow.transition_job_execution(
+                execution.id, execution.version, to(target, clock)
+            )
+        uow.commit()
+    return execution
+
+
+def scalar(admin: psycopg.Connection[Any], sql: str, *params: object) -> Any:
+    row = admin.execute(sql, params).fetchone()
+    assert row is not None
+    return row[0]
+
+
+@pytest.fixture
+def connect(
+    pg_config: ConnectionConfig, clock: ManualClock
+) -> Iterator[Callable[..., JobRepository]]:
+    """Open extra repositories (closed at teardown) with configuration overrides."""
+    opened: list[JobRepository] = []
+
+    def factory(**overrides: Any) -> JobRepository:
+        repository = JobRepository.connect(attrs.evolve(pg_config, **overrides), clock=clock)
+        opened.append(repository)
+        return repository
+
+    yield factory
+    for repository in opened:
+        repository.close()
+
+
+# --------------------------------------------------------------------------- L1 - L3
+
+
+def test_l1_second_launch_waits_on_the_instance_lock_then_sees_the_new_attempt(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    stopped = launched(repository, clock, S.STARTED, S.STOPPED)
+    instance_id = stopped.job_instance_id
+    with repository.begin() as first:
+        winner = first.create_job_execution(instance_id)
+        loser = Contender(repository, lambda uow: uow.create_job_execution(instance_id))
+        loser.start_blocked(admin)
+        first.commit()
+    outcome = loser.outcome()
+    assert isinstance(outcome.error, ExecutionAlreadyActive), outcome
+    assert (outcome.error.instance_id, outcome.error.execution_id, outcome.error.status) == (
+        instance_id,
+        winner.id,
+        "STARTING",
+    )
+    with repository.begin() as uow:
+        assert [e.attempt for e in uow.job_executions(instance_id)] == [1, 2]
+
+
+def test_l1_second_launch_proceeds_when_the_first_rolls_back(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    stopped = launched(repository, clock, S.STARTED, S.STOPPED)
+    instance_id = stopped.job_instance_id
+    with repository.begin() as first:
+        first.create_job_execution(instance_id)
+        other = Contender(repository, lambda uow: uow.create_job_execution(instance_id))
+        other.start_blocked(admin)
+        first.rollback()
+    outcome = other.outcome()
+    assert outcome.ok, outcome
+    assert outcome.value is not None and outcome.value.restart_of_execution_id == stopped.id
+    with repository.begin() as uow:
+        executions = uow.job_executions(instance_id)
+    assert [e.id for e in executions] == [stopped.id, outcome.value.id]
+    assert executions[1].status is S.STARTING
+
+
+def test_l2_same_expected_version_one_winner_one_stale_version(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    started = launched(repository, clock, S.STARTED)
+    expected = started.version
+    with repository.begin() as first:
+        won = first.transition_job_execution(started.id, expected, to(S.COMPLETED, clock))
+        loser = Contender(
+            repository,
+            lambda uow: uow.transition_job_execution(started.id, expected, to(S.FAILED, clock)),
+        )
+        loser.start_blocked(admin)
+        first.commit()
+    outcome = loser.outcome()
+    assert isinstance(outcome.error, StaleVersion), outcome
+    assert (outcome.error.expected, outcome.error.actual) == (expected, expected + 1)
+    with repository.begin() as uow:
+        assert uow.get_job_execution(started.id) == won
+    assert won.version == expected + 1 and won.status is S.COMPLETED
+
+
+def test_l2_enrichment_race_one_winner_one_stale_version(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    started = launched(repository, clock, S.STARTED)
+    with repository.begin() as first:
+        first.enrich_job_exit_status(started.id, 1, ExitCode("FIRST"))
+        loser = Contender(
+            repository, lambda uow: uow.enrich_job_exit_status(started.id, 1, ExitCode("SECOND"))
+        )
+        loser.start_blocked(admin)
+        first.commit()
+    outcome = loser.outcome()
+    assert isinstance(outcome.error, StaleVersion), outcome
+    assert (outcome.error.expected, outcome.error.actual) == (1, 2)
+    with repository.begin() as uow:
+        stored = uow.get_job_execution(started.id)
+    assert stored is not None
+    assert (stored.version, stored.metadata.exit_status) == (2, ExitCode("FIRST"))
+
+
+def test_l3_concurrent_select_or_create_one_created_one_existing(
+    repository: JobRepository, admin: psycopg.Connection[Any]
+) -> None:
+    key = new_key()
+    with repository.begin() as first:
+        created = first.select_or_create_job_instance(key)
+        second = Contender(repository, lambda uow: uow.select_or_create_job_instance(key))
+        second.start_blocked(admin)
+        first.commit()
+    outcome = second.outcome()
+    assert isinstance(created, Created)
+    assert isinstance(outcome.value, Existing), outcome
+    assert outcome.value.instance == created.instance
+    assert scalar(admin, "SELECT count(*) FROM pybatch.job_instance") == 1
+
+
+def test_l3_select_or_create_after_the_creator_rolled_back_creates(
+    repository: JobRepository, admin: psycopg.Connection[Any]
+) -> None:
+    key = new_key()
+    with repository.begin() as first:
+        abandoned = first.select_or_create_job_instance(key).instance
+        second = Contender(repository, lambda uow: uow.select_or_create_job_instance(key))
+        second.start_blocked(admin)
+        first.rollback()
+    outcome = second.outcome()
+    assert isinstance(outcome.value, Created), outcome
+    assert outcome.value.instance.id != abandoned.id
+    assert scalar(admin, "SELECT count(*) FROM pybatch.job_instance") == 1
+
+
+# --------------------------------------------------------------------------- L7 - L10
+
+
+def test_l7_rollback_discards_everything_and_others_still_commit(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    existing = launched(repository, clock, S.STARTED)
+    discarded_key, kept_key = new_key(), new_key()
+    with repository.begin() as other:
+        other.select_or_create_job_instance(kept_key)
+        with repository.begin() as uow:
+            instance = uow.select_or_create_job_instance(discarded_key).instance
+            execution = uow.create_job_execution(instance.id)
+            uow.create_step_execution(execution.id, StepName("s"))
+            uow.transition_job_execution(existing.id, existing.version, to(S.COMPLETED, clock))
+            uow.enrich_job_exit_status(existing.id, existing.version + 1, ExitCode("GONE"))
+            uow.rollback()
+            assert not uow.is_open
+            uow.rollback()  # a second rollback is a no-op
+            with pytest.raises(UnitOfWorkClosed):
+                uow.get_job_execution(existing.id)
+            with pytest.raises(UnitOfWorkClosed):
+                uow.commit()
+        other.transition_job_execution(existing.id, existing.version, to(S.STOPPING, clock))
+        other.commit()
+    with repository.begin() as uow:
+        assert uow.find_job_instance(discarded_key) is None
+        assert uow.find_job_instance(kept_key) is not None
+        stored = uow.get_job_execution(existing.id)
+    assert stored is not None and stored.status is S.STOPPING
+    assert stored.metadata.exit_status == ExitCode.UNKNOWN
+    assert scalar(admin, "SELECT count(*) FROM pybatch.step_execution") == 0
+
+
+def test_l8_leaving_the_context_without_commit_rolls_back(
+    connect: Callable[..., JobRepository], admin: psycopg.Connection[Any]
+) -> None:
+    # One connection and a short acquire timeout: a leaked connection would fail begin().
+    repository = connect(pool_size=1, acquire_timeout=timedelta(seconds=2))
+    quiet, loud = new_key(), new_key()
+    with repository.begin() as uow:
+        uow.create_job_execution(uow.select_or_create_job_instance(quiet).instance.id)
+    assert not uow.is_open
+
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom), repository.begin() as uow:
+        uow.create_job_execution(uow.select_or_create_job_instance(loud).instance.id)
+        raise Boom
+    assert not uow.is_open
+    with repository.begin() as uow:
+        assert uow.find_job_instance(quiet) is None
+        assert uow.find_job_instance(loud) is None
+    assert scalar(admin, "SELECT count(*) FROM pybatch.job_execution") == 0
+    in_transaction = scalar(
+        admin,
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pybatch' "
+        "AND state LIKE 'idle in transaction%%'",
+    )
+    assert in_transaction == 0
+
+
+def test_l9_a_unit_of_work_reads_its_own_staged_writes(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    key = new_key()
+    with repository.begin() as uow, repository.begin() as outsider:
+        instance = uow.select_or_create_job_instance(key).instance
+        assert uow.find_job_instance(key) == instance
+        assert uow.get_job_instance(instance.id) == instance
+        execution = uow.create_job_execution(instance.id)
+        assert uow.job_executions(instance.id) == [execution]
+        assert uow.get_job_execution(execution.id) == execution
+        started = uow.transition_job_execution(execution.id, 0, to(S.STARTED, clock))
+        assert uow.get_job_execution(execution.id) == started
+        step = uow.create_step_execution(execution.id, StepName("read"))
+        assert uow.step_executions(execution.id) == [step]
+        assert uow.get_step_execution(step.id) == step
+        # Nothing is visible to another unit of work before commit.
+        assert outsider.find_job_instance(key) is None
+        assert outsider.get_job_instance(instance.id) is None
+        assert outsider.get_job_execution(execution.id) is None
+        assert outsider.get_step_execution(step.id) is None
+        uow.commit()
+        assert outsider.get_job_execution(execution.id) == started
+
+
+def test_l10_ids_of_a_rolled_back_unit_of_work_are_never_reissued(
+    repository: JobRepository,
+) -> None:
+    key = new_key()
+    with repository.begin() as uow:
+        instance = uow.select_or_create_job_instance(key).instance
+        execution = uow.create_job_execution(instance.id)
+        step = uow.create_step_execution(execution.id, StepName("s"))
+        uow.rollback()
+    with repository.begin() as uow:
+        again = uow.select_or_create_job_instance(key)
+        assert isinstance(again, Created)
+        execution2 = uow.create_job_execution(again.instance.id)
+        step2 = uow.create_step_execution(execution2.id, StepName("s"))
+        uow.commit()
+    assert again.instance.id > instance.id
+    assert execution2.id > execution.id
+    assert step2.id > step.id
+
+
+# --------------------------------------------------------------------------- L11
+
+
+def definition(revision: str, steps: list[str]) -> DefinitionIdentity:
+    return DefinitionIdentity.from_manifest(
+        None, DefinitionRevision(revision), {"format": 1, "steps": steps}
+    )
+
+
+def test_l11_failed_operation_leaves_nothing_staged_and_the_unit_of_work_usable(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    completed = launched(repository, clock, S.STARTED, S.COMPLETED)
+    definitions = scalar(admin, "SELECT count(*) FROM pybatch.job_definition")
+    other_key = new_key()
+    with repository.begin() as uow:
+        other = uow.select_or_create_job_instance(other_key).instance
+        with pytest.raises(CompletedInstance):
+            uow.create_job_execution_with_definition(
+                completed.job_instance_id, definition("r-new", ["x"])
+            )
+        execution = uow.create_job_execution(other.id)
+        uow.commit()
+    with repository.begin() as uow:
+        assert uow.job_executions(other.id) == [execution]
+    assert scalar(admin, "SELECT count(*) FROM pybatch.job_definition") == definitions
+
+
+def test_l11_failure_after_a_definition_insert_rolls_the_insert_back(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    """IncompatibleDefinition is raised after ensure inserted the new definition row."""
+    failed = launched(repository, clock, S.FAILED)
+    definitions = scalar(admin, "SELECT count(*) FROM pybatch.job_definition")
+    with repository.begin() as uow:
+        with pytest.raises(IncompatibleDefinition):
+            uow.create_job_execution_with_definition(
+                failed.job_instance_id, definition("r-other", ["y"])
+            )
+        # The same unit of work goes on and commits a restart under the legacy definition.
+        restart = uow.create_job_execution(failed.job_instance_id)
+        uow.commit()
+    assert restart.attempt == 2
+    assert scalar(admin, "SELECT count(*) FROM pybatch.job_definition") == definitions
+    assert (
+        scalar(
+            admin,
+            "SELECT count(*) FROM pybatch.job_definition WHERE definition_revision = 'r-other'",
+        )
+        == 0
+    )
+
+
+# --------------------------------------------------------------------------- L12
+
+
+def test_l12_commit_of_a_failed_transaction_is_transaction_aborted(
+    repository: JobRepository, admin: psycopg.Connection[Any]
+) -> None:
+    key = new_key()
+    with repository.begin() as uow:
+        instance = uow.select_or_create_job_instance(key).instance
+        uow.create_job_execution(instance.id)
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            uow.connection.execute("SELECT 1 / 0")  # a business statement, outside any savepoint
+        with pytest.raises(TransactionAborted):
+            uow.commit()
+        assert not uow.is_open
+        with pytest.raises(UnitOfWorkClosed):
+            uow.commit()
+    with repository.begin() as uow:
+        assert uow.find_job_instance(key) is None
+        assert uow.get_job_instance(instance.id) is None
+    assert scalar(admin, "SELECT count(*) FROM pybatch.job_instance") == 0
+
+
+# --------------------------------------------------------------------------- L13
+
+
+def test_l13_read_committed_and_configured_timeouts_despite_database_defaults(
+    connect: Callable[..., JobRepository], db_dsn: str, admin: psycopg.Connection[Any]
+) -> None:
+    database = admin.info.dbname
+    for setting, value in (
+        ("default_transaction_isolation", "serializable"),
+        ("statement_timeout", "777s"),
+        ("lock_timeout", "333s"),
+        ("idle_in_transaction_session_timeout", "999s"),
+    ):
+        admin.execute(f"ALTER DATABASE \"{database}\" SET {setting} = '{value}'")
+    with psycopg.connect(db_dsn) as plain:  # the database default really is SERIALIZABLE now
+        assert plain.execute("SHOW transaction_isolation").fetchone() == ("serializable",)
+    repository = connect(
+        statement_timeout=timedelta(milliseconds=12345),
+        lock_timeout=timedelta(milliseconds=2345),
+        idle_transaction_timeout=timedelta(milliseconds=61001),
+    )
+    for _ in range(2):  # a fresh and a reused pooled connection
+        with repository.begin() as uow:
+            uow.select_or_create_job_instance(new_key())
+            settings = uow.transaction_settings()
+            uow.commit()
+        assert settings == {
+            "transaction_isolation": "read committed",
+            "statement_timeout": "12345ms",
+            "lock_timeout": "2345ms",
+            "idle_in_transaction_session_timeout": "61001ms",
+            "time_zone": "UTC",
+        }
+
+
+# --------------------------------------------------------------------------- L14
+
+
+@pytest.fixture
+def fast_deadlocks(admin: psycopg.Connection[Any]) -> None:
+    """Detect deadlocks after 20 ms instead of 1 s in sessions opened from now on."""
+    admin.execute(f"ALTER DATABASE \"{admin.info.dbname}\" SET deadlock_timeout = '20ms'")
+
+
+def test_l14_deadlock_victim_gets_retryable_conflict_and_can_only_roll_back(
+    fast_deadlocks: None, connect: Callable[..., JobRepository], clock: ManualClock
+) -> None:
+    repository = connect()
+    first, second = (launched(repository, clock) for _ in range(2))
+    barrier = threading.Barrier(2)
+
+    def racer(index: int) -> str:
+        mine, theirs = (first, second) if index == 0 else (second, first)
+        with repository.begin() as uow:
+            uow.transition_job_execution(mine.id, 0, to(S.STARTED, clock))
+            barrier.wait(10)
+            try:
+                uow.transition_job_execution(theirs.id, 0, to(S.STARTED, clock))
+            except RetryableConflict as conflict:
+                assert conflict.sqlstate == "40P01"
+                refused: list[Callable[[], object]] = [
+                    lambda: uow.get_job_execution(mine.id),
+                    lambda: uow.create_job_execution(mine.job_instance_id),
+                    lambda: uow.connection,
+                    uow.transaction_settings,
+                    uow.commit,
+                ]
+                for call in refused:
+                    with pytest.raises(RetryableConflict) as again:
+                        call()
+                    assert again.value is conflict
+                uow.rollback()
+                assert not uow.is_open
+                return "victim"
+            uow.commit()
+            return "winner"
+
+    outcomes = race(2, racer)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    assert sorted(str(o.value) for o in outcomes) == ["victim", "winner"]
+    with repository.begin() as uow:
+        for execution in (first, second):
+            stored = uow.get_job_execution(execution.id)
+            assert stored is not None and (stored.status, stored.version) == (S.STARTED, 1)
+
+
+def enrich_latest(uow: UnitOfWork, execution_id: int, exit_code: ExitCode) -> None:
+    """Enrich at whatever version is committed now (re-read after a lost race)."""
+    while True:
+        current = uow.get_job_execution(execution_id)
+        assert current is not None
+        try:
+            uow.enrich_job_exit_status(execution_id, current.version, exit_code)
+            return
+        except StaleVersion:
+            continue
+
+
+def test_l14_run_in_unit_of_work_reruns_the_deadlock_victim(
+    fast_deadlocks: None, connect: Callable[..., JobRepository], clock: ManualClock
+) -> None:
+    repository = connect(unit_of_work_attempts=3)
+    first, second = (launched(repository, clock) for _ in range(2))
+    barrier = threading.Barrier(2)
+    calls = [0, 0]
+
+    def racer(index: int) -> int:
+        mine, theirs = (first, second) if index == 0 else (second, first)
+
+        def work(uow: UnitOfWork) -> int:
+            calls[index] += 1
+            enrich_latest(uow, mine.id, ExitCode(f"BY_{index}"))
+            if calls[index] == 1:
+                barrier.wait(10)
+            enrich_latest(uow, theirs.id, ExitCode(f"BY_{index}"))
+            return calls[index]
+
+        return repository.run_in_unit_of_work(work)
+
+    outcomes = race(2, racer)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    assert sorted(calls) == [1, 2]  # the victim's work ran again, the winner's once
+    assert sorted(o.value or 0 for o in outcomes) == [1, 2]
+    with repository.begin() as uow:
+        for execution in (first, second):
+            stored = uow.get_job_execution(execution.id)
+            assert stored is not None and stored.version == 2  # enriched once by each racer
+
+
+RAISE_40001 = "DO $$ BEGIN RAISE EXCEPTION 'conflict' USING ERRCODE = '40001'; END $$"
+
+
+@pytest.mark.parametrize("attempts", [1, 3])
+def test_l14_run_in_unit_of_work_stops_after_the_configured_attempts(
+    connect: Callable[..., JobRepository], admin: psycopg.Connection[Any], attempts: int
+) -> None:
+    repository = connect(unit_of_work_attempts=attempts)
+    calls = 0
+
+    def work(uow: UnitOfWork) -> None:
+        nonlocal calls
+        calls += 1
+        uow.select_or_create_job_instance(new_key())
+        with uow.operation() as conn:  # a real 40001 from the server, mapped by pybatch
+            conn.execute(RAISE_40001)
+
+    with pytest.raises(RetryableConflict) as conflict:
+        repository.run_in_unit_of_work(work)
+    assert conflict.value.sqlstate == "40001"
+    assert calls == attempts
+    assert scalar(admin, "SELECT count(*) FROM pybatch.job_instance") == 0
+
+
+def test_l14_run_in_unit_of_work_retries_a_conflict_raised_by_commit(
+    repository: JobRepository, admin: psycopg.Connection[Any]
+) -> None:
+    admin.execute("CREATE SEQUENCE public.conflict_once")
+    admin.execute(
+        "CREATE FUNCTION public.conflict_once() RETURNS trigger LANGUAGE plpgsql AS $$ "
+        "BEGIN IF nextval('public.conflict_once') = 1 THEN "
+        "RAISE EXCEPTION 'conflict' USING ERRCODE = '40001'; END IF; RETURN NULL; END $$"
+    )
+    admin.execute(
+        "CREATE CONSTRAINT TRIGGER conflict_once AFTER INSERT ON pybatch.job_instance "
+        "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.conflict_once()"
+    )
+    key = new_key()
+    ids: list[int] = []
+
+    def work(uow: UnitOfWork) -> int:
+        instance = uow.select_or_create_job_instance(key).instance
+        ids.append(instance.id)
+        return instance.id
+
+    assert repository.run_in_unit_of_work(work) == ids[-1]
+    assert len(ids) == 2 and ids[0] != ids[1]  # the first COMMIT failed; its id is burned
+    assert scalar(admin, "SELECT array_agg(id) FROM pybatch.job_instance") == [ids[1]]
+
+
+def test_l14_run_in_unit_of_work_never_retries_commit_outcome_unknown(
+    repository: JobRepository, admin: psycopg.Connection[Any]
+) -> None:
+    key = new_key()
+    calls = 0
+
+    def work(uow: UnitOfWork) -> None:
+        nonlocal calls
+        calls += 1
+        uow.create_job_execution(uow.select_or_create_job_instance(key).instance.id)
+        terminate_backend(admin, uow.connection.info.backend_pid)
+
+    with pytest.raises(CommitOutcomeUnknown):
+        repository.run_in_unit_of_work(work)
+    assert calls == 1
+    with repository.begin() as uow:  # the pool replaced the lost connection
+        assert uow.find_job_instance(key) is None
+
+
+def test_l14_run_in_unit_of_work_never_retries_other_errors(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    active = launched(repository, clock)
+    calls = {"aborted": 0, "typed": 0}
+
+    def aborted(uow: UnitOfWork) -> None:
+        calls["aborted"] += 1
+        uow.select_or_create_job_instance(new_key())
+        try:
+            uow.connection.execute("SELECT 1 / 0")
+        except psycopg.errors.DivisionByZero:
+            pass
+
+    def typed(uow: UnitOfWork) -> None:
+        calls["typed"] += 1
+        uow.create_job_execution(active.job_instance_id)
+
+    with pytest.raises(TransactionAborted):
+        repository.run_in_unit_of_work(aborted)
+    with pytest.raises(ExecutionAlreadyActive):
+        repository.run_in_unit_of_work(typed)
+    assert calls == {"aborted": 1, "typed": 1}
+
+
+# --------------------------------------------------------------------------- L15
+
+
+def test_l15_units_of_work_on_different_instances_never_conflict(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    one, two = launched(repository, clock), launched(repository, clock)
+    with repository.begin() as a, repository.begin() as b:
+        key_a, key_b = new_key(), new_key()
+        a.select_or_create_job_instance(key_a)
+        b.select_or_create_job_instance(key_b)
+        a_one = a.transition_job_execution(one.id, 0, to(S.STARTED, clock))
+        b_two = b.transition_job_execution(two.id, 0, to(S.STARTED, clock))
+        a_step = a.create_step_execution(one.id, StepName("s"))
+        b_step = b.create_step_execution(two.id, StepName("s"))
+        with repository.begin() as reader:  # a read-only unit of work commits in between
+            reader.job_executions(one.job_instance_id)
+            reader.commit()
+        b.commit()
+        a.commit()
+    with repository.begin() as uow:
+        assert uow.get_job_execution(one.id) == a_one
+        assert uow.get_job_execution(two.id) == b_two
+        assert uow.step_executions(one.id) == [a_step]
+        assert uow.step_executions(two.id) == [b_step]
+        assert uow.find_job_instance(key_a) is not None
+        assert uow.find_job_instance(key_b) is not None

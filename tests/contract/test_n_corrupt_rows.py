@@ -1,0 +1,467 @@
+"""Group N: fail closed on corrupt rows, lost commits and out-of-range ids (8.N).
+
+Corrupt rows are written behind pybatch's back through the `admin` connection after the
+CHECK constraint that would refuse them is dropped (behaviour.md 6.3: "the CHECK
+constraints make such rows unwritable; the decoders still refuse them"). Every read path
+of the corrupted row must raise Unavailable, never decode a default. Each case gets its own
+instance, so one database serves all cases of a table; a control case with no corruption
+proves that every path works on a healthy row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import pytest
+
+from pybatch import JobRepository, UnitOfWork
+from pybatch.errors import (
+    CommitOutcomeUnknown,
+    IdentifierOutOfRange,
+    Unavailable,
+)
+from pybatch.values.definitions import DefinitionIdentity
+from pybatch.values.lifecycle import LifecycleTransition
+from pybatch.values.names import ExitCode, JobName, StepName
+from pybatch.values.parameters import JobInstanceKey, JobParameters, ParameterValue
+from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+from tests.support.clock import ManualClock
+from tests.support.race import terminate_backend
+
+S = BatchStatus
+FAILURE = FailureSummary(FailureCategory.USER_COMPONENT, 11)
+BIG = 2**63  # one above PostgreSQL bigint
+
+
+@dataclass(frozen=True)
+class Arranged:
+    """One case's rows: attempt 1 FAILED with step `extract` STARTED; attempt 2 FAILED."""
+
+    key: JobInstanceKey
+    instance_id: int
+    first_id: int
+    step_id: int
+    latest_id: int
+
+
+def arrange(repository: JobRepository, clock: ManualClock, case: str) -> Arranged:
+    key = JobInstanceKey(
+        JobName("corrupt"),
+        JobParameters.of({"day": "2026-01-01", "n": 5, "big": ParameterValue.u64(7), "case": case}),
+    )
+    with repository.begin() as uow:
+        instance = uow.select_or_create_job_instance(key).instance
+        first = uow.create_job_execution(instance.id)
+        step = uow.create_step_execution(first.id, StepName("extract"))
+        uow.transition_step_execution(
+            step.id, 0, LifecycleTransition.new(S.STARTED, clock.advance())
+        )
+        uow.transition_job_execution(
+            first.id, 0, LifecycleTransition.failed(clock.advance(), FAILURE)
+        )
+        latest = uow.create_job_execution(instance.id)
+        uow.transition_job_execution(
+            latest.id, 0, LifecycleTransition.failed(clock.advance(), FAILURE)
+        )
+        uow.commit()
+    return Arranged(key, instance.id, first.id, step.id, latest.id)
+
+
+Path = Callable[[UnitOfWork, Arranged, ManualClock], object]
+
+
+def outcome(repository: JobRepository, clock: ManualClock, rows: Arranged, path: Path) -> str:
+    """Run one read path in its own unit of work, rolled back; report what happened."""
+    with repository.begin() as uow:
+        try:
+            path(uow, rows, clock)
+        except Unavailable as error:
+            # Fail closed without leaking the stored value into the message.
+            assert str(error) == "repository is unavailable", str(error)
+            return "Unavailable"
+        except Exception as error:
+            return type(error).__name__
+        return "ok"
+
+
+def run_cases(
+    repository: JobRepository,
+    clock: ManualClock,
+    admin: psycopg.Connection[Any],
+    cases: dict[str, tuple[str, ...]],
+    paths: dict[str, Path],
+    *,
+    copied: frozenset[str] = frozenset(),
+    copy_path: tuple[str, Path] | None = None,
+) -> None:
+    """Arrange every case, corrupt it with its SQL, then run every path against it.
+
+    `cases` maps a case name to its SQL (ALTER TABLE ... DROP CONSTRAINT, then an UPDATE
+    with `%(case)s` and the row ids as parameters). `copy_path` runs only for the cases in
+    `copied`: the columns a restart step copies from its source.
+    """
+    arranged = {case: arrange(repository, clock, case) for case in ["control", *cases]}
+    for case, statements in cases.items():
+        rows = arranged[case]
+        for sql in statements:
+            params = {
+                "instance_id": rows.instance_id,
+                "first_id": rows.first_id,
+                "step_id": rows.step_id,
+                "latest_id": rows.latest_id,
+            }
+            changed = admin.execute(sql, params if "%(" in sql else None)
+            if sql.startswith("UPDATE"):
+                assert changed.rowcount == 1, (case, sql)
+    observed: dict[tuple[str, str], str] = {}
+    expected: dict[tuple[str, str], str] = {}
+    for case, rows in arranged.items():
+        case_paths = dict(paths)
+        if copy_path is not None and (case in copied or case == "control"):
+            case_paths[copy_path[0]] = copy_path[1]
+        for name, path in case_paths.items():
+            observed[case, name] = outcome(repository, clock, rows, path)
+            expected[case, name] = "ok" if case == "control" else "Unavailable"
+    assert observed.keys() == expected.keys()
+    mismatches = {
+        f"{case} / {path}": f"expected {expected[case, path]}, got {got}"
+        for (case, path), got in observed.items()
+        if got != expected[case, path]
+    }
+    assert mismatches == {}
+
+
+# --------------------------------------------------------------------------- N5: job executions
+
+
+def _transition_latest(uow: UnitOfWork, rows: Arranged, clock: ManualClock) -> object:
+    return uow.transition_job_execution(
+        rows.latest_id, 1, LifecycleTransition.new(S.ABANDONED, clock.advance())
+    )
+
+
+JOB_PATHS: dict[str, Path] = {
+    "get_job_execution": lambda uow, rows, clock: _present(uow.get_job_execution(rows.latest_id)),
+    "job_executions": lambda uow, rows, clock: uow.job_executions(rows.instance_id),
+    "transition_job_execution": _transition_latest,
+    "enrich_job_exit_status": lambda uow, rows, clock: uow.enrich_job_exit_status(
+        rows.latest_id, 1, ExitCode("NOTED")
+    ),
+    "create_job_execution (reads the latest attempt)": lambda uow, rows, clock: (
+        uow.create_job_execution(rows.instance_id)
+    ),
+    "create_step_execution (reads its job execution)": lambda uow, rows, clock: (
+        uow.create_step_execution(rows.latest_id, StepName("extract"))
+    ),
+}
+
+
+def _present(value: object) -> object:
+    assert value is not None
+    return value
+
+
+def test_n5_corrupt_job_execution_rows_fail_closed(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    je = "pybatch.job_execution"
+    cases: dict[str, tuple[str, ...]] = {
+        "unknown status": (
+            f"ALTER TABLE {je} DROP CONSTRAINT job_execution_status_valid",
+            f"UPDATE {je} SET status = 'RUNNING' WHERE id = %(latest_id)s",
+        ),
+        "lower-case status": (
+            f"ALTER TABLE {je} DROP CONSTRAINT IF EXISTS job_execution_status_valid",
+            f"UPDATE {je} SET status = 'failed' WHERE id = %(latest_id)s",
+        ),
+        "unknown failure category": (
+            f"ALTER TABLE {je} DROP CONSTRAINT job_execution_failure_category_valid",
+            f"UPDATE {je} SET failure_category = 'MYSTERY' WHERE id = %(latest_id)s",
+        ),
+        "exit code over 64 bytes": (
+            f"ALTER TABLE {je} DROP CONSTRAINT job_execution_exit_code_length",
+            f"UPDATE {je} SET exit_code = repeat('X', 65) WHERE id = %(latest_id)s",
+        ),
+        "failure category without id": (
+            f"ALTER TABLE {je} DROP CONSTRAINT job_execution_failure_shape",
+            f"UPDATE {je} SET failure_id = NULL WHERE id = %(latest_id)s",
+        ),
+        "failure id without category": (
+            f"ALTER TABLE {je} DROP CONSTRAINT IF EXISTS job_execution_failure_shape",
+            f"ALTER TABLE {je} DROP CONSTRAINT job_execution_failed_has_failure",
+            f"UPDATE {je} SET failure_category = NULL WHERE id = %(latest_id)s",
+        ),
+        "negative version": (
+            f"ALTER TABLE {je} DROP CONSTRAINT job_execution_version_nonnegative",
+            f"UPDATE {je} SET version = -1 WHERE id = %(latest_id)s",
+        ),
+        "UNKNOWN with an end time": (
+            f"ALTER TABLE {je} DROP CONSTRAINT job_execution_end_state",
+            f"UPDATE {je} SET status = 'UNKNOWN', failure_category = NULL, failure_id = NULL "
+            "WHERE id = %(latest_id)s",
+        ),
+    }
+    run_cases(repository, clock, admin, cases, JOB_PATHS)
+
+
+# --------------------------------------------------------------------------- N5: step executions
+
+
+STEP_PATHS: dict[str, Path] = {
+    "get_step_execution": lambda uow, rows, clock: _present(uow.get_step_execution(rows.step_id)),
+    "step_executions": lambda uow, rows, clock: uow.step_executions(rows.first_id),
+    "transition_step_execution": lambda uow, rows, clock: uow.transition_step_execution(
+        rows.step_id, 1, LifecycleTransition.new(S.COMPLETED, clock.advance())
+    ),
+    "enrich_step_exit_status": lambda uow, rows, clock: uow.enrich_step_exit_status(
+        rows.step_id, 1, ExitCode("NOTED")
+    ),
+}
+RESTART_COPY: tuple[str, Path] = (
+    "create_step_execution (restart copies the step)",
+    lambda uow, rows, clock: uow.create_step_execution(rows.latest_id, StepName("extract")),
+)
+
+
+def test_n5_corrupt_step_execution_rows_fail_closed(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    se = "pybatch.step_execution"
+    deep = '{"a":' * 70 + "1" + "}" * 70
+    cases: dict[str, tuple[str, ...]] = {
+        "unknown status": (
+            f"ALTER TABLE {se} DROP CONSTRAINT step_execution_status_valid",
+            f"UPDATE {se} SET status = 'PAUSED' WHERE id = %(step_id)s",
+        ),
+        "unknown failure category": (
+            f"ALTER TABLE {se} DROP CONSTRAINT step_execution_failure_category_valid",
+            f"UPDATE {se} SET failure_category = 'MYSTERY', failure_id = 8 WHERE id = %(step_id)s",
+        ),
+        "exit code over 64 bytes": (
+            f"ALTER TABLE {se} DROP CONSTRAINT step_execution_exit_code_length",
+            f"UPDATE {se} SET exit_code = repeat('Y', 65) WHERE id = %(step_id)s",
+        ),
+        "failure id without category": (
+            f"ALTER TABLE {se} DROP CONSTRAINT step_execution_failure_shape",
+            f"UPDATE {se} SET failure_id = 9 WHERE id = %(step_id)s",
+        ),
+        "failure category without id": (
+            f"ALTER TABLE {se} DROP CONSTRAINT IF EXISTS step_execution_failure_shape",
+            f"UPDATE {se} SET failure_category = 'TIMEOUT' WHERE id = %(step_id)s",
+        ),
+        "negative read counter": (
+            f"ALTER TABLE {se} DROP CONSTRAINT step_execution_read_count_nonnegative",
+            f"UPDATE {se} SET read_count = -1 WHERE id = %(step_id)s",
+        ),
+        "negative rollback counter": (
+            f"ALTER TABLE {se} DROP CONSTRAINT step_execution_rollback_count_nonnegative",
+            f"UPDATE {se} SET rollback_count = -5 WHERE id = %(step_id)s",
+        ),
+        "negative retry counter": (
+            f"ALTER TABLE {se} DROP CONSTRAINT step_execution_read_retry_count_nonnegative",
+            f"UPDATE {se} SET read_retry_count = -1 WHERE id = %(step_id)s",
+        ),
+        "checkpoint payload not an object": (
+            f"ALTER TABLE {se} DROP CONSTRAINT step_execution_checkpoint_payload_object",
+            f"UPDATE {se} SET checkpoint_payload = '[1, 2]' WHERE id = %(step_id)s",
+        ),
+        "checkpoint payload too deep": (
+            f"UPDATE {se} SET checkpoint_payload = jsonb_build_object('p', '{deep}'::jsonb) "
+            "WHERE id = %(step_id)s",
+        ),
+        "context schema version 0": (
+            f"ALTER TABLE {se} DROP CONSTRAINT step_execution_context_schema_version_positive",
+            f"UPDATE {se} SET context_schema_version = 0 WHERE id = %(step_id)s",
+        ),
+        "context schema id with surrounding whitespace": (
+            f"UPDATE {se} SET context_schema = ' oxide_batch.empty.v1' WHERE id = %(step_id)s",
+        ),
+        "unsupported checkpoint format": (
+            f"UPDATE {se} SET checkpoint_format = 2 WHERE id = %(step_id)s",
+        ),
+    }
+    copied = frozenset(
+        {
+            "negative read counter",
+            "negative rollback counter",
+            "negative retry counter",
+            "checkpoint payload not an object",
+            "checkpoint payload too deep",
+            "context schema version 0",
+            "context schema id with surrounding whitespace",
+            "unsupported checkpoint format",
+        }
+    )
+    run_cases(repository, clock, admin, cases, STEP_PATHS, copied=copied, copy_path=RESTART_COPY)
+
+
+# --------------------------------------------------------------------------- N5: job instances
+
+
+INSTANCE_PATHS: dict[str, Path] = {
+    "get_job_instance": lambda uow, rows, clock: _present(uow.get_job_instance(rows.instance_id)),
+    "find_job_instance": lambda uow, rows, clock: _present(uow.find_job_instance(rows.key)),
+    "select_or_create_job_instance": lambda uow, rows, clock: uow.select_or_create_job_instance(
+        rows.key
+    ),
+    "create_job_execution (reads the instance)": lambda uow, rows, clock: (
+        uow.create_job_execution_with_definition(rows.instance_id, DefinitionIdentity.legacy())
+    ),
+}
+
+
+def test_n5_corrupt_job_instance_rows_fail_closed(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    ji = "pybatch.job_instance"
+    where = "WHERE id = %(instance_id)s"
+    cases: dict[str, tuple[str, ...]] = {
+        "unknown type tag": (
+            f"UPDATE {ji} SET identifying_parameters = "
+            f"jsonb_set(identifying_parameters, '{{day,type}}', '\"date\"') {where}",
+        ),
+        "upper-case type tag": (
+            f"UPDATE {ji} SET identifying_parameters = "
+            f"jsonb_set(identifying_parameters, '{{n,type}}', '\"I64\"') {where}",
+        ),
+        "missing type tag": (
+            f"UPDATE {ji} SET identifying_parameters = "
+            f"identifying_parameters #- '{{big,type}}' {where}",
+        ),
+        "parameters not an object": (
+            f"ALTER TABLE {ji} DROP CONSTRAINT job_instance_identifying_parameters_object",
+            f"UPDATE {ji} SET identifying_parameters = '[]' {where}",
+        ),
+        "parameter marked non-identifying": (
+            f"UPDATE {ji} SET identifying_parameters = "
+            f"jsonb_set(identifying_parameters, '{{day,identifying}}', 'false') {where}",
+        ),
+        "u64 value out of range": (
+            f"UPDATE {ji} SET identifying_parameters = "
+            f"jsonb_set(identifying_parameters, '{{big,value}}', '18446744073709551616') {where}",
+        ),
+        "i64 value is a boolean": (
+            f"UPDATE {ji} SET identifying_parameters = "
+            f"jsonb_set(identifying_parameters, '{{n,value}}', 'true') {where}",
+        ),
+        "key digest does not match the parameters": (
+            f"UPDATE {ji} SET identifying_parameters = "
+            f"jsonb_set(identifying_parameters, '{{day,value}}', '\"2099-12-31\"') {where}",
+        ),
+    }
+    run_cases(repository, clock, admin, cases, INSTANCE_PATHS)
+
+
+# --------------------------------------------------------------------------- N9
+
+
+def test_n9_lost_commit_acknowledgement_is_commit_outcome_unknown(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    key = JobInstanceKey(JobName("lost_ack"), JobParameters.of({"day": "2026-02-02"}))
+    with repository.begin() as uow:
+        instance = uow.select_or_create_job_instance(key).instance
+        execution = uow.create_job_execution(instance.id)
+        pid = uow.connection.info.backend_pid
+        state = admin.execute("SELECT state FROM pg_stat_activity WHERE pid = %s", (pid,))
+        assert state.fetchone() == ("idle in transaction",)
+        terminate_backend(admin, pid)
+        with pytest.raises(CommitOutcomeUnknown):
+            uow.commit()
+        assert not uow.is_open
+    # A fresh unit of work (on a new pooled connection) sees the true outcome: the server
+    # rolled the transaction back when its backend ended before COMMIT arrived.
+    with repository.begin() as uow:
+        assert uow.find_job_instance(key) is None
+        assert uow.get_job_execution(execution.id) is None
+        assert uow.connection.info.backend_pid != pid
+        relaunched = uow.create_job_execution(uow.select_or_create_job_instance(key).instance.id)
+        uow.commit()
+    assert relaunched.attempt == 1
+
+
+# --------------------------------------------------------------------------- N10
+
+
+def test_n10_identifiers_above_bigint_are_out_of_range(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    t = LifecycleTransition.new(S.STARTED, clock.now())
+    calls: dict[str, tuple[Callable[[UnitOfWork], object], str]] = {
+        "get_job_instance": (lambda uow: uow.get_job_instance(BIG), "job instance"),
+        "create_job_execution": (lambda uow: uow.create_job_execution(BIG), "job instance"),
+        "job_executions": (lambda uow: uow.job_executions(BIG), "job instance"),
+        "get_job_execution": (lambda uow: uow.get_job_execution(BIG), "job execution"),
+        "transition_job_execution": (
+            lambda uow: uow.transition_job_execution(BIG, 0, t),
+            "job execution",
+        ),
+        "enrich_job_exit_status": (
+            lambda uow: uow.enrich_job_exit_status(BIG, 0, ExitCode("X")),
+            "job execution",
+        ),
+        "create_step_execution": (
+            lambda uow: uow.create_step_execution(BIG, StepName("s")),
+            "job execution",
+        ),
+        "step_executions": (lambda uow: uow.step_executions(BIG), "job execution"),
+        "get_step_execution": (lambda uow: uow.get_step_execution(BIG), "step execution"),
+        "transition_step_execution": (
+            lambda uow: uow.transition_step_execution(BIG, 0, t),
+            "step execution",
+        ),
+        "enrich_step_exit_status": (
+            lambda uow: uow.enrich_step_exit_status(BIG, 0, ExitCode("X")),
+            "step execution",
+        ),
+    }
+    with repository.begin() as uow:
+        for name, (call, kind) in calls.items():
+            with pytest.raises(IdentifierOutOfRange) as out_of_range:
+                call(uow)
+            assert (out_of_range.value.kind, out_of_range.value.value) == (kind, BIG), name
+            assert str(out_of_range.value) == f"{kind} identifier {BIG} exceeds PostgreSQL bigint"
+        # The largest bigint itself is in range: it is simply not there.
+        assert uow.get_job_execution(BIG - 1) is None
+        assert uow.get_step_execution(BIG - 1) is None
+        assert uow.get_job_instance(BIG - 1) is None
+
+
+def test_n10_failure_id_above_bigint_is_out_of_range_and_changes_nothing(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    rows = arrange(repository, clock, "failure-id")
+    huge = FailureSummary(FailureCategory.TIMEOUT, BIG)  # a valid u64, but not storable
+    with repository.begin() as uow:
+        before = uow.get_step_execution(rows.step_id)
+        with pytest.raises(IdentifierOutOfRange) as out_of_range:
+            uow.transition_step_execution(
+                rows.step_id, 1, LifecycleTransition.failed(clock.advance(), huge)
+            )
+        assert (out_of_range.value.kind, out_of_range.value.value) == ("failure", BIG)
+        restart = uow.create_job_execution(rows.instance_id)
+        with pytest.raises(IdentifierOutOfRange):
+            uow.transition_job_execution(
+                restart.id, 0, LifecycleTransition.failed(clock.advance(), huge)
+            )
+        assert uow.get_step_execution(rows.step_id) == before
+        uow.commit()
+
+
+def test_n10_expected_version_above_bigint_is_unavailable(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    rows = arrange(repository, clock, "version")
+    t = LifecycleTransition.new(S.ABANDONED, clock.advance())
+    with repository.begin() as uow:
+        for call in (
+            lambda: uow.transition_job_execution(rows.latest_id, BIG, t),
+            lambda: uow.enrich_job_exit_status(rows.latest_id, BIG, ExitCode("X")),
+            lambda: uow.transition_step_execution(rows.step_id, BIG, t),
+            lambda: uow.enrich_step_exit_status(rows.step_id, BIG, ExitCode("X")),
+        ):
+            with pytest.raises(Unavailable):
+                call()

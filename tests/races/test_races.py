@@ -1,0 +1,211 @@
+"""Races on real concurrent connections (behaviour.md 5.1, 5.2, 8.L).
+
+Threads are released together by a barrier and each opens its own unit of work; every
+thread race repeats a few times. One race runs in separate processes, each with its own
+JobRepository, to show the arbitration is in the database and not in a Python lock.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import psycopg
+import pytest
+
+from pybatch import ConnectionConfig, JobRepository, UnitOfWork
+from pybatch.errors import DuplicateStep, ExecutionAlreadyActive, StaleVersion
+from pybatch.values.lifecycle import LifecycleTransition
+from pybatch.values.names import JobName, StepName
+from pybatch.values.parameters import JobInstanceKey, JobParameters
+from pybatch.values.records import JobExecution, JobInstanceSelection, StepExecution
+from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+from tests.support.clock import ManualClock
+from tests.support.race import launch_in_process, race_processes, race_units_of_work
+
+pytestmark = pytest.mark.race
+
+S = BatchStatus
+ITERATIONS = 5
+FAILURE = FailureSummary(FailureCategory.TRANSIENT_INFRASTRUCTURE, 1)
+_runs = itertools.count(1)
+
+
+def new_key(job: str = "race") -> JobInstanceKey:
+    return JobInstanceKey(JobName(job), JobParameters.of({"run": next(_runs)}))
+
+
+def scalar(admin: psycopg.Connection[Any], sql: str, *params: object) -> Any:
+    row = admin.execute(sql, params).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def test_l3_eight_concurrent_launches_of_one_key(
+    repository: JobRepository, admin: psycopg.Connection[Any]
+) -> None:
+    racers = 8
+    assert repository.connection_capacity() < racers  # some racers wait for a connection
+    for _ in range(ITERATIONS):
+        key = new_key()
+
+        def launch(
+            uow: UnitOfWork, index: int, key: JobInstanceKey = key
+        ) -> tuple[JobInstanceSelection, JobExecution]:
+            selection = uow.select_or_create_job_instance(key)
+            return selection, uow.create_job_execution(selection.instance.id)
+
+        outcomes = race_units_of_work(repository, racers, launch)
+        winners = [o.value for o in outcomes if o.ok and o.value is not None]
+        losers = [o.error for o in outcomes if not o.ok]
+        assert len(winners) == 1, [o.error for o in outcomes]
+        [(selection, execution)] = winners
+        assert selection.was_created  # the creator's launch is the one that commits first
+        assert len(losers) == racers - 1
+        for error in losers:
+            assert isinstance(error, ExecutionAlreadyActive), repr(error)
+            assert (error.instance_id, error.execution_id, error.status) == (
+                selection.instance.id,
+                execution.id,
+                "STARTING",
+            )
+        with repository.begin() as uow:
+            found = uow.find_job_instance(key)
+            assert found == selection.instance
+            assert uow.job_executions(found.id) == [execution]
+    assert scalar(admin, "SELECT count(*) FROM pybatch.job_instance") == ITERATIONS
+    assert scalar(admin, "SELECT count(*) FROM pybatch.job_execution") == ITERATIONS
+
+
+def failed_instance(repository: JobRepository, clock: ManualClock) -> JobExecution:
+    with repository.begin() as uow:
+        execution = uow.create_job_execution(
+            uow.select_or_create_job_instance(new_key()).instance.id
+        )
+        execution = uow.transition_job_execution(
+            execution.id, 0, LifecycleTransition.failed(clock.advance(), FAILURE)
+        )
+        uow.commit()
+    return execution
+
+
+def test_l1_two_concurrent_restarts_of_a_failed_instance(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    for _ in range(ITERATIONS):
+        failed = failed_instance(repository, clock)
+        instance_id = failed.job_instance_id
+        outcomes = race_units_of_work(
+            repository,
+            2,
+            lambda uow, index, instance_id=instance_id: uow.create_job_execution(instance_id),
+        )
+        [winner] = [o.value for o in outcomes if o.ok]
+        [loser] = [o.error for o in outcomes if not o.ok]
+        assert winner is not None and winner.attempt == 2
+        assert winner.restart_of_execution_id == failed.id
+        assert isinstance(loser, ExecutionAlreadyActive), repr(loser)
+        assert (loser.execution_id, loser.status) == (winner.id, "STARTING")
+        with repository.begin() as uow:
+            executions = uow.job_executions(failed.job_instance_id)
+        assert [(e.attempt, e.status) for e in executions] == [(1, S.FAILED), (2, S.STARTING)]
+
+
+def started_pair(
+    repository: JobRepository, clock: ManualClock
+) -> tuple[JobExecution, StepExecution]:
+    with repository.begin() as uow:
+        execution = uow.create_job_execution(
+            uow.select_or_create_job_instance(new_key()).instance.id
+        )
+        at = clock.advance()
+        execution = uow.transition_job_execution(
+            execution.id, 0, LifecycleTransition.new(S.STARTED, at)
+        )
+        step = uow.create_step_execution(execution.id, StepName("work"))
+        step = uow.transition_step_execution(step.id, 0, LifecycleTransition.new(S.STARTED, at))
+        uow.commit()
+    return execution, step
+
+
+def test_l2_two_transitions_on_the_same_version(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    targets = (
+        LifecycleTransition.new(S.COMPLETED, clock.now().replace(year=2030)),
+        LifecycleTransition.failed(clock.now().replace(year=2030), FAILURE),
+    )
+    for _ in range(ITERATIONS):
+        execution, step = started_pair(repository, clock)
+        for kind, record in (("job", execution), ("step", step)):
+            expected = record.version
+
+            def move(
+                uow: UnitOfWork,
+                index: int,
+                kind: str = kind,
+                record_id: int = record.id,
+                expected: int = expected,
+            ) -> Any:
+                if kind == "job":
+                    return uow.transition_job_execution(record_id, expected, targets[index])
+                return uow.transition_step_execution(record_id, expected, targets[index])
+
+            outcomes = race_units_of_work(repository, 2, move)
+            [winner] = [o for o in outcomes if o.ok]
+            [loser] = [o.error for o in outcomes if not o.ok]
+            assert isinstance(loser, StaleVersion), repr(loser)
+            assert (loser.expected, loser.actual) == (expected, expected + 1)
+            with repository.begin() as uow:
+                stored = (
+                    uow.get_job_execution(record.id)
+                    if kind == "job"
+                    else uow.get_step_execution(record.id)
+                )
+            assert stored is not None
+            assert stored.version == expected + 1
+            assert stored.status is targets[winner.index].target
+            assert stored == winner.value
+
+
+def test_l3_two_concurrent_steps_with_one_name(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    for _ in range(ITERATIONS):
+        execution, _step = started_pair(repository, clock)
+        outcomes = race_units_of_work(
+            repository,
+            2,
+            lambda uow, index, execution_id=execution.id: uow.create_step_execution(
+                execution_id, StepName("twin")
+            ),
+        )
+        [winner] = [o.value for o in outcomes if o.ok]
+        [loser] = [o.error for o in outcomes if not o.ok]
+        assert isinstance(loser, DuplicateStep), repr(loser)
+        assert (loser.job_execution_id, loser.step_name) == (execution.id, "twin")
+        with repository.begin() as uow:
+            assert [s.step_name.value for s in uow.step_executions(execution.id)] == [
+                "work",
+                "twin",
+            ]
+            assert uow.step_executions(execution.id)[1] == winner
+
+
+def test_l3_four_processes_launch_one_key(
+    pg_config: ConnectionConfig, repository: JobRepository, admin: psycopg.Connection[Any]
+) -> None:
+    processes = 4
+    results = race_processes(
+        processes, launch_in_process, [pg_config, "process_race", "2026-09-09"]
+    )
+    launched = [value for status, value in results if status == "launched"]  # type: ignore[misc]
+    refused = [value for status, value in results if status == "error"]  # type: ignore[misc]
+    assert len(launched) == 1, results
+    assert refused == ["ExecutionAlreadyActive"] * (processes - 1), results
+    key = JobInstanceKey(JobName("process_race"), JobParameters.of({"day": "2026-09-09"}))
+    with repository.begin() as uow:
+        instance = uow.find_job_instance(key)
+        assert instance is not None
+        assert [e.id for e in uow.job_executions(instance.id)] == launched
+    assert scalar(admin, "SELECT count(*) FROM pybatch.job_execution") == 1
