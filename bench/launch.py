@@ -529,6 +529,64 @@ def backend_cpu_ns(pid: int | None) -> int | None:
         return None
 
 
+def checkpoint(dsn: str) -> bool:
+    """CHECKPOINT before measuring, as a long-running server has one every few minutes.
+
+    After a checkpoint the first change to each page writes a full-page image to WAL:
+    pages a cycle touches at random in a large index pay it again and again, hot pages of
+    a small one once. Without it, pages the bulk load just wrote would be spared.
+    """
+    try:
+        with admin_connect(dsn) as conn:
+            conn.execute("CHECKPOINT")
+    except psycopg.errors.InsufficientPrivilege:
+        return False
+    return True
+
+
+def enable_walinspect(dsn: str) -> bool:
+    """pg_walinspect (PostgreSQL 15+, superuser) attributes full-page images to indexes."""
+    try:
+        with admin_connect(dsn) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+    except psycopg.Error:
+        return False
+    return True
+
+
+def flush_lsn(conn: psycopg.Connection[Any]) -> str:
+    """The WAL flushed so far; pg_walinspect reads up to such a position."""
+    row = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
+    return "0/0" if row is None else str(row[0])
+
+
+def full_page_images(dsn: str, start: str, end: str) -> Counter[tuple[int, int]]:
+    """Full-page images between two WAL positions, by (database oid, relfilenode)."""
+    with admin_connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT m[1]::bigint, m[2]::bigint, count(*)"
+            " FROM pg_get_wal_records_info(%s::pg_lsn, %s::pg_lsn) AS r,"
+            r" regexp_matches(r.block_ref, 'rel \d+/(\d+)/(\d+) fork main blk \d+ \(FPW\)', 'g')"
+            " AS m GROUP BY 1, 2",
+            (start, end),
+        ).fetchall()
+    return Counter({(int(db), int(node)): int(count) for db, node, count in rows})
+
+
+def relation_files(dsn: str) -> tuple[int, dict[int, str]]:
+    """The database's oid and its pybatch relations by relfilenode."""
+    with admin_connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT oid::bigint FROM pg_database WHERE datname = current_database()"
+        ).fetchone()
+        files = conn.execute(
+            "SELECT pg_relation_filenode(c.oid)::bigint, c.relname FROM pg_class AS c"
+            " JOIN pg_namespace AS n ON n.oid = c.relnamespace WHERE n.nspname = 'pybatch'"
+            " AND pg_relation_filenode(c.oid) IS NOT NULL"
+        ).fetchall()
+    return (0 if row is None else int(row[0])), {int(node): str(name) for node, name in files}
+
+
 def wal_position(conn: psycopg.Connection[Any]) -> int:
     """The server's WAL insert position in bytes: differences are the WAL a cycle wrote."""
     row = conn.execute(
@@ -556,6 +614,8 @@ class Phase:
     server_cpu_ns: list[int] = field(default_factory=list)
     round_medians_ns: list[float] = field(default_factory=list)
     wal_bytes: list[int] = field(default_factory=list)
+    #: Full-page images written for this database's relations over the window, or None.
+    full_page_images: dict[str, int] | None = None
     #: pybatch statements per unit of work (launch, completion) -> measured cycles.
     statements: Counter[tuple[int, ...]] = field(default_factory=Counter)
     wire: list[WireCycle] = field(default_factory=list)
@@ -704,6 +764,16 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(lines)
 
 
+def fpi_summary(phase: Phase, cycles: int) -> str:
+    """Full-page images per cycle by relation, largest first."""
+    if phase.full_page_images is None:
+        return "n/a (needs pg_walinspect: PostgreSQL 15+ and a superuser)"
+    images = sorted(phase.full_page_images.items(), key=lambda item: -item[1])
+    shown = [f"{name} {count / cycles:.2f}" for name, count in images if count / cycles >= 0.01]
+    total = sum(phase.full_page_images.values()) / cycles
+    return f"{total:.2f}" + (f" ({', '.join(shown)})" if shown else "")
+
+
 def statements_cell(phase: Phase) -> str:
     """'launch / completion / cycle' statement counts; several values mean not constant."""
     return "; ".join(f"{a} / {b} / {a + b}" for a, b in phase.totals())
@@ -779,7 +849,8 @@ def report(
         f" per phase in {args.rounds} rounds, alternating the databases cycle by cycle (ABBA);"
         " one pooled connection per database; history loaded in"
         f" {machine['history_load_seconds']:.1f} s, read back through pybatch, then VACUUM"
-        " ANALYZE"
+        " ANALYZE; CHECKPOINT before measuring: "
+        + ("yes" if machine["checkpoint_before_measuring"] else "no (not permitted)")
     )
     out.append("")
     out.append(
@@ -864,6 +935,13 @@ def report(
         for key in ("client_cpu_ms_median", "server_cpu_ms_median", "wal_bytes_per_cycle_median")
         if (e := summaries[0][key]) and (h := summaries[1][key]) is not None
     }
+    out.append(
+        "full-page images per cycle (pg_walinspect over the measured and traced cycles, after"
+        " a CHECKPOINT): "
+        + "; ".join(
+            f"{phase.name} " + fpi_summary(phase, args.launches + TRACED_CYCLES) for phase in phases
+        )
+    )
     out.append(
         "ratio history/empty of the work medians: "
         + ", ".join(
@@ -986,6 +1064,8 @@ def report(
             for p in phases
         },
         "plans": {p.name: p.plans for p in phases},
+        "full_page_images_in_window": {p.name: p.full_page_images for p in phases},
+        "cycles_in_fpi_window": args.launches + TRACED_CYCLES,
         "scan_deltas": {p.name: p.scan_deltas() for p in phases},
         "samples_ms": {
             p.name: {
@@ -1098,6 +1178,9 @@ def measure(
         phases = (empty, history)
         prepare_phase(empty, 0)
         machine["history_load_seconds"] = prepare_phase(history, args.history)
+        inspect = enable_walinspect(history.dsn)
+        machine["checkpoint_before_measuring"] = checkpoint(server_dsn)
+        wal = repositories.enter_context(admin_connect(server_dsn))
         for phase in phases:
             phase.executions_before = execution_count(phase.dsn) + args.warmup
             wait_for_sessions(phase.dsn)
@@ -1112,6 +1195,7 @@ def measure(
                 phase.cycle(recorder)
             phase.statements.clear()
         progress(f"measuring {args.launches} cycles per phase in {args.rounds} rounds")
+        window_start = flush_lsn(wal)
         for number in range(args.rounds):
             share = args.launches // args.rounds + (number < args.launches % args.rounds)
             samples: dict[str, list[Sample]] = {phase.name: [] for phase in phases}
@@ -1127,28 +1211,34 @@ def measure(
             for phase in phases:
                 phase.record(samples[phase.name])
         progress(f"tracing {TRACED_CYCLES} untimed cycles per phase")
-        with admin_connect(server_dsn) as wal:
-            for phase in phases:
-                assert phase.repository is not None
-                conn = pool_connection(phase.repository)
-                if phase.server_pid not in (None, conn.info.backend_pid):
-                    raise RuntimeError("the pool replaced its connection: CPU times are void")
-                for number in range(TRACED_CYCLES):
-                    recorder.capture = phase.calls if number == TRACED_CYCLES - 1 else None
-                    before = wal_position(wal)
-                    phase.wire.append(
-                        traced_cycle(phase.repository, conn, phase.take_run(), recorder)
-                    )
-                    phase.wal_bytes.append(wal_position(wal) - before)
-                    phase.cycles_in_window += 1
-                recorder.capture = None
+        for phase in phases:
+            assert phase.repository is not None
+            conn = pool_connection(phase.repository)
+            if phase.server_pid not in (None, conn.info.backend_pid):
+                raise RuntimeError("the pool replaced its connection: CPU times are void")
+            for number in range(TRACED_CYCLES):
+                recorder.capture = phase.calls if number == TRACED_CYCLES - 1 else None
+                before = wal_position(wal)
+                phase.wire.append(traced_cycle(phase.repository, conn, phase.take_run(), recorder))
+                phase.wal_bytes.append(wal_position(wal) - before)
+                phase.cycles_in_window += 1
+            recorder.capture = None
+        window_end = flush_lsn(wal)
         repositories.close()
         machine["load_average_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
         progress("reading scan counters and plans")
+        images = full_page_images(history.dsn, window_start, window_end) if inspect else None
         for phase in phases:
             wait_for_sessions(phase.dsn)
             phase.counters_after = table_counters(phase.dsn)
             phase.plans = explain(phase.dsn, phase.calls)
+            if images is not None:
+                database, files = relation_files(phase.dsn)
+                phase.full_page_images = {
+                    name: images[(database, node)]
+                    for node, name in files.items()
+                    if images[(database, node)]
+                }
         machine["command"] = command_line(args.argv)
         return report(machine, args, empty, history)
 

@@ -99,7 +99,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     add_connection_arguments(demo)
     for action in demo._actions:
         if action.dest == "dsn":
-            action.help = "run on this database instead of an embedded server (never printed)"
+            action.help = (
+                "run on this database instead of an embedded server; its pybatch_demo schema "
+                "is dropped and created again (the DSN is never printed)"
+            )
     demo.add_argument(
         "--kill-after-chunks",
         type=_non_negative,

@@ -151,42 +151,42 @@ def test_c4_first_attempt_starts_clean(repository: JobRepository, clock: ManualC
 # --------------------------------------------------------------------------- C5 - C8
 
 
-@pytest.mark.parametrize("status", [S.STARTING, S.STARTED, S.STOPPING, S.UNKNOWN], ids=str)
 def test_c5_launch_while_unresolved_is_refused(
-    repository: JobRepository, clock: ManualClock, status: S
+    repository: JobRepository, clock: ManualClock
 ) -> None:
-    latest = launched(repository, clock, status)
-    with repository.begin() as uow:
-        with pytest.raises(ExecutionAlreadyActive) as active:
-            uow.create_job_execution(latest.job_instance_id)
-        assert (active.value.instance_id, active.value.execution_id, active.value.status) == (
-            latest.job_instance_id,
-            latest.id,
-            status.value,
-        )
-        uow.commit()
-    with repository.begin() as uow:
-        assert uow.job_executions(latest.job_instance_id) == [latest]
+    for status in (S.STARTING, S.STARTED, S.STOPPING, S.UNKNOWN):
+        latest = launched(repository, clock, status)
+        with repository.begin() as uow:
+            with pytest.raises(ExecutionAlreadyActive) as active:
+                uow.create_job_execution(latest.job_instance_id)
+            assert (active.value.instance_id, active.value.execution_id, active.value.status) == (
+                latest.job_instance_id,
+                latest.id,
+                status.value,
+            )
+            uow.commit()
+        with repository.begin() as uow:
+            assert uow.job_executions(latest.job_instance_id) == [latest]
 
 
-@pytest.mark.parametrize("status", [S.FAILED, S.STOPPED], ids=str)
-def test_c6_restart_after_failed_or_stopped(
-    repository: JobRepository, clock: ManualClock, status: S
-) -> None:
-    first = launched(repository, clock, status)
-    clock.advance()
-    with repository.begin() as uow:
-        second = uow.create_job_execution(first.job_instance_id)
-        uow.commit()
-    assert second.id != first.id
-    assert second.attempt == 2
-    assert second.status is S.STARTING and second.version == 0
-    assert second.restart_of_execution_id == first.id
-    assert second.created_at == clock.now()
-    assert second.metadata.failure is None
-    assert second.metadata.exit_status == ExitCode.UNKNOWN
-    with repository.begin() as uow:
-        assert [e.id for e in uow.job_executions(first.job_instance_id)] == [first.id, second.id]
+def test_c6_restart_after_failed_or_stopped(repository: JobRepository, clock: ManualClock) -> None:
+    for status in (S.FAILED, S.STOPPED):
+        first = launched(repository, clock, status)
+        clock.advance()
+        with repository.begin() as uow:
+            second = uow.create_job_execution(first.job_instance_id)
+            uow.commit()
+        assert second.id != first.id
+        assert second.attempt == 2
+        assert second.status is S.STARTING and second.version == 0
+        assert second.restart_of_execution_id == first.id
+        assert second.created_at == clock.now()
+        assert second.metadata.failure is None
+        assert second.metadata.exit_status == ExitCode.UNKNOWN
+        with repository.begin() as uow:
+            executions = uow.job_executions(first.job_instance_id)
+        assert [e.id for e in executions] == [first.id, second.id]
+        assert executions[0] == first
 
 
 def test_c7_restart_after_completed_or_abandoned_is_refused(

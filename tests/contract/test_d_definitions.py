@@ -327,18 +327,26 @@ def test_d8_same_digest_under_a_new_revision_resolves_to_the_existing_row(
     assert rows == [("rev-a",)]
 
 
-@pytest.mark.parametrize("manifest_format", [0, 4])
 def test_d9_unsupported_manifest_format_on_every_path(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    missing = DefinitionIdentity.from_manifest(None, DefinitionRevision("rev-0"), {"steps": []})
+    for manifest_format, bad in (
+        (0, missing),  # a manifest without a format member is format 0
+        (4, definition("rev-4", ["s"], manifest_format=4)),
+        (65535, definition("rev-max", ["s"], manifest_format=65535)),
+    ):
+        assert bad.manifest_format == manifest_format
+        check_refused_everywhere(repository, clock, admin, bad)
+
+
+def check_refused_everywhere(
     repository: JobRepository,
     clock: ManualClock,
     admin: psycopg.Connection[Any],
-    manifest_format: int,
+    bad: DefinitionIdentity,
 ) -> None:
-    if manifest_format == 0:  # a manifest without a format member is format 0
-        bad = DefinitionIdentity.from_manifest(None, DefinitionRevision("rev-bad"), {"steps": []})
-    else:
-        bad = definition("rev-bad", ["s"], manifest_format=manifest_format)
-    assert bad.manifest_format == manifest_format
+    manifest_format = bad.manifest_format
     first = failed_first_attempt(repository, clock, A)
     rows = count(admin, "SELECT count(*) FROM pybatch.job_definition")
     with repository.begin() as uow:

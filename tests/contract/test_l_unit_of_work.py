@@ -521,11 +521,16 @@ def test_l14_run_in_unit_of_work_reruns_the_deadlock_victim(
 RAISE_40001 = "DO $$ BEGIN RAISE EXCEPTION 'conflict' USING ERRCODE = '40001'; END $$"
 
 
-@pytest.mark.parametrize("attempts", [1, 3])
 def test_l14_run_in_unit_of_work_stops_after_the_configured_attempts(
-    connect: Callable[..., JobRepository], admin: psycopg.Connection[Any], attempts: int
+    connect: Callable[..., JobRepository], admin: psycopg.Connection[Any]
 ) -> None:
-    repository = connect(unit_of_work_attempts=attempts)
+    for attempts in (1, 3):
+        check_attempts(connect(unit_of_work_attempts=attempts), admin, attempts)
+
+
+def check_attempts(
+    repository: JobRepository, admin: psycopg.Connection[Any], attempts: int
+) -> None:
     calls = 0
 
     def work(uow: UnitOfWork) -> None:

@@ -48,13 +48,13 @@ CHUNK = 25
 TABLE = "crash_target"
 PAUSES = ("none", "after_write", "commit_race", "in_commit", "after_commit")
 
+# No unique key on purpose: a chunk applied twice must show up as a count and hash mismatch.
 CREATE_TABLE = (
     f"CREATE TABLE {TABLE} (id BIGINT NOT NULL, label TEXT NOT NULL,"
     " amount NUMERIC(10, 2) NOT NULL)"
 )
 INSERT_ROW = f"INSERT INTO {TABLE} (id, label, amount) VALUES (%s, %s, %s)"
 COPY_ROWS = f"COPY {TABLE} (id, label, amount) FROM STDIN"
-# No unique key on purpose: a chunk applied twice must show up as a count and hash mismatch.
 SELECT_ROWS = f"SELECT id, label, CAST(amount AS TEXT) FROM {TABLE} ORDER BY id, label, amount"
 
 
