@@ -2,26 +2,27 @@
 
     python -m bench.chunks [--dsn DSN] [--rows 200000] [--repeat 3]
 
-The reference workload loads `--rows` rows into `bench_item` in chunks of 100 and of 1000,
-with the business writes done by `executemany` (one INSERT per row, pipelined) and by
-`COPY ... FROM STDIN`. Each variant runs two ways:
+The reference workload loads `--rows` rows in chunks of 100 and of 1000, with the business
+writes done by `executemany` (one INSERT per row, pipelined) and by `COPY ... FROM STDIN`.
+Each variant runs two ways, into two tables of the same shape:
 
 * pybatch: a new job instance per run, one step, and per chunk `with step.chunk()`, the
   business writes, and `chunk.commit(read=, written=, checkpoint={"offset": n})`;
 * baseline: one plain psycopg connection doing the same business statements per chunk,
   then ONE `UPDATE bench_checkpoint SET "offset" = %s WHERE id = 1` and COMMIT.
 
-Runs are interleaved (variant by variant, the side that goes first alternating) and
-repeated, and medians are compared, because a shared machine is noisy. Before every timed
-run the target is truncated and a CHECKPOINT taken (untimed), so no run pays for the
-previous run's dirty pages. The timed span is the chunk loop of both sides; pybatch's
-end-to-end time (launch, step start and end, job end) is reported alongside.
+The sides alternate chunk by chunk (ABBA: pybatch, baseline, baseline, pybatch, ...) and
+each chunk is timed on its own, so both see the same moments of a busy shared machine;
+whole runs are repeated `--repeat` times and medians compared. Before every run both
+targets are truncated, a CHECKPOINT is taken and garbage is collected (untimed); the
+garbage collector is then off until the run ends. pybatch's fixed cost per run
+(launch, step start, step end, job end) is measured apart and shown as end-to-end items/s.
 
 Per chunk, nothing is guessed: an untimed pass traces one steady-state chunk of each side
 at the libpq protocol level (`PQtrace`) and counts statements and round trips; every timed
-run also records the client's CPU time and, when the server is local (the embedded one),
-the CPU time of the side's server backends (/proc/<pid>/schedstat), because wall time on a
-busy machine mixes in everybody else's work while CPU time does not.
+run also records the client's CPU time per side and, when the server is local (the
+embedded one), the CPU time of each side's server backends (/proc/<pid>/schedstat),
+because wall time on a busy machine mixes in everybody else's work while CPU time does not.
 
 Without `--dsn` an EmbeddedPostgres is started with fsync on, so COMMIT costs what it
 costs in production. Results are printed and written as JSON under bench/results/.
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
 import json
 import os
 import platform
@@ -50,7 +52,7 @@ from psycopg import pq
 from bench._server import ADMIN_APPLICATION, admin_connect, postgres_server, scratch_database
 from pybatch import ConnectionConfig, JobRepository, TlsMode, migrate
 from pybatch.config import APPLICATION_NAME
-from pybatch.etl import Chunk, Job, StepRun
+from pybatch.etl import Job, StepRun
 
 __all__ = [
     "BASELINE_APPLICATION",
@@ -63,6 +65,7 @@ __all__ = [
     "print_machine",
     "protocol_trace",
     "pybatch_repository",
+    "gc_paused",
     "write_results",
 ]
 
@@ -72,13 +75,16 @@ BASELINE_APPLICATION = "pybatch-bench-baseline"
 
 Row = tuple[int, str, int]
 
+# The two sides load the same rows into two tables of the same shape.
 TABLES_SQL = (
-    "CREATE TABLE bench_item (id BIGINT PRIMARY KEY, name TEXT NOT NULL, amount BIGINT NOT NULL)",
+    "CREATE TABLE bench_item_pybatch"
+    " (id BIGINT PRIMARY KEY, name TEXT NOT NULL, amount BIGINT NOT NULL)",
+    "CREATE TABLE bench_item_baseline (LIKE bench_item_pybatch INCLUDING ALL)",
     'CREATE TABLE bench_checkpoint (id INTEGER PRIMARY KEY, "offset" BIGINT NOT NULL)',
     'INSERT INTO bench_checkpoint (id, "offset") VALUES (1, 0)',
 )
-INSERT_SQL = "INSERT INTO bench_item (id, name, amount) VALUES (%s, %s, %s)"
-COPY_SQL = "COPY bench_item (id, name, amount) FROM STDIN"
+INSERT_SQL = "INSERT INTO {table} (id, name, amount) VALUES (%s, %s, %s)"
+COPY_SQL = "COPY {table} (id, name, amount) FROM STDIN"
 # OFFSET is a reserved word in PostgreSQL, hence the quotes.
 CHECKPOINT_SQL = 'UPDATE bench_checkpoint SET "offset" = %s WHERE id = 1'
 
@@ -317,7 +323,7 @@ class RunStats:
     seconds: float  # wall time of the chunk loop
     client_cpu: float  # CPU seconds of this process in the chunk loop
     server_cpu: float | None  # CPU seconds of the side's backends in the loop (local only)
-    end_to_end: float | None = None  # pybatch: launch to job end
+    fixed: float | None = None  # pybatch: launch, step start, step end, job end
 
 
 # ---------------------------------------------------------------------- the two sides
@@ -328,81 +334,119 @@ def pybatch_repository(dsn: str) -> JobRepository:
     return JobRepository.connect(ConnectionConfig(dsn=dsn, tls_mode=TlsMode.PLAINTEXT))
 
 
-def _insert_rows(chunk: Chunk, batch: Sequence[Row]) -> None:
-    chunk.executemany(INSERT_SQL, batch)
+class _Side:
+    """Accumulates one side's timed chunks: wall time and client CPU."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.client_cpu = 0.0
+
+    def timed(
+        self, chunk: Callable[[Sequence[Row], int], None], batch: Sequence[Row], offset: int
+    ) -> None:
+        cpu = time.process_time()
+        started = time.perf_counter()
+        chunk(batch, offset)
+        self.seconds += time.perf_counter() - started
+        self.client_cpu += time.process_time() - cpu
 
 
-def _copy_rows(chunk: Chunk, batch: Sequence[Row]) -> None:
-    chunk.copy(COPY_SQL, batch)
-
-
-def run_pybatch(
+def run_interleaved(
     repository: JobRepository,
+    baseline: psycopg.Connection[Any],
     variant: Variant,
     batches: Sequence[Sequence[Row]],
     label: str,
     cpu: ServerCpu,
     *,
-    before_last_chunk: Callable[[], None] | None = None,
-) -> RunStats:
-    """Load `batches` through the ETL API (a new job instance, one step)."""
-    write = _insert_rows if variant.method == "executemany" else _copy_rows
-    measured: list[RunStats] = []
-    last = len(batches) - 1
+    trace: ChunkTracer | None = None,
+) -> tuple[RunStats, RunStats, ProtocolCount | None]:
+    """Load `batches` both ways, alternating the sides chunk by chunk (ABBA).
+
+    pybatch: a new job instance with one step, whose chunks go to `bench_item_pybatch`.
+    Baseline: the same business statements into `bench_item_baseline` on `baseline`, then
+    one checkpoint UPDATE and COMMIT. Each chunk of one side is timed on its own, so both
+    sides see the same moments of a busy machine. With `trace`, the last chunk of each side
+    is traced instead (untimed use only); the baseline's count is returned.
+    """
+    copy = variant.method == "copy"
+    target = {"pybatch": "bench_item_pybatch", "baseline": "bench_item_baseline"}
+    insert = {side: INSERT_SQL.format(table=table) for side, table in target.items()}
+    copy_in = {side: COPY_SQL.format(table=table) for side, table in target.items()}
+    sides = {"pybatch": _Side(), "baseline": _Side()}
+    traced: list[ProtocolCount] = []
+    fixed: list[float] = []
+    backends: dict[str, dict[int, int]] = {}
+    server: dict[str, float | None] = {}
+
+    def baseline_chunk(batch: Sequence[Row], offset: int) -> None:
+        with baseline.cursor() as cursor:
+            if copy:
+                with cursor.copy(copy_in["baseline"]) as writer:
+                    for row in batch:
+                        writer.write_row(row)
+            else:
+                cursor.executemany(insert["baseline"], batch)
+            cursor.execute(CHECKPOINT_SQL, (offset,))
+        baseline.commit()
 
     def load(step: StepRun) -> None:
-        offset = int(step.checkpoint.get("offset", 0))
-        backends = cpu.snapshot(APPLICATION_NAME)
-        client = time.process_time()
-        started = time.perf_counter()
-        for index, batch in enumerate(batches):
-            if index == last and before_last_chunk is not None:
-                before_last_chunk()
+        step_started = time.perf_counter()
+        backends["pybatch"] = cpu.snapshot(APPLICATION_NAME)
+        backends["baseline"] = cpu.snapshot(BASELINE_APPLICATION)
+
+        def pybatch_chunk(batch: Sequence[Row], offset: int) -> None:
             with step.chunk() as chunk:
-                write(chunk, batch)
-                offset += len(batch)
+                if copy:
+                    chunk.copy(copy_in["pybatch"], batch)
+                else:
+                    chunk.executemany(insert["pybatch"], batch)
                 chunk.commit(read=len(batch), written=len(batch), checkpoint={"offset": offset})
-        seconds = time.perf_counter() - started
-        measured.append(RunStats(seconds, time.process_time() - client, cpu.since(backends)))
+
+        chunks = {"pybatch": pybatch_chunk, "baseline": baseline_chunk}
+        last = len(batches) - 1
+        offset = 0
+        for index, batch in enumerate(batches):
+            offset += len(batch)
+            order = ("pybatch", "baseline") if index % 4 in (0, 3) else ("baseline", "pybatch")
+            for side in order:
+                if trace is not None and index == last:
+                    _traced_chunk(side, chunks[side], batch, offset, trace, baseline, traced)
+                else:
+                    sides[side].timed(chunks[side], batch, offset)
+        for side, before in backends.items():
+            server[side] = cpu.since(before)
+        fixed.append(time.perf_counter() - step_started)
 
     began = time.perf_counter()
     with Job(repository, "bench_chunks", {"variant": variant.name, "run": label}).launch() as run:
         run.step("load", load)
-    stats = measured[0]
-    stats.end_to_end = time.perf_counter() - began
-    return stats
+    # launch, step start, step end and job end: pybatch's fixed cost per run
+    in_step = fixed[0]
+    fixed_cost = time.perf_counter() - began - in_step
+    pybatch = RunStats(
+        sides["pybatch"].seconds, sides["pybatch"].client_cpu, server["pybatch"], fixed_cost
+    )
+    base = RunStats(sides["baseline"].seconds, sides["baseline"].client_cpu, server["baseline"])
+    return pybatch, base, traced[0] if traced else None
 
 
-def run_baseline(
-    conn: psycopg.Connection[Any],
-    variant: Variant,
-    batches: Sequence[Sequence[Row]],
-    cpu: ServerCpu,
-    *,
-    before_last_chunk: Callable[[], None] | None = None,
-) -> RunStats:
-    """The hand-written loop: business statements, one checkpoint UPDATE, COMMIT."""
-    offset = 0
-    copy = variant.method == "copy"
-    last = len(batches) - 1
-    backends = cpu.snapshot(BASELINE_APPLICATION)
-    client = time.process_time()
-    started = time.perf_counter()
-    for index, batch in enumerate(batches):
-        if index == last and before_last_chunk is not None:
-            before_last_chunk()
-        with conn.cursor() as cursor:
-            if copy:
-                with cursor.copy(COPY_SQL) as writer:
-                    for row in batch:
-                        writer.write_row(row)
-            else:
-                cursor.executemany(INSERT_SQL, batch)
-            offset += len(batch)
-            cursor.execute(CHECKPOINT_SQL, (offset,))
-        conn.commit()
-    seconds = time.perf_counter() - started
-    return RunStats(seconds, time.process_time() - client, cpu.since(backends))
+def _traced_chunk(
+    side: str,
+    chunk: Callable[[Sequence[Row], int], None],
+    batch: Sequence[Row],
+    offset: int,
+    tracer: ChunkTracer,
+    baseline: psycopg.Connection[Any],
+    traced: list[ProtocolCount],
+) -> None:
+    if side == "pybatch":
+        tracer.arm()
+        chunk(batch, offset)
+        return
+    with protocol_trace(baseline) as out:
+        chunk(batch, offset)
+    traced.append(ProtocolCount.parse(out[0]))
 
 
 # ---------------------------------------------------------------------- orchestration
@@ -440,8 +484,9 @@ class Cell:
             "pair_ratio_min": min(pairs),
             "pair_ratio_max": max(pairs),
             "pybatch_end_to_end_items_per_s": median(
-                [self.rows / run.end_to_end for run in self.pybatch if run.end_to_end]
+                [self.rows / (run.seconds + (run.fixed or 0.0)) for run in self.pybatch]
             ),
+            "pybatch_fixed_ms_per_run": median([(run.fixed or 0.0) * 1e3 for run in self.pybatch]),
             "pybatch_wall_us_per_chunk": per_chunk_us([run.seconds for run in self.pybatch]),
             "baseline_wall_us_per_chunk": per_chunk_us([run.seconds for run in self.baseline]),
             "pybatch_client_cpu_us_per_chunk": per_chunk_us(
@@ -474,15 +519,26 @@ class Cell:
 
 
 def reset(dsn: str) -> None:
-    """Untimed: empty the target, rewind the checkpoint row, flush dirty pages."""
+    """Untimed: empty both targets, rewind the checkpoint row, flush dirty pages."""
     with admin_connect(dsn) as conn:
-        conn.execute("TRUNCATE bench_item")
+        conn.execute("TRUNCATE bench_item_pybatch, bench_item_baseline")
         conn.execute('UPDATE bench_checkpoint SET "offset" = 0 WHERE id = 1')
         conn.execute("VACUUM bench_checkpoint, pybatch.step_execution")
         try:
             conn.execute("CHECKPOINT")
         except psycopg.errors.InsufficientPrivilege:
             pass  # --dsn with a role lacking pg_checkpoint: the runs just carry more noise
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Collect garbage before a timed run and not during it, so no side pays for the other."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def batches_of(rows: Sequence[Row], size: int) -> list[Sequence[Row]]:
@@ -504,25 +560,17 @@ def trace_pass(
     sample = batches_of(make_rows(cell.variant.size * TRACE_CHUNKS), cell.variant.size)
     reset(dsn)
     with ChunkTracer(repository) as tracer:
-        run_pybatch(repository, cell.variant, sample, "trace", cpu, before_last_chunk=tracer.arm)
-    reset(dsn)
-    traces: list[list[str]] = []
-    manager: list[Any] = []
-
-    def start_baseline_trace() -> None:
-        manager.append(protocol_trace(baseline))
-        traces.append(manager[0].__enter__())
-
-    run_baseline(baseline, cell.variant, sample, cpu, before_last_chunk=start_baseline_trace)
-    if not manager or len(tracer.counts) != 1:
+        _, _, base = run_interleaved(
+            repository, baseline, cell.variant, sample, "trace", cpu, trace=tracer
+        )
+    if base is None or len(tracer.counts) != 1:
         raise RuntimeError("the tracing pass recorded no chunk")
-    manager[0].__exit__(None, None, None)
     cell.pybatch_per_chunk = tracer.counts[0]
-    cell.baseline_per_chunk = ProtocolCount.parse(traces[0][0])
+    cell.baseline_per_chunk = base
 
 
 def measure(dsn: str, rows: int, repeat: int, cpu: ServerCpu) -> list[Cell]:
-    """Trace, then run every variant `repeat` times, interleaved; return the cells."""
+    """Trace, then run every variant `repeat` times; return the cells."""
     with admin_connect(dsn) as conn:
         for statement in TABLES_SQL:
             conn.execute(statement)
@@ -536,23 +584,21 @@ def measure(dsn: str, rows: int, repeat: int, cpu: ServerCpu) -> list[Cell]:
         for cell in cells:
             trace_pass(repository, baseline, dsn, cell, cpu)
         for round_ in range(repeat):
-            for position, cell in enumerate(cells):
+            for cell in cells:
                 batches = batches_of(data, cell.variant.size)
-                pybatch_first = (round_ + position) % 2 == 0
-                for side in ("pybatch", "baseline") if pybatch_first else ("baseline", "pybatch"):
-                    reset(dsn)
-                    if side == "pybatch":
-                        label = f"round-{round_}"
-                        cell.pybatch.append(
-                            run_pybatch(repository, cell.variant, batches, label, cpu)
-                        )
-                    else:
-                        cell.baseline.append(run_baseline(baseline, cell.variant, batches, cpu))
-                    _check_loaded(dsn, rows)
+                reset(dsn)
+                with gc_paused():
+                    pybatch, base, _ = run_interleaved(
+                        repository, baseline, cell.variant, batches, f"round-{round_}", cpu
+                    )
+                cell.pybatch.append(pybatch)
+                cell.baseline.append(base)
+                _check_loaded(dsn, rows)
                 print(
                     f"  round {round_ + 1}/{repeat} {cell.variant.name:>16}: pybatch "
-                    f"{rows / cell.pybatch[-1].seconds:>9,.0f} items/s, baseline "
-                    f"{rows / cell.baseline[-1].seconds:>9,.0f} items/s",
+                    f"{rows / pybatch.seconds:>9,.0f} items/s, baseline "
+                    f"{rows / base.seconds:>9,.0f} items/s, ratio "
+                    f"{base.seconds / pybatch.seconds:.2f}",
                     flush=True,
                 )
     return cells
@@ -560,9 +606,10 @@ def measure(dsn: str, rows: int, repeat: int, cpu: ServerCpu) -> list[Cell]:
 
 def _check_loaded(dsn: str, rows: int) -> None:
     with admin_connect(dsn) as conn:
-        loaded = conn.execute("SELECT count(*) FROM bench_item").fetchone()
-    if loaded is None or loaded[0] != rows:
-        raise RuntimeError(f"expected {rows} rows in bench_item, found {loaded}")
+        for table in ("bench_item_pybatch", "bench_item_baseline"):
+            loaded = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
+            if loaded is None or loaded[0] != rows:
+                raise RuntimeError(f"expected {rows} rows in {table}, found {loaded}")
 
 
 def _us(value: float | None) -> str:
@@ -573,7 +620,7 @@ def tables(cells: Sequence[Cell]) -> str:
     """The printed tables (also pasted into docs/benchmarks.md)."""
     throughput = [
         "| variant | pybatch items/s | baseline items/s | ratio (target >= 0.9) "
-        "| pair ratios (min-max) | pybatch end-to-end items/s |",
+        "| per-run ratios (min-max) | pybatch end-to-end items/s |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     per_chunk = [

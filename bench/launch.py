@@ -13,14 +13,16 @@ Method (docs/benchmarks.md, "Launch and completion latency"):
 
 * two scratch databases on one server: `empty` and `history`; the history database gets
   `--history` completed executions of the same job name, generated server-side by one
-  INSERT ... SELECT generate_series, read back through pybatch, then VACUUM ANALYZE;
+  INSERT ... SELECT generate_series, read back through pybatch, then VACUUM ANALYZE and
+  a CHECKPOINT, so that measuring starts like any moment of a long-running server;
 * one pooled connection per database (pool_size=1), a warm-up, then the measured cycles
   alternating the two databases cycle by cycle (ABBA), so that the noise of a shared
   machine falls on both alike; `--rounds` only groups them to show that noise as
   per-round ratios; the garbage collector runs between rounds, never inside one;
 * besides wall time, the CPU time of the client thread and of the server process
-  (/proc/PID/schedstat, local servers only) and the WAL each cycle writes: work that
-  grew with the history would show there, unlike time spent waiting for a busy core;
+  (/proc/PID/schedstat, local servers only), the WAL each cycle writes and its full-page
+  images per index (pg_walinspect): work that grew with the history would show there,
+  unlike time spent waiting for a busy core;
 * statements are counted on every cycle by wrapping `Statement.run`, and on a few
   untimed cycles from libpq's protocol trace, which also sees BEGIN, SAVEPOINT, RELEASE
   and COMMIT;
@@ -823,7 +825,7 @@ def report(
 
     out: list[str] = []
     out.append(
-        "machine: "
+        "- machine: "
         + "; ".join(
             f"{key} {machine[key]}"
             for key in (
@@ -843,9 +845,9 @@ def report(
             )
         )
     )
-    out.append(f"command: {machine['command']}")
+    out.append(f"- command: {machine['command']}")
     out.append(
-        f"method: {args.warmup} warm-up cycles per phase, then {args.launches} measured cycles"
+        f"- method: {args.warmup} warm-up cycles per phase, then {args.launches} measured cycles"
         f" per phase in {args.rounds} rounds, alternating the databases cycle by cycle (ABBA);"
         " one pooled connection per database; history loaded in"
         f" {machine['history_load_seconds']:.1f} s, read back through pybatch, then VACUUM"
@@ -882,16 +884,16 @@ def report(
     )
     out.append("")
     out.append(
-        f"ratio history/empty of the medians: launch {ratios['launch']:.3f}, completion"
+        f"- ratio history/empty of the medians: launch {ratios['launch']:.3f}, completion"
         f" {ratios['completion']:.3f}, cycle {ratios['cycle']:.3f} (target <= {TARGET_RATIO}):"
         f" {'met' if met else 'MISSED'}"
     )
     out.append(
-        f"cycle ratio per round ({len(round_ratios)} rounds): min {round_ratios[0]:.3f},"
+        f"- cycle ratio per round ({len(round_ratios)} rounds): min {round_ratios[0]:.3f},"
         f" median {statistics.median(round_ratios):.3f}, max {round_ratios[-1]:.3f}"
     )
     out.append(
-        "statements constant (the same counts on every measured cycle and the same ordered"
+        "- statements constant (the same counts on every measured cycle and the same ordered"
         f" sequence on every traced cycle, in both phases): {'yes' if constant else 'NO'}"
     )
     out.append("")
@@ -936,14 +938,14 @@ def report(
         if (e := summaries[0][key]) and (h := summaries[1][key]) is not None
     }
     out.append(
-        "full-page images per cycle (pg_walinspect over the measured and traced cycles, after"
+        "- full-page images per cycle (pg_walinspect over the measured and traced cycles, after"
         " a CHECKPOINT): "
         + "; ".join(
             f"{phase.name} " + fpi_summary(phase, args.launches + TRACED_CYCLES) for phase in phases
         )
     )
     out.append(
-        "ratio history/empty of the work medians: "
+        "- ratio history/empty of the work medians: "
         + ", ".join(
             f"{label} {work_ratios[key]:.3f}"
             for key, label in (
@@ -976,7 +978,7 @@ def report(
     )
     out.append("")
     for label, unit in zip(("launch", "completion"), history.wire[0].units_of_work(), strict=False):
-        out.append(f"{label} ({len(unit)} statements): " + ", ".join(unit))
+        out.append(f"- {label} ({len(unit)} statements): " + ", ".join(unit))
     out.append("")
     out.append(
         "Plans in the history database (EXPLAIN without ANALYZE; custom = planned with a real"

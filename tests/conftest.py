@@ -43,7 +43,11 @@ def migrate_template(
     )
 
 
-postgresql_proc = factories.postgresql_proc(load=[migrate_template])
+# fsync off: each test clones the template database, and durability against an OS crash
+# of a throwaway server buys nothing (the crash tests kill clients, not the server).
+postgresql_proc = factories.postgresql_proc(
+    load=[migrate_template], postgres_options="-c fsync=off -c full_page_writes=off"
+)
 postgresql = factories.postgresql("postgresql_proc")
 
 

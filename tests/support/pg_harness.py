@@ -78,7 +78,7 @@ testpaths = ["tests"]
 addopts = ["-p", "no:cacheprovider", "-ra", "--strict-markers", "--strict-config"]
 xfail_strict = true
 # postgresql_exec is deliberately absent: tox passes --postgresql-exec and
-# plain runs get tools/pg_ctl_wrapper from use_wrapper_by_default().
+# plain runs get tools/pg_ctl_wrapper from configure().
 postgresql_dbname = "pybatch_tests"
 """
 
