@@ -19,9 +19,10 @@ Runs are short and many (1 s, 15 rounds by default) and rotate (the side that go
 changes every round), so that the four sides share the same minutes of a busy machine,
 whose commit flush time can change tenfold within a minute; before each run a CHECKPOINT
 and a garbage collection (untimed; the collector is then off during the run). Medians of
-the runs are compared, and the per-round ratios printed. The target is a ratio of at least 0.6. Without
-`--dsn` an EmbeddedPostgres is started with fsync on, so every commit waits for its WAL
-flush as in production. Results are printed and written as JSON under bench/results/.
+the runs are compared, and the per-round ratios printed. The target is a ratio of at least
+0.6. Without `--dsn` an EmbeddedPostgres is started with fsync on, so every commit waits
+for its WAL flush as in production. Results are printed and written as JSON under
+bench/results/.
 """
 
 from __future__ import annotations

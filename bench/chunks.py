@@ -44,11 +44,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import pq
 
+import pybatch.chunks as chunks_module
 from bench._server import ADMIN_APPLICATION, admin_connect, postgres_server, scratch_database
 from pybatch import ConnectionConfig, JobRepository, TlsMode, migrate
 from pybatch.config import APPLICATION_NAME
@@ -57,15 +58,17 @@ from pybatch.etl import Job, StepRun
 __all__ = [
     "BASELINE_APPLICATION",
     "ChunkTracer",
+    "PhaseMeter",
     "ProtocolCount",
     "ServerCpu",
     "Variant",
+    "gc_paused",
     "machine_info",
     "main",
+    "median",
     "print_machine",
     "protocol_trace",
     "pybatch_repository",
-    "gc_paused",
     "write_results",
 ]
 
@@ -74,6 +77,7 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 BASELINE_APPLICATION = "pybatch-bench-baseline"
 
 Row = tuple[int, str, int]
+T = TypeVar("T")
 
 # The two sides load the same rows into two tables of the same shape.
 TABLES_SQL = (
@@ -90,6 +94,8 @@ CHECKPOINT_SQL = 'UPDATE bench_checkpoint SET "offset" = %s WHERE id = 1'
 
 #: Chunks of the untimed tracing pass; the last one is traced (statements prepared by then).
 TRACE_CHUNKS = 8
+#: Rows of the untimed phase pass (per variant).
+PHASE_ROWS = 100_000
 TARGET_RATIO = 0.9
 
 
@@ -326,6 +332,106 @@ class RunStats:
     fixed: float | None = None  # pybatch: launch, step start, step end, job end
 
 
+class PhaseMeter:
+    """Wall time, client CPU and server CPU per phase of a chunk (the untimed phase pass).
+
+    pybatch's phases are its chunk methods, wrapped while `pybatch_phases()` is active:
+    open (`begin_for`: pool acquire, BEGIN, the state SELECT, decode), business
+    (`executemany` / `copy`) and progress (`commit`: the CAS UPDATE, COMMIT, release). The
+    baseline's are its three steps. Server CPU is read from /proc/<pid>/schedstat of the
+    connection's backend between the phases (local servers only), when the backend is idle.
+    """
+
+    def __init__(self, *, local: bool) -> None:
+        self.local = local
+        self.totals: dict[str, list[float]] = {}
+        self.pybatch_pid = 0
+
+    def measure(self, phase: str, pid: int, call: Callable[[], T]) -> T:
+        server = self._server_ns(pid)
+        client = time.process_time()
+        started = time.perf_counter()
+        try:
+            return call()
+        finally:
+            wall = time.perf_counter() - started
+            cpu = time.process_time() - client
+            used = self._server_ns(pid) - server
+            totals = self.totals.setdefault(phase, [0.0, 0.0, 0.0])
+            totals[0] += wall
+            totals[1] += cpu
+            totals[2] += used / 1e9 if self.local and pid and server else 0.0
+
+    def _server_ns(self, pid: int) -> int:
+        return ServerCpu._cpu_ns(pid) if self.local and pid else 0
+
+    @contextmanager
+    def pybatch_phases(self) -> Iterator[None]:
+        """Wrap the chunk classes' methods with `measure` (diagnostic instrumentation)."""
+        manager, transaction = chunks_module.ChunkTransactionManager, chunks_module.ChunkTransaction
+        begin_for = manager.begin_for
+        executemany, copy, commit = transaction.executemany, transaction.copy, transaction.commit
+        meter = self
+
+        def open_(self: Any, context: Any) -> Any:
+            opened = meter.measure(PHASE_OPEN, meter.pybatch_pid, lambda: begin_for(self, context))
+            meter.pybatch_pid = opened.connection.info.backend_pid
+            return opened
+
+        def business_many(self: Any, *args: Any) -> Any:
+            return meter.measure(
+                PHASE_BUSINESS, meter.pybatch_pid, lambda: executemany(self, *args)
+            )
+
+        def business_copy(self: Any, *args: Any) -> Any:
+            return meter.measure(PHASE_BUSINESS, meter.pybatch_pid, lambda: copy(self, *args))
+
+        def progress(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return meter.measure(
+                PHASE_PROGRESS, meter.pybatch_pid, lambda: commit(self, *args, **kwargs)
+            )
+
+        wrapped: dict[tuple[type, str], Any] = {
+            (manager, "begin_for"): open_,
+            (transaction, "executemany"): business_many,
+            (transaction, "copy"): business_copy,
+            (transaction, "commit"): progress,
+        }
+        originals = {(cls, name): cls.__dict__[name] for cls, name in wrapped}
+        for (cls, name), wrapper in wrapped.items():
+            setattr(cls, name, wrapper)
+        try:
+            yield
+        finally:
+            for (cls, name), original in originals.items():
+                setattr(cls, name, original)
+
+    def rows(self, chunks: int) -> list[tuple[str, float, float, float | None]]:
+        """(phase, wall us, client CPU us, server CPU us) per chunk, in phase order."""
+        result: list[tuple[str, float, float, float | None]] = []
+        for phase in (*PYBATCH_PHASES, *BASELINE_PHASES):
+            wall, client, server = self.totals.get(phase, [0.0, 0.0, 0.0])
+            result.append(
+                (
+                    phase,
+                    wall / chunks * 1e6,
+                    client / chunks * 1e6,
+                    server / chunks * 1e6 if self.local else None,
+                )
+            )
+        return result
+
+
+PHASE_OPEN = "pybatch open: acquire, BEGIN, state SELECT, decode"
+PHASE_BUSINESS = "pybatch business statements"
+PHASE_PROGRESS = "pybatch progress: CAS UPDATE, COMMIT, release"
+PYBATCH_PHASES = (PHASE_OPEN, PHASE_BUSINESS, PHASE_PROGRESS)
+BASELINE_PHASES = (
+    "baseline business statements (with BEGIN)",
+    "baseline checkpoint UPDATE",
+    "baseline COMMIT",
+)
+
 # ---------------------------------------------------------------------- the two sides
 
 
@@ -360,6 +466,7 @@ def run_interleaved(
     cpu: ServerCpu,
     *,
     trace: ChunkTracer | None = None,
+    meter: PhaseMeter | None = None,
 ) -> tuple[RunStats, RunStats, ProtocolCount | None]:
     """Load `batches` both ways, alternating the sides chunk by chunk (ABBA).
 
@@ -367,7 +474,9 @@ def run_interleaved(
     Baseline: the same business statements into `bench_item_baseline` on `baseline`, then
     one checkpoint UPDATE and COMMIT. Each chunk of one side is timed on its own, so both
     sides see the same moments of a busy machine. With `trace`, the last chunk of each side
-    is traced instead (untimed use only); the baseline's count is returned.
+    is traced instead (untimed use only); the baseline's count is returned. With `meter`,
+    the baseline's chunks are split into its phases (pybatch's are split by
+    `meter.pybatch_phases()`, which the caller activates).
     """
     copy = variant.method == "copy"
     target = {"pybatch": "bench_item_pybatch", "baseline": "bench_item_baseline"}
@@ -390,6 +499,25 @@ def run_interleaved(
             cursor.execute(CHECKPOINT_SQL, (offset,))
         baseline.commit()
 
+    def baseline_phases(batch: Sequence[Row], offset: int) -> None:
+        assert meter is not None
+        pid = baseline.info.backend_pid
+        with baseline.cursor() as cursor:
+
+            def business() -> None:
+                if copy:
+                    with cursor.copy(copy_in["baseline"]) as writer:
+                        for row in batch:
+                            writer.write_row(row)
+                else:
+                    cursor.executemany(insert["baseline"], batch)
+
+            meter.measure(BASELINE_PHASES[0], pid, business)
+            meter.measure(
+                BASELINE_PHASES[1], pid, lambda: cursor.execute(CHECKPOINT_SQL, (offset,))
+            )
+        meter.measure(BASELINE_PHASES[2], pid, baseline.commit)
+
     def load(step: StepRun) -> None:
         step_started = time.perf_counter()
         backends["pybatch"] = cpu.snapshot(APPLICATION_NAME)
@@ -403,7 +531,10 @@ def run_interleaved(
                     chunk.executemany(insert["pybatch"], batch)
                 chunk.commit(read=len(batch), written=len(batch), checkpoint={"offset": offset})
 
-        chunks = {"pybatch": pybatch_chunk, "baseline": baseline_chunk}
+        chunks = {
+            "pybatch": pybatch_chunk,
+            "baseline": baseline_chunk if meter is None else baseline_phases,
+        }
         last = len(batches) - 1
         offset = 0
         for index, batch in enumerate(batches):
@@ -462,6 +593,8 @@ class Cell:
     baseline: list[RunStats] = field(default_factory=list)
     pybatch_per_chunk: ProtocolCount = field(default_factory=ProtocolCount)
     baseline_per_chunk: ProtocolCount = field(default_factory=ProtocolCount)
+    # (phase, wall us, client CPU us, server CPU us) per chunk, from the phase pass
+    phases: list[tuple[str, float, float, float | None]] = field(default_factory=list)
 
     @property
     def chunks(self) -> int:
@@ -514,6 +647,10 @@ class Cell:
             "baseline_runs": [asdict(run) for run in self.baseline],
             "pybatch_per_chunk": asdict(self.pybatch_per_chunk),
             "baseline_per_chunk": asdict(self.baseline_per_chunk),
+            "phases_us_per_chunk": [
+                {"phase": phase, "wall": wall, "client_cpu": client, "server_cpu": server}
+                for phase, wall, client, server in self.phases
+            ],
             "summary": self.summary(),
         }
 
@@ -569,8 +706,25 @@ def trace_pass(
     cell.baseline_per_chunk = base
 
 
+def phase_pass(
+    repository: JobRepository,
+    baseline: psycopg.Connection[Any],
+    dsn: str,
+    cell: Cell,
+    data: Sequence[Row],
+    cpu: ServerCpu,
+) -> None:
+    """Untimed: split the chunks of both sides into phases (where the time goes)."""
+    batches = batches_of(data[:PHASE_ROWS], cell.variant.size)
+    meter = PhaseMeter(local=cpu.local)
+    reset(dsn)
+    with gc_paused(), meter.pybatch_phases():
+        run_interleaved(repository, baseline, cell.variant, batches, "phases", cpu, meter=meter)
+    cell.phases = meter.rows(len(batches))
+
+
 def measure(dsn: str, rows: int, repeat: int, cpu: ServerCpu) -> list[Cell]:
-    """Trace, then run every variant `repeat` times; return the cells."""
+    """Trace, run every variant `repeat` times, then split into phases; return the cells."""
     with admin_connect(dsn) as conn:
         for statement in TABLES_SQL:
             conn.execute(statement)
@@ -601,6 +755,8 @@ def measure(dsn: str, rows: int, repeat: int, cpu: ServerCpu) -> list[Cell]:
                     f"{base.seconds / pybatch.seconds:.2f}",
                     flush=True,
                 )
+        for cell in cells:
+            phase_pass(repository, baseline, dsn, cell, data, cpu)
     return cells
 
 
@@ -649,11 +805,26 @@ def tables(cells: Sequence[Cell]) -> str:
             f"| {_us(s['pybatch_server_cpu_us_per_chunk'])} "
             f"/ {_us(s['baseline_server_cpu_us_per_chunk'])} |"
         )
+    phases = [
+        "| phase: wall / client CPU / server CPU, us per chunk | "
+        + " | ".join(cell.variant.name for cell in cells)
+        + " |",
+        "|---|" + "---:|" * len(cells),
+    ]
+    for index, (phase, *_) in enumerate(cells[0].phases):
+        values = [
+            f"{wall:,.0f} / {client:,.0f} / {_us(server)}"
+            for _, wall, client, server in (cell.phases[index] for cell in cells)
+        ]
+        phases.append(f"| {phase} | " + " | ".join(values) + " |")
     return (
         "Throughput (medians of the timed chunk loops):\n\n"
         + "\n".join(throughput)
         + "\n\nPer chunk (statements and round trips from a protocol trace; times are medians):\n\n"
         + "\n".join(per_chunk)
+        + "\n\nWhere the time goes (untimed phase pass, "
+        + f"{PHASE_ROWS:,} rows per variant):\n\n"
+        + "\n".join(phases)
     )
 
 

@@ -38,9 +38,11 @@ class CaFile:
             self._dir = None
 
 
-def connection_kwargs(config: ConnectionConfig, ca_file: CaFile) -> dict[str, Any]:
+def connection_kwargs(
+    config: ConnectionConfig, ca_file: CaFile, *, session_timeouts: bool = False
+) -> dict[str, Any]:
     """Keyword arguments for `psycopg.connect` under this configuration."""
-    return config.connection_kwargs(ca_file=ca_file.path)
+    return config.connection_kwargs(ca_file=ca_file.path, session_timeouts=session_timeouts)
 
 
 @contextlib.contextmanager

@@ -72,10 +72,7 @@ class Statement:
         prepare: bool | None = None,
     ) -> Any:
         """Run with a parameter mapping; `prepare=True` prepares it on first use (hot paths)."""
-        if params.keys() != self.parameters:
-            missing = sorted(self.parameters - params.keys())
-            unknown = sorted(params.keys() - self.parameters)
-            raise TypeError(f"{self.name}: missing parameters {missing}, unknown {unknown}")
+        self._check(params)
         with conn.cursor(row_factory=dict_row) as cursor:
             cursor.execute(self.query, params, prepare=prepare)
             if self.mode == "affected":
@@ -86,6 +83,12 @@ class Statement:
             if self.mode == "one":
                 return row
             return None if row is None else next(iter(row.values()))
+
+    def _check(self, params: Mapping[str, Any]) -> None:
+        if params.keys() != self.parameters:
+            missing = sorted(self.parameters - params.keys())
+            unknown = sorted(params.keys() - self.parameters)
+            raise TypeError(f"{self.name}: missing parameters {missing}, unknown {unknown}")
 
     def executemany(self, conn: psycopg.Connection[Any], rows: list[dict[str, Any]]) -> None:
         """Run the statement once per parameter mapping, pipelined by psycopg."""

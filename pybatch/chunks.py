@@ -331,42 +331,43 @@ class ChunkTransaction:
                 if receipt.context is state.context
                 else to_jsonb(receipt.context.payload)
             )
-            changed = self._manager.statements.update_step_chunk_commit.run(
-                conn,
-                {
-                    "read_count": next_counts.read,
-                    "processed_count": next_counts.processed,
-                    "write_count": next_counts.written,
-                    "filter_count": next_counts.filtered,
-                    "commit_count": next_counts.committed,
-                    "checkpoint_schema": receipt.checkpoint.schema.value,
-                    "checkpoint_schema_version": receipt.checkpoint.schema_version,
-                    "checkpoint_payload": to_jsonb(receipt.checkpoint.payload),
-                    "context_schema": receipt.context.schema.value,
-                    "context_schema_version": receipt.context.schema_version,
-                    "context_payload": context_payload,
-                    "read_skips": progress.read_skips,
-                    "process_skips": progress.process_skips,
-                    "write_skips": progress.write_skips,
-                    "no_rollbacks": progress.no_rollbacks,
-                    "fault_state_payload": _EMPTY_FAULT_STATE_PAYLOAD,
-                    "fault_state_checksum": _EMPTY_FAULT_STATE["fault_state_checksum"],
-                    "now": self._manager.clock.now(),
-                    "step_execution_id": state.step_execution_id,
-                    "job_execution_id": state.job_execution_id,
-                    "expected_version": state.version,
-                },
-                prepare=True,
-            )
-            if changed != 1:
-                raise NotCommitted(reason="the step changed or is no longer STARTED")
+            params = {
+                "read_count": next_counts.read,
+                "processed_count": next_counts.processed,
+                "write_count": next_counts.written,
+                "filter_count": next_counts.filtered,
+                "commit_count": next_counts.committed,
+                "checkpoint_schema": receipt.checkpoint.schema.value,
+                "checkpoint_schema_version": receipt.checkpoint.schema_version,
+                "checkpoint_payload": to_jsonb(receipt.checkpoint.payload),
+                "context_schema": receipt.context.schema.value,
+                "context_schema_version": receipt.context.schema_version,
+                "context_payload": context_payload,
+                "read_skips": progress.read_skips,
+                "process_skips": progress.process_skips,
+                "write_skips": progress.write_skips,
+                "no_rollbacks": progress.no_rollbacks,
+                "fault_state_payload": _EMPTY_FAULT_STATE_PAYLOAD,
+                "fault_state_checksum": _EMPTY_FAULT_STATE["fault_state_checksum"],
+                "now": self._manager.clock.now(),
+                "step_execution_id": state.step_execution_id,
+                "job_execution_id": state.job_execution_id,
+                "expected_version": state.version,
+            }
         except NotCommitted:
             self.rollback()
             raise
+        try:
+            changed = self._manager.statements.update_step_chunk_commit.run(
+                conn, params, prepare=True
+            )
         except psycopg.Error as error:
             lost = _sqlstate.is_connection_loss(error, conn)
             self._close(discard=lost) if lost else self.rollback()
             raise NotCommitted(reason="the progress update failed") from None
+        if changed != 1:
+            self.rollback()
+            raise NotCommitted(reason="the step changed or is no longer STARTED")
         try:
             conn.commit()
         except psycopg.Error as error:
@@ -483,6 +484,24 @@ class ChunkTransactionManager:
                 raise
             raise NotCommitted(reason="the committed step state is unusable") from None
         return ChunkTransaction(self, conn, state)
+
+    def begin_after(self, committed: CommittedStepState) -> ChunkTransaction:
+        """Open the next chunk of a step from the state this process just committed.
+
+        No statement runs until the chunk's own: the step is not re-read, because the
+        commit is a compare-and-swap on the committed version and STARTED, so any change
+        made meanwhile (a stop, a recovery, another writer) still refuses the chunk, at
+        commit instead of at begin. Pooled connections carry the configured timeouts as
+        session defaults, and BEGIN is READ COMMITTED explicitly.
+
+        Raises:
+            NotCommitted: the database is unreachable.
+        """
+        try:
+            conn = self.repository._acquire()
+        except Unavailable:
+            raise NotCommitted(reason="the database is unavailable") from None
+        return ChunkTransaction(self, conn, committed)
 
     def load_committed_state(self, context: ChunkContext) -> CommittedStepState:
         """The step's committed state, read in its own read-only transaction.

@@ -187,7 +187,9 @@ class StepRun:
 
     def chunk(self) -> Chunk:
         """Open a chunk transaction on the step (use it in a `with` block)."""
-        return Chunk(self, self._manager.begin_for(self._context))
+        if self.state is None:
+            return Chunk(self, self._manager.begin_for(self._context))
+        return Chunk(self, self._manager.begin_after(self.state))
 
     def _committed(self, state: CommittedStepState) -> None:
         self.state = state

@@ -29,11 +29,20 @@ from pybatch.errors import (
     Unavailable,
     UnitOfWorkClosed,
 )
-from pybatch.repository import definitions, executions, flow, instances, recovery, steps
+from pybatch.repository import (
+    definitions,
+    executions,
+    flow,
+    instances,
+    operator_requests,
+    recovery,
+    steps,
+)
 from pybatch.values.definitions import DefinitionIdentity, DefinitionUpgrade
 from pybatch.values.flow import StartLimit
 from pybatch.values.lifecycle import LifecycleTransition
-from pybatch.values.names import ExitCode, JobName, NodeId, StepName
+from pybatch.values.names import ExitCode, JobName, NodeId, OperationId, StepName
+from pybatch.values.operator import OperatorAction, OperatorRecord, OperatorRecordDraft
 from pybatch.values.parameters import JobInstanceKey
 from pybatch.values.records import (
     JobExecution,
@@ -273,6 +282,25 @@ class UnitOfWork(UnitOfWorkBase):
             return recovery.recover_job_execution(
                 self.statements, conn, self.clock, execution_id, request
             )
+
+    # ------------------------------------------------------------------ operator requests
+
+    def find_operator_request(
+        self, action: OperatorAction, operation_id: OperationId
+    ) -> OperatorRecord | None:
+        """The recorded operator request of (action, operation id), or None (4.10)."""
+        with self.operation() as conn:
+            return operator_requests.find_operator_request(
+                self.statements, conn, action, operation_id
+            )
+
+    def append_operator_request(self, draft: OperatorRecordDraft) -> OperatorRecord:
+        """Append an operator audit row; a recorded key is ConcurrentModification (4.10).
+
+        Append it in the unit of work of the effect it audits, so both commit or neither.
+        """
+        with self.operation() as conn:
+            return operator_requests.append_operator_request(self.statements, conn, draft)
 
     # ------------------------------------------------------------------ step executions
 

@@ -19,8 +19,9 @@ from tests.support import pg_harness
 from tests.support.clock import ManualClock
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest's tmpdir plugin reads --basetemp
 def pytest_configure(config: pytest.Config) -> None:
-    pg_harness.use_wrapper_by_default(config)
+    pg_harness.configure(config)
 
 
 def dsn_for(*, host: str, port: int, user: str, dbname: str, password: str | None = None) -> str:
@@ -45,16 +46,19 @@ def migrate_template(
 
 # fsync off: each test clones the template database, and durability against an OS crash
 # of a throwaway server buys nothing (the crash tests kill clients, not the server).
-postgresql_proc = factories.postgresql_proc(
+_postgresql_proc = factories.postgresql_proc(
     load=[migrate_template], postgres_options="-c fsync=off -c full_page_writes=off"
 )
+
+
+@pytest.fixture(scope="session")
+def postgresql_proc(_postgresql_proc: Any) -> Any:
+    """The session's server, once it has proved to be the major its tox env names."""
+    pg_harness.check_executor_major(_postgresql_proc)
+    return _postgresql_proc
+
+
 postgresql = factories.postgresql("postgresql_proc")
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _server_major(postgresql_proc: Any) -> int:
-    """Every run first proves it talks to the PostgreSQL major its tox env names."""
-    return pg_harness.check_executor_major(postgresql_proc)
 
 
 @pytest.fixture

@@ -72,7 +72,7 @@ class JobRepository:
             conn.commit()
 
         pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
-            kwargs=connection_kwargs(config, ca_file),
+            kwargs=connection_kwargs(config, ca_file, session_timeouts=True),
             min_size=0,
             max_size=config.pool_size,
             timeout=config.acquire_timeout.total_seconds(),

@@ -293,8 +293,9 @@ def test_orphaned_execution_is_recovered_on_the_next_launch(
     # The old owner is fenced: its in-flight chunk and any new one cannot commit.
     with pytest.raises(NotCommitted):
         zombie.commit(read=1, written=1, checkpoint={"offset": 2})
-    with pytest.raises(NotCommitted):
-        open_step.chunk()
+    with pytest.raises(NotCommitted), open_step.chunk() as late:
+        late.execute("INSERT INTO public.orders VALUES (9, 'written by the fenced owner')")
+        late.commit(read=1, written=1, checkpoint={"offset": 9})
     assert business_ids(admin) == [1, 2, 3]
 
     [decision] = decisions(admin)

@@ -1,0 +1,49 @@
+"""Operator request audit and idempotency (behaviour.md 4.10), queries/operator_requests.sql."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from pybatch._statements import Statements
+from pybatch.codecs.operator import decode_operator_record, encode_operator_record_draft
+from pybatch.values.ids import OperatorRequestId
+from pybatch.values.names import OperationId
+from pybatch.values.operator import OperatorAction, OperatorRecord, OperatorRecordDraft
+
+__all__ = ["append_operator_request", "find_operator_request"]
+
+Connection = psycopg.Connection[Any]
+
+
+def find_operator_request(
+    q: Statements, conn: Connection, action: OperatorAction, operation_id: OperationId
+) -> OperatorRecord | None:
+    """The recorded request of (action, operation id), or None: the service's replay probe (4.10).
+
+    The key is the pair; the same operation id under another action is another request.
+
+    Statements: operator_requests.sql find_operator_request.
+    """
+    row = q.find_operator_request(conn, action=action.value, operation_id=operation_id.value)
+    return None if row is None else decode_operator_record(row)
+
+
+def append_operator_request(
+    q: Statements, conn: Connection, draft: OperatorRecordDraft
+) -> OperatorRecord:
+    """Append the audit row of a request, in the unit of work of its effect (4.10).
+
+    Race: two appends of one (action, operation id) are settled by
+    operator_request_identity_unique; the loser waits for the winner's transaction and fails,
+    so the service re-probes instead of applying the effect twice.
+
+    Raises:
+        ConcurrentModification: the (action, operation id) is already recorded.
+        IntegrityViolation: any other constraint refused the row (rule 11).
+
+    Statements: operator_requests.sql insert_operator_request.
+    """
+    row = q.insert_operator_request(conn, **encode_operator_record_draft(draft))
+    return OperatorRecord.from_draft(OperatorRequestId(int(row["id"])), draft)

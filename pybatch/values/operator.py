@@ -1,0 +1,503 @@
+"""Operator vocabulary: actions, outcomes, lossless rejections, audit records (behaviour.md 2.17).
+
+The audit row is what makes operator requests idempotent (behaviour.md 4.10), so every value
+here round-trips through `operator_request` unchanged: a rejection keeps its details (rule 12)
+and every code the domain defines is storable (rule 11).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import enum
+import hashlib
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from pybatch.errors import (
+    AbandonedInstance,
+    CompletedInstance,
+    ExecutionAlreadyActive,
+    IllegalTransition,
+    IncompatibleDefinition,
+    InvalidDefinitionUpgrade,
+    JobExecutionNotFound,
+    JobInstanceNotFound,
+    RecoveryNotAllowed,
+    RestartRequiresNewAttempt,
+    RestartStateNotFound,
+    StaleVersion,
+    StartLimitExceeded,
+)
+from pybatch.values.definitions import DefinitionIdentity
+from pybatch.values.ids import (
+    IdentifierKind,
+    JobExecutionId,
+    JobInstanceId,
+    OperatorRequestId,
+    check_identifier,
+    check_version,
+)
+from pybatch.values.names import ActorRef, OperationId, ReasonCode
+from pybatch.values.parameters import JobInstanceKey
+from pybatch.values.recovery import RecoveryRequest
+from pybatch.values.status import BatchStatus, FailureSummary
+from pybatch.values.timestamps import aware_utc
+
+__all__ = [
+    "REQUEST_DIGEST_DOMAIN",
+    "AuthorizationClass",
+    "OperatorAction",
+    "OperatorOutcomeClass",
+    "OperatorRecord",
+    "OperatorRecordDraft",
+    "OperatorRejection",
+    "OperatorRejectionCode",
+    "RecoveryArguments",
+    "RequestDigest",
+    "RequestTarget",
+]
+
+#: Domain-separation tag of the request digest, kept byte for byte from upstream (schema.md 3.10).
+REQUEST_DIGEST_DOMAIN = "oxide-batch.operator-request.v1"
+
+
+class AuthorizationClass(enum.Enum):
+    """How much an operator request may change; derived from the action and stored with it."""
+
+    #: Explorer queries and retention plans.
+    READ = "READ"
+    #: Launch, restart and stop.
+    LIFECYCLE = "LIFECYCLE"
+    #: Abandon, recover, hold, release and purge apply.
+    DESTRUCTIVE = "DESTRUCTIVE"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class OperatorAction(enum.Enum):
+    """An operator action; the value is the stored code and half of the idempotency key."""
+
+    #: Create the first (or a new) execution of an instance key.
+    LAUNCH = "LAUNCH"
+    #: Create a new attempt of an existing instance.
+    RESTART = "RESTART"
+    #: Ask a running execution to stop cooperatively.
+    STOP = "STOP"
+    #: Make a stopped or failed execution terminal.
+    ABANDON = "ABANDON"
+    #: Resolve an orphaned or ambiguous execution (behaviour.md 4.9).
+    RECOVER = "RECOVER"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def authorization_class(self) -> AuthorizationClass:
+        """LIFECYCLE for launch, restart and stop; DESTRUCTIVE for abandon and recover."""
+        if self in (OperatorAction.ABANDON, OperatorAction.RECOVER):
+            return AuthorizationClass.DESTRUCTIVE
+        return AuthorizationClass.LIFECYCLE
+
+
+class OperatorOutcomeClass(enum.Enum):
+    """What became of an operator request."""
+
+    #: The effect was applied (or was already in place, e.g. a repeated stop).
+    APPLIED = "APPLIED"
+    #: A recorded request was replayed; the service writes no row for it, but it is storable.
+    REPLAYED = "REPLAYED"
+    #: The repository refused the effect; the row carries the rejection.
+    REJECTED = "REJECTED"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class OperatorRejectionCode(enum.Enum):
+    """Why an operator request was rejected; the value is the stored code."""
+
+    #: The execution's version moved on; carries the actual (current) version.
+    OPTIMISTIC_CONFLICT = "OPTIMISTIC_CONFLICT"
+    #: The target's status forbids the action; carries that status.
+    INVALID_STATE = "INVALID_STATE"
+    #: The instance is COMPLETED and never runs again.
+    INSTANCE_COMPLETED = "INSTANCE_COMPLETED"
+    #: The instance is ABANDONED and never runs again.
+    INSTANCE_ABANDONED = "INSTANCE_ABANDONED"
+    #: The instance already has an unresolved execution; carries its id and status.
+    EXECUTION_ALREADY_ACTIVE = "EXECUTION_ALREADY_ACTIVE"
+    #: The requested definition cannot continue the instance's previous attempt.
+    INCOMPATIBLE_DEFINITION = "INCOMPATIBLE_DEFINITION"
+    #: A restart of an instance that has no execution yet.
+    RESTART_WITHOUT_PRIOR_ATTEMPT = "RESTART_WITHOUT_PRIOR_ATTEMPT"
+    #: A node used up its start limit.
+    START_LIMIT_EXCEEDED = "START_LIMIT_EXCEEDED"
+    #: An UNKNOWN outcome must be recovered explicitly first.
+    UNRESOLVED_RECOVERY_REQUIRED = "UNRESOLVED_RECOVERY_REQUIRED"
+    #: The target execution does not exist.
+    EXECUTION_NOT_FOUND = "EXECUTION_NOT_FOUND"
+    #: The target instance does not exist.
+    INSTANCE_NOT_FOUND = "INSTANCE_NOT_FOUND"
+    #: The action code is outside the vocabulary.
+    UNSUPPORTED_ACTION = "UNSUPPORTED_ACTION"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def carries_current_version(self) -> bool:
+        """Whether the rejection records the execution's actual version."""
+        return self is OperatorRejectionCode.OPTIMISTIC_CONFLICT
+
+    @property
+    def carries_status(self) -> bool:
+        """Whether the rejection records a status."""
+        return self in (
+            OperatorRejectionCode.INVALID_STATE,
+            OperatorRejectionCode.EXECUTION_ALREADY_ACTIVE,
+        )
+
+    @property
+    def carries_execution_id(self) -> bool:
+        """Whether the rejection records the active execution's id."""
+        return self is OperatorRejectionCode.EXECUTION_ALREADY_ACTIVE
+
+
+def _optional_version(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is None:
+        return
+    if type(value) is not int:
+        raise TypeError(f"{attribute.name} is an int")
+    check_version(value)
+
+
+_Validator = Callable[[object, "attrs.Attribute[Any]", object], None]
+
+
+def _identifier(kind: IdentifierKind, *, optional: bool = True) -> _Validator:
+    """An attrs validator for a storable identifier of `kind` (None allowed when `optional`)."""
+
+    def validate(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if value is None and optional:
+            return
+        if type(value) is not int:
+            raise TypeError(f"{attribute.name} is an int")
+        check_identifier(kind, value)
+
+    return validate
+
+
+_optional_status = attrs.validators.optional(attrs.validators.instance_of(BatchStatus))
+
+
+@attrs.frozen(kw_only=True)
+class OperatorRejection:
+    """A rejection code with exactly the details that code carries (rule 12).
+
+    `current_version` is the execution's actual version (not the request's expected one);
+    `status` and `execution_id` are the values the repository reported.
+    """
+
+    code: OperatorRejectionCode = attrs.field(
+        validator=attrs.validators.instance_of(OperatorRejectionCode)
+    )
+    current_version: int | None = attrs.field(default=None, validator=_optional_version)
+    status: BatchStatus | None = attrs.field(default=None, validator=_optional_status)
+    execution_id: JobExecutionId | None = attrs.field(
+        default=None, validator=_identifier(IdentifierKind.JOB_EXECUTION)
+    )
+
+    def __attrs_post_init__(self) -> None:
+        # The same shape operator_request_rejection_shape enforces in storage.
+        code = self.code
+        for detail, carried in (
+            ("current_version", code.carries_current_version),
+            ("status", code.carries_status),
+            ("execution_id", code.carries_execution_id),
+        ):
+            if (getattr(self, detail) is not None) != carried:
+                verb = "needs" if carried else "carries no"
+                raise ValueError(f"{code.value} {verb} {detail}")
+
+    @classmethod
+    def of(cls, code: OperatorRejectionCode) -> OperatorRejection:
+        """A rejection whose code carries no details."""
+        return cls(code=code)
+
+    @classmethod
+    def optimistic_conflict(cls, current_version: int) -> OperatorRejection:
+        """OPTIMISTIC_CONFLICT with the execution's actual version."""
+        return cls(code=OperatorRejectionCode.OPTIMISTIC_CONFLICT, current_version=current_version)
+
+    @classmethod
+    def invalid_state(cls, status: BatchStatus) -> OperatorRejection:
+        """INVALID_STATE with the status that forbade the action."""
+        return cls(code=OperatorRejectionCode.INVALID_STATE, status=status)
+
+    @classmethod
+    def execution_already_active(
+        cls, execution_id: JobExecutionId, status: BatchStatus
+    ) -> OperatorRejection:
+        """EXECUTION_ALREADY_ACTIVE with the active execution's id and status."""
+        return cls(
+            code=OperatorRejectionCode.EXECUTION_ALREADY_ACTIVE,
+            execution_id=execution_id,
+            status=status,
+        )
+
+    @classmethod
+    def from_repository(cls, error: BaseException) -> OperatorRejection | None:
+        """The audited rejection of a repository error, or None if the error must propagate.
+
+        The mapping table of behaviour.md 2.17; anything not in it is not a rejection.
+        """
+        codes = OperatorRejectionCode
+        if isinstance(error, CompletedInstance):
+            return cls.of(codes.INSTANCE_COMPLETED)
+        if isinstance(error, AbandonedInstance):
+            return cls.of(codes.INSTANCE_ABANDONED)
+        if isinstance(error, ExecutionAlreadyActive):
+            return cls.execution_already_active(
+                JobExecutionId(error.execution_id), BatchStatus(error.status)
+            )
+        if isinstance(
+            error, IncompatibleDefinition | RestartStateNotFound | InvalidDefinitionUpgrade
+        ):
+            return cls.of(codes.INCOMPATIBLE_DEFINITION)
+        if isinstance(error, StartLimitExceeded):
+            return cls.of(codes.START_LIMIT_EXCEEDED)
+        if isinstance(error, JobExecutionNotFound):
+            return cls.of(codes.EXECUTION_NOT_FOUND)
+        if isinstance(error, JobInstanceNotFound):
+            return cls.of(codes.INSTANCE_NOT_FOUND)
+        if isinstance(error, StaleVersion):
+            return cls.optimistic_conflict(error.actual)
+        if isinstance(error, IllegalTransition | RestartRequiresNewAttempt):
+            return cls.invalid_state(BatchStatus(error.from_status))
+        if isinstance(error, RecoveryNotAllowed):
+            return cls.invalid_state(BatchStatus(error.status))
+        return None
+
+
+# --------------------------------------------------------------------------- request digest
+
+
+@attrs.frozen
+class RequestTarget:
+    """What a request acts on, in the text form the request digest covers (behaviour.md 2.17)."""
+
+    value: str = attrs.field(validator=attrs.validators.instance_of(str))
+
+    @classmethod
+    def instance_key(cls, key: JobInstanceKey) -> RequestTarget:
+        """`instance-key:<hex digest>`: a launch names the key, not an instance id."""
+        return cls(f"instance-key:{key.digest().hex()}")
+
+    @classmethod
+    def instance(cls, instance_id: JobInstanceId) -> RequestTarget:
+        """`instance:<id>`: a restart names an existing instance."""
+        return cls(f"instance:{check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)}")
+
+    @classmethod
+    def execution(cls, execution_id: JobExecutionId) -> RequestTarget:
+        """`execution:<id>`: stop, abandon and recover name an execution."""
+        return cls(f"execution:{check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)}")
+
+
+@attrs.frozen(kw_only=True)
+class RecoveryArguments:
+    """The recovery arguments a RECOVER request's digest covers."""
+
+    request: RecoveryRequest = attrs.field(validator=attrs.validators.instance_of(RecoveryRequest))
+    unknown_commit: bool = attrs.field(validator=attrs.validators.instance_of(bool))
+
+
+class _CanonicalWriter:
+    """Length-prefixed fields, so no two field lists share an encoding (schema.md 3.10)."""
+
+    def __init__(self, tag: str) -> None:
+        self._parts: list[bytes] = []
+        self.text(tag)
+
+    def bytes_(self, value: bytes) -> None:
+        self._parts.append(struct.pack(">Q", len(value)) + value)
+
+    def text(self, value: str) -> None:
+        self.bytes_(value.encode("utf-8"))
+
+    def u64(self, value: int) -> None:
+        self._parts.append(struct.pack(">Q", value))
+
+    def optional_u64(self, value: int | None) -> None:
+        self._parts.append(b"\x00" if value is None else b"\x01" + struct.pack(">Q", value))
+
+    def digest(self) -> bytes:
+        return hashlib.sha256(b"".join(self._parts)).digest()
+
+
+@attrs.frozen(repr=False)
+class RequestDigest:
+    """The 32-byte SHA-256 of an operator request, without the actor (a replay by anyone replays).
+
+    Two requests with one (action, operation id) are the same request exactly when their digests
+    are equal; a different digest is an operation-id conflict (behaviour.md 4.10).
+    """
+
+    value: bytes
+
+    def __attrs_post_init__(self) -> None:
+        if type(self.value) is not bytes or len(self.value) != 32:
+            raise ValueError("a request digest is 32 bytes")
+
+    @classmethod
+    def compute(
+        cls,
+        action: OperatorAction,
+        target: RequestTarget,
+        *,
+        expected_version: int | None = None,
+        reason: ReasonCode | None = None,
+        arguments: DefinitionIdentity | RecoveryArguments | None = None,
+    ) -> RequestDigest:
+        """Digest a request with the canonical writer of behaviour.md 2.17.
+
+        Args:
+            action: the action; its code is written.
+            target: what the request acts on.
+            expected_version: the request's expected execution version, if any.
+            reason: the request's reason code, if any (written as "" when absent).
+            arguments: a launch or restart's definition, a recovery's arguments, or None.
+        """
+        writer = _CanonicalWriter(REQUEST_DIGEST_DOMAIN)
+        writer.text(action.value)
+        writer.text(target.value)
+        writer.optional_u64(None if expected_version is None else check_version(expected_version))
+        writer.text("" if reason is None else reason.value)
+        if arguments is None:
+            writer.text("NONE")
+        elif isinstance(arguments, DefinitionIdentity):
+            writer.text("DEFINITION")
+            writer.text(arguments.revision.value)
+            writer.bytes_(arguments.manifest_digest)
+        else:
+            request = arguments.request
+            writer.text("RECOVERY")
+            writer.text(request.disposition.status.value)
+            writer.bytes_(request.evidence_digest)
+            writer.u64(int(arguments.unknown_commit))
+            failure: FailureSummary | None = request.failure
+            if failure is None:
+                writer.text("")
+            else:
+                writer.text(failure.category.as_str)
+                writer.u64(failure.failure_id)
+        return cls(writer.digest())
+
+    def hex(self) -> str:
+        """The lower-case hexadecimal form."""
+        return self.value.hex()
+
+    def __repr__(self) -> str:
+        return f"RequestDigest({self.value.hex()})"
+
+
+# --------------------------------------------------------------------------- records
+
+
+def _check_shape(outcome: OperatorOutcomeClass, rejection: OperatorRejection | None) -> None:
+    """APPLIED or REPLAYED carry no rejection; REJECTED carries one (behaviour.md 4.10)."""
+    if (outcome is OperatorOutcomeClass.REJECTED) != (rejection is not None):
+        raise ValueError("REJECTED carries a rejection; APPLIED and REPLAYED carry none")
+
+
+@attrs.frozen(kw_only=True)
+class OperatorRecordDraft:
+    """An audit row about to be appended: an operator record without its id."""
+
+    action: OperatorAction = attrs.field(validator=attrs.validators.instance_of(OperatorAction))
+    operation_id: OperationId = attrs.field(validator=attrs.validators.instance_of(OperationId))
+    actor: ActorRef = attrs.field(validator=attrs.validators.instance_of(ActorRef))
+    reason: ReasonCode | None = attrs.field(
+        validator=attrs.validators.optional(attrs.validators.instance_of(ReasonCode))
+    )
+    digest: RequestDigest = attrs.field(validator=attrs.validators.instance_of(RequestDigest))
+    job_instance_id: JobInstanceId | None = attrs.field(
+        validator=_identifier(IdentifierKind.JOB_INSTANCE)
+    )
+    job_execution_id: JobExecutionId | None = attrs.field(
+        validator=_identifier(IdentifierKind.JOB_EXECUTION)
+    )
+    observed_version: int | None = attrs.field(validator=_optional_version)
+    prior_status: BatchStatus | None = attrs.field(validator=_optional_status)
+    result_status: BatchStatus | None = attrs.field(validator=_optional_status)
+    outcome: OperatorOutcomeClass = attrs.field(
+        validator=attrs.validators.instance_of(OperatorOutcomeClass)
+    )
+    rejection: OperatorRejection | None = attrs.field(
+        validator=attrs.validators.optional(attrs.validators.instance_of(OperatorRejection))
+    )
+    requested_at: _dt.datetime = attrs.field(converter=aware_utc)
+
+    def __attrs_post_init__(self) -> None:
+        _check_shape(self.outcome, self.rejection)
+
+    @property
+    def authorization_class(self) -> AuthorizationClass:
+        """Derived from the action, never chosen by the caller."""
+        return self.action.authorization_class
+
+
+@attrs.frozen(kw_only=True)
+class OperatorRecord:
+    """One stored operator request: the audit row and the idempotency record (behaviour.md 2.17)."""
+
+    id: OperatorRequestId = attrs.field(
+        validator=_identifier(IdentifierKind.OPERATOR_REQUEST, optional=False)
+    )
+    action: OperatorAction = attrs.field(validator=attrs.validators.instance_of(OperatorAction))
+    operation_id: OperationId = attrs.field(validator=attrs.validators.instance_of(OperationId))
+    actor: ActorRef = attrs.field(validator=attrs.validators.instance_of(ActorRef))
+    reason: ReasonCode | None = attrs.field(
+        validator=attrs.validators.optional(attrs.validators.instance_of(ReasonCode))
+    )
+    digest: RequestDigest = attrs.field(validator=attrs.validators.instance_of(RequestDigest))
+    job_instance_id: JobInstanceId | None = attrs.field(
+        validator=_identifier(IdentifierKind.JOB_INSTANCE)
+    )
+    job_execution_id: JobExecutionId | None = attrs.field(
+        validator=_identifier(IdentifierKind.JOB_EXECUTION)
+    )
+    observed_version: int | None = attrs.field(validator=_optional_version)
+    prior_status: BatchStatus | None = attrs.field(validator=_optional_status)
+    result_status: BatchStatus | None = attrs.field(validator=_optional_status)
+    outcome: OperatorOutcomeClass = attrs.field(
+        validator=attrs.validators.instance_of(OperatorOutcomeClass)
+    )
+    rejection: OperatorRejection | None = attrs.field(
+        validator=attrs.validators.optional(attrs.validators.instance_of(OperatorRejection))
+    )
+    requested_at: _dt.datetime = attrs.field(converter=aware_utc)
+
+    def __attrs_post_init__(self) -> None:
+        _check_shape(self.outcome, self.rejection)
+
+    @classmethod
+    def from_draft(cls, record_id: OperatorRequestId, draft: OperatorRecordDraft) -> OperatorRecord:
+        """The record `draft` became once appended with `record_id`."""
+        return cls(id=record_id, **attrs.asdict(draft, recurse=False))
+
+    @property
+    def authorization_class(self) -> AuthorizationClass:
+        """Derived from the action (and stored; the decoder refuses a contradiction)."""
+        return self.action.authorization_class
+
+    @property
+    def draft(self) -> OperatorRecordDraft:
+        """The record without its id."""
+        fields = attrs.asdict(self, recurse=False)
+        del fields["id"]
+        return OperatorRecordDraft(**fields)
