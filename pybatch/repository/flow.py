@@ -8,7 +8,6 @@ import psycopg
 
 from pybatch._statements import Statements
 from pybatch.clock import Clock
-from pybatch.codecs._jsonb import to_jsonb
 from pybatch.codecs.executions import decode_step_execution
 from pybatch.errors import (
     DuplicateStep,
@@ -16,7 +15,7 @@ from pybatch.errors import (
     JobInstanceNotFound,
     StartLimitExceeded,
 )
-from pybatch.values.fault import FaultStateEnvelope
+from pybatch.repository.steps import insert_step_execution
 from pybatch.values.flow import StartLimit
 from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.names import NodeId, StepName
@@ -68,21 +67,9 @@ def create_flow_step_execution(
             instance_id=instance_id, node_id=node_id.value, limit=start_limit.value
         )
     source_id = q.find_latest_flow_step_execution(conn, **node)
-    now = clock.now()
-    if source_id is None:
-        fault = FaultStateEnvelope.EMPTY.to_columns()
-        step_id = q.insert_step_execution(
-            conn,
-            **names,
-            node_id=node_id.value,
-            fault_state_payload=to_jsonb(fault["fault_state_payload"]),
-            fault_state_checksum=fault["fault_state_checksum"],
-            now=now,
-        )["id"]
-    else:
-        step_id = q.insert_step_execution_from_source(
-            conn, **names, node_id=node_id.value, source_step_execution_id=source_id, now=now
-        )["id"]
+    step_id = insert_step_execution(
+        q, conn, job_execution_id, step_name, node_id.value, source_id, clock.now()
+    )
     return decode_step_execution(q.get_step_execution(conn, step_execution_id=step_id))
 
 

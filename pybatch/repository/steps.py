@@ -5,6 +5,7 @@ Statements come from queries/steps.sql; the upgrade mapping from queries/definit
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import attrs
@@ -39,6 +40,7 @@ __all__ = [
     "duplicate_step_overrides",
     "enrich_step_exit_status",
     "get_step_execution",
+    "insert_step_execution",
     "step_executions",
     "transition_step_execution",
 ]
@@ -87,19 +89,9 @@ def create_step_execution(
         raise DuplicateStep(
             job_execution_id=job_execution_id, step_name=step_name.value, node_id=step_name.value
         )
-    now = clock.now()
     previous = execution.restart_of_execution_id
-    if previous is None:
-        fault = FaultStateEnvelope.EMPTY.to_columns()
-        step_id = q.insert_step_execution(
-            conn,
-            **names,
-            node_id=step_name.value,
-            fault_state_payload=to_jsonb(fault["fault_state_payload"]),
-            fault_state_checksum=fault["fault_state_checksum"],
-            now=now,
-        )["id"]
-    else:
+    source_id: int | None = None
+    if previous is not None:
         source_name = step_name.value
         if execution.upgrade_from_definition_id is not None:
             source_name = q.find_upgrade_source_step_name(conn, **names)
@@ -110,10 +102,43 @@ def create_step_execution(
         )
         if source_id is None:
             raise RestartStateNotFound(execution_id=job_execution_id, step_name=step_name.value)
-        step_id = q.insert_step_execution_from_source(
-            conn, **names, node_id=step_name.value, source_step_execution_id=source_id, now=now
-        )["id"]
+    step_id = insert_step_execution(
+        q, conn, job_execution_id, step_name, step_name.value, source_id, clock.now()
+    )
     return decode_step_execution(q.get_step_execution(conn, step_execution_id=step_id))
+
+
+def insert_step_execution(
+    q: Statements,
+    conn: Connection,
+    job_execution_id: int,
+    step_name: StepName,
+    node_id: str,
+    source_id: int | None,
+    now: datetime,
+) -> int:
+    """Insert a STARTING step: a copy of `source_id`'s durable state, or fresh when None.
+
+    A fresh step gets the empty fault-state envelope and its checksum written explicitly.
+
+    Statements: steps.sql insert_step_execution, insert_step_execution_from_source.
+    """
+    names = {"job_execution_id": job_execution_id, "step_name": step_name.value}
+    if source_id is not None:
+        row = q.insert_step_execution_from_source(
+            conn, **names, node_id=node_id, source_step_execution_id=source_id, now=now
+        )
+        return int(row["id"])
+    fault = FaultStateEnvelope.EMPTY.to_columns()
+    row = q.insert_step_execution(
+        conn,
+        **names,
+        node_id=node_id,
+        fault_state_payload=to_jsonb(fault["fault_state_payload"]),
+        fault_state_checksum=fault["fault_state_checksum"],
+        now=now,
+    )
+    return int(row["id"])
 
 
 def _locked(q: Statements, conn: Connection, step_id: int) -> StepExecution:
