@@ -88,6 +88,11 @@ def numeric_text(value: float | decimal.Decimal) -> str:
     return format(number, "f")
 
 
+# What json.dumps(s, ensure_ascii=False) returns for a str, without building an encoder per
+# string: the same escapes (quote, backslash, control characters), UTF-8 kept as is.
+_encode_string = json.encoder.encode_basestring
+
+
 def _write(value: object, parts: list[str]) -> None:
     # bool before int: True is an int in Python but a JSON literal here.
     if value is None:
@@ -108,7 +113,7 @@ def _write(value: object, parts: list[str]) -> None:
     elif isinstance(value, decimal.Decimal):
         parts.append(numeric_text(value))
     elif isinstance(value, str):
-        parts.append(json.dumps(value, ensure_ascii=False))
+        parts.append(_encode_string(value))
     elif isinstance(value, Mapping):
         _write_object(value, parts)
     elif isinstance(value, list | tuple):
@@ -133,7 +138,7 @@ def _write_object(value: Mapping[object, object], parts: list[str]) -> None:
     for index, key in enumerate(keys):
         if index:
             parts.append(",")
-        parts.append(json.dumps(key, ensure_ascii=False))
+        parts.append(_encode_string(key))
         parts.append(":")
         _write(value[key], parts)
     parts.append("}")
