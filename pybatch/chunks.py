@@ -55,7 +55,7 @@ __all__ = [
     "InheritedProgress",
 ]
 
-_EMPTY_FAULT_STATE = FaultStateEnvelope.EMPTY.to_columns()
+_EMPTY_FAULT_STATE_CHECKSUM = FaultStateEnvelope.EMPTY.checksum()
 
 
 def _as_is(canonical: bytes) -> bytes:
@@ -70,21 +70,6 @@ def _canonical_jsonb(canonical: bytes) -> CanonicalJsonb:
 # Every chunk commit writes the empty fault state: its canonical payload is encoded once
 # (the same bytes `to_jsonb` would produce on every commit).
 _EMPTY_FAULT_STATE_PAYLOAD = _canonical_jsonb(FaultStateEnvelope.EMPTY.canonical_bytes())
-# The five columns in `FaultStateEnvelope.from_columns` order, and the empty state's values.
-_FAULT_STATE_COLUMNS = (
-    "fault_state_format",
-    "fault_state_schema",
-    "fault_state_schema_version",
-    "fault_state_payload",
-    "fault_state_checksum",
-)
-_EMPTY_FAULT_STATE_VALUES: tuple[object, ...] = (
-    _EMPTY_FAULT_STATE["fault_state_format"],
-    _EMPTY_FAULT_STATE["fault_state_schema"],
-    _EMPTY_FAULT_STATE["fault_state_schema_version"],
-    _EMPTY_FAULT_STATE["fault_state_payload"],
-    _EMPTY_FAULT_STATE["fault_state_checksum"],
-)
 
 
 def _count(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -169,28 +154,18 @@ class ChunkStateProvider(Protocol):
         ...
 
 
-def _is_empty_fault_state(columns: tuple[Any, ...]) -> bool:
-    """Whether the five fault-state columns hold exactly what every chunk commit writes.
-
-    Exact types and values (the payload without extra members), so `from_columns` would
-    return an envelope equal to EMPTY for them: it is skipped, not weakened.
-    """
-    return all(
-        type(value) is type(expected) and value == expected
-        for value, expected in zip(columns, _EMPTY_FAULT_STATE_VALUES, strict=True)
-    )
-
-
 def _decode_state(row: Mapping[str, Any]) -> CommittedStepState:
     """Decode a chunk-state row; a bad fault envelope is FaultStateCorrupt, the rest Unavailable."""
-    columns = tuple(row[name] for name in _FAULT_STATE_COLUMNS)
-    if _is_empty_fault_state(columns):
-        fault_state = FaultStateEnvelope.EMPTY
-    else:
-        try:
-            fault_state = FaultStateEnvelope.from_columns(*columns)
-        except (FaultStateFormatError, ValueError, TypeError):
-            raise FaultStateCorrupt() from None
+    try:
+        fault_state = FaultStateEnvelope.from_columns(
+            row["fault_state_format"],
+            row["fault_state_schema"],
+            row["fault_state_schema_version"],
+            row["fault_state_payload"],
+            row["fault_state_checksum"],
+        )
+    except (FaultStateFormatError, ValueError, TypeError):
+        raise FaultStateCorrupt() from None
     try:
         return CommittedStepState(
             step_execution_id=decode_int64(row["id"], column="id", minimum=1),
@@ -348,7 +323,7 @@ class ChunkTransaction:
                 "write_skips": progress.write_skips,
                 "no_rollbacks": progress.no_rollbacks,
                 "fault_state_payload": _EMPTY_FAULT_STATE_PAYLOAD,
-                "fault_state_checksum": _EMPTY_FAULT_STATE["fault_state_checksum"],
+                "fault_state_checksum": _EMPTY_FAULT_STATE_CHECKSUM,
                 "now": self._manager.clock.now(),
                 "step_execution_id": state.step_execution_id,
                 "job_execution_id": state.job_execution_id,

@@ -11,8 +11,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
-__all__ = [name for name in dir() if not name.startswith("_")]  # rebuilt at the end
-
 if TYPE_CHECKING:  # mypy's attrs plugin recognises a decorator, not a variable holding one
     from attrs import frozen as _error
 else:

@@ -32,6 +32,7 @@ from typing import Any
 import attrs
 import psycopg
 
+from pybatch._statements import Statements
 from pybatch.chunks import (
     ChunkContext,
     ChunkCounts,
@@ -297,23 +298,21 @@ class JobRun:
         step_name, node = StepName(name), NodeId(name)
         limit = StartLimit.unrestricted() if start_limit is None else StartLimit(start_limit)
 
-        def start(uow: UnitOfWork) -> StepExecution | None:
+        def start(uow: UnitOfWork) -> tuple[bool, StepExecution]:
+            """(True, the completed step) to skip, or (False, the new STARTED step)."""
             latest = uow.latest_flow_step(self.instance.id, node)
             if latest is not None and latest.status is BatchStatus.COMPLETED:
-                return None
+                return True, latest
             step = uow.create_flow_step_execution(self.execution.id, step_name, node, limit)
             at = max(uow.clock.now(), step.created_at)
-            return uow.transition_step_execution(
+            return False, uow.transition_step_execution(
                 step.id, step.version, LifecycleTransition.new(BatchStatus.STARTED, at)
             )
 
-        started = self.repository.run_in_unit_of_work(start)
-        if started is None:
-            with self.repository.begin() as uow:
-                latest = uow.latest_flow_step(self.instance.id, node)
-            assert latest is not None
+        skipped, started = self.repository.run_in_unit_of_work(start)
+        if skipped:
             logger.info("pybatch: step %s completed in an earlier attempt; skipped", name)
-            return StepOutcome(name=name, skipped=True, step=latest)
+            return StepOutcome(name=name, skipped=True, step=started)
         step_run = StepRun(self, started)
         try:
             work(step_run)
@@ -414,7 +413,7 @@ class Job:
         return JobRun(self.repository, instance, started, liveness)
 
 
-def _is_orphaned(conn: psycopg.Connection[Any], statements: Any, execution_id: int) -> bool:
+def _is_orphaned(conn: psycopg.Connection[Any], statements: Statements, execution_id: int) -> bool:
     """True when no live session holds the execution's liveness lock (its process is gone)."""
     if not statements.try_lock_job_execution_liveness(conn, job_execution_id=execution_id):
         return False

@@ -25,12 +25,6 @@ SELECT
 FROM pybatch.job_definition AS d
 WHERE d.job_name = :job_name AND d.manifest_digest = :manifest_digest;
 
--- :name get_job_definition_digest :scalar
--- :doc The manifest digest of a definition row, for the restart compatibility check.
-SELECT d.manifest_digest
-FROM pybatch.job_definition AS d
-WHERE d.id = :definition_id;
-
 -- :name insert_definition_upgrade_if_absent :one
 -- :doc Register a direct upgrade edge unless (from, to) exists (definition_upgrade_pkey);
 -- a reused key toward the same target fails on definition_upgrade_target_key_unique.

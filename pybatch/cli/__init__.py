@@ -7,10 +7,11 @@ codes: 0 done, 1 refused (a pybatch error), 2 usage, 3 unavailable, 4 outcome un
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
-from pybatch.cli import schema
+from pybatch.cli import demo, schema
 from pybatch.config import ConnectionConfig, TlsMode
 from pybatch.errors import (
     ChunkCommitOutcomeUnknown,
@@ -37,16 +38,13 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> ConnectionConfig:
-    """Turn the environment plus explicit options into a validated configuration."""
-    config = ConnectionConfig.from_env() if args.dsn is None else None
-    if config is None:
-        base = ConnectionConfig.from_env({"PYBATCH_DSN": args.dsn})
-        config = base
+    """The environment's PYBATCH_* settings, with `--dsn` and `--plaintext` on top."""
+    environ = dict(os.environ)
+    if args.dsn is not None:
+        environ["PYBATCH_DSN"] = args.dsn
     if args.plaintext:
-        import attrs
-
-        config = attrs.evolve(config, tls_mode=TlsMode.PLAINTEXT)
-    return config
+        environ["PYBATCH_TLS"] = TlsMode.PLAINTEXT.value
+    return ConnectionConfig.from_env(environ)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,18 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pybatch", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     schema.register(commands)
-    _register_optional(commands)
+    demo.register(commands)
     return parser
-
-
-def _register_optional(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Command groups that live in their own modules (demo, explore, ...)."""
-    for module_name in ("pybatch.cli.demo",):
-        try:
-            module = __import__(module_name, fromlist=["register"])
-        except ModuleNotFoundError:
-            continue
-        module.register(commands)
 
 
 def exit_code_for(error: BaseException) -> int:

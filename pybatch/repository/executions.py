@@ -92,7 +92,7 @@ def create_job_execution(
 
     Statements: instances.sql lock_job_instance, update_job_instance_last_attempt;
     executions.sql find_latest_job_execution, insert_job_execution; definitions.sql
-    get_job_definition_digest, find_definition_upgrade (and ensure's statements).
+    find_definition_upgrade (and ensure's statements).
     """
     check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
     # Lock order - the instance row first: it serializes launches and restarts (rule 1).
@@ -107,15 +107,15 @@ def create_job_execution(
     _refuse_latest(instance_id, latest, row["final_status"])
     definition_id = ensure_definition(q, conn, clock, instance.job_name, definition)
     upgrade_from: int | None = None
+    # Two definition rows of one job name never share a digest (job_definition_digest_unique),
+    # so another row means another digest: a direct edge must exist.
     if latest is not None and latest.definition_id != definition_id:
-        previous_digest = q.get_job_definition_digest(conn, definition_id=latest.definition_id)
-        if previous_digest is None or bytes(previous_digest) != definition.digest:
-            edge = q.find_definition_upgrade(
-                conn, from_definition_id=latest.definition_id, to_definition_id=definition_id
-            )
-            if edge is None:
-                raise IncompatibleDefinition(instance_id=instance_id)
-            upgrade_from = int(latest.definition_id)
+        edge = q.find_definition_upgrade(
+            conn, from_definition_id=latest.definition_id, to_definition_id=definition_id
+        )
+        if edge is None:
+            raise IncompatibleDefinition(instance_id=instance_id)
+        upgrade_from = int(latest.definition_id)
     attempt = int(row["last_attempt"]) + 1
     if q.update_job_instance_last_attempt(conn, job_instance_id=instance_id, attempt=attempt) != 1:
         raise ConcurrentModification()

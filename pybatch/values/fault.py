@@ -479,6 +479,8 @@ class FaultStateEnvelope:
                 `unsorted entries` (first offending pair), `checkpoint emptiness mismatch`,
                 `checksum mismatch`.
         """
+        if _is_empty_columns((format, schema, schema_version, payload, checksum)):
+            return cls.EMPTY
         if type(format) is not int or format != FAULT_STATE_FORMAT:
             raise _refuse(FaultStateRefusal.UNSUPPORTED_FORMAT)
         if type(schema) is not str or schema != FAULT_STATE_SCHEMA:
@@ -586,3 +588,16 @@ def _entry_key(entry: FaultEntry) -> RetryKey:
 
 
 FaultStateEnvelope.EMPTY = FaultStateEnvelope(_ZERO_DIGEST, ())
+_EMPTY_COLUMNS: tuple[object, ...] = tuple(FaultStateEnvelope.EMPTY.to_columns().values())
+
+
+def _is_empty_columns(columns: tuple[object, ...]) -> bool:
+    """Whether the columns are exactly what the empty envelope encodes to (same types too).
+
+    Every chunk commit writes the empty envelope, so most reads see exactly it; for those
+    columns the full decode would return EMPTY, so it is skipped, not weakened.
+    """
+    return all(
+        type(value) is type(expected) and value == expected
+        for value, expected in zip(columns, _EMPTY_COLUMNS, strict=True)
+    )

@@ -452,48 +452,20 @@ class OperatorRecordDraft:
 
 
 @attrs.frozen(kw_only=True)
-class OperatorRecord:
-    """One stored operator request: the audit row and the idempotency record (behaviour.md 2.17)."""
+class OperatorRecord(OperatorRecordDraft):
+    """One stored operator request: the audit row and the idempotency record (behaviour.md 2.17).
+
+    The draft's fields and checks, plus the id the append gave it.
+    """
 
     id: OperatorRequestId = attrs.field(
         validator=_identifier(IdentifierKind.OPERATOR_REQUEST, optional=False)
     )
-    action: OperatorAction = attrs.field(validator=attrs.validators.instance_of(OperatorAction))
-    operation_id: OperationId = attrs.field(validator=attrs.validators.instance_of(OperationId))
-    actor: ActorRef = attrs.field(validator=attrs.validators.instance_of(ActorRef))
-    reason: ReasonCode | None = attrs.field(
-        validator=attrs.validators.optional(attrs.validators.instance_of(ReasonCode))
-    )
-    digest: RequestDigest = attrs.field(validator=attrs.validators.instance_of(RequestDigest))
-    job_instance_id: JobInstanceId | None = attrs.field(
-        validator=_identifier(IdentifierKind.JOB_INSTANCE)
-    )
-    job_execution_id: JobExecutionId | None = attrs.field(
-        validator=_identifier(IdentifierKind.JOB_EXECUTION)
-    )
-    observed_version: int | None = attrs.field(validator=_optional_version)
-    prior_status: BatchStatus | None = attrs.field(validator=_optional_status)
-    result_status: BatchStatus | None = attrs.field(validator=_optional_status)
-    outcome: OperatorOutcomeClass = attrs.field(
-        validator=attrs.validators.instance_of(OperatorOutcomeClass)
-    )
-    rejection: OperatorRejection | None = attrs.field(
-        validator=attrs.validators.optional(attrs.validators.instance_of(OperatorRejection))
-    )
-    requested_at: _dt.datetime = attrs.field(converter=aware_utc)
-
-    def __attrs_post_init__(self) -> None:
-        _check_shape(self.outcome, self.rejection)
 
     @classmethod
     def from_draft(cls, record_id: OperatorRequestId, draft: OperatorRecordDraft) -> OperatorRecord:
         """The record `draft` became once appended with `record_id`."""
         return cls(id=record_id, **attrs.asdict(draft, recurse=False))
-
-    @property
-    def authorization_class(self) -> AuthorizationClass:
-        """Derived from the action (and stored; the decoder refuses a contradiction)."""
-        return self.action.authorization_class
 
     @property
     def draft(self) -> OperatorRecordDraft:
