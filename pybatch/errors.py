@@ -1048,6 +1048,129 @@ class RecoveryNotAllowed(RepositoryError):
     status: str
 
 
+# --------------------------------------------------------------------------- partitions (7.1)
+
+
+@_error
+class EmptyPartitionPlan(RepositoryError):
+    """A partition plan needs at least one entry."""
+
+    message = "partition plan must contain at least one entry"
+
+
+@_error
+class PartitionPlanTooLarge(RepositoryError):
+    """A partition plan holds more entries than the bound."""
+
+    message = "partition plan exceeds {max} entries"
+    max: int
+
+
+@_error
+class DuplicatePartitionKey(RepositoryError):
+    """Two entries of one plan share a byte-identical key."""
+
+    message = "partition plan contains a duplicate key"
+
+
+@_error
+class PartitionPlanExists(RepositoryError):
+    """The parent step already has a plan."""
+
+    message = "step execution {step_execution_id} already has a partition plan"
+    step_execution_id: int
+
+
+@_error
+class PartitionPlanNotCommitted(RepositoryError):
+    """Workers start only after the plan is durably published."""
+
+    message = "step execution {step_execution_id} partition plan must commit before assignment"
+    step_execution_id: int
+
+
+@_error
+class PartitionUpdateNotAllowed(RepositoryError):
+    """The partition's status forbids this update."""
+
+    message = "step partition {id} cannot be updated from {status}"
+    id: int
+    status: str
+
+
+@_error
+class PartitionWorkerMismatch(RepositoryError):
+    """The worker is the parent itself or belongs to another job execution."""
+
+    message = "worker {worker} does not belong to partition {partition_id}"
+    partition_id: int
+    worker: int
+
+
+@_error
+class PartitionWorkerAlreadyAssigned(RepositoryError):
+    """A worker step backs at most one partition."""
+
+    message = "worker {worker} is already assigned to a partition"
+    worker: int
+
+
+@_error
+class PartitionWorkerStale(RepositoryError):
+    """The completion names a worker that no longer backs the partition."""
+
+    message = "worker {worker} is not the current worker for partition {partition_id}"
+    partition_id: int
+    worker: int
+
+
+@_error
+class PartitionParentNotActive(RepositoryError):
+    """The parent step's status forbids mutating its partitions."""
+
+    message = "partition parent {step_execution_id} cannot mutate children from {status}"
+    step_execution_id: int
+    status: str
+
+
+@_error
+class PartitionAggregationIncomplete(RepositoryError):
+    """A child (or its worker) has not reached a runtime-terminal status."""
+
+    message = "step execution {step_execution_id} cannot aggregate a child in {status}"
+    step_execution_id: int
+    status: str
+
+
+@_error
+class PartitionContextTooLarge(DomainError):
+    """A partition context envelope exceeds its bound (PartitionValueError.ContextTooLarge)."""
+
+    message = "partition context exceeds {max_bytes} bytes"
+    max_bytes: int
+
+
+# --------------------------------------------------------------------------- ETL flows
+
+
+@_error
+class FlowEndedInFailure(PyBatchError):
+    """The job's flow reached its `fail` terminal state; the run ends FAILED."""
+
+    message = "the flow ended in failure after node {node_id}"
+    node_id: str
+
+
+@_error
+class PartitionsFailed(PyBatchError):
+    """A partitioned step ended without every partition COMPLETED."""
+
+    message = "partitioned step {step_name} ended {status}; partitions not completed: {keys}"
+    step_name: str
+    status: str
+    keys: tuple[str, ...]
+
+
 __all__ = sorted(
     name
     for name, value in dict(globals()).items()

@@ -42,11 +42,18 @@ from pybatch.chunks import (
     FaultProgress,
 )
 from pybatch.codecs._primitives import canonical_json, sha256
-from pybatch.errors import ExecutionAlreadyActive, PyBatchError, Unavailable
+from pybatch.errors import (
+    ExecutionAlreadyActive,
+    FlowEndedInFailure,
+    FlowStateCorrupt,
+    PyBatchError,
+    Unavailable,
+)
 from pybatch.repository import JobRepository
+from pybatch.services.flow import FlowPoint
 from pybatch.unit_of_work import UnitOfWork
 from pybatch.values.definitions import DefinitionIdentity
-from pybatch.values.flow import StartLimit
+from pybatch.values.flow import FlowTarget, StartLimit, TerminalKind
 from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import ExitCode, JobName, NodeId, StateSchemaId, StepName
@@ -214,11 +221,15 @@ class JobRun:
         instance: JobInstance,
         execution: JobExecution,
         liveness: psycopg.Connection[Any],
+        definition: DefinitionIdentity | None = None,
+        parameters: JobParameters | None = None,
     ) -> None:
         self.repository = repository
         self.instance = instance
         self.execution = execution
         self._liveness: psycopg.Connection[Any] | None = liveness
+        self.definition = definition or DefinitionIdentity.legacy()
+        self.parameters = parameters or instance.parameters
 
     def __repr__(self) -> str:
         return (
@@ -301,8 +312,8 @@ class JobRun:
         def start(uow: UnitOfWork) -> tuple[bool, StepExecution]:
             """(True, the completed step) to skip, or (False, the new STARTED step)."""
             latest = uow.latest_flow_step(self.instance.id, node)
-            if latest is not None and latest.status is BatchStatus.COMPLETED:
-                return True, latest
+            if latest is not None and latest.step_execution.status is BatchStatus.COMPLETED:
+                return True, latest.step_execution
             step = uow.create_flow_step_execution(self.execution.id, step_name, node, limit)
             at = max(uow.clock.now(), step.created_at)
             return False, uow.transition_step_execution(
@@ -345,6 +356,62 @@ class JobRun:
             return uow.enrich_step_exit_status(step_id, ended.version, exit_code)
 
         return self.repository.run_in_unit_of_work(end)
+
+    # ------------------------------------------------------------------ flow decisions
+
+    def _flow(self) -> FlowPoint:
+        return FlowPoint(
+            self.repository,
+            self.instance.id,
+            self.execution.id,
+            self.definition,
+            self.parameters.flow_input_digest(),
+        )
+
+    def next_after(self, outcome: StepOutcome) -> FlowTarget:
+        """Record and return where the flow goes after a step (a flow definition's manifest).
+
+        A step completed in an earlier attempt reuses that attempt's decision.
+        """
+        return self._flow().after_step(outcome.step, reused=outcome.skipped).target
+
+    def decide(self, node: str, decider: Callable[[JobRun], str]) -> FlowTarget:
+        """Run a decision node: `decider(run)` returns an exit code the manifest routes on.
+
+        A decision recorded for the node in an earlier attempt, on the same definition and
+        parameters, is reused: `decider` is not called again.
+        """
+        return self._flow().decide(NodeId(node), lambda: decider(self)).target
+
+    def run_flow(
+        self,
+        start: str,
+        steps: Mapping[str, Callable[[StepRun], None]],
+        deciders: Mapping[str, Callable[[JobRun], str]] | None = None,
+    ) -> TerminalKind:
+        """Run the flow graph of the job's definition from `start` to a terminal state.
+
+        Each node is a step in `steps` or a decider in `deciders`; after each, the manifest
+        selects the next node and the choice is recorded. A step that raises fails the job as
+        in `step`. Returns the terminal kind; `FAIL` raises FlowEndedInFailure, so the run
+        ends FAILED and a restart resumes the flow.
+        """
+        node, visited = start, set()
+        deciders = deciders or {}
+        while True:
+            if node in visited:
+                raise FlowStateCorrupt()
+            visited.add(node)
+            if node in deciders:
+                target = self.decide(node, deciders[node])
+            else:
+                target = self.next_after(self.step(node, steps[node]))
+            if target.terminal is TerminalKind.FAIL:
+                raise FlowEndedInFailure(node_id=node)
+            if target.terminal is not None:
+                return target.terminal
+            assert target.node is not None
+            node = target.node.value
 
 
 class Job:
@@ -410,7 +477,9 @@ class Job:
             started.attempt,
             started.id,
         )
-        return JobRun(self.repository, instance, started, liveness)
+        return JobRun(
+            self.repository, instance, started, liveness, self.definition, self.key.parameters
+        )
 
 
 def _is_orphaned(conn: psycopg.Connection[Any], statements: Statements, execution_id: int) -> bool:

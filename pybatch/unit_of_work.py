@@ -39,7 +39,13 @@ from pybatch.repository import (
     steps,
 )
 from pybatch.values.definitions import DefinitionIdentity, DefinitionUpgrade
-from pybatch.values.flow import StartLimit
+from pybatch.values.flow import (
+    FlowDecision,
+    FlowDecisionRequest,
+    FlowStepState,
+    FlowTransitionKind,
+    StartLimit,
+)
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import ExitCode, JobName, NodeId, OperationId, StepName
 from pybatch.values.operator import OperatorAction, OperatorRecord, OperatorRecordDraft
@@ -332,10 +338,34 @@ class UnitOfWork(UnitOfWorkBase):
                 start_limit or StartLimit.unrestricted(),
             )
 
-    def latest_flow_step(self, instance_id: int, node_id: NodeId) -> StepExecution | None:
+    def latest_flow_step(self, instance_id: int, node_id: NodeId) -> FlowStepState | None:
         """The newest step of a node in an instance, with its stored context (4.7)."""
         with self.operation() as conn:
             return flow.latest_flow_step(self.statements, conn, instance_id, node_id)
+
+    def append_flow_decision(self, request: FlowDecisionRequest) -> FlowDecision:
+        """Append a flow decision checked against the execution's manifest (4.7)."""
+        with self.operation() as conn:
+            return flow.append_flow_decision(self.statements, conn, request)
+
+    def find_reusable_flow_decision(
+        self,
+        instance_id: int,
+        node_id: NodeId,
+        plan_fingerprint: bytes,
+        input_digest: bytes,
+        kind: FlowTransitionKind,
+    ) -> FlowDecision | None:
+        """The latest decision a restart may reuse instead of deciding again (4.7)."""
+        with self.operation() as conn:
+            return flow.find_reusable_flow_decision(
+                self.statements, conn, instance_id, node_id, plan_fingerprint, input_digest, kind
+            )
+
+    def flow_decisions(self, job_execution_id: int) -> list[FlowDecision]:
+        """The decisions of an execution in sequence order (4.7)."""
+        with self.operation() as conn:
+            return flow.flow_decisions(self.statements, conn, job_execution_id)
 
     def transition_step_execution(
         self, step_id: int, expected_version: int, transition: LifecycleTransition

@@ -432,7 +432,8 @@ def test_e21_flow_step_copies_the_newest_state_of_its_node_across_attempts(
 
     with repository.begin() as uow:
         latest = uow.latest_flow_step(instance.id, NODE)
-        assert latest is not None and latest.id == copy_2.id
+        assert latest is not None and latest.step_execution.id == copy_2.id
+        assert latest.node_id == NODE
         assert latest.context == ExecutionContext(SCHEMA, 1, {"file": "part-3"})  # rule 8
         assert uow.latest_flow_step(instance.id, NodeId("never-ran")) is None
         with pytest.raises(JobInstanceNotFound):
