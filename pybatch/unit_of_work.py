@@ -10,8 +10,9 @@ Statements: transaction.sql set_transaction_timeouts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,8 @@ from pybatch.codecs._primitives import DecodeError
 from pybatch.errors import (
     CommitOutcomeUnknown,
     DefinitionUpgradeConflict,
+    DuplicatePartitionKey,
+    PartitionPlanExists,
     PyBatchError,
     RetryableConflict,
     TransactionAborted,
@@ -35,6 +38,7 @@ from pybatch.repository import (
     flow,
     instances,
     operator_requests,
+    partitions,
     recovery,
     steps,
 )
@@ -50,6 +54,7 @@ from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import ExitCode, JobName, NodeId, OperationId, StepName
 from pybatch.values.operator import OperatorAction, OperatorRecord, OperatorRecordDraft
 from pybatch.values.parameters import JobInstanceKey
+from pybatch.values.partitions import PartitionPlanEntry, StepPartition
 from pybatch.values.records import (
     JobExecution,
     JobInstance,
@@ -75,6 +80,8 @@ class UnitOfWorkBase:
         self._poisoned: PyBatchError | None = None
         self.statements = repository.statements
         self.clock = repository.clock
+        #: Parents whose partition plan was created or carried here: not yet published.
+        self.unpublished_plans: set[int] = set()
 
     # ------------------------------------------------------------------ context manager
 
@@ -394,3 +401,68 @@ class UnitOfWork(UnitOfWorkBase):
         """The steps of a job execution in creation order (4.5)."""
         with self.operation() as conn:
             return steps.step_executions(self.statements, conn, job_execution_id)
+
+    # ------------------------------------------------------------------ step partitions
+
+    def _plan_overrides(self, parent_id: int) -> Overrides:
+        return {
+            "step_partition_key_unique": DuplicatePartitionKey,
+            "step_partition_ordinal_unique": lambda: PartitionPlanExists(
+                step_execution_id=parent_id
+            ),
+        }
+
+    def create_step_partition_plan(
+        self, parent_id: int, entries: Sequence[PartitionPlanEntry]
+    ) -> list[StepPartition]:
+        """Create a parent's partition plan, all or nothing; publish it by committing (4.8)."""
+        with self.operation(overrides=self._plan_overrides(parent_id)) as conn:
+            return partitions.create_step_partition_plan(
+                self.statements, conn, parent_id, entries, self.unpublished_plans
+            )
+
+    def step_partition_plan(self, parent_id: int) -> list[StepPartition]:
+        """A parent's partitions in key byte order; empty without a plan (4.8)."""
+        with self.operation() as conn:
+            return partitions.step_partition_plan(self.statements, conn, parent_id)
+
+    def restart_step_partition_plan(
+        self, source_parent_id: int, target_parent_id: int
+    ) -> list[StepPartition]:
+        """Carry a plan into a restart's parent; completed partitions are not rerun (4.8)."""
+        with self.operation(overrides=self._plan_overrides(target_parent_id)) as conn:
+            return partitions.restart_step_partition_plan(
+                self.statements, conn, source_parent_id, target_parent_id, self.unpublished_plans
+            )
+
+    def assign_step_partition(
+        self, partition_id: int, expected_version: int, worker_id: int
+    ) -> StepPartition:
+        """Hand a partition to a worker step of the parent's execution (4.8)."""
+        with self.operation() as conn:
+            return partitions.assign_step_partition(
+                self.statements,
+                conn,
+                partition_id,
+                expected_version,
+                worker_id,
+                self.unpublished_plans,
+            )
+
+    def complete_step_partition(
+        self, partition_id: int, expected_version: int, worker_id: int
+    ) -> StepPartition:
+        """Publish the worker's terminal status, exit and counts onto its partition (4.8)."""
+        with self.operation() as conn:
+            return partitions.complete_step_partition(
+                self.statements, conn, partition_id, expected_version, worker_id
+            )
+
+    def aggregate_step_partitions(
+        self, parent_id: int, expected_version: int, transitioned_at: datetime
+    ) -> StepExecution:
+        """End the parent with the aggregate of its partitions, atomically (4.8)."""
+        with self.operation() as conn:
+            return partitions.aggregate_step_partitions(
+                self.statements, conn, parent_id, expected_version, transitioned_at
+            )

@@ -1,0 +1,417 @@
+"""Step partitions (behaviour.md 4.8) over queries/partitions.sql, with the seed's check orders.
+
+Lock order everywhere: parent step, then partitions, then worker steps. Callers pass
+`unpublished`, the parents whose plan was created or carried in the current unit of work: no
+worker may be assigned to a plan that is not durably published yet.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Mapping, MutableSet, Sequence
+from typing import Any
+
+import attrs
+import psycopg
+
+from pybatch._statements import Statements
+from pybatch.codecs.executions import (
+    decode_step_execution,
+    encode_counts,
+    encode_execution_metadata,
+)
+from pybatch.codecs.partitions import decode_step_partition, encode_plan_entries
+from pybatch.errors import (
+    ConcurrentModification,
+    CountExhausted,
+    DuplicatePartitionKey,
+    EmptyPartitionPlan,
+    PartitionAggregationIncomplete,
+    PartitionParentNotActive,
+    PartitionPlanExists,
+    PartitionPlanNotCommitted,
+    PartitionPlanTooLarge,
+    PartitionStateCorrupt,
+    PartitionUpdateNotAllowed,
+    PartitionWorkerAlreadyAssigned,
+    PartitionWorkerMismatch,
+    PartitionWorkerStale,
+    StaleVersion,
+    StepExecutionNotFound,
+    StepPartitionNotFound,
+)
+from pybatch.repository.executions import check_expected_version
+from pybatch.values.ids import IdentifierKind, check_identifier
+from pybatch.values.lifecycle import LifecycleTransition, apply_transition
+from pybatch.values.partitions import (
+    MAX_PARTITIONS,
+    RESULT_STATUSES,
+    AggregateError,
+    PartitionPlanEntry,
+    PartitionResult,
+    PartitionStateError,
+    StepPartition,
+    aggregate_partitions,
+)
+from pybatch.values.records import StepExecution
+from pybatch.values.status import BatchStatus
+
+__all__ = [
+    "aggregate_step_partitions",
+    "assign_step_partition",
+    "complete_step_partition",
+    "create_step_partition_plan",
+    "restart_step_partition_plan",
+    "step_partition_plan",
+]
+
+Connection = psycopg.Connection[Any]
+_ACTIVE_PARENT = frozenset({BatchStatus.STARTING, BatchStatus.STARTED})
+_COMPLETING_PARENT = frozenset({BatchStatus.STARTED, BatchStatus.STOPPING})
+
+
+def _status(row: Mapping[str, Any]) -> BatchStatus:
+    try:
+        return BatchStatus(row["status"])
+    except ValueError:
+        raise PartitionStateCorrupt() from None
+
+
+def _lock_step(q: Statements, conn: Connection, step_id: int) -> Mapping[str, Any] | None:
+    row: Mapping[str, Any] | None = q.lock_partition_step(conn, step_execution_id=step_id)
+    return row
+
+
+def _decoded(rows: Sequence[Mapping[str, Any]]) -> list[StepPartition]:
+    return [decode_step_partition(row) for row in rows]
+
+
+def _by_key(partitions: list[StepPartition]) -> list[StepPartition]:
+    return sorted(partitions, key=lambda p: p.key.sort_key)
+
+
+def create_step_partition_plan(
+    q: Statements,
+    conn: Connection,
+    parent_id: int,
+    entries: Sequence[PartitionPlanEntry],
+    unpublished: MutableSet[int],
+) -> list[StepPartition]:
+    """Create a plan for a parent, all or nothing; partitions in entry order.
+
+    Raises:
+        EmptyPartitionPlan, PartitionPlanTooLarge, DuplicatePartitionKey: bad entries
+            (checked before the parent).
+        StepExecutionNotFound: no such parent.
+        PartitionParentNotActive: parent not STARTING or STARTED.
+        PartitionPlanExists: the parent already has a plan.
+
+    Statements: partitions.sql lock_partition_step, find_step_partition_plan,
+    insert_step_partitions.
+    """
+    entries = list(entries)
+    if not entries:
+        raise EmptyPartitionPlan()
+    if len(entries) > MAX_PARTITIONS:
+        raise PartitionPlanTooLarge(max=MAX_PARTITIONS)
+    if len({entry.key.sort_key for entry in entries}) != len(entries):
+        raise DuplicatePartitionKey()
+    check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
+    parent = _lock_step(q, conn, parent_id)
+    if parent is None:
+        raise StepExecutionNotFound(id=parent_id)
+    status = _status(parent)
+    if status not in _ACTIVE_PARENT:
+        raise PartitionParentNotActive(step_execution_id=parent_id, status=status.value)
+    if q.find_step_partition_plan(conn, step_execution_id=parent_id):
+        raise PartitionPlanExists(step_execution_id=parent_id)
+    rows = q.insert_step_partitions(
+        conn, step_execution_id=parent_id, **encode_plan_entries(entries)
+    )
+    unpublished.add(parent_id)
+    return sorted(_decoded(rows), key=lambda p: p.ordinal)
+
+
+def step_partition_plan(q: Statements, conn: Connection, parent_id: int) -> list[StepPartition]:
+    """A parent's plan in key byte order; empty without a plan.
+
+    Raises:
+        StepExecutionNotFound: no such parent.
+
+    Statements: steps.sql get_step_execution; partitions.sql list_step_partitions.
+    """
+    check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
+    if q.get_step_execution(conn, step_execution_id=parent_id) is None:
+        raise StepExecutionNotFound(id=parent_id)
+    return _decoded(q.list_step_partitions(conn, step_execution_id=parent_id))
+
+
+def restart_step_partition_plan(
+    q: Statements,
+    conn: Connection,
+    source_parent_id: int,
+    target_parent_id: int,
+    unpublished: MutableSet[int],
+) -> list[StepPartition]:
+    """Carry a committed plan into a restart's parent; COMPLETED partitions are not rerun.
+
+    Raises:
+        PartitionStateCorrupt: a step is missing, the logical ids differ, the source job is not
+            FAILED or STOPPED, the source has no plan or an unreadable one.
+        PartitionParentNotActive: the target is not STARTING or STARTED.
+        PartitionPlanExists: the target already has a plan.
+
+    Statements: partitions.sql lock_partition_restart_pair, find_step_partition_plan,
+    lock_step_partitions_by_ordinal, copy_step_partitions.
+    """
+    check_identifier(IdentifierKind.STEP_EXECUTION, source_parent_id)
+    check_identifier(IdentifierKind.STEP_EXECUTION, target_parent_id)
+    pair = q.lock_partition_restart_pair(
+        conn, source_step_execution_id=source_parent_id, step_execution_id=target_parent_id
+    )
+    if pair is None or not pair["same_logical_id"]:
+        raise PartitionStateCorrupt()
+    if pair["source_job_status"] not in (BatchStatus.FAILED.value, BatchStatus.STOPPED.value):
+        raise PartitionStateCorrupt()
+    target_status = _status({"status": pair["target_status"]})
+    if target_status not in _ACTIVE_PARENT:
+        raise PartitionParentNotActive(
+            step_execution_id=target_parent_id, status=target_status.value
+        )
+    if q.find_step_partition_plan(conn, step_execution_id=target_parent_id):
+        raise PartitionPlanExists(step_execution_id=target_parent_id)
+    source = _decoded(q.lock_step_partitions_by_ordinal(conn, step_execution_id=source_parent_id))
+    if not source:
+        raise PartitionStateCorrupt()
+    rows = q.copy_step_partitions(
+        conn, source_step_execution_id=source_parent_id, step_execution_id=target_parent_id
+    )
+    unpublished.add(target_parent_id)
+    return sorted(_decoded(rows), key=lambda p: p.ordinal)
+
+
+@attrs.frozen
+class _Locked:
+    parent_id: int
+    parent_execution_id: int
+    parent_status: BatchStatus
+    partition: StepPartition
+
+
+def _locked_partition(q: Statements, conn: Connection, partition_id: int) -> _Locked:
+    """The parent (locked first) and the partition (locked second)."""
+    check_identifier(IdentifierKind.STEP_PARTITION, partition_id)
+    parent_id = q.get_step_partition_parent(conn, step_partition_id=partition_id)
+    if parent_id is None:
+        raise StepPartitionNotFound(id=partition_id)
+    parent = _lock_step(q, conn, int(parent_id))
+    if parent is None:  # the parent foreign key makes this unreachable
+        raise PartitionStateCorrupt()
+    row = q.lock_step_partition(conn, step_partition_id=partition_id)
+    if row is None:
+        raise StepPartitionNotFound(id=partition_id)
+    return _Locked(
+        int(parent_id),
+        int(parent["job_execution_id"]),
+        _status(parent),
+        decode_step_partition(row),
+    )
+
+
+def _domain(partition: StepPartition, change: Any) -> StepPartition:
+    try:
+        result: StepPartition = change()
+    except PartitionStateError as refused:
+        if refused.rule == "VersionExhausted" or refused.status is None:
+            raise PartitionStateCorrupt() from None
+        raise PartitionUpdateNotAllowed(id=partition.id, status=refused.status.value) from None
+    return result
+
+
+def assign_step_partition(
+    q: Statements,
+    conn: Connection,
+    partition_id: int,
+    expected_version: int,
+    worker_id: int,
+    unpublished: MutableSet[int],
+) -> StepPartition:
+    """Hand a partition to a worker step (first assignment, or a retry after FAILED/STOPPED).
+
+    Raises:
+        StepPartitionNotFound, PartitionParentNotActive (parent not STARTED),
+        PartitionPlanNotCommitted, StaleVersion, PartitionUpdateNotAllowed,
+        StepExecutionNotFound (worker), PartitionWorkerMismatch,
+        PartitionWorkerAlreadyAssigned, ConcurrentModification.
+
+    Statements: partitions.sql get_step_partition_parent, lock_partition_step,
+    lock_step_partition, find_partition_of_worker, update_step_partition_assign.
+    """
+    check_expected_version(expected_version)
+    check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
+    locked = _locked_partition(q, conn, partition_id)
+    parent_id, parent_status, partition = locked.parent_id, locked.parent_status, locked.partition
+    if parent_status is not BatchStatus.STARTED:
+        raise PartitionParentNotActive(step_execution_id=parent_id, status=parent_status.value)
+    if parent_id in unpublished:
+        raise PartitionPlanNotCommitted(step_execution_id=parent_id)
+    assigned = _domain(partition, lambda: partition.assigned(expected_version, worker_id))
+    worker = _lock_step(q, conn, worker_id)
+    if worker is None:
+        raise StepExecutionNotFound(id=worker_id)
+    if worker_id == parent_id or worker["job_execution_id"] != locked.parent_execution_id:
+        raise PartitionWorkerMismatch(partition_id=partition_id, worker=worker_id)
+    if q.find_partition_of_worker(conn, worker_step_execution_id=worker_id):
+        raise PartitionWorkerAlreadyAssigned(worker=worker_id)
+    changed = q.update_step_partition_assign(
+        conn,
+        worker_step_execution_id=worker_id,
+        step_partition_id=partition_id,
+        expected_version=expected_version,
+    )
+    if changed != 1:
+        raise ConcurrentModification()
+    return assigned
+
+
+def complete_step_partition(
+    q: Statements,
+    conn: Connection,
+    partition_id: int,
+    expected_version: int,
+    worker_id: int,
+) -> StepPartition:
+    """Publish the worker's terminal snapshot (read from its durable row) onto its partition.
+
+    Raises:
+        StepPartitionNotFound, PartitionParentNotActive (parent not STARTED or STOPPING),
+        PartitionWorkerStale, StepExecutionNotFound, PartitionWorkerMismatch,
+        PartitionAggregationIncomplete (worker not finished), StaleVersion,
+        PartitionUpdateNotAllowed, ConcurrentModification.
+
+    Statements: partitions.sql get_step_partition_parent, lock_partition_step,
+    lock_step_partition, update_step_partition_complete; steps.sql lock_step_execution.
+    """
+    check_expected_version(expected_version)
+    check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
+    locked = _locked_partition(q, conn, partition_id)
+    parent_id, parent_status, partition = locked.parent_id, locked.parent_status, locked.partition
+    if parent_status not in _COMPLETING_PARENT:
+        raise PartitionParentNotActive(step_execution_id=parent_id, status=parent_status.value)
+    if partition.worker_step_execution_id != worker_id:
+        raise PartitionWorkerStale(partition_id=partition_id, worker=worker_id)
+    worker_row = q.lock_step_execution(conn, step_execution_id=worker_id)
+    if worker_row is None:
+        raise StepExecutionNotFound(id=worker_id)
+    worker = decode_step_execution(worker_row)
+    if worker.job_execution_id != locked.parent_execution_id:
+        raise PartitionWorkerMismatch(partition_id=partition_id, worker=worker_id)
+    if worker.status not in RESULT_STATUSES:
+        raise PartitionAggregationIncomplete(
+            step_execution_id=parent_id, status=worker.status.value
+        )
+    result = PartitionResult.from_worker(worker)
+    completed = _domain(partition, lambda: partition.completed(expected_version, result))
+    changed = q.update_step_partition_complete(
+        conn,
+        status=result.status.value,
+        exit_code=result.exit_status.value,
+        **encode_counts(result.counts),
+        step_partition_id=partition_id,
+        expected_version=expected_version,
+    )
+    if changed != 1:
+        raise ConcurrentModification()
+    return completed
+
+
+def aggregate_step_partitions(
+    q: Statements,
+    conn: Connection,
+    parent_id: int,
+    expected_version: int,
+    transitioned_at: _dt.datetime,
+) -> StepExecution:
+    """End the parent with the aggregate of every child, atomically (behaviour.md 4.8).
+
+    A replay with the same `expected_version` after a committed aggregation returns the
+    parent unchanged, so a retry after CommitOutcomeUnknown is safe.
+
+    Raises:
+        StepExecutionNotFound, PartitionStateCorrupt, PartitionAggregationIncomplete,
+        CountExhausted, PartitionParentNotActive, and the lifecycle errors (StaleVersion,
+        IllegalTransition, ...).
+
+    Statements: steps.sql lock_step_execution, get_step_execution; partitions.sql
+    lock_step_partitions_by_key, lock_step_partition_workers, update_step_execution_aggregate.
+    """
+    check_expected_version(expected_version)
+    check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
+    parent_row = q.lock_step_execution(conn, step_execution_id=parent_id)
+    if parent_row is None:
+        raise StepExecutionNotFound(id=parent_id)
+    parent = decode_step_execution(parent_row)
+    children = _decoded(q.lock_step_partitions_by_key(conn, step_execution_id=parent_id))
+    try:
+        aggregate = aggregate_partitions(children)
+    except AggregateError as refused:
+        if refused.rule == "Incomplete":
+            status = refused.status.value if refused.status else "UNKNOWN"
+            raise PartitionAggregationIncomplete(
+                step_execution_id=parent_id, status=status
+            ) from None
+        if refused.rule == "CountExhausted":
+            raise CountExhausted() from None
+        raise PartitionStateCorrupt() from None
+    workers = {
+        int(row["id"]): decode_step_execution(row)
+        for row in q.lock_step_partition_workers(conn, step_execution_id=parent_id)
+    }
+    for child in _by_key(children):
+        worker = workers.get(child.worker_step_execution_id or 0)
+        if worker is None or PartitionResult.from_worker(worker) != PartitionResult(
+            status=child.status, exit_status=child.exit_status, counts=child.counts
+        ):
+            raise PartitionStateCorrupt()
+    failure = workers[aggregate.selected_worker].metadata.failure
+    if aggregate.status is not BatchStatus.FAILED:
+        failure = None
+    current = parent.metadata
+    if (
+        parent.version == expected_version + 1
+        and current.status is aggregate.status
+        and current.exit_status == aggregate.exit_status
+        and current.counts == aggregate.counts
+        and current.failure == failure
+    ):
+        return parent
+    if current.status not in _COMPLETING_PARENT:
+        raise PartitionParentNotActive(step_execution_id=parent_id, status=current.status.value)
+    if aggregate.status is BatchStatus.FAILED:
+        assert failure is not None  # a FAILED worker always carries its failure
+        transition = LifecycleTransition.failed(transitioned_at, failure)
+    else:
+        transition = LifecycleTransition.new(aggregate.status, transitioned_at)
+    metadata, version = apply_transition(
+        current, parent.version, expected_version, transition, counts_apply=True
+    )
+    metadata = attrs.evolve(metadata, exit_status=aggregate.exit_status, counts=aggregate.counts)
+    changed = q.update_step_execution_aggregate(
+        conn,
+        **encode_execution_metadata(metadata),
+        **encode_counts(metadata.counts),
+        transitioned_at=transitioned_at,
+        step_execution_id=parent_id,
+        expected_version=expected_version,
+    )
+    if changed != 1:
+        latest = q.get_step_execution(conn, step_execution_id=parent_id)
+        if latest is None:
+            raise StepExecutionNotFound(id=parent_id)
+        raise StaleVersion(expected=expected_version, actual=int(latest["version"]))
+    return attrs.evolve(
+        parent,
+        metadata=metadata,
+        version=version,
+        updated_at=max(parent.updated_at, transitioned_at),
+    )

@@ -1,0 +1,387 @@
+-- :name lock_partition_step :one
+-- :doc Lock a partition parent (manager) or worker step: identity, logical id and status
+-- (step_execution_pkey; lock order - parent, then partitions, then workers).
+SELECT
+    s.id,
+    s.job_execution_id,
+    s.step_logical_id,
+    s.status
+FROM pybatch.step_execution AS s
+WHERE s.id = :step_execution_id
+FOR UPDATE;
+
+-- :name find_step_partition_plan :scalar
+-- :doc Whether a parent already has a plan (step_partition_parent_identity).
+SELECT EXISTS(
+    SELECT 1
+    FROM pybatch.step_partition AS p
+    WHERE p.step_execution_id = :step_execution_id
+) AS plan_exists;
+
+-- :name insert_step_partitions :many
+-- :doc Insert a whole plan in one statement, one row per entry (STARTING, no worker, version 0);
+-- the arrays are parallel and in entry order. step_partition_key_unique backs
+-- DuplicatePartitionKey and step_partition_ordinal_unique backs PartitionPlanExists.
+INSERT INTO pybatch.step_partition (
+    step_execution_id,
+    partition_key,
+    partition_ordinal,
+    status,
+    context_format,
+    context_schema,
+    context_schema_version,
+    context_payload,
+    context_checksum
+)
+SELECT
+    :step_execution_id AS step_execution_id,
+    entry.partition_key,
+    entry.partition_ordinal,
+    'STARTING' AS status,
+    1 AS context_format,
+    entry.context_schema,
+    entry.context_schema_version,
+    CAST(entry.context_payload AS JSONB) AS context_payload,
+    entry.context_checksum
+FROM
+    UNNEST(
+        CAST(:partition_keys AS TEXT[]),
+        CAST(:partition_ordinals AS INTEGER[]),
+        CAST(:context_schemas AS TEXT[]),
+        CAST(:context_schema_versions AS INTEGER[]),
+        CAST(:context_payloads AS TEXT[]),
+        CAST(:context_checksums AS BYTEA[])
+    )
+        AS entry (
+            partition_key,
+            partition_ordinal,
+            context_schema,
+            context_schema_version,
+            context_payload,
+            context_checksum
+        )
+ORDER BY entry.partition_ordinal
+RETURNING
+    id,
+    step_execution_id,
+    worker_step_execution_id,
+    partition_key,
+    partition_ordinal,
+    status,
+    exit_code,
+    read_count,
+    processed_count,
+    write_count,
+    filter_count,
+    commit_count,
+    rollback_count,
+    context_format,
+    context_schema,
+    context_schema_version,
+    context_payload,
+    context_checksum,
+    version;
+
+-- :name list_step_partitions :many
+-- :doc A plan in key byte order (the key column is COLLATE "C"; step_partition_key_unique).
+SELECT
+    p.id,
+    p.step_execution_id,
+    p.worker_step_execution_id,
+    p.partition_key,
+    p.partition_ordinal,
+    p.status,
+    p.exit_code,
+    p.read_count,
+    p.processed_count,
+    p.write_count,
+    p.filter_count,
+    p.commit_count,
+    p.rollback_count,
+    p.context_format,
+    p.context_schema,
+    p.context_schema_version,
+    p.context_payload,
+    p.context_checksum,
+    p.version
+FROM pybatch.step_partition AS p
+WHERE p.step_execution_id = :step_execution_id
+ORDER BY p.partition_key;
+
+-- :name lock_step_partitions_by_key :many
+-- :doc Lock every partition of a plan in key byte order (aggregation).
+SELECT
+    p.id,
+    p.step_execution_id,
+    p.worker_step_execution_id,
+    p.partition_key,
+    p.partition_ordinal,
+    p.status,
+    p.exit_code,
+    p.read_count,
+    p.processed_count,
+    p.write_count,
+    p.filter_count,
+    p.commit_count,
+    p.rollback_count,
+    p.context_format,
+    p.context_schema,
+    p.context_schema_version,
+    p.context_payload,
+    p.context_checksum,
+    p.version
+FROM pybatch.step_partition AS p
+WHERE p.step_execution_id = :step_execution_id
+ORDER BY p.partition_key
+FOR UPDATE;
+
+-- :name lock_step_partitions_by_ordinal :many
+-- :doc Lock every partition of a plan in ordinal order (plan restart source).
+SELECT
+    p.id,
+    p.step_execution_id,
+    p.worker_step_execution_id,
+    p.partition_key,
+    p.partition_ordinal,
+    p.status,
+    p.exit_code,
+    p.read_count,
+    p.processed_count,
+    p.write_count,
+    p.filter_count,
+    p.commit_count,
+    p.rollback_count,
+    p.context_format,
+    p.context_schema,
+    p.context_schema_version,
+    p.context_payload,
+    p.context_checksum,
+    p.version
+FROM pybatch.step_partition AS p
+WHERE p.step_execution_id = :step_execution_id
+ORDER BY p.partition_ordinal
+FOR UPDATE;
+
+-- :name lock_partition_restart_pair :one
+-- :doc Lock the source job execution, the source step and the target step of a plan restart
+-- in that order, and compare their logical ids and statuses.
+SELECT
+    from_job.status AS source_job_status,
+    to_step.status AS target_status,
+    from_step.step_logical_id = to_step.step_logical_id AS same_logical_id
+FROM pybatch.step_execution AS from_step
+INNER JOIN pybatch.job_execution AS from_job ON from_step.job_execution_id = from_job.id
+CROSS JOIN pybatch.step_execution AS to_step
+WHERE from_step.id = :source_step_execution_id AND to_step.id = :step_execution_id
+FOR UPDATE OF from_job, from_step, to_step;
+
+-- :name copy_step_partitions :many
+-- :doc Carry a locked source plan into a new parent (ordinal order, version 0): a COMPLETED
+-- partition keeps its worker, status, exit and counts and is never rerun; any other becomes
+-- STARTING, unassigned, exit UNKNOWN, zero counts.
+INSERT INTO pybatch.step_partition (
+    step_execution_id,
+    worker_step_execution_id,
+    partition_key,
+    partition_ordinal,
+    status,
+    exit_code,
+    read_count,
+    processed_count,
+    write_count,
+    filter_count,
+    commit_count,
+    rollback_count,
+    context_format,
+    context_schema,
+    context_schema_version,
+    context_payload,
+    context_checksum,
+    version
+)
+SELECT
+    :step_execution_id AS step_execution_id,
+    CASE WHEN src.status = 'COMPLETED' THEN src.worker_step_execution_id END
+        AS worker_step_execution_id,
+    src.partition_key,
+    src.partition_ordinal,
+    CASE WHEN src.status = 'COMPLETED' THEN src.status ELSE 'STARTING' END AS status,
+    CASE WHEN src.status = 'COMPLETED' THEN src.exit_code ELSE 'UNKNOWN' END AS exit_code,
+    CASE WHEN src.status = 'COMPLETED' THEN src.read_count ELSE 0 END AS read_count,
+    CASE WHEN src.status = 'COMPLETED' THEN src.processed_count ELSE 0 END AS processed_count,
+    CASE WHEN src.status = 'COMPLETED' THEN src.write_count ELSE 0 END AS write_count,
+    CASE WHEN src.status = 'COMPLETED' THEN src.filter_count ELSE 0 END AS filter_count,
+    CASE WHEN src.status = 'COMPLETED' THEN src.commit_count ELSE 0 END AS commit_count,
+    CASE WHEN src.status = 'COMPLETED' THEN src.rollback_count ELSE 0 END AS rollback_count,
+    src.context_format,
+    src.context_schema,
+    src.context_schema_version,
+    src.context_payload,
+    src.context_checksum,
+    0 AS version
+FROM pybatch.step_partition AS src
+WHERE src.step_execution_id = :source_step_execution_id
+ORDER BY src.partition_ordinal
+RETURNING
+    id,
+    step_execution_id,
+    worker_step_execution_id,
+    partition_key,
+    partition_ordinal,
+    status,
+    exit_code,
+    read_count,
+    processed_count,
+    write_count,
+    filter_count,
+    commit_count,
+    rollback_count,
+    context_format,
+    context_schema,
+    context_schema_version,
+    context_payload,
+    context_checksum,
+    version;
+
+-- :name get_step_partition_parent :scalar
+-- :doc The parent of a partition, read before the parent lock (lock order - parent first).
+SELECT p.step_execution_id
+FROM pybatch.step_partition AS p
+WHERE p.id = :step_partition_id;
+
+-- :name lock_step_partition :one
+-- :doc Lock one partition (step_partition_pkey) after its parent.
+SELECT
+    p.id,
+    p.step_execution_id,
+    p.worker_step_execution_id,
+    p.partition_key,
+    p.partition_ordinal,
+    p.status,
+    p.exit_code,
+    p.read_count,
+    p.processed_count,
+    p.write_count,
+    p.filter_count,
+    p.commit_count,
+    p.rollback_count,
+    p.context_format,
+    p.context_schema,
+    p.context_schema_version,
+    p.context_payload,
+    p.context_checksum,
+    p.version
+FROM pybatch.step_partition AS p
+WHERE p.id = :step_partition_id
+FOR UPDATE;
+
+-- :name find_partition_of_worker :scalar
+-- :doc Whether a worker already backs any partition, a copy carried by a plan restart included
+-- (step_partition_worker).
+SELECT EXISTS(
+    SELECT 1
+    FROM pybatch.step_partition AS p
+    WHERE p.worker_step_execution_id = :worker_step_execution_id
+) AS worker_bound;
+
+-- :name update_step_partition_assign :affected
+-- :doc Hand a partition to a worker as a compare-and-swap on its version: STARTED, exit
+-- UNKNOWN, counts reset.
+UPDATE pybatch.step_partition
+SET
+    worker_step_execution_id = :worker_step_execution_id,
+    status = 'STARTED',
+    exit_code = 'UNKNOWN',
+    read_count = 0,
+    processed_count = 0,
+    write_count = 0,
+    filter_count = 0,
+    commit_count = 0,
+    rollback_count = 0,
+    version = version + 1
+WHERE id = :step_partition_id AND version = :expected_version;
+
+-- :name update_step_partition_complete :affected
+-- :doc Publish the worker's terminal snapshot onto its partition as a compare-and-swap.
+UPDATE pybatch.step_partition
+SET
+    status = :status,
+    exit_code = :exit_code,
+    read_count = :read_count,
+    processed_count = :processed_count,
+    write_count = :write_count,
+    filter_count = :filter_count,
+    commit_count = :commit_count,
+    rollback_count = :rollback_count,
+    version = version + 1
+WHERE id = :step_partition_id AND version = :expected_version;
+
+-- :name update_step_execution_aggregate :affected
+-- :doc End a parent with the aggregate of its partitions - status, failure, end time, exit and
+-- counters - as a compare-and-swap on its version; updated_at never moves backwards.
+UPDATE pybatch.step_execution
+SET
+    status = :status,
+    exit_code = :exit_code,
+    failure_category = :failure_category,
+    failure_id = :failure_id,
+    started_at = :started_at,
+    ended_at = :ended_at,
+    read_count = :read_count,
+    processed_count = :processed_count,
+    write_count = :write_count,
+    filter_count = :filter_count,
+    commit_count = :commit_count,
+    rollback_count = :rollback_count,
+    updated_at = GREATEST(updated_at, :transitioned_at),
+    version = version + 1
+WHERE id = :step_execution_id AND version = :expected_version;
+
+-- :name lock_step_partition_workers :many
+-- :doc Lock the worker of every assigned partition of a plan, in partition key order
+-- (aggregation); each row is a full step execution.
+SELECT
+    w.id,
+    w.job_execution_id,
+    w.step_name,
+    w.step_logical_id,
+    w.status,
+    w.exit_code,
+    w.read_count,
+    w.processed_count,
+    w.write_count,
+    w.filter_count,
+    w.commit_count,
+    w.rollback_count,
+    w.checkpoint_format,
+    w.checkpoint_schema,
+    w.checkpoint_schema_version,
+    w.checkpoint_payload,
+    w.context_format,
+    w.context_schema,
+    w.context_schema_version,
+    w.context_payload,
+    w.failure_category,
+    w.failure_id,
+    w.created_at,
+    w.started_at,
+    w.ended_at,
+    w.updated_at,
+    w.version,
+    w.read_retry_count,
+    w.process_retry_count,
+    w.write_retry_count,
+    w.read_skip_count,
+    w.process_skip_count,
+    w.write_skip_count,
+    w.no_rollback_count,
+    w.fault_state_format,
+    w.fault_state_schema,
+    w.fault_state_schema_version,
+    w.fault_state_payload,
+    w.fault_state_checksum
+FROM pybatch.step_partition AS p
+INNER JOIN pybatch.step_execution AS w ON p.worker_step_execution_id = w.id
+WHERE p.step_execution_id = :step_execution_id
+ORDER BY p.partition_key
+FOR UPDATE OF w;
