@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import psycopg
@@ -62,6 +62,9 @@ from pybatch.values.records import JobExecution, JobInstance, StepExecution
 from pybatch.values.recovery import RecoveryRequest
 from pybatch.values.state import Checkpoint, ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+
+if TYPE_CHECKING:
+    from pybatch.partitioned import PartitionRun
 
 __all__ = ["Chunk", "Job", "JobRun", "StepRun"]
 
@@ -356,6 +359,30 @@ class JobRun:
             return uow.enrich_step_exit_status(step_id, ended.version, exit_code)
 
         return self.repository.run_in_unit_of_work(end)
+
+    def partitioned_step(
+        self,
+        name: str,
+        partitions: Mapping[str, Mapping[str, Any]] | Iterable[str],
+        work: Callable[[PartitionRun], None],
+        *,
+        workers: int = 4,
+        start_limit: int | None = None,
+    ) -> StepOutcome:
+        """Run step `name` as partitions worked on in parallel by `workers` local processes.
+
+        `partitions` maps each key to the context its worker reads (a range, a file), or
+        lists keys. The plan commits before any worker starts; `work(partition)` runs once
+        per partition like a step (chunks, checkpoint), in forked processes. Workers on other
+        hosts join with `pybatch.partitioned.join_partitioned_step`. The step ends COMPLETED,
+        or raises PartitionsFailed naming the partitions that did not complete (the job then
+        fails, and a restart reruns only those). A restart carries the earlier plan.
+        """
+        from pybatch.partitioned import run_partitioned_step
+
+        return run_partitioned_step(
+            self, name, partitions, work, workers=workers, start_limit=start_limit
+        )
 
     # ------------------------------------------------------------------ flow decisions
 

@@ -62,6 +62,7 @@ from pybatch.values.records import (
     StepExecution,
 )
 from pybatch.values.recovery import RecoveryRequest
+from pybatch.values.status import BatchStatus
 
 if TYPE_CHECKING:
     from pybatch.repository import JobRepository
@@ -466,3 +467,25 @@ class UnitOfWork(UnitOfWorkBase):
             return partitions.aggregate_step_partitions(
                 self.statements, conn, parent_id, expected_version, transitioned_at
             )
+
+    def claim_step_partition(
+        self, parent: StepExecution
+    ) -> tuple[StepPartition, StepExecution] | None:
+        """Claim the next partition of a STARTED parent with a new STARTED worker step, or None.
+
+        N concurrent claimers never take the same partition (FOR UPDATE SKIP LOCKED).
+        """
+        with self.operation() as conn:
+            return partitions.claim_step_partition(
+                self.statements, conn, self.clock.now(), parent, self.unpublished_plans
+            )
+
+    def count_open_step_partitions(self, parent_id: int) -> int:
+        """Partitions still to be claimed or being worked on."""
+        with self.operation() as conn:
+            return partitions.count_open_step_partitions(self.statements, conn, parent_id)
+
+    def count_step_partitions_by_status(self, parent_id: int) -> dict[BatchStatus, int]:
+        """How many partitions of a plan are in each status."""
+        with self.operation() as conn:
+            return partitions.count_step_partitions_by_status(self.statements, conn, parent_id)

@@ -385,3 +385,240 @@ INNER JOIN pybatch.step_execution AS w ON p.worker_step_execution_id = w.id
 WHERE p.step_execution_id = :step_execution_id
 ORDER BY p.partition_key
 FOR UPDATE OF w;
+
+-- :name claim_step_partition :one
+-- :doc Claim the next partition of a STARTED parent in one guarded statement - lock the first
+-- claimable partition in ordinal order (FOR UPDATE SKIP LOCKED, so N workers never take the
+-- same one), create its STARTED worker step copying the partition's latest earlier worker (its
+-- checkpoint, counters and fault state; fresh state when there is none), and assign it as a
+-- compare-and-swap on the version. Claimable - STARTING, or FAILED after its worker was
+-- recovered as lost (STALE_RECOVERED). No row - nothing claimable now, or the parent is not
+-- STARTED.
+WITH parent AS (
+    SELECT
+        s.id,
+        s.job_execution_id
+    FROM pybatch.step_execution AS s
+    WHERE s.id = :step_execution_id AND s.status = 'STARTED'
+    FOR SHARE
+),
+
+picked AS (
+    SELECT
+        p.id,
+        p.partition_key,
+        p.partition_ordinal,
+        p.version,
+        parent.job_execution_id
+    FROM pybatch.step_partition AS p
+    INNER JOIN parent ON p.step_execution_id = parent.id
+    LEFT JOIN pybatch.step_execution AS lost ON p.worker_step_execution_id = lost.id
+    WHERE
+        p.status = 'STARTING'
+        OR (p.status = 'FAILED' AND lost.failure_category = 'STALE_RECOVERED')
+    ORDER BY p.partition_ordinal
+    LIMIT 1
+    FOR UPDATE OF p SKIP LOCKED
+),
+
+resume_source AS (
+    SELECT earlier.worker_step_execution_id AS id
+    FROM picked
+    INNER JOIN pybatch.job_execution AS this_job ON picked.job_execution_id = this_job.id
+    INNER JOIN pybatch.job_execution AS attempt_job
+        ON this_job.job_instance_id = attempt_job.job_instance_id
+    INNER JOIN pybatch.step_execution AS earlier_parent
+        ON
+            attempt_job.id = earlier_parent.job_execution_id
+            AND earlier_parent.step_logical_id = :node_id
+    INNER JOIN pybatch.step_partition AS earlier
+        ON
+            earlier_parent.id = earlier.step_execution_id
+            AND picked.partition_key = earlier.partition_key
+    WHERE earlier.worker_step_execution_id IS NOT NULL
+    ORDER BY attempt_job.attempt DESC, earlier.worker_step_execution_id DESC
+    LIMIT 1
+),
+
+worker AS (
+    INSERT INTO pybatch.step_execution (
+        job_execution_id,
+        step_name,
+        step_logical_id,
+        status,
+        exit_code,
+        read_count,
+        processed_count,
+        write_count,
+        filter_count,
+        commit_count,
+        rollback_count,
+        checkpoint_format,
+        checkpoint_schema,
+        checkpoint_schema_version,
+        checkpoint_payload,
+        context_format,
+        context_schema,
+        context_schema_version,
+        context_payload,
+        read_retry_count,
+        process_retry_count,
+        write_retry_count,
+        read_skip_count,
+        process_skip_count,
+        write_skip_count,
+        no_rollback_count,
+        fault_state_format,
+        fault_state_schema,
+        fault_state_schema_version,
+        fault_state_payload,
+        fault_state_checksum,
+        created_at,
+        started_at,
+        updated_at,
+        version
+    )
+    SELECT
+        picked.job_execution_id,
+        :worker_name_prefix
+        || '#'
+        || picked.partition_ordinal
+        || '.'
+        || (picked.version + 1) AS step_name,
+        :worker_name_prefix
+        || '#'
+        || picked.partition_ordinal
+        || '.'
+        || (picked.version + 1) AS step_logical_id,
+        'STARTED' AS status,
+        'UNKNOWN' AS exit_code,
+        COALESCE(src.read_count, 0) AS read_count,
+        COALESCE(src.processed_count, 0) AS processed_count,
+        COALESCE(src.write_count, 0) AS write_count,
+        COALESCE(src.filter_count, 0) AS filter_count,
+        COALESCE(src.commit_count, 0) AS commit_count,
+        COALESCE(src.rollback_count, 0) AS rollback_count,
+        COALESCE(src.checkpoint_format, 1) AS checkpoint_format,
+        COALESCE(src.checkpoint_schema, 'oxide_batch.empty.v1') AS checkpoint_schema,
+        COALESCE(src.checkpoint_schema_version, 1) AS checkpoint_schema_version,
+        COALESCE(src.checkpoint_payload, CAST('{}' AS JSONB)) AS checkpoint_payload,
+        COALESCE(src.context_format, 1) AS context_format,
+        COALESCE(src.context_schema, 'oxide_batch.empty.v1') AS context_schema,
+        COALESCE(src.context_schema_version, 1) AS context_schema_version,
+        COALESCE(src.context_payload, CAST('{}' AS JSONB)) AS context_payload,
+        COALESCE(src.read_retry_count, 0) AS read_retry_count,
+        COALESCE(src.process_retry_count, 0) AS process_retry_count,
+        COALESCE(src.write_retry_count, 0) AS write_retry_count,
+        COALESCE(src.read_skip_count, 0) AS read_skip_count,
+        COALESCE(src.process_skip_count, 0) AS process_skip_count,
+        COALESCE(src.write_skip_count, 0) AS write_skip_count,
+        COALESCE(src.no_rollback_count, 0) AS no_rollback_count,
+        1 AS fault_state_format,
+        COALESCE(src.fault_state_schema, 'oxide-batch.fault-state') AS fault_state_schema,
+        COALESCE(src.fault_state_schema_version, 1) AS fault_state_schema_version,
+        COALESCE(src.fault_state_payload, :fault_state_payload) AS fault_state_payload,
+        COALESCE(src.fault_state_checksum, :fault_state_checksum) AS fault_state_checksum,
+        :now AS created_at,
+        :now AS started_at,
+        :now AS updated_at,
+        0 AS version
+    FROM picked
+    LEFT JOIN resume_source ON TRUE
+    LEFT JOIN pybatch.step_execution AS src ON resume_source.id = src.id
+    RETURNING id
+),
+
+assigned AS (
+    UPDATE pybatch.step_partition AS p
+    SET
+        worker_step_execution_id = worker.id,
+        status = 'STARTED',
+        exit_code = 'UNKNOWN',
+        read_count = 0,
+        processed_count = 0,
+        write_count = 0,
+        filter_count = 0,
+        commit_count = 0,
+        rollback_count = 0,
+        version = p.version + 1
+    FROM picked, worker
+    WHERE p.id = picked.id AND p.version = picked.version
+    RETURNING
+        p.id,
+        p.step_execution_id,
+        p.worker_step_execution_id,
+        p.partition_key,
+        p.partition_ordinal,
+        p.status,
+        p.exit_code,
+        p.read_count,
+        p.processed_count,
+        p.write_count,
+        p.filter_count,
+        p.commit_count,
+        p.rollback_count,
+        p.context_format,
+        p.context_schema,
+        p.context_schema_version,
+        p.context_payload,
+        p.context_checksum,
+        p.version
+)
+
+SELECT
+    a.id,
+    a.step_execution_id,
+    a.worker_step_execution_id,
+    a.partition_key,
+    a.partition_ordinal,
+    a.status,
+    a.exit_code,
+    a.read_count,
+    a.processed_count,
+    a.write_count,
+    a.filter_count,
+    a.commit_count,
+    a.rollback_count,
+    a.context_format,
+    a.context_schema,
+    a.context_schema_version,
+    a.context_payload,
+    a.context_checksum,
+    a.version
+FROM assigned AS a;
+
+-- :name count_step_partitions_by_status :many
+-- :doc How many partitions of a plan are in each status (progress of a partitioned step).
+SELECT
+    p.status,
+    COUNT(*) AS partitions
+FROM pybatch.step_partition AS p
+WHERE p.step_execution_id = :step_execution_id
+GROUP BY p.status
+ORDER BY p.status;
+
+-- :name try_lock_step_execution_liveness :scalar
+-- :doc Hold the session-level liveness lock of a partition worker step for as long as its
+-- process works on it; the server releases it when the session ends, however it ends.
+SELECT PG_TRY_ADVISORY_LOCK(
+    HASHTEXTEXTENDED('pybatch.step_execution.liveness', :step_execution_id)
+) AS lock_acquired;
+
+-- :name unlock_step_execution_liveness :scalar
+-- :doc Release the liveness lock taken by try_lock_step_execution_liveness.
+SELECT PG_ADVISORY_UNLOCK(
+    HASHTEXTEXTENDED('pybatch.step_execution.liveness', :step_execution_id)
+) AS lock_released;
+
+-- :name count_open_step_partitions :scalar
+-- :doc How many partitions of a plan still need a worker or are being worked on - STARTING,
+-- STARTED, or FAILED after a lost worker (claimable again).
+SELECT COUNT(*) AS open_partitions
+FROM pybatch.step_partition AS p
+LEFT JOIN pybatch.step_execution AS w ON p.worker_step_execution_id = w.id
+WHERE
+    p.step_execution_id = :step_execution_id
+    AND (
+        p.status IN ('STARTING', 'STARTED')
+        OR (p.status = 'FAILED' AND w.failure_category = 'STALE_RECOVERED')
+    );

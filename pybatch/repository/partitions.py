@@ -15,6 +15,7 @@ import attrs
 import psycopg
 
 from pybatch._statements import Statements
+from pybatch.codecs._jsonb import to_jsonb
 from pybatch.codecs.executions import (
     decode_step_execution,
     encode_counts,
@@ -41,6 +42,7 @@ from pybatch.errors import (
     StepPartitionNotFound,
 )
 from pybatch.repository.executions import check_expected_version
+from pybatch.values.fault import FaultStateEnvelope
 from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.lifecycle import LifecycleTransition, apply_transition
 from pybatch.values.partitions import (
@@ -59,7 +61,10 @@ from pybatch.values.status import BatchStatus
 __all__ = [
     "aggregate_step_partitions",
     "assign_step_partition",
+    "claim_step_partition",
     "complete_step_partition",
+    "count_open_step_partitions",
+    "count_step_partitions_by_status",
     "create_step_partition_plan",
     "restart_step_partition_plan",
     "step_partition_plan",
@@ -415,3 +420,67 @@ def aggregate_step_partitions(
         version=version,
         updated_at=max(parent.updated_at, transitioned_at),
     )
+
+
+def claim_step_partition(
+    q: Statements,
+    conn: Connection,
+    now: _dt.datetime,
+    parent: StepExecution,
+    unpublished: MutableSet[int],
+) -> tuple[StepPartition, StepExecution] | None:
+    """Claim the next partition of a STARTED parent for a new worker step, or None.
+
+    One guarded statement locks the first claimable partition with SKIP LOCKED, creates the
+    STARTED worker step (resuming the partition's latest earlier worker) and assigns it.
+
+    Raises:
+        PartitionPlanNotCommitted: the plan was created in this unit of work.
+
+    Statements: partitions.sql claim_step_partition; steps.sql get_step_execution.
+    """
+    if parent.id in unpublished:
+        raise PartitionPlanNotCommitted(step_execution_id=parent.id)
+    fault = FaultStateEnvelope.EMPTY.to_columns()
+    row = q.claim_step_partition(
+        conn,
+        step_execution_id=parent.id,
+        node_id=parent.logical_id.value,
+        worker_name_prefix=worker_name_prefix(parent.step_name.value),
+        fault_state_payload=to_jsonb(fault["fault_state_payload"]),
+        fault_state_checksum=fault["fault_state_checksum"],
+        now=now,
+    )
+    if row is None:
+        return None
+    partition = decode_step_partition(row)
+    assert partition.worker_step_execution_id is not None
+    worker = q.get_step_execution(conn, step_execution_id=partition.worker_step_execution_id)
+    return partition, decode_step_execution(worker)
+
+
+def worker_name_prefix(parent_name: str) -> str:
+    """The parent's name cut to 100 UTF-8 bytes: worker names add `#ordinal.version`."""
+    data = parent_name.encode("utf-8")[:100]
+    return data.decode("utf-8", "ignore")
+
+
+def count_open_step_partitions(q: Statements, conn: Connection, parent_id: int) -> int:
+    """Partitions still STARTING, STARTED, or claimable again after a lost worker.
+
+    Statements: partitions.sql count_open_step_partitions.
+    """
+    check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
+    return int(q.count_open_step_partitions(conn, step_execution_id=parent_id))
+
+
+def count_step_partitions_by_status(
+    q: Statements, conn: Connection, parent_id: int
+) -> dict[BatchStatus, int]:
+    """How many partitions of a plan are in each status (the plan's progress).
+
+    Statements: partitions.sql count_step_partitions_by_status.
+    """
+    check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
+    rows = q.count_step_partitions_by_status(conn, step_execution_id=parent_id)
+    return {_status(row): int(row["partitions"]) for row in rows}

@@ -1,0 +1,480 @@
+"""Partitioned steps: one step fanned out over worker processes on any number of hosts.
+
+PostgreSQL is the only coordinator. The parent publishes the plan (one row per partition)
+before any worker starts; each worker process loops: claim the next partition in one guarded
+statement (FOR UPDATE SKIP LOCKED), run it as a step of its own whose chunks commit the
+business rows with the partition's progress, then end it and publish its result onto the
+partition in one unit of work. Workers started on other hosts (`join_partitioned_step`)
+join the same plan through the same database.
+
+A worker holds a liveness lock for the worker step it runs, the mechanism a job run uses
+for its execution (`_Liveness`). When a worker dies mid-partition, any other worker (or the
+parent) finds the lock free, records the worker step FAILED (STALE_RECOVERED) and the
+partition FAILED, and the partition becomes claimable again: the next worker copies the dead
+worker's checkpoint and counters, so every row is written exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from pybatch.errors import (
+    ConcurrentModification,
+    JobExecutionNotFound,
+    PartitionsFailed,
+    PartitionWorkerStale,
+    StaleVersion,
+    Unavailable,
+)
+from pybatch.etl import ETL_STATE_SCHEMA, JobRun, StepOutcome, StepRun
+from pybatch.values.flow import StartLimit
+from pybatch.values.ids import FailureId
+from pybatch.values.lifecycle import LifecycleTransition
+from pybatch.values.names import ExitCode, JobName, NodeId, StepName
+from pybatch.values.parameters import JobInstanceKey, JobParameters
+from pybatch.values.partitions import (
+    MAX_PARTITION_WORKERS,
+    PartitionPlanEntry,
+    StepPartition,
+)
+from pybatch.values.records import JobExecution, JobInstance, StepExecution
+from pybatch.values.state import ExecutionContext, StateLimits
+from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+
+if TYPE_CHECKING:
+    from pybatch._statements import Statements
+    from pybatch.repository import JobRepository
+    from pybatch.unit_of_work import UnitOfWork
+
+__all__ = [
+    "PartitionRun",
+    "join_partitioned_step",
+    "recover_lost_workers",
+    "run_partition_worker",
+    "run_partitioned_step",
+]
+
+logger = logging.getLogger("pybatch.partitioned")
+
+PartitionWork = Callable[["PartitionRun"], None]
+Partitions = Mapping[str, Mapping[str, Any]] | Iterable[str]
+
+#: How long an idle worker or the waiting parent sleeps between polls of the plan.
+POLL_SECONDS = 0.1
+
+
+class PartitionRun(StepRun):
+    """One partition being worked on: its key and context, and the worker step's chunks.
+
+    `checkpoint` resumes where an earlier worker of the same partition last committed.
+    """
+
+    def __init__(self, run: JobRun, worker: StepExecution, partition: StepPartition) -> None:
+        super().__init__(run, worker)
+        self.partition = partition
+
+    @property
+    def key(self) -> str:
+        """The partition key."""
+        return self.partition.key.value
+
+    @property
+    def partition_context(self) -> dict[str, Any]:
+        """The context the plan gave this partition (what to read: a range, a file, ...)."""
+        return self.partition.context.payload
+
+
+# --------------------------------------------------------------------------- liveness
+
+
+class _Liveness:
+    """The one place that knows how a live worker is told from a dead one.
+
+    Today: a session advisory lock per worker step, held on a dedicated connection for as
+    long as the process works on the step; the server releases it when the process dies.
+    """
+
+    def __init__(self, repository: JobRepository) -> None:
+        self._statements: Statements = repository.statements
+        self._conn: psycopg.Connection[Any] = repository.dedicated_connection()
+
+    def hold(self, worker_id: int) -> None:
+        """Mark `worker_id` alive (call before the claim that creates it commits)."""
+        if not self._statements.try_lock_step_execution_liveness(
+            self._conn, step_execution_id=worker_id
+        ):
+            raise Unavailable()
+
+    def release(self, worker_id: int) -> None:
+        """This process no longer works on `worker_id`."""
+        self._statements.unlock_step_execution_liveness(self._conn, step_execution_id=worker_id)
+
+    def is_lost(self, worker_id: int) -> bool:
+        """True when no live session holds the worker's liveness (its process is gone)."""
+        if not self._statements.try_lock_step_execution_liveness(
+            self._conn, step_execution_id=worker_id
+        ):
+            return False
+        self.release(worker_id)
+        return True
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def _lost_failure(worker_id: int) -> FailureSummary:
+    return FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(worker_id))
+
+
+def recover_lost_workers(repository: JobRepository, parent_id: int, liveness: _Liveness) -> int:
+    """Record FAILED (STALE_RECOVERED) for every worker of the plan whose process is gone.
+
+    Each recovery is one unit of work: the worker step FAILED, then its partition FAILED
+    (derived from the worker row), which makes the partition claimable again. A recovery
+    that loses a race to another recoverer or to the worker itself changes nothing.
+    Returns how many partitions were recovered.
+    """
+    with repository.begin() as uow:
+        started = [p for p in uow.step_partition_plan(parent_id) if p.status is BatchStatus.STARTED]
+    recovered = 0
+    for partition in started:
+        worker_id = partition.worker_step_execution_id
+        assert worker_id is not None
+        if not liveness.is_lost(worker_id):
+            continue
+
+        def recover(uow: UnitOfWork, partition: StepPartition = partition) -> None:
+            worker_id = partition.worker_step_execution_id
+            assert worker_id is not None
+            worker = uow.get_step_execution(worker_id)
+            assert worker is not None
+            if worker.status.is_active:
+                at = max(uow.clock.now(), worker.updated_at)
+                uow.transition_step_execution(
+                    worker_id,
+                    worker.version,
+                    LifecycleTransition.failed(at, _lost_failure(worker_id)),
+                )
+            uow.complete_step_partition(partition.id, partition.version, worker_id)
+
+        try:
+            repository.run_in_unit_of_work(recover)
+        except (StaleVersion, PartitionWorkerStale, ConcurrentModification):
+            continue
+        logger.warning(
+            "pybatch: worker step %s of partition %s had no live process; recorded FAILED",
+            worker_id,
+            partition.key.value,
+        )
+        recovered += 1
+    return recovered
+
+
+def _claim(
+    repository: JobRepository, parent: StepExecution, liveness: _Liveness
+) -> tuple[StepPartition, StepExecution] | None:
+    def work(uow: UnitOfWork) -> tuple[StepPartition, StepExecution] | None:
+        claimed = uow.claim_step_partition(parent)
+        if claimed is not None:
+            liveness.hold(claimed[1].id)  # before COMMIT: never visible without a live owner
+        return claimed
+
+    return repository.run_in_unit_of_work(work)
+
+
+def _end_worker(
+    repository: JobRepository, partition: StepPartition, worker_id: int, status: BatchStatus
+) -> StepPartition:
+    """End the worker step and publish its result onto the partition, in one unit of work."""
+    exit_code = {
+        BatchStatus.COMPLETED: ExitCode.COMPLETED,
+        BatchStatus.FAILED: ExitCode.FAILED,
+        BatchStatus.STOPPED: ExitCode.STOPPED,
+    }[status]
+
+    def end(uow: UnitOfWork) -> StepPartition:
+        worker = uow.get_step_execution(worker_id)
+        assert worker is not None
+        at = max(uow.clock.now(), worker.updated_at)
+        if status is BatchStatus.FAILED:
+            failure = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(worker_id))
+            transition = LifecycleTransition.failed(at, failure)
+        else:
+            transition = LifecycleTransition.new(status, at)
+        ended = uow.transition_step_execution(worker_id, worker.version, transition)
+        uow.enrich_step_exit_status(worker_id, ended.version, exit_code)
+        return uow.complete_step_partition(partition.id, partition.version, worker_id)
+
+    return repository.run_in_unit_of_work(end)
+
+
+def run_partition_worker(
+    run: JobRun, parent: StepExecution, work: PartitionWork, *, poll_seconds: float = POLL_SECONDS
+) -> int:
+    """Work on a published plan until no partition is left open; return how many it ran.
+
+    A partition whose `work` raises ends FAILED (the parent then ends FAILED and a restart
+    reruns it); the worker moves on to the next one. KeyboardInterrupt or SystemExit end the
+    current partition STOPPED and propagate.
+    """
+    repository = run.repository
+    liveness = _Liveness(repository)
+    ran = 0
+    try:
+        while True:
+            claimed = _claim(repository, parent, liveness)
+            if claimed is None:
+                with repository.begin() as uow:
+                    current = uow.get_step_execution(parent.id)
+                    still_open = uow.count_open_step_partitions(parent.id)
+                if current is None or current.status is not BatchStatus.STARTED or not still_open:
+                    return ran
+                if not recover_lost_workers(repository, parent.id, liveness):
+                    time.sleep(poll_seconds)
+                continue
+            partition, worker = claimed
+            step_run = PartitionRun(run, worker, partition)
+            try:
+                work(step_run)
+            except Exception:
+                logger.exception(
+                    "pybatch: partition %s failed in worker step %s", partition.key.value, worker.id
+                )
+                _end_worker(repository, partition, worker.id, BatchStatus.FAILED)
+            except BaseException:
+                _end_worker(repository, partition, worker.id, BatchStatus.STOPPED)
+                raise
+            else:
+                _end_worker(repository, partition, worker.id, BatchStatus.COMPLETED)
+            liveness.release(worker.id)
+            ran += 1
+    finally:
+        liveness.close()
+
+
+def join_partitioned_step(
+    repository: JobRepository,
+    job_name: str,
+    parameters: Mapping[str, str | int | bool] | JobParameters,
+    step_name: str,
+    work: PartitionWork,
+    *,
+    wait_seconds: float = 60.0,
+    poll_seconds: float = POLL_SECONDS,
+) -> int:
+    """Join a running partitioned step from any host: the worker entry point.
+
+    Finds the job instance by name and parameters, waits up to `wait_seconds` for its
+    running attempt to publish the plan of `step_name`, then works on it like a local
+    worker. Returns how many partitions this process ran (0 when the plan is already done).
+
+    Raises:
+        JobExecutionNotFound: no running attempt of the job published that step in time.
+    """
+    params = (
+        parameters if isinstance(parameters, JobParameters) else JobParameters.of(dict(parameters))
+    )
+    key = JobInstanceKey(JobName(job_name), params)
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        found = _find_running_parent(repository, key, StepName(step_name))
+        if found is not None:
+            instance, execution, parent = found
+            break
+        if time.monotonic() >= deadline:
+            raise JobExecutionNotFound(id=0)
+        time.sleep(poll_seconds)
+    liveness = repository.dedicated_connection()  # JobRun's own; never used as a context
+    try:
+        run = JobRun(repository, instance, execution, liveness)
+        return run_partition_worker(run, parent, work, poll_seconds=poll_seconds)
+    finally:
+        liveness.close()
+
+
+def _find_running_parent(
+    repository: JobRepository, key: JobInstanceKey, step_name: StepName
+) -> tuple[JobInstance, JobExecution, StepExecution] | None:
+    with repository.begin() as uow:
+        instance = uow.find_job_instance(key)
+        if instance is None:
+            return None
+        executions = uow.job_executions(instance.id)
+        if not executions or executions[-1].status is not BatchStatus.STARTED:
+            return None
+        execution = executions[-1]
+        for step in uow.step_executions(execution.id):
+            if (
+                step.step_name == step_name
+                and step.status is BatchStatus.STARTED
+                and uow.step_partition_plan(step.id)
+            ):
+                return instance, execution, step
+        return None
+
+
+# --------------------------------------------------------------------------- parent
+
+
+def _plan_entries(partitions: Partitions) -> list[PartitionPlanEntry]:
+    if isinstance(partitions, Mapping):
+        items = list(partitions.items())
+    else:
+        items = [(key, {}) for key in partitions]
+    return [
+        PartitionPlanEntry(
+            key, ExecutionContext(ETL_STATE_SCHEMA, 1, dict(ctx), limits=StateLimits.PARTITION)
+        )
+        for key, ctx in items
+    ]
+
+
+def _local_worker(run: JobRun, parent: StepExecution, work: PartitionWork) -> None:
+    """Body of a forked local worker: its own repository, then a hard exit.
+
+    The hard exit skips cleanup of the connections inherited from the parent, which still
+    uses them.
+    """
+    code = 1
+    try:
+        from pybatch.repository import JobRepository
+
+        with JobRepository.connect(run.repository.config, clock=run.repository.clock) as repo:
+            own = JobRun(repo, run.instance, run.execution, repo.dedicated_connection())
+            run_partition_worker(own, parent, work)
+        code = 0
+    except BaseException:
+        logger.exception("pybatch: partition worker process failed")
+    finally:
+        os._exit(code)
+
+
+def run_partitioned_step(
+    run: JobRun,
+    name: str,
+    partitions: Partitions,
+    work: PartitionWork,
+    *,
+    workers: int = 4,
+    start_limit: int | None = None,
+    poll_seconds: float = POLL_SECONDS,
+) -> StepOutcome:
+    """Run step `name` as a plan of partitions worked on by `workers` local processes.
+
+    See JobRun.partitioned_step.
+    """
+    if not 0 <= workers <= MAX_PARTITION_WORKERS:
+        raise ValueError(f"workers is 0..{MAX_PARTITION_WORKERS}")
+    entries = _plan_entries(partitions)
+    node = NodeId(name)
+    limit = StartLimit.unrestricted() if start_limit is None else StartLimit(start_limit)
+    repository = run.repository
+
+    def start(uow: UnitOfWork) -> tuple[bool, StepExecution]:
+        latest = uow.latest_flow_step(run.instance.id, node)
+        if latest is not None and latest.step_execution.status is BatchStatus.COMPLETED:
+            return True, latest.step_execution
+        parent = uow.create_flow_step_execution(run.execution.id, StepName(name), node, limit)
+        at = max(uow.clock.now(), parent.created_at)
+        parent = uow.transition_step_execution(
+            parent.id, parent.version, LifecycleTransition.new(BatchStatus.STARTED, at)
+        )
+        source = latest.step_execution if latest is not None else None
+        if source is not None and uow.step_partition_plan(source.id):
+            uow.restart_step_partition_plan(source.id, parent.id)
+        else:
+            uow.create_step_partition_plan(parent.id, entries)
+        return False, parent
+
+    skipped, parent = repository.run_in_unit_of_work(start)  # COMMIT publishes the plan
+    if skipped:
+        logger.info("pybatch: partitioned step %s completed in an earlier attempt; skipped", name)
+        return StepOutcome(name=name, skipped=True, step=parent)
+    try:
+        _supervise(run, parent, work, workers, poll_seconds)
+    except BaseException as error:
+        status = BatchStatus.FAILED if isinstance(error, Exception) else BatchStatus.STOPPED
+        run._end_step(parent.id, status)
+        raise
+    return StepOutcome(name=name, skipped=False, step=_aggregate(run, parent))
+
+
+def _supervise(
+    run: JobRun, parent: StepExecution, work: PartitionWork, workers: int, poll_seconds: float
+) -> None:
+    """Keep `workers` local processes working until no partition is open.
+
+    A process that dies is replaced while partitions remain open; lost partitions are
+    recovered by the survivors or, when none is left, here.
+    """
+    repository = run.repository
+    context = multiprocessing.get_context("fork")
+    processes: list[Any] = []
+
+    def spawn() -> None:
+        process = context.Process(target=_local_worker, args=(run, parent, work), daemon=True)
+        process.start()
+        processes.append(process)
+
+    def open_partitions() -> int:
+        with repository.begin() as uow:
+            return uow.count_open_step_partitions(parent.id)
+
+    liveness = _Liveness(repository)
+    try:
+        for _ in range(workers):
+            spawn()
+        while open_partitions():
+            alive = [p for p in processes if p.is_alive()]
+            for process in processes:
+                if not process.is_alive():
+                    process.join()
+            processes[:] = alive
+            if len(alive) < workers:
+                recover_lost_workers(repository, parent.id, liveness)
+                for _ in range(workers - len(alive)):
+                    spawn()
+            if workers == 0:  # the parent works alone (tests, tiny plans)
+                run_partition_worker(run, parent, work, poll_seconds=poll_seconds)
+            time.sleep(poll_seconds)
+    finally:
+        for process in processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.terminate()
+                process.join()
+        liveness.close()
+
+
+def _aggregate(run: JobRun, parent: StepExecution) -> StepExecution:
+    """Aggregate the partitions onto the parent; raise PartitionsFailed unless COMPLETED."""
+    repository = run.repository
+
+    def aggregate(uow: UnitOfWork) -> tuple[StepExecution, list[str]]:
+        current = uow.get_step_execution(parent.id)
+        assert current is not None
+        at = max(uow.clock.now(), current.updated_at)
+        ended = uow.aggregate_step_partitions(parent.id, current.version, at)
+        unfinished = [
+            p.key.value
+            for p in uow.step_partition_plan(parent.id)
+            if p.status is not BatchStatus.COMPLETED
+        ]
+        return ended, unfinished
+
+    ended, unfinished = repository.run_in_unit_of_work(aggregate)
+    if ended.status is not BatchStatus.COMPLETED:
+        raise PartitionsFailed(
+            step_name=ended.step_name.value, status=ended.status.value, keys=tuple(unfinished)
+        )
+    return ended
