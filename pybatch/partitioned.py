@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -446,7 +447,8 @@ def _supervise(
                     spawn()
             if workers == 0:  # the parent works alone (tests, tiny plans)
                 run_partition_worker(run, parent, work, poll_seconds=poll_seconds)
-            time.sleep(poll_seconds)
+            # Wake as soon as a worker exits (the plan may be done), else poll.
+            multiprocessing.connection.wait([p.sentinel for p in alive], timeout=poll_seconds)
     finally:
         for process in processes:
             process.join(timeout=30)

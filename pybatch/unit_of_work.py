@@ -54,7 +54,7 @@ from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import ExitCode, JobName, NodeId, OperationId, StepName
 from pybatch.values.operator import OperatorAction, OperatorRecord, OperatorRecordDraft
 from pybatch.values.parameters import JobInstanceKey
-from pybatch.values.partitions import PartitionPlanEntry, StepPartition
+from pybatch.values.partitions import PartitionPlanEntry, PlanProgress, StepPartition
 from pybatch.values.records import (
     JobExecution,
     JobInstance,
@@ -489,3 +489,10 @@ class UnitOfWork(UnitOfWorkBase):
         """How many partitions of a plan are in each status."""
         with self.operation() as conn:
             return partitions.count_step_partitions_by_status(self.statements, conn, parent_id)
+
+    def partition_plan_progress(self, parent_id: int, slowest: int = 5) -> PlanProgress:
+        """A plan's state: partitions per status and the `slowest` ones (read method)."""
+        with self.operation() as conn:
+            return partitions.plan_progress(
+                self.statements, conn, parent_id, self.clock.now(), slowest
+            )

@@ -403,7 +403,7 @@ WITH parent AS (
     FOR SHARE
 ),
 
-picked AS (
+unclaimed AS (
     SELECT
         p.id,
         p.partition_key,
@@ -412,13 +412,47 @@ picked AS (
         parent.job_execution_id
     FROM pybatch.step_partition AS p
     INNER JOIN parent ON p.step_execution_id = parent.id
-    LEFT JOIN pybatch.step_execution AS lost ON p.worker_step_execution_id = lost.id
-    WHERE
-        p.status = 'STARTING'
-        OR (p.status = 'FAILED' AND lost.failure_category = 'STALE_RECOVERED')
+    WHERE p.status = 'STARTING'
     ORDER BY p.partition_ordinal
     LIMIT 1
     FOR UPDATE OF p SKIP LOCKED
+),
+
+lost AS (
+    SELECT
+        p.id,
+        p.partition_key,
+        p.partition_ordinal,
+        p.version,
+        parent.job_execution_id
+    FROM pybatch.step_partition AS p
+    INNER JOIN parent ON p.step_execution_id = parent.id
+    INNER JOIN pybatch.step_execution AS dead ON p.worker_step_execution_id = dead.id
+    WHERE
+        p.status = 'FAILED'
+        AND dead.failure_category = 'STALE_RECOVERED'
+        AND NOT EXISTS (SELECT 1 FROM unclaimed)
+    ORDER BY p.partition_ordinal
+    LIMIT 1
+    FOR UPDATE OF p SKIP LOCKED
+),
+
+picked AS (
+    SELECT
+        unclaimed.id,
+        unclaimed.partition_key,
+        unclaimed.partition_ordinal,
+        unclaimed.version,
+        unclaimed.job_execution_id
+    FROM unclaimed
+    UNION ALL
+    SELECT
+        lost.id,
+        lost.partition_key,
+        lost.partition_ordinal,
+        lost.version,
+        lost.job_execution_id
+    FROM lost
 ),
 
 resume_source AS (
@@ -622,3 +656,19 @@ WHERE
         p.status IN ('STARTING', 'STARTED')
         OR (p.status = 'FAILED' AND w.failure_category = 'STALE_RECOVERED')
     );
+
+-- :name list_slowest_step_partitions :many
+-- :doc The partitions of a plan whose current worker ran (or has been running) longest, for a
+-- plan's progress report; a running worker counts until :now.
+SELECT
+    p.partition_key,
+    p.status,
+    p.worker_step_execution_id,
+    w.started_at,
+    w.ended_at,
+    COALESCE(w.ended_at, :now) - w.started_at AS elapsed
+FROM pybatch.step_partition AS p
+INNER JOIN pybatch.step_execution AS w ON p.worker_step_execution_id = w.id
+WHERE p.step_execution_id = :step_execution_id AND w.started_at IS NOT NULL
+ORDER BY elapsed DESC, p.partition_key ASC
+LIMIT :limit;

@@ -49,9 +49,12 @@ from pybatch.values.partitions import (
     MAX_PARTITIONS,
     RESULT_STATUSES,
     AggregateError,
+    PartitionKey,
     PartitionPlanEntry,
     PartitionResult,
     PartitionStateError,
+    PlanProgress,
+    SlowPartition,
     StepPartition,
     aggregate_partitions,
 )
@@ -65,6 +68,7 @@ __all__ = [
     "complete_step_partition",
     "count_open_step_partitions",
     "count_step_partitions_by_status",
+    "plan_progress",
     "create_step_partition_plan",
     "restart_step_partition_plan",
     "step_partition_plan",
@@ -484,3 +488,35 @@ def count_step_partitions_by_status(
     check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
     rows = q.count_step_partitions_by_status(conn, step_execution_id=parent_id)
     return {_status(row): int(row["partitions"]) for row in rows}
+
+
+def plan_progress(
+    q: Statements, conn: Connection, parent_id: int, now: _dt.datetime, slowest: int = 5
+) -> PlanProgress:
+    """Partitions per status and the `slowest` partitions of a plan.
+
+    Raises:
+        StepExecutionNotFound: no such parent.
+        PartitionStateCorrupt: an unreadable status or key.
+
+    Statements: steps.sql get_step_execution; partitions.sql count_step_partitions_by_status,
+    list_slowest_step_partitions.
+    """
+    check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
+    if q.get_step_execution(conn, step_execution_id=parent_id) is None:
+        raise StepExecutionNotFound(id=parent_id)
+    counts = count_step_partitions_by_status(q, conn, parent_id)
+    rows = q.list_slowest_step_partitions(conn, step_execution_id=parent_id, now=now, limit=slowest)
+    try:
+        slow = tuple(
+            SlowPartition(
+                key=PartitionKey(row["partition_key"]),
+                status=_status(row),
+                worker_step_execution_id=int(row["worker_step_execution_id"]),
+                elapsed=row["elapsed"],
+            )
+            for row in rows
+        )
+    except (TypeError, ValueError):
+        raise PartitionStateCorrupt() from None
+    return PlanProgress(counts=counts, slowest=slow)

@@ -6,6 +6,7 @@ partition or a parent becomes, and the repository writes exactly that under its 
 
 from __future__ import annotations
 
+import datetime as _dt
 from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
@@ -34,6 +35,8 @@ __all__ = [
     "PartitionPlanEntry",
     "PartitionResult",
     "PartitionStateError",
+    "PlanProgress",
+    "SlowPartition",
     "StepPartition",
     "aggregate_partitions",
 ]
@@ -266,3 +269,26 @@ def aggregate_partitions(children: Iterable[StepPartition]) -> PartitionAggregat
         counts=counts,
         selected_worker=selected.worker_step_execution_id,
     )
+
+
+@attrs.frozen(kw_only=True)
+class SlowPartition:
+    """A partition and how long its current worker ran (or has been running)."""
+
+    key: PartitionKey
+    status: BatchStatus
+    worker_step_execution_id: int
+    elapsed: _dt.timedelta
+
+
+@attrs.frozen(kw_only=True)
+class PlanProgress:
+    """A plan's state: partitions per status and the slowest ones."""
+
+    counts: Mapping[BatchStatus, int]
+    slowest: tuple[SlowPartition, ...]
+
+    @property
+    def total(self) -> int:
+        """How many partitions the plan has."""
+        return sum(self.counts.values())
