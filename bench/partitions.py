@@ -24,6 +24,10 @@ Three measurements, printed as tables (and written as JSON under bench/results/)
    claims from plans of 10, 100 and 1,024 partitions, interleaved claim by claim (plans of 10
    and 100 are published again as they drain); target: median(1,024) / median(10) <= 1.2.
 
+4. Primary capacity: with 1, 4 and 8 client processes for `--capacity-seconds` each,
+   checkpoint-only chunk commits, claims (claim unit of work and liveness lock), and
+   launches (launch, one empty step, completion) per second of the whole server.
+
 Without `--dsn` an EmbeddedPostgres is started with fsync on.
 """
 
@@ -35,6 +39,7 @@ import os
 import statistics
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -319,6 +324,82 @@ def claim_latency(
     return {size: statistics.median(values) * 1000 for size, values in samples.items()}
 
 
+# ---------------------------------------------------------------------- primary capacity
+
+
+def _capacity_worker(dsn: str, kind: str, index: int, seconds: float, out: Any) -> None:
+    """One process doing `kind` operations for `seconds`; puts its count on `out`."""
+    count = 0
+    try:
+        with JobRepository.connect(config(dsn)) as repository:
+            if kind == "chunk commits":
+                with Job(
+                    repository, "bench_capacity_chunks", {"p": f"{index}-{os.getpid()}"}
+                ).launch() as run:
+
+                    def commits(step: Any) -> None:
+                        nonlocal count
+                        deadline = time.perf_counter() + seconds
+                        while time.perf_counter() < deadline:
+                            with step.chunk() as chunk:
+                                chunk.commit(read=1, written=1, checkpoint={"n": count})
+                            count += 1
+
+                    run.step("commit", commits)
+            elif kind == "claims":
+                run, parent = _publish(repository, f"capacity-{index}-{time.time()}", 1024)
+                liveness = partitioned_module._Liveness(repository)
+                deadline = time.perf_counter() + seconds
+                while time.perf_counter() < deadline:
+                    claimed = partitioned_module._claim(repository, parent, liveness)
+                    if claimed is None:
+                        run.__exit__(None, None, None)
+                        run, parent = _publish(repository, f"capacity-{index}-{time.time()}", 1024)
+                        continue
+                    liveness.release(claimed[1].id)
+                    count += 1
+                liveness.close()
+                run.__exit__(None, None, None)
+            else:  # launches: launch, one step, complete
+                deadline = time.perf_counter() + seconds
+                while time.perf_counter() < deadline:
+                    job = Job(
+                        repository,
+                        "bench_capacity_launch",
+                        {"p": f"{index}-{os.getpid()}", "n": count},
+                    )
+                    with job.launch() as run:
+                        run.step("s", lambda step: None)
+                    count += 1
+        out.put(count)
+    except BaseException:
+        traceback.print_exc()
+        out.put(-1)
+    finally:
+        os._exit(0)
+
+
+def primary_capacity(dsn: str, clients: list[int], seconds: float) -> list[dict[str, Any]]:
+    """Operations per second of the whole primary with `clients` concurrent processes."""
+    context = multiprocessing.get_context("fork")
+    results: list[dict[str, Any]] = []
+    for kind in ("chunk commits", "claims", "launches"):
+        for n in clients:
+            out = context.SimpleQueue()  # put() is synchronous: safe before os._exit
+            processes = [
+                context.Process(target=_capacity_worker, args=(dsn, kind, i, seconds, out))
+                for i in range(n)
+            ]
+            for process in processes:
+                process.start()
+            counts = [out.get() for _ in processes]
+            assert min(counts) >= 0, f"a {kind} client failed"
+            for process in processes:
+                process.join()
+            results.append({"kind": kind, "clients": n, "per_second": sum(counts) / seconds})
+    return results
+
+
 # ---------------------------------------------------------------------- main
 
 
@@ -329,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--copy-partitions", type=int, default=48)
     parser.add_argument("--workers", default="1,2,4,8")
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--capacity-seconds", type=float, default=3.0)
+    parser.add_argument("--capacity-clients", default="1,4,8")
     args = parser.parse_args(argv)
     worker_counts = [int(w) for w in args.workers.split(",")]
 
@@ -415,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print("\nClaim latency (median over every claim of the plan):\n")
         sizes = [10, 100, 1024]
-        latency = claim_latency(dsn, sizes, rounds=1)
+        latency = claim_latency(dsn, sizes, rounds=2)
         print("| plan size | claim median (ms) |")
         print("|---:|---:|")
         for size in sizes:
@@ -424,6 +507,17 @@ def main(argv: list[str] | None = None) -> int:
         verdict = "met" if ratio <= 1.2 else "MISSED"
         print(f"\nratio 1,024 / 10: {ratio:.2f} (target <= 1.2): {verdict}")
 
+        print(f"\nPrimary capacity ({args.capacity_seconds:g} s per cell, N client processes):\n")
+        capacity = primary_capacity(
+            dsn,
+            [int(c) for c in args.capacity_clients.split(",")],
+            args.capacity_seconds,
+        )
+        print("| operation | clients | per second (whole primary) |")
+        print("|---|---:|---:|")
+        for row in capacity:
+            print(f"| {row['kind']} | {row['clients']} | {row['per_second']:,.0f} |")
+
         path = write_results(
             "partitions",
             {
@@ -431,6 +525,7 @@ def main(argv: list[str] | None = None) -> int:
                 "throughput": throughput,
                 "cost_per_partition": costs,
                 "claim_latency_ms": {str(k): v for k, v in latency.items()},
+                "primary_capacity": capacity,
             },
         )
         print(f"\nwritten: {path}")
