@@ -35,6 +35,7 @@ from pybatch.errors import (
     Unavailable,
 )
 from pybatch.etl import ETL_STATE_SCHEMA, JobRun, StepOutcome, StepRun
+from pybatch.repository.partitions import StartedPartition
 from pybatch.values.flow import StartLimit
 from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
@@ -146,17 +147,15 @@ def recover_lost_workers(repository: JobRepository, parent_id: int, liveness: _L
     Returns how many partitions were recovered.
     """
     with repository.begin() as uow:
-        started = [p for p in uow.step_partition_plan(parent_id) if p.status is BatchStatus.STARTED]
+        started = uow.started_step_partitions(parent_id)
     recovered = 0
     for partition in started:
         worker_id = partition.worker_step_execution_id
-        assert worker_id is not None
         if not liveness.is_lost(worker_id):
             continue
 
-        def recover(uow: UnitOfWork, partition: StepPartition = partition) -> None:
+        def recover(uow: UnitOfWork, partition: StartedPartition = partition) -> None:
             worker_id = partition.worker_step_execution_id
-            assert worker_id is not None
             worker = uow.get_step_execution(worker_id)
             assert worker is not None
             if worker.status.is_active:
@@ -175,7 +174,7 @@ def recover_lost_workers(repository: JobRepository, parent_id: int, liveness: _L
         logger.warning(
             "pybatch: worker step %s of partition %s had no live process; recorded FAILED",
             worker_id,
-            partition.key.value,
+            partition.key,
         )
         recovered += 1
     return recovered
@@ -204,17 +203,15 @@ def _end_worker(
     }[status]
 
     def end(uow: UnitOfWork) -> StepPartition:
-        worker = uow.get_step_execution(worker_id)
-        assert worker is not None
-        at = max(uow.clock.now(), worker.updated_at)
+        at = uow.clock.now()
         if status is BatchStatus.FAILED:
             failure = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(worker_id))
             transition = LifecycleTransition.failed(at, failure)
         else:
             transition = LifecycleTransition.new(status, at)
-        ended = uow.transition_step_execution(worker_id, worker.version, transition)
-        uow.enrich_step_exit_status(worker_id, ended.version, exit_code)
-        return uow.complete_step_partition(partition.id, partition.version, worker_id)
+        return uow.end_partition_worker(
+            partition.id, partition.version, worker_id, transition, exit_code
+        )
 
     return repository.run_in_unit_of_work(end)
 

@@ -496,3 +496,27 @@ class UnitOfWork(UnitOfWorkBase):
             return partitions.plan_progress(
                 self.statements, conn, parent_id, self.clock.now(), slowest
             )
+
+    def started_step_partitions(self, parent_id: int) -> list[partitions.StartedPartition]:
+        """The STARTED partitions of a plan with their workers (lost-worker checks)."""
+        with self.operation() as conn:
+            return partitions.started_step_partitions(self.statements, conn, parent_id)
+
+    def end_partition_worker(
+        self,
+        partition_id: int,
+        expected_version: int,
+        worker_id: int,
+        transition: LifecycleTransition,
+        exit_status: ExitCode,
+    ) -> StepPartition:
+        """End a partition's worker step and complete the partition from it, atomically."""
+        with self.operation() as conn:
+            return partitions.end_partition_worker(
+                self.statements,
+                conn,
+                partition_id,
+                expected_version,
+                worker_id,
+                partitions.WorkerEnd(transition, exit_status),
+            )

@@ -392,8 +392,9 @@ FOR UPDATE OF w;
 -- same one), create its STARTED worker step copying the partition's latest earlier worker (its
 -- checkpoint, counters and fault state; fresh state when there is none), and assign it as a
 -- compare-and-swap on the version. Claimable - STARTING, or FAILED after its worker was
--- recovered as lost (STALE_RECOVERED). No row - nothing claimable now, or the parent is not
--- STARTED.
+-- recovered as lost (STALE_RECOVERED) while fewer than :max_partition_version / 2 workers
+-- tried it in this attempt (each try adds 2 to the version). No row - nothing claimable now,
+-- or the parent is not STARTED.
 WITH parent AS (
     SELECT
         s.id,
@@ -431,6 +432,7 @@ lost AS (
     WHERE
         p.status = 'FAILED'
         AND dead.failure_category = 'STALE_RECOVERED'
+        AND p.version < :max_partition_version
         AND NOT EXISTS (SELECT 1 FROM unclaimed)
     ORDER BY p.partition_ordinal
     LIMIT 1
@@ -646,7 +648,7 @@ SELECT PG_ADVISORY_UNLOCK(
 
 -- :name count_open_step_partitions :scalar
 -- :doc How many partitions of a plan still need a worker or are being worked on - STARTING,
--- STARTED, or FAILED after a lost worker (claimable again).
+-- STARTED, or FAILED after a lost worker and claimable again (see claim_step_partition).
 SELECT COUNT(*) AS open_partitions
 FROM pybatch.step_partition AS p
 LEFT JOIN pybatch.step_execution AS w ON p.worker_step_execution_id = w.id
@@ -654,7 +656,11 @@ WHERE
     p.step_execution_id = :step_execution_id
     AND (
         p.status IN ('STARTING', 'STARTED')
-        OR (p.status = 'FAILED' AND w.failure_category = 'STALE_RECOVERED')
+        OR (
+            p.status = 'FAILED'
+            AND w.failure_category = 'STALE_RECOVERED'
+            AND p.version < :max_partition_version
+        )
     );
 
 -- :name list_slowest_step_partitions :many
@@ -672,3 +678,30 @@ INNER JOIN pybatch.step_execution AS w ON p.worker_step_execution_id = w.id
 WHERE p.step_execution_id = :step_execution_id AND w.started_at IS NOT NULL
 ORDER BY elapsed DESC, p.partition_key ASC
 LIMIT :limit;
+
+-- :name list_started_step_partitions :many
+-- :doc The partitions of a plan being worked on, with their workers (lost-worker checks).
+SELECT
+    p.id,
+    p.worker_step_execution_id,
+    p.partition_key,
+    p.version
+FROM pybatch.step_partition AS p
+WHERE p.step_execution_id = :step_execution_id AND p.status = 'STARTED'
+ORDER BY p.partition_ordinal;
+
+-- :name update_partition_worker_end :affected
+-- :doc End a partition's worker step - a checked lifecycle transition and its exit status in one
+-- compare-and-swap write (the version moves by one for each of the two changes).
+UPDATE pybatch.step_execution
+SET
+    status = :status,
+    exit_code = :exit_code,
+    failure_category = :failure_category,
+    failure_id = :failure_id,
+    started_at = :started_at,
+    ended_at = :ended_at,
+    rollback_count = :rollback_count,
+    updated_at = GREATEST(updated_at, :transitioned_at),
+    version = :version
+WHERE id = :step_execution_id AND version = :expected_version;

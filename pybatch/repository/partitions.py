@@ -44,7 +44,12 @@ from pybatch.errors import (
 from pybatch.repository.executions import check_expected_version
 from pybatch.values.fault import FaultStateEnvelope
 from pybatch.values.ids import IdentifierKind, check_identifier
-from pybatch.values.lifecycle import LifecycleTransition, apply_transition
+from pybatch.values.lifecycle import (
+    LifecycleTransition,
+    apply_exit_enrichment,
+    apply_transition,
+)
+from pybatch.values.names import ExitCode
 from pybatch.values.partitions import (
     MAX_PARTITIONS,
     RESULT_STATUSES,
@@ -68,13 +73,17 @@ __all__ = [
     "complete_step_partition",
     "count_open_step_partitions",
     "count_step_partitions_by_status",
+    "end_partition_worker",
     "plan_progress",
+    "started_step_partitions",
     "create_step_partition_plan",
     "restart_step_partition_plan",
     "step_partition_plan",
 ]
 
 Connection = psycopg.Connection[Any]
+#: How many workers may try one partition in one attempt when each of them was lost.
+MAX_WORKER_TRIES = 5
 _ACTIVE_PARENT = frozenset({BatchStatus.STARTING, BatchStatus.STARTED})
 _COMPLETING_PARENT = frozenset({BatchStatus.STARTED, BatchStatus.STOPPING})
 
@@ -301,6 +310,35 @@ def complete_step_partition(
     Statements: partitions.sql get_step_partition_parent, lock_partition_step,
     lock_step_partition, update_step_partition_complete; steps.sql lock_step_execution.
     """
+    return end_partition_worker(q, conn, partition_id, expected_version, worker_id, None)
+
+
+@attrs.frozen
+class WorkerEnd:
+    """How a partition's worker step ends: its transition and exit status."""
+
+    transition: LifecycleTransition
+    exit_status: ExitCode
+
+
+def end_partition_worker(
+    q: Statements,
+    conn: Connection,
+    partition_id: int,
+    expected_version: int,
+    worker_id: int,
+    end: WorkerEnd | None,
+) -> StepPartition:
+    """Optionally end the worker step, then complete its partition from the worker's row.
+
+    With `end`, the worker's transition and exit status are applied under the worker lock
+    (lock order: parent, partition, worker) and written in one compare-and-swap, then the
+    partition is completed as `complete_step_partition` does, in the same savepoint.
+
+    Statements: partitions.sql get_step_partition_parent, lock_partition_step,
+    lock_step_partition, update_partition_worker_end, update_step_partition_complete;
+    steps.sql lock_step_execution.
+    """
     check_expected_version(expected_version)
     check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
     locked = _locked_partition(q, conn, partition_id)
@@ -315,6 +353,8 @@ def complete_step_partition(
     worker = decode_step_execution(worker_row)
     if worker.job_execution_id != locked.parent_execution_id:
         raise PartitionWorkerMismatch(partition_id=partition_id, worker=worker_id)
+    if end is not None:
+        worker = _end_worker(q, conn, worker, end)
     if worker.status not in RESULT_STATUSES:
         raise PartitionAggregationIncomplete(
             step_execution_id=parent_id, status=worker.status.value
@@ -332,6 +372,38 @@ def complete_step_partition(
     if changed != 1:
         raise ConcurrentModification()
     return completed
+
+
+def _end_worker(
+    q: Statements, conn: Connection, worker: StepExecution, end: WorkerEnd
+) -> StepExecution:
+    """Apply the worker's transition and exit status; one compare-and-swap write.
+
+    The end instant is never earlier than the worker's last write, whose clock may be
+    another host's (the claim).
+    """
+    transition = attrs.evolve(end.transition, at=max(end.transition.at, worker.updated_at))
+    metadata, version = apply_transition(
+        worker.metadata, worker.version, worker.version, transition, counts_apply=True
+    )
+    metadata, version = apply_exit_enrichment(metadata, version, version, end.exit_status)
+    changed = q.update_partition_worker_end(
+        conn,
+        **encode_execution_metadata(metadata),
+        rollback_count=metadata.counts.rolled_back,
+        transitioned_at=transition.at,
+        version=version,
+        step_execution_id=worker.id,
+        expected_version=worker.version,
+    )
+    if changed != 1:  # unreachable under the worker lock
+        raise ConcurrentModification()
+    return attrs.evolve(
+        worker,
+        metadata=metadata,
+        version=version,
+        updated_at=max(worker.updated_at, transition.at),
+    )
 
 
 def aggregate_step_partitions(
@@ -451,6 +523,7 @@ def claim_step_partition(
         step_execution_id=parent.id,
         node_id=parent.logical_id.value,
         worker_name_prefix=worker_name_prefix(parent.step_name.value),
+        max_partition_version=2 * MAX_WORKER_TRIES,
         fault_state_payload=to_jsonb(fault["fault_state_payload"]),
         fault_state_checksum=fault["fault_state_checksum"],
         now=now,
@@ -475,7 +548,44 @@ def count_open_step_partitions(q: Statements, conn: Connection, parent_id: int) 
     Statements: partitions.sql count_open_step_partitions.
     """
     check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
-    return int(q.count_open_step_partitions(conn, step_execution_id=parent_id))
+    return int(
+        q.count_open_step_partitions(
+            conn, step_execution_id=parent_id, max_partition_version=2 * MAX_WORKER_TRIES
+        )
+    )
+
+
+@attrs.frozen
+class StartedPartition:
+    """A partition being worked on: enough to check and recover its worker."""
+
+    id: int
+    key: str
+    worker_step_execution_id: int
+    version: int
+
+
+def started_step_partitions(
+    q: Statements, conn: Connection, parent_id: int
+) -> list[StartedPartition]:
+    """The STARTED partitions of a plan with their workers.
+
+    Statements: partitions.sql list_started_step_partitions.
+    """
+    check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
+    rows = q.list_started_step_partitions(conn, step_execution_id=parent_id)
+    try:
+        return [
+            StartedPartition(
+                id=int(row["id"]),
+                key=str(row["partition_key"]),
+                worker_step_execution_id=int(row["worker_step_execution_id"]),
+                version=int(row["version"]),
+            )
+            for row in rows
+        ]
+    except (TypeError, ValueError):
+        raise PartitionStateCorrupt() from None
 
 
 def count_step_partitions_by_status(

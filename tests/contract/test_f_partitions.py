@@ -680,3 +680,26 @@ def test_corrupt_status_code_fails_closed(f: Fixture, admin: psycopg.Connection[
     )
     with f.repository.begin() as uow, pytest.raises(PartitionStateCorrupt):
         uow.step_partition_plan(f.parent.id)
+
+
+def test_end_partition_worker_ends_worker_and_partition_together(f: Fixture) -> None:
+    first, second = plan(f.repository, f.parent, "a", "b")
+    worker = f.worker()
+    assigned = assign(f.repository, first, worker.id)
+    other = assign(f.repository, second, f.worker().id)
+    with f.repository.begin() as uow:
+        with pytest.raises(PartitionWorkerStale):  # the worker of another partition
+            uow.end_partition_worker(
+                other.id, other.version, worker.id, to(S.COMPLETED, f.clock), ExitCode.COMPLETED
+            )
+        assert uow.get_step_execution(worker.id) == worker  # nothing staged
+        done = uow.end_partition_worker(
+            assigned.id, assigned.version, worker.id, to(S.FAILED, f.clock), ExitCode("BAD_ROW")
+        )
+        uow.commit()
+    assert (done.status, done.exit_status.value, done.version) == (S.FAILED, "BAD_ROW", 2)
+    with f.repository.begin() as uow:
+        ended = uow.get_step_execution(worker.id)
+    assert ended is not None and ended.status is S.FAILED
+    assert ended.metadata.exit_status.value == "BAD_ROW" and ended.version == worker.version + 2
+    assert ended.metadata.failure is not None
