@@ -392,7 +392,7 @@ FOR UPDATE OF w;
 -- same one), create its STARTED worker step copying the partition's latest earlier worker (its
 -- checkpoint, counters and fault state; fresh state when there is none), and assign it as a
 -- compare-and-swap on the version. Claimable - STARTING, or FAILED after its worker was
--- recovered as lost (STALE_RECOVERED) while fewer than :max_partition_version / 2 workers
+-- recovered as lost (STALE_RECOVERED) while fewer than max_partition_version / 2 workers
 -- tried it in this attempt (each try adds 2 to the version). No row - nothing claimable now,
 -- or the parent is not STARTED.
 WITH parent AS (
@@ -665,7 +665,7 @@ WHERE
 
 -- :name list_slowest_step_partitions :many
 -- :doc The partitions of a plan whose current worker ran (or has been running) longest, for a
--- plan's progress report; a running worker counts until :now.
+-- plan's progress report; a running worker counts until now.
 SELECT
     p.partition_key,
     p.status,
