@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from pybatch.cli import demo, schema
+from pybatch.cli import demo, schema, worker
 from pybatch.config import ConnectionConfig, TlsMode
 from pybatch.errors import (
     ChunkCommitOutcomeUnknown,
@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     schema.register(commands)
     demo.register(commands)
+    worker.register(commands)
     return parser
 
 
