@@ -13,10 +13,14 @@ import attrs
 
 from pybatch.errors import (
     CountExhausted,
+    EmptyName,
+    NameContainsControl,
+    NameTooLong,
     PartitionContextTooLarge,
     StaleVersion,
     StateTooDeep,
     StateTooLarge,
+    TextNotUtf8,
 )
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.ids import IdentifierKind, check_identifier, check_version
@@ -65,18 +69,25 @@ SEVERITY: Mapping[BatchStatus, int] = {
 def _check_key(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
     if type(value) is not str:
         raise TypeError("a partition key is a str")
-    size = len(value.encode("utf-8", "surrogatepass"))
-    if not 1 <= size <= _KEY_MAX_BYTES or "\x00" in value:
-        raise ValueError("a partition key is 1..128 UTF-8 bytes without NUL")
+    if not value:
+        raise EmptyName(kind="partition key")
+    if len(value.encode("utf-8", "surrogatepass")) > _KEY_MAX_BYTES:
+        raise NameTooLong(kind="partition key", max_bytes=_KEY_MAX_BYTES)
+    if "\x00" in value:
+        raise NameContainsControl(kind="partition key", character_index=value.index("\x00"))
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise ValueError("a partition key is valid UTF-8") from None
+        raise TextNotUtf8(kind="partition key") from None
 
 
 @attrs.frozen(order=False)
 class PartitionKey:
-    """A partition's key within its plan: byte-exact, whitespace kept, 1..128 bytes."""
+    """A partition's key within its plan: byte-exact, whitespace kept, 1..128 bytes, no NUL.
+
+    Raises:
+        EmptyName, NameTooLong, NameContainsControl (NUL), TextNotUtf8.
+    """
 
     value: str = attrs.field(validator=_check_key)
 

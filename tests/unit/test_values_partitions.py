@@ -6,7 +6,13 @@ import itertools
 
 import pytest
 
-from pybatch.errors import PartitionContextTooLarge, StaleVersion
+from pybatch.errors import (
+    EmptyName,
+    NameContainsControl,
+    NameTooLong,
+    PartitionContextTooLarge,
+    StaleVersion,
+)
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.names import ExitCode
 from pybatch.values.partitions import (
@@ -41,8 +47,8 @@ def partition(key: str, status: BatchStatus, worker: int | None, **counts: int) 
 
 def test_keys_keep_whitespace_and_refuse_empty_long_or_nul() -> None:
     assert PartitionKey("a ") != PartitionKey("a")
-    for bad in ("", "x" * 129, "a\x00b"):
-        with pytest.raises(ValueError):
+    for bad, error in (("", EmptyName), ("x" * 129, NameTooLong), ("a\x00b", NameContainsControl)):
+        with pytest.raises(error):
             PartitionKey(bad)
     assert PartitionKey("é" * 64).value  # 128 bytes
 
