@@ -63,7 +63,7 @@ from bench._server import (
     wait_for_sessions,
 )
 from pybatch import ConnectionConfig, JobRepository, TlsMode, migrate
-from pybatch._statements import Statement
+from pybatch._statements import Mode, Statement
 from pybatch.errors import CompletedInstance
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.lifecycle import LifecycleTransition
@@ -187,7 +187,7 @@ def run_cycle(repository: JobRepository, run: int) -> tuple[int, int]:
 
 
 class StatementRecorder:
-    """Records each pybatch statement by wrapping `Statement.run`, the one path to the wire.
+    """Records each pybatch statement by wrapping `Statement._run`, the one path to the wire.
 
     Cheap enough (a list append) to stay on during timed cycles, so every measured cycle
     is counted, not a sample; `capture` also keeps the parameters for EXPLAIN.
@@ -199,27 +199,28 @@ class StatementRecorder:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[StatementRecorder]:
-        """Patch `Statement.run` for the duration of the block."""
-        original = Statement.run
+        """Patch `Statement._run` for the duration of the block."""
+        original = Statement._run
         recorder = self
 
         def run(
             statement: Statement,
             conn: psycopg.Connection[Any],
-            params: Mapping[str, Any],
+            mode: Mode,
+            params: Mapping[str, object],
             *,
-            prepare: bool | None = None,
-        ) -> Any:
+            prepare: bool | None,
+        ) -> psycopg.Cursor[dict[str, Any]]:
             recorder.names.append(statement.name)
             if recorder.capture is not None:
                 recorder.capture.setdefault(statement.name, (statement, dict(params)))
-            return original(statement, conn, params, prepare=prepare)
+            return original(statement, conn, mode, params, prepare=prepare)
 
-        Statement.run = run  # type: ignore[method-assign,assignment]
+        Statement._run = run  # type: ignore[method-assign,assignment]
         try:
             yield self
         finally:
-            Statement.run = original  # type: ignore[method-assign]
+            Statement._run = original  # type: ignore[method-assign]
 
     def take(self) -> list[str]:
         """The statements recorded since the last call."""
