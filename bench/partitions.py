@@ -54,9 +54,10 @@ from bench.chunks import (
     write_results,
 )
 from pybatch import ConnectionConfig, JobRepository, TlsMode, migrate
+from pybatch import etl as etl_module
 from pybatch import partitioned as partitioned_module
-from pybatch.etl import Job
-from pybatch.partitioned import PartitionRun
+from pybatch._transaction import Lease
+from pybatch.etl import Job, PartitionRun
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import NodeId, StepName
 from pybatch.values.partitions import PartitionPlanEntry
@@ -180,15 +181,17 @@ class LeaseCounter:
         self._open: dict[int, tuple[Any, list[str]]] = {}
 
     def __enter__(self) -> LeaseCounter:
-        repository = self.repository
-        acquire, release = repository._acquire, repository._release
+        transactions = self.repository.transactions
+        lease, release = transactions.lease, transactions._release
 
-        def traced_acquire() -> psycopg.Connection[Any]:
-            conn = acquire()
+        def traced_lease(*, read_only: bool = False) -> Lease:
+            leased = lease(read_only=read_only)
+            conn = leased.connection
             self.leases += 1
-            manager = protocol_trace(conn)
-            self._open[id(conn)] = (manager, manager.__enter__())
-            return conn
+            if conn is not None:
+                manager = protocol_trace(conn)
+                self._open[id(conn)] = (manager, manager.__enter__())
+            return leased
 
         def traced_release(conn: psycopg.Connection[Any], *, discard: bool) -> None:
             entry = self._open.pop(id(conn), None)
@@ -198,8 +201,8 @@ class LeaseCounter:
                 self.trips.append(ProtocolCount.parse(out[0]).round_trips)
             release(conn, discard=discard)
 
-        repository._acquire = traced_acquire  # type: ignore[method-assign]
-        repository._release = traced_release  # type: ignore[method-assign]
+        transactions.lease = traced_lease  # type: ignore[method-assign]
+        transactions._release = traced_release  # type: ignore[method-assign]
         liveness = partitioned_module._Liveness
         self._saved = (liveness.hold, liveness.release, liveness.is_lost)
         counter = self
@@ -216,7 +219,7 @@ class LeaseCounter:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        del self.repository._acquire, self.repository._release
+        del self.repository.transactions.lease, self.repository.transactions._release
         liveness = partitioned_module._Liveness
         liveness.hold, liveness.release, liveness.is_lost = self._saved  # type: ignore[method-assign]
 
@@ -241,9 +244,10 @@ def cost_per_partition(dsn: str, n: int, copy: bool) -> dict[str, float]:
                     ],
                 )
                 uow.commit()
+            runner = etl_module._runners(run.instance, run.execution, copy_rows if copy else noop)
             with LeaseCounter(repository) as counter:
-                partitioned_module.run_partition_worker(
-                    run, parent, copy_rows if copy else noop, poll_seconds=0.01
+                partitioned_module.work_on_plan(
+                    repository, parent, runner(repository), poll_seconds=0.01
                 )
     # The worker's final look (an empty claim, then the open-partition count) is two units
     # of work per worker, not per partition: leave it out.

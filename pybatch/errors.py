@@ -1,8 +1,28 @@
-"""Every pybatch exception, families and leaves (behaviour.md section 7).
+"""Every pybatch exception, one family after another in the order of behaviour.md section 7.
 
-Leaves keep the contract's names and fields. Messages are built from the fields
-only: they never contain SQL, parameter values, row contents or the connection
-string (behaviour.md 6.1).
+    PyBatchError
+        RepositoryError            7.1   repository operations
+        DomainError                7.2   value construction (2.1-2.9)
+        LifecycleError             7.2   transitions (3.2); every leaf is also a RepositoryError
+        DefinitionError            7.2   definition tokens, manifests, upgrades (2.12)
+        PlanError                  7.2   start limits (2.13)
+        StateError                 7.2   checkpoint and context envelopes (2.15)
+        FaultStateFormatError      7.2   fault-state envelope rules (2.16)
+        FaultStateError            7.2   the fault-state store (4.15)
+        RecoveryRequestError       7.2   recovery request fields (2.1)
+        RequestFieldError          7.2   actor, reason code, operation id (2.1)
+        ChunkTransactionError      7.2   chunk transactions (4.15)
+        BusinessTransactionError   7.2   business statements in a chunk (4.15)
+        ConfigError                7.2   connection configuration (2.24)
+        MigrationError             pybatch's schema migrator (4.19)
+
+Each family base is followed by its leaves, the contract's leaves first in its order. A leaf
+with two families sits with the later one, where both bases exist: the lifecycle leaves (the
+contract's `RepositoryError.Lifecycle`), `FaultStateCorrupt` (also a FaultStateError) and
+`NewerSchema` (also a MigrationError). Leaves keep the contract's names and fields where
+Python allows; tests/unit/test_error_hierarchy.py lists every difference. Messages are built
+from the fields only: they never contain SQL, parameter values, row contents or the
+connection string (behaviour.md 6.1).
 """
 
 from __future__ import annotations
@@ -34,94 +54,15 @@ def _rebuild(cls: type[PyBatchError], fields: dict[str, Any]) -> PyBatchError:
     return cls(**fields)
 
 
-# --------------------------------------------------------------------------- families
+# ----------------------------------------------------------- RepositoryError (behaviour.md 7.1)
+# The lifecycle leaves, FaultStateCorrupt and NewerSchema are RepositoryErrors too; they are
+# written with their second family below.
 
 
 class RepositoryError(PyBatchError):
     """An operation of the job repository failed."""
 
     message = "job repository error"
-
-
-class DomainError(PyBatchError):
-    """A domain value was invalid (behaviour.md 2)."""
-
-    message = "invalid repository domain value"
-
-
-class LifecycleError(PyBatchError):
-    """A lifecycle transition or version check failed (behaviour.md 3)."""
-
-    message = "lifecycle error"
-
-
-class DefinitionError(PyBatchError):
-    """A job definition, token or upgrade value was invalid (behaviour.md 2.12)."""
-
-    message = "invalid job definition"
-
-
-class StateError(PyBatchError):
-    """A checkpoint or execution-context envelope was invalid (behaviour.md 2.15)."""
-
-    message = "invalid durable state envelope"
-
-
-class PlanError(PyBatchError):
-    """A flow plan value was invalid."""
-
-    message = "invalid flow plan value"
-
-
-class RequestFieldError(PyBatchError):
-    """An operator request field (actor, reason, operation id) was invalid."""
-
-    message = "invalid request field"
-
-
-class RecoveryRequestError(PyBatchError):
-    """A recovery request field was invalid."""
-
-    message = "invalid recovery request"
-
-
-class FaultStateFormatError(PyBatchError):
-    """A fault-state envelope could not be decoded or validated (behaviour.md 2.16)."""
-
-    message = "fault state envelope is invalid"
-
-
-class FaultStateError(PyBatchError):
-    """The durable fault-state store refused an operation (behaviour.md 4.15)."""
-
-    message = "fault state error"
-
-
-class ChunkTransactionError(PyBatchError):
-    """A chunk transaction could not commit (behaviour.md 4.15)."""
-
-    message = "chunk transaction error"
-
-
-class BusinessTransactionError(PyBatchError):
-    """A business statement run inside a chunk transaction failed (behaviour.md 4.15)."""
-
-    message = "business statement failed"
-
-
-class ConfigError(PyBatchError):
-    """A connection configuration value was out of bounds (schema.md 6)."""
-
-    message = "invalid pybatch configuration"
-
-
-class MigrationError(PyBatchError):
-    """The schema migrator refused to run or failed."""
-
-    message = "schema migration failed"
-
-
-# --------------------------------------------------------------------------- repository
 
 
 @_error
@@ -136,15 +77,6 @@ class MigrationRequired(RepositoryError):
     """The installed schema is older than this package supports."""
 
     message = "schema version {current} requires migration to {supported}"
-    current: int
-    supported: int
-
-
-@_error
-class NewerSchema(RepositoryError, MigrationError):
-    """The installed schema is newer than this package supports; nothing was changed."""
-
-    message = "schema version {current} is newer than supported version {supported}"
     current: int
     supported: int
 
@@ -191,864 +123,10 @@ class StepPartitionNotFound(RepositoryError):
 
 
 @_error
-class CompletedInstance(RepositoryError):
-    """The latest attempt of the instance is COMPLETED; it never runs again."""
-
-    message = "job instance {id} is already completed"
-    id: int
-
-
-@_error
-class AbandonedInstance(RepositoryError):
-    """The latest attempt of the instance is ABANDONED; it never runs again."""
-
-    message = "job instance {id} is abandoned"
-    id: int
-
-
-@_error
-class ExecutionAlreadyActive(RepositoryError):
-    """The instance already has an unresolved execution."""
-
-    message = "job instance {instance_id} already has execution {execution_id} in {status}"
-    instance_id: int
-    execution_id: int
-    status: str
-
-
-@_error
-class DefinitionDrift(RepositoryError):
-    """The same (job, revision) was registered with another manifest digest."""
-
-    message = "job {job_name} definition revision {revision} has drifted"
-    job_name: str
-    revision: str
-
-
-@_error
-class DefinitionJobMismatch(RepositoryError):
-    """The definition is bound to another job name."""
-
-    message = "definition for job {actual} cannot be used for job {expected}"
-    expected: str
-    actual: str
-
-
-@_error
-class IncompatibleDefinition(RepositoryError):
-    """A restart changed the definition digest without a direct registered upgrade."""
-
-    message = "job instance {instance_id} has no direct compatible definition"
-    instance_id: int
-
-
-@_error
-class UnsupportedManifestVersion(RepositoryError):
-    """The manifest format is 0 or above 3."""
-
-    message = "definition manifest format {format} is unsupported"
-    format: int
-
-
-@_error
-class InvalidDefinitionUpgrade(RepositoryError):
-    """An upgraded restart step has no mapping entry."""
-
-    message = "definition upgrade for execution {execution_id} is incomplete"
-    execution_id: int
-
-
-@_error
-class DefinitionUpgradeConflict(RepositoryError):
-    """An upgrade edge or upgrade key conflicts with a registered one."""
-
-    message = "job {job_name} definition upgrade conflicts"
-    job_name: str
-
-
-@_error
-class RestartStateNotFound(RepositoryError):
-    """A restart step has no source step in the previous attempt."""
-
-    message = "restart execution {execution_id} has no durable source for step {step_name}"
-    execution_id: int
-    step_name: str
-
-
-@_error
-class DuplicateStep(RepositoryError):
-    """A step with the same name or logical id already exists in the execution."""
-
-    message = "job execution {job_execution_id} already has step {step_name} / logical id {node_id}"
-    job_execution_id: int
-    step_name: str
-    node_id: str
-
-
-@_error
-class FaultStateCorrupt(RepositoryError, FaultStateError):
-    """Durable fault state is unusable; no work may begin."""
-
-    message = "durable fault state is unusable and no work may begin"
-
-
-@_error
-class FlowStateCorrupt(RepositoryError):
-    """Durable flow history is unusable; no work may begin."""
-
-    message = "durable flow history is unusable and no work may begin"
-
-
-@_error
 class PartitionStateCorrupt(RepositoryError):
     """Durable partition state is unusable; no work may begin."""
 
     message = "durable partition state is unusable and no work may begin"
-
-
-@_error
-class StartLimitExceeded(RepositoryError):
-    """The node has used up its start limit in this instance."""
-
-    message = "job instance {instance_id} exhausted start limit {limit} for node {node_id}"
-    instance_id: int
-    node_id: str
-    limit: int
-
-
-@_error
-class UnsupportedCapability(RepositoryError):
-    """A required capability is not declared."""
-
-    message = "the adapter does not support {capability}"
-    capability: str
-
-
-@_error
-class ConcurrentModification(RepositoryError):
-    """A race backstop constraint refused the write."""
-
-    message = "repository unit of work is based on a stale snapshot"
-
-
-@_error
-class CommitOutcomeUnknown(RepositoryError):
-    """The COMMIT acknowledgement was lost; inspect durable state before acting."""
-
-    message = "commit outcome is unknown; inspect durable metadata before recovery"
-
-
-@_error
-class Unavailable(RepositoryError):
-    """Infrastructure failure, timeout or undecodable durable row (details redacted)."""
-
-    message = "repository is unavailable"
-    sqlstate: str | None = None
-
-    def __str__(self) -> str:
-        # The SQLSTATE is safe to show; the driver's message is not (it can quote values).
-        return (
-            self.message if self.sqlstate is None else f"{self.message} (SQLSTATE {self.sqlstate})"
-        )
-
-
-@_error
-class IntegrityViolation(RepositoryError):
-    """A durable invariant refused the write; nothing was written."""
-
-    message = "durable invariant {constraint} refused the write; nothing was written"
-    constraint: str
-
-
-@_error
-class RetryableConflict(RepositoryError):
-    """A serialization failure or deadlock aborted the unit of work; run it again."""
-
-    message = "the database aborted the unit of work to resolve a conflict; retry it"
-    sqlstate: str
-
-
-@_error
-class TransactionAborted(RepositoryError):
-    """COMMIT of an already failed transaction rolled it back."""
-
-    message = "the transaction had already failed; COMMIT rolled it back and nothing was written"
-
-
-@_error
-class UnitOfWorkClosed(RepositoryError):
-    """The unit of work was already committed, rolled back or poisoned."""
-
-    message = "the unit of work is closed"
-
-
-# --------------------------------------------------------------------------- lifecycle
-
-
-@_error
-class StaleVersion(LifecycleError, RepositoryError):
-    """The expected version is not the stored one."""
-
-    message = "expected version {expected} but found {actual}"
-    expected: int
-    actual: int
-
-
-@_error
-class IllegalTransition(LifecycleError, RepositoryError):
-    """The lifecycle table forbids this transition."""
-
-    message = "transition from {from_status} to {to_status} is not allowed"
-    from_status: str
-    to_status: str
-
-
-@_error
-class RestartRequiresNewAttempt(LifecycleError, RepositoryError):
-    """A STOPPED or FAILED execution never returns to STARTING; launch a new attempt."""
-
-    message = "execution in {from_status} restarts only as a new attempt"
-    from_status: str
-
-
-@_error
-class FailedTransitionMissingFailure(LifecycleError, RepositoryError):
-    """A transition to FAILED carries no failure summary."""
-
-    message = "transition to FAILED requires a failure summary"
-
-
-@_error
-class InvalidTransitionTime(LifecycleError, RepositoryError):
-    """The transition instant is earlier than the execution's start or end."""
-
-    message = "transition time is earlier than the execution's recorded times"
-
-
-@_error
-class VersionExhausted(LifecycleError, RepositoryError):
-    """The version counter cannot be incremented."""
-
-    message = "version {version} cannot be incremented"
-    version: int
-
-
-@_error
-class CountExhausted(LifecycleError, RepositoryError):
-    """A counter would exceed its bound."""
-
-    message = "a counter would exceed its bound"
-
-
-# --------------------------------------------------------------------------- domain values
-
-
-@_error
-class EmptyName(DomainError):
-    """A name is empty."""
-
-    message = "{kind} name is empty"
-    kind: str
-
-
-@_error
-class NameTooLong(DomainError):
-    """A name is longer than its byte bound."""
-
-    message = "{kind} name exceeds {max_bytes} bytes"
-    kind: str
-    max_bytes: int
-
-
-@_error
-class NameHasSurroundingWhitespace(DomainError):
-    """A name starts or ends with white space."""
-
-    message = "{kind} name has surrounding whitespace"
-    kind: str
-
-
-@_error
-class NameContainsControl(DomainError):
-    """A name contains a control character."""
-
-    message = "{kind} name contains a control character at index {character_index}"
-    kind: str
-    character_index: int
-
-
-@_error
-class ZeroIdentifier(DomainError):
-    """An identifier is zero."""
-
-    message = "{kind} identifier must be non-zero"
-    kind: str
-
-
-@_error
-class NegativeIdentifier(DomainError):
-    """An identifier is negative or above the unsigned 64-bit range."""
-
-    message = "{kind} identifier is outside 1..2^64-1"
-    kind: str
-
-
-@_error
-class ParameterStringTooLong(DomainError):
-    """A string parameter value is longer than its byte bound."""
-
-    message = "parameter string exceeds {max_bytes} bytes"
-    max_bytes: int
-
-
-@_error
-class ParameterValueOutOfRange(DomainError):
-    """An integer parameter value is outside its kind's range."""
-
-    message = "{kind} parameter value is out of range"
-    kind: str
-
-
-@_error
-class DuplicateParameter(DomainError):
-    """A parameter name was given twice."""
-
-    message = "duplicate job parameter name"
-
-
-@_error
-class InvalidTimestampOrder(DomainError):
-    """Execution timestamps are out of order."""
-
-    message = "execution timestamps are out of order"
-
-
-@_error
-class NaiveTimestamp(DomainError):
-    """A datetime without a time zone was given."""
-
-    message = "timestamps must be timezone-aware"
-
-
-@_error
-class ActiveExecutionHasEndTime(DomainError):
-    """An active execution carries an end time."""
-
-    message = "an active execution cannot have an end time"
-
-
-@_error
-class FinishedExecutionMissingEndTime(DomainError):
-    """A finished execution has no end time."""
-
-    message = "a finished execution requires an end time"
-
-
-@_error
-class FailedExecutionMissingFailure(DomainError):
-    """A FAILED execution has no failure summary."""
-
-    message = "a failed execution requires a failure summary"
-
-
-@_error
-class CounterOutOfRange(DomainError):
-    """A counter is outside 0..2^63-1."""
-
-    message = "counter {name} is outside 0..2^63-1"
-    name: str
-
-
-@_error
-class VersionOutOfRange(DomainError):
-    """A version is outside 0..2^63-1."""
-
-    message = "version is outside 0..2^63-1"
-
-
-# --------------------------------------------------------------------------- definitions
-
-
-@_error
-class EmptyToken(DefinitionError):
-    """A definition token is empty."""
-
-    message = "{kind} is empty"
-    kind: str
-
-
-@_error
-class TokenTooLong(DefinitionError):
-    """A definition token exceeds 128 bytes."""
-
-    message = "{kind} exceeds {max_bytes} bytes"
-    kind: str
-    max_bytes: int
-
-
-@_error
-class TokenHasSurroundingWhitespace(DefinitionError):
-    """A definition token starts or ends with white space."""
-
-    message = "{kind} has surrounding whitespace"
-    kind: str
-
-
-@_error
-class TokenContainsControl(DefinitionError):
-    """A definition token contains a control character."""
-
-    message = "{kind} contains a control character"
-    kind: str
-
-
-@_error
-class ManifestTooLarge(DefinitionError):
-    """The manifest exceeds 65,536 bytes."""
-
-    message = "definition manifest exceeds {max_bytes} bytes"
-    max_bytes: int
-
-
-@_error
-class ManifestInvalid(DefinitionError):
-    """The manifest is not a canonical JSON object without floats."""
-
-    message = "definition manifest is not a canonical JSON object: {reason}"
-    reason: str
-
-
-@_error
-class UpgradeSelfEdge(DefinitionError):
-    """An upgrade edge connects a definition to itself."""
-
-    message = "a definition upgrade cannot connect a definition to itself"
-
-
-@_error
-class EmptyStepMapping(DefinitionError):
-    """An upgrade edge maps no step."""
-
-    message = "a definition upgrade requires a step mapping"
-
-
-@_error
-class DuplicateSourceStep(DefinitionError):
-    """An upgrade maps a source step twice."""
-
-    message = "a definition upgrade maps a source step twice"
-
-
-@_error
-class DuplicateTargetStep(DefinitionError):
-    """An upgrade maps two source steps onto one target step."""
-
-    message = "a definition upgrade maps two source steps to one target step"
-
-
-@_error
-class ZeroStartLimit(PlanError):
-    """A start limit of zero was given."""
-
-    message = "start limit must be non-zero"
-
-
-# --------------------------------------------------------------------------- state envelopes
-
-
-@_error
-class StateEnvelopeInvalid(StateError):
-    """A checkpoint or context envelope was refused; `reason` names the rule."""
-
-    message = "durable state envelope refused: {reason}"
-    reason: str
-
-
-# --------------------------------------------------------------------------- request fields
-
-
-@_error
-class RequestFieldEmpty(RequestFieldError):
-    """A request field is empty."""
-
-    message = "{field} is empty"
-    field: str
-
-
-@_error
-class RequestFieldTooLong(RequestFieldError):
-    """A request field exceeds its byte bound."""
-
-    message = "{field} exceeds {max_bytes} bytes"
-    field: str
-    max_bytes: int
-
-
-@_error
-class RequestFieldInvalidCharacter(RequestFieldError):
-    """A request field contains a character outside its charset."""
-
-    message = "{field} contains an invalid character"
-    field: str
-
-
-# --------------------------------------------------------------------------- fault state
-
-
-@_error
-class FaultStateEnvelopeInvalid(FaultStateFormatError):
-    """A fault-state envelope broke a format rule; `reason` names it."""
-
-    message = "fault state envelope refused: {reason}"
-    reason: str
-
-
-@_error
-class FaultStateUnbound(FaultStateError):
-    """The fault-state store was used before `bind`."""
-
-    message = "fault state is not bound to a step execution"
-
-
-@_error
-class StaleReservation(FaultStateError):
-    """A retry reservation lost its race, skipped an ordinal or named a non-retryable phase."""
-
-    message = "retry reservation is stale"
-
-
-@_error
-class CapacityExhausted(FaultStateError):
-    """The retry state already holds its maximum number of keys."""
-
-    message = "retry state holds its maximum of {max} entries"
-    max: int
-
-
-@_error
-class FaultStateUnavailable(FaultStateError):
-    """The fault-state store could not reach the database."""
-
-    message = "fault state store is unavailable"
-
-
-@_error
-class FaultStateCommitOutcomeUnknown(FaultStateError):
-    """The reservation's COMMIT acknowledgement was lost."""
-
-    message = "fault reservation commit outcome is unknown"
-
-
-# --------------------------------------------------------------------------- chunks
-
-
-@_error
-class NotCommitted(ChunkTransactionError):
-    """The chunk did not commit; nothing of it is durable. `reason` names the rule."""
-
-    message = "chunk was not committed: {reason}"
-    reason: str
-
-
-@_error
-class ChunkCommitOutcomeUnknown(ChunkTransactionError):
-    """The chunk's COMMIT acknowledgement was lost; reload committed state before resuming."""
-
-    message = "chunk commit outcome is unknown; reload committed state before resuming"
-
-
-@_error
-class Rejected(BusinessTransactionError):
-    """The server rejected a business statement (data, integrity or syntax error)."""
-
-    message = "business statement was rejected (SQLSTATE {sqlstate})"
-    sqlstate: str
-
-
-@_error
-class Cancelled(BusinessTransactionError):
-    """A business statement was cancelled by the statement timeout."""
-
-    message = "business statement was cancelled"
-
-
-@_error
-class Infrastructure(BusinessTransactionError):
-    """A business statement failed for an infrastructure reason; the connection was discarded."""
-
-    message = "business statement failed for an infrastructure reason"
-
-
-# --------------------------------------------------------------------------- configuration
-
-
-@_error
-class EmptyConnectionString(ConfigError):
-    """The DSN is empty."""
-
-    message = "PostgreSQL connection string is empty"
-
-
-@_error
-class InvalidConnectionString(ConfigError):
-    """The DSN cannot be parsed or carries a key pybatch does not allow."""
-
-    message = "PostgreSQL connection string is invalid: {reason}"
-    reason: str
-
-
-@_error
-class TlsOptionInConnectionString(ConfigError):
-    """The DSN carries a TLS option; TLS is set through the configuration only."""
-
-    message = "PostgreSQL TLS options must use pybatch's TLS configuration, not the DSN"
-
-
-@_error
-class PoolSize(ConfigError):
-    """The pool size is outside 1..1024."""
-
-    message = "pool size must be from 1 to 1024"
-
-
-@_error
-class EmptyCaCertificate(ConfigError):
-    """The CA bundle is empty."""
-
-    message = "CA certificate bundle is empty"
-
-
-@_error
-class CaCertificateTooLarge(ConfigError):
-    """The CA bundle exceeds 1 MiB."""
-
-    message = "CA certificate bundle exceeds {max_bytes} bytes"
-    max_bytes: int
-
-
-@_error
-class TimeoutOutOfBounds(ConfigError):
-    """A timeout is outside its bounds."""
-
-    message = "PostgreSQL {timeout_class} timeout is outside its bounds ({bounds})"
-    timeout_class: str
-    bounds: str
-
-
-@_error
-class LockExceedsStatement(ConfigError):
-    """The lock timeout is longer than the statement timeout."""
-
-    message = "lock timeout must not exceed statement timeout"
-
-
-@_error
-class AcquireExceedsClose(ConfigError):
-    """The acquire timeout is longer than the pool close timeout."""
-
-    message = "acquire timeout must not exceed pool close timeout"
-
-
-@_error
-class UnitOfWorkAttempts(ConfigError):
-    """The unit-of-work attempt bound is outside 1..10."""
-
-    message = "unit of work attempts must be from 1 to 10"
-
-
-@_error
-class EnvironmentValueInvalid(ConfigError):
-    """An environment variable could not be read as its setting."""
-
-    message = "environment variable {variable} is not a valid {expected}"
-    variable: str
-    expected: str
-
-
-# --------------------------------------------------------------------------- migrations
-
-
-@_error
-class MigrationChecksumMismatch(MigrationError):
-    """An applied migration no longer matches the file this package ships."""
-
-    message = "applied migration {version} does not match the shipped file"
-    version: int
-
-
-@_error
-class MigrationHistoryInvalid(MigrationError):
-    """The migration history is not a contiguous prefix of the shipped files."""
-
-    message = "migration history is inconsistent at version {version}"
-    version: int
-
-
-@_error
-class MigrationLockTimeout(MigrationError):
-    """Another migrator held the advisory lock for longer than the lock timeout."""
-
-    message = "timed out waiting for the migration lock"
-
-
-# ---------------------------------------------------------------- values and codecs (appended)
-
-
-@_error
-class JsonNotEncodable(DomainError):
-    """A document cannot be written as canonical JSON (schema.md 3.5); `reason` names the rule."""
-
-    message = "document cannot be encoded as canonical JSON: {reason}"
-    reason: str
-
-
-@_error
-class TextNotUtf8(DomainError):
-    """A text value contains an unpaired surrogate and cannot be stored as UTF-8."""
-
-    message = "{kind} is not encodable as UTF-8"
-    kind: str
-
-
-@_error
-class EmptySchemaId(StateError):
-    """A state schema identifier is empty."""
-
-    message = "state schema identifier is empty"
-
-
-@_error
-class SchemaIdTooLong(StateError):
-    """A state schema identifier exceeds its byte bound."""
-
-    message = "state schema identifier exceeds {max_bytes} bytes"
-    max_bytes: int
-
-
-@_error
-class SchemaIdHasSurroundingWhitespace(StateError):
-    """A state schema identifier starts or ends with white space."""
-
-    message = "state schema identifier has surrounding whitespace"
-
-
-@_error
-class SchemaIdContainsControl(StateError):
-    """A state schema identifier contains a control character."""
-
-    message = "state schema identifier contains a control character"
-
-
-@_error
-class ZeroSchemaVersion(StateError):
-    """A state schema version is zero (or outside 1..2^32-1)."""
-
-    message = "state schema version must be from 1 to 4294967295"
-
-
-@_error
-class InvalidStateByteLimit(StateError):
-    """A state byte limit is zero or above the hard ceiling."""
-
-    message = "state byte limit must be between 1 and {maximum}"
-    maximum: int
-
-
-@_error
-class InvalidStateDepthLimit(StateError):
-    """A state depth limit is zero or above the hard ceiling."""
-
-    message = "state depth limit must be between 1 and {maximum}"
-    maximum: int
-
-
-@_error
-class StateTooLarge(StateError):
-    """An encoded state envelope exceeds its byte limit."""
-
-    message = "{kind} exceeds {max_bytes} bytes"
-    kind: str
-    max_bytes: int
-
-
-@_error
-class StateTooDeep(StateError):
-    """A state envelope exceeds its JSON nesting limit."""
-
-    message = "{kind} exceeds JSON depth {max_depth}"
-    kind: str
-    max_depth: int
-
-
-@_error
-class StateMalformed(StateError):
-    """The bytes or values are not a valid state envelope."""
-
-    message = "{kind} is malformed"
-    kind: str
-
-
-@_error
-class StateFormatMismatch(StateError):
-    """The envelope belongs to the other durable-state kind."""
-
-    message = "durable state is not a {kind}"
-    kind: str
-
-
-@_error
-class UnsupportedStateFormatVersion(StateError):
-    """The envelope format version is not 1."""
-
-    message = "{kind} format version {version} is unsupported"
-    kind: str
-    version: int
-
-
-@_error
-class StatePayloadNotObject(StateError):
-    """The state payload is not a JSON object."""
-
-    message = "durable state payload must be a JSON object"
-
-
-@_error
-class StateSchemaMismatch(StateError):
-    """The envelope schema is not the one the reader expects."""
-
-    message = "{kind} schema does not match the component"
-    kind: str
-
-
-@_error
-class UnsupportedStateSchemaVersion(StateError):
-    """The envelope was written by a newer application schema version."""
-
-    message = "{kind} schema version {found} is newer than supported version {current}"
-    kind: str
-    found: int
-    current: int
-
-
-@_error
-class RecoveryFieldInvalid(RecoveryRequestError):
-    """A recovery reason code or operator reference broke a text rule."""
-
-    message = "recovery {field} is invalid: {rule}"
-    field: str
-    rule: str
-
-
-@_error
-class RecoveryNotAllowed(RepositoryError):
-    """Only unresolved executions (STARTING, STARTED, STOPPING, UNKNOWN) can be recovered."""
-
-    message = "job execution {id} in {status} cannot be recovered"
-    id: int
-    status: str
-
-
-# --------------------------------------------------------------------------- partitions (7.1)
 
 
 @_error
@@ -1143,18 +221,971 @@ class PartitionAggregationIncomplete(RepositoryError):
 
 
 @_error
+class CompletedInstance(RepositoryError):
+    """The latest attempt of the instance is COMPLETED; it never runs again."""
+
+    message = "job instance {id} is already completed"
+    id: int
+
+
+@_error
+class AbandonedInstance(RepositoryError):
+    """The latest attempt of the instance is ABANDONED; it never runs again."""
+
+    message = "job instance {id} is abandoned"
+    id: int
+
+
+@_error
+class ExecutionAlreadyActive(RepositoryError):
+    """The instance already has an unresolved execution."""
+
+    message = "job instance {instance_id} already has execution {execution_id} in {status}"
+    instance_id: int
+    execution_id: int
+    status: str
+
+
+@_error
+class DefinitionDrift(RepositoryError):
+    """The same (job, revision) was registered with another manifest digest."""
+
+    message = "job {job_name} definition revision {revision} has drifted"
+    job_name: str
+    revision: str
+
+
+@_error
+class DefinitionJobMismatch(RepositoryError):
+    """The definition is bound to another job name."""
+
+    message = "definition for job {actual} cannot be used for job {expected}"
+    expected: str
+    actual: str
+
+
+@_error
+class IncompatibleDefinition(RepositoryError):
+    """A restart changed the definition digest without a direct registered upgrade."""
+
+    message = "job instance {instance_id} has no direct compatible definition"
+    instance_id: int
+
+
+@_error
+class UnsupportedManifestVersion(RepositoryError):
+    """The manifest format is 0 or above 3."""
+
+    message = "definition manifest format {format} is unsupported"
+    format: int
+
+
+@_error
+class InvalidDefinitionUpgrade(RepositoryError):
+    """An upgraded restart step has no mapping entry."""
+
+    message = "definition upgrade for execution {execution_id} is incomplete"
+    execution_id: int
+
+
+@_error
+class DefinitionUpgradeConflict(RepositoryError):
+    """An upgrade edge or upgrade key conflicts with a registered one."""
+
+    message = "job {job_name} definition upgrade conflicts"
+    job_name: str
+
+
+@_error
+class RestartStateNotFound(RepositoryError):
+    """A restart step has no source step in the previous attempt."""
+
+    message = "restart execution {execution_id} has no durable source for step {step_name}"
+    execution_id: int
+    step_name: str
+
+
+@_error
+class StartLimitExceeded(RepositoryError):
+    """The node has used up its start limit in this instance."""
+
+    message = "job instance {instance_id} exhausted start limit {limit} for node {node_id}"
+    instance_id: int
+    node_id: str
+    limit: int
+
+
+@_error
+class FlowStateCorrupt(RepositoryError):
+    """Durable flow history is unusable; no work may begin."""
+
+    message = "durable flow history is unusable and no work may begin"
+
+
+@_error
+class RecoveryNotAllowed(RepositoryError):
+    """Only unresolved executions (STARTING, STARTED, STOPPING, UNKNOWN) can be recovered."""
+
+    message = "job execution {id} in {status} cannot be recovered"
+    id: int
+    status: str
+
+
+@_error
+class UnsupportedCapability(RepositoryError):
+    """A required capability is not declared."""
+
+    message = "the adapter does not support {capability}"
+    capability: str
+
+
+@_error
+class ConcurrentModification(RepositoryError):
+    """A race backstop constraint refused the write."""
+
+    message = "repository unit of work is based on a stale snapshot"
+
+
+@_error
+class CommitOutcomeUnknown(RepositoryError):
+    """The COMMIT acknowledgement was lost; inspect durable state before acting."""
+
+    message = "commit outcome is unknown; inspect durable metadata before recovery"
+
+
+@_error
+class Unavailable(RepositoryError):
+    """Infrastructure failure, timeout or undecodable durable row (details redacted)."""
+
+    message = "repository is unavailable"
+    sqlstate: str | None = None
+
+    def __str__(self) -> str:
+        # The SQLSTATE is safe to show; the driver's message is not (it can quote values).
+        return (
+            self.message if self.sqlstate is None else f"{self.message} (SQLSTATE {self.sqlstate})"
+        )
+
+
+@_error
+class DuplicateStep(RepositoryError):
+    """A step with the same name or logical id already exists in the execution."""
+
+    message = "job execution {job_execution_id} already has step {step_name} / logical id {node_id}"
+    job_execution_id: int
+    step_name: str
+    node_id: str
+
+
+@_error
+class IntegrityViolation(RepositoryError):
+    """A durable invariant refused the write; nothing was written."""
+
+    message = "durable invariant {constraint} refused the write; nothing was written"
+    constraint: str
+
+
+@_error
+class RetryableConflict(RepositoryError):
+    """A serialization failure or deadlock aborted the unit of work; run it again."""
+
+    message = "the database aborted the unit of work to resolve a conflict; retry it"
+    sqlstate: str
+
+
+@_error
+class TransactionAborted(RepositoryError):
+    """COMMIT of an already failed transaction rolled it back."""
+
+    message = "the transaction had already failed; COMMIT rolled it back and nothing was written"
+
+
+@_error
+class UnitOfWorkClosed(RepositoryError):
+    """The unit of work was already committed, rolled back or poisoned."""
+
+    message = "the unit of work is closed"
+
+
+# ---------------------------------------------------------------------------- DomainError (7.2)
+
+
+class DomainError(PyBatchError):
+    """A domain value was invalid (behaviour.md 2)."""
+
+    message = "invalid repository domain value"
+
+
+@_error
+class EmptyName(DomainError):
+    """A name is empty."""
+
+    message = "{kind} name is empty"
+    kind: str
+
+
+@_error
+class NameTooLong(DomainError):
+    """A name is longer than its byte bound."""
+
+    message = "{kind} name exceeds {max_bytes} bytes"
+    kind: str
+    max_bytes: int
+
+
+@_error
+class NameHasSurroundingWhitespace(DomainError):
+    """A name starts or ends with white space."""
+
+    message = "{kind} name has surrounding whitespace"
+    kind: str
+
+
+@_error
+class NameContainsControl(DomainError):
+    """A name contains a control character."""
+
+    message = "{kind} name contains a control character at index {character_index}"
+    kind: str
+    character_index: int
+
+
+@_error
+class ZeroIdentifier(DomainError):
+    """An identifier is zero."""
+
+    message = "{kind} identifier must be non-zero"
+    kind: str
+
+
+@_error
+class ParameterStringTooLong(DomainError):
+    """A string parameter value is longer than its byte bound."""
+
+    message = "parameter string exceeds {max_bytes} bytes"
+    max_bytes: int
+
+
+@_error
+class DuplicateParameter(DomainError):
+    """A parameter name was given twice."""
+
+    message = "duplicate job parameter name"
+
+
+@_error
+class InvalidTimestampOrder(DomainError):
+    """Execution timestamps are out of order."""
+
+    message = "execution timestamps are out of order"
+
+
+@_error
+class ActiveExecutionHasEndTime(DomainError):
+    """An active execution carries an end time."""
+
+    message = "an active execution cannot have an end time"
+
+
+@_error
+class FinishedExecutionMissingEndTime(DomainError):
+    """A finished execution has no end time."""
+
+    message = "a finished execution requires an end time"
+
+
+@_error
+class FailedExecutionMissingFailure(DomainError):
+    """A FAILED execution has no failure summary."""
+
+    message = "a failed execution requires a failure summary"
+
+
+@_error
+class NaiveTimestamp(DomainError):
+    """A datetime without a time zone was given."""
+
+    message = "timestamps must be timezone-aware"
+
+
+@_error
+class NegativeIdentifier(DomainError):
+    """An identifier is negative or above the unsigned 64-bit range."""
+
+    message = "{kind} identifier is outside 1..2^64-1"
+    kind: str
+
+
+@_error
+class ParameterValueOutOfRange(DomainError):
+    """An integer parameter value is outside its kind's range."""
+
+    message = "{kind} parameter value is out of range"
+    kind: str
+
+
+@_error
+class CounterOutOfRange(DomainError):
+    """A counter is outside 0..2^63-1."""
+
+    message = "counter {name} is outside 0..2^63-1"
+    name: str
+
+
+@_error
+class VersionOutOfRange(DomainError):
+    """A version is outside 0..2^63-1."""
+
+    message = "version is outside 0..2^63-1"
+
+
+@_error
+class JsonNotEncodable(DomainError):
+    """A document cannot be written as canonical JSON (schema.md 3.5); `reason` names the rule."""
+
+    message = "document cannot be encoded as canonical JSON: {reason}"
+    reason: str
+
+
+@_error
+class TextNotUtf8(DomainError):
+    """A text value contains an unpaired surrogate and cannot be stored as UTF-8."""
+
+    message = "{kind} is not encodable as UTF-8"
+    kind: str
+
+
+@_error
 class PartitionContextTooLarge(DomainError):
-    """A partition context envelope exceeds its bound (PartitionValueError.ContextTooLarge)."""
+    """A partition context envelope exceeds its bound (the contract's ContextTooLarge)."""
 
     message = "partition context exceeds {max_bytes} bytes"
     max_bytes: int
 
 
-# --------------------------------------------------------------------------- ETL flows
+# -------------------------------------------------------------------- LifecycleError (7.2, 3.2)
+
+
+class LifecycleError(PyBatchError):
+    """A lifecycle transition or version check failed (behaviour.md 3)."""
+
+    message = "lifecycle error"
 
 
 @_error
-class FlowEndedInFailure(PyBatchError):
+class StaleVersion(LifecycleError, RepositoryError):
+    """The expected version is not the stored one."""
+
+    message = "expected version {expected} but found {actual}"
+    expected: int
+    actual: int
+
+
+@_error
+class IllegalTransition(LifecycleError, RepositoryError):
+    """The lifecycle table forbids this transition."""
+
+    message = "transition from {from_status} to {to_status} is not allowed"
+    from_status: str
+    to_status: str
+
+
+@_error
+class RestartRequiresNewAttempt(LifecycleError, RepositoryError):
+    """A STOPPED or FAILED execution never returns to STARTING; launch a new attempt."""
+
+    message = "execution in {from_status} restarts only as a new attempt"
+    from_status: str
+
+
+@_error
+class FailedTransitionMissingFailure(LifecycleError, RepositoryError):
+    """A transition to FAILED carries no failure summary."""
+
+    message = "transition to FAILED requires a failure summary"
+
+
+@_error
+class InvalidTransitionTime(LifecycleError, RepositoryError):
+    """The transition instant is earlier than the execution's start or end."""
+
+    message = "transition time is earlier than the execution's recorded times"
+
+
+@_error
+class VersionExhausted(LifecycleError, RepositoryError):
+    """The version counter cannot be incremented."""
+
+    message = "version {version} cannot be incremented"
+    version: int
+
+
+@_error
+class CountExhausted(LifecycleError, RepositoryError):
+    """A counter would exceed its bound."""
+
+    message = "a counter would exceed its bound"
+
+
+# ------------------------------------------------------------------ DefinitionError (7.2, 2.12)
+
+
+class DefinitionError(PyBatchError):
+    """A job definition, token or upgrade value was invalid (behaviour.md 2.12)."""
+
+    message = "invalid job definition"
+
+
+@_error
+class EmptyToken(DefinitionError):
+    """A definition token is empty."""
+
+    message = "{kind} is empty"
+    kind: str
+
+
+@_error
+class TokenTooLong(DefinitionError):
+    """A definition token exceeds 128 bytes."""
+
+    message = "{kind} exceeds {max_bytes} bytes"
+    kind: str
+    max_bytes: int
+
+
+@_error
+class TokenHasSurroundingWhitespace(DefinitionError):
+    """A definition token starts or ends with white space."""
+
+    message = "{kind} has surrounding whitespace"
+    kind: str
+
+
+@_error
+class TokenContainsControl(DefinitionError):
+    """A definition token contains a control character."""
+
+    message = "{kind} contains a control character"
+    kind: str
+
+
+@_error
+class ManifestTooLarge(DefinitionError):
+    """The manifest exceeds 65,536 bytes."""
+
+    message = "definition manifest exceeds {max_bytes} bytes"
+    max_bytes: int
+
+
+@_error
+class UpgradeSelfEdge(DefinitionError):
+    """An upgrade edge connects a definition to itself."""
+
+    message = "a definition upgrade cannot connect a definition to itself"
+
+
+@_error
+class DuplicateSourceStep(DefinitionError):
+    """An upgrade maps a source step twice."""
+
+    message = "a definition upgrade maps a source step twice"
+
+
+@_error
+class DuplicateTargetStep(DefinitionError):
+    """An upgrade maps two source steps onto one target step."""
+
+    message = "a definition upgrade maps two source steps to one target step"
+
+
+@_error
+class EmptyStepMapping(DefinitionError):
+    """An upgrade edge maps no step."""
+
+    message = "a definition upgrade requires a step mapping"
+
+
+@_error
+class ManifestInvalid(DefinitionError):
+    """The manifest is not a canonical JSON object without floats."""
+
+    message = "definition manifest is not a canonical JSON object: {reason}"
+    reason: str
+
+
+# ------------------------------------------------------------------------ PlanError (7.2, 2.13)
+
+
+class PlanError(PyBatchError):
+    """A flow plan value was invalid."""
+
+    message = "invalid flow plan value"
+
+
+@_error
+class ZeroStartLimit(PlanError):
+    """A start limit of zero was given."""
+
+    message = "start limit must be non-zero"
+
+
+# ----------------------------------------------------------------------- StateError (7.2, 2.15)
+
+
+class StateError(PyBatchError):
+    """A checkpoint or execution-context envelope was invalid (behaviour.md 2.15)."""
+
+    message = "invalid durable state envelope"
+
+
+@_error
+class StateTooLarge(StateError):
+    """An encoded state envelope exceeds its byte limit."""
+
+    message = "{kind} exceeds {max_bytes} bytes"
+    kind: str
+    max_bytes: int
+
+
+@_error
+class StateTooDeep(StateError):
+    """A state envelope exceeds its JSON nesting limit."""
+
+    message = "{kind} exceeds JSON depth {max_depth}"
+    kind: str
+    max_depth: int
+
+
+@_error
+class StateMalformed(StateError):
+    """The bytes or values are not a valid state envelope."""
+
+    message = "{kind} is malformed"
+    kind: str
+
+
+@_error
+class StateFormatMismatch(StateError):
+    """The envelope belongs to the other durable-state kind."""
+
+    message = "durable state is not a {kind}"
+    kind: str
+
+
+@_error
+class UnsupportedStateFormatVersion(StateError):
+    """The envelope format version is not 1."""
+
+    message = "{kind} format version {version} is unsupported"
+    kind: str
+    version: int
+
+
+@_error
+class StatePayloadNotObject(StateError):
+    """The state payload is not a JSON object."""
+
+    message = "durable state payload must be a JSON object"
+
+
+@_error
+class StateSchemaMismatch(StateError):
+    """The envelope schema is not the one the reader expects."""
+
+    message = "{kind} schema does not match the component"
+    kind: str
+
+
+@_error
+class UnsupportedStateSchemaVersion(StateError):
+    """The envelope was written by a newer application schema version."""
+
+    message = "{kind} schema version {found} is newer than supported version {current}"
+    kind: str
+    found: int
+    current: int
+
+
+@_error
+class InvalidStateByteLimit(StateError):
+    """A state byte limit is zero or above the hard ceiling."""
+
+    message = "state byte limit must be between 1 and {maximum}"
+    maximum: int
+
+
+@_error
+class InvalidStateDepthLimit(StateError):
+    """A state depth limit is zero or above the hard ceiling."""
+
+    message = "state depth limit must be between 1 and {maximum}"
+    maximum: int
+
+
+@_error
+class EmptySchemaId(StateError):
+    """A state schema identifier is empty."""
+
+    message = "state schema identifier is empty"
+
+
+@_error
+class SchemaIdTooLong(StateError):
+    """A state schema identifier exceeds its byte bound."""
+
+    message = "state schema identifier exceeds {max_bytes} bytes"
+    max_bytes: int
+
+
+@_error
+class SchemaIdHasSurroundingWhitespace(StateError):
+    """A state schema identifier starts or ends with white space."""
+
+    message = "state schema identifier has surrounding whitespace"
+
+
+@_error
+class SchemaIdContainsControl(StateError):
+    """A state schema identifier contains a control character."""
+
+    message = "state schema identifier contains a control character"
+
+
+@_error
+class ZeroSchemaVersion(StateError):
+    """A state schema version is zero (or outside 1..2^32-1)."""
+
+    message = "state schema version must be from 1 to 4294967295"
+
+
+@_error
+class StateEnvelopeInvalid(StateError):
+    """A checkpoint or context envelope was refused; `reason` names the rule."""
+
+    message = "durable state envelope refused: {reason}"
+    reason: str
+
+
+# ------------------------------------------------------------ FaultStateFormatError (7.2, 2.16)
+
+
+class FaultStateFormatError(PyBatchError):
+    """A fault-state envelope could not be decoded or validated (behaviour.md 2.16)."""
+
+    message = "fault state envelope is invalid"
+
+
+@_error
+class FaultStateEnvelopeInvalid(FaultStateFormatError):
+    """A fault-state envelope broke a format rule; `reason` names it."""
+
+    message = "fault state envelope refused: {reason}"
+    reason: str
+
+
+# ------------------------------------------------------------------ FaultStateError (7.2, 4.15)
+
+
+class FaultStateError(PyBatchError):
+    """The durable fault-state store refused an operation (behaviour.md 4.15)."""
+
+    message = "fault state error"
+
+
+@_error
+class FaultStateUnbound(FaultStateError):
+    """The fault-state store was used before `bind`."""
+
+    message = "fault state is not bound to a step execution"
+
+
+@_error
+class FaultStateCorrupt(RepositoryError, FaultStateError):
+    """Durable fault state is unusable; no work may begin."""
+
+    message = "durable fault state is unusable and no work may begin"
+
+
+@_error
+class StaleReservation(FaultStateError):
+    """A retry reservation lost its race, skipped an ordinal or named a non-retryable phase."""
+
+    message = "retry reservation is stale"
+
+
+@_error
+class CapacityExhausted(FaultStateError):
+    """The retry state already holds its maximum number of keys."""
+
+    message = "retry state holds its maximum of {max} entries"
+    max: int
+
+
+@_error
+class FaultStateUnavailable(FaultStateError):
+    """The fault-state store could not reach the database."""
+
+    message = "fault state store is unavailable"
+
+
+@_error
+class FaultStateCommitOutcomeUnknown(FaultStateError):
+    """The reservation's COMMIT acknowledgement was lost."""
+
+    message = "fault reservation commit outcome is unknown"
+
+
+# ------------------------------------------------------------------- RecoveryRequestError (7.2)
+
+
+class RecoveryRequestError(PyBatchError):
+    """A recovery request field was invalid."""
+
+    message = "invalid recovery request"
+
+
+@_error
+class RecoveryFieldInvalid(RecoveryRequestError):
+    """A recovery reason code or operator reference broke a text rule."""
+
+    message = "recovery {field} is invalid: {rule}"
+    field: str
+    rule: str
+
+
+# ---------------------------------------------------------------------- RequestFieldError (7.2)
+
+
+class RequestFieldError(PyBatchError):
+    """An operator request field (actor, reason, operation id) was invalid."""
+
+    message = "invalid request field"
+
+
+@_error
+class RequestFieldEmpty(RequestFieldError):
+    """A request field is empty."""
+
+    message = "{field} is empty"
+    field: str
+
+
+@_error
+class RequestFieldTooLong(RequestFieldError):
+    """A request field exceeds its byte bound."""
+
+    message = "{field} exceeds {max_bytes} bytes"
+    field: str
+    max_bytes: int
+
+
+@_error
+class RequestFieldInvalidCharacter(RequestFieldError):
+    """A request field contains a character outside its charset."""
+
+    message = "{field} contains an invalid character"
+    field: str
+
+
+# ------------------------------------------------------------------ ChunkTransactionError (7.2)
+
+
+class ChunkTransactionError(PyBatchError):
+    """A chunk transaction could not commit (behaviour.md 4.15)."""
+
+    message = "chunk transaction error"
+
+
+@_error
+class NotCommitted(ChunkTransactionError):
+    """The chunk did not commit; nothing of it is durable. `reason` names the rule."""
+
+    message = "chunk was not committed: {reason}"
+    reason: str
+
+
+@_error
+class ChunkCommitOutcomeUnknown(ChunkTransactionError):
+    """The chunk's COMMIT acknowledgement was lost; reload committed state before resuming."""
+
+    message = "chunk commit outcome is unknown; reload committed state before resuming"
+
+
+# --------------------------------------------------------------- BusinessTransactionError (7.2)
+
+
+class BusinessTransactionError(PyBatchError):
+    """A business statement run inside a chunk transaction failed (behaviour.md 4.15)."""
+
+    message = "business statement failed"
+
+
+@_error
+class Rejected(BusinessTransactionError):
+    """The server rejected a business statement (data, integrity or syntax error)."""
+
+    message = "business statement was rejected (SQLSTATE {sqlstate})"
+    sqlstate: str
+
+
+@_error
+class Cancelled(BusinessTransactionError):
+    """A business statement was cancelled by the statement timeout."""
+
+    message = "business statement was cancelled"
+
+
+@_error
+class Infrastructure(BusinessTransactionError):
+    """A business statement failed for an infrastructure reason; the connection was discarded."""
+
+    message = "business statement failed for an infrastructure reason"
+
+
+# ---------------------------------------------------------------------- ConfigError (7.2, 2.24)
+
+
+class ConfigError(PyBatchError):
+    """A connection configuration value was out of bounds (schema.md 6)."""
+
+    message = "invalid pybatch configuration"
+
+
+@_error
+class EmptyConnectionString(ConfigError):
+    """The DSN is empty."""
+
+    message = "PostgreSQL connection string is empty"
+
+
+@_error
+class InvalidConnectionString(ConfigError):
+    """The DSN cannot be parsed or carries a key pybatch does not allow."""
+
+    message = "PostgreSQL connection string is invalid: {reason}"
+    reason: str
+
+
+@_error
+class TlsOptionInConnectionString(ConfigError):
+    """The DSN carries a TLS option; TLS is set through the configuration only."""
+
+    message = "PostgreSQL TLS options must use pybatch's TLS configuration, not the DSN"
+
+
+@_error
+class PoolSize(ConfigError):
+    """The pool size is outside 1..1024."""
+
+    message = "pool size must be from 1 to 1024"
+
+
+@_error
+class EmptyCaCertificate(ConfigError):
+    """The CA bundle is empty."""
+
+    message = "CA certificate bundle is empty"
+
+
+@_error
+class CaCertificateTooLarge(ConfigError):
+    """The CA bundle exceeds 1 MiB."""
+
+    message = "CA certificate bundle exceeds {max_bytes} bytes"
+    max_bytes: int
+
+
+@_error
+class TimeoutOutOfBounds(ConfigError):
+    """A timeout is outside its bounds."""
+
+    message = "PostgreSQL {timeout_class} timeout is outside its bounds ({bounds})"
+    timeout_class: str
+    bounds: str
+
+
+@_error
+class LockExceedsStatement(ConfigError):
+    """The lock timeout is longer than the statement timeout."""
+
+    message = "lock timeout must not exceed statement timeout"
+
+
+@_error
+class AcquireExceedsClose(ConfigError):
+    """The acquire timeout is longer than the pool close timeout."""
+
+    message = "acquire timeout must not exceed pool close timeout"
+
+
+@_error
+class UnitOfWorkAttempts(ConfigError):
+    """The unit-of-work attempt bound is outside 1..10."""
+
+    message = "unit of work attempts must be from 1 to 10"
+
+
+@_error
+class EnvironmentValueInvalid(ConfigError):
+    """An environment variable could not be read as its setting."""
+
+    message = "environment variable {variable} is not a valid {expected}"
+    variable: str
+    expected: str
+
+
+# --------------------------------------------------------------- MigrationError (pybatch, 4.19)
+
+
+class MigrationError(PyBatchError):
+    """The schema migrator refused to run or failed."""
+
+    message = "schema migration failed"
+
+
+@_error
+class NewerSchema(RepositoryError, MigrationError):
+    """The installed schema is newer than this package supports; nothing was changed."""
+
+    message = "schema version {current} is newer than supported version {supported}"
+    current: int
+    supported: int
+
+
+@_error
+class MigrationChecksumMismatch(MigrationError):
+    """An applied migration no longer matches the file this package ships."""
+
+    message = "applied migration {version} does not match the shipped file"
+    version: int
+
+
+@_error
+class MigrationHistoryInvalid(MigrationError):
+    """The migration history is not a contiguous prefix of the shipped files."""
+
+    message = "migration history is inconsistent at version {version}"
+    version: int
+
+
+@_error
+class MigrationLockTimeout(MigrationError):
+    """Another migrator held the advisory lock for longer than the lock timeout."""
+
+    message = "timed out waiting for the migration lock"
+
+
+# ----------------------------------------------------------------------- JobRunError (pybatch)
+
+
+class JobRunError(PyBatchError):
+    """A job run ended the way its flow or its partitions decided (pybatch.etl)."""
+
+    message = "the job run ended unsuccessfully"
+
+
+@_error
+class FlowEndedInFailure(JobRunError):
     """The job's flow reached its `fail` terminal state; the run ends FAILED."""
 
     message = "the flow ended in failure after node {node_id}"
@@ -1162,7 +1193,7 @@ class FlowEndedInFailure(PyBatchError):
 
 
 @_error
-class PartitionsFailed(PyBatchError):
+class PartitionsFailed(JobRunError):
     """A partitioned step ended without every partition COMPLETED."""
 
     message = "partitioned step {step_name} ended {status}; partitions not completed: {keys}"
@@ -1171,8 +1202,148 @@ class PartitionsFailed(PyBatchError):
     keys: tuple[str, ...]
 
 
-__all__ = sorted(
-    name
-    for name, value in dict(globals()).items()
-    if isinstance(value, type) and issubclass(value, PyBatchError)
-)
+__all__ = [
+    "AbandonedInstance",
+    "AcquireExceedsClose",
+    "ActiveExecutionHasEndTime",
+    "BusinessTransactionError",
+    "CaCertificateTooLarge",
+    "Cancelled",
+    "CapacityExhausted",
+    "ChunkCommitOutcomeUnknown",
+    "ChunkTransactionError",
+    "CommitOutcomeUnknown",
+    "CompletedInstance",
+    "ConcurrentModification",
+    "ConfigError",
+    "CountExhausted",
+    "CounterOutOfRange",
+    "DefinitionDrift",
+    "DefinitionError",
+    "DefinitionJobMismatch",
+    "DefinitionUpgradeConflict",
+    "DomainError",
+    "DuplicateParameter",
+    "DuplicatePartitionKey",
+    "DuplicateSourceStep",
+    "DuplicateStep",
+    "DuplicateTargetStep",
+    "EmptyCaCertificate",
+    "EmptyConnectionString",
+    "EmptyName",
+    "EmptyPartitionPlan",
+    "EmptySchemaId",
+    "EmptyStepMapping",
+    "EmptyToken",
+    "EnvironmentValueInvalid",
+    "ExecutionAlreadyActive",
+    "FailedExecutionMissingFailure",
+    "FailedTransitionMissingFailure",
+    "FaultStateCommitOutcomeUnknown",
+    "FaultStateCorrupt",
+    "FaultStateEnvelopeInvalid",
+    "FaultStateError",
+    "FaultStateFormatError",
+    "FaultStateUnavailable",
+    "FaultStateUnbound",
+    "FinishedExecutionMissingEndTime",
+    "FlowEndedInFailure",
+    "FlowStateCorrupt",
+    "IdentifierOutOfRange",
+    "IllegalTransition",
+    "IncompatibleDefinition",
+    "Infrastructure",
+    "IntegrityViolation",
+    "InvalidConnectionString",
+    "InvalidDefinitionUpgrade",
+    "InvalidStateByteLimit",
+    "InvalidStateDepthLimit",
+    "InvalidTimestampOrder",
+    "InvalidTransitionTime",
+    "JobExecutionNotFound",
+    "JobInstanceNotFound",
+    "JobRunError",
+    "JsonNotEncodable",
+    "LifecycleError",
+    "LockExceedsStatement",
+    "ManifestInvalid",
+    "ManifestTooLarge",
+    "MigrationChecksumMismatch",
+    "MigrationError",
+    "MigrationHistoryInvalid",
+    "MigrationLockTimeout",
+    "MigrationRequired",
+    "NaiveTimestamp",
+    "NameContainsControl",
+    "NameHasSurroundingWhitespace",
+    "NameTooLong",
+    "NegativeIdentifier",
+    "NewerSchema",
+    "NotCommitted",
+    "ParameterStringTooLong",
+    "ParameterValueOutOfRange",
+    "PartitionAggregationIncomplete",
+    "PartitionContextTooLarge",
+    "PartitionParentNotActive",
+    "PartitionPlanExists",
+    "PartitionPlanNotCommitted",
+    "PartitionPlanTooLarge",
+    "PartitionStateCorrupt",
+    "PartitionUpdateNotAllowed",
+    "PartitionWorkerAlreadyAssigned",
+    "PartitionWorkerMismatch",
+    "PartitionWorkerStale",
+    "PartitionsFailed",
+    "PlanError",
+    "PoolSize",
+    "PyBatchError",
+    "RecoveryFieldInvalid",
+    "RecoveryNotAllowed",
+    "RecoveryRequestError",
+    "Rejected",
+    "RepositoryError",
+    "RequestFieldEmpty",
+    "RequestFieldError",
+    "RequestFieldInvalidCharacter",
+    "RequestFieldTooLong",
+    "RestartRequiresNewAttempt",
+    "RestartStateNotFound",
+    "RetryableConflict",
+    "SchemaIdContainsControl",
+    "SchemaIdHasSurroundingWhitespace",
+    "SchemaIdTooLong",
+    "SchemaUninitialized",
+    "StaleReservation",
+    "StaleVersion",
+    "StartLimitExceeded",
+    "StateEnvelopeInvalid",
+    "StateError",
+    "StateFormatMismatch",
+    "StateMalformed",
+    "StatePayloadNotObject",
+    "StateSchemaMismatch",
+    "StateTooDeep",
+    "StateTooLarge",
+    "StepExecutionNotFound",
+    "StepPartitionNotFound",
+    "TextNotUtf8",
+    "TimeoutOutOfBounds",
+    "TlsOptionInConnectionString",
+    "TokenContainsControl",
+    "TokenHasSurroundingWhitespace",
+    "TokenTooLong",
+    "TransactionAborted",
+    "Unavailable",
+    "UnitOfWorkAttempts",
+    "UnitOfWorkClosed",
+    "UnsupportedCapability",
+    "UnsupportedManifestVersion",
+    "UnsupportedStateFormatVersion",
+    "UnsupportedStateSchemaVersion",
+    "UpgradeSelfEdge",
+    "VersionExhausted",
+    "VersionOutOfRange",
+    "ZeroIdentifier",
+    "ZeroSchemaVersion",
+    "ZeroStartLimit",
+]

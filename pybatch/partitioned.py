@@ -4,8 +4,9 @@ PostgreSQL is the only coordinator. The parent publishes the plan (one row per p
 before any worker starts; each worker process loops: claim the next partition in one guarded
 statement (FOR UPDATE SKIP LOCKED), run it as a step of its own whose chunks commit the
 business rows with the partition's progress, then end it and publish its result onto the
-partition in one unit of work. Workers started on other hosts (`join_partitioned_step`)
-join the same plan through the same database.
+partition in one unit of work. Workers started on other hosts (`pybatch.etl.join_partitioned_step`,
+`pybatch worker`) join the same plan through the same database. The ETL API
+(`JobRun.partitioned_step`) hands each claimed partition to the user's function.
 
 A worker holds a liveness lock for the worker step it runs, the mechanism a job run uses
 for its execution (`_Liveness`). When a worker dies mid-partition, any other worker (or the
@@ -24,23 +25,21 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-import psycopg
-
 from pybatch.errors import (
     ConcurrentModification,
-    JobExecutionNotFound,
-    PartitionsFailed,
+    PartitionStateCorrupt,
     PartitionWorkerStale,
     StaleVersion,
     Unavailable,
 )
-from pybatch.etl import ETL_STATE_SCHEMA, JobRun, StepOutcome, StepRun
+from pybatch.job_repository import JobRepository
+from pybatch.repository import liveness as liveness_statements
 from pybatch.repository.partitions import StartedPartition
 from pybatch.values.flow import StartLimit
 from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
-from pybatch.values.names import ExitCode, JobName, NodeId, StepName
-from pybatch.values.parameters import JobInstanceKey, JobParameters
+from pybatch.values.names import ExitCode, NodeId, StateSchemaId, StepName
+from pybatch.values.parameters import JobInstanceKey
 from pybatch.values.partitions import (
     MAX_PARTITION_WORKERS,
     PartitionPlanEntry,
@@ -51,46 +50,30 @@ from pybatch.values.state import ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 
 if TYPE_CHECKING:
-    from pybatch._statements import Statements
-    from pybatch.repository import JobRepository
     from pybatch.unit_of_work import UnitOfWork
 
 __all__ = [
-    "PartitionRun",
-    "join_partitioned_step",
+    "Runner",
+    "RunnerFactory",
+    "aggregate_plan",
+    "find_running_parent",
+    "plan_entries",
     "recover_lost_workers",
-    "run_partition_worker",
-    "run_partitioned_step",
+    "start_partitioned_step",
+    "supervise",
+    "work_on_plan",
 ]
 
 logger = logging.getLogger("pybatch.partitioned")
 
-PartitionWork = Callable[["PartitionRun"], None]
+#: Runs one claimed partition with its worker step (the ETL API's PartitionRun wraps it).
+Runner = Callable[[StepExecution, StepPartition], None]
+#: Builds a process's Runner from that process's own repository.
+RunnerFactory = Callable[[JobRepository], Runner]
 Partitions = Mapping[str, Mapping[str, Any]] | Iterable[str]
 
 #: How long an idle worker or the waiting parent sleeps between polls of the plan.
 POLL_SECONDS = 0.1
-
-
-class PartitionRun(StepRun):
-    """One partition being worked on: its key and context, and the worker step's chunks.
-
-    `checkpoint` resumes where an earlier worker of the same partition last committed.
-    """
-
-    def __init__(self, run: JobRun, worker: StepExecution, partition: StepPartition) -> None:
-        super().__init__(run, worker)
-        self.partition = partition
-
-    @property
-    def key(self) -> str:
-        """The partition key."""
-        return self.partition.key.value
-
-    @property
-    def partition_context(self) -> dict[str, Any]:
-        """The context the plan gave this partition (what to read: a range, a file, ...)."""
-        return self.partition.context.payload
 
 
 # --------------------------------------------------------------------------- liveness
@@ -104,28 +87,23 @@ class _Liveness:
     """
 
     def __init__(self, repository: JobRepository) -> None:
-        self._statements: Statements = repository.statements
-        self._conn: psycopg.Connection[Any] = repository.dedicated_connection()
+        self._statements = repository.statements
+        self._conn = repository.dedicated_connection()
 
     def hold(self, worker_id: int) -> None:
         """Mark `worker_id` alive (call before the claim that creates it commits)."""
-        if not self._statements.try_lock_step_execution_liveness(
-            self._conn, step_execution_id=worker_id
+        if not liveness_statements.try_lock_step_execution_liveness(
+            self._statements, self._conn, worker_id
         ):
             raise Unavailable()
 
     def release(self, worker_id: int) -> None:
         """This process no longer works on `worker_id`."""
-        self._statements.unlock_step_execution_liveness(self._conn, step_execution_id=worker_id)
+        liveness_statements.unlock_step_execution_liveness(self._statements, self._conn, worker_id)
 
     def is_lost(self, worker_id: int) -> bool:
         """True when no live session holds the worker's liveness (its process is gone)."""
-        if not self._statements.try_lock_step_execution_liveness(
-            self._conn, step_execution_id=worker_id
-        ):
-            return False
-        self.release(worker_id)
-        return True
+        return liveness_statements.worker_is_gone(self._statements, self._conn, worker_id)
 
     def close(self) -> None:
         self._conn.close()
@@ -157,7 +135,8 @@ def recover_lost_workers(repository: JobRepository, parent_id: int, liveness: _L
         def recover(uow: UnitOfWork, partition: StartedPartition = partition) -> None:
             worker_id = partition.worker_step_execution_id
             worker = uow.get_step_execution(worker_id)
-            assert worker is not None
+            if worker is None:  # the partition's foreign key keeps it; never reached
+                raise PartitionStateCorrupt()
             if worker.status.is_active:
                 at = max(uow.clock.now(), worker.updated_at)
                 uow.transition_step_execution(
@@ -216,16 +195,19 @@ def _end_worker(
     return repository.run_in_unit_of_work(end)
 
 
-def run_partition_worker(
-    run: JobRun, parent: StepExecution, work: PartitionWork, *, poll_seconds: float = POLL_SECONDS
+def work_on_plan(
+    repository: JobRepository,
+    parent: StepExecution,
+    runner: Runner,
+    *,
+    poll_seconds: float = POLL_SECONDS,
 ) -> int:
     """Work on a published plan until no partition is left open; return how many it ran.
 
-    A partition whose `work` raises ends FAILED (the parent then ends FAILED and a restart
+    A partition whose runner raises ends FAILED (the parent then ends FAILED and a restart
     reruns it); the worker moves on to the next one. KeyboardInterrupt or SystemExit end the
     current partition STOPPED and propagate.
     """
-    repository = run.repository
     liveness = _Liveness(repository)
     ran = 0
     try:
@@ -241,9 +223,8 @@ def run_partition_worker(
                     time.sleep(poll_seconds)
                 continue
             partition, worker = claimed
-            step_run = PartitionRun(run, worker, partition)
             try:
-                work(step_run)
+                runner(worker, partition)
             except Exception:
                 logger.exception(
                     "pybatch: partition %s failed in worker step %s", partition.key.value, worker.id
@@ -260,49 +241,10 @@ def run_partition_worker(
         liveness.close()
 
 
-def join_partitioned_step(
-    repository: JobRepository,
-    job_name: str,
-    parameters: Mapping[str, str | int | bool] | JobParameters,
-    step_name: str,
-    work: PartitionWork,
-    *,
-    wait_seconds: float = 60.0,
-    poll_seconds: float = POLL_SECONDS,
-) -> int:
-    """Join a running partitioned step from any host: the worker entry point.
-
-    Finds the job instance by name and parameters, waits up to `wait_seconds` for its
-    running attempt to publish the plan of `step_name`, then works on it like a local
-    worker. Returns how many partitions this process ran (0 when the plan is already done).
-
-    Raises:
-        JobExecutionNotFound: no running attempt of the job published that step in time.
-    """
-    params = (
-        parameters if isinstance(parameters, JobParameters) else JobParameters.of(dict(parameters))
-    )
-    key = JobInstanceKey(JobName(job_name), params)
-    deadline = time.monotonic() + wait_seconds
-    while True:
-        found = _find_running_parent(repository, key, StepName(step_name))
-        if found is not None:
-            instance, execution, parent = found
-            break
-        if time.monotonic() >= deadline:
-            raise JobExecutionNotFound(id=0)
-        time.sleep(poll_seconds)
-    liveness = repository.dedicated_connection()  # JobRun's own; never used as a context
-    try:
-        run = JobRun(repository, instance, execution, liveness)
-        return run_partition_worker(run, parent, work, poll_seconds=poll_seconds)
-    finally:
-        liveness.close()
-
-
-def _find_running_parent(
+def find_running_parent(
     repository: JobRepository, key: JobInstanceKey, step_name: StepName
 ) -> tuple[JobInstance, JobExecution, StepExecution] | None:
+    """The running attempt of `key` and its STARTED step `step_name` with a plan, or None."""
     with repository.begin() as uow:
         instance = uow.find_job_instance(key)
         if instance is None:
@@ -324,65 +266,41 @@ def _find_running_parent(
 # --------------------------------------------------------------------------- parent
 
 
-def _plan_entries(partitions: Partitions) -> list[PartitionPlanEntry]:
+def plan_entries(partitions: Partitions, schema: StateSchemaId) -> list[PartitionPlanEntry]:
+    """Plan entries from keys, or from keys mapped to their context payloads."""
     if isinstance(partitions, Mapping):
         items = list(partitions.items())
     else:
         items = [(key, {}) for key in partitions]
     return [
         PartitionPlanEntry(
-            key, ExecutionContext(ETL_STATE_SCHEMA, 1, dict(ctx), limits=StateLimits.PARTITION)
+            key, ExecutionContext(schema, 1, dict(ctx), limits=StateLimits.PARTITION)
         )
         for key, ctx in items
     ]
 
 
-def _local_worker(run: JobRun, parent: StepExecution, work: PartitionWork) -> None:
-    """Body of a forked local worker: its own repository, then a hard exit.
-
-    The hard exit skips cleanup of the connections inherited from the parent, which still
-    uses them.
-    """
-    code = 1
-    try:
-        from pybatch.repository import JobRepository
-
-        with JobRepository.connect(run.repository.config, clock=run.repository.clock) as repo:
-            own = JobRun(repo, run.instance, run.execution, repo.dedicated_connection())
-            run_partition_worker(own, parent, work)
-        code = 0
-    except BaseException:
-        logger.exception("pybatch: partition worker process failed")
-    finally:
-        os._exit(code)
-
-
-def run_partitioned_step(
-    run: JobRun,
+def start_partitioned_step(
+    repository: JobRepository,
+    instance_id: int,
+    execution_id: int,
     name: str,
-    partitions: Partitions,
-    work: PartitionWork,
-    *,
-    workers: int = 4,
-    start_limit: int | None = None,
-    poll_seconds: float = POLL_SECONDS,
-) -> StepOutcome:
-    """Run step `name` as a plan of partitions worked on by `workers` local processes.
+    entries: list[PartitionPlanEntry],
+    start_limit: StartLimit,
+) -> tuple[bool, StepExecution]:
+    """Start the parent step and publish its plan in one unit of work.
 
-    See JobRun.partitioned_step.
+    Returns (True, the completed step) when an earlier attempt completed it, else (False, the
+    STARTED parent). A restart carries the earlier attempt's plan (completed partitions are
+    not rerun); otherwise the plan is made of `entries`. The COMMIT publishes the plan.
     """
-    if not 0 <= workers <= MAX_PARTITION_WORKERS:
-        raise ValueError(f"workers is 0..{MAX_PARTITION_WORKERS}")
-    entries = _plan_entries(partitions)
     node = NodeId(name)
-    limit = StartLimit.unrestricted() if start_limit is None else StartLimit(start_limit)
-    repository = run.repository
 
     def start(uow: UnitOfWork) -> tuple[bool, StepExecution]:
-        latest = uow.latest_flow_step(run.instance.id, node)
+        latest = uow.latest_flow_step(instance_id, node)
         if latest is not None and latest.step_execution.status is BatchStatus.COMPLETED:
             return True, latest.step_execution
-        parent = uow.create_flow_step_execution(run.execution.id, StepName(name), node, limit)
+        parent = uow.create_flow_step_execution(execution_id, StepName(name), node, start_limit)
         at = max(uow.clock.now(), parent.created_at)
         parent = uow.transition_step_execution(
             parent.id, parent.version, LifecycleTransition.new(BatchStatus.STARTED, at)
@@ -394,33 +312,51 @@ def run_partitioned_step(
             uow.create_step_partition_plan(parent.id, entries)
         return False, parent
 
-    skipped, parent = repository.run_in_unit_of_work(start)  # COMMIT publishes the plan
-    if skipped:
-        logger.info("pybatch: partitioned step %s completed in an earlier attempt; skipped", name)
-        return StepOutcome(name=name, skipped=True, step=parent)
+    return repository.run_in_unit_of_work(start)
+
+
+def _local_worker(repository: JobRepository, parent: StepExecution, runners: RunnerFactory) -> None:
+    """Body of a forked local worker: its own repository, then a hard exit.
+
+    The hard exit skips cleanup of the connections inherited from the parent, which still
+    uses them.
+    """
+    code = 1
     try:
-        _supervise(run, parent, work, workers, poll_seconds)
-    except BaseException as error:
-        status = BatchStatus.FAILED if isinstance(error, Exception) else BatchStatus.STOPPED
-        run._end_step(parent.id, status)
-        raise
-    return StepOutcome(name=name, skipped=False, step=_aggregate(run, parent))
+        with JobRepository.connect(repository.config, clock=repository.clock) as own:
+            work_on_plan(own, parent, runners(own))
+        code = 0
+    except BaseException:
+        logger.exception("pybatch: partition worker process failed")
+    finally:
+        os._exit(code)
 
 
-def _supervise(
-    run: JobRun, parent: StepExecution, work: PartitionWork, workers: int, poll_seconds: float
+def supervise(
+    repository: JobRepository,
+    parent: StepExecution,
+    runners: RunnerFactory,
+    workers: int,
+    *,
+    poll_seconds: float = POLL_SECONDS,
 ) -> None:
-    """Keep `workers` local processes working until no partition is open.
+    """Keep `workers` forked local processes working until no partition is open.
 
     A process that dies is replaced while partitions remain open; lost partitions are
-    recovered by the survivors or, when none is left, here.
+    recovered by the survivors or here. With 0 workers the calling process works alone.
     """
-    repository = run.repository
+    if not 0 <= workers <= MAX_PARTITION_WORKERS:
+        raise ValueError(f"workers is 0..{MAX_PARTITION_WORKERS}")
+    if workers == 0:
+        work_on_plan(repository, parent, runners(repository), poll_seconds=poll_seconds)
+        return
     context = multiprocessing.get_context("fork")
     processes: list[Any] = []
 
     def spawn() -> None:
-        process = context.Process(target=_local_worker, args=(run, parent, work), daemon=True)
+        process = context.Process(
+            target=_local_worker, args=(repository, parent, runners), daemon=True
+        )
         process.start()
         processes.append(process)
 
@@ -442,8 +378,6 @@ def _supervise(
                 recover_lost_workers(repository, parent.id, liveness)
                 for _ in range(workers - len(alive)):
                     spawn()
-            if workers == 0:  # the parent works alone (tests, tiny plans)
-                run_partition_worker(run, parent, work, poll_seconds=poll_seconds)
             # Wake as soon as a worker exits (the plan may be done), else poll.
             multiprocessing.connection.wait([p.sentinel for p in alive], timeout=poll_seconds)
     finally:
@@ -455,13 +389,15 @@ def _supervise(
         liveness.close()
 
 
-def _aggregate(run: JobRun, parent: StepExecution) -> StepExecution:
-    """Aggregate the partitions onto the parent; raise PartitionsFailed unless COMPLETED."""
-    repository = run.repository
+def aggregate_plan(
+    repository: JobRepository, parent: StepExecution
+) -> tuple[StepExecution, list[str]]:
+    """Aggregate the partitions onto the parent; return it and the keys not COMPLETED."""
 
     def aggregate(uow: UnitOfWork) -> tuple[StepExecution, list[str]]:
         current = uow.get_step_execution(parent.id)
-        assert current is not None
+        if current is None:  # the parent of a published plan is never deleted mid-run
+            raise PartitionStateCorrupt()
         at = max(uow.clock.now(), current.updated_at)
         ended = uow.aggregate_step_partitions(parent.id, current.version, at)
         unfinished = [
@@ -471,9 +407,4 @@ def _aggregate(run: JobRun, parent: StepExecution) -> StepExecution:
         ]
         return ended, unfinished
 
-    ended, unfinished = repository.run_in_unit_of_work(aggregate)
-    if ended.status is not BatchStatus.COMPLETED:
-        raise PartitionsFailed(
-            step_name=ended.step_name.value, status=ended.status.value, keys=tuple(unfinished)
-        )
-    return ended
+    return repository.run_in_unit_of_work(aggregate)

@@ -22,9 +22,6 @@ LIMIT 1;
 -- :doc The definition an execution runs under (its manifest and digest), to check a flow
 -- decision against (job_execution_pkey, job_definition_pkey).
 SELECT
-    e.id AS job_execution_id,
-    e.job_instance_id,
-    d.manifest_format,
     d.manifest_digest,
     d.manifest
 FROM pybatch.job_execution AS e
@@ -83,23 +80,23 @@ INSERT INTO pybatch.flow_decision (
     decided_at
 )
 SELECT
-    :job_execution_id AS job_execution_id,
-    :source_step_execution_id AS source_step_execution_id,
-    :reused_decision_id AS reused_decision_id,
-    :sequence AS sequence,
-    :node_id AS source_node_id,
-    :observed_outcome AS observed_outcome,
-    :target_node_id AS target_node_id,
-    :transition_kind AS transition_kind,
-    :terminal_kind AS terminal_kind,
-    :plan_fingerprint AS plan_fingerprint,
-    :input_digest AS input_digest,
-    :decided_at AS decided_at
+    CAST(:job_execution_id AS BIGINT) AS job_execution_id,
+    CAST(:source_step_execution_id AS BIGINT) AS source_step_execution_id,
+    CAST(:reused_decision_id AS BIGINT) AS reused_decision_id,
+    CAST(:sequence AS BIGINT) AS sequence,
+    CAST(:node_id AS TEXT) AS source_node_id,
+    CAST(:observed_outcome AS TEXT) AS observed_outcome,
+    CAST(:target_node_id AS TEXT) AS target_node_id,
+    CAST(:transition_kind AS TEXT) AS transition_kind,
+    CAST(:terminal_kind AS TEXT) AS terminal_kind,
+    CAST(:plan_fingerprint AS BYTEA) AS plan_fingerprint,
+    CAST(:input_digest AS BYTEA) AS input_digest,
+    CAST(:decided_at AS TIMESTAMPTZ) AS decided_at
 WHERE (
     SELECT COUNT(*)
     FROM pybatch.flow_decision AS recorded
-    WHERE recorded.job_execution_id = :job_execution_id
-) = :sequence - 1
+    WHERE recorded.job_execution_id = CAST(:job_execution_id AS BIGINT)
+) = CAST(:sequence AS BIGINT) - 1
 RETURNING id;
 
 -- :name list_flow_decisions :many

@@ -1,10 +1,8 @@
 -- :name lock_partition_step :one
--- :doc Lock a partition parent (manager) or worker step: identity, logical id and status
+-- :doc Lock a partition parent (manager) or worker step: its execution and status
 -- (step_execution_pkey; lock order - parent, then partitions, then workers).
 SELECT
-    s.id,
     s.job_execution_id,
-    s.step_logical_id,
     s.status
 FROM pybatch.step_execution AS s
 WHERE s.id = :step_execution_id
@@ -374,12 +372,7 @@ SELECT
     w.read_skip_count,
     w.process_skip_count,
     w.write_skip_count,
-    w.no_rollback_count,
-    w.fault_state_format,
-    w.fault_state_schema,
-    w.fault_state_schema_version,
-    w.fault_state_payload,
-    w.fault_state_checksum
+    w.no_rollback_count
 FROM pybatch.step_partition AS p
 INNER JOIN pybatch.step_execution AS w ON p.worker_step_execution_id = w.id
 WHERE p.step_execution_id = :step_execution_id
@@ -633,19 +626,6 @@ WHERE p.step_execution_id = :step_execution_id
 GROUP BY p.status
 ORDER BY p.status;
 
--- :name try_lock_step_execution_liveness :scalar
--- :doc Hold the session-level liveness lock of a partition worker step for as long as its
--- process works on it; the server releases it when the session ends, however it ends.
-SELECT PG_TRY_ADVISORY_LOCK(
-    HASHTEXTEXTENDED('pybatch.step_execution.liveness', :step_execution_id)
-) AS lock_acquired;
-
--- :name unlock_step_execution_liveness :scalar
--- :doc Release the liveness lock taken by try_lock_step_execution_liveness.
-SELECT PG_ADVISORY_UNLOCK(
-    HASHTEXTEXTENDED('pybatch.step_execution.liveness', :step_execution_id)
-) AS lock_released;
-
 -- :name count_open_step_partitions :scalar
 -- :doc How many partitions of a plan still need a worker or are being worked on - STARTING,
 -- STARTED, or FAILED after a lost worker and claimable again (see claim_step_partition).
@@ -670,8 +650,6 @@ SELECT
     p.partition_key,
     p.status,
     p.worker_step_execution_id,
-    w.started_at,
-    w.ended_at,
     COALESCE(w.ended_at, :now) - w.started_at AS elapsed
 FROM pybatch.step_partition AS p
 INNER JOIN pybatch.step_execution AS w ON p.worker_step_execution_id = w.id

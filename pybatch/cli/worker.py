@@ -19,7 +19,7 @@ __all__ = ["register"]
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the worker command."""
-    from pybatch.cli import add_connection_arguments
+    from pybatch.cli._connection import add_connection_arguments
 
     worker = commands.add_parser(
         "worker", help="work on the partitions of a running partitioned step"
@@ -97,9 +97,9 @@ def load_function(spec: str) -> Callable[..., None]:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from pybatch.cli import config_from_args
-    from pybatch.partitioned import join_partitioned_step
-    from pybatch.repository import JobRepository
+    from pybatch.cli._connection import config_from_args
+    from pybatch.etl import join_partitioned_step
+    from pybatch.job_repository import JobRepository
 
     params = parameters(args)
     work = load_function(args.function)

@@ -6,10 +6,9 @@ FlowStateCorrupt: no flow continues from a history it cannot read (behaviour.md 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from pybatch.codecs._primitives import (
     DecodeError,
+    Row,
     decode_aware,
     decode_digest,
     decode_enum,
@@ -27,9 +26,24 @@ from pybatch.values.flow import (
 )
 from pybatch.values.names import ExitCode, NodeId
 
-__all__ = ["decode_flow_decision", "encode_flow_decision_request"]
+__all__ = ["FLOW_DECISION_COLUMNS", "decode_flow_decision", "encode_flow_decision_request"]
 
-Row = Mapping[str, object]
+#: The columns `decode_flow_decision` reads.
+FLOW_DECISION_COLUMNS = (
+    "id",
+    "job_execution_id",
+    "source_step_execution_id",
+    "reused_decision_id",
+    "sequence",
+    "source_node_id",
+    "observed_outcome",
+    "target_node_id",
+    "transition_kind",
+    "terminal_kind",
+    "plan_fingerprint",
+    "input_digest",
+    "decided_at",
+)
 
 
 def _target(row: Row) -> FlowTarget:

@@ -7,28 +7,55 @@ raises PartitionStateCorrupt, so no worker starts from state it cannot trust (6.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from pybatch.codecs._primitives import (
     DecodeError,
+    Row,
     decode_digest,
     decode_enum,
     decode_int64,
     decode_json_object,
     decode_optional_int64,
     decode_text,
-    sha256,
 )
 from pybatch.errors import PartitionStateCorrupt, PyBatchError
+from pybatch.values._canonical import sha256
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.names import ExitCode, StateSchemaId
 from pybatch.values.partitions import PartitionKey, PartitionPlanEntry, StepPartition
 from pybatch.values.state import STATE_FORMAT_VERSION, ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus
 
-__all__ = ["context_checksum", "decode_step_partition", "encode_plan_entries"]
+__all__ = [
+    "STEP_PARTITION_COLUMNS",
+    "context_checksum",
+    "decode_step_partition",
+    "encode_plan_entries",
+]
 
-Row = Mapping[str, object]
+#: The columns `decode_step_partition` reads.
+STEP_PARTITION_COLUMNS = (
+    "id",
+    "step_execution_id",
+    "worker_step_execution_id",
+    "partition_key",
+    "partition_ordinal",
+    "status",
+    "exit_code",
+    "read_count",
+    "processed_count",
+    "write_count",
+    "filter_count",
+    "commit_count",
+    "rollback_count",
+    "context_format",
+    "context_schema",
+    "context_schema_version",
+    "context_payload",
+    "context_checksum",
+    "version",
+)
 
 _COUNT_COLUMNS = (
     ("read", "read_count"),

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+import attrs
 
-import psycopg
-
-from pybatch._statements import Statements
+from pybatch._statements import Connection, Statements
 from pybatch.clock import Clock
-from pybatch.codecs.executions import decode_step_execution
+from pybatch.codecs._primitives import (
+    DecodeError,
+    decode_digest,
+    decode_int64,
+    decode_json_object,
+    decode_optional_int64,
+    returned,
+)
+from pybatch.codecs.executions import decode_job_execution
 from pybatch.codecs.flow import decode_flow_decision, encode_flow_decision_request
+from pybatch.codecs.steps import decode_step_execution
 from pybatch.errors import (
     ConcurrentModification,
     DuplicateStep,
@@ -18,6 +25,7 @@ from pybatch.errors import (
     JobInstanceNotFound,
     StartLimitExceeded,
 )
+from pybatch.repository import instances
 from pybatch.repository.steps import insert_step_execution
 from pybatch.values.flow import (
     FlowDecision,
@@ -38,8 +46,6 @@ __all__ = [
     "flow_decisions",
     "latest_flow_step",
 ]
-
-Connection = psycopg.Connection[Any]
 
 
 def create_flow_step_execution(
@@ -66,27 +72,32 @@ def create_flow_step_execution(
     flow.sql count_flow_node_starts, find_latest_flow_step_execution.
     """
     check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
-    execution = q.get_job_execution(conn, job_execution_id=job_execution_id)
-    if execution is None:
+    row = q.get_job_execution.one(conn, job_execution_id=job_execution_id)
+    if row is None:
         raise JobExecutionNotFound(id=job_execution_id)
-    instance_id = execution["job_instance_id"]
-    q.lock_job_instance(conn, job_instance_id=instance_id)
+    # No step begins under a corrupt execution (6.3).
+    instance_id = decode_job_execution(row).job_instance_id
+    instances.lock_job_instance(q, conn, instance_id)
     names = {"job_execution_id": job_execution_id, "step_name": step_name.value}
-    if q.find_conflicting_step_execution(conn, **names, node_id=node_id.value) is not None:
+    if q.find_conflicting_step_execution.one(conn, **names, node_id=node_id.value) is not None:
         raise DuplicateStep(
             job_execution_id=job_execution_id, step_name=step_name.value, node_id=node_id.value
         )
     node = {"job_instance_id": instance_id, "node_id": node_id.value}
-    starts = q.count_flow_node_starts(conn, **node)
+    starts = decode_int64(q.count_flow_node_starts.scalar(conn, **node), column="starts", minimum=0)
     if starts >= start_limit.value:
         raise StartLimitExceeded(
             instance_id=instance_id, node_id=node_id.value, limit=start_limit.value
         )
-    source_id = q.find_latest_flow_step_execution(conn, **node)
+    source_id = decode_optional_int64(
+        q.find_latest_flow_step_execution.scalar(conn, **node), column="id", minimum=1
+    )
     step_id = insert_step_execution(
         q, conn, job_execution_id, step_name, node_id.value, source_id, clock.now()
     )
-    return decode_step_execution(q.get_step_execution(conn, step_execution_id=step_id))
+    return decode_step_execution(
+        returned(q.get_step_execution.one(conn, step_execution_id=step_id))
+    )
 
 
 def latest_flow_step(
@@ -98,14 +109,16 @@ def latest_flow_step(
     steps.sql get_step_execution.
     """
     check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
-    if q.get_job_instance(conn, job_instance_id=instance_id) is None:
+    if q.get_job_instance.one(conn, job_instance_id=instance_id) is None:
         raise JobInstanceNotFound(id=instance_id)
-    step_id = q.find_latest_flow_step_execution(
+    step_id = q.find_latest_flow_step_execution.scalar(
         conn, job_instance_id=instance_id, node_id=node_id.value
     )
     if step_id is None:
         return None
-    step = decode_step_execution(q.get_step_execution(conn, step_execution_id=step_id))
+    step = decode_step_execution(
+        returned(q.get_step_execution.one(conn, step_execution_id=step_id))
+    )
     return FlowStepState(node_id, step, step.context)
 
 
@@ -126,28 +139,31 @@ def append_flow_decision(
     flow_reused_decision_matches, insert_flow_decision.
     """
     execution_id = request.job_execution_id
-    plan = q.get_job_execution_flow_plan(conn, job_execution_id=execution_id)
+    plan = q.get_job_execution_flow_plan.one(conn, job_execution_id=execution_id)
     if plan is None:
         raise JobExecutionNotFound(id=execution_id)
-    if bytes(plan["manifest_digest"]) != request.plan_fingerprint:
-        raise FlowStateCorrupt()
-    manifest = plan["manifest"]
-    if not isinstance(manifest, dict) or not decision_matches_manifest(manifest, request):
+    try:
+        digest = decode_digest(plan["manifest_digest"], column="manifest_digest")
+        manifest = decode_json_object(plan["manifest"], column="manifest")
+    except DecodeError:
+        raise FlowStateCorrupt() from None
+    if digest != request.plan_fingerprint or not decision_matches_manifest(manifest, request):
         raise FlowStateCorrupt()
     node = request.source_node_id.value
     if request.source_step_execution_id is not None:
-        if not q.flow_source_step_matches(
+        source_matches = q.flow_source_step_matches.scalar(
             conn,
             job_execution_id=execution_id,
             source_step_execution_id=request.source_step_execution_id,
             node_id=node,
-        ):
+        )
+        if source_matches is not True:
             raise FlowStateCorrupt()
     elif request.kind not in (FlowTransitionKind.DECIDER, FlowTransitionKind.SPLIT_AGGREGATE):
         raise FlowStateCorrupt()
     params = encode_flow_decision_request(request)
     if request.reused_decision_id is not None:
-        if not q.flow_reused_decision_matches(
+        reused_matches = q.flow_reused_decision_matches.scalar(
             conn,
             job_execution_id=execution_id,
             reused_decision_id=request.reused_decision_id,
@@ -157,28 +173,14 @@ def append_flow_decision(
             observed_outcome=request.observed_outcome.value,
             target_node_id=params["target_node_id"],
             terminal_kind=params["terminal_kind"],
-        ):
+        )
+        if reused_matches is not True:
             raise FlowStateCorrupt()
-    row = q.insert_flow_decision(conn, **params)
+    row = q.insert_flow_decision.one(conn, **params)
     if row is None:
         raise ConcurrentModification()
-    return FlowDecision(id=int(row["id"]), **_request_fields(request))
-
-
-def _request_fields(request: FlowDecisionRequest) -> dict[str, Any]:
-    return {
-        "job_execution_id": request.job_execution_id,
-        "sequence": request.sequence,
-        "source_node_id": request.source_node_id,
-        "source_step_execution_id": request.source_step_execution_id,
-        "kind": request.kind,
-        "observed_outcome": request.observed_outcome,
-        "target": request.target,
-        "plan_fingerprint": request.plan_fingerprint,
-        "input_digest": request.input_digest,
-        "reused_decision_id": request.reused_decision_id,
-        "decided_at": request.decided_at,
-    }
+    decision_id = decode_int64(row["id"], column="id", minimum=1)
+    return FlowDecision(id=decision_id, **attrs.asdict(request, recurse=False))
 
 
 def find_reusable_flow_decision(
@@ -198,9 +200,9 @@ def find_reusable_flow_decision(
     Statements: instances.sql get_job_instance; flow.sql find_reusable_flow_decision.
     """
     check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
-    if q.get_job_instance(conn, job_instance_id=instance_id) is None:
+    if q.get_job_instance.one(conn, job_instance_id=instance_id) is None:
         raise JobInstanceNotFound(id=instance_id)
-    row = q.find_reusable_flow_decision(
+    row = q.find_reusable_flow_decision.one(
         conn,
         job_instance_id=instance_id,
         node_id=node_id.value,
@@ -220,7 +222,7 @@ def flow_decisions(q: Statements, conn: Connection, job_execution_id: int) -> li
     Statements: executions.sql get_job_execution; flow.sql list_flow_decisions.
     """
     check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
-    if q.get_job_execution(conn, job_execution_id=job_execution_id) is None:
+    if q.get_job_execution.one(conn, job_execution_id=job_execution_id) is None:
         raise JobExecutionNotFound(id=job_execution_id)
-    rows = q.list_flow_decisions(conn, job_execution_id=job_execution_id)
+    rows = q.list_flow_decisions.many(conn, job_execution_id=job_execution_id)
     return [decode_flow_decision(row) for row in rows]

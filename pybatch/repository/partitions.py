@@ -8,20 +8,17 @@ worker may be assigned to a plan that is not durably published yet.
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Mapping, MutableSet, Sequence
-from typing import Any
+from collections.abc import Callable, MutableSet, Sequence
 
 import attrs
-import psycopg
 
-from pybatch._statements import Statements
+from pybatch._statements import Connection, Row, Statements
 from pybatch.codecs._jsonb import to_jsonb
-from pybatch.codecs.executions import (
-    decode_step_execution,
-    encode_counts,
-    encode_execution_metadata,
-)
+from pybatch.codecs._primitives import DecodeError, decode_enum, decode_int64, decode_text
+from pybatch.codecs.fault_state import encode_fault_state
+from pybatch.codecs.lifecycle import encode_execution_metadata
 from pybatch.codecs.partitions import decode_step_partition, encode_plan_entries
+from pybatch.codecs.steps import decode_step_execution, encode_counts
 from pybatch.errors import (
     ConcurrentModification,
     CountExhausted,
@@ -37,11 +34,12 @@ from pybatch.errors import (
     PartitionWorkerAlreadyAssigned,
     PartitionWorkerMismatch,
     PartitionWorkerStale,
+    PyBatchError,
     StaleVersion,
     StepExecutionNotFound,
     StepPartitionNotFound,
 )
-from pybatch.repository.executions import check_expected_version
+from pybatch.repository._lifecycle import check_expected_version
 from pybatch.values.fault import FaultStateEnvelope
 from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.lifecycle import (
@@ -81,26 +79,37 @@ __all__ = [
     "step_partition_plan",
 ]
 
-Connection = psycopg.Connection[Any]
 #: How many workers may try one partition in one attempt when each of them was lost.
 MAX_WORKER_TRIES = 5
 _ACTIVE_PARENT = frozenset({BatchStatus.STARTING, BatchStatus.STARTED})
 _COMPLETING_PARENT = frozenset({BatchStatus.STARTED, BatchStatus.STOPPING})
 
 
-def _status(row: Mapping[str, Any]) -> BatchStatus:
+def _status(value: object) -> BatchStatus:
     try:
-        return BatchStatus(row["status"])
-    except ValueError:
+        return decode_enum(BatchStatus, value, column="status")
+    except DecodeError:
         raise PartitionStateCorrupt() from None
 
 
-def _lock_step(q: Statements, conn: Connection, step_id: int) -> Mapping[str, Any] | None:
-    row: Mapping[str, Any] | None = q.lock_partition_step(conn, step_execution_id=step_id)
-    return row
+@attrs.frozen
+class _LockedStep:
+    job_execution_id: int
+    status: BatchStatus
 
 
-def _decoded(rows: Sequence[Mapping[str, Any]]) -> list[StepPartition]:
+def _lock_step(q: Statements, conn: Connection, step_id: int) -> _LockedStep | None:
+    row = q.lock_partition_step.one(conn, step_execution_id=step_id)
+    if row is None:
+        return None
+    try:
+        execution_id = decode_int64(row["job_execution_id"], column="job_execution_id", minimum=1)
+    except DecodeError:
+        raise PartitionStateCorrupt() from None
+    return _LockedStep(execution_id, _status(row["status"]))
+
+
+def _decoded(rows: Sequence[Row]) -> list[StepPartition]:
     return [decode_step_partition(row) for row in rows]
 
 
@@ -138,12 +147,12 @@ def create_step_partition_plan(
     parent = _lock_step(q, conn, parent_id)
     if parent is None:
         raise StepExecutionNotFound(id=parent_id)
-    status = _status(parent)
+    status = parent.status
     if status not in _ACTIVE_PARENT:
         raise PartitionParentNotActive(step_execution_id=parent_id, status=status.value)
-    if q.find_step_partition_plan(conn, step_execution_id=parent_id):
+    if q.find_step_partition_plan.scalar(conn, step_execution_id=parent_id) is True:
         raise PartitionPlanExists(step_execution_id=parent_id)
-    rows = q.insert_step_partitions(
+    rows = q.insert_step_partitions.many(
         conn, step_execution_id=parent_id, **encode_plan_entries(entries)
     )
     unpublished.add(parent_id)
@@ -159,9 +168,9 @@ def step_partition_plan(q: Statements, conn: Connection, parent_id: int) -> list
     Statements: steps.sql get_step_execution; partitions.sql list_step_partitions.
     """
     check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
-    if q.get_step_execution(conn, step_execution_id=parent_id) is None:
+    if q.get_step_execution.one(conn, step_execution_id=parent_id) is None:
         raise StepExecutionNotFound(id=parent_id)
-    return _decoded(q.list_step_partitions(conn, step_execution_id=parent_id))
+    return _decoded(q.list_step_partitions.many(conn, step_execution_id=parent_id))
 
 
 def restart_step_partition_plan(
@@ -184,24 +193,26 @@ def restart_step_partition_plan(
     """
     check_identifier(IdentifierKind.STEP_EXECUTION, source_parent_id)
     check_identifier(IdentifierKind.STEP_EXECUTION, target_parent_id)
-    pair = q.lock_partition_restart_pair(
+    pair = q.lock_partition_restart_pair.one(
         conn, source_step_execution_id=source_parent_id, step_execution_id=target_parent_id
     )
-    if pair is None or not pair["same_logical_id"]:
+    if pair is None or pair["same_logical_id"] is not True:
         raise PartitionStateCorrupt()
-    if pair["source_job_status"] not in (BatchStatus.FAILED.value, BatchStatus.STOPPED.value):
+    if _status(pair["source_job_status"]) not in (BatchStatus.FAILED, BatchStatus.STOPPED):
         raise PartitionStateCorrupt()
-    target_status = _status({"status": pair["target_status"]})
+    target_status = _status(pair["target_status"])
     if target_status not in _ACTIVE_PARENT:
         raise PartitionParentNotActive(
             step_execution_id=target_parent_id, status=target_status.value
         )
-    if q.find_step_partition_plan(conn, step_execution_id=target_parent_id):
+    if q.find_step_partition_plan.scalar(conn, step_execution_id=target_parent_id) is True:
         raise PartitionPlanExists(step_execution_id=target_parent_id)
-    source = _decoded(q.lock_step_partitions_by_ordinal(conn, step_execution_id=source_parent_id))
+    source = _decoded(
+        q.lock_step_partitions_by_ordinal.many(conn, step_execution_id=source_parent_id)
+    )
     if not source:
         raise PartitionStateCorrupt()
-    rows = q.copy_step_partitions(
+    rows = q.copy_step_partitions.many(
         conn, source_step_execution_id=source_parent_id, step_execution_id=target_parent_id
     )
     unpublished.add(target_parent_id)
@@ -219,26 +230,25 @@ class _Locked:
 def _locked_partition(q: Statements, conn: Connection, partition_id: int) -> _Locked:
     """The parent (locked first) and the partition (locked second)."""
     check_identifier(IdentifierKind.STEP_PARTITION, partition_id)
-    parent_id = q.get_step_partition_parent(conn, step_partition_id=partition_id)
-    if parent_id is None:
+    found = q.get_step_partition_parent.scalar(conn, step_partition_id=partition_id)
+    if found is None:
         raise StepPartitionNotFound(id=partition_id)
-    parent = _lock_step(q, conn, int(parent_id))
+    try:
+        parent_id = decode_int64(found, column="step_execution_id", minimum=1)
+    except DecodeError:
+        raise PartitionStateCorrupt() from None
+    parent = _lock_step(q, conn, parent_id)
     if parent is None:  # the parent foreign key makes this unreachable
         raise PartitionStateCorrupt()
-    row = q.lock_step_partition(conn, step_partition_id=partition_id)
+    row = q.lock_step_partition.one(conn, step_partition_id=partition_id)
     if row is None:
         raise StepPartitionNotFound(id=partition_id)
-    return _Locked(
-        int(parent_id),
-        int(parent["job_execution_id"]),
-        _status(parent),
-        decode_step_partition(row),
-    )
+    return _Locked(parent_id, parent.job_execution_id, parent.status, decode_step_partition(row))
 
 
-def _domain(partition: StepPartition, change: Any) -> StepPartition:
+def _domain(partition: StepPartition, change: Callable[[], StepPartition]) -> StepPartition:
     try:
-        result: StepPartition = change()
+        result = change()
     except PartitionStateError as refused:
         if refused.rule == "VersionExhausted" or refused.status is None:
             raise PartitionStateCorrupt() from None
@@ -277,11 +287,11 @@ def assign_step_partition(
     worker = _lock_step(q, conn, worker_id)
     if worker is None:
         raise StepExecutionNotFound(id=worker_id)
-    if worker_id == parent_id or worker["job_execution_id"] != locked.parent_execution_id:
+    if worker_id == parent_id or worker.job_execution_id != locked.parent_execution_id:
         raise PartitionWorkerMismatch(partition_id=partition_id, worker=worker_id)
-    if q.find_partition_of_worker(conn, worker_step_execution_id=worker_id):
+    if q.find_partition_of_worker.scalar(conn, worker_step_execution_id=worker_id) is True:
         raise PartitionWorkerAlreadyAssigned(worker=worker_id)
-    changed = q.update_step_partition_assign(
+    changed = q.update_step_partition_assign.affected(
         conn,
         worker_step_execution_id=worker_id,
         step_partition_id=partition_id,
@@ -347,7 +357,7 @@ def end_partition_worker(
         raise PartitionParentNotActive(step_execution_id=parent_id, status=parent_status.value)
     if partition.worker_step_execution_id != worker_id:
         raise PartitionWorkerStale(partition_id=partition_id, worker=worker_id)
-    worker_row = q.lock_step_execution(conn, step_execution_id=worker_id)
+    worker_row = q.lock_step_execution.one(conn, step_execution_id=worker_id)
     if worker_row is None:
         raise StepExecutionNotFound(id=worker_id)
     worker = decode_step_execution(worker_row)
@@ -361,7 +371,7 @@ def end_partition_worker(
         )
     result = PartitionResult.from_worker(worker)
     completed = _domain(partition, lambda: partition.completed(expected_version, result))
-    changed = q.update_step_partition_complete(
+    changed = q.update_step_partition_complete.affected(
         conn,
         status=result.status.value,
         exit_code=result.exit_status.value,
@@ -387,7 +397,7 @@ def _end_worker(
         worker.metadata, worker.version, worker.version, transition, counts_apply=True
     )
     metadata, version = apply_exit_enrichment(metadata, version, version, end.exit_status)
-    changed = q.update_partition_worker_end(
+    changed = q.update_partition_worker_end.affected(
         conn,
         **encode_execution_metadata(metadata),
         rollback_count=metadata.counts.rolled_back,
@@ -428,11 +438,11 @@ def aggregate_step_partitions(
     """
     check_expected_version(expected_version)
     check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
-    parent_row = q.lock_step_execution(conn, step_execution_id=parent_id)
+    parent_row = q.lock_step_execution.one(conn, step_execution_id=parent_id)
     if parent_row is None:
         raise StepExecutionNotFound(id=parent_id)
     parent = decode_step_execution(parent_row)
-    children = _decoded(q.lock_step_partitions_by_key(conn, step_execution_id=parent_id))
+    children = _decoded(q.lock_step_partitions_by_key.many(conn, step_execution_id=parent_id))
     try:
         aggregate = aggregate_partitions(children)
     except AggregateError as refused:
@@ -444,9 +454,12 @@ def aggregate_step_partitions(
         if refused.rule == "CountExhausted":
             raise CountExhausted() from None
         raise PartitionStateCorrupt() from None
-    workers = {
-        int(row["id"]): decode_step_execution(row)
-        for row in q.lock_step_partition_workers(conn, step_execution_id=parent_id)
+    workers: dict[int, StepExecution] = {
+        worker.id: worker
+        for worker in map(
+            decode_step_execution,
+            q.lock_step_partition_workers.many(conn, step_execution_id=parent_id),
+        )
     }
     for child in _by_key(children):
         worker = workers.get(child.worker_step_execution_id or 0)
@@ -454,9 +467,9 @@ def aggregate_step_partitions(
             status=child.status, exit_status=child.exit_status, counts=child.counts
         ):
             raise PartitionStateCorrupt()
-    failure = workers[aggregate.selected_worker].metadata.failure
-    if aggregate.status is not BatchStatus.FAILED:
-        failure = None
+    failure = None
+    if aggregate.status is BatchStatus.FAILED:
+        failure = workers[aggregate.selected_worker].metadata.failure
     current = parent.metadata
     if (
         parent.version == expected_version + 1
@@ -468,8 +481,7 @@ def aggregate_step_partitions(
         return parent
     if current.status not in _COMPLETING_PARENT:
         raise PartitionParentNotActive(step_execution_id=parent_id, status=current.status.value)
-    if aggregate.status is BatchStatus.FAILED:
-        assert failure is not None  # a FAILED worker always carries its failure
+    if failure is not None:  # a FAILED aggregate: its selected worker always carries one
         transition = LifecycleTransition.failed(transitioned_at, failure)
     else:
         transition = LifecycleTransition.new(aggregate.status, transitioned_at)
@@ -477,7 +489,7 @@ def aggregate_step_partitions(
         current, parent.version, expected_version, transition, counts_apply=True
     )
     metadata = attrs.evolve(metadata, exit_status=aggregate.exit_status, counts=aggregate.counts)
-    changed = q.update_step_execution_aggregate(
+    changed = q.update_step_execution_aggregate.affected(
         conn,
         **encode_execution_metadata(metadata),
         **encode_counts(metadata.counts),
@@ -486,10 +498,10 @@ def aggregate_step_partitions(
         expected_version=expected_version,
     )
     if changed != 1:
-        latest = q.get_step_execution(conn, step_execution_id=parent_id)
+        latest = q.get_step_execution.one(conn, step_execution_id=parent_id)
         if latest is None:
             raise StepExecutionNotFound(id=parent_id)
-        raise StaleVersion(expected=expected_version, actual=int(latest["version"]))
+        raise StaleVersion(expected=expected_version, actual=decode_step_execution(latest).version)
     return attrs.evolve(
         parent,
         metadata=metadata,
@@ -517,8 +529,8 @@ def claim_step_partition(
     """
     if parent.id in unpublished:
         raise PartitionPlanNotCommitted(step_execution_id=parent.id)
-    fault = FaultStateEnvelope.EMPTY.to_columns()
-    row = q.claim_step_partition(
+    fault = encode_fault_state(FaultStateEnvelope.EMPTY)
+    row = q.claim_step_partition.one(
         conn,
         step_execution_id=parent.id,
         node_id=parent.logical_id.value,
@@ -531,8 +543,11 @@ def claim_step_partition(
     if row is None:
         return None
     partition = decode_step_partition(row)
-    assert partition.worker_step_execution_id is not None
-    worker = q.get_step_execution(conn, step_execution_id=partition.worker_step_execution_id)
+    if partition.worker_step_execution_id is None:  # the claim assigns one; never reached
+        raise PartitionStateCorrupt()
+    worker = q.get_step_execution.one(conn, step_execution_id=partition.worker_step_execution_id)
+    if worker is None:  # inserted by the same statement; never reached
+        raise PartitionStateCorrupt()
     return partition, decode_step_execution(worker)
 
 
@@ -548,11 +563,10 @@ def count_open_step_partitions(q: Statements, conn: Connection, parent_id: int) 
     Statements: partitions.sql count_open_step_partitions.
     """
     check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
-    return int(
-        q.count_open_step_partitions(
-            conn, step_execution_id=parent_id, max_partition_version=2 * MAX_WORKER_TRIES
-        )
+    found = q.count_open_step_partitions.scalar(
+        conn, step_execution_id=parent_id, max_partition_version=2 * MAX_WORKER_TRIES
     )
+    return decode_int64(found, column="open_partitions", minimum=0)
 
 
 @attrs.frozen
@@ -573,18 +587,20 @@ def started_step_partitions(
     Statements: partitions.sql list_started_step_partitions.
     """
     check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
-    rows = q.list_started_step_partitions(conn, step_execution_id=parent_id)
+    rows = q.list_started_step_partitions.many(conn, step_execution_id=parent_id)
     try:
         return [
             StartedPartition(
-                id=int(row["id"]),
-                key=str(row["partition_key"]),
-                worker_step_execution_id=int(row["worker_step_execution_id"]),
-                version=int(row["version"]),
+                id=decode_int64(row["id"], column="id", minimum=1),
+                key=decode_text(row["partition_key"], column="partition_key"),
+                worker_step_execution_id=decode_int64(
+                    row["worker_step_execution_id"], column="worker_step_execution_id", minimum=1
+                ),
+                version=decode_int64(row["version"], column="version", minimum=0),
             )
             for row in rows
         ]
-    except (TypeError, ValueError):
+    except DecodeError:
         raise PartitionStateCorrupt() from None
 
 
@@ -596,8 +612,14 @@ def count_step_partitions_by_status(
     Statements: partitions.sql count_step_partitions_by_status.
     """
     check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
-    rows = q.count_step_partitions_by_status(conn, step_execution_id=parent_id)
-    return {_status(row): int(row["partitions"]) for row in rows}
+    rows = q.count_step_partitions_by_status.many(conn, step_execution_id=parent_id)
+    try:
+        return {
+            _status(row["status"]): decode_int64(row["partitions"], column="partitions", minimum=0)
+            for row in rows
+        }
+    except DecodeError:
+        raise PartitionStateCorrupt() from None
 
 
 def plan_progress(
@@ -613,20 +635,30 @@ def plan_progress(
     list_slowest_step_partitions.
     """
     check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
-    if q.get_step_execution(conn, step_execution_id=parent_id) is None:
+    if q.get_step_execution.one(conn, step_execution_id=parent_id) is None:
         raise StepExecutionNotFound(id=parent_id)
     counts = count_step_partitions_by_status(q, conn, parent_id)
-    rows = q.list_slowest_step_partitions(conn, step_execution_id=parent_id, now=now, limit=slowest)
+    rows = q.list_slowest_step_partitions.many(
+        conn, step_execution_id=parent_id, now=now, limit=slowest
+    )
     try:
         slow = tuple(
             SlowPartition(
-                key=PartitionKey(row["partition_key"]),
-                status=_status(row),
-                worker_step_execution_id=int(row["worker_step_execution_id"]),
-                elapsed=row["elapsed"],
+                key=PartitionKey(decode_text(row["partition_key"], column="partition_key")),
+                status=_status(row["status"]),
+                worker_step_execution_id=decode_int64(
+                    row["worker_step_execution_id"], column="worker_step_execution_id", minimum=1
+                ),
+                elapsed=_elapsed(row["elapsed"]),
             )
             for row in rows
         )
-    except (TypeError, ValueError):
+    except (DecodeError, PyBatchError):
         raise PartitionStateCorrupt() from None
     return PlanProgress(counts=counts, slowest=slow)
+
+
+def _elapsed(value: object) -> _dt.timedelta:
+    if not isinstance(value, _dt.timedelta):
+        raise DecodeError("elapsed")
+    return value

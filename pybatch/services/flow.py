@@ -25,7 +25,7 @@ from pybatch.values.names import ExitCode, NodeId
 from pybatch.values.records import StepExecution
 
 if TYPE_CHECKING:
-    from pybatch.repository import JobRepository
+    from pybatch.job_repository import JobRepository
     from pybatch.unit_of_work import UnitOfWork
     from pybatch.values.definitions import DefinitionIdentity
 

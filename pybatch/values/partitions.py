@@ -273,12 +273,14 @@ def aggregate_partitions(children: Iterable[StepPartition]) -> PartitionAggregat
             counts = counts.plus(child.counts)
     except CountExhausted:
         raise AggregateError("CountExhausted") from None
-    assert selected.worker_step_execution_id is not None
+    worker = selected.worker_step_execution_id
+    if worker is None:  # every child was checked to have a worker above
+        raise AggregateError("Incomplete", selected.status)
     return PartitionAggregate(
         status=status,
         exit_status=selected.exit_status,
         counts=counts,
-        selected_worker=selected.worker_step_execution_id,
+        selected_worker=worker,
     )
 
 

@@ -12,8 +12,7 @@ import pytest
 
 from pybatch import JobRepository
 from pybatch.errors import PartitionPlanNotCommitted, PartitionsFailed
-from pybatch.etl import Job
-from pybatch.partitioned import PartitionRun, join_partitioned_step
+from pybatch.etl import Job, PartitionRun, join_partitioned_step
 from pybatch.values.status import BatchStatus
 
 S = BatchStatus

@@ -26,8 +26,7 @@ from collections.abc import Iterable
 
 from pybatch import ConnectionConfig, JobRepository
 from pybatch.errors import PartitionsFailed
-from pybatch.etl import Job
-from pybatch.partitioned import PartitionRun
+from pybatch.etl import Job, PartitionRun
 
 JOB_NAME = "crash_partitions"
 STEP_NAME = "load"
@@ -77,7 +76,7 @@ def load(partition: PartitionRun) -> None:
         with partition.chunk() as chunk:
             chunk.copy(COPY_ROWS, rows)
             if slow and os.path.exists(slow):
-                time.sleep(0.02)
+                time.sleep(0.1)
             offset = end
             chunk.commit(read=len(rows), written=len(rows), checkpoint={"offset": offset})
 
