@@ -376,7 +376,7 @@ class JobRun:
         `partitions` maps each key to the context its worker reads (a range, a file), or
         lists keys. The plan commits before any worker starts; `work(partition)` runs once
         per partition like a step (chunks, checkpoint), in forked processes. Workers on other
-        hosts join with `pybatch.partitioned.join_partitioned_step`. The step ends COMPLETED,
+        hosts join with `pybatch.etl.join_partitioned_step`. The step ends COMPLETED,
         or raises PartitionsFailed naming the partitions that did not complete (the job then
         fails, and a restart reruns only those). A restart carries the earlier plan.
         """
