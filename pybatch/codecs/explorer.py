@@ -1,0 +1,298 @@
+"""Decode explorer rows (queries/explorer.sql) into the projections of values/explorer.py.
+
+Every decoder refuses what it does not expect with `DecodeError` (the explorer reports it
+as `Repository(Unavailable)`), including a derived counter total above 2**63-1.
+"""
+
+from __future__ import annotations
+
+import decimal
+from collections.abc import Mapping
+
+from pybatch.codecs._primitives import (
+    INT64_MAX,
+    DecodeError,
+    decode_aware,
+    decode_digest,
+    decode_enum,
+    decode_int64,
+    decode_optional_aware,
+    decode_optional_int64,
+    decode_text,
+)
+from pybatch.codecs.operator import decode_operator_record
+from pybatch.values.explorer import (
+    DefinitionDescriptor,
+    FlowDecisionProjection,
+    FlowTerminalKind,
+    FlowTransitionKind,
+    JobExecutionProjection,
+    JobInstanceProjection,
+    JobNameSummary,
+    ParameterDescriptor,
+    ProjectionCounts,
+    RecoveryDecisionProjection,
+    RetentionHold,
+    StateEnvelopeDescriptor,
+    StepExecutionProjection,
+    StepPartitionProjection,
+)
+from pybatch.values.ids import FailureId
+from pybatch.values.operator import OperatorRecord
+from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+
+__all__ = [
+    "decode_execution_projection",
+    "decode_flow_decision",
+    "decode_instance_projection",
+    "decode_job_name_summary",
+    "decode_operator_request",
+    "decode_partition_projection",
+    "decode_recovery_decision",
+    "decode_step_projection",
+]
+
+Row = Mapping[str, object]
+
+_PARAMETER_KINDS = frozenset({"string", "i64", "u64", "bool"})
+_COUNT_COLUMNS = (
+    ("read", "read_count"),
+    ("processed", "processed_count"),
+    ("written", "write_count"),
+    ("filtered", "filter_count"),
+    ("commits", "commit_count"),
+    ("rollbacks", "rollback_count"),
+)
+
+
+def _count(value: object, *, column: str) -> int:
+    """A stored counter or a derived (numeric) total, 0..2**63-1."""
+    if isinstance(value, decimal.Decimal):
+        if value != value.to_integral_value() or not 0 <= value <= INT64_MAX:
+            raise DecodeError(column)
+        return int(value)
+    return decode_int64(value, column=column, minimum=0)
+
+
+def _counts(row: Row) -> ProjectionCounts:
+    return ProjectionCounts(
+        **{name: _count(row[column], column=column) for name, column in _COUNT_COLUMNS}
+    )
+
+
+def _failure(row: Row) -> FailureSummary | None:
+    category, failure_id = row["failure_category"], row["failure_id"]
+    if category is None and failure_id is None:
+        return None
+    if category is None or failure_id is None:
+        raise DecodeError("failure_category")
+    return FailureSummary(
+        decode_enum(FailureCategory, category, column="failure_category"),
+        FailureId(decode_int64(failure_id, column="failure_id", minimum=1)),
+    )
+
+
+def _envelope(row: Row, prefix: str) -> StateEnvelopeDescriptor:
+    return StateEnvelopeDescriptor(
+        kind=prefix,
+        format_version=decode_int64(row[f"{prefix}_format"], column=f"{prefix}_format", minimum=1),
+        schema_id=decode_text(row[f"{prefix}_schema"], column=f"{prefix}_schema"),
+        schema_version=decode_int64(
+            row[f"{prefix}_schema_version"], column=f"{prefix}_schema_version", minimum=1
+        ),
+        encoded_len=decode_int64(row[f"{prefix}_bytes"], column=f"{prefix}_bytes", minimum=0),
+    )
+
+
+def _status(row: Row, column: str = "status") -> BatchStatus:
+    return decode_enum(BatchStatus, row[column], column=column)
+
+
+def decode_job_name_summary(row: Row) -> JobNameSummary:
+    """Decode an explore_job_names row."""
+    latest_id = decode_optional_int64(
+        row["latest_execution_id"], column="latest_execution_id", minimum=1
+    )
+    status = row["latest_status"]
+    return JobNameSummary(
+        job_name=decode_text(row["job_name"], column="job_name"),
+        latest_execution_id=latest_id,
+        latest_status=None if status is None else _status(row, "latest_status"),
+        latest_updated_at=decode_optional_aware(
+            row["latest_updated_at"], column="latest_updated_at"
+        ),
+    )
+
+
+def decode_instance_projection(row: Row) -> JobInstanceProjection:
+    """Decode an explore_instances row; the parameter kinds arrive as [[name, kind], ...]."""
+    kinds = row["parameter_kinds"]
+    if not isinstance(kinds, list):
+        raise DecodeError("parameter_kinds")
+    parameters = []
+    for entry in kinds:
+        if (
+            not isinstance(entry, list)
+            or len(entry) != 2
+            or type(entry[0]) is not str
+            or entry[1] not in _PARAMETER_KINDS
+        ):
+            raise DecodeError("parameter_kinds")
+        parameters.append(ParameterDescriptor(entry[0], entry[1]))
+    actor, reason, placed = row["hold_actor"], row["hold_reason"], row["hold_placed_at"]
+    if (actor is None) != (reason is None) or (actor is None) != (placed is None):
+        raise DecodeError("hold_actor")
+    hold = (
+        None
+        if actor is None
+        else RetentionHold(
+            actor=decode_text(actor, column="hold_actor"),
+            reason=decode_text(reason, column="hold_reason"),
+            placed_at=decode_aware(placed, column="hold_placed_at"),
+        )
+    )
+    return JobInstanceProjection(
+        id=decode_int64(row["id"], column="id", minimum=1),
+        job_name=decode_text(row["job_name"], column="job_name"),
+        instance_key_digest=decode_digest(row["instance_key"], column="instance_key"),
+        parameters=tuple(sorted(parameters, key=lambda p: p.name.encode())),
+        created_at=decode_aware(row["created_at"], column="created_at"),
+        hold=hold,
+    )
+
+
+def decode_execution_projection(row: Row) -> JobExecutionProjection:
+    """Decode an explore_executions / explore_execution / explore_unresolved_executions row."""
+    owner = row["owner_recorded"]
+    if type(owner) is not bool:
+        raise DecodeError("owner_recorded")
+    stop_at = decode_optional_aware(row["stop_requested_at"], column="stop_requested_at")
+    stop_by = row["stop_requested_by"]
+    if (stop_at is None) != (stop_by is None):
+        raise DecodeError("stop_requested_by")
+    return JobExecutionProjection(
+        id=decode_int64(row["id"], column="id", minimum=1),
+        instance_id=decode_int64(row["job_instance_id"], column="job_instance_id", minimum=1),
+        job_name=decode_text(row["job_name"], column="job_name"),
+        attempt=decode_int64(row["attempt"], column="attempt", minimum=1),
+        status=_status(row),
+        exit_code=decode_text(row["exit_code"], column="exit_code"),
+        counts=_counts(row),
+        version=decode_int64(row["version"], column="version", minimum=0),
+        created_at=decode_aware(row["created_at"], column="created_at"),
+        started_at=decode_optional_aware(row["started_at"], column="started_at"),
+        ended_at=decode_optional_aware(row["ended_at"], column="ended_at"),
+        updated_at=decode_aware(row["updated_at"], column="updated_at"),
+        failure=_failure(row),
+        definition=DefinitionDescriptor(
+            revision=decode_text(row["definition_revision"], column="definition_revision"),
+            manifest_format=decode_int64(
+                row["manifest_format"], column="manifest_format", minimum=1
+            ),
+            manifest_digest=decode_digest(row["manifest_digest"], column="manifest_digest"),
+        ),
+        context=_envelope(row, "context"),
+        stop_requested_at=stop_at,
+        stop_requested_by=None if stop_by is None else decode_text(stop_by, column="stop_by"),
+        owner_recorded=owner,
+    )
+
+
+def decode_step_projection(row: Row) -> StepExecutionProjection:
+    """Decode an explore_step_executions row."""
+    return StepExecutionProjection(
+        id=decode_int64(row["id"], column="id", minimum=1),
+        job_execution_id=decode_int64(
+            row["job_execution_id"], column="job_execution_id", minimum=1
+        ),
+        step_name=decode_text(row["step_name"], column="step_name"),
+        node_id=decode_text(row["step_logical_id"], column="step_logical_id"),
+        status=_status(row),
+        exit_code=decode_text(row["exit_code"], column="exit_code"),
+        counts=_counts(row),
+        version=decode_int64(row["version"], column="version", minimum=0),
+        created_at=decode_aware(row["created_at"], column="created_at"),
+        started_at=decode_optional_aware(row["started_at"], column="started_at"),
+        ended_at=decode_optional_aware(row["ended_at"], column="ended_at"),
+        updated_at=decode_aware(row["updated_at"], column="updated_at"),
+        failure=_failure(row),
+        checkpoint=_envelope(row, "checkpoint"),
+        context=_envelope(row, "context"),
+    )
+
+
+def decode_partition_projection(row: Row) -> StepPartitionProjection:
+    """Decode an explore_step_partitions row."""
+    return StepPartitionProjection(
+        id=decode_int64(row["id"], column="id", minimum=1),
+        step_execution_id=decode_int64(
+            row["step_execution_id"], column="step_execution_id", minimum=1
+        ),
+        partition_key=decode_text(row["partition_key"], column="partition_key"),
+        ordinal=decode_int64(row["partition_ordinal"], column="partition_ordinal", minimum=1),
+        status=_status(row),
+        exit_code=decode_text(row["exit_code"], column="exit_code"),
+        counts=_counts(row),
+        version=decode_int64(row["version"], column="version", minimum=0),
+        worker_step_execution_id=decode_optional_int64(
+            row["worker_step_execution_id"], column="worker_step_execution_id", minimum=1
+        ),
+        context=_envelope(row, "context"),
+    )
+
+
+def decode_recovery_decision(row: Row) -> RecoveryDecisionProjection:
+    """Decode an explore_recovery_decisions row."""
+    return RecoveryDecisionProjection(
+        id=decode_int64(row["id"], column="id", minimum=1),
+        job_execution_id=decode_int64(
+            row["job_execution_id"], column="job_execution_id", minimum=1
+        ),
+        execution_version=decode_int64(
+            row["execution_version"], column="execution_version", minimum=0
+        ),
+        prior_status=_status(row, "prior_status"),
+        resulting_status=_status(row, "resulting_status"),
+        reason_code=decode_text(row["reason_code"], column="reason_code"),
+        operator_reference=decode_text(row["operator_reference"], column="operator_reference"),
+        evidence_digest=decode_digest(row["evidence_digest"], column="evidence_digest"),
+        decided_at=decode_aware(row["decided_at"], column="decided_at"),
+    )
+
+
+def decode_flow_decision(row: Row) -> FlowDecisionProjection:
+    """Decode an explore_flow_decisions row."""
+    terminal = row["terminal_kind"]
+    target = row["target_node_id"]
+    if (terminal is None) == (target is None):
+        raise DecodeError("terminal_kind")
+    return FlowDecisionProjection(
+        id=decode_int64(row["id"], column="id", minimum=1),
+        job_execution_id=decode_int64(
+            row["job_execution_id"], column="job_execution_id", minimum=1
+        ),
+        sequence=decode_int64(row["sequence"], column="sequence", minimum=1),
+        source_step_execution_id=decode_optional_int64(
+            row["source_step_execution_id"], column="source_step_execution_id", minimum=1
+        ),
+        reused_decision_id=decode_optional_int64(
+            row["reused_decision_id"], column="reused_decision_id", minimum=1
+        ),
+        source_node_id=decode_text(row["source_node_id"], column="source_node_id"),
+        observed_outcome=decode_text(row["observed_outcome"], column="observed_outcome"),
+        target_node_id=None if target is None else decode_text(target, column="target_node_id"),
+        transition_kind=decode_enum(
+            FlowTransitionKind, row["transition_kind"], column="transition_kind"
+        ),
+        terminal_kind=None
+        if terminal is None
+        else decode_enum(FlowTerminalKind, terminal, column="terminal_kind"),
+        plan_fingerprint=decode_digest(row["plan_fingerprint"], column="plan_fingerprint"),
+        input_digest=decode_digest(row["input_digest"], column="input_digest"),
+        decided_at=decode_aware(row["decided_at"], column="decided_at"),
+    )
+
+
+def decode_operator_request(row: Row) -> OperatorRecord:
+    """Decode an explore_operator_requests row (the operator codec, one place)."""
+    return decode_operator_record(row)
