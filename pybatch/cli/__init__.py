@@ -1,7 +1,9 @@
 """The `pybatch` operator command line: `pybatch.cli:main`.
 
 Commands call the migrator, the repository or the explorer; none holds SQL. Exit
-codes: 0 done, 1 refused (a pybatch error), 2 usage, 3 unavailable, 4 outcome unknown.
+codes (docs/operators.md): 0 done (an empty result included), 1 refused (a pybatch error),
+2 usage or configuration, 3 database unavailable, 4 not found, 5 outcome unknown,
+6 permission denied.
 """
 
 from __future__ import annotations
@@ -10,14 +12,28 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from pybatch.cli import demo, schema, worker
+from pybatch.cli import demo, explore, schema, sql, worker
 from pybatch.errors import (
     ChunkCommitOutcomeUnknown,
     CommitOutcomeUnknown,
     ConfigError,
+    CursorError,
+    ExplorerAgeBoundTooSmall,
+    ExplorerRepositoryError,
+    ExplorerTimeout,
+    JobExecutionNotFound,
+    JobInstanceNotFound,
+    PageSizeOutOfRange,
     PyBatchError,
+    StepExecutionNotFound,
+    StepPartitionNotFound,
     Unavailable,
+    UnknownStatement,
 )
+
+#: SQLSTATEs reported as "permission denied" (exit 6): insufficient privilege and the
+#: authentication refusals.
+_PERMISSION_DENIED = frozenset({"42501", "28000", "28P01"})
 
 __all__ = ["build_parser", "exit_code_for", "main"]
 
@@ -27,18 +43,33 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pybatch", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     schema.register(commands)
+    explore.register(commands)
+    sql.register(commands)
     demo.register(commands)
     worker.register(commands)
     return parser
 
 
 def exit_code_for(error: BaseException) -> int:
-    """One table from error family to exit code."""
+    """One table from error family to exit code (docs/operators.md)."""
+    if isinstance(error, ExplorerRepositoryError):
+        error = error.error
     if isinstance(error, CommitOutcomeUnknown | ChunkCommitOutcomeUnknown):
+        return 5
+    if isinstance(
+        error,
+        JobInstanceNotFound
+        | JobExecutionNotFound
+        | StepExecutionNotFound
+        | StepPartitionNotFound
+        | UnknownStatement,
+    ):
         return 4
     if isinstance(error, Unavailable):
+        return 6 if error.sqlstate in _PERMISSION_DENIED else 3
+    if isinstance(error, ExplorerTimeout):
         return 3
-    if isinstance(error, ConfigError):
+    if isinstance(error, ConfigError | PageSizeOutOfRange | CursorError | ExplorerAgeBoundTooSmall):
         return 2
     return 1
 
