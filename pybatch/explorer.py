@@ -12,14 +12,14 @@ Statements: queries/explorer.sql (explore_*).
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import psycopg
 
 from pybatch._statements import Statement, Statements
 from pybatch.codecs import explorer as codec
-from pybatch.codecs._primitives import INT64_MAX, DecodeError, canonical_json
+from pybatch.codecs._primitives import DecodeError, Row
 from pybatch.errors import (
     ExplorerAgeBoundTooSmall,
     ExplorerRepositoryError,
@@ -31,7 +31,8 @@ from pybatch.errors import (
     StepExecutionNotFound,
     Unavailable,
 )
-from pybatch.repository import JobRepository
+from pybatch.job_repository import JobRepository
+from pybatch.values._canonical import canonical_json
 from pybatch.values.explorer import (
     MAX_RESPONSE_BYTES,
     MIN_UNRESOLVED_AGE,
@@ -47,19 +48,19 @@ from pybatch.values.explorer import (
     OrderedKey,
     Page,
     PageSize,
-    RecoveryDecisionProjection,
     StepExecutionProjection,
     StepPartitionProjection,
     operator_request_json,
     query_binding,
+    recovery_decision_json,
 )
-from pybatch.values.ids import IdentifierKind, check_identifier
+from pybatch.values.ids import INT64_MAX, IdentifierKind, check_identifier
 from pybatch.values.operator import OperatorRecord
+from pybatch.values.recovery import RecoveryDecision
 
 __all__ = ["JobExplorer"]
 
 T = TypeVar("T")
-Row = Mapping[str, object]
 Fetch = Callable[[psycopg.Connection[Any], CursorKey | None, int, int], list[Row]]
 
 
@@ -82,6 +83,8 @@ def _row_size(item: object) -> int:
     """The estimated encoded size of one row: its canonical JSON projection."""
     if isinstance(item, OperatorRecord):
         return len(canonical_json(operator_request_json(item)))
+    if isinstance(item, RecoveryDecision):
+        return len(canonical_json(recovery_decision_json(item)))
     as_json: Callable[[], dict[str, Any]] = item.as_json  # type: ignore[attr-defined]
     return len(canonical_json(as_json()))
 
@@ -113,15 +116,11 @@ class JobExplorer:
         except RepositoryError as error:
             raise ExplorerRepositoryError(error=Unavailable(sqlstate=None)) from error
 
-    @staticmethod
-    def _run(statement: Statement, conn: psycopg.Connection[Any], **params: Any) -> Any:
-        return statement.run(conn, params)
-
     def _ceiling(
         self, conn: psycopg.Connection[Any], query: ExplorerQuery, job_name: str | None
     ) -> int:
         params = {"job_name": job_name} if query is ExplorerQuery.INSTANCES else {}
-        value = self._run(_ceiling_statement(self._statements, query), conn, **params)
+        value = _ceiling_statement(self._statements, query).scalar(conn, **params)
         if value is None:
             return 0
         if type(value) is not int or not 0 < value <= INT64_MAX:
@@ -188,7 +187,7 @@ class JobExplorer:
         self, name: Statement, error: RepositoryError, **params: Any
     ) -> Callable[[psycopg.Connection[Any]], RepositoryError | None]:
         def check(conn: psycopg.Connection[Any]) -> RepositoryError | None:
-            return None if self._run(name, conn, **params) else error
+            return None if name.scalar(conn, **params) else error
 
         return check
 
@@ -203,8 +202,7 @@ class JobExplorer:
             conn: psycopg.Connection[Any], key: CursorKey | None, ceiling: int, limit: int
         ) -> list[Row]:
             after_name = key.name if isinstance(key, NameKey) else ""
-            rows: list[Row] = self._run(
-                self._statements.explore_job_names,
+            rows = self._statements.explore_job_names.many(
                 conn,
                 after_name=after_name,
                 ceiling=ceiling,
@@ -233,8 +231,7 @@ class JobExplorer:
             conn: psycopg.Connection[Any], key: CursorKey | None, ceiling: int, limit: int
         ) -> list[Row]:
             before = key.id if isinstance(key, IdentityKey) else INT64_MAX
-            rows: list[Row] = self._run(
-                self._statements.explore_instances,
+            rows = self._statements.explore_instances.many(
                 conn,
                 job_name=job_name,
                 ceiling=ceiling,
@@ -275,8 +272,7 @@ class JobExplorer:
                     INT64_MAX,
                 )
             )
-            rows: list[Row] = self._run(
-                self._statements.explore_executions,
+            rows = self._statements.explore_executions.many(
                 conn,
                 job_instance_id=job_instance_id,
                 ceiling=ceiling,
@@ -306,9 +302,7 @@ class JobExplorer:
         _check_id(job_execution_id, IdentifierKind.JOB_EXECUTION)
 
         def work(conn: psycopg.Connection[Any]) -> JobExecutionProjection | None:
-            row = self._run(
-                self._statements.explore_execution, conn, job_execution_id=job_execution_id
-            )
+            row = self._statements.explore_execution.one(conn, job_execution_id=job_execution_id)
             return None if row is None else codec.decode_execution_projection(row)
 
         return self._read(work)
@@ -343,7 +337,7 @@ class JobExplorer:
                 )
             else:
                 params["after_id"] = key.id if isinstance(key, IdentityKey) else 0
-            rows: list[Row] = self._run(statement, conn, **params)
+            rows = statement.many(conn, **params)
             return rows
 
         return self._page(
@@ -377,7 +371,7 @@ class JobExplorer:
 
     def recovery_decisions(
         self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
-    ) -> Page[RecoveryDecisionProjection]:
+    ) -> Page[RecoveryDecision]:
         """Recovery decisions of an execution, id ascending (wraps JobExecutionNotFound)."""
         return self._children(
             ExplorerQuery.RECOVERY_DECISIONS,
@@ -469,8 +463,7 @@ class JobExplorer:
         def fetch(
             conn: psycopg.Connection[Any], key: CursorKey | None, ceiling: int, limit: int
         ) -> list[Row]:
-            rows: list[Row] = self._run(
-                self._statements.explore_unresolved_executions,
+            rows = self._statements.explore_unresolved_executions.many(
                 conn,
                 cutoff=cutoff,
                 ceiling=ceiling,

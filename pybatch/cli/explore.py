@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 from pybatch.cli._connection import add_connection_arguments, config_from_args
 from pybatch.errors import JobExecutionNotFound
 from pybatch.explorer import JobExplorer
+from pybatch.job_repository import JobRepository
 from pybatch.migrator import installed_schema_version
-from pybatch.repository import JobRepository
 from pybatch.values.explorer import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
@@ -31,6 +31,7 @@ from pybatch.values.explorer import (
     Page,
     PageSize,
     operator_request_json,
+    recovery_decision_json,
 )
 from pybatch.values.operator import OperatorRecord
 
@@ -72,6 +73,7 @@ def _cursor(text: str) -> Cursor:
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the five read commands."""
+
     def command(name: str, help_text: str, *, paged: bool = True) -> argparse.ArgumentParser:
         parser = commands.add_parser(name, help=help_text, description=help_text)
         add_connection_arguments(parser)
@@ -313,7 +315,7 @@ def _show(args: argparse.Namespace) -> int:
         document = {
             "execution": execution.as_json(),
             "steps": [step.as_json() for step in steps],
-            "recovery_decisions": [decision.as_json() for decision in decisions],
+            "recovery_decisions": [recovery_decision_json(d) for d in decisions],
             "operator_requests": [operator_request_json(request) for request in requests],
         }
         print(json.dumps(document, ensure_ascii=False))

@@ -7,11 +7,11 @@ as `Repository(Unavailable)`), including a derived counter total above 2**63-1.
 from __future__ import annotations
 
 import decimal
-from collections.abc import Mapping
 
+from pybatch.codecs import recovery
 from pybatch.codecs._primitives import (
-    INT64_MAX,
     DecodeError,
+    Row,
     decode_aware,
     decode_digest,
     decode_enum,
@@ -19,6 +19,7 @@ from pybatch.codecs._primitives import (
     decode_optional_aware,
     decode_optional_int64,
     decode_text,
+    row_columns,
 )
 from pybatch.codecs.operator import decode_operator_record
 from pybatch.values.explorer import (
@@ -31,17 +32,23 @@ from pybatch.values.explorer import (
     JobNameSummary,
     ParameterDescriptor,
     ProjectionCounts,
-    RecoveryDecisionProjection,
     RetentionHold,
     StateEnvelopeDescriptor,
     StepExecutionProjection,
     StepPartitionProjection,
 )
-from pybatch.values.ids import FailureId
+from pybatch.values.ids import INT64_MAX, FailureId
 from pybatch.values.operator import OperatorRecord
+from pybatch.values.recovery import RecoveryDecision
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 
 __all__ = [
+    "EXECUTION_PROJECTION_COLUMNS",
+    "FLOW_DECISION_COLUMNS",
+    "INSTANCE_PROJECTION_COLUMNS",
+    "JOB_NAME_SUMMARY_COLUMNS",
+    "PARTITION_PROJECTION_COLUMNS",
+    "STEP_PROJECTION_COLUMNS",
     "decode_execution_projection",
     "decode_flow_decision",
     "decode_instance_projection",
@@ -52,7 +59,119 @@ __all__ = [
     "decode_step_projection",
 ]
 
-Row = Mapping[str, object]
+
+#: Columns each decoder reads, in the order queries/explorer.sql selects them.
+JOB_NAME_SUMMARY_COLUMNS = (
+    "job_name",
+    "latest_execution_id",
+    "latest_status",
+    "latest_updated_at",
+)
+INSTANCE_PROJECTION_COLUMNS = (
+    "id",
+    "job_name",
+    "instance_key",
+    "created_at",
+    "hold_actor",
+    "hold_reason",
+    "hold_placed_at",
+    "parameter_kinds",
+)
+EXECUTION_PROJECTION_COLUMNS = (
+    "id",
+    "job_instance_id",
+    "job_name",
+    "attempt",
+    "status",
+    "exit_code",
+    "failure_category",
+    "failure_id",
+    "created_at",
+    "started_at",
+    "ended_at",
+    "updated_at",
+    "stop_requested_at",
+    "stop_requested_by",
+    "version",
+    "definition_revision",
+    "manifest_format",
+    "manifest_digest",
+    "context_format",
+    "context_schema",
+    "context_schema_version",
+    "context_bytes",
+    "read_count",
+    "processed_count",
+    "write_count",
+    "filter_count",
+    "commit_count",
+    "rollback_count",
+    "owner_recorded",
+)
+STEP_PROJECTION_COLUMNS = (
+    "id",
+    "job_execution_id",
+    "step_name",
+    "step_logical_id",
+    "status",
+    "exit_code",
+    "read_count",
+    "processed_count",
+    "write_count",
+    "filter_count",
+    "commit_count",
+    "rollback_count",
+    "failure_category",
+    "failure_id",
+    "version",
+    "created_at",
+    "started_at",
+    "ended_at",
+    "updated_at",
+    "checkpoint_format",
+    "checkpoint_schema",
+    "checkpoint_schema_version",
+    "checkpoint_bytes",
+    "context_format",
+    "context_schema",
+    "context_schema_version",
+    "context_bytes",
+)
+FLOW_DECISION_COLUMNS = (
+    "id",
+    "job_execution_id",
+    "sequence",
+    "source_step_execution_id",
+    "reused_decision_id",
+    "source_node_id",
+    "observed_outcome",
+    "target_node_id",
+    "transition_kind",
+    "terminal_kind",
+    "plan_fingerprint",
+    "input_digest",
+    "decided_at",
+)
+PARTITION_PROJECTION_COLUMNS = (
+    "id",
+    "step_execution_id",
+    "worker_step_execution_id",
+    "partition_key",
+    "partition_ordinal",
+    "status",
+    "exit_code",
+    "read_count",
+    "processed_count",
+    "write_count",
+    "filter_count",
+    "commit_count",
+    "rollback_count",
+    "version",
+    "context_format",
+    "context_schema",
+    "context_schema_version",
+    "context_bytes",
+)
 
 _PARAMETER_KINDS = frozenset({"string", "i64", "u64", "bool"})
 _COUNT_COLUMNS = (
@@ -110,6 +229,7 @@ def _status(row: Row, column: str = "status") -> BatchStatus:
 
 def decode_job_name_summary(row: Row) -> JobNameSummary:
     """Decode an explore_job_names row."""
+    row = row_columns(row, JOB_NAME_SUMMARY_COLUMNS)
     latest_id = decode_optional_int64(
         row["latest_execution_id"], column="latest_execution_id", minimum=1
     )
@@ -126,6 +246,7 @@ def decode_job_name_summary(row: Row) -> JobNameSummary:
 
 def decode_instance_projection(row: Row) -> JobInstanceProjection:
     """Decode an explore_instances row; the parameter kinds arrive as [[name, kind], ...]."""
+    row = row_columns(row, INSTANCE_PROJECTION_COLUMNS)
     kinds = row["parameter_kinds"]
     if not isinstance(kinds, list):
         raise DecodeError("parameter_kinds")
@@ -163,6 +284,7 @@ def decode_instance_projection(row: Row) -> JobInstanceProjection:
 
 def decode_execution_projection(row: Row) -> JobExecutionProjection:
     """Decode an explore_executions / explore_execution / explore_unresolved_executions row."""
+    row = row_columns(row, EXECUTION_PROJECTION_COLUMNS)
     owner = row["owner_recorded"]
     if type(owner) is not bool:
         raise DecodeError("owner_recorded")
@@ -200,6 +322,7 @@ def decode_execution_projection(row: Row) -> JobExecutionProjection:
 
 def decode_step_projection(row: Row) -> StepExecutionProjection:
     """Decode an explore_step_executions row."""
+    row = row_columns(row, STEP_PROJECTION_COLUMNS)
     return StepExecutionProjection(
         id=decode_int64(row["id"], column="id", minimum=1),
         job_execution_id=decode_int64(
@@ -223,6 +346,7 @@ def decode_step_projection(row: Row) -> StepExecutionProjection:
 
 def decode_partition_projection(row: Row) -> StepPartitionProjection:
     """Decode an explore_step_partitions row."""
+    row = row_columns(row, PARTITION_PROJECTION_COLUMNS)
     return StepPartitionProjection(
         id=decode_int64(row["id"], column="id", minimum=1),
         step_execution_id=decode_int64(
@@ -241,27 +365,14 @@ def decode_partition_projection(row: Row) -> StepPartitionProjection:
     )
 
 
-def decode_recovery_decision(row: Row) -> RecoveryDecisionProjection:
-    """Decode an explore_recovery_decisions row."""
-    return RecoveryDecisionProjection(
-        id=decode_int64(row["id"], column="id", minimum=1),
-        job_execution_id=decode_int64(
-            row["job_execution_id"], column="job_execution_id", minimum=1
-        ),
-        execution_version=decode_int64(
-            row["execution_version"], column="execution_version", minimum=0
-        ),
-        prior_status=_status(row, "prior_status"),
-        resulting_status=_status(row, "resulting_status"),
-        reason_code=decode_text(row["reason_code"], column="reason_code"),
-        operator_reference=decode_text(row["operator_reference"], column="operator_reference"),
-        evidence_digest=decode_digest(row["evidence_digest"], column="evidence_digest"),
-        decided_at=decode_aware(row["decided_at"], column="decided_at"),
-    )
+def decode_recovery_decision(row: Row) -> RecoveryDecision:
+    """Decode an explore_recovery_decisions row (the recovery codec, one place)."""
+    return recovery.decode_recovery_decision(row)
 
 
 def decode_flow_decision(row: Row) -> FlowDecisionProjection:
     """Decode an explore_flow_decisions row."""
+    row = row_columns(row, FLOW_DECISION_COLUMNS)
     terminal = row["terminal_kind"]
     target = row["target_node_id"]
     if (terminal is None) == (target is None):

@@ -20,6 +20,7 @@ import attrs
 
 from pybatch.errors import CursorInvalid, CursorQueryMismatch, PageSizeOutOfRange
 from pybatch.values.operator import OperatorRecord
+from pybatch.values.recovery import RecoveryDecision
 from pybatch.values.status import BatchStatus, FailureSummary
 
 __all__ = [
@@ -46,13 +47,13 @@ __all__ = [
     "PageSize",
     "ParameterDescriptor",
     "ProjectionCounts",
-    "RecoveryDecisionProjection",
     "RetentionHold",
     "StateEnvelopeDescriptor",
     "StepExecutionProjection",
     "StepPartitionProjection",
     "operator_request_json",
     "query_binding",
+    "recovery_decision_json",
 ]
 
 DEFAULT_PAGE_SIZE = 50
@@ -546,35 +547,6 @@ def _digest_repr(value: bytes) -> str:
     return "<digest>"
 
 
-@attrs.frozen
-class RecoveryDecisionProjection:
-    """An audited recovery decision (digest redacted in repr)."""
-
-    id: int
-    job_execution_id: int
-    execution_version: int
-    prior_status: BatchStatus
-    resulting_status: BatchStatus
-    reason_code: str
-    operator_reference: str
-    evidence_digest: bytes = attrs.field(repr=_digest_repr)
-    decided_at: _dt.datetime
-
-    def as_json(self) -> dict[str, Any]:
-        """The documented JSON object."""
-        return {
-            "id": self.id,
-            "job_execution_id": self.job_execution_id,
-            "execution_version": self.execution_version,
-            "prior_status": self.prior_status.value,
-            "resulting_status": self.resulting_status.value,
-            "reason_code": self.reason_code,
-            "operator_reference": self.operator_reference,
-            "evidence_digest": self.evidence_digest.hex(),
-            "decided_at": _instant(self.decided_at),
-        }
-
-
 class FlowTransitionKind(enum.Enum):
     """How a flow decision was reached (flow_decision_transition_kind_valid)."""
 
@@ -656,4 +628,19 @@ def operator_request_json(record: OperatorRecord) -> dict[str, Any]:
             "execution_id": rejection.execution_id,
         },
         "requested_at": _instant(record.requested_at),
+    }
+
+
+def recovery_decision_json(decision: RecoveryDecision) -> dict[str, Any]:
+    """The documented JSON object of a recovery decision as the explorer lists it."""
+    return {
+        "id": decision.id,
+        "job_execution_id": decision.job_execution_id,
+        "execution_version": decision.execution_version,
+        "prior_status": decision.prior_status.value,
+        "resulting_status": decision.resulting_status.value,
+        "reason_code": decision.reason_code,
+        "operator_reference": decision.operator_reference,
+        "evidence_digest": decision.evidence_digest.hex(),
+        "decided_at": _instant(decision.decided_at),
     }

@@ -56,7 +56,7 @@ def run(*args: str, dsn: str | None, **extra: str) -> subprocess.CompletedProces
     )
 
 
-def run_json(*args: str, dsn: str) -> Any:
+def run_json(*args: str, dsn: str | None) -> Any:
     result = run(*args, "--json", dsn=dsn)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)

@@ -201,7 +201,7 @@ def test_k4_unresolved_executions_strictly_older_than_the_age(
     expected = sorted(e.id for e in unresolved if e.updated_at < newest)
     assert [item.id for item in listed] == expected
     clock.advance(timedelta(microseconds=1))
-    listed = explorer.unresolved_executions(age).items
+    listed = list(explorer.unresolved_executions(age).items)
     assert [item.id for item in listed] == sorted(e.id for e in unresolved)
     assert all(item.status in {S.STARTING, S.STARTED, S.STOPPING, S.UNKNOWN} for item in listed)
     with pytest.raises(ExplorerAgeBoundTooSmall):
