@@ -42,6 +42,7 @@ LAYERS: dict[str, int] = {
     "pybatch.sql_catalogue": 8,
     "pybatch.etl": 9,
     "pybatch.cli": 10,
+    "pybatch.testing": 10,
     "pybatch.__main__": 10,
     "pybatch": 11,  # the package's __init__: the public surface re-exports every layer
 }
