@@ -40,7 +40,7 @@ def main(argv: list[str]) -> None:
             _die()
 
     if target:
-        etl.Chunk.commit = commit  # type: ignore[method-assign]
+        etl.Chunk.commit = commit  # type: ignore[method-assign,assignment]
     sys.argv = [script, *args]
     runpy.run_path(script, run_name="__main__")
 
