@@ -11,10 +11,14 @@ Method:
 
 * two scratch databases on one server, `large` and `small`, migrated by pybatch; history is
   generated server-side with INSERT ... SELECT generate_series: `--names` job names, one
-  instance per two executions (attempt 1 FAILED, attempt 2 COMPLETED; every 1,000th
-  instance's attempt 2 is still STARTED and an hour old, so `unresolved` has rows), one
-  step per execution, and every 100th instance gets a recovery decision, a flow decision,
-  an operator request and a two-partition plan; then VACUUM ANALYZE and a CHECKPOINT;
+  instance per two executions (attempt 1 FAILED, attempt 2 COMPLETED), one step per
+  execution, and every 100th instance gets a recovery decision, a flow decision, an
+  operator request and a two-partition plan; then VACUUM ANALYZE and a CHECKPOINT;
+* both sizes have the same page contents, so that only the size of the history differs:
+  all `--names` names exist in both; the names whose instances are walked hold 500
+  instances each in both (in `small` the instances beyond the first of each name go to 10
+  "hot" names); and 500 executions are unresolved (attempt 2 still STARTED, two hours old)
+  in both;
 * every explorer query is walked to its end through `pybatch.explorer.JobExplorer` (a page
   is one call: its read-only transaction, ceiling, parent check, rows and decoding),
   alternating the two databases query by query so machine noise falls on both alike;
@@ -65,7 +69,9 @@ GENERATE = [
     """
     INSERT INTO pybatch.job_instance (id, job_name, instance_key, identifying_parameters,
         created_at, last_attempt)
-    SELECT i, 'job_' || lpad(((i - 1) %% %(names)s + 1)::text, 4, '0'),
+    SELECT i,
+        'job_' || lpad((CASE WHEN i <= %(names)s THEN i ELSE (i - 1) %% %(hot)s + 1 END)::text,
+            4, '0'),
         sha256(convert_to('instance ' || i, 'UTF8')),
         jsonb_build_object('run', jsonb_build_object('type', 'i64', 'identifying', true,
             'value', i)),
@@ -77,13 +83,16 @@ GENERATE = [
         restart_of_execution_id, attempt, status, exit_code, parameters, context_format,
         context_schema, context_schema_version, context_payload, failure_category, failure_id,
         created_at, started_at, ended_at, updated_at, version)
-    SELECT 2 * i - 2 + a, i, (i - 1) %% %(names)s + 1,
+    SELECT 2 * i - 2 + a, i,
+        (CASE WHEN i <= %(names)s THEN i ELSE (i - 1) %% %(hot)s + 1 END),
         CASE WHEN a = 2 THEN 2 * i - 1 END, a,
-        CASE WHEN a = 1 THEN 'FAILED' WHEN i %% 1000 = 0 THEN 'STARTED' ELSE 'COMPLETED' END,
-        CASE WHEN a = 1 THEN 'FAILED' WHEN i %% 1000 = 0 THEN 'UNKNOWN' ELSE 'COMPLETED' END,
+        CASE WHEN a = 1 THEN 'FAILED' WHEN i %% %(unresolved_every)s = 0 THEN 'STARTED'
+            ELSE 'COMPLETED' END,
+        CASE WHEN a = 1 THEN 'FAILED' WHEN i %% %(unresolved_every)s = 0 THEN 'UNKNOWN'
+            ELSE 'COMPLETED' END,
         '{}'::jsonb, 1, 'oxide_batch.empty.v1', 1, '{}'::jsonb,
         CASE WHEN a = 1 THEN 'USER_COMPONENT' END, CASE WHEN a = 1 THEN 1 END,
-        t, t, CASE WHEN a = 1 OR i %% 1000 <> 0 THEN t + interval '1 minute' END,
+        t, t, CASE WHEN a = 1 OR i %% %(unresolved_every)s <> 0 THEN t + interval '1 minute' END,
         t + interval '1 minute', 3
     FROM generate_series(1, %(instances)s) AS i,
         generate_series(1, 2) AS a,
@@ -140,9 +149,21 @@ GENERATE = [
 ]
 
 
-def populate(dsn: str, executions: int, names: int) -> None:
+def shape(executions: int, names: int, large: int) -> dict[str, int]:
+    """Generation parameters: the same page contents at every size (see the docstring)."""
+    instances = executions // 2
+    return {
+        "names": names,
+        "instances": instances,
+        # the walked names hold as many instances at every size
+        "hot": max(1, names * executions // large),
+        # 500 unresolved executions at every size
+        "unresolved_every": max(1, instances // 500),
+    }
+
+
+def populate(dsn: str, params: dict[str, int]) -> None:
     migrate(ConnectionConfig(dsn=dsn, tls_mode=TlsMode.PLAINTEXT))
-    params = {"names": names, "instances": executions // 2}
     with admin_connect(dsn) as conn:
         for statement in GENERATE:
             conn.execute(statement, params)
@@ -169,13 +190,13 @@ def single(call: Callable[[], object]) -> list[float]:
     return [time.perf_counter() - started]
 
 
-def workloads(explorer: JobExplorer, executions: int, names: int, seed: int) -> dict[str, Any]:
+def workloads(explorer: JobExplorer, params: dict[str, int], seed: int) -> dict[str, Any]:
     """Query name -> list of zero-argument walks, each returning its page latencies."""
     rng = random.Random(seed)
-    instances = executions // 2
+    instances = params["instances"]
     every100 = list(range(100, instances + 1, 100))
     sample_instances = [rng.randint(1, instances) for _ in range(SAMPLES)]
-    sample_names = [f"job_{rng.randint(1, names):04d}" for _ in range(20)]
+    sample_names = [f"job_{rng.randint(1, params['hot']):04d}" for _ in range(20)]
     with_records = [rng.choice(every100) for _ in range(SAMPLES)]
     age = dt.timedelta(minutes=10)
     return {
@@ -312,9 +333,12 @@ def main(argv: list[str] | None = None) -> int:
             scratch_database(server, "small") as small,
         ):
             sizes = {"large": args.executions, "small": args.small}
+            shapes = {
+                label: shape(size, args.names, args.executions) for label, size in sizes.items()
+            }
             for label, dsn in (("small", small), ("large", large)):
                 started = time.perf_counter()
-                populate(dsn, sizes[label], args.names)
+                populate(dsn, shapes[label])
                 print(
                     f"populated {label}: {sizes[label]:,} executions in "
                     f"{time.perf_counter() - started:.1f} s",
@@ -329,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
             }
             try:
                 plans = {
-                    label: workloads(JobExplorer(repo), sizes[label], args.names, args.seed)
+                    label: workloads(JobExplorer(repo), shapes[label], args.seed)
                     for label, repo in repositories.items()
                 }
                 for label in plans:  # warm-up: one walk of each query, not measured

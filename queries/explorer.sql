@@ -65,7 +65,8 @@ SELECT EXISTS(
 
 -- :name explore_job_names :many
 -- :doc Distinct job names of instances with id <= ceiling, in byte order after after_name, with
--- the latest attempt of each name's newest instance. A loose index scan over
+-- the latest attempt of each name's newest instance (none while that instance has no
+-- execution). A loose index scan over
 -- job_instance_name_identity - one index probe per name, never a scan of job_instance.
 WITH RECURSIVE job_names (job_name, rank_in_page) AS (
     (
@@ -104,16 +105,22 @@ SELECT
     latest.updated_at AS latest_updated_at
 FROM job_names
 LEFT JOIN LATERAL (
+    SELECT newest.id
+    FROM pybatch.job_instance AS newest
+    WHERE
+        newest.job_name = job_names.job_name
+        AND newest.id <= :ceiling
+    ORDER BY newest.id DESC
+    LIMIT 1
+) AS newest_instance ON TRUE
+LEFT JOIN LATERAL (
     SELECT
         execution.id,
         execution.status,
         execution.updated_at
-    FROM pybatch.job_instance AS instance
-    INNER JOIN pybatch.job_execution AS execution ON instance.id = execution.job_instance_id
-    WHERE
-        instance.job_name = job_names.job_name
-        AND instance.id <= :ceiling
-    ORDER BY instance.id DESC, execution.attempt DESC
+    FROM pybatch.job_execution AS execution
+    WHERE execution.job_instance_id = newest_instance.id
+    ORDER BY execution.attempt DESC
     LIMIT 1
 ) AS latest ON TRUE
 ORDER BY job_names.job_name;

@@ -351,7 +351,7 @@ class ProjectionCounts:
 
 @attrs.frozen
 class JobNameSummary:
-    """A job name, with the latest attempt of its newest instance that has one."""
+    """A job name, with the latest attempt of its newest instance (None while it has none)."""
 
     job_name: str
     latest_execution_id: int | None
