@@ -8,15 +8,17 @@ import json
 from datetime import timedelta
 from typing import Any
 
+import attrs
 import psycopg
 import pytest
 
-from pybatch import JobRepository
+from pybatch import ConnectionConfig, JobRepository
 from pybatch.errors import (
     CursorInvalid,
     CursorQueryMismatch,
     ExplorerAgeBoundTooSmall,
     ExplorerRepositoryError,
+    ExplorerTimeout,
     JobExecutionNotFound,
     JobInstanceNotFound,
     PageSizeOutOfRange,
@@ -471,3 +473,18 @@ def test_operator_requests_are_listed_as_records(
     (record,) = explorer.operator_requests(execution.id).items
     assert record.action is OperatorAction.STOP
     assert operator_request_json(record)["actor"] == "alice"
+
+
+def test_statement_timeout_is_explorer_timeout(
+    pg_config: ConnectionConfig, admin: psycopg.Connection[Any]
+) -> None:
+    # Equal lock and statement timeouts: PostgreSQL cancels with the statement timeout.
+    config = attrs.evolve(
+        pg_config,
+        statement_timeout=timedelta(milliseconds=200),
+        lock_timeout=timedelta(milliseconds=200),
+    )
+    with JobRepository.connect(config) as repository, admin.transaction():
+        admin.execute("LOCK TABLE pybatch.job_instance IN ACCESS EXCLUSIVE MODE")
+        with pytest.raises(ExplorerTimeout):
+            JobExplorer(repository).job_names()
