@@ -12,6 +12,7 @@ Statements: queries/explorer.sql (explore_*).
 from __future__ import annotations
 
 import datetime as _dt
+import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -32,7 +33,6 @@ from pybatch.errors import (
     Unavailable,
 )
 from pybatch.job_repository import JobRepository
-from pybatch.values._canonical import canonical_json
 from pybatch.values.explorer import (
     MAX_RESPONSE_BYTES,
     MIN_UNRESOLVED_AGE,
@@ -79,14 +79,23 @@ def _ceiling_statement(statements: Statements, query: ExplorerQuery) -> Statemen
     }[query]
 
 
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def _row_size(item: object) -> int:
-    """The estimated encoded size of one row: its canonical JSON projection."""
+    """The estimated encoded size of one row: its compact JSON projection, in UTF-8 bytes.
+
+    An estimate (the bound is on the page, not on a wire format), so the C encoder serves;
+    canonical JSON is for hashing.
+    """
     if isinstance(item, OperatorRecord):
-        return len(canonical_json(operator_request_json(item)))
-    if isinstance(item, RecoveryDecision):
-        return len(canonical_json(recovery_decision_json(item)))
-    as_json: Callable[[], dict[str, Any]] = item.as_json  # type: ignore[attr-defined]
-    return len(canonical_json(as_json()))
+        document = operator_request_json(item)
+    elif isinstance(item, RecoveryDecision):
+        document = recovery_decision_json(item)
+    else:
+        as_json: Callable[[], dict[str, Any]] = item.as_json  # type: ignore[attr-defined]
+        document = as_json()
+    return len(_ENCODER.encode(document).encode("utf-8"))
 
 
 class JobExplorer:

@@ -313,7 +313,13 @@ class StateEnvelopeDescriptor:
 
     def as_json(self) -> dict[str, Any]:
         """The documented JSON object (docs/operators.md)."""
-        return attrs.asdict(self)
+        return {
+            "kind": self.kind,
+            "format_version": self.format_version,
+            "schema_id": self.schema_id,
+            "schema_version": self.schema_version,
+            "encoded_len": self.encoded_len,
+        }
 
 
 @attrs.frozen
@@ -346,7 +352,14 @@ class ProjectionCounts:
 
     def as_json(self) -> dict[str, Any]:
         """The documented JSON object."""
-        return attrs.asdict(self)
+        return {
+            "read": self.read,
+            "processed": self.processed,
+            "written": self.written,
+            "filtered": self.filtered,
+            "commits": self.commits,
+            "rollbacks": self.rollbacks,
+        }
 
 
 @attrs.frozen
