@@ -58,11 +58,16 @@ def test_the_docs_example_runs_kills_resumes_and_checks(
     assert leftovers(server_dsn(postgresql_proc)) == []
 
 
+@pytest.mark.parametrize("prefetch", ["0", "2"])
 def test_each_test_gets_a_fresh_database_from_one_template(
-    pytester: pytest.Pytester, postgresql_proc: Any, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester,
+    postgresql_proc: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    prefetch: str,
 ) -> None:
     pytester.makepyfile(test_isolation=ISOLATION)
     monkeypatch.setenv("PYBATCH_TEST_DSN", server_dsn(postgresql_proc))
+    monkeypatch.setenv("PYBATCH_TEST_PREFETCH", prefetch)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)
     assert leftovers(server_dsn(postgresql_proc)) == []

@@ -121,14 +121,26 @@ def test_without_the_extra_pytest_is_unaffected(workspace: Path, wheel: Path) ->
         ],
         project,
     )
-    assert probe.stdout.strip() == "['pybatch.testing'] True", probe.stdout + probe.stderr
+    assert probe.stdout.strip() == "['pybatch_pytest'] True", probe.stdout + probe.stderr
 
     with_plugin = _run([str(python), "-m", "pytest", "-p", "no:cacheprovider"], project)
     without = _run(
-        [str(python), "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:pybatch"], project
+        [
+            str(python),
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:pybatch",
+            "-k",
+            "not plugin",
+        ],
+        project,
     )
     assert with_plugin.returncode == 0, with_plugin.stdout + with_plugin.stderr
-    assert _summary(with_plugin.stdout) == _summary(without.stdout) == "2 passed"
+    assert _summary(with_plugin.stdout) == "3 passed"
+    assert _summary(without.stdout) == "2 passed, 1 deselected"
     assert "warning" not in with_plugin.stdout.lower()
     assert with_plugin.stderr == ""
 
@@ -136,7 +148,7 @@ def test_without_the_extra_pytest_is_unaffected(workspace: Path, wheel: Path) ->
     refused = _run([str(python), "-m", "pytest", "-p", "no:cacheprovider", "-q"], project)
     assert refused.returncode == 1
     assert "pip install 'pybatch[testing]'" in refused.stdout
-    assert "2 passed, 1 error" in refused.stdout
+    assert "3 passed, 1 error" in refused.stdout
 
 
 def test_with_the_extra_the_docs_example_passes_as_an_ordinary_user(
