@@ -39,7 +39,6 @@ from pybatch.values.explorer import (
     Cursor,
     CursorKey,
     ExplorerQuery,
-    FlowDecisionProjection,
     IdentityKey,
     JobExecutionProjection,
     JobInstanceProjection,
@@ -50,10 +49,12 @@ from pybatch.values.explorer import (
     PageSize,
     StepExecutionProjection,
     StepPartitionProjection,
+    flow_decision_json,
     operator_request_json,
     query_binding,
     recovery_decision_json,
 )
+from pybatch.values.flow import FlowDecision
 from pybatch.values.ids import INT64_MAX, IdentifierKind, check_identifier
 from pybatch.values.operator import OperatorRecord
 from pybatch.values.recovery import RecoveryDecision
@@ -90,6 +91,8 @@ def _row_size(item: object) -> int:
     """
     if isinstance(item, OperatorRecord):
         document = operator_request_json(item)
+    elif isinstance(item, FlowDecision):
+        document = flow_decision_json(item)
     elif isinstance(item, RecoveryDecision):
         document = recovery_decision_json(item)
     else:
@@ -398,7 +401,7 @@ class JobExplorer:
 
     def flow_decisions(
         self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
-    ) -> Page[FlowDecisionProjection]:
+    ) -> Page[FlowDecision]:
         """Flow decisions of an execution, (sequence, id) ascending (wraps JobExecutionNotFound)."""
         return self._children(
             ExplorerQuery.FLOW_DECISIONS,

@@ -418,13 +418,13 @@ LIMIT :row_limit;
 
 -- :name explore_flow_decisions :many
 -- :doc Flow decisions of one execution, (sequence, id) ascending after (after_sequence, after_id)
--- (flow_decision_sequence_unique).
+-- (flow_decision_sequence_unique); the flow codec's columns.
 SELECT
     decision.id,
     decision.job_execution_id,
-    decision.sequence,
     decision.source_step_execution_id,
     decision.reused_decision_id,
+    decision.sequence,
     decision.source_node_id,
     decision.observed_outcome,
     decision.target_node_id,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import decimal
 
-from pybatch.codecs import recovery
+from pybatch.codecs import flow, recovery
 from pybatch.codecs._primitives import (
     DecodeError,
     Row,
@@ -24,9 +24,6 @@ from pybatch.codecs._primitives import (
 from pybatch.codecs.operator import decode_operator_record
 from pybatch.values.explorer import (
     DefinitionDescriptor,
-    FlowDecisionProjection,
-    FlowTerminalKind,
-    FlowTransitionKind,
     JobExecutionProjection,
     JobInstanceProjection,
     JobNameSummary,
@@ -37,6 +34,7 @@ from pybatch.values.explorer import (
     StepExecutionProjection,
     StepPartitionProjection,
 )
+from pybatch.values.flow import FlowDecision
 from pybatch.values.ids import INT64_MAX, FailureId
 from pybatch.values.operator import OperatorRecord
 from pybatch.values.recovery import RecoveryDecision
@@ -44,7 +42,6 @@ from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 
 __all__ = [
     "EXECUTION_PROJECTION_COLUMNS",
-    "FLOW_DECISION_COLUMNS",
     "INSTANCE_PROJECTION_COLUMNS",
     "JOB_NAME_SUMMARY_COLUMNS",
     "PARTITION_PROJECTION_COLUMNS",
@@ -136,21 +133,6 @@ STEP_PROJECTION_COLUMNS = (
     "context_schema",
     "context_schema_version",
     "context_bytes",
-)
-FLOW_DECISION_COLUMNS = (
-    "id",
-    "job_execution_id",
-    "sequence",
-    "source_step_execution_id",
-    "reused_decision_id",
-    "source_node_id",
-    "observed_outcome",
-    "target_node_id",
-    "transition_kind",
-    "terminal_kind",
-    "plan_fingerprint",
-    "input_digest",
-    "decided_at",
 )
 PARTITION_PROJECTION_COLUMNS = (
     "id",
@@ -370,38 +352,9 @@ def decode_recovery_decision(row: Row) -> RecoveryDecision:
     return recovery.decode_recovery_decision(row)
 
 
-def decode_flow_decision(row: Row) -> FlowDecisionProjection:
-    """Decode an explore_flow_decisions row."""
-    row = row_columns(row, FLOW_DECISION_COLUMNS)
-    terminal = row["terminal_kind"]
-    target = row["target_node_id"]
-    if (terminal is None) == (target is None):
-        raise DecodeError("terminal_kind")
-    return FlowDecisionProjection(
-        id=decode_int64(row["id"], column="id", minimum=1),
-        job_execution_id=decode_int64(
-            row["job_execution_id"], column="job_execution_id", minimum=1
-        ),
-        sequence=decode_int64(row["sequence"], column="sequence", minimum=1),
-        source_step_execution_id=decode_optional_int64(
-            row["source_step_execution_id"], column="source_step_execution_id", minimum=1
-        ),
-        reused_decision_id=decode_optional_int64(
-            row["reused_decision_id"], column="reused_decision_id", minimum=1
-        ),
-        source_node_id=decode_text(row["source_node_id"], column="source_node_id"),
-        observed_outcome=decode_text(row["observed_outcome"], column="observed_outcome"),
-        target_node_id=None if target is None else decode_text(target, column="target_node_id"),
-        transition_kind=decode_enum(
-            FlowTransitionKind, row["transition_kind"], column="transition_kind"
-        ),
-        terminal_kind=None
-        if terminal is None
-        else decode_enum(FlowTerminalKind, terminal, column="terminal_kind"),
-        plan_fingerprint=decode_digest(row["plan_fingerprint"], column="plan_fingerprint"),
-        input_digest=decode_digest(row["input_digest"], column="input_digest"),
-        decided_at=decode_aware(row["decided_at"], column="decided_at"),
-    )
+def decode_flow_decision(row: Row) -> FlowDecision:
+    """Decode an explore_flow_decisions row (the flow codec, one place)."""
+    return flow.decode_flow_decision(row)
 
 
 def decode_operator_request(row: Row) -> OperatorRecord:

@@ -19,6 +19,7 @@ from typing import Any, Generic, TypeVar
 import attrs
 
 from pybatch.errors import CursorInvalid, CursorQueryMismatch, PageSizeOutOfRange
+from pybatch.values.flow import FlowDecision
 from pybatch.values.operator import OperatorRecord
 from pybatch.values.recovery import RecoveryDecision
 from pybatch.values.status import BatchStatus, FailureSummary
@@ -34,9 +35,6 @@ __all__ = [
     "CursorKey",
     "DefinitionDescriptor",
     "ExplorerQuery",
-    "FlowDecisionProjection",
-    "FlowTerminalKind",
-    "FlowTransitionKind",
     "IdentityKey",
     "JobExecutionProjection",
     "JobInstanceProjection",
@@ -51,6 +49,7 @@ __all__ = [
     "StateEnvelopeDescriptor",
     "StepExecutionProjection",
     "StepPartitionProjection",
+    "flow_decision_json",
     "operator_request_json",
     "query_binding",
     "recovery_decision_json",
@@ -560,59 +559,24 @@ def _digest_repr(value: bytes) -> str:
     return "<digest>"
 
 
-class FlowTransitionKind(enum.Enum):
-    """How a flow decision was reached (flow_decision_transition_kind_valid)."""
-
-    STEP_EXIT = "STEP_EXIT"
-    DECIDER = "DECIDER"
-    COMPLETED_STEP_REUSE = "COMPLETED_STEP_REUSE"
-    SPLIT_AGGREGATE = "SPLIT_AGGREGATE"
-    NESTED_JOB_EXIT = "NESTED_JOB_EXIT"
-
-
-class FlowTerminalKind(enum.Enum):
-    """How a terminal flow decision ends the job (flow_decision_terminal_kind_valid)."""
-
-    COMPLETE = "COMPLETE"
-    FAIL = "FAIL"
-    STOP = "STOP"
-
-
-@attrs.frozen
-class FlowDecisionProjection:
-    """An append-only flow decision (digests redacted in repr)."""
-
-    id: int
-    job_execution_id: int
-    sequence: int
-    source_step_execution_id: int | None
-    reused_decision_id: int | None
-    source_node_id: str
-    observed_outcome: str
-    target_node_id: str | None
-    transition_kind: FlowTransitionKind
-    terminal_kind: FlowTerminalKind | None
-    plan_fingerprint: bytes = attrs.field(repr=_digest_repr)
-    input_digest: bytes = attrs.field(repr=_digest_repr)
-    decided_at: _dt.datetime
-
-    def as_json(self) -> dict[str, Any]:
-        """The documented JSON object."""
-        return {
-            "id": self.id,
-            "job_execution_id": self.job_execution_id,
-            "sequence": self.sequence,
-            "source_step_execution_id": self.source_step_execution_id,
-            "reused_decision_id": self.reused_decision_id,
-            "source_node_id": self.source_node_id,
-            "observed_outcome": self.observed_outcome,
-            "target_node_id": self.target_node_id,
-            "transition_kind": self.transition_kind.value,
-            "terminal_kind": None if self.terminal_kind is None else self.terminal_kind.value,
-            "plan_fingerprint": self.plan_fingerprint.hex(),
-            "input_digest": self.input_digest.hex(),
-            "decided_at": _instant(self.decided_at),
-        }
+def flow_decision_json(decision: FlowDecision) -> dict[str, Any]:
+    """The documented JSON object of a flow decision as the explorer lists it."""
+    target = decision.target
+    return {
+        "id": decision.id,
+        "job_execution_id": decision.job_execution_id,
+        "sequence": decision.sequence,
+        "source_node_id": str(decision.source_node_id),
+        "source_step_execution_id": decision.source_step_execution_id,
+        "transition_kind": decision.kind.value,
+        "observed_outcome": str(decision.observed_outcome),
+        "target_node_id": None if target.node is None else str(target.node),
+        "terminal_kind": None if target.terminal is None else target.terminal.value,
+        "plan_fingerprint": decision.plan_fingerprint.hex(),
+        "input_digest": decision.input_digest.hex(),
+        "reused_decision_id": decision.reused_decision_id,
+        "decided_at": _instant(decision.decided_at),
+    }
 
 
 def operator_request_json(record: OperatorRecord) -> dict[str, Any]:

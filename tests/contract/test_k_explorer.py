@@ -184,7 +184,7 @@ def test_k3_orders_of_executions_steps_and_flow_decisions(
         )
     decisions = walk(lambda size, after: explorer.flow_decisions(second.id, size, after), 2)
     assert [item.sequence for item in decisions] == [1, 2, 3]
-    assert [item.source_node_id for item in decisions] == ["a", "b", "c"]
+    assert [str(item.source_node_id) for item in decisions] == ["a", "b", "c"]
 
 
 # --------------------------------------------------------------------------- K4

@@ -19,7 +19,6 @@ from pybatch.codecs.chunks import COMMITTED_STEP_STATE_COLUMNS
 from pybatch.codecs.executions import JOB_EXECUTION_COLUMNS
 from pybatch.codecs.explorer import (
     EXECUTION_PROJECTION_COLUMNS,
-    FLOW_DECISION_COLUMNS,
     INSTANCE_PROJECTION_COLUMNS,
     JOB_NAME_SUMMARY_COLUMNS,
     PARTITION_PROJECTION_COLUMNS,
