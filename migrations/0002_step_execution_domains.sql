@@ -85,9 +85,9 @@ CONSTRAINT state_schema_version_positive CHECK (VALUE > 0);
 COMMENT ON DOMAIN pybatch.state_schema_version IS
 'A state schema version: above zero.';
 
-CREATE DOMAIN pybatch.json_object AS JSONB
-CONSTRAINT json_object_object CHECK (JSONB_TYPEOF(VALUE) = 'object');
-COMMENT ON DOMAIN pybatch.json_object IS
+CREATE DOMAIN pybatch.jsonb_document AS JSONB
+CONSTRAINT jsonb_document_object CHECK (JSONB_TYPEOF(VALUE) = 'object');
+COMMENT ON DOMAIN pybatch.jsonb_document IS
 'A JSON document whose top level is an object (state payloads).';
 
 CREATE DOMAIN pybatch.fault_state_format AS SMALLINT
@@ -159,11 +159,11 @@ ALTER COLUMN rollback_count TYPE pybatch.nonnegative_count,
 ALTER COLUMN checkpoint_format TYPE pybatch.state_format,
 ALTER COLUMN checkpoint_schema TYPE pybatch.name_128,
 ALTER COLUMN checkpoint_schema_version TYPE pybatch.state_schema_version,
-ALTER COLUMN checkpoint_payload TYPE pybatch.json_object,
+ALTER COLUMN checkpoint_payload TYPE pybatch.jsonb_document,
 ALTER COLUMN context_format TYPE pybatch.state_format,
 ALTER COLUMN context_schema TYPE pybatch.name_128,
 ALTER COLUMN context_schema_version TYPE pybatch.state_schema_version,
-ALTER COLUMN context_payload TYPE pybatch.json_object,
+ALTER COLUMN context_payload TYPE pybatch.jsonb_document,
 ALTER COLUMN failure_category TYPE pybatch.failure_category,
 ALTER COLUMN failure_id TYPE pybatch.positive_id,
 ALTER COLUMN version TYPE pybatch.nonnegative_count,
@@ -177,7 +177,7 @@ ALTER COLUMN no_rollback_count TYPE pybatch.nonnegative_count,
 ALTER COLUMN fault_state_format TYPE pybatch.fault_state_format,
 ALTER COLUMN fault_state_schema TYPE pybatch.name_128,
 ALTER COLUMN fault_state_schema_version TYPE pybatch.fault_state_schema_version,
-ALTER COLUMN fault_state_payload TYPE pybatch.json_object,
+ALTER COLUMN fault_state_payload TYPE pybatch.jsonb_document,
 ALTER COLUMN fault_state_checksum TYPE pybatch.sha256_digest;
 
 COMMENT ON TABLE pybatch.step_execution IS
