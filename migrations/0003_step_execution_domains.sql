@@ -1,4 +1,4 @@
--- Migration 0002: the single-column rules of step_execution become domains (schema version 2).
+-- Migration 0003: the single-column rules of step_execution become domains (schema version 3).
 --
 -- Why: every chunk commit is one UPDATE of a step_execution row, and PostgreSQL evaluates
 -- every CHECK constraint of a table on every UPDATE of it, whichever columns change, preparing
