@@ -71,7 +71,7 @@ WHERE
 -- counters, the checkpoint, updated_at and version. Every column it leaves alone already holds
 -- what update_step_chunk_commit would write: the version guard proves the row is the state the
 -- chunk started from, which had format 1 envelopes, this context and the empty fault state.
--- Fewer assigned columns means fewer domain checks per chunk (migration 0002).
+-- Fewer assigned columns means fewer domain checks per chunk (migration 0003).
 UPDATE pybatch.step_execution
 SET
     read_count = :read_count,

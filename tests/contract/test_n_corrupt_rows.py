@@ -249,7 +249,7 @@ STEP_WHERE = "WHERE id = %(step_id)s"
 
 
 def _loosen(column: str, base_type: str) -> str:
-    """Take `column` off its domain (schema version 2), so a value the domain refuses fits."""
+    """Take `column` off its domain (migration 0003), so a value the domain refuses fits."""
     return f"ALTER TABLE {SE} ALTER COLUMN {column} TYPE {base_type}"
 
 

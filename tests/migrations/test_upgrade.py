@@ -1,6 +1,7 @@
-"""Upgrading a live repository: migration 0002 under a step that a dead process left STARTED.
+"""Upgrading a live repository: a 0001 database whose step a dead process left STARTED is
+migrated to the latest schema (0003 turns step_execution's column rules into domains).
 
-What a DBA relies on: the migration keeps every row, and the job whose process died before
+What a DBA relies on: the migrations keep every row, and the job whose process died before
 the upgrade resumes after it, through the ETL API, from its last committed checkpoint.
 """
 
@@ -52,7 +53,7 @@ def _leave_a_started_step_with_a_checkpoint(repository: JobRepository) -> None:
     run._release_liveness()  # the process is gone: nobody holds its liveness lock
 
 
-def test_a_step_started_under_0001_resumes_from_its_checkpoint_after_0002(
+def test_a_step_started_under_0001_resumes_from_its_checkpoint_after_the_domains_migration(
     blank_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import pybatch.job_repository as job_repository_module
@@ -74,7 +75,9 @@ def test_a_step_started_under_0001_resumes_from_its_checkpoint_after_0002(
     assert before["checkpoint_payload"] == {"offset": 4}
 
     applied = migrator.migrate(config)
-    assert applied[0].version == 2
+    shipped = migrator.shipped_migrations()
+    assert [m.version for m in applied] == [m.version for m in shipped[1:]]
+    assert "step_execution_domains" in [m.name for m in applied]
     assert _step_row(blank_database) == before  # every value kept by the column rewrite
 
     seen: list[dict[str, Any]] = []
