@@ -19,6 +19,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from pybatch import _sqlstate
+from pybatch.capability_defaults import CapabilityDefaults
 from pybatch.codecs._primitives import DecodeError
 from pybatch.errors import (
     CommitOutcomeUnknown,
@@ -60,8 +61,11 @@ __all__ = ["UnitOfWork", "UnitOfWorkBase"]
 Overrides = Mapping[str, Callable[[], PyBatchError]]
 
 
-class UnitOfWorkBase:
-    """Transaction mechanics shared by every unit of work; operations live in the subclass."""
+class UnitOfWorkBase(CapabilityDefaults):
+    """Transaction mechanics shared by every unit of work; operations live in the subclass.
+
+    Optional operations default to UnsupportedCapability (pybatch/capability_defaults.py).
+    """
 
     def __init__(self, repository: JobRepository, conn: psycopg.Connection[Any]) -> None:
         self._repository = repository

@@ -10,6 +10,7 @@ import psycopg
 import psycopg_pool
 
 from pybatch import _sqlstate
+from pybatch.capability_defaults import built_capabilities
 from pybatch._connect import CaFile, connection_kwargs
 from pybatch._statements import Statements, load_statements
 from pybatch.clock import Clock, SystemClock
@@ -23,7 +24,7 @@ from pybatch.errors import (
 )
 from pybatch.migrator import supported_schema_version
 from pybatch.unit_of_work import UnitOfWork
-from pybatch.values.capabilities import RepositoryCapability, RepositoryDescriptor
+from pybatch.values.capabilities import RepositoryDescriptor
 
 __all__ = ["JobRepository"]
 
@@ -222,11 +223,11 @@ class JobRepository:
     # ------------------------------------------------------------------ negotiation
 
     def descriptor(self) -> RepositoryDescriptor:
-        """All six capabilities, with the verified schema version (behaviour.md 2.21)."""
+        """The capabilities built (every operation implemented), with the schema version (2.21)."""
         return RepositoryDescriptor(
             RepositoryDescriptor.CURRENT_VERSION,
             self.schema_version,
-            frozenset(RepositoryCapability),
+            built_capabilities(UnitOfWork),
         )
 
     def connection_capacity(self) -> int:
