@@ -120,7 +120,9 @@ class CapabilityDefaults:
         _unsupported(C.STEP_PARTITIONS)
 
 
-def built_capabilities(unit_of_work_class: type[CapabilityDefaults]) -> frozenset[RepositoryCapability]:
+def built_capabilities(
+    unit_of_work_class: type[CapabilityDefaults],
+) -> frozenset[RepositoryCapability]:
     """The capabilities whose every operation `unit_of_work_class` overrides."""
     return frozenset(
         capability

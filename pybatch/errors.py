@@ -1048,6 +1048,48 @@ class RecoveryNotAllowed(RepositoryError):
     status: str
 
 
+# --------------------------------------------------------------------------- ownership and control
+
+
+@_error
+class ExecutionOwnershipNotAllowed(RepositoryError):
+    """An owner can be claimed only while the execution is STARTING."""
+
+    message = "job execution {id} in {status} cannot be claimed by an owner"
+    id: int
+    status: str
+
+
+@_error
+class ExecutionOwned(RepositoryError):
+    """Another owner token is already recorded on the execution."""
+
+    message = "job execution {id} is owned by another process"
+    id: int
+
+
+@_error
+class ExecutionOwnershipLost(RepositoryError):
+    """This process no longer owns its execution; stop without touching it.
+
+    Its lease lapsed and another process recovered it, or it was changed behind the owner.
+    """
+
+    message = (
+        "job execution {id} is no longer owned by this process (lease lapsed or recovered "
+        "by another process); its work stops here"
+    )
+    id: int
+
+
+@_error
+class StopRequested(PyBatchError):
+    """An operator asked the run to stop; the ETL API ends the step and the job STOPPED."""
+
+    message = "a stop was requested for job execution {id}"
+    id: int
+
+
 __all__ = sorted(
     name
     for name, value in dict(globals()).items()

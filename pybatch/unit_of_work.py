@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -36,14 +37,17 @@ from pybatch.repository import (
     flow,
     instances,
     operator_requests,
+    ownership,
     recovery,
     steps,
+    stop_requests,
 )
 from pybatch.values.definitions import DefinitionIdentity, DefinitionUpgrade
 from pybatch.values.flow import StartLimit
 from pybatch.values.lifecycle import LifecycleTransition
-from pybatch.values.names import ExitCode, JobName, NodeId, OperationId, StepName
+from pybatch.values.names import ActorRef, ExitCode, JobName, NodeId, OperationId, StepName
 from pybatch.values.operator import OperatorAction, OperatorRecord, OperatorRecordDraft
+from pybatch.values.ownership import ExecutionControl, ExecutionLease, LeaseState, OwnerToken
 from pybatch.values.parameters import JobInstanceKey
 from pybatch.values.records import (
     JobExecution,
@@ -305,6 +309,65 @@ class UnitOfWork(UnitOfWorkBase):
         """
         with self.operation() as conn:
             return operator_requests.append_operator_request(self.statements, conn, draft)
+
+    # ------------------------------------------------------------------ stop requests, ownership
+
+    def request_execution_stop(
+        self, execution_id: int, expected_version: int, actor: ActorRef, requested_at: datetime
+    ) -> JobExecution:
+        """Record a durable stop request; no transition, version unchanged (4.11)."""
+        with self.operation() as conn:
+            return stop_requests.request_execution_stop(
+                self.statements, conn, execution_id, expected_version, actor, requested_at
+            )
+
+    def claim_execution_owner(
+        self,
+        execution_id: int,
+        expected_version: int,
+        owner: OwnerToken,
+        claimed_at: datetime,
+        lease: ExecutionLease | None = None,
+    ) -> JobExecution:
+        """Record the owner token of a STARTING execution and start its lease (4.12)."""
+        with self.operation() as conn:
+            return ownership.claim_execution_owner(
+                self.statements,
+                conn,
+                execution_id,
+                expected_version,
+                owner,
+                claimed_at,
+                lease or ExecutionLease(),
+            )
+
+    def observe_execution_control(
+        self, execution_id: int, owner: OwnerToken, observed_at: datetime
+    ) -> ExecutionControl:
+        """Ownership and stop flags; the owner's observation of a stop moves it to STOPPING."""
+        with self.operation() as conn:
+            return ownership.observe_execution_control(
+                self.statements, conn, execution_id, owner, observed_at
+            )
+
+    def renew_execution_lease(
+        self, execution_id: int, owner: OwnerToken, lease: ExecutionLease
+    ) -> bool:
+        """Extend the owner's lease; True when a stop is requested (ExecutionOwnershipLost)."""
+        with self.operation() as conn:
+            return ownership.renew_execution_lease(
+                self.statements, conn, execution_id, owner, lease
+            )
+
+    def verify_execution_owner(self, execution_id: int, owner: OwnerToken) -> JobExecution:
+        """Lock the execution and confirm `owner` still runs it (ExecutionOwnershipLost)."""
+        with self.operation() as conn:
+            return ownership.verify_execution_owner(self.statements, conn, execution_id, owner)
+
+    def lock_execution_ownership(self, execution_id: int) -> tuple[JobExecution, LeaseState]:
+        """Lock an execution and read its ownership evidence (token, lease, stop flag)."""
+        with self.operation() as conn:
+            return ownership.lock_execution_ownership(self.statements, conn, execution_id)
 
     # ------------------------------------------------------------------ step executions
 

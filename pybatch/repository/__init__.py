@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -10,9 +11,9 @@ import psycopg
 import psycopg_pool
 
 from pybatch import _sqlstate
-from pybatch.capability_defaults import built_capabilities
 from pybatch._connect import CaFile, connection_kwargs
 from pybatch._statements import Statements, load_statements
+from pybatch.capability_defaults import built_capabilities
 from pybatch.clock import Clock, SystemClock
 from pybatch.config import ConnectionConfig
 from pybatch.errors import (
@@ -29,6 +30,9 @@ from pybatch.values.capabilities import RepositoryDescriptor
 __all__ = ["JobRepository"]
 
 T = TypeVar("T")
+
+#: A pooled connection idle for longer than this is checked before use (one round trip).
+_CHECK_IDLE_AFTER_S = 1.0
 
 
 class JobRepository:
@@ -48,6 +52,8 @@ class JobRepository:
         self.schema_version = schema_version
         self._pool = pool
         self._ca_file = ca_file
+        #: When each pooled connection was last returned (id -> monotonic seconds).
+        self._returned_at: dict[int, float] = {}
 
     def __repr__(self) -> str:
         return f"JobRepository(schema_version={self.schema_version}, config={self.config!r})"
@@ -129,20 +135,39 @@ class JobRepository:
     # ------------------------------------------------------------------ units of work
 
     def _acquire(self) -> psycopg.Connection[Any]:
-        try:
-            conn: psycopg.Connection[Any] = self._pool.getconn(
-                timeout=self.config.acquire_timeout.total_seconds()
-            )
+        """A pooled connection that works: one idle for a while is checked first.
+
+        The server may have ended an idle session meanwhile (idle_session_timeout,
+        pg_terminate_backend, a restarted proxy); such a connection is discarded and
+        another taken, so a run that pauses between chunks does not fail on it. A
+        connection reused at once (the chunk hot path) is not checked.
+        """
+        for _ in range(self.config.pool_size + 1):
+            try:
+                conn: psycopg.Connection[Any] = self._pool.getconn(
+                    timeout=self.config.acquire_timeout.total_seconds()
+                )
+            except psycopg_pool.PoolTimeout:
+                raise Unavailable() from None
+            except psycopg.Error as error:
+                raise Unavailable(sqlstate=_sqlstate.sqlstate_of(error)) from None
+            returned_at = self._returned_at.pop(id(conn), None)
+            if returned_at is None or time.monotonic() - returned_at < _CHECK_IDLE_AFTER_S:
+                return conn
+            try:
+                psycopg_pool.ConnectionPool.check_connection(conn)
+            except psycopg.Error:
+                self._release(conn, discard=True)
+                continue
             return conn
-        except psycopg_pool.PoolTimeout:
-            raise Unavailable() from None
-        except psycopg.Error as error:
-            raise Unavailable(sqlstate=_sqlstate.sqlstate_of(error)) from None
+        raise Unavailable()
 
     def _release(self, conn: psycopg.Connection[Any], *, discard: bool) -> None:
         """Return a connection to the pool, or close it first so the pool drops it."""
         if discard and not conn.closed:
             conn.close()
+        if not conn.closed:
+            self._returned_at[id(conn)] = time.monotonic()
         self._pool.putconn(conn)
 
     def dedicated_connection(self) -> psycopg.Connection[Any]:
@@ -157,19 +182,28 @@ class JobRepository:
             raise Unavailable(sqlstate=_sqlstate.sqlstate_of(error)) from None
 
     def begin(self) -> UnitOfWork:
-        """Open a unit of work: READ COMMITTED with the configured transaction timeouts."""
-        conn = self._acquire()
-        try:
-            self.statements.set_transaction_timeouts(
-                conn,
-                statement_timeout_ms=str(self.config.statement_timeout_ms),
-                lock_timeout_ms=str(self.config.lock_timeout_ms),
-                idle_transaction_timeout_ms=str(self.config.idle_transaction_timeout_ms),
-            )
-        except psycopg.Error as error:
-            self._release(conn, discard=True)
-            raise Unavailable(sqlstate=_sqlstate.sqlstate_of(error)) from None
-        return UnitOfWork(self, conn)
+        """Open a unit of work: READ COMMITTED with the configured transaction timeouts.
+
+        A connection the server ended while it sat in the pool fails on this first
+        statement, before any work: it is discarded and the next one tried.
+        """
+        for _ in range(self.config.pool_size + 1):
+            conn = self._acquire()
+            try:
+                self.statements.set_transaction_timeouts(
+                    conn,
+                    statement_timeout_ms=str(self.config.statement_timeout_ms),
+                    lock_timeout_ms=str(self.config.lock_timeout_ms),
+                    idle_transaction_timeout_ms=str(self.config.idle_transaction_timeout_ms),
+                )
+            except psycopg.Error as error:
+                lost = _sqlstate.is_connection_loss(error, conn)
+                self._release(conn, discard=True)
+                if lost:
+                    continue
+                raise Unavailable(sqlstate=_sqlstate.sqlstate_of(error)) from None
+            return UnitOfWork(self, conn)
+        raise Unavailable()
 
     @contextmanager
     def read_transaction(self) -> Iterator[psycopg.Connection[Any]]:
