@@ -1090,6 +1090,34 @@ class StopRequested(PyBatchError):
     id: int
 
 
+# --------------------------------------------------------------------------- operator services
+
+
+class OperatorError(PyBatchError):
+    """An operator or retention request could not be settled (behaviour.md 4.10, 4.13, 4.14)."""
+
+    message = "operator request error"
+
+
+@_error
+class OperationIdConflict(OperatorError):
+    """The operation id is already recorded for this action with a different request."""
+
+    message = "operation id {operation_id} was already used for a different {action} request"
+    action: str
+    operation_id: str
+
+
+@_error
+class OperationOutcomeUnknown(OperatorError):
+    """The COMMIT acknowledgement was lost; re-run with the same operation id to learn it."""
+
+    message = (
+        "the outcome of the request is unknown; re-run it with the same operation id, which "
+        "replays a recorded outcome instead of acting twice"
+    )
+
+
 __all__ = sorted(
     name
     for name, value in dict(globals()).items()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +55,7 @@ from pybatch.values.records import (
     JobInstanceSelection,
     StepExecution,
 )
-from pybatch.values.recovery import RecoveryRequest
+from pybatch.values.recovery import RecoveryDecision, RecoveryRequest, UnresolvedExecution
 
 if TYPE_CHECKING:
     from pybatch.repository import JobRepository
@@ -289,6 +289,20 @@ class UnitOfWork(UnitOfWorkBase):
         with self.operation() as conn:
             return recovery.recover_job_execution(
                 self.statements, conn, self.clock, execution_id, request
+            )
+
+    def recovery_decision(self, execution_id: int) -> RecoveryDecision | None:
+        """The latest recovery decision of an execution, or None (4.5, G8)."""
+        with self.operation() as conn:
+            return recovery.recovery_decision(self.statements, conn, execution_id)
+
+    def unresolved_executions(
+        self, older_than: timedelta, limit: int = 100
+    ) -> list[UnresolvedExecution]:
+        """Unresolved executions not written for `older_than`, oldest first (operators)."""
+        with self.operation() as conn:
+            return recovery.unresolved_executions(
+                self.statements, conn, self.clock, older_than, limit
             )
 
     # ------------------------------------------------------------------ operator requests

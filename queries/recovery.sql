@@ -38,3 +38,41 @@ VALUES (
     :decided_at
 )
 RETURNING id;
+
+-- :name latest_recovery_decision :one
+-- :doc The latest recovery decision of an execution by (decided_at, id)
+-- (recovery_decision_execution_time).
+SELECT
+    d.id,
+    d.job_execution_id,
+    d.execution_version,
+    d.prior_status,
+    d.resulting_status,
+    d.reason_code,
+    d.operator_reference,
+    d.evidence_digest,
+    d.decided_at
+FROM pybatch.recovery_decision AS d
+WHERE d.job_execution_id = :job_execution_id
+ORDER BY d.decided_at DESC, d.id DESC
+LIMIT 1;
+
+-- :name list_unresolved_job_executions :many
+-- :doc Unresolved executions last written before the cutoff, oldest first
+-- (job_execution_status_updated).
+SELECT
+    e.id,
+    e.job_instance_id,
+    i.job_name,
+    e.attempt,
+    e.status,
+    e.updated_at,
+    e.lease_expires_at,
+    e.stop_requested_at IS NOT NULL AS stop_requested
+FROM pybatch.job_execution AS e
+INNER JOIN pybatch.job_instance AS i ON e.job_instance_id = i.id
+WHERE
+    e.status IN ('STARTING', 'STARTED', 'STOPPING', 'UNKNOWN')
+    AND e.updated_at < :cutoff
+ORDER BY e.updated_at, e.id
+LIMIT :limit;

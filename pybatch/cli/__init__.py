@@ -1,7 +1,8 @@
 """The `pybatch` operator command line: `pybatch.cli:main`.
 
-Commands call the migrator, the repository or the explorer; none holds SQL. Exit
-codes: 0 done, 1 refused (a pybatch error), 2 usage, 3 unavailable, 4 outcome unknown.
+Commands call the migrator, the repository or the services; none holds SQL. Exit codes
+(docs/operators.md): 0 done, 1 refused (a pybatch error), 2 usage or configuration,
+3 database unavailable, 4 not found, 5 outcome unknown, 6 permission denied.
 """
 
 from __future__ import annotations
@@ -11,13 +12,17 @@ import os
 import sys
 from collections.abc import Sequence
 
-from pybatch.cli import demo, schema
+from pybatch.cli import demo, operator, schema
 from pybatch.config import ConnectionConfig, TlsMode
 from pybatch.errors import (
     ChunkCommitOutcomeUnknown,
     CommitOutcomeUnknown,
     ConfigError,
+    JobExecutionNotFound,
+    JobInstanceNotFound,
+    OperationOutcomeUnknown,
     PyBatchError,
+    RequestFieldError,
     Unavailable,
 )
 
@@ -53,16 +58,22 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     schema.register(commands)
     demo.register(commands)
+    operator.register(commands)
     return parser
 
 
 def exit_code_for(error: BaseException) -> int:
-    """One table from error family to exit code."""
-    if isinstance(error, CommitOutcomeUnknown | ChunkCommitOutcomeUnknown):
+    """One table from error family to exit code (docs/operators.md)."""
+    if isinstance(
+        error, CommitOutcomeUnknown | ChunkCommitOutcomeUnknown | OperationOutcomeUnknown
+    ):
+        return 5
+    if isinstance(error, JobExecutionNotFound | JobInstanceNotFound):
         return 4
     if isinstance(error, Unavailable):
-        return 3
-    if isinstance(error, ConfigError):
+        state = error.sqlstate or ""
+        return 6 if state == "42501" or state.startswith("28") else 3
+    if isinstance(error, ConfigError | RequestFieldError):
         return 2
     return 1
 

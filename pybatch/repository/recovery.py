@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as _dt
 from typing import Any
 
 import attrs
@@ -9,6 +10,15 @@ import psycopg
 
 from pybatch._statements import Statements
 from pybatch.clock import Clock
+from pybatch.codecs._primitives import (
+    DecodeError,
+    decode_aware,
+    decode_digest,
+    decode_enum,
+    decode_int64,
+    decode_optional_aware,
+    decode_text,
+)
 from pybatch.codecs.executions import decode_job_execution
 from pybatch.errors import (
     JobExecutionNotFound,
@@ -18,10 +28,17 @@ from pybatch.errors import (
 from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.lifecycle import ExecutionMetadata
 from pybatch.values.records import JobExecution
-from pybatch.values.recovery import RecoveryRequest
+from pybatch.values.recovery import RecoveryDecision, RecoveryRequest, UnresolvedExecution
+from pybatch.values.status import BatchStatus
 from pybatch.values.timestamps import ExecutionTimestamps
 
-__all__ = ["RecoveryResult", "recover_job_execution"]
+__all__ = [
+    "RecoveryResult",
+    "decode_recovery_decision",
+    "recover_job_execution",
+    "recovery_decision",
+    "unresolved_executions",
+]
 
 Connection = psycopg.Connection[Any]
 
@@ -99,3 +116,75 @@ def recover_job_execution(
         updated_at=max(prior.updated_at, decided_at),
     )
     return RecoveryResult(execution=recovered, decision_id=int(decision_id))
+
+
+def decode_recovery_decision(row: Any) -> RecoveryDecision:
+    """Decode a recovery_decision row; an unknown status or a bad digest fails closed."""
+    return RecoveryDecision(
+        id=decode_int64(row["id"], column="id", minimum=1),
+        job_execution_id=decode_int64(
+            row["job_execution_id"], column="job_execution_id", minimum=1
+        ),
+        execution_version=decode_int64(
+            row["execution_version"], column="execution_version", minimum=0
+        ),
+        prior_status=decode_enum(BatchStatus, row["prior_status"], column="prior_status"),
+        resulting_status=decode_enum(
+            BatchStatus, row["resulting_status"], column="resulting_status"
+        ),
+        reason_code=decode_text(row["reason_code"], column="reason_code"),
+        operator_reference=decode_text(row["operator_reference"], column="operator_reference"),
+        evidence_digest=decode_digest(row["evidence_digest"], column="evidence_digest"),
+        decided_at=decode_aware(row["decided_at"], column="decided_at"),
+    )
+
+
+def recovery_decision(
+    q: Statements, conn: Connection, execution_id: int
+) -> RecoveryDecision | None:
+    """The latest recovery decision of an execution, or None (4.5, G8).
+
+    Raises:
+        JobExecutionNotFound: no such execution.
+
+    Statements: executions.sql get_job_execution; recovery.sql latest_recovery_decision.
+    """
+    check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
+    if q.get_job_execution(conn, job_execution_id=execution_id) is None:
+        raise JobExecutionNotFound(id=execution_id)
+    row = q.latest_recovery_decision(conn, job_execution_id=execution_id)
+    return None if row is None else decode_recovery_decision(row)
+
+
+def unresolved_executions(
+    q: Statements, conn: Connection, clock: Clock, older_than: _dt.timedelta, limit: int
+) -> list[UnresolvedExecution]:
+    """Unresolved executions not written for `older_than`, oldest first, at most `limit`.
+
+    Statements: recovery.sql list_unresolved_job_executions.
+    """
+    if not 1 <= limit <= 500:
+        raise ValueError("limit is from 1 to 500")
+    rows = q.list_unresolved_job_executions(conn, cutoff=clock.now() - older_than, limit=limit)
+    found: list[UnresolvedExecution] = []
+    for row in rows:
+        stop = row["stop_requested"]
+        if type(stop) is not bool:
+            raise DecodeError("stop_requested")
+        found.append(
+            UnresolvedExecution(
+                execution_id=decode_int64(row["id"], column="id", minimum=1),
+                instance_id=decode_int64(
+                    row["job_instance_id"], column="job_instance_id", minimum=1
+                ),
+                job_name=decode_text(row["job_name"], column="job_name"),
+                attempt=decode_int64(row["attempt"], column="attempt", minimum=1),
+                status=decode_enum(BatchStatus, row["status"], column="status"),
+                updated_at=decode_aware(row["updated_at"], column="updated_at"),
+                lease_expires_at=decode_optional_aware(
+                    row["lease_expires_at"], column="lease_expires_at"
+                ),
+                stop_requested=stop,
+            )
+        )
+    return found

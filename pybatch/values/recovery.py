@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as _dt
 import enum
 import unicodedata
 
@@ -12,7 +13,12 @@ from pybatch.values.ids import check_version
 from pybatch.values.names import UNICODE_WHITE_SPACE
 from pybatch.values.status import BatchStatus, FailureSummary
 
-__all__ = ["RecoveryDisposition", "RecoveryRequest"]
+__all__ = [
+    "RecoveryDecision",
+    "RecoveryDisposition",
+    "RecoveryRequest",
+    "UnresolvedExecution",
+]
 
 
 class RecoveryDisposition(enum.Enum):
@@ -105,3 +111,56 @@ class RecoveryRequest:
             f"disposition={self.disposition.name}, reason_code={self.reason_code!r}, "
             f'operator_reference={self.operator_reference!r}, evidence_digest="<redacted>")'
         )
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class RecoveryDecision:
+    """One recorded recovery: what was decided about which execution version, why and when."""
+
+    id: int
+    job_execution_id: int
+    execution_version: int
+    prior_status: BatchStatus
+    resulting_status: BatchStatus
+    reason_code: str
+    operator_reference: str
+    evidence_digest: bytes
+    decided_at: _dt.datetime
+
+    def __repr__(self) -> str:
+        return (
+            f"RecoveryDecision(id={self.id}, job_execution_id={self.job_execution_id}, "
+            f"execution_version={self.execution_version}, prior_status={self.prior_status.value}, "
+            f"resulting_status={self.resulting_status.value}, reason_code={self.reason_code!r}, "
+            f"operator_reference={self.operator_reference!r}, "
+            f'evidence_digest="<redacted>", decided_at={self.decided_at.isoformat()})'
+        )
+
+
+@attrs.frozen(kw_only=True)
+class UnresolvedExecution:
+    """An execution that is not finished, as `pybatch unresolved` lists it."""
+
+    execution_id: int
+    instance_id: int
+    job_name: str
+    attempt: int
+    status: BatchStatus
+    updated_at: _dt.datetime
+    lease_expires_at: _dt.datetime | None
+    stop_requested: bool
+
+    def as_json(self) -> dict[str, object]:
+        """The JSON form of `--json` output."""
+        return {
+            "attempt": self.attempt,
+            "execution_id": self.execution_id,
+            "instance_id": self.instance_id,
+            "job_name": self.job_name,
+            "lease_expires_at": None
+            if self.lease_expires_at is None
+            else self.lease_expires_at.isoformat(),
+            "status": self.status.value,
+            "stop_requested": self.stop_requested,
+            "updated_at": self.updated_at.isoformat(),
+        }
