@@ -1,4 +1,4 @@
-"""`pybatch stop`, `pybatch recover` and `pybatch unresolved` (operators.md, behaviour.md 4.9-4.11).
+"""`pybatch stop`, `recover`, `unresolved` and `audit verify` (docs/operators.md).
 
 Mutating commands go through the operator service with an operation id (`--operation-id`,
 generated and printed when absent): re-running a command with the same id replays the
@@ -18,6 +18,7 @@ import uuid
 
 from pybatch.errors import EnvironmentValueInvalid, JobExecutionNotFound
 from pybatch.repository import JobRepository
+from pybatch.services.audit import verify_audit_chain
 from pybatch.services.operator import (
     UNKNOWN_EFFECT,
     OperatorOutcome,
@@ -117,6 +118,15 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     unresolved.add_argument("--limit", type=int, default=100, help="at most this many (1-500)")
     unresolved.add_argument("--json", action="store_true", help="one JSON object per line")
     unresolved.set_defaults(handler=_unresolved)
+
+    audit = commands.add_parser("audit", help="the tamper-evident audit chain")
+    audit_commands = audit.add_subparsers(dest="audit_command", required=True, metavar="COMMAND")
+    verify = audit_commands.add_parser(
+        "verify", help="walk the chain; name the first broken link (exit 1)"
+    )
+    add_connection_arguments(verify)
+    verify.add_argument("--json", action="store_true", help="the result as one JSON object")
+    verify.set_defaults(handler=_audit_verify)
 
 
 def _connect(args: argparse.Namespace) -> JobRepository:
@@ -234,3 +244,33 @@ def _unresolved(args: argparse.Namespace) -> int:
     if not rows and not args.json:
         print("no unresolved executions", file=sys.stderr)
     return 0
+
+
+def _audit_verify(args: argparse.Namespace) -> int:
+    interactive = sys.stderr.isatty()
+
+    def progress(done: int, total: int) -> None:
+        if interactive:
+            print(f"\rverified {done:,} of {total:,} links", end="", file=sys.stderr, flush=True)
+        else:
+            print(f"verified {done} of {total} links", file=sys.stderr)
+
+    with _connect(args) as repository:
+        result = verify_audit_chain(repository, progress=progress)
+    if interactive:
+        print(file=sys.stderr)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "broken_at": result.broken_at,
+                    "intact": result.intact,
+                    "links": result.links,
+                    "reason": result.reason,
+                },
+                sort_keys=True,
+            )
+        )
+    else:
+        print(result.describe())
+    return 0 if result.intact else 1

@@ -8,6 +8,8 @@ import psycopg
 
 from pybatch._statements import Statements
 from pybatch.codecs.operator import decode_operator_record, encode_operator_record_draft
+from pybatch.repository.audit_chain import link_audit_record
+from pybatch.values.audit import AuditRecordKind
 from pybatch.values.ids import OperatorRequestId
 from pybatch.values.names import OperationId
 from pybatch.values.operator import OperatorAction, OperatorRecord, OperatorRecordDraft
@@ -43,7 +45,10 @@ def append_operator_request(
         ConcurrentModification: the (action, operation id) is already recorded.
         IntegrityViolation: any other constraint refused the row (rule 11).
 
-    Statements: operator_requests.sql insert_operator_request.
+    Statements: operator_requests.sql insert_operator_request; audit_chain.sql
+    append_audit_link, set_audit_chain_head.
     """
     row = q.insert_operator_request(conn, **encode_operator_record_draft(draft))
-    return OperatorRecord.from_draft(OperatorRequestId(int(row["id"])), draft)
+    record_id = int(row["id"])
+    link_audit_record(q, conn, AuditRecordKind.OPERATOR_REQUEST, record_id)
+    return OperatorRecord.from_draft(OperatorRequestId(record_id), draft)

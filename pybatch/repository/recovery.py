@@ -25,6 +25,8 @@ from pybatch.errors import (
     RecoveryNotAllowed,
     StaleVersion,
 )
+from pybatch.repository.audit_chain import link_audit_record
+from pybatch.values.audit import AuditRecordKind
 from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.lifecycle import ExecutionMetadata
 from pybatch.values.records import JobExecution
@@ -63,7 +65,7 @@ def recover_job_execution(
         InvalidTimestampOrder: the clock is behind the execution's start.
 
     Statements: executions.sql lock_job_execution; recovery.sql update_job_execution_recovered,
-    insert_recovery_decision.
+    insert_recovery_decision; audit_chain.sql append_audit_link, set_audit_chain_head.
     """
     check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
     row = q.lock_job_execution(conn, job_execution_id=execution_id)
@@ -109,6 +111,7 @@ def recover_job_execution(
         operator_reference=request.operator_reference,
         evidence_digest=request.evidence_digest,
     )["id"]
+    link_audit_record(q, conn, AuditRecordKind.RECOVERY_DECISION, int(decision_id))
     recovered = attrs.evolve(
         prior,
         metadata=metadata,

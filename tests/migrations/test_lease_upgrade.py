@@ -18,6 +18,7 @@ from pybatch import JobRepository, migrator
 from pybatch.chunks import ChunkContext, ChunkCounts, ChunkTransactionManager
 from pybatch.errors import ExecutionAlreadyActive
 from pybatch.etl import ETL_STATE_SCHEMA, Job, StepRun
+from pybatch.services.audit import verify_audit_chain
 from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import NodeId, StepName
@@ -105,6 +106,16 @@ def test_upgrade_under_live_jobs_keeps_them_alive_and_resumes_the_rest(
             alive = legacy_run(old, "alive", status=S.STARTED, offset=3)
             dead = legacy_run(old, "dead", status=S.STARTED, offset=4)
             failed = legacy_run(old, "failed", status=S.FAILED, offset=5)
+        # Audit rows written by the older package, before the chain existed.
+        with psycopg.connect(blank_database, autocommit=True) as conn:
+            for operation in ("old-1", "old-2"):
+                conn.execute(
+                    "INSERT INTO pybatch.operator_request (job_execution_id, action,"
+                    " authorization_class, operation_id, actor_ref, request_digest,"
+                    " outcome_class, requested_at) VALUES (%s, 'STOP', 'LIFECYCLE', %s,"
+                    " 'cli:old', sha256('x'), 'APPLIED', now())",
+                    (alive, operation),
+                )
     # The live legacy runner holds its liveness lock through the upgrade.
     with psycopg.connect(blank_database, autocommit=True) as legacy_runner:
         legacy_runner.execute(
@@ -118,6 +129,8 @@ def test_upgrade_under_live_jobs_keeps_them_alive_and_resumes_the_rest(
             with pytest.raises(ExecutionAlreadyActive) as active:
                 Job(repository, "legacy_load", {"run": "alive"}).launch()
             assert active.value.execution_id == alive
+            linked = verify_audit_chain(repository)  # the upgrade linked the old audit rows
+            assert linked.intact and linked.links == 2
             assert resumed_from(repository, "failed") == [5]
             assert resumed_from(repository, "dead") == [4]
     # The legacy runner ended (its session closed): now it is recovered and resumed.
@@ -132,6 +145,9 @@ def test_upgrade_under_live_jobs_keeps_them_alive_and_resumes_the_rest(
             "SELECT job_execution_id, reason_code FROM pybatch.recovery_decision ORDER BY id"
         ).fetchall()
     assert reasons == [(dead, "OWNER_LOST"), (alive, "OWNER_LOST")]
+    with JobRepository.connect(config) as repository:
+        chained = verify_audit_chain(repository)
+    assert chained.intact and chained.links == 2 + 2 * 2  # each recovery: decision + request
 
 
 def test_a_role_without_grants_cannot_block_migrations(
