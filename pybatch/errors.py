@@ -196,6 +196,12 @@ class CompletedInstance(RepositoryError):
 
     message = "job instance {id} is already completed"
     id: int
+    #: The instance's history was purged; its tombstone says it completed.
+    purged: bool = False
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return f"{text} (its history was purged)" if self.purged else text
 
 
 @_error
@@ -204,6 +210,12 @@ class AbandonedInstance(RepositoryError):
 
     message = "job instance {id} is abandoned"
     id: int
+    #: The instance's history was purged; its tombstone says it was abandoned.
+    purged: bool = False
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return f"{text} (its history was purged)" if self.purged else text
 
 
 @_error
@@ -1116,6 +1128,61 @@ class OperationOutcomeUnknown(OperatorError):
         "the outcome of the request is unknown; re-run it with the same operation id, which "
         "replays a recorded outcome instead of acting twice"
     )
+
+
+# --------------------------------------------------------------------------- retention
+
+
+class RetentionError(PyBatchError):
+    """A retention request or purge plan was refused (behaviour.md 2.19, 4.13, 4.14)."""
+
+    message = "retention error"
+
+
+@_error
+class BatchBoundOutOfRange(RetentionError):
+    """A purge batch bound outside 1..=1000."""
+
+    message = "purge batch bound {requested} is outside 1 to 1000"
+    requested: int
+
+
+@_error
+class AgeBoundTooSmall(RetentionError):
+    """A purge minimum age below one hour."""
+
+    message = "the minimum age of a purge is {minimum}"
+    minimum: str
+
+
+@_error
+class NonTerminalStatus(RetentionError):
+    """A purge status set named an active or UNKNOWN status."""
+
+    message = "status {status} is not terminal and cannot be purged"
+    status: str
+
+
+@_error
+class EmptyStatusSet(RetentionError):
+    """A purge status set without any status."""
+
+    message = "a purge needs at least one status"
+
+
+@_error
+class RetentionPlanStale(RetentionError):
+    """Apply found the plan's candidates changed since the survey; nothing was deleted."""
+
+    message = "the purge plan is stale and nothing was deleted"
+
+
+@_error
+class InstanceHeld(RetentionError):
+    """The instance is held (vocabulary only)."""
+
+    message = "job instance {job_instance_id} is held"
+    job_instance_id: int
 
 
 __all__ = sorted(

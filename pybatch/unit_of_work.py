@@ -35,17 +35,27 @@ from pybatch.repository import (
     definitions,
     executions,
     flow,
+    holds,
     instances,
     operator_requests,
     ownership,
     recovery,
+    retention,
     steps,
     stop_requests,
 )
 from pybatch.values.definitions import DefinitionIdentity, DefinitionUpgrade
 from pybatch.values.flow import StartLimit
 from pybatch.values.lifecycle import LifecycleTransition
-from pybatch.values.names import ActorRef, ExitCode, JobName, NodeId, OperationId, StepName
+from pybatch.values.names import (
+    ActorRef,
+    ExitCode,
+    JobName,
+    NodeId,
+    OperationId,
+    ReasonCode,
+    StepName,
+)
 from pybatch.values.operator import OperatorAction, OperatorRecord, OperatorRecordDraft
 from pybatch.values.ownership import ExecutionControl, ExecutionLease, LeaseState, OwnerToken
 from pybatch.values.parameters import JobInstanceKey
@@ -56,6 +66,15 @@ from pybatch.values.records import (
     StepExecution,
 )
 from pybatch.values.recovery import RecoveryDecision, RecoveryRequest, UnresolvedExecution
+from pybatch.values.retention import (
+    PurgePlan,
+    PurgePlanRequest,
+    PurgeSurvey,
+    RetentionAction,
+    RetentionHold,
+    RetentionRecord,
+    RetentionRecordDraft,
+)
 
 if TYPE_CHECKING:
     from pybatch.repository import JobRepository
@@ -382,6 +401,60 @@ class UnitOfWork(UnitOfWorkBase):
         """Lock an execution and read its ownership evidence (token, lease, stop flag)."""
         with self.operation() as conn:
             return ownership.lock_execution_ownership(self.statements, conn, execution_id)
+
+    # ------------------------------------------------------------------ holds and retention
+
+    def job_instance_hold(self, instance_id: int) -> RetentionHold | None:
+        """The instance's retention hold, or None (4.13)."""
+        with self.operation() as conn:
+            return holds.job_instance_hold(self.statements, conn, instance_id)
+
+    def place_instance_hold(
+        self, instance_id: int, actor: ActorRef, reason: ReasonCode, placed_at: datetime
+    ) -> RetentionHold:
+        """Place (or replace) the instance's hold (4.13)."""
+        with self.operation() as conn:
+            return holds.place_instance_hold(
+                self.statements, conn, instance_id, actor, reason, placed_at
+            )
+
+    def release_instance_hold(self, instance_id: int) -> RetentionHold | None:
+        """Clear the instance's hold; return the previous one (4.13)."""
+        with self.operation() as conn:
+            return holds.release_instance_hold(self.statements, conn, instance_id)
+
+    def find_retention_action(
+        self, action: RetentionAction, operation_id: OperationId
+    ) -> RetentionRecord | None:
+        """The recorded retention request of (action, operation id), or None (4.14)."""
+        with self.operation() as conn:
+            return retention.find_retention_action(self.statements, conn, action, operation_id)
+
+    def append_retention_action(self, draft: RetentionRecordDraft) -> RetentionRecord:
+        """Append a retention audit row; a recorded key is ConcurrentModification (4.14)."""
+        with self.operation() as conn:
+            return retention.append_retention_action(self.statements, conn, draft)
+
+    def purge_survey(
+        self, request: PurgePlanRequest, after: tuple[datetime, int] | None = None
+    ) -> PurgeSurvey:
+        """The next batch of whole instance histories to purge; read-only (4.14)."""
+        with self.operation() as conn:
+            return retention.purge_survey(self.statements, conn, request, self.clock.now(), after)
+
+    def apply_purge(self, plan: PurgePlan) -> retention.PurgeResult:
+        """Delete exactly the plan's histories, or nothing (RetentionPlanStale) (4.14)."""
+        with self.operation() as conn:
+            return retention.apply_purge(self.statements, conn, plan, self.clock.now())
+
+    def mark_purged_audit_links(
+        self, deleted: retention.PurgedAuditRecords, retention_action_id: int
+    ) -> int:
+        """Mark the audit-chain links whose records a purge deleted."""
+        with self.operation() as conn:
+            return retention.mark_purged_audit_links(
+                self.statements, conn, deleted, retention_action_id
+            )
 
     # ------------------------------------------------------------------ step executions
 

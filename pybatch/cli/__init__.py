@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from pybatch.cli import demo, operator, schema
+from pybatch.cli import demo, operator, retention, schema
 from pybatch.config import ConnectionConfig, TlsMode
 from pybatch.errors import (
     ChunkCommitOutcomeUnknown,
@@ -23,6 +23,8 @@ from pybatch.errors import (
     OperationOutcomeUnknown,
     PyBatchError,
     RequestFieldError,
+    RetentionError,
+    RetentionPlanStale,
     Unavailable,
 )
 
@@ -59,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     schema.register(commands)
     demo.register(commands)
     operator.register(commands)
+    retention.register(commands)
     return parser
 
 
@@ -73,7 +76,9 @@ def exit_code_for(error: BaseException) -> int:
     if isinstance(error, Unavailable):
         state = error.sqlstate or ""
         return 6 if state == "42501" or state.startswith("28") else 3
-    if isinstance(error, ConfigError | RequestFieldError):
+    if isinstance(error, ConfigError | RequestFieldError | RetentionError) and not isinstance(
+        error, RetentionPlanStale
+    ):
         return 2
     return 1
 

@@ -58,9 +58,9 @@ def _refuse_latest(instance_id: int, latest: JobExecution | None, tombstone: Any
         if tombstone is not None:
             status = decode_enum(BatchStatus, tombstone, column="final_status")
             if status is BatchStatus.COMPLETED:
-                raise CompletedInstance(id=instance_id)
+                raise CompletedInstance(id=instance_id, purged=True)
             if status is BatchStatus.ABANDONED:
-                raise AbandonedInstance(id=instance_id)
+                raise AbandonedInstance(id=instance_id, purged=True)
         return
     status = latest.status
     if status is BatchStatus.COMPLETED:
