@@ -1185,6 +1185,37 @@ class InstanceHeld(RetentionError):
     job_instance_id: int
 
 
+# --------------------------------------------------------------------------- Domain(DomainError)
+
+_REPOSITORY_DOMAIN_CLASSES: dict[type[DomainError], type[DomainError]] = {}
+
+
+def _rebuild_domain(cls: type[DomainError], fields: dict[str, Any]) -> PyBatchError:
+    return repository_domain_error(cls(**fields))
+
+
+def repository_domain_error(error: DomainError) -> DomainError:
+    """The same domain error, raised through a repository call: also a RepositoryError (7.1).
+
+    The result is an instance of a subclass of both the error's own class and
+    RepositoryError, with the same fields and message, so callers may catch either.
+    """
+    cls = type(error)
+    if isinstance(error, RepositoryError):
+        return error
+    wrapper = _REPOSITORY_DOMAIN_CLASSES.get(cls)
+    if wrapper is None:
+
+        def reduce(self: PyBatchError) -> tuple[Any, ...]:
+            return (_rebuild_domain, (cls, attrs.asdict(self, recurse=False)))
+
+        wrapper = attrs.define(frozen=True, slots=False, kw_only=True, eq=False)(
+            type(cls.__name__, (cls, RepositoryError), {"__reduce__": reduce})
+        )
+        _REPOSITORY_DOMAIN_CLASSES[cls] = wrapper
+    return wrapper(**attrs.asdict(error, recurse=False))
+
+
 __all__ = sorted(
     name
     for name, value in dict(globals()).items()

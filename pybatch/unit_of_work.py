@@ -25,11 +25,13 @@ from pybatch.codecs._primitives import DecodeError
 from pybatch.errors import (
     CommitOutcomeUnknown,
     DefinitionUpgradeConflict,
+    DomainError,
     PyBatchError,
     RetryableConflict,
     TransactionAborted,
     Unavailable,
     UnitOfWorkClosed,
+    repository_domain_error,
 )
 from pybatch.repository import (
     definitions,
@@ -146,6 +148,8 @@ class UnitOfWorkBase(CapabilityDefaults):
         try:
             with conn.transaction():
                 yield conn
+        except DomainError as error:  # a RepositoryError too when it crosses a repository call
+            raise repository_domain_error(error) from error
         except PyBatchError as error:
             if isinstance(error, RetryableConflict | Unavailable) and conn.broken:
                 self._poison(error)

@@ -248,13 +248,18 @@ WHERE job_execution_id = ANY(CAST(:execution_ids AS BIGINT[]));
 DELETE FROM pybatch.job_execution
 WHERE id = ANY(CAST(:execution_ids AS BIGINT[]));
 
--- :name tombstone_purged_instance :affected
--- :doc Keep a purged instance as a tombstone: its final status and purge time (hold kept).
-UPDATE pybatch.job_instance
+-- :name tombstone_purged_instances :affected
+-- :doc Keep purged instances as tombstones, in one statement: each one's final status (the
+-- status of its latest execution) and the purge time; holds stay (job_instance_pkey).
+UPDATE pybatch.job_instance AS i
 SET
-    final_status = :final_status,
+    final_status = t.final_status,
     purged_at = :purged_at
-WHERE id = :job_instance_id;
+FROM
+    UNNEST(
+        CAST(:instance_ids AS BIGINT[]), CAST(:final_statuses AS TEXT[])
+    ) AS t (id, final_status)
+WHERE i.id = t.id;
 
 -- :name detach_retention_actions :affected
 -- :doc Clear the instance reference of retention records before their instance is deleted.

@@ -15,6 +15,7 @@ from pybatch._connect import CaFile, connection_kwargs
 from pybatch._statements import Statements, load_statements
 from pybatch.capability_defaults import built_capabilities
 from pybatch.clock import Clock, SystemClock
+from pybatch.codecs._primitives import DecodeError
 from pybatch.config import ConnectionConfig
 from pybatch.errors import (
     MigrationRequired,
@@ -24,8 +25,11 @@ from pybatch.errors import (
     Unavailable,
 )
 from pybatch.migrator import supported_schema_version
+from pybatch.repository import recovery
 from pybatch.unit_of_work import UnitOfWork
 from pybatch.values.capabilities import RepositoryDescriptor
+from pybatch.values.ownership import OwnerToken
+from pybatch.values.recovery import RecoverySnapshot
 
 __all__ = ["JobRepository"]
 
@@ -234,6 +238,21 @@ class JobRepository:
                 except psycopg.Error:
                     discard = True
             self._release(conn, discard=discard or conn.broken)
+
+    def recovery_snapshot(
+        self, execution_id: int, current_owner: OwnerToken | None = None
+    ) -> RecoverySnapshot:
+        """Observe one execution for a recovery decision, in its own read-only transaction.
+
+        Statements: recovery.sql read_recovery_snapshot (pybatch/repository/recovery.py).
+        """
+        with self.read_transaction() as conn:
+            try:
+                return recovery.recovery_snapshot(
+                    self.statements, conn, execution_id, current_owner
+                )
+            except DecodeError:
+                raise Unavailable() from None
 
     def run_in_unit_of_work(self, work: Callable[[UnitOfWork], T]) -> T:
         """Run `work` in a unit of work and commit; re-run it on RetryableConflict only.

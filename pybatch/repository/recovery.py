@@ -29,8 +29,17 @@ from pybatch.repository.audit_chain import link_audit_record
 from pybatch.values.audit import AuditRecordKind
 from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.lifecycle import ExecutionMetadata
+from pybatch.values.ownership import OwnerToken
 from pybatch.values.records import JobExecution
-from pybatch.values.recovery import RecoveryDecision, RecoveryRequest, UnresolvedExecution
+from pybatch.values.recovery import (
+    OwnerObservation,
+    RecoveryDecision,
+    RecoveryMarkers,
+    RecoveryRequest,
+    RecoverySnapshot,
+    RecoveryStepEvidence,
+    UnresolvedExecution,
+)
 from pybatch.values.status import BatchStatus
 from pybatch.values.timestamps import ExecutionTimestamps
 
@@ -39,6 +48,7 @@ __all__ = [
     "decode_recovery_decision",
     "recover_job_execution",
     "recovery_decision",
+    "recovery_snapshot",
     "unresolved_executions",
 ]
 
@@ -191,3 +201,75 @@ def unresolved_executions(
             )
         )
     return found
+
+
+def _flag(row: Any, column: str) -> bool:
+    value = row[column]
+    if type(value) is not bool:
+        raise DecodeError(column)
+    return value
+
+
+def recovery_snapshot(
+    q: Statements, conn: Connection, execution_id: int, current_owner: OwnerToken | None
+) -> RecoverySnapshot:
+    """Observe one execution for a recovery decision; read-only, the token never returned.
+
+    Raises:
+        JobExecutionNotFound: no such execution.
+
+    Statements: recovery.sql read_recovery_snapshot.
+    """
+    check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
+    row = q.read_recovery_snapshot(
+        conn,
+        job_execution_id=execution_id,
+        owner_token=None if current_owner is None else current_owner.value,
+    )
+    if row is None:
+        raise JobExecutionNotFound(id=execution_id)
+    status = decode_enum(BatchStatus, row["status"], column="status")
+    if _flag(row, "owner_absent"):
+        owner = OwnerObservation.ABSENT
+    elif _flag(row, "owner_matches"):
+        owner = OwnerObservation.CURRENT_PROCESS
+    else:
+        owner = OwnerObservation.OTHER_PROCESS
+    latest = None
+    if row["latest_step_id"] is not None:
+        latest = RecoveryStepEvidence(
+            id=decode_int64(row["latest_step_id"], column="latest_step_id", minimum=1),
+            status=decode_enum(BatchStatus, row["latest_step_status"], column="latest_step_status"),
+            checkpoint_schema=decode_text(
+                row["latest_step_checkpoint_schema"], column="latest_step_checkpoint_schema"
+            ),
+            checkpoint_schema_version=decode_int64(
+                row["latest_step_checkpoint_schema_version"],
+                column="latest_step_checkpoint_schema_version",
+                minimum=1,
+            ),
+        )
+    markers = RecoveryMarkers.NONE
+    if (
+        status is BatchStatus.UNKNOWN
+        or row["failure_category"] == "UNKNOWN_COMMIT"
+        or (latest is not None and latest.status is BatchStatus.UNKNOWN)
+    ):
+        markers |= RecoveryMarkers.UNKNOWN_COMMIT
+    if _flag(row, "completed_partition"):
+        markers |= RecoveryMarkers.COMPLETED_PARTITION
+    if _flag(row, "committed_flow_decision"):
+        markers |= RecoveryMarkers.COMMITTED_FLOW_DECISION
+    if _flag(row, "ambiguous_external_effect"):
+        markers |= RecoveryMarkers.AMBIGUOUS_EXTERNAL_EFFECT
+    return RecoverySnapshot(
+        execution_id=execution_id,
+        status=status,
+        attempt=decode_int64(row["attempt"], column="attempt", minimum=1),
+        version=decode_int64(row["version"], column="version", minimum=0),
+        owner=owner,
+        updated_at=decode_aware(row["updated_at"], column="updated_at"),
+        server_time=decode_aware(row["server_time"], column="server_time"),
+        latest_step=latest,
+        markers=markers,
+    )

@@ -233,7 +233,7 @@ def apply_purge(q: Statements, conn: Connection, plan: PurgePlan, now: _dt.datet
     Statements: retention.sql lock_purge_instances, lock_purge_executions,
     delete_purge_flow_decisions, delete_purge_recovery_decisions,
     delete_purge_operator_requests, delete_purge_step_partitions,
-    delete_purge_step_executions, delete_purge_job_executions, tombstone_purged_instance,
+    delete_purge_step_executions, delete_purge_job_executions, tombstone_purged_instances,
     list_purge_audit_records,
     detach_retention_actions, delete_purge_instances.
     """
@@ -286,14 +286,12 @@ def apply_purge(q: Statements, conn: Connection, plan: PurgePlan, now: _dt.datet
         q.detach_retention_actions(conn, instance_ids=instance_ids)
         instances = q.delete_purge_instances(conn, instance_ids=instance_ids)
     else:
-        instances = 0
-        for instance_id in instance_ids:
-            instances += q.tombstone_purged_instance(
-                conn,
-                job_instance_id=instance_id,
-                final_status=latest[instance_id][1].value,
-                purged_at=now,
-            )
+        instances = q.tombstone_purged_instances(
+            conn,
+            instance_ids=instance_ids,
+            final_statuses=[latest[instance_id][1].value for instance_id in instance_ids],
+            purged_at=now,
+        )
     return PurgeResult(attrs.evolve(counts, job_instances=instances), audit_records)
 
 

@@ -14,9 +14,13 @@ from pybatch.values.names import UNICODE_WHITE_SPACE
 from pybatch.values.status import BatchStatus, FailureSummary
 
 __all__ = [
+    "OwnerObservation",
     "RecoveryDecision",
     "RecoveryDisposition",
+    "RecoveryMarkers",
     "RecoveryRequest",
+    "RecoverySnapshot",
+    "RecoveryStepEvidence",
     "UnresolvedExecution",
 ]
 
@@ -164,3 +168,46 @@ class UnresolvedExecution:
             "stop_requested": self.stop_requested,
             "updated_at": self.updated_at.isoformat(),
         }
+
+
+class OwnerObservation(enum.Enum):
+    """Who owns an execution, as seen by the process asking (2.18); the token is never shown."""
+
+    ABSENT = "ABSENT"
+    CURRENT_PROCESS = "CURRENT_PROCESS"
+    OTHER_PROCESS = "OTHER_PROCESS"
+
+
+class RecoveryMarkers(enum.IntFlag):
+    """Evidence that recovering an execution may not be safe to do blindly (4.17)."""
+
+    NONE = 0
+    UNKNOWN_COMMIT = 1
+    COMPLETED_PARTITION = 2
+    COMMITTED_FLOW_DECISION = 4
+    AMBIGUOUS_EXTERNAL_EFFECT = 8
+
+
+@attrs.frozen(kw_only=True)
+class RecoveryStepEvidence:
+    """The newest step of an execution: id, status and checkpoint (schema, version)."""
+
+    id: int
+    status: BatchStatus
+    checkpoint_schema: str
+    checkpoint_schema_version: int
+
+
+@attrs.frozen(kw_only=True)
+class RecoverySnapshot:
+    """A value-redacted observation of one execution for a recovery decision (4.17)."""
+
+    execution_id: int
+    status: BatchStatus
+    attempt: int
+    version: int
+    owner: OwnerObservation
+    updated_at: _dt.datetime
+    server_time: _dt.datetime
+    latest_step: RecoveryStepEvidence | None
+    markers: RecoveryMarkers
