@@ -11,7 +11,6 @@ from typing import Any
 
 import psycopg
 
-from pybatch._statements import load_statements
 from pybatch.config import ConnectionConfig
 from pybatch.errors import Unavailable
 
@@ -39,27 +38,27 @@ class CaFile:
 
 
 def connection_kwargs(
-    config: ConnectionConfig, ca_file: CaFile, *, session_timeouts: bool = False
+    config: ConnectionConfig, ca_file: CaFile, *, statement_timeout: bool = True
 ) -> dict[str, Any]:
     """Keyword arguments for `psycopg.connect` under this configuration."""
-    return config.connection_kwargs(ca_file=ca_file.path, session_timeouts=session_timeouts)
+    return config.connection_kwargs(ca_file=ca_file.path, statement_timeout=statement_timeout)
 
 
 @contextlib.contextmanager
 def open_connection(
     config: ConnectionConfig, *, autocommit: bool
 ) -> Iterator[psycopg.Connection[Any]]:
-    """A dedicated connection (migrator, version probe) with UTC time and redacted errors."""
+    """A dedicated connection for the migrator: no statement timeout, redacted errors."""
     ca_file = CaFile(config)
     try:
         try:
-            conn = psycopg.connect(**connection_kwargs(config, ca_file), autocommit=autocommit)
+            conn = psycopg.connect(
+                **connection_kwargs(config, ca_file, statement_timeout=False),
+                autocommit=autocommit,
+            )
         except psycopg.Error as error:
             raise Unavailable(sqlstate=getattr(error, "sqlstate", None)) from None
         try:
-            load_statements().set_session_time_zone(conn)
-            if not autocommit:
-                conn.commit()
             yield conn
         finally:
             conn.close()

@@ -1,8 +1,28 @@
-"""Every pybatch exception, families and leaves (behaviour.md section 7).
+"""Every pybatch exception, one family after another in the order of behaviour.md section 7.
 
-Leaves keep the contract's names and fields. Messages are built from the fields
-only: they never contain SQL, parameter values, row contents or the connection
-string (behaviour.md 6.1).
+    PyBatchError
+        RepositoryError            7.1   repository operations
+        DomainError                7.2   value construction (2.1-2.9)
+        LifecycleError             7.2   transitions (3.2); every leaf is also a RepositoryError
+        DefinitionError            7.2   definition tokens, manifests, upgrades (2.12)
+        PlanError                  7.2   start limits (2.13)
+        StateError                 7.2   checkpoint and context envelopes (2.15)
+        FaultStateFormatError      7.2   fault-state envelope rules (2.16)
+        FaultStateError            7.2   the fault-state store (4.15)
+        RecoveryRequestError       7.2   recovery request fields (2.1)
+        RequestFieldError          7.2   actor, reason code, operation id (2.1)
+        ChunkTransactionError      7.2   chunk transactions (4.15)
+        BusinessTransactionError   7.2   business statements in a chunk (4.15)
+        ConfigError                7.2   connection configuration (2.24)
+        MigrationError             pybatch's schema migrator (4.19)
+
+Each family base is followed by its leaves, the contract's leaves first in its order. A leaf
+with two families sits with the later one, where both bases exist: the lifecycle leaves (the
+contract's `RepositoryError.Lifecycle`), `FaultStateCorrupt` (also a FaultStateError) and
+`NewerSchema` (also a MigrationError). Leaves keep the contract's names and fields where
+Python allows; tests/unit/test_error_hierarchy.py lists every difference. Messages are built
+from the fields only: they never contain SQL, parameter values, row contents or the
+connection string (behaviour.md 6.1).
 """
 
 from __future__ import annotations
@@ -34,94 +54,15 @@ def _rebuild(cls: type[PyBatchError], fields: dict[str, Any]) -> PyBatchError:
     return cls(**fields)
 
 
-# --------------------------------------------------------------------------- families
+# ----------------------------------------------------------- RepositoryError (behaviour.md 7.1)
+# The lifecycle leaves, FaultStateCorrupt and NewerSchema are RepositoryErrors too; they are
+# written with their second family below.
 
 
 class RepositoryError(PyBatchError):
     """An operation of the job repository failed."""
 
     message = "job repository error"
-
-
-class DomainError(PyBatchError):
-    """A domain value was invalid (behaviour.md 2)."""
-
-    message = "invalid repository domain value"
-
-
-class LifecycleError(PyBatchError):
-    """A lifecycle transition or version check failed (behaviour.md 3)."""
-
-    message = "lifecycle error"
-
-
-class DefinitionError(PyBatchError):
-    """A job definition, token or upgrade value was invalid (behaviour.md 2.12)."""
-
-    message = "invalid job definition"
-
-
-class StateError(PyBatchError):
-    """A checkpoint or execution-context envelope was invalid (behaviour.md 2.15)."""
-
-    message = "invalid durable state envelope"
-
-
-class PlanError(PyBatchError):
-    """A flow plan value was invalid."""
-
-    message = "invalid flow plan value"
-
-
-class RequestFieldError(PyBatchError):
-    """An operator request field (actor, reason, operation id) was invalid."""
-
-    message = "invalid request field"
-
-
-class RecoveryRequestError(PyBatchError):
-    """A recovery request field was invalid."""
-
-    message = "invalid recovery request"
-
-
-class FaultStateFormatError(PyBatchError):
-    """A fault-state envelope could not be decoded or validated (behaviour.md 2.16)."""
-
-    message = "fault state envelope is invalid"
-
-
-class FaultStateError(PyBatchError):
-    """The durable fault-state store refused an operation (behaviour.md 4.15)."""
-
-    message = "fault state error"
-
-
-class ChunkTransactionError(PyBatchError):
-    """A chunk transaction could not commit (behaviour.md 4.15)."""
-
-    message = "chunk transaction error"
-
-
-class BusinessTransactionError(PyBatchError):
-    """A business statement run inside a chunk transaction failed (behaviour.md 4.15)."""
-
-    message = "business statement failed"
-
-
-class ConfigError(PyBatchError):
-    """A connection configuration value was out of bounds (schema.md 6)."""
-
-    message = "invalid pybatch configuration"
-
-
-class MigrationError(PyBatchError):
-    """The schema migrator refused to run or failed."""
-
-    message = "schema migration failed"
-
-
-# --------------------------------------------------------------------------- repository
 
 
 @_error
@@ -136,15 +77,6 @@ class MigrationRequired(RepositoryError):
     """The installed schema is older than this package supports."""
 
     message = "schema version {current} requires migration to {supported}"
-    current: int
-    supported: int
-
-
-@_error
-class NewerSchema(RepositoryError, MigrationError):
-    """The installed schema is newer than this package supports; nothing was changed."""
-
-    message = "schema version {current} is newer than supported version {supported}"
     current: int
     supported: int
 
@@ -188,6 +120,13 @@ class StepPartitionNotFound(RepositoryError):
 
     message = "step partition {id} was not found"
     id: int
+
+
+@_error
+class PartitionStateCorrupt(RepositoryError):
+    """Durable partition state is unusable; no work may begin."""
+
+    message = "durable partition state is unusable and no work may begin"
 
 
 @_error
@@ -288,20 +227,13 @@ class RestartStateNotFound(RepositoryError):
 
 
 @_error
-class DuplicateStep(RepositoryError):
-    """A step with the same name or logical id already exists in the execution."""
+class StartLimitExceeded(RepositoryError):
+    """The node has used up its start limit in this instance."""
 
-    message = "job execution {job_execution_id} already has step {step_name} / logical id {node_id}"
-    job_execution_id: int
-    step_name: str
+    message = "job instance {instance_id} exhausted start limit {limit} for node {node_id}"
+    instance_id: int
     node_id: str
-
-
-@_error
-class FaultStateCorrupt(RepositoryError, FaultStateError):
-    """Durable fault state is unusable; no work may begin."""
-
-    message = "durable fault state is unusable and no work may begin"
+    limit: int
 
 
 @_error
@@ -312,20 +244,43 @@ class FlowStateCorrupt(RepositoryError):
 
 
 @_error
-class PartitionStateCorrupt(RepositoryError):
-    """Durable partition state is unusable; no work may begin."""
+class RecoveryNotAllowed(RepositoryError):
+    """Only unresolved executions (STARTING, STARTED, STOPPING, UNKNOWN) can be recovered."""
 
-    message = "durable partition state is unusable and no work may begin"
+    message = "job execution {id} in {status} cannot be recovered"
+    id: int
+    status: str
 
 
 @_error
-class StartLimitExceeded(RepositoryError):
-    """The node has used up its start limit in this instance."""
+class ExecutionOwned(RepositoryError):
+    """Another owner token is already recorded on the execution."""
 
-    message = "job instance {instance_id} exhausted start limit {limit} for node {node_id}"
-    instance_id: int
-    node_id: str
-    limit: int
+    message = "job execution {id} is owned by another process"
+    id: int
+
+
+@_error
+class ExecutionOwnershipNotAllowed(RepositoryError):
+    """An owner can be claimed only while the execution is STARTING."""
+
+    message = "job execution {id} in {status} cannot acquire process ownership"
+    id: int
+    status: str
+
+
+@_error
+class ExecutionOwnershipLost(RepositoryError):
+    """This process no longer owns its execution; stop without touching it.
+
+    Its lease lapsed and another process recovered it, or it was changed behind the owner.
+    """
+
+    message = (
+        "job execution {id} is no longer owned by this process (lease lapsed or recovered "
+        "by another process); its work stops here"
+    )
+    id: int
 
 
 @_error
@@ -365,6 +320,16 @@ class Unavailable(RepositoryError):
 
 
 @_error
+class DuplicateStep(RepositoryError):
+    """A step with the same name or logical id already exists in the execution."""
+
+    message = "job execution {job_execution_id} already has step {step_name} / logical id {node_id}"
+    job_execution_id: int
+    step_name: str
+    node_id: str
+
+
+@_error
 class IntegrityViolation(RepositoryError):
     """A durable invariant refused the write; nothing was written."""
 
@@ -394,7 +359,188 @@ class UnitOfWorkClosed(RepositoryError):
     message = "the unit of work is closed"
 
 
-# --------------------------------------------------------------------------- lifecycle
+# ---------------------------------------------------------------------------- DomainError (7.2)
+
+
+class DomainError(PyBatchError):
+    """A domain value was invalid (behaviour.md 2)."""
+
+    message = "invalid repository domain value"
+
+
+@_error
+class EmptyName(DomainError):
+    """A name is empty."""
+
+    message = "{kind} name is empty"
+    kind: str
+
+
+@_error
+class NameTooLong(DomainError):
+    """A name is longer than its byte bound."""
+
+    message = "{kind} name exceeds {max_bytes} bytes"
+    kind: str
+    max_bytes: int
+
+
+@_error
+class NameHasSurroundingWhitespace(DomainError):
+    """A name starts or ends with white space."""
+
+    message = "{kind} name has surrounding whitespace"
+    kind: str
+
+
+@_error
+class NameContainsControl(DomainError):
+    """A name contains a control character."""
+
+    message = "{kind} name contains a control character at index {character_index}"
+    kind: str
+    character_index: int
+
+
+@_error
+class ZeroIdentifier(DomainError):
+    """An identifier is zero."""
+
+    message = "{kind} identifier must be non-zero"
+    kind: str
+
+
+@_error
+class ParameterStringTooLong(DomainError):
+    """A string parameter value is longer than its byte bound."""
+
+    message = "parameter string exceeds {max_bytes} bytes"
+    max_bytes: int
+
+
+@_error
+class DuplicateParameter(DomainError):
+    """A parameter name was given twice."""
+
+    message = "duplicate job parameter name"
+
+
+@_error
+class InvalidTimestampOrder(DomainError):
+    """Execution timestamps are out of order."""
+
+    message = "execution timestamps are out of order"
+
+
+@_error
+class ActiveExecutionHasEndTime(DomainError):
+    """An active execution carries an end time."""
+
+    message = "an active execution cannot have an end time"
+
+
+@_error
+class FinishedExecutionMissingEndTime(DomainError):
+    """A finished execution has no end time."""
+
+    message = "a finished execution requires an end time"
+
+
+@_error
+class FailedExecutionMissingFailure(DomainError):
+    """A FAILED execution has no failure summary."""
+
+    message = "a failed execution requires a failure summary"
+
+
+@_error
+class NaiveTimestamp(DomainError):
+    """A datetime without a time zone was given."""
+
+    message = "timestamps must be timezone-aware"
+
+
+@_error
+class NegativeIdentifier(DomainError):
+    """An identifier is negative or above the unsigned 64-bit range."""
+
+    message = "{kind} identifier is outside 1..2^64-1"
+    kind: str
+
+
+@_error
+class ParameterValueOutOfRange(DomainError):
+    """An integer parameter value is outside its kind's range."""
+
+    message = "{kind} parameter value is out of range"
+    kind: str
+
+
+@_error
+class CounterOutOfRange(DomainError):
+    """A counter is outside 0..2^63-1."""
+
+    message = "counter {name} is outside 0..2^63-1"
+    name: str
+
+
+@_error
+class VersionOutOfRange(DomainError):
+    """A version is outside 0..2^63-1."""
+
+    message = "version is outside 0..2^63-1"
+
+
+@_error
+class JsonNotEncodable(DomainError):
+    """A document cannot be written as canonical JSON (schema.md 3.5); `reason` names the rule."""
+
+    message = "document cannot be encoded as canonical JSON: {reason}"
+    reason: str
+
+
+@_error
+class TextNotUtf8(DomainError):
+    """A text value contains an unpaired surrogate and cannot be stored as UTF-8."""
+
+    message = "{kind} is not encodable as UTF-8"
+    kind: str
+
+
+# behaviour.md 7.1 `Domain(DomainError)`: raised through a repository call, a DomainError is a
+# RepositoryError too. It keeps its own class, fields and message (and its cause).
+_REPOSITORY_DOMAIN_CLASSES: dict[type[DomainError], type[DomainError]] = {}
+
+
+def _rebuild_domain(cls: type[DomainError], fields: dict[str, Any]) -> PyBatchError:
+    return repository_domain_error(cls(**fields))
+
+
+def repository_domain_error(error: DomainError) -> DomainError:
+    """The same domain error as an instance of a subclass of its class and RepositoryError."""
+    if isinstance(error, RepositoryError):
+        return error
+    cls = type(error)
+    wrapper = _REPOSITORY_DOMAIN_CLASSES.get(cls)
+    if wrapper is None:
+
+        def reduce(self: PyBatchError) -> tuple[Any, ...]:
+            return (_rebuild_domain, (cls, attrs.asdict(self, recurse=False)))
+
+        wrapper = attrs.define(frozen=True, slots=False, kw_only=True, eq=False)(
+            type(cls.__name__, (cls, RepositoryError), {"__reduce__": reduce})
+        )
+        _REPOSITORY_DOMAIN_CLASSES[cls] = wrapper
+    return wrapper(**attrs.asdict(error, recurse=False))
+
+
+# -------------------------------------------------------------------- LifecycleError (7.2, 3.2)
+
+
+class LifecycleError(PyBatchError):
+    """A lifecycle transition or version check failed (behaviour.md 3)."""
+
+    message = "lifecycle error"
 
 
 @_error
@@ -452,133 +598,13 @@ class CountExhausted(LifecycleError, RepositoryError):
     message = "a counter would exceed its bound"
 
 
-# --------------------------------------------------------------------------- domain values
+# ------------------------------------------------------------------ DefinitionError (7.2, 2.12)
 
 
-@_error
-class EmptyName(DomainError):
-    """A name is empty."""
+class DefinitionError(PyBatchError):
+    """A job definition, token or upgrade value was invalid (behaviour.md 2.12)."""
 
-    message = "{kind} name is empty"
-    kind: str
-
-
-@_error
-class NameTooLong(DomainError):
-    """A name is longer than its byte bound."""
-
-    message = "{kind} name exceeds {max_bytes} bytes"
-    kind: str
-    max_bytes: int
-
-
-@_error
-class NameHasSurroundingWhitespace(DomainError):
-    """A name starts or ends with white space."""
-
-    message = "{kind} name has surrounding whitespace"
-    kind: str
-
-
-@_error
-class NameContainsControl(DomainError):
-    """A name contains a control character."""
-
-    message = "{kind} name contains a control character at index {character_index}"
-    kind: str
-    character_index: int
-
-
-@_error
-class ZeroIdentifier(DomainError):
-    """An identifier is zero."""
-
-    message = "{kind} identifier must be non-zero"
-    kind: str
-
-
-@_error
-class NegativeIdentifier(DomainError):
-    """An identifier is negative or above the unsigned 64-bit range."""
-
-    message = "{kind} identifier is outside 1..2^64-1"
-    kind: str
-
-
-@_error
-class ParameterStringTooLong(DomainError):
-    """A string parameter value is longer than its byte bound."""
-
-    message = "parameter string exceeds {max_bytes} bytes"
-    max_bytes: int
-
-
-@_error
-class ParameterValueOutOfRange(DomainError):
-    """An integer parameter value is outside its kind's range."""
-
-    message = "{kind} parameter value is out of range"
-    kind: str
-
-
-@_error
-class DuplicateParameter(DomainError):
-    """A parameter name was given twice."""
-
-    message = "duplicate job parameter name"
-
-
-@_error
-class InvalidTimestampOrder(DomainError):
-    """Execution timestamps are out of order."""
-
-    message = "execution timestamps are out of order"
-
-
-@_error
-class NaiveTimestamp(DomainError):
-    """A datetime without a time zone was given."""
-
-    message = "timestamps must be timezone-aware"
-
-
-@_error
-class ActiveExecutionHasEndTime(DomainError):
-    """An active execution carries an end time."""
-
-    message = "an active execution cannot have an end time"
-
-
-@_error
-class FinishedExecutionMissingEndTime(DomainError):
-    """A finished execution has no end time."""
-
-    message = "a finished execution requires an end time"
-
-
-@_error
-class FailedExecutionMissingFailure(DomainError):
-    """A FAILED execution has no failure summary."""
-
-    message = "a failed execution requires a failure summary"
-
-
-@_error
-class CounterOutOfRange(DomainError):
-    """A counter is outside 0..2^63-1."""
-
-    message = "counter {name} is outside 0..2^63-1"
-    name: str
-
-
-@_error
-class VersionOutOfRange(DomainError):
-    """A version is outside 0..2^63-1."""
-
-    message = "version is outside 0..2^63-1"
-
-
-# --------------------------------------------------------------------------- definitions
+    message = "invalid job definition"
 
 
 @_error
@@ -623,25 +649,10 @@ class ManifestTooLarge(DefinitionError):
 
 
 @_error
-class ManifestInvalid(DefinitionError):
-    """The manifest is not a canonical JSON object without floats."""
-
-    message = "definition manifest is not a canonical JSON object: {reason}"
-    reason: str
-
-
-@_error
 class UpgradeSelfEdge(DefinitionError):
     """An upgrade edge connects a definition to itself."""
 
     message = "a definition upgrade cannot connect a definition to itself"
-
-
-@_error
-class EmptyStepMapping(DefinitionError):
-    """An upgrade edge maps no step."""
-
-    message = "a definition upgrade requires a step mapping"
 
 
 @_error
@@ -659,13 +670,163 @@ class DuplicateTargetStep(DefinitionError):
 
 
 @_error
+class EmptyStepMapping(DefinitionError):
+    """An upgrade edge maps no step."""
+
+    message = "a definition upgrade requires a step mapping"
+
+
+@_error
+class ManifestInvalid(DefinitionError):
+    """The manifest is not a canonical JSON object without floats."""
+
+    message = "definition manifest is not a canonical JSON object: {reason}"
+    reason: str
+
+
+# ------------------------------------------------------------------------ PlanError (7.2, 2.13)
+
+
+class PlanError(PyBatchError):
+    """A flow plan value was invalid."""
+
+    message = "invalid flow plan value"
+
+
+@_error
 class ZeroStartLimit(PlanError):
     """A start limit of zero was given."""
 
     message = "start limit must be non-zero"
 
 
-# --------------------------------------------------------------------------- state envelopes
+# ----------------------------------------------------------------------- StateError (7.2, 2.15)
+
+
+class StateError(PyBatchError):
+    """A checkpoint or execution-context envelope was invalid (behaviour.md 2.15)."""
+
+    message = "invalid durable state envelope"
+
+
+@_error
+class StateTooLarge(StateError):
+    """An encoded state envelope exceeds its byte limit."""
+
+    message = "{kind} exceeds {max_bytes} bytes"
+    kind: str
+    max_bytes: int
+
+
+@_error
+class StateTooDeep(StateError):
+    """A state envelope exceeds its JSON nesting limit."""
+
+    message = "{kind} exceeds JSON depth {max_depth}"
+    kind: str
+    max_depth: int
+
+
+@_error
+class StateMalformed(StateError):
+    """The bytes or values are not a valid state envelope."""
+
+    message = "{kind} is malformed"
+    kind: str
+
+
+@_error
+class StateFormatMismatch(StateError):
+    """The envelope belongs to the other durable-state kind."""
+
+    message = "durable state is not a {kind}"
+    kind: str
+
+
+@_error
+class UnsupportedStateFormatVersion(StateError):
+    """The envelope format version is not 1."""
+
+    message = "{kind} format version {version} is unsupported"
+    kind: str
+    version: int
+
+
+@_error
+class StatePayloadNotObject(StateError):
+    """The state payload is not a JSON object."""
+
+    message = "durable state payload must be a JSON object"
+
+
+@_error
+class StateSchemaMismatch(StateError):
+    """The envelope schema is not the one the reader expects."""
+
+    message = "{kind} schema does not match the component"
+    kind: str
+
+
+@_error
+class UnsupportedStateSchemaVersion(StateError):
+    """The envelope was written by a newer application schema version."""
+
+    message = "{kind} schema version {found} is newer than supported version {current}"
+    kind: str
+    found: int
+    current: int
+
+
+@_error
+class InvalidStateByteLimit(StateError):
+    """A state byte limit is zero or above the hard ceiling."""
+
+    message = "state byte limit must be between 1 and {maximum}"
+    maximum: int
+
+
+@_error
+class InvalidStateDepthLimit(StateError):
+    """A state depth limit is zero or above the hard ceiling."""
+
+    message = "state depth limit must be between 1 and {maximum}"
+    maximum: int
+
+
+@_error
+class EmptySchemaId(StateError):
+    """A state schema identifier is empty."""
+
+    message = "state schema identifier is empty"
+
+
+@_error
+class SchemaIdTooLong(StateError):
+    """A state schema identifier exceeds its byte bound."""
+
+    message = "state schema identifier exceeds {max_bytes} bytes"
+    max_bytes: int
+
+
+@_error
+class SchemaIdHasSurroundingWhitespace(StateError):
+    """A state schema identifier starts or ends with white space."""
+
+    message = "state schema identifier has surrounding whitespace"
+
+
+@_error
+class SchemaIdContainsControl(StateError):
+    """A state schema identifier contains a control character."""
+
+    message = "state schema identifier contains a control character"
+
+
+@_error
+class ZeroSchemaVersion(StateError):
+    """A state schema version is zero (or outside 1..2^32-1)."""
+
+    message = "state schema version must be from 1 to 4294967295"
 
 
 @_error
@@ -676,35 +837,13 @@ class StateEnvelopeInvalid(StateError):
     reason: str
 
 
-# --------------------------------------------------------------------------- request fields
+# ------------------------------------------------------------ FaultStateFormatError (7.2, 2.16)
 
 
-@_error
-class RequestFieldEmpty(RequestFieldError):
-    """A request field is empty."""
+class FaultStateFormatError(PyBatchError):
+    """A fault-state envelope could not be decoded or validated (behaviour.md 2.16)."""
 
-    message = "{field} is empty"
-    field: str
-
-
-@_error
-class RequestFieldTooLong(RequestFieldError):
-    """A request field exceeds its byte bound."""
-
-    message = "{field} exceeds {max_bytes} bytes"
-    field: str
-    max_bytes: int
-
-
-@_error
-class RequestFieldInvalidCharacter(RequestFieldError):
-    """A request field contains a character outside its charset."""
-
-    message = "{field} contains an invalid character"
-    field: str
-
-
-# --------------------------------------------------------------------------- fault state
+    message = "fault state envelope is invalid"
 
 
 @_error
@@ -715,11 +854,27 @@ class FaultStateEnvelopeInvalid(FaultStateFormatError):
     reason: str
 
 
+# ------------------------------------------------------------------ FaultStateError (7.2, 4.15)
+
+
+class FaultStateError(PyBatchError):
+    """The durable fault-state store refused an operation (behaviour.md 4.15)."""
+
+    message = "fault state error"
+
+
 @_error
 class FaultStateUnbound(FaultStateError):
     """The fault-state store was used before `bind`."""
 
     message = "fault state is not bound to a step execution"
+
+
+@_error
+class FaultStateCorrupt(RepositoryError, FaultStateError):
+    """Durable fault state is unusable; no work may begin."""
+
+    message = "durable fault state is unusable and no work may begin"
 
 
 @_error
@@ -751,7 +906,151 @@ class FaultStateCommitOutcomeUnknown(FaultStateError):
     message = "fault reservation commit outcome is unknown"
 
 
-# --------------------------------------------------------------------------- chunks
+# ------------------------------------------------------------------- RecoveryRequestError (7.2)
+
+
+class RecoveryRequestError(PyBatchError):
+    """A recovery request field was invalid."""
+
+    message = "invalid recovery request"
+
+
+@_error
+class RecoveryFieldInvalid(RecoveryRequestError):
+    """A recovery reason code or operator reference broke a text rule."""
+
+    message = "recovery {field} is invalid: {rule}"
+    field: str
+    rule: str
+
+
+# ---------------------------------------------------------------------- RequestFieldError (7.2)
+
+
+class RequestFieldError(PyBatchError):
+    """An operator request field (actor, reason, operation id) was invalid."""
+
+    message = "invalid request field"
+
+
+@_error
+class RequestFieldEmpty(RequestFieldError):
+    """A request field is empty."""
+
+    message = "{field} is empty"
+    field: str
+
+
+@_error
+class RequestFieldTooLong(RequestFieldError):
+    """A request field exceeds its byte bound."""
+
+    message = "{field} exceeds {max_bytes} bytes"
+    field: str
+    max_bytes: int
+
+
+@_error
+class RequestFieldInvalidCharacter(RequestFieldError):
+    """A request field contains a character outside its charset."""
+
+    message = "{field} contains an invalid character"
+    field: str
+
+
+# ----------------------------------------------------------------- OperatorError (7.2, 4.10)
+
+
+class OperatorError(PyBatchError):
+    """An operator request could not be settled (behaviour.md 4.10)."""
+
+    message = "operator request error"
+
+
+# ----------------------------------------------------------- RetentionError (7.2, 4.13, 4.14)
+
+
+class RetentionError(PyBatchError):
+    """A retention request or purge plan was refused (behaviour.md 2.19, 4.13, 4.14)."""
+
+    message = "retention error"
+
+
+@_error
+class BatchBoundOutOfRange(RetentionError):
+    """A purge batch bound outside 1..=1000."""
+
+    message = "purge batch bound {requested} is outside 1 to 1000"
+    requested: int
+
+
+@_error
+class AgeBoundTooSmall(RetentionError):
+    """A purge minimum age below one hour."""
+
+    message = "the minimum age of a purge is {minimum}"
+    minimum: str
+
+
+@_error
+class NonTerminalStatus(RetentionError):
+    """A purge status set named an active or UNKNOWN status."""
+
+    message = "status {status} is not terminal and cannot be purged"
+    status: str
+
+
+@_error
+class EmptyStatusSet(RetentionError):
+    """A purge status set without any status."""
+
+    message = "a purge needs at least one status"
+
+
+@_error
+class RetentionPlanStale(RetentionError, RepositoryError):
+    """Apply found the plan's candidates changed since the survey; nothing was deleted."""
+
+    message = "the purge plan is stale and nothing was deleted"
+
+
+@_error
+class InstanceHeld(RetentionError):
+    """The instance is held (vocabulary only)."""
+
+    message = "job instance {job_instance_id} is held"
+    job_instance_id: int
+
+
+# One class each for the operator's and the retention service's variants of the same error.
+
+
+@_error
+class OperationIdConflict(OperatorError, RetentionError):
+    """The operation id is already recorded for this action with a different request."""
+
+    message = "operation id {operation_id} was already used for a different {action} request"
+    action: str
+    operation_id: str
+
+
+@_error
+class OperationOutcomeUnknown(OperatorError, RetentionError):
+    """The COMMIT acknowledgement was lost; re-run with the same operation id to learn it."""
+
+    message = (
+        "the outcome of the request is unknown; re-run it with the same operation id, which "
+        "replays a recorded outcome instead of acting twice"
+    )
+
+
+# ------------------------------------------------------------------ ChunkTransactionError (7.2)
+
+
+class ChunkTransactionError(PyBatchError):
+    """A chunk transaction could not commit (behaviour.md 4.15)."""
+
+    message = "chunk transaction error"
 
 
 @_error
@@ -767,6 +1066,23 @@ class ChunkCommitOutcomeUnknown(ChunkTransactionError):
     """The chunk's COMMIT acknowledgement was lost; reload committed state before resuming."""
 
     message = "chunk commit outcome is unknown; reload committed state before resuming"
+
+
+@_error
+class StopRequested(ChunkTransactionError):
+    """An operator asked the run to stop; the ETL API ends the step and the job STOPPED."""
+
+    message = "a stop was requested for job execution {id}"
+    id: int
+
+
+# --------------------------------------------------------------- BusinessTransactionError (7.2)
+
+
+class BusinessTransactionError(PyBatchError):
+    """A business statement run inside a chunk transaction failed (behaviour.md 4.15)."""
+
+    message = "business statement failed"
 
 
 @_error
@@ -791,7 +1107,13 @@ class Infrastructure(BusinessTransactionError):
     message = "business statement failed for an infrastructure reason"
 
 
-# --------------------------------------------------------------------------- configuration
+# ---------------------------------------------------------------------- ConfigError (7.2, 2.24)
+
+
+class ConfigError(PyBatchError):
+    """A connection configuration value was out of bounds (schema.md 6)."""
+
+    message = "invalid pybatch configuration"
 
 
 @_error
@@ -877,7 +1199,22 @@ class EnvironmentValueInvalid(ConfigError):
     expected: str
 
 
-# --------------------------------------------------------------------------- migrations
+# --------------------------------------------------------------- MigrationError (pybatch, 4.19)
+
+
+class MigrationError(PyBatchError):
+    """The schema migrator refused to run or failed."""
+
+    message = "schema migration failed"
+
+
+@_error
+class NewerSchema(RepositoryError, MigrationError):
+    """The installed schema is newer than this package supports; nothing was changed."""
+
+    message = "schema version {current} is newer than supported version {supported}"
+    current: int
+    supported: int
 
 
 @_error
@@ -903,321 +1240,147 @@ class MigrationLockTimeout(MigrationError):
     message = "timed out waiting for the migration lock"
 
 
-# ---------------------------------------------------------------- values and codecs (appended)
-
-
-@_error
-class JsonNotEncodable(DomainError):
-    """A document cannot be written as canonical JSON (schema.md 3.5); `reason` names the rule."""
-
-    message = "document cannot be encoded as canonical JSON: {reason}"
-    reason: str
-
-
-@_error
-class TextNotUtf8(DomainError):
-    """A text value contains an unpaired surrogate and cannot be stored as UTF-8."""
-
-    message = "{kind} is not encodable as UTF-8"
-    kind: str
-
-
-@_error
-class EmptySchemaId(StateError):
-    """A state schema identifier is empty."""
-
-    message = "state schema identifier is empty"
-
-
-@_error
-class SchemaIdTooLong(StateError):
-    """A state schema identifier exceeds its byte bound."""
-
-    message = "state schema identifier exceeds {max_bytes} bytes"
-    max_bytes: int
-
-
-@_error
-class SchemaIdHasSurroundingWhitespace(StateError):
-    """A state schema identifier starts or ends with white space."""
-
-    message = "state schema identifier has surrounding whitespace"
-
-
-@_error
-class SchemaIdContainsControl(StateError):
-    """A state schema identifier contains a control character."""
-
-    message = "state schema identifier contains a control character"
-
-
-@_error
-class ZeroSchemaVersion(StateError):
-    """A state schema version is zero (or outside 1..2^32-1)."""
-
-    message = "state schema version must be from 1 to 4294967295"
-
-
-@_error
-class InvalidStateByteLimit(StateError):
-    """A state byte limit is zero or above the hard ceiling."""
-
-    message = "state byte limit must be between 1 and {maximum}"
-    maximum: int
-
-
-@_error
-class InvalidStateDepthLimit(StateError):
-    """A state depth limit is zero or above the hard ceiling."""
-
-    message = "state depth limit must be between 1 and {maximum}"
-    maximum: int
-
-
-@_error
-class StateTooLarge(StateError):
-    """An encoded state envelope exceeds its byte limit."""
-
-    message = "{kind} exceeds {max_bytes} bytes"
-    kind: str
-    max_bytes: int
-
-
-@_error
-class StateTooDeep(StateError):
-    """A state envelope exceeds its JSON nesting limit."""
-
-    message = "{kind} exceeds JSON depth {max_depth}"
-    kind: str
-    max_depth: int
-
-
-@_error
-class StateMalformed(StateError):
-    """The bytes or values are not a valid state envelope."""
-
-    message = "{kind} is malformed"
-    kind: str
-
-
-@_error
-class StateFormatMismatch(StateError):
-    """The envelope belongs to the other durable-state kind."""
-
-    message = "durable state is not a {kind}"
-    kind: str
-
-
-@_error
-class UnsupportedStateFormatVersion(StateError):
-    """The envelope format version is not 1."""
-
-    message = "{kind} format version {version} is unsupported"
-    kind: str
-    version: int
-
-
-@_error
-class StatePayloadNotObject(StateError):
-    """The state payload is not a JSON object."""
-
-    message = "durable state payload must be a JSON object"
-
-
-@_error
-class StateSchemaMismatch(StateError):
-    """The envelope schema is not the one the reader expects."""
-
-    message = "{kind} schema does not match the component"
-    kind: str
-
-
-@_error
-class UnsupportedStateSchemaVersion(StateError):
-    """The envelope was written by a newer application schema version."""
-
-    message = "{kind} schema version {found} is newer than supported version {current}"
-    kind: str
-    found: int
-    current: int
-
-
-@_error
-class RecoveryFieldInvalid(RecoveryRequestError):
-    """A recovery reason code or operator reference broke a text rule."""
-
-    message = "recovery {field} is invalid: {rule}"
-    field: str
-    rule: str
-
-
-@_error
-class RecoveryNotAllowed(RepositoryError):
-    """Only unresolved executions (STARTING, STARTED, STOPPING, UNKNOWN) can be recovered."""
-
-    message = "job execution {id} in {status} cannot be recovered"
-    id: int
-    status: str
-
-
-# --------------------------------------------------------------------------- ownership and control
-
-
-@_error
-class ExecutionOwnershipNotAllowed(RepositoryError):
-    """An owner can be claimed only while the execution is STARTING."""
-
-    message = "job execution {id} in {status} cannot be claimed by an owner"
-    id: int
-    status: str
-
-
-@_error
-class ExecutionOwned(RepositoryError):
-    """Another owner token is already recorded on the execution."""
-
-    message = "job execution {id} is owned by another process"
-    id: int
-
-
-@_error
-class ExecutionOwnershipLost(RepositoryError):
-    """This process no longer owns its execution; stop without touching it.
-
-    Its lease lapsed and another process recovered it, or it was changed behind the owner.
-    """
-
-    message = (
-        "job execution {id} is no longer owned by this process (lease lapsed or recovered "
-        "by another process); its work stops here"
-    )
-    id: int
-
-
-@_error
-class StopRequested(PyBatchError):
-    """An operator asked the run to stop; the ETL API ends the step and the job STOPPED."""
-
-    message = "a stop was requested for job execution {id}"
-    id: int
-
-
-# --------------------------------------------------------------------------- operator services
-
-
-class OperatorError(PyBatchError):
-    """An operator or retention request could not be settled (behaviour.md 4.10, 4.13, 4.14)."""
-
-    message = "operator request error"
-
-
-@_error
-class OperationIdConflict(OperatorError):
-    """The operation id is already recorded for this action with a different request."""
-
-    message = "operation id {operation_id} was already used for a different {action} request"
-    action: str
-    operation_id: str
-
-
-@_error
-class OperationOutcomeUnknown(OperatorError):
-    """The COMMIT acknowledgement was lost; re-run with the same operation id to learn it."""
-
-    message = (
-        "the outcome of the request is unknown; re-run it with the same operation id, which "
-        "replays a recorded outcome instead of acting twice"
-    )
-
-
-# --------------------------------------------------------------------------- retention
-
-
-class RetentionError(PyBatchError):
-    """A retention request or purge plan was refused (behaviour.md 2.19, 4.13, 4.14)."""
-
-    message = "retention error"
-
-
-@_error
-class BatchBoundOutOfRange(RetentionError):
-    """A purge batch bound outside 1..=1000."""
-
-    message = "purge batch bound {requested} is outside 1 to 1000"
-    requested: int
-
-
-@_error
-class AgeBoundTooSmall(RetentionError):
-    """A purge minimum age below one hour."""
-
-    message = "the minimum age of a purge is {minimum}"
-    minimum: str
-
-
-@_error
-class NonTerminalStatus(RetentionError):
-    """A purge status set named an active or UNKNOWN status."""
-
-    message = "status {status} is not terminal and cannot be purged"
-    status: str
-
-
-@_error
-class EmptyStatusSet(RetentionError):
-    """A purge status set without any status."""
-
-    message = "a purge needs at least one status"
-
-
-@_error
-class RetentionPlanStale(RetentionError):
-    """Apply found the plan's candidates changed since the survey; nothing was deleted."""
-
-    message = "the purge plan is stale and nothing was deleted"
-
-
-@_error
-class InstanceHeld(RetentionError):
-    """The instance is held (vocabulary only)."""
-
-    message = "job instance {job_instance_id} is held"
-    job_instance_id: int
-
-
-# --------------------------------------------------------------------------- Domain(DomainError)
-
-_REPOSITORY_DOMAIN_CLASSES: dict[type[DomainError], type[DomainError]] = {}
-
-
-def _rebuild_domain(cls: type[DomainError], fields: dict[str, Any]) -> PyBatchError:
-    return repository_domain_error(cls(**fields))
-
-
-def repository_domain_error(error: DomainError) -> DomainError:
-    """The same domain error, raised through a repository call: also a RepositoryError (7.1).
-
-    The result is an instance of a subclass of both the error's own class and
-    RepositoryError, with the same fields and message, so callers may catch either.
-    """
-    cls = type(error)
-    if isinstance(error, RepositoryError):
-        return error
-    wrapper = _REPOSITORY_DOMAIN_CLASSES.get(cls)
-    if wrapper is None:
-
-        def reduce(self: PyBatchError) -> tuple[Any, ...]:
-            return (_rebuild_domain, (cls, attrs.asdict(self, recurse=False)))
-
-        wrapper = attrs.define(frozen=True, slots=False, kw_only=True, eq=False)(
-            type(cls.__name__, (cls, RepositoryError), {"__reduce__": reduce})
-        )
-        _REPOSITORY_DOMAIN_CLASSES[cls] = wrapper
-    return wrapper(**attrs.asdict(error, recurse=False))
-
-
-__all__ = sorted(
-    name
-    for name, value in dict(globals()).items()
-    if isinstance(value, type) and issubclass(value, PyBatchError)
-)
+__all__ = [
+    "AbandonedInstance",
+    "AcquireExceedsClose",
+    "ActiveExecutionHasEndTime",
+    "AgeBoundTooSmall",
+    "BatchBoundOutOfRange",
+    "BusinessTransactionError",
+    "CaCertificateTooLarge",
+    "Cancelled",
+    "CapacityExhausted",
+    "ChunkCommitOutcomeUnknown",
+    "ChunkTransactionError",
+    "CommitOutcomeUnknown",
+    "CompletedInstance",
+    "ConcurrentModification",
+    "ConfigError",
+    "CountExhausted",
+    "CounterOutOfRange",
+    "DefinitionDrift",
+    "DefinitionError",
+    "DefinitionJobMismatch",
+    "DefinitionUpgradeConflict",
+    "DomainError",
+    "DuplicateParameter",
+    "DuplicateSourceStep",
+    "DuplicateStep",
+    "DuplicateTargetStep",
+    "EmptyCaCertificate",
+    "EmptyConnectionString",
+    "EmptyName",
+    "EmptySchemaId",
+    "EmptyStatusSet",
+    "EmptyStepMapping",
+    "EmptyToken",
+    "EnvironmentValueInvalid",
+    "ExecutionAlreadyActive",
+    "ExecutionOwned",
+    "ExecutionOwnershipLost",
+    "ExecutionOwnershipNotAllowed",
+    "FailedExecutionMissingFailure",
+    "FailedTransitionMissingFailure",
+    "FaultStateCommitOutcomeUnknown",
+    "FaultStateCorrupt",
+    "FaultStateEnvelopeInvalid",
+    "FaultStateError",
+    "FaultStateFormatError",
+    "FaultStateUnavailable",
+    "FaultStateUnbound",
+    "FinishedExecutionMissingEndTime",
+    "FlowStateCorrupt",
+    "IdentifierOutOfRange",
+    "IllegalTransition",
+    "IncompatibleDefinition",
+    "Infrastructure",
+    "InstanceHeld",
+    "IntegrityViolation",
+    "InvalidConnectionString",
+    "InvalidDefinitionUpgrade",
+    "InvalidStateByteLimit",
+    "InvalidStateDepthLimit",
+    "InvalidTimestampOrder",
+    "InvalidTransitionTime",
+    "JobExecutionNotFound",
+    "JobInstanceNotFound",
+    "JsonNotEncodable",
+    "LifecycleError",
+    "LockExceedsStatement",
+    "ManifestInvalid",
+    "ManifestTooLarge",
+    "MigrationChecksumMismatch",
+    "MigrationError",
+    "MigrationHistoryInvalid",
+    "MigrationLockTimeout",
+    "MigrationRequired",
+    "NaiveTimestamp",
+    "NameContainsControl",
+    "NameHasSurroundingWhitespace",
+    "NameTooLong",
+    "NegativeIdentifier",
+    "NewerSchema",
+    "NonTerminalStatus",
+    "NotCommitted",
+    "OperationIdConflict",
+    "OperationOutcomeUnknown",
+    "OperatorError",
+    "ParameterStringTooLong",
+    "ParameterValueOutOfRange",
+    "PartitionStateCorrupt",
+    "PlanError",
+    "PoolSize",
+    "PyBatchError",
+    "RecoveryFieldInvalid",
+    "RecoveryNotAllowed",
+    "RecoveryRequestError",
+    "Rejected",
+    "RepositoryError",
+    "RequestFieldEmpty",
+    "RequestFieldError",
+    "RequestFieldInvalidCharacter",
+    "RequestFieldTooLong",
+    "RestartRequiresNewAttempt",
+    "RestartStateNotFound",
+    "RetentionError",
+    "RetentionPlanStale",
+    "RetryableConflict",
+    "SchemaIdContainsControl",
+    "SchemaIdHasSurroundingWhitespace",
+    "SchemaIdTooLong",
+    "SchemaUninitialized",
+    "StaleReservation",
+    "StaleVersion",
+    "StartLimitExceeded",
+    "StateEnvelopeInvalid",
+    "StateError",
+    "StateFormatMismatch",
+    "StateMalformed",
+    "StatePayloadNotObject",
+    "StateSchemaMismatch",
+    "StateTooDeep",
+    "StateTooLarge",
+    "StepExecutionNotFound",
+    "StepPartitionNotFound",
+    "StopRequested",
+    "TextNotUtf8",
+    "TimeoutOutOfBounds",
+    "TlsOptionInConnectionString",
+    "TokenContainsControl",
+    "TokenHasSurroundingWhitespace",
+    "TokenTooLong",
+    "TransactionAborted",
+    "Unavailable",
+    "UnitOfWorkAttempts",
+    "UnitOfWorkClosed",
+    "UnsupportedCapability",
+    "UnsupportedManifestVersion",
+    "UnsupportedStateFormatVersion",
+    "UnsupportedStateSchemaVersion",
+    "UpgradeSelfEdge",
+    "VersionExhausted",
+    "VersionOutOfRange",
+    "ZeroIdentifier",
+    "ZeroSchemaVersion",
+    "ZeroStartLimit",
+]

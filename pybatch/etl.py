@@ -28,59 +28,37 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import psycopg
 
-from pybatch.chunks import (
-    ChunkContext,
-    ChunkCounts,
-    ChunkTransaction,
-    ChunkTransactionManager,
-    CommittedStepState,
-    FaultProgress,
-)
-from pybatch.codecs._primitives import canonical_json, sha256
+from pybatch.chunks import ChunkTransaction, ChunkTransactionManager
 from pybatch.errors import (
     ExecutionAlreadyActive,
     ExecutionOwnershipLost,
     NotCommitted,
     PyBatchError,
+    StepExecutionNotFound,
     StopRequested,
 )
+from pybatch.job_repository import JobRepository
 from pybatch.lease_keeper import LeaseKeeper
-from pybatch.repository import JobRepository
-from pybatch.repository.ownership import legacy_liveness_lock_is_free
+from pybatch.liveness import LivenessSession
 from pybatch.unit_of_work import UnitOfWork
+from pybatch.values.chunks import ChunkContext, ChunkCounts, CommittedStepState, FaultProgress
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.flow import StartLimit
 from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
-from pybatch.values.names import (
-    ActorRef,
-    ExitCode,
-    JobName,
-    NodeId,
-    OperationId,
-    ReasonCode,
-    StateSchemaId,
-    StepName,
-)
-from pybatch.values.operator import (
-    OperatorAction,
-    OperatorOutcomeClass,
-    OperatorRecordDraft,
-    RecoveryArguments,
-    RequestDigest,
-    RequestTarget,
-)
+from pybatch.values.names import ExitCode, JobName, NodeId, StateSchemaId, StepName
 from pybatch.values.ownership import ExecutionLease, LeaseState, OwnerToken
 from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.records import JobExecution, JobInstance, StepExecution
-from pybatch.values.recovery import RecoveryRequest
 from pybatch.values.state import Checkpoint, ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 
@@ -90,8 +68,13 @@ logger = logging.getLogger("pybatch.etl")
 
 #: The schema id of checkpoints and contexts written through this API.
 ETL_STATE_SCHEMA = StateSchemaId("pybatch.etl.v1")
-_RECOVERY_REFERENCE = "pybatch.etl"
-_RECOVERY_REASON = "OWNER_LOST"
+
+#: The exit code each way a run or a step ends is recorded with.
+_EXIT_CODES = {
+    BatchStatus.COMPLETED: ExitCode.COMPLETED,
+    BatchStatus.FAILED: ExitCode.FAILED,
+    BatchStatus.STOPPED: ExitCode.STOPPED,
+}
 
 
 def _state(cls: type[Checkpoint] | type[ExecutionContext], payload: Mapping[str, Any]) -> Any:
@@ -101,21 +84,9 @@ def _state(cls: type[Checkpoint] | type[ExecutionContext], payload: Mapping[str,
 class Chunk:
     """One chunk of a step: your statements and the step's progress commit together."""
 
-    def __init__(self, step: StepRun, transaction: ChunkTransaction) -> None:
-        self._step = step
+    def __init__(self, transaction: ChunkTransaction, run: JobRun | None = None) -> None:
         self._transaction = transaction
-        self._committed = False
-
-    def __enter__(self) -> Chunk:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self._transaction.rollback()
+        self._run = run
 
     @property
     def connection(self) -> psycopg.Connection[Any]:
@@ -162,17 +133,16 @@ class Chunk:
             filtered=filtered,
         )
         try:
-            state = self._transaction.commit(
+            self._transaction.commit(
                 counts,
                 skips,
                 checkpoint=_state(Checkpoint, checkpoint),
                 context=None if context is None else _state(ExecutionContext, context),
             )
         except NotCommitted:
-            self._step.run._raise_if_ownership_lost()
+            if self._run is not None:
+                self._run._raise_if_ownership_lost()
             raise
-        self._step._committed(state)
-        self._committed = True
 
 
 class StepRun:
@@ -225,10 +195,15 @@ class StepRun:
 
         A long chunk may check it to end early; `chunk()` raises StopRequested anyway.
         """
-        return self.run._keeper is not None and self.run._keeper.stop_requested
+        keeper = self.run._keeper
+        return keeper is not None and keeper.stop_requested
 
-    def chunk(self) -> Chunk:
-        """Open a chunk transaction on the step (use it in a `with` block).
+    @contextmanager
+    def chunk(self) -> Iterator[Chunk]:
+        """Open a chunk transaction on the step: `with step.chunk() as chunk: ...`.
+
+        Leaving the block without `chunk.commit(...)` rolls the chunk back. After a commit,
+        the step continues from the state the chunk committed.
 
         Raises:
             StopRequested: a stop was requested; the step and the job end STOPPED, and
@@ -237,11 +212,16 @@ class StepRun:
         """
         self.run._at_chunk_boundary()
         if self.state is None:
-            return Chunk(self, self._manager.begin_for(self._context))
-        return Chunk(self, self._manager.begin_after(self.state))
-
-    def _committed(self, state: CommittedStepState) -> None:
-        self.state = state
+            transaction = self._manager.begin_for(self._context)
+        else:
+            transaction = self._manager.begin_after(self.state)
+        started_from = transaction.committed
+        try:
+            yield Chunk(transaction, self.run)
+        finally:
+            transaction.rollback()  # a no-op once committed
+            if transaction.committed is not started_from:
+                self.state = transaction.committed
 
 
 @attrs.frozen
@@ -268,6 +248,7 @@ class JobRun:
         self.instance = instance
         self.execution = execution
         self.owner = owner
+        #: True once the run ended STOPPED because a stop was requested.
         self.stopped = False
         self._keeper: LeaseKeeper | None = LeaseKeeper(repository, execution.id, owner, lease)
         self._keeper.start()
@@ -310,17 +291,17 @@ class JobRun:
                 raise ExecutionOwnershipLost(id=self.execution.id)
             return False
         if isinstance(exc, StopRequested):
-            self._finish(BatchStatus.STOPPED, ExitCode.STOPPED)
+            self._finish(BatchStatus.STOPPED)
             self.stopped = True
             logger.info("pybatch: job execution %s stopped on request", self.execution.id)
             return True
         try:
             if exc is None:
-                self._finish(BatchStatus.COMPLETED, ExitCode.COMPLETED)
+                self._finish(BatchStatus.COMPLETED)
             elif isinstance(exc, Exception):
-                self._finish(BatchStatus.FAILED, ExitCode.FAILED)
+                self._finish(BatchStatus.FAILED)
             else:  # KeyboardInterrupt, SystemExit: stopped, and restartable
-                self._finish(BatchStatus.STOPPED, ExitCode.STOPPED)
+                self._finish(BatchStatus.STOPPED)
         except PyBatchError:
             if exc is None:
                 raise
@@ -329,25 +310,16 @@ class JobRun:
             )
         return False
 
-    def _finish(self, status: BatchStatus, exit_code: ExitCode) -> None:
-        def work(uow: UnitOfWork) -> JobExecution:
+    def _finish(self, status: BatchStatus) -> None:
+        def end(uow: UnitOfWork) -> JobExecution:
             current = uow.verify_execution_owner(self.execution.id, self.owner)
-            if current.status is BatchStatus.STOPPING and status is BatchStatus.COMPLETED:
-                ended_as = BatchStatus.STOPPED  # a stop was observed: STOPPING ends STOPPED
-            else:
-                ended_as = status
-            at = max(uow.clock.now(), current.updated_at)
-            if ended_as is BatchStatus.FAILED:
-                transition = LifecycleTransition.failed(
-                    at, FailureSummary(FailureCategory.USER_COMPONENT, FailureId(self.execution.id))
-                )
-            else:
-                transition = LifecycleTransition.new(ended_as, at)
-            ended = uow.transition_job_execution(current.id, current.version, transition)
-            code = ExitCode.STOPPED if ended_as is BatchStatus.STOPPED else exit_code
-            return uow.enrich_job_exit_status(ended.id, ended.version, code)
+            # A stop observed meanwhile (STOPPING) can only end STOPPED.
+            ended_as = BatchStatus.STOPPED if current.status is BatchStatus.STOPPING else status
+            change = _ending(ended_as, max(uow.clock.now(), current.updated_at), current.id)
+            ended = uow.transition_job_execution(current.id, current.version, change)
+            return uow.enrich_job_exit_status(current.id, ended.version, _EXIT_CODES[ended_as])
 
-        self.execution = self.repository.run_in_unit_of_work(work)
+        self.execution = self.repository.run_in_unit_of_work(end)
 
     def _halt_keeper(self) -> None:
         keeper, self._keeper = self._keeper, None
@@ -371,7 +343,7 @@ class JobRun:
             return
 
     def _at_chunk_boundary(self) -> None:
-        """Raise ExecutionOwnershipLost or StopRequested before another chunk begins."""
+        """Raise ExecutionOwnershipLost or StopRequested before another chunk or step begins."""
         keeper = self._keeper
         if keeper is None:
             return
@@ -427,28 +399,53 @@ class JobRun:
         )
 
     def _end_step(self, step_id: int, status: BatchStatus) -> StepExecution:
-        exit_code = {
-            BatchStatus.COMPLETED: ExitCode.COMPLETED,
-            BatchStatus.FAILED: ExitCode.FAILED,
-            BatchStatus.STOPPED: ExitCode.STOPPED,
-        }[status]
+        return _end(
+            self.repository,
+            step_id,
+            status,
+            get=UnitOfWork.get_step_execution,
+            transition=UnitOfWork.transition_step_execution,
+            enrich=UnitOfWork.enrich_step_exit_status,
+            not_found=lambda found_id: StepExecutionNotFound(id=found_id),
+            before=lambda uow: uow.verify_execution_owner(self.execution.id, self.owner),
+        )
 
-        def end(uow: UnitOfWork) -> StepExecution:
-            uow.verify_execution_owner(self.execution.id, self.owner)
-            current = uow.get_step_execution(step_id)
-            if current is None:
-                raise ExecutionOwnershipLost(id=self.execution.id)
-            at = max(uow.clock.now(), current.updated_at)
-            if status is BatchStatus.FAILED:
-                transition = LifecycleTransition.failed(
-                    at, FailureSummary(FailureCategory.USER_COMPONENT, FailureId(step_id))
-                )
-            else:
-                transition = LifecycleTransition.new(status, at)
-            ended = uow.transition_step_execution(step_id, current.version, transition)
-            return uow.enrich_step_exit_status(step_id, ended.version, exit_code)
 
-        return self.repository.run_in_unit_of_work(end)
+Record = TypeVar("Record", JobExecution, StepExecution)
+
+
+def _end(
+    repository: JobRepository,
+    record_id: int,
+    status: BatchStatus,
+    *,
+    get: Callable[[UnitOfWork, int], Record | None],
+    transition: Callable[[UnitOfWork, int, int, LifecycleTransition], Record],
+    enrich: Callable[[UnitOfWork, int, int, ExitCode], Record],
+    not_found: Callable[[int], PyBatchError],
+    before: Callable[[UnitOfWork], object] | None = None,
+) -> Record:
+    """End a run or a step: transition it to `status`, then record the matching exit code."""
+
+    def end(uow: UnitOfWork) -> Record:
+        if before is not None:
+            before(uow)
+        current = get(uow, record_id)
+        if current is None:
+            raise not_found(record_id)
+        change = _ending(status, max(uow.clock.now(), current.updated_at), record_id)
+        ended = transition(uow, record_id, current.version, change)
+        return enrich(uow, record_id, ended.version, _EXIT_CODES[status])
+
+    return repository.run_in_unit_of_work(end)
+
+
+def _ending(status: BatchStatus, at: datetime, failure_id: int) -> LifecycleTransition:
+    """The transition ending a run or a step: COMPLETED, STOPPED, or FAILED by user code."""
+    if status is BatchStatus.FAILED:
+        failure = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(failure_id))
+        return LifecycleTransition.failed(at, failure)
+    return LifecycleTransition.new(status, at)
 
 
 class Job:
@@ -495,10 +492,9 @@ class Job:
                 with reason UNKNOWN_EFFECT (`pybatch recover`).
         """
         owner = OwnerToken.generate()
-        execution_instance = self.repository.run_in_unit_of_work(
+        instance, started = self.repository.run_in_unit_of_work(
             lambda uow: self._launch(uow, owner)
         )
-        instance, started = execution_instance
         logger.info(
             "pybatch: job %s instance %s attempt %s started (execution %s)",
             instance.job_name.value,
@@ -518,7 +514,12 @@ class Job:
             orphan, lease = uow.lock_execution_ownership(active.execution_id)
             if not self._is_orphaned(orphan, lease):
                 raise
-            _recover_orphan(uow, orphan, lease)
+            uow.recover_orphaned_execution(orphan.id, audited=True)
+            logger.warning(
+                "pybatch: job execution %s had no live owner (%s); recorded FAILED (OWNER_LOST)",
+                orphan.id,
+                "lease expired" if lease.has_lease else "liveness lock free",
+            )
             execution = uow.create_job_execution_with_definition(instance.id, self.definition)
         at = max(uow.clock.now(), execution.created_at)
         claimed = uow.claim_execution_owner(execution.id, execution.version, owner, at, self.lease)
@@ -533,90 +534,14 @@ class Job:
         UNKNOWN never is (its commit may have happened: only an explicit recovery with
         reason UNKNOWN_EFFECT resolves it). A leased attempt is orphaned once its lease
         ran out on the database clock. An attempt without a lease was started before
-        leases existed; its runner holds the session advisory lock, which is probed.
+        leases existed (schema version 1); its runner holds the session advisory lock.
         """
         if not execution.status.is_active:
             return False
         if lease.has_lease:
             return lease.lease_expired
-        return _legacy_lock_is_free(self.repository, execution.id)
-
-
-def _legacy_lock_is_free(repository: JobRepository, execution_id: int) -> bool:
-    """Probe the advisory lock of a run started before leases (schema version 1)."""
-    conn = repository.dedicated_connection()
-    try:
-        return legacy_liveness_lock_is_free(repository.statements, conn, execution_id)
-    except psycopg.Error:
-        return False
-    finally:
-        conn.close()
-
-
-def _recover_orphan(uow: UnitOfWork, orphan: JobExecution, lease: LeaseState) -> None:
-    """Record an audited FAILED decision for an orphaned execution and fail its open steps.
-
-    Audited twice, like an operator's recovery: the recovery decision, and an operator
-    request (action RECOVER, actor pybatch.etl) whose operation id names the execution
-    and the version recovered, so the same recovery is never recorded twice.
-    """
-    observation = "LEASE_EXPIRED" if lease.has_lease else "OWNER_LOST"
-    evidence = sha256(
-        canonical_json(
-            {
-                "execution_id": orphan.id,
-                "lease_expires_at": None
-                if lease.lease_expires_at is None
-                else lease.lease_expires_at.isoformat(),
-                "observation": observation,
-                "status": orphan.status.value,
-                "updated_at": orphan.updated_at.isoformat(),
-                "version": orphan.version,
-            }
-        )
-    )
-    failure = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(orphan.id))
-    for step in uow.step_executions(orphan.id):
-        if step.status.is_active:
-            at = max(uow.clock.now(), step.updated_at)
-            uow.transition_step_execution(
-                step.id,
-                step.version,
-                LifecycleTransition.failed(
-                    at, FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(step.id))
-                ),
-            )
-    request = RecoveryRequest.mark_failed(
-        orphan.version, _RECOVERY_REASON, _RECOVERY_REFERENCE, evidence, failure
-    )
-    result = uow.recover_job_execution(orphan.id, request)
-    operation = OperationId(f"pybatch.etl:recover:{orphan.id}:{orphan.version}")
-    reason = ReasonCode(_RECOVERY_REASON)
-    uow.append_operator_request(
-        OperatorRecordDraft(
-            action=OperatorAction.RECOVER,
-            operation_id=operation,
-            actor=ActorRef(_RECOVERY_REFERENCE),
-            reason=reason,
-            digest=RequestDigest.compute(
-                OperatorAction.RECOVER,
-                RequestTarget.execution(orphan.id),
-                expected_version=orphan.version,
-                reason=reason,
-                arguments=RecoveryArguments(request=request, unknown_commit=False),
-            ),
-            job_instance_id=orphan.job_instance_id,
-            job_execution_id=orphan.id,
-            observed_version=orphan.version,
-            prior_status=orphan.status,
-            result_status=result.execution.status,
-            outcome=OperatorOutcomeClass.APPLIED,
-            rejection=None,
-            requested_at=uow.clock.now(),
-        )
-    )
-    logger.warning(
-        "pybatch: job execution %s had no live owner (%s); recorded FAILED (OWNER_LOST)",
-        orphan.id,
-        observation.lower().replace("_", " "),
-    )
+        session = LivenessSession(self.repository)
+        try:
+            return session.owner_is_gone(execution.id)
+        finally:
+            session.close()

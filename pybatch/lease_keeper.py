@@ -20,7 +20,7 @@ from pybatch.unit_of_work import UnitOfWork
 from pybatch.values.ownership import ExecutionLease, OwnerToken
 
 if TYPE_CHECKING:
-    from pybatch.repository import JobRepository
+    from pybatch.job_repository import JobRepository
 
 __all__ = ["LeaseKeeper"]
 

@@ -37,11 +37,20 @@ VALUES (
     :evidence_digest,
     :decided_at
 )
-RETURNING id;
+RETURNING
+    id,
+    job_execution_id,
+    execution_version,
+    prior_status,
+    resulting_status,
+    reason_code,
+    operator_reference,
+    evidence_digest,
+    decided_at;
 
--- :name latest_recovery_decision :one
--- :doc The latest recovery decision of an execution by (decided_at, id)
--- (recovery_decision_execution_time).
+-- :name find_latest_recovery_decision :one
+-- :doc The latest recovery decision of a job execution by (decided_at, id), or no row
+-- (behaviour.md 4.9, rule 10).
 SELECT
     d.id,
     d.job_execution_id,

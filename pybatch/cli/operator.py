@@ -16,8 +16,9 @@ import sys
 import time
 import uuid
 
+from pybatch.cli._connection import add_connection_arguments, config_from_args
 from pybatch.errors import EnvironmentValueInvalid, JobExecutionNotFound
-from pybatch.repository import JobRepository
+from pybatch.job_repository import JobRepository
 from pybatch.services.audit import verify_audit_chain
 from pybatch.services.operator import (
     UNKNOWN_EFFECT,
@@ -79,8 +80,6 @@ def request_identity(args: argparse.Namespace) -> tuple[OperationId, ActorRef]:
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the operator commands."""
-    from pybatch.cli import add_connection_arguments
-
     stop = commands.add_parser("stop", help="ask a running job execution to stop")
     add_connection_arguments(stop)
     add_request_arguments(stop)
@@ -130,8 +129,6 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _connect(args: argparse.Namespace) -> JobRepository:
-    from pybatch.cli import config_from_args
-
     return JobRepository.connect(config_from_args(args))
 
 

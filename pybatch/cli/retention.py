@@ -6,8 +6,9 @@ import argparse
 import datetime as _dt
 import sys
 
+from pybatch.cli._connection import add_connection_arguments, config_from_args
 from pybatch.cli.operator import add_request_arguments, parse_age, request_identity
-from pybatch.repository import JobRepository
+from pybatch.job_repository import JobRepository
 from pybatch.services.retention import (
     MAX_PURGE_OPERATION_BASE,
     PurgeProgress,
@@ -44,8 +45,6 @@ def _instance_id(text: str) -> int:
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the retention commands."""
-    from pybatch.cli import add_connection_arguments
-
     hold = commands.add_parser("hold", help="keep a job instance out of every purge")
     add_connection_arguments(hold)
     add_request_arguments(hold)
@@ -88,8 +87,6 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _connect(args: argparse.Namespace) -> JobRepository:
-    from pybatch.cli import config_from_args
-
     return JobRepository.connect(config_from_args(args))
 
 

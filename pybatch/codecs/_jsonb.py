@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from psycopg.types.json import Jsonb
 
-from pybatch.codecs._primitives import canonical_json
+from pybatch.values._canonical import canonical_json
 
 __all__ = ["CanonicalJsonb", "to_jsonb"]
 

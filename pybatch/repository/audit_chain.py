@@ -6,18 +6,43 @@ appended, in the same transaction, so a record and its link commit together or n
 
 from __future__ import annotations
 
-from typing import Any
+import attrs
 
-import psycopg
-
-from pybatch._statements import Statements
-from pybatch.codecs._primitives import DecodeError
+from pybatch._statements import Connection, Statements
+from pybatch.codecs._primitives import (
+    DecodeError,
+    decode_digest,
+    decode_int64,
+    decode_optional_int64,
+    decode_text,
+)
 from pybatch.errors import Unavailable
 from pybatch.values.audit import AuditRecordKind
 
-__all__ = ["audit_chain_head", "audit_links_after", "link_audit_record", "unlinked_audit_record"]
+__all__ = [
+    "AuditLinkCheck",
+    "audit_chain_head",
+    "audit_links_after",
+    "link_audit_record",
+    "unlinked_audit_record",
+]
 
-Connection = psycopg.Connection[Any]
+
+@attrs.frozen
+class AuditLinkCheck:
+    """One link as stored, the digest it should have, and its record's current content."""
+
+    seq: int
+    record_kind: str
+    record_id: int
+    content_digest: bytes
+    previous_digest: bytes
+    link_digest: bytes
+    expected_link_digest: bytes
+    #: None when the record is gone.
+    record_content_digest: bytes | None
+    #: The retention action whose purge deleted the record, if one did.
+    purged_by: int | None
 
 
 def link_audit_record(
@@ -31,13 +56,12 @@ def link_audit_record(
 
     Statements: audit_chain.sql append_audit_link, set_audit_chain_head.
     """
-    row = q.append_audit_link(conn, record_kind=kind.value, record_id=record_id)
+    row = q.append_audit_link.one(conn, record_kind=kind.value, record_id=record_id)
     if row is None:
         raise Unavailable()
-    seq, link = row["seq"], row["link_digest"]
-    if type(seq) is not int or seq < 1:
-        raise DecodeError("seq")
-    if q.set_audit_chain_head(conn, seq=seq, link_digest=bytes(link)) != 1:
+    seq = decode_int64(row["seq"], column="seq", minimum=1)
+    link = decode_digest(row["link_digest"], column="link_digest")
+    if q.set_audit_chain_head.affected(conn, seq=seq, link_digest=link) != 1:
         raise Unavailable()
     return seq
 
@@ -47,20 +71,43 @@ def audit_chain_head(q: Statements, conn: Connection) -> tuple[int, bytes]:
 
     Statements: audit_chain.sql read_audit_chain_head.
     """
-    row = q.read_audit_chain_head(conn)
+    row = q.read_audit_chain_head.one(conn)
     if row is None:
         raise DecodeError("audit_chain_head")
-    return int(row["seq"]), bytes(row["link_digest"])
+    return (
+        decode_int64(row["seq"], column="seq", minimum=0),
+        decode_digest(row["link_digest"], column="link_digest"),
+    )
 
 
 def audit_links_after(
     q: Statements, conn: Connection, after_seq: int, limit: int
-) -> list[dict[str, Any]]:
+) -> list[AuditLinkCheck]:
     """A page of links with their expected digests and their records' current content.
 
     Statements: audit_chain.sql list_audit_links.
     """
-    return list(q.list_audit_links(conn, after_seq=after_seq, limit=limit))
+    links = []
+    for row in q.list_audit_links.many(conn, after_seq=after_seq, limit=limit):
+        current = row["record_content_digest"]
+        links.append(
+            AuditLinkCheck(
+                seq=decode_int64(row["seq"], column="seq", minimum=1),
+                record_kind=decode_text(row["record_kind"], column="record_kind"),
+                record_id=decode_int64(row["record_id"], column="record_id", minimum=1),
+                content_digest=decode_digest(row["content_digest"], column="content_digest"),
+                previous_digest=decode_digest(row["previous_digest"], column="previous_digest"),
+                link_digest=decode_digest(row["link_digest"], column="link_digest"),
+                expected_link_digest=decode_digest(
+                    row["expected_link_digest"], column="expected_link_digest"
+                ),
+                record_content_digest=None
+                if current is None
+                else decode_digest(current, column="record_content_digest"),
+                purged_by=decode_optional_int64(row["purged_by"], column="purged_by", minimum=1),
+            )
+        )
+    return links
 
 
 def unlinked_audit_record(q: Statements, conn: Connection) -> tuple[str, int] | None:
@@ -68,5 +115,10 @@ def unlinked_audit_record(q: Statements, conn: Connection) -> tuple[str, int] | 
 
     Statements: audit_chain.sql find_unlinked_audit_record.
     """
-    row = q.find_unlinked_audit_record(conn)
-    return None if row is None else (str(row["record_kind"]), int(row["record_id"]))
+    row = q.find_unlinked_audit_record.one(conn)
+    if row is None:
+        return None
+    return (
+        decode_text(row["record_kind"], column="record_kind"),
+        decode_int64(row["record_id"], column="record_id", minimum=1),
+    )

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 
 from pybatch._statements import Statements
-from pybatch.codecs._primitives import DecodeError, decode_aware
+from pybatch.codecs._primitives import DecodeError, decode_aware, decode_int64
 from pybatch.errors import JobInstanceNotFound, RequestFieldError
 from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.names import ActorRef, ReasonCode
@@ -30,7 +30,7 @@ def _decode_hold(row: Any) -> RetentionHold | None:
         return None
     try:
         return RetentionHold(
-            job_instance_id=int(row["id"]),
+            job_instance_id=decode_int64(row["id"], column="id", minimum=0),
             actor=ActorRef(row["hold_actor"]),
             reason=ReasonCode(row["hold_reason"]),
             placed_at=decode_aware(row["hold_placed_at"], column="hold_placed_at"),
@@ -48,7 +48,7 @@ def job_instance_hold(q: Statements, conn: Connection, instance_id: int) -> Rete
     Statements: holds.sql read_instance_hold.
     """
     check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
-    row = q.read_instance_hold(conn, job_instance_id=instance_id)
+    row = q.read_instance_hold.one(conn, job_instance_id=instance_id)
     if row is None:
         raise JobInstanceNotFound(id=instance_id)
     return _decode_hold(row)
@@ -73,9 +73,9 @@ def place_instance_hold(
     hold = RetentionHold(
         job_instance_id=instance_id, actor=actor, reason=reason, placed_at=placed_at
     )
-    if q.lock_instance_hold(conn, job_instance_id=instance_id) is None:
+    if q.lock_instance_hold.one(conn, job_instance_id=instance_id) is None:
         raise JobInstanceNotFound(id=instance_id)
-    q.update_instance_hold(
+    q.update_instance_hold.affected(
         conn,
         job_instance_id=instance_id,
         actor_ref=actor.value,
@@ -96,12 +96,12 @@ def release_instance_hold(
     Statements: holds.sql lock_instance_hold, update_instance_hold.
     """
     check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
-    row = q.lock_instance_hold(conn, job_instance_id=instance_id)
+    row = q.lock_instance_hold.one(conn, job_instance_id=instance_id)
     if row is None:
         raise JobInstanceNotFound(id=instance_id)
     previous = _decode_hold(row)
     if previous is not None:
-        q.update_instance_hold(
+        q.update_instance_hold.affected(
             conn, job_instance_id=instance_id, actor_ref=None, reason_code=None, placed_at=None
         )
     return previous

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import psycopg
-
-from pybatch._statements import Statements
+from pybatch._statements import Connection, Statements
+from pybatch.codecs._primitives import decode_int64, returned
 from pybatch.codecs.operator import decode_operator_record, encode_operator_record_draft
 from pybatch.repository.audit_chain import link_audit_record
 from pybatch.values.audit import AuditRecordKind
@@ -15,8 +12,6 @@ from pybatch.values.names import OperationId
 from pybatch.values.operator import OperatorAction, OperatorRecord, OperatorRecordDraft
 
 __all__ = ["append_operator_request", "find_operator_request"]
-
-Connection = psycopg.Connection[Any]
 
 
 def find_operator_request(
@@ -28,7 +23,7 @@ def find_operator_request(
 
     Statements: operator_requests.sql find_operator_request.
     """
-    row = q.find_operator_request(conn, action=action.value, operation_id=operation_id.value)
+    row = q.find_operator_request.one(conn, action=action.value, operation_id=operation_id.value)
     return None if row is None else decode_operator_record(row)
 
 
@@ -48,7 +43,7 @@ def append_operator_request(
     Statements: operator_requests.sql insert_operator_request; audit_chain.sql
     append_audit_link, set_audit_chain_head.
     """
-    row = q.insert_operator_request(conn, **encode_operator_record_draft(draft))
-    record_id = int(row["id"])
-    link_audit_record(q, conn, AuditRecordKind.OPERATOR_REQUEST, record_id)
-    return OperatorRecord.from_draft(OperatorRequestId(record_id), draft)
+    row = q.insert_operator_request.one(conn, **encode_operator_record_draft(draft))
+    request_id = decode_int64(returned(row)["id"], column="id", minimum=1)
+    link_audit_record(q, conn, AuditRecordKind.OPERATOR_REQUEST, request_id)
+    return OperatorRecord.from_draft(OperatorRequestId(request_id), draft)

@@ -24,7 +24,8 @@ from pybatch.errors import (
     JobExecutionNotFound,
     StaleVersion,
 )
-from pybatch.repository.executions import check_expected_version, transition_job_execution
+from pybatch.repository._lifecycle import check_expected_version
+from pybatch.repository.executions import transition_job_execution
 from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.ownership import ExecutionControl, ExecutionLease, LeaseState, OwnerToken
@@ -76,7 +77,7 @@ def lock_execution_ownership(
     Statements: ownership.sql lock_execution_ownership.
     """
     check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
-    row = q.lock_execution_ownership(conn, job_execution_id=execution_id)
+    row = q.lock_execution_ownership.one(conn, job_execution_id=execution_id)
     if row is None:
         raise JobExecutionNotFound(id=execution_id)
     return _decode_lease(row)
@@ -101,7 +102,7 @@ def claim_execution_owner(
     check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
     check_expected_version(expected_version)
     claimed_at = aware_utc(claimed_at)
-    changed = q.claim_execution_owner(
+    changed = q.claim_execution_owner.affected(
         conn,
         job_execution_id=execution_id,
         expected_version=expected_version,
@@ -129,7 +130,7 @@ def renew_execution_lease(
 
     Statements: ownership.sql renew_execution_lease.
     """
-    row = q.renew_execution_lease(
+    row = q.renew_execution_lease.one(
         conn, job_execution_id=execution_id, owner_token=owner.value, lease_ms=lease.milliseconds
     )
     if row is None:
@@ -201,7 +202,7 @@ def legacy_liveness_lock_is_free(q: Statements, conn: Connection, execution_id: 
 
     Statements: executions.sql try_lock_job_execution_liveness, unlock_job_execution_liveness.
     """
-    if not q.try_lock_job_execution_liveness(conn, job_execution_id=execution_id):
+    if not q.try_lock_job_execution_liveness.scalar(conn, job_execution_id=execution_id):
         return False
-    q.unlock_job_execution_liveness(conn, job_execution_id=execution_id)
+    q.unlock_job_execution_liveness.scalar(conn, job_execution_id=execution_id)
     return True

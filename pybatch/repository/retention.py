@@ -17,7 +17,13 @@ import attrs
 import psycopg
 
 from pybatch._statements import Statements
-from pybatch.codecs._primitives import DecodeError, decode_aware, decode_enum
+from pybatch.codecs._primitives import (
+    DecodeError,
+    decode_aware,
+    decode_enum,
+    decode_int64,
+    returned,
+)
 from pybatch.errors import RetentionPlanStale
 from pybatch.repository.audit_chain import link_audit_record
 from pybatch.values.audit import AuditRecordKind
@@ -77,7 +83,7 @@ _COUNT_COLUMNS = (
 def _decode_record(row: Any) -> RetentionRecord:
     try:
         return RetentionRecord(
-            id=int(row["id"]),
+            id=decode_int64(row["id"], column="id", minimum=0),
             action=decode_enum(RetentionAction, row["action"], column="action"),
             operation_id=OperationId(row["operation_id"]),
             actor=ActorRef(row["actor_ref"]),
@@ -101,7 +107,7 @@ def find_retention_action(
 
     Statements: retention.sql find_retention_action.
     """
-    row = q.find_retention_action(conn, action=action.value, operation_id=operation_id.value)
+    row = q.find_retention_action.one(conn, action=action.value, operation_id=operation_id.value)
     return None if row is None else _decode_record(row)
 
 
@@ -117,7 +123,7 @@ def append_retention_action(
     set_audit_chain_head.
     """
     counts = draft.counts.as_dict()
-    row = q.insert_retention_action(
+    row = q.insert_retention_action.one(
         conn,
         job_instance_id=draft.job_instance_id,
         action=draft.action.value,
@@ -131,7 +137,7 @@ def append_retention_action(
         applied_at=draft.applied_at,
         **{column: counts[name] for name, column in _COUNT_COLUMNS},
     )
-    record_id = int(row["id"])
+    record_id = decode_int64(returned(row)["id"], column="id", minimum=1)
     link_audit_record(q, conn, AuditRecordKind.RETENTION_ACTION, record_id)
     return RetentionRecord(id=record_id, **attrs.asdict(draft, recurse=False))
 
@@ -159,7 +165,7 @@ def purge_survey(
     bound = request.batch.value
     found: list[tuple[_dt.datetime, int, BatchStatus, int]] = []
     for status in request.statuses.ordered():
-        rows = q.survey_purge_instances(
+        rows = q.survey_purge_instances.many(
             conn,
             status=status.value,
             cutoff=cutoff,
@@ -172,9 +178,9 @@ def purge_survey(
             found.append(
                 (
                     decode_aware(row["updated_at"], column="updated_at"),
-                    int(row["job_instance_id"]),
+                    decode_int64(row["job_instance_id"], column="job_instance_id", minimum=0),
                     decode_enum(BatchStatus, row["status"], column="status"),
-                    int(row["execution_count"]),
+                    decode_int64(row["execution_count"], column="execution_count", minimum=0),
                 )
             )
     found.sort(key=lambda item: (item[0], item[1]))
@@ -192,10 +198,14 @@ def purge_survey(
     if not chosen:
         return PurgeSurvey((), PurgeCounts())
     instance_ids = sorted(instance_id for instance_id, _ in chosen)
-    executions = q.list_instance_executions(conn, instance_ids=instance_ids)
+    executions = q.list_instance_executions.many(conn, instance_ids=instance_ids)
     candidates = tuple(
         sorted(
-            PurgeCandidate(int(row["job_instance_id"]), int(row["id"]), int(row["version"]))
+            PurgeCandidate(
+                decode_int64(row["job_instance_id"], column="job_instance_id", minimum=0),
+                decode_int64(row["id"], column="id", minimum=0),
+                decode_int64(row["version"], column="version", minimum=0),
+            )
             for row in executions
         )
     )
@@ -206,13 +216,19 @@ def purge_survey(
 def _count(
     q: Statements, conn: Connection, instance_ids: list[int], execution_ids: list[int]
 ) -> PurgeCounts:
-    row = q.count_purge_rows(conn, instance_ids=instance_ids, execution_ids=execution_ids)
+    row = returned(
+        q.count_purge_rows.one(conn, instance_ids=instance_ids, execution_ids=execution_ids)
+    )
     return PurgeCounts(
-        flow_decisions=int(row["flow_decisions"]),
-        recovery_decisions=int(row["recovery_decisions"]),
-        operator_requests=int(row["operator_requests"]),
-        step_partitions=int(row["step_partitions"]),
-        step_executions=int(row["step_executions"]),
+        flow_decisions=decode_int64(row["flow_decisions"], column="flow_decisions", minimum=0),
+        recovery_decisions=decode_int64(
+            row["recovery_decisions"], column="recovery_decisions", minimum=0
+        ),
+        operator_requests=decode_int64(
+            row["operator_requests"], column="operator_requests", minimum=0
+        ),
+        step_partitions=decode_int64(row["step_partitions"], column="step_partitions", minimum=0),
+        step_executions=decode_int64(row["step_executions"], column="step_executions", minimum=0),
         job_executions=len(execution_ids),
         job_instances=len(instance_ids),
     )
@@ -240,13 +256,19 @@ def apply_purge(q: Statements, conn: Connection, plan: PurgePlan, now: _dt.datet
     if plan.is_empty():
         return PurgeResult(PurgeCounts(), PurgedAuditRecords())
     instance_ids = plan.instance_ids
-    locked = q.lock_purge_instances(conn, instance_ids=instance_ids)
-    if [int(row["id"]) for row in locked] != instance_ids or any(row["held"] for row in locked):
+    locked = q.lock_purge_instances.many(conn, instance_ids=instance_ids)
+    if [decode_int64(row["id"], column="id", minimum=0) for row in locked] != instance_ids or any(
+        row["held"] for row in locked
+    ):
         raise RetentionPlanStale()
-    rows = q.lock_purge_executions(conn, instance_ids=instance_ids)
+    rows = q.lock_purge_executions.many(conn, instance_ids=instance_ids)
     current = tuple(
         sorted(
-            PurgeCandidate(int(row["job_instance_id"]), int(row["id"]), int(row["version"]))
+            PurgeCandidate(
+                decode_int64(row["job_instance_id"], column="job_instance_id", minimum=0),
+                decode_int64(row["id"], column="id", minimum=0),
+                decode_int64(row["version"], column="version", minimum=0),
+            )
             for row in rows
         )
     )
@@ -255,7 +277,10 @@ def apply_purge(q: Statements, conn: Connection, plan: PurgePlan, now: _dt.datet
     latest: dict[int, tuple[int, BatchStatus]] = {}
     for row in rows:
         status = decode_enum(BatchStatus, row["status"], column="status")
-        instance_id, attempt = int(row["job_instance_id"]), int(row["attempt"])
+        instance_id, attempt = (
+            decode_int64(row["job_instance_id"], column="job_instance_id", minimum=0),
+            decode_int64(row["attempt"], column="attempt", minimum=0),
+        )
         if status.is_unresolved:
             raise RetentionPlanStale()
         if instance_id not in latest or attempt > latest[instance_id][0]:
@@ -265,28 +290,32 @@ def apply_purge(q: Statements, conn: Connection, plan: PurgePlan, now: _dt.datet
     execution_ids = [candidate.job_execution_id for candidate in plan.candidates]
     ids = {"execution_ids": execution_ids}
     both = {"execution_ids": execution_ids, "instance_ids": instance_ids}
-    audit = q.list_purge_audit_records(conn, **both)
+    audit = q.list_purge_audit_records.many(conn, **both)
     audit_records = PurgedAuditRecords(
         operator_request_ids=tuple(
-            int(r["record_id"]) for r in audit if r["record_kind"] == "OPERATOR_REQUEST"
+            decode_int64(r["record_id"], column="record_id", minimum=0)
+            for r in audit
+            if r["record_kind"] == "OPERATOR_REQUEST"
         ),
         recovery_decision_ids=tuple(
-            int(r["record_id"]) for r in audit if r["record_kind"] == "RECOVERY_DECISION"
+            decode_int64(r["record_id"], column="record_id", minimum=0)
+            for r in audit
+            if r["record_kind"] == "RECOVERY_DECISION"
         ),
     )
     counts = PurgeCounts(
-        flow_decisions=q.delete_purge_flow_decisions(conn, **ids),
-        recovery_decisions=q.delete_purge_recovery_decisions(conn, **ids),
-        operator_requests=q.delete_purge_operator_requests(conn, **both),
-        step_partitions=q.delete_purge_step_partitions(conn, **ids),
-        step_executions=q.delete_purge_step_executions(conn, **ids),
-        job_executions=q.delete_purge_job_executions(conn, **ids),
+        flow_decisions=q.delete_purge_flow_decisions.affected(conn, **ids),
+        recovery_decisions=q.delete_purge_recovery_decisions.affected(conn, **ids),
+        operator_requests=q.delete_purge_operator_requests.affected(conn, **both),
+        step_partitions=q.delete_purge_step_partitions.affected(conn, **ids),
+        step_executions=q.delete_purge_step_executions.affected(conn, **ids),
+        job_executions=q.delete_purge_job_executions.affected(conn, **ids),
     )
     if plan.request.forget_instances:
-        q.detach_retention_actions(conn, instance_ids=instance_ids)
-        instances = q.delete_purge_instances(conn, instance_ids=instance_ids)
+        q.detach_retention_actions.affected(conn, instance_ids=instance_ids)
+        instances = q.delete_purge_instances.affected(conn, instance_ids=instance_ids)
     else:
-        instances = q.tombstone_purged_instances(
+        instances = q.tombstone_purged_instances.affected(
             conn,
             instance_ids=instance_ids,
             final_statuses=[latest[instance_id][1].value for instance_id in instance_ids],
@@ -303,7 +332,7 @@ def mark_purged_audit_links(
     Statements: retention.sql mark_purged_audit_links.
     """
     return int(
-        q.mark_purged_audit_links(
+        q.mark_purged_audit_links.affected(
             conn,
             retention_action_id=retention_action_id,
             operator_request_ids=list(deleted.operator_request_ids),

@@ -16,7 +16,7 @@ import psycopg
 from pybatch._statements import Statements
 from pybatch.codecs.executions import decode_job_execution
 from pybatch.errors import JobExecutionNotFound, StaleVersion
-from pybatch.repository.executions import check_expected_version
+from pybatch.repository._lifecycle import check_expected_version
 from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.names import ActorRef
 from pybatch.values.records import JobExecution
@@ -47,13 +47,13 @@ def request_execution_stop(
     check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
     check_expected_version(expected_version)
     requested_at = aware_utc(requested_at)
-    row = q.lock_job_execution(conn, job_execution_id=execution_id)
+    row = q.lock_job_execution.one(conn, job_execution_id=execution_id)
     if row is None:
         raise JobExecutionNotFound(id=execution_id)
     current = decode_job_execution(row)
     if current.version != expected_version:
         raise StaleVersion(expected=expected_version, actual=current.version)
-    changed = q.update_job_execution_stop_request(
+    changed = q.update_job_execution_stop_request.affected(
         conn,
         job_execution_id=execution_id,
         expected_version=expected_version,

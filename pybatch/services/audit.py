@@ -19,7 +19,7 @@ from pybatch.repository import audit_chain
 from pybatch.values.audit import GENESIS_DIGEST, AuditVerification
 
 if TYPE_CHECKING:
-    from pybatch.repository import JobRepository
+    from pybatch.job_repository import JobRepository
 
 __all__ = ["verify_audit_chain"]
 
@@ -44,36 +44,36 @@ def verify_audit_chain(
         if not links:
             break
         for link in links:
-            number = int(link["seq"])
+            number = link.seq
             if number > head_seq:
                 break
             if number != seq + 1:
                 return AuditVerification(
                     links=seq, broken_at=seq + 1, reason="the link is missing (deleted)"
                 )
-            kind, record_id = str(link["record_kind"]), int(link["record_id"])
-            if bytes(link["previous_digest"]) != previous:
+            kind, record_id = link.record_kind, link.record_id
+            if link.previous_digest != previous:
                 return AuditVerification(
                     links=seq,
                     broken_at=number,
                     reason="it does not follow the previous link (reordered or rewritten)",
                 )
-            if bytes(link["link_digest"]) != bytes(link["expected_link_digest"]):
+            if link.link_digest != link.expected_link_digest:
                 return AuditVerification(
                     links=seq, broken_at=number, reason="its digest does not match its fields"
                 )
-            current = link["record_content_digest"]
-            if current is None and link["purged_by"] is None:
+            current = link.record_content_digest
+            if current is None and link.purged_by is None:
                 return AuditVerification(
                     links=seq,
                     broken_at=number,
                     reason=f"{kind} {record_id} was deleted, and no purge recorded it",
                 )
-            if current is not None and bytes(current) != bytes(link["content_digest"]):
+            if current is not None and current != link.content_digest:
                 return AuditVerification(
                     links=seq, broken_at=number, reason=f"{kind} {record_id} was changed"
                 )
-            previous, seq = bytes(link["link_digest"]), number
+            previous, seq = link.link_digest, number
         if progress is not None:
             progress(seq, head_seq)
     if seq != head_seq or previous != head_digest:

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from pybatch.codecs._primitives import canonical_json, sha256
 from pybatch.errors import (
     CommitOutcomeUnknown,
     ConcurrentModification,
@@ -29,6 +28,7 @@ from pybatch.errors import (
     PyBatchError,
 )
 from pybatch.unit_of_work import UnitOfWork
+from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.ids import JobExecutionId, JobInstanceId
 from pybatch.values.lifecycle import LifecycleTransition
@@ -50,7 +50,7 @@ from pybatch.values.recovery import RecoveryDisposition, RecoveryRequest
 from pybatch.values.status import BatchStatus
 
 if TYPE_CHECKING:
-    from pybatch.repository import JobRepository
+    from pybatch.job_repository import JobRepository
 
 __all__ = ["UNKNOWN_EFFECT", "OperatorOutcome", "OperatorService", "operator_evidence"]
 

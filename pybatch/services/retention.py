@@ -38,7 +38,7 @@ from pybatch.values.retention import (
 )
 
 if TYPE_CHECKING:
-    from pybatch.repository import JobRepository
+    from pybatch.job_repository import JobRepository
 
 __all__ = ["PurgeProgress", "RetentionOutcome", "RetentionService"]
 

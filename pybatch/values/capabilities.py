@@ -27,6 +27,7 @@ class RepositoryCapability(enum.Enum):
 
 
 def _capability_set(values: Iterable[RepositoryCapability]) -> frozenset[RepositoryCapability]:
+    """The declared capabilities as a frozen set (any iterable of capabilities is accepted)."""
     return frozenset(values)
 
 

@@ -11,7 +11,6 @@ import datetime as _dt
 import enum
 import hashlib
 import struct
-from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -39,14 +38,16 @@ from pybatch.values.ids import (
     OperatorRequestId,
     check_identifier,
     check_version,
+    identifier_validator,
 )
 from pybatch.values.names import ActorRef, OperationId, ReasonCode
 from pybatch.values.parameters import JobInstanceKey
-from pybatch.values.recovery import RecoveryRequest
+from pybatch.values.recovery import RecoveryDisposition, RecoveryRequest, RecoveryResult
 from pybatch.values.status import BatchStatus, FailureSummary
 from pybatch.values.timestamps import aware_utc
 
 __all__ = [
+    "AUTOMATIC_RECOVERY_ACTOR",
     "REQUEST_DIGEST_DOMAIN",
     "AuthorizationClass",
     "OperatorAction",
@@ -58,6 +59,7 @@ __all__ = [
     "RecoveryArguments",
     "RequestDigest",
     "RequestTarget",
+    "automatic_recovery_record",
 ]
 
 #: Domain-separation tag of the request digest, kept byte for byte from upstream (schema.md 3.10).
@@ -175,22 +177,6 @@ def _optional_version(instance: object, attribute: attrs.Attribute[Any], value: 
     check_version(value)
 
 
-_Validator = Callable[[object, "attrs.Attribute[Any]", object], None]
-
-
-def _identifier(kind: IdentifierKind, *, optional: bool = True) -> _Validator:
-    """An attrs validator for a storable identifier of `kind` (None allowed when `optional`)."""
-
-    def validate(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-        if value is None and optional:
-            return
-        if type(value) is not int:
-            raise TypeError(f"{attribute.name} is an int")
-        check_identifier(kind, value)
-
-    return validate
-
-
 _optional_status = attrs.validators.optional(attrs.validators.instance_of(BatchStatus))
 
 
@@ -208,7 +194,7 @@ class OperatorRejection:
     current_version: int | None = attrs.field(default=None, validator=_optional_version)
     status: BatchStatus | None = attrs.field(default=None, validator=_optional_status)
     execution_id: JobExecutionId | None = attrs.field(
-        default=None, validator=_identifier(IdentifierKind.JOB_EXECUTION)
+        default=None, validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True)
     )
 
     def __attrs_post_init__(self) -> None:
@@ -426,10 +412,10 @@ class OperatorRecordDraft:
     )
     digest: RequestDigest = attrs.field(validator=attrs.validators.instance_of(RequestDigest))
     job_instance_id: JobInstanceId | None = attrs.field(
-        validator=_identifier(IdentifierKind.JOB_INSTANCE)
+        validator=identifier_validator(IdentifierKind.JOB_INSTANCE, optional=True)
     )
     job_execution_id: JobExecutionId | None = attrs.field(
-        validator=_identifier(IdentifierKind.JOB_EXECUTION)
+        validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True)
     )
     observed_version: int | None = attrs.field(validator=_optional_version)
     prior_status: BatchStatus | None = attrs.field(validator=_optional_status)
@@ -459,7 +445,7 @@ class OperatorRecord(OperatorRecordDraft):
     """
 
     id: OperatorRequestId = attrs.field(
-        validator=_identifier(IdentifierKind.OPERATOR_REQUEST, optional=False)
+        validator=identifier_validator(IdentifierKind.OPERATOR_REQUEST, optional=False)
     )
 
     @classmethod
@@ -473,3 +459,53 @@ class OperatorRecord(OperatorRecordDraft):
         fields = attrs.asdict(self, recurse=False)
         del fields["id"]
         return OperatorRecordDraft(**fields)
+
+
+#: The actor and operation-id prefix of recoveries pybatch records on its own.
+AUTOMATIC_RECOVERY_ACTOR = "pybatch.etl"
+
+
+def automatic_recovery_record(result: RecoveryResult, now: _dt.datetime) -> OperatorRecordDraft:
+    """The operator request that audits an automatic recovery like an operator's (RECOVER).
+
+    Its operation id, `pybatch.etl:recover:<execution id>:<version recovered>`, names the
+    observation it acted on, so the same recovery can never be recorded twice.
+    """
+    decision = result.decision
+    request = RecoveryRequest(
+        expected_version=decision.execution_version,
+        disposition=RecoveryDisposition.MARK_FAILED
+        if decision.resulting_status is BatchStatus.FAILED
+        else RecoveryDisposition.ABANDON,
+        reason_code=decision.reason_code,
+        operator_reference=decision.operator_reference,
+        evidence_digest=decision.evidence_digest,
+        failure=result.execution.metadata.failure,
+    )
+    operation = OperationId(
+        f"{AUTOMATIC_RECOVERY_ACTOR}:recover:{decision.job_execution_id}:"
+        f"{decision.execution_version}"
+    )
+    reason = ReasonCode(decision.reason_code)
+    execution = result.execution
+    return OperatorRecordDraft(
+        action=OperatorAction.RECOVER,
+        operation_id=operation,
+        actor=ActorRef(AUTOMATIC_RECOVERY_ACTOR),
+        reason=reason,
+        digest=RequestDigest.compute(
+            OperatorAction.RECOVER,
+            RequestTarget.execution(execution.id),
+            expected_version=decision.execution_version,
+            reason=reason,
+            arguments=RecoveryArguments(request=request, unknown_commit=False),
+        ),
+        job_instance_id=execution.job_instance_id,
+        job_execution_id=execution.id,
+        observed_version=decision.execution_version,
+        prior_status=decision.prior_status,
+        result_status=decision.resulting_status,
+        outcome=OperatorOutcomeClass.APPLIED,
+        rejection=None,
+        requested_at=now,
+    )

@@ -160,7 +160,8 @@ def test_h8_h14_stop_outcomes(
     assert unknown.outcome is Outcome.REJECTED
     with repository.begin() as uow:
         stored = uow.find_operator_request(OperatorAction.STOP, OperationId("stop-4"))
-    assert stored is not None and stored.rejection == unknown.rejection
+    assert stored is not None and stored.rejection is not None
+    assert stored.rejection == unknown.rejection
     assert (stored.rejection.code, stored.rejection.status) == (Code.INVALID_STATE, S.UNKNOWN)
     missing = service.stop(OperationId("stop-5"), OPS, 987654)
     assert missing.rejection is not None and missing.rejection.code is Code.EXECUTION_NOT_FOUND

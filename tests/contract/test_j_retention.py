@@ -144,13 +144,12 @@ def test_retention_values_refuse_bad_input() -> None:
 def test_j1_j2_holds(repository: JobRepository, clock: ManualClock) -> None:
     instance_id = history(repository, clock, "a", S.COMPLETED)
     with repository.begin() as uow:
-        for operation in (
-            lambda: uow.job_instance_hold(987654),
-            lambda: uow.place_instance_hold(987654, OPS, LEGAL, clock.now()),
-            lambda: uow.release_instance_hold(987654),
-        ):
-            with pytest.raises(JobInstanceNotFound):
-                operation()
+        with pytest.raises(JobInstanceNotFound):
+            uow.job_instance_hold(987654)
+        with pytest.raises(JobInstanceNotFound):
+            uow.place_instance_hold(987654, OPS, LEGAL, clock.now())
+        with pytest.raises(JobInstanceNotFound):
+            uow.release_instance_hold(987654)
         assert uow.job_instance_hold(instance_id) is None
         assert uow.release_instance_hold(instance_id) is None
         first = uow.place_instance_hold(instance_id, OPS, LEGAL, clock.now())

@@ -27,6 +27,7 @@ from pybatch.errors import (
     UnitOfWorkClosed,
 )
 from pybatch.values.definitions import DefinitionIdentity
+from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import DefinitionRevision, ExitCode, JobName, StepName
 from pybatch.values.parameters import JobInstanceKey, JobParameters
@@ -36,7 +37,7 @@ from tests.support.clock import ManualClock
 from tests.support.race import Contender, race, terminate_backend
 
 S = BatchStatus
-FAILURE = FailureSummary(FailureCategory.CANCELLED, 3)
+FAILURE = FailureSummary(FailureCategory.CANCELLED, FailureId(3))
 _runs = itertools.count(1)
 
 

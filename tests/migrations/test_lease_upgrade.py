@@ -13,12 +13,13 @@ from typing import Any
 import psycopg
 import pytest
 
-import pybatch.repository as repository_module
+import pybatch.job_repository as repository_module
 from pybatch import JobRepository, migrator
-from pybatch.chunks import ChunkContext, ChunkCounts, ChunkTransactionManager
+from pybatch.chunks import ChunkTransactionManager
 from pybatch.errors import ExecutionAlreadyActive
 from pybatch.etl import ETL_STATE_SCHEMA, Job, StepRun
 from pybatch.services.audit import verify_audit_chain
+from pybatch.values.chunks import ChunkContext, ChunkCounts
 from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import NodeId, StepName
