@@ -21,9 +21,7 @@ WHERE
     id = :job_execution_id
     AND owner_token = :owner_token
     AND status IN ('STARTING', 'STARTED', 'STOPPING')
-RETURNING
-    status,
-    stop_requested_at IS NOT NULL AS stop_requested;
+RETURNING stop_requested_at IS NOT NULL AS stop_requested;
 
 -- :name lock_execution_ownership :one
 -- :doc Lock one execution and read its ownership evidence; lease_expired compares the lease

@@ -91,7 +91,6 @@ LIMIT :limit;
 -- owner token is the recorded one (the token itself is never returned), the server clock, its
 -- newest step and the markers' evidence.
 SELECT
-    e.id,
     e.status,
     e.attempt,
     e.version,

@@ -107,9 +107,7 @@ LIMIT :limit;
 SELECT
     e.job_instance_id,
     e.id,
-    e.version,
-    e.status,
-    e.attempt
+    e.version
 FROM pybatch.job_execution AS e
 WHERE e.job_instance_id = ANY(CAST(:instance_ids AS BIGINT[]))
 ORDER BY e.job_instance_id, e.attempt;
