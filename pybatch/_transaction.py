@@ -126,12 +126,14 @@ class TransactionSource:
     def __init__(self, config: ConnectionConfig) -> None:
         self._config = config
         self._ca_file = CaFile(config)
-        #: When each pooled connection was last given back (id -> monotonic seconds).
+        #: When each pooled connection was opened or last given back (id -> monotonic seconds).
         self._returned_at: dict[int, float] = {}
 
         def configure(conn: Connection) -> None:
             # Client-side only: BEGIN then says READ COMMITTED whatever the database default.
             conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+            # The pool may open a connection ahead of demand; its idle time starts now.
+            self._returned_at[id(conn)] = time.monotonic()
 
         self._pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
             kwargs=connection_kwargs(config, self._ca_file),
