@@ -130,6 +130,97 @@ class PartitionStateCorrupt(RepositoryError):
 
 
 @_error
+class EmptyPartitionPlan(RepositoryError):
+    """A partition plan needs at least one entry."""
+
+    message = "partition plan must contain at least one entry"
+
+
+@_error
+class PartitionPlanTooLarge(RepositoryError):
+    """A partition plan holds more entries than the bound."""
+
+    message = "partition plan exceeds {max} entries"
+    max: int
+
+
+@_error
+class DuplicatePartitionKey(RepositoryError):
+    """Two entries of one plan share a byte-identical key."""
+
+    message = "partition plan contains a duplicate key"
+
+
+@_error
+class PartitionPlanExists(RepositoryError):
+    """The parent step already has a plan."""
+
+    message = "step execution {step_execution_id} already has a partition plan"
+    step_execution_id: int
+
+
+@_error
+class PartitionPlanNotCommitted(RepositoryError):
+    """Workers start only after the plan is durably published."""
+
+    message = "step execution {step_execution_id} partition plan must commit before assignment"
+    step_execution_id: int
+
+
+@_error
+class PartitionUpdateNotAllowed(RepositoryError):
+    """The partition's status forbids this update."""
+
+    message = "step partition {id} cannot be updated from {status}"
+    id: int
+    status: str
+
+
+@_error
+class PartitionWorkerMismatch(RepositoryError):
+    """The worker is the parent itself or belongs to another job execution."""
+
+    message = "worker {worker} does not belong to partition {partition_id}"
+    partition_id: int
+    worker: int
+
+
+@_error
+class PartitionWorkerAlreadyAssigned(RepositoryError):
+    """A worker step backs at most one partition."""
+
+    message = "worker {worker} is already assigned to a partition"
+    worker: int
+
+
+@_error
+class PartitionWorkerStale(RepositoryError):
+    """The completion names a worker that no longer backs the partition."""
+
+    message = "worker {worker} is not the current worker for partition {partition_id}"
+    partition_id: int
+    worker: int
+
+
+@_error
+class PartitionParentNotActive(RepositoryError):
+    """The parent step's status forbids mutating its partitions."""
+
+    message = "partition parent {step_execution_id} cannot mutate children from {status}"
+    step_execution_id: int
+    status: str
+
+
+@_error
+class PartitionAggregationIncomplete(RepositoryError):
+    """A child (or its worker) has not reached a runtime-terminal status."""
+
+    message = "step execution {step_execution_id} cannot aggregate a child in {status}"
+    step_execution_id: int
+    status: str
+
+
+@_error
 class CompletedInstance(RepositoryError):
     """The latest attempt of the instance is COMPLETED; it never runs again."""
 
@@ -505,6 +596,14 @@ class TextNotUtf8(DomainError):
 
     message = "{kind} is not encodable as UTF-8"
     kind: str
+
+
+@_error
+class PartitionContextTooLarge(DomainError):
+    """A partition context envelope exceeds its bound (the contract's ContextTooLarge)."""
+
+    message = "partition context exceeds {max_bytes} bytes"
+    max_bytes: int
 
 
 # behaviour.md 7.1 `Domain(DomainError)`: raised through a repository call, a DomainError is a
@@ -1199,6 +1298,97 @@ class EnvironmentValueInvalid(ConfigError):
     expected: str
 
 
+@_error
+class DsnFileInsecure(ConfigError):
+    """A DSN file readable or writable by others than its owner (it must be mode 0600)."""
+
+    message = "the DSN file must have mode 0600 (found {mode})"
+    mode: str
+
+
+@_error
+class DsnFileUnreadable(ConfigError):
+    """The DSN file could not be read (the path is not shown)."""
+
+    message = "the DSN file could not be read"
+
+
+@_error
+class UnknownStatement(ConfigError):
+    """No shipped statement has this name (`pybatch sql show|explain`)."""
+
+    message = "no statement is named {name}"
+    name: str
+
+
+# ------------------------------------------------------- ExplorerError, CursorError (7.2, 2.22)
+
+
+class ExplorerError(PyBatchError):
+    """An explorer page was refused or could not be read (behaviour.md 2.22, 4.16)."""
+
+    message = "explorer error"
+
+
+class CursorError(PyBatchError):
+    """A page cursor was refused; every leaf is also an ExplorerError (`Cursor(CursorError)`)."""
+
+    message = "explorer cursor error"
+
+
+@_error
+class PageSizeOutOfRange(ExplorerError):
+    """A page size outside 1..500."""
+
+    message = "page size {requested} is outside 1..500"
+    requested: int
+
+
+@_error
+class ExplorerAgeBoundTooSmall(ExplorerError):
+    """An unresolved-executions age under the 60 s minimum."""
+
+    message = "minimum age of {requested_seconds} s is below the 60 s minimum"
+    requested_seconds: float
+
+
+@_error
+class CursorInvalid(CursorError, ExplorerError):
+    """The cursor is malformed, tampered with, or of the wrong kind for its query."""
+
+    message = "the page cursor is invalid"
+
+
+@_error
+class CursorQueryMismatch(CursorError, ExplorerError):
+    """An intact cursor presented with another query, filter or page size."""
+
+    message = "the page cursor belongs to another query, filter or page size"
+
+
+@_error
+class ResponseTooLarge(ExplorerError):
+    """A single row exceeds the response bound of a page."""
+
+    message = "one row exceeds the page response bound (page size {limit})"
+    limit: int
+
+
+@_error
+class ExplorerTimeout(ExplorerError):
+    """The page's statement timeout cancelled it (SQLSTATE 57014)."""
+
+    message = "the explorer page was cancelled by the statement timeout"
+
+
+@_error
+class ExplorerRepositoryError(ExplorerError):
+    """The repository refused or failed the page; `error` is the repository's error."""
+
+    message = "explorer: {error}"
+    error: RepositoryError
+
+
 # --------------------------------------------------------------- MigrationError (pybatch, 4.19)
 
 
@@ -1240,6 +1430,33 @@ class MigrationLockTimeout(MigrationError):
     message = "timed out waiting for the migration lock"
 
 
+# ----------------------------------------------------------------------- JobRunError (pybatch)
+
+
+class JobRunError(PyBatchError):
+    """A job run ended the way its flow or its partitions decided (pybatch.etl)."""
+
+    message = "the job run ended unsuccessfully"
+
+
+@_error
+class FlowEndedInFailure(JobRunError):
+    """The job's flow reached its `fail` terminal state; the run ends FAILED."""
+
+    message = "the flow ended in failure after node {node_id}"
+    node_id: str
+
+
+@_error
+class PartitionsFailed(JobRunError):
+    """A partitioned step ended without every partition COMPLETED."""
+
+    message = "partitioned step {step_name} ended {status}; partitions not completed: {keys}"
+    step_name: str
+    status: str
+    keys: tuple[str, ...]
+
+
 __all__ = [
     "AbandonedInstance",
     "AcquireExceedsClose",
@@ -1258,18 +1475,25 @@ __all__ = [
     "ConfigError",
     "CountExhausted",
     "CounterOutOfRange",
+    "CursorError",
+    "CursorInvalid",
+    "CursorQueryMismatch",
     "DefinitionDrift",
     "DefinitionError",
     "DefinitionJobMismatch",
     "DefinitionUpgradeConflict",
     "DomainError",
+    "DsnFileInsecure",
+    "DsnFileUnreadable",
     "DuplicateParameter",
+    "DuplicatePartitionKey",
     "DuplicateSourceStep",
     "DuplicateStep",
     "DuplicateTargetStep",
     "EmptyCaCertificate",
     "EmptyConnectionString",
     "EmptyName",
+    "EmptyPartitionPlan",
     "EmptySchemaId",
     "EmptyStatusSet",
     "EmptyStepMapping",
@@ -1279,6 +1503,10 @@ __all__ = [
     "ExecutionOwned",
     "ExecutionOwnershipLost",
     "ExecutionOwnershipNotAllowed",
+    "ExplorerAgeBoundTooSmall",
+    "ExplorerError",
+    "ExplorerRepositoryError",
+    "ExplorerTimeout",
     "FailedExecutionMissingFailure",
     "FailedTransitionMissingFailure",
     "FaultStateCommitOutcomeUnknown",
@@ -1289,6 +1517,7 @@ __all__ = [
     "FaultStateUnavailable",
     "FaultStateUnbound",
     "FinishedExecutionMissingEndTime",
+    "FlowEndedInFailure",
     "FlowStateCorrupt",
     "IdentifierOutOfRange",
     "IllegalTransition",
@@ -1304,6 +1533,7 @@ __all__ = [
     "InvalidTransitionTime",
     "JobExecutionNotFound",
     "JobInstanceNotFound",
+    "JobRunError",
     "JsonNotEncodable",
     "LifecycleError",
     "LockExceedsStatement",
@@ -1325,9 +1555,21 @@ __all__ = [
     "OperationIdConflict",
     "OperationOutcomeUnknown",
     "OperatorError",
+    "PageSizeOutOfRange",
     "ParameterStringTooLong",
     "ParameterValueOutOfRange",
+    "PartitionAggregationIncomplete",
+    "PartitionContextTooLarge",
+    "PartitionParentNotActive",
+    "PartitionPlanExists",
+    "PartitionPlanNotCommitted",
+    "PartitionPlanTooLarge",
     "PartitionStateCorrupt",
+    "PartitionUpdateNotAllowed",
+    "PartitionWorkerAlreadyAssigned",
+    "PartitionWorkerMismatch",
+    "PartitionWorkerStale",
+    "PartitionsFailed",
     "PlanError",
     "PoolSize",
     "PyBatchError",
@@ -1340,6 +1582,7 @@ __all__ = [
     "RequestFieldError",
     "RequestFieldInvalidCharacter",
     "RequestFieldTooLong",
+    "ResponseTooLarge",
     "RestartRequiresNewAttempt",
     "RestartStateNotFound",
     "RetentionError",
@@ -1373,6 +1616,7 @@ __all__ = [
     "Unavailable",
     "UnitOfWorkAttempts",
     "UnitOfWorkClosed",
+    "UnknownStatement",
     "UnsupportedCapability",
     "UnsupportedManifestVersion",
     "UnsupportedStateFormatVersion",

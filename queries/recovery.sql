@@ -66,26 +66,6 @@ WHERE d.job_execution_id = :job_execution_id
 ORDER BY d.decided_at DESC, d.id DESC
 LIMIT 1;
 
--- :name list_unresolved_job_executions :many
--- :doc Unresolved executions last written before the cutoff, oldest first
--- (job_execution_status_updated).
-SELECT
-    e.id,
-    e.job_instance_id,
-    i.job_name,
-    e.attempt,
-    e.status,
-    e.updated_at,
-    e.lease_expires_at,
-    e.stop_requested_at IS NOT NULL AS stop_requested
-FROM pybatch.job_execution AS e
-INNER JOIN pybatch.job_instance AS i ON e.job_instance_id = i.id
-WHERE
-    e.status IN ('STARTING', 'STARTED', 'STOPPING', 'UNKNOWN')
-    AND e.updated_at < :cutoff
-ORDER BY e.updated_at, e.id
-LIMIT :limit;
-
 -- :name read_recovery_snapshot :one
 -- :doc The recovery snapshot of one execution (behaviour.md 4.17): its state, whether the given
 -- owner token is the recorded one (the token itself is never returned), the server clock, its

@@ -1,4 +1,4 @@
-"""`pybatch stop`, `recover`, `unresolved` and `audit verify` (docs/operators.md).
+"""`pybatch stop`, `recover` and `audit verify` (docs/operators.md).
 
 Mutating commands go through the operator service with an operation id (`--operation-id`,
 generated and printed when absent): re-running a command with the same id replays the
@@ -17,7 +17,7 @@ import time
 import uuid
 
 from pybatch.cli._connection import add_connection_arguments, config_from_args
-from pybatch.errors import EnvironmentValueInvalid, JobExecutionNotFound
+from pybatch.errors import JobExecutionNotFound
 from pybatch.job_repository import JobRepository
 from pybatch.services.audit import verify_audit_chain
 from pybatch.services.operator import (
@@ -106,17 +106,6 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         f"{UNKNOWN_EFFECT}",
     )
     recover.set_defaults(handler=_recover)
-
-    unresolved = commands.add_parser(
-        "unresolved", help="list executions that are not finished, oldest first"
-    )
-    add_connection_arguments(unresolved)
-    unresolved.add_argument(
-        "--older-than", type=parse_age, default=_dt.timedelta(0), help="e.g. 1h (default: all)"
-    )
-    unresolved.add_argument("--limit", type=int, default=100, help="at most this many (1-500)")
-    unresolved.add_argument("--json", action="store_true", help="one JSON object per line")
-    unresolved.set_defaults(handler=_unresolved)
 
     audit = commands.add_parser("audit", help="the tamper-evident audit chain")
     audit_commands = audit.add_subparsers(dest="audit_command", required=True, metavar="COMMAND")
@@ -220,27 +209,6 @@ def _recover(args: argparse.Namespace) -> int:
             unknown_commit=current.status is BatchStatus.UNKNOWN,
         )
         return _report(outcome)
-
-
-def _unresolved(args: argparse.Namespace) -> int:
-    if not 1 <= args.limit <= 500:
-        raise EnvironmentValueInvalid(variable="--limit", expected="number from 1 to 500")
-    with _connect(args) as repository:
-        with repository.begin() as uow:
-            rows = uow.unresolved_executions(args.older_than, args.limit)
-    for row in rows:
-        lease = "-" if row.lease_expires_at is None else row.lease_expires_at.isoformat()
-        if args.json:
-            print(json.dumps(row.as_json(), sort_keys=True))
-        else:
-            print(
-                f"{row.execution_id}\t{row.job_name}\tinstance {row.instance_id}\t"
-                f"attempt {row.attempt}\t{row.status}\tupdated {row.updated_at.isoformat()}"
-                f"\tlease {lease}"
-            )
-    if not rows and not args.json:
-        print("no unresolved executions", file=sys.stderr)
-    return 0
 
 
 def _audit_verify(args: argparse.Namespace) -> int:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
-
 import attrs
 
 from pybatch._statements import Connection, Statements
@@ -14,7 +12,6 @@ from pybatch.codecs._primitives import (
     decode_aware,
     decode_enum,
     decode_int64,
-    decode_optional_aware,
     decode_text,
 )
 from pybatch.codecs.executions import decode_job_execution
@@ -40,7 +37,6 @@ from pybatch.values.recovery import (
     RecoveryResult,
     RecoverySnapshot,
     RecoveryStepEvidence,
-    UnresolvedExecution,
 )
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from pybatch.values.timestamps import ExecutionTimestamps
@@ -50,7 +46,6 @@ __all__ = [
     "recover_orphaned_execution",
     "recovery_decision",
     "recovery_snapshot",
-    "unresolved_executions",
 ]
 
 
@@ -191,40 +186,6 @@ def recover_orphaned_execution(
         orphan.version, "OWNER_LOST", AUTOMATIC_RECOVERY_REFERENCE, evidence, failure
     )
     return recover_job_execution(q, conn, clock, orphan.id, request)
-
-
-def unresolved_executions(
-    q: Statements, conn: Connection, clock: Clock, older_than: _dt.timedelta, limit: int
-) -> list[UnresolvedExecution]:
-    """Unresolved executions not written for `older_than`, oldest first, at most `limit`.
-
-    Statements: recovery.sql list_unresolved_job_executions.
-    """
-    if not 1 <= limit <= 500:
-        raise ValueError("limit is from 1 to 500")
-    rows = q.list_unresolved_job_executions.many(conn, cutoff=clock.now() - older_than, limit=limit)
-    found: list[UnresolvedExecution] = []
-    for row in rows:
-        stop = row["stop_requested"]
-        if type(stop) is not bool:
-            raise DecodeError("stop_requested")
-        found.append(
-            UnresolvedExecution(
-                execution_id=decode_int64(row["id"], column="id", minimum=1),
-                instance_id=decode_int64(
-                    row["job_instance_id"], column="job_instance_id", minimum=1
-                ),
-                job_name=decode_text(row["job_name"], column="job_name"),
-                attempt=decode_int64(row["attempt"], column="attempt", minimum=1),
-                status=decode_enum(BatchStatus, row["status"], column="status"),
-                updated_at=decode_aware(row["updated_at"], column="updated_at"),
-                lease_expires_at=decode_optional_aware(
-                    row["lease_expires_at"], column="lease_expires_at"
-                ),
-                stop_requested=stop,
-            )
-        )
-    return found
 
 
 def _flag(row: Row, column: str) -> bool:

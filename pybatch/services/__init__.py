@@ -1,1 +1,4 @@
-"""Services: end-to-end operations composed of units of work (operator requests, retention)."""
+"""Services above the repository: composition of units of work, no SQL of their own.
+
+The operator request, retention and audit services, and the explorer.
+"""

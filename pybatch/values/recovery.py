@@ -23,7 +23,6 @@ __all__ = [
     "RecoveryResult",
     "RecoverySnapshot",
     "RecoveryStepEvidence",
-    "UnresolvedExecution",
 ]
 
 
@@ -170,35 +169,6 @@ class RecoveryResult:
     def decision_id(self) -> int:
         """The id of the audit decision."""
         return self.decision.id
-
-
-@attrs.frozen(kw_only=True)
-class UnresolvedExecution:
-    """An execution that is not finished, as `pybatch unresolved` lists it."""
-
-    execution_id: int
-    instance_id: int
-    job_name: str
-    attempt: int
-    status: BatchStatus
-    updated_at: datetime.datetime
-    lease_expires_at: datetime.datetime | None
-    stop_requested: bool
-
-    def as_json(self) -> dict[str, object]:
-        """The JSON form of `--json` output."""
-        return {
-            "attempt": self.attempt,
-            "execution_id": self.execution_id,
-            "instance_id": self.instance_id,
-            "job_name": self.job_name,
-            "lease_expires_at": None
-            if self.lease_expires_at is None
-            else self.lease_expires_at.isoformat(),
-            "status": self.status.value,
-            "stop_requested": self.stop_requested,
-            "updated_at": self.updated_at.isoformat(),
-        }
 
 
 class OwnerObservation(enum.Enum):

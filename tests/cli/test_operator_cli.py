@@ -1,9 +1,8 @@
-"""`pybatch stop`, `recover` and `unresolved`: real processes against the test database."""
+"""`pybatch stop` and `recover`: real processes against the test database."""
 
 from __future__ import annotations
 
 import datetime
-import json
 import subprocess
 import sys
 import threading
@@ -102,12 +101,6 @@ def test_recover_an_unknown_execution_needs_unknown_effect(pg_config: Any, db_ds
 
 
 def check_recovered(repository: JobRepository, db_dsn: str, execution_id: int) -> None:
-    listed = pybatch(db_dsn, "unresolved", "--json")
-    assert listed.returncode == 0, listed.stderr
-    [row] = [json.loads(line) for line in listed.stdout.splitlines()]
-    assert (row["execution_id"], row["status"], row["job_name"]) == (execution_id, "UNKNOWN", "cli")
-    assert pybatch(db_dsn, "unresolved", "--older-than", "1h").stdout == ""
-
     refused = pybatch(db_dsn, "recover", str(execution_id), "--mark-failed", "--reason", "OOPS")
     assert refused.returncode == 1
     assert "rejected UNRESOLVED_RECOVERY_REQUIRED" in refused.stdout
@@ -121,7 +114,6 @@ def check_recovered(repository: JobRepository, db_dsn: str, execution_id: int) -
         decision = uow.recovery_decision(execution_id)
     assert execution is not None and execution.status is S.FAILED
     assert decision is not None and decision.reason_code == "UNKNOWN_EFFECT"
-    assert pybatch(db_dsn, "unresolved").stdout == ""
 
 
 @pytest.mark.parametrize("reason", ["lower case", ""])

@@ -225,6 +225,7 @@ def test_the_lease_keeper_reports_a_lost_ownership_at_the_next_boundary(
     wait_for_lease_expiry(admin, stale.execution.id)
     with job.launch() as second:
         # The stale process resumes renewing: its first renewal finds the ownership gone.
+        assert stale.owner is not None
         revived = LeaseKeeper(repository, stale.execution.id, stale.owner, keeper.lease)
         stale._keeper = revived
         revived.start()

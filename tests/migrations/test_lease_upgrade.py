@@ -28,7 +28,7 @@ from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from tests.conftest import plaintext_config
 
 S = BatchStatus
-LEASE_VERSION = 2  # the migration that adds lease_expires_at
+LEASE_VERSION = 3  # the migration that adds lease_expires_at
 
 
 def install_up_to(dsn: str, version: int) -> None:
@@ -102,7 +102,9 @@ def test_upgrade_under_live_jobs_keeps_them_alive_and_resumes_the_rest(
     config = plaintext_config(blank_database)
     install_up_to(blank_database, LEASE_VERSION - 1)
     with monkeypatch.context() as old_package:
-        old_package.setattr(repository_module, "supported_schema_version", lambda: 1)
+        old_package.setattr(
+            repository_module, "supported_schema_version", lambda: LEASE_VERSION - 1
+        )
         with JobRepository.connect(config) as old:
             alive = legacy_run(old, "alive", status=S.STARTED, offset=3)
             dead = legacy_run(old, "dead", status=S.STARTED, offset=4)

@@ -37,10 +37,14 @@ LAYERS: dict[str, int] = {
     "pybatch.fault_state": 8,
     "pybatch.liveness": 8,
     "pybatch.lease_keeper": 8,
-    "pybatch.services": 8,  # operator, retention and audit services over units of work
+    "pybatch.services": 8,  # operator, retention, audit and explorer services
+    "pybatch.partitioned": 8,
     "pybatch.embedded": 8,
+    "pybatch.explorer": 8,
+    "pybatch.sql_catalogue": 8,
     "pybatch.etl": 9,
     "pybatch.cli": 10,
+    "pybatch.testing": 10,
     "pybatch.__main__": 10,
     "pybatch": 11,  # the package's __init__: the public surface re-exports every layer
 }

@@ -48,6 +48,10 @@ CONFIG: Families = (errors.ConfigError,)
 MIGRATION: Families = (errors.MigrationError,)
 OPERATOR: Families = (errors.OperatorError,)
 RETENTION: Families = (errors.RetentionError,)
+JOB_RUN: Families = (errors.JobRunError,)
+EXPLORER: Families = (errors.ExplorerError,)
+# The 7.2 row `ExplorerError.Cursor(CursorError)`: every cursor leaf is also an ExplorerError.
+CURSOR: Families = (errors.CursorError, errors.ExplorerError)
 
 #: behaviour.md 7.1, row by row: every variant is a RepositoryError.
 SECTION_7_1: dict[str, Families] = {
@@ -199,6 +203,14 @@ SECTION_7_2: dict[str, Families] = {
     "ConfigError.LockExceedsStatement": CONFIG,
     "ConfigError.AcquireExceedsClose": CONFIG,
     "ConfigError.UnitOfWorkAttempts": CONFIG,
+    "ExplorerError.PageSizeOutOfRange{requested}": EXPLORER,
+    "ExplorerError.AgeBoundTooSmall": EXPLORER,
+    "CursorError.CursorInvalid": CURSOR,
+    "CursorError.CursorQueryMismatch": CURSOR,
+    "ExplorerError.ResponseTooLarge{limit}": EXPLORER,
+    "ExplorerError.Timeout": EXPLORER,
+    "ExplorerError.UnsupportedCapability": EXPLORER,
+    "ExplorerError.Repository": EXPLORER,
 }
 
 #: The 7.2 families: contract family -> the pybatch family base, or None when pybatch has none.
@@ -224,9 +236,8 @@ SECTION_7_2_FAMILIES: dict[str, type[errors.PyBatchError] | None] = {
     "IdGenerationError": None,
     "OperatorError": errors.OperatorError,
     "RetentionError": errors.RetentionError,
-    # Not built: the explorer.
-    "ExplorerError": None,
-    "CursorError": None,
+    "ExplorerError": errors.ExplorerError,
+    "CursorError": errors.CursorError,
     "ChunkTransactionError": errors.ChunkTransactionError,
     "BusinessTransactionError": errors.BusinessTransactionError,
     "ConfigError": errors.ConfigError,
@@ -275,6 +286,11 @@ RENAMED: dict[str, str] = {
     "RequestFieldError.InvalidCharacter": "RequestFieldInvalidCharacter",
     "ChunkTransactionError.CommitOutcomeUnknown": "ChunkCommitOutcomeUnknown",
     "ConfigError.Timeout": "TimeoutOutOfBounds",
+    # The retention family has its own AgeBoundTooSmall and the repository its Unavailable.
+    "ExplorerError.AgeBoundTooSmall": "ExplorerAgeBoundTooSmall",
+    "ExplorerError.Timeout": "ExplorerTimeout",
+    # `Repository(e)`: the repository's error is the `error` field.
+    "ExplorerError.Repository": "ExplorerRepositoryError",
 }
 
 #: Contract fields pybatch names differently: row -> {contract field: pybatch field or None}.
@@ -291,17 +307,6 @@ FIELD_RENAMES: dict[str, dict[str, str | None]] = {
 
 #: Contract rows without a pybatch class: row -> why.
 NOT_DEFINED: dict[str, str] = {
-    "EmptyPartitionPlan": "gap: partition plans are not built yet",
-    "PartitionPlanTooLarge": "gap: partition plans are not built yet",
-    "DuplicatePartitionKey": "gap: partition plans are not built yet",
-    "PartitionPlanExists": "gap: partition plans are not built yet",
-    "PartitionPlanNotCommitted": "gap: partition plans are not built yet",
-    "PartitionUpdateNotAllowed": "gap: partition plans are not built yet",
-    "PartitionWorkerMismatch": "gap: partition plans are not built yet",
-    "PartitionWorkerAlreadyAssigned": "gap: partition plans are not built yet",
-    "PartitionWorkerStale": "gap: partition plans are not built yet",
-    "PartitionParentNotActive": "gap: partition plans are not built yet",
-    "PartitionAggregationIncomplete": "gap: partition plans are not built yet",
     "Domain(DomainError)": (
         "no wrapper class: a DomainError raised inside a repository operation is re-raised as"
         " an instance of a subclass of its own class and RepositoryError"
@@ -311,6 +316,9 @@ NOT_DEFINED: dict[str, str] = {
     "Identifier(IdGenerationError)": "by contract: pybatch's repository has no IdGenerator",
     "LifecycleError.NotRestartable": "by contract: the domain restart function is unused",
     "LifecycleError.AttemptIdentifierReused": "by contract: the domain restart function is unused",
+    "ExplorerError.UnsupportedCapability": (
+        "by design: an unknown explorer query cannot be expressed (ExplorerQuery is an enum)"
+    ),
 }
 
 #: pybatch's errors beyond section 7: class name -> families.
@@ -328,6 +336,15 @@ PYBATCH_ONLY: dict[str, Families] = {
     "MigrationChecksumMismatch": MIGRATION,  # the migrator (4.19)
     "MigrationHistoryInvalid": MIGRATION,
     "MigrationLockTimeout": MIGRATION,
+    # The contract's PartitionValueError.ContextTooLarge; that family is not built, the
+    # other partition value rules are typed name errors or repository errors.
+    "PartitionContextTooLarge": DOMAIN,
+    "JobRunError": JOB_RUN,  # how a run ends, decided by its flow or its partitions (etl)
+    "FlowEndedInFailure": JOB_RUN,
+    "PartitionsFailed": JOB_RUN,
+    "DsnFileInsecure": CONFIG,  # --dsn-file must be mode 0600 (CLI connection settings)
+    "DsnFileUnreadable": CONFIG,
+    "UnknownStatement": CONFIG,  # pybatch sql show|explain NAME
     "ExecutionOwnershipLost": REPOSITORY,  # a stale owner whose execution was recovered (4.12)
     "StopRequested": CHUNK,  # the ETL API ends a step at a chunk boundary on a stop request
 }
@@ -342,6 +359,7 @@ FAMILY_BASES: Families = (
     errors.RepositoryError,
     *(family for family in SECTION_7_2_FAMILIES.values() if family is not None),
     errors.MigrationError,
+    errors.JobRunError,
 )
 
 _ROW = re.compile(r"^(?P<row>[^{]+?)(?:\{(?P<fields>[^}]*)\})?$")

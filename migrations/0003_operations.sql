@@ -1,4 +1,4 @@
--- Migration 0002: execution leases and the audit hash chain (schema version 2).
+-- Migration 0003: execution leases and the audit hash chain (schema version 3).
 --
 -- Lint: the new tables are created empty in this transaction, so their indexes lock nothing
 -- anyone waits on (PG01 does not apply; CONCURRENTLY cannot run in a transaction block).
