@@ -274,6 +274,7 @@ class JobRun:
         lease: ExecutionLease | None = None,
         definition: DefinitionIdentity | None = None,
         parameters: JobParameters | None = None,
+        liveness: LivenessSession | None = None,
     ) -> None:
         """`owner` and `lease` belong to the launching process; a partition worker has none."""
         self.repository = repository
@@ -285,6 +286,7 @@ class JobRun:
         #: True once the run ended STOPPED because a stop was requested.
         self.stopped = False
         self._keeper: LeaseKeeper | None = None
+        self._liveness = liveness
         if owner is not None:
             self._keeper = LeaseKeeper(repository, execution.id, owner, lease or ExecutionLease())
             self._keeper.start()
@@ -370,6 +372,9 @@ class JobRun:
         keeper, self._keeper = self._keeper, None
         if keeper is not None:
             keeper.halt()
+        liveness, self._liveness = self._liveness, None
+        if liveness is not None:
+            liveness.close()  # ends the session, which releases the liveness lock
 
     def _release_liveness(self) -> None:
         """Stop renewing the lease, as a process that died would (tests simulate crashes)."""
@@ -628,6 +633,11 @@ class Job:
     def launch(self) -> JobRun:
         """Start the first attempt, or restart after FAILED or STOPPED, and mark it STARTED.
 
+        When the unresolved attempt's liveness lock is free but its lease has not run out
+        yet (its process just died, or only its idle liveness session was killed), the
+        launch waits, at most until the lease runs out: a renewal meanwhile proves the
+        owner alive (ExecutionAlreadyActive), an expiry proves it gone (recovered here).
+
         Raises:
             CompletedInstance, AbandonedInstance: the instance never runs again.
             ExecutionAlreadyActive: another live process runs this instance (its lease is
@@ -635,9 +645,32 @@ class Job:
                 with reason UNKNOWN_EFFECT (`pybatch recover`).
         """
         owner = OwnerToken.generate()
-        instance, started = self.repository.run_in_unit_of_work(
-            lambda uow: self._launch(uow, owner)
-        )
+        seen_expiry: _dt.datetime | None = None
+        deadline = time.monotonic() + self.lease.duration.total_seconds() + 1.0
+        while True:
+            liveness = LivenessSession(self.repository)
+
+            def launch_once(
+                uow: UnitOfWork, session: LivenessSession = liveness
+            ) -> tuple[JobInstance, JobExecution]:
+                return self._launch(uow, owner, session)
+
+            try:
+                instance, started = self.repository.run_in_unit_of_work(launch_once)
+            except _OwnerMayBeGone as pending:
+                liveness.close()
+                renewed = seen_expiry is not None and pending.lease_expires_at > seen_expiry
+                if renewed or time.monotonic() > deadline:
+                    raise pending.active from None
+                if seen_expiry is None:
+                    seen_expiry = pending.lease_expires_at
+                    deadline = time.monotonic() + pending.remaining_seconds + 1.0
+                time.sleep(_LEASE_POLL_SECONDS)
+                continue
+            except BaseException:
+                liveness.close()
+                raise
+            break
         logger.info(
             "pybatch: job %s instance %s attempt %s started (execution %s)",
             instance.job_name.value,
@@ -653,9 +686,12 @@ class Job:
             self.lease,
             self.definition,
             self.key.parameters,
+            liveness,
         )
 
-    def _launch(self, uow: UnitOfWork, owner: OwnerToken) -> tuple[JobInstance, JobExecution]:
+    def _launch(
+        self, uow: UnitOfWork, owner: OwnerToken, liveness: LivenessSession
+    ) -> tuple[JobInstance, JobExecution]:
         instance = uow.select_or_create_job_instance(self.key).instance
         try:
             execution = uow.create_job_execution_with_definition(instance.id, self.definition)
@@ -663,7 +699,7 @@ class Job:
             if not self.recover_orphans:
                 raise
             orphan, lease = uow.lock_execution_ownership(active.execution_id)
-            if not self._is_orphaned(orphan, lease):
+            if not self._is_orphaned(orphan, lease, liveness, active):
                 raise
             uow.recover_orphaned_execution(orphan.id, audited=True)
             logger.warning(
@@ -672,6 +708,10 @@ class Job:
                 "lease expired" if lease.has_lease else "liveness lock free",
             )
             execution = uow.create_job_execution_with_definition(instance.id, self.definition)
+        # Fast evidence for the next launcher: the liveness lock, taken before the execution
+        # becomes visible. The lease (claimed below) is what decides; the lock only spares a
+        # launcher the wait while this process is alive.
+        liveness.claim(execution.id)
         at = max(uow.clock.now(), execution.created_at)
         claimed = uow.claim_execution_owner(execution.id, execution.version, owner, at, self.lease)
         started = uow.transition_job_execution(
@@ -679,23 +719,51 @@ class Job:
         )
         return instance, started
 
-    def _is_orphaned(self, execution: JobExecution, lease: LeaseState) -> bool:
+    def _is_orphaned(
+        self,
+        execution: JobExecution,
+        lease: LeaseState,
+        liveness: LivenessSession,
+        active: ExecutionAlreadyActive,
+    ) -> bool:
         """True when the unresolved attempt's owner is gone and it may be recovered here.
 
         UNKNOWN never is (its commit may have happened: only an explicit recovery with
-        reason UNKNOWN_EFFECT resolves it). A leased attempt is orphaned once its lease
-        ran out on the database clock. An attempt without a lease was started before
-        leases existed (before schema version 3); its runner holds the session advisory lock.
+        reason UNKNOWN_EFFECT resolves it). A leased attempt is orphaned once its lease ran
+        out on the database clock, whoever holds its liveness lock (any role can take an
+        advisory-lock key, so the lock alone never blocks recovery). With a fresh lease:
+        a held lock means the owner is alive; a free one means wait and see (the launch
+        polls, _OwnerMayBeGone). An attempt without a lease was started before leases
+        existed (before schema version 3); its runner holds the liveness lock.
+
+        Raises:
+            _OwnerMayBeGone: the lease is fresh and the liveness lock free.
         """
         if not execution.status.is_active:
             return False
-        if lease.has_lease:
-            return lease.lease_expired
-        session = LivenessSession(self.repository)
-        try:
-            return session.owner_is_gone(execution.id)
-        finally:
-            session.close()
+        if not lease.has_lease:
+            return liveness.owner_is_gone(execution.id)
+        if lease.lease_expired:
+            return True
+        if lease.lease_expires_at is not None and liveness.owner_is_gone(execution.id):
+            raise _OwnerMayBeGone(active, lease.lease_expires_at, lease.remaining_seconds)
+        return False
+
+
+#: How often a launch re-reads a lease it waits on.
+_LEASE_POLL_SECONDS = 0.2
+
+
+class _OwnerMayBeGone(Exception):
+    """The liveness lock is free but the lease is fresh: wait for a renewal or the expiry."""
+
+    def __init__(
+        self, active: ExecutionAlreadyActive, lease_expires_at: _dt.datetime, remaining: float
+    ) -> None:
+        super().__init__()
+        self.active = active
+        self.lease_expires_at = lease_expires_at
+        self.remaining_seconds = remaining
 
 
 def _runners(

@@ -45,8 +45,11 @@ SELECT
     e.version,
     e.owner_token,
     e.lease_expires_at,
-    COALESCE(e.lease_expires_at <= CLOCK_TIMESTAMP(), FALSE) AS lease_expired,
-    e.stop_requested_at IS NOT NULL AS stop_requested
+    CAST(
+        GREATEST(EXTRACT(EPOCH FROM e.lease_expires_at - CLOCK_TIMESTAMP()) * 1000, 0) AS BIGINT
+    ) AS lease_remaining_ms,
+    e.stop_requested_at IS NOT NULL AS stop_requested,
+    COALESCE(e.lease_expires_at <= CLOCK_TIMESTAMP(), FALSE) AS lease_expired
 FROM pybatch.job_execution AS e
 WHERE e.id = :job_execution_id
 FOR UPDATE;

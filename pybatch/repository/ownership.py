@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 
 from pybatch._statements import Statements
-from pybatch.codecs._primitives import DecodeError
+from pybatch.codecs._primitives import DecodeError, decode_optional_int64
 from pybatch.codecs.executions import decode_job_execution
 from pybatch.errors import (
     ExecutionOwned,
@@ -61,6 +61,9 @@ def _decode_lease(row: Any) -> tuple[JobExecution, LeaseState]:
         owner_token=None if token is None else OwnerToken(bytes(token)),
         lease_expires_at=None if expires is None else aware_utc(expires),
         lease_expired=expired,
+        lease_remaining_ms=decode_optional_int64(
+            row["lease_remaining_ms"], column="lease_remaining_ms", minimum=0
+        ),
         stop_requested=stop,
     )
     return execution, state

@@ -41,7 +41,7 @@ class OwnerToken:
 
 MIN_LEASE = _dt.timedelta(seconds=1)
 MAX_LEASE = _dt.timedelta(hours=1)
-DEFAULT_LEASE = _dt.timedelta(seconds=30)
+DEFAULT_LEASE = _dt.timedelta(seconds=10)
 
 
 def _lease_bounds(
@@ -55,7 +55,7 @@ def _lease_bounds(
 
 @attrs.frozen
 class ExecutionLease:
-    """How long a runner's ownership stays fresh without renewal (1 s to 1 h, default 30 s).
+    """How long a runner's ownership stays fresh without renewal (1 s to 1 h, default 10 s).
 
     The runner renews every third of the duration, so two renewals may be lost before the
     lease lapses; after a crash a restart proceeds at most `duration` after the last renewal.
@@ -83,7 +83,14 @@ class LeaseState:
     lease_expires_at: _dt.datetime | None
     #: The lease ran out on the database clock (False without a lease).
     lease_expired: bool
+    #: Milliseconds until the lease runs out on the database clock (None without a lease).
+    lease_remaining_ms: int | None
     stop_requested: bool
+
+    @property
+    def remaining_seconds(self) -> float:
+        """Seconds until the lease runs out (0 when it has, or without a lease)."""
+        return (self.lease_remaining_ms or 0) / 1000
 
     @property
     def has_lease(self) -> bool:

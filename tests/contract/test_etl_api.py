@@ -167,9 +167,9 @@ def test_first_run_completes_and_the_instance_never_runs_again(
     with job.launch() as run:
         assert (run.attempt, run.restarted) == (1, False)
         assert run.execution.status is S.STARTED
-        # Liveness is a lease on the row, renewed by the run; no advisory lock, no idle
-        # connection that a killed session could take away.
-        assert advisory_locks(admin) == 0
+        # Liveness is a lease on the row, renewed by the run; the run's liveness lock is
+        # only fast evidence for launchers (killing its session never hands the run over).
+        assert advisory_locks(admin) == 1
         assert lease_expires_at(admin, run.execution.id) is not None
         outcome = run.step("load", loader(5, 2, seen=seen))
     assert seen == [{"offset": 0, "read": 0, "written": 0, "commits": 0}]
@@ -366,7 +366,7 @@ def test_a_live_run_is_never_taken_over(
         assert decisions(admin) == []
         [execution] = executions(repository, run)
         assert (execution.status, execution.version) == (S.STARTED, run.execution.version)
-        assert advisory_locks(admin) == 0
+        assert advisory_locks(admin) == 1  # only the live run's liveness lock
     assert executions(repository, run)[0].status is S.COMPLETED
     assert decisions(admin) == []
 

@@ -347,5 +347,5 @@ def test_lease_bounds_are_enforced() -> None:
     with pytest.raises(ValueError):
         ExecutionLease(datetime.timedelta(hours=1, seconds=1))
     lease = ExecutionLease()
-    assert lease.duration == datetime.timedelta(seconds=30)
-    assert lease.renew_interval == datetime.timedelta(seconds=10)
+    assert lease.duration == datetime.timedelta(seconds=10)
+    assert lease.renew_interval == datetime.timedelta(seconds=10) / 3

@@ -115,8 +115,9 @@ READERS: dict[str, tuple[str, ...]] = {
         *JOB_EXECUTION_COLUMNS,
         "owner_token",
         "lease_expires_at",
-        "lease_expired",
+        "lease_remaining_ms",
         "stop_requested",
+        "lease_expired",
     ),
     "renew_execution_lease": ("stop_requested",),
     "read_recovery_snapshot": (
