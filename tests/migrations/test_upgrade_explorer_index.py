@@ -24,6 +24,15 @@ from tests.support.clock import ManualClock
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "docs" / "examples" / "load_orders.py"
 INDEX = "job_execution_unresolved_identity"
+#: What migration 0003 (execution leases, the audit chain) adds, removed again.
+UNDO_LATER_MIGRATIONS = (
+    "DROP VIEW pybatch.audit_record_content",
+    "DROP TABLE pybatch.audit_chain_purge",
+    "DROP TABLE pybatch.audit_chain",
+    "DROP TABLE pybatch.audit_chain_head",
+    "ALTER TABLE pybatch.job_execution DROP CONSTRAINT job_execution_lease_has_owner",
+    "ALTER TABLE pybatch.job_execution DROP COLUMN lease_expires_at",
+)
 
 
 def _index_exists(admin: psycopg.Connection[Any]) -> bool:
@@ -37,18 +46,21 @@ def test_upgrade_with_a_job_in_flight_then_resume(
     (migration,) = [
         m for m in migrator.shipped_migrations() if m.name == "explorer_unresolved_index"
     ]
-    assert migration.version == migrator.supported_schema_version()  # undone below: the last
+    later = [m.version for m in migrator.shipped_migrations() if m.version > migration.version]
     admin.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, amount NUMERIC NOT NULL)")
     source = tmp_path / "orders.csv"
     source.write_text("".join(f"{i},1\n" for i in range(1, 501)))
     runner = JobRunner(db_dsn, python=sys.executable)
     assert runner.run(JOB, str(source), kill_at_chunk=2).killed
 
-    # The database as the previous schema version left it, with the job in flight.
+    # The database as the previous schema version left it, with the job in flight: the later
+    # migrations (execution leases and the audit chain, 0003) are undone too.
+    for statement in UNDO_LATER_MIGRATIONS:
+        admin.execute(statement)
     admin.execute(f"DROP INDEX pybatch.{INDEX}")
-    admin.execute("DELETE FROM pybatch.schema_migration WHERE version = %s", (migration.version,))
+    admin.execute("DELETE FROM pybatch.schema_migration WHERE version >= %s", (migration.version,))
     admin.execute("UPDATE pybatch.schema_version SET version = %s", (migration.version - 1,))
-    assert [m.version for m in migrator.migrate(pg_config)] == [migration.version]
+    assert [m.version for m in migrator.migrate(pg_config)] == [migration.version, *later]
     assert _index_exists(admin)
 
     clock = ManualClock(datetime.now(UTC) + timedelta(hours=1))
