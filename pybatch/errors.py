@@ -226,6 +226,12 @@ class CompletedInstance(RepositoryError):
 
     message = "job instance {id} is already completed"
     id: int
+    #: The instance's history was purged; its tombstone says it completed.
+    purged: bool = False
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return f"{text} (its history was purged)" if self.purged else text
 
 
 @_error
@@ -234,6 +240,12 @@ class AbandonedInstance(RepositoryError):
 
     message = "job instance {id} is abandoned"
     id: int
+    #: The instance's history was purged; its tombstone says it was abandoned.
+    purged: bool = False
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return f"{text} (its history was purged)" if self.purged else text
 
 
 @_error
@@ -329,6 +341,37 @@ class RecoveryNotAllowed(RepositoryError):
     message = "job execution {id} in {status} cannot be recovered"
     id: int
     status: str
+
+
+@_error
+class ExecutionOwned(RepositoryError):
+    """Another owner token is already recorded on the execution."""
+
+    message = "job execution {id} is owned by another process"
+    id: int
+
+
+@_error
+class ExecutionOwnershipNotAllowed(RepositoryError):
+    """An owner can be claimed only while the execution is STARTING."""
+
+    message = "job execution {id} in {status} cannot acquire process ownership"
+    id: int
+    status: str
+
+
+@_error
+class ExecutionOwnershipLost(RepositoryError):
+    """This process no longer owns its execution; stop without touching it.
+
+    Its lease lapsed and another process recovered it, or it was changed behind the owner.
+    """
+
+    message = (
+        "job execution {id} is no longer owned by this process (lease lapsed or recovered "
+        "by another process); its work stops here"
+    )
+    id: int
 
 
 @_error
@@ -561,6 +604,33 @@ class PartitionContextTooLarge(DomainError):
 
     message = "partition context exceeds {max_bytes} bytes"
     max_bytes: int
+
+
+# behaviour.md 7.1 `Domain(DomainError)`: raised through a repository call, a DomainError is a
+# RepositoryError too. It keeps its own class, fields and message (and its cause).
+_REPOSITORY_DOMAIN_CLASSES: dict[type[DomainError], type[DomainError]] = {}
+
+
+def _rebuild_domain(cls: type[DomainError], fields: dict[str, Any]) -> PyBatchError:
+    return repository_domain_error(cls(**fields))
+
+
+def repository_domain_error(error: DomainError) -> DomainError:
+    """The same domain error as an instance of a subclass of its class and RepositoryError."""
+    if isinstance(error, RepositoryError):
+        return error
+    cls = type(error)
+    wrapper = _REPOSITORY_DOMAIN_CLASSES.get(cls)
+    if wrapper is None:
+
+        def reduce(self: PyBatchError) -> tuple[Any, ...]:
+            return (_rebuild_domain, (cls, attrs.asdict(self, recurse=False)))
+
+        wrapper = attrs.define(frozen=True, slots=False, kw_only=True, eq=False)(
+            type(cls.__name__, (cls, RepositoryError), {"__reduce__": reduce})
+        )
+        _REPOSITORY_DOMAIN_CLASSES[cls] = wrapper
+    return wrapper(**attrs.asdict(error, recurse=False))
 
 
 # -------------------------------------------------------------------- LifecycleError (7.2, 3.2)
@@ -987,6 +1057,92 @@ class RequestFieldInvalidCharacter(RequestFieldError):
     field: str
 
 
+# ----------------------------------------------------------------- OperatorError (7.2, 4.10)
+
+
+class OperatorError(PyBatchError):
+    """An operator request could not be settled (behaviour.md 4.10)."""
+
+    message = "operator request error"
+
+
+# ----------------------------------------------------------- RetentionError (7.2, 4.13, 4.14)
+
+
+class RetentionError(PyBatchError):
+    """A retention request or purge plan was refused (behaviour.md 2.19, 4.13, 4.14)."""
+
+    message = "retention error"
+
+
+@_error
+class BatchBoundOutOfRange(RetentionError):
+    """A purge batch bound outside 1..=1000."""
+
+    message = "purge batch bound {requested} is outside 1 to 1000"
+    requested: int
+
+
+@_error
+class AgeBoundTooSmall(RetentionError):
+    """A purge minimum age below one hour."""
+
+    message = "the minimum age of a purge is {minimum}"
+    minimum: str
+
+
+@_error
+class NonTerminalStatus(RetentionError):
+    """A purge status set named an active or UNKNOWN status."""
+
+    message = "status {status} is not terminal and cannot be purged"
+    status: str
+
+
+@_error
+class EmptyStatusSet(RetentionError):
+    """A purge status set without any status."""
+
+    message = "a purge needs at least one status"
+
+
+@_error
+class RetentionPlanStale(RetentionError, RepositoryError):
+    """Apply found the plan's candidates changed since the survey; nothing was deleted."""
+
+    message = "the purge plan is stale and nothing was deleted"
+
+
+@_error
+class InstanceHeld(RetentionError):
+    """The instance is held (vocabulary only)."""
+
+    message = "job instance {job_instance_id} is held"
+    job_instance_id: int
+
+
+# One class each for the operator's and the retention service's variants of the same error.
+
+
+@_error
+class OperationIdConflict(OperatorError, RetentionError):
+    """The operation id is already recorded for this action with a different request."""
+
+    message = "operation id {operation_id} was already used for a different {action} request"
+    action: str
+    operation_id: str
+
+
+@_error
+class OperationOutcomeUnknown(OperatorError, RetentionError):
+    """The COMMIT acknowledgement was lost; re-run with the same operation id to learn it."""
+
+    message = (
+        "the outcome of the request is unknown; re-run it with the same operation id, which "
+        "replays a recorded outcome instead of acting twice"
+    )
+
+
 # ------------------------------------------------------------------ ChunkTransactionError (7.2)
 
 
@@ -1009,6 +1165,14 @@ class ChunkCommitOutcomeUnknown(ChunkTransactionError):
     """The chunk's COMMIT acknowledgement was lost; reload committed state before resuming."""
 
     message = "chunk commit outcome is unknown; reload committed state before resuming"
+
+
+@_error
+class StopRequested(ChunkTransactionError):
+    """An operator asked the run to stop; the ETL API ends the step and the job STOPPED."""
+
+    message = "a stop was requested for job execution {id}"
+    id: int
 
 
 # --------------------------------------------------------------- BusinessTransactionError (7.2)
@@ -1297,6 +1461,8 @@ __all__ = [
     "AbandonedInstance",
     "AcquireExceedsClose",
     "ActiveExecutionHasEndTime",
+    "AgeBoundTooSmall",
+    "BatchBoundOutOfRange",
     "BusinessTransactionError",
     "CaCertificateTooLarge",
     "Cancelled",
@@ -1329,10 +1495,14 @@ __all__ = [
     "EmptyName",
     "EmptyPartitionPlan",
     "EmptySchemaId",
+    "EmptyStatusSet",
     "EmptyStepMapping",
     "EmptyToken",
     "EnvironmentValueInvalid",
     "ExecutionAlreadyActive",
+    "ExecutionOwned",
+    "ExecutionOwnershipLost",
+    "ExecutionOwnershipNotAllowed",
     "ExplorerAgeBoundTooSmall",
     "ExplorerError",
     "ExplorerRepositoryError",
@@ -1353,6 +1523,7 @@ __all__ = [
     "IllegalTransition",
     "IncompatibleDefinition",
     "Infrastructure",
+    "InstanceHeld",
     "IntegrityViolation",
     "InvalidConnectionString",
     "InvalidDefinitionUpgrade",
@@ -1379,7 +1550,11 @@ __all__ = [
     "NameTooLong",
     "NegativeIdentifier",
     "NewerSchema",
+    "NonTerminalStatus",
     "NotCommitted",
+    "OperationIdConflict",
+    "OperationOutcomeUnknown",
+    "OperatorError",
     "PageSizeOutOfRange",
     "ParameterStringTooLong",
     "ParameterValueOutOfRange",
@@ -1410,6 +1585,8 @@ __all__ = [
     "ResponseTooLarge",
     "RestartRequiresNewAttempt",
     "RestartStateNotFound",
+    "RetentionError",
+    "RetentionPlanStale",
     "RetryableConflict",
     "SchemaIdContainsControl",
     "SchemaIdHasSurroundingWhitespace",
@@ -1428,6 +1605,7 @@ __all__ = [
     "StateTooLarge",
     "StepExecutionNotFound",
     "StepPartitionNotFound",
+    "StopRequested",
     "TextNotUtf8",
     "TimeoutOutOfBounds",
     "TlsOptionInConnectionString",

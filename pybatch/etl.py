@@ -16,14 +16,17 @@ Written for script authors rather than mirroring the repository's ports::
 
 A step that raises marks the step and the job FAILED; running the script again restarts
 the instance: completed steps are skipped and the failed step resumes from its last
-committed checkpoint. A run holds a liveness lock for its execution; a later launch that
-finds an unresolved execution whose lock nobody holds (its process died) records an
-audited recovery decision (FAILED, reason OWNER_LOST) and restarts (docs/etl-guide.md).
+committed checkpoint. A run owns its execution through a lease that a background thread
+renews (pybatch/lease_keeper.py); a later launch that finds an unresolved execution whose
+lease ran out (its process died) records an audited recovery decision (FAILED, reason
+OWNER_LOST) and restarts. A stop request ends the run STOPPED at its next chunk boundary
+(docs/etl-guide.md).
 Composition only: every statement is run by the repository, chunk and recovery modules.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -38,14 +41,18 @@ from pybatch import partitioned
 from pybatch.chunks import ChunkTransaction, ChunkTransactionManager
 from pybatch.errors import (
     ExecutionAlreadyActive,
+    ExecutionOwnershipLost,
     FlowEndedInFailure,
     FlowStateCorrupt,
     JobExecutionNotFound,
+    NotCommitted,
     PartitionsFailed,
     PyBatchError,
     StepExecutionNotFound,
+    StopRequested,
 )
 from pybatch.job_repository import JobRepository
+from pybatch.lease_keeper import LeaseKeeper
 from pybatch.liveness import LivenessSession
 from pybatch.services.flow import FlowPoint
 from pybatch.unit_of_work import UnitOfWork
@@ -55,6 +62,7 @@ from pybatch.values.flow import FlowTarget, StartLimit, TerminalKind
 from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import ExitCode, JobName, NodeId, StateSchemaId, StepName
+from pybatch.values.ownership import ExecutionLease, LeaseState, OwnerToken
 from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.partitions import StepPartition
 from pybatch.values.records import JobExecution, JobInstance, StepExecution
@@ -87,10 +95,11 @@ class Chunk:
     chunk back, and after a commit the step continues from the state the chunk committed.
     """
 
-    __slots__ = ("_step", "_transaction")
+    __slots__ = ("_run", "_step", "_transaction")
 
     def __init__(self, step: StepRun, transaction: ChunkTransaction) -> None:
         self._step = step
+        self._run = step.run
         self._transaction = transaction
 
     def __enter__(self) -> Chunk:
@@ -148,12 +157,16 @@ class Chunk:
             written=written,
             filtered=filtered,
         )
-        self._step.state = self._transaction.commit(
-            counts,
-            skips,
-            checkpoint=_state(Checkpoint, checkpoint),
-            context=None if context is None else _state(ExecutionContext, context),
-        )
+        try:
+            self._step.state = self._transaction.commit(
+                counts,
+                skips,
+                checkpoint=_state(Checkpoint, checkpoint),
+                context=None if context is None else _state(ExecutionContext, context),
+            )
+        except NotCommitted:
+            self._run._raise_if_ownership_lost()
+            raise
 
 
 class StepRun:
@@ -202,12 +215,27 @@ class StepRun:
         counts = self.state.counts if self.state else self.execution.metadata.counts
         return counts.committed
 
+    @property
+    def stop_requested(self) -> bool:
+        """Whether an operator asked the run to stop (polled every lease renewal).
+
+        A long chunk may check it to end early; `chunk()` raises StopRequested anyway.
+        """
+        keeper = self.run._keeper
+        return keeper is not None and keeper.stop_requested
+
     def chunk(self) -> Chunk:
         """Open a chunk transaction on the step: `with step.chunk() as chunk: ...`.
 
         Leaving the block without `chunk.commit(...)` rolls the chunk back. After a commit,
         the step continues from the state the chunk committed.
+
+        Raises:
+            StopRequested: a stop was requested; the step and the job end STOPPED, and
+                the run's `with` block ends quietly (`JobRun.stopped`).
+            ExecutionOwnershipLost: this process no longer owns the execution.
         """
+        self.run._at_chunk_boundary()
         if self.state is None:
             transaction = self._manager.begin_for(self._context)
         else:
@@ -257,16 +285,26 @@ class JobRun:
         repository: JobRepository,
         instance: JobInstance,
         execution: JobExecution,
-        liveness: LivenessSession,
+        owner: OwnerToken | None,
+        lease: ExecutionLease | None = None,
         definition: DefinitionIdentity | None = None,
         parameters: JobParameters | None = None,
+        liveness: LivenessSession | None = None,
     ) -> None:
+        """`owner` and `lease` belong to the launching process; a partition worker has none."""
         self.repository = repository
         self.instance = instance
         self.execution = execution
-        self._liveness: LivenessSession | None = liveness
+        self.owner = owner
         self.definition = definition or DefinitionIdentity.legacy()
         self.parameters = parameters or instance.parameters
+        #: True once the run ended STOPPED because a stop was requested.
+        self.stopped = False
+        self._keeper: LeaseKeeper | None = None
+        self._liveness = liveness
+        if owner is not None:
+            self._keeper = LeaseKeeper(repository, execution.id, owner, lease or ExecutionLease())
+            self._keeper.start()
 
     def __repr__(self) -> str:
         return (
@@ -292,7 +330,24 @@ class JobRun:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         traceback: TracebackType | None,
-    ) -> None:
+    ) -> bool:
+        lost = self._keeper is not None and self._keeper.lost
+        self._halt_keeper()
+        if lost or isinstance(exc, ExecutionOwnershipLost):
+            # Another process recovered this execution: record nothing, touch nothing.
+            logger.error(
+                "pybatch: job execution %s was recovered by another process; this run "
+                "stops without recording how it ended",
+                self.execution.id,
+            )
+            if exc is None:
+                raise ExecutionOwnershipLost(id=self.execution.id)
+            return False
+        if isinstance(exc, StopRequested):
+            self._finish(BatchStatus.STOPPED)
+            self.stopped = True
+            logger.info("pybatch: job execution %s stopped on request", self.execution.id)
+            return True
         try:
             if exc is None:
                 self._finish(BatchStatus.COMPLETED)
@@ -306,24 +361,61 @@ class JobRun:
             logger.exception(
                 "pybatch: could not record how job execution %s ended", self.execution.id
             )
-        finally:
-            self._release_liveness()
+        return False
+
+    def _verify_owner(self, uow: UnitOfWork) -> JobExecution:
+        """This process still owns the execution (ExecutionOwnershipLost otherwise)."""
+        if self.owner is None:
+            current = uow.get_job_execution(self.execution.id)
+            if current is None:
+                raise JobExecutionNotFound(id=self.execution.id)
+            return current
+        return uow.verify_execution_owner(self.execution.id, self.owner)
 
     def _finish(self, status: BatchStatus) -> None:
-        self.execution = _end(
-            self.repository,
-            self.execution.id,
-            status,
-            get=UnitOfWork.get_job_execution,
-            transition=UnitOfWork.transition_job_execution,
-            enrich=UnitOfWork.enrich_job_exit_status,
-            not_found=lambda execution_id: JobExecutionNotFound(id=execution_id),
-        )
+        def end(uow: UnitOfWork) -> JobExecution:
+            current = self._verify_owner(uow)
+            # A stop observed meanwhile (STOPPING) can only end STOPPED.
+            ended_as = BatchStatus.STOPPED if current.status is BatchStatus.STOPPING else status
+            change = _ending(ended_as, max(uow.clock.now(), current.updated_at), current.id)
+            ended = uow.transition_job_execution(current.id, current.version, change)
+            return uow.enrich_job_exit_status(current.id, ended.version, _EXIT_CODES[ended_as])
+
+        self.execution = self.repository.run_in_unit_of_work(end)
+
+    def _halt_keeper(self) -> None:
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.halt()
+        liveness, self._liveness = self._liveness, None
+        if liveness is not None:
+            liveness.close()  # ends the session, which releases the liveness lock
 
     def _release_liveness(self) -> None:
-        conn, self._liveness = self._liveness, None
-        if conn is not None:
-            conn.close()  # ends the session, which releases the liveness lock
+        """Stop renewing the lease, as a process that died would (tests simulate crashes)."""
+        self._halt_keeper()
+
+    def _raise_if_ownership_lost(self) -> None:
+        """After a refused commit: if the cause is a lost ownership, say so."""
+        keeper = self._keeper
+        if keeper is None:
+            return
+        try:
+            keeper.renew_now()
+        except ExecutionOwnershipLost:
+            raise
+        except PyBatchError:
+            return
+
+    def _at_chunk_boundary(self) -> None:
+        """Raise ExecutionOwnershipLost or StopRequested before another chunk or step begins."""
+        keeper = self._keeper
+        if keeper is None:
+            return
+        if keeper.lost:
+            raise ExecutionOwnershipLost(id=self.execution.id)
+        if keeper.stop_requested:
+            raise StopRequested(id=self.execution.id)
 
     def step(
         self,
@@ -343,6 +435,7 @@ class JobRun:
 
         def start(uow: UnitOfWork) -> tuple[bool, StepExecution]:
             """(True, the completed step) to skip, or (False, the new STARTED step)."""
+            self._verify_owner(uow)
             latest = uow.latest_flow_step(self.instance.id, node)
             if latest is not None and latest.step_execution.status is BatchStatus.COMPLETED:
                 return True, latest.step_execution
@@ -352,6 +445,7 @@ class JobRun:
                 step.id, step.version, LifecycleTransition.new(BatchStatus.STARTED, at)
             )
 
+        self._at_chunk_boundary()
         skipped, started = self.repository.run_in_unit_of_work(start)
         if skipped:
             logger.info("pybatch: step %s completed in an earlier attempt; skipped", name)
@@ -362,9 +456,11 @@ class JobRun:
                 work(step_run)
             finally:
                 step_run.close()
+        except ExecutionOwnershipLost:
+            raise  # the step belongs to the recovered execution now: leave it alone
         except BaseException as error:
-            status = BatchStatus.FAILED if isinstance(error, Exception) else BatchStatus.STOPPED
-            self._end_step(started.id, status)
+            stopped = isinstance(error, StopRequested) or not isinstance(error, Exception)
+            self._end_step(started.id, BatchStatus.STOPPED if stopped else BatchStatus.FAILED)
             raise
         return StepOutcome(
             name=name, skipped=False, step=self._end_step(started.id, BatchStatus.COMPLETED)
@@ -379,6 +475,7 @@ class JobRun:
             transition=UnitOfWork.transition_step_execution,
             enrich=UnitOfWork.enrich_step_exit_status,
             not_found=lambda found_id: StepExecutionNotFound(id=found_id),
+            before=self._verify_owner,
         )
 
     def partitioned_step(
@@ -492,10 +589,13 @@ def _end(
     transition: Callable[[UnitOfWork, int, int, LifecycleTransition], Record],
     enrich: Callable[[UnitOfWork, int, int, ExitCode], Record],
     not_found: Callable[[int], PyBatchError],
+    before: Callable[[UnitOfWork], object] | None = None,
 ) -> Record:
     """End a run or a step: transition it to `status`, then record the matching exit code."""
 
     def end(uow: UnitOfWork) -> Record:
+        if before is not None:
+            before(uow)
         current = get(uow, record_id)
         if current is None:
             raise not_found(record_id)
@@ -515,7 +615,12 @@ def _ending(status: BatchStatus, at: datetime, failure_id: int) -> LifecycleTran
 
 
 class Job:
-    """A job by name and identifying parameters: what `launch` starts or restarts."""
+    """A job by name and identifying parameters: what `launch` starts or restarts.
+
+    `lease` (1 s to 1 h, default 30 s) bounds how long a crashed run blocks its restart:
+    a run renews its lease every third of it, and a launch recovers an unresolved attempt
+    only once that attempt's lease has run out on the database clock.
+    """
 
     def __init__(
         self,
@@ -525,6 +630,7 @@ class Job:
         *,
         definition: DefinitionIdentity | None = None,
         recover_orphans: bool = True,
+        lease: _dt.timedelta | ExecutionLease | None = None,
     ) -> None:
         self.repository = repository
         params = (
@@ -535,41 +641,54 @@ class Job:
         self.key = JobInstanceKey(JobName(name), params)
         self.definition = definition or DefinitionIdentity.legacy()
         self.recover_orphans = recover_orphans
+        if lease is None:
+            self.lease = ExecutionLease()
+        elif isinstance(lease, ExecutionLease):
+            self.lease = lease
+        else:
+            self.lease = ExecutionLease(lease)
 
     def launch(self) -> JobRun:
         """Start the first attempt, or restart after FAILED or STOPPED, and mark it STARTED.
 
+        When the unresolved attempt's liveness lock is free but its lease has not run out
+        yet (its process just died, or only its idle liveness session was killed), the
+        launch waits, at most until the lease runs out: a renewal meanwhile proves the
+        owner alive (ExecutionAlreadyActive), an expiry proves it gone (recovered here).
+
         Raises:
             CompletedInstance, AbandonedInstance: the instance never runs again.
-            ExecutionAlreadyActive: another live process runs this instance.
+            ExecutionAlreadyActive: another live process runs this instance (its lease is
+                fresh), or the unresolved attempt is UNKNOWN and needs explicit recovery
+                with reason UNKNOWN_EFFECT (`pybatch recover`).
         """
-        liveness = LivenessSession(self.repository)
-        try:
-            return self.repository.run_in_unit_of_work(lambda uow: self._launch(uow, liveness))
-        except BaseException:
-            liveness.close()
-            raise
+        owner = OwnerToken.generate()
+        seen_expiry: _dt.datetime | None = None
+        deadline = time.monotonic() + self.lease.duration.total_seconds() + 1.0
+        while True:
+            liveness = LivenessSession(self.repository)
 
-    def _launch(self, uow: UnitOfWork, liveness: LivenessSession) -> JobRun:
-        instance = uow.select_or_create_job_instance(self.key).instance
-        try:
-            execution = uow.create_job_execution_with_definition(instance.id, self.definition)
-        except ExecutionAlreadyActive as active:
-            if not self.recover_orphans or not liveness.owner_is_gone(active.execution_id):
+            def launch_once(
+                uow: UnitOfWork, session: LivenessSession = liveness
+            ) -> tuple[JobInstance, JobExecution]:
+                return self._launch(uow, owner, session)
+
+            try:
+                instance, started = self.repository.run_in_unit_of_work(launch_once)
+            except _OwnerMayBeGone as pending:
+                liveness.close()
+                renewed = seen_expiry is not None and pending.lease_expires_at > seen_expiry
+                if renewed or time.monotonic() > deadline:
+                    raise pending.active from None
+                if seen_expiry is None:
+                    seen_expiry = pending.lease_expires_at
+                    deadline = time.monotonic() + pending.remaining_seconds + 1.0
+                time.sleep(_LEASE_POLL_SECONDS)
+                continue
+            except BaseException:
+                liveness.close()
                 raise
-            uow.recover_orphaned_execution(active.execution_id)
-            logger.warning(
-                "pybatch: job execution %s had no live owner; recorded FAILED (OWNER_LOST)",
-                active.execution_id,
-            )
-            execution = uow.create_job_execution_with_definition(instance.id, self.definition)
-        # Take the liveness lock before the execution becomes visible (before COMMIT), so no
-        # other launcher can ever see it unlocked while this process is alive.
-        liveness.claim(execution.id)
-        at = max(uow.clock.now(), execution.created_at)
-        started = uow.transition_job_execution(
-            execution.id, execution.version, LifecycleTransition.new(BatchStatus.STARTED, at)
-        )
+            break
         logger.info(
             "pybatch: job %s instance %s attempt %s started (execution %s)",
             instance.job_name.value,
@@ -578,8 +697,91 @@ class Job:
             started.id,
         )
         return JobRun(
-            self.repository, instance, started, liveness, self.definition, self.key.parameters
+            self.repository,
+            instance,
+            started,
+            owner,
+            self.lease,
+            self.definition,
+            self.key.parameters,
+            liveness,
         )
+
+    def _launch(
+        self, uow: UnitOfWork, owner: OwnerToken, liveness: LivenessSession
+    ) -> tuple[JobInstance, JobExecution]:
+        instance = uow.select_or_create_job_instance(self.key).instance
+        try:
+            execution = uow.create_job_execution_with_definition(instance.id, self.definition)
+        except ExecutionAlreadyActive as active:
+            if not self.recover_orphans:
+                raise
+            orphan, lease = uow.lock_execution_ownership(active.execution_id)
+            if not self._is_orphaned(orphan, lease, liveness, active):
+                raise
+            uow.recover_orphaned_execution(orphan.id, audited=True)
+            logger.warning(
+                "pybatch: job execution %s had no live owner (%s); recorded FAILED (OWNER_LOST)",
+                orphan.id,
+                "lease expired" if lease.has_lease else "liveness lock free",
+            )
+            execution = uow.create_job_execution_with_definition(instance.id, self.definition)
+        # Fast evidence for the next launcher: the liveness lock, taken before the execution
+        # becomes visible. The lease (claimed below) is what decides; the lock only spares a
+        # launcher the wait while this process is alive.
+        liveness.claim(execution.id)
+        at = max(uow.clock.now(), execution.created_at)
+        claimed = uow.claim_execution_owner(execution.id, execution.version, owner, at, self.lease)
+        started = uow.transition_job_execution(
+            claimed.id, claimed.version, LifecycleTransition.new(BatchStatus.STARTED, at)
+        )
+        return instance, started
+
+    def _is_orphaned(
+        self,
+        execution: JobExecution,
+        lease: LeaseState,
+        liveness: LivenessSession,
+        active: ExecutionAlreadyActive,
+    ) -> bool:
+        """True when the unresolved attempt's owner is gone and it may be recovered here.
+
+        UNKNOWN never is (its commit may have happened: only an explicit recovery with
+        reason UNKNOWN_EFFECT resolves it). A leased attempt is orphaned once its lease ran
+        out on the database clock, whoever holds its liveness lock (any role can take an
+        advisory-lock key, so the lock alone never blocks recovery). With a fresh lease:
+        a held lock means the owner is alive; a free one means wait and see (the launch
+        polls, _OwnerMayBeGone). An attempt without a lease was started before leases
+        existed (before schema version 4); its runner holds the liveness lock.
+
+        Raises:
+            _OwnerMayBeGone: the lease is fresh and the liveness lock free.
+        """
+        if not execution.status.is_active:
+            return False
+        if not lease.has_lease:
+            return liveness.owner_is_gone(execution.id)
+        if lease.lease_expired:
+            return True
+        if lease.lease_expires_at is not None and liveness.owner_is_gone(execution.id):
+            raise _OwnerMayBeGone(active, lease.lease_expires_at, lease.remaining_seconds)
+        return False
+
+
+#: How often a launch re-reads a lease it waits on.
+_LEASE_POLL_SECONDS = 0.2
+
+
+class _OwnerMayBeGone(Exception):
+    """The liveness lock is free but the lease is fresh: wait for a renewal or the expiry."""
+
+    def __init__(
+        self, active: ExecutionAlreadyActive, lease_expires_at: _dt.datetime, remaining: float
+    ) -> None:
+        super().__init__()
+        self.active = active
+        self.lease_expires_at = lease_expires_at
+        self.remaining_seconds = remaining
 
 
 def _runners(
@@ -588,7 +790,7 @@ def _runners(
     """How a worker process (local or joined) turns a claimed partition into `work(...)`."""
 
     def runners(repository: JobRepository) -> partitioned.Runner:
-        run = JobRun(repository, instance, execution, LivenessSession(repository))
+        run = JobRun(repository, instance, execution, None)  # a worker owns no lease
 
         def runner(worker: StepExecution, partition: StepPartition) -> None:
             work(PartitionRun(run, worker, partition))

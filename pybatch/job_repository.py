@@ -1,6 +1,7 @@
 """The job repository: a bounded connection pool handing out units of work (behaviour.md 4).
 
-Statements: schema.sql read_schema_version (the version check at connect).
+Statements: schema.sql read_schema_version (the version check at connect); recovery.sql
+read_recovery_snapshot.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from typing import TypeVar
 
 from pybatch._statements import Connection, Statements, load_statements
 from pybatch._transaction import TransactionSource
+from pybatch.capability_defaults import built_capabilities
 from pybatch.clock import Clock, SystemClock
+from pybatch.codecs._primitives import DecodeError
 from pybatch.config import ConnectionConfig
 from pybatch.errors import (
     MigrationRequired,
@@ -21,8 +24,11 @@ from pybatch.errors import (
     Unavailable,
 )
 from pybatch.migrator import supported_schema_version
+from pybatch.repository import recovery
 from pybatch.unit_of_work import UnitOfWork
-from pybatch.values.capabilities import RepositoryCapability, RepositoryDescriptor
+from pybatch.values.capabilities import RepositoryDescriptor
+from pybatch.values.ownership import OwnerToken
+from pybatch.values.recovery import RecoverySnapshot
 
 __all__ = ["JobRepository"]
 
@@ -129,6 +135,25 @@ class JobRepository:
                     continue
                 return result
 
+    def recovery_snapshot(
+        self, execution_id: int, current_owner: OwnerToken | None = None
+    ) -> RecoverySnapshot:
+        """Observe one execution for a recovery decision, in its own read-only transaction.
+
+        Raises:
+            JobExecutionNotFound: no such execution.
+            Unavailable: the server failed, or a row could not be decoded.
+
+        Statements: recovery.sql read_recovery_snapshot (pybatch/repository/recovery.py).
+        """
+        with self.read_transaction() as conn:
+            try:
+                return recovery.recovery_snapshot(
+                    self.statements, conn, execution_id, current_owner
+                )
+            except DecodeError:
+                raise Unavailable() from None
+
     def dedicated_connection(self) -> Connection:
         """An autocommit connection outside the pool, for a run's liveness lock.
 
@@ -140,11 +165,11 @@ class JobRepository:
     # ------------------------------------------------------------------ negotiation
 
     def descriptor(self) -> RepositoryDescriptor:
-        """All six capabilities, with the verified schema version (behaviour.md 2.21)."""
+        """The capabilities built (every operation implemented), with the schema version (2.21)."""
         return RepositoryDescriptor(
             RepositoryDescriptor.CURRENT_VERSION,
             self.schema_version,
-            frozenset(RepositoryCapability),
+            built_capabilities(UnitOfWork),
         )
 
     def connection_capacity(self) -> int:

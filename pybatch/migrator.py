@@ -1,4 +1,4 @@
-"""Schema migrations: numbered, checksummed files applied under an advisory lock (schema.md 7).
+"""Schema migrations: numbered, checksummed files applied under the migrator lock (schema.md 7).
 
 Statements: schema.sql (bookkeeping) and the migration files themselves, each run whole in
 its own transaction. The connection's lock timeout (a startup setting) bounds the wait for
@@ -10,8 +10,6 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -112,18 +110,21 @@ def installed_schema_version(config: ConnectionConfig) -> int | None:
         return _read_version(conn)
 
 
-@contextmanager
-def _migration_lock(conn: psycopg.Connection[Any]) -> Iterator[None]:
+def _lock_migrations(conn: psycopg.Connection[Any]) -> None:
+    """Serialize migrators for the current transaction, bounded by the session lock_timeout.
+
+    Once the history table exists the lock is a table lock on it, which a role without
+    write privileges on pybatch's history cannot take (or hold against us). Only the first
+    install, before that table exists, falls back to a transaction advisory lock.
+    """
     statements = load_statements()
     try:
-        statements.lock_schema_migrations.scalar(conn)
+        if not statements.find_schema_migration_table.scalar(conn):
+            statements.lock_schema_bootstrap.scalar(conn)
+        if statements.find_schema_migration_table.scalar(conn):
+            statements.lock_schema_migration_history.affected(conn)
     except psycopg.errors.LockNotAvailable:
         raise MigrationLockTimeout() from None
-    try:
-        yield
-    finally:
-        if not conn.broken:
-            statements.unlock_schema_migrations.scalar(conn)
 
 
 def _verify_history(
@@ -227,26 +228,34 @@ def _apply(conn: psycopg.Connection[Any], migration: Migration) -> None:
 def migrate(config: ConnectionConfig, *, dry_run: bool = False) -> list[Migration]:
     """Bring the schema to the supported version; return the files applied (or pending).
 
-    Safe when several processes run it at once: they serialize on an advisory lock
-    and the later ones find nothing pending. A newer schema or an applied file whose
-    checksum changed is refused before anything runs.
+    Safe when several processes run it at once: each migration file runs in its own
+    transaction that first takes the migrator lock (`_lock_migrations`) and re-reads the
+    installed version, so concurrent migrators serialize and the later ones find nothing
+    pending. A newer schema or an applied file whose checksum changed is refused before
+    anything runs.
     """
     shipped = shipped_migrations()
+    statements = load_statements()
+    applied: list[Migration] = []
     with open_connection(config, autocommit=True) as conn:
         try:
-            with _migration_lock(conn):
-                installed = _read_version(conn)
-                pending = _pending(installed, shipped)
-                _verify_history(conn, installed, shipped)
-                if dry_run or not pending:
-                    return pending
-                load_statements().create_pybatch_schema.affected(conn)
-                for migration in pending:
-                    _apply(conn, migration)
-                final = _read_version(conn)
-                if final != shipped[-1].version:
-                    raise MigrationHistoryInvalid(version=final or 0)
-                return pending
+            while True:
+                with conn.transaction():
+                    _lock_migrations(conn)
+                    installed = _read_version(conn)
+                    pending = _pending(installed, shipped)
+                    _verify_history(conn, installed, shipped)
+                    if dry_run:
+                        return pending
+                    if not pending:
+                        break
+                    statements.create_pybatch_schema.affected(conn)
+                    _apply(conn, pending[0])
+                    applied.append(pending[0])
+            final = _read_version(conn)
+            if final != shipped[-1].version:
+                raise MigrationHistoryInvalid(version=final or 0)
+            return applied
         except PyBatchError:
             raise
         except psycopg.Error as error:

@@ -22,11 +22,13 @@ from psycopg.pq import TransactionStatus
 from pybatch import _sqlstate
 from pybatch._statements import Connection, Statements
 from pybatch._transaction import CommitErrors, Lease
+from pybatch.capability_defaults import CapabilityDefaults
 from pybatch.clock import Clock
 from pybatch.codecs._primitives import DecodeError
 from pybatch.errors import (
     CommitOutcomeUnknown,
     DefinitionUpgradeConflict,
+    DomainError,
     DuplicatePartitionKey,
     PartitionPlanExists,
     PyBatchError,
@@ -34,16 +36,21 @@ from pybatch.errors import (
     TransactionAborted,
     Unavailable,
     UnitOfWorkClosed,
+    repository_domain_error,
 )
 from pybatch.repository import (
     definitions,
     executions,
     flow,
+    holds,
     instances,
     operator_requests,
+    ownership,
     partitions,
     recovery,
+    retention,
     steps,
+    stop_requests,
 )
 from pybatch.values.definitions import DefinitionIdentity, DefinitionUpgrade
 from pybatch.values.flow import (
@@ -54,8 +61,22 @@ from pybatch.values.flow import (
     StartLimit,
 )
 from pybatch.values.lifecycle import LifecycleTransition
-from pybatch.values.names import ExitCode, JobName, NodeId, OperationId, StepName
-from pybatch.values.operator import OperatorAction, OperatorRecord, OperatorRecordDraft
+from pybatch.values.names import (
+    ActorRef,
+    ExitCode,
+    JobName,
+    NodeId,
+    OperationId,
+    ReasonCode,
+    StepName,
+)
+from pybatch.values.operator import (
+    OperatorAction,
+    OperatorRecord,
+    OperatorRecordDraft,
+    automatic_recovery_record,
+)
+from pybatch.values.ownership import ExecutionControl, ExecutionLease, LeaseState, OwnerToken
 from pybatch.values.parameters import JobInstanceKey
 from pybatch.values.partitions import PartitionPlanEntry, PlanProgress, StepPartition
 from pybatch.values.records import (
@@ -64,7 +85,20 @@ from pybatch.values.records import (
     JobInstanceSelection,
     StepExecution,
 )
-from pybatch.values.recovery import RecoveryDecision, RecoveryRequest, RecoveryResult
+from pybatch.values.recovery import (
+    RecoveryDecision,
+    RecoveryRequest,
+    RecoveryResult,
+)
+from pybatch.values.retention import (
+    PurgePlan,
+    PurgePlanRequest,
+    PurgeSurvey,
+    RetentionAction,
+    RetentionHold,
+    RetentionRecord,
+    RetentionRecordDraft,
+)
 from pybatch.values.status import BatchStatus
 
 __all__ = ["UnitOfWork", "UnitOfWorkBase"]
@@ -93,8 +127,11 @@ def _rolled_back_on_error(conn: Connection) -> Iterator[None]:
         raise
 
 
-class UnitOfWorkBase:
-    """Transaction mechanics shared by every unit of work; operations live in the subclass."""
+class UnitOfWorkBase(CapabilityDefaults):
+    """Transaction mechanics shared by every unit of work; operations live in the subclass.
+
+    Optional operations default to UnsupportedCapability (pybatch/capability_defaults.py).
+    """
 
     def __init__(self, lease: Lease, statements: Statements, clock: Clock) -> None:
         self._lease = lease
@@ -161,6 +198,8 @@ class UnitOfWorkBase:
             else:
                 with conn.transaction():
                     yield conn
+        except DomainError as error:  # a RepositoryError too once it crosses a repository call
+            raise repository_domain_error(error) from error
         except PyBatchError as error:
             if isinstance(error, RetryableConflict | Unavailable) and conn.broken:
                 self._poisoned = error
@@ -291,16 +330,24 @@ class UnitOfWork(UnitOfWorkBase):
                 self.statements, conn, self.clock, execution_id, request
             )
 
-    def recover_orphaned_execution(self, execution_id: int) -> RecoveryResult:
+    def recover_orphaned_execution(
+        self, execution_id: int, *, audited: bool = True
+    ) -> RecoveryResult:
         """Record FAILED (OWNER_LOST) for an execution whose owner is proved gone (4.9).
 
-        The caller proves it first (`LivenessSession.owner_is_gone`); the open steps fail
-        with it, and the decision is audited like an operator's.
+        The caller proves it first (an expired lease, or a free legacy liveness lock); the
+        open steps fail with it. With `audited` it is also recorded like an operator's
+        request (RECOVER by pybatch.etl), in the same savepoint.
         """
         with self.operation() as conn:
-            return recovery.recover_orphaned_execution(
+            result = recovery.recover_orphaned_execution(
                 self.statements, conn, self.clock, execution_id
             )
+            if audited:
+                operator_requests.append_operator_request(
+                    self.statements, conn, automatic_recovery_record(result, self.clock.now())
+                )
+            return result
 
     def recovery_decision(self, execution_id: int) -> RecoveryDecision | None:
         """The latest recovery decision of an execution, or None (4.9, G8)."""
@@ -325,6 +372,119 @@ class UnitOfWork(UnitOfWorkBase):
         """
         with self.operation() as conn:
             return operator_requests.append_operator_request(self.statements, conn, draft)
+
+    # ------------------------------------------------------------------ stop requests, ownership
+
+    def request_execution_stop(
+        self, execution_id: int, expected_version: int, actor: ActorRef, requested_at: datetime
+    ) -> JobExecution:
+        """Record a durable stop request; no transition, version unchanged (4.11)."""
+        with self.operation() as conn:
+            return stop_requests.request_execution_stop(
+                self.statements, conn, execution_id, expected_version, actor, requested_at
+            )
+
+    def claim_execution_owner(
+        self,
+        execution_id: int,
+        expected_version: int,
+        owner: OwnerToken,
+        claimed_at: datetime,
+        lease: ExecutionLease | None = None,
+    ) -> JobExecution:
+        """Record the owner token of a STARTING execution and start its lease (4.12)."""
+        with self.operation() as conn:
+            return ownership.claim_execution_owner(
+                self.statements,
+                conn,
+                execution_id,
+                expected_version,
+                owner,
+                claimed_at,
+                lease or ExecutionLease(),
+            )
+
+    def observe_execution_control(
+        self, execution_id: int, owner: OwnerToken, observed_at: datetime
+    ) -> ExecutionControl:
+        """Ownership and stop flags; the owner's observation of a stop moves it to STOPPING."""
+        with self.operation() as conn:
+            return ownership.observe_execution_control(
+                self.statements, conn, execution_id, owner, observed_at
+            )
+
+    def renew_execution_lease(
+        self, execution_id: int, owner: OwnerToken, lease: ExecutionLease
+    ) -> bool:
+        """Extend the owner's lease; True when a stop is requested (ExecutionOwnershipLost)."""
+        with self.operation() as conn:
+            return ownership.renew_execution_lease(
+                self.statements, conn, execution_id, owner, lease
+            )
+
+    def verify_execution_owner(self, execution_id: int, owner: OwnerToken) -> JobExecution:
+        """Lock the execution and confirm `owner` still runs it (ExecutionOwnershipLost)."""
+        with self.operation() as conn:
+            return ownership.verify_execution_owner(self.statements, conn, execution_id, owner)
+
+    def lock_execution_ownership(self, execution_id: int) -> tuple[JobExecution, LeaseState]:
+        """Lock an execution and read its ownership evidence (token, lease, stop flag)."""
+        with self.operation() as conn:
+            return ownership.lock_execution_ownership(self.statements, conn, execution_id)
+
+    # ------------------------------------------------------------------ holds and retention
+
+    def job_instance_hold(self, instance_id: int) -> RetentionHold | None:
+        """The instance's retention hold, or None (4.13)."""
+        with self.operation() as conn:
+            return holds.job_instance_hold(self.statements, conn, instance_id)
+
+    def place_instance_hold(
+        self, instance_id: int, actor: ActorRef, reason: ReasonCode, placed_at: datetime
+    ) -> RetentionHold:
+        """Place (or replace) the instance's hold (4.13)."""
+        with self.operation() as conn:
+            return holds.place_instance_hold(
+                self.statements, conn, instance_id, actor, reason, placed_at
+            )
+
+    def release_instance_hold(self, instance_id: int) -> RetentionHold | None:
+        """Clear the instance's hold; return the previous one (4.13)."""
+        with self.operation() as conn:
+            return holds.release_instance_hold(self.statements, conn, instance_id)
+
+    def find_retention_action(
+        self, action: RetentionAction, operation_id: OperationId
+    ) -> RetentionRecord | None:
+        """The recorded retention request of (action, operation id), or None (4.14)."""
+        with self.operation() as conn:
+            return retention.find_retention_action(self.statements, conn, action, operation_id)
+
+    def append_retention_action(self, draft: RetentionRecordDraft) -> RetentionRecord:
+        """Append a retention audit row; a recorded key is ConcurrentModification (4.14)."""
+        with self.operation() as conn:
+            return retention.append_retention_action(self.statements, conn, draft)
+
+    def purge_survey(
+        self, request: PurgePlanRequest, after: tuple[datetime, int] | None = None
+    ) -> PurgeSurvey:
+        """The next batch of whole instance histories to purge; read-only (4.14)."""
+        with self.operation() as conn:
+            return retention.purge_survey(self.statements, conn, request, self.clock.now(), after)
+
+    def apply_purge(self, plan: PurgePlan) -> retention.PurgeResult:
+        """Delete exactly the plan's histories, or nothing (RetentionPlanStale) (4.14)."""
+        with self.operation() as conn:
+            return retention.apply_purge(self.statements, conn, plan, self.clock.now())
+
+    def mark_purged_audit_links(
+        self, deleted: retention.PurgedAuditRecords, retention_action_id: int
+    ) -> int:
+        """Mark the audit-chain links whose records a purge deleted."""
+        with self.operation() as conn:
+            return retention.mark_purged_audit_links(
+                self.statements, conn, deleted, retention_action_id
+            )
 
     # ------------------------------------------------------------------ step executions
 

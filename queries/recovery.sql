@@ -65,3 +65,48 @@ FROM pybatch.recovery_decision AS d
 WHERE d.job_execution_id = :job_execution_id
 ORDER BY d.decided_at DESC, d.id DESC
 LIMIT 1;
+
+-- :name read_recovery_snapshot :one
+-- :doc The recovery snapshot of one execution (behaviour.md 4.17): its state, whether the given
+-- owner token is the recorded one (the token itself is never returned), the server clock, its
+-- newest step and the markers' evidence.
+SELECT
+    e.status,
+    e.attempt,
+    e.version,
+    e.updated_at,
+    e.failure_category,
+    s.id AS latest_step_id,
+    s.status AS latest_step_status,
+    s.checkpoint_schema AS latest_step_checkpoint_schema,
+    s.checkpoint_schema_version AS latest_step_checkpoint_schema_version,
+    e.owner_token IS NULL AS owner_absent,
+    COALESCE(e.owner_token = :owner_token, FALSE) AS owner_matches,
+    CLOCK_TIMESTAMP() AS server_time,
+    EXISTS(
+        SELECT 1
+        FROM pybatch.step_partition AS p
+        INNER JOIN pybatch.step_execution AS ps ON p.step_execution_id = ps.id
+        WHERE ps.job_execution_id = e.id AND p.status = 'COMPLETED'
+    ) AS completed_partition,
+    EXISTS(
+        SELECT 1
+        FROM pybatch.flow_decision AS f
+        WHERE f.job_execution_id = e.id
+    ) AS committed_flow_decision,
+    COALESCE(d.manifest ->> 'delivery_mode' <> 'atomic_same_resource', TRUE)
+        AS ambiguous_external_effect
+FROM pybatch.job_execution AS e
+INNER JOIN pybatch.job_definition AS d ON e.definition_id = d.id
+LEFT JOIN LATERAL (
+    SELECT
+        st.id,
+        st.status,
+        st.checkpoint_schema,
+        st.checkpoint_schema_version
+    FROM pybatch.step_execution AS st
+    WHERE st.job_execution_id = e.id
+    ORDER BY st.id DESC
+    LIMIT 1
+) AS s ON TRUE
+WHERE e.id = :job_execution_id;

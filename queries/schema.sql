@@ -4,13 +4,16 @@ SELECT sv.version
 FROM pybatch.schema_version AS sv
 WHERE sv.singleton;
 
--- :name lock_schema_migrations :scalar
--- :doc Take the database-wide migration advisory lock, waited for at most lock_timeout.
-SELECT PG_ADVISORY_LOCK(HASHTEXTEXTENDED('pybatch.schema.migrations', 0)) AS lock_acquired;
+-- :name lock_schema_migration_history :affected
+-- :doc Serialize migrators for the rest of the transaction on a lock that only the schema owner
+-- (or a role granted writes on the migration history) may take, waited for at most lock_timeout.
+LOCK TABLE pybatch.schema_migration IN EXCLUSIVE MODE;
 
--- :name unlock_schema_migrations :scalar
--- :doc Release the migration advisory lock taken by lock_schema_migrations.
-SELECT PG_ADVISORY_UNLOCK(HASHTEXTEXTENDED('pybatch.schema.migrations', 0)) AS lock_released;
+-- :name lock_schema_bootstrap :scalar
+-- :doc Serialize migrators of a database without the migration history yet (first install only),
+-- for the rest of the transaction, waited for at most lock_timeout.
+SELECT PG_ADVISORY_XACT_LOCK(HASHTEXTEXTENDED('pybatch.schema.migrations', 0)) IS NULL
+    AS lock_acquired;
 
 -- :name create_pybatch_schema :affected
 -- :doc Create the pybatch schema before the first migration file runs (schema.md 7).

@@ -1,6 +1,6 @@
 """The `pybatch` operator command line: `pybatch.cli:main`.
 
-Commands call the migrator, the repository or the explorer; none holds SQL. Exit
+Commands call the migrator, the repository, the explorer or the services; none holds SQL. Exit
 codes (docs/operators.md): 0 done (an empty result included), 1 refused (a pybatch error),
 2 usage or configuration, 3 database unavailable, 4 not found, 5 outcome unknown,
 6 permission denied.
@@ -12,7 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from pybatch.cli import demo, explore, schema, sql, worker
+from pybatch.cli import demo, explore, operator, retention, schema, sql, worker
 from pybatch.errors import (
     ChunkCommitOutcomeUnknown,
     CommitOutcomeUnknown,
@@ -23,8 +23,12 @@ from pybatch.errors import (
     ExplorerTimeout,
     JobExecutionNotFound,
     JobInstanceNotFound,
+    OperationOutcomeUnknown,
     PageSizeOutOfRange,
     PyBatchError,
+    RequestFieldError,
+    RetentionError,
+    RetentionPlanStale,
     StepExecutionNotFound,
     StepPartitionNotFound,
     Unavailable,
@@ -47,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     sql.register(commands)
     demo.register(commands)
     worker.register(commands)
+    operator.register(commands)
+    retention.register(commands)
     return parser
 
 
@@ -54,7 +60,9 @@ def exit_code_for(error: BaseException) -> int:
     """One table from error family to exit code (docs/operators.md)."""
     if isinstance(error, ExplorerRepositoryError):
         error = error.error
-    if isinstance(error, CommitOutcomeUnknown | ChunkCommitOutcomeUnknown):
+    if isinstance(
+        error, CommitOutcomeUnknown | ChunkCommitOutcomeUnknown | OperationOutcomeUnknown
+    ):
         return 5
     if isinstance(
         error,
@@ -69,7 +77,16 @@ def exit_code_for(error: BaseException) -> int:
         return 6 if error.sqlstate in _PERMISSION_DENIED else 3
     if isinstance(error, ExplorerTimeout):
         return 3
-    if isinstance(error, ConfigError | PageSizeOutOfRange | CursorError | ExplorerAgeBoundTooSmall):
+    if isinstance(error, RetentionError) and not isinstance(error, RetentionPlanStale):
+        return 2
+    if isinstance(
+        error,
+        ConfigError
+        | PageSizeOutOfRange
+        | CursorError
+        | ExplorerAgeBoundTooSmall
+        | RequestFieldError,
+    ):
         return 2
     return 1
 

@@ -61,7 +61,9 @@ JOB_NAME = "pybatch_demo_load"
 STEP_NAME = "load"
 COLUMNS = ("id", "customer", "amount", "order_day")
 WORKER_COMMAND = "demo-worker"
-#: How long a restarted worker waits for the killed one's sessions (and liveness lock) to end.
+#: The demo's lease: a killed worker's attempt is recovered at most this long after its death.
+DEMO_LEASE = timedelta(seconds=2)
+#: How long a restarted worker waits for the killed one's lease to run out.
 LAUNCH_PATIENCE_S = 30.0
 #: How long the parent waits for a worker to reach its step before giving up.
 STEP_PATIENCE_S = 120.0
@@ -139,7 +141,7 @@ def _non_negative(text: str) -> int:
 
 def _job(repository: JobRepository, run: str) -> Job:
     """The demo job; the run id makes every demo run its own job instance."""
-    return Job(repository, JOB_NAME, {"run": run})
+    return Job(repository, JOB_NAME, {"run": run}, lease=DEMO_LEASE)
 
 
 # ---------------------------------------------------------------------------------- worker
@@ -167,7 +169,7 @@ def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def _launch(job: Job) -> JobRun:
-    """Launch, waiting while a killed attempt's session (its liveness lock) is still ending."""
+    """Launch, waiting while a killed attempt's lease (at most DEMO_LEASE) has not run out."""
     deadline = time.monotonic() + LAUNCH_PATIENCE_S
     while True:
         try:

@@ -49,9 +49,9 @@ def _refuse_latest(
         if tombstone is not None:
             status = tombstone
             if status is BatchStatus.COMPLETED:
-                raise CompletedInstance(id=instance_id)
+                raise CompletedInstance(id=instance_id, purged=True)
             if status is BatchStatus.ABANDONED:
-                raise AbandonedInstance(id=instance_id)
+                raise AbandonedInstance(id=instance_id, purged=True)
         return
     status = latest.status
     if status is BatchStatus.COMPLETED:

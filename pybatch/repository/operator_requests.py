@@ -5,6 +5,8 @@ from __future__ import annotations
 from pybatch._statements import Connection, Statements
 from pybatch.codecs._primitives import decode_int64, returned
 from pybatch.codecs.operator import decode_operator_record, encode_operator_record_draft
+from pybatch.repository.audit_chain import link_audit_record
+from pybatch.values.audit import AuditRecordKind
 from pybatch.values.ids import OperatorRequestId
 from pybatch.values.names import OperationId
 from pybatch.values.operator import OperatorAction, OperatorRecord, OperatorRecordDraft
@@ -38,8 +40,10 @@ def append_operator_request(
         ConcurrentModification: the (action, operation id) is already recorded.
         IntegrityViolation: any other constraint refused the row (rule 11).
 
-    Statements: operator_requests.sql insert_operator_request.
+    Statements: operator_requests.sql insert_operator_request; audit_chain.sql
+    append_audit_link, set_audit_chain_head.
     """
     row = q.insert_operator_request.one(conn, **encode_operator_record_draft(draft))
     request_id = decode_int64(returned(row)["id"], column="id", minimum=1)
+    link_audit_record(q, conn, AuditRecordKind.OPERATOR_REQUEST, request_id)
     return OperatorRecord.from_draft(OperatorRequestId(request_id), draft)

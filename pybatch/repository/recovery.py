@@ -6,6 +6,14 @@ import attrs
 
 from pybatch._statements import Connection, Statements
 from pybatch.clock import Clock
+from pybatch.codecs._primitives import (
+    DecodeError,
+    Row,
+    decode_aware,
+    decode_enum,
+    decode_int64,
+    decode_text,
+)
 from pybatch.codecs.executions import decode_job_execution
 from pybatch.codecs.recovery import decode_recovery_decision
 from pybatch.errors import (
@@ -15,14 +23,30 @@ from pybatch.errors import (
     Unavailable,
 )
 from pybatch.repository import steps
+from pybatch.repository.audit_chain import link_audit_record
 from pybatch.values._canonical import canonical_json, sha256
+from pybatch.values.audit import AuditRecordKind
 from pybatch.values.ids import FailureId, IdentifierKind, check_identifier
 from pybatch.values.lifecycle import ExecutionMetadata, LifecycleTransition
-from pybatch.values.recovery import RecoveryDecision, RecoveryRequest, RecoveryResult
-from pybatch.values.status import FailureCategory, FailureSummary
+from pybatch.values.ownership import OwnerToken
+from pybatch.values.recovery import (
+    OwnerObservation,
+    RecoveryDecision,
+    RecoveryMarkers,
+    RecoveryRequest,
+    RecoveryResult,
+    RecoverySnapshot,
+    RecoveryStepEvidence,
+)
+from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from pybatch.values.timestamps import ExecutionTimestamps
 
-__all__ = ["recover_job_execution", "recover_orphaned_execution", "recovery_decision"]
+__all__ = [
+    "recover_job_execution",
+    "recover_orphaned_execution",
+    "recovery_decision",
+    "recovery_snapshot",
+]
 
 
 def recover_job_execution(
@@ -37,7 +61,7 @@ def recover_job_execution(
         InvalidTimestampOrder: the clock is behind the execution's start.
 
     Statements: executions.sql lock_job_execution; recovery.sql update_job_execution_recovered,
-    insert_recovery_decision.
+    insert_recovery_decision; audit_chain.sql append_audit_link, set_audit_chain_head.
     """
     check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
     row = q.lock_job_execution.one(conn, job_execution_id=execution_id)
@@ -87,13 +111,15 @@ def recover_job_execution(
     )
     if decision_row is None:  # INSERT ... RETURNING always returns its row
         raise Unavailable()
+    decision = decode_recovery_decision(decision_row)
+    link_audit_record(q, conn, AuditRecordKind.RECOVERY_DECISION, decision.id)
     recovered = attrs.evolve(
         prior,
         metadata=metadata,
         version=prior.version + 1,
         updated_at=max(prior.updated_at, decided_at),
     )
-    return RecoveryResult(execution=recovered, decision=decode_recovery_decision(decision_row))
+    return RecoveryResult(execution=recovered, decision=decision)
 
 
 def recovery_decision(
@@ -160,3 +186,75 @@ def recover_orphaned_execution(
         orphan.version, "OWNER_LOST", AUTOMATIC_RECOVERY_REFERENCE, evidence, failure
     )
     return recover_job_execution(q, conn, clock, orphan.id, request)
+
+
+def _flag(row: Row, column: str) -> bool:
+    value = row[column]
+    if type(value) is not bool:
+        raise DecodeError(column)
+    return value
+
+
+def recovery_snapshot(
+    q: Statements, conn: Connection, execution_id: int, current_owner: OwnerToken | None
+) -> RecoverySnapshot:
+    """Observe one execution for a recovery decision; read-only, the token never returned.
+
+    Raises:
+        JobExecutionNotFound: no such execution.
+
+    Statements: recovery.sql read_recovery_snapshot.
+    """
+    check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
+    row = q.read_recovery_snapshot.one(
+        conn,
+        job_execution_id=execution_id,
+        owner_token=None if current_owner is None else current_owner.value,
+    )
+    if row is None:
+        raise JobExecutionNotFound(id=execution_id)
+    status = decode_enum(BatchStatus, row["status"], column="status")
+    if _flag(row, "owner_absent"):
+        owner = OwnerObservation.ABSENT
+    elif _flag(row, "owner_matches"):
+        owner = OwnerObservation.CURRENT_PROCESS
+    else:
+        owner = OwnerObservation.OTHER_PROCESS
+    latest = None
+    if row["latest_step_id"] is not None:
+        latest = RecoveryStepEvidence(
+            id=decode_int64(row["latest_step_id"], column="latest_step_id", minimum=1),
+            status=decode_enum(BatchStatus, row["latest_step_status"], column="latest_step_status"),
+            checkpoint_schema=decode_text(
+                row["latest_step_checkpoint_schema"], column="latest_step_checkpoint_schema"
+            ),
+            checkpoint_schema_version=decode_int64(
+                row["latest_step_checkpoint_schema_version"],
+                column="latest_step_checkpoint_schema_version",
+                minimum=1,
+            ),
+        )
+    markers = RecoveryMarkers.NONE
+    if (
+        status is BatchStatus.UNKNOWN
+        or row["failure_category"] == "UNKNOWN_COMMIT"
+        or (latest is not None and latest.status is BatchStatus.UNKNOWN)
+    ):
+        markers |= RecoveryMarkers.UNKNOWN_COMMIT
+    if _flag(row, "completed_partition"):
+        markers |= RecoveryMarkers.COMPLETED_PARTITION
+    if _flag(row, "committed_flow_decision"):
+        markers |= RecoveryMarkers.COMMITTED_FLOW_DECISION
+    if _flag(row, "ambiguous_external_effect"):
+        markers |= RecoveryMarkers.AMBIGUOUS_EXTERNAL_EFFECT
+    return RecoverySnapshot(
+        execution_id=execution_id,
+        status=status,
+        attempt=decode_int64(row["attempt"], column="attempt", minimum=1),
+        version=decode_int64(row["version"], column="version", minimum=0),
+        owner=owner,
+        updated_at=decode_aware(row["updated_at"], column="updated_at"),
+        server_time=decode_aware(row["server_time"], column="server_time"),
+        latest_step=latest,
+        markers=markers,
+    )

@@ -42,11 +42,12 @@ from pybatch.values.ids import (
 )
 from pybatch.values.names import ActorRef, OperationId, ReasonCode
 from pybatch.values.parameters import JobInstanceKey
-from pybatch.values.recovery import RecoveryRequest
+from pybatch.values.recovery import RecoveryDisposition, RecoveryRequest, RecoveryResult
 from pybatch.values.status import BatchStatus, FailureSummary
 from pybatch.values.timestamps import aware_utc
 
 __all__ = [
+    "AUTOMATIC_RECOVERY_ACTOR",
     "REQUEST_DIGEST_DOMAIN",
     "AuthorizationClass",
     "OperatorAction",
@@ -58,6 +59,7 @@ __all__ = [
     "RecoveryArguments",
     "RequestDigest",
     "RequestTarget",
+    "automatic_recovery_record",
 ]
 
 #: Domain-separation tag of the request digest, kept byte for byte from upstream (schema.md 3.10).
@@ -457,3 +459,53 @@ class OperatorRecord(OperatorRecordDraft):
         fields = attrs.asdict(self, recurse=False)
         del fields["id"]
         return OperatorRecordDraft(**fields)
+
+
+#: The actor and operation-id prefix of recoveries pybatch records on its own.
+AUTOMATIC_RECOVERY_ACTOR = "pybatch.etl"
+
+
+def automatic_recovery_record(result: RecoveryResult, now: _dt.datetime) -> OperatorRecordDraft:
+    """The operator request that audits an automatic recovery like an operator's (RECOVER).
+
+    Its operation id, `pybatch.etl:recover:<execution id>:<version recovered>`, names the
+    observation it acted on, so the same recovery can never be recorded twice.
+    """
+    decision = result.decision
+    request = RecoveryRequest(
+        expected_version=decision.execution_version,
+        disposition=RecoveryDisposition.MARK_FAILED
+        if decision.resulting_status is BatchStatus.FAILED
+        else RecoveryDisposition.ABANDON,
+        reason_code=decision.reason_code,
+        operator_reference=decision.operator_reference,
+        evidence_digest=decision.evidence_digest,
+        failure=result.execution.metadata.failure,
+    )
+    operation = OperationId(
+        f"{AUTOMATIC_RECOVERY_ACTOR}:recover:{decision.job_execution_id}:"
+        f"{decision.execution_version}"
+    )
+    reason = ReasonCode(decision.reason_code)
+    execution = result.execution
+    return OperatorRecordDraft(
+        action=OperatorAction.RECOVER,
+        operation_id=operation,
+        actor=ActorRef(AUTOMATIC_RECOVERY_ACTOR),
+        reason=reason,
+        digest=RequestDigest.compute(
+            OperatorAction.RECOVER,
+            RequestTarget.execution(execution.id),
+            expected_version=decision.execution_version,
+            reason=reason,
+            arguments=RecoveryArguments(request=request, unknown_commit=False),
+        ),
+        job_instance_id=execution.job_instance_id,
+        job_execution_id=execution.id,
+        observed_version=decision.execution_version,
+        prior_status=decision.prior_status,
+        result_status=decision.resulting_status,
+        outcome=OperatorOutcomeClass.APPLIED,
+        rejection=None,
+        requested_at=now,
+    )

@@ -14,7 +14,16 @@ from pybatch.values.names import UNICODE_WHITE_SPACE
 from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus, FailureSummary
 
-__all__ = ["RecoveryDecision", "RecoveryDisposition", "RecoveryRequest", "RecoveryResult"]
+__all__ = [
+    "OwnerObservation",
+    "RecoveryDecision",
+    "RecoveryDisposition",
+    "RecoveryMarkers",
+    "RecoveryRequest",
+    "RecoveryResult",
+    "RecoverySnapshot",
+    "RecoveryStepEvidence",
+]
 
 
 class RecoveryDisposition(enum.Enum):
@@ -160,3 +169,46 @@ class RecoveryResult:
     def decision_id(self) -> int:
         """The id of the audit decision."""
         return self.decision.id
+
+
+class OwnerObservation(enum.Enum):
+    """Who owns an execution, as seen by the process asking (2.18); the token is never shown."""
+
+    ABSENT = "ABSENT"
+    CURRENT_PROCESS = "CURRENT_PROCESS"
+    OTHER_PROCESS = "OTHER_PROCESS"
+
+
+class RecoveryMarkers(enum.IntFlag):
+    """Evidence that recovering an execution may not be safe to do blindly (4.17)."""
+
+    NONE = 0
+    UNKNOWN_COMMIT = 1
+    COMPLETED_PARTITION = 2
+    COMMITTED_FLOW_DECISION = 4
+    AMBIGUOUS_EXTERNAL_EFFECT = 8
+
+
+@attrs.frozen(kw_only=True)
+class RecoveryStepEvidence:
+    """The newest step of an execution: id, status and checkpoint (schema, version)."""
+
+    id: int
+    status: BatchStatus
+    checkpoint_schema: str
+    checkpoint_schema_version: int
+
+
+@attrs.frozen(kw_only=True)
+class RecoverySnapshot:
+    """A value-redacted observation of one execution for a recovery decision (4.17)."""
+
+    execution_id: int
+    status: BatchStatus
+    attempt: int
+    version: int
+    owner: OwnerObservation
+    updated_at: datetime.datetime
+    server_time: datetime.datetime
+    latest_step: RecoveryStepEvidence | None
+    markers: RecoveryMarkers

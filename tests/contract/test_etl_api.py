@@ -7,6 +7,7 @@ is recovered with an audited decision, and a live one is never taken over.
 
 from __future__ import annotations
 
+import datetime
 import multiprocessing
 import os
 import signal
@@ -111,6 +112,33 @@ def advisory_locks(admin: psycopg.Connection[Any]) -> int:
     return int(row[0])
 
 
+#: A short lease, so that tests of dead runs wait one second instead of thirty.
+SHORT_LEASE = datetime.timedelta(seconds=1)
+
+
+def lease_expires_at(admin: psycopg.Connection[Any], execution_id: int) -> Any:
+    row = admin.execute(
+        "SELECT lease_expires_at FROM pybatch.job_execution WHERE id = %s", (execution_id,)
+    ).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def wait_for_lease_expiry(admin: psycopg.Connection[Any], execution_id: int) -> None:
+    """A dead run's lease runs out on the database clock; wait until it has."""
+    deadline = time.monotonic() + 20
+    while True:
+        row = admin.execute(
+            "SELECT lease_expires_at <= clock_timestamp() FROM pybatch.job_execution WHERE id = %s",
+            (execution_id,),
+        ).fetchone()
+        assert row is not None
+        if row[0]:
+            return
+        assert time.monotonic() < deadline, "the dead run's lease never ran out"
+        time.sleep(0.05)
+
+
 def wait_for_no_advisory_locks(admin: psycopg.Connection[Any]) -> None:
     """A closed session's locks go when its backend exits, a moment after the client left."""
     deadline = time.monotonic() + 20
@@ -141,7 +169,10 @@ def test_first_run_completes_and_the_instance_never_runs_again(
     with job.launch() as run:
         assert (run.attempt, run.restarted) == (1, False)
         assert run.execution.status is S.STARTED
-        assert advisory_locks(admin) == 1  # the run's liveness lock
+        # Liveness is a lease on the row, renewed by the run; the run's liveness lock is
+        # only fast evidence for launchers (killing its session never hands the run over).
+        assert advisory_locks(admin) == 1
+        assert lease_expires_at(admin, run.execution.id) is not None
         outcome = run.step("load", loader(5, 2, seen=seen))
     assert seen == [{"offset": 0, "read": 0, "written": 0, "commits": 0}]
     assert not outcome.skipped
@@ -312,7 +343,7 @@ def test_a_step_holds_one_connection_for_its_chunks_and_gives_it_back(
 def test_orphaned_execution_is_recovered_on_the_next_launch(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any], orders: None
 ) -> None:
-    job = Job(repository, "load_orders", DAY)
+    job = Job(repository, "load_orders", DAY, lease=SHORT_LEASE)
     orphan_run = job.launch()
     orphan_run.step("extract", lambda step: None)
     open_step = start_open_step(repository, orphan_run, "load")
@@ -326,7 +357,7 @@ def test_orphaned_execution_is_recovered_on_the_next_launch(
     zombie.execute("INSERT INTO public.orders VALUES (100, 'in flight')")
     [orphan] = executions(repository, orphan_run)
     orphan_run._release_liveness()
-    wait_for_no_advisory_locks(admin)
+    wait_for_lease_expiry(admin, orphan.id)
 
     clock.advance()
     seen: list[dict[str, int]] = []
@@ -379,7 +410,7 @@ def test_a_live_run_is_never_taken_over(
         assert decisions(admin) == []
         [execution] = executions(repository, run)
         assert (execution.status, execution.version) == (S.STARTED, run.execution.version)
-        assert advisory_locks(admin) == 1  # only the live run's lock
+        assert advisory_locks(admin) == 1  # only the live run's liveness lock
     assert executions(repository, run)[0].status is S.COMPLETED
     assert decisions(admin) == []
 
@@ -387,10 +418,10 @@ def test_a_live_run_is_never_taken_over(
 def test_recover_orphans_false_never_recovers(
     repository: JobRepository, admin: psycopg.Connection[Any]
 ) -> None:
-    job = Job(repository, "load_orders", DAY)
+    job = Job(repository, "load_orders", DAY, lease=SHORT_LEASE)
     orphan_run = job.launch()
     orphan_run._release_liveness()
-    wait_for_no_advisory_locks(admin)  # the dead run's lock is gone
+    wait_for_lease_expiry(admin, orphan_run.execution.id)  # the dead run's lease ran out
     cautious = Job(repository, "load_orders", DAY, recover_orphans=False)
     with pytest.raises(ExecutionAlreadyActive):
         cautious.launch()
@@ -410,7 +441,7 @@ def test_recover_orphans_false_never_recovers(
 def _crash_mid_step(config: ConnectionConfig, queue: Any) -> None:
     """Child process: launch, commit one chunk, report, then hang until killed."""
     with JobRepository.connect(config) as repository:
-        run = Job(repository, "load_orders", DAY).launch()
+        run = Job(repository, "load_orders", DAY, lease=SHORT_LEASE).launch()
 
         def work(step: StepRun) -> None:
             with step.chunk() as chunk:
@@ -436,7 +467,7 @@ def test_killed_process_is_recovered_on_the_next_launch(
         os.kill(child.pid, signal.SIGKILL)
         child.join(10)
     assert child.exitcode == -signal.SIGKILL
-    wait_for_no_advisory_locks(admin)
+    wait_for_lease_expiry(admin, execution_id)  # at most one lease after the kill
 
     # Both processes use the system clock here, so recovery never runs behind the orphan.
     seen: list[dict[str, int]] = []

@@ -6,6 +6,11 @@ import attrs
 import pytest
 
 from pybatch import ConnectionConfig, JobRepository, supported_schema_version
+from pybatch.capability_defaults import (
+    CAPABILITY_OPERATIONS,
+    CapabilityDefaults,
+    built_capabilities,
+)
 from pybatch.errors import UnsupportedCapability
 from pybatch.values.capabilities import RepositoryCapability, RepositoryDescriptor
 from tests.support.clock import ManualClock
@@ -48,17 +53,46 @@ def test_m2_capability_display_names() -> None:
     assert [str(c) for c in RepositoryCapability] == DISPLAY_NAMES
 
 
-def test_m3_pybatch_declares_all_six_with_its_schema_version(
+#: What pybatch has built; grows as capabilities are built, never ahead of them.
+BUILT = DISPLAY_NAMES  # all six are built
+
+
+def test_m3_pybatch_declares_exactly_what_is_built_with_its_schema_version(
     repository: JobRepository, pg_config: ConnectionConfig, clock: ManualClock
 ) -> None:
     descriptor = repository.descriptor()
     assert descriptor.descriptor_version == RepositoryDescriptor.CURRENT_VERSION == 1
     assert descriptor.schema_version == supported_schema_version() >= 1
-    assert [c.value for c in descriptor.ordered_capabilities()] == DISPLAY_NAMES
+    assert [c.value for c in descriptor.ordered_capabilities()] == BUILT
     for capability in RepositoryCapability:
-        assert descriptor.declares(capability)
-        descriptor.require(capability)
+        if capability.value in BUILT:
+            descriptor.require(capability)
+        else:
+            with pytest.raises(UnsupportedCapability) as unsupported:
+                descriptor.require(capability)
+            assert unsupported.value.capability == capability.value
     assert repository.connection_capacity() == pg_config.pool_size == 4
     with JobRepository.connect(attrs.evolve(pg_config, pool_size=7), clock=clock) as other:
         assert other.connection_capacity() == 7
         assert other.descriptor() == descriptor
+
+
+def test_m3_undeclared_operations_raise_unsupported_capability(repository: JobRepository) -> None:
+    """Every operation of an undeclared capability answers UnsupportedCapability, no SQL."""
+    declared = repository.descriptor()
+    with repository.begin() as uow:
+        for capability, operations in CAPABILITY_OPERATIONS.items():
+            for name in operations:
+                operation = getattr(uow, name)
+                if declared.declares(capability):
+                    assert operation.__func__ is not getattr(CapabilityDefaults, name), name
+                    continue
+                with pytest.raises(UnsupportedCapability) as unsupported:
+                    operation(1)
+                assert unsupported.value.capability == capability.value, name
+        assert uow.is_open  # nothing ran, nothing failed
+
+
+def test_m3_base_defaults_cover_every_capability() -> None:
+    assert set(CAPABILITY_OPERATIONS) == set(RepositoryCapability)
+    assert built_capabilities(CapabilityDefaults) == frozenset()

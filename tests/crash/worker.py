@@ -33,6 +33,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -148,8 +149,12 @@ def load(step: StepRun, pause: Pause) -> None:
         offset = end
 
 
+#: A short lease, so a restart after SIGKILL waits about a second.
+LEASE = timedelta(seconds=1)
+
+
 def launch(job: Job) -> JobRun:
-    """Launch; a killed attempt's liveness lock may outlive it for a moment."""
+    """Launch; a killed attempt's lease (one second) outlives it for a moment."""
     deadline = time.monotonic() + 15
     while True:
         try:
@@ -165,7 +170,8 @@ def main() -> int:
         os.environ.get("CRASH_PAUSE", "none"), int(os.environ.get("CRASH_PAUSE_CHUNK", "1"))
     )
     with JobRepository.connect(ConnectionConfig.from_env()) as repository:
-        run = launch(Job(repository, JOB_NAME, parameters(os.environ["CRASH_RUN"])))
+        job = Job(repository, JOB_NAME, parameters(os.environ["CRASH_RUN"]), lease=LEASE)
+        run = launch(job)
         with run:
             say("launched", run.attempt)
             run.step(STEP_NAME, lambda step: load(step, pause))

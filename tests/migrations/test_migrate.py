@@ -103,7 +103,10 @@ def test_four_concurrent_migrators_in_threads_end_with_one_schema(blank_database
         thread.start()
     for thread in threads:
         thread.join(60)
-    assert sorted(map(str, results)) == [str(ALL_VERSIONS), "[]", "[]", "[]"]
+    # Each file is applied exactly once, by whichever migrator took the lock for it.
+    applied = [v for result in results if isinstance(result, list) for v in result]
+    assert len(applied) == len(ALL_VERSIONS) and all(isinstance(r, list) for r in results)
+    assert sorted(applied) == ALL_VERSIONS
     assert len(_history(blank_database)) == LATEST
 
 
@@ -131,7 +134,8 @@ def test_four_concurrent_migrator_processes_end_with_one_schema(blank_database: 
     for process in processes:
         process.join(30)
         assert process.exitcode == 0
-    assert sorted(map(str, results)) == [str(ALL_VERSIONS), "[]", "[]", "[]"]
+    assert all(isinstance(result, list) for result in results), results
+    assert sorted(v for result in results for v in result) == ALL_VERSIONS
     assert migrator.installed_schema_version(plaintext_config(blank_database)) == LATEST
 
 

@@ -29,13 +29,15 @@ LAYERS: dict[str, int] = {
     "pybatch._connect": 3,
     "pybatch._transaction": 4,
     "pybatch.repository": 5,
+    "pybatch.capability_defaults": 5,  # base-class answers of the unit of work's operations
     "pybatch.migrator": 6,
     "pybatch.unit_of_work": 6,
     "pybatch.job_repository": 7,
     "pybatch.chunks": 8,
     "pybatch.fault_state": 8,
     "pybatch.liveness": 8,
-    "pybatch.services": 8,
+    "pybatch.lease_keeper": 8,
+    "pybatch.services": 8,  # operator, retention, audit and explorer services
     "pybatch.partitioned": 8,
     "pybatch.embedded": 8,
     "pybatch.explorer": 8,

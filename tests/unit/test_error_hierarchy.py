@@ -46,6 +46,8 @@ CHUNK: Families = (errors.ChunkTransactionError,)
 BUSINESS: Families = (errors.BusinessTransactionError,)
 CONFIG: Families = (errors.ConfigError,)
 MIGRATION: Families = (errors.MigrationError,)
+OPERATOR: Families = (errors.OperatorError,)
+RETENTION: Families = (errors.RetentionError,)
 JOB_RUN: Families = (errors.JobRunError,)
 EXPLORER: Families = (errors.ExplorerError,)
 # The 7.2 row `ExplorerError.Cursor(CursorError)`: every cursor leaf is also an ExplorerError.
@@ -176,6 +178,16 @@ SECTION_7_2: dict[str, Families] = {
     "RequestFieldError.Empty": REQUEST_FIELD,
     "RequestFieldError.TooLong": REQUEST_FIELD,
     "RequestFieldError.InvalidCharacter{field}": REQUEST_FIELD,
+    "OperatorError.OperationIdConflict{action, operation_id}": OPERATOR,
+    "OperatorError.OperationOutcomeUnknown": OPERATOR,
+    "RetentionError.BatchBoundOutOfRange{requested}": RETENTION,
+    "RetentionError.AgeBoundTooSmall{minimum}": RETENTION,
+    "RetentionError.NonTerminalStatus{status}": RETENTION,
+    "RetentionError.EmptyStatusSet": RETENTION,
+    "RetentionError.RetentionPlanStale": RETENTION,
+    "RetentionError.InstanceHeld{job_instance_id}": RETENTION,
+    "RetentionError.OperationIdConflict{action, operation_id}": RETENTION,
+    "RetentionError.OperationOutcomeUnknown": RETENTION,
     "ChunkTransactionError.NotCommitted": CHUNK,
     "ChunkTransactionError.CommitOutcomeUnknown": CHUNK,
     "BusinessTransactionError.Rejected": BUSINESS,
@@ -222,9 +234,8 @@ SECTION_7_2_FAMILIES: dict[str, type[errors.PyBatchError] | None] = {
     "RequestFieldError": errors.RequestFieldError,
     # Not needed: pybatch allocates every id from an identity column and has no IdGenerator.
     "IdGenerationError": None,
-    # Not built: the operator service and retention.
-    "OperatorError": None,
-    "RetentionError": None,
+    "OperatorError": errors.OperatorError,
+    "RetentionError": errors.RetentionError,
     "ExplorerError": errors.ExplorerError,
     "CursorError": errors.CursorError,
     "ChunkTransactionError": errors.ChunkTransactionError,
@@ -296,13 +307,11 @@ FIELD_RENAMES: dict[str, dict[str, str | None]] = {
 
 #: Contract rows without a pybatch class: row -> why.
 NOT_DEFINED: dict[str, str] = {
-    "ExecutionOwned": "gap: execution ownership is not built yet",
-    "ExecutionOwnershipNotAllowed": "gap: execution ownership is not built yet",
     "Domain(DomainError)": (
-        "gap: a DomainError raised inside a repository operation (the recovery clock check)"
-        " escapes as itself, not wrapped in a RepositoryError"
+        "no wrapper class: a DomainError raised inside a repository operation is re-raised as"
+        " an instance of a subclass of its own class and RepositoryError"
+        " (errors.repository_domain_error), so `except RepositoryError` catches it"
     ),
-    "RetentionPlanStale": "gap: retention purge is not built yet",
     "DuplicateIdentifier": "by contract: identity columns cannot reuse an id",
     "Identifier(IdGenerationError)": "by contract: pybatch's repository has no IdGenerator",
     "LifecycleError.NotRestartable": "by contract: the domain restart function is unused",
@@ -336,6 +345,8 @@ PYBATCH_ONLY: dict[str, Families] = {
     "DsnFileInsecure": CONFIG,  # --dsn-file must be mode 0600 (CLI connection settings)
     "DsnFileUnreadable": CONFIG,
     "UnknownStatement": CONFIG,  # pybatch sql show|explain NAME
+    "ExecutionOwnershipLost": REPOSITORY,  # a stale owner whose execution was recovered (4.12)
+    "StopRequested": CHUNK,  # the ETL API ends a step at a chunk boundary on a stop request
 }
 
 #: Contract leaves pybatch also puts in a family of its own: class name -> extra families.
@@ -564,3 +575,15 @@ def test_unavailable_shows_the_sqlstate_and_nothing_of_the_driver() -> None:
     assert str(errors.Unavailable(sqlstate="08006")) == "repository is unavailable (SQLSTATE 08006)"
     assert str(errors.Unavailable()) == "repository is unavailable"
     assert "ck_step_counts" in str(errors.IntegrityViolation(constraint="ck_step_counts"))
+
+
+def test_a_domain_error_through_a_repository_call_is_a_repository_error() -> None:
+    wrapped = errors.repository_domain_error(errors.InvalidTimestampOrder())
+    assert isinstance(wrapped, errors.InvalidTimestampOrder)
+    assert isinstance(wrapped, errors.RepositoryError)
+    assert str(wrapped) == str(errors.InvalidTimestampOrder())
+    copy = pickle.loads(pickle.dumps(wrapped))
+    assert isinstance(copy, errors.InvalidTimestampOrder) and isinstance(
+        copy, errors.RepositoryError
+    )
+    assert errors.repository_domain_error(wrapped) is wrapped

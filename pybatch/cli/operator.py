@@ -1,0 +1,241 @@
+"""`pybatch stop`, `recover` and `audit verify` (docs/operators.md).
+
+Mutating commands go through the operator service with an operation id (`--operation-id`,
+generated and printed when absent): re-running a command with the same id replays the
+recorded outcome instead of acting twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import re
+import sys
+import time
+import uuid
+
+from pybatch.cli._connection import add_connection_arguments, config_from_args
+from pybatch.errors import JobExecutionNotFound
+from pybatch.job_repository import JobRepository
+from pybatch.services.audit import verify_audit_chain
+from pybatch.services.operator import (
+    UNKNOWN_EFFECT,
+    OperatorOutcome,
+    OperatorService,
+    operator_evidence,
+)
+from pybatch.values.ids import FailureId
+from pybatch.values.names import ActorRef, OperationId, ReasonCode
+from pybatch.values.operator import OperatorRejectionCode
+from pybatch.values.recovery import RecoveryRequest
+from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+
+__all__ = ["parse_age", "register"]
+
+_AGE = re.compile(r"^(\d+)([smhd])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+#: How often `stop --wait` polls the execution.
+WAIT_POLL_S = 0.5
+
+
+def parse_age(text: str) -> _dt.timedelta:
+    """`90s`, `15m`, `1h`, `90d` as a timedelta (argparse type)."""
+    match = _AGE.match(text)
+    if match is None:
+        raise argparse.ArgumentTypeError("use a number and a unit: 90s, 15m, 1h, 90d")
+    return _dt.timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
+
+
+def _positive_id(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError("must be a positive execution id")
+    return int(text)
+
+
+def _default_actor() -> str:
+    user = re.sub(r"[^A-Za-z0-9._:@-]", "_", os.environ.get("USER", "") or "operator")
+    return f"cli:{user}"[:128]
+
+
+def add_request_arguments(parser: argparse.ArgumentParser) -> None:
+    """--operation-id and --actor, shared by every mutating command."""
+    parser.add_argument(
+        "--operation-id",
+        help="idempotency key; re-running with the same id replays (generated when absent)",
+    )
+    parser.add_argument("--actor", default=None, help="who asks, for the audit (default cli:$USER)")
+
+
+def request_identity(args: argparse.Namespace) -> tuple[OperationId, ActorRef]:
+    """The operation id (printed when generated) and the actor of a mutating command."""
+    if args.operation_id is None:
+        operation_id = OperationId(f"cli:{uuid.uuid4()}")
+        print(f"operation id: {operation_id.value}", file=sys.stderr)
+    else:
+        operation_id = OperationId(args.operation_id)
+    return operation_id, ActorRef(args.actor or _default_actor())
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the operator commands."""
+    stop = commands.add_parser("stop", help="ask a running job execution to stop")
+    add_connection_arguments(stop)
+    add_request_arguments(stop)
+    stop.add_argument("execution_id", type=_positive_id, metavar="EXECUTION_ID")
+    stop.add_argument("--wait", action="store_true", help="return once the run has ended")
+    stop.add_argument(
+        "--timeout", type=parse_age, default=_dt.timedelta(minutes=10), help="for --wait"
+    )
+    stop.set_defaults(handler=_stop)
+
+    recover = commands.add_parser(
+        "recover", help="resolve an orphaned or ambiguous execution, audited"
+    )
+    add_connection_arguments(recover)
+    add_request_arguments(recover)
+    recover.add_argument("execution_id", type=_positive_id, metavar="EXECUTION_ID")
+    mode = recover.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--mark-failed", action="store_true", help="FAILED: the job may restart")
+    mode.add_argument("--abandon", action="store_true", help="ABANDONED: it never runs again")
+    recover.add_argument(
+        "--reason",
+        required=True,
+        help=f"reason code [A-Z0-9_]; an UNKNOWN execution is marked failed only with "
+        f"{UNKNOWN_EFFECT}",
+    )
+    recover.set_defaults(handler=_recover)
+
+    audit = commands.add_parser("audit", help="the tamper-evident audit chain")
+    audit_commands = audit.add_subparsers(dest="audit_command", required=True, metavar="COMMAND")
+    verify = audit_commands.add_parser(
+        "verify", help="walk the chain; name the first broken link (exit 1)"
+    )
+    add_connection_arguments(verify)
+    verify.add_argument("--json", action="store_true", help="the result as one JSON object")
+    verify.set_defaults(handler=_audit_verify)
+
+
+def _connect(args: argparse.Namespace) -> JobRepository:
+    return JobRepository.connect(config_from_args(args))
+
+
+def _report(outcome: OperatorOutcome) -> int:
+    record = outcome.record
+    line = f"{outcome.outcome.value} {record.action.value} operation {record.operation_id.value}"
+    if outcome.rejection is not None:
+        rejection = outcome.rejection
+        details = [
+            f"{name}={value}"
+            for name, value in (
+                ("current_version", rejection.current_version),
+                ("status", None if rejection.status is None else rejection.status.value),
+                ("execution_id", rejection.execution_id),
+            )
+            if value is not None
+        ]
+        print(f"{line}: rejected {rejection.code.value} {' '.join(details)}".rstrip())
+        missing = (
+            OperatorRejectionCode.EXECUTION_NOT_FOUND,
+            OperatorRejectionCode.INSTANCE_NOT_FOUND,
+        )
+        return 4 if rejection.code in missing else 1
+    status = record.result_status
+    print(f"{line}" + ("" if status is None else f": execution is {status.value}"))
+    return 0
+
+
+def _stop(args: argparse.Namespace) -> int:
+    operation_id, actor = request_identity(args)
+    with _connect(args) as repository:
+        outcome = OperatorService(repository).stop(operation_id, actor, args.execution_id)
+        code = _report(outcome)
+        if code or not args.wait:
+            return code
+        deadline = time.monotonic() + args.timeout.total_seconds()
+        interactive = sys.stderr.isatty()
+        while True:
+            with repository.begin() as uow:
+                execution = uow.get_job_execution(args.execution_id)
+            if execution is None:
+                raise JobExecutionNotFound(id=args.execution_id)
+            if not execution.status.is_unresolved:
+                if interactive:
+                    print(file=sys.stderr)
+                print(f"execution {execution.id} ended {execution.status.value}")
+                return 0
+            if time.monotonic() > deadline:
+                print(
+                    f"execution {execution.id} is still {execution.status.value} after "
+                    f"{args.timeout}; the stop request stays recorded",
+                    file=sys.stderr,
+                )
+                return 1
+            if interactive:
+                print(".", end="", file=sys.stderr, flush=True)
+            else:
+                print(
+                    f"waiting: execution {execution.id} is {execution.status.value}",
+                    file=sys.stderr,
+                )
+            time.sleep(WAIT_POLL_S)
+
+
+def _recover(args: argparse.Namespace) -> int:
+    reason = ReasonCode(args.reason)  # bad input is refused before anything else
+    operation_id, actor = request_identity(args)
+    with _connect(args) as repository:
+        with repository.begin() as uow:
+            current = uow.get_job_execution(args.execution_id)
+        if current is None:
+            raise JobExecutionNotFound(id=args.execution_id)
+        evidence = operator_evidence(current)
+        if args.mark_failed:
+            request = RecoveryRequest.mark_failed(
+                current.version,
+                reason.value,
+                actor.value,
+                evidence,
+                FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(current.id)),
+            )
+        else:
+            request = RecoveryRequest.abandon(current.version, reason.value, actor.value, evidence)
+        outcome = OperatorService(repository).recover(
+            operation_id,
+            actor,
+            args.execution_id,
+            request,
+            unknown_commit=current.status is BatchStatus.UNKNOWN,
+        )
+        return _report(outcome)
+
+
+def _audit_verify(args: argparse.Namespace) -> int:
+    interactive = sys.stderr.isatty()
+
+    def progress(done: int, total: int) -> None:
+        if interactive:
+            print(f"\rverified {done:,} of {total:,} links", end="", file=sys.stderr, flush=True)
+        else:
+            print(f"verified {done} of {total} links", file=sys.stderr)
+
+    with _connect(args) as repository:
+        result = verify_audit_chain(repository, progress=progress)
+    if interactive:
+        print(file=sys.stderr)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "broken_at": result.broken_at,
+                    "intact": result.intact,
+                    "links": result.links,
+                    "reason": result.reason,
+                },
+                sort_keys=True,
+            )
+        )
+    else:
+        print(result.describe())
+    return 0 if result.intact else 1

@@ -1,0 +1,181 @@
+"""`pybatch hold`, `release` and `purge` (docs/operators.md, behaviour.md 4.13, 4.14)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import sys
+
+from pybatch.cli._connection import add_connection_arguments, config_from_args
+from pybatch.cli.operator import add_request_arguments, parse_age, request_identity
+from pybatch.job_repository import JobRepository
+from pybatch.services.retention import (
+    MAX_PURGE_OPERATION_BASE,
+    PurgeProgress,
+    RetentionOutcome,
+    RetentionService,
+)
+from pybatch.values.names import JobName, ReasonCode
+from pybatch.values.retention import (
+    PurgeBatchBound,
+    PurgeCounts,
+    PurgePlanRequest,
+    TerminalStatusSet,
+)
+from pybatch.values.status import BatchStatus
+
+__all__ = ["register"]
+
+_TABLES = (
+    "flow_decisions",
+    "recovery_decisions",
+    "operator_requests",
+    "step_partitions",
+    "step_executions",
+    "job_executions",
+    "job_instances",
+)
+
+
+def _instance_id(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError("must be a positive instance id")
+    return int(text)
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the retention commands."""
+    hold = commands.add_parser("hold", help="keep a job instance out of every purge")
+    add_connection_arguments(hold)
+    add_request_arguments(hold)
+    hold.add_argument("instance_id", type=_instance_id, metavar="INSTANCE")
+    hold.add_argument("--reason", required=True, help="reason code [A-Z0-9_], e.g. LEGAL_HOLD")
+    hold.set_defaults(handler=_hold)
+
+    release = commands.add_parser("release", help="release the hold of a job instance")
+    add_connection_arguments(release)
+    add_request_arguments(release)
+    release.add_argument("instance_id", type=_instance_id, metavar="INSTANCE")
+    release.add_argument("--reason", default="RELEASED", help="reason code (default RELEASED)")
+    release.set_defaults(handler=_release)
+
+    purge = commands.add_parser(
+        "purge", help="delete finished histories of a job, whole instances at a time"
+    )
+    add_connection_arguments(purge)
+    add_request_arguments(purge)
+    purge.add_argument("--job", required=True, help="the job name")
+    purge.add_argument(
+        "--status",
+        action="append",
+        required=True,
+        choices=["COMPLETED", "FAILED", "STOPPED", "ABANDONED"],
+        help="status of the latest attempt to purge (repeatable)",
+    )
+    purge.add_argument(
+        "--older-than", type=parse_age, required=True, help="minimum age, at least 1h (e.g. 90d)"
+    )
+    purge.add_argument("--batch", type=int, default=1000, help="executions per batch (1-1000)")
+    purge.add_argument(
+        "--forget-instances",
+        action="store_true",
+        help="delete the instance rows too (erasure) instead of leaving tombstones",
+    )
+    purge.add_argument("--reason", default="RETENTION", help="reason code (default RETENTION)")
+    purge.add_argument("--dry-run", action="store_true", help="print what would go; change nothing")
+    purge.set_defaults(handler=_purge)
+
+
+def _connect(args: argparse.Namespace) -> JobRepository:
+    return JobRepository.connect(config_from_args(args))
+
+
+def _report(outcome: RetentionOutcome) -> int:
+    record = outcome.record
+    print(f"{outcome.outcome} {record.action.value} operation {record.operation_id.value}")
+    return 0
+
+
+def _hold(args: argparse.Namespace) -> int:
+    reason = ReasonCode(args.reason)
+    operation_id, actor = request_identity(args)
+    with _connect(args) as repository:
+        return _report(
+            RetentionService(repository).hold(operation_id, actor, args.instance_id, reason)
+        )
+
+
+def _release(args: argparse.Namespace) -> int:
+    reason = ReasonCode(args.reason)
+    operation_id, actor = request_identity(args)
+    with _connect(args) as repository:
+        service = RetentionService(repository)
+        return _report(service.release(operation_id, actor, args.instance_id, reason))
+
+
+def _request(args: argparse.Namespace, statuses: list[BatchStatus]) -> PurgePlanRequest:
+    return PurgePlanRequest(
+        job_name=JobName(args.job),
+        statuses=TerminalStatusSet.of(statuses),
+        minimum_age=args.older_than,
+        batch=PurgeBatchBound(args.batch),
+        forget_instances=args.forget_instances,
+    )
+
+
+def _counts_line(counts: PurgeCounts) -> str:
+    values = counts.as_dict()
+    return "  ".join(f"{table} {values[table]:,}" for table in _TABLES)
+
+
+def _purge(args: argparse.Namespace) -> int:
+    statuses = [BatchStatus(status) for status in dict.fromkeys(args.status)]
+    request = _request(args, statuses)  # bad input is refused before anything else
+    reason = ReasonCode(args.reason)
+    with _connect(args) as repository:
+        service = RetentionService(repository)
+        if args.dry_run:
+            print(f"dry run: nothing is deleted; job {args.job}, older than {args.older_than}")
+            total = PurgeCounts()
+            for status in statuses:
+                counts = service.forecast(_request(args, [status]))
+                total = total + counts
+                print(f"{status.value:<10} {_counts_line(counts)}")
+            print(f"{'total':<10} {_counts_line(total)}")
+            return 0
+        operation_id, actor = request_identity(args)
+        if len(operation_id.value) > MAX_PURGE_OPERATION_BASE:
+            print(
+                f"pybatch: the operation id of a purge is at most {MAX_PURGE_OPERATION_BASE} bytes",
+                file=sys.stderr,
+            )
+            return 2
+        expected = service.forecast(request).job_executions
+        interactive = sys.stderr.isatty()
+        last: PurgeProgress | None = None
+        started = _dt.datetime.now(_dt.UTC)
+        for progress in service.purge(request, operation_id.value, actor, reason):
+            last = progress
+            done = progress.total.job_executions
+            if interactive:
+                width = 30
+                filled = width if not expected else min(width, width * done // expected)
+                print(
+                    f"\r[{'#' * filled}{'.' * (width - filled)}] {done:,}/{expected:,} executions",
+                    end="",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            else:
+                print(
+                    f"batch {progress.batch}: {progress.outcome.outcome} "
+                    f"{_counts_line(progress.outcome.counts)}",
+                    file=sys.stderr,
+                )
+        if interactive:
+            print(file=sys.stderr)
+        elapsed = (_dt.datetime.now(_dt.UTC) - started).total_seconds()
+        total = last.total if last else PurgeCounts()
+        print(f"purged in {last.batch if last else 0} batches, {elapsed:.1f} s")
+        print(f"deleted    {_counts_line(total)}")
+        return 0

@@ -1,0 +1,422 @@
+"""The operator request service: idempotent, audited lifecycle requests (behaviour.md 4.10).
+
+Every request carries an operation id. The service first probes for a recorded request
+with that (action, operation id): the same request digest replays the recorded outcome
+and does nothing; another digest is OperationIdConflict. Otherwise it applies the effect
+and appends the APPLIED audit row in the same unit of work, or, when the repository
+refuses, records a REJECTED row with the rejection's details in a unit of work of its
+own. A lost COMMIT acknowledgement is OperationOutcomeUnknown: re-running the request
+with the same operation id replays whatever was recorded, so it never acts twice.
+
+Statements: none of its own; it composes UnitOfWork operations (operator_requests.sql,
+executions.sql, stop_requests.sql, recovery.sql, instances.sql).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import attrs
+
+from pybatch.errors import (
+    CommitOutcomeUnknown,
+    ConcurrentModification,
+    OperationIdConflict,
+    OperationOutcomeUnknown,
+    PyBatchError,
+)
+from pybatch.unit_of_work import UnitOfWork
+from pybatch.values._canonical import canonical_json, sha256
+from pybatch.values.definitions import DefinitionIdentity
+from pybatch.values.ids import JobExecutionId, JobInstanceId
+from pybatch.values.lifecycle import LifecycleTransition
+from pybatch.values.names import ActorRef, OperationId, ReasonCode
+from pybatch.values.operator import (
+    OperatorAction,
+    OperatorOutcomeClass,
+    OperatorRecord,
+    OperatorRecordDraft,
+    OperatorRejection,
+    OperatorRejectionCode,
+    RecoveryArguments,
+    RequestDigest,
+    RequestTarget,
+)
+from pybatch.values.parameters import JobInstanceKey
+from pybatch.values.records import JobExecution
+from pybatch.values.recovery import RecoveryDisposition, RecoveryRequest
+from pybatch.values.status import BatchStatus
+
+if TYPE_CHECKING:
+    from pybatch.job_repository import JobRepository
+
+__all__ = ["UNKNOWN_EFFECT", "OperatorOutcome", "OperatorService", "operator_evidence"]
+
+#: The only reason that may mark an execution with an unknown commit FAILED (4.3, 4.10).
+UNKNOWN_EFFECT = "UNKNOWN_EFFECT"
+
+S = BatchStatus
+Code = OperatorRejectionCode
+
+
+def operator_evidence(execution: JobExecution) -> bytes:
+    """The evidence digest of an operator's recovery: the execution as the operator saw it.
+
+    SHA-256 of the canonical JSON of attempt, execution id, the observation "OPERATOR",
+    status, durable updated_at (ISO 8601) and version; any write to the execution since
+    then changes it.
+    """
+    return sha256(
+        canonical_json(
+            {
+                "attempt": execution.attempt,
+                "execution_id": execution.id,
+                "observation": "OPERATOR",
+                "status": execution.status.value,
+                "updated_at": execution.updated_at.isoformat(),
+                "version": execution.version,
+            }
+        )
+    )
+
+
+@attrs.frozen
+class OperatorOutcome:
+    """How a request was settled, with its audit record (and the execution it left)."""
+
+    outcome: OperatorOutcomeClass
+    record: OperatorRecord
+    #: The execution after an APPLIED effect; None on a replay or a rejection.
+    execution: JobExecution | None = None
+
+    @property
+    def rejection(self) -> OperatorRejection | None:
+        """The recorded rejection, when the request was REJECTED."""
+        return self.record.rejection
+
+
+class _Rejected(Exception):
+    def __init__(self, rejection: OperatorRejection) -> None:
+        self.rejection = rejection
+
+
+@attrs.frozen
+class _Effect:
+    prior_status: BatchStatus | None
+    result_status: BatchStatus | None
+    execution: JobExecution | None
+    instance_id: int | None
+    execution_id: int | None
+
+
+@attrs.frozen
+class _Request:
+    action: OperatorAction
+    operation_id: OperationId
+    actor: ActorRef
+    reason: ReasonCode | None
+    digest: RequestDigest
+    expected_version: int | None
+    instance_id: int | None
+    execution_id: int | None
+
+
+class OperatorService:
+    """Launch, restart, stop, abandon and recover as idempotent, audited requests."""
+
+    def __init__(self, repository: JobRepository) -> None:
+        self.repository = repository
+
+    # ------------------------------------------------------------------ requests
+
+    def stop(
+        self,
+        operation_id: OperationId,
+        actor: ActorRef,
+        execution_id: int,
+        *,
+        expected_version: int | None = None,
+        reason: ReasonCode | None = None,
+    ) -> OperatorOutcome:
+        """Ask a running execution to stop; a repeated stop, or one on a finished run, is a no-op.
+
+        Without `expected_version` the request applies to whatever version is current.
+        """
+        target = RequestTarget.execution(JobExecutionId(execution_id))
+        request = self._request(
+            OperatorAction.STOP, operation_id, actor, reason, target, expected_version, None
+        )
+        request = attrs.evolve(request, execution_id=execution_id)
+
+        def effect(uow: UnitOfWork) -> _Effect:
+            current = self._execution(uow, execution_id, expected_version)
+            if current.status in (S.STARTING, S.STARTED):
+                stopped = uow.request_execution_stop(
+                    execution_id, current.version, actor, uow.clock.now()
+                )
+                return _Effect(current.status, stopped.status, stopped, None, execution_id)
+            if current.status is S.UNKNOWN:
+                raise _Rejected(OperatorRejection.invalid_state(S.UNKNOWN))
+            return _Effect(current.status, current.status, current, None, execution_id)
+
+        return self._submit(request, effect)
+
+    def abandon(
+        self,
+        operation_id: OperationId,
+        actor: ActorRef,
+        execution_id: int,
+        *,
+        expected_version: int | None = None,
+        reason: ReasonCode | None = None,
+    ) -> OperatorOutcome:
+        """Make a STOPPED or FAILED execution ABANDONED: its instance never runs again."""
+        target = RequestTarget.execution(JobExecutionId(execution_id))
+        request = self._request(
+            OperatorAction.ABANDON, operation_id, actor, reason, target, expected_version, None
+        )
+        request = attrs.evolve(request, execution_id=execution_id)
+
+        def effect(uow: UnitOfWork) -> _Effect:
+            current = self._execution(uow, execution_id, expected_version)
+            if current.status is S.ABANDONED:
+                return _Effect(current.status, current.status, current, None, execution_id)
+            if current.status is S.UNKNOWN and uow.recovery_decision(execution_id) is None:
+                raise _Rejected(OperatorRejection.of(Code.UNRESOLVED_RECOVERY_REQUIRED))
+            if current.status not in (S.STOPPED, S.FAILED, S.UNKNOWN):
+                raise _Rejected(OperatorRejection.invalid_state(current.status))
+            at = max(uow.clock.now(), current.updated_at)
+            abandoned = uow.transition_job_execution(
+                execution_id, current.version, LifecycleTransition.new(S.ABANDONED, at)
+            )
+            return _Effect(current.status, abandoned.status, abandoned, None, execution_id)
+
+        return self._submit(request, effect)
+
+    def recover(
+        self,
+        operation_id: OperationId,
+        actor: ActorRef,
+        execution_id: int,
+        recovery: RecoveryRequest,
+        *,
+        unknown_commit: bool = False,
+    ) -> OperatorOutcome:
+        """Resolve an orphaned or ambiguous execution FAILED or ABANDONED, audited (4.9).
+
+        An execution whose commit outcome is unknown (`unknown_commit`) may be marked
+        FAILED only with reason UNKNOWN_EFFECT: the operator states that its effect is
+        unknown and will be reconciled.
+        """
+        target = RequestTarget.execution(JobExecutionId(execution_id))
+        reason = ReasonCode(recovery.reason_code)
+        arguments = RecoveryArguments(request=recovery, unknown_commit=unknown_commit)
+        request = self._request(
+            OperatorAction.RECOVER,
+            operation_id,
+            actor,
+            reason,
+            target,
+            recovery.expected_version,
+            arguments,
+        )
+        request = attrs.evolve(request, execution_id=execution_id)
+
+        def effect(uow: UnitOfWork) -> _Effect:
+            current = self._execution(uow, execution_id, recovery.expected_version)
+            if (
+                unknown_commit
+                and recovery.disposition is RecoveryDisposition.MARK_FAILED
+                and recovery.reason_code != UNKNOWN_EFFECT
+            ):
+                raise _Rejected(OperatorRejection.of(Code.UNRESOLVED_RECOVERY_REQUIRED))
+            result = uow.recover_job_execution(execution_id, recovery)
+            recovered = result.execution
+            return _Effect(current.status, recovered.status, recovered, None, execution_id)
+
+        return self._submit(request, effect)
+
+    def launch(
+        self,
+        operation_id: OperationId,
+        actor: ActorRef,
+        key: JobInstanceKey,
+        definition: DefinitionIdentity | None = None,
+    ) -> OperatorOutcome:
+        """Create the first (or next) execution of an instance key, STARTING."""
+        definition = definition or DefinitionIdentity.legacy()
+        request = self._request(
+            OperatorAction.LAUNCH,
+            operation_id,
+            actor,
+            None,
+            RequestTarget.instance_key(key),
+            None,
+            definition,
+        )
+
+        def effect(uow: UnitOfWork) -> _Effect:
+            instance = uow.select_or_create_job_instance(key).instance
+            created = uow.create_job_execution_with_definition(instance.id, definition)
+            return _Effect(None, created.status, created, instance.id, created.id)
+
+        return self._submit(request, effect)
+
+    def restart(
+        self,
+        operation_id: OperationId,
+        actor: ActorRef,
+        instance_id: int,
+        definition: DefinitionIdentity | None = None,
+    ) -> OperatorOutcome:
+        """Create the next attempt of an instance whose latest attempt is FAILED or STOPPED."""
+        definition = definition or DefinitionIdentity.legacy()
+        request = self._request(
+            OperatorAction.RESTART,
+            operation_id,
+            actor,
+            None,
+            RequestTarget.instance(JobInstanceId(instance_id)),
+            None,
+            definition,
+        )
+        request = attrs.evolve(request, instance_id=instance_id)
+
+        def effect(uow: UnitOfWork) -> _Effect:
+            if uow.get_job_instance(instance_id) is None:
+                raise _Rejected(OperatorRejection.of(Code.INSTANCE_NOT_FOUND))
+            attempts = uow.job_executions(instance_id)
+            if not attempts:
+                raise _Rejected(OperatorRejection.of(Code.RESTART_WITHOUT_PRIOR_ATTEMPT))
+            latest = attempts[-1]
+            if latest.status is S.UNKNOWN:
+                raise _Rejected(OperatorRejection.invalid_state(S.UNKNOWN))
+            created = uow.create_job_execution_with_definition(instance_id, definition)
+            return _Effect(latest.status, created.status, created, instance_id, created.id)
+
+        return self._submit(request, effect)
+
+    # ------------------------------------------------------------------ mechanics
+
+    @staticmethod
+    def _request(
+        action: OperatorAction,
+        operation_id: OperationId,
+        actor: ActorRef,
+        reason: ReasonCode | None,
+        target: RequestTarget,
+        expected_version: int | None,
+        arguments: DefinitionIdentity | RecoveryArguments | None,
+    ) -> _Request:
+        digest = RequestDigest.compute(
+            action, target, expected_version=expected_version, reason=reason, arguments=arguments
+        )
+        return _Request(action, operation_id, actor, reason, digest, expected_version, None, None)
+
+    @staticmethod
+    def _execution(uow: UnitOfWork, execution_id: int, expected: int | None) -> JobExecution:
+        current = uow.get_job_execution(execution_id)
+        if current is None:
+            raise _Rejected(OperatorRejection.of(Code.EXECUTION_NOT_FOUND))
+        if expected is not None and current.version != expected:
+            raise _Rejected(OperatorRejection.optimistic_conflict(current.version))
+        return current
+
+    def _probe(self, request: _Request) -> OperatorOutcome | None:
+        """Replay a recorded request with the same digest; refuse one with another digest."""
+        with self.repository.begin() as uow:
+            recorded = uow.find_operator_request(request.action, request.operation_id)
+        if recorded is None:
+            return None
+        if recorded.digest != request.digest:
+            raise OperationIdConflict(
+                action=request.action.value, operation_id=request.operation_id.value
+            )
+        return OperatorOutcome(OperatorOutcomeClass.REPLAYED, recorded)
+
+    def _draft(
+        self,
+        request: _Request,
+        now: _dt.datetime,
+        *,
+        effect: _Effect | None = None,
+        rejection: OperatorRejection | None = None,
+    ) -> OperatorRecordDraft:
+        instance_id = effect.instance_id if effect else request.instance_id
+        execution_id = effect.execution_id if effect else request.execution_id
+        # A missing target cannot be referenced (the audit row's foreign keys).
+        if rejection is not None and rejection.code is Code.EXECUTION_NOT_FOUND:
+            execution_id = None
+        if rejection is not None and rejection.code is Code.INSTANCE_NOT_FOUND:
+            instance_id = None
+        return OperatorRecordDraft(
+            action=request.action,
+            operation_id=request.operation_id,
+            actor=request.actor,
+            reason=request.reason,
+            digest=request.digest,
+            job_instance_id=None if instance_id is None else JobInstanceId(instance_id),
+            job_execution_id=None if execution_id is None else JobExecutionId(execution_id),
+            observed_version=request.expected_version,
+            prior_status=effect.prior_status if effect else None,
+            result_status=effect.result_status if effect else None,
+            outcome=OperatorOutcomeClass.REJECTED if rejection else OperatorOutcomeClass.APPLIED,
+            rejection=rejection,
+            requested_at=now,
+        )
+
+    def _after_duplicate(self, request: _Request) -> OperatorOutcome:
+        """Another caller recorded the operation id first: replay it, or refuse the conflict."""
+        replay = self._probe(request)
+        if replay is None:
+            raise ConcurrentModification()
+        return replay
+
+    def _submit(
+        self, request: _Request, effect: Callable[[UnitOfWork], _Effect]
+    ) -> OperatorOutcome:
+        replay = self._probe(request)
+        if replay is not None:
+            return replay
+        rejection: OperatorRejection | None = None
+        with self.repository.begin() as uow:
+            try:
+                applied = effect(uow)
+            except _Rejected as rejected:
+                rejection = rejected.rejection
+            except PyBatchError as error:
+                rejection = OperatorRejection.from_repository(error)
+                if rejection is None:
+                    raise
+            if rejection is None:
+                try:
+                    record = uow.append_operator_request(
+                        self._draft(request, uow.clock.now(), effect=applied)
+                    )
+                except ConcurrentModification:
+                    uow.rollback()
+                    return self._after_duplicate(request)
+                try:
+                    uow.commit()
+                except CommitOutcomeUnknown:
+                    raise OperationOutcomeUnknown() from None
+                return OperatorOutcome(OperatorOutcomeClass.APPLIED, record, applied.execution)
+        return self._record_rejection(request, rejection)
+
+    def _record_rejection(self, request: _Request, rejection: OperatorRejection) -> OperatorOutcome:
+        """Audit a refused request in a unit of work of its own (the effect was rolled back)."""
+        with self.repository.begin() as uow:
+            try:
+                record = uow.append_operator_request(
+                    self._draft(request, uow.clock.now(), rejection=rejection)
+                )
+            except ConcurrentModification:
+                uow.rollback()
+                return self._after_duplicate(request)
+            try:
+                uow.commit()
+            except CommitOutcomeUnknown:
+                raise OperationOutcomeUnknown() from None
+        return OperatorOutcome(OperatorOutcomeClass.REJECTED, record)

@@ -1,0 +1,107 @@
+"""Execution ownership: owner tokens, leases and the control a runner observes (behaviour.md 4.12).
+
+A token is evidence of who runs an execution; the lease says until when that evidence is
+fresh. A runner renews its lease while it lives, so a launch finds an execution orphaned
+only when its lease ran out on the database clock (docs/etl-guide.md, "Liveness").
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import secrets
+
+import attrs
+
+from pybatch.values.records import JobExecution
+
+__all__ = ["ExecutionControl", "ExecutionLease", "LeaseState", "OwnerToken"]
+
+TOKEN_BYTES = 16
+
+
+def _token_bytes(instance: object, attribute: attrs.Attribute[bytes], value: bytes) -> None:
+    if type(value) is not bytes or len(value) != TOKEN_BYTES:
+        raise ValueError(f"an owner token is exactly {TOKEN_BYTES} bytes")
+
+
+@attrs.frozen
+class OwnerToken:
+    """16 random bytes naming one runner of one execution."""
+
+    value: bytes = attrs.field(validator=_token_bytes, repr=False)
+
+    @classmethod
+    def generate(cls) -> OwnerToken:
+        """A fresh token from the operating system's CSPRNG."""
+        return cls(secrets.token_bytes(TOKEN_BYTES))
+
+    def __repr__(self) -> str:
+        return f"OwnerToken({self.value[:4].hex()}…)"
+
+
+MIN_LEASE = _dt.timedelta(seconds=1)
+MAX_LEASE = _dt.timedelta(hours=1)
+DEFAULT_LEASE = _dt.timedelta(seconds=10)
+
+
+def _lease_bounds(
+    instance: object, attribute: attrs.Attribute[_dt.timedelta], value: _dt.timedelta
+) -> None:
+    if not isinstance(value, _dt.timedelta):
+        raise TypeError("a lease duration is a datetime.timedelta")
+    if not MIN_LEASE <= value <= MAX_LEASE:
+        raise ValueError(f"a lease lasts from {MIN_LEASE} to {MAX_LEASE}, not {value}")
+
+
+@attrs.frozen
+class ExecutionLease:
+    """How long a runner's ownership stays fresh without renewal (1 s to 1 h, default 10 s).
+
+    The runner renews every third of the duration, so two renewals may be lost before the
+    lease lapses; after a crash a restart proceeds at most `duration` after the last renewal.
+    """
+
+    duration: _dt.timedelta = attrs.field(default=DEFAULT_LEASE, validator=_lease_bounds)
+
+    @property
+    def renew_interval(self) -> _dt.timedelta:
+        """How often the runner renews (and polls for stop requests)."""
+        return self.duration / 3
+
+    @property
+    def milliseconds(self) -> int:
+        """The duration in whole milliseconds, as the statements take it."""
+        return int(self.duration / _dt.timedelta(milliseconds=1))
+
+
+@attrs.frozen
+class LeaseState:
+    """An execution's ownership evidence, read under its row lock."""
+
+    execution_id: int
+    owner_token: OwnerToken | None
+    lease_expires_at: _dt.datetime | None
+    #: The lease ran out on the database clock (False without a lease).
+    lease_expired: bool
+    #: Milliseconds until the lease runs out on the database clock (None without a lease).
+    lease_remaining_ms: int | None
+    stop_requested: bool
+
+    @property
+    def remaining_seconds(self) -> float:
+        """Seconds until the lease runs out (0 when it has, or without a lease)."""
+        return (self.lease_remaining_ms or 0) / 1000
+
+    @property
+    def has_lease(self) -> bool:
+        """False for executions started before leases existed (liveness by advisory lock)."""
+        return self.lease_expires_at is not None
+
+
+@attrs.frozen
+class ExecutionControl:
+    """What an owner learns when it observes its execution (4.12)."""
+
+    execution: JobExecution
+    owner_matches: bool
+    stop_requested: bool

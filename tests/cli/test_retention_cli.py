@@ -1,0 +1,86 @@
+"""`pybatch hold`, `release` and `purge`: real processes against the test database."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from pybatch import JobRepository
+from pybatch.etl import Job
+from pybatch.values.lifecycle import LifecycleTransition
+from pybatch.values.status import BatchStatus
+from tests.cli.test_operator_cli import pybatch
+
+S = BatchStatus
+
+
+def completed(repository: JobRepository, run: str, job: str = "nightly") -> int:
+    with repository.begin() as uow:
+        instance = uow.select_or_create_job_instance(Job(repository, job, {"run": run}).key)
+        execution = uow.create_job_execution(instance.instance.id)
+        for status in (S.STARTED, S.COMPLETED):
+            execution = uow.transition_job_execution(
+                execution.id, execution.version, LifecycleTransition.new(status, uow.clock.now())
+            )
+        uow.commit()
+    return instance.instance.id
+
+
+def age_everything(admin: psycopg.Connection[Any]) -> None:
+    """Make every history 100 days old (the CLI uses the system clock)."""
+    admin.execute(
+        "UPDATE pybatch.job_execution SET created_at = created_at - interval '100 days',"
+        " started_at = started_at - interval '100 days', ended_at = ended_at - interval '100 days',"
+        " updated_at = updated_at - interval '100 days'"
+    )
+
+
+def test_hold_release_and_purge(
+    pg_config: Any, db_dsn: str, admin: psycopg.Connection[Any]
+) -> None:
+    with JobRepository.connect(pg_config) as repository:
+        ids = [completed(repository, str(run)) for run in range(5)]
+    age_everything(admin)
+
+    held = pybatch(db_dsn, "hold", str(ids[0]), "--reason", "LEGAL_HOLD", "--operation-id", "h1")
+    assert held.returncode == 0, held.stderr
+    assert held.stdout == "APPLIED HOLD operation h1\n"
+    assert pybatch(
+        db_dsn, "hold", str(ids[0]), "--reason", "LEGAL_HOLD", "--operation-id", "h1"
+    ).stdout == ("REPLAYED HOLD operation h1\n")
+
+    dry = pybatch(
+        db_dsn, "purge", "--job", "nightly", "--status", "COMPLETED", "--older-than", "90d",
+        "--dry-run",
+    )  # fmt: skip
+    assert dry.returncode == 0, dry.stderr
+    lines = dry.stdout.splitlines()
+    assert lines[0].startswith("dry run: nothing is deleted")
+    assert lines[1].startswith("COMPLETED ") and "job_executions 4" in lines[1]
+    assert "job_instances 4" in lines[-1] and lines[-1].startswith("total")
+    too_young = pybatch(
+        db_dsn, "purge", "--job", "nightly", "--status", "COMPLETED", "--older-than", "30m"
+    )
+    assert too_young.returncode == 2 and "AgeBoundTooSmall" in too_young.stderr
+
+    purged = pybatch(
+        db_dsn, "purge", "--job", "nightly", "--status", "COMPLETED", "--older-than", "90d",
+        "--batch", "3", "--operation-id", "nightly-purge",
+    )  # fmt: skip
+    assert purged.returncode == 0, purged.stderr
+    progress = [line for line in purged.stderr.splitlines() if line.startswith("batch ")]
+    assert [line.split(":")[0] for line in progress] == ["batch 1", "batch 2"]  # 3 + 1
+    assert purged.stdout.splitlines()[-1].startswith("deleted    ")
+    assert "job_executions 4" in purged.stdout
+    remaining = admin.execute("SELECT count(*) FROM pybatch.job_execution").fetchone()
+    assert remaining == (1,)  # the held one
+
+    released = pybatch(db_dsn, "release", str(ids[0]))
+    assert released.returncode == 0 and released.stdout.startswith("APPLIED RELEASE_HOLD")
+    again = pybatch(
+        db_dsn, "purge", "--job", "nightly", "--status", "COMPLETED", "--older-than", "90d"
+    )
+    assert again.returncode == 0 and "job_executions 1" in again.stdout
+    verified = pybatch(db_dsn, "audit", "verify")
+    assert verified.returncode == 0, verified.stdout

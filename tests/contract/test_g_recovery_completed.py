@@ -1,0 +1,99 @@
+"""Group G, completed: the recovery_decision read (G8), the decision's repr (G10), the recovery
+snapshot (G11), and domain errors through a repository call being RepositoryErrors (7.1).
+"""
+
+from __future__ import annotations
+
+import pickle
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from pybatch import JobRepository
+from pybatch.errors import (
+    DomainError,
+    InvalidTimestampOrder,
+    JobExecutionNotFound,
+    RepositoryError,
+)
+from pybatch.etl import Job
+from pybatch.values.lifecycle import LifecycleTransition
+from pybatch.values.names import StepName
+from pybatch.values.ownership import OwnerToken
+from pybatch.values.recovery import OwnerObservation, RecoveryMarkers
+from tests.contract.test_g_recovery_basic import S, execution_in, mark_failed
+from tests.support.clock import ManualClock
+
+
+def test_g8_recovery_decision_read(repository: JobRepository, clock: ManualClock) -> None:
+    prior = execution_in(repository, clock, S.STARTED)
+    with repository.begin() as uow:
+        assert uow.recovery_decision(prior.id) is None
+        with pytest.raises(JobExecutionNotFound):
+            uow.recovery_decision(prior.id + 1000)
+        result = uow.recover_job_execution(prior.id, mark_failed(prior.version))
+        decision = uow.recovery_decision(prior.id)
+        uow.commit()
+    assert decision is not None
+    assert decision.id == result.decision_id
+    assert (decision.job_execution_id, decision.execution_version) == (prior.id, prior.version)
+    assert (decision.prior_status, decision.resulting_status) == (S.STARTED, S.FAILED)
+    assert decision.decided_at == clock.now()
+    # G10: the repr never shows the evidence digest.
+    text = repr(decision)
+    assert decision.evidence_digest.hex() not in text and "<redacted>" in text
+
+
+def test_domain_errors_through_a_repository_call_are_repository_errors(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    prior = execution_in(repository, clock, S.STARTED)
+    clock.set(clock.now() - timedelta(hours=1))
+    with repository.begin() as uow, pytest.raises(RepositoryError) as caught:
+        uow.recover_job_execution(prior.id, mark_failed(prior.version))
+    error = caught.value
+    assert isinstance(error, InvalidTimestampOrder) and isinstance(error, DomainError)
+    assert isinstance(error.__cause__, InvalidTimestampOrder)
+    assert str(error) == str(error.__cause__)
+    copy = pickle.loads(pickle.dumps(error))
+    assert isinstance(copy, InvalidTimestampOrder) and isinstance(copy, RepositoryError)
+
+
+def test_g11_recovery_snapshot(repository: JobRepository, clock: ManualClock, admin: Any) -> None:
+    owner, stranger = OwnerToken.generate(), OwnerToken.generate()
+    with repository.begin() as uow:
+        key = Job(repository, "snapshots", {"n": 1}).key
+        instance = uow.select_or_create_job_instance(key).instance
+        execution = uow.create_job_execution(instance.id)
+        absent = execution
+        uow.commit()
+    snapshot = repository.recovery_snapshot(absent.id, owner)
+    assert snapshot.owner is OwnerObservation.ABSENT
+    assert snapshot.latest_step is None
+    # The legacy definition has no delivery mode: its external effects are ambiguous.
+    assert snapshot.markers == RecoveryMarkers.AMBIGUOUS_EXTERNAL_EFFECT
+    with repository.begin() as uow:
+        uow.claim_execution_owner(execution.id, execution.version, owner, clock.now())
+        started = uow.transition_job_execution(
+            execution.id, execution.version, LifecycleTransition.new(S.STARTED, clock.advance())
+        )
+        step = uow.create_step_execution(execution.id, StepName("load"))
+        uow.transition_job_execution(
+            started.id, started.version, LifecycleTransition.new(S.UNKNOWN, clock.advance())
+        )
+        uow.commit()
+    mine = repository.recovery_snapshot(execution.id, owner)
+    theirs = repository.recovery_snapshot(execution.id, stranger)
+    assert (mine.owner, theirs.owner) == (
+        OwnerObservation.CURRENT_PROCESS,
+        OwnerObservation.OTHER_PROCESS,
+    )
+    assert mine.status is S.UNKNOWN and mine.version == started.version + 1
+    assert mine.latest_step is not None and mine.latest_step.id == step.id
+    assert RecoveryMarkers.UNKNOWN_COMMIT in mine.markers
+    assert owner.value.hex() not in repr(mine)
+    row = admin.execute("SELECT clock_timestamp()").fetchone()
+    assert abs((row[0] - mine.server_time).total_seconds()) < 60
+    with pytest.raises(JobExecutionNotFound):
+        repository.recovery_snapshot(execution.id + 1000)

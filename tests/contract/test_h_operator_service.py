@@ -1,0 +1,278 @@
+"""Group H, service layer: idempotent, audited operator requests (behaviour.md 4.10, 8.H [S]).
+
+What an operator relies on: a retried request with the same operation id replays instead
+of acting twice; the same id for another request is refused; every refusal is recorded
+with its details; a lost COMMIT acknowledgement is reported as unknown, never as success.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from pybatch import JobRepository, UnitOfWork
+from pybatch.errors import OperationIdConflict, OperationOutcomeUnknown
+from pybatch.etl import Job
+from pybatch.services.operator import UNKNOWN_EFFECT, OperatorService, operator_evidence
+from pybatch.values.ids import FailureId
+from pybatch.values.lifecycle import LifecycleTransition
+from pybatch.values.names import ActorRef, OperationId
+from pybatch.values.operator import OperatorAction, OperatorOutcomeClass, OperatorRejectionCode
+from pybatch.values.recovery import RecoveryRequest
+from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+from tests.support.clock import ManualClock
+from tests.support.race import race, terminate_backend
+
+S = BatchStatus
+Outcome = OperatorOutcomeClass
+Code = OperatorRejectionCode
+OPS = ActorRef("cli:ops")
+
+
+def instance_key(repository: JobRepository, name: str = "orders", day: str = "2026-11-30") -> Any:
+    return Job(repository, name, {"business_date": day}).key
+
+
+def audit_rows(admin: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
+    return admin.execute(
+        "SELECT action, operation_id, outcome_class, rejection_code FROM pybatch.operator_request"
+        " ORDER BY id"
+    ).fetchall()
+
+
+def execution_count(admin: psycopg.Connection[Any]) -> int:
+    row = admin.execute("SELECT count(*) FROM pybatch.job_execution").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def set_status(repository: JobRepository, clock: ManualClock, execution_id: int, *path: S) -> Any:
+    with repository.begin() as uow:
+        current = uow.get_job_execution(execution_id)
+        assert current is not None
+        for status in path:
+            at = clock.advance()
+            if status is S.FAILED:
+                transition = LifecycleTransition.failed(
+                    at, FailureSummary(FailureCategory.USER_COMPONENT, FailureId(execution_id))
+                )
+            else:
+                transition = LifecycleTransition.new(status, at)
+            current = uow.transition_job_execution(current.id, current.version, transition)
+        uow.commit()
+    return current
+
+
+@pytest.fixture
+def service(repository: JobRepository) -> OperatorService:
+    return OperatorService(repository)
+
+
+def test_h3_h5_a_repeated_launch_replays_whoever_repeats_it(
+    repository: JobRepository, service: OperatorService, admin: psycopg.Connection[Any]
+) -> None:
+    k = instance_key(repository)
+    first = service.launch(OperationId("launch-1"), OPS, k)
+    assert first.outcome is Outcome.APPLIED
+    assert first.execution is not None and first.execution.status is S.STARTING
+    again = service.launch(OperationId("launch-1"), ActorRef("cli:someone-else"), k)
+    assert again.outcome is Outcome.REPLAYED
+    assert again.record == first.record  # the recorded row, actor included
+    assert execution_count(admin) == 1
+    assert audit_rows(admin) == [("LAUNCH", "launch-1", "APPLIED", None)]
+
+
+def test_h4_the_same_operation_id_for_another_request_is_refused(
+    repository: JobRepository, service: OperatorService, admin: psycopg.Connection[Any]
+) -> None:
+    service.launch(OperationId("launch-1"), OPS, instance_key(repository))
+    with pytest.raises(OperationIdConflict) as conflict:
+        service.launch(OperationId("launch-1"), OPS, instance_key(repository, day="2026-12-01"))
+    assert (conflict.value.action, conflict.value.operation_id) == ("LAUNCH", "launch-1")
+    with pytest.raises(OperationIdConflict):
+        service.launch(OperationId("launch-1"), OPS, instance_key(repository, name="other"))
+    assert execution_count(admin) == 1
+    assert len(audit_rows(admin)) == 1
+
+
+def test_h6_h7_restart_rejections_are_audited(
+    repository: JobRepository,
+    service: OperatorService,
+    clock: ManualClock,
+    admin: psycopg.Connection[Any],
+) -> None:
+    with repository.begin() as uow:
+        instance = uow.select_or_create_job_instance(instance_key(repository)).instance
+        uow.commit()
+    empty = service.restart(OperationId("restart-1"), OPS, instance.id)
+    assert empty.outcome is Outcome.REJECTED
+    assert (
+        empty.rejection is not None and empty.rejection.code is Code.RESTART_WITHOUT_PRIOR_ATTEMPT
+    )
+    launched = service.launch(OperationId("launch-1"), OPS, instance_key(repository))
+    assert launched.execution is not None
+    set_status(repository, clock, launched.execution.id, S.STARTED, S.COMPLETED)
+    completed = service.restart(OperationId("restart-2"), OPS, instance.id)
+    assert completed.rejection is not None and completed.rejection.code is Code.INSTANCE_COMPLETED
+    assert audit_rows(admin) == [
+        ("RESTART", "restart-1", "REJECTED", "RESTART_WITHOUT_PRIOR_ATTEMPT"),
+        ("LAUNCH", "launch-1", "APPLIED", None),
+        ("RESTART", "restart-2", "REJECTED", "INSTANCE_COMPLETED"),
+    ]
+    # A rejected request replays as well: the rejection is the recorded outcome.
+    replay = service.restart(OperationId("restart-2"), OPS, instance.id)
+    assert replay.outcome is Outcome.REPLAYED and replay.record == completed.record
+
+
+def test_h7_restart_of_an_unknown_attempt_is_invalid_state(
+    repository: JobRepository, service: OperatorService, clock: ManualClock
+) -> None:
+    launched = service.launch(OperationId("launch-1"), OPS, instance_key(repository))
+    assert launched.execution is not None
+    set_status(repository, clock, launched.execution.id, S.STARTED, S.UNKNOWN)
+    unknown = service.restart(OperationId("restart-1"), OPS, launched.execution.job_instance_id)
+    assert unknown.rejection is not None
+    assert (unknown.rejection.code, unknown.rejection.status) == (Code.INVALID_STATE, S.UNKNOWN)
+
+
+def test_h8_h14_stop_outcomes(
+    repository: JobRepository, service: OperatorService, clock: ManualClock
+) -> None:
+    run = service.launch(OperationId("launch-1"), OPS, instance_key(repository)).execution
+    assert run is not None
+    started = set_status(repository, clock, run.id, S.STARTED)
+    applied = service.stop(OperationId("stop-1"), OPS, run.id)
+    assert applied.outcome is Outcome.APPLIED
+    assert applied.execution is not None
+    assert (applied.execution.status, applied.execution.version) == (S.STARTED, started.version)
+    set_status(repository, clock, run.id, S.STOPPING)
+    noop = service.stop(OperationId("stop-2"), OPS, run.id)
+    assert noop.outcome is Outcome.APPLIED and noop.record.result_status is S.STOPPING
+    set_status(repository, clock, run.id, S.STOPPED)
+    finished = service.stop(OperationId("stop-3"), OPS, run.id)
+    assert finished.outcome is Outcome.APPLIED and finished.record.result_status is S.STOPPED
+    other = service.launch(OperationId("launch-2"), OPS, instance_key(repository, "x")).execution
+    assert other is not None
+    set_status(repository, clock, other.id, S.STARTED, S.UNKNOWN)
+    unknown = service.stop(OperationId("stop-4"), OPS, other.id)
+    assert unknown.outcome is Outcome.REJECTED
+    with repository.begin() as uow:
+        stored = uow.find_operator_request(OperatorAction.STOP, OperationId("stop-4"))
+    assert stored is not None and stored.rejection is not None
+    assert stored.rejection == unknown.rejection
+    assert (stored.rejection.code, stored.rejection.status) == (Code.INVALID_STATE, S.UNKNOWN)
+    missing = service.stop(OperationId("stop-5"), OPS, 987654)
+    assert missing.rejection is not None and missing.rejection.code is Code.EXECUTION_NOT_FOUND
+
+
+def test_h11_stale_expected_version_records_the_current_one(
+    repository: JobRepository, service: OperatorService, clock: ManualClock
+) -> None:
+    run = service.launch(OperationId("launch-1"), OPS, instance_key(repository)).execution
+    assert run is not None
+    started = set_status(repository, clock, run.id, S.STARTED)
+    stale = service.stop(OperationId("stop-1"), OPS, run.id, expected_version=run.version)
+    assert stale.outcome is Outcome.REJECTED
+    with repository.begin() as uow:
+        stored = uow.find_operator_request(OperatorAction.STOP, OperationId("stop-1"))
+    assert stored is not None and stored.rejection is not None
+    assert stored.rejection.code is Code.OPTIMISTIC_CONFLICT
+    assert stored.rejection.current_version == started.version
+    assert stored.observed_version == run.version
+
+
+def test_h9_abandon(
+    repository: JobRepository, service: OperatorService, clock: ManualClock
+) -> None:
+    unknown = service.launch(OperationId("l-1"), OPS, instance_key(repository, "u")).execution
+    failed = service.launch(OperationId("l-2"), OPS, instance_key(repository, "f")).execution
+    assert unknown is not None and failed is not None
+    set_status(repository, clock, unknown.id, S.STARTED, S.UNKNOWN)
+    set_status(repository, clock, failed.id, S.STARTED, S.FAILED)
+    refused = service.abandon(OperationId("a-1"), OPS, unknown.id)
+    assert refused.rejection is not None
+    assert refused.rejection.code is Code.UNRESOLVED_RECOVERY_REQUIRED
+    abandoned = service.abandon(OperationId("a-2"), OPS, failed.id)
+    assert abandoned.outcome is Outcome.APPLIED
+    assert abandoned.execution is not None and abandoned.execution.status is S.ABANDONED
+    again = service.abandon(OperationId("a-3"), OPS, failed.id)
+    assert again.outcome is Outcome.APPLIED and again.record.result_status is S.ABANDONED
+
+
+def test_h10_unknown_commit_needs_unknown_effect(
+    repository: JobRepository, service: OperatorService, clock: ManualClock
+) -> None:
+    run = service.launch(OperationId("l-1"), OPS, instance_key(repository)).execution
+    assert run is not None
+    current = set_status(repository, clock, run.id, S.STARTED, S.UNKNOWN)
+
+    def request(reason: str) -> RecoveryRequest:
+        return RecoveryRequest.mark_failed(
+            current.version,
+            reason,
+            OPS.value,
+            operator_evidence(current),
+            FailureSummary(FailureCategory.UNKNOWN_COMMIT, FailureId(run.id)),
+        )
+
+    refused = service.recover(
+        OperationId("r-1"), OPS, run.id, request("OPERATOR"), unknown_commit=True
+    )
+    assert refused.rejection is not None
+    assert refused.rejection.code is Code.UNRESOLVED_RECOVERY_REQUIRED
+    applied = service.recover(
+        OperationId("r-2"), OPS, run.id, request(UNKNOWN_EFFECT), unknown_commit=True
+    )
+    assert applied.outcome is Outcome.APPLIED
+    assert applied.execution is not None and applied.execution.status is S.FAILED
+    with repository.begin() as uow:
+        decision = uow.recovery_decision(run.id)
+    assert decision is not None and decision.reason_code == UNKNOWN_EFFECT
+    assert "redacted" in repr(decision) and decision.evidence_digest.hex() not in repr(decision)
+
+
+def test_h12_a_lost_commit_is_reported_unknown_and_is_atomic(
+    repository: JobRepository,
+    service: OperatorService,
+    clock: ManualClock,
+    admin: psycopg.Connection[Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run = service.launch(OperationId("l-1"), OPS, instance_key(repository)).execution
+    assert run is not None
+    set_status(repository, clock, run.id, S.STARTED)
+    original = UnitOfWork.commit
+
+    def lose_acknowledgement(uow: UnitOfWork) -> None:
+        terminate_backend(admin, uow.connection.info.backend_pid)
+        original(uow)
+
+    monkeypatch.setattr(UnitOfWork, "commit", lose_acknowledgement)
+    with pytest.raises(OperationOutcomeUnknown):
+        service.stop(OperationId("stop-1"), OPS, run.id)
+    monkeypatch.setattr(UnitOfWork, "commit", original)
+    row = admin.execute(
+        "SELECT stop_requested_at IS NOT NULL FROM pybatch.job_execution WHERE id = %s", (run.id,)
+    ).fetchone()
+    recorded = [r for r in audit_rows(admin) if r[0] == "STOP"]
+    assert row is not None and row[0] == bool(recorded)  # both or neither
+    # Re-running with the same operation id settles it: replay or apply, never twice.
+    settled = service.stop(OperationId("stop-1"), OPS, run.id)
+    assert settled.outcome in (Outcome.REPLAYED, Outcome.APPLIED)
+    assert len([r for r in audit_rows(admin) if r[0] == "STOP"]) == 1
+
+
+@pytest.mark.race
+def test_h16_concurrent_requests_with_one_operation_id(
+    repository: JobRepository, service: OperatorService, admin: psycopg.Connection[Any]
+) -> None:
+    k = instance_key(repository)
+    outcomes = race(4, lambda index: service.launch(OperationId("launch-1"), OPS, k))
+    assert all(outcome.ok for outcome in outcomes), [o.error for o in outcomes]
+    classes = sorted(outcome.value.outcome.value for outcome in outcomes if outcome.value)
+    assert classes.count("APPLIED") == 1
+    assert set(classes) <= {"APPLIED", "REPLAYED", "REJECTED"}
+    assert execution_count(admin) == 1
+    assert len(audit_rows(admin)) == 1

@@ -1,0 +1,220 @@
+"""Group I: stop requests and control (behaviour.md 4.11, 4.12, 8.I), and stopping an ETL run.
+
+What an operator relies on: `stop` is recorded durably, the run ends STOPPED at its next
+chunk boundary (or within one poll interval during a long chunk) with its last checkpoint
+committed, and running the script again resumes from that checkpoint.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from pybatch import JobRepository
+from pybatch.errors import JobExecutionNotFound, StaleVersion
+from pybatch.etl import Job, StepRun
+from pybatch.services.operator import OperatorService
+from pybatch.values.lifecycle import LifecycleTransition
+from pybatch.values.names import ActorRef, ExitCode, OperationId
+from pybatch.values.operator import OperatorOutcomeClass
+from pybatch.values.ownership import OwnerToken
+from pybatch.values.status import BatchStatus
+from tests.contract.test_etl_api import DAY, business_ids, executions, loader, steps_of
+from tests.support.clock import ManualClock
+
+S = BatchStatus
+OPERATOR = ActorRef("cli:ops")
+POLL_LEASE = datetime.timedelta(seconds=1.5)  # renew, and poll for stops, every 0.5 s
+
+
+@pytest.fixture
+def orders(admin: psycopg.Connection[Any]) -> None:
+    admin.execute("CREATE TABLE public.orders (id bigint PRIMARY KEY, note text NOT NULL)")
+
+
+def stop_columns(admin: psycopg.Connection[Any], execution_id: int) -> tuple[Any, ...]:
+    row = admin.execute(
+        "SELECT stop_requested_at, stop_requested_by, status, version FROM pybatch.job_execution"
+        " WHERE id = %s",
+        (execution_id,),
+    ).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def new_execution(repository: JobRepository, name: str = "stops") -> Any:
+    with repository.begin() as uow:
+        instance = uow.select_or_create_job_instance(Job(repository, name, DAY).key).instance
+        execution = uow.create_job_execution(instance.id)
+        uow.commit()
+    return execution
+
+
+# --------------------------------------------------------------------------- repository (I1-I9)
+
+
+def test_i1_i3_stop_request_is_recorded_without_a_transition(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    execution = new_execution(repository)
+    with repository.begin() as uow:
+        stopped = uow.request_execution_stop(execution.id, execution.version, OPERATOR, clock.now())
+        uow.commit()
+    assert (stopped.status, stopped.version) == (S.STARTING, execution.version)
+    assert stop_columns(admin, execution.id) == (
+        clock.now(),
+        "cli:ops",
+        "STARTING",
+        execution.version,
+    )
+    # A repeat overwrites both columns; a finished execution is recorded too (no status guard).
+    later = clock.advance()
+    with repository.begin() as uow:
+        current = uow.get_job_execution(execution.id)
+        assert current is not None
+        failed = uow.transition_job_execution(
+            current.id, current.version, LifecycleTransition.new(S.STARTED, later)
+        )
+        uow.request_execution_stop(failed.id, failed.version, ActorRef("cli:other"), later)
+        uow.commit()
+    assert stop_columns(admin, execution.id)[:2] == (later, "cli:other")
+
+
+def test_i2_stale_version_and_unknown_id(repository: JobRepository, clock: ManualClock) -> None:
+    execution = new_execution(repository)
+    with repository.begin() as uow:
+        with pytest.raises(StaleVersion):
+            uow.request_execution_stop(execution.id, execution.version + 1, OPERATOR, clock.now())
+        with pytest.raises(JobExecutionNotFound):
+            uow.request_execution_stop(987654, 0, OPERATOR, clock.now())
+
+
+def test_i6_i9_observe_execution_control(repository: JobRepository, clock: ManualClock) -> None:
+    owner, stranger = OwnerToken.generate(), OwnerToken.generate()
+    execution = new_execution(repository)
+    with repository.begin() as uow:
+        unclaimed = uow.observe_execution_control(execution.id, owner, clock.now())
+        assert (unclaimed.owner_matches, unclaimed.stop_requested) == (False, False)  # I8
+        uow.claim_execution_owner(execution.id, execution.version, owner, clock.now())
+        started = uow.transition_job_execution(
+            execution.id, execution.version, LifecycleTransition.new(S.STARTED, clock.now())
+        )
+        quiet = uow.observe_execution_control(execution.id, owner, clock.now())
+        assert (quiet.owner_matches, quiet.stop_requested) == (True, False)  # I9: no stop
+        assert quiet.execution.version == started.version
+        uow.request_execution_stop(execution.id, started.version, OPERATOR, clock.now())
+        other = uow.observe_execution_control(execution.id, stranger, clock.now())
+        assert (other.owner_matches, other.stop_requested) == (False, True)  # I7
+        assert other.execution.status is S.STARTED
+        observed = uow.observe_execution_control(execution.id, owner, clock.now())
+        assert (observed.owner_matches, observed.stop_requested) == (True, True)  # I6
+        assert observed.execution.status is S.STOPPING
+        assert observed.execution.version == started.version + 1
+        again = uow.observe_execution_control(execution.id, owner, clock.now())
+        assert again.execution.version == observed.execution.version  # I9: already STOPPING
+        uow.commit()
+    with repository.begin() as uow:
+        with pytest.raises(JobExecutionNotFound):
+            uow.observe_execution_control(987654, owner, clock.now())
+
+
+# --------------------------------------------------------------------------- the ETL API
+
+
+def test_a_stop_ends_the_run_stopped_at_the_next_chunk_and_a_rerun_resumes(
+    repository: JobRepository, admin: psycopg.Connection[Any], orders: None
+) -> None:
+    job = Job(repository, "load_orders", DAY, lease=POLL_LEASE)
+    service = OperatorService(repository)
+
+    def stopped_after_two(step: StepRun) -> None:
+        offset = int(step.checkpoint.get("offset", 0))
+        while offset < 10:
+            with step.chunk() as chunk:
+                chunk.execute("INSERT INTO public.orders VALUES (%s, 'x')", (offset + 1,))
+                offset += 1
+                chunk.commit(read=1, written=1, checkpoint={"offset": offset})
+            if offset == 2:
+                outcome = service.stop(OperationId("stop-1"), OPERATOR, step.run.execution.id)
+                assert outcome.outcome is OperatorOutcomeClass.APPLIED
+                deadline = time.monotonic() + 10
+                while not step.stop_requested:  # the lease keeper polls every 0.5 s
+                    assert time.monotonic() < deadline
+                    time.sleep(0.02)
+
+    with job.launch() as run:
+        run.step("load", stopped_after_two)
+        pytest.fail("the stop did not end the step")
+    assert run.stopped
+    [stopped] = executions(repository, run)
+    assert (stopped.status, stopped.metadata.exit_status) == (S.STOPPED, ExitCode.STOPPED)
+    load = steps_of(repository, stopped.id)["load"]
+    assert (load.status, load.checkpoint.payload) == (S.STOPPED, {"offset": 2})
+    assert business_ids(admin) == [1, 2]
+
+    seen: list[dict[str, int]] = []
+    with job.launch() as again:
+        assert again.attempt == 2
+        again.step("load", loader(10, 4, seen=seen))
+    assert seen[0]["offset"] == 2
+    assert business_ids(admin) == list(range(1, 11))
+    assert executions(repository, again)[-1].status is S.COMPLETED
+
+
+def test_a_stop_is_observed_during_a_long_chunk_and_the_chunk_still_commits(
+    repository: JobRepository, admin: psycopg.Connection[Any], orders: None
+) -> None:
+    job = Job(repository, "load_orders", DAY, lease=POLL_LEASE)
+    service = OperatorService(repository)
+    statuses: list[str] = []
+
+    def long_chunk(step: StepRun) -> None:
+        with step.chunk() as chunk:
+            chunk.execute("INSERT INTO public.orders VALUES (1, 'long')")
+            service.stop(OperationId("stop-long"), OPERATOR, step.run.execution.id)
+            time.sleep(1.5)  # three poll intervals inside one chunk
+            row = admin.execute(
+                "SELECT status FROM pybatch.job_execution WHERE id = %s",
+                (step.run.execution.id,),
+            ).fetchone()
+            assert row is not None
+            statuses.append(row[0])
+            chunk.commit(read=1, written=1, checkpoint={"offset": 1})
+        with step.chunk() as chunk:  # the boundary: raises StopRequested
+            chunk.execute("INSERT INTO public.orders VALUES (2, 'never')")
+            chunk.commit(read=1, written=1, checkpoint={"offset": 2})
+
+    with job.launch() as run:
+        run.step("load", long_chunk)
+    assert statuses == ["STOPPING"]  # observed by the poll, while the chunk ran
+    assert run.stopped
+    [stopped] = executions(repository, run)
+    assert stopped.status is S.STOPPED
+    assert steps_of(repository, stopped.id)["load"].checkpoint.payload == {"offset": 1}
+    assert business_ids(admin) == [1]
+
+
+def test_a_stop_requested_before_a_step_skips_it(
+    repository: JobRepository, admin: psycopg.Connection[Any]
+) -> None:
+    job = Job(repository, "load_orders", DAY, lease=POLL_LEASE)
+    service = OperatorService(repository)
+    ran: list[str] = []
+    with job.launch() as run:
+        run.step("first", lambda step: ran.append("first"))
+        service.stop(OperationId("stop-between"), OPERATOR, run.execution.id)
+        keeper = run._keeper
+        assert keeper is not None
+        deadline = time.monotonic() + 10
+        while not keeper.stop_requested:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        run.step("second", lambda step: ran.append("second"))
+    assert ran == ["first"] and run.stopped
+    [stopped] = executions(repository, run)
+    assert stopped.status is S.STOPPED
+    assert list(steps_of(repository, stopped.id)) == ["first"]

@@ -1,0 +1,522 @@
+"""Group J: holds and the purge of whole instance histories (behaviour.md 4.13, 4.14, 8.J).
+
+What an operator relies on: a purge deletes finished histories whole, never a row that a
+retained row references, reports the rows actually deleted, leaves a tombstone so that a
+finished load is never re-run by accident, never touches a held instance, and refuses a
+plan that went stale (deleting nothing).
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import attrs
+import psycopg
+import pytest
+
+from pybatch import JobRepository
+from pybatch.errors import (
+    AbandonedInstance,
+    AgeBoundTooSmall,
+    BatchBoundOutOfRange,
+    CompletedInstance,
+    EmptyStatusSet,
+    JobInstanceNotFound,
+    NonTerminalStatus,
+    OperationIdConflict,
+    RetentionPlanStale,
+)
+from pybatch.etl import Job
+from pybatch.services.audit import verify_audit_chain
+from pybatch.services.operator import OperatorService
+from pybatch.services.retention import RetentionService
+from pybatch.values.ids import FailureId
+from pybatch.values.lifecycle import LifecycleTransition
+from pybatch.values.names import ActorRef, JobName, NodeId, OperationId, ReasonCode, StepName
+from pybatch.values.retention import (
+    PurgeBatchBound,
+    PurgeCounts,
+    PurgePlan,
+    PurgePlanRequest,
+    TerminalStatusSet,
+)
+from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+from tests.support.clock import ManualClock
+from tests.support.race import race
+
+S = BatchStatus
+OPS = ActorRef("cli:ops")
+HOUR = datetime.timedelta(hours=1)
+LEGAL = ReasonCode("LEGAL_HOLD")
+
+
+def history(
+    repository: JobRepository, clock: ManualClock, run: str, *ends: S, name: str = "loads"
+) -> int:
+    """An instance whose attempts end in `ends`; one step and one operator stop per attempt."""
+    key = Job(repository, name, {"run": run}).key
+    service = OperatorService(repository)
+    instance_id = 0
+    for attempt, end in enumerate(ends, start=1):
+        with repository.begin() as uow:
+            instance_id = uow.select_or_create_job_instance(key).instance.id
+            execution = uow.create_job_execution(instance_id)
+            execution = uow.transition_job_execution(
+                execution.id, execution.version, LifecycleTransition.new(S.STARTED, clock.advance())
+            )
+            step = uow.create_flow_step_execution(execution.id, StepName("load"), NodeId("load"))
+            step = uow.transition_step_execution(
+                step.id, step.version, LifecycleTransition.new(S.STARTED, clock.advance())
+            )
+            uow.commit()
+        service.stop(OperationId(f"stop-{run}-{attempt}"), OPS, execution.id)
+        with repository.begin() as uow:
+            current = uow.get_job_execution(execution.id)
+            step_now = uow.get_step_execution(step.id)
+            assert current is not None and step_now is not None
+            at = clock.advance()
+            if end is S.FAILED:
+                failure = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(execution.id))
+                transition = LifecycleTransition.failed(at, failure)
+                step_transition = LifecycleTransition.failed(
+                    at, FailureSummary(FailureCategory.USER_COMPONENT, FailureId(step.id))
+                )
+            else:
+                transition = LifecycleTransition.new(end, at)
+                step_transition = LifecycleTransition.new(
+                    S.COMPLETED if end is S.COMPLETED else S.STOPPED, at
+                )
+            uow.transition_step_execution(step.id, step_now.version, step_transition)
+            if end is S.ABANDONED:  # STARTED -> STOPPED -> ABANDONED
+                current = uow.transition_job_execution(
+                    current.id, current.version, LifecycleTransition.new(S.STOPPED, at)
+                )
+            if end is not S.STARTED:
+                uow.transition_job_execution(current.id, current.version, transition)
+            uow.commit()
+    return instance_id
+
+
+def request(
+    *statuses: S, batch: int = 1000, forget: bool = False, name: str = "loads"
+) -> PurgePlanRequest:
+    return PurgePlanRequest(
+        job_name=JobName(name),
+        statuses=TerminalStatusSet.of(statuses or (S.COMPLETED,)),
+        minimum_age=HOUR,
+        batch=PurgeBatchBound(batch),
+        forget_instances=forget,
+    )
+
+
+def rows(admin: psycopg.Connection[Any], table: str) -> int:
+    row = admin.execute(f"SELECT count(*) FROM pybatch.{table}").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.fixture
+def retention(repository: JobRepository) -> RetentionService:
+    return RetentionService(repository)
+
+
+# --------------------------------------------------------------------------- values
+
+
+def test_retention_values_refuse_bad_input() -> None:
+    with pytest.raises(BatchBoundOutOfRange):
+        PurgeBatchBound(0)
+    with pytest.raises(BatchBoundOutOfRange):
+        PurgeBatchBound(1001)
+    with pytest.raises(EmptyStatusSet):
+        TerminalStatusSet.of([])
+    with pytest.raises(NonTerminalStatus) as active:
+        TerminalStatusSet.of([S.COMPLETED, S.STARTED])
+    assert active.value.status == "STARTED"
+    with pytest.raises(AgeBoundTooSmall):
+        attrs.evolve(request(), minimum_age=datetime.timedelta(minutes=59))
+
+
+# --------------------------------------------------------------------------- holds (J1-J3)
+
+
+def test_j1_j2_holds(repository: JobRepository, clock: ManualClock) -> None:
+    instance_id = history(repository, clock, "a", S.COMPLETED)
+    with repository.begin() as uow:
+        with pytest.raises(JobInstanceNotFound):
+            uow.job_instance_hold(987654)
+        with pytest.raises(JobInstanceNotFound):
+            uow.place_instance_hold(987654, OPS, LEGAL, clock.now())
+        with pytest.raises(JobInstanceNotFound):
+            uow.release_instance_hold(987654)
+        assert uow.job_instance_hold(instance_id) is None
+        assert uow.release_instance_hold(instance_id) is None
+        first = uow.place_instance_hold(instance_id, OPS, LEGAL, clock.now())
+        second = uow.place_instance_hold(
+            instance_id, ActorRef("cli:b"), ReasonCode("AUDIT"), clock.advance()
+        )
+        assert uow.job_instance_hold(instance_id) == second != first
+        assert uow.release_instance_hold(instance_id) == second
+        assert uow.job_instance_hold(instance_id) is None
+        uow.commit()
+
+
+def test_j3_a_held_instance_is_not_surveyed_but_still_runs(
+    repository: JobRepository, clock: ManualClock, retention: RetentionService
+) -> None:
+    held = history(repository, clock, "held", S.FAILED)
+    free = history(repository, clock, "free", S.FAILED)
+    retention.hold(OperationId("hold-1"), OPS, held, LEGAL)
+    clock.advance(2 * HOUR)
+    plan = retention.plan(request(S.FAILED))
+    assert plan.instance_ids == [free]
+    with repository.begin() as uow:  # a hold never blocks lifecycle work
+        restarted = uow.create_job_execution(held)
+        uow.commit()
+    assert restarted.attempt == 2
+
+
+# --------------------------------------------------------------------------- survey (J4-J7)
+
+
+def test_j4_the_age_bound_is_strict(repository: JobRepository, clock: ManualClock) -> None:
+    instance_id = history(repository, clock, "a", S.COMPLETED)
+    with repository.begin() as uow:
+        [execution] = uow.job_executions(instance_id)
+    clock.set(execution.updated_at + HOUR)
+    with repository.begin() as uow:
+        assert uow.purge_survey(request()).candidates == ()
+    clock.set(execution.updated_at + HOUR + datetime.timedelta(microseconds=1))
+    with repository.begin() as uow:
+        assert [c.job_instance_id for c in uow.purge_survey(request()).candidates] == [instance_id]
+
+
+def test_j5_j14_only_whole_finished_histories_whose_latest_matches(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    history(repository, clock, "running", S.FAILED, S.STARTED)
+    history(repository, clock, "unknown", S.UNKNOWN)
+    mixed = history(repository, clock, "mixed", S.FAILED, S.COMPLETED)
+    history(repository, clock, "other-job", S.COMPLETED, name="others")
+    clock.advance(2 * HOUR)
+    with repository.begin() as uow:
+        assert uow.purge_survey(request(S.FAILED)).candidates == ()  # mixed's latest: COMPLETED
+        survey = uow.purge_survey(request(S.COMPLETED))
+    assert {c.job_instance_id for c in survey.candidates} == {mixed}
+    assert len(survey.candidates) == 2  # both attempts, together
+
+
+def test_j6_batches_never_split_an_instance(repository: JobRepository, clock: ManualClock) -> None:
+    big = history(repository, clock, "big", S.FAILED, S.FAILED, S.COMPLETED)
+    small = history(repository, clock, "small", S.COMPLETED)
+    clock.advance(2 * HOUR)
+    with repository.begin() as uow:
+        alone = uow.purge_survey(request(batch=2))
+        assert {c.job_instance_id for c in alone.candidates} == {big}  # larger than the bound
+        both = uow.purge_survey(request(batch=4))
+        assert {c.job_instance_id for c in both.candidates} == {big, small}
+        first = uow.purge_survey(request(batch=3))
+        assert {c.job_instance_id for c in first.candidates} == {big}
+
+
+# --------------------------------------------------------------------------- apply (J7-J17)
+
+
+def test_j7_j8_j15_apply_deletes_what_the_survey_counted_and_leaves_tombstones(
+    repository: JobRepository,
+    clock: ManualClock,
+    retention: RetentionService,
+    admin: psycopg.Connection[Any],
+) -> None:
+    gone = history(repository, clock, "gone", S.FAILED, S.COMPLETED)
+    kept = history(repository, clock, "kept", S.FAILED)
+    retention.hold(OperationId("hold-gone"), OPS, gone, LEGAL)
+    retention.release(OperationId("release-gone"), OPS, gone, ReasonCode("RELEASED"))
+    clock.advance(2 * HOUR)
+    plan = retention.plan(request())
+    assert plan.counts == PurgeCounts(
+        flow_decisions=0,
+        recovery_decisions=0,
+        operator_requests=2,
+        step_partitions=0,
+        step_executions=2,
+        job_executions=2,
+        job_instances=1,
+    )
+    before = {table: rows(admin, table) for table in ("job_execution", "step_execution")}
+    outcome = retention.apply(OperationId("purge-1"), OPS, ReasonCode("RETENTION"), plan)
+    assert outcome.outcome == "APPLIED"
+    assert outcome.counts == plan.counts  # nothing changed in between: the same rows
+    assert rows(admin, "job_execution") == before["job_execution"] - 2
+    assert rows(admin, "step_execution") == before["step_execution"] - 2
+    with repository.begin() as uow:
+        assert uow.job_executions(gone) == []
+        assert len(uow.job_executions(kept)) == 1
+        tombstone = admin.execute(
+            "SELECT final_status, purged_at IS NOT NULL, last_attempt FROM pybatch.job_instance"
+            " WHERE id = %s",
+            (gone,),
+        ).fetchone()
+        assert tombstone == ("COMPLETED", True, 2)
+        with pytest.raises(CompletedInstance) as completed:
+            uow.create_job_execution(gone)
+        assert "its history was purged" in str(completed.value)
+    # Retention records survive; the audit chain accounts for every purged record.
+    assert rows(admin, "retention_action") == 3
+    assert verify_audit_chain(repository).intact
+    assert rows(admin, "audit_chain_purge") == 2
+
+
+def test_j14_a_failed_tombstone_starts_again_from_scratch(
+    repository: JobRepository, clock: ManualClock, retention: RetentionService
+) -> None:
+    failed = history(repository, clock, "failed", S.FAILED, S.FAILED)
+    abandoned = history(repository, clock, "abandoned", S.ABANDONED)
+    clock.advance(2 * HOUR)
+    plan = retention.plan(request(S.FAILED, S.ABANDONED))
+    retention.apply(OperationId("purge-1"), OPS, ReasonCode("RETENTION"), plan)
+    with repository.begin() as uow:
+        again = uow.create_job_execution(failed)
+        assert (again.attempt, again.restart_of_execution_id) == (3, None)
+        with pytest.raises(AbandonedInstance) as purged:
+            uow.create_job_execution(abandoned)
+        assert purged.value.purged
+
+
+def test_j14_j17_forget_instances_erases_them(
+    repository: JobRepository,
+    clock: ManualClock,
+    retention: RetentionService,
+    admin: psycopg.Connection[Any],
+) -> None:
+    instance_id = history(repository, clock, "erase", S.COMPLETED)
+    retention.hold(OperationId("hold-1"), OPS, instance_id, LEGAL)
+    retention.release(OperationId("release-1"), OPS, instance_id, ReasonCode("RELEASED"))
+    clock.advance(2 * HOUR)
+    plan = retention.plan(request(forget=True))
+    outcome = retention.apply(OperationId("purge-1"), OPS, ReasonCode("ERASURE"), plan)
+    assert outcome.counts.job_instances == 1
+    key = Job(repository, "loads", {"run": "erase"}).key
+    with repository.begin() as uow:
+        assert uow.find_job_instance(key) is None
+        selection = uow.select_or_create_job_instance(key)
+        uow.commit()
+    assert selection.instance.id > instance_id
+    detached = admin.execute(
+        "SELECT count(*) FROM pybatch.retention_action WHERE job_instance_id IS NULL"
+    ).fetchone()
+    assert detached == (3,)  # hold, release and the purge itself
+    assert verify_audit_chain(repository).intact
+
+
+def test_j9_to_j13_stale_plans_delete_nothing(
+    repository: JobRepository,
+    clock: ManualClock,
+    retention: RetentionService,
+    admin: psycopg.Connection[Any],
+) -> None:
+    versioned = history(repository, clock, "versioned", S.FAILED)
+    held = history(repository, clock, "held", S.FAILED)
+    restarted = history(repository, clock, "restarted", S.FAILED)
+    clock.advance(2 * HOUR)
+    reason = ReasonCode("RETENTION")
+    before = rows(admin, "job_execution")
+
+    plan = retention.plan(request(S.FAILED))
+    OperatorService(repository).abandon(
+        OperationId("abandon-1"), OPS, _latest(repository, versioned)
+    )
+    with pytest.raises(RetentionPlanStale):  # J9: a candidate's version changed
+        retention.apply(OperationId("p-1"), OPS, reason, plan)
+
+    plan = retention.plan(request(S.FAILED))
+    retention.hold(OperationId("hold-1"), OPS, held, LEGAL)
+    with pytest.raises(RetentionPlanStale):  # J10: a hold placed after the plan
+        retention.apply(OperationId("p-2"), OPS, reason, plan)
+
+    plan = retention.plan(request(S.FAILED))
+    with repository.begin() as uow:
+        uow.create_job_execution(restarted)  # J11: an unresolved attempt appeared
+        uow.commit()
+    with pytest.raises(RetentionPlanStale):
+        retention.apply(OperationId("p-3"), OPS, reason, plan)
+    assert rows(admin, "job_execution") == before + 1  # nothing was deleted
+    assert rows(admin, "retention_action") == 1  # only the hold
+
+    empty = retention.plan(request(S.FAILED))
+    assert empty.is_empty()  # J13
+    assert retention.apply(OperationId("p-4"), OPS, reason, empty).counts == PurgeCounts()
+
+
+def test_j12_a_plan_applied_twice_is_stale_or_replayed(
+    repository: JobRepository, clock: ManualClock, retention: RetentionService
+) -> None:
+    history(repository, clock, "once", S.COMPLETED)
+    clock.advance(2 * HOUR)
+    plan = retention.plan(request())
+    reason = ReasonCode("RETENTION")
+    first = retention.apply(OperationId("p-1"), OPS, reason, plan)
+    assert first.outcome == "APPLIED"
+    assert retention.apply(OperationId("p-1"), OPS, reason, plan).outcome == "REPLAYED"
+    with pytest.raises(RetentionPlanStale):
+        retention.apply(OperationId("p-2"), OPS, reason, plan)
+
+
+def test_j16_the_plan_digest(repository: JobRepository, clock: ManualClock) -> None:
+    instance_id = history(repository, clock, "d", S.FAILED)
+    clock.advance(2 * HOUR)
+    service = RetentionService(repository)
+    first, again = service.plan(request(S.FAILED)), service.plan(request(S.FAILED))
+    assert first.digest == again.digest and len(first.digest) == 32
+    with repository.begin() as uow:
+        [execution] = uow.job_executions(instance_id)
+        uow.request_execution_stop(execution.id, execution.version, OPS, clock.now())
+        uow.enrich_job_exit_status(execution.id, execution.version, execution.metadata.exit_status)
+        uow.commit()
+    clock.advance(2 * HOUR)
+    assert service.plan(request(S.FAILED)).digest != first.digest
+    assert "digest=" in repr(first) and first.digest.hex() in repr(first)
+
+
+def test_j18_hold_replay_and_conflicts(
+    repository: JobRepository,
+    clock: ManualClock,
+    retention: RetentionService,
+    admin: psycopg.Connection[Any],
+) -> None:
+    one = history(repository, clock, "one", S.COMPLETED)
+    two = history(repository, clock, "two", S.COMPLETED)
+    applied = retention.hold(OperationId("hold-1"), OPS, one, LEGAL)
+    replay = retention.hold(OperationId("hold-1"), ActorRef("cli:other"), one, LEGAL)
+    assert (applied.outcome, replay.outcome) == ("APPLIED", "REPLAYED")
+    assert replay.record == applied.record
+    with pytest.raises(OperationIdConflict):
+        retention.hold(OperationId("hold-1"), OPS, two, LEGAL)
+    with pytest.raises(OperationIdConflict):
+        retention.hold(OperationId("hold-1"), OPS, one, ReasonCode("OTHER"))
+    clock.advance(2 * HOUR)
+    retention.release(OperationId("rel-1"), OPS, one, ReasonCode("RELEASED"))
+    plan = retention.plan(request())
+    retention.apply(OperationId("purge-1"), OPS, ReasonCode("RETENTION"), plan)
+    other = PurgePlan.new(request(batch=7), _survey_of(plan))
+    with pytest.raises(OperationIdConflict):
+        retention.apply(OperationId("purge-1"), OPS, ReasonCode("RETENTION"), other)
+    assert rows(admin, "retention_action") == 3
+
+
+def _survey_of(plan: PurgePlan) -> Any:
+    from pybatch.values.retention import PurgeSurvey
+
+    return PurgeSurvey(plan.candidates, plan.counts, plan.final_statuses)
+
+
+def _latest(repository: JobRepository, instance_id: int) -> int:
+    with repository.begin() as uow:
+        return uow.job_executions(instance_id)[-1].id
+
+
+# --------------------------------------------------------------------------- races
+
+
+@pytest.mark.race
+def test_race_purge_against_a_restart_of_the_same_instance(
+    repository: JobRepository, clock: ManualClock, retention: RetentionService
+) -> None:
+    for round_ in range(6):
+        instance_id = history(repository, clock, f"race-{round_}", S.FAILED)
+        clock.advance(2 * HOUR)
+        plan = retention.plan(request(S.FAILED))
+        assert plan.instance_ids == [instance_id]
+
+        def contender(
+            index: int, round_: int = round_, plan: PurgePlan = plan, instance_id: int = instance_id
+        ) -> str:
+            if index == 0:
+                retention.apply(OperationId(f"p-{round_}"), OPS, ReasonCode("RETENTION"), plan)
+                return "purged"
+            with repository.begin() as uow:
+                uow.create_job_execution(instance_id)
+                uow.commit()
+            return "restarted"
+
+        outcomes = race(2, contender)
+        with repository.begin() as uow:
+            left = uow.job_executions(instance_id)
+        purge, restart = outcomes
+        if purge.ok:
+            # The purge locked first: the restart waited, then started attempt 2 from scratch
+            # on the FAILED tombstone; or the restart found nothing to restart yet.
+            assert restart.ok and [e.attempt for e in left] == [2]
+            assert left[0].restart_of_execution_id is None
+        else:
+            # The restart committed first: the plan went stale and nothing was deleted.
+            assert isinstance(purge.error, RetentionPlanStale) and restart.ok
+            assert [e.attempt for e in left] == [1, 2]
+        with repository.begin() as uow:  # leave the instance finished for the next round
+            current = left[-1]
+            started = uow.transition_job_execution(
+                current.id, current.version, LifecycleTransition.new(S.STARTED, clock.advance())
+            )
+            uow.transition_job_execution(  # COMPLETED: out of the next rounds' FAILED purges
+                started.id, started.version, LifecycleTransition.new(S.COMPLETED, clock.advance())
+            )
+            uow.commit()
+
+
+@pytest.mark.race
+def test_race_a_hold_placed_mid_plan(
+    repository: JobRepository, clock: ManualClock, retention: RetentionService, admin: Any
+) -> None:
+    for round_ in range(6):
+        instance_id = history(repository, clock, f"hold-{round_}", S.COMPLETED)
+        clock.advance(2 * HOUR)
+        plan = retention.plan(request())
+        assert plan.instance_ids == [instance_id]
+
+        def contender(
+            index: int, round_: int = round_, plan: PurgePlan = plan, instance_id: int = instance_id
+        ) -> str:
+            if index == 0:
+                retention.apply(OperationId(f"p-{round_}"), OPS, ReasonCode("RETENTION"), plan)
+                return "purged"
+            retention.hold(OperationId(f"h-{round_}"), OPS, instance_id, LEGAL)
+            return "held"
+
+        purge, hold = race(2, contender)
+        assert hold.ok  # a hold waits for the purge, then holds the tombstone
+        with repository.begin() as uow:
+            remaining = uow.job_executions(instance_id)
+            assert uow.job_instance_hold(instance_id) is not None
+        if purge.ok:
+            assert remaining == []
+        else:
+            assert isinstance(purge.error, RetentionPlanStale) and len(remaining) == 1
+    assert verify_audit_chain(repository).intact
+
+
+@pytest.mark.race
+def test_race_two_purges_at_once(
+    repository: JobRepository,
+    clock: ManualClock,
+    retention: RetentionService,
+    admin: psycopg.Connection[Any],
+) -> None:
+    for run in range(5):
+        history(repository, clock, f"two-{run}", S.COMPLETED)
+    clock.advance(2 * HOUR)
+    plan = retention.plan(request())
+    outcomes = race(
+        2,
+        lambda index: retention.apply(
+            OperationId(f"p-{index}"), OPS, ReasonCode("RETENTION"), plan
+        ),
+    )
+    applied = [o for o in outcomes if o.ok]
+    stale = [o for o in outcomes if not o.ok]
+    assert len(applied) == 1 and len(stale) == 1
+    assert isinstance(stale[0].error, RetentionPlanStale)
+    assert applied[0].value is not None and applied[0].value.counts.job_executions == 5
+    assert rows(admin, "job_execution") == 0
+    assert rows(admin, "retention_action") == 1
+    assert verify_audit_chain(repository).intact

@@ -1,0 +1,178 @@
+"""Upgrading to execution leases under live jobs, and a migrator nobody else can block.
+
+Schema version 1 evidenced liveness with a session advisory lock. After the upgrade, a
+run started before it (no lease) is still judged by that lock, so the upgrade never
+recovers a run that is alive; a failed run resumes from its checkpoint; a dead one is
+recovered at its next launch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+import pybatch.job_repository as repository_module
+from pybatch import JobRepository, migrator
+from pybatch.chunks import ChunkTransactionManager
+from pybatch.errors import ExecutionAlreadyActive
+from pybatch.etl import ETL_STATE_SCHEMA, Job, StepRun
+from pybatch.services.audit import verify_audit_chain
+from pybatch.values.chunks import ChunkContext, ChunkCounts
+from pybatch.values.ids import FailureId
+from pybatch.values.lifecycle import LifecycleTransition
+from pybatch.values.names import NodeId, StepName
+from pybatch.values.state import Checkpoint, StateLimits
+from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+from tests.conftest import plaintext_config
+
+S = BatchStatus
+LEASE_VERSION = 4  # the migration that adds lease_expires_at
+
+
+def install_up_to(dsn: str, version: int) -> None:
+    """Apply the shipped migrations 1..version by hand, as an older pybatch did."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA IF NOT EXISTS pybatch")
+        for migration in migrator.shipped_migrations()[:version]:
+            migrator._apply(conn, migration)
+
+
+def legacy_run(repository: JobRepository, run: str, *, status: S, offset: int) -> int:
+    """A job launched by schema-1 pybatch: STARTED (or ended), one step with a checkpoint."""
+    key = Job(repository, "legacy_load", {"run": run}).key
+    with repository.begin() as uow:
+        instance = uow.select_or_create_job_instance(key).instance
+        execution = uow.create_job_execution(instance.id)
+        execution = uow.transition_job_execution(
+            execution.id, execution.version, LifecycleTransition.new(S.STARTED, uow.clock.now())
+        )
+        step = uow.create_flow_step_execution(execution.id, StepName("load"), NodeId("load"))
+        step = uow.transition_step_execution(
+            step.id, step.version, LifecycleTransition.new(S.STARTED, uow.clock.now())
+        )
+        uow.commit()
+    chunk = ChunkTransactionManager(repository).begin_for(ChunkContext(step.id, execution.id))
+    chunk.commit(
+        ChunkCounts(read=offset, processed=offset, written=offset),
+        checkpoint=Checkpoint(ETL_STATE_SCHEMA, 1, {"offset": offset}, limits=StateLimits.STEP),
+    )
+    if status is S.FAILED:
+        with repository.begin() as uow:
+            current = uow.get_step_execution(step.id)
+            assert current is not None
+            uow.transition_step_execution(
+                step.id,
+                current.version,
+                LifecycleTransition.failed(
+                    uow.clock.now(),
+                    FailureSummary(FailureCategory.USER_COMPONENT, FailureId(step.id)),
+                ),
+            )
+            execution = uow.transition_job_execution(
+                execution.id,
+                execution.version,
+                LifecycleTransition.failed(
+                    uow.clock.now(),
+                    FailureSummary(FailureCategory.USER_COMPONENT, FailureId(execution.id)),
+                ),
+            )
+            uow.commit()
+    return execution.id
+
+
+def resumed_from(repository: JobRepository, run: str) -> list[int]:
+    seen: list[int] = []
+
+    def load(step: StepRun) -> None:
+        seen.append(int(step.checkpoint["offset"]))
+        with step.chunk() as chunk:
+            chunk.commit(read=1, written=1, checkpoint={"offset": seen[0] + 1})
+
+    with Job(repository, "legacy_load", {"run": run}).launch() as launched:
+        assert launched.attempt == 2
+        launched.step("load", load)
+    return seen
+
+
+def test_upgrade_under_live_jobs_keeps_them_alive_and_resumes_the_rest(
+    blank_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = plaintext_config(blank_database)
+    install_up_to(blank_database, LEASE_VERSION - 1)
+    with monkeypatch.context() as old_package:
+        old_package.setattr(
+            repository_module, "supported_schema_version", lambda: LEASE_VERSION - 1
+        )
+        with JobRepository.connect(config) as old:
+            alive = legacy_run(old, "alive", status=S.STARTED, offset=3)
+            dead = legacy_run(old, "dead", status=S.STARTED, offset=4)
+            failed = legacy_run(old, "failed", status=S.FAILED, offset=5)
+        # Audit rows written by the older package, before the chain existed.
+        with psycopg.connect(blank_database, autocommit=True) as conn:
+            for operation in ("old-1", "old-2"):
+                conn.execute(
+                    "INSERT INTO pybatch.operator_request (job_execution_id, action,"
+                    " authorization_class, operation_id, actor_ref, request_digest,"
+                    " outcome_class, requested_at) VALUES (%s, 'STOP', 'LIFECYCLE', %s,"
+                    " 'cli:old', sha256('x'), 'APPLIED', now())",
+                    (alive, operation),
+                )
+    # The live legacy runner holds its liveness lock through the upgrade.
+    with psycopg.connect(blank_database, autocommit=True) as legacy_runner:
+        legacy_runner.execute(
+            "SELECT pg_advisory_lock(hashtextextended('pybatch.job_execution.liveness', %s))",
+            (alive,),
+        )
+        assert [m.version for m in migrator.migrate(config)] == list(
+            range(LEASE_VERSION, migrator.supported_schema_version() + 1)
+        )
+        with JobRepository.connect(config) as repository:
+            with pytest.raises(ExecutionAlreadyActive) as active:
+                Job(repository, "legacy_load", {"run": "alive"}).launch()
+            assert active.value.execution_id == alive
+            linked = verify_audit_chain(repository)  # the upgrade linked the old audit rows
+            assert linked.intact and linked.links == 2
+            assert resumed_from(repository, "failed") == [5]
+            assert resumed_from(repository, "dead") == [4]
+    # The legacy runner ended (its session closed): now it is recovered and resumed.
+    with JobRepository.connect(config) as repository:
+        assert resumed_from(repository, "alive") == [3]
+        with repository.begin() as uow:
+            for execution_id, status in ((alive, S.FAILED), (dead, S.FAILED), (failed, S.FAILED)):
+                execution = uow.get_job_execution(execution_id)
+                assert execution is not None and execution.status is status
+    with psycopg.connect(blank_database) as conn:
+        reasons = conn.execute(
+            "SELECT job_execution_id, reason_code FROM pybatch.recovery_decision ORDER BY id"
+        ).fetchall()
+    assert reasons == [(dead, "OWNER_LOST"), (alive, "OWNER_LOST")]
+    with JobRepository.connect(config) as repository:
+        chained = verify_audit_chain(repository)
+    assert chained.intact and chained.links == 2 + 2 * 2  # each recovery: decision + request
+
+
+def test_a_role_without_grants_cannot_block_migrations(
+    blank_database: str, admin: psycopg.Connection[Any]
+) -> None:
+    install_up_to(blank_database, LEASE_VERSION - 1)
+    admin.execute("DROP ROLE IF EXISTS pybatch_intruder")
+    admin.execute("CREATE ROLE pybatch_intruder LOGIN")
+    intruder_dsn = blank_database.replace(f"user={admin.info.user}", "user=pybatch_intruder")
+    try:
+        with psycopg.connect(intruder_dsn, autocommit=True) as intruder:
+            # The old migration lock key: anyone may take it, and it no longer matters.
+            intruder.execute(
+                "SELECT pg_advisory_lock(hashtextextended('pybatch.schema.migrations', 0))"
+            )
+            with pytest.raises(psycopg.errors.InsufficientPrivilege), intruder.transaction():
+                intruder.execute("LOCK TABLE pybatch.schema_migration IN ACCESS SHARE MODE")
+            applied = migrator.migrate(plaintext_config(blank_database))
+            assert next(m.version for m in applied) == LEASE_VERSION
+    finally:
+        admin.execute("DROP OWNED BY pybatch_intruder")
+        admin.execute("DROP ROLE pybatch_intruder")
+    assert migrator.installed_schema_version(plaintext_config(blank_database)) == (
+        migrator.supported_schema_version()
+    )
