@@ -3,19 +3,61 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import psycopg
 
 from pybatch._statements import load_statements
 from pybatch.config import ConnectionConfig
-from pybatch.errors import Unavailable
+from pybatch._connect_errors import classify_connect_failure
+from pybatch.errors import PyBatchError
 
-__all__ = ["CaFile", "connection_kwargs", "open_connection"]
+__all__ = ["CaFile", "connection_kwargs", "open_connection", "redact_pool_records"]
+
+
+def _redacted_argument(value: object) -> object:
+    """A psycopg.pool log argument with the server host, user and message text removed."""
+    if isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, str):
+        return value  # pool and thread names, never connection details
+    if isinstance(value, BaseException):
+        state = getattr(value, "sqlstate", None)
+        return type(value).__name__ if state is None else f"{type(value).__name__} ({state})"
+    if isinstance(value, psycopg.Connection):
+        return "<connection>"
+    return "<redacted>"
+
+
+class _PoolRecordRedactor(logging.Filter):
+    """Rewrites psycopg.pool log records: connections and driver errors name host and user."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(_redacted_argument(value) for value in record.args)
+        elif record.args is not None:
+            record.args = {key: _redacted_argument(v) for key, v in record.args.items()}
+        if not isinstance(record.msg, str):
+            record.msg = str(_redacted_argument(record.msg))
+        record.exc_info = None
+        record.exc_text = None
+        return True
+
+
+_POOL_REDACTOR = _PoolRecordRedactor()
+
+
+def redact_pool_records() -> None:
+    """Install the redactor on the `psycopg.pool` logger (idempotent)."""
+    logging.getLogger("psycopg.pool").addFilter(_POOL_REDACTOR)
+
+
+redact_pool_records()
 
 
 class CaFile:
@@ -52,10 +94,7 @@ def open_connection(
     """A dedicated connection (migrator, version probe) with UTC time and redacted errors."""
     ca_file = CaFile(config)
     try:
-        try:
-            conn = psycopg.connect(**connection_kwargs(config, ca_file), autocommit=autocommit)
-        except psycopg.Error as error:
-            raise Unavailable(sqlstate=getattr(error, "sqlstate", None)) from None
+        conn = connect_or_raise(connection_kwargs(config, ca_file), autocommit=autocommit)
         try:
             load_statements().set_session_time_zone(conn)
             if not autocommit:
@@ -65,3 +104,16 @@ def open_connection(
             conn.close()
     finally:
         ca_file.close()
+
+
+def connect_or_raise(kwargs: Mapping[str, Any], *, autocommit: bool) -> psycopg.Connection[Any]:
+    """`psycopg.connect`, its failure classified and raised outside the driver's traceback.
+
+    The driver's message names the host and user, so it is neither the cause nor the
+    context of the pybatch error.
+    """
+    try:
+        return psycopg.connect(**kwargs, autocommit=autocommit)
+    except psycopg.Error as error:
+        failure = classify_connect_failure(error)
+    raise failure

@@ -353,6 +353,35 @@ class Unavailable(RepositoryError):
 
 
 @_error
+class AuthenticationFailed(Unavailable):
+    """The server refused the role or its password (28P01, 28000); retrying cannot help."""
+
+    message = "the server refused the credentials"
+
+
+@_error
+class DatabaseNotFound(Unavailable):
+    """The database named in the connection string does not exist (3D000)."""
+
+    message = "the database named in the connection string does not exist"
+
+
+@_error
+class TlsVerificationFailed(Unavailable):
+    """The server's certificate failed verification, or the server offers no TLS."""
+
+    message = "the server's TLS certificate could not be verified"
+
+
+@_error
+class PermissionDenied(RepositoryError):
+    """The role lacks a privilege the operation needs (42501); nothing was written."""
+
+    message = "permission denied: the role lacks a privilege this operation needs"
+    sqlstate: str = "42501"
+
+
+@_error
 class IntegrityViolation(RepositoryError):
     """A durable invariant refused the write; nothing was written."""
 
@@ -863,6 +892,27 @@ class EnvironmentValueInvalid(ConfigError):
     message = "environment variable {variable} is not a valid {expected}"
     variable: str
     expected: str
+
+
+@_error
+class InvalidTlsMode(ConfigError):
+    """tls_mode is not a TlsMode member."""
+
+    message = "TLS mode must be a TlsMode (VERIFY_FULL or PLAINTEXT)"
+
+
+@_error
+class CaCertificateNotBytes(ConfigError):
+    """The CA bundle was not given as PEM bytes in a CaCertificate."""
+
+    message = "CA certificate must be a CaCertificate holding PEM bytes"
+
+
+@_error
+class CaCertificateWithoutVerification(ConfigError):
+    """A CA bundle only applies to verified TLS."""
+
+    message = "a CA certificate applies only to TlsMode.VERIFY_FULL"
 
 
 # --------------------------------------------------------------------------- migrations
