@@ -482,7 +482,11 @@ def test_e5_start_limit_counts_every_attempt(
     with repository.begin() as uow:
         assert [step.id for step in uow.step_executions(third.id)] == [other.id]
         # A larger limit lets the node start a third time.
-        assert uow.create_flow_step_execution(third.id, StepName("load"), NODE, StartLimit(3))
+        started = uow.create_flow_step_execution(third.id, StepName("load"), NODE, StartLimit(3))
+        assert (started.job_execution_id, started.logical_id) == (third.id, NODE)
+        assert (started.status, started.version) == (S.STARTING, 0)
+        uow.commit()
+    assert _starts_of_node(admin, instance.id) == 3
 
 
 def _starts_of_node(admin: psycopg.Connection[Any], instance_id: int) -> int:
