@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 
 from pybatch._statements import load_statements
+from pybatch.codecs._jsonb import install_strict_json_loads
 from pybatch.config import ConnectionConfig
 from pybatch._connect_errors import classify_connect_failure
 from pybatch.errors import PyBatchError
@@ -96,6 +97,7 @@ def open_connection(
     try:
         conn = connect_or_raise(connection_kwargs(config, ca_file), autocommit=autocommit)
         try:
+            install_strict_json_loads(conn)
             load_statements().set_session_time_zone(conn)
             if not autocommit:
                 conn.commit()

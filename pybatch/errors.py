@@ -961,6 +961,14 @@ class TextNotUtf8(DomainError):
 
 
 @_error
+class TextContainsNul(DomainError):
+    """A text value contains U+0000, which PostgreSQL text and jsonb cannot store."""
+
+    message = "{kind} contains a NUL character"
+    kind: str
+
+
+@_error
 class EmptySchemaId(StateError):
     """A state schema identifier is empty."""
 

@@ -42,7 +42,12 @@ from pybatch.chunks import (
     FaultProgress,
 )
 from pybatch.codecs._primitives import canonical_json, sha256
-from pybatch.errors import ExecutionAlreadyActive, PyBatchError, Unavailable
+from pybatch.errors import (
+    ExecutionAlreadyActive,
+    PyBatchError,
+    StatePayloadNotObject,
+    Unavailable,
+)
 from pybatch.repository import JobRepository
 from pybatch.unit_of_work import UnitOfWork
 from pybatch.values.definitions import DefinitionIdentity
@@ -66,6 +71,9 @@ _RECOVERY_REFERENCE = "pybatch.etl"
 
 
 def _state(cls: type[Checkpoint] | type[ExecutionContext], payload: Mapping[str, Any]) -> Any:
+    """Build the envelope before any chunk statement runs; a non-mapping is refused typed."""
+    if not isinstance(payload, Mapping):
+        raise StatePayloadNotObject()
     return cls(ETL_STATE_SCHEMA, 1, dict(payload), limits=StateLimits.STEP)
 
 

@@ -12,6 +12,7 @@ import psycopg_pool
 from pybatch import _sqlstate
 from pybatch._connect import CaFile, connection_kwargs
 from pybatch._statements import Statements, load_statements
+from pybatch.codecs._jsonb import install_strict_json_loads
 from pybatch.clock import Clock, SystemClock
 from pybatch.config import ConnectionConfig
 from pybatch.errors import (
@@ -67,6 +68,7 @@ class JobRepository:
         ca_file = CaFile(config)
 
         def configure(conn: psycopg.Connection[Any]) -> None:
+            install_strict_json_loads(conn)
             conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
             statements.set_session_time_zone(conn)
             conn.commit()

@@ -272,6 +272,10 @@ def test_n5_corrupt_step_execution_rows_fail_closed(
             f"UPDATE {se} SET checkpoint_payload = jsonb_build_object('p', '{deep}'::jsonb) "
             "WHERE id = %(step_id)s",
         ),
+        "checkpoint number of 5,000 digits": (
+            f"UPDATE {se} SET checkpoint_payload = "
+            "jsonb_build_object('n', repeat('9', 5000)::numeric) WHERE id = %(step_id)s",
+        ),
         "context schema version 0": (
             f"ALTER TABLE {se} DROP CONSTRAINT step_execution_context_schema_version_positive",
             f"UPDATE {se} SET context_schema_version = 0 WHERE id = %(step_id)s",
@@ -290,6 +294,7 @@ def test_n5_corrupt_step_execution_rows_fail_closed(
             "negative retry counter",
             "checkpoint payload not an object",
             "checkpoint payload too deep",
+            "checkpoint number of 5,000 digits",
             "context schema version 0",
             "context schema id with surrounding whitespace",
             "unsupported checkpoint format",
