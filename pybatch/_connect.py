@@ -12,11 +12,10 @@ from typing import Any
 
 import psycopg
 
+from pybatch._connect_errors import classify_connect_failure
 from pybatch._statements import load_statements
 from pybatch.codecs._jsonb import install_strict_json_loads
 from pybatch.config import ConnectionConfig
-from pybatch._connect_errors import classify_connect_failure
-from pybatch.errors import PyBatchError
 
 __all__ = ["CaFile", "connection_kwargs", "open_connection", "redact_pool_records"]
 

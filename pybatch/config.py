@@ -195,7 +195,7 @@ class ConnectionKwargs(dict[str, Any]):
 
 
 def _to_secret(value: object) -> Secret:
-    """attrs converter for the DSN: a str (or Secret) only; the refusal never echoes it."""
+    """Attrs converter for the DSN: a str (or Secret) only; the refusal never echoes it."""
     if isinstance(value, Secret):
         return value
     if not isinstance(value, str):

@@ -1097,6 +1097,61 @@ class RecoveryFieldInvalid(RecoveryRequestError):
     rule: str
 
 
+# The contract's RecoveryRequestError variants (behaviour.md 7.2); each is a RecoveryFieldInvalid.
+
+
+@_error
+class RecoveryRequestEmpty(RecoveryFieldInvalid):
+    """A recovery text field is empty."""
+
+    message = "recovery {field} is empty"
+    rule: str = "empty"
+
+
+@_error
+class RecoveryRequestTooLong(RecoveryFieldInvalid):
+    """A recovery text field exceeds its byte bound."""
+
+    message = "recovery {field} exceeds {max_bytes} bytes"
+    max_bytes: int
+    rule: str = "too long"
+
+
+@_error
+class RecoveryRequestSurroundingWhitespace(RecoveryFieldInvalid):
+    """A recovery text field starts or ends with white space."""
+
+    message = "recovery {field} has surrounding whitespace"
+    rule: str = "surrounding whitespace"
+
+
+@_error
+class RecoveryRequestControlCharacter(RecoveryFieldInvalid):
+    """A recovery text field contains a control character."""
+
+    message = "recovery {field} contains a control character"
+    rule: str = "control character"
+
+
+@_error
+class RecoveryEvidenceDigestInvalid(RecoveryRequestError):
+    """The evidence digest is not 32 bytes."""
+
+    message = "recovery evidence digest must be 32 bytes"
+
+
+@_error
+class RepositoryDomainError(RepositoryError):
+    """A domain value refused inside a repository call; the DomainError is `error` and the cause.
+
+    The contract's `RepositoryError.Domain(DomainError)`: `except RepositoryError` sees
+    every failure of a repository call.
+    """
+
+    message = "invalid repository domain value: {error}"
+    error: DomainError
+
+
 @_error
 class RecoveryNotAllowed(RepositoryError):
     """Only unresolved executions (STARTING, STARTED, STOPPING, UNKNOWN) can be recovered."""

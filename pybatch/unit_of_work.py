@@ -23,7 +23,9 @@ from pybatch.codecs._primitives import DecodeError
 from pybatch.errors import (
     CommitOutcomeUnknown,
     DefinitionUpgradeConflict,
+    DomainError,
     PyBatchError,
+    RepositoryDomainError,
     RetryableConflict,
     TransactionAborted,
     Unavailable,
@@ -119,6 +121,8 @@ class UnitOfWorkBase:
         try:
             with conn.transaction():
                 yield conn
+        except DomainError as error:
+            raise RepositoryDomainError(error=error) from error
         except PyBatchError as error:
             if isinstance(error, RetryableConflict | Unavailable) and conn.broken:
                 self._poison(error)

@@ -6,11 +6,10 @@ which runs initdb/pg_ctl as the postgres user when the tests run as root.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from typing import Any
-
-import os
 
 import psycopg
 import pytest
@@ -20,7 +19,6 @@ from pytest_postgresql import factories
 from pybatch import ConnectionConfig, JobRepository, TlsMode, migrate
 from tests.support import pg_harness
 from tests.support.clock import ManualClock
-
 
 # Property-based tests are deterministic by default (the same examples on every run and in
 # CI, bounded so the suite stays fast, no example database written into the tree).

@@ -12,8 +12,8 @@ import psycopg_pool
 from pybatch import _sqlstate
 from pybatch._connect import CaFile, connection_kwargs
 from pybatch._statements import Statements, load_statements
-from pybatch.codecs._jsonb import install_strict_json_loads
 from pybatch.clock import Clock, SystemClock
+from pybatch.codecs._jsonb import install_strict_json_loads
 from pybatch.config import ConnectionConfig
 from pybatch.errors import (
     MigrationRequired,

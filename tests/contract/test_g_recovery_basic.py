@@ -24,6 +24,8 @@ from pybatch.errors import (
     JobExecutionNotFound,
     JobInstanceNotFound,
     RecoveryNotAllowed,
+    RepositoryDomainError,
+    RepositoryError,
     StaleVersion,
     StartLimitExceeded,
 )
@@ -283,8 +285,12 @@ def test_g7_unknown_execution_and_g9_a_clock_behind_the_start(
 
     clock.set(clock.now() - timedelta(hours=1))
     with repository.begin() as uow:
-        with pytest.raises(InvalidTimestampOrder):
+        with pytest.raises(RepositoryError) as refused:
             uow.recover_job_execution(prior.id, mark_failed(prior.version))
+        # The contract's RepositoryError.Domain: the domain error is carried and is the cause.
+        assert isinstance(refused.value, RepositoryDomainError)
+        assert isinstance(refused.value.error, InvalidTimestampOrder)
+        assert refused.value.__cause__ is refused.value.error
         # Rule 21: nothing is staged and the unit of work is still usable.
         assert uow.get_job_execution(prior.id) == prior
         uow.select_or_create_job_instance(new_key())

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from pybatch import JobRepository
-from pybatch.errors import StateMalformed, StatePayloadNotObject, StateError
+from pybatch.errors import StateError, StateMalformed, StatePayloadNotObject
 from pybatch.etl import Job, StepRun
 from pybatch.values.status import BatchStatus
 
