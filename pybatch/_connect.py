@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -12,10 +13,11 @@ from typing import Any
 
 import psycopg
 
-from pybatch._connect_errors import classify_connect_failure
+from pybatch._connect_errors import classify_connect_failure, is_permanent
 from pybatch._statements import load_statements
 from pybatch.codecs._jsonb import install_strict_json_loads
 from pybatch.config import ConnectionConfig
+from pybatch.errors import PyBatchError
 
 __all__ = ["CaFile", "connection_kwargs", "open_connection", "redact_pool_records"]
 
@@ -118,3 +120,46 @@ def connect_or_raise(kwargs: Mapping[str, Any], *, autocommit: bool) -> psycopg.
     except psycopg.Error as error:
         failure = classify_connect_failure(error)
     raise failure
+
+
+def probe_connection(config: ConnectionConfig, ca_file: CaFile) -> None:
+    """Open and close one connection; raise at once if the server refuses it permanently.
+
+    A wrong password, a role that may not log in, a missing database or a certificate that
+    fails verification raise their own `Unavailable` subclass without waiting for the pool's
+    acquire timeout. Transient failures (server down, starting up, out of connection slots)
+    are left to the pool, which keeps retrying until the acquire timeout.
+    """
+    try:
+        connect_or_raise(connection_kwargs(config, ca_file), autocommit=True).close()
+    except PyBatchError as error:
+        if is_permanent(error):
+            raise
+
+
+def check_idle_connection(conn: psycopg.Connection[Any]) -> None:
+    """Pool checkout check: refuse a connection whose backend ended while it sat idle.
+
+    An idle connection has nothing to read; if its socket is readable, the server sent
+    something unasked, typically the FATAL of `pg_terminate_backend` or a restart, and
+    end of file. The pending input is consumed: end of file or a broken connection is
+    refused (closed, so the pool drops it and hands out another), anything else (TLS
+    session tickets) is harmless. No round trip is spent on a healthy connection.
+    """
+    failure: str | None = None
+    if conn.closed or conn.broken:
+        failure = "the connection is closed"
+    else:
+        try:
+            for _ in range(2):  # the FATAL and the end of file may arrive in two reads
+                readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+                if not readable:
+                    break
+                conn.pgconn.consume_input()
+            if conn.pgconn.status != psycopg.pq.ConnStatus.OK:
+                failure = "the server ended the connection"
+        except (psycopg.Error, OSError):
+            failure = "the server ended the connection"
+    if failure is not None:
+        conn.close()
+        raise psycopg.OperationalError(failure)

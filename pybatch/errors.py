@@ -802,6 +802,16 @@ class Cancelled(BusinessTransactionError):
 
 
 @_error
+class LockTimeout(BusinessTransactionError):
+    """A business statement waited longer than lock_timeout for a lock (55P03).
+
+    The connection is healthy and kept; the chunk's transaction can only roll back.
+    """
+
+    message = "business statement timed out waiting for a lock (SQLSTATE 55P03)"
+
+
+@_error
 class Infrastructure(BusinessTransactionError):
     """A business statement failed for an infrastructure reason; the connection was discarded."""
 

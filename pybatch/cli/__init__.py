@@ -1,7 +1,8 @@
 """The `pybatch` operator command line: `pybatch.cli:main`.
 
 Commands call the migrator, the repository or the explorer; none holds SQL. Exit
-codes: 0 done, 1 refused (a pybatch error), 2 usage, 3 unavailable, 4 outcome unknown.
+codes (docs/operators.md): 0 done, 1 refused (a pybatch error), 2 usage or configuration,
+3 database unavailable, 4 not found, 5 outcome unknown, 6 permission denied.
 """
 
 from __future__ import annotations
@@ -11,13 +12,24 @@ import os
 import sys
 from collections.abc import Sequence
 
+import psycopg
+
+from pybatch import _sqlstate
 from pybatch.cli import demo, schema
 from pybatch.config import ConnectionConfig, TlsMode
 from pybatch.errors import (
+    AuthenticationFailed,
     ChunkCommitOutcomeUnknown,
     CommitOutcomeUnknown,
     ConfigError,
+    DatabaseNotFound,
+    JobExecutionNotFound,
+    JobInstanceNotFound,
+    PermissionDenied,
     PyBatchError,
+    StepExecutionNotFound,
+    StepPartitionNotFound,
+    TlsVerificationFailed,
     Unavailable,
 )
 
@@ -56,27 +68,52 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_CONFIGURATION = 2
+EXIT_UNAVAILABLE = 3
+EXIT_NOT_FOUND = 4
+EXIT_OUTCOME_UNKNOWN = 5
+EXIT_PERMISSION_DENIED = 6
+
+_NOT_FOUND = (
+    JobInstanceNotFound,
+    JobExecutionNotFound,
+    StepExecutionNotFound,
+    StepPartitionNotFound,
+)
+
+
 def exit_code_for(error: BaseException) -> int:
-    """One table from error family to exit code."""
+    """One table from error family to exit code (docs/operators.md)."""
     if isinstance(error, CommitOutcomeUnknown | ChunkCommitOutcomeUnknown):
-        return 4
+        return EXIT_OUTCOME_UNKNOWN
+    if isinstance(error, PermissionDenied | AuthenticationFailed):
+        return EXIT_PERMISSION_DENIED
+    if isinstance(error, ConfigError | DatabaseNotFound | TlsVerificationFailed):
+        return EXIT_CONFIGURATION
     if isinstance(error, Unavailable):
-        return 3
-    if isinstance(error, ConfigError):
-        return 2
-    return 1
+        return EXIT_UNAVAILABLE
+    if isinstance(error, _NOT_FOUND):
+        return EXIT_NOT_FOUND
+    return EXIT_REFUSED
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; errors print as one redacted line on stderr."""
+    """Run one command; every failure prints as one redacted line on stderr."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    failure: PyBatchError | None = None
     try:
         result: int = args.handler(args)
     except PyBatchError as error:
-        print(f"pybatch: {type(error).__name__}: {error}", file=sys.stderr)
-        return exit_code_for(error)
-    return result
+        failure = error
+    except psycopg.Error as error:  # a path that missed its mapping: still one line
+        failure = _sqlstate.translate(error)
+    if failure is None:
+        return result
+    print(f"pybatch: {type(failure).__name__}: {failure}", file=sys.stderr)
+    return exit_code_for(failure)
 
 
 if __name__ == "__main__":  # pragma: no cover

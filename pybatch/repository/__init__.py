@@ -10,7 +10,13 @@ import psycopg
 import psycopg_pool
 
 from pybatch import _sqlstate
-from pybatch._connect import CaFile, connection_kwargs
+from pybatch._connect import (
+    CaFile,
+    check_idle_connection,
+    connect_or_raise,
+    connection_kwargs,
+    probe_connection,
+)
 from pybatch._statements import Statements, load_statements
 from pybatch.clock import Clock, SystemClock
 from pybatch.codecs._jsonb import install_strict_json_loads
@@ -66,6 +72,11 @@ class JobRepository:
         """
         statements = load_statements()
         ca_file = CaFile(config)
+        try:
+            probe_connection(config, ca_file)
+        except BaseException:
+            ca_file.close()
+            raise
 
         def configure(conn: psycopg.Connection[Any]) -> None:
             install_strict_json_loads(conn)
@@ -82,6 +93,7 @@ class JobRepository:
             max_lifetime=config.connection_max_lifetime.total_seconds(),
             reconnect_timeout=config.connect_timeout.total_seconds(),
             configure=configure,
+            check=check_idle_connection,
             open=False,
             name="pybatch",
         )
@@ -136,9 +148,13 @@ class JobRepository:
             )
             return conn
         except psycopg_pool.PoolTimeout:
-            raise Unavailable() from None
+            pass
         except psycopg.Error as error:
             raise Unavailable(sqlstate=_sqlstate.sqlstate_of(error)) from None
+        # Why could the pool not connect? A permanent refusal (the password was changed, the
+        # database dropped) is reported as itself; anything else stays Unavailable.
+        probe_connection(self.config, self._ca_file)
+        raise Unavailable()
 
     def _release(self, conn: psycopg.Connection[Any], *, discard: bool) -> None:
         """Return a connection to the pool, or close it first so the pool drops it."""
@@ -152,10 +168,7 @@ class JobRepository:
         Raises:
             Unavailable: the server cannot be reached (details redacted).
         """
-        try:
-            return psycopg.connect(**connection_kwargs(self.config, self._ca_file), autocommit=True)
-        except psycopg.Error as error:
-            raise Unavailable(sqlstate=_sqlstate.sqlstate_of(error)) from None
+        return connect_or_raise(connection_kwargs(self.config, self._ca_file), autocommit=True)
 
     def begin(self) -> UnitOfWork:
         """Open a unit of work: READ COMMITTED with the configured transaction timeouts."""
