@@ -207,7 +207,14 @@ def test_chaos_many_faults_and_the_table_still_equals_the_source(fresh: FaultSer
         fire_after = rng.randrange(0, 3)  # chunks this attempt commits before the fault
         state = {"done": 0}
 
-        def hook(index: int, point: str, chunk: Any, kind: str = kind) -> None:
+        def hook(
+            index: int,
+            point: str,
+            chunk: Any,
+            kind: str = kind,
+            state: dict[str, int] = state,
+            fire_after: int = fire_after,
+        ) -> None:
             if point == "committed":
                 state["done"] += 1
                 if state["done"] == fire_after + 1 and kind in ("disk_full", "disk_full_progress"):
