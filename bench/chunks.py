@@ -52,6 +52,7 @@ from psycopg import pq
 import pybatch.chunks as chunks_module
 from bench._server import ADMIN_APPLICATION, admin_connect, postgres_server, scratch_database
 from pybatch import ConnectionConfig, JobRepository, TlsMode, migrate
+from pybatch._transaction import Lease
 from pybatch.config import APPLICATION_NAME
 from pybatch.etl import Job, StepRun
 
@@ -256,16 +257,17 @@ class ChunkTracer:
         self._armed = True
 
     def __enter__(self) -> ChunkTracer:
-        repository = self.repository
-        acquire, release = repository._acquire, repository._release
+        transactions = self.repository.transactions
+        lease, release = transactions.lease, transactions._release
 
-        def traced_acquire() -> psycopg.Connection[Any]:
-            conn = acquire()
-            if self._armed:
+        def traced_lease(*, read_only: bool = False) -> Lease:
+            leased = lease(read_only=read_only)
+            conn = leased.connection
+            if self._armed and conn is not None:
                 self._armed = False
                 manager = protocol_trace(conn)
                 self._open[id(conn)] = (manager, manager.__enter__())
-            return conn
+            return leased
 
         def traced_release(conn: psycopg.Connection[Any], *, discard: bool) -> None:
             entry = self._open.pop(id(conn), None)
@@ -275,12 +277,13 @@ class ChunkTracer:
                 self.counts.append(ProtocolCount.parse(out[0]))
             release(conn, discard=discard)
 
-        repository._acquire = traced_acquire  # type: ignore[method-assign]
-        repository._release = traced_release  # type: ignore[method-assign]
+        transactions.lease = traced_lease  # type: ignore[method-assign]
+        transactions._release = traced_release  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        del self.repository._acquire, self.repository._release  # the class's methods again
+        # The class's methods again.
+        del self.repository.transactions.lease, self.repository.transactions._release
 
 
 # ---------------------------------------------------------------------- CPU accounting

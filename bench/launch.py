@@ -62,8 +62,8 @@ from bench._server import (
     scratch_database,
     wait_for_sessions,
 )
-from pybatch import ConnectionConfig, JobRepository, TlsMode, migrate
-from pybatch._statements import Statement
+from pybatch import ConnectionConfig, JobRepository, TlsMode, UnitOfWork, migrate
+from pybatch._statements import Mode, Statement
 from pybatch.errors import CompletedInstance
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.lifecycle import LifecycleTransition
@@ -80,7 +80,6 @@ TARGET_RATIO = 1.2
 TRACED_CYCLES = 10
 HISTORY_TABLES = ("job_instance", "job_execution", "step_execution")
 #: `JobRepository.begin` runs this first in every unit of work.
-UOW_FIRST_STATEMENT = "set_transaction_timeouts"
 #: Transaction control psycopg sends as Query messages.
 CONTROL = ("BEGIN", "SAVEPOINT", "RELEASE", "COMMIT", "ROLLBACK")
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "launch.json"
@@ -187,7 +186,7 @@ def run_cycle(repository: JobRepository, run: int) -> tuple[int, int]:
 
 
 class StatementRecorder:
-    """Records each pybatch statement by wrapping `Statement.run`, the one path to the wire.
+    """Records each pybatch statement by wrapping `Statement._run`, the one path to the wire.
 
     Cheap enough (a list append) to stay on during timed cycles, so every measured cycle
     is counted, not a sample; `capture` also keeps the parameters for EXPLAIN.
@@ -195,46 +194,55 @@ class StatementRecorder:
 
     def __init__(self) -> None:
         self.names: list[str] = []
+        #: Statements per unit of work since the last `take_per_unit` (begin opens a count).
+        self.units: list[int] = []
         self.capture: dict[str, tuple[Statement, dict[str, Any]]] | None = None
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[StatementRecorder]:
-        """Patch `Statement.run` for the duration of the block."""
-        original = Statement.run
+        """Patch `Statement._run` and `JobRepository.begin` for the duration of the block."""
+        original = Statement._run
+        original_begin = JobRepository.begin
         recorder = self
+
+        def begin(repository: JobRepository) -> UnitOfWork:
+            recorder.units.append(0)
+            return original_begin(repository)
 
         def run(
             statement: Statement,
             conn: psycopg.Connection[Any],
-            params: Mapping[str, Any],
+            mode: Mode,
+            params: Mapping[str, object],
             *,
-            prepare: bool | None = None,
-        ) -> Any:
+            prepare: bool | None,
+        ) -> psycopg.Cursor[dict[str, Any]]:
             recorder.names.append(statement.name)
+            if recorder.units:
+                recorder.units[-1] += 1
             if recorder.capture is not None:
                 recorder.capture.setdefault(statement.name, (statement, dict(params)))
-            return original(statement, conn, params, prepare=prepare)
+            return original(statement, conn, mode, params, prepare=prepare)
 
-        Statement.run = run  # type: ignore[method-assign,assignment]
+        Statement._run = run  # type: ignore[method-assign,assignment]
+        JobRepository.begin = begin  # type: ignore[method-assign,assignment]
         try:
             yield self
         finally:
-            Statement.run = original  # type: ignore[method-assign]
+            Statement._run = original  # type: ignore[method-assign]
+            JobRepository.begin = original_begin  # type: ignore[method-assign]
 
     def take(self) -> list[str]:
         """The statements recorded since the last call."""
         names, self.names = self.names, []
+        self.units = []
         return names
 
-
-def per_unit_of_work(names: Sequence[str]) -> tuple[int, ...]:
-    """pybatch statements per unit of work: each one opens with set_transaction_timeouts."""
-    counts: list[int] = []
-    for name in names:
-        if name == UOW_FIRST_STATEMENT or not counts:
-            counts.append(0)
-        counts[-1] += 1
-    return tuple(counts)
+    def take_per_unit(self) -> tuple[int, ...]:
+        """pybatch statements per unit of work since the last call."""
+        units = tuple(self.units)
+        self.take()
+        return units
 
 
 _TRACE_MESSAGE = re.compile(r"^F\t\d+\t(\w+)\t?(.*)$")
@@ -644,7 +652,7 @@ class Phase:
         launch, completion = run_cycle(self.repository, self.take_run())
         client = time.thread_time_ns() - client_before
         server_after = backend_cpu_ns(self.server_pid)
-        self.statements[per_unit_of_work(recorder.take())] += 1
+        self.statements[recorder.take_per_unit()] += 1
         self.cycles_in_window += 1
         server = (
             None if server_before is None or server_after is None else server_after - server_before

@@ -1,25 +1,105 @@
-"""pybatch: a durable, SQL-first job repository on PostgreSQL for synchronous ETL scripts."""
+"""pybatch: a durable, SQL-first job repository on PostgreSQL for synchronous ETL scripts.
+
+The names here are the supported surface: the ETL API (`Job`, `JobRun`, `StepRun`,
+`Chunk`), the repository (`JobRepository`, `UnitOfWork`), configuration and migrations,
+and the error families with the leaves an ETL script or an operator tool catches. Every
+other error is importable from `pybatch.errors`.
+"""
 
 from __future__ import annotations
 
 from pybatch.clock import Clock, SystemClock
 from pybatch.config import CaCertificate, ConnectionConfig, TlsMode
+from pybatch.errors import (
+    AbandonedInstance,
+    BusinessTransactionError,
+    Cancelled,
+    ChunkCommitOutcomeUnknown,
+    ChunkTransactionError,
+    CommitOutcomeUnknown,
+    CompletedInstance,
+    ConcurrentModification,
+    ConfigError,
+    DomainError,
+    ExecutionAlreadyActive,
+    FaultStateError,
+    IllegalTransition,
+    Infrastructure,
+    IntegrityViolation,
+    JobExecutionNotFound,
+    JobInstanceNotFound,
+    LifecycleError,
+    MigrationError,
+    MigrationRequired,
+    NewerSchema,
+    NotCommitted,
+    PyBatchError,
+    Rejected,
+    RepositoryError,
+    RetryableConflict,
+    SchemaUninitialized,
+    StaleVersion,
+    StateError,
+    StepExecutionNotFound,
+    TransactionAborted,
+    Unavailable,
+    UnsupportedCapability,
+)
+from pybatch.etl import Chunk, Job, JobRun, StepOutcome, StepRun
+from pybatch.job_repository import JobRepository
 from pybatch.migrator import (
     installed_schema_version,
     migrate,
     supported_schema_version,
 )
-from pybatch.repository import JobRepository
 from pybatch.unit_of_work import UnitOfWork
 
 __all__ = [
+    "AbandonedInstance",
+    "BusinessTransactionError",
     "CaCertificate",
+    "Cancelled",
+    "Chunk",
+    "ChunkCommitOutcomeUnknown",
+    "ChunkTransactionError",
     "Clock",
+    "CommitOutcomeUnknown",
+    "CompletedInstance",
+    "ConcurrentModification",
+    "ConfigError",
     "ConnectionConfig",
+    "DomainError",
+    "ExecutionAlreadyActive",
+    "FaultStateError",
+    "IllegalTransition",
+    "Infrastructure",
+    "IntegrityViolation",
+    "Job",
+    "JobExecutionNotFound",
+    "JobInstanceNotFound",
     "JobRepository",
+    "JobRun",
+    "LifecycleError",
+    "MigrationError",
+    "MigrationRequired",
+    "NewerSchema",
+    "NotCommitted",
+    "PyBatchError",
+    "Rejected",
+    "RepositoryError",
+    "RetryableConflict",
+    "SchemaUninitialized",
+    "StaleVersion",
+    "StateError",
+    "StepExecutionNotFound",
+    "StepOutcome",
+    "StepRun",
     "SystemClock",
     "TlsMode",
+    "TransactionAborted",
+    "Unavailable",
     "UnitOfWork",
+    "UnsupportedCapability",
     "installed_schema_version",
     "migrate",
     "supported_schema_version",

@@ -14,12 +14,19 @@ from typing import Any
 import psycopg
 
 from pybatch._connect_errors import classify_connect_failure, is_permanent
-from pybatch._statements import load_statements
 from pybatch.codecs._jsonb import install_strict_json_loads
 from pybatch.config import ConnectionConfig
 from pybatch.errors import PyBatchError
 
-__all__ = ["CaFile", "connection_kwargs", "open_connection", "redact_pool_records"]
+__all__ = [
+    "CaFile",
+    "check_idle_connection",
+    "connect_or_raise",
+    "connection_kwargs",
+    "open_connection",
+    "probe_connection",
+    "redact_pool_records",
+]
 
 
 def _redacted_argument(value: object) -> object:
@@ -62,6 +69,7 @@ def redact_pool_records() -> None:
 redact_pool_records()
 
 
+
 class CaFile:
     """The configured CA bundle written to a private file for libpq, removed on close."""
 
@@ -83,25 +91,24 @@ class CaFile:
 
 
 def connection_kwargs(
-    config: ConnectionConfig, ca_file: CaFile, *, session_timeouts: bool = False
+    config: ConnectionConfig, ca_file: CaFile, *, statement_timeout: bool = True
 ) -> dict[str, Any]:
     """Keyword arguments for `psycopg.connect` under this configuration."""
-    return config.connection_kwargs(ca_file=ca_file.path, session_timeouts=session_timeouts)
+    return config.connection_kwargs(ca_file=ca_file.path, statement_timeout=statement_timeout)
 
 
 @contextlib.contextmanager
 def open_connection(
     config: ConnectionConfig, *, autocommit: bool
 ) -> Iterator[psycopg.Connection[Any]]:
-    """A dedicated connection (migrator, version probe) with UTC time and redacted errors."""
+    """A dedicated connection for the migrator: no statement timeout, redacted errors."""
     ca_file = CaFile(config)
     try:
-        conn = connect_or_raise(connection_kwargs(config, ca_file), autocommit=autocommit)
+        conn = connect_or_raise(
+            connection_kwargs(config, ca_file, statement_timeout=False), autocommit=autocommit
+        )
         try:
             install_strict_json_loads(conn)
-            load_statements().set_session_time_zone(conn)
-            if not autocommit:
-                conn.commit()
             yield conn
         finally:
             conn.close()

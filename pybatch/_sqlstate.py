@@ -33,7 +33,6 @@ __all__ = [
     "is_connection_loss",
     "sqlstate_of",
     "translate",
-    "unwrap",
 ]
 
 #: Unique constraints that arbitrate a race: a violation means another unit of work won.
@@ -60,33 +59,25 @@ _SCHEMA_MISSING = frozenset({"42P01", "3F000"})
 _CONNECTION_LOSS = frozenset({"57P01", "57P02", "57P03", "25P03"})
 
 
-def unwrap(exc: BaseException) -> BaseException:
-    """Return the psycopg error behind a SQLAlchemy wrapper (`DBAPIError.orig`), or `exc`."""
-    orig = getattr(exc, "orig", None)
-    return orig if isinstance(orig, psycopg.Error) else exc
-
-
 def sqlstate_of(exc: BaseException) -> str | None:
     """The SQLSTATE of a driver error, if the server sent one."""
-    return getattr(unwrap(exc), "sqlstate", None)
+    return getattr(exc, "sqlstate", None)
 
 
 def constraint_name(exc: BaseException) -> str | None:
     """The violated constraint's name, if the server named one."""
-    error = unwrap(exc)
-    if isinstance(error, psycopg.Error):
-        return error.diag.constraint_name
+    if isinstance(exc, psycopg.Error):
+        return exc.diag.constraint_name
     return None
 
 
 def is_connection_loss(exc: BaseException, conn: psycopg.Connection[object] | None) -> bool:
     """True when the connection can no longer be trusted (class 08, admin shutdown, closed)."""
-    error = unwrap(exc)
     if conn is not None and (conn.broken or conn.closed):
         return True
-    state = getattr(error, "sqlstate", None)
+    state = getattr(exc, "sqlstate", None)
     if state is None:
-        return isinstance(error, (psycopg.OperationalError, psycopg.InterfaceError))
+        return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))
     return state.startswith("08") or state in _CONNECTION_LOSS
 
 
@@ -134,6 +125,6 @@ def classify_business_error(
     # connection is healthy, the transaction can only roll back.
     if state is not None and (state[:2] in {"22", "23", "42"} or state == "25P02"):
         return Rejected(sqlstate=state)
-    if state is None and isinstance(unwrap(exc), psycopg.ProgrammingError | psycopg.DataError):
+    if state is None and isinstance(exc, psycopg.ProgrammingError | psycopg.DataError):
         return Rejected(sqlstate="22000")
     return Infrastructure()

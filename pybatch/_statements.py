@@ -3,9 +3,11 @@
 pugsql parses the files (names, result modes, `:doc`) and refuses duplicate or
 reserved names. SQLAlchemy, which pugsql is built on, compiles each statement once
 into psycopg's `%(name)s` form; pybatch then runs it directly on the psycopg
-connection its unit of work owns, so transactions, savepoints and COMMIT outcomes
+connection its transaction owns, so transactions, savepoints and COMMIT outcomes
 stay under pybatch's control and hot statements are prepared server-side
-(docs/architecture.md). This is the only module that imports pugsql or SQLAlchemy.
+(docs/architecture.md). This is the only module that imports pugsql or SQLAlchemy,
+and the only one that holds `Any`: rows leave it as `Row` (`Mapping[str, object]`),
+and the codecs turn them into values.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import functools
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 import pugsql
@@ -23,10 +25,28 @@ from psycopg.rows import dict_row
 from sqlalchemy.dialects.postgresql import psycopg as sqlalchemy_psycopg
 
 from pybatch._resources import queries_dir
+from pybatch.codecs._primitives import Row
 
-__all__ = ["Statement", "Statements", "load_statements"]
+__all__ = [
+    "Connection",
+    "Mode",
+    "PreparedStatement",
+    "Row",
+    "Statement",
+    "StatementModeMismatch",
+    "Statements",
+    "load_demo_statements",
+    "load_pugsql_module",
+    "load_statement_folder",
+    "load_statements",
+]
 
-_MODES: Mapping[type, str] = {
+#: A psycopg connection, whatever its row factory (statements choose their own).
+Connection = psycopg.Connection[Any]
+#: A statement's declared result mode.
+Mode = Literal["one", "many", "affected", "scalar"]
+
+_MODES: Mapping[type, Mode] = {
     pugsql.statement.One: "one",
     pugsql.statement.Many: "many",
     pugsql.statement.Affected: "affected",
@@ -35,8 +55,15 @@ _MODES: Mapping[type, str] = {
 _ORIGIN_COMMENT = re.compile(r"^-- pugsql function \S+ in file .*? at line \d+\n")
 
 
+class StatementModeMismatch(TypeError):
+    """A statement was run through a result method its `-- :name` line does not declare."""
+
+
 class Statement:
-    """One named statement, compiled for psycopg and bound to no connection."""
+    """One named statement, compiled for psycopg and bound to no connection.
+
+    Run it with the method of its declared mode: `one`, `many`, `scalar` or `affected`.
+    """
 
     __slots__ = ("doc", "filename", "mode", "name", "parameters", "query")
 
@@ -49,7 +76,7 @@ class Statement:
         self.name: str = source.name
         self.filename: str = Path(source.filename).name
         self.doc: str = source.__doc__ or ""
-        self.mode: str = mode
+        self.mode: Mode = mode
         compiled = source._text.compile(dialect=sqlalchemy_psycopg.dialect())  # type: ignore[no-untyped-call]
         self.parameters: frozenset[str] = frozenset(compiled.params)
         # Replace pugsql's origin comment (it reveals install paths) with one that tells a
@@ -60,68 +87,128 @@ class Statement:
     def __repr__(self) -> str:
         return f"<Statement {self.filename}:{self.name} :{self.mode}>"
 
-    def __call__(self, conn: psycopg.Connection[Any], /, **params: Any) -> Any:
-        """Run the statement on `conn` and shape the result by its declared mode."""
-        return self.run(conn, params)
+    # The four result methods, one per declared mode; each refuses the others' statements.
 
-    def run(
-        self,
-        conn: psycopg.Connection[Any],
-        params: Mapping[str, Any],
-        *,
-        prepare: bool | None = None,
-    ) -> Any:
-        """Run with a parameter mapping; `prepare=True` prepares it on first use (hot paths)."""
-        self._check(params)
-        with conn.cursor(row_factory=dict_row) as cursor:
-            cursor.execute(self.query, params, prepare=prepare)
-            if self.mode == "affected":
-                return cursor.rowcount
-            if self.mode == "many":
-                return cursor.fetchall()
-            row = cursor.fetchone()
-            if self.mode == "one":
-                return row
+    def one(self, conn: Connection, /, **params: object) -> Row | None:
+        """The only row, or None (`:one`)."""
+        with self._run(conn, "one", params, prepare=None) as cursor:
+            row: dict[str, object] | None = cursor.fetchone()
+            return row
+
+    def many(self, conn: Connection, /, **params: object) -> list[Row]:
+        """Every row (`:many`)."""
+        with self._run(conn, "many", params, prepare=None) as cursor:
+            return list(cursor.fetchall())
+
+    def scalar(self, conn: Connection, /, **params: object) -> object:
+        """The first column of the first row, or None when there is no row (`:scalar`)."""
+        with self._run(conn, "scalar", params, prepare=None) as cursor:
+            row: dict[str, object] | None = cursor.fetchone()
             return None if row is None else next(iter(row.values()))
 
-    def _check(self, params: Mapping[str, Any]) -> None:
+    def affected(self, conn: Connection, /, **params: object) -> int:
+        """How many rows the statement changed (`:affected`)."""
+        with self._run(conn, "affected", params, prepare=None) as cursor:
+            return cursor.rowcount
+
+    @property
+    def prepared(self) -> PreparedStatement:
+        """The same statement, prepared server-side on its first use on each connection.
+
+        For the per-chunk statements; psycopg prepares the others after a few uses.
+        """
+        return PreparedStatement(self)
+
+    def _run(
+        self, conn: Connection, mode: Mode, params: Mapping[str, object], *, prepare: bool | None
+    ) -> psycopg.Cursor[dict[str, Any]]:
+        if mode != self.mode:
+            raise StatementModeMismatch(
+                f"{self.name} is declared :{self.mode}; run it with .{self.mode}(), not .{mode}()"
+            )
         if params.keys() != self.parameters:
             missing = sorted(self.parameters - params.keys())
             unknown = sorted(params.keys() - self.parameters)
             raise TypeError(f"{self.name}: missing parameters {missing}, unknown {unknown}")
+        cursor = conn.cursor(row_factory=dict_row)
+        try:
+            cursor.execute(self.query, params, prepare=prepare)
+        except BaseException:
+            cursor.close()
+            raise
+        return cursor
 
-    def executemany(self, conn: psycopg.Connection[Any], rows: list[dict[str, Any]]) -> None:
-        """Run the statement once per parameter mapping, pipelined by psycopg."""
-        with conn.cursor() as cursor:
-            cursor.executemany(self.query, rows)
+
+class PreparedStatement:
+    """A statement run prepared: `statements.NAME.prepared.affected(conn, ...)`."""
+
+    __slots__ = ("_statement",)
+
+    def __init__(self, statement: Statement) -> None:
+        self._statement = statement
+
+    def one(self, conn: Connection, /, **params: object) -> Row | None:
+        """The only row, or None (`:one`), prepared."""
+        with self._statement._run(conn, "one", params, prepare=True) as cursor:
+            row: dict[str, object] | None = cursor.fetchone()
+            return row
+
+    def affected(self, conn: Connection, /, **params: object) -> int:
+        """How many rows the statement changed (`:affected`), prepared."""
+        with self._statement._run(conn, "affected", params, prepare=True) as cursor:
+            return cursor.rowcount
 
 
 class Statements:
-    """Every statement of `queries/`, as attributes named like the statements."""
+    """Every statement of one folder, as attributes named like the statements."""
 
     def __init__(self, statements: Mapping[str, Statement]) -> None:
-        self._statements = dict(statements)
+        self._by_name = dict(statements)
 
     def __getattr__(self, name: str) -> Statement:
         try:
-            return self._statements[name]
+            return self._by_name[name]
         except KeyError:
             raise AttributeError(name) from None
 
     def __iter__(self) -> Iterator[Statement]:
-        return iter(self._statements.values())
+        return iter(self._by_name.values())
 
     def __len__(self) -> int:
-        return len(self._statements)
+        return len(self._by_name)
+
+
+def _pugsql_statements(module: Any) -> Mapping[str, Any]:
+    """Pugsql's parsed statements by name.
+
+    pugsql has no public accessor for them: this reads `Module._statements` (and each
+    statement's `_text` in `Statement.__init__`). tests/sql pins both, so a pugsql upgrade
+    that renames them fails there, loudly, rather than here at run time.
+    """
+    statements: Mapping[str, Any] = module._statements
+    return statements
 
 
 def load_pugsql_module(path: Path | None = None) -> Any:
-    """Load the raw pugsql module (used by the guard-rail tests)."""
+    """Load the raw pugsql module of a folder (default: the shipped `queries/`)."""
     return pugsql.module(str(path or queries_dir()))
+
+
+def load_statement_folder(path: Path) -> Statements:
+    """Load and compile every statement of one folder of `.sql` files."""
+    module = load_pugsql_module(path)
+    return Statements(
+        {name: Statement(source) for name, source in _pugsql_statements(module).items()}
+    )
+
+
+@functools.cache
+def load_demo_statements() -> Statements:
+    """The demo main job's own statements (`queries/demo/`), kept out of the product's."""
+    return load_statement_folder(queries_dir() / "demo")
 
 
 @functools.cache
 def load_statements() -> Statements:
     """Load and compile every statement of the shipped `queries/` folder once per process."""
-    module = load_pugsql_module()
-    return Statements({name: Statement(source) for name, source in module._statements.items()})
+    return load_statement_folder(queries_dir())

@@ -1,12 +1,12 @@
 """Chunk transactions: business writes and step progress in one COMMIT (behaviour.md 4.15).
 
-A chunk transaction owns one pooled connection. The ETL runs its own statements on it
+A chunk transaction leases one pooled connection. The ETL runs its own statements on it
 (`execute`, `executemany`, `copy`, or the raw `connection`), then `commit` writes the
 step's counters, checkpoint and context as one compare-and-swap UPDATE and COMMITs, so a
 crash at any instant leaves either the whole chunk or none of it.
 
-Statements: chunks.sql begin_step_chunk, update_step_chunk_commit, get_step_chunk_state.
-The two per-chunk statements run prepared on the chunk's connection (docs/architecture.md).
+Statements: chunks.sql get_step_chunk_state, update_step_chunk_commit. Both run prepared on
+the chunk's connection (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -14,192 +14,74 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import psycopg
 from psycopg.pq import TransactionStatus
 
 from pybatch import _sqlstate
-from pybatch.codecs._jsonb import CanonicalJsonb, to_jsonb
-from pybatch.codecs._primitives import DecodeError, decode_enum, decode_int64
-from pybatch.codecs.executions import decode_checkpoint, decode_context, decode_counts
+from pybatch._statements import Connection
+from pybatch._transaction import CommitErrors, Lease
+from pybatch.codecs.chunks import decode_committed_step_state, encode_chunk_commit
 from pybatch.errors import (
     ChunkCommitOutcomeUnknown,
     CountExhausted,
-    FaultStateCorrupt,
-    FaultStateFormatError,
+    Infrastructure,
     NotCommitted,
     PyBatchError,
     StepExecutionNotFound,
     Unavailable,
 )
+from pybatch.values.chunks import (
+    NO_FAULT_PROGRESS,
+    ChunkCommitReceipt,
+    ChunkContext,
+    ChunkCounts,
+    ChunkStateProvider,
+    CommittedStepState,
+    FaultProgress,
+    InheritedProgress,
+)
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.fault import FaultStateEnvelope
-from pybatch.values.ids import IdentifierKind, check_counter, check_identifier
 from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus
 
 if TYPE_CHECKING:
-    from pybatch.repository import JobRepository
+    from pybatch.job_repository import JobRepository
 
-__all__ = [
-    "ChunkCommitReceipt",
-    "ChunkContext",
-    "ChunkCounts",
-    "ChunkStateProvider",
-    "ChunkTransaction",
-    "ChunkTransactionManager",
-    "CommittedStepState",
-    "FaultProgress",
-    "InheritedProgress",
-]
-
-_EMPTY_FAULT_STATE_CHECKSUM = FaultStateEnvelope.EMPTY.checksum()
+__all__ = ["ChunkTransaction", "ChunkTransactionManager"]
 
 
-def _as_is(canonical: bytes) -> bytes:
-    return canonical
+def _not_committed(reason: str) -> NotCommitted:
+    return NotCommitted(reason=reason)
 
 
-def _canonical_jsonb(canonical: bytes) -> CanonicalJsonb:
-    """Bind JSON bytes that are already canonical as jsonb, without parsing and re-encoding."""
-    return CanonicalJsonb(canonical, dumps=_as_is)
-
-
-# Every chunk commit writes the empty fault state: its canonical payload is encoded once
-# (the same bytes `to_jsonb` would produce on every commit).
-_EMPTY_FAULT_STATE_PAYLOAD = _canonical_jsonb(FaultStateEnvelope.EMPTY.canonical_bytes())
-
-
-def _count(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if type(value) is not int:
-        raise TypeError(f"{attribute.name} is an int")
-    check_counter(attribute.name, value)
-
-
-@attrs.frozen
-class ChunkContext:
-    """Which step (of which job execution) a chunk belongs to."""
-
-    step_execution_id: int
-    job_execution_id: int
-
-    def __attrs_post_init__(self) -> None:
-        check_identifier(IdentifierKind.STEP_EXECUTION, self.step_execution_id)
-        check_identifier(IdentifierKind.JOB_EXECUTION, self.job_execution_id)
-
-
-@attrs.frozen(kw_only=True)
-class ChunkCounts:
-    """What one chunk did: items read, processed, written and filtered."""
-
-    read: int = attrs.field(default=0, validator=_count)
-    processed: int = attrs.field(default=0, validator=_count)
-    written: int = attrs.field(default=0, validator=_count)
-    filtered: int = attrs.field(default=0, validator=_count)
-
-
-@attrs.frozen(kw_only=True)
-class FaultProgress:
-    """Skips and no-rollback retries of one chunk, added to the step's totals at commit."""
-
-    read_skips: int = attrs.field(default=0, validator=_count)
-    process_skips: int = attrs.field(default=0, validator=_count)
-    write_skips: int = attrs.field(default=0, validator=_count)
-    no_rollbacks: int = attrs.field(default=0, validator=_count)
-
-
-_NO_FAULT_PROGRESS = FaultProgress()
-
-
-@attrs.frozen
-class ChunkCommitReceipt:
-    """The durable state a chunk commits: its checkpoint and execution context."""
-
-    checkpoint: Checkpoint
-    context: ExecutionContext
-
-
-@attrs.frozen(kw_only=True)
-class CommittedStepState:
-    """A step's last committed progress: where a chunk starts and a restart resumes."""
-
-    step_execution_id: int
-    job_execution_id: int
-    status: BatchStatus
-    version: int
-    counts: ExecutionCounts
-    checkpoint: Checkpoint
-    context: ExecutionContext
-    fault_state: FaultStateEnvelope
-
-
-@attrs.frozen(kw_only=True)
-class InheritedProgress:
-    """What a restarted step inherits: items read, checkpoint generation, retained retries."""
-
-    read_count: int
-    checkpoint_digest: bytes
-    fault_state: FaultStateEnvelope
-
-
-class ChunkStateProvider(Protocol):
-    """Produces the checkpoint and context to commit with a chunk (the seed's provider)."""
-
-    def state_for_commit(
-        self, committed_counts: ExecutionCounts, chunk_counts: ChunkCounts
-    ) -> ChunkCommitReceipt:
-        """The state to commit; raising makes the chunk roll back with NotCommitted."""
-        ...
-
-
-def _decode_state(row: Mapping[str, Any]) -> CommittedStepState:
-    """Decode a chunk-state row; a bad fault envelope is FaultStateCorrupt, the rest Unavailable."""
-    try:
-        fault_state = FaultStateEnvelope.from_columns(
-            row["fault_state_format"],
-            row["fault_state_schema"],
-            row["fault_state_schema_version"],
-            row["fault_state_payload"],
-            row["fault_state_checksum"],
-        )
-    except (FaultStateFormatError, ValueError, TypeError):
-        raise FaultStateCorrupt() from None
-    try:
-        return CommittedStepState(
-            step_execution_id=decode_int64(row["id"], column="id", minimum=1),
-            job_execution_id=decode_int64(
-                row["job_execution_id"], column="job_execution_id", minimum=1
-            ),
-            status=decode_enum(BatchStatus, row["status"], column="status"),
-            version=decode_int64(row["version"], column="version", minimum=0),
-            counts=decode_counts(row),
-            checkpoint=decode_checkpoint(row),
-            context=decode_context(row),
-            fault_state=fault_state,
-        )
-    except (DecodeError, PyBatchError):
-        raise Unavailable() from None
+#: How a chunk reports a COMMIT that did not make it durable.
+_COMMIT_ERRORS = CommitErrors(
+    aborted=lambda: _not_committed("a statement in the chunk failed"),
+    refused=lambda _error: _not_committed("COMMIT was refused"),
+    unknown=ChunkCommitOutcomeUnknown,
+)
 
 
 class ChunkTransaction:
     """One open chunk: business statements plus the step's progress, committed together."""
 
     def __init__(
-        self,
-        manager: ChunkTransactionManager,
-        conn: psycopg.Connection[Any],
-        state: CommittedStepState,
+        self, manager: ChunkTransactionManager, lease: Lease, state: CommittedStepState
     ) -> None:
         self._manager = manager
-        self._conn: psycopg.Connection[Any] | None = conn
+        self._lease = lease
+        #: The step's committed state: where this chunk started, and after `commit` the
+        #: state it committed (what the next chunk of the step starts from).
         self.committed: CommittedStepState = state
 
     def __repr__(self) -> str:
         return (
             f"ChunkTransaction(step_execution_id={self.committed.step_execution_id}, "
-            f"version={self.committed.version}, open={self._conn is not None})"
+            f"version={self.committed.version}, open={self._lease.is_open})"
         )
 
     def __enter__(self) -> ChunkTransaction:
@@ -216,25 +98,26 @@ class ChunkTransaction:
     # ------------------------------------------------------------------ business statements
 
     @property
-    def connection(self) -> psycopg.Connection[Any]:
+    def connection(self) -> Connection:
         """The chunk's connection, for the ETL's own statements (they commit with the chunk).
 
         Errors raised through it are psycopg's own; `execute`, `executemany` and `copy`
         classify them into Rejected, Cancelled and Infrastructure instead.
         """
-        if self._conn is None:
+        conn = self._lease.connection
+        if conn is None:
             raise NotCommitted(reason="the chunk is closed")
-        return self._conn
+        return conn
 
     @contextmanager
-    def _business(self) -> Iterator[psycopg.Connection[Any]]:
+    def _business(self) -> Iterator[Connection]:
         conn = self.connection
         try:
             yield conn
         except psycopg.Error as error:
             classified = _sqlstate.classify_business_error(error, conn)
-            if classified.__class__.__name__ == "Infrastructure":
-                self._close(discard=True)
+            if isinstance(classified, Infrastructure):
+                self._lease.discard()
             raise classified from None
 
     def execute(self, query: Any, params: Sequence[Any] | Mapping[str, Any] | None = None) -> int:
@@ -283,7 +166,6 @@ class ChunkTransaction:
         """
         conn = self.connection
         state = self.committed
-        progress = fault_progress or _NO_FAULT_PROGRESS
         try:
             if conn.info.transaction_status == TransactionStatus.INERROR:
                 raise NotCommitted(reason="a statement in the chunk failed")
@@ -299,59 +181,30 @@ class ChunkTransaction:
             except (CountExhausted, PyBatchError):
                 raise NotCommitted(reason="a counter would overflow") from None
             receipt = self._receipt(state, counts, checkpoint, context)
-            # The committed context, carried over unchanged, goes back as the canonical bytes
-            # it was decoded to (canonical JSON of a jsonb document re-encodes to itself).
-            context_payload = (
-                _canonical_jsonb(state.context.payload_json())
-                if receipt.context is state.context
-                else to_jsonb(receipt.context.payload)
+            params = encode_chunk_commit(
+                state,
+                next_counts,
+                receipt,
+                fault_progress or NO_FAULT_PROGRESS,
+                self._manager.clock.now(),
             )
-            params = {
-                "read_count": next_counts.read,
-                "processed_count": next_counts.processed,
-                "write_count": next_counts.written,
-                "filter_count": next_counts.filtered,
-                "commit_count": next_counts.committed,
-                "checkpoint_schema": receipt.checkpoint.schema.value,
-                "checkpoint_schema_version": receipt.checkpoint.schema_version,
-                "checkpoint_payload": to_jsonb(receipt.checkpoint.payload),
-                "context_schema": receipt.context.schema.value,
-                "context_schema_version": receipt.context.schema_version,
-                "context_payload": context_payload,
-                "read_skips": progress.read_skips,
-                "process_skips": progress.process_skips,
-                "write_skips": progress.write_skips,
-                "no_rollbacks": progress.no_rollbacks,
-                "fault_state_payload": _EMPTY_FAULT_STATE_PAYLOAD,
-                "fault_state_checksum": _EMPTY_FAULT_STATE_CHECKSUM,
-                "now": self._manager.clock.now(),
-                "step_execution_id": state.step_execution_id,
-                "job_execution_id": state.job_execution_id,
-                "expected_version": state.version,
-            }
         except NotCommitted:
             self.rollback()
             raise
         try:
-            changed = self._manager.statements.update_step_chunk_commit.run(
-                conn, params, prepare=True
+            changed = self._manager.statements.update_step_chunk_commit.prepared.affected(
+                conn, **params
             )
         except psycopg.Error as error:
-            lost = _sqlstate.is_connection_loss(error, conn)
-            self._close(discard=lost) if lost else self.rollback()
+            if _sqlstate.is_connection_loss(error, conn):
+                self._lease.discard()
+            else:
+                self.rollback()
             raise NotCommitted(reason="the progress update failed") from None
         if changed != 1:
             self.rollback()
             raise NotCommitted(reason="the step changed or is no longer STARTED")
-        try:
-            conn.commit()
-        except psycopg.Error as error:
-            if _sqlstate.is_connection_loss(error, conn):
-                self._close(discard=True)
-                raise ChunkCommitOutcomeUnknown() from None
-            self.rollback()
-            raise NotCommitted(reason="COMMIT was refused") from None
-        self._close(discard=False)
+        self._lease.commit(_COMMIT_ERRORS)
         self.committed = attrs.evolve(
             state,
             version=state.version + 1,
@@ -384,23 +237,7 @@ class ChunkTransaction:
 
     def rollback(self) -> None:
         """Discard the chunk's business writes and progress; a second call is a no-op."""
-        conn = self._conn
-        if conn is None:
-            return
-        if conn.broken or conn.closed:
-            self._close(discard=True)
-            return
-        try:
-            conn.rollback()
-        except psycopg.Error:
-            self._close(discard=True)
-            return
-        self._close(discard=False)
-
-    def _close(self, *, discard: bool) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            self._manager.repository._release(conn, discard=discard)
+        self._lease.rollback()
 
 
 class ChunkTransactionManager:
@@ -418,6 +255,12 @@ class ChunkTransactionManager:
         """A chunk needs a step: without a context nothing can commit."""
         raise NotCommitted(reason="a chunk transaction needs a step execution context")
 
+    def _lease(self) -> Lease:
+        try:
+            return self.repository.transactions.lease()
+        except Unavailable:
+            raise NotCommitted(reason="the database is unavailable") from None
+
     def begin_for(self, context: ChunkContext) -> ChunkTransaction:
         """Open a chunk for a STARTED step, reading its committed state (not locked).
 
@@ -425,40 +268,31 @@ class ChunkTransactionManager:
             NotCommitted: the step is missing, undecodable or not STARTED, or the
                 database is unreachable.
         """
-        repository = self.repository
+        lease = self._lease()
+        conn = lease.connection
         try:
-            conn = repository._acquire()
-        except Unavailable:
-            raise NotCommitted(reason="the database is unavailable") from None
-        config = repository.config
-        try:
-            row = self.statements.begin_step_chunk.run(
+            if conn is None:  # a fresh lease always holds its connection
+                raise Unavailable()
+            row = self.statements.get_step_chunk_state.prepared.one(
                 conn,
-                {
-                    "statement_timeout_ms": str(config.statement_timeout_ms),
-                    "lock_timeout_ms": str(config.lock_timeout_ms),
-                    "idle_transaction_timeout_ms": str(config.idle_transaction_timeout_ms),
-                    "step_execution_id": context.step_execution_id,
-                    "job_execution_id": context.job_execution_id,
-                },
-                prepare=True,
+                step_execution_id=context.step_execution_id,
+                job_execution_id=context.job_execution_id,
             )
-        except psycopg.Error:
-            repository._release(conn, discard=True)
+        except (psycopg.Error, Unavailable):
+            lease.discard()
             raise NotCommitted(reason="the database is unavailable") from None
         try:
             if row is None:
                 raise NotCommitted(reason="the step execution does not exist")
-            state = _decode_state(row)
+            state = decode_committed_step_state(row)
             if state.status is not BatchStatus.STARTED:
                 raise NotCommitted(reason=f"the step is {state.status.value}, not STARTED")
         except PyBatchError as error:
-            conn.rollback()
-            repository._release(conn, discard=False)
+            lease.rollback()
             if isinstance(error, NotCommitted):
                 raise
             raise NotCommitted(reason="the committed step state is unusable") from None
-        return ChunkTransaction(self, conn, state)
+        return ChunkTransaction(self, lease, state)
 
     def begin_after(self, committed: CommittedStepState) -> ChunkTransaction:
         """Open the next chunk of a step from the state this process just committed.
@@ -466,17 +300,13 @@ class ChunkTransactionManager:
         No statement runs until the chunk's own: the step is not re-read, because the
         commit is a compare-and-swap on the committed version and STARTED, so any change
         made meanwhile (a stop, a recovery, another writer) still refuses the chunk, at
-        commit instead of at begin. Pooled connections carry the configured timeouts as
-        session defaults, and BEGIN is READ COMMITTED explicitly.
+        commit instead of at begin. Connections carry the configured timeouts as session
+        defaults, and BEGIN is READ COMMITTED explicitly.
 
         Raises:
             NotCommitted: the database is unreachable.
         """
-        try:
-            conn = self.repository._acquire()
-        except Unavailable:
-            raise NotCommitted(reason="the database is unavailable") from None
-        return ChunkTransaction(self, conn, committed)
+        return ChunkTransaction(self, self._lease(), committed)
 
     def load_committed_state(self, context: ChunkContext) -> CommittedStepState:
         """The step's committed state, read in its own read-only transaction.
@@ -487,14 +317,14 @@ class ChunkTransactionManager:
             Unavailable: other undecodable state, or the database is unreachable.
         """
         with self.repository.read_transaction() as conn:
-            row = self.statements.get_step_chunk_state(
+            row = self.statements.get_step_chunk_state.one(
                 conn,
                 step_execution_id=context.step_execution_id,
                 job_execution_id=context.job_execution_id,
             )
         if row is None:
             raise StepExecutionNotFound(id=context.step_execution_id)
-        return _decode_state(row)
+        return decode_committed_step_state(row)
 
     def inherited_progress(self, context: ChunkContext) -> InheritedProgress:
         """What a (restarted) step resumes from; refuses fault state of a superseded checkpoint.

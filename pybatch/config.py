@@ -276,29 +276,30 @@ class ConnectionConfig:
         return _ms(self.idle_transaction_timeout)
 
     def connection_kwargs(
-        self, *, ca_file: str | None = None, session_timeouts: bool = False
+        self, *, ca_file: str | None = None, statement_timeout: bool = True
     ) -> ConnectionKwargs:
-        """Keyword arguments for `psycopg.connect`, with pybatch's TLS settings forced.
+        """Keyword arguments for `psycopg.connect`, with pybatch's TLS and session settings forced.
 
         They hold the password in clear (libpq needs it), in a dict whose repr is redacted
         and which refuses to pickle; hand them to `psycopg.connect` and nowhere else.
 
         Explicit parameters win over libpq environment variables, so PGSSLMODE and
-        friends cannot weaken the configured mode. With `session_timeouts` (pooled
-        connections), the configured statement, lock and idle-in-transaction timeouts and
-        UTC become the session defaults through the startup `options`, so a transaction is
-        bounded from its first statement without a settings round trip; units of work
-        still apply them transaction-locally as well.
+        friends cannot weaken the configured mode. Every connection starts with UTC and the
+        configured lock and idle-in-transaction timeouts as session defaults, through the
+        libpq startup `options` (they outrank `ALTER DATABASE/ROLE ... SET`), and with the
+        statement timeout too unless `statement_timeout=False` (the migrator's connection:
+        migrations may be long). This is the only place settings are applied
+        (docs/architecture.md, "Transactions").
         """
         params = ConnectionKwargs(_parse_dsn(self.dsn.reveal()))
-        if session_timeouts:
-            startup = (
-                f"-c statement_timeout={self.statement_timeout_ms}"
-                f" -c lock_timeout={self.lock_timeout_ms}"
-                f" -c idle_in_transaction_session_timeout={self.idle_transaction_timeout_ms}"
-                " -c TimeZone=UTC"
-            )
-            params["options"] = f"{params['options']} {startup}" if "options" in params else startup
+        startup = (
+            f"-c lock_timeout={self.lock_timeout_ms}"
+            f" -c idle_in_transaction_session_timeout={self.idle_transaction_timeout_ms}"
+            " -c TimeZone=UTC"
+        )
+        if statement_timeout:
+            startup = f"-c statement_timeout={self.statement_timeout_ms} {startup}"
+        params["options"] = f"{params['options']} {startup}" if "options" in params else startup
         params["application_name"] = APPLICATION_NAME
         # libpq's connect_timeout has one-second granularity; round up, never to 0 (= forever).
         params["connect_timeout"] = str(max(1, math.ceil(self.connect_timeout.total_seconds())))

@@ -322,7 +322,8 @@ class EmbeddedPostgres:
 
     def _prepare_for(self, account: pwd.struct_passwd, directory: Path) -> None:
         """Hand the directory to the server user and prove it can reach the binaries."""
-        assert self.bindir is not None
+        if self.bindir is None:
+            raise EmbeddedPostgresUnavailable("the embedded server was not set up")
         for path, what in (
             (self.bindir, "the PostgreSQL binaries"),  # the path runuser executes
             (Path(os.path.realpath(self.bindir)), "the PostgreSQL binaries"),  # where they live
@@ -348,7 +349,8 @@ class EmbeddedPostgres:
         os.chown(directory, account.pw_uid, account.pw_gid)
 
     def _pg_ctl_start(self, data: Path, port: int) -> list[str]:
-        assert self.bindir is not None and self.directory is not None
+        if self.bindir is None or self.directory is None:
+            raise EmbeddedPostgresUnavailable("the embedded server was not set up")
         sockets = str(self.socket_dir) if self.socket_dir is not None else "''"
         options = f"-p {port} -c listen_addresses={self.host} -c unix_socket_directories={sockets}"
         if not self.durable:
@@ -387,7 +389,8 @@ class EmbeddedPostgres:
         if not (data / "postmaster.pid").exists():
             return
         pid = _postmaster_pid(data)
-        assert self.bindir is not None
+        if self.bindir is None:
+            raise EmbeddedPostgresUnavailable("the embedded server was not set up")
         for mode in ("fast", "immediate"):
             stop = [str(self.bindir / "pg_ctl"), "stop", "-D", str(data), "-m", mode, "-w"]
             result = self._run([*stop, "-t", str(max(1, round(self.timeout)))])

@@ -1,8 +1,28 @@
-"""Every pybatch exception, families and leaves (behaviour.md section 7).
+"""Every pybatch exception, one family after another in the order of behaviour.md section 7.
 
-Leaves keep the contract's names and fields. Messages are built from the fields
-only: they never contain SQL, parameter values, row contents or the connection
-string (behaviour.md 6.1).
+    PyBatchError
+        RepositoryError            7.1   repository operations
+        DomainError                7.2   value construction (2.1-2.9)
+        LifecycleError             7.2   transitions (3.2); every leaf is also a RepositoryError
+        DefinitionError            7.2   definition tokens, manifests, upgrades (2.12)
+        PlanError                  7.2   start limits (2.13)
+        StateError                 7.2   checkpoint and context envelopes (2.15)
+        FaultStateFormatError      7.2   fault-state envelope rules (2.16)
+        FaultStateError            7.2   the fault-state store (4.15)
+        RecoveryRequestError       7.2   recovery request fields (2.1)
+        RequestFieldError          7.2   actor, reason code, operation id (2.1)
+        ChunkTransactionError      7.2   chunk transactions (4.15)
+        BusinessTransactionError   7.2   business statements in a chunk (4.15)
+        ConfigError                7.2   connection configuration (2.24)
+        MigrationError             pybatch's schema migrator (4.19)
+
+Each family base is followed by its leaves, the contract's leaves first in its order. A leaf
+with two families sits with the later one, where both bases exist: the lifecycle leaves (the
+contract's `RepositoryError.Lifecycle`), `FaultStateCorrupt` (also a FaultStateError) and
+`NewerSchema` (also a MigrationError). Leaves keep the contract's names and fields where
+Python allows; tests/unit/test_error_hierarchy.py lists every difference. Messages are built
+from the fields only: they never contain SQL, parameter values, row contents or the
+connection string (behaviour.md 6.1).
 """
 
 from __future__ import annotations
@@ -34,94 +54,15 @@ def _rebuild(cls: type[PyBatchError], fields: dict[str, Any]) -> PyBatchError:
     return cls(**fields)
 
 
-# --------------------------------------------------------------------------- families
+# ----------------------------------------------------------- RepositoryError (behaviour.md 7.1)
+# The lifecycle leaves, FaultStateCorrupt and NewerSchema are RepositoryErrors too; they are
+# written with their second family below.
 
 
 class RepositoryError(PyBatchError):
     """An operation of the job repository failed."""
 
     message = "job repository error"
-
-
-class DomainError(PyBatchError):
-    """A domain value was invalid (behaviour.md 2)."""
-
-    message = "invalid repository domain value"
-
-
-class LifecycleError(PyBatchError):
-    """A lifecycle transition or version check failed (behaviour.md 3)."""
-
-    message = "lifecycle error"
-
-
-class DefinitionError(PyBatchError):
-    """A job definition, token or upgrade value was invalid (behaviour.md 2.12)."""
-
-    message = "invalid job definition"
-
-
-class StateError(PyBatchError):
-    """A checkpoint or execution-context envelope was invalid (behaviour.md 2.15)."""
-
-    message = "invalid durable state envelope"
-
-
-class PlanError(PyBatchError):
-    """A flow plan value was invalid."""
-
-    message = "invalid flow plan value"
-
-
-class RequestFieldError(PyBatchError):
-    """An operator request field (actor, reason, operation id) was invalid."""
-
-    message = "invalid request field"
-
-
-class RecoveryRequestError(PyBatchError):
-    """A recovery request field was invalid."""
-
-    message = "invalid recovery request"
-
-
-class FaultStateFormatError(PyBatchError):
-    """A fault-state envelope could not be decoded or validated (behaviour.md 2.16)."""
-
-    message = "fault state envelope is invalid"
-
-
-class FaultStateError(PyBatchError):
-    """The durable fault-state store refused an operation (behaviour.md 4.15)."""
-
-    message = "fault state error"
-
-
-class ChunkTransactionError(PyBatchError):
-    """A chunk transaction could not commit (behaviour.md 4.15)."""
-
-    message = "chunk transaction error"
-
-
-class BusinessTransactionError(PyBatchError):
-    """A business statement run inside a chunk transaction failed (behaviour.md 4.15)."""
-
-    message = "business statement failed"
-
-
-class ConfigError(PyBatchError):
-    """A connection configuration value was out of bounds (schema.md 6)."""
-
-    message = "invalid pybatch configuration"
-
-
-class MigrationError(PyBatchError):
-    """The schema migrator refused to run or failed."""
-
-    message = "schema migration failed"
-
-
-# --------------------------------------------------------------------------- repository
 
 
 @_error
@@ -136,15 +77,6 @@ class MigrationRequired(RepositoryError):
     """The installed schema is older than this package supports."""
 
     message = "schema version {current} requires migration to {supported}"
-    current: int
-    supported: int
-
-
-@_error
-class NewerSchema(RepositoryError, MigrationError):
-    """The installed schema is newer than this package supports; nothing was changed."""
-
-    message = "schema version {current} is newer than supported version {supported}"
     current: int
     supported: int
 
@@ -188,6 +120,13 @@ class StepPartitionNotFound(RepositoryError):
 
     message = "step partition {id} was not found"
     id: int
+
+
+@_error
+class PartitionStateCorrupt(RepositoryError):
+    """Durable partition state is unusable; no work may begin."""
+
+    message = "durable partition state is unusable and no work may begin"
 
 
 @_error
@@ -276,20 +215,13 @@ class RestartStateNotFound(RepositoryError):
 
 
 @_error
-class DuplicateStep(RepositoryError):
-    """A step with the same name or logical id already exists in the execution."""
+class StartLimitExceeded(RepositoryError):
+    """The node has used up its start limit in this instance."""
 
-    message = "job execution {job_execution_id} already has step {step_name} / logical id {node_id}"
-    job_execution_id: int
-    step_name: str
+    message = "job instance {instance_id} exhausted start limit {limit} for node {node_id}"
+    instance_id: int
     node_id: str
-
-
-@_error
-class FaultStateCorrupt(RepositoryError, FaultStateError):
-    """Durable fault state is unusable; no work may begin."""
-
-    message = "durable fault state is unusable and no work may begin"
+    limit: int
 
 
 @_error
@@ -300,20 +232,12 @@ class FlowStateCorrupt(RepositoryError):
 
 
 @_error
-class PartitionStateCorrupt(RepositoryError):
-    """Durable partition state is unusable; no work may begin."""
+class RecoveryNotAllowed(RepositoryError):
+    """Only unresolved executions (STARTING, STARTED, STOPPING, UNKNOWN) can be recovered."""
 
-    message = "durable partition state is unusable and no work may begin"
-
-
-@_error
-class StartLimitExceeded(RepositoryError):
-    """The node has used up its start limit in this instance."""
-
-    message = "job instance {instance_id} exhausted start limit {limit} for node {node_id}"
-    instance_id: int
-    node_id: str
-    limit: int
+    message = "job execution {id} in {status} cannot be recovered"
+    id: int
+    status: str
 
 
 @_error
@@ -353,32 +277,13 @@ class Unavailable(RepositoryError):
 
 
 @_error
-class AuthenticationFailed(Unavailable):
-    """The server refused the role or its password (28P01, 28000); retrying cannot help."""
+class DuplicateStep(RepositoryError):
+    """A step with the same name or logical id already exists in the execution."""
 
-    message = "the server refused the credentials"
-
-
-@_error
-class DatabaseNotFound(Unavailable):
-    """The database named in the connection string does not exist (3D000)."""
-
-    message = "the database named in the connection string does not exist"
-
-
-@_error
-class TlsVerificationFailed(Unavailable):
-    """The server's certificate failed verification, or the server offers no TLS."""
-
-    message = "the server's TLS certificate could not be verified"
-
-
-@_error
-class PermissionDenied(RepositoryError):
-    """The role lacks a privilege the operation needs (42501); nothing was written."""
-
-    message = "permission denied: the role lacks a privilege this operation needs"
-    sqlstate: str = "42501"
+    message = "job execution {job_execution_id} already has step {step_name} / logical id {node_id}"
+    job_execution_id: int
+    step_name: str
+    node_id: str
 
 
 @_error
@@ -411,7 +316,210 @@ class UnitOfWorkClosed(RepositoryError):
     message = "the unit of work is closed"
 
 
-# --------------------------------------------------------------------------- lifecycle
+@_error
+class AuthenticationFailed(Unavailable):
+    """The server refused the role or its password (28P01, 28000); retrying cannot help."""
+
+    message = "the server refused the credentials"
+
+
+@_error
+class DatabaseNotFound(Unavailable):
+    """The database named in the connection string does not exist (3D000)."""
+
+    message = "the database named in the connection string does not exist"
+
+
+@_error
+class TlsVerificationFailed(Unavailable):
+    """The server's certificate failed verification, or the server offers no TLS."""
+
+    message = "the server's TLS certificate could not be verified"
+
+
+@_error
+class PermissionDenied(RepositoryError):
+    """The role lacks a privilege the operation needs (42501); nothing was written."""
+
+    message = "permission denied: the role lacks a privilege this operation needs"
+    sqlstate: str = "42501"
+
+
+@_error
+class RepositoryDomainError(RepositoryError):
+    """A domain value refused inside a repository call; the DomainError is `error` and the cause.
+
+    The contract's `RepositoryError.Domain(DomainError)`: `except RepositoryError` sees
+    every failure of a repository call.
+    """
+
+    message = "invalid repository domain value: {error}"
+    error: DomainError
+
+
+# ---------------------------------------------------------------------------- DomainError (7.2)
+
+
+class DomainError(PyBatchError):
+    """A domain value was invalid (behaviour.md 2)."""
+
+    message = "invalid repository domain value"
+
+
+@_error
+class EmptyName(DomainError):
+    """A name is empty."""
+
+    message = "{kind} name is empty"
+    kind: str
+
+
+@_error
+class NameTooLong(DomainError):
+    """A name is longer than its byte bound."""
+
+    message = "{kind} name exceeds {max_bytes} bytes"
+    kind: str
+    max_bytes: int
+
+
+@_error
+class NameHasSurroundingWhitespace(DomainError):
+    """A name starts or ends with white space."""
+
+    message = "{kind} name has surrounding whitespace"
+    kind: str
+
+
+@_error
+class NameContainsControl(DomainError):
+    """A name contains a control character."""
+
+    message = "{kind} name contains a control character at index {character_index}"
+    kind: str
+    character_index: int
+
+
+@_error
+class ZeroIdentifier(DomainError):
+    """An identifier is zero."""
+
+    message = "{kind} identifier must be non-zero"
+    kind: str
+
+
+@_error
+class ParameterStringTooLong(DomainError):
+    """A string parameter value is longer than its byte bound."""
+
+    message = "parameter string exceeds {max_bytes} bytes"
+    max_bytes: int
+
+
+@_error
+class DuplicateParameter(DomainError):
+    """A parameter name was given twice."""
+
+    message = "duplicate job parameter name"
+
+
+@_error
+class InvalidTimestampOrder(DomainError):
+    """Execution timestamps are out of order."""
+
+    message = "execution timestamps are out of order"
+
+
+@_error
+class ActiveExecutionHasEndTime(DomainError):
+    """An active execution carries an end time."""
+
+    message = "an active execution cannot have an end time"
+
+
+@_error
+class FinishedExecutionMissingEndTime(DomainError):
+    """A finished execution has no end time."""
+
+    message = "a finished execution requires an end time"
+
+
+@_error
+class FailedExecutionMissingFailure(DomainError):
+    """A FAILED execution has no failure summary."""
+
+    message = "a failed execution requires a failure summary"
+
+
+@_error
+class NaiveTimestamp(DomainError):
+    """A datetime without a time zone was given."""
+
+    message = "timestamps must be timezone-aware"
+
+
+@_error
+class NegativeIdentifier(DomainError):
+    """An identifier is negative or above the unsigned 64-bit range."""
+
+    message = "{kind} identifier is outside 1..2^64-1"
+    kind: str
+
+
+@_error
+class ParameterValueOutOfRange(DomainError):
+    """An integer parameter value is outside its kind's range."""
+
+    message = "{kind} parameter value is out of range"
+    kind: str
+
+
+@_error
+class CounterOutOfRange(DomainError):
+    """A counter is outside 0..2^63-1."""
+
+    message = "counter {name} is outside 0..2^63-1"
+    name: str
+
+
+@_error
+class VersionOutOfRange(DomainError):
+    """A version is outside 0..2^63-1."""
+
+    message = "version is outside 0..2^63-1"
+
+
+@_error
+class JsonNotEncodable(DomainError):
+    """A document cannot be written as canonical JSON (schema.md 3.5); `reason` names the rule."""
+
+    message = "document cannot be encoded as canonical JSON: {reason}"
+    reason: str
+
+
+@_error
+class TextNotUtf8(DomainError):
+    """A text value contains an unpaired surrogate and cannot be stored as UTF-8."""
+
+    message = "{kind} is not encodable as UTF-8"
+    kind: str
+
+
+@_error
+class TextContainsNul(DomainError):
+    """A text value contains U+0000, which PostgreSQL text and jsonb cannot store."""
+
+    message = "{kind} contains a NUL character"
+    kind: str
+
+
+# -------------------------------------------------------------------- LifecycleError (7.2, 3.2)
+
+
+class LifecycleError(PyBatchError):
+    """A lifecycle transition or version check failed (behaviour.md 3)."""
+
+    message = "lifecycle error"
 
 
 @_error
@@ -469,133 +577,13 @@ class CountExhausted(LifecycleError, RepositoryError):
     message = "a counter would exceed its bound"
 
 
-# --------------------------------------------------------------------------- domain values
+# ------------------------------------------------------------------ DefinitionError (7.2, 2.12)
 
 
-@_error
-class EmptyName(DomainError):
-    """A name is empty."""
+class DefinitionError(PyBatchError):
+    """A job definition, token or upgrade value was invalid (behaviour.md 2.12)."""
 
-    message = "{kind} name is empty"
-    kind: str
-
-
-@_error
-class NameTooLong(DomainError):
-    """A name is longer than its byte bound."""
-
-    message = "{kind} name exceeds {max_bytes} bytes"
-    kind: str
-    max_bytes: int
-
-
-@_error
-class NameHasSurroundingWhitespace(DomainError):
-    """A name starts or ends with white space."""
-
-    message = "{kind} name has surrounding whitespace"
-    kind: str
-
-
-@_error
-class NameContainsControl(DomainError):
-    """A name contains a control character."""
-
-    message = "{kind} name contains a control character at index {character_index}"
-    kind: str
-    character_index: int
-
-
-@_error
-class ZeroIdentifier(DomainError):
-    """An identifier is zero."""
-
-    message = "{kind} identifier must be non-zero"
-    kind: str
-
-
-@_error
-class NegativeIdentifier(DomainError):
-    """An identifier is negative or above the unsigned 64-bit range."""
-
-    message = "{kind} identifier is outside 1..2^64-1"
-    kind: str
-
-
-@_error
-class ParameterStringTooLong(DomainError):
-    """A string parameter value is longer than its byte bound."""
-
-    message = "parameter string exceeds {max_bytes} bytes"
-    max_bytes: int
-
-
-@_error
-class ParameterValueOutOfRange(DomainError):
-    """An integer parameter value is outside its kind's range."""
-
-    message = "{kind} parameter value is out of range"
-    kind: str
-
-
-@_error
-class DuplicateParameter(DomainError):
-    """A parameter name was given twice."""
-
-    message = "duplicate job parameter name"
-
-
-@_error
-class InvalidTimestampOrder(DomainError):
-    """Execution timestamps are out of order."""
-
-    message = "execution timestamps are out of order"
-
-
-@_error
-class NaiveTimestamp(DomainError):
-    """A datetime without a time zone was given."""
-
-    message = "timestamps must be timezone-aware"
-
-
-@_error
-class ActiveExecutionHasEndTime(DomainError):
-    """An active execution carries an end time."""
-
-    message = "an active execution cannot have an end time"
-
-
-@_error
-class FinishedExecutionMissingEndTime(DomainError):
-    """A finished execution has no end time."""
-
-    message = "a finished execution requires an end time"
-
-
-@_error
-class FailedExecutionMissingFailure(DomainError):
-    """A FAILED execution has no failure summary."""
-
-    message = "a failed execution requires a failure summary"
-
-
-@_error
-class CounterOutOfRange(DomainError):
-    """A counter is outside 0..2^63-1."""
-
-    message = "counter {name} is outside 0..2^63-1"
-    name: str
-
-
-@_error
-class VersionOutOfRange(DomainError):
-    """A version is outside 0..2^63-1."""
-
-    message = "version is outside 0..2^63-1"
-
-
-# --------------------------------------------------------------------------- definitions
+    message = "invalid job definition"
 
 
 @_error
@@ -640,25 +628,10 @@ class ManifestTooLarge(DefinitionError):
 
 
 @_error
-class ManifestInvalid(DefinitionError):
-    """The manifest is not a canonical JSON object without floats."""
-
-    message = "definition manifest is not a canonical JSON object: {reason}"
-    reason: str
-
-
-@_error
 class UpgradeSelfEdge(DefinitionError):
     """An upgrade edge connects a definition to itself."""
 
     message = "a definition upgrade cannot connect a definition to itself"
-
-
-@_error
-class EmptyStepMapping(DefinitionError):
-    """An upgrade edge maps no step."""
-
-    message = "a definition upgrade requires a step mapping"
 
 
 @_error
@@ -676,13 +649,163 @@ class DuplicateTargetStep(DefinitionError):
 
 
 @_error
+class EmptyStepMapping(DefinitionError):
+    """An upgrade edge maps no step."""
+
+    message = "a definition upgrade requires a step mapping"
+
+
+@_error
+class ManifestInvalid(DefinitionError):
+    """The manifest is not a canonical JSON object without floats."""
+
+    message = "definition manifest is not a canonical JSON object: {reason}"
+    reason: str
+
+
+# ------------------------------------------------------------------------ PlanError (7.2, 2.13)
+
+
+class PlanError(PyBatchError):
+    """A flow plan value was invalid."""
+
+    message = "invalid flow plan value"
+
+
+@_error
 class ZeroStartLimit(PlanError):
     """A start limit of zero was given."""
 
     message = "start limit must be non-zero"
 
 
-# --------------------------------------------------------------------------- state envelopes
+# ----------------------------------------------------------------------- StateError (7.2, 2.15)
+
+
+class StateError(PyBatchError):
+    """A checkpoint or execution-context envelope was invalid (behaviour.md 2.15)."""
+
+    message = "invalid durable state envelope"
+
+
+@_error
+class StateTooLarge(StateError):
+    """An encoded state envelope exceeds its byte limit."""
+
+    message = "{kind} exceeds {max_bytes} bytes"
+    kind: str
+    max_bytes: int
+
+
+@_error
+class StateTooDeep(StateError):
+    """A state envelope exceeds its JSON nesting limit."""
+
+    message = "{kind} exceeds JSON depth {max_depth}"
+    kind: str
+    max_depth: int
+
+
+@_error
+class StateMalformed(StateError):
+    """The bytes or values are not a valid state envelope."""
+
+    message = "{kind} is malformed"
+    kind: str
+
+
+@_error
+class StateFormatMismatch(StateError):
+    """The envelope belongs to the other durable-state kind."""
+
+    message = "durable state is not a {kind}"
+    kind: str
+
+
+@_error
+class UnsupportedStateFormatVersion(StateError):
+    """The envelope format version is not 1."""
+
+    message = "{kind} format version {version} is unsupported"
+    kind: str
+    version: int
+
+
+@_error
+class StatePayloadNotObject(StateError):
+    """The state payload is not a JSON object."""
+
+    message = "durable state payload must be a JSON object"
+
+
+@_error
+class StateSchemaMismatch(StateError):
+    """The envelope schema is not the one the reader expects."""
+
+    message = "{kind} schema does not match the component"
+    kind: str
+
+
+@_error
+class UnsupportedStateSchemaVersion(StateError):
+    """The envelope was written by a newer application schema version."""
+
+    message = "{kind} schema version {found} is newer than supported version {current}"
+    kind: str
+    found: int
+    current: int
+
+
+@_error
+class InvalidStateByteLimit(StateError):
+    """A state byte limit is zero or above the hard ceiling."""
+
+    message = "state byte limit must be between 1 and {maximum}"
+    maximum: int
+
+
+@_error
+class InvalidStateDepthLimit(StateError):
+    """A state depth limit is zero or above the hard ceiling."""
+
+    message = "state depth limit must be between 1 and {maximum}"
+    maximum: int
+
+
+@_error
+class EmptySchemaId(StateError):
+    """A state schema identifier is empty."""
+
+    message = "state schema identifier is empty"
+
+
+@_error
+class SchemaIdTooLong(StateError):
+    """A state schema identifier exceeds its byte bound."""
+
+    message = "state schema identifier exceeds {max_bytes} bytes"
+    max_bytes: int
+
+
+@_error
+class SchemaIdHasSurroundingWhitespace(StateError):
+    """A state schema identifier starts or ends with white space."""
+
+    message = "state schema identifier has surrounding whitespace"
+
+
+@_error
+class SchemaIdContainsControl(StateError):
+    """A state schema identifier contains a control character."""
+
+    message = "state schema identifier contains a control character"
+
+
+@_error
+class ZeroSchemaVersion(StateError):
+    """A state schema version is zero (or outside 1..2^32-1)."""
+
+    message = "state schema version must be from 1 to 4294967295"
 
 
 @_error
@@ -693,35 +816,13 @@ class StateEnvelopeInvalid(StateError):
     reason: str
 
 
-# --------------------------------------------------------------------------- request fields
+# ------------------------------------------------------------ FaultStateFormatError (7.2, 2.16)
 
 
-@_error
-class RequestFieldEmpty(RequestFieldError):
-    """A request field is empty."""
+class FaultStateFormatError(PyBatchError):
+    """A fault-state envelope could not be decoded or validated (behaviour.md 2.16)."""
 
-    message = "{field} is empty"
-    field: str
-
-
-@_error
-class RequestFieldTooLong(RequestFieldError):
-    """A request field exceeds its byte bound."""
-
-    message = "{field} exceeds {max_bytes} bytes"
-    field: str
-    max_bytes: int
-
-
-@_error
-class RequestFieldInvalidCharacter(RequestFieldError):
-    """A request field contains a character outside its charset."""
-
-    message = "{field} contains an invalid character"
-    field: str
-
-
-# --------------------------------------------------------------------------- fault state
+    message = "fault state envelope is invalid"
 
 
 @_error
@@ -732,11 +833,27 @@ class FaultStateEnvelopeInvalid(FaultStateFormatError):
     reason: str
 
 
+# ------------------------------------------------------------------ FaultStateError (7.2, 4.15)
+
+
+class FaultStateError(PyBatchError):
+    """The durable fault-state store refused an operation (behaviour.md 4.15)."""
+
+    message = "fault state error"
+
+
 @_error
 class FaultStateUnbound(FaultStateError):
     """The fault-state store was used before `bind`."""
 
     message = "fault state is not bound to a step execution"
+
+
+@_error
+class FaultStateCorrupt(RepositoryError, FaultStateError):
+    """Durable fault state is unusable; no work may begin."""
+
+    message = "durable fault state is unusable and no work may begin"
 
 
 @_error
@@ -768,7 +885,108 @@ class FaultStateCommitOutcomeUnknown(FaultStateError):
     message = "fault reservation commit outcome is unknown"
 
 
-# --------------------------------------------------------------------------- chunks
+# ------------------------------------------------------------------- RecoveryRequestError (7.2)
+
+
+class RecoveryRequestError(PyBatchError):
+    """A recovery request field was invalid."""
+
+    message = "invalid recovery request"
+
+
+@_error
+class RecoveryFieldInvalid(RecoveryRequestError):
+    """A recovery reason code or operator reference broke a text rule."""
+
+    message = "recovery {field} is invalid: {rule}"
+    field: str
+    rule: str
+
+
+# The contract's RecoveryRequestError variants (behaviour.md 7.2); each is a RecoveryFieldInvalid.
+
+
+@_error
+class RecoveryRequestEmpty(RecoveryFieldInvalid):
+    """A recovery text field is empty."""
+
+    message = "recovery {field} is empty"
+    rule: str = "empty"
+
+
+@_error
+class RecoveryRequestTooLong(RecoveryFieldInvalid):
+    """A recovery text field exceeds its byte bound."""
+
+    message = "recovery {field} exceeds {max_bytes} bytes"
+    max_bytes: int
+    rule: str = "too long"
+
+
+@_error
+class RecoveryRequestSurroundingWhitespace(RecoveryFieldInvalid):
+    """A recovery text field starts or ends with white space."""
+
+    message = "recovery {field} has surrounding whitespace"
+    rule: str = "surrounding whitespace"
+
+
+@_error
+class RecoveryRequestControlCharacter(RecoveryFieldInvalid):
+    """A recovery text field contains a control character."""
+
+    message = "recovery {field} contains a control character"
+    rule: str = "control character"
+
+
+@_error
+class RecoveryEvidenceDigestInvalid(RecoveryRequestError):
+    """The evidence digest is not 32 bytes."""
+
+    message = "recovery evidence digest must be 32 bytes"
+
+
+# ---------------------------------------------------------------------- RequestFieldError (7.2)
+
+
+class RequestFieldError(PyBatchError):
+    """An operator request field (actor, reason, operation id) was invalid."""
+
+    message = "invalid request field"
+
+
+@_error
+class RequestFieldEmpty(RequestFieldError):
+    """A request field is empty."""
+
+    message = "{field} is empty"
+    field: str
+
+
+@_error
+class RequestFieldTooLong(RequestFieldError):
+    """A request field exceeds its byte bound."""
+
+    message = "{field} exceeds {max_bytes} bytes"
+    field: str
+    max_bytes: int
+
+
+@_error
+class RequestFieldInvalidCharacter(RequestFieldError):
+    """A request field contains a character outside its charset."""
+
+    message = "{field} contains an invalid character"
+    field: str
+
+
+# ------------------------------------------------------------------ ChunkTransactionError (7.2)
+
+
+class ChunkTransactionError(PyBatchError):
+    """A chunk transaction could not commit (behaviour.md 4.15)."""
+
+    message = "chunk transaction error"
 
 
 @_error
@@ -784,6 +1002,15 @@ class ChunkCommitOutcomeUnknown(ChunkTransactionError):
     """The chunk's COMMIT acknowledgement was lost; reload committed state before resuming."""
 
     message = "chunk commit outcome is unknown; reload committed state before resuming"
+
+
+# --------------------------------------------------------------- BusinessTransactionError (7.2)
+
+
+class BusinessTransactionError(PyBatchError):
+    """A business statement run inside a chunk transaction failed (behaviour.md 4.15)."""
+
+    message = "business statement failed"
 
 
 @_error
@@ -818,7 +1045,13 @@ class Infrastructure(BusinessTransactionError):
     message = "business statement failed for an infrastructure reason"
 
 
-# --------------------------------------------------------------------------- configuration
+# ---------------------------------------------------------------------- ConfigError (7.2, 2.24)
+
+
+class ConfigError(PyBatchError):
+    """A connection configuration value was out of bounds (schema.md 6)."""
+
+    message = "invalid pybatch configuration"
 
 
 @_error
@@ -925,7 +1158,22 @@ class CaCertificateWithoutVerification(ConfigError):
     message = "a CA certificate applies only to TlsMode.VERIFY_FULL"
 
 
-# --------------------------------------------------------------------------- migrations
+# --------------------------------------------------------------- MigrationError (pybatch, 4.19)
+
+
+class MigrationError(PyBatchError):
+    """The schema migrator refused to run or failed."""
+
+    message = "schema migration failed"
+
+
+@_error
+class NewerSchema(RepositoryError, MigrationError):
+    """The installed schema is newer than this package supports; nothing was changed."""
+
+    message = "schema version {current} is newer than supported version {supported}"
+    current: int
+    supported: int
 
 
 @_error
@@ -951,228 +1199,133 @@ class MigrationLockTimeout(MigrationError):
     message = "timed out waiting for the migration lock"
 
 
-# ---------------------------------------------------------------- values and codecs (appended)
-
-
-@_error
-class JsonNotEncodable(DomainError):
-    """A document cannot be written as canonical JSON (schema.md 3.5); `reason` names the rule."""
-
-    message = "document cannot be encoded as canonical JSON: {reason}"
-    reason: str
-
-
-@_error
-class TextNotUtf8(DomainError):
-    """A text value contains an unpaired surrogate and cannot be stored as UTF-8."""
-
-    message = "{kind} is not encodable as UTF-8"
-    kind: str
-
-
-@_error
-class TextContainsNul(DomainError):
-    """A text value contains U+0000, which PostgreSQL text and jsonb cannot store."""
-
-    message = "{kind} contains a NUL character"
-    kind: str
-
-
-@_error
-class EmptySchemaId(StateError):
-    """A state schema identifier is empty."""
-
-    message = "state schema identifier is empty"
-
-
-@_error
-class SchemaIdTooLong(StateError):
-    """A state schema identifier exceeds its byte bound."""
-
-    message = "state schema identifier exceeds {max_bytes} bytes"
-    max_bytes: int
-
-
-@_error
-class SchemaIdHasSurroundingWhitespace(StateError):
-    """A state schema identifier starts or ends with white space."""
-
-    message = "state schema identifier has surrounding whitespace"
-
-
-@_error
-class SchemaIdContainsControl(StateError):
-    """A state schema identifier contains a control character."""
-
-    message = "state schema identifier contains a control character"
-
-
-@_error
-class ZeroSchemaVersion(StateError):
-    """A state schema version is zero (or outside 1..2^32-1)."""
-
-    message = "state schema version must be from 1 to 4294967295"
-
-
-@_error
-class InvalidStateByteLimit(StateError):
-    """A state byte limit is zero or above the hard ceiling."""
-
-    message = "state byte limit must be between 1 and {maximum}"
-    maximum: int
-
-
-@_error
-class InvalidStateDepthLimit(StateError):
-    """A state depth limit is zero or above the hard ceiling."""
-
-    message = "state depth limit must be between 1 and {maximum}"
-    maximum: int
-
-
-@_error
-class StateTooLarge(StateError):
-    """An encoded state envelope exceeds its byte limit."""
-
-    message = "{kind} exceeds {max_bytes} bytes"
-    kind: str
-    max_bytes: int
-
-
-@_error
-class StateTooDeep(StateError):
-    """A state envelope exceeds its JSON nesting limit."""
-
-    message = "{kind} exceeds JSON depth {max_depth}"
-    kind: str
-    max_depth: int
-
-
-@_error
-class StateMalformed(StateError):
-    """The bytes or values are not a valid state envelope."""
-
-    message = "{kind} is malformed"
-    kind: str
-
-
-@_error
-class StateFormatMismatch(StateError):
-    """The envelope belongs to the other durable-state kind."""
-
-    message = "durable state is not a {kind}"
-    kind: str
-
-
-@_error
-class UnsupportedStateFormatVersion(StateError):
-    """The envelope format version is not 1."""
-
-    message = "{kind} format version {version} is unsupported"
-    kind: str
-    version: int
-
-
-@_error
-class StatePayloadNotObject(StateError):
-    """The state payload is not a JSON object."""
-
-    message = "durable state payload must be a JSON object"
-
-
-@_error
-class StateSchemaMismatch(StateError):
-    """The envelope schema is not the one the reader expects."""
-
-    message = "{kind} schema does not match the component"
-    kind: str
-
-
-@_error
-class UnsupportedStateSchemaVersion(StateError):
-    """The envelope was written by a newer application schema version."""
-
-    message = "{kind} schema version {found} is newer than supported version {current}"
-    kind: str
-    found: int
-    current: int
-
-
-@_error
-class RecoveryFieldInvalid(RecoveryRequestError):
-    """A recovery reason code or operator reference broke a text rule."""
-
-    message = "recovery {field} is invalid: {rule}"
-    field: str
-    rule: str
-
-
-# The contract's RecoveryRequestError variants (behaviour.md 7.2); each is a RecoveryFieldInvalid.
-
-
-@_error
-class RecoveryRequestEmpty(RecoveryFieldInvalid):
-    """A recovery text field is empty."""
-
-    message = "recovery {field} is empty"
-    rule: str = "empty"
-
-
-@_error
-class RecoveryRequestTooLong(RecoveryFieldInvalid):
-    """A recovery text field exceeds its byte bound."""
-
-    message = "recovery {field} exceeds {max_bytes} bytes"
-    max_bytes: int
-    rule: str = "too long"
-
-
-@_error
-class RecoveryRequestSurroundingWhitespace(RecoveryFieldInvalid):
-    """A recovery text field starts or ends with white space."""
-
-    message = "recovery {field} has surrounding whitespace"
-    rule: str = "surrounding whitespace"
-
-
-@_error
-class RecoveryRequestControlCharacter(RecoveryFieldInvalid):
-    """A recovery text field contains a control character."""
-
-    message = "recovery {field} contains a control character"
-    rule: str = "control character"
-
-
-@_error
-class RecoveryEvidenceDigestInvalid(RecoveryRequestError):
-    """The evidence digest is not 32 bytes."""
-
-    message = "recovery evidence digest must be 32 bytes"
-
-
-@_error
-class RepositoryDomainError(RepositoryError):
-    """A domain value refused inside a repository call; the DomainError is `error` and the cause.
-
-    The contract's `RepositoryError.Domain(DomainError)`: `except RepositoryError` sees
-    every failure of a repository call.
-    """
-
-    message = "invalid repository domain value: {error}"
-    error: DomainError
-
-
-@_error
-class RecoveryNotAllowed(RepositoryError):
-    """Only unresolved executions (STARTING, STARTED, STOPPING, UNKNOWN) can be recovered."""
-
-    message = "job execution {id} in {status} cannot be recovered"
-    id: int
-    status: str
-
-
-__all__ = sorted(
-    name
-    for name, value in dict(globals()).items()
-    if isinstance(value, type) and issubclass(value, PyBatchError)
-)
+__all__ = [
+    "AbandonedInstance",
+    "AcquireExceedsClose",
+    "ActiveExecutionHasEndTime",
+    "BusinessTransactionError",
+    "CaCertificateTooLarge",
+    "Cancelled",
+    "CapacityExhausted",
+    "ChunkCommitOutcomeUnknown",
+    "ChunkTransactionError",
+    "CommitOutcomeUnknown",
+    "CompletedInstance",
+    "ConcurrentModification",
+    "ConfigError",
+    "CountExhausted",
+    "CounterOutOfRange",
+    "DefinitionDrift",
+    "DefinitionError",
+    "DefinitionJobMismatch",
+    "DefinitionUpgradeConflict",
+    "DomainError",
+    "DuplicateParameter",
+    "DuplicateSourceStep",
+    "DuplicateStep",
+    "DuplicateTargetStep",
+    "EmptyCaCertificate",
+    "EmptyConnectionString",
+    "EmptyName",
+    "EmptySchemaId",
+    "EmptyStepMapping",
+    "EmptyToken",
+    "EnvironmentValueInvalid",
+    "ExecutionAlreadyActive",
+    "FailedExecutionMissingFailure",
+    "FailedTransitionMissingFailure",
+    "FaultStateCommitOutcomeUnknown",
+    "FaultStateCorrupt",
+    "FaultStateEnvelopeInvalid",
+    "FaultStateError",
+    "FaultStateFormatError",
+    "FaultStateUnavailable",
+    "FaultStateUnbound",
+    "FinishedExecutionMissingEndTime",
+    "FlowStateCorrupt",
+    "IdentifierOutOfRange",
+    "IllegalTransition",
+    "IncompatibleDefinition",
+    "Infrastructure",
+    "IntegrityViolation",
+    "InvalidConnectionString",
+    "InvalidDefinitionUpgrade",
+    "InvalidStateByteLimit",
+    "InvalidStateDepthLimit",
+    "InvalidTimestampOrder",
+    "InvalidTransitionTime",
+    "JobExecutionNotFound",
+    "JobInstanceNotFound",
+    "JsonNotEncodable",
+    "LifecycleError",
+    "LockExceedsStatement",
+    "ManifestInvalid",
+    "ManifestTooLarge",
+    "MigrationChecksumMismatch",
+    "MigrationError",
+    "MigrationHistoryInvalid",
+    "MigrationLockTimeout",
+    "MigrationRequired",
+    "NaiveTimestamp",
+    "NameContainsControl",
+    "NameHasSurroundingWhitespace",
+    "NameTooLong",
+    "NegativeIdentifier",
+    "NewerSchema",
+    "NotCommitted",
+    "ParameterStringTooLong",
+    "ParameterValueOutOfRange",
+    "PartitionStateCorrupt",
+    "PlanError",
+    "PoolSize",
+    "PyBatchError",
+    "RecoveryFieldInvalid",
+    "RecoveryNotAllowed",
+    "RecoveryRequestError",
+    "Rejected",
+    "RepositoryError",
+    "RequestFieldEmpty",
+    "RequestFieldError",
+    "RequestFieldInvalidCharacter",
+    "RequestFieldTooLong",
+    "RestartRequiresNewAttempt",
+    "RestartStateNotFound",
+    "RetryableConflict",
+    "SchemaIdContainsControl",
+    "SchemaIdHasSurroundingWhitespace",
+    "SchemaIdTooLong",
+    "SchemaUninitialized",
+    "StaleReservation",
+    "StaleVersion",
+    "StartLimitExceeded",
+    "StateEnvelopeInvalid",
+    "StateError",
+    "StateFormatMismatch",
+    "StateMalformed",
+    "StatePayloadNotObject",
+    "StateSchemaMismatch",
+    "StateTooDeep",
+    "StateTooLarge",
+    "StepExecutionNotFound",
+    "StepPartitionNotFound",
+    "TextNotUtf8",
+    "TimeoutOutOfBounds",
+    "TlsOptionInConnectionString",
+    "TokenContainsControl",
+    "TokenHasSurroundingWhitespace",
+    "TokenTooLong",
+    "TransactionAborted",
+    "Unavailable",
+    "UnitOfWorkAttempts",
+    "UnitOfWorkClosed",
+    "UnsupportedCapability",
+    "UnsupportedManifestVersion",
+    "UnsupportedStateFormatVersion",
+    "UnsupportedStateSchemaVersion",
+    "UpgradeSelfEdge",
+    "VersionExhausted",
+    "VersionOutOfRange",
+    "ZeroIdentifier",
+    "ZeroSchemaVersion",
+    "ZeroStartLimit",
+]

@@ -25,31 +25,27 @@ Composition only: every statement is run by the repository, chunk and recovery m
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import psycopg
 
-from pybatch._statements import Statements
-from pybatch.chunks import (
-    ChunkContext,
-    ChunkCounts,
-    ChunkTransaction,
-    ChunkTransactionManager,
-    CommittedStepState,
-    FaultProgress,
-)
-from pybatch.codecs._primitives import canonical_json, sha256
+from pybatch.chunks import ChunkTransaction, ChunkTransactionManager
 from pybatch.errors import (
     ExecutionAlreadyActive,
+    JobExecutionNotFound,
     PyBatchError,
     StatePayloadNotObject,
-    Unavailable,
+    StepExecutionNotFound,
 )
-from pybatch.repository import JobRepository
+from pybatch.job_repository import JobRepository
+from pybatch.liveness import LivenessSession
 from pybatch.unit_of_work import UnitOfWork
+from pybatch.values.chunks import ChunkContext, ChunkCounts, CommittedStepState, FaultProgress
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.flow import StartLimit
 from pybatch.values.ids import FailureId
@@ -57,7 +53,6 @@ from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import ExitCode, JobName, NodeId, StateSchemaId, StepName
 from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.records import JobExecution, JobInstance, StepExecution
-from pybatch.values.recovery import RecoveryRequest
 from pybatch.values.state import Checkpoint, ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 
@@ -67,7 +62,13 @@ logger = logging.getLogger("pybatch.etl")
 
 #: The schema id of checkpoints and contexts written through this API.
 ETL_STATE_SCHEMA = StateSchemaId("pybatch.etl.v1")
-_RECOVERY_REFERENCE = "pybatch.etl"
+
+#: The exit code each way a run or a step ends is recorded with.
+_EXIT_CODES = {
+    BatchStatus.COMPLETED: ExitCode.COMPLETED,
+    BatchStatus.FAILED: ExitCode.FAILED,
+    BatchStatus.STOPPED: ExitCode.STOPPED,
+}
 
 
 def _state(cls: type[Checkpoint] | type[ExecutionContext], payload: Mapping[str, Any]) -> Any:
@@ -80,21 +81,8 @@ def _state(cls: type[Checkpoint] | type[ExecutionContext], payload: Mapping[str,
 class Chunk:
     """One chunk of a step: your statements and the step's progress commit together."""
 
-    def __init__(self, step: StepRun, transaction: ChunkTransaction) -> None:
-        self._step = step
+    def __init__(self, transaction: ChunkTransaction) -> None:
         self._transaction = transaction
-        self._committed = False
-
-    def __enter__(self) -> Chunk:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self._transaction.rollback()
 
     @property
     def connection(self) -> psycopg.Connection[Any]:
@@ -140,14 +128,12 @@ class Chunk:
             written=written,
             filtered=filtered,
         )
-        state = self._transaction.commit(
+        self._transaction.commit(
             counts,
             skips,
             checkpoint=_state(Checkpoint, checkpoint),
             context=None if context is None else _state(ExecutionContext, context),
         )
-        self._step._committed(state)
-        self._committed = True
 
 
 class StepRun:
@@ -194,14 +180,24 @@ class StepRun:
         counts = self.state.counts if self.state else self.execution.metadata.counts
         return counts.committed
 
-    def chunk(self) -> Chunk:
-        """Open a chunk transaction on the step (use it in a `with` block)."""
-        if self.state is None:
-            return Chunk(self, self._manager.begin_for(self._context))
-        return Chunk(self, self._manager.begin_after(self.state))
+    @contextmanager
+    def chunk(self) -> Iterator[Chunk]:
+        """Open a chunk transaction on the step: `with step.chunk() as chunk: ...`.
 
-    def _committed(self, state: CommittedStepState) -> None:
-        self.state = state
+        Leaving the block without `chunk.commit(...)` rolls the chunk back. After a commit,
+        the step continues from the state the chunk committed.
+        """
+        if self.state is None:
+            transaction = self._manager.begin_for(self._context)
+        else:
+            transaction = self._manager.begin_after(self.state)
+        started_from = transaction.committed
+        try:
+            yield Chunk(transaction)
+        finally:
+            transaction.rollback()  # a no-op once committed
+            if transaction.committed is not started_from:
+                self.state = transaction.committed
 
 
 @attrs.frozen
@@ -221,12 +217,12 @@ class JobRun:
         repository: JobRepository,
         instance: JobInstance,
         execution: JobExecution,
-        liveness: psycopg.Connection[Any],
+        liveness: LivenessSession,
     ) -> None:
         self.repository = repository
         self.instance = instance
         self.execution = execution
-        self._liveness: psycopg.Connection[Any] | None = liveness
+        self._liveness: LivenessSession | None = liveness
 
     def __repr__(self) -> str:
         return (
@@ -255,11 +251,11 @@ class JobRun:
     ) -> None:
         try:
             if exc is None:
-                self._finish(BatchStatus.COMPLETED, ExitCode.COMPLETED)
+                self._finish(BatchStatus.COMPLETED)
             elif isinstance(exc, Exception):
-                self._finish(BatchStatus.FAILED, ExitCode.FAILED)
+                self._finish(BatchStatus.FAILED)
             else:  # KeyboardInterrupt, SystemExit: stopped, and restartable
-                self._finish(BatchStatus.STOPPED, ExitCode.STOPPED)
+                self._finish(BatchStatus.STOPPED)
         except PyBatchError:
             if exc is None:
                 raise
@@ -269,21 +265,16 @@ class JobRun:
         finally:
             self._release_liveness()
 
-    def _finish(self, status: BatchStatus, exit_code: ExitCode) -> None:
-        def work(uow: UnitOfWork) -> JobExecution:
-            current = uow.get_job_execution(self.execution.id)
-            assert current is not None
-            at = max(uow.clock.now(), current.updated_at)
-            if status is BatchStatus.FAILED:
-                transition = LifecycleTransition.failed(
-                    at, FailureSummary(FailureCategory.USER_COMPONENT, FailureId(self.execution.id))
-                )
-            else:
-                transition = LifecycleTransition.new(status, at)
-            ended = uow.transition_job_execution(current.id, current.version, transition)
-            return uow.enrich_job_exit_status(ended.id, ended.version, exit_code)
-
-        self.execution = self.repository.run_in_unit_of_work(work)
+    def _finish(self, status: BatchStatus) -> None:
+        self.execution = _end(
+            self.repository,
+            self.execution.id,
+            status,
+            get=UnitOfWork.get_job_execution,
+            transition=UnitOfWork.transition_job_execution,
+            enrich=UnitOfWork.enrich_job_exit_status,
+            not_found=lambda execution_id: JobExecutionNotFound(id=execution_id),
+        )
 
     def _release_liveness(self) -> None:
         conn, self._liveness = self._liveness, None
@@ -333,26 +324,49 @@ class JobRun:
         )
 
     def _end_step(self, step_id: int, status: BatchStatus) -> StepExecution:
-        exit_code = {
-            BatchStatus.COMPLETED: ExitCode.COMPLETED,
-            BatchStatus.FAILED: ExitCode.FAILED,
-            BatchStatus.STOPPED: ExitCode.STOPPED,
-        }[status]
+        return _end(
+            self.repository,
+            step_id,
+            status,
+            get=UnitOfWork.get_step_execution,
+            transition=UnitOfWork.transition_step_execution,
+            enrich=UnitOfWork.enrich_step_exit_status,
+            not_found=lambda found_id: StepExecutionNotFound(id=found_id),
+        )
 
-        def end(uow: UnitOfWork) -> StepExecution:
-            current = uow.get_step_execution(step_id)
-            assert current is not None
-            at = max(uow.clock.now(), current.updated_at)
-            if status is BatchStatus.FAILED:
-                transition = LifecycleTransition.failed(
-                    at, FailureSummary(FailureCategory.USER_COMPONENT, FailureId(step_id))
-                )
-            else:
-                transition = LifecycleTransition.new(status, at)
-            ended = uow.transition_step_execution(step_id, current.version, transition)
-            return uow.enrich_step_exit_status(step_id, ended.version, exit_code)
 
-        return self.repository.run_in_unit_of_work(end)
+Record = TypeVar("Record", JobExecution, StepExecution)
+
+
+def _end(
+    repository: JobRepository,
+    record_id: int,
+    status: BatchStatus,
+    *,
+    get: Callable[[UnitOfWork, int], Record | None],
+    transition: Callable[[UnitOfWork, int, int, LifecycleTransition], Record],
+    enrich: Callable[[UnitOfWork, int, int, ExitCode], Record],
+    not_found: Callable[[int], PyBatchError],
+) -> Record:
+    """End a run or a step: transition it to `status`, then record the matching exit code."""
+
+    def end(uow: UnitOfWork) -> Record:
+        current = get(uow, record_id)
+        if current is None:
+            raise not_found(record_id)
+        change = _ending(status, max(uow.clock.now(), current.updated_at), record_id)
+        ended = transition(uow, record_id, current.version, change)
+        return enrich(uow, record_id, ended.version, _EXIT_CODES[status])
+
+    return repository.run_in_unit_of_work(end)
+
+
+def _ending(status: BatchStatus, at: datetime, failure_id: int) -> LifecycleTransition:
+    """The transition ending a run or a step: COMPLETED, STOPPED, or FAILED by user code."""
+    if status is BatchStatus.FAILED:
+        failure = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(failure_id))
+        return LifecycleTransition.failed(at, failure)
+    return LifecycleTransition.new(status, at)
 
 
 class Job:
@@ -384,29 +398,29 @@ class Job:
             CompletedInstance, AbandonedInstance: the instance never runs again.
             ExecutionAlreadyActive: another live process runs this instance.
         """
-        liveness = self.repository.dedicated_connection()
+        liveness = LivenessSession(self.repository)
         try:
             return self.repository.run_in_unit_of_work(lambda uow: self._launch(uow, liveness))
         except BaseException:
             liveness.close()
             raise
 
-    def _launch(self, uow: UnitOfWork, liveness: psycopg.Connection[Any]) -> JobRun:
-        statements = uow.statements
+    def _launch(self, uow: UnitOfWork, liveness: LivenessSession) -> JobRun:
         instance = uow.select_or_create_job_instance(self.key).instance
         try:
             execution = uow.create_job_execution_with_definition(instance.id, self.definition)
         except ExecutionAlreadyActive as active:
-            if not self.recover_orphans or not _is_orphaned(
-                liveness, statements, active.execution_id
-            ):
+            if not self.recover_orphans or not liveness.owner_is_gone(active.execution_id):
                 raise
-            _recover_orphan(uow, active.execution_id)
+            uow.recover_orphaned_execution(active.execution_id)
+            logger.warning(
+                "pybatch: job execution %s had no live owner; recorded FAILED (OWNER_LOST)",
+                active.execution_id,
+            )
             execution = uow.create_job_execution_with_definition(instance.id, self.definition)
         # Take the liveness lock before the execution becomes visible (before COMMIT), so no
         # other launcher can ever see it unlocked while this process is alive.
-        if not statements.try_lock_job_execution_liveness(liveness, job_execution_id=execution.id):
-            raise Unavailable()
+        liveness.claim(execution.id)
         at = max(uow.clock.now(), execution.created_at)
         started = uow.transition_job_execution(
             execution.id, execution.version, LifecycleTransition.new(BatchStatus.STARTED, at)
@@ -419,48 +433,3 @@ class Job:
             started.id,
         )
         return JobRun(self.repository, instance, started, liveness)
-
-
-def _is_orphaned(conn: psycopg.Connection[Any], statements: Statements, execution_id: int) -> bool:
-    """True when no live session holds the execution's liveness lock (its process is gone)."""
-    if not statements.try_lock_job_execution_liveness(conn, job_execution_id=execution_id):
-        return False
-    statements.unlock_job_execution_liveness(conn, job_execution_id=execution_id)
-    return True
-
-
-def _recover_orphan(uow: UnitOfWork, execution_id: int) -> None:
-    """Record an audited FAILED decision for an orphaned execution and fail its open steps."""
-    orphan = uow.get_job_execution(execution_id)
-    assert orphan is not None
-    evidence = sha256(
-        canonical_json(
-            {
-                "execution_id": orphan.id,
-                "observation": "OWNER_LOST",
-                "status": orphan.status.value,
-                "updated_at": orphan.updated_at.isoformat(),
-                "version": orphan.version,
-            }
-        )
-    )
-    failure = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(orphan.id))
-    for step in uow.step_executions(orphan.id):
-        if step.status.is_active:
-            at = max(uow.clock.now(), step.updated_at)
-            uow.transition_step_execution(
-                step.id,
-                step.version,
-                LifecycleTransition.failed(
-                    at, FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(step.id))
-                ),
-            )
-    uow.recover_job_execution(
-        orphan.id,
-        RecoveryRequest.mark_failed(
-            orphan.version, "OWNER_LOST", _RECOVERY_REFERENCE, evidence, failure
-        ),
-    )
-    logger.warning(
-        "pybatch: job execution %s had no live owner; recorded FAILED (OWNER_LOST)", orphan.id
-    )

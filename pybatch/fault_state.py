@@ -18,10 +18,11 @@ import psycopg
 
 from pybatch import _sqlstate
 from pybatch._statements import Statement
-from pybatch.chunks import ChunkContext, ChunkTransactionManager
+from pybatch._transaction import CommitErrors
+from pybatch.chunks import ChunkTransactionManager
 from pybatch.codecs._jsonb import to_jsonb
-from pybatch.codecs._primitives import DecodeError, decode_enum, decode_int64
-from pybatch.codecs.executions import decode_checkpoint
+from pybatch.codecs._primitives import DecodeError
+from pybatch.codecs.fault_state import decode_locked_fault_state, encode_fault_state
 from pybatch.errors import (
     FaultStateCommitOutcomeUnknown,
     FaultStateCorrupt,
@@ -31,6 +32,7 @@ from pybatch.errors import (
     PyBatchError,
     StaleReservation,
 )
+from pybatch.values.chunks import ChunkContext
 from pybatch.values.fault import (
     FaultEntry,
     FaultPhase,
@@ -43,9 +45,16 @@ from pybatch.values.fault import (
 from pybatch.values.status import BatchStatus
 
 if TYPE_CHECKING:
-    from pybatch.repository import JobRepository
+    from pybatch.job_repository import JobRepository
 
 __all__ = ["FaultState", "RetryPolicy"]
+
+#: How a reservation reports a COMMIT that did not make it durable.
+_COMMIT_ERRORS = CommitErrors(
+    aborted=FaultStateUnavailable,
+    refused=lambda _error: FaultStateUnavailable(),
+    unknown=FaultStateCommitOutcomeUnknown,
+)
 
 
 @attrs.frozen
@@ -146,43 +155,29 @@ class FaultState:
                 the same ordinal is safe (it is StaleReservation if the first one landed).
         """
         context = self._bound()
-        repository = self._repository
         try:
-            conn = repository._acquire()
+            lease = self._repository.transactions.lease()
         except PyBatchError:
             raise FaultStateUnavailable() from None
-        discard = False
+        conn = lease.connection
         try:
+            if conn is None:  # a fresh lease always holds its connection
+                raise FaultStateUnavailable()
             self._reserve_locked(conn, context, entry)
-            try:
-                conn.commit()
-            except psycopg.Error as error:
-                if _sqlstate.is_connection_loss(error, conn):
-                    discard = True
-                    raise FaultStateCommitOutcomeUnknown() from None
-                raise FaultStateUnavailable() from None
         except psycopg.Error as error:
-            discard = _sqlstate.is_connection_loss(error, conn)
+            if _sqlstate.is_connection_loss(error, conn):
+                lease.discard()
+            lease.rollback()
             raise FaultStateUnavailable() from None
-        finally:
-            if not discard and not conn.broken and not conn.closed:
-                try:
-                    conn.rollback()
-                except psycopg.Error:
-                    discard = True
-            repository._release(conn, discard=discard or conn.broken)
+        except BaseException:
+            lease.rollback()
+            raise
+        lease.commit(_COMMIT_ERRORS)
 
     def _reserve_locked(
         self, conn: psycopg.Connection[Any], context: ChunkContext, entry: FaultEntry
     ) -> None:
-        config = self._repository.config
-        self._statements.set_transaction_timeouts(
-            conn,
-            statement_timeout_ms=str(config.statement_timeout_ms),
-            lock_timeout_ms=str(config.lock_timeout_ms),
-            idle_transaction_timeout_ms=str(config.idle_transaction_timeout_ms),
-        )
-        row = self._statements.lock_step_fault_state(
+        row = self._statements.lock_step_fault_state.one(
             conn,
             step_execution_id=context.step_execution_id,
             job_execution_id=context.job_execution_id,
@@ -190,34 +185,26 @@ class FaultState:
         if row is None:
             raise StaleReservation()
         try:
-            envelope = FaultStateEnvelope.from_columns(
-                row["fault_state_format"],
-                row["fault_state_schema"],
-                row["fault_state_schema_version"],
-                row["fault_state_payload"],
-                row["fault_state_checksum"],
-            )
-            digest = decode_checkpoint(row).generation_digest()
+            locked = decode_locked_fault_state(row)
+            envelope, digest = locked.envelope, locked.checkpoint_digest
             envelope.validate_for(self._policy.retry_limit, self._policy.state_limit, digest)
-            status = decode_enum(BatchStatus, row["status"], column="status")
-            version = decode_int64(row["version"], column="version", minimum=0)
         except (FaultStateFormatError, DecodeError, ValueError, TypeError):
             raise FaultStateCorrupt() from None
-        if status is not BatchStatus.STARTED:
+        if locked.status is not BatchStatus.STARTED:
             raise StaleReservation()
         try:
             reserved = envelope.reserved(entry, digest, self._policy.state_limit)
         except FaultStateFormatError:
             raise FaultStateCorrupt() from None
         statement = self._update_statement(entry.phase)
-        columns = reserved.to_columns()
-        changed = statement(
+        columns = encode_fault_state(reserved)
+        changed = statement.affected(
             conn,
             fault_state_payload=to_jsonb(columns["fault_state_payload"]),
             fault_state_checksum=columns["fault_state_checksum"],
             now=self._repository.clock.now(),
             step_execution_id=context.step_execution_id,
-            expected_version=version,
+            expected_version=locked.version,
         )
         if changed != 1:
             raise StaleReservation()

@@ -1,7 +1,8 @@
 """Schema migrations: numbered, checksummed files applied under an advisory lock (schema.md 7).
 
-Statements: schema.sql (bookkeeping), transaction.sql set_session_lock_timeout, and the
-migration files themselves, each run whole in its own transaction.
+Statements: schema.sql (bookkeeping) and the migration files themselves, each run whole in
+its own transaction. The connection's lock timeout (a startup setting) bounds the wait for
+the migration lock.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pybatch import _sqlstate
 from pybatch._connect import open_connection
 from pybatch._resources import migrations_dir
 from pybatch._statements import load_statements
+from pybatch.codecs._primitives import DecodeError, decode_digest, decode_int64
 from pybatch.config import ConnectionConfig
 from pybatch.errors import (
     MigrationChecksumMismatch,
@@ -91,11 +93,16 @@ def _read_version(conn: psycopg.Connection[Any]) -> int | None:
     """Installed version, or None when the schema, the table or the row is missing."""
     try:
         with conn.transaction():
-            version = load_statements().read_schema_version(conn)
+            version = load_statements().read_schema_version.scalar(conn)
     except psycopg.Error as error:
         mapped = _sqlstate.translate(error, schema_probe=True)
     else:
-        return None if version is None else int(version)
+        if version is None:
+            return None
+        try:
+            return decode_int64(version, column="version", minimum=0)
+        except DecodeError:
+            raise Unavailable() from None
     if mapped.__class__.__name__ == "SchemaUninitialized":
         return None
     raise mapped
@@ -127,18 +134,17 @@ def installed_schema_version(config: ConnectionConfig) -> int | None:
 
 
 @contextmanager
-def _migration_lock(conn: psycopg.Connection[Any], config: ConnectionConfig) -> Iterator[None]:
+def _migration_lock(conn: psycopg.Connection[Any]) -> Iterator[None]:
     statements = load_statements()
-    statements.set_session_lock_timeout(conn, lock_timeout_ms=str(config.lock_timeout_ms))
     try:
-        statements.lock_schema_migrations(conn)
+        statements.lock_schema_migrations.scalar(conn)
     except psycopg.errors.LockNotAvailable:
         raise MigrationLockTimeout() from None
     try:
         yield
     finally:
         if not conn.broken:
-            statements.unlock_schema_migrations(conn)
+            statements.unlock_schema_migrations.scalar(conn)
 
 
 def _verify_history(
@@ -148,18 +154,28 @@ def _verify_history(
     statements = load_statements()
     if installed is None:
         return
-    if not statements.find_schema_migration_table(conn):
+    if not statements.find_schema_migration_table.scalar(conn):
         raise MigrationHistoryInvalid(version=installed)
-    applied = statements.list_schema_migrations(conn)
-    if [row["version"] for row in applied] != list(range(1, installed + 1)):
+    applied = statements.list_schema_migrations.many(conn)
+    try:
+        history = [
+            (
+                decode_int64(row["version"], column="version", minimum=1),
+                decode_digest(row["checksum"], column="checksum"),
+            )
+            for row in applied
+        ]
+    except DecodeError:
+        raise MigrationHistoryInvalid(version=installed) from None
+    if [version for version, _ in history] != list(range(1, installed + 1)):
         raise MigrationHistoryInvalid(version=installed)
     by_version = {migration.version: migration for migration in shipped}
-    for row in applied:
-        migration = by_version.get(row["version"])
+    for version, checksum in history:
+        migration = by_version.get(version)
         if migration is None:
             continue  # newer than this package: reported as NewerSchema before we get here
-        if bytes(row["checksum"]) != migration.checksum:
-            raise MigrationChecksumMismatch(version=row["version"])
+        if checksum != migration.checksum:
+            raise MigrationChecksumMismatch(version=version)
 
 
 def _pending(installed: int | None, shipped: list[Migration]) -> list[Migration]:
@@ -226,14 +242,14 @@ def _apply(conn: psycopg.Connection[Any], migration: Migration) -> None:
     with conn.transaction():
         conn.execute(migration.text().encode("utf-8"))
         elapsed_ms = int((time.monotonic() - started) * 1000)
-        statements.insert_schema_migration(
+        statements.insert_schema_migration.affected(
             conn,
             version=migration.version,
             name=migration.name,
             checksum=migration.checksum,
             execution_ms=elapsed_ms,
         )
-        if statements.update_schema_version(conn, version=migration.version) != 1:
+        if statements.update_schema_version.affected(conn, version=migration.version) != 1:
             raise MigrationHistoryInvalid(version=migration.version)
 
 
@@ -248,13 +264,13 @@ def migrate(config: ConnectionConfig, *, dry_run: bool = False) -> list[Migratio
 
     def run() -> list[Migration]:
         with open_connection(config, autocommit=True) as conn:
-            with _migration_lock(conn, config):
+            with _migration_lock(conn):
                 installed = _read_version(conn)
                 pending = _pending(installed, shipped)
                 _verify_history(conn, installed, shipped)
                 if dry_run or not pending:
                     return pending
-                load_statements().create_pybatch_schema(conn)
+                load_statements().create_pybatch_schema.affected(conn)
                 for migration in pending:
                     _apply(conn, migration)
                 final = _read_version(conn)

@@ -1,11 +1,12 @@
-"""The unit of work: one pooled connection, one READ COMMITTED transaction (behaviour.md 4.0).
+"""The unit of work: one leased connection, one READ COMMITTED transaction (behaviour.md 4.0).
 
 Each repository operation runs under its own savepoint, so a failed operation leaves
-nothing staged and the unit of work stays usable. COMMIT outcomes follow schema.md 5:
-a transaction the server already failed raises TransactionAborted, a lost
-acknowledgement raises CommitOutcomeUnknown, and neither is ever reported as success.
+nothing staged and the unit of work stays usable. COMMIT outcomes follow schema.md 5
+through the transaction primitive (`pybatch/_transaction.py`): a transaction the server
+already failed raises TransactionAborted, a lost acknowledgement raises
+CommitOutcomeUnknown, and neither is ever reported as success.
 
-Statements: transaction.sql set_transaction_timeouts.
+Statements: transaction.sql get_transaction_settings; each operation's own (its docstring).
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
 
 from pybatch import _sqlstate
+from pybatch._statements import Connection, Statements
+from pybatch._transaction import CommitErrors, Lease
+from pybatch.clock import Clock
 from pybatch.codecs._primitives import DecodeError
 from pybatch.errors import (
     CommitOutcomeUnknown,
@@ -52,25 +55,42 @@ from pybatch.values.records import (
     JobInstanceSelection,
     StepExecution,
 )
-from pybatch.values.recovery import RecoveryRequest
-
-if TYPE_CHECKING:
-    from pybatch.repository import JobRepository
+from pybatch.values.recovery import RecoveryDecision, RecoveryRequest, RecoveryResult
 
 __all__ = ["UnitOfWork", "UnitOfWorkBase"]
 
 Overrides = Mapping[str, Callable[[], PyBatchError]]
 
+#: How a unit of work reports a COMMIT that did not make its work durable.
+_COMMIT_ERRORS = CommitErrors(
+    aborted=TransactionAborted,
+    refused=_sqlstate.translate,
+    unknown=CommitOutcomeUnknown,
+)
+
+
+@contextmanager
+def _rolled_back_on_error(conn: Connection) -> Iterator[None]:
+    """Roll the whole (just opened) transaction back if the block raises."""
+    try:
+        yield
+    except BaseException:
+        if not conn.broken and not conn.closed:
+            try:
+                conn.rollback()
+            except psycopg.Error:
+                pass  # the error being raised already says the connection failed
+        raise
+
 
 class UnitOfWorkBase:
     """Transaction mechanics shared by every unit of work; operations live in the subclass."""
 
-    def __init__(self, repository: JobRepository, conn: psycopg.Connection[Any]) -> None:
-        self._repository = repository
-        self._conn: psycopg.Connection[Any] | None = conn
+    def __init__(self, lease: Lease, statements: Statements, clock: Clock) -> None:
+        self._lease = lease
         self._poisoned: PyBatchError | None = None
-        self.statements = repository.statements
-        self.clock = repository.clock
+        self.statements = statements
+        self.clock = clock
 
     # ------------------------------------------------------------------ context manager
 
@@ -83,7 +103,7 @@ class UnitOfWorkBase:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        if self._conn is None:
+        if not self._lease.is_open:
             return
         try:
             self.rollback()
@@ -96,10 +116,10 @@ class UnitOfWorkBase:
     @property
     def is_open(self) -> bool:
         """Whether statements can still run (not committed, rolled back or closed)."""
-        return self._conn is not None
+        return self._lease.is_open
 
     @property
-    def connection(self) -> psycopg.Connection[Any]:
+    def connection(self) -> Connection:
         """The transaction's connection, for business statements that commit with it.
 
         Business statements run outside pybatch's savepoints: one that fails leaves the
@@ -107,43 +127,48 @@ class UnitOfWorkBase:
         """
         return self._live_connection()
 
-    def _live_connection(self) -> psycopg.Connection[Any]:
+    def _live_connection(self) -> Connection:
         if self._poisoned is not None:
             raise self._poisoned
-        if self._conn is None:
+        conn = self._lease.connection
+        if conn is None:
             raise UnitOfWorkClosed()
-        return self._conn
+        return conn
 
     @contextmanager
-    def operation(self, *, overrides: Overrides | None = None) -> Iterator[psycopg.Connection[Any]]:
+    def operation(self, *, overrides: Overrides | None = None) -> Iterator[Connection]:
         """Run one repository operation under its own savepoint, mapping driver errors."""
         conn = self._live_connection()
         try:
-            with conn.transaction():
-                yield conn
+            if conn.info.transaction_status == TransactionStatus.IDLE:
+                # Nothing is staged yet: the operation's first statement opens the
+                # transaction (no BEGIN round trip), and on failure rolling all of it back
+                # is exactly what rolling back to a savepoint would do.
+                with _rolled_back_on_error(conn):
+                    yield conn
+            else:
+                with conn.transaction():
+                    yield conn
         except DomainError as error:
             raise RepositoryDomainError(error=error) from error
         except PyBatchError as error:
             if isinstance(error, RetryableConflict | Unavailable) and conn.broken:
-                self._poison(error)
+                self._poisoned = error
             raise
         except DecodeError:
             raise Unavailable() from None
         except psycopg.Error as error:
             mapped = _sqlstate.translate(error, overrides=overrides)
             if isinstance(mapped, RetryableConflict) or _sqlstate.is_connection_loss(error, conn):
-                self._poison(mapped)
+                # After a conflict abort or a lost connection, only rollback is allowed.
+                self._poisoned = mapped
             raise mapped from None
 
     def transaction_settings(self) -> dict[str, str]:
         """The isolation level, timeouts and time zone in force (diagnostics, rule 22)."""
         with self.operation() as conn:
-            row = self.statements.get_transaction_settings(conn)
-        return {str(key): str(value) for key, value in row.items()}
-
-    def _poison(self, error: PyBatchError) -> None:
-        """After a conflict abort or a lost connection, only rollback is allowed."""
-        self._poisoned = error
+            row = self.statements.get_transaction_settings.one(conn)
+        return {} if row is None else {str(key): str(value) for key, value in row.items()}
 
     # ------------------------------------------------------------------ outcome
 
@@ -151,47 +176,18 @@ class UnitOfWorkBase:
         """COMMIT; raise rather than report success for anything but a durable commit."""
         if self._poisoned is not None:
             raise self._poisoned
-        conn = self._live_connection()
-        if conn.info.transaction_status == TransactionStatus.INERROR:
-            self._finish(discard=not self._try_rollback(conn))
-            raise TransactionAborted()
-        try:
-            conn.commit()
-        except psycopg.Error as error:
-            if _sqlstate.is_connection_loss(error, conn):
-                self._finish(discard=True)
-                raise CommitOutcomeUnknown() from None
-            mapped = _sqlstate.translate(error)
-            self._finish(discard=not self._try_rollback(conn))
-            raise mapped from None
-        self._finish(discard=False)
+        self._live_connection()
+        self._lease.commit(_COMMIT_ERRORS)
 
     def rollback(self) -> None:
-        """ROLLBACK everything staged; a second call is a no-op."""
-        conn = self._conn
-        if conn is None:
-            return
-        if self._try_rollback(conn):
-            self._finish(discard=False)
-            return
-        self._finish(discard=True)
-        raise Unavailable()
+        """ROLLBACK everything staged; a second call is a no-op.
 
-    @staticmethod
-    def _try_rollback(conn: psycopg.Connection[Any]) -> bool:
-        if conn.broken or conn.closed:
-            return False
-        try:
-            conn.rollback()
-        except psycopg.Error:
-            return False
-        return True
-
-    def _finish(self, *, discard: bool) -> None:
-        conn, self._conn = self._conn, None
+        Raises:
+            Unavailable: the rollback failed and the connection was discarded.
+        """
         self._poisoned = None
-        if conn is not None:
-            self._repository._release(conn, discard=discard)
+        if not self._lease.rollback():
+            raise Unavailable()
 
 
 class UnitOfWork(UnitOfWorkBase):
@@ -278,14 +274,28 @@ class UnitOfWork(UnitOfWorkBase):
         with self.operation() as conn:
             return executions.job_executions(self.statements, conn, instance_id)
 
-    def recover_job_execution(
-        self, execution_id: int, request: RecoveryRequest
-    ) -> recovery.RecoveryResult:
+    def recover_job_execution(self, execution_id: int, request: RecoveryRequest) -> RecoveryResult:
         """Mark an unresolved execution FAILED or ABANDONED with an audit decision (4.9)."""
         with self.operation() as conn:
             return recovery.recover_job_execution(
                 self.statements, conn, self.clock, execution_id, request
             )
+
+    def recover_orphaned_execution(self, execution_id: int) -> RecoveryResult:
+        """Record FAILED (OWNER_LOST) for an execution whose owner is proved gone (4.9).
+
+        The caller proves it first (`LivenessSession.owner_is_gone`); the open steps fail
+        with it, and the decision is audited like an operator's.
+        """
+        with self.operation() as conn:
+            return recovery.recover_orphaned_execution(
+                self.statements, conn, self.clock, execution_id
+            )
+
+    def recovery_decision(self, execution_id: int) -> RecoveryDecision | None:
+        """The latest recovery decision of an execution, or None (4.9, G8)."""
+        with self.operation() as conn:
+            return recovery.recovery_decision(self.statements, conn, execution_id)
 
     # ------------------------------------------------------------------ operator requests
 

@@ -1,42 +1,7 @@
--- :name begin_step_chunk :one
--- :doc Open a chunk - read the committed step state and apply the transaction timeouts in one
--- round trip (no row means no settings, and the chunk is refused anyway); the row is not locked,
--- because the commit is a compare-and-swap on version and STARTED.
-SELECT
-    s.id,
-    s.job_execution_id,
-    s.status,
-    s.version,
-    s.read_count,
-    s.processed_count,
-    s.write_count,
-    s.filter_count,
-    s.commit_count,
-    s.rollback_count,
-    s.checkpoint_format,
-    s.checkpoint_schema,
-    s.checkpoint_schema_version,
-    s.checkpoint_payload,
-    s.context_format,
-    s.context_schema,
-    s.context_schema_version,
-    s.context_payload,
-    s.fault_state_format,
-    s.fault_state_schema,
-    s.fault_state_schema_version,
-    s.fault_state_payload,
-    s.fault_state_checksum,
-    SET_CONFIG('statement_timeout', :statement_timeout_ms, TRUE) AS statement_timeout,
-    SET_CONFIG('lock_timeout', :lock_timeout_ms, TRUE) AS lock_timeout,
-    SET_CONFIG(
-        'idle_in_transaction_session_timeout', :idle_transaction_timeout_ms, TRUE
-    ) AS idle_in_transaction_session_timeout
-FROM pybatch.step_execution AS s
-WHERE s.id = :step_execution_id AND s.job_execution_id = :job_execution_id;
-
 -- :name get_step_chunk_state :one
--- :doc The committed chunk state of a step (counters, checkpoint, context, fault state), read in a
--- read-only transaction by load_committed_state and inherited_progress.
+-- :doc The committed chunk state of a step (counters, checkpoint, context, fault state): the first
+-- chunk of a step in a process opens with it (prepared), and load_committed_state reads it in a
+-- read-only transaction. The row is not locked: the commit is a compare-and-swap.
 SELECT
     s.id,
     s.job_execution_id,

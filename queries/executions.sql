@@ -162,16 +162,3 @@ SET
     updated_at = GREATEST(updated_at, :now),
     version = version + 1
 WHERE id = :job_execution_id AND version = :expected_version;
-
--- :name try_lock_job_execution_liveness :scalar
--- :doc Hold the session-level liveness lock of an execution for the life of its run; the server
--- releases it when the owning session ends, however it ends (a killed process included).
-SELECT PG_TRY_ADVISORY_LOCK(
-    HASHTEXTEXTENDED('pybatch.job_execution.liveness', :job_execution_id)
-) AS lock_acquired;
-
--- :name unlock_job_execution_liveness :scalar
--- :doc Release the liveness lock taken by try_lock_job_execution_liveness.
-SELECT PG_ADVISORY_UNLOCK(
-    HASHTEXTEXTENDED('pybatch.job_execution.liveness', :job_execution_id)
-) AS lock_released;

@@ -2,7 +2,6 @@
 -- :doc Lock a step for a retry reservation (its own short transaction) and read the state the
 -- reservation is validated against - status, version, checkpoint and fault-state envelope.
 SELECT
-    s.id,
     s.status,
     s.version,
     s.checkpoint_format,

@@ -37,4 +37,31 @@ VALUES (
     :evidence_digest,
     :decided_at
 )
-RETURNING id;
+RETURNING
+    id,
+    job_execution_id,
+    execution_version,
+    prior_status,
+    resulting_status,
+    reason_code,
+    operator_reference,
+    evidence_digest,
+    decided_at;
+
+-- :name find_latest_recovery_decision :one
+-- :doc The latest recovery decision of a job execution by (decided_at, id), or no row
+-- (behaviour.md 4.9, rule 10).
+SELECT
+    d.id,
+    d.job_execution_id,
+    d.execution_version,
+    d.prior_status,
+    d.resulting_status,
+    d.reason_code,
+    d.operator_reference,
+    d.evidence_digest,
+    d.decided_at
+FROM pybatch.recovery_decision AS d
+WHERE d.job_execution_id = :job_execution_id
+ORDER BY d.decided_at DESC, d.id DESC
+LIMIT 1;

@@ -183,12 +183,7 @@ SELECT
     s.read_skip_count,
     s.process_skip_count,
     s.write_skip_count,
-    s.no_rollback_count,
-    s.fault_state_format,
-    s.fault_state_schema,
-    s.fault_state_schema_version,
-    s.fault_state_payload,
-    s.fault_state_checksum
+    s.no_rollback_count
 FROM pybatch.step_execution AS s
 WHERE s.id = :step_execution_id;
 
@@ -228,12 +223,7 @@ SELECT
     s.read_skip_count,
     s.process_skip_count,
     s.write_skip_count,
-    s.no_rollback_count,
-    s.fault_state_format,
-    s.fault_state_schema,
-    s.fault_state_schema_version,
-    s.fault_state_payload,
-    s.fault_state_checksum
+    s.no_rollback_count
 FROM pybatch.step_execution AS s
 WHERE s.id = :step_execution_id
 FOR UPDATE;
@@ -274,12 +264,7 @@ SELECT
     s.read_skip_count,
     s.process_skip_count,
     s.write_skip_count,
-    s.no_rollback_count,
-    s.fault_state_format,
-    s.fault_state_schema,
-    s.fault_state_schema_version,
-    s.fault_state_payload,
-    s.fault_state_checksum
+    s.no_rollback_count
 FROM pybatch.step_execution AS s
 WHERE s.job_execution_id = :job_execution_id
 ORDER BY s.id;

@@ -8,7 +8,6 @@ codes (docs/operators.md): 0 done, 1 refused (a pybatch error), 2 usage or confi
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 
@@ -16,7 +15,6 @@ import psycopg
 
 from pybatch import _sqlstate
 from pybatch.cli import demo, schema
-from pybatch.config import ConnectionConfig, TlsMode
 from pybatch.errors import (
     AuthenticationFailed,
     ChunkCommitOutcomeUnknown,
@@ -33,30 +31,7 @@ from pybatch.errors import (
     Unavailable,
 )
 
-__all__ = ["build_parser", "config_from_args", "main"]
-
-
-def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
-    """Connection options shared by every command that talks to PostgreSQL."""
-    parser.add_argument(
-        "--dsn",
-        help="libpq DSN or URI; defaults to $PYBATCH_DSN (never printed)",
-    )
-    parser.add_argument(
-        "--plaintext",
-        action="store_true",
-        help="connect without TLS (isolated environments only; default is verify-full)",
-    )
-
-
-def config_from_args(args: argparse.Namespace) -> ConnectionConfig:
-    """The environment's PYBATCH_* settings, with `--dsn` and `--plaintext` on top."""
-    environ = dict(os.environ)
-    if args.dsn is not None:
-        environ["PYBATCH_DSN"] = args.dsn
-    if args.plaintext:
-        environ["PYBATCH_TLS"] = TlsMode.PLAINTEXT.value
-    return ConnectionConfig.from_env(environ)
+__all__ = ["build_parser", "exit_code_for", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:

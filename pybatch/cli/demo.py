@@ -39,17 +39,20 @@ from typing import IO, Any
 
 import attrs
 
-from pybatch._statements import load_statements
-from pybatch.chunks import ChunkContext, ChunkTransactionManager
+from pybatch._statements import load_demo_statements
+from pybatch.chunks import ChunkTransactionManager
+from pybatch.cli._connection import add_connection_arguments, config_from_args
 from pybatch.config import ConnectionConfig, TlsMode
 from pybatch.embedded import EmbeddedPostgres, EmbeddedPostgresUnavailable
-from pybatch.errors import ExecutionAlreadyActive
+from pybatch.errors import ExecutionAlreadyActive, Unavailable
 from pybatch.etl import Job, JobRun, StepRun
+from pybatch.job_repository import JobRepository
 from pybatch.migrator import migrate
-from pybatch.repository import JobRepository
 from pybatch.unit_of_work import UnitOfWork
+from pybatch.values.chunks import ChunkContext
 from pybatch.values.parameters import JobInstanceKey
 from pybatch.values.records import JobExecution, StepExecution
+from pybatch.values.recovery import RecoveryDecision
 from pybatch.values.status import BatchStatus
 
 __all__ = ["register"]
@@ -84,8 +87,6 @@ _LABEL = 10
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `pybatch demo` and the worker it runs (hidden: added without help)."""
-    from pybatch.cli import add_connection_arguments
-
     demo = commands.add_parser(
         "demo",
         help="load a CSV, SIGKILL the loader part-way, resume and verify",
@@ -179,7 +180,7 @@ def _launch(job: Job) -> JobRun:
 
 def _load(step: StepRun, csv_path: Path, chunk_size: int) -> None:
     """COPY the CSV from the committed offset on, one chunk (and checkpoint) at a time."""
-    copy_orders = load_statements().copy_demo_orders.query
+    copy_orders = load_demo_statements().copy_demo_orders.query
     offset = int(step.checkpoint.get("offset", 0))
     logging.getLogger("pybatch.demo").info(
         "attempt %s loads from offset %s", step.run.attempt, offset
@@ -254,7 +255,7 @@ class _Source:
 class _Attempt:
     execution: JobExecution
     step: StepExecution | None
-    decisions: list[dict[str, Any]]
+    decision: RecoveryDecision | None
 
 
 class _Workers:
@@ -338,8 +339,6 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _run_demo(args: argparse.Namespace, stack: ExitStack) -> int:
     """Set everything up on `stack` (which undoes it), then load and verify."""
-    from pybatch.cli import config_from_args
-
     rows: int = args.rows
     chunk_size: int = args.chunk_size
     chunks = math.ceil(rows / chunk_size)
@@ -421,7 +420,9 @@ def _load_and_verify(
     )
 
     with repository.read_transaction() as conn:
-        digest = load_statements().demo_orders_digest(conn)
+        digest = load_demo_statements().demo_orders_digest.one(conn)
+    if digest is None:  # an aggregate always returns its row
+        raise Unavailable()
     final = attempts[-1]
     counts = final.step.metadata.counts if final.step is not None else None
     table_sha = str(digest["sha256"])
@@ -468,11 +469,11 @@ def _report_restart(
         "attempt 1",
         f"SIGKILLed {killed_at:.2f} s in, after {done:,} of {chunks:,} chunks were committed",
     )
-    decision = first.decisions[-1] if first.decisions else None
+    decision = first.decision
     if decision is not None:
         audit = (
-            f"{decision['prior_status']} → {decision['resulting_status']}, "
-            f"audited decision {decision['reason_code']} by {decision['operator_reference']}"
+            f"{decision.prior_status.value} → {decision.resulting_status.value}, "
+            f"audited decision {decision.reason_code} by {decision.operator_reference}"
         )
     else:
         audit = f"{first.execution.status.value}, no recovery decision recorded"
@@ -481,17 +482,15 @@ def _report_restart(
 
 
 def _attempts(repository: JobRepository, key: JobInstanceKey) -> list[_Attempt]:
-    statements = load_statements()
     with repository.begin() as uow:
         instance = uow.find_job_instance(key)
-        assert instance is not None
+        if instance is None:  # the demo's own launch created it
+            raise Unavailable()
         found = []
         for execution in uow.job_executions(instance.id):
             steps = uow.step_executions(execution.id)
-            decisions = statements.demo_recovery_decisions(
-                uow.connection, job_execution_id=execution.id
-            )
-            found.append(_Attempt(execution, steps[-1] if steps else None, decisions))
+            decision = uow.recovery_decision(execution.id)
+            found.append(_Attempt(execution, steps[-1] if steps else None, decision))
     return found
 
 
@@ -522,10 +521,10 @@ def _worker_failed(workers: _Workers, attempt: int, returncode: int) -> int:
 
 
 def _recreate_target(uow: UnitOfWork) -> None:
-    statements = load_statements()
-    statements.drop_demo_schema(uow.connection)
-    statements.create_demo_schema(uow.connection)
-    statements.create_demo_orders(uow.connection)
+    statements = load_demo_statements()
+    statements.drop_demo_schema.affected(uow.connection)
+    statements.create_demo_schema.affected(uow.connection)
+    statements.create_demo_orders.affected(uow.connection)
 
 
 def _server_version(repository: JobRepository) -> str:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 
 from pybatch import migrator
+from pybatch.cli._connection import add_connection_arguments, config_from_args
 
 __all__ = ["register"]
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the schema commands."""
-    from pybatch.cli import add_connection_arguments
-
     migrate = commands.add_parser("migrate", help="apply pending schema migrations")
     add_connection_arguments(migrate)
     mode = migrate.add_mutually_exclusive_group()
@@ -26,7 +25,6 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    from pybatch.cli import config_from_args
 
     config = config_from_args(args)
     if args.sql:
@@ -42,7 +40,6 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 def _schema_version(args: argparse.Namespace) -> int:
-    from pybatch.cli import config_from_args
 
     installed = migrator.installed_schema_version(config_from_args(args))
     supported = migrator.supported_schema_version()

@@ -14,7 +14,8 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb, set_json_loads
 
-from pybatch.codecs._primitives import DecodeError, canonical_json
+from pybatch.codecs._primitives import DecodeError
+from pybatch.values._canonical import canonical_json
 
 __all__ = ["CanonicalJsonb", "install_strict_json_loads", "to_jsonb"]
 

@@ -7,7 +7,7 @@ its code raises `DecodeError(column)`, which the unit of work maps to `Unavailab
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TypeVar
 
 from pybatch.codecs._primitives import (
@@ -17,9 +17,8 @@ from pybatch.codecs._primitives import (
     decode_enum,
     decode_int64,
     decode_optional_int64,
-    decode_text,
+    decode_text_value,
 )
-from pybatch.errors import PyBatchError
 from pybatch.values.ids import JobExecutionId, JobInstanceId, OperatorRequestId
 from pybatch.values.names import ActorRef, OperationId, ReasonCode
 from pybatch.values.operator import (
@@ -59,15 +58,6 @@ OPERATOR_REQUEST_COLUMNS = (
 )
 
 _T = TypeVar("_T")
-
-
-def _decode_value(factory: Callable[[str], _T], value: object, *, column: str) -> _T:
-    """Build a validated text value from a text column; a refused value is DecodeError."""
-    text = decode_text(value, column=column)
-    try:
-        return factory(text)
-    except PyBatchError:
-        raise DecodeError(column) from None
 
 
 def _decode_optional_status(value: object, *, column: str) -> BatchStatus | None:
@@ -127,9 +117,11 @@ def decode_operator_record(row: Mapping[str, object]) -> OperatorRecord:
     return OperatorRecord(
         id=OperatorRequestId(decode_int64(values["id"], column="id", minimum=1)),
         action=action,
-        operation_id=_decode_value(OperationId, values["operation_id"], column="operation_id"),
-        actor=_decode_value(ActorRef, values["actor_ref"], column="actor_ref"),
-        reason=None if reason is None else _decode_value(ReasonCode, reason, column="reason_code"),
+        operation_id=decode_text_value(OperationId, values["operation_id"], column="operation_id"),
+        actor=decode_text_value(ActorRef, values["actor_ref"], column="actor_ref"),
+        reason=None
+        if reason is None
+        else decode_text_value(ReasonCode, reason, column="reason_code"),
         digest=RequestDigest(decode_digest(values["request_digest"], column="request_digest")),
         job_instance_id=None if instance_id is None else JobInstanceId(instance_id),
         job_execution_id=None if execution_id is None else JobExecutionId(execution_id),

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import psycopg
-
-from pybatch._statements import Statements
+from pybatch._statements import Connection, Statements
 from pybatch.clock import Clock
 from pybatch.codecs._jsonb import to_jsonb
+from pybatch.codecs._primitives import decode_digest, decode_int64, decode_text
 from pybatch.errors import (
     ConcurrentModification,
     DefinitionDrift,
@@ -18,11 +15,9 @@ from pybatch.errors import (
     UnsupportedManifestVersion,
 )
 from pybatch.values.definitions import DefinitionIdentity, DefinitionUpgrade
-from pybatch.values.names import JobName
+from pybatch.values.names import JobName, StepName
 
 __all__ = ["ensure_definition", "register_definition_upgrade"]
-
-Connection = psycopg.Connection[Any]
 
 
 def ensure_definition(
@@ -54,7 +49,7 @@ def ensure_definition(
     known = _definition_for_revision(q, conn, names, definition)
     if known is not None:
         return known
-    inserted = q.insert_job_definition_if_absent(
+    inserted = q.insert_job_definition_if_absent.one(
         conn,
         **names,
         manifest_format=definition.manifest_format,
@@ -63,28 +58,28 @@ def ensure_definition(
         now=clock.now(),
     )
     if inserted is not None:
-        return int(inserted["id"])
+        return decode_int64(inserted["id"], column="id", minimum=1)
     # A concurrent registration won one of the two unique constraints: read back which.
     known = _definition_for_revision(q, conn, names, definition)
     if known is not None:
         return known
-    by_digest = q.find_job_definition_by_digest(
+    by_digest = q.find_job_definition_by_digest.one(
         conn, job_name=job_name.value, manifest_digest=definition.digest
     )
     if by_digest is None:
         raise ConcurrentModification()
-    return int(by_digest["id"])
+    return decode_int64(by_digest["id"], column="id", minimum=1)
 
 
 def _definition_for_revision(
     q: Statements, conn: Connection, names: dict[str, str], definition: DefinitionIdentity
 ) -> int | None:
-    row = q.find_job_definition_by_revision(conn, **names)
+    row = q.find_job_definition_by_revision.one(conn, **names)
     if row is None:
         return None
-    if bytes(row["manifest_digest"]) != definition.digest:
+    if decode_digest(row["manifest_digest"], column="manifest_digest") != definition.digest:
         raise DefinitionDrift(job_name=names["job_name"], revision=names["definition_revision"])
-    return int(row["id"])
+    return decode_int64(row["id"], column="id", minimum=1)
 
 
 def register_definition_upgrade(
@@ -102,7 +97,7 @@ def register_definition_upgrade(
     to_id = ensure_definition(q, conn, clock, job_name, upgrade.to_definition)
     mapping = {source.value: target.value for source, target in upgrade.step_mapping.items()}
     edge = {"from_definition_id": from_id, "to_definition_id": to_id}
-    inserted = q.insert_definition_upgrade_if_absent(
+    inserted = q.insert_definition_upgrade_if_absent.one(
         conn,
         **edge,
         upgrade_key=upgrade.key.value,
@@ -111,10 +106,23 @@ def register_definition_upgrade(
     )
     if inserted is not None:
         return
-    existing = q.find_definition_upgrade(conn, **edge)
+    existing = q.find_definition_upgrade.one(conn, **edge)
     if (
         existing is None
         or existing["upgrade_key"] != upgrade.key.value
         or existing["step_mapping"] != mapping
     ):
         raise DefinitionUpgradeConflict(job_name=job_name.value)
+
+
+def upgrade_source_step_name(
+    q: Statements, conn: Connection, job_execution_id: int, step_name: StepName
+) -> str | None:
+    """The step of the previous definition that an upgraded restart's step continues, or None.
+
+    Statements: definitions.sql find_upgrade_source_step_name.
+    """
+    source = q.find_upgrade_source_step_name.scalar(
+        conn, job_execution_id=job_execution_id, step_name=step_name.value
+    )
+    return None if source is None else decode_text(source, column="source_step_name")

@@ -2,21 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import psycopg
-
-from pybatch._statements import Statements
+from pybatch._statements import Connection, Statements
 from pybatch.clock import Clock
-from pybatch.codecs.executions import decode_job_instance, encode_job_instance_key
-from pybatch.errors import ConcurrentModification
+from pybatch.codecs.instances import (
+    decode_job_instance,
+    decode_locked_job_instance,
+    encode_job_instance_key,
+)
+from pybatch.errors import ConcurrentModification, JobInstanceNotFound
 from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.parameters import JobInstanceKey
-from pybatch.values.records import Created, Existing, JobInstance, JobInstanceSelection
+from pybatch.values.records import (
+    Created,
+    Existing,
+    JobInstance,
+    JobInstanceSelection,
+    LockedJobInstance,
+)
 
-__all__ = ["find_job_instance", "get_job_instance", "select_or_create_job_instance"]
-
-Connection = psycopg.Connection[Any]
+__all__ = [
+    "find_job_instance",
+    "get_job_instance",
+    "lock_job_instance",
+    "record_job_instance_attempt",
+    "select_or_create_job_instance",
+]
 
 
 def select_or_create_job_instance(
@@ -31,10 +41,10 @@ def select_or_create_job_instance(
     Statements: instances.sql insert_job_instance_if_absent, find_job_instance_by_key.
     """
     columns = encode_job_instance_key(key)
-    row = q.insert_job_instance_if_absent(conn, **columns, now=clock.now())
+    row = q.insert_job_instance_if_absent.one(conn, **columns, now=clock.now())
     if row is not None:
         return Created(instance=decode_job_instance(row))
-    row = q.find_job_instance_by_key(
+    row = q.find_job_instance_by_key.one(
         conn, job_name=columns["job_name"], instance_key=columns["instance_key"]
     )
     if row is None:
@@ -44,12 +54,51 @@ def select_or_create_job_instance(
 
 def find_job_instance(q: Statements, conn: Connection, key: JobInstanceKey) -> JobInstance | None:
     """The instance of `key`, or None (statements: instances.sql find_job_instance_by_key)."""
-    row = q.find_job_instance_by_key(conn, job_name=key.job_name.value, instance_key=key.digest())
+    row = q.find_job_instance_by_key.one(
+        conn, job_name=key.job_name.value, instance_key=key.digest()
+    )
     return None if row is None else decode_job_instance(row)
 
 
 def get_job_instance(q: Statements, conn: Connection, instance_id: int) -> JobInstance | None:
     """The instance with this id, or None (statements: instances.sql get_job_instance)."""
     check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
-    row = q.get_job_instance(conn, job_instance_id=instance_id)
+    row = q.get_job_instance.one(conn, job_instance_id=instance_id)
     return None if row is None else decode_job_instance(row)
+
+
+def lock_job_instance(q: Statements, conn: Connection, instance_id: int) -> LockedJobInstance:
+    """Lock the instance row: it serializes launches, restarts and step starts (rule 1).
+
+    Lock order: the instance, then the job execution, then the step. The row is decoded in
+    full, so a launch refuses a corrupt instance instead of copying it (6.3).
+
+    Raises:
+        JobInstanceNotFound: no such instance.
+
+    Statements: instances.sql lock_job_instance.
+    """
+    check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
+    row = q.lock_job_instance.one(conn, job_instance_id=instance_id)
+    if row is None:
+        raise JobInstanceNotFound(id=instance_id)
+    return decode_locked_job_instance(row)
+
+
+def record_job_instance_attempt(
+    q: Statements, conn: Connection, instance_id: int, attempt: int
+) -> None:
+    """Record `attempt` as the instance's last attempt (under its row lock).
+
+    Raises:
+        ConcurrentModification: the row changed under the lock (it cannot; a bug if it does).
+
+    Statements: instances.sql update_job_instance_last_attempt.
+    """
+    if (
+        q.update_job_instance_last_attempt.affected(
+            conn, job_instance_id=instance_id, attempt=attempt
+        )
+        != 1
+    ):
+        raise ConcurrentModification()

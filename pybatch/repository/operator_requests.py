@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import psycopg
-
-from pybatch._statements import Statements
+from pybatch._statements import Connection, Statements
+from pybatch.codecs._primitives import decode_int64, returned
 from pybatch.codecs.operator import decode_operator_record, encode_operator_record_draft
 from pybatch.values.ids import OperatorRequestId
 from pybatch.values.names import OperationId
 from pybatch.values.operator import OperatorAction, OperatorRecord, OperatorRecordDraft
 
 __all__ = ["append_operator_request", "find_operator_request"]
-
-Connection = psycopg.Connection[Any]
 
 
 def find_operator_request(
@@ -26,7 +21,7 @@ def find_operator_request(
 
     Statements: operator_requests.sql find_operator_request.
     """
-    row = q.find_operator_request(conn, action=action.value, operation_id=operation_id.value)
+    row = q.find_operator_request.one(conn, action=action.value, operation_id=operation_id.value)
     return None if row is None else decode_operator_record(row)
 
 
@@ -45,5 +40,6 @@ def append_operator_request(
 
     Statements: operator_requests.sql insert_operator_request.
     """
-    row = q.insert_operator_request(conn, **encode_operator_record_draft(draft))
-    return OperatorRecord.from_draft(OperatorRequestId(int(row["id"])), draft)
+    row = q.insert_operator_request.one(conn, **encode_operator_record_draft(draft))
+    request_id = decode_int64(returned(row)["id"], column="id", minimum=1)
+    return OperatorRecord.from_draft(OperatorRequestId(request_id), draft)

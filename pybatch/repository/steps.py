@@ -8,30 +8,27 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-import attrs
-import psycopg
-
-from pybatch._statements import Statements
+from pybatch._statements import Connection, Statements
 from pybatch.clock import Clock
 from pybatch.codecs._jsonb import to_jsonb
-from pybatch.codecs.executions import (
-    decode_job_execution,
-    decode_step_execution,
-    encode_execution_metadata,
-)
+from pybatch.codecs._primitives import decode_int64, decode_optional_int64, returned
+from pybatch.codecs.executions import decode_job_execution
+from pybatch.codecs.fault_state import encode_fault_state
+from pybatch.codecs.lifecycle import encode_execution_metadata
+from pybatch.codecs.steps import decode_step_execution
 from pybatch.errors import (
     DuplicateStep,
     InvalidDefinitionUpgrade,
     JobExecutionNotFound,
     PyBatchError,
     RestartStateNotFound,
-    StaleVersion,
     StepExecutionNotFound,
 )
-from pybatch.repository.executions import check_expected_version
+from pybatch.repository import _lifecycle, definitions
+from pybatch.repository._lifecycle import LifecycleRows
 from pybatch.values.fault import FaultStateEnvelope
 from pybatch.values.ids import IdentifierKind, check_identifier
-from pybatch.values.lifecycle import LifecycleTransition, apply_exit_enrichment, apply_transition
+from pybatch.values.lifecycle import ExecutionMetadata, LifecycleTransition
 from pybatch.values.names import ExitCode, StepName
 from pybatch.values.records import StepExecution
 
@@ -44,8 +41,6 @@ __all__ = [
     "step_executions",
     "transition_step_execution",
 ]
-
-Connection = psycopg.Connection[Any]
 
 
 def duplicate_step_overrides(
@@ -80,12 +75,12 @@ def create_step_execution(
     get_step_execution; definitions.sql find_upgrade_source_step_name.
     """
     check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
-    row = q.get_job_execution(conn, job_execution_id=job_execution_id)
+    row = q.get_job_execution.one(conn, job_execution_id=job_execution_id)
     if row is None:
         raise JobExecutionNotFound(id=job_execution_id)
     execution = decode_job_execution(row)  # no step begins under a corrupt execution (6.3)
     names = {"job_execution_id": job_execution_id, "step_name": step_name.value}
-    if q.find_conflicting_step_execution(conn, **names, node_id=step_name.value) is not None:
+    if q.find_conflicting_step_execution.one(conn, **names, node_id=step_name.value) is not None:
         raise DuplicateStep(
             job_execution_id=job_execution_id, step_name=step_name.value, node_id=step_name.value
         )
@@ -94,18 +89,25 @@ def create_step_execution(
     if previous is not None:
         source_name = step_name.value
         if execution.upgrade_from_definition_id is not None:
-            source_name = q.find_upgrade_source_step_name(conn, **names)
-            if source_name is None:
+            mapped = definitions.upgrade_source_step_name(q, conn, job_execution_id, step_name)
+            if mapped is None:
                 raise InvalidDefinitionUpgrade(execution_id=job_execution_id)
-        source_id = q.find_restart_source_step_execution(
-            conn, previous_job_execution_id=previous, source_step_name=source_name
+            source_name = mapped
+        source_id = decode_optional_int64(
+            q.find_restart_source_step_execution.scalar(
+                conn, previous_job_execution_id=previous, source_step_name=source_name
+            ),
+            column="id",
+            minimum=1,
         )
         if source_id is None:
             raise RestartStateNotFound(execution_id=job_execution_id, step_name=step_name.value)
     step_id = insert_step_execution(
         q, conn, job_execution_id, step_name, step_name.value, source_id, clock.now()
     )
-    return decode_step_execution(q.get_step_execution(conn, step_execution_id=step_id))
+    return decode_step_execution(
+        returned(q.get_step_execution.one(conn, step_execution_id=step_id))
+    )
 
 
 def insert_step_execution(
@@ -125,12 +127,12 @@ def insert_step_execution(
     """
     names = {"job_execution_id": job_execution_id, "step_name": step_name.value}
     if source_id is not None:
-        row = q.insert_step_execution_from_source(
+        row = q.insert_step_execution_from_source.one(
             conn, **names, node_id=node_id, source_step_execution_id=source_id, now=now
         )
-        return int(row["id"])
-    fault = FaultStateEnvelope.EMPTY.to_columns()
-    row = q.insert_step_execution(
+        return decode_int64(returned(row)["id"], column="id", minimum=1)
+    fault = encode_fault_state(FaultStateEnvelope.EMPTY)
+    row = q.insert_step_execution.one(
         conn,
         **names,
         node_id=node_id,
@@ -138,22 +140,66 @@ def insert_step_execution(
         fault_state_checksum=fault["fault_state_checksum"],
         now=now,
     )
-    return int(row["id"])
+    return decode_int64(returned(row)["id"], column="id", minimum=1)
 
 
-def _locked(q: Statements, conn: Connection, step_id: int) -> StepExecution:
+def _lock(q: Statements, conn: Connection, step_id: int) -> StepExecution:
     check_identifier(IdentifierKind.STEP_EXECUTION, step_id)
-    row = q.lock_step_execution(conn, step_execution_id=step_id)
+    row = q.lock_step_execution.one(conn, step_execution_id=step_id)
     if row is None:
         raise StepExecutionNotFound(id=step_id)
     return decode_step_execution(row)
 
 
-def _cas_lost(q: Statements, conn: Connection, step_id: int, expected: int) -> Exception:
-    row = q.get_step_execution(conn, step_execution_id=step_id)
-    if row is None:
-        return StepExecutionNotFound(id=step_id)
-    return StaleVersion(expected=expected, actual=int(row["version"]))
+def _write_transition(
+    q: Statements,
+    conn: Connection,
+    step_id: int,
+    expected_version: int,
+    metadata: ExecutionMetadata,
+    at: datetime,
+) -> int:
+    columns = encode_execution_metadata(metadata)
+    del columns["exit_code"]  # transitions never change the exit status
+    return q.update_step_execution_transition.affected(
+        conn,
+        **columns,
+        rollback_count=metadata.counts.rolled_back,
+        transitioned_at=at,
+        step_execution_id=step_id,
+        expected_version=expected_version,
+    )
+
+
+def _write_exit_status(
+    q: Statements,
+    conn: Connection,
+    step_id: int,
+    expected_version: int,
+    exit_status: ExitCode,
+    now: datetime,
+) -> int:
+    return q.update_step_execution_exit_code.affected(
+        conn,
+        exit_code=exit_status.value,
+        now=now,
+        step_execution_id=step_id,
+        expected_version=expected_version,
+    )
+
+
+def _step_execution_not_found(step_id: int) -> StepExecutionNotFound:
+    return StepExecutionNotFound(id=step_id)
+
+
+_ROWS = LifecycleRows[StepExecution](
+    lock=_lock,
+    get=lambda q, conn, step_id: get_step_execution(q, conn, step_id),
+    not_found=_step_execution_not_found,
+    write_transition=_write_transition,
+    write_exit_status=_write_exit_status,
+    counts_apply=True,  # a transition's rollback advances rollback_count
+)
 
 
 def transition_step_execution(
@@ -165,31 +211,10 @@ def transition_step_execution(
 ) -> StepExecution:
     """Apply a lifecycle transition to a step under its row lock (behaviour.md 4.4).
 
-    Statements: steps.sql lock_step_execution, update_step_execution_transition.
+    Statements: steps.sql lock_step_execution, update_step_execution_transition (and
+    get_step_execution when the swap loses).
     """
-    check_expected_version(expected_version)
-    current = _locked(q, conn, step_id)
-    metadata, version = apply_transition(
-        current.metadata, current.version, expected_version, transition, counts_apply=True
-    )
-    columns = encode_execution_metadata(metadata)
-    del columns["exit_code"]
-    changed = q.update_step_execution_transition(
-        conn,
-        **columns,
-        rollback_count=metadata.counts.rolled_back,
-        transitioned_at=transition.at,
-        step_execution_id=step_id,
-        expected_version=expected_version,
-    )
-    if changed != 1:
-        raise _cas_lost(q, conn, step_id, expected_version)
-    return attrs.evolve(
-        current,
-        metadata=metadata,
-        version=version,
-        updated_at=max(current.updated_at, transition.at),
-    )
+    return _lifecycle.transition(_ROWS, q, conn, step_id, expected_version, transition)
 
 
 def enrich_step_exit_status(
@@ -204,30 +229,15 @@ def enrich_step_exit_status(
 
     Statements: steps.sql lock_step_execution, update_step_execution_exit_code.
     """
-    check_expected_version(expected_version)
-    current = _locked(q, conn, step_id)
-    metadata, version = apply_exit_enrichment(
-        current.metadata, current.version, expected_version, exit_status
-    )
-    now = clock.now()
-    changed = q.update_step_execution_exit_code(
-        conn,
-        exit_code=exit_status.value,
-        now=now,
-        step_execution_id=step_id,
-        expected_version=expected_version,
-    )
-    if changed != 1:
-        raise _cas_lost(q, conn, step_id, expected_version)
-    return attrs.evolve(
-        current, metadata=metadata, version=version, updated_at=max(current.updated_at, now)
+    return _lifecycle.enrich_exit_status(
+        _ROWS, q, conn, clock.now(), step_id, expected_version, exit_status
     )
 
 
 def get_step_execution(q: Statements, conn: Connection, step_id: int) -> StepExecution | None:
     """One step execution, or None (statements: steps.sql get_step_execution)."""
     check_identifier(IdentifierKind.STEP_EXECUTION, step_id)
-    row = q.get_step_execution(conn, step_execution_id=step_id)
+    row = q.get_step_execution.one(conn, step_execution_id=step_id)
     return None if row is None else decode_step_execution(row)
 
 
@@ -237,7 +247,7 @@ def step_executions(q: Statements, conn: Connection, job_execution_id: int) -> l
     Statements: executions.sql get_job_execution; steps.sql list_step_executions.
     """
     check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
-    if q.get_job_execution(conn, job_execution_id=job_execution_id) is None:
+    if q.get_job_execution.one(conn, job_execution_id=job_execution_id) is None:
         raise JobExecutionNotFound(id=job_execution_id)
-    rows = q.list_step_executions(conn, job_execution_id=job_execution_id)
+    rows = q.list_step_executions.many(conn, job_execution_id=job_execution_id)
     return [decode_step_execution(row) for row in rows]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 
 import attrs
 
@@ -25,6 +26,11 @@ class RepositoryCapability(enum.Enum):
         return self.value
 
 
+def _capability_set(values: Iterable[RepositoryCapability]) -> frozenset[RepositoryCapability]:
+    """The declared capabilities as a frozen set (any iterable of capabilities is accepted)."""
+    return frozenset(values)
+
+
 @attrs.frozen
 class RepositoryDescriptor:
     """What a repository declares: descriptor shape version, schema version, capabilities."""
@@ -33,7 +39,7 @@ class RepositoryDescriptor:
 
     descriptor_version: int
     schema_version: int
-    capabilities: frozenset[RepositoryCapability] = attrs.field(converter=frozenset)
+    capabilities: frozenset[RepositoryCapability] = attrs.field(converter=_capability_set)
 
     @classmethod
     def default(cls) -> RepositoryDescriptor:

@@ -14,7 +14,6 @@ from typing import Any, ClassVar, NoReturn
 
 import attrs
 
-from pybatch.codecs._primitives import canonical_json, sha256
 from pybatch.errors import (
     DuplicateSourceStep,
     DuplicateTargetStep,
@@ -25,6 +24,7 @@ from pybatch.errors import (
     UnsupportedManifestVersion,
     UpgradeSelfEdge,
 )
+from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values.names import DefinitionRevision, DefinitionUpgradeKey, JobName, StepName
 
 __all__ = [

@@ -14,21 +14,20 @@ import itertools
 import re
 import struct
 from collections.abc import Mapping
-from typing import ClassVar, TypedDict
+from typing import ClassVar
 
 import attrs
 
-from pybatch.codecs._primitives import canonical_json, sha256
 from pybatch.errors import (
     CapacityExhausted,
     DefinitionError,
     DomainError,
     FaultStateEnvelopeInvalid,
-    JsonNotEncodable,
     StaleReservation,
 )
+from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values.names import ClassifierRevision, StepName
-from pybatch.values.status import FailureCategory
+from pybatch.values.status import BatchStatus, FailureCategory
 
 __all__ = [
     "FAULT_STATE_FORMAT",
@@ -39,9 +38,12 @@ __all__ = [
     "RETRY_KEY_DOMAIN",
     "FaultEntry",
     "FaultPhase",
-    "FaultStateColumns",
+    "HEX_DIGEST",
+    "LockedFaultState",
     "FaultStateEnvelope",
     "FaultStateRefusal",
+    "fault_entry_from_payload",
+    "fault_state_refusal",
     "RetryKey",
     "RetryLimit",
     "RetryOrdinal",
@@ -66,7 +68,7 @@ _U64_MAX = 2**64 - 1
 _DIGEST_BYTES = 32
 _ZERO_DIGEST = bytes(_DIGEST_BYTES)
 # Lower case only: the canonical form is lower-case hex, so anything else was not written by us.
-_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 _ENTRY_MEMBERS = frozenset({"category", "key", "ordinal", "phase", "revision"})
 
 
@@ -103,7 +105,7 @@ class FaultStateRefusal(enum.StrEnum):
     CHECKPOINT_MISMATCH = "checkpoint mismatch"
 
 
-def _refuse(refusal: FaultStateRefusal) -> FaultStateEnvelopeInvalid:
+def fault_state_refusal(refusal: FaultStateRefusal) -> FaultStateEnvelopeInvalid:
     """Build the refusal; the reason is a plain str so the error pickles and prints cleanly."""
     return FaultStateEnvelopeInvalid(reason=refusal.value)
 
@@ -316,31 +318,31 @@ class FaultEntry:
         }
 
 
-def _decode_entry(raw: object) -> FaultEntry:
+def fault_entry_from_payload(raw: object) -> FaultEntry:
     """Decode one stored entry, refusing anything a reservation could not have written."""
     if not isinstance(raw, Mapping) or set(raw) != _ENTRY_MEMBERS:
-        raise _refuse(FaultStateRefusal.MALFORMED_ENTRY)
+        raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
     key = raw["key"]
-    if type(key) is not str or _HEX_DIGEST.fullmatch(key) is None:
-        raise _refuse(FaultStateRefusal.MALFORMED_ENTRY)
+    if type(key) is not str or HEX_DIGEST.fullmatch(key) is None:
+        raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
     phase_name, category_code = raw["phase"], raw["category"]
     if type(phase_name) is not str or type(category_code) is not str:
-        raise _refuse(FaultStateRefusal.MALFORMED_ENTRY)
+        raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
     phase = FaultPhase.from_durable_name(phase_name)
     category = FailureCategory.from_durable_code(category_code)
     if phase is None or category is None:
-        raise _refuse(FaultStateRefusal.UNKNOWN_ENUMERATION)
+        raise fault_state_refusal(FaultStateRefusal.UNKNOWN_ENUMERATION)
     ordinal = raw["ordinal"]
     # bool is an int subclass and a JSON float is never an ordinal; 0 is never reserved.
     if type(ordinal) is not int or not 1 <= ordinal <= _U16_MAX:
-        raise _refuse(FaultStateRefusal.MALFORMED_ENTRY)
+        raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
     revision_text = raw["revision"]
     if type(revision_text) is not str:
-        raise _refuse(FaultStateRefusal.MALFORMED_ENTRY)
+        raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
     try:
         revision = ClassifierRevision(revision_text)
     except (DefinitionError, DomainError):
-        raise _refuse(FaultStateRefusal.MALFORMED_ENTRY) from None
+        raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY) from None
     return FaultEntry(
         key=RetryKey(bytes.fromhex(key)),
         phase=phase,
@@ -351,16 +353,6 @@ def _decode_entry(raw: object) -> FaultEntry:
 
 
 # --------------------------------------------------------------------------- envelope
-
-
-class FaultStateColumns(TypedDict):
-    """The five `step_execution.fault_state_*` values, keyed by column (= statement parameter)."""
-
-    fault_state_format: int
-    fault_state_schema: str
-    fault_state_schema_version: int
-    fault_state_payload: dict[str, object]
-    fault_state_checksum: bytes
 
 
 def _checkpoint_value(
@@ -396,17 +388,17 @@ class FaultStateEnvelope:
 
     def __attrs_post_init__(self) -> None:
         if len(self.entries) > FAULT_STATE_MAX_ENTRIES:
-            raise _refuse(FaultStateRefusal.TOO_MANY_ENTRIES)
+            raise fault_state_refusal(FaultStateRefusal.TOO_MANY_ENTRIES)
         for previous, current in itertools.pairwise(self.entries):
             if previous.key == current.key:
-                raise _refuse(FaultStateRefusal.DUPLICATE_KEY)
+                raise fault_state_refusal(FaultStateRefusal.DUPLICATE_KEY)
             if previous.key > current.key:
-                raise _refuse(FaultStateRefusal.UNSORTED_ENTRIES)
+                raise fault_state_refusal(FaultStateRefusal.UNSORTED_ENTRIES)
         if (not self.entries) != (self.checkpoint_digest == _ZERO_DIGEST):
-            raise _refuse(FaultStateRefusal.CHECKPOINT_EMPTINESS_MISMATCH)
+            raise fault_state_refusal(FaultStateRefusal.CHECKPOINT_EMPTINESS_MISMATCH)
         canonical = canonical_json(self.to_payload())
         if len(canonical) > FAULT_STATE_MAX_BYTES:
-            raise _refuse(FaultStateRefusal.TOO_LARGE)
+            raise fault_state_refusal(FaultStateRefusal.TOO_LARGE)
         object.__setattr__(self, "_canonical", canonical)
 
     # ----------------------------------------------------------------- reading
@@ -444,75 +436,6 @@ class FaultStateEnvelope:
         """Return `fault_state_checksum`: SHA-256 of the canonical bytes."""
         return sha256(self._canonical)
 
-    def to_columns(self) -> FaultStateColumns:
-        """Return the five `fault_state_*` column values; the SQL layer wraps the payload."""
-        return {
-            "fault_state_format": FAULT_STATE_FORMAT,
-            "fault_state_schema": FAULT_STATE_SCHEMA,
-            "fault_state_schema_version": FAULT_STATE_SCHEMA_VERSION,
-            "fault_state_payload": self.to_payload(),
-            "fault_state_checksum": self.checksum(),
-        }
-
-    # ----------------------------------------------------------------- decoding
-
-    @classmethod
-    def from_columns(
-        cls,
-        format: object,
-        schema: object,
-        schema_version: object,
-        payload: object,
-        checksum: object,
-    ) -> FaultStateEnvelope:
-        """Decode and verify the stored columns; corrupt state must stop all work (6.3).
-
-        Only the payload members `checkpoint` and `entries` are read (other members are
-        ignored), and they are re-canonicalised because `jsonb` reorders keys (rule 24).
-
-        Raises:
-            FaultStateEnvelopeInvalid: with `reason`, in check order, `unsupported format`,
-                `unsupported schema`, `unsupported schema version`, `malformed` (payload not an
-                object or a member missing), `too large`, `malformed` (checkpoint not 64
-                lower-case hex, entries not an array), `too many entries`, `malformed entry` /
-                `unknown enumeration` (per entry, in order), `duplicate key` /
-                `unsorted entries` (first offending pair), `checkpoint emptiness mismatch`,
-                `checksum mismatch`.
-        """
-        if _is_empty_columns((format, schema, schema_version, payload, checksum)):
-            return cls.EMPTY
-        if type(format) is not int or format != FAULT_STATE_FORMAT:
-            raise _refuse(FaultStateRefusal.UNSUPPORTED_FORMAT)
-        if type(schema) is not str or schema != FAULT_STATE_SCHEMA:
-            raise _refuse(FaultStateRefusal.UNSUPPORTED_SCHEMA)
-        if type(schema_version) is not int or schema_version != FAULT_STATE_SCHEMA_VERSION:
-            raise _refuse(FaultStateRefusal.UNSUPPORTED_SCHEMA_VERSION)
-        if not isinstance(payload, Mapping) or not {"checkpoint", "entries"} <= set(payload):
-            raise _refuse(FaultStateRefusal.MALFORMED)
-        checkpoint, raw_entries = payload["checkpoint"], payload["entries"]
-        try:
-            canonical = canonical_json({"checkpoint": checkpoint, "entries": raw_entries})
-        except JsonNotEncodable:
-            raise _refuse(FaultStateRefusal.MALFORMED) from None
-        if len(canonical) > FAULT_STATE_MAX_BYTES:
-            raise _refuse(FaultStateRefusal.TOO_LARGE)
-        if type(checkpoint) is not str or _HEX_DIGEST.fullmatch(checkpoint) is None:
-            raise _refuse(FaultStateRefusal.MALFORMED)
-        if not isinstance(raw_entries, list):
-            raise _refuse(FaultStateRefusal.MALFORMED)
-        if len(raw_entries) > FAULT_STATE_MAX_ENTRIES:
-            raise _refuse(FaultStateRefusal.TOO_MANY_ENTRIES)
-        entries = tuple(_decode_entry(raw) for raw in raw_entries)
-        # The constructor refuses duplicate or unsorted keys, emptiness mismatch and size.
-        envelope = cls(bytes.fromhex(checkpoint), entries)
-        # Strict entry decoding means the envelope re-encodes to exactly `canonical`, so the
-        # checksum below covers what was stored, not a normalised variant of it.
-        if not isinstance(checksum, bytes | bytearray | memoryview):
-            raise _refuse(FaultStateRefusal.CHECKSUM_MISMATCH)
-        if bytes(checksum) != envelope.checksum():
-            raise _refuse(FaultStateRefusal.CHECKSUM_MISMATCH)
-        return envelope
-
     # ----------------------------------------------------------------- rules
 
     def validate_for(
@@ -530,11 +453,11 @@ class FaultStateEnvelope:
         """
         _check_digest(checkpoint_digest, "checkpoint digest")
         if len(self.entries) > state_limit.value:
-            raise _refuse(FaultStateRefusal.TOO_MANY_ENTRIES)
+            raise fault_state_refusal(FaultStateRefusal.TOO_MANY_ENTRIES)
         if any(entry.ordinal.value > retry_limit.value for entry in self.entries):
-            raise _refuse(FaultStateRefusal.ORDINAL_ABOVE_LIMIT)
+            raise fault_state_refusal(FaultStateRefusal.ORDINAL_ABOVE_LIMIT)
         if self.entries and self.checkpoint_digest != checkpoint_digest:
-            raise _refuse(FaultStateRefusal.CHECKPOINT_MISMATCH)
+            raise fault_state_refusal(FaultStateRefusal.CHECKPOINT_MISMATCH)
 
     def reserved(
         self,
@@ -561,7 +484,7 @@ class FaultStateEnvelope:
             raise TypeError("entry takes a FaultEntry")
         _check_digest(checkpoint_digest, "checkpoint digest")
         if self.entries and self.checkpoint_digest != checkpoint_digest:
-            raise _refuse(FaultStateRefusal.CHECKPOINT_MISMATCH)
+            raise fault_state_refusal(FaultStateRefusal.CHECKPOINT_MISMATCH)
         index = bisect.bisect_left(self.entries, entry.key, key=_entry_key)
         exists = index < len(self.entries) and self.entries[index].key == entry.key
         previous = self.entries[index].ordinal.value if exists else RetryOrdinal.INITIAL.value
@@ -588,16 +511,13 @@ def _entry_key(entry: FaultEntry) -> RetryKey:
 
 
 FaultStateEnvelope.EMPTY = FaultStateEnvelope(_ZERO_DIGEST, ())
-_EMPTY_COLUMNS: tuple[object, ...] = tuple(FaultStateEnvelope.EMPTY.to_columns().values())
 
 
-def _is_empty_columns(columns: tuple[object, ...]) -> bool:
-    """Whether the columns are exactly what the empty envelope encodes to (same types too).
+@attrs.frozen(kw_only=True)
+class LockedFaultState:
+    """What a retry reservation is validated against, read under the step's row lock."""
 
-    Every chunk commit writes the empty envelope, so most reads see exactly it; for those
-    columns the full decode would return EMPTY, so it is skipped, not weakened.
-    """
-    return all(
-        type(value) is type(expected) and value == expected
-        for value, expected in zip(columns, _EMPTY_COLUMNS, strict=True)
-    )
+    status: BatchStatus
+    version: int
+    checkpoint_digest: bytes
+    envelope: FaultStateEnvelope

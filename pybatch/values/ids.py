@@ -8,7 +8,10 @@ range is 1..2^64-1; storage is `bigint`, so binding a value above 2^63-1 is refu
 from __future__ import annotations
 
 import enum
-from typing import NewType
+from collections.abc import Callable
+from typing import Any, NewType
+
+import attrs
 
 from pybatch.errors import (
     CounterOutOfRange,
@@ -36,6 +39,7 @@ __all__ = [
     "check_counter",
     "check_identifier",
     "check_version",
+    "identifier_validator",
 ]
 
 #: Storage bound of ids, versions and counters (PostgreSQL bigint).
@@ -128,3 +132,20 @@ def check_counter(name: str, value: int) -> int:
     if not 0 <= value <= INT64_MAX:
         raise CounterOutOfRange(name=name)
     return value
+
+
+#: The shape of an attrs field validator.
+Validator = Callable[[object, "attrs.Attribute[Any]", object], None]
+
+
+def identifier_validator(kind: IdentifierKind, *, optional: bool = False) -> Validator:
+    """An attrs validator for a storable identifier of `kind` (None allowed when `optional`)."""
+
+    def validate(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if value is None and optional:
+            return
+        if type(value) is not int:
+            raise TypeError(f"{attribute.name} is an int")
+        check_identifier(kind, value)
+
+    return validate

@@ -11,7 +11,6 @@ import datetime as _dt
 import enum
 import hashlib
 import struct
-from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -39,6 +38,7 @@ from pybatch.values.ids import (
     OperatorRequestId,
     check_identifier,
     check_version,
+    identifier_validator,
 )
 from pybatch.values.names import ActorRef, OperationId, ReasonCode
 from pybatch.values.parameters import JobInstanceKey
@@ -175,22 +175,6 @@ def _optional_version(instance: object, attribute: attrs.Attribute[Any], value: 
     check_version(value)
 
 
-_Validator = Callable[[object, "attrs.Attribute[Any]", object], None]
-
-
-def _identifier(kind: IdentifierKind, *, optional: bool = True) -> _Validator:
-    """An attrs validator for a storable identifier of `kind` (None allowed when `optional`)."""
-
-    def validate(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-        if value is None and optional:
-            return
-        if type(value) is not int:
-            raise TypeError(f"{attribute.name} is an int")
-        check_identifier(kind, value)
-
-    return validate
-
-
 _optional_status = attrs.validators.optional(attrs.validators.instance_of(BatchStatus))
 
 
@@ -208,7 +192,7 @@ class OperatorRejection:
     current_version: int | None = attrs.field(default=None, validator=_optional_version)
     status: BatchStatus | None = attrs.field(default=None, validator=_optional_status)
     execution_id: JobExecutionId | None = attrs.field(
-        default=None, validator=_identifier(IdentifierKind.JOB_EXECUTION)
+        default=None, validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True)
     )
 
     def __attrs_post_init__(self) -> None:
@@ -426,10 +410,10 @@ class OperatorRecordDraft:
     )
     digest: RequestDigest = attrs.field(validator=attrs.validators.instance_of(RequestDigest))
     job_instance_id: JobInstanceId | None = attrs.field(
-        validator=_identifier(IdentifierKind.JOB_INSTANCE)
+        validator=identifier_validator(IdentifierKind.JOB_INSTANCE, optional=True)
     )
     job_execution_id: JobExecutionId | None = attrs.field(
-        validator=_identifier(IdentifierKind.JOB_EXECUTION)
+        validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True)
     )
     observed_version: int | None = attrs.field(validator=_optional_version)
     prior_status: BatchStatus | None = attrs.field(validator=_optional_status)
@@ -459,7 +443,7 @@ class OperatorRecord(OperatorRecordDraft):
     """
 
     id: OperatorRequestId = attrs.field(
-        validator=_identifier(IdentifierKind.OPERATOR_REQUEST, optional=False)
+        validator=identifier_validator(IdentifierKind.OPERATOR_REQUEST, optional=False)
     )
 
     @classmethod

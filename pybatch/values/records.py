@@ -8,7 +8,6 @@ counts are always zero.
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -22,8 +21,9 @@ from pybatch.values.ids import (
     JobExecutionId,
     JobInstanceId,
     StepExecutionId,
-    check_identifier,
+    Validator,
     check_version,
+    identifier_validator,
 )
 from pybatch.values.lifecycle import ExecutionMetadata
 from pybatch.values.names import JobName, NodeId, StepName
@@ -34,6 +34,7 @@ from pybatch.values.timestamps import aware_utc
 
 __all__ = [
     "Created",
+    "LockedJobInstance",
     "Existing",
     "JobExecution",
     "JobInstance",
@@ -44,20 +45,7 @@ __all__ = [
 _INT32_MAX = 2**31 - 1
 
 
-_Validator = Callable[[object, "attrs.Attribute[Any]", object], None]
-
-
-def _identifier(kind: IdentifierKind, *, optional: bool = False) -> _Validator:
-    """An attrs validator checking an identifier of `kind` (None allowed when `optional`)."""
-
-    def validate(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-        if value is None and optional:
-            return
-        if type(value) is not int:
-            raise TypeError(f"{attribute.name} is an int")
-        check_identifier(kind, value)
-
-    return validate
+_Validator = Validator
 
 
 def _definition_id(*, optional: bool = False) -> _Validator:
@@ -90,7 +78,7 @@ class JobInstance:
     The stored `instance_key` must equal `key.digest()`; the parameters are identifying only.
     """
 
-    id: JobInstanceId = attrs.field(validator=_identifier(IdentifierKind.JOB_INSTANCE))
+    id: JobInstanceId = attrs.field(validator=identifier_validator(IdentifierKind.JOB_INSTANCE))
     job_name: JobName = attrs.field(validator=attrs.validators.instance_of(JobName))
     instance_key: bytes
     created_at: _dt.datetime = attrs.field(converter=aware_utc)
@@ -119,8 +107,10 @@ class JobInstance:
 class JobExecution:
     """One launch or restart attempt of a job instance (behaviour.md 2.11)."""
 
-    id: JobExecutionId = attrs.field(validator=_identifier(IdentifierKind.JOB_EXECUTION))
-    job_instance_id: JobInstanceId = attrs.field(validator=_identifier(IdentifierKind.JOB_INSTANCE))
+    id: JobExecutionId = attrs.field(validator=identifier_validator(IdentifierKind.JOB_EXECUTION))
+    job_instance_id: JobInstanceId = attrs.field(
+        validator=identifier_validator(IdentifierKind.JOB_INSTANCE)
+    )
     attempt: int = attrs.field(validator=_attempt)
     definition_id: DefinitionId = attrs.field(validator=_definition_id())
     metadata: ExecutionMetadata = attrs.field(
@@ -130,7 +120,7 @@ class JobExecution:
     updated_at: _dt.datetime = attrs.field(converter=aware_utc)
     restart_of_execution_id: JobExecutionId | None = attrs.field(
         default=None,
-        validator=_identifier(IdentifierKind.JOB_EXECUTION, optional=True),
+        validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True),
     )
     upgrade_from_definition_id: DefinitionId | None = attrs.field(
         default=None, validator=_definition_id(optional=True)
@@ -155,9 +145,9 @@ class JobExecution:
 class StepExecution:
     """One attempt of a named step, with its durable chunk state (behaviour.md 2.11, 4.15)."""
 
-    id: StepExecutionId = attrs.field(validator=_identifier(IdentifierKind.STEP_EXECUTION))
+    id: StepExecutionId = attrs.field(validator=identifier_validator(IdentifierKind.STEP_EXECUTION))
     job_execution_id: JobExecutionId = attrs.field(
-        validator=_identifier(IdentifierKind.JOB_EXECUTION)
+        validator=identifier_validator(IdentifierKind.JOB_EXECUTION)
     )
     step_name: StepName = attrs.field(validator=attrs.validators.instance_of(StepName))
     logical_id: NodeId = attrs.field(validator=attrs.validators.instance_of(NodeId))
@@ -211,3 +201,16 @@ class Created(JobInstanceSelection):
 @attrs.frozen
 class Existing(JobInstanceSelection):
     """The instance already existed."""
+
+
+@attrs.frozen(kw_only=True)
+class LockedJobInstance:
+    """An instance read under its row lock, with what a launch decides from (rule 1).
+
+    `last_attempt` numbers the next attempt; `final_status` is the tombstone of a purged
+    history (None while the history is kept).
+    """
+
+    instance: JobInstance
+    last_attempt: int
+    final_status: BatchStatus | None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import enum
 import unicodedata
 
@@ -14,11 +15,12 @@ from pybatch.errors import (
     RecoveryRequestSurroundingWhitespace,
     RecoveryRequestTooLong,
 )
-from pybatch.values.ids import check_version
+from pybatch.values.ids import IdentifierKind, check_version, identifier_validator
 from pybatch.values.names import UNICODE_WHITE_SPACE
+from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus, FailureSummary
 
-__all__ = ["RecoveryDisposition", "RecoveryRequest"]
+__all__ = ["RecoveryDecision", "RecoveryDisposition", "RecoveryRequest", "RecoveryResult"]
 
 
 class RecoveryDisposition(enum.Enum):
@@ -111,3 +113,56 @@ class RecoveryRequest:
             f"disposition={self.disposition.name}, reason_code={self.reason_code!r}, "
             f'operator_reference={self.operator_reference!r}, evidence_digest="<redacted>")'
         )
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class RecoveryDecision:
+    """The audit row of one recovery: who decided what about which version, and when (2.20)."""
+
+    id: int = attrs.field(validator=identifier_validator(IdentifierKind.RECOVERY_DECISION))
+    job_execution_id: int = attrs.field(
+        validator=identifier_validator(IdentifierKind.JOB_EXECUTION)
+    )
+    #: The version observed before the decision.
+    execution_version: int
+    prior_status: BatchStatus
+    resulting_status: BatchStatus
+    reason_code: str
+    operator_reference: str
+    evidence_digest: bytes
+    decided_at: datetime.datetime
+
+    def __attrs_post_init__(self) -> None:
+        check_version(self.execution_version)
+        if not self.prior_status.is_unresolved:
+            raise ValueError("prior_status is an unresolved status")
+        if self.resulting_status not in (BatchStatus.FAILED, BatchStatus.ABANDONED):
+            raise ValueError("resulting_status is FAILED or ABANDONED")
+        _check_text("reason code", self.reason_code, 64)
+        _check_text("operator reference", self.operator_reference, 128)
+        if type(self.evidence_digest) is not bytes or len(self.evidence_digest) != 32:
+            raise ValueError("evidence_digest is 32 bytes")
+        if self.decided_at.tzinfo is None:
+            raise ValueError("decided_at is timezone-aware")
+
+    def __repr__(self) -> str:
+        return (
+            f"RecoveryDecision(id={self.id}, job_execution_id={self.job_execution_id}, "
+            f"execution_version={self.execution_version}, prior_status={self.prior_status.name}, "
+            f"resulting_status={self.resulting_status.name}, "
+            f"reason_code={self.reason_code!r}, operator_reference={self.operator_reference!r}, "
+            f'evidence_digest="<redacted>", decided_at={self.decided_at.isoformat()!r})'
+        )
+
+
+@attrs.frozen
+class RecoveryResult:
+    """The recovered execution and its audit decision (behaviour.md 2.20)."""
+
+    execution: JobExecution
+    decision: RecoveryDecision
+
+    @property
+    def decision_id(self) -> int:
+        """The id of the audit decision."""
+        return self.decision.id

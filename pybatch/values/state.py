@@ -17,7 +17,6 @@ from typing import Any, ClassVar, NoReturn, TypeVar
 
 import attrs
 
-from pybatch.codecs._primitives import canonical_json, sha256
 from pybatch.errors import (
     InvalidStateByteLimit,
     InvalidStateDepthLimit,
@@ -32,6 +31,7 @@ from pybatch.errors import (
     UnsupportedStateSchemaVersion,
     ZeroSchemaVersion,
 )
+from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values.names import StateSchemaId
 
 __all__ = [

@@ -13,8 +13,8 @@ import psycopg
 import pytest
 
 from pybatch import JobRepository
-from pybatch.codecs._primitives import canonical_json, sha256
 from pybatch.errors import NaiveTimestamp
+from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values.definitions import LEGACY_MANIFEST, DefinitionIdentity
 from pybatch.values.fault import FaultStateEnvelope
 from pybatch.values.lifecycle import LifecycleTransition

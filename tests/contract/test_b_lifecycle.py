@@ -19,6 +19,7 @@ from pybatch.errors import (
     StaleVersion,
     StepExecutionNotFound,
 )
+from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import ExitCode, JobName, StepName
 from pybatch.values.parameters import JobInstanceKey, JobParameters
@@ -30,8 +31,8 @@ S = BatchStatus
 Kind = Literal["job", "step"]
 Record = JobExecution | StepExecution
 
-FAILURE = FailureSummary(FailureCategory.USER_COMPONENT, 4242)
-OTHER_FAILURE = FailureSummary(FailureCategory.TIMEOUT, 77)
+FAILURE = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(4242))
+OTHER_FAILURE = FailureSummary(FailureCategory.TIMEOUT, FailureId(77))
 
 #: behaviour.md 3.1, written out here independently of pybatch's own table.
 LEGAL: frozenset[tuple[BatchStatus, BatchStatus]] = frozenset(

@@ -18,6 +18,7 @@ from pybatch.errors import (
     JobInstanceNotFound,
 )
 from pybatch.values.definitions import DefinitionIdentity
+from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import DefinitionRevision, ExitCode, JobName, StepName
 from pybatch.values.parameters import JobInstanceKey, JobParameters
@@ -26,7 +27,7 @@ from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from tests.support.clock import ManualClock
 
 S = BatchStatus
-FAILURE = FailureSummary(FailureCategory.TRANSIENT_INFRASTRUCTURE, 9)
+FAILURE = FailureSummary(FailureCategory.TRANSIENT_INFRASTRUCTURE, FailureId(9))
 PATHS: dict[BatchStatus, tuple[BatchStatus, ...]] = {
     S.STARTING: (),
     S.STARTED: (S.STARTED,),

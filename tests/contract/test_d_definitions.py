@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -18,6 +19,7 @@ from pybatch.errors import (
     UnsupportedManifestVersion,
 )
 from pybatch.values.definitions import DefinitionIdentity, DefinitionUpgrade
+from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import (
     DefinitionRevision,
@@ -31,7 +33,7 @@ from pybatch.values.status import FailureCategory, FailureSummary
 from tests.support.clock import ManualClock
 
 JOB = "invoices"
-FAILURE = FailureSummary(FailureCategory.USER_COMPONENT, 5)
+FAILURE = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(5))
 _runs = itertools.count(1)
 
 
@@ -351,7 +353,7 @@ def check_refused_everywhere(
     rows = count(admin, "SELECT count(*) FROM pybatch.job_definition")
     with repository.begin() as uow:
         fresh = uow.select_or_create_job_instance(new_key()).instance
-        refusals = [
+        refusals: list[Callable[[], object]] = [
             lambda: uow.create_job_execution_with_definition(fresh.id, bad),  # launch
             lambda: uow.create_job_execution_with_definition(first.job_instance_id, bad),  # restart
             lambda: uow.register_definition_upgrade(JobName(JOB), upgrade("k1", bad, A, IDENTITY)),

@@ -277,7 +277,8 @@ def test_orphaned_execution_is_recovered_on_the_next_launch(
         chunk.commit(read=1, written=1, checkpoint={"offset": 1})
     # The run loses its liveness session (a dead process, or one cut off from the server)
     # with a chunk in flight.
-    zombie = open_step.chunk()
+    zombie_block = open_step.chunk()
+    zombie = zombie_block.__enter__()
     zombie.execute("INSERT INTO public.orders VALUES (100, 'in flight')")
     [orphan] = executions(repository, orphan_run)
     orphan_run._release_liveness()

@@ -16,7 +16,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from pybatch import JobRepository, UnitOfWork
-from pybatch.chunks import ChunkContext, ChunkCounts, ChunkTransactionManager, FaultProgress
+from pybatch.chunks import ChunkTransactionManager
 from pybatch.errors import (
     AbandonedInstance,
     DuplicateStep,
@@ -30,7 +30,7 @@ from pybatch.errors import (
     StartLimitExceeded,
 )
 from pybatch.fault_state import FaultState, RetryPolicy
-from pybatch.repository.recovery import RecoveryResult
+from pybatch.values.chunks import ChunkContext, ChunkCounts, FaultProgress
 from pybatch.values.fault import (
     FaultEntry,
     FaultPhase,
@@ -52,7 +52,7 @@ from pybatch.values.names import (
 )
 from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.records import JobExecution, StepExecution
-from pybatch.values.recovery import RecoveryRequest
+from pybatch.values.recovery import RecoveryRequest, RecoveryResult
 from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from tests.support.clock import ManualClock

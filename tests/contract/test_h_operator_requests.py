@@ -525,7 +525,9 @@ KEY_CORRUPTIONS = frozenset(
 
 def find_by_stored_key(uow: UnitOfWork, action: str, operation_id: str) -> OperatorRecord | None:
     with uow.operation() as conn:
-        row = uow.statements.find_operator_request(conn, action=action, operation_id=operation_id)
+        row = uow.statements.find_operator_request.one(
+            conn, action=action, operation_id=operation_id
+        )
         return None if row is None else decode_operator_record(row)
 
 

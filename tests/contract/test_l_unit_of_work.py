@@ -28,6 +28,7 @@ from pybatch.errors import (
     UnitOfWorkClosed,
 )
 from pybatch.values.definitions import DefinitionIdentity
+from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import DefinitionRevision, ExitCode, JobName, StepName
 from pybatch.values.parameters import JobInstanceKey, JobParameters
@@ -43,7 +44,7 @@ from tests.support.race import (
 )
 
 S = BatchStatus
-FAILURE = FailureSummary(FailureCategory.CANCELLED, 3)
+FAILURE = FailureSummary(FailureCategory.CANCELLED, FailureId(3))
 _runs = itertools.count(1)
 
 

@@ -36,7 +36,7 @@ def test_m1_default_descriptor_declares_nothing() -> None:
 
 
 def test_m1_require_never_downgrades_a_partial_declaration() -> None:
-    partial = RepositoryDescriptor(1, 1, {RepositoryCapability.INSTANCE_HOLDS})
+    partial = RepositoryDescriptor(1, 1, frozenset({RepositoryCapability.INSTANCE_HOLDS}))
     partial.require(RepositoryCapability.INSTANCE_HOLDS)
     for capability in set(RepositoryCapability) - {RepositoryCapability.INSTANCE_HOLDS}:
         with pytest.raises(UnsupportedCapability):

@@ -24,6 +24,7 @@ from pybatch.errors import (
     Unavailable,
 )
 from pybatch.values.definitions import DefinitionIdentity
+from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import ExitCode, JobName, StepName
 from pybatch.values.parameters import JobInstanceKey, JobParameters, ParameterValue
@@ -32,7 +33,7 @@ from tests.support.clock import ManualClock
 from tests.support.race import terminate_backend
 
 S = BatchStatus
-FAILURE = FailureSummary(FailureCategory.USER_COMPONENT, 11)
+FAILURE = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(11))
 BIG = 2**63  # one above PostgreSQL bigint
 
 
@@ -439,7 +440,7 @@ def test_n10_failure_id_above_bigint_is_out_of_range_and_changes_nothing(
     repository: JobRepository, clock: ManualClock
 ) -> None:
     rows = arrange(repository, clock, "failure-id")
-    huge = FailureSummary(FailureCategory.TIMEOUT, BIG)  # a valid u64, but not storable
+    huge = FailureSummary(FailureCategory.TIMEOUT, FailureId(BIG))  # a valid u64, but not storable
     with repository.begin() as uow:
         before = uow.get_step_execution(rows.step_id)
         with pytest.raises(IdentifierOutOfRange) as out_of_range:

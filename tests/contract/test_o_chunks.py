@@ -19,13 +19,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from pybatch import ConnectionConfig, JobRepository
-from pybatch.chunks import (
-    ChunkCommitReceipt,
-    ChunkContext,
-    ChunkCounts,
-    ChunkTransactionManager,
-    FaultProgress,
-)
+from pybatch.chunks import ChunkTransactionManager
 from pybatch.errors import (
     BusinessTransactionError,
     Cancelled,
@@ -40,6 +34,7 @@ from pybatch.errors import (
     StepExecutionNotFound,
 )
 from pybatch.fault_state import FaultState, RetryPolicy
+from pybatch.values.chunks import ChunkCommitReceipt, ChunkContext, ChunkCounts, FaultProgress
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.fault import (
     FaultEntry,
@@ -735,13 +730,16 @@ class _TerminateAfterUpdate:
         admin = self._admin
 
         class Killing:
-            def run(self, conn: psycopg.Connection[Any], params: Any, **kwargs: Any) -> Any:
-                changed = statement.run(conn, params, **kwargs)
+            def affected(self, conn: psycopg.Connection[Any], **params: object) -> int:
+                changed: int = statement.prepared.affected(conn, **params)
                 assert changed == 1
                 terminate(admin, conn.info.backend_pid)
                 return changed
 
-        return Killing()
+        class KillingStatement:
+            prepared = Killing()
+
+        return KillingStatement()
 
 
 def test_lost_commit_acknowledgement_is_outcome_unknown(

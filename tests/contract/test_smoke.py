@@ -2,13 +2,15 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from pybatch import JobRepository
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import JobName, StepName
 from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.status import BatchStatus
+from tests.support.clock import ManualClock
 
 
-def test_launch_step_complete(repository, clock) -> None:
+def test_launch_step_complete(repository: JobRepository, clock: ManualClock) -> None:
     key = JobInstanceKey(JobName("load_orders"), JobParameters.of({"day": "2026-11-30"}))
     with repository.begin() as uow:
         selection = uow.select_or_create_job_instance(key)

@@ -109,7 +109,7 @@ class Pause:
                     self._commit_in_flight(conn)
                 original(conn)
 
-            psycopg.Connection.commit = commit  # type: ignore[method-assign]
+            psycopg.Connection.commit = commit  # type: ignore[method-assign,assignment]
 
     def _commit_in_flight(self, conn: psycopg.Connection[Any]) -> None:
         pgconn = conn.pgconn

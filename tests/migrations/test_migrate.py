@@ -177,9 +177,9 @@ def test_runtime_refuses_an_uninitialized_database(blank_database: str) -> None:
 def test_runtime_refuses_an_older_schema_and_never_migrates(
     pg_config: ConnectionConfig, monkeypatch: pytest.MonkeyPatch, db_dsn: str
 ) -> None:
-    import pybatch.repository as repository_module
+    import pybatch.job_repository as job_repository_module
 
-    monkeypatch.setattr(repository_module, "supported_schema_version", lambda: 2)
+    monkeypatch.setattr(job_repository_module, "supported_schema_version", lambda: 2)
     before = _history(db_dsn)
     with pytest.raises(errors.MigrationRequired) as caught:
         pybatch.JobRepository.connect(pg_config)

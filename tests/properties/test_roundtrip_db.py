@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from pybatch import JobRepository
 from pybatch.codecs._jsonb import to_jsonb
-from pybatch.codecs._primitives import canonical_json
+from pybatch.values._canonical import canonical_json
 from pybatch.errors import DomainError, StateError
 from pybatch.etl import Job, StepRun
 from pybatch.values.names import JobName

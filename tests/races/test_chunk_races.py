@@ -16,15 +16,10 @@ import psycopg
 import pytest
 
 from pybatch import ConnectionConfig, JobRepository
-from pybatch.chunks import (
-    ChunkContext,
-    ChunkCounts,
-    ChunkTransaction,
-    ChunkTransactionManager,
-    CommittedStepState,
-)
+from pybatch.chunks import ChunkTransaction, ChunkTransactionManager
 from pybatch.errors import NotCommitted, StaleReservation
 from pybatch.fault_state import FaultState, RetryPolicy
+from pybatch.values.chunks import ChunkContext, ChunkCounts, CommittedStepState
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.fault import (
     FaultEntry,

@@ -8,13 +8,14 @@ JobRepository, to show the arbitration is in the database and not in a Python lo
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import pytest
 
 from pybatch import ConnectionConfig, JobRepository, UnitOfWork
 from pybatch.errors import DuplicateStep, ExecutionAlreadyActive, StaleVersion
+from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import JobName, StepName
 from pybatch.values.parameters import JobInstanceKey, JobParameters
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.race
 
 S = BatchStatus
 ITERATIONS = 5
-FAILURE = FailureSummary(FailureCategory.TRANSIENT_INFRASTRUCTURE, 1)
+FAILURE = FailureSummary(FailureCategory.TRANSIENT_INFRASTRUCTURE, FailureId(1))
 _runs = itertools.count(1)
 
 
@@ -95,11 +96,11 @@ def test_l1_two_concurrent_restarts_of_a_failed_instance(
     for _ in range(ITERATIONS):
         failed = failed_instance(repository, clock)
         instance_id = failed.job_instance_id
-        outcomes = race_units_of_work(
-            repository,
-            2,
-            lambda uow, index, instance_id=instance_id: uow.create_job_execution(instance_id),
-        )
+
+        def restart(uow: UnitOfWork, index: int, instance_id: int = instance_id) -> JobExecution:
+            return uow.create_job_execution(instance_id)
+
+        outcomes = race_units_of_work(repository, 2, restart)
         [winner] = [o.value for o in outcomes if o.ok]
         [loser] = [o.error for o in outcomes if not o.ok]
         assert winner is not None and winner.attempt == 2
@@ -173,13 +174,11 @@ def test_l3_two_concurrent_steps_with_one_name(
 ) -> None:
     for _ in range(ITERATIONS):
         execution, _step = started_pair(repository, clock)
-        outcomes = race_units_of_work(
-            repository,
-            2,
-            lambda uow, index, execution_id=execution.id: uow.create_step_execution(
-                execution_id, StepName("twin")
-            ),
-        )
+
+        def twin(uow: UnitOfWork, index: int, execution_id: int = execution.id) -> StepExecution:
+            return uow.create_step_execution(execution_id, StepName("twin"))
+
+        outcomes = race_units_of_work(repository, 2, twin)
         [winner] = [o.value for o in outcomes if o.ok]
         [loser] = [o.error for o in outcomes if not o.ok]
         assert isinstance(loser, DuplicateStep), repr(loser)
@@ -199,8 +198,9 @@ def test_l3_four_processes_launch_one_key(
     results = race_processes(
         processes, launch_in_process, [pg_config, "process_race", "2026-09-09"]
     )
-    launched = [value for status, value in results if status == "launched"]  # type: ignore[misc]
-    refused = [value for status, value in results if status == "error"]  # type: ignore[misc]
+    pairs = cast(list[tuple[str, object]], results)
+    launched = [value for status, value in pairs if status == "launched"]
+    refused = [value for status, value in pairs if status == "error"]
     assert len(launched) == 1, results
     assert refused == ["ExecutionAlreadyActive"] * (processes - 1), results
     key = JobInstanceKey(JobName("process_race"), JobParameters.of({"day": "2026-09-09"}))

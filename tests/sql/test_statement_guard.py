@@ -8,10 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from pybatch._statements import load_pugsql_module, load_statements
+from pybatch._resources import queries_dir
+from pybatch._statements import (
+    Statement,
+    StatementModeMismatch,
+    load_demo_statements,
+    load_pugsql_module,
+    load_statements,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
-QUERY_FILES = sorted((ROOT / "queries").glob("*.sql"))
+QUERY_FILES = sorted((ROOT / "queries").rglob("*.sql"))
 PACKAGE_FILES = sorted((ROOT / "pybatch").rglob("*.py"))
 HEADER = re.compile(r"^-- :name (\S+)(?: (\S+))?\s*$")
 
@@ -29,9 +36,14 @@ def _statements_of(path: Path) -> list[tuple[str, list[str]]]:
     return chunks
 
 
+ALL_STATEMENTS = [*load_statements(), *load_demo_statements()]
+
+
 def test_every_query_file_loads_in_pugsql() -> None:
     module = load_pugsql_module()
     assert len(module._statements) == len(load_statements()) > 0
+    demo = load_pugsql_module(queries_dir() / "demo")
+    assert len(demo._statements) == len(load_demo_statements()) > 0
 
 
 @pytest.mark.parametrize("path", QUERY_FILES, ids=lambda p: p.name)
@@ -67,8 +79,62 @@ def test_statement_names_are_unique_across_files() -> None:
 
 def test_every_statement_is_called_from_the_package() -> None:
     source = "\n".join(path.read_text() for path in PACKAGE_FILES)
-    unused = [s.name for s in load_statements() if not re.search(rf"\.{s.name}\b", source)]
+    unused = [s.name for s in ALL_STATEMENTS if not re.search(rf"\.{s.name}\b", source)]
     assert unused == []
+
+
+#: Statement files whose owner module does not share their stem, and why.
+OWNER_EXCEPTIONS = {
+    "schema.sql": {"migrator.py", "job_repository.py"},  # the migrator owns the bookkeeping
+    "transaction.sql": {"unit_of_work.py"},  # diagnostics of the unit of work's settings
+    "demo.sql": {"demo.py"},  # pybatch/cli/demo.py, the demo main job
+}
+
+
+def _callers(name: str) -> set[str]:
+    pattern = re.compile(rf"\.{name}\b")
+    return {path.name for path in PACKAGE_FILES if pattern.search(path.read_text())}
+
+
+@pytest.mark.parametrize("statement", ALL_STATEMENTS, ids=lambda s: f"{s.filename}:{s.name}")
+def test_a_statement_is_run_by_the_module_of_its_file(statement: Statement) -> None:
+    """queries/X.sql is run by pybatch/**/X.py (others may reuse it through X.py's functions)."""
+    stem = statement.filename.removesuffix(".sql")
+    owners = OWNER_EXCEPTIONS.get(statement.filename, {f"{stem}.py"})
+    assert _callers(statement.name) & owners, (
+        f"{statement.filename}:{statement.name} is not run from {sorted(owners)}"
+    )
+
+
+_CALL = re.compile(r"\.(\w+)(?:\.prepared)?\.(one|many|scalar|affected)\(")
+
+
+@pytest.mark.parametrize("path", PACKAGE_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_call_site_uses_the_declared_result_mode(path: Path) -> None:
+    modes = {s.name: s.mode for s in ALL_STATEMENTS}
+    wrong = [
+        f"{name}.{method}() but it is :{modes[name]}"
+        for name, method in _CALL.findall(path.read_text())
+        if name in modes and modes[name] != method
+    ]
+    assert wrong == []
+
+
+def test_running_a_statement_through_another_mode_is_refused() -> None:
+    with pytest.raises(StatementModeMismatch, match="declared :scalar"):
+        load_statements().read_schema_version.many(None)  # type: ignore[arg-type]
+
+
+def test_the_pugsql_internals_the_loader_reads_are_still_there() -> None:
+    """The loader reads `Module._statements` and `Statement._text` (pugsql has no public API
+    for them). An upgrade that renames either fails here, with this message, not at run time.
+    """
+    module = load_pugsql_module()
+    statements = getattr(module, "_statements", None)
+    assert isinstance(statements, dict) and statements, "pugsql Module._statements is gone"
+    source = next(iter(statements.values()))
+    assert hasattr(source, "_text"), "pugsql Statement._text is gone"
+    assert hasattr(source._text, "compile"), "pugsql Statement._text is no SQLAlchemy text()"
 
 
 _SQL_SHAPES = re.compile(
@@ -116,7 +182,7 @@ def test_statement_parameters_are_declared_and_checked() -> None:
     statement = load_statements().update_schema_version
     assert statement.parameters == {"version"}
     with pytest.raises(TypeError, match="missing parameters"):
-        statement(None)  # type: ignore[arg-type]
+        statement.affected(None)  # type: ignore[arg-type]
 
 
 def test_every_parameter_has_a_sqlfluff_sample_value() -> None:
@@ -125,5 +191,5 @@ def test_every_parameter_has_a_sqlfluff_sample_value() -> None:
     parser = configparser.ConfigParser()
     parser.read(ROOT / ".sqlfluff")
     samples = set(parser["sqlfluff:templater:placeholder"])
-    missing = sorted({p for s in load_statements() for p in s.parameters} - samples)
+    missing = sorted({p for s in ALL_STATEMENTS for p in s.parameters} - samples)
     assert missing == [], "run tools/sqlfluff_params.py and update .sqlfluff"

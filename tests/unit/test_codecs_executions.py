@@ -11,22 +11,24 @@ import pytest
 
 from pybatch import errors
 from pybatch.codecs._jsonb import CanonicalJsonb
-from pybatch.codecs._primitives import DecodeError, canonical_json
-from pybatch.codecs.executions import (
-    JOB_EXECUTION_COLUMNS,
+from pybatch.codecs._primitives import DecodeError
+from pybatch.codecs.executions import JOB_EXECUTION_COLUMNS, decode_job_execution
+from pybatch.codecs.instances import (
     JOB_INSTANCE_COLUMNS,
-    STEP_EXECUTION_COLUMNS,
     decode_identifying_parameters,
-    decode_job_execution,
     decode_job_instance,
-    decode_step_execution,
-    encode_counts,
-    encode_execution_metadata,
-    encode_fault_counts,
     encode_identifying_parameters,
     encode_job_instance_key,
+)
+from pybatch.codecs.lifecycle import encode_execution_metadata
+from pybatch.codecs.steps import (
+    STEP_EXECUTION_COLUMNS,
+    decode_step_execution,
+    encode_counts,
+    encode_fault_counts,
     encode_state,
 )
+from pybatch.values._canonical import canonical_json
 from pybatch.values.counts import ExecutionCounts, StepFaultCounts
 from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import ExecutionMetadata

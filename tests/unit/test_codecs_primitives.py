@@ -13,7 +13,6 @@ import pytest
 from pybatch import errors
 from pybatch.codecs._primitives import (
     DecodeError,
-    canonical_json,
     decode_aware,
     decode_digest,
     decode_enum,
@@ -22,8 +21,8 @@ from pybatch.codecs._primitives import (
     decode_optional_aware,
     decode_optional_int64,
     decode_text,
-    sha256,
 )
+from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values.status import BatchStatus, FailureCategory
 
 EMPTY_FAULT_STATE = b'{"checkpoint":"' + b"0" * 64 + b'","entries":[]}'

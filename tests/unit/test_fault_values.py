@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from pybatch.codecs.fault_state import decode_fault_state_columns, encode_fault_state
 from pybatch.errors import (
     CapacityExhausted,
     FaultStateEnvelopeInvalid,
@@ -105,7 +106,7 @@ def decode(payload: Any, checksum: Any = None, **columns: Any) -> FaultStateEnve
     """Call from_columns with valid columns unless overridden; checksum defaults to a match."""
     if checksum is None:
         checksum = checksum_of(payload)
-    return FaultStateEnvelope.from_columns(
+    return decode_fault_state_columns(
         columns.get("format", 1),
         columns.get("schema", "oxide-batch.fault-state"),
         columns.get("schema_version", 1),
@@ -157,7 +158,7 @@ def test_empty_envelope_is_the_94_golden_bytes() -> None:
 
 
 def test_empty_envelope_columns() -> None:
-    columns = FaultStateEnvelope.EMPTY.to_columns()
+    columns = encode_fault_state(FaultStateEnvelope.EMPTY)
     assert columns == {
         "fault_state_format": 1,
         "fault_state_schema": "oxide-batch.fault-state",
@@ -169,9 +170,9 @@ def test_empty_envelope_columns() -> None:
 
 def test_empty_envelope_read_back_from_jsonb_order_verifies() -> None:
     # schema.md 3.6: jsonb returns {"entries": [], "checkpoint": "000…0"} (shorter key first).
-    stored = jsonb_order(FaultStateEnvelope.EMPTY.to_columns()["fault_state_payload"])
+    stored = jsonb_order(encode_fault_state(FaultStateEnvelope.EMPTY)["fault_state_payload"])
     assert list(stored) == ["entries", "checkpoint"]
-    decoded = FaultStateEnvelope.from_columns(
+    decoded = decode_fault_state_columns(
         1, "oxide-batch.fault-state", 1, stored, bytes.fromhex(EMPTY_SHA256)
     )
     assert decoded == FaultStateEnvelope.EMPTY
@@ -189,7 +190,7 @@ def test_round_trip_through_jsonb_key_order() -> None:
     ):
         envelope = envelope.reserved(entry(byte, phase=phase), CHECKPOINT, RetryStateLimit(8))
     envelope = envelope.reserved(entry(0x50, 2, FaultPhase.PROCESS), CHECKPOINT, RetryStateLimit(8))
-    columns = envelope.to_columns()
+    columns = encode_fault_state(envelope)
     # Through text, as the driver would hand it over, with jsonb's key order and spacing.
     stored = json.loads(json.dumps(jsonb_order(columns["fault_state_payload"])))
     assert list(stored) == ["entries", "checkpoint"]
@@ -197,7 +198,7 @@ def test_round_trip_through_jsonb_key_order() -> None:
     # The stored text is not the canonical form, so hashing it as-is would not verify.
     assert json.dumps(stored, separators=(",", ":")).encode() != envelope.canonical_bytes()
 
-    decoded = FaultStateEnvelope.from_columns(
+    decoded = decode_fault_state_columns(
         columns["fault_state_format"],
         columns["fault_state_schema"],
         columns["fault_state_schema_version"],
@@ -234,12 +235,12 @@ def test_checksum_may_arrive_as_memoryview() -> None:
 
 def test_to_columns_payload_is_a_fresh_plain_dict() -> None:
     envelope = FaultStateEnvelope(CHECKPOINT, (entry(7),))
-    first = envelope.to_columns()["fault_state_payload"]
+    first = encode_fault_state(envelope)["fault_state_payload"]
     assert type(first) is dict
     entries = first["entries"]
     assert isinstance(entries, list)
     entries.clear()
-    assert envelope.to_columns()["fault_state_payload"]["entries"] == [raw_entry(7)]
+    assert encode_fault_state(envelope)["fault_state_payload"]["entries"] == [raw_entry(7)]
 
 
 # --------------------------------------------------------------------------- decoder refusals
@@ -391,7 +392,7 @@ def test_refuses_empty_envelope_with_a_nonzero_checkpoint() -> None:
 )
 def test_refuses_checksum_mismatch(checksum: Any) -> None:
     with pytest.raises(FaultStateEnvelopeInvalid) as caught:
-        FaultStateEnvelope.from_columns(1, "oxide-batch.fault-state", 1, payload_of(ZERO), checksum)
+        decode_fault_state_columns(1, "oxide-batch.fault-state", 1, payload_of(ZERO), checksum)
     assert caught.value.reason == FaultStateRefusal.CHECKSUM_MISMATCH.value
 
 

@@ -18,7 +18,7 @@ import struct
 import pytest
 
 from pybatch import errors
-from pybatch.codecs._primitives import canonical_json
+from pybatch.values._canonical import canonical_json
 from pybatch.values.names import StateSchemaId
 from pybatch.values.state import (
     EMPTY_STATE_SCHEMA,

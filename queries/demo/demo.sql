@@ -51,16 +51,3 @@ SELECT
         'hex'
     ) AS sha256
 FROM pybatch_demo.orders AS o;
-
--- :name demo_recovery_decisions :many
--- :doc pybatch demo - the audited recovery decisions recorded for one job execution (a restart
--- that found it orphaned records OWNER_LOST), oldest first.
-SELECT
-    d.prior_status,
-    d.resulting_status,
-    d.reason_code,
-    d.operator_reference,
-    d.decided_at
-FROM pybatch.recovery_decision AS d
-WHERE d.job_execution_id = :job_execution_id
-ORDER BY d.decided_at, d.id;

@@ -1,0 +1,226 @@
+"""The one transaction primitive: lease a connection, COMMIT with a classified outcome, release.
+
+Every kind of transaction pybatch runs (a unit of work, a read-only read, a chunk, a retry
+reservation) leases its pooled connection here and ends it here; this is the only module
+that touches the pool. Settings are applied by one mechanism, once per connection: the
+libpq startup `options` carry the configured statement, lock and idle-in-transaction
+timeouts and `TimeZone=UTC` as session defaults (they outrank `ALTER DATABASE/ROLE ... SET`),
+and psycopg's `isolation_level` makes every BEGIN `BEGIN ISOLATION LEVEL READ COMMITTED`.
+So no transaction spends a round trip on settings (docs/architecture.md, "Transactions").
+
+COMMIT outcomes follow schema.md 5, parameterised by the caller's error family
+(`CommitErrors`): a transaction the server already failed is `aborted`, a refused COMMIT is
+`refused`, a lost acknowledgement is `unknown`, and the connection is discarded whenever it
+can no longer be trusted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import attrs
+import psycopg
+import psycopg_pool
+from psycopg.pq import TransactionStatus
+
+from pybatch import _sqlstate
+from pybatch._connect import (
+    CaFile,
+    check_idle_connection,
+    connect_or_raise,
+    connection_kwargs,
+    probe_connection,
+)
+from pybatch.codecs._jsonb import install_strict_json_loads
+from pybatch._statements import Connection
+from pybatch.config import ConnectionConfig
+from pybatch.errors import PyBatchError, Unavailable
+
+__all__ = ["CommitErrors", "Lease", "TransactionSource"]
+
+
+@attrs.frozen
+class CommitErrors:
+    """What each failed COMMIT outcome raises, for one error family."""
+
+    #: The transaction had already failed; nothing was committed.
+    aborted: Callable[[], PyBatchError]
+    #: The server refused the COMMIT; nothing was committed.
+    refused: Callable[[psycopg.Error], PyBatchError]
+    #: The acknowledgement was lost; the transaction may or may not be durable.
+    unknown: Callable[[], PyBatchError]
+
+
+class Lease:
+    """One pooled connection leased for one transaction; it goes back exactly once."""
+
+    __slots__ = ("_conn", "_read_only", "_source")
+
+    def __init__(self, source: TransactionSource, conn: Connection, *, read_only: bool) -> None:
+        self._source = source
+        self._conn: Connection | None = conn
+        self._read_only = read_only
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the connection is still leased (not committed, rolled back or discarded)."""
+        return self._conn is not None
+
+    @property
+    def connection(self) -> Connection | None:
+        """The leased connection, or None once it went back to the pool."""
+        return self._conn
+
+    def commit(self, errors: CommitErrors) -> None:
+        """COMMIT and give the connection back; raise the family's error unless it is durable."""
+        conn = self._conn
+        if conn is None:
+            raise errors.aborted()
+        if conn.info.transaction_status == TransactionStatus.INERROR:
+            self.rollback()
+            raise errors.aborted()
+        try:
+            conn.commit()
+        except psycopg.Error as error:
+            if _sqlstate.is_connection_loss(error, conn):
+                self.discard()
+                raise errors.unknown() from None
+            self.rollback()
+            raise errors.refused(error) from None
+        self._release(discard=False)
+
+    def rollback(self) -> bool:
+        """ROLLBACK and give the connection back; False when it had to be discarded instead."""
+        conn = self._conn
+        if conn is None:
+            return True
+        if conn.broken or conn.closed:
+            self.discard()
+            return False
+        try:
+            conn.rollback()
+        except psycopg.Error:
+            self.discard()
+            return False
+        self._release(discard=False)
+        return True
+
+    def discard(self) -> None:
+        """Close the connection (it can no longer be trusted) and give it back to the pool."""
+        self._release(discard=True)
+
+    def _release(self, *, discard: bool) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if not discard and self._read_only:
+            try:
+                conn.read_only = False  # idle after the rollback: no round trip
+            except psycopg.Error:
+                discard = True
+        self._source._release(conn, discard=discard)
+
+
+class TransactionSource:
+    """The bounded pool of a repository, handing out leases; owns the CA file too."""
+
+    def __init__(self, config: ConnectionConfig) -> None:
+        self._config = config
+        self._ca_file = CaFile(config)
+        try:
+            # A wrong password or database fails here at once, not after the acquire timeout.
+            probe_connection(config, self._ca_file)
+        except BaseException:
+            self._ca_file.close()
+            raise
+
+        def configure(conn: Connection) -> None:
+            # Client-side only: BEGIN then says READ COMMITTED whatever the database default.
+            conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+            install_strict_json_loads(conn)
+
+        self._pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
+            kwargs=connection_kwargs(config, self._ca_file),
+            min_size=0,
+            max_size=config.pool_size,
+            timeout=config.acquire_timeout.total_seconds(),
+            max_idle=config.connection_idle_timeout.total_seconds(),
+            max_lifetime=config.connection_max_lifetime.total_seconds(),
+            reconnect_timeout=config.connect_timeout.total_seconds(),
+            configure=configure,
+            check=check_idle_connection,
+            open=False,
+            name="pybatch",
+        )
+        try:
+            self._pool.open(wait=False)
+        except BaseException:
+            self._ca_file.close()
+            raise
+
+    def lease(self, *, read_only: bool = False) -> Lease:
+        """Lease a pooled connection for one transaction (READ ONLY when asked).
+
+        Raises:
+            Unavailable: no connection within the acquire timeout, or the server is down.
+        """
+        try:
+            conn: Connection = self._pool.getconn(
+                timeout=self._config.acquire_timeout.total_seconds()
+            )
+        except psycopg_pool.PoolTimeout:
+            conn = None
+        except psycopg.Error as error:
+            raise Unavailable(sqlstate=_sqlstate.sqlstate_of(error)) from None
+        if conn is None:
+            # Why could the pool not connect? A permanent refusal (the password was changed,
+            # the database dropped) is reported as itself; anything else stays Unavailable.
+            probe_connection(self._config, self._ca_file)
+            raise Unavailable()
+        if read_only:
+            conn.read_only = True
+        return Lease(self, conn, read_only=read_only)
+
+    @contextmanager
+    def read_only(self, *, schema_probe: bool = False) -> Iterator[Connection]:
+        """A READ ONLY, READ COMMITTED transaction, always rolled back; driver errors mapped.
+
+        With `schema_probe`, a missing schema is SchemaUninitialized (the version check).
+
+        Raises:
+            Unavailable: the server cannot be reached, or a statement failed (mapped).
+        """
+        lease = self.lease(read_only=True)
+        conn = lease.connection
+        if conn is None:  # a fresh lease always holds its connection
+            raise Unavailable()
+        try:
+            yield conn
+        except psycopg.Error as error:
+            if _sqlstate.is_connection_loss(error, conn):
+                lease.discard()
+            raise _sqlstate.translate(error, schema_probe=schema_probe) from None
+        finally:
+            lease.rollback()
+
+    def dedicated_connection(self) -> Connection:
+        """An autocommit connection outside the pool (a liveness lock lives as long as a run).
+
+        Raises:
+            Unavailable: the server cannot be reached (details redacted).
+        """
+        return connect_or_raise(connection_kwargs(self._config, self._ca_file), autocommit=True)
+
+    def _release(self, conn: Connection, *, discard: bool) -> None:
+        if discard and not conn.closed:
+            conn.close()
+        self._pool.putconn(conn)
+
+    def close(self, timeout_seconds: float) -> None:
+        """Close the pool (waiting at most `timeout_seconds`) and remove the CA file."""
+        try:
+            self._pool.close(timeout=timeout_seconds)
+        finally:
+            self._ca_file.close()

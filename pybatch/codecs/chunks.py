@@ -1,0 +1,127 @@
+"""Chunk state: the committed progress row of a step, and the parameters of a chunk commit.
+
+Statements: chunks.sql get_step_chunk_state (decoded here), update_step_chunk_commit (its
+parameters are built here).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pybatch.codecs._jsonb import CanonicalJsonb, to_jsonb
+from pybatch.codecs._primitives import DecodeError, Row, decode_enum, decode_int64, row_columns
+from pybatch.codecs.fault_state import FAULT_STATE_COLUMNS, decode_fault_state
+from pybatch.codecs.steps import (
+    CHECKPOINT_COLUMNS,
+    CONTEXT_COLUMNS,
+    COUNT_COLUMNS,
+    decode_checkpoint,
+    decode_context,
+    decode_counts,
+)
+from pybatch.errors import FaultStateCorrupt, FaultStateFormatError, PyBatchError, Unavailable
+from pybatch.values.chunks import ChunkCommitReceipt, CommittedStepState, FaultProgress
+from pybatch.values.counts import ExecutionCounts
+from pybatch.values.fault import FaultStateEnvelope
+from pybatch.values.status import BatchStatus
+
+__all__ = ["COMMITTED_STEP_STATE_COLUMNS", "decode_committed_step_state", "encode_chunk_commit"]
+
+
+def _as_is(canonical: bytes) -> bytes:
+    return canonical
+
+
+def _canonical_jsonb(canonical: bytes) -> CanonicalJsonb:
+    """Bind JSON bytes that are already canonical as jsonb, without parsing and re-encoding."""
+    return CanonicalJsonb(canonical, dumps=_as_is)
+
+
+# Every chunk commit writes the empty fault state: its canonical payload and checksum are
+# encoded once (the same bytes `to_jsonb` would produce on every commit).
+_EMPTY_FAULT_STATE_PAYLOAD = _canonical_jsonb(FaultStateEnvelope.EMPTY.canonical_bytes())
+_EMPTY_FAULT_STATE_CHECKSUM = FaultStateEnvelope.EMPTY.checksum()
+
+
+#: Columns `decode_committed_step_state` reads.
+COMMITTED_STEP_STATE_COLUMNS = (
+    "id",
+    "job_execution_id",
+    "status",
+    "version",
+    *COUNT_COLUMNS,
+    *CHECKPOINT_COLUMNS,
+    *CONTEXT_COLUMNS,
+    *FAULT_STATE_COLUMNS,
+)
+
+
+def decode_committed_step_state(row: Row) -> CommittedStepState:
+    """Decode a get_step_chunk_state row (columns `COMMITTED_STEP_STATE_COLUMNS`).
+
+    Raises:
+        FaultStateCorrupt: the retained fault state is unusable (it must stop all work).
+        Unavailable: any other column is undecodable.
+    """
+    row = row_columns(row, COMMITTED_STEP_STATE_COLUMNS)
+    try:
+        fault_state = decode_fault_state(row)
+    except (FaultStateFormatError, ValueError, TypeError):
+        raise FaultStateCorrupt() from None
+    try:
+        return CommittedStepState(
+            step_execution_id=decode_int64(row["id"], column="id", minimum=1),
+            job_execution_id=decode_int64(
+                row["job_execution_id"], column="job_execution_id", minimum=1
+            ),
+            status=decode_enum(BatchStatus, row["status"], column="status"),
+            version=decode_int64(row["version"], column="version", minimum=0),
+            counts=decode_counts(row),
+            checkpoint=decode_checkpoint(row),
+            context=decode_context(row),
+            fault_state=fault_state,
+        )
+    except (DecodeError, PyBatchError):
+        raise Unavailable() from None
+
+
+def encode_chunk_commit(
+    state: CommittedStepState,
+    next_counts: ExecutionCounts,
+    receipt: ChunkCommitReceipt,
+    progress: FaultProgress,
+    now: datetime,
+) -> dict[str, object]:
+    """The parameters of update_step_chunk_commit: the new progress, guarded by `state`.
+
+    A context carried over unchanged goes back as the canonical bytes it was decoded to
+    (canonical JSON of a jsonb document re-encodes to itself), so it is not encoded again.
+    """
+    context_payload = (
+        _canonical_jsonb(state.context.payload_json())
+        if receipt.context is state.context
+        else to_jsonb(receipt.context.payload)
+    )
+    return {
+        "read_count": next_counts.read,
+        "processed_count": next_counts.processed,
+        "write_count": next_counts.written,
+        "filter_count": next_counts.filtered,
+        "commit_count": next_counts.committed,
+        "checkpoint_schema": receipt.checkpoint.schema.value,
+        "checkpoint_schema_version": receipt.checkpoint.schema_version,
+        "checkpoint_payload": to_jsonb(receipt.checkpoint.payload),
+        "context_schema": receipt.context.schema.value,
+        "context_schema_version": receipt.context.schema_version,
+        "context_payload": context_payload,
+        "read_skips": progress.read_skips,
+        "process_skips": progress.process_skips,
+        "write_skips": progress.write_skips,
+        "no_rollbacks": progress.no_rollbacks,
+        "fault_state_payload": _EMPTY_FAULT_STATE_PAYLOAD,
+        "fault_state_checksum": _EMPTY_FAULT_STATE_CHECKSUM,
+        "now": now,
+        "step_execution_id": state.step_execution_id,
+        "job_execution_id": state.job_execution_id,
+        "expected_version": state.version,
+    }

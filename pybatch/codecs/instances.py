@@ -1,0 +1,201 @@
+"""Job instances: identifying-parameter documents and job_instance rows (schema.md 3.8)."""
+
+from __future__ import annotations
+
+from pybatch.codecs._jsonb import to_jsonb
+from pybatch.codecs._primitives import (
+    DecodeError,
+    Row,
+    decode_aware,
+    decode_digest,
+    decode_enum,
+    decode_int64,
+    decode_json_object,
+    decode_text_value,
+    row_columns,
+)
+from pybatch.errors import (
+    JsonNotEncodable,
+    PyBatchError,
+    Unavailable,
+)
+from pybatch.values._canonical import canonical_json
+from pybatch.values.ids import (
+    INT64_MAX,
+    JobInstanceId,
+)
+from pybatch.values.names import JobName, ParameterName
+from pybatch.values.parameters import (
+    PARAMETER_STRING_MAX_BYTES,
+    JobInstanceKey,
+    JobParameter,
+    JobParameters,
+    ParameterValue,
+    ParameterValueKind,
+)
+from pybatch.values.records import JobInstance, LockedJobInstance
+from pybatch.values.status import BatchStatus
+
+__all__ = [
+    "LOCKED_JOB_INSTANCE_COLUMNS",
+    "decode_locked_job_instance",
+    "IDENTIFYING_PARAMETERS_MAX_BYTES",
+    "JOB_INSTANCE_COLUMNS",
+    "decode_identifying_parameters",
+    "decode_job_instance",
+    "encode_identifying_parameters",
+    "encode_job_instance_key",
+]
+
+IDENTIFYING_PARAMETERS_MAX_BYTES = 1024 * 1024
+
+#: Columns `decode_job_instance` reads.
+JOB_INSTANCE_COLUMNS = ("id", "job_name", "instance_key", "identifying_parameters", "created_at")
+
+_U64_MAX = 2**64 - 1
+_ENVELOPE_MEMBERS = frozenset({"type", "identifying", "value"})
+_KINDS_BY_TAG = {kind.json_tag: kind for kind in ParameterValueKind}
+
+
+# --------------------------------------------------------------------------- identifying parameters
+
+
+def encode_identifying_parameters(key: JobInstanceKey) -> dict[str, object]:
+    """The `identifying_parameters` document of a key (schema.md 3.8), as a plain dict.
+
+    Raises:
+        Unavailable: the canonical document exceeds 1 MiB.
+    """
+    document: dict[str, object] = {}
+    for name, parameter in key.parameters.items():
+        document[name.value] = {
+            "type": parameter.kind.json_tag,
+            "identifying": True,
+            "value": parameter.value.value,
+        }
+    if len(canonical_json(document)) > IDENTIFYING_PARAMETERS_MAX_BYTES:
+        raise Unavailable()
+    return document
+
+
+def decode_identifying_parameters(
+    document: object, *, column: str = "identifying_parameters"
+) -> JobParameters:
+    """Decode an identifying-parameter document, failing closed on every rule of schema.md 3.8.
+
+    Refused: not an object; over 1 MiB canonical; an invalid name; an envelope that is not an
+    object with exactly `type`, `identifying` and `value`; `identifying` not `true`; an
+    unknown type tag; a value of the wrong JSON type or range (a boolean is never an integer).
+    """
+    members = decode_json_object(document, column=column)
+    try:
+        size = len(canonical_json(members))
+    except JsonNotEncodable:
+        raise DecodeError(column) from None
+    if size > IDENTIFYING_PARAMETERS_MAX_BYTES:
+        raise DecodeError(column)
+    pairs: list[tuple[ParameterName | str, JobParameter]] = []
+    for raw_name, envelope in members.items():
+        name = decode_text_value(ParameterName, raw_name, column=column)
+        if not isinstance(envelope, dict) or set(envelope) != _ENVELOPE_MEMBERS:
+            raise DecodeError(column)
+        if envelope["identifying"] is not True:
+            raise DecodeError(column)
+        tag = envelope["type"]
+        kind = _KINDS_BY_TAG.get(tag) if type(tag) is str else None
+        if kind is None:
+            raise DecodeError(column)
+        value = _decode_parameter_value(kind, envelope["value"], column=column)
+        pairs.append((name, JobParameter(value, identifying=True)))
+    try:
+        return JobParameters.from_pairs(pairs)
+    except PyBatchError:
+        raise DecodeError(column) from None
+
+
+def _decode_parameter_value(
+    kind: ParameterValueKind, raw: object, *, column: str
+) -> ParameterValue:
+    if kind is ParameterValueKind.STRING:
+        if type(raw) is not str:
+            raise DecodeError(column)
+        try:
+            too_long = len(raw.encode("utf-8")) > PARAMETER_STRING_MAX_BYTES
+        except UnicodeEncodeError:
+            raise DecodeError(column) from None
+        if too_long:
+            raise DecodeError(column)
+        return ParameterValue.string(raw)
+    if kind is ParameterValueKind.BOOL:
+        if type(raw) is not bool:
+            raise DecodeError(column)
+        return ParameterValue.boolean(raw)
+    if type(raw) is not int:
+        raise DecodeError(column)
+    if kind is ParameterValueKind.I64:
+        if not -INT64_MAX - 1 <= raw <= INT64_MAX:
+            raise DecodeError(column)
+        return ParameterValue.i64(raw)
+    if not 0 <= raw <= _U64_MAX:
+        raise DecodeError(column)
+    return ParameterValue.u64(raw)
+
+
+def encode_job_instance_key(key: JobInstanceKey) -> dict[str, object]:
+    """Column values of a new job_instance row: job_name, instance_key, identifying_parameters.
+
+    Raises:
+        Unavailable: the canonical parameter document exceeds 1 MiB.
+    """
+    return {
+        "job_name": key.job_name.value,
+        "instance_key": key.digest(),
+        "identifying_parameters": to_jsonb(encode_identifying_parameters(key)),
+    }
+
+
+# --------------------------------------------------------------------------- job instance
+
+
+def decode_job_instance(row: Row) -> JobInstance:
+    """Decode a job_instance row (columns `JOB_INSTANCE_COLUMNS`).
+
+    The stored `instance_key` must equal the digest recomputed from the job name and the
+    identifying parameters, else `DecodeError("instance_key")`.
+    """
+    values = row_columns(row, JOB_INSTANCE_COLUMNS)
+    instance_id = decode_int64(values["id"], column="id", minimum=1)
+    job_name = decode_text_value(JobName, values["job_name"], column="job_name")
+    instance_key = decode_digest(values["instance_key"], column="instance_key")
+    parameters = decode_identifying_parameters(
+        values["identifying_parameters"], column="identifying_parameters"
+    )
+    created_at = decode_aware(values["created_at"], column="created_at")
+    if JobInstanceKey(job_name, parameters).digest() != instance_key:
+        raise DecodeError("instance_key")
+    return JobInstance(
+        id=JobInstanceId(instance_id),
+        job_name=job_name,
+        instance_key=instance_key,
+        created_at=created_at,
+        parameters=parameters,
+    )
+
+
+#: Columns `decode_locked_job_instance` reads.
+LOCKED_JOB_INSTANCE_COLUMNS = (*JOB_INSTANCE_COLUMNS, "last_attempt", "final_status")
+
+
+def decode_locked_job_instance(row: Row) -> LockedJobInstance:
+    """Decode a lock_job_instance row: the instance, its last attempt and its tombstone."""
+    values = row_columns(row, LOCKED_JOB_INSTANCE_COLUMNS)
+    final_status = values["final_status"]
+    return LockedJobInstance(
+        instance=decode_job_instance(values),
+        last_attempt=decode_int64(values["last_attempt"], column="last_attempt", minimum=0),
+        final_status=(
+            None
+            if final_status is None
+            else decode_enum(BatchStatus, final_status, column="final_status")
+        ),
+    )

@@ -1,0 +1,49 @@
+"""Liveness of a run: a session advisory lock its owner holds (queries/liveness.sql).
+
+The owner holds the lock on a dedicated autocommit connection for the life of the run;
+PostgreSQL releases it when that session ends, however the process ends. A launcher that
+can take the lock of an unresolved execution knows its owner is gone. These functions run
+outside any unit of work, so they map driver errors themselves.
+"""
+
+from __future__ import annotations
+
+import psycopg
+
+from pybatch import _sqlstate
+from pybatch._statements import Connection, Statements
+from pybatch.values.ids import IdentifierKind, check_identifier
+
+__all__ = ["owner_is_gone", "try_lock_job_execution_liveness"]
+
+
+def try_lock_job_execution_liveness(q: Statements, conn: Connection, execution_id: int) -> bool:
+    """Take the execution's liveness lock on `conn` for the session; False when it is held.
+
+    Raises:
+        Unavailable: the connection failed (mapped, redacted).
+
+    Statements: liveness.sql try_lock_job_execution_liveness.
+    """
+    check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
+    try:
+        return q.try_lock_job_execution_liveness.scalar(conn, job_execution_id=execution_id) is True
+    except psycopg.Error as error:
+        raise _sqlstate.translate(error) from None
+
+
+def owner_is_gone(q: Statements, conn: Connection, execution_id: int) -> bool:
+    """True when no live session holds the execution's liveness lock (its process is gone).
+
+    Raises:
+        Unavailable: the connection failed (mapped, redacted).
+
+    Statements: liveness.sql try_lock_job_execution_liveness, unlock_job_execution_liveness.
+    """
+    if not try_lock_job_execution_liveness(q, conn, execution_id):
+        return False
+    try:
+        q.unlock_job_execution_liveness.scalar(conn, job_execution_id=execution_id)
+    except psycopg.Error as error:
+        raise _sqlstate.translate(error) from None
+    return True

@@ -1,0 +1,140 @@
+"""Canonical JSON and SHA-256: the domain's hashing primitives (schema.md 3.1-3.5, rule 24).
+
+Stdlib only: values hash canonical JSON without importing a codec or the driver.
+"""
+
+from __future__ import annotations
+
+import decimal
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+
+from pybatch.errors import JsonNotEncodable
+
+__all__ = ["MAX_NUMBER_DIGITS", "canonical_json", "numeric_text", "sha256"]
+
+#: Most digits a JSON number may have: Python's default int/str conversion limit, so a number
+#: written to jsonb can always be read back (json.loads refuses longer integers).
+MAX_NUMBER_DIGITS = 4300
+
+
+def canonical_json(value: object) -> bytes:
+    """Encode `value` as canonical JSON bytes, the only form pybatch hashes (rule 24).
+
+    The form is `json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+    allow_nan=False)` except for non-integral numbers: a float (or Decimal) is written in the
+    plain positional notation PostgreSQL's `numeric` prints for it (`1e16` ->
+    `10000000000000000`, `1e-7` -> `0.0000001`, `-0.0` -> `0.0`), so a document hashes to the
+    same bytes before it is written to `jsonb` and after it is read back (schema.md 3.5).
+
+    Raises:
+        JsonNotEncodable: NaN or infinity, a number of more than 4,300 digits, a non-string
+            key, a value that is not JSON, text that is not UTF-8 encodable or holds a NUL
+            (PostgreSQL text and jsonb cannot store U+0000), or nesting too deep to encode.
+    """
+    parts: list[str] = []
+    try:
+        _write(value, parts)
+    except RecursionError:
+        raise JsonNotEncodable(reason="nesting too deep") from None
+    try:
+        return "".join(parts).encode("utf-8")
+    except UnicodeEncodeError:
+        raise JsonNotEncodable(reason="text is not UTF-8 encodable") from None
+
+
+def numeric_text(value: float | decimal.Decimal) -> str:
+    """Write a finite number the way PostgreSQL `numeric` prints it (plain notation, no -0)."""
+    number = decimal.Decimal(repr(value)) if isinstance(value, float) else value
+    if not number.is_finite():
+        raise JsonNotEncodable(reason="NaN or infinity")
+    if number.is_zero():
+        number = abs(number)  # numeric has no negative zero: -0.0 reads back as 0.0
+    return format(number, "f")
+
+
+# What json.dumps(s, ensure_ascii=False) returns for a str, without building an encoder per
+# string: the same escapes (quote, backslash, control characters), UTF-8 kept as is.
+_encode_string = json.encoder.encode_basestring
+
+
+def _write(value: object, parts: list[str]) -> None:
+    # bool before int: True is an int in Python but a JSON literal here.
+    if value is None:
+        parts.append("null")
+    elif value is True:
+        parts.append("true")
+    elif value is False:
+        parts.append("false")
+    elif isinstance(value, int):
+        if value.bit_length() > _MAX_INT_BITS:
+            raise JsonNotEncodable(reason=f"a number has more than {MAX_NUMBER_DIGITS} digits")
+        try:
+            text = int.__repr__(value)
+        except ValueError:  # above a lowered sys.get_int_max_str_digits()
+            raise JsonNotEncodable(reason="integer too large") from None
+        if value.bit_length() > _SHORT_INT_BITS:
+            _check_digits(text)
+        parts.append(text)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise JsonNotEncodable(reason="NaN or infinity")
+        parts.append(numeric_text(value))  # at most ~330 digits
+    elif isinstance(value, decimal.Decimal):
+        if value.is_finite() and value.adjusted() > MAX_NUMBER_DIGITS:
+            raise JsonNotEncodable(reason=f"a number has more than {MAX_NUMBER_DIGITS} digits")
+        parts.append(_check_digits(numeric_text(value)))
+    elif isinstance(value, str):
+        if "\x00" in value:
+            raise JsonNotEncodable(reason="text contains NUL")
+        parts.append(_encode_string(value))
+    elif isinstance(value, Mapping):
+        _write_object(value, parts)
+    elif isinstance(value, list | tuple):
+        parts.append("[")
+        for index, item in enumerate(value):
+            if index:
+                parts.append(",")
+            _write(item, parts)
+        parts.append("]")
+    else:
+        raise JsonNotEncodable(reason="value is not JSON")
+
+
+# An int of more bits has more than MAX_NUMBER_DIGITS digits (checked before formatting it,
+# which would be slow and raise ValueError at sys.get_int_max_str_digits()).
+_MAX_INT_BITS = math.ceil(MAX_NUMBER_DIGITS * math.log2(10)) + 1
+# An int of at most this many bits has fewer than MAX_NUMBER_DIGITS digits: no count needed.
+_SHORT_INT_BITS = math.floor((MAX_NUMBER_DIGITS - 1) * math.log2(10))
+
+
+def _check_digits(text: str) -> str:
+    if sum(character.isdigit() for character in text) > MAX_NUMBER_DIGITS:
+        raise JsonNotEncodable(reason=f"a number has more than {MAX_NUMBER_DIGITS} digits")
+    return text
+
+
+def _write_object(value: Mapping[object, object], parts: list[str]) -> None:
+    keys: list[str] = []
+    for key in value:
+        if not isinstance(key, str):
+            raise JsonNotEncodable(reason="object key is not a string")
+        if "\x00" in key:
+            raise JsonNotEncodable(reason="text contains NUL")
+        keys.append(key)
+    keys.sort()  # code-point order, which equals UTF-8 byte order
+    parts.append("{")
+    for index, key in enumerate(keys):
+        if index:
+            parts.append(",")
+        parts.append(_encode_string(key))
+        parts.append(":")
+        _write(value[key], parts)
+    parts.append("}")
+
+
+def sha256(data: bytes) -> bytes:
+    """Return the 32-byte SHA-256 digest of `data`."""
+    return hashlib.sha256(data).digest()

@@ -1,0 +1,107 @@
+"""Chunk values: what a chunk did and the step progress it commits (behaviour.md 2.15, 4.15)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import attrs
+
+from pybatch.values.counts import ExecutionCounts
+from pybatch.values.fault import FaultStateEnvelope
+from pybatch.values.ids import IdentifierKind, check_counter, check_identifier
+from pybatch.values.state import Checkpoint, ExecutionContext
+from pybatch.values.status import BatchStatus
+
+__all__ = [
+    "NO_FAULT_PROGRESS",
+    "ChunkCommitReceipt",
+    "ChunkContext",
+    "ChunkCounts",
+    "ChunkStateProvider",
+    "CommittedStepState",
+    "FaultProgress",
+    "InheritedProgress",
+]
+
+
+def _count(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if type(value) is not int:
+        raise TypeError(f"{attribute.name} is an int")
+    check_counter(attribute.name, value)
+
+
+@attrs.frozen
+class ChunkContext:
+    """Which step (of which job execution) a chunk belongs to."""
+
+    step_execution_id: int
+    job_execution_id: int
+
+    def __attrs_post_init__(self) -> None:
+        check_identifier(IdentifierKind.STEP_EXECUTION, self.step_execution_id)
+        check_identifier(IdentifierKind.JOB_EXECUTION, self.job_execution_id)
+
+
+@attrs.frozen(kw_only=True)
+class ChunkCounts:
+    """What one chunk did: items read, processed, written and filtered."""
+
+    read: int = attrs.field(default=0, validator=_count)
+    processed: int = attrs.field(default=0, validator=_count)
+    written: int = attrs.field(default=0, validator=_count)
+    filtered: int = attrs.field(default=0, validator=_count)
+
+
+@attrs.frozen(kw_only=True)
+class FaultProgress:
+    """Skips and no-rollback retries of one chunk, added to the step's totals at commit."""
+
+    read_skips: int = attrs.field(default=0, validator=_count)
+    process_skips: int = attrs.field(default=0, validator=_count)
+    write_skips: int = attrs.field(default=0, validator=_count)
+    no_rollbacks: int = attrs.field(default=0, validator=_count)
+
+
+#: A chunk that skipped and retried nothing.
+NO_FAULT_PROGRESS = FaultProgress()
+
+
+@attrs.frozen
+class ChunkCommitReceipt:
+    """The durable state a chunk commits: its checkpoint and execution context."""
+
+    checkpoint: Checkpoint
+    context: ExecutionContext
+
+
+@attrs.frozen(kw_only=True)
+class CommittedStepState:
+    """A step's last committed progress: where a chunk starts and a restart resumes."""
+
+    step_execution_id: int
+    job_execution_id: int
+    status: BatchStatus
+    version: int
+    counts: ExecutionCounts
+    checkpoint: Checkpoint
+    context: ExecutionContext
+    fault_state: FaultStateEnvelope
+
+
+@attrs.frozen(kw_only=True)
+class InheritedProgress:
+    """What a restarted step inherits: items read, checkpoint generation, retained retries."""
+
+    read_count: int
+    checkpoint_digest: bytes
+    fault_state: FaultStateEnvelope
+
+
+class ChunkStateProvider(Protocol):
+    """Produces the checkpoint and context to commit with a chunk (the seed's provider)."""
+
+    def state_for_commit(
+        self, committed_counts: ExecutionCounts, chunk_counts: ChunkCounts
+    ) -> ChunkCommitReceipt:
+        """The state to commit; raising makes the chunk roll back with NotCommitted."""
+        ...

@@ -1,0 +1,106 @@
+"""Every statement returns exactly the columns its reader reads (issue: typed rows).
+
+A decoder reads its columns with `row[column]`, so a column it needs and the statement
+lacks fails loudly at run time; this test also catches the opposite, a column selected
+and never read, and a decoder that drifted from its statements. PostgreSQL describes each
+prepared statement, so the test reads the real result shape, not a parse of the SQL.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import psycopg
+import pytest
+
+from pybatch._statements import Statement, load_demo_statements, load_statements
+from pybatch.codecs.chunks import COMMITTED_STEP_STATE_COLUMNS
+from pybatch.codecs.executions import JOB_EXECUTION_COLUMNS
+from pybatch.codecs.fault_state import LOCKED_FAULT_STATE_COLUMNS
+from pybatch.codecs.instances import JOB_INSTANCE_COLUMNS, LOCKED_JOB_INSTANCE_COLUMNS
+from pybatch.codecs.operator import OPERATOR_REQUEST_COLUMNS
+from pybatch.codecs.recovery import RECOVERY_DECISION_COLUMNS
+from pybatch.codecs.steps import STEP_EXECUTION_COLUMNS
+
+#: Statement -> the columns its reader reads: a decoder's list, or (for rows read by hand
+#: in the named module) the exact columns that module reads.
+READERS: dict[str, tuple[str, ...]] = {
+    # decoders
+    "insert_job_instance_if_absent": JOB_INSTANCE_COLUMNS,
+    "find_job_instance_by_key": JOB_INSTANCE_COLUMNS,
+    "get_job_instance": JOB_INSTANCE_COLUMNS,
+    "lock_job_instance": LOCKED_JOB_INSTANCE_COLUMNS,
+    "insert_job_execution": JOB_EXECUTION_COLUMNS,
+    "find_latest_job_execution": JOB_EXECUTION_COLUMNS,
+    "get_job_execution": JOB_EXECUTION_COLUMNS,
+    "lock_job_execution": JOB_EXECUTION_COLUMNS,
+    "list_job_executions": JOB_EXECUTION_COLUMNS,
+    "get_step_execution": STEP_EXECUTION_COLUMNS,
+    "lock_step_execution": STEP_EXECUTION_COLUMNS,
+    "list_step_executions": STEP_EXECUTION_COLUMNS,
+    "get_step_chunk_state": COMMITTED_STEP_STATE_COLUMNS,
+    "lock_step_fault_state": LOCKED_FAULT_STATE_COLUMNS,
+    "insert_recovery_decision": RECOVERY_DECISION_COLUMNS,
+    "find_latest_recovery_decision": RECOVERY_DECISION_COLUMNS,
+    "find_operator_request": OPERATOR_REQUEST_COLUMNS,
+    # read by hand: repository/definitions.py
+    "insert_job_definition_if_absent": ("id",),
+    "find_job_definition_by_revision": ("id", "manifest_digest"),
+    "find_job_definition_by_digest": ("id", "manifest_digest"),
+    # existence checks: only "is there a row" is read
+    "insert_definition_upgrade_if_absent": ("from_definition_id",),
+    "find_definition_upgrade": ("upgrade_key", "step_mapping"),
+    "find_conflicting_step_execution": ("id",),
+    # read by hand: repository/steps.py, repository/operator_requests.py
+    "insert_step_execution": ("id",),
+    "insert_step_execution_from_source": ("id",),
+    "insert_operator_request": ("id",),
+    # read by hand: migrator.py (name is shown by `pybatch migrate --dry-run` history)
+    "list_schema_migrations": ("version", "name", "checksum"),
+    # read whole: unit_of_work.py transaction_settings, the demo's digest
+    "get_transaction_settings": (
+        "transaction_isolation",
+        "statement_timeout",
+        "lock_timeout",
+        "idle_in_transaction_session_timeout",
+        "time_zone",
+    ),
+    "demo_orders_digest": ("row_count", "sha256"),
+}
+
+ROW_STATEMENTS = [
+    s for s in [*load_statements(), *load_demo_statements()] if s.mode in ("one", "many")
+]
+
+
+def _described_columns(conn: psycopg.Connection[Any], statement: Statement) -> list[str]:
+    """The result columns PostgreSQL reports for the statement, prepared but not run."""
+    names: list[str] = []
+
+    def placeholder(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    text = re.sub(r"%\((\w+)\)s", placeholder, statement.query.decode())
+    prepared = f"pybatch_describe_{statement.name}".encode()
+    conn.pgconn.prepare(prepared, text.encode())
+    description = conn.pgconn.describe_prepared(prepared)
+    return [(description.fname(index) or b"").decode() for index in range(description.nfields)]
+
+
+def test_every_row_statement_has_a_declared_reader() -> None:
+    assert sorted(s.name for s in ROW_STATEMENTS if s.name not in READERS) == []
+    assert sorted(set(READERS) - {s.name for s in ROW_STATEMENTS}) == []
+
+
+@pytest.mark.parametrize("statement", ROW_STATEMENTS, ids=lambda s: s.name)
+def test_select_list_equals_the_readers_columns(
+    admin: psycopg.Connection[Any], statement: Statement
+) -> None:
+    if statement.filename == "demo.sql":  # its table, made by the demo's own statements
+        demo = load_demo_statements()
+        demo.create_demo_schema.affected(admin)
+        demo.create_demo_orders.affected(admin)
+    assert _described_columns(admin, statement) == list(READERS[statement.name])

@@ -1,0 +1,556 @@
+"""The error hierarchy, pinned to behaviour.md section 7 (the error catalogue).
+
+`SECTION_7_1` and `SECTION_7_2` copy the contract's rows in its order, as `Name{fields}` (7.1)
+or `Family.Variant{fields}` (7.2; the contract's variant names are scoped by their family), each
+mapped to the pybatch families it must belong to. Read them next to section 7 line by line.
+Where pybatch differs on purpose, the difference is written down as data with its reason:
+`RENAMED` (another class name), `FIELD_RENAMES` (another field name), `NOT_DEFINED` (no class),
+`SECTION_7_2_FAMILIES` (a family pybatch folds or lacks). `PYBATCH_ONLY` lists the errors
+pybatch adds beyond the contract, with their families, so every class in pybatch.errors is
+accounted for and a new one cannot slip in without a family.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+from collections.abc import Callable
+
+import attrs
+import pytest
+
+from pybatch import errors
+from pybatch.codecs.fault_state import decode_fault_state_columns
+from pybatch.config import CaCertificate, ConnectionConfig
+from pybatch.values.definitions import DefinitionIdentity
+from pybatch.values.fault import FAULT_STATE_SCHEMA
+from pybatch.values.names import DefinitionRevision, JobName, ParameterName, StateSchemaId
+from pybatch.values.parameters import ParameterValue
+from pybatch.values.recovery import RecoveryDisposition, RecoveryRequest
+from pybatch.values.state import Checkpoint
+
+Families = tuple[type[errors.PyBatchError], ...]
+
+REPOSITORY: Families = (errors.RepositoryError,)
+DOMAIN: Families = (errors.DomainError,)
+# The 7.1 row `Lifecycle(LifecycleError)`: every lifecycle leaf is also a RepositoryError.
+LIFECYCLE: Families = (errors.LifecycleError, errors.RepositoryError)
+DEFINITION: Families = (errors.DefinitionError,)
+PLAN: Families = (errors.PlanError,)
+STATE: Families = (errors.StateError,)
+FAULT_FORMAT: Families = (errors.FaultStateFormatError,)
+FAULT_STATE: Families = (errors.FaultStateError,)
+RECOVERY_REQUEST: Families = (errors.RecoveryRequestError,)
+REQUEST_FIELD: Families = (errors.RequestFieldError,)
+CHUNK: Families = (errors.ChunkTransactionError,)
+BUSINESS: Families = (errors.BusinessTransactionError,)
+CONFIG: Families = (errors.ConfigError,)
+MIGRATION: Families = (errors.MigrationError,)
+
+#: behaviour.md 7.1, row by row: every variant is a RepositoryError.
+SECTION_7_1: dict[str, Families] = {
+    "SchemaUninitialized": REPOSITORY,
+    "MigrationRequired{current, supported}": REPOSITORY,
+    "NewerSchema{current, supported}": REPOSITORY,
+    "IdentifierOutOfRange{kind, value}": REPOSITORY,
+    "JobInstanceNotFound{id}": REPOSITORY,
+    "JobExecutionNotFound{id}": REPOSITORY,
+    "StepExecutionNotFound{id}": REPOSITORY,
+    "StepPartitionNotFound{id}": REPOSITORY,
+    "EmptyPartitionPlan": REPOSITORY,
+    "PartitionPlanTooLarge{max}": REPOSITORY,
+    "DuplicatePartitionKey": REPOSITORY,
+    "PartitionPlanExists{step_execution_id}": REPOSITORY,
+    "PartitionPlanNotCommitted{step_execution_id}": REPOSITORY,
+    "PartitionUpdateNotAllowed{id, status}": REPOSITORY,
+    "PartitionWorkerMismatch{partition_id, worker}": REPOSITORY,
+    "PartitionWorkerAlreadyAssigned{worker}": REPOSITORY,
+    "PartitionWorkerStale{partition_id, worker}": REPOSITORY,
+    "PartitionParentNotActive{step_execution_id, status}": REPOSITORY,
+    "PartitionAggregationIncomplete{step_execution_id, status}": REPOSITORY,
+    "PartitionStateCorrupt": REPOSITORY,
+    "CompletedInstance{id}": REPOSITORY,
+    "AbandonedInstance{id}": REPOSITORY,
+    "ExecutionAlreadyActive{instance_id, execution_id, status}": REPOSITORY,
+    "DefinitionDrift{job_name, revision}": REPOSITORY,
+    "DefinitionJobMismatch{expected, actual}": REPOSITORY,
+    "IncompatibleDefinition{instance_id}": REPOSITORY,
+    "UnsupportedManifestVersion{format}": REPOSITORY,
+    "InvalidDefinitionUpgrade{execution_id}": REPOSITORY,
+    "DefinitionUpgradeConflict{job_name}": REPOSITORY,
+    "RestartStateNotFound{execution_id, step_name}": REPOSITORY,
+    "FaultStateCorrupt": REPOSITORY,
+    "StartLimitExceeded{instance_id, node_id, limit}": REPOSITORY,
+    "FlowStateCorrupt": REPOSITORY,
+    "RecoveryNotAllowed{id, status}": REPOSITORY,
+    "ExecutionOwned{id}": REPOSITORY,
+    "ExecutionOwnershipNotAllowed{id, status}": REPOSITORY,
+    "Domain(DomainError)": REPOSITORY,
+    # `Lifecycle(LifecycleError)`: see LIFECYCLE and the LifecycleError rows of 7.2.
+    "RetentionPlanStale": REPOSITORY,
+    "UnsupportedCapability{capability}": REPOSITORY,
+    "ConcurrentModification": REPOSITORY,
+    "CommitOutcomeUnknown": REPOSITORY,
+    "Unavailable": REPOSITORY,
+    "DuplicateStep{job_execution_id, step_name, node_id}": REPOSITORY,
+    "IntegrityViolation{constraint}": REPOSITORY,
+    "RetryableConflict{sqlstate}": REPOSITORY,
+    "TransactionAborted": REPOSITORY,
+    # "Seed variants pybatch does not raise" (after the 7.1 table):
+    "DuplicateIdentifier{kind, value}": REPOSITORY,
+    "Identifier(IdGenerationError)": REPOSITORY,
+}
+
+#: behaviour.md 7.2, family by family, with the variants the referenced sections name
+#: (3.2 for LifecycleError, 2.1 and 2.15 for StateError, 2.1 for the token errors).
+SECTION_7_2: dict[str, Families] = {
+    "DomainError.EmptyName": DOMAIN,
+    "DomainError.NameTooLong": DOMAIN,
+    "DomainError.NameHasSurroundingWhitespace": DOMAIN,
+    "DomainError.NameContainsControl{character_index}": DOMAIN,
+    "DomainError.ZeroIdentifier{kind}": DOMAIN,
+    "DomainError.ParameterStringTooLong": DOMAIN,
+    "DomainError.DuplicateParameter": DOMAIN,
+    "DomainError.InvalidTimestampOrder": DOMAIN,
+    "DomainError.ActiveExecutionHasEndTime": DOMAIN,
+    "DomainError.FinishedExecutionMissingEndTime": DOMAIN,
+    "DomainError.FailedExecutionMissingFailure": DOMAIN,
+    "DomainError.NaiveTimestamp": DOMAIN,
+    "LifecycleError.StaleVersion{expected, actual}": LIFECYCLE,
+    "LifecycleError.IllegalTransition{from, to}": LIFECYCLE,
+    "LifecycleError.RestartRequiresNewAttempt{from}": LIFECYCLE,
+    "LifecycleError.NotRestartable{status}": LIFECYCLE,
+    "LifecycleError.AttemptIdentifierReused": LIFECYCLE,
+    "LifecycleError.FailedTransitionMissingFailure": LIFECYCLE,
+    "LifecycleError.InvalidTransitionTime{source}": LIFECYCLE,
+    "LifecycleError.VersionExhausted{version}": LIFECYCLE,
+    "LifecycleError.CountExhausted": LIFECYCLE,
+    "DefinitionError.EmptyToken{kind}": DEFINITION,
+    "DefinitionError.TokenTooLong{kind}": DEFINITION,
+    "DefinitionError.SurroundingWhitespace{kind}": DEFINITION,
+    "DefinitionError.ControlCharacter{kind}": DEFINITION,
+    "DefinitionError.ManifestTooLarge": DEFINITION,
+    "DefinitionError.UpgradeSelfEdge": DEFINITION,
+    "DefinitionError.DuplicateSourceStep": DEFINITION,
+    "DefinitionError.DuplicateTargetStep": DEFINITION,
+    "DefinitionError.EmptyStepMapping": DEFINITION,
+    # Deviation: format 0 and formats above 3 are reported by registration as the contract's
+    # own repository mapping (2.12), UnsupportedManifestVersion; there is no value-level error.
+    "ManifestError.MissingFormat": REPOSITORY,
+    "ManifestError.UnsupportedFormat": REPOSITORY,
+    # Deviation: ManifestError is folded into DefinitionError (see SECTION_7_2_FAMILIES).
+    "ManifestError.ParseCanonicalFloatDigest": DEFINITION,
+    "PlanError.ZeroStartLimit": PLAN,
+    "StateError.TooLarge": STATE,
+    "StateError.TooDeep": STATE,
+    "StateError.Malformed": STATE,
+    "StateError.FormatMismatch": STATE,
+    "StateError.UnsupportedFormatVersion": STATE,
+    "StateError.PayloadNotObject": STATE,
+    "StateError.SchemaMismatch": STATE,
+    "StateError.UnsupportedSchemaVersion": STATE,
+    "StateError.InvalidByteLimit": STATE,
+    "StateError.InvalidDepthLimit": STATE,
+    "StateError.EmptySchemaId": STATE,
+    "StateError.SchemaIdTooLong": STATE,
+    "StateError.SchemaIdHasSurroundingWhitespace": STATE,
+    "StateError.SchemaIdContainsControl": STATE,
+    "FaultStateFormatError.EnvelopeRules": FAULT_FORMAT,
+    "FaultStateFormatError.TooManyEntries": FAULT_FORMAT,
+    "FaultStateFormatError.OrdinalAboveLimit": FAULT_FORMAT,
+    "FaultStateFormatError.CheckpointMismatch": FAULT_FORMAT,
+    "FaultStateError.Unbound": FAULT_STATE,
+    "FaultStateError.Corrupt": FAULT_STATE,
+    "FaultStateError.StaleReservation": FAULT_STATE,
+    "FaultStateError.CapacityExhausted{max}": FAULT_STATE,
+    "FaultStateError.Unavailable": FAULT_STATE,
+    "FaultStateError.CommitOutcomeUnknown": FAULT_STATE,
+    "RecoveryRequestError.Empty{field}": RECOVERY_REQUEST,
+    "RecoveryRequestError.TooLong{field, max_bytes}": RECOVERY_REQUEST,
+    "RecoveryRequestError.SurroundingWhitespace{field}": RECOVERY_REQUEST,
+    "RecoveryRequestError.ControlCharacter{field}": RECOVERY_REQUEST,
+    "RequestFieldError.Empty": REQUEST_FIELD,
+    "RequestFieldError.TooLong": REQUEST_FIELD,
+    "RequestFieldError.InvalidCharacter{field}": REQUEST_FIELD,
+    "ChunkTransactionError.NotCommitted": CHUNK,
+    "ChunkTransactionError.CommitOutcomeUnknown": CHUNK,
+    "BusinessTransactionError.Rejected": BUSINESS,
+    "BusinessTransactionError.Cancelled": BUSINESS,
+    "BusinessTransactionError.Infrastructure": BUSINESS,
+    "ConfigError.EmptyConnectionString": CONFIG,
+    "ConfigError.InvalidConnectionString": CONFIG,
+    "ConfigError.TlsOptionInConnectionString": CONFIG,
+    "ConfigError.PoolSize": CONFIG,
+    "ConfigError.EmptyCaCertificate": CONFIG,
+    "ConfigError.CaCertificateTooLarge{max_bytes}": CONFIG,
+    "ConfigError.Timeout{class}": CONFIG,
+    "ConfigError.LockExceedsStatement": CONFIG,
+    "ConfigError.AcquireExceedsClose": CONFIG,
+    "ConfigError.UnitOfWorkAttempts": CONFIG,
+}
+
+#: The 7.2 families: contract family -> the pybatch family base, or None when pybatch has none.
+SECTION_7_2_FAMILIES: dict[str, type[errors.PyBatchError] | None] = {
+    "DomainError": errors.DomainError,
+    "LifecycleError": errors.LifecycleError,
+    "DefinitionError": errors.DefinitionError,
+    # Deviation: one family for definition values; the manifest errors are DefinitionErrors.
+    "ManifestError": errors.DefinitionError,
+    "PlanError": errors.PlanError,
+    # Not built: partition values, aggregation and mutation (EmptyKey, KeyTooLong,
+    # ContextTooLarge, NonTerminalResult, CountTooLarge; EmptyPlan, PlanTooLarge, DuplicateKey,
+    # Incomplete, CountExhausted; StaleVersion, InvalidState, VersionExhausted).
+    "PartitionValueError": None,
+    "PartitionAggregationError": None,
+    "PartitionMutationError": None,
+    "StateError": errors.StateError,
+    "FaultStateFormatError": errors.FaultStateFormatError,
+    "FaultStateError": errors.FaultStateError,
+    "RecoveryRequestError": errors.RecoveryRequestError,
+    "RequestFieldError": errors.RequestFieldError,
+    # Not needed: pybatch allocates every id from an identity column and has no IdGenerator.
+    "IdGenerationError": None,
+    # Not built: the operator service, retention and the explorer.
+    "OperatorError": None,
+    "RetentionError": None,
+    "ExplorerError": None,
+    "CursorError": None,
+    "ChunkTransactionError": errors.ChunkTransactionError,
+    "BusinessTransactionError": errors.BusinessTransactionError,
+    "ConfigError": errors.ConfigError,
+}
+
+#: Contract rows pybatch spells differently: row (without fields) -> pybatch class name.
+#: The contract's variants are scoped by their family (Rust enums); pybatch's errors share one
+#: namespace, so a bare `TooLarge`, `Empty` or `Unavailable` would be ambiguous or clash with
+#: another family's leaf. The renamed leaves carry their family in their name.
+RENAMED: dict[str, str] = {
+    "DefinitionError.SurroundingWhitespace": "TokenHasSurroundingWhitespace",
+    "DefinitionError.ControlCharacter": "TokenContainsControl",
+    "ManifestError.MissingFormat": "UnsupportedManifestVersion",  # with format=0
+    "ManifestError.UnsupportedFormat": "UnsupportedManifestVersion",
+    # One class for "manifest parse/canonical/float/digest errors"; `reason` names the rule.
+    # There is no digest error: pybatch computes the digest, it never takes one in.
+    "ManifestError.ParseCanonicalFloatDigest": "ManifestInvalid",
+    "StateError.TooLarge": "StateTooLarge",
+    "StateError.TooDeep": "StateTooDeep",
+    "StateError.Malformed": "StateMalformed",
+    "StateError.FormatMismatch": "StateFormatMismatch",
+    "StateError.UnsupportedFormatVersion": "UnsupportedStateFormatVersion",
+    "StateError.PayloadNotObject": "StatePayloadNotObject",
+    "StateError.SchemaMismatch": "StateSchemaMismatch",
+    "StateError.UnsupportedSchemaVersion": "UnsupportedStateSchemaVersion",
+    "StateError.InvalidByteLimit": "InvalidStateByteLimit",
+    "StateError.InvalidDepthLimit": "InvalidStateDepthLimit",
+    # One class for every fault-state envelope rule; `reason` is a FaultStateRefusal value
+    # (the contract's distinct variants are distinct reasons).
+    "FaultStateFormatError.EnvelopeRules": "FaultStateEnvelopeInvalid",
+    "FaultStateFormatError.TooManyEntries": "FaultStateEnvelopeInvalid",
+    "FaultStateFormatError.OrdinalAboveLimit": "FaultStateEnvelopeInvalid",
+    "FaultStateFormatError.CheckpointMismatch": "FaultStateEnvelopeInvalid",
+    "FaultStateError.Unbound": "FaultStateUnbound",
+    # One class for FaultStateError.Corrupt and RepositoryError.FaultStateCorrupt.
+    "FaultStateError.Corrupt": "FaultStateCorrupt",
+    "FaultStateError.Unavailable": "FaultStateUnavailable",
+    "FaultStateError.CommitOutcomeUnknown": "FaultStateCommitOutcomeUnknown",
+    # The four recovery text rules carry the family in their name; each is also a
+    # RecoveryFieldInvalid{field, rule}, their common base.
+    "RecoveryRequestError.Empty": "RecoveryRequestEmpty",
+    "RecoveryRequestError.TooLong": "RecoveryRequestTooLong",
+    "RecoveryRequestError.SurroundingWhitespace": "RecoveryRequestSurroundingWhitespace",
+    "RecoveryRequestError.ControlCharacter": "RecoveryRequestControlCharacter",
+    # The DomainError is the `error` field and the __cause__.
+    "Domain(DomainError)": "RepositoryDomainError",
+    "RequestFieldError.Empty": "RequestFieldEmpty",
+    "RequestFieldError.TooLong": "RequestFieldTooLong",
+    "RequestFieldError.InvalidCharacter": "RequestFieldInvalidCharacter",
+    "ChunkTransactionError.CommitOutcomeUnknown": "ChunkCommitOutcomeUnknown",
+    "ConfigError.Timeout": "TimeoutOutOfBounds",
+}
+
+#: Contract fields pybatch names differently: row -> {contract field: pybatch field or None}.
+FIELD_RENAMES: dict[str, dict[str, str | None]] = {
+    # `from`, `to` and `class` are Python keywords.
+    "LifecycleError.IllegalTransition": {"from": "from_status", "to": "to_status"},
+    "LifecycleError.RestartRequiresNewAttempt": {"from": "from_status"},
+    "ConfigError.Timeout": {"class": "timeout_class"},
+    # The source InvalidTimestampOrder is the exception's __cause__, not a field.
+    "LifecycleError.InvalidTransitionTime": {"source": None},
+}
+
+#: Contract rows without a pybatch class: row -> why.
+NOT_DEFINED: dict[str, str] = {
+    "EmptyPartitionPlan": "gap: partition plans are not built yet",
+    "PartitionPlanTooLarge": "gap: partition plans are not built yet",
+    "DuplicatePartitionKey": "gap: partition plans are not built yet",
+    "PartitionPlanExists": "gap: partition plans are not built yet",
+    "PartitionPlanNotCommitted": "gap: partition plans are not built yet",
+    "PartitionUpdateNotAllowed": "gap: partition plans are not built yet",
+    "PartitionWorkerMismatch": "gap: partition plans are not built yet",
+    "PartitionWorkerAlreadyAssigned": "gap: partition plans are not built yet",
+    "PartitionWorkerStale": "gap: partition plans are not built yet",
+    "PartitionParentNotActive": "gap: partition plans are not built yet",
+    "PartitionAggregationIncomplete": "gap: partition plans are not built yet",
+    "ExecutionOwned": "gap: execution ownership is not built yet",
+    "ExecutionOwnershipNotAllowed": "gap: execution ownership is not built yet",
+    "RetentionPlanStale": "gap: retention purge is not built yet",
+    "DuplicateIdentifier": "by contract: identity columns cannot reuse an id",
+    "Identifier(IdGenerationError)": "by contract: pybatch's repository has no IdGenerator",
+    "LifecycleError.NotRestartable": "by contract: the domain restart function is unused",
+    "LifecycleError.AttemptIdentifierReused": "by contract: the domain restart function is unused",
+}
+
+#: pybatch's errors beyond section 7: class name -> families.
+PYBATCH_ONLY: dict[str, Families] = {
+    "UnitOfWorkClosed": REPOSITORY,  # a closed unit of work is used again (4.0)
+    "NegativeIdentifier": DOMAIN,  # Python ints are signed; the contract's ids are u64
+    "ParameterValueOutOfRange": DOMAIN,  # Python ints are unbounded; i64/u64 ranges (2.3)
+    "CounterOutOfRange": DOMAIN,  # counters are 0..2^63-1 (2.6)
+    "VersionOutOfRange": DOMAIN,  # versions are 0..2^63-1 (2.10)
+    "JsonNotEncodable": DOMAIN,  # canonical JSON (schema.md 3.5)
+    "TextNotUtf8": DOMAIN,  # Python str can hold unpaired surrogates
+    "ZeroSchemaVersion": STATE,  # schema_version is u32 >= 1 (2.15)
+    "StateEnvelopeInvalid": STATE,
+    "EnvironmentValueInvalid": CONFIG,  # ConnectionConfig.from_env
+    "MigrationChecksumMismatch": MIGRATION,  # the migrator (4.19)
+    "MigrationHistoryInvalid": MIGRATION,
+    "MigrationLockTimeout": MIGRATION,
+    # Connection refusals that waiting cannot fix; still Unavailable to contract code.
+    "AuthenticationFailed": REPOSITORY,
+    "DatabaseNotFound": REPOSITORY,
+    "TlsVerificationFailed": REPOSITORY,
+    "PermissionDenied": REPOSITORY,  # SQLSTATE 42501, deliberately not Unavailable
+    "LockTimeout": BUSINESS,  # 55P03 in a business statement; the connection is kept
+    "TextContainsNul": DOMAIN,  # PostgreSQL text and jsonb cannot store U+0000
+    "RecoveryFieldInvalid": RECOVERY_REQUEST,  # the base of the four recovery text rules
+    "RecoveryEvidenceDigestInvalid": RECOVERY_REQUEST,  # the digest is bytes[32] in the seed
+    "InvalidTlsMode": CONFIG,  # typed refusals instead of a TypeError echoing the value
+    "CaCertificateNotBytes": CONFIG,
+    "CaCertificateWithoutVerification": CONFIG,
+}
+
+#: Contract leaves pybatch also puts in a family of its own: class name -> extra families.
+SECOND_FAMILY: dict[str, Families] = {
+    "NewerSchema": MIGRATION,  # the migrator refuses a newer schema with the same error
+}
+
+#: Every family base: a direct child of PyBatchError.
+FAMILY_BASES: Families = (
+    errors.RepositoryError,
+    *(family for family in SECTION_7_2_FAMILIES.values() if family is not None),
+    errors.MigrationError,
+)
+
+_ROW = re.compile(r"^(?P<row>[^{]+?)(?:\{(?P<fields>[^}]*)\})?$")
+
+
+def _row(key: str) -> tuple[str, tuple[str, ...]]:
+    """Split `Name{a, b}` into the row name and the fields the contract names."""
+    match = _ROW.match(key)
+    assert match is not None, key
+    fields = match["fields"]
+    return match["row"], tuple(f.strip() for f in fields.split(",")) if fields else ()
+
+
+def _class_name(row: str) -> str:
+    return RENAMED.get(row, row.rpartition(".")[2])
+
+
+CONTRACT_ROWS = {**SECTION_7_1, **SECTION_7_2}
+DEFINED_ROWS = [key for key in CONTRACT_ROWS if _row(key)[0] not in NOT_DEFINED]
+ERROR_CLASSES = [getattr(errors, name) for name in errors.__all__]
+
+
+def _families_of(cls: type) -> set[type[errors.PyBatchError]]:
+    return {family for family in FAMILY_BASES if issubclass(cls, family)}
+
+
+def test_the_side_tables_only_name_contract_rows() -> None:
+    rows = {_row(key)[0] for key in CONTRACT_ROWS}
+    assert set(RENAMED) <= rows
+    assert set(FIELD_RENAMES) <= rows
+    assert set(NOT_DEFINED) <= rows
+    assert not set(RENAMED) & set(NOT_DEFINED)
+
+
+@pytest.mark.parametrize("key", DEFINED_ROWS)
+def test_each_contract_error_pybatch_defines_is_in_its_family(key: str) -> None:
+    row, contract_fields = _row(key)
+    cls = getattr(errors, _class_name(row), None)
+    assert isinstance(cls, type), f"{row} is missing; add it or list it in NOT_DEFINED"
+    for family in CONTRACT_ROWS[key]:
+        assert issubclass(cls, family), f"{cls.__name__} is not a {family.__name__}"
+    renames = FIELD_RENAMES.get(row, {})
+    expected = {renames.get(field, field) for field in contract_fields} - {None}
+    assert expected <= {field.name for field in attrs.fields(cls)}
+
+
+@pytest.mark.parametrize("row", [row for row in NOT_DEFINED if row.isidentifier()])
+def test_errors_pybatch_does_not_define_are_absent(row: str) -> None:
+    # Once one is built, move its row out of NOT_DEFINED so the family check covers it.
+    assert not hasattr(errors, row)
+
+
+@pytest.mark.parametrize(("contract", "family"), SECTION_7_2_FAMILIES.items())
+def test_each_section_7_2_family_is_a_direct_child_of_the_root(
+    contract: str, family: type[errors.PyBatchError] | None
+) -> None:
+    if family is None:
+        assert not hasattr(errors, contract)
+    else:
+        assert family.__bases__ == (errors.PyBatchError,)
+
+
+def test_repository_and_migration_errors_are_families_of_their_own() -> None:
+    assert errors.RepositoryError.__bases__ == (errors.PyBatchError,)
+    assert errors.MigrationError.__bases__ == (errors.PyBatchError,)
+
+
+def test_every_lifecycle_leaf_is_also_a_repository_error() -> None:
+    # behaviour.md 7.1 `Lifecycle(LifecycleError)`: `except RepositoryError` catches them.
+    leaves = [cls for cls in ERROR_CLASSES if issubclass(cls, errors.LifecycleError)]
+    assert len(leaves) > 1
+    for cls in leaves:
+        if cls is not errors.LifecycleError:
+            assert issubclass(cls, errors.RepositoryError), cls.__name__
+
+
+@pytest.mark.parametrize("cls", ERROR_CLASSES, ids=lambda cls: cls.__name__)
+def test_every_error_has_exactly_the_families_the_tables_give(cls: type) -> None:
+    assert issubclass(cls, errors.PyBatchError)
+    assert cls.__module__ == errors.__name__
+    if cls is errors.PyBatchError or cls in FAMILY_BASES:
+        return
+    expected: set[type[errors.PyBatchError]] = set()
+    for key in DEFINED_ROWS:
+        if _class_name(_row(key)[0]) == cls.__name__:
+            expected.update(CONTRACT_ROWS[key])
+    expected.update(PYBATCH_ONLY.get(cls.__name__, ()))
+    expected.update(SECOND_FAMILY.get(cls.__name__, ()))
+    assert expected, f"{cls.__name__} is in no table; map it to a contract row or PYBATCH_ONLY"
+    assert _families_of(cls) == expected
+
+
+def test_pybatch_only_errors_are_not_contract_rows() -> None:
+    named_by_contract = {_class_name(_row(key)[0]) for key in DEFINED_ROWS}
+    assert set(PYBATCH_ONLY) <= set(errors.__all__) - named_by_contract
+    assert set(SECOND_FAMILY) <= named_by_contract
+
+
+def test_all_lists_exactly_the_exception_classes_defined_in_the_module() -> None:
+    defined = {
+        name
+        for name, value in vars(errors).items()
+        if isinstance(value, type)
+        and issubclass(value, BaseException)
+        and value.__module__ == errors.__name__
+    }
+    assert set(errors.__all__) == defined
+    assert list(errors.__all__) == sorted(set(errors.__all__))
+
+
+# ------------------------------------------------------------------------- redaction (6.1)
+
+SECRET = "s3cret-Kx9"
+
+
+def _refusal(build: Callable[[], object]) -> errors.PyBatchError:
+    with pytest.raises(errors.PyBatchError) as refused:
+        build()
+    return refused.value
+
+
+def _text_of(error: errors.PyBatchError) -> str:
+    """Everything a log line or traceback could show of the error."""
+    return " ".join(
+        [str(error), repr(error), repr(error.args), repr(pickle.loads(pickle.dumps(error)))]
+    )
+
+
+REDACTED_INPUTS: dict[str, Callable[[], object]] = {
+    "parameter value": lambda: ParameterValue.string(SECRET * 7000),
+    "parameter name": lambda: ParameterName(SECRET + "\x07"),
+    "name control character": lambda: JobName(SECRET + "\x1b"),
+    "connection string, unknown key": lambda: ConnectionConfig(
+        dsn=f"host=db password={SECRET} bogus=1"
+    ),
+    "connection string, TLS option": lambda: ConnectionConfig(
+        dsn=f"host=db password={SECRET} sslmode=disable"
+    ),
+    "CA certificate contents": lambda: CaCertificate(SECRET.encode() * 110_000),
+    "manifest bytes": lambda: DefinitionIdentity(
+        None, DefinitionRevision("r1"), 1, b'{ "format": 1, "x": "' + SECRET.encode() + b'" }'
+    ),
+    "manifest float": lambda: DefinitionIdentity.from_manifest(
+        None, DefinitionRevision("r1"), {"format": 1, SECRET: 0.5}
+    ),
+    "checkpoint payload, malformed": lambda: Checkpoint.decode(
+        b'{"payload": {"k": "' + SECRET.encode() + b'"'
+    ),
+    "checkpoint payload, too large": lambda: Checkpoint(
+        StateSchemaId("app.v1"), 1, {"k": SECRET * 10_000}
+    ),
+    "fault state payload": lambda: decode_fault_state_columns(
+        1, FAULT_STATE_SCHEMA, 1, {"checkpoint": SECRET, "entries": []}, b"\x00" * 32
+    ),
+    "recovery reason code": lambda: RecoveryRequest(
+        expected_version=1,
+        disposition=RecoveryDisposition.ABANDON,
+        reason_code=SECRET + "\x07",
+        operator_reference="ticket-1",
+        evidence_digest=b"\x01" * 32,
+    ),
+}
+
+
+@pytest.mark.parametrize("build", REDACTED_INPUTS.values(), ids=list(REDACTED_INPUTS))
+def test_refusals_never_show_a_redacted_input(build: Callable[[], object]) -> None:
+    error = _refusal(build)
+    text = _text_of(error)
+    assert SECRET not in text
+    assert "\x07" not in text and "\x1b" not in text
+
+
+def test_name_control_error_reports_the_index_not_the_character() -> None:
+    error = _refusal(lambda: JobName("ab\x1bc"))
+    assert isinstance(error, errors.NameContainsControl)
+    assert error.character_index == 2
+    assert "2" in str(error)
+
+
+# Fields that would hold a value behaviour.md 6.1 redacts; no error may carry one.
+REDACTED_FIELD_NAMES = {
+    "canonical_manifest",
+    "connection_string",
+    "contents",
+    "detail",
+    "digest",
+    "dsn",
+    "evidence_digest",
+    "manifest",
+    "owner_token",
+    "parameter",
+    "partition_key",
+    "password",
+    "payload",
+    "pem",
+    "retry_key",
+    "sql",
+    "value",
+}
+# IdentifierOutOfRange{kind, value} prints the identifier, as the contract's message does.
+PRINTABLE_VALUE_FIELDS = {"IdentifierOutOfRange"}
+
+
+@pytest.mark.parametrize("cls", ERROR_CLASSES, ids=lambda cls: cls.__name__)
+def test_no_error_has_a_field_for_a_redacted_value(cls: type) -> None:
+    fields = {field.name for field in attrs.fields(cls)}
+    if cls.__name__ in PRINTABLE_VALUE_FIELDS:
+        fields.discard("value")
+    assert not fields & REDACTED_FIELD_NAMES
+
+
+def test_unavailable_shows_the_sqlstate_and_nothing_of_the_driver() -> None:
+    assert str(errors.Unavailable(sqlstate="08006")) == "repository is unavailable (SQLSTATE 08006)"
+    assert str(errors.Unavailable()) == "repository is unavailable"
+    assert "ck_step_counts" in str(errors.IntegrityViolation(constraint="ck_step_counts"))
