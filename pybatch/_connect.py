@@ -69,7 +69,6 @@ def redact_pool_records() -> None:
 redact_pool_records()
 
 
-
 class CaFile:
     """The configured CA bundle written to a private file for libpq, removed on close."""
 

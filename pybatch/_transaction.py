@@ -33,8 +33,8 @@ from pybatch._connect import (
     connection_kwargs,
     probe_connection,
 )
-from pybatch.codecs._jsonb import install_strict_json_loads
 from pybatch._statements import Connection
+from pybatch.codecs._jsonb import install_strict_json_loads
 from pybatch.config import ConnectionConfig
 from pybatch.errors import PyBatchError, Unavailable
 
@@ -166,10 +166,9 @@ class TransactionSource:
         Raises:
             Unavailable: no connection within the acquire timeout, or the server is down.
         """
+        conn: Connection | None
         try:
-            conn: Connection = self._pool.getconn(
-                timeout=self._config.acquire_timeout.total_seconds()
-            )
+            conn = self._pool.getconn(timeout=self._config.acquire_timeout.total_seconds())
         except psycopg_pool.PoolTimeout:
             conn = None
         except psycopg.Error as error:

@@ -30,6 +30,7 @@ from pybatch.errors import (
     MigrationLockTimeout,
     NewerSchema,
     PyBatchError,
+    Unavailable,
 )
 
 _T = TypeVar("_T")

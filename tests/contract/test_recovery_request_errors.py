@@ -31,16 +31,19 @@ FAILURE = FailureSummary(FailureCategory.ILLEGAL_TRANSITION, FailureId(1))
 def test_each_text_rule_has_its_variant(
     reason: str, operator: str, expected: type[errors.RecoveryFieldInvalid], field: str
 ) -> None:
-    for build in (
-        lambda: RecoveryRequest.mark_failed(0, reason, operator, DIGEST, FAILURE),
-        lambda: RecoveryRequest.abandon(0, reason, operator, DIGEST),
-    ):
+    def mark_failed() -> RecoveryRequest:
+        return RecoveryRequest.mark_failed(0, reason, operator, DIGEST, FAILURE)
+
+    def abandon() -> RecoveryRequest:
+        return RecoveryRequest.abandon(0, reason, operator, DIGEST)
+
+    for build in (mark_failed, abandon):
         with pytest.raises(expected) as caught:
             build()
         assert isinstance(caught.value, errors.RecoveryRequestError)
         assert caught.value.field == field
         assert str(pickle.loads(pickle.dumps(caught.value))) == str(caught.value)
-    if expected is errors.RecoveryRequestTooLong:
+    if isinstance(caught.value, errors.RecoveryRequestTooLong):
         assert caught.value.max_bytes == (64 if field == "reason code" else 128)
 
 

@@ -33,7 +33,7 @@ def order_count(admin: psycopg.Connection[Any]) -> int:
     return int(row[0])
 
 
-BAD_CHECKPOINTS: list[tuple[str, Any, dict[str, Any] | None, type[StateError]]] = [
+BAD_CHECKPOINTS: list[tuple[str, Any, Any, type[StateError]]] = [
     ("nul in a checkpoint string", {"file": "a\x00b"}, None, StateMalformed),
     ("nul in a checkpoint key", {"a\x00": 1}, None, StateMalformed),
     ("nul in a context string", {"offset": 1}, {"file": "\x00"}, StateMalformed),

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pwd
 import shutil
 import socket
 import subprocess
@@ -197,7 +196,7 @@ def run_cli(*args: str, dsn: str | bytes) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "pybatch", *args],
         capture_output=True,
         text=True,
-        env=env_bytes,  # type: ignore[arg-type]
+        env=env_bytes,
         timeout=120,
         check=False,
     )
@@ -304,7 +303,6 @@ def tls_server(server: dict[str, Any], tmp_path_factory: pytest.TempPathFactory)
             break
         assert time.monotonic() < deadline, "the server never turned TLS on"
         time.sleep(0.05)
-    _ = pwd  # the server runs as the data directory's owner
     return ca_crt.read_bytes()
 
 

@@ -104,7 +104,8 @@ def test_a_pooled_connection_whose_backend_ended_while_idle_is_replaced_at_check
                 # Every idle pooled connection loses its backend between two chunks.
                 liveness = run._liveness
                 assert liveness is not None
-                idle = [p for p in pybatch_backends(admin) if p != liveness.info.backend_pid]
+                kept = liveness._conn.info.backend_pid
+                idle = [p for p in pybatch_backends(admin) if p != kept]
                 assert idle, "the first chunk's connection should be idle in the pool"
                 for pid in idle:
                     terminate_backend(admin, pid)

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 #: Text PostgreSQL can store: any code point except NUL and lone surrogates.
-storable_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"))
+storable_text = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"))
 
 #: Integers at and around every edge pybatch cares about, plus arbitrary ones.
 edge_integers = st.one_of(

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pybatch.values._canonical import MAX_NUMBER_DIGITS, canonical_json
 from pybatch.errors import JsonNotEncodable
+from pybatch.values._canonical import MAX_NUMBER_DIGITS, canonical_json
 from tests.properties.strategies import anything, json_documents, json_objects, storable_text
 
 

@@ -13,8 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pybatch.codecs import _primitives as p
-from pybatch.codecs.executions import decode_checkpoint, decode_context, decode_counts
+from pybatch.codecs.steps import decode_checkpoint, decode_context, decode_counts
 from pybatch.values.counts import ExecutionCounts
+from pybatch.values.ids import INT64_MAX
 from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus
 from tests.properties.strategies import anything, json_objects
@@ -42,7 +43,7 @@ def test_primitive_decoders_return_a_valid_value_or_a_decode_error(cell: Any) ->
     status = decodes_or_refuses(p.decode_enum, BatchStatus, cell, column="status")
     assert status is None or isinstance(status, BatchStatus)
     number = decodes_or_refuses(p.decode_int64, cell, column="n", minimum=0)
-    assert number is None or (type(number) is int and 0 <= number <= p.INT64_MAX)
+    assert number is None or (type(number) is int and 0 <= number <= INT64_MAX)
     moment = decodes_or_refuses(p.decode_aware, cell, column="t")
     assert moment is None or (isinstance(moment, dt.datetime) and moment.tzinfo is not None)
     digest = decodes_or_refuses(p.decode_digest, cell, column="d")

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from pybatch import JobRepository
 from pybatch.codecs._jsonb import to_jsonb
-from pybatch.values._canonical import canonical_json
 from pybatch.errors import DomainError, StateError
 from pybatch.etl import Job, StepRun
+from pybatch.values._canonical import canonical_json
 from pybatch.values.names import JobName
 from pybatch.values.parameters import (
     JobInstanceKey,
