@@ -8,6 +8,7 @@ import os
 import select
 import shutil
 import tempfile
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -26,6 +27,7 @@ __all__ = [
     "open_connection",
     "probe_connection",
     "redact_pool_records",
+    "watch_for_termination",
 ]
 
 
@@ -143,6 +145,24 @@ def probe_connection(config: ConnectionConfig, ca_file: CaFile) -> None:
             raise
 
 
+# Connections whose server sent a FATAL while they sat idle (libpq hands an unsolicited error
+# to the notice processor); weak, so a dropped connection leaves no trace here.
+_ENDED: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
+
+
+def watch_for_termination(conn: psycopg.Connection[Any]) -> None:
+    """Remember it when the server ends `conn` (a FATAL notice), for the checkout check."""
+    ref = weakref.ref(conn)
+
+    def on_notice(diagnostic: psycopg.errors.Diagnostic) -> None:
+        if diagnostic.severity_nonlocalized in ("FATAL", "PANIC"):
+            watched = ref()
+            if watched is not None:
+                _ENDED.add(watched)
+
+    conn.add_notice_handler(on_notice)
+
+
 def check_idle_connection(conn: psycopg.Connection[Any]) -> None:
     """Pool checkout check: refuse a connection whose backend ended while it sat idle.
 
@@ -150,7 +170,9 @@ def check_idle_connection(conn: psycopg.Connection[Any]) -> None:
     something unasked, typically the FATAL of `pg_terminate_backend` or a restart, and
     end of file. The pending input is consumed: end of file or a broken connection is
     refused (closed, so the pool drops it and hands out another), anything else (TLS
-    session tickets) is harmless. No round trip is spent on a healthy connection.
+    session tickets) is harmless. The FATAL itself reaches libpq's notice processor, which
+    `watch_for_termination` records, so a connection is refused even when its end of file
+    is still on the way. No round trip is spent on a healthy connection.
     """
     failure: str | None = None
     if conn.closed or conn.broken:
@@ -162,7 +184,8 @@ def check_idle_connection(conn: psycopg.Connection[Any]) -> None:
                 if not readable:
                     break
                 conn.pgconn.consume_input()
-            if conn.pgconn.status != psycopg.pq.ConnStatus.OK:
+                conn.pgconn.is_busy()  # parses what arrived: a FATAL goes to the notice handler
+            if conn.pgconn.status != psycopg.pq.ConnStatus.OK or conn in _ENDED:
                 failure = "the server ended the connection"
         except (psycopg.Error, OSError):
             failure = "the server ended the connection"

@@ -32,6 +32,7 @@ from pybatch._connect import (
     connect_or_raise,
     connection_kwargs,
     probe_connection,
+    watch_for_termination,
 )
 from pybatch._statements import Connection
 from pybatch.codecs._jsonb import install_strict_json_loads
@@ -140,6 +141,7 @@ class TransactionSource:
             # Client-side only: BEGIN then says READ COMMITTED whatever the database default.
             conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
             install_strict_json_loads(conn)
+            watch_for_termination(conn)
 
         self._pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
             kwargs=connection_kwargs(config, self._ca_file),

@@ -1,11 +1,12 @@
 """Fault injection against a server of the test module's own.
 
 Faults: `restart_immediate` (pg_ctl restart -m immediate: every session dies, nothing in
-flight commits), `terminate` (pg_terminate_backend), switches read by triggers on the
-business table (`slow_commit` holds COMMIT in a deferred trigger so a fault can land
-while it is in flight; `disk_full` raises SQLSTATE 53100), and a read-only database
-(25006). The loader is a plain pybatch ETL step over a deterministic source; `verify`
-checks the table against the source by count and sha256, and the step's counters.
+flight commits), `terminate` (pg_terminate_backend), and switches read by triggers:
+`slow_commit` holds COMMIT in a deferred trigger so a fault can land while it is in
+flight, `disk_full` raises SQLSTATE 53100, `read_only` raises a standby's 25006 on
+pybatch's writes, `slow_progress` stalls pybatch's progress UPDATE. The loader is a plain
+pybatch ETL step over a deterministic source; the tests compare the table with the source
+by count and sha256, and the step's counters with the rows.
 """
 
 from __future__ import annotations
@@ -39,17 +40,21 @@ BEGIN
 END $$;
 CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON public.orders
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.slow_commit();
-CREATE FUNCTION public.disk_full() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION public.injected_error() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF EXISTS (SELECT 1 FROM public.fault_switch WHERE name = TG_ARGV[0]) THEN
-        RAISE EXCEPTION 'injected fault' USING ERRCODE = '53100';
+        RAISE EXCEPTION 'injected fault' USING ERRCODE = TG_ARGV[1];
     END IF;
     RETURN NEW;
 END $$;
 CREATE TRIGGER disk_full BEFORE INSERT ON public.orders
-    FOR EACH ROW EXECUTE FUNCTION public.disk_full('disk_full');
+    FOR EACH ROW EXECUTE FUNCTION public.injected_error('disk_full', '53100');
 CREATE TRIGGER disk_full_progress BEFORE UPDATE ON pybatch.step_execution
-    FOR EACH ROW EXECUTE FUNCTION public.disk_full('disk_full_progress');
+    FOR EACH ROW EXECUTE FUNCTION public.injected_error('disk_full_progress', '53100');
+CREATE TRIGGER read_only BEFORE INSERT OR UPDATE ON pybatch.job_instance
+    FOR EACH ROW EXECUTE FUNCTION public.injected_error('read_only', '25006');
+CREATE TRIGGER read_only BEFORE INSERT OR UPDATE ON pybatch.job_execution
+    FOR EACH ROW EXECUTE FUNCTION public.injected_error('read_only', '25006');
 CREATE FUNCTION public.slow_progress() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF EXISTS (SELECT 1 FROM public.fault_switch WHERE name = 'slow_progress') THEN

@@ -118,14 +118,14 @@ def test_injected_disk_full_is_typed_and_writes_nothing(fresh: FaultServer, targ
     finish(fresh, job)
 
 
-def test_a_read_only_database_refuses_the_launch_and_writes_nothing(fresh: FaultServer) -> None:
-    with fresh.admin("postgres") as conn:  # like a standby: every transaction is read-only
-        conn.execute('ALTER DATABASE "pybatch_faults" SET default_transaction_read_only = on')
+def test_a_read_only_standby_refuses_the_launch_and_writes_nothing(fresh: FaultServer) -> None:
+    # pybatch's writes get a standby's 25006 (read_only_sql_transaction), injected: pybatch
+    # begins READ WRITE explicitly, which a database default cannot override.
+    fresh.switch("read_only", on=True)
     try:
         error = run_once(fresh.config(), "read_only", ROWS, SIZE, no_fault)
     finally:
-        with fresh.admin("postgres") as conn:
-            conn.execute('ALTER DATABASE "pybatch_faults" RESET default_transaction_read_only')
+        fresh.switch("read_only", on=False)
     assert isinstance(error, Unavailable) and error.sqlstate == "25006", repr(error)
     with fresh.admin() as conn:
         row = conn.execute(
