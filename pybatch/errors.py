@@ -130,6 +130,97 @@ class PartitionStateCorrupt(RepositoryError):
 
 
 @_error
+class EmptyPartitionPlan(RepositoryError):
+    """A partition plan needs at least one entry."""
+
+    message = "partition plan must contain at least one entry"
+
+
+@_error
+class PartitionPlanTooLarge(RepositoryError):
+    """A partition plan holds more entries than the bound."""
+
+    message = "partition plan exceeds {max} entries"
+    max: int
+
+
+@_error
+class DuplicatePartitionKey(RepositoryError):
+    """Two entries of one plan share a byte-identical key."""
+
+    message = "partition plan contains a duplicate key"
+
+
+@_error
+class PartitionPlanExists(RepositoryError):
+    """The parent step already has a plan."""
+
+    message = "step execution {step_execution_id} already has a partition plan"
+    step_execution_id: int
+
+
+@_error
+class PartitionPlanNotCommitted(RepositoryError):
+    """Workers start only after the plan is durably published."""
+
+    message = "step execution {step_execution_id} partition plan must commit before assignment"
+    step_execution_id: int
+
+
+@_error
+class PartitionUpdateNotAllowed(RepositoryError):
+    """The partition's status forbids this update."""
+
+    message = "step partition {id} cannot be updated from {status}"
+    id: int
+    status: str
+
+
+@_error
+class PartitionWorkerMismatch(RepositoryError):
+    """The worker is the parent itself or belongs to another job execution."""
+
+    message = "worker {worker} does not belong to partition {partition_id}"
+    partition_id: int
+    worker: int
+
+
+@_error
+class PartitionWorkerAlreadyAssigned(RepositoryError):
+    """A worker step backs at most one partition."""
+
+    message = "worker {worker} is already assigned to a partition"
+    worker: int
+
+
+@_error
+class PartitionWorkerStale(RepositoryError):
+    """The completion names a worker that no longer backs the partition."""
+
+    message = "worker {worker} is not the current worker for partition {partition_id}"
+    partition_id: int
+    worker: int
+
+
+@_error
+class PartitionParentNotActive(RepositoryError):
+    """The parent step's status forbids mutating its partitions."""
+
+    message = "partition parent {step_execution_id} cannot mutate children from {status}"
+    step_execution_id: int
+    status: str
+
+
+@_error
+class PartitionAggregationIncomplete(RepositoryError):
+    """A child (or its worker) has not reached a runtime-terminal status."""
+
+    message = "step execution {step_execution_id} cannot aggregate a child in {status}"
+    step_execution_id: int
+    status: str
+
+
+@_error
 class CompletedInstance(RepositoryError):
     """The latest attempt of the instance is COMPLETED; it never runs again."""
 
@@ -511,6 +602,14 @@ class TextContainsNul(DomainError):
 
     message = "{kind} contains a NUL character"
     kind: str
+
+
+@_error
+class PartitionContextTooLarge(DomainError):
+    """A partition context envelope exceeds its bound (the contract's ContextTooLarge)."""
+
+    message = "partition context exceeds {max_bytes} bytes"
+    max_bytes: int
 
 
 # -------------------------------------------------------------------- LifecycleError (7.2, 3.2)
@@ -1199,6 +1298,33 @@ class MigrationLockTimeout(MigrationError):
     message = "timed out waiting for the migration lock"
 
 
+# ----------------------------------------------------------------------- JobRunError (pybatch)
+
+
+class JobRunError(PyBatchError):
+    """A job run ended the way its flow or its partitions decided (pybatch.etl)."""
+
+    message = "the job run ended unsuccessfully"
+
+
+@_error
+class FlowEndedInFailure(JobRunError):
+    """The job's flow reached its `fail` terminal state; the run ends FAILED."""
+
+    message = "the flow ended in failure after node {node_id}"
+    node_id: str
+
+
+@_error
+class PartitionsFailed(JobRunError):
+    """A partitioned step ended without every partition COMPLETED."""
+
+    message = "partitioned step {step_name} ended {status}; partitions not completed: {keys}"
+    step_name: str
+    status: str
+    keys: tuple[str, ...]
+
+
 __all__ = [
     "AbandonedInstance",
     "AcquireExceedsClose",
@@ -1225,12 +1351,14 @@ __all__ = [
     "DefinitionUpgradeConflict",
     "DomainError",
     "DuplicateParameter",
+    "DuplicatePartitionKey",
     "DuplicateSourceStep",
     "DuplicateStep",
     "DuplicateTargetStep",
     "EmptyCaCertificate",
     "EmptyConnectionString",
     "EmptyName",
+    "EmptyPartitionPlan",
     "EmptySchemaId",
     "EmptyStepMapping",
     "EmptyToken",
@@ -1246,6 +1374,7 @@ __all__ = [
     "FaultStateUnavailable",
     "FaultStateUnbound",
     "FinishedExecutionMissingEndTime",
+    "FlowEndedInFailure",
     "FlowStateCorrupt",
     "IdentifierOutOfRange",
     "IllegalTransition",
@@ -1261,6 +1390,7 @@ __all__ = [
     "InvalidTransitionTime",
     "JobExecutionNotFound",
     "JobInstanceNotFound",
+    "JobRunError",
     "JsonNotEncodable",
     "LifecycleError",
     "LockExceedsStatement",
@@ -1281,7 +1411,18 @@ __all__ = [
     "NotCommitted",
     "ParameterStringTooLong",
     "ParameterValueOutOfRange",
+    "PartitionAggregationIncomplete",
+    "PartitionContextTooLarge",
+    "PartitionParentNotActive",
+    "PartitionPlanExists",
+    "PartitionPlanNotCommitted",
+    "PartitionPlanTooLarge",
     "PartitionStateCorrupt",
+    "PartitionUpdateNotAllowed",
+    "PartitionWorkerAlreadyAssigned",
+    "PartitionWorkerMismatch",
+    "PartitionWorkerStale",
+    "PartitionsFailed",
     "PermissionDenied",
     "PlanError",
     "PoolSize",

@@ -25,6 +25,7 @@ Composition only: every statement is run by the repository, chunk and recovery m
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -34,29 +35,35 @@ from typing import Any, TypeVar
 import attrs
 import psycopg
 
+from pybatch import partitioned
 from pybatch.chunks import ChunkTransaction, ChunkTransactionManager
 from pybatch.errors import (
     ExecutionAlreadyActive,
+    FlowEndedInFailure,
+    FlowStateCorrupt,
     JobExecutionNotFound,
+    PartitionsFailed,
     PyBatchError,
     StatePayloadNotObject,
     StepExecutionNotFound,
 )
 from pybatch.job_repository import JobRepository
 from pybatch.liveness import LivenessSession
+from pybatch.services.flow import FlowPoint
 from pybatch.unit_of_work import UnitOfWork
 from pybatch.values.chunks import ChunkContext, ChunkCounts, CommittedStepState, FaultProgress
 from pybatch.values.definitions import DefinitionIdentity
-from pybatch.values.flow import StartLimit
+from pybatch.values.flow import FlowTarget, StartLimit, TerminalKind
 from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import ExitCode, JobName, NodeId, StateSchemaId, StepName
 from pybatch.values.parameters import JobInstanceKey, JobParameters
+from pybatch.values.partitions import StepPartition
 from pybatch.values.records import JobExecution, JobInstance, StepExecution
 from pybatch.values.state import Checkpoint, ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 
-__all__ = ["Chunk", "Job", "JobRun", "StepRun"]
+__all__ = ["Chunk", "Job", "JobRun", "PartitionRun", "StepRun", "join_partitioned_step"]
 
 logger = logging.getLogger("pybatch.etl")
 
@@ -200,6 +207,27 @@ class StepRun:
                 self.state = transaction.committed
 
 
+class PartitionRun(StepRun):
+    """One partition being worked on: its key and context, and the worker step's chunks.
+
+    `checkpoint` resumes where an earlier worker of the same partition last committed.
+    """
+
+    def __init__(self, run: JobRun, worker: StepExecution, partition: StepPartition) -> None:
+        super().__init__(run, worker)
+        self.partition = partition
+
+    @property
+    def key(self) -> str:
+        """The partition key."""
+        return self.partition.key.value
+
+    @property
+    def partition_context(self) -> dict[str, Any]:
+        """The context the plan gave this partition (what to read: a range, a file, ...)."""
+        return self.partition.context.payload
+
+
 @attrs.frozen
 class StepOutcome:
     """What `JobRun.step` did: ran the step, or skipped one completed earlier."""
@@ -218,11 +246,15 @@ class JobRun:
         instance: JobInstance,
         execution: JobExecution,
         liveness: LivenessSession,
+        definition: DefinitionIdentity | None = None,
+        parameters: JobParameters | None = None,
     ) -> None:
         self.repository = repository
         self.instance = instance
         self.execution = execution
         self._liveness: LivenessSession | None = liveness
+        self.definition = definition or DefinitionIdentity.legacy()
+        self.parameters = parameters or instance.parameters
 
     def __repr__(self) -> str:
         return (
@@ -300,8 +332,8 @@ class JobRun:
         def start(uow: UnitOfWork) -> tuple[bool, StepExecution]:
             """(True, the completed step) to skip, or (False, the new STARTED step)."""
             latest = uow.latest_flow_step(self.instance.id, node)
-            if latest is not None and latest.status is BatchStatus.COMPLETED:
-                return True, latest
+            if latest is not None and latest.step_execution.status is BatchStatus.COMPLETED:
+                return True, latest.step_execution
             step = uow.create_flow_step_execution(self.execution.id, step_name, node, limit)
             at = max(uow.clock.now(), step.created_at)
             return False, uow.transition_step_execution(
@@ -333,6 +365,104 @@ class JobRun:
             enrich=UnitOfWork.enrich_step_exit_status,
             not_found=lambda found_id: StepExecutionNotFound(id=found_id),
         )
+
+    def partitioned_step(
+        self,
+        name: str,
+        partitions: Mapping[str, Mapping[str, Any]] | Iterable[str],
+        work: Callable[[PartitionRun], None],
+        *,
+        workers: int = 4,
+        start_limit: int | None = None,
+    ) -> StepOutcome:
+        """Run step `name` as partitions worked on in parallel by `workers` local processes.
+
+        `partitions` maps each key to the context its worker reads (a range, a file), or
+        lists keys. The plan commits before any worker starts; `work(partition)` runs once
+        per partition like a step (chunks, checkpoint), in forked processes. Workers on other
+        hosts join with `pybatch.etl.join_partitioned_step`. The step ends COMPLETED,
+        or raises PartitionsFailed naming the partitions that did not complete (the job then
+        fails, and a restart reruns only those). A restart carries the earlier plan.
+        """
+        limit = StartLimit.unrestricted() if start_limit is None else StartLimit(start_limit)
+        entries = partitioned.plan_entries(partitions, ETL_STATE_SCHEMA)
+        skipped, parent = partitioned.start_partitioned_step(
+            self.repository, self.instance.id, self.execution.id, name, entries, limit
+        )
+        if skipped:
+            logger.info("pybatch: partitioned step %s completed in an earlier attempt", name)
+            return StepOutcome(name=name, skipped=True, step=parent)
+        try:
+            partitioned.supervise(
+                self.repository, parent, _runners(self.instance, self.execution, work), workers
+            )
+        except BaseException as error:
+            status = BatchStatus.FAILED if isinstance(error, Exception) else BatchStatus.STOPPED
+            self._end_step(parent.id, status)
+            raise
+        ended, unfinished = partitioned.aggregate_plan(self.repository, parent)
+        if ended.status is not BatchStatus.COMPLETED:
+            raise PartitionsFailed(
+                step_name=name, status=ended.status.value, keys=tuple(unfinished)
+            )
+        return StepOutcome(name=name, skipped=False, step=ended)
+
+    # ------------------------------------------------------------------ flow decisions
+
+    def _flow(self) -> FlowPoint:
+        return FlowPoint(
+            self.repository,
+            self.instance.id,
+            self.execution.id,
+            self.definition,
+            self.parameters.flow_input_digest(),
+        )
+
+    def next_after(self, outcome: StepOutcome) -> FlowTarget:
+        """Record and return where the flow goes after a step (a flow definition's manifest).
+
+        A step completed in an earlier attempt reuses that attempt's decision.
+        """
+        return self._flow().after_step(outcome.step, reused=outcome.skipped).target
+
+    def decide(self, node: str, decider: Callable[[JobRun], str]) -> FlowTarget:
+        """Run a decision node: `decider(run)` returns an exit code the manifest routes on.
+
+        A decision recorded for the node in an earlier attempt, on the same definition and
+        parameters, is reused: `decider` is not called again.
+        """
+        return self._flow().decide(NodeId(node), lambda: decider(self)).target
+
+    def run_flow(
+        self,
+        start: str,
+        steps: Mapping[str, Callable[[StepRun], None]],
+        deciders: Mapping[str, Callable[[JobRun], str]] | None = None,
+    ) -> TerminalKind:
+        """Run the flow graph of the job's definition from `start` to a terminal state.
+
+        Each node is a step in `steps` or a decider in `deciders`; after each, the manifest
+        selects the next node and the choice is recorded. A step that raises fails the job as
+        in `step`. Returns the terminal kind; `FAIL` raises FlowEndedInFailure, so the run
+        ends FAILED and a restart resumes the flow.
+        """
+        node, visited = start, set()
+        deciders = deciders or {}
+        while True:
+            if node in visited:
+                raise FlowStateCorrupt()
+            visited.add(node)
+            if node in deciders:
+                target = self.decide(node, deciders[node])
+            else:
+                target = self.next_after(self.step(node, steps[node]))
+            if target.terminal is TerminalKind.FAIL:
+                raise FlowEndedInFailure(node_id=node)
+            if target.terminal is not None:
+                return target.terminal
+            if target.node is None:  # a FlowTarget is a node or a terminal; never reached
+                raise FlowStateCorrupt()
+            node = target.node.value
 
 
 Record = TypeVar("Record", JobExecution, StepExecution)
@@ -432,4 +562,55 @@ class Job:
             started.attempt,
             started.id,
         )
-        return JobRun(self.repository, instance, started, liveness)
+        return JobRun(
+            self.repository, instance, started, liveness, self.definition, self.key.parameters
+        )
+
+
+def _runners(
+    instance: JobInstance, execution: JobExecution, work: Callable[[PartitionRun], None]
+) -> partitioned.RunnerFactory:
+    """How a worker process (local or joined) turns a claimed partition into `work(...)`."""
+
+    def runners(repository: JobRepository) -> partitioned.Runner:
+        run = JobRun(repository, instance, execution, LivenessSession(repository))
+
+        def runner(worker: StepExecution, partition: StepPartition) -> None:
+            work(PartitionRun(run, worker, partition))
+
+        return runner
+
+    return runners
+
+
+def join_partitioned_step(
+    repository: JobRepository,
+    job_name: str,
+    parameters: Mapping[str, str | int | bool] | JobParameters,
+    step_name: str,
+    work: Callable[[PartitionRun], None],
+    *,
+    wait_seconds: float = 60.0,
+    poll_seconds: float = partitioned.POLL_SECONDS,
+) -> int:
+    """Join a running partitioned step from any host: the worker entry point.
+
+    Finds the job instance by name and identifying parameters, waits up to `wait_seconds`
+    for its running attempt to publish the plan of `step_name`, then works on it like a
+    local worker. Returns how many partitions this process ran (0 when none was left).
+
+    Raises:
+        JobExecutionNotFound: no running attempt published that step in time (id 0).
+    """
+    params = (
+        parameters if isinstance(parameters, JobParameters) else JobParameters.of(dict(parameters))
+    )
+    key = JobInstanceKey(JobName(job_name), params)
+    deadline = time.monotonic() + wait_seconds
+    while (found := partitioned.find_running_parent(repository, key, StepName(step_name))) is None:
+        if time.monotonic() >= deadline:
+            raise JobExecutionNotFound(id=0)
+        time.sleep(poll_seconds)
+    instance, execution, parent = found
+    runner = _runners(instance, execution, work)(repository)
+    return partitioned.work_on_plan(repository, parent, runner, poll_seconds=poll_seconds)

@@ -11,8 +11,9 @@ Statements: transaction.sql get_transaction_settings; each operation's own (its 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from types import TracebackType
 
 import psycopg
@@ -27,6 +28,8 @@ from pybatch.errors import (
     CommitOutcomeUnknown,
     DefinitionUpgradeConflict,
     DomainError,
+    DuplicatePartitionKey,
+    PartitionPlanExists,
     PyBatchError,
     RepositoryDomainError,
     RetryableConflict,
@@ -40,15 +43,23 @@ from pybatch.repository import (
     flow,
     instances,
     operator_requests,
+    partitions,
     recovery,
     steps,
 )
 from pybatch.values.definitions import DefinitionIdentity, DefinitionUpgrade
-from pybatch.values.flow import StartLimit
+from pybatch.values.flow import (
+    FlowDecision,
+    FlowDecisionRequest,
+    FlowStepState,
+    FlowTransitionKind,
+    StartLimit,
+)
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import ExitCode, JobName, NodeId, OperationId, StepName
 from pybatch.values.operator import OperatorAction, OperatorRecord, OperatorRecordDraft
 from pybatch.values.parameters import JobInstanceKey
+from pybatch.values.partitions import PartitionPlanEntry, PlanProgress, StepPartition
 from pybatch.values.records import (
     JobExecution,
     JobInstance,
@@ -56,6 +67,7 @@ from pybatch.values.records import (
     StepExecution,
 )
 from pybatch.values.recovery import RecoveryDecision, RecoveryRequest, RecoveryResult
+from pybatch.values.status import BatchStatus
 
 __all__ = ["UnitOfWork", "UnitOfWorkBase"]
 
@@ -91,6 +103,8 @@ class UnitOfWorkBase:
         self._poisoned: PyBatchError | None = None
         self.statements = statements
         self.clock = clock
+        #: Parents whose partition plan was created or carried here: not yet published.
+        self.unpublished_plans: set[int] = set()
 
     # ------------------------------------------------------------------ context manager
 
@@ -346,10 +360,34 @@ class UnitOfWork(UnitOfWorkBase):
                 start_limit or StartLimit.unrestricted(),
             )
 
-    def latest_flow_step(self, instance_id: int, node_id: NodeId) -> StepExecution | None:
+    def latest_flow_step(self, instance_id: int, node_id: NodeId) -> FlowStepState | None:
         """The newest step of a node in an instance, with its stored context (4.7)."""
         with self.operation() as conn:
             return flow.latest_flow_step(self.statements, conn, instance_id, node_id)
+
+    def append_flow_decision(self, request: FlowDecisionRequest) -> FlowDecision:
+        """Append a flow decision checked against the execution's manifest (4.7)."""
+        with self.operation() as conn:
+            return flow.append_flow_decision(self.statements, conn, request)
+
+    def find_reusable_flow_decision(
+        self,
+        instance_id: int,
+        node_id: NodeId,
+        plan_fingerprint: bytes,
+        input_digest: bytes,
+        kind: FlowTransitionKind,
+    ) -> FlowDecision | None:
+        """The latest decision a restart may reuse instead of deciding again (4.7)."""
+        with self.operation() as conn:
+            return flow.find_reusable_flow_decision(
+                self.statements, conn, instance_id, node_id, plan_fingerprint, input_digest, kind
+            )
+
+    def flow_decisions(self, job_execution_id: int) -> list[FlowDecision]:
+        """The decisions of an execution in sequence order (4.7)."""
+        with self.operation() as conn:
+            return flow.flow_decisions(self.statements, conn, job_execution_id)
 
     def transition_step_execution(
         self, step_id: int, expected_version: int, transition: LifecycleTransition
@@ -378,3 +416,121 @@ class UnitOfWork(UnitOfWorkBase):
         """The steps of a job execution in creation order (4.5)."""
         with self.operation() as conn:
             return steps.step_executions(self.statements, conn, job_execution_id)
+
+    # ------------------------------------------------------------------ step partitions
+
+    def _plan_overrides(self, parent_id: int) -> Overrides:
+        return {
+            "step_partition_key_unique": DuplicatePartitionKey,
+            "step_partition_ordinal_unique": lambda: PartitionPlanExists(
+                step_execution_id=parent_id
+            ),
+        }
+
+    def create_step_partition_plan(
+        self, parent_id: int, entries: Sequence[PartitionPlanEntry]
+    ) -> list[StepPartition]:
+        """Create a parent's partition plan, all or nothing; publish it by committing (4.8)."""
+        with self.operation(overrides=self._plan_overrides(parent_id)) as conn:
+            return partitions.create_step_partition_plan(
+                self.statements, conn, parent_id, entries, self.unpublished_plans
+            )
+
+    def step_partition_plan(self, parent_id: int) -> list[StepPartition]:
+        """A parent's partitions in key byte order; empty without a plan (4.8)."""
+        with self.operation() as conn:
+            return partitions.step_partition_plan(self.statements, conn, parent_id)
+
+    def restart_step_partition_plan(
+        self, source_parent_id: int, target_parent_id: int
+    ) -> list[StepPartition]:
+        """Carry a plan into a restart's parent; completed partitions are not rerun (4.8)."""
+        with self.operation(overrides=self._plan_overrides(target_parent_id)) as conn:
+            return partitions.restart_step_partition_plan(
+                self.statements, conn, source_parent_id, target_parent_id, self.unpublished_plans
+            )
+
+    def assign_step_partition(
+        self, partition_id: int, expected_version: int, worker_id: int
+    ) -> StepPartition:
+        """Hand a partition to a worker step of the parent's execution (4.8)."""
+        with self.operation() as conn:
+            return partitions.assign_step_partition(
+                self.statements,
+                conn,
+                partition_id,
+                expected_version,
+                worker_id,
+                self.unpublished_plans,
+            )
+
+    def complete_step_partition(
+        self, partition_id: int, expected_version: int, worker_id: int
+    ) -> StepPartition:
+        """Publish the worker's terminal status, exit and counts onto its partition (4.8)."""
+        with self.operation() as conn:
+            return partitions.complete_step_partition(
+                self.statements, conn, partition_id, expected_version, worker_id
+            )
+
+    def aggregate_step_partitions(
+        self, parent_id: int, expected_version: int, transitioned_at: datetime
+    ) -> StepExecution:
+        """End the parent with the aggregate of its partitions, atomically (4.8)."""
+        with self.operation() as conn:
+            return partitions.aggregate_step_partitions(
+                self.statements, conn, parent_id, expected_version, transitioned_at
+            )
+
+    def claim_step_partition(
+        self, parent: StepExecution
+    ) -> tuple[StepPartition, StepExecution] | None:
+        """Claim the next partition of a STARTED parent with a new STARTED worker step, or None.
+
+        N concurrent claimers never take the same partition (FOR UPDATE SKIP LOCKED).
+        """
+        with self.operation() as conn:
+            return partitions.claim_step_partition(
+                self.statements, conn, self.clock.now(), parent, self.unpublished_plans
+            )
+
+    def count_open_step_partitions(self, parent_id: int) -> int:
+        """Partitions still to be claimed or being worked on."""
+        with self.operation() as conn:
+            return partitions.count_open_step_partitions(self.statements, conn, parent_id)
+
+    def count_step_partitions_by_status(self, parent_id: int) -> dict[BatchStatus, int]:
+        """How many partitions of a plan are in each status."""
+        with self.operation() as conn:
+            return partitions.count_step_partitions_by_status(self.statements, conn, parent_id)
+
+    def partition_plan_progress(self, parent_id: int, slowest: int = 5) -> PlanProgress:
+        """A plan's state: partitions per status and the `slowest` ones (read method)."""
+        with self.operation() as conn:
+            return partitions.plan_progress(
+                self.statements, conn, parent_id, self.clock.now(), slowest
+            )
+
+    def started_step_partitions(self, parent_id: int) -> list[partitions.StartedPartition]:
+        """The STARTED partitions of a plan with their workers (lost-worker checks)."""
+        with self.operation() as conn:
+            return partitions.started_step_partitions(self.statements, conn, parent_id)
+
+    def end_partition_worker(
+        self,
+        partition_id: int,
+        expected_version: int,
+        worker_id: int,
+        transition: LifecycleTransition,
+        exit_status: ExitCode,
+    ) -> StepPartition:
+        """End a partition's worker step and complete the partition from it, atomically."""
+        with self.operation() as conn:
+            return partitions.end_partition_worker(
+                self.statements,
+                conn,
+                partition_id,
+                expected_version,
+                worker_id,
+                partitions.WorkerEnd(transition, exit_status),
+            )

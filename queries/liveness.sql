@@ -10,3 +10,16 @@ SELECT PG_TRY_ADVISORY_LOCK(
 SELECT PG_ADVISORY_UNLOCK(
     HASHTEXTEXTENDED('pybatch.job_execution.liveness', :job_execution_id)
 ) AS lock_released;
+
+-- :name try_lock_step_execution_liveness :scalar
+-- :doc Hold the session-level liveness lock of a partition worker step for as long as its
+-- process works on it; the server releases it when the session ends, however it ends.
+SELECT PG_TRY_ADVISORY_LOCK(
+    HASHTEXTEXTENDED('pybatch.step_execution.liveness', :step_execution_id)
+) AS lock_acquired;
+
+-- :name unlock_step_execution_liveness :scalar
+-- :doc Release the liveness lock taken by try_lock_step_execution_liveness.
+SELECT PG_ADVISORY_UNLOCK(
+    HASHTEXTEXTENDED('pybatch.step_execution.liveness', :step_execution_id)
+) AS lock_released;

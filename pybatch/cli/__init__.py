@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import psycopg
 
 from pybatch import _sqlstate
-from pybatch.cli import demo, schema
+from pybatch.cli import demo, schema, worker
 from pybatch.errors import (
     AuthenticationFailed,
     ChunkCommitOutcomeUnknown,
@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     schema.register(commands)
     demo.register(commands)
+    worker.register(commands)
     return parser
 
 

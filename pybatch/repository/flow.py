@@ -1,26 +1,51 @@
-"""Flow steps and start limits (behaviour.md 4.7) over queries/flow.sql."""
+"""Flow steps, start limits and flow decisions (behaviour.md 4.7) over queries/flow.sql."""
 
 from __future__ import annotations
 
+import attrs
+
 from pybatch._statements import Connection, Statements
 from pybatch.clock import Clock
-from pybatch.codecs._primitives import decode_int64, decode_optional_int64, returned
+from pybatch.codecs._primitives import (
+    DecodeError,
+    decode_digest,
+    decode_int64,
+    decode_json_object,
+    decode_optional_int64,
+    returned,
+)
 from pybatch.codecs.executions import decode_job_execution
+from pybatch.codecs.flow import decode_flow_decision, encode_flow_decision_request
 from pybatch.codecs.steps import decode_step_execution
 from pybatch.errors import (
+    ConcurrentModification,
     DuplicateStep,
+    FlowStateCorrupt,
     JobExecutionNotFound,
     JobInstanceNotFound,
     StartLimitExceeded,
 )
 from pybatch.repository import instances
 from pybatch.repository.steps import insert_step_execution
-from pybatch.values.flow import StartLimit
+from pybatch.values.flow import (
+    FlowDecision,
+    FlowDecisionRequest,
+    FlowStepState,
+    FlowTransitionKind,
+    StartLimit,
+    decision_matches_manifest,
+)
 from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.names import NodeId, StepName
 from pybatch.values.records import StepExecution
 
-__all__ = ["create_flow_step_execution", "latest_flow_step"]
+__all__ = [
+    "append_flow_decision",
+    "create_flow_step_execution",
+    "find_reusable_flow_decision",
+    "flow_decisions",
+    "latest_flow_step",
+]
 
 
 def create_flow_step_execution(
@@ -77,7 +102,7 @@ def create_flow_step_execution(
 
 def latest_flow_step(
     q: Statements, conn: Connection, instance_id: int, node_id: NodeId
-) -> StepExecution | None:
+) -> FlowStepState | None:
     """The newest step of a node in an instance with its stored context, or None (rule 8).
 
     Statements: instances.sql get_job_instance; flow.sql find_latest_flow_step_execution;
@@ -91,6 +116,113 @@ def latest_flow_step(
     )
     if step_id is None:
         return None
-    return decode_step_execution(
+    step = decode_step_execution(
         returned(q.get_step_execution.one(conn, step_execution_id=step_id))
     )
+    return FlowStepState(node_id, step, step.context)
+
+
+def append_flow_decision(
+    q: Statements, conn: Connection, request: FlowDecisionRequest
+) -> FlowDecision:
+    """Append a decision checked against the execution's manifest (behaviour.md 4.7).
+
+    Raises:
+        JobExecutionNotFound: no such job execution.
+        FlowStateCorrupt: the fingerprint is not the execution's manifest digest, the manifest
+            does not lead from the source node to the target on this outcome, the source step
+            or the reused decision does not fit.
+        ConcurrentModification: the sequence is not the next one, or the node already decided
+            in this execution (flow_decision_sequence_unique and _source_unique settle races).
+
+    Statements: flow.sql get_job_execution_flow_plan, flow_source_step_matches,
+    flow_reused_decision_matches, insert_flow_decision.
+    """
+    execution_id = request.job_execution_id
+    plan = q.get_job_execution_flow_plan.one(conn, job_execution_id=execution_id)
+    if plan is None:
+        raise JobExecutionNotFound(id=execution_id)
+    try:
+        digest = decode_digest(plan["manifest_digest"], column="manifest_digest")
+        manifest = decode_json_object(plan["manifest"], column="manifest")
+    except DecodeError:
+        raise FlowStateCorrupt() from None
+    if digest != request.plan_fingerprint or not decision_matches_manifest(manifest, request):
+        raise FlowStateCorrupt()
+    node = request.source_node_id.value
+    if request.source_step_execution_id is not None:
+        source_matches = q.flow_source_step_matches.scalar(
+            conn,
+            job_execution_id=execution_id,
+            source_step_execution_id=request.source_step_execution_id,
+            node_id=node,
+        )
+        if source_matches is not True:
+            raise FlowStateCorrupt()
+    elif request.kind not in (FlowTransitionKind.DECIDER, FlowTransitionKind.SPLIT_AGGREGATE):
+        raise FlowStateCorrupt()
+    params = encode_flow_decision_request(request)
+    if request.reused_decision_id is not None:
+        reused_matches = q.flow_reused_decision_matches.scalar(
+            conn,
+            job_execution_id=execution_id,
+            reused_decision_id=request.reused_decision_id,
+            node_id=node,
+            plan_fingerprint=request.plan_fingerprint,
+            input_digest=request.input_digest,
+            observed_outcome=request.observed_outcome.value,
+            target_node_id=params["target_node_id"],
+            terminal_kind=params["terminal_kind"],
+        )
+        if reused_matches is not True:
+            raise FlowStateCorrupt()
+    row = q.insert_flow_decision.one(conn, **params)
+    if row is None:
+        raise ConcurrentModification()
+    decision_id = decode_int64(row["id"], column="id", minimum=1)
+    return FlowDecision(id=decision_id, **attrs.asdict(request, recurse=False))
+
+
+def find_reusable_flow_decision(
+    q: Statements,
+    conn: Connection,
+    instance_id: int,
+    node_id: NodeId,
+    plan_fingerprint: bytes,
+    input_digest: bytes,
+    kind: FlowTransitionKind,
+) -> FlowDecision | None:
+    """The latest decision of `node_id` in the instance on the same plan and input, or None.
+
+    Raises:
+        JobInstanceNotFound: no such instance (rule 7).
+
+    Statements: instances.sql get_job_instance; flow.sql find_reusable_flow_decision.
+    """
+    check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
+    if q.get_job_instance.one(conn, job_instance_id=instance_id) is None:
+        raise JobInstanceNotFound(id=instance_id)
+    row = q.find_reusable_flow_decision.one(
+        conn,
+        job_instance_id=instance_id,
+        node_id=node_id.value,
+        plan_fingerprint=bytes(plan_fingerprint),
+        input_digest=bytes(input_digest),
+        transition_kind=kind.value,
+    )
+    return None if row is None else decode_flow_decision(row)
+
+
+def flow_decisions(q: Statements, conn: Connection, job_execution_id: int) -> list[FlowDecision]:
+    """The decisions of an execution in sequence order.
+
+    Raises:
+        JobExecutionNotFound: no such job execution.
+
+    Statements: executions.sql get_job_execution; flow.sql list_flow_decisions.
+    """
+    check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
+    if q.get_job_execution.one(conn, job_execution_id=job_execution_id) is None:
+        raise JobExecutionNotFound(id=job_execution_id)
+    rows = q.list_flow_decisions.many(conn, job_execution_id=job_execution_id)
+    return [decode_flow_decision(row) for row in rows]

@@ -14,7 +14,13 @@ from pybatch import _sqlstate
 from pybatch._statements import Connection, Statements
 from pybatch.values.ids import IdentifierKind, check_identifier
 
-__all__ = ["owner_is_gone", "try_lock_job_execution_liveness"]
+__all__ = [
+    "owner_is_gone",
+    "try_lock_job_execution_liveness",
+    "try_lock_step_execution_liveness",
+    "unlock_step_execution_liveness",
+    "worker_is_gone",
+]
 
 
 def try_lock_job_execution_liveness(q: Statements, conn: Connection, execution_id: int) -> bool:
@@ -46,4 +52,45 @@ def owner_is_gone(q: Statements, conn: Connection, execution_id: int) -> bool:
         q.unlock_job_execution_liveness.scalar(conn, job_execution_id=execution_id)
     except psycopg.Error as error:
         raise _sqlstate.translate(error) from None
+    return True
+
+
+def try_lock_step_execution_liveness(q: Statements, conn: Connection, step_id: int) -> bool:
+    """Take a partition worker step's liveness lock on `conn`; False when it is held.
+
+    Raises:
+        Unavailable: the connection failed (mapped, redacted).
+
+    Statements: liveness.sql try_lock_step_execution_liveness.
+    """
+    check_identifier(IdentifierKind.STEP_EXECUTION, step_id)
+    try:
+        return q.try_lock_step_execution_liveness.scalar(conn, step_execution_id=step_id) is True
+    except psycopg.Error as error:
+        raise _sqlstate.translate(error) from None
+
+
+def unlock_step_execution_liveness(q: Statements, conn: Connection, step_id: int) -> None:
+    """Release a worker step's liveness lock taken on `conn`.
+
+    Raises:
+        Unavailable: the connection failed (mapped, redacted).
+
+    Statements: liveness.sql unlock_step_execution_liveness.
+    """
+    check_identifier(IdentifierKind.STEP_EXECUTION, step_id)
+    try:
+        q.unlock_step_execution_liveness.scalar(conn, step_execution_id=step_id)
+    except psycopg.Error as error:
+        raise _sqlstate.translate(error) from None
+
+
+def worker_is_gone(q: Statements, conn: Connection, step_id: int) -> bool:
+    """True when no live session holds the worker step's liveness lock (its process is gone).
+
+    Statements: liveness.sql try_lock_step_execution_liveness, unlock_step_execution_liveness.
+    """
+    if not try_lock_step_execution_liveness(q, conn, step_id):
+        return False
+    unlock_step_execution_liveness(q, conn, step_id)
     return True

@@ -1,14 +1,48 @@
-"""Flow values: start limits (behaviour.md 2.13)."""
+"""Flow values: start limits, targets, decisions and manifest matching (behaviour.md 2.13).
+
+A flow manifest (format 2 or 3) lists its nodes and transitions::
+
+    {"format": 2,
+     "nodes": [{"id": "extract", "kind": "step"}, {"id": "check", "kind": "decision"}],
+     "transitions": [{"source": "extract", "pattern": "COMPLETED", "to": "check"},
+                     {"source": "extract", "pattern": "*", "end": "fail"},
+                     {"source": "check", "pattern": "*", "end": "complete"}]}
+
+A transition names exactly one of `to` (a node id) or `end` (complete, fail or stop).
+"""
 
 from __future__ import annotations
+
+import datetime as _dt
+import enum
+import re
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import attrs
 
 from pybatch.errors import ZeroStartLimit
+from pybatch.values.ids import IdentifierKind, check_identifier
+from pybatch.values.names import ExitCode, NodeId
+from pybatch.values.records import StepExecution
+from pybatch.values.state import ExecutionContext
+from pybatch.values.timestamps import aware_utc
 
-__all__ = ["StartLimit"]
+__all__ = [
+    "FlowDecision",
+    "FlowDecisionRequest",
+    "FlowStepState",
+    "FlowTarget",
+    "FlowTransitionKind",
+    "StartLimit",
+    "TerminalKind",
+    "decision_matches_manifest",
+    "exit_pattern_matches",
+    "select_flow_target",
+]
 
 _U32_MAX = 4_294_967_295
+_DIGEST_BYTES = 32
 
 
 def _check_limit(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -25,8 +59,199 @@ class StartLimit:
     value: int = attrs.field(validator=_check_limit)
 
     UNRESTRICTED_VALUE = _U32_MAX
+    #: The default: 4294967295 starts, no limit in practice.
+    UNRESTRICTED: ClassVar[StartLimit]
 
     @classmethod
     def unrestricted(cls) -> StartLimit:
         """No limit in practice: 4294967295 starts."""
-        return cls(_U32_MAX)
+        return cls.UNRESTRICTED
+
+
+StartLimit.UNRESTRICTED = StartLimit(_U32_MAX)
+
+
+class TerminalKind(enum.Enum):
+    """How a flow ends; the value is the durable code, `manifest_name` the manifest word."""
+
+    COMPLETE = "COMPLETE"
+    FAIL = "FAIL"
+    STOP = "STOP"
+
+    @property
+    def manifest_name(self) -> str:
+        """The lower-case name a manifest uses (`complete`, `fail`, `stop`)."""
+        return self.value.lower()
+
+    @classmethod
+    def from_manifest_name(cls, name: object) -> TerminalKind | None:
+        """The kind a manifest names, or None for anything else."""
+        for kind in cls:
+            if kind.manifest_name == name:
+                return kind
+        return None
+
+
+class FlowTransitionKind(enum.Enum):
+    """Why a decision was taken; the value is the durable code (all five are storable)."""
+
+    STEP_EXIT = "STEP_EXIT"
+    DECIDER = "DECIDER"
+    COMPLETED_STEP_REUSE = "COMPLETED_STEP_REUSE"
+    SPLIT_AGGREGATE = "SPLIT_AGGREGATE"
+    NESTED_JOB_EXIT = "NESTED_JOB_EXIT"
+
+
+@attrs.frozen
+class FlowTarget:
+    """Where a flow goes next: a node, or a terminal state (exactly one)."""
+
+    node: NodeId | None = None
+    terminal: TerminalKind | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if (self.node is None) == (self.terminal is None):
+            raise ValueError("a flow target is exactly one of a node or a terminal kind")
+        if self.node is not None and not isinstance(self.node, NodeId):
+            raise TypeError("node is a NodeId")
+        if self.terminal is not None and not isinstance(self.terminal, TerminalKind):
+            raise TypeError("terminal is a TerminalKind")
+
+    @classmethod
+    def to_node(cls, node: NodeId | str) -> FlowTarget:
+        """Continue with `node`."""
+        return cls(node=node if isinstance(node, NodeId) else NodeId(node))
+
+    @classmethod
+    def end(cls, kind: TerminalKind) -> FlowTarget:
+        """End the flow in `kind`."""
+        return cls(terminal=kind)
+
+
+def _digest(instance: object, attribute: attrs.Attribute[bytes], value: bytes) -> None:
+    if type(value) is not bytes or len(value) != _DIGEST_BYTES:
+        raise ValueError(f"{attribute.name} is 32 bytes")
+
+
+def _optional_id(kind: IdentifierKind) -> Any:
+    def validate(instance: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
+        if value is not None:
+            check_identifier(kind, value)
+
+    return validate
+
+
+def _sequence(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    check_identifier(IdentifierKind.FLOW_DECISION_SEQUENCE, value)
+
+
+def _required_id(kind: IdentifierKind) -> Any:
+    def validate(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
+        check_identifier(kind, value)
+
+    return validate
+
+
+@attrs.frozen(kw_only=True)
+class FlowDecisionRequest:
+    """A decision to append: which node decided what, on which evidence."""
+
+    job_execution_id: int = attrs.field(validator=_required_id(IdentifierKind.JOB_EXECUTION))
+    sequence: int = attrs.field(validator=_sequence)
+    source_node_id: NodeId = attrs.field(validator=attrs.validators.instance_of(NodeId))
+    source_step_execution_id: int | None = attrs.field(
+        default=None, validator=_optional_id(IdentifierKind.STEP_EXECUTION)
+    )
+    kind: FlowTransitionKind = attrs.field(
+        validator=attrs.validators.instance_of(FlowTransitionKind)
+    )
+    observed_outcome: ExitCode = attrs.field(validator=attrs.validators.instance_of(ExitCode))
+    target: FlowTarget = attrs.field(validator=attrs.validators.instance_of(FlowTarget))
+    plan_fingerprint: bytes = attrs.field(validator=_digest)
+    input_digest: bytes = attrs.field(validator=_digest)
+    reused_decision_id: int | None = attrs.field(
+        default=None, validator=_optional_id(IdentifierKind.FLOW_DECISION)
+    )
+    decided_at: _dt.datetime = attrs.field(converter=aware_utc)
+
+
+@attrs.frozen(kw_only=True)
+class FlowDecision(FlowDecisionRequest):
+    """A recorded decision: the request plus its identity id."""
+
+    id: int = attrs.field(validator=_required_id(IdentifierKind.FLOW_DECISION))
+
+
+@attrs.frozen
+class FlowStepState:
+    """The newest step of a node in an instance with its stored execution context (rule 8)."""
+
+    node_id: NodeId
+    step_execution: StepExecution
+    context: ExecutionContext
+
+
+def exit_pattern_matches(pattern: str, outcome: str) -> bool:
+    """Whether an exit pattern matches: `*` any run of characters, `?` exactly one."""
+    parts = (".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+    return re.fullmatch("".join(parts), outcome, flags=re.DOTALL) is not None
+
+
+_NODE_KINDS: Mapping[FlowTransitionKind, frozenset[str]] = {
+    FlowTransitionKind.DECIDER: frozenset({"decision"}),
+    FlowTransitionKind.SPLIT_AGGREGATE: frozenset({"join"}),
+    FlowTransitionKind.STEP_EXIT: frozenset({"step", "partitioned_step"}),
+    FlowTransitionKind.COMPLETED_STEP_REUSE: frozenset({"step", "partitioned_step"}),
+}
+
+
+def _manifest_target(transition: Mapping[str, Any]) -> FlowTarget | None:
+    node, end = transition.get("to"), transition.get("end")
+    if isinstance(node, str) and end is None:
+        try:
+            return FlowTarget.to_node(node)
+        except Exception:  # an invalid node token selects nothing
+            return None
+    kind = TerminalKind.from_manifest_name(end)
+    if kind is not None and node is None:
+        return FlowTarget.end(kind)
+    return None
+
+
+def select_flow_target(
+    manifest: Mapping[str, Any], node: NodeId, kind: FlowTransitionKind, outcome: ExitCode
+) -> FlowTarget | None:
+    """The target of the first manifest transition leaving `node` that matches `outcome`.
+
+    None when the manifest is not a flow (format 2 or 3), has no such node of a kind that
+    fits `kind`, or no transition matches; a malformed manifest selects nothing.
+    """
+    if manifest.get("format") not in (2, 3):
+        return None
+    allowed = _NODE_KINDS.get(kind)
+    nodes, transitions = manifest.get("nodes"), manifest.get("transitions")
+    if allowed is None or not isinstance(nodes, list) or not isinstance(transitions, list):
+        return None
+    source = node.value
+    if not any(
+        isinstance(entry, dict) and entry.get("id") == source and entry.get("kind") in allowed
+        for entry in nodes
+    ):
+        return None
+    for transition in transitions:
+        if not isinstance(transition, dict) or transition.get("source") != source:
+            continue
+        pattern = transition.get("pattern")
+        if not isinstance(pattern, str) or len(pattern.encode()) > 64:
+            return None
+        if exit_pattern_matches(pattern, outcome.value):
+            return _manifest_target(transition)
+    return None
+
+
+def decision_matches_manifest(manifest: Mapping[str, Any], request: FlowDecisionRequest) -> bool:
+    """Whether the manifest's first matching transition leads where the request says (2.13)."""
+    target = select_flow_target(
+        manifest, request.source_node_id, request.kind, request.observed_outcome
+    )
+    return target is not None and target == request.target

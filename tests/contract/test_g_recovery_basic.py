@@ -26,6 +26,7 @@ from pybatch.errors import (
     RecoveryNotAllowed,
     RepositoryDomainError,
     RepositoryError,
+    RestartStateNotFound,
     StaleVersion,
     StartLimitExceeded,
 )
@@ -438,7 +439,8 @@ def test_e21_flow_step_copies_the_newest_state_of_its_node_across_attempts(
 
     with repository.begin() as uow:
         latest = uow.latest_flow_step(instance.id, NODE)
-        assert latest is not None and latest.id == copy_2.id
+        assert latest is not None and latest.step_execution.id == copy_2.id
+        assert latest.node_id == NODE
         assert latest.context == ExecutionContext(SCHEMA, 1, {"file": "part-3"})  # rule 8
         assert uow.latest_flow_step(instance.id, NodeId("never-ran")) is None
         with pytest.raises(JobInstanceNotFound):
@@ -458,6 +460,86 @@ def test_e21_flow_step_copies_the_newest_state_of_its_node_across_attempts(
     assert copy_3.checkpoint == Checkpoint(SCHEMA, 1, {"offset": 5})
     assert copy_3.metadata.counts.read == 5 and copy_3.metadata.counts.committed == 2
     assert durable_columns(admin, copy_3.id) == durable_columns(admin, copy_2.id)
+
+
+def test_e2_restart_step_copies_the_same_named_step_of_the_previous_attempt(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    with repository.begin() as uow:
+        instance = uow.select_or_create_job_instance(new_key()).instance
+        uow.commit()
+    first = attempt(repository, clock, instance.id)
+    source = run_node(repository, clock, first, "load", offset=4)  # logical id = its name
+    fail_attempt(repository, clock, first)
+
+    second = attempt(repository, clock, instance.id)
+    with repository.begin() as uow:
+        copy = uow.create_step_execution(second.id, StepName("load"))
+        uow.commit()
+    assert (copy.status, copy.version, copy.job_execution_id) == (S.STARTING, 0, second.id)
+    assert copy.metadata.exit_status == ExitCode.UNKNOWN and copy.metadata.failure is None
+    # The six counters, checkpoint, context, retry/skip/no-rollback counts and the fault
+    # state envelope with its checksum: every durable column, byte for byte.
+    assert copy.metadata.counts == source.metadata.counts
+    assert copy.checkpoint == Checkpoint(SCHEMA, 1, {"offset": 4})
+    assert copy.context == ExecutionContext(SCHEMA, 1, {"file": "part-4"})
+    assert copy.fault_counts == source.fault_counts and copy.fault_counts.write_retry == 1
+    assert durable_columns(admin, copy.id) == durable_columns(admin, source.id)
+    assert durable_columns(admin, copy.id)["fault_state_payload"]["entries"] != []
+
+
+def test_e3_restart_step_without_a_same_named_source_is_refused(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    with repository.begin() as uow:
+        instance = uow.select_or_create_job_instance(new_key()).instance
+        uow.commit()
+    first = attempt(repository, clock, instance.id)
+    run_node(repository, clock, first, "load", offset=2)
+    fail_attempt(repository, clock, first)
+
+    second = attempt(repository, clock, instance.id)
+    with repository.begin() as uow:
+        with pytest.raises(RestartStateNotFound) as missing:
+            uow.create_step_execution(second.id, StepName("report"))
+        assert (missing.value.execution_id, missing.value.step_name) == (second.id, "report")
+        # Nothing was staged and the unit of work goes on (rule 21).
+        assert uow.step_executions(second.id) == []
+        copy = uow.create_step_execution(second.id, StepName("load"))
+        uow.commit()
+    with repository.begin() as uow:
+        assert [step.id for step in uow.step_executions(second.id)] == [copy.id]
+
+
+def test_e6_node_ids_count_their_starts_apart_even_under_one_step_name(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    with repository.begin() as uow:
+        instance = uow.select_or_create_job_instance(new_key()).instance
+        uow.commit()
+    once = StartLimit(1)
+    first = attempt(repository, clock, instance.id)
+    with repository.begin() as uow:
+        uow.create_flow_step_execution(first.id, StepName("shared"), NodeId("a"), once)
+        uow.commit()
+    fail_attempt(repository, clock, first)
+
+    second = attempt(repository, clock, instance.id)
+    with repository.begin() as uow:
+        # Node b has never started, although a step named "shared" has.
+        started = uow.create_flow_step_execution(second.id, StepName("shared"), NodeId("b"), once)
+        uow.commit()
+    assert started.logical_id == NodeId("b")
+    fail_attempt(repository, clock, second)
+
+    third = attempt(repository, clock, instance.id)
+    with repository.begin() as uow:
+        for node in ("a", "b"):  # each started once: each is at its own limit
+            with pytest.raises(StartLimitExceeded) as exceeded:
+                uow.create_flow_step_execution(third.id, StepName("shared"), NodeId(node), once)
+            assert (exceeded.value.node_id, exceeded.value.limit) == (node, 1)
+        uow.create_flow_step_execution(third.id, StepName("shared"), NodeId("a"), StartLimit(2))
+        uow.commit()
 
 
 def test_e5_start_limit_counts_every_attempt(

@@ -18,8 +18,10 @@ from pybatch._statements import Statement, load_demo_statements, load_statements
 from pybatch.codecs.chunks import COMMITTED_STEP_STATE_COLUMNS
 from pybatch.codecs.executions import JOB_EXECUTION_COLUMNS
 from pybatch.codecs.fault_state import LOCKED_FAULT_STATE_COLUMNS
+from pybatch.codecs.flow import FLOW_DECISION_COLUMNS
 from pybatch.codecs.instances import JOB_INSTANCE_COLUMNS, LOCKED_JOB_INSTANCE_COLUMNS
 from pybatch.codecs.operator import OPERATOR_REQUEST_COLUMNS
+from pybatch.codecs.partitions import STEP_PARTITION_COLUMNS
 from pybatch.codecs.recovery import RECOVERY_DECISION_COLUMNS
 from pybatch.codecs.steps import STEP_EXECUTION_COLUMNS
 
@@ -44,6 +46,30 @@ READERS: dict[str, tuple[str, ...]] = {
     "insert_recovery_decision": RECOVERY_DECISION_COLUMNS,
     "find_latest_recovery_decision": RECOVERY_DECISION_COLUMNS,
     "find_operator_request": OPERATOR_REQUEST_COLUMNS,
+    "list_flow_decisions": FLOW_DECISION_COLUMNS,
+    "find_reusable_flow_decision": FLOW_DECISION_COLUMNS,
+    "insert_step_partitions": STEP_PARTITION_COLUMNS,
+    "list_step_partitions": STEP_PARTITION_COLUMNS,
+    "lock_step_partitions_by_key": STEP_PARTITION_COLUMNS,
+    "lock_step_partitions_by_ordinal": STEP_PARTITION_COLUMNS,
+    "copy_step_partitions": STEP_PARTITION_COLUMNS,
+    "lock_step_partition": STEP_PARTITION_COLUMNS,
+    "claim_step_partition": STEP_PARTITION_COLUMNS,
+    "lock_step_partition_workers": STEP_EXECUTION_COLUMNS,
+    # read by hand: repository/flow.py
+    "get_job_execution_flow_plan": ("manifest_digest", "manifest"),
+    "insert_flow_decision": ("id",),
+    # read by hand: repository/partitions.py
+    "lock_partition_step": ("job_execution_id", "status"),
+    "lock_partition_restart_pair": ("source_job_status", "target_status", "same_logical_id"),
+    "count_step_partitions_by_status": ("status", "partitions"),
+    "list_started_step_partitions": ("id", "worker_step_execution_id", "partition_key", "version"),
+    "list_slowest_step_partitions": (
+        "partition_key",
+        "status",
+        "worker_step_execution_id",
+        "elapsed",
+    ),
     # read by hand: repository/definitions.py
     "insert_job_definition_if_absent": ("id",),
     "find_job_definition_by_revision": ("id", "manifest_digest"),

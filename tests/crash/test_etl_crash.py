@@ -138,9 +138,10 @@ def durable_state(config: ConnectionConfig, admin: psycopg.Connection[Any], run:
     wait_for_worker_sessions_to_end(admin)
     with observer(config) as repository, repository.begin() as uow:
         instance = uow.find_job_instance(Job(repository, w.JOB_NAME, w.parameters(run)).key)
-        step = (
+        latest = (
             uow.latest_flow_step(instance.id, NodeId(w.STEP_NAME)) if instance is not None else None
         )
+        step = latest.step_execution if latest is not None else None
     rows = admin.execute(w.SELECT_ROWS).fetchall()
     counts = step.metadata.counts if step is not None else None
     return Durable(

@@ -36,6 +36,8 @@ LAYERS: dict[str, int] = {
     "pybatch.chunks": 8,
     "pybatch.fault_state": 8,
     "pybatch.liveness": 8,
+    "pybatch.services": 8,
+    "pybatch.partitioned": 8,
     "pybatch.embedded": 8,
     "pybatch.etl": 9,
     "pybatch.cli": 10,

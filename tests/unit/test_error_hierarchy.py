@@ -46,6 +46,7 @@ CHUNK: Families = (errors.ChunkTransactionError,)
 BUSINESS: Families = (errors.BusinessTransactionError,)
 CONFIG: Families = (errors.ConfigError,)
 MIGRATION: Families = (errors.MigrationError,)
+JOB_RUN: Families = (errors.JobRunError,)
 
 #: behaviour.md 7.1, row by row: every variant is a RepositoryError.
 SECTION_7_1: dict[str, Families] = {
@@ -280,17 +281,6 @@ FIELD_RENAMES: dict[str, dict[str, str | None]] = {
 
 #: Contract rows without a pybatch class: row -> why.
 NOT_DEFINED: dict[str, str] = {
-    "EmptyPartitionPlan": "gap: partition plans are not built yet",
-    "PartitionPlanTooLarge": "gap: partition plans are not built yet",
-    "DuplicatePartitionKey": "gap: partition plans are not built yet",
-    "PartitionPlanExists": "gap: partition plans are not built yet",
-    "PartitionPlanNotCommitted": "gap: partition plans are not built yet",
-    "PartitionUpdateNotAllowed": "gap: partition plans are not built yet",
-    "PartitionWorkerMismatch": "gap: partition plans are not built yet",
-    "PartitionWorkerAlreadyAssigned": "gap: partition plans are not built yet",
-    "PartitionWorkerStale": "gap: partition plans are not built yet",
-    "PartitionParentNotActive": "gap: partition plans are not built yet",
-    "PartitionAggregationIncomplete": "gap: partition plans are not built yet",
     "ExecutionOwned": "gap: execution ownership is not built yet",
     "ExecutionOwnershipNotAllowed": "gap: execution ownership is not built yet",
     "RetentionPlanStale": "gap: retention purge is not built yet",
@@ -327,6 +317,12 @@ PYBATCH_ONLY: dict[str, Families] = {
     "InvalidTlsMode": CONFIG,  # typed refusals instead of a TypeError echoing the value
     "CaCertificateNotBytes": CONFIG,
     "CaCertificateWithoutVerification": CONFIG,
+    # The contract's PartitionValueError.ContextTooLarge; that family is not built, the
+    # other partition value rules are typed name errors or repository errors.
+    "PartitionContextTooLarge": DOMAIN,
+    "JobRunError": JOB_RUN,  # how a run ends, decided by its flow or its partitions (etl)
+    "FlowEndedInFailure": JOB_RUN,
+    "PartitionsFailed": JOB_RUN,
 }
 
 #: Contract leaves pybatch also puts in a family of its own: class name -> extra families.
@@ -339,6 +335,7 @@ FAMILY_BASES: Families = (
     errors.RepositoryError,
     *(family for family in SECTION_7_2_FAMILIES.values() if family is not None),
     errors.MigrationError,
+    errors.JobRunError,
 )
 
 _ROW = re.compile(r"^(?P<row>[^{]+?)(?:\{(?P<fields>[^}]*)\})?$")

@@ -1,0 +1,111 @@
+"""`pybatch worker`: join a running partitioned step from any host (pybatch.partitioned).
+
+    pybatch worker --job load_orders --param business_date=2026-11-30 --step load \
+        --function my_jobs.orders:load_range
+
+The function is imported from the worker's own Python path and called once per partition
+with a `PartitionRun`, exactly as the job's own local workers call it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the worker command."""
+    from pybatch.cli._connection import add_connection_arguments
+
+    worker = commands.add_parser(
+        "worker", help="work on the partitions of a running partitioned step"
+    )
+    add_connection_arguments(worker)
+    worker.add_argument("--job", required=True, help="job name")
+    worker.add_argument(
+        "--param", action="append", default=[], metavar="NAME=TEXT", help="string parameter"
+    )
+    worker.add_argument(
+        "--param-int", action="append", default=[], metavar="NAME=N", help="integer parameter"
+    )
+    worker.add_argument(
+        "--param-bool",
+        action="append",
+        default=[],
+        metavar="NAME=true|false",
+        help="boolean parameter",
+    )
+    worker.add_argument("--step", required=True, help="name of the partitioned step")
+    worker.add_argument(
+        "--function", required=True, metavar="MODULE:NAME", help="the partition function"
+    )
+    worker.add_argument(
+        "--wait",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long to wait for the job to publish the plan (default 60)",
+    )
+    worker.set_defaults(handler=_worker)
+
+
+def _pairs(values: list[str], parser_error: Callable[[str], Any]) -> list[tuple[str, str]]:
+    pairs = []
+    for value in values:
+        name, sep, text = value.partition("=")
+        if not sep or not name:
+            parser_error(f"expected NAME=VALUE, got {value!r}")
+        pairs.append((name, text))
+    return pairs
+
+
+def parameters(args: argparse.Namespace) -> dict[str, str | int | bool]:
+    """The identifying parameters given with --param, --param-int and --param-bool."""
+
+    def refuse(message: str) -> None:
+        raise SystemExit(f"pybatch worker: {message}")
+
+    result: dict[str, str | int | bool] = dict(_pairs(args.param, refuse))
+    for name, text in _pairs(args.param_int, refuse):
+        try:
+            result[name] = int(text)
+        except ValueError:
+            refuse(f"--param-int {name} is not an integer")
+    for name, text in _pairs(args.param_bool, refuse):
+        if text not in ("true", "false"):
+            refuse(f"--param-bool {name} is true or false")
+        result[name] = text == "true"
+    return result
+
+
+def load_function(spec: str) -> Callable[..., None]:
+    """Import `module:name`."""
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise SystemExit("pybatch worker: --function is MODULE:NAME")
+    try:
+        function = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as error:
+        raise SystemExit(f"pybatch worker: cannot import {spec}: {type(error).__name__}") from None
+    if not callable(function):
+        raise SystemExit(f"pybatch worker: {spec} is not callable")
+    return function  # type: ignore[no-any-return]
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from pybatch.cli._connection import config_from_args
+    from pybatch.etl import join_partitioned_step
+    from pybatch.job_repository import JobRepository
+
+    params = parameters(args)
+    work = load_function(args.function)
+    with JobRepository.connect(config_from_args(args)) as repository:
+        ran = join_partitioned_step(
+            repository, args.job, params, args.step, work, wait_seconds=args.wait
+        )
+    print(f"worked on {ran} partitions of {args.job} step {args.step}")
+    return 0

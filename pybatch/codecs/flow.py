@@ -1,0 +1,107 @@
+"""Codec of flow_decision rows (schema.md 2.9): decode into FlowDecision, fail closed.
+
+A row the domain refuses (an unknown kind, a broken target shape, a bad digest) raises
+FlowStateCorrupt: no flow continues from a history it cannot read (behaviour.md 6.3).
+"""
+
+from __future__ import annotations
+
+from pybatch.codecs._primitives import (
+    DecodeError,
+    Row,
+    decode_aware,
+    decode_digest,
+    decode_enum,
+    decode_int64,
+    decode_optional_int64,
+    decode_text,
+)
+from pybatch.errors import FlowStateCorrupt, PyBatchError
+from pybatch.values.flow import (
+    FlowDecision,
+    FlowDecisionRequest,
+    FlowTarget,
+    FlowTransitionKind,
+    TerminalKind,
+)
+from pybatch.values.names import ExitCode, NodeId
+
+__all__ = ["FLOW_DECISION_COLUMNS", "decode_flow_decision", "encode_flow_decision_request"]
+
+#: The columns `decode_flow_decision` reads.
+FLOW_DECISION_COLUMNS = (
+    "id",
+    "job_execution_id",
+    "source_step_execution_id",
+    "reused_decision_id",
+    "sequence",
+    "source_node_id",
+    "observed_outcome",
+    "target_node_id",
+    "transition_kind",
+    "terminal_kind",
+    "plan_fingerprint",
+    "input_digest",
+    "decided_at",
+)
+
+
+def _target(row: Row) -> FlowTarget:
+    node, terminal = row["target_node_id"], row["terminal_kind"]
+    if terminal is None:
+        return FlowTarget.to_node(NodeId(decode_text(node, column="target_node_id")))
+    if node is not None:
+        raise DecodeError("target_node_id")
+    return FlowTarget.end(decode_enum(TerminalKind, terminal, column="terminal_kind"))
+
+
+def decode_flow_decision(row: Row) -> FlowDecision:
+    """Decode one flow_decision row.
+
+    Raises:
+        FlowStateCorrupt: any column holds what the domain refuses.
+    """
+    try:
+        return FlowDecision(
+            id=decode_int64(row["id"], column="id", minimum=1),
+            job_execution_id=decode_int64(
+                row["job_execution_id"], column="job_execution_id", minimum=1
+            ),
+            sequence=decode_int64(row["sequence"], column="sequence", minimum=1),
+            source_node_id=NodeId(decode_text(row["source_node_id"], column="source_node_id")),
+            source_step_execution_id=decode_optional_int64(
+                row["source_step_execution_id"], column="source_step_execution_id", minimum=1
+            ),
+            kind=decode_enum(FlowTransitionKind, row["transition_kind"], column="transition_kind"),
+            observed_outcome=ExitCode(
+                decode_text(row["observed_outcome"], column="observed_outcome")
+            ),
+            target=_target(row),
+            plan_fingerprint=decode_digest(row["plan_fingerprint"], column="plan_fingerprint"),
+            input_digest=decode_digest(row["input_digest"], column="input_digest"),
+            reused_decision_id=decode_optional_int64(
+                row["reused_decision_id"], column="reused_decision_id", minimum=1
+            ),
+            decided_at=decode_aware(row["decided_at"], column="decided_at"),
+        )
+    except (DecodeError, PyBatchError, ValueError, TypeError):
+        raise FlowStateCorrupt() from None
+
+
+def encode_flow_decision_request(request: FlowDecisionRequest) -> dict[str, object]:
+    """The insert parameters of a decision request (queries/flow.sql insert_flow_decision)."""
+    target = request.target
+    return {
+        "job_execution_id": request.job_execution_id,
+        "source_step_execution_id": request.source_step_execution_id,
+        "reused_decision_id": request.reused_decision_id,
+        "sequence": request.sequence,
+        "node_id": request.source_node_id.value,
+        "observed_outcome": request.observed_outcome.value,
+        "target_node_id": None if target.node is None else target.node.value,
+        "transition_kind": request.kind.value,
+        "terminal_kind": None if target.terminal is None else target.terminal.value,
+        "plan_fingerprint": request.plan_fingerprint,
+        "input_digest": request.input_digest,
+        "decided_at": request.decided_at,
+    }

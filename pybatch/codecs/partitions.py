@@ -1,0 +1,133 @@
+"""Codec of step_partition rows (schema.md 2.12): decode into StepPartition, fail closed.
+
+Every read rebuilds the context envelope from its four columns and compares its SHA-256 with
+the stored `context_checksum`; a row with an invalid key, ordinal, shape, context or checksum
+raises PartitionStateCorrupt, so no worker starts from state it cannot trust (6.3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pybatch.codecs._primitives import (
+    DecodeError,
+    Row,
+    decode_digest,
+    decode_enum,
+    decode_int64,
+    decode_json_object,
+    decode_optional_int64,
+    decode_text,
+)
+from pybatch.errors import PartitionStateCorrupt, PyBatchError
+from pybatch.values._canonical import sha256
+from pybatch.values.counts import ExecutionCounts
+from pybatch.values.names import ExitCode, StateSchemaId
+from pybatch.values.partitions import PartitionKey, PartitionPlanEntry, StepPartition
+from pybatch.values.state import STATE_FORMAT_VERSION, ExecutionContext, StateLimits
+from pybatch.values.status import BatchStatus
+
+__all__ = [
+    "STEP_PARTITION_COLUMNS",
+    "context_checksum",
+    "decode_step_partition",
+    "encode_plan_entries",
+]
+
+#: The columns `decode_step_partition` reads.
+STEP_PARTITION_COLUMNS = (
+    "id",
+    "step_execution_id",
+    "worker_step_execution_id",
+    "partition_key",
+    "partition_ordinal",
+    "status",
+    "exit_code",
+    "read_count",
+    "processed_count",
+    "write_count",
+    "filter_count",
+    "commit_count",
+    "rollback_count",
+    "context_format",
+    "context_schema",
+    "context_schema_version",
+    "context_payload",
+    "context_checksum",
+    "version",
+)
+
+_COUNT_COLUMNS = (
+    ("read", "read_count"),
+    ("processed", "processed_count"),
+    ("written", "write_count"),
+    ("filtered", "filter_count"),
+    ("committed", "commit_count"),
+    ("rolled_back", "rollback_count"),
+)
+
+
+def context_checksum(context: ExecutionContext) -> bytes:
+    """SHA-256 of the canonical partition context envelope (schema.md 3.6)."""
+    return sha256(context.encode())
+
+
+def _context(row: Row) -> ExecutionContext:
+    if row["context_format"] != STATE_FORMAT_VERSION:
+        raise DecodeError("context_format")
+    schema = StateSchemaId(decode_text(row["context_schema"], column="context_schema"))
+    version = row["context_schema_version"]
+    if type(version) is not int:
+        raise DecodeError("context_schema_version")
+    payload = decode_json_object(row["context_payload"], column="context_payload")
+    context = ExecutionContext(schema, version, payload, limits=StateLimits.PARTITION)
+    stored = decode_digest(row["context_checksum"], column="context_checksum")
+    if context_checksum(context) != stored:
+        raise DecodeError("context_checksum")
+    return context
+
+
+def decode_step_partition(row: Row) -> StepPartition:
+    """Decode one step_partition row.
+
+    Raises:
+        PartitionStateCorrupt: any column holds what the domain refuses, or the context does
+            not match its checksum.
+    """
+    try:
+        counts = ExecutionCounts(
+            **{
+                field: decode_int64(row[column], column=column, minimum=0)
+                for field, column in _COUNT_COLUMNS
+            }
+        )
+        return StepPartition(
+            id=decode_int64(row["id"], column="id", minimum=1),
+            step_execution_id=decode_int64(
+                row["step_execution_id"], column="step_execution_id", minimum=1
+            ),
+            worker_step_execution_id=decode_optional_int64(
+                row["worker_step_execution_id"], column="worker_step_execution_id", minimum=1
+            ),
+            key=PartitionKey(decode_text(row["partition_key"], column="partition_key")),
+            ordinal=decode_int64(row["partition_ordinal"], column="partition_ordinal", minimum=1),
+            status=decode_enum(BatchStatus, row["status"], column="status"),
+            exit_status=ExitCode(decode_text(row["exit_code"], column="exit_code")),
+            counts=counts,
+            context=_context(row),
+            version=decode_int64(row["version"], column="version", minimum=0),
+        )
+    except (DecodeError, PyBatchError, ValueError, TypeError):
+        raise PartitionStateCorrupt() from None
+
+
+def encode_plan_entries(entries: Sequence[PartitionPlanEntry]) -> dict[str, object]:
+    """The parallel arrays of queries/partitions.sql insert_step_partitions, in entry order."""
+    return {
+        "partition_keys": [entry.key.value for entry in entries],
+        "partition_ordinals": list(range(1, len(entries) + 1)),
+        "context_schemas": [entry.context.schema.value for entry in entries],
+        "context_schema_versions": [entry.context.schema_version for entry in entries],
+        "context_payloads": [entry.context.payload_json().decode() for entry in entries],
+        "context_checksums": [context_checksum(entry.context) for entry in entries],
+    }

@@ -1,0 +1,410 @@
+"""Partitioned steps: one step fanned out over worker processes on any number of hosts.
+
+PostgreSQL is the only coordinator. The parent publishes the plan (one row per partition)
+before any worker starts; each worker process loops: claim the next partition in one guarded
+statement (FOR UPDATE SKIP LOCKED), run it as a step of its own whose chunks commit the
+business rows with the partition's progress, then end it and publish its result onto the
+partition in one unit of work. Workers started on other hosts (`pybatch.etl.join_partitioned_step`,
+`pybatch worker`) join the same plan through the same database. The ETL API
+(`JobRun.partitioned_step`) hands each claimed partition to the user's function.
+
+A worker holds a liveness lock for the worker step it runs, the mechanism a job run uses
+for its execution (`_Liveness`). When a worker dies mid-partition, any other worker (or the
+parent) finds the lock free, records the worker step FAILED (STALE_RECOVERED) and the
+partition FAILED, and the partition becomes claimable again: the next worker copies the dead
+worker's checkpoint and counters, so every row is written exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from pybatch.errors import (
+    ConcurrentModification,
+    PartitionStateCorrupt,
+    PartitionWorkerStale,
+    StaleVersion,
+    Unavailable,
+)
+from pybatch.job_repository import JobRepository
+from pybatch.repository import liveness as liveness_statements
+from pybatch.repository.partitions import StartedPartition
+from pybatch.values.flow import StartLimit
+from pybatch.values.ids import FailureId
+from pybatch.values.lifecycle import LifecycleTransition
+from pybatch.values.names import ExitCode, NodeId, StateSchemaId, StepName
+from pybatch.values.parameters import JobInstanceKey
+from pybatch.values.partitions import (
+    MAX_PARTITION_WORKERS,
+    PartitionPlanEntry,
+    StepPartition,
+)
+from pybatch.values.records import JobExecution, JobInstance, StepExecution
+from pybatch.values.state import ExecutionContext, StateLimits
+from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+
+if TYPE_CHECKING:
+    from pybatch.unit_of_work import UnitOfWork
+
+__all__ = [
+    "Runner",
+    "RunnerFactory",
+    "aggregate_plan",
+    "find_running_parent",
+    "plan_entries",
+    "recover_lost_workers",
+    "start_partitioned_step",
+    "supervise",
+    "work_on_plan",
+]
+
+logger = logging.getLogger("pybatch.partitioned")
+
+#: Runs one claimed partition with its worker step (the ETL API's PartitionRun wraps it).
+Runner = Callable[[StepExecution, StepPartition], None]
+#: Builds a process's Runner from that process's own repository.
+RunnerFactory = Callable[[JobRepository], Runner]
+Partitions = Mapping[str, Mapping[str, Any]] | Iterable[str]
+
+#: How long an idle worker or the waiting parent sleeps between polls of the plan.
+POLL_SECONDS = 0.1
+
+
+# --------------------------------------------------------------------------- liveness
+
+
+class _Liveness:
+    """The one place that knows how a live worker is told from a dead one.
+
+    Today: a session advisory lock per worker step, held on a dedicated connection for as
+    long as the process works on the step; the server releases it when the process dies.
+    """
+
+    def __init__(self, repository: JobRepository) -> None:
+        self._statements = repository.statements
+        self._conn = repository.dedicated_connection()
+
+    def hold(self, worker_id: int) -> None:
+        """Mark `worker_id` alive (call before the claim that creates it commits)."""
+        if not liveness_statements.try_lock_step_execution_liveness(
+            self._statements, self._conn, worker_id
+        ):
+            raise Unavailable()
+
+    def release(self, worker_id: int) -> None:
+        """This process no longer works on `worker_id`."""
+        liveness_statements.unlock_step_execution_liveness(self._statements, self._conn, worker_id)
+
+    def is_lost(self, worker_id: int) -> bool:
+        """True when no live session holds the worker's liveness (its process is gone)."""
+        return liveness_statements.worker_is_gone(self._statements, self._conn, worker_id)
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def _lost_failure(worker_id: int) -> FailureSummary:
+    return FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(worker_id))
+
+
+def recover_lost_workers(repository: JobRepository, parent_id: int, liveness: _Liveness) -> int:
+    """Record FAILED (STALE_RECOVERED) for every worker of the plan whose process is gone.
+
+    Each recovery is one unit of work: the worker step FAILED, then its partition FAILED
+    (derived from the worker row), which makes the partition claimable again. A recovery
+    that loses a race to another recoverer or to the worker itself changes nothing.
+    Returns how many partitions were recovered.
+    """
+    with repository.begin() as uow:
+        started = uow.started_step_partitions(parent_id)
+    recovered = 0
+    for partition in started:
+        worker_id = partition.worker_step_execution_id
+        if not liveness.is_lost(worker_id):
+            continue
+
+        def recover(uow: UnitOfWork, partition: StartedPartition = partition) -> None:
+            worker_id = partition.worker_step_execution_id
+            worker = uow.get_step_execution(worker_id)
+            if worker is None:  # the partition's foreign key keeps it; never reached
+                raise PartitionStateCorrupt()
+            if worker.status.is_active:
+                at = max(uow.clock.now(), worker.updated_at)
+                uow.transition_step_execution(
+                    worker_id,
+                    worker.version,
+                    LifecycleTransition.failed(at, _lost_failure(worker_id)),
+                )
+            uow.complete_step_partition(partition.id, partition.version, worker_id)
+
+        try:
+            repository.run_in_unit_of_work(recover)
+        except (StaleVersion, PartitionWorkerStale, ConcurrentModification):
+            continue
+        logger.warning(
+            "pybatch: worker step %s of partition %s had no live process; recorded FAILED",
+            worker_id,
+            partition.key,
+        )
+        recovered += 1
+    return recovered
+
+
+def _claim(
+    repository: JobRepository, parent: StepExecution, liveness: _Liveness
+) -> tuple[StepPartition, StepExecution] | None:
+    def work(uow: UnitOfWork) -> tuple[StepPartition, StepExecution] | None:
+        claimed = uow.claim_step_partition(parent)
+        if claimed is not None:
+            liveness.hold(claimed[1].id)  # before COMMIT: never visible without a live owner
+        return claimed
+
+    return repository.run_in_unit_of_work(work)
+
+
+def _end_worker(
+    repository: JobRepository, partition: StepPartition, worker_id: int, status: BatchStatus
+) -> StepPartition:
+    """End the worker step and publish its result onto the partition, in one unit of work."""
+    exit_code = {
+        BatchStatus.COMPLETED: ExitCode.COMPLETED,
+        BatchStatus.FAILED: ExitCode.FAILED,
+        BatchStatus.STOPPED: ExitCode.STOPPED,
+    }[status]
+
+    def end(uow: UnitOfWork) -> StepPartition:
+        at = uow.clock.now()
+        if status is BatchStatus.FAILED:
+            failure = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(worker_id))
+            transition = LifecycleTransition.failed(at, failure)
+        else:
+            transition = LifecycleTransition.new(status, at)
+        return uow.end_partition_worker(
+            partition.id, partition.version, worker_id, transition, exit_code
+        )
+
+    return repository.run_in_unit_of_work(end)
+
+
+def work_on_plan(
+    repository: JobRepository,
+    parent: StepExecution,
+    runner: Runner,
+    *,
+    poll_seconds: float = POLL_SECONDS,
+) -> int:
+    """Work on a published plan until no partition is left open; return how many it ran.
+
+    A partition whose runner raises ends FAILED (the parent then ends FAILED and a restart
+    reruns it); the worker moves on to the next one. KeyboardInterrupt or SystemExit end the
+    current partition STOPPED and propagate.
+    """
+    liveness = _Liveness(repository)
+    ran = 0
+    try:
+        while True:
+            claimed = _claim(repository, parent, liveness)
+            if claimed is None:
+                with repository.begin() as uow:
+                    current = uow.get_step_execution(parent.id)
+                    still_open = uow.count_open_step_partitions(parent.id)
+                if current is None or current.status is not BatchStatus.STARTED or not still_open:
+                    return ran
+                if not recover_lost_workers(repository, parent.id, liveness):
+                    time.sleep(poll_seconds)
+                continue
+            partition, worker = claimed
+            try:
+                runner(worker, partition)
+            except Exception:
+                logger.exception(
+                    "pybatch: partition %s failed in worker step %s", partition.key.value, worker.id
+                )
+                _end_worker(repository, partition, worker.id, BatchStatus.FAILED)
+            except BaseException:
+                _end_worker(repository, partition, worker.id, BatchStatus.STOPPED)
+                raise
+            else:
+                _end_worker(repository, partition, worker.id, BatchStatus.COMPLETED)
+            liveness.release(worker.id)
+            ran += 1
+    finally:
+        liveness.close()
+
+
+def find_running_parent(
+    repository: JobRepository, key: JobInstanceKey, step_name: StepName
+) -> tuple[JobInstance, JobExecution, StepExecution] | None:
+    """The running attempt of `key` and its STARTED step `step_name` with a plan, or None."""
+    with repository.begin() as uow:
+        instance = uow.find_job_instance(key)
+        if instance is None:
+            return None
+        executions = uow.job_executions(instance.id)
+        if not executions or executions[-1].status is not BatchStatus.STARTED:
+            return None
+        execution = executions[-1]
+        for step in uow.step_executions(execution.id):
+            if (
+                step.step_name == step_name
+                and step.status is BatchStatus.STARTED
+                and uow.step_partition_plan(step.id)
+            ):
+                return instance, execution, step
+        return None
+
+
+# --------------------------------------------------------------------------- parent
+
+
+def plan_entries(partitions: Partitions, schema: StateSchemaId) -> list[PartitionPlanEntry]:
+    """Plan entries from keys, or from keys mapped to their context payloads."""
+    if isinstance(partitions, Mapping):
+        items = list(partitions.items())
+    else:
+        items = [(key, {}) for key in partitions]
+    return [
+        PartitionPlanEntry(
+            key, ExecutionContext(schema, 1, dict(ctx), limits=StateLimits.PARTITION)
+        )
+        for key, ctx in items
+    ]
+
+
+def start_partitioned_step(
+    repository: JobRepository,
+    instance_id: int,
+    execution_id: int,
+    name: str,
+    entries: list[PartitionPlanEntry],
+    start_limit: StartLimit,
+) -> tuple[bool, StepExecution]:
+    """Start the parent step and publish its plan in one unit of work.
+
+    Returns (True, the completed step) when an earlier attempt completed it, else (False, the
+    STARTED parent). A restart carries the earlier attempt's plan (completed partitions are
+    not rerun); otherwise the plan is made of `entries`. The COMMIT publishes the plan.
+    """
+    node = NodeId(name)
+
+    def start(uow: UnitOfWork) -> tuple[bool, StepExecution]:
+        latest = uow.latest_flow_step(instance_id, node)
+        if latest is not None and latest.step_execution.status is BatchStatus.COMPLETED:
+            return True, latest.step_execution
+        parent = uow.create_flow_step_execution(execution_id, StepName(name), node, start_limit)
+        at = max(uow.clock.now(), parent.created_at)
+        parent = uow.transition_step_execution(
+            parent.id, parent.version, LifecycleTransition.new(BatchStatus.STARTED, at)
+        )
+        source = latest.step_execution if latest is not None else None
+        if source is not None and uow.step_partition_plan(source.id):
+            uow.restart_step_partition_plan(source.id, parent.id)
+        else:
+            uow.create_step_partition_plan(parent.id, entries)
+        return False, parent
+
+    return repository.run_in_unit_of_work(start)
+
+
+def _local_worker(repository: JobRepository, parent: StepExecution, runners: RunnerFactory) -> None:
+    """Body of a forked local worker: its own repository, then a hard exit.
+
+    The hard exit skips cleanup of the connections inherited from the parent, which still
+    uses them.
+    """
+    code = 1
+    try:
+        with JobRepository.connect(repository.config, clock=repository.clock) as own:
+            work_on_plan(own, parent, runners(own))
+        code = 0
+    except BaseException:
+        logger.exception("pybatch: partition worker process failed")
+    finally:
+        os._exit(code)
+
+
+def supervise(
+    repository: JobRepository,
+    parent: StepExecution,
+    runners: RunnerFactory,
+    workers: int,
+    *,
+    poll_seconds: float = POLL_SECONDS,
+) -> None:
+    """Keep `workers` forked local processes working until no partition is open.
+
+    A process that dies is replaced while partitions remain open; lost partitions are
+    recovered by the survivors or here. With 0 workers the calling process works alone.
+    """
+    if not 0 <= workers <= MAX_PARTITION_WORKERS:
+        raise ValueError(f"workers is 0..{MAX_PARTITION_WORKERS}")
+    if workers == 0:
+        work_on_plan(repository, parent, runners(repository), poll_seconds=poll_seconds)
+        return
+    context = multiprocessing.get_context("fork")
+    processes: list[Any] = []
+
+    def spawn() -> None:
+        process = context.Process(
+            target=_local_worker, args=(repository, parent, runners), daemon=True
+        )
+        process.start()
+        processes.append(process)
+
+    def open_partitions() -> int:
+        with repository.begin() as uow:
+            return uow.count_open_step_partitions(parent.id)
+
+    liveness = _Liveness(repository)
+    try:
+        for _ in range(workers):
+            spawn()
+        while open_partitions():
+            alive = [p for p in processes if p.is_alive()]
+            for process in processes:
+                if not process.is_alive():
+                    process.join()
+            processes[:] = alive
+            if len(alive) < workers:
+                recover_lost_workers(repository, parent.id, liveness)
+                for _ in range(workers - len(alive)):
+                    spawn()
+            # Wake as soon as a worker exits (the plan may be done), else poll.
+            multiprocessing.connection.wait([p.sentinel for p in alive], timeout=poll_seconds)
+    finally:
+        for process in processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.terminate()
+                process.join()
+        liveness.close()
+
+
+def aggregate_plan(
+    repository: JobRepository, parent: StepExecution
+) -> tuple[StepExecution, list[str]]:
+    """Aggregate the partitions onto the parent; return it and the keys not COMPLETED."""
+
+    def aggregate(uow: UnitOfWork) -> tuple[StepExecution, list[str]]:
+        current = uow.get_step_execution(parent.id)
+        if current is None:  # the parent of a published plan is never deleted mid-run
+            raise PartitionStateCorrupt()
+        at = max(uow.clock.now(), current.updated_at)
+        ended = uow.aggregate_step_partitions(parent.id, current.version, at)
+        unfinished = [
+            p.key.value
+            for p in uow.step_partition_plan(parent.id)
+            if p.status is not BatchStatus.COMPLETED
+        ]
+        return ended, unfinished
+
+    return repository.run_in_unit_of_work(aggregate)

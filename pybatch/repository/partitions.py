@@ -1,0 +1,664 @@
+"""Step partitions (behaviour.md 4.8) over queries/partitions.sql, with the seed's check orders.
+
+Lock order everywhere: parent step, then partitions, then worker steps. Callers pass
+`unpublished`, the parents whose plan was created or carried in the current unit of work: no
+worker may be assigned to a plan that is not durably published yet.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Callable, MutableSet, Sequence
+
+import attrs
+
+from pybatch._statements import Connection, Row, Statements
+from pybatch.codecs._jsonb import to_jsonb
+from pybatch.codecs._primitives import DecodeError, decode_enum, decode_int64, decode_text
+from pybatch.codecs.fault_state import encode_fault_state
+from pybatch.codecs.lifecycle import encode_execution_metadata
+from pybatch.codecs.partitions import decode_step_partition, encode_plan_entries
+from pybatch.codecs.steps import decode_step_execution, encode_counts
+from pybatch.errors import (
+    ConcurrentModification,
+    CountExhausted,
+    DuplicatePartitionKey,
+    EmptyPartitionPlan,
+    PartitionAggregationIncomplete,
+    PartitionParentNotActive,
+    PartitionPlanExists,
+    PartitionPlanNotCommitted,
+    PartitionPlanTooLarge,
+    PartitionStateCorrupt,
+    PartitionUpdateNotAllowed,
+    PartitionWorkerAlreadyAssigned,
+    PartitionWorkerMismatch,
+    PartitionWorkerStale,
+    PyBatchError,
+    StaleVersion,
+    StepExecutionNotFound,
+    StepPartitionNotFound,
+)
+from pybatch.repository._lifecycle import check_expected_version
+from pybatch.values.fault import FaultStateEnvelope
+from pybatch.values.ids import IdentifierKind, check_identifier
+from pybatch.values.lifecycle import (
+    LifecycleTransition,
+    apply_exit_enrichment,
+    apply_transition,
+)
+from pybatch.values.names import ExitCode
+from pybatch.values.partitions import (
+    MAX_PARTITIONS,
+    RESULT_STATUSES,
+    AggregateError,
+    PartitionKey,
+    PartitionPlanEntry,
+    PartitionResult,
+    PartitionStateError,
+    PlanProgress,
+    SlowPartition,
+    StepPartition,
+    aggregate_partitions,
+)
+from pybatch.values.records import StepExecution
+from pybatch.values.status import BatchStatus
+
+__all__ = [
+    "aggregate_step_partitions",
+    "assign_step_partition",
+    "claim_step_partition",
+    "complete_step_partition",
+    "count_open_step_partitions",
+    "count_step_partitions_by_status",
+    "end_partition_worker",
+    "plan_progress",
+    "started_step_partitions",
+    "create_step_partition_plan",
+    "restart_step_partition_plan",
+    "step_partition_plan",
+]
+
+#: How many workers may try one partition in one attempt when each of them was lost.
+MAX_WORKER_TRIES = 5
+_ACTIVE_PARENT = frozenset({BatchStatus.STARTING, BatchStatus.STARTED})
+_COMPLETING_PARENT = frozenset({BatchStatus.STARTED, BatchStatus.STOPPING})
+
+
+def _status(value: object) -> BatchStatus:
+    try:
+        return decode_enum(BatchStatus, value, column="status")
+    except DecodeError:
+        raise PartitionStateCorrupt() from None
+
+
+@attrs.frozen
+class _LockedStep:
+    job_execution_id: int
+    status: BatchStatus
+
+
+def _lock_step(q: Statements, conn: Connection, step_id: int) -> _LockedStep | None:
+    row = q.lock_partition_step.one(conn, step_execution_id=step_id)
+    if row is None:
+        return None
+    try:
+        execution_id = decode_int64(row["job_execution_id"], column="job_execution_id", minimum=1)
+    except DecodeError:
+        raise PartitionStateCorrupt() from None
+    return _LockedStep(execution_id, _status(row["status"]))
+
+
+def _decoded(rows: Sequence[Row]) -> list[StepPartition]:
+    return [decode_step_partition(row) for row in rows]
+
+
+def _by_key(partitions: list[StepPartition]) -> list[StepPartition]:
+    return sorted(partitions, key=lambda p: p.key.sort_key)
+
+
+def create_step_partition_plan(
+    q: Statements,
+    conn: Connection,
+    parent_id: int,
+    entries: Sequence[PartitionPlanEntry],
+    unpublished: MutableSet[int],
+) -> list[StepPartition]:
+    """Create a plan for a parent, all or nothing; partitions in entry order.
+
+    Raises:
+        EmptyPartitionPlan, PartitionPlanTooLarge, DuplicatePartitionKey: bad entries
+            (checked before the parent).
+        StepExecutionNotFound: no such parent.
+        PartitionParentNotActive: parent not STARTING or STARTED.
+        PartitionPlanExists: the parent already has a plan.
+
+    Statements: partitions.sql lock_partition_step, find_step_partition_plan,
+    insert_step_partitions.
+    """
+    entries = list(entries)
+    if not entries:
+        raise EmptyPartitionPlan()
+    if len(entries) > MAX_PARTITIONS:
+        raise PartitionPlanTooLarge(max=MAX_PARTITIONS)
+    if len({entry.key.sort_key for entry in entries}) != len(entries):
+        raise DuplicatePartitionKey()
+    check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
+    parent = _lock_step(q, conn, parent_id)
+    if parent is None:
+        raise StepExecutionNotFound(id=parent_id)
+    status = parent.status
+    if status not in _ACTIVE_PARENT:
+        raise PartitionParentNotActive(step_execution_id=parent_id, status=status.value)
+    if q.find_step_partition_plan.scalar(conn, step_execution_id=parent_id) is True:
+        raise PartitionPlanExists(step_execution_id=parent_id)
+    rows = q.insert_step_partitions.many(
+        conn, step_execution_id=parent_id, **encode_plan_entries(entries)
+    )
+    unpublished.add(parent_id)
+    return sorted(_decoded(rows), key=lambda p: p.ordinal)
+
+
+def step_partition_plan(q: Statements, conn: Connection, parent_id: int) -> list[StepPartition]:
+    """A parent's plan in key byte order; empty without a plan.
+
+    Raises:
+        StepExecutionNotFound: no such parent.
+
+    Statements: steps.sql get_step_execution; partitions.sql list_step_partitions.
+    """
+    check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
+    if q.get_step_execution.one(conn, step_execution_id=parent_id) is None:
+        raise StepExecutionNotFound(id=parent_id)
+    return _decoded(q.list_step_partitions.many(conn, step_execution_id=parent_id))
+
+
+def restart_step_partition_plan(
+    q: Statements,
+    conn: Connection,
+    source_parent_id: int,
+    target_parent_id: int,
+    unpublished: MutableSet[int],
+) -> list[StepPartition]:
+    """Carry a committed plan into a restart's parent; COMPLETED partitions are not rerun.
+
+    Raises:
+        PartitionStateCorrupt: a step is missing, the logical ids differ, the source job is not
+            FAILED or STOPPED, the source has no plan or an unreadable one.
+        PartitionParentNotActive: the target is not STARTING or STARTED.
+        PartitionPlanExists: the target already has a plan.
+
+    Statements: partitions.sql lock_partition_restart_pair, find_step_partition_plan,
+    lock_step_partitions_by_ordinal, copy_step_partitions.
+    """
+    check_identifier(IdentifierKind.STEP_EXECUTION, source_parent_id)
+    check_identifier(IdentifierKind.STEP_EXECUTION, target_parent_id)
+    pair = q.lock_partition_restart_pair.one(
+        conn, source_step_execution_id=source_parent_id, step_execution_id=target_parent_id
+    )
+    if pair is None or pair["same_logical_id"] is not True:
+        raise PartitionStateCorrupt()
+    if _status(pair["source_job_status"]) not in (BatchStatus.FAILED, BatchStatus.STOPPED):
+        raise PartitionStateCorrupt()
+    target_status = _status(pair["target_status"])
+    if target_status not in _ACTIVE_PARENT:
+        raise PartitionParentNotActive(
+            step_execution_id=target_parent_id, status=target_status.value
+        )
+    if q.find_step_partition_plan.scalar(conn, step_execution_id=target_parent_id) is True:
+        raise PartitionPlanExists(step_execution_id=target_parent_id)
+    source = _decoded(
+        q.lock_step_partitions_by_ordinal.many(conn, step_execution_id=source_parent_id)
+    )
+    if not source:
+        raise PartitionStateCorrupt()
+    rows = q.copy_step_partitions.many(
+        conn, source_step_execution_id=source_parent_id, step_execution_id=target_parent_id
+    )
+    unpublished.add(target_parent_id)
+    return sorted(_decoded(rows), key=lambda p: p.ordinal)
+
+
+@attrs.frozen
+class _Locked:
+    parent_id: int
+    parent_execution_id: int
+    parent_status: BatchStatus
+    partition: StepPartition
+
+
+def _locked_partition(q: Statements, conn: Connection, partition_id: int) -> _Locked:
+    """The parent (locked first) and the partition (locked second)."""
+    check_identifier(IdentifierKind.STEP_PARTITION, partition_id)
+    found = q.get_step_partition_parent.scalar(conn, step_partition_id=partition_id)
+    if found is None:
+        raise StepPartitionNotFound(id=partition_id)
+    try:
+        parent_id = decode_int64(found, column="step_execution_id", minimum=1)
+    except DecodeError:
+        raise PartitionStateCorrupt() from None
+    parent = _lock_step(q, conn, parent_id)
+    if parent is None:  # the parent foreign key makes this unreachable
+        raise PartitionStateCorrupt()
+    row = q.lock_step_partition.one(conn, step_partition_id=partition_id)
+    if row is None:
+        raise StepPartitionNotFound(id=partition_id)
+    return _Locked(parent_id, parent.job_execution_id, parent.status, decode_step_partition(row))
+
+
+def _domain(partition: StepPartition, change: Callable[[], StepPartition]) -> StepPartition:
+    try:
+        result = change()
+    except PartitionStateError as refused:
+        if refused.rule == "VersionExhausted" or refused.status is None:
+            raise PartitionStateCorrupt() from None
+        raise PartitionUpdateNotAllowed(id=partition.id, status=refused.status.value) from None
+    return result
+
+
+def assign_step_partition(
+    q: Statements,
+    conn: Connection,
+    partition_id: int,
+    expected_version: int,
+    worker_id: int,
+    unpublished: MutableSet[int],
+) -> StepPartition:
+    """Hand a partition to a worker step (first assignment, or a retry after FAILED/STOPPED).
+
+    Raises:
+        StepPartitionNotFound, PartitionParentNotActive (parent not STARTED),
+        PartitionPlanNotCommitted, StaleVersion, PartitionUpdateNotAllowed,
+        StepExecutionNotFound (worker), PartitionWorkerMismatch,
+        PartitionWorkerAlreadyAssigned, ConcurrentModification.
+
+    Statements: partitions.sql get_step_partition_parent, lock_partition_step,
+    lock_step_partition, find_partition_of_worker, update_step_partition_assign.
+    """
+    check_expected_version(expected_version)
+    check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
+    locked = _locked_partition(q, conn, partition_id)
+    parent_id, parent_status, partition = locked.parent_id, locked.parent_status, locked.partition
+    if parent_status is not BatchStatus.STARTED:
+        raise PartitionParentNotActive(step_execution_id=parent_id, status=parent_status.value)
+    if parent_id in unpublished:
+        raise PartitionPlanNotCommitted(step_execution_id=parent_id)
+    assigned = _domain(partition, lambda: partition.assigned(expected_version, worker_id))
+    worker = _lock_step(q, conn, worker_id)
+    if worker is None:
+        raise StepExecutionNotFound(id=worker_id)
+    if worker_id == parent_id or worker.job_execution_id != locked.parent_execution_id:
+        raise PartitionWorkerMismatch(partition_id=partition_id, worker=worker_id)
+    if q.find_partition_of_worker.scalar(conn, worker_step_execution_id=worker_id) is True:
+        raise PartitionWorkerAlreadyAssigned(worker=worker_id)
+    changed = q.update_step_partition_assign.affected(
+        conn,
+        worker_step_execution_id=worker_id,
+        step_partition_id=partition_id,
+        expected_version=expected_version,
+    )
+    if changed != 1:
+        raise ConcurrentModification()
+    return assigned
+
+
+def complete_step_partition(
+    q: Statements,
+    conn: Connection,
+    partition_id: int,
+    expected_version: int,
+    worker_id: int,
+) -> StepPartition:
+    """Publish the worker's terminal snapshot (read from its durable row) onto its partition.
+
+    Raises:
+        StepPartitionNotFound, PartitionParentNotActive (parent not STARTED or STOPPING),
+        PartitionWorkerStale, StepExecutionNotFound, PartitionWorkerMismatch,
+        PartitionAggregationIncomplete (worker not finished), StaleVersion,
+        PartitionUpdateNotAllowed, ConcurrentModification.
+
+    Statements: partitions.sql get_step_partition_parent, lock_partition_step,
+    lock_step_partition, update_step_partition_complete; steps.sql lock_step_execution.
+    """
+    return end_partition_worker(q, conn, partition_id, expected_version, worker_id, None)
+
+
+@attrs.frozen
+class WorkerEnd:
+    """How a partition's worker step ends: its transition and exit status."""
+
+    transition: LifecycleTransition
+    exit_status: ExitCode
+
+
+def end_partition_worker(
+    q: Statements,
+    conn: Connection,
+    partition_id: int,
+    expected_version: int,
+    worker_id: int,
+    end: WorkerEnd | None,
+) -> StepPartition:
+    """Optionally end the worker step, then complete its partition from the worker's row.
+
+    With `end`, the worker's transition and exit status are applied under the worker lock
+    (lock order: parent, partition, worker) and written in one compare-and-swap, then the
+    partition is completed as `complete_step_partition` does, in the same savepoint.
+
+    Statements: partitions.sql get_step_partition_parent, lock_partition_step,
+    lock_step_partition, update_partition_worker_end, update_step_partition_complete;
+    steps.sql lock_step_execution.
+    """
+    check_expected_version(expected_version)
+    check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
+    locked = _locked_partition(q, conn, partition_id)
+    parent_id, parent_status, partition = locked.parent_id, locked.parent_status, locked.partition
+    if parent_status not in _COMPLETING_PARENT:
+        raise PartitionParentNotActive(step_execution_id=parent_id, status=parent_status.value)
+    if partition.worker_step_execution_id != worker_id:
+        raise PartitionWorkerStale(partition_id=partition_id, worker=worker_id)
+    worker_row = q.lock_step_execution.one(conn, step_execution_id=worker_id)
+    if worker_row is None:
+        raise StepExecutionNotFound(id=worker_id)
+    worker = decode_step_execution(worker_row)
+    if worker.job_execution_id != locked.parent_execution_id:
+        raise PartitionWorkerMismatch(partition_id=partition_id, worker=worker_id)
+    if end is not None:
+        worker = _end_worker(q, conn, worker, end)
+    if worker.status not in RESULT_STATUSES:
+        raise PartitionAggregationIncomplete(
+            step_execution_id=parent_id, status=worker.status.value
+        )
+    result = PartitionResult.from_worker(worker)
+    completed = _domain(partition, lambda: partition.completed(expected_version, result))
+    changed = q.update_step_partition_complete.affected(
+        conn,
+        status=result.status.value,
+        exit_code=result.exit_status.value,
+        **encode_counts(result.counts),
+        step_partition_id=partition_id,
+        expected_version=expected_version,
+    )
+    if changed != 1:
+        raise ConcurrentModification()
+    return completed
+
+
+def _end_worker(
+    q: Statements, conn: Connection, worker: StepExecution, end: WorkerEnd
+) -> StepExecution:
+    """Apply the worker's transition and exit status; one compare-and-swap write.
+
+    The end instant is never earlier than the worker's last write, whose clock may be
+    another host's (the claim).
+    """
+    transition = attrs.evolve(end.transition, at=max(end.transition.at, worker.updated_at))
+    metadata, version = apply_transition(
+        worker.metadata, worker.version, worker.version, transition, counts_apply=True
+    )
+    metadata, version = apply_exit_enrichment(metadata, version, version, end.exit_status)
+    changed = q.update_partition_worker_end.affected(
+        conn,
+        **encode_execution_metadata(metadata),
+        rollback_count=metadata.counts.rolled_back,
+        transitioned_at=transition.at,
+        version=version,
+        step_execution_id=worker.id,
+        expected_version=worker.version,
+    )
+    if changed != 1:  # unreachable under the worker lock
+        raise ConcurrentModification()
+    return attrs.evolve(
+        worker,
+        metadata=metadata,
+        version=version,
+        updated_at=max(worker.updated_at, transition.at),
+    )
+
+
+def aggregate_step_partitions(
+    q: Statements,
+    conn: Connection,
+    parent_id: int,
+    expected_version: int,
+    transitioned_at: _dt.datetime,
+) -> StepExecution:
+    """End the parent with the aggregate of every child, atomically (behaviour.md 4.8).
+
+    A replay with the same `expected_version` after a committed aggregation returns the
+    parent unchanged, so a retry after CommitOutcomeUnknown is safe.
+
+    Raises:
+        StepExecutionNotFound, PartitionStateCorrupt, PartitionAggregationIncomplete,
+        CountExhausted, PartitionParentNotActive, and the lifecycle errors (StaleVersion,
+        IllegalTransition, ...).
+
+    Statements: steps.sql lock_step_execution, get_step_execution; partitions.sql
+    lock_step_partitions_by_key, lock_step_partition_workers, update_step_execution_aggregate.
+    """
+    check_expected_version(expected_version)
+    check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
+    parent_row = q.lock_step_execution.one(conn, step_execution_id=parent_id)
+    if parent_row is None:
+        raise StepExecutionNotFound(id=parent_id)
+    parent = decode_step_execution(parent_row)
+    children = _decoded(q.lock_step_partitions_by_key.many(conn, step_execution_id=parent_id))
+    try:
+        aggregate = aggregate_partitions(children)
+    except AggregateError as refused:
+        if refused.rule == "Incomplete":
+            status = refused.status.value if refused.status else "UNKNOWN"
+            raise PartitionAggregationIncomplete(
+                step_execution_id=parent_id, status=status
+            ) from None
+        if refused.rule == "CountExhausted":
+            raise CountExhausted() from None
+        raise PartitionStateCorrupt() from None
+    workers: dict[int, StepExecution] = {
+        worker.id: worker
+        for worker in map(
+            decode_step_execution,
+            q.lock_step_partition_workers.many(conn, step_execution_id=parent_id),
+        )
+    }
+    for child in _by_key(children):
+        worker = workers.get(child.worker_step_execution_id or 0)
+        if worker is None or PartitionResult.from_worker(worker) != PartitionResult(
+            status=child.status, exit_status=child.exit_status, counts=child.counts
+        ):
+            raise PartitionStateCorrupt()
+    failure = None
+    if aggregate.status is BatchStatus.FAILED:
+        failure = workers[aggregate.selected_worker].metadata.failure
+    current = parent.metadata
+    if (
+        parent.version == expected_version + 1
+        and current.status is aggregate.status
+        and current.exit_status == aggregate.exit_status
+        and current.counts == aggregate.counts
+        and current.failure == failure
+    ):
+        return parent
+    if current.status not in _COMPLETING_PARENT:
+        raise PartitionParentNotActive(step_execution_id=parent_id, status=current.status.value)
+    if failure is not None:  # a FAILED aggregate: its selected worker always carries one
+        transition = LifecycleTransition.failed(transitioned_at, failure)
+    else:
+        transition = LifecycleTransition.new(aggregate.status, transitioned_at)
+    metadata, version = apply_transition(
+        current, parent.version, expected_version, transition, counts_apply=True
+    )
+    metadata = attrs.evolve(metadata, exit_status=aggregate.exit_status, counts=aggregate.counts)
+    changed = q.update_step_execution_aggregate.affected(
+        conn,
+        **encode_execution_metadata(metadata),
+        **encode_counts(metadata.counts),
+        transitioned_at=transitioned_at,
+        step_execution_id=parent_id,
+        expected_version=expected_version,
+    )
+    if changed != 1:
+        latest = q.get_step_execution.one(conn, step_execution_id=parent_id)
+        if latest is None:
+            raise StepExecutionNotFound(id=parent_id)
+        raise StaleVersion(expected=expected_version, actual=decode_step_execution(latest).version)
+    return attrs.evolve(
+        parent,
+        metadata=metadata,
+        version=version,
+        updated_at=max(parent.updated_at, transitioned_at),
+    )
+
+
+def claim_step_partition(
+    q: Statements,
+    conn: Connection,
+    now: _dt.datetime,
+    parent: StepExecution,
+    unpublished: MutableSet[int],
+) -> tuple[StepPartition, StepExecution] | None:
+    """Claim the next partition of a STARTED parent for a new worker step, or None.
+
+    One guarded statement locks the first claimable partition with SKIP LOCKED, creates the
+    STARTED worker step (resuming the partition's latest earlier worker) and assigns it.
+
+    Raises:
+        PartitionPlanNotCommitted: the plan was created in this unit of work.
+
+    Statements: partitions.sql claim_step_partition; steps.sql get_step_execution.
+    """
+    if parent.id in unpublished:
+        raise PartitionPlanNotCommitted(step_execution_id=parent.id)
+    fault = encode_fault_state(FaultStateEnvelope.EMPTY)
+    row = q.claim_step_partition.one(
+        conn,
+        step_execution_id=parent.id,
+        node_id=parent.logical_id.value,
+        worker_name_prefix=worker_name_prefix(parent.step_name.value),
+        max_partition_version=2 * MAX_WORKER_TRIES,
+        fault_state_payload=to_jsonb(fault["fault_state_payload"]),
+        fault_state_checksum=fault["fault_state_checksum"],
+        now=now,
+    )
+    if row is None:
+        return None
+    partition = decode_step_partition(row)
+    if partition.worker_step_execution_id is None:  # the claim assigns one; never reached
+        raise PartitionStateCorrupt()
+    worker = q.get_step_execution.one(conn, step_execution_id=partition.worker_step_execution_id)
+    if worker is None:  # inserted by the same statement; never reached
+        raise PartitionStateCorrupt()
+    return partition, decode_step_execution(worker)
+
+
+def worker_name_prefix(parent_name: str) -> str:
+    """The parent's name cut to 100 UTF-8 bytes: worker names add `#ordinal.version`."""
+    data = parent_name.encode("utf-8")[:100]
+    return data.decode("utf-8", "ignore")
+
+
+def count_open_step_partitions(q: Statements, conn: Connection, parent_id: int) -> int:
+    """Partitions still STARTING, STARTED, or claimable again after a lost worker.
+
+    Statements: partitions.sql count_open_step_partitions.
+    """
+    check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
+    found = q.count_open_step_partitions.scalar(
+        conn, step_execution_id=parent_id, max_partition_version=2 * MAX_WORKER_TRIES
+    )
+    return decode_int64(found, column="open_partitions", minimum=0)
+
+
+@attrs.frozen
+class StartedPartition:
+    """A partition being worked on: enough to check and recover its worker."""
+
+    id: int
+    key: str
+    worker_step_execution_id: int
+    version: int
+
+
+def started_step_partitions(
+    q: Statements, conn: Connection, parent_id: int
+) -> list[StartedPartition]:
+    """The STARTED partitions of a plan with their workers.
+
+    Statements: partitions.sql list_started_step_partitions.
+    """
+    check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
+    rows = q.list_started_step_partitions.many(conn, step_execution_id=parent_id)
+    try:
+        return [
+            StartedPartition(
+                id=decode_int64(row["id"], column="id", minimum=1),
+                key=decode_text(row["partition_key"], column="partition_key"),
+                worker_step_execution_id=decode_int64(
+                    row["worker_step_execution_id"], column="worker_step_execution_id", minimum=1
+                ),
+                version=decode_int64(row["version"], column="version", minimum=0),
+            )
+            for row in rows
+        ]
+    except DecodeError:
+        raise PartitionStateCorrupt() from None
+
+
+def count_step_partitions_by_status(
+    q: Statements, conn: Connection, parent_id: int
+) -> dict[BatchStatus, int]:
+    """How many partitions of a plan are in each status (the plan's progress).
+
+    Statements: partitions.sql count_step_partitions_by_status.
+    """
+    check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
+    rows = q.count_step_partitions_by_status.many(conn, step_execution_id=parent_id)
+    try:
+        return {
+            _status(row["status"]): decode_int64(row["partitions"], column="partitions", minimum=0)
+            for row in rows
+        }
+    except DecodeError:
+        raise PartitionStateCorrupt() from None
+
+
+def plan_progress(
+    q: Statements, conn: Connection, parent_id: int, now: _dt.datetime, slowest: int = 5
+) -> PlanProgress:
+    """Partitions per status and the `slowest` partitions of a plan.
+
+    Raises:
+        StepExecutionNotFound: no such parent.
+        PartitionStateCorrupt: an unreadable status or key.
+
+    Statements: steps.sql get_step_execution; partitions.sql count_step_partitions_by_status,
+    list_slowest_step_partitions.
+    """
+    check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
+    if q.get_step_execution.one(conn, step_execution_id=parent_id) is None:
+        raise StepExecutionNotFound(id=parent_id)
+    counts = count_step_partitions_by_status(q, conn, parent_id)
+    rows = q.list_slowest_step_partitions.many(
+        conn, step_execution_id=parent_id, now=now, limit=slowest
+    )
+    try:
+        slow = tuple(
+            SlowPartition(
+                key=PartitionKey(decode_text(row["partition_key"], column="partition_key")),
+                status=_status(row["status"]),
+                worker_step_execution_id=decode_int64(
+                    row["worker_step_execution_id"], column="worker_step_execution_id", minimum=1
+                ),
+                elapsed=_elapsed(row["elapsed"]),
+            )
+            for row in rows
+        )
+    except (DecodeError, PyBatchError):
+        raise PartitionStateCorrupt() from None
+    return PlanProgress(counts=counts, slowest=slow)
+
+
+def _elapsed(value: object) -> _dt.timedelta:
+    if not isinstance(value, _dt.timedelta):
+        raise DecodeError("elapsed")
+    return value

@@ -1,0 +1,167 @@
+"""The flow decision point of a running job (behaviour.md 4.7): record where the flow goes.
+
+After a step (or a decider), the job's manifest selects the next node or the terminal state,
+and the choice is appended as a flow decision in one unit of work. On a restart, a step that
+completed in an earlier attempt, or a decider that already decided on the same plan and
+input, reuses the recorded decision instead of deciding again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import attrs
+
+from pybatch.errors import FlowStateCorrupt
+from pybatch.values.flow import (
+    FlowDecision,
+    FlowDecisionRequest,
+    FlowTarget,
+    FlowTransitionKind,
+    select_flow_target,
+)
+from pybatch.values.names import ExitCode, NodeId
+from pybatch.values.records import StepExecution
+
+if TYPE_CHECKING:
+    from pybatch.job_repository import JobRepository
+    from pybatch.unit_of_work import UnitOfWork
+    from pybatch.values.definitions import DefinitionIdentity
+
+__all__ = ["FlowPoint"]
+
+
+@attrs.frozen
+class FlowPoint:
+    """Where one job execution records its flow decisions."""
+
+    repository: JobRepository
+    instance_id: int
+    execution_id: int
+    definition: DefinitionIdentity
+    input_digest: bytes
+
+    def after_step(self, step: StepExecution, *, reused: bool) -> FlowDecision:
+        """Record the transition out of `step`'s node on its exit status.
+
+        `reused` says the step completed in an earlier attempt: the earlier decision is
+        reused (COMPLETED_STEP_REUSE) rather than taken again.
+
+        Raises:
+            FlowStateCorrupt: the manifest has no transition for this node and outcome.
+        """
+        node, outcome = step.logical_id, step.metadata.exit_status
+
+        def work(uow: UnitOfWork) -> FlowDecision:
+            recorded = self._recorded(uow, node)
+            if recorded is not None:
+                return recorded
+            earlier = None
+            if reused:
+                earlier = uow.find_reusable_flow_decision(
+                    self.instance_id,
+                    node,
+                    self.definition.digest,
+                    self.input_digest,
+                    FlowTransitionKind.STEP_EXIT,
+                )
+            if earlier is not None:
+                return uow.append_flow_decision(
+                    self._request(
+                        uow,
+                        node,
+                        FlowTransitionKind.COMPLETED_STEP_REUSE,
+                        earlier.observed_outcome,
+                        earlier.target,
+                        source_step=step.id,
+                        reused=earlier.id,
+                    )
+                )
+            target = self._select(node, FlowTransitionKind.STEP_EXIT, outcome)
+            return uow.append_flow_decision(
+                self._request(
+                    uow, node, FlowTransitionKind.STEP_EXIT, outcome, target, source_step=step.id
+                )
+            )
+
+        return self.repository.run_in_unit_of_work(work)
+
+    def decide(self, node: NodeId, decider: Callable[[], str]) -> FlowDecision:
+        """Run `decider` for a decision node and record where its outcome leads.
+
+        A decision already taken for this node on the same plan and input (this attempt or
+        an earlier one) is reused, and `decider` is not called again.
+        """
+
+        def reusable(uow: UnitOfWork) -> FlowDecision | None:
+            recorded = self._recorded(uow, node)
+            if recorded is not None:
+                return recorded
+            earlier = uow.find_reusable_flow_decision(
+                self.instance_id,
+                node,
+                self.definition.digest,
+                self.input_digest,
+                FlowTransitionKind.DECIDER,
+            )
+            if earlier is None:
+                return None
+            return uow.append_flow_decision(
+                self._request(
+                    uow,
+                    node,
+                    FlowTransitionKind.DECIDER,
+                    earlier.observed_outcome,
+                    earlier.target,
+                    reused=earlier.id,
+                )
+            )
+
+        found = self.repository.run_in_unit_of_work(reusable)
+        if found is not None:
+            return found
+        outcome = ExitCode(decider())
+        target = self._select(node, FlowTransitionKind.DECIDER, outcome)
+        return self.repository.run_in_unit_of_work(
+            lambda uow: uow.append_flow_decision(
+                self._request(uow, node, FlowTransitionKind.DECIDER, outcome, target)
+            )
+        )
+
+    def _recorded(self, uow: UnitOfWork, node: NodeId) -> FlowDecision | None:
+        for decision in uow.flow_decisions(self.execution_id):
+            if decision.source_node_id == node:
+                return decision
+        return None
+
+    def _select(self, node: NodeId, kind: FlowTransitionKind, outcome: ExitCode) -> FlowTarget:
+        target = select_flow_target(self.definition.manifest(), node, kind, outcome)
+        if target is None:
+            raise FlowStateCorrupt()
+        return target
+
+    def _request(
+        self,
+        uow: UnitOfWork,
+        node: NodeId,
+        kind: FlowTransitionKind,
+        outcome: ExitCode,
+        target: FlowTarget,
+        *,
+        source_step: int | None = None,
+        reused: int | None = None,
+    ) -> FlowDecisionRequest:
+        return FlowDecisionRequest(
+            job_execution_id=self.execution_id,
+            sequence=len(uow.flow_decisions(self.execution_id)) + 1,
+            source_node_id=node,
+            source_step_execution_id=source_step,
+            kind=kind,
+            observed_outcome=outcome,
+            target=target,
+            plan_fingerprint=self.definition.digest,
+            input_digest=self.input_digest,
+            reused_decision_id=reused,
+            decided_at=uow.clock.now(),
+        )

@@ -1,0 +1,307 @@
+"""Partition values: plan entries, stored partitions, results and aggregation (behaviour.md 2.14).
+
+The domain rules here are pure: `assign`, `complete` and `aggregate_partitions` decide what a
+partition or a parent becomes, and the repository writes exactly that under its row locks.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Iterable, Mapping, Sequence
+
+import attrs
+
+from pybatch.errors import (
+    CountExhausted,
+    EmptyName,
+    NameContainsControl,
+    NameTooLong,
+    PartitionContextTooLarge,
+    StaleVersion,
+    StateTooDeep,
+    StateTooLarge,
+    TextNotUtf8,
+)
+from pybatch.values.counts import ExecutionCounts
+from pybatch.values.ids import IdentifierKind, check_identifier, check_version
+from pybatch.values.names import ExitCode
+from pybatch.values.records import StepExecution
+from pybatch.values.state import ExecutionContext, StateLimits
+from pybatch.values.status import BatchStatus
+
+__all__ = [
+    "MAX_PARTITIONS",
+    "MAX_PARTITION_CONTEXT_BYTES",
+    "MAX_PARTITION_WORKERS",
+    "AggregateError",
+    "PartitionAggregate",
+    "PartitionKey",
+    "PartitionPlanEntry",
+    "PartitionResult",
+    "PartitionStateError",
+    "PlanProgress",
+    "SlowPartition",
+    "StepPartition",
+    "aggregate_partitions",
+]
+
+#: Entries in one plan.
+MAX_PARTITIONS = 1024
+#: Worker processes of one partitioned step.
+MAX_PARTITION_WORKERS = 64
+#: Encoded partition context envelope bound.
+MAX_PARTITION_CONTEXT_BYTES = 4096
+_KEY_MAX_BYTES = 128
+
+#: Statuses a finished worker hands to its partition.
+RESULT_STATUSES = frozenset(
+    {BatchStatus.COMPLETED, BatchStatus.FAILED, BatchStatus.STOPPED, BatchStatus.UNKNOWN}
+)
+#: Aggregate severity: the most severe child status wins.
+SEVERITY: Mapping[BatchStatus, int] = {
+    BatchStatus.COMPLETED: 0,
+    BatchStatus.STOPPED: 1,
+    BatchStatus.FAILED: 2,
+    BatchStatus.UNKNOWN: 3,
+}
+
+
+def _check_key(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if type(value) is not str:
+        raise TypeError("a partition key is a str")
+    if not value:
+        raise EmptyName(kind="partition key")
+    if len(value.encode("utf-8", "surrogatepass")) > _KEY_MAX_BYTES:
+        raise NameTooLong(kind="partition key", max_bytes=_KEY_MAX_BYTES)
+    if "\x00" in value:
+        raise NameContainsControl(kind="partition key", character_index=value.index("\x00"))
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise TextNotUtf8(kind="partition key") from None
+
+
+@attrs.frozen(order=False)
+class PartitionKey:
+    """A partition's key within its plan: byte-exact, whitespace kept, 1..128 bytes, no NUL.
+
+    Raises:
+        EmptyName, NameTooLong, NameContainsControl (NUL), TextNotUtf8.
+    """
+
+    value: str = attrs.field(validator=_check_key)
+
+    @property
+    def sort_key(self) -> bytes:
+        """Key byte order (the plan read and aggregation order)."""
+        return self.value.encode("utf-8")
+
+
+def _partition_context(context: ExecutionContext) -> ExecutionContext:
+    """Re-check a context against the partition bounds (4 KiB, depth 16)."""
+    if not isinstance(context, ExecutionContext):
+        raise TypeError("context is an ExecutionContext")
+    try:
+        return ExecutionContext(
+            context.schema, context.schema_version, context.payload, limits=StateLimits.PARTITION
+        )
+    except (StateTooLarge, StateTooDeep):
+        raise PartitionContextTooLarge(max_bytes=MAX_PARTITION_CONTEXT_BYTES) from None
+
+
+def _as_key(value: PartitionKey | str) -> PartitionKey:
+    return value if isinstance(value, PartitionKey) else PartitionKey(value)
+
+
+@attrs.frozen
+class PartitionPlanEntry:
+    """One partition to create: its key and the context its worker starts from."""
+
+    key: PartitionKey = attrs.field(converter=_as_key)
+    context: ExecutionContext = attrs.field(converter=_partition_context)
+
+
+@attrs.frozen(kw_only=True)
+class PartitionResult:
+    """What a finished worker hands to its partition: status, exit and counts."""
+
+    status: BatchStatus
+    exit_status: ExitCode
+    counts: ExecutionCounts
+
+    def __attrs_post_init__(self) -> None:
+        if self.status not in RESULT_STATUSES:
+            raise PartitionStateError("NonTerminalResult", self.status)
+
+    @classmethod
+    def from_worker(cls, worker: StepExecution) -> PartitionResult:
+        """The terminal snapshot of a worker step."""
+        metadata = worker.metadata
+        return cls(status=metadata.status, exit_status=metadata.exit_status, counts=metadata.counts)
+
+
+class PartitionStateError(Exception):
+    """A domain rule of partitions refused a change; the repository maps it (7.1)."""
+
+    def __init__(self, rule: str, status: BatchStatus | None = None) -> None:
+        super().__init__(rule)
+        self.rule = rule
+        self.status = status
+
+
+@attrs.frozen(kw_only=True)
+class StepPartition:
+    """One stored partition of a parent step (shape: STARTING exactly when no worker)."""
+
+    id: int
+    step_execution_id: int
+    worker_step_execution_id: int | None
+    key: PartitionKey
+    ordinal: int
+    status: BatchStatus
+    exit_status: ExitCode
+    counts: ExecutionCounts
+    context: ExecutionContext
+    version: int
+
+    def __attrs_post_init__(self) -> None:
+        check_identifier(IdentifierKind.STEP_PARTITION, self.id)
+        check_identifier(IdentifierKind.STEP_EXECUTION, self.step_execution_id)
+        if self.worker_step_execution_id is not None:
+            check_identifier(IdentifierKind.STEP_EXECUTION, self.worker_step_execution_id)
+        check_version(self.version)
+        if type(self.ordinal) is not int or not 1 <= self.ordinal <= MAX_PARTITIONS:
+            raise ValueError("a partition ordinal is 1..1024")
+        if (self.status is BatchStatus.STARTING) != (self.worker_step_execution_id is None):
+            raise ValueError("a partition is STARTING exactly when it has no worker")
+        if self.context.encoded_bytes > MAX_PARTITION_CONTEXT_BYTES:
+            raise PartitionContextTooLarge(max_bytes=MAX_PARTITION_CONTEXT_BYTES)
+
+    def assigned(self, expected_version: int, worker: int) -> StepPartition:
+        """The partition handed to `worker` (first assignment, or retry after FAILED/STOPPED).
+
+        Raises:
+            StaleVersion: `expected_version` is not the stored version.
+            PartitionStateError("InvalidState"): any other status.
+        """
+        self._check_version(expected_version)
+        first = self.status is BatchStatus.STARTING and self.worker_step_execution_id is None
+        retry = (
+            self.status in (BatchStatus.FAILED, BatchStatus.STOPPED)
+            and self.worker_step_execution_id is not None
+        )
+        if not (first or retry):
+            raise PartitionStateError("InvalidState", self.status)
+        return attrs.evolve(
+            self,
+            worker_step_execution_id=worker,
+            status=BatchStatus.STARTED,
+            exit_status=ExitCode.UNKNOWN,
+            counts=ExecutionCounts(),
+            version=self.version + 1,
+        )
+
+    def completed(self, expected_version: int, result: PartitionResult) -> StepPartition:
+        """The partition carrying its worker's terminal snapshot.
+
+        Raises:
+            StaleVersion: `expected_version` is not the stored version.
+            PartitionStateError("InvalidState"): not STARTED with a worker.
+        """
+        self._check_version(expected_version)
+        if self.status is not BatchStatus.STARTED or self.worker_step_execution_id is None:
+            raise PartitionStateError("InvalidState", self.status)
+        return attrs.evolve(
+            self,
+            status=result.status,
+            exit_status=result.exit_status,
+            counts=result.counts,
+            version=self.version + 1,
+        )
+
+    def _check_version(self, expected_version: int) -> None:
+        check_version(expected_version)
+        if expected_version != self.version:
+            raise StaleVersion(expected=expected_version, actual=self.version)
+        if self.version >= 2**63 - 1:
+            raise PartitionStateError("VersionExhausted")
+
+
+@attrs.frozen(kw_only=True)
+class PartitionAggregate:
+    """The parent's outcome: most severe status, the exit of its first child, summed counts."""
+
+    status: BatchStatus
+    exit_status: ExitCode
+    counts: ExecutionCounts
+    selected_worker: int
+
+
+class AggregateError(Exception):
+    """Why children cannot be aggregated (the repository maps each rule, behaviour.md 2.14).
+
+    Rules: EmptyPlan, PlanTooLarge, DuplicateKey, Incomplete, CountExhausted.
+    """
+
+    def __init__(self, rule: str, status: BatchStatus | None = None) -> None:
+        super().__init__(rule)
+        self.rule = rule
+        self.status = status
+
+
+def aggregate_partitions(children: Iterable[StepPartition]) -> PartitionAggregate:
+    """Aggregate children independently of input or completion order (behaviour.md 2.14).
+
+    Raises:
+        AggregateError: see the class.
+    """
+    ordered: Sequence[StepPartition] = sorted(children, key=lambda p: p.key.sort_key)
+    if not ordered:
+        raise AggregateError("EmptyPlan")
+    if len(ordered) > MAX_PARTITIONS:
+        raise AggregateError("PlanTooLarge")
+    if len({p.key for p in ordered}) != len(ordered):
+        raise AggregateError("DuplicateKey")
+    for child in ordered:
+        if child.worker_step_execution_id is None or child.status not in RESULT_STATUSES:
+            raise AggregateError("Incomplete", child.status)
+    status = max((p.status for p in ordered), key=SEVERITY.__getitem__)
+    selected = next(p for p in ordered if p.status is status)
+    counts = ExecutionCounts()
+    try:
+        for child in ordered:
+            counts = counts.plus(child.counts)
+    except CountExhausted:
+        raise AggregateError("CountExhausted") from None
+    worker = selected.worker_step_execution_id
+    if worker is None:  # every child was checked to have a worker above
+        raise AggregateError("Incomplete", selected.status)
+    return PartitionAggregate(
+        status=status,
+        exit_status=selected.exit_status,
+        counts=counts,
+        selected_worker=worker,
+    )
+
+
+@attrs.frozen(kw_only=True)
+class SlowPartition:
+    """A partition and how long its current worker ran (or has been running)."""
+
+    key: PartitionKey
+    status: BatchStatus
+    worker_step_execution_id: int
+    elapsed: _dt.timedelta
+
+
+@attrs.frozen(kw_only=True)
+class PlanProgress:
+    """A plan's state: partitions per status and the slowest ones."""
+
+    counts: Mapping[BatchStatus, int]
+    slowest: tuple[SlowPartition, ...]
+
+    @property
+    def total(self) -> int:
+        """How many partitions the plan has."""
+        return sum(self.counts.values())

@@ -1,0 +1,685 @@
+-- :name lock_partition_step :one
+-- :doc Lock a partition parent (manager) or worker step: its execution and status
+-- (step_execution_pkey; lock order - parent, then partitions, then workers).
+SELECT
+    s.job_execution_id,
+    s.status
+FROM pybatch.step_execution AS s
+WHERE s.id = :step_execution_id
+FOR UPDATE;
+
+-- :name find_step_partition_plan :scalar
+-- :doc Whether a parent already has a plan (step_partition_parent_identity).
+SELECT EXISTS(
+    SELECT 1
+    FROM pybatch.step_partition AS p
+    WHERE p.step_execution_id = :step_execution_id
+) AS plan_exists;
+
+-- :name insert_step_partitions :many
+-- :doc Insert a whole plan in one statement, one row per entry (STARTING, no worker, version 0);
+-- the arrays are parallel and in entry order. step_partition_key_unique backs
+-- DuplicatePartitionKey and step_partition_ordinal_unique backs PartitionPlanExists.
+INSERT INTO pybatch.step_partition (
+    step_execution_id,
+    partition_key,
+    partition_ordinal,
+    status,
+    context_format,
+    context_schema,
+    context_schema_version,
+    context_payload,
+    context_checksum
+)
+SELECT
+    :step_execution_id AS step_execution_id,
+    entry.partition_key,
+    entry.partition_ordinal,
+    'STARTING' AS status,
+    1 AS context_format,
+    entry.context_schema,
+    entry.context_schema_version,
+    CAST(entry.context_payload AS JSONB) AS context_payload,
+    entry.context_checksum
+FROM
+    UNNEST(
+        CAST(:partition_keys AS TEXT[]),
+        CAST(:partition_ordinals AS INTEGER[]),
+        CAST(:context_schemas AS TEXT[]),
+        CAST(:context_schema_versions AS INTEGER[]),
+        CAST(:context_payloads AS TEXT[]),
+        CAST(:context_checksums AS BYTEA[])
+    )
+        AS entry (
+            partition_key,
+            partition_ordinal,
+            context_schema,
+            context_schema_version,
+            context_payload,
+            context_checksum
+        )
+ORDER BY entry.partition_ordinal
+RETURNING
+    id,
+    step_execution_id,
+    worker_step_execution_id,
+    partition_key,
+    partition_ordinal,
+    status,
+    exit_code,
+    read_count,
+    processed_count,
+    write_count,
+    filter_count,
+    commit_count,
+    rollback_count,
+    context_format,
+    context_schema,
+    context_schema_version,
+    context_payload,
+    context_checksum,
+    version;
+
+-- :name list_step_partitions :many
+-- :doc A plan in key byte order (the key column is COLLATE "C"; step_partition_key_unique).
+SELECT
+    p.id,
+    p.step_execution_id,
+    p.worker_step_execution_id,
+    p.partition_key,
+    p.partition_ordinal,
+    p.status,
+    p.exit_code,
+    p.read_count,
+    p.processed_count,
+    p.write_count,
+    p.filter_count,
+    p.commit_count,
+    p.rollback_count,
+    p.context_format,
+    p.context_schema,
+    p.context_schema_version,
+    p.context_payload,
+    p.context_checksum,
+    p.version
+FROM pybatch.step_partition AS p
+WHERE p.step_execution_id = :step_execution_id
+ORDER BY p.partition_key;
+
+-- :name lock_step_partitions_by_key :many
+-- :doc Lock every partition of a plan in key byte order (aggregation).
+SELECT
+    p.id,
+    p.step_execution_id,
+    p.worker_step_execution_id,
+    p.partition_key,
+    p.partition_ordinal,
+    p.status,
+    p.exit_code,
+    p.read_count,
+    p.processed_count,
+    p.write_count,
+    p.filter_count,
+    p.commit_count,
+    p.rollback_count,
+    p.context_format,
+    p.context_schema,
+    p.context_schema_version,
+    p.context_payload,
+    p.context_checksum,
+    p.version
+FROM pybatch.step_partition AS p
+WHERE p.step_execution_id = :step_execution_id
+ORDER BY p.partition_key
+FOR UPDATE;
+
+-- :name lock_step_partitions_by_ordinal :many
+-- :doc Lock every partition of a plan in ordinal order (plan restart source).
+SELECT
+    p.id,
+    p.step_execution_id,
+    p.worker_step_execution_id,
+    p.partition_key,
+    p.partition_ordinal,
+    p.status,
+    p.exit_code,
+    p.read_count,
+    p.processed_count,
+    p.write_count,
+    p.filter_count,
+    p.commit_count,
+    p.rollback_count,
+    p.context_format,
+    p.context_schema,
+    p.context_schema_version,
+    p.context_payload,
+    p.context_checksum,
+    p.version
+FROM pybatch.step_partition AS p
+WHERE p.step_execution_id = :step_execution_id
+ORDER BY p.partition_ordinal
+FOR UPDATE;
+
+-- :name lock_partition_restart_pair :one
+-- :doc Lock the source job execution, the source step and the target step of a plan restart
+-- in that order, and compare their logical ids and statuses.
+SELECT
+    from_job.status AS source_job_status,
+    to_step.status AS target_status,
+    from_step.step_logical_id = to_step.step_logical_id AS same_logical_id
+FROM pybatch.step_execution AS from_step
+INNER JOIN pybatch.job_execution AS from_job ON from_step.job_execution_id = from_job.id
+CROSS JOIN pybatch.step_execution AS to_step
+WHERE from_step.id = :source_step_execution_id AND to_step.id = :step_execution_id
+FOR UPDATE OF from_job, from_step, to_step;
+
+-- :name copy_step_partitions :many
+-- :doc Carry a locked source plan into a new parent (ordinal order, version 0): a COMPLETED
+-- partition keeps its worker, status, exit and counts and is never rerun; any other becomes
+-- STARTING, unassigned, exit UNKNOWN, zero counts.
+INSERT INTO pybatch.step_partition (
+    step_execution_id,
+    worker_step_execution_id,
+    partition_key,
+    partition_ordinal,
+    status,
+    exit_code,
+    read_count,
+    processed_count,
+    write_count,
+    filter_count,
+    commit_count,
+    rollback_count,
+    context_format,
+    context_schema,
+    context_schema_version,
+    context_payload,
+    context_checksum,
+    version
+)
+SELECT
+    :step_execution_id AS step_execution_id,
+    CASE WHEN src.status = 'COMPLETED' THEN src.worker_step_execution_id END
+        AS worker_step_execution_id,
+    src.partition_key,
+    src.partition_ordinal,
+    CASE WHEN src.status = 'COMPLETED' THEN src.status ELSE 'STARTING' END AS status,
+    CASE WHEN src.status = 'COMPLETED' THEN src.exit_code ELSE 'UNKNOWN' END AS exit_code,
+    CASE WHEN src.status = 'COMPLETED' THEN src.read_count ELSE 0 END AS read_count,
+    CASE WHEN src.status = 'COMPLETED' THEN src.processed_count ELSE 0 END AS processed_count,
+    CASE WHEN src.status = 'COMPLETED' THEN src.write_count ELSE 0 END AS write_count,
+    CASE WHEN src.status = 'COMPLETED' THEN src.filter_count ELSE 0 END AS filter_count,
+    CASE WHEN src.status = 'COMPLETED' THEN src.commit_count ELSE 0 END AS commit_count,
+    CASE WHEN src.status = 'COMPLETED' THEN src.rollback_count ELSE 0 END AS rollback_count,
+    src.context_format,
+    src.context_schema,
+    src.context_schema_version,
+    src.context_payload,
+    src.context_checksum,
+    0 AS version
+FROM pybatch.step_partition AS src
+WHERE src.step_execution_id = :source_step_execution_id
+ORDER BY src.partition_ordinal
+RETURNING
+    id,
+    step_execution_id,
+    worker_step_execution_id,
+    partition_key,
+    partition_ordinal,
+    status,
+    exit_code,
+    read_count,
+    processed_count,
+    write_count,
+    filter_count,
+    commit_count,
+    rollback_count,
+    context_format,
+    context_schema,
+    context_schema_version,
+    context_payload,
+    context_checksum,
+    version;
+
+-- :name get_step_partition_parent :scalar
+-- :doc The parent of a partition, read before the parent lock (lock order - parent first).
+SELECT p.step_execution_id
+FROM pybatch.step_partition AS p
+WHERE p.id = :step_partition_id;
+
+-- :name lock_step_partition :one
+-- :doc Lock one partition (step_partition_pkey) after its parent.
+SELECT
+    p.id,
+    p.step_execution_id,
+    p.worker_step_execution_id,
+    p.partition_key,
+    p.partition_ordinal,
+    p.status,
+    p.exit_code,
+    p.read_count,
+    p.processed_count,
+    p.write_count,
+    p.filter_count,
+    p.commit_count,
+    p.rollback_count,
+    p.context_format,
+    p.context_schema,
+    p.context_schema_version,
+    p.context_payload,
+    p.context_checksum,
+    p.version
+FROM pybatch.step_partition AS p
+WHERE p.id = :step_partition_id
+FOR UPDATE;
+
+-- :name find_partition_of_worker :scalar
+-- :doc Whether a worker already backs any partition, a copy carried by a plan restart included
+-- (step_partition_worker).
+SELECT EXISTS(
+    SELECT 1
+    FROM pybatch.step_partition AS p
+    WHERE p.worker_step_execution_id = :worker_step_execution_id
+) AS worker_bound;
+
+-- :name update_step_partition_assign :affected
+-- :doc Hand a partition to a worker as a compare-and-swap on its version: STARTED, exit
+-- UNKNOWN, counts reset.
+UPDATE pybatch.step_partition
+SET
+    worker_step_execution_id = :worker_step_execution_id,
+    status = 'STARTED',
+    exit_code = 'UNKNOWN',
+    read_count = 0,
+    processed_count = 0,
+    write_count = 0,
+    filter_count = 0,
+    commit_count = 0,
+    rollback_count = 0,
+    version = version + 1
+WHERE id = :step_partition_id AND version = :expected_version;
+
+-- :name update_step_partition_complete :affected
+-- :doc Publish the worker's terminal snapshot onto its partition as a compare-and-swap.
+UPDATE pybatch.step_partition
+SET
+    status = :status,
+    exit_code = :exit_code,
+    read_count = :read_count,
+    processed_count = :processed_count,
+    write_count = :write_count,
+    filter_count = :filter_count,
+    commit_count = :commit_count,
+    rollback_count = :rollback_count,
+    version = version + 1
+WHERE id = :step_partition_id AND version = :expected_version;
+
+-- :name update_step_execution_aggregate :affected
+-- :doc End a parent with the aggregate of its partitions - status, failure, end time, exit and
+-- counters - as a compare-and-swap on its version; updated_at never moves backwards.
+UPDATE pybatch.step_execution
+SET
+    status = :status,
+    exit_code = :exit_code,
+    failure_category = :failure_category,
+    failure_id = :failure_id,
+    started_at = :started_at,
+    ended_at = :ended_at,
+    read_count = :read_count,
+    processed_count = :processed_count,
+    write_count = :write_count,
+    filter_count = :filter_count,
+    commit_count = :commit_count,
+    rollback_count = :rollback_count,
+    updated_at = GREATEST(updated_at, :transitioned_at),
+    version = version + 1
+WHERE id = :step_execution_id AND version = :expected_version;
+
+-- :name lock_step_partition_workers :many
+-- :doc Lock the worker of every assigned partition of a plan, in partition key order
+-- (aggregation); each row is a full step execution.
+SELECT
+    w.id,
+    w.job_execution_id,
+    w.step_name,
+    w.step_logical_id,
+    w.status,
+    w.exit_code,
+    w.read_count,
+    w.processed_count,
+    w.write_count,
+    w.filter_count,
+    w.commit_count,
+    w.rollback_count,
+    w.checkpoint_format,
+    w.checkpoint_schema,
+    w.checkpoint_schema_version,
+    w.checkpoint_payload,
+    w.context_format,
+    w.context_schema,
+    w.context_schema_version,
+    w.context_payload,
+    w.failure_category,
+    w.failure_id,
+    w.created_at,
+    w.started_at,
+    w.ended_at,
+    w.updated_at,
+    w.version,
+    w.read_retry_count,
+    w.process_retry_count,
+    w.write_retry_count,
+    w.read_skip_count,
+    w.process_skip_count,
+    w.write_skip_count,
+    w.no_rollback_count
+FROM pybatch.step_partition AS p
+INNER JOIN pybatch.step_execution AS w ON p.worker_step_execution_id = w.id
+WHERE p.step_execution_id = :step_execution_id
+ORDER BY p.partition_key
+FOR UPDATE OF w;
+
+-- :name claim_step_partition :one
+-- :doc Claim the next partition of a STARTED parent in one guarded statement - lock the first
+-- claimable partition in ordinal order (FOR UPDATE SKIP LOCKED, so N workers never take the
+-- same one), create its STARTED worker step copying the partition's latest earlier worker (its
+-- checkpoint, counters and fault state; fresh state when there is none), and assign it as a
+-- compare-and-swap on the version. Claimable - STARTING, or FAILED after its worker was
+-- recovered as lost (STALE_RECOVERED) while fewer than max_partition_version / 2 workers
+-- tried it in this attempt (each try adds 2 to the version). No row - nothing claimable now,
+-- or the parent is not STARTED.
+WITH parent AS (
+    SELECT
+        s.id,
+        s.job_execution_id
+    FROM pybatch.step_execution AS s
+    WHERE s.id = :step_execution_id AND s.status = 'STARTED'
+    FOR SHARE
+),
+
+unclaimed AS (
+    SELECT
+        p.id,
+        p.partition_key,
+        p.partition_ordinal,
+        p.version,
+        parent.job_execution_id
+    FROM pybatch.step_partition AS p
+    INNER JOIN parent ON p.step_execution_id = parent.id
+    WHERE p.status = 'STARTING'
+    ORDER BY p.partition_ordinal
+    LIMIT 1
+    FOR UPDATE OF p SKIP LOCKED
+),
+
+lost AS (
+    SELECT
+        p.id,
+        p.partition_key,
+        p.partition_ordinal,
+        p.version,
+        parent.job_execution_id
+    FROM pybatch.step_partition AS p
+    INNER JOIN parent ON p.step_execution_id = parent.id
+    INNER JOIN pybatch.step_execution AS dead ON p.worker_step_execution_id = dead.id
+    WHERE
+        p.status = 'FAILED'
+        AND dead.failure_category = 'STALE_RECOVERED'
+        AND p.version < :max_partition_version
+        AND NOT EXISTS (SELECT 1 FROM unclaimed)
+    ORDER BY p.partition_ordinal
+    LIMIT 1
+    FOR UPDATE OF p SKIP LOCKED
+),
+
+picked AS (
+    SELECT
+        unclaimed.id,
+        unclaimed.partition_key,
+        unclaimed.partition_ordinal,
+        unclaimed.version,
+        unclaimed.job_execution_id
+    FROM unclaimed
+    UNION ALL
+    SELECT
+        lost.id,
+        lost.partition_key,
+        lost.partition_ordinal,
+        lost.version,
+        lost.job_execution_id
+    FROM lost
+),
+
+resume_source AS (
+    SELECT earlier.worker_step_execution_id AS id
+    FROM picked
+    INNER JOIN pybatch.job_execution AS this_job ON picked.job_execution_id = this_job.id
+    INNER JOIN pybatch.job_execution AS attempt_job
+        ON this_job.job_instance_id = attempt_job.job_instance_id
+    INNER JOIN pybatch.step_execution AS earlier_parent
+        ON
+            attempt_job.id = earlier_parent.job_execution_id
+            AND earlier_parent.step_logical_id = :node_id
+    INNER JOIN pybatch.step_partition AS earlier
+        ON
+            earlier_parent.id = earlier.step_execution_id
+            AND picked.partition_key = earlier.partition_key
+    WHERE earlier.worker_step_execution_id IS NOT NULL
+    ORDER BY attempt_job.attempt DESC, earlier.worker_step_execution_id DESC
+    LIMIT 1
+),
+
+worker AS (
+    INSERT INTO pybatch.step_execution (
+        job_execution_id,
+        step_name,
+        step_logical_id,
+        status,
+        exit_code,
+        read_count,
+        processed_count,
+        write_count,
+        filter_count,
+        commit_count,
+        rollback_count,
+        checkpoint_format,
+        checkpoint_schema,
+        checkpoint_schema_version,
+        checkpoint_payload,
+        context_format,
+        context_schema,
+        context_schema_version,
+        context_payload,
+        read_retry_count,
+        process_retry_count,
+        write_retry_count,
+        read_skip_count,
+        process_skip_count,
+        write_skip_count,
+        no_rollback_count,
+        fault_state_format,
+        fault_state_schema,
+        fault_state_schema_version,
+        fault_state_payload,
+        fault_state_checksum,
+        created_at,
+        started_at,
+        updated_at,
+        version
+    )
+    SELECT
+        picked.job_execution_id,
+        :worker_name_prefix
+        || '#'
+        || picked.partition_ordinal
+        || '.'
+        || (picked.version + 1) AS step_name,
+        :worker_name_prefix
+        || '#'
+        || picked.partition_ordinal
+        || '.'
+        || (picked.version + 1) AS step_logical_id,
+        'STARTED' AS status,
+        'UNKNOWN' AS exit_code,
+        COALESCE(src.read_count, 0) AS read_count,
+        COALESCE(src.processed_count, 0) AS processed_count,
+        COALESCE(src.write_count, 0) AS write_count,
+        COALESCE(src.filter_count, 0) AS filter_count,
+        COALESCE(src.commit_count, 0) AS commit_count,
+        COALESCE(src.rollback_count, 0) AS rollback_count,
+        COALESCE(src.checkpoint_format, 1) AS checkpoint_format,
+        COALESCE(src.checkpoint_schema, 'oxide_batch.empty.v1') AS checkpoint_schema,
+        COALESCE(src.checkpoint_schema_version, 1) AS checkpoint_schema_version,
+        COALESCE(src.checkpoint_payload, CAST('{}' AS JSONB)) AS checkpoint_payload,
+        COALESCE(src.context_format, 1) AS context_format,
+        COALESCE(src.context_schema, 'oxide_batch.empty.v1') AS context_schema,
+        COALESCE(src.context_schema_version, 1) AS context_schema_version,
+        COALESCE(src.context_payload, CAST('{}' AS JSONB)) AS context_payload,
+        COALESCE(src.read_retry_count, 0) AS read_retry_count,
+        COALESCE(src.process_retry_count, 0) AS process_retry_count,
+        COALESCE(src.write_retry_count, 0) AS write_retry_count,
+        COALESCE(src.read_skip_count, 0) AS read_skip_count,
+        COALESCE(src.process_skip_count, 0) AS process_skip_count,
+        COALESCE(src.write_skip_count, 0) AS write_skip_count,
+        COALESCE(src.no_rollback_count, 0) AS no_rollback_count,
+        1 AS fault_state_format,
+        COALESCE(src.fault_state_schema, 'oxide-batch.fault-state') AS fault_state_schema,
+        COALESCE(src.fault_state_schema_version, 1) AS fault_state_schema_version,
+        COALESCE(src.fault_state_payload, :fault_state_payload) AS fault_state_payload,
+        COALESCE(src.fault_state_checksum, :fault_state_checksum) AS fault_state_checksum,
+        :now AS created_at,
+        :now AS started_at,
+        :now AS updated_at,
+        0 AS version
+    FROM picked
+    LEFT JOIN resume_source ON TRUE
+    LEFT JOIN pybatch.step_execution AS src ON resume_source.id = src.id
+    RETURNING id
+),
+
+assigned AS (
+    UPDATE pybatch.step_partition AS p
+    SET
+        worker_step_execution_id = worker.id,
+        status = 'STARTED',
+        exit_code = 'UNKNOWN',
+        read_count = 0,
+        processed_count = 0,
+        write_count = 0,
+        filter_count = 0,
+        commit_count = 0,
+        rollback_count = 0,
+        version = p.version + 1
+    FROM picked, worker
+    WHERE p.id = picked.id AND p.version = picked.version
+    RETURNING
+        p.id,
+        p.step_execution_id,
+        p.worker_step_execution_id,
+        p.partition_key,
+        p.partition_ordinal,
+        p.status,
+        p.exit_code,
+        p.read_count,
+        p.processed_count,
+        p.write_count,
+        p.filter_count,
+        p.commit_count,
+        p.rollback_count,
+        p.context_format,
+        p.context_schema,
+        p.context_schema_version,
+        p.context_payload,
+        p.context_checksum,
+        p.version
+)
+
+SELECT
+    a.id,
+    a.step_execution_id,
+    a.worker_step_execution_id,
+    a.partition_key,
+    a.partition_ordinal,
+    a.status,
+    a.exit_code,
+    a.read_count,
+    a.processed_count,
+    a.write_count,
+    a.filter_count,
+    a.commit_count,
+    a.rollback_count,
+    a.context_format,
+    a.context_schema,
+    a.context_schema_version,
+    a.context_payload,
+    a.context_checksum,
+    a.version
+FROM assigned AS a;
+
+-- :name count_step_partitions_by_status :many
+-- :doc How many partitions of a plan are in each status (progress of a partitioned step).
+SELECT
+    p.status,
+    COUNT(*) AS partitions
+FROM pybatch.step_partition AS p
+WHERE p.step_execution_id = :step_execution_id
+GROUP BY p.status
+ORDER BY p.status;
+
+-- :name count_open_step_partitions :scalar
+-- :doc How many partitions of a plan still need a worker or are being worked on - STARTING,
+-- STARTED, or FAILED after a lost worker and claimable again (see claim_step_partition).
+SELECT COUNT(*) AS open_partitions
+FROM pybatch.step_partition AS p
+LEFT JOIN pybatch.step_execution AS w ON p.worker_step_execution_id = w.id
+WHERE
+    p.step_execution_id = :step_execution_id
+    AND (
+        p.status IN ('STARTING', 'STARTED')
+        OR (
+            p.status = 'FAILED'
+            AND w.failure_category = 'STALE_RECOVERED'
+            AND p.version < :max_partition_version
+        )
+    );
+
+-- :name list_slowest_step_partitions :many
+-- :doc The partitions of a plan whose current worker ran (or has been running) longest, for a
+-- plan's progress report; a running worker counts until now.
+SELECT
+    p.partition_key,
+    p.status,
+    p.worker_step_execution_id,
+    COALESCE(w.ended_at, :now) - w.started_at AS elapsed
+FROM pybatch.step_partition AS p
+INNER JOIN pybatch.step_execution AS w ON p.worker_step_execution_id = w.id
+WHERE p.step_execution_id = :step_execution_id AND w.started_at IS NOT NULL
+ORDER BY elapsed DESC, p.partition_key ASC
+LIMIT :limit;
+
+-- :name list_started_step_partitions :many
+-- :doc The partitions of a plan being worked on, with their workers (lost-worker checks).
+SELECT
+    p.id,
+    p.worker_step_execution_id,
+    p.partition_key,
+    p.version
+FROM pybatch.step_partition AS p
+WHERE p.step_execution_id = :step_execution_id AND p.status = 'STARTED'
+ORDER BY p.partition_ordinal;
+
+-- :name update_partition_worker_end :affected
+-- :doc End a partition's worker step - a checked lifecycle transition and its exit status in one
+-- compare-and-swap write (the version moves by one for each of the two changes).
+UPDATE pybatch.step_execution
+SET
+    status = :status,
+    exit_code = :exit_code,
+    failure_category = :failure_category,
+    failure_id = :failure_id,
+    started_at = :started_at,
+    ended_at = :ended_at,
+    rollback_count = :rollback_count,
+    updated_at = GREATEST(updated_at, :transitioned_at),
+    version = :version
+WHERE id = :step_execution_id AND version = :expected_version;

@@ -1,0 +1,465 @@
+"""Group E: flow decisions (behaviour.md 4.7, 8.E8-E18, E22).
+
+What a flow relies on: a decision is recorded only when the job's own manifest leads from
+the source node to the target on the observed outcome, positions are contiguous and each node
+decides once per execution, and a restart finds the decision it may reuse.
+"""
+
+from __future__ import annotations
+
+import itertools
+from datetime import datetime
+from typing import Any, Protocol
+
+import psycopg
+import pytest
+
+from pybatch import JobRepository
+from pybatch.errors import (
+    ConcurrentModification,
+    FlowStateCorrupt,
+    JobExecutionNotFound,
+    JobInstanceNotFound,
+)
+from pybatch.values.definitions import DefinitionIdentity
+from pybatch.values.flow import (
+    FlowDecision,
+    FlowDecisionRequest,
+    FlowTarget,
+    FlowTransitionKind,
+    StartLimit,
+    TerminalKind,
+    decision_matches_manifest,
+    exit_pattern_matches,
+)
+from pybatch.values.ids import FailureId
+from pybatch.values.lifecycle import LifecycleTransition
+from pybatch.values.names import DefinitionRevision, ExitCode, JobName, NodeId, StepName
+from pybatch.values.parameters import JobInstanceKey, JobParameters
+from pybatch.values.records import JobExecution, StepExecution
+from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+from tests.support.clock import ManualClock
+from tests.support.race import race_units_of_work
+
+S = BatchStatus
+K = FlowTransitionKind
+INPUT = bytes(range(32))
+OTHER_INPUT = bytes(range(1, 33))
+MANIFEST = {
+    "format": 2,
+    "nodes": [
+        {"id": "extract", "kind": "step"},
+        {"id": "check", "kind": "decision"},
+        {"id": "load", "kind": "partitioned_step"},
+        {"id": "merge", "kind": "join"},
+    ],
+    "transitions": [
+        {"source": "extract", "pattern": "COMPLETED", "to": "check"},
+        {"source": "extract", "pattern": "*", "end": "fail"},
+        {"source": "check", "pattern": "LOAD_?", "to": "load"},
+        {"source": "check", "pattern": "*", "end": "complete"},
+        {"source": "load", "pattern": "*", "end": "complete"},
+        {"source": "merge", "pattern": "*", "end": "stop"},
+    ],
+}
+DEFINITION = DefinitionIdentity.from_manifest(JobName("flows"), DefinitionRevision("r1"), MANIFEST)
+_keys = itertools.count(1)
+
+
+def new_key() -> JobInstanceKey:
+    return JobInstanceKey(JobName("flows"), JobParameters.of({"run": next(_keys)}))
+
+
+def launch(
+    repository: JobRepository,
+    clock: ManualClock,
+    instance_id: int | None = None,
+    definition: DefinitionIdentity = DEFINITION,
+) -> JobExecution:
+    with repository.begin() as uow:
+        if instance_id is None:
+            instance_id = uow.select_or_create_job_instance(new_key()).instance.id
+        execution = uow.create_job_execution_with_definition(instance_id, definition)
+        execution = uow.transition_job_execution(
+            execution.id, 0, LifecycleTransition.new(S.STARTED, clock.advance())
+        )
+        uow.commit()
+    return execution
+
+
+def fail(repository: JobRepository, clock: ManualClock, execution: JobExecution) -> None:
+    failure = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(1))
+    with repository.begin() as uow:
+        for step in uow.step_executions(execution.id):
+            if step.status.is_active:
+                uow.transition_step_execution(
+                    step.id, step.version, LifecycleTransition.failed(clock.advance(), failure)
+                )
+        current = uow.get_job_execution(execution.id)
+        assert current is not None
+        uow.transition_job_execution(
+            current.id, current.version, LifecycleTransition.failed(clock.advance(), failure)
+        )
+        uow.commit()
+
+
+def step(repository: JobRepository, execution: JobExecution, node: str) -> StepExecution:
+    with repository.begin() as uow:
+        created = uow.create_flow_step_execution(
+            execution.id, StepName(node), NodeId(node), StartLimit.UNRESTRICTED
+        )
+        uow.commit()
+    return created
+
+
+class HasId(Protocol):
+    @property
+    def id(self) -> int: ...
+
+
+def request(
+    execution: HasId,
+    *,
+    sequence: int = 1,
+    node: str = "extract",
+    source_step: int | None = None,
+    kind: FlowTransitionKind = K.STEP_EXIT,
+    outcome: str = "COMPLETED",
+    target: FlowTarget | None = None,
+    fingerprint: bytes | None = None,
+    input_digest: bytes = INPUT,
+    reused: int | None = None,
+    at: datetime | None = None,
+) -> FlowDecisionRequest:
+    return FlowDecisionRequest(
+        job_execution_id=execution.id,
+        sequence=sequence,
+        source_node_id=NodeId(node),
+        source_step_execution_id=source_step,
+        kind=kind,
+        observed_outcome=ExitCode(outcome),
+        target=target or FlowTarget.to_node("check"),
+        plan_fingerprint=fingerprint or DEFINITION.digest,
+        input_digest=input_digest,
+        reused_decision_id=reused,
+        decided_at=at or ManualClock().now(),
+    )
+
+
+def append(repository: JobRepository, req: FlowDecisionRequest) -> FlowDecision:
+    with repository.begin() as uow:
+        decision = uow.append_flow_decision(req)
+        uow.commit()
+    return decision
+
+
+def decision_rows(admin: psycopg.Connection[Any]) -> int:
+    row = admin.execute("SELECT COUNT(*) FROM pybatch.flow_decision").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+# --------------------------------------------------------------------------- values
+
+
+def test_exit_patterns_match_any_run_and_exactly_one_character() -> None:
+    assert exit_pattern_matches("*", "")
+    assert exit_pattern_matches("LOAD_?", "LOAD_A")
+    assert not exit_pattern_matches("LOAD_?", "LOAD_AB")
+    assert exit_pattern_matches("C*D", "COMPLETED")
+    assert not exit_pattern_matches("C.D", "CXD")  # regex characters are literal
+
+
+def test_start_limit_unrestricted_is_the_u32_maximum() -> None:
+    assert StartLimit.UNRESTRICTED.value == 4_294_967_295
+    assert StartLimit.unrestricted() == StartLimit.UNRESTRICTED
+
+
+def test_flow_target_is_exactly_one_of_node_or_terminal() -> None:
+    with pytest.raises(ValueError):
+        FlowTarget()
+    with pytest.raises(ValueError):
+        FlowTarget(NodeId("a"), TerminalKind.FAIL)
+    assert TerminalKind.from_manifest_name("stop") is TerminalKind.STOP
+    assert TerminalKind.from_manifest_name("STOP") is None
+
+
+def test_first_matching_transition_decides() -> None:
+    execution_stub = JobExecutionStub()
+    fail_target = request(
+        execution_stub, outcome="FAILED", target=FlowTarget.end(TerminalKind.FAIL)
+    )
+    assert decision_matches_manifest(MANIFEST, fail_target)
+    # COMPLETED matches the first transition ("check"), never the catch-all behind it.
+    wrong = request(execution_stub, target=FlowTarget.end(TerminalKind.FAIL))
+    assert not decision_matches_manifest(MANIFEST, wrong)
+    assert not decision_matches_manifest({**MANIFEST, "format": 1}, request(execution_stub))
+
+
+class JobExecutionStub:
+    id = 1
+
+
+# --------------------------------------------------------------------------- E8-E18, E22
+
+
+def test_e8_happy_path_decision_gets_an_id(repository: JobRepository, clock: ManualClock) -> None:
+    execution = launch(repository, clock)
+    source = step(repository, execution, "extract")
+    decision = append(repository, request(execution, source_step=source.id, at=clock.now()))
+    assert decision.id > 0 and decision.sequence == 1
+    assert decision.target == FlowTarget.to_node("check")
+    with repository.begin() as uow:
+        assert uow.flow_decisions(execution.id) == [decision]
+
+
+def test_e9_fingerprint_other_than_the_manifest_digest_is_corrupt(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    execution = launch(repository, clock)
+    source = step(repository, execution, "extract")
+    with pytest.raises(FlowStateCorrupt):
+        append(repository, request(execution, source_step=source.id, fingerprint=bytes(32)))
+    assert decision_rows(admin) == 0
+
+
+def test_e10_legacy_definition_never_decides(repository: JobRepository, clock: ManualClock) -> None:
+    legacy = DefinitionIdentity.legacy()
+    execution = launch(repository, clock, definition=legacy)
+    source = step(repository, execution, "extract")
+    with pytest.raises(FlowStateCorrupt):
+        append(repository, request(execution, source_step=source.id, fingerprint=legacy.digest))
+
+
+def test_e11_target_other_than_the_manifest_selected_is_corrupt(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    execution = launch(repository, clock)
+    source = step(repository, execution, "extract")
+    with pytest.raises(FlowStateCorrupt):
+        append(
+            repository,
+            request(execution, source_step=source.id, target=FlowTarget.to_node("load")),
+        )
+
+
+def test_e12_sequence_must_be_contiguous(repository: JobRepository, clock: ManualClock) -> None:
+    execution = launch(repository, clock)
+    extract = step(repository, execution, "extract")
+    with pytest.raises(ConcurrentModification):
+        append(repository, request(execution, sequence=2, source_step=extract.id))
+    append(repository, request(execution, source_step=extract.id))
+    with pytest.raises(ConcurrentModification):  # repeating position 1 for another node
+        append(
+            repository,
+            request(
+                execution,
+                node="check",
+                kind=K.DECIDER,
+                outcome="DONE",
+                target=FlowTarget.end(TerminalKind.COMPLETE),
+            ),
+        )
+
+
+def test_e12_racing_appends_at_one_position_have_one_winner(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    execution = launch(repository, clock)
+    extract = step(repository, execution, "extract")
+    requests = [
+        request(execution, source_step=extract.id),
+        request(
+            execution,
+            node="check",
+            kind=K.DECIDER,
+            outcome="DONE",
+            target=FlowTarget.end(TerminalKind.COMPLETE),
+        ),
+    ]
+    outcomes = race_units_of_work(
+        repository, 2, lambda uow, i: uow.append_flow_decision(requests[i])
+    )
+    assert sum(o.ok for o in outcomes) == 1
+    assert [type(o.error) for o in outcomes if not o.ok] == [ConcurrentModification]
+    with repository.begin() as uow:
+        assert [d.sequence for d in uow.flow_decisions(execution.id)] == [1]
+
+
+def test_e13_a_node_decides_once_per_execution(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    execution = launch(repository, clock)
+    extract = step(repository, execution, "extract")
+    append(repository, request(execution, source_step=extract.id))
+    with pytest.raises(ConcurrentModification):
+        append(repository, request(execution, sequence=2, source_step=extract.id))
+
+
+def test_e14_source_step_from_another_instance_or_node_is_corrupt(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    execution = launch(repository, clock)
+    other = launch(repository, clock)
+    foreign = step(repository, other, "extract")
+    wrong_node = step(repository, execution, "load")
+    for source in (foreign.id, wrong_node.id):
+        with pytest.raises(FlowStateCorrupt):
+            append(repository, request(execution, source_step=source))
+
+
+def test_e15_step_exit_needs_a_source_step_a_decider_does_not(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    execution = launch(repository, clock)
+    with pytest.raises(FlowStateCorrupt):
+        append(repository, request(execution))
+    decided = append(
+        repository,
+        request(
+            execution,
+            node="check",
+            kind=K.DECIDER,
+            outcome="LOAD_1",
+            target=FlowTarget.to_node("load"),
+        ),
+    )
+    assert decided.source_step_execution_id is None and decided.kind is K.DECIDER
+
+
+def test_e16_reused_decision_must_match_exactly(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    first = launch(repository, clock)
+    extract = step(repository, first, "extract")
+    original = append(repository, request(first, source_step=extract.id))
+    fail(repository, clock, first)
+    second = launch(repository, clock, instance_id=first.job_instance_id)
+    with pytest.raises(FlowStateCorrupt):
+        append(
+            repository,
+            request(
+                second,
+                source_step=extract.id,
+                kind=K.COMPLETED_STEP_REUSE,
+                input_digest=OTHER_INPUT,
+                reused=original.id,
+            ),
+        )
+    foreign = launch(repository, clock)
+    with pytest.raises(FlowStateCorrupt):  # the reused decision is in another instance
+        append(
+            repository,
+            request(
+                foreign,
+                source_step=step(repository, foreign, "extract").id,
+                kind=K.COMPLETED_STEP_REUSE,
+                reused=original.id,
+            ),
+        )
+    reused = append(
+        repository,
+        request(second, source_step=extract.id, kind=K.COMPLETED_STEP_REUSE, reused=original.id),
+    )
+    assert reused.reused_decision_id == original.id
+
+
+def test_e17_find_reusable_decision_latest_across_attempts(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    first = launch(repository, clock)
+    extract = step(repository, first, "extract")
+    older = append(repository, request(first, source_step=extract.id))
+    fail(repository, clock, first)
+    second = launch(repository, clock, instance_id=first.job_instance_id)
+    newer = append(repository, request(second, source_step=extract.id))
+    instance_id, node = first.job_instance_id, NodeId("extract")
+    with repository.begin() as uow:
+        found = uow.find_reusable_flow_decision(
+            instance_id, node, DEFINITION.digest, INPUT, K.STEP_EXIT
+        )
+        assert found == newer and found != older
+        assert (
+            uow.find_reusable_flow_decision(
+                instance_id, node, DEFINITION.digest, OTHER_INPUT, K.STEP_EXIT
+            )
+            is None
+        )
+        assert (
+            uow.find_reusable_flow_decision(instance_id, node, DEFINITION.digest, INPUT, K.DECIDER)
+            is None
+        )
+        with pytest.raises(JobInstanceNotFound):
+            uow.find_reusable_flow_decision(
+                instance_id + 1000, node, DEFINITION.digest, INPUT, K.STEP_EXIT
+            )
+
+
+def test_e18_flow_decisions_in_sequence_order(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    execution = launch(repository, clock)
+    extract = step(repository, execution, "extract")
+    one = append(repository, request(execution, source_step=extract.id))
+    two = append(
+        repository,
+        request(
+            execution,
+            sequence=2,
+            node="check",
+            kind=K.DECIDER,
+            outcome="LOAD_X",
+            target=FlowTarget.to_node("load"),
+        ),
+    )
+    three = append(
+        repository,
+        request(
+            execution,
+            sequence=3,
+            node="merge",
+            kind=K.SPLIT_AGGREGATE,
+            outcome="ANY",
+            target=FlowTarget.end(TerminalKind.STOP),
+        ),
+    )
+    with repository.begin() as uow:
+        assert uow.flow_decisions(execution.id) == [one, two, three]
+        with pytest.raises(JobExecutionNotFound):
+            uow.flow_decisions(execution.id + 1000)
+        with pytest.raises(JobExecutionNotFound):
+            uow.append_flow_decision(request(JobExecutionStubFar()))
+
+
+class JobExecutionStubFar:
+    id = 10_000
+
+
+def test_e22_nested_job_exit_never_matches_yet_is_storable(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    execution = launch(repository, clock)
+    extract = step(repository, execution, "extract")
+    with pytest.raises(FlowStateCorrupt):
+        append(repository, request(execution, source_step=extract.id, kind=K.NESTED_JOB_EXIT))
+    admin.execute(
+        "INSERT INTO pybatch.flow_decision (job_execution_id, sequence, source_node_id,"
+        " observed_outcome, target_node_id, transition_kind, plan_fingerprint, input_digest,"
+        " decided_at) VALUES (%s, 1, 'extract', 'COMPLETED', 'check', 'NESTED_JOB_EXIT', %s,"
+        " %s, now())",
+        (execution.id, DEFINITION.digest, INPUT),
+    )
+    with repository.begin() as uow:
+        assert [d.kind for d in uow.flow_decisions(execution.id)] == [K.NESTED_JOB_EXIT]
+
+
+def test_unknown_kind_in_a_stored_decision_fails_closed(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    execution = launch(repository, clock)
+    extract = step(repository, execution, "extract")
+    append(repository, request(execution, source_step=extract.id))
+    admin.execute("ALTER TABLE pybatch.flow_decision DROP CONSTRAINT flow_decision_target_shape")
+    admin.execute("UPDATE pybatch.flow_decision SET terminal_kind = 'FAIL'")
+    with repository.begin() as uow, pytest.raises(FlowStateCorrupt):
+        uow.flow_decisions(execution.id)

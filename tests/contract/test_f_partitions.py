@@ -1,0 +1,705 @@
+"""Group F: step partitions in the repository (behaviour.md 4.8, 8.F, N6).
+
+What a partitioned step relies on: a plan is all or nothing and published before any worker
+starts, a partition mirrors its worker's durable row, aggregation ends the parent atomically
+and is safe to replay, and a restart never reruns a completed partition.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import psycopg
+import pytest
+
+from pybatch import JobRepository
+from pybatch.errors import (
+    CommitOutcomeUnknown,
+    CountExhausted,
+    DuplicatePartitionKey,
+    EmptyPartitionPlan,
+    IllegalTransition,
+    PartitionAggregationIncomplete,
+    PartitionContextTooLarge,
+    PartitionParentNotActive,
+    PartitionPlanExists,
+    PartitionPlanNotCommitted,
+    PartitionPlanTooLarge,
+    PartitionStateCorrupt,
+    PartitionUpdateNotAllowed,
+    PartitionWorkerAlreadyAssigned,
+    PartitionWorkerMismatch,
+    PartitionWorkerStale,
+    StaleVersion,
+    StepExecutionNotFound,
+    StepPartitionNotFound,
+)
+from pybatch.values.ids import FailureId
+from pybatch.values.lifecycle import LifecycleTransition
+from pybatch.values.names import ExitCode, JobName, NodeId, StateSchemaId, StepName
+from pybatch.values.parameters import JobInstanceKey, JobParameters
+from pybatch.values.partitions import PartitionPlanEntry, StepPartition
+from pybatch.values.records import JobExecution, StepExecution
+from pybatch.values.state import ExecutionContext, StateLimits
+from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+from tests.support.clock import ManualClock
+from tests.support.race import terminate_backend
+
+S = BatchStatus
+SCHEMA = StateSchemaId("tests.partition.v1")
+_keys = itertools.count(1)
+_names = itertools.count(1)
+
+
+def entry(key: str, **payload: Any) -> PartitionPlanEntry:
+    return PartitionPlanEntry(key, ExecutionContext(SCHEMA, 1, {"key": key, **payload}))
+
+
+def entries(*keys: str) -> list[PartitionPlanEntry]:
+    return [entry(key) for key in keys]
+
+
+def to(status: BatchStatus, clock: ManualClock, failure_id: int = 1) -> LifecycleTransition:
+    if status is S.FAILED:
+        return LifecycleTransition.failed(
+            clock.advance(), FailureSummary(FailureCategory.USER_COMPONENT, FailureId(failure_id))
+        )
+    return LifecycleTransition.new(status, clock.advance())
+
+
+def launch(
+    repository: JobRepository, clock: ManualClock, instance_id: int | None = None
+) -> JobExecution:
+    with repository.begin() as uow:
+        if instance_id is None:
+            key = JobInstanceKey(JobName("parts"), JobParameters.of({"run": next(_keys)}))
+            instance_id = uow.select_or_create_job_instance(key).instance.id
+        execution = uow.create_job_execution(instance_id)
+        execution = uow.transition_job_execution(execution.id, 0, to(S.STARTED, clock))
+        uow.commit()
+    return execution
+
+
+def new_step(
+    repository: JobRepository,
+    clock: ManualClock,
+    execution: JobExecution,
+    name: str | None = None,
+    *,
+    started: bool = True,
+) -> StepExecution:
+    with repository.begin() as uow:
+        name = name or f"s{next(_names)}"
+        step = uow.create_flow_step_execution(execution.id, StepName(name), NodeId(name))
+        if started:
+            step = uow.transition_step_execution(step.id, 0, to(S.STARTED, clock))
+        uow.commit()
+    return step
+
+
+def move(
+    repository: JobRepository, clock: ManualClock, step_id: int, *statuses: BatchStatus
+) -> StepExecution:
+    with repository.begin() as uow:
+        step = uow.get_step_execution(step_id)
+        assert step is not None
+        for status in statuses:
+            step = uow.transition_step_execution(step.id, step.version, to(status, clock, step.id))
+        uow.commit()
+    return step
+
+
+def plan(repository: JobRepository, parent: StepExecution, *keys: str) -> list[StepPartition]:
+    with repository.begin() as uow:
+        created = uow.create_step_partition_plan(parent.id, entries(*keys))
+        uow.commit()
+    return created
+
+
+def assign(repository: JobRepository, partition: StepPartition, worker_id: int) -> StepPartition:
+    with repository.begin() as uow:
+        assigned = uow.assign_step_partition(partition.id, partition.version, worker_id)
+        uow.commit()
+    return assigned
+
+
+def complete(repository: JobRepository, partition: StepPartition, worker_id: int) -> StepPartition:
+    with repository.begin() as uow:
+        done = uow.complete_step_partition(partition.id, partition.version, worker_id)
+        uow.commit()
+    return done
+
+
+def set_counts(admin: psycopg.Connection[Any], step_id: int, *counts: int) -> None:
+    admin.execute(
+        "UPDATE pybatch.step_execution SET read_count = %s, processed_count = %s,"
+        " write_count = %s, filter_count = %s, commit_count = %s, rollback_count = %s"
+        " WHERE id = %s",
+        (*counts, step_id),
+    )
+
+
+def set_exit(repository: JobRepository, step_id: int, exit_code: str) -> None:
+    with repository.begin() as uow:
+        step = uow.get_step_execution(step_id)
+        assert step is not None
+        uow.enrich_step_exit_status(step_id, step.version, ExitCode(exit_code))
+        uow.commit()
+
+
+def partition_rows(admin: psycopg.Connection[Any]) -> int:
+    row = admin.execute("SELECT COUNT(*) FROM pybatch.step_partition").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+class Fixture:
+    """A STARTED job execution with a STARTED parent step."""
+
+    def __init__(self, repository: JobRepository, clock: ManualClock) -> None:
+        self.repository, self.clock = repository, clock
+        self.execution = launch(repository, clock)
+        self.parent = new_step(repository, clock, self.execution, "load")
+
+    def worker(self) -> StepExecution:
+        return new_step(self.repository, self.clock, self.execution)
+
+    def run(self, partition: StepPartition, status: BatchStatus = S.COMPLETED) -> StepPartition:
+        """Assign a new worker, end it in `status`, complete the partition."""
+        worker = self.worker()
+        assigned = assign(self.repository, partition, worker.id)
+        move(self.repository, self.clock, worker.id, status)
+        return complete(self.repository, assigned, worker.id)
+
+
+@pytest.fixture
+def f(repository: JobRepository, clock: ManualClock) -> Fixture:
+    return Fixture(repository, clock)
+
+
+# --------------------------------------------------------------------------- values
+
+
+def test_partition_context_is_bounded_to_4_kib() -> None:
+    with pytest.raises(PartitionContextTooLarge):
+        PartitionPlanEntry(
+            "k", ExecutionContext(SCHEMA, 1, {"x": "a" * 5000}, limits=StateLimits.STEP)
+        )
+    assert PartitionPlanEntry("k", ExecutionContext(SCHEMA, 1, {"x": "a" * 3000})).key.value == "k"
+
+
+# --------------------------------------------------------------------------- plans
+
+
+def test_f1_plan_in_entry_order_read_in_key_byte_order(f: Fixture) -> None:
+    created = plan(f.repository, f.parent, "b", "a", "B")
+    assert [(p.key.value, p.ordinal) for p in created] == [("b", 1), ("a", 2), ("B", 3)]
+    assert all(
+        (p.status, p.worker_step_execution_id, p.version, p.exit_status)
+        == (S.STARTING, None, 0, ExitCode.UNKNOWN)
+        and p.counts.is_zero
+        for p in created
+    )
+    with f.repository.begin() as uow:
+        read = uow.step_partition_plan(f.parent.id)
+    assert [p.key.value for p in read] == ["B", "a", "b"]  # byte order: upper case first
+    assert read[1].context == ExecutionContext(SCHEMA, 1, {"key": "a"})
+
+
+def test_f2_plan_size_bounds(f: Fixture, admin: psycopg.Connection[Any]) -> None:
+    with f.repository.begin() as uow:
+        with pytest.raises(EmptyPartitionPlan):
+            uow.create_step_partition_plan(f.parent.id, [])
+        with pytest.raises(PartitionPlanTooLarge) as too_large:
+            uow.create_step_partition_plan(f.parent.id, entries(*map(str, range(1025))))
+        assert too_large.value.max == 1024
+        created = uow.create_step_partition_plan(f.parent.id, entries(*map(str, range(1024))))
+        uow.commit()
+    assert len(created) == 1024 and created[-1].ordinal == 1024
+    assert partition_rows(admin) == 1024
+
+
+def test_f3_byte_identical_keys_are_duplicates_whitespace_is_kept(f: Fixture) -> None:
+    other = new_step(f.repository, f.clock, f.execution)
+    with f.repository.begin() as uow, pytest.raises(DuplicatePartitionKey):
+        uow.create_step_partition_plan(f.parent.id, entries("a", "b", "a"))
+    assert [p.key.value for p in plan(f.repository, other, "a", "a ")] == ["a", "a "]
+
+
+def test_f4_f5_f6_plan_exists_parent_not_active_all_or_nothing(
+    f: Fixture, admin: psycopg.Connection[Any]
+) -> None:
+    plan(f.repository, f.parent, "a")
+    with f.repository.begin() as uow:
+        with pytest.raises(PartitionPlanExists) as exists:
+            uow.create_step_partition_plan(f.parent.id, entries("x"))
+        assert exists.value.step_execution_id == f.parent.id
+    for path in ((S.STOPPING,), (S.COMPLETED,), (S.FAILED,)):
+        parent = new_step(f.repository, f.clock, f.execution)
+        move(f.repository, f.clock, parent.id, *path)
+        with f.repository.begin() as uow, pytest.raises(PartitionParentNotActive) as inactive:
+            uow.create_step_partition_plan(parent.id, entries("x", "y"))
+        assert inactive.value.status == path[-1].value
+    assert partition_rows(admin) == 1  # only the first plan's row
+
+
+def test_f35_input_checks_precede_parent_checks(f: Fixture) -> None:
+    with f.repository.begin() as uow:
+        with pytest.raises(EmptyPartitionPlan):
+            uow.create_step_partition_plan(10**9, [])
+        with pytest.raises(StepExecutionNotFound):
+            uow.create_step_partition_plan(10**9, entries("a"))
+        with pytest.raises(StepExecutionNotFound):
+            uow.step_partition_plan(10**9)
+        assert uow.step_partition_plan(f.parent.id) == []
+
+
+# --------------------------------------------------------------------------- assign
+
+
+def test_f7_assign_waits_for_the_plan_to_be_published(f: Fixture) -> None:
+    worker = f.worker()
+    with f.repository.begin() as uow:
+        (created,) = uow.create_step_partition_plan(f.parent.id, entries("a"))
+        with pytest.raises(PartitionPlanNotCommitted) as unpublished:
+            uow.assign_step_partition(created.id, 0, worker.id)
+        assert unpublished.value.step_execution_id == f.parent.id
+        uow.commit()
+    assert assign(f.repository, created, worker.id).status is S.STARTED
+
+
+def test_f8_f9_assign_needs_a_started_parent(repository: JobRepository, clock: ManualClock) -> None:
+    execution = launch(repository, clock)
+    parent = new_step(repository, clock, execution, started=False)
+    (created,) = plan(repository, parent, "a")
+    worker = new_step(repository, clock, execution)
+    with repository.begin() as uow, pytest.raises(PartitionParentNotActive) as starting:
+        uow.assign_step_partition(created.id, 0, worker.id)
+    assert starting.value.status == "STARTING"
+    move(repository, clock, parent.id, S.STARTED)
+    assigned = assign(repository, created, worker.id)
+    assert (assigned.status, assigned.worker_step_execution_id, assigned.version) == (
+        S.STARTED,
+        worker.id,
+        1,
+    )
+    assert assigned.exit_status == ExitCode.UNKNOWN and assigned.counts.is_zero
+    with repository.begin() as uow:
+        assert uow.step_partition_plan(parent.id) == [assigned]
+
+
+def test_f10_stale_version_and_illegal_reassign(f: Fixture) -> None:
+    (created,) = plan(f.repository, f.parent, "a")
+    assigned = assign(f.repository, created, f.worker().id)
+    with f.repository.begin() as uow:
+        with pytest.raises(StaleVersion):
+            uow.assign_step_partition(created.id, 0, f.worker().id)
+        with pytest.raises(PartitionUpdateNotAllowed) as started:
+            uow.assign_step_partition(created.id, assigned.version, f.worker().id)
+        assert started.value.status == "STARTED"
+
+
+def test_f11_worker_must_be_a_sibling_step(f: Fixture, clock: ManualClock) -> None:
+    (created,) = plan(f.repository, f.parent, "a")
+    other = launch(f.repository, clock)
+    foreign = new_step(f.repository, clock, other)
+    with f.repository.begin() as uow:
+        for worker_id in (f.parent.id, foreign.id):
+            with pytest.raises(PartitionWorkerMismatch) as mismatch:
+                uow.assign_step_partition(created.id, 0, worker_id)
+            assert mismatch.value.worker == worker_id
+
+
+def test_f12_a_worker_backs_one_partition(f: Fixture) -> None:
+    first, second = plan(f.repository, f.parent, "a", "b")
+    worker = f.worker()
+    assign(f.repository, first, worker.id)
+    with f.repository.begin() as uow, pytest.raises(PartitionWorkerAlreadyAssigned):
+        uow.assign_step_partition(second.id, 0, worker.id)
+
+
+def test_f13_unknown_partition_or_worker(f: Fixture) -> None:
+    (created,) = plan(f.repository, f.parent, "a")
+    with f.repository.begin() as uow:
+        with pytest.raises(StepPartitionNotFound):
+            uow.assign_step_partition(created.id + 100, 0, f.parent.id)
+        with pytest.raises(StepPartitionNotFound):
+            uow.complete_step_partition(created.id + 100, 0, f.parent.id)
+        with pytest.raises(StepExecutionNotFound):
+            uow.assign_step_partition(created.id, 0, 10**9)
+
+
+# --------------------------------------------------------------------------- complete
+
+
+def test_f14_partition_mirrors_its_worker(f: Fixture, admin: psycopg.Connection[Any]) -> None:
+    (created,) = plan(f.repository, f.parent, "a")
+    worker = f.worker()
+    assigned = assign(f.repository, created, worker.id)
+    set_counts(admin, worker.id, 5, 5, 5, 0, 1, 0)
+    move(f.repository, f.clock, worker.id, S.COMPLETED)
+    set_exit(f.repository, worker.id, "ALL_LOADED")
+    done = complete(f.repository, assigned, worker.id)
+    assert (done.status, done.exit_status.value, done.version) == (S.COMPLETED, "ALL_LOADED", 2)
+    c = done.counts
+    assert (c.read, c.processed, c.written, c.filtered, c.committed, c.rolled_back) == (
+        5,
+        5,
+        5,
+        0,
+        1,
+        0,
+    )
+
+
+def test_f15_f16_stale_or_unfinished_worker(f: Fixture) -> None:
+    (created,) = plan(f.repository, f.parent, "a")
+    worker = f.worker()
+    assigned = assign(f.repository, created, worker.id)
+    with f.repository.begin() as uow:
+        with pytest.raises(PartitionWorkerStale):
+            uow.complete_step_partition(created.id, 1, f.parent.id)
+        with pytest.raises(PartitionAggregationIncomplete) as running:
+            uow.complete_step_partition(created.id, 1, worker.id)
+        assert (running.value.step_execution_id, running.value.status) == (f.parent.id, "STARTED")
+    move(f.repository, f.clock, worker.id, S.FAILED, S.ABANDONED)
+    with f.repository.begin() as uow, pytest.raises(PartitionAggregationIncomplete) as abandoned:
+        uow.complete_step_partition(assigned.id, 1, worker.id)
+    assert abandoned.value.status == "ABANDONED"
+
+
+def test_f17_completion_while_parent_stopping_not_stopped(f: Fixture) -> None:
+    first, second = plan(f.repository, f.parent, "a", "b")
+    workers = [f.worker(), f.worker()]
+    assigned = [
+        assign(f.repository, p, w.id) for p, w in zip((first, second), workers, strict=True)
+    ]
+    for worker in workers:
+        move(f.repository, f.clock, worker.id, S.COMPLETED)
+    move(f.repository, f.clock, f.parent.id, S.STOPPING)
+    assert complete(f.repository, assigned[0], workers[0].id).status is S.COMPLETED
+    move(f.repository, f.clock, f.parent.id, S.STOPPED)
+    with f.repository.begin() as uow, pytest.raises(PartitionParentNotActive):
+        uow.complete_step_partition(assigned[1].id, 1, workers[1].id)
+
+
+def test_f18_failed_partition_retried_by_a_new_worker(
+    f: Fixture, admin: psycopg.Connection[Any]
+) -> None:
+    (created,) = plan(f.repository, f.parent, "a")
+    old = f.worker()
+    assigned = assign(f.repository, created, old.id)
+    set_counts(admin, old.id, 3, 3, 2, 0, 1, 1)
+    move(f.repository, f.clock, old.id, S.FAILED)
+    failed = complete(f.repository, assigned, old.id)
+    assert failed.status is S.FAILED and failed.counts.read == 3
+    with f.repository.begin() as uow, pytest.raises(PartitionWorkerAlreadyAssigned):
+        uow.assign_step_partition(failed.id, failed.version, old.id)
+    retried = assign(f.repository, failed, f.worker().id)
+    assert retried.status is S.STARTED and retried.counts.is_zero and retried.version == 3
+    assert retried.exit_status == ExitCode.UNKNOWN
+
+
+# --------------------------------------------------------------------------- aggregate
+
+
+def aggregate(f: Fixture, version: int | None = None) -> StepExecution:
+    with f.repository.begin() as uow:
+        parent = uow.get_step_execution(f.parent.id)
+        assert parent is not None
+        ended = uow.aggregate_step_partitions(
+            f.parent.id, parent.version if version is None else version, f.clock.advance()
+        )
+        uow.commit()
+    return ended
+
+
+def test_f19_all_completed_sums_counts_and_takes_the_first_key_exit(
+    f: Fixture, admin: psycopg.Connection[Any]
+) -> None:
+    parts = plan(f.repository, f.parent, "b", "a")
+    exits = {"a": "FROM_A", "b": "FROM_B"}
+    for partition in parts:
+        worker = f.worker()
+        assigned = assign(f.repository, partition, worker.id)
+        set_counts(admin, worker.id, 2, 2, 2, 0, 1, 0)
+        move(f.repository, f.clock, worker.id, S.COMPLETED)
+        set_exit(f.repository, worker.id, exits[partition.key.value])
+        complete(f.repository, assigned, worker.id)
+    before = f.parent.version
+    ended = aggregate(f)
+    assert (ended.status, ended.metadata.exit_status.value, ended.version) == (
+        S.COMPLETED,
+        "FROM_A",
+        before + 1,
+    )
+    assert ended.metadata.counts.read == 4 and ended.metadata.counts.committed == 2
+    with f.repository.begin() as uow:
+        assert uow.get_step_execution(f.parent.id) == ended
+
+
+@pytest.mark.parametrize(
+    ("statuses", "expected"),
+    [
+        ({"a": S.COMPLETED, "b": S.FAILED, "c": S.UNKNOWN}, S.UNKNOWN),
+        ({"a": S.COMPLETED, "b": S.STOPPED}, S.STOPPED),
+    ],
+)
+def test_f20_most_severe_status_wins_in_any_completion_order(
+    f: Fixture, statuses: dict[str, BatchStatus], expected: BatchStatus
+) -> None:
+    parts = plan(f.repository, f.parent, *reversed(sorted(statuses)))
+    for partition in parts:  # completion order: reverse key order
+        f.run(partition, statuses[partition.key.value])
+    ended = aggregate(f)
+    assert ended.status is expected
+    assert ended.metadata.exit_status == ExitCode.UNKNOWN  # transitions keep the worker's exit
+
+
+def test_f21_failed_aggregate_copies_the_first_failed_workers_failure(f: Fixture) -> None:
+    parts = plan(f.repository, f.parent, "c", "b", "a")
+    failed_workers: dict[str, int] = {}
+    for partition in parts:
+        key = partition.key.value
+        if key == "a":
+            f.run(partition)
+            continue
+        done = f.run(partition, S.FAILED)
+        assert done.worker_step_execution_id is not None
+        failed_workers[key] = done.worker_step_execution_id
+    ended = aggregate(f)
+    assert ended.status is S.FAILED
+    assert ended.metadata.failure == FailureSummary(
+        FailureCategory.USER_COMPONENT, FailureId(failed_workers["b"])
+    )
+
+
+def test_f22_active_child_blocks_aggregation(f: Fixture) -> None:
+    first, second = plan(f.repository, f.parent, "a", "b")
+    f.run(first)
+    with f.repository.begin() as uow, pytest.raises(PartitionAggregationIncomplete) as starting:
+        uow.aggregate_step_partitions(f.parent.id, f.parent.version, f.clock.advance())
+    assert starting.value.status == "STARTING"
+    assign(f.repository, second, f.worker().id)
+    with f.repository.begin() as uow, pytest.raises(PartitionAggregationIncomplete) as started:
+        uow.aggregate_step_partitions(f.parent.id, f.parent.version, f.clock.advance())
+    assert started.value.status == "STARTED"
+    with f.repository.begin() as uow:
+        assert uow.get_step_execution(f.parent.id) == f.parent
+
+
+def test_f23_worker_changed_after_completion_is_corrupt(
+    f: Fixture, admin: psycopg.Connection[Any]
+) -> None:
+    (created,) = plan(f.repository, f.parent, "a")
+    done = f.run(created)
+    admin.execute(
+        "UPDATE pybatch.step_execution SET read_count = 99 WHERE id = %s",
+        (done.worker_step_execution_id,),
+    )
+    with f.repository.begin() as uow, pytest.raises(PartitionStateCorrupt):
+        uow.aggregate_step_partitions(f.parent.id, f.parent.version, f.clock.advance())
+
+
+def test_f24_f25_replay_returns_the_parent_a_new_version_is_refused(f: Fixture) -> None:
+    (created,) = plan(f.repository, f.parent, "a")
+    f.run(created)
+    expected = f.parent.version
+    ended = aggregate(f, expected)
+    assert aggregate(f, expected) == ended
+    with f.repository.begin() as uow, pytest.raises(PartitionParentNotActive):
+        uow.aggregate_step_partitions(f.parent.id, ended.version, f.clock.advance())
+
+
+def test_f26_completed_aggregate_onto_a_stopping_parent_is_illegal(f: Fixture) -> None:
+    (created,) = plan(f.repository, f.parent, "a")
+    f.run(created)
+    stopping = move(f.repository, f.clock, f.parent.id, S.STOPPING)
+    with f.repository.begin() as uow, pytest.raises(IllegalTransition):
+        uow.aggregate_step_partitions(f.parent.id, stopping.version, f.clock.advance())
+
+
+def test_f27_counter_sum_overflow(f: Fixture, admin: psycopg.Connection[Any]) -> None:
+    for partition in plan(f.repository, f.parent, "a", "b"):
+        worker = f.worker()
+        assigned = assign(f.repository, partition, worker.id)
+        set_counts(admin, worker.id, 2**62, 0, 0, 0, 0, 0)
+        move(f.repository, f.clock, worker.id, S.COMPLETED)
+        complete(f.repository, assigned, worker.id)
+    with f.repository.begin() as uow, pytest.raises(CountExhausted):
+        uow.aggregate_step_partitions(f.parent.id, f.parent.version, f.clock.advance())
+
+
+def test_f34_lost_commit_acknowledgement_then_safe_retry(
+    f: Fixture, admin: psycopg.Connection[Any]
+) -> None:
+    (created,) = plan(f.repository, f.parent, "a")
+    f.run(created)
+    expected = f.parent.version
+    with f.repository.begin() as uow:
+        uow.aggregate_step_partitions(f.parent.id, expected, f.clock.advance())
+        terminate_backend(admin, uow.connection.info.backend_pid)
+        with pytest.raises(CommitOutcomeUnknown):
+            uow.commit()
+    # The commit did not land: the retry performs the aggregation...
+    ended = aggregate(f, expected)
+    assert ended.status is S.COMPLETED and ended.version == expected + 1
+    # ...and a second retry (as if it had landed) returns the parent unchanged.
+    assert aggregate(f, expected) == ended
+
+
+# --------------------------------------------------------------------------- restart
+
+
+def fail_job(repository: JobRepository, clock: ManualClock, execution: JobExecution) -> None:
+    with repository.begin() as uow:
+        for step in uow.step_executions(execution.id):
+            if step.status.is_active:
+                uow.transition_step_execution(step.id, step.version, to(S.FAILED, clock))
+        current = uow.get_job_execution(execution.id)
+        assert current is not None
+        uow.transition_job_execution(current.id, current.version, to(S.FAILED, clock))
+        uow.commit()
+
+
+def test_f28_f31_restart_carries_completed_partitions_only(f: Fixture) -> None:
+    parts = plan(f.repository, f.parent, "a", "b", "c")
+    done_a = f.run(parts[0])
+    f.run(parts[1], S.FAILED)
+    assign(f.repository, parts[2], f.worker().id)
+    fail_job(f.repository, f.clock, f.execution)
+    second = launch(f.repository, f.clock, f.execution.job_instance_id)
+    target = new_step(f.repository, f.clock, second, "load")
+    with f.repository.begin() as uow:
+        carried = uow.restart_step_partition_plan(f.parent.id, target.id)
+        with pytest.raises(PartitionPlanNotCommitted):
+            uow.assign_step_partition(carried[1].id, 0, new_step_id(uow, second))
+        uow.commit()
+    a, b, c = carried
+    assert (a.status, a.worker_step_execution_id, a.version) == (
+        S.COMPLETED,
+        done_a.worker_step_execution_id,
+        0,
+    )
+    assert a.counts == done_a.counts and a.exit_status == done_a.exit_status
+    for fresh in (b, c):
+        assert (fresh.status, fresh.worker_step_execution_id, fresh.version) == (
+            S.STARTING,
+            None,
+            0,
+        )
+        assert fresh.counts.is_zero and fresh.exit_status == ExitCode.UNKNOWN
+    assert [p.ordinal for p in carried] == [1, 2, 3]
+    assert [p.context for p in carried] == [p.context for p in parts]
+
+
+def new_step_id(uow: Any, execution: JobExecution) -> int:
+    name = f"w{next(_names)}"
+    return int(uow.create_flow_step_execution(execution.id, StepName(name), NodeId(name)).id)
+
+
+def test_f29_f30_f33_restart_plan_errors(f: Fixture, clock: ManualClock) -> None:
+    plan(f.repository, f.parent, "a")
+    running_target = new_step(f.repository, clock, f.execution, "other")
+    with f.repository.begin() as uow, pytest.raises(PartitionStateCorrupt):
+        uow.restart_step_partition_plan(f.parent.id, running_target.id)  # job still STARTED
+    fail_job(f.repository, clock, f.execution)
+    second = launch(f.repository, clock, f.execution.job_instance_id)
+    target = new_step(f.repository, clock, second, "load")
+    renamed = new_step(f.repository, clock, second, "elsewhere")
+    done = new_step(f.repository, clock, second)
+    with f.repository.begin() as uow:
+        with pytest.raises(PartitionStateCorrupt):  # different logical ids
+            uow.restart_step_partition_plan(f.parent.id, renamed.id)
+        with pytest.raises(PartitionStateCorrupt):  # missing source
+            uow.restart_step_partition_plan(10**9, target.id)
+    empty_source = new_step(f.repository, clock, second, "load-empty")
+    move(f.repository, clock, done.id, S.COMPLETED)
+    with f.repository.begin() as uow:
+        uow.restart_step_partition_plan(f.parent.id, target.id)
+        uow.commit()
+    with f.repository.begin() as uow:
+        with pytest.raises(PartitionPlanExists):
+            uow.restart_step_partition_plan(f.parent.id, target.id)
+    assert empty_source.id > 0
+    # A COMPLETED source job: no plan restart.
+    completed_job = launch(f.repository, clock)
+    source = new_step(f.repository, clock, completed_job, "load")
+    plan(f.repository, source, "a")
+    move(f.repository, clock, source.id, S.COMPLETED)
+    with f.repository.begin() as uow:
+        current = uow.get_job_execution(completed_job.id)
+        assert current is not None
+        uow.transition_job_execution(current.id, current.version, to(S.COMPLETED, clock))
+        uow.commit()
+    third = launch(f.repository, clock)
+    with f.repository.begin() as uow, pytest.raises(PartitionStateCorrupt):
+        uow.restart_step_partition_plan(source.id, new_step_id(uow, third))
+
+
+def test_f30_restart_onto_a_completed_target_or_from_an_empty_source(f: Fixture) -> None:
+    plan(f.repository, f.parent, "a")
+    no_plan = new_step(f.repository, f.clock, f.execution, "load-2")
+    fail_job(f.repository, f.clock, f.execution)
+    second = launch(f.repository, f.clock, f.execution.job_instance_id)
+    completed_target = new_step(f.repository, f.clock, second, "load")
+    move(f.repository, f.clock, completed_target.id, S.COMPLETED)
+    target_2 = new_step(f.repository, f.clock, second, "load-2")
+    with f.repository.begin() as uow:
+        with pytest.raises(PartitionParentNotActive):
+            uow.restart_step_partition_plan(f.parent.id, completed_target.id)
+        with pytest.raises(PartitionStateCorrupt):
+            uow.restart_step_partition_plan(no_plan.id, target_2.id)
+
+
+# --------------------------------------------------------------------------- corrupt rows
+
+
+def test_n6_tampered_context_checksum_fails_closed(
+    f: Fixture, admin: psycopg.Connection[Any]
+) -> None:
+    (created,) = plan(f.repository, f.parent, "a")
+    admin.execute(
+        'UPDATE pybatch.step_partition SET context_payload = \'{"key": "b"}\' WHERE id = %s',
+        (created.id,),
+    )
+    with f.repository.begin() as uow:
+        with pytest.raises(PartitionStateCorrupt):
+            uow.step_partition_plan(f.parent.id)
+        with pytest.raises(PartitionStateCorrupt):
+            uow.assign_step_partition(created.id, 0, f.worker().id)
+
+
+def test_corrupt_status_code_fails_closed(f: Fixture, admin: psycopg.Connection[Any]) -> None:
+    plan(f.repository, f.parent, "a")
+    admin.execute("ALTER TABLE pybatch.step_partition DROP CONSTRAINT step_partition_status_valid")
+    admin.execute(
+        "UPDATE pybatch.step_partition SET status = 'PAUSED', worker_step_execution_id = %s",
+        (f.parent.id,),
+    )
+    with f.repository.begin() as uow, pytest.raises(PartitionStateCorrupt):
+        uow.step_partition_plan(f.parent.id)
+
+
+def test_end_partition_worker_ends_worker_and_partition_together(f: Fixture) -> None:
+    first, second = plan(f.repository, f.parent, "a", "b")
+    worker = f.worker()
+    assigned = assign(f.repository, first, worker.id)
+    other = assign(f.repository, second, f.worker().id)
+    with f.repository.begin() as uow:
+        with pytest.raises(PartitionWorkerStale):  # the worker of another partition
+            uow.end_partition_worker(
+                other.id, other.version, worker.id, to(S.COMPLETED, f.clock), ExitCode.COMPLETED
+            )
+        assert uow.get_step_execution(worker.id) == worker  # nothing staged
+        done = uow.end_partition_worker(
+            assigned.id, assigned.version, worker.id, to(S.FAILED, f.clock), ExitCode("BAD_ROW")
+        )
+        uow.commit()
+    assert (done.status, done.exit_status.value, done.version) == (S.FAILED, "BAD_ROW", 2)
+    with f.repository.begin() as uow:
+        ended = uow.get_step_execution(worker.id)
+    assert ended is not None and ended.status is S.FAILED
+    assert ended.metadata.exit_status.value == "BAD_ROW" and ended.version == worker.version + 2
+    assert ended.metadata.failure is not None

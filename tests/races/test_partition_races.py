@@ -1,0 +1,140 @@
+"""Partition races with real concurrent connections: each has exactly one winner and the
+others get typed errors (behaviour.md 4.8, 5.2)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from pybatch import JobRepository, UnitOfWork
+from pybatch.errors import (
+    PartitionPlanExists,
+    PartitionUpdateNotAllowed,
+    PartitionWorkerStale,
+    StaleVersion,
+)
+from pybatch.values.status import BatchStatus
+from tests.contract.test_f_partitions import Fixture, assign, entries, move, plan
+from tests.support.clock import ManualClock
+from tests.support.race import race, race_units_of_work
+
+S = BatchStatus
+
+
+def test_two_parents_racing_to_create_one_plan(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    f = Fixture(repository, clock)
+
+    def create(uow: UnitOfWork, index: int) -> int:
+        return len(uow.create_step_partition_plan(f.parent.id, entries(f"x{index}", "y")))
+
+    outcomes = race_units_of_work(repository, 4, create)
+    assert sum(o.ok for o in outcomes) == 1
+    assert {type(o.error) for o in outcomes if not o.ok} == {PartitionPlanExists}
+    row = admin.execute("SELECT COUNT(*) FROM pybatch.step_partition").fetchone()
+    assert row == (2,)
+
+
+def test_assignments_racing_for_one_partition(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    f = Fixture(repository, clock)
+    (partition,) = plan(repository, f.parent, "a")
+    workers = [f.worker() for _ in range(4)]
+    outcomes = race_units_of_work(
+        repository,
+        4,
+        lambda uow, i: uow.assign_step_partition(partition.id, 0, workers[i].id),
+    )
+    assert sum(o.ok for o in outcomes) == 1
+    assert {type(o.error) for o in outcomes if not o.ok} == {StaleVersion}
+
+
+def test_completions_racing_with_a_stale_worker_have_one_winner(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    f = Fixture(repository, clock)
+    (partition,) = plan(repository, f.parent, "a")
+    old = f.worker()
+    assigned = assign(repository, partition, old.id)
+    move(repository, clock, old.id, S.FAILED)
+    with repository.begin() as uow:
+        failed = uow.complete_step_partition(assigned.id, assigned.version, old.id)
+        uow.commit()
+    current = f.worker()
+    retried = assign(repository, failed, current.id)
+    move(repository, clock, current.id, S.COMPLETED)
+    worker_of = [current.id, current.id, old.id]
+    outcomes = race_units_of_work(
+        repository,
+        3,
+        lambda uow, i: uow.complete_step_partition(retried.id, retried.version, worker_of[i]),
+    )
+    assert [o.ok for o in outcomes].count(True) == 1
+    assert isinstance(outcomes[2].error, PartitionWorkerStale)
+    assert {type(o.error) for o in outcomes[:2] if not o.ok} == {StaleVersion}
+    with repository.begin() as uow:
+        (stored,) = uow.step_partition_plan(f.parent.id)
+    assert (stored.status, stored.worker_step_execution_id) == (S.COMPLETED, current.id)
+
+
+def test_eight_claimers_never_take_the_same_partition(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    f = Fixture(repository, clock)
+    plan(repository, f.parent, *(f"k{i:02d}" for i in range(60)))
+    parent = f.parent
+
+    def claim_all(index: int) -> list[str]:
+        taken: list[str] = []
+        while True:
+            with repository.begin() as uow:
+                claimed = uow.claim_step_partition(parent)
+                uow.commit()
+            if claimed is None:
+                return taken
+            taken.append(claimed[0].key.value)
+
+    outcomes = race(8, claim_all, timeout=120)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    keys = [key for o in outcomes for key in (o.value or [])]
+    assert sorted(keys) == [f"k{i:02d}" for i in range(60)]  # each exactly once
+    with repository.begin() as uow:
+        stored = uow.step_partition_plan(parent.id)
+        workers = uow.step_executions(f.execution.id)
+    assert {p.status for p in stored} == {S.STARTED} and {p.version for p in stored} == {1}
+    assert len({p.worker_step_execution_id for p in stored}) == 60
+    assert len(workers) == 61  # the parent and one worker step per claim, none wasted
+
+
+def test_a_claim_racing_an_assignment_has_one_winner(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    for _ in range(5):
+        f = Fixture(repository, clock)
+        (partition,) = plan(repository, f.parent, "only")
+        worker = f.worker()
+
+        def act(
+            uow: UnitOfWork,
+            index: int,
+            f: Fixture = f,
+            worker_id: int = worker.id,
+            partition_id: int = partition.id,
+        ) -> Any:
+            if index == 0:
+                return uow.claim_step_partition(f.parent)
+            return uow.assign_step_partition(partition_id, 0, worker_id)
+
+        outcomes = race_units_of_work(repository, 2, act)
+        claim, assignment = outcomes
+        if assignment.ok:
+            assert claim.ok and claim.value is None  # skipped the locked partition
+        else:
+            assert claim.ok and claim.value is not None
+            assert isinstance(assignment.error, StaleVersion | PartitionUpdateNotAllowed)
+        with repository.begin() as uow:
+            (stored,) = uow.step_partition_plan(f.parent.id)
+        assert stored.version == 1 and stored.status is S.STARTED

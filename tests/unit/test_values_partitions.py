@@ -1,0 +1,136 @@
+"""Partition values (behaviour.md 2.14): the domain rules, without a database."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from pybatch.errors import (
+    EmptyName,
+    NameContainsControl,
+    NameTooLong,
+    PartitionContextTooLarge,
+    StaleVersion,
+)
+from pybatch.values.counts import ExecutionCounts
+from pybatch.values.names import ExitCode
+from pybatch.values.partitions import (
+    AggregateError,
+    PartitionKey,
+    PartitionPlanEntry,
+    PartitionResult,
+    PartitionStateError,
+    StepPartition,
+    aggregate_partitions,
+)
+from pybatch.values.state import ExecutionContext, StateLimits
+from pybatch.values.status import BatchStatus
+
+S = BatchStatus
+
+
+def partition(key: str, status: BatchStatus, worker: int | None, **counts: int) -> StepPartition:
+    return StepPartition(
+        id=1,
+        step_execution_id=1,
+        worker_step_execution_id=worker,
+        key=PartitionKey(key),
+        ordinal=1,
+        status=status,
+        exit_status=ExitCode(f"EXIT_{key.upper()}"),
+        counts=ExecutionCounts(**counts),
+        context=ExecutionContext.empty(),
+        version=0,
+    )
+
+
+def test_keys_keep_whitespace_and_refuse_empty_long_or_nul() -> None:
+    assert PartitionKey("a ") != PartitionKey("a")
+    for bad, error in (("", EmptyName), ("x" * 129, NameTooLong), ("a\x00b", NameContainsControl)):
+        with pytest.raises(error):
+            PartitionKey(bad)
+    assert PartitionKey("é" * 64).value  # 128 bytes
+
+
+def test_entry_context_bounded_by_bytes_and_depth() -> None:
+    schema = ExecutionContext.empty().schema
+    too_big = ExecutionContext(schema, 1, {"x": "y" * 4100}, limits=StateLimits.STEP)
+    with pytest.raises(PartitionContextTooLarge):
+        PartitionPlanEntry("k", too_big)
+    deep: dict[str, object] = {}
+    node = deep
+    for _ in range(20):
+        child: dict[str, object] = {}
+        node["n"] = child
+        node = child
+    too_deep = ExecutionContext(schema, 1, deep, limits=StateLimits(max_depth=64))
+    with pytest.raises(PartitionContextTooLarge):
+        PartitionPlanEntry("k", too_deep)
+
+
+def test_shape_starting_exactly_without_worker() -> None:
+    with pytest.raises(ValueError):
+        partition("a", S.STARTING, 7)
+    with pytest.raises(ValueError):
+        partition("a", S.STARTED, None)
+
+
+def test_assign_and_complete_rules() -> None:
+    fresh = partition("a", S.STARTING, None)
+    with pytest.raises(StaleVersion):
+        fresh.assigned(1, 9)
+    started = fresh.assigned(0, 9)
+    assert (started.status, started.worker_step_execution_id, started.version) == (S.STARTED, 9, 1)
+    with pytest.raises(PartitionStateError) as again:
+        started.assigned(1, 10)
+    assert again.value.status is S.STARTED
+    result = PartitionResult(
+        status=S.FAILED, exit_status=ExitCode.FAILED, counts=ExecutionCounts(read=3)
+    )
+    failed = started.completed(1, result)
+    assert (failed.status, failed.counts.read, failed.version) == (S.FAILED, 3, 2)
+    retried = failed.assigned(2, 11)
+    assert retried.counts.is_zero and retried.exit_status == ExitCode.UNKNOWN
+    with pytest.raises(PartitionStateError):
+        fresh.completed(0, result)
+
+
+def test_results_are_terminal_only() -> None:
+    for status in (S.STARTING, S.STARTED, S.STOPPING, S.ABANDONED):
+        with pytest.raises(PartitionStateError):
+            PartitionResult(status=status, exit_status=ExitCode.UNKNOWN, counts=ExecutionCounts())
+
+
+def test_aggregate_is_order_independent_and_picks_the_first_key_of_the_worst_status() -> None:
+    children = [
+        partition("c", S.FAILED, 3, read=1),
+        partition("a", S.COMPLETED, 1, read=2),
+        partition("b", S.FAILED, 2, read=4),
+    ]
+    results = {aggregate_partitions(list(order)) for order in itertools.permutations(children)}
+    assert len(results) == 1
+    (aggregate,) = results
+    assert aggregate.status is S.FAILED and aggregate.exit_status.value == "EXIT_B"
+    assert aggregate.selected_worker == 2 and aggregate.counts.read == 7
+
+
+@pytest.mark.parametrize(
+    ("children", "rule"),
+    [
+        ([], "EmptyPlan"),
+        ([partition("a", S.COMPLETED, 1), partition("a", S.COMPLETED, 2)], "DuplicateKey"),
+        ([partition("a", S.STARTED, 1)], "Incomplete"),
+        (
+            [
+                partition("a", S.COMPLETED, 1, read=2**62),
+                partition("b", S.COMPLETED, 2, read=2**62),
+            ],
+            "CountExhausted",
+        ),
+    ],
+)
+def test_aggregate_refusals(children: list[StepPartition], rule: str) -> None:
+    with pytest.raises(AggregateError) as refused:
+        aggregate_partitions(children)
+    assert refused.value.rule == rule
