@@ -208,6 +208,7 @@ COMMANDS = [
     ("migrate", "--dry-run"),
     ("migrate", "--sql"),
     ("demo", "--rows", "10"),
+    ("worker", "--job", "nightly", "--step", "load", "--function", "json:loads", "--wait", "1"),
 ]
 
 
