@@ -1257,6 +1257,97 @@ class CaCertificateWithoutVerification(ConfigError):
     message = "a CA certificate applies only to TlsMode.VERIFY_FULL"
 
 
+@_error
+class DsnFileInsecure(ConfigError):
+    """A DSN file readable or writable by others than its owner (it must be mode 0600)."""
+
+    message = "the DSN file must have mode 0600 (found {mode})"
+    mode: str
+
+
+@_error
+class DsnFileUnreadable(ConfigError):
+    """The DSN file could not be read (the path is not shown)."""
+
+    message = "the DSN file could not be read"
+
+
+@_error
+class UnknownStatement(ConfigError):
+    """No shipped statement has this name (`pybatch sql show|explain`)."""
+
+    message = "no statement is named {name}"
+    name: str
+
+
+# ------------------------------------------------------- ExplorerError, CursorError (7.2, 2.22)
+
+
+class ExplorerError(PyBatchError):
+    """An explorer page was refused or could not be read (behaviour.md 2.22, 4.16)."""
+
+    message = "explorer error"
+
+
+class CursorError(PyBatchError):
+    """A page cursor was refused; every leaf is also an ExplorerError (`Cursor(CursorError)`)."""
+
+    message = "explorer cursor error"
+
+
+@_error
+class PageSizeOutOfRange(ExplorerError):
+    """A page size outside 1..500."""
+
+    message = "page size {requested} is outside 1..500"
+    requested: int
+
+
+@_error
+class ExplorerAgeBoundTooSmall(ExplorerError):
+    """An unresolved-executions age under the 60 s minimum."""
+
+    message = "minimum age of {requested_seconds} s is below the 60 s minimum"
+    requested_seconds: float
+
+
+@_error
+class CursorInvalid(CursorError, ExplorerError):
+    """The cursor is malformed, tampered with, or of the wrong kind for its query."""
+
+    message = "the page cursor is invalid"
+
+
+@_error
+class CursorQueryMismatch(CursorError, ExplorerError):
+    """An intact cursor presented with another query, filter or page size."""
+
+    message = "the page cursor belongs to another query, filter or page size"
+
+
+@_error
+class ResponseTooLarge(ExplorerError):
+    """A single row exceeds the response bound of a page."""
+
+    message = "one row exceeds the page response bound (page size {limit})"
+    limit: int
+
+
+@_error
+class ExplorerTimeout(ExplorerError):
+    """The page's statement timeout cancelled it (SQLSTATE 57014)."""
+
+    message = "the explorer page was cancelled by the statement timeout"
+
+
+@_error
+class ExplorerRepositoryError(ExplorerError):
+    """The repository refused or failed the page; `error` is the repository's error."""
+
+    message = "explorer: {error}"
+    error: RepositoryError
+
+
 # --------------------------------------------------------------- MigrationError (pybatch, 4.19)
 
 
@@ -1344,12 +1435,17 @@ __all__ = [
     "ConfigError",
     "CountExhausted",
     "CounterOutOfRange",
+    "CursorError",
+    "CursorInvalid",
+    "CursorQueryMismatch",
     "DatabaseNotFound",
     "DefinitionDrift",
     "DefinitionError",
     "DefinitionJobMismatch",
     "DefinitionUpgradeConflict",
     "DomainError",
+    "DsnFileInsecure",
+    "DsnFileUnreadable",
     "DuplicateParameter",
     "DuplicatePartitionKey",
     "DuplicateSourceStep",
@@ -1364,6 +1460,10 @@ __all__ = [
     "EmptyToken",
     "EnvironmentValueInvalid",
     "ExecutionAlreadyActive",
+    "ExplorerAgeBoundTooSmall",
+    "ExplorerError",
+    "ExplorerRepositoryError",
+    "ExplorerTimeout",
     "FailedExecutionMissingFailure",
     "FailedTransitionMissingFailure",
     "FaultStateCommitOutcomeUnknown",
@@ -1409,6 +1509,7 @@ __all__ = [
     "NegativeIdentifier",
     "NewerSchema",
     "NotCommitted",
+    "PageSizeOutOfRange",
     "ParameterStringTooLong",
     "ParameterValueOutOfRange",
     "PartitionAggregationIncomplete",
@@ -1442,6 +1543,7 @@ __all__ = [
     "RequestFieldError",
     "RequestFieldInvalidCharacter",
     "RequestFieldTooLong",
+    "ResponseTooLarge",
     "RestartRequiresNewAttempt",
     "RestartStateNotFound",
     "RetryableConflict",
@@ -1474,6 +1576,7 @@ __all__ = [
     "Unavailable",
     "UnitOfWorkAttempts",
     "UnitOfWorkClosed",
+    "UnknownStatement",
     "UnsupportedCapability",
     "UnsupportedManifestVersion",
     "UnsupportedStateFormatVersion",

@@ -1,8 +1,9 @@
 """The `pybatch` operator command line: `pybatch.cli:main`.
 
 Commands call the migrator, the repository or the explorer; none holds SQL. Exit
-codes (docs/operators.md): 0 done, 1 refused (a pybatch error), 2 usage or configuration,
-3 database unavailable, 4 not found, 5 outcome unknown, 6 permission denied.
+codes (docs/operators.md): 0 done (an empty result included), 1 refused (a pybatch error),
+2 usage or configuration, 3 database unavailable, 4 not found, 5 outcome unknown,
+6 permission denied.
 """
 
 from __future__ import annotations
@@ -14,22 +15,32 @@ from collections.abc import Sequence
 import psycopg
 
 from pybatch import _sqlstate
-from pybatch.cli import demo, schema, worker
+from pybatch.cli import demo, explore, schema, sql, worker
 from pybatch.errors import (
     AuthenticationFailed,
     ChunkCommitOutcomeUnknown,
     CommitOutcomeUnknown,
     ConfigError,
+    CursorError,
     DatabaseNotFound,
+    ExplorerAgeBoundTooSmall,
+    ExplorerRepositoryError,
+    ExplorerTimeout,
     JobExecutionNotFound,
     JobInstanceNotFound,
+    PageSizeOutOfRange,
     PermissionDenied,
     PyBatchError,
     StepExecutionNotFound,
     StepPartitionNotFound,
     TlsVerificationFailed,
     Unavailable,
+    UnknownStatement,
 )
+
+#: SQLSTATEs reported as "permission denied" (exit 6): insufficient privilege and the
+#: authentication refusals.
+_PERMISSION_DENIED = frozenset({"42501", "28000", "28P01"})
 
 __all__ = ["build_parser", "exit_code_for", "main"]
 
@@ -39,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pybatch", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     schema.register(commands)
+    explore.register(commands)
+    sql.register(commands)
     demo.register(commands)
     worker.register(commands)
     return parser
@@ -57,21 +70,28 @@ _NOT_FOUND = (
     JobExecutionNotFound,
     StepExecutionNotFound,
     StepPartitionNotFound,
+    UnknownStatement,
 )
 
 
 def exit_code_for(error: BaseException) -> int:
     """One table from error family to exit code (docs/operators.md)."""
+    if isinstance(error, ExplorerRepositoryError):
+        error = error.error
     if isinstance(error, CommitOutcomeUnknown | ChunkCommitOutcomeUnknown):
         return EXIT_OUTCOME_UNKNOWN
     if isinstance(error, PermissionDenied | AuthenticationFailed):
         return EXIT_PERMISSION_DENIED
+    if isinstance(error, _NOT_FOUND):
+        return EXIT_NOT_FOUND
     if isinstance(error, ConfigError | DatabaseNotFound | TlsVerificationFailed):
         return EXIT_CONFIGURATION
     if isinstance(error, Unavailable):
+        return EXIT_PERMISSION_DENIED if error.sqlstate in _PERMISSION_DENIED else EXIT_UNAVAILABLE
+    if isinstance(error, ExplorerTimeout):
         return EXIT_UNAVAILABLE
-    if isinstance(error, _NOT_FOUND):
-        return EXIT_NOT_FOUND
+    if isinstance(error, PageSizeOutOfRange | CursorError | ExplorerAgeBoundTooSmall):
+        return EXIT_CONFIGURATION
     return EXIT_REFUSED
 
 

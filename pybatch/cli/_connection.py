@@ -1,20 +1,43 @@
-"""Connection settings shared by every command that talks to PostgreSQL."""
+"""Connection settings shared by every command that talks to PostgreSQL.
+
+The DSN comes from `--dsn`, `--dsn-file PATH` (mode 0600 enforced) or `$PYBATCH_DSN`, and is
+never printed. A password given with `--dsn` is visible to every local user in
+/proc/PID/cmdline, so pybatch warns about it on stderr.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
+import stat
+import sys
+
+import psycopg
+import psycopg.conninfo
 
 from pybatch.config import ConnectionConfig, TlsMode
+from pybatch.errors import DsnFileInsecure, DsnFileUnreadable
 
-__all__ = ["add_connection_arguments", "config_from_args"]
+__all__ = ["add_connection_arguments", "config_from_args", "read_dsn_file"]
+
+_DSN_WARNING = (
+    "pybatch: warning: the password given with --dsn is visible to every local user in "
+    "/proc/PID/cmdline; prefer PYBATCH_DSN or --dsn-file"
+)
 
 
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
     """Connection options shared by every command that talks to PostgreSQL."""
-    parser.add_argument(
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
         "--dsn",
-        help="libpq DSN or URI; defaults to $PYBATCH_DSN (never printed)",
+        help="libpq DSN or URI; defaults to $PYBATCH_DSN (never printed). A password in it is "
+        "visible to local users in /proc/PID/cmdline: prefer --dsn-file or PYBATCH_DSN",
+    )
+    source.add_argument(
+        "--dsn-file",
+        metavar="PATH",
+        help="read the DSN from this file, which must have mode 0600 (never printed)",
     )
     parser.add_argument(
         "--plaintext",
@@ -24,10 +47,45 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> ConnectionConfig:
-    """The environment's PYBATCH_* settings, with `--dsn` and `--plaintext` on top."""
+    """The environment's PYBATCH_* settings, with `--dsn`/`--dsn-file` and `--plaintext` on top."""
     environ = dict(os.environ)
     if args.dsn is not None:
+        if _has_password(args.dsn):
+            print(_DSN_WARNING, file=sys.stderr)
         environ["PYBATCH_DSN"] = args.dsn
+    elif getattr(args, "dsn_file", None) is not None:
+        environ["PYBATCH_DSN"] = read_dsn_file(args.dsn_file)
     if args.plaintext:
         environ["PYBATCH_TLS"] = TlsMode.PLAINTEXT.value
     return ConnectionConfig.from_env(environ)
+
+
+def _has_password(dsn: str) -> bool:
+    """Whether a DSN carries a password (a DSN that does not parse is treated as if it did)."""
+    try:
+        return bool(psycopg.conninfo.conninfo_to_dict(dsn).get("password"))
+    except psycopg.Error:
+        return True
+
+
+def read_dsn_file(path: str) -> str:
+    """The DSN stored in `path`, refused unless only its owner can read or write it.
+
+    Raises:
+        DsnFileInsecure: the file's mode grants any permission to group or others.
+        DsnFileUnreadable: the file does not exist, is not a regular file or cannot be read.
+    """
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        raise DsnFileUnreadable() from None
+    with os.fdopen(descriptor, "rb") as handle:
+        status = os.fstat(handle.fileno())
+        if not stat.S_ISREG(status.st_mode):
+            raise DsnFileUnreadable()
+        if status.st_mode & 0o077:
+            raise DsnFileInsecure(mode=oct(stat.S_IMODE(status.st_mode)))
+        try:
+            return handle.read(64 * 1024).decode("utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            raise DsnFileUnreadable() from None

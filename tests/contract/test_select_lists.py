@@ -17,6 +17,13 @@ import pytest
 from pybatch._statements import Statement, load_demo_statements, load_statements
 from pybatch.codecs.chunks import COMMITTED_STEP_STATE_COLUMNS
 from pybatch.codecs.executions import JOB_EXECUTION_COLUMNS
+from pybatch.codecs.explorer import (
+    EXECUTION_PROJECTION_COLUMNS,
+    INSTANCE_PROJECTION_COLUMNS,
+    JOB_NAME_SUMMARY_COLUMNS,
+    PARTITION_PROJECTION_COLUMNS,
+    STEP_PROJECTION_COLUMNS,
+)
 from pybatch.codecs.fault_state import LOCKED_FAULT_STATE_COLUMNS
 from pybatch.codecs.flow import FLOW_DECISION_COLUMNS
 from pybatch.codecs.instances import JOB_INSTANCE_COLUMNS, LOCKED_JOB_INSTANCE_COLUMNS
@@ -29,6 +36,16 @@ from pybatch.codecs.steps import STEP_EXECUTION_COLUMNS
 #: in the named module) the exact columns that module reads.
 READERS: dict[str, tuple[str, ...]] = {
     # decoders
+    "explore_job_names": JOB_NAME_SUMMARY_COLUMNS,
+    "explore_instances": INSTANCE_PROJECTION_COLUMNS,
+    "explore_executions": EXECUTION_PROJECTION_COLUMNS,
+    "explore_execution": EXECUTION_PROJECTION_COLUMNS,
+    "explore_unresolved_executions": EXECUTION_PROJECTION_COLUMNS,
+    "explore_step_executions": STEP_PROJECTION_COLUMNS,
+    "explore_recovery_decisions": RECOVERY_DECISION_COLUMNS,
+    "explore_flow_decisions": FLOW_DECISION_COLUMNS,
+    "explore_step_partitions": PARTITION_PROJECTION_COLUMNS,
+    "explore_operator_requests": OPERATOR_REQUEST_COLUMNS,
     "insert_job_instance_if_absent": JOB_INSTANCE_COLUMNS,
     "find_job_instance_by_key": JOB_INSTANCE_COLUMNS,
     "get_job_instance": JOB_INSTANCE_COLUMNS,

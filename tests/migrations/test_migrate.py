@@ -17,6 +17,9 @@ from tests.conftest import plaintext_config
 from tests.migrations.catalogue import describe_catalogue
 from tests.support.clock import ManualClock
 
+#: The shipped schema version, and every version from 1 to it.
+LATEST = migrator.supported_schema_version()
+ALL_VERSIONS = list(range(1, LATEST + 1))
 REFERENCE = __import__("pathlib").Path(__file__).with_name("reference_catalogue.txt")
 
 
@@ -31,14 +34,22 @@ def test_migrate_from_empty_creates_the_reference_schema(blank_database: str) ->
     config = plaintext_config(blank_database)
     assert migrator.installed_schema_version(config) is None
     applied = migrator.migrate(config)
-    assert [m.version for m in applied] == [1]
+    assert [m.version for m in applied] == ALL_VERSIONS
     assert migrator.installed_schema_version(config) == migrator.supported_schema_version()
     with psycopg.connect(blank_database) as conn:
         assert describe_catalogue(conn) == REFERENCE.read_text()
-    [(version, name, checksum, success)] = _history(blank_database)
-    shipped = migrator.shipped_migrations()[0]
-    assert (version, name, bytes(checksum), success) == (1, shipped.name, shipped.checksum, True)
-    assert bytes(checksum) == hashlib.sha256(shipped.path.read_bytes()).digest()
+    history = _history(blank_database)
+    assert len(history) == LATEST
+    for (version, name, checksum, success), shipped in zip(
+        history, migrator.shipped_migrations(), strict=True
+    ):
+        assert (version, name, bytes(checksum), success) == (
+            shipped.version,
+            shipped.name,
+            shipped.checksum,
+            True,
+        )
+        assert bytes(checksum) == hashlib.sha256(shipped.path.read_bytes()).digest()
 
 
 def test_rerun_is_a_no_op(pg_config: ConnectionConfig, db_dsn: str) -> None:
@@ -51,7 +62,7 @@ def test_rerun_is_a_no_op(pg_config: ConnectionConfig, db_dsn: str) -> None:
 def test_dry_run_lists_pending_files_and_changes_nothing(blank_database: str) -> None:
     config = plaintext_config(blank_database)
     pending = migrator.migrate(config, dry_run=True)
-    assert [m.version for m in pending] == [1]
+    assert [m.version for m in pending] == ALL_VERSIONS
     assert migrator.installed_schema_version(config) is None
 
 
@@ -65,7 +76,7 @@ def test_printed_sql_applies_by_hand_to_the_same_schema(
         hand_applied = describe_catalogue(conn)
     with psycopg.connect(db_dsn) as conn:
         assert hand_applied == describe_catalogue(conn)
-    assert migrator.installed_schema_version(plaintext_config(blank_database)) == 1
+    assert migrator.installed_schema_version(plaintext_config(blank_database)) == LATEST
     assert migrator.migrate(plaintext_config(blank_database)) == []
 
 
@@ -92,8 +103,8 @@ def test_four_concurrent_migrators_in_threads_end_with_one_schema(blank_database
         thread.start()
     for thread in threads:
         thread.join(60)
-    assert sorted(map(str, results)) == ["[1]", "[]", "[]", "[]"]
-    assert len(_history(blank_database)) == 1
+    assert sorted(map(str, results)) == [str(ALL_VERSIONS), "[]", "[]", "[]"]
+    assert len(_history(blank_database)) == LATEST
 
 
 def _migrate_in_process(dsn: str, barrier: Any, queue: Any) -> None:
@@ -120,18 +131,18 @@ def test_four_concurrent_migrator_processes_end_with_one_schema(blank_database: 
     for process in processes:
         process.join(30)
         assert process.exitcode == 0
-    assert sorted(map(str, results)) == ["[1]", "[]", "[]", "[]"]
-    assert migrator.installed_schema_version(plaintext_config(blank_database)) == 1
+    assert sorted(map(str, results)) == [str(ALL_VERSIONS), "[]", "[]", "[]"]
+    assert migrator.installed_schema_version(plaintext_config(blank_database)) == LATEST
 
 
 def test_newer_schema_is_refused_and_left_untouched(
     pg_config: ConnectionConfig, admin: psycopg.Connection[Any], db_dsn: str
 ) -> None:
-    admin.execute("UPDATE pybatch.schema_version SET version = 2")
+    admin.execute("UPDATE pybatch.schema_version SET version = %s", (LATEST + 1,))
     before = _history(db_dsn)
     with pytest.raises(errors.NewerSchema) as caught:
         migrator.migrate(pg_config)
-    assert (caught.value.current, caught.value.supported) == (2, 1)
+    assert (caught.value.current, caught.value.supported) == (LATEST + 1, LATEST)
     assert _history(db_dsn) == before
     with pytest.raises(errors.NewerSchema):
         pybatch.JobRepository.connect(pg_config)
@@ -162,7 +173,7 @@ def test_version_read_works_for_a_role_that_may_create_nothing(
     admin.execute("GRANT SELECT ON pybatch.schema_version TO pybatch_reader")
     reader_dsn = db_dsn.replace(f"user={admin.info.user}", "user=pybatch_reader")
     try:
-        assert migrator.installed_schema_version(plaintext_config(reader_dsn)) == 1
+        assert migrator.installed_schema_version(plaintext_config(reader_dsn)) == LATEST
     finally:
         admin.execute("DROP OWNED BY pybatch_reader")
         admin.execute("DROP ROLE pybatch_reader")
@@ -179,11 +190,11 @@ def test_runtime_refuses_an_older_schema_and_never_migrates(
 ) -> None:
     import pybatch.job_repository as job_repository_module
 
-    monkeypatch.setattr(job_repository_module, "supported_schema_version", lambda: 2)
+    monkeypatch.setattr(job_repository_module, "supported_schema_version", lambda: LATEST + 1)
     before = _history(db_dsn)
     with pytest.raises(errors.MigrationRequired) as caught:
         pybatch.JobRepository.connect(pg_config)
-    assert (caught.value.current, caught.value.supported) == (1, 2)
+    assert (caught.value.current, caught.value.supported) == (LATEST, LATEST + 1)
     assert _history(db_dsn) == before
 
 

@@ -39,8 +39,11 @@ LAYERS: dict[str, int] = {
     "pybatch.services": 8,
     "pybatch.partitioned": 8,
     "pybatch.embedded": 8,
+    "pybatch.explorer": 8,
+    "pybatch.sql_catalogue": 8,
     "pybatch.etl": 9,
     "pybatch.cli": 10,
+    "pybatch.testing": 10,
     "pybatch.__main__": 10,
     "pybatch": 11,  # the package's __init__: the public surface re-exports every layer
 }

@@ -47,6 +47,9 @@ BUSINESS: Families = (errors.BusinessTransactionError,)
 CONFIG: Families = (errors.ConfigError,)
 MIGRATION: Families = (errors.MigrationError,)
 JOB_RUN: Families = (errors.JobRunError,)
+EXPLORER: Families = (errors.ExplorerError,)
+# The 7.2 row `ExplorerError.Cursor(CursorError)`: every cursor leaf is also an ExplorerError.
+CURSOR: Families = (errors.CursorError, errors.ExplorerError)
 
 #: behaviour.md 7.1, row by row: every variant is a RepositoryError.
 SECTION_7_1: dict[str, Families] = {
@@ -188,6 +191,14 @@ SECTION_7_2: dict[str, Families] = {
     "ConfigError.LockExceedsStatement": CONFIG,
     "ConfigError.AcquireExceedsClose": CONFIG,
     "ConfigError.UnitOfWorkAttempts": CONFIG,
+    "ExplorerError.PageSizeOutOfRange{requested}": EXPLORER,
+    "ExplorerError.AgeBoundTooSmall": EXPLORER,
+    "CursorError.CursorInvalid": CURSOR,
+    "CursorError.CursorQueryMismatch": CURSOR,
+    "ExplorerError.ResponseTooLarge{limit}": EXPLORER,
+    "ExplorerError.Timeout": EXPLORER,
+    "ExplorerError.UnsupportedCapability": EXPLORER,
+    "ExplorerError.Repository": EXPLORER,
 }
 
 #: The 7.2 families: contract family -> the pybatch family base, or None when pybatch has none.
@@ -211,11 +222,11 @@ SECTION_7_2_FAMILIES: dict[str, type[errors.PyBatchError] | None] = {
     "RequestFieldError": errors.RequestFieldError,
     # Not needed: pybatch allocates every id from an identity column and has no IdGenerator.
     "IdGenerationError": None,
-    # Not built: the operator service, retention and the explorer.
+    # Not built: the operator service and retention.
     "OperatorError": None,
     "RetentionError": None,
-    "ExplorerError": None,
-    "CursorError": None,
+    "ExplorerError": errors.ExplorerError,
+    "CursorError": errors.CursorError,
     "ChunkTransactionError": errors.ChunkTransactionError,
     "BusinessTransactionError": errors.BusinessTransactionError,
     "ConfigError": errors.ConfigError,
@@ -267,6 +278,11 @@ RENAMED: dict[str, str] = {
     "RequestFieldError.InvalidCharacter": "RequestFieldInvalidCharacter",
     "ChunkTransactionError.CommitOutcomeUnknown": "ChunkCommitOutcomeUnknown",
     "ConfigError.Timeout": "TimeoutOutOfBounds",
+    # The retention family has its own AgeBoundTooSmall and the repository its Unavailable.
+    "ExplorerError.AgeBoundTooSmall": "ExplorerAgeBoundTooSmall",
+    "ExplorerError.Timeout": "ExplorerTimeout",
+    # `Repository(e)`: the repository's error is the `error` field.
+    "ExplorerError.Repository": "ExplorerRepositoryError",
 }
 
 #: Contract fields pybatch names differently: row -> {contract field: pybatch field or None}.
@@ -288,6 +304,9 @@ NOT_DEFINED: dict[str, str] = {
     "Identifier(IdGenerationError)": "by contract: pybatch's repository has no IdGenerator",
     "LifecycleError.NotRestartable": "by contract: the domain restart function is unused",
     "LifecycleError.AttemptIdentifierReused": "by contract: the domain restart function is unused",
+    "ExplorerError.UnsupportedCapability": (
+        "by design: an unknown explorer query cannot be expressed (ExplorerQuery is an enum)"
+    ),
 }
 
 #: pybatch's errors beyond section 7: class name -> families.
@@ -323,6 +342,9 @@ PYBATCH_ONLY: dict[str, Families] = {
     "JobRunError": JOB_RUN,  # how a run ends, decided by its flow or its partitions (etl)
     "FlowEndedInFailure": JOB_RUN,
     "PartitionsFailed": JOB_RUN,
+    "DsnFileInsecure": CONFIG,  # --dsn-file must be mode 0600 (CLI connection settings)
+    "DsnFileUnreadable": CONFIG,
+    "UnknownStatement": CONFIG,  # pybatch sql show|explain NAME
 }
 
 #: Contract leaves pybatch also puts in a family of its own: class name -> extra families.

@@ -1,0 +1,429 @@
+"""`pybatch jobs | instances | executions | show | unresolved`: read commands over the explorer.
+
+Every command reads through `pybatch.explorer.JobExplorer` (its own read-only, rolled-back
+transactions) and prints a table sized to the terminal, or with `--json` one documented
+JSON document (docs/operators.md): `{"items": [...], "next": CURSOR | null}` for lists.
+`--limit` and `--after` page; the cursor of the next page is printed after each page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import re
+import shutil
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from pybatch.cli._connection import add_connection_arguments, config_from_args
+from pybatch.errors import JobExecutionNotFound
+from pybatch.explorer import JobExplorer
+from pybatch.job_repository import JobRepository
+from pybatch.migrator import installed_schema_version
+from pybatch.values.explorer import (
+    DEFAULT_PAGE_SIZE,
+    MAX_PAGE_SIZE,
+    Cursor,
+    JobExecutionProjection,
+    Page,
+    PageSize,
+    operator_request_json,
+    recovery_decision_json,
+)
+from pybatch.values.operator import OperatorRecord
+
+__all__ = ["register"]
+
+T = TypeVar("T")
+_DURATION = re.compile(r"(\d+)([smhd]?)")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(text: str) -> _dt.timedelta:
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError("a duration such as 90s, 10m, 2h or 1d")
+    return _dt.timedelta(seconds=int(match.group(1)) * _UNITS[match.group(2)])
+
+
+def _page_size(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"an integer from 1 to {MAX_PAGE_SIZE}") from None
+    return value
+
+
+def _identifier(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("a positive integer id") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("a positive integer id")
+    return value
+
+
+def _cursor(text: str) -> Cursor:
+    return Cursor.from_hex(text)
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the five read commands."""
+
+    def command(name: str, help_text: str, *, paged: bool = True) -> argparse.ArgumentParser:
+        parser = commands.add_parser(name, help=help_text, description=help_text)
+        add_connection_arguments(parser)
+        parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+        if paged:
+            parser.add_argument(
+                "--limit",
+                type=_page_size,
+                default=DEFAULT_PAGE_SIZE,
+                help=f"rows per page, 1 to {MAX_PAGE_SIZE} ({DEFAULT_PAGE_SIZE})",
+            )
+            parser.add_argument(
+                "--after", type=str, metavar="CURSOR", help="the cursor printed by the last page"
+            )
+        return parser
+
+    jobs = command("jobs", "list job names with the latest execution's status and time")
+    jobs.set_defaults(handler=_jobs)
+    instances = command("instances", "list the instances of a job, newest first")
+    instances.add_argument("job", help="the job name")
+    instances.set_defaults(handler=_instances)
+    executions = command("executions", "list the attempts of an instance, newest first")
+    executions.add_argument("instance", type=_identifier, help="the job instance id")
+    executions.set_defaults(handler=_executions)
+    show = command(
+        "show",
+        "show one execution: steps, counters, checkpoints, failure, stop and owner evidence, "
+        "recovery decisions",
+        paged=False,
+    )
+    show.add_argument("execution", type=_identifier, help="the job execution id")
+    show.set_defaults(handler=_show)
+    unresolved = command(
+        "unresolved", "list STARTING, STARTED, STOPPING or UNKNOWN executions left unattended"
+    )
+    unresolved.add_argument(
+        "--older-than",
+        type=_duration,
+        default=_dt.timedelta(minutes=10),
+        metavar="DURATION",
+        help="not updated for this long: 90s, 10m, 2h, 1d (10m; at least 60s)",
+    )
+    unresolved.set_defaults(handler=_unresolved)
+
+
+# --------------------------------------------------------------------------- plumbing
+
+
+@contextmanager
+def _explorer(args: argparse.Namespace) -> Iterator[JobExplorer]:
+    config = config_from_args(args)
+    # One direct connection first: an unreachable server or a refused login is reported at
+    # once (and as exit 3 or 6), instead of after the pool's acquire timeout.
+    installed_schema_version(config)
+    with JobRepository.connect(config) as repository:
+        yield JobExplorer(repository)
+
+
+def _page_args(args: argparse.Namespace) -> tuple[PageSize, Cursor | None]:
+    size = PageSize(args.limit)
+    return size, None if args.after is None else _cursor(args.after)
+
+
+def _instant(value: _dt.datetime | None) -> str:
+    return "-" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """Columns padded to their widest cell; on a terminal, shrunk to fit its width."""
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+    if sys.stdout.isatty():
+        columns = shutil.get_terminal_size().columns
+        # Shrink the widest column first, down to 6 characters; then leave out columns
+        # from the right until the rest fits.
+        while sum(widths) + 2 * (len(widths) - 1) > columns and max(widths) > 6:
+            widths[widths.index(max(widths))] -= 1
+        while len(widths) > 1 and sum(widths) + 2 * (len(widths) - 1) > columns:
+            widths.pop()
+        headers = headers[: len(widths)]
+        rows = [row[: len(widths)] for row in rows]
+
+    def fit(text: str, width: int) -> str:
+        return text if len(text) <= width else text[: max(width - 1, 0)] + "\u2026"
+
+    for line in (headers, *rows):
+        print("  ".join(fit(c, w).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
+
+
+def _emit(
+    args: argparse.Namespace,
+    page: Page[T],
+    as_json: Callable[[T], dict[str, Any]],
+    headers: Sequence[str],
+    as_row: Callable[[T], Sequence[str]],
+    empty: str,
+) -> int:
+    next_cursor = None if page.next_cursor is None else str(page.next_cursor)
+    if args.json:
+        document = {"items": [as_json(item) for item in page.items], "next": next_cursor}
+        print(json.dumps(document, ensure_ascii=False))
+        return 0
+    if not page.items:
+        print(empty)
+    else:
+        _print_table(headers, [as_row(item) for item in page.items])
+    if next_cursor is not None:
+        print(f"next page: --after {next_cursor}")
+    return 0
+
+
+def _execution_row(item: JobExecutionProjection) -> list[str]:
+    return [
+        str(item.id),
+        str(item.instance_id),
+        item.job_name,
+        str(item.attempt),
+        item.status.value,
+        item.exit_code,
+        str(item.counts.read),
+        str(item.counts.written),
+        str(item.counts.commits),
+        _instant(item.started_at),
+        _instant(item.ended_at),
+        _instant(item.updated_at),
+        "yes" if item.owner_recorded else "no",
+    ]
+
+
+_EXECUTION_HEADERS = (
+    "EXECUTION",
+    "INSTANCE",
+    "JOB",
+    "ATTEMPT",
+    "STATUS",
+    "EXIT",
+    "READ",
+    "WRITTEN",
+    "COMMITS",
+    "STARTED",
+    "ENDED",
+    "UPDATED",
+    "OWNER",
+)
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def _jobs(args: argparse.Namespace) -> int:
+    size, after = _page_args(args)
+    with _explorer(args) as explorer:
+        page = explorer.job_names(size, after)
+    return _emit(
+        args,
+        page,
+        lambda item: item.as_json(),
+        ("JOB", "LATEST EXECUTION", "STATUS", "UPDATED"),
+        lambda item: [
+            item.job_name,
+            "-" if item.latest_execution_id is None else str(item.latest_execution_id),
+            "-" if item.latest_status is None else item.latest_status.value,
+            _instant(item.latest_updated_at),
+        ],
+        "no jobs",
+    )
+
+
+def _instances(args: argparse.Namespace) -> int:
+    size, after = _page_args(args)
+    with _explorer(args) as explorer:
+        page = explorer.instances(args.job, size, after)
+    return _emit(
+        args,
+        page,
+        lambda item: item.as_json(),
+        ("INSTANCE", "JOB", "PARAMETERS", "CREATED", "HOLD"),
+        lambda item: [
+            str(item.id),
+            item.job_name,
+            ", ".join(f"{p.name}:{p.kind}" for p in item.parameters) or "-",
+            _instant(item.created_at),
+            "-" if item.hold is None else f"{item.hold.reason} by {item.hold.actor}",
+        ],
+        "no instances",
+    )
+
+
+def _executions(args: argparse.Namespace) -> int:
+    size, after = _page_args(args)
+    with _explorer(args) as explorer:
+        page = explorer.executions(args.instance, size, after)
+    return _emit(
+        args,
+        page,
+        lambda item: item.as_json(),
+        _EXECUTION_HEADERS,
+        _execution_row,
+        "no executions",
+    )
+
+
+def _unresolved(args: argparse.Namespace) -> int:
+    size, after = _page_args(args)
+    with _explorer(args) as explorer:
+        page = explorer.unresolved_executions(args.older_than, size, after)
+    return _emit(
+        args,
+        page,
+        lambda item: item.as_json(),
+        _EXECUTION_HEADERS,
+        _execution_row,
+        "no unresolved executions",
+    )
+
+
+def _all(fetch: Callable[[Cursor | None], Page[T]]) -> list[T]:
+    items: list[T] = []
+    cursor: Cursor | None = None
+    while True:
+        page = fetch(cursor)
+        items.extend(page.items)
+        cursor = page.next_cursor
+        if cursor is None:
+            return items
+
+
+def _show(args: argparse.Namespace) -> int:
+    size = PageSize(MAX_PAGE_SIZE)
+    with _explorer(args) as explorer:
+        execution = explorer.execution(args.execution)
+        if execution is None:
+            raise JobExecutionNotFound(id=args.execution)
+        steps = _all(lambda after: explorer.step_executions(execution.id, size, after))
+        decisions = _all(lambda after: explorer.recovery_decisions(execution.id, size, after))
+        requests: list[OperatorRecord] = _all(
+            lambda after: explorer.operator_requests(execution.id, size, after)
+        )
+    if args.json:
+        document = {
+            "execution": execution.as_json(),
+            "steps": [step.as_json() for step in steps],
+            "recovery_decisions": [recovery_decision_json(d) for d in decisions],
+            "operator_requests": [operator_request_json(request) for request in requests],
+        }
+        print(json.dumps(document, ensure_ascii=False))
+        return 0
+    failure = execution.failure
+    fields = [
+        ("execution", str(execution.id)),
+        ("job", f"{execution.job_name} (instance {execution.instance_id})"),
+        ("attempt", str(execution.attempt)),
+        ("status", f"{execution.status.value} (exit {execution.exit_code})"),
+        ("version", str(execution.version)),
+        ("created", _instant(execution.created_at)),
+        ("started", _instant(execution.started_at)),
+        ("ended", _instant(execution.ended_at)),
+        ("updated", _instant(execution.updated_at)),
+        (
+            "counts",
+            ", ".join(f"{name} {value}" for name, value in execution.counts.as_json().items()),
+        ),
+        (
+            "failure",
+            "-" if failure is None else f"{failure.category.value} (id {failure.failure_id})",
+        ),
+        (
+            "stop",
+            "-"
+            if execution.stop_requested_at is None
+            else f"requested {_instant(execution.stop_requested_at)} by "
+            f"{execution.stop_requested_by}",
+        ),
+        ("owner", "recorded" if execution.owner_recorded else "none recorded"),
+        (
+            "definition",
+            f"{execution.definition.revision} (manifest format "
+            f"{execution.definition.manifest_format})",
+        ),
+        (
+            "context",
+            f"{execution.context.schema_id} v{execution.context.schema_version}, "
+            f"{execution.context.encoded_len} bytes",
+        ),
+    ]
+    width = max(len(name) for name, _ in fields)
+    for name, value in fields:
+        print(f"{name.ljust(width)}  {value}")
+    print()
+    if steps:
+        _print_table(
+            (
+                "STEP",
+                "NAME",
+                "STATUS",
+                "EXIT",
+                "READ",
+                "WRITTEN",
+                "COMMITS",
+                "CHECKPOINT",
+                "FAILURE",
+            ),
+            [
+                [
+                    str(step.id),
+                    step.step_name,
+                    step.status.value,
+                    step.exit_code,
+                    str(step.counts.read),
+                    str(step.counts.written),
+                    str(step.counts.commits),
+                    f"{step.checkpoint.schema_id} v{step.checkpoint.schema_version}, "
+                    f"{step.checkpoint.encoded_len} bytes",
+                    "-" if step.failure is None else step.failure.category.value,
+                ]
+                for step in steps
+            ],
+        )
+    else:
+        print("no steps")
+    print()
+    if decisions:
+        _print_table(
+            ("DECISION", "FROM", "TO", "REASON", "BY", "DECIDED"),
+            [
+                [
+                    str(d.id),
+                    d.prior_status.value,
+                    d.resulting_status.value,
+                    d.reason_code,
+                    d.operator_reference,
+                    _instant(d.decided_at),
+                ]
+                for d in decisions
+            ],
+        )
+    else:
+        print("no recovery decisions")
+    if requests:
+        print()
+        _print_table(
+            ("REQUEST", "ACTION", "OUTCOME", "ACTOR", "REQUESTED"),
+            [
+                [
+                    str(r.id),
+                    r.action.value,
+                    r.outcome.value,
+                    str(r.actor),
+                    _instant(r.requested_at),
+                ]
+                for r in requests
+            ],
+        )
+    return 0

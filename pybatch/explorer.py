@@ -1,0 +1,499 @@
+"""The explorer: read-only, keyset-paged views of everything the repository records.
+
+behaviour.md 2.22 and 4.16. Every page runs in its own READ COMMITTED, READ ONLY
+transaction with the configured timeouts, which is always rolled back: pages take no
+locks and never join a unit of work. A traversal captures an identity ceiling on its
+first page and carries it in the cursor, so rows created during a traversal never join
+it. Cursors are opaque, checksummed and bound to (query, page size, filter).
+
+Statements: queries/explorer.sql (explore_*).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import psycopg
+
+from pybatch._statements import Statement, Statements
+from pybatch.codecs import explorer as codec
+from pybatch.codecs._primitives import DecodeError, Row
+from pybatch.errors import (
+    ExplorerAgeBoundTooSmall,
+    ExplorerRepositoryError,
+    ExplorerTimeout,
+    JobExecutionNotFound,
+    JobInstanceNotFound,
+    RepositoryError,
+    ResponseTooLarge,
+    StepExecutionNotFound,
+    Unavailable,
+)
+from pybatch.job_repository import JobRepository
+from pybatch.values.explorer import (
+    MAX_RESPONSE_BYTES,
+    MIN_UNRESOLVED_AGE,
+    Cursor,
+    CursorKey,
+    ExplorerQuery,
+    IdentityKey,
+    JobExecutionProjection,
+    JobInstanceProjection,
+    JobNameSummary,
+    NameKey,
+    OrderedKey,
+    Page,
+    PageSize,
+    StepExecutionProjection,
+    StepPartitionProjection,
+    flow_decision_json,
+    operator_request_json,
+    query_binding,
+    recovery_decision_json,
+)
+from pybatch.values.flow import FlowDecision
+from pybatch.values.ids import INT64_MAX, IdentifierKind, check_identifier
+from pybatch.values.operator import OperatorRecord
+from pybatch.values.recovery import RecoveryDecision
+
+__all__ = ["JobExplorer"]
+
+T = TypeVar("T")
+Fetch = Callable[[psycopg.Connection[Any], CursorKey | None, int, int], list[Row]]
+
+
+def _ceiling_statement(statements: Statements, query: ExplorerQuery) -> Statement:
+    """The statement reading `query`'s identity ceiling (behaviour.md 4.16)."""
+    return {
+        ExplorerQuery.JOB_NAMES: statements.explore_ceiling_job_names,
+        ExplorerQuery.INSTANCES: statements.explore_ceiling_instances,
+        ExplorerQuery.EXECUTIONS: statements.explore_ceiling_executions,
+        ExplorerQuery.UNRESOLVED_EXECUTIONS: statements.explore_ceiling_executions,
+        ExplorerQuery.STEP_EXECUTIONS: statements.explore_ceiling_step_executions,
+        ExplorerQuery.RECOVERY_DECISIONS: statements.explore_ceiling_recovery_decisions,
+        ExplorerQuery.FLOW_DECISIONS: statements.explore_ceiling_flow_decisions,
+        ExplorerQuery.STEP_PARTITIONS: statements.explore_ceiling_step_partitions,
+        ExplorerQuery.OPERATOR_REQUESTS: statements.explore_ceiling_operator_requests,
+    }[query]
+
+
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def _row_size(item: object) -> int:
+    """The estimated encoded size of one row: its compact JSON projection, in UTF-8 bytes.
+
+    An estimate (the bound is on the page, not on a wire format), so the C encoder serves;
+    canonical JSON is for hashing.
+    """
+    if isinstance(item, OperatorRecord):
+        document = operator_request_json(item)
+    elif isinstance(item, FlowDecision):
+        document = flow_decision_json(item)
+    elif isinstance(item, RecoveryDecision):
+        document = recovery_decision_json(item)
+    else:
+        as_json: Callable[[], dict[str, Any]] = item.as_json  # type: ignore[attr-defined]
+        document = as_json()
+    return len(_ENCODER.encode(document).encode("utf-8"))
+
+
+class JobExplorer:
+    """Paged, value-redacted reads over a `JobRepository`'s pool (behaviour.md 4.16)."""
+
+    def __init__(self, repository: JobRepository) -> None:
+        self._repository = repository
+        self._statements: Statements = repository.statements
+
+    def __repr__(self) -> str:
+        return f"JobExplorer({self._repository!r})"
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _read(self, work: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """Run `work` in one read-only transaction, always rolled back; map failures."""
+        try:
+            with self._repository.read_transaction() as conn:
+                try:
+                    return work(conn)
+                except DecodeError:
+                    raise ExplorerRepositoryError(error=Unavailable()) from None
+        except Unavailable as error:
+            if error.sqlstate == "57014":
+                raise ExplorerTimeout() from None
+            raise ExplorerRepositoryError(error=error) from None
+        except RepositoryError as error:
+            raise ExplorerRepositoryError(error=Unavailable(sqlstate=None)) from error
+
+    def _ceiling(
+        self, conn: psycopg.Connection[Any], query: ExplorerQuery, job_name: str | None
+    ) -> int:
+        params = {"job_name": job_name} if query is ExplorerQuery.INSTANCES else {}
+        value = _ceiling_statement(self._statements, query).scalar(conn, **params)
+        if value is None:
+            return 0
+        if type(value) is not int or not 0 < value <= INT64_MAX:
+            raise DecodeError("ceiling")
+        return value
+
+    def identity_ceiling(self, query: ExplorerQuery, *, job_name: str | None = None) -> int:
+        """The current identity ceiling of `query` (0 when it has no rows).
+
+        `job_name` is required for (and only used by) the instances query.
+        """
+        if query is ExplorerQuery.INSTANCES and job_name is None:
+            raise TypeError("the instances ceiling is per job name")
+        return self._read(lambda conn: self._ceiling(conn, query, job_name))
+
+    def _page(
+        self,
+        query: ExplorerQuery,
+        filter_value: object,
+        page_size: PageSize,
+        after: Cursor | None,
+        fetch: Fetch,
+        decode: Callable[[Row], T],
+        key_of: Callable[[T], CursorKey],
+        parent_missing: Callable[[psycopg.Connection[Any]], RepositoryError | None] | None = None,
+        *,
+        job_name: str | None = None,
+    ) -> Page[T]:
+        binding = query_binding(query, page_size, filter_value)
+        key: CursorKey | None = None
+        ceiling: int | None = None
+        if after is not None:
+            key, ceiling = after.open(query, binding)
+
+        def work(conn: psycopg.Connection[Any]) -> tuple[list[T], int]:
+            if parent_missing is not None:
+                missing = parent_missing(conn)
+                if missing is not None:
+                    raise ExplorerRepositoryError(error=missing)
+            bound = self._ceiling(conn, query, job_name) if ceiling is None else ceiling
+            if bound == 0:
+                return [], 0
+            return [decode(row) for row in fetch(conn, key, bound, page_size.value)], bound
+
+        items, bound = self._read(work)
+        kept: list[T] = []
+        total = 0
+        truncated = False
+        for item in items:
+            size = _row_size(item)
+            if not kept and size > MAX_RESPONSE_BYTES:
+                raise ResponseTooLarge(limit=page_size.value)
+            if total + size > MAX_RESPONSE_BYTES:
+                truncated = True
+                break
+            kept.append(item)
+            total += size
+        next_cursor = None
+        if kept and (truncated or len(items) == page_size.value):
+            next_cursor = Cursor.issue(query, key_of(kept[-1]), bound, binding)
+        return Page(items=tuple(kept), next_cursor=next_cursor, ceiling=bound)
+
+    def _exists(
+        self, name: Statement, error: RepositoryError, **params: Any
+    ) -> Callable[[psycopg.Connection[Any]], RepositoryError | None]:
+        def check(conn: psycopg.Connection[Any]) -> RepositoryError | None:
+            return None if name.scalar(conn, **params) else error
+
+        return check
+
+    # ------------------------------------------------------------------ queries
+
+    def job_names(
+        self, page_size: PageSize | None = None, after: Cursor | None = None
+    ) -> Page[JobNameSummary]:
+        """Distinct job names of instances in byte order, with their latest execution."""
+
+        def fetch(
+            conn: psycopg.Connection[Any], key: CursorKey | None, ceiling: int, limit: int
+        ) -> list[Row]:
+            after_name = key.name if isinstance(key, NameKey) else ""
+            rows = self._statements.explore_job_names.many(
+                conn,
+                after_name=after_name,
+                ceiling=ceiling,
+                row_limit=limit,
+            )
+            return rows
+
+        return self._page(
+            ExplorerQuery.JOB_NAMES,
+            None,
+            page_size or PageSize(),
+            after,
+            fetch,
+            codec.decode_job_name_summary,
+            lambda item: NameKey(item.job_name),
+        )
+
+    def instances(
+        self, job_name: str, page_size: PageSize | None = None, after: Cursor | None = None
+    ) -> Page[JobInstanceProjection]:
+        """Instances of `job_name`, newest first; an unknown name gives an empty page."""
+        if type(job_name) is not str:
+            raise TypeError("job_name must be a str")
+
+        def fetch(
+            conn: psycopg.Connection[Any], key: CursorKey | None, ceiling: int, limit: int
+        ) -> list[Row]:
+            before = key.id if isinstance(key, IdentityKey) else INT64_MAX
+            rows = self._statements.explore_instances.many(
+                conn,
+                job_name=job_name,
+                ceiling=ceiling,
+                before_id=before,
+                row_limit=limit,
+            )
+            return rows
+
+        return self._page(
+            ExplorerQuery.INSTANCES,
+            job_name,
+            page_size or PageSize(),
+            after,
+            fetch,
+            codec.decode_instance_projection,
+            lambda item: IdentityKey(item.id),
+            job_name=job_name,
+        )
+
+    def executions(
+        self, job_instance_id: int, page_size: PageSize | None = None, after: Cursor | None = None
+    ) -> Page[JobExecutionProjection]:
+        """Attempts of an instance, (attempt, id) descending.
+
+        Raises:
+            ExplorerRepositoryError: wrapping JobInstanceNotFound for an unknown instance.
+        """
+        _check_id(job_instance_id, IdentifierKind.JOB_INSTANCE)
+
+        def fetch(
+            conn: psycopg.Connection[Any], key: CursorKey | None, ceiling: int, limit: int
+        ) -> list[Row]:
+            attempt, before = (
+                (key.primary, key.id)
+                if isinstance(key, OrderedKey)
+                else (
+                    INT64_MAX,
+                    INT64_MAX,
+                )
+            )
+            rows = self._statements.explore_executions.many(
+                conn,
+                job_instance_id=job_instance_id,
+                ceiling=ceiling,
+                before_attempt=attempt,
+                before_id=before,
+                row_limit=limit,
+            )
+            return rows
+
+        return self._page(
+            ExplorerQuery.EXECUTIONS,
+            job_instance_id,
+            page_size or PageSize(),
+            after,
+            fetch,
+            codec.decode_execution_projection,
+            lambda item: OrderedKey(item.attempt, item.id),
+            self._exists(
+                self._statements.explore_job_instance_exists,
+                JobInstanceNotFound(id=job_instance_id),
+                job_instance_id=job_instance_id,
+            ),
+        )
+
+    def execution(self, job_execution_id: int) -> JobExecutionProjection | None:
+        """One execution projection, or None when it does not exist."""
+        _check_id(job_execution_id, IdentifierKind.JOB_EXECUTION)
+
+        def work(conn: psycopg.Connection[Any]) -> JobExecutionProjection | None:
+            row = self._statements.explore_execution.one(conn, job_execution_id=job_execution_id)
+            return None if row is None else codec.decode_execution_projection(row)
+
+        return self._read(work)
+
+    def _children(
+        self,
+        query: ExplorerQuery,
+        statement: Statement,
+        parent_column: str,
+        parent_id: int,
+        kind: IdentifierKind,
+        missing: RepositoryError,
+        exists_statement: Statement,
+        decode: Callable[[Row], T],
+        key_of: Callable[[T], CursorKey],
+        page_size: PageSize | None,
+        after: Cursor | None,
+    ) -> Page[T]:
+        _check_id(parent_id, kind)
+
+        def fetch(
+            conn: psycopg.Connection[Any], key: CursorKey | None, ceiling: int, limit: int
+        ) -> list[Row]:
+            params: dict[str, Any] = {
+                parent_column: parent_id,
+                "ceiling": ceiling,
+                "row_limit": limit,
+            }
+            if query is ExplorerQuery.FLOW_DECISIONS:
+                params["after_sequence"], params["after_id"] = (
+                    (key.primary, key.id) if isinstance(key, OrderedKey) else (0, 0)
+                )
+            else:
+                params["after_id"] = key.id if isinstance(key, IdentityKey) else 0
+            rows = statement.many(conn, **params)
+            return rows
+
+        return self._page(
+            query,
+            parent_id,
+            page_size or PageSize(),
+            after,
+            fetch,
+            decode,
+            key_of,
+            self._exists(exists_statement, missing, **{parent_column: parent_id}),
+        )
+
+    def step_executions(
+        self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
+    ) -> Page[StepExecutionProjection]:
+        """Steps of an execution, id ascending (wraps JobExecutionNotFound)."""
+        return self._children(
+            ExplorerQuery.STEP_EXECUTIONS,
+            self._statements.explore_step_executions,
+            "job_execution_id",
+            job_execution_id,
+            IdentifierKind.JOB_EXECUTION,
+            JobExecutionNotFound(id=job_execution_id),
+            self._statements.explore_job_execution_exists,
+            codec.decode_step_projection,
+            lambda item: IdentityKey(item.id),
+            page_size,
+            after,
+        )
+
+    def recovery_decisions(
+        self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
+    ) -> Page[RecoveryDecision]:
+        """Recovery decisions of an execution, id ascending (wraps JobExecutionNotFound)."""
+        return self._children(
+            ExplorerQuery.RECOVERY_DECISIONS,
+            self._statements.explore_recovery_decisions,
+            "job_execution_id",
+            job_execution_id,
+            IdentifierKind.JOB_EXECUTION,
+            JobExecutionNotFound(id=job_execution_id),
+            self._statements.explore_job_execution_exists,
+            codec.decode_recovery_decision,
+            lambda item: IdentityKey(item.id),
+            page_size,
+            after,
+        )
+
+    def flow_decisions(
+        self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
+    ) -> Page[FlowDecision]:
+        """Flow decisions of an execution, (sequence, id) ascending (wraps JobExecutionNotFound)."""
+        return self._children(
+            ExplorerQuery.FLOW_DECISIONS,
+            self._statements.explore_flow_decisions,
+            "job_execution_id",
+            job_execution_id,
+            IdentifierKind.JOB_EXECUTION,
+            JobExecutionNotFound(id=job_execution_id),
+            self._statements.explore_job_execution_exists,
+            codec.decode_flow_decision,
+            lambda item: OrderedKey(item.sequence, item.id),
+            page_size,
+            after,
+        )
+
+    def step_partitions(
+        self, step_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
+    ) -> Page[StepPartitionProjection]:
+        """Partitions of a manager step, id ascending (wraps StepExecutionNotFound)."""
+        return self._children(
+            ExplorerQuery.STEP_PARTITIONS,
+            self._statements.explore_step_partitions,
+            "step_execution_id",
+            step_execution_id,
+            IdentifierKind.STEP_EXECUTION,
+            StepExecutionNotFound(id=step_execution_id),
+            self._statements.explore_step_execution_exists,
+            codec.decode_partition_projection,
+            lambda item: IdentityKey(item.id),
+            page_size,
+            after,
+        )
+
+    def operator_requests(
+        self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
+    ) -> Page[OperatorRecord]:
+        """Operator requests aimed at an execution, id ascending (wraps JobExecutionNotFound)."""
+        return self._children(
+            ExplorerQuery.OPERATOR_REQUESTS,
+            self._statements.explore_operator_requests,
+            "job_execution_id",
+            job_execution_id,
+            IdentifierKind.JOB_EXECUTION,
+            JobExecutionNotFound(id=job_execution_id),
+            self._statements.explore_job_execution_exists,
+            codec.decode_operator_request,
+            lambda item: IdentityKey(item.id),
+            page_size,
+            after,
+        )
+
+    def unresolved_executions(
+        self,
+        minimum_age: _dt.timedelta,
+        page_size: PageSize | None = None,
+        after: Cursor | None = None,
+    ) -> Page[JobExecutionProjection]:
+        """STARTING, STARTED, STOPPING and UNKNOWN executions not updated for `minimum_age`.
+
+        The cutoff is `now - minimum_age` on the repository clock, at microsecond precision.
+
+        Raises:
+            ExplorerAgeBoundTooSmall: `minimum_age` is under 60 s.
+        """
+        if not isinstance(minimum_age, _dt.timedelta) or minimum_age < MIN_UNRESOLVED_AGE:
+            seconds = minimum_age.total_seconds() if isinstance(minimum_age, _dt.timedelta) else -1
+            raise ExplorerAgeBoundTooSmall(requested_seconds=seconds)
+        cutoff = self._repository.clock.now() - minimum_age
+        age_us = minimum_age // _dt.timedelta(microseconds=1)
+
+        def fetch(
+            conn: psycopg.Connection[Any], key: CursorKey | None, ceiling: int, limit: int
+        ) -> list[Row]:
+            rows = self._statements.explore_unresolved_executions.many(
+                conn,
+                cutoff=cutoff,
+                ceiling=ceiling,
+                after_id=key.id if isinstance(key, IdentityKey) else 0,
+                row_limit=limit,
+            )
+            return rows
+
+        return self._page(
+            ExplorerQuery.UNRESOLVED_EXECUTIONS,
+            age_us,
+            page_size or PageSize(),
+            after,
+            fetch,
+            codec.decode_execution_projection,
+            lambda item: IdentityKey(item.id),
+        )
+
+
+def _check_id(value: int, kind: IdentifierKind) -> None:
+    check_identifier(kind, value)

@@ -1,0 +1,78 @@
+"""Run a job script in a subprocess, optionally SIGKILLed at a chosen chunk commit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import attrs
+
+__all__ = ["JobRunner", "JobScriptResult"]
+
+#: When a killed run dies relative to its chosen chunk.
+KILL_POINTS = ("after_commit", "before_commit")
+
+
+@attrs.frozen
+class JobScriptResult:
+    """How a job script's process ended."""
+
+    returncode: int
+    killed: bool
+    stdout: str
+    stderr: str
+
+
+class JobRunner:
+    """Runs `python SCRIPT ARGS...` with PYBATCH_DSN pointing at the test's database."""
+
+    def __init__(self, dsn: str, *, python: str) -> None:
+        self._dsn = dsn
+        self._python = python
+
+    def __repr__(self) -> str:
+        return "JobRunner(<dsn>)"
+
+    def run(
+        self,
+        script: str | os.PathLike[str],
+        *args: str,
+        kill_at_chunk: int | None = None,
+        kill_point: str = "after_commit",
+        env: Mapping[str, str] | None = None,
+        timeout: float = 120.0,
+    ) -> JobScriptResult:
+        """Run the script to its end, or SIGKILL it at its `kill_at_chunk`-th chunk.
+
+        `kill_point="after_commit"` kills it right after that chunk's COMMIT returned (the
+        chunk is durable); `"before_commit"` kills it just before the COMMIT (the chunk's
+        rows are written and never committed). Chunks are counted in this process only,
+        from 1, so a restarted run counts again from 1. The script reads its connection
+        from the environment: `ConnectionConfig.from_env()` sees PYBATCH_DSN and
+        PYBATCH_TLS=plaintext.
+        """
+        if kill_point not in KILL_POINTS:
+            raise ValueError(f"kill_point must be one of {KILL_POINTS}")
+        if kill_at_chunk is not None and kill_at_chunk < 1:
+            raise ValueError("kill_at_chunk counts chunks from 1")
+        command: Sequence[str] = [self._python, "-m", "pybatch.testing._kill_at_chunk"]
+        command = [*command, str(kill_at_chunk or 0), kill_point, str(Path(script)), *args]
+        environment = dict(os.environ if env is None else env)
+        environment.update(PYBATCH_DSN=self._dsn, PYBATCH_TLS="plaintext")
+        process = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=environment,
+            check=False,
+        )
+        return JobScriptResult(
+            returncode=process.returncode,
+            killed=process.returncode == -signal.SIGKILL,
+            stdout=process.stdout,
+            stderr=process.stderr,
+        )

@@ -1,0 +1,623 @@
+"""Explorer vocabulary: page sizes, opaque bound cursors and value-redacted projections.
+
+behaviour.md 2.22. A cursor is opaque to callers but fully checked here: it carries its
+query, the key of the last row of the previous page, the identity ceiling of the
+traversal, an 8-byte binding of (query, page size, filter) and a SHA-256 checksum, so a
+tampered, truncated or misapplied cursor is refused with a typed error. Projections carry
+no parameter values and no state payloads, only descriptors.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import enum
+import hashlib
+import json
+import struct
+from typing import Any, Generic, TypeVar
+
+import attrs
+
+from pybatch.errors import CursorInvalid, CursorQueryMismatch, PageSizeOutOfRange
+from pybatch.values.flow import FlowDecision
+from pybatch.values.operator import OperatorRecord
+from pybatch.values.recovery import RecoveryDecision
+from pybatch.values.status import BatchStatus, FailureSummary
+
+__all__ = [
+    "CURSOR_FORMAT_VERSION",
+    "DEFAULT_PAGE_SIZE",
+    "MAX_CURSOR_BYTES",
+    "MAX_PAGE_SIZE",
+    "MAX_RESPONSE_BYTES",
+    "MIN_UNRESOLVED_AGE",
+    "Cursor",
+    "CursorKey",
+    "DefinitionDescriptor",
+    "ExplorerQuery",
+    "IdentityKey",
+    "JobExecutionProjection",
+    "JobInstanceProjection",
+    "JobNameSummary",
+    "NameKey",
+    "OrderedKey",
+    "Page",
+    "PageSize",
+    "ParameterDescriptor",
+    "ProjectionCounts",
+    "RetentionHold",
+    "StateEnvelopeDescriptor",
+    "StepExecutionProjection",
+    "StepPartitionProjection",
+    "flow_decision_json",
+    "operator_request_json",
+    "query_binding",
+    "recovery_decision_json",
+]
+
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 500
+MAX_RESPONSE_BYTES = 256 * 1024
+MAX_CURSOR_BYTES = 256
+MIN_UNRESOLVED_AGE = _dt.timedelta(seconds=60)
+CURSOR_FORMAT_VERSION = 1
+
+_I63_MAX = 2**63 - 1
+_MAX_NAME_BYTES = 128
+_CHECKSUM_BYTES = 32
+_BINDING_BYTES = 8
+
+
+@attrs.frozen
+class PageSize:
+    """How many rows a page may hold: 1..500, default 50."""
+
+    value: int = DEFAULT_PAGE_SIZE
+
+    def __attrs_post_init__(self) -> None:
+        if type(self.value) is not int or not 1 <= self.value <= MAX_PAGE_SIZE:
+            raise PageSizeOutOfRange(requested=self.value)
+
+
+class ExplorerQuery(enum.Enum):
+    """The nine paged queries; the value is the cursor discriminant (behaviour.md 2.22)."""
+
+    JOB_NAMES = 1
+    INSTANCES = 2
+    EXECUTIONS = 3
+    STEP_EXECUTIONS = 4
+    UNRESOLVED_EXECUTIONS = 5
+    RECOVERY_DECISIONS = 6
+    FLOW_DECISIONS = 7
+    STEP_PARTITIONS = 8
+    OPERATOR_REQUESTS = 9
+
+    @property
+    def query_name(self) -> str:
+        """The contract's name of the query (`list_job_names`, ...)."""
+        return _QUERY_NAMES[self]
+
+    @property
+    def key_kind(self) -> type[CursorKey]:
+        """The cursor key kind this query pages by (rule 17)."""
+        return _KEY_KINDS[self]
+
+
+def _check_i63(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if type(value) is not int or not 0 <= value <= _I63_MAX:
+        raise ValueError(f"{attribute.name} must be 0..2**63-1")
+
+
+@attrs.frozen
+class IdentityKey:
+    """Page key of queries ordered by row id."""
+
+    id: int = attrs.field(validator=_check_i63)
+
+
+@attrs.frozen
+class OrderedKey:
+    """Page key of queries ordered by (primary, id): executions, flow decisions."""
+
+    primary: int = attrs.field(validator=_check_i63)
+    id: int = attrs.field(validator=_check_i63)
+
+
+@attrs.frozen
+class NameKey:
+    """Page key of the job-name listing."""
+
+    name: str
+
+    def __attrs_post_init__(self) -> None:
+        if not 1 <= len(self.name.encode("utf-8")) <= _MAX_NAME_BYTES:
+            raise ValueError("a name key is 1..128 UTF-8 bytes")
+
+
+CursorKey = IdentityKey | OrderedKey | NameKey
+
+_QUERY_NAMES = {
+    ExplorerQuery.JOB_NAMES: "list_job_names",
+    ExplorerQuery.INSTANCES: "list_instances",
+    ExplorerQuery.EXECUTIONS: "list_executions",
+    ExplorerQuery.STEP_EXECUTIONS: "list_step_executions",
+    ExplorerQuery.UNRESOLVED_EXECUTIONS: "list_unresolved_executions",
+    ExplorerQuery.RECOVERY_DECISIONS: "list_recovery_decisions",
+    ExplorerQuery.FLOW_DECISIONS: "list_flow_decisions",
+    ExplorerQuery.STEP_PARTITIONS: "list_step_partitions",
+    ExplorerQuery.OPERATOR_REQUESTS: "list_operator_requests",
+}
+_KEY_KINDS: dict[ExplorerQuery, type[CursorKey]] = {
+    ExplorerQuery.JOB_NAMES: NameKey,
+    ExplorerQuery.INSTANCES: IdentityKey,
+    ExplorerQuery.EXECUTIONS: OrderedKey,
+    ExplorerQuery.STEP_EXECUTIONS: IdentityKey,
+    ExplorerQuery.UNRESOLVED_EXECUTIONS: IdentityKey,
+    ExplorerQuery.RECOVERY_DECISIONS: IdentityKey,
+    ExplorerQuery.FLOW_DECISIONS: OrderedKey,
+    ExplorerQuery.STEP_PARTITIONS: IdentityKey,
+    ExplorerQuery.OPERATOR_REQUESTS: IdentityKey,
+}
+
+
+def query_binding(query: ExplorerQuery, page_size: PageSize, filter_value: object) -> bytes:
+    """First 8 bytes of SHA-256 over the canonical identity of (query, page size, filter)."""
+    identity = json.dumps(
+        [query.query_name, page_size.value, filter_value],
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    return hashlib.sha256(identity.encode("utf-8")).digest()[:_BINDING_BYTES]
+
+
+class Cursor:
+    """An opaque page cursor: 1..256 bytes; `str` is lower-case hex, `repr` its length only."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: bytes) -> None:
+        if not isinstance(data, bytes) or not 1 <= len(data) <= MAX_CURSOR_BYTES:
+            raise CursorInvalid()
+        self._data = data
+
+    @classmethod
+    def from_hex(cls, text: str) -> Cursor:
+        """Parse lower-case, even-length hex; anything else is `CursorInvalid`."""
+        if (
+            not isinstance(text, str)
+            or len(text) % 2
+            or any(c not in "0123456789abcdef" for c in text)
+        ):
+            raise CursorInvalid()
+        return cls(bytes.fromhex(text))
+
+    @property
+    def data(self) -> bytes:
+        """The cursor bytes."""
+        return self._data
+
+    def __str__(self) -> str:
+        return self._data.hex()
+
+    def __repr__(self) -> str:
+        return f"Cursor(<{len(self._data)} bytes>)"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Cursor) and other._data == self._data
+
+    def __hash__(self) -> int:
+        return hash(self._data)
+
+    @classmethod
+    def issue(cls, query: ExplorerQuery, key: CursorKey, ceiling: int, binding: bytes) -> Cursor:
+        """Encode the cursor of the page after `key` (layout: behaviour.md 2.22)."""
+        if not isinstance(key, query.key_kind) or len(binding) != _BINDING_BYTES:
+            raise ValueError("cursor key kind or binding does not fit the query")
+        body = bytes([CURSOR_FORMAT_VERSION, query.value]) + _encode_key(key)
+        body += struct.pack(">Q", ceiling) + binding
+        return cls(body + hashlib.sha256(body).digest())
+
+    def open(self, query: ExplorerQuery, binding: bytes) -> tuple[CursorKey, int]:
+        """The (key, ceiling) carried, after every check of behaviour.md 2.22.
+
+        Raises:
+            CursorInvalid: bad length or checksum, wrong version, bad tag, truncation, a
+                key of the wrong kind for `query`, or a value above 2**63-1.
+            CursorQueryMismatch: an intact cursor of another query, filter or page size.
+        """
+        data = self._data
+        if len(data) < 2 + 1 + 8 + _BINDING_BYTES + _CHECKSUM_BYTES:
+            raise CursorInvalid()
+        body, checksum = data[:-_CHECKSUM_BYTES], data[-_CHECKSUM_BYTES:]
+        if hashlib.sha256(body).digest() != checksum:
+            raise CursorInvalid()
+        if body[0] != CURSOR_FORMAT_VERSION:
+            raise CursorInvalid()
+        try:
+            presented = ExplorerQuery(body[1])
+        except ValueError:
+            raise CursorInvalid() from None
+        key, offset = _decode_key(body, 2)
+        if len(body) != offset + 8 + _BINDING_BYTES:
+            raise CursorInvalid()
+        (ceiling,) = struct.unpack_from(">Q", body, offset)
+        if ceiling > _I63_MAX:
+            raise CursorInvalid()
+        if not isinstance(key, query.key_kind):
+            raise CursorInvalid()
+        if presented is not query or body[offset + 8 :] != binding:
+            raise CursorQueryMismatch()
+        return key, ceiling
+
+
+def _encode_key(key: CursorKey) -> bytes:
+    if isinstance(key, IdentityKey):
+        return b"\x01" + struct.pack(">Q", key.id)
+    if isinstance(key, OrderedKey):
+        return b"\x02" + struct.pack(">QQ", key.primary, key.id)
+    name = key.name.encode("utf-8")
+    return b"\x03" + bytes([len(name)]) + name
+
+
+def _decode_key(body: bytes, offset: int) -> tuple[CursorKey, int]:
+    try:
+        tag = body[offset]
+        offset += 1
+        if tag == 1:
+            (identity,) = struct.unpack_from(">Q", body, offset)
+            return IdentityKey(identity), offset + 8
+        if tag == 2:
+            primary, identity = struct.unpack_from(">QQ", body, offset)
+            return OrderedKey(primary, identity), offset + 16
+        if tag == 3:
+            length = body[offset]
+            raw = body[offset + 1 : offset + 1 + length]
+            if len(raw) != length:
+                raise CursorInvalid()
+            return NameKey(raw.decode("utf-8")), offset + 1 + length
+    except (IndexError, struct.error, UnicodeDecodeError, ValueError):
+        raise CursorInvalid() from None
+    raise CursorInvalid()
+
+
+T = TypeVar("T")
+
+
+@attrs.frozen
+class Page(Generic[T]):
+    """One page of a traversal; `next_cursor` is None on the last page."""
+
+    items: tuple[T, ...]
+    next_cursor: Cursor | None
+    ceiling: int
+
+
+# --------------------------------------------------------------------------- projections
+
+
+def _instant(value: _dt.datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+@attrs.frozen
+class StateEnvelopeDescriptor:
+    """What a stored state envelope is, never its payload; `encoded_len` is its stored size."""
+
+    kind: str
+    format_version: int
+    schema_id: str
+    schema_version: int
+    encoded_len: int
+
+    def as_json(self) -> dict[str, Any]:
+        """The documented JSON object (docs/operators.md)."""
+        return {
+            "kind": self.kind,
+            "format_version": self.format_version,
+            "schema_id": self.schema_id,
+            "schema_version": self.schema_version,
+            "encoded_len": self.encoded_len,
+        }
+
+
+@attrs.frozen
+class DefinitionDescriptor:
+    """The definition an execution ran under (revision, manifest format and digest)."""
+
+    revision: str
+    manifest_format: int
+    manifest_digest: bytes = attrs.field(repr=lambda value: f"<{len(value)} bytes>")
+
+    def as_json(self) -> dict[str, Any]:
+        """The documented JSON object."""
+        return {
+            "revision": self.revision,
+            "manifest_format": self.manifest_format,
+            "manifest_digest": self.manifest_digest.hex(),
+        }
+
+
+@attrs.frozen
+class ProjectionCounts:
+    """The six counters of an execution, step or partition."""
+
+    read: int
+    processed: int
+    written: int
+    filtered: int
+    commits: int
+    rollbacks: int
+
+    def as_json(self) -> dict[str, Any]:
+        """The documented JSON object."""
+        return {
+            "read": self.read,
+            "processed": self.processed,
+            "written": self.written,
+            "filtered": self.filtered,
+            "commits": self.commits,
+            "rollbacks": self.rollbacks,
+        }
+
+
+@attrs.frozen
+class JobNameSummary:
+    """A job name, with the latest attempt of its newest instance (None while it has none)."""
+
+    job_name: str
+    latest_execution_id: int | None
+    latest_status: BatchStatus | None
+    latest_updated_at: _dt.datetime | None
+
+    def as_json(self) -> dict[str, Any]:
+        """The documented JSON object."""
+        return {
+            "job_name": self.job_name,
+            "latest_execution_id": self.latest_execution_id,
+            "latest_status": None if self.latest_status is None else self.latest_status.value,
+            "latest_updated_at": _instant(self.latest_updated_at),
+        }
+
+
+@attrs.frozen
+class ParameterDescriptor:
+    """An identifying parameter's name and kind; the value is never read."""
+
+    name: str
+    kind: str
+    identifying: bool = True
+
+
+@attrs.frozen
+class RetentionHold:
+    """A retention hold placed on an instance."""
+
+    actor: str
+    reason: str
+    placed_at: _dt.datetime
+
+
+@attrs.frozen
+class JobInstanceProjection:
+    """A job instance, value-redacted (behaviour.md 2.22)."""
+
+    id: int
+    job_name: str
+    instance_key_digest: bytes = attrs.field(repr=lambda value: f"<{len(value)} bytes>")
+    parameters: tuple[ParameterDescriptor, ...]
+    created_at: _dt.datetime
+    hold: RetentionHold | None
+
+    def as_json(self) -> dict[str, Any]:
+        """The documented JSON object."""
+        return {
+            "id": self.id,
+            "job_name": self.job_name,
+            "instance_key_digest": self.instance_key_digest.hex(),
+            "parameters": [
+                {"name": p.name, "kind": p.kind, "identifying": p.identifying}
+                for p in self.parameters
+            ],
+            "created_at": _instant(self.created_at),
+            "hold": None
+            if self.hold is None
+            else {
+                "actor": self.hold.actor,
+                "reason": self.hold.reason,
+                "placed_at": _instant(self.hold.placed_at),
+            },
+        }
+
+
+def _failure_json(failure: FailureSummary | None) -> dict[str, Any] | None:
+    if failure is None:
+        return None
+    return {"category": failure.category.value, "failure_id": failure.failure_id}
+
+
+@attrs.frozen
+class JobExecutionProjection:
+    """A job execution with derived counts and ownership evidence (behaviour.md 4.16)."""
+
+    id: int
+    instance_id: int
+    job_name: str
+    attempt: int
+    status: BatchStatus
+    exit_code: str
+    counts: ProjectionCounts
+    version: int
+    created_at: _dt.datetime
+    started_at: _dt.datetime | None
+    ended_at: _dt.datetime | None
+    updated_at: _dt.datetime
+    failure: FailureSummary | None
+    definition: DefinitionDescriptor
+    context: StateEnvelopeDescriptor
+    stop_requested_at: _dt.datetime | None
+    stop_requested_by: str | None
+    owner_recorded: bool
+
+    def as_json(self) -> dict[str, Any]:
+        """The documented JSON object."""
+        return {
+            "id": self.id,
+            "instance_id": self.instance_id,
+            "job_name": self.job_name,
+            "attempt": self.attempt,
+            "status": self.status.value,
+            "exit_code": self.exit_code,
+            "counts": self.counts.as_json(),
+            "version": self.version,
+            "created_at": _instant(self.created_at),
+            "started_at": _instant(self.started_at),
+            "ended_at": _instant(self.ended_at),
+            "updated_at": _instant(self.updated_at),
+            "failure": _failure_json(self.failure),
+            "definition": self.definition.as_json(),
+            "context": self.context.as_json(),
+            "stop_requested_at": _instant(self.stop_requested_at),
+            "stop_requested_by": self.stop_requested_by,
+            "owner_recorded": self.owner_recorded,
+        }
+
+
+@attrs.frozen
+class StepExecutionProjection:
+    """A step execution with its checkpoint and context descriptors."""
+
+    id: int
+    job_execution_id: int
+    step_name: str
+    node_id: str
+    status: BatchStatus
+    exit_code: str
+    counts: ProjectionCounts
+    version: int
+    created_at: _dt.datetime
+    started_at: _dt.datetime | None
+    ended_at: _dt.datetime | None
+    updated_at: _dt.datetime
+    failure: FailureSummary | None
+    checkpoint: StateEnvelopeDescriptor
+    context: StateEnvelopeDescriptor
+
+    def as_json(self) -> dict[str, Any]:
+        """The documented JSON object."""
+        return {
+            "id": self.id,
+            "job_execution_id": self.job_execution_id,
+            "step_name": self.step_name,
+            "node_id": self.node_id,
+            "status": self.status.value,
+            "exit_code": self.exit_code,
+            "counts": self.counts.as_json(),
+            "version": self.version,
+            "created_at": _instant(self.created_at),
+            "started_at": _instant(self.started_at),
+            "ended_at": _instant(self.ended_at),
+            "updated_at": _instant(self.updated_at),
+            "failure": _failure_json(self.failure),
+            "checkpoint": self.checkpoint.as_json(),
+            "context": self.context.as_json(),
+        }
+
+
+@attrs.frozen
+class StepPartitionProjection:
+    """A partition of a manager step, with its context descriptor."""
+
+    id: int
+    step_execution_id: int
+    partition_key: str
+    ordinal: int
+    status: BatchStatus
+    exit_code: str
+    counts: ProjectionCounts
+    version: int
+    worker_step_execution_id: int | None
+    context: StateEnvelopeDescriptor
+
+    def as_json(self) -> dict[str, Any]:
+        """The documented JSON object."""
+        return {
+            "id": self.id,
+            "step_execution_id": self.step_execution_id,
+            "partition_key": self.partition_key,
+            "ordinal": self.ordinal,
+            "status": self.status.value,
+            "exit_code": self.exit_code,
+            "counts": self.counts.as_json(),
+            "version": self.version,
+            "worker_step_execution_id": self.worker_step_execution_id,
+            "context": self.context.as_json(),
+        }
+
+
+def _digest_repr(value: bytes) -> str:
+    return "<digest>"
+
+
+def flow_decision_json(decision: FlowDecision) -> dict[str, Any]:
+    """The documented JSON object of a flow decision as the explorer lists it."""
+    target = decision.target
+    return {
+        "id": decision.id,
+        "job_execution_id": decision.job_execution_id,
+        "sequence": decision.sequence,
+        "source_node_id": str(decision.source_node_id),
+        "source_step_execution_id": decision.source_step_execution_id,
+        "transition_kind": decision.kind.value,
+        "observed_outcome": str(decision.observed_outcome),
+        "target_node_id": None if target.node is None else str(target.node),
+        "terminal_kind": None if target.terminal is None else target.terminal.value,
+        "plan_fingerprint": decision.plan_fingerprint.hex(),
+        "input_digest": decision.input_digest.hex(),
+        "reused_decision_id": decision.reused_decision_id,
+        "decided_at": _instant(decision.decided_at),
+    }
+
+
+def operator_request_json(record: OperatorRecord) -> dict[str, Any]:
+    """The documented JSON object of an operator request as the explorer lists it."""
+    rejection = record.rejection
+    return {
+        "id": record.id,
+        "action": record.action.value,
+        "authorization_class": record.authorization_class.value,
+        "operation_id": str(record.operation_id),
+        "actor": str(record.actor),
+        "reason": None if record.reason is None else str(record.reason),
+        "request_digest": record.digest.value.hex(),
+        "job_instance_id": record.job_instance_id,
+        "job_execution_id": record.job_execution_id,
+        "observed_version": record.observed_version,
+        "prior_status": None if record.prior_status is None else record.prior_status.value,
+        "result_status": None if record.result_status is None else record.result_status.value,
+        "outcome": record.outcome.value,
+        "rejection": None
+        if rejection is None
+        else {
+            "code": rejection.code.value,
+            "current_version": rejection.current_version,
+            "status": None if rejection.status is None else rejection.status.value,
+            "execution_id": rejection.execution_id,
+        },
+        "requested_at": _instant(record.requested_at),
+    }
+
+
+def recovery_decision_json(decision: RecoveryDecision) -> dict[str, Any]:
+    """The documented JSON object of a recovery decision as the explorer lists it."""
+    return {
+        "id": decision.id,
+        "job_execution_id": decision.job_execution_id,
+        "execution_version": decision.execution_version,
+        "prior_status": decision.prior_status.value,
+        "resulting_status": decision.resulting_status.value,
+        "reason_code": decision.reason_code,
+        "operator_reference": decision.operator_reference,
+        "evidence_digest": decision.evidence_digest.hex(),
+        "decided_at": _instant(decision.decided_at),
+    }

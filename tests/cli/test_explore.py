@@ -1,0 +1,250 @@
+"""The read commands, run as the installed `pybatch` console script against real PostgreSQL.
+
+`pybatch jobs | instances | executions | show | unresolved` and `pybatch sql`: every command,
+`--json` parsed back, the paging round trip, exit codes, the DSN settings, and no secret
+in any output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from pybatch import JobRepository
+from pybatch.values.ids import FailureId
+from pybatch.values.lifecycle import LifecycleTransition
+from pybatch.values.names import JobName, StepName
+from pybatch.values.parameters import JobInstanceKey, JobParameters
+from pybatch.values.records import JobExecution
+from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+from tests.support.clock import ManualClock
+
+PYBATCH = str(Path(sys.executable).with_name("pybatch"))
+SECRET = "hunter2-Zq9"
+
+
+def test_the_console_script_is_the_installed_one() -> None:
+    assert Path(PYBATCH).is_file()
+
+
+def env_for(dsn: str | None, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYBATCH_")}
+    env["PYBATCH_TLS"] = "plaintext"
+    if dsn is not None:
+        env["PYBATCH_DSN"] = dsn
+    env.update(extra)
+    return env
+
+
+def run(*args: str, dsn: str | None, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PYBATCH, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env_for(dsn, **extra),
+        check=False,
+    )
+
+
+def run_json(*args: str, dsn: str | None) -> Any:
+    result = run(*args, "--json", dsn=dsn)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def launch(
+    repository: JobRepository, clock: ManualClock, name: str, run_id: int, *, fail: bool = False
+) -> JobExecution:
+    with repository.begin() as uow:
+        instance = uow.select_or_create_job_instance(
+            JobInstanceKey(JobName(name), JobParameters.of({"run": run_id, "token": SECRET}))
+        ).instance
+        execution = uow.create_job_execution(instance.id)
+        execution = uow.transition_job_execution(
+            execution.id,
+            execution.version,
+            LifecycleTransition.new(BatchStatus.STARTED, clock.advance()),
+        )
+        step = uow.create_step_execution(execution.id, StepName("load"))
+        if fail:
+            failure = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(3))
+            execution = uow.transition_job_execution(
+                execution.id,
+                execution.version,
+                LifecycleTransition.failed(clock.advance(), failure),
+            )
+        uow.commit()
+    assert step.id > 0
+    return execution
+
+
+@pytest.fixture
+def seeded(repository: JobRepository, clock: ManualClock, db_dsn: str) -> dict[str, JobExecution]:
+    clock.set(datetime.now(UTC) - timedelta(hours=2))
+    executions = {}
+    for index, name in enumerate(["alpha", "beta", "gamma", "delta", "epsilon"]):
+        executions[name] = launch(repository, clock, name, index, fail=name == "beta")
+    for run_id in range(10, 15):
+        executions[f"alpha{run_id}"] = launch(repository, clock, "alpha", run_id)
+    return executions
+
+
+def test_jobs_lists_names_and_pages_round_trip(
+    seeded: dict[str, JobExecution], db_dsn: str
+) -> None:
+    names: list[str] = []
+    after: list[str] = []
+    for _ in range(10):
+        document = run_json("jobs", "--limit", "2", *after, dsn=db_dsn)
+        names += [item["job_name"] for item in document["items"]]
+        if document["next"] is None:
+            break
+        after = ["--after", document["next"]]
+    assert names == sorted(["alpha", "beta", "gamma", "delta", "epsilon"])
+    first = run_json("jobs", dsn=db_dsn)["items"][0]
+    assert set(first) == {"job_name", "latest_execution_id", "latest_status", "latest_updated_at"}
+    assert first["latest_status"] == "STARTED"
+
+
+def test_instances_executions_show_and_unresolved(
+    seeded: dict[str, JobExecution], db_dsn: str
+) -> None:
+    instances = run_json("instances", "alpha", dsn=db_dsn)["items"]
+    assert len(instances) == 6
+    assert [i["id"] for i in instances] == sorted((i["id"] for i in instances), reverse=True)
+    assert instances[0]["parameters"] == [
+        {"name": "run", "kind": "i64", "identifying": True},
+        {"name": "token", "kind": "string", "identifying": True},
+    ]
+    beta = seeded["beta"]
+    executions = run_json("executions", str(beta.job_instance_id), dsn=db_dsn)["items"]
+    assert [(e["id"], e["status"]) for e in executions] == [(beta.id, "FAILED")]
+    shown = run_json("show", str(beta.id), dsn=db_dsn)
+    assert shown["execution"]["failure"] == {"category": "USER_COMPONENT", "failure_id": 3}
+    assert [s["step_name"] for s in shown["steps"]] == ["load"]
+    assert shown["steps"][0]["checkpoint"]["kind"] == "checkpoint"
+    assert shown["recovery_decisions"] == []
+    unresolved = run_json("unresolved", "--older-than", "10m", dsn=db_dsn)["items"]
+    assert beta.id not in {u["id"] for u in unresolved}
+    assert seeded["alpha"].id in {u["id"] for u in unresolved}
+    assert run_json("unresolved", "--older-than", "3h", dsn=db_dsn)["items"] == []
+
+    table = run("show", str(beta.id), dsn=db_dsn)
+    assert table.returncode == 0
+    assert "FAILED" in table.stdout and "USER_COMPONENT" in table.stdout
+    for command in (["jobs"], ["instances", "alpha"], ["executions", str(beta.job_instance_id)]):
+        result = run(*command, dsn=db_dsn)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines()[0].split()[0] in {"JOB", "INSTANCE", "EXECUTION"}
+
+
+def test_table_on_a_terminal_fits_its_width(seeded: dict[str, JobExecution], db_dsn: str) -> None:
+    leader, follower = pty.openpty()
+    env = env_for(db_dsn, COLUMNS="50", LINES="40")
+    process = subprocess.Popen(
+        [PYBATCH, "executions", str(seeded["alpha"].job_instance_id)],
+        stdout=follower,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 4096)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(leader)
+    assert process.wait(timeout=60) == 0
+    lines = b"".join(chunks).decode().splitlines()
+    assert lines and all(len(line) <= 50 for line in lines), lines
+
+
+def test_exit_codes(seeded: dict[str, JobExecution], db_dsn: str, tmp_path: Path) -> None:
+    assert run("show", "999999", dsn=db_dsn).returncode == 4
+    missing = run("executions", "999999", dsn=db_dsn)
+    assert missing.returncode == 4
+    assert missing.stderr.strip() == (
+        "pybatch: ExplorerRepositoryError: explorer: job instance 999999 was not found"
+    )
+    assert run("instances", "nobody", "--json", dsn=db_dsn).returncode == 0  # empty is success
+    assert run("jobs", "--limit", "0", dsn=db_dsn).returncode == 2
+    assert run("jobs", "--after", "nothex", dsn=db_dsn).returncode == 2
+    assert run("unresolved", "--older-than", "30s", dsn=db_dsn).returncode == 2
+    assert run("jobs", "--bogus", dsn=db_dsn).returncode == 2
+    assert run("jobs", dsn=None).returncode == 2  # no DSN configured
+    unreachable = "host=127.0.0.1 port=1 dbname=x user=x"
+    assert run("jobs", dsn=unreachable).returncode == 3
+    cursor = run_json("instances", "alpha", "--limit", "1", dsn=db_dsn)["next"]
+    mismatch = run("instances", "beta", "--limit", "1", "--after", cursor, dsn=db_dsn)
+    assert mismatch.returncode == 2
+    assert "CursorQueryMismatch" in mismatch.stderr
+
+
+def test_permission_denied_is_exit_6(
+    seeded: dict[str, JobExecution], db_dsn: str, admin: psycopg.Connection[Any]
+) -> None:
+    admin.execute("DROP ROLE IF EXISTS pybatch_nobody")
+    admin.execute("CREATE ROLE pybatch_nobody LOGIN")
+    try:
+        dsn = psycopg.conninfo.make_conninfo(db_dsn, user="pybatch_nobody")
+        result = run("jobs", dsn=dsn)
+        assert result.returncode == 6, result.stderr
+        assert "42501" in result.stderr
+    finally:
+        admin.execute("DROP ROLE pybatch_nobody")
+
+
+def test_dsn_file_and_dsn_flag_never_print_secrets(
+    seeded: dict[str, JobExecution], db_dsn: str, tmp_path: Path
+) -> None:
+    with_password = f"{db_dsn} password={SECRET}"
+    dsn_file = tmp_path / "dsn"
+    dsn_file.write_text(with_password + "\n")
+    dsn_file.chmod(0o644)
+    refused = run("jobs", "--dsn-file", str(dsn_file), dsn=None)
+    assert refused.returncode == 2
+    assert "0600" in refused.stderr
+    dsn_file.chmod(0o600)
+    ok = run("jobs", "--dsn-file", str(dsn_file), "--json", dsn=None)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stderr == ""
+    flagged = run("jobs", "--dsn", with_password, "--json", dsn=None)
+    assert flagged.returncode == 0
+    assert "/proc/PID/cmdline" in flagged.stderr
+    bad = run("jobs", "--dsn", f"host=127.0.0.1 port=1 password={SECRET}", dsn=None)
+    assert bad.returncode == 3
+    for result in (refused, ok, flagged, bad, run("show", "999999", dsn=with_password)):
+        assert SECRET not in result.stdout + result.stderr
+    everything = run_json("show", str(seeded["alpha"].id), dsn=with_password)
+    assert SECRET not in json.dumps(everything)
+    assert SECRET not in run("instances", "alpha", dsn=db_dsn).stdout
+
+
+def test_sql_list_show_explain(db_dsn: str) -> None:
+    listing = run_json("sql", "list", dsn=None)["items"]
+    names = {item["name"]: item for item in listing}
+    assert names["explore_instances"]["file"] == "explorer.sql"
+    assert names["explore_instances"]["tables_read"] == ["job_instance"]
+    shown = run("sql", "show", "explore_instances", dsn=None)
+    assert shown.returncode == 0
+    assert shown.stdout.startswith("-- pybatch explorer.sql explore_instances\n")
+    assert "%(job_name)s" in shown.stdout
+    assert run("sql", "show", "no_such_statement", dsn=None).returncode == 4
+    for name in ("explore_instances", "insert_job_execution", "update_step_chunk_commit"):
+        plan = run("sql", "explain", name, dsn=db_dsn)
+        assert plan.returncode == 0, plan.stderr
+        assert "cost=" in plan.stdout

@@ -1,0 +1,490 @@
+"""Group K: the explorer read model (behaviour.md 2.22, 4.16, scenarios K1-K12)."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from datetime import timedelta
+from typing import Any
+
+import attrs
+import psycopg
+import pytest
+
+from pybatch import ConnectionConfig, JobRepository
+from pybatch.errors import (
+    CursorInvalid,
+    CursorQueryMismatch,
+    ExplorerAgeBoundTooSmall,
+    ExplorerRepositoryError,
+    ExplorerTimeout,
+    JobExecutionNotFound,
+    JobInstanceNotFound,
+    PageSizeOutOfRange,
+    ResponseTooLarge,
+    StepExecutionNotFound,
+    Unavailable,
+)
+from pybatch.explorer import JobExplorer
+from pybatch.values.explorer import (
+    MAX_RESPONSE_BYTES,
+    Cursor,
+    ExplorerQuery,
+    IdentityKey,
+    PageSize,
+    operator_request_json,
+)
+from pybatch.values.ids import FailureId
+from pybatch.values.lifecycle import LifecycleTransition
+from pybatch.values.names import JobName, StepName
+from pybatch.values.parameters import JobInstanceKey, JobParameters
+from pybatch.values.records import JobExecution
+from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+from tests.support.clock import ManualClock
+
+S = BatchStatus
+USER = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(7))
+_runs = itertools.count(1)
+
+
+@pytest.fixture
+def explorer(repository: JobRepository) -> JobExplorer:
+    return JobExplorer(repository)
+
+
+def launch(
+    repository: JobRepository,
+    clock: ManualClock,
+    name: str = "orders",
+    parameters: dict[str, Any] | None = None,
+    *,
+    status: BatchStatus = S.STARTED,
+) -> JobExecution:
+    params = parameters if parameters is not None else {"run": next(_runs)}
+    with repository.begin() as uow:
+        instance = uow.select_or_create_job_instance(
+            JobInstanceKey(JobName(name), JobParameters.of(params))
+        ).instance
+        execution = uow.create_job_execution(instance.id)
+        path = {S.STARTING: (), S.STARTED: (S.STARTED,), S.FAILED: (S.STARTED, S.FAILED)}
+        path |= {S.COMPLETED: (S.STARTED, S.COMPLETED), S.UNKNOWN: (S.STARTED, S.UNKNOWN)}
+        path |= {S.STOPPING: (S.STARTED, S.STOPPING)}
+        for target in path[status]:
+            transition = (
+                LifecycleTransition.failed(clock.advance(), USER)
+                if target is S.FAILED
+                else LifecycleTransition.new(target, clock.advance())
+            )
+            execution = uow.transition_job_execution(execution.id, execution.version, transition)
+        uow.commit()
+    return execution
+
+
+def restart_after_failure(
+    repository: JobRepository, clock: ManualClock, failed: JobExecution
+) -> JobExecution:
+    with repository.begin() as uow:
+        execution = uow.create_job_execution(failed.job_instance_id)
+        uow.commit()
+    return execution
+
+
+def walk(fetch: Any, page_size: int) -> list[Any]:
+    items: list[Any] = []
+    cursor = None
+    for _ in range(1000):
+        page = fetch(PageSize(page_size), cursor)
+        items.extend(page.items)
+        cursor = page.next_cursor
+        if cursor is None:
+            return items
+    raise AssertionError("traversal did not end")
+
+
+def reseal(data: bytes) -> Cursor:
+    """Recompute a cursor's checksum after an edit (a forger who knows the layout)."""
+    body = data[:-32]
+    return Cursor(body + hashlib.sha256(body).digest())
+
+
+# --------------------------------------------------------------------------- K1, K2
+
+
+def test_k1_job_names_in_byte_order_from_instances_and_paged(
+    repository: JobRepository, clock: ManualClock, explorer: JobExplorer
+) -> None:
+    names = ["b", "B", "a", "\u00e9t\u00e9", "a2", "Z", "orders"]
+    for name in names:
+        with repository.begin() as uow:  # an instance without any execution or definition
+            uow.select_or_create_job_instance(
+                JobInstanceKey(JobName(name), JobParameters.of({"k": 1}))
+            )
+            uow.commit()
+    launched = launch(repository, clock, "orders")
+    listed = walk(lambda size, after: explorer.job_names(size, after), 2)
+    assert [item.job_name for item in listed] == sorted(names, key=lambda n: n.encode())
+    orders = next(item for item in listed if item.job_name == "orders")
+    assert orders.latest_execution_id == launched.id
+    assert orders.latest_status is S.STARTED
+    assert next(item for item in listed if item.job_name == "a").latest_execution_id is None
+
+
+def test_k2_instances_newest_first_paged_and_bounded_by_the_ceiling(
+    repository: JobRepository, clock: ManualClock, explorer: JobExplorer
+) -> None:
+    ids = [launch(repository, clock, "daily").job_instance_id for _ in range(5)]
+    launch(repository, clock, "other")
+    first = explorer.instances("daily", PageSize(2))
+    assert [item.id for item in first.items] == ids[::-1][:2]
+    assert first.ceiling == ids[-1]
+    late = launch(repository, clock, "daily").job_instance_id  # after the traversal began
+    rest: list[int] = []
+    cursor = first.next_cursor
+    while cursor is not None:
+        page = explorer.instances("daily", PageSize(2), cursor)
+        rest.extend(item.id for item in page.items)
+        cursor = page.next_cursor
+    assert [item.id for item in first.items] + rest == ids[::-1]
+    assert late not in rest
+    assert explorer.instances("daily").items[0].id == late  # a new traversal sees it
+
+
+# --------------------------------------------------------------------------- K3
+
+
+def test_k3_orders_of_executions_steps_and_flow_decisions(
+    repository: JobRepository,
+    clock: ManualClock,
+    explorer: JobExplorer,
+    admin: psycopg.Connection[Any],
+) -> None:
+    first = launch(repository, clock, status=S.FAILED)
+    second = restart_after_failure(repository, clock, first)
+    page = explorer.executions(first.job_instance_id, PageSize(1))
+    assert [item.attempt for item in page.items] == [2]
+    assert page.next_cursor is not None
+    tail = explorer.executions(first.job_instance_id, PageSize(1), page.next_cursor)
+    assert [item.id for item in tail.items] == [first.id]
+    assert page.items[0].id == second.id
+
+    running = launch(repository, clock)
+    with repository.begin() as uow:
+        steps = [uow.create_step_execution(running.id, StepName(f"s{i}")).id for i in range(5)]
+        uow.commit()
+    listed = walk(lambda size, after: explorer.step_executions(running.id, size, after), 2)
+    assert [item.id for item in listed] == sorted(steps)
+
+    for sequence, node in ((2, "b"), (1, "a"), (3, "c")):
+        admin.execute(
+            "INSERT INTO pybatch.flow_decision (job_execution_id, sequence, source_node_id,"
+            " observed_outcome, target_node_id, transition_kind, plan_fingerprint, input_digest,"
+            " decided_at) VALUES (%s, %s, %s, 'COMPLETED', 'next', 'STEP_EXIT', %s, %s, now())",
+            (second.id, sequence, node, bytes(32), bytes(32)),
+        )
+    decisions = walk(lambda size, after: explorer.flow_decisions(second.id, size, after), 2)
+    assert [item.sequence for item in decisions] == [1, 2, 3]
+    assert [str(item.source_node_id) for item in decisions] == ["a", "b", "c"]
+
+
+# --------------------------------------------------------------------------- K4
+
+
+def test_k4_unresolved_executions_strictly_older_than_the_age(
+    repository: JobRepository, clock: ManualClock, explorer: JobExplorer
+) -> None:
+    unresolved = [launch(repository, clock, status=status) for status in (S.STARTING, S.STARTED)]
+    unresolved += [launch(repository, clock, status=status) for status in (S.STOPPING, S.UNKNOWN)]
+    finished = [launch(repository, clock, status=s) for s in (S.FAILED, S.COMPLETED)]
+    newest = max(e.updated_at for e in unresolved + finished)
+    age = timedelta(minutes=10)
+    clock.set(newest + age)  # cutoff == newest: strictly earlier excludes the newest row
+    listed = walk(lambda size, after: explorer.unresolved_executions(age, size, after), 3)
+    expected = sorted(e.id for e in unresolved if e.updated_at < newest)
+    assert [item.id for item in listed] == expected
+    clock.advance(timedelta(microseconds=1))
+    listed = list(explorer.unresolved_executions(age).items)
+    assert [item.id for item in listed] == sorted(e.id for e in unresolved)
+    assert all(item.status in {S.STARTING, S.STARTED, S.STOPPING, S.UNKNOWN} for item in listed)
+    with pytest.raises(ExplorerAgeBoundTooSmall):
+        explorer.unresolved_executions(timedelta(seconds=59, microseconds=999999))
+
+
+# --------------------------------------------------------------------------- K5, K11
+
+
+def test_k5_tampered_cursor_bytes_are_refused(
+    repository: JobRepository, clock: ManualClock, explorer: JobExplorer
+) -> None:
+    for _ in range(3):
+        launch(repository, clock, "tamper")
+    cursor = explorer.instances("tamper", PageSize(1)).next_cursor
+    assert cursor is not None
+    data = cursor.data
+    for index in range(len(data)):
+        forged = bytearray(data)
+        forged[index] ^= 0x01
+        with pytest.raises(CursorInvalid):
+            explorer.instances("tamper", PageSize(1), Cursor(bytes(forged)))
+    with pytest.raises(CursorInvalid):
+        explorer.instances("tamper", PageSize(1), Cursor(data[:-1]))
+    with pytest.raises(CursorInvalid):
+        explorer.instances("tamper", PageSize(1), reseal(bytes([2]) + data[1:]))  # version
+    for text in ("", "0", "AB", "zz", data.hex().upper()):
+        with pytest.raises(CursorInvalid):
+            Cursor.from_hex(text)
+    assert Cursor.from_hex(str(cursor)) == cursor
+    assert repr(cursor) == f"Cursor(<{len(data)} bytes>)"
+
+
+def test_k5_cursor_reused_with_another_page_size_filter_or_query(
+    repository: JobRepository, clock: ManualClock, explorer: JobExplorer
+) -> None:
+    for _ in range(3):
+        launch(repository, clock, "bound")
+    launch(repository, clock, "other")
+    cursor = explorer.instances("bound", PageSize(1)).next_cursor
+    assert cursor is not None
+    with pytest.raises(CursorQueryMismatch):
+        explorer.instances("bound", PageSize(2), cursor)
+    with pytest.raises(CursorQueryMismatch):
+        explorer.instances("other", PageSize(1), cursor)
+    steps_cursor = Cursor.issue(ExplorerQuery.STEP_EXECUTIONS, IdentityKey(5), 9, bytes(8))
+    execution = launch(repository, clock)
+    with pytest.raises(CursorQueryMismatch):
+        explorer.recovery_decisions(execution.id, PageSize(1), steps_cursor)
+    with pytest.raises(PageSizeOutOfRange):
+        PageSize(0)
+    with pytest.raises(PageSizeOutOfRange):
+        PageSize(501)
+
+
+def test_k11_identity_cursor_given_to_executions_is_invalid(
+    repository: JobRepository, clock: ManualClock, explorer: JobExplorer
+) -> None:
+    failed = launch(repository, clock, status=S.FAILED)
+    restart_after_failure(repository, clock, failed)
+    cursor = explorer.instances("orders", PageSize(1)).next_cursor or Cursor.issue(
+        ExplorerQuery.INSTANCES, IdentityKey(1), 1, bytes(8)
+    )
+    forged = bytearray(cursor.data)
+    forged[1] = ExplorerQuery.EXECUTIONS.value  # an intact Identity cursor "for" executions
+    with pytest.raises(CursorInvalid):
+        explorer.executions(failed.job_instance_id, PageSize(1), reseal(bytes(forged)))
+
+
+# --------------------------------------------------------------------------- K6, K7, K8
+
+
+def test_k6_identity_ceiling_is_zero_on_an_empty_database(explorer: JobExplorer) -> None:
+    for query in ExplorerQuery:
+        job_name = "none" if query is ExplorerQuery.INSTANCES else None
+        assert explorer.identity_ceiling(query, job_name=job_name) == 0
+    assert explorer.job_names().items == ()
+    assert explorer.job_names().next_cursor is None
+
+
+def test_k7_projections_carry_no_parameter_values_or_state_payloads(
+    repository: JobRepository, clock: ManualClock, explorer: JobExplorer
+) -> None:
+    secret = "s3cret-value-0xC0FFEE"
+    execution = launch(repository, clock, "redacted", {"token": secret, "n": 5, "flag": True})
+    with repository.begin() as uow:
+        uow.create_step_execution(execution.id, StepName("load"))
+        uow.commit()
+    (instance,) = explorer.instances("redacted").items
+    assert [(p.name, p.kind, p.identifying) for p in instance.parameters] == [
+        ("flag", "bool", True),
+        ("n", "i64", True),
+        ("token", "string", True),
+    ]
+    views = [instance.as_json(), *(e.as_json() for e in explorer.executions(instance.id).items)]
+    views += [s.as_json() for s in explorer.step_executions(execution.id).items]
+    for view in views:
+        text = json.dumps(view)
+        assert secret not in text
+        assert "payload" not in text
+    assert secret not in repr(instance)
+    step = explorer.step_executions(execution.id).items[0]
+    assert step.checkpoint.encoded_len > 0 and step.checkpoint.kind == "checkpoint"
+
+
+def test_k8_pages_stop_before_the_response_bound(
+    repository: JobRepository, clock: ManualClock, explorer: JobExplorer
+) -> None:
+    def wide(prefix: str, count: int) -> dict[str, Any]:
+        return {f"{prefix}{i:05d}" + "x" * 100: i for i in range(count)}
+
+    for run in range(3):  # ~ 120 KiB of parameter descriptors each
+        launch(repository, clock, "wide", wide(f"r{run}_", 700))
+    page = explorer.instances("wide", PageSize(3))
+    assert len(page.items) == 2
+    assert page.next_cursor is not None  # truncated, so there is a next page
+    rest = explorer.instances("wide", PageSize(3), page.next_cursor)
+    assert len(rest.items) == 1
+    assert sum(len(json.dumps(i.as_json())) for i in page.items) < MAX_RESPONSE_BYTES
+
+    launch(repository, clock, "huge", wide("h", 2400))  # one row alone over 256 KiB
+    with pytest.raises(ResponseTooLarge) as raised:
+        explorer.instances("huge", PageSize(7))
+    assert raised.value.limit == 7
+
+
+# --------------------------------------------------------------------------- K9, K10
+
+
+def test_k9_uncommitted_unit_of_work_writes_are_invisible(
+    repository: JobRepository, clock: ManualClock, explorer: JobExplorer
+) -> None:
+    with repository.begin() as uow:
+        uow.select_or_create_job_instance(
+            JobInstanceKey(JobName("pending"), JobParameters.of({"k": 1}))
+        )
+        assert explorer.job_names().items == ()
+        assert explorer.instances("pending").items == ()
+        uow.commit()
+    assert [n.job_name for n in explorer.job_names().items] == ["pending"]
+
+
+def test_k10_missing_parents(
+    repository: JobRepository, clock: ManualClock, explorer: JobExplorer
+) -> None:
+    def cause(call: Any) -> Any:
+        with pytest.raises(ExplorerRepositoryError) as raised:
+            call()
+        return raised.value.error
+
+    assert isinstance(cause(lambda: explorer.executions(999)), JobInstanceNotFound)
+    for listing in (
+        explorer.step_executions,
+        explorer.recovery_decisions,
+        explorer.flow_decisions,
+        explorer.operator_requests,
+    ):
+        error = cause(lambda listing=listing: listing(999))
+        assert isinstance(error, JobExecutionNotFound)
+        assert error.id == 999
+    assert isinstance(cause(lambda: explorer.step_partitions(999)), StepExecutionNotFound)
+    assert explorer.instances("never-launched").items == ()
+    assert explorer.execution(999) is None
+    # Tables other features fill: an existing parent without rows is an empty page.
+    execution = launch(repository, clock)
+    assert explorer.flow_decisions(execution.id).items == ()
+    assert explorer.operator_requests(execution.id).items == ()
+    assert explorer.recovery_decisions(execution.id).items == ()
+
+
+# --------------------------------------------------------------------------- K12
+
+
+def test_k12_owner_recorded_and_derived_counts_exclude_partition_workers(
+    repository: JobRepository,
+    clock: ManualClock,
+    explorer: JobExplorer,
+    admin: psycopg.Connection[Any],
+) -> None:
+    execution = launch(repository, clock)
+    assert explorer.execution(execution.id).owner_recorded is False  # type: ignore[union-attr]
+    with repository.begin() as uow:
+        plain, parent, worker_a, worker_b = (
+            uow.create_step_execution(execution.id, StepName(name)).id
+            for name in ("plain", "parent", "worker-a", "worker-b")
+        )
+        uow.commit()
+    counters = {plain: 10, parent: 100, worker_a: 40, worker_b: 60}
+    for step_id, n in counters.items():
+        admin.execute(
+            "UPDATE pybatch.step_execution SET read_count = %s, processed_count = %s,"
+            " write_count = %s, commit_count = 1 WHERE id = %s",
+            (n, n, n, step_id),
+        )
+    for ordinal, worker in ((1, worker_a), (2, worker_b)):
+        admin.execute(
+            "INSERT INTO pybatch.step_partition (step_execution_id, worker_step_execution_id,"
+            " partition_key, partition_ordinal, status, context_format, context_schema,"
+            " context_schema_version, context_payload, context_checksum)"
+            " VALUES (%s, %s, %s, %s, 'STARTED', 1, 'p', 1, '{}', %s)",
+            (parent, worker, f"key-{ordinal}", ordinal, bytes(32)),
+        )
+    admin.execute(
+        "UPDATE pybatch.job_execution SET owner_token = %s WHERE id = %s",
+        (bytes(range(16)), execution.id),
+    )
+    projection = explorer.execution(execution.id)
+    assert projection is not None
+    assert projection.owner_recorded is True
+    assert projection.counts.read == 110  # plain + parent; the workers are counted once, via it
+    assert projection.counts.commits == 2
+    partitions = explorer.step_partitions(parent).items
+    assert [(p.ordinal, p.worker_step_execution_id) for p in partitions] == [
+        (1, worker_a),
+        (2, worker_b),
+    ]
+    assert [p.id for p in explorer.executions(execution.job_instance_id).items] == [execution.id]
+
+
+def test_corrupt_row_fails_closed(
+    repository: JobRepository,
+    clock: ManualClock,
+    explorer: JobExplorer,
+    admin: psycopg.Connection[Any],
+) -> None:
+    execution = launch(repository, clock)
+    admin.execute("ALTER TABLE pybatch.job_execution DROP CONSTRAINT job_execution_status_valid")
+    admin.execute(
+        "UPDATE pybatch.job_execution SET status = 'started' WHERE id = %s", (execution.id,)
+    )
+    with pytest.raises(ExplorerRepositoryError) as raised:
+        explorer.execution(execution.id)
+    assert isinstance(raised.value.error, Unavailable)
+
+
+def test_operator_requests_are_listed_as_records(
+    repository: JobRepository, clock: ManualClock, explorer: JobExplorer
+) -> None:
+    from pybatch.values.names import ActorRef, OperationId
+    from pybatch.values.operator import (
+        OperatorAction,
+        OperatorOutcomeClass,
+        OperatorRecordDraft,
+        RequestDigest,
+    )
+
+    execution = launch(repository, clock)
+    with repository.begin() as uow:
+        uow.append_operator_request(
+            OperatorRecordDraft(
+                action=OperatorAction.STOP,
+                operation_id=OperationId("op-1"),
+                actor=ActorRef("alice"),
+                reason=None,
+                digest=RequestDigest(bytes(32)),
+                job_instance_id=execution.job_instance_id,
+                job_execution_id=execution.id,
+                observed_version=execution.version,
+                prior_status=S.STARTED,
+                result_status=S.STOPPING,
+                outcome=OperatorOutcomeClass.APPLIED,
+                rejection=None,
+                requested_at=clock.now(),
+            )
+        )
+        uow.commit()
+    (record,) = explorer.operator_requests(execution.id).items
+    assert record.action is OperatorAction.STOP
+    assert operator_request_json(record)["actor"] == "alice"
+
+
+def test_statement_timeout_is_explorer_timeout(
+    pg_config: ConnectionConfig, admin: psycopg.Connection[Any]
+) -> None:
+    # Equal lock and statement timeouts: PostgreSQL cancels with the statement timeout.
+    config = attrs.evolve(
+        pg_config,
+        statement_timeout=timedelta(milliseconds=200),
+        lock_timeout=timedelta(milliseconds=200),
+    )
+    with JobRepository.connect(config) as repository, admin.transaction():
+        admin.execute("LOCK TABLE pybatch.job_instance IN ACCESS EXCLUSIVE MODE")
+        with pytest.raises(ExplorerTimeout):
+            JobExplorer(repository).job_names()
