@@ -432,7 +432,9 @@ class TlsVerificationFailed(Unavailable):
 class PermissionDenied(RepositoryError):
     """The role lacks a privilege the operation needs (42501); nothing was written."""
 
-    message = "permission denied: the role lacks a privilege this operation needs"
+    message = (
+        "permission denied: the role lacks a privilege this operation needs (SQLSTATE {sqlstate})"
+    )
     sqlstate: str = "42501"
 
 
