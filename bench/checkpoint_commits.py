@@ -10,17 +10,18 @@ pgbench side: `pgbench -M prepared -n -c 1 -T <seconds>` running a custom script
 `UPDATE bench_counter SET n = n + 1 WHERE id = 1` (one transaction, autocommit) against a
 one-row table in the same database of the same server.
 
-Two hand-written psycopg loops on the same table run alongside as references (not part of
-the target), to show where the gap comes from: the same UPDATE in autocommit (one round
-trip per commit, like pgbench but from Python) and BEGIN; UPDATE; COMMIT (the minimum any
-client that commits a transaction of its own pays, three round trips).
+Two hand-written psycopg loops on the same table run alongside: the same UPDATE in
+autocommit (one round trip per commit, like pgbench but from Python) and BEGIN; UPDATE;
+COMMIT (the minimum any client that commits a transaction of its own pays, three round
+trips). The second is the target's baseline: what a chunk commit costs written by hand.
 
 Runs are short and many (1 s, 15 rounds by default) and rotate (the side that goes first
 changes every round), so that the four sides share the same minutes of a busy machine,
 whose commit flush time can change tenfold within a minute; before each run a CHECKPOINT
 and a garbage collection (untimed; the collector is then off during the run). Medians of
-the runs are compared, and the per-round ratios printed. The target is a ratio of at least
-0.6. Without `--dsn` an EmbeddedPostgres is started with fsync on, so every commit waits
+the runs are compared, and the per-round ratios printed. The target is at least 0.85 times
+the commits/s of the psycopg BEGIN; UPDATE; COMMIT loop; the ratio to pgbench is printed
+too. Without `--dsn` an EmbeddedPostgres is started with fsync on, so every commit waits
 for its WAL flush as in production. Results are printed and written as JSON under
 bench/results/.
 """
@@ -61,7 +62,9 @@ from pybatch.etl import Job, StepRun
 
 __all__ = ["main"]
 
-TARGET_RATIO = 0.6
+TARGET_RATIO = 0.85
+#: The side the target compares pybatch with.
+TARGET_BASELINE = "transaction"
 SETUP_SQL = (
     "CREATE TABLE bench_counter (id INTEGER PRIMARY KEY, n BIGINT NOT NULL)",
     "INSERT INTO bench_counter (id, n) VALUES (1, 0)",
@@ -270,20 +273,28 @@ def table(runs: dict[str, list[Run]], trace: dict[str, int]) -> str:
             f"| {1e6 / rate(side_runs):,.0f} | {protocol} | {client} "
             f"| {_us(per_commit(side_runs, 'server_cpu'))} |"
         )
-    ratio = rate(runs["pybatch"]) / rate(runs["pgbench"])
+
+    def ratios(side: str, against: str) -> tuple[float, list[float]]:
+        per_round = [
+            p.per_second / b.per_second for p, b in zip(runs[side], runs[against], strict=True)
+        ]
+        return rate(runs[side]) / rate(runs[against]), per_round
+
+    ratio, per_round = ratios("pybatch", TARGET_BASELINE)
     verdict = "ok" if ratio >= TARGET_RATIO else "MISSED"
-    per_round = [
-        p.per_second / g.per_second for p, g in zip(runs["pybatch"], runs["pgbench"], strict=True)
-    ]
+    to_pgbench, pgbench_rounds = ratios("pybatch", "pgbench")
     references = ", ".join(
         f"{side} / pgbench = {rate(runs[side]) / rate(runs['pgbench']):.2f}"
         for side in ("autocommit", "transaction")
     )
     return (
         "\n".join(lines)
-        + f"\n\nratio pybatch / pgbench: {ratio:.2f} (target >= {TARGET_RATIO}) {verdict}; "
-        + f"per round {min(per_round):.2f}-{max(per_round):.2f} "
-        + f"(median {median(per_round):.2f})"
+        + f"\n\nratio pybatch / psycopg BEGIN; UPDATE; COMMIT: {ratio:.2f} "
+        + f"(target >= {TARGET_RATIO}) {verdict}; per round "
+        + f"{min(per_round):.2f}-{max(per_round):.2f} (median {median(per_round):.2f})"
+        + f"\nratio pybatch / pgbench: {to_pgbench:.2f}; per round "
+        + f"{min(pgbench_rounds):.2f}-{max(pgbench_rounds):.2f} "
+        + f"(median {median(pgbench_rounds):.2f})"
         + f"\n(references: {references})"
     )
 
@@ -356,7 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(table(runs, trace))
     summary: dict[str, Any] = {f"{side}_commits_per_s": rate(runs[side]) for side in SIDES}
-    summary["ratio"] = rate(runs["pybatch"]) / rate(runs["pgbench"])
+    summary["ratio"] = rate(runs["pybatch"]) / rate(runs[TARGET_BASELINE])
+    summary["ratio_to_pgbench"] = rate(runs["pybatch"]) / rate(runs["pgbench"])
     path = write_results(
         "checkpoint_commits",
         {
@@ -365,6 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "seconds": args.seconds,
             "repeat": args.repeat,
             "target_ratio": TARGET_RATIO,
+            "target_baseline": TARGET_BASELINE,
             "pgbench_script": PGBENCH_SCRIPT,
             "pybatch_per_commit_protocol": trace,
             "runs": {side: [asdict(run) for run in runs[side]] for side in SIDES},

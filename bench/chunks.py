@@ -239,12 +239,12 @@ def protocol_trace(conn: psycopg.Connection[Any]) -> Iterator[list[str]]:
 
 
 class ChunkTracer:
-    """Counts the protocol messages of one pybatch chunk, acquire to release.
+    """Counts the protocol messages of one pybatch chunk, from its opening to its end.
 
-    Tracing from the moment the chunk takes its pooled connection until it gives it back
-    sees the chunk's opening statement too. Benchmark instrumentation, never timed: it
-    wraps the repository's acquire and release while installed, and `arm()` traces the
-    next connection use only.
+    A step holds its connection from chunk to chunk, so a chunk is traced from the moment
+    the manager picks its connection (before `begin_for`'s state read, if any) until its
+    commit or rollback returns. Benchmark instrumentation, never timed: it wraps the chunk
+    manager's and chunk's methods while installed, and `arm()` traces the next chunk only.
     """
 
     def __init__(self, repository: JobRepository) -> None:
@@ -257,33 +257,53 @@ class ChunkTracer:
         self._armed = True
 
     def __enter__(self) -> ChunkTracer:
-        transactions = self.repository.transactions
-        lease, release = transactions.lease, transactions._release
+        manager, transaction = chunks_module.ChunkTransactionManager, chunks_module.ChunkTransaction
+        self._originals = {
+            (manager, "_lease"): manager.__dict__["_lease"],
+            (transaction, "commit"): transaction.__dict__["commit"],
+            (transaction, "rollback"): transaction.__dict__["rollback"],
+        }
+        lease, commit, rollback = (self._originals[key] for key in self._originals)
+        tracer = self
 
-        def traced_lease(*, read_only: bool = False) -> Lease:
-            leased = lease(read_only=read_only)
+        def traced_lease(self: Any) -> tuple[Lease, bool]:
+            leased, held = lease(self)
             conn = leased.connection
-            if self._armed and conn is not None:
-                self._armed = False
-                manager = protocol_trace(conn)
-                self._open[id(conn)] = (manager, manager.__enter__())
-            return leased
+            if tracer._armed and conn is not None:
+                tracer._armed = False
+                trace = protocol_trace(conn)
+                tracer._open[id(conn)] = (trace, trace.__enter__())
+            return leased, held
 
-        def traced_release(conn: psycopg.Connection[Any], *, discard: bool) -> None:
-            entry = self._open.pop(id(conn), None)
+        def ended(conn: Any) -> None:
+            entry = tracer._open.pop(id(conn), None)
             if entry is not None:
-                manager, out = entry
-                manager.__exit__(None, None, None)
-                self.counts.append(ProtocolCount.parse(out[0]))
-            release(conn, discard=discard)
+                trace, out = entry
+                trace.__exit__(None, None, None)
+                tracer.counts.append(ProtocolCount.parse(out[0]))
 
-        transactions.lease = traced_lease  # type: ignore[method-assign]
-        transactions._release = traced_release  # type: ignore[method-assign]
+        def traced_commit(self: Any, *args: Any, **kwargs: Any) -> Any:
+            conn = self._lease.connection
+            try:
+                return commit(self, *args, **kwargs)
+            finally:
+                ended(conn)
+
+        def traced_rollback(self: Any) -> None:
+            conn = self._lease.connection
+            try:
+                rollback(self)
+            finally:
+                ended(conn)
+
+        manager._lease = traced_lease  # type: ignore[method-assign]
+        transaction.commit = traced_commit  # type: ignore[method-assign]
+        transaction.rollback = traced_rollback  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        # The class's methods again.
-        del self.repository.transactions.lease, self.repository.transactions._release
+        for (cls, name), original in self._originals.items():
+            setattr(cls, name, original)
 
 
 # ---------------------------------------------------------------------- CPU accounting

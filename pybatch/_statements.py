@@ -65,7 +65,7 @@ class Statement:
     Run it with the method of its declared mode: `one`, `many`, `scalar` or `affected`.
     """
 
-    __slots__ = ("doc", "filename", "mode", "name", "parameters", "query")
+    __slots__ = ("_prepared", "doc", "filename", "mode", "name", "parameters", "query")
 
     def __init__(self, source: Any) -> None:
         mode = _MODES.get(type(source.result))
@@ -83,6 +83,7 @@ class Statement:
         # DBA reading pg_stat_activity which file and statement this is.
         body = _ORIGIN_COMMENT.sub("", str(compiled))
         self.query: bytes = f"-- pybatch {self.filename} {self.name}\n{body}".encode()
+        self._prepared = PreparedStatement(self)
 
     def __repr__(self) -> str:
         return f"<Statement {self.filename}:{self.name} :{self.mode}>"
@@ -117,7 +118,7 @@ class Statement:
 
         For the per-chunk statements; psycopg prepares the others after a few uses.
         """
-        return PreparedStatement(self)
+        return self._prepared
 
     def _run(
         self, conn: Connection, mode: Mode, params: Mapping[str, object], *, prepare: bool | None

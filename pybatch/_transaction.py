@@ -74,13 +74,17 @@ class Lease:
         """The leased connection, or None once it went back to the pool."""
         return self._conn
 
-    def commit(self, errors: CommitErrors) -> None:
-        """COMMIT and give the connection back; raise the family's error unless it is durable."""
+    def commit(self, errors: CommitErrors, *, keep: bool = False) -> None:
+        """COMMIT and give the connection back; raise the family's error unless it is durable.
+
+        With `keep`, a connection that is still sound stays leased for the next transaction
+        (a step holds one for all its chunks); one that failed is discarded all the same.
+        """
         conn = self._conn
         if conn is None:
             raise errors.aborted()
         if conn.info.transaction_status == TransactionStatus.INERROR:
-            self.rollback()
+            self.rollback(keep=keep)
             raise errors.aborted()
         try:
             conn.commit()
@@ -88,12 +92,16 @@ class Lease:
             if _sqlstate.is_connection_loss(error, conn):
                 self.discard()
                 raise errors.unknown() from None
-            self.rollback()
+            self.rollback(keep=keep)
             raise errors.refused(error) from None
-        self._release(discard=False)
+        if not keep:
+            self._release(discard=False)
 
-    def rollback(self) -> bool:
-        """ROLLBACK and give the connection back; False when it had to be discarded instead."""
+    def rollback(self, *, keep: bool = False) -> bool:
+        """ROLLBACK and give the connection back; False when it had to be discarded instead.
+
+        With `keep`, the rolled-back connection stays leased (see `commit`).
+        """
         conn = self._conn
         if conn is None:
             return True
@@ -105,7 +113,8 @@ class Lease:
         except psycopg.Error:
             self.discard()
             return False
-        self._release(discard=False)
+        if not keep:
+            self._release(discard=False)
         return True
 
     def discard(self) -> None:

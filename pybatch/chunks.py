@@ -3,10 +3,13 @@
 A chunk transaction leases one pooled connection. The ETL runs its own statements on it
 (`execute`, `executemany`, `copy`, or the raw `connection`), then `commit` writes the
 step's counters, checkpoint and context as one compare-and-swap UPDATE and COMMITs, so a
-crash at any instant leaves either the whole chunk or none of it.
+crash at any instant leaves either the whole chunk or none of it. A manager made with
+`hold_connection` keeps that connection leased from one chunk of a step to the next
+(`close` gives it back), so a chunk costs no pool checkout and its prepared commit
+statement is reused.
 
-Statements: chunks.sql get_step_chunk_state, update_step_chunk_commit. Both run prepared on
-the chunk's connection (docs/architecture.md).
+Statements: chunks.sql get_step_chunk_state, update_step_chunk_commit,
+update_step_chunk_progress. All run prepared on the chunk's connection (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -16,14 +19,17 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-import attrs
 import psycopg
 from psycopg.pq import TransactionStatus
 
 from pybatch import _sqlstate
 from pybatch._statements import Connection
 from pybatch._transaction import CommitErrors, Lease
-from pybatch.codecs.chunks import decode_committed_step_state, encode_chunk_commit
+from pybatch.codecs.chunks import (
+    decode_committed_step_state,
+    encode_chunk_commit,
+    encode_chunk_progress,
+)
 from pybatch.errors import (
     ChunkCommitOutcomeUnknown,
     CountExhausted,
@@ -43,7 +49,6 @@ from pybatch.values.chunks import (
     FaultProgress,
     InheritedProgress,
 )
-from pybatch.values.counts import ExecutionCounts
 from pybatch.values.fault import FaultStateEnvelope
 from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus
@@ -69,11 +74,21 @@ _COMMIT_ERRORS = CommitErrors(
 class ChunkTransaction:
     """One open chunk: business statements plus the step's progress, committed together."""
 
+    __slots__ = ("_held", "_lease", "_manager", "_open", "committed")
+
     def __init__(
-        self, manager: ChunkTransactionManager, lease: Lease, state: CommittedStepState
+        self,
+        manager: ChunkTransactionManager,
+        lease: Lease,
+        state: CommittedStepState,
+        *,
+        held: bool = False,
     ) -> None:
         self._manager = manager
         self._lease = lease
+        #: Whether the lease outlives this chunk (the step's held connection).
+        self._held = held
+        self._open = True
         #: The step's committed state: where this chunk started, and after `commit` the
         #: state it committed (what the next chunk of the step starts from).
         self.committed: CommittedStepState = state
@@ -81,8 +96,13 @@ class ChunkTransaction:
     def __repr__(self) -> str:
         return (
             f"ChunkTransaction(step_execution_id={self.committed.step_execution_id}, "
-            f"version={self.committed.version}, open={self._lease.is_open})"
+            f"version={self.committed.version}, open={self.is_open})"
         )
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the chunk can still run statements and commit."""
+        return self._open and self._lease.is_open
 
     def __enter__(self) -> ChunkTransaction:
         return self
@@ -105,7 +125,7 @@ class ChunkTransaction:
         classify them into Rejected, Cancelled and Infrastructure instead.
         """
         conn = self._lease.connection
-        if conn is None:
+        if conn is None or not self._open:
             raise NotCommitted(reason="the chunk is closed")
         return conn
 
@@ -117,7 +137,7 @@ class ChunkTransaction:
         except psycopg.Error as error:
             classified = _sqlstate.classify_business_error(error, conn)
             if isinstance(classified, Infrastructure):
-                self._lease.discard()
+                self._discard()
             raise classified from None
 
     def execute(self, query: Any, params: Sequence[Any] | Mapping[str, Any] | None = None) -> int:
@@ -170,43 +190,48 @@ class ChunkTransaction:
             if conn.info.transaction_status == TransactionStatus.INERROR:
                 raise NotCommitted(reason="a statement in the chunk failed")
             try:
-                chunk = ExecutionCounts(
-                    read=counts.read,
-                    processed=counts.processed,
-                    written=counts.written,
-                    filtered=counts.filtered,
-                    committed=1,
+                next_counts = state.counts.after_chunk(
+                    counts.read, counts.processed, counts.written, counts.filtered
                 )
-                next_counts = state.counts.plus(chunk)
             except (CountExhausted, PyBatchError):
                 raise NotCommitted(reason="a counter would overflow") from None
             receipt = self._receipt(state, counts, checkpoint, context)
-            params = encode_chunk_commit(
-                state,
-                next_counts,
-                receipt,
-                fault_progress or NO_FAULT_PROGRESS,
-                self._manager.clock.now(),
-            )
+            progress = fault_progress or NO_FAULT_PROGRESS
+            now = self._manager.clock.now()
+            statements = self._manager.statements
+            # The common chunk (same context, no skips, no retained retries) writes only its
+            # counters and checkpoint: every other column already holds what the full
+            # statement would write, as the version guard proves (chunks.sql).
+            if (
+                receipt.context is state.context
+                and state.fault_state is FaultStateEnvelope.EMPTY
+                and progress == NO_FAULT_PROGRESS
+            ):
+                statement = statements.update_step_chunk_progress
+                params = encode_chunk_progress(state, next_counts, receipt, now)
+            else:
+                statement = statements.update_step_chunk_commit
+                params = encode_chunk_commit(state, next_counts, receipt, progress, now)
         except NotCommitted:
             self.rollback()
             raise
         try:
-            changed = self._manager.statements.update_step_chunk_commit.prepared.affected(
-                conn, **params
-            )
+            changed = statement.prepared.affected(conn, **params)
         except psycopg.Error as error:
             if _sqlstate.is_connection_loss(error, conn):
-                self._lease.discard()
+                self._discard()
             else:
                 self.rollback()
             raise NotCommitted(reason="the progress update failed") from None
         if changed != 1:
             self.rollback()
             raise NotCommitted(reason="the step changed or is no longer STARTED")
-        self._lease.commit(_COMMIT_ERRORS)
-        self.committed = attrs.evolve(
-            state,
+        self._open = False
+        self._lease.commit(_COMMIT_ERRORS, keep=self._held)
+        self.committed = CommittedStepState(
+            step_execution_id=state.step_execution_id,
+            job_execution_id=state.job_execution_id,
+            status=state.status,
             version=state.version + 1,
             counts=next_counts,
             checkpoint=receipt.checkpoint,
@@ -237,29 +262,69 @@ class ChunkTransaction:
 
     def rollback(self) -> None:
         """Discard the chunk's business writes and progress; a second call is a no-op."""
-        self._lease.rollback()
+        if self._open:
+            self._open = False
+            self._lease.rollback(keep=self._held)
+
+    def _discard(self) -> None:
+        self._open = False
+        self._lease.discard()
 
 
 class ChunkTransactionManager:
     """Opens chunk transactions for STARTED steps of one repository."""
 
     def __init__(
-        self, repository: JobRepository, state_provider: ChunkStateProvider | None = None
+        self,
+        repository: JobRepository,
+        state_provider: ChunkStateProvider | None = None,
+        *,
+        hold_connection: bool = False,
     ) -> None:
         self.repository = repository
         self.statements = repository.statements
         self.clock = repository.clock
         self.state_provider = state_provider
+        self._hold_connection = hold_connection
+        #: The connection kept between chunks (hold_connection), and the chunk using it.
+        self._held: Lease | None = None
+        self._held_by: ChunkTransaction | None = None
 
     def begin(self) -> ChunkTransaction:
         """A chunk needs a step: without a context nothing can commit."""
         raise NotCommitted(reason="a chunk transaction needs a step execution context")
 
-    def _lease(self) -> Lease:
+    def _lease(self) -> tuple[Lease, bool]:
+        """A lease for the next chunk, and whether it is the held one (kept after the chunk).
+
+        The held connection serves one chunk at a time; a chunk opened while another of the
+        manager's chunks is still open gets a pooled connection of its own.
+        """
+        held = self._held
+        if held is not None and held.is_open:
+            busy = self._held_by is not None and self._held_by.is_open
+            if not busy:
+                return held, True
         try:
-            return self.repository.transactions.lease()
+            lease = self.repository.transactions.lease()
         except Unavailable:
             raise NotCommitted(reason="the database is unavailable") from None
+        if self._hold_connection and (held is None or not held.is_open):
+            self._held = lease
+            return lease, True
+        return lease, False
+
+    def _open(self, lease: Lease, state: CommittedStepState, *, held: bool) -> ChunkTransaction:
+        chunk = ChunkTransaction(self, lease, state, held=held)
+        if held:
+            self._held_by = chunk
+        return chunk
+
+    def close(self) -> None:
+        """Give the held connection back to the pool (rolling back a chunk left open)."""
+        held, self._held, self._held_by = self._held, None, None
+        if held is not None:
+            held.rollback()
 
     def begin_for(self, context: ChunkContext) -> ChunkTransaction:
         """Open a chunk for a STARTED step, reading its committed state (not locked).
@@ -268,10 +333,10 @@ class ChunkTransactionManager:
             NotCommitted: the step is missing, undecodable or not STARTED, or the
                 database is unreachable.
         """
-        lease = self._lease()
+        lease, held = self._lease()
         conn = lease.connection
         try:
-            if conn is None:  # a fresh lease always holds its connection
+            if conn is None:  # an open lease always holds its connection
                 raise Unavailable()
             row = self.statements.get_step_chunk_state.prepared.one(
                 conn,
@@ -288,11 +353,11 @@ class ChunkTransactionManager:
             if state.status is not BatchStatus.STARTED:
                 raise NotCommitted(reason=f"the step is {state.status.value}, not STARTED")
         except PyBatchError as error:
-            lease.rollback()
+            lease.rollback(keep=held)
             if isinstance(error, NotCommitted):
                 raise
             raise NotCommitted(reason="the committed step state is unusable") from None
-        return ChunkTransaction(self, lease, state)
+        return self._open(lease, state, held=held)
 
     def begin_after(self, committed: CommittedStepState) -> ChunkTransaction:
         """Open the next chunk of a step from the state this process just committed.
@@ -306,7 +371,8 @@ class ChunkTransactionManager:
         Raises:
             NotCommitted: the database is unreachable.
         """
-        return ChunkTransaction(self, self._lease(), committed)
+        lease, held = self._lease()
+        return self._open(lease, committed, held=held)
 
     def load_committed_state(self, context: ChunkContext) -> CommittedStepState:
         """The step's committed state, read in its own read-only transaction.

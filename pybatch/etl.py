@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
@@ -86,10 +85,28 @@ def _state(cls: type[Checkpoint] | type[ExecutionContext], payload: Mapping[str,
 
 
 class Chunk:
-    """One chunk of a step: your statements and the step's progress commit together."""
+    """One chunk of a step: your statements and the step's progress commit together.
 
-    def __init__(self, transaction: ChunkTransaction) -> None:
+    Use it as `with step.chunk() as chunk:`; leaving the block without `commit` rolls the
+    chunk back, and after a commit the step continues from the state the chunk committed.
+    """
+
+    __slots__ = ("_step", "_transaction")
+
+    def __init__(self, step: StepRun, transaction: ChunkTransaction) -> None:
+        self._step = step
         self._transaction = transaction
+
+    def __enter__(self) -> Chunk:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._transaction.rollback()  # a no-op once committed
 
     @property
     def connection(self) -> psycopg.Connection[Any]:
@@ -135,7 +152,7 @@ class Chunk:
             written=written,
             filtered=filtered,
         )
-        self._transaction.commit(
+        self._step.state = self._transaction.commit(
             counts,
             skips,
             checkpoint=_state(Checkpoint, checkpoint),
@@ -146,11 +163,13 @@ class Chunk:
 class StepRun:
     """A running step: its committed checkpoint and a way to open chunks."""
 
-    def __init__(self, run: JobRun, step: StepExecution) -> None:
+    def __init__(self, run: JobRun, step: StepExecution, *, hold_connection: bool = False) -> None:
         self.run = run
         self.execution = step
         self.state: CommittedStepState | None = None
-        self._manager = ChunkTransactionManager(run.repository)
+        # `JobRun.step` holds one pooled connection for all the chunks of the step and gives
+        # it back when the step's work returns (`close`), before the step is ended.
+        self._manager = ChunkTransactionManager(run.repository, hold_connection=hold_connection)
         self._context = ChunkContext(step.id, step.job_execution_id)
 
     @property
@@ -187,8 +206,7 @@ class StepRun:
         counts = self.state.counts if self.state else self.execution.metadata.counts
         return counts.committed
 
-    @contextmanager
-    def chunk(self) -> Iterator[Chunk]:
+    def chunk(self) -> Chunk:
         """Open a chunk transaction on the step: `with step.chunk() as chunk: ...`.
 
         Leaving the block without `chunk.commit(...)` rolls the chunk back. After a commit,
@@ -198,13 +216,11 @@ class StepRun:
             transaction = self._manager.begin_for(self._context)
         else:
             transaction = self._manager.begin_after(self.state)
-        started_from = transaction.committed
-        try:
-            yield Chunk(transaction)
-        finally:
-            transaction.rollback()  # a no-op once committed
-            if transaction.committed is not started_from:
-                self.state = transaction.committed
+        return Chunk(self, transaction)
+
+    def close(self) -> None:
+        """Give back the connection the step's chunks held (a chunk left open rolls back)."""
+        self._manager.close()
 
 
 class PartitionRun(StepRun):
@@ -344,9 +360,12 @@ class JobRun:
         if skipped:
             logger.info("pybatch: step %s completed in an earlier attempt; skipped", name)
             return StepOutcome(name=name, skipped=True, step=started)
-        step_run = StepRun(self, started)
+        step_run = StepRun(self, started, hold_connection=True)
         try:
-            work(step_run)
+            try:
+                work(step_run)
+            finally:
+                step_run.close()
         except BaseException as error:
             status = BatchStatus.FAILED if isinstance(error, Exception) else BatchStatus.STOPPED
             self._end_step(started.id, status)

@@ -64,3 +64,28 @@ WHERE
     AND job_execution_id = :job_execution_id
     AND version = :expected_version
     AND status = 'STARTED';
+
+-- :name update_step_chunk_progress :affected
+-- :doc Commit the progress of a chunk that keeps the step's context and retained no faults - the
+-- same compare-and-swap on version and STARTED as update_step_chunk_commit, writing only the
+-- counters, the checkpoint, updated_at and version. Every column it leaves alone already holds
+-- what update_step_chunk_commit would write: the version guard proves the row is the state the
+-- chunk started from, which had format 1 envelopes, this context and the empty fault state.
+-- Fewer assigned columns means fewer domain checks per chunk (migration 0003).
+UPDATE pybatch.step_execution
+SET
+    read_count = :read_count,
+    processed_count = :processed_count,
+    write_count = :write_count,
+    filter_count = :filter_count,
+    commit_count = :commit_count,
+    checkpoint_schema = :checkpoint_schema,
+    checkpoint_schema_version = :checkpoint_schema_version,
+    checkpoint_payload = :checkpoint_payload,
+    updated_at = GREATEST(updated_at, :now),
+    version = version + 1
+WHERE
+    id = :step_execution_id
+    AND job_execution_id = :job_execution_id
+    AND version = :expected_version
+    AND status = 'STARTED';

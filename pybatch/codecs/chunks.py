@@ -1,14 +1,14 @@
 """Chunk state: the committed progress row of a step, and the parameters of a chunk commit.
 
-Statements: chunks.sql get_step_chunk_state (decoded here), update_step_chunk_commit (its
-parameters are built here).
+Statements: chunks.sql get_step_chunk_state (decoded here), update_step_chunk_commit and
+update_step_chunk_progress (their parameters are built here).
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from pybatch.codecs._jsonb import CanonicalJsonb, to_jsonb
+from pybatch.codecs._jsonb import CanonicalJsonb
 from pybatch.codecs._primitives import DecodeError, Row, decode_enum, decode_int64, row_columns
 from pybatch.codecs.fault_state import FAULT_STATE_COLUMNS, decode_fault_state
 from pybatch.codecs.steps import (
@@ -25,7 +25,12 @@ from pybatch.values.counts import ExecutionCounts
 from pybatch.values.fault import FaultStateEnvelope
 from pybatch.values.status import BatchStatus
 
-__all__ = ["COMMITTED_STEP_STATE_COLUMNS", "decode_committed_step_state", "encode_chunk_commit"]
+__all__ = [
+    "COMMITTED_STEP_STATE_COLUMNS",
+    "decode_committed_step_state",
+    "encode_chunk_commit",
+    "encode_chunk_progress",
+]
 
 
 def _as_is(canonical: bytes) -> bytes:
@@ -94,32 +99,40 @@ def encode_chunk_commit(
 ) -> dict[str, object]:
     """The parameters of update_step_chunk_commit: the new progress, guarded by `state`.
 
-    A context carried over unchanged goes back as the canonical bytes it was decoded to
-    (canonical JSON of a jsonb document re-encodes to itself), so it is not encoded again.
+    Checkpoint and context go as the canonical payload bytes their envelopes were built
+    from (what pybatch hashed), so nothing is parsed or encoded again here.
     """
-    context_payload = (
-        _canonical_jsonb(state.context.payload_json())
-        if receipt.context is state.context
-        else to_jsonb(receipt.context.payload)
-    )
     return {
-        "read_count": next_counts.read,
-        "processed_count": next_counts.processed,
-        "write_count": next_counts.written,
-        "filter_count": next_counts.filtered,
-        "commit_count": next_counts.committed,
-        "checkpoint_schema": receipt.checkpoint.schema.value,
-        "checkpoint_schema_version": receipt.checkpoint.schema_version,
-        "checkpoint_payload": to_jsonb(receipt.checkpoint.payload),
+        **encode_chunk_progress(state, next_counts, receipt, now),
         "context_schema": receipt.context.schema.value,
         "context_schema_version": receipt.context.schema_version,
-        "context_payload": context_payload,
+        "context_payload": _canonical_jsonb(receipt.context.payload_json()),
         "read_skips": progress.read_skips,
         "process_skips": progress.process_skips,
         "write_skips": progress.write_skips,
         "no_rollbacks": progress.no_rollbacks,
         "fault_state_payload": _EMPTY_FAULT_STATE_PAYLOAD,
         "fault_state_checksum": _EMPTY_FAULT_STATE_CHECKSUM,
+    }
+
+
+def encode_chunk_progress(
+    state: CommittedStepState,
+    next_counts: ExecutionCounts,
+    receipt: ChunkCommitReceipt,
+    now: datetime,
+) -> dict[str, object]:
+    """The parameters of update_step_chunk_progress (counters, checkpoint), guarded by `state`."""
+    checkpoint = receipt.checkpoint
+    return {
+        "read_count": next_counts.read,
+        "processed_count": next_counts.processed,
+        "write_count": next_counts.written,
+        "filter_count": next_counts.filtered,
+        "commit_count": next_counts.committed,
+        "checkpoint_schema": checkpoint.schema.value,
+        "checkpoint_schema_version": checkpoint.schema_version,
+        "checkpoint_payload": _canonical_jsonb(checkpoint.payload_json()),
         "now": now,
         "step_execution_id": state.step_execution_id,
         "job_execution_id": state.job_execution_id,

@@ -19,9 +19,9 @@ from pybatch.codecs._primitives import (
     decode_optional_int64,
     decode_text,
 )
+from pybatch.codecs.steps import decode_counts
 from pybatch.errors import PartitionStateCorrupt, PyBatchError
 from pybatch.values._canonical import sha256
-from pybatch.values.counts import ExecutionCounts
 from pybatch.values.names import ExitCode, StateSchemaId
 from pybatch.values.partitions import PartitionKey, PartitionPlanEntry, StepPartition
 from pybatch.values.state import STATE_FORMAT_VERSION, ExecutionContext, StateLimits
@@ -57,15 +57,6 @@ STEP_PARTITION_COLUMNS = (
     "version",
 )
 
-_COUNT_COLUMNS = (
-    ("read", "read_count"),
-    ("processed", "processed_count"),
-    ("written", "write_count"),
-    ("filtered", "filter_count"),
-    ("committed", "commit_count"),
-    ("rolled_back", "rollback_count"),
-)
-
 
 def context_checksum(context: ExecutionContext) -> bytes:
     """SHA-256 of the canonical partition context envelope (schema.md 3.6)."""
@@ -95,12 +86,7 @@ def decode_step_partition(row: Row) -> StepPartition:
             not match its checksum.
     """
     try:
-        counts = ExecutionCounts(
-            **{
-                field: decode_int64(row[column], column=column, minimum=0)
-                for field, column in _COUNT_COLUMNS
-            }
-        )
+        counts = decode_counts(row)
         return StepPartition(
             id=decode_int64(row["id"], column="id", minimum=1),
             step_execution_id=decode_int64(

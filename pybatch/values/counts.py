@@ -51,6 +51,26 @@ class ExecutionCounts:
             rolled_back=_checked_sum(self.rolled_back, other.rolled_back),
         )
 
+    def after_chunk(
+        self, read: int, processed: int, written: int, filtered: int
+    ) -> ExecutionCounts:
+        """Return the counts after one committed chunk of these items (`committed + 1`).
+
+        The chunk's own counts are validated by the caller's values (ChunkCounts), so only
+        the sums are checked here, once, instead of building an intermediate ExecutionCounts.
+
+        Raises:
+            CountExhausted: a counter would exceed 2^63-1.
+        """
+        return ExecutionCounts(
+            read=_checked_sum(self.read, read),
+            processed=_checked_sum(self.processed, processed),
+            written=_checked_sum(self.written, written),
+            filtered=_checked_sum(self.filtered, filtered),
+            committed=_checked_sum(self.committed, 1),
+            rolled_back=self.rolled_back,
+        )
+
     def with_terminal_rollback(self) -> ExecutionCounts:
         """Return the counts with `rolled_back + 1` (a terminal-rollback transition).
 

@@ -155,18 +155,43 @@ class _DurableState:
         if not isinstance(payload, dict):
             raise StatePayloadNotObject()
         limits = limits if limits is not None else StateLimits()
-        envelope = self._envelope(schema, schema_version, payload)
+        # The envelope's depth is its payload's plus one (the other members are scalars).
+        payload_depth = limits.max_depth - 1
         try:
-            encoded = canonical_json(envelope)
+            payload_json = canonical_json(payload)
         except JsonNotEncodable:
-            if _depth_exceeds(envelope, limits.max_depth):
+            if _depth_exceeds(payload, payload_depth):
                 raise StateTooDeep(kind=self._KIND, max_depth=limits.max_depth) from None
             raise StateMalformed(kind=self._KIND) from None
+        encoded = self._encode_envelope(schema, schema_version, payload_json)
         if len(encoded) > limits.max_bytes:
             raise StateTooLarge(kind=self._KIND, max_bytes=limits.max_bytes)
-        if _depth_exceeds(envelope, limits.max_depth):
+        if _depth_exceeds(payload, payload_depth):
             raise StateTooDeep(kind=self._KIND, max_depth=limits.max_depth)
-        self.__attrs_init__(schema, schema_version, canonical_json(payload), encoded)
+        self.__attrs_init__(schema, schema_version, payload_json, encoded)
+
+    @classmethod
+    def _encode_envelope(cls, schema: StateSchemaId, schema_version: int, payload: bytes) -> bytes:
+        """canonical_json of the envelope, around payload bytes that are already canonical.
+
+        The payload is encoded once: the envelope's members, in canonical (sorted) order, are
+        written around it; `canonical_json(cls._envelope(...))` gives the same bytes.
+        """
+        return b"".join(
+            (
+                b'{"format":',
+                canonical_json(cls._FORMAT),
+                b',"format_version":',
+                str(STATE_FORMAT_VERSION).encode(),
+                b',"payload":',
+                payload,
+                b',"schema":',
+                canonical_json(schema.value),
+                b',"schema_version":',
+                str(schema_version).encode(),
+                b"}",
+            )
+        )
 
     @classmethod
     def _envelope(

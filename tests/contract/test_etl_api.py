@@ -12,6 +12,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -26,6 +27,7 @@ from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import ExitCode, NodeId, StepName
 from pybatch.values.records import JobExecution, StepExecution
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+from tests.conftest import plaintext_config
 from tests.support.clock import ManualClock
 from tests.support.race import portable
 
@@ -261,6 +263,48 @@ def test_keyboard_interrupt_stops_the_run_and_it_can_restart(
     assert seen == [{"offset": 1, "read": 1, "written": 1, "commits": 1}]
     assert business_ids(admin) == [1, 2, 3]
     assert executions(repository, again)[-1].status is S.COMPLETED
+
+
+# --------------------------------------------------------------------------- connection
+
+
+def test_a_step_holds_one_connection_for_its_chunks_and_gives_it_back(
+    db_dsn: str, admin: psycopg.Connection[Any], orders: None
+) -> None:
+    """The chunks of a step run on one connection, leased once for the step: between chunks
+    it is not in the pool (other work gets another connection), a chunk opened inside an
+    open one gets its own, and it goes back before the step ends (with a pool of two, both
+    steps and the job still end)."""
+    config = plaintext_config(db_dsn, pool_size=2, acquire_timeout=timedelta(seconds=5))
+    chunk_backends: list[int] = []
+    other_backends: list[int] = []
+
+    def work(step: StepRun) -> None:
+        for first in (1, 3, 5):
+            with step.chunk() as chunk:
+                chunk_backends.append(chunk.connection.info.backend_pid)
+                chunk.executemany(
+                    "INSERT INTO public.orders VALUES (%s, 'held')", [(first,), (first + 1,)]
+                )
+                chunk.commit(read=2, written=2, checkpoint={"offset": first + 1})
+            with step.run.repository.begin() as uow:
+                other_backends.append(uow.connection.info.backend_pid)
+        with step.chunk() as outer:
+            chunk_backends.append(outer.connection.info.backend_pid)
+            outer.execute("INSERT INTO public.orders VALUES (7, 'outer')")
+            with step.chunk() as inner:
+                other_backends.append(inner.connection.info.backend_pid)
+            outer.commit(read=1, written=1, checkpoint={"offset": 7})
+
+    with JobRepository.connect(config) as repository:
+        with Job(repository, "held_connection", DAY).launch() as run:
+            first = run.step("load", work)
+            second = run.step("check", lambda step: None)
+        assert first.step.status is S.COMPLETED and second.step.status is S.COMPLETED
+        assert first.step.metadata.counts.committed == 4
+    assert len(chunk_backends) == 4 and len(set(chunk_backends)) == 1
+    assert not set(other_backends) & set(chunk_backends)
+    assert business_ids(admin) == [1, 2, 3, 4, 5, 6, 7]
 
 
 # --------------------------------------------------------------------------- orphans

@@ -18,11 +18,13 @@ import psycopg
 import pytest
 
 from pybatch import JobRepository, UnitOfWork
+from pybatch.chunks import ChunkTransactionManager
 from pybatch.errors import (
     CommitOutcomeUnknown,
     IdentifierOutOfRange,
     Unavailable,
 )
+from pybatch.values.chunks import ChunkContext
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
@@ -88,6 +90,18 @@ def outcome(repository: JobRepository, clock: ManualClock, rows: Arranged, path:
         return "ok"
 
 
+def loosen_schema(admin: psycopg.Connection[Any], cases: dict[str, tuple[str, ...]]) -> None:
+    """Run every case's DDL before any row is arranged.
+
+    A column that changes type under a prepared statement fails it with "cached plan must
+    not change result type", so the pooled connections must not have prepared anything yet.
+    """
+    for statements in cases.values():
+        for sql in statements:
+            if sql.startswith("ALTER"):
+                admin.execute(sql)
+
+
 def run_cases(
     repository: JobRepository,
     clock: ManualClock,
@@ -100,14 +114,17 @@ def run_cases(
 ) -> None:
     """Arrange every case, corrupt it with its SQL, then run every path against it.
 
-    `cases` maps a case name to its SQL (ALTER TABLE ... DROP CONSTRAINT, then an UPDATE
-    with `%(case)s` and the row ids as parameters). `copy_path` runs only for the cases in
-    `copied`: the columns a restart step copies from its source.
+    `cases` maps a case name to its SQL (ALTER TABLE ... DROP CONSTRAINT or ALTER COLUMN
+    ... TYPE, then an UPDATE with `%(case)s` and the row ids as parameters). `copy_path` runs
+    only for the cases in `copied`: the columns a restart step copies from its source.
     """
+    loosen_schema(admin, cases)
     arranged = {case: arrange(repository, clock, case) for case in ["control", *cases]}
     for case, statements in cases.items():
         rows = arranged[case]
         for sql in statements:
+            if sql.startswith("ALTER"):
+                continue
             params = {
                 "instance_id": rows.instance_id,
                 "first_id": rows.first_id,
@@ -227,81 +244,144 @@ RESTART_COPY: tuple[str, Path] = (
 )
 
 
+SE = "pybatch.step_execution"
+STEP_WHERE = "WHERE id = %(step_id)s"
+
+
+def _loosen(column: str, base_type: str) -> str:
+    """Take `column` off its domain (migration 0003), so a value the domain refuses fits."""
+    return f"ALTER TABLE {SE} ALTER COLUMN {column} TYPE {base_type}"
+
+
+def _set(column: str, base_type: str, value: str) -> tuple[str, str]:
+    """Loosen `column` and store `value` (an SQL literal) in the arranged step."""
+    return (_loosen(column, base_type), f"UPDATE {SE} SET {column} = {value} {STEP_WHERE}")
+
+
+#: One case per column whose rule is a domain: the value each domain refuses (counters and
+#: versions below zero, names empty or over 128 bytes, codes over 64, formats and versions 0,
+#: payloads that are not objects, unknown enum codes).
+STEP_COLUMN_CASES: dict[str, tuple[str, ...]] = {
+    "empty step name": _set("step_name", "text", "''"),
+    "logical id over 128 bytes": _set("step_logical_id", "text", "repeat('n', 129)"),
+    "unknown status": _set("status", "text", "'PAUSED'"),
+    "exit code over 64 bytes": _set("exit_code", "text", "repeat('Y', 65)"),
+    "negative read counter": _set("read_count", "bigint", "-1"),
+    "negative processed counter": _set("processed_count", "bigint", "-1"),
+    "negative write counter": _set("write_count", "bigint", "-1"),
+    "negative filter counter": _set("filter_count", "bigint", "-1"),
+    "negative commit counter": _set("commit_count", "bigint", "-1"),
+    "negative rollback counter": _set("rollback_count", "bigint", "-5"),
+    "checkpoint format 0": _set("checkpoint_format", "smallint", "0"),
+    "empty checkpoint schema": _set("checkpoint_schema", "text", "''"),
+    "checkpoint schema version 0": _set("checkpoint_schema_version", "integer", "0"),
+    "checkpoint payload not an object": _set("checkpoint_payload", "jsonb", "'[1, 2]'"),
+    "context format 0": _set("context_format", "smallint", "0"),
+    "context schema over 128 bytes": _set("context_schema", "text", "repeat('c', 129)"),
+    "context schema version 0": _set("context_schema_version", "integer", "0"),
+    "context payload not an object": _set("context_payload", "jsonb", "'\"x\"'"),
+    "unknown failure category": (
+        _loosen("failure_category", "text"),
+        f"UPDATE {SE} SET failure_category = 'MYSTERY', failure_id = 8 {STEP_WHERE}",
+    ),
+    "failure id 0": (
+        _loosen("failure_id", "bigint"),
+        f"UPDATE {SE} SET failure_category = 'TIMEOUT', failure_id = 0 {STEP_WHERE}",
+    ),
+    "negative version": _set("version", "bigint", "-1"),
+    "negative read retry counter": _set("read_retry_count", "bigint", "-1"),
+    "negative process retry counter": _set("process_retry_count", "bigint", "-1"),
+    "negative write retry counter": _set("write_retry_count", "bigint", "-1"),
+    "negative read skip counter": _set("read_skip_count", "bigint", "-1"),
+    "negative process skip counter": _set("process_skip_count", "bigint", "-1"),
+    "negative write skip counter": _set("write_skip_count", "bigint", "-1"),
+    "negative no-rollback counter": _set("no_rollback_count", "bigint", "-1"),
+}
+
+#: The fault-state columns: only the chunk and fault-state paths decode them.
+FAULT_STATE_COLUMN_CASES: dict[str, tuple[str, ...]] = {
+    "fault state format 2": _set("fault_state_format", "smallint", "2"),
+    "empty fault state schema": _set("fault_state_schema", "text", "''"),
+    "fault state schema version 2": _set("fault_state_schema_version", "integer", "2"),
+    "fault state payload not an object": _set("fault_state_payload", "jsonb", "'[]'"),
+    "fault state checksum of 1 byte": _set("fault_state_checksum", "bytea", "'\\x00'"),
+}
+
+
 def test_n5_corrupt_step_execution_rows_fail_closed(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
-    se = "pybatch.step_execution"
     deep = '{"a":' * 70 + "1" + "}" * 70
     cases: dict[str, tuple[str, ...]] = {
-        "unknown status": (
-            f"ALTER TABLE {se} DROP CONSTRAINT step_execution_status_valid",
-            f"UPDATE {se} SET status = 'PAUSED' WHERE id = %(step_id)s",
-        ),
-        "unknown failure category": (
-            f"ALTER TABLE {se} DROP CONSTRAINT step_execution_failure_category_valid",
-            f"UPDATE {se} SET failure_category = 'MYSTERY', failure_id = 8 WHERE id = %(step_id)s",
-        ),
-        "exit code over 64 bytes": (
-            f"ALTER TABLE {se} DROP CONSTRAINT step_execution_exit_code_length",
-            f"UPDATE {se} SET exit_code = repeat('Y', 65) WHERE id = %(step_id)s",
-        ),
+        **STEP_COLUMN_CASES,
         "failure id without category": (
-            f"ALTER TABLE {se} DROP CONSTRAINT step_execution_failure_shape",
-            f"UPDATE {se} SET failure_id = 9 WHERE id = %(step_id)s",
+            f"ALTER TABLE {SE} DROP CONSTRAINT step_execution_failure_shape",
+            f"UPDATE {SE} SET failure_id = 9 {STEP_WHERE}",
         ),
         "failure category without id": (
-            f"ALTER TABLE {se} DROP CONSTRAINT IF EXISTS step_execution_failure_shape",
-            f"UPDATE {se} SET failure_category = 'TIMEOUT' WHERE id = %(step_id)s",
-        ),
-        "negative read counter": (
-            f"ALTER TABLE {se} DROP CONSTRAINT step_execution_read_count_nonnegative",
-            f"UPDATE {se} SET read_count = -1 WHERE id = %(step_id)s",
-        ),
-        "negative rollback counter": (
-            f"ALTER TABLE {se} DROP CONSTRAINT step_execution_rollback_count_nonnegative",
-            f"UPDATE {se} SET rollback_count = -5 WHERE id = %(step_id)s",
-        ),
-        "negative retry counter": (
-            f"ALTER TABLE {se} DROP CONSTRAINT step_execution_read_retry_count_nonnegative",
-            f"UPDATE {se} SET read_retry_count = -1 WHERE id = %(step_id)s",
-        ),
-        "checkpoint payload not an object": (
-            f"ALTER TABLE {se} DROP CONSTRAINT step_execution_checkpoint_payload_object",
-            f"UPDATE {se} SET checkpoint_payload = '[1, 2]' WHERE id = %(step_id)s",
+            f"ALTER TABLE {SE} DROP CONSTRAINT IF EXISTS step_execution_failure_shape",
+            f"UPDATE {SE} SET failure_category = 'TIMEOUT' {STEP_WHERE}",
         ),
         "checkpoint payload too deep": (
-            f"UPDATE {se} SET checkpoint_payload = jsonb_build_object('p', '{deep}'::jsonb) "
-            "WHERE id = %(step_id)s",
+            f"UPDATE {SE} SET checkpoint_payload = jsonb_build_object('p', '{deep}'::jsonb) "
+            + STEP_WHERE,
         ),
         "checkpoint number of 5,000 digits": (
-            f"UPDATE {se} SET checkpoint_payload = "
-            "jsonb_build_object('n', repeat('9', 5000)::numeric) WHERE id = %(step_id)s",
-        ),
-        "context schema version 0": (
-            f"ALTER TABLE {se} DROP CONSTRAINT step_execution_context_schema_version_positive",
-            f"UPDATE {se} SET context_schema_version = 0 WHERE id = %(step_id)s",
+            f"UPDATE {SE} SET checkpoint_payload = "
+            "jsonb_build_object('n', repeat('9', 5000)::numeric) " + STEP_WHERE,
         ),
         "context schema id with surrounding whitespace": (
-            f"UPDATE {se} SET context_schema = ' oxide_batch.empty.v1' WHERE id = %(step_id)s",
+            f"UPDATE {SE} SET context_schema = ' oxide_batch.empty.v1' {STEP_WHERE}",
         ),
-        "unsupported checkpoint format": (
-            f"UPDATE {se} SET checkpoint_format = 2 WHERE id = %(step_id)s",
-        ),
+        "unsupported checkpoint format": (f"UPDATE {SE} SET checkpoint_format = 2 {STEP_WHERE}",),
     }
+    # A restart copies the counters and the state columns from its source step.
     copied = frozenset(
-        {
-            "negative read counter",
-            "negative rollback counter",
-            "negative retry counter",
-            "checkpoint payload not an object",
-            "checkpoint payload too deep",
-            "checkpoint number of 5,000 digits",
-            "context schema version 0",
-            "context schema id with surrounding whitespace",
-            "unsupported checkpoint format",
-        }
+        case for case in cases if any(part in case for part in ("counter", "checkpoint", "context"))
     )
     run_cases(repository, clock, admin, cases, STEP_PATHS, copied=copied, copy_path=RESTART_COPY)
+
+
+def _chunk_state(repository: JobRepository, rows: Arranged) -> str:
+    """What the chunk path makes of the arranged step's committed state."""
+    try:
+        ChunkTransactionManager(repository).load_committed_state(
+            ChunkContext(rows.step_id, rows.first_id)
+        )
+    except Exception as error:
+        return type(error).__name__
+    return "ok"
+
+
+def test_n5_corrupt_chunk_state_fails_closed(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    """Every column the chunk path decodes: FaultStateCorrupt for the fault state, else
+    Unavailable; a healthy step decodes."""
+    chunk_columns = ("status", "count", "counter", "checkpoint", "context", "version")
+    cases = {
+        case: sql
+        for case, sql in STEP_COLUMN_CASES.items()
+        if any(part in case for part in chunk_columns)
+        and not any(part in case for part in ("retry", "skip", "no-rollback"))
+    }
+    cases.update(FAULT_STATE_COLUMN_CASES)
+    loosen_schema(admin, cases)
+    arranged = {case: arrange(repository, clock, case) for case in ["control", *cases]}
+    for case, statements in cases.items():
+        for sql in statements:
+            if not sql.startswith("ALTER"):
+                admin.execute(sql, {"step_id": arranged[case].step_id})
+    observed = {case: _chunk_state(repository, rows) for case, rows in arranged.items()}
+    expected = {
+        case: "ok"
+        if case == "control"
+        else "FaultStateCorrupt"
+        if case in FAULT_STATE_COLUMN_CASES
+        else "Unavailable"
+        for case in arranged
+    }
+    assert observed == expected
 
 
 # --------------------------------------------------------------------------- N5: job instances

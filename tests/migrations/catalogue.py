@@ -1,12 +1,14 @@
 """A text description of the ``pybatch`` schema's catalogue, for migration replay tests.
 
-``describe_catalogue(conn)`` lists the tables, columns, named constraints and indexes of schema
-``pybatch`` as sorted, line-oriented text. A test replays every migration into an empty database
-and compares the result with ``reference_catalogue.txt`` (procrastinate's schema-diff approach,
-without ``pg_dump``, which the npm server bundles lack).
+``describe_catalogue(conn)`` lists the domains, tables, columns, named constraints and indexes
+of schema ``pybatch`` as sorted, line-oriented text. A test replays every migration into an
+empty database and compares the result with ``reference_catalogue.txt`` (procrastinate's
+schema-diff approach, without ``pg_dump``, which the npm server bundles lack).
 
-Format, one fact per line, grouped per table (tables in name order)::
+Format, one fact per line, domains first, then grouped per table (both in name order)::
 
+    domain <domain> <base type> [collate <collation>] <null|not null> [default <expression>]
+      constraint <name> <pg_get_constraintdef>
     table <table>
       column <position> <name> <type> [collate <collation>] <null|not null>
           [identity <always|by default>] [default <expression>]
@@ -89,6 +91,32 @@ WHERE n.nspname = %(schema)s AND k.contype <> 'n'
 ORDER BY c.relname COLLATE "C", k.conname COLLATE "C"
 """
 
+_DOMAINS_SQL = """
+SELECT
+    t.typname,
+    pg_catalog.format_type(t.typbasetype, t.typtypmod) AS base_type,
+    CASE
+        WHEN t.typcollation <> 0 AND t.typcollation <> b.typcollation THEN co.collname
+    END AS collation,
+    t.typnotnull,
+    t.typdefault
+FROM pg_catalog.pg_type AS t
+INNER JOIN pg_catalog.pg_namespace AS n ON t.typnamespace = n.oid
+INNER JOIN pg_catalog.pg_type AS b ON t.typbasetype = b.oid
+LEFT JOIN pg_catalog.pg_collation AS co ON t.typcollation = co.oid
+WHERE n.nspname = %(schema)s AND t.typtype = 'd'
+ORDER BY t.typname COLLATE "C"
+"""
+
+_DOMAIN_CONSTRAINTS_SQL = """
+SELECT t.typname, k.conname, pg_catalog.pg_get_constraintdef(k.oid, true) AS definition
+FROM pg_catalog.pg_constraint AS k
+INNER JOIN pg_catalog.pg_type AS t ON k.contypid = t.oid
+INNER JOIN pg_catalog.pg_namespace AS n ON t.typnamespace = n.oid
+WHERE n.nspname = %(schema)s AND k.contype = 'c'
+ORDER BY t.typname COLLATE "C", k.conname COLLATE "C"
+"""
+
 _INDEXES_SQL = """
 SELECT
     t.relname AS table_name,
@@ -106,14 +134,27 @@ _IDENTITY = {"a": "always", "d": "by default"}
 
 
 def describe_catalogue(conn: psycopg.Connection, schema: str = SCHEMA) -> str:
-    """Describe the tables, columns, constraints and indexes of ``schema`` as sorted text.
+    """Describe the domains, tables, columns, constraints and indexes of ``schema`` as text.
 
     Reads only the system catalogues, so it works in any transaction state that allows a
     query; it neither commits nor rolls back.
     """
     params = {"schema": schema}
+    domains: dict[str, list[str]] = {}
     tables: dict[str, list[str]] = {}
     with conn.cursor() as cur:
+        for name, base_type, collation, notnull, default in cur.execute(
+            _DOMAINS_SQL, params
+        ).fetchall():
+            parts = [f"domain {name} {base_type}"]
+            if collation is not None:
+                parts.append(f'collate "{collation}"')
+            parts.append("not null" if notnull else "null")
+            if default is not None:
+                parts.append(f"default {default}")
+            domains[name] = [" ".join(parts)]
+        for domain, name, definition in cur.execute(_DOMAIN_CONSTRAINTS_SQL, params).fetchall():
+            domains[domain].append(f"  constraint {name} {definition}")
         for (table,) in cur.execute(_TABLES_SQL, params).fetchall():
             tables[table] = []
         for table, position, name, type_, collation, notnull, identity, default in cur.execute(
@@ -135,6 +176,8 @@ def describe_catalogue(conn: psycopg.Connection, schema: str = SCHEMA) -> str:
         for table, name, definition in cur.execute(_INDEXES_SQL, params).fetchall():
             tables[table].append(f"  index {name} {definition}")
     lines: list[str] = []
+    for domain in sorted(domains, key=lambda d: d.encode("utf-8")):
+        lines.extend(domains[domain])
     for table in sorted(tables, key=lambda t: t.encode("utf-8")):
         lines.append(f"table {table}")
         lines.extend(tables[table])

@@ -78,6 +78,33 @@ def test_generation_digest_is_sha256_of_the_canonical_envelope() -> None:
     assert checkpoint.generation_digest() == hashlib.sha256(expected).digest()
 
 
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {},
+        {"offset": 42, "file": "a.csv"},
+        {"é": ["\u2028", None, True, 1e16, decimal.Decimal("1.10")], "a": {"b": {"c": [[]]}}},
+        {'quote"': "back\\slash", "nl": "line\nbreak", "ctl": "\x01"},
+    ],
+)
+def test_envelope_is_the_canonical_json_of_the_whole_envelope(payload: dict[str, object]) -> None:
+    """The payload is encoded once and the envelope written around it: same bytes as encoding
+    the whole envelope, for both kinds, any schema id and version."""
+    for kind, name in ((Checkpoint, "oxide-batch.checkpoint"), (ExecutionContext, None)):
+        state = kind(SCHEMA, 4_294_967_295, payload)
+        expected = canonical_json(
+            {
+                "format": name or "oxide-batch.execution-context",
+                "format_version": 1,
+                "payload": payload,
+                "schema": SCHEMA.value,
+                "schema_version": 4_294_967_295,
+            }
+        )
+        assert state.encode() == expected
+        assert state.payload_json() == canonical_json(payload)
+
+
 @pytest.mark.parametrize(("value", "text"), list(JSONB_TEXT.items()))
 def test_floats_are_written_as_numeric_prints_them(value: float, text: str) -> None:
     assert canonical_json(value).decode() == text
