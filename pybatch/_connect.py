@@ -3,18 +3,72 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import select
 import shutil
 import tempfile
-from collections.abc import Iterator
+import weakref
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import psycopg
 
+from pybatch._connect_errors import classify_connect_failure, is_permanent
+from pybatch.codecs._jsonb import install_strict_json_loads
 from pybatch.config import ConnectionConfig
-from pybatch.errors import Unavailable
+from pybatch.errors import PyBatchError
 
-__all__ = ["CaFile", "connection_kwargs", "open_connection"]
+__all__ = [
+    "CaFile",
+    "check_idle_connection",
+    "connect_or_raise",
+    "connection_kwargs",
+    "open_connection",
+    "probe_connection",
+    "redact_pool_records",
+    "watch_for_termination",
+]
+
+
+def _redacted_argument(value: object) -> object:
+    """A psycopg.pool log argument with the server host, user and message text removed."""
+    if isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, str):
+        return value  # pool and thread names, never connection details
+    if isinstance(value, BaseException):
+        state = getattr(value, "sqlstate", None)
+        return type(value).__name__ if state is None else f"{type(value).__name__} ({state})"
+    if isinstance(value, psycopg.Connection):
+        return "<connection>"
+    return "<redacted>"
+
+
+class _PoolRecordRedactor(logging.Filter):
+    """Rewrites psycopg.pool log records: connections and driver errors name host and user."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(_redacted_argument(value) for value in record.args)
+        elif record.args is not None:
+            record.args = {key: _redacted_argument(v) for key, v in record.args.items()}
+        if not isinstance(record.msg, str):
+            record.msg = str(_redacted_argument(record.msg))
+        record.exc_info = None
+        record.exc_text = None
+        return True
+
+
+_POOL_REDACTOR = _PoolRecordRedactor()
+
+
+def redact_pool_records() -> None:
+    """Install the redactor on the `psycopg.pool` logger (idempotent)."""
+    logging.getLogger("psycopg.pool").addFilter(_POOL_REDACTOR)
+
+
+redact_pool_records()
 
 
 class CaFile:
@@ -51,16 +105,90 @@ def open_connection(
     """A dedicated connection for the migrator: no statement timeout, redacted errors."""
     ca_file = CaFile(config)
     try:
+        conn = connect_or_raise(
+            connection_kwargs(config, ca_file, statement_timeout=False), autocommit=autocommit
+        )
         try:
-            conn = psycopg.connect(
-                **connection_kwargs(config, ca_file, statement_timeout=False),
-                autocommit=autocommit,
-            )
-        except psycopg.Error as error:
-            raise Unavailable(sqlstate=getattr(error, "sqlstate", None)) from None
-        try:
+            install_strict_json_loads(conn)
             yield conn
         finally:
             conn.close()
     finally:
         ca_file.close()
+
+
+def connect_or_raise(kwargs: Mapping[str, Any], *, autocommit: bool) -> psycopg.Connection[Any]:
+    """`psycopg.connect`, its failure classified and raised outside the driver's traceback.
+
+    The driver's message names the host and user, so it is neither the cause nor the
+    context of the pybatch error.
+    """
+    try:
+        return psycopg.connect(**kwargs, autocommit=autocommit)
+    except psycopg.Error as error:
+        failure = classify_connect_failure(error)
+    raise failure
+
+
+def probe_connection(config: ConnectionConfig, ca_file: CaFile) -> None:
+    """Open and close one connection; raise at once if the server refuses it permanently.
+
+    A wrong password, a role that may not log in, a missing database or a certificate that
+    fails verification raise their own `Unavailable` subclass without waiting for the pool's
+    acquire timeout. Transient failures (server down, starting up, out of connection slots)
+    are left to the pool, which keeps retrying until the acquire timeout.
+    """
+    try:
+        connect_or_raise(connection_kwargs(config, ca_file), autocommit=True).close()
+    except PyBatchError as error:
+        if is_permanent(error):
+            raise
+
+
+# Connections whose server sent a FATAL while they sat idle (libpq hands an unsolicited error
+# to the notice processor); weak, so a dropped connection leaves no trace here.
+_ENDED: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
+
+
+def watch_for_termination(conn: psycopg.Connection[Any]) -> None:
+    """Remember it when the server ends `conn` (a FATAL notice), for the checkout check."""
+    ref = weakref.ref(conn)
+
+    def on_notice(diagnostic: psycopg.errors.Diagnostic) -> None:
+        if diagnostic.severity_nonlocalized in ("FATAL", "PANIC"):
+            watched = ref()
+            if watched is not None:
+                _ENDED.add(watched)
+
+    conn.add_notice_handler(on_notice)
+
+
+def check_idle_connection(conn: psycopg.Connection[Any]) -> None:
+    """Pool checkout check: refuse a connection whose backend ended while it sat idle.
+
+    An idle connection has nothing to read; if its socket is readable, the server sent
+    something unasked, typically the FATAL of `pg_terminate_backend` or a restart, and
+    end of file. The pending input is consumed: end of file or a broken connection is
+    refused (closed, so the pool drops it and hands out another), anything else (TLS
+    session tickets) is harmless. The FATAL itself reaches libpq's notice processor, which
+    `watch_for_termination` records, so a connection is refused even when its end of file
+    is still on the way. No round trip is spent on a healthy connection.
+    """
+    failure: str | None = None
+    if conn.closed or conn.broken:
+        failure = "the connection is closed"
+    else:
+        try:
+            for _ in range(2):  # the FATAL and the end of file may arrive in two reads
+                readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+                if not readable:
+                    break
+                conn.pgconn.consume_input()
+                conn.pgconn.is_busy()  # parses what arrived: a FATAL goes to the notice handler
+            if conn.pgconn.status != psycopg.pq.ConnStatus.OK or conn in _ENDED:
+                failure = "the server ended the connection"
+        except (psycopg.Error, OSError):
+            failure = "the server ended the connection"
+    if failure is not None:
+        conn.close()
+        raise psycopg.OperationalError(failure)

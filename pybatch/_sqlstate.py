@@ -16,6 +16,8 @@ from pybatch.errors import (
     ConcurrentModification,
     Infrastructure,
     IntegrityViolation,
+    LockTimeout,
+    PermissionDenied,
     PyBatchError,
     Rejected,
     RetryableConflict,
@@ -98,6 +100,8 @@ def translate(
         return IntegrityViolation(constraint=name)
     if schema_probe and state in _SCHEMA_MISSING:
         return SchemaUninitialized()
+    if state == "42501":
+        return PermissionDenied()
     return Unavailable(sqlstate=state)
 
 
@@ -106,15 +110,17 @@ def classify_business_error(
 ) -> BusinessTransactionError:
     """Classify an ETL statement's failure inside a chunk (behaviour.md 4.15).
 
-    Cancelled (57014) and Rejected (classes 22, 23, 42, or a value psycopg cannot adapt)
-    keep the connection, though the transaction can now only roll back; anything else is
-    Infrastructure and the connection must be discarded.
+    Cancelled (57014), LockTimeout (55P03) and Rejected (classes 22, 23, 42, or a value
+    psycopg cannot adapt) keep the connection, though the transaction can now only roll
+    back; anything else is Infrastructure and the connection must be discarded.
     """
     if is_connection_loss(exc, conn):
         return Infrastructure()
     state = sqlstate_of(exc)
     if state == "57014":
         return Cancelled()
+    if state == "55P03":
+        return LockTimeout()
     # 25P02: a later statement of a chunk whose earlier statement was rejected; the
     # connection is healthy, the transaction can only roll back.
     if state is not None and (state[:2] in {"22", "23", "42"} or state == "25P02"):

@@ -16,7 +16,6 @@ can no longer be trusted.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -27,15 +26,20 @@ import psycopg_pool
 from psycopg.pq import TransactionStatus
 
 from pybatch import _sqlstate
-from pybatch._connect import CaFile, connection_kwargs
+from pybatch._connect import (
+    CaFile,
+    check_idle_connection,
+    connect_or_raise,
+    connection_kwargs,
+    probe_connection,
+    watch_for_termination,
+)
 from pybatch._statements import Connection
+from pybatch.codecs._jsonb import install_strict_json_loads
 from pybatch.config import ConnectionConfig
 from pybatch.errors import PyBatchError, Unavailable
 
-__all__ = ["CHECK_IDLE_AFTER_S", "CommitErrors", "Lease", "TransactionSource"]
-
-#: A pooled connection idle for longer than this is checked before it is leased.
-CHECK_IDLE_AFTER_S = 1.0
+__all__ = ["CommitErrors", "Lease", "TransactionSource"]
 
 
 @attrs.frozen
@@ -135,14 +139,18 @@ class TransactionSource:
     def __init__(self, config: ConnectionConfig) -> None:
         self._config = config
         self._ca_file = CaFile(config)
-        #: When each pooled connection was opened or last given back (id -> monotonic seconds).
-        self._returned_at: dict[int, float] = {}
+        try:
+            # A wrong password or database fails here at once, not after the acquire timeout.
+            probe_connection(config, self._ca_file)
+        except BaseException:
+            self._ca_file.close()
+            raise
 
         def configure(conn: Connection) -> None:
             # Client-side only: BEGIN then says READ COMMITTED whatever the database default.
             conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
-            # The pool may open a connection ahead of demand; its idle time starts now.
-            self._returned_at[id(conn)] = time.monotonic()
+            install_strict_json_loads(conn)
+            watch_for_termination(conn)
 
         self._pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
             kwargs=connection_kwargs(config, self._ca_file),
@@ -153,6 +161,7 @@ class TransactionSource:
             max_lifetime=config.connection_max_lifetime.total_seconds(),
             reconnect_timeout=config.connect_timeout.total_seconds(),
             configure=configure,
+            check=check_idle_connection,
             open=False,
             name="pybatch",
         )
@@ -165,35 +174,29 @@ class TransactionSource:
     def lease(self, *, read_only: bool = False) -> Lease:
         """Lease a pooled connection for one transaction (READ ONLY when asked).
 
-        A connection idle in the pool for more than a second is checked first (one empty
-        query): the server may have ended it meanwhile (idle_session_timeout,
-        pg_terminate_backend, a restarted proxy), and a dead one is discarded and another
-        taken, so a run that pauses between chunks does not fail on it. A connection
-        reused at once (the chunk hot path) is not checked.
+        The pool checks each connection at checkout without a round trip
+        (`check_idle_connection`): one whose backend the server ended while it sat idle
+        (idle_session_timeout, pg_terminate_backend, a restart) is discarded and another
+        taken, so a run that pauses between chunks does not fail on it.
 
         Raises:
             Unavailable: no connection within the acquire timeout, or the server is down.
         """
-        for _ in range(self._config.pool_size + 1):
-            try:
-                conn: Connection = self._pool.getconn(
-                    timeout=self._config.acquire_timeout.total_seconds()
-                )
-            except psycopg_pool.PoolTimeout:
-                raise Unavailable() from None
-            except psycopg.Error as error:
-                raise Unavailable(sqlstate=_sqlstate.sqlstate_of(error)) from None
-            returned_at = self._returned_at.pop(id(conn), None)
-            if returned_at is not None and time.monotonic() - returned_at >= CHECK_IDLE_AFTER_S:
-                try:
-                    psycopg_pool.ConnectionPool.check_connection(conn)
-                except psycopg.Error:
-                    self._release(conn, discard=True)
-                    continue
-            if read_only:
-                conn.read_only = True
-            return Lease(self, conn, read_only=read_only)
-        raise Unavailable()
+        conn: Connection | None
+        try:
+            conn = self._pool.getconn(timeout=self._config.acquire_timeout.total_seconds())
+        except psycopg_pool.PoolTimeout:
+            conn = None
+        except psycopg.Error as error:
+            raise Unavailable(sqlstate=_sqlstate.sqlstate_of(error)) from None
+        if conn is None:
+            # Why could the pool not connect? A permanent refusal (the password was changed,
+            # the database dropped) is reported as itself; anything else stays Unavailable.
+            probe_connection(self._config, self._ca_file)
+            raise Unavailable()
+        if read_only:
+            conn.read_only = True
+        return Lease(self, conn, read_only=read_only)
 
     @contextmanager
     def read_only(self, *, schema_probe: bool = False) -> Iterator[Connection]:
@@ -223,18 +226,11 @@ class TransactionSource:
         Raises:
             Unavailable: the server cannot be reached (details redacted).
         """
-        try:
-            return psycopg.connect(
-                **connection_kwargs(self._config, self._ca_file), autocommit=True
-            )
-        except psycopg.Error as error:
-            raise Unavailable(sqlstate=_sqlstate.sqlstate_of(error)) from None
+        return connect_or_raise(connection_kwargs(self._config, self._ca_file), autocommit=True)
 
     def _release(self, conn: Connection, *, discard: bool) -> None:
         if discard and not conn.closed:
             conn.close()
-        if not conn.closed:
-            self._returned_at[id(conn)] = time.monotonic()
         self._pool.putconn(conn)
 
     def close(self, timeout_seconds: float) -> None:

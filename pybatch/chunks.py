@@ -23,6 +23,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from pybatch import _sqlstate
+from pybatch._connect import check_idle_connection
 from pybatch._statements import Connection
 from pybatch._transaction import CommitErrors, Lease
 from pybatch.codecs.chunks import (
@@ -303,7 +304,7 @@ class ChunkTransactionManager:
         held = self._held
         if held is not None and held.is_open:
             busy = self._held_by is not None and self._held_by.is_open
-            if not busy:
+            if not busy and _still_alive(held):
                 return held, True
         try:
             lease = self.repository.transactions.lease()
@@ -409,3 +410,20 @@ class ChunkTransactionManager:
         return InheritedProgress(
             read_count=state.counts.read, checkpoint_digest=digest, fault_state=state.fault_state
         )
+
+
+def _still_alive(held: Lease) -> bool:
+    """The held connection passes the pool's checkout check (no round trip); else drop it.
+
+    A held connection never goes back through the pool between chunks, so a backend ended
+    while it sat idle would fail the next chunk; it is discarded and a fresh one leased.
+    """
+    conn = held.connection
+    if conn is None:
+        return False
+    try:
+        check_idle_connection(conn)
+    except psycopg.Error:
+        held.discard()
+        return False
+    return True

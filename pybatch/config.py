@@ -10,7 +10,6 @@ from __future__ import annotations
 import enum
 import math
 import os
-import re
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -20,11 +19,14 @@ import psycopg.conninfo
 
 from pybatch.errors import (
     AcquireExceedsClose,
+    CaCertificateNotBytes,
     CaCertificateTooLarge,
+    CaCertificateWithoutVerification,
     EmptyCaCertificate,
     EmptyConnectionString,
     EnvironmentValueInvalid,
     InvalidConnectionString,
+    InvalidTlsMode,
     LockExceedsStatement,
     PoolSize,
     TimeoutOutOfBounds,
@@ -32,7 +34,7 @@ from pybatch.errors import (
     UnitOfWorkAttempts,
 )
 
-__all__ = ["CaCertificate", "ConnectionConfig", "TlsMode"]
+__all__ = ["CaCertificate", "ConnectionConfig", "ConnectionKwargs", "Secret", "TlsMode"]
 
 APPLICATION_NAME = "pybatch"
 MAX_CA_BYTES = 1024 * 1024
@@ -66,9 +68,11 @@ class TlsMode(enum.Enum):
 class CaCertificate:
     """A PEM CA bundle (1 byte to 1 MiB); its contents never print."""
 
-    pem: bytes = attrs.field(validator=attrs.validators.instance_of(bytes))
+    pem: bytes
 
     def __attrs_post_init__(self) -> None:
+        if not isinstance(self.pem, bytes):
+            raise CaCertificateNotBytes()
         if not self.pem:
             raise EmptyCaCertificate()
         if len(self.pem) > MAX_CA_BYTES:
@@ -95,31 +99,108 @@ _TIMEOUT_BOUNDS: tuple[tuple[str, str, timedelta, timedelta], ...] = (
 )
 
 
-# A key in `key=value` conninfo or in a URI query string; used to spot TLS keys in any
-# letter case before libpq (whose keys are case-sensitive) gets to refuse them as unknown.
-_KEY_PATTERN = re.compile(r"(?:^|[\s?&])([A-Za-z_][A-Za-z0-9_-]*)\s*=")
+def _port_is_valid(port: str) -> bool:
+    """One TCP port, or libpq's comma-separated list for several hosts; ASCII digits only."""
+    return all(
+        item.isascii() and item.isdigit() and 1 <= int(item) <= 65535 for item in port.split(",")
+    )
 
 
 def _parse_dsn(dsn: str) -> dict[str, str]:
-    """Parse and police the DSN; errors never quote it."""
+    """Parse the DSN with libpq's own parser and police the result; errors never quote it.
+
+    libpq (through `psycopg.conninfo`) tokenizes the DSN, so a password or an `options`
+    value that merely contains `ssl...=` is data, not a TLS option. A parse failure is
+    raised outside the `except` block, so the driver's message (which quotes the DSN)
+    is neither the cause nor the context of the pybatch error.
+    """
     if not dsn or not dsn.strip():
         raise EmptyConnectionString()
-    for key in _KEY_PATTERN.findall(dsn):
-        lowered = key.lower()
-        if lowered.startswith("ssl") or lowered in _TLS_KEYS:
-            raise TlsOptionInConnectionString()
+    if "\x00" in dsn:
+        # libpq reads a C string: everything after a NUL (dbname, password) would vanish.
+        raise InvalidConnectionString(reason="it contains a NUL character")
+    try:
+        dsn.encode("utf-8")
+    except UnicodeEncodeError:
+        unencodable = True
+    else:
+        unencodable = False
+    if unencodable:
+        raise InvalidConnectionString(reason="it is not valid UTF-8")
+    parsed: dict[str, Any] | None
     try:
         parsed = psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.Error:
-        raise InvalidConnectionString(reason="it cannot be parsed") from None
-    keys = {key.lower(): key for key in parsed}
-    for lowered in keys:
-        if lowered.startswith("ssl") or lowered in _TLS_KEYS:
+        parsed = None
+    if parsed is None:
+        raise InvalidConnectionString(
+            reason="libpq cannot parse it (unknown or misspelt key, bad quoting or bad URI)"
+        )
+    for key in parsed:
+        if key.startswith("ssl") or key in _TLS_KEYS:
             raise TlsOptionInConnectionString()
-    for lowered in keys:
-        if lowered not in _ALLOWED_KEYS:
-            raise InvalidConnectionString(reason=f"key {lowered!r} is not allowed")
-    return {key.lower(): str(value) for key, value in parsed.items() if value is not None}
+    for key in parsed:
+        if key not in _ALLOWED_KEYS:
+            raise InvalidConnectionString(reason=f"key {key!r} is not allowed")
+    result = {key: str(value) for key, value in parsed.items() if value is not None}
+    if "port" in result and not _port_is_valid(result["port"]):
+        raise InvalidConnectionString(reason="port must be from 1 to 65535")
+    return result
+
+
+class Secret:
+    """A string that never prints, pickles or compares by identity (the DSN).
+
+    `reveal()` is the one way to read it; repr, str and format show `<redacted>`.
+    """
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        """The secret itself, for libpq only."""
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('<redacted>')"
+
+    def __str__(self) -> str:
+        return "<redacted>"
+
+    def __format__(self, spec: str) -> str:
+        return "<redacted>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        raise TypeError("a pybatch Secret cannot be pickled; pass the DSN through the environment")
+
+
+class ConnectionKwargs(dict[str, Any]):
+    """Keyword arguments for `psycopg.connect`: they hold the password, so they never print."""
+
+    def __repr__(self) -> str:
+        return f"ConnectionKwargs(keys={sorted(self)!r}, values=<redacted>)"
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        raise TypeError("connection keyword arguments hold a secret and cannot be pickled")
+
+
+def _to_secret(value: object) -> Secret:
+    """Attrs converter for the DSN: a str (or Secret) only; the refusal never echoes it."""
+    if isinstance(value, Secret):
+        return value
+    if not isinstance(value, str):
+        raise InvalidConnectionString(reason=f"it must be a str, not {type(value).__name__}")
+    return Secret(value)
 
 
 @attrs.frozen(kw_only=True, repr=False)
@@ -130,7 +211,7 @@ class ConnectionConfig:
     configuration again.
     """
 
-    dsn: str = attrs.field(validator=attrs.validators.instance_of(str))
+    dsn: Secret = attrs.field(converter=_to_secret)
     tls_mode: TlsMode = TlsMode.VERIFY_FULL
     ca_certificate: CaCertificate | None = None
     pool_size: int = 10
@@ -145,7 +226,7 @@ class ConnectionConfig:
     unit_of_work_attempts: int = 3
 
     def __attrs_post_init__(self) -> None:
-        _parse_dsn(self.dsn)
+        _parse_dsn(self.dsn.reveal())
         if type(self.pool_size) is not int or not 1 <= self.pool_size <= 1024:
             raise PoolSize()
         for name, label, low, high in _TIMEOUT_BOUNDS:
@@ -159,9 +240,11 @@ class ConnectionConfig:
         if type(self.unit_of_work_attempts) is not int or not 1 <= self.unit_of_work_attempts <= 10:
             raise UnitOfWorkAttempts()
         if not isinstance(self.tls_mode, TlsMode):
-            raise TypeError("tls_mode must be a TlsMode")
+            raise InvalidTlsMode()
+        if self.ca_certificate is not None and not isinstance(self.ca_certificate, CaCertificate):
+            raise CaCertificateNotBytes()
         if self.ca_certificate is not None and self.tls_mode is not TlsMode.VERIFY_FULL:
-            raise TypeError("a CA certificate applies only to TlsMode.VERIFY_FULL")
+            raise CaCertificateWithoutVerification()
 
     def __repr__(self) -> str:
         fields = ", ".join(
@@ -194,8 +277,11 @@ class ConnectionConfig:
 
     def connection_kwargs(
         self, *, ca_file: str | None = None, statement_timeout: bool = True
-    ) -> dict[str, Any]:
+    ) -> ConnectionKwargs:
         """Keyword arguments for `psycopg.connect`, with pybatch's TLS and session settings forced.
+
+        They hold the password in clear (libpq needs it), in a dict whose repr is redacted
+        and which refuses to pickle; hand them to `psycopg.connect` and nowhere else.
 
         Explicit parameters win over libpq environment variables, so PGSSLMODE and
         friends cannot weaken the configured mode. Every connection starts with UTC and the
@@ -205,7 +291,7 @@ class ConnectionConfig:
         migrations may be long). This is the only place settings are applied
         (docs/architecture.md, "Transactions").
         """
-        params: dict[str, Any] = _parse_dsn(self.dsn)
+        params = ConnectionKwargs(_parse_dsn(self.dsn.reveal()))
         startup = (
             f"-c lock_timeout={self.lock_timeout_ms}"
             f" -c idle_in_transaction_session_timeout={self.idle_transaction_timeout_ms}"
@@ -273,7 +359,8 @@ class ConnectionConfig:
 
 
 def _env_int(env: Mapping[str, str], variable: str) -> int:
-    try:
-        return int(env[variable])
-    except ValueError:
-        raise EnvironmentValueInvalid(variable=variable, expected="integer") from None
+    """ASCII digits only: `int()` would also read ' 1_0 ' as 10 and Arabic-Indic digits."""
+    text = env[variable]
+    if not (text.isascii() and text.isdigit()):
+        raise EnvironmentValueInvalid(variable=variable, expected="integer (ASCII digits)")
+    return int(text)

@@ -450,6 +450,49 @@ class UnitOfWorkClosed(RepositoryError):
     message = "the unit of work is closed"
 
 
+@_error
+class AuthenticationFailed(Unavailable):
+    """The server refused the role or its password (28P01, 28000); retrying cannot help."""
+
+    message = "the server refused the credentials"
+
+
+@_error
+class DatabaseNotFound(Unavailable):
+    """The database named in the connection string does not exist (3D000)."""
+
+    message = "the database named in the connection string does not exist"
+
+
+@_error
+class TlsVerificationFailed(Unavailable):
+    """The server's certificate failed verification, or the server offers no TLS."""
+
+    message = "the server's TLS certificate could not be verified"
+
+
+@_error
+class PermissionDenied(RepositoryError):
+    """The role lacks a privilege the operation needs (42501); nothing was written."""
+
+    message = (
+        "permission denied: the role lacks a privilege this operation needs (SQLSTATE {sqlstate})"
+    )
+    sqlstate: str = "42501"
+
+
+@_error
+class RepositoryDomainError(RepositoryError):
+    """A domain value refused inside a repository call; the DomainError is `error` and the cause.
+
+    The contract's `RepositoryError.Domain(DomainError)`: `except RepositoryError` sees
+    every failure of a repository call.
+    """
+
+    message = "invalid repository domain value: {error}"
+    error: DomainError
+
+
 # ---------------------------------------------------------------------------- DomainError (7.2)
 
 
@@ -599,38 +642,19 @@ class TextNotUtf8(DomainError):
 
 
 @_error
+class TextContainsNul(DomainError):
+    """A text value contains U+0000, which PostgreSQL text and jsonb cannot store."""
+
+    message = "{kind} contains a NUL character"
+    kind: str
+
+
+@_error
 class PartitionContextTooLarge(DomainError):
     """A partition context envelope exceeds its bound (the contract's ContextTooLarge)."""
 
     message = "partition context exceeds {max_bytes} bytes"
     max_bytes: int
-
-
-# behaviour.md 7.1 `Domain(DomainError)`: raised through a repository call, a DomainError is a
-# RepositoryError too. It keeps its own class, fields and message (and its cause).
-_REPOSITORY_DOMAIN_CLASSES: dict[type[DomainError], type[DomainError]] = {}
-
-
-def _rebuild_domain(cls: type[DomainError], fields: dict[str, Any]) -> PyBatchError:
-    return repository_domain_error(cls(**fields))
-
-
-def repository_domain_error(error: DomainError) -> DomainError:
-    """The same domain error as an instance of a subclass of its class and RepositoryError."""
-    if isinstance(error, RepositoryError):
-        return error
-    cls = type(error)
-    wrapper = _REPOSITORY_DOMAIN_CLASSES.get(cls)
-    if wrapper is None:
-
-        def reduce(self: PyBatchError) -> tuple[Any, ...]:
-            return (_rebuild_domain, (cls, attrs.asdict(self, recurse=False)))
-
-        wrapper = attrs.define(frozen=True, slots=False, kw_only=True, eq=False)(
-            type(cls.__name__, (cls, RepositoryError), {"__reduce__": reduce})
-        )
-        _REPOSITORY_DOMAIN_CLASSES[cls] = wrapper
-    return wrapper(**attrs.asdict(error, recurse=False))
 
 
 # -------------------------------------------------------------------- LifecycleError (7.2, 3.2)
@@ -1023,6 +1047,49 @@ class RecoveryFieldInvalid(RecoveryRequestError):
     rule: str
 
 
+# The contract's RecoveryRequestError variants (behaviour.md 7.2); each is a RecoveryFieldInvalid.
+
+
+@_error
+class RecoveryRequestEmpty(RecoveryFieldInvalid):
+    """A recovery text field is empty."""
+
+    message = "recovery {field} is empty"
+    rule: str = "empty"
+
+
+@_error
+class RecoveryRequestTooLong(RecoveryFieldInvalid):
+    """A recovery text field exceeds its byte bound."""
+
+    message = "recovery {field} exceeds {max_bytes} bytes"
+    max_bytes: int
+    rule: str = "too long"
+
+
+@_error
+class RecoveryRequestSurroundingWhitespace(RecoveryFieldInvalid):
+    """A recovery text field starts or ends with white space."""
+
+    message = "recovery {field} has surrounding whitespace"
+    rule: str = "surrounding whitespace"
+
+
+@_error
+class RecoveryRequestControlCharacter(RecoveryFieldInvalid):
+    """A recovery text field contains a control character."""
+
+    message = "recovery {field} contains a control character"
+    rule: str = "control character"
+
+
+@_error
+class RecoveryEvidenceDigestInvalid(RecoveryRequestError):
+    """The evidence digest is not 32 bytes."""
+
+    message = "recovery evidence digest must be 32 bytes"
+
+
 # ---------------------------------------------------------------------- RequestFieldError (7.2)
 
 
@@ -1200,6 +1267,16 @@ class Cancelled(BusinessTransactionError):
 
 
 @_error
+class LockTimeout(BusinessTransactionError):
+    """A business statement waited longer than lock_timeout for a lock (55P03).
+
+    The connection is healthy and kept; the chunk's transaction can only roll back.
+    """
+
+    message = "business statement timed out waiting for a lock (SQLSTATE 55P03)"
+
+
+@_error
 class Infrastructure(BusinessTransactionError):
     """A business statement failed for an infrastructure reason; the connection was discarded."""
 
@@ -1296,6 +1373,27 @@ class EnvironmentValueInvalid(ConfigError):
     message = "environment variable {variable} is not a valid {expected}"
     variable: str
     expected: str
+
+
+@_error
+class InvalidTlsMode(ConfigError):
+    """tls_mode is not a TlsMode member."""
+
+    message = "TLS mode must be a TlsMode (VERIFY_FULL or PLAINTEXT)"
+
+
+@_error
+class CaCertificateNotBytes(ConfigError):
+    """The CA bundle was not given as PEM bytes in a CaCertificate."""
+
+    message = "CA certificate must be a CaCertificate holding PEM bytes"
+
+
+@_error
+class CaCertificateWithoutVerification(ConfigError):
+    """A CA bundle only applies to verified TLS."""
+
+    message = "a CA certificate applies only to TlsMode.VERIFY_FULL"
 
 
 @_error
@@ -1462,9 +1560,12 @@ __all__ = [
     "AcquireExceedsClose",
     "ActiveExecutionHasEndTime",
     "AgeBoundTooSmall",
+    "AuthenticationFailed",
     "BatchBoundOutOfRange",
     "BusinessTransactionError",
+    "CaCertificateNotBytes",
     "CaCertificateTooLarge",
+    "CaCertificateWithoutVerification",
     "Cancelled",
     "CapacityExhausted",
     "ChunkCommitOutcomeUnknown",
@@ -1478,6 +1579,7 @@ __all__ = [
     "CursorError",
     "CursorInvalid",
     "CursorQueryMismatch",
+    "DatabaseNotFound",
     "DefinitionDrift",
     "DefinitionError",
     "DefinitionJobMismatch",
@@ -1530,6 +1632,7 @@ __all__ = [
     "InvalidStateByteLimit",
     "InvalidStateDepthLimit",
     "InvalidTimestampOrder",
+    "InvalidTlsMode",
     "InvalidTransitionTime",
     "JobExecutionNotFound",
     "JobInstanceNotFound",
@@ -1537,6 +1640,7 @@ __all__ = [
     "JsonNotEncodable",
     "LifecycleError",
     "LockExceedsStatement",
+    "LockTimeout",
     "ManifestInvalid",
     "ManifestTooLarge",
     "MigrationChecksumMismatch",
@@ -1570,13 +1674,20 @@ __all__ = [
     "PartitionWorkerMismatch",
     "PartitionWorkerStale",
     "PartitionsFailed",
+    "PermissionDenied",
     "PlanError",
     "PoolSize",
     "PyBatchError",
+    "RecoveryEvidenceDigestInvalid",
     "RecoveryFieldInvalid",
     "RecoveryNotAllowed",
+    "RecoveryRequestControlCharacter",
+    "RecoveryRequestEmpty",
     "RecoveryRequestError",
+    "RecoveryRequestSurroundingWhitespace",
+    "RecoveryRequestTooLong",
     "Rejected",
+    "RepositoryDomainError",
     "RepositoryError",
     "RequestFieldEmpty",
     "RequestFieldError",
@@ -1606,9 +1717,11 @@ __all__ = [
     "StepExecutionNotFound",
     "StepPartitionNotFound",
     "StopRequested",
+    "TextContainsNul",
     "TextNotUtf8",
     "TimeoutOutOfBounds",
     "TlsOptionInConnectionString",
+    "TlsVerificationFailed",
     "TokenContainsControl",
     "TokenHasSurroundingWhitespace",
     "TokenTooLong",

@@ -48,6 +48,7 @@ from pybatch.errors import (
     NotCommitted,
     PartitionsFailed,
     PyBatchError,
+    StatePayloadNotObject,
     StepExecutionNotFound,
     StopRequested,
 )
@@ -85,6 +86,9 @@ _EXIT_CODES = {
 
 
 def _state(cls: type[Checkpoint] | type[ExecutionContext], payload: Mapping[str, Any]) -> Any:
+    """Build the envelope before any chunk statement runs; a non-mapping is refused typed."""
+    if not isinstance(payload, Mapping):
+        raise StatePayloadNotObject()
     return cls(ETL_STATE_SCHEMA, 1, dict(payload), limits=StateLimits.STEP)
 
 

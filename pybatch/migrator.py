@@ -10,8 +10,9 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import psycopg
@@ -30,6 +31,8 @@ from pybatch.errors import (
     PyBatchError,
     Unavailable,
 )
+
+_T = TypeVar("_T")
 
 __all__ = [
     "Migration",
@@ -93,21 +96,41 @@ def _read_version(conn: psycopg.Connection[Any]) -> int | None:
             version = load_statements().read_schema_version.scalar(conn)
     except psycopg.Error as error:
         mapped = _sqlstate.translate(error, schema_probe=True)
-        if mapped.__class__.__name__ == "SchemaUninitialized":
+    else:
+        if version is None:
             return None
-        raise mapped from None
-    if version is None:
+        try:
+            return decode_int64(version, column="version", minimum=0)
+        except DecodeError:
+            raise Unavailable() from None
+    if mapped.__class__.__name__ == "SchemaUninitialized":
         return None
+    raise mapped
+
+
+def _driver_errors_mapped(operation: Callable[[], _T]) -> _T:
+    """Run a migrator operation; every driver error leaves as a redacted pybatch error.
+
+    42501 (the role lacks a privilege) is PermissionDenied; anything else is Unavailable
+    with its SQLSTATE. Raised after the `except` block, so the driver's message is neither
+    the cause nor the context.
+    """
+    mapped: PyBatchError | None = None
     try:
-        return decode_int64(version, column="version", minimum=0)
-    except DecodeError:
-        raise Unavailable() from None
+        return operation()
+    except psycopg.Error as error:
+        mapped = _sqlstate.translate(error)
+    raise mapped
 
 
 def installed_schema_version(config: ConnectionConfig) -> int | None:
     """Read the installed schema version: no lock, no DDL, fine for a read-only role."""
-    with open_connection(config, autocommit=True) as conn:
-        return _read_version(conn)
+
+    def read() -> int | None:
+        with open_connection(config, autocommit=True) as conn:
+            return _read_version(conn)
+
+    return _driver_errors_mapped(read)
 
 
 def _lock_migrations(conn: psycopg.Connection[Any]) -> None:
@@ -169,43 +192,51 @@ def _pending(installed: int | None, shipped: list[Migration]) -> list[Migration]
 def pending_migrations(config: ConnectionConfig) -> list[Migration]:
     """The files `migrate` would apply now, after the same refusals (read-only)."""
     shipped = shipped_migrations()
-    with open_connection(config, autocommit=True) as conn:
-        installed = _read_version(conn)
-        pending = _pending(installed, shipped)
-        _verify_history(conn, installed, shipped)
-        return pending
+
+    def read() -> list[Migration]:
+        with open_connection(config, autocommit=True) as conn:
+            installed = _read_version(conn)
+            pending = _pending(installed, shipped)
+            _verify_history(conn, installed, shipped)
+            return pending
+
+    return _driver_errors_mapped(read)
 
 
 def migration_sql(config: ConnectionConfig) -> str:
     """The exact SQL `migrate` would run now, for a DBA to review or apply by hand."""
     statements = load_statements()
     pending = pending_migrations(config)
-    with open_connection(config, autocommit=True) as conn:
-        cursor = psycopg.ClientCursor(conn)
-        parts = [cursor.mogrify(statements.create_pybatch_schema.query) + "\n"]
-        for migration in pending:
-            bookkeeping = [
-                cursor.mogrify(
-                    statements.insert_schema_migration.query,
-                    {
-                        "version": migration.version,
-                        "name": migration.name,
-                        "checksum": migration.checksum,
-                        "execution_ms": 0,
-                    },
-                ),
-                cursor.mogrify(
-                    statements.update_schema_version.query, {"version": migration.version}
-                ),
-            ]
-            parts.append(
-                "BEGIN ISOLATION LEVEL READ COMMITTED;\n"
-                + migration.text()
-                + "\n"
-                + "\n".join(bookkeeping)
-                + "\nCOMMIT;\n"
-            )
-    return "\n".join(parts)
+
+    def render() -> list[str]:
+        with open_connection(config, autocommit=True) as conn:
+            cursor = psycopg.ClientCursor(conn)
+            parts = [cursor.mogrify(statements.create_pybatch_schema.query) + "\n"]
+            for migration in pending:
+                bookkeeping = [
+                    cursor.mogrify(
+                        statements.insert_schema_migration.query,
+                        {
+                            "version": migration.version,
+                            "name": migration.name,
+                            "checksum": migration.checksum,
+                            "execution_ms": 0,
+                        },
+                    ),
+                    cursor.mogrify(
+                        statements.update_schema_version.query, {"version": migration.version}
+                    ),
+                ]
+                parts.append(
+                    "BEGIN ISOLATION LEVEL READ COMMITTED;\n"
+                    + migration.text()
+                    + "\n"
+                    + "\n".join(bookkeeping)
+                    + "\nCOMMIT;\n"
+                )
+        return parts
+
+    return "\n".join(_driver_errors_mapped(render))
 
 
 def _apply(conn: psycopg.Connection[Any], migration: Migration) -> None:
@@ -235,10 +266,11 @@ def migrate(config: ConnectionConfig, *, dry_run: bool = False) -> list[Migratio
     anything runs.
     """
     shipped = shipped_migrations()
-    statements = load_statements()
-    applied: list[Migration] = []
-    with open_connection(config, autocommit=True) as conn:
-        try:
+
+    def run() -> list[Migration]:
+        statements = load_statements()
+        applied: list[Migration] = []
+        with open_connection(config, autocommit=True) as conn:
             while True:
                 with conn.transaction():
                     _lock_migrations(conn)
@@ -256,7 +288,5 @@ def migrate(config: ConnectionConfig, *, dry_run: bool = False) -> list[Migratio
             if final != shipped[-1].version:
                 raise MigrationHistoryInvalid(version=final or 0)
             return applied
-        except PyBatchError:
-            raise
-        except psycopg.Error as error:
-            raise Unavailable(sqlstate=_sqlstate.sqlstate_of(error)) from None
+
+    return _driver_errors_mapped(run)

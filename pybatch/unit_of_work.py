@@ -32,11 +32,11 @@ from pybatch.errors import (
     DuplicatePartitionKey,
     PartitionPlanExists,
     PyBatchError,
+    RepositoryDomainError,
     RetryableConflict,
     TransactionAborted,
     Unavailable,
     UnitOfWorkClosed,
-    repository_domain_error,
 )
 from pybatch.repository import (
     definitions,
@@ -198,8 +198,8 @@ class UnitOfWorkBase(CapabilityDefaults):
             else:
                 with conn.transaction():
                     yield conn
-        except DomainError as error:  # a RepositoryError too once it crosses a repository call
-            raise repository_domain_error(error) from error
+        except DomainError as error:
+            raise RepositoryDomainError(error=error) from error
         except PyBatchError as error:
             if isinstance(error, RetryableConflict | Unavailable) and conn.broken:
                 self._poisoned = error

@@ -6,17 +6,40 @@ which runs initdb/pg_ctl as the postgres user when the tests run as root.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, settings
 from pytest_postgresql import factories
 
 from pybatch import ConnectionConfig, JobRepository, TlsMode, migrate
 from tests.support import pg_harness
 from tests.support.clock import ManualClock
+
+# Property-based tests are deterministic by default (the same examples on every run and in
+# CI, bounded so the suite stays fast, no example database written into the tree).
+# HYPOTHESIS_PROFILE=explore searches with fresh random examples, many more of them.
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    max_examples=60,
+    deadline=None,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+settings.register_profile(
+    "explore",
+    max_examples=2000,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's tmpdir plugin reads --basetemp

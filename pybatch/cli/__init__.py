@@ -12,12 +12,17 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+import psycopg
+
+from pybatch import _sqlstate
 from pybatch.cli import demo, explore, operator, retention, schema, sql, worker
 from pybatch.errors import (
+    AuthenticationFailed,
     ChunkCommitOutcomeUnknown,
     CommitOutcomeUnknown,
     ConfigError,
     CursorError,
+    DatabaseNotFound,
     ExplorerAgeBoundTooSmall,
     ExplorerRepositoryError,
     ExplorerTimeout,
@@ -25,12 +30,14 @@ from pybatch.errors import (
     JobInstanceNotFound,
     OperationOutcomeUnknown,
     PageSizeOutOfRange,
+    PermissionDenied,
     PyBatchError,
     RequestFieldError,
     RetentionError,
     RetentionPlanStale,
     StepExecutionNotFound,
     StepPartitionNotFound,
+    TlsVerificationFailed,
     Unavailable,
     UnknownStatement,
 )
@@ -56,6 +63,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_CONFIGURATION = 2
+EXIT_UNAVAILABLE = 3
+EXIT_NOT_FOUND = 4
+EXIT_OUTCOME_UNKNOWN = 5
+EXIT_PERMISSION_DENIED = 6
+
+_NOT_FOUND = (
+    JobInstanceNotFound,
+    JobExecutionNotFound,
+    StepExecutionNotFound,
+    StepPartitionNotFound,
+    UnknownStatement,
+)
+
+
 def exit_code_for(error: BaseException) -> int:
     """One table from error family to exit code (docs/operators.md)."""
     if isinstance(error, ExplorerRepositoryError):
@@ -63,44 +87,41 @@ def exit_code_for(error: BaseException) -> int:
     if isinstance(
         error, CommitOutcomeUnknown | ChunkCommitOutcomeUnknown | OperationOutcomeUnknown
     ):
-        return 5
-    if isinstance(
-        error,
-        JobInstanceNotFound
-        | JobExecutionNotFound
-        | StepExecutionNotFound
-        | StepPartitionNotFound
-        | UnknownStatement,
-    ):
-        return 4
+        return EXIT_OUTCOME_UNKNOWN
+    if isinstance(error, PermissionDenied | AuthenticationFailed):
+        return EXIT_PERMISSION_DENIED
+    if isinstance(error, _NOT_FOUND):
+        return EXIT_NOT_FOUND
+    if isinstance(error, ConfigError | DatabaseNotFound | TlsVerificationFailed):
+        return EXIT_CONFIGURATION
     if isinstance(error, Unavailable):
-        return 6 if error.sqlstate in _PERMISSION_DENIED else 3
+        return EXIT_PERMISSION_DENIED if error.sqlstate in _PERMISSION_DENIED else EXIT_UNAVAILABLE
     if isinstance(error, ExplorerTimeout):
-        return 3
+        return EXIT_UNAVAILABLE
     if isinstance(error, RetentionError) and not isinstance(error, RetentionPlanStale):
-        return 2
+        return EXIT_CONFIGURATION
     if isinstance(
-        error,
-        ConfigError
-        | PageSizeOutOfRange
-        | CursorError
-        | ExplorerAgeBoundTooSmall
-        | RequestFieldError,
+        error, PageSizeOutOfRange | CursorError | ExplorerAgeBoundTooSmall | RequestFieldError
     ):
-        return 2
-    return 1
+        return EXIT_CONFIGURATION
+    return EXIT_REFUSED
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; errors print as one redacted line on stderr."""
+    """Run one command; every failure prints as one redacted line on stderr."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    failure: PyBatchError | None = None
     try:
         result: int = args.handler(args)
     except PyBatchError as error:
-        print(f"pybatch: {type(error).__name__}: {error}", file=sys.stderr)
-        return exit_code_for(error)
-    return result
+        failure = error
+    except psycopg.Error as error:  # a path that missed its mapping: still one line
+        failure = _sqlstate.translate(error)
+    if failure is None:
+        return result
+    print(f"pybatch: {type(failure).__name__}: {failure}", file=sys.stderr)
+    return exit_code_for(failure)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -64,7 +64,7 @@ def _has_password(dsn: str) -> bool:
     """Whether a DSN carries a password (a DSN that does not parse is treated as if it did)."""
     try:
         return bool(psycopg.conninfo.conninfo_to_dict(dsn).get("password"))
-    except psycopg.Error:
+    except (psycopg.Error, UnicodeError, ValueError):  # not UTF-8: ConnectionConfig refuses it
         return True
 
 

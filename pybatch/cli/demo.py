@@ -267,7 +267,7 @@ class _Workers:
         self._directory = directory
         self._argv = argv
         self._env = {k: v for k, v in os.environ.items() if not k.startswith("PYBATCH_")}
-        self._env["PYBATCH_DSN"] = config.dsn  # the environment, never the command line
+        self._env["PYBATCH_DSN"] = config.dsn.reveal()  # the environment, never the command line
         self._env["PYBATCH_TLS"] = config.tls_mode.value
         self._running: list[subprocess.Popen[bytes]] = []
         self._logs: list[IO[bytes]] = []

@@ -7,13 +7,35 @@ payloads and parameter values must never reach a log through a bound parameter's
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from typing import Any
 
-from psycopg.types.json import Jsonb
+import psycopg
+from psycopg.types.json import Jsonb, set_json_loads
 
+from pybatch.codecs._primitives import DecodeError
 from pybatch.values._canonical import canonical_json
 
-__all__ = ["CanonicalJsonb", "to_jsonb"]
+__all__ = ["CanonicalJsonb", "install_strict_json_loads", "to_jsonb"]
+
+
+def _strict_loads(data: str | bytes) -> Any:
+    """json.loads whose failures (a 5,000-digit number, nesting too deep) are DecodeErrors.
+
+    jsonb holds numbers Python cannot read back (more digits than
+    sys.get_int_max_str_digits()); such a row is corrupt durable state, which fails closed
+    as Unavailable instead of escaping as a raw ValueError.
+    """
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        raise DecodeError("jsonb") from None
+
+
+def install_strict_json_loads(conn: psycopg.Connection[Any]) -> None:
+    """Read json and jsonb columns on `conn` with `_strict_loads`."""
+    set_json_loads(_strict_loads, conn)
 
 
 class CanonicalJsonb(Jsonb):

@@ -13,7 +13,11 @@ from collections.abc import Mapping
 
 from pybatch.errors import JsonNotEncodable
 
-__all__ = ["canonical_json", "numeric_text", "sha256"]
+__all__ = ["MAX_NUMBER_DIGITS", "canonical_json", "numeric_text", "sha256"]
+
+#: Most digits a JSON number may have: Python's default int/str conversion limit, so a number
+#: written to jsonb can always be read back (json.loads refuses longer integers).
+MAX_NUMBER_DIGITS = 4300
 
 
 def canonical_json(value: object) -> bytes:
@@ -26,8 +30,9 @@ def canonical_json(value: object) -> bytes:
     same bytes before it is written to `jsonb` and after it is read back (schema.md 3.5).
 
     Raises:
-        JsonNotEncodable: NaN or infinity, a non-string key, a value that is not JSON, text
-            that is not UTF-8 encodable, or nesting too deep to encode.
+        JsonNotEncodable: NaN or infinity, a number of more than 4,300 digits, a non-string
+            key, a value that is not JSON, text that is not UTF-8 encodable or holds a NUL
+            (PostgreSQL text and jsonb cannot store U+0000), or nesting too deep to encode.
     """
     parts: list[str] = []
     try:
@@ -64,17 +69,26 @@ def _write(value: object, parts: list[str]) -> None:
     elif value is False:
         parts.append("false")
     elif isinstance(value, int):
+        if value.bit_length() > _MAX_INT_BITS:
+            raise JsonNotEncodable(reason=f"a number has more than {MAX_NUMBER_DIGITS} digits")
         try:
-            parts.append(int.__repr__(value))
-        except ValueError:  # above sys.get_int_max_str_digits()
+            text = int.__repr__(value)
+        except ValueError:  # above a lowered sys.get_int_max_str_digits()
             raise JsonNotEncodable(reason="integer too large") from None
+        if value.bit_length() > _SHORT_INT_BITS:
+            _check_digits(text)
+        parts.append(text)
     elif isinstance(value, float):
         if not math.isfinite(value):
             raise JsonNotEncodable(reason="NaN or infinity")
-        parts.append(numeric_text(value))
+        parts.append(numeric_text(value))  # at most ~330 digits
     elif isinstance(value, decimal.Decimal):
-        parts.append(numeric_text(value))
+        if value.is_finite() and value.adjusted() > MAX_NUMBER_DIGITS:
+            raise JsonNotEncodable(reason=f"a number has more than {MAX_NUMBER_DIGITS} digits")
+        parts.append(_check_digits(numeric_text(value)))
     elif isinstance(value, str):
+        if "\x00" in value:
+            raise JsonNotEncodable(reason="text contains NUL")
         parts.append(_encode_string(value))
     elif isinstance(value, Mapping):
         _write_object(value, parts)
@@ -89,11 +103,26 @@ def _write(value: object, parts: list[str]) -> None:
         raise JsonNotEncodable(reason="value is not JSON")
 
 
+# An int of more bits has more than MAX_NUMBER_DIGITS digits (checked before formatting it,
+# which would be slow and raise ValueError at sys.get_int_max_str_digits()).
+_MAX_INT_BITS = math.ceil(MAX_NUMBER_DIGITS * math.log2(10)) + 1
+# An int of at most this many bits has fewer than MAX_NUMBER_DIGITS digits: no count needed.
+_SHORT_INT_BITS = math.floor((MAX_NUMBER_DIGITS - 1) * math.log2(10))
+
+
+def _check_digits(text: str) -> str:
+    if sum(character.isdigit() for character in text) > MAX_NUMBER_DIGITS:
+        raise JsonNotEncodable(reason=f"a number has more than {MAX_NUMBER_DIGITS} digits")
+    return text
+
+
 def _write_object(value: Mapping[object, object], parts: list[str]) -> None:
     keys: list[str] = []
     for key in value:
         if not isinstance(key, str):
             raise JsonNotEncodable(reason="object key is not a string")
+        if "\x00" in key:
+            raise JsonNotEncodable(reason="text contains NUL")
         keys.append(key)
     keys.sort()  # code-point order, which equals UTF-8 byte order
     parts.append("{")

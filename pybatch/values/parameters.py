@@ -19,6 +19,7 @@ from pybatch.errors import (
     DuplicateParameter,
     ParameterStringTooLong,
     ParameterValueOutOfRange,
+    TextContainsNul,
     TextNotUtf8,
 )
 from pybatch.values.names import JobName, ParameterName
@@ -116,6 +117,8 @@ class ParameterValue:
                 raise TextNotUtf8(kind="parameter value") from None
             if size > PARAMETER_STRING_MAX_BYTES:
                 raise ParameterStringTooLong(max_bytes=PARAMETER_STRING_MAX_BYTES)
+            if "\x00" in value:  # PostgreSQL text and jsonb cannot store U+0000
+                raise TextContainsNul(kind="parameter value")
         elif kind is ParameterValueKind.BOOL:
             if type(value) is not bool:
                 raise TypeError("a BOOL parameter takes a bool")

@@ -8,7 +8,13 @@ import unicodedata
 
 import attrs
 
-from pybatch.errors import RecoveryFieldInvalid
+from pybatch.errors import (
+    RecoveryEvidenceDigestInvalid,
+    RecoveryRequestControlCharacter,
+    RecoveryRequestEmpty,
+    RecoveryRequestSurroundingWhitespace,
+    RecoveryRequestTooLong,
+)
 from pybatch.values.ids import IdentifierKind, check_version, identifier_validator
 from pybatch.values.names import UNICODE_WHITE_SPACE
 from pybatch.values.records import JobExecution
@@ -45,13 +51,13 @@ def _check_text(field: str, value: str, max_bytes: int) -> None:
     if type(value) is not str:
         raise TypeError(f"{field} is a str")
     if not value:
-        raise RecoveryFieldInvalid(field=field, rule="empty")
+        raise RecoveryRequestEmpty(field=field)
     if len(value.encode("utf-8")) > max_bytes:
-        raise RecoveryFieldInvalid(field=field, rule=f"longer than {max_bytes} bytes")
+        raise RecoveryRequestTooLong(field=field, max_bytes=max_bytes)
     if value[0] in UNICODE_WHITE_SPACE or value[-1] in UNICODE_WHITE_SPACE:
-        raise RecoveryFieldInvalid(field=field, rule="surrounding whitespace")
+        raise RecoveryRequestSurroundingWhitespace(field=field)
     if any(unicodedata.category(character) == "Cc" for character in value):
-        raise RecoveryFieldInvalid(field=field, rule="control character")
+        raise RecoveryRequestControlCharacter(field=field)
 
 
 @attrs.frozen(kw_only=True, repr=False)
@@ -70,7 +76,7 @@ class RecoveryRequest:
         _check_text("reason code", self.reason_code, 64)
         _check_text("operator reference", self.operator_reference, 128)
         if type(self.evidence_digest) is not bytes or len(self.evidence_digest) != 32:
-            raise ValueError("evidence_digest is 32 bytes")
+            raise RecoveryEvidenceDigestInvalid()
         if (self.disposition is RecoveryDisposition.MARK_FAILED) != (self.failure is not None):
             raise ValueError("MARK_FAILED carries a failure summary; ABANDON carries none")
 

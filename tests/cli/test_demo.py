@@ -148,7 +148,7 @@ def test_demo_stops_cleanly_on_a_signal(server_tmpdir: Path, signum: signal.Sign
         for line in process.stdout:  # stop it once the server, the CSV and the table exist
             if line.startswith("  target"):
                 break
-        time.sleep(1.0)  # the worker is loading by now
+        wait_until_loading(server_tmpdir)
         process.send_signal(signum)
         out, err = process.communicate(timeout=60)
     finally:
@@ -159,6 +159,17 @@ def test_demo_stops_cleanly_on_a_signal(server_tmpdir: Path, signum: signal.Sign
     assert f"stopped by {signum.name}" in out
     assert list(server_tmpdir.iterdir()) == []  # no server, CSV or log left behind
     assert processes_mentioning(str(server_tmpdir)) == []  # the worker was stopped too
+
+
+def wait_until_loading(tmpdir: Path, timeout_s: float = 60.0) -> None:
+    """Block until the first worker logs that its step is loading (inside the step's run)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for log in tmpdir.rglob("worker-1.log"):
+            if b"loads from offset" in log.read_bytes():
+                return
+        time.sleep(0.02)
+    raise AssertionError("the demo's worker never started loading")
 
 
 def processes_mentioning(text: str) -> list[int]:

@@ -30,6 +30,7 @@ from pybatch.values.records import JobExecution, StepExecution
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from tests.conftest import plaintext_config
 from tests.support.clock import ManualClock
+from tests.support.race import portable
 
 S = BatchStatus
 DAY = {"business_date": "2026-11-30"}
@@ -438,9 +439,9 @@ def test_recover_orphans_false_never_recovers(
 # --------------------------------------------------------------------------- a killed process
 
 
-def _crash_mid_step(config: ConnectionConfig, queue: Any) -> None:
+def _crash_mid_step(config_fields: dict[str, Any], queue: Any) -> None:
     """Child process: launch, commit one chunk, report, then hang until killed."""
-    with JobRepository.connect(config) as repository:
+    with JobRepository.connect(ConnectionConfig(**config_fields)) as repository:
         run = Job(repository, "load_orders", DAY, lease=SHORT_LEASE).launch()
 
         def work(step: StepRun) -> None:
@@ -458,7 +459,7 @@ def test_killed_process_is_recovered_on_the_next_launch(
 ) -> None:
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
-    child = context.Process(target=_crash_mid_step, args=(pg_config, queue), daemon=True)
+    child = context.Process(target=_crash_mid_step, args=(portable(pg_config), queue), daemon=True)
     child.start()
     try:
         execution_id, step_id = queue.get(timeout=30)

@@ -24,6 +24,8 @@ from pybatch.errors import (
     JobExecutionNotFound,
     JobInstanceNotFound,
     RecoveryNotAllowed,
+    RepositoryDomainError,
+    RepositoryError,
     RestartStateNotFound,
     StaleVersion,
     StartLimitExceeded,
@@ -284,8 +286,12 @@ def test_g7_unknown_execution_and_g9_a_clock_behind_the_start(
 
     clock.set(clock.now() - timedelta(hours=1))
     with repository.begin() as uow:
-        with pytest.raises(InvalidTimestampOrder):
+        with pytest.raises(RepositoryError) as refused:
             uow.recover_job_execution(prior.id, mark_failed(prior.version))
+        # The contract's RepositoryError.Domain: the domain error is carried and is the cause.
+        assert isinstance(refused.value, RepositoryDomainError)
+        assert isinstance(refused.value.error, InvalidTimestampOrder)
+        assert refused.value.__cause__ is refused.value.error
         # Rule 21: nothing is staged and the unit of work is still usable.
         assert uow.get_job_execution(prior.id) == prior
         uow.select_or_create_job_instance(new_key())
@@ -564,7 +570,11 @@ def test_e5_start_limit_counts_every_attempt(
     with repository.begin() as uow:
         assert [step.id for step in uow.step_executions(third.id)] == [other.id]
         # A larger limit lets the node start a third time.
-        assert uow.create_flow_step_execution(third.id, StepName("load"), NODE, StartLimit(3))
+        started = uow.create_flow_step_execution(third.id, StepName("load"), NODE, StartLimit(3))
+        assert (started.job_execution_id, started.logical_id) == (third.id, NODE)
+        assert (started.status, started.version) == (S.STARTING, 0)
+        uow.commit()
+    assert _starts_of_node(admin, instance.id) == 3
 
 
 def _starts_of_node(admin: psycopg.Connection[Any], instance_id: int) -> int:

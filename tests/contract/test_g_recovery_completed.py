@@ -15,6 +15,7 @@ from pybatch.errors import (
     DomainError,
     InvalidTimestampOrder,
     JobExecutionNotFound,
+    RepositoryDomainError,
     RepositoryError,
 )
 from pybatch.etl import Job
@@ -53,11 +54,12 @@ def test_domain_errors_through_a_repository_call_are_repository_errors(
     with repository.begin() as uow, pytest.raises(RepositoryError) as caught:
         uow.recover_job_execution(prior.id, mark_failed(prior.version))
     error = caught.value
-    assert isinstance(error, InvalidTimestampOrder) and isinstance(error, DomainError)
-    assert isinstance(error.__cause__, InvalidTimestampOrder)
-    assert str(error) == str(error.__cause__)
+    # The contract's RepositoryError.Domain(DomainError): the refusal is its field and cause.
+    assert isinstance(error, RepositoryDomainError)
+    assert isinstance(error.error, InvalidTimestampOrder) and isinstance(error.error, DomainError)
+    assert error.__cause__ is error.error
     copy = pickle.loads(pickle.dumps(error))
-    assert isinstance(copy, InvalidTimestampOrder) and isinstance(copy, RepositoryError)
+    assert isinstance(copy, RepositoryDomainError) and isinstance(copy.error, InvalidTimestampOrder)
 
 
 def test_g11_recovery_snapshot(repository: JobRepository, clock: ManualClock, admin: Any) -> None:

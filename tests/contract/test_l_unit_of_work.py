@@ -1,6 +1,7 @@
 """Group L: the unit of work and concurrency (behaviour.md 4.0, 5, 8.L).
 
-L4, L5 and L6 need operator requests, flow steps and recovery, which are not built yet.
+L4 lives with the operator requests (test_h_operator_requests.py), L5 and L6 with flow steps
+and recovery (test_g_recovery_basic.py).
 """
 
 from __future__ import annotations
@@ -34,7 +35,13 @@ from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.records import Created, Existing, JobExecution
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from tests.support.clock import ManualClock
-from tests.support.race import Contender, race, terminate_backend
+from tests.support.race import (
+    DEADLINE_SECONDS,
+    Contender,
+    race,
+    terminate_backend,
+    wait_until_lock_wait,
+)
 
 S = BatchStatus
 FAILURE = FailureSummary(FailureCategory.CANCELLED, FailureId(3))
@@ -434,18 +441,52 @@ def fast_deadlocks(admin: psycopg.Connection[Any]) -> None:
     admin.execute(f"ALTER DATABASE \"{admin.info.dbname}\" SET deadlock_timeout = '20ms'")
 
 
+class ForcedDeadlock:
+    """Drives two units of work into a deadlock whose victim is always racer 1.
+
+    Racer 0 locks its row, then racer 1 locks its own; racer 0 asks for racer 1's row and,
+    once pg_stat_activity shows it waiting on that lock, racer 1 asks for racer 0's row.
+    Racer 0 never runs the deadlock check (its session's deadlock_timeout is an hour), so
+    racer 1's check, 20 ms into its wait, finds the cycle and aborts racer 1. No step
+    depends on how fast either thread runs.
+    """
+
+    def __init__(self, admin: psycopg.Connection[Any]) -> None:
+        self._admin = admin
+        self._locked = [threading.Event(), threading.Event()]
+        self._waiting_pid: int | None = None
+        self._admin_lock = threading.Lock()
+
+    def hold(self, index: int, uow: UnitOfWork) -> None:
+        """Called once the racer holds its own row; returns when it may ask for the other."""
+        if index == 0:
+            uow.connection.execute("SET LOCAL deadlock_timeout = '1h'")
+            self._waiting_pid = uow.connection.info.backend_pid
+            self._locked[0].set()
+            assert self._locked[1].wait(DEADLINE_SECONDS)
+        else:
+            assert self._locked[0].wait(DEADLINE_SECONDS)
+            self._locked[1].set()
+            assert self._waiting_pid is not None
+            with self._admin_lock:
+                wait_until_lock_wait(self._admin, self._waiting_pid)
+
+
 def test_l14_deadlock_victim_gets_retryable_conflict_and_can_only_roll_back(
-    fast_deadlocks: None, connect: Callable[..., JobRepository], clock: ManualClock
+    fast_deadlocks: None,
+    connect: Callable[..., JobRepository],
+    clock: ManualClock,
+    admin: psycopg.Connection[Any],
 ) -> None:
     repository = connect()
     first, second = (launched(repository, clock) for _ in range(2))
-    barrier = threading.Barrier(2)
+    forced = ForcedDeadlock(admin)
 
     def racer(index: int) -> str:
         mine, theirs = (first, second) if index == 0 else (second, first)
         with repository.begin() as uow:
             uow.transition_job_execution(mine.id, 0, to(S.STARTED, clock))
-            barrier.wait(10)
+            forced.hold(index, uow)
             try:
                 uow.transition_job_execution(theirs.id, 0, to(S.STARTED, clock))
             except RetryableConflict as conflict:
@@ -469,7 +510,7 @@ def test_l14_deadlock_victim_gets_retryable_conflict_and_can_only_roll_back(
 
     outcomes = race(2, racer)
     assert all(o.ok for o in outcomes), [o.error for o in outcomes]
-    assert sorted(str(o.value) for o in outcomes) == ["victim", "winner"]
+    assert [o.value for o in outcomes] == ["winner", "victim"]
     with repository.begin() as uow:
         for execution in (first, second):
             stored = uow.get_job_execution(execution.id)
@@ -489,11 +530,14 @@ def enrich_latest(uow: UnitOfWork, execution_id: int, exit_code: ExitCode) -> No
 
 
 def test_l14_run_in_unit_of_work_reruns_the_deadlock_victim(
-    fast_deadlocks: None, connect: Callable[..., JobRepository], clock: ManualClock
+    fast_deadlocks: None,
+    connect: Callable[..., JobRepository],
+    clock: ManualClock,
+    admin: psycopg.Connection[Any],
 ) -> None:
     repository = connect(unit_of_work_attempts=3)
     first, second = (launched(repository, clock) for _ in range(2))
-    barrier = threading.Barrier(2)
+    forced = ForcedDeadlock(admin)
     calls = [0, 0]
 
     def racer(index: int) -> int:
@@ -503,7 +547,7 @@ def test_l14_run_in_unit_of_work_reruns_the_deadlock_victim(
             calls[index] += 1
             enrich_latest(uow, mine.id, ExitCode(f"BY_{index}"))
             if calls[index] == 1:
-                barrier.wait(10)
+                forced.hold(index, uow)
             enrich_latest(uow, theirs.id, ExitCode(f"BY_{index}"))
             return calls[index]
 
@@ -511,8 +555,8 @@ def test_l14_run_in_unit_of_work_reruns_the_deadlock_victim(
 
     outcomes = race(2, racer)
     assert all(o.ok for o in outcomes), [o.error for o in outcomes]
-    assert sorted(calls) == [1, 2]  # the victim's work ran again, the winner's once
-    assert sorted(o.value or 0 for o in outcomes) == [1, 2]
+    assert calls == [1, 2]  # the victim's (racer 1's) work ran again, the winner's once
+    assert [o.value for o in outcomes] == [1, 2]
     with repository.begin() as uow:
         for execution in (first, second):
             stored = uow.get_job_execution(execution.id)

@@ -326,6 +326,10 @@ def test_n5_corrupt_step_execution_rows_fail_closed(
             f"UPDATE {SE} SET checkpoint_payload = jsonb_build_object('p', '{deep}'::jsonb) "
             + STEP_WHERE,
         ),
+        "checkpoint number of 5,000 digits": (
+            f"UPDATE {SE} SET checkpoint_payload = "
+            "jsonb_build_object('n', repeat('9', 5000)::numeric) " + STEP_WHERE,
+        ),
         "context schema id with surrounding whitespace": (
             f"UPDATE {SE} SET context_schema = ' oxide_batch.empty.v1' {STEP_WHERE}",
         ),

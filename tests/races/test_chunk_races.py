@@ -36,7 +36,7 @@ from pybatch.values.records import StepExecution
 from pybatch.values.state import Checkpoint
 from pybatch.values.status import BatchStatus, FailureCategory
 from tests.support.clock import ManualClock
-from tests.support.race import DEADLINE_SECONDS, race, race_processes
+from tests.support.race import DEADLINE_SECONDS, portable, race, race_processes
 
 pytestmark = pytest.mark.race
 
@@ -189,7 +189,7 @@ def test_concurrent_reservations_of_different_keys_both_land(
 
 
 def commit_chunk_in_process(
-    config: ConnectionConfig, barrier: Any, step_id: int, job_execution_id: int
+    config_fields: dict[str, Any], barrier: Any, step_id: int, job_execution_id: int
 ) -> tuple[str, int]:
     """Child process body: open a chunk, wait for the other process, then commit.
 
@@ -198,7 +198,7 @@ def commit_chunk_in_process(
     or the error's type name.
     """
     pid = os.getpid()
-    with JobRepository.connect(config) as repository:
+    with JobRepository.connect(ConnectionConfig(**config_fields)) as repository:
         manager = ChunkTransactionManager(repository)
         with manager.begin_for(ChunkContext(step_id, job_execution_id)) as chunk:
             barrier.wait(DEADLINE_SECONDS)
@@ -220,7 +220,9 @@ def test_two_processes_commit_chunks_from_one_version(
     step = started_step(repository, clock)
     results = cast(
         list[tuple[str, int]],
-        race_processes(2, commit_chunk_in_process, (pg_config, step.id, step.job_execution_id)),
+        race_processes(
+            2, commit_chunk_in_process, (portable(pg_config), step.id, step.job_execution_id)
+        ),
     )
     assert sorted(outcome for outcome, _ in results) == ["NotCommitted", "committed"]
     [winner_pid] = [pid for outcome, pid in results if outcome == "committed"]

@@ -22,7 +22,7 @@ from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.records import JobExecution, JobInstanceSelection, StepExecution
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from tests.support.clock import ManualClock
-from tests.support.race import launch_in_process, race_processes, race_units_of_work
+from tests.support.race import launch_in_process, portable, race_processes, race_units_of_work
 
 pytestmark = pytest.mark.race
 
@@ -196,7 +196,7 @@ def test_l3_four_processes_launch_one_key(
 ) -> None:
     processes = 4
     results = race_processes(
-        processes, launch_in_process, [pg_config, "process_race", "2026-09-09"]
+        processes, launch_in_process, [portable(pg_config), "process_race", "2026-09-09"]
     )
     pairs = cast(list[tuple[str, object]], results)
     launched = [value for status, value in pairs if status == "launched"]

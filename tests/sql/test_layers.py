@@ -27,6 +27,7 @@ LAYERS: dict[str, int] = {
     "pybatch._statements": 3,
     "pybatch._sqlstate": 3,
     "pybatch._connect": 3,
+    "pybatch._connect_errors": 3,
     "pybatch._transaction": 4,
     "pybatch.repository": 5,
     "pybatch.capability_defaults": 5,  # base-class answers of the unit of work's operations

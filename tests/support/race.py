@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+import attrs
 import psycopg
 
 from pybatch import ConnectionConfig, JobRepository, UnitOfWork
@@ -32,6 +33,7 @@ from pybatch.values.names import JobName
 from pybatch.values.parameters import JobInstanceKey, JobParameters
 
 __all__ = [
+    "portable",
     "Contender",
     "Outcome",
     "launch_in_process",
@@ -188,8 +190,19 @@ class Contender(Generic[T]):
 # --------------------------------------------------------------------------- processes
 
 
+def portable(config: ConnectionConfig) -> dict[str, Any]:
+    """The configuration as keyword arguments a spawned process can receive.
+
+    A ConnectionConfig refuses to pickle (its DSN is a Secret), so handing one to a child
+    process is explicit: the child rebuilds it with `ConnectionConfig(**fields)`.
+    """
+    fields = attrs.asdict(config, recurse=False)
+    fields["dsn"] = config.dsn.reveal()
+    return fields
+
+
 def launch_in_process(
-    config: ConnectionConfig, barrier: Any, job_name: str, day: str
+    config_fields: dict[str, Any], barrier: Any, job_name: str, day: str
 ) -> tuple[str, int | str]:
     """Child process body: own repository, wait on the barrier, launch one key.
 
@@ -197,7 +210,7 @@ def launch_in_process(
     reported by name so nothing unpicklable crosses the process boundary.
     """
     key = JobInstanceKey(JobName(job_name), JobParameters.of({"day": day}))
-    with JobRepository.connect(config) as repository:
+    with JobRepository.connect(ConnectionConfig(**config_fields)) as repository:
         barrier.wait(DEADLINE_SECONDS)
         try:
             with repository.begin() as uow:

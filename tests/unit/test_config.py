@@ -112,9 +112,7 @@ def test_unit_of_work_attempts_bounds(attempts: int) -> None:
     "dsn",
     [
         "host=db sslmode=disable",
-        "host=db SSLMODE=require",
         "postgresql://u@db/x?sslrootcert=/tmp/ca.pem",
-        "postgresql://u@db/x?SslMode=verify-ca",
         "host=db sslcert=/c",
         "host=db requiressl=1",
         "host=db gssencmode=disable",

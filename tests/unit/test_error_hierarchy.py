@@ -276,11 +276,14 @@ RENAMED: dict[str, str] = {
     "FaultStateError.Corrupt": "FaultStateCorrupt",
     "FaultStateError.Unavailable": "FaultStateUnavailable",
     "FaultStateError.CommitOutcomeUnknown": "FaultStateCommitOutcomeUnknown",
-    # One class for the four recovery text rules; `field` names the field, `rule` the rule.
-    "RecoveryRequestError.Empty": "RecoveryFieldInvalid",
-    "RecoveryRequestError.TooLong": "RecoveryFieldInvalid",
-    "RecoveryRequestError.SurroundingWhitespace": "RecoveryFieldInvalid",
-    "RecoveryRequestError.ControlCharacter": "RecoveryFieldInvalid",
+    # The four recovery text rules carry the family in their name; each is also a
+    # RecoveryFieldInvalid{field, rule}, their common base.
+    "RecoveryRequestError.Empty": "RecoveryRequestEmpty",
+    "RecoveryRequestError.TooLong": "RecoveryRequestTooLong",
+    "RecoveryRequestError.SurroundingWhitespace": "RecoveryRequestSurroundingWhitespace",
+    "RecoveryRequestError.ControlCharacter": "RecoveryRequestControlCharacter",
+    # The DomainError is the `error` field and the __cause__.
+    "Domain(DomainError)": "RepositoryDomainError",
     "RequestFieldError.Empty": "RequestFieldEmpty",
     "RequestFieldError.TooLong": "RequestFieldTooLong",
     "RequestFieldError.InvalidCharacter": "RequestFieldInvalidCharacter",
@@ -301,17 +304,10 @@ FIELD_RENAMES: dict[str, dict[str, str | None]] = {
     "ConfigError.Timeout": {"class": "timeout_class"},
     # The source InvalidTimestampOrder is the exception's __cause__, not a field.
     "LifecycleError.InvalidTransitionTime": {"source": None},
-    # The byte bound is part of the `rule` text ("longer than 64 bytes").
-    "RecoveryRequestError.TooLong": {"max_bytes": None},
 }
 
 #: Contract rows without a pybatch class: row -> why.
 NOT_DEFINED: dict[str, str] = {
-    "Domain(DomainError)": (
-        "no wrapper class: a DomainError raised inside a repository operation is re-raised as"
-        " an instance of a subclass of its own class and RepositoryError"
-        " (errors.repository_domain_error), so `except RepositoryError` catches it"
-    ),
     "DuplicateIdentifier": "by contract: identity columns cannot reuse an id",
     "Identifier(IdGenerationError)": "by contract: pybatch's repository has no IdGenerator",
     "LifecycleError.NotRestartable": "by contract: the domain restart function is unused",
@@ -336,6 +332,18 @@ PYBATCH_ONLY: dict[str, Families] = {
     "MigrationChecksumMismatch": MIGRATION,  # the migrator (4.19)
     "MigrationHistoryInvalid": MIGRATION,
     "MigrationLockTimeout": MIGRATION,
+    # Connection refusals that waiting cannot fix; still Unavailable to contract code.
+    "AuthenticationFailed": REPOSITORY,
+    "DatabaseNotFound": REPOSITORY,
+    "TlsVerificationFailed": REPOSITORY,
+    "PermissionDenied": REPOSITORY,  # SQLSTATE 42501, deliberately not Unavailable
+    "LockTimeout": BUSINESS,  # 55P03 in a business statement; the connection is kept
+    "TextContainsNul": DOMAIN,  # PostgreSQL text and jsonb cannot store U+0000
+    "RecoveryFieldInvalid": RECOVERY_REQUEST,  # the base of the four recovery text rules
+    "RecoveryEvidenceDigestInvalid": RECOVERY_REQUEST,  # the digest is bytes[32] in the seed
+    "InvalidTlsMode": CONFIG,  # typed refusals instead of a TypeError echoing the value
+    "CaCertificateNotBytes": CONFIG,
+    "CaCertificateWithoutVerification": CONFIG,
     # The contract's PartitionValueError.ContextTooLarge; that family is not built, the
     # other partition value rules are typed name errors or repository errors.
     "PartitionContextTooLarge": DOMAIN,
@@ -575,15 +583,3 @@ def test_unavailable_shows_the_sqlstate_and_nothing_of_the_driver() -> None:
     assert str(errors.Unavailable(sqlstate="08006")) == "repository is unavailable (SQLSTATE 08006)"
     assert str(errors.Unavailable()) == "repository is unavailable"
     assert "ck_step_counts" in str(errors.IntegrityViolation(constraint="ck_step_counts"))
-
-
-def test_a_domain_error_through_a_repository_call_is_a_repository_error() -> None:
-    wrapped = errors.repository_domain_error(errors.InvalidTimestampOrder())
-    assert isinstance(wrapped, errors.InvalidTimestampOrder)
-    assert isinstance(wrapped, errors.RepositoryError)
-    assert str(wrapped) == str(errors.InvalidTimestampOrder())
-    copy = pickle.loads(pickle.dumps(wrapped))
-    assert isinstance(copy, errors.InvalidTimestampOrder) and isinstance(
-        copy, errors.RepositoryError
-    )
-    assert errors.repository_domain_error(wrapped) is wrapped

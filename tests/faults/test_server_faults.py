@@ -1,0 +1,248 @@
+"""Faults injected into a real server while pybatch works: every one ends in a typed error,
+and the rerun resumes exactly (no row lost or duplicated, counters equal to rows).
+
+The module has its own PostgreSQL (it is restarted with `pg_ctl restart -m immediate`),
+started from the env's PG_BINDIR like the session's, so it runs on every matrix env.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from pytest_postgresql import factories
+
+from pybatch.errors import (
+    ChunkCommitOutcomeUnknown,
+    Infrastructure,
+    NotCommitted,
+    PyBatchError,
+    Unavailable,
+)
+from tests.faults.harness import FaultServer, digest, run_once, source, step_counts
+
+pytestmark = pytest.mark.slow
+
+fault_proc = factories.postgresql_proc(port=None, postgres_options="-c fsync=off")
+
+TOTAL, SIZE = 120, 10
+ROWS = source(TOTAL)
+
+
+@pytest.fixture(scope="module")
+def server(fault_proc: Any) -> FaultServer:
+    return FaultServer(fault_proc, "pybatch_faults")
+
+
+@pytest.fixture
+def fresh(server: FaultServer) -> Iterator[FaultServer]:
+    server.reset()
+    yield server
+    server.switch("slow_commit", on=False)
+
+
+def no_fault(index: int, point: str, chunk: Any) -> None:
+    return None
+
+
+def assert_exact(server: FaultServer, job: str, rows: list[tuple[int, str]] = ROWS) -> None:
+    count, table_sha = server.table_digest()
+    assert (count, table_sha) == (len(rows), digest(rows))
+    read, written, offset = step_counts(server, job)
+    assert (read, written, offset) == (len(rows), len(rows), len(rows))
+
+
+def finish(server: FaultServer, job: str) -> None:
+    error = run_once(server.config(), job, ROWS, SIZE, no_fault)
+    assert error is None, repr(error)
+    assert_exact(server, job)
+
+
+def test_restart_immediate_in_the_middle_of_a_chunk(fresh: FaultServer) -> None:
+    def hook(index: int, point: str, chunk: Any) -> None:
+        if (index, point) == (3, "written"):
+            fresh.restart_immediate()
+
+    error = run_once(fresh.config(), "restart_mid_chunk", ROWS, SIZE, hook)
+    assert isinstance(error, NotCommitted | Infrastructure | Unavailable), repr(error)
+    assert fresh.table_digest()[0] == 30  # chunks 0..2 only
+    finish(fresh, "restart_mid_chunk")
+
+
+def _in_flight_commit(server: FaultServer, fault: str) -> Any:
+    def hook(index: int, point: str, chunk: Any) -> None:
+        if (index, point) != (5, "written"):
+            return
+        server.switch("slow_commit", on=True)
+
+        def strike() -> None:
+            pid = server.sleeping_commit_pid()
+            if fault == "restart":
+                server.restart_immediate()
+            else:
+                server.terminate(pid)
+
+        threading.Thread(target=strike, daemon=True).start()
+
+    return hook
+
+
+@pytest.mark.parametrize("fault", ["restart", "terminate"])
+def test_a_fault_while_commit_is_in_flight_is_outcome_unknown_and_settled_by_the_rerun(
+    fresh: FaultServer, fault: str
+) -> None:
+    job = f"commit_{fault}"
+    error = run_once(fresh.config(), job, ROWS, SIZE, _in_flight_commit(fresh, fault))
+    assert isinstance(error, ChunkCommitOutcomeUnknown), repr(error)
+    fresh.switch("slow_commit", on=False)
+    finish(fresh, job)
+
+
+@pytest.mark.parametrize("target", ["disk_full", "disk_full_progress"])
+def test_injected_disk_full_is_typed_and_writes_nothing(fresh: FaultServer, target: str) -> None:
+    job = f"injected_{target}"
+
+    def hook(index: int, point: str, chunk: Any) -> None:
+        if (index, point) == (2, "committed"):
+            fresh.switch(target, on=True)
+
+    error = run_once(fresh.config(), job, ROWS, SIZE, hook)
+    expected = Infrastructure if target == "disk_full" else NotCommitted | Unavailable
+    assert isinstance(error, expected), repr(error)
+    assert fresh.table_digest() == (30, digest(ROWS[:30]))
+    fresh.switch(target, on=False)
+    finish(fresh, job)
+
+
+def test_a_read_only_standby_refuses_the_launch_and_writes_nothing(fresh: FaultServer) -> None:
+    # pybatch's writes get a standby's 25006 (read_only_sql_transaction), injected: pybatch
+    # begins READ WRITE explicitly, which a database default cannot override.
+    fresh.switch("read_only", on=True)
+    try:
+        error = run_once(fresh.config(), "read_only", ROWS, SIZE, no_fault)
+    finally:
+        fresh.switch("read_only", on=False)
+    assert isinstance(error, Unavailable) and error.sqlstate == "25006", repr(error)
+    with fresh.admin() as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pybatch.job_instance WHERE job_name = 'read_only'"
+        ).fetchone()
+    assert row == (0,)
+    assert fresh.table_digest()[0] == 0
+    finish(fresh, "read_only")
+
+
+def test_lock_timeout_in_pybatchs_own_statement_is_not_committed(fresh: FaultServer) -> None:
+    config = fresh.config(lock_timeout=timedelta(milliseconds=200))
+    holder = fresh.admin()
+    holder.autocommit = False
+
+    def hook(index: int, point: str, chunk: Any) -> None:
+        if (index, point) == (4, "written"):  # someone holds the step row
+            holder.execute("SELECT 1 FROM pybatch.step_execution FOR UPDATE")
+
+    try:
+        error = run_once(config, "own_lock_timeout", ROWS, SIZE, hook)
+        # The chunk is NotCommitted; recording the step's failure times out on the same lock,
+        # which the run reports as Unavailable with the lock timeout's SQLSTATE.
+        assert isinstance(error, NotCommitted) or (
+            isinstance(error, Unavailable) and error.sqlstate == "55P03"
+        ), repr(error)
+        assert fresh.table_digest()[0] == 40
+    finally:
+        holder.rollback()
+        holder.close()
+    finish(fresh, "own_lock_timeout")
+
+
+def test_statement_timeout_in_pybatchs_own_statement_is_not_committed(fresh: FaultServer) -> None:
+    config = fresh.config(
+        statement_timeout=timedelta(milliseconds=300), lock_timeout=timedelta(milliseconds=300)
+    )
+
+    def hook(index: int, point: str, chunk: Any) -> None:
+        if (index, point) == (4, "written"):
+            fresh.switch("slow_progress", on=True)
+
+    try:
+        error = run_once(config, "own_statement_timeout", ROWS, SIZE, hook)
+    finally:
+        fresh.switch("slow_progress", on=False)
+    assert isinstance(error, NotCommitted | Unavailable), repr(error)
+    assert fresh.table_digest()[0] == 40
+    finish(fresh, "own_statement_timeout")
+
+
+# --------------------------------------------------------------------------- chaos
+
+CHAOS_SEED = 20261130
+CHAOS_FAULTS = 54
+FAULT_KINDS = [
+    "terminate_mid_chunk",
+    "terminate_in_commit",
+    "disk_full",
+    "disk_full_progress",
+    "restart_mid_chunk",
+]
+
+
+def test_chaos_many_faults_and_the_table_still_equals_the_source(fresh: FaultServer) -> None:
+    """The loader runs again and again while one random fault hits each attempt."""
+    rng = random.Random(CHAOS_SEED)
+    total, size = 600, 5
+    rows = source(total)
+    job = "chaos"
+    fired: list[str] = []
+    kinds = [FAULT_KINDS[i % len(FAULT_KINDS)] for i in range(CHAOS_FAULTS)]
+    # immediate restarts cost a second or two each: keep six of them
+    kinds = [k for k in kinds if k != "restart_mid_chunk"][: CHAOS_FAULTS - 6] + [
+        "restart_mid_chunk"
+    ] * 6
+    rng.shuffle(kinds)
+    for attempt, kind in enumerate(kinds):
+        fire_after = rng.randrange(0, 3)  # chunks this attempt commits before the fault
+        state = {"done": 0}
+
+        def hook(
+            index: int,
+            point: str,
+            chunk: Any,
+            kind: str = kind,
+            state: dict[str, int] = state,
+            fire_after: int = fire_after,
+        ) -> None:
+            if point == "committed":
+                state["done"] += 1
+                if state["done"] == fire_after + 1 and kind in ("disk_full", "disk_full_progress"):
+                    fresh.switch(kind, on=True)
+                return
+            if state["done"] != fire_after:
+                return
+            if kind == "terminate_mid_chunk":
+                fresh.terminate(chunk.connection.info.backend_pid)
+            elif kind == "restart_mid_chunk":
+                fresh.restart_immediate()
+            elif kind == "terminate_in_commit":
+                fresh.switch("slow_commit", on=True)
+                threading.Thread(
+                    target=lambda: fresh.terminate(fresh.sleeping_commit_pid()), daemon=True
+                ).start()
+
+        error = run_once(fresh.config(), job, rows, size, hook)
+        for switch in ("slow_commit", "disk_full", "disk_full_progress"):
+            fresh.switch(switch, on=False)
+        if error is None:
+            break  # the load finished before this fault could land
+        assert isinstance(error, PyBatchError), f"attempt {attempt} ({kind}): {error!r}"
+        fired.append(kind)
+        count, _ = fresh.table_digest()
+        read, written, offset = step_counts(fresh, job)
+        assert count == offset == read == written, (attempt, kind, count, offset, read)
+    assert len(fired) >= 50, f"only {len(fired)} faults landed (seed {CHAOS_SEED})"
+    error = run_once(fresh.config(), job, rows, size, no_fault)
+    assert error is None, repr(error)
+    assert_exact(fresh, job, rows)

@@ -1,0 +1,118 @@
+"""Errors that say what happened: lock timeouts, permission denied, ended idle backends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import psycopg
+import pytest
+
+from pybatch import JobRepository
+from pybatch.errors import LockTimeout, PermissionDenied, Unavailable
+from pybatch.etl import Job, StepRun
+from pybatch.values.names import JobName
+from pybatch.values.parameters import JobInstanceKey, JobParameters
+from tests.support.race import terminate_backend
+
+DAY = {"business_date": "2026-11-30"}
+
+
+@pytest.fixture
+def orders(admin: psycopg.Connection[Any]) -> None:
+    admin.execute("CREATE TABLE public.orders (id bigint PRIMARY KEY, note text NOT NULL)")
+    admin.execute("INSERT INTO public.orders VALUES (1, 'locked')")
+
+
+def pybatch_backends(admin: psycopg.Connection[Any]) -> list[int]:
+    rows = admin.execute(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = 'pybatch' "
+        "AND datname = current_database()"
+    ).fetchall()
+    return [int(row[0]) for row in rows]
+
+
+def test_a_lock_timeout_in_a_business_statement_is_its_own_error_and_keeps_the_connection(
+    repository: JobRepository, admin: psycopg.Connection[Any], orders: None
+) -> None:
+    holder = psycopg.connect(admin.info.dsn, password=admin.info.password or None)
+    holder.execute("SELECT * FROM public.orders WHERE id = 1 FOR UPDATE")  # holds the row
+    seen: dict[str, Any] = {}
+
+    def work(step: StepRun) -> None:
+        with step.chunk() as chunk:
+            conn = chunk.connection
+            seen["pid"] = conn.info.backend_pid
+            chunk.execute("SET LOCAL lock_timeout = '50ms'")
+            with pytest.raises(LockTimeout) as caught:
+                chunk.execute("UPDATE public.orders SET note = 'mine' WHERE id = 1")
+            seen["error"] = caught.value
+            seen["broken"] = conn.broken or conn.closed
+        holder.rollback()  # the row is free again
+        with step.chunk() as chunk:
+            chunk.execute("UPDATE public.orders SET note = 'mine' WHERE id = 1")
+            seen["next_pid"] = chunk.connection.info.backend_pid
+            chunk.commit(read=1, written=1, checkpoint={"offset": 1})
+
+    try:
+        with Job(repository, "lock_timeout", DAY).launch() as run:
+            run.step("load", work)
+    finally:
+        holder.close()
+    assert isinstance(seen["error"], LockTimeout)
+    assert "55P03" in str(seen["error"])
+    assert seen["broken"] is False  # not Infrastructure: the connection was kept ...
+    assert seen["next_pid"] == seen["pid"]  # ... and served the next chunk
+    row = admin.execute("SELECT note FROM public.orders WHERE id = 1").fetchone()
+    assert row == ("mine",)
+
+
+def test_permission_denied_in_a_repository_call_is_not_unavailable(
+    repository: JobRepository, admin: psycopg.Connection[Any]
+) -> None:
+    admin.execute("REVOKE INSERT ON pybatch.job_instance FROM PUBLIC")
+    admin.execute("CREATE ROLE limited_runtime LOGIN")
+    admin.execute("GRANT USAGE ON SCHEMA pybatch TO limited_runtime")
+    admin.execute("GRANT SELECT ON ALL TABLES IN SCHEMA pybatch TO limited_runtime")
+    try:
+        limited = repository.config
+        dsn = limited.dsn.reveal() + " user=limited_runtime"
+        with JobRepository.connect(attrs.evolve(limited, dsn=dsn)) as restricted:
+            key = JobInstanceKey(JobName("forbidden"), JobParameters.from_pairs([]))
+            with restricted.begin() as uow, pytest.raises(PermissionDenied) as caught:
+                uow.select_or_create_job_instance(key)
+        assert not isinstance(caught.value, Unavailable)
+        assert caught.value.__context__ is None or caught.value.__suppress_context__
+    finally:
+        admin.execute("DROP OWNED BY limited_runtime")
+        admin.execute("DROP ROLE limited_runtime")
+
+
+def test_a_pooled_connection_whose_backend_ended_while_idle_is_replaced_at_checkout(
+    repository: JobRepository, admin: psycopg.Connection[Any], orders: None
+) -> None:
+    job = Job(repository, "idle_terminated", DAY)
+    progress: list[int] = []
+
+    def work(step: StepRun) -> None:
+        for offset in (1, 2):
+            with step.chunk() as chunk:
+                chunk.execute(f"INSERT INTO public.orders VALUES ({offset + 1}, 'row')")
+                chunk.commit(read=1, written=1, checkpoint={"offset": offset})
+            progress.append(offset)
+            if offset == 1:
+                # Every idle pooled connection loses its backend between two chunks.
+                liveness = run._liveness
+                assert liveness is not None
+                kept = liveness._conn.info.backend_pid
+                idle = [p for p in pybatch_backends(admin) if p != kept]
+                assert idle, "the first chunk's connection should be idle in the pool"
+                for pid in idle:
+                    terminate_backend(admin, pid)
+
+    with job.launch() as run:
+        outcome = run.step("load", work)
+    assert progress == [1, 2]
+    assert outcome.step.metadata.counts.committed == 2
+    rows = admin.execute("SELECT count(*) FROM public.orders").fetchone()
+    assert rows == (3,)
