@@ -125,8 +125,8 @@ class JobExplorer:
             if error.sqlstate == "57014":
                 raise ExplorerTimeout() from None
             raise ExplorerRepositoryError(error=error) from None
-        except RepositoryError as error:
-            raise ExplorerRepositoryError(error=Unavailable(sqlstate=None)) from error
+        except RepositoryError as error:  # PermissionDenied and the like keep their name
+            raise ExplorerRepositoryError(error=error) from None
 
     def _ceiling(
         self, conn: psycopg.Connection[Any], query: ExplorerQuery, job_name: str | None

@@ -16,10 +16,11 @@ from typing import Any
 import attrs
 import psycopg
 
+from pybatch import _sqlstate
 from pybatch._connect import open_connection
 from pybatch._statements import Statement, Statements, load_statements
 from pybatch.config import ConnectionConfig
-from pybatch.errors import Unavailable, UnknownStatement
+from pybatch.errors import UnknownStatement
 
 __all__ = [
     "StatementEntry",
@@ -146,6 +147,7 @@ def explain(config: ConnectionConfig, name: str) -> str:
 
     Raises:
         UnknownStatement: no such statement.
+        PermissionDenied: the role may not read a table the statement reads (42501).
         Unavailable: the server could not be reached or refused to plan it (SQLSTATE shown).
     """
     entry = find(name)
@@ -157,7 +159,7 @@ def explain(config: ConnectionConfig, name: str) -> str:
                 cursor.execute(_EXPLAIN_PREFIX + statement.query, params)
                 lines = [str(row[0]) for row in cursor.fetchall()]
         except psycopg.Error as error:
-            raise Unavailable(sqlstate=getattr(error, "sqlstate", None)) from None
+            raise _sqlstate.translate(error) from None
         finally:
             if not conn.closed:
                 conn.rollback()

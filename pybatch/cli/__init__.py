@@ -120,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         failure = _sqlstate.translate(error)
     if failure is None:
         return result
+    if isinstance(failure, ExplorerRepositoryError):
+        failure = failure.error  # the repository's own error names the cause
     print(f"pybatch: {type(failure).__name__}: {failure}", file=sys.stderr)
     return exit_code_for(failure)
 

@@ -178,7 +178,7 @@ def test_exit_codes(seeded: dict[str, JobExecution], db_dsn: str, tmp_path: Path
     missing = run("executions", "999999", dsn=db_dsn)
     assert missing.returncode == 4
     assert missing.stderr.strip() == (
-        "pybatch: ExplorerRepositoryError: explorer: job instance 999999 was not found"
+        "pybatch: JobInstanceNotFound: job instance 999999 was not found"
     )
     assert run("instances", "nobody", "--json", dsn=db_dsn).returncode == 0  # empty is success
     assert run("jobs", "--limit", "0", dsn=db_dsn).returncode == 2

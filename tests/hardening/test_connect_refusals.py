@@ -209,6 +209,20 @@ COMMANDS = [
     ("migrate", "--sql"),
     ("demo", "--rows", "10"),
     ("worker", "--job", "nightly", "--step", "load", "--function", "json:loads", "--wait", "1"),
+    # the read commands
+    ("jobs",),
+    ("instances", "nightly"),
+    ("executions", "1"),
+    ("show", "1"),
+    ("unresolved", "--older-than", "10m"),
+    ("sql", "explain", "get_job_execution"),
+    # the operator commands
+    ("stop", "1"),
+    ("recover", "1", "--mark-failed", "--reason", "OWNER_LOST"),
+    ("hold", "1", "--reason", "AUDIT_HOLD"),
+    ("release", "1"),
+    ("purge", "--job", "nightly", "--status", "COMPLETED", "--older-than", "90d", "--dry-run"),
+    ("audit", "verify"),
 ]
 
 
@@ -240,9 +254,12 @@ def test_every_schema_command_against_a_refusing_server_prints_one_line(
         assert result.returncode == 0, result.stderr  # reading the version needs no more
         return
     assert result.returncode == exit_code, result.stderr
-    # `--dsn` with a password (the demo's only way) adds the documented warning line
+    # `--dsn` with a password (the demo's only way) adds the documented warning line, and a
+    # mutating command prints the operation id it generated (to retry with) before it acts.
     lines = [
-        line for line in result.stderr.splitlines() if not line.startswith("pybatch: warning:")
+        line
+        for line in result.stderr.splitlines()
+        if not line.startswith(("pybatch: warning:", "operation id: "))
     ]
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith(f"pybatch: {error_name}: ")
