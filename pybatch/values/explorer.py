@@ -130,6 +130,8 @@ class NameKey:
     name: str
 
     def __attrs_post_init__(self) -> None:
+        if type(self.name) is not str:
+            raise TypeError("a name key is a str")
         if not 1 <= len(self.name.encode("utf-8")) <= _MAX_NAME_BYTES:
             raise ValueError("a name key is 1..128 UTF-8 bytes")
 

@@ -140,8 +140,11 @@ class PartitionResult:
         return cls(status=metadata.status, exit_status=metadata.exit_status, counts=metadata.counts)
 
 
-class PartitionStateError(Exception):
-    """A domain rule of partitions refused a change; the repository maps it (7.1)."""
+class PartitionStateError(ValueError):
+    """A domain rule of partitions refused a change; the repository maps it (7.1).
+
+    Built directly, a value that breaks a rule is a programmer's error, hence ValueError.
+    """
 
     def __init__(self, rule: str, status: BatchStatus | None = None) -> None:
         super().__init__(rule)

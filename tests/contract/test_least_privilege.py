@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from pybatch import ConnectionConfig, JobRepository
-from pybatch.errors import Unavailable
+from pybatch.errors import PermissionDenied
 from pybatch.etl import Job, StepRun
 from pybatch.services.audit import verify_audit_chain
 from pybatch.services.operator import OperatorService
@@ -136,7 +136,7 @@ def test_the_retention_role_purges(
     runtime_config = plaintext_config(runtime_dsn, pool_size=2)
     with JobRepository.connect(runtime_config) as runtime:
         plan = RetentionService(runtime).plan(request)
-        with pytest.raises(Unavailable) as refused:
+        with pytest.raises(PermissionDenied) as refused:
             RetentionService(runtime).apply(OperationId("p-1"), OPS, ReasonCode("RETENTION"), plan)
         assert refused.value.sqlstate == "42501"
     retention_config = attrs.evolve(

@@ -13,9 +13,12 @@ import psycopg
 import pytest
 
 from pybatch import JobRepository, migrator
-from pybatch.etl import Job, StepRun
+from pybatch.chunks import ChunkTransactionManager
+from pybatch.etl import ETL_STATE_SCHEMA, Job, StepRun
+from pybatch.values.chunks import ChunkContext, ChunkCounts
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import NodeId, StepName
+from pybatch.values.state import Checkpoint
 from pybatch.values.status import BatchStatus
 from tests.conftest import plaintext_config
 
@@ -34,23 +37,42 @@ def _step_row(dsn: str) -> dict[str, Any]:
 
 
 def _leave_a_started_step_with_a_checkpoint(repository: JobRepository) -> None:
-    """Attempt 1 commits two chunks (ids 1..4, offset 4) and its process dies mid-step."""
-    run = Job(repository, "upgrade_load", {"day": "2026-11-30"}).launch()
+    """Attempt 1 commits two chunks (ids 1..4, offset 4) and its process dies mid-step.
+
+    Written with the repository operations that schema 1 has (a launch of today's ETL API
+    records a lease, which schema 1 has no column for), the way schema-1 pybatch left it.
+    """
+    key = Job(repository, "upgrade_load", {"day": "2026-11-30"}).key
     with repository.begin() as uow:
-        step = uow.create_flow_step_execution(run.execution.id, StepName("load"), NodeId("load"))
+        instance = uow.select_or_create_job_instance(key).instance
+        execution = uow.create_job_execution(instance.id)
+        execution = uow.transition_job_execution(
+            execution.id,
+            execution.version,
+            LifecycleTransition.new(BatchStatus.STARTED, uow.clock.now()),
+        )
+        step = uow.create_flow_step_execution(execution.id, StepName("load"), NodeId("load"))
         step = uow.transition_step_execution(
             step.id, step.version, LifecycleTransition.new(BatchStatus.STARTED, uow.clock.now())
         )
         uow.commit()
-    step_run = StepRun(run, step)
+    manager = ChunkTransactionManager(repository)
+    state = None
     for first in (1, 3):
-        with step_run.chunk() as chunk:
-            chunk.executemany(
-                "INSERT INTO public.orders VALUES (%s, %s)",
-                [(first, "before upgrade"), (first + 1, "before upgrade")],
-            )
-            chunk.commit(read=2, written=2, checkpoint={"offset": first + 1})
-    run._release_liveness()  # the process is gone: nobody holds its liveness lock
+        chunk = (
+            manager.begin_for(ChunkContext(step.id, execution.id))
+            if state is None
+            else manager.begin_after(state)
+        )
+        chunk.executemany(
+            "INSERT INTO public.orders VALUES (%s, %s)",
+            [(first, "before upgrade"), (first + 1, "before upgrade")],
+        )
+        state = chunk.commit(
+            ChunkCounts(read=2, processed=2, written=2),
+            checkpoint=Checkpoint(ETL_STATE_SCHEMA, 1, {"offset": first + 1}),
+        )
+    # The process is gone: nothing holds the run's liveness lock.
 
 
 def test_a_step_started_under_0001_resumes_from_its_checkpoint_after_the_domains_migration(
