@@ -65,7 +65,17 @@ class Statement:
     Run it with the method of its declared mode: `one`, `many`, `scalar` or `affected`.
     """
 
-    __slots__ = ("_prepared", "doc", "filename", "mode", "name", "parameters", "query")
+    __slots__ = (
+        "_order",
+        "_positional",
+        "_prepared",
+        "doc",
+        "filename",
+        "mode",
+        "name",
+        "parameters",
+        "query",
+    )
 
     def __init__(self, source: Any) -> None:
         mode = _MODES.get(type(source.result))
@@ -83,6 +93,9 @@ class Statement:
         # DBA reading pg_stat_activity which file and statement this is.
         body = _ORIGIN_COMMENT.sub("", str(compiled))
         self.query: bytes = f"-- pybatch {self.filename} {self.name}\n{body}".encode()
+        # What runs: the same text with positional placeholders, bound from a list built in
+        # `_order`, which spares psycopg mapping a dict of parameters at every execution.
+        self._positional, self._order = _positional_form(self.query)
         self._prepared = PreparedStatement(self)
 
     def __repr__(self) -> str:
@@ -133,11 +146,30 @@ class Statement:
             raise TypeError(f"{self.name}: missing parameters {missing}, unknown {unknown}")
         cursor = conn.cursor(row_factory=dict_row)
         try:
-            cursor.execute(self.query, params, prepare=prepare)
+            cursor.execute(
+                self._positional, [params[name] for name in self._order], prepare=prepare
+            )
         except BaseException:
             cursor.close()
             raise
         return cursor
+
+
+_PLACEHOLDER = re.compile(rb"%%|%\((\w+)\)s")
+
+
+def _positional_form(query: bytes) -> tuple[bytes, tuple[str, ...]]:
+    """`query` with each `%(name)s` as `%s`, and the names in order (`%%` is kept)."""
+    order: list[str] = []
+
+    def positional(match: re.Match[bytes]) -> bytes:
+        name = match.group(1)
+        if name is None:
+            return match.group(0)
+        order.append(name.decode())
+        return b"%s"
+
+    return _PLACEHOLDER.sub(positional, query), tuple(order)
 
 
 class PreparedStatement:
