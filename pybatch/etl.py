@@ -258,7 +258,8 @@ class PartitionRun(StepRun):
     """
 
     def __init__(self, run: JobRun, worker: StepExecution, partition: StepPartition) -> None:
-        super().__init__(run, worker)
+        # Like a step, a partition holds one pooled connection for all its chunks.
+        super().__init__(run, worker, hold_connection=True)
         self.partition = partition
 
     @property
@@ -797,7 +798,11 @@ def _runners(
         run = JobRun(repository, instance, execution, None)  # a worker owns no lease
 
         def runner(worker: StepExecution, partition: StepPartition) -> None:
-            work(PartitionRun(run, worker, partition))
+            partition_run = PartitionRun(run, worker, partition)
+            try:
+                work(partition_run)
+            finally:
+                partition_run.close()
 
         return runner
 
