@@ -650,6 +650,13 @@ class TextContainsNul(DomainError):
 
 
 @_error
+class TimestampOutOfRange(DomainError):
+    """An aware datetime whose instant has no UTC datetime (Python's years end at 1 and 9999)."""
+
+    message = "timestamp has no UTC form within years 1..9999"
+
+
+@_error
 class PartitionContextTooLarge(DomainError):
     """A partition context envelope exceeds its bound (the contract's ContextTooLarge)."""
 
@@ -1720,6 +1727,7 @@ __all__ = [
     "TextContainsNul",
     "TextNotUtf8",
     "TimeoutOutOfBounds",
+    "TimestampOutOfRange",
     "TlsOptionInConnectionString",
     "TlsVerificationFailed",
     "TokenContainsControl",
