@@ -51,7 +51,7 @@ from pybatch.values.chunks import (
     InheritedProgress,
 )
 from pybatch.values.fault import FaultStateEnvelope
-from pybatch.values.state import Checkpoint, ExecutionContext
+from pybatch.values.state import MAX_STORABLE_SCHEMA_VERSION, Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus
 
 if TYPE_CHECKING:
@@ -197,6 +197,13 @@ class ChunkTransaction:
             except (CountExhausted, PyBatchError):
                 raise NotCommitted(reason="a counter would overflow") from None
             receipt = self._receipt(state, counts, checkpoint, context)
+            if (
+                receipt.checkpoint.schema_version > MAX_STORABLE_SCHEMA_VERSION
+                or receipt.context.schema_version > MAX_STORABLE_SCHEMA_VERSION
+            ):
+                raise NotCommitted(
+                    reason="a state schema version above 2147483647 cannot be stored"
+                )
             progress = fault_progress or NO_FAULT_PROGRESS
             now = self._manager.clock.now()
             statements = self._manager.statements

@@ -650,6 +650,13 @@ class TextContainsNul(DomainError):
 
 
 @_error
+class StateSchemaVersionNotStorable(DomainError):
+    """A schema version above 2^31-1: valid (u32) but not storable in an integer column."""
+
+    message = "state schema version above 2147483647 cannot be stored"
+
+
+@_error
 class TimestampOutOfRange(DomainError):
     """An aware datetime whose instant has no UTC datetime (Python's years end at 1 and 9999)."""
 
@@ -1719,6 +1726,7 @@ __all__ = [
     "StateMalformed",
     "StatePayloadNotObject",
     "StateSchemaMismatch",
+    "StateSchemaVersionNotStorable",
     "StateTooDeep",
     "StateTooLarge",
     "StepExecutionNotFound",

@@ -774,6 +774,29 @@ def test_lost_commit_acknowledgement_is_outcome_unknown(
     assert manager.load_committed_state(context_of(step)).checkpoint == cursor(2)
 
 
+def test_a_state_schema_version_beyond_integer_is_not_committed(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any], orders: None
+) -> None:
+    """A u32 schema version above 2^31-1 cannot be stored: the chunk, business writes
+    included, is refused before its progress UPDATE runs, and the step can go on."""
+    step = started_step(repository, clock)
+    manager = ChunkTransactionManager(repository)
+    for checkpoint, context in (
+        (Checkpoint(SCHEMA, 2**31, {"offset": 1}), None),
+        (cursor(1), ExecutionContext(SCHEMA, 2**31, {})),
+    ):
+        chunk = manager.begin_for(context_of(step))
+        chunk.execute("INSERT INTO public.orders VALUES (1, 'refused')")
+        with pytest.raises(NotCommitted) as refused:
+            chunk.commit(ChunkCounts(read=1), checkpoint=checkpoint, context=context)
+        assert "2147483647" in str(refused.value)
+        assert not chunk.is_open
+    assert business_ids(admin) == []
+    assert stored_step(repository, step.id).version == step.version
+    commit_chunk(manager, step, 1)
+    assert manager.load_committed_state(context_of(step)).checkpoint == cursor(1)
+
+
 def test_lost_acknowledgement_of_a_checkpoint_only_chunk_is_outcome_unknown(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
