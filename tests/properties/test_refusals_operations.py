@@ -64,7 +64,7 @@ from pybatch.values.fault import (
     RetryStateLimit,
 )
 from pybatch.values.flow import FlowDecisionRequest, FlowTarget, FlowTransitionKind, TerminalKind
-from pybatch.values.ids import INT64_MAX, FailureId, JobExecutionId, JobInstanceId
+from pybatch.values.ids import INT64_MAX, JobExecutionId, JobInstanceId
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import (
     ActorRef,
@@ -78,17 +78,16 @@ from pybatch.values.names import (
     StepName,
 )
 from pybatch.values.operator import OperatorRecordDraft
-from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.partitions import MAX_PARTITIONS, PartitionPlanEntry
-from pybatch.values.records import JobExecution, StepExecution
+from pybatch.values.records import StepExecution
 from pybatch.values.recovery import RecoveryRequest
 from pybatch.values.state import ExecutionContext
-from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+from pybatch.values.status import BatchStatus, FailureCategory
 from tests.properties import strategies as s
+from tests.properties.launching import launch, unique_key
 from tests.support.clock import ManualClock
 
 S = BatchStatus
-FAILURE = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(1))
 DB_EXAMPLES = settings(max_examples=25)
 _runs = itertools.count(1)
 
@@ -131,33 +130,6 @@ def refused(admin: psycopg.Connection[Any], *expected: type[PyBatchError]) -> It
     cause = error.error if isinstance(error, RepositoryDomainError) else error
     assert isinstance(cause, expected), f"{type(error).__name__}, expected one of {expected}"
     assert _snapshot(admin) == before
-
-
-def _key(prefix: str) -> JobInstanceKey:
-    return JobInstanceKey(JobName(f"{prefix}.{next(_runs)}"), JobParameters.of({"run": 1}))
-
-
-def _launch(
-    repository: JobRepository,
-    clock: ManualClock,
-    key: JobInstanceKey,
-    path: tuple[BatchStatus, ...] = (S.STARTED,),
-    definition: DefinitionIdentity | None = None,
-) -> JobExecution:
-    with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(key).instance
-        execution = uow.create_job_execution_with_definition(
-            instance.id, definition or DefinitionIdentity.legacy()
-        )
-        for target in path:
-            transition = (
-                LifecycleTransition.failed(clock.advance(), FAILURE)
-                if target is S.FAILED
-                else LifecycleTransition.new(target, clock.advance())
-            )
-            execution = uow.transition_job_execution(execution.id, execution.version, transition)
-        uow.commit()
-    return execution
 
 
 def _write(repository: JobRepository, operation: Callable[[Any], object]) -> object:
@@ -237,7 +209,7 @@ def test_recovery_refuses_stale_finished_and_absent_executions(
     evidence: bytes,
 ) -> None:
     path = finished if case == "finished" else (S.STARTED,)
-    execution = _launch(repository, clock, _key("recovery"), path)
+    execution = launch(repository, clock, unique_key("recovery"), path)
     version = execution.version + offset if case == "stale" else execution.version
     request = RecoveryRequest.abandon(version, "REASON", "operator", evidence)
     target = absent if case == "absent" else execution.id
@@ -282,9 +254,9 @@ def test_flow_decisions_refuse_what_the_manifest_does_not_lead_to(
     absent: int,
     at: dt.datetime,
 ) -> None:
-    key = _key("flows")
+    key = unique_key("flows")
     definition = DefinitionIdentity.from_manifest(key.job_name, DefinitionRevision("r1"), MANIFEST)
-    execution = _launch(repository, clock, key, definition=definition)
+    execution = launch(repository, clock, key, definition=definition)
     # The manifest's own answer for this outcome, then one thing changed per case.
     target = (
         FlowTarget.to_node("load") if outcome.value == "GO" else FlowTarget.end(TerminalKind.FAIL)
@@ -322,7 +294,7 @@ def test_flow_decisions_refuse_what_the_manifest_does_not_lead_to(
 def _step(
     repository: JobRepository, clock: ManualClock, path: tuple[BatchStatus, ...] = (S.STARTED,)
 ) -> StepExecution:
-    execution = _launch(repository, clock, _key("steps"))
+    execution = launch(repository, clock, unique_key("steps"))
     with repository.begin() as uow:
         step = uow.create_step_execution(execution.id, StepName("load"))
         for target in path:
@@ -452,8 +424,8 @@ def test_holds_refuse_absent_instances_and_instants_without_a_utc_form(
     absent: int,
     edge: dt.datetime,
 ) -> None:
-    key = _key("holds")
-    instance_id = _launch(repository, clock, key, path=()).job_instance_id
+    key = unique_key("holds")
+    instance_id = launch(repository, clock, key, path=()).job_instance_id
     placed_at = {"naive": edge.replace(tzinfo=None), "no UTC form": edge}.get(case, clock.now())
     if case == "no UTC form":
         assume(not _has_utc_form(edge))  # otherwise the hold is valid
@@ -491,9 +463,9 @@ def test_definitions_refuse_drift_unknown_formats_and_other_jobs(
     manifest_format: int,
     body: dict[str, int],
 ) -> None:
-    key = _key("definitions")
+    key = unique_key("definitions")
     first = DefinitionIdentity.from_manifest(key.job_name, DefinitionRevision("r1"), {"format": 1})
-    execution = _launch(
+    execution = launch(
         repository, clock, key, path=(S.STARTED, S.STOPPING, S.STOPPED), definition=first
     )
     manifest = {**body, "format": manifest_format if case == "format" else 1}
@@ -535,7 +507,7 @@ def test_transitions_refuse_illegal_stale_and_backdated_changes(
     earlier: dt.timedelta,
 ) -> None:
     path = {"illegal": (S.STARTED, S.COMPLETED), "stale": (S.STARTED,), "before creation": ()}
-    execution = _launch(repository, clock, _key("lifecycle"), path[case])
+    execution = launch(repository, clock, unique_key("lifecycle"), path[case])
     version = execution.version
     expected: type[PyBatchError]
     if case == "illegal":

@@ -50,12 +50,13 @@ from pybatch.values.names import (
     StepName,
 )
 from pybatch.values.operator import OperatorRecordDraft
-from pybatch.values.parameters import JobInstanceKey, JobParameters
+from pybatch.values.parameters import JobInstanceKey
 from pybatch.values.partitions import PartitionPlanEntry
-from pybatch.values.records import JobExecution, StepExecution
+from pybatch.values.records import StepExecution
 from pybatch.values.recovery import RecoveryDisposition, RecoveryRequest
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from tests.properties import strategies as s
+from tests.properties.launching import launch, unique_key
 from tests.support.clock import ManualClock
 
 S = BatchStatus
@@ -71,35 +72,8 @@ zones = st.one_of(
 gaps = st.timedeltas(dt.timedelta(microseconds=1), dt.timedelta(days=30))
 
 
-def _unique(prefix: str) -> JobInstanceKey:
-    """A key of a job name no other example uses."""
-    return JobInstanceKey(JobName(f"{prefix}.{next(_runs)}"), JobParameters.of({"run": 1}))
-
-
-def _launch(
-    repository: JobRepository,
-    clock: ManualClock,
-    key: JobInstanceKey,
-    *,
-    definition: DefinitionIdentity | None = None,
-    path: tuple[BatchStatus, ...] = (S.STARTED,),
-) -> JobExecution:
-    """A committed execution of `key` moved along `path` from STARTING."""
-    with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(key).instance
-        execution = uow.create_job_execution_with_definition(
-            instance.id, definition or DefinitionIdentity.legacy()
-        )
-        for target in path:
-            execution = uow.transition_job_execution(
-                execution.id, execution.version, LifecycleTransition.new(target, clock.advance())
-            )
-        uow.commit()
-    return execution
-
-
 def _started_step(repository: JobRepository, clock: ManualClock) -> StepExecution:
-    execution = _launch(repository, clock, _unique("steps"))
+    execution = launch(repository, clock, unique_key("steps"))
     with repository.begin() as uow:
         step = uow.create_step_execution(execution.id, StepName("load"))
         step = uow.transition_step_execution(
@@ -113,7 +87,7 @@ def _started_step(repository: JobRepository, clock: ManualClock) -> StepExecutio
 
 
 def test_operator_requests_read_back_equal(repository: JobRepository, clock: ManualClock) -> None:
-    execution = _launch(repository, clock, _unique("operator"))
+    execution = launch(repository, clock, unique_key("operator"))
     explorer = JobExplorer(repository)
     drafts = s.operator_drafts(
         instance_ids=st.sampled_from([None, execution.job_instance_id]),
@@ -172,7 +146,7 @@ def test_recovery_decisions_read_back_equal(
     evidence: bytes,
     failure: FailureSummary,
 ) -> None:
-    execution = _launch(repository, clock, _unique("recovery"), path=prior)
+    execution = launch(repository, clock, unique_key("recovery"), path=prior)
     request = RecoveryRequest(
         expected_version=execution.version,
         disposition=disposition,
@@ -238,11 +212,11 @@ def test_flow_decisions_read_back_equal(
     inputs: list[bytes],
     data: st.DataObject,
 ) -> None:
-    key = _unique("flows")
+    key = unique_key("flows")
     definition = DefinitionIdentity.from_manifest(
         key.job_name, DefinitionRevision("r1"), _flow_manifest(chain)
     )
-    execution = _launch(repository, clock, key, definition=definition)
+    execution = launch(repository, clock, key, definition=definition)
     decisions = []
     for sequence, ((node, outcome, target), input_digest) in enumerate(
         zip(chain, inputs, strict=False), 1
@@ -385,7 +359,7 @@ def test_holds_read_back_equal(
     reason: ReasonCode,
     placed_at: dt.datetime,
 ) -> None:
-    key = _unique("holds")
+    key = unique_key("holds")
     with repository.begin() as uow:
         instance = uow.select_or_create_job_instance(key).instance
         placed = uow.place_instance_hold(instance.id, actor, reason, placed_at)
@@ -432,7 +406,7 @@ def test_definitions_and_instances_read_back_equal(
 ) -> None:
     key = JobInstanceKey(JobName(f"d{next(_runs)}-{key.job_name.value}"), key.parameters)
     definition = DefinitionIdentity.from_manifest(key.job_name, revision, manifest)
-    execution = _launch(repository, clock, key, definition=definition, path=())
+    execution = launch(repository, clock, key, definition=definition, path=())
     stored = admin.execute(
         "SELECT manifest, manifest_digest, manifest_format FROM pybatch.job_definition"
         " WHERE id = %s",
@@ -490,7 +464,7 @@ def test_lifecycle_transitions_read_back_equal(
     failure: FailureSummary,
     exit_code: ExitCode,
 ) -> None:
-    execution = _launch(repository, clock, _unique("lifecycle"), path=())
+    execution = launch(repository, clock, unique_key("lifecycle"), path=())
     with repository.begin() as uow:
         for target, (gap, zone) in zip(path, steps, strict=False):
             at = clock.advance(gap).astimezone(zone)
