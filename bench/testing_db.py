@@ -10,12 +10,14 @@ the default prefetch, whether the tests take no time (back-to-back) or run for a
 
     python -m bench.testing_db [--dsn DSN] [--cycles 30] [--test-seconds 1.0]
 
-The embedded server's binaries are found as the plugin finds them (PYBATCH_PG_BINDIR
-first), so `PYBATCH_PG_BINDIR=/usr/lib/postgresql/13/bin python -m bench.testing_db`
-measures PostgreSQL 13.
+Without --dsn the server is started as the plugin starts its own: fsync off, binaries
+found as the plugin finds them (PYBATCH_PG_BINDIR first), files in memory (/dev/shm) when
+possible, else where PYBATCH_TEST_TMPDIR says. So
+`PYBATCH_PG_BINDIR=/usr/lib/postgresql/13/bin python -m bench.testing_db` measures
+PostgreSQL 13, and `PYBATCH_TEST_TMPDIR=/tmp python -m bench.testing_db` a server on disk.
 
-Measured on one server (fsync off, as the plugin's own server), as the time a test's
-fixtures block it (take a database, connect a JobRepository, close it, give it back):
+Measured as the time a test's fixtures block it (take a database, connect a JobRepository,
+close it, give the database back):
 
 * baseline: a new database from template0, `pybatch.migrate` into it, JobRepository
   connect and close, drop: the per-test cost without a template;
@@ -33,23 +35,36 @@ its first test (the pool's first clones, not counted in p50 and p90).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
+import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import psycopg
 
-from bench._server import postgres_server
 from pybatch.config import ConnectionConfig, TlsMode
+from pybatch.embedded import EmbeddedPostgres
 from pybatch.job_repository import JobRepository
 from pybatch.migrator import migrate
-from pybatch.testing import ClonePool, PostgresServer
+from pybatch.testing import ClonePool, PostgresServer, server_parent
 
 TARGET_MS = 50.0
 BASELINE = "baseline: migrate a new database per test"
+
+
+@contextlib.contextmanager
+def plugin_server(dsn: str | None) -> Iterator[tuple[str, str]]:
+    """`dsn`, or a server started as the pybatch_server fixture starts one; and where."""
+    if dsn is not None:
+        yield dsn, "the --dsn server"
+        return
+    parent = server_parent()
+    with EmbeddedPostgres(durable=False, parent=parent) as server:
+        yield server.dsn, f"embedded, fsync off, files in {parent or tempfile.gettempdir()}"
 
 
 def config(dsn: str) -> ConnectionConfig:
@@ -95,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, tuple[float, list[float]]] = {}
     back_to_back = "prefetch 2, back-to-back tests"
     long_tests = f"prefetch 2, tests of {args.test_seconds:g} s"
-    with postgres_server(args.dsn, fsync=False) as dsn:
+    with plugin_server(args.dsn) as (dsn, where):
         server = PostgresServer(dsn)
         with psycopg.connect(server.maintenance_dsn) as conn:
             number = conn.info.server_version
@@ -135,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     base = statistics.median(results[BASELINE][1])
     print(
         "Time a test waits for a fresh database and a connected repository, ms "
-        f"(PostgreSQL {version}, fsync off; {args.cycles} tests per case after the first)"
+        f"({args.cycles} tests per case after the first)\nPostgreSQL {version}, {where}"
     )
     print(f"{'case':45} {'first':>7} {'p50':>7} {'p90':>7} {'baseline/p50':>13}")
     for name, (first, values) in results.items():
