@@ -3,8 +3,9 @@
 A clone is `CREATE DATABASE ... TEMPLATE`, which PostgreSQL makes in one of two ways: copy
 the template's files after a checkpoint (13 and 14 know no other way; `STRATEGY = FILE_COPY`
 on 15 and later), or copy every page through shared buffers and the WAL (`WAL_LOG`, the
-default since 15). For a template as small as a migrated pybatch schema the file copy is
-several times faster, so the clone statement is chosen on the server's major version.
+default since 15). For a template as small as a migrated pybatch schema the WAL only adds
+work (up to 3 times slower, never faster, in docs/testing.md's measurements), so the clone
+statement is chosen on the server's major version.
 
 CREATE DATABASE and DROP DATABASE look for sessions in the database they copy or drop and,
 when they find one, sleep 100 ms before they look again; a session closed a moment ago

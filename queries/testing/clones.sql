@@ -19,8 +19,8 @@ DROP DATABASE IF EXISTS :database WITH (FORCE);
 
 -- :name clone_template_by_file_copy :affected
 -- :doc pybatch.testing - a test's fresh database on PostgreSQL 15 and later, copied file by file
--- like on 13 and 14: the default strategy there (WAL_LOG) writes every page of the template
--- through the WAL, several times slower for a small database. sqlfluff's postgres dialect has no
--- STRATEGY clause yet, hence the noqa, and this statement is the last of its file: sqlfluff
+-- as on 13 and 14: the default strategy there (WAL_LOG) also writes every page of the template
+-- to the WAL, up to 3 times slower for a template this small. sqlfluff's postgres dialect has
+-- no STRATEGY clause yet, hence the noqa, and this statement is the last of its file: sqlfluff
 -- stops parsing a file at its first unparsable statement (tests/sql checks the position).
 CREATE DATABASE :database TEMPLATE :template STRATEGY = FILE_COPY; -- noqa: PRS
