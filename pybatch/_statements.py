@@ -21,6 +21,7 @@ from typing import Any, Literal
 import psycopg
 import pugsql
 import pugsql.statement
+from psycopg import sql
 from psycopg.rows import dict_row
 from sqlalchemy.dialects.postgresql import psycopg as sqlalchemy_psycopg
 
@@ -39,6 +40,7 @@ __all__ = [
     "load_pugsql_module",
     "load_statement_folder",
     "load_statements",
+    "load_testing_statements",
 ]
 
 #: A psycopg connection, whatever its row factory (statements choose their own).
@@ -53,6 +55,8 @@ _MODES: Mapping[type, Mode] = {
     pugsql.statement.Scalar: "scalar",
 }
 _ORIGIN_COMMENT = re.compile(r"^-- pugsql function \S+ in file .*? at line \d+\n")
+#: A parameter in the compiled text, as SQLAlchemy writes it for psycopg.
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
 
 class StatementModeMismatch(TypeError):
@@ -124,6 +128,36 @@ class Statement:
         """How many rows the statement changed (`:affected`)."""
         with self._run(conn, "affected", params, prepare=None) as cursor:
             return cursor.rowcount
+
+    def run_with_identifiers(self, conn: Connection, /, **identifiers: str) -> None:
+        """Run a utility statement (`:affected`) whose parameters are all names.
+
+        PostgreSQL binds values, never names, and a utility statement such as CREATE
+        DATABASE binds nothing at all; so each `:param` is replaced by its value quoted as
+        an identifier by psycopg (`sql.Identifier`), which no name can escape from.
+        """
+        if self.mode != "affected":
+            raise StatementModeMismatch(
+                f"{self.name} is declared :{self.mode}; only an :affected statement runs "
+                "with identifiers"
+            )
+        if identifiers.keys() != self.parameters:
+            missing = sorted(self.parameters - identifiers.keys())
+            unknown = sorted(identifiers.keys() - self.parameters)
+            raise TypeError(f"{self.name}: missing identifiers {missing}, unknown {unknown}")
+        pieces = _PLACEHOLDER.split(self.query.decode())
+        # Text and names alternate; the text's percent signs were doubled for psycopg's
+        # placeholders, which a statement run without parameters does not use.
+        composed = sql.Composed(
+            [
+                sql.Identifier(identifiers[piece])
+                if index % 2
+                else sql.SQL(piece.replace("%%", "%"))
+                for index, piece in enumerate(pieces)
+            ]
+        )
+        with conn.cursor() as cursor:
+            cursor.execute(composed)
 
     @property
     def prepared(self) -> PreparedStatement:
@@ -239,6 +273,12 @@ def load_statement_folder(path: Path) -> Statements:
 def load_demo_statements() -> Statements:
     """The demo main job's own statements (`queries/demo/`), kept out of the product's."""
     return load_statement_folder(queries_dir() / "demo")
+
+
+@functools.cache
+def load_testing_statements() -> Statements:
+    """pybatch.testing's statements (`queries/testing/`): the test databases it clones."""
+    return load_statement_folder(queries_dir() / "testing")
 
 
 @functools.cache
