@@ -189,7 +189,7 @@ class Statement:
         return cursor
 
 
-_PLACEHOLDER = re.compile(rb"%%|%\((\w+)\)s")
+_NAMED_OR_ESCAPED = re.compile(rb"%%|%\((\w+)\)s")
 
 
 def _positional_form(query: bytes) -> tuple[bytes, tuple[str, ...]]:
@@ -203,7 +203,7 @@ def _positional_form(query: bytes) -> tuple[bytes, tuple[str, ...]]:
         order.append(name.decode())
         return b"%s"
 
-    return _PLACEHOLDER.sub(positional, query), tuple(order)
+    return _NAMED_OR_ESCAPED.sub(positional, query), tuple(order)
 
 
 class PreparedStatement:
