@@ -85,6 +85,8 @@ latest AS MATERIALIZED (
         c.job_instance_id,
         c.updated_at,
         c.status,
+        c.job_execution_id,
+        c.version,
         c.execution_count
     FROM requested AS r
     CROSS JOIN
@@ -93,6 +95,8 @@ latest AS MATERIALIZED (
                 e.job_instance_id,
                 e.updated_at,
                 e.status,
+                e.id AS job_execution_id,
+                e.version,
                 (
                     SELECT COUNT(*) AS n
                     FROM pybatch.job_execution AS a
@@ -128,22 +132,47 @@ ranked AS (
         l.job_instance_id,
         l.updated_at,
         l.status,
+        l.job_execution_id,
+        l.version,
+        l.execution_count,
         SUM(l.execution_count) OVER taken AS taken_executions,
         ROW_NUMBER() OVER taken AS taken_rank
     FROM latest AS l
     WINDOW taken AS (ORDER BY l.updated_at, l.job_instance_id ROWS UNBOUNDED PRECEDING)
 ),
 
-chosen AS MATERIALIZED (
+taken AS MATERIALIZED (
     SELECT
         k.job_instance_id,
         k.updated_at,
         k.status,
+        k.job_execution_id,
+        k.version,
+        k.execution_count
+    FROM ranked AS k
+    WHERE k.taken_rank = 1 OR k.taken_executions <= :limit
+),
+
+chosen AS MATERIALIZED (
+    -- An instance with one execution: the latest one, already read.
+    SELECT
+        o.job_instance_id,
+        o.updated_at,
+        o.status,
+        o.job_execution_id,
+        o.version
+    FROM taken AS o
+    WHERE o.execution_count = 1
+    UNION ALL
+    SELECT
+        m.job_instance_id,
+        m.updated_at,
+        m.status,
         x.id AS job_execution_id,
         x.version
-    FROM ranked AS k
-    INNER JOIN pybatch.job_execution AS x ON k.job_instance_id = x.job_instance_id
-    WHERE k.taken_rank = 1 OR k.taken_executions <= :limit
+    FROM taken AS m
+    INNER JOIN pybatch.job_execution AS x ON m.job_instance_id = x.job_instance_id
+    WHERE m.execution_count > 1
 )
 
 SELECT
