@@ -65,129 +65,224 @@ VALUES (
 )
 RETURNING id;
 
--- :name survey_purge_instances :many
--- :doc Candidate instances for one status, oldest latest execution first: the latest attempt has
--- this status and was last written before the cutoff, the instance is of the job, not held and
--- has no unresolved attempt (job_execution_status_updated, job_execution_attempt_unique).
--- The (after_updated_at, after_instance_id) keyset pages a dry run through every candidate.
-SELECT
-    e.job_instance_id,
-    e.updated_at,
-    e.status,
-    (
-        SELECT COUNT(*) AS n
-        FROM pybatch.job_execution AS a
-        WHERE a.job_instance_id = e.job_instance_id
-    ) AS execution_count
-FROM pybatch.job_execution AS e
-INNER JOIN pybatch.job_instance AS i ON e.job_instance_id = i.id
-WHERE
-    e.status = :status
-    AND e.updated_at < :cutoff
-    AND (e.updated_at, e.job_instance_id) > (:after_updated_at, :after_instance_id)
-    AND i.job_name = :job_name
-    AND i.hold_actor IS NULL
-    AND NOT EXISTS (
-        SELECT 1
-        FROM pybatch.job_execution AS n
-        WHERE n.job_instance_id = e.job_instance_id AND n.attempt > e.attempt
-    )
-    AND NOT EXISTS (
-        SELECT 1
-        FROM pybatch.job_execution AS u
-        WHERE
-            u.job_instance_id = e.job_instance_id
-            AND u.status IN ('STARTING', 'STARTED', 'STOPPING', 'UNKNOWN')
-    )
-ORDER BY e.updated_at, e.job_instance_id
-LIMIT :limit;
+-- :name survey_purge_batch :many
+-- :doc The next batch of whole instance histories, in one statement: for each requested status,
+-- the candidate instances oldest latest execution first (the latest attempt has that status and
+-- was last written before the cutoff; the instance is of the job, not held, with no unresolved
+-- attempt), at most the batch bound per status after the (after_updated_at, after_instance_id)
+-- keyset; then the longest prefix, across statuses, whose executions fit in the bound (the first
+-- instance always, alone if larger); then every execution of those instances, oldest instance
+-- first, each with its instance's latest status and updated_at and, repeated on every row, the
+-- rows a purge of them would delete per table (job_execution_status_updated,
+-- job_execution_attempt_unique, and each child table's foreign key index for the counts).
+WITH requested AS (
+    SELECT q.status
+    FROM UNNEST(CAST(:statuses AS TEXT[])) AS q (status)
+),
 
--- :name list_instance_executions :many
--- :doc Every execution of the given instances with its version (job_execution_attempt_unique).
-SELECT
-    e.job_instance_id,
-    e.id,
-    e.version
-FROM pybatch.job_execution AS e
-WHERE e.job_instance_id = ANY(CAST(:instance_ids AS BIGINT[]))
-ORDER BY e.job_instance_id, e.attempt;
+latest AS MATERIALIZED (
+    SELECT
+        c.job_instance_id,
+        c.updated_at,
+        c.status,
+        c.job_execution_id,
+        c.version,
+        c.execution_count
+    FROM requested AS r
+    CROSS JOIN
+        LATERAL (
+            SELECT
+                e.job_instance_id,
+                e.updated_at,
+                e.status,
+                e.id AS job_execution_id,
+                e.version,
+                (
+                    SELECT COUNT(*) AS n
+                    FROM pybatch.job_execution AS a
+                    WHERE a.job_instance_id = e.job_instance_id
+                ) AS execution_count
+            FROM pybatch.job_execution AS e
+            INNER JOIN pybatch.job_instance AS i ON e.job_instance_id = i.id
+            WHERE
+                e.status = r.status
+                AND e.updated_at < :cutoff
+                AND (e.updated_at, e.job_instance_id) > (:after_updated_at, :after_instance_id)
+                AND i.job_name = :job_name
+                AND i.hold_actor IS NULL
+                AND NOT EXISTS (
+                    SELECT 1
+                    FROM pybatch.job_execution AS n
+                    WHERE n.job_instance_id = e.job_instance_id AND n.attempt > e.attempt
+                )
+                AND NOT EXISTS (
+                    SELECT 1
+                    FROM pybatch.job_execution AS u
+                    WHERE
+                        u.job_instance_id = e.job_instance_id
+                        AND u.status IN ('STARTING', 'STARTED', 'STOPPING', 'UNKNOWN')
+                )
+            ORDER BY e.updated_at, e.job_instance_id
+            LIMIT :limit
+        ) AS c
+),
 
--- :name count_purge_rows :one
--- :doc The rows a purge of these instances and executions would delete, per table.
+ranked AS (
+    SELECT
+        l.job_instance_id,
+        l.updated_at,
+        l.status,
+        l.job_execution_id,
+        l.version,
+        l.execution_count,
+        SUM(l.execution_count) OVER taken AS taken_executions,
+        ROW_NUMBER() OVER taken AS taken_rank
+    FROM latest AS l
+    WINDOW taken AS (ORDER BY l.updated_at, l.job_instance_id ROWS UNBOUNDED PRECEDING)
+),
+
+taken AS MATERIALIZED (
+    SELECT
+        k.job_instance_id,
+        k.updated_at,
+        k.status,
+        k.job_execution_id,
+        k.version,
+        k.execution_count
+    FROM ranked AS k
+    WHERE k.taken_rank = 1 OR k.taken_executions <= :limit
+),
+
+chosen AS MATERIALIZED (
+    -- An instance with one execution: the latest one, already read.
+    SELECT
+        o.job_instance_id,
+        o.updated_at,
+        o.status,
+        o.job_execution_id,
+        o.version
+    FROM taken AS o
+    WHERE o.execution_count = 1
+    UNION ALL
+    SELECT
+        m.job_instance_id,
+        m.updated_at,
+        m.status,
+        x.id AS job_execution_id,
+        x.version
+    FROM taken AS m
+    INNER JOIN pybatch.job_execution AS x ON m.job_instance_id = x.job_instance_id
+    WHERE m.execution_count > 1
+)
+
 SELECT
+    h.job_instance_id,
+    h.job_execution_id,
+    h.version,
+    h.updated_at,
+    h.status,
     (
         SELECT COUNT(*) AS n
         FROM pybatch.flow_decision AS f
-        WHERE f.job_execution_id = ANY(CAST(:execution_ids AS BIGINT[]))
+        WHERE f.job_execution_id = ANY(ARRAY(SELECT c1.job_execution_id FROM chosen AS c1))
     ) AS flow_decisions,
     (
         SELECT COUNT(*) AS n
         FROM pybatch.recovery_decision AS d
-        WHERE d.job_execution_id = ANY(CAST(:execution_ids AS BIGINT[]))
+        WHERE d.job_execution_id = ANY(ARRAY(SELECT c2.job_execution_id FROM chosen AS c2))
     ) AS recovery_decisions,
     (
         SELECT COUNT(*) AS n
         FROM pybatch.operator_request AS o
         WHERE
-            o.job_execution_id = ANY(CAST(:execution_ids AS BIGINT[]))
+            o.job_execution_id = ANY(ARRAY(SELECT c3.job_execution_id FROM chosen AS c3))
             OR (
                 o.job_execution_id IS NULL
-                AND o.job_instance_id = ANY(CAST(:instance_ids AS BIGINT[]))
+                AND o.job_instance_id = ANY(ARRAY(SELECT c4.job_instance_id FROM chosen AS c4))
             )
     ) AS operator_requests,
     (
         SELECT COUNT(*) AS n
         FROM pybatch.step_partition AS p
-        INNER JOIN pybatch.step_execution AS s ON p.step_execution_id = s.id
-        WHERE s.job_execution_id = ANY(CAST(:execution_ids AS BIGINT[]))
+        INNER JOIN pybatch.step_execution AS ps ON p.step_execution_id = ps.id
+        WHERE ps.job_execution_id = ANY(ARRAY(SELECT c5.job_execution_id FROM chosen AS c5))
     ) AS step_partitions,
     (
         SELECT COUNT(*) AS n
         FROM pybatch.step_execution AS s
-        WHERE s.job_execution_id = ANY(CAST(:execution_ids AS BIGINT[]))
-    ) AS step_executions;
+        WHERE s.job_execution_id = ANY(ARRAY(SELECT c6.job_execution_id FROM chosen AS c6))
+    ) AS step_executions
+FROM chosen AS h
+ORDER BY h.updated_at, h.job_instance_id, h.job_execution_id;
 
--- :name lock_purge_instances :many
--- :doc Lock the candidate instances in ascending id order (lock order - instances first).
-SELECT
-    i.id,
-    i.hold_actor IS NOT NULL AS held
-FROM pybatch.job_instance AS i
-WHERE i.id = ANY(CAST(:instance_ids AS BIGINT[]))
-ORDER BY i.id
-FOR UPDATE;
+-- :name lock_purge_instances :one
+-- :doc Lock the candidate instances in ascending id order (lock order - instances first) and
+-- report how many were found and how many of those are held (job_instance_pkey).
+WITH locked_instances AS MATERIALIZED (
+    SELECT
+        i.id,
+        i.hold_actor
+    FROM pybatch.job_instance AS i
+    WHERE i.id = ANY(CAST(:instance_ids AS BIGINT[]))
+    ORDER BY i.id
+    FOR UPDATE
+)
 
--- :name lock_purge_executions :many
--- :doc Lock every execution of the candidate instances in ascending id order (after the instances).
 SELECT
-    e.job_instance_id,
-    e.id,
-    e.version,
-    e.status,
-    e.attempt
-FROM pybatch.job_execution AS e
-WHERE e.job_instance_id = ANY(CAST(:instance_ids AS BIGINT[]))
-ORDER BY e.id
-FOR UPDATE;
+    COUNT(*) AS found,
+    COUNT(l.hold_actor) AS held
+FROM locked_instances AS l;
 
--- :name list_purge_audit_records :many
--- :doc The operator requests and recovery decisions a purge of these histories deletes.
+-- :name lock_purge_executions :one
+-- :doc Lock every execution of the candidate instances in ascending id order (after the
+-- instances), and report what re-validation needs: the SHA-256 of their (instance, execution,
+-- version) triples in that order, each as three big-endian int8 (the candidate encoding of the
+-- plan digest), how many are unresolved, and how many instances have a latest attempt whose
+-- status is not one of the requested ones (job_execution_attempt_unique).
+WITH locked_executions AS MATERIALIZED (
+    SELECT
+        e.job_instance_id,
+        e.id,
+        e.version,
+        e.status,
+        e.attempt
+    FROM pybatch.job_execution AS e
+    WHERE e.job_instance_id = ANY(CAST(:instance_ids AS BIGINT[]))
+    ORDER BY e.id
+    FOR UPDATE
+),
+
+latest AS (
+    SELECT DISTINCT ON (l.job_instance_id) l.status
+    FROM locked_executions AS l
+    ORDER BY l.job_instance_id ASC, l.attempt DESC
+)
+
 SELECT
-    'OPERATOR_REQUEST' AS record_kind,
-    o.id AS record_id
-FROM pybatch.operator_request AS o
-WHERE
-    o.job_execution_id = ANY(CAST(:execution_ids AS BIGINT[]))
-    OR (
-        o.job_execution_id IS NULL
-        AND o.job_instance_id = ANY(CAST(:instance_ids AS BIGINT[]))
-    )
-UNION ALL
-SELECT
-    'RECOVERY_DECISION' AS record_kind,
-    d.id AS record_id
-FROM pybatch.recovery_decision AS d
-WHERE d.job_execution_id = ANY(CAST(:execution_ids AS BIGINT[]));
+    (
+        SELECT
+            SHA256(
+                COALESCE(
+                    STRING_AGG(
+                        INT8SEND(c.job_instance_id) || INT8SEND(c.id) || INT8SEND(c.version),
+                        CAST('' AS BYTEA)
+                        ORDER BY c.job_instance_id, c.id, c.version
+                    ),
+                    CAST('' AS BYTEA)
+                )
+            ) AS digest
+        FROM locked_executions AS c
+    ) AS candidates_digest,
+    (
+        SELECT COUNT(*) AS n
+        FROM locked_executions AS u
+        WHERE u.status IN ('STARTING', 'STARTED', 'STOPPING', 'UNKNOWN')
+    ) AS unresolved,
+    (
+        SELECT COUNT(*) AS n
+        FROM latest AS t
+        WHERE t.status <> ALL(CAST(:statuses AS TEXT[]))
+    ) AS not_requested;
 
 -- :name mark_purged_audit_links :affected
 -- :doc Record which links lost their record to this purge (audit_chain_purge), naming the
@@ -207,57 +302,105 @@ WHERE
         AND c.record_id = ANY(CAST(:recovery_decision_ids AS BIGINT[]))
     );
 
--- :name delete_purge_flow_decisions :affected
--- :doc Delete the flow decisions of the candidate executions.
-DELETE FROM pybatch.flow_decision
-WHERE job_execution_id = ANY(CAST(:execution_ids AS BIGINT[]));
+-- :name delete_purge_histories :one
+-- :doc Delete the candidates' histories in one statement, children first: flow decisions,
+-- recovery decisions, operator requests (execution-scoped ones of the candidates and
+-- instance-scoped ones of their instances), partitions of their steps, their steps, the
+-- executions; and, unless the instances are to be forgotten, keep each instance as a tombstone
+-- (its latest execution's status, the purge time; holds stay). The foreign keys are checked at
+-- the end of the statement, when every child is gone, so a retained row that still references
+-- a deleted one fails it as a separate DELETE would. Returns the rows deleted per table and the
+-- ids of the deleted operator requests and recovery decisions (their audit-chain links are
+-- marked).
+WITH targets AS (
+    SELECT
+        CAST(:execution_ids AS BIGINT[]) AS execution_ids,
+        CAST(:instance_ids AS BIGINT[]) AS instance_ids
+),
 
--- :name delete_purge_recovery_decisions :affected
--- :doc Delete the recovery decisions of the candidate executions.
-DELETE FROM pybatch.recovery_decision
-WHERE job_execution_id = ANY(CAST(:execution_ids AS BIGINT[]));
+flows AS (
+    DELETE FROM pybatch.flow_decision AS f
+    USING targets AS t
+    WHERE f.job_execution_id = ANY(t.execution_ids)
+    RETURNING f.id
+),
 
--- :name delete_purge_operator_requests :affected
--- :doc Delete execution-scoped requests of the candidates and instance-scoped ones of their
--- instances (operator_request_execution, operator_request_instance).
-DELETE FROM pybatch.operator_request
-WHERE
-    job_execution_id = ANY(CAST(:execution_ids AS BIGINT[]))
-    OR (
-        job_execution_id IS NULL
-        AND job_instance_id = ANY(CAST(:instance_ids AS BIGINT[]))
-    );
+recoveries AS (
+    DELETE FROM pybatch.recovery_decision AS d
+    USING targets AS t
+    WHERE d.job_execution_id = ANY(t.execution_ids)
+    RETURNING d.id
+),
 
--- :name delete_purge_step_partitions :affected
--- :doc Delete the partitions of the candidates' steps.
-DELETE FROM pybatch.step_partition AS p
-USING pybatch.step_execution AS s
-WHERE
-    p.step_execution_id = s.id
-    AND s.job_execution_id = ANY(CAST(:execution_ids AS BIGINT[]));
+requests AS (
+    DELETE FROM pybatch.operator_request AS o
+    USING targets AS t
+    WHERE
+        o.job_execution_id = ANY(t.execution_ids)
+        OR (
+            o.job_execution_id IS NULL
+            AND o.job_instance_id = ANY(t.instance_ids)
+        )
+    RETURNING o.id
+),
 
--- :name delete_purge_step_executions :affected
--- :doc Delete the steps of the candidate executions.
-DELETE FROM pybatch.step_execution
-WHERE job_execution_id = ANY(CAST(:execution_ids AS BIGINT[]));
+partitions AS (
+    DELETE FROM pybatch.step_partition AS p
+    USING targets AS t, pybatch.step_execution AS ps
+    WHERE
+        p.step_execution_id = ps.id
+        AND ps.job_execution_id = ANY(t.execution_ids)
+    RETURNING p.id
+),
 
--- :name delete_purge_job_executions :affected
--- :doc Delete the candidate executions (whole histories, so no retained restart references them).
-DELETE FROM pybatch.job_execution
-WHERE id = ANY(CAST(:execution_ids AS BIGINT[]));
+steps AS (
+    DELETE FROM pybatch.step_execution AS s
+    USING targets AS t
+    WHERE s.job_execution_id = ANY(t.execution_ids)
+    RETURNING s.id
+),
 
--- :name tombstone_purged_instances :affected
--- :doc Keep purged instances as tombstones, in one statement: each one's final status (the
--- status of its latest execution) and the purge time; holds stay (job_instance_pkey).
-UPDATE pybatch.job_instance AS i
-SET
-    final_status = t.final_status,
-    purged_at = :purged_at
-FROM
-    UNNEST(
-        CAST(:instance_ids AS BIGINT[]), CAST(:final_statuses AS TEXT[])
-    ) AS t (id, final_status)
-WHERE i.id = t.id;
+executions AS (
+    DELETE FROM pybatch.job_execution AS e
+    USING targets AS t
+    WHERE e.id = ANY(t.execution_ids)
+    RETURNING e.id
+),
+
+tombstones AS (
+    UPDATE pybatch.job_instance AS i
+    SET
+        final_status = (
+            SELECT x.status
+            FROM pybatch.job_execution AS x
+            WHERE x.job_instance_id = i.id
+            ORDER BY x.attempt DESC
+            LIMIT 1
+        ),
+        purged_at = :purged_at
+    FROM targets AS t
+    WHERE i.id = ANY(t.instance_ids) AND CAST(:tombstone AS BOOLEAN)
+    RETURNING i.id
+)
+
+SELECT
+    (SELECT COUNT(*) AS n FROM flows) AS flow_decisions,
+    (SELECT COUNT(*) AS n FROM recoveries) AS recovery_decisions,
+    (SELECT COUNT(*) AS n FROM requests) AS operator_requests,
+    (SELECT COUNT(*) AS n FROM partitions) AS step_partitions,
+    (SELECT COUNT(*) AS n FROM steps) AS step_executions,
+    (SELECT COUNT(*) AS n FROM executions) AS job_executions,
+    (SELECT COUNT(*) AS n FROM tombstones) AS tombstones,
+    ARRAY(
+        SELECT q.id
+        FROM requests AS q
+        ORDER BY q.id
+    ) AS operator_request_ids,
+    ARRAY(
+        SELECT r.id
+        FROM recoveries AS r
+        ORDER BY r.id
+    ) AS recovery_decision_ids;
 
 -- :name detach_retention_actions :affected
 -- :doc Clear the instance reference of retention records before their instance is deleted.

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import enum
+import functools
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from pybatch.errors import PyBatchError
 from pybatch.values.ids import INT64_MAX
@@ -51,14 +52,19 @@ class DecodeError(Exception):
 # --------------------------------------------------------------------------- column decoders
 
 
+@functools.cache
+def _members_by_code(enum_cls: type[enum.Enum]) -> Mapping[object, enum.Enum]:
+    return {member.value: member for member in enum_cls}
+
+
 def decode_enum(enum_cls: type[_E], value: object, *, column: str) -> _E:
     """Decode a stored code into `enum_cls`, refusing unknown or non-text codes (rule 6.3)."""
     if type(value) is not str:
         raise DecodeError(column)
-    for member in enum_cls:
-        if member.value == value:
-            return member
-    raise DecodeError(column)
+    member = _members_by_code(enum_cls).get(value)
+    if member is None:
+        raise DecodeError(column)
+    return cast(_E, member)
 
 
 def decode_int64(value: object, *, column: str, minimum: int) -> int:

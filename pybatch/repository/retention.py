@@ -11,6 +11,7 @@ with forget_instances, deletes the instance rows as well).
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 from typing import Any
 
 import attrs
@@ -20,6 +21,7 @@ from pybatch._statements import Statements
 from pybatch.codecs._primitives import (
     DecodeError,
     decode_aware,
+    decode_digest,
     decode_enum,
     decode_int64,
     returned,
@@ -37,6 +39,8 @@ from pybatch.values.retention import (
     RetentionAction,
     RetentionRecord,
     RetentionRecordDraft,
+    candidate_encoding,
+    candidate_order,
 )
 from pybatch.values.status import BatchStatus
 
@@ -59,6 +63,10 @@ class PurgedAuditRecords:
 
     operator_request_ids: tuple[int, ...] = ()
     recovery_decision_ids: tuple[int, ...] = ()
+
+    def is_empty(self) -> bool:
+        """No audit record was deleted: there is no link to mark."""
+        return not (self.operator_request_ids or self.recovery_decision_ids)
 
 
 @attrs.frozen
@@ -156,82 +164,64 @@ def purge_survey(
     """The next batch of whole instance histories to purge (read-only).
 
     Instances are taken oldest latest-execution first (then by id) while their executions
-    fit in the batch bound; an instance larger than the bound is taken alone.
+    fit in the batch bound; an instance larger than the bound is taken alone. One statement
+    chooses them, lists their executions and counts the rows a purge would delete.
 
-    Statements: retention.sql survey_purge_instances, list_instance_executions,
-    count_purge_rows.
+    Statements: retention.sql survey_purge_batch.
     """
-    cutoff = now - request.minimum_age
-    bound = request.batch.value
-    found: list[tuple[_dt.datetime, int, BatchStatus, int]] = []
-    for status in request.statuses.ordered():
-        rows = q.survey_purge_instances.many(
-            conn,
-            status=status.value,
-            cutoff=cutoff,
-            job_name=request.job_name.value,
-            limit=bound,
-            after_updated_at=_EPOCH if after is None else after[0],
-            after_instance_id=0 if after is None else after[1],
-        )
-        for row in rows:
-            found.append(
-                (
-                    decode_aware(row["updated_at"], column="updated_at"),
-                    decode_int64(row["job_instance_id"], column="job_instance_id", minimum=0),
-                    decode_enum(BatchStatus, row["status"], column="status"),
-                    decode_int64(row["execution_count"], column="execution_count", minimum=0),
-                )
-            )
-    found.sort(key=lambda item: (item[0], item[1]))
-    chosen: list[tuple[int, BatchStatus]] = []
-    total = 0
-    last_key: tuple[_dt.datetime, int] | None = None
-    for updated, instance_id, status, count in found:
-        if chosen and total + count > bound:
-            break
-        chosen.append((instance_id, status))
-        last_key = (updated, instance_id)
-        total += count
-        if total >= bound:
-            break
-    if not chosen:
+    rows = q.survey_purge_batch.many(
+        conn,
+        statuses=[status.value for status in request.statuses.ordered()],
+        cutoff=now - request.minimum_age,
+        job_name=request.job_name.value,
+        limit=request.batch.value,
+        after_updated_at=_EPOCH if after is None else after[0],
+        after_instance_id=0 if after is None else after[1],
+    )
+    if not rows:
         return PurgeSurvey((), PurgeCounts())
-    instance_ids = sorted(instance_id for instance_id, _ in chosen)
-    executions = q.list_instance_executions.many(conn, instance_ids=instance_ids)
-    candidates = tuple(
-        sorted(
+    candidates: list[PurgeCandidate] = []
+    final: dict[int, BatchStatus] = {}
+    for row in rows:
+        instance_id = decode_int64(row["job_instance_id"], column="job_instance_id", minimum=1)
+        candidates.append(
             PurgeCandidate(
-                decode_int64(row["job_instance_id"], column="job_instance_id", minimum=0),
-                decode_int64(row["id"], column="id", minimum=0),
+                instance_id,
+                decode_int64(row["job_execution_id"], column="job_execution_id", minimum=1),
                 decode_int64(row["version"], column="version", minimum=0),
             )
-            for row in executions
         )
+        if instance_id not in final:
+            final[instance_id] = decode_enum(BatchStatus, row["status"], column="status")
+    candidates.sort(key=candidate_order)
+    # Rows come oldest first: the last one is the keyset position of the batch.
+    last = rows[-1]
+    last_key = (
+        decode_aware(last["updated_at"], column="updated_at"),
+        decode_int64(last["job_instance_id"], column="job_instance_id", minimum=1),
     )
-    counts = _count(q, conn, instance_ids, [c.job_execution_id for c in candidates])
-    return PurgeSurvey(candidates, counts, tuple(sorted(chosen)), last_key)
+    first = rows[0]
+    counts = PurgeCounts(
+        **{
+            name: decode_int64(first[name], column=name, minimum=0)
+            for name in (
+                "flow_decisions",
+                "recovery_decisions",
+                "operator_requests",
+                "step_partitions",
+                "step_executions",
+            )
+        },
+        job_executions=len(candidates),
+        job_instances=len(final),
+    )
+    return PurgeSurvey(tuple(candidates), counts, tuple(sorted(final.items())), last_key)
 
 
-def _count(
-    q: Statements, conn: Connection, instance_ids: list[int], execution_ids: list[int]
-) -> PurgeCounts:
-    row = returned(
-        q.count_purge_rows.one(conn, instance_ids=instance_ids, execution_ids=execution_ids)
-    )
-    return PurgeCounts(
-        flow_decisions=decode_int64(row["flow_decisions"], column="flow_decisions", minimum=0),
-        recovery_decisions=decode_int64(
-            row["recovery_decisions"], column="recovery_decisions", minimum=0
-        ),
-        operator_requests=decode_int64(
-            row["operator_requests"], column="operator_requests", minimum=0
-        ),
-        step_partitions=decode_int64(row["step_partitions"], column="step_partitions", minimum=0),
-        step_executions=decode_int64(row["step_executions"], column="step_executions", minimum=0),
-        job_executions=len(execution_ids),
-        job_instances=len(instance_ids),
-    )
+def _decode_ids(value: object, column: str) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise DecodeError(column)
+    return tuple(decode_int64(item, column=column, minimum=1) for item in value)
 
 
 def apply_purge(q: Statements, conn: Connection, plan: PurgePlan, now: _dt.datetime) -> PurgeResult:
@@ -242,85 +232,75 @@ def apply_purge(q: Statements, conn: Connection, plan: PurgePlan, now: _dt.datet
     committed first (and the re-validation below finds the change: stale) or waits for
     this purge and then finds the instance purged.
 
+    Re-validation runs in the server on the locked rows: the instances are all there and
+    none is held; the executions of those instances are exactly the plan's candidates at
+    their versions (their (instance, execution, version) triples hash to the SHA-256 of
+    the plan's candidate encoding); none is unresolved; and each instance's latest
+    attempt still has a requested status.
+
     Raises:
         RetentionPlanStale: an instance is gone or held, an execution was added, removed,
             changed version, or no longer ends in a requested status.
 
     Statements: retention.sql lock_purge_instances, lock_purge_executions,
-    delete_purge_flow_decisions, delete_purge_recovery_decisions,
-    delete_purge_operator_requests, delete_purge_step_partitions,
-    delete_purge_step_executions, delete_purge_job_executions, tombstone_purged_instances,
-    list_purge_audit_records,
-    detach_retention_actions, delete_purge_instances.
+    delete_purge_histories, detach_retention_actions, delete_purge_instances.
     """
     if plan.is_empty():
         return PurgeResult(PurgeCounts(), PurgedAuditRecords())
     instance_ids = plan.instance_ids
-    locked = q.lock_purge_instances.many(conn, instance_ids=instance_ids)
-    if [decode_int64(row["id"], column="id", minimum=0) for row in locked] != instance_ids or any(
-        row["held"] for row in locked
-    ):
+    locked = returned(q.lock_purge_instances.one(conn, instance_ids=instance_ids))
+    if decode_int64(locked["found"], column="found", minimum=0) != len(instance_ids):
         raise RetentionPlanStale()
-    rows = q.lock_purge_executions.many(conn, instance_ids=instance_ids)
-    current = tuple(
-        sorted(
-            PurgeCandidate(
-                decode_int64(row["job_instance_id"], column="job_instance_id", minimum=0),
-                decode_int64(row["id"], column="id", minimum=0),
-                decode_int64(row["version"], column="version", minimum=0),
-            )
-            for row in rows
+    if decode_int64(locked["held"], column="held", minimum=0) != 0:
+        raise RetentionPlanStale()
+    check = returned(
+        q.lock_purge_executions.one(
+            conn,
+            instance_ids=instance_ids,
+            statuses=[status.value for status in plan.request.statuses.ordered()],
         )
     )
-    if current != plan.candidates:
+    expected = hashlib.sha256(candidate_encoding(plan.candidates)).digest()
+    if decode_digest(check["candidates_digest"], column="candidates_digest") != expected:
         raise RetentionPlanStale()
-    latest: dict[int, tuple[int, BatchStatus]] = {}
-    for row in rows:
-        status = decode_enum(BatchStatus, row["status"], column="status")
-        instance_id, attempt = (
-            decode_int64(row["job_instance_id"], column="job_instance_id", minimum=0),
-            decode_int64(row["attempt"], column="attempt", minimum=0),
+    if decode_int64(check["unresolved"], column="unresolved", minimum=0) != 0:
+        raise RetentionPlanStale()
+    if decode_int64(check["not_requested"], column="not_requested", minimum=0) != 0:
+        raise RetentionPlanStale()
+    forget = plan.request.forget_instances
+    deleted = returned(
+        q.delete_purge_histories.one(
+            conn,
+            execution_ids=[candidate.job_execution_id for candidate in plan.candidates],
+            instance_ids=instance_ids,
+            purged_at=now,
+            tombstone=not forget,
         )
-        if status.is_unresolved:
-            raise RetentionPlanStale()
-        if instance_id not in latest or attempt > latest[instance_id][0]:
-            latest[instance_id] = (attempt, status)
-    if any(status not in plan.request.statuses.statuses for _, status in latest.values()):
-        raise RetentionPlanStale()
-    execution_ids = [candidate.job_execution_id for candidate in plan.candidates]
-    ids = {"execution_ids": execution_ids}
-    both = {"execution_ids": execution_ids, "instance_ids": instance_ids}
-    audit = q.list_purge_audit_records.many(conn, **both)
-    audit_records = PurgedAuditRecords(
-        operator_request_ids=tuple(
-            decode_int64(r["record_id"], column="record_id", minimum=0)
-            for r in audit
-            if r["record_kind"] == "OPERATOR_REQUEST"
-        ),
-        recovery_decision_ids=tuple(
-            decode_int64(r["record_id"], column="record_id", minimum=0)
-            for r in audit
-            if r["record_kind"] == "RECOVERY_DECISION"
-        ),
     )
     counts = PurgeCounts(
-        flow_decisions=q.delete_purge_flow_decisions.affected(conn, **ids),
-        recovery_decisions=q.delete_purge_recovery_decisions.affected(conn, **ids),
-        operator_requests=q.delete_purge_operator_requests.affected(conn, **both),
-        step_partitions=q.delete_purge_step_partitions.affected(conn, **ids),
-        step_executions=q.delete_purge_step_executions.affected(conn, **ids),
-        job_executions=q.delete_purge_job_executions.affected(conn, **ids),
+        **{
+            name: decode_int64(deleted[name], column=name, minimum=0)
+            for name in (
+                "flow_decisions",
+                "recovery_decisions",
+                "operator_requests",
+                "step_partitions",
+                "step_executions",
+                "job_executions",
+            )
+        }
     )
-    if plan.request.forget_instances:
+    audit_records = PurgedAuditRecords(
+        operator_request_ids=_decode_ids(deleted["operator_request_ids"], "operator_request_ids"),
+        recovery_decision_ids=_decode_ids(
+            deleted["recovery_decision_ids"], "recovery_decision_ids"
+        ),
+    )
+    if forget:
         q.detach_retention_actions.affected(conn, instance_ids=instance_ids)
         instances = q.delete_purge_instances.affected(conn, instance_ids=instance_ids)
     else:
-        instances = q.tombstone_purged_instances.affected(
-            conn,
-            instance_ids=instance_ids,
-            final_statuses=[latest[instance_id][1].value for instance_id in instance_ids],
-            purged_at=now,
-        )
+        instances = decode_int64(deleted["tombstones"], column="tombstones", minimum=0)
     return PurgeResult(attrs.evolve(counts, job_instances=instances), audit_records)
 
 

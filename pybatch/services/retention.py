@@ -12,6 +12,7 @@ audit_chain.sql).
 
 from __future__ import annotations
 
+import datetime as _dt
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
     from pybatch.job_repository import JobRepository
 
 __all__ = ["PurgeProgress", "RetentionOutcome", "RetentionService"]
+
+#: A survey's keyset position: the (latest updated_at, instance id) of the last instance taken.
+_Key = tuple[_dt.datetime, int]
 
 #: How often one batch is planned again after going stale before the purge gives up.
 STALE_RETRIES = 5
@@ -115,9 +119,13 @@ class RetentionService:
 
     def plan(self, request: PurgePlanRequest) -> PurgePlan:
         """Survey the next batch in a rolled-back unit of work and seal it."""
+        return self._plan(request, None)[0]
+
+    def _plan(self, request: PurgePlanRequest, after: _Key | None) -> tuple[PurgePlan, _Key | None]:
+        """The sealed plan of the next batch after `after`, and the keyset position it ends at."""
         with self.repository.begin() as uow:
-            survey = uow.purge_survey(request)
-        return PurgePlan.new(request, survey)
+            survey = uow.purge_survey(request, after)
+        return PurgePlan.new(request, survey), survey.last_key
 
     def forecast(self, request: PurgePlanRequest) -> PurgeCounts:
         """What a purge would delete now, over every batch (read-only, for --dry-run)."""
@@ -166,6 +174,12 @@ class RetentionService:
         so re-running an interrupted purge with the same base replays a batch that was
         applied and goes on with the rest.
 
+        Each survey starts where the previous batch ended (the keyset of its oldest-first
+        order), so it never walks again over what was purged or passed over; when that
+        finds nothing, one more survey from the start catches any instance that became a
+        candidate behind it (a hold released meanwhile), and the purge ends when that one
+        finds nothing either.
+
         Raises:
             RetentionPlanStale: one batch went stale STALE_RETRIES times in a row.
         """
@@ -174,10 +188,14 @@ class RetentionService:
                 f"the operation id of a purge is 1 to {MAX_PURGE_OPERATION_BASE} bytes"
             )
         total, batch, stale = PurgeCounts(), 0, 0
+        after: _Key | None = None
         while True:
-            plan = self.plan(request)
+            plan, last_key = self._plan(request, after)
             if plan.is_empty():
-                return
+                if after is None:
+                    return
+                after = None  # once more from the start
+                continue
             operation_id = OperationId(f"{operation_base}:{plan.digest.hex()[:16]}")
             try:
                 outcome = self.apply(operation_id, actor, reason, plan)
@@ -186,7 +204,7 @@ class RetentionService:
                 if stale >= STALE_RETRIES:
                     raise
                 continue
-            stale = 0
+            stale, after = 0, last_key
             batch += 1
             total = total + outcome.counts
             yield PurgeProgress(batch, outcome, total)
@@ -257,7 +275,7 @@ class RetentionService:
                 if again is None:
                     raise
                 return again
-            if applied.purged is not None:
+            if applied.purged is not None and not applied.purged.is_empty():
                 uow.mark_purged_audit_links(applied.purged, record.id)
             try:
                 uow.commit()

@@ -42,6 +42,8 @@ __all__ = [
     "RetentionRecord",
     "RetentionRecordDraft",
     "TerminalStatusSet",
+    "candidate_encoding",
+    "candidate_order",
     "retention_request_digest",
 ]
 
@@ -70,6 +72,9 @@ class _Writer:
 
     def u64(self, value: int) -> None:
         self._parts.append(struct.pack(">Q", value))
+
+    def raw(self, data: bytes) -> None:
+        self._parts.append(data)
 
     def digest(self) -> bytes:
         return hashlib.sha256(b"".join(self._parts)).digest()
@@ -138,6 +143,23 @@ class PurgeCandidate:
     version: int
 
 
+_CANDIDATE = struct.Struct(">QQQ")
+
+
+def candidate_encoding(candidates: Iterable[PurgeCandidate]) -> bytes:
+    """The candidates as the plan digest writes them: u64be instance, execution, version each.
+
+    apply_purge compares the SHA-256 of this with the same encoding of the rows it locked.
+    """
+    pack = _CANDIDATE.pack
+    return b"".join([pack(c.job_instance_id, c.job_execution_id, c.version) for c in candidates])
+
+
+def candidate_order(candidate: PurgeCandidate) -> tuple[int, int, int]:
+    """The sort key of PurgeCandidate's own order, as a plain tuple (much faster to compare)."""
+    return (candidate.job_instance_id, candidate.job_execution_id, candidate.version)
+
+
 @attrs.frozen
 class PurgeCounts:
     """Rows per table, in deletion order; `job_instances` counts tombstoned or deleted ones."""
@@ -186,17 +208,14 @@ class PurgePlan:
     @classmethod
     def new(cls, request: PurgePlanRequest, survey: PurgeSurvey) -> PurgePlan:
         """Seal a survey with the plan digest of behaviour.md 2.19."""
-        candidates = tuple(sorted(survey.candidates))
+        candidates = tuple(sorted(survey.candidates, key=candidate_order))
         writer = _Writer(PLAN_DIGEST_DOMAIN)
         writer.text(request.job_name.value)
         for status in request.statuses.ordered():
             writer.text(status.value)
         writer.u64(int(request.minimum_age.total_seconds()))
         writer.u64(request.batch.value)
-        for candidate in candidates:
-            writer.u64(candidate.job_instance_id)
-            writer.u64(candidate.job_execution_id)
-            writer.u64(candidate.version)
+        writer.raw(candidate_encoding(candidates))
         if request.forget_instances:
             writer.text("forget_instances")  # absent by default: the upstream digest unchanged
         return cls(

@@ -22,6 +22,7 @@ from pybatch.errors import (
     BatchBoundOutOfRange,
     CompletedInstance,
     EmptyStatusSet,
+    IntegrityViolation,
     JobInstanceNotFound,
     NonTerminalStatus,
     OperationIdConflict,
@@ -39,6 +40,7 @@ from pybatch.values.retention import (
     PurgeCounts,
     PurgePlan,
     PurgePlanRequest,
+    PurgeSurvey,
     TerminalStatusSet,
 )
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
@@ -405,9 +407,94 @@ def test_j18_hold_replay_and_conflicts(
     assert rows(admin, "retention_action") == 3
 
 
-def _survey_of(plan: PurgePlan) -> Any:
-    from pybatch.values.retention import PurgeSurvey
+def test_j9_a_plan_missing_one_attempt_of_an_instance_is_stale(
+    repository: JobRepository,
+    clock: ManualClock,
+    retention: RetentionService,
+    admin: psycopg.Connection[Any],
+) -> None:
+    history(repository, clock, "two", S.FAILED, S.COMPLETED)
+    clock.advance(2 * HOUR)
+    whole = retention.plan(request())
+    assert len(whole.candidates) == 2
+    before = rows(admin, "job_execution")
+    bumped = attrs.evolve(whole.candidates[0], version=whole.candidates[0].version + 1)
+    for candidates in (
+        whole.candidates[1:],  # the older attempt left out
+        (whole.candidates[0], whole.candidates[0], whole.candidates[1]),  # one listed twice
+        (bumped, *whole.candidates[1:]),  # a version that never was
+    ):
+        forged = PurgePlan.new(request(), PurgeSurvey(candidates, whole.counts))
+        with pytest.raises(RetentionPlanStale):
+            retention.apply(OperationId(f"forged-{len(candidates)}"), OPS, LEGAL, forged)
+    assert rows(admin, "job_execution") == before
+    assert rows(admin, "retention_action") == 0
+    assert retention.apply(OperationId("whole"), OPS, LEGAL, whole).counts.job_executions == 2
 
+
+def test_j_a_retained_reference_still_fails_the_whole_delete(
+    repository: JobRepository,
+    clock: ManualClock,
+    retention: RetentionService,
+    admin: psycopg.Connection[Any],
+) -> None:
+    """The histories go in one statement; RESTRICT still refuses a retained reference."""
+    gone = history(repository, clock, "gone", S.COMPLETED)
+    kept = history(repository, clock, "kept", S.FAILED)
+    clock.advance(2 * HOUR)
+    plan = retention.plan(request())
+    assert plan.instance_ids == [gone]
+    with repository.begin() as uow:
+        [kept_execution] = uow.job_executions(kept)
+    step = admin.execute(
+        "SELECT s.id FROM pybatch.step_execution AS s"
+        " JOIN pybatch.job_execution AS e ON s.job_execution_id = e.id"
+        " WHERE e.job_instance_id = %s",
+        (gone,),
+    ).fetchone()
+    assert step is not None
+    # Never written by pybatch (the retained-chain rule keeps references inside an instance):
+    # a decision of the kept history citing a step of the purged one.
+    admin.execute(
+        "INSERT INTO pybatch.flow_decision (job_execution_id, source_step_execution_id,"
+        " sequence, source_node_id, observed_outcome, transition_kind, terminal_kind,"
+        " plan_fingerprint, input_digest, decided_at)"
+        " VALUES (%s, %s, 1, 'load', 'COMPLETED', 'STEP_EXIT', 'COMPLETE', %s, %s, now())",
+        (kept_execution.id, step[0], bytes(32), bytes(32)),
+    )
+    before = {t: rows(admin, t) for t in ("job_execution", "step_execution", "flow_decision")}
+    with pytest.raises(IntegrityViolation) as refused:
+        retention.apply(OperationId("p-1"), OPS, ReasonCode("RETENTION"), plan)
+    assert refused.value.constraint == "flow_decision_source_step_execution_fk"
+    assert {t: rows(admin, t) for t in before} == before
+    assert rows(admin, "retention_action") == 0
+    tombstone = admin.execute(
+        "SELECT final_status FROM pybatch.job_instance WHERE id = %s", (gone,)
+    ).fetchone()
+    assert tombstone == (None,)
+
+
+def test_j_a_purge_ends_only_when_a_survey_from_the_start_finds_nothing(
+    repository: JobRepository, clock: ManualClock, retention: RetentionService
+) -> None:
+    """Batches continue after the previous one; a hold released behind them is not missed."""
+    first = history(repository, clock, "first", S.COMPLETED)
+    held = history(repository, clock, "held", S.COMPLETED)
+    last = history(repository, clock, "last", S.COMPLETED)
+    retention.hold(OperationId("hold-1"), OPS, held, LEGAL)
+    clock.advance(2 * HOUR)
+    purged: list[int] = []
+    for progress in retention.purge(request(batch=1), "purge", OPS, ReasonCode("RETENTION")):
+        with repository.begin() as uow:
+            purged += [i for i in (first, held, last) if not uow.job_executions(i)]
+        if progress.batch == 2:  # `first` and `last` are gone: the survey is past `held`
+            retention.release(OperationId("release-1"), OPS, held, ReasonCode("RELEASED"))
+    assert progress.batch == 3 and progress.total.job_instances == 3
+    assert purged[:1] == [first] and sorted(set(purged)) == sorted([first, held, last])
+    assert retention.plan(request()).is_empty()
+
+
+def _survey_of(plan: PurgePlan) -> Any:
     return PurgeSurvey(plan.candidates, plan.counts, plan.final_statuses)
 
 

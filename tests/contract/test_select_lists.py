@@ -174,18 +174,31 @@ READERS: dict[str, tuple[str, ...]] = {
         "applied_at",
     ),
     "insert_retention_action": ("id",),
-    "survey_purge_instances": ("job_instance_id", "updated_at", "status", "execution_count"),
-    "list_instance_executions": ("job_instance_id", "id", "version"),
-    "count_purge_rows": (
+    "survey_purge_batch": (
+        "job_instance_id",
+        "job_execution_id",
+        "version",
+        "updated_at",
+        "status",
         "flow_decisions",
         "recovery_decisions",
         "operator_requests",
         "step_partitions",
         "step_executions",
     ),
-    "lock_purge_instances": ("id", "held"),
-    "lock_purge_executions": ("job_instance_id", "id", "version", "status", "attempt"),
-    "list_purge_audit_records": ("record_kind", "record_id"),
+    "lock_purge_instances": ("found", "held"),
+    "lock_purge_executions": ("candidates_digest", "unresolved", "not_requested"),
+    "delete_purge_histories": (
+        "flow_decisions",
+        "recovery_decisions",
+        "operator_requests",
+        "step_partitions",
+        "step_executions",
+        "job_executions",
+        "tombstones",
+        "operator_request_ids",
+        "recovery_decision_ids",
+    ),
 }
 
 ROW_STATEMENTS = [
