@@ -97,10 +97,11 @@ class _Liveness:
     be taken by any role that can connect, so a lock never blocks a recovery). A killed idle
     connection of a live worker loses nothing: the lease is row state.
 
-    A partition without a lease was claimed before worker leases existed (schema migration
-    0005) by a worker that holds a session advisory lock on its worker step; only for such
-    partitions does the lock decide. Workers still take that lock, best effort, on a
-    dedicated connection: processes started before the upgrade judge every worker by it.
+    A partition without a lease was claimed before worker leases existed (before the
+    partition worker lease migration) by a worker that holds a session advisory lock on its
+    worker step; only for such partitions does the lock decide. Workers still take that
+    lock, best effort, on a dedicated connection: processes started before the upgrade judge
+    every worker by it.
     """
 
     def __init__(self, repository: JobRepository, lease: ExecutionLease | None = None) -> None:
@@ -148,7 +149,11 @@ class _Liveness:
         """No session holds the advisory lock of a worker claimed before leases existed."""
         if self._conn.closed or self._conn.broken:
             self._reconnect()
-        return liveness_statements.worker_is_gone(self._statements, self._conn, worker_id)
+        try:
+            return liveness_statements.worker_is_gone(self._statements, self._conn, worker_id)
+        except PyBatchError:  # the session was ended while idle: probe from a fresh one
+            self._reconnect()
+            return liveness_statements.worker_is_gone(self._statements, self._conn, worker_id)
 
     def is_lost(self, partition: StartedPartition) -> bool:
         """True when the partition's worker is gone (read before any lock).
