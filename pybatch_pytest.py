@@ -50,7 +50,7 @@ def _require_extra() -> None:
 @pytest.fixture(scope="session")
 def pybatch_server() -> Iterator[PostgresServer]:
     """The session's PostgreSQL: PYBATCH_TEST_DSN, else a throwaway server for this session."""
-    from pybatch.testing import TEST_DSN_ENV, PostgresServer
+    from pybatch.testing import TEST_DSN_ENV, PostgresServer, server_parent
 
     _require_extra()
     existing = os.environ.get(TEST_DSN_ENV)
@@ -59,7 +59,7 @@ def pybatch_server() -> Iterator[PostgresServer]:
         return
     from pybatch.embedded import EmbeddedPostgres, EmbeddedPostgresUnavailable
 
-    server = EmbeddedPostgres(durable=False)
+    server = EmbeddedPostgres(durable=False, parent=server_parent())
     try:
         server.start()
     except EmbeddedPostgresUnavailable as error:

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import psycopg
 import pugsql
 import pugsql.statement
+from psycopg import sql
 from psycopg.rows import dict_row
 from sqlalchemy.dialects.postgresql import psycopg as sqlalchemy_psycopg
 
@@ -39,6 +40,7 @@ __all__ = [
     "load_pugsql_module",
     "load_statement_folder",
     "load_statements",
+    "load_testing_statements",
 ]
 
 #: A psycopg connection, whatever its row factory (statements choose their own).
@@ -53,6 +55,8 @@ _MODES: Mapping[type, Mode] = {
     pugsql.statement.Scalar: "scalar",
 }
 _ORIGIN_COMMENT = re.compile(r"^-- pugsql function \S+ in file .*? at line \d+\n")
+#: A parameter in the compiled text, as SQLAlchemy writes it for psycopg.
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
 
 class StatementModeMismatch(TypeError):
@@ -65,7 +69,17 @@ class Statement:
     Run it with the method of its declared mode: `one`, `many`, `scalar` or `affected`.
     """
 
-    __slots__ = ("_prepared", "doc", "filename", "mode", "name", "parameters", "query")
+    __slots__ = (
+        "_order",
+        "_positional",
+        "_prepared",
+        "doc",
+        "filename",
+        "mode",
+        "name",
+        "parameters",
+        "query",
+    )
 
     def __init__(self, source: Any) -> None:
         mode = _MODES.get(type(source.result))
@@ -83,6 +97,9 @@ class Statement:
         # DBA reading pg_stat_activity which file and statement this is.
         body = _ORIGIN_COMMENT.sub("", str(compiled))
         self.query: bytes = f"-- pybatch {self.filename} {self.name}\n{body}".encode()
+        # What runs: the same text with positional placeholders, bound from a list built in
+        # `_order`, which spares psycopg mapping a dict of parameters at every execution.
+        self._positional, self._order = _positional_form(self.query)
         self._prepared = PreparedStatement(self)
 
     def __repr__(self) -> str:
@@ -112,6 +129,36 @@ class Statement:
         with self._run(conn, "affected", params, prepare=None) as cursor:
             return cursor.rowcount
 
+    def run_with_identifiers(self, conn: Connection, /, **identifiers: str) -> None:
+        """Run a utility statement (`:affected`) whose parameters are all names.
+
+        PostgreSQL binds values, never names, and a utility statement such as CREATE
+        DATABASE binds nothing at all; so each `:param` is replaced by its value quoted as
+        an identifier by psycopg (`sql.Identifier`), which no name can escape from.
+        """
+        if self.mode != "affected":
+            raise StatementModeMismatch(
+                f"{self.name} is declared :{self.mode}; only an :affected statement runs "
+                "with identifiers"
+            )
+        if identifiers.keys() != self.parameters:
+            missing = sorted(self.parameters - identifiers.keys())
+            unknown = sorted(identifiers.keys() - self.parameters)
+            raise TypeError(f"{self.name}: missing identifiers {missing}, unknown {unknown}")
+        pieces = _PLACEHOLDER.split(self.query.decode())
+        # Text and names alternate; the text's percent signs were doubled for psycopg's
+        # placeholders, which a statement run without parameters does not use.
+        composed = sql.Composed(
+            [
+                sql.Identifier(identifiers[piece])
+                if index % 2
+                else sql.SQL(piece.replace("%%", "%"))
+                for index, piece in enumerate(pieces)
+            ]
+        )
+        with conn.cursor() as cursor:
+            cursor.execute(composed)
+
     @property
     def prepared(self) -> PreparedStatement:
         """The same statement, prepared server-side on its first use on each connection.
@@ -133,11 +180,30 @@ class Statement:
             raise TypeError(f"{self.name}: missing parameters {missing}, unknown {unknown}")
         cursor = conn.cursor(row_factory=dict_row)
         try:
-            cursor.execute(self.query, params, prepare=prepare)
+            cursor.execute(
+                self._positional, [params[name] for name in self._order], prepare=prepare
+            )
         except BaseException:
             cursor.close()
             raise
         return cursor
+
+
+_NAMED_OR_ESCAPED = re.compile(rb"%%|%\((\w+)\)s")
+
+
+def _positional_form(query: bytes) -> tuple[bytes, tuple[str, ...]]:
+    """`query` with each `%(name)s` as `%s`, and the names in order (`%%` is kept)."""
+    order: list[str] = []
+
+    def positional(match: re.Match[bytes]) -> bytes:
+        name = match.group(1)
+        if name is None:
+            return match.group(0)
+        order.append(name.decode())
+        return b"%s"
+
+    return _NAMED_OR_ESCAPED.sub(positional, query), tuple(order)
 
 
 class PreparedStatement:
@@ -207,6 +273,12 @@ def load_statement_folder(path: Path) -> Statements:
 def load_demo_statements() -> Statements:
     """The demo main job's own statements (`queries/demo/`), kept out of the product's."""
     return load_statement_folder(queries_dir() / "demo")
+
+
+@functools.cache
+def load_testing_statements() -> Statements:
+    """pybatch.testing's statements (`queries/testing/`): the test databases it clones."""
+    return load_statement_folder(queries_dir() / "testing")
 
 
 @functools.cache

@@ -24,7 +24,7 @@ from psycopg.pq import TransactionStatus
 
 from pybatch import _sqlstate
 from pybatch._connect import check_idle_connection
-from pybatch._statements import Connection
+from pybatch._statements import Connection, Statement
 from pybatch._transaction import CommitErrors, Lease
 from pybatch.codecs.chunks import (
     decode_committed_step_state,
@@ -51,7 +51,7 @@ from pybatch.values.chunks import (
     InheritedProgress,
 )
 from pybatch.values.fault import FaultStateEnvelope
-from pybatch.values.state import Checkpoint, ExecutionContext
+from pybatch.values.state import MAX_STORABLE_SCHEMA_VERSION, Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus
 
 if TYPE_CHECKING:
@@ -197,6 +197,13 @@ class ChunkTransaction:
             except (CountExhausted, PyBatchError):
                 raise NotCommitted(reason="a counter would overflow") from None
             receipt = self._receipt(state, counts, checkpoint, context)
+            if (
+                receipt.checkpoint.schema_version > MAX_STORABLE_SCHEMA_VERSION
+                or receipt.context.schema_version > MAX_STORABLE_SCHEMA_VERSION
+            ):
+                raise NotCommitted(
+                    reason="a state schema version above 2147483647 cannot be stored"
+                )
             progress = fault_progress or NO_FAULT_PROGRESS
             now = self._manager.clock.now()
             statements = self._manager.statements
@@ -216,11 +223,17 @@ class ChunkTransaction:
         except NotCommitted:
             self.rollback()
             raise
+        # A chunk that sent no statement of its own (checkpoint-only) is the UPDATE alone: as
+        # one autocommit statement it is atomic by itself and commits in one round trip
+        # instead of BEGIN, UPDATE, COMMIT. A lost connection then leaves its outcome unknown.
+        alone = conn.info.transaction_status == TransactionStatus.IDLE
         try:
-            changed = statement.prepared.affected(conn, **params)
+            changed = _run_progress_update(statement, conn, params, autocommit=alone)
         except psycopg.Error as error:
             if _sqlstate.is_connection_loss(error, conn):
                 self._discard()
+                if alone:
+                    raise ChunkCommitOutcomeUnknown() from None
             else:
                 self.rollback()
             raise NotCommitted(reason="the progress update failed") from None
@@ -410,6 +423,20 @@ class ChunkTransactionManager:
         return InheritedProgress(
             read_count=state.counts.read, checkpoint_digest=digest, fault_state=state.fault_state
         )
+
+
+def _run_progress_update(
+    statement: Statement, conn: Connection, params: dict[str, object], *, autocommit: bool
+) -> int:
+    """Run the chunk's progress UPDATE prepared; with `autocommit`, as its own transaction."""
+    if not autocommit:
+        return statement.prepared.affected(conn, **params)
+    conn.autocommit = True
+    try:
+        return statement.prepared.affected(conn, **params)
+    finally:
+        if conn.info.transaction_status == TransactionStatus.IDLE:  # else it is discarded
+            conn.autocommit = False
 
 
 def _still_alive(held: Lease) -> bool:

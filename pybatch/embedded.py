@@ -144,6 +144,8 @@ class EmbeddedPostgres:
         run_as: under root only, the OS user that runs the server; default `postgres`,
             else `nobody`.
         timeout: seconds allowed for initdb and for the server to start or stop.
+        parent: the directory in which the server's temporary directory is made; default:
+            the system's temporary directory (TMPDIR).
     """
 
     def __init__(
@@ -154,6 +156,7 @@ class EmbeddedPostgres:
         user: str = "postgres",
         run_as: str | None = None,
         timeout: float = 60.0,
+        parent: str | os.PathLike[str] | None = None,
     ) -> None:
         if not _USER_NAME.fullmatch(user):
             raise ValueError("user must be a plain role name (letters, digits, underscore)")
@@ -162,6 +165,7 @@ class EmbeddedPostgres:
         self.user = user
         self.timeout = timeout
         self._run_as_choice = run_as
+        self._parent = None if parent is None else str(parent)
         self.host = "127.0.0.1"
         self.dbname = DEMO_DBNAME
         self.bindir: Path | None = None
@@ -246,12 +250,12 @@ class EmbeddedPostgres:
     def _start(self) -> None:
         self.bindir = find_bindir(self._bindir_choice)
         account = self._server_account()
-        self.directory = Path(tempfile.mkdtemp(prefix="pybatch-pg-"))
+        self.directory = Path(tempfile.mkdtemp(prefix="pybatch-pg-", dir=self._parent))
         directory = self.directory
         if not _SHELL_SAFE_PATH.fullmatch(str(directory)):
             raise EmbeddedPostgresUnavailable(
                 f"temporary directory {directory} has characters pg_ctl cannot pass through "
-                "its shell; set TMPDIR to a plain path such as /tmp"
+                "its shell; make it under a plain path such as /tmp (TMPDIR, or `parent`)"
             )
         if account is not None:
             self._prepare_for(account, directory)

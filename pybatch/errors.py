@@ -667,6 +667,20 @@ class TextContainsNul(DomainError):
 
 
 @_error
+class StateSchemaVersionNotStorable(DomainError):
+    """A schema version above 2^31-1: valid (u32) but not storable in an integer column."""
+
+    message = "state schema version above 2147483647 cannot be stored"
+
+
+@_error
+class TimestampOutOfRange(DomainError):
+    """An aware datetime whose instant has no UTC datetime (Python's years end at 1 and 9999)."""
+
+    message = "timestamp has no UTC form within years 1..9999"
+
+
+@_error
 class PartitionContextTooLarge(DomainError):
     """A partition context envelope exceeds its bound (the contract's ContextTooLarge)."""
 
@@ -1730,6 +1744,7 @@ __all__ = [
     "StateMalformed",
     "StatePayloadNotObject",
     "StateSchemaMismatch",
+    "StateSchemaVersionNotStorable",
     "StateTooDeep",
     "StateTooLarge",
     "StepExecutionNotFound",
@@ -1738,6 +1753,7 @@ __all__ = [
     "TextContainsNul",
     "TextNotUtf8",
     "TimeoutOutOfBounds",
+    "TimestampOutOfRange",
     "TlsOptionInConnectionString",
     "TlsVerificationFailed",
     "TokenContainsControl",

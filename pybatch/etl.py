@@ -273,7 +273,8 @@ class PartitionRun(StepRun):
         partition: StepPartition,
         keeper: PartitionLeaseKeeper | None = None,
     ) -> None:
-        super().__init__(run, worker)
+        # Like a step, a partition holds one pooled connection for all its chunks.
+        super().__init__(run, worker, hold_connection=True)
         self.partition = partition
         self._lease_keeper = keeper
 
@@ -843,7 +844,11 @@ def _runners(
         def runner(
             worker: StepExecution, partition: StepPartition, keeper: PartitionLeaseKeeper
         ) -> None:
-            work(PartitionRun(run, worker, partition, keeper))
+            partition_run = PartitionRun(run, worker, partition, keeper)
+            try:
+                work(partition_run)
+            finally:
+                partition_run.close()
 
         return runner
 

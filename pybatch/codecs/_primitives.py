@@ -81,7 +81,10 @@ def decode_aware(value: object, *, column: str) -> _dt.datetime:
         raise DecodeError(column)
     if value.utcoffset() is None:
         raise DecodeError(column)
-    return value.astimezone(_dt.UTC)
+    try:
+        return value.astimezone(_dt.UTC)
+    except OverflowError:  # 0001-01-01 at a positive offset has no UTC datetime
+        raise DecodeError(column) from None
 
 
 def decode_optional_aware(value: object, *, column: str) -> _dt.datetime | None:

@@ -169,7 +169,9 @@ _COUNT_COLUMNS = (
 def _count(value: object, *, column: str) -> int:
     """A stored counter or a derived (numeric) total, 0..2**63-1."""
     if isinstance(value, decimal.Decimal):
-        if value != value.to_integral_value() or not 0 <= value <= INT64_MAX:
+        if not value.is_finite() or value != value.to_integral_value():
+            raise DecodeError(column)
+        if not 0 <= value <= INT64_MAX:
             raise DecodeError(column)
         return int(value)
     return decode_int64(value, column=column, minimum=0)
@@ -238,6 +240,7 @@ def decode_instance_projection(row: Row) -> JobInstanceProjection:
             not isinstance(entry, list)
             or len(entry) != 2
             or type(entry[0]) is not str
+            or type(entry[1]) is not str
             or entry[1] not in _PARAMETER_KINDS
         ):
             raise DecodeError("parameter_kinds")
@@ -297,7 +300,9 @@ def decode_execution_projection(row: Row) -> JobExecutionProjection:
         ),
         context=_envelope(row, "context"),
         stop_requested_at=stop_at,
-        stop_requested_by=None if stop_by is None else decode_text(stop_by, column="stop_by"),
+        stop_requested_by=(
+            None if stop_by is None else decode_text(stop_by, column="stop_requested_by")
+        ),
         owner_recorded=owner,
     )
 

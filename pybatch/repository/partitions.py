@@ -37,6 +37,7 @@ from pybatch.errors import (
     PartitionWorkerStale,
     PyBatchError,
     StaleVersion,
+    StateSchemaVersionNotStorable,
     StepExecutionNotFound,
     StepPartitionNotFound,
 )
@@ -64,6 +65,7 @@ from pybatch.values.partitions import (
     aggregate_partitions,
 )
 from pybatch.values.records import StepExecution
+from pybatch.values.state import MAX_STORABLE_SCHEMA_VERSION
 from pybatch.values.status import BatchStatus
 
 __all__ = [
@@ -131,8 +133,8 @@ def create_step_partition_plan(
     """Create a plan for a parent, all or nothing; partitions in entry order.
 
     Raises:
-        EmptyPartitionPlan, PartitionPlanTooLarge, DuplicatePartitionKey: bad entries
-            (checked before the parent).
+        EmptyPartitionPlan, PartitionPlanTooLarge, DuplicatePartitionKey,
+            StateSchemaVersionNotStorable: bad entries (checked before the parent).
         StepExecutionNotFound: no such parent.
         PartitionParentNotActive: parent not STARTING or STARTED.
         PartitionPlanExists: the parent already has a plan.
@@ -147,6 +149,8 @@ def create_step_partition_plan(
         raise PartitionPlanTooLarge(max=MAX_PARTITIONS)
     if len({entry.key.sort_key for entry in entries}) != len(entries):
         raise DuplicatePartitionKey()
+    if any(entry.context.schema_version > MAX_STORABLE_SCHEMA_VERSION for entry in entries):
+        raise StateSchemaVersionNotStorable()
     check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
     parent = _lock_step(q, conn, parent_id)
     if parent is None:

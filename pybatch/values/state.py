@@ -38,6 +38,7 @@ __all__ = [
     "CHECKPOINT_FORMAT",
     "EMPTY_STATE_SCHEMA",
     "EXECUTION_CONTEXT_FORMAT",
+    "MAX_STORABLE_SCHEMA_VERSION",
     "STATE_FORMAT_VERSION",
     "Checkpoint",
     "ExecutionContext",
@@ -52,6 +53,10 @@ EXECUTION_CONTEXT_FORMAT = "oxide-batch.execution-context"
 STATE_FORMAT_VERSION = 1
 #: Schema of the default (empty) state of new steps and of every job execution's context.
 EMPTY_STATE_SCHEMA = StateSchemaId("oxide_batch.empty.v1")
+
+#: The largest schema version the `*_schema_version` columns (integer) hold; a version above it
+#: is a valid u32 that pybatch refuses to store (StateSchemaVersionNotStorable).
+MAX_STORABLE_SCHEMA_VERSION = 2**31 - 1
 
 _MAX_BYTES = 1024 * 1024
 _MAX_DEPTH = 64

@@ -11,7 +11,7 @@ import datetime as _dt
 
 import attrs
 
-from pybatch.errors import InvalidTimestampOrder, NaiveTimestamp
+from pybatch.errors import InvalidTimestampOrder, NaiveTimestamp, TimestampOutOfRange
 
 __all__ = ["ExecutionTimestamps", "aware_utc", "optional_aware_utc"]
 
@@ -21,12 +21,17 @@ def aware_utc(value: _dt.datetime) -> _dt.datetime:
 
     Raises:
         NaiveTimestamp: `value` has no time zone (or its zone gives no offset).
+        TimestampOutOfRange: the instant is before 0001-01-01 or after 9999-12-31 in UTC
+            (e.g. 0001-01-01T00:00+01:00), so no UTC datetime can hold it.
     """
     if not isinstance(value, _dt.datetime):
         raise TypeError("expected a datetime")
     if value.tzinfo is None or value.utcoffset() is None:
         raise NaiveTimestamp()
-    return value.astimezone(_dt.UTC)
+    try:
+        return value.astimezone(_dt.UTC)
+    except OverflowError:
+        raise TimestampOutOfRange() from None
 
 
 def optional_aware_utc(value: _dt.datetime | None) -> _dt.datetime | None:

@@ -31,7 +31,9 @@ from pybatch.errors import (
     PartitionWorkerAlreadyAssigned,
     PartitionWorkerMismatch,
     PartitionWorkerStale,
+    RepositoryDomainError,
     StaleVersion,
+    StateSchemaVersionNotStorable,
     StepExecutionNotFound,
     StepPartitionNotFound,
 )
@@ -225,6 +227,22 @@ def test_f3_byte_identical_keys_are_duplicates_whitespace_is_kept(f: Fixture) ->
     with f.repository.begin() as uow, pytest.raises(DuplicatePartitionKey):
         uow.create_step_partition_plan(f.parent.id, entries("a", "b", "a"))
     assert [p.key.value for p in plan(f.repository, other, "a", "a ")] == ["a", "a "]
+
+
+def test_a_context_schema_version_beyond_integer_is_refused_before_any_write(
+    f: Fixture, admin: psycopg.Connection[Any]
+) -> None:
+    """Valid as a u32, 2^31 does not fit the integer column: refused typed, nothing written."""
+    too_big = PartitionPlanEntry("b", ExecutionContext(SCHEMA, 2**31, {"key": "b"}))
+    with f.repository.begin() as uow, pytest.raises(RepositoryDomainError) as refused:
+        uow.create_step_partition_plan(f.parent.id, [entry("a"), too_big])
+    assert isinstance(refused.value.error, StateSchemaVersionNotStorable)
+    assert partition_rows(admin) == 0
+    fits = PartitionPlanEntry("b", ExecutionContext(SCHEMA, 2**31 - 1, {"key": "b"}))
+    with f.repository.begin() as uow:
+        created = uow.create_step_partition_plan(f.parent.id, [entry("a"), fits])
+        uow.commit()
+    assert created[1].context.schema_version == 2**31 - 1
 
 
 def test_f4_f5_f6_plan_exists_parent_not_active_all_or_nothing(

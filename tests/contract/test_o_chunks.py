@@ -8,6 +8,8 @@ state tampered with behind pybatch's back (behaviour.md 6.3).
 from __future__ import annotations
 
 import itertools
+import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -16,6 +18,7 @@ from typing import Any
 import attrs
 import psycopg
 import pytest
+from psycopg import pq
 from psycopg.rows import dict_row
 
 from pybatch import ConnectionConfig, JobRepository
@@ -769,6 +772,112 @@ def test_lost_commit_acknowledgement_is_outcome_unknown(
     assert business_ids(admin) == []
     commit_chunk(manager, step, 2)  # the pool replaced the dead connection
     assert manager.load_committed_state(context_of(step)).checkpoint == cursor(2)
+
+
+def test_a_state_schema_version_beyond_integer_is_not_committed(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any], orders: None
+) -> None:
+    """A u32 schema version above 2^31-1 cannot be stored: the chunk, business writes
+    included, is refused before its progress UPDATE runs, and the step can go on."""
+    step = started_step(repository, clock)
+    manager = ChunkTransactionManager(repository)
+    for checkpoint, context in (
+        (Checkpoint(SCHEMA, 2**31, {"offset": 1}), None),
+        (cursor(1), ExecutionContext(SCHEMA, 2**31, {})),
+    ):
+        chunk = manager.begin_for(context_of(step))
+        chunk.execute("INSERT INTO public.orders VALUES (1, 'refused')")
+        with pytest.raises(NotCommitted) as refused:
+            chunk.commit(ChunkCounts(read=1), checkpoint=checkpoint, context=context)
+        assert "2147483647" in str(refused.value)
+        assert not chunk.is_open
+    assert business_ids(admin) == []
+    assert stored_step(repository, step.id).version == step.version
+    commit_chunk(manager, step, 1)
+    assert manager.load_committed_state(context_of(step)).checkpoint == cursor(1)
+
+
+def test_lost_acknowledgement_of_a_checkpoint_only_chunk_is_outcome_unknown(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    """A chunk that ran no statement commits its progress UPDATE alone, as its own
+    transaction: a connection lost while that UPDATE is in flight leaves the outcome
+    unknown (never NotCommitted, which would claim nothing landed), and a reload shows
+    the truth."""
+    step = started_step(repository, clock)
+    manager = ChunkTransactionManager(repository)
+    commit_chunk(manager, step, 1)
+    # begin_after sends nothing: the chunk's first statement is its progress UPDATE.
+    chunk = manager.begin_after(manager.load_committed_state(context_of(step)))
+    pid = chunk.connection.info.backend_pid
+    with psycopg.connect(admin.info.dsn, password=admin.info.password) as locker:
+        locker.execute("SELECT 1 FROM pybatch.step_execution WHERE id = %s FOR UPDATE", (step.id,))
+
+        def kill_while_it_waits() -> None:
+            deadline = time.monotonic() + 10
+            while not admin.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+                (pid,),
+            ).fetchone():
+                assert time.monotonic() < deadline, "the progress UPDATE never waited"
+                time.sleep(0.01)
+            terminate(admin, pid)
+
+        killer = threading.Thread(target=kill_while_it_waits)
+        killer.start()
+        with pytest.raises(ChunkCommitOutcomeUnknown):
+            chunk.commit(ChunkCounts(read=1), checkpoint=cursor(2))
+        killer.join()
+    assert not chunk.is_open
+    state = manager.load_committed_state(context_of(step))
+    assert state.version == step.version + 1  # here it did not land
+    assert state.checkpoint == cursor(1) and state.counts.committed == 1
+    commit_chunk(manager, step, 2)  # the pool replaced the dead connection
+    assert manager.load_committed_state(context_of(step)).checkpoint == cursor(2)
+
+
+def _protocol(conn: psycopg.Connection[Any], run: Any) -> str:
+    """libpq's trace of the messages `run()` exchanges on `conn`."""
+    with tempfile.TemporaryFile(mode="w+") as handle:
+        conn.pgconn.trace(handle.fileno())
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            run()
+        finally:
+            conn.pgconn.untrace()
+        handle.seek(0)
+        return handle.read()
+
+
+def test_a_checkpoint_only_chunk_commits_in_one_round_trip(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any], orders: None
+) -> None:
+    """No BEGIN and no COMMIT travel for a chunk that ran no statement of its own; a chunk
+    with business writes keeps them in one transaction with its progress."""
+    step = started_step(repository, clock)
+    manager = ChunkTransactionManager(repository, hold_connection=True)
+    commit_chunk(manager, step, 1)  # prepares the statements on the held connection
+    chunk = manager.begin_after(manager.load_committed_state(context_of(step)))
+    conn = chunk.connection
+    trace = _protocol(conn, lambda: chunk.commit(ChunkCounts(read=1), checkpoint=cursor(2)))
+    sent = [line for line in trace.splitlines() if line.startswith("F")]
+    assert not any("BEGIN" in line or "COMMIT" in line for line in sent), trace
+    assert sum(1 for line in sent if "\tSync" in line) == 1, trace
+    assert conn.autocommit is False  # the pooled connection is handed on as configured
+
+    chunk = manager.begin_after(chunk.committed)
+    conn = chunk.connection
+
+    def business_chunk() -> None:
+        chunk.execute("INSERT INTO public.orders VALUES (3, 'with progress')")
+        chunk.commit(ChunkCounts(read=1), checkpoint=cursor(3))
+
+    sent = [line for line in _protocol(conn, business_chunk).splitlines() if "F" in line[:2]]
+    assert any("BEGIN" in line for line in sent) and any("COMMIT" in line for line in sent)
+    assert business_ids(admin) == [3]
+    state = manager.load_committed_state(context_of(step))
+    assert state.checkpoint == cursor(3) and state.counts.committed == 3
+    manager.close()
 
 
 def test_connection_lost_before_commit_is_not_committed(

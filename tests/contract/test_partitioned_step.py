@@ -147,3 +147,43 @@ def test_claim_refused_before_the_plan_is_published(repository: JobRepository) -
         )
         with pytest.raises(PartitionPlanNotCommitted):
             uow.claim_step_partition(parent)
+
+
+@pytest.mark.usefixtures("orders")
+def test_a_partition_holds_one_connection_for_all_its_chunks_and_gives_it_back(
+    repository: JobRepository, admin: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One pool checkout per partition, not per chunk; more partitions than pooled
+    connections still all run, so each partition gave its connection back."""
+    transactions = repository.transactions
+    lease = transactions.lease
+    leases = 0
+
+    def counting_lease(*args: Any, **kwargs: Any) -> Any:
+        nonlocal leases
+        if threading.current_thread() is threading.main_thread():  # not the lease keeper
+            leases += 1
+        return lease(*args, **kwargs)
+
+    monkeypatch.setattr(transactions, "lease", counting_lease)
+    per_partition: dict[str, int] = {}
+
+    def traced(partition: PartitionRun) -> None:
+        first = int(partition.partition_context["first"])
+        before = leases
+        for start in range(0, ROWS_PER_PARTITION, 5):
+            with partition.chunk() as chunk:
+                ids = range(first + start, first + start + 5)
+                chunk.executemany(
+                    "INSERT INTO public.orders (id, part, worker) VALUES (%s, %s, %s)",
+                    [(i, partition.key, partition.execution.id) for i in ids],
+                )
+                chunk.commit(read=5, written=5, checkpoint={"offset": start + 5})
+        per_partition[partition.key] = leases - before
+
+    partitions = repository.config.pool_size * 2
+    with Job(repository, "fanout", {"run": 5}).launch() as run:
+        outcome = run.partitioned_step("load", plan_of(partitions), traced, workers=0)
+    assert outcome.step.status is S.COMPLETED
+    assert per_partition == {key: 1 for key in plan_of(partitions)}
+    assert business(admin) == (partitions * ROWS_PER_PARTITION,) * 2

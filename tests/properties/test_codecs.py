@@ -18,16 +18,7 @@ from pybatch.values.counts import ExecutionCounts
 from pybatch.values.ids import INT64_MAX
 from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus
-from tests.properties.strategies import anything, json_objects
-
-cells = st.one_of(
-    anything,
-    st.datetimes(timezones=st.one_of(st.none(), st.timezones())),
-    st.integers(min_value=-(2**64), max_value=2**64),
-    st.sampled_from([s.value for s in BatchStatus]),
-    st.binary(min_size=31, max_size=33),
-    json_objects,
-)
+from tests.properties.strategies import cells, json_objects
 
 
 def decodes_or_refuses(decode: Any, *args: Any, **kwargs: Any) -> Any:

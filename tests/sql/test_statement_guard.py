@@ -12,9 +12,11 @@ from pybatch._resources import queries_dir
 from pybatch._statements import (
     Statement,
     StatementModeMismatch,
+    Statements,
     load_demo_statements,
     load_pugsql_module,
     load_statements,
+    load_testing_statements,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,7 +38,7 @@ def _statements_of(path: Path) -> list[tuple[str, list[str]]]:
     return chunks
 
 
-ALL_STATEMENTS = [*load_statements(), *load_demo_statements()]
+ALL_STATEMENTS = [*load_statements(), *load_demo_statements(), *load_testing_statements()]
 
 
 def test_every_query_file_loads_in_pugsql() -> None:
@@ -44,6 +46,8 @@ def test_every_query_file_loads_in_pugsql() -> None:
     assert len(module._statements) == len(load_statements()) > 0
     demo = load_pugsql_module(queries_dir() / "demo")
     assert len(demo._statements) == len(load_demo_statements()) > 0
+    testing = load_pugsql_module(queries_dir() / "testing")
+    assert len(testing._statements) == len(load_testing_statements()) > 0
 
 
 @pytest.mark.parametrize("path", QUERY_FILES, ids=lambda p: p.name)
@@ -88,6 +92,7 @@ OWNER_EXCEPTIONS = {
     "schema.sql": {"migrator.py", "job_repository.py"},  # the migrator owns the bookkeeping
     "transaction.sql": {"unit_of_work.py"},  # diagnostics of the unit of work's settings
     "demo.sql": {"demo.py"},  # pybatch/cli/demo.py, the demo main job
+    "clones.sql": {"_clones.py"},  # pybatch/testing/_clones.py, the test databases
 }
 
 
@@ -185,11 +190,54 @@ def test_statement_parameters_are_declared_and_checked() -> None:
         statement.affected(None)  # type: ignore[arg-type]
 
 
-def test_every_parameter_has_a_sqlfluff_sample_value() -> None:
+def test_only_affected_statements_run_with_identifiers_and_with_all_of_them() -> None:
+    clone = load_testing_statements().clone_template
+    assert clone.parameters == {"database", "template"}
+    with pytest.raises(TypeError, match=r"missing identifiers \['template'\]"):
+        clone.run_with_identifiers(None, database="pybatch_test_x")  # type: ignore[arg-type]
+    with pytest.raises(StatementModeMismatch, match="only an :affected"):
+        load_testing_statements().count_database_sessions.run_with_identifiers(
+            None,  # type: ignore[arg-type]
+            datname="pybatch_test_x",
+        )
+
+
+def _sqlfluff_samples(folder: Path) -> set[str]:
+    """The sample values sqlfluff renders parameters with in `folder` (its .sqlfluff merged
+    over the repository's)."""
     import configparser
 
     parser = configparser.ConfigParser()
-    parser.read(ROOT / ".sqlfluff")
-    samples = set(parser["sqlfluff:templater:placeholder"])
-    missing = sorted({p for s in ALL_STATEMENTS for p in s.parameters} - samples)
-    assert missing == [], "run tools/sqlfluff_params.py and update .sqlfluff"
+    parser.read([ROOT / ".sqlfluff", folder / ".sqlfluff"])  # a missing file is skipped
+    return set(parser["sqlfluff:templater:placeholder"])
+
+
+@pytest.mark.parametrize(
+    ("folder", "statements"),
+    [
+        ("queries", load_statements()),
+        ("queries/demo", load_demo_statements()),
+        ("queries/testing", load_testing_statements()),
+    ],
+)
+def test_every_parameter_has_a_sqlfluff_sample_value(folder: str, statements: Statements) -> None:
+    samples = _sqlfluff_samples(ROOT / folder)
+    missing = sorted({p for s in statements for p in s.parameters} - samples)
+    assert missing == [], f"run tools/sqlfluff_params.py and update {folder}/.sqlfluff"
+
+
+def test_every_query_folder_is_checked_for_sample_values() -> None:
+    folders = {path.parent.relative_to(ROOT).as_posix() for path in QUERY_FILES}
+    assert folders == {"queries", "queries/demo", "queries/testing"}
+
+
+@pytest.mark.parametrize("path", QUERY_FILES, ids=lambda p: p.name)
+def test_a_statement_sqlfluff_cannot_parse_is_the_last_of_its_file(path: Path) -> None:
+    """sqlfluff stops parsing a file at its first unparsable statement, so a statement whose
+    parse errors are suppressed (`noqa: PRS`, for syntax sqlfluff lacks) must come last, or
+    the statements after it would go unlinted."""
+    chunks = _statements_of(path)
+    suppressed = [
+        i for i, (_, body) in enumerate(chunks) if any("noqa: PRS" in line for line in body)
+    ]
+    assert suppressed in ([], [len(chunks) - 1]), f"{path.name}: noqa: PRS before the end"

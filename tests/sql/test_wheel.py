@@ -38,8 +38,8 @@ def test_wheel_ships_every_statement_and_migration(tmp_path: Path) -> None:
     )
     [wheel] = dist.glob("pybatch-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    for path in (ROOT / "queries").glob("*.sql"):
-        assert f"pybatch/_sql/queries/{path.name}" in names
+    for path in (ROOT / "queries").rglob("*.sql"):  # the demo's and the test plugin's too
+        assert f"pybatch/_sql/queries/{path.relative_to(ROOT / 'queries').as_posix()}" in names
     for path in (ROOT / "migrations").glob("*.sql"):
         assert f"pybatch/_sql/migrations/{path.name}" in names
 

@@ -37,6 +37,8 @@ import pytest_postgresql.plugin
 from packaging.version import parse
 from pytest_postgresql.executors import PostgreSQLExecutor
 
+from pybatch.testing import server_parent
+
 # pytest-postgresql >= 8 refuses servers < 14 via this class attribute; the suite
 # passes on 13 once it is lowered.  It is a library internal: fail loudly (in every
 # env, not just pg13) if an upgrade renames it, rather than patching nothing.
@@ -127,7 +129,10 @@ def isolate_basetemp(config: pytest.Config) -> None:
         return
     if hasattr(config, "_tmp_path_factory"):
         raise RuntimeError("isolate_basetemp() ran too late: mark pytest_configure tryfirst")
-    parent = Path(tempfile.gettempdir()) / "pybatch-pytest-of-root"
+    # In memory when the machine has a roomy tmpfs (pybatch.testing's rule): every test
+    # clones the template, some 400 file creations that a busy disk's journal can make
+    # wait hundreds of milliseconds.
+    parent = Path(server_parent() or tempfile.gettempdir()) / "pybatch-pytest-of-root"
     parent.mkdir(mode=0o711, exist_ok=True)
     st = parent.lstat()
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:

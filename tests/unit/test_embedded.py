@@ -173,6 +173,23 @@ def test_root_falls_back_to_nobody_without_a_postgres_user(
         assert select_one(server.dsn) == 1
 
 
+@pytest.mark.slow
+@needs_debian
+def test_the_server_directory_is_made_in_the_chosen_parent() -> None:
+    parent = Path(tempfile.mkdtemp(prefix="pybatch-parent-"))
+    try:
+        parent.chmod(0o755)  # as root, the server's user must reach it
+        with EmbeddedPostgres(bindir=debian_bindir(), durable=False, parent=parent) as server:
+            assert server.directory is not None and server.directory.parent == parent
+            directory, pid, dsn = server.directory, server.pid, server.dsn
+            assert select_one(dsn) == 1
+        assert pid is not None
+        assert_cleaned_up(directory, pid, dsn)
+        assert parent.is_dir()
+    finally:
+        parent.rmdir()
+
+
 # --------------------------------------------------------------------------- refusals
 
 

@@ -339,6 +339,8 @@ PYBATCH_ONLY: dict[str, Families] = {
     "PermissionDenied": REPOSITORY,  # SQLSTATE 42501, deliberately not Unavailable
     "LockTimeout": BUSINESS,  # 55P03 in a business statement; the connection is kept
     "TextContainsNul": DOMAIN,  # PostgreSQL text and jsonb cannot store U+0000
+    "StateSchemaVersionNotStorable": DOMAIN,  # u32 versions in integer columns (schema.md 2)
+    "TimestampOutOfRange": DOMAIN,  # an aware instant beyond Python's UTC datetimes (2.7)
     "RecoveryFieldInvalid": RECOVERY_REQUEST,  # the base of the four recovery text rules
     "RecoveryEvidenceDigestInvalid": RECOVERY_REQUEST,  # the digest is bytes[32] in the seed
     "InvalidTlsMode": CONFIG,  # typed refusals instead of a TypeError echoing the value
