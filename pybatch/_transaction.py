@@ -16,6 +16,7 @@ can no longer be trusted.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -166,7 +167,6 @@ class TransactionSource:
             max_lifetime=config.connection_max_lifetime.total_seconds(),
             reconnect_timeout=config.connect_timeout.total_seconds(),
             configure=configure,
-            check=check_idle_connection,
             open=False,
             name="pybatch",
         )
@@ -189,7 +189,7 @@ class TransactionSource:
         """
         conn: Connection | None
         try:
-            conn = self._pool.getconn(timeout=self._config.acquire_timeout.total_seconds())
+            conn = self._checked_connection()
         except psycopg_pool.PoolTimeout:
             conn = None
         except psycopg.Error as error:
@@ -202,6 +202,29 @@ class TransactionSource:
         if read_only:
             conn.read_only = True
         return Lease(self, conn, read_only=read_only)
+
+    def _checked_connection(self) -> Connection:
+        """A pooled connection that passed `check_idle_connection`, within the acquire timeout.
+
+        A refused connection is handed back (the pool drops it and opens a replacement) and
+        the next one is tried at once. The pool's own checkout check would wait 1 s, 2 s,
+        4 s... between refusals, so a pool whose idle connections were all ended
+        (idle_session_timeout) could hold a lease renewal past a short lease.
+
+        Raises:
+            PoolTimeout: no healthy connection within the acquire timeout.
+        """
+        deadline = time.monotonic() + self._config.acquire_timeout.total_seconds()
+        while True:
+            conn: Connection = self._pool.getconn(timeout=max(deadline - time.monotonic(), 0.0))
+            try:
+                check_idle_connection(conn)
+            except psycopg.OperationalError:
+                self._pool._putconn(conn, from_getconn=True)  # dropped, replaced in background
+                if time.monotonic() >= deadline:
+                    raise psycopg_pool.PoolTimeout() from None
+                continue
+            return conn
 
     @contextmanager
     def read_only(self, *, schema_probe: bool = False) -> Iterator[Connection]:

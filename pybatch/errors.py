@@ -375,6 +375,23 @@ class ExecutionOwnershipLost(RepositoryError):
 
 
 @_error
+class PartitionOwnershipLost(RepositoryError):
+    """This process no longer works on its partition; stop without touching it.
+
+    Its worker's lease lapsed and another process recovered the partition (the worker step
+    is FAILED with STALE_RECOVERED and the partition is claimable by a new worker), or the
+    partition ended behind the worker.
+    """
+
+    message = (
+        "partition {partition_id} is no longer worked on by worker step {worker} of this "
+        "process (lease lapsed or recovered by another process); its work stops here"
+    )
+    partition_id: int
+    worker: int
+
+
+@_error
 class UnsupportedCapability(RepositoryError):
     """A required capability is not declared."""
 
@@ -1678,6 +1695,7 @@ __all__ = [
     "ParameterValueOutOfRange",
     "PartitionAggregationIncomplete",
     "PartitionContextTooLarge",
+    "PartitionOwnershipLost",
     "PartitionParentNotActive",
     "PartitionPlanExists",
     "PartitionPlanNotCommitted",

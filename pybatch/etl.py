@@ -46,6 +46,7 @@ from pybatch.errors import (
     FlowStateCorrupt,
     JobExecutionNotFound,
     NotCommitted,
+    PartitionOwnershipLost,
     PartitionsFailed,
     PyBatchError,
     StatePayloadNotObject,
@@ -53,7 +54,7 @@ from pybatch.errors import (
     StopRequested,
 )
 from pybatch.job_repository import JobRepository
-from pybatch.lease_keeper import LeaseKeeper
+from pybatch.lease_keeper import LeaseKeeper, PartitionLeaseKeeper
 from pybatch.liveness import LivenessSession
 from pybatch.services.flow import FlowPoint
 from pybatch.unit_of_work import UnitOfWork
@@ -169,7 +170,7 @@ class Chunk:
                 context=None if context is None else _state(ExecutionContext, context),
             )
         except NotCommitted:
-            self._run._raise_if_ownership_lost()
+            self._step._raise_if_ownership_lost()
             raise
 
 
@@ -239,7 +240,7 @@ class StepRun:
                 the run's `with` block ends quietly (`JobRun.stopped`).
             ExecutionOwnershipLost: this process no longer owns the execution.
         """
-        self.run._at_chunk_boundary()
+        self._at_chunk_boundary()
         if self.state is None:
             transaction = self._manager.begin_for(self._context)
         else:
@@ -250,6 +251,14 @@ class StepRun:
         """Give back the connection the step's chunks held (a chunk left open rolls back)."""
         self._manager.close()
 
+    def _at_chunk_boundary(self) -> None:
+        """Raise the ownership-lost error or StopRequested before another chunk begins."""
+        self.run._at_chunk_boundary()
+
+    def _raise_if_ownership_lost(self) -> None:
+        """After a refused commit: if the cause is a lost ownership, say so."""
+        self.run._raise_if_ownership_lost()
+
 
 class PartitionRun(StepRun):
     """One partition being worked on: its key and context, and the worker step's chunks.
@@ -257,10 +266,39 @@ class PartitionRun(StepRun):
     `checkpoint` resumes where an earlier worker of the same partition last committed.
     """
 
-    def __init__(self, run: JobRun, worker: StepExecution, partition: StepPartition) -> None:
+    def __init__(
+        self,
+        run: JobRun,
+        worker: StepExecution,
+        partition: StepPartition,
+        keeper: PartitionLeaseKeeper | None = None,
+    ) -> None:
         # Like a step, a partition holds one pooled connection for all its chunks.
         super().__init__(run, worker, hold_connection=True)
         self.partition = partition
+        self._lease_keeper = keeper
+
+    def _at_chunk_boundary(self) -> None:
+        """PartitionOwnershipLost once a renewal found the partition recovered."""
+        keeper = self._lease_keeper
+        if keeper is not None and keeper.lost:
+            raise keeper.lost_ownership()
+        super()._at_chunk_boundary()
+
+    def _raise_if_ownership_lost(self) -> None:
+        """After a refused commit: PartitionOwnershipLost when the partition was recovered.
+
+        The recovery ends the worker step FAILED, so the chunk's compare-and-swap is refused.
+        """
+        keeper = self._lease_keeper
+        if keeper is not None:
+            try:
+                keeper.renew_now()
+            except PartitionOwnershipLost:
+                raise
+            except PyBatchError:
+                pass
+        super()._raise_if_ownership_lost()
 
     @property
     def key(self) -> str:
@@ -305,10 +343,12 @@ class JobRun:
         self.parameters = parameters or instance.parameters
         #: True once the run ended STOPPED because a stop was requested.
         self.stopped = False
+        #: The execution's lease; partition workers lease their partitions for as long.
+        self.lease = lease or ExecutionLease()
         self._keeper: LeaseKeeper | None = None
         self._liveness = liveness
         if owner is not None:
-            self._keeper = LeaseKeeper(repository, execution.id, owner, lease or ExecutionLease())
+            self._keeper = LeaseKeeper(repository, execution.id, owner, self.lease)
             self._keeper.start()
 
     def __repr__(self) -> str:
@@ -511,7 +551,11 @@ class JobRun:
             return StepOutcome(name=name, skipped=True, step=parent)
         try:
             partitioned.supervise(
-                self.repository, parent, _runners(self.instance, self.execution, work), workers
+                self.repository,
+                parent,
+                _runners(self.instance, self.execution, work),
+                workers,
+                lease=self.lease,
             )
         except BaseException as error:
             status = BatchStatus.FAILED if isinstance(error, Exception) else BatchStatus.STOPPED
@@ -797,8 +841,10 @@ def _runners(
     def runners(repository: JobRepository) -> partitioned.Runner:
         run = JobRun(repository, instance, execution, None)  # a worker owns no lease
 
-        def runner(worker: StepExecution, partition: StepPartition) -> None:
-            partition_run = PartitionRun(run, worker, partition)
+        def runner(
+            worker: StepExecution, partition: StepPartition, keeper: PartitionLeaseKeeper
+        ) -> None:
+            partition_run = PartitionRun(run, worker, partition, keeper)
             try:
                 work(partition_run)
             finally:
@@ -818,12 +864,16 @@ def join_partitioned_step(
     *,
     wait_seconds: float = 60.0,
     poll_seconds: float = partitioned.POLL_SECONDS,
+    lease: _dt.timedelta | ExecutionLease | None = None,
 ) -> int:
     """Join a running partitioned step from any host: the worker entry point.
 
     Finds the job instance by name and identifying parameters, waits up to `wait_seconds`
     for its running attempt to publish the plan of `step_name`, then works on it like a
     local worker. Returns how many partitions this process ran (0 when none was left).
+    `lease` (1 s to 1 h, default 10 s, as `Job`'s) is this worker's lease on each partition
+    it runs: after a crash its partition is recovered at most that long after the last
+    renewal.
 
     Raises:
         JobExecutionNotFound: no running attempt published that step in time (id 0).
@@ -839,4 +889,7 @@ def join_partitioned_step(
         time.sleep(poll_seconds)
     instance, execution, parent = found
     runner = _runners(instance, execution, work)(repository)
-    return partitioned.work_on_plan(repository, parent, runner, poll_seconds=poll_seconds)
+    worker_lease = lease if isinstance(lease, ExecutionLease | None) else ExecutionLease(lease)
+    return partitioned.work_on_plan(
+        repository, parent, runner, poll_seconds=poll_seconds, lease=worker_lease
+    )

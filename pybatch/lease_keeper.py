@@ -1,12 +1,15 @@
-"""Keeps a running execution's lease fresh from a background thread (behaviour.md 4.12).
+"""Keeps a lease fresh from a background thread (behaviour.md 4.12).
 
-The runner's main thread may spend minutes inside one chunk; the lease must not lapse
-meanwhile, or a second launch would take the run over. The keeper renews the lease every
+A runner's main thread may spend minutes inside one chunk; its lease must not lapse
+meanwhile, or another process would take its work over. A keeper renews the lease every
 `lease.renew_interval` through pooled units of work (a killed idle connection is replaced,
-never fatal), and doubles as the stop-request poll: when a renewal reports a stop request
-it observes it (moving the execution to STOPPING) so the runner ends at its next chunk
-boundary. When a renewal finds the ownership gone it records that and stops renewing;
-the runner raises ExecutionOwnershipLost at its next boundary and touches nothing.
+never fatal). When a renewal finds the ownership gone it records that and stops renewing;
+the runner raises the ownership-lost error at its next boundary and touches nothing.
+
+Two leases are kept this way: a job execution's (`LeaseKeeper`, which doubles as the
+stop-request poll: when a renewal reports a stop request it observes it, moving the
+execution to STOPPING, so the runner ends at its next chunk boundary), and a partition
+worker's lease on the partition it claimed (`PartitionLeaseKeeper`).
 """
 
 from __future__ import annotations
@@ -15,14 +18,14 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from pybatch.errors import ExecutionOwnershipLost, PyBatchError
+from pybatch.errors import ExecutionOwnershipLost, PartitionOwnershipLost, PyBatchError
 from pybatch.unit_of_work import UnitOfWork
 from pybatch.values.ownership import ExecutionLease, OwnerToken
 
 if TYPE_CHECKING:
     from pybatch.job_repository import JobRepository
 
-__all__ = ["LeaseKeeper"]
+__all__ = ["LeaseKeeper", "PartitionLeaseKeeper"]
 
 logger = logging.getLogger("pybatch.etl")
 
@@ -30,8 +33,87 @@ logger = logging.getLogger("pybatch.etl")
 RETRY_DIVISOR = 4
 
 
-class LeaseKeeper:
+class _Keeper:
+    """Renews one lease until halted; records a lost ownership (subclasses say whose)."""
+
+    #: The error a renewal raises when the ownership is gone.
+    lost_error: type[ExecutionOwnershipLost] | type[PartitionOwnershipLost]
+
+    def __init__(
+        self, repository: JobRepository, owner: OwnerToken, lease: ExecutionLease, name: str
+    ) -> None:
+        self.repository = repository
+        self.owner = owner
+        self.lease = lease
+        self._halt = threading.Event()
+        self._lost = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    @property
+    def lost(self) -> bool:
+        """Whether a renewal found that this process no longer owns the leased work."""
+        return self._lost.is_set()
+
+    def start(self) -> None:
+        """Start renewing in the background."""
+        self._thread.start()
+
+    def halt(self) -> None:
+        """Stop renewing (before the runner records how its work ended)."""
+        self._halt.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def lost_ownership(self) -> PyBatchError:
+        """The typed error naming the lost ownership."""
+        raise NotImplementedError
+
+    def _renew_once(self) -> None:
+        """One renewal in the caller's thread; raises `lost_error` when the ownership is gone."""
+        raise NotImplementedError
+
+    def _describe(self) -> str:
+        raise NotImplementedError
+
+    def _renew_or_record_loss(self) -> None:
+        if self.lost:
+            raise self.lost_ownership()
+        try:
+            self._renew_once()
+        except self.lost_error:
+            self._lost.set()
+            raise
+
+    def _run(self) -> None:
+        interval = self.lease.renew_interval.total_seconds()
+        wait = interval
+        while not self._halt.wait(wait):
+            try:
+                self._renew_or_record_loss()
+            except self.lost_error:
+                logger.error(
+                    "pybatch: %s is no longer owned by this process; its lease lapsed and "
+                    "another process recovered it",
+                    self._describe(),
+                )
+                return
+            except PyBatchError as error:
+                # A dropped or killed connection, a lock timeout: try again soon, well
+                # before the lease (three intervals) runs out.
+                logger.warning(
+                    "pybatch: could not renew the lease of %s (%s); retrying",
+                    self._describe(),
+                    type(error).__name__,
+                )
+                wait = interval / RETRY_DIVISOR
+                continue
+            wait = interval
+
+
+class LeaseKeeper(_Keeper):
     """Renews one execution's lease until stopped; reports loss of ownership and stop requests."""
+
+    lost_error = ExecutionOwnershipLost
 
     def __init__(
         self,
@@ -40,39 +122,21 @@ class LeaseKeeper:
         owner: OwnerToken,
         lease: ExecutionLease,
     ) -> None:
-        self.repository = repository
         self.execution_id = execution_id
-        self.owner = owner
-        self.lease = lease
-        self._halt = threading.Event()
-        self._lost = threading.Event()
         self._stop_requested = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"pybatch-lease-{execution_id}", daemon=True
-        )
+        super().__init__(repository, owner, lease, f"pybatch-lease-{execution_id}")
 
     def __repr__(self) -> str:
         return f"LeaseKeeper(execution={self.execution_id}, lease={self.lease.duration})"
-
-    @property
-    def lost(self) -> bool:
-        """Whether a renewal found that this process no longer owns the execution."""
-        return self._lost.is_set()
 
     @property
     def stop_requested(self) -> bool:
         """Whether a renewal saw a stop request (and observed it)."""
         return self._stop_requested.is_set()
 
-    def start(self) -> None:
-        """Start renewing in the background."""
-        self._thread.start()
-
-    def halt(self) -> None:
-        """Stop renewing (before the runner records how the execution ended)."""
-        self._halt.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()
+    def lost_ownership(self) -> ExecutionOwnershipLost:
+        """ExecutionOwnershipLost naming this execution."""
+        return ExecutionOwnershipLost(id=self.execution_id)
 
     def renew_now(self) -> None:
         """Renew once in the caller's thread; record a loss or a stop request.
@@ -80,14 +144,10 @@ class LeaseKeeper:
         Raises:
             ExecutionOwnershipLost: the execution was recovered or changed behind the owner.
         """
-        if self.lost:
-            raise ExecutionOwnershipLost(id=self.execution_id)
-        try:
-            stop = self.repository.run_in_unit_of_work(self._renew)
-        except ExecutionOwnershipLost:
-            self._lost.set()
-            raise
-        if stop:
+        self._renew_or_record_loss()
+
+    def _renew_once(self) -> None:
+        if self.repository.run_in_unit_of_work(self._renew):
             self._stop_requested.set()
 
     def _renew(self, uow: UnitOfWork) -> bool:
@@ -96,27 +156,50 @@ class LeaseKeeper:
             uow.observe_execution_control(self.execution_id, self.owner, uow.clock.now())
         return stop
 
-    def _run(self) -> None:
-        interval = self.lease.renew_interval.total_seconds()
-        wait = interval
-        while not self._halt.wait(wait):
-            try:
-                self.renew_now()
-            except ExecutionOwnershipLost:
-                logger.error(
-                    "pybatch: job execution %s is no longer owned by this process; "
-                    "its lease lapsed and another process recovered it",
-                    self.execution_id,
-                )
-                return
-            except PyBatchError as error:
-                # A dropped or killed connection, a lock timeout: try again soon, well
-                # before the lease (three intervals) runs out.
-                logger.warning(
-                    "pybatch: could not renew the lease of job execution %s (%s); retrying",
-                    self.execution_id,
-                    type(error).__name__,
-                )
-                wait = interval / RETRY_DIVISOR
-                continue
-            wait = interval
+    def _describe(self) -> str:
+        return f"job execution {self.execution_id}"
+
+
+class PartitionLeaseKeeper(_Keeper):
+    """Renews a partition worker's lease on the partition it claimed, until halted."""
+
+    lost_error = PartitionOwnershipLost
+
+    def __init__(
+        self,
+        repository: JobRepository,
+        partition_id: int,
+        worker_id: int,
+        owner: OwnerToken,
+        lease: ExecutionLease,
+    ) -> None:
+        self.partition_id = partition_id
+        self.worker_id = worker_id
+        super().__init__(repository, owner, lease, f"pybatch-partition-lease-{partition_id}")
+
+    def __repr__(self) -> str:
+        return (
+            f"PartitionLeaseKeeper(partition={self.partition_id}, worker={self.worker_id}, "
+            f"lease={self.lease.duration})"
+        )
+
+    def lost_ownership(self) -> PartitionOwnershipLost:
+        """PartitionOwnershipLost naming this partition and worker."""
+        return PartitionOwnershipLost(partition_id=self.partition_id, worker=self.worker_id)
+
+    def renew_now(self) -> None:
+        """Renew once in the caller's thread; record a loss.
+
+        Raises:
+            PartitionOwnershipLost: the partition was recovered or ended behind the worker.
+        """
+        self._renew_or_record_loss()
+
+    def _renew_once(self) -> None:
+        self.repository.run_in_unit_of_work(self._renew)
+
+    def _renew(self, uow: UnitOfWork) -> None:
+        uow.renew_partition_worker_lease(self.partition_id, self.worker_id, self.owner, self.lease)
+
+    def _describe(self) -> str:
+        return f"partition {self.partition_id} (worker step {self.worker_id})"

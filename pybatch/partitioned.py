@@ -8,11 +8,15 @@ partition in one unit of work. Workers started on other hosts (`pybatch.etl.join
 `pybatch worker`) join the same plan through the same database. The ETL API
 (`JobRun.partitioned_step`) hands each claimed partition to the user's function.
 
-A worker holds a liveness lock for the worker step it runs, the mechanism a job run uses
-for its execution (`_Liveness`). When a worker dies mid-partition, any other worker (or the
-parent) finds the lock free, records the worker step FAILED (STALE_RECOVERED) and the
-partition FAILED, and the partition becomes claimable again: the next worker copies the dead
-worker's checkpoint and counters, so every row is written exactly once.
+A worker owns the partition it claimed through an owner token and a lease on the database
+clock, recorded by the claim and renewed from a background thread while the partition runs
+(`PartitionLeaseKeeper`), the way a job run owns its execution; `_Liveness` is the one place
+that tells a live worker from a dead one. When a worker dies mid-partition its lease runs
+out, and any other worker (or the parent) records the worker step FAILED (STALE_RECOVERED)
+and the partition FAILED; the partition becomes claimable again: the next worker copies the
+dead worker's checkpoint and counters, so every row is written exactly once. A worker whose
+partition was recovered (its lease lapsed while it stalled) gets PartitionOwnershipLost at
+its next chunk or renewal and leaves the partition alone.
 """
 
 from __future__ import annotations
@@ -27,18 +31,22 @@ from typing import TYPE_CHECKING, Any
 
 from pybatch.errors import (
     ConcurrentModification,
+    PartitionOwnershipLost,
     PartitionStateCorrupt,
+    PartitionUpdateNotAllowed,
     PartitionWorkerStale,
+    PyBatchError,
     StaleVersion,
-    Unavailable,
 )
 from pybatch.job_repository import JobRepository
+from pybatch.lease_keeper import PartitionLeaseKeeper
 from pybatch.repository import liveness as liveness_statements
 from pybatch.repository.partitions import StartedPartition
 from pybatch.values.flow import StartLimit
 from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import ExitCode, NodeId, StateSchemaId, StepName
+from pybatch.values.ownership import ExecutionLease, OwnerToken
 from pybatch.values.parameters import JobInstanceKey
 from pybatch.values.partitions import (
     MAX_PARTITION_WORKERS,
@@ -66,8 +74,9 @@ __all__ = [
 
 logger = logging.getLogger("pybatch.partitioned")
 
-#: Runs one claimed partition with its worker step (the ETL API's PartitionRun wraps it).
-Runner = Callable[[StepExecution, StepPartition], None]
+#: Runs one claimed partition with its worker step and the keeper of its lease (the ETL
+#: API's PartitionRun wraps them; the keeper tells it when the ownership is lost).
+Runner = Callable[[StepExecution, StepPartition, PartitionLeaseKeeper], None]
 #: Builds a process's Runner from that process's own repository.
 RunnerFactory = Callable[[JobRepository], Runner]
 Partitions = Mapping[str, Mapping[str, Any]] | Iterable[str]
@@ -82,28 +91,96 @@ POLL_SECONDS = 0.1
 class _Liveness:
     """The one place that knows how a live worker is told from a dead one.
 
-    Today: a session advisory lock per worker step, held on a dedicated connection for as
-    long as the process works on the step; the server releases it when the process dies.
+    A worker owns its partition through an owner token and a lease on the database clock:
+    the claim records both, the worker renews the lease while the partition runs, and a
+    partition whose lease ran out has lost its worker, whoever holds any lock (a lock key can
+    be taken by any role that can connect, so a lock never blocks a recovery). A killed idle
+    connection of a live worker loses nothing: the lease is row state.
+
+    A partition without a lease was claimed before worker leases existed (before the
+    partition worker lease migration) by a worker that holds a session advisory lock on its
+    worker step; only for such partitions does the lock decide. Workers still take that
+    lock, best effort, on a dedicated connection: processes started before the upgrade judge
+    every worker by it.
     """
 
-    def __init__(self, repository: JobRepository) -> None:
+    def __init__(self, repository: JobRepository, lease: ExecutionLease | None = None) -> None:
+        self._repository = repository
         self._statements = repository.statements
         self._conn = repository.dedicated_connection()
+        self.lease = lease or ExecutionLease()
+
+    def _reconnect(self) -> None:
+        """Replace a dedicated connection that was ended (its locks went with it)."""
+        self._conn.close()
+        self._conn = self._repository.dedicated_connection()
 
     def hold(self, worker_id: int) -> None:
-        """Mark `worker_id` alive (call before the claim that creates it commits)."""
-        if not liveness_statements.try_lock_step_execution_liveness(
-            self._statements, self._conn, worker_id
-        ):
-            raise Unavailable()
+        """Take the worker's legacy liveness lock, best effort (call inside the claim).
+
+        Never fails the claim: the lease the claim records is what proves the worker alive.
+        """
+        for _attempt in range(2):
+            try:
+                if self._conn.closed or self._conn.broken:
+                    self._reconnect()
+                if not liveness_statements.try_lock_step_execution_liveness(
+                    self._statements, self._conn, worker_id
+                ):
+                    logger.warning(
+                        "pybatch: the liveness lock key of worker step %s is held by another "
+                        "session; its lease alone proves it alive",
+                        worker_id,
+                    )
+                return
+            except PyBatchError:
+                continue
 
     def release(self, worker_id: int) -> None:
-        """This process no longer works on `worker_id`."""
-        liveness_statements.unlock_step_execution_liveness(self._statements, self._conn, worker_id)
+        """This process no longer works on `worker_id` (releases its legacy lock)."""
+        try:
+            liveness_statements.unlock_step_execution_liveness(
+                self._statements, self._conn, worker_id
+            )
+        except PyBatchError:
+            self._reconnect()  # an ended session released every lock it held
 
-    def is_lost(self, worker_id: int) -> bool:
-        """True when no live session holds the worker's liveness (its process is gone)."""
-        return liveness_statements.worker_is_gone(self._statements, self._conn, worker_id)
+    def _legacy_worker_is_gone(self, worker_id: int) -> bool:
+        """No session holds the advisory lock of a worker claimed before leases existed."""
+        if self._conn.closed or self._conn.broken:
+            self._reconnect()
+        try:
+            return liveness_statements.worker_is_gone(self._statements, self._conn, worker_id)
+        except PyBatchError:  # the session was ended while idle: probe from a fresh one
+            self._reconnect()
+            return liveness_statements.worker_is_gone(self._statements, self._conn, worker_id)
+
+    def is_lost(self, partition: StartedPartition) -> bool:
+        """True when the partition's worker is gone (read before any lock).
+
+        Its lease ran out on the database clock, or, without a lease (claimed before leases
+        existed), nobody holds its liveness lock.
+        """
+        if partition.leased:
+            return partition.lease_expired
+        return self._legacy_worker_is_gone(partition.worker_step_execution_id)
+
+    def confirm_lost(self, uow: UnitOfWork, partition: StartedPartition) -> bool:
+        """Confirm a loss under the parent's and the partition's locks.
+
+        The partition is still STARTED by the same worker at the same version, and its lease
+        ran out (a renewal since `is_lost` proves the worker alive).
+        """
+        current = uow.lock_partition_worker_lease(partition.id)
+        if (
+            current is None
+            or current.worker_step_execution_id != partition.worker_step_execution_id
+            or current.version != partition.version
+        ):
+            return False
+        if current.leased:
+            return current.lease_expired
+        return not partition.leased  # judged by the legacy lock just before
 
     def close(self) -> None:
         self._conn.close()
@@ -119,7 +196,8 @@ def _lost_failure(worker_id: int) -> FailureSummary:
 def recover_lost_workers(repository: JobRepository, parent_id: int, liveness: _Liveness) -> int:
     """Record FAILED (STALE_RECOVERED) for every worker of the plan whose process is gone.
 
-    Each recovery is one unit of work: the worker step FAILED, then its partition FAILED
+    Each recovery is one unit of work that first confirms the loss under the partition's lock
+    (`_Liveness.confirm_lost`), then records the worker step FAILED and its partition FAILED
     (derived from the worker row), which makes the partition claimable again. A recovery
     that loses a race to another recoverer or to the worker itself changes nothing.
     Returns how many partitions were recovered.
@@ -129,10 +207,12 @@ def recover_lost_workers(repository: JobRepository, parent_id: int, liveness: _L
     recovered = 0
     for partition in started:
         worker_id = partition.worker_step_execution_id
-        if not liveness.is_lost(worker_id):
+        if not liveness.is_lost(partition):
             continue
 
-        def recover(uow: UnitOfWork, partition: StartedPartition = partition) -> None:
+        def recover(uow: UnitOfWork, partition: StartedPartition = partition) -> bool:
+            if not liveness.confirm_lost(uow, partition):
+                return False
             worker_id = partition.worker_step_execution_id
             worker = uow.get_step_execution(worker_id)
             if worker is None:  # the partition's foreign key keeps it; never reached
@@ -145,27 +225,35 @@ def recover_lost_workers(repository: JobRepository, parent_id: int, liveness: _L
                     LifecycleTransition.failed(at, _lost_failure(worker_id)),
                 )
             uow.complete_step_partition(partition.id, partition.version, worker_id)
+            return True
 
         try:
-            repository.run_in_unit_of_work(recover)
+            if not repository.run_in_unit_of_work(recover):
+                continue
         except (StaleVersion, PartitionWorkerStale, ConcurrentModification):
             continue
         logger.warning(
-            "pybatch: worker step %s of partition %s had no live process; recorded FAILED",
+            "pybatch: worker step %s of partition %s had no live process (%s); recorded FAILED",
             worker_id,
             partition.key,
+            "lease expired" if partition.leased else "liveness lock free",
         )
         recovered += 1
     return recovered
 
 
 def _claim(
-    repository: JobRepository, parent: StepExecution, liveness: _Liveness
+    repository: JobRepository,
+    parent: StepExecution,
+    liveness: _Liveness,
+    owner: OwnerToken | None = None,
 ) -> tuple[StepPartition, StepExecution] | None:
+    """Claim the next partition for `owner` (a fresh token when None), its lease started."""
+
     def work(uow: UnitOfWork) -> tuple[StepPartition, StepExecution] | None:
-        claimed = uow.claim_step_partition(parent)
+        claimed = uow.claim_step_partition(parent, owner or OwnerToken.generate(), liveness.lease)
         if claimed is not None:
-            liveness.hold(claimed[1].id)  # before COMMIT: never visible without a live owner
+            liveness.hold(claimed[1].id)  # before COMMIT, for processes that predate leases
         return claimed
 
     return repository.run_in_unit_of_work(work)
@@ -201,18 +289,23 @@ def work_on_plan(
     runner: Runner,
     *,
     poll_seconds: float = POLL_SECONDS,
+    lease: ExecutionLease | None = None,
 ) -> int:
     """Work on a published plan until no partition is left open; return how many it ran.
 
-    A partition whose runner raises ends FAILED (the parent then ends FAILED and a restart
-    reruns it); the worker moves on to the next one. KeyboardInterrupt or SystemExit end the
-    current partition STOPPED and propagate.
+    Each claimed partition is leased for `lease` (the job's execution lease; the default
+    when None) and the lease is renewed in the background while the partition runs. A
+    partition whose runner raises ends FAILED (the parent then ends FAILED and a restart
+    reruns it); the worker moves on to the next one. A partition recovered by another
+    process meanwhile (PartitionOwnershipLost) is left untouched. KeyboardInterrupt or
+    SystemExit end the current partition STOPPED and propagate.
     """
-    liveness = _Liveness(repository)
+    liveness = _Liveness(repository, lease)
     ran = 0
     try:
         while True:
-            claimed = _claim(repository, parent, liveness)
+            owner = OwnerToken.generate()
+            claimed = _claim(repository, parent, liveness, owner)
             if claimed is None:
                 with repository.begin() as uow:
                     current = uow.get_step_execution(parent.id)
@@ -223,22 +316,86 @@ def work_on_plan(
                     time.sleep(poll_seconds)
                 continue
             partition, worker = claimed
+            keeper = PartitionLeaseKeeper(
+                repository, partition.id, worker.id, owner, liveness.lease
+            )
+            keeper.start()
             try:
-                runner(worker, partition)
-            except Exception:
-                logger.exception(
-                    "pybatch: partition %s failed in worker step %s", partition.key.value, worker.id
+                _run_partition(repository, runner, partition, worker, keeper)
+            except PartitionOwnershipLost:
+                logger.error(
+                    "pybatch: partition %s was recovered by another process while worker step "
+                    "%s ran it; this worker leaves it alone",
+                    partition.key.value,
+                    worker.id,
                 )
-                _end_worker(repository, partition, worker.id, BatchStatus.FAILED)
-            except BaseException:
-                _end_worker(repository, partition, worker.id, BatchStatus.STOPPED)
-                raise
-            else:
-                _end_worker(repository, partition, worker.id, BatchStatus.COMPLETED)
-            liveness.release(worker.id)
+            finally:
+                keeper.halt()
+                liveness.release(worker.id)
             ran += 1
     finally:
         liveness.close()
+
+
+def _run_partition(
+    repository: JobRepository,
+    runner: Runner,
+    partition: StepPartition,
+    worker: StepExecution,
+    keeper: PartitionLeaseKeeper,
+) -> None:
+    """Run one claimed partition and end it, unless its ownership was lost meanwhile.
+
+    Raises:
+        PartitionOwnershipLost: another process recovered the partition; nothing was touched.
+    """
+    try:
+        runner(worker, partition, keeper)
+    except PartitionOwnershipLost:
+        raise
+    except Exception:
+        if keeper.lost:
+            raise keeper.lost_ownership() from None
+        logger.exception(
+            "pybatch: partition %s failed in worker step %s", partition.key.value, worker.id
+        )
+        _end_owned(repository, partition, worker.id, BatchStatus.FAILED, keeper)
+    except BaseException:
+        try:
+            _end_owned(repository, partition, worker.id, BatchStatus.STOPPED, keeper)
+        except PartitionOwnershipLost:
+            pass  # the partition is another worker's now; the interruption still propagates
+        raise
+    else:
+        _end_owned(repository, partition, worker.id, BatchStatus.COMPLETED, keeper)
+
+
+def _end_owned(
+    repository: JobRepository,
+    partition: StepPartition,
+    worker_id: int,
+    status: BatchStatus,
+    keeper: PartitionLeaseKeeper,
+) -> None:
+    """Stop renewing and end the worker, unless the partition was recovered meanwhile.
+
+    Raises:
+        PartitionOwnershipLost: the lease lapsed and another process recovered the partition
+            (the end's compare-and-swap was refused and a renewal confirms the loss).
+    """
+    keeper.halt()
+    if keeper.lost:
+        raise keeper.lost_ownership()
+    try:
+        _end_worker(repository, partition, worker_id, status)
+    except (
+        StaleVersion,
+        PartitionWorkerStale,
+        PartitionUpdateNotAllowed,
+        ConcurrentModification,
+    ):
+        keeper.renew_now()  # PartitionOwnershipLost when the partition is no longer ours
+        raise
 
 
 def find_running_parent(
@@ -315,7 +472,12 @@ def start_partitioned_step(
     return repository.run_in_unit_of_work(start)
 
 
-def _local_worker(repository: JobRepository, parent: StepExecution, runners: RunnerFactory) -> None:
+def _local_worker(
+    repository: JobRepository,
+    parent: StepExecution,
+    runners: RunnerFactory,
+    lease: ExecutionLease | None = None,
+) -> None:
     """Body of a forked local worker: its own repository, then a hard exit.
 
     The hard exit skips cleanup of the connections inherited from the parent, which still
@@ -324,7 +486,7 @@ def _local_worker(repository: JobRepository, parent: StepExecution, runners: Run
     code = 1
     try:
         with JobRepository.connect(repository.config, clock=repository.clock) as own:
-            work_on_plan(own, parent, runners(own))
+            work_on_plan(own, parent, runners(own), lease=lease)
         code = 0
     except BaseException:
         logger.exception("pybatch: partition worker process failed")
@@ -339,23 +501,27 @@ def supervise(
     workers: int,
     *,
     poll_seconds: float = POLL_SECONDS,
+    lease: ExecutionLease | None = None,
 ) -> None:
     """Keep `workers` forked local processes working until no partition is open.
 
     A process that dies is replaced while partitions remain open; lost partitions are
-    recovered by the survivors or here. With 0 workers the calling process works alone.
+    recovered by the survivors or here once their lease ran out. With 0 workers the calling
+    process works alone. `lease` is each worker's lease on the partition it runs.
     """
     if not 0 <= workers <= MAX_PARTITION_WORKERS:
         raise ValueError(f"workers is 0..{MAX_PARTITION_WORKERS}")
     if workers == 0:
-        work_on_plan(repository, parent, runners(repository), poll_seconds=poll_seconds)
+        work_on_plan(
+            repository, parent, runners(repository), poll_seconds=poll_seconds, lease=lease
+        )
         return
     context = multiprocessing.get_context("fork")
     processes: list[Any] = []
 
     def spawn() -> None:
         process = context.Process(
-            target=_local_worker, args=(repository, parent, runners), daemon=True
+            target=_local_worker, args=(repository, parent, runners, lease), daemon=True
         )
         process.start()
         processes.append(process)
@@ -364,7 +530,7 @@ def supervise(
         with repository.begin() as uow:
             return uow.count_open_step_partitions(parent.id)
 
-    liveness = _Liveness(repository)
+    liveness = _Liveness(repository, lease)
     try:
         for _ in range(workers):
             spawn()

@@ -639,16 +639,41 @@ class UnitOfWork(UnitOfWorkBase):
             )
 
     def claim_step_partition(
-        self, parent: StepExecution
+        self,
+        parent: StepExecution,
+        owner: OwnerToken | None = None,
+        lease: ExecutionLease | None = None,
     ) -> tuple[StepPartition, StepExecution] | None:
         """Claim the next partition of a STARTED parent with a new STARTED worker step, or None.
 
-        N concurrent claimers never take the same partition (FOR UPDATE SKIP LOCKED).
+        N concurrent claimers never take the same partition (FOR UPDATE SKIP LOCKED). The
+        partition records `owner` (a fresh token when None) and starts its `lease` (the
+        default lease when None) on the database clock.
         """
         with self.operation() as conn:
             return partitions.claim_step_partition(
-                self.statements, conn, self.clock.now(), parent, self.unpublished_plans
+                self.statements,
+                conn,
+                self.clock.now(),
+                parent,
+                self.unpublished_plans,
+                owner or OwnerToken.generate(),
+                lease or ExecutionLease(),
             )
+
+    def renew_partition_worker_lease(
+        self, partition_id: int, worker_id: int, owner: OwnerToken, lease: ExecutionLease
+    ) -> None:
+        """Extend the lease of a partition this owner works on (PartitionOwnershipLost)."""
+        with self.operation() as conn:
+            partitions.renew_partition_worker_lease(
+                self.statements, conn, partition_id, worker_id, owner, lease
+            )
+
+    def lock_partition_worker_lease(self, partition_id: int) -> partitions.WorkerLease | None:
+        """Lock a partition after its parent and read its worker's lease; None unless STARTED."""
+        with self.operation() as conn:
+            return partitions.lock_partition_worker_lease(self.statements, conn, partition_id)
 
     def count_open_step_partitions(self, parent_id: int) -> int:
         """Partitions still to be claimed or being worked on."""

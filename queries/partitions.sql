@@ -284,7 +284,7 @@ SELECT EXISTS(
 
 -- :name update_step_partition_assign :affected
 -- :doc Hand a partition to a worker as a compare-and-swap on its version: STARTED, exit
--- UNKNOWN, counts reset.
+-- UNKNOWN, counts reset, no owner token and no lease (see claim_step_partition for those).
 UPDATE pybatch.step_partition
 SET
     worker_step_execution_id = :worker_step_execution_id,
@@ -296,11 +296,14 @@ SET
     filter_count = 0,
     commit_count = 0,
     rollback_count = 0,
+    worker_owner_token = NULL,
+    worker_lease_expires_at = NULL,
     version = version + 1
 WHERE id = :step_partition_id AND version = :expected_version;
 
 -- :name update_step_partition_complete :affected
--- :doc Publish the worker's terminal snapshot onto its partition as a compare-and-swap.
+-- :doc Publish the worker's terminal snapshot onto its partition as a compare-and-swap; the
+-- worker's ownership and lease end with it.
 UPDATE pybatch.step_partition
 SET
     status = :status,
@@ -311,6 +314,8 @@ SET
     filter_count = :filter_count,
     commit_count = :commit_count,
     rollback_count = :rollback_count,
+    worker_owner_token = NULL,
+    worker_lease_expires_at = NULL,
     version = version + 1
 WHERE id = :step_partition_id AND version = :expected_version;
 
@@ -384,7 +389,8 @@ FOR UPDATE OF w;
 -- claimable partition in ordinal order (FOR UPDATE SKIP LOCKED, so N workers never take the
 -- same one), create its STARTED worker step copying the partition's latest earlier worker (its
 -- checkpoint, counters and fault state; fresh state when there is none), and assign it as a
--- compare-and-swap on the version. Claimable - STARTING, or FAILED after its worker was
+-- compare-and-swap on the version, recording the claimer's owner token and starting its lease
+-- on the database clock. Claimable - STARTING, or FAILED after its worker was
 -- recovered as lost (STALE_RECOVERED) while fewer than max_partition_version / 2 workers
 -- tried it in this attempt (each try adds 2 to the version). No row - nothing claimable now,
 -- or the parent is not STARTED.
@@ -569,6 +575,9 @@ assigned AS (
         filter_count = 0,
         commit_count = 0,
         rollback_count = 0,
+        worker_owner_token = :owner_token,
+        worker_lease_expires_at
+        = CLOCK_TIMESTAMP() + CAST(:lease_ms AS BIGINT) * INTERVAL '1 millisecond',
         version = p.version + 1
     FROM picked, worker
     WHERE p.id = picked.id AND p.version = picked.version
@@ -658,12 +667,15 @@ ORDER BY elapsed DESC, p.partition_key ASC
 LIMIT :limit;
 
 -- :name list_started_step_partitions :many
--- :doc The partitions of a plan being worked on, with their workers (lost-worker checks).
+-- :doc The partitions of a plan being worked on, with their workers and whether each has a
+-- lease and it ran out on the database clock (lost-worker checks).
 SELECT
     p.id,
     p.worker_step_execution_id,
     p.partition_key,
-    p.version
+    p.version,
+    p.worker_lease_expires_at IS NOT NULL AS leased,
+    COALESCE(p.worker_lease_expires_at <= CLOCK_TIMESTAMP(), FALSE) AS lease_expired
 FROM pybatch.step_partition AS p
 WHERE p.step_execution_id = :step_execution_id AND p.status = 'STARTED'
 ORDER BY p.partition_ordinal;
@@ -683,3 +695,31 @@ SET
     updated_at = GREATEST(updated_at, :transitioned_at),
     version = :version
 WHERE id = :step_execution_id AND version = :expected_version;
+
+-- :name renew_partition_worker_lease :affected
+-- :doc Extend the lease of a STARTED partition that this owner still works on with this worker;
+-- zero rows means the ownership is lost (the partition was recovered, or ended). The version
+-- does not change.
+UPDATE pybatch.step_partition
+SET
+    worker_lease_expires_at
+    = CLOCK_TIMESTAMP() + CAST(:lease_ms AS BIGINT) * INTERVAL '1 millisecond'
+WHERE
+    id = :step_partition_id
+    AND worker_step_execution_id = :worker_step_execution_id
+    AND worker_owner_token = :owner_token
+    AND status = 'STARTED';
+
+-- :name lock_partition_worker_lease :one
+-- :doc Lock one partition after its parent and read its worker's ownership evidence;
+-- lease_expired compares the lease with the database clock, so every process judges it by one
+-- clock (lock order - parent, then partition).
+SELECT
+    p.worker_step_execution_id,
+    p.status,
+    p.version,
+    p.worker_lease_expires_at IS NOT NULL AS leased,
+    COALESCE(p.worker_lease_expires_at <= CLOCK_TIMESTAMP(), FALSE) AS lease_expired
+FROM pybatch.step_partition AS p
+WHERE p.id = :step_partition_id
+FOR UPDATE;

@@ -10,6 +10,7 @@ with a `PartitionRun`, exactly as the job's own local workers call it.
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib
 from collections.abc import Callable
 from typing import Any
@@ -49,6 +50,14 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         default=60.0,
         metavar="SECONDS",
         help="how long to wait for the job to publish the plan (default 60)",
+    )
+    worker.add_argument(
+        "--lease",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="this worker's lease on each partition it runs, 1 to 3600 (default 10): after "
+        "a crash its partition is recovered at most this long after the last renewal",
     )
     worker.set_defaults(handler=_worker)
 
@@ -103,9 +112,12 @@ def _worker(args: argparse.Namespace) -> int:
 
     params = parameters(args)
     work = load_function(args.function)
+    if not 1.0 <= args.lease <= 3600.0:
+        raise SystemExit("pybatch worker: --lease is 1 to 3600 seconds")
+    lease = datetime.timedelta(seconds=args.lease)
     with JobRepository.connect(config_from_args(args)) as repository:
         ran = join_partitioned_step(
-            repository, args.job, params, args.step, work, wait_seconds=args.wait
+            repository, args.job, params, args.step, work, wait_seconds=args.wait, lease=lease
         )
     print(f"worked on {ran} partitions of {args.job} step {args.step}")
     return 0

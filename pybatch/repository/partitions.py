@@ -25,6 +25,7 @@ from pybatch.errors import (
     DuplicatePartitionKey,
     EmptyPartitionPlan,
     PartitionAggregationIncomplete,
+    PartitionOwnershipLost,
     PartitionParentNotActive,
     PartitionPlanExists,
     PartitionPlanNotCommitted,
@@ -49,6 +50,7 @@ from pybatch.values.lifecycle import (
     apply_transition,
 )
 from pybatch.values.names import ExitCode
+from pybatch.values.ownership import ExecutionLease, OwnerToken
 from pybatch.values.partitions import (
     MAX_PARTITIONS,
     RESULT_STATUSES,
@@ -74,7 +76,9 @@ __all__ = [
     "count_open_step_partitions",
     "count_step_partitions_by_status",
     "end_partition_worker",
+    "lock_partition_worker_lease",
     "plan_progress",
+    "renew_partition_worker_lease",
     "started_step_partitions",
     "create_step_partition_plan",
     "restart_step_partition_plan",
@@ -520,11 +524,14 @@ def claim_step_partition(
     now: _dt.datetime,
     parent: StepExecution,
     unpublished: MutableSet[int],
+    owner: OwnerToken,
+    lease: ExecutionLease,
 ) -> tuple[StepPartition, StepExecution] | None:
     """Claim the next partition of a STARTED parent for a new worker step, or None.
 
     One guarded statement locks the first claimable partition with SKIP LOCKED, creates the
-    STARTED worker step (resuming the partition's latest earlier worker) and assigns it.
+    STARTED worker step (resuming the partition's latest earlier worker) and assigns it,
+    recording `owner` and starting its `lease` on the database clock.
 
     Raises:
         PartitionPlanNotCommitted: the plan was created in this unit of work.
@@ -543,6 +550,8 @@ def claim_step_partition(
         fault_state_payload=to_jsonb(fault["fault_state_payload"]),
         fault_state_checksum=fault["fault_state_checksum"],
         now=now,
+        owner_token=owner.value,
+        lease_ms=lease.milliseconds,
     )
     if row is None:
         return None
@@ -581,6 +590,26 @@ class StartedPartition:
     key: str
     worker_step_execution_id: int
     version: int
+    #: False for a partition claimed before worker leases existed (advisory-lock liveness).
+    leased: bool = False
+    #: The lease ran out on the database clock when the row was read (False without a lease).
+    lease_expired: bool = False
+
+
+@attrs.frozen
+class WorkerLease:
+    """A STARTED partition's worker and its lease, read under the partition's lock."""
+
+    worker_step_execution_id: int
+    version: int
+    leased: bool
+    lease_expired: bool
+
+
+def _flag(value: object, column: str) -> bool:
+    if type(value) is not bool:
+        raise DecodeError(column)
+    return value
 
 
 def started_step_partitions(
@@ -601,6 +630,8 @@ def started_step_partitions(
                     row["worker_step_execution_id"], column="worker_step_execution_id", minimum=1
                 ),
                 version=decode_int64(row["version"], column="version", minimum=0),
+                leased=_flag(row["leased"], "leased"),
+                lease_expired=_flag(row["lease_expired"], "lease_expired"),
             )
             for row in rows
         ]
@@ -666,3 +697,72 @@ def _elapsed(value: object) -> _dt.timedelta:
     if not isinstance(value, _dt.timedelta):
         raise DecodeError("elapsed")
     return value
+
+
+def renew_partition_worker_lease(
+    q: Statements,
+    conn: Connection,
+    partition_id: int,
+    worker_id: int,
+    owner: OwnerToken,
+    lease: ExecutionLease,
+) -> None:
+    """Extend the lease `owner` holds on a STARTED partition worked on by `worker_id`.
+
+    Raises:
+        PartitionOwnershipLost: the partition was recovered, ended, or is owned by another
+            token; the worker must stop without touching it.
+
+    Statements: partitions.sql renew_partition_worker_lease.
+    """
+    check_identifier(IdentifierKind.STEP_PARTITION, partition_id)
+    check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
+    changed = q.renew_partition_worker_lease.affected(
+        conn,
+        step_partition_id=partition_id,
+        worker_step_execution_id=worker_id,
+        owner_token=owner.value,
+        lease_ms=lease.milliseconds,
+    )
+    if changed != 1:
+        raise PartitionOwnershipLost(partition_id=partition_id, worker=worker_id)
+
+
+def lock_partition_worker_lease(
+    q: Statements, conn: Connection, partition_id: int
+) -> WorkerLease | None:
+    """Lock the parent, then the partition, and read its worker's lease; None unless STARTED.
+
+    Raises:
+        StepPartitionNotFound: no such partition.
+        PartitionStateCorrupt: an unreadable row.
+
+    Statements: partitions.sql get_step_partition_parent, lock_partition_step,
+    lock_partition_worker_lease.
+    """
+    check_identifier(IdentifierKind.STEP_PARTITION, partition_id)
+    found = q.get_step_partition_parent.scalar(conn, step_partition_id=partition_id)
+    if found is None:
+        raise StepPartitionNotFound(id=partition_id)
+    try:
+        parent_id = decode_int64(found, column="step_execution_id", minimum=1)
+    except DecodeError:
+        raise PartitionStateCorrupt() from None
+    if _lock_step(q, conn, parent_id) is None:  # the parent foreign key keeps it
+        raise PartitionStateCorrupt()
+    row = q.lock_partition_worker_lease.one(conn, step_partition_id=partition_id)
+    if row is None:
+        raise StepPartitionNotFound(id=partition_id)
+    if _status(row["status"]) is not BatchStatus.STARTED:
+        return None
+    try:
+        return WorkerLease(
+            worker_step_execution_id=decode_int64(
+                row["worker_step_execution_id"], column="worker_step_execution_id", minimum=1
+            ),
+            version=decode_int64(row["version"], column="version", minimum=0),
+            leased=_flag(row["leased"], "leased"),
+            lease_expired=_flag(row["lease_expired"], "lease_expired"),
+        )
+    except DecodeError:
+        raise PartitionStateCorrupt() from None

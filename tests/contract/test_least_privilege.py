@@ -73,6 +73,9 @@ def test_the_runtime_role_runs_everything_and_rewrites_nothing(
                     chunk.commit(read=1, written=1, checkpoint={"offset": 1})
 
             run.step("load", load)
+            # A partitioned step: claims with a lease, renewals, lost-worker checks.
+            fanned = run.partitioned_step("fan", ["a", "b"], lambda partition: None, workers=0)
+            assert fanned.step.status is BatchStatus.COMPLETED
         # Stop.
         stopping = Job(repository, "stop_me", DAY, lease=SHORT_LEASE).launch()
         stop = service.stop(OperationId("stop-1"), OPS, stopping.execution.id)

@@ -80,7 +80,21 @@ READERS: dict[str, tuple[str, ...]] = {
     "lock_partition_step": ("job_execution_id", "status"),
     "lock_partition_restart_pair": ("source_job_status", "target_status", "same_logical_id"),
     "count_step_partitions_by_status": ("status", "partitions"),
-    "list_started_step_partitions": ("id", "worker_step_execution_id", "partition_key", "version"),
+    "list_started_step_partitions": (
+        "id",
+        "worker_step_execution_id",
+        "partition_key",
+        "version",
+        "leased",
+        "lease_expired",
+    ),
+    "lock_partition_worker_lease": (
+        "worker_step_execution_id",
+        "status",
+        "version",
+        "leased",
+        "lease_expired",
+    ),
     "list_slowest_step_partitions": (
         "partition_key",
         "status",

@@ -10,6 +10,9 @@ Environment:
     CRASH_SLOW_FILE           while this file exists, each chunk sleeps (the kills land
                               mid-partition); the test removes it when it has killed enough
     CRASH_WORKERS             local worker processes (default 8)
+    CRASH_LEASE_S             the job's lease, also each worker's lease on its partition: a
+                              killed worker's partition is recovered once it runs out
+                              (default 3 seconds)
 
 Protocol on stdout, one flushed line each:
     launched <attempt> <pid>  the attempt is STARTED (workers are forked children of <pid>)
@@ -18,6 +21,7 @@ Protocol on stdout, one flushed line each:
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import os
 import sys
@@ -84,8 +88,10 @@ def load(partition: PartitionRun) -> None:
 def main() -> int:
     config = ConnectionConfig.from_env()
     workers = int(os.environ.get("CRASH_WORKERS", "8"))
+    lease = datetime.timedelta(seconds=float(os.environ.get("CRASH_LEASE_S", "3")))
     with JobRepository.connect(config) as repository:
-        with Job(repository, JOB_NAME, {"run": os.environ["CRASH_RUN"]}).launch() as run:
+        job = Job(repository, JOB_NAME, {"run": os.environ["CRASH_RUN"]}, lease=lease)
+        with job.launch() as run:
             print("launched", run.attempt, os.getpid(), flush=True)
             try:
                 outcome = run.partitioned_step(STEP_NAME, plan(), load, workers=workers)

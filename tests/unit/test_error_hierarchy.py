@@ -356,6 +356,7 @@ PYBATCH_ONLY: dict[str, Families] = {
     "DsnFileUnreadable": CONFIG,
     "UnknownStatement": CONFIG,  # pybatch sql show|explain NAME
     "ExecutionOwnershipLost": REPOSITORY,  # a stale owner whose execution was recovered (4.12)
+    "PartitionOwnershipLost": REPOSITORY,  # a stale worker whose partition was recovered
     "StopRequested": CHUNK,  # the ETL API ends a step at a chunk boundary on a stop request
 }
 

@@ -1,0 +1,159 @@
+"""Upgrading to partition worker leases under a running partitioned step.
+
+Before the migration that adds `step_partition.worker_lease_expires_at`, a worker's
+liveness was a session advisory lock on its worker step. A partition claimed before the
+upgrade has no lease: pybatch judges it by that lock alone, so the upgrade never recovers a
+partition whose worker is alive; once that worker is gone its partition is recovered, the
+next worker resumes it from its checkpoint, and the job completes with every row once.
+"""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+import pybatch.job_repository as repository_module
+from pybatch import JobRepository, migrator, partitioned
+from pybatch.chunks import ChunkTransactionManager
+from pybatch.etl import ETL_STATE_SCHEMA, Job, PartitionRun, join_partitioned_step
+from pybatch.values.chunks import ChunkContext, ChunkCounts
+from pybatch.values.flow import StartLimit
+from pybatch.values.lifecycle import LifecycleTransition
+from pybatch.values.names import NodeId, StepName
+from pybatch.values.ownership import ExecutionLease
+from pybatch.values.state import Checkpoint, StateLimits
+from pybatch.values.status import BatchStatus, FailureCategory
+from tests.conftest import plaintext_config
+from tests.migrations.test_lease_upgrade import install_up_to
+
+S = BatchStatus
+ROWS = 10
+CHUNK = 5
+PARAMS = {"run": "upgrade"}
+#: The last schema version without worker leases (the migration after it adds them).
+BEFORE = migrator.supported_schema_version() - 1
+LEASE = ExecutionLease()
+
+
+def load(partition: PartitionRun) -> None:
+    first = int(partition.partition_context["first"])
+    offset = int(partition.checkpoint.get("offset", 0))
+    while offset < ROWS:
+        with partition.chunk() as chunk:
+            chunk.executemany(
+                "INSERT INTO public.orders (id, part) VALUES (%s, %s)",
+                [(first + i, partition.key) for i in range(offset, offset + CHUNK)],
+            )
+            offset += CHUNK
+            chunk.commit(read=CHUNK, written=CHUNK, checkpoint={"offset": offset})
+
+
+def legacy_claim(repository: JobRepository, dsn: str, parent_id: int, key: str) -> int:
+    """What an older pybatch's claim left: a STARTED worker step assigned to the partition.
+
+    The worker committed one chunk (rows and checkpoint); returns the worker step's id.
+    """
+    with repository.begin() as uow:
+        parent = uow.get_step_execution(parent_id)
+        assert parent is not None
+        worker = uow.create_flow_step_execution(
+            parent.job_execution_id, StepName(f"load#{key}.1"), NodeId(f"load#{key}.1")
+        )
+        worker = uow.transition_step_execution(
+            worker.id, worker.version, LifecycleTransition.new(S.STARTED, uow.clock.now())
+        )
+        uow.commit()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE pybatch.step_partition SET worker_step_execution_id = %s, status = 'STARTED',"
+            " version = version + 1 WHERE step_execution_id = %s AND partition_key = %s",
+            (worker.id, parent_id, key),
+        )
+    chunk = ChunkTransactionManager(repository).begin_for(
+        ChunkContext(worker.id, worker.job_execution_id)
+    )
+    first = 1 if key == "p0" else ROWS + 1
+    chunk.executemany(
+        "INSERT INTO public.orders (id, part) VALUES (%s, %s)",
+        [(first + i, key) for i in range(CHUNK)],
+    )
+    chunk.commit(
+        ChunkCounts(read=CHUNK, processed=CHUNK, written=CHUNK),
+        checkpoint=Checkpoint(ETL_STATE_SCHEMA, 1, {"offset": CHUNK}, limits=StateLimits.STEP),
+    )
+    return worker.id
+
+
+def test_upgrade_under_a_running_partitioned_step_keeps_live_workers_and_completes(
+    blank_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = plaintext_config(blank_database)
+    install_up_to(blank_database, BEFORE)
+    with psycopg.connect(blank_database, autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.orders (id bigint NOT NULL, part text NOT NULL)")
+    with monkeypatch.context() as old_package:
+        old_package.setattr(repository_module, "supported_schema_version", lambda: BEFORE)
+        old = JobRepository.connect(config)
+        run = Job(old, "fanout", PARAMS).launch()
+        plan = {"p0": {"first": 1}, "p1": {"first": ROWS + 1}, "p2": {"first": 2 * ROWS + 1}}
+        _skipped, parent = partitioned.start_partitioned_step(
+            old,
+            run.instance.id,
+            run.execution.id,
+            "load",
+            partitioned.plan_entries(plan, ETL_STATE_SCHEMA),
+            StartLimit.unrestricted(),
+        )
+        alive = legacy_claim(old, blank_database, parent.id, "p0")
+        dead = legacy_claim(old, blank_database, parent.id, "p1")
+    try:
+        # The live legacy worker holds its liveness lock through the upgrade; the dead one's
+        # session is gone.
+        with psycopg.connect(blank_database, autocommit=True) as legacy_worker:
+            legacy_worker.execute(
+                "SELECT pg_advisory_lock(hashtextextended('pybatch.step_execution.liveness', %s))",
+                (alive,),
+            )
+            applied = migrator.migrate(config)
+            assert [m.version for m in applied] == [BEFORE + 1]
+            with psycopg.connect(blank_database) as conn:
+                leases = conn.execute(
+                    "SELECT partition_key, status, worker_owner_token, worker_lease_expires_at"
+                    " FROM pybatch.step_partition ORDER BY partition_key"
+                ).fetchall()
+            assert leases == [
+                ("p0", "STARTED", None, None),
+                ("p1", "STARTED", None, None),
+                ("p2", "STARTING", None, None),
+            ]
+            with JobRepository.connect(config) as repository:
+                liveness = partitioned._Liveness(repository, LEASE)
+                try:
+                    assert partitioned.recover_lost_workers(repository, parent.id, liveness) == 1
+                finally:
+                    liveness.close()
+                with repository.begin() as uow:
+                    states = {p.key.value: p.status for p in uow.step_partition_plan(parent.id)}
+                assert states == {"p0": S.STARTED, "p1": S.FAILED, "p2": S.STARTING}
+        # The legacy worker ended (its session closed): a new worker recovers its partition,
+        # resumes both recovered partitions from their checkpoints and runs the third.
+        with JobRepository.connect(config) as repository:
+            ran = join_partitioned_step(repository, "fanout", PARAMS, "load", load, lease=LEASE)
+            assert ran == 3
+            ended, unfinished = partitioned.aggregate_plan(repository, parent)
+            assert unfinished == [] and ended.status is S.COMPLETED
+            assert ended.metadata.counts.written == 3 * ROWS
+            with run:
+                pass
+            with repository.begin() as uow:
+                execution = uow.get_job_execution(run.execution.id)
+                assert execution is not None and execution.status is S.COMPLETED
+                for worker_id in (alive, dead):
+                    worker = uow.get_step_execution(worker_id)
+                    assert worker is not None and worker.metadata.failure is not None
+                    assert worker.metadata.failure.category is FailureCategory.STALE_RECOVERED
+    finally:
+        old.close()
+    with psycopg.connect(blank_database) as conn:
+        counted = conn.execute("SELECT COUNT(*), COUNT(DISTINCT id) FROM public.orders").fetchone()
+    assert counted == (3 * ROWS, 3 * ROWS)
