@@ -220,7 +220,9 @@ class TransactionSource:
             try:
                 check_idle_connection(conn)
             except psycopg.OperationalError:
-                self._pool._putconn(conn, from_getconn=True)  # dropped, replaced in background
+                if not conn.closed:
+                    conn.close()
+                self._pool.putconn(conn)  # a closed connection is dropped and replaced
                 if time.monotonic() >= deadline:
                     raise psycopg_pool.PoolTimeout() from None
                 continue
