@@ -235,8 +235,13 @@ class _Locked:
     partition: StepPartition
 
 
-def _locked_partition(q: Statements, conn: Connection, partition_id: int) -> _Locked:
-    """The parent (locked first) and the partition (locked second)."""
+def _lock_parent_of(q: Statements, conn: Connection, partition_id: int) -> tuple[int, _LockedStep]:
+    """Lock the parent step of partition `partition_id` (parents are locked before partitions).
+
+    Raises:
+        StepPartitionNotFound: no such partition.
+        PartitionStateCorrupt: an unreadable parent id, or a parent that is gone.
+    """
     check_identifier(IdentifierKind.STEP_PARTITION, partition_id)
     found = q.get_step_partition_parent.scalar(conn, step_partition_id=partition_id)
     if found is None:
@@ -248,6 +253,12 @@ def _locked_partition(q: Statements, conn: Connection, partition_id: int) -> _Lo
     parent = _lock_step(q, conn, parent_id)
     if parent is None:  # the parent foreign key makes this unreachable
         raise PartitionStateCorrupt()
+    return parent_id, parent
+
+
+def _locked_partition(q: Statements, conn: Connection, partition_id: int) -> _Locked:
+    """The parent (locked first) and the partition (locked second)."""
+    parent_id, parent = _lock_parent_of(q, conn, partition_id)
     row = q.lock_step_partition.one(conn, step_partition_id=partition_id)
     if row is None:
         raise StepPartitionNotFound(id=partition_id)
@@ -740,16 +751,7 @@ def lock_partition_worker_lease(
     Statements: partitions.sql get_step_partition_parent, lock_partition_step,
     lock_partition_worker_lease.
     """
-    check_identifier(IdentifierKind.STEP_PARTITION, partition_id)
-    found = q.get_step_partition_parent.scalar(conn, step_partition_id=partition_id)
-    if found is None:
-        raise StepPartitionNotFound(id=partition_id)
-    try:
-        parent_id = decode_int64(found, column="step_execution_id", minimum=1)
-    except DecodeError:
-        raise PartitionStateCorrupt() from None
-    if _lock_step(q, conn, parent_id) is None:  # the parent foreign key keeps it
-        raise PartitionStateCorrupt()
+    _lock_parent_of(q, conn, partition_id)
     row = q.lock_partition_worker_lease.one(conn, step_partition_id=partition_id)
     if row is None:
         raise StepPartitionNotFound(id=partition_id)
