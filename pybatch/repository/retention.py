@@ -88,6 +88,16 @@ _COUNT_COLUMNS = (
 )
 
 
+#: The rows a purge counts under each execution it removes (survey and delete alike).
+_HISTORY_ROW_COUNTS = (
+    "flow_decisions",
+    "recovery_decisions",
+    "operator_requests",
+    "step_partitions",
+    "step_executions",
+)
+
+
 def _decode_record(row: Any) -> RetentionRecord:
     try:
         return RetentionRecord(
@@ -202,16 +212,7 @@ def purge_survey(
     )
     first = rows[0]
     counts = PurgeCounts(
-        **{
-            name: decode_int64(first[name], column=name, minimum=0)
-            for name in (
-                "flow_decisions",
-                "recovery_decisions",
-                "operator_requests",
-                "step_partitions",
-                "step_executions",
-            )
-        },
+        **{name: decode_int64(first[name], column=name, minimum=0) for name in _HISTORY_ROW_COUNTS},
         job_executions=len(candidates),
         job_instances=len(final),
     )
@@ -280,14 +281,7 @@ def apply_purge(q: Statements, conn: Connection, plan: PurgePlan, now: _dt.datet
     counts = PurgeCounts(
         **{
             name: decode_int64(deleted[name], column=name, minimum=0)
-            for name in (
-                "flow_decisions",
-                "recovery_decisions",
-                "operator_requests",
-                "step_partitions",
-                "step_executions",
-                "job_executions",
-            )
+            for name in (*_HISTORY_ROW_COUNTS, "job_executions")
         }
     )
     audit_records = PurgedAuditRecords(
