@@ -1586,6 +1586,19 @@ class PartitionsFailed(JobRunError):
     keys: tuple[str, ...]
 
 
+@_error
+class PartitionPlanNotPublished(JobRunError):
+    """A joining worker waited in vain: no running attempt published the step's plan."""
+
+    message = (
+        "no running attempt of job {job_name} published a plan for step {step_name}"
+        " within {waited_seconds} s"
+    )
+    job_name: str
+    step_name: str
+    waited_seconds: float
+
+
 __all__ = [
     "AbandonedInstance",
     "AcquireExceedsClose",
@@ -1699,6 +1712,7 @@ __all__ = [
     "PartitionParentNotActive",
     "PartitionPlanExists",
     "PartitionPlanNotCommitted",
+    "PartitionPlanNotPublished",
     "PartitionPlanTooLarge",
     "PartitionStateCorrupt",
     "PartitionUpdateNotAllowed",

@@ -47,6 +47,7 @@ from pybatch.errors import (
     JobExecutionNotFound,
     NotCommitted,
     PartitionOwnershipLost,
+    PartitionPlanNotPublished,
     PartitionsFailed,
     PyBatchError,
     StatePayloadNotObject,
@@ -875,8 +876,10 @@ def join_partitioned_step(
     it runs: after a crash its partition is recovered at most that long after the last
     renewal.
 
+    A worker that arrives after the step completed returns 0 at once.
+
     Raises:
-        JobExecutionNotFound: no running attempt published that step in time (id 0).
+        PartitionPlanNotPublished: no running attempt published that step's plan in time.
     """
     params = (
         parameters if isinstance(parameters, JobParameters) else JobParameters.of(dict(parameters))
@@ -885,8 +888,12 @@ def join_partitioned_step(
     deadline = time.monotonic() + wait_seconds
     while (found := partitioned.find_running_parent(repository, key, StepName(step_name))) is None:
         if time.monotonic() >= deadline:
-            raise JobExecutionNotFound(id=0)
+            raise PartitionPlanNotPublished(
+                job_name=job_name, step_name=step_name, waited_seconds=wait_seconds
+            )
         time.sleep(poll_seconds)
+    if found == partitioned.PLAN_FINISHED:
+        return 0
     instance, execution, parent = found
     runner = _runners(instance, execution, work)(repository)
     worker_lease = lease if isinstance(lease, ExecutionLease | None) else ExecutionLease(lease)

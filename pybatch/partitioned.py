@@ -27,7 +27,7 @@ import multiprocessing.connection
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from pybatch.errors import (
     ConcurrentModification,
@@ -398,21 +398,35 @@ def _end_owned(
         raise
 
 
+PLAN_FINISHED: Final = "finished"
+"""`find_running_parent`'s answer when the step already completed: nothing is left to join."""
+
+
 def find_running_parent(
     repository: JobRepository, key: JobInstanceKey, step_name: StepName
-) -> tuple[JobInstance, JobExecution, StepExecution] | None:
-    """The running attempt of `key` and its STARTED step `step_name` with a plan, or None."""
+) -> tuple[JobInstance, JobExecution, StepExecution] | Literal["finished"] | None:
+    """The running attempt of `key` and its STARTED step `step_name` with a plan.
+
+    `PLAN_FINISHED` when the latest attempt completed that step, or completed altogether
+    (a worker that arrives late has nothing left to do); None while no plan is published.
+    """
     with repository.begin() as uow:
         instance = uow.find_job_instance(key)
         if instance is None:
             return None
         executions = uow.job_executions(instance.id)
-        if not executions or executions[-1].status is not BatchStatus.STARTED:
+        if not executions:
             return None
         execution = executions[-1]
+        if execution.status is BatchStatus.COMPLETED:
+            return PLAN_FINISHED
         for step in uow.step_executions(execution.id):
+            if step.step_name != step_name:
+                continue
+            if step.status is BatchStatus.COMPLETED:
+                return PLAN_FINISHED
             if (
-                step.step_name == step_name
+                execution.status is BatchStatus.STARTED
                 and step.status is BatchStatus.STARTED
                 and uow.step_partition_plan(step.id)
             ):

@@ -30,6 +30,7 @@ from pybatch.errors import (
     JobInstanceNotFound,
     OperationOutcomeUnknown,
     PageSizeOutOfRange,
+    PartitionPlanNotPublished,
     PermissionDenied,
     PyBatchError,
     RequestFieldError,
@@ -76,6 +77,7 @@ _NOT_FOUND = (
     JobExecutionNotFound,
     StepExecutionNotFound,
     StepPartitionNotFound,
+    PartitionPlanNotPublished,
     UnknownStatement,
 )
 

@@ -112,6 +112,8 @@ def _worker(args: argparse.Namespace) -> int:
 
     params = parameters(args)
     work = load_function(args.function)
+    if not 0.0 <= args.wait <= 86400.0:
+        raise SystemExit("pybatch worker: --wait is 0 to 86400 seconds")
     if not 1.0 <= args.lease <= 3600.0:
         raise SystemExit("pybatch worker: --lease is 1 to 3600 seconds")
     lease = datetime.timedelta(seconds=args.lease)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import re
 import threading
+import time
 from typing import Any
 
 import psycopg
@@ -10,7 +13,7 @@ import pytest
 
 from pybatch import JobRepository
 from pybatch.cli import main
-from pybatch.etl import Job
+from pybatch.etl import Job, PartitionRun
 from tests.contract.test_partitioned_step import (
     ROWS_PER_PARTITION,
     business,
@@ -22,15 +25,30 @@ from tests.contract.test_partitioned_step import (
 __all__ = ["orders"]  # the fixture, shared with the partitioned-step tests
 
 
-@pytest.mark.usefixtures("orders")
-def test_cli_worker_joins_the_plan(
-    repository: JobRepository,
-    db_dsn: str,
-    admin: psycopg.Connection[Any],
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    codes: list[int] = []
-    args = [
+#: Environment variable naming the test database for `gated_load` (forked workers inherit it).
+GATE_DSN = "PYBATCH_TEST_WORKER_GATE_DSN"
+
+
+def gated_load(partition: PartitionRun) -> None:
+    """`load`, once two partitions are claimed: the job's own worker cannot run the whole
+    plan before the command-line worker has joined it."""
+    with psycopg.connect(os.environ[GATE_DSN], autocommit=True) as gate:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            row = gate.execute(
+                "SELECT COUNT(*) FROM pybatch.step_partition"
+                " WHERE worker_step_execution_id IS NOT NULL"
+            ).fetchone()
+            if row is not None and row[0] >= 2:
+                break
+            time.sleep(0.02)
+    load(partition)
+
+
+def worker_args(
+    db_dsn: str, *extra: str, function: str = "tests.cli.test_worker:gated_load"
+) -> list[str]:
+    return [
         "worker",
         "--dsn",
         db_dsn,
@@ -44,19 +62,62 @@ def test_cli_worker_joins_the_plan(
         "--step",
         "load",
         "--function",
-        "tests.contract.test_partitioned_step:load",
-        "--wait",
-        "30",
+        function,
+        *extra,
     ]
-    thread = threading.Thread(target=lambda: codes.append(main(args)))
+
+
+@pytest.mark.usefixtures("orders")
+def test_cli_worker_joins_the_plan(
+    repository: JobRepository,
+    db_dsn: str,
+    admin: psycopg.Connection[Any],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(GATE_DSN, db_dsn)
+    codes: list[int] = []
+    thread = threading.Thread(
+        target=lambda: codes.append(main(worker_args(db_dsn, "--wait", "30")))
+    )
     thread.start()
     with Job(repository, "cli_fanout", {"run": "one", "day": 7}).launch() as run:
-        outcome = run.partitioned_step("load", plan_of(6), load, workers=1)
+        outcome = run.partitioned_step("load", plan_of(6), gated_load, workers=1)
     thread.join(timeout=60)
     assert codes == [0]
-    assert "partitions of cli_fanout step load" in capsys.readouterr().out
+    ran = re.search(r"worked on (\d+) partitions of cli_fanout step load", capsys.readouterr().out)
+    assert ran is not None and 1 <= int(ran.group(1)) <= 5
     assert outcome.step.metadata.counts.written == 6 * ROWS_PER_PARTITION
     assert business(admin) == (6 * ROWS_PER_PARTITION, 6 * ROWS_PER_PARTITION)
+
+
+@pytest.mark.usefixtures("orders")
+def test_cli_worker_arriving_after_the_step_completed_has_nothing_to_do(
+    repository: JobRepository, db_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with Job(repository, "cli_fanout", {"run": "one", "day": 7}).launch() as run:
+        run.partitioned_step("load", plan_of(3), load, workers=0)
+        # The job is still running: its step completed, so a late worker returns at once.
+        assert main(worker_args(db_dsn, "--wait", "30")) == 0
+        assert "worked on 0 partitions" in capsys.readouterr().out
+    assert main(worker_args(db_dsn, "--wait", "30")) == 0  # the whole job completed
+    assert "worked on 0 partitions" in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("repository")
+def test_cli_worker_without_a_published_plan_exits_not_found(
+    db_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(worker_args(db_dsn, "--wait", "0.3")) == 4
+    err = capsys.readouterr().err
+    assert "PartitionPlanNotPublished" in err
+    assert "cli_fanout" in err and "step load" in err
+
+
+def test_cli_worker_refuses_a_negative_wait(db_dsn: str) -> None:
+    with pytest.raises(SystemExit) as refused:
+        main(worker_args(db_dsn, "--wait", "-1"))
+    assert "--wait is 0 to 86400 seconds" in str(refused.value)
 
 
 def test_cli_worker_refuses_a_bad_function(db_dsn: str) -> None:

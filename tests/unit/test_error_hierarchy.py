@@ -352,6 +352,7 @@ PYBATCH_ONLY: dict[str, Families] = {
     "JobRunError": JOB_RUN,  # how a run ends, decided by its flow or its partitions (etl)
     "FlowEndedInFailure": JOB_RUN,
     "PartitionsFailed": JOB_RUN,
+    "PartitionPlanNotPublished": JOB_RUN,  # a joining worker found no plan in time
     "DsnFileInsecure": CONFIG,  # --dsn-file must be mode 0600 (CLI connection settings)
     "DsnFileUnreadable": CONFIG,
     "UnknownStatement": CONFIG,  # pybatch sql show|explain NAME
