@@ -65,34 +65,39 @@ SELECT EXISTS(
 
 -- :name explore_job_names :many
 -- :doc Distinct job names of instances with id <= ceiling, in byte order after after_name, with
--- the latest attempt of each name's newest instance (none while that instance has no
--- execution). A loose index scan over
--- job_instance_name_identity - one index probe per name, never a scan of job_instance.
-WITH RECURSIVE job_names (job_name, rank_in_page) AS (
+-- the latest attempt of each name's newest such instance (none while that instance has no
+-- execution). A loose index scan over job_instance_name_identity (job_name, id DESC) - one
+-- probe per name finds the next name and its newest instance at once - then one
+-- job_execution_attempt_unique probe for its latest attempt; never a scan of job_instance.
+WITH RECURSIVE job_names (job_name, newest_instance_id, rank_in_page) AS (
     (
         SELECT
             first_instance.job_name,
+            first_instance.id AS newest_instance_id,
             1 AS rank_in_page
         FROM pybatch.job_instance AS first_instance
         WHERE
             first_instance.job_name > :after_name
             AND first_instance.id <= :ceiling
-        ORDER BY first_instance.job_name
+        ORDER BY first_instance.job_name ASC, first_instance.id DESC
         LIMIT 1
     )
     UNION ALL
     SELECT
         successor.job_name,
+        successor.id AS newest_instance_id,
         job_names.rank_in_page + 1 AS rank_in_page
     FROM job_names
     CROSS JOIN
         LATERAL (
-            SELECT next_instance.job_name
+            SELECT
+                next_instance.job_name,
+                next_instance.id
             FROM pybatch.job_instance AS next_instance
             WHERE
                 next_instance.job_name > job_names.job_name
                 AND next_instance.id <= :ceiling
-            ORDER BY next_instance.job_name
+            ORDER BY next_instance.job_name ASC, next_instance.id DESC
             LIMIT 1
         ) AS successor
     WHERE job_names.rank_in_page < :row_limit
@@ -105,21 +110,12 @@ SELECT
     latest.updated_at AS latest_updated_at
 FROM job_names
 LEFT JOIN LATERAL (
-    SELECT newest.id
-    FROM pybatch.job_instance AS newest
-    WHERE
-        newest.job_name = job_names.job_name
-        AND newest.id <= :ceiling
-    ORDER BY newest.id DESC
-    LIMIT 1
-) AS newest_instance ON TRUE
-LEFT JOIN LATERAL (
     SELECT
         execution.id,
         execution.status,
         execution.updated_at
     FROM pybatch.job_execution AS execution
-    WHERE execution.job_instance_id = newest_instance.id
+    WHERE execution.job_instance_id = job_names.newest_instance_id
     ORDER BY execution.attempt DESC
     LIMIT 1
 ) AS latest ON TRUE

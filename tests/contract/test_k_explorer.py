@@ -32,6 +32,7 @@ from pybatch.values.explorer import (
     Cursor,
     ExplorerQuery,
     IdentityKey,
+    JobNameSummary,
     PageSize,
     operator_request_json,
 )
@@ -128,6 +129,54 @@ def test_k1_job_names_in_byte_order_from_instances_and_paged(
     assert orders.latest_execution_id == launched.id
     assert orders.latest_status is S.STARTED
     assert next(item for item in listed if item.job_name == "a").latest_execution_id is None
+
+
+def test_k1_job_names_report_the_newest_instance_under_the_ceiling(
+    repository: JobRepository, clock: ManualClock, explorer: JobExplorer
+) -> None:
+    def idle(name: str) -> None:  # an instance without any execution
+        with repository.begin() as uow:
+            uow.select_or_create_job_instance(
+                JobInstanceKey(JobName(name), JobParameters.of({"k": 1}))
+            )
+            uow.commit()
+
+    def restarted(name: str) -> JobExecution:  # an older instance, then a restarted one
+        launch(repository, clock, name, status=S.COMPLETED)
+        return restart_after_failure(
+            repository, clock, launch(repository, clock, name, status=S.FAILED)
+        )
+
+    launch(repository, clock, "alpha")
+    launch(repository, clock, "beta")
+    idle("cat")
+    delta = restarted("delta")
+    echo = restarted("echo")
+    idle("foxtrot")
+    first = explorer.job_names(PageSize(2))
+    assert [item.job_name for item in first.items] == ["alpha", "beta"]
+    # After the traversal began: a newer instance of every name, each with an execution, and
+    # new names. Pages of two check both the first name of a page and its successor.
+    names = ("alpha", "beta", "cat", "delta", "dog", "echo", "eel", "foxtrot", "zulu")
+    late = {name: launch(repository, clock, name) for name in names}
+    assert first.ceiling < min(execution.job_instance_id for execution in late.values())
+    rest: list[JobNameSummary] = []
+    cursor = first.next_cursor
+    while cursor is not None:
+        page = explorer.job_names(PageSize(2), cursor)
+        rest.extend(page.items)
+        cursor = page.next_cursor
+    assert [
+        (item.job_name, item.latest_execution_id, item.latest_status, item.latest_updated_at)
+        for item in rest
+    ] == [
+        ("cat", None, None, None),
+        ("delta", delta.id, S.STARTING, delta.updated_at),
+        ("echo", echo.id, S.STARTING, echo.updated_at),
+        ("foxtrot", None, None, None),
+    ]
+    fresh = {item.job_name: item.latest_execution_id for item in explorer.job_names().items}
+    assert fresh == {name: execution.id for name, execution in late.items()}
 
 
 def test_k2_instances_newest_first_paged_and_bounded_by_the_ceiling(
