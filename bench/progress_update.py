@@ -1,6 +1,6 @@
 """What the chunk's progress UPDATE costs the server, by the shape of the table it updates.
 
-    python -m bench.progress_update [--dsn DSN] [--updates 3000] [--rounds 5]
+    python -m bench.progress_update [--dsn DSN] [--updates 3000] [--rounds 5] [--copy-rows 0]
 
 Every chunk commit runs one compare-and-swap UPDATE of its step's row: the counters, the
 checkpoint, `updated_at` and `version` (`update_step_chunk_progress` in queries/chunks.sql).
@@ -22,6 +22,13 @@ machine wall time mixes in everybody else's work; wall time is printed too. The 
 of the stored CHECK expressions (`pg_constraint.conbin`) is printed per shape: PostgreSQL
 reads every table CHECK back from that text and prepares it again at each execution of an
 UPDATE, while a domain's CHECK is prepared once per session.
+
+With `--copy-rows N` every transaction first COPYs N rows `(id, name, amount)` into a
+business table of its own, as a chunk of the chunk benchmark does: each shape's transaction
+is then a chunk that sends exactly pybatch's statements with no pybatch code on the client,
+and the one-column shape is the chunk benchmark's hand-written loop. The printed ratio (the
+loop's wall time over the shape's) is the best a chunk whose progress lives in that table
+can reach against the loop.
 
 Without `--dsn` an EmbeddedPostgres is started with fsync on. Results are printed and
 written as JSON under bench/results/.
@@ -58,6 +65,12 @@ PROGRESS_UPDATE = (
     " WHERE id = %s AND job_execution_id = %s AND version = %s AND status = 'STARTED'"
 )
 ONE_COLUMN_UPDATE = 'UPDATE bench_one_column SET "offset" = %s WHERE id = 1'
+BUSINESS_TABLE_SQL = (
+    "CREATE TABLE business_{table} (id BIGINT PRIMARY KEY, name TEXT NOT NULL,"
+    " amount BIGINT NOT NULL)"
+)
+BUSINESS_COPY_SQL = "COPY business_{table} (id, name, amount) FROM STDIN"
+BUSINESS_TRUNCATE_SQL = "TRUNCATE business_{table}"
 
 SETUP_SQL = (
     # as migrated: domains, CHECK constraints, indexes (foreign keys are not copied; an
@@ -164,6 +177,8 @@ def prepare(dsn: str) -> None:
         for table in ("bench_step_migrated", "bench_step_no_checks"):
             conn.execute(COPY_ROW_SQL[0].format(table=table), (step_id,))
         conn.execute(COPY_ROW_SQL[1], (step_id,))
+        for shape in SHAPES:
+            conn.execute(BUSINESS_TABLE_SQL.format(table=shape.table))
         conn.execute(REOPEN_SQL[0])
         for table in ("bench_step_migrated", "bench_step_no_checks"):
             conn.execute(REOPEN_SQL[1].format(table=table))
@@ -180,15 +195,26 @@ def run_round(
     updates: int,
     cpu: ServerCpu,
     first: int,
+    copy_rows: int,
 ) -> tuple[float, float | None]:
-    """`updates` transactions of one UPDATE each; (wall us, server CPU us) per transaction.
+    """`updates` transactions of one UPDATE each (after a COPY of `copy_rows` rows, if any);
+    (wall us, server CPU us) per transaction.
 
     Update n expects version n - 1: the versions run on from round to round.
     """
+    copy_in = BUSINESS_COPY_SQL.format(table=shape.table)
+    batches = {  # built before the clock starts, as the chunk benchmark's rows are
+        n: [(i, f"item-{i:09d}", i % 100_003) for i in range(n * copy_rows, (n + 1) * copy_rows)]
+        for n in range(first, first + updates)
+    }
     before = cpu.snapshot(APPLICATION + "-" + shape.table)
     started = time.perf_counter()
     with conn.cursor() as cursor:
         for n in range(first, first + updates):
+            if copy_rows:
+                with cursor.copy(copy_in) as writer:
+                    for row in batches[n]:
+                        writer.write_row(row)
             if shape.progress:
                 cursor.execute(
                     PROGRESS_UPDATE.format(table=shape.table),
@@ -213,7 +239,9 @@ def run_round(
     return wall, None if server is None else server / updates * 1e6
 
 
-def measure(dsn: str, updates: int, rounds: int, cpu: ServerCpu) -> dict[str, Measured]:
+def measure(
+    dsn: str, updates: int, rounds: int, cpu: ServerCpu, copy_rows: int
+) -> dict[str, Measured]:
     prepare(dsn)
     results = {shape.table: Measured() for shape in SHAPES}
     conns: dict[str, psycopg.Connection[Any]] = {}
@@ -235,11 +263,16 @@ def measure(dsn: str, updates: int, rounds: int, cpu: ServerCpu) -> dict[str, Me
             with gc_paused():
                 for shape in order:
                     key = step_keys.get(shape.table, (1, 1))
-                    wall, server = run_round(conns[shape.table], shape, key, updates, cpu, done + 1)
+                    wall, server = run_round(
+                        conns[shape.table], shape, key, updates, cpu, done + 1, copy_rows
+                    )
                     results[shape.table].wall_us.append(wall)
                     if server is not None:
                         results[shape.table].server_us.append(server)
             done += updates
+            with admin_connect(dsn) as admin:  # untimed
+                for shape in SHAPES:
+                    admin.execute(BUSINESS_TRUNCATE_SQL.format(table=shape.table))
             print(f"  round {round_ + 1}/{rounds} done", flush=True)
     finally:
         for conn in conns.values():
@@ -260,10 +293,11 @@ def _median(values: Sequence[float]) -> float:
 def table(results: dict[str, Measured]) -> str:
     reference = results["bench_one_column"]
     ref_server = _median(reference.server_us)
+    ref_wall = _median(reference.wall_us)
     lines = [
         "| table shape | table CHECKs (stored text, chars) | server CPU us / tx | "
-        "minus one-column | wall us / tx |",
-        "|---|---:|---:|---:|---:|",
+        "minus one-column | wall us / tx | ratio: one-column wall / this |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for shape in SHAPES:
         measured = results[shape.table]
@@ -271,7 +305,7 @@ def table(results: dict[str, Measured]) -> str:
         count, _, stored = measured.checks
         lines.append(
             f"| {shape.name} | {count} ({stored:,}) | {server:,.0f} | {server - ref_server:+,.0f} "
-            f"| {_median(measured.wall_us):,.0f} |"
+            f"| {_median(measured.wall_us):,.0f} | {ref_wall / _median(measured.wall_us):.2f} |"
         )
     return "\n".join(lines)
 
@@ -286,14 +320,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--updates", type=int, default=3000, help="transactions per round")
     parser.add_argument("--rounds", type=int, default=5, help="rounds per shape (5)")
+    parser.add_argument(
+        "--copy-rows",
+        type=int,
+        default=0,
+        help="rows COPYed in before each UPDATE, as in a chunk (0: the UPDATE alone)",
+    )
     args = parser.parse_args(argv)
-    if args.updates < 100 or args.rounds < 1:
-        parser.error("--updates must be at least 100 and --rounds at least 1")
+    if args.updates < 100 or args.rounds < 1 or not 0 <= args.copy_rows <= 100_000:
+        parser.error("--updates must be at least 100, --rounds at least 1, --copy-rows 0 to 100000")
     with postgres_server(args.dsn) as server, scratch_database(server, "progress") as dsn:
         machine = machine_info(dsn)
         print_machine(machine)
         cpu = ServerCpu(dsn, local=args.dsn is None)
-        results = measure(dsn, args.updates, args.rounds, cpu)
+        print(
+            f"workload: {args.updates:,} transactions per round, {args.copy_rows} rows COPYed each"
+        )
+        results = measure(dsn, args.updates, args.rounds, cpu, args.copy_rows)
     machine["load_average_at_end"] = list(os.getloadavg())
     print()
     print(table(results))
@@ -304,6 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "machine": machine,
             "updates": args.updates,
             "rounds": args.rounds,
+            "copy_rows": args.copy_rows,
             "shapes": {shape.name: results[shape.table].to_json() for shape in SHAPES},
         },
     )
