@@ -9,9 +9,16 @@ Each variant runs two ways, into two tables of the same shape:
 * pybatch: a new job instance per run, one step, and per chunk `with step.chunk()`, the
   business writes, and `chunk.commit(read=, written=, checkpoint={"offset": n})`;
 * baseline: one plain psycopg connection doing the same business statements per chunk,
-  then ONE `UPDATE bench_checkpoint SET "offset" = %s WHERE id = 1` and COMMIT.
+  then ONE `UPDATE bench_checkpoint SET "offset" = %s WHERE id = 1` and COMMIT;
+* replay (a reference, not part of the target): pybatch's own chunk statements sent from
+  another plain psycopg connection, with no pybatch code: the same business statements,
+  then the chunk's compare-and-swap UPDATE (`update_step_chunk_progress`, its SET list and
+  guard) of a STARTED copy of the step's row in `bench_step_replay`, and COMMIT. What the
+  replay loses against the baseline is the cost of pybatch's SQL; what pybatch loses
+  against the replay is the cost of pybatch's code.
 
-The sides alternate chunk by chunk (ABBA: pybatch, baseline, baseline, pybatch, ...) and
+The sides alternate chunk by chunk (the first side rotates: pybatch, baseline, replay, then
+baseline, replay, pybatch, ...) and
 each chunk is timed on its own, so both see the same moments of a busy shared machine;
 whole runs are repeated `--repeat` times and medians compared. Before every run both
 targets are truncated, a CHECKPOINT is taken and garbage is collected (untimed); the
@@ -48,13 +55,14 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg import pq
+from psycopg.types.json import Jsonb
 
 import pybatch.chunks as chunks_module
 from bench._server import ADMIN_APPLICATION, admin_connect, postgres_server, scratch_database
 from pybatch import ConnectionConfig, JobRepository, TlsMode, migrate
 from pybatch._transaction import Lease
 from pybatch.config import APPLICATION_NAME
-from pybatch.etl import Job, StepRun
+from pybatch.etl import ETL_STATE_SCHEMA, Job, StepRun
 
 __all__ = [
     "BASELINE_APPLICATION",
@@ -76,6 +84,8 @@ __all__ = [
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 #: application_name of the hand-written baseline's connection.
 BASELINE_APPLICATION = "pybatch-bench-baseline"
+#: application_name of the replay's connection (pybatch's statements without pybatch).
+REPLAY_APPLICATION = "pybatch-bench-replay"
 
 Row = tuple[int, str, int]
 T = TypeVar("T")
@@ -87,6 +97,23 @@ TABLES_SQL = (
     "CREATE TABLE bench_item_baseline (LIKE bench_item_pybatch INCLUDING ALL)",
     'CREATE TABLE bench_checkpoint (id INTEGER PRIMARY KEY, "offset" BIGINT NOT NULL)',
     'INSERT INTO bench_checkpoint (id, "offset") VALUES (1, 0)',
+    "CREATE TABLE bench_item_replay (LIKE bench_item_pybatch INCLUDING ALL)",
+)
+# After the migration: the step's row as migrated (domains, CHECK constraints, indexes).
+REPLAY_TABLES_SQL = ("CREATE TABLE bench_step_replay (LIKE pybatch.step_execution INCLUDING ALL)",)
+# The replay's copy of the running step's row, taken (untimed) when the step starts.
+REPLAY_STEP_SQL = (
+    "DELETE FROM bench_step_replay",
+    "INSERT INTO bench_step_replay SELECT * FROM pybatch.step_execution WHERE id = %s",
+    "SELECT job_execution_id, version, read_count, commit_count FROM bench_step_replay",
+)
+# update_step_chunk_progress (queries/chunks.sql) against the replay's copy of the row.
+REPLAY_PROGRESS_SQL = (
+    "UPDATE bench_step_replay SET read_count = %s, processed_count = %s, write_count = %s,"
+    " filter_count = %s, commit_count = %s, checkpoint_schema = %s,"
+    " checkpoint_schema_version = %s, checkpoint_payload = %s,"
+    " updated_at = GREATEST(updated_at, %s), version = version + 1"
+    " WHERE id = %s AND job_execution_id = %s AND version = %s AND status = 'STARTED'"
 )
 INSERT_SQL = "INSERT INTO {table} (id, name, amount) VALUES (%s, %s, %s)"
 COPY_SQL = "COPY {table} (id, name, amount) FROM STDIN"
@@ -488,10 +515,14 @@ def run_interleaved(
     label: str,
     cpu: ServerCpu,
     *,
+    replay: psycopg.Connection[Any] | None = None,
     trace: ChunkTracer | None = None,
     meter: PhaseMeter | None = None,
-) -> tuple[RunStats, RunStats, ProtocolCount | None]:
+) -> RunResult:
     """Load `batches` both ways, alternating the sides chunk by chunk (ABBA).
+
+    With `replay`, a third side runs pybatch's chunk statements on that connection (the
+    first side of each chunk rotates over the three).
 
     pybatch: a new job instance with one step, whose chunks go to `bench_item_pybatch`.
     Baseline: the same business statements into `bench_item_baseline` on `baseline`, then
@@ -502,10 +533,16 @@ def run_interleaved(
     `meter.pybatch_phases()`, which the caller activates).
     """
     copy = variant.method == "copy"
-    target = {"pybatch": "bench_item_pybatch", "baseline": "bench_item_baseline"}
+    target = {
+        "pybatch": "bench_item_pybatch",
+        "baseline": "bench_item_baseline",
+        "replay": "bench_item_replay",
+    }
     insert = {side: INSERT_SQL.format(table=table) for side, table in target.items()}
     copy_in = {side: COPY_SQL.format(table=table) for side, table in target.items()}
-    sides = {"pybatch": _Side(), "baseline": _Side()}
+    sides = {"pybatch": _Side(), "baseline": _Side(), "replay": _Side()}
+    # The replay's copy of the step row: (id, job_execution_id), version, counters.
+    replayed: dict[str, int] = {}
     traced: list[ProtocolCount] = []
     fixed: list[float] = []
     backends: dict[str, dict[int, int]] = {}
@@ -541,10 +578,43 @@ def run_interleaved(
             )
         meter.measure(BASELINE_PHASES[2], pid, baseline.commit)
 
+    def replay_chunk(batch: Sequence[Row], offset: int) -> None:
+        assert replay is not None
+        with replay.cursor() as cursor:
+            if copy:
+                with cursor.copy(copy_in["replay"]) as writer:
+                    for row in batch:
+                        writer.write_row(row)
+            else:
+                cursor.executemany(insert["replay"], batch)
+            read = replayed["read"] + len(batch)
+            commits = replayed["commits"] + 1
+            cursor.execute(
+                REPLAY_PROGRESS_SQL,
+                (
+                    *(read, read, read, 0, commits),  # read, processed, written, filtered, commits
+                    ETL_STATE_SCHEMA.value,
+                    1,
+                    Jsonb({"offset": offset}),
+                    dt.datetime.now(dt.UTC),
+                    replayed["id"],
+                    replayed["job_execution_id"],
+                    replayed["version"],
+                ),
+                prepare=True,
+            )
+            if cursor.rowcount != 1:
+                raise RuntimeError("the replay's compare-and-swap matched no row")
+        replay.commit()
+        replayed.update(read=read, commits=commits, version=replayed["version"] + 1)
+
     def load(step: StepRun) -> None:
         step_started = time.perf_counter()
         backends["pybatch"] = cpu.snapshot(APPLICATION_NAME)
         backends["baseline"] = cpu.snapshot(BASELINE_APPLICATION)
+        if replay is not None:
+            backends["replay"] = cpu.snapshot(REPLAY_APPLICATION)
+            replayed.update(_copy_step_for_replay(replay, int(step.execution.id)))
 
         def pybatch_chunk(batch: Sequence[Row], offset: int) -> None:
             with step.chunk() as chunk:
@@ -557,12 +627,18 @@ def run_interleaved(
         chunks = {
             "pybatch": pybatch_chunk,
             "baseline": baseline_chunk if meter is None else baseline_phases,
+            "replay": replay_chunk,
         }
         last = len(batches) - 1
         offset = 0
         for index, batch in enumerate(batches):
             offset += len(batch)
-            order = ("pybatch", "baseline") if index % 4 in (0, 3) else ("baseline", "pybatch")
+            if replay is None:
+                order: tuple[str, ...] = (
+                    ("pybatch", "baseline") if index % 4 in (0, 3) else ("baseline", "pybatch")
+                )
+            else:
+                order = THREE_SIDE_ORDERS[index % len(THREE_SIDE_ORDERS)]
             for side in order:
                 if trace is not None and index == last:
                     _traced_chunk(side, chunks[side], batch, offset, trace, baseline, traced)
@@ -582,7 +658,50 @@ def run_interleaved(
         sides["pybatch"].seconds, sides["pybatch"].client_cpu, server["pybatch"], fixed_cost
     )
     base = RunStats(sides["baseline"].seconds, sides["baseline"].client_cpu, server["baseline"])
-    return pybatch, base, traced[0] if traced else None
+    replayed_stats = (
+        None
+        if replay is None
+        else RunStats(sides["replay"].seconds, sides["replay"].client_cpu, server["replay"])
+    )
+    return RunResult(pybatch, base, replayed_stats, traced[0] if traced else None)
+
+
+#: Chunk-by-chunk orders of the three sides: each side goes first, second and third in turn.
+THREE_SIDE_ORDERS = (
+    ("pybatch", "baseline", "replay"),
+    ("baseline", "replay", "pybatch"),
+    ("replay", "pybatch", "baseline"),
+    ("replay", "baseline", "pybatch"),
+    ("baseline", "pybatch", "replay"),
+    ("pybatch", "replay", "baseline"),
+)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One interleaved run: each side's figures, and the baseline's traced chunk if traced."""
+
+    pybatch: RunStats
+    baseline: RunStats
+    replay: RunStats | None
+    baseline_traced: ProtocolCount | None
+
+
+def _copy_step_for_replay(conn: psycopg.Connection[Any], step_id: int) -> dict[str, int]:
+    """Untimed: copy the STARTED step's row for the replay; its key, version and counters."""
+    conn.execute(REPLAY_STEP_SQL[0])
+    conn.execute(REPLAY_STEP_SQL[1], (step_id,))
+    row = conn.execute(REPLAY_STEP_SQL[2]).fetchone()
+    conn.commit()
+    if row is None:
+        raise RuntimeError("the step's row was not copied for the replay")
+    return {
+        "id": step_id,
+        "job_execution_id": int(row[0]),
+        "version": int(row[1]),
+        "read": int(row[2]),
+        "commits": int(row[3]),
+    }
 
 
 def _traced_chunk(
@@ -614,6 +733,7 @@ class Cell:
     rows: int
     pybatch: list[RunStats] = field(default_factory=list)
     baseline: list[RunStats] = field(default_factory=list)
+    replay: list[RunStats] = field(default_factory=list)
     pybatch_per_chunk: ProtocolCount = field(default_factory=ProtocolCount)
     baseline_per_chunk: ProtocolCount = field(default_factory=ProtocolCount)
     # (phase, wall us, client CPU us, server CPU us) per chunk, from the phase pass
@@ -633,7 +753,11 @@ class Cell:
 
         pybatch, baseline = rate(self.pybatch), rate(self.baseline)
         pairs = [p / b for p, b in zip(pybatch, baseline, strict=True)]
+        replay = rate(self.replay)
         return {
+            "replay_items_per_s": median(replay) if replay else None,
+            "replay_ratio": median(replay) / median(baseline) if replay else None,
+            "pybatch_to_replay_ratio": median(pybatch) / median(replay) if replay else None,
             "pybatch_items_per_s": median(pybatch),
             "baseline_items_per_s": median(baseline),
             "ratio": median(pybatch) / median(baseline),
@@ -657,6 +781,9 @@ class Cell:
             "baseline_server_cpu_us_per_chunk": per_chunk_us(
                 [run.server_cpu for run in self.baseline]
             ),
+            "replay_wall_us_per_chunk": per_chunk_us([run.seconds for run in self.replay]),
+            "replay_client_cpu_us_per_chunk": per_chunk_us([run.client_cpu for run in self.replay]),
+            "replay_server_cpu_us_per_chunk": per_chunk_us([run.server_cpu for run in self.replay]),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -668,6 +795,7 @@ class Cell:
             "chunks": self.chunks,
             "pybatch_runs": [asdict(run) for run in self.pybatch],
             "baseline_runs": [asdict(run) for run in self.baseline],
+            "replay_runs": [asdict(run) for run in self.replay],
             "pybatch_per_chunk": asdict(self.pybatch_per_chunk),
             "baseline_per_chunk": asdict(self.baseline_per_chunk),
             "phases_us_per_chunk": [
@@ -681,7 +809,7 @@ class Cell:
 def reset(dsn: str) -> None:
     """Untimed: empty both targets, rewind the checkpoint row, flush dirty pages."""
     with admin_connect(dsn) as conn:
-        conn.execute("TRUNCATE bench_item_pybatch, bench_item_baseline")
+        conn.execute("TRUNCATE bench_item_pybatch, bench_item_baseline, bench_item_replay")
         conn.execute('UPDATE bench_checkpoint SET "offset" = 0 WHERE id = 1')
         conn.execute("VACUUM bench_checkpoint, pybatch.step_execution")
         try:
@@ -720,9 +848,9 @@ def trace_pass(
     sample = batches_of(make_rows(cell.variant.size * TRACE_CHUNKS), cell.variant.size)
     reset(dsn)
     with ChunkTracer(repository) as tracer:
-        _, _, base = run_interleaved(
+        base = run_interleaved(
             repository, baseline, cell.variant, sample, "trace", cpu, trace=tracer
-        )
+        ).baseline_traced
     if base is None or len(tracer.counts) != 1:
         raise RuntimeError("the tracing pass recorded no chunk")
     cell.pybatch_per_chunk = tracer.counts[0]
@@ -752,11 +880,15 @@ def measure(dsn: str, rows: int, repeat: int, cpu: ServerCpu) -> list[Cell]:
         for statement in TABLES_SQL:
             conn.execute(statement)
     migrate(ConnectionConfig(dsn=dsn, tls_mode=TlsMode.PLAINTEXT))
+    with admin_connect(dsn) as conn:
+        for statement in REPLAY_TABLES_SQL:
+            conn.execute(statement)
     data = make_rows(rows)
     cells = [Cell(variant, rows) for variant in VARIANTS]
     with (
         pybatch_repository(dsn) as repository,
         psycopg.connect(dsn, application_name=BASELINE_APPLICATION) as baseline,
+        psycopg.connect(dsn, application_name=REPLAY_APPLICATION) as replay,
     ):
         for cell in cells:
             trace_pass(repository, baseline, dsn, cell, cpu)
@@ -765,17 +897,31 @@ def measure(dsn: str, rows: int, repeat: int, cpu: ServerCpu) -> list[Cell]:
                 batches = batches_of(data, cell.variant.size)
                 reset(dsn)
                 with gc_paused():
-                    pybatch, base, _ = run_interleaved(
-                        repository, baseline, cell.variant, batches, f"round-{round_}", cpu
+                    result = run_interleaved(
+                        repository,
+                        baseline,
+                        cell.variant,
+                        batches,
+                        f"round-{round_}",
+                        cpu,
+                        replay=replay,
                     )
-                cell.pybatch.append(pybatch)
-                cell.baseline.append(base)
+                cell.pybatch.append(result.pybatch)
+                cell.baseline.append(result.baseline)
+                if result.replay is not None:
+                    cell.replay.append(result.replay)
+                pybatch, base = result.pybatch, result.baseline
                 _check_loaded(dsn, rows)
                 print(
                     f"  round {round_ + 1}/{repeat} {cell.variant.name:>16}: pybatch "
                     f"{rows / pybatch.seconds:>9,.0f} items/s, baseline "
                     f"{rows / base.seconds:>9,.0f} items/s, ratio "
-                    f"{base.seconds / pybatch.seconds:.2f}",
+                    f"{base.seconds / pybatch.seconds:.2f}"
+                    + (
+                        ""
+                        if result.replay is None
+                        else f" (replay {base.seconds / result.replay.seconds:.2f})"
+                    ),
                     flush=True,
                 )
         for cell in cells:
@@ -785,10 +931,14 @@ def measure(dsn: str, rows: int, repeat: int, cpu: ServerCpu) -> list[Cell]:
 
 def _check_loaded(dsn: str, rows: int) -> None:
     with admin_connect(dsn) as conn:
-        for table in ("bench_item_pybatch", "bench_item_baseline"):
+        for table in ("bench_item_pybatch", "bench_item_baseline", "bench_item_replay"):
             loaded = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
             if loaded is None or loaded[0] != rows:
                 raise RuntimeError(f"expected {rows} rows in {table}, found {loaded}")
+
+
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
 
 
 def _us(value: float | None) -> str:
@@ -799,8 +949,13 @@ def tables(cells: Sequence[Cell]) -> str:
     """The printed tables (also pasted into docs/benchmarks.md)."""
     throughput = [
         "| variant | pybatch items/s | baseline items/s | ratio (target >= 0.9) "
-        "| per-run ratios (min-max) | pybatch end-to-end items/s |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| per-run ratios (min-max) | pybatch end-to-end items/s "
+        "| replay / baseline | pybatch / replay |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    replay = [
+        "| variant | replay wall us | replay client CPU us | replay server CPU us |",
+        "|---|---:|---:|---:|",
     ]
     per_chunk = [
         "| variant | statements pybatch / baseline | round trips pybatch / baseline "
@@ -816,7 +971,13 @@ def tables(cells: Sequence[Cell]) -> str:
             f"| {cell.variant.name} | {s['pybatch_items_per_s']:,.0f} "
             f"| {s['baseline_items_per_s']:,.0f} | {ratio:.2f} {verdict} "
             f"| {s['pair_ratio_min']:.2f}-{s['pair_ratio_max']:.2f} "
-            f"| {s['pybatch_end_to_end_items_per_s']:,.0f} |"
+            f"| {s['pybatch_end_to_end_items_per_s']:,.0f} "
+            f"| {_ratio(s['replay_ratio'])} | {_ratio(s['pybatch_to_replay_ratio'])} |"
+        )
+        replay.append(
+            f"| {cell.variant.name} | {_us(s['replay_wall_us_per_chunk'])} "
+            f"| {_us(s['replay_client_cpu_us_per_chunk'])} "
+            f"| {_us(s['replay_server_cpu_us_per_chunk'])} |"
         )
         p, b = cell.pybatch_per_chunk, cell.baseline_per_chunk
         per_chunk.append(
@@ -845,6 +1006,8 @@ def tables(cells: Sequence[Cell]) -> str:
         + "\n".join(throughput)
         + "\n\nPer chunk (statements and round trips from a protocol trace; times are medians):\n\n"
         + "\n".join(per_chunk)
+        + "\n\nThe replay per chunk (pybatch's statements from plain psycopg; medians):\n\n"
+        + "\n".join(replay)
         + "\n\nWhere the time goes (untimed phase pass, "
         + f"{PHASE_ROWS:,} rows per variant):\n\n"
         + "\n".join(phases)
