@@ -548,14 +548,18 @@ def run_interleaved(
     backends: dict[str, dict[int, int]] = {}
     server: dict[str, float | None] = {}
 
+    def business(cursor: psycopg.Cursor[Any], side: str, batch: Sequence[Row]) -> None:
+        """The variant's business statements of one side, as a hand-written loop sends them."""
+        if copy:
+            with cursor.copy(copy_in[side]) as writer:
+                for row in batch:
+                    writer.write_row(row)
+        else:
+            cursor.executemany(insert[side], batch)
+
     def baseline_chunk(batch: Sequence[Row], offset: int) -> None:
         with baseline.cursor() as cursor:
-            if copy:
-                with cursor.copy(copy_in["baseline"]) as writer:
-                    for row in batch:
-                        writer.write_row(row)
-            else:
-                cursor.executemany(insert["baseline"], batch)
+            business(cursor, "baseline", batch)
             cursor.execute(CHECKPOINT_SQL, (offset,))
         baseline.commit()
 
@@ -563,16 +567,7 @@ def run_interleaved(
         assert meter is not None
         pid = baseline.info.backend_pid
         with baseline.cursor() as cursor:
-
-            def business() -> None:
-                if copy:
-                    with cursor.copy(copy_in["baseline"]) as writer:
-                        for row in batch:
-                            writer.write_row(row)
-                else:
-                    cursor.executemany(insert["baseline"], batch)
-
-            meter.measure(BASELINE_PHASES[0], pid, business)
+            meter.measure(BASELINE_PHASES[0], pid, lambda: business(cursor, "baseline", batch))
             meter.measure(
                 BASELINE_PHASES[1], pid, lambda: cursor.execute(CHECKPOINT_SQL, (offset,))
             )
@@ -581,12 +576,7 @@ def run_interleaved(
     def replay_chunk(batch: Sequence[Row], offset: int) -> None:
         assert replay is not None
         with replay.cursor() as cursor:
-            if copy:
-                with cursor.copy(copy_in["replay"]) as writer:
-                    for row in batch:
-                        writer.write_row(row)
-            else:
-                cursor.executemany(insert["replay"], batch)
+            business(cursor, "replay", batch)
             read = replayed["read"] + len(batch)
             commits = replayed["commits"] + 1
             cursor.execute(
