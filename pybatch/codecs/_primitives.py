@@ -19,6 +19,7 @@ __all__ = [
     "DecodeError",
     "Row",
     "decode_aware",
+    "decode_bool",
     "decode_digest",
     "decode_enum",
     "decode_int64",
@@ -108,6 +109,13 @@ def decode_digest(value: object, *, column: str, length: int = 32) -> bytes:
     if len(data) != length:
         raise DecodeError(column)
     return data
+
+
+def decode_bool(value: object, *, column: str) -> bool:
+    """Decode a boolean column that must be a (non-null) bool."""
+    if type(value) is not bool:
+        raise DecodeError(column)
+    return value
 
 
 def decode_text(value: object, *, column: str) -> str:

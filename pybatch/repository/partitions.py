@@ -14,7 +14,13 @@ import attrs
 
 from pybatch._statements import Connection, Row, Statements
 from pybatch.codecs._jsonb import to_jsonb
-from pybatch.codecs._primitives import DecodeError, decode_enum, decode_int64, decode_text
+from pybatch.codecs._primitives import (
+    DecodeError,
+    decode_bool,
+    decode_enum,
+    decode_int64,
+    decode_text,
+)
 from pybatch.codecs.fault_state import encode_fault_state
 from pybatch.codecs.lifecycle import encode_execution_metadata
 from pybatch.codecs.partitions import decode_step_partition, encode_plan_entries
@@ -594,33 +600,33 @@ def count_open_step_partitions(q: Statements, conn: Connection, parent_id: int) 
 
 
 @attrs.frozen
-class StartedPartition:
+class WorkerLease:
+    """A STARTED partition's worker and its lease, as read from the partition's row."""
+
+    worker_step_execution_id: int
+    version: int
+    #: False for a partition claimed before worker leases existed (advisory-lock liveness).
+    leased: bool
+    #: The lease ran out on the database clock when the row was read (False without a lease).
+    lease_expired: bool
+
+
+@attrs.frozen
+class StartedPartition(WorkerLease):
     """A partition being worked on: enough to check and recover its worker."""
 
     id: int
     key: str
-    worker_step_execution_id: int
-    version: int
-    #: False for a partition claimed before worker leases existed (advisory-lock liveness).
-    leased: bool = False
-    #: The lease ran out on the database clock when the row was read (False without a lease).
-    lease_expired: bool = False
 
 
-@attrs.frozen
-class WorkerLease:
-    """A STARTED partition's worker and its lease, read under the partition's lock."""
-
-    worker_step_execution_id: int
-    version: int
-    leased: bool
-    lease_expired: bool
-
-
-def _flag(value: object, column: str) -> bool:
-    if type(value) is not bool:
-        raise DecodeError(column)
-    return value
+def _worker_lease(row: Row) -> tuple[int, int, bool, bool]:
+    """The `WorkerLease` fields of a partition row, in field order (DecodeError if unusable)."""
+    return (
+        decode_int64(row["worker_step_execution_id"], column="worker_step_execution_id", minimum=1),
+        decode_int64(row["version"], column="version", minimum=0),
+        decode_bool(row["leased"], column="leased"),
+        decode_bool(row["lease_expired"], column="lease_expired"),
+    )
 
 
 def started_step_partitions(
@@ -635,14 +641,9 @@ def started_step_partitions(
     try:
         return [
             StartedPartition(
+                *_worker_lease(row),
                 id=decode_int64(row["id"], column="id", minimum=1),
                 key=decode_text(row["partition_key"], column="partition_key"),
-                worker_step_execution_id=decode_int64(
-                    row["worker_step_execution_id"], column="worker_step_execution_id", minimum=1
-                ),
-                version=decode_int64(row["version"], column="version", minimum=0),
-                leased=_flag(row["leased"], "leased"),
-                lease_expired=_flag(row["lease_expired"], "lease_expired"),
             )
             for row in rows
         ]
@@ -758,13 +759,6 @@ def lock_partition_worker_lease(
     if _status(row["status"]) is not BatchStatus.STARTED:
         return None
     try:
-        return WorkerLease(
-            worker_step_execution_id=decode_int64(
-                row["worker_step_execution_id"], column="worker_step_execution_id", minimum=1
-            ),
-            version=decode_int64(row["version"], column="version", minimum=0),
-            leased=_flag(row["leased"], "leased"),
-            lease_expired=_flag(row["lease_expired"], "lease_expired"),
-        )
+        return WorkerLease(*_worker_lease(row))
     except DecodeError:
         raise PartitionStateCorrupt() from None

@@ -7,9 +7,8 @@ import attrs
 from pybatch._statements import Connection, Statements
 from pybatch.clock import Clock
 from pybatch.codecs._primitives import (
-    DecodeError,
-    Row,
     decode_aware,
+    decode_bool,
     decode_enum,
     decode_int64,
     decode_text,
@@ -188,13 +187,6 @@ def recover_orphaned_execution(
     return recover_job_execution(q, conn, clock, orphan.id, request)
 
 
-def _flag(row: Row, column: str) -> bool:
-    value = row[column]
-    if type(value) is not bool:
-        raise DecodeError(column)
-    return value
-
-
 def recovery_snapshot(
     q: Statements, conn: Connection, execution_id: int, current_owner: OwnerToken | None
 ) -> RecoverySnapshot:
@@ -214,9 +206,9 @@ def recovery_snapshot(
     if row is None:
         raise JobExecutionNotFound(id=execution_id)
     status = decode_enum(BatchStatus, row["status"], column="status")
-    if _flag(row, "owner_absent"):
+    if decode_bool(row["owner_absent"], column="owner_absent"):
         owner = OwnerObservation.ABSENT
-    elif _flag(row, "owner_matches"):
+    elif decode_bool(row["owner_matches"], column="owner_matches"):
         owner = OwnerObservation.CURRENT_PROCESS
     else:
         owner = OwnerObservation.OTHER_PROCESS
@@ -241,11 +233,11 @@ def recovery_snapshot(
         or (latest is not None and latest.status is BatchStatus.UNKNOWN)
     ):
         markers |= RecoveryMarkers.UNKNOWN_COMMIT
-    if _flag(row, "completed_partition"):
+    if decode_bool(row["completed_partition"], column="completed_partition"):
         markers |= RecoveryMarkers.COMPLETED_PARTITION
-    if _flag(row, "committed_flow_decision"):
+    if decode_bool(row["committed_flow_decision"], column="committed_flow_decision"):
         markers |= RecoveryMarkers.COMMITTED_FLOW_DECISION
-    if _flag(row, "ambiguous_external_effect"):
+    if decode_bool(row["ambiguous_external_effect"], column="ambiguous_external_effect"):
         markers |= RecoveryMarkers.AMBIGUOUS_EXTERNAL_EFFECT
     return RecoverySnapshot(
         execution_id=execution_id,
