@@ -219,9 +219,7 @@ class TransactionSource:
             conn: Connection = self._pool.getconn(timeout=max(deadline - time.monotonic(), 0.0))
             try:
                 check_idle_connection(conn)
-            except psycopg.OperationalError:
-                if not conn.closed:
-                    conn.close()
+            except psycopg.OperationalError:  # the check closed it
                 self._pool.putconn(conn)  # a closed connection is dropped and replaced
                 if time.monotonic() >= deadline:
                     raise psycopg_pool.PoolTimeout() from None

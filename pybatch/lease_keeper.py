@@ -75,7 +75,13 @@ class _Keeper:
     def _describe(self) -> str:
         raise NotImplementedError
 
-    def _renew_or_record_loss(self) -> None:
+    def renew_now(self) -> None:
+        """Renew once in the caller's thread; record a loss (and, for an execution, a stop).
+
+        Raises:
+            ExecutionOwnershipLost or PartitionOwnershipLost (`lost_error`): the work was
+                recovered or ended behind its owner.
+        """
         if self.lost:
             raise self.lost_ownership()
         try:
@@ -89,7 +95,7 @@ class _Keeper:
         wait = interval
         while not self._halt.wait(wait):
             try:
-                self._renew_or_record_loss()
+                self.renew_now()
             except self.lost_error:
                 logger.error(
                     "pybatch: %s is no longer owned by this process; its lease lapsed and "
@@ -138,14 +144,6 @@ class LeaseKeeper(_Keeper):
         """ExecutionOwnershipLost naming this execution."""
         return ExecutionOwnershipLost(id=self.execution_id)
 
-    def renew_now(self) -> None:
-        """Renew once in the caller's thread; record a loss or a stop request.
-
-        Raises:
-            ExecutionOwnershipLost: the execution was recovered or changed behind the owner.
-        """
-        self._renew_or_record_loss()
-
     def _renew_once(self) -> None:
         if self.repository.run_in_unit_of_work(self._renew):
             self._stop_requested.set()
@@ -186,14 +184,6 @@ class PartitionLeaseKeeper(_Keeper):
     def lost_ownership(self) -> PartitionOwnershipLost:
         """PartitionOwnershipLost naming this partition and worker."""
         return PartitionOwnershipLost(partition_id=self.partition_id, worker=self.worker_id)
-
-    def renew_now(self) -> None:
-        """Renew once in the caller's thread; record a loss.
-
-        Raises:
-            PartitionOwnershipLost: the partition was recovered or ended behind the worker.
-        """
-        self._renew_or_record_loss()
 
     def _renew_once(self) -> None:
         self.repository.run_in_unit_of_work(self._renew)

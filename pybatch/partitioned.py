@@ -251,7 +251,7 @@ def _claim(
     """Claim the next partition for `owner` (a fresh token when None), its lease started."""
 
     def work(uow: UnitOfWork) -> tuple[StepPartition, StepExecution] | None:
-        claimed = uow.claim_step_partition(parent, owner or OwnerToken.generate(), liveness.lease)
+        claimed = uow.claim_step_partition(parent, owner, liveness.lease)
         if claimed is not None:
             liveness.hold(claimed[1].id)  # before COMMIT, for processes that predate leases
         return claimed
