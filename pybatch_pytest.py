@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, NoReturn
 
@@ -73,17 +72,8 @@ def pybatch_server() -> Iterator[PostgresServer]:
 @pytest.fixture(scope="session")
 def pybatch_template(pybatch_server: PostgresServer) -> Iterator[str]:
     """The name of a database migrated once per session, cloned by every test."""
-    from pybatch.config import ConnectionConfig, TlsMode
-    from pybatch.migrator import migrate
-
-    name = f"pybatch_template_{uuid.uuid4().hex[:16]}"
-    janitor = pybatch_server.janitor(name, as_template=True)
-    janitor.init()
-    try:
-        migrate(ConnectionConfig(dsn=pybatch_server.dsn_for(name), tls_mode=TlsMode.PLAINTEXT))
+    with pybatch_server.migrated_template() as name:
         yield name
-    finally:
-        janitor.drop()
 
 
 def _prefetch_depth() -> int:

@@ -115,11 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         with psycopg.connect(server.maintenance_dsn) as conn:
             number = conn.info.server_version
         version = f"{number // 10000}.{number % 10000}"
-        template = f"pybatch_template_{uuid.uuid4().hex[:16]}"
-        template_janitor = server.janitor(template, as_template=True)
-        template_janitor.init()
-        try:
-            migrate(config(server.dsn_for(template)))
+        with server.migrated_template() as template:
 
             def baseline() -> float:
                 started = time.perf_counter()
@@ -144,8 +140,6 @@ def main(argv: list[str] | None = None) -> int:
                     results[label] = measure(fixtures(server, pool), args.cycles, pause)
                 finally:
                     pool.close()
-        finally:
-            template_janitor.drop()
     load_end = os.getloadavg()
     base = statistics.median(results[BASELINE][1])
     print(

@@ -25,7 +25,10 @@ Fixtures (docs/testing.md):
 
 from __future__ import annotations
 
+import contextlib
 import os
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +132,24 @@ class PostgresServer:
         import psycopg.conninfo
 
         return psycopg.conninfo.make_conninfo(self._dsn, dbname=dbname)
+
+    @contextlib.contextmanager
+    def migrated_template(self) -> Iterator[str]:
+        """A new database migrated by `pybatch.migrate`, marked as a template; dropped after.
+
+        Yields its name: the template every test database of a session is cloned from.
+        """
+        from pybatch.config import ConnectionConfig, TlsMode
+        from pybatch.migrator import migrate
+
+        name = f"pybatch_template_{uuid.uuid4().hex[:16]}"
+        janitor = self.janitor(name, as_template=True)
+        janitor.init()
+        try:
+            migrate(ConnectionConfig(dsn=self.dsn_for(name), tls_mode=TlsMode.PLAINTEXT))
+            yield name
+        finally:
+            janitor.drop()
 
     def janitor(
         self, dbname: str, *, template: str | None = None, as_template: bool = False

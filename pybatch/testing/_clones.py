@@ -23,10 +23,12 @@ copies). With `depth` 0 every clone and drop happens in the fixture itself.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import psycopg
@@ -72,43 +74,37 @@ class _Admin:
         self._dsn = dsn
         self._conn: psycopg.Connection[Any] | None = None
 
-    def _connection(self) -> psycopg.Connection[Any]:
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """The connection, opened if needed; closed when the block fails (reopened next time)."""
         if self._conn is None:
             self._conn = psycopg.connect(self._dsn, autocommit=True)
-        return self._conn
+        try:
+            yield self._conn
+        except BaseException:
+            self.close()
+            raise
 
     def wait_until_unused(self, name: str, grace: float) -> None:
         """Wait up to `grace` seconds for the sessions of database `name` to end."""
         count = load_testing_statements().count_database_sessions
         deadline = time.monotonic() + grace
-        try:
-            while count.scalar(self._connection(), datname=name) and time.monotonic() < deadline:
+        with self._connection() as conn:
+            while count.scalar(conn, datname=name) and time.monotonic() < deadline:
                 time.sleep(_POLL)
-        except BaseException:
-            self.close()
-            raise
 
     def clone(self, template: str) -> str:
         name = f"{CLONE_PREFIX}{uuid.uuid4().hex[:16]}"
-        try:
-            conn = self._connection()
+        with self._connection() as conn:
             clone_statement(conn.info.server_version).run_with_identifiers(
                 conn, database=name, template=template
             )
-        except BaseException:
-            self.close()
-            raise
         return name
 
     def drop(self, name: str) -> None:
         self.wait_until_unused(name, _TEST_GRACE)
-        try:
-            load_testing_statements().drop_test_database.run_with_identifiers(
-                self._connection(), database=name
-            )
-        except BaseException:
-            self.close()
-            raise
+        with self._connection() as conn:
+            load_testing_statements().drop_test_database.run_with_identifiers(conn, database=name)
 
     def close(self) -> None:
         conn, self._conn = self._conn, None

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pybatch import ConnectionConfig, JobRepository, TlsMode, migrate
+from pybatch import ConnectionConfig, JobRepository, TlsMode
 from pybatch._statements import load_testing_statements
 from pybatch.etl import Job, StepRun
 from pybatch.explorer import JobExplorer
@@ -46,15 +46,9 @@ def server(postgresql_proc: Any) -> PostgresServer:
 
 @pytest.fixture(scope="module")
 def template(server: PostgresServer) -> Iterator[str]:
-    """A template made as pybatch_template makes it: created by the janitor, migrated."""
-    name = f"pybatch_template_{uuid.uuid4().hex[:16]}"
-    janitor = server.janitor(name, as_template=True)
-    janitor.init()
-    try:
-        migrate(ConnectionConfig(dsn=server.dsn_for(name), tls_mode=TlsMode.PLAINTEXT))
+    """A template made as pybatch_template makes it."""
+    with server.migrated_template() as name:
         yield name
-    finally:
-        janitor.drop()
 
 
 def shape(dsn: str) -> list[tuple[str, str]]:
