@@ -12,8 +12,8 @@ Each variant runs two ways, into two tables of the same shape:
   then ONE `UPDATE bench_checkpoint SET "offset" = %s WHERE id = 1` and COMMIT;
 * replay (a reference, not part of the target): pybatch's own chunk statements sent from
   another plain psycopg connection, with no pybatch code: the same business statements,
-  then the chunk's compare-and-swap UPDATE (`update_step_chunk_progress`, its SET list and
-  guard) of a STARTED copy of the step's row in `bench_step_replay`, and COMMIT. What the
+  then the chunk's compare-and-swap UPDATE (the text of `update_step_chunk_progress`, aimed
+  at a STARTED copy of the step's row in `bench_step_replay`), and COMMIT. What the
   replay loses against the baseline is the cost of pybatch's SQL; what pybatch loses
   against the replay is the cost of pybatch's code.
 
@@ -60,6 +60,7 @@ from psycopg.types.json import Jsonb
 import pybatch.chunks as chunks_module
 from bench._server import ADMIN_APPLICATION, admin_connect, postgres_server, scratch_database
 from pybatch import ConnectionConfig, JobRepository, TlsMode, migrate
+from pybatch._statements import _positional_form, load_statements
 from pybatch._transaction import Lease
 from pybatch.config import APPLICATION_NAME
 from pybatch.etl import ETL_STATE_SCHEMA, Job, StepRun
@@ -76,6 +77,7 @@ __all__ = [
     "main",
     "median",
     "print_machine",
+    "progress_update_on",
     "protocol_trace",
     "pybatch_repository",
     "write_results",
@@ -107,18 +109,41 @@ REPLAY_STEP_SQL = (
     "INSERT INTO bench_step_replay SELECT * FROM pybatch.step_execution WHERE id = %s",
     "SELECT job_execution_id, version, read_count, commit_count FROM bench_step_replay",
 )
-# update_step_chunk_progress (queries/chunks.sql) against the replay's copy of the row.
-REPLAY_PROGRESS_SQL = (
-    "UPDATE bench_step_replay SET read_count = %s, processed_count = %s, write_count = %s,"
-    " filter_count = %s, commit_count = %s, checkpoint_schema = %s,"
-    " checkpoint_schema_version = %s, checkpoint_payload = %s,"
-    " updated_at = GREATEST(updated_at, %s), version = version + 1"
-    " WHERE id = %s AND job_execution_id = %s AND version = %s AND status = 'STARTED'"
+#: update_step_chunk_progress's parameters, in the order its positional form binds them.
+PROGRESS_PARAMETERS = (
+    "read_count",
+    "processed_count",
+    "write_count",
+    "filter_count",
+    "commit_count",
+    "checkpoint_schema",
+    "checkpoint_schema_version",
+    "checkpoint_payload",
+    "now",
+    "step_execution_id",
+    "job_execution_id",
+    "expected_version",
 )
+
 INSERT_SQL = "INSERT INTO {table} (id, name, amount) VALUES (%s, %s, %s)"
 COPY_SQL = "COPY {table} (id, name, amount) FROM STDIN"
 # OFFSET is a reserved word in PostgreSQL, hence the quotes.
 CHECKPOINT_SQL = 'UPDATE bench_checkpoint SET "offset" = %s WHERE id = 1'
+
+
+def progress_update_on(table: str) -> str:
+    """pybatch's own chunk progress UPDATE (chunks.sql update_step_chunk_progress) on `table`.
+
+    The statement's text as pybatch runs it, positional (parameters in PROGRESS_PARAMETERS
+    order), with `table` in place of `pybatch.step_execution`, so a replay sends exactly
+    pybatch's SQL. Raises RuntimeError when the statement no longer has that shape.
+    """
+    text, order = _positional_form(load_statements().update_step_chunk_progress.query)
+    query = text.decode()
+    if order != PROGRESS_PARAMETERS or query.count("pybatch.step_execution") != 1:
+        raise RuntimeError("update_step_chunk_progress changed: update the replays")
+    return query.replace("pybatch.step_execution", table)
+
 
 #: Chunks of the untimed tracing pass; the last one is traced (statements prepared by then).
 TRACE_CHUNKS = 8
@@ -573,6 +598,8 @@ def run_interleaved(
             )
         meter.measure(BASELINE_PHASES[2], pid, baseline.commit)
 
+    progress_sql = progress_update_on("bench_step_replay")
+
     def replay_chunk(batch: Sequence[Row], offset: int) -> None:
         assert replay is not None
         with replay.cursor() as cursor:
@@ -580,7 +607,7 @@ def run_interleaved(
             read = replayed["read"] + len(batch)
             commits = replayed["commits"] + 1
             cursor.execute(
-                REPLAY_PROGRESS_SQL,
+                progress_sql,
                 (
                     *(read, read, read, 0, commits),  # read, processed, written, filtered, commits
                     ETL_STATE_SCHEMA.value,

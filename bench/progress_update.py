@@ -4,7 +4,7 @@
 
 Every chunk commit runs one compare-and-swap UPDATE of its step's row: the counters, the
 checkpoint, `updated_at` and `version` (`update_step_chunk_progress` in queries/chunks.sql).
-This benchmark runs that UPDATE, with the same SET list and guard, in its own
+This benchmark runs that statement's own text, aimed at another table, in its own
 `BEGIN; UPDATE; COMMIT` against copies of one STARTED step row in tables of four shapes:
 
 * `step_execution` as migrated (`LIKE pybatch.step_execution INCLUDING ALL`): the domain
@@ -47,7 +47,14 @@ from typing import Any
 import psycopg
 
 from bench._server import admin_connect, postgres_server, scratch_database
-from bench.chunks import ServerCpu, gc_paused, machine_info, print_machine, write_results
+from bench.chunks import (
+    ServerCpu,
+    gc_paused,
+    machine_info,
+    print_machine,
+    progress_update_on,
+    write_results,
+)
 from pybatch import ConnectionConfig, JobRepository, TlsMode, migrate
 from pybatch.etl import Job, StepRun
 
@@ -56,14 +63,6 @@ __all__ = ["SHAPES", "main"]
 #: application_name of the benchmark's measuring connections.
 APPLICATION = "pybatch-bench-progress"
 
-# The chunk's progress UPDATE (queries/chunks.sql, update_step_chunk_progress), per table.
-PROGRESS_UPDATE = (
-    "UPDATE {table} SET read_count = %s, processed_count = %s, write_count = %s,"
-    " filter_count = %s, commit_count = %s, checkpoint_schema = %s,"
-    " checkpoint_schema_version = %s, checkpoint_payload = %s,"
-    " updated_at = GREATEST(updated_at, %s), version = version + 1"
-    " WHERE id = %s AND job_execution_id = %s AND version = %s AND status = 'STARTED'"
-)
 ONE_COLUMN_UPDATE = 'UPDATE bench_one_column SET "offset" = %s WHERE id = 1'
 BUSINESS_TABLE_SQL = (
     "CREATE TABLE business_{table} (id BIGINT PRIMARY KEY, name TEXT NOT NULL,"
@@ -203,6 +202,7 @@ def run_round(
     Update n expects version n - 1: the versions run on from round to round.
     """
     copy_in = BUSINESS_COPY_SQL.format(table=shape.table)
+    progress_sql = progress_update_on(shape.table)
     batches = {  # built before the clock starts, as the chunk benchmark's rows are
         n: [(i, f"item-{i:09d}", i % 100_003) for i in range(n * copy_rows, (n + 1) * copy_rows)]
         for n in range(first, first + updates)
@@ -217,7 +217,7 @@ def run_round(
                         writer.write_row(row)
             if shape.progress:
                 cursor.execute(
-                    PROGRESS_UPDATE.format(table=shape.table),
+                    progress_sql,
                     (
                         *(n, n, n, 0, n // 100),  # read, processed, written, filtered, commits
                         "pybatch.etl.v1",
