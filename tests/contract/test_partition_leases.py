@@ -113,6 +113,15 @@ def wait_for_partition_lease_expiry(admin: psycopg.Connection[Any], worker_id: i
         time.sleep(0.05)
 
 
+def recover_lost(repository: JobRepository, parent_id: int, lease: ExecutionLease = LEASE) -> int:
+    """One recovery pass over the plan, as any worker runs it; how many partitions it took back."""
+    liveness = partitioned._Liveness(repository, lease)
+    try:
+        return partitioned.recover_lost_workers(repository, parent_id, liveness)
+    finally:
+        liveness.close()
+
+
 def join_in_thread(config: ConnectionConfig, load: Any) -> list[int]:
     """Another worker joins the plan; returns how many partitions it ran."""
     ran: list[int] = []
@@ -214,11 +223,7 @@ def test_a_live_workers_killed_idle_connections_never_let_its_partition_be_recov
         killed.append(len(found))
         time.sleep(LEASE.duration.total_seconds() * 1.5)
         with JobRepository.connect(pg_config) as other:
-            liveness = partitioned._Liveness(other, LEASE)
-            try:
-                recovered.append(partitioned.recover_lost_workers(other, parent.id, liveness))
-            finally:
-                liveness.close()
+            recovered.append(recover_lost(other, parent.id))
 
     with JobRepository.connect(pg_config) as worker_repository:
         ran = join_partitioned_step(
@@ -313,11 +318,7 @@ def test_a_stale_worker_gets_a_typed_error_and_touches_nothing(
         wait_for_partition_lease_expiry(admin, partition_run.execution.id)
         # Meanwhile another worker recovers the partition and finishes it.
         with JobRepository.connect(pg_config) as other:
-            liveness = partitioned._Liveness(other, LEASE)
-            try:
-                recovered.append(partitioned.recover_lost_workers(other, parent.id, liveness))
-            finally:
-                liveness.close()
+            recovered.append(recover_lost(other, parent.id))
             ran_by_other.append(
                 join_partitioned_step(other, "fanout", PARAMS, "load", loader(), lease=LEASE)
             )

@@ -24,6 +24,7 @@ from pybatch.values.ownership import ExecutionLease
 from pybatch.values.state import Checkpoint, StateLimits
 from pybatch.values.status import BatchStatus, FailureCategory
 from tests.conftest import plaintext_config
+from tests.contract.test_partition_leases import recover_lost
 from tests.migrations.test_lease_upgrade import install_up_to
 
 S = BatchStatus
@@ -127,11 +128,7 @@ def test_upgrade_under_a_running_partitioned_step_keeps_live_workers_and_complet
                 ("p2", "STARTING", None, None),
             ]
             with JobRepository.connect(config) as repository:
-                liveness = partitioned._Liveness(repository, LEASE)
-                try:
-                    assert partitioned.recover_lost_workers(repository, parent.id, liveness) == 1
-                finally:
-                    liveness.close()
+                assert recover_lost(repository, parent.id, LEASE) == 1
                 with repository.begin() as uow:
                     states = {p.key.value: p.status for p in uow.step_partition_plan(parent.id)}
                 assert states == {"p0": S.STARTED, "p1": S.FAILED, "p2": S.STARTING}
