@@ -46,7 +46,6 @@ from pybatch.errors import (
     FlowStateCorrupt,
     JobExecutionNotFound,
     NotCommitted,
-    PartitionOwnershipLost,
     PartitionPlanNotPublished,
     PartitionsFailed,
     PyBatchError,
@@ -291,14 +290,8 @@ class PartitionRun(StepRun):
 
         The recovery ends the worker step FAILED, so the chunk's compare-and-swap is refused.
         """
-        keeper = self._lease_keeper
-        if keeper is not None:
-            try:
-                keeper.renew_now()
-            except PartitionOwnershipLost:
-                raise
-            except PyBatchError:
-                pass
+        if self._lease_keeper is not None:
+            self._lease_keeper.raise_if_lost()
         super()._raise_if_ownership_lost()
 
     @property
@@ -443,15 +436,8 @@ class JobRun:
 
     def _raise_if_ownership_lost(self) -> None:
         """After a refused commit: if the cause is a lost ownership, say so."""
-        keeper = self._keeper
-        if keeper is None:
-            return
-        try:
-            keeper.renew_now()
-        except ExecutionOwnershipLost:
-            raise
-        except PyBatchError:
-            return
+        if self._keeper is not None:
+            self._keeper.raise_if_lost()
 
     def _at_chunk_boundary(self) -> None:
         """Raise ExecutionOwnershipLost or StopRequested before another chunk or step begins."""

@@ -68,6 +68,20 @@ class _Keeper:
         """The typed error naming the lost ownership."""
         raise NotImplementedError
 
+    def raise_if_lost(self) -> None:
+        """Renew once to find out whether the ownership is gone (after a refused write).
+
+        Raises:
+            ExecutionOwnershipLost or PartitionOwnershipLost (`lost_error`): it is gone. Any
+                other failure of the renewal proves nothing and is not raised.
+        """
+        try:
+            self.renew_now()
+        except self.lost_error:
+            raise
+        except PyBatchError:
+            return
+
     def _renew_once(self) -> None:
         """One renewal in the caller's thread; raises `lost_error` when the ownership is gone."""
         raise NotImplementedError
