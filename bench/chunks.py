@@ -1,6 +1,6 @@
 """Chunk throughput: pybatch chunks against a hand-written psycopg loop doing the same work.
 
-    python -m bench.chunks [--dsn DSN] [--rows 200000] [--repeat 3]
+    python -m bench.chunks [--dsn DSN] [--rows 200000] [--repeat 3] [--variant "100 copy" ...]
 
 The reference workload loads `--rows` rows in chunks of 100 and of 1000, with the business
 writes done by `executemany` (one INSERT per row, pipelined) and by `COPY ... FROM STDIN`.
@@ -891,8 +891,10 @@ def phase_pass(
     cell.phases = meter.rows(len(batches))
 
 
-def measure(dsn: str, rows: int, repeat: int, cpu: ServerCpu) -> list[Cell]:
-    """Trace, run every variant `repeat` times, then split into phases; return the cells."""
+def measure(
+    dsn: str, rows: int, repeat: int, cpu: ServerCpu, variants: Sequence[Variant] = VARIANTS
+) -> list[Cell]:
+    """Trace, run each of `variants` `repeat` times, then split into phases; return the cells."""
     with admin_connect(dsn) as conn:
         for statement in TABLES_SQL:
             conn.execute(statement)
@@ -901,7 +903,7 @@ def measure(dsn: str, rows: int, repeat: int, cpu: ServerCpu) -> list[Cell]:
         for statement in REPLAY_TABLES_SQL:
             conn.execute(statement)
     data = make_rows(rows)
-    cells = [Cell(variant, rows) for variant in VARIANTS]
+    cells = [Cell(variant, rows) for variant in variants]
     with (
         pybatch_repository(dsn) as repository,
         psycopg.connect(dsn, application_name=BASELINE_APPLICATION) as baseline,
@@ -1041,7 +1043,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--rows", type=int, default=200_000, help="rows per run (200000)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per variant and side (3)")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        choices=[variant.name for variant in VARIANTS],
+        help="run only this variant (repeatable; default: all four)",
+    )
     args = parser.parse_args(argv)
+    variants = [v for v in VARIANTS if not args.variant or v.name in args.variant]
     if args.rows < 1000 or args.repeat < 1:
         parser.error("--rows must be at least 1000 and --repeat at least 1")
     with postgres_server(args.dsn) as server, scratch_database(server, "chunks") as dsn:
@@ -1049,7 +1058,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_machine(machine)
         print(f"workload: {args.rows:,} rows per run, {args.repeat} runs per variant and side")
         cpu = ServerCpu(dsn, local=args.dsn is None)
-        cells = measure(dsn, args.rows, args.repeat, cpu)
+        cells = measure(dsn, args.rows, args.repeat, cpu, variants)
     machine["load_average_at_end"] = list(os.getloadavg())
     print()
     print(tables(cells))

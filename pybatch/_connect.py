@@ -185,7 +185,7 @@ def check_idle_connection(conn: psycopg.Connection[Any]) -> None:
                     break
                 conn.pgconn.consume_input()
                 conn.pgconn.is_busy()  # parses what arrived: a FATAL goes to the notice handler
-            if conn.pgconn.status != psycopg.pq.ConnStatus.OK or conn in _ENDED:
+            if conn.pgconn.status != psycopg.pq.ConnStatus.OK or (_ENDED and conn in _ENDED):
                 failure = "the server ended the connection"
         except (psycopg.Error, OSError):
             failure = "the server ended the connection"

@@ -170,6 +170,17 @@ class Statement:
     def _run(
         self, conn: Connection, mode: Mode, params: Mapping[str, object], *, prepare: bool | None
     ) -> psycopg.Cursor[dict[str, Any]]:
+        values = self._values(mode, params)
+        cursor = conn.cursor(row_factory=dict_row)
+        try:
+            cursor.execute(self._positional, values, prepare=prepare)
+        except BaseException:
+            cursor.close()
+            raise
+        return cursor
+
+    def _values(self, mode: Mode, params: Mapping[str, object]) -> list[object]:
+        """The positional values to bind, after refusing a wrong mode or parameter set."""
         if mode != self.mode:
             raise StatementModeMismatch(
                 f"{self.name} is declared :{self.mode}; run it with .{self.mode}(), not .{mode}()"
@@ -178,15 +189,7 @@ class Statement:
             missing = sorted(self.parameters - params.keys())
             unknown = sorted(params.keys() - self.parameters)
             raise TypeError(f"{self.name}: missing parameters {missing}, unknown {unknown}")
-        cursor = conn.cursor(row_factory=dict_row)
-        try:
-            cursor.execute(
-                self._positional, [params[name] for name in self._order], prepare=prepare
-            )
-        except BaseException:
-            cursor.close()
-            raise
-        return cursor
+        return [params[name] for name in self._order]
 
 
 _NAMED_OR_ESCAPED = re.compile(rb"%%|%\((\w+)\)s")
@@ -224,6 +227,16 @@ class PreparedStatement:
         """How many rows the statement changed (`:affected`), prepared."""
         with self._statement._run(conn, "affected", params, prepare=True) as cursor:
             return cursor.rowcount
+
+    def affected_on(self, cursor: psycopg.Cursor[Any], /, **params: object) -> int:
+        """`affected`, prepared, on a cursor the caller keeps (the chunk commit's hot path).
+
+        A step's chunks run on one held connection through one cursor, so no cursor is built
+        per chunk and psycopg's per-cursor adapter cache stays warm.
+        """
+        statement = self._statement
+        cursor.execute(statement._positional, statement._values("affected", params), prepare=True)
+        return cursor.rowcount
 
 
 class Statements:

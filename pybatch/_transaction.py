@@ -85,7 +85,7 @@ class Lease:
         conn = self._conn
         if conn is None:
             raise errors.aborted()
-        if conn.info.transaction_status == TransactionStatus.INERROR:
+        if conn.pgconn.transaction_status == TransactionStatus.INERROR:
             self.rollback(keep=keep)
             raise errors.aborted()
         try:

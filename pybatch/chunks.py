@@ -14,8 +14,7 @@ update_step_chunk_progress. All run prepared on the chunk's connection (docs/arc
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +63,11 @@ def _not_committed(reason: str) -> NotCommitted:
     return NotCommitted(reason=reason)
 
 
+#: libpq's transaction states, compared on `pgconn` directly: `conn.info` builds an object per
+#: access, and the chunk path reads the state on every chunk.
+_IDLE = TransactionStatus.IDLE
+_INERROR = TransactionStatus.INERROR
+
 #: How a chunk reports a COMMIT that did not make it durable.
 _COMMIT_ERRORS = CommitErrors(
     aborted=lambda: _not_committed("a statement in the chunk failed"),
@@ -75,7 +79,7 @@ _COMMIT_ERRORS = CommitErrors(
 class ChunkTransaction:
     """One open chunk: business statements plus the step's progress, committed together."""
 
-    __slots__ = ("_held", "_lease", "_manager", "_open", "committed")
+    __slots__ = ("_cursor", "_held", "_lease", "_manager", "_open", "committed")
 
     def __init__(
         self,
@@ -84,11 +88,15 @@ class ChunkTransaction:
         state: CommittedStepState,
         *,
         held: bool = False,
+        cursor: psycopg.Cursor[Any] | None = None,
     ) -> None:
         self._manager = manager
         self._lease = lease
         #: Whether the lease outlives this chunk (the step's held connection).
         self._held = held
+        #: The cursor the chunk's own statements and its progress UPDATE run on: the held
+        #: connection's, kept from chunk to chunk, or one made for this chunk on first use.
+        self._cursor = cursor
         self._open = True
         #: The step's committed state: where this chunk started, and after `commit` the
         #: state it committed (what the next chunk of the step starts from).
@@ -130,38 +138,65 @@ class ChunkTransaction:
             raise NotCommitted(reason="the chunk is closed")
         return conn
 
-    @contextmanager
-    def _business(self) -> Iterator[Connection]:
+    def _chunk_cursor(self) -> psycopg.Cursor[Any]:
+        """The cursor of the chunk's connection (made on first use when none is held)."""
         conn = self.connection
-        try:
-            yield conn
-        except psycopg.Error as error:
-            classified = _sqlstate.classify_business_error(error, conn)
-            if isinstance(classified, Infrastructure):
-                self._discard()
-            raise classified from None
+        cursor = self._cursor
+        if cursor is None:
+            cursor = self._cursor = conn.cursor()
+        return cursor
+
+    def _classified(self, error: psycopg.Error) -> PyBatchError:
+        """A business statement's error as Rejected, Cancelled or Infrastructure.
+
+        An Infrastructure error discards the connection: it can no longer be trusted.
+        """
+        conn = self._lease.connection
+        classified = _sqlstate.classify_business_error(error, conn)
+        if isinstance(classified, Infrastructure):
+            self._discard()
+        return classified
 
     def execute(self, query: Any, params: Sequence[Any] | Mapping[str, Any] | None = None) -> int:
-        """Run one business statement in the chunk; return its row count."""
-        with self._business() as conn, conn.cursor() as cursor:
-            cursor.execute(query, params)
-            return cursor.rowcount
+        """Run one business statement in the chunk; return its row count.
+
+        It runs on a cursor of its own, closed at once, so rows it returns are not kept.
+        """
+        conn = self.connection
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute(query, params)
+                return cursor.rowcount
+        except psycopg.Error as error:
+            raise self._classified(error) from None
 
     def executemany(
         self, query: Any, rows: Sequence[Sequence[Any]] | Sequence[Mapping[str, Any]]
     ) -> int:
         """Run one business statement once per row (pipelined); return the rows affected."""
-        with self._business() as conn, conn.cursor() as cursor:
+        cursor = self._chunk_cursor()
+        try:
             cursor.executemany(query, rows)
-            return cursor.rowcount
+        except psycopg.Error as error:
+            raise self._classified(error) from None
+        return cursor.rowcount
 
-    def copy(self, statement: Any, rows: Iterator[Sequence[Any]] | Sequence[Sequence[Any]]) -> int:
+    def copy(self, statement: Any, rows: Iterable[Sequence[Any]]) -> int:
         """COPY rows in (e.g. `COPY t (a, b) FROM STDIN`); return how many were sent."""
-        sent = 0
-        with self._business() as conn, conn.cursor() as cursor, cursor.copy(statement) as copy:
-            for row in rows:
-                copy.write_row(row)
-                sent += 1
+        cursor = self._chunk_cursor()
+        try:
+            with cursor.copy(statement) as copy:
+                write_row = copy.write_row
+                if isinstance(rows, list | tuple):  # its length is known: no count per row
+                    for row in rows:
+                        write_row(row)
+                    return len(rows)
+                sent = 0
+                for row in rows:
+                    write_row(row)
+                    sent += 1
+        except psycopg.Error as error:
+            raise self._classified(error) from None
         return sent
 
     # ------------------------------------------------------------------ outcome
@@ -185,10 +220,12 @@ class ChunkTransaction:
                 nothing of the chunk is durable.
             ChunkCommitOutcomeUnknown: the COMMIT acknowledgement was lost.
         """
-        conn = self.connection
+        cursor = self._chunk_cursor()
         state = self.committed
+        # Read once: no statement runs between here and the progress UPDATE.
+        transaction_status = cursor.connection.pgconn.transaction_status
         try:
-            if conn.info.transaction_status == TransactionStatus.INERROR:
+            if transaction_status == _INERROR:
                 raise NotCommitted(reason="a statement in the chunk failed")
             try:
                 next_counts = state.counts.after_chunk(
@@ -213,7 +250,7 @@ class ChunkTransaction:
             if (
                 receipt.context is state.context
                 and state.fault_state is FaultStateEnvelope.EMPTY
-                and progress == NO_FAULT_PROGRESS
+                and (progress is NO_FAULT_PROGRESS or progress == NO_FAULT_PROGRESS)
             ):
                 statement = statements.update_step_chunk_progress
                 params = encode_chunk_progress(state, next_counts, receipt, now)
@@ -226,11 +263,11 @@ class ChunkTransaction:
         # A chunk that sent no statement of its own (checkpoint-only) is the UPDATE alone: as
         # one autocommit statement it is atomic by itself and commits in one round trip
         # instead of BEGIN, UPDATE, COMMIT. A lost connection then leaves its outcome unknown.
-        alone = conn.info.transaction_status == TransactionStatus.IDLE
+        alone = transaction_status == _IDLE
         try:
-            changed = _run_progress_update(statement, conn, params, autocommit=alone)
+            changed = _run_progress_update(statement, cursor, params, autocommit=alone)
         except psycopg.Error as error:
-            if _sqlstate.is_connection_loss(error, conn):
+            if _sqlstate.is_connection_loss(error, cursor.connection):
                 self._discard()
                 if alone:
                     raise ChunkCommitOutcomeUnknown() from None
@@ -300,8 +337,10 @@ class ChunkTransactionManager:
         self.clock = repository.clock
         self.state_provider = state_provider
         self._hold_connection = hold_connection
-        #: The connection kept between chunks (hold_connection), and the chunk using it.
+        #: The connection kept between chunks (hold_connection), its cursor, and the chunk
+        #: using it.
         self._held: Lease | None = None
+        self._held_cursor: psycopg.Cursor[Any] | None = None
         self._held_by: ChunkTransaction | None = None
 
     def begin(self) -> ChunkTransaction:
@@ -324,19 +363,26 @@ class ChunkTransactionManager:
         except Unavailable:
             raise NotCommitted(reason="the database is unavailable") from None
         if self._hold_connection and (held is None or not held.is_open):
-            self._held = lease
+            self._held, self._held_cursor = lease, None
             return lease, True
         return lease, False
 
     def _open(self, lease: Lease, state: CommittedStepState, *, held: bool) -> ChunkTransaction:
-        chunk = ChunkTransaction(self, lease, state, held=held)
-        if held:
-            self._held_by = chunk
+        if not held:
+            return ChunkTransaction(self, lease, state)
+        cursor = self._held_cursor
+        conn = lease.connection
+        if cursor is None and conn is not None:
+            cursor = self._held_cursor = conn.cursor()
+        chunk = self._held_by = ChunkTransaction(self, lease, state, held=True, cursor=cursor)
         return chunk
 
     def close(self) -> None:
         """Give the held connection back to the pool (rolling back a chunk left open)."""
         held, self._held, self._held_by = self._held, None, None
+        cursor, self._held_cursor = self._held_cursor, None
+        if cursor is not None:
+            cursor.close()
         if held is not None:
             held.rollback()
 
@@ -426,16 +472,21 @@ class ChunkTransactionManager:
 
 
 def _run_progress_update(
-    statement: Statement, conn: Connection, params: dict[str, object], *, autocommit: bool
+    statement: Statement,
+    cursor: psycopg.Cursor[Any],
+    params: dict[str, object],
+    *,
+    autocommit: bool,
 ) -> int:
     """Run the chunk's progress UPDATE prepared; with `autocommit`, as its own transaction."""
     if not autocommit:
-        return statement.prepared.affected(conn, **params)
+        return statement.prepared.affected_on(cursor, **params)
+    conn = cursor.connection
     conn.autocommit = True
     try:
-        return statement.prepared.affected(conn, **params)
+        return statement.prepared.affected_on(cursor, **params)
     finally:
-        if conn.info.transaction_status == TransactionStatus.IDLE:  # else it is discarded
+        if conn.pgconn.transaction_status == _IDLE:  # else it is discarded
             conn.autocommit = False
 
 

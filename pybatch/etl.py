@@ -135,7 +135,7 @@ class Chunk:
 
     def copy(self, statement: Any, rows: Iterable[Sequence[Any]]) -> int:
         """COPY rows in through `statement` (`COPY t (a, b) FROM STDIN`)."""
-        return self._transaction.copy(statement, iter(rows))
+        return self._transaction.copy(statement, rows)
 
     def commit(
         self,

@@ -12,6 +12,7 @@ back from the database, and `Checkpoint(.., {"x": 1e16}).payload == {"x": 100000
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, ClassVar, NoReturn, TypeVar
 
@@ -124,6 +125,26 @@ def _strict_loads(data: bytes) -> Any:
     return json.loads(data, parse_constant=_reject_constant, object_pairs_hook=_unique_object)
 
 
+@functools.lru_cache(maxsize=4)
+def _envelope_head(format_name: str) -> bytes:
+    """The canonical envelope's bytes before its payload (one per envelope kind)."""
+    return b"".join(
+        (
+            b'{"format":',
+            canonical_json(format_name),
+            b',"format_version":',
+            str(STATE_FORMAT_VERSION).encode(),
+            b',"payload":',
+        )
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _envelope_schema(schema: str) -> bytes:
+    """The canonical envelope's bytes between its payload and its schema version."""
+    return b"".join((b',"schema":', canonical_json(schema), b',"schema_version":'))
+
+
 @attrs.frozen(eq=False, repr=False, init=False)
 class _DurableState:
     """A validated envelope; equality and hashing follow its canonical bytes."""
@@ -171,7 +192,9 @@ class _DurableState:
         encoded = self._encode_envelope(schema, schema_version, payload_json)
         if len(encoded) > limits.max_bytes:
             raise StateTooLarge(kind=self._KIND, max_bytes=limits.max_bytes)
-        if _depth_exceeds(payload, payload_depth):
+        # Each level of nesting takes at least one byte of the canonical text, so a payload
+        # shorter than the depth limit cannot exceed it (the common small checkpoint).
+        if len(payload_json) >= payload_depth and _depth_exceeds(payload, payload_depth):
             raise StateTooDeep(kind=self._KIND, max_depth=limits.max_depth)
         self.__attrs_init__(schema, schema_version, payload_json, encoded)
 
@@ -184,15 +207,9 @@ class _DurableState:
         """
         return b"".join(
             (
-                b'{"format":',
-                canonical_json(cls._FORMAT),
-                b',"format_version":',
-                str(STATE_FORMAT_VERSION).encode(),
-                b',"payload":',
+                _envelope_head(cls._FORMAT),
                 payload,
-                b',"schema":',
-                canonical_json(schema.value),
-                b',"schema_version":',
+                _envelope_schema(schema.value),
                 str(schema_version).encode(),
                 b"}",
             )

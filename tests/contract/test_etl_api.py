@@ -338,6 +338,35 @@ def test_a_step_holds_one_connection_for_its_chunks_and_gives_it_back(
     assert business_ids(admin) == [1, 2, 3, 4, 5, 6, 7]
 
 
+def test_chunk_statements_report_what_they_did(
+    repository: JobRepository, admin: psycopg.Connection[Any], orders: None
+) -> None:
+    """`copy` returns the rows it sent, from a list and from a generator alike; `execute`
+    and `executemany` return the rows affected; all of it commits with the chunk."""
+    reported: list[int] = []
+
+    def work(step: StepRun) -> None:
+        with step.chunk() as chunk:
+            reported.append(chunk.copy("COPY public.orders (id, note) FROM STDIN", [(1, "a")]))
+            generated = ((n, "b") for n in (2, 3, 4))
+            reported.append(chunk.copy("COPY public.orders (id, note) FROM STDIN", generated))
+            reported.append(
+                chunk.executemany("INSERT INTO public.orders VALUES (%s, 'c')", [(5,), (6,)])
+            )
+            reported.append(chunk.execute("UPDATE public.orders SET note = 'd' WHERE id > 4"))
+            reported.append(chunk.execute("SELECT id FROM public.orders"))
+            chunk.commit(read=6, written=6, checkpoint={"offset": 6})
+        with step.chunk() as chunk:
+            reported.append(chunk.copy("COPY public.orders (id, note) FROM STDIN", ()))
+            chunk.commit(read=0, written=0, checkpoint={"offset": 6})
+
+    with Job(repository, "counted", DAY).launch() as run:
+        outcome = run.step("load", work)
+    assert reported == [1, 3, 2, 2, 6, 0]
+    assert outcome.step.metadata.counts.committed == 2
+    assert business_ids(admin) == [1, 2, 3, 4, 5, 6]
+
+
 # --------------------------------------------------------------------------- orphans
 
 

@@ -733,10 +733,10 @@ class _TerminateAfterUpdate:
         admin = self._admin
 
         class Killing:
-            def affected(self, conn: psycopg.Connection[Any], **params: object) -> int:
-                changed: int = statement.prepared.affected(conn, **params)
+            def affected_on(self, cursor: psycopg.Cursor[Any], **params: object) -> int:
+                changed: int = statement.prepared.affected_on(cursor, **params)
                 assert changed == 1
-                terminate(admin, conn.info.backend_pid)
+                terminate(admin, cursor.connection.info.backend_pid)
                 return changed
 
         class KillingStatement:
