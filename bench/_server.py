@@ -9,9 +9,11 @@ databases on one server can be measured alternately, sharing the same machine no
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -23,6 +25,7 @@ from pybatch.embedded import EmbeddedPostgres
 __all__ = [
     "ADMIN_APPLICATION",
     "admin_connect",
+    "pin_apart",
     "postgres_server",
     "scratch_database",
     "wait_for_sessions",
@@ -33,17 +36,54 @@ ADMIN_APPLICATION = "pybatch-bench"
 
 
 @contextlib.contextmanager
-def postgres_server(dsn: str | None, *, fsync: bool = True) -> Iterator[str]:
+def postgres_server(dsn: str | None, *, fsync: bool = True, pin: bool = False) -> Iterator[str]:
     """Yield `dsn` as it is, or start an EmbeddedPostgres and yield its DSN.
 
     `fsync` applies to the embedded server only; on (the default) so that COMMIT costs
-    what it costs in production.
+    what it costs in production. With `pin` (embedded server only), the server's
+    processes run on the last CPU and this process on the others, so neither side's CPU
+    time includes sharing a core with the other (a diagnostic: a production client and its
+    server rarely share a core).
     """
     if dsn is not None:
         yield dsn
         return
     with EmbeddedPostgres(durable=fsync) as server:
+        if pin and server.pid is not None:
+            pin_apart(server.pid)
         yield server.dsn
+
+
+def pin_apart(postmaster: int) -> None:
+    """Put the postmaster and its children on the last CPU, this process on the others.
+
+    Backends forked later inherit the postmaster's CPU. Raises RuntimeError on a machine
+    with one CPU.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise RuntimeError("pinning needs at least two CPUs")
+    server_cpu, client_cpus = {cpus[-1]}, set(cpus[:-1])
+    for pid in (postmaster, *_children(postmaster)):
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(pid, server_cpu)
+    os.sched_setaffinity(0, client_cpus)
+
+
+def _children(parent: int) -> list[int]:
+    """The pids whose parent is `parent` (from /proc/<pid>/stat)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+            children.append(int(entry.name))
+    return children
 
 
 def admin_connect(dsn: str, *, autocommit: bool = True) -> psycopg.Connection[tuple[Any, ...]]:

@@ -1,6 +1,7 @@
 """Chunk throughput: pybatch chunks against a hand-written psycopg loop doing the same work.
 
     python -m bench.chunks [--dsn DSN] [--rows 200000] [--repeat 3] [--variant "100 copy" ...]
+                           [--pin]
 
 The reference workload loads `--rows` rows in chunks of 100 and of 1000, with the business
 writes done by `executemany` (one INSERT per row, pipelined) and by `COPY ... FROM STDIN`.
@@ -1049,11 +1050,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=[variant.name for variant in VARIANTS],
         help="run only this variant (repeatable; default: all four)",
     )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="embedded server on the last CPU, this process on the others (a diagnostic)",
+    )
     args = parser.parse_args(argv)
+    if args.pin and args.dsn:
+        parser.error("--pin applies to the embedded server only")
     variants = [v for v in VARIANTS if not args.variant or v.name in args.variant]
     if args.rows < 1000 or args.repeat < 1:
         parser.error("--rows must be at least 1000 and --repeat at least 1")
-    with postgres_server(args.dsn) as server, scratch_database(server, "chunks") as dsn:
+    with (
+        postgres_server(args.dsn, pin=args.pin) as server,
+        scratch_database(server, "chunks") as dsn,
+    ):
         machine = machine_info(dsn)
         print_machine(machine)
         print(f"workload: {args.rows:,} rows per run, {args.repeat} runs per variant and side")
