@@ -447,8 +447,9 @@ class ForcedDeadlock:
     Racer 0 locks its row, then racer 1 locks its own; racer 0 asks for racer 1's row and,
     once pg_stat_activity shows it waiting on that lock, racer 1 asks for racer 0's row.
     Racer 0 never runs the deadlock check (its session's deadlock_timeout is an hour), so
-    racer 1's check, 20 ms into its wait, finds the cycle and aborts racer 1. No step
-    depends on how fast either thread runs.
+    racer 1's check, 20 ms into its wait, finds the cycle and aborts racer 1. A rerun of
+    racer 1 starts once racer 0 has updated both rows (`wait_for_winner`). No step depends
+    on how fast either thread runs.
     """
 
     def __init__(self, admin: psycopg.Connection[Any]) -> None:
@@ -456,6 +457,21 @@ class ForcedDeadlock:
         self._locked = [threading.Event(), threading.Event()]
         self._waiting_pid: int | None = None
         self._admin_lock = threading.Lock()
+        self._winner_holds_both = threading.Event()
+
+    def winner_holds_both(self) -> None:
+        """Racer 0 has updated both rows (its transaction is still open)."""
+        self._winner_holds_both.set()
+
+    def wait_for_winner(self) -> None:
+        """Hold a rerun of racer 1 until racer 0 has updated both rows.
+
+        Without it the rerun could update racer 1's own row again before racer 0, woken by
+        the victim's rollback, gets to it (the row's last writer aborted, so nothing makes
+        the rerun wait), then wait for racer 0's row while racer 0 waits for that one: a
+        second deadlock, decided by which thread the scheduler runs first.
+        """
+        assert self._winner_holds_both.wait(DEADLINE_SECONDS)
 
     def hold(self, index: int, uow: UnitOfWork) -> None:
         """Called once the racer holds its own row; returns when it may ask for the other."""
@@ -545,10 +561,14 @@ def test_l14_run_in_unit_of_work_reruns_the_deadlock_victim(
 
         def work(uow: UnitOfWork) -> int:
             calls[index] += 1
+            if index == 1 and calls[index] > 1:
+                forced.wait_for_winner()
             enrich_latest(uow, mine.id, ExitCode(f"BY_{index}"))
             if calls[index] == 1:
                 forced.hold(index, uow)
             enrich_latest(uow, theirs.id, ExitCode(f"BY_{index}"))
+            if index == 0:
+                forced.winner_holds_both()
             return calls[index]
 
         return repository.run_in_unit_of_work(work)
