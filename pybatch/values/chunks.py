@@ -8,7 +8,7 @@ import attrs
 
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.fault import FaultStateEnvelope
-from pybatch.values.ids import INT64_MAX, IdentifierKind, check_counter, check_identifier
+from pybatch.values.ids import IdentifierKind, check_counter, check_identifier
 from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus
 
@@ -27,8 +27,7 @@ __all__ = [
 def _count(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
     if type(value) is not int:
         raise TypeError(f"{attribute.name} is an int")
-    if not 0 <= value <= INT64_MAX:
-        check_counter(attribute.name, value)  # raises CounterOutOfRange
+    check_counter(attribute.name, value)
 
 
 @attrs.frozen

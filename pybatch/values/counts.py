@@ -15,10 +15,7 @@ __all__ = ["ExecutionCounts", "StepFaultCounts"]
 
 
 def _counter(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    # The common case in one comparison (every chunk commit builds these); anything else
-    # goes through check_counter, which accepts or raises exactly as it always does.
-    if type(value) is not int or not 0 <= value <= INT64_MAX:
-        check_counter(attribute.name, value)
+    check_counter(attribute.name, value)
 
 
 def _checked_sum(left: int, right: int) -> int:

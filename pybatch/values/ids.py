@@ -128,6 +128,8 @@ def check_counter(name: str, value: int) -> int:
     Raises:
         CounterOutOfRange: outside 0..2^63-1.
     """
+    if type(value) is int and 0 <= value <= INT64_MAX:
+        return value  # the common case, checked on every chunk commit, in one comparison
     value = _require_int(value)
     if not 0 <= value <= INT64_MAX:
         raise CounterOutOfRange(name=name)
