@@ -1554,7 +1554,10 @@ class MigrationHistoryInvalid(MigrationError):
 
 @_error
 class MigrationLockTimeout(MigrationError):
-    """Another migrator held the advisory lock for longer than the lock timeout."""
+    """Another migrator held the migration history lock for longer than the lock timeout.
+
+    Also raised when a first install keeps colliding with concurrent first installs.
+    """
 
     message = "timed out waiting for the migration lock"
 

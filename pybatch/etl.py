@@ -762,10 +762,11 @@ class Job:
                 "lease expired" if lease.has_lease else "liveness lock free",
             )
             execution = uow.create_job_execution_with_definition(instance.id, self.definition)
-        # Fast evidence for the next launcher: the liveness lock, taken before the execution
-        # becomes visible. The lease (claimed below) is what decides; the lock only spares a
-        # launcher the wait while this process is alive.
-        liveness.claim(execution.id)
+        # Fast evidence for the next launcher: the liveness lock, keyed by our owner token
+        # (so nobody can hold it first) and taken before the execution becomes visible. The
+        # lease (claimed below) is what decides; the lock only spares a launcher the wait
+        # while this process is alive, and a lock held elsewhere never stops the launch.
+        liveness.claim(execution.id, owner)
         at = max(uow.clock.now(), execution.created_at)
         claimed = uow.claim_execution_owner(execution.id, execution.version, owner, at, self.lease)
         started = uow.transition_job_execution(
@@ -784,11 +785,11 @@ class Job:
 
         UNKNOWN never is (its commit may have happened: only an explicit recovery with
         reason UNKNOWN_EFFECT resolves it). A leased attempt is orphaned once its lease ran
-        out on the database clock, whoever holds its liveness lock (any role can take an
-        advisory-lock key, so the lock alone never blocks recovery). With a fresh lease:
-        a held lock means the owner is alive; a free one means wait and see (the launch
-        polls, _OwnerMayBeGone). An attempt without a lease was started before leases
-        existed (before schema version 4); its runner holds the liveness lock.
+        out on the database clock, whoever holds any liveness lock (an advisory lock never
+        blocks recovery). With a fresh lease: its owner's token-keyed lock held means the
+        owner is alive; free means wait and see (the launch polls, _OwnerMayBeGone). An
+        attempt without a lease was started before leases existed (before schema version
+        4); its runner holds the id-keyed liveness lock.
 
         Raises:
             _OwnerMayBeGone: the lease is fresh and the liveness lock free.
@@ -799,7 +800,9 @@ class Job:
             return liveness.owner_is_gone(execution.id)
         if lease.lease_expired:
             return True
-        if lease.lease_expires_at is not None and liveness.owner_is_gone(execution.id):
+        if lease.lease_expires_at is not None and (
+            lease.owner_token is None or liveness.owner_is_gone(execution.id, lease.owner_token)
+        ):
             raise _OwnerMayBeGone(active, lease.lease_expires_at, lease.remaining_seconds)
         return False
 

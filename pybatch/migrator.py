@@ -133,21 +133,35 @@ def installed_schema_version(config: ConnectionConfig) -> int | None:
     return _driver_errors_mapped(read)
 
 
-def _lock_migrations(conn: psycopg.Connection[Any]) -> None:
+def _lock_migrations(conn: psycopg.Connection[Any]) -> bool:
     """Serialize migrators for the current transaction, bounded by the session lock_timeout.
 
     Once the history table exists the lock is a table lock on it, which a role without
-    write privileges on pybatch's history cannot take (or hold against us). Only the first
-    install, before that table exists, falls back to a transaction advisory lock.
+    write privileges on pybatch's history cannot take (or hold against us). Before it exists
+    (the first install) no lock is taken at all: an advisory key could be held by any role
+    that can connect. Concurrent first installs are then settled by the catalogue itself
+    (the loser's CREATE collides with the winner's objects and is retried, see `migrate`).
+    Returns whether the history lock is held.
+
+    Raises:
+        MigrationLockTimeout: the history lock was not granted within the lock timeout.
     """
     statements = load_statements()
     try:
-        if not statements.find_schema_migration_table.scalar(conn):
-            statements.lock_schema_bootstrap.scalar(conn)
         if statements.find_schema_migration_table.scalar(conn):
             statements.lock_schema_migration_history.affected(conn)
+            return True
     except psycopg.errors.LockNotAvailable:
         raise MigrationLockTimeout() from None
+    return False
+
+
+#: SQLSTATEs of a first install that lost the race to a concurrent one: a duplicate schema,
+#: table or object, a catalogue unique key, a deadlock between the two, or the wait for the
+#: winner's transaction outlasting the lock timeout. The loser rolls back and looks again.
+_FIRST_INSTALL_RACE = frozenset({"42P06", "42P07", "42710", "23505", "40P01", "55P03"})
+#: How often a first install that lost such a race looks again before giving up.
+_FIRST_INSTALL_ATTEMPTS = 5
 
 
 def _verify_history(
@@ -262,7 +276,9 @@ def migrate(config: ConnectionConfig, *, dry_run: bool = False) -> list[Migratio
     Safe when several processes run it at once: each migration file runs in its own
     transaction that first takes the migrator lock (`_lock_migrations`) and re-reads the
     installed version, so concurrent migrators serialize and the later ones find nothing
-    pending. A newer schema or an applied file whose checksum changed is refused before
+    pending. No lock that another role could hold is ever waited on: a first install
+    takes none, and one that collides with a concurrent first install rolls back and
+    looks again (then under the history lock). A newer schema or an applied file whose checksum changed is refused before
     anything runs.
     """
     shipped = shipped_migrations()
@@ -270,20 +286,30 @@ def migrate(config: ConnectionConfig, *, dry_run: bool = False) -> list[Migratio
     def run() -> list[Migration]:
         statements = load_statements()
         applied: list[Migration] = []
+        races = 0
         with open_connection(config, autocommit=True) as conn:
             while True:
-                with conn.transaction():
-                    _lock_migrations(conn)
-                    installed = _read_version(conn)
-                    pending = _pending(installed, shipped)
-                    _verify_history(conn, installed, shipped)
-                    if dry_run:
-                        return pending
-                    if not pending:
-                        break
-                    statements.create_pybatch_schema.affected(conn)
-                    _apply(conn, pending[0])
-                    applied.append(pending[0])
+                locked = False
+                try:
+                    with conn.transaction():
+                        locked = _lock_migrations(conn)
+                        installed = _read_version(conn)
+                        pending = _pending(installed, shipped)
+                        _verify_history(conn, installed, shipped)
+                        if dry_run:
+                            return pending
+                        if not pending:
+                            break
+                        statements.create_pybatch_schema.affected(conn)
+                        _apply(conn, pending[0])
+                        applied.append(pending[0])
+                except psycopg.Error as error:
+                    race = not locked and _sqlstate.sqlstate_of(error) in _FIRST_INSTALL_RACE
+                    races += 1
+                    if not race or conn.broken:
+                        raise
+                    if races >= _FIRST_INSTALL_ATTEMPTS:
+                        raise MigrationLockTimeout() from None
             final = _read_version(conn)
             if final != shipped[-1].version:
                 raise MigrationHistoryInvalid(version=final or 0)

@@ -337,7 +337,9 @@ class UnitOfWork(UnitOfWorkBase):
 
         The caller proves it first (an expired lease, or a free legacy liveness lock); the
         open steps fail with it. With `audited` it is also recorded like an operator's
-        request (RECOVER by pybatch.etl), in the same savepoint.
+        request (RECOVER by pybatch.etl), in the same savepoint. A damaged audit chain never
+        blocks it: the decision and the request are then kept unlinked, an error line names
+        them and `pybatch audit verify` reports the chain broken.
         """
         with self.operation() as conn:
             result = recovery.recover_orphaned_execution(
@@ -345,7 +347,10 @@ class UnitOfWork(UnitOfWorkBase):
             )
             if audited:
                 operator_requests.append_operator_request(
-                    self.statements, conn, automatic_recovery_record(result, self.clock.now())
+                    self.statements,
+                    conn,
+                    automatic_recovery_record(result, self.clock.now()),
+                    tolerate_chain_errors=True,
                 )
             return result
 

@@ -1,44 +1,11 @@
 -- :name append_audit_link :one
--- :doc Link one audit record into the chain: advance the head (its row lock serializes appenders,
--- so the chain never forks or skips), digest the record's canonical content
--- (audit_record_content) and chain it to the previous link. No row: the record does not exist.
-WITH head AS (
-    UPDATE pybatch.audit_chain_head AS h
-    SET seq = h.seq + 1
-    WHERE h.singleton
-    RETURNING h.seq, h.link_digest
-),
-
-record_content AS (
-    SELECT c.content_digest
-    FROM pybatch.audit_record_content AS c
-    WHERE c.record_kind = :record_kind AND c.record_id = :record_id
-)
-
-INSERT INTO pybatch.audit_chain (
-    seq, record_kind, record_id, content_digest, previous_digest, link_digest
-)
+-- :doc Link one audit record after the head (pybatch.append_audit_link, migration 0007): the
+-- head's row lock serializes appenders, the chain's triggers check the link and advance the
+-- head in the same statement. No row: the record does not exist.
 SELECT
-    head.seq,
-    :record_kind AS record_kind,
-    :record_id AS record_id,
-    record_content.content_digest,
-    head.link_digest AS previous_digest,
-    SHA256(
-        head.link_digest
-        || INT8SEND(head.seq)
-        || CONVERT_TO(:record_kind, 'UTF8')
-        || INT8SEND(CAST(:record_id AS BIGINT))
-        || record_content.content_digest
-    ) AS link_digest
-FROM head CROSS JOIN record_content
-RETURNING seq, link_digest;
-
--- :name set_audit_chain_head :affected
--- :doc Record the newest link's digest on the head advanced by append_audit_link.
-UPDATE pybatch.audit_chain_head AS h
-SET link_digest = :link_digest
-WHERE h.singleton AND h.seq = :seq;
+    l.seq,
+    l.link_digest
+FROM pybatch.append_audit_link(:record_kind, CAST(:record_id AS BIGINT)) AS l;
 
 -- :name read_audit_chain_head :one
 -- :doc The newest link of the chain (audit_chain_head_pkey).
@@ -49,8 +16,9 @@ FROM pybatch.audit_chain_head AS h
 WHERE h.singleton;
 
 -- :name list_audit_links :many
--- :doc A page of links after a sequence number, each with the digest its link should have, its
--- record's current content digest (NULL when the record is gone) and the purge that removed it.
+-- :doc A page of links after a sequence number (past the head too), each with the digest its link
+-- should have, its record's current content digest (NULL when the record is gone) and the purge
+-- mark that excuses its absence: the retention action named, its action and its own link.
 SELECT
     c.seq,
     c.record_kind,
@@ -60,6 +28,8 @@ SELECT
     c.link_digest,
     r.content_digest AS record_content_digest,
     p.retention_action_id AS purged_by,
+    pr.action AS purge_action,
+    pl.seq AS purge_seq,
     SHA256(
         c.previous_digest
         || INT8SEND(c.seq)
@@ -74,6 +44,9 @@ LEFT JOIN LATERAL (
     WHERE a.record_kind = c.record_kind AND a.record_id = c.record_id
 ) AS r ON TRUE
 LEFT JOIN pybatch.audit_chain_purge AS p ON c.seq = p.seq
+LEFT JOIN pybatch.retention_action AS pr ON p.retention_action_id = pr.id
+LEFT JOIN pybatch.audit_chain AS pl
+    ON pl.record_kind = 'RETENTION_ACTION' AND p.retention_action_id = pl.record_id
 WHERE c.seq > :after_seq
 ORDER BY c.seq
 LIMIT :limit;
@@ -91,4 +64,33 @@ WHERE
         WHERE c.record_kind = r.record_kind AND c.record_id = r.record_id
     )
 ORDER BY r.record_kind, r.record_id
+LIMIT 1;
+
+-- :name find_overdrawn_audit_purge :one
+-- :doc A retention action that marks more links of a kind purged than it deleted records of that
+-- kind (audit_chain_purge_retention_action), or no row.
+SELECT
+    p.retention_action_id,
+    c.record_kind,
+    COUNT(*) AS marked,
+    MAX(
+        CASE c.record_kind
+            WHEN 'OPERATOR_REQUEST' THEN r.deleted_operator_requests
+            WHEN 'RECOVERY_DECISION' THEN r.deleted_recovery_decisions
+            ELSE 0
+        END
+    ) AS deleted
+FROM pybatch.audit_chain_purge AS p
+INNER JOIN pybatch.audit_chain AS c ON p.seq = c.seq
+INNER JOIN pybatch.retention_action AS r ON p.retention_action_id = r.id
+GROUP BY p.retention_action_id, c.record_kind
+HAVING
+    COUNT(*) > MAX(
+        CASE c.record_kind
+            WHEN 'OPERATOR_REQUEST' THEN r.deleted_operator_requests
+            WHEN 'RECOVERY_DECISION' THEN r.deleted_recovery_decisions
+            ELSE 0
+        END
+    )
+ORDER BY p.retention_action_id, c.record_kind
 LIMIT 1;

@@ -9,12 +9,6 @@ WHERE sv.singleton;
 -- (or a role granted writes on the migration history) may take, waited for at most lock_timeout.
 LOCK TABLE pybatch.schema_migration IN EXCLUSIVE MODE;
 
--- :name lock_schema_bootstrap :scalar
--- :doc Serialize migrators of a database without the migration history yet (first install only),
--- for the rest of the transaction, waited for at most lock_timeout.
-SELECT PG_ADVISORY_XACT_LOCK(HASHTEXTEXTENDED('pybatch.schema.migrations', 0)) IS NULL
-    AS lock_acquired;
-
 -- :name create_pybatch_schema :affected
 -- :doc Create the pybatch schema before the first migration file runs (schema.md 7).
 CREATE SCHEMA IF NOT EXISTS pybatch;

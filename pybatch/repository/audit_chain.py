@@ -6,8 +6,12 @@ appended, in the same transaction, so a record and its link commit together or n
 
 from __future__ import annotations
 
-import attrs
+import logging
 
+import attrs
+import psycopg
+
+from pybatch import _sqlstate
 from pybatch._statements import Connection, Statements
 from pybatch.codecs._primitives import (
     DecodeError,
@@ -16,7 +20,7 @@ from pybatch.codecs._primitives import (
     decode_optional_int64,
     decode_text,
 )
-from pybatch.errors import Unavailable
+from pybatch.errors import PyBatchError, Unavailable
 from pybatch.values.audit import AuditRecordKind
 
 __all__ = [
@@ -24,8 +28,12 @@ __all__ = [
     "audit_chain_head",
     "audit_links_after",
     "link_audit_record",
+    "overdrawn_audit_purge",
+    "try_link_audit_record",
     "unlinked_audit_record",
 ]
+
+logger = logging.getLogger("pybatch.audit")
 
 
 @attrs.frozen
@@ -43,6 +51,10 @@ class AuditLinkCheck:
     record_content_digest: bytes | None
     #: The retention action whose purge deleted the record, if one did.
     purged_by: int | None
+    #: That retention action's action (APPLY_PURGE for a real purge), None without one.
+    purge_action: str | None = None
+    #: The sequence number of that retention action's own link, None without one.
+    purge_seq: int | None = None
 
 
 def link_audit_record(
@@ -50,20 +62,57 @@ def link_audit_record(
 ) -> int:
     """Append the link of a record just written in this transaction; return its sequence number.
 
-    Raises:
-        Unavailable: the record is not visible (a bug: nothing is linked, the head is unchanged
-            once the caller's savepoint rolls back).
+    The database function appends the link and advances the head in one statement; the
+    chain's triggers refuse a link that would not follow the head (migration 0007).
 
-    Statements: audit_chain.sql append_audit_link, set_audit_chain_head.
+    Raises:
+        Unavailable: the record is not visible (a bug: nothing is linked, the head is unchanged).
+        IntegrityViolation: the chain refused the link (it is damaged: `pybatch audit verify`
+            names where); raised by the caller's operation when it maps the driver error.
+
+    Statements: audit_chain.sql append_audit_link.
     """
     row = q.append_audit_link.one(conn, record_kind=kind.value, record_id=record_id)
     if row is None:
         raise Unavailable()
-    seq = decode_int64(row["seq"], column="seq", minimum=1)
-    link = decode_digest(row["link_digest"], column="link_digest")
-    if q.set_audit_chain_head.affected(conn, seq=seq, link_digest=link) != 1:
-        raise Unavailable()
-    return seq
+    decode_digest(row["link_digest"], column="link_digest")
+    return decode_int64(row["seq"], column="seq", minimum=1)
+
+
+def try_link_audit_record(
+    q: Statements, conn: Connection, kind: AuditRecordKind, record_id: int
+) -> int | None:
+    """Link a record like `link_audit_record`, but leave it unlinked if the chain refuses.
+
+    For the writes that must never wait on the chain's health (the automatic recovery of a
+    dead run): the append runs under its own savepoint, so a refusal by the chain's triggers,
+    a collision with a link written around pybatch, or a lock or statement timeout on the head
+    rolls back only the link. The record stays, unlinked, which `pybatch audit verify`
+    reports; an error line names it. Returns the link's sequence number, or None.
+
+    Raises:
+        Unavailable: the connection itself failed.
+
+    Statements: audit_chain.sql append_audit_link.
+    """
+    mapped: PyBatchError | None = None
+    try:
+        with conn.transaction():
+            return link_audit_record(q, conn, kind, record_id)
+    except psycopg.Error as error:
+        if conn.broken:
+            raise
+        mapped = _sqlstate.translate(error)
+    except PyBatchError as error:
+        mapped = error
+    logger.error(
+        "pybatch: the audit chain refused the link of %s %s (%s); the record is kept unlinked, "
+        "and `pybatch audit verify` reports the chain broken until it is repaired",
+        kind.value,
+        record_id,
+        "unknown" if mapped is None else mapped.__class__.__name__,
+    )
+    return None
 
 
 def audit_chain_head(q: Statements, conn: Connection) -> tuple[int, bytes]:
@@ -105,6 +154,10 @@ def audit_links_after(
                 if current is None
                 else decode_digest(current, column="record_content_digest"),
                 purged_by=decode_optional_int64(row["purged_by"], column="purged_by", minimum=1),
+                purge_action=None
+                if row["purge_action"] is None
+                else decode_text(row["purge_action"], column="purge_action"),
+                purge_seq=decode_optional_int64(row["purge_seq"], column="purge_seq", minimum=1),
             )
         )
     return links
@@ -121,4 +174,22 @@ def unlinked_audit_record(q: Statements, conn: Connection) -> tuple[str, int] | 
     return (
         decode_text(row["record_kind"], column="record_kind"),
         decode_int64(row["record_id"], column="record_id", minimum=1),
+    )
+
+
+def overdrawn_audit_purge(q: Statements, conn: Connection) -> tuple[int, str, int, int] | None:
+    """A retention action marking more links of a kind purged than it deleted, or None.
+
+    Returns (retention action id, record kind, links marked, records deleted).
+
+    Statements: audit_chain.sql find_overdrawn_audit_purge.
+    """
+    row = q.find_overdrawn_audit_purge.one(conn)
+    if row is None:
+        return None
+    return (
+        decode_int64(row["retention_action_id"], column="retention_action_id", minimum=1),
+        decode_text(row["record_kind"], column="record_kind"),
+        decode_int64(row["marked"], column="marked", minimum=0),
+        decode_int64(row["deleted"], column="deleted", minimum=0),
     )

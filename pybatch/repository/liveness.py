@@ -1,9 +1,13 @@
 """Liveness of a run: a session advisory lock its owner holds (queries/liveness.sql).
 
 The owner holds the lock on a dedicated autocommit connection for the life of the run;
-PostgreSQL releases it when that session ends, however the process ends. A launcher that
-can take the lock of an unresolved execution knows its owner is gone. These functions run
-outside any unit of work, so they map driver errors themselves.
+PostgreSQL releases it when that session ends, however the process ends. The lock is fast
+evidence only, never the authority (the lease is): a launcher that finds it held while the
+lease is fresh refuses at once instead of waiting for a renewal. Runs of schema version 4
+and later key it by their owner token (OwnerToken.liveness_key), so nobody can take it
+before its owner; the id-keyed lock is only probed for runs started before leases existed.
+Nothing here ever waits for a lock. These functions run outside any unit of work, so they
+map driver errors themselves.
 """
 
 from __future__ import annotations
@@ -16,11 +20,44 @@ from pybatch.values.ids import IdentifierKind, check_identifier
 
 __all__ = [
     "owner_is_gone",
+    "owner_liveness_is_free",
+    "try_lock_owner_liveness",
     "try_lock_job_execution_liveness",
     "try_lock_step_execution_liveness",
     "unlock_step_execution_liveness",
     "worker_is_gone",
 ]
+
+
+def try_lock_owner_liveness(q: Statements, conn: Connection, key: int) -> bool:
+    """Take a run's token-keyed liveness lock on `conn` for the session; False when held.
+
+    Raises:
+        Unavailable: the connection failed (mapped, redacted).
+
+    Statements: liveness.sql try_lock_owner_liveness.
+    """
+    try:
+        return q.try_lock_owner_liveness.scalar(conn, liveness_key=key) is True
+    except psycopg.Error as error:
+        raise _sqlstate.translate(error) from None
+
+
+def owner_liveness_is_free(q: Statements, conn: Connection, key: int) -> bool:
+    """True when no session holds a run's token-keyed liveness lock.
+
+    Raises:
+        Unavailable: the connection failed (mapped, redacted).
+
+    Statements: liveness.sql try_lock_owner_liveness, unlock_owner_liveness.
+    """
+    if not try_lock_owner_liveness(q, conn, key):
+        return False
+    try:
+        q.unlock_owner_liveness.scalar(conn, liveness_key=key)
+    except psycopg.Error as error:
+        raise _sqlstate.translate(error) from None
+    return True
 
 
 def try_lock_job_execution_liveness(q: Statements, conn: Connection, execution_id: int) -> bool:
@@ -39,7 +76,7 @@ def try_lock_job_execution_liveness(q: Statements, conn: Connection, execution_i
 
 
 def owner_is_gone(q: Statements, conn: Connection, execution_id: int) -> bool:
-    """True when no live session holds the execution's liveness lock (its process is gone).
+    """True when no session holds the id-keyed liveness lock of a run started before leases.
 
     Raises:
         Unavailable: the connection failed (mapped, redacted).

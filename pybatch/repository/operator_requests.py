@@ -5,7 +5,7 @@ from __future__ import annotations
 from pybatch._statements import Connection, Statements
 from pybatch.codecs._primitives import decode_int64, returned
 from pybatch.codecs.operator import decode_operator_record, encode_operator_record_draft
-from pybatch.repository.audit_chain import link_audit_record
+from pybatch.repository.audit_chain import link_audit_record, try_link_audit_record
 from pybatch.values.audit import AuditRecordKind
 from pybatch.values.ids import OperatorRequestId
 from pybatch.values.names import OperationId
@@ -28,7 +28,11 @@ def find_operator_request(
 
 
 def append_operator_request(
-    q: Statements, conn: Connection, draft: OperatorRecordDraft
+    q: Statements,
+    conn: Connection,
+    draft: OperatorRecordDraft,
+    *,
+    tolerate_chain_errors: bool = False,
 ) -> OperatorRecord:
     """Append the audit row of a request, in the unit of work of its effect (4.10).
 
@@ -36,14 +40,21 @@ def append_operator_request(
     operator_request_identity_unique; the loser waits for the winner's transaction and fails,
     so the service re-probes instead of applying the effect twice.
 
+    With `tolerate_chain_errors` (the record of an automatic recovery), a damaged audit chain
+    that refuses the link leaves the request recorded but unlinked (try_link_audit_record).
+
     Raises:
         ConcurrentModification: the (action, operation id) is already recorded.
-        IntegrityViolation: any other constraint refused the row (rule 11).
+        IntegrityViolation: any other constraint refused the row (rule 11), or the audit chain
+            refused its link.
 
     Statements: operator_requests.sql insert_operator_request; audit_chain.sql
-    append_audit_link, set_audit_chain_head.
+    append_audit_link.
     """
     row = q.insert_operator_request.one(conn, **encode_operator_record_draft(draft))
     request_id = decode_int64(returned(row)["id"], column="id", minimum=1)
-    link_audit_record(q, conn, AuditRecordKind.OPERATOR_REQUEST, request_id)
+    if tolerate_chain_errors:
+        try_link_audit_record(q, conn, AuditRecordKind.OPERATOR_REQUEST, request_id)
+    else:
+        link_audit_record(q, conn, AuditRecordKind.OPERATOR_REQUEST, request_id)
     return OperatorRecord.from_draft(OperatorRequestId(request_id), draft)

@@ -22,7 +22,7 @@ from pybatch.errors import (
     Unavailable,
 )
 from pybatch.repository import steps
-from pybatch.repository.audit_chain import link_audit_record
+from pybatch.repository.audit_chain import link_audit_record, try_link_audit_record
 from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values.audit import AuditRecordKind
 from pybatch.values.ids import FailureId, IdentifierKind, check_identifier
@@ -49,9 +49,19 @@ __all__ = [
 
 
 def recover_job_execution(
-    q: Statements, conn: Connection, clock: Clock, execution_id: int, request: RecoveryRequest
+    q: Statements,
+    conn: Connection,
+    clock: Clock,
+    execution_id: int,
+    request: RecoveryRequest,
+    *,
+    tolerate_chain_errors: bool = False,
 ) -> RecoveryResult:
     """Mark an unresolved execution FAILED or ABANDONED and record why, atomically (4.9).
+
+    With `tolerate_chain_errors` (automatic recovery), a damaged audit chain that refuses the
+    decision's link leaves the decision recorded but unlinked (try_link_audit_record) instead
+    of refusing the recovery.
 
     Raises:
         JobExecutionNotFound: no such execution.
@@ -60,7 +70,7 @@ def recover_job_execution(
         InvalidTimestampOrder: the clock is behind the execution's start.
 
     Statements: executions.sql lock_job_execution; recovery.sql update_job_execution_recovered,
-    insert_recovery_decision; audit_chain.sql append_audit_link, set_audit_chain_head.
+    insert_recovery_decision; audit_chain.sql append_audit_link.
     """
     check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
     row = q.lock_job_execution.one(conn, job_execution_id=execution_id)
@@ -111,7 +121,10 @@ def recover_job_execution(
     if decision_row is None:  # INSERT ... RETURNING always returns its row
         raise Unavailable()
     decision = decode_recovery_decision(decision_row)
-    link_audit_record(q, conn, AuditRecordKind.RECOVERY_DECISION, decision.id)
+    if tolerate_chain_errors:
+        try_link_audit_record(q, conn, AuditRecordKind.RECOVERY_DECISION, decision.id)
+    else:
+        link_audit_record(q, conn, AuditRecordKind.RECOVERY_DECISION, decision.id)
     recovered = attrs.evolve(
         prior,
         metadata=metadata,
@@ -147,7 +160,8 @@ def recover_orphaned_execution(
 ) -> RecoveryResult:
     """Record FAILED (OWNER_LOST) for an execution whose owner is gone; fail its open steps.
 
-    The caller has proved the owner gone (its liveness lock was free). The evidence digest
+    The caller has proved the owner gone (its lease ran out). A damaged audit chain never
+    blocks it: the decision is then recorded unlinked (see recover_job_execution). The evidence digest
     binds the execution's id, status, durable `updated_at` and version, so a decision about
     one observation can never apply to a later one (rule 10).
 
@@ -184,7 +198,7 @@ def recover_orphaned_execution(
     request = RecoveryRequest.mark_failed(
         orphan.version, "OWNER_LOST", AUTOMATIC_RECOVERY_REFERENCE, evidence, failure
     )
-    return recover_job_execution(q, conn, clock, orphan.id, request)
+    return recover_job_execution(q, conn, clock, orphan.id, request, tolerate_chain_errors=True)
 
 
 def recovery_snapshot(

@@ -137,8 +137,7 @@ def append_retention_action(
     Raises:
         ConcurrentModification: the (action, operation id) is already recorded.
 
-    Statements: retention.sql insert_retention_action; audit_chain.sql append_audit_link,
-    set_audit_chain_head.
+    Statements: retention.sql insert_retention_action; audit_chain.sql append_audit_link.
     """
     counts = draft.counts.as_dict()
     row = q.insert_retention_action.one(

@@ -1,13 +1,16 @@
 """Verify the tamper-evident audit chain (`pybatch audit verify`).
 
-Walks the links in sequence order from the head read at the start, in pages, and reports
-the first broken link: a gap (a link deleted), a link that does not follow its predecessor
-(reordered or rewritten), a link whose digest does not match its fields, a record whose
-content changed or that was deleted without a purge recording it, a chain that ends before
-its head (links truncated), and finally any audit record that has no link at all.
+Walks every link in sequence order, in pages, past the head too, and reports the first
+broken link: a gap (a link deleted), a link past the head (written around the chain, or the
+head rewound), a link that does not follow its predecessor (reordered or rewritten), a link
+whose digest does not match its fields, a record whose content changed or that was deleted
+without a real purge accounting for it (the purge mark must name an APPLY_PURGE retention
+action recorded after the link), and a chain that ends before its head (links truncated).
+Then: a retention action that marks more links purged than its purge deleted records, and
+any audit record that has no link at all.
 
-Statements: audit_chain.sql read_audit_chain_head, list_audit_links, find_unlinked_audit_record
-(through pybatch/repository/audit_chain.py).
+Statements: audit_chain.sql read_audit_chain_head, list_audit_links, find_overdrawn_audit_purge,
+find_unlinked_audit_record (through pybatch/repository/audit_chain.py).
 """
 
 from __future__ import annotations
@@ -33,49 +36,44 @@ def verify_audit_chain(
     page: int = PAGE,
     progress: Callable[[int, int], None] | None = None,
 ) -> AuditVerification:
-    """Walk the chain and name the first broken link (read-only)."""
+    """Walk the whole chain, past the head too, and name the first broken link (read-only)."""
     q = repository.statements
-    with repository.read_transaction() as conn:
-        head_seq, head_digest = audit_chain.audit_chain_head(q, conn)
-    previous, seq = GENESIS_DIGEST, 0
-    while seq < head_seq:
+
+    def head() -> tuple[int, bytes]:
         with repository.read_transaction() as conn:
-            links = audit_chain.audit_links_after(q, conn, seq, page)
+            return audit_chain.audit_chain_head(q, conn)
+
+    def links_after(seq: int) -> list[audit_chain.AuditLinkCheck]:
+        with repository.read_transaction() as conn:
+            return audit_chain.audit_links_after(q, conn, seq, page)
+
+    head_seq, head_digest = head()
+    previous, seq = GENESIS_DIGEST, 0
+    while True:
+        links = links_after(seq)
+        if not links and seq < head_seq:
+            # The head read at the start may have been behind links appended since; the
+            # head is read again before the chain is called short.
+            head_seq, head_digest = head()
+            links = links_after(seq)
         if not links:
             break
         for link in links:
             number = link.seq
             if number > head_seq:
-                break
+                # A link and the head advance together; re-read the head before calling
+                # this link one written around the chain.
+                head_seq, head_digest = head()
             if number != seq + 1:
                 return AuditVerification(
                     links=seq, broken_at=seq + 1, reason="the link is missing (deleted)"
                 )
-            kind, record_id = link.record_kind, link.record_id
-            if link.previous_digest != previous:
-                return AuditVerification(
-                    links=seq,
-                    broken_at=number,
-                    reason="it does not follow the previous link (reordered or rewritten)",
-                )
-            if link.link_digest != link.expected_link_digest:
-                return AuditVerification(
-                    links=seq, broken_at=number, reason="its digest does not match its fields"
-                )
-            current = link.record_content_digest
-            if current is None and link.purged_by is None:
-                return AuditVerification(
-                    links=seq,
-                    broken_at=number,
-                    reason=f"{kind} {record_id} was deleted, and no purge recorded it",
-                )
-            if current is not None and current != link.content_digest:
-                return AuditVerification(
-                    links=seq, broken_at=number, reason=f"{kind} {record_id} was changed"
-                )
+            broken = _broken_link(link, previous, head_seq)
+            if broken is not None:
+                return AuditVerification(links=seq, broken_at=number, reason=broken)
             previous, seq = link.link_digest, number
         if progress is not None:
-            progress(seq, head_seq)
+            progress(seq, max(seq, head_seq))
     if seq != head_seq or previous != head_digest:
         return AuditVerification(
             links=seq,
@@ -84,9 +82,51 @@ def verify_audit_chain(
             "(links removed or the head rewritten)",
         )
     with repository.read_transaction() as conn:
+        overdrawn = audit_chain.overdrawn_audit_purge(q, conn)
         unlinked = audit_chain.unlinked_audit_record(q, conn)
+    if overdrawn is not None:
+        action, kind, marked, deleted = overdrawn
+        return AuditVerification(
+            links=seq,
+            reason=f"RETENTION_ACTION {action} marks {marked} {kind} links purged but its "
+            f"purge deleted {deleted} (purge marks forged)",
+        )
     if unlinked is not None:
         return AuditVerification(
-            links=seq, reason=f"{unlinked[0]} {unlinked[1]} has no link (written outside pybatch)"
+            links=seq,
+            reason=f"{unlinked[0]} {unlinked[1]} has no link (written outside pybatch, or "
+            "recovered while the chain refused links)",
         )
     return AuditVerification(links=seq)
+
+
+def _broken_link(link: audit_chain.AuditLinkCheck, previous: bytes, head_seq: int) -> str | None:
+    """Why `link`, read right after the link whose digest is `previous`, breaks the chain."""
+    number, kind, record_id = link.seq, link.record_kind, link.record_id
+    if number > head_seq:
+        return (
+            f"it lies past the head (link {head_seq}): written around the chain, "
+            "or the head was rewound"
+        )
+    if link.previous_digest != previous:
+        return "it does not follow the previous link (reordered or rewritten)"
+    if link.link_digest != link.expected_link_digest:
+        return "its digest does not match its fields"
+    current = link.record_content_digest
+    if link.purged_by is not None:
+        purge = f"RETENTION_ACTION {link.purged_by}"
+        if current is not None:
+            return f"{kind} {record_id} is marked purged by {purge} but still exists"
+        if link.purge_action != "APPLY_PURGE":
+            return f"{kind} {record_id} was deleted, and its purge mark names {purge}, no purge"
+        if link.purge_seq is None or link.purge_seq <= number:
+            return (
+                f"{kind} {record_id} was deleted, and its purge mark names {purge}, "
+                "which was not recorded after it"
+            )
+        return None
+    if current is None:
+        return f"{kind} {record_id} was deleted, and no purge recorded it"
+    if current != link.content_digest:
+        return f"{kind} {record_id} was changed"
+    return None

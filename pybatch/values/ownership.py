@@ -8,6 +8,7 @@ only when its lease ran out on the database clock (docs/etl-guide.md, "Liveness"
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import secrets
 
 import attrs
@@ -37,6 +38,20 @@ class OwnerToken:
 
     def __repr__(self) -> str:
         return f"OwnerToken({self.value[:4].hex()}…)"
+
+    def liveness_key(self, execution_id: int) -> int:
+        """The advisory-lock key of this owner's liveness session for `execution_id`.
+
+        Derived from the token (a keyed hash, signed 64-bit), so nobody who does not know
+        the token can predict it and take it before the owner does; unlike a key derived
+        from the execution id alone, it cannot be held in advance to make launches fail.
+        """
+        digest = hashlib.sha256(
+            b"pybatch.job_execution.liveness\x00"
+            + self.value
+            + execution_id.to_bytes(8, "big", signed=True)
+        ).digest()
+        return int.from_bytes(digest[:8], "big", signed=True)
 
 
 MIN_LEASE = _dt.timedelta(seconds=1)
