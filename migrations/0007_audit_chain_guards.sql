@@ -159,21 +159,13 @@ DECLARE
     link_kind TEXT;
     link_record BIGINT;
     purge_action TEXT;
-    deleted BIGINT;
-    marked BIGINT;
 BEGIN
     SELECT c.record_kind, c.record_id INTO link_kind, link_record
     FROM pybatch.audit_chain AS c
     WHERE c.seq = NEW.seq;
-    -- Serializes the marks of one retention action, so their count below is exact.
-    SELECT
-        r.action,
-        CASE link_kind
-            WHEN 'OPERATOR_REQUEST' THEN r.deleted_operator_requests
-            WHEN 'RECOVERY_DECISION' THEN r.deleted_recovery_decisions
-            ELSE 0
-        END
-    INTO purge_action, deleted
+    -- The row lock serializes the marks of one retention action, so the count that
+    -- audit_chain_check_purge_counts makes after each statement is exact.
+    SELECT r.action INTO purge_action
     FROM pybatch.retention_action AS r
     WHERE r.id = NEW.retention_action_id
     FOR NO KEY UPDATE;
@@ -193,22 +185,52 @@ BEGIN
             CONSTRAINT = 'audit_chain_purge_record_gone',
             MESSAGE = 'a purge mark may only excuse a record that is gone';
     END IF;
-    SELECT COUNT(*) INTO marked
-    FROM pybatch.audit_chain_purge AS p
-    INNER JOIN pybatch.audit_chain AS c ON p.seq = c.seq
-    WHERE p.retention_action_id = NEW.retention_action_id AND c.record_kind = link_kind;
-    IF marked + 1 > deleted THEN
-        RAISE EXCEPTION USING
-            ERRCODE = 'check_violation',
-            CONSTRAINT = 'audit_chain_purge_within_purge_counts',
-            MESSAGE = 'a purge mark must be covered by the records its purge deleted';
-    END IF;
     RETURN NEW;
 END;
 $$;
 
 COMMENT ON FUNCTION pybatch.audit_chain_guard_purge() IS
-'Refuses a purge mark that no purge''s deletions account for.';
+'Refuses a purge mark that names no purge, or excuses a record that still exists.';
+
+-- Once per statement, over the retention actions it marked: no action marks more links of a
+-- kind than its purge deleted records of that kind (one pass, whatever the batch size).
+CREATE FUNCTION pybatch.audit_chain_check_purge_counts()
+RETURNS TRIGGER
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF EXISTS (
+        SELECT 1
+        FROM (SELECT DISTINCT m.retention_action_id FROM added_marks AS m) AS a
+        INNER JOIN pybatch.retention_action AS r ON a.retention_action_id = r.id
+        CROSS JOIN LATERAL (
+            SELECT
+                c.record_kind,
+                COUNT(*) AS marked
+            FROM pybatch.audit_chain_purge AS p
+            INNER JOIN pybatch.audit_chain AS c ON p.seq = c.seq
+            WHERE p.retention_action_id = a.retention_action_id
+            GROUP BY c.record_kind
+        ) AS k
+        WHERE k.marked > CASE k.record_kind
+            WHEN 'OPERATOR_REQUEST' THEN r.deleted_operator_requests
+            WHEN 'RECOVERY_DECISION' THEN r.deleted_recovery_decisions
+            ELSE 0
+        END
+    ) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'check_violation',
+            CONSTRAINT = 'audit_chain_purge_within_purge_counts',
+            MESSAGE = 'a purge mark must be covered by the records its purge deleted';
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+COMMENT ON FUNCTION pybatch.audit_chain_check_purge_counts() IS
+'Refuses purge marks beyond the records their purge deleted.';
 
 CREATE FUNCTION pybatch.append_audit_link(link_record_kind TEXT, link_record_id BIGINT)
 RETURNS TABLE (seq BIGINT, link_digest BYTEA)
@@ -285,6 +307,11 @@ FOR EACH STATEMENT EXECUTE FUNCTION pybatch.audit_chain_refuse_change();
 CREATE TRIGGER audit_chain_purge_guard
 BEFORE INSERT ON pybatch.audit_chain_purge
 FOR EACH ROW EXECUTE FUNCTION pybatch.audit_chain_guard_purge();
+
+CREATE TRIGGER audit_chain_purge_counts
+AFTER INSERT ON pybatch.audit_chain_purge
+REFERENCING NEW TABLE AS added_marks
+FOR EACH STATEMENT EXECUTE FUNCTION pybatch.audit_chain_check_purge_counts();
 
 CREATE TRIGGER audit_chain_purge_insert_only
 BEFORE UPDATE OR DELETE ON pybatch.audit_chain_purge

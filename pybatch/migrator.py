@@ -278,8 +278,8 @@ def migrate(config: ConnectionConfig, *, dry_run: bool = False) -> list[Migratio
     installed version, so concurrent migrators serialize and the later ones find nothing
     pending. No lock that another role could hold is ever waited on: a first install
     takes none, and one that collides with a concurrent first install rolls back and
-    looks again (then under the history lock). A newer schema or an applied file whose checksum changed is refused before
-    anything runs.
+    looks again (then under the history lock). A newer schema or an applied file whose
+    checksum changed is refused before anything runs.
     """
     shipped = shipped_migrations()
 

@@ -20,7 +20,7 @@ from pybatch.codecs._primitives import (
     decode_optional_int64,
     decode_text,
 )
-from pybatch.errors import PyBatchError, Unavailable
+from pybatch.errors import PyBatchError, RetryableConflict, Unavailable
 from pybatch.values.audit import AuditRecordKind
 
 __all__ = [
@@ -92,6 +92,7 @@ def try_link_audit_record(
 
     Raises:
         Unavailable: the connection itself failed.
+        RetryableConflict: a deadlock or serialization failure (the unit of work retries).
 
     Statements: audit_chain.sql append_audit_link.
     """
@@ -105,6 +106,8 @@ def try_link_audit_record(
         mapped = _sqlstate.translate(error)
     except PyBatchError as error:
         mapped = error
+    if isinstance(mapped, RetryableConflict):
+        raise mapped  # a deadlock or serialization failure: the unit of work runs again
     logger.error(
         "pybatch: the audit chain refused the link of %s %s (%s); the record is kept unlinked, "
         "and `pybatch audit verify` reports the chain broken until it is repaired",

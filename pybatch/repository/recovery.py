@@ -161,9 +161,9 @@ def recover_orphaned_execution(
     """Record FAILED (OWNER_LOST) for an execution whose owner is gone; fail its open steps.
 
     The caller has proved the owner gone (its lease ran out). A damaged audit chain never
-    blocks it: the decision is then recorded unlinked (see recover_job_execution). The evidence digest
-    binds the execution's id, status, durable `updated_at` and version, so a decision about
-    one observation can never apply to a later one (rule 10).
+    blocks it: the decision is then recorded unlinked (see recover_job_execution). The
+    evidence digest binds the execution's id, status, durable `updated_at` and version, so a
+    decision about one observation can never apply to a later one (rule 10).
 
     Raises:
         JobExecutionNotFound: no such execution.

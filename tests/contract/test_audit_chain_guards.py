@@ -242,10 +242,10 @@ def test_the_retention_role_cannot_excuse_a_deletion_without_a_purge(
             "DELETE FROM pybatch.audit_chain_purge",
             "UPDATE pybatch.audit_chain_purge SET retention_action_id = retention_action_id",
         ):
-            with pytest.raises(psycopg.Error) as failure, retention.transaction():
+            with pytest.raises(psycopg.Error) as changed, retention.transaction():
                 retention.execute(statement)
             assert isinstance(
-                failure.value, psycopg.errors.CheckViolation | psycopg.errors.InsufficientPrivilege
+                changed.value, psycopg.errors.CheckViolation | psycopg.errors.InsufficientPrivilege
             )
         # The deletion alone is possible for this role, and verify names it.
         retention.execute("DELETE FROM pybatch.operator_request WHERE id = %s", (victim,))

@@ -14,6 +14,8 @@ Format, one fact per line, domains first, then grouped per table (both in name o
           [identity <always|by default>] [default <expression>]
       constraint <name> <kind> <pg_get_constraintdef>
       index <name> <pg_get_indexdef>
+      trigger <name> <pg_get_triggerdef>
+    function <name>(<arguments>) returns <result> security <definer|invoker> body md5 <md5>
 
 Columns are in their ordinal position; constraints and indexes are sorted by name. NOT NULL
 constraints (catalogued in ``pg_constraint`` from PostgreSQL 18 on) are left out, because the
@@ -130,11 +132,33 @@ WHERE n.nspname = %(schema)s
 ORDER BY t.relname COLLATE "C", i.relname COLLATE "C"
 """
 
+_TRIGGERS_SQL = """
+SELECT c.relname, g.tgname, pg_catalog.pg_get_triggerdef(g.oid) AS definition
+FROM pg_catalog.pg_trigger AS g
+INNER JOIN pg_catalog.pg_class AS c ON g.tgrelid = c.oid
+INNER JOIN pg_catalog.pg_namespace AS n ON c.relnamespace = n.oid
+WHERE n.nspname = %(schema)s AND NOT g.tgisinternal
+ORDER BY c.relname COLLATE "C", g.tgname COLLATE "C"
+"""
+
+_FUNCTIONS_SQL = """
+SELECT
+    p.proname,
+    pg_catalog.pg_get_function_identity_arguments(p.oid) AS arguments,
+    pg_catalog.pg_get_function_result(p.oid) AS result,
+    p.prosecdef,
+    pg_catalog.md5(p.prosrc) AS body_md5
+FROM pg_catalog.pg_proc AS p
+INNER JOIN pg_catalog.pg_namespace AS n ON p.pronamespace = n.oid
+WHERE n.nspname = %(schema)s
+ORDER BY p.proname COLLATE "C", 2
+"""
+
 _IDENTITY = {"a": "always", "d": "by default"}
 
 
 def describe_catalogue(conn: psycopg.Connection, schema: str = SCHEMA) -> str:
-    """Describe the domains, tables, columns, constraints and indexes of ``schema`` as text.
+    """Describe the domains, tables, columns, constraints, indexes, triggers and functions.
 
     Reads only the system catalogues, so it works in any transaction state that allows a
     query; it neither commits nor rolls back.
@@ -175,12 +199,22 @@ def describe_catalogue(conn: psycopg.Connection, schema: str = SCHEMA) -> str:
             )
         for table, name, definition in cur.execute(_INDEXES_SQL, params).fetchall():
             tables[table].append(f"  index {name} {definition}")
+        for table, name, definition in cur.execute(_TRIGGERS_SQL, params).fetchall():
+            tables[table].append(f"  trigger {name} {definition}")
+        functions = [
+            f"function {name}({arguments}) returns {result}"
+            f" {'security definer' if definer else 'security invoker'} body md5 {body}"
+            for name, arguments, result, definer, body in cur.execute(
+                _FUNCTIONS_SQL, params
+            ).fetchall()
+        ]
     lines: list[str] = []
     for domain in sorted(domains, key=lambda d: d.encode("utf-8")):
         lines.extend(domains[domain])
     for table in sorted(tables, key=lambda t: t.encode("utf-8")):
         lines.append(f"table {table}")
         lines.extend(tables[table])
+    lines.extend(functions)
     return "\n".join(lines) + "\n"
 
 
