@@ -162,9 +162,12 @@ READERS: dict[str, tuple[str, ...]] = {
         "link_digest",
         "record_content_digest",
         "purged_by",
+        "purge_action",
+        "purge_seq",
         "expected_link_digest",
     ),
     "find_unlinked_audit_record": ("record_kind", "record_id"),
+    "find_overdrawn_audit_purge": ("retention_action_id", "record_kind", "marked", "deleted"),
     "read_instance_hold": ("id", "hold_actor", "hold_reason", "hold_placed_at"),
     "lock_instance_hold": ("id", "hold_actor", "hold_reason", "hold_placed_at"),
     "find_retention_action": (
