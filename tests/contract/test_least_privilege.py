@@ -112,6 +112,11 @@ def test_the_runtime_role_runs_everything_and_rewrites_nothing(
             "UPDATE pybatch.retention_action SET reason_code = 'X'",
             "UPDATE pybatch.audit_chain SET record_id = 1",
             "DELETE FROM pybatch.audit_chain",
+            # Appends go through pybatch.append_audit_link: the head is not the role's to
+            # move, nor to lock against every other audited write.
+            "UPDATE pybatch.audit_chain_head SET seq = 1",
+            "SELECT seq FROM pybatch.audit_chain_head FOR UPDATE",
+            "INSERT INTO pybatch.audit_chain SELECT * FROM pybatch.audit_chain WHERE false",
             "DELETE FROM pybatch.job_execution",
             "LOCK TABLE pybatch.schema_migration IN EXCLUSIVE MODE",
             "SELECT * FROM pybatch.schema_migration",
