@@ -407,3 +407,36 @@ def test_purges_keep_marking_their_deletions_as_the_retention_role(
         result = verify_audit_chain(repository)
     assert result.intact and result.links == 5
     assert admin.execute("SELECT count(*) FROM pybatch.audit_chain_purge").fetchone() == (4,)
+
+
+def test_a_stuck_lock_on_the_head_never_blocks_the_recovery_of_a_dead_run(
+    admin: psycopg.Connection[Any],
+    runtime_dsn: str,
+    db_dsn: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A transaction of the owner sits on the head's row lock; the dead run is recovered."""
+    config = plaintext_config(
+        runtime_dsn, pool_size=4, lock_timeout=datetime.timedelta(milliseconds=300)
+    )
+    with JobRepository.connect(config) as repository:
+        job = Job(repository, "load_orders", DAY, lease=SHORT_LEASE)
+        dead = job.launch()
+        dead._release_liveness()
+        wait_for_lease_expiry(admin, dead.execution.id)
+        with psycopg.connect(db_dsn) as stuck:
+            stuck.execute("SELECT seq FROM pybatch.audit_chain_head FOR UPDATE")
+            with caplog.at_level(logging.ERROR, logger="pybatch.audit"):
+                with job.launch() as second:
+                    assert second.attempt == 2
+            stuck.rollback()
+        verification = verify_audit_chain(repository)
+    [(status,)] = admin.execute(
+        "SELECT status FROM pybatch.job_execution WHERE id = %s", (dead.execution.id,)
+    ).fetchall()
+    assert status == "FAILED"
+    logged = [r.getMessage() for r in caplog.records if r.name == "pybatch.audit"]
+    assert len(logged) == 2 and all("Unavailable" in line for line in logged), logged
+    # The chain itself is whole; the two records are reported as unlinked.
+    assert verification.broken_at is None
+    assert verification.reason is not None and "has no link" in verification.reason
