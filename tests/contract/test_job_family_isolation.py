@@ -338,6 +338,6 @@ def test_operators_and_retention_act_on_every_family_with_isolation_on(
     with JobRepository.connect(plaintext_config(isolated.retention, pool_size=2)) as retention:
         service = RetentionService(retention)
         plan = service.plan(request)
-        outcome = service.apply(OperationId("p-1"), OPS, ReasonCode("RETENTION"), plan)
-        assert outcome.counts.job_executions == 1
+        purged = service.apply(OperationId("p-1"), OPS, ReasonCode("RETENTION"), plan)
+        assert purged.counts.job_executions == 1
         assert verify_audit_chain(retention).intact

@@ -31,8 +31,8 @@ S = BatchStatus
 ROWS = 10
 CHUNK = 5
 PARAMS = {"run": "upgrade"}
-#: The last schema version without worker leases (the migration after it adds them).
-BEFORE = migrator.supported_schema_version() - 1
+#: The last schema version without worker leases (migration 0005 adds them).
+BEFORE = 4
 LEASE = ExecutionLease()
 
 
@@ -116,7 +116,9 @@ def test_upgrade_under_a_running_partitioned_step_keeps_live_workers_and_complet
                 (alive,),
             )
             applied = migrator.migrate(config)
-            assert [m.version for m in applied] == [BEFORE + 1]
+            assert [m.version for m in applied] == list(
+                range(BEFORE + 1, migrator.supported_schema_version() + 1)
+            )
             with psycopg.connect(blank_database) as conn:
                 leases = conn.execute(
                     "SELECT partition_key, status, worker_owner_token, worker_lease_expires_at"
