@@ -268,6 +268,25 @@ def test_isolation_refuses_every_forged_write_on_another_family(
                     mallory.transaction(),
                 ):
                     mallory.execute(statement, params)
+            # Nor switch isolation off, widen its own family or read past the policies.
+            for statement in (
+                "ALTER TABLE pybatch.job_execution DISABLE ROW LEVEL SECURITY",
+                "DROP POLICY job_execution_job_family ON pybatch.job_execution",
+                "INSERT INTO pybatch.job_family_grant VALUES ('pybatch_orders', '')",
+                "UPDATE pybatch.job_family_grant SET job_name_prefix = ''",
+            ):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege), mallory.transaction():
+                    mallory.execute(statement)
+            with pytest.raises(psycopg.errors.InsufficientPrivilege), mallory.transaction():
+                mallory.execute("SET LOCAL row_security = off")
+                mallory.execute("SELECT id FROM pybatch.job_execution")
+        # pybatch's operator commands, run as the orders role, do not reach billing's run.
+        with JobRepository.connect(plaintext_config(isolated.orders, pool_size=2)) as repository:
+            outcome = OperatorService(repository).stop(
+                OperationId("stop-x"), OPS, victim.live_execution
+            )
+            assert outcome.rejection is not None
+            assert outcome.rejection.code.value == "EXECUTION_NOT_FOUND"
         assert execution_row(admin, victim.live_execution) == before["live"]
         assert execution_row(admin, victim.failed_execution) == before["failed"]
         checkpoint = admin.execute(
