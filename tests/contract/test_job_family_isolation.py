@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from pybatch import JobRepository
-from pybatch.errors import PermissionDenied
+from pybatch.errors import JobInstanceNotFound, PermissionDenied
 from pybatch.etl import Job, PartitionRun, StepRun
 from pybatch.explorer import JobExplorer
 from pybatch.services.audit import verify_audit_chain
@@ -287,6 +287,19 @@ def test_isolation_refuses_every_forged_write_on_another_family(
             )
             assert outcome.rejection is not None
             assert outcome.rejection.code.value == "EXECUTION_NOT_FOUND"
+            instance = admin.execute(
+                "SELECT job_instance_id FROM pybatch.job_execution WHERE id = %s",
+                (victim.live_execution,),
+            ).fetchone()
+            assert instance is not None
+            with pytest.raises(JobInstanceNotFound):
+                RetentionService(repository).hold(
+                    OperationId("hold-x"), OPS, instance[0], ReasonCode("LEGAL")
+                )
+            holds = admin.execute(
+                "SELECT hold_actor FROM pybatch.job_instance WHERE id = %s", (instance[0],)
+            ).fetchone()
+            assert holds == (None,)
         assert execution_row(admin, victim.live_execution) == before["live"]
         assert execution_row(admin, victim.failed_execution) == before["failed"]
         checkpoint = admin.execute(
@@ -343,6 +356,11 @@ def test_a_family_role_runs_its_own_jobs_with_isolation_on(
         wait_for_lease_expiry(admin, stopping.execution.id)
         with Job(repository, "orders.stop_me", DAY).launch() as second:
             assert second.attempt == 2
+        # A retention hold on its own instance, and its release.
+        retention = RetentionService(repository)
+        held = retention.hold(OperationId("hold-1"), OPS, run.instance.id, ReasonCode("LEGAL"))
+        assert held.outcome == "APPLIED"
+        retention.release(OperationId("rel-1"), OPS, run.instance.id, ReasonCode("RELEASED"))
         # The explorer lists the family's jobs only.
         names = [item.job_name for item in JobExplorer(repository).job_names().items]
         assert [str(name) for name in names] == ["orders.load", "orders.stop_me"]
