@@ -1,7 +1,7 @@
 """Chunk throughput: pybatch chunks against a hand-written psycopg loop doing the same work.
 
     python -m bench.chunks [--dsn DSN] [--rows 200000] [--repeat 3] [--variant "100 copy" ...]
-                           [--pin]
+                           [--pin] [--isolation]
 
 The reference workload loads `--rows` rows in chunks of 100 and of 1000, with the business
 writes done by `executemany` (one INSERT per row, pipelined) and by `COPY ... FROM STDIN`.
@@ -60,6 +60,7 @@ from psycopg.types.json import Jsonb
 
 import pybatch.chunks as chunks_module
 from bench._server import ADMIN_APPLICATION, admin_connect, postgres_server, scratch_database
+from bench.isolation import isolate
 from pybatch import ConnectionConfig, JobRepository, TlsMode, migrate
 from pybatch._statements import _positional_form, load_statements
 from pybatch._transaction import Lease
@@ -85,6 +86,9 @@ __all__ = [
 ]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+#: With --isolation: the family role pybatch's side runs as, and its job name prefix.
+ISOLATION_ROLE = "pybatch_bench"
+ISOLATION_PREFIX = "bench_"
 #: application_name of the hand-written baseline's connection.
 BASELINE_APPLICATION = "pybatch-bench-baseline"
 #: application_name of the replay's connection (pybatch's statements without pybatch).
@@ -893,9 +897,19 @@ def phase_pass(
 
 
 def measure(
-    dsn: str, rows: int, repeat: int, cpu: ServerCpu, variants: Sequence[Variant] = VARIANTS
+    dsn: str,
+    rows: int,
+    repeat: int,
+    cpu: ServerCpu,
+    variants: Sequence[Variant] = VARIANTS,
+    *,
+    isolation: bool = False,
 ) -> list[Cell]:
-    """Trace, run each of `variants` `repeat` times, then split into phases; return the cells."""
+    """Trace, run each of `variants` `repeat` times, then split into phases; return the cells.
+
+    With `isolation`, pybatch's side runs as a family role of docs/dba.md with isolation
+    enabled (row-level security on the job tables); the baseline and the replay do not.
+    """
     with admin_connect(dsn) as conn:
         for statement in TABLES_SQL:
             conn.execute(statement)
@@ -903,10 +917,15 @@ def measure(
     with admin_connect(dsn) as conn:
         for statement in REPLAY_TABLES_SQL:
             conn.execute(statement)
+    pybatch_dsn = dsn
+    if isolation:
+        pybatch_dsn = isolate(dsn, ISOLATION_ROLE, ISOLATION_PREFIX)
+        with admin_connect(dsn) as conn:
+            conn.execute(f"GRANT SELECT, INSERT ON bench_item_pybatch TO {ISOLATION_ROLE}")
     data = make_rows(rows)
     cells = [Cell(variant, rows) for variant in variants]
     with (
-        pybatch_repository(dsn) as repository,
+        pybatch_repository(pybatch_dsn) as repository,
         psycopg.connect(dsn, application_name=BASELINE_APPLICATION) as baseline,
         psycopg.connect(dsn, application_name=REPLAY_APPLICATION) as replay,
     ):
@@ -1055,6 +1074,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="embedded server on the last CPU, this process on the others (a diagnostic)",
     )
+    parser.add_argument(
+        "--isolation",
+        action="store_true",
+        help="pybatch's side runs as a job family role with isolation enabled (docs/dba.md);"
+        " compare with a run without it",
+    )
     args = parser.parse_args(argv)
     if args.pin and args.dsn:
         parser.error("--pin applies to the embedded server only")
@@ -1068,13 +1093,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         machine = machine_info(dsn)
         print_machine(machine)
         print(f"workload: {args.rows:,} rows per run, {args.repeat} runs per variant and side")
+        print(
+            "isolation: "
+            + (
+                f"on (pybatch runs as {ISOLATION_ROLE}, row-level security)"
+                if args.isolation
+                else "off"
+            )
+        )
+        machine["isolation"] = args.isolation
         cpu = ServerCpu(dsn, local=args.dsn is None)
-        cells = measure(dsn, args.rows, args.repeat, cpu, variants)
+        cells = measure(dsn, args.rows, args.repeat, cpu, variants, isolation=args.isolation)
     machine["load_average_at_end"] = list(os.getloadavg())
     print()
     print(tables(cells))
     path = write_results(
-        "chunks",
+        "chunks-isolation" if args.isolation else "chunks",
         {
             "benchmark": "chunks",
             "machine": machine,

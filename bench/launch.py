@@ -7,7 +7,7 @@ fast as a new one. This program measures both in one run and prints the ratio of
 medians (target at most 1.2), the statements per cycle, the plan of every statement,
 and the scan counters that show which tables were read by index.
 
-    python -m bench.launch [--dsn DSN] [--history 100000] [--launches 300]
+    python -m bench.launch [--dsn DSN] [--history 100000] [--launches 300] [--isolation]
 
 Method (docs/benchmarks.md, "Launch and completion latency"):
 
@@ -62,6 +62,7 @@ from bench._server import (
     scratch_database,
     wait_for_sessions,
 )
+from bench.isolation import isolate
 from pybatch import ConnectionConfig, JobRepository, TlsMode, UnitOfWork, migrate
 from pybatch._statements import Mode, Statement
 from pybatch.errors import CompletedInstance
@@ -76,6 +77,9 @@ STEP = StepName("work")
 #: Launch keys use `run` values from here on; the loaded history uses 1..--history.
 LAUNCH_KEY_BASE = 10**12
 TARGET_RATIO = 1.2
+#: With --isolation: the family role the measured cycles run as, and its job name prefix.
+ISOLATION_ROLE = "pybatch_bench"
+ISOLATION_PREFIX = "bench_"
 #: Untimed cycles per phase whose protocol messages libpq traces.
 TRACED_CYCLES = 10
 HISTORY_TABLES = ("job_instance", "job_execution", "step_execution")
@@ -612,6 +616,8 @@ class Phase:
     name: str
     dsn: str
     loaded: int
+    #: Where the measured repository connects: `dsn`, or a family role's with --isolation.
+    pybatch_dsn: str = ""
     repository: JobRepository | None = None
     next_run: int = LAUNCH_KEY_BASE
     executions_before: int = 0
@@ -854,6 +860,15 @@ def report(
         )
     )
     out.append(f"- command: {machine['command']}")
+    out.append(
+        "- isolation: "
+        + (
+            f"on: the measured cycles run as {ISOLATION_ROLE}, a job family role of"
+            " docs/dba.md, with row-level security enabled"
+            if machine.get("isolation")
+            else "off (the default: migration 0008's policies are not enabled)"
+        )
+    )
     out.append(
         f"- method: {args.warmup} warm-up cycles per phase, then {args.launches} measured cycles"
         f" per phase in {args.rounds} rounds, alternating the databases cycle by cycle (ABBA);"
@@ -1113,6 +1128,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=True,
         help="embedded server only: fsync on (default, what production pays) or off",
     )
+    parser.add_argument(
+        "--isolation",
+        action="store_true",
+        help="run the measured cycles as a job family role with isolation enabled"
+        " (docs/dba.md, row-level security); compare with a run without it",
+    )
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="JSON results file")
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
@@ -1154,10 +1175,17 @@ def progress(message: str) -> None:
     print(f"[bench.launch] {message}", file=sys.stderr, flush=True)
 
 
-def prepare_phase(phase: Phase, history: int) -> float:
-    """Migrate, prime, load (history phase), VACUUM ANALYZE; returns the load seconds."""
+def prepare_phase(phase: Phase, history: int, *, isolation: bool = False) -> float:
+    """Migrate, prime, load (history phase), VACUUM ANALYZE; returns the load seconds.
+
+    With `isolation`, docs/dba.md's isolation is enabled and the measured cycles run as a
+    job family role whose prefix covers the benchmark's job name.
+    """
     config = config_for(phase.dsn)
     migrate(config)
+    phase.pybatch_dsn = (
+        isolate(phase.dsn, ISOLATION_ROLE, ISOLATION_PREFIX) if isolation else phase.dsn
+    )
     with JobRepository.connect(config) as repository:
         # The first launch of a job name also registers its legacy definition (one more
         # statement): do it before loading, so the history can reference the definition.
@@ -1186,8 +1214,11 @@ def measure(
         empty = Phase("empty", empty_dsn, 0)
         history = Phase("history", history_dsn, args.history)
         phases = (empty, history)
-        prepare_phase(empty, 0)
-        machine["history_load_seconds"] = prepare_phase(history, args.history)
+        prepare_phase(empty, 0, isolation=args.isolation)
+        machine["history_load_seconds"] = prepare_phase(
+            history, args.history, isolation=args.isolation
+        )
+        machine["isolation"] = args.isolation
         inspect = enable_walinspect(history.dsn)
         machine["checkpoint_before_measuring"] = checkpoint(server_dsn)
         wal = repositories.enter_context(admin_connect(server_dsn))
@@ -1196,7 +1227,7 @@ def measure(
             wait_for_sessions(phase.dsn)
             phase.counters_before = table_counters(phase.dsn)
             phase.repository = repositories.enter_context(
-                JobRepository.connect(config_for(phase.dsn))
+                JobRepository.connect(config_for(phase.pybatch_dsn))
             )
             if server_is_local:
                 phase.server_pid = pool_connection(phase.repository).info.backend_pid
@@ -1241,7 +1272,9 @@ def measure(
         for phase in phases:
             wait_for_sessions(phase.dsn)
             phase.counters_after = table_counters(phase.dsn)
-            phase.plans = explain(phase.dsn, phase.calls)
+            # As the role the cycles ran as: with --isolation the plans include the policies'
+            # subplans, so the sequential-scan check below covers them too.
+            phase.plans = explain(phase.pybatch_dsn or phase.dsn, phase.calls)
             if images is not None:
                 database, files = relation_files(phase.dsn)
                 phase.full_page_images = {

@@ -31,7 +31,7 @@ S = BatchStatus
 ROWS = 10
 CHUNK = 5
 PARAMS = {"run": "upgrade"}
-#: The last schema version without worker leases (the migration after it adds them).
+#: The last schema version without worker leases (migration 0005 adds them).
 BEFORE = 4
 LEASE = ExecutionLease()
 
