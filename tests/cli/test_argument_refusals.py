@@ -1,0 +1,91 @@
+"""Arguments pybatch cannot read are one redacted line with exit code 2, never a traceback.
+
+Run as the installed `pybatch` console script against the test database: a duration too
+large for `timedelta`, an argument that is not UTF-8 and an environment integer with
+thousands of digits each used to escape as a Python traceback.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.cli.test_explore import PYBATCH, env_for
+
+HUGE = "99999999999999999d"
+
+
+def run(*args: str | bytes, dsn: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PYBATCH, *args],
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=120,
+        env=env_for(dsn, **extra),
+        check=False,
+    )
+
+
+def assert_one_line(result: subprocess.CompletedProcess[str], expected: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines() == [expected]
+
+
+@pytest.mark.parametrize(
+    ("args", "option", "forms"),
+    [
+        (("unresolved", "--older-than", HUGE), "--older-than", "90s, 10m, 2h, 1d"),
+        (
+            ("purge", "--job", "nightly", "--status", "COMPLETED", "--older-than", HUGE),
+            "--older-than",
+            "90s, 15m, 1h, 90d",
+        ),
+        (("stop", "1", "--wait", "--timeout", HUGE), "--timeout", "90s, 15m, 1h, 90d"),
+        (("unresolved", "--older-than", "9" * 5_000), "--older-than", "90s, 10m, 2h, 1d"),
+        (("purge", "--job", "j", "--status", "FAILED", "--older-than", "36501d"), "--older-than",
+         "90s, 15m, 1h, 90d"),
+    ],
+)  # fmt: skip
+def test_a_duration_beyond_its_bound_is_one_usage_line(
+    db_dsn: str, args: tuple[str, ...], option: str, forms: str
+) -> None:
+    result = run(*args, dsn=db_dsn)
+    assert_one_line(
+        result,
+        f"pybatch: CommandArgumentInvalid: command-line argument {option} must be a duration "
+        f"of at most 36500d ({forms})",
+    )
+
+
+def test_the_largest_duration_is_accepted(db_dsn: str, admin: psycopg.Connection[Any]) -> None:
+    result = run("unresolved", "--older-than", "36500d", "--json", dsn=db_dsn)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith('{"items": []')
+
+
+def test_an_argument_that_is_not_utf8_is_one_line_naming_its_position(db_dsn: str) -> None:
+    result = run("instances", b"\xff", dsn=db_dsn)
+    assert_one_line(
+        result, "pybatch: CommandArgumentInvalid: command-line argument #2 must be valid UTF-8 text"
+    )
+    result = run("jobs", "--dsn", b"host=db password=\xffsecret", dsn=db_dsn)
+    assert_one_line(
+        result, "pybatch: CommandArgumentInvalid: command-line argument #3 must be valid UTF-8 text"
+    )
+
+
+def test_a_pool_size_of_five_thousand_digits_names_the_variable_and_its_range(
+    db_dsn: str,
+) -> None:
+    result = run("jobs", dsn=db_dsn, PYBATCH_POOL_SIZE="9" * 5_000)
+    assert_one_line(
+        result,
+        "pybatch: EnvironmentValueInvalid: environment variable PYBATCH_POOL_SIZE is not a "
+        "valid integer from 1 to 1024 (ASCII digits)",
+    )
