@@ -140,6 +140,25 @@ def test_retention_values_refuse_bad_input() -> None:
         attrs.evolve(request(), minimum_age=datetime.timedelta(minutes=59))
 
 
+def test_a_terminal_status_set_built_directly_is_validated_like_of() -> None:
+    with pytest.raises(EmptyStatusSet):
+        TerminalStatusSet(frozenset())
+    with pytest.raises(NonTerminalStatus) as unknown:
+        TerminalStatusSet(frozenset({S.FAILED, S.UNKNOWN}))
+    assert unknown.value.status == "UNKNOWN"
+    with pytest.raises(NonTerminalStatus) as active:
+        attrs.evolve(TerminalStatusSet.all(), statuses=frozenset({S.STARTING}))
+    assert active.value.status == "STARTING"
+    for bad in (frozenset({"COMPLETED"}), {S.COMPLETED}, [S.COMPLETED]):
+        with pytest.raises(TypeError):
+            TerminalStatusSet(bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        TerminalStatusSet.of("COMPLETED")  # type: ignore[arg-type]
+    chosen = TerminalStatusSet(frozenset({S.ABANDONED, S.FAILED}))
+    assert chosen == TerminalStatusSet.of([S.FAILED, S.ABANDONED])
+    assert chosen.ordered() == [S.FAILED, S.ABANDONED]
+
+
 # --------------------------------------------------------------------------- holds (J1-J3)
 
 
