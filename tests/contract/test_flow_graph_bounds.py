@@ -1,4 +1,4 @@
-"""Flow-graph bounds are enforced when a definition is registered (behaviour.md 2.13).
+"""Flow-graph bounds are enforced when a definition is registered.
 
 A graph over 1,024 nodes, 4,096 transitions or 64 transitions leaving one node, or with an
 exit pattern over 64 bytes, used to register and then route nothing. Now its registration
