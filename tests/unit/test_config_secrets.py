@@ -39,7 +39,7 @@ def _assert_no_secret(error: BaseException, *secrets: str) -> None:
 
 
 @pytest.mark.parametrize("dsn", [DSN.encode(), bytearray(DSN.encode()), 42, None])
-def test_a_dsn_of_the_wrong_type_is_refused_without_echoing_it(dsn: object) -> None:
+def test_a_dsn_of_the_wrong_type_is_refused_without_echoing_it(dsn: Any) -> None:
     with pytest.raises(errors.InvalidConnectionString) as caught:
         ConnectionConfig(dsn=dsn)
     _assert_no_secret(caught.value, PASSWORD, "etl_user", "db.internal")
