@@ -375,8 +375,16 @@ class ConnectionConfig:
         PYBATCH_CA_FILE, PYBATCH_POOL_SIZE, PYBATCH_UNIT_OF_WORK_ATTEMPTS and
         PYBATCH_<TIMEOUT>_MS for each timeout field (e.g. PYBATCH_STATEMENT_TIMEOUT_MS).
         """
-        env = os.environ if environ is None else environ
-        kwargs: dict[str, Any] = {"dsn": Secret(env.get("PYBATCH_DSN", ""))}
+        source = os.environ if environ is None else environ
+        kwargs: dict[str, Any] = {"dsn": Secret(source.get("PYBATCH_DSN", ""))}
+        env = {
+            name: value
+            for name, value in source.items()
+            if name.startswith("PYBATCH_") and name != "PYBATCH_DSN"
+        }
+        # From here on only the wrapped DSN is reachable from this frame's locals, which
+        # error reporters record when a setting below (or the DSN itself) is refused.
+        del source, environ
         tls = env.get("PYBATCH_TLS")
         if tls is not None:
             try:

@@ -238,8 +238,10 @@ def test_a_port_with_thousands_of_digits_is_an_invalid_connection_string() -> No
         ConnectionConfig(dsn=f"host=db port={'9' * 5_000} password={PASSWORD}")
 
 
-def _frame_locals_from_init(error: pytest.ExceptionInfo[BaseException]) -> list[tuple[str, str]]:
-    """(frame, repr of one local) for every frame from ConnectionConfig.__init__ down."""
+def _frame_locals_below_the_test(
+    error: pytest.ExceptionInfo[BaseException],
+) -> list[tuple[str, str]]:
+    """(frame, repr or str of one local) for every frame below the test's own."""
     tb = error.tb.tb_next  # skip the test's own frame: it holds the DSN it built
     seen: list[tuple[str, str]] = []
     while tb is not None:
@@ -269,7 +271,7 @@ def test_no_frame_of_a_dsn_refusal_holds_the_password_as_a_local(kind: str) -> N
     """Error reporters record every frame's local variables; none may show the password."""
     with pytest.raises(errors.ConfigError) as refused:
         ConnectionConfig(dsn=_bad_dsn(kind), tls_mode=TlsMode.PLAINTEXT)
-    seen = _frame_locals_from_init(refused)
+    seen = _frame_locals_below_the_test(refused)
     assert any(where.startswith("ConnectionConfig.__init__:") for where, _ in seen)
     assert any(where.startswith("_parse_dsn:") for where, _ in seen)
     leaked = [where for where, text in seen if PASSWORD in text]
@@ -279,7 +281,30 @@ def test_no_frame_of_a_dsn_refusal_holds_the_password_as_a_local(kind: str) -> N
 def test_no_frame_of_a_refusal_after_the_dsn_check_holds_the_password() -> None:
     with pytest.raises(errors.PoolSize) as refused:
         ConnectionConfig(dsn=DSN, pool_size=0)
-    assert [where for where, text in _frame_locals_from_init(refused) if PASSWORD in text] == []
+    assert [
+        where for where, text in _frame_locals_below_the_test(refused) if PASSWORD in text
+    ] == []
     with pytest.raises(errors.LockExceedsStatement) as evolved:
         attrs.evolve(ConnectionConfig(dsn=DSN), lock_timeout=timedelta(minutes=2))
-    assert [where for where, text in _frame_locals_from_init(evolved) if PASSWORD in text] == []
+    assert [
+        where for where, text in _frame_locals_below_the_test(evolved) if PASSWORD in text
+    ] == []
+
+
+@pytest.mark.parametrize(
+    ("settings", "error"),
+    [
+        ({"PYBATCH_DSN": _bad_dsn("tls option")}, errors.TlsOptionInConnectionString),
+        ({"PYBATCH_DSN": DSN, "PYBATCH_POOL_SIZE": "9" * 5_000}, errors.EnvironmentValueInvalid),
+        ({"PYBATCH_DSN": DSN, "PYBATCH_TLS": "none"}, errors.EnvironmentValueInvalid),
+    ],
+    ids=["dsn", "pool size", "tls"],
+)
+def test_no_frame_of_a_from_env_refusal_holds_the_password(
+    settings: dict[str, str], error: type[errors.ConfigError]
+) -> None:
+    with pytest.raises(error) as refused:
+        ConnectionConfig.from_env(settings)
+    seen = _frame_locals_below_the_test(refused)
+    assert any(where.startswith("ConnectionConfig.from_env:") for where, _ in seen)
+    assert [where for where, text in seen if PASSWORD in text] == []
