@@ -2,7 +2,8 @@
 
 Run as the installed `pybatch` console script against the test database: a duration too
 large for `timedelta`, an argument that is not UTF-8 and an environment integer with
-thousands of digits each used to escape as a Python traceback.
+thousands of digits each used to escape as a Python traceback; a cursor re-signed with a
+raised identity ceiling was accepted.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from typing import Any
 import psycopg
 import pytest
 
+from pybatch import JobRepository
+from pybatch.etl import Job
+from pybatch.values.explorer import Cursor, ExplorerQuery, NameKey, PageSize, query_binding
 from tests.cli.test_explore import PYBATCH, env_for
 
 HUGE = "99999999999999999d"
@@ -89,3 +93,21 @@ def test_a_pool_size_of_five_thousand_digits_names_the_variable_and_its_range(
         "pybatch: EnvironmentValueInvalid: environment variable PYBATCH_POOL_SIZE is not a "
         "valid integer from 1 to 1024 (ASCII digits)",
     )
+
+
+def test_a_re_signed_cursor_with_a_raised_ceiling_is_one_usage_line(
+    db_dsn: str, pg_config: Any
+) -> None:
+    with JobRepository.connect(pg_config) as repository:
+        for name in ("a_job", "b_job"):
+            with repository.begin() as uow:
+                uow.select_or_create_job_instance(Job(repository, name, {"run": 1}).key)
+                uow.commit()
+    binding = query_binding(ExplorerQuery.JOB_NAMES, PageSize(1), None)
+    forged = Cursor.issue(ExplorerQuery.JOB_NAMES, NameKey("a_job"), 2**62, binding)
+    result = run("jobs", "--limit", "1", "--after", str(forged), dsn=db_dsn)
+    assert_one_line(result, "pybatch: CursorInvalid: the page cursor is invalid")
+    honest = Cursor.issue(ExplorerQuery.JOB_NAMES, NameKey("a_job"), 2, binding)
+    listed = run("jobs", "--limit", "1", "--after", str(honest), "--json", dsn=db_dsn)
+    assert listed.returncode == 0, listed.stderr
+    assert '"b_job"' in listed.stdout
