@@ -338,10 +338,11 @@ def test_k5_cursor_reused_with_another_page_size_filter_or_query(
     execution = launch(repository, clock)
     with pytest.raises(CursorQueryMismatch):
         explorer.recovery_decisions(execution.id, PageSize(1), steps_cursor)
-    with pytest.raises(PageSizeOutOfRange):
-        PageSize(0)
-    with pytest.raises(PageSizeOutOfRange):
-        PageSize(501)
+    for bad in (0, 501):
+        with pytest.raises(PageSizeOutOfRange) as refused:
+            PageSize(bad)
+        assert refused.value.requested == bad
+    assert (PageSize().value, PageSize(1).value, PageSize(500).value) == (50, 1, 500)
 
 
 def test_k11_identity_cursor_given_to_executions_is_invalid(
