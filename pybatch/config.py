@@ -38,6 +38,8 @@ __all__ = ["CaCertificate", "ConnectionConfig", "ConnectionKwargs", "Secret", "T
 
 APPLICATION_NAME = "pybatch"
 MAX_CA_BYTES = 1024 * 1024
+MAX_POOL_SIZE = 1024
+MAX_UNIT_OF_WORK_ATTEMPTS = 10
 
 _ALLOWED_KEYS = frozenset(
     {"host", "hostaddr", "port", "dbname", "user", "password", "application_name", "options"}
@@ -102,34 +104,40 @@ _TIMEOUT_BOUNDS: tuple[tuple[str, str, timedelta, timedelta], ...] = (
 def _port_is_valid(port: str) -> bool:
     """One TCP port, or libpq's comma-separated list for several hosts; ASCII digits only."""
     return all(
-        item.isascii() and item.isdigit() and 1 <= int(item) <= 65535 for item in port.split(",")
+        item.isascii() and item.isdigit() and len(item) <= 5 and 1 <= int(item) <= 65535
+        for item in port.split(",")
     )
 
 
-def _parse_dsn(dsn: str) -> dict[str, str]:
+def _parse_dsn(dsn: Secret) -> ConnectionKwargs:
     """Parse the DSN with libpq's own parser and police the result; errors never quote it.
 
     libpq (through `psycopg.conninfo`) tokenizes the DSN, so a password or an `options`
     value that merely contains `ssl...=` is data, not a TLS option. A parse failure is
     raised outside the `except` block, so the driver's message (which quotes the DSN)
     is neither the cause nor the context of the pybatch error.
+
+    The DSN arrives wrapped and is revealed only inside expressions, never bound to a name,
+    and the parsed keywords live in a `ConnectionKwargs` (redacted repr): an error reporter
+    that records the local variables of every frame (Sentry does by default) finds no
+    password in this frame.
     """
-    if not dsn or not dsn.strip():
+    if not dsn.reveal().strip():
         raise EmptyConnectionString()
-    if "\x00" in dsn:
+    if "\x00" in dsn.reveal():
         # libpq reads a C string: everything after a NUL (dbname, password) would vanish.
         raise InvalidConnectionString(reason="it contains a NUL character")
     try:
-        dsn.encode("utf-8")
+        dsn.reveal().encode("utf-8")
     except UnicodeEncodeError:
         unencodable = True
     else:
         unencodable = False
     if unencodable:
         raise InvalidConnectionString(reason="it is not valid UTF-8")
-    parsed: dict[str, Any] | None
+    parsed: ConnectionKwargs | None
     try:
-        parsed = psycopg.conninfo.conninfo_to_dict(dsn)
+        parsed = ConnectionKwargs(psycopg.conninfo.conninfo_to_dict(dsn.reveal()))
     except psycopg.Error:
         parsed = None
     if parsed is None:
@@ -142,7 +150,9 @@ def _parse_dsn(dsn: str) -> dict[str, str]:
     for key in parsed:
         if key not in _ALLOWED_KEYS:
             raise InvalidConnectionString(reason=f"key {key!r} is not allowed")
-    result = {key: str(value) for key, value in parsed.items() if value is not None}
+    result = ConnectionKwargs(
+        {key: str(value) for key, value in parsed.items() if value is not None}
+    )
     if "port" in result and not _port_is_valid(result["port"]):
         raise InvalidConnectionString(reason="port must be from 1 to 65535")
     return result
@@ -203,12 +213,17 @@ def _to_secret(value: object) -> Secret:
     return Secret(value)
 
 
-@attrs.frozen(kw_only=True, repr=False)
+@attrs.frozen(kw_only=True, repr=False, init=False)
 class ConnectionConfig:
     """Everything pybatch needs to reach PostgreSQL, validated on construction.
 
     Build new variants with `attrs.evolve`, which validates the whole
     configuration again.
+
+    `__init__` is written out rather than generated: its first statement wraps the DSN in a
+    `Secret`, rebinding the only name that held the raw string, so that when a later check
+    fails no frame on the way (this one, attrs' `__attrs_init__`, the DSN parser) holds the
+    password as a local variable.
     """
 
     dsn: Secret = attrs.field(converter=_to_secret)
@@ -225,9 +240,43 @@ class ConnectionConfig:
     pool_close_timeout: timedelta = timedelta(seconds=30)
     unit_of_work_attempts: int = 3
 
+    def __init__(
+        self,
+        *,
+        dsn: Secret | str,
+        tls_mode: TlsMode = TlsMode.VERIFY_FULL,
+        ca_certificate: CaCertificate | None = None,
+        pool_size: int = 10,
+        acquire_timeout: timedelta = timedelta(seconds=30),
+        connect_timeout: timedelta = timedelta(seconds=10),
+        statement_timeout: timedelta = timedelta(seconds=30),
+        lock_timeout: timedelta = timedelta(seconds=5),
+        idle_transaction_timeout: timedelta = timedelta(seconds=60),
+        connection_idle_timeout: timedelta = timedelta(minutes=10),
+        connection_max_lifetime: timedelta = timedelta(minutes=30),
+        pool_close_timeout: timedelta = timedelta(seconds=30),
+        unit_of_work_attempts: int = 3,
+    ) -> None:
+        dsn = _to_secret(dsn)  # first: from here on no local holds the raw DSN
+        self.__attrs_init__(
+            dsn=dsn,
+            tls_mode=tls_mode,
+            ca_certificate=ca_certificate,
+            pool_size=pool_size,
+            acquire_timeout=acquire_timeout,
+            connect_timeout=connect_timeout,
+            statement_timeout=statement_timeout,
+            lock_timeout=lock_timeout,
+            idle_transaction_timeout=idle_transaction_timeout,
+            connection_idle_timeout=connection_idle_timeout,
+            connection_max_lifetime=connection_max_lifetime,
+            pool_close_timeout=pool_close_timeout,
+            unit_of_work_attempts=unit_of_work_attempts,
+        )
+
     def __attrs_post_init__(self) -> None:
-        _parse_dsn(self.dsn.reveal())
-        if type(self.pool_size) is not int or not 1 <= self.pool_size <= 1024:
+        _parse_dsn(self.dsn)
+        if type(self.pool_size) is not int or not 1 <= self.pool_size <= MAX_POOL_SIZE:
             raise PoolSize()
         for name, label, low, high in _TIMEOUT_BOUNDS:
             value = getattr(self, name)
@@ -237,7 +286,8 @@ class ConnectionConfig:
             raise LockExceedsStatement()
         if self.acquire_timeout > self.pool_close_timeout:
             raise AcquireExceedsClose()
-        if type(self.unit_of_work_attempts) is not int or not 1 <= self.unit_of_work_attempts <= 10:
+        attempts = self.unit_of_work_attempts
+        if type(attempts) is not int or not 1 <= attempts <= MAX_UNIT_OF_WORK_ATTEMPTS:
             raise UnitOfWorkAttempts()
         if not isinstance(self.tls_mode, TlsMode):
             raise InvalidTlsMode()
@@ -291,7 +341,7 @@ class ConnectionConfig:
         migrations may be long). This is the only place settings are applied
         (docs/architecture.md, "Transactions").
         """
-        params = ConnectionKwargs(_parse_dsn(self.dsn.reveal()))
+        params = _parse_dsn(self.dsn)
         startup = (
             f"-c lock_timeout={self.lock_timeout_ms}"
             f" -c idle_in_transaction_session_timeout={self.idle_transaction_timeout_ms}"
@@ -325,8 +375,16 @@ class ConnectionConfig:
         PYBATCH_CA_FILE, PYBATCH_POOL_SIZE, PYBATCH_UNIT_OF_WORK_ATTEMPTS and
         PYBATCH_<TIMEOUT>_MS for each timeout field (e.g. PYBATCH_STATEMENT_TIMEOUT_MS).
         """
-        env = os.environ if environ is None else environ
-        kwargs: dict[str, Any] = {"dsn": env.get("PYBATCH_DSN", "")}
+        source = os.environ if environ is None else environ
+        kwargs: dict[str, Any] = {"dsn": Secret(source.get("PYBATCH_DSN", ""))}
+        env = {
+            name: value
+            for name, value in source.items()
+            if name.startswith("PYBATCH_") and name != "PYBATCH_DSN"
+        }
+        # From here on only the wrapped DSN is reachable from this frame's locals, which
+        # error reporters record when a setting below (or the DSN itself) is refused.
+        del source, environ
         tls = env.get("PYBATCH_TLS")
         if tls is not None:
             try:
@@ -345,22 +403,36 @@ class ConnectionConfig:
                     variable="PYBATCH_CA_FILE", expected="readable file"
                 ) from None
             kwargs["ca_certificate"] = CaCertificate(pem)
-        for variable, field in (
-            ("PYBATCH_POOL_SIZE", "pool_size"),
-            ("PYBATCH_UNIT_OF_WORK_ATTEMPTS", "unit_of_work_attempts"),
+        for variable, field, low, high in (
+            ("PYBATCH_POOL_SIZE", "pool_size", 1, MAX_POOL_SIZE),
+            (
+                "PYBATCH_UNIT_OF_WORK_ATTEMPTS",
+                "unit_of_work_attempts",
+                1,
+                MAX_UNIT_OF_WORK_ATTEMPTS,
+            ),
         ):
             if variable in env:
-                kwargs[field] = _env_int(env, variable)
-        for field, _label, _low, _high in _TIMEOUT_BOUNDS:
+                kwargs[field] = _env_int(env, variable, low, high)
+        for field, _label, low_delta, high_delta in _TIMEOUT_BOUNDS:
             variable = f"PYBATCH_{field.upper()}_MS"
             if variable in env:
-                kwargs[field] = timedelta(milliseconds=_env_int(env, variable))
+                milliseconds = _env_int(env, variable, _ms(low_delta), _ms(high_delta))
+                kwargs[field] = timedelta(milliseconds=milliseconds)
         return cls(**kwargs)
 
 
-def _env_int(env: Mapping[str, str], variable: str) -> int:
-    """ASCII digits only: `int()` would also read ' 1_0 ' as 10 and Arabic-Indic digits."""
+def _env_int(env: Mapping[str, str], variable: str, low: int, high: int) -> int:
+    """The variable as an int, ASCII digits only, with no more digits than `high` has.
+
+    `int()` would also read ' 1_0 ' as 10 and Arabic-Indic digits, refuse more than 4,300
+    digits with a bare ValueError, and a huge number of milliseconds overflows `timedelta`:
+    each is refused here as `EnvironmentValueInvalid` naming the variable and its range. A
+    value of the right length but out of range is left to the field's own bound check.
+    """
     text = env[variable]
-    if not (text.isascii() and text.isdigit()):
-        raise EnvironmentValueInvalid(variable=variable, expected="integer (ASCII digits)")
+    if not (text.isascii() and text.isdigit()) or len(text.lstrip("0")) > len(str(high)):
+        raise EnvironmentValueInvalid(
+            variable=variable, expected=f"integer from {low} to {high} (ASCII digits)"
+        )
     return int(text)

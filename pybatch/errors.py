@@ -1407,6 +1407,15 @@ class EnvironmentValueInvalid(ConfigError):
 
 
 @_error
+class CommandArgumentInvalid(ConfigError):
+    """A `pybatch` command-line argument cannot be read (exit code 2); the value is not quoted."""
+
+    message = "command-line argument {argument} must be {expected}"
+    argument: str
+    expected: str
+
+
+@_error
 class InvalidTlsMode(ConfigError):
     """tls_mode is not a TlsMode member."""
 
@@ -1617,6 +1626,7 @@ __all__ = [
     "CapacityExhausted",
     "ChunkCommitOutcomeUnknown",
     "ChunkTransactionError",
+    "CommandArgumentInvalid",
     "CommitOutcomeUnknown",
     "CompletedInstance",
     "ConcurrentModification",

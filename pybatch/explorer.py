@@ -6,6 +6,19 @@ locks and never join a unit of work. A traversal captures an identity ceiling on
 first page and carries it in the cursor, so rows created during a traversal never join
 it. Cursors are opaque, checksummed and bound to (query, page size, filter).
 
+A cursor is not a credential. Its SHA-256 checksum catches a damaged or truncated cursor,
+not a forged one: anyone can recompute it. What a forger could gain is a ceiling above the
+traversal's, i.e. rows the traversal must not see, so every page that continues a cursor
+reads the query's current ceiling in the same transaction and refuses a carried ceiling
+above it (`CursorInvalid`). A ceiling at or below the current one, with any key, describes
+a window that a traversal started from the first page can reach by paging, so an accepted
+cursor never shows a row the caller could not list anyway. This was chosen over keying the
+checksum (HMAC): a per-process key would break cursors across `pybatch` invocations, and a
+shared key would have to live in the database, readable by every role that pages, which
+makes it no secret to exactly the clients that can call the explorer. The cost is one
+index-backed `MAX(id)` per continued page. A traversal whose newest rows were deleted while
+it ran (a purge) is refused the same way; it starts again from the first page.
+
 Statements: queries/explorer.sql (explore_*).
 """
 
@@ -22,6 +35,7 @@ from pybatch._statements import Statement, Statements
 from pybatch.codecs import explorer as codec
 from pybatch.codecs._primitives import DecodeError, Row
 from pybatch.errors import (
+    CursorInvalid,
     ExplorerAgeBoundTooSmall,
     ExplorerRepositoryError,
     ExplorerTimeout,
@@ -172,7 +186,10 @@ class JobExplorer:
                 missing = parent_missing(conn)
                 if missing is not None:
                     raise ExplorerRepositoryError(error=missing)
-            bound = self._ceiling(conn, query, job_name) if ceiling is None else ceiling
+            current = self._ceiling(conn, query, job_name)
+            if ceiling is not None and ceiling > current:
+                raise CursorInvalid()  # a ceiling no traversal was given (module docstring)
+            bound = current if ceiling is None else ceiling
             if bound == 0:
                 return [], 0
             return [decode(row) for row in fetch(conn, key, bound, page_size.value)], bound

@@ -16,6 +16,7 @@ import psycopg
 
 from pybatch import _sqlstate
 from pybatch.cli import demo, explore, operator, retention, schema, sql, worker
+from pybatch.cli._arguments import check_argv
 from pybatch.errors import (
     AuthenticationFailed,
     ChunkCommitOutcomeUnknown,
@@ -112,9 +113,14 @@ def exit_code_for(error: BaseException) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; every failure prints as one redacted line on stderr."""
     parser = build_parser()
-    args = parser.parse_args(argv)
     failure: PyBatchError | None = None
     try:
+        # Before argparse: an undecodable argument would otherwise fail wherever it is
+        # first encoded (psycopg, a print) with a UnicodeEncodeError traceback.
+        check_argv(sys.argv[1:] if argv is None else argv)
+        # A type that refuses a value with a pybatch error (a duration beyond its bound)
+        # raises through parse_args and is reported below like any other refusal.
+        args = parser.parse_args(argv)
         result: int = args.handler(args)
     except PyBatchError as error:
         failure = error

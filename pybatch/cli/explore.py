@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import re
 import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from pybatch.cli._arguments import duration_type
 from pybatch.cli._connection import add_connection_arguments, config_from_args
 from pybatch.errors import JobExecutionNotFound
 from pybatch.explorer import JobExplorer
@@ -38,15 +38,6 @@ from pybatch.values.operator import OperatorRecord
 __all__ = ["register"]
 
 T = TypeVar("T")
-_DURATION = re.compile(r"(\d+)([smhd]?)")
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def _duration(text: str) -> _dt.timedelta:
-    match = _DURATION.fullmatch(text.strip())
-    if match is None:
-        raise argparse.ArgumentTypeError("a duration such as 90s, 10m, 2h or 1d")
-    return _dt.timedelta(seconds=int(match.group(1)) * _UNITS[match.group(2)])
 
 
 def _page_size(text: str) -> int:
@@ -111,7 +102,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     unresolved.add_argument(
         "--older-than",
-        type=_duration,
+        type=duration_type("--older-than", unit_required=False),
         default=_dt.timedelta(minutes=10),
         metavar="DURATION",
         help="not updated for this long: 90s, 10m, 2h, 1d (10m; at least 60s)",

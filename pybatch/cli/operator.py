@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 
+from pybatch.cli._arguments import duration_type
 from pybatch.cli._connection import add_connection_arguments, config_from_args
 from pybatch.errors import JobExecutionNotFound
 from pybatch.job_repository import JobRepository
@@ -34,18 +35,12 @@ from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 
 __all__ = ["parse_age", "register"]
 
-_AGE = re.compile(r"^(\d+)([smhd])$")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 #: How often `stop --wait` polls the execution.
 WAIT_POLL_S = 0.5
 
 
-def parse_age(text: str) -> _dt.timedelta:
-    """`90s`, `15m`, `1h`, `90d` as a timedelta (argparse type)."""
-    match = _AGE.match(text)
-    if match is None:
-        raise argparse.ArgumentTypeError("use a number and a unit: 90s, 15m, 1h, 90d")
-    return _dt.timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
+#: `--older-than` and `--timeout` values: 90s, 15m, 1h, 90d (at most 36500d).
+parse_age = duration_type("DURATION")
 
 
 def _positive_id(text: str) -> int:
@@ -86,7 +81,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     stop.add_argument("execution_id", type=_positive_id, metavar="EXECUTION_ID")
     stop.add_argument("--wait", action="store_true", help="return once the run has ended")
     stop.add_argument(
-        "--timeout", type=parse_age, default=_dt.timedelta(minutes=10), help="for --wait"
+        "--timeout",
+        type=duration_type("--timeout"),
+        default=_dt.timedelta(minutes=10),
+        help="for --wait",
     )
     stop.set_defaults(handler=_stop)
 

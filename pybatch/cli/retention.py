@@ -6,8 +6,9 @@ import argparse
 import datetime as _dt
 import sys
 
+from pybatch.cli._arguments import duration_type
 from pybatch.cli._connection import add_connection_arguments, config_from_args
-from pybatch.cli.operator import add_request_arguments, parse_age, request_identity
+from pybatch.cli.operator import add_request_arguments, request_identity
 from pybatch.job_repository import JobRepository
 from pybatch.services.retention import (
     MAX_PURGE_OPERATION_BASE,
@@ -73,7 +74,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="status of the latest attempt to purge (repeatable)",
     )
     purge.add_argument(
-        "--older-than", type=parse_age, required=True, help="minimum age, at least 1h (e.g. 90d)"
+        "--older-than",
+        type=duration_type("--older-than"),
+        required=True,
+        help="minimum age, at least 1h (e.g. 90d)",
     )
     purge.add_argument("--batch", type=int, default=1000, help="executions per batch (1-1000)")
     purge.add_argument(

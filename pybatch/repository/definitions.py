@@ -15,6 +15,7 @@ from pybatch.errors import (
     UnsupportedManifestVersion,
 )
 from pybatch.values.definitions import DefinitionIdentity, DefinitionUpgrade
+from pybatch.values.flow import check_flow_graph_bounds
 from pybatch.values.names import JobName, StepName
 
 __all__ = ["ensure_definition", "register_definition_upgrade"]
@@ -28,6 +29,7 @@ def ensure_definition(
     Raises:
         DefinitionJobMismatch: the definition is bound to another job.
         UnsupportedManifestVersion: manifest format outside 1..3.
+        ManifestInvalid: a new flow manifest beyond the flow-graph bounds.
         DefinitionDrift: the revision is registered with another digest.
 
     Statements: definitions.sql find_job_definition_by_revision, insert_job_definition_if_absent,
@@ -49,6 +51,9 @@ def ensure_definition(
     known = _definition_for_revision(q, conn, names, definition)
     if known is not None:
         return known
+    # Only a definition about to be registered: one stored before the bounds were enforced
+    # keeps resolving, so its instances can still restart.
+    check_flow_graph_bounds(manifest)
     inserted = q.insert_job_definition_if_absent.one(
         conn,
         **names,

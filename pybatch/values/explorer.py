@@ -3,8 +3,10 @@
 behaviour.md 2.22. A cursor is opaque to callers but fully checked here: it carries its
 query, the key of the last row of the previous page, the identity ceiling of the
 traversal, an 8-byte binding of (query, page size, filter) and a SHA-256 checksum, so a
-tampered, truncated or misapplied cursor is refused with a typed error. Projections carry
-no parameter values and no state payloads, only descriptors.
+damaged, truncated or misapplied cursor is refused with a typed error. The checksum is not
+keyed: a cursor re-signed with another ceiling passes it, and `JobExplorer` refuses it
+against the database instead (pybatch/explorer.py says why). Projections carry no
+parameter values and no state payloads, only descriptors.
 """
 
 from __future__ import annotations

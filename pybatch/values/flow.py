@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import attrs
 
-from pybatch.errors import ZeroStartLimit
+from pybatch.errors import ManifestInvalid, ZeroStartLimit
 from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.names import ExitCode, NodeId
 from pybatch.values.records import StepExecution
@@ -36,6 +36,7 @@ __all__ = [
     "FlowTransitionKind",
     "StartLimit",
     "TerminalKind",
+    "check_flow_graph_bounds",
     "decision_matches_manifest",
     "exit_pattern_matches",
     "select_flow_target",
@@ -43,6 +44,11 @@ __all__ = [
 
 _U32_MAX = 4_294_967_295
 _DIGEST_BYTES = 32
+#: Flow-graph bounds of a format 2 or 3 manifest, checked when a definition is registered.
+MAX_FLOW_NODES = 1024
+MAX_FLOW_TRANSITIONS = 4096
+MAX_OUTGOING_TRANSITIONS = 64
+MAX_EXIT_PATTERN_BYTES = 64
 
 
 def _check_limit(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -218,6 +224,54 @@ def _manifest_target(transition: Mapping[str, Any]) -> FlowTarget | None:
     return None
 
 
+def check_flow_graph_bounds(manifest: Mapping[str, Any]) -> None:
+    """Refuse a flow manifest (format 2 or 3) beyond the flow-graph bounds.
+
+    At most 1,024 nodes, 4,096 transitions, 64 transitions leaving one node, and exit
+    patterns of at most 64 UTF-8 bytes. Without this check such a graph registered and then
+    routed nothing: `select_flow_target` stops at a pattern over 64 bytes. Other manifests
+    are not flow graphs and pass. The reason names counts and positions, never node ids or
+    patterns.
+
+    Raises:
+        ManifestInvalid: a bound is exceeded.
+    """
+    if manifest.get("format") not in (2, 3):
+        return
+    nodes, transitions = manifest.get("nodes"), manifest.get("transitions")
+    if isinstance(nodes, list) and len(nodes) > MAX_FLOW_NODES:
+        raise ManifestInvalid(
+            reason=f"the flow graph has {len(nodes)} nodes; at most {MAX_FLOW_NODES}"
+        )
+    if not isinstance(transitions, list):
+        return
+    if len(transitions) > MAX_FLOW_TRANSITIONS:
+        raise ManifestInvalid(
+            reason=f"the flow graph has {len(transitions)} transitions; "
+            f"at most {MAX_FLOW_TRANSITIONS}"
+        )
+    outgoing: dict[str, int] = {}
+    for position, transition in enumerate(transitions):
+        if not isinstance(transition, dict):
+            continue
+        pattern = transition.get("pattern")
+        if isinstance(pattern, str) and len(pattern.encode("utf-8", "surrogatepass")) > (
+            MAX_EXIT_PATTERN_BYTES
+        ):
+            raise ManifestInvalid(
+                reason=f"the exit pattern of transition {position} is longer than "
+                f"{MAX_EXIT_PATTERN_BYTES} bytes"
+            )
+        source = transition.get("source")
+        if isinstance(source, str):
+            outgoing[source] = outgoing.get(source, 0) + 1
+            if outgoing[source] > MAX_OUTGOING_TRANSITIONS:
+                raise ManifestInvalid(
+                    reason=f"transition {position} is past the {MAX_OUTGOING_TRANSITIONS} "
+                    "transitions one node may have"
+                )
+
+
 def select_flow_target(
     manifest: Mapping[str, Any], node: NodeId, kind: FlowTransitionKind, outcome: ExitCode
 ) -> FlowTarget | None:
@@ -242,7 +296,7 @@ def select_flow_target(
         if not isinstance(transition, dict) or transition.get("source") != source:
             continue
         pattern = transition.get("pattern")
-        if not isinstance(pattern, str) or len(pattern.encode()) > 64:
+        if not isinstance(pattern, str) or len(pattern.encode()) > MAX_EXIT_PATTERN_BYTES:
             return None
         if exit_pattern_matches(pattern, outcome.value):
             return _manifest_target(transition)

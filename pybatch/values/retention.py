@@ -93,20 +93,29 @@ class PurgeBatchBound:
 
 @attrs.frozen
 class TerminalStatusSet:
-    """A non-empty set of finished statuses a purge may take."""
+    """A non-empty set of finished statuses a purge may take.
+
+    Validated on construction, so `TerminalStatusSet(frozenset(...))` refuses what `of`
+    refuses: an empty set, an active or UNKNOWN status, or a member that is no BatchStatus.
+    """
 
     statuses: frozenset[BatchStatus]
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.statuses, frozenset):
+            raise TypeError("statuses is a frozenset of BatchStatus (or use TerminalStatusSet.of)")
+        if any(not isinstance(status, BatchStatus) for status in self.statuses):
+            raise TypeError("statuses holds BatchStatus members only")
+        if not self.statuses:
+            raise EmptyStatusSet()
+        for status in BatchStatus:  # declaration order: the first offender is reported
+            if status in self.statuses and status not in _TERMINAL_ORDER:
+                raise NonTerminalStatus(status=status.value)
 
     @classmethod
     def of(cls, statuses: Iterable[BatchStatus]) -> TerminalStatusSet:
         """Validate and build; an active or UNKNOWN status is refused."""
-        chosen = frozenset(statuses)
-        if not chosen:
-            raise EmptyStatusSet()
-        for status in BatchStatus:  # declaration order: the first offender is reported
-            if status in chosen and status not in _TERMINAL_ORDER:
-                raise NonTerminalStatus(status=status.value)
-        return cls(chosen)
+        return cls(frozenset(statuses))
 
     @classmethod
     def all(cls) -> TerminalStatusSet:

@@ -20,6 +20,7 @@ from pybatch.errors import (
     FlowStateCorrupt,
     JobExecutionNotFound,
     JobInstanceNotFound,
+    ZeroStartLimit,
 )
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.flow import (
@@ -173,6 +174,11 @@ def test_exit_patterns_match_any_run_and_exactly_one_character() -> None:
 def test_start_limit_unrestricted_is_the_u32_maximum() -> None:
     assert StartLimit.UNRESTRICTED.value == 4_294_967_295
     assert StartLimit.unrestricted() == StartLimit.UNRESTRICTED
+    assert StartLimit(1).value == 1
+    with pytest.raises(ZeroStartLimit):
+        StartLimit(0)
+    with pytest.raises(ValueError):
+        StartLimit(4_294_967_296)
 
 
 def test_flow_target_is_exactly_one_of_node_or_terminal() -> None:

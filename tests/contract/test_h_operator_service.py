@@ -167,6 +167,42 @@ def test_h8_h14_stop_outcomes(
     assert missing.rejection is not None and missing.rejection.code is Code.EXECUTION_NOT_FOUND
 
 
+def test_h8_a_stop_of_a_completed_execution_is_applied_and_changes_nothing(
+    repository: JobRepository,
+    service: OperatorService,
+    clock: ManualClock,
+    admin: psycopg.Connection[Any],
+) -> None:
+    run = service.launch(OperationId("launch-1"), OPS, instance_key(repository)).execution
+    assert run is not None
+    completed = set_status(repository, clock, run.id, S.STARTED, S.COMPLETED)
+    columns = (
+        "SELECT status, version, updated_at, ended_at, stop_requested_at, stop_requested_by"
+        " FROM pybatch.job_execution WHERE id = %s"
+    )
+    before = admin.execute(columns, (run.id,)).fetchone()
+    clock.advance()
+    outcome = service.stop(OperationId("stop-done"), OPS, run.id)
+    assert outcome.outcome is Outcome.APPLIED and outcome.rejection is None
+    assert outcome.execution is not None
+    assert (outcome.execution.status, outcome.execution.version) == (
+        S.COMPLETED,
+        completed.version,
+    )
+    assert (outcome.record.prior_status, outcome.record.result_status) == (
+        S.COMPLETED,
+        S.COMPLETED,
+    )
+    after = admin.execute(columns, (run.id,)).fetchone()
+    assert after == before  # no transition, no stop request, no timestamp moved
+    assert before is not None and before[4] is None and before[5] is None
+    assert execution_count(admin) == 1
+    assert audit_rows(admin)[-1] == ("STOP", "stop-done", "APPLIED", None)
+    again = service.stop(OperationId("stop-done"), OPS, run.id)
+    assert again.outcome is Outcome.REPLAYED
+    assert admin.execute(columns, (run.id,)).fetchone() == before
+
+
 def test_h11_stale_expected_version_records_the_current_one(
     repository: JobRepository, service: OperatorService, clock: ManualClock
 ) -> None:

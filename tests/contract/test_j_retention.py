@@ -140,6 +140,42 @@ def test_retention_values_refuse_bad_input() -> None:
         attrs.evolve(request(), minimum_age=datetime.timedelta(minutes=59))
 
 
+def test_retention_value_bounds_accept_their_limits_and_name_them() -> None:
+    # A12: 1 and 1000 accepted, 1000 by default.
+    assert PurgeBatchBound(1).value == 1
+    assert PurgeBatchBound(1000).value == 1000
+    assert PurgeBatchBound().value == 1000
+    # A13: {FAILED, ABANDONED} accepted as exactly those two.
+    chosen = TerminalStatusSet.of([S.FAILED, S.ABANDONED])
+    assert chosen.statuses == frozenset({S.FAILED, S.ABANDONED})
+    # A14: 3599 s refused naming the one-hour bound; exactly 3600 s accepted.
+    with pytest.raises(AgeBoundTooSmall) as young:
+        attrs.evolve(request(), minimum_age=datetime.timedelta(seconds=3599))
+    assert young.value.minimum == "1 hour"
+    assert str(young.value) == "the minimum age of a purge is 1 hour"
+    at_bound = attrs.evolve(request(), minimum_age=datetime.timedelta(seconds=3600))
+    assert at_bound.minimum_age == datetime.timedelta(hours=1)
+
+
+def test_a_terminal_status_set_built_directly_is_validated_like_of() -> None:
+    with pytest.raises(EmptyStatusSet):
+        TerminalStatusSet(frozenset())
+    with pytest.raises(NonTerminalStatus) as unknown:
+        TerminalStatusSet(frozenset({S.FAILED, S.UNKNOWN}))
+    assert unknown.value.status == "UNKNOWN"
+    with pytest.raises(NonTerminalStatus) as active:
+        attrs.evolve(TerminalStatusSet.all(), statuses=frozenset({S.STARTING}))
+    assert active.value.status == "STARTING"
+    for bad in (frozenset({"COMPLETED"}), {S.COMPLETED}, [S.COMPLETED]):
+        with pytest.raises(TypeError):
+            TerminalStatusSet(bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        TerminalStatusSet.of("COMPLETED")  # type: ignore[arg-type]
+    chosen = TerminalStatusSet(frozenset({S.ABANDONED, S.FAILED}))
+    assert chosen == TerminalStatusSet.of([S.FAILED, S.ABANDONED])
+    assert chosen.ordered() == [S.FAILED, S.ABANDONED]
+
+
 # --------------------------------------------------------------------------- holds (J1-J3)
 
 

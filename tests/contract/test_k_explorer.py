@@ -33,8 +33,10 @@ from pybatch.values.explorer import (
     ExplorerQuery,
     IdentityKey,
     JobNameSummary,
+    NameKey,
     PageSize,
     operator_request_json,
+    query_binding,
 )
 from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
@@ -286,6 +288,40 @@ def test_k5_tampered_cursor_bytes_are_refused(
     assert repr(cursor) == f"Cursor(<{len(data)} bytes>)"
 
 
+def test_a_cursor_re_signed_with_a_raised_ceiling_is_refused(
+    repository: JobRepository, clock: ManualClock, explorer: JobExplorer
+) -> None:
+    """The checksum is plain SHA-256, so a forger can re-sign; the database refuses the ceiling."""
+    launch(repository, clock, "a_first")
+    launch(repository, clock, "b_second")
+    first = explorer.job_names(PageSize(1))
+    assert [item.job_name for item in first.items] == ["a_first"]
+    assert first.next_cursor is not None
+    launch(repository, clock, "c_created_during_the_traversal")
+    current = explorer.identity_ceiling(ExplorerQuery.JOB_NAMES)
+    assert current > first.ceiling
+    binding = query_binding(ExplorerQuery.JOB_NAMES, PageSize(1), None)
+    for raised in (current + 1, current + 1_000, 2**63 - 1):
+        forged = Cursor.issue(ExplorerQuery.JOB_NAMES, NameKey("a_first"), raised, binding)
+        with pytest.raises(CursorInvalid):
+            explorer.job_names(PageSize(1), forged)
+        with pytest.raises(CursorInvalid):
+            explorer.job_names(PageSize(1), reseal(forged.data))
+    # The honest cursor still pages, without the row created during the traversal.
+    second = explorer.job_names(PageSize(1), first.next_cursor)
+    assert [item.job_name for item in second.items] == ["b_second"]
+    assert second.ceiling == first.ceiling
+    assert second.next_cursor is not None  # a full page: the end is one page later
+    assert explorer.job_names(PageSize(1), second.next_cursor).items == ()
+    # The refusal is the same for a raised identity ceiling on any query.
+    instances = explorer.instances("b_second", PageSize(1))
+    binding = query_binding(ExplorerQuery.INSTANCES, PageSize(1), "b_second")
+    forged = Cursor.issue(ExplorerQuery.INSTANCES, IdentityKey(2**62), 2**62, binding)
+    with pytest.raises(CursorInvalid):
+        explorer.instances("b_second", PageSize(1), forged)
+    assert instances.ceiling >= 1
+
+
 def test_k5_cursor_reused_with_another_page_size_filter_or_query(
     repository: JobRepository, clock: ManualClock, explorer: JobExplorer
 ) -> None:
@@ -302,10 +338,11 @@ def test_k5_cursor_reused_with_another_page_size_filter_or_query(
     execution = launch(repository, clock)
     with pytest.raises(CursorQueryMismatch):
         explorer.recovery_decisions(execution.id, PageSize(1), steps_cursor)
-    with pytest.raises(PageSizeOutOfRange):
-        PageSize(0)
-    with pytest.raises(PageSizeOutOfRange):
-        PageSize(501)
+    for bad in (0, 501):
+        with pytest.raises(PageSizeOutOfRange) as refused:
+            PageSize(bad)
+        assert refused.value.requested == bad
+    assert (PageSize().value, PageSize(1).value, PageSize(500).value) == (50, 1, 500)
 
 
 def test_k11_identity_cursor_given_to_executions_is_invalid(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from pybatch import ConnectionConfig, JobRepository, supported_schema_version
+from pybatch import ConnectionConfig, JobRepository, UnitOfWork, supported_schema_version
 from pybatch.capability_defaults import (
     CAPABILITY_OPERATIONS,
     CapabilityDefaults,
@@ -13,6 +13,8 @@ from pybatch.capability_defaults import (
 )
 from pybatch.errors import UnsupportedCapability
 from pybatch.values.capabilities import RepositoryCapability, RepositoryDescriptor
+from pybatch.values.names import OperationId
+from pybatch.values.operator import OperatorAction
 from tests.support.clock import ManualClock
 
 #: Section 2.21, in declaration order.
@@ -53,8 +55,8 @@ def test_m2_capability_display_names() -> None:
     assert [str(c) for c in RepositoryCapability] == DISPLAY_NAMES
 
 
-#: What pybatch has built; grows as capabilities are built, never ahead of them.
-BUILT = DISPLAY_NAMES  # all six are built
+#: What pybatch has built: all six capabilities.
+BUILT = DISPLAY_NAMES
 
 
 def test_m3_pybatch_declares_exactly_what_is_built_with_its_schema_version(
@@ -64,33 +66,60 @@ def test_m3_pybatch_declares_exactly_what_is_built_with_its_schema_version(
     assert descriptor.descriptor_version == RepositoryDescriptor.CURRENT_VERSION == 1
     assert descriptor.schema_version == supported_schema_version() >= 1
     assert [c.value for c in descriptor.ordered_capabilities()] == BUILT
+    assert descriptor.capabilities == frozenset(RepositoryCapability)
     for capability in RepositoryCapability:
-        if capability.value in BUILT:
-            descriptor.require(capability)
-        else:
-            with pytest.raises(UnsupportedCapability) as unsupported:
-                descriptor.require(capability)
-            assert unsupported.value.capability == capability.value
+        descriptor.require(capability)  # raises for none
     assert repository.connection_capacity() == pg_config.pool_size == 4
     with JobRepository.connect(attrs.evolve(pg_config, pool_size=7), clock=clock) as other:
         assert other.connection_capacity() == 7
         assert other.descriptor() == descriptor
 
 
-def test_m3_undeclared_operations_raise_unsupported_capability(repository: JobRepository) -> None:
-    """Every operation of an undeclared capability answers UnsupportedCapability, no SQL."""
-    declared = repository.descriptor()
-    with repository.begin() as uow:
-        for capability, operations in CAPABILITY_OPERATIONS.items():
-            for name in operations:
-                operation = getattr(uow, name)
-                if declared.declares(capability):
-                    assert operation.__func__ is not getattr(CapabilityDefaults, name), name
-                    continue
-                with pytest.raises(UnsupportedCapability) as unsupported:
-                    operation(1)
-                assert unsupported.value.capability == capability.value, name
+def test_m3_every_operation_of_a_built_capability_is_pybatch_s_own() -> None:
+    for capability, operations in CAPABILITY_OPERATIONS.items():
+        for name in operations:
+            assert getattr(UnitOfWork, name) is not getattr(CapabilityDefaults, name), (
+                capability,
+                name,
+            )
+
+
+@pytest.mark.parametrize("missing", list(RepositoryCapability), ids=str)
+def test_m3_a_unit_of_work_without_a_capability_answers_unsupported_capability(
+    repository: JobRepository, missing: RepositoryCapability
+) -> None:
+    """A unit of work that keeps the base answers of one capability (a partial adapter).
+
+    Every operation of that capability raises UnsupportedCapability naming it, before any
+    SQL (the unit of work stays usable), and the capability is not declared; the others are.
+    """
+    partial = type(
+        f"Without{missing.name.title().replace('_', '')}",
+        (UnitOfWork,),
+        {name: getattr(CapabilityDefaults, name) for name in CAPABILITY_OPERATIONS[missing]},
+    )
+    assert built_capabilities(partial) == frozenset(RepositoryCapability) - {missing}
+    declared = RepositoryDescriptor(1, 1, built_capabilities(partial))
+    with pytest.raises(UnsupportedCapability) as undeclared:
+        declared.require(missing)
+    assert undeclared.value.capability == missing.value
+    uow = partial(repository.transactions.lease(), repository.statements, repository.clock)
+    with uow:
+        for name in CAPABILITY_OPERATIONS[missing]:
+            with pytest.raises(UnsupportedCapability) as unsupported:
+                getattr(uow, name)(1)
+            assert unsupported.value.capability == missing.value, name
+            assert str(unsupported.value) == f"the adapter does not support {missing.value}"
         assert uow.is_open  # nothing ran, nothing failed
+        assert uow.get_job_execution(1) is None  # and the transaction is still usable
+
+
+def test_m3_the_base_defaults_of_operator_requests_are_unsupported_capability() -> None:
+    base = CapabilityDefaults()
+    for name in ("find_operator_request", "append_operator_request"):
+        with pytest.raises(UnsupportedCapability) as unsupported:
+            getattr(base, name)(OperatorAction.STOP, OperationId("op-1"))
+        assert unsupported.value.capability == "operator requests"
 
 
 def test_m3_base_defaults_cover_every_capability() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import traceback
 from typing import Any
 
 import attrs
@@ -9,7 +10,7 @@ import psycopg
 import pytest
 
 from pybatch import JobRepository
-from pybatch.errors import LockTimeout, PermissionDenied, Unavailable
+from pybatch.errors import Infrastructure, LockTimeout, PermissionDenied, Rejected, Unavailable
 from pybatch.etl import Job, StepRun
 from pybatch.values.names import JobName
 from pybatch.values.parameters import JobInstanceKey, JobParameters
@@ -116,3 +117,44 @@ def test_a_pooled_connection_whose_backend_ended_while_idle_is_replaced_at_check
     assert outcome.step.metadata.counts.committed == 2
     rows = admin.execute("SELECT count(*) FROM public.orders").fetchone()
     assert rows == (3,)
+
+
+ROW_SECRET = "row-value-Kq7"
+
+
+def test_a_business_statement_error_hides_the_driver_error_it_keeps(
+    repository: JobRepository, admin: psycopg.Connection[Any], orders: None
+) -> None:
+    """docs/architecture.md, "Errors and secrets": business statements are raised `from None`.
+
+    The driver's error stays the `__context__` (it describes the ETL's own statement and
+    data, for its author's debugger) but is suppressed, so no printed traceback and no
+    reporter honouring `__suppress_context__` shows it; it holds no connection.
+    """
+    seen: dict[str, BaseException] = {}
+
+    def work(step: StepRun) -> None:
+        with step.chunk() as chunk:
+            with pytest.raises(Rejected) as rejected:
+                # 22P02: the server's message quotes the value it could not read
+                chunk.execute("SELECT CAST(%s AS integer)", (ROW_SECRET,))
+            seen["rejected"] = rejected.value
+        with step.chunk() as chunk:
+            terminate_backend(admin, chunk.connection.info.backend_pid)
+            with pytest.raises(Infrastructure) as lost:
+                chunk.execute("INSERT INTO public.orders VALUES (3, %s)", (ROW_SECRET,))
+            seen["infrastructure"] = lost.value
+
+    with Job(repository, "business_errors", DAY).launch() as run:
+        run.step("load", work)
+    for error in seen.values():
+        assert error.__cause__ is None
+        assert error.__suppress_context__ is True
+        driver = error.__context__
+        assert isinstance(driver, psycopg.Error)
+        assert driver.pgconn is None  # no connection (and so no password) behind it
+        rendered = "".join(traceback.format_exception(error))
+        assert "psycopg" not in rendered and "During handling" not in rendered
+        assert ROW_SECRET not in rendered and ROW_SECRET not in str(error)
+    assert "22P02" in str(seen["rejected"])
+    assert ROW_SECRET in str(seen["rejected"].__context__)  # the author's diagnosis is there

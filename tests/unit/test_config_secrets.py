@@ -39,7 +39,7 @@ def _assert_no_secret(error: BaseException, *secrets: str) -> None:
 
 
 @pytest.mark.parametrize("dsn", [DSN.encode(), bytearray(DSN.encode()), 42, None])
-def test_a_dsn_of_the_wrong_type_is_refused_without_echoing_it(dsn: object) -> None:
+def test_a_dsn_of_the_wrong_type_is_refused_without_echoing_it(dsn: Any) -> None:
     with pytest.raises(errors.InvalidConnectionString) as caught:
         ConnectionConfig(dsn=dsn)
     _assert_no_secret(caught.value, PASSWORD, "etl_user", "db.internal")
@@ -202,3 +202,109 @@ def test_pool_log_records_are_redacted(caplog: pytest.LogCaptureFixture) -> None
     assert "error connecting in 'pybatch': OperationalError" in text
     for secret in ("db.internal", "etl_user", PASSWORD):
         assert secret not in text
+
+
+@pytest.mark.parametrize(
+    ("variable", "bounds"),
+    [
+        ("PYBATCH_POOL_SIZE", "from 1 to 1024"),
+        ("PYBATCH_UNIT_OF_WORK_ATTEMPTS", "from 1 to 10"),
+        ("PYBATCH_LOCK_TIMEOUT_MS", "from 1 to 300000"),
+        ("PYBATCH_STATEMENT_TIMEOUT_MS", "from 1 to 86400000"),
+    ],
+)
+@pytest.mark.parametrize("digits", [20, 5_000])
+def test_an_environment_integer_with_too_many_digits_names_the_variable_and_its_range(
+    variable: str, bounds: str, digits: int
+) -> None:
+    """5,000 digits used to escape as int()'s bare ValueError, 20 as timedelta's OverflowError."""
+    with pytest.raises(errors.EnvironmentValueInvalid) as refused:
+        ConnectionConfig.from_env({"PYBATCH_DSN": DSN, variable: "9" * digits})
+    assert refused.value.variable == variable
+    assert str(refused.value) == (
+        f"environment variable {variable} is not a valid integer {bounds} (ASCII digits)"
+    )
+
+
+def test_leading_zeros_do_not_count_as_digits_and_range_errors_keep_their_type() -> None:
+    config = ConnectionConfig.from_env({"PYBATCH_DSN": DSN, "PYBATCH_POOL_SIZE": "0" * 50 + "7"})
+    assert config.pool_size == 7
+    with pytest.raises(errors.PoolSize):
+        ConnectionConfig.from_env({"PYBATCH_DSN": DSN, "PYBATCH_POOL_SIZE": "2048"})
+
+
+def test_a_port_with_thousands_of_digits_is_an_invalid_connection_string() -> None:
+    with pytest.raises(errors.InvalidConnectionString, match="port"):
+        ConnectionConfig(dsn=f"host=db port={'9' * 5_000} password={PASSWORD}")
+
+
+def _frame_locals_below_the_test(
+    error: pytest.ExceptionInfo[BaseException],
+) -> list[tuple[str, str]]:
+    """(frame, repr or str of one local) for every frame below the test's own."""
+    tb = error.tb.tb_next  # skip the test's own frame: it holds the DSN it built
+    seen: list[tuple[str, str]] = []
+    while tb is not None:
+        frame = tb.tb_frame
+        for name, value in frame.f_locals.items():
+            seen.append((f"{frame.f_code.co_qualname}:{name}", repr(value)))
+            seen.append((f"{frame.f_code.co_qualname}:{name} (str)", str(value)))
+        tb = tb.tb_next
+    return seen
+
+
+def _bad_dsn(kind: str) -> str:
+    return {
+        "tls option": f"host=db user=etl password={PASSWORD} sslmode=disable",
+        "unknown key": f"host=db user=etl password={PASSWORD} service=prod",
+        "bad port": f"host=db port=70000 user=etl password={PASSWORD}",
+        "unparsable": f"host=db password={PASSWORD} 'unterminated",
+        "nul": f"host=db password={PASSWORD}\x00 dbname=x",
+        "uri tls": f"postgresql://etl:{PASSWORD}@db/x?sslmode=disable",
+    }[kind]
+
+
+@pytest.mark.parametrize(
+    "kind", ["tls option", "unknown key", "bad port", "unparsable", "nul", "uri tls"]
+)
+def test_no_frame_of_a_dsn_refusal_holds_the_password_as_a_local(kind: str) -> None:
+    """Error reporters record every frame's local variables; none may show the password."""
+    with pytest.raises(errors.ConfigError) as refused:
+        ConnectionConfig(dsn=_bad_dsn(kind), tls_mode=TlsMode.PLAINTEXT)
+    seen = _frame_locals_below_the_test(refused)
+    assert any(where.startswith("ConnectionConfig.__init__:") for where, _ in seen)
+    assert any(where.startswith("_parse_dsn:") for where, _ in seen)
+    leaked = [where for where, text in seen if PASSWORD in text]
+    assert leaked == []
+
+
+def test_no_frame_of_a_refusal_after_the_dsn_check_holds_the_password() -> None:
+    with pytest.raises(errors.PoolSize) as refused:
+        ConnectionConfig(dsn=DSN, pool_size=0)
+    assert [
+        where for where, text in _frame_locals_below_the_test(refused) if PASSWORD in text
+    ] == []
+    with pytest.raises(errors.LockExceedsStatement) as evolved:
+        attrs.evolve(ConnectionConfig(dsn=DSN), lock_timeout=timedelta(minutes=2))
+    assert [
+        where for where, text in _frame_locals_below_the_test(evolved) if PASSWORD in text
+    ] == []
+
+
+@pytest.mark.parametrize(
+    ("settings", "error"),
+    [
+        ({"PYBATCH_DSN": _bad_dsn("tls option")}, errors.TlsOptionInConnectionString),
+        ({"PYBATCH_DSN": DSN, "PYBATCH_POOL_SIZE": "9" * 5_000}, errors.EnvironmentValueInvalid),
+        ({"PYBATCH_DSN": DSN, "PYBATCH_TLS": "none"}, errors.EnvironmentValueInvalid),
+    ],
+    ids=["dsn", "pool size", "tls"],
+)
+def test_no_frame_of_a_from_env_refusal_holds_the_password(
+    settings: dict[str, str], error: type[errors.ConfigError]
+) -> None:
+    with pytest.raises(error) as refused:
+        ConnectionConfig.from_env(settings)
+    seen = _frame_locals_below_the_test(refused)
+    assert any(where.startswith("ConnectionConfig.from_env:") for where, _ in seen)
+    assert [where for where, text in seen if PASSWORD in text] == []

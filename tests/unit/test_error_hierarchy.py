@@ -329,6 +329,7 @@ PYBATCH_ONLY: dict[str, Families] = {
     "ZeroSchemaVersion": STATE,  # schema_version is u32 >= 1 (2.15)
     "StateEnvelopeInvalid": STATE,
     "EnvironmentValueInvalid": CONFIG,  # ConnectionConfig.from_env
+    "CommandArgumentInvalid": CONFIG,  # a pybatch CLI argument out of range or not UTF-8
     "MigrationChecksumMismatch": MIGRATION,  # the migrator (4.19)
     "MigrationHistoryInvalid": MIGRATION,
     "MigrationLockTimeout": MIGRATION,

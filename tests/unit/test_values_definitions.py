@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -80,7 +81,9 @@ def test_manifest_size_bound() -> None:
 
 def test_direct_construction_validates_canonical_bytes() -> None:
     revision = DefinitionRevision("r")
-    assert DefinitionIdentity(None, revision, 1, b'{"a":1}').digest.hex()
+    built = DefinitionIdentity(None, revision, 1, b'{"a":1}')
+    assert built.digest == hashlib.sha256(b'{"a":1}').digest()
+    assert built.manifest() == {"a": 1}
     for data in [b'{"b":1,"a":2}', b'{"a": 1}', b'{"a":1.5}', b"[1]", b"nope", b'{"a":NaN}']:
         with pytest.raises(errors.ManifestInvalid):
             DefinitionIdentity(None, revision, 1, data)

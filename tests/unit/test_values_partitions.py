@@ -50,7 +50,10 @@ def test_keys_keep_whitespace_and_refuse_empty_long_or_nul() -> None:
     for bad, error in (("", EmptyName), ("x" * 129, NameTooLong), ("a\x00b", NameContainsControl)):
         with pytest.raises(error):
             PartitionKey(bad)
-    assert PartitionKey("é" * 64).value  # 128 bytes
+    longest = PartitionKey("é" * 64)  # 128 bytes, the bound
+    assert longest.value == "é" * 64 and len(longest.value.encode()) == 128
+    with pytest.raises(NameTooLong):
+        PartitionKey("é" * 64 + "x")
 
 
 def test_entry_context_bounded_by_bytes_and_depth() -> None:

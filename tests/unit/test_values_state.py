@@ -211,10 +211,18 @@ def test_limits_bytes_and_depth() -> None:
     with pytest.raises(errors.StateTooLarge) as large:
         Checkpoint(EMPTY_STATE_SCHEMA, 1, {}, limits=StateLimits(max_bytes=empty_size - 1))
     assert (large.value.kind, large.value.max_bytes) == ("checkpoint", empty_size - 1)
-    assert Checkpoint(EMPTY_STATE_SCHEMA, 1, {}, limits=StateLimits(max_bytes=empty_size))
+    at_limit = Checkpoint(EMPTY_STATE_SCHEMA, 1, {}, limits=StateLimits(max_bytes=empty_size))
+    assert (at_limit.encoded_bytes, at_limit.payload) == (empty_size, {})
+    assert at_limit == Checkpoint.empty()
     # depth counts the envelope root and scalars: {"payload": {"a": {"b": 1}}} is 4 deep
-    assert Checkpoint(SCHEMA, 1, {"a": {"b": 1}}, limits=StateLimits(max_depth=4))
-    assert Checkpoint(SCHEMA, 1, {"a": {}}, limits=StateLimits(max_depth=3))
+    four_deep = Checkpoint(SCHEMA, 1, {"a": {"b": 1}}, limits=StateLimits(max_depth=4))
+    assert four_deep.payload == {"a": {"b": 1}}
+    three_deep = Checkpoint(SCHEMA, 1, {"a": {}}, limits=StateLimits(max_depth=3))
+    assert three_deep.payload == {"a": {}}
+    with pytest.raises(errors.StateTooDeep):
+        Checkpoint(SCHEMA, 1, {"a": {"b": 1}}, limits=StateLimits(max_depth=3))
+    with pytest.raises(errors.StateTooDeep):
+        Checkpoint(SCHEMA, 1, {"a": {}}, limits=StateLimits(max_depth=2))
     with pytest.raises(errors.StateTooDeep) as deep:
         ExecutionContext(SCHEMA, 1, {"a": {"b": 1}}, limits=StateLimits(max_depth=3))
     assert (deep.value.kind, deep.value.max_depth) == ("execution context", 3)
