@@ -22,6 +22,7 @@ from pybatch.errors import (
     CaCertificateNotBytes,
     CaCertificateTooLarge,
     CaCertificateWithoutVerification,
+    ClockSkewBoundOutOfRange,
     EmptyCaCertificate,
     EmptyConnectionString,
     EnvironmentValueInvalid,
@@ -29,12 +30,25 @@ from pybatch.errors import (
     InvalidTlsMode,
     LockExceedsStatement,
     PoolSize,
+    StaleThresholdOutOfRange,
     TimeoutOutOfBounds,
     TlsOptionInConnectionString,
     UnitOfWorkAttempts,
 )
 
-__all__ = ["CaCertificate", "ConnectionConfig", "ConnectionKwargs", "Secret", "TlsMode"]
+__all__ = [
+    "CLOCK_SKEW_BOUNDS",
+    "DEFAULT_MAX_CLOCK_SKEW",
+    "DEFAULT_STALE_THRESHOLD",
+    "STALE_THRESHOLD_BOUNDS",
+    "CaCertificate",
+    "ConnectionConfig",
+    "ConnectionKwargs",
+    "Secret",
+    "TlsMode",
+    "check_max_clock_skew",
+    "check_stale_threshold",
+]
 
 APPLICATION_NAME = "pybatch"
 MAX_CA_BYTES = 1024 * 1024
@@ -97,6 +111,28 @@ _TIMEOUT_BOUNDS: tuple[tuple[str, str, timedelta, timedelta], ...] = (
     ("connection_max_lifetime", "connection lifetime", timedelta(minutes=1), timedelta(days=7)),
     ("pool_close_timeout", "pool close", timedelta(milliseconds=1), timedelta(minutes=5)),
 )
+
+
+#: How long an unresolved execution may go without a durable write before it is stale.
+STALE_THRESHOLD_BOUNDS = (timedelta(minutes=1), timedelta(hours=24))
+DEFAULT_STALE_THRESHOLD = timedelta(minutes=15)
+#: How far a client's clock may be from the database server's when it connects.
+CLOCK_SKEW_BOUNDS = (timedelta(milliseconds=100), timedelta(seconds=60))
+DEFAULT_MAX_CLOCK_SKEW = timedelta(seconds=5)
+
+
+def check_stale_threshold(value: object) -> None:
+    """Refuse a stale threshold outside 1 min..24 h (StaleThresholdOutOfRange)."""
+    low, high = STALE_THRESHOLD_BOUNDS
+    if not isinstance(value, timedelta) or not low <= value <= high:
+        raise StaleThresholdOutOfRange()
+
+
+def check_max_clock_skew(value: object) -> None:
+    """Refuse a clock-skew bound outside 100 ms..60 s (ClockSkewBoundOutOfRange)."""
+    low, high = CLOCK_SKEW_BOUNDS
+    if not isinstance(value, timedelta) or not low <= value <= high:
+        raise ClockSkewBoundOutOfRange()
 
 
 def _port_is_valid(port: str) -> bool:
@@ -224,6 +260,12 @@ class ConnectionConfig:
     connection_max_lifetime: timedelta = timedelta(minutes=30)
     pool_close_timeout: timedelta = timedelta(seconds=30)
     unit_of_work_attempts: int = 3
+    #: The largest distance allowed between this host's clock and the server's, checked once
+    #: at connect (JobRepository.connect refuses a host beyond it with ClockSkewExceeded).
+    max_clock_skew: timedelta = DEFAULT_MAX_CLOCK_SKEW
+    #: An unresolved execution with no durable write for this long (on the database clock)
+    #: is stale: `pybatch unresolved` lists it by default and RecoverySnapshot.is_stale says so.
+    stale_threshold: timedelta = DEFAULT_STALE_THRESHOLD
 
     def __attrs_post_init__(self) -> None:
         _parse_dsn(self.dsn.reveal())
@@ -239,6 +281,8 @@ class ConnectionConfig:
             raise AcquireExceedsClose()
         if type(self.unit_of_work_attempts) is not int or not 1 <= self.unit_of_work_attempts <= 10:
             raise UnitOfWorkAttempts()
+        check_max_clock_skew(self.max_clock_skew)
+        check_stale_threshold(self.stale_threshold)
         if not isinstance(self.tls_mode, TlsMode):
             raise InvalidTlsMode()
         if self.ca_certificate is not None and not isinstance(self.ca_certificate, CaCertificate):
@@ -322,8 +366,9 @@ class ConnectionConfig:
         """Build a configuration from `PYBATCH_*` environment variables.
 
         PYBATCH_DSN (required), PYBATCH_TLS (`verify-full` or `plaintext`),
-        PYBATCH_CA_FILE, PYBATCH_POOL_SIZE, PYBATCH_UNIT_OF_WORK_ATTEMPTS and
-        PYBATCH_<TIMEOUT>_MS for each timeout field (e.g. PYBATCH_STATEMENT_TIMEOUT_MS).
+        PYBATCH_CA_FILE, PYBATCH_POOL_SIZE, PYBATCH_UNIT_OF_WORK_ATTEMPTS,
+        PYBATCH_<TIMEOUT>_MS for each timeout field (e.g. PYBATCH_STATEMENT_TIMEOUT_MS),
+        PYBATCH_MAX_CLOCK_SKEW_MS and PYBATCH_STALE_THRESHOLD_MS.
         """
         env = os.environ if environ is None else environ
         kwargs: dict[str, Any] = {"dsn": env.get("PYBATCH_DSN", "")}
@@ -351,7 +396,11 @@ class ConnectionConfig:
         ):
             if variable in env:
                 kwargs[field] = _env_int(env, variable)
-        for field, _label, _low, _high in _TIMEOUT_BOUNDS:
+        for field in (
+            *(name for name, _label, _low, _high in _TIMEOUT_BOUNDS),
+            "max_clock_skew",
+            "stale_threshold",
+        ):
             variable = f"PYBATCH_{field.upper()}_MS"
             if variable in env:
                 kwargs[field] = timedelta(milliseconds=_env_int(env, variable))
