@@ -275,21 +275,21 @@ def test_a_host_clock_beyond_the_skew_bound_is_refused_at_connect(
 
 
 def test_the_skew_and_stale_bounds_are_validated_settings(db_dsn: str) -> None:
-    base = {"dsn": db_dsn}
-    defaults = ConnectionConfig(**base)
+    defaults = ConnectionConfig(dsn=db_dsn)
     assert defaults.max_clock_skew == datetime.timedelta(seconds=5)
     assert defaults.stale_threshold == datetime.timedelta(minutes=15)
     ms = datetime.timedelta(milliseconds=1)
     for good in (100 * ms, 60_000 * ms):
-        assert ConnectionConfig(**base, max_clock_skew=good).max_clock_skew == good
+        assert ConnectionConfig(dsn=db_dsn, max_clock_skew=good).max_clock_skew == good
+    bad: Any
     for bad in (99 * ms, 60_001 * ms, 5):
         with pytest.raises(ClockSkewBoundOutOfRange):
-            ConnectionConfig(**base, max_clock_skew=bad)
+            ConnectionConfig(dsn=db_dsn, max_clock_skew=bad)
     for good in (MINUTE, 24 * HOUR):
-        assert ConnectionConfig(**base, stale_threshold=good).stale_threshold == good
+        assert ConnectionConfig(dsn=db_dsn, stale_threshold=good).stale_threshold == good
     for bad in (MINUTE - ms, 24 * HOUR + ms, 900):
         with pytest.raises(StaleThresholdOutOfRange):
-            ConnectionConfig(**base, stale_threshold=bad)
+            ConnectionConfig(dsn=db_dsn, stale_threshold=bad)
     environ = {
         "PYBATCH_DSN": db_dsn,
         "PYBATCH_MAX_CLOCK_SKEW_MS": "250",
