@@ -17,6 +17,7 @@ can no longer be trusted.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -41,7 +42,11 @@ from pybatch.codecs._jsonb import install_strict_json_loads
 from pybatch.config import ConnectionConfig
 from pybatch.errors import PyBatchError, Unavailable
 
-__all__ = ["CommitErrors", "Lease", "TransactionSource"]
+__all__ = ["CommitErrors", "ConnectionCheck", "Lease", "TransactionSource"]
+
+#: Run once on every new pooled connection, leaving it idle: the refusal to raise when the
+#: connection is leased, or None (the clock-skew check of JobRepository.connect).
+ConnectionCheck = Callable[[Connection], PyBatchError | None]
 
 
 @attrs.frozen
@@ -138,8 +143,12 @@ class Lease:
 class TransactionSource:
     """The bounded pool of a repository, handing out leases; owns the CA file too."""
 
-    def __init__(self, config: ConnectionConfig) -> None:
+    def __init__(self, config: ConnectionConfig, *, check: ConnectionCheck | None = None) -> None:
         self._config = config
+        # New connections that `check` refused; a lease of one raises the refusal.
+        self._refused: weakref.WeakKeyDictionary[Connection, PyBatchError] = (
+            weakref.WeakKeyDictionary()
+        )
         self._ca_file = CaFile(config)
         try:
             # A wrong password or database fails here at once, not after the acquire timeout.
@@ -157,6 +166,10 @@ class TransactionSource:
             conn.adapters.register_dumper(list, ListBinaryDumper)
             install_strict_json_loads(conn)
             watch_for_termination(conn)
+            if check is not None:
+                refusal = check(conn)
+                if refusal is not None:
+                    self._refused[conn] = refusal
 
         self._pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
             kwargs=connection_kwargs(config, self._ca_file),
@@ -184,8 +197,12 @@ class TransactionSource:
         (idle_session_timeout, pg_terminate_backend, a restart) is discarded and another
         taken, so a run that pauses between chunks does not fail on it.
 
+        A connection the repository's check refused when it was opened (its clock skew) is
+        dropped and the refusal raised.
+
         Raises:
             Unavailable: no connection within the acquire timeout, or the server is down.
+            ClockSkewExceeded: the new connection found the clock beyond the skew bound.
         """
         conn: Connection | None
         try:
@@ -199,6 +216,11 @@ class TransactionSource:
             # the database dropped) is reported as itself; anything else stays Unavailable.
             probe_connection(self._config, self._ca_file)
             raise Unavailable()
+        refusal = self._refused.get(conn)
+        if refusal is not None:  # dropped, so the next lease measures a new connection
+            conn.close()
+            self._pool.putconn(conn)
+            raise refusal
         if read_only:
             conn.read_only = True
         return Lease(self, conn, read_only=read_only)

@@ -7,8 +7,8 @@ that acts on it: lease expiry, the retention cutoff, the unresolved-execution cu
 stale threshold. A decision that writes an end time (recovery) never goes below the times
 already stored, so a run stamped by a client whose clock ran ahead can still be recovered.
 Client stamps are trusted only within `ConnectionConfig.max_clock_skew` of the server:
-`JobRepository.connect` measures the distance once and refuses a host beyond it
-(ClockSkewExceeded). See docs/dba.md, "Clocks".
+every new pooled connection measures the distance and a host beyond it is refused
+(ClockSkewExceeded). See docs/etl-guide.md, "Clocks".
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ class Clock(Protocol):
     """A thread-safe source of aware UTC instants; tests inject a controlled one.
 
     A clock whose `simulated` attribute is True (a test double that sets the time it
-    returns on purpose) is exempt from the connect-time clock-skew check; every other clock,
-    the SystemClock above all, must be within the configured skew of the server.
+    returns on purpose) is exempt from the clock-skew check on new connections; every other
+    clock, the SystemClock above all, must be within the configured skew of the server.
     """
 
     def now(self) -> datetime:

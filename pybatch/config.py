@@ -260,8 +260,8 @@ class ConnectionConfig:
     connection_max_lifetime: timedelta = timedelta(minutes=30)
     pool_close_timeout: timedelta = timedelta(seconds=30)
     unit_of_work_attempts: int = 3
-    #: The largest distance allowed between this host's clock and the server's, checked once
-    #: at connect (JobRepository.connect refuses a host beyond it with ClockSkewExceeded).
+    #: The largest distance allowed between this host's clock and the server's, checked on
+    #: every new pooled connection (a host beyond it is refused with ClockSkewExceeded).
     max_clock_skew: timedelta = DEFAULT_MAX_CLOCK_SKEW
     #: An unresolved execution with no durable write for this long (on the database clock)
     #: is stale: `pybatch unresolved` lists it by default and RecoverySnapshot.is_stale says so.

@@ -1415,9 +1415,9 @@ class StaleThresholdOutOfRange(ConfigError):
 class ClockSkewExceeded(ConfigError):
     """This host's clock is further from the database server's than the configured bound.
 
-    Measured once when the repository connects. The fix is on the host: synchronise its
-    clock (NTP), or, if the distance is expected, raise PYBATCH_MAX_CLOCK_SKEW_MS (at most
-    60 s).
+    Measured on every new pooled connection, the first one when the repository connects.
+    The fix is on the host: synchronise its clock (NTP), or, if the distance is expected,
+    raise PYBATCH_MAX_CLOCK_SKEW_MS (at most 60 s).
     """
 
     message = (

@@ -179,7 +179,7 @@ def purge_survey(
     The cutoff is the server's clock minus `request.minimum_age`, computed in the
     statement: a purging client whose clock runs ahead can never make a young history look
     old. The `updated_at` it is compared with was stamped by a client whose clock the
-    connect-time skew check held within `max_clock_skew` of the server's.
+    clock-skew check on new connections held within `max_clock_skew` of the server's.
 
     Statements: retention.sql survey_purge_batch.
     """

@@ -233,7 +233,7 @@ class RecoverySnapshot:
         """Whether the execution is unresolved and had no durable write for `threshold`.
 
         Measured on the database clock (`server_time`) against the durable `updated_at`.
-        That stamp came from a client the connect-time check held within `max_clock_skew`
+        That stamp came from a client the new-connection check held within `max_clock_skew`
         of the server, so the skew is added: a client slightly ahead never makes a live run
         look stale.
 

@@ -4,7 +4,7 @@ What an operator relies on: a run left behind by a host whose clock ran ahead is
 recovered by the next launcher; a purge never deletes a history that ended moments ago,
 whatever the clocks of the host that wrote it or of the host that purges; `pybatch
 unresolved` and the stale threshold measure age on the server; a host whose clock is beyond
-the configured skew is refused when it connects, with a typed error and a log line.
+the configured skew is refused on each new connection, with a typed error and a log line.
 """
 
 from __future__ import annotations
@@ -272,6 +272,29 @@ def test_a_host_clock_beyond_the_skew_bound_is_refused_at_connect(
     )
     with JobRepository.connect(wider, clock=OffsetClock(offset)):
         pass
+
+
+def test_a_clock_that_jumps_after_connect_is_refused_on_the_next_new_connection(
+    pg_config: ConnectionConfig, admin: psycopg.Connection[Any]
+) -> None:
+    host_clock = OffsetClock()
+    with JobRepository.connect(pg_config, clock=host_clock) as repository:
+        completed(repository, "before-the-jump")
+        host_clock.offset = -HOUR
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = 'pybatch' AND pid <> pg_backend_pid()"
+        )
+        with pytest.raises(ClockSkewExceeded) as refused:
+            completed(repository, "after-the-jump")
+        assert refused.value.direction == "behind"
+        host_clock.offset = datetime.timedelta(0)  # NTP put it right: the next one passes
+        completed(repository, "after-the-fix")
+    runs = admin.execute(
+        "SELECT i.identifying_parameters::text FROM pybatch.job_instance AS i ORDER BY i.id"
+    ).fetchall()
+    assert len(runs) == 2
+    assert "after-the-jump" not in str(runs)
 
 
 def test_the_skew_and_stale_bounds_are_validated_settings(db_dsn: str) -> None:

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 class ManualClock:
     """Returns the instant it was set to; `advance` moves it forward.
 
-    Simulated: JobRepository.connect does not measure its distance from the server's clock,
+    Simulated: new connections do not measure its distance from the server's clock,
     so a test can stamp any instant it likes (the database clock still decides every cutoff).
     """
 
@@ -36,7 +36,7 @@ class ManualClock:
 class OffsetClock:
     """This host's wall clock moved by `offset`: a real client whose clock is wrong.
 
-    Not simulated, so the connect-time clock-skew check measures it; `offset` may be changed
+    Not simulated, so each new connection's clock-skew check measures it; `offset` may change
     after connect to model a clock that jumps while the process runs.
     """
 
