@@ -149,6 +149,7 @@ class TransactionSource:
         self._refused: weakref.WeakKeyDictionary[Connection, PyBatchError] = (
             weakref.WeakKeyDictionary()
         )
+        self._check = check
         self._ca_file = CaFile(config)
         try:
             # A wrong password or database fails here at once, not after the acquire timeout.
@@ -198,7 +199,7 @@ class TransactionSource:
         taken, so a run that pauses between chunks does not fail on it.
 
         A connection the repository's check refused when it was opened (its clock skew) is
-        dropped and the refusal raised.
+        measured again: still refused, it is dropped and the refusal raised.
 
         Raises:
             Unavailable: no connection within the acquire timeout, or the server is down.
@@ -216,14 +217,30 @@ class TransactionSource:
             # the database dropped) is reported as itself; anything else stays Unavailable.
             probe_connection(self._config, self._ca_file)
             raise Unavailable()
-        refusal = self._refused.get(conn)
-        if refusal is not None:  # dropped, so the next lease measures a new connection
-            conn.close()
-            self._pool.putconn(conn)
-            raise refusal
+        if conn in self._refused:
+            self._check_again(conn)
         if read_only:
             conn.read_only = True
         return Lease(self, conn, read_only=read_only)
+
+    def _check_again(self, conn: Connection) -> None:
+        """Measure a connection refused when it opened again: the clock may have been fixed.
+
+        Raises:
+            ClockSkewExceeded: still beyond the bound (the connection is dropped).
+            Unavailable: the measurement failed (the connection is dropped).
+        """
+        refusal: PyBatchError | None
+        try:
+            refusal = None if self._check is None else self._check(conn)
+        except psycopg.Error as error:
+            refusal = Unavailable(sqlstate=_sqlstate.sqlstate_of(error))
+        if refusal is None:
+            del self._refused[conn]
+            return
+        conn.close()
+        self._pool.putconn(conn)  # a closed connection is dropped; the next one is measured
+        raise refusal
 
     def _checked_connection(self) -> Connection:
         """A pooled connection that passed `check_idle_connection`, within the acquire timeout.
