@@ -17,6 +17,7 @@ can no longer be trusted.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -41,7 +42,11 @@ from pybatch.codecs._jsonb import install_strict_json_loads
 from pybatch.config import ConnectionConfig
 from pybatch.errors import PyBatchError, Unavailable
 
-__all__ = ["CommitErrors", "Lease", "TransactionSource"]
+__all__ = ["CommitErrors", "ConnectionCheck", "Lease", "TransactionSource"]
+
+#: Run once on every new pooled connection, leaving it idle: the refusal to raise when the
+#: connection is leased, or None (the clock-skew check of JobRepository.connect).
+ConnectionCheck = Callable[[Connection], PyBatchError | None]
 
 
 @attrs.frozen
@@ -138,8 +143,13 @@ class Lease:
 class TransactionSource:
     """The bounded pool of a repository, handing out leases; owns the CA file too."""
 
-    def __init__(self, config: ConnectionConfig) -> None:
+    def __init__(self, config: ConnectionConfig, *, check: ConnectionCheck | None = None) -> None:
         self._config = config
+        # New connections that `check` refused; a lease of one raises the refusal.
+        self._refused: weakref.WeakKeyDictionary[Connection, PyBatchError] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._check = check
         self._ca_file = CaFile(config)
         try:
             # A wrong password or database fails here at once, not after the acquire timeout.
@@ -157,6 +167,10 @@ class TransactionSource:
             conn.adapters.register_dumper(list, ListBinaryDumper)
             install_strict_json_loads(conn)
             watch_for_termination(conn)
+            if check is not None:
+                refusal = check(conn)
+                if refusal is not None:
+                    self._refused[conn] = refusal
 
         self._pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
             kwargs=connection_kwargs(config, self._ca_file),
@@ -184,8 +198,12 @@ class TransactionSource:
         (idle_session_timeout, pg_terminate_backend, a restart) is discarded and another
         taken, so a run that pauses between chunks does not fail on it.
 
+        A connection the repository's check refused when it was opened (its clock skew) is
+        measured again: still refused, it is dropped and the refusal raised.
+
         Raises:
             Unavailable: no connection within the acquire timeout, or the server is down.
+            ClockSkewExceeded: the new connection found the clock beyond the skew bound.
         """
         conn: Connection | None
         try:
@@ -199,9 +217,30 @@ class TransactionSource:
             # the database dropped) is reported as itself; anything else stays Unavailable.
             probe_connection(self._config, self._ca_file)
             raise Unavailable()
+        if conn in self._refused:
+            self._check_again(conn)
         if read_only:
             conn.read_only = True
         return Lease(self, conn, read_only=read_only)
+
+    def _check_again(self, conn: Connection) -> None:
+        """Measure a connection refused when it opened again: the clock may have been fixed.
+
+        Raises:
+            ClockSkewExceeded: still beyond the bound (the connection is dropped).
+            Unavailable: the measurement failed (the connection is dropped).
+        """
+        refusal: PyBatchError | None
+        try:
+            refusal = None if self._check is None else self._check(conn)
+        except psycopg.Error as error:
+            refusal = Unavailable(sqlstate=_sqlstate.sqlstate_of(error))
+        if refusal is None:
+            del self._refused[conn]
+            return
+        conn.close()
+        self._pool.putconn(conn)  # a closed connection is dropped; the next one is measured
+        raise refusal
 
     def _checked_connection(self) -> Connection:
         """A pooled connection that passed `check_idle_connection`, within the acquire timeout.

@@ -22,6 +22,7 @@ from pybatch.errors import (
     CaCertificateNotBytes,
     CaCertificateTooLarge,
     CaCertificateWithoutVerification,
+    ClockSkewBoundOutOfRange,
     EmptyCaCertificate,
     EmptyConnectionString,
     EnvironmentValueInvalid,
@@ -29,12 +30,25 @@ from pybatch.errors import (
     InvalidTlsMode,
     LockExceedsStatement,
     PoolSize,
+    StaleThresholdOutOfRange,
     TimeoutOutOfBounds,
     TlsOptionInConnectionString,
     UnitOfWorkAttempts,
 )
 
-__all__ = ["CaCertificate", "ConnectionConfig", "ConnectionKwargs", "Secret", "TlsMode"]
+__all__ = [
+    "CLOCK_SKEW_BOUNDS",
+    "DEFAULT_MAX_CLOCK_SKEW",
+    "DEFAULT_STALE_THRESHOLD",
+    "STALE_THRESHOLD_BOUNDS",
+    "CaCertificate",
+    "ConnectionConfig",
+    "ConnectionKwargs",
+    "Secret",
+    "TlsMode",
+    "check_max_clock_skew",
+    "check_stale_threshold",
+]
 
 APPLICATION_NAME = "pybatch"
 MAX_CA_BYTES = 1024 * 1024
@@ -99,6 +113,28 @@ _TIMEOUT_BOUNDS: tuple[tuple[str, str, timedelta, timedelta], ...] = (
     ("connection_max_lifetime", "connection lifetime", timedelta(minutes=1), timedelta(days=7)),
     ("pool_close_timeout", "pool close", timedelta(milliseconds=1), timedelta(minutes=5)),
 )
+
+
+#: How long an unresolved execution may go without a durable write before it is stale.
+STALE_THRESHOLD_BOUNDS = (timedelta(minutes=1), timedelta(hours=24))
+DEFAULT_STALE_THRESHOLD = timedelta(minutes=15)
+#: How far a client's clock may be from the database server's when it connects.
+CLOCK_SKEW_BOUNDS = (timedelta(milliseconds=100), timedelta(seconds=60))
+DEFAULT_MAX_CLOCK_SKEW = timedelta(seconds=5)
+
+
+def check_stale_threshold(value: object) -> None:
+    """Refuse a stale threshold outside 1 min..24 h (StaleThresholdOutOfRange)."""
+    low, high = STALE_THRESHOLD_BOUNDS
+    if not isinstance(value, timedelta) or not low <= value <= high:
+        raise StaleThresholdOutOfRange()
+
+
+def check_max_clock_skew(value: object) -> None:
+    """Refuse a clock-skew bound outside 100 ms..60 s (ClockSkewBoundOutOfRange)."""
+    low, high = CLOCK_SKEW_BOUNDS
+    if not isinstance(value, timedelta) or not low <= value <= high:
+        raise ClockSkewBoundOutOfRange()
 
 
 def _port_is_valid(port: str) -> bool:
@@ -239,6 +275,12 @@ class ConnectionConfig:
     connection_max_lifetime: timedelta = timedelta(minutes=30)
     pool_close_timeout: timedelta = timedelta(seconds=30)
     unit_of_work_attempts: int = 3
+    #: The largest distance allowed between this host's clock and the server's, checked on
+    #: every new pooled connection (a host beyond it is refused with ClockSkewExceeded).
+    max_clock_skew: timedelta = DEFAULT_MAX_CLOCK_SKEW
+    #: An unresolved execution with no durable write for this long (on the database clock)
+    #: is stale: `pybatch unresolved` lists it by default and RecoverySnapshot.is_stale says so.
+    stale_threshold: timedelta = DEFAULT_STALE_THRESHOLD
 
     def __init__(
         self,
@@ -256,6 +298,8 @@ class ConnectionConfig:
         connection_max_lifetime: timedelta = timedelta(minutes=30),
         pool_close_timeout: timedelta = timedelta(seconds=30),
         unit_of_work_attempts: int = 3,
+        max_clock_skew: timedelta = DEFAULT_MAX_CLOCK_SKEW,
+        stale_threshold: timedelta = DEFAULT_STALE_THRESHOLD,
     ) -> None:
         dsn = _to_secret(dsn)  # first: from here on no local holds the raw DSN
         self.__attrs_init__(
@@ -272,6 +316,8 @@ class ConnectionConfig:
             connection_max_lifetime=connection_max_lifetime,
             pool_close_timeout=pool_close_timeout,
             unit_of_work_attempts=unit_of_work_attempts,
+            max_clock_skew=max_clock_skew,
+            stale_threshold=stale_threshold,
         )
 
     def __attrs_post_init__(self) -> None:
@@ -289,6 +335,8 @@ class ConnectionConfig:
         attempts = self.unit_of_work_attempts
         if type(attempts) is not int or not 1 <= attempts <= MAX_UNIT_OF_WORK_ATTEMPTS:
             raise UnitOfWorkAttempts()
+        check_max_clock_skew(self.max_clock_skew)
+        check_stale_threshold(self.stale_threshold)
         if not isinstance(self.tls_mode, TlsMode):
             raise InvalidTlsMode()
         if self.ca_certificate is not None and not isinstance(self.ca_certificate, CaCertificate):
@@ -372,8 +420,9 @@ class ConnectionConfig:
         """Build a configuration from `PYBATCH_*` environment variables.
 
         PYBATCH_DSN (required), PYBATCH_TLS (`verify-full` or `plaintext`),
-        PYBATCH_CA_FILE, PYBATCH_POOL_SIZE, PYBATCH_UNIT_OF_WORK_ATTEMPTS and
-        PYBATCH_<TIMEOUT>_MS for each timeout field (e.g. PYBATCH_STATEMENT_TIMEOUT_MS).
+        PYBATCH_CA_FILE, PYBATCH_POOL_SIZE, PYBATCH_UNIT_OF_WORK_ATTEMPTS,
+        PYBATCH_<TIMEOUT>_MS for each timeout field (e.g. PYBATCH_STATEMENT_TIMEOUT_MS),
+        PYBATCH_MAX_CLOCK_SKEW_MS and PYBATCH_STALE_THRESHOLD_MS.
         """
         source = os.environ if environ is None else environ
         kwargs: dict[str, Any] = {"dsn": Secret(source.get("PYBATCH_DSN", ""))}
@@ -414,7 +463,12 @@ class ConnectionConfig:
         ):
             if variable in env:
                 kwargs[field] = _env_int(env, variable, low, high)
-        for field, _label, low_delta, high_delta in _TIMEOUT_BOUNDS:
+        for field, _label, low_delta, high_delta in (
+            *_TIMEOUT_BOUNDS,
+            # Read wide (no overflow); the settings' own checks name their bounds.
+            ("max_clock_skew", "", timedelta(0), 10 * CLOCK_SKEW_BOUNDS[1]),
+            ("stale_threshold", "", timedelta(0), 10 * STALE_THRESHOLD_BOUNDS[1]),
+        ):
             variable = f"PYBATCH_{field.upper()}_MS"
             if variable in env:
                 milliseconds = _env_int(env, variable, _ms(low_delta), _ms(high_delta))

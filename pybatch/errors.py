@@ -1398,6 +1398,38 @@ class UnitOfWorkAttempts(ConfigError):
 
 
 @_error
+class ClockSkewBoundOutOfRange(ConfigError):
+    """The configured maximum clock skew is outside 100 ms..60 s."""
+
+    message = "maximum clock skew must be from 100 ms to 60 s"
+
+
+@_error
+class StaleThresholdOutOfRange(ConfigError):
+    """The configured stale threshold is outside 1 min..24 h."""
+
+    message = "stale threshold must be from 1 minute to 24 hours"
+
+
+@_error
+class ClockSkewExceeded(ConfigError):
+    """This host's clock is further from the database server's than the configured bound.
+
+    Measured on every new pooled connection, the first one when the repository connects.
+    The fix is on the host: synchronise its clock (NTP), or, if the distance is expected,
+    raise PYBATCH_MAX_CLOCK_SKEW_MS (at most 60 s).
+    """
+
+    message = (
+        "this host's clock is {skew_ms} ms {direction} the database server's, beyond the "
+        "{bound_ms} ms allowed; synchronise the host clock (NTP) and connect again"
+    )
+    skew_ms: int
+    direction: str
+    bound_ms: int
+
+
+@_error
 class EnvironmentValueInvalid(ConfigError):
     """An environment variable could not be read as its setting."""
 
@@ -1626,6 +1658,8 @@ __all__ = [
     "CapacityExhausted",
     "ChunkCommitOutcomeUnknown",
     "ChunkTransactionError",
+    "ClockSkewBoundOutOfRange",
+    "ClockSkewExceeded",
     "CommandArgumentInvalid",
     "CommitOutcomeUnknown",
     "CompletedInstance",
@@ -1763,6 +1797,7 @@ __all__ = [
     "SchemaIdTooLong",
     "SchemaUninitialized",
     "StaleReservation",
+    "StaleThresholdOutOfRange",
     "StaleVersion",
     "StartLimitExceeded",
     "StateEnvelopeInvalid",

@@ -478,7 +478,9 @@ class JobExplorer:
     ) -> Page[JobExecutionProjection]:
         """STARTING, STARTED, STOPPING and UNKNOWN executions not updated for `minimum_age`.
 
-        The cutoff is `now - minimum_age` on the repository clock, at microsecond precision.
+        The cutoff is the server's statement time minus `minimum_age`, at microsecond
+        precision: the database clock decides, so a client whose clock is wrong neither hides
+        a stale run nor lists a fresh one.
 
         Raises:
             ExplorerAgeBoundTooSmall: `minimum_age` is under 60 s.
@@ -486,7 +488,6 @@ class JobExplorer:
         if not isinstance(minimum_age, _dt.timedelta) or minimum_age < MIN_UNRESOLVED_AGE:
             seconds = minimum_age.total_seconds() if isinstance(minimum_age, _dt.timedelta) else -1
             raise ExplorerAgeBoundTooSmall(requested_seconds=seconds)
-        cutoff = self._repository.clock.now() - minimum_age
         age_us = minimum_age // _dt.timedelta(microseconds=1)
 
         def fetch(
@@ -494,7 +495,7 @@ class JobExplorer:
         ) -> list[Row]:
             rows = self._statements.explore_unresolved_executions.many(
                 conn,
-                cutoff=cutoff,
+                minimum_age_us=age_us,
                 ceiling=ceiling,
                 after_id=key.id if isinstance(key, IdentityKey) else 0,
                 row_limit=limit,

@@ -1,22 +1,25 @@
 """The job repository: a bounded connection pool handing out units of work (behaviour.md 4).
 
-Statements: schema.sql read_schema_version (the version check at connect); recovery.sql
-read_recovery_snapshot.
+Statements: schema.sql read_schema_version (the version check at connect), read_server_clock
+(the clock-skew check on each new pooled connection); recovery.sql read_recovery_snapshot.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from datetime import datetime, timedelta
 from typing import TypeVar
 
 from pybatch._statements import Connection, Statements, load_statements
-from pybatch._transaction import TransactionSource
+from pybatch._transaction import ConnectionCheck, TransactionSource
 from pybatch.capability_defaults import built_capabilities
-from pybatch.clock import Clock, SystemClock
+from pybatch.clock import Clock, SystemClock, is_simulated, measured_skew
 from pybatch.codecs._primitives import DecodeError
 from pybatch.config import ConnectionConfig
 from pybatch.errors import (
+    ClockSkewExceeded,
     MigrationRequired,
     NewerSchema,
     RetryableConflict,
@@ -32,7 +35,45 @@ from pybatch.values.recovery import RecoverySnapshot
 
 __all__ = ["JobRepository"]
 
+logger = logging.getLogger(__name__)
+
 T = TypeVar("T")
+
+
+def _clock_skew_check(config: ConnectionConfig, clock: Clock) -> ConnectionCheck:
+    """Measure `clock` against the server's on a new connection; the refusal, or None.
+
+    The stamps a repository writes come from its clock; the decisions made on them (the
+    retention, unresolved and stale cutoffs, lease expiry) use the server's. Bounding the
+    distance keeps the two comparable at the cost of one statement per new connection, not
+    per statement. Two client readings bracket the server read, so a slow round trip is
+    never mistaken for skew. The connection is left idle, as the pool requires.
+    """
+    statements = load_statements()
+    bound_ms = int(config.max_clock_skew / timedelta(milliseconds=1))
+
+    def check(conn: Connection) -> ClockSkewExceeded | None:
+        before = clock.now()
+        server = statements.read_server_clock.scalar(conn)
+        after = clock.now()
+        conn.rollback()
+        if not isinstance(server, datetime):
+            raise Unavailable()
+        skew = measured_skew(before, server, after)
+        if abs(skew) <= config.max_clock_skew:
+            return None
+        milliseconds = int(abs(skew) / timedelta(milliseconds=1))
+        direction = "ahead of" if skew > timedelta(0) else "behind"
+        logger.error(
+            "pybatch: refusing the connection: this host's clock is %s ms %s the database "
+            "server's (at most %s ms allowed); synchronise it (NTP)",
+            milliseconds,
+            direction,
+            bound_ms,
+        )
+        return ClockSkewExceeded(skew_ms=milliseconds, direction=direction, bound_ms=bound_ms)
+
+    return check
 
 
 class JobRepository:
@@ -64,11 +105,17 @@ class JobRepository:
             SchemaUninitialized: no pybatch schema or version row.
             MigrationRequired: the schema is older than this package.
             NewerSchema: the schema is newer than this package.
+            ClockSkewExceeded: the clock is further than `config.max_clock_skew` from the
+                server's (a clock marked `simulated`, a test double, is not measured). The
+                same check runs on every new pooled connection, so a later lease raises it
+                too once the clock has drifted or jumped.
             Unavailable: the server cannot be reached (details redacted).
         """
-        transactions = TransactionSource(config)
+        clock = clock or SystemClock()
+        check = None if is_simulated(clock) else _clock_skew_check(config, clock)
+        transactions = TransactionSource(config, check=check)
         try:
-            repository = cls(config, transactions, clock or SystemClock(), 0)
+            repository = cls(config, transactions, clock, 0)
             repository.schema_version = repository._verify_schema_version()
         except BaseException:
             transactions.close(0)

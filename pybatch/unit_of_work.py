@@ -475,7 +475,7 @@ class UnitOfWork(UnitOfWorkBase):
     ) -> PurgeSurvey:
         """The next batch of whole instance histories to purge; read-only (4.14)."""
         with self.operation() as conn:
-            return retention.purge_survey(self.statements, conn, request, self.clock.now(), after)
+            return retention.purge_survey(self.statements, conn, request, after)
 
     def apply_purge(self, plan: PurgePlan) -> retention.PurgeResult:
         """Delete exactly the plan's histories, or nothing (RetentionPlanStale) (4.14)."""

@@ -284,8 +284,10 @@ CROSS JOIN
 WHERE execution.id = :job_execution_id;
 
 -- :name explore_unresolved_executions :many
--- :doc Executions in STARTING, STARTED, STOPPING or UNKNOWN last updated strictly before cutoff
--- (repository clock), id ascending after after_id (job_execution_unresolved_identity).
+-- :doc Executions in STARTING, STARTED, STOPPING or UNKNOWN last updated strictly more than
+-- minimum_age_us microseconds before the server's statement time (the database clock decides the
+-- cutoff, whatever the client's clock says), id ascending after after_id
+-- (job_execution_unresolved_identity).
 SELECT
     execution.id,
     execution.job_instance_id,
@@ -346,7 +348,8 @@ CROSS JOIN
     ) AS totals
 WHERE
     execution.status IN ('STARTING', 'STARTED', 'STOPPING', 'UNKNOWN')
-    AND execution.updated_at < :cutoff
+    AND execution.updated_at
+    < STATEMENT_TIMESTAMP() - CAST(:minimum_age_us AS BIGINT) * INTERVAL '1 microsecond'
     AND execution.id > :after_id
     AND execution.id <= :ceiling
 ORDER BY execution.id

@@ -49,8 +49,9 @@ RETURNING
     decided_at;
 
 -- :name find_latest_recovery_decision :one
--- :doc The latest recovery decision of a job execution by (decided_at, id), or no row
--- (behaviour.md 4.9, rule 10).
+-- :doc The latest recovery decision of a job execution, or no row: the highest id (decisions on
+-- one execution are serialised by its row lock, so the database's sequence orders them; a
+-- client-stamped decided_at never does), recovery_decision_execution_identity.
 SELECT
     d.id,
     d.job_execution_id,
@@ -63,7 +64,7 @@ SELECT
     d.decided_at
 FROM pybatch.recovery_decision AS d
 WHERE d.job_execution_id = :job_execution_id
-ORDER BY d.decided_at DESC, d.id DESC
+ORDER BY d.id DESC
 LIMIT 1;
 
 -- :name read_recovery_snapshot :one

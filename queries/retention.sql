@@ -66,15 +66,17 @@ VALUES (
 RETURNING id;
 
 -- :name survey_purge_batch :many
--- :doc The next batch of whole instance histories, in one statement: for each requested status,
--- the candidate instances oldest latest execution first (the latest attempt has that status and
--- was last written before the cutoff; the instance is of the job, not held, with no unresolved
--- attempt), at most the batch bound per status after the (after_updated_at, after_instance_id)
--- keyset; then the longest prefix, across statuses, whose executions fit in the bound (the first
--- instance always, alone if larger); then every execution of those instances, oldest instance
--- first, each with its instance's latest status and updated_at and, repeated on every row, the
--- rows a purge of them would delete per table (job_execution_status_updated,
--- job_execution_attempt_unique, and each child table's foreign key index for the counts).
+-- :doc The next batch of whole instance histories, in one statement: for each requested status, the
+-- candidate instances oldest latest execution first (the latest attempt has that status and was
+-- last written more than minimum_age_us microseconds before the server's statement time, so the
+-- database clock decides the cutoff whatever the client's clock says; the instance is of the job,
+-- not held, with no unresolved attempt), at most the batch bound per status after the
+-- (after_updated_at, after_instance_id) keyset; then the longest prefix, across statuses, whose
+-- executions fit in the bound (the first instance always, alone if larger); then every execution of
+-- those instances, oldest instance first, each with its instance's latest status and updated_at
+-- and, repeated on every row, the rows a purge of them would delete per table
+-- (job_execution_status_updated, job_execution_attempt_unique, and each child table's foreign key
+-- index for the counts).
 WITH requested AS (
     SELECT q.status
     FROM UNNEST(CAST(:statuses AS TEXT[])) AS q (status)
@@ -106,7 +108,8 @@ latest AS MATERIALIZED (
             INNER JOIN pybatch.job_instance AS i ON e.job_instance_id = i.id
             WHERE
                 e.status = r.status
-                AND e.updated_at < :cutoff
+                AND e.updated_at
+                < STATEMENT_TIMESTAMP() - CAST(:minimum_age_us AS BIGINT) * INTERVAL '1 microsecond'
                 AND (e.updated_at, e.job_instance_id) > (:after_updated_at, :after_instance_id)
                 AND i.job_name = :job_name
                 AND i.hold_actor IS NULL

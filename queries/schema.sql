@@ -51,3 +51,7 @@ ON CONFLICT (singleton) DO UPDATE
         version = excluded.version,
         installed_at = excluded.installed_at
     WHERE sv.version = excluded.version - 1;
+
+-- :name read_server_clock :scalar
+-- :doc The database server's clock, for the connect-time clock-skew check (JobRepository.connect).
+SELECT CLOCK_TIMESTAMP() AS server_time;

@@ -103,9 +103,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     unresolved.add_argument(
         "--older-than",
         type=duration_type("--older-than", unit_required=False),
-        default=_dt.timedelta(minutes=10),
+        default=None,
         metavar="DURATION",
-        help="not updated for this long: 90s, 10m, 2h, 1d (10m; at least 60s)",
+        help=(
+            "not updated for this long on the database clock: 90s, 10m, 2h, 1d (at least 60s;"
+            " default: the stale threshold, PYBATCH_STALE_THRESHOLD_MS, 15m unless set)"
+        ),
     )
     unresolved.set_defaults(handler=_unresolved)
 
@@ -268,8 +271,11 @@ def _executions(args: argparse.Namespace) -> int:
 
 def _unresolved(args: argparse.Namespace) -> int:
     size, after = _page_args(args)
+    older_than = args.older_than
+    if older_than is None:  # the configured stale threshold (validated: 1 min..24 h)
+        older_than = config_from_args(args).stale_threshold
     with _explorer(args) as explorer:
-        page = explorer.unresolved_executions(args.older_than, size, after)
+        page = explorer.unresolved_executions(older_than, size, after)
     return _emit(
         args,
         page,

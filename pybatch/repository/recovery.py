@@ -1,4 +1,4 @@
-"""Audited recovery of orphaned or ambiguous executions (behaviour.md 4.9), queries/recovery.sql."""
+"""Audited recovery of orphaned or ambiguous executions, queries/recovery.sql."""
 
 from __future__ import annotations
 
@@ -67,7 +67,6 @@ def recover_job_execution(
         JobExecutionNotFound: no such execution.
         StaleVersion: the version moved on (a replayed request is stale, rule 10).
         RecoveryNotAllowed: the execution is already finished.
-        InvalidTimestampOrder: the clock is behind the execution's start.
 
     Statements: executions.sql lock_job_execution; recovery.sql update_job_execution_recovered,
     insert_recovery_decision; audit_chain.sql append_audit_link.
@@ -81,8 +80,11 @@ def recover_job_execution(
         raise StaleVersion(expected=request.expected_version, actual=prior.version)
     if not prior.status.is_unresolved:
         raise RecoveryNotAllowed(id=execution_id, status=prior.status.value)
-    decided_at = clock.now()
     times = prior.metadata.timestamps
+    # The decision's end time never goes below what is stored: a run stamped by a client
+    # whose clock ran ahead is still recoverable by one whose clock is right (its end time is
+    # then its start). Nothing decides on `decided_at`; the latest decision is the highest id.
+    decided_at = max(clock.now(), times.started_at or times.created_at)
     metadata = ExecutionMetadata(
         status=request.disposition.status,
         exit_status=prior.metadata.exit_status,

@@ -167,7 +167,6 @@ def purge_survey(
     q: Statements,
     conn: Connection,
     request: PurgePlanRequest,
-    now: _dt.datetime,
     after: tuple[_dt.datetime, int] | None = None,
 ) -> PurgeSurvey:
     """The next batch of whole instance histories to purge (read-only).
@@ -176,12 +175,17 @@ def purge_survey(
     fit in the batch bound; an instance larger than the bound is taken alone. One statement
     chooses them, lists their executions and counts the rows a purge would delete.
 
+    The cutoff is the server's clock minus `request.minimum_age`, computed in the
+    statement: a purging client whose clock runs ahead can never make a young history look
+    old. The `updated_at` it is compared with was stamped by a client whose clock the
+    clock-skew check on new connections held within `max_clock_skew` of the server's.
+
     Statements: retention.sql survey_purge_batch.
     """
     rows = q.survey_purge_batch.many(
         conn,
         statuses=[status.value for status in request.statuses.ordered()],
-        cutoff=now - request.minimum_age,
+        minimum_age_us=request.minimum_age // _dt.timedelta(microseconds=1),
         job_name=request.job_name.value,
         limit=request.batch.value,
         after_updated_at=_EPOCH if after is None else after[0],

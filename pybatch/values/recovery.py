@@ -8,6 +8,12 @@ import unicodedata
 
 import attrs
 
+from pybatch.config import (
+    DEFAULT_MAX_CLOCK_SKEW,
+    DEFAULT_STALE_THRESHOLD,
+    check_max_clock_skew,
+    check_stale_threshold,
+)
 from pybatch.errors import (
     RecoveryEvidenceDigestInvalid,
     RecoveryRequestControlCharacter,
@@ -218,3 +224,25 @@ class RecoverySnapshot:
     server_time: datetime.datetime
     latest_step: RecoveryStepEvidence | None
     markers: RecoveryMarkers
+
+    def is_stale(
+        self,
+        threshold: datetime.timedelta = DEFAULT_STALE_THRESHOLD,
+        max_clock_skew: datetime.timedelta = DEFAULT_MAX_CLOCK_SKEW,
+    ) -> bool:
+        """Whether the execution is unresolved and had no durable write for `threshold`.
+
+        Measured on the database clock (`server_time`) against the durable `updated_at`.
+        That stamp came from a client the new-connection check held within `max_clock_skew`
+        of the server, so the skew is added: a client slightly ahead never makes a live run
+        look stale.
+
+        Raises:
+            StaleThresholdOutOfRange: `threshold` is outside 1 min..24 h.
+            ClockSkewBoundOutOfRange: `max_clock_skew` is outside 100 ms..60 s.
+        """
+        check_stale_threshold(threshold)
+        check_max_clock_skew(max_clock_skew)
+        if not self.status.is_unresolved:
+            return False
+        return self.server_time - self.updated_at > threshold + max_clock_skew

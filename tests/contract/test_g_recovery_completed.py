@@ -5,7 +5,6 @@ snapshot (G11), and domain errors through a repository call being RepositoryErro
 from __future__ import annotations
 
 import pickle
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -13,16 +12,18 @@ import pytest
 from pybatch import JobRepository
 from pybatch.errors import (
     DomainError,
-    InvalidTimestampOrder,
     JobExecutionNotFound,
     RepositoryDomainError,
     RepositoryError,
+    StateSchemaVersionNotStorable,
 )
 from pybatch.etl import Job
 from pybatch.values.lifecycle import LifecycleTransition
-from pybatch.values.names import StepName
+from pybatch.values.names import StateSchemaId, StepName
 from pybatch.values.ownership import OwnerToken
+from pybatch.values.partitions import PartitionPlanEntry
 from pybatch.values.recovery import OwnerObservation, RecoveryMarkers
+from pybatch.values.state import ExecutionContext
 from tests.contract.test_g_recovery_basic import S, execution_in, mark_failed
 from tests.support.clock import ManualClock
 
@@ -50,16 +51,27 @@ def test_domain_errors_through_a_repository_call_are_repository_errors(
     repository: JobRepository, clock: ManualClock
 ) -> None:
     prior = execution_in(repository, clock, S.STARTED)
-    clock.set(clock.now() - timedelta(hours=1))
+    with repository.begin() as uow:
+        parent = uow.create_step_execution(prior.id, StepName("parent"))
+        parent = uow.transition_step_execution(
+            parent.id, parent.version, LifecycleTransition.new(S.STARTED, clock.advance())
+        )
+        uow.commit()
+    # A context schema version valid as a u32 but beyond the integer column.
+    too_big = PartitionPlanEntry(
+        "a", ExecutionContext(StateSchemaId("tests.domain.v1"), 2**31, {"key": "a"})
+    )
     with repository.begin() as uow, pytest.raises(RepositoryError) as caught:
-        uow.recover_job_execution(prior.id, mark_failed(prior.version))
+        uow.create_step_partition_plan(parent.id, [too_big])
     error = caught.value
     # The contract's RepositoryError.Domain(DomainError): the refusal is its field and cause.
     assert isinstance(error, RepositoryDomainError)
-    assert isinstance(error.error, InvalidTimestampOrder) and isinstance(error.error, DomainError)
+    refusal = error.error
+    assert isinstance(refusal, StateSchemaVersionNotStorable) and isinstance(refusal, DomainError)
     assert error.__cause__ is error.error
     copy = pickle.loads(pickle.dumps(error))
-    assert isinstance(copy, RepositoryDomainError) and isinstance(copy.error, InvalidTimestampOrder)
+    assert isinstance(copy, RepositoryDomainError)
+    assert isinstance(copy.error, StateSchemaVersionNotStorable)
 
 
 def test_g11_recovery_snapshot(repository: JobRepository, clock: ManualClock, admin: Any) -> None:

@@ -218,16 +218,31 @@ def test_j3_a_held_instance_is_not_surveyed_but_still_runs(
 # --------------------------------------------------------------------------- survey (J4-J7)
 
 
-def test_j4_the_age_bound_is_strict(repository: JobRepository, clock: ManualClock) -> None:
-    instance_id = history(repository, clock, "a", S.COMPLETED)
-    with repository.begin() as uow:
-        [execution] = uow.job_executions(instance_id)
-    clock.set(execution.updated_at + HOUR)
-    with repository.begin() as uow:
-        assert uow.purge_survey(request()).candidates == ()
-    clock.set(execution.updated_at + HOUR + datetime.timedelta(microseconds=1))
-    with repository.begin() as uow:
-        assert [c.job_instance_id for c in uow.purge_survey(request()).candidates] == [instance_id]
+def server_now(admin: psycopg.Connection[Any]) -> datetime.datetime:
+    row = admin.execute("SELECT clock_timestamp()").fetchone()
+    assert row is not None
+    instant: datetime.datetime = row[0]
+    return instant
+
+
+def test_j4_the_age_bound_is_measured_on_the_database_clock(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    """The cutoff is the server's clock minus the age: the purging client's clock is ignored."""
+    server = server_now(admin)
+    clock.set(server - HOUR + datetime.timedelta(minutes=10))
+    young = history(repository, clock, "young", S.COMPLETED)
+    clock.set(server - HOUR - datetime.timedelta(minutes=1))
+    old = history(repository, clock, "old", S.COMPLETED)
+    for purging_client in (
+        server + datetime.timedelta(days=30),
+        server - datetime.timedelta(days=30),
+    ):
+        clock.set(purging_client)
+        with repository.begin() as uow:
+            candidates = uow.purge_survey(request()).candidates
+        assert [c.job_instance_id for c in candidates] == [old]
+    assert young != old
 
 
 def test_j5_j14_only_whole_finished_histories_whose_latest_matches(

@@ -9,7 +9,7 @@ then resumes from its checkpoint and completes.
 from __future__ import annotations
 
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,6 @@ from pybatch import ConnectionConfig, JobRepository, migrator
 from pybatch.explorer import JobExplorer
 from pybatch.testing import JobRunner
 from pybatch.values.status import BatchStatus
-from tests.support.clock import ManualClock
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "docs" / "examples" / "load_orders.py"
@@ -70,8 +69,12 @@ def test_upgrade_with_a_job_in_flight_then_resume(
     admin.execute("UPDATE pybatch.schema_version SET version = %s", (shipped[-1].version,))
     assert _index_exists(admin)
 
-    clock = ManualClock(datetime.now(UTC) + timedelta(hours=1))
-    with JobRepository.connect(pg_config, clock=clock) as repository:
+    # Unresolved age is measured on the database clock: age the dead run there.
+    admin.execute(
+        "UPDATE pybatch.job_execution SET created_at = created_at - interval '1 hour',"
+        " started_at = started_at - interval '1 hour', updated_at = updated_at - interval '1 hour'"
+    )
+    with JobRepository.connect(pg_config) as repository:
         (dead,) = JobExplorer(repository).unresolved_executions(timedelta(minutes=10)).items
         assert (dead.status, dead.counts.written) == (BatchStatus.STARTED, 200)
         with admin.transaction():  # a one-row table: ask for the index the planner would skip

@@ -360,6 +360,11 @@ PYBATCH_ONLY: dict[str, Families] = {
     "ExecutionOwnershipLost": REPOSITORY,  # a stale owner whose execution was recovered (4.12)
     "PartitionOwnershipLost": REPOSITORY,  # a stale worker whose partition was recovered
     "StopRequested": CHUNK,  # the ETL API ends a step at a chunk boundary on a stop request
+    # The clock-skew and stale-threshold bounds (100 ms..60 s, 1 min..24 h) as settings, and
+    # the connect-time refusal of a host whose clock is beyond the skew bound.
+    "ClockSkewBoundOutOfRange": CONFIG,
+    "StaleThresholdOutOfRange": CONFIG,
+    "ClockSkewExceeded": CONFIG,
 }
 
 #: Contract leaves pybatch also puts in a family of its own: class name -> extra families.
