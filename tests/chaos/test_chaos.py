@@ -5,13 +5,13 @@ deterministic source into a table without a unique key: a partitioned step (a la
 forked local workers, plus two processes that join with `join_partitioned_step`), a COPY
 loader and an `executemany` loader, all with two-second leases. For CHAOS_S seconds a
 seeded RNG injects faults: SIGKILL of any of those processes (launchers, forked workers,
-joiners), pg_terminate_backend of one pybatch backend or of every backend of one process
-(its pooled connections, among them the one its lease keeper renews through, and its
-liveness session), `pg_ctl restart -m immediate` of the server, and SIGSTOP of a process
-for longer than its lease (then SIGCONT). A supervisor starts a new process for a job
-whenever the job has no live, unpaused one (a paused owner's rival retries
-ExecutionAlreadyActive until the lease runs out and then recovers it), until every job
-completed.
+joiners), SIGINT of a launcher's process group (Ctrl-C: its run ends STOPPED),
+pg_terminate_backend of one pybatch backend or of every backend of one process (its pooled
+connections, among them the one its lease keeper renews through, and its liveness session),
+`pg_ctl restart -m immediate` of the server, and SIGSTOP of a process for longer than its
+lease (then SIGCONT). A supervisor starts a new process for a job whenever the job has no
+live, unpaused one (a paused owner's rival retries ExecutionAlreadyActive until the lease
+runs out and then recovers it), until every job completed.
 
 Then it checks what a user relies on:
 - every table equals its source: rows == source rows == distinct ids, and the sha256 of the
@@ -76,6 +76,7 @@ KINDS = {
     "terminate_process_backends": 3,
     "restart_immediate": 1,
     "sigstop": 2,
+    "sigint": 2,
 }
 #: Processes kept live per role (a job role gets a new process while its job is unfinished).
 WANTED = {"partitions": 1, "join": 2, "copy": 1, "many": 1}
@@ -114,6 +115,13 @@ class Proc:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
+    def launched(self) -> bool:
+        """Whether its job run started (the process printed `launched`)."""
+        try:
+            return b"launched " in self.log.read_bytes()
+        except OSError:
+            return False
+
 
 def group_members(groups: set[int]) -> dict[int, int]:
     """Live (not zombie) processes of these process groups: pid -> group."""
@@ -134,6 +142,13 @@ def group_members(groups: set[int]) -> dict[int, int]:
 def signal_quietly(pid: int, sig: int) -> None:
     try:
         os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def kill_group(group: int, sig: int) -> None:
+    try:
+        os.killpg(group, sig)
     except ProcessLookupError:
         pass
 
@@ -204,7 +219,7 @@ class Chaos:
                 self.procs.append(Proc(role, self.env, self.tmp / f"{role}-{number}.log"))
         if w.PARTITIONED.job in self.complete:  # the joiners have nothing left to do
             for proc in self.active("join"):
-                os.killpg(proc.pid, signal.SIGKILL)
+                kill_group(proc.pid, signal.SIGKILL)
 
     def groups(self) -> set[int]:
         return {p.pid for p in self.procs}
@@ -240,16 +255,23 @@ class Chaos:
         pause = w.LEASE.total_seconds() + self.rng.uniform(*PAUSE_PAST_LEASE_S)
         if kind == "restart_immediate" and self.faults[kind] >= MAX_RESTARTS:
             kind = "sigkill"
-        if kind in ("sigkill", "sigstop"):
+        if kind in ("sigkill", "sigstop", "sigint"):
             members = group_members(self.groups())
             if kind == "sigstop":
                 members = {p: g for p, g in members.items() if p not in self.paused}
+            if kind == "sigint":  # Ctrl-C of a launched run: it ends STOPPED on that path
+                leaders = {p.pid for p in self.procs if p.role != "join" and p.launched()}
+                members = {
+                    p: g for p, g in members.items() if p in leaders and p not in self.paused
+                }
             if not members:
                 return
             pid, target = self.choose_process(members, pick, pick_process)
             if kind == "sigkill":
                 signal_quietly(pid, signal.SIGKILL)
                 self.paused.pop(pid, None)
+            elif kind == "sigint":  # Ctrl-C reaches the whole group: the forked workers too
+                kill_group(pid, signal.SIGINT)
             else:
                 signal_quietly(pid, signal.SIGSTOP)
                 self.paused[pid] = now + pause
@@ -345,10 +367,7 @@ class Chaos:
         ):
             time.sleep(0.05)
         for group in self.groups():
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            kill_group(group, signal.SIGKILL)
         for proc in self.procs:
             proc.popen.wait(timeout=30)
         deadline = time.monotonic() + 30
