@@ -92,21 +92,37 @@ chaos_proc = factories.postgresql_proc(
 
 
 class Proc:
-    """One process started by the supervisor, leader of its own process group."""
+    """One process started by the supervisor, leader of its own process group.
+
+    It starts as a spare: imported and waiting for `go` on stdin, so a relaunch starts its
+    run at once, as an operator's immediate relaunch would, instead of seconds later.
+    """
 
     def __init__(self, role: str, env: dict[str, str], log: Path) -> None:
         self.role = role
         self.log = log
+        self.going = False
         with log.open("ab") as out:
             self.popen = subprocess.Popen(
                 [sys.executable, "-m", "tests.chaos.worker", role],
                 cwd=ROOT,
                 env=env,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+
+    def go(self) -> None:
+        self.going = True
+        stdin = self.popen.stdin
+        if stdin is None:
+            return
+        try:
+            stdin.write(b"go\n")
+            stdin.close()
+        except OSError:  # it died as a spare; the supervisor notices and replaces it
+            pass
 
     @property
     def pid(self) -> int:
@@ -181,6 +197,7 @@ class Chaos:
         self.complete: set[str] = set()
         self.next_start: dict[str, float] = {}
         self.reaped: set[int] = set()
+        self.spawned = 0
 
     # ------------------------------------------------------------------ supervision
 
@@ -200,12 +217,18 @@ class Chaos:
         self.complete = {row[0] for row in rows}
 
     def active(self, role: str) -> list[Proc]:
-        return [p for p in self.procs if p.role == role and p.alive() and p.pid not in self.paused]
+        return [
+            p
+            for p in self.procs
+            if p.role == role and p.going and p.alive() and p.pid not in self.paused
+        ]
 
     def supervise(self, now: float) -> None:
         for proc in self.procs:
             if proc.pid not in self.reaped and not proc.alive():
                 self.reaped.add(proc.pid)
+                if not proc.going:
+                    continue
                 self.exits[f"{proc.role}:{proc.popen.returncode}"] += 1
                 if proc.popen.returncode != 0:  # back off while the server restarts
                     self.next_start[proc.role] = now + 0.3
@@ -215,14 +238,28 @@ class Chaos:
             if now < self.next_start.get(role, 0.0):
                 continue
             for _ in range(wanted - len(self.active(role))):
-                number = self.started[role] = self.started[role] + 1
-                self.procs.append(Proc(role, self.env, self.tmp / f"{role}-{number}.log"))
-        if w.PARTITIONED.job in self.complete:  # the joiners have nothing left to do
-            for proc in self.active("join"):
-                kill_group(proc.pid, signal.SIGKILL)
+                (self.spare(role) or self.spawn(role)).go()
+                self.started[role] += 1
+            if self.spare(role) is None:
+                self.spawn(role)
+        for role, job in JOB_OF_ROLE.items():
+            if job.job in self.complete:  # nothing left to do: no spare, and no joiner
+                for proc in self.procs:
+                    if proc.role == role and proc.alive() and (role == "join" or not proc.going):
+                        kill_group(proc.pid, signal.SIGKILL)
 
-    def groups(self) -> set[int]:
-        return {p.pid for p in self.procs}
+    def spare(self, role: str) -> Proc | None:
+        return next((p for p in self.procs if p.role == role and not p.going and p.alive()), None)
+
+    def spawn(self, role: str) -> Proc:
+        self.spawned += 1
+        proc = Proc(role, self.env, self.tmp / f"{role}-{self.spawned}.log")
+        self.procs.append(proc)
+        return proc
+
+    def groups(self, *, spares: bool = False) -> set[int]:
+        """The process groups faults aim at (spares only when asked: they do nothing yet)."""
+        return {p.pid for p in self.procs if spares or p.going}
 
     def role_of(self, pid: int, group: int) -> str:
         role = next(p.role for p in self.procs if p.pid == group)
@@ -366,12 +403,16 @@ class Chaos:
             p.alive() for p in self.procs if p.role != "join"
         ):
             time.sleep(0.05)
-        for group in self.groups():
+        for group in self.groups(spares=True):
             kill_group(group, signal.SIGKILL)
         for proc in self.procs:
             proc.popen.wait(timeout=30)
+            if proc.popen.stdin is not None and not proc.popen.stdin.closed:
+                proc.popen.stdin.close()
         deadline = time.monotonic() + 30
-        while group_members(self.groups()):  # orphaned forked workers die with their group
+        while group_members(
+            self.groups(spares=True)
+        ):  # orphaned forked workers die with their group
             assert time.monotonic() < deadline, "orphaned workers survived SIGKILL"
             time.sleep(0.05)
         deadline = time.monotonic() + 30
@@ -386,7 +427,7 @@ class Chaos:
         return (
             f"faults {dict(sorted(self.faults.items()))} (total {sum(self.faults.values())});"
             f" targets {dict(sorted(self.targets.items()))};"
-            f" processes started {dict(sorted(self.started.items()))};"
+            f" runs started {dict(sorted(self.started.items()))};"
             f" exits {dict(sorted(self.exits.items()))}"
         )
 
@@ -526,6 +567,25 @@ def history(chaos: Chaos) -> str:
     )
 
 
+def dump_state(chaos: Chaos, path: Path) -> None:
+    """The executions, steps and partitions at the end, for a post-mortem next to the logs."""
+    tables = {
+        "job_execution": "SELECT e.id, i.job_name, e.attempt, e.status, e.created_at, e.ended_at"
+        " FROM pybatch.job_execution AS e"
+        " JOIN pybatch.job_instance AS i ON i.id = e.job_instance_id ORDER BY e.id",
+        "step_execution": "SELECT id, job_execution_id, step_name, status, write_count,"
+        " checkpoint_payload, failure_category, started_at, ended_at, updated_at"
+        " FROM pybatch.step_execution ORDER BY id",
+        "step_partition": "SELECT id, step_execution_id, partition_key, status,"
+        " worker_step_execution_id, write_count FROM pybatch.step_partition ORDER BY id",
+    }
+    with path.open("w") as out:
+        for name, sql in tables.items():
+            out.write(f"== {name}\n")
+            for row in chaos.query(sql):
+                out.write(" | ".join(str(value) for value in row) + "\n")
+
+
 @pytest.fixture(scope="module")
 def proc(chaos_proc: Any) -> Any:
     return chaos_proc
@@ -544,6 +604,7 @@ def test_faults_under_load_leave_exact_tables_counters_lifecycle_and_audit_chain
         elapsed = chaos.run()
     finally:
         chaos.stop_everything()
+    dump_state(chaos, tmp_path / "state.txt")
     violations = (
         table_violations(chaos)
         + lifecycle_violations(chaos)
@@ -555,4 +616,7 @@ def test_faults_under_load_leave_exact_tables_counters_lifecycle_and_audit_chain
     if violations:
         listed = "\n  ".join(violations[:40])
         more = f"\n  ... and {len(violations) - 40} more" if len(violations) > 40 else ""
-        pytest.fail(f"{report}\n{len(violations)} violations:\n  {listed}{more}\nlogs: {tmp_path}")
+        pytest.fail(
+            f"{report}\n{len(violations)} violations:\n  {listed}{more}\n"
+            f"logs and state.txt: {tmp_path}"
+        )

@@ -19,6 +19,9 @@ Environment:
                               rows are written (the faults land mid-chunk, mid-step); the
                               parent removes it when the fault phase is over
 
+Each process is started ahead of need and waits, imported, for a `go` line on stdin (so the
+parent's relaunch starts at once); it exits without doing anything on end of input.
+
 Exit codes: 0 the job completed (by this process or earlier), 1 any other error (the
 parent starts another process), 3 the job stayed active under another owner for too long.
 """
@@ -32,7 +35,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pybatch import ConnectionConfig, JobRepository
@@ -46,8 +49,8 @@ CHUNK = 25
 SLOW_CHUNK_S = 0.25
 #: Forked workers of the partitioned step's launcher (two more processes join it).
 LOCAL_WORKERS = 2
-PARTITIONS = 80
-ROWS_PER_PARTITION = 150
+PARTITIONS = 12
+ROWS_PER_PARTITION = 1_000
 LOADER_ROWS = 3_000
 #: How long a launch keeps retrying while another process still owns the run.
 ACTIVE_RETRY_S = 30.0
@@ -94,6 +97,11 @@ def rows_sha256(rows: Iterable[tuple[Any, ...]]) -> str:
     for row in rows:
         digest.update(("|".join(str(value) for value in row) + "\n").encode())
     return digest.hexdigest()
+
+
+def say(*words: object) -> None:
+    """One flushed line on stdout, stamped like the log lines (the log is shared)."""
+    print(f"{datetime.now():%Y-%m-%d %H:%M:%S,%f}"[:-3], os.getpid(), *words, flush=True)
 
 
 def parameters() -> dict[str, str]:
@@ -154,12 +162,12 @@ def run_job(spec: Spec) -> int:
             try:
                 run = job.launch()
             except CompletedInstance:
-                print("complete", flush=True)
+                say("complete")
                 return 0
             except ExecutionAlreadyActive:
                 # A paused or just-killed owner: its lease has not run out yet.
                 if not waiting:
-                    print("waiting for the live owner's lease", flush=True)
+                    say("waiting for the live owner's lease")
                     waiting = True
                 if time.monotonic() > deadline:
                     return 3
@@ -167,13 +175,13 @@ def run_job(spec: Spec) -> int:
                 continue
             break
         with run:
-            print("launched", run.attempt, os.getpid(), flush=True)
+            say("launched", run.attempt, os.getpid())
             if spec is PARTITIONED:
                 run.partitioned_step(STEP_NAME, plan(), load_partition, workers=LOCAL_WORKERS)
             else:
                 write = copy_rows(spec.table) if spec is COPY else insert_rows(spec.table)
                 run.step(STEP_NAME, lambda step: load_rows(step, 1, spec.rows, write))
-    print("done", flush=True)
+    say("done")
     return 0
 
 
@@ -192,16 +200,18 @@ def join() -> int:
                         wait_seconds=2.0,
                         lease=LEASE,
                     )
-                    print("joined", ran, flush=True)
+                    say("joined", ran)
                     time.sleep(0.2)
         except PyBatchError as error:  # no plan yet, a restarted server, a lost partition
-            print("join failed", type(error).__name__, flush=True)
+            say("join failed", type(error).__name__)
             time.sleep(0.3)
 
 
 def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(process)d %(message)s")
     role = sys.argv[1]
+    if sys.stdin.readline().strip() != "go":  # a spare the parent never needed
+        return 0
     if role == "join":
         return join()
     spec = {"partitions": PARTITIONED, "copy": COPY, "many": MANY}[role]
@@ -209,7 +219,7 @@ def main() -> int:
         return run_job(spec)
     except PyBatchError as error:
         traceback.print_exc()
-        print("failed", type(error).__name__, flush=True)
+        say("failed", type(error).__name__)
         return 1
 
 
