@@ -11,7 +11,8 @@ connections, among them the one its lease keeper renews through, and its livenes
 `pg_ctl restart -m immediate` of the server, and SIGSTOP of a process for longer than its
 lease (then SIGCONT). A supervisor starts a new process for a job whenever the job has no
 live, unpaused one (a paused owner's rival retries ExecutionAlreadyActive until the lease
-runs out and then recovers it), until every job completed.
+runs out and then recovers it), until every job completed. Each relaunch comes from a spare
+process that is already imported (an immediate relaunch, as an operator's after Ctrl-C).
 
 Then it checks what a user relies on:
 - every table equals its source: rows == source rows == distinct ids, and the sha256 of the
@@ -480,14 +481,18 @@ def table_violations(chaos: Chaos) -> list[str]:
 def lifecycle_violations(chaos: Chaos) -> list[str]:
     found = []
     for row in chaos.query(
-        "SELECT s.id, s.step_name, s.status, e.id, e.status, i.job_name"
+        "SELECT s.id, s.step_name, s.status, e.id, e.status, i.job_name,"
+        " EXTRACT(EPOCH FROM s.updated_at - e.ended_at)"
         " FROM pybatch.step_execution AS s"
         " JOIN pybatch.job_execution AS e ON e.id = s.job_execution_id"
         " JOIN pybatch.job_instance AS i ON i.id = e.job_instance_id"
         f" WHERE s.status IN {ACTIVE} AND e.status IN {FINISHED} ORDER BY s.id"
     ):
+        late = float(row[6] or 0)
+        after = f", and committed until {late:.1f} s after it ended" if late > 0 else ""
         found.append(
-            f"{row[5]}: step {row[0]} ({row[1]}) is {row[2]} under execution {row[3]} {row[4]}"
+            f"{row[5]}: step {row[0]} ({row[1]}) is {row[2]} under execution {row[3]}"
+            f" {row[4]}{after}"
         )
     for row in chaos.query(
         "SELECT p.id, p.partition_key, p.status, s.id, s.status, k.id, k.status"
