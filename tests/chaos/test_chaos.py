@@ -617,7 +617,7 @@ def test_faults_under_load_leave_exact_tables_counters_lifecycle_and_audit_chain
         + audit_violations(server)
     )
     report = f"chaos seed {seed}: {elapsed:.1f} s to complete; {chaos.summary()}; {history(chaos)}"
-    print(report)
+    print("\n" + report)
     if violations:
         listed = "\n  ".join(violations[:40])
         more = f"\n  ... and {len(violations) - 40} more" if len(violations) > 40 else ""
