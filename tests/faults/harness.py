@@ -68,9 +68,9 @@ CREATE TRIGGER slow_progress BEFORE UPDATE ON pybatch.step_execution
 
 
 class FaultServer:
-    """One server and one migrated database, with the fault switches installed."""
+    """One server and one migrated database, with the fault switches installed (`faults`)."""
 
-    def __init__(self, proc: Any, dbname: str) -> None:
+    def __init__(self, proc: Any, dbname: str, *, faults: bool = True) -> None:
         self.proc = proc
         self.fields = {
             "host": proc.host,
@@ -83,8 +83,9 @@ class FaultServer:
             conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
             conn.execute(f'CREATE DATABASE "{dbname}"')
         migrate_template(**self.fields)
-        with self.admin() as conn:
-            conn.execute(FAULT_SQL)
+        if faults:
+            with self.admin() as conn:
+                conn.execute(FAULT_SQL)
 
     def admin(self, dbname: str | None = None) -> psycopg.Connection[Any]:
         fields = {**self.fields, "dbname": dbname or self.fields["dbname"]}
