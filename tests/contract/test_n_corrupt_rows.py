@@ -32,6 +32,7 @@ from pybatch.values.names import ExitCode, JobName, StepName
 from pybatch.values.parameters import JobInstanceKey, JobParameters, ParameterValue
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from tests.support.clock import ManualClock
+from tests.support.owners import TEST_OWNER
 from tests.support.race import terminate_backend
 
 S = BatchStatus
@@ -346,7 +347,7 @@ def _chunk_state(repository: JobRepository, rows: Arranged) -> str:
     """What the chunk path makes of the arranged step's committed state."""
     try:
         ChunkTransactionManager(repository).load_committed_state(
-            ChunkContext(rows.step_id, rows.first_id)
+            ChunkContext(rows.step_id, rows.first_id, TEST_OWNER)
         )
     except Exception as error:
         return type(error).__name__

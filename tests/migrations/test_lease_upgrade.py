@@ -26,6 +26,7 @@ from pybatch.values.names import NodeId, StepName
 from pybatch.values.state import Checkpoint, StateLimits
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from tests.conftest import plaintext_config
+from tests.support.owners import TEST_OWNER
 
 S = BatchStatus
 LEASE_VERSION = 4  # the migration that adds lease_expires_at
@@ -53,7 +54,9 @@ def legacy_run(repository: JobRepository, run: str, *, status: S, offset: int) -
             step.id, step.version, LifecycleTransition.new(S.STARTED, uow.clock.now())
         )
         uow.commit()
-    chunk = ChunkTransactionManager(repository).begin_for(ChunkContext(step.id, execution.id))
+    chunk = ChunkTransactionManager(repository).begin_for(
+        ChunkContext(step.id, execution.id, TEST_OWNER)
+    )
     chunk.commit(
         ChunkCounts(read=offset, processed=offset, written=offset),
         checkpoint=Checkpoint(ETL_STATE_SCHEMA, 1, {"offset": offset}, limits=StateLimits.STEP),

@@ -26,6 +26,7 @@ from pybatch.values.status import BatchStatus, FailureCategory
 from tests.conftest import plaintext_config
 from tests.contract.test_partition_leases import recover_lost
 from tests.migrations.test_lease_upgrade import install_up_to
+from tests.support.owners import TEST_OWNER
 
 S = BatchStatus
 ROWS = 10
@@ -71,7 +72,7 @@ def legacy_claim(repository: JobRepository, dsn: str, parent_id: int, key: str) 
             (worker.id, parent_id, key),
         )
     chunk = ChunkTransactionManager(repository).begin_for(
-        ChunkContext(worker.id, worker.job_execution_id)
+        ChunkContext(worker.id, worker.job_execution_id, TEST_OWNER)
     )
     first = 1 if key == "p0" else ROWS + 1
     chunk.executemany(

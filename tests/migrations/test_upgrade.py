@@ -21,6 +21,7 @@ from pybatch.values.names import NodeId, StepName
 from pybatch.values.state import Checkpoint
 from pybatch.values.status import BatchStatus
 from tests.conftest import plaintext_config
+from tests.support.owners import TEST_OWNER, claim_test_owner
 
 ORDERS = "CREATE TABLE public.orders (id bigint PRIMARY KEY, note text NOT NULL)"
 
@@ -46,6 +47,7 @@ def _leave_a_started_step_with_a_checkpoint(repository: JobRepository) -> None:
     with repository.begin() as uow:
         instance = uow.select_or_create_job_instance(key).instance
         execution = uow.create_job_execution(instance.id)
+        execution = claim_test_owner(uow, execution, uow.clock.now())
         execution = uow.transition_job_execution(
             execution.id,
             execution.version,
@@ -60,9 +62,9 @@ def _leave_a_started_step_with_a_checkpoint(repository: JobRepository) -> None:
     state = None
     for first in (1, 3):
         chunk = (
-            manager.begin_for(ChunkContext(step.id, execution.id))
+            manager.begin_for(ChunkContext(step.id, execution.id, TEST_OWNER))
             if state is None
-            else manager.begin_after(state)
+            else manager.begin_after(ChunkContext(step.id, execution.id, TEST_OWNER), state)
         )
         chunk.executemany(
             "INSERT INTO public.orders VALUES (%s, %s)",
