@@ -53,10 +53,18 @@ AS $$
 DECLARE
     checked_id BIGINT;
 BEGIN
-    -- Each branch is planned only when it runs, so NEW needs only the column it reads.
+    -- The status filters live here, not in a WHEN clause: a WHEN clause would make the status
+    -- columns depend on the trigger (ALTER COLUMN ... TYPE would need it dropped first). Each
+    -- branch is planned only when it runs, so NEW needs only the column it reads.
     IF TG_TABLE_NAME = 'job_execution' THEN
+        IF NEW.status NOT IN ('STOPPED', 'FAILED', 'COMPLETED', 'ABANDONED') THEN
+            RETURN NULL;
+        END IF;
         checked_id := NEW.id;
     ELSE
+        IF NEW.status NOT IN ('STARTING', 'STARTED', 'STOPPING') THEN
+            RETURN NULL;
+        END IF;
         checked_id := NEW.job_execution_id;
     END IF;
     IF EXISTS (
@@ -88,7 +96,6 @@ CREATE CONSTRAINT TRIGGER job_execution_finished_has_no_open_step
 AFTER UPDATE OF status ON pybatch.job_execution
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW
-WHEN (NEW.status IN ('STOPPED', 'FAILED', 'COMPLETED', 'ABANDONED')) -- noqa: CP02, RF04
 EXECUTE FUNCTION pybatch.check_finished_execution_has_no_open_step();
 
 -- A step cannot be created or reopened under an execution that has finished.
@@ -96,5 +103,4 @@ CREATE CONSTRAINT TRIGGER step_execution_open_under_unfinished_execution
 AFTER INSERT OR UPDATE OF status ON pybatch.step_execution
 DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW
-WHEN (NEW.status IN ('STARTING', 'STARTED', 'STOPPING')) -- noqa: CP02, RF04
 EXECUTE FUNCTION pybatch.check_finished_execution_has_no_open_step();

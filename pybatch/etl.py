@@ -285,12 +285,16 @@ class PartitionRun(StepRun):
         worker: StepExecution,
         partition: StepPartition,
         keeper: PartitionLeaseKeeper | None = None,
+        *,
+        owner: OwnerToken | None = None,
     ) -> None:
+        """`owner` is the claim's token; it defaults to the lease keeper's."""
         # Like a step, a partition holds one pooled connection for all its chunks. Its chunks
         # prove ownership through the partition: this worker's claim token, the partition id.
-        if keeper is None:
+        token = owner if owner is not None else None if keeper is None else keeper.owner
+        if token is None:
             raise PartitionOwnershipLost(partition_id=partition.id, worker=worker.id)
-        context = ChunkContext(worker.id, worker.job_execution_id, keeper.owner, partition.id)
+        context = ChunkContext(worker.id, worker.job_execution_id, token, partition.id)
         super().__init__(run, worker, hold_connection=True, context=context)
         self.partition = partition
         self._lease_keeper = keeper

@@ -308,19 +308,24 @@ FOR NO KEY UPDATE;
 
 -- :name end_unfinished_step_executions :one
 -- :doc End, in the transaction that ends their job execution, every step of it still unfinished,
--- and release the partitions their workers held: STOPPED when the execution stopped, else FAILED
--- with the given category. No step stays STARTED under a finished execution, so nothing of the
--- old owner can commit a chunk afterwards (a chunk is a compare-and-swap on status STARTED).
--- Timestamps never move backwards and never precede the step's start.
+-- and release every partition of its plans still claimed: STOPPED when the execution stopped,
+-- else FAILED with the given category. No step stays STARTED under a finished execution, so
+-- nothing of the old owner can commit a chunk afterwards (a chunk wants status STARTED).
+-- Timestamps never move backwards and never precede the step's start. The parameters are cast
+-- to one type each: the status fills two columns of different domains.
 WITH ended AS (
     UPDATE pybatch.step_execution AS s
     SET
-        status = :status,
-        exit_code = :status,
-        failure_category = :failure_category,
+        status = CAST(:status AS TEXT),
+        exit_code = CAST(:status AS TEXT),
+        failure_category = CAST(:failure_category AS TEXT),
         failure_id = CASE WHEN CAST(:failure_category AS TEXT) IS NOT NULL THEN s.id END,
-        ended_at = GREATEST(s.updated_at, s.started_at, s.created_at, :ended_at),
-        updated_at = GREATEST(s.updated_at, s.started_at, s.created_at, :ended_at),
+        ended_at = GREATEST(
+            s.updated_at, s.started_at, s.created_at, CAST(:ended_at AS TIMESTAMPTZ)
+        ),
+        updated_at = GREATEST(
+            s.updated_at, s.started_at, s.created_at, CAST(:ended_at AS TIMESTAMPTZ)
+        ),
         version = s.version + 1
     WHERE
         s.job_execution_id = :job_execution_id
@@ -331,16 +336,18 @@ WITH ended AS (
 released AS (
     UPDATE pybatch.step_partition AS p
     SET
-        status = :status,
-        exit_code = :status,
+        status = CAST(:status AS TEXT),
+        exit_code = CAST(:status AS TEXT),
         worker_owner_token = NULL,
         worker_lease_expires_at = NULL,
         version = p.version + 1
-    FROM ended
-    WHERE p.worker_step_execution_id = ended.id AND p.status = 'STARTED'
+    FROM pybatch.step_execution AS parent
+    WHERE
+        p.step_execution_id = parent.id
+        AND parent.job_execution_id = :job_execution_id
+        AND p.status = 'STARTED'
     RETURNING p.id
 )
 
-SELECT
-    (SELECT COUNT(*) FROM ended) AS ended_steps,
-    (SELECT COUNT(*) FROM released) AS released_partitions;
+-- A data-modifying CTE runs to completion whether or not the query reads it: released runs.
+SELECT COUNT(*) AS ended_steps FROM ended;

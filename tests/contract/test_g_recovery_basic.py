@@ -662,7 +662,9 @@ def test_l5_a_waiting_start_sees_the_committed_start(
             return "created"
 
     with repository.begin() as first, ThreadPoolExecutor(1) as pool:
-        first.create_flow_step_execution(old.id, StepName("load"), NODE, StartLimit(1))
+        step = first.create_flow_step_execution(old.id, StepName("load"), NODE, StartLimit(1))
+        # A step of a finished execution cannot stay open past COMMIT: this one ends at once.
+        first.transition_step_execution(step.id, step.version, to(S.FAILED, clock.advance()))
         waiting = pool.submit(second)
         assert ready.wait(10)
         wait_until_lock_wait(admin, pid[0])

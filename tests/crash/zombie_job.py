@@ -12,9 +12,12 @@ Environment:
     ZOMBIE_CHUNK_SLEEP_S      how long each chunk waits before it commits (paces the load)
     ZOMBIE_PAUSE_FILE         (join) while this file exists, the worker's first chunk waits
                               between its COPY and its commit; it prints ``paused`` once
+    ZOMBIE_LOCAL_WORKERS      (launch) forked local workers; 0 (default): the launcher works on
+                              the plan itself
 
-The launcher works on the plan itself (no forked workers). SIGUSR1 makes it raise an error, as
-a failing launcher would; SIGINT interrupts it (Ctrl-C).
+SIGUSR1 makes the launcher raise an error, as a failing launcher would (with local workers, it
+is then supervising them: with none, the error would only fail the partition it works on);
+SIGINT interrupts it (Ctrl-C).
 
 Protocol on stdout, one flushed line each:
     launched <attempt> <execution id>   (launch) the attempt is STARTED
@@ -113,7 +116,8 @@ def launch(repository: JobRepository, lease: datetime.timedelta) -> int:
     job = Job(repository, JOB_NAME, {"run": os.environ["ZOMBIE_RUN"]}, lease=lease)
     with job.launch() as run:
         print("launched", run.attempt, run.execution.id, flush=True)
-        outcome = run.partitioned_step(STEP_NAME, plan(), load, workers=0)
+        workers = int(os.environ.get("ZOMBIE_LOCAL_WORKERS", "0"))
+        outcome = run.partitioned_step(STEP_NAME, plan(), load, workers=workers)
         print("done", outcome.step.status.value, flush=True)
     return 0
 
