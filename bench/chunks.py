@@ -114,20 +114,24 @@ REPLAY_STEP_SQL = (
     "INSERT INTO bench_step_replay SELECT * FROM pybatch.step_execution WHERE id = %s",
     "SELECT job_execution_id, version, read_count, commit_count FROM bench_step_replay",
 )
-#: update_step_chunk_progress's parameters, in the order its positional form binds them.
-PROGRESS_PARAMETERS = (
-    "read_count",
-    "processed_count",
-    "write_count",
-    "filter_count",
-    "commit_count",
-    "checkpoint_schema",
-    "checkpoint_schema_version",
-    "checkpoint_payload",
-    "now",
-    "step_execution_id",
-    "job_execution_id",
-    "expected_version",
+#: update_step_chunk_progress's parameters (bound by name).
+PROGRESS_PARAMETERS = frozenset(
+    {
+        "read_count",
+        "processed_count",
+        "write_count",
+        "filter_count",
+        "commit_count",
+        "checkpoint_schema",
+        "checkpoint_schema_version",
+        "checkpoint_payload",
+        "now",
+        "step_execution_id",
+        "job_execution_id",
+        "expected_version",
+        "owner_token",
+        "step_partition_id",
+    }
 )
 
 INSERT_SQL = "INSERT INTO {table} (id, name, amount) VALUES (%s, %s, %s)"
@@ -136,18 +140,20 @@ COPY_SQL = "COPY {table} (id, name, amount) FROM STDIN"
 CHECKPOINT_SQL = 'UPDATE bench_checkpoint SET "offset" = %s WHERE id = 1'
 
 
-def progress_update_on(table: str) -> str:
+def progress_update_on(table: str, executions: str = "pybatch.job_execution") -> str:
     """pybatch's own chunk progress UPDATE (chunks.sql update_step_chunk_progress) on `table`.
 
-    The statement's text as pybatch runs it, positional (parameters in PROGRESS_PARAMETERS
-    order), with `table` in place of `pybatch.step_execution`, so a replay sends exactly
-    pybatch's SQL. Raises RuntimeError when the statement no longer has that shape.
+    The statement's text as pybatch runs it (parameters by name, PROGRESS_PARAMETERS), with
+    `table` as the updated step table and `executions` as the table its ownership fence reads,
+    so a replay sends exactly pybatch's SQL. Raises RuntimeError when the statement no longer
+    has that shape.
     """
-    text, order = _positional_form(load_statements().update_step_chunk_progress.query)
-    query = text.decode()
-    if order != PROGRESS_PARAMETERS or query.count("pybatch.step_execution") != 1:
+    query = load_statements().update_step_chunk_progress.query.decode()
+    _, names = _positional_form(query.encode())
+    target = "UPDATE pybatch.step_execution"
+    if set(names) != PROGRESS_PARAMETERS or query.count(target) != 1:
         raise RuntimeError("update_step_chunk_progress changed: update the replays")
-    return query.replace("pybatch.step_execution", table)
+    return query.replace(target, f"UPDATE {table}").replace("pybatch.job_execution", executions)
 
 
 #: Chunks of the untimed tracing pass; the last one is traced (statements prepared by then).
@@ -604,6 +610,7 @@ def run_interleaved(
         meter.measure(BASELINE_PHASES[2], pid, baseline.commit)
 
     progress_sql = progress_update_on("bench_step_replay")
+    replay_owner: list[bytes | None] = [None]  # the running execution's owner (the fence)
 
     def replay_chunk(batch: Sequence[Row], offset: int) -> None:
         assert replay is not None
@@ -613,16 +620,22 @@ def run_interleaved(
             commits = replayed["commits"] + 1
             cursor.execute(
                 progress_sql,
-                (
-                    *(read, read, read, 0, commits),  # read, processed, written, filtered, commits
-                    ETL_STATE_SCHEMA.value,
-                    1,
-                    Jsonb({"offset": offset}),
-                    dt.datetime.now(dt.UTC),
-                    replayed["id"],
-                    replayed["job_execution_id"],
-                    replayed["version"],
-                ),
+                {
+                    "read_count": read,
+                    "processed_count": read,
+                    "write_count": read,
+                    "filter_count": 0,
+                    "commit_count": commits,
+                    "checkpoint_schema": ETL_STATE_SCHEMA.value,
+                    "checkpoint_schema_version": 1,
+                    "checkpoint_payload": Jsonb({"offset": offset}),
+                    "now": dt.datetime.now(dt.UTC),
+                    "step_execution_id": replayed["id"],
+                    "job_execution_id": replayed["job_execution_id"],
+                    "expected_version": replayed["version"],
+                    "owner_token": replay_owner[0],
+                    "step_partition_id": None,
+                },
                 prepare=True,
             )
             if cursor.rowcount != 1:
@@ -637,6 +650,7 @@ def run_interleaved(
         if replay is not None:
             backends["replay"] = cpu.snapshot(REPLAY_APPLICATION)
             replayed.update(_copy_step_for_replay(replay, int(step.execution.id)))
+            replay_owner[:] = [None if step.run.owner is None else step.run.owner.value]
 
         def pybatch_chunk(batch: Sequence[Row], offset: int) -> None:
             with step.chunk() as chunk:

@@ -71,6 +71,15 @@ BUSINESS_TABLE_SQL = (
 BUSINESS_COPY_SQL = "COPY business_{table} (id, name, amount) FROM STDIN"
 BUSINESS_TRUNCATE_SQL = "TRUNCATE business_{table}"
 
+#: The owner token of the live execution the progress UPDATE's fence reads (bench_execution).
+BENCH_OWNER = b"\x42" * 16
+#: The fence's execution: a live copy of the step's execution, with BENCH_OWNER as its owner.
+EXECUTION_SQL = (
+    "CREATE TABLE bench_execution (id BIGINT PRIMARY KEY, owner_token BYTEA NOT NULL,"
+    " status TEXT NOT NULL)",
+    "INSERT INTO bench_execution SELECT job_execution_id, %s, 'STARTED'"
+    " FROM pybatch.step_execution WHERE id = %s",
+)
 SETUP_SQL = (
     # as migrated: domains, CHECK constraints, indexes (foreign keys are not copied; an
     # UPDATE that keeps the keys skips their triggers' checks)
@@ -173,6 +182,8 @@ def prepare(dsn: str) -> None:
     with admin_connect(dsn) as conn:
         for statement in SETUP_SQL:
             conn.execute(statement)
+        conn.execute(EXECUTION_SQL[0])
+        conn.execute(EXECUTION_SQL[1], (BENCH_OWNER, step_id))
         for table in ("bench_step_migrated", "bench_step_no_checks"):
             conn.execute(COPY_ROW_SQL[0].format(table=table), (step_id,))
         conn.execute(COPY_ROW_SQL[1], (step_id,))
@@ -202,7 +213,7 @@ def run_round(
     Update n expects version n - 1: the versions run on from round to round.
     """
     copy_in = BUSINESS_COPY_SQL.format(table=shape.table)
-    progress_sql = progress_update_on(shape.table)
+    progress_sql = progress_update_on(shape.table, executions="bench_execution")
     batches = {  # built before the clock starts, as the chunk benchmark's rows are
         n: [(i, f"item-{i:09d}", i % 100_003) for i in range(n * copy_rows, (n + 1) * copy_rows)]
         for n in range(first, first + updates)
@@ -218,15 +229,22 @@ def run_round(
             if shape.progress:
                 cursor.execute(
                     progress_sql,
-                    (
-                        *(n, n, n, 0, n // 100),  # read, processed, written, filtered, commits
-                        "pybatch.etl.v1",
-                        1,
-                        f'{{"offset":{n}}}',
-                        NOW,
-                        *step_key,
-                        n - 1,
-                    ),
+                    {
+                        "read_count": n,
+                        "processed_count": n,
+                        "write_count": n,
+                        "filter_count": 0,
+                        "commit_count": n // 100,
+                        "checkpoint_schema": "pybatch.etl.v1",
+                        "checkpoint_schema_version": 1,
+                        "checkpoint_payload": f'{{"offset":{n}}}',
+                        "now": NOW,
+                        "step_execution_id": step_key[0],
+                        "job_execution_id": step_key[1],
+                        "expected_version": n - 1,
+                        "owner_token": BENCH_OWNER,
+                        "step_partition_id": None,
+                    },
                     prepare=True,
                 )
             else:

@@ -79,18 +79,21 @@ _COMMIT_ERRORS = CommitErrors(
 class ChunkTransaction:
     """One open chunk: business statements plus the step's progress, committed together."""
 
-    __slots__ = ("_cursor", "_held", "_lease", "_manager", "_open", "committed")
+    __slots__ = ("_context", "_cursor", "_held", "_lease", "_manager", "_open", "committed")
 
     def __init__(
         self,
         manager: ChunkTransactionManager,
         lease: Lease,
+        context: ChunkContext,
         state: CommittedStepState,
         *,
         held: bool = False,
         cursor: psycopg.Cursor[Any] | None = None,
     ) -> None:
         self._manager = manager
+        #: The step and the owner whose ownership the commit proves (the fence).
+        self._context = context
         self._lease = lease
         #: Whether the lease outlives this chunk (the step's held connection).
         self._held = held
@@ -253,10 +256,12 @@ class ChunkTransaction:
                 and (progress is NO_FAULT_PROGRESS or progress == NO_FAULT_PROGRESS)
             ):
                 statement = statements.update_step_chunk_progress
-                params = encode_chunk_progress(state, next_counts, receipt, now)
+                params = encode_chunk_progress(self._context, state, next_counts, receipt, now)
             else:
                 statement = statements.update_step_chunk_commit
-                params = encode_chunk_commit(state, next_counts, receipt, progress, now)
+                params = encode_chunk_commit(
+                    self._context, state, next_counts, receipt, progress, now
+                )
         except NotCommitted:
             self.rollback()
             raise
@@ -276,7 +281,9 @@ class ChunkTransaction:
             raise NotCommitted(reason="the progress update failed") from None
         if changed != 1:
             self.rollback()
-            raise NotCommitted(reason="the step changed or is no longer STARTED")
+            raise NotCommitted(
+                reason="the step changed, is no longer STARTED, or its owner lost it"
+            )
         self._open = False
         self._lease.commit(_COMMIT_ERRORS, keep=self._held)
         self.committed = CommittedStepState(
@@ -367,14 +374,18 @@ class ChunkTransactionManager:
             return lease, True
         return lease, False
 
-    def _open(self, lease: Lease, state: CommittedStepState, *, held: bool) -> ChunkTransaction:
+    def _open(
+        self, lease: Lease, context: ChunkContext, state: CommittedStepState, *, held: bool
+    ) -> ChunkTransaction:
         if not held:
-            return ChunkTransaction(self, lease, state)
+            return ChunkTransaction(self, lease, context, state)
         cursor = self._held_cursor
         conn = lease.connection
         if cursor is None and conn is not None:
             cursor = self._held_cursor = conn.cursor()
-        chunk = self._held_by = ChunkTransaction(self, lease, state, held=True, cursor=cursor)
+        chunk = self._held_by = ChunkTransaction(
+            self, lease, context, state, held=True, cursor=cursor
+        )
         return chunk
 
     def close(self) -> None:
@@ -393,6 +404,8 @@ class ChunkTransactionManager:
             NotCommitted: the step is missing, undecodable or not STARTED, or the
                 database is unreachable.
         """
+        if context.owner is None:
+            raise NotCommitted(reason="a chunk needs the owner token of its step's execution")
         lease, held = self._lease()
         conn = lease.connection
         try:
@@ -417,9 +430,9 @@ class ChunkTransactionManager:
             if isinstance(error, NotCommitted):
                 raise
             raise NotCommitted(reason="the committed step state is unusable") from None
-        return self._open(lease, state, held=held)
+        return self._open(lease, context, state, held=held)
 
-    def begin_after(self, committed: CommittedStepState) -> ChunkTransaction:
+    def begin_after(self, context: ChunkContext, committed: CommittedStepState) -> ChunkTransaction:
         """Open the next chunk of a step from the state this process just committed.
 
         No statement runs until the chunk's own: the step is not re-read, because the
@@ -429,10 +442,12 @@ class ChunkTransactionManager:
         defaults, and BEGIN is READ COMMITTED explicitly.
 
         Raises:
-            NotCommitted: the database is unreachable.
+            NotCommitted: the context has no owner, or the database is unreachable.
         """
+        if context.owner is None:
+            raise NotCommitted(reason="a chunk needs the owner token of its step's execution")
         lease, held = self._lease()
-        return self._open(lease, committed, held=held)
+        return self._open(lease, context, committed, held=held)
 
     def load_committed_state(self, context: ChunkContext) -> CommittedStepState:
         """The step's committed state, read in its own read-only transaction.

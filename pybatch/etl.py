@@ -46,6 +46,7 @@ from pybatch.errors import (
     FlowStateCorrupt,
     JobExecutionNotFound,
     NotCommitted,
+    PartitionOwnershipLost,
     PartitionPlanNotPublished,
     PartitionsFailed,
     PyBatchError,
@@ -177,14 +178,26 @@ class Chunk:
 class StepRun:
     """A running step: its committed checkpoint and a way to open chunks."""
 
-    def __init__(self, run: JobRun, step: StepExecution, *, hold_connection: bool = False) -> None:
+    def __init__(
+        self,
+        run: JobRun,
+        step: StepExecution,
+        *,
+        hold_connection: bool = False,
+        context: ChunkContext | None = None,
+    ) -> None:
         self.run = run
         self.execution = step
         self.state: CommittedStepState | None = None
         # `JobRun.step` holds one pooled connection for all the chunks of the step and gives
         # it back when the step's work returns (`close`), before the step is ended.
         self._manager = ChunkTransactionManager(run.repository, hold_connection=hold_connection)
-        self._context = ChunkContext(step.id, step.job_execution_id)
+        if context is None:
+            if run.owner is None:  # only partition workers run without the execution's owner
+                raise ExecutionOwnershipLost(id=step.job_execution_id)
+            context = ChunkContext(step.id, step.job_execution_id, run.owner)
+        #: The step and the owner every chunk commit proves ownership with.
+        self._context = context
 
     @property
     def name(self) -> str:
@@ -244,7 +257,7 @@ class StepRun:
         if self.state is None:
             transaction = self._manager.begin_for(self._context)
         else:
-            transaction = self._manager.begin_after(self.state)
+            transaction = self._manager.begin_after(self._context, self.state)
         return Chunk(self, transaction)
 
     def close(self) -> None:
@@ -272,9 +285,17 @@ class PartitionRun(StepRun):
         worker: StepExecution,
         partition: StepPartition,
         keeper: PartitionLeaseKeeper | None = None,
+        *,
+        owner: OwnerToken | None = None,
     ) -> None:
-        # Like a step, a partition holds one pooled connection for all its chunks.
-        super().__init__(run, worker, hold_connection=True)
+        """`owner` is the claim's token; it defaults to the lease keeper's."""
+        # Like a step, a partition holds one pooled connection for all its chunks. Its chunks
+        # prove ownership through the partition: this worker's claim token, the partition id.
+        token = owner if owner is not None else None if keeper is None else keeper.owner
+        if token is None:
+            raise PartitionOwnershipLost(partition_id=partition.id, worker=worker.id)
+        context = ChunkContext(worker.id, worker.job_execution_id, token, partition.id)
+        super().__init__(run, worker, hold_connection=True, context=context)
         self.partition = partition
         self._lease_keeper = keeper
 

@@ -32,7 +32,8 @@ WHERE s.id = :step_execution_id AND s.job_execution_id = :job_execution_id;
 -- :name update_step_chunk_commit :affected
 -- :doc Commit a chunk's progress with the business writes of the same transaction - a
 -- compare-and-swap on version and STARTED; it clears retained retry reservations because the
--- checkpoint generation advances. Zero rows means another writer won or the step left STARTED.
+-- checkpoint generation advances. Zero rows means another writer won, the step left STARTED, or
+-- the owner no longer owns it (the fence below).
 UPDATE pybatch.step_execution
 SET
     read_count = :read_count,
@@ -63,11 +64,44 @@ WHERE
     id = :step_execution_id
     AND job_execution_id = :job_execution_id
     AND version = :expected_version
-    AND status = 'STARTED';
+    AND status = 'STARTED'
+    -- The fence: the chunk's owner still owns the step. A step proves it through its job
+    -- execution (live, this owner's token); a partition worker through its partition (STARTED,
+    -- this worker, this owner's token) under a STARTED parent of a live execution. Ending an
+    -- execution ends its steps in the same transaction (end_unfinished_step_executions), and a
+    -- recovered partition's worker is ended FAILED, so the status guard above already refuses
+    -- a chunk of an ended owner; this predicate also refuses one whose token was replaced.
+    AND (
+        (
+            CAST(:step_partition_id AS BIGINT) IS NULL
+            AND EXISTS (
+                SELECT 1
+                FROM pybatch.job_execution AS e
+                WHERE
+                    e.id = :job_execution_id
+                    AND e.owner_token = :owner_token
+                    AND e.status IN ('STARTED', 'STOPPING')
+            )
+        )
+        OR EXISTS (
+            SELECT 1
+            FROM pybatch.step_partition AS p
+            INNER JOIN pybatch.step_execution AS parent ON p.step_execution_id = parent.id
+            INNER JOIN pybatch.job_execution AS e ON parent.job_execution_id = e.id
+            WHERE
+                p.id = :step_partition_id
+                AND p.worker_step_execution_id = :step_execution_id
+                AND p.worker_owner_token = :owner_token
+                AND p.status = 'STARTED'
+                AND parent.status = 'STARTED'
+                AND e.id = :job_execution_id
+                AND e.status IN ('STARTED', 'STOPPING')
+        )
+    );
 
 -- :name update_step_chunk_progress :affected
 -- :doc Commit the progress of a chunk that keeps the step's context and retained no faults - the
--- same compare-and-swap on version and STARTED as update_step_chunk_commit, writing only the
+-- same compare-and-swap and fence as update_step_chunk_commit, writing only the
 -- counters, the checkpoint, updated_at and version. Every column it leaves alone already holds
 -- what update_step_chunk_commit would write: the version guard proves the row is the state the
 -- chunk started from, which had format 1 envelopes, this context and the empty fault state.
@@ -88,4 +122,37 @@ WHERE
     id = :step_execution_id
     AND job_execution_id = :job_execution_id
     AND version = :expected_version
-    AND status = 'STARTED';
+    AND status = 'STARTED'
+    -- The fence: the chunk's owner still owns the step. A step proves it through its job
+    -- execution (live, this owner's token); a partition worker through its partition (STARTED,
+    -- this worker, this owner's token) under a STARTED parent of a live execution. Ending an
+    -- execution ends its steps in the same transaction (end_unfinished_step_executions), and a
+    -- recovered partition's worker is ended FAILED, so the status guard above already refuses
+    -- a chunk of an ended owner; this predicate also refuses one whose token was replaced.
+    AND (
+        (
+            CAST(:step_partition_id AS BIGINT) IS NULL
+            AND EXISTS (
+                SELECT 1
+                FROM pybatch.job_execution AS e
+                WHERE
+                    e.id = :job_execution_id
+                    AND e.owner_token = :owner_token
+                    AND e.status IN ('STARTED', 'STOPPING')
+            )
+        )
+        OR EXISTS (
+            SELECT 1
+            FROM pybatch.step_partition AS p
+            INNER JOIN pybatch.step_execution AS parent ON p.step_execution_id = parent.id
+            INNER JOIN pybatch.job_execution AS e ON parent.job_execution_id = e.id
+            WHERE
+                p.id = :step_partition_id
+                AND p.worker_step_execution_id = :step_execution_id
+                AND p.worker_owner_token = :owner_token
+                AND p.status = 'STARTED'
+                AND parent.status = 'STARTED'
+                AND e.id = :job_execution_id
+                AND e.status IN ('STARTED', 'STOPPING')
+        )
+    );

@@ -98,6 +98,8 @@ WHERE e.id = :job_execution_id;
 
 -- :name lock_job_execution :one
 -- :doc Lock one job execution before a transition or enrichment (lock order - after the instance).
+-- FOR NO KEY UPDATE: a transition never changes the key, so a partition claim inserting a worker
+-- step (whose foreign key check takes FOR KEY SHARE on this row) is not blocked by it.
 SELECT
     e.id,
     e.job_instance_id,
@@ -116,7 +118,7 @@ SELECT
     e.version
 FROM pybatch.job_execution AS e
 WHERE e.id = :job_execution_id
-FOR UPDATE;
+FOR NO KEY UPDATE;
 
 -- :name list_job_executions :many
 -- :doc Every attempt of an instance in attempt order (job_execution_attempt_unique).

@@ -26,7 +26,7 @@ RETURNING stop_requested_at IS NOT NULL AS stop_requested;
 -- :name lock_execution_ownership :one
 -- :doc Lock one execution and read its ownership evidence; lease_expired compares the lease
 -- with the database clock, so every process judges it by one clock (lock order - after the
--- instance).
+-- instance). FOR NO KEY UPDATE, as lock_job_execution: worker steps can still be inserted.
 SELECT
     e.id,
     e.job_instance_id,
@@ -52,4 +52,4 @@ SELECT
     COALESCE(e.lease_expires_at <= CLOCK_TIMESTAMP(), FALSE) AS lease_expired
 FROM pybatch.job_execution AS e
 WHERE e.id = :job_execution_id
-FOR UPDATE;
+FOR NO KEY UPDATE;

@@ -292,3 +292,62 @@ SET
     updated_at = GREATEST(updated_at, :now),
     version = version + 1
 WHERE id = :step_execution_id AND version = :expected_version;
+
+-- :name lock_unfinished_step_executions :many
+-- :doc Lock every unfinished step of a job execution that is ending (its steps, partitioned
+-- parents and partition workers), after the execution's own lock. Waiting here for in-flight chunk
+-- commits and partition claims (a claim holds its parent FOR SHARE) is what lets the next
+-- statement, end_unfinished_step_executions, see every worker step a claim has just committed.
+SELECT s.id
+FROM pybatch.step_execution AS s
+WHERE
+    s.job_execution_id = :job_execution_id
+    AND s.status IN ('STARTING', 'STARTED', 'STOPPING')
+ORDER BY s.id
+FOR NO KEY UPDATE;
+
+-- :name end_unfinished_step_executions :one
+-- :doc End, in the transaction that ends their job execution, every step of it still unfinished,
+-- and release every partition of its plans still claimed: STOPPED when the execution stopped,
+-- else FAILED with the given category. No step stays STARTED under a finished execution, so
+-- nothing of the old owner can commit a chunk afterwards (a chunk wants status STARTED).
+-- Timestamps never move backwards and never precede the step's start. The parameters are cast
+-- to one type each: the status fills two columns of different domains.
+WITH ended AS (
+    UPDATE pybatch.step_execution AS s
+    SET
+        status = CAST(:status AS TEXT),
+        exit_code = CAST(:status AS TEXT),
+        failure_category = CAST(:failure_category AS TEXT),
+        failure_id = CASE WHEN CAST(:failure_category AS TEXT) IS NOT NULL THEN s.id END,
+        ended_at = GREATEST(
+            s.updated_at, s.started_at, s.created_at, CAST(:ended_at AS TIMESTAMPTZ)
+        ),
+        updated_at = GREATEST(
+            s.updated_at, s.started_at, s.created_at, CAST(:ended_at AS TIMESTAMPTZ)
+        ),
+        version = s.version + 1
+    WHERE
+        s.job_execution_id = :job_execution_id
+        AND s.status IN ('STARTING', 'STARTED', 'STOPPING')
+    RETURNING s.id
+),
+
+released AS (
+    UPDATE pybatch.step_partition AS p
+    SET
+        status = CAST(:status AS TEXT),
+        exit_code = CAST(:status AS TEXT),
+        worker_owner_token = NULL,
+        worker_lease_expires_at = NULL,
+        version = p.version + 1
+    FROM pybatch.step_execution AS parent
+    WHERE
+        p.step_execution_id = parent.id
+        AND parent.job_execution_id = :job_execution_id
+        AND p.status = 'STARTED'
+    RETURNING p.id
+)
+
+-- A data-modifying CTE runs to completion whether or not the query reads it: released runs.
+SELECT COUNT(*) AS ended_steps FROM ended;

@@ -103,6 +103,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help=f"reason code [A-Z0-9_]; an UNKNOWN execution is marked failed only with "
         f"{UNKNOWN_EFFECT}",
     )
+    recover.add_argument(
+        "--force",
+        action="store_true",
+        help="recover even though the run's lease is fresh (its owner looks alive): the owner "
+        "is fenced first, so nothing it still runs can commit",
+    )
     recover.set_defaults(handler=_recover)
 
     audit = commands.add_parser("audit", help="the tamper-evident audit chain")
@@ -205,8 +211,20 @@ def _recover(args: argparse.Namespace) -> int:
             args.execution_id,
             request,
             unknown_commit=current.status is BatchStatus.UNKNOWN,
+            force=args.force,
         )
-        return _report(outcome)
+        code = _report(outcome)
+        rejection = outcome.rejection
+        if (
+            rejection is not None
+            and rejection.code is OperatorRejectionCode.EXECUTION_ALREADY_ACTIVE
+        ):
+            print(
+                "pybatch: its lease is fresh, so its owner looks alive; wait for the lease to run "
+                "out, or pass --force to fence the owner and recover it now",
+                file=sys.stderr,
+            )
+        return code
 
 
 def _audit_verify(args: argparse.Namespace) -> int:

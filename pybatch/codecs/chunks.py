@@ -20,7 +20,12 @@ from pybatch.codecs.steps import (
     decode_counts,
 )
 from pybatch.errors import FaultStateCorrupt, FaultStateFormatError, PyBatchError, Unavailable
-from pybatch.values.chunks import ChunkCommitReceipt, CommittedStepState, FaultProgress
+from pybatch.values.chunks import (
+    ChunkCommitReceipt,
+    ChunkContext,
+    CommittedStepState,
+    FaultProgress,
+)
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.fault import FaultStateEnvelope
 from pybatch.values.status import BatchStatus
@@ -91,6 +96,7 @@ def decode_committed_step_state(row: Row) -> CommittedStepState:
 
 
 def encode_chunk_commit(
+    context: ChunkContext,
     state: CommittedStepState,
     next_counts: ExecutionCounts,
     receipt: ChunkCommitReceipt,
@@ -103,7 +109,7 @@ def encode_chunk_commit(
     from (what pybatch hashed), so nothing is parsed or encoded again here.
     """
     return {
-        **encode_chunk_progress(state, next_counts, receipt, now),
+        **encode_chunk_progress(context, state, next_counts, receipt, now),
         "context_schema": receipt.context.schema.value,
         "context_schema_version": receipt.context.schema_version,
         "context_payload": _canonical_jsonb(receipt.context.payload_json()),
@@ -117,12 +123,16 @@ def encode_chunk_commit(
 
 
 def encode_chunk_progress(
+    context: ChunkContext,
     state: CommittedStepState,
     next_counts: ExecutionCounts,
     receipt: ChunkCommitReceipt,
     now: datetime,
 ) -> dict[str, object]:
-    """The parameters of update_step_chunk_progress (counters, checkpoint), guarded by `state`."""
+    """The parameters of update_step_chunk_progress (counters, checkpoint), guarded by `state`.
+
+    `context` fences the write: its owner token must still own the step (chunks.sql).
+    """
     checkpoint = receipt.checkpoint
     return {
         "read_count": next_counts.read,
@@ -137,4 +147,6 @@ def encode_chunk_progress(
         "step_execution_id": state.step_execution_id,
         "job_execution_id": state.job_execution_id,
         "expected_version": state.version,
+        "owner_token": None if context.owner is None else context.owner.value,
+        "step_partition_id": context.partition_id,
     }

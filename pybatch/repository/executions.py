@@ -22,7 +22,7 @@ from pybatch.errors import (
     JobExecutionNotFound,
     JobInstanceNotFound,
 )
-from pybatch.repository import _lifecycle, instances
+from pybatch.repository import _lifecycle, instances, steps
 from pybatch.repository._lifecycle import LifecycleRows
 from pybatch.repository.definitions import ensure_definition
 from pybatch.values.definitions import DefinitionIdentity
@@ -190,10 +190,18 @@ def transition_job_execution(
     Raises:
         JobExecutionNotFound, then the lifecycle errors in behaviour.md 3.2 order.
 
+    A transition to a finished status also ends the execution's unfinished steps and partition
+    workers in the same transaction (steps.end_unfinished_steps): ending an execution ends its
+    ownership of everything under it.
+
     Statements: executions.sql lock_job_execution, update_job_execution_transition (and
-    get_job_execution when the swap loses).
+    get_job_execution when the swap loses); steps.sql lock_unfinished_step_executions,
+    end_unfinished_step_executions when it finishes.
     """
-    return _lifecycle.transition(_ROWS, q, conn, execution_id, expected_version, transition)
+    ended = _lifecycle.transition(_ROWS, q, conn, execution_id, expected_version, transition)
+    if ended.status.is_finished:
+        steps.end_unfinished_steps(q, conn, execution_id, ended.status, ended.updated_at)
+    return ended
 
 
 def enrich_job_exit_status(

@@ -26,7 +26,7 @@ from pybatch.repository.audit_chain import link_audit_record, try_link_audit_rec
 from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values.audit import AuditRecordKind
 from pybatch.values.ids import FailureId, IdentifierKind, check_identifier
-from pybatch.values.lifecycle import ExecutionMetadata, LifecycleTransition
+from pybatch.values.lifecycle import ExecutionMetadata
 from pybatch.values.ownership import OwnerToken
 from pybatch.values.recovery import (
     OwnerObservation,
@@ -68,8 +68,12 @@ def recover_job_execution(
         StaleVersion: the version moved on (a replayed request is stale, rule 10).
         RecoveryNotAllowed: the execution is already finished.
 
+    The execution's unfinished steps and partition workers end FAILED (STALE_RECOVERED) in the
+    same transaction, so nothing of the recovered owner commits afterwards.
+
     Statements: executions.sql lock_job_execution; recovery.sql update_job_execution_recovered,
-    insert_recovery_decision; audit_chain.sql append_audit_link.
+    insert_recovery_decision; steps.sql lock_unfinished_step_executions,
+    end_unfinished_step_executions; audit_chain.sql append_audit_link.
     """
     check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
     row = q.lock_job_execution.one(conn, job_execution_id=execution_id)
@@ -123,6 +127,11 @@ def recover_job_execution(
     if decision_row is None:  # INSERT ... RETURNING always returns its row
         raise Unavailable()
     decision = decode_recovery_decision(decision_row)
+    # The recovered owner's steps and partition workers end with its execution: whatever it
+    # still runs can commit no chunk from here on.
+    steps.end_unfinished_steps(
+        q, conn, execution_id, metadata.status, decided_at, FailureCategory.STALE_RECOVERED
+    )
     if tolerate_chain_errors:
         try_link_audit_record(q, conn, AuditRecordKind.RECOVERY_DECISION, decision.id)
     else:
@@ -171,8 +180,8 @@ def recover_orphaned_execution(
         JobExecutionNotFound: no such execution.
         StaleVersion, RecoveryNotAllowed: it changed or ended meanwhile.
 
-    Statements: executions.sql get_job_execution; steps.sql list_step_executions and the
-    step transition's; then recover_job_execution's.
+    Statements: executions.sql get_job_execution; then recover_job_execution's (which ends the
+    open steps).
     """
     row = q.get_job_execution.one(conn, job_execution_id=execution_id)
     if row is None:
@@ -189,13 +198,6 @@ def recover_orphaned_execution(
             }
         )
     )
-    for step in steps.step_executions(q, conn, orphan.id):
-        if step.status.is_active:
-            at = max(clock.now(), step.updated_at)
-            failure = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(step.id))
-            steps.transition_step_execution(
-                q, conn, step.id, step.version, LifecycleTransition.failed(at, failure)
-            )
     failure = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(orphan.id))
     request = RecoveryRequest.mark_failed(
         orphan.version, "OWNER_LOST", AUTOMATIC_RECOVERY_REFERENCE, evidence, failure

@@ -31,10 +31,12 @@ from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.lifecycle import ExecutionMetadata, LifecycleTransition
 from pybatch.values.names import ExitCode, StepName
 from pybatch.values.records import StepExecution
+from pybatch.values.status import BatchStatus, FailureCategory
 
 __all__ = [
     "create_step_execution",
     "duplicate_step_overrides",
+    "end_unfinished_steps",
     "enrich_step_exit_status",
     "get_step_execution",
     "insert_step_execution",
@@ -251,3 +253,34 @@ def step_executions(q: Statements, conn: Connection, job_execution_id: int) -> l
         raise JobExecutionNotFound(id=job_execution_id)
     rows = q.list_step_executions.many(conn, job_execution_id=job_execution_id)
     return [decode_step_execution(row) for row in rows]
+
+
+def end_unfinished_steps(
+    q: Statements,
+    conn: Connection,
+    job_execution_id: int,
+    execution_status: BatchStatus,
+    ended_at: datetime,
+    category: FailureCategory = FailureCategory.CANCELLED,
+) -> int:
+    """End every unfinished step of an execution that is ending; return how many.
+
+    Called in the transaction that moves the execution to a finished status, so no step, no
+    partitioned parent and no partition worker on any host stays STARTED under it: the next
+    chunk commit of any of them is refused (its compare-and-swap wants STARTED), and a restart
+    copies a checkpoint nobody can move any more. Steps end STOPPED when the execution stops,
+    otherwise FAILED with `category`. The partitions their workers held are released with them.
+
+    Statements: steps.sql lock_unfinished_step_executions (waits for in-flight chunk commits and
+    partition claims), end_unfinished_step_executions.
+    """
+    q.lock_unfinished_step_executions.many(conn, job_execution_id=job_execution_id)
+    stopped = execution_status is BatchStatus.STOPPED
+    row = q.end_unfinished_step_executions.one(
+        conn,
+        job_execution_id=job_execution_id,
+        status=BatchStatus.STOPPED.value if stopped else BatchStatus.FAILED.value,
+        failure_category=None if stopped else category.value,
+        ended_at=ended_at,
+    )
+    return decode_int64(returned(row)["ended_steps"], column="ended_steps", minimum=0)

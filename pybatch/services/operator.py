@@ -203,16 +203,23 @@ class OperatorService:
         recovery: RecoveryRequest,
         *,
         unknown_commit: bool = False,
+        force: bool = False,
     ) -> OperatorOutcome:
         """Resolve an orphaned or ambiguous execution FAILED or ABANDONED, audited (4.9).
 
         An execution whose commit outcome is unknown (`unknown_commit`) may be marked
         FAILED only with reason UNKNOWN_EFFECT: the operator states that its effect is
         unknown and will be reconciled.
+
+        An execution whose lease is still fresh on the database clock has a live owner: the
+        request is rejected (EXECUTION_ALREADY_ACTIVE) unless `force`. A forced recovery
+        fences the owner in the recovering transaction itself: its steps and partition
+        workers end with the execution, so the owner's next chunk commit and lease renewal
+        are refused.
         """
         target = RequestTarget.execution(JobExecutionId(execution_id))
         reason = ReasonCode(recovery.reason_code)
-        arguments = RecoveryArguments(request=recovery, unknown_commit=unknown_commit)
+        arguments = RecoveryArguments(request=recovery, unknown_commit=unknown_commit, force=force)
         request = self._request(
             OperatorAction.RECOVER,
             operation_id,
@@ -232,6 +239,13 @@ class OperatorService:
                 and recovery.reason_code != UNKNOWN_EFFECT
             ):
                 raise _Rejected(OperatorRejection.of(Code.UNRESOLVED_RECOVERY_REQUIRED))
+            _, lease = uow.lock_execution_ownership(execution_id)
+            if lease.has_lease and not lease.lease_expired and not force:
+                raise _Rejected(
+                    OperatorRejection.execution_already_active(
+                        JobExecutionId(execution_id), current.status
+                    )
+                )
             result = uow.recover_job_execution(execution_id, recovery)
             recovered = result.execution
             return _Effect(current.status, recovered.status, recovered, None, execution_id)

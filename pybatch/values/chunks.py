@@ -9,6 +9,7 @@ import attrs
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.fault import FaultStateEnvelope
 from pybatch.values.ids import IdentifierKind, check_counter, check_identifier
+from pybatch.values.ownership import OwnerToken
 from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus
 
@@ -32,14 +33,26 @@ def _count(instance: object, attribute: attrs.Attribute[int], value: int) -> Non
 
 @attrs.frozen
 class ChunkContext:
-    """Which step (of which job execution) a chunk belongs to."""
+    """Which step (of which job execution) a chunk belongs to, and who may commit it.
+
+    `owner` is the token the chunk's commit proves ownership with: the job execution's owner
+    for a step, or the claiming worker's for a partition worker step, which also names its
+    `partition_id`. A chunk whose owner no longer owns the step commits nothing; a context
+    without an owner only reads the step's committed state.
+    """
 
     step_execution_id: int
     job_execution_id: int
+    owner: OwnerToken | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(OwnerToken))
+    )
+    partition_id: int | None = None
 
     def __attrs_post_init__(self) -> None:
         check_identifier(IdentifierKind.STEP_EXECUTION, self.step_execution_id)
         check_identifier(IdentifierKind.JOB_EXECUTION, self.job_execution_id)
+        if self.partition_id is not None:
+            check_identifier(IdentifierKind.STEP_PARTITION, self.partition_id)
 
 
 @attrs.frozen(kw_only=True)

@@ -300,6 +300,8 @@ class RecoveryArguments:
 
     request: RecoveryRequest = attrs.field(validator=attrs.validators.instance_of(RecoveryRequest))
     unknown_commit: bool = attrs.field(validator=attrs.validators.instance_of(bool))
+    #: Recover even though the owner's lease is fresh (the owner is fenced first).
+    force: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
 
 class _CanonicalWriter:
@@ -381,6 +383,8 @@ class RequestDigest:
             else:
                 writer.text(failure.category.as_str)
                 writer.u64(failure.failure_id)
+            if arguments.force:  # only when set: digests of unforced requests are unchanged
+                writer.text("FORCE")
         return cls(writer.digest())
 
     def hex(self) -> str:

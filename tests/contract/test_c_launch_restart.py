@@ -211,17 +211,21 @@ def test_c7_restart_after_completed_or_abandoned_is_refused(
 def test_c8_restart_leaves_the_prior_attempt_untouched(
     repository: JobRepository, clock: ManualClock
 ) -> None:
-    first = launched(repository, clock, S.FAILED)
+    first = launched(repository, clock, S.STARTED)
     with repository.begin() as uow:
-        step = uow.create_step_execution(first.id, StepName("load"))
+        uow.create_step_execution(first.id, StepName("load"))
+        failed = LifecycleTransition.failed(clock.advance(), FAILURE)
+        first = uow.transition_job_execution(first.id, first.version, failed)  # and its step
+        steps = uow.step_executions(first.id)
         uow.commit()
+    assert [step.status for step in steps] == [S.FAILED]
     clock.advance(timedelta(hours=3))
     with repository.begin() as uow:
         uow.create_job_execution(first.job_instance_id)
         uow.commit()
     with repository.begin() as uow:
         assert uow.get_job_execution(first.id) == first
-        assert uow.step_executions(first.id) == [step]
+        assert uow.step_executions(first.id) == steps
 
 
 # --------------------------------------------------------------------------- C9 - C11

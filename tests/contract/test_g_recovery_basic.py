@@ -54,6 +54,7 @@ from pybatch.values.recovery import RecoveryRequest, RecoveryResult
 from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from tests.support.clock import ManualClock
+from tests.support.owners import TEST_OWNER, claim_test_owner
 from tests.support.race import race, race_units_of_work, wait_until_lock_wait
 
 S = BatchStatus
@@ -325,6 +326,7 @@ def attempt(repository: JobRepository, clock: ManualClock, instance_id: int) -> 
     """The next attempt of an instance, STARTED."""
     with repository.begin() as uow:
         execution = uow.create_job_execution(instance_id)
+        execution = claim_test_owner(uow, execution, clock.advance())
         execution = uow.transition_job_execution(
             execution.id, execution.version, to(S.STARTED, clock.advance())
         )
@@ -357,7 +359,7 @@ def run_node(
         step = uow.create_flow_step_execution(execution.id, StepName(name), NODE, limit)
         step = uow.transition_step_execution(step.id, step.version, to(S.STARTED, clock.advance()))
         uow.commit()
-    context = ChunkContext(step.id, execution.id)
+    context = ChunkContext(step.id, execution.id, TEST_OWNER)
     with ChunkTransactionManager(repository).begin_for(context) as chunk:
         chunk.commit(
             ChunkCounts(read=offset, processed=offset, written=offset - 1, filtered=1),
@@ -429,7 +431,7 @@ def test_e21_flow_step_copies_the_newest_state_of_its_node_across_attempts(
     assert durable_columns(admin, copy_2.id) == durable_columns(admin, source_1.id)
     # The copied fault state is still valid for the copied checkpoint.
     assert ChunkTransactionManager(repository).inherited_progress(
-        ChunkContext(copy_2.id, second.id)
+        ChunkContext(copy_2.id, second.id, TEST_OWNER)
     ).fault_state.ordinal_for(RetryKey(bytes([3]) * 32)) == RetryOrdinal(1)
     assert fresh.metadata.counts.is_zero and fresh.checkpoint == Checkpoint.empty()
     assert durable_columns(admin, fresh.id)["fault_state_payload"]["entries"] == []
@@ -447,7 +449,9 @@ def test_e21_flow_step_copies_the_newest_state_of_its_node_across_attempts(
     with repository.begin() as uow:
         uow.transition_step_execution(copy_2.id, 0, to(S.STARTED, clock.advance()))
         uow.commit()
-    with ChunkTransactionManager(repository).begin_for(ChunkContext(copy_2.id, second.id)) as c:
+    with ChunkTransactionManager(repository).begin_for(
+        ChunkContext(copy_2.id, second.id, TEST_OWNER)
+    ) as c:
         c.commit(ChunkCounts(read=2), checkpoint=Checkpoint(SCHEMA, 1, {"offset": 5}))
     fail_attempt(repository, clock, second)
     third = attempt(repository, clock, instance.id)
@@ -655,7 +659,9 @@ def test_l5_a_waiting_start_sees_the_committed_start(
             return "created"
 
     with repository.begin() as first, ThreadPoolExecutor(1) as pool:
-        first.create_flow_step_execution(old.id, StepName("load"), NODE, StartLimit(1))
+        step = first.create_flow_step_execution(old.id, StepName("load"), NODE, StartLimit(1))
+        # A step of a finished execution cannot stay open past COMMIT: this one ends at once.
+        first.transition_step_execution(step.id, step.version, to(S.FAILED, clock.advance()))
         waiting = pool.submit(second)
         assert ready.wait(10)
         wait_until_lock_wait(admin, pid[0])

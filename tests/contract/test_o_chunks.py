@@ -56,6 +56,7 @@ from pybatch.values.records import StepExecution
 from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from tests.support.clock import ManualClock
+from tests.support.owners import TEST_OWNER, claim_test_owner
 
 S = BatchStatus
 SCHEMA = StateSchemaId("tests.orders.cursor.v1")
@@ -82,6 +83,7 @@ def started_step(
     with repository.begin() as uow:
         instance = uow.select_or_create_job_instance(new_key()).instance
         execution = uow.create_job_execution(instance.id)
+        execution = claim_test_owner(uow, execution, clock.advance())
         execution = uow.transition_job_execution(
             execution.id, 0, LifecycleTransition.new(S.STARTED, clock.advance())
         )
@@ -94,7 +96,7 @@ def started_step(
 
 
 def context_of(step: StepExecution) -> ChunkContext:
-    return ChunkContext(step.id, step.job_execution_id)
+    return ChunkContext(step.id, step.job_execution_id, TEST_OWNER)
 
 
 def cursor(offset: int, **extra: Any) -> Checkpoint:
@@ -357,11 +359,11 @@ def test_o2_begin_for_refuses_a_step_that_is_not_started(
     with pytest.raises(NotCommitted):
         manager.begin()
     with pytest.raises(NotCommitted):
-        manager.begin_for(ChunkContext(step.id + 1000, step.job_execution_id))
+        manager.begin_for(ChunkContext(step.id + 1000, step.job_execution_id, TEST_OWNER))
     with pytest.raises(NotCommitted):  # the step exists, but in another job execution
-        manager.begin_for(ChunkContext(step.id, other.job_execution_id))
+        manager.begin_for(ChunkContext(step.id, other.job_execution_id, TEST_OWNER))
     with pytest.raises(StepExecutionNotFound):
-        manager.load_committed_state(ChunkContext(step.id, other.job_execution_id))
+        manager.load_committed_state(ChunkContext(step.id, other.job_execution_id, TEST_OWNER))
 
 
 def test_o2_commit_after_the_step_left_started_is_not_committed(
@@ -579,7 +581,7 @@ def test_o6_inherited_progress_refuses_a_superseded_generation(
     assert fresh.checkpoint_digest == Checkpoint.empty().generation_digest()
     assert fresh.fault_state == FaultStateEnvelope.EMPTY
     with pytest.raises(NotCommitted):  # no such step
-        manager.inherited_progress(ChunkContext(step.id + 99, step.job_execution_id))
+        manager.inherited_progress(ChunkContext(step.id + 99, step.job_execution_id, TEST_OWNER))
 
     commit_chunk(manager, step, 4, read=4)
     fault_state = bound_fault_state(repository, step)
@@ -808,7 +810,7 @@ def test_lost_acknowledgement_of_a_checkpoint_only_chunk_is_outcome_unknown(
     manager = ChunkTransactionManager(repository)
     commit_chunk(manager, step, 1)
     # begin_after sends nothing: the chunk's first statement is its progress UPDATE.
-    chunk = manager.begin_after(manager.load_committed_state(context_of(step)))
+    chunk = manager.begin_after(context_of(step), manager.load_committed_state(context_of(step)))
     pid = chunk.connection.info.backend_pid
     with psycopg.connect(admin.info.dsn, password=admin.info.password) as locker:
         locker.execute("SELECT 1 FROM pybatch.step_execution WHERE id = %s FOR UPDATE", (step.id,))
@@ -857,7 +859,7 @@ def test_a_checkpoint_only_chunk_commits_in_one_round_trip(
     step = started_step(repository, clock)
     manager = ChunkTransactionManager(repository, hold_connection=True)
     commit_chunk(manager, step, 1)  # prepares the statements on the held connection
-    chunk = manager.begin_after(manager.load_committed_state(context_of(step)))
+    chunk = manager.begin_after(context_of(step), manager.load_committed_state(context_of(step)))
     conn = chunk.connection
     trace = _protocol(conn, lambda: chunk.commit(ChunkCounts(read=1), checkpoint=cursor(2)))
     sent = [line for line in trace.splitlines() if line.startswith("F")]
@@ -865,7 +867,7 @@ def test_a_checkpoint_only_chunk_commits_in_one_round_trip(
     assert sum(1 for line in sent if "\tSync" in line) == 1, trace
     assert conn.autocommit is False  # the pooled connection is handed on as configured
 
-    chunk = manager.begin_after(chunk.committed)
+    chunk = manager.begin_after(context_of(step), chunk.committed)
     conn = chunk.connection
 
     def business_chunk() -> None:

@@ -159,7 +159,8 @@ def test_a_role_without_grants_cannot_block_recovery_of_a_dead_workers_partition
     run, parent = publish(repository, Job(repository, "fanout", PARAMS, lease=LEASE.duration), 2)
     # A worker claims p0, commits one chunk, and dies (its liveness session ends with it).
     liveness = partitioned._Liveness(repository, LEASE)
-    claimed = partitioned._claim(repository, parent, liveness, OwnerToken.generate())
+    token = OwnerToken.generate()
+    claimed = partitioned._claim(repository, parent, liveness, token)
     assert claimed is not None
     partition, dead = claimed
     worker_run = JobRun(repository, run.instance, run.execution, None)
@@ -168,7 +169,7 @@ def test_a_role_without_grants_cannot_block_recovery_of_a_dead_workers_partition
         raise SystemExit("killed")
 
     with pytest.raises(SystemExit):
-        loader(die)(PartitionRun(worker_run, dead, partition))
+        loader(die)(PartitionRun(worker_run, dead, partition, owner=token))
     liveness.close()
     admin.execute("DROP ROLE IF EXISTS pybatch_intruder")
     admin.execute("CREATE ROLE pybatch_intruder LOGIN")

@@ -112,6 +112,9 @@ READERS: dict[str, tuple[str, ...]] = {
     # read by hand: repository/steps.py, repository/operator_requests.py
     "insert_step_execution": ("id",),
     "insert_step_execution_from_source": ("id",),
+    "end_unfinished_step_executions": ("ended_steps",),
+    # locks only: repository/steps.py end_unfinished_steps waits here, reads nothing
+    "lock_unfinished_step_executions": ("id",),
     "insert_operator_request": ("id",),
     # read by hand: migrator.py (name is shown by `pybatch migrate --dry-run` history)
     "list_schema_migrations": ("version", "name", "checksum"),

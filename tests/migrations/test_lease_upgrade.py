@@ -12,19 +12,16 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 import pybatch.job_repository as repository_module
-from pybatch import JobRepository, migrator
-from pybatch.chunks import ChunkTransactionManager
+from pybatch import ConnectionConfig, JobRepository, migrator
 from pybatch.errors import ExecutionAlreadyActive
 from pybatch.etl import ETL_STATE_SCHEMA, Job, StepRun
 from pybatch.services.audit import verify_audit_chain
-from pybatch.values.chunks import ChunkContext, ChunkCounts
-from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import NodeId, StepName
-from pybatch.values.state import Checkpoint, StateLimits
-from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+from pybatch.values.status import BatchStatus
 from tests.conftest import plaintext_config
 
 S = BatchStatus
@@ -37,6 +34,18 @@ def install_up_to(dsn: str, version: int) -> None:
         conn.execute("CREATE SCHEMA IF NOT EXISTS pybatch")
         for migration in migrator.shipped_migrations()[:version]:
             migrator._apply(conn, migration)
+
+
+def legacy_chunk(config: ConnectionConfig, step_id: int, offset: int) -> None:
+    """The progress UPDATE of one chunk as a schema-1 pybatch committed it (no ownership fence)."""
+    with psycopg.connect(config.dsn.reveal()) as conn:
+        conn.execute(
+            "UPDATE pybatch.step_execution SET read_count = %s, processed_count = %s,"
+            " write_count = %s, commit_count = commit_count + 1, checkpoint_schema = %s,"
+            " checkpoint_schema_version = 1, checkpoint_payload = %s, version = version + 1"
+            " WHERE id = %s AND status = 'STARTED'",
+            (offset, offset, offset, ETL_STATE_SCHEMA.value, Jsonb({"offset": offset}), step_id),
+        )
 
 
 def legacy_run(repository: JobRepository, run: str, *, status: S, offset: int) -> int:
@@ -53,32 +62,16 @@ def legacy_run(repository: JobRepository, run: str, *, status: S, offset: int) -
             step.id, step.version, LifecycleTransition.new(S.STARTED, uow.clock.now())
         )
         uow.commit()
-    chunk = ChunkTransactionManager(repository).begin_for(ChunkContext(step.id, execution.id))
-    chunk.commit(
-        ChunkCounts(read=offset, processed=offset, written=offset),
-        checkpoint=Checkpoint(ETL_STATE_SCHEMA, 1, {"offset": offset}, limits=StateLimits.STEP),
-    )
-    if status is S.FAILED:
-        with repository.begin() as uow:
-            current = uow.get_step_execution(step.id)
-            assert current is not None
-            uow.transition_step_execution(
-                step.id,
-                current.version,
-                LifecycleTransition.failed(
-                    uow.clock.now(),
-                    FailureSummary(FailureCategory.USER_COMPONENT, FailureId(step.id)),
-                ),
-            )
-            execution = uow.transition_job_execution(
-                execution.id,
-                execution.version,
-                LifecycleTransition.failed(
-                    uow.clock.now(),
-                    FailureSummary(FailureCategory.USER_COMPONENT, FailureId(execution.id)),
-                ),
-            )
-            uow.commit()
+    legacy_chunk(repository.config, step.id, offset)
+    if status is S.FAILED:  # as schema-1 pybatch failed a run: the step, then the execution
+        with psycopg.connect(repository.config.dsn.reveal()) as conn:
+            for table, row_id in (("step_execution", step.id), ("job_execution", execution.id)):
+                conn.execute(
+                    f"UPDATE pybatch.{table} SET status = 'FAILED', ended_at = now(),"
+                    " updated_at = greatest(updated_at, now()), failure_category ="
+                    " 'USER_COMPONENT', failure_id = %s, version = version + 1 WHERE id = %s",
+                    (row_id, row_id),
+                )
     return execution.id
 
 

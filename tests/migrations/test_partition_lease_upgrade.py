@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 import pybatch.job_repository as repository_module
 from pybatch import JobRepository, migrator, partitioned
-from pybatch.chunks import ChunkTransactionManager
 from pybatch.etl import ETL_STATE_SCHEMA, Job, PartitionRun, join_partitioned_step
-from pybatch.values.chunks import ChunkContext, ChunkCounts
 from pybatch.values.flow import StartLimit
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import NodeId, StepName
 from pybatch.values.ownership import ExecutionLease
-from pybatch.values.state import Checkpoint, StateLimits
 from pybatch.values.status import BatchStatus, FailureCategory
 from tests.conftest import plaintext_config
 from tests.contract.test_partition_leases import recover_lost
@@ -70,18 +68,20 @@ def legacy_claim(repository: JobRepository, dsn: str, parent_id: int, key: str) 
             " version = version + 1 WHERE step_execution_id = %s AND partition_key = %s",
             (worker.id, parent_id, key),
         )
-    chunk = ChunkTransactionManager(repository).begin_for(
-        ChunkContext(worker.id, worker.job_execution_id)
-    )
     first = 1 if key == "p0" else ROWS + 1
-    chunk.executemany(
-        "INSERT INTO public.orders (id, part) VALUES (%s, %s)",
-        [(first + i, key) for i in range(CHUNK)],
-    )
-    chunk.commit(
-        ChunkCounts(read=CHUNK, processed=CHUNK, written=CHUNK),
-        checkpoint=Checkpoint(ETL_STATE_SCHEMA, 1, {"offset": CHUNK}, limits=StateLimits.STEP),
-    )
+    with psycopg.connect(dsn) as conn:  # what the older worker's chunk committed (no fence)
+        with conn.cursor() as cursor:
+            cursor.executemany(
+                "INSERT INTO public.orders (id, part) VALUES (%s, %s)",
+                [(first + i, key) for i in range(CHUNK)],
+            )
+        conn.execute(
+            "UPDATE pybatch.step_execution SET read_count = %s, processed_count = %s,"
+            " write_count = %s, commit_count = 1, checkpoint_schema = %s,"
+            " checkpoint_schema_version = 1, checkpoint_payload = %s, version = version + 1"
+            " WHERE id = %s AND status = 'STARTED'",
+            (CHUNK, CHUNK, CHUNK, ETL_STATE_SCHEMA.value, Jsonb({"offset": CHUNK}), worker.id),
+        )
     return worker.id
 
 

@@ -11,14 +11,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from pybatch import JobRepository, migrator
-from pybatch.chunks import ChunkTransactionManager
 from pybatch.etl import ETL_STATE_SCHEMA, Job, StepRun
-from pybatch.values.chunks import ChunkContext, ChunkCounts
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import NodeId, StepName
-from pybatch.values.state import Checkpoint
 from pybatch.values.status import BatchStatus
 from tests.conftest import plaintext_config
 
@@ -56,22 +54,24 @@ def _leave_a_started_step_with_a_checkpoint(repository: JobRepository) -> None:
             step.id, step.version, LifecycleTransition.new(BatchStatus.STARTED, uow.clock.now())
         )
         uow.commit()
-    manager = ChunkTransactionManager(repository)
-    state = None
-    for first in (1, 3):
-        chunk = (
-            manager.begin_for(ChunkContext(step.id, execution.id))
-            if state is None
-            else manager.begin_after(state)
-        )
-        chunk.executemany(
-            "INSERT INTO public.orders VALUES (%s, %s)",
-            [(first, "before upgrade"), (first + 1, "before upgrade")],
-        )
-        state = chunk.commit(
-            ChunkCounts(read=2, processed=2, written=2),
-            checkpoint=Checkpoint(ETL_STATE_SCHEMA, 1, {"offset": first + 1}),
-        )
+    # Its two chunks, as schema-1 pybatch committed them: rows and progress in one transaction
+    # (today's chunk statement reads columns that schema 1 does not have).
+    with psycopg.connect(repository.config.dsn.reveal()) as conn:
+        for first in (1, 3):
+            with conn.cursor() as cursor:
+                cursor.executemany(
+                    "INSERT INTO public.orders VALUES (%s, %s)",
+                    [(first, "before upgrade"), (first + 1, "before upgrade")],
+                )
+                cursor.execute(
+                    "UPDATE pybatch.step_execution SET read_count = read_count + 2,"
+                    " processed_count = processed_count + 2, write_count = write_count + 2,"
+                    " commit_count = commit_count + 1, checkpoint_schema = %s,"
+                    " checkpoint_schema_version = 1, checkpoint_payload = %s,"
+                    " version = version + 1 WHERE id = %s AND status = 'STARTED'",
+                    (ETL_STATE_SCHEMA.value, Jsonb({"offset": first + 1}), step.id),
+                )
+            conn.commit()
     # The process is gone: nothing holds the run's liveness lock.
 
 

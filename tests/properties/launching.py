@@ -16,6 +16,7 @@ from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from tests.support.clock import ManualClock
+from tests.support.owners import claim_test_owner
 
 #: The failure recorded when a path ends FAILED.
 FAILURE = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(1))
@@ -41,6 +42,7 @@ def launch(
         execution = uow.create_job_execution_with_definition(
             instance.id, definition or DefinitionIdentity.legacy()
         )
+        execution = claim_test_owner(uow, execution, clock.advance())
         for target in path:
             transition = (
                 LifecycleTransition.failed(clock.advance(), FAILURE)

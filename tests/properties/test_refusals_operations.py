@@ -86,6 +86,7 @@ from pybatch.values.status import BatchStatus, FailureCategory
 from tests.properties import strategies as s
 from tests.properties.launching import launch, unique_key
 from tests.support.clock import ManualClock
+from tests.support.owners import TEST_OWNER
 
 S = BatchStatus
 DB_EXAMPLES = settings(max_examples=25)
@@ -383,7 +384,7 @@ def test_retry_reservations_refuse_out_of_turn_ordinals(
 ) -> None:
     step = _step(repository, clock)
     fault_state = FaultState(repository, RetryPolicy(RetryLimit(2**16 - 1), RetryStateLimit(2)))
-    fault_state.bind(ChunkContext(step.id, step.job_execution_id))
+    fault_state.bind(ChunkContext(step.id, step.job_execution_id, TEST_OWNER))
     fault_state.reserve(_entry(keys[0], 1))
     fault_state.reserve(_entry(keys[1], 1))
     expected: type[PyBatchError]

@@ -58,6 +58,7 @@ from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from tests.properties import strategies as s
 from tests.properties.launching import launch, unique_key
 from tests.support.clock import ManualClock
+from tests.support.owners import TEST_OWNER
 
 S = BatchStatus
 DB_EXAMPLES = settings(max_examples=20)
@@ -323,7 +324,7 @@ def test_retry_reservations_read_back_equal(
     entries: list[FaultEntry],
 ) -> None:
     step = _started_step(repository, clock)
-    context = ChunkContext(step.id, step.job_execution_id)
+    context = ChunkContext(step.id, step.job_execution_id, TEST_OWNER)
     manager = ChunkTransactionManager(repository)
     digest = manager.load_committed_state(context).checkpoint.generation_digest()
     fault_state = FaultState(repository, POLICY)

@@ -36,6 +36,7 @@ from pybatch.values.records import StepExecution
 from pybatch.values.state import Checkpoint
 from pybatch.values.status import BatchStatus, FailureCategory
 from tests.support.clock import ManualClock
+from tests.support.owners import TEST_OWNER, claim_test_owner
 from tests.support.race import DEADLINE_SECONDS, portable, race, race_processes
 
 pytestmark = pytest.mark.race
@@ -51,6 +52,7 @@ def started_step(repository: JobRepository, clock: ManualClock) -> StepExecution
     key = JobInstanceKey(JobName("chunk-race"), JobParameters.of({"run": next(_runs)}))
     with repository.begin() as uow:
         execution = uow.create_job_execution(uow.select_or_create_job_instance(key).instance.id)
+        execution = claim_test_owner(uow, execution, clock.advance())
         execution = uow.transition_job_execution(
             execution.id, 0, LifecycleTransition.new(BatchStatus.STARTED, clock.advance())
         )
@@ -105,7 +107,7 @@ def test_two_chunk_commits_from_one_version_exactly_one_lands(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any], orders: None
 ) -> None:
     step = started_step(repository, clock)
-    context = ChunkContext(step.id, step.job_execution_id)
+    context = ChunkContext(step.id, step.job_execution_id, TEST_OWNER)
     manager = ChunkTransactionManager(repository)
     winners: list[int] = []
     for round_ in range(ITERATIONS):
@@ -144,7 +146,7 @@ def test_two_reservations_of_one_ordinal_spend_it_once(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
     step = started_step(repository, clock)
-    context = ChunkContext(step.id, step.job_execution_id)
+    context = ChunkContext(step.id, step.job_execution_id, TEST_OWNER)
     stores = [FaultState(repository, POLICY), FaultState(repository, POLICY)]
     for store in stores:
         store.bind(context)
@@ -168,7 +170,7 @@ def test_concurrent_reservations_of_different_keys_both_land(
 ) -> None:
     """The row lock serializes reservers without losing either update."""
     step = started_step(repository, clock)
-    context = ChunkContext(step.id, step.job_execution_id)
+    context = ChunkContext(step.id, step.job_execution_id, TEST_OWNER)
     stores = [FaultState(repository, POLICY), FaultState(repository, POLICY)]
     for store in stores:
         store.bind(context)
@@ -200,7 +202,7 @@ def commit_chunk_in_process(
     pid = os.getpid()
     with JobRepository.connect(ConnectionConfig(**config_fields)) as repository:
         manager = ChunkTransactionManager(repository)
-        with manager.begin_for(ChunkContext(step_id, job_execution_id)) as chunk:
+        with manager.begin_for(ChunkContext(step_id, job_execution_id, TEST_OWNER)) as chunk:
             barrier.wait(DEADLINE_SECONDS)
             try:
                 chunk.execute("INSERT INTO public.orders VALUES (%s, 'process')", (pid,))
@@ -228,7 +230,7 @@ def test_two_processes_commit_chunks_from_one_version(
     [winner_pid] = [pid for outcome, pid in results if outcome == "committed"]
     assert business_ids(admin) == [winner_pid]
     state = ChunkTransactionManager(repository).load_committed_state(
-        ChunkContext(step.id, step.job_execution_id)
+        ChunkContext(step.id, step.job_execution_id, TEST_OWNER)
     )
     assert state.version == step.version + 1
     assert state.checkpoint == cursor(winner_pid)
