@@ -77,7 +77,9 @@ def test_upgrade_keeps_the_chain_and_appends_after_it(
         for operation in ("old-1", "old-2"):
             old_audited_stop(conn, old_execution, operation)
     applied = migrator.migrate(config)
-    assert [m.version for m in applied] == [GUARDS]
+    assert [m.version for m in applied] == list(
+        range(GUARDS, migrator.supported_schema_version() + 1)
+    )
     with JobRepository.connect(config) as repository:
         before = verify_audit_chain(repository)
         assert before.intact and before.links == 2
