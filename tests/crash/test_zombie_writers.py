@@ -35,6 +35,7 @@ import psycopg
 import pytest
 
 from tests.crash import zombie_job as zj
+from tests.crash.partition_job import rows_sha256
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow]
 
@@ -262,6 +263,6 @@ def test_a_paused_worker_commits_nothing_after_its_ownership_ended(
             process.kill()
     rows = admin.execute(zj.SELECT_ROWS).fetchall()
     assert len(rows) == zj.PARTITIONS * zj.ROWS_PER_PARTITION, f"{ending}: {len(rows)} rows"
-    assert zj.rows_sha256(rows) == zj.source_sha256(), f"{ending}: the table differs"
+    assert rows_sha256(rows) == zj.source_sha256(), f"{ending}: the table differs"
     assert open_steps_under_finished_executions(admin) == []
     del paused_key

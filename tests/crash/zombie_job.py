@@ -34,12 +34,12 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterable
 from types import FrameType
 
 from pybatch import ConnectionConfig, JobRepository
 from pybatch.errors import PyBatchError
 from pybatch.etl import Job, PartitionRun, join_partitioned_step
+from tests.crash.partition_job import rows_sha256
 
 JOB_NAME = "zombie_partitions"
 STEP_NAME = "load"
@@ -65,13 +65,6 @@ def plan() -> dict[str, dict[str, int]]:
 def source_row(row_id: int) -> tuple[int, str, str]:
     index = (row_id - 1) // ROWS_PER_PARTITION
     return row_id, key(index), hashlib.sha256(str(row_id).encode()).hexdigest()[:16]
-
-
-def rows_sha256(rows: Iterable[tuple[object, ...]]) -> str:
-    digest = hashlib.sha256()
-    for row in rows:
-        digest.update(("|".join(str(value) for value in row) + "\n").encode())
-    return digest.hexdigest()
 
 
 def source_sha256() -> str:
