@@ -37,6 +37,7 @@ from tests.contract.test_etl_api import (
     wait_for_lease_expiry,
 )
 from tests.support.clock import ManualClock, OffsetClock
+from tests.support.race import terminate_backend
 
 S = BatchStatus
 HOUR = datetime.timedelta(hours=1)
@@ -284,10 +285,13 @@ def test_a_clock_that_jumps_after_connect_is_refused_on_the_next_new_connection(
     with JobRepository.connect(pg_config, clock=host_clock) as repository:
         completed(repository, "before-the-jump")
         host_clock.offset = -HOUR
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+        # Wait until each backend has really exited: pg_terminate_backend only signals it,
+        # and a pooled connection whose backend has not gone yet still looks healthy.
+        for (pid,) in admin.execute(
+            "SELECT pid FROM pg_stat_activity"
             " WHERE application_name = 'pybatch' AND pid <> pg_backend_pid()"
-        )
+        ).fetchall():
+            terminate_backend(admin, pid)
         with pytest.raises(ClockSkewExceeded) as refused:
             completed(repository, "after-the-jump")
         assert refused.value.direction == "behind"
