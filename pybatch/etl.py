@@ -564,12 +564,15 @@ class JobRun:
                 _runners(self.instance, self.execution, work),
                 workers,
                 lease=self.lease,
+                between_polls=self._at_chunk_boundary,
             )
+        except ExecutionOwnershipLost:
+            raise  # the step belongs to the recovered execution now: leave it alone
         except BaseException as error:
-            status = BatchStatus.FAILED if isinstance(error, Exception) else BatchStatus.STOPPED
-            self._end_step(parent.id, status)
+            stopped = isinstance(error, StopRequested) or not isinstance(error, Exception)
+            self._end_step(parent.id, BatchStatus.STOPPED if stopped else BatchStatus.FAILED)
             raise
-        ended, unfinished = partitioned.aggregate_plan(self.repository, parent)
+        ended, unfinished = partitioned.aggregate_plan(self.repository, parent, self._verify_owner)
         if ended.status is not BatchStatus.COMPLETED:
             raise PartitionsFailed(
                 step_name=name, status=ended.status.value, keys=tuple(unfinished)

@@ -290,8 +290,12 @@ def work_on_plan(
     *,
     poll_seconds: float = POLL_SECONDS,
     lease: ExecutionLease | None = None,
+    between_partitions: Callable[[], None] = lambda: None,
 ) -> int:
     """Work on a published plan until no partition is left open; return how many it ran.
+
+    `between_partitions` runs before each claim and raises to stop claiming (the launcher
+    working alone raises StopRequested or ExecutionOwnershipLost there).
 
     Each claimed partition is leased for `lease` (the job's execution lease; the default
     when None) and the lease is renewed in the background while the partition runs. A
@@ -304,6 +308,7 @@ def work_on_plan(
     ran = 0
     try:
         while True:
+            between_partitions()
             owner = OwnerToken.generate()
             claimed = _claim(repository, parent, liveness, owner)
             if claimed is None:
@@ -516,18 +521,30 @@ def supervise(
     *,
     poll_seconds: float = POLL_SECONDS,
     lease: ExecutionLease | None = None,
+    between_polls: Callable[[], None] = lambda: None,
 ) -> None:
     """Keep `workers` forked local processes working until no partition is open.
 
     A process that dies is replaced while partitions remain open; lost partitions are
     recovered by the survivors or here once their lease ran out. With 0 workers the calling
     process works alone. `lease` is each worker's lease on the partition it runs.
+
+    `between_polls` runs before every poll and raises to end the supervision: the launcher's
+    run raises StopRequested or ExecutionOwnershipLost there. The local workers are then
+    terminated at once rather than left to finish their partitions: a run that lost its
+    execution must not keep respawning workers for a plan that can no longer be worked on,
+    and an uncommitted chunk of a terminated worker rolls back with its backend.
     """
     if not 0 <= workers <= MAX_PARTITION_WORKERS:
         raise ValueError(f"workers is 0..{MAX_PARTITION_WORKERS}")
     if workers == 0:
         work_on_plan(
-            repository, parent, runners(repository), poll_seconds=poll_seconds, lease=lease
+            repository,
+            parent,
+            runners(repository),
+            poll_seconds=poll_seconds,
+            lease=lease,
+            between_partitions=between_polls,
         )
         return
     context = multiprocessing.get_context("fork")
@@ -548,7 +565,15 @@ def supervise(
     try:
         for _ in range(workers):
             spawn()
-        while open_partitions():
+        while True:
+            try:
+                between_polls()
+            except BaseException:
+                for process in processes:
+                    process.terminate()
+                raise
+            if not open_partitions():
+                break
             alive = [p for p in processes if p.is_alive()]
             for process in processes:
                 if not process.is_alive():
@@ -570,11 +595,18 @@ def supervise(
 
 
 def aggregate_plan(
-    repository: JobRepository, parent: StepExecution
+    repository: JobRepository,
+    parent: StepExecution,
+    verify_owner: Callable[[UnitOfWork], object] = lambda uow: None,
 ) -> tuple[StepExecution, list[str]]:
-    """Aggregate the partitions onto the parent; return it and the keys not COMPLETED."""
+    """Aggregate the partitions onto the parent; return it and the keys not COMPLETED.
+
+    `verify_owner` runs first in the same unit of work: a launcher whose execution was
+    recovered learns it there (ExecutionOwnershipLost), not as a refused aggregation.
+    """
 
     def aggregate(uow: UnitOfWork) -> tuple[StepExecution, list[str]]:
+        verify_owner(uow)
         current = uow.get_step_execution(parent.id)
         if current is None:  # the parent of a published plan is never deleted mid-run
             raise PartitionStateCorrupt()

@@ -12,9 +12,10 @@ belongs to, in each way one can end:
 - the joined worker is frozen past its partition lease, another worker recovers the
   partition, and the job completes normally.
 
-(An operator's stop is not among them: a run observes it at its own next chunk boundary and
-ends in its own process, and a partitioned step ends only once its plan has, so nothing of the
-owner is in flight when it ends; the ending itself is the same transition the others use.)
+(An operator's stop is not among them: the launcher observes it between two polls of its
+workers and ends in its own process, through the same transition the interrupt uses;
+tests/crash/test_partitioned_launcher_endings.py shows that a stop ends a partitioned run
+before its plan is done.)
 
 Then the paused worker goes on and commits. Every time, its commit is refused: none of its
 rows are in the table, no step is left STARTED under a finished execution, and a relaunch
