@@ -1,6 +1,6 @@
 """Connection configuration: bounds, TLS and redaction.
 
-See docs/schema.md 6, docs/contract.md, Configuration.
+See docs/schema.md 6 and docs/contract.md, Configuration.
 
 The DSN is a secret. It never appears in a repr, a str, an exception or a log
 line; TLS settings come only from this configuration so that neither the DSN

@@ -1,6 +1,6 @@
 """`pybatch hold`, `release` and `purge`.
 
-See docs/operators.md, docs/contract.md, Holds; Retention and purge.
+See docs/operators.md and docs/contract.md, Holds; Retention and purge.
 """
 
 from __future__ import annotations
