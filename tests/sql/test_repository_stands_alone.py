@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACT = ROOT / "docs" / "contract.md"
-SCHEMA = ROOT / "docs" / "schema.md"
+SCHEMA = ROOT / "docs/schema.md"
 FROZEN_MIGRATIONS = re.compile(r"^migrations/000[1-8]_[a-z0-9_]+\.sql$")
 
 # Built from parts so that this file does not cite them itself.
@@ -34,11 +34,11 @@ OUTSIDE_DOCUMENTS = re.compile(
     + "/docs"
 )
 SCHEMA_REFERENCE = re.compile(r"[\w./-]*\bschema" + _MD)
-#: "(4.10)", "(2.16, 4.15)", "(4.10-4.14)": section numbers of no document in the repository.
+#: A parenthesised list or range of dotted section numbers: sections of no document here.
 BARE_SECTION = re.compile(r"(?<![\w)\].])\((\d{1,2}\.\d{1,2})(?:(?:, |-|; )\d{1,2}\.\d{1,2})*\)")
-#: "rule 7", "rule 6.3", "contract group F": numbered rules and scenario groups of elsewhere.
+#: Numbered rules and lettered scenario groups of documents kept elsewhere.
 NUMBERED_RULE = re.compile(r"\brules? \d+(?:\.\d+)?\b|\bcontract group [A-Z]\b")
-#: "section 4.10" names a section of some document; only docs/schema.md has numbered ones.
+#: The word section and a number names a section; only docs/schema.md has numbered ones.
 SECTION_WORD = re.compile(r"\bsection (\d+(?:\.\d+)?)\b")
 
 
@@ -148,9 +148,9 @@ def test_the_check_catches_each_kind_of_outside_citation() -> None:
         "# see " + "behaviour" + ".md 4.10",
         "# see ../" + "shared" + "/docs/x",
         "# see " + "schema" + ".md 3.6",
-        "# the claim is atomic (4.10)",
+        "# the claim is atomic (4." + "10)",
         "# no counters (" + "rule" + " 14)",
-        "# as in section 4.8",
+        "# as in sec" + "tion 4.8",
     ]
     for line in cited:
         assert outside_citations("pybatch/example.py", line + "\n"), line
@@ -158,7 +158,7 @@ def test_the_check_catches_each_kind_of_outside_citation() -> None:
         "# see docs/contract.md, Partitions",
         "# see docs/schema.md 3.6 and docs/schema.md section 2",
         "time.sleep(0.05)",
-        "PAUSE = (1.5, 3.0)",
+        "PAUSE = (1." + "5, 3.0)",
     ]
     for line in fine:
         assert not outside_citations("pybatch/example.py", line + "\n"), line
@@ -208,7 +208,7 @@ def test_frozen_migration_0001_citations_resolve_in_docs_schema_md() -> None:
     migration = (ROOT / "migrations" / "0001_create_schema.sql").read_text()
     schema = SCHEMA.read_text()
     assert "docs/schema.md section 2" in migration
-    assert "(schema.md 3.6)" in migration
+    assert "(" + "schema" + ".md 3.6)" in migration
     sections = schema_sections()
     assert {"2", "3.6"} <= sections
     title = re.search(r"^### 3\.6 (.*)$", schema, flags=re.M)
@@ -217,4 +217,4 @@ def test_frozen_migration_0001_citations_resolve_in_docs_schema_md() -> None:
     assert len(created) == 12
     section_2 = schema[schema.index("\n## 2.") : schema.index("\n## 3.")]
     listed = re.findall(r"^### 2\.\d+ `(\w+)`", section_2, flags=re.M)
-    assert listed == created, "section 2 of docs/schema.md lists the tables of migration 0001"
+    assert listed == created, "docs/schema.md section 2 lists the tables of migration 0001"
