@@ -1,7 +1,8 @@
 """The only place that reads driver errors: SQLSTATE plus constraint name to pybatch errors.
 
-Meaning is never read out of message text (postgres-lessons.md 10). Mapped errors
-are raised `from None`: driver messages can quote row values and the DSN's host.
+Meaning comes from the SQLSTATE and the constraint name only, never from message text, which
+changes with the server's version and locale. Mapped errors are raised `from None`: driver
+messages can quote row values and the DSN's host.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ def translate(
 def classify_business_error(
     exc: BaseException, conn: psycopg.Connection[object] | None
 ) -> BusinessTransactionError:
-    """Classify an ETL statement's failure inside a chunk (behaviour.md 4.15).
+    """Classify an ETL statement's failure inside a chunk (docs/contract.md, Chunk transactions).
 
     Cancelled (57014), LockTimeout (55P03) and Rejected (classes 22, 23, 42, or a value
     psycopg cannot adapt) keep the connection, though the transaction can now only roll

@@ -1,4 +1,4 @@
-"""What a repository that lacks a capability answers (behaviour.md 4.18).
+"""What a repository that lacks a capability answers (docs/contract.md, Capability defaults).
 
 `CapabilityDefaults` is the base of every unit of work: each optional operation raises
 `UnsupportedCapability` naming its capability, and `UnitOfWork` overrides exactly the
@@ -17,7 +17,7 @@ __all__ = ["CAPABILITY_OPERATIONS", "CapabilityDefaults", "built_capabilities"]
 
 C = RepositoryCapability
 
-#: The unit-of-work operations each capability consists of (behaviour.md 4.8, 4.10-4.14).
+#: The unit-of-work operations each capability consists of (docs/contract.md, Capabilities).
 CAPABILITY_OPERATIONS: dict[RepositoryCapability, tuple[str, ...]] = {
     C.OPERATOR_REQUESTS: ("find_operator_request", "append_operator_request"),
     C.STOP_REQUESTS: ("request_execution_stop",),
@@ -48,75 +48,75 @@ class CapabilityDefaults:
     """Base-class answers for optional operations: `UnsupportedCapability{capability}`."""
 
     def find_operator_request(self, *args: Any, **kwargs: Any) -> Any:
-        """Behaviour.md 4.10; this base raises UnsupportedCapability."""
+        """docs/contract.md, Operator requests; this base raises UnsupportedCapability."""
         _unsupported(C.OPERATOR_REQUESTS)
 
     def append_operator_request(self, *args: Any, **kwargs: Any) -> Any:
-        """Behaviour.md 4.10; this base raises UnsupportedCapability."""
+        """docs/contract.md, Operator requests; this base raises UnsupportedCapability."""
         _unsupported(C.OPERATOR_REQUESTS)
 
     def request_execution_stop(self, *args: Any, **kwargs: Any) -> Any:
-        """Behaviour.md 4.11; this base raises UnsupportedCapability."""
+        """docs/contract.md, Stop requests; this base raises UnsupportedCapability."""
         _unsupported(C.STOP_REQUESTS)
 
     def claim_execution_owner(self, *args: Any, **kwargs: Any) -> Any:
-        """Behaviour.md 4.12; this base raises UnsupportedCapability."""
+        """docs/contract.md, Ownership and leases; this base raises UnsupportedCapability."""
         _unsupported(C.EXECUTION_OWNERSHIP)
 
     def observe_execution_control(self, *args: Any, **kwargs: Any) -> Any:
-        """Behaviour.md 4.12; this base raises UnsupportedCapability."""
+        """docs/contract.md, Ownership and leases; this base raises UnsupportedCapability."""
         _unsupported(C.EXECUTION_OWNERSHIP)
 
     def job_instance_hold(self, *args: Any, **kwargs: Any) -> Any:
-        """Behaviour.md 4.13; this base raises UnsupportedCapability."""
+        """docs/contract.md, Holds; this base raises UnsupportedCapability."""
         _unsupported(C.INSTANCE_HOLDS)
 
     def place_instance_hold(self, *args: Any, **kwargs: Any) -> Any:
-        """Behaviour.md 4.13; this base raises UnsupportedCapability."""
+        """docs/contract.md, Holds; this base raises UnsupportedCapability."""
         _unsupported(C.INSTANCE_HOLDS)
 
     def release_instance_hold(self, *args: Any, **kwargs: Any) -> Any:
-        """Behaviour.md 4.13; this base raises UnsupportedCapability."""
+        """docs/contract.md, Holds; this base raises UnsupportedCapability."""
         _unsupported(C.INSTANCE_HOLDS)
 
     def find_retention_action(self, *args: Any, **kwargs: Any) -> Any:
-        """Behaviour.md 4.14; this base raises UnsupportedCapability."""
+        """docs/contract.md, Retention and purge; this base raises UnsupportedCapability."""
         _unsupported(C.RETENTION_PURGE)
 
     def append_retention_action(self, *args: Any, **kwargs: Any) -> Any:
-        """Behaviour.md 4.14; this base raises UnsupportedCapability."""
+        """docs/contract.md, Retention and purge; this base raises UnsupportedCapability."""
         _unsupported(C.RETENTION_PURGE)
 
     def purge_survey(self, *args: Any, **kwargs: Any) -> Any:
-        """Behaviour.md 4.14; this base raises UnsupportedCapability."""
+        """docs/contract.md, Retention and purge; this base raises UnsupportedCapability."""
         _unsupported(C.RETENTION_PURGE)
 
     def apply_purge(self, *args: Any, **kwargs: Any) -> Any:
-        """Behaviour.md 4.14; this base raises UnsupportedCapability."""
+        """docs/contract.md, Retention and purge; this base raises UnsupportedCapability."""
         _unsupported(C.RETENTION_PURGE)
 
     def create_step_partition_plan(self, *args: Any, **kwargs: Any) -> Any:
-        """Behaviour.md 4.8; this base raises UnsupportedCapability."""
+        """docs/contract.md, Partitions; this base raises UnsupportedCapability."""
         _unsupported(C.STEP_PARTITIONS)
 
     def step_partition_plan(self, *args: Any, **kwargs: Any) -> Any:
-        """Behaviour.md 4.8; this base raises UnsupportedCapability."""
+        """docs/contract.md, Partitions; this base raises UnsupportedCapability."""
         _unsupported(C.STEP_PARTITIONS)
 
     def restart_step_partition_plan(self, *args: Any, **kwargs: Any) -> Any:
-        """Behaviour.md 4.8; this base raises UnsupportedCapability."""
+        """docs/contract.md, Partitions; this base raises UnsupportedCapability."""
         _unsupported(C.STEP_PARTITIONS)
 
     def assign_step_partition(self, *args: Any, **kwargs: Any) -> Any:
-        """Behaviour.md 4.8; this base raises UnsupportedCapability."""
+        """docs/contract.md, Partitions; this base raises UnsupportedCapability."""
         _unsupported(C.STEP_PARTITIONS)
 
     def complete_step_partition(self, *args: Any, **kwargs: Any) -> Any:
-        """Behaviour.md 4.8; this base raises UnsupportedCapability."""
+        """docs/contract.md, Partitions; this base raises UnsupportedCapability."""
         _unsupported(C.STEP_PARTITIONS)
 
     def aggregate_step_partitions(self, *args: Any, **kwargs: Any) -> Any:
-        """Behaviour.md 4.8; this base raises UnsupportedCapability."""
+        """docs/contract.md, Partitions; this base raises UnsupportedCapability."""
         _unsupported(C.STEP_PARTITIONS)
 
 

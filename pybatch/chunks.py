@@ -1,4 +1,6 @@
-"""Chunk transactions: business writes and step progress in one COMMIT (behaviour.md 4.15).
+"""Chunk transactions: business writes and step progress in one COMMIT.
+
+See docs/contract.md, Chunk transactions.
 
 A chunk transaction leases one pooled connection. The ETL runs its own statements on it
 (`execute`, `executemany`, `copy`, or the raw `connection`), then `commit` writes the

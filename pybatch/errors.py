@@ -1,20 +1,23 @@
-"""Every pybatch exception, one family after another in the order of behaviour.md section 7.
+"""Every pybatch exception, one family after another (docs/contract.md, Errors).
 
     PyBatchError
-        RepositoryError            7.1   repository operations
-        DomainError                7.2   value construction (2.1-2.9)
-        LifecycleError             7.2   transitions (3.2); every leaf is also a RepositoryError
-        DefinitionError            7.2   definition tokens, manifests, upgrades (2.12)
-        PlanError                  7.2   start limits (2.13)
-        StateError                 7.2   checkpoint and context envelopes (2.15)
-        FaultStateFormatError      7.2   fault-state envelope rules (2.16)
-        FaultStateError            7.2   the fault-state store (4.15)
-        RecoveryRequestError       7.2   recovery request fields (2.1)
-        RequestFieldError          7.2   actor, reason code, operation id (2.1)
-        ChunkTransactionError      7.2   chunk transactions (4.15)
-        BusinessTransactionError   7.2   business statements in a chunk (4.15)
-        ConfigError                7.2   connection configuration (2.24)
-        MigrationError             pybatch's schema migrator (4.19)
+        RepositoryError            repository operations (Repository errors)
+        DomainError                value construction (Values)
+        LifecycleError             transitions (Transition check order); every leaf is also a
+                                   RepositoryError
+        DefinitionError            definition tokens, manifests, upgrades (Definitions)
+        PlanError                  start limits (Flow values)
+        StateError                 checkpoint and context envelopes (State envelopes)
+        FaultStateFormatError      fault-state envelope rules (Fault state)
+        FaultStateError            the fault-state store (Chunk transactions)
+        RecoveryRequestError       recovery request fields (Recovery vocabulary)
+        RequestFieldError          actor, reason code, operation id (Names and tokens)
+        ChunkTransactionError      chunk transactions (Chunk transactions)
+        BusinessTransactionError   business statements in a chunk (Chunk transactions)
+        ConfigError                connection configuration (Configuration)
+        MigrationError             pybatch's schema migrator (Schema lifecycle)
+
+The names in parentheses are headings of docs/contract.md.
 
 Each family base is followed by its leaves, the contract's leaves first in its order. A leaf
 with two families sits with the later one, where both bases exist: the lifecycle leaves (the
@@ -22,7 +25,7 @@ contract's `RepositoryError.Lifecycle`), `FaultStateCorrupt` (also a FaultStateE
 `NewerSchema` (also a MigrationError). Leaves keep the contract's names and fields where
 Python allows; tests/unit/test_error_hierarchy.py lists every difference. Messages are built
 from the fields only: they never contain SQL, parameter values, row contents or the
-connection string (behaviour.md 6.1).
+connection string (docs/contract.md, Redaction).
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ def _rebuild(cls: type[PyBatchError], fields: dict[str, Any]) -> PyBatchError:
     return cls(**fields)
 
 
-# ----------------------------------------------------------- RepositoryError (behaviour.md 7.1)
+# --------------------------------------------------------------------------------- RepositoryError
 # The lifecycle leaves, FaultStateCorrupt and NewerSchema are RepositoryErrors too; they are
 # written with their second family below.
 
@@ -510,11 +513,11 @@ class RepositoryDomainError(RepositoryError):
     error: DomainError
 
 
-# ---------------------------------------------------------------------------- DomainError (7.2)
+# ------------------------------------------------------------------------------------- DomainError
 
 
 class DomainError(PyBatchError):
-    """A domain value was invalid (behaviour.md 2)."""
+    """A domain value was invalid (docs/contract.md, Values)."""
 
     message = "invalid repository domain value"
 
@@ -644,7 +647,10 @@ class VersionOutOfRange(DomainError):
 
 @_error
 class JsonNotEncodable(DomainError):
-    """A document cannot be written as canonical JSON (schema.md 3.5); `reason` names the rule."""
+    """A document cannot be written as canonical JSON; `reason` names the rule.
+
+    See docs/schema.md 3.5.
+    """
 
     message = "document cannot be encoded as canonical JSON: {reason}"
     reason: str
@@ -688,11 +694,11 @@ class PartitionContextTooLarge(DomainError):
     max_bytes: int
 
 
-# -------------------------------------------------------------------- LifecycleError (7.2, 3.2)
+# ---------------------------------------------------------------------------------- LifecycleError
 
 
 class LifecycleError(PyBatchError):
-    """A lifecycle transition or version check failed (behaviour.md 3)."""
+    """A lifecycle transition or version check failed (docs/contract.md, Lifecycle)."""
 
     message = "lifecycle error"
 
@@ -752,11 +758,11 @@ class CountExhausted(LifecycleError, RepositoryError):
     message = "a counter would exceed its bound"
 
 
-# ------------------------------------------------------------------ DefinitionError (7.2, 2.12)
+# --------------------------------------------------------------------------------- DefinitionError
 
 
 class DefinitionError(PyBatchError):
-    """A job definition, token or upgrade value was invalid (behaviour.md 2.12)."""
+    """A job definition, token or upgrade value was invalid (docs/contract.md, Definitions)."""
 
     message = "invalid job definition"
 
@@ -838,7 +844,7 @@ class ManifestInvalid(DefinitionError):
     reason: str
 
 
-# ------------------------------------------------------------------------ PlanError (7.2, 2.13)
+# --------------------------------------------------------------------------------------- PlanError
 
 
 class PlanError(PyBatchError):
@@ -854,11 +860,14 @@ class ZeroStartLimit(PlanError):
     message = "start limit must be non-zero"
 
 
-# ----------------------------------------------------------------------- StateError (7.2, 2.15)
+# -------------------------------------------------------------------------------------- StateError
 
 
 class StateError(PyBatchError):
-    """A checkpoint or execution-context envelope was invalid (behaviour.md 2.15)."""
+    """A checkpoint or execution-context envelope was invalid.
+
+    See docs/contract.md, State envelopes.
+    """
 
     message = "invalid durable state envelope"
 
@@ -991,11 +1000,11 @@ class StateEnvelopeInvalid(StateError):
     reason: str
 
 
-# ------------------------------------------------------------ FaultStateFormatError (7.2, 2.16)
+# --------------------------------------------------------------------------- FaultStateFormatError
 
 
 class FaultStateFormatError(PyBatchError):
-    """A fault-state envelope could not be decoded or validated (behaviour.md 2.16)."""
+    """A fault-state envelope could not be decoded or validated (docs/contract.md, Fault state)."""
 
     message = "fault state envelope is invalid"
 
@@ -1008,11 +1017,11 @@ class FaultStateEnvelopeInvalid(FaultStateFormatError):
     reason: str
 
 
-# ------------------------------------------------------------------ FaultStateError (7.2, 4.15)
+# --------------------------------------------------------------------------------- FaultStateError
 
 
 class FaultStateError(PyBatchError):
-    """The durable fault-state store refused an operation (behaviour.md 4.15)."""
+    """The durable fault-state store refused an operation (docs/contract.md, Chunk transactions)."""
 
     message = "fault state error"
 
@@ -1060,7 +1069,7 @@ class FaultStateCommitOutcomeUnknown(FaultStateError):
     message = "fault reservation commit outcome is unknown"
 
 
-# ------------------------------------------------------------------- RecoveryRequestError (7.2)
+# ---------------------------------------------------------------------------- RecoveryRequestError
 
 
 class RecoveryRequestError(PyBatchError):
@@ -1078,7 +1087,8 @@ class RecoveryFieldInvalid(RecoveryRequestError):
     rule: str
 
 
-# The contract's RecoveryRequestError variants (behaviour.md 7.2); each is a RecoveryFieldInvalid.
+# The contract's RecoveryRequestError variants (docs/contract.md, Recovery vocabulary); each is a
+# RecoveryFieldInvalid.
 
 
 @_error
@@ -1121,7 +1131,7 @@ class RecoveryEvidenceDigestInvalid(RecoveryRequestError):
     message = "recovery evidence digest must be 32 bytes"
 
 
-# ---------------------------------------------------------------------- RequestFieldError (7.2)
+# ------------------------------------------------------------------------------- RequestFieldError
 
 
 class RequestFieldError(PyBatchError):
@@ -1155,20 +1165,23 @@ class RequestFieldInvalidCharacter(RequestFieldError):
     field: str
 
 
-# ----------------------------------------------------------------- OperatorError (7.2, 4.10)
+# ----------------------------------------------------------------------------------- OperatorError
 
 
 class OperatorError(PyBatchError):
-    """An operator request could not be settled (behaviour.md 4.10)."""
+    """An operator request could not be settled (docs/contract.md, Operator requests)."""
 
     message = "operator request error"
 
 
-# ----------------------------------------------------------- RetentionError (7.2, 4.13, 4.14)
+# ---------------------------------------------------------------------------------- RetentionError
 
 
 class RetentionError(PyBatchError):
-    """A retention request or purge plan was refused (behaviour.md 2.19, 4.13, 4.14)."""
+    """A retention request or purge plan was refused.
+
+    See docs/contract.md, Retention vocabulary; Holds; Retention and purge.
+    """
 
     message = "retention error"
 
@@ -1241,11 +1254,11 @@ class OperationOutcomeUnknown(OperatorError, RetentionError):
     )
 
 
-# ------------------------------------------------------------------ ChunkTransactionError (7.2)
+# --------------------------------------------------------------------------- ChunkTransactionError
 
 
 class ChunkTransactionError(PyBatchError):
-    """A chunk transaction could not commit (behaviour.md 4.15)."""
+    """A chunk transaction could not commit (docs/contract.md, Chunk transactions)."""
 
     message = "chunk transaction error"
 
@@ -1273,11 +1286,14 @@ class StopRequested(ChunkTransactionError):
     id: int
 
 
-# --------------------------------------------------------------- BusinessTransactionError (7.2)
+# ------------------------------------------------------------------------ BusinessTransactionError
 
 
 class BusinessTransactionError(PyBatchError):
-    """A business statement run inside a chunk transaction failed (behaviour.md 4.15)."""
+    """A business statement run inside a chunk transaction failed.
+
+    See docs/contract.md, Chunk transactions.
+    """
 
     message = "business statement failed"
 
@@ -1314,11 +1330,11 @@ class Infrastructure(BusinessTransactionError):
     message = "business statement failed for an infrastructure reason"
 
 
-# ---------------------------------------------------------------------- ConfigError (7.2, 2.24)
+# ------------------------------------------------------------------------------------- ConfigError
 
 
 class ConfigError(PyBatchError):
-    """A connection configuration value was out of bounds (schema.md 6)."""
+    """A connection configuration value was out of bounds (docs/schema.md 6)."""
 
     message = "invalid pybatch configuration"
 
@@ -1491,11 +1507,14 @@ class UnknownStatement(ConfigError):
     name: str
 
 
-# ------------------------------------------------------- ExplorerError, CursorError (7.2, 2.22)
+# ---------------------------------------------------------------------- ExplorerError, CursorError
 
 
 class ExplorerError(PyBatchError):
-    """An explorer page was refused or could not be read (behaviour.md 2.22, 4.16)."""
+    """An explorer page was refused or could not be read.
+
+    See docs/contract.md, Explorer vocabulary; Explorer.
+    """
 
     message = "explorer error"
 
@@ -1559,7 +1578,7 @@ class ExplorerRepositoryError(ExplorerError):
     error: RepositoryError
 
 
-# --------------------------------------------------------------- MigrationError (pybatch, 4.19)
+# ---------------------------------------------------------------------------------- MigrationError
 
 
 class MigrationError(PyBatchError):
@@ -1603,7 +1622,7 @@ class MigrationLockTimeout(MigrationError):
     message = "timed out waiting for the migration lock"
 
 
-# ----------------------------------------------------------------------- JobRunError (pybatch)
+# ------------------------------------------------------------------------------------- JobRunError
 
 
 class JobRunError(PyBatchError):

@@ -1,6 +1,6 @@
 """The explorer: read-only, keyset-paged views of everything the repository records.
 
-behaviour.md 2.22 and 4.16. Every page runs in its own READ COMMITTED, READ ONLY
+docs/contract.md, Explorer vocabulary and 4.16. Every page runs in its own READ COMMITTED, READ ONLY
 transaction with the configured timeouts, which is always rolled back: pages take no
 locks and never join a unit of work. A traversal captures an identity ceiling on its
 first page and carries it in the cursor, so rows created during a traversal never join
@@ -80,7 +80,7 @@ Fetch = Callable[[psycopg.Connection[Any], CursorKey | None, int, int], list[Row
 
 
 def _ceiling_statement(statements: Statements, query: ExplorerQuery) -> Statement:
-    """The statement reading `query`'s identity ceiling (behaviour.md 4.16)."""
+    """The statement reading `query`'s identity ceiling (docs/contract.md, Explorer)."""
     return {
         ExplorerQuery.JOB_NAMES: statements.explore_ceiling_job_names,
         ExplorerQuery.INSTANCES: statements.explore_ceiling_instances,
@@ -116,7 +116,7 @@ def _row_size(item: object) -> int:
 
 
 class JobExplorer:
-    """Paged, value-redacted reads over a `JobRepository`'s pool (behaviour.md 4.16)."""
+    """Paged, value-redacted reads over a `JobRepository`'s pool (docs/contract.md, Explorer)."""
 
     def __init__(self, repository: JobRepository) -> None:
         self._repository = repository

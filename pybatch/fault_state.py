@@ -1,4 +1,4 @@
-"""Durable retry reservations of a step (behaviour.md 2.16, 4.15).
+"""Durable retry reservations of a step (docs/contract.md, Fault state; Chunk transactions).
 
 A reservation is spent in its own short transaction, after a known rollback and before
 the backoff: the step row is locked, the stored envelope is verified, the ordinal must
@@ -92,8 +92,8 @@ class FaultState:
     def _load(self, context: ChunkContext) -> FaultStateEnvelope:
         """Load the retained envelope and validate it against the policy and checkpoint.
 
-        Every read validates, as seed 000 does: state of a superseded generation or beyond
-        the policy is FaultStateCorrupt, never an answer work could proceed on (6.3).
+        Every read validates: state of a superseded generation or beyond
+        the policy is FaultStateCorrupt, never an answer work could proceed on.
         """
         state = ChunkTransactionManager(self._repository).load_committed_state(context)
         try:

@@ -1,4 +1,6 @@
-"""The job repository: a bounded connection pool handing out units of work (behaviour.md 4).
+"""The job repository: a bounded connection pool handing out units of work.
+
+See docs/contract.md, Repository operations.
 
 Statements: schema.sql read_schema_version (the version check at connect), read_server_clock
 (the clock-skew check on each new pooled connection); recovery.sql read_recovery_snapshot.
@@ -212,7 +214,7 @@ class JobRepository:
     # ------------------------------------------------------------------ negotiation
 
     def descriptor(self) -> RepositoryDescriptor:
-        """The capabilities built (every operation implemented), with the schema version (2.21)."""
+        """The capabilities built (every operation implemented), with the schema version."""
         return RepositoryDescriptor(
             RepositoryDescriptor.CURRENT_VERSION,
             self.schema_version,

@@ -1,4 +1,4 @@
-"""Keeps a lease fresh from a background thread (behaviour.md 4.12).
+"""Keeps a lease fresh from a background thread (docs/contract.md, Ownership and leases).
 
 A runner's main thread may spend minutes inside one chunk; its lease must not lapse
 meanwhile, or another process would take its work over. A keeper renews the lease every

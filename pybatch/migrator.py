@@ -1,4 +1,6 @@
-"""Schema migrations: numbered, checksummed files applied under the migrator lock (schema.md 7).
+"""Schema migrations: numbered, checksummed files applied under the migrator lock.
+
+See docs/schema.md 7.
 
 Statements: schema.sql (bookkeeping) and the migration files themselves, each run whole in
 its own transaction. The connection's lock timeout (a startup setting) bounds the wait for

@@ -1,7 +1,9 @@
-"""The unit of work: one leased connection, one READ COMMITTED transaction (behaviour.md 4.0).
+"""The unit of work: one leased connection, one READ COMMITTED transaction.
+
+See docs/contract.md, Unit of work.
 
 Each repository operation runs under its own savepoint, so a failed operation leaves
-nothing staged and the unit of work stays usable. COMMIT outcomes follow schema.md 5
+nothing staged and the unit of work stays usable. COMMIT outcomes follow docs/schema.md 5
 through the transaction primitive (`pybatch/_transaction.py`): a transaction the server
 already failed raises TransactionAborted, a lost acknowledgement raises
 CommitOutcomeUnknown, and neither is ever reported as success.
@@ -214,7 +216,7 @@ class UnitOfWorkBase(CapabilityDefaults):
             raise mapped from None
 
     def transaction_settings(self) -> dict[str, str]:
-        """The isolation level, timeouts and time zone in force (diagnostics, rule 22)."""
+        """The isolation level, timeouts and time zone in force (diagnostics)."""
         with self.operation() as conn:
             row = self.statements.get_transaction_settings.one(conn)
         return {} if row is None else {str(key): str(value) for key, value in row.items()}
@@ -240,7 +242,7 @@ class UnitOfWorkBase(CapabilityDefaults):
 
 
 class UnitOfWork(UnitOfWorkBase):
-    """A unit of work with every repository operation; each is atomic (rule 21).
+    """A unit of work with every repository operation; each is atomic.
 
     Each method runs its capability function (pybatch/repository/<capability>.py, which
     runs queries/<capability>.sql) under its own savepoint.
@@ -252,7 +254,10 @@ class UnitOfWork(UnitOfWorkBase):
     # ------------------------------------------------------------------ definitions
 
     def register_definition_upgrade(self, job_name: JobName, upgrade: DefinitionUpgrade) -> None:
-        """Register a direct definition upgrade edge (behaviour.md 4.1)."""
+        """Register a direct definition upgrade edge.
+
+        See docs/contract.md, Definitions and upgrades.
+        """
         conflict = {
             "definition_upgrade_target_key_unique": lambda: DefinitionUpgradeConflict(
                 job_name=job_name.value
@@ -266,30 +271,30 @@ class UnitOfWork(UnitOfWorkBase):
     # ------------------------------------------------------------------ instances
 
     def select_or_create_job_instance(self, key: JobInstanceKey) -> JobInstanceSelection:
-        """The instance of `key`: Created, or Existing when it was already there (4.2)."""
+        """The instance of `key`: Created, or Existing when it was already there."""
         with self.operation() as conn:
             return instances.select_or_create_job_instance(self.statements, conn, self.clock, key)
 
     def find_job_instance(self, key: JobInstanceKey) -> JobInstance | None:
-        """The instance of `key`, or None (4.2)."""
+        """The instance of `key`, or None (docs/contract.md, Job instances)."""
         with self.operation() as conn:
             return instances.find_job_instance(self.statements, conn, key)
 
     def get_job_instance(self, instance_id: int) -> JobInstance | None:
-        """The instance with this id, or None (4.2)."""
+        """The instance with this id, or None (docs/contract.md, Job instances)."""
         with self.operation() as conn:
             return instances.get_job_instance(self.statements, conn, instance_id)
 
     # ------------------------------------------------------------------ job executions
 
     def create_job_execution(self, instance_id: int) -> JobExecution:
-        """Launch or restart `instance_id` under the legacy definition (4.3)."""
+        """Launch or restart `instance_id` under the legacy definition."""
         return self.create_job_execution_with_definition(instance_id, DefinitionIdentity.legacy())
 
     def create_job_execution_with_definition(
         self, instance_id: int, definition: DefinitionIdentity
     ) -> JobExecution:
-        """Launch or restart `instance_id` under `definition` (4.3)."""
+        """Launch or restart `instance_id` under `definition`."""
         with self.operation() as conn:
             return executions.create_job_execution(
                 self.statements, conn, self.clock, instance_id, definition
@@ -298,7 +303,7 @@ class UnitOfWork(UnitOfWorkBase):
     def transition_job_execution(
         self, execution_id: int, expected_version: int, transition: LifecycleTransition
     ) -> JobExecution:
-        """Apply a lifecycle transition with a version compare-and-swap (4.4)."""
+        """Apply a lifecycle transition with a version compare-and-swap."""
         with self.operation() as conn:
             return executions.transition_job_execution(
                 self.statements, conn, execution_id, expected_version, transition
@@ -307,24 +312,24 @@ class UnitOfWork(UnitOfWorkBase):
     def enrich_job_exit_status(
         self, execution_id: int, expected_version: int, exit_status: ExitCode
     ) -> JobExecution:
-        """Replace the exit status of a job execution (4.4)."""
+        """Replace the exit status of a job execution."""
         with self.operation() as conn:
             return executions.enrich_job_exit_status(
                 self.statements, conn, self.clock, execution_id, expected_version, exit_status
             )
 
     def get_job_execution(self, execution_id: int) -> JobExecution | None:
-        """One job execution, or None (4.5)."""
+        """One job execution, or None (docs/contract.md, Reads)."""
         with self.operation() as conn:
             return executions.get_job_execution(self.statements, conn, execution_id)
 
     def job_executions(self, instance_id: int) -> list[JobExecution]:
-        """Every attempt of an instance in attempt order (4.5)."""
+        """Every attempt of an instance in attempt order (docs/contract.md, Reads)."""
         with self.operation() as conn:
             return executions.job_executions(self.statements, conn, instance_id)
 
     def recover_job_execution(self, execution_id: int, request: RecoveryRequest) -> RecoveryResult:
-        """Mark an unresolved execution FAILED or ABANDONED with an audit decision (4.9)."""
+        """Mark an unresolved execution FAILED or ABANDONED with an audit decision."""
         with self.operation() as conn:
             return recovery.recover_job_execution(
                 self.statements, conn, self.clock, execution_id, request
@@ -333,7 +338,7 @@ class UnitOfWork(UnitOfWorkBase):
     def recover_orphaned_execution(
         self, execution_id: int, *, audited: bool = True
     ) -> RecoveryResult:
-        """Record FAILED (OWNER_LOST) for an execution whose owner is proved gone (4.9).
+        """Record FAILED (OWNER_LOST) for an execution whose owner is proved gone.
 
         The caller proves it first (an expired lease, or a free legacy liveness lock); the
         open steps fail with it. With `audited` it is also recorded like an operator's
@@ -355,7 +360,7 @@ class UnitOfWork(UnitOfWorkBase):
             return result
 
     def recovery_decision(self, execution_id: int) -> RecoveryDecision | None:
-        """The latest recovery decision of an execution, or None (4.9, G8)."""
+        """The latest recovery decision of an execution, or None (docs/contract.md, Recovery)."""
         with self.operation() as conn:
             return recovery.recovery_decision(self.statements, conn, execution_id)
 
@@ -364,14 +369,14 @@ class UnitOfWork(UnitOfWorkBase):
     def find_operator_request(
         self, action: OperatorAction, operation_id: OperationId
     ) -> OperatorRecord | None:
-        """The recorded operator request of (action, operation id), or None (4.10)."""
+        """The recorded operator request of (action, operation id), or None."""
         with self.operation() as conn:
             return operator_requests.find_operator_request(
                 self.statements, conn, action, operation_id
             )
 
     def append_operator_request(self, draft: OperatorRecordDraft) -> OperatorRecord:
-        """Append an operator audit row; a recorded key is ConcurrentModification (4.10).
+        """Append an operator audit row; a recorded key is ConcurrentModification.
 
         Append it in the unit of work of the effect it audits, so both commit or neither.
         """
@@ -383,7 +388,7 @@ class UnitOfWork(UnitOfWorkBase):
     def request_execution_stop(
         self, execution_id: int, expected_version: int, actor: ActorRef, requested_at: datetime
     ) -> JobExecution:
-        """Record a durable stop request; no transition, version unchanged (4.11)."""
+        """Record a durable stop request; no transition, version unchanged."""
         with self.operation() as conn:
             return stop_requests.request_execution_stop(
                 self.statements, conn, execution_id, expected_version, actor, requested_at
@@ -397,7 +402,7 @@ class UnitOfWork(UnitOfWorkBase):
         claimed_at: datetime,
         lease: ExecutionLease | None = None,
     ) -> JobExecution:
-        """Record the owner token of a STARTING execution and start its lease (4.12)."""
+        """Record the owner token of a STARTING execution and start its lease."""
         with self.operation() as conn:
             return ownership.claim_execution_owner(
                 self.statements,
@@ -440,45 +445,45 @@ class UnitOfWork(UnitOfWorkBase):
     # ------------------------------------------------------------------ holds and retention
 
     def job_instance_hold(self, instance_id: int) -> RetentionHold | None:
-        """The instance's retention hold, or None (4.13)."""
+        """The instance's retention hold, or None (docs/contract.md, Holds)."""
         with self.operation() as conn:
             return holds.job_instance_hold(self.statements, conn, instance_id)
 
     def place_instance_hold(
         self, instance_id: int, actor: ActorRef, reason: ReasonCode, placed_at: datetime
     ) -> RetentionHold:
-        """Place (or replace) the instance's hold (4.13)."""
+        """Place (or replace) the instance's hold (docs/contract.md, Holds)."""
         with self.operation() as conn:
             return holds.place_instance_hold(
                 self.statements, conn, instance_id, actor, reason, placed_at
             )
 
     def release_instance_hold(self, instance_id: int) -> RetentionHold | None:
-        """Clear the instance's hold; return the previous one (4.13)."""
+        """Clear the instance's hold; return the previous one (docs/contract.md, Holds)."""
         with self.operation() as conn:
             return holds.release_instance_hold(self.statements, conn, instance_id)
 
     def find_retention_action(
         self, action: RetentionAction, operation_id: OperationId
     ) -> RetentionRecord | None:
-        """The recorded retention request of (action, operation id), or None (4.14)."""
+        """The recorded retention request of (action, operation id), or None."""
         with self.operation() as conn:
             return retention.find_retention_action(self.statements, conn, action, operation_id)
 
     def append_retention_action(self, draft: RetentionRecordDraft) -> RetentionRecord:
-        """Append a retention audit row; a recorded key is ConcurrentModification (4.14)."""
+        """Append a retention audit row; a recorded key is ConcurrentModification."""
         with self.operation() as conn:
             return retention.append_retention_action(self.statements, conn, draft)
 
     def purge_survey(
         self, request: PurgePlanRequest, after: tuple[datetime, int] | None = None
     ) -> PurgeSurvey:
-        """The next batch of whole instance histories to purge; read-only (4.14)."""
+        """The next batch of whole instance histories to purge; read-only."""
         with self.operation() as conn:
             return retention.purge_survey(self.statements, conn, request, after)
 
     def apply_purge(self, plan: PurgePlan) -> retention.PurgeResult:
-        """Delete exactly the plan's histories, or nothing (RetentionPlanStale) (4.14)."""
+        """Delete exactly the plan's histories, or nothing (RetentionPlanStale)."""
         with self.operation() as conn:
             return retention.apply_purge(self.statements, conn, plan, self.clock.now())
 
@@ -494,7 +499,7 @@ class UnitOfWork(UnitOfWorkBase):
     # ------------------------------------------------------------------ step executions
 
     def create_step_execution(self, job_execution_id: int, step_name: StepName) -> StepExecution:
-        """Create a step, copying its source's state in a restart attempt (4.6)."""
+        """Create a step, copying its source's state in a restart attempt."""
         duplicate = steps.duplicate_step_overrides(job_execution_id, step_name, step_name.value)
         with self.operation(overrides=duplicate) as conn:
             return steps.create_step_execution(
@@ -508,7 +513,7 @@ class UnitOfWork(UnitOfWorkBase):
         node_id: NodeId,
         start_limit: StartLimit | None = None,
     ) -> StepExecution:
-        """Start a flow node: start limit, then the node's newest state or a fresh step (4.7)."""
+        """Start a flow node: start limit, then the node's newest state or a fresh step."""
         duplicate = steps.duplicate_step_overrides(job_execution_id, step_name, node_id.value)
         with self.operation(overrides=duplicate) as conn:
             return flow.create_flow_step_execution(
@@ -522,12 +527,12 @@ class UnitOfWork(UnitOfWorkBase):
             )
 
     def latest_flow_step(self, instance_id: int, node_id: NodeId) -> FlowStepState | None:
-        """The newest step of a node in an instance, with its stored context (4.7)."""
+        """The newest step of a node in an instance, with its stored context."""
         with self.operation() as conn:
             return flow.latest_flow_step(self.statements, conn, instance_id, node_id)
 
     def append_flow_decision(self, request: FlowDecisionRequest) -> FlowDecision:
-        """Append a flow decision checked against the execution's manifest (4.7)."""
+        """Append a flow decision checked against the execution's manifest."""
         with self.operation() as conn:
             return flow.append_flow_decision(self.statements, conn, request)
 
@@ -539,21 +544,21 @@ class UnitOfWork(UnitOfWorkBase):
         input_digest: bytes,
         kind: FlowTransitionKind,
     ) -> FlowDecision | None:
-        """The latest decision a restart may reuse instead of deciding again (4.7)."""
+        """The latest decision a restart may reuse instead of deciding again."""
         with self.operation() as conn:
             return flow.find_reusable_flow_decision(
                 self.statements, conn, instance_id, node_id, plan_fingerprint, input_digest, kind
             )
 
     def flow_decisions(self, job_execution_id: int) -> list[FlowDecision]:
-        """The decisions of an execution in sequence order (4.7)."""
+        """The decisions of an execution in sequence order."""
         with self.operation() as conn:
             return flow.flow_decisions(self.statements, conn, job_execution_id)
 
     def transition_step_execution(
         self, step_id: int, expected_version: int, transition: LifecycleTransition
     ) -> StepExecution:
-        """Apply a lifecycle transition to a step (4.4)."""
+        """Apply a lifecycle transition to a step (docs/contract.md, Transitions and enrichment)."""
         with self.operation() as conn:
             return steps.transition_step_execution(
                 self.statements, conn, step_id, expected_version, transition
@@ -562,19 +567,19 @@ class UnitOfWork(UnitOfWorkBase):
     def enrich_step_exit_status(
         self, step_id: int, expected_version: int, exit_status: ExitCode
     ) -> StepExecution:
-        """Replace the exit status of a step (4.4)."""
+        """Replace the exit status of a step (docs/contract.md, Transitions and enrichment)."""
         with self.operation() as conn:
             return steps.enrich_step_exit_status(
                 self.statements, conn, self.clock, step_id, expected_version, exit_status
             )
 
     def get_step_execution(self, step_id: int) -> StepExecution | None:
-        """One step execution, or None (4.5)."""
+        """One step execution, or None (docs/contract.md, Reads)."""
         with self.operation() as conn:
             return steps.get_step_execution(self.statements, conn, step_id)
 
     def step_executions(self, job_execution_id: int) -> list[StepExecution]:
-        """The steps of a job execution in creation order (4.5)."""
+        """The steps of a job execution in creation order (docs/contract.md, Reads)."""
         with self.operation() as conn:
             return steps.step_executions(self.statements, conn, job_execution_id)
 
@@ -591,21 +596,21 @@ class UnitOfWork(UnitOfWorkBase):
     def create_step_partition_plan(
         self, parent_id: int, entries: Sequence[PartitionPlanEntry]
     ) -> list[StepPartition]:
-        """Create a parent's partition plan, all or nothing; publish it by committing (4.8)."""
+        """Create a parent's partition plan, all or nothing; publish it by committing."""
         with self.operation(overrides=self._plan_overrides(parent_id)) as conn:
             return partitions.create_step_partition_plan(
                 self.statements, conn, parent_id, entries, self.unpublished_plans
             )
 
     def step_partition_plan(self, parent_id: int) -> list[StepPartition]:
-        """A parent's partitions in key byte order; empty without a plan (4.8)."""
+        """A parent's partitions in key byte order; empty without a plan."""
         with self.operation() as conn:
             return partitions.step_partition_plan(self.statements, conn, parent_id)
 
     def restart_step_partition_plan(
         self, source_parent_id: int, target_parent_id: int
     ) -> list[StepPartition]:
-        """Carry a plan into a restart's parent; completed partitions are not rerun (4.8)."""
+        """Carry a plan into a restart's parent; completed partitions are not rerun."""
         with self.operation(overrides=self._plan_overrides(target_parent_id)) as conn:
             return partitions.restart_step_partition_plan(
                 self.statements, conn, source_parent_id, target_parent_id, self.unpublished_plans
@@ -614,7 +619,7 @@ class UnitOfWork(UnitOfWorkBase):
     def assign_step_partition(
         self, partition_id: int, expected_version: int, worker_id: int
     ) -> StepPartition:
-        """Hand a partition to a worker step of the parent's execution (4.8)."""
+        """Hand a partition to a worker step of the parent's execution."""
         with self.operation() as conn:
             return partitions.assign_step_partition(
                 self.statements,
@@ -628,7 +633,7 @@ class UnitOfWork(UnitOfWorkBase):
     def complete_step_partition(
         self, partition_id: int, expected_version: int, worker_id: int
     ) -> StepPartition:
-        """Publish the worker's terminal status, exit and counts onto its partition (4.8)."""
+        """Publish the worker's terminal status, exit and counts onto its partition."""
         with self.operation() as conn:
             return partitions.complete_step_partition(
                 self.statements, conn, partition_id, expected_version, worker_id
@@ -637,7 +642,7 @@ class UnitOfWork(UnitOfWorkBase):
     def aggregate_step_partitions(
         self, parent_id: int, expected_version: int, transitioned_at: datetime
     ) -> StepExecution:
-        """End the parent with the aggregate of its partitions, atomically (4.8)."""
+        """End the parent with the aggregate of its partitions, atomically."""
         with self.operation() as conn:
             return partitions.aggregate_step_partitions(
                 self.statements, conn, parent_id, expected_version, transitioned_at

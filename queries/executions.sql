@@ -144,7 +144,7 @@ ORDER BY e.attempt;
 
 -- :name update_job_execution_transition :affected
 -- :doc Apply a checked lifecycle transition as a compare-and-swap on the version;
--- updated_at never moves backwards (rule 13). Zero rows means a stale version or a missing row.
+-- updated_at never moves backwards. Zero rows means a stale version or a missing row.
 UPDATE pybatch.job_execution
 SET
     status = :status,
@@ -157,7 +157,8 @@ SET
 WHERE id = :job_execution_id AND version = :expected_version;
 
 -- :name update_job_execution_exit_code :affected
--- :doc Replace only the exit code as a compare-and-swap on the version (behaviour.md 3.3).
+-- :doc Replace only the exit code as a compare-and-swap on the version, in any status
+-- (docs/contract.md, Exit-status enrichment).
 UPDATE pybatch.job_execution
 SET
     exit_code = :exit_code,

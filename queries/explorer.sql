@@ -190,7 +190,7 @@ INNER JOIN pybatch.job_instance AS instance ON execution.job_instance_id = insta
 INNER JOIN pybatch.job_definition AS definition ON execution.definition_id = definition.id
 CROSS JOIN
     LATERAL (
-        -- Derived counts (rule 14): partition workers of a parent in the same execution are
+        -- Derived counts: partition workers of a parent in the same execution are
         -- counted once, through the parent. SUM over bigint is numeric: the codec refuses a
         -- total above 2**63-1 instead of wrapping.
         SELECT
@@ -258,7 +258,7 @@ INNER JOIN pybatch.job_instance AS instance ON execution.job_instance_id = insta
 INNER JOIN pybatch.job_definition AS definition ON execution.definition_id = definition.id
 CROSS JOIN
     LATERAL (
-        -- Derived counts (rule 14): partition workers of a parent in the same execution are
+        -- Derived counts: partition workers of a parent in the same execution are
         -- counted once, through the parent. SUM over bigint is numeric: the codec refuses a
         -- total above 2**63-1 instead of wrapping.
         SELECT
@@ -323,7 +323,7 @@ INNER JOIN pybatch.job_instance AS instance ON execution.job_instance_id = insta
 INNER JOIN pybatch.job_definition AS definition ON execution.definition_id = definition.id
 CROSS JOIN
     LATERAL (
-        -- Derived counts (rule 14): partition workers of a parent in the same execution are
+        -- Derived counts: partition workers of a parent in the same execution are
         -- counted once, through the parent. SUM over bigint is numeric: the codec refuses a
         -- total above 2**63-1 instead of wrapping.
         SELECT

@@ -62,7 +62,7 @@ SELECT EXISTS(
 
 -- :name insert_flow_decision :one
 -- :doc Append a decision at position `sequence`, only when exactly sequence - 1 decisions are
--- recorded (contiguity, rule 6): no row means a stale sequence. Two concurrent appends at one
+-- recorded (sequences are contiguous): no row means a stale sequence. Two concurrent appends at one
 -- position, or two for one source node, are settled by flow_decision_sequence_unique and
 -- flow_decision_source_unique (ConcurrentModification).
 INSERT INTO pybatch.flow_decision (

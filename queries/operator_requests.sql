@@ -1,6 +1,6 @@
 -- :name find_operator_request :one
 -- :doc The audit row of one (action, operation id), via operator_request_identity_unique; the
--- same operation id under another action is another key (behaviour.md 4.10).
+-- same operation id under another action is another key (docs/contract.md, Operator requests).
 SELECT
     r.id,
     r.job_instance_id,
@@ -24,10 +24,10 @@ FROM pybatch.operator_request AS r
 WHERE r.action = :action AND r.operation_id = :operation_id;
 
 -- :name insert_operator_request :one
--- :doc Append one audit row with its rejection details (rule 12). Race - two appends of one
+-- :doc Append one audit row with its rejection details. Race - two appends of one
 -- (action, operation id) are settled by operator_request_identity_unique; the loser waits for
 -- the winner's transaction and then fails (ConcurrentModification); every other constraint is
--- an IntegrityViolation (rule 11).
+-- an IntegrityViolation.
 INSERT INTO pybatch.operator_request (
     job_instance_id,
     job_execution_id,

@@ -1,6 +1,7 @@
 -- :name claim_execution_owner :affected
 -- :doc Record the owner token of a STARTING execution and start its lease on the database clock
--- (behaviour.md 4.12); the same token again is idempotent. Zero rows: classify the refusal.
+-- (docs/contract.md, Ownership and leases); the same token again is idempotent. Zero rows -
+-- classify the refusal.
 UPDATE pybatch.job_execution
 SET
     owner_token = :owner_token,

@@ -1,6 +1,6 @@
 -- :name update_job_execution_recovered :affected
 -- :doc Apply a recovery decision - FAILED or ABANDONED, bypassing the lifecycle table - as a
--- compare-and-swap on the version; the exit status is left unchanged (behaviour.md 4.9).
+-- compare-and-swap on the version; the exit status is left unchanged (docs/contract.md, Recovery).
 UPDATE pybatch.job_execution
 SET
     status = :status,
@@ -68,9 +68,9 @@ ORDER BY d.id DESC
 LIMIT 1;
 
 -- :name read_recovery_snapshot :one
--- :doc The recovery snapshot of one execution (behaviour.md 4.17): its state, whether the given
--- owner token is the recorded one (the token itself is never returned), the server clock, its
--- newest step and the markers' evidence.
+-- :doc The recovery snapshot of one execution (docs/contract.md, Recovery snapshot) - its state,
+-- whether the given owner token is the recorded one (the token itself is never returned), the
+-- server clock, its newest step and the markers' evidence.
 SELECT
     e.status,
     e.attempt,

@@ -70,7 +70,7 @@ VALUES (
 RETURNING id;
 
 -- :name insert_step_execution_from_source :one
--- :doc Insert a restart step that copies every durable field of its source step (rule 4):
+-- :doc Insert a restart step that copies every durable field of its source step:
 -- counters, checkpoint, context, retry/skip/no-rollback counts and the fault-state envelope.
 INSERT INTO pybatch.step_execution (
     job_execution_id,
@@ -271,7 +271,7 @@ ORDER BY s.id;
 
 -- :name update_step_execution_transition :affected
 -- :doc Apply a checked lifecycle transition, with the counters (terminal rollback), as a
--- compare-and-swap on the version; updated_at never moves backwards (rule 13).
+-- compare-and-swap on the version; updated_at never moves backwards.
 UPDATE pybatch.step_execution
 SET
     status = :status,
@@ -285,7 +285,8 @@ SET
 WHERE id = :step_execution_id AND version = :expected_version;
 
 -- :name update_step_execution_exit_code :affected
--- :doc Replace only the exit code as a compare-and-swap on the version (behaviour.md 3.3).
+-- :doc Replace only the exit code as a compare-and-swap on the version, in any status
+-- (docs/contract.md, Exit-status enrichment).
 UPDATE pybatch.step_execution
 SET
     exit_code = :exit_code,

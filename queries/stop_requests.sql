@@ -1,6 +1,7 @@
 -- :name update_job_execution_stop_request :affected
--- :doc Record a durable stop request without a transition or a version bump (behaviour.md 4.11);
--- a repeat request overwrites both columns (job_execution_stop_shape).
+-- :doc Record a durable stop request without a transition or a version bump
+-- (docs/contract.md, Stop requests); a repeat request overwrites both columns
+-- (job_execution_stop_shape).
 UPDATE pybatch.job_execution
 SET
     stop_requested_at = :requested_at,

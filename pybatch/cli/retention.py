@@ -1,4 +1,7 @@
-"""`pybatch hold`, `release` and `purge` (docs/operators.md, behaviour.md 4.13, 4.14)."""
+"""`pybatch hold`, `release` and `purge`.
+
+See docs/operators.md and docs/contract.md, Holds; Retention and purge.
+"""
 
 from __future__ import annotations
 

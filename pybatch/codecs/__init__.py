@@ -1,4 +1,7 @@
-"""Row and column codecs between PostgreSQL rows and pybatch values (style.md 3.5).
+"""Row and column codecs between PostgreSQL rows and pybatch values.
+
+Every conversion between a stored row and a value happens in a codec, and decoding fails
+closed: a row the codec cannot read completely is refused, never half-used.
 
 Import the codec modules directly (`pybatch.codecs.executions`, `pybatch.codecs._primitives`).
 This package imports nothing at load time, so values may use the stdlib-only primitives

@@ -1,4 +1,4 @@
-"""The one place codecs wrap documents for psycopg's jsonb dumper (style.md 3.5).
+"""The one place codecs wrap documents for psycopg's jsonb dumper.
 
 Documents are sent as canonical JSON, so what PostgreSQL parses is exactly what pybatch hashed
 (floats already in `numeric`'s plain notation, NaN refused). The wrapper's repr is redacted:

@@ -1,4 +1,4 @@
-"""Strict decoding primitives (schema.md 3.1-3.5; behaviour.md 6.3).
+"""Strict decoding primitives (docs/schema.md 3.1-3.5; docs/contract.md, Fail closed).
 
 Decoders refuse anything unexpected with `DecodeError`, which names the column and
 never the value; the unit of work maps it to `Unavailable` in one place.
@@ -59,7 +59,7 @@ def _members_by_code(enum_cls: type[enum.Enum]) -> Mapping[object, enum.Enum]:
 
 
 def decode_enum(enum_cls: type[_E], value: object, *, column: str) -> _E:
-    """Decode a stored code into `enum_cls`, refusing unknown or non-text codes (rule 6.3)."""
+    """Decode a stored code into `enum_cls`, refusing unknown or non-text codes."""
     if type(value) is not str:
         raise DecodeError(column)
     member = _members_by_code(enum_cls).get(value)

@@ -1,4 +1,4 @@
-"""Job executions: job_execution rows (schema.md 2.5)."""
+"""Job executions: job_execution rows (docs/schema.md 2.6)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ __all__ = [
     "decode_job_execution",
 ]
 
-#: Columns `decode_job_execution` reads (no counters: rule 14).
+#: Columns `decode_job_execution` reads (no counters).
 JOB_EXECUTION_COLUMNS = (
     "id",
     "job_instance_id",

@@ -1,4 +1,4 @@
-"""Fault state: the five `step_execution.fault_state_*` columns of a step (schema.md 3.6).
+"""Fault state: the five `step_execution.fault_state_*` columns of a step (docs/schema.md 3.6).
 
 Statements: fault_state.sql (the reservation), chunks.sql (every commit writes the empty state).
 """
@@ -75,10 +75,10 @@ def decode_fault_state_columns(
     payload: object,
     checksum: object,
 ) -> FaultStateEnvelope:
-    """Decode and verify the stored columns; corrupt state must stop all work (6.3).
+    """Decode and verify the stored columns; corrupt state must stop all work.
 
     Only the payload members `checkpoint` and `entries` are read (other members are
-    ignored), and they are re-canonicalised because `jsonb` reorders keys (rule 24).
+    ignored), and they are re-canonicalised because `jsonb` reorders keys.
 
     Raises:
         FaultStateEnvelopeInvalid: with `reason`, in check order, `unsupported format`,

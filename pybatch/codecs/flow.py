@@ -1,7 +1,7 @@
-"""Codec of flow_decision rows (schema.md 2.9): decode into FlowDecision, fail closed.
+"""Codec of flow_decision rows (docs/schema.md 2.9): decode into FlowDecision, fail closed.
 
 A row the domain refuses (an unknown kind, a broken target shape, a bad digest) raises
-FlowStateCorrupt: no flow continues from a history it cannot read (behaviour.md 6.3).
+FlowStateCorrupt: no flow continues from a history it cannot read (docs/contract.md, Fail closed).
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Codec of operator_request rows (schema.md 2.10, 3.3; behaviour.md 2.17, 6.3).
+"""Codec of operator_request rows.
+
+See docs/schema.md 2.10, 3.3; docs/contract.md, Operator vocabulary; Fail closed.
 
 The decoder fails closed: an unknown action, class, outcome, status or rejection code, an
 authorization class that contradicts the action, or a rejection whose details do not match
@@ -65,7 +67,7 @@ def _decode_optional_status(value: object, *, column: str) -> BatchStatus | None
 
 
 def _decode_rejection(values: Mapping[str, object]) -> OperatorRejection | None:
-    """The rejection and its details, refusing a detail its code does not carry (rule 12)."""
+    """The rejection and its details, refusing a detail its code does not carry."""
     raw_code = values["rejection_code"]
     current = decode_optional_int64(
         values["rejection_current_version"], column="rejection_current_version", minimum=0

@@ -1,4 +1,6 @@
-"""The one compare-and-swap algorithm of job and step executions (behaviour.md 3, 4.4).
+"""The one compare-and-swap algorithm of job and step executions.
+
+See docs/contract.md, Lifecycle; Transitions and enrichment.
 
 A transition or an exit-status enrichment locks the row, computes the new lifecycle state
 in Python (`values/lifecycle.py`, the contract's table), then writes it with an UPDATE whose
@@ -51,7 +53,9 @@ class LifecycleRows(Generic[Record]):
 
 
 def check_expected_version(expected_version: int) -> int:
-    """An expected version to compare with a stored one (behaviour.md 2.2).
+    """An expected version to compare with a stored one.
+
+    See docs/contract.md, Identifiers, versions and counters.
 
     Raises:
         Unavailable: above 2^63-1, where no stored version can be (bigint).
@@ -95,10 +99,11 @@ def transition(
     expected_version: int,
     change: LifecycleTransition,
 ) -> Record:
-    """Apply a lifecycle transition under the row lock, then compare-and-swap (4.4).
+    """Apply a lifecycle transition under the row lock, then compare-and-swap.
 
     Raises:
-        the table's NotFound, then the lifecycle errors in behaviour.md 3.2 order.
+        the table's NotFound, then the lifecycle errors in the order of
+        docs/contract.md, Transition check order.
     """
     check_expected_version(expected_version)
     current = rows.lock(q, conn, record_id)
@@ -122,7 +127,10 @@ def enrich_exit_status(
     expected_version: int,
     exit_status: ExitCode,
 ) -> Record:
-    """Replace the exit status in any status, bumping the version (behaviour.md 3.3, 4.4)."""
+    """Replace the exit status in any status, bumping the version.
+
+    See docs/contract.md, Exit-status enrichment; Transitions and enrichment.
+    """
     check_expected_version(expected_version)
     current = rows.lock(q, conn, record_id)
     new = apply_exit_enrichment(current.metadata, current.version, expected_version, exit_status)

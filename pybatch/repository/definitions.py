@@ -1,4 +1,7 @@
-"""Definitions and upgrade edges (behaviour.md 2.12, 4.1) over queries/definitions.sql."""
+"""Definitions and upgrade edges over queries/definitions.sql.
+
+See docs/contract.md, Definitions; Definitions and upgrades.
+"""
 
 from __future__ import annotations
 
@@ -24,7 +27,9 @@ __all__ = ["ensure_definition", "register_definition_upgrade"]
 def ensure_definition(
     q: Statements, conn: Connection, clock: Clock, job_name: JobName, definition: DefinitionIdentity
 ) -> int:
-    """Return the id of `definition` for `job_name`, registering it when new (behaviour.md 2.12).
+    """Return the id of `definition` for `job_name`, registering it when new.
+
+    See docs/contract.md, Definitions.
 
     Raises:
         DefinitionJobMismatch: the definition is bound to another job.
@@ -47,7 +52,7 @@ def ensure_definition(
         raise Unavailable()
     names = {"job_name": job_name.value, "definition_revision": definition.revision.value}
     # The revision is checked first and on its own, so a drifted revision whose new digest
-    # already exists under another revision is still reported (D12).
+    # already exists under another revision is still reported as DefinitionDrift.
     known = _definition_for_revision(q, conn, names, definition)
     if known is not None:
         return known
@@ -90,7 +95,7 @@ def _definition_for_revision(
 def register_definition_upgrade(
     q: Statements, conn: Connection, clock: Clock, job_name: JobName, upgrade: DefinitionUpgrade
 ) -> None:
-    """Register a direct, non-transitive upgrade edge; idempotent for equal content (4.1).
+    """Register a direct, non-transitive upgrade edge; idempotent for equal content.
 
     Raises:
         DefinitionJobMismatch, UnsupportedManifestVersion, DefinitionDrift: from `ensure`.

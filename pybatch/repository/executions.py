@@ -1,4 +1,6 @@
-"""Job executions: launch, restart, transitions, enrichment, reads (behaviour.md 4.3-4.5).
+"""Job executions: launch, restart, transitions, enrichment, reads.
+
+See docs/contract.md, Launch and restart; Transitions and enrichment; Reads.
 
 Statements come from queries/executions.sql; the instance lock from queries/instances.sql.
 """
@@ -44,7 +46,10 @@ __all__ = [
 def _refuse_latest(
     instance_id: int, latest: JobExecution | None, tombstone: BatchStatus | None
 ) -> None:
-    """Launch check order, step 2: the latest attempt decides (behaviour.md 4.3)."""
+    """Launch check order, step 2: the latest attempt decides.
+
+    See docs/contract.md, Launch and restart.
+    """
     if latest is None:
         if tombstone is not None:
             status = tombstone
@@ -71,22 +76,24 @@ def create_job_execution(
     instance_id: int,
     definition: DefinitionIdentity,
 ) -> JobExecution:
-    """Launch the first attempt or restart a STOPPED/FAILED instance (behaviour.md 4.3).
+    """Launch the first attempt or restart a STOPPED/FAILED instance.
+
+    See docs/contract.md, Launch and restart.
 
     Raises:
         JobInstanceNotFound: no such instance.
         CompletedInstance, AbandonedInstance: the latest attempt is terminal.
         ExecutionAlreadyActive: the latest attempt is STARTING, STARTED, STOPPING or UNKNOWN.
         DefinitionJobMismatch, UnsupportedManifestVersion, DefinitionDrift: definition checks,
-            run only after the status check (rule 2).
+            run only after the status check.
         IncompatibleDefinition: a restart changed the digest without a direct edge.
 
     Statements: instances.sql lock_job_instance, update_job_instance_last_attempt;
     executions.sql find_latest_job_execution, insert_job_execution; definitions.sql
     find_definition_upgrade (and ensure's statements).
     """
-    # Lock order - the instance row first: it serializes launches and restarts (rule 1).
-    # Fail closed (behaviour.md 6.3): a corrupt instance or latest attempt is decoded, and
+    # Lock order - the instance row first: it serializes launches and restarts.
+    # Fail closed: a corrupt instance or latest attempt is decoded, and
     # refused, before it decides anything or is copied into the new attempt.
     locked = instances.lock_job_instance(q, conn, instance_id)
     instance = locked.instance
@@ -174,7 +181,7 @@ _ROWS = LifecycleRows[JobExecution](
     not_found=_job_execution_not_found,
     write_transition=_write_transition,
     write_exit_status=_write_exit_status,
-    counts_apply=False,  # job executions carry no counters (rule 14)
+    counts_apply=False,  # job executions carry no counters
 )
 
 
@@ -185,10 +192,11 @@ def transition_job_execution(
     expected_version: int,
     transition: LifecycleTransition,
 ) -> JobExecution:
-    """Apply a lifecycle transition under the row lock, then compare-and-swap (4.4).
+    """Apply a lifecycle transition under the row lock, then compare-and-swap.
 
     Raises:
-        JobExecutionNotFound, then the lifecycle errors in behaviour.md 3.2 order.
+        JobExecutionNotFound, then the lifecycle errors in the order of
+        docs/contract.md, Transition check order.
 
     A transition to a finished status also ends the execution's unfinished steps and partition
     workers in the same transaction (steps.end_unfinished_steps): ending an execution ends its
@@ -212,7 +220,9 @@ def enrich_job_exit_status(
     expected_version: int,
     exit_status: ExitCode,
 ) -> JobExecution:
-    """Replace the exit status in any status, bumping the version (behaviour.md 3.3, 4.4).
+    """Replace the exit status in any status, bumping the version.
+
+    See docs/contract.md, Exit-status enrichment; Transitions and enrichment.
 
     Statements: executions.sql lock_job_execution, update_job_execution_exit_code.
     """
@@ -229,7 +239,7 @@ def get_job_execution(q: Statements, conn: Connection, execution_id: int) -> Job
 
 
 def job_executions(q: Statements, conn: Connection, instance_id: int) -> list[JobExecution]:
-    """Every attempt of an instance in attempt order (behaviour.md 4.5).
+    """Every attempt of an instance in attempt order (docs/contract.md, Reads).
 
     Statements: instances.sql get_job_instance; executions.sql list_job_executions.
     """

@@ -1,4 +1,7 @@
-"""Flow steps, start limits and flow decisions (behaviour.md 4.7) over queries/flow.sql."""
+"""Flow steps, start limits and flow decisions over queries/flow.sql.
+
+See docs/contract.md, Flow steps and decisions.
+"""
 
 from __future__ import annotations
 
@@ -57,7 +60,7 @@ def create_flow_step_execution(
     node_id: NodeId,
     start_limit: StartLimit,
 ) -> StepExecution:
-    """Start a node: check its start limit and copy the newest state of the node (4.7).
+    """Start a node: check its start limit and copy the newest state of the node.
 
     The instance row lock serializes concurrent starts across attempts and processes, so
     the count and the insert cannot interleave with another start of the node.
@@ -75,7 +78,7 @@ def create_flow_step_execution(
     row = q.get_job_execution.one(conn, job_execution_id=job_execution_id)
     if row is None:
         raise JobExecutionNotFound(id=job_execution_id)
-    # No step begins under a corrupt execution (6.3).
+    # No step begins under a corrupt execution (docs/contract.md, Fail closed).
     instance_id = decode_job_execution(row).job_instance_id
     instances.lock_job_instance(q, conn, instance_id)
     names = {"job_execution_id": job_execution_id, "step_name": step_name.value}
@@ -103,7 +106,7 @@ def create_flow_step_execution(
 def latest_flow_step(
     q: Statements, conn: Connection, instance_id: int, node_id: NodeId
 ) -> FlowStepState | None:
-    """The newest step of a node in an instance with its stored context, or None (rule 8).
+    """The newest step of a node in an instance with its stored context, or None.
 
     Statements: instances.sql get_job_instance; flow.sql find_latest_flow_step_execution;
     steps.sql get_step_execution.
@@ -125,7 +128,9 @@ def latest_flow_step(
 def append_flow_decision(
     q: Statements, conn: Connection, request: FlowDecisionRequest
 ) -> FlowDecision:
-    """Append a decision checked against the execution's manifest (behaviour.md 4.7).
+    """Append a decision checked against the execution's manifest.
+
+    See docs/contract.md, Flow steps and decisions.
 
     Raises:
         JobExecutionNotFound: no such job execution.
@@ -195,7 +200,7 @@ def find_reusable_flow_decision(
     """The latest decision of `node_id` in the instance on the same plan and input, or None.
 
     Raises:
-        JobInstanceNotFound: no such instance (rule 7).
+        JobInstanceNotFound: no such instance.
 
     Statements: instances.sql get_job_instance; flow.sql find_reusable_flow_decision.
     """

@@ -1,4 +1,4 @@
-"""Retention holds (behaviour.md 4.13), queries/holds.sql.
+"""Retention holds (docs/contract.md, Holds), queries/holds.sql.
 
 One hold per instance, stored on the instance row. A hold keeps the instance out of every
 purge survey and makes a pending plan that names it stale; it never blocks lifecycle work.

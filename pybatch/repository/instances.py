@@ -1,4 +1,4 @@
-"""Job instances (behaviour.md 4.2) over queries/instances.sql."""
+"""Job instances (docs/contract.md, Job instances) over queries/instances.sql."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ __all__ = [
 def select_or_create_job_instance(
     q: Statements, conn: Connection, clock: Clock, key: JobInstanceKey
 ) -> JobInstanceSelection:
-    """Return the instance of `key`, creating it when absent (behaviour.md 4.2).
+    """Return the instance of `key`, creating it when absent (docs/contract.md, Job instances).
 
     Race: concurrent creators of one key are settled by job_instance_identity_unique; the
     loser's insert does nothing and its read-back, a new statement under READ COMMITTED,
@@ -68,10 +68,10 @@ def get_job_instance(q: Statements, conn: Connection, instance_id: int) -> JobIn
 
 
 def lock_job_instance(q: Statements, conn: Connection, instance_id: int) -> LockedJobInstance:
-    """Lock the instance row: it serializes launches, restarts and step starts (rule 1).
+    """Lock the instance row: it serializes launches, restarts and step starts.
 
     Lock order: the instance, then the job execution, then the step. The row is decoded in
-    full, so a launch refuses a corrupt instance instead of copying it (6.3).
+    full, so a launch refuses a corrupt instance instead of copying it.
 
     Raises:
         JobInstanceNotFound: no such instance.

@@ -1,4 +1,7 @@
-"""Operator request audit and idempotency (behaviour.md 4.10), queries/operator_requests.sql."""
+"""Operator request audit and idempotency, queries/operator_requests.sql.
+
+See docs/contract.md, Operator requests.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ __all__ = ["append_operator_request", "find_operator_request"]
 def find_operator_request(
     q: Statements, conn: Connection, action: OperatorAction, operation_id: OperationId
 ) -> OperatorRecord | None:
-    """The recorded request of (action, operation id), or None: the service's replay probe (4.10).
+    """The recorded request of (action, operation id), or None: the service's replay probe.
 
     The key is the pair; the same operation id under another action is another request.
 
@@ -34,7 +37,7 @@ def append_operator_request(
     *,
     tolerate_chain_errors: bool = False,
 ) -> OperatorRecord:
-    """Append the audit row of a request, in the unit of work of its effect (4.10).
+    """Append the audit row of a request, in the unit of work of its effect.
 
     Race: two appends of one (action, operation id) are settled by
     operator_request_identity_unique; the loser waits for the winner's transaction and fails,
@@ -45,7 +48,7 @@ def append_operator_request(
 
     Raises:
         ConcurrentModification: the (action, operation id) is already recorded.
-        IntegrityViolation: any other constraint refused the row (rule 11), or the audit chain
+        IntegrityViolation: any other constraint refused the row, or the audit chain
             refused its link.
 
     Statements: operator_requests.sql insert_operator_request; audit_chain.sql

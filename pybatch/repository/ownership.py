@@ -1,4 +1,6 @@
-"""Execution ownership: owner claims, leases and control observation (behaviour.md 4.12).
+"""Execution ownership: owner claims, leases and control observation.
+
+See docs/contract.md, Ownership and leases.
 
 queries/ownership.sql. A runner claims its execution with a random owner token and a lease
 on the database clock, renews the lease while it lives, and observes stop requests through
@@ -95,7 +97,7 @@ def claim_execution_owner(
     claimed_at: _dt.datetime,
     lease: ExecutionLease,
 ) -> JobExecution:
-    """Record `owner` on a STARTING execution and start its lease; version unchanged (4.12).
+    """Record `owner` on a STARTING execution and start its lease; version unchanged.
 
     Raises (in this order): JobExecutionNotFound, StaleVersion,
         ExecutionOwnershipNotAllowed (not STARTING), ExecutionOwned (another token).

@@ -1,4 +1,6 @@
-"""Step partitions (behaviour.md 4.8) over queries/partitions.sql, with the seed's check orders.
+"""Step partitions over queries/partitions.sql, each operation in its documented check order.
+
+See docs/contract.md, Partitions.
 
 Lock order everywhere: parent step, then partitions, then worker steps. Callers pass
 `unpublished`, the parents whose plan was created or carried in the current unit of work: no
@@ -448,7 +450,7 @@ def aggregate_step_partitions(
     expected_version: int,
     transitioned_at: _dt.datetime,
 ) -> StepExecution:
-    """End the parent with the aggregate of every child, atomically (behaviour.md 4.8).
+    """End the parent with the aggregate of every child, atomically (docs/contract.md, Partitions).
 
     A replay with the same `expected_version` after a committed aggregation returns the
     parent unchanged, so a retry after CommitOutcomeUnknown is safe.

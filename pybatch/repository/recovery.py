@@ -57,7 +57,7 @@ def recover_job_execution(
     *,
     tolerate_chain_errors: bool = False,
 ) -> RecoveryResult:
-    """Mark an unresolved execution FAILED or ABANDONED and record why, atomically (4.9).
+    """Mark an unresolved execution FAILED or ABANDONED and record why, atomically.
 
     With `tolerate_chain_errors` (automatic recovery), a damaged audit chain that refuses the
     decision's link leaves the decision recorded but unlinked (try_link_audit_record) instead
@@ -65,7 +65,7 @@ def recover_job_execution(
 
     Raises:
         JobExecutionNotFound: no such execution.
-        StaleVersion: the version moved on (a replayed request is stale, rule 10).
+        StaleVersion: the version moved on (a replayed request is stale).
         RecoveryNotAllowed: the execution is already finished.
 
     The execution's unfinished steps and partition workers end FAILED (STALE_RECOVERED) in the
@@ -148,7 +148,7 @@ def recover_job_execution(
 def recovery_decision(
     q: Statements, conn: Connection, execution_id: int
 ) -> RecoveryDecision | None:
-    """The latest recovery decision of an execution, or None (behaviour.md 4.9, G8).
+    """The latest recovery decision of an execution, or None (docs/contract.md, Recovery).
 
     Raises:
         JobExecutionNotFound: no such execution.
@@ -174,7 +174,7 @@ def recover_orphaned_execution(
     The caller has proved the owner gone (its lease ran out). A damaged audit chain never
     blocks it: the decision is then recorded unlinked (see recover_job_execution). The
     evidence digest binds the execution's id, status, durable `updated_at` and version, so a
-    decision about one observation can never apply to a later one (rule 10).
+    decision about one observation can never apply to a later one.
 
     Raises:
         JobExecutionNotFound: no such execution.

@@ -1,4 +1,4 @@
-"""Retention audit and the purge of whole instance histories (4.14), queries/retention.sql.
+"""Retention audit and the purge of whole instance histories, queries/retention.sql.
 
 The purge unit is a whole instance history: a candidate instance is of the requested job,
 not held, has no unresolved attempt, and its latest attempt has a requested status and was

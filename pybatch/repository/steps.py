@@ -1,4 +1,6 @@
-"""Plain step executions: create, restart copy, transitions, reads (behaviour.md 4.4-4.6).
+"""Plain step executions: create, restart copy, transitions, reads.
+
+See docs/contract.md, Transitions and enrichment; Reads; Plain steps.
 
 Statements come from queries/steps.sql; the upgrade mapping from queries/definitions.sql.
 """
@@ -48,7 +50,7 @@ __all__ = [
 def duplicate_step_overrides(
     job_execution_id: int, step_name: StepName, node_id: str
 ) -> dict[str, Any]:
-    """Report a concurrent duplicate caught by a unique constraint as DuplicateStep (rule 5)."""
+    """Report a concurrent duplicate caught by a unique constraint as DuplicateStep."""
 
     def duplicate() -> PyBatchError:
         return DuplicateStep(
@@ -64,7 +66,7 @@ def duplicate_step_overrides(
 def create_step_execution(
     q: Statements, conn: Connection, clock: Clock, job_execution_id: int, step_name: StepName
 ) -> StepExecution:
-    """Create a step; in a restart attempt copy its source's durable state (rule 4).
+    """Create a step; in a restart attempt copy its source's durable state.
 
     Raises:
         JobExecutionNotFound: no such job execution.
@@ -80,7 +82,7 @@ def create_step_execution(
     row = q.get_job_execution.one(conn, job_execution_id=job_execution_id)
     if row is None:
         raise JobExecutionNotFound(id=job_execution_id)
-    execution = decode_job_execution(row)  # no step begins under a corrupt execution (6.3)
+    execution = decode_job_execution(row)  # no step begins under a corrupt execution
     names = {"job_execution_id": job_execution_id, "step_name": step_name.value}
     if q.find_conflicting_step_execution.one(conn, **names, node_id=step_name.value) is not None:
         raise DuplicateStep(
@@ -211,7 +213,9 @@ def transition_step_execution(
     expected_version: int,
     transition: LifecycleTransition,
 ) -> StepExecution:
-    """Apply a lifecycle transition to a step under its row lock (behaviour.md 4.4).
+    """Apply a lifecycle transition to a step under its row lock.
+
+    See docs/contract.md, Transitions and enrichment.
 
     Statements: steps.sql lock_step_execution, update_step_execution_transition (and
     get_step_execution when the swap loses).
@@ -227,7 +231,7 @@ def enrich_step_exit_status(
     expected_version: int,
     exit_status: ExitCode,
 ) -> StepExecution:
-    """Replace a step's exit status in any status (behaviour.md 3.3).
+    """Replace a step's exit status in any status (docs/contract.md, Exit-status enrichment).
 
     Statements: steps.sql lock_step_execution, update_step_execution_exit_code.
     """
@@ -244,7 +248,7 @@ def get_step_execution(q: Statements, conn: Connection, step_id: int) -> StepExe
 
 
 def step_executions(q: Statements, conn: Connection, job_execution_id: int) -> list[StepExecution]:
-    """The steps of a job execution in creation order (behaviour.md 4.5).
+    """The steps of a job execution in creation order (docs/contract.md, Reads).
 
     Statements: executions.sql get_job_execution; steps.sql list_step_executions.
     """

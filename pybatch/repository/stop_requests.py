@@ -1,4 +1,4 @@
-"""Durable stop requests (behaviour.md 4.11), queries/stop_requests.sql.
+"""Durable stop requests (docs/contract.md, Stop requests), queries/stop_requests.sql.
 
 A stop request is a record on the execution, not a transition: the owning runner sees it
 through `observe_execution_control` at its next chunk boundary or lease renewal, and it is
@@ -35,7 +35,7 @@ def request_execution_stop(
     actor: ActorRef,
     requested_at: _dt.datetime,
 ) -> JobExecution:
-    """Record (or overwrite) a stop request; no status check, version unchanged (4.11).
+    """Record (or overwrite) a stop request; no status check, version unchanged.
 
     Raises:
         JobExecutionNotFound: no such execution.

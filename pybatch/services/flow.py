@@ -1,4 +1,6 @@
-"""The flow decision point of a running job (behaviour.md 4.7): record where the flow goes.
+"""The flow decision point of a running job: record where the flow goes.
+
+See docs/contract.md, Flow steps and decisions.
 
 After a step (or a decider), the job's manifest selects the next node or the terminal state,
 and the choice is appended as a flow decision in one unit of work. On a restart, a step that

@@ -1,4 +1,6 @@
-"""The operator request service: idempotent, audited lifecycle requests (behaviour.md 4.10).
+"""The operator request service: idempotent, audited lifecycle requests.
+
+See docs/contract.md, Operator requests.
 
 Every request carries an operation id. The service first probes for a recorded request
 with that (action, operation id): the same request digest replays the recorded outcome
@@ -54,7 +56,7 @@ if TYPE_CHECKING:
 
 __all__ = ["UNKNOWN_EFFECT", "OperatorOutcome", "OperatorService", "operator_evidence"]
 
-#: The only reason that may mark an execution with an unknown commit FAILED (4.3, 4.10).
+#: The only reason that may mark an execution with an unknown commit FAILED.
 UNKNOWN_EFFECT = "UNKNOWN_EFFECT"
 
 S = BatchStatus
@@ -205,7 +207,7 @@ class OperatorService:
         unknown_commit: bool = False,
         force: bool = False,
     ) -> OperatorOutcome:
-        """Resolve an orphaned or ambiguous execution FAILED or ABANDONED, audited (4.9).
+        """Resolve an orphaned or ambiguous execution FAILED or ABANDONED, audited.
 
         An execution whose commit outcome is unknown (`unknown_commit`) may be marked
         FAILED only with reason UNKNOWN_EFFECT: the operator states that its effect is

@@ -1,4 +1,6 @@
-"""The retention service: idempotent holds and purges of whole histories (behaviour.md 4.13, 4.14).
+"""The retention service: idempotent holds and purges of whole histories.
+
+See docs/contract.md, Holds; Retention and purge.
 
 Hold, release and each purge batch are requests with an operation id, replayed like
 operator requests (a recorded request with the same retention request digest replays,

@@ -1,4 +1,7 @@
-"""Immutable, validated domain values (behaviour.md 2); no I/O, no SQL, no driver types."""
+"""Immutable, validated domain values; no I/O, no SQL, no driver types.
+
+See docs/contract.md, Values.
+"""
 
 from __future__ import annotations
 

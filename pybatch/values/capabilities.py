@@ -1,4 +1,7 @@
-"""Capabilities and the repository descriptor (behaviour.md 2.21, 4.18)."""
+"""Capabilities and the repository descriptor.
+
+See docs/contract.md, Capabilities; Capability defaults.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Chunk values: what a chunk did and the step progress it commits (behaviour.md 2.15, 4.15)."""
+"""Chunk values: what a chunk did and the step progress it commits.
+
+See docs/contract.md, State envelopes; Chunk transactions.
+"""
 
 from __future__ import annotations
 
@@ -111,7 +114,7 @@ class InheritedProgress:
 
 
 class ChunkStateProvider(Protocol):
-    """Produces the checkpoint and context to commit with a chunk (the seed's provider)."""
+    """Produces the checkpoint and context to commit with a chunk (the state provider)."""
 
     def state_for_commit(
         self, committed_counts: ExecutionCounts, chunk_counts: ChunkCounts

@@ -1,4 +1,6 @@
-"""Execution counters and step fault counters, each bounded to 0..2^63-1 (behaviour.md 2.6).
+"""Execution counters and step fault counters, each bounded to 0..2^63-1.
+
+See docs/contract.md, Identifiers, versions and counters.
 
 The bound is the portable one shared with PostgreSQL bigint, so a value that validates here is
 always storable.
@@ -27,7 +29,7 @@ def _checked_sum(left: int, right: int) -> int:
 
 @attrs.frozen(kw_only=True)
 class ExecutionCounts:
-    """Six item and transaction counters of a step (job executions carry none, rule 14)."""
+    """Six item and transaction counters of a step (job executions carry none)."""
 
     read: int = attrs.field(default=0, validator=_counter)
     processed: int = attrs.field(default=0, validator=_counter)
@@ -90,7 +92,7 @@ _ZERO = ExecutionCounts()
 
 @attrs.frozen(kw_only=True)
 class StepFaultCounts:
-    """Retry, skip and no-rollback counters of a step, copied on restart (rule 4)."""
+    """Retry, skip and no-rollback counters of a step, copied on restart."""
 
     read_retry: int = attrs.field(default=0, validator=_counter)
     process_retry: int = attrs.field(default=0, validator=_counter)

@@ -1,4 +1,4 @@
-"""Definition identities and directed upgrade edges (behaviour.md 2.12).
+"""Definition identities and directed upgrade edges (docs/contract.md, Definitions).
 
 A definition is identified by the SHA-256 of its canonical manifest bytes. The bytes are
 validated on every construction: at most 65,536 bytes, a canonical JSON object, no floats.
@@ -141,7 +141,7 @@ class DefinitionIdentity:
         """Canonicalise `manifest` and build its identity; the format is its `format` member.
 
         A missing or non-u16 `format` member gives format 0, which registration reports as
-        `UnsupportedManifestVersion{format=0}` (the seed's MissingFormat).
+        `UnsupportedManifestVersion{format=0}` (a manifest without a format).
 
         Raises:
             ManifestInvalid: not an object, a float, NaN/infinity or another non-JSON value.
@@ -163,7 +163,10 @@ class DefinitionIdentity:
 
     @classmethod
     def legacy(cls) -> DefinitionIdentity:
-        """The legacy definition of launches without a definition (behaviour.md 2.12)."""
+        """The legacy definition of launches without a definition.
+
+        See docs/contract.md, Definitions.
+        """
         return cls.LEGACY
 
     @property
@@ -250,7 +253,9 @@ class StepMapping(Mapping[StepName, StepName]):
 
 @attrs.frozen(repr=False)
 class DefinitionUpgrade:
-    """A directed, non-transitive compatibility edge between two definitions (behaviour.md 2.12).
+    """A directed, non-transitive compatibility edge between two definitions.
+
+    See docs/contract.md, Definitions.
 
     `step_mapping` maps source step names to target step names, ordered by source name;
     checkpoint and context bytes carry over unchanged.
@@ -307,7 +312,11 @@ def _validated_mapping(
     to_definition: DefinitionIdentity,
     pairs: list[tuple[StepName, StepName]],
 ) -> StepMapping:
-    """Apply the four checks of behaviour.md 2.12 in the seed's order; return a frozen mapping."""
+    """Check an upgrade edge and return its step mapping, frozen.
+
+    In order: not a self-edge; then, pair by pair, no source or target step named twice; then
+    not empty (docs/contract.md, Definitions).
+    """
     if from_definition.digest == to_definition.digest:
         raise UpgradeSelfEdge()
     mapping: dict[StepName, StepName] = {}

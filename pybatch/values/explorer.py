@@ -1,12 +1,12 @@
 """Explorer vocabulary: page sizes, opaque bound cursors and value-redacted projections.
 
-behaviour.md 2.22. A cursor is opaque to callers but fully checked here: it carries its
-query, the key of the last row of the previous page, the identity ceiling of the
-traversal, an 8-byte binding of (query, page size, filter) and a SHA-256 checksum, so a
+See docs/contract.md, Explorer vocabulary. A cursor is opaque to callers but fully checked
+here: it carries its query, the key of the last row of the previous page, the identity ceiling
+of the traversal, an 8-byte binding of (query, page size, filter) and a SHA-256 checksum, so a
 damaged, truncated or misapplied cursor is refused with a typed error. The checksum is not
-keyed: a cursor re-signed with another ceiling passes it, and `JobExplorer` refuses it
-against the database instead (pybatch/explorer.py says why). Projections carry no
-parameter values and no state payloads, only descriptors.
+keyed: a cursor re-signed with another ceiling passes it, and `JobExplorer` refuses it against
+the database instead (pybatch/explorer.py says why). Projections carry no parameter values and
+no state payloads, only descriptors.
 """
 
 from __future__ import annotations
@@ -82,7 +82,10 @@ class PageSize:
 
 
 class ExplorerQuery(enum.Enum):
-    """The nine paged queries; the value is the cursor discriminant (behaviour.md 2.22)."""
+    """The nine paged queries; the value is the cursor discriminant.
+
+    See docs/contract.md, Explorer vocabulary.
+    """
 
     JOB_NAMES = 1
     INSTANCES = 2
@@ -101,7 +104,7 @@ class ExplorerQuery(enum.Enum):
 
     @property
     def key_kind(self) -> type[CursorKey]:
-        """The cursor key kind this query pages by (rule 17)."""
+        """The cursor key kind this query pages by."""
         return _KEY_KINDS[self]
 
 
@@ -215,7 +218,7 @@ class Cursor:
 
     @classmethod
     def issue(cls, query: ExplorerQuery, key: CursorKey, ceiling: int, binding: bytes) -> Cursor:
-        """Encode the cursor of the page after `key` (layout: behaviour.md 2.22)."""
+        """Encode the cursor of the page after `key` (see its layout above)."""
         if not isinstance(key, query.key_kind) or len(binding) != _BINDING_BYTES:
             raise ValueError("cursor key kind or binding does not fit the query")
         body = bytes([CURSOR_FORMAT_VERSION, query.value]) + _encode_key(key)
@@ -223,7 +226,7 @@ class Cursor:
         return cls(body + hashlib.sha256(body).digest())
 
     def open(self, query: ExplorerQuery, binding: bytes) -> tuple[CursorKey, int]:
-        """The (key, ceiling) carried, after every check of behaviour.md 2.22.
+        """The (key, ceiling) carried, after every check of docs/contract.md, Explorer vocabulary.
 
         Raises:
             CursorInvalid: bad length or checksum, wrong version, bad tag, truncation, a
@@ -404,7 +407,7 @@ class RetentionHold:
 
 @attrs.frozen
 class JobInstanceProjection:
-    """A job instance, value-redacted (behaviour.md 2.22)."""
+    """A job instance, value-redacted (docs/contract.md, Explorer vocabulary)."""
 
     id: int
     job_name: str
@@ -442,7 +445,7 @@ def _failure_json(failure: FailureSummary | None) -> dict[str, Any] | None:
 
 @attrs.frozen
 class JobExecutionProjection:
-    """A job execution with derived counts and ownership evidence (behaviour.md 4.16)."""
+    """A job execution with derived counts and ownership evidence (docs/contract.md, Explorer)."""
 
     id: int
     instance_id: int

@@ -1,9 +1,12 @@
-"""Retry keys, retry bounds and the durable fault-state envelope (behaviour.md 2.16; schema.md 3.6).
+"""Retry keys, retry bounds and the durable fault-state envelope.
+
+See docs/contract.md, Fault state; docs/schema.md 3.6.
 
 Pure values only: the envelope is decoded from, and encoded to, the five `fault_state_*` columns
 of `step_execution`, but the SQL (lock, compare-and-swap update) belongs to `FaultState`
-(behaviour.md 4.15). Every refusal of the envelope is a `FaultStateEnvelopeInvalid` whose `reason`
-is one of `FaultStateRefusal`; the store maps it to `FaultStateCorrupt` (behaviour.md 6.3).
+(docs/contract.md, Chunk transactions). Every refusal of the envelope is a
+`FaultStateEnvelopeInvalid` whose `reason` is one of `FaultStateRefusal`; the store maps it to
+`FaultStateCorrupt`, and no work begins on such state (docs/contract.md, Fail closed).
 """
 
 from __future__ import annotations
@@ -73,7 +76,10 @@ _ENTRY_MEMBERS = frozenset({"category", "key", "ordinal", "phase", "revision"})
 
 
 class FaultStateRefusal(enum.StrEnum):
-    """The `reason` of each `FaultStateEnvelopeInvalid`, one per broken rule (behaviour.md 2.16)."""
+    """The `reason` of each `FaultStateEnvelopeInvalid`, one per broken rule.
+
+    See docs/contract.md, Fault state.
+    """
 
     #: `fault_state_format` is not 1.
     UNSUPPORTED_FORMAT = "unsupported format"
@@ -249,7 +255,7 @@ class RetryKey:
         checkpoint_digest: bytes,
         ordinal: int,
     ) -> RetryKey:
-        """Derive the key of one failed unit of work so a restart finds the same key (2.16).
+        """Derive the key of one failed unit of work so a restart finds the same key.
 
         SHA-256 over `"oxide-batch/retry-key/1"` ‖ definition digest ‖ u64be(len(step)) ‖ step
         (UTF-8) ‖ phase name ‖ 0x00 ‖ checkpoint digest ‖ u64be(ordinal). `ordinal` is the stable
@@ -308,7 +314,7 @@ class FaultEntry:
     )
 
     def to_payload(self) -> dict[str, object]:
-        """Return the entry's JSON object, members as schema.md 3.6 names them."""
+        """Return the entry's JSON object, members as docs/schema.md 3.6 names them."""
         return {
             "category": self.category.durable_code,
             "key": self.key.hex(),
@@ -429,7 +435,7 @@ class FaultStateEnvelope:
         }
 
     def canonical_bytes(self) -> bytes:
-        """Return the canonical JSON the checksum covers (schema.md 3.6)."""
+        """Return the canonical JSON the checksum covers (docs/schema.md 3.6)."""
         return self._canonical
 
     def checksum(self) -> bytes:
@@ -444,7 +450,7 @@ class FaultStateEnvelope:
         state_limit: RetryStateLimit,
         checkpoint_digest: bytes,
     ) -> None:
-        """Refuse state the current policy and checkpoint cannot own (2.16; run on every load).
+        """Refuse state the current policy and checkpoint cannot own (run on every load).
 
         Raises:
             FaultStateEnvelopeInvalid: `too many entries` above `state_limit`, then
@@ -465,7 +471,7 @@ class FaultStateEnvelope:
         checkpoint_digest: bytes,
         state_limit: RetryStateLimit,
     ) -> FaultStateEnvelope:
-        """Return the envelope after one reservation, so an ordinal is never spent twice (2.16).
+        """Return the envelope after one reservation, so an ordinal is never spent twice.
 
         The new envelope carries `checkpoint_digest` and keeps its entries sorted by key; the
         entry replaces the key's previous one.
@@ -476,7 +482,7 @@ class FaultStateEnvelope:
             StaleReservation: the ordinal is not (the key's reserved ordinal, or 0) + 1.
             CapacityExhausted: a new key while `state_limit` keys are already retained.
             StaleReservation: the phase is not read, process or write (checked after the
-                store's own order: ordinal and capacity come first, behaviour.md 4.15).
+                store's own order: ordinal and capacity come first).
             FaultStateEnvelopeInvalid: `checkpoint emptiness mismatch` for an all-zero
                 `checkpoint_digest`, or `too large` when the result exceeds 64 KiB.
         """
@@ -502,7 +508,7 @@ class FaultStateEnvelope:
         return FaultStateEnvelope(checkpoint_digest, entries)
 
     def __repr__(self) -> str:
-        # Fault payloads and digests are redacted (behaviour.md 6.1); the count is safe.
+        # Fault payloads and digests are redacted (docs/contract.md, Redaction); the count is safe.
         return f"FaultStateEnvelope(entry_count={len(self.entries)}, ..)"
 
 

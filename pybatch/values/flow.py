@@ -1,4 +1,6 @@
-"""Flow values: start limits, targets, decisions and manifest matching (behaviour.md 2.13).
+"""Flow values: start limits, targets, decisions and manifest matching.
+
+See docs/contract.md, Flow values.
 
 A flow manifest (format 2 or 3) lists its nodes and transitions::
 
@@ -190,7 +192,7 @@ class FlowDecision(FlowDecisionRequest):
 
 @attrs.frozen
 class FlowStepState:
-    """The newest step of a node in an instance with its stored execution context (rule 8)."""
+    """The newest step of a node in an instance with its stored execution context."""
 
     node_id: NodeId
     step_execution: StepExecution
@@ -304,7 +306,7 @@ def select_flow_target(
 
 
 def decision_matches_manifest(manifest: Mapping[str, Any], request: FlowDecisionRequest) -> bool:
-    """Whether the manifest's first matching transition leads where the request says (2.13)."""
+    """Whether the manifest's first matching transition leads where the request says."""
     target = select_flow_target(
         manifest, request.source_node_id, request.kind, request.observed_outcome
     )

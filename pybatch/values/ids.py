@@ -1,4 +1,6 @@
-"""Identifiers, versions and counters as plain ints with explicit range checks (behaviour.md 2.2).
+"""Identifiers, versions and counters as plain ints with explicit range checks.
+
+See docs/contract.md, Identifiers, versions and counters.
 
 Identifiers stay `int` in the API (NewType aliases document which one is meant). The domain
 range is 1..2^64-1; storage is `bigint`, so binding a value above 2^63-1 is refused with
@@ -87,7 +89,9 @@ def _require_int(value: object) -> int:
 
 
 def check_identifier(kind: IdentifierKind, value: int, *, storable: bool = True) -> int:
-    """Return `value` if it is a valid identifier of `kind` (behaviour.md 2.2).
+    """Return `value` if it is a valid identifier of `kind`.
+
+    See docs/contract.md, Identifiers, versions and counters.
 
     Args:
         kind: the identifier kind named in errors.
@@ -111,7 +115,9 @@ def check_identifier(kind: IdentifierKind, value: int, *, storable: bool = True)
 
 
 def check_version(value: int) -> int:
-    """Return `value` if it is a storable optimistic version 0..2^63-1 (behaviour.md 2.10).
+    """Return `value` if it is a storable optimistic version 0..2^63-1.
+
+    See docs/contract.md, Identifiers, versions and counters.
 
     Raises:
         VersionOutOfRange: outside 0..2^63-1.
@@ -123,7 +129,9 @@ def check_version(value: int) -> int:
 
 
 def check_counter(name: str, value: int) -> int:
-    """Return `value` if it is a counter in 0..2^63-1 (behaviour.md 2.6).
+    """Return `value` if it is a counter in 0..2^63-1.
+
+    See docs/contract.md, Identifiers, versions and counters.
 
     Raises:
         CounterOutOfRange: outside 0..2^63-1.

@@ -1,4 +1,6 @@
-"""Lifecycle transitions: the table, execution metadata and the checked apply (behaviour.md 3).
+"""Lifecycle transitions: the table, execution metadata and the checked apply.
+
+See docs/contract.md, Lifecycle.
 
 The repository locks the row, calls `apply_transition` (or `apply_exit_enrichment`) on the
 decoded metadata and writes the result with a version compare-and-swap; any error leaves the
@@ -45,8 +47,8 @@ __all__ = [
 INITIAL_VERSION = 0
 
 _S = BatchStatus
-#: The transition table of behaviour.md 3.1: from-status -> allowed targets. Everything else is
-#: illegal, including self-transitions and every transition to STARTING.
+#: The transition table (docs/contract.md, Transition table): from-status -> allowed targets.
+#: Everything else is illegal, including self-transitions and every transition to STARTING.
 TRANSITIONS: Mapping[BatchStatus, frozenset[BatchStatus]] = types.MappingProxyType(
     {
         _S.STARTING: frozenset({_S.STARTED, _S.STOPPING, _S.FAILED, _S.UNKNOWN}),
@@ -62,7 +64,7 @@ TRANSITIONS: Mapping[BatchStatus, frozenset[BatchStatus]] = types.MappingProxyTy
 
 
 def is_legal_transition(from_status: BatchStatus, to_status: BatchStatus) -> bool:
-    """Whether the table of behaviour.md 3.1 allows `from_status -> to_status`."""
+    """Whether the transition table allows `from_status -> to_status`."""
     return to_status in TRANSITIONS[from_status]
 
 
@@ -101,7 +103,7 @@ class LifecycleTransition:
 
 @attrs.frozen(kw_only=True)
 class ExecutionMetadata:
-    """Status, exit, timestamps, counters and failure of an execution (behaviour.md 2.9)."""
+    """Status, exit, timestamps, counters and failure of an execution (docs/contract.md, Values)."""
 
     status: BatchStatus = attrs.field(validator=attrs.validators.instance_of(BatchStatus))
     exit_status: ExitCode = attrs.field(validator=attrs.validators.instance_of(ExitCode))
@@ -146,7 +148,7 @@ def apply_transition(
     *,
     counts_apply: bool,
 ) -> tuple[ExecutionMetadata, int]:
-    """Apply `transition` to `metadata` at `version`, in the check order of behaviour.md 3.2.
+    """Apply `transition` to `metadata` at `version`, checking in the order listed under Raises.
 
     Args:
         metadata: the current (locked) metadata.
@@ -154,7 +156,7 @@ def apply_transition(
         expected_version: the version the caller observed.
         transition: the requested transition.
         counts_apply: True for step executions, whose terminal-rollback flag increments
-            `rolled_back`; False for job executions, which carry no counters (rule 14).
+            `rolled_back`; False for job executions, which carry no counters.
 
     Returns:
         The new metadata and the new version (`version + 1`).
@@ -209,7 +211,9 @@ def apply_transition(
 def apply_exit_enrichment(
     metadata: ExecutionMetadata, version: int, expected_version: int, exit_status: ExitCode
 ) -> tuple[ExecutionMetadata, int]:
-    """Replace only the exit status and bump the version, in any status (behaviour.md 3.3).
+    """Replace only the exit status and bump the version, in any status.
+
+    See docs/contract.md, Exit-status enrichment.
 
     Raises:
         StaleVersion: `expected_version != version`.
@@ -225,7 +229,7 @@ def apply_exit_enrichment(
 
 
 def _next_version(version: int) -> int:
-    """`version + 1`, bounded by storage (bigint) rather than the seed's u64."""
+    """`version + 1`, bounded by storage (bigint) rather than an unsigned 64-bit range."""
     if version >= INT64_MAX:
         raise VersionExhausted(version=version)
     return version + 1

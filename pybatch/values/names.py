@@ -1,8 +1,10 @@
-"""Validated names, definition tokens, state schema ids and request fields (behaviour.md 2.1).
+"""Validated names, definition tokens, state schema ids and request fields.
+
+See docs/contract.md, Names and tokens.
 
 Validation order for names and tokens is empty -> too long (UTF-8 bytes) -> surrounding white
 space -> control character, exactly as the contract lists it, so the reported error is the same
-as the Rust seeds'. Errors never carry the value itself (behaviour.md 6.1).
+as the Rust seeds'. Errors never carry the value itself (docs/contract.md, Redaction).
 """
 
 from __future__ import annotations
@@ -216,7 +218,10 @@ class _DefinitionToken(_Text):
 
 @attrs.frozen(order=True)
 class NodeId(_DefinitionToken):
-    """The stable logical id of a step, independent of its StepName (behaviour.md 2.13)."""
+    """The stable logical id of a step, independent of its StepName.
+
+    See docs/contract.md, Flow values.
+    """
 
     _KIND = "node id"
 
@@ -261,7 +266,10 @@ class DeciderRevision(_DefinitionToken):
 
 @attrs.frozen(order=True)
 class StateSchemaId(_Text):
-    """The application schema id of a checkpoint or execution context (behaviour.md 2.15)."""
+    """The application schema id of a checkpoint or execution context.
+
+    See docs/contract.md, State envelopes.
+    """
 
     @classmethod
     def _validate(cls, value: str) -> None:

@@ -1,8 +1,10 @@
-"""Operator vocabulary: actions, outcomes, lossless rejections, audit records (behaviour.md 2.17).
+"""Operator vocabulary: actions, outcomes, lossless rejections, audit records.
 
-The audit row is what makes operator requests idempotent (behaviour.md 4.10), so every value
-here round-trips through `operator_request` unchanged: a rejection keeps its details (rule 12)
-and every code the domain defines is storable (rule 11).
+See docs/contract.md, Operator vocabulary.
+
+The audit row is what makes operator requests idempotent (docs/contract.md, Operator requests),
+so every value here round-trips through `operator_request` unchanged: a rejection is stored
+with all its details and read back losslessly, and every code the domain defines is storable.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ __all__ = [
     "automatic_recovery_record",
 ]
 
-#: Domain-separation tag of the request digest, kept byte for byte from upstream (schema.md 3.10).
+#: Domain-separation tag of the request digest, kept byte for byte (docs/schema.md 3.10).
 REQUEST_DIGEST_DOMAIN = "oxide-batch.operator-request.v1"
 
 
@@ -91,7 +93,7 @@ class OperatorAction(enum.Enum):
     STOP = "STOP"
     #: Make a stopped or failed execution terminal.
     ABANDON = "ABANDON"
-    #: Resolve an orphaned or ambiguous execution (behaviour.md 4.9).
+    #: Resolve an orphaned or ambiguous execution (docs/contract.md, Recovery).
     RECOVER = "RECOVER"
 
     def __str__(self) -> str:
@@ -182,7 +184,7 @@ _optional_status = attrs.validators.optional(attrs.validators.instance_of(BatchS
 
 @attrs.frozen(kw_only=True)
 class OperatorRejection:
-    """A rejection code with exactly the details that code carries (rule 12).
+    """A rejection code with exactly the details that code carries.
 
     `current_version` is the execution's actual version (not the request's expected one);
     `status` and `execution_id` are the values the repository reported.
@@ -239,7 +241,7 @@ class OperatorRejection:
     def from_repository(cls, error: BaseException) -> OperatorRejection | None:
         """The audited rejection of a repository error, or None if the error must propagate.
 
-        The mapping table of behaviour.md 2.17; anything not in it is not a rejection.
+        The mapping of docs/contract.md, Operator vocabulary; anything else is not a rejection.
         """
         codes = OperatorRejectionCode
         if isinstance(error, CompletedInstance):
@@ -274,7 +276,10 @@ class OperatorRejection:
 
 @attrs.frozen
 class RequestTarget:
-    """What a request acts on, in the text form the request digest covers (behaviour.md 2.17)."""
+    """What a request acts on, in the text form the request digest covers.
+
+    See docs/contract.md, Operator vocabulary.
+    """
 
     value: str = attrs.field(validator=attrs.validators.instance_of(str))
 
@@ -305,7 +310,7 @@ class RecoveryArguments:
 
 
 class _CanonicalWriter:
-    """Length-prefixed fields, so no two field lists share an encoding (schema.md 3.10)."""
+    """Length-prefixed fields, so no two field lists share an encoding (docs/schema.md 3.10)."""
 
     def __init__(self, tag: str) -> None:
         self._parts: list[bytes] = []
@@ -332,7 +337,7 @@ class RequestDigest:
     """The 32-byte SHA-256 of an operator request, without the actor (a replay by anyone replays).
 
     Two requests with one (action, operation id) are the same request exactly when their digests
-    are equal; a different digest is an operation-id conflict (behaviour.md 4.10).
+    are equal; a different digest is an operation-id conflict (docs/contract.md, Operator requests).
     """
 
     value: bytes
@@ -351,7 +356,7 @@ class RequestDigest:
         reason: ReasonCode | None = None,
         arguments: DefinitionIdentity | RecoveryArguments | None = None,
     ) -> RequestDigest:
-        """Digest a request with the canonical writer of behaviour.md 2.17.
+        """Digest a request with the canonical writer of docs/contract.md, Operator vocabulary.
 
         Args:
             action: the action; its code is written.
@@ -399,7 +404,10 @@ class RequestDigest:
 
 
 def _check_shape(outcome: OperatorOutcomeClass, rejection: OperatorRejection | None) -> None:
-    """APPLIED or REPLAYED carry no rejection; REJECTED carries one (behaviour.md 4.10)."""
+    """APPLIED or REPLAYED carry no rejection; REJECTED carries one.
+
+    See docs/contract.md, Operator requests.
+    """
     if (outcome is OperatorOutcomeClass.REJECTED) != (rejection is not None):
         raise ValueError("REJECTED carries a rejection; APPLIED and REPLAYED carry none")
 
@@ -443,7 +451,9 @@ class OperatorRecordDraft:
 
 @attrs.frozen(kw_only=True)
 class OperatorRecord(OperatorRecordDraft):
-    """One stored operator request: the audit row and the idempotency record (behaviour.md 2.17).
+    """One stored operator request: the audit row and the idempotency record.
+
+    See docs/contract.md, Operator vocabulary.
 
     The draft's fields and checks, plus the id the append gave it.
     """

@@ -1,4 +1,6 @@
-"""Execution ownership: owner tokens, leases and the control a runner observes (behaviour.md 4.12).
+"""Execution ownership: owner tokens, leases and the control a runner observes.
+
+See docs/contract.md, Ownership and leases.
 
 A token is evidence of who runs an execution; the lease says until when that evidence is
 fresh. A runner renews its lease while it lives, so a launch finds an execution orphaned
@@ -115,7 +117,7 @@ class LeaseState:
 
 @attrs.frozen
 class ExecutionControl:
-    """What an owner learns when it observes its execution (4.12)."""
+    """What an owner learns when it observes its execution."""
 
     execution: JobExecution
     owner_matches: bool

@@ -1,8 +1,10 @@
-"""Job parameters, instance keys and their durable digests (behaviour.md 2.3; schema.md 3.7).
+"""Job parameters, instance keys and their durable digests.
+
+See docs/contract.md, Job parameters and instance keys; docs/schema.md 3.7.
 
 The kind of a value is part of identity: `U64(1)`, `I64(1)` and `Bool(True)` are different
 values, and Python `bool` is never accepted where an integer kind is meant (or vice versa).
-Values are redacted in every repr (behaviour.md 6.1).
+Values are redacted in every repr (docs/contract.md, Redaction).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ _I64_MIN = -(2**63)
 _I64_MAX = 2**63 - 1
 _U64_MAX = 2**64 - 1
 
-#: Domain separation prefix of `JobParameters.flow_input_digest` [upstream], kept byte for byte.
+#: Domain separation prefix of `JobParameters.flow_input_digest`, kept byte for byte.
 _FLOW_INPUT_PREFIX = b"oxide-batch.flow-parameters.v1\x00"
 #: Version byte of `JobInstanceKey.digest` (version 1, durable, never changed).
 _INSTANCE_KEY_VERSION = b"\x01"
@@ -61,7 +63,7 @@ class ParameterValueKind(enum.Enum):
 
     @property
     def json_tag(self) -> str:
-        """The lower-case tag stored in identifying-parameter JSON (schema.md 3.8)."""
+        """The lower-case tag stored in identifying-parameter JSON (docs/schema.md 3.8)."""
         return self.value.lower()
 
     @property
@@ -71,7 +73,7 @@ class ParameterValueKind(enum.Enum):
 
     @property
     def display(self) -> str:
-        """The seed's Debug name, used in reprs: String, I64, U64, Bool."""
+        """The kind's display name, used in reprs: String, I64, U64, Bool."""
         return _DISPLAY[self]
 
 
@@ -351,7 +353,9 @@ class JobParameters:
         return JobParameters(tuple(entry for entry in self.entries if entry[1].identifying))
 
     def flow_input_digest(self) -> bytes:
-        """SHA-256 over all parameters, identifying or not (behaviour.md 2.3) [upstream].
+        """SHA-256 over all parameters, identifying or not.
+
+        See docs/contract.md, Job parameters and instance keys.
 
         Flow records store only this digest, never raw parameter values.
         """
@@ -396,7 +400,7 @@ class JobInstanceKey:
     parameters: JobParameters = attrs.field(converter=_identifying_only)
 
     def digest_input(self) -> bytes:
-        """The exact bytes `digest` hashes (schema.md 3.7); 84 bytes for the golden vector."""
+        """The exact bytes `digest` hashes (docs/schema.md 3.7); 84 bytes for the golden vector."""
         job = self.job_name.value.encode("utf-8")
         parts = [_INSTANCE_KEY_VERSION, struct.pack(">I", len(job)), job]
         for name, parameter in self.parameters.entries:

@@ -1,4 +1,6 @@
-"""Partition values: plan entries, stored partitions, results and aggregation (behaviour.md 2.14).
+"""Partition values: plan entries, stored partitions, results and aggregation.
+
+See docs/contract.md, Partition values.
 
 The domain rules here are pure: `assign`, `complete` and `aggregate_partitions` decide what a
 partition or a parent becomes, and the repository writes exactly that under its row locks.
@@ -141,7 +143,7 @@ class PartitionResult:
 
 
 class PartitionStateError(ValueError):
-    """A domain rule of partitions refused a change; the repository maps it (7.1).
+    """A domain rule of partitions refused a change; the repository maps it.
 
     Built directly, a value that breaks a rule is a programmer's error, hence ValueError.
     """
@@ -241,7 +243,7 @@ class PartitionAggregate:
 
 
 class AggregateError(Exception):
-    """Why children cannot be aggregated (the repository maps each rule, behaviour.md 2.14).
+    """Why children cannot be aggregated; the repository maps each reason to its error.
 
     Rules: EmptyPlan, PlanTooLarge, DuplicateKey, Incomplete, CountExhausted.
     """
@@ -253,7 +255,9 @@ class AggregateError(Exception):
 
 
 def aggregate_partitions(children: Iterable[StepPartition]) -> PartitionAggregate:
-    """Aggregate children independently of input or completion order (behaviour.md 2.14).
+    """Aggregate children independently of input or completion order.
+
+    See docs/contract.md, Partition values.
 
     Raises:
         AggregateError: see the class.

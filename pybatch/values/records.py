@@ -1,7 +1,7 @@
-"""Job instance, job execution and step execution records (behaviour.md 2.11).
+"""Job instance, job execution and step execution records (docs/contract.md, Values).
 
 Records are what the repository returns; they are decoded from rows by
-`pybatch.codecs.executions`. Job executions carry no counters (rule 14): their metadata
+`pybatch.codecs.executions`. Job executions carry no counters: their metadata
 counts are always zero.
 """
 
@@ -105,7 +105,7 @@ class JobInstance:
 
 @attrs.frozen(kw_only=True)
 class JobExecution:
-    """One launch or restart attempt of a job instance (behaviour.md 2.11)."""
+    """One launch or restart attempt of a job instance (docs/contract.md, Values)."""
 
     id: JobExecutionId = attrs.field(validator=identifier_validator(IdentifierKind.JOB_EXECUTION))
     job_instance_id: JobInstanceId = attrs.field(
@@ -143,7 +143,10 @@ class JobExecution:
 
 @attrs.frozen(kw_only=True)
 class StepExecution:
-    """One attempt of a named step, with its durable chunk state (behaviour.md 2.11, 4.15)."""
+    """One attempt of a named step, with its durable chunk state.
+
+    See docs/contract.md, Values; Chunk transactions.
+    """
 
     id: StepExecutionId = attrs.field(validator=identifier_validator(IdentifierKind.STEP_EXECUTION))
     job_execution_id: JobExecutionId = attrs.field(
@@ -205,7 +208,7 @@ class Existing(JobInstanceSelection):
 
 @attrs.frozen(kw_only=True)
 class LockedJobInstance:
-    """An instance read under its row lock, with what a launch decides from (rule 1).
+    """An instance read under its row lock, with what a launch decides from.
 
     `last_attempt` numbers the next attempt; `final_status` is the tombstone of a purged
     history (None while the history is kept).

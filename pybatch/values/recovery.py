@@ -1,4 +1,7 @@
-"""Recovery requests of orphaned or ambiguous executions (behaviour.md 2.1, 2.20)."""
+"""Recovery requests of orphaned or ambiguous executions.
+
+See docs/contract.md, Names and tokens; Recovery vocabulary.
+"""
 
 from __future__ import annotations
 
@@ -53,7 +56,7 @@ class RecoveryDisposition(enum.Enum):
 
 
 def _check_text(field: str, value: str, max_bytes: int) -> None:
-    """Validation order of behaviour.md 2.1: empty, too long, whitespace, control."""
+    """Validation order of names: empty, too long, surrounding whitespace, control character."""
     if type(value) is not str:
         raise TypeError(f"{field} is a str")
     if not value:
@@ -132,7 +135,7 @@ class RecoveryRequest:
 
 @attrs.frozen(kw_only=True, repr=False)
 class RecoveryDecision:
-    """The audit row of one recovery: who decided what about which version, and when (2.20)."""
+    """The audit row of one recovery: who decided what about which version, and when."""
 
     id: int = attrs.field(validator=identifier_validator(IdentifierKind.RECOVERY_DECISION))
     job_execution_id: int = attrs.field(
@@ -172,7 +175,7 @@ class RecoveryDecision:
 
 @attrs.frozen
 class RecoveryResult:
-    """The recovered execution and its audit decision (behaviour.md 2.20)."""
+    """The recovered execution and its audit decision (docs/contract.md, Recovery vocabulary)."""
 
     execution: JobExecution
     decision: RecoveryDecision
@@ -184,7 +187,7 @@ class RecoveryResult:
 
 
 class OwnerObservation(enum.Enum):
-    """Who owns an execution, as seen by the process asking (2.18); the token is never shown."""
+    """Who owns an execution, as seen by the process asking; the token is never shown."""
 
     ABSENT = "ABSENT"
     CURRENT_PROCESS = "CURRENT_PROCESS"
@@ -192,7 +195,7 @@ class OwnerObservation(enum.Enum):
 
 
 class RecoveryMarkers(enum.IntFlag):
-    """Evidence that recovering an execution may not be safe to do blindly (4.17)."""
+    """Evidence that recovering an execution may not be safe to do blindly."""
 
     NONE = 0
     UNKNOWN_COMMIT = 1
@@ -213,7 +216,7 @@ class RecoveryStepEvidence:
 
 @attrs.frozen(kw_only=True)
 class RecoverySnapshot:
-    """A value-redacted observation of one execution for a recovery decision (4.17)."""
+    """A value-redacted observation of one execution for a recovery decision."""
 
     execution_id: int
     status: BatchStatus

@@ -1,6 +1,8 @@
-"""Retention vocabulary: holds, purge requests and plans, retention records (behaviour.md 2.19).
+"""Retention vocabulary: holds, purge requests and plans, retention records.
 
-The purge unit is a whole instance history (behaviour.md 4.14, the decided rule): a plan
+See docs/contract.md, Retention vocabulary.
+
+The purge unit is a whole instance history (docs/contract.md, Retention and purge): a plan
 names instances, each with all its executions and their versions, and its digest binds
 the request and every (instance, execution, version) so that apply can tell whether
 anything changed since the survey.
@@ -60,7 +62,7 @@ _TERMINAL_ORDER = (
 
 
 class _Writer:
-    """Length-prefixed strings and big-endian u64s (the canonical writer of schema.md 3.10)."""
+    """Length-prefixed strings and big-endian u64s (the canonical writer of docs/schema.md 3.10)."""
 
     def __init__(self, tag: str) -> None:
         self._parts: list[bytes] = []
@@ -216,7 +218,7 @@ class PurgePlan:
 
     @classmethod
     def new(cls, request: PurgePlanRequest, survey: PurgeSurvey) -> PurgePlan:
-        """Seal a survey with the plan digest of behaviour.md 2.19."""
+        """Seal a survey with the plan digest of docs/contract.md, Retention vocabulary."""
         candidates = tuple(sorted(survey.candidates, key=candidate_order))
         writer = _Writer(PLAN_DIGEST_DOMAIN)
         writer.text(request.job_name.value)
@@ -267,7 +269,7 @@ class RetentionHold:
 
 
 def retention_request_digest(action: RetentionAction, target: str, reason: ReasonCode) -> bytes:
-    """The retention request digest (2.19): action, target and reason, not the actor."""
+    """The retention request digest: action, target and reason, not the actor."""
     writer = _Writer(RETENTION_DIGEST_DOMAIN)
     writer.text(action.value)
     writer.text(target)

@@ -1,9 +1,11 @@
-"""Checkpoint and ExecutionContext envelopes, bounded and versioned (behaviour.md 2.15).
+"""Checkpoint and ExecutionContext envelopes, bounded and versioned.
+
+See docs/contract.md, State envelopes.
 
 An envelope is `{"format", "format_version": 1, "schema", "schema_version", "payload": {..}}`.
 
 Floats in payloads are accepted. They are normalised at construction to the form that survives
-a `jsonb` round trip (schema.md 3.5): the payload is kept as its canonical JSON, in which a
+a `jsonb` round trip (docs/schema.md 3.5): the payload is kept as its canonical JSON, in which a
 float is written the way PostgreSQL `numeric` prints it (`1e16` -> `10000000000000000`,
 `1e-7` -> `0.0000001`, `-0.0` -> `0.0`), and `payload` re-parses that text. So
 `generation_digest()` computed before a write equals the digest computed from the state read
@@ -81,7 +83,7 @@ def _check_depth(instance: StateLimits, attribute: attrs.Attribute[int], value: 
 class StateLimits:
     """Byte and JSON-depth bounds of an encoded envelope (1..1 MiB, 1..64; default 64 KiB / 16).
 
-    Depth counts the envelope root and scalar leaves, as the seed does: `{"payload": {}}` has
+    Depth counts the envelope root and scalar leaves: `{"payload": {}}` has
     depth 2 and `{"payload": {"a": 1}}` depth 3.
     """
 
@@ -344,7 +346,9 @@ class Checkpoint(_DurableState):
     _KIND = "checkpoint"
 
     def generation_digest(self) -> bytes:
-        """SHA-256 of the canonical envelope: the checkpoint generation (behaviour.md 2.15).
+        """SHA-256 of the canonical envelope: the checkpoint generation.
+
+        See docs/contract.md, State envelopes.
 
         A constructed checkpoint is always encodable, so this never returns the 32 zero bytes
         the contract reserves for an unencodable one.

@@ -1,6 +1,8 @@
-"""BatchStatus, ExitStatus, FailureCategory and FailureSummary (behaviour.md 2.4, 2.5, 2.8).
+"""BatchStatus, ExitStatus, FailureCategory and FailureSummary.
 
-Enum values are the durable codes; decoders refuse any other text (behaviour.md 6.3).
+See docs/contract.md, Statuses, exit codes and failures.
+
+Enum values are the durable codes; decoders refuse any other text (docs/contract.md, Fail closed).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ __all__ = [
     "FailureSummary",
 ]
 
-#: The exit status of an execution is exactly one ExitCode (behaviour.md 2.5).
+#: The exit status of an execution is exactly one ExitCode, kept apart from its BatchStatus.
 ExitStatus: TypeAlias = ExitCode
 
 

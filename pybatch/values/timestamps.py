@@ -1,4 +1,4 @@
-"""Aware UTC instants and execution timestamps (behaviour.md 2.7).
+"""Aware UTC instants and execution timestamps (docs/contract.md, Timestamps and the clock).
 
 Every instant in the API is a timezone-aware datetime; any offset is accepted and normalised to
 UTC (the same instant), naive datetimes are refused. Microseconds are kept: `timestamptz`
@@ -41,7 +41,10 @@ def optional_aware_utc(value: _dt.datetime | None) -> _dt.datetime | None:
 
 @attrs.frozen
 class ExecutionTimestamps:
-    """Creation, start and end instants of an execution, in order (behaviour.md 2.7)."""
+    """Creation, start and end instants of an execution, in order.
+
+    See docs/contract.md, Timestamps and the clock.
+    """
 
     created_at: _dt.datetime = attrs.field(converter=aware_utc)
     started_at: _dt.datetime | None = attrs.field(default=None, converter=optional_aware_utc)

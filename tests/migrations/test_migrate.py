@@ -1,4 +1,4 @@
-"""The migrator and the runtime's schema-version check, against real PostgreSQL (N8, N11)."""
+"""The migrator and the runtime's schema-version check, against real PostgreSQL."""
 
 from __future__ import annotations
 

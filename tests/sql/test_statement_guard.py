@@ -1,4 +1,4 @@
-"""Guard rails over queries/ and pybatch/ (stack.md 4.4): what sqlfluff and pugsql miss."""
+"""Guard rails over queries/ and pybatch/: what sqlfluff and pugsql miss."""
 
 from __future__ import annotations
 

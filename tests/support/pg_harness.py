@@ -4,7 +4,7 @@ Importing this module patches two library behaviours (both behind the exact
 pins in constraints.txt; re-check them on every upgrade):
 
 * pytest-postgresql's version floor is lowered so PostgreSQL 13 runs
-  (docs: stack.md 6.4);
+  (pytest-postgresql refuses servers older than 14 otherwise);
 * mirakuru's exit hook, which can SIGKILL other sessions' servers, is replaced
   by an exact-match one (see ``_kill_own_leftovers``).
 
@@ -45,7 +45,7 @@ from pybatch.testing import server_parent
 if not hasattr(PostgreSQLExecutor, "MIN_SUPPORTED_VERSION"):
     raise RuntimeError(
         "pytest_postgresql PostgreSQLExecutor.MIN_SUPPORTED_VERSION is gone: "
-        "re-check the PostgreSQL 13 floor patch (stack.md 6.4) for this version"
+        "re-check the PostgreSQL 13 floor patch (tests/support/pg_harness.py) for this version"
     )
 PostgreSQLExecutor.MIN_SUPPORTED_VERSION = parse("13")
 

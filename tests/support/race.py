@@ -12,7 +12,7 @@ function; `launch_in_process` is the one used by tests/races.
 
 `Contender` runs one unit of work on its own thread; `start_blocked(admin)` returns once
 it waits on a row lock (pg_stat_activity), which is the "let the first take its lock, start
-the second" step of behaviour.md section 8. `terminate_backend(admin, pid)` ends a backend
+the second" step of a race test. `terminate_backend(admin, pid)` ends a backend
 and waits until it is gone (PostgreSQL 13 has no pg_terminate_backend timeout).
 """
 
