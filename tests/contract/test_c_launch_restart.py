@@ -1,4 +1,4 @@
-"""Group C: instances and executions, launch and restart (behaviour.md 4.2-4.5, 8.C)."""
+"""Group C: instances and executions, launch and restart (C1-C12)."""
 
 from __future__ import annotations
 

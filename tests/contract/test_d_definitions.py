@@ -1,4 +1,4 @@
-"""Group D: definitions and upgrades (behaviour.md 2.12, 4.1, 4.3, 8.D)."""
+"""Group D: definitions and upgrades (D1-D12)."""
 
 from __future__ import annotations
 

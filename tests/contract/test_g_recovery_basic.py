@@ -1,5 +1,5 @@
-"""Group G: recovery of orphaned or ambiguous executions (behaviour.md 4.9, 8.G, L6), and the
-flow-step starts recovery relies on (4.7: state copied across attempts, start limits, E5,
+"""Group G: recovery of orphaned or ambiguous executions (G1-G11, L6), and the
+flow-step starts recovery relies on (state copied across attempts, start limits: E5,
 E21, L5).
 """
 
@@ -264,7 +264,10 @@ def test_g6_stale_and_replayed_requests_are_stale_version(
     request = mark_failed(prior.version)
     recovered = recover(repository, prior.id, request).execution
     clock.advance()
-    for replay in (request, abandon(prior.version)):  # rule 10: a replay is stale
+    for replay in (
+        request,
+        abandon(prior.version),
+    ):  # a replayed recovery is stale, never re-applied
         with repository.begin() as uow, pytest.raises(StaleVersion) as stale:
             uow.recover_job_execution(prior.id, replay)
         assert (stale.value.expected, stale.value.actual) == (prior.version, prior.version + 1)
@@ -386,7 +389,7 @@ def run_node(
 
 
 def durable_columns(admin: psycopg.Connection[Any], step_id: int) -> dict[str, Any]:
-    """Every durable state column a restart must copy (rule 4)."""
+    """Every durable state column a restart copies to resume where the last attempt stopped."""
     with admin.cursor(row_factory=dict_row) as cur:
         row = cur.execute(
             """
@@ -441,7 +444,9 @@ def test_e21_flow_step_copies_the_newest_state_of_its_node_across_attempts(
         latest = uow.latest_flow_step(instance.id, NODE)
         assert latest is not None and latest.step_execution.id == copy_2.id
         assert latest.node_id == NODE
-        assert latest.context == ExecutionContext(SCHEMA, 1, {"file": "part-3"})  # rule 8
+        assert latest.context == ExecutionContext(
+            SCHEMA, 1, {"file": "part-3"}
+        )  # the newest attempt's context wins
         assert uow.latest_flow_step(instance.id, NodeId("never-ran")) is None
         with pytest.raises(JobInstanceNotFound):
             uow.latest_flow_step(instance.id + 1000, NODE)
@@ -505,7 +510,7 @@ def test_e3_restart_step_without_a_same_named_source_is_refused(
         with pytest.raises(RestartStateNotFound) as missing:
             uow.create_step_execution(second.id, StepName("report"))
         assert (missing.value.execution_id, missing.value.step_name) == (second.id, "report")
-        # Nothing was staged and the unit of work goes on (rule 21).
+        # Nothing was staged and the unit of work goes on (a typed refusal stages nothing).
         assert uow.step_executions(second.id) == []
         copy = uow.create_step_execution(second.id, StepName("load"))
         uow.commit()
@@ -564,7 +569,7 @@ def test_e5_start_limit_counts_every_attempt(
             NODE.value,
             2,
         )
-        # Nothing staged; other nodes still start in the same unit of work (rule 21).
+        # A typed refusal stages nothing; other nodes still start in the same unit of work.
         other = uow.create_flow_step_execution(third.id, StepName("report"), NodeId("report"))
         with pytest.raises(DuplicateStep):  # one step per logical id in an execution
             uow.create_flow_step_execution(third.id, StepName("report-2"), NodeId("report"))

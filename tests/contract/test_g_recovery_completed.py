@@ -1,5 +1,5 @@
 """Group G, completed: the recovery_decision read (G8), the decision's repr (G10), the recovery
-snapshot (G11), and domain errors through a repository call being RepositoryErrors (7.1).
+snapshot (G11), and domain errors through a repository call being RepositoryErrors.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Group I: stop requests and control (behaviour.md 4.11, 4.12, 8.I), and stopping an ETL run.
+"""Group I: stop requests and control (I1-I11), and stopping an ETL run.
 
 What an operator relies on: `stop` is recorded durably, the run ends STOPPED at its next
 chunk boundary (or within one poll interval during a long chunk) with its last checkpoint

@@ -1,4 +1,4 @@
-"""Group M: capabilities and the repository descriptor (behaviour.md 2.21, 4.18, 8.M)."""
+"""Group M: capabilities and the repository descriptor (M1-M3)."""
 
 from __future__ import annotations
 

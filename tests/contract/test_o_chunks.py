@@ -1,8 +1,8 @@
-"""Group O: chunk transactions, checkpoints and fault state (behaviour.md 4.15, 8.O), and N7.
+"""Group O: chunk transactions, checkpoints and fault state (O1-O7), and N7.
 
-Also the chunk-specific robustness rules: a lost COMMIT acknowledgement (schema.md 5),
+Also the chunk-specific robustness rules: a lost COMMIT acknowledgement,
 business statements that are cancelled or rejected, a failing state provider, and fault
-state tampered with behind pybatch's back (behaviour.md 6.3).
+state tampered with behind pybatch's back (refused, never decoded as a default).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ from tests.support.owners import TEST_OWNER, claim_test_owner
 S = BatchStatus
 SCHEMA = StateSchemaId("tests.orders.cursor.v1")
 POLICY = RetryPolicy(RetryLimit(3), RetryStateLimit(4))
-#: schema.md 3.6: SHA-256 of the canonical empty fault-state envelope.
+#: SHA-256 of the canonical empty fault-state envelope.
 EMPTY_FAULT_CHECKSUM = bytes.fromhex(
     "a491114819e0d3bd8b7ca004dc0636f95b45e2fcb1a67ddb5726beaea12f9922"
 )
@@ -987,7 +987,7 @@ def test_n7_fault_state_from_a_superseded_checkpoint_fails_closed(
     with pytest.raises(FaultStateCorrupt):
         fault_state.reserve(entry(2, 1))
     assert raw_step(admin, step.id)["version"] == version
-    # Reads of a bound store fail closed too (seed 000 validates on every load).
+    # Reads of a bound store fail closed too (the fault state is verified on every load).
     with pytest.raises(FaultStateCorrupt):
         fault_state.reserved_ordinal(entry(1, 1).key)
     with pytest.raises(FaultStateCorrupt):
