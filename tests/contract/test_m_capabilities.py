@@ -17,7 +17,7 @@ from pybatch.values.names import OperationId
 from pybatch.values.operator import OperatorAction
 from tests.support.clock import ManualClock
 
-#: Section 2.21, in declaration order.
+#: The capabilities' display names, in their stable declaration order.
 DISPLAY_NAMES = [
     "operator requests",
     "durable stop requests",
