@@ -21,7 +21,7 @@ from pybatch.errors import (
 )
 from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
-from pybatch.values.names import ExitCode, JobName, StepName
+from pybatch.values.names import ActorRef, ExitCode, JobName, StepName
 from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.records import JobExecution, StepExecution
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
@@ -513,30 +513,25 @@ def test_b11_transition_of_unknown_ids(repository: JobRepository, clock: ManualC
 # --------------------------------------------------------------------------- B12
 
 
-def simulate_stop_request(admin: psycopg.Connection[Any], execution_id: int, at: datetime) -> None:
-    """A durable stop request as the repository stores it: time and actor on the execution row."""
-    admin.execute(
-        "UPDATE pybatch.job_execution SET stop_requested_at = %(at)s, stop_requested_by = 'ops', "
-        "updated_at = GREATEST(updated_at, %(at)s) WHERE id = %(id)s",
-        {"at": at, "id": execution_id},
-    )
-
-
 def test_b12_updated_at_is_monotonic_after_a_stop_request(
-    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+    repository: JobRepository, clock: ManualClock
 ) -> None:
     started = arrange(repository, clock, "job", S.STARTED)
     started_at = started.metadata.timestamps.started_at
     assert started_at is not None
     t1 = started_at + timedelta(seconds=10)
     t2 = started_at + timedelta(seconds=20)
-    simulate_stop_request(admin, started.id, t2)
+    with repository.begin() as uow:
+        uow.request_execution_stop(started.id, started.version, ActorRef("cli:ops"), t2)
+        uow.commit()
+    assert stored(repository, "job", started.id).updated_at == t2
     with repository.begin() as uow:
         stopping = uow.transition_job_execution(
             started.id, started.version, LifecycleTransition.new(S.STOPPING, t1)
         )
         uow.commit()
     assert stopping.updated_at == t2
+    assert stopping.version == started.version + 1  # the stop request did not bump it
     assert stored(repository, "job", started.id).updated_at == t2
     # A later transition does move it forward.
     t3 = t2 + timedelta(seconds=1)
