@@ -679,3 +679,88 @@ def test_l5_a_waiting_start_sees_the_committed_start(
         first.commit()
         assert waiting.result(timeout=30) == "limit"
     assert _starts_of_node(admin, instance.id) == 1
+
+
+# --------------------------------------------------------------------------- E1, E5, E20
+
+
+def test_e1_a_new_step_starts_clean_at_the_clock_instant(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    clock.set(clock.now() + timedelta(microseconds=123457))
+    with repository.begin() as uow:
+        execution = uow.create_job_execution(
+            uow.select_or_create_job_instance(new_key()).instance.id
+        )
+        step = uow.create_step_execution(execution.id, StepName("extract"))
+        uow.commit()
+    with repository.begin() as uow:
+        stored_step = uow.get_step_execution(step.id)
+    assert stored_step == step
+    assert (step.status, step.version, step.job_execution_id) == (S.STARTING, 0, execution.id)
+    assert step.metadata.exit_status == ExitCode.UNKNOWN and step.metadata.failure is None
+    assert step.created_at == step.updated_at == clock.now()  # microsecond-exact
+    assert step.metadata.timestamps.started_at is None
+    assert step.metadata.timestamps.ended_at is None
+    assert step.metadata.counts.is_zero
+    assert step.checkpoint == Checkpoint.empty()
+
+
+def test_e5_completed_and_stopped_starts_count_against_the_limit(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    """Starts that ended COMPLETED or STOPPED in earlier attempts count like FAILED ones."""
+    with repository.begin() as uow:
+        instance = uow.select_or_create_job_instance(new_key()).instance
+        uow.commit()
+    limit = StartLimit(2)
+    for end in (S.COMPLETED, S.STOPPED):
+        execution = attempt(repository, clock, instance.id)
+        with repository.begin() as uow:
+            step = uow.create_flow_step_execution(execution.id, StepName("load"), NODE, limit)
+            step = uow.transition_step_execution(step.id, 0, to(S.STARTED, clock.advance()))
+            step = uow.transition_step_execution(step.id, step.version, to(end, clock.advance()))
+            uow.commit()
+        fail_attempt(repository, clock, execution)
+    third = attempt(repository, clock, instance.id)
+    with repository.begin() as uow:
+        with pytest.raises(StartLimitExceeded) as exceeded:
+            uow.create_flow_step_execution(third.id, StepName("load"), NODE, limit)
+        assert (exceeded.value.instance_id, exceeded.value.node_id, exceeded.value.limit) == (
+            instance.id,
+            NODE.value,
+            2,
+        )
+        uow.commit()
+    with repository.begin() as uow:
+        assert uow.step_executions(third.id) == []
+
+
+def test_e20_a_step_name_or_logical_id_is_used_once_per_execution(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    """A second step with the same name, or a flow step whose node id is an existing step's
+    logical id, is DuplicateStep; nothing is staged and the unit of work commits its earlier
+    work."""
+    with repository.begin() as uow:
+        execution = uow.create_job_execution(
+            uow.select_or_create_job_instance(new_key()).instance.id
+        )
+        extract = uow.create_step_execution(execution.id, StepName("extract"))
+        with pytest.raises(DuplicateStep) as same_name:
+            uow.create_step_execution(execution.id, StepName("extract"))
+        assert (same_name.value.job_execution_id, same_name.value.step_name) == (
+            execution.id,
+            "extract",
+        )
+        with pytest.raises(DuplicateStep) as same_node:
+            uow.create_flow_step_execution(execution.id, StepName("other"), NodeId("extract"))
+        assert (same_node.value.job_execution_id, same_node.value.node_id) == (
+            execution.id,
+            "extract",
+        )
+        assert uow.step_executions(execution.id) == [extract]
+        load = uow.create_step_execution(execution.id, StepName("load"))
+        uow.commit()
+    with repository.begin() as uow:
+        assert uow.step_executions(execution.id) == [extract, load]

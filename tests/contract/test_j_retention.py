@@ -182,12 +182,14 @@ def test_a_terminal_status_set_built_directly_is_validated_like_of() -> None:
 def test_j1_j2_holds(repository: JobRepository, clock: ManualClock) -> None:
     instance_id = history(repository, clock, "a", S.COMPLETED)
     with repository.begin() as uow:
-        with pytest.raises(JobInstanceNotFound):
+        with pytest.raises(JobInstanceNotFound) as read_missing:
             uow.job_instance_hold(987654)
-        with pytest.raises(JobInstanceNotFound):
+        with pytest.raises(JobInstanceNotFound) as place_missing:
             uow.place_instance_hold(987654, OPS, LEGAL, clock.now())
-        with pytest.raises(JobInstanceNotFound):
+        with pytest.raises(JobInstanceNotFound) as release_missing:
             uow.release_instance_hold(987654)
+        for missing in (read_missing, place_missing, release_missing):
+            assert missing.value.id == 987654
         assert uow.job_instance_hold(instance_id) is None
         assert uow.release_instance_hold(instance_id) is None
         first = uow.place_instance_hold(instance_id, OPS, LEGAL, clock.now())
@@ -403,7 +405,10 @@ def test_j9_to_j13_stale_plans_delete_nothing(
 
 
 def test_j12_a_plan_applied_twice_is_stale_or_replayed(
-    repository: JobRepository, clock: ManualClock, retention: RetentionService
+    repository: JobRepository,
+    clock: ManualClock,
+    retention: RetentionService,
+    admin: psycopg.Connection[Any],
 ) -> None:
     history(repository, clock, "once", S.COMPLETED)
     clock.advance(2 * HOUR)
@@ -412,8 +417,10 @@ def test_j12_a_plan_applied_twice_is_stale_or_replayed(
     first = retention.apply(OperationId("p-1"), OPS, reason, plan)
     assert first.outcome == "APPLIED"
     assert retention.apply(OperationId("p-1"), OPS, reason, plan).outcome == "REPLAYED"
+    actions = rows(admin, "retention_action")
     with pytest.raises(RetentionPlanStale):
         retention.apply(OperationId("p-2"), OPS, reason, plan)
+    assert rows(admin, "retention_action") == actions  # the stale apply recorded nothing
 
 
 def test_j16_the_plan_digest(repository: JobRepository, clock: ManualClock) -> None:
