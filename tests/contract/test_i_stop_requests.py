@@ -21,8 +21,8 @@ from pybatch.errors import (
     JobExecutionNotFound,
     StaleVersion,
 )
-from pybatch.explorer import JobExplorer
 from pybatch.etl import Job, StepRun
+from pybatch.explorer import JobExplorer
 from pybatch.services.operator import OperatorService
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import ActorRef, ExitCode, OperationId
