@@ -448,8 +448,9 @@ def test_e21_flow_step_copies_the_newest_state_of_its_node_across_attempts(
             SCHEMA, 1, {"file": "part-3"}
         )  # the newest attempt's context wins
         assert uow.latest_flow_step(instance.id, NodeId("never-ran")) is None
-        with pytest.raises(JobInstanceNotFound):
+        with pytest.raises(JobInstanceNotFound) as missing:
             uow.latest_flow_step(instance.id + 1000, NODE)
+        assert missing.value.id == instance.id + 1000
 
     # Attempt 2 moves on; attempt 3 copies attempt 2 (the newest), not attempt 1.
     with repository.begin() as uow:
