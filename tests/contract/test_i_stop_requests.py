@@ -219,10 +219,12 @@ def test_i6_i9_observe_execution_control(repository: JobRepository, clock: Manua
         quiet = uow.observe_execution_control(execution.id, owner, clock.now())
         assert (quiet.owner_matches, quiet.stop_requested) == (True, False)  # I9: no stop
         assert quiet.execution.version == started.version
+        assert quiet.execution.status is S.STARTED
         uow.request_execution_stop(execution.id, started.version, OPERATOR, clock.now())
         other = uow.observe_execution_control(execution.id, stranger, clock.now())
         assert (other.owner_matches, other.stop_requested) == (False, True)  # I7
-        assert other.execution.status is S.STARTED
+        assert (other.execution.status, other.execution.version) == (S.STARTED, started.version)
+        assert uow.get_job_execution(execution.id) == other.execution  # no mutation
         observed = uow.observe_execution_control(execution.id, owner, clock.now())
         assert (observed.owner_matches, observed.stop_requested) == (True, True)  # I6
         assert observed.execution.status is S.STOPPING

@@ -289,7 +289,7 @@ def test_o1_state_provider_supplies_checkpoint_and_context(
 def test_o1_checkpoint_digest_survives_the_jsonb_round_trip(
     repository: JobRepository, clock: ManualClock
 ) -> None:
-    """Rule 24: keys jsonb reorders and floats it reprints still give the written digest."""
+    """Keys jsonb reorders and floats it reprints still give the written digest."""
     step = started_step(repository, clock)
     manager = ChunkTransactionManager(repository)
     awkward = cursor(7, big=1e16, small=1e-7, nested={"bb": 1, "a": [2.5, -0.0]}, text="é/\n")
@@ -885,7 +885,7 @@ def test_a_checkpoint_only_chunk_commits_in_one_round_trip(
 def test_connection_lost_before_commit_is_not_committed(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any], orders: None
 ) -> None:
-    """Schema.md 5.4: before COMMIT nothing is unknown; a dead connection there is NotCommitted."""
+    """Before COMMIT nothing is unknown; a dead connection there is NotCommitted."""
     step = started_step(repository, clock)
     pids: list[int] = []
 
