@@ -1,4 +1,5 @@
-"""Group A scenarios that need the database: A5, A6, A21, A22 (behaviour.md 2.3, 2.7, rule 24).
+"""Group A scenarios that need the database: A5, A6, A21, A22: parameters and instance
+identity, database-clock instants, and canonical JSON that survives a jsonb round trip.
 
 The pure value scenarios are in tests/unit.
 """

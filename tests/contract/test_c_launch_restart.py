@@ -1,4 +1,4 @@
-"""Group C: instances and executions, launch and restart (behaviour.md 4.2-4.5, 8.C)."""
+"""Group C: instances and executions, launch and restart (C1-C12)."""
 
 from __future__ import annotations
 
@@ -115,13 +115,21 @@ def test_c2_committed_instance_is_existing_and_findable(
 # --------------------------------------------------------------------------- C3, C4
 
 
-def test_c3_launch_of_unknown_instance(repository: JobRepository) -> None:
+def test_c3_launch_of_unknown_instance(
+    repository: JobRepository, admin: psycopg.Connection[Any]
+) -> None:
+    definitions = definition_rows(admin)
     with repository.begin() as uow:
         with pytest.raises(JobInstanceNotFound) as missing:
             uow.create_job_execution(424242)
         assert missing.value.id == 424242
-        with pytest.raises(JobInstanceNotFound):
+        with pytest.raises(JobInstanceNotFound) as missing_too:
             uow.create_job_execution_with_definition(424243, DefinitionIdentity.legacy())
+        assert missing_too.value.id == 424243
+        uow.commit()
+    row = admin.execute("SELECT count(*) FROM pybatch.job_execution").fetchone()
+    assert row == (0,)
+    assert definition_rows(admin) == definitions
 
 
 def test_c4_first_attempt_starts_clean(repository: JobRepository, clock: ManualClock) -> None:

@@ -1,4 +1,4 @@
-"""Group D: definitions and upgrades (behaviour.md 2.12, 4.1, 4.3, 8.D)."""
+"""Group D: definitions and upgrades (D1-D12)."""
 
 from __future__ import annotations
 
@@ -242,7 +242,7 @@ def test_d11_upgrade_key_reused_toward_the_same_target_conflicts(
 
 
 def test_d6_same_revision_with_another_digest_drifts(
-    repository: JobRepository, clock: ManualClock
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
     drifted = definition("rev-a", ["extract", "load", "report"])
     with repository.begin() as uow:
@@ -256,10 +256,23 @@ def test_d6_same_revision_with_another_digest_drifts(
         assert (drift.value.job_name, drift.value.revision) == (JOB, "rev-a")
         with pytest.raises(DefinitionDrift):
             uow.register_definition_upgrade(JobName(JOB), upgrade("x", B, drifted, IDENTITY))
+        with pytest.raises(DefinitionDrift):
+            uow.register_definition_upgrade(JobName(JOB), upgrade("y", drifted, B, IDENTITY))
         # Another job may use the revision name with any manifest.
         foreign = uow.select_or_create_job_instance(new_key("payroll")).instance
         uow.create_job_execution_with_definition(foreign.id, drifted)
         uow.commit()
+    # The refusals staged nothing: rev-a of this job still names A only, no edge exists, and
+    # the instance refused its launch has no execution.
+    revisions = admin.execute(
+        "SELECT manifest_digest FROM pybatch.job_definition"
+        " WHERE job_name = %s AND definition_revision = 'rev-a'",
+        (JOB,),
+    ).fetchall()
+    assert [bytes(row[0]) for row in revisions] == [A.digest]
+    assert count(admin, "SELECT count(*) FROM pybatch.definition_upgrade") == 0
+    with repository.begin() as uow:
+        assert uow.job_executions(other.id) == []
 
 
 def test_d12_drift_is_not_hidden_by_the_digest_of_another_revision(

@@ -1,4 +1,4 @@
-"""Group E: flow decisions (behaviour.md 4.7, 8.E8-E18, E22).
+"""Group E: flow decisions (E8-E18, E22).
 
 What a flow relies on: a decision is recorded only when the job's own manifest leads from
 the source node to the target on the observed outcome, positions are contiguous and each node
@@ -11,6 +11,7 @@ import itertools
 from datetime import datetime
 from typing import Any, Protocol
 
+import attrs
 import psycopg
 import pytest
 
@@ -160,6 +161,12 @@ def decision_rows(admin: psycopg.Connection[Any]) -> int:
     return int(row[0])
 
 
+def decisions(repository: JobRepository, execution: HasId) -> list[FlowDecision]:
+    """The committed decisions of `execution`, read in a fresh unit of work."""
+    with repository.begin() as uow:
+        return uow.flow_decisions(execution.id)
+
+
 # --------------------------------------------------------------------------- values
 
 
@@ -212,9 +219,12 @@ class JobExecutionStub:
 def test_e8_happy_path_decision_gets_an_id(repository: JobRepository, clock: ManualClock) -> None:
     execution = launch(repository, clock)
     source = step(repository, execution, "extract")
-    decision = append(repository, request(execution, source_step=source.id, at=clock.now()))
+    sent = request(execution, source_step=source.id, at=clock.now())
+    decision = append(repository, sent)
     assert decision.id > 0 and decision.sequence == 1
     assert decision.target == FlowTarget.to_node("check")
+    # Every field of the request is recorded as sent.
+    assert decision == FlowDecision(id=decision.id, **attrs.asdict(sent, recurse=False))
     with repository.begin() as uow:
         assert uow.flow_decisions(execution.id) == [decision]
 
@@ -235,6 +245,8 @@ def test_e10_legacy_definition_never_decides(repository: JobRepository, clock: M
     source = step(repository, execution, "extract")
     with pytest.raises(FlowStateCorrupt):
         append(repository, request(execution, source_step=source.id, fingerprint=legacy.digest))
+    # Not even a decision whose fingerprint is the legacy digest itself is recorded.
+    assert decisions(repository, execution) == []
 
 
 def test_e11_target_other_than_the_manifest_selected_is_corrupt(
@@ -242,11 +254,12 @@ def test_e11_target_other_than_the_manifest_selected_is_corrupt(
 ) -> None:
     execution = launch(repository, clock)
     source = step(repository, execution, "extract")
-    with pytest.raises(FlowStateCorrupt):
-        append(
-            repository,
-            request(execution, source_step=source.id, target=FlowTarget.to_node("load")),
-        )
+    # "load" is not a target of extract; the catch-all "end fail" is a transition of extract,
+    # but COMPLETED selects the first matching one ("check"), so it is refused too.
+    for target in (FlowTarget.to_node("load"), FlowTarget.end(TerminalKind.FAIL)):
+        with pytest.raises(FlowStateCorrupt):
+            append(repository, request(execution, source_step=source.id, target=target))
+    assert decisions(repository, execution) == []
 
 
 def test_e12_sequence_must_be_contiguous(repository: JobRepository, clock: ManualClock) -> None:
@@ -254,7 +267,8 @@ def test_e12_sequence_must_be_contiguous(repository: JobRepository, clock: Manua
     extract = step(repository, execution, "extract")
     with pytest.raises(ConcurrentModification):
         append(repository, request(execution, sequence=2, source_step=extract.id))
-    append(repository, request(execution, source_step=extract.id))
+    assert decisions(repository, execution) == []
+    first = append(repository, request(execution, source_step=extract.id))
     with pytest.raises(ConcurrentModification):  # repeating position 1 for another node
         append(
             repository,
@@ -266,6 +280,19 @@ def test_e12_sequence_must_be_contiguous(repository: JobRepository, clock: Manua
                 target=FlowTarget.end(TerminalKind.COMPLETE),
             ),
         )
+    with pytest.raises(ConcurrentModification):  # skipping position 2
+        append(
+            repository,
+            request(
+                execution,
+                sequence=3,
+                node="check",
+                kind=K.DECIDER,
+                outcome="DONE",
+                target=FlowTarget.end(TerminalKind.COMPLETE),
+            ),
+        )
+    assert decisions(repository, execution) == [first]
 
 
 def test_e12_racing_appends_at_one_position_have_one_winner(
@@ -297,9 +324,22 @@ def test_e13_a_node_decides_once_per_execution(
 ) -> None:
     execution = launch(repository, clock)
     extract = step(repository, execution, "extract")
-    append(repository, request(execution, source_step=extract.id))
+    first = append(repository, request(execution, source_step=extract.id))
     with pytest.raises(ConcurrentModification):
         append(repository, request(execution, sequence=2, source_step=extract.id))
+    # The same node with another outcome is refused as well: one decision per node.
+    with pytest.raises(ConcurrentModification):
+        append(
+            repository,
+            request(
+                execution,
+                sequence=2,
+                source_step=extract.id,
+                outcome="FAILED",
+                target=FlowTarget.end(TerminalKind.FAIL),
+            ),
+        )
+    assert decisions(repository, execution) == [first]
 
 
 def test_e14_source_step_from_another_instance_or_node_is_corrupt(
@@ -312,6 +352,8 @@ def test_e14_source_step_from_another_instance_or_node_is_corrupt(
     for source in (foreign.id, wrong_node.id):
         with pytest.raises(FlowStateCorrupt):
             append(repository, request(execution, source_step=source))
+    assert decisions(repository, execution) == []
+    assert decisions(repository, other) == []
 
 
 def test_e15_step_exit_needs_a_source_step_a_decider_does_not(
@@ -320,6 +362,7 @@ def test_e15_step_exit_needs_a_source_step_a_decider_does_not(
     execution = launch(repository, clock)
     with pytest.raises(FlowStateCorrupt):
         append(repository, request(execution))
+    assert decisions(repository, execution) == []
     decided = append(
         repository,
         request(
@@ -331,6 +374,7 @@ def test_e15_step_exit_needs_a_source_step_a_decider_does_not(
         ),
     )
     assert decided.source_step_execution_id is None and decided.kind is K.DECIDER
+    assert decisions(repository, execution) == [decided]
 
 
 def test_e16_reused_decision_must_match_exactly(
@@ -352,6 +396,45 @@ def test_e16_reused_decision_must_match_exactly(
                 reused=original.id,
             ),
         )
+    # Another outcome (with the target the manifest selects for it), another fingerprint:
+    # each is a different decision than the one named for reuse.
+    with pytest.raises(FlowStateCorrupt):
+        append(
+            repository,
+            request(
+                second,
+                source_step=extract.id,
+                kind=K.COMPLETED_STEP_REUSE,
+                outcome="FAILED",
+                target=FlowTarget.end(TerminalKind.FAIL),
+                reused=original.id,
+            ),
+        )
+    with pytest.raises(FlowStateCorrupt):
+        append(
+            repository,
+            request(
+                second,
+                source_step=extract.id,
+                kind=K.COMPLETED_STEP_REUSE,
+                fingerprint=bytes(32),
+                reused=original.id,
+            ),
+        )
+    # Another node: a "check" decision cannot reuse the decision "extract" made.
+    with pytest.raises(FlowStateCorrupt):
+        append(
+            repository,
+            request(
+                second,
+                node="check",
+                source_step=step(repository, second, "check").id,
+                kind=K.COMPLETED_STEP_REUSE,
+                outcome="DONE",
+                target=FlowTarget.end(TerminalKind.COMPLETE),
+                reused=original.id,
+            ),
+        )
     foreign = launch(repository, clock)
     with pytest.raises(FlowStateCorrupt):  # the reused decision is in another instance
         append(
@@ -363,11 +446,14 @@ def test_e16_reused_decision_must_match_exactly(
                 reused=original.id,
             ),
         )
+    assert decisions(repository, second) == []
+    assert decisions(repository, foreign) == []
     reused = append(
         repository,
         request(second, source_step=extract.id, kind=K.COMPLETED_STEP_REUSE, reused=original.id),
     )
     assert reused.reused_decision_id == original.id
+    assert decisions(repository, second) == [reused]
 
 
 def test_e17_find_reusable_decision_latest_across_attempts(
@@ -395,10 +481,11 @@ def test_e17_find_reusable_decision_latest_across_attempts(
             uow.find_reusable_flow_decision(instance_id, node, DEFINITION.digest, INPUT, K.DECIDER)
             is None
         )
-        with pytest.raises(JobInstanceNotFound):
+        with pytest.raises(JobInstanceNotFound) as missing:
             uow.find_reusable_flow_decision(
                 instance_id + 1000, node, DEFINITION.digest, INPUT, K.STEP_EXIT
             )
+        assert missing.value.id == instance_id + 1000
 
 
 def test_e18_flow_decisions_in_sequence_order(
@@ -431,10 +518,12 @@ def test_e18_flow_decisions_in_sequence_order(
     )
     with repository.begin() as uow:
         assert uow.flow_decisions(execution.id) == [one, two, three]
-        with pytest.raises(JobExecutionNotFound):
+        with pytest.raises(JobExecutionNotFound) as missing:
             uow.flow_decisions(execution.id + 1000)
-        with pytest.raises(JobExecutionNotFound):
+        assert missing.value.id == execution.id + 1000
+        with pytest.raises(JobExecutionNotFound) as unknown:
             uow.append_flow_decision(request(JobExecutionStubFar()))
+        assert unknown.value.id == JobExecutionStubFar.id
 
 
 class JobExecutionStubFar:
@@ -448,6 +537,7 @@ def test_e22_nested_job_exit_never_matches_yet_is_storable(
     extract = step(repository, execution, "extract")
     with pytest.raises(FlowStateCorrupt):
         append(repository, request(execution, source_step=extract.id, kind=K.NESTED_JOB_EXIT))
+    assert decision_rows(admin) == 0
     admin.execute(
         "INSERT INTO pybatch.flow_decision (job_execution_id, sequence, source_node_id,"
         " observed_outcome, target_node_id, transition_kind, plan_fingerprint, input_digest,"

@@ -1,4 +1,4 @@
-"""The ETL decision point (behaviour.md 4.7): a job records where its flow goes after each
+"""The ETL decision point: a job records where its flow goes after each
 node, and a restart reuses the decisions already recorded instead of deciding again.
 """
 

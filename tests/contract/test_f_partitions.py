@@ -1,4 +1,4 @@
-"""Group F: step partitions in the repository (behaviour.md 4.8, 8.F, N6).
+"""Group F: step partitions in the repository (F1-F35, N6).
 
 What a partitioned step relies on: a plan is all or nothing and published before any worker
 starts, a partition mirrors its worker's durable row, aggregation ends the parent atomically
@@ -156,6 +156,19 @@ def partition_rows(admin: psycopg.Connection[Any]) -> int:
     return int(row[0])
 
 
+def stored_plan(repository: JobRepository, parent_id: int) -> list[StepPartition]:
+    """The committed plan of `parent_id` in key byte order, read in a fresh unit of work."""
+    with repository.begin() as uow:
+        return uow.step_partition_plan(parent_id)
+
+
+def stored_step(repository: JobRepository, step_id: int) -> StepExecution:
+    with repository.begin() as uow:
+        step = uow.get_step_execution(step_id)
+    assert step is not None
+    return step
+
+
 class Fixture:
     """A STARTED job execution with a STARTED parent step."""
 
@@ -222,11 +235,17 @@ def test_f2_plan_size_bounds(f: Fixture, admin: psycopg.Connection[Any]) -> None
     assert partition_rows(admin) == 1024
 
 
-def test_f3_byte_identical_keys_are_duplicates_whitespace_is_kept(f: Fixture) -> None:
+def test_f3_byte_identical_keys_are_duplicates_whitespace_is_kept(
+    f: Fixture, admin: psycopg.Connection[Any]
+) -> None:
     other = new_step(f.repository, f.clock, f.execution)
-    with f.repository.begin() as uow, pytest.raises(DuplicatePartitionKey):
-        uow.create_step_partition_plan(f.parent.id, entries("a", "b", "a"))
+    with f.repository.begin() as uow:
+        with pytest.raises(DuplicatePartitionKey):
+            uow.create_step_partition_plan(f.parent.id, entries("a", "b", "a"))
+        uow.commit()
+    assert partition_rows(admin) == 0  # not even "a" and "b" were kept
     assert [p.key.value for p in plan(f.repository, other, "a", "a ")] == ["a", "a "]
+    assert [p.key.value for p in stored_plan(f.repository, other.id)] == ["a", "a "]
 
 
 def test_a_context_schema_version_beyond_integer_is_refused_before_any_write(
@@ -248,17 +267,22 @@ def test_a_context_schema_version_beyond_integer_is_refused_before_any_write(
 def test_f4_f5_f6_plan_exists_parent_not_active_all_or_nothing(
     f: Fixture, admin: psycopg.Connection[Any]
 ) -> None:
-    plan(f.repository, f.parent, "a")
+    first = plan(f.repository, f.parent, "a")
     with f.repository.begin() as uow:
         with pytest.raises(PartitionPlanExists) as exists:
             uow.create_step_partition_plan(f.parent.id, entries("x"))
         assert exists.value.step_execution_id == f.parent.id
+        uow.commit()
+    assert stored_plan(f.repository, f.parent.id) == first
     for path in ((S.STOPPING,), (S.COMPLETED,), (S.FAILED,)):
         parent = new_step(f.repository, f.clock, f.execution)
         move(f.repository, f.clock, parent.id, *path)
         with f.repository.begin() as uow, pytest.raises(PartitionParentNotActive) as inactive:
             uow.create_step_partition_plan(parent.id, entries("x", "y"))
-        assert inactive.value.status == path[-1].value
+        assert (inactive.value.step_execution_id, inactive.value.status) == (
+            parent.id,
+            path[-1].value,
+        )
     assert partition_rows(admin) == 1  # only the first plan's row
 
 
@@ -294,7 +318,8 @@ def test_f8_f9_assign_needs_a_started_parent(repository: JobRepository, clock: M
     worker = new_step(repository, clock, execution)
     with repository.begin() as uow, pytest.raises(PartitionParentNotActive) as starting:
         uow.assign_step_partition(created.id, 0, worker.id)
-    assert starting.value.status == "STARTING"
+    assert (starting.value.step_execution_id, starting.value.status) == (parent.id, "STARTING")
+    assert stored_plan(repository, parent.id) == [created]
     move(repository, clock, parent.id, S.STARTED)
     assigned = assign(repository, created, worker.id)
     assert (assigned.status, assigned.worker_step_execution_id, assigned.version) == (
@@ -310,12 +335,16 @@ def test_f8_f9_assign_needs_a_started_parent(repository: JobRepository, clock: M
 def test_f10_stale_version_and_illegal_reassign(f: Fixture) -> None:
     (created,) = plan(f.repository, f.parent, "a")
     assigned = assign(f.repository, created, f.worker().id)
+    workers = [f.worker(), f.worker()]
     with f.repository.begin() as uow:
-        with pytest.raises(StaleVersion):
-            uow.assign_step_partition(created.id, 0, f.worker().id)
+        with pytest.raises(StaleVersion) as stale:
+            uow.assign_step_partition(created.id, 0, workers[0].id)
+        assert (stale.value.expected, stale.value.actual) == (0, 1)
         with pytest.raises(PartitionUpdateNotAllowed) as started:
-            uow.assign_step_partition(created.id, assigned.version, f.worker().id)
+            uow.assign_step_partition(created.id, assigned.version, workers[1].id)
         assert started.value.status == "STARTED"
+        uow.commit()
+    assert stored_plan(f.repository, f.parent.id) == [assigned]
 
 
 def test_f11_worker_must_be_a_sibling_step(f: Fixture, clock: ManualClock) -> None:
@@ -326,26 +355,39 @@ def test_f11_worker_must_be_a_sibling_step(f: Fixture, clock: ManualClock) -> No
         for worker_id in (f.parent.id, foreign.id):
             with pytest.raises(PartitionWorkerMismatch) as mismatch:
                 uow.assign_step_partition(created.id, 0, worker_id)
-            assert mismatch.value.worker == worker_id
+            assert (mismatch.value.partition_id, mismatch.value.worker) == (created.id, worker_id)
+        uow.commit()
+    assert stored_plan(f.repository, f.parent.id) == [created]
 
 
 def test_f12_a_worker_backs_one_partition(f: Fixture) -> None:
     first, second = plan(f.repository, f.parent, "a", "b")
     worker = f.worker()
-    assign(f.repository, first, worker.id)
-    with f.repository.begin() as uow, pytest.raises(PartitionWorkerAlreadyAssigned):
-        uow.assign_step_partition(second.id, 0, worker.id)
+    assigned = assign(f.repository, first, worker.id)
+    with f.repository.begin() as uow:
+        with pytest.raises(PartitionWorkerAlreadyAssigned) as taken:
+            uow.assign_step_partition(second.id, 0, worker.id)
+        assert taken.value.worker == worker.id
+        uow.commit()
+    # The second partition is still waiting for a worker; the first keeps its own.
+    assert stored_plan(f.repository, f.parent.id) == [assigned, second]
+    assert second.status is S.STARTING and second.worker_step_execution_id is None
 
 
 def test_f13_unknown_partition_or_worker(f: Fixture) -> None:
     (created,) = plan(f.repository, f.parent, "a")
     with f.repository.begin() as uow:
-        with pytest.raises(StepPartitionNotFound):
+        with pytest.raises(StepPartitionNotFound) as missing:
             uow.assign_step_partition(created.id + 100, 0, f.parent.id)
-        with pytest.raises(StepPartitionNotFound):
+        assert missing.value.id == created.id + 100
+        with pytest.raises(StepPartitionNotFound) as missing:
             uow.complete_step_partition(created.id + 100, 0, f.parent.id)
-        with pytest.raises(StepExecutionNotFound):
+        assert missing.value.id == created.id + 100
+        with pytest.raises(StepExecutionNotFound) as no_worker:
             uow.assign_step_partition(created.id, 0, 10**9)
+        assert no_worker.value.id == 10**9
+        uow.commit()
+    assert stored_plan(f.repository, f.parent.id) == [created]
 
 
 # --------------------------------------------------------------------------- complete
@@ -369,22 +411,39 @@ def test_f14_partition_mirrors_its_worker(f: Fixture, admin: psycopg.Connection[
         1,
         0,
     )
+    # The partition mirrors the worker's durable row, and that is what is committed.
+    ended = stored_step(f.repository, worker.id)
+    assert (done.status, done.exit_status, done.counts) == (
+        ended.status,
+        ended.metadata.exit_status,
+        ended.metadata.counts,
+    )
+    assert stored_plan(f.repository, f.parent.id) == [done]
 
 
 def test_f15_f16_stale_or_unfinished_worker(f: Fixture) -> None:
     (created,) = plan(f.repository, f.parent, "a")
     worker = f.worker()
     assigned = assign(f.repository, created, worker.id)
+    sibling = f.worker()
     with f.repository.begin() as uow:
-        with pytest.raises(PartitionWorkerStale):
-            uow.complete_step_partition(created.id, 1, f.parent.id)
+        for stale_worker in (f.parent.id, sibling.id):
+            with pytest.raises(PartitionWorkerStale) as stale:
+                uow.complete_step_partition(created.id, 1, stale_worker)
+            assert (stale.value.partition_id, stale.value.worker) == (created.id, stale_worker)
         with pytest.raises(PartitionAggregationIncomplete) as running:
             uow.complete_step_partition(created.id, 1, worker.id)
         assert (running.value.step_execution_id, running.value.status) == (f.parent.id, "STARTED")
+        uow.commit()
+    assert stored_plan(f.repository, f.parent.id) == [assigned]
     move(f.repository, f.clock, worker.id, S.FAILED, S.ABANDONED)
     with f.repository.begin() as uow, pytest.raises(PartitionAggregationIncomplete) as abandoned:
         uow.complete_step_partition(assigned.id, 1, worker.id)
-    assert abandoned.value.status == "ABANDONED"
+    assert (abandoned.value.step_execution_id, abandoned.value.status) == (
+        f.parent.id,
+        "ABANDONED",
+    )
+    assert stored_plan(f.repository, f.parent.id) == [assigned]
 
 
 def test_f17_completion_while_parent_stopping_not_stopped(f: Fixture) -> None:
@@ -398,8 +457,10 @@ def test_f17_completion_while_parent_stopping_not_stopped(f: Fixture) -> None:
     move(f.repository, f.clock, f.parent.id, S.STOPPING)
     assert complete(f.repository, assigned[0], workers[0].id).status is S.COMPLETED
     move(f.repository, f.clock, f.parent.id, S.STOPPED)
-    with f.repository.begin() as uow, pytest.raises(PartitionParentNotActive):
+    with f.repository.begin() as uow, pytest.raises(PartitionParentNotActive) as stopped:
         uow.complete_step_partition(assigned[1].id, 1, workers[1].id)
+    assert (stopped.value.step_execution_id, stopped.value.status) == (f.parent.id, "STOPPED")
+    assert stored_plan(f.repository, f.parent.id)[1] == assigned[1]  # still STARTED
 
 
 def test_f18_failed_partition_retried_by_a_new_worker(
@@ -457,22 +518,36 @@ def test_f19_all_completed_sums_counts_and_takes_the_first_key_exit(
         assert uow.get_step_execution(f.parent.id) == ended
 
 
+@pytest.mark.parametrize("order", ["key order", "reverse key order"])
 @pytest.mark.parametrize(
-    ("statuses", "expected"),
+    ("statuses", "expected", "exit_from"),
     [
-        ({"a": S.COMPLETED, "b": S.FAILED, "c": S.UNKNOWN}, S.UNKNOWN),
-        ({"a": S.COMPLETED, "b": S.STOPPED}, S.STOPPED),
+        ({"a": S.COMPLETED, "b": S.UNKNOWN, "c": S.FAILED, "d": S.UNKNOWN}, S.UNKNOWN, "b"),
+        ({"a": S.COMPLETED, "b": S.STOPPED, "c": S.STOPPED}, S.STOPPED, "b"),
     ],
 )
-def test_f20_most_severe_status_wins_in_any_completion_order(
-    f: Fixture, statuses: dict[str, BatchStatus], expected: BatchStatus
+def test_f20_most_severe_status_wins_and_the_first_such_key_gives_the_exit(
+    f: Fixture,
+    statuses: dict[str, BatchStatus],
+    expected: BatchStatus,
+    exit_from: str,
+    order: str,
 ) -> None:
-    parts = plan(f.repository, f.parent, *reversed(sorted(statuses)))
-    for partition in parts:  # completion order: reverse key order
-        f.run(partition, statuses[partition.key.value])
+    """The parent ends in the most severe child status; its exit is that of the first child
+    in key order with that status, whatever order the partitions completed in."""
+    keys = sorted(statuses)
+    parts = plan(f.repository, f.parent, *keys)
+    for partition in parts if order == "key order" else list(reversed(parts)):
+        key = partition.key.value
+        worker = f.worker()
+        assigned = assign(f.repository, partition, worker.id)
+        move(f.repository, f.clock, worker.id, statuses[key])
+        set_exit(f.repository, worker.id, f"EXIT_{key.upper()}")
+        complete(f.repository, assigned, worker.id)
     ended = aggregate(f)
     assert ended.status is expected
-    assert ended.metadata.exit_status == ExitCode.UNKNOWN  # transitions keep the worker's exit
+    assert ended.metadata.exit_status == ExitCode(f"EXIT_{exit_from.upper()}")
+    assert stored_step(f.repository, f.parent.id) == ended
 
 
 def test_f21_failed_aggregate_copies_the_first_failed_workers_failure(f: Fixture) -> None:
@@ -507,17 +582,26 @@ def test_f22_active_child_blocks_aggregation(f: Fixture) -> None:
         assert uow.get_step_execution(f.parent.id) == f.parent
 
 
+@pytest.mark.parametrize(
+    "change",
+    ["read_count = 99", "exit_code = 'CHANGED_LATER'", "status = 'STOPPED'"],
+    ids=["counts", "exit", "status"],
+)
 def test_f23_worker_changed_after_completion_is_corrupt(
-    f: Fixture, admin: psycopg.Connection[Any]
+    f: Fixture, admin: psycopg.Connection[Any], change: str
 ) -> None:
+    """A worker row that no longer matches its completed partition (status, exit or counts)
+    is refused, and the parent is left as it was."""
     (created,) = plan(f.repository, f.parent, "a")
     done = f.run(created)
     admin.execute(
-        "UPDATE pybatch.step_execution SET read_count = 99 WHERE id = %s",
+        f"UPDATE pybatch.step_execution SET {change} WHERE id = %s",
         (done.worker_step_execution_id,),
     )
     with f.repository.begin() as uow, pytest.raises(PartitionStateCorrupt):
         uow.aggregate_step_partitions(f.parent.id, f.parent.version, f.clock.advance())
+    assert stored_step(f.repository, f.parent.id) == f.parent
+    assert stored_plan(f.repository, f.parent.id) == [done]
 
 
 def test_f24_f25_replay_returns_the_parent_a_new_version_is_refused(f: Fixture) -> None:
@@ -525,17 +609,22 @@ def test_f24_f25_replay_returns_the_parent_a_new_version_is_refused(f: Fixture) 
     f.run(created)
     expected = f.parent.version
     ended = aggregate(f, expected)
+    assert ended.version == expected + 1
     assert aggregate(f, expected) == ended
-    with f.repository.begin() as uow, pytest.raises(PartitionParentNotActive):
+    with f.repository.begin() as uow, pytest.raises(PartitionParentNotActive) as terminal:
         uow.aggregate_step_partitions(f.parent.id, ended.version, f.clock.advance())
+    assert (terminal.value.step_execution_id, terminal.value.status) == (f.parent.id, "COMPLETED")
+    assert stored_step(f.repository, f.parent.id) == ended
 
 
 def test_f26_completed_aggregate_onto_a_stopping_parent_is_illegal(f: Fixture) -> None:
     (created,) = plan(f.repository, f.parent, "a")
     f.run(created)
     stopping = move(f.repository, f.clock, f.parent.id, S.STOPPING)
-    with f.repository.begin() as uow, pytest.raises(IllegalTransition):
+    with f.repository.begin() as uow, pytest.raises(IllegalTransition) as illegal:
         uow.aggregate_step_partitions(f.parent.id, stopping.version, f.clock.advance())
+    assert (illegal.value.from_status, illegal.value.to_status) == ("STOPPING", "COMPLETED")
+    assert stored_step(f.repository, f.parent.id) == stopping
 
 
 def test_f27_counter_sum_overflow(f: Fixture, admin: psycopg.Connection[Any]) -> None:
@@ -547,6 +636,7 @@ def test_f27_counter_sum_overflow(f: Fixture, admin: psycopg.Connection[Any]) ->
         complete(f.repository, assigned, worker.id)
     with f.repository.begin() as uow, pytest.raises(CountExhausted):
         uow.aggregate_step_partitions(f.parent.id, f.parent.version, f.clock.advance())
+    assert stored_step(f.repository, f.parent.id) == f.parent
 
 
 def test_f34_lost_commit_acknowledgement_then_safe_retry(
@@ -610,6 +700,7 @@ def test_f28_f31_restart_carries_completed_partitions_only(f: Fixture) -> None:
         assert fresh.counts.is_zero and fresh.exit_status == ExitCode.UNKNOWN
     assert [p.ordinal for p in carried] == [1, 2, 3]
     assert [p.context for p in carried] == [p.context for p in parts]
+    assert stored_plan(f.repository, target.id) == carried
 
 
 def new_step_id(uow: Any, execution: JobExecution) -> int:
@@ -622,6 +713,7 @@ def test_f29_f30_f33_restart_plan_errors(f: Fixture, clock: ManualClock) -> None
     running_target = new_step(f.repository, clock, f.execution, "other")
     with f.repository.begin() as uow, pytest.raises(PartitionStateCorrupt):
         uow.restart_step_partition_plan(f.parent.id, running_target.id)  # job still STARTED
+    assert stored_plan(f.repository, running_target.id) == []
     fail_job(f.repository, clock, f.execution)
     second = launch(f.repository, clock, f.execution.job_instance_id)
     target = new_step(f.repository, clock, second, "load")
@@ -632,14 +724,20 @@ def test_f29_f30_f33_restart_plan_errors(f: Fixture, clock: ManualClock) -> None
             uow.restart_step_partition_plan(f.parent.id, renamed.id)
         with pytest.raises(PartitionStateCorrupt):  # missing source
             uow.restart_step_partition_plan(10**9, target.id)
+        uow.commit()
+    assert stored_plan(f.repository, renamed.id) == []
+    assert stored_plan(f.repository, target.id) == []
     empty_source = new_step(f.repository, clock, second, "load-empty")
     move(f.repository, clock, done.id, S.COMPLETED)
     with f.repository.begin() as uow:
         uow.restart_step_partition_plan(f.parent.id, target.id)
         uow.commit()
+    carried = stored_plan(f.repository, target.id)
     with f.repository.begin() as uow:
-        with pytest.raises(PartitionPlanExists):
+        with pytest.raises(PartitionPlanExists) as exists:
             uow.restart_step_partition_plan(f.parent.id, target.id)
+        assert exists.value.step_execution_id == target.id
+    assert stored_plan(f.repository, target.id) == carried
     assert empty_source.id > 0
     # A COMPLETED source job: no plan restart.
     completed_job = launch(f.repository, clock)
@@ -665,10 +763,17 @@ def test_f30_restart_onto_a_completed_target_or_from_an_empty_source(f: Fixture)
     move(f.repository, f.clock, completed_target.id, S.COMPLETED)
     target_2 = new_step(f.repository, f.clock, second, "load-2")
     with f.repository.begin() as uow:
-        with pytest.raises(PartitionParentNotActive):
+        with pytest.raises(PartitionParentNotActive) as inactive:
             uow.restart_step_partition_plan(f.parent.id, completed_target.id)
+        assert (inactive.value.step_execution_id, inactive.value.status) == (
+            completed_target.id,
+            "COMPLETED",
+        )
         with pytest.raises(PartitionStateCorrupt):
             uow.restart_step_partition_plan(no_plan.id, target_2.id)
+        uow.commit()
+    assert stored_plan(f.repository, completed_target.id) == []
+    assert stored_plan(f.repository, target_2.id) == []
 
 
 # --------------------------------------------------------------------------- corrupt rows

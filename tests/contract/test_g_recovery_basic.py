@@ -1,5 +1,5 @@
-"""Group G: recovery of orphaned or ambiguous executions (behaviour.md 4.9, 8.G, L6), and the
-flow-step starts recovery relies on (4.7: state copied across attempts, start limits, E5,
+"""Group G: recovery of orphaned or ambiguous executions (G1-G11, L6), and the
+flow-step starts recovery relies on (state copied across attempts, start limits: E5,
 E21, L5).
 """
 
@@ -264,7 +264,10 @@ def test_g6_stale_and_replayed_requests_are_stale_version(
     request = mark_failed(prior.version)
     recovered = recover(repository, prior.id, request).execution
     clock.advance()
-    for replay in (request, abandon(prior.version)):  # rule 10: a replay is stale
+    for replay in (
+        request,
+        abandon(prior.version),
+    ):  # a replayed recovery is stale, never re-applied
         with repository.begin() as uow, pytest.raises(StaleVersion) as stale:
             uow.recover_job_execution(prior.id, replay)
         assert (stale.value.expected, stale.value.actual) == (prior.version, prior.version + 1)
@@ -386,7 +389,7 @@ def run_node(
 
 
 def durable_columns(admin: psycopg.Connection[Any], step_id: int) -> dict[str, Any]:
-    """Every durable state column a restart must copy (rule 4)."""
+    """Every durable state column a restart copies to resume where the last attempt stopped."""
     with admin.cursor(row_factory=dict_row) as cur:
         row = cur.execute(
             """
@@ -441,10 +444,13 @@ def test_e21_flow_step_copies_the_newest_state_of_its_node_across_attempts(
         latest = uow.latest_flow_step(instance.id, NODE)
         assert latest is not None and latest.step_execution.id == copy_2.id
         assert latest.node_id == NODE
-        assert latest.context == ExecutionContext(SCHEMA, 1, {"file": "part-3"})  # rule 8
+        assert latest.context == ExecutionContext(
+            SCHEMA, 1, {"file": "part-3"}
+        )  # the newest attempt's context wins
         assert uow.latest_flow_step(instance.id, NodeId("never-ran")) is None
-        with pytest.raises(JobInstanceNotFound):
+        with pytest.raises(JobInstanceNotFound) as missing:
             uow.latest_flow_step(instance.id + 1000, NODE)
+        assert missing.value.id == instance.id + 1000
 
     # Attempt 2 moves on; attempt 3 copies attempt 2 (the newest), not attempt 1.
     with repository.begin() as uow:
@@ -505,7 +511,7 @@ def test_e3_restart_step_without_a_same_named_source_is_refused(
         with pytest.raises(RestartStateNotFound) as missing:
             uow.create_step_execution(second.id, StepName("report"))
         assert (missing.value.execution_id, missing.value.step_name) == (second.id, "report")
-        # Nothing was staged and the unit of work goes on (rule 21).
+        # Nothing was staged and the unit of work goes on (a typed refusal stages nothing).
         assert uow.step_executions(second.id) == []
         copy = uow.create_step_execution(second.id, StepName("load"))
         uow.commit()
@@ -564,7 +570,7 @@ def test_e5_start_limit_counts_every_attempt(
             NODE.value,
             2,
         )
-        # Nothing staged; other nodes still start in the same unit of work (rule 21).
+        # A typed refusal stages nothing; other nodes still start in the same unit of work.
         other = uow.create_flow_step_execution(third.id, StepName("report"), NodeId("report"))
         with pytest.raises(DuplicateStep):  # one step per logical id in an execution
             uow.create_flow_step_execution(third.id, StepName("report-2"), NodeId("report"))
@@ -674,3 +680,88 @@ def test_l5_a_waiting_start_sees_the_committed_start(
         first.commit()
         assert waiting.result(timeout=30) == "limit"
     assert _starts_of_node(admin, instance.id) == 1
+
+
+# --------------------------------------------------------------------------- E1, E5, E20
+
+
+def test_e1_a_new_step_starts_clean_at_the_clock_instant(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    clock.set(clock.now() + timedelta(microseconds=123457))
+    with repository.begin() as uow:
+        execution = uow.create_job_execution(
+            uow.select_or_create_job_instance(new_key()).instance.id
+        )
+        step = uow.create_step_execution(execution.id, StepName("extract"))
+        uow.commit()
+    with repository.begin() as uow:
+        stored_step = uow.get_step_execution(step.id)
+    assert stored_step == step
+    assert (step.status, step.version, step.job_execution_id) == (S.STARTING, 0, execution.id)
+    assert step.metadata.exit_status == ExitCode.UNKNOWN and step.metadata.failure is None
+    assert step.created_at == step.updated_at == clock.now()  # microsecond-exact
+    assert step.metadata.timestamps.started_at is None
+    assert step.metadata.timestamps.ended_at is None
+    assert step.metadata.counts.is_zero
+    assert step.checkpoint == Checkpoint.empty()
+
+
+def test_e5_completed_and_stopped_starts_count_against_the_limit(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    """Starts that ended COMPLETED or STOPPED in earlier attempts count like FAILED ones."""
+    with repository.begin() as uow:
+        instance = uow.select_or_create_job_instance(new_key()).instance
+        uow.commit()
+    limit = StartLimit(2)
+    for end in (S.COMPLETED, S.STOPPED):
+        execution = attempt(repository, clock, instance.id)
+        with repository.begin() as uow:
+            step = uow.create_flow_step_execution(execution.id, StepName("load"), NODE, limit)
+            step = uow.transition_step_execution(step.id, 0, to(S.STARTED, clock.advance()))
+            step = uow.transition_step_execution(step.id, step.version, to(end, clock.advance()))
+            uow.commit()
+        fail_attempt(repository, clock, execution)
+    third = attempt(repository, clock, instance.id)
+    with repository.begin() as uow:
+        with pytest.raises(StartLimitExceeded) as exceeded:
+            uow.create_flow_step_execution(third.id, StepName("load"), NODE, limit)
+        assert (exceeded.value.instance_id, exceeded.value.node_id, exceeded.value.limit) == (
+            instance.id,
+            NODE.value,
+            2,
+        )
+        uow.commit()
+    with repository.begin() as uow:
+        assert uow.step_executions(third.id) == []
+
+
+def test_e20_a_step_name_or_logical_id_is_used_once_per_execution(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    """A second step with the same name, or a flow step whose node id is an existing step's
+    logical id, is DuplicateStep; nothing is staged and the unit of work commits its earlier
+    work."""
+    with repository.begin() as uow:
+        execution = uow.create_job_execution(
+            uow.select_or_create_job_instance(new_key()).instance.id
+        )
+        extract = uow.create_step_execution(execution.id, StepName("extract"))
+        with pytest.raises(DuplicateStep) as same_name:
+            uow.create_step_execution(execution.id, StepName("extract"))
+        assert (same_name.value.job_execution_id, same_name.value.step_name) == (
+            execution.id,
+            "extract",
+        )
+        with pytest.raises(DuplicateStep) as same_node:
+            uow.create_flow_step_execution(execution.id, StepName("other"), NodeId("extract"))
+        assert (same_node.value.job_execution_id, same_node.value.node_id) == (
+            execution.id,
+            "extract",
+        )
+        assert uow.step_executions(execution.id) == [extract]
+        load = uow.create_step_execution(execution.id, StepName("load"))
+        uow.commit()
+    with repository.begin() as uow:
+        assert uow.step_executions(execution.id) == [extract, load]

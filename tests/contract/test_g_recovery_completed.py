@@ -1,5 +1,5 @@
 """Group G, completed: the recovery_decision read (G8), the decision's repr (G10), the recovery
-snapshot (G11), and domain errors through a repository call being RepositoryErrors (7.1).
+snapshot (G11), and domain errors through a repository call being RepositoryErrors.
 """
 
 from __future__ import annotations
@@ -19,13 +19,17 @@ from pybatch.errors import (
 )
 from pybatch.etl import Job
 from pybatch.values.lifecycle import LifecycleTransition
-from pybatch.values.names import StateSchemaId, StepName
+from pybatch.values.names import NodeId, StateSchemaId, StepName
 from pybatch.values.ownership import OwnerToken
 from pybatch.values.partitions import PartitionPlanEntry
 from pybatch.values.recovery import OwnerObservation, RecoveryMarkers
 from pybatch.values.state import ExecutionContext
+from tests.contract.test_e_flow_decisions import DEFINITION, new_key
+from tests.contract.test_e_flow_decisions import request as decision_request
 from tests.contract.test_g_recovery_basic import S, execution_in, mark_failed
 from tests.support.clock import ManualClock
+
+PARTITION_SCHEMA = StateSchemaId("tests.snapshot.partition.v1")
 
 
 def test_g8_recovery_decision_read(repository: JobRepository, clock: ManualClock) -> None:
@@ -111,3 +115,59 @@ def test_g11_recovery_snapshot(repository: JobRepository, clock: ManualClock, ad
     assert abs((row[0] - mine.server_time).total_seconds()) < 60
     with pytest.raises(JobExecutionNotFound):
         repository.recovery_snapshot(execution.id + 1000)
+
+
+def test_g10_a_recovery_request_never_shows_its_evidence_digest() -> None:
+    request = mark_failed(3)
+    text = repr(request)
+    assert request.evidence_digest.hex() not in text
+    assert repr(request.evidence_digest) not in text
+    assert 'evidence_digest="<redacted>"' in text
+
+
+def test_g11_completed_partitions_and_flow_decisions_are_snapshot_markers(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    """`completed_partition` appears once a partition under the execution's steps is
+    COMPLETED (not before), and `committed_flow_decision` once a decision is recorded."""
+    with repository.begin() as uow:
+        instance = uow.select_or_create_job_instance(new_key()).instance
+        execution = uow.create_job_execution_with_definition(instance.id, DEFINITION)
+        execution = uow.transition_job_execution(
+            execution.id, 0, LifecycleTransition.new(S.STARTED, clock.advance())
+        )
+        parent = uow.create_flow_step_execution(execution.id, StepName("load"), NodeId("load"))
+        parent = uow.transition_step_execution(
+            parent.id, 0, LifecycleTransition.new(S.STARTED, clock.advance())
+        )
+        worker = uow.create_flow_step_execution(execution.id, StepName("w1"), NodeId("w1"))
+        worker = uow.transition_step_execution(
+            worker.id, 0, LifecycleTransition.new(S.STARTED, clock.advance())
+        )
+        (partition,) = uow.create_step_partition_plan(
+            parent.id, [PartitionPlanEntry("a", ExecutionContext(PARTITION_SCHEMA, 1, {}))]
+        )
+        uow.commit()
+    markers = repository.recovery_snapshot(execution.id).markers
+    assert RecoveryMarkers.COMPLETED_PARTITION not in markers
+    assert RecoveryMarkers.COMMITTED_FLOW_DECISION not in markers
+    assert RecoveryMarkers.UNKNOWN_COMMIT not in markers
+    with repository.begin() as uow:
+        assigned = uow.assign_step_partition(partition.id, partition.version, worker.id)
+        uow.transition_step_execution(
+            worker.id, worker.version, LifecycleTransition.new(S.COMPLETED, clock.advance())
+        )
+        uow.complete_step_partition(assigned.id, assigned.version, worker.id)
+        uow.commit()
+    markers = repository.recovery_snapshot(execution.id).markers
+    assert RecoveryMarkers.COMPLETED_PARTITION in markers
+    assert RecoveryMarkers.COMMITTED_FLOW_DECISION not in markers
+    with repository.begin() as uow:
+        extract = uow.create_flow_step_execution(
+            execution.id, StepName("extract"), NodeId("extract")
+        )
+        uow.append_flow_decision(decision_request(execution, source_step=extract.id))
+        uow.commit()
+    markers = repository.recovery_snapshot(execution.id).markers
+    assert RecoveryMarkers.COMPLETED_PARTITION in markers
+    assert RecoveryMarkers.COMMITTED_FLOW_DECISION in markers

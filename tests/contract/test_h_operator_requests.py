@@ -1,7 +1,7 @@
-"""Group H, repository layer: operator request audit and idempotency (behaviour.md 4.10, 8.H, L4).
+"""Group H, repository layer: operator request audit and idempotency (H1, H2, H13, H15, L4).
 
 Only `find_operator_request` and `append_operator_request` are exercised here; the operator
-service's scenarios (the [S] ones) build on them. Rules 11 and 12 are checked on the way:
+service's scenarios build on them. Two rules are checked on the way:
 every code is storable, every rejection detail round-trips, and only the identity key's
 unique violation is ConcurrentModification.
 """
@@ -62,7 +62,7 @@ _V = TypeVar("_V")
 _operations = itertools.count(1)
 _runs = itertools.count(1)
 
-#: One rejection per code, each with the details its code carries (rule 12).
+#: One rejection per code, each with the details its code carries (details are stored losslessly).
 EVERY_REJECTION: dict[OperatorRejectionCode, OperatorRejection] = {
     Code.OPTIMISTIC_CONFLICT: OperatorRejection.optimistic_conflict(7),
     Code.INVALID_STATE: OperatorRejection.invalid_state(S.UNKNOWN),
@@ -356,7 +356,7 @@ def test_h2_a_duplicate_key_is_concurrent_modification_and_another_action_is_ano
         uow.append_operator_request(first)
 
 
-# --------------------------------------------------------------------------- rules 11 and 12, H15
+# ------------------------------------------------------------------------ every code storable, H15
 
 
 @pytest.mark.parametrize("code", list(Code), ids=lambda code: code.value)

@@ -1,4 +1,4 @@
-"""Group H, service layer: idempotent, audited operator requests (behaviour.md 4.10, 8.H [S]).
+"""Group H, service layer: idempotent, audited operator requests (H3-H16, service layer).
 
 What an operator relies on: a retried request with the same operation id replays instead
 of acting twice; the same id for another request is refused; every refusal is recorded
@@ -16,9 +16,10 @@ from pybatch import JobRepository, UnitOfWork
 from pybatch.errors import OperationIdConflict, OperationOutcomeUnknown
 from pybatch.etl import Job
 from pybatch.services.operator import UNKNOWN_EFFECT, OperatorService, operator_evidence
+from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
-from pybatch.values.names import ActorRef, OperationId
+from pybatch.values.names import ActorRef, DefinitionRevision, OperationId
 from pybatch.values.operator import OperatorAction, OperatorOutcomeClass, OperatorRejectionCode
 from pybatch.values.recovery import RecoveryRequest
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
@@ -40,6 +41,23 @@ def audit_rows(admin: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
         "SELECT action, operation_id, outcome_class, rejection_code FROM pybatch.operator_request"
         " ORDER BY id"
     ).fetchall()
+
+
+def execution_row(admin: psycopg.Connection[Any], execution_id: int) -> tuple[Any, ...]:
+    """The durable columns an operator request may change."""
+    row = admin.execute(
+        "SELECT status, version, updated_at, ended_at, failure_category, stop_requested_at,"
+        " stop_requested_by FROM pybatch.job_execution WHERE id = %s",
+        (execution_id,),
+    ).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def recovery_decisions(admin: psycopg.Connection[Any]) -> int:
+    row = admin.execute("SELECT count(*) FROM pybatch.recovery_decision").fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def execution_count(admin: psycopg.Connection[Any]) -> int:
@@ -93,8 +111,20 @@ def test_h4_the_same_operation_id_for_another_request_is_refused(
     assert (conflict.value.action, conflict.value.operation_id) == ("LAUNCH", "launch-1")
     with pytest.raises(OperationIdConflict):
         service.launch(OperationId("launch-1"), OPS, instance_key(repository, name="other"))
+    # The same key with another definition is another request too.
+    other_definition = DefinitionIdentity.from_manifest(
+        None, DefinitionRevision("r2"), {"format": 1, "steps": ["extract"]}
+    )
+    with pytest.raises(OperationIdConflict) as by_definition:
+        service.launch(
+            OperationId("launch-1"), OPS, instance_key(repository), definition=other_definition
+        )
+    assert (by_definition.value.action, by_definition.value.operation_id) == (
+        "LAUNCH",
+        "launch-1",
+    )
     assert execution_count(admin) == 1
-    assert len(audit_rows(admin)) == 1
+    assert audit_rows(admin) == [("LAUNCH", "launch-1", "APPLIED", None)]
 
 
 def test_h6_h7_restart_rejections_are_audited(
@@ -127,18 +157,28 @@ def test_h6_h7_restart_rejections_are_audited(
 
 
 def test_h7_restart_of_an_unknown_attempt_is_invalid_state(
-    repository: JobRepository, service: OperatorService, clock: ManualClock
+    repository: JobRepository,
+    service: OperatorService,
+    clock: ManualClock,
+    admin: psycopg.Connection[Any],
 ) -> None:
     launched = service.launch(OperationId("launch-1"), OPS, instance_key(repository))
     assert launched.execution is not None
     set_status(repository, clock, launched.execution.id, S.STARTED, S.UNKNOWN)
+    before = execution_row(admin, launched.execution.id)
     unknown = service.restart(OperationId("restart-1"), OPS, launched.execution.job_instance_id)
-    assert unknown.rejection is not None
+    assert unknown.outcome is Outcome.REJECTED and unknown.rejection is not None
     assert (unknown.rejection.code, unknown.rejection.status) == (Code.INVALID_STATE, S.UNKNOWN)
+    assert execution_count(admin) == 1  # no second attempt
+    assert execution_row(admin, launched.execution.id) == before
+    assert audit_rows(admin)[-1] == ("RESTART", "restart-1", "REJECTED", "INVALID_STATE")
 
 
 def test_h8_h14_stop_outcomes(
-    repository: JobRepository, service: OperatorService, clock: ManualClock
+    repository: JobRepository,
+    service: OperatorService,
+    clock: ManualClock,
+    admin: psycopg.Connection[Any],
 ) -> None:
     run = service.launch(OperationId("launch-1"), OPS, instance_key(repository)).execution
     assert run is not None
@@ -147,17 +187,23 @@ def test_h8_h14_stop_outcomes(
     assert applied.outcome is Outcome.APPLIED
     assert applied.execution is not None
     assert (applied.execution.status, applied.execution.version) == (S.STARTED, started.version)
-    set_status(repository, clock, run.id, S.STOPPING)
+    stopping = set_status(repository, clock, run.id, S.STOPPING)
+    before = execution_row(admin, run.id)
+    clock.advance()
     noop = service.stop(OperationId("stop-2"), OPS, run.id)
     assert noop.outcome is Outcome.APPLIED and noop.record.result_status is S.STOPPING
+    assert noop.execution is not None and noop.execution.version == stopping.version
+    assert execution_row(admin, run.id) == before  # no change at all
     set_status(repository, clock, run.id, S.STOPPED)
     finished = service.stop(OperationId("stop-3"), OPS, run.id)
     assert finished.outcome is Outcome.APPLIED and finished.record.result_status is S.STOPPED
     other = service.launch(OperationId("launch-2"), OPS, instance_key(repository, "x")).execution
     assert other is not None
     set_status(repository, clock, other.id, S.STARTED, S.UNKNOWN)
+    before_unknown = execution_row(admin, other.id)
     unknown = service.stop(OperationId("stop-4"), OPS, other.id)
     assert unknown.outcome is Outcome.REJECTED
+    assert execution_row(admin, other.id) == before_unknown
     with repository.begin() as uow:
         stored = uow.find_operator_request(OperatorAction.STOP, OperationId("stop-4"))
     assert stored is not None and stored.rejection is not None
@@ -165,6 +211,38 @@ def test_h8_h14_stop_outcomes(
     assert (stored.rejection.code, stored.rejection.status) == (Code.INVALID_STATE, S.UNKNOWN)
     missing = service.stop(OperationId("stop-5"), OPS, 987654)
     assert missing.rejection is not None and missing.rejection.code is Code.EXECUTION_NOT_FOUND
+
+
+def test_h14_a_launch_refused_as_already_active_is_read_back_with_its_details(
+    repository: JobRepository,
+    service: OperatorService,
+    clock: ManualClock,
+    admin: psycopg.Connection[Any],
+) -> None:
+    """A launch while the latest attempt is active is REJECTED EXECUTION_ALREADY_ACTIVE with
+    that attempt's id and status, audited, and read back with exactly those details."""
+    key = instance_key(repository)
+    run = service.launch(OperationId("launch-1"), OPS, key).execution
+    assert run is not None
+    started = set_status(repository, clock, run.id, S.STARTED)
+    refused = service.launch(OperationId("launch-2"), OPS, key)
+    assert refused.outcome is Outcome.REJECTED and refused.rejection is not None
+    assert (
+        refused.rejection.code,
+        refused.rejection.execution_id,
+        refused.rejection.status,
+    ) == (Code.EXECUTION_ALREADY_ACTIVE, run.id, S.STARTED)
+    with repository.begin() as uow:
+        stored = uow.find_operator_request(OperatorAction.LAUNCH, OperationId("launch-2"))
+    assert stored is not None and stored.rejection == refused.rejection
+    assert execution_count(admin) == 1
+    assert execution_row(admin, run.id)[:2] == ("STARTED", started.version)
+    assert audit_rows(admin)[-1] == (
+        "LAUNCH",
+        "launch-2",
+        "REJECTED",
+        "EXECUTION_ALREADY_ACTIVE",
+    )
 
 
 def test_h8_a_stop_of_a_completed_execution_is_applied_and_changes_nothing(
@@ -204,7 +282,10 @@ def test_h8_a_stop_of_a_completed_execution_is_applied_and_changes_nothing(
 
 
 def test_h11_stale_expected_version_records_the_current_one(
-    repository: JobRepository, service: OperatorService, clock: ManualClock
+    repository: JobRepository,
+    service: OperatorService,
+    clock: ManualClock,
+    admin: psycopg.Connection[Any],
 ) -> None:
     run = service.launch(OperationId("launch-1"), OPS, instance_key(repository)).execution
     assert run is not None
@@ -217,28 +298,44 @@ def test_h11_stale_expected_version_records_the_current_one(
     assert stored.rejection.code is Code.OPTIMISTIC_CONFLICT
     assert stored.rejection.current_version == started.version
     assert stored.observed_version == run.version
+    assert stale.rejection == stored.rejection
+    assert execution_row(admin, run.id)[:2] == ("STARTED", started.version)
+    assert execution_row(admin, run.id)[5:] == (None, None)  # no stop was recorded
 
 
 def test_h9_abandon(
-    repository: JobRepository, service: OperatorService, clock: ManualClock
+    repository: JobRepository,
+    service: OperatorService,
+    clock: ManualClock,
+    admin: psycopg.Connection[Any],
 ) -> None:
     unknown = service.launch(OperationId("l-1"), OPS, instance_key(repository, "u")).execution
     failed = service.launch(OperationId("l-2"), OPS, instance_key(repository, "f")).execution
     assert unknown is not None and failed is not None
     set_status(repository, clock, unknown.id, S.STARTED, S.UNKNOWN)
     set_status(repository, clock, failed.id, S.STARTED, S.FAILED)
+    before = execution_row(admin, unknown.id)
     refused = service.abandon(OperationId("a-1"), OPS, unknown.id)
-    assert refused.rejection is not None
+    assert refused.outcome is Outcome.REJECTED and refused.rejection is not None
     assert refused.rejection.code is Code.UNRESOLVED_RECOVERY_REQUIRED
+    assert execution_row(admin, unknown.id) == before  # still UNKNOWN, same version
     abandoned = service.abandon(OperationId("a-2"), OPS, failed.id)
     assert abandoned.outcome is Outcome.APPLIED
     assert abandoned.execution is not None and abandoned.execution.status is S.ABANDONED
+    assert execution_row(admin, failed.id)[0] == "ABANDONED"
+    assert audit_rows(admin)[-2:] == [
+        ("ABANDON", "a-1", "REJECTED", "UNRESOLVED_RECOVERY_REQUIRED"),
+        ("ABANDON", "a-2", "APPLIED", None),
+    ]
     again = service.abandon(OperationId("a-3"), OPS, failed.id)
     assert again.outcome is Outcome.APPLIED and again.record.result_status is S.ABANDONED
 
 
 def test_h10_unknown_commit_needs_unknown_effect(
-    repository: JobRepository, service: OperatorService, clock: ManualClock
+    repository: JobRepository,
+    service: OperatorService,
+    clock: ManualClock,
+    admin: psycopg.Connection[Any],
 ) -> None:
     run = service.launch(OperationId("l-1"), OPS, instance_key(repository)).execution
     assert run is not None
@@ -253,11 +350,14 @@ def test_h10_unknown_commit_needs_unknown_effect(
             FailureSummary(FailureCategory.UNKNOWN_COMMIT, FailureId(run.id)),
         )
 
+    before = execution_row(admin, run.id)
     refused = service.recover(
         OperationId("r-1"), OPS, run.id, request("OPERATOR"), unknown_commit=True
     )
-    assert refused.rejection is not None
+    assert refused.outcome is Outcome.REJECTED and refused.rejection is not None
     assert refused.rejection.code is Code.UNRESOLVED_RECOVERY_REQUIRED
+    assert execution_row(admin, run.id) == before  # still UNKNOWN
+    assert recovery_decisions(admin) == 0
     applied = service.recover(
         OperationId("r-2"), OPS, run.id, request(UNKNOWN_EFFECT), unknown_commit=True
     )
@@ -266,6 +366,7 @@ def test_h10_unknown_commit_needs_unknown_effect(
     with repository.begin() as uow:
         decision = uow.recovery_decision(run.id)
     assert decision is not None and decision.reason_code == UNKNOWN_EFFECT
+    assert recovery_decisions(admin) == 1
     assert "redacted" in repr(decision) and decision.evidence_digest.hex() not in repr(decision)
 
 
@@ -308,7 +409,21 @@ def test_h16_concurrent_requests_with_one_operation_id(
     outcomes = race(4, lambda index: service.launch(OperationId("launch-1"), OPS, k))
     assert all(outcome.ok for outcome in outcomes), [o.error for o in outcomes]
     classes = sorted(outcome.value.outcome.value for outcome in outcomes if outcome.value)
-    assert classes.count("APPLIED") == 1
-    assert set(classes) <= {"APPLIED", "REPLAYED", "REJECTED"}
+    assert classes == ["APPLIED", "REPLAYED", "REPLAYED", "REPLAYED"]
     assert execution_count(admin) == 1
     assert len(audit_rows(admin)) == 1
+
+
+@pytest.mark.race
+def test_h16_concurrent_different_requests_with_one_operation_id(
+    repository: JobRepository, service: OperatorService, admin: psycopg.Connection[Any]
+) -> None:
+    """Launches of different keys under one operation id: one is APPLIED, every other one is
+    OperationIdConflict; one audit row and one execution exist."""
+    keys = [instance_key(repository, day=f"2026-12-0{index + 1}") for index in range(4)]
+    outcomes = race(4, lambda index: service.launch(OperationId("launch-1"), OPS, keys[index]))
+    applied = [o.value for o in outcomes if o.ok and o.value is not None]
+    assert [a.outcome for a in applied] == [Outcome.APPLIED]
+    assert [type(o.error) for o in outcomes if not o.ok] == [OperationIdConflict] * 3
+    assert execution_count(admin) == 1
+    assert audit_rows(admin) == [("LAUNCH", "launch-1", "APPLIED", None)]

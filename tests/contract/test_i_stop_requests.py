@@ -1,4 +1,4 @@
-"""Group I: stop requests and control (behaviour.md 4.11, 4.12, 8.I), and stopping an ETL run.
+"""Group I: stop requests and control (I1-I11), and stopping an ETL run.
 
 What an operator relies on: `stop` is recorded durably, the run ends STOPPED at its next
 chunk boundary (or within one poll interval during a long chunk) with its last checkpoint
@@ -15,13 +15,20 @@ import psycopg
 import pytest
 
 from pybatch import JobRepository
-from pybatch.errors import JobExecutionNotFound, StaleVersion
+from pybatch.errors import (
+    ExecutionOwned,
+    ExecutionOwnershipNotAllowed,
+    JobExecutionNotFound,
+    StaleVersion,
+)
 from pybatch.etl import Job, StepRun
+from pybatch.explorer import JobExplorer
 from pybatch.services.operator import OperatorService
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import ActorRef, ExitCode, OperationId
 from pybatch.values.operator import OperatorOutcomeClass
 from pybatch.values.ownership import OwnerToken
+from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus
 from tests.contract.test_etl_api import DAY, business_ids, executions, loader, steps_of
 from tests.support.clock import ManualClock
@@ -57,40 +64,146 @@ def new_execution(repository: JobRepository, name: str = "stops") -> Any:
 # --------------------------------------------------------------------------- repository (I1-I9)
 
 
+def stored_execution(repository: JobRepository, execution_id: int) -> JobExecution:
+    with repository.begin() as uow:
+        execution = uow.get_job_execution(execution_id)
+    assert execution is not None
+    return execution
+
+
 def test_i1_i3_stop_request_is_recorded_without_a_transition(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    """I1: the request's time and actor are stored; status and version do not move, and the
+    explorer shows both. I3: a COMPLETED execution records a stop without error (the
+    repository does not guard on status)."""
+    execution = new_execution(repository)
+    at = clock.advance()
+    with repository.begin() as uow:
+        stopped = uow.request_execution_stop(execution.id, execution.version, OPERATOR, at)
+        uow.commit()
+    assert (stopped.status, stopped.version) == (S.STARTING, execution.version)
+    assert stop_columns(admin, execution.id) == (at, "cli:ops", "STARTING", execution.version)
+    shown = JobExplorer(repository).execution(execution.id)
+    assert shown is not None
+    assert (shown.stop_requested_at, shown.stop_requested_by) == (at, "cli:ops")
+    assert (shown.status, shown.version) == (S.STARTING, execution.version)
+    # A COMPLETED execution: recorded, still COMPLETED at the same version.
+    with repository.begin() as uow:
+        current = uow.get_job_execution(execution.id)
+        assert current is not None
+        started = uow.transition_job_execution(
+            current.id, current.version, LifecycleTransition.new(S.STARTED, clock.advance())
+        )
+        completed = uow.transition_job_execution(
+            started.id, started.version, LifecycleTransition.new(S.COMPLETED, clock.advance())
+        )
+        uow.commit()
+    later = clock.advance()
+    with repository.begin() as uow:
+        recorded = uow.request_execution_stop(
+            completed.id, completed.version, ActorRef("cli:other"), later
+        )
+        uow.commit()
+    assert (recorded.status, recorded.version) == (S.COMPLETED, completed.version)
+    assert stop_columns(admin, execution.id) == (
+        later,
+        "cli:other",
+        "COMPLETED",
+        completed.version,
+    )
+
+
+def test_i2_stale_version_and_unknown_id_change_nothing(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
     execution = new_execution(repository)
     with repository.begin() as uow:
-        stopped = uow.request_execution_stop(execution.id, execution.version, OPERATOR, clock.now())
-        uow.commit()
-    assert (stopped.status, stopped.version) == (S.STARTING, execution.version)
-    assert stop_columns(admin, execution.id) == (
-        clock.now(),
-        "cli:ops",
-        "STARTING",
-        execution.version,
-    )
-    # A repeat overwrites both columns; a finished execution is recorded too (no status guard).
-    later = clock.advance()
-    with repository.begin() as uow:
-        current = uow.get_job_execution(execution.id)
-        assert current is not None
-        failed = uow.transition_job_execution(
-            current.id, current.version, LifecycleTransition.new(S.STARTED, later)
+        with pytest.raises(StaleVersion) as stale:
+            uow.request_execution_stop(execution.id, execution.version + 1, OPERATOR, clock.now())
+        assert (stale.value.expected, stale.value.actual) == (
+            execution.version + 1,
+            execution.version,
         )
-        uow.request_execution_stop(failed.id, failed.version, ActorRef("cli:other"), later)
+        with pytest.raises(JobExecutionNotFound) as missing:
+            uow.request_execution_stop(987654, 0, OPERATOR, clock.now())
+        assert missing.value.id == 987654
         uow.commit()
-    assert stop_columns(admin, execution.id)[:2] == (later, "cli:other")
+    assert stop_columns(admin, execution.id) == (None, None, "STARTING", execution.version)
+    assert stored_execution(repository, execution.id) == execution
 
 
-def test_i2_stale_version_and_unknown_id(repository: JobRepository, clock: ManualClock) -> None:
+def test_i4_i5_i10_claim_execution_owner(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    """A claim succeeds on STARTING and again with the same token; another token is
+    ExecutionOwned; on STARTED it is ExecutionOwnershipNotAllowed{STARTED}, but a stale
+    version is reported first; an unknown execution is JobExecutionNotFound. No refusal
+    changes the recorded owner or the version."""
+    mine, theirs = OwnerToken.generate(), OwnerToken.generate()
     execution = new_execution(repository)
     with repository.begin() as uow:
-        with pytest.raises(StaleVersion):
-            uow.request_execution_stop(execution.id, execution.version + 1, OPERATOR, clock.now())
-        with pytest.raises(JobExecutionNotFound):
-            uow.request_execution_stop(987654, 0, OPERATOR, clock.now())
+        claimed = uow.claim_execution_owner(execution.id, execution.version, mine, clock.now())
+        again = uow.claim_execution_owner(execution.id, execution.version, mine, clock.now())
+        assert claimed.version == again.version == execution.version
+        with pytest.raises(ExecutionOwned) as owned:
+            uow.claim_execution_owner(execution.id, execution.version, theirs, clock.now())
+        assert owned.value.id == execution.id
+        uow.commit()
+    assert owner_of(admin, execution.id) == mine.value
+    with repository.begin() as uow:
+        started = uow.transition_job_execution(
+            execution.id, execution.version, LifecycleTransition.new(S.STARTED, clock.advance())
+        )
+        uow.commit()
+    with repository.begin() as uow:
+        with pytest.raises(ExecutionOwnershipNotAllowed) as not_allowed:
+            uow.claim_execution_owner(execution.id, started.version, theirs, clock.now())
+        assert (not_allowed.value.id, not_allowed.value.status) == (execution.id, "STARTED")
+        # A stale version on a STARTED execution: the version is checked before the status.
+        with pytest.raises(StaleVersion) as stale:
+            uow.claim_execution_owner(execution.id, execution.version, theirs, clock.now())
+        assert (stale.value.expected, stale.value.actual) == (execution.version, started.version)
+        with pytest.raises(JobExecutionNotFound) as missing:
+            uow.claim_execution_owner(987654, 0, theirs, clock.now())
+        assert missing.value.id == 987654
+        with pytest.raises(JobExecutionNotFound) as unobserved:
+            uow.observe_execution_control(987654, theirs, clock.now())
+        assert unobserved.value.id == 987654
+        uow.commit()
+    assert owner_of(admin, execution.id) == mine.value
+    assert stored_execution(repository, execution.id) == started
+
+
+def owner_of(admin: psycopg.Connection[Any], execution_id: int) -> bytes | None:
+    row = admin.execute(
+        "SELECT owner_token FROM pybatch.job_execution WHERE id = %s", (execution_id,)
+    ).fetchone()
+    assert row is not None
+    return None if row[0] is None else bytes(row[0])
+
+
+def test_i11_earlier_stop_or_claim_never_moves_updated_at_back(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    """A stop request or a claim stamped before the row's `updated_at` leaves `updated_at`
+    where it is; a repeated stop overwrites both its time and its actor."""
+    execution = new_execution(repository)
+    updated_at = execution.updated_at
+    earlier = updated_at - datetime.timedelta(seconds=30)
+    with repository.begin() as uow:
+        uow.claim_execution_owner(execution.id, execution.version, OwnerToken.generate(), earlier)
+        uow.request_execution_stop(execution.id, execution.version, OPERATOR, earlier)
+        uow.commit()
+    after = stored_execution(repository, execution.id)
+    assert after.updated_at == updated_at
+    assert stop_columns(admin, execution.id)[:2] == (earlier, "cli:ops")
+    even_earlier = earlier - datetime.timedelta(seconds=30)
+    with repository.begin() as uow:
+        uow.request_execution_stop(execution.id, execution.version, ActorRef("cli:b"), even_earlier)
+        uow.commit()
+    assert stop_columns(admin, execution.id)[:2] == (even_earlier, "cli:b")
+    assert stored_execution(repository, execution.id).updated_at == updated_at
 
 
 def test_i6_i9_observe_execution_control(repository: JobRepository, clock: ManualClock) -> None:
@@ -106,10 +219,12 @@ def test_i6_i9_observe_execution_control(repository: JobRepository, clock: Manua
         quiet = uow.observe_execution_control(execution.id, owner, clock.now())
         assert (quiet.owner_matches, quiet.stop_requested) == (True, False)  # I9: no stop
         assert quiet.execution.version == started.version
+        assert quiet.execution.status is S.STARTED
         uow.request_execution_stop(execution.id, started.version, OPERATOR, clock.now())
         other = uow.observe_execution_control(execution.id, stranger, clock.now())
         assert (other.owner_matches, other.stop_requested) == (False, True)  # I7
-        assert other.execution.status is S.STARTED
+        assert (other.execution.status, other.execution.version) == (S.STARTED, started.version)
+        assert uow.get_job_execution(execution.id) == other.execution  # no mutation
         observed = uow.observe_execution_control(execution.id, owner, clock.now())
         assert (observed.owner_matches, observed.stop_requested) == (True, True)  # I6
         assert observed.execution.status is S.STOPPING

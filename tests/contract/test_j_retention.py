@@ -1,4 +1,4 @@
-"""Group J: holds and the purge of whole instance histories (behaviour.md 4.13, 4.14, 8.J).
+"""Group J: holds and the purge of whole instance histories (scenarios J1-J19).
 
 What an operator relies on: a purge deletes finished histories whole, never a row that a
 retained row references, reports the rows actually deleted, leaves a tombstone so that a
@@ -34,7 +34,17 @@ from pybatch.services.operator import OperatorService
 from pybatch.services.retention import RetentionService
 from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
-from pybatch.values.names import ActorRef, JobName, NodeId, OperationId, ReasonCode, StepName
+from pybatch.values.names import (
+    ActorRef,
+    JobName,
+    NodeId,
+    OperationId,
+    ReasonCode,
+    StateSchemaId,
+    StepName,
+)
+from pybatch.values.parameters import JobInstanceKey, JobParameters
+from pybatch.values.partitions import PartitionPlanEntry
 from pybatch.values.retention import (
     PurgeBatchBound,
     PurgeCounts,
@@ -43,7 +53,11 @@ from pybatch.values.retention import (
     PurgeSurvey,
     TerminalStatusSet,
 )
+from pybatch.values.state import ExecutionContext
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+from tests.contract.test_e_flow_decisions import DEFINITION as FLOW_DEFINITION
+from tests.contract.test_e_flow_decisions import request as flow_decision_request
+from tests.contract.test_g_recovery_basic import mark_failed
 from tests.support.clock import ManualClock
 from tests.support.race import race
 
@@ -51,6 +65,7 @@ S = BatchStatus
 OPS = ActorRef("cli:ops")
 HOUR = datetime.timedelta(hours=1)
 LEGAL = ReasonCode("LEGAL_HOLD")
+STATE_SCHEMA = StateSchemaId("tests.retention.partition.v1")
 
 
 def history(
@@ -182,12 +197,14 @@ def test_a_terminal_status_set_built_directly_is_validated_like_of() -> None:
 def test_j1_j2_holds(repository: JobRepository, clock: ManualClock) -> None:
     instance_id = history(repository, clock, "a", S.COMPLETED)
     with repository.begin() as uow:
-        with pytest.raises(JobInstanceNotFound):
+        with pytest.raises(JobInstanceNotFound) as read_missing:
             uow.job_instance_hold(987654)
-        with pytest.raises(JobInstanceNotFound):
+        with pytest.raises(JobInstanceNotFound) as place_missing:
             uow.place_instance_hold(987654, OPS, LEGAL, clock.now())
-        with pytest.raises(JobInstanceNotFound):
+        with pytest.raises(JobInstanceNotFound) as release_missing:
             uow.release_instance_hold(987654)
+        for missing in (read_missing, place_missing, release_missing):
+            assert missing.value.id == 987654
         assert uow.job_instance_hold(instance_id) is None
         assert uow.release_instance_hold(instance_id) is None
         first = uow.place_instance_hold(instance_id, OPS, LEGAL, clock.now())
@@ -403,7 +420,10 @@ def test_j9_to_j13_stale_plans_delete_nothing(
 
 
 def test_j12_a_plan_applied_twice_is_stale_or_replayed(
-    repository: JobRepository, clock: ManualClock, retention: RetentionService
+    repository: JobRepository,
+    clock: ManualClock,
+    retention: RetentionService,
+    admin: psycopg.Connection[Any],
 ) -> None:
     history(repository, clock, "once", S.COMPLETED)
     clock.advance(2 * HOUR)
@@ -412,8 +432,10 @@ def test_j12_a_plan_applied_twice_is_stale_or_replayed(
     first = retention.apply(OperationId("p-1"), OPS, reason, plan)
     assert first.outcome == "APPLIED"
     assert retention.apply(OperationId("p-1"), OPS, reason, plan).outcome == "REPLAYED"
+    actions = rows(admin, "retention_action")
     with pytest.raises(RetentionPlanStale):
         retention.apply(OperationId("p-2"), OPS, reason, plan)
+    assert rows(admin, "retention_action") == actions  # the stale apply recorded nothing
 
 
 def test_j16_the_plan_digest(repository: JobRepository, clock: ManualClock) -> None:
@@ -658,3 +680,72 @@ def test_race_two_purges_at_once(
     assert rows(admin, "job_execution") == 0
     assert rows(admin, "retention_action") == 1
     assert verify_audit_chain(repository).intact
+
+
+def test_j7_j8_survey_and_apply_count_every_dependent_kind_of_row(
+    repository: JobRepository,
+    clock: ManualClock,
+    retention: RetentionService,
+    admin: psycopg.Connection[Any],
+) -> None:
+    """A history with a flow decision, a partition and a recovery decision: the survey counts
+    each kind, and the apply deletes exactly those rows and reports the same counts."""
+    with repository.begin() as uow:
+        key = JobInstanceKey(JobName("flows"), JobParameters.of({"run": "rich"}))
+        instance = uow.select_or_create_job_instance(key).instance
+        execution = uow.create_job_execution_with_definition(instance.id, FLOW_DEFINITION)
+        execution = uow.transition_job_execution(
+            execution.id, 0, LifecycleTransition.new(S.STARTED, clock.advance())
+        )
+        steps = {}
+        for node in ("extract", "load", "worker"):
+            step = uow.create_flow_step_execution(execution.id, StepName(node), NodeId(node))
+            steps[node] = uow.transition_step_execution(
+                step.id, 0, LifecycleTransition.new(S.STARTED, clock.advance())
+            )
+        (partition,) = uow.create_step_partition_plan(
+            steps["load"].id, [PartitionPlanEntry("a", ExecutionContext(STATE_SCHEMA, 1, {}))]
+        )
+        uow.commit()
+    with repository.begin() as uow:
+        assigned = uow.assign_step_partition(partition.id, 0, steps["worker"].id)
+        worker = steps["worker"]
+        uow.transition_step_execution(
+            worker.id, worker.version, LifecycleTransition.new(S.COMPLETED, clock.advance())
+        )
+        uow.complete_step_partition(assigned.id, assigned.version, worker.id)
+        uow.aggregate_step_partitions(steps["load"].id, steps["load"].version, clock.advance())
+        extract = uow.transition_step_execution(
+            steps["extract"].id,
+            steps["extract"].version,
+            LifecycleTransition.new(S.COMPLETED, clock.advance()),
+        )
+        uow.append_flow_decision(flow_decision_request(execution, source_step=extract.id))
+        uow.commit()
+    with repository.begin() as uow:  # an orphaned run, recovered FAILED
+        current = uow.get_job_execution(execution.id)
+        assert current is not None
+        uow.recover_job_execution(execution.id, mark_failed(current.version))
+        uow.commit()
+    clock.advance(2 * HOUR)
+    plan = retention.plan(request(S.FAILED, name="flows"))
+    expected = PurgeCounts(
+        flow_decisions=1,
+        recovery_decisions=1,
+        operator_requests=0,
+        step_partitions=1,
+        step_executions=3,
+        job_executions=1,
+        job_instances=1,
+    )
+    assert plan.counts == expected
+    outcome = retention.apply(OperationId("purge-rich"), OPS, ReasonCode("RETENTION"), plan)
+    assert outcome.counts == expected
+    for table in (
+        "flow_decision",
+        "recovery_decision",
+        "step_partition",
+        "step_execution",
+        "job_execution",
+    ):
+        assert rows(admin, table) == 0, table

@@ -1,4 +1,4 @@
-"""Group K: the explorer read model (behaviour.md 2.22, 4.16, scenarios K1-K12)."""
+"""Group K: the explorer read model (scenarios K1-K12)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Group L: the unit of work and concurrency (behaviour.md 4.0, 5, 8.L).
+"""Group L: the unit of work and concurrency (scenarios L1-L15).
 
 L4 lives with the operator requests (test_h_operator_requests.py), L5 and L6 with flow steps
 and recovery (test_g_recovery_basic.py).

@@ -1,4 +1,4 @@
-"""Group M: capabilities and the repository descriptor (behaviour.md 2.21, 4.18, 8.M)."""
+"""Group M: capabilities and the repository descriptor (M1-M3)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pybatch.values.names import OperationId
 from pybatch.values.operator import OperatorAction
 from tests.support.clock import ManualClock
 
-#: Section 2.21, in declaration order.
+#: The capabilities' display names, in their stable declaration order.
 DISPLAY_NAMES = [
     "operator requests",
     "durable stop requests",

@@ -1,8 +1,8 @@
-"""Group N: fail closed on corrupt rows, lost commits and out-of-range ids (8.N).
+"""Group N: fail closed on corrupt rows, lost commits and out-of-range ids (group N).
 
 Corrupt rows are written behind pybatch's back through the `admin` connection after the
-CHECK constraint that would refuse them is dropped (behaviour.md 6.3: "the CHECK
-constraints make such rows unwritable; the decoders still refuse them"). Every read path
+CHECK constraint that would refuse them is dropped (the CHECK
+constraints make such rows unwritable, and the decoders still refuse them). Every read path
 of the corrupted row must raise Unavailable, never decode a default. Each case gets its own
 instance, so one database serves all cases of a table; a control case with no corruption
 proves that every path works on a healthy row.

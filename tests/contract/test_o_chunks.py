@@ -1,8 +1,8 @@
-"""Group O: chunk transactions, checkpoints and fault state (behaviour.md 4.15, 8.O), and N7.
+"""Group O: chunk transactions, checkpoints and fault state (O1-O7), and N7.
 
-Also the chunk-specific robustness rules: a lost COMMIT acknowledgement (schema.md 5),
+Also the chunk-specific robustness rules: a lost COMMIT acknowledgement,
 business statements that are cancelled or rejected, a failing state provider, and fault
-state tampered with behind pybatch's back (behaviour.md 6.3).
+state tampered with behind pybatch's back (refused, never decoded as a default).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ from tests.support.owners import TEST_OWNER, claim_test_owner
 S = BatchStatus
 SCHEMA = StateSchemaId("tests.orders.cursor.v1")
 POLICY = RetryPolicy(RetryLimit(3), RetryStateLimit(4))
-#: schema.md 3.6: SHA-256 of the canonical empty fault-state envelope.
+#: SHA-256 of the canonical empty fault-state envelope.
 EMPTY_FAULT_CHECKSUM = bytes.fromhex(
     "a491114819e0d3bd8b7ca004dc0636f95b45e2fcb1a67ddb5726beaea12f9922"
 )
@@ -289,7 +289,7 @@ def test_o1_state_provider_supplies_checkpoint_and_context(
 def test_o1_checkpoint_digest_survives_the_jsonb_round_trip(
     repository: JobRepository, clock: ManualClock
 ) -> None:
-    """Rule 24: keys jsonb reorders and floats it reprints still give the written digest."""
+    """Keys jsonb reorders and floats it reprints still give the written digest."""
     step = started_step(repository, clock)
     manager = ChunkTransactionManager(repository)
     awkward = cursor(7, big=1e16, small=1e-7, nested={"bb": 1, "a": [2.5, -0.0]}, text="é/\n")
@@ -885,7 +885,7 @@ def test_a_checkpoint_only_chunk_commits_in_one_round_trip(
 def test_connection_lost_before_commit_is_not_committed(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any], orders: None
 ) -> None:
-    """Schema.md 5.4: before COMMIT nothing is unknown; a dead connection there is NotCommitted."""
+    """Before COMMIT nothing is unknown; a dead connection there is NotCommitted."""
     step = started_step(repository, clock)
     pids: list[int] = []
 
@@ -987,7 +987,7 @@ def test_n7_fault_state_from_a_superseded_checkpoint_fails_closed(
     with pytest.raises(FaultStateCorrupt):
         fault_state.reserve(entry(2, 1))
     assert raw_step(admin, step.id)["version"] == version
-    # Reads of a bound store fail closed too (seed 000 validates on every load).
+    # Reads of a bound store fail closed too (the fault state is verified on every load).
     with pytest.raises(FaultStateCorrupt):
         fault_state.reserved_ordinal(entry(1, 1).key)
     with pytest.raises(FaultStateCorrupt):

@@ -1,4 +1,4 @@
-"""Ownership that survives a dropped connection (behaviour.md 4.12, docs/etl-guide.md "Liveness").
+"""Ownership that survives a dropped connection (docs/etl-guide.md "Liveness").
 
 What a script author relies on: while a run lives, nothing that happens to its idle
 connections lets a second launch take it over; after a crash a restart proceeds within
@@ -308,7 +308,7 @@ def test_a_launch_waits_no_longer_than_one_lease_after_a_crash(
     assert waited <= lease.total_seconds() + 1.0
 
 
-# --------------------------------------------------------------------------- claim (4.12)
+# --------------------------------------------------------------------------- claim
 
 
 def test_claim_execution_owner_check_order(

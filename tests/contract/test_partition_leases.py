@@ -1,4 +1,4 @@
-"""Partition workers own their partitions through leases (behaviour.md 4.12, issue 9 section 2).
+"""Partition workers own their partitions through leases.
 
 What a script author relies on: while a worker lives, nothing that happens to its idle
 connections lets another worker recover its partition; a worker killed mid-partition has

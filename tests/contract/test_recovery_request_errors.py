@@ -1,4 +1,4 @@
-"""RecoveryRequest refuses bad fields with the contract's RecoveryRequestError variants (7.2)."""
+"""RecoveryRequest refuses bad fields with the contract's RecoveryRequestError variants."""
 
 from __future__ import annotations
 

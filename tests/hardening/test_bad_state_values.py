@@ -97,7 +97,7 @@ def test_a_bad_checkpoint_or_context_is_refused_and_nothing_is_written(
 def test_written_processed_and_filtered_above_read_are_stored_as_given(
     repository: JobRepository, admin: psycopg.Connection[Any], orders: None
 ) -> None:
-    """The contract's counters are independent (behaviour.md 2.6): a chunk that expands one
+    """The contract's counters are independent: a chunk that expands one
     source row into several target rows writes more than it reads."""
 
     def work(step: StepRun) -> None:

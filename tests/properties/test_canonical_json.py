@@ -1,4 +1,4 @@
-"""Canonical JSON (schema.md 3.5): one byte form per document, typed refusals, nothing else."""
+"""Canonical JSON: one byte form per document, typed refusals, nothing else."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Explorer cursors (behaviour.md 2.22): no forged, altered or truncated cursor is accepted.
+"""Explorer cursors: no forged, altered or truncated cursor is accepted.
 
 A cursor that pybatch issued opens to exactly its key and ceiling for its own query and
 binding. Anything else, random bytes, random text, a cursor with one byte changed or cut

@@ -1,4 +1,4 @@
-"""Values round-trip through PostgreSQL byte-exactly (schema.md 3.5, rule 24).
+"""Values round-trip through PostgreSQL byte-exactly.
 
 Generated documents, checkpoints, contexts, names and parameters are written through
 pybatch's own statements (or bound as jsonb the way pybatch binds them), read back, and

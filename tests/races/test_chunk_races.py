@@ -1,4 +1,4 @@
-"""Chunk commits and retry reservations racing on one step (behaviour.md 5.2, O3, O4).
+"""Chunk commits and retry reservations racing on one step (O3, O4).
 
 Rows "Two chunk commits for one step" (CAS on version and STARTED: one chunk advances the
 checkpoint, the other is NotCommitted) and "Two retry reservations of the same ordinal"

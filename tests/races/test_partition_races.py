@@ -1,5 +1,5 @@
 """Partition races with real concurrent connections: each has exactly one winner and the
-others get typed errors (behaviour.md 4.8, 5.2)."""
+others get typed errors."""
 
 from __future__ import annotations
 

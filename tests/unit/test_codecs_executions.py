@@ -1,4 +1,4 @@
-"""Row codecs of instances, executions and steps: round trips and fail-closed decoding (6.3)."""
+"""Row codecs of instances, executions and steps: round trips and fail-closed decoding."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Canonical JSON, SHA-256 and the strict column primitives (A22; schema.md 3.5, 3.6)."""
+"""Canonical JSON, SHA-256 and the strict column primitives (A22)."""
 
 from __future__ import annotations
 

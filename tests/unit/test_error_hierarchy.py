@@ -1,11 +1,11 @@
-"""The error hierarchy, pinned to behaviour.md section 7 (the error catalogue).
+"""The error hierarchy, pinned row by row to the contract's error catalogue.
 
-`SECTION_7_1` and `SECTION_7_2` copy the contract's rows in its order, as `Name{fields}` (7.1)
-or `Family.Variant{fields}` (7.2; the contract's variant names are scoped by their family), each
-mapped to the pybatch families it must belong to. Read them next to section 7 line by line.
+`REPOSITORY_ROWS` and `FAMILY_ROWS` copy the catalogue's rows in its order, as `Name{fields}`
+(repository errors) or `Family.Variant{fields}` (the other families; variant names are scoped by
+their family), each mapped to the pybatch families it must belong to.
 Where pybatch differs on purpose, the difference is written down as data with its reason:
 `RENAMED` (another class name), `FIELD_RENAMES` (another field name), `NOT_DEFINED` (no class),
-`SECTION_7_2_FAMILIES` (a family pybatch folds or lacks). `PYBATCH_ONLY` lists the errors
+`CATALOGUE_FAMILIES` (a family pybatch folds or lacks). `PYBATCH_ONLY` lists the errors
 pybatch adds beyond the contract, with their families, so every class in pybatch.errors is
 accounted for and a new one cannot slip in without a family.
 """
@@ -33,7 +33,7 @@ Families = tuple[type[errors.PyBatchError], ...]
 
 REPOSITORY: Families = (errors.RepositoryError,)
 DOMAIN: Families = (errors.DomainError,)
-# The 7.1 row `Lifecycle(LifecycleError)`: every lifecycle leaf is also a RepositoryError.
+# The repository row `Lifecycle(LifecycleError)`: every lifecycle leaf is also a RepositoryError.
 LIFECYCLE: Families = (errors.LifecycleError, errors.RepositoryError)
 DEFINITION: Families = (errors.DefinitionError,)
 PLAN: Families = (errors.PlanError,)
@@ -50,11 +50,11 @@ OPERATOR: Families = (errors.OperatorError,)
 RETENTION: Families = (errors.RetentionError,)
 JOB_RUN: Families = (errors.JobRunError,)
 EXPLORER: Families = (errors.ExplorerError,)
-# The 7.2 row `ExplorerError.Cursor(CursorError)`: every cursor leaf is also an ExplorerError.
+# The explorer row `ExplorerError.Cursor(CursorError)`: every cursor leaf is also an ExplorerError.
 CURSOR: Families = (errors.CursorError, errors.ExplorerError)
 
-#: behaviour.md 7.1, row by row: every variant is a RepositoryError.
-SECTION_7_1: dict[str, Families] = {
+#: The repository errors, row by row: every variant is a RepositoryError.
+REPOSITORY_ROWS: dict[str, Families] = {
     "SchemaUninitialized": REPOSITORY,
     "MigrationRequired{current, supported}": REPOSITORY,
     "NewerSchema{current, supported}": REPOSITORY,
@@ -92,7 +92,7 @@ SECTION_7_1: dict[str, Families] = {
     "ExecutionOwned{id}": REPOSITORY,
     "ExecutionOwnershipNotAllowed{id, status}": REPOSITORY,
     "Domain(DomainError)": REPOSITORY,
-    # `Lifecycle(LifecycleError)`: see LIFECYCLE and the LifecycleError rows of 7.2.
+    # `Lifecycle(LifecycleError)`: see LIFECYCLE and the LifecycleError rows of FAMILY_ROWS.
     "RetentionPlanStale": REPOSITORY,
     "UnsupportedCapability{capability}": REPOSITORY,
     "ConcurrentModification": REPOSITORY,
@@ -102,14 +102,15 @@ SECTION_7_1: dict[str, Families] = {
     "IntegrityViolation{constraint}": REPOSITORY,
     "RetryableConflict{sqlstate}": REPOSITORY,
     "TransactionAborted": REPOSITORY,
-    # "Seed variants pybatch does not raise" (after the 7.1 table):
+    # "Seed variants pybatch does not raise" (after the repository table):
     "DuplicateIdentifier{kind, value}": REPOSITORY,
     "Identifier(IdGenerationError)": REPOSITORY,
 }
 
-#: behaviour.md 7.2, family by family, with the variants the referenced sections name
-#: (3.2 for LifecycleError, 2.1 and 2.15 for StateError, 2.1 for the token errors).
-SECTION_7_2: dict[str, Families] = {
+#: The other families, family by family, with the variants the contract names for them
+#: (the transition check order for LifecycleError, the text values and state envelopes for
+#: StateError, the text values for the token errors).
+FAMILY_ROWS: dict[str, Families] = {
     "DomainError.EmptyName": DOMAIN,
     "DomainError.NameTooLong": DOMAIN,
     "DomainError.NameHasSurroundingWhitespace": DOMAIN,
@@ -141,10 +142,10 @@ SECTION_7_2: dict[str, Families] = {
     "DefinitionError.DuplicateTargetStep": DEFINITION,
     "DefinitionError.EmptyStepMapping": DEFINITION,
     # Deviation: format 0 and formats above 3 are reported by registration as the contract's
-    # own repository mapping (2.12), UnsupportedManifestVersion; there is no value-level error.
+    # own repository mapping, UnsupportedManifestVersion; there is no value-level error.
     "ManifestError.MissingFormat": REPOSITORY,
     "ManifestError.UnsupportedFormat": REPOSITORY,
-    # Deviation: ManifestError is folded into DefinitionError (see SECTION_7_2_FAMILIES).
+    # Deviation: ManifestError is folded into DefinitionError (see CATALOGUE_FAMILIES).
     "ManifestError.ParseCanonicalFloatDigest": DEFINITION,
     "PlanError.ZeroStartLimit": PLAN,
     "StateError.TooLarge": STATE,
@@ -213,8 +214,8 @@ SECTION_7_2: dict[str, Families] = {
     "ExplorerError.Repository": EXPLORER,
 }
 
-#: The 7.2 families: contract family -> the pybatch family base, or None when pybatch has none.
-SECTION_7_2_FAMILIES: dict[str, type[errors.PyBatchError] | None] = {
+#: The catalogue's families: contract family -> pybatch family base, or None if pybatch has none.
+CATALOGUE_FAMILIES: dict[str, type[errors.PyBatchError] | None] = {
     "DomainError": errors.DomainError,
     "LifecycleError": errors.LifecycleError,
     "DefinitionError": errors.DefinitionError,
@@ -317,20 +318,20 @@ NOT_DEFINED: dict[str, str] = {
     ),
 }
 
-#: pybatch's errors beyond section 7: class name -> families.
+#: pybatch's errors beyond the catalogue: class name -> families.
 PYBATCH_ONLY: dict[str, Families] = {
-    "UnitOfWorkClosed": REPOSITORY,  # a closed unit of work is used again (4.0)
+    "UnitOfWorkClosed": REPOSITORY,  # a closed unit of work is used again
     "NegativeIdentifier": DOMAIN,  # Python ints are signed; the contract's ids are u64
-    "ParameterValueOutOfRange": DOMAIN,  # Python ints are unbounded; i64/u64 ranges (2.3)
-    "CounterOutOfRange": DOMAIN,  # counters are 0..2^63-1 (2.6)
-    "VersionOutOfRange": DOMAIN,  # versions are 0..2^63-1 (2.10)
-    "JsonNotEncodable": DOMAIN,  # canonical JSON (schema.md 3.5)
+    "ParameterValueOutOfRange": DOMAIN,  # Python ints are unbounded; i64/u64 ranges
+    "CounterOutOfRange": DOMAIN,  # counters are 0..2^63-1
+    "VersionOutOfRange": DOMAIN,  # versions are 0..2^63-1
+    "JsonNotEncodable": DOMAIN,  # canonical JSON
     "TextNotUtf8": DOMAIN,  # Python str can hold unpaired surrogates
-    "ZeroSchemaVersion": STATE,  # schema_version is u32 >= 1 (2.15)
+    "ZeroSchemaVersion": STATE,  # schema_version is u32 >= 1
     "StateEnvelopeInvalid": STATE,
     "EnvironmentValueInvalid": CONFIG,  # ConnectionConfig.from_env
     "CommandArgumentInvalid": CONFIG,  # a pybatch CLI argument out of range or not UTF-8
-    "MigrationChecksumMismatch": MIGRATION,  # the migrator (4.19)
+    "MigrationChecksumMismatch": MIGRATION,  # the migrator
     "MigrationHistoryInvalid": MIGRATION,
     "MigrationLockTimeout": MIGRATION,
     # Connection refusals that waiting cannot fix; still Unavailable to contract code.
@@ -340,10 +341,10 @@ PYBATCH_ONLY: dict[str, Families] = {
     "PermissionDenied": REPOSITORY,  # SQLSTATE 42501, deliberately not Unavailable
     "LockTimeout": BUSINESS,  # 55P03 in a business statement; the connection is kept
     "TextContainsNul": DOMAIN,  # PostgreSQL text and jsonb cannot store U+0000
-    "StateSchemaVersionNotStorable": DOMAIN,  # u32 versions in integer columns (schema.md 2)
-    "TimestampOutOfRange": DOMAIN,  # an aware instant beyond Python's UTC datetimes (2.7)
+    "StateSchemaVersionNotStorable": DOMAIN,  # u32 versions in integer columns
+    "TimestampOutOfRange": DOMAIN,  # an aware instant beyond Python's UTC datetimes
     "RecoveryFieldInvalid": RECOVERY_REQUEST,  # the base of the four recovery text rules
-    "RecoveryEvidenceDigestInvalid": RECOVERY_REQUEST,  # the digest is bytes[32] in the seed
+    "RecoveryEvidenceDigestInvalid": RECOVERY_REQUEST,  # the evidence digest is exactly 32 bytes
     "InvalidTlsMode": CONFIG,  # typed refusals instead of a TypeError echoing the value
     "CaCertificateNotBytes": CONFIG,
     "CaCertificateWithoutVerification": CONFIG,
@@ -357,7 +358,7 @@ PYBATCH_ONLY: dict[str, Families] = {
     "DsnFileInsecure": CONFIG,  # --dsn-file must be mode 0600 (CLI connection settings)
     "DsnFileUnreadable": CONFIG,
     "UnknownStatement": CONFIG,  # pybatch sql show|explain NAME
-    "ExecutionOwnershipLost": REPOSITORY,  # a stale owner whose execution was recovered (4.12)
+    "ExecutionOwnershipLost": REPOSITORY,  # a stale owner whose execution was recovered
     "PartitionOwnershipLost": REPOSITORY,  # a stale worker whose partition was recovered
     "StopRequested": CHUNK,  # the ETL API ends a step at a chunk boundary on a stop request
     # The clock-skew and stale-threshold bounds (100 ms..60 s, 1 min..24 h) as settings, and
@@ -375,7 +376,7 @@ SECOND_FAMILY: dict[str, Families] = {
 #: Every family base: a direct child of PyBatchError.
 FAMILY_BASES: Families = (
     errors.RepositoryError,
-    *(family for family in SECTION_7_2_FAMILIES.values() if family is not None),
+    *(family for family in CATALOGUE_FAMILIES.values() if family is not None),
     errors.MigrationError,
     errors.JobRunError,
 )
@@ -395,7 +396,7 @@ def _class_name(row: str) -> str:
     return RENAMED.get(row, row.rpartition(".")[2])
 
 
-CONTRACT_ROWS = {**SECTION_7_1, **SECTION_7_2}
+CONTRACT_ROWS = {**REPOSITORY_ROWS, **FAMILY_ROWS}
 DEFINED_ROWS = [key for key in CONTRACT_ROWS if _row(key)[0] not in NOT_DEFINED]
 ERROR_CLASSES = [getattr(errors, name) for name in errors.__all__]
 
@@ -430,8 +431,8 @@ def test_errors_pybatch_does_not_define_are_absent(row: str) -> None:
     assert not hasattr(errors, row)
 
 
-@pytest.mark.parametrize(("contract", "family"), SECTION_7_2_FAMILIES.items())
-def test_each_section_7_2_family_is_a_direct_child_of_the_root(
+@pytest.mark.parametrize(("contract", "family"), CATALOGUE_FAMILIES.items())
+def test_each_catalogue_family_is_a_direct_child_of_the_root(
     contract: str, family: type[errors.PyBatchError] | None
 ) -> None:
     if family is None:
@@ -446,7 +447,7 @@ def test_repository_and_migration_errors_are_families_of_their_own() -> None:
 
 
 def test_every_lifecycle_leaf_is_also_a_repository_error() -> None:
-    # behaviour.md 7.1 `Lifecycle(LifecycleError)`: `except RepositoryError` catches them.
+    # The repository row `Lifecycle(LifecycleError)`: `except RepositoryError` catches them.
     leaves = [cls for cls in ERROR_CLASSES if issubclass(cls, errors.LifecycleError)]
     assert len(leaves) > 1
     for cls in leaves:
@@ -488,7 +489,7 @@ def test_all_lists_exactly_the_exception_classes_defined_in_the_module() -> None
     assert list(errors.__all__) == sorted(set(errors.__all__))
 
 
-# ------------------------------------------------------------------------- redaction (6.1)
+# ------------------------------------------------------------------------- redaction
 
 SECRET = "s3cret-Kx9"
 
@@ -557,7 +558,7 @@ def test_name_control_error_reports_the_index_not_the_character() -> None:
     assert "2" in str(error)
 
 
-# Fields that would hold a value behaviour.md 6.1 redacts; no error may carry one.
+# Fields that would hold a secret or payload value; no error may carry one.
 REDACTED_FIELD_NAMES = {
     "canonical_manifest",
     "connection_string",

@@ -1,4 +1,4 @@
-"""Fault-state values: retry keys, bounds, envelope codec and reservations (behaviour.md 2.16)."""
+"""Fault-state values: retry keys, bounds, envelope codec and reservations."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def raw_entry(byte: int = 1, **overrides: Any) -> dict[str, Any]:
 
 
 def canonical(document: Any) -> bytes:
-    """Canonical JSON written independently of the module under test (schema.md 3.5)."""
+    """Canonical JSON written independently of the module under test (sorted, compact, no NaN)."""
     return json.dumps(
         document, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     ).encode("utf-8")
@@ -169,7 +169,7 @@ def test_empty_envelope_columns() -> None:
 
 
 def test_empty_envelope_read_back_from_jsonb_order_verifies() -> None:
-    # schema.md 3.6: jsonb returns {"entries": [], "checkpoint": "000…0"} (shorter key first).
+    # jsonb returns {"entries": [], "checkpoint": "000…0"} (shorter key first).
     stored = jsonb_order(encode_fault_state(FaultStateEnvelope.EMPTY)["fault_state_payload"])
     assert list(stored) == ["entries", "checkpoint"]
     decoded = decode_fault_state_columns(

@@ -1,4 +1,4 @@
-"""Definition identities and upgrade edges (A17, A20; behaviour.md 2.12)."""
+"""Definition identities and upgrade edges (A17, A20)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Identifiers, versions and counters (A8; behaviour.md 2.2, 2.6, 2.10)."""
+"""Identifiers, versions and counters (A8)."""
 
 from __future__ import annotations
 

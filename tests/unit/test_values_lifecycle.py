@@ -1,4 +1,4 @@
-"""Lifecycle table and checked transitions, without a database (behaviour.md 3; group B)."""
+"""Lifecycle table and checked transitions, without a database (group B)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Job parameters, instance keys and digests (A3-A7; behaviour.md 2.3; schema.md 3.7)."""
+"""Job parameters, instance keys and digests (A3-A7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Partition values (behaviour.md 2.14): the domain rules, without a database."""
+"""Partition values: the domain rules, without a database."""
 
 from __future__ import annotations
 

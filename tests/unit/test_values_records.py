@@ -1,4 +1,4 @@
-"""Records and the instance selection (behaviour.md 2.11)."""
+"""Records and the instance selection."""
 
 from __future__ import annotations
 

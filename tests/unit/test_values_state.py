@@ -1,4 +1,4 @@
-"""Checkpoint and ExecutionContext envelopes and their jsonb-stable digests (behaviour.md 2.15).
+"""Checkpoint and ExecutionContext envelopes and their jsonb-stable digests.
 
 Floats are accepted in payloads. The property tests pin the normalisation that makes
 `generation_digest()` equal before a write and after a jsonb read back: a float is written the

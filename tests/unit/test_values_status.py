@@ -1,4 +1,4 @@
-"""BatchStatus, FailureCategory, FailureSummary, counts and timestamps (behaviour.md 2.4-2.8)."""
+"""BatchStatus, FailureCategory, FailureSummary, counts and timestamps."""
 
 from __future__ import annotations
 
