@@ -161,22 +161,22 @@ def run_cycle(repository: JobRepository, run: int) -> tuple[int, int]:
     now = repository.clock.now
     began = time.perf_counter_ns()
     with repository.begin() as uow:
-        selection = uow.select_or_create_job_instance(key)
-        execution = uow.create_job_execution(selection.instance.id)
-        execution = uow.transition_job_execution(
+        selection = uow.instances.select_or_create(key)
+        execution = uow.executions.create(selection.instance.id)
+        execution = uow.executions.transition(
             execution.id, execution.version, LifecycleTransition.new(BatchStatus.STARTED, now())
         )
         uow.commit()
     launched = time.perf_counter_ns()
     with repository.begin() as uow:
-        step = uow.create_step_execution(execution.id, STEP)
-        step = uow.transition_step_execution(
+        step = uow.steps.create(execution.id, STEP)
+        step = uow.steps.transition(
             step.id, step.version, LifecycleTransition.new(BatchStatus.STARTED, now())
         )
-        uow.transition_step_execution(
+        uow.steps.transition(
             step.id, step.version, LifecycleTransition.new(BatchStatus.COMPLETED, now())
         )
-        uow.transition_job_execution(
+        uow.executions.transition(
             execution.id, execution.version, LifecycleTransition.new(BatchStatus.COMPLETED, now())
         )
         uow.commit()
@@ -372,17 +372,17 @@ def validate_history(dsn: str, history: int) -> None:
     """
     key = JobInstanceKey(JOB, JobParameters.of({"run": max(1, history // 2)}))
     with JobRepository.connect(config_for(dsn)) as repository, repository.begin() as uow:
-        selection = uow.select_or_create_job_instance(key)
+        selection = uow.instances.select_or_create(key)
         if selection.was_created:
             raise RuntimeError("a loaded instance_key differs from pybatch's digest")
-        executions = uow.job_executions(selection.instance.id)
-        steps = uow.step_executions(executions[0].id)
+        executions = uow.executions.of_instance(selection.instance.id)
+        steps = uow.steps.of_execution(executions[0].id)
         if [e.status for e in executions] != [BatchStatus.COMPLETED] or [
             s.status for s in steps
         ] != [BatchStatus.COMPLETED]:
             raise RuntimeError("a loaded instance does not read back as one COMPLETED attempt")
         try:
-            uow.create_job_execution(selection.instance.id)
+            uow.executions.create(selection.instance.id)
         except CompletedInstance:
             pass
         else:

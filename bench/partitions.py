@@ -230,13 +230,11 @@ def cost_per_partition(dsn: str, n: int, copy: bool) -> dict[str, float]:
         with Job(repository, "bench_cost", {"copy": copy}).launch() as run:
             # Publish the plan (untimed, uncounted), then count only the worker's loop.
             with repository.begin() as uow:
-                parent = uow.create_flow_step_execution(
-                    run.execution.id, StepName("load"), NodeId("load")
-                )
-                parent = uow.transition_step_execution(
+                parent = uow.flow.create_step(run.execution.id, StepName("load"), NodeId("load"))
+                parent = uow.steps.transition(
                     parent.id, 0, LifecycleTransition.new(BatchStatus.STARTED, uow.clock.now())
                 )
-                uow.create_step_partition_plan(
+                uow.partitions.create_plan(
                     parent.id,
                     [
                         PartitionPlanEntry(key, ExecutionContext(run_schema(), 1, ctx))
@@ -268,11 +266,11 @@ def _publish(repository: JobRepository, label: str, size: int) -> Any:
     """A STARTED parent with a committed plan of `size` partitions (untimed)."""
     run = Job(repository, "bench_claims", {"plan": label}).launch()
     with repository.begin() as uow:
-        parent = uow.create_flow_step_execution(run.execution.id, StepName("load"), NodeId("load"))
-        parent = uow.transition_step_execution(
+        parent = uow.flow.create_step(run.execution.id, StepName("load"), NodeId("load"))
+        parent = uow.steps.transition(
             parent.id, 0, LifecycleTransition.new(BatchStatus.STARTED, uow.clock.now())
         )
-        uow.create_step_partition_plan(
+        uow.partitions.create_plan(
             parent.id,
             [
                 PartitionPlanEntry(key, ExecutionContext(run_schema(), 1, ctx))

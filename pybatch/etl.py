@@ -426,11 +426,11 @@ class JobRun:
     def _verify_owner(self, uow: UnitOfWork) -> JobExecution:
         """This process still owns the execution (ExecutionOwnershipLost otherwise)."""
         if self.owner is None:
-            current = uow.get_job_execution(self.execution.id)
+            current = uow.executions.get(self.execution.id)
             if current is None:
                 raise JobExecutionNotFound(id=self.execution.id)
             return current
-        return uow.verify_execution_owner(self.execution.id, self.owner)
+        return uow.ownership.verify_owner(self.execution.id, self.owner)
 
     def _finish(self, status: BatchStatus) -> None:
         def end(uow: UnitOfWork) -> JobExecution:
@@ -438,8 +438,9 @@ class JobRun:
             # A stop observed meanwhile (STOPPING) can only end STOPPED.
             ended_as = BatchStatus.STOPPED if current.status is BatchStatus.STOPPING else status
             change = _ending(ended_as, max(uow.clock.now(), current.updated_at), current.id)
-            ended = uow.transition_job_execution(current.id, current.version, change)
-            return uow.enrich_job_exit_status(current.id, ended.version, _EXIT_CODES[ended_as])
+            ended = uow.executions.transition(current.id, current.version, change)
+            code = _EXIT_CODES[ended_as]
+            return uow.executions.enrich_exit_status(current.id, ended.version, code)
 
         self.execution = self.repository.run_in_unit_of_work(end)
 
@@ -489,12 +490,12 @@ class JobRun:
         def start(uow: UnitOfWork) -> tuple[bool, StepExecution]:
             """(True, the completed step) to skip, or (False, the new STARTED step)."""
             self._verify_owner(uow)
-            latest = uow.latest_flow_step(self.instance.id, node)
+            latest = uow.flow.latest_step(self.instance.id, node)
             if latest is not None and latest.step_execution.status is BatchStatus.COMPLETED:
                 return True, latest.step_execution
-            step = uow.create_flow_step_execution(self.execution.id, step_name, node, limit)
+            step = uow.flow.create_step(self.execution.id, step_name, node, limit)
             at = max(uow.clock.now(), step.created_at)
-            return False, uow.transition_step_execution(
+            return False, uow.steps.transition(
                 step.id, step.version, LifecycleTransition.new(BatchStatus.STARTED, at)
             )
 
@@ -520,16 +521,18 @@ class JobRun:
         )
 
     def _end_step(self, step_id: int, status: BatchStatus) -> StepExecution:
-        return _end(
-            self.repository,
-            step_id,
-            status,
-            get=UnitOfWork.get_step_execution,
-            transition=UnitOfWork.transition_step_execution,
-            enrich=UnitOfWork.enrich_step_exit_status,
-            not_found=lambda found_id: StepExecutionNotFound(id=found_id),
-            before=self._verify_owner,
-        )
+        """End a step of this run: transition it to `status`, then record its exit code."""
+
+        def end(uow: UnitOfWork) -> StepExecution:
+            self._verify_owner(uow)
+            current = uow.steps.get(step_id)
+            if current is None:
+                raise StepExecutionNotFound(id=step_id)
+            change = _ending(status, max(uow.clock.now(), current.updated_at), step_id)
+            ended = uow.steps.transition(step_id, current.version, change)
+            return uow.steps.enrich_exit_status(step_id, ended.version, _EXIT_CODES[status])
+
+        return self.repository.run_in_unit_of_work(end)
 
     def partitioned_step(
         self,
@@ -640,32 +643,6 @@ class JobRun:
 Record = TypeVar("Record", JobExecution, StepExecution)
 
 
-def _end(
-    repository: JobRepository,
-    record_id: int,
-    status: BatchStatus,
-    *,
-    get: Callable[[UnitOfWork, int], Record | None],
-    transition: Callable[[UnitOfWork, int, int, LifecycleTransition], Record],
-    enrich: Callable[[UnitOfWork, int, int, ExitCode], Record],
-    not_found: Callable[[int], PyBatchError],
-    before: Callable[[UnitOfWork], object] | None = None,
-) -> Record:
-    """End a run or a step: transition it to `status`, then record the matching exit code."""
-
-    def end(uow: UnitOfWork) -> Record:
-        if before is not None:
-            before(uow)
-        current = get(uow, record_id)
-        if current is None:
-            raise not_found(record_id)
-        change = _ending(status, max(uow.clock.now(), current.updated_at), record_id)
-        ended = transition(uow, record_id, current.version, change)
-        return enrich(uow, record_id, ended.version, _EXIT_CODES[status])
-
-    return repository.run_in_unit_of_work(end)
-
-
 def _ending(status: BatchStatus, at: datetime, failure_id: int) -> LifecycleTransition:
     """The transition ending a run or a step: COMPLETED, STOPPED, or FAILED by user code."""
     if status is BatchStatus.FAILED:
@@ -770,30 +747,30 @@ class Job:
     def _launch(
         self, uow: UnitOfWork, owner: OwnerToken, liveness: LivenessSession
     ) -> tuple[JobInstance, JobExecution]:
-        instance = uow.select_or_create_job_instance(self.key).instance
+        instance = uow.instances.select_or_create(self.key).instance
         try:
-            execution = uow.create_job_execution_with_definition(instance.id, self.definition)
+            execution = uow.executions.create(instance.id, self.definition)
         except ExecutionAlreadyActive as active:
             if not self.recover_orphans:
                 raise
-            orphan, lease = uow.lock_execution_ownership(active.execution_id)
+            orphan, lease = uow.ownership.lock(active.execution_id)
             if not self._is_orphaned(orphan, lease, liveness, active):
                 raise
-            uow.recover_orphaned_execution(orphan.id, audited=True)
+            uow.recovery.recover_orphaned(orphan.id, audited=True)
             logger.warning(
                 "pybatch: job execution %s had no live owner (%s); recorded FAILED (OWNER_LOST)",
                 orphan.id,
                 "lease expired" if lease.has_lease else "liveness lock free",
             )
-            execution = uow.create_job_execution_with_definition(instance.id, self.definition)
+            execution = uow.executions.create(instance.id, self.definition)
         # Fast evidence for the next launcher: the liveness lock, keyed by our owner token
         # (so nobody can hold it first) and taken before the execution becomes visible. The
         # lease (claimed below) is what decides; the lock only spares a launcher the wait
         # while this process is alive, and a lock held elsewhere never stops the launch.
         liveness.claim(execution.id, owner)
         at = max(uow.clock.now(), execution.created_at)
-        claimed = uow.claim_execution_owner(execution.id, execution.version, owner, at, self.lease)
-        started = uow.transition_job_execution(
+        claimed = uow.ownership.claim(execution.id, execution.version, owner, at, self.lease)
+        started = uow.executions.transition(
             claimed.id, claimed.version, LifecycleTransition.new(BatchStatus.STARTED, at)
         )
         return instance, started

@@ -16,7 +16,6 @@ from typing import TypeVar
 
 from pybatch._statements import Connection, Statements, load_statements
 from pybatch._transaction import ConnectionCheck, TransactionSource
-from pybatch.capability_defaults import built_capabilities
 from pybatch.clock import Clock, SystemClock, is_simulated, measured_skew
 from pybatch.codecs._primitives import DecodeError
 from pybatch.config import ConnectionConfig
@@ -31,7 +30,7 @@ from pybatch.errors import (
 from pybatch.migrator import supported_schema_version
 from pybatch.repository import recovery
 from pybatch.unit_of_work import UnitOfWork
-from pybatch.values.capabilities import RepositoryDescriptor
+from pybatch.values.capabilities import RepositoryCapability, RepositoryDescriptor
 from pybatch.values.ownership import OwnerToken
 from pybatch.values.recovery import RecoverySnapshot
 
@@ -214,11 +213,11 @@ class JobRepository:
     # ------------------------------------------------------------------ negotiation
 
     def descriptor(self) -> RepositoryDescriptor:
-        """The capabilities built (every operation implemented), with the schema version."""
+        """What this repository implements: every capability, at its schema version."""
         return RepositoryDescriptor(
             RepositoryDescriptor.CURRENT_VERSION,
             self.schema_version,
-            built_capabilities(UnitOfWork),
+            frozenset(RepositoryCapability),
         )
 
     def connection_capacity(self) -> int:

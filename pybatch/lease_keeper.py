@@ -163,9 +163,9 @@ class LeaseKeeper(_Keeper):
             self._stop_requested.set()
 
     def _renew(self, uow: UnitOfWork) -> bool:
-        stop = uow.renew_execution_lease(self.execution_id, self.owner, self.lease)
+        stop = uow.ownership.renew_lease(self.execution_id, self.owner, self.lease)
         if stop and not self.stop_requested:
-            uow.observe_execution_control(self.execution_id, self.owner, uow.clock.now())
+            uow.ownership.observe_control(self.execution_id, self.owner, uow.clock.now())
         return stop
 
     def _describe(self) -> str:
@@ -203,7 +203,7 @@ class PartitionLeaseKeeper(_Keeper):
         self.repository.run_in_unit_of_work(self._renew)
 
     def _renew(self, uow: UnitOfWork) -> None:
-        uow.renew_partition_worker_lease(self.partition_id, self.worker_id, self.owner, self.lease)
+        uow.partitions.renew_worker_lease(self.partition_id, self.worker_id, self.owner, self.lease)
 
     def _describe(self) -> str:
         return f"partition {self.partition_id} (worker step {self.worker_id})"

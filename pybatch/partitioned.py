@@ -171,7 +171,7 @@ class _Liveness:
         The partition is still STARTED by the same worker at the same version, and its lease
         ran out (a renewal since `is_lost` proves the worker alive).
         """
-        current = uow.lock_partition_worker_lease(partition.id)
+        current = uow.partitions.lock_worker_lease(partition.id)
         if (
             current is None
             or current.worker_step_execution_id != partition.worker_step_execution_id
@@ -203,7 +203,7 @@ def recover_lost_workers(repository: JobRepository, parent_id: int, liveness: _L
     Returns how many partitions were recovered.
     """
     with repository.begin() as uow:
-        started = uow.started_step_partitions(parent_id)
+        started = uow.partitions.started(parent_id)
     recovered = 0
     for partition in started:
         worker_id = partition.worker_step_execution_id
@@ -214,17 +214,17 @@ def recover_lost_workers(repository: JobRepository, parent_id: int, liveness: _L
             if not liveness.confirm_lost(uow, partition):
                 return False
             worker_id = partition.worker_step_execution_id
-            worker = uow.get_step_execution(worker_id)
+            worker = uow.steps.get(worker_id)
             if worker is None:  # the partition's foreign key keeps it; never reached
                 raise PartitionStateCorrupt()
             if worker.status.is_active:
                 at = max(uow.clock.now(), worker.updated_at)
-                uow.transition_step_execution(
+                uow.steps.transition(
                     worker_id,
                     worker.version,
                     LifecycleTransition.failed(at, _lost_failure(worker_id)),
                 )
-            uow.complete_step_partition(partition.id, partition.version, worker_id)
+            uow.partitions.complete(partition.id, partition.version, worker_id)
             return True
 
         try:
@@ -251,7 +251,7 @@ def _claim(
     """Claim the next partition for `owner` (a fresh token when None), its lease started."""
 
     def work(uow: UnitOfWork) -> tuple[StepPartition, StepExecution] | None:
-        claimed = uow.claim_step_partition(parent, owner, liveness.lease)
+        claimed = uow.partitions.claim(parent, owner, liveness.lease)
         if claimed is not None:
             liveness.hold(claimed[1].id)  # before COMMIT, for processes that predate leases
         return claimed
@@ -276,7 +276,7 @@ def _end_worker(
             transition = LifecycleTransition.failed(at, failure)
         else:
             transition = LifecycleTransition.new(status, at)
-        return uow.end_partition_worker(
+        return uow.partitions.end_worker(
             partition.id, partition.version, worker_id, transition, exit_code
         )
 
@@ -313,8 +313,8 @@ def work_on_plan(
             claimed = _claim(repository, parent, liveness, owner)
             if claimed is None:
                 with repository.begin() as uow:
-                    current = uow.get_step_execution(parent.id)
-                    still_open = uow.count_open_step_partitions(parent.id)
+                    current = uow.steps.get(parent.id)
+                    still_open = uow.partitions.count_open(parent.id)
                 if current is None or current.status is not BatchStatus.STARTED or not still_open:
                     return ran
                 if not recover_lost_workers(repository, parent.id, liveness):
@@ -416,16 +416,16 @@ def find_running_parent(
     (a worker that arrives late has nothing left to do); None while no plan is published.
     """
     with repository.begin() as uow:
-        instance = uow.find_job_instance(key)
+        instance = uow.instances.find(key)
         if instance is None:
             return None
-        executions = uow.job_executions(instance.id)
+        executions = uow.executions.of_instance(instance.id)
         if not executions:
             return None
         execution = executions[-1]
         if execution.status is BatchStatus.COMPLETED:
             return PLAN_FINISHED
-        for step in uow.step_executions(execution.id):
+        for step in uow.steps.of_execution(execution.id):
             if step.step_name != step_name:
                 continue
             if step.status is BatchStatus.COMPLETED:
@@ -433,7 +433,7 @@ def find_running_parent(
             if (
                 execution.status is BatchStatus.STARTED
                 and step.status is BatchStatus.STARTED
-                and uow.step_partition_plan(step.id)
+                and uow.partitions.plan(step.id)
             ):
                 return instance, execution, step
         return None
@@ -473,19 +473,19 @@ def start_partitioned_step(
     node = NodeId(name)
 
     def start(uow: UnitOfWork) -> tuple[bool, StepExecution]:
-        latest = uow.latest_flow_step(instance_id, node)
+        latest = uow.flow.latest_step(instance_id, node)
         if latest is not None and latest.step_execution.status is BatchStatus.COMPLETED:
             return True, latest.step_execution
-        parent = uow.create_flow_step_execution(execution_id, StepName(name), node, start_limit)
+        parent = uow.flow.create_step(execution_id, StepName(name), node, start_limit)
         at = max(uow.clock.now(), parent.created_at)
-        parent = uow.transition_step_execution(
+        parent = uow.steps.transition(
             parent.id, parent.version, LifecycleTransition.new(BatchStatus.STARTED, at)
         )
         source = latest.step_execution if latest is not None else None
-        if source is not None and uow.step_partition_plan(source.id):
-            uow.restart_step_partition_plan(source.id, parent.id)
+        if source is not None and uow.partitions.plan(source.id):
+            uow.partitions.restart_plan(source.id, parent.id)
         else:
-            uow.create_step_partition_plan(parent.id, entries)
+            uow.partitions.create_plan(parent.id, entries)
         return False, parent
 
     return repository.run_in_unit_of_work(start)
@@ -559,7 +559,7 @@ def supervise(
 
     def open_partitions() -> int:
         with repository.begin() as uow:
-            return uow.count_open_step_partitions(parent.id)
+            return uow.partitions.count_open(parent.id)
 
     liveness = _Liveness(repository, lease)
     try:
@@ -607,14 +607,14 @@ def aggregate_plan(
 
     def aggregate(uow: UnitOfWork) -> tuple[StepExecution, list[str]]:
         verify_owner(uow)
-        current = uow.get_step_execution(parent.id)
+        current = uow.steps.get(parent.id)
         if current is None:  # the parent of a published plan is never deleted mid-run
             raise PartitionStateCorrupt()
         at = max(uow.clock.now(), current.updated_at)
-        ended = uow.aggregate_step_partitions(parent.id, current.version, at)
+        ended = uow.partitions.aggregate(parent.id, current.version, at)
         unfinished = [
             p.key.value
-            for p in uow.step_partition_plan(parent.id)
+            for p in uow.partitions.plan(parent.id)
             if p.status is not BatchStatus.COMPLETED
         ]
         return ended, unfinished

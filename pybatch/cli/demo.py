@@ -485,13 +485,13 @@ def _report_restart(
 
 def _attempts(repository: JobRepository, key: JobInstanceKey) -> list[_Attempt]:
     with repository.begin() as uow:
-        instance = uow.find_job_instance(key)
+        instance = uow.instances.find(key)
         if instance is None:  # the demo's own launch created it
             raise Unavailable()
         found = []
-        for execution in uow.job_executions(instance.id):
-            steps = uow.step_executions(execution.id)
-            decision = uow.recovery_decision(execution.id)
+        for execution in uow.executions.of_instance(instance.id):
+            steps = uow.steps.of_execution(execution.id)
+            decision = uow.recovery.decision(execution.id)
             found.append(_Attempt(execution, steps[-1] if steps else None, decision))
     return found
 
@@ -503,9 +503,9 @@ def _wait_for_step(
     deadline = time.monotonic() + STEP_PATIENCE_S
     while process.poll() is None:
         with repository.begin() as uow:
-            instance = uow.find_job_instance(key)
-            executions = uow.job_executions(instance.id) if instance is not None else []
-            steps = uow.step_executions(executions[-1].id) if executions else []
+            instance = uow.instances.find(key)
+            executions = uow.executions.of_instance(instance.id) if instance is not None else []
+            steps = uow.steps.of_execution(executions[-1].id) if executions else []
         if steps:
             return ChunkContext(steps[-1].id, steps[-1].job_execution_id)
         if time.monotonic() > deadline:

@@ -161,7 +161,7 @@ def _stop(args: argparse.Namespace) -> int:
         interactive = sys.stderr.isatty()
         while True:
             with repository.begin() as uow:
-                execution = uow.get_job_execution(args.execution_id)
+                execution = uow.executions.get(args.execution_id)
             if execution is None:
                 raise JobExecutionNotFound(id=args.execution_id)
             if not execution.status.is_unresolved:
@@ -191,7 +191,7 @@ def _recover(args: argparse.Namespace) -> int:
     operation_id, actor = request_identity(args)
     with _connect(args) as repository:
         with repository.begin() as uow:
-            current = uow.get_job_execution(args.execution_id)
+            current = uow.executions.get(args.execution_id)
         if current is None:
             raise JobExecutionNotFound(id=args.execution_id)
         evidence = operator_evidence(current)

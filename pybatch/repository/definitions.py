@@ -17,11 +17,12 @@ from pybatch.errors import (
     Unavailable,
     UnsupportedManifestVersion,
 )
+from pybatch.repository._capability import Capability
 from pybatch.values.definitions import DefinitionIdentity, DefinitionUpgrade
 from pybatch.values.flow import check_flow_graph_bounds
 from pybatch.values.names import JobName, StepName
 
-__all__ = ["ensure_definition", "register_definition_upgrade"]
+__all__ = ["Definitions", "ensure_definition"]
 
 
 def ensure_definition(
@@ -92,39 +93,6 @@ def _definition_for_revision(
     return decode_int64(row["id"], column="id", minimum=1)
 
 
-def register_definition_upgrade(
-    q: Statements, conn: Connection, clock: Clock, job_name: JobName, upgrade: DefinitionUpgrade
-) -> None:
-    """Register a direct, non-transitive upgrade edge; idempotent for equal content.
-
-    Raises:
-        DefinitionJobMismatch, UnsupportedManifestVersion, DefinitionDrift: from `ensure`.
-        DefinitionUpgradeConflict: the edge exists with other content, or the key is taken.
-
-    Statements: definitions.sql insert_definition_upgrade_if_absent, find_definition_upgrade.
-    """
-    from_id = ensure_definition(q, conn, clock, job_name, upgrade.from_definition)
-    to_id = ensure_definition(q, conn, clock, job_name, upgrade.to_definition)
-    mapping = {source.value: target.value for source, target in upgrade.step_mapping.items()}
-    edge = {"from_definition_id": from_id, "to_definition_id": to_id}
-    inserted = q.insert_definition_upgrade_if_absent.one(
-        conn,
-        **edge,
-        upgrade_key=upgrade.key.value,
-        step_mapping=to_jsonb(mapping),
-        now=clock.now(),
-    )
-    if inserted is not None:
-        return
-    existing = q.find_definition_upgrade.one(conn, **edge)
-    if (
-        existing is None
-        or existing["upgrade_key"] != upgrade.key.value
-        or existing["step_mapping"] != mapping
-    ):
-        raise DefinitionUpgradeConflict(job_name=job_name.value)
-
-
 def upgrade_source_step_name(
     q: Statements, conn: Connection, job_execution_id: int, step_name: StepName
 ) -> str | None:
@@ -136,3 +104,47 @@ def upgrade_source_step_name(
         conn, job_execution_id=job_execution_id, step_name=step_name.value
     )
     return None if source is None else decode_text(source, column="source_step_name")
+
+
+class Definitions(Capability):
+    """The definitions operations of one unit of work."""
+
+    def register_upgrade(self, job_name: JobName, upgrade: DefinitionUpgrade) -> None:
+        """Register a direct, non-transitive upgrade edge; idempotent for equal content.
+
+        Raises:
+            DefinitionJobMismatch, UnsupportedManifestVersion, DefinitionDrift: from `ensure`.
+            DefinitionUpgradeConflict: the edge exists with other content, or the key is taken.
+
+        Statements: definitions.sql insert_definition_upgrade_if_absent, find_definition_upgrade.
+        """
+        conflict = {
+            "definition_upgrade_target_key_unique": lambda: DefinitionUpgradeConflict(
+                job_name=job_name.value
+            )
+        }
+        with self._uow.operation(overrides=conflict) as conn:
+            q = self._uow.statements
+            clock = self._uow.clock
+            from_id = ensure_definition(q, conn, clock, job_name, upgrade.from_definition)
+            to_id = ensure_definition(q, conn, clock, job_name, upgrade.to_definition)
+            mapping = {
+                source.value: target.value for source, target in upgrade.step_mapping.items()
+            }
+            edge = {"from_definition_id": from_id, "to_definition_id": to_id}
+            inserted = q.insert_definition_upgrade_if_absent.one(
+                conn,
+                **edge,
+                upgrade_key=upgrade.key.value,
+                step_mapping=to_jsonb(mapping),
+                now=clock.now(),
+            )
+            if inserted is not None:
+                return
+            existing = q.find_definition_upgrade.one(conn, **edge)
+            if (
+                existing is None
+                or existing["upgrade_key"] != upgrade.key.value
+                or existing["step_mapping"] != mapping
+            ):
+                raise DefinitionUpgradeConflict(job_name=job_name.value)

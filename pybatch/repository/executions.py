@@ -10,7 +10,6 @@ from __future__ import annotations
 from datetime import datetime
 
 from pybatch._statements import Connection, Statements
-from pybatch.clock import Clock
 from pybatch.codecs._jsonb import to_jsonb
 from pybatch.codecs._primitives import returned
 from pybatch.codecs.executions import decode_job_execution
@@ -25,6 +24,7 @@ from pybatch.errors import (
     JobInstanceNotFound,
 )
 from pybatch.repository import _lifecycle, instances, steps
+from pybatch.repository._capability import Capability
 from pybatch.repository._lifecycle import LifecycleRows
 from pybatch.repository.definitions import ensure_definition
 from pybatch.values.definitions import DefinitionIdentity
@@ -34,13 +34,7 @@ from pybatch.values.names import ExitCode
 from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus
 
-__all__ = [
-    "create_job_execution",
-    "enrich_job_exit_status",
-    "get_job_execution",
-    "job_executions",
-    "transition_job_execution",
-]
+__all__ = ["Executions", "get_job_execution", "transition_job_execution"]
 
 
 def _refuse_latest(
@@ -67,64 +61,6 @@ def _refuse_latest(
         raise ExecutionAlreadyActive(
             instance_id=instance_id, execution_id=latest.id, status=status.value
         )
-
-
-def create_job_execution(
-    q: Statements,
-    conn: Connection,
-    clock: Clock,
-    instance_id: int,
-    definition: DefinitionIdentity,
-) -> JobExecution:
-    """Launch the first attempt or restart a STOPPED/FAILED instance.
-
-    See docs/contract.md, Launch and restart.
-
-    Raises:
-        JobInstanceNotFound: no such instance.
-        CompletedInstance, AbandonedInstance: the latest attempt is terminal.
-        ExecutionAlreadyActive: the latest attempt is STARTING, STARTED, STOPPING or UNKNOWN.
-        DefinitionJobMismatch, UnsupportedManifestVersion, DefinitionDrift: definition checks,
-            run only after the status check.
-        IncompatibleDefinition: a restart changed the digest without a direct edge.
-
-    Statements: instances.sql lock_job_instance, update_job_instance_last_attempt;
-    executions.sql find_latest_job_execution, insert_job_execution; definitions.sql
-    find_definition_upgrade (and ensure's statements).
-    """
-    # Lock order - the instance row first: it serializes launches and restarts.
-    # Fail closed: a corrupt instance or latest attempt is decoded, and
-    # refused, before it decides anything or is copied into the new attempt.
-    locked = instances.lock_job_instance(q, conn, instance_id)
-    instance = locked.instance
-    latest_row = q.find_latest_job_execution.one(conn, job_instance_id=instance_id)
-    latest = None if latest_row is None else decode_job_execution(latest_row)
-    _refuse_latest(instance_id, latest, locked.final_status)
-    definition_id = ensure_definition(q, conn, clock, instance.job_name, definition)
-    upgrade_from: int | None = None
-    # Two definition rows of one job name never share a digest (job_definition_digest_unique),
-    # so another row means another digest: a direct edge must exist.
-    if latest is not None and latest.definition_id != definition_id:
-        edge = q.find_definition_upgrade.one(
-            conn, from_definition_id=latest.definition_id, to_definition_id=definition_id
-        )
-        if edge is None:
-            raise IncompatibleDefinition(instance_id=instance_id)
-        upgrade_from = int(latest.definition_id)
-    attempt = locked.last_attempt + 1
-    instances.record_job_instance_attempt(q, conn, instance_id, attempt)
-    now = clock.now()
-    row = q.insert_job_execution.one(
-        conn,
-        job_instance_id=instance_id,
-        definition_id=definition_id,
-        upgrade_from_definition_id=upgrade_from,
-        restart_of_execution_id=None if latest is None else latest.id,
-        attempt=attempt,
-        parameters=to_jsonb(encode_identifying_parameters(instance.key)),
-        now=now,
-    )
-    return decode_job_execution(returned(row))
 
 
 def _lock(q: Statements, conn: Connection, execution_id: int) -> JobExecution:
@@ -212,25 +148,6 @@ def transition_job_execution(
     return ended
 
 
-def enrich_job_exit_status(
-    q: Statements,
-    conn: Connection,
-    clock: Clock,
-    execution_id: int,
-    expected_version: int,
-    exit_status: ExitCode,
-) -> JobExecution:
-    """Replace the exit status in any status, bumping the version.
-
-    See docs/contract.md, Exit-status enrichment; Transitions and enrichment.
-
-    Statements: executions.sql lock_job_execution, update_job_execution_exit_code.
-    """
-    return _lifecycle.enrich_exit_status(
-        _ROWS, q, conn, clock.now(), execution_id, expected_version, exit_status
-    )
-
-
 def get_job_execution(q: Statements, conn: Connection, execution_id: int) -> JobExecution | None:
     """One job execution, or None (statements: executions.sql get_job_execution)."""
     check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
@@ -238,13 +155,102 @@ def get_job_execution(q: Statements, conn: Connection, execution_id: int) -> Job
     return None if row is None else decode_job_execution(row)
 
 
-def job_executions(q: Statements, conn: Connection, instance_id: int) -> list[JobExecution]:
-    """Every attempt of an instance in attempt order (docs/contract.md, Reads).
+class Executions(Capability):
+    """The executions operations of one unit of work."""
 
-    Statements: instances.sql get_job_instance; executions.sql list_job_executions.
-    """
-    check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
-    if q.get_job_instance.one(conn, job_instance_id=instance_id) is None:
-        raise JobInstanceNotFound(id=instance_id)
-    rows = q.list_job_executions.many(conn, job_instance_id=instance_id)
-    return [decode_job_execution(row) for row in rows]
+    def create(
+        self, instance_id: int, definition: DefinitionIdentity = DefinitionIdentity.LEGACY
+    ) -> JobExecution:
+        """Launch the first attempt or restart a STOPPED/FAILED instance.
+
+        See docs/contract.md, Launch and restart.
+
+        Raises:
+            JobInstanceNotFound: no such instance.
+            CompletedInstance, AbandonedInstance: the latest attempt is terminal.
+            ExecutionAlreadyActive: the latest attempt is STARTING, STARTED, STOPPING or UNKNOWN.
+            DefinitionJobMismatch, UnsupportedManifestVersion, DefinitionDrift: definition checks,
+                run only after the status check.
+            IncompatibleDefinition: a restart changed the digest without a direct edge.
+
+        Statements: instances.sql lock_job_instance, update_job_instance_last_attempt;
+        executions.sql find_latest_job_execution, insert_job_execution; definitions.sql
+        find_definition_upgrade (and ensure's statements).
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            clock = self._uow.clock
+            locked = instances.lock_job_instance(q, conn, instance_id)
+            instance = locked.instance
+            latest_row = q.find_latest_job_execution.one(conn, job_instance_id=instance_id)
+            latest = None if latest_row is None else decode_job_execution(latest_row)
+            _refuse_latest(instance_id, latest, locked.final_status)
+            definition_id = ensure_definition(q, conn, clock, instance.job_name, definition)
+            upgrade_from: int | None = None
+            # Two definition rows of one job name never share a digest
+            # (job_definition_digest_unique), so another row means another digest: a direct
+            # edge must exist.
+            if latest is not None and latest.definition_id != definition_id:
+                edge = q.find_definition_upgrade.one(
+                    conn, from_definition_id=latest.definition_id, to_definition_id=definition_id
+                )
+                if edge is None:
+                    raise IncompatibleDefinition(instance_id=instance_id)
+                upgrade_from = int(latest.definition_id)
+            attempt = locked.last_attempt + 1
+            instances.record_job_instance_attempt(q, conn, instance_id, attempt)
+            now = clock.now()
+            row = q.insert_job_execution.one(
+                conn,
+                job_instance_id=instance_id,
+                definition_id=definition_id,
+                upgrade_from_definition_id=upgrade_from,
+                restart_of_execution_id=None if latest is None else latest.id,
+                attempt=attempt,
+                parameters=to_jsonb(encode_identifying_parameters(instance.key)),
+                now=now,
+            )
+            return decode_job_execution(returned(row))
+
+    def transition(
+        self, execution_id: int, expected_version: int, transition: LifecycleTransition
+    ) -> JobExecution:
+        """Apply a lifecycle transition with a version compare-and-swap."""
+        with self._uow.operation() as conn:
+            return transition_job_execution(
+                self._uow.statements, conn, execution_id, expected_version, transition
+            )
+
+    def enrich_exit_status(
+        self, execution_id: int, expected_version: int, exit_status: ExitCode
+    ) -> JobExecution:
+        """Replace the exit status in any status, bumping the version.
+
+        See docs/contract.md, Exit-status enrichment; Transitions and enrichment.
+
+        Statements: executions.sql lock_job_execution, update_job_execution_exit_code.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            clock = self._uow.clock
+            return _lifecycle.enrich_exit_status(
+                _ROWS, q, conn, clock.now(), execution_id, expected_version, exit_status
+            )
+
+    def get(self, execution_id: int) -> JobExecution | None:
+        """One job execution, or None (docs/contract.md, Reads)."""
+        with self._uow.operation() as conn:
+            return get_job_execution(self._uow.statements, conn, execution_id)
+
+    def of_instance(self, instance_id: int) -> list[JobExecution]:
+        """Every attempt of an instance in attempt order (docs/contract.md, Reads).
+
+        Statements: instances.sql get_job_instance; executions.sql list_job_executions.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
+            if q.get_job_instance.one(conn, job_instance_id=instance_id) is None:
+                raise JobInstanceNotFound(id=instance_id)
+            rows = q.list_job_executions.many(conn, job_instance_id=instance_id)
+            return [decode_job_execution(row) for row in rows]

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import attrs
 
-from pybatch._statements import Connection, Statements
-from pybatch.clock import Clock
 from pybatch.codecs._primitives import (
     DecodeError,
     decode_digest,
@@ -28,7 +26,8 @@ from pybatch.errors import (
     JobInstanceNotFound,
     StartLimitExceeded,
 )
-from pybatch.repository import instances
+from pybatch.repository import instances, steps
+from pybatch.repository._capability import Capability
 from pybatch.repository.steps import insert_step_execution
 from pybatch.values.flow import (
     FlowDecision,
@@ -42,192 +41,203 @@ from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.names import NodeId, StepName
 from pybatch.values.records import StepExecution
 
-__all__ = [
-    "append_flow_decision",
-    "create_flow_step_execution",
-    "find_reusable_flow_decision",
-    "flow_decisions",
-    "latest_flow_step",
-]
+__all__ = ["Flow"]
 
 
-def create_flow_step_execution(
-    q: Statements,
-    conn: Connection,
-    clock: Clock,
-    job_execution_id: int,
-    step_name: StepName,
-    node_id: NodeId,
-    start_limit: StartLimit,
-) -> StepExecution:
-    """Start a node: check its start limit and copy the newest state of the node.
+class Flow(Capability):
+    """The flow operations of one unit of work."""
 
-    The instance row lock serializes concurrent starts across attempts and processes, so
-    the count and the insert cannot interleave with another start of the node.
+    def create_step(
+        self,
+        job_execution_id: int,
+        step_name: StepName,
+        node_id: NodeId,
+        start_limit: StartLimit | None = None,
+    ) -> StepExecution:
+        """Start a node: check its start limit and copy the newest state of the node.
 
-    Raises:
-        JobExecutionNotFound: no such job execution.
-        DuplicateStep: the name or node is taken in this execution.
-        StartLimitExceeded: the node already started `start_limit` times in the instance.
+        The instance row lock serializes concurrent starts across attempts and processes, so
+        the count and the insert cannot interleave with another start of the node.
 
-    Statements: executions.sql get_job_execution; instances.sql lock_job_instance; steps.sql
-    find_conflicting_step_execution, insert_step_execution(_from_source), get_step_execution;
-    flow.sql count_flow_node_starts, find_latest_flow_step_execution.
-    """
-    check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
-    row = q.get_job_execution.one(conn, job_execution_id=job_execution_id)
-    if row is None:
-        raise JobExecutionNotFound(id=job_execution_id)
-    # No step begins under a corrupt execution (docs/contract.md, Fail closed).
-    instance_id = decode_job_execution(row).job_instance_id
-    instances.lock_job_instance(q, conn, instance_id)
-    names = {"job_execution_id": job_execution_id, "step_name": step_name.value}
-    if q.find_conflicting_step_execution.one(conn, **names, node_id=node_id.value) is not None:
-        raise DuplicateStep(
-            job_execution_id=job_execution_id, step_name=step_name.value, node_id=node_id.value
-        )
-    node = {"job_instance_id": instance_id, "node_id": node_id.value}
-    starts = decode_int64(q.count_flow_node_starts.scalar(conn, **node), column="starts", minimum=0)
-    if starts >= start_limit.value:
-        raise StartLimitExceeded(
-            instance_id=instance_id, node_id=node_id.value, limit=start_limit.value
-        )
-    source_id = decode_optional_int64(
-        q.find_latest_flow_step_execution.scalar(conn, **node), column="id", minimum=1
-    )
-    step_id = insert_step_execution(
-        q, conn, job_execution_id, step_name, node_id.value, source_id, clock.now()
-    )
-    return decode_step_execution(
-        returned(q.get_step_execution.one(conn, step_execution_id=step_id))
-    )
+        Raises:
+            JobExecutionNotFound: no such job execution.
+            DuplicateStep: the name or node is taken in this execution.
+            StartLimitExceeded: the node already started `start_limit` times in the instance.
 
+        Statements: executions.sql get_job_execution; instances.sql lock_job_instance; steps.sql
+        find_conflicting_step_execution, insert_step_execution(_from_source), get_step_execution;
+        flow.sql count_flow_node_starts, find_latest_flow_step_execution.
+        """
+        duplicate = steps.duplicate_step_overrides(job_execution_id, step_name, node_id.value)
+        with self._uow.operation(overrides=duplicate) as conn:
+            q = self._uow.statements
+            clock = self._uow.clock
+            start_limit = start_limit or StartLimit.unrestricted()
+            check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
+            row = q.get_job_execution.one(conn, job_execution_id=job_execution_id)
+            if row is None:
+                raise JobExecutionNotFound(id=job_execution_id)
+            # No step begins under a corrupt execution (docs/contract.md, Fail closed).
+            instance_id = decode_job_execution(row).job_instance_id
+            instances.lock_job_instance(q, conn, instance_id)
+            names = {"job_execution_id": job_execution_id, "step_name": step_name.value}
+            if (
+                q.find_conflicting_step_execution.one(conn, **names, node_id=node_id.value)
+                is not None
+            ):
+                raise DuplicateStep(
+                    job_execution_id=job_execution_id,
+                    step_name=step_name.value,
+                    node_id=node_id.value,
+                )
+            node = {"job_instance_id": instance_id, "node_id": node_id.value}
+            starts = decode_int64(
+                q.count_flow_node_starts.scalar(conn, **node), column="starts", minimum=0
+            )
+            if starts >= start_limit.value:
+                raise StartLimitExceeded(
+                    instance_id=instance_id, node_id=node_id.value, limit=start_limit.value
+                )
+            source_id = decode_optional_int64(
+                q.find_latest_flow_step_execution.scalar(conn, **node), column="id", minimum=1
+            )
+            step_id = insert_step_execution(
+                q, conn, job_execution_id, step_name, node_id.value, source_id, clock.now()
+            )
+            return decode_step_execution(
+                returned(q.get_step_execution.one(conn, step_execution_id=step_id))
+            )
 
-def latest_flow_step(
-    q: Statements, conn: Connection, instance_id: int, node_id: NodeId
-) -> FlowStepState | None:
-    """The newest step of a node in an instance with its stored context, or None.
+    def latest_step(self, instance_id: int, node_id: NodeId) -> FlowStepState | None:
+        """The newest step of a node in an instance with its stored context, or None.
 
-    Statements: instances.sql get_job_instance; flow.sql find_latest_flow_step_execution;
-    steps.sql get_step_execution.
-    """
-    check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
-    if q.get_job_instance.one(conn, job_instance_id=instance_id) is None:
-        raise JobInstanceNotFound(id=instance_id)
-    step_id = q.find_latest_flow_step_execution.scalar(
-        conn, job_instance_id=instance_id, node_id=node_id.value
-    )
-    if step_id is None:
-        return None
-    step = decode_step_execution(
-        returned(q.get_step_execution.one(conn, step_execution_id=step_id))
-    )
-    return FlowStepState(node_id, step, step.context)
+        Statements: instances.sql get_job_instance; flow.sql find_latest_flow_step_execution;
+        steps.sql get_step_execution.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
+            if q.get_job_instance.one(conn, job_instance_id=instance_id) is None:
+                raise JobInstanceNotFound(id=instance_id)
+            step_id = q.find_latest_flow_step_execution.scalar(
+                conn, job_instance_id=instance_id, node_id=node_id.value
+            )
+            if step_id is None:
+                return None
+            step = decode_step_execution(
+                returned(q.get_step_execution.one(conn, step_execution_id=step_id))
+            )
+            return FlowStepState(node_id, step, step.context)
 
+    def append_decision(self, request: FlowDecisionRequest) -> FlowDecision:
+        """Append a decision checked against the execution's manifest.
 
-def append_flow_decision(
-    q: Statements, conn: Connection, request: FlowDecisionRequest
-) -> FlowDecision:
-    """Append a decision checked against the execution's manifest.
+        See docs/contract.md, Flow steps and decisions.
 
-    See docs/contract.md, Flow steps and decisions.
+        Raises:
+            JobExecutionNotFound: no such job execution.
+            FlowStateCorrupt: the fingerprint is not the execution's manifest digest, the manifest
+                does not lead from the source node to the target on this outcome, the source step
+                or the reused decision does not fit.
+            ConcurrentModification: the sequence is not the next one, or the node already decided
+                in this execution (flow_decision_sequence_unique and _source_unique settle races).
 
-    Raises:
-        JobExecutionNotFound: no such job execution.
-        FlowStateCorrupt: the fingerprint is not the execution's manifest digest, the manifest
-            does not lead from the source node to the target on this outcome, the source step
-            or the reused decision does not fit.
-        ConcurrentModification: the sequence is not the next one, or the node already decided
-            in this execution (flow_decision_sequence_unique and _source_unique settle races).
+        Statements: flow.sql get_job_execution_flow_plan, flow_source_step_matches,
+        flow_reused_decision_matches, insert_flow_decision.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            execution_id = request.job_execution_id
+            plan = q.get_job_execution_flow_plan.one(conn, job_execution_id=execution_id)
+            if plan is None:
+                raise JobExecutionNotFound(id=execution_id)
+            try:
+                digest = decode_digest(plan["manifest_digest"], column="manifest_digest")
+                manifest = decode_json_object(plan["manifest"], column="manifest")
+            except DecodeError:
+                raise FlowStateCorrupt() from None
+            if digest != request.plan_fingerprint or not decision_matches_manifest(
+                manifest, request
+            ):
+                raise FlowStateCorrupt()
+            node = request.source_node_id.value
+            if request.source_step_execution_id is not None:
+                source_matches = q.flow_source_step_matches.scalar(
+                    conn,
+                    job_execution_id=execution_id,
+                    source_step_execution_id=request.source_step_execution_id,
+                    node_id=node,
+                )
+                if source_matches is not True:
+                    raise FlowStateCorrupt()
+            elif request.kind not in (
+                FlowTransitionKind.DECIDER,
+                FlowTransitionKind.SPLIT_AGGREGATE,
+            ):
+                raise FlowStateCorrupt()
+            params = encode_flow_decision_request(request)
+            if request.reused_decision_id is not None:
+                reused_matches = q.flow_reused_decision_matches.scalar(
+                    conn,
+                    job_execution_id=execution_id,
+                    reused_decision_id=request.reused_decision_id,
+                    node_id=node,
+                    plan_fingerprint=request.plan_fingerprint,
+                    input_digest=request.input_digest,
+                    observed_outcome=request.observed_outcome.value,
+                    target_node_id=params["target_node_id"],
+                    terminal_kind=params["terminal_kind"],
+                )
+                if reused_matches is not True:
+                    raise FlowStateCorrupt()
+            row = q.insert_flow_decision.one(conn, **params)
+            if row is None:
+                raise ConcurrentModification()
+            decision_id = decode_int64(row["id"], column="id", minimum=1)
+            return FlowDecision(id=decision_id, **attrs.asdict(request, recurse=False))
 
-    Statements: flow.sql get_job_execution_flow_plan, flow_source_step_matches,
-    flow_reused_decision_matches, insert_flow_decision.
-    """
-    execution_id = request.job_execution_id
-    plan = q.get_job_execution_flow_plan.one(conn, job_execution_id=execution_id)
-    if plan is None:
-        raise JobExecutionNotFound(id=execution_id)
-    try:
-        digest = decode_digest(plan["manifest_digest"], column="manifest_digest")
-        manifest = decode_json_object(plan["manifest"], column="manifest")
-    except DecodeError:
-        raise FlowStateCorrupt() from None
-    if digest != request.plan_fingerprint or not decision_matches_manifest(manifest, request):
-        raise FlowStateCorrupt()
-    node = request.source_node_id.value
-    if request.source_step_execution_id is not None:
-        source_matches = q.flow_source_step_matches.scalar(
-            conn,
-            job_execution_id=execution_id,
-            source_step_execution_id=request.source_step_execution_id,
-            node_id=node,
-        )
-        if source_matches is not True:
-            raise FlowStateCorrupt()
-    elif request.kind not in (FlowTransitionKind.DECIDER, FlowTransitionKind.SPLIT_AGGREGATE):
-        raise FlowStateCorrupt()
-    params = encode_flow_decision_request(request)
-    if request.reused_decision_id is not None:
-        reused_matches = q.flow_reused_decision_matches.scalar(
-            conn,
-            job_execution_id=execution_id,
-            reused_decision_id=request.reused_decision_id,
-            node_id=node,
-            plan_fingerprint=request.plan_fingerprint,
-            input_digest=request.input_digest,
-            observed_outcome=request.observed_outcome.value,
-            target_node_id=params["target_node_id"],
-            terminal_kind=params["terminal_kind"],
-        )
-        if reused_matches is not True:
-            raise FlowStateCorrupt()
-    row = q.insert_flow_decision.one(conn, **params)
-    if row is None:
-        raise ConcurrentModification()
-    decision_id = decode_int64(row["id"], column="id", minimum=1)
-    return FlowDecision(id=decision_id, **attrs.asdict(request, recurse=False))
+    def find_reusable_decision(
+        self,
+        instance_id: int,
+        node_id: NodeId,
+        plan_fingerprint: bytes,
+        input_digest: bytes,
+        kind: FlowTransitionKind,
+    ) -> FlowDecision | None:
+        """The latest decision of `node_id` in the instance on the same plan and input, or None.
 
+        Raises:
+            JobInstanceNotFound: no such instance.
 
-def find_reusable_flow_decision(
-    q: Statements,
-    conn: Connection,
-    instance_id: int,
-    node_id: NodeId,
-    plan_fingerprint: bytes,
-    input_digest: bytes,
-    kind: FlowTransitionKind,
-) -> FlowDecision | None:
-    """The latest decision of `node_id` in the instance on the same plan and input, or None.
+        Statements: instances.sql get_job_instance; flow.sql find_reusable_flow_decision.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
+            if q.get_job_instance.one(conn, job_instance_id=instance_id) is None:
+                raise JobInstanceNotFound(id=instance_id)
+            row = q.find_reusable_flow_decision.one(
+                conn,
+                job_instance_id=instance_id,
+                node_id=node_id.value,
+                plan_fingerprint=bytes(plan_fingerprint),
+                input_digest=bytes(input_digest),
+                transition_kind=kind.value,
+            )
+            return None if row is None else decode_flow_decision(row)
 
-    Raises:
-        JobInstanceNotFound: no such instance.
+    def decisions(self, job_execution_id: int) -> list[FlowDecision]:
+        """The decisions of an execution in sequence order.
 
-    Statements: instances.sql get_job_instance; flow.sql find_reusable_flow_decision.
-    """
-    check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
-    if q.get_job_instance.one(conn, job_instance_id=instance_id) is None:
-        raise JobInstanceNotFound(id=instance_id)
-    row = q.find_reusable_flow_decision.one(
-        conn,
-        job_instance_id=instance_id,
-        node_id=node_id.value,
-        plan_fingerprint=bytes(plan_fingerprint),
-        input_digest=bytes(input_digest),
-        transition_kind=kind.value,
-    )
-    return None if row is None else decode_flow_decision(row)
+        Raises:
+            JobExecutionNotFound: no such job execution.
 
-
-def flow_decisions(q: Statements, conn: Connection, job_execution_id: int) -> list[FlowDecision]:
-    """The decisions of an execution in sequence order.
-
-    Raises:
-        JobExecutionNotFound: no such job execution.
-
-    Statements: executions.sql get_job_execution; flow.sql list_flow_decisions.
-    """
-    check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
-    if q.get_job_execution.one(conn, job_execution_id=job_execution_id) is None:
-        raise JobExecutionNotFound(id=job_execution_id)
-    rows = q.list_flow_decisions.many(conn, job_execution_id=job_execution_id)
-    return [decode_flow_decision(row) for row in rows]
+        Statements: executions.sql get_job_execution; flow.sql list_flow_decisions.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
+            if q.get_job_execution.one(conn, job_execution_id=job_execution_id) is None:
+                raise JobExecutionNotFound(id=job_execution_id)
+            rows = q.list_flow_decisions.many(conn, job_execution_id=job_execution_id)
+            return [decode_flow_decision(row) for row in rows]

@@ -11,15 +11,15 @@ from typing import Any
 
 import psycopg
 
-from pybatch._statements import Statements
 from pybatch.codecs._primitives import DecodeError, decode_aware, decode_int64
 from pybatch.errors import JobInstanceNotFound, RequestFieldError
+from pybatch.repository._capability import Capability
 from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.names import ActorRef, ReasonCode
 from pybatch.values.retention import RetentionHold
 from pybatch.values.timestamps import aware_utc
 
-__all__ = ["job_instance_hold", "place_instance_hold", "release_instance_hold"]
+__all__ = ["Holds"]
 
 Connection = psycopg.Connection[Any]
 
@@ -39,69 +39,73 @@ def _decode_hold(row: Any) -> RetentionHold | None:
         raise DecodeError("hold") from None
 
 
-def job_instance_hold(q: Statements, conn: Connection, instance_id: int) -> RetentionHold | None:
-    """The instance's hold, or None.
+class Holds(Capability):
+    """The holds operations of one unit of work."""
 
-    Raises:
-        JobInstanceNotFound: no such instance.
+    def get(self, instance_id: int) -> RetentionHold | None:
+        """The instance's hold, or None.
 
-    Statements: holds.sql read_instance_hold.
-    """
-    check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
-    row = q.read_instance_hold.one(conn, job_instance_id=instance_id)
-    if row is None:
-        raise JobInstanceNotFound(id=instance_id)
-    return _decode_hold(row)
+        Raises:
+            JobInstanceNotFound: no such instance.
 
+        Statements: holds.sql read_instance_hold.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
+            row = q.read_instance_hold.one(conn, job_instance_id=instance_id)
+            if row is None:
+                raise JobInstanceNotFound(id=instance_id)
+            return _decode_hold(row)
 
-def place_instance_hold(
-    q: Statements,
-    conn: Connection,
-    instance_id: int,
-    actor: ActorRef,
-    reason: ReasonCode,
-    placed_at: _dt.datetime,
-) -> RetentionHold:
-    """Place the hold, replacing any existing one.
+    def place(
+        self, instance_id: int, actor: ActorRef, reason: ReasonCode, placed_at: _dt.datetime
+    ) -> RetentionHold:
+        """Place the hold, replacing any existing one.
 
-    Raises:
-        JobInstanceNotFound: no such instance.
+        Raises:
+            JobInstanceNotFound: no such instance.
 
-    Statements: holds.sql lock_instance_hold, update_instance_hold.
-    """
-    check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
-    hold = RetentionHold(
-        job_instance_id=instance_id, actor=actor, reason=reason, placed_at=placed_at
-    )
-    if q.lock_instance_hold.one(conn, job_instance_id=instance_id) is None:
-        raise JobInstanceNotFound(id=instance_id)
-    q.update_instance_hold.affected(
-        conn,
-        job_instance_id=instance_id,
-        actor_ref=actor.value,
-        reason_code=reason.value,
-        placed_at=aware_utc(placed_at),
-    )
-    return hold
+        Statements: holds.sql lock_instance_hold, update_instance_hold.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
+            hold = RetentionHold(
+                job_instance_id=instance_id, actor=actor, reason=reason, placed_at=placed_at
+            )
+            if q.lock_instance_hold.one(conn, job_instance_id=instance_id) is None:
+                raise JobInstanceNotFound(id=instance_id)
+            q.update_instance_hold.affected(
+                conn,
+                job_instance_id=instance_id,
+                actor_ref=actor.value,
+                reason_code=reason.value,
+                placed_at=aware_utc(placed_at),
+            )
+            return hold
 
+    def release(self, instance_id: int) -> RetentionHold | None:
+        """Clear the hold; return the previous one (None if there was none).
 
-def release_instance_hold(
-    q: Statements, conn: Connection, instance_id: int
-) -> RetentionHold | None:
-    """Clear the hold; return the previous one (None if there was none).
+        Raises:
+            JobInstanceNotFound: no such instance.
 
-    Raises:
-        JobInstanceNotFound: no such instance.
-
-    Statements: holds.sql lock_instance_hold, update_instance_hold.
-    """
-    check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
-    row = q.lock_instance_hold.one(conn, job_instance_id=instance_id)
-    if row is None:
-        raise JobInstanceNotFound(id=instance_id)
-    previous = _decode_hold(row)
-    if previous is not None:
-        q.update_instance_hold.affected(
-            conn, job_instance_id=instance_id, actor_ref=None, reason_code=None, placed_at=None
-        )
-    return previous
+        Statements: holds.sql lock_instance_hold, update_instance_hold.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
+            row = q.lock_instance_hold.one(conn, job_instance_id=instance_id)
+            if row is None:
+                raise JobInstanceNotFound(id=instance_id)
+            previous = _decode_hold(row)
+            if previous is not None:
+                q.update_instance_hold.affected(
+                    conn,
+                    job_instance_id=instance_id,
+                    actor_ref=None,
+                    reason_code=None,
+                    placed_at=None,
+                )
+            return previous

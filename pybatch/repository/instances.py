@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from pybatch._statements import Connection, Statements
-from pybatch.clock import Clock
 from pybatch.codecs.instances import (
     decode_job_instance,
     decode_locked_job_instance,
     encode_job_instance_key,
 )
 from pybatch.errors import ConcurrentModification, JobInstanceNotFound
+from pybatch.repository._capability import Capability
 from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.parameters import JobInstanceKey
 from pybatch.values.records import (
@@ -20,51 +20,7 @@ from pybatch.values.records import (
     LockedJobInstance,
 )
 
-__all__ = [
-    "find_job_instance",
-    "get_job_instance",
-    "lock_job_instance",
-    "record_job_instance_attempt",
-    "select_or_create_job_instance",
-]
-
-
-def select_or_create_job_instance(
-    q: Statements, conn: Connection, clock: Clock, key: JobInstanceKey
-) -> JobInstanceSelection:
-    """Return the instance of `key`, creating it when absent (docs/contract.md, Job instances).
-
-    Race: concurrent creators of one key are settled by job_instance_identity_unique; the
-    loser's insert does nothing and its read-back, a new statement under READ COMMITTED,
-    sees the winner's committed row.
-
-    Statements: instances.sql insert_job_instance_if_absent, find_job_instance_by_key.
-    """
-    columns = encode_job_instance_key(key)
-    row = q.insert_job_instance_if_absent.one(conn, **columns, now=clock.now())
-    if row is not None:
-        return Created(instance=decode_job_instance(row))
-    row = q.find_job_instance_by_key.one(
-        conn, job_name=columns["job_name"], instance_key=columns["instance_key"]
-    )
-    if row is None:
-        raise ConcurrentModification()
-    return Existing(instance=decode_job_instance(row))
-
-
-def find_job_instance(q: Statements, conn: Connection, key: JobInstanceKey) -> JobInstance | None:
-    """The instance of `key`, or None (statements: instances.sql find_job_instance_by_key)."""
-    row = q.find_job_instance_by_key.one(
-        conn, job_name=key.job_name.value, instance_key=key.digest()
-    )
-    return None if row is None else decode_job_instance(row)
-
-
-def get_job_instance(q: Statements, conn: Connection, instance_id: int) -> JobInstance | None:
-    """The instance with this id, or None (statements: instances.sql get_job_instance)."""
-    check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
-    row = q.get_job_instance.one(conn, job_instance_id=instance_id)
-    return None if row is None else decode_job_instance(row)
+__all__ = ["Instances", "lock_job_instance", "record_job_instance_attempt"]
 
 
 def lock_job_instance(q: Statements, conn: Connection, instance_id: int) -> LockedJobInstance:
@@ -102,3 +58,47 @@ def record_job_instance_attempt(
         != 1
     ):
         raise ConcurrentModification()
+
+
+class Instances(Capability):
+    """The instances operations of one unit of work."""
+
+    def select_or_create(self, key: JobInstanceKey) -> JobInstanceSelection:
+        """Return the instance of `key`, creating it when absent (docs/contract.md, Job instances).
+
+        Race: concurrent creators of one key are settled by job_instance_identity_unique; the
+        loser's insert does nothing and its read-back, a new statement under READ COMMITTED,
+        sees the winner's committed row.
+
+        Statements: instances.sql insert_job_instance_if_absent, find_job_instance_by_key.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            clock = self._uow.clock
+            columns = encode_job_instance_key(key)
+            row = q.insert_job_instance_if_absent.one(conn, **columns, now=clock.now())
+            if row is not None:
+                return Created(instance=decode_job_instance(row))
+            row = q.find_job_instance_by_key.one(
+                conn, job_name=columns["job_name"], instance_key=columns["instance_key"]
+            )
+            if row is None:
+                raise ConcurrentModification()
+            return Existing(instance=decode_job_instance(row))
+
+    def find(self, key: JobInstanceKey) -> JobInstance | None:
+        """The instance of `key`, or None (statements: instances.sql find_job_instance_by_key)."""
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            row = q.find_job_instance_by_key.one(
+                conn, job_name=key.job_name.value, instance_key=key.digest()
+            )
+            return None if row is None else decode_job_instance(row)
+
+    def get(self, instance_id: int) -> JobInstance | None:
+        """The instance with this id, or None (statements: instances.sql get_job_instance)."""
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
+            row = q.get_job_instance.one(conn, job_instance_id=instance_id)
+            return None if row is None else decode_job_instance(row)

@@ -5,59 +5,61 @@ See docs/contract.md, Operator requests.
 
 from __future__ import annotations
 
-from pybatch._statements import Connection, Statements
 from pybatch.codecs._primitives import decode_int64, returned
 from pybatch.codecs.operator import decode_operator_record, encode_operator_record_draft
+from pybatch.repository._capability import Capability
 from pybatch.repository.audit_chain import link_audit_record, try_link_audit_record
 from pybatch.values.audit import AuditRecordKind
 from pybatch.values.ids import OperatorRequestId
 from pybatch.values.names import OperationId
 from pybatch.values.operator import OperatorAction, OperatorRecord, OperatorRecordDraft
 
-__all__ = ["append_operator_request", "find_operator_request"]
+__all__ = ["OperatorRequests"]
 
 
-def find_operator_request(
-    q: Statements, conn: Connection, action: OperatorAction, operation_id: OperationId
-) -> OperatorRecord | None:
-    """The recorded request of (action, operation id), or None: the service's replay probe.
+class OperatorRequests(Capability):
+    """The operator requests operations of one unit of work."""
 
-    The key is the pair; the same operation id under another action is another request.
+    def find(self, action: OperatorAction, operation_id: OperationId) -> OperatorRecord | None:
+        """The recorded request of (action, operation id), or None: the service's replay probe.
 
-    Statements: operator_requests.sql find_operator_request.
-    """
-    row = q.find_operator_request.one(conn, action=action.value, operation_id=operation_id.value)
-    return None if row is None else decode_operator_record(row)
+        The key is the pair; the same operation id under another action is another request.
 
+        Statements: operator_requests.sql find_operator_request.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            row = q.find_operator_request.one(
+                conn, action=action.value, operation_id=operation_id.value
+            )
+            return None if row is None else decode_operator_record(row)
 
-def append_operator_request(
-    q: Statements,
-    conn: Connection,
-    draft: OperatorRecordDraft,
-    *,
-    tolerate_chain_errors: bool = False,
-) -> OperatorRecord:
-    """Append the audit row of a request, in the unit of work of its effect.
+    def append(
+        self, draft: OperatorRecordDraft, *, tolerate_chain_errors: bool = False
+    ) -> OperatorRecord:
+        """Append the audit row of a request, in the unit of work of its effect.
 
-    Race: two appends of one (action, operation id) are settled by
-    operator_request_identity_unique; the loser waits for the winner's transaction and fails,
-    so the service re-probes instead of applying the effect twice.
+        Race: two appends of one (action, operation id) are settled by
+        operator_request_identity_unique; the loser waits for the winner's transaction and fails,
+        so the service re-probes instead of applying the effect twice.
 
-    With `tolerate_chain_errors` (the record of an automatic recovery), a damaged audit chain
-    that refuses the link leaves the request recorded but unlinked (try_link_audit_record).
+        With `tolerate_chain_errors` (the record of an automatic recovery), a damaged audit chain
+        that refuses the link leaves the request recorded but unlinked (try_link_audit_record).
 
-    Raises:
-        ConcurrentModification: the (action, operation id) is already recorded.
-        IntegrityViolation: any other constraint refused the row, or the audit chain
-            refused its link.
+        Raises:
+            ConcurrentModification: the (action, operation id) is already recorded.
+            IntegrityViolation: any other constraint refused the row, or the audit chain
+                refused its link.
 
-    Statements: operator_requests.sql insert_operator_request; audit_chain.sql
-    append_audit_link.
-    """
-    row = q.insert_operator_request.one(conn, **encode_operator_record_draft(draft))
-    request_id = decode_int64(returned(row)["id"], column="id", minimum=1)
-    if tolerate_chain_errors:
-        try_link_audit_record(q, conn, AuditRecordKind.OPERATOR_REQUEST, request_id)
-    else:
-        link_audit_record(q, conn, AuditRecordKind.OPERATOR_REQUEST, request_id)
-    return OperatorRecord.from_draft(OperatorRequestId(request_id), draft)
+        Statements: operator_requests.sql insert_operator_request; audit_chain.sql
+        append_audit_link.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            row = q.insert_operator_request.one(conn, **encode_operator_record_draft(draft))
+            request_id = decode_int64(returned(row)["id"], column="id", minimum=1)
+            if tolerate_chain_errors:
+                try_link_audit_record(q, conn, AuditRecordKind.OPERATOR_REQUEST, request_id)
+            else:
+                link_audit_record(q, conn, AuditRecordKind.OPERATOR_REQUEST, request_id)
+            return OperatorRecord.from_draft(OperatorRequestId(request_id), draft)

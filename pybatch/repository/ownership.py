@@ -26,6 +26,7 @@ from pybatch.errors import (
     JobExecutionNotFound,
     StaleVersion,
 )
+from pybatch.repository._capability import Capability
 from pybatch.repository._lifecycle import check_expected_version
 from pybatch.repository.executions import transition_job_execution
 from pybatch.values.ids import IdentifierKind, check_identifier
@@ -35,14 +36,7 @@ from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus
 from pybatch.values.timestamps import aware_utc
 
-__all__ = [
-    "claim_execution_owner",
-    "legacy_liveness_lock_is_free",
-    "lock_execution_ownership",
-    "observe_execution_control",
-    "renew_execution_lease",
-    "verify_execution_owner",
-]
+__all__ = ["Ownership", "legacy_liveness_lock_is_free", "lock_execution_ownership"]
 
 Connection = psycopg.Connection[Any]
 
@@ -88,118 +82,6 @@ def lock_execution_ownership(
     return _decode_lease(row)
 
 
-def claim_execution_owner(
-    q: Statements,
-    conn: Connection,
-    execution_id: int,
-    expected_version: int,
-    owner: OwnerToken,
-    claimed_at: _dt.datetime,
-    lease: ExecutionLease,
-) -> JobExecution:
-    """Record `owner` on a STARTING execution and start its lease; version unchanged.
-
-    Raises (in this order): JobExecutionNotFound, StaleVersion,
-        ExecutionOwnershipNotAllowed (not STARTING), ExecutionOwned (another token).
-
-    Statements: ownership.sql claim_execution_owner, lock_execution_ownership.
-    """
-    check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
-    check_expected_version(expected_version)
-    claimed_at = aware_utc(claimed_at)
-    changed = q.claim_execution_owner.affected(
-        conn,
-        job_execution_id=execution_id,
-        expected_version=expected_version,
-        owner_token=owner.value,
-        claimed_at=claimed_at,
-        lease_ms=lease.milliseconds,
-    )
-    execution, _lease = lock_execution_ownership(q, conn, execution_id)
-    if changed == 1:
-        return execution
-    if execution.version != expected_version:
-        raise StaleVersion(expected=expected_version, actual=execution.version)
-    if execution.status is not BatchStatus.STARTING:
-        raise ExecutionOwnershipNotAllowed(id=execution_id, status=execution.status.value)
-    raise ExecutionOwned(id=execution_id)
-
-
-def renew_execution_lease(
-    q: Statements, conn: Connection, execution_id: int, owner: OwnerToken, lease: ExecutionLease
-) -> bool:
-    """Extend the owner's lease; return whether a stop was requested.
-
-    Raises:
-        ExecutionOwnershipLost: the execution is finished, recovered or owned by another token.
-
-    Statements: ownership.sql renew_execution_lease.
-    """
-    row = q.renew_execution_lease.one(
-        conn, job_execution_id=execution_id, owner_token=owner.value, lease_ms=lease.milliseconds
-    )
-    if row is None:
-        raise ExecutionOwnershipLost(id=execution_id)
-    stop = row["stop_requested"]
-    if type(stop) is not bool:
-        raise DecodeError("stop_requested")
-    return stop
-
-
-def verify_execution_owner(
-    q: Statements, conn: Connection, execution_id: int, owner: OwnerToken
-) -> JobExecution:
-    """Lock the execution and confirm `owner` still runs it (token recorded, unresolved).
-
-    Raises:
-        ExecutionOwnershipLost: another token, no token, or the execution is resolved.
-
-    Statements: ownership.sql lock_execution_ownership.
-    """
-    try:
-        execution, state = lock_execution_ownership(q, conn, execution_id)
-    except JobExecutionNotFound:
-        raise ExecutionOwnershipLost(id=execution_id) from None
-    if state.owner_token != owner or not execution.status.is_active:
-        raise ExecutionOwnershipLost(id=execution_id)
-    return execution
-
-
-def observe_execution_control(
-    q: Statements,
-    conn: Connection,
-    execution_id: int,
-    owner: OwnerToken,
-    observed_at: _dt.datetime,
-) -> ExecutionControl:
-    """Report ownership and stop flags; the owner's observation of a stop moves it to STOPPING.
-
-    Raises:
-        JobExecutionNotFound: no such execution.
-        InvalidTransitionTime: `observed_at` precedes the execution's start.
-
-    Statements: ownership.sql lock_execution_ownership; executions.sql lock_job_execution,
-    update_job_execution_transition.
-    """
-    execution, state = lock_execution_ownership(q, conn, execution_id)
-    owner_matches = state.owner_token is not None and state.owner_token == owner
-    if (
-        owner_matches
-        and state.stop_requested
-        and execution.status in (BatchStatus.STARTING, BatchStatus.STARTED)
-    ):
-        execution = transition_job_execution(
-            q,
-            conn,
-            execution_id,
-            execution.version,
-            LifecycleTransition.new(BatchStatus.STOPPING, aware_utc(observed_at)),
-        )
-    return ExecutionControl(
-        execution=execution, owner_matches=owner_matches, stop_requested=state.stop_requested
-    )
-
-
 def legacy_liveness_lock_is_free(q: Statements, conn: Connection, execution_id: int) -> bool:
     """Whether nobody holds the advisory lock of a run started before leases existed.
 
@@ -211,3 +93,125 @@ def legacy_liveness_lock_is_free(q: Statements, conn: Connection, execution_id: 
         return False
     q.unlock_job_execution_liveness.scalar(conn, job_execution_id=execution_id)
     return True
+
+
+class Ownership(Capability):
+    """The ownership operations of one unit of work."""
+
+    def claim(
+        self,
+        execution_id: int,
+        expected_version: int,
+        owner: OwnerToken,
+        claimed_at: _dt.datetime,
+        lease: ExecutionLease | None = None,
+    ) -> JobExecution:
+        """Record `owner` on a STARTING execution and start its lease; version unchanged.
+
+        Raises (in this order): JobExecutionNotFound, StaleVersion,
+            ExecutionOwnershipNotAllowed (not STARTING), ExecutionOwned (another token).
+
+        Statements: ownership.sql claim_execution_owner, lock_execution_ownership.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            lease = lease or ExecutionLease()
+            check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
+            check_expected_version(expected_version)
+            claimed_at = aware_utc(claimed_at)
+            changed = q.claim_execution_owner.affected(
+                conn,
+                job_execution_id=execution_id,
+                expected_version=expected_version,
+                owner_token=owner.value,
+                claimed_at=claimed_at,
+                lease_ms=lease.milliseconds,
+            )
+            execution, _lease = lock_execution_ownership(q, conn, execution_id)
+            if changed == 1:
+                return execution
+            if execution.version != expected_version:
+                raise StaleVersion(expected=expected_version, actual=execution.version)
+            if execution.status is not BatchStatus.STARTING:
+                raise ExecutionOwnershipNotAllowed(id=execution_id, status=execution.status.value)
+            raise ExecutionOwned(id=execution_id)
+
+    def observe_control(
+        self, execution_id: int, owner: OwnerToken, observed_at: _dt.datetime
+    ) -> ExecutionControl:
+        """Report ownership and stop flags; the owner's observation of a stop moves it to STOPPING.
+
+        Raises:
+            JobExecutionNotFound: no such execution.
+            InvalidTransitionTime: `observed_at` precedes the execution's start.
+
+        Statements: ownership.sql lock_execution_ownership; executions.sql lock_job_execution,
+        update_job_execution_transition.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            execution, state = lock_execution_ownership(q, conn, execution_id)
+            owner_matches = state.owner_token is not None and state.owner_token == owner
+            if (
+                owner_matches
+                and state.stop_requested
+                and execution.status in (BatchStatus.STARTING, BatchStatus.STARTED)
+            ):
+                execution = transition_job_execution(
+                    q,
+                    conn,
+                    execution_id,
+                    execution.version,
+                    LifecycleTransition.new(BatchStatus.STOPPING, aware_utc(observed_at)),
+                )
+            return ExecutionControl(
+                execution=execution,
+                owner_matches=owner_matches,
+                stop_requested=state.stop_requested,
+            )
+
+    def renew_lease(self, execution_id: int, owner: OwnerToken, lease: ExecutionLease) -> bool:
+        """Extend the owner's lease; return whether a stop was requested.
+
+        Raises:
+            ExecutionOwnershipLost: the execution is finished, recovered or owned by another token.
+
+        Statements: ownership.sql renew_execution_lease.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            row = q.renew_execution_lease.one(
+                conn,
+                job_execution_id=execution_id,
+                owner_token=owner.value,
+                lease_ms=lease.milliseconds,
+            )
+            if row is None:
+                raise ExecutionOwnershipLost(id=execution_id)
+            stop = row["stop_requested"]
+            if type(stop) is not bool:
+                raise DecodeError("stop_requested")
+            return stop
+
+    def verify_owner(self, execution_id: int, owner: OwnerToken) -> JobExecution:
+        """Lock the execution and confirm `owner` still runs it (token recorded, unresolved).
+
+        Raises:
+            ExecutionOwnershipLost: another token, no token, or the execution is resolved.
+
+        Statements: ownership.sql lock_execution_ownership.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            try:
+                execution, state = lock_execution_ownership(q, conn, execution_id)
+            except JobExecutionNotFound:
+                raise ExecutionOwnershipLost(id=execution_id) from None
+            if state.owner_token != owner or not execution.status.is_active:
+                raise ExecutionOwnershipLost(id=execution_id)
+            return execution
+
+    def lock(self, execution_id: int) -> tuple[JobExecution, LeaseState]:
+        """Lock an execution and read its ownership evidence (token, lease, stop flag)."""
+        with self._uow.operation() as conn:
+            return lock_execution_ownership(self._uow.statements, conn, execution_id)

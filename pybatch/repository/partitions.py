@@ -10,7 +10,7 @@ worker may be assigned to a plan that is not durably published yet.
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Callable, MutableSet, Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -49,6 +49,7 @@ from pybatch.errors import (
     StepExecutionNotFound,
     StepPartitionNotFound,
 )
+from pybatch.repository._capability import Capability, Overrides
 from pybatch.repository._lifecycle import check_expected_version
 from pybatch.values.fault import FaultStateEnvelope
 from pybatch.values.ids import IdentifierKind, check_identifier
@@ -76,22 +77,7 @@ from pybatch.values.records import StepExecution
 from pybatch.values.state import MAX_STORABLE_SCHEMA_VERSION
 from pybatch.values.status import BatchStatus
 
-__all__ = [
-    "aggregate_step_partitions",
-    "assign_step_partition",
-    "claim_step_partition",
-    "complete_step_partition",
-    "count_open_step_partitions",
-    "count_step_partitions_by_status",
-    "end_partition_worker",
-    "lock_partition_worker_lease",
-    "plan_progress",
-    "renew_partition_worker_lease",
-    "started_step_partitions",
-    "create_step_partition_plan",
-    "restart_step_partition_plan",
-    "step_partition_plan",
-]
+__all__ = ["Partitions", "count_step_partitions_by_status", "end_partition_worker"]
 
 #: How many workers may try one partition in one attempt when each of them was lost.
 MAX_WORKER_TRIES = 5
@@ -129,110 +115,6 @@ def _decoded(rows: Sequence[Row]) -> list[StepPartition]:
 
 def _by_key(partitions: list[StepPartition]) -> list[StepPartition]:
     return sorted(partitions, key=lambda p: p.key.sort_key)
-
-
-def create_step_partition_plan(
-    q: Statements,
-    conn: Connection,
-    parent_id: int,
-    entries: Sequence[PartitionPlanEntry],
-    unpublished: MutableSet[int],
-) -> list[StepPartition]:
-    """Create a plan for a parent, all or nothing; partitions in entry order.
-
-    Raises:
-        EmptyPartitionPlan, PartitionPlanTooLarge, DuplicatePartitionKey,
-            StateSchemaVersionNotStorable: bad entries (checked before the parent).
-        StepExecutionNotFound: no such parent.
-        PartitionParentNotActive: parent not STARTING or STARTED.
-        PartitionPlanExists: the parent already has a plan.
-
-    Statements: partitions.sql lock_partition_step, find_step_partition_plan,
-    insert_step_partitions.
-    """
-    entries = list(entries)
-    if not entries:
-        raise EmptyPartitionPlan()
-    if len(entries) > MAX_PARTITIONS:
-        raise PartitionPlanTooLarge(max=MAX_PARTITIONS)
-    if len({entry.key.sort_key for entry in entries}) != len(entries):
-        raise DuplicatePartitionKey()
-    if any(entry.context.schema_version > MAX_STORABLE_SCHEMA_VERSION for entry in entries):
-        raise StateSchemaVersionNotStorable()
-    check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
-    parent = _lock_step(q, conn, parent_id)
-    if parent is None:
-        raise StepExecutionNotFound(id=parent_id)
-    status = parent.status
-    if status not in _ACTIVE_PARENT:
-        raise PartitionParentNotActive(step_execution_id=parent_id, status=status.value)
-    if q.find_step_partition_plan.scalar(conn, step_execution_id=parent_id) is True:
-        raise PartitionPlanExists(step_execution_id=parent_id)
-    rows = q.insert_step_partitions.many(
-        conn, step_execution_id=parent_id, **encode_plan_entries(entries)
-    )
-    unpublished.add(parent_id)
-    return sorted(_decoded(rows), key=lambda p: p.ordinal)
-
-
-def step_partition_plan(q: Statements, conn: Connection, parent_id: int) -> list[StepPartition]:
-    """A parent's plan in key byte order; empty without a plan.
-
-    Raises:
-        StepExecutionNotFound: no such parent.
-
-    Statements: steps.sql get_step_execution; partitions.sql list_step_partitions.
-    """
-    check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
-    if q.get_step_execution.one(conn, step_execution_id=parent_id) is None:
-        raise StepExecutionNotFound(id=parent_id)
-    return _decoded(q.list_step_partitions.many(conn, step_execution_id=parent_id))
-
-
-def restart_step_partition_plan(
-    q: Statements,
-    conn: Connection,
-    source_parent_id: int,
-    target_parent_id: int,
-    unpublished: MutableSet[int],
-) -> list[StepPartition]:
-    """Carry a committed plan into a restart's parent; COMPLETED partitions are not rerun.
-
-    Raises:
-        PartitionStateCorrupt: a step is missing, the logical ids differ, the source job is not
-            FAILED or STOPPED, the source has no plan or an unreadable one.
-        PartitionParentNotActive: the target is not STARTING or STARTED.
-        PartitionPlanExists: the target already has a plan.
-
-    Statements: partitions.sql lock_partition_restart_pair, find_step_partition_plan,
-    lock_step_partitions_by_ordinal, copy_step_partitions.
-    """
-    check_identifier(IdentifierKind.STEP_EXECUTION, source_parent_id)
-    check_identifier(IdentifierKind.STEP_EXECUTION, target_parent_id)
-    pair = q.lock_partition_restart_pair.one(
-        conn, source_step_execution_id=source_parent_id, step_execution_id=target_parent_id
-    )
-    if pair is None or pair["same_logical_id"] is not True:
-        raise PartitionStateCorrupt()
-    if _status(pair["source_job_status"]) not in (BatchStatus.FAILED, BatchStatus.STOPPED):
-        raise PartitionStateCorrupt()
-    target_status = _status(pair["target_status"])
-    if target_status not in _ACTIVE_PARENT:
-        raise PartitionParentNotActive(
-            step_execution_id=target_parent_id, status=target_status.value
-        )
-    if q.find_step_partition_plan.scalar(conn, step_execution_id=target_parent_id) is True:
-        raise PartitionPlanExists(step_execution_id=target_parent_id)
-    source = _decoded(
-        q.lock_step_partitions_by_ordinal.many(conn, step_execution_id=source_parent_id)
-    )
-    if not source:
-        raise PartitionStateCorrupt()
-    rows = q.copy_step_partitions.many(
-        conn, source_step_execution_id=source_parent_id, step_execution_id=target_parent_id
-    )
-    unpublished.add(target_parent_id)
-    return sorted(_decoded(rows), key=lambda p: p.ordinal)
 
 
 @attrs.frozen
@@ -281,73 +163,6 @@ def _domain(partition: StepPartition, change: Callable[[], StepPartition]) -> St
             raise PartitionStateCorrupt() from None
         raise PartitionUpdateNotAllowed(id=partition.id, status=refused.status.value) from None
     return result
-
-
-def assign_step_partition(
-    q: Statements,
-    conn: Connection,
-    partition_id: int,
-    expected_version: int,
-    worker_id: int,
-    unpublished: MutableSet[int],
-) -> StepPartition:
-    """Hand a partition to a worker step (first assignment, or a retry after FAILED/STOPPED).
-
-    Raises:
-        StepPartitionNotFound, PartitionParentNotActive (parent not STARTED),
-        PartitionPlanNotCommitted, StaleVersion, PartitionUpdateNotAllowed,
-        StepExecutionNotFound (worker), PartitionWorkerMismatch,
-        PartitionWorkerAlreadyAssigned, ConcurrentModification.
-
-    Statements: partitions.sql get_step_partition_parent, lock_partition_step,
-    lock_step_partition, find_partition_of_worker, update_step_partition_assign.
-    """
-    check_expected_version(expected_version)
-    check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
-    locked = _locked_partition(q, conn, partition_id)
-    parent_id, parent_status, partition = locked.parent_id, locked.parent_status, locked.partition
-    if parent_status is not BatchStatus.STARTED:
-        raise PartitionParentNotActive(step_execution_id=parent_id, status=parent_status.value)
-    if parent_id in unpublished:
-        raise PartitionPlanNotCommitted(step_execution_id=parent_id)
-    assigned = _domain(partition, lambda: partition.assigned(expected_version, worker_id))
-    worker = _lock_step(q, conn, worker_id)
-    if worker is None:
-        raise StepExecutionNotFound(id=worker_id)
-    if worker_id == parent_id or worker.job_execution_id != locked.parent_execution_id:
-        raise PartitionWorkerMismatch(partition_id=partition_id, worker=worker_id)
-    if q.find_partition_of_worker.scalar(conn, worker_step_execution_id=worker_id) is True:
-        raise PartitionWorkerAlreadyAssigned(worker=worker_id)
-    changed = q.update_step_partition_assign.affected(
-        conn,
-        worker_step_execution_id=worker_id,
-        step_partition_id=partition_id,
-        expected_version=expected_version,
-    )
-    if changed != 1:
-        raise ConcurrentModification()
-    return assigned
-
-
-def complete_step_partition(
-    q: Statements,
-    conn: Connection,
-    partition_id: int,
-    expected_version: int,
-    worker_id: int,
-) -> StepPartition:
-    """Publish the worker's terminal snapshot (read from its durable row) onto its partition.
-
-    Raises:
-        StepPartitionNotFound, PartitionParentNotActive (parent not STARTED or STOPPING),
-        PartitionWorkerStale, StepExecutionNotFound, PartitionWorkerMismatch,
-        PartitionAggregationIncomplete (worker not finished), StaleVersion,
-        PartitionUpdateNotAllowed, ConcurrentModification.
-
-    Statements: partitions.sql get_step_partition_parent, lock_partition_step,
-    lock_step_partition, update_step_partition_complete; steps.sql lock_step_execution.
-    """
-    return end_partition_worker(q, conn, partition_id, expected_version, worker_id, None)
 
 
 @attrs.frozen
@@ -443,162 +258,10 @@ def _end_worker(
     )
 
 
-def aggregate_step_partitions(
-    q: Statements,
-    conn: Connection,
-    parent_id: int,
-    expected_version: int,
-    transitioned_at: _dt.datetime,
-) -> StepExecution:
-    """End the parent with the aggregate of every child, atomically (docs/contract.md, Partitions).
-
-    A replay with the same `expected_version` after a committed aggregation returns the
-    parent unchanged, so a retry after CommitOutcomeUnknown is safe.
-
-    Raises:
-        StepExecutionNotFound, PartitionStateCorrupt, PartitionAggregationIncomplete,
-        CountExhausted, PartitionParentNotActive, and the lifecycle errors (StaleVersion,
-        IllegalTransition, ...).
-
-    Statements: steps.sql lock_step_execution, get_step_execution; partitions.sql
-    lock_step_partitions_by_key, lock_step_partition_workers, update_step_execution_aggregate.
-    """
-    check_expected_version(expected_version)
-    check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
-    parent_row = q.lock_step_execution.one(conn, step_execution_id=parent_id)
-    if parent_row is None:
-        raise StepExecutionNotFound(id=parent_id)
-    parent = decode_step_execution(parent_row)
-    children = _decoded(q.lock_step_partitions_by_key.many(conn, step_execution_id=parent_id))
-    try:
-        aggregate = aggregate_partitions(children)
-    except AggregateError as refused:
-        if refused.rule == "Incomplete":
-            status = refused.status.value if refused.status else "UNKNOWN"
-            raise PartitionAggregationIncomplete(
-                step_execution_id=parent_id, status=status
-            ) from None
-        if refused.rule == "CountExhausted":
-            raise CountExhausted() from None
-        raise PartitionStateCorrupt() from None
-    workers: dict[int, StepExecution] = {
-        worker.id: worker
-        for worker in map(
-            decode_step_execution,
-            q.lock_step_partition_workers.many(conn, step_execution_id=parent_id),
-        )
-    }
-    for child in _by_key(children):
-        worker = workers.get(child.worker_step_execution_id or 0)
-        if worker is None or PartitionResult.from_worker(worker) != PartitionResult(
-            status=child.status, exit_status=child.exit_status, counts=child.counts
-        ):
-            raise PartitionStateCorrupt()
-    failure = None
-    if aggregate.status is BatchStatus.FAILED:
-        failure = workers[aggregate.selected_worker].metadata.failure
-    current = parent.metadata
-    if (
-        parent.version == expected_version + 1
-        and current.status is aggregate.status
-        and current.exit_status == aggregate.exit_status
-        and current.counts == aggregate.counts
-        and current.failure == failure
-    ):
-        return parent
-    if current.status not in _COMPLETING_PARENT:
-        raise PartitionParentNotActive(step_execution_id=parent_id, status=current.status.value)
-    if failure is not None:  # a FAILED aggregate: its selected worker always carries one
-        transition = LifecycleTransition.failed(transitioned_at, failure)
-    else:
-        transition = LifecycleTransition.new(aggregate.status, transitioned_at)
-    metadata, version = apply_transition(
-        current, parent.version, expected_version, transition, counts_apply=True
-    )
-    metadata = attrs.evolve(metadata, exit_status=aggregate.exit_status, counts=aggregate.counts)
-    changed = q.update_step_execution_aggregate.affected(
-        conn,
-        **encode_execution_metadata(metadata),
-        **encode_counts(metadata.counts),
-        transitioned_at=transitioned_at,
-        step_execution_id=parent_id,
-        expected_version=expected_version,
-    )
-    if changed != 1:
-        latest = q.get_step_execution.one(conn, step_execution_id=parent_id)
-        if latest is None:
-            raise StepExecutionNotFound(id=parent_id)
-        raise StaleVersion(expected=expected_version, actual=decode_step_execution(latest).version)
-    return attrs.evolve(
-        parent,
-        metadata=metadata,
-        version=version,
-        updated_at=max(parent.updated_at, transitioned_at),
-    )
-
-
-def claim_step_partition(
-    q: Statements,
-    conn: Connection,
-    now: _dt.datetime,
-    parent: StepExecution,
-    unpublished: MutableSet[int],
-    owner: OwnerToken,
-    lease: ExecutionLease,
-) -> tuple[StepPartition, StepExecution] | None:
-    """Claim the next partition of a STARTED parent for a new worker step, or None.
-
-    One guarded statement locks the first claimable partition with SKIP LOCKED, creates the
-    STARTED worker step (resuming the partition's latest earlier worker) and assigns it,
-    recording `owner` and starting its `lease` on the database clock.
-
-    Raises:
-        PartitionPlanNotCommitted: the plan was created in this unit of work.
-
-    Statements: partitions.sql claim_step_partition; steps.sql get_step_execution.
-    """
-    if parent.id in unpublished:
-        raise PartitionPlanNotCommitted(step_execution_id=parent.id)
-    fault = encode_fault_state(FaultStateEnvelope.EMPTY)
-    row = q.claim_step_partition.one(
-        conn,
-        step_execution_id=parent.id,
-        node_id=parent.logical_id.value,
-        worker_name_prefix=worker_name_prefix(parent.step_name.value),
-        max_partition_version=2 * MAX_WORKER_TRIES,
-        fault_state_payload=to_jsonb(fault["fault_state_payload"]),
-        fault_state_checksum=fault["fault_state_checksum"],
-        now=now,
-        owner_token=owner.value,
-        lease_ms=lease.milliseconds,
-    )
-    if row is None:
-        return None
-    partition = decode_step_partition(row)
-    if partition.worker_step_execution_id is None:  # the claim assigns one; never reached
-        raise PartitionStateCorrupt()
-    worker = q.get_step_execution.one(conn, step_execution_id=partition.worker_step_execution_id)
-    if worker is None:  # inserted by the same statement; never reached
-        raise PartitionStateCorrupt()
-    return partition, decode_step_execution(worker)
-
-
 def worker_name_prefix(parent_name: str) -> str:
     """The parent's name cut to 100 UTF-8 bytes: worker names add `#ordinal.version`."""
     data = parent_name.encode("utf-8")[:100]
     return data.decode("utf-8", "ignore")
-
-
-def count_open_step_partitions(q: Statements, conn: Connection, parent_id: int) -> int:
-    """Partitions still STARTING, STARTED, or claimable again after a lost worker.
-
-    Statements: partitions.sql count_open_step_partitions.
-    """
-    check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
-    found = q.count_open_step_partitions.scalar(
-        conn, step_execution_id=parent_id, max_partition_version=2 * MAX_WORKER_TRIES
-    )
-    return decode_int64(found, column="open_partitions", minimum=0)
 
 
 @attrs.frozen
@@ -631,28 +294,6 @@ def _worker_lease(row: Row) -> tuple[int, int, bool, bool]:
     )
 
 
-def started_step_partitions(
-    q: Statements, conn: Connection, parent_id: int
-) -> list[StartedPartition]:
-    """The STARTED partitions of a plan with their workers.
-
-    Statements: partitions.sql list_started_step_partitions.
-    """
-    check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
-    rows = q.list_started_step_partitions.many(conn, step_execution_id=parent_id)
-    try:
-        return [
-            StartedPartition(
-                *_worker_lease(row),
-                id=decode_int64(row["id"], column="id", minimum=1),
-                key=decode_text(row["partition_key"], column="partition_key"),
-            )
-            for row in rows
-        ]
-    except DecodeError:
-        raise PartitionStateCorrupt() from None
-
-
 def count_step_partitions_by_status(
     q: Statements, conn: Connection, parent_id: int
 ) -> dict[BatchStatus, int]:
@@ -671,96 +312,476 @@ def count_step_partitions_by_status(
         raise PartitionStateCorrupt() from None
 
 
-def plan_progress(
-    q: Statements, conn: Connection, parent_id: int, now: _dt.datetime, slowest: int = 5
-) -> PlanProgress:
-    """Partitions per status and the `slowest` partitions of a plan.
-
-    Raises:
-        StepExecutionNotFound: no such parent.
-        PartitionStateCorrupt: an unreadable status or key.
-
-    Statements: steps.sql get_step_execution; partitions.sql count_step_partitions_by_status,
-    list_slowest_step_partitions.
-    """
-    check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
-    if q.get_step_execution.one(conn, step_execution_id=parent_id) is None:
-        raise StepExecutionNotFound(id=parent_id)
-    counts = count_step_partitions_by_status(q, conn, parent_id)
-    rows = q.list_slowest_step_partitions.many(
-        conn, step_execution_id=parent_id, now=now, limit=slowest
-    )
-    try:
-        slow = tuple(
-            SlowPartition(
-                key=PartitionKey(decode_text(row["partition_key"], column="partition_key")),
-                status=_status(row["status"]),
-                worker_step_execution_id=decode_int64(
-                    row["worker_step_execution_id"], column="worker_step_execution_id", minimum=1
-                ),
-                elapsed=_elapsed(row["elapsed"]),
-            )
-            for row in rows
-        )
-    except (DecodeError, PyBatchError):
-        raise PartitionStateCorrupt() from None
-    return PlanProgress(counts=counts, slowest=slow)
-
-
 def _elapsed(value: object) -> _dt.timedelta:
     if not isinstance(value, _dt.timedelta):
         raise DecodeError("elapsed")
     return value
 
 
-def renew_partition_worker_lease(
-    q: Statements,
-    conn: Connection,
-    partition_id: int,
-    worker_id: int,
-    owner: OwnerToken,
-    lease: ExecutionLease,
-) -> None:
-    """Extend the lease `owner` holds on a STARTED partition worked on by `worker_id`.
-
-    Raises:
-        PartitionOwnershipLost: the partition was recovered, ended, or is owned by another
-            token; the worker must stop without touching it.
-
-    Statements: partitions.sql renew_partition_worker_lease.
-    """
-    check_identifier(IdentifierKind.STEP_PARTITION, partition_id)
-    check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
-    changed = q.renew_partition_worker_lease.affected(
-        conn,
-        step_partition_id=partition_id,
-        worker_step_execution_id=worker_id,
-        owner_token=owner.value,
-        lease_ms=lease.milliseconds,
-    )
-    if changed != 1:
-        raise PartitionOwnershipLost(partition_id=partition_id, worker=worker_id)
+def _plan_overrides(parent_id: int) -> Overrides:
+    """A plan's unique keys, as the errors a duplicate key or a second plan means."""
+    return {
+        "step_partition_key_unique": DuplicatePartitionKey,
+        "step_partition_ordinal_unique": lambda: PartitionPlanExists(step_execution_id=parent_id),
+    }
 
 
-def lock_partition_worker_lease(
-    q: Statements, conn: Connection, partition_id: int
-) -> WorkerLease | None:
-    """Lock the parent, then the partition, and read its worker's lease; None unless STARTED.
+class Partitions(Capability):
+    """The partitions operations of one unit of work."""
 
-    Raises:
-        StepPartitionNotFound: no such partition.
-        PartitionStateCorrupt: an unreadable row.
+    def create_plan(
+        self, parent_id: int, entries: Sequence[PartitionPlanEntry]
+    ) -> list[StepPartition]:
+        """Create a plan for a parent, all or nothing; partitions in entry order.
 
-    Statements: partitions.sql get_step_partition_parent, lock_partition_step,
-    lock_partition_worker_lease.
-    """
-    _lock_parent_of(q, conn, partition_id)
-    row = q.lock_partition_worker_lease.one(conn, step_partition_id=partition_id)
-    if row is None:
-        raise StepPartitionNotFound(id=partition_id)
-    if _status(row["status"]) is not BatchStatus.STARTED:
-        return None
-    try:
-        return WorkerLease(*_worker_lease(row))
-    except DecodeError:
-        raise PartitionStateCorrupt() from None
+        Raises:
+            EmptyPartitionPlan, PartitionPlanTooLarge, DuplicatePartitionKey,
+                StateSchemaVersionNotStorable: bad entries (checked before the parent).
+            StepExecutionNotFound: no such parent.
+            PartitionParentNotActive: parent not STARTING or STARTED.
+            PartitionPlanExists: the parent already has a plan.
+
+        Statements: partitions.sql lock_partition_step, find_step_partition_plan,
+        insert_step_partitions.
+        """
+        with self._uow.operation(overrides=_plan_overrides(parent_id)) as conn:
+            q = self._uow.statements
+            unpublished = self._uow.unpublished_plans
+            entries = list(entries)
+            if not entries:
+                raise EmptyPartitionPlan()
+            if len(entries) > MAX_PARTITIONS:
+                raise PartitionPlanTooLarge(max=MAX_PARTITIONS)
+            if len({entry.key.sort_key for entry in entries}) != len(entries):
+                raise DuplicatePartitionKey()
+            if any(entry.context.schema_version > MAX_STORABLE_SCHEMA_VERSION for entry in entries):
+                raise StateSchemaVersionNotStorable()
+            check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
+            parent = _lock_step(q, conn, parent_id)
+            if parent is None:
+                raise StepExecutionNotFound(id=parent_id)
+            status = parent.status
+            if status not in _ACTIVE_PARENT:
+                raise PartitionParentNotActive(step_execution_id=parent_id, status=status.value)
+            if q.find_step_partition_plan.scalar(conn, step_execution_id=parent_id) is True:
+                raise PartitionPlanExists(step_execution_id=parent_id)
+            rows = q.insert_step_partitions.many(
+                conn, step_execution_id=parent_id, **encode_plan_entries(entries)
+            )
+            unpublished.add(parent_id)
+            return sorted(_decoded(rows), key=lambda p: p.ordinal)
+
+    def plan(self, parent_id: int) -> list[StepPartition]:
+        """A parent's plan in key byte order; empty without a plan.
+
+        Raises:
+            StepExecutionNotFound: no such parent.
+
+        Statements: steps.sql get_step_execution; partitions.sql list_step_partitions.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
+            if q.get_step_execution.one(conn, step_execution_id=parent_id) is None:
+                raise StepExecutionNotFound(id=parent_id)
+            return _decoded(q.list_step_partitions.many(conn, step_execution_id=parent_id))
+
+    def restart_plan(self, source_parent_id: int, target_parent_id: int) -> list[StepPartition]:
+        """Carry a committed plan into a restart's parent; COMPLETED partitions are not rerun.
+
+        Raises:
+            PartitionStateCorrupt: a step is missing, the logical ids differ, the source job is not
+                FAILED or STOPPED, the source has no plan or an unreadable one.
+            PartitionParentNotActive: the target is not STARTING or STARTED.
+            PartitionPlanExists: the target already has a plan.
+
+        Statements: partitions.sql lock_partition_restart_pair, find_step_partition_plan,
+        lock_step_partitions_by_ordinal, copy_step_partitions.
+        """
+        with self._uow.operation(overrides=_plan_overrides(target_parent_id)) as conn:
+            q = self._uow.statements
+            unpublished = self._uow.unpublished_plans
+            check_identifier(IdentifierKind.STEP_EXECUTION, source_parent_id)
+            check_identifier(IdentifierKind.STEP_EXECUTION, target_parent_id)
+            pair = q.lock_partition_restart_pair.one(
+                conn, source_step_execution_id=source_parent_id, step_execution_id=target_parent_id
+            )
+            if pair is None or pair["same_logical_id"] is not True:
+                raise PartitionStateCorrupt()
+            if _status(pair["source_job_status"]) not in (BatchStatus.FAILED, BatchStatus.STOPPED):
+                raise PartitionStateCorrupt()
+            target_status = _status(pair["target_status"])
+            if target_status not in _ACTIVE_PARENT:
+                raise PartitionParentNotActive(
+                    step_execution_id=target_parent_id, status=target_status.value
+                )
+            if q.find_step_partition_plan.scalar(conn, step_execution_id=target_parent_id) is True:
+                raise PartitionPlanExists(step_execution_id=target_parent_id)
+            source = _decoded(
+                q.lock_step_partitions_by_ordinal.many(conn, step_execution_id=source_parent_id)
+            )
+            if not source:
+                raise PartitionStateCorrupt()
+            rows = q.copy_step_partitions.many(
+                conn, source_step_execution_id=source_parent_id, step_execution_id=target_parent_id
+            )
+            unpublished.add(target_parent_id)
+            return sorted(_decoded(rows), key=lambda p: p.ordinal)
+
+    def assign(self, partition_id: int, expected_version: int, worker_id: int) -> StepPartition:
+        """Hand a partition to a worker step (first assignment, or a retry after FAILED/STOPPED).
+
+        Raises:
+            StepPartitionNotFound, PartitionParentNotActive (parent not STARTED),
+            PartitionPlanNotCommitted, StaleVersion, PartitionUpdateNotAllowed,
+            StepExecutionNotFound (worker), PartitionWorkerMismatch,
+            PartitionWorkerAlreadyAssigned, ConcurrentModification.
+
+        Statements: partitions.sql get_step_partition_parent, lock_partition_step,
+        lock_step_partition, find_partition_of_worker, update_step_partition_assign.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            unpublished = self._uow.unpublished_plans
+            check_expected_version(expected_version)
+            check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
+            locked = _locked_partition(q, conn, partition_id)
+            parent_id, parent_status, partition = (
+                locked.parent_id,
+                locked.parent_status,
+                locked.partition,
+            )
+            if parent_status is not BatchStatus.STARTED:
+                raise PartitionParentNotActive(
+                    step_execution_id=parent_id, status=parent_status.value
+                )
+            if parent_id in unpublished:
+                raise PartitionPlanNotCommitted(step_execution_id=parent_id)
+            assigned = _domain(partition, lambda: partition.assigned(expected_version, worker_id))
+            worker = _lock_step(q, conn, worker_id)
+            if worker is None:
+                raise StepExecutionNotFound(id=worker_id)
+            if worker_id == parent_id or worker.job_execution_id != locked.parent_execution_id:
+                raise PartitionWorkerMismatch(partition_id=partition_id, worker=worker_id)
+            if q.find_partition_of_worker.scalar(conn, worker_step_execution_id=worker_id) is True:
+                raise PartitionWorkerAlreadyAssigned(worker=worker_id)
+            changed = q.update_step_partition_assign.affected(
+                conn,
+                worker_step_execution_id=worker_id,
+                step_partition_id=partition_id,
+                expected_version=expected_version,
+            )
+            if changed != 1:
+                raise ConcurrentModification()
+            return assigned
+
+    def complete(self, partition_id: int, expected_version: int, worker_id: int) -> StepPartition:
+        """Publish the worker's terminal snapshot (read from its durable row) onto its partition.
+
+        Raises:
+            StepPartitionNotFound, PartitionParentNotActive (parent not STARTED or STOPPING),
+            PartitionWorkerStale, StepExecutionNotFound, PartitionWorkerMismatch,
+            PartitionAggregationIncomplete (worker not finished), StaleVersion,
+            PartitionUpdateNotAllowed, ConcurrentModification.
+
+        Statements: partitions.sql get_step_partition_parent, lock_partition_step,
+        lock_step_partition, update_step_partition_complete; steps.sql lock_step_execution.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            return end_partition_worker(q, conn, partition_id, expected_version, worker_id, None)
+
+    def aggregate(
+        self, parent_id: int, expected_version: int, transitioned_at: _dt.datetime
+    ) -> StepExecution:
+        """End the parent with the aggregate of every child, atomically.
+
+        See docs/contract.md, Partitions.
+
+        A replay with the same `expected_version` after a committed aggregation returns the
+        parent unchanged, so a retry after CommitOutcomeUnknown is safe.
+
+        Raises:
+            StepExecutionNotFound, PartitionStateCorrupt, PartitionAggregationIncomplete,
+            CountExhausted, PartitionParentNotActive, and the lifecycle errors (StaleVersion,
+            IllegalTransition, ...).
+
+        Statements: steps.sql lock_step_execution, get_step_execution; partitions.sql
+        lock_step_partitions_by_key, lock_step_partition_workers, update_step_execution_aggregate.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            check_expected_version(expected_version)
+            check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
+            parent_row = q.lock_step_execution.one(conn, step_execution_id=parent_id)
+            if parent_row is None:
+                raise StepExecutionNotFound(id=parent_id)
+            parent = decode_step_execution(parent_row)
+            children = _decoded(
+                q.lock_step_partitions_by_key.many(conn, step_execution_id=parent_id)
+            )
+            try:
+                aggregate = aggregate_partitions(children)
+            except AggregateError as refused:
+                if refused.rule == "Incomplete":
+                    status = refused.status.value if refused.status else "UNKNOWN"
+                    raise PartitionAggregationIncomplete(
+                        step_execution_id=parent_id, status=status
+                    ) from None
+                if refused.rule == "CountExhausted":
+                    raise CountExhausted() from None
+                raise PartitionStateCorrupt() from None
+            workers: dict[int, StepExecution] = {
+                worker.id: worker
+                for worker in map(
+                    decode_step_execution,
+                    q.lock_step_partition_workers.many(conn, step_execution_id=parent_id),
+                )
+            }
+            for child in _by_key(children):
+                worker = workers.get(child.worker_step_execution_id or 0)
+                if worker is None or PartitionResult.from_worker(worker) != PartitionResult(
+                    status=child.status, exit_status=child.exit_status, counts=child.counts
+                ):
+                    raise PartitionStateCorrupt()
+            failure = None
+            if aggregate.status is BatchStatus.FAILED:
+                failure = workers[aggregate.selected_worker].metadata.failure
+            current = parent.metadata
+            if (
+                parent.version == expected_version + 1
+                and current.status is aggregate.status
+                and current.exit_status == aggregate.exit_status
+                and current.counts == aggregate.counts
+                and current.failure == failure
+            ):
+                return parent
+            if current.status not in _COMPLETING_PARENT:
+                raise PartitionParentNotActive(
+                    step_execution_id=parent_id, status=current.status.value
+                )
+            if failure is not None:  # a FAILED aggregate: its selected worker always carries one
+                transition = LifecycleTransition.failed(transitioned_at, failure)
+            else:
+                transition = LifecycleTransition.new(aggregate.status, transitioned_at)
+            metadata, version = apply_transition(
+                current, parent.version, expected_version, transition, counts_apply=True
+            )
+            metadata = attrs.evolve(
+                metadata, exit_status=aggregate.exit_status, counts=aggregate.counts
+            )
+            changed = q.update_step_execution_aggregate.affected(
+                conn,
+                **encode_execution_metadata(metadata),
+                **encode_counts(metadata.counts),
+                transitioned_at=transitioned_at,
+                step_execution_id=parent_id,
+                expected_version=expected_version,
+            )
+            if changed != 1:
+                latest = q.get_step_execution.one(conn, step_execution_id=parent_id)
+                if latest is None:
+                    raise StepExecutionNotFound(id=parent_id)
+                raise StaleVersion(
+                    expected=expected_version, actual=decode_step_execution(latest).version
+                )
+            return attrs.evolve(
+                parent,
+                metadata=metadata,
+                version=version,
+                updated_at=max(parent.updated_at, transitioned_at),
+            )
+
+    def claim(
+        self,
+        parent: StepExecution,
+        owner: OwnerToken | None = None,
+        lease: ExecutionLease | None = None,
+    ) -> tuple[StepPartition, StepExecution] | None:
+        """Claim the next partition of a STARTED parent for a new worker step, or None.
+
+        One guarded statement locks the first claimable partition with SKIP LOCKED, creates the
+        STARTED worker step (resuming the partition's latest earlier worker) and assigns it,
+        recording `owner` and starting its `lease` on the database clock.
+
+        Raises:
+            PartitionPlanNotCommitted: the plan was created in this unit of work.
+
+        Statements: partitions.sql claim_step_partition; steps.sql get_step_execution.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            now = self._uow.clock.now()
+            unpublished = self._uow.unpublished_plans
+            owner = owner or OwnerToken.generate()
+            lease = lease or ExecutionLease()
+            if parent.id in unpublished:
+                raise PartitionPlanNotCommitted(step_execution_id=parent.id)
+            fault = encode_fault_state(FaultStateEnvelope.EMPTY)
+            row = q.claim_step_partition.one(
+                conn,
+                step_execution_id=parent.id,
+                node_id=parent.logical_id.value,
+                worker_name_prefix=worker_name_prefix(parent.step_name.value),
+                max_partition_version=2 * MAX_WORKER_TRIES,
+                fault_state_payload=to_jsonb(fault["fault_state_payload"]),
+                fault_state_checksum=fault["fault_state_checksum"],
+                now=now,
+                owner_token=owner.value,
+                lease_ms=lease.milliseconds,
+            )
+            if row is None:
+                return None
+            partition = decode_step_partition(row)
+            if partition.worker_step_execution_id is None:  # the claim assigns one; never reached
+                raise PartitionStateCorrupt()
+            worker = q.get_step_execution.one(
+                conn, step_execution_id=partition.worker_step_execution_id
+            )
+            if worker is None:  # inserted by the same statement; never reached
+                raise PartitionStateCorrupt()
+            return partition, decode_step_execution(worker)
+
+    def renew_worker_lease(
+        self, partition_id: int, worker_id: int, owner: OwnerToken, lease: ExecutionLease
+    ) -> None:
+        """Extend the lease `owner` holds on a STARTED partition worked on by `worker_id`.
+
+        Raises:
+            PartitionOwnershipLost: the partition was recovered, ended, or is owned by another
+                token; the worker must stop without touching it.
+
+        Statements: partitions.sql renew_partition_worker_lease.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            check_identifier(IdentifierKind.STEP_PARTITION, partition_id)
+            check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
+            changed = q.renew_partition_worker_lease.affected(
+                conn,
+                step_partition_id=partition_id,
+                worker_step_execution_id=worker_id,
+                owner_token=owner.value,
+                lease_ms=lease.milliseconds,
+            )
+            if changed != 1:
+                raise PartitionOwnershipLost(partition_id=partition_id, worker=worker_id)
+
+    def lock_worker_lease(self, partition_id: int) -> WorkerLease | None:
+        """Lock the parent, then the partition, and read its worker's lease; None unless STARTED.
+
+        Raises:
+            StepPartitionNotFound: no such partition.
+            PartitionStateCorrupt: an unreadable row.
+
+        Statements: partitions.sql get_step_partition_parent, lock_partition_step,
+        lock_partition_worker_lease.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            _lock_parent_of(q, conn, partition_id)
+            row = q.lock_partition_worker_lease.one(conn, step_partition_id=partition_id)
+            if row is None:
+                raise StepPartitionNotFound(id=partition_id)
+            if _status(row["status"]) is not BatchStatus.STARTED:
+                return None
+            try:
+                return WorkerLease(*_worker_lease(row))
+            except DecodeError:
+                raise PartitionStateCorrupt() from None
+
+    def count_open(self, parent_id: int) -> int:
+        """Partitions still STARTING, STARTED, or claimable again after a lost worker.
+
+        Statements: partitions.sql count_open_step_partitions.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
+            found = q.count_open_step_partitions.scalar(
+                conn, step_execution_id=parent_id, max_partition_version=2 * MAX_WORKER_TRIES
+            )
+            return decode_int64(found, column="open_partitions", minimum=0)
+
+    def count_by_status(self, parent_id: int) -> dict[BatchStatus, int]:
+        """How many partitions of a plan are in each status."""
+        with self._uow.operation() as conn:
+            return count_step_partitions_by_status(self._uow.statements, conn, parent_id)
+
+    def progress(self, parent_id: int, slowest: int = 5) -> PlanProgress:
+        """Partitions per status and the `slowest` partitions of a plan.
+
+        Raises:
+            StepExecutionNotFound: no such parent.
+            PartitionStateCorrupt: an unreadable status or key.
+
+        Statements: steps.sql get_step_execution; partitions.sql count_step_partitions_by_status,
+        list_slowest_step_partitions.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            now = self._uow.clock.now()
+            check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
+            if q.get_step_execution.one(conn, step_execution_id=parent_id) is None:
+                raise StepExecutionNotFound(id=parent_id)
+            counts = count_step_partitions_by_status(q, conn, parent_id)
+            rows = q.list_slowest_step_partitions.many(
+                conn, step_execution_id=parent_id, now=now, limit=slowest
+            )
+            try:
+                slow = tuple(
+                    SlowPartition(
+                        key=PartitionKey(decode_text(row["partition_key"], column="partition_key")),
+                        status=_status(row["status"]),
+                        worker_step_execution_id=decode_int64(
+                            row["worker_step_execution_id"],
+                            column="worker_step_execution_id",
+                            minimum=1,
+                        ),
+                        elapsed=_elapsed(row["elapsed"]),
+                    )
+                    for row in rows
+                )
+            except (DecodeError, PyBatchError):
+                raise PartitionStateCorrupt() from None
+            return PlanProgress(counts=counts, slowest=slow)
+
+    def started(self, parent_id: int) -> list[StartedPartition]:
+        """The STARTED partitions of a plan with their workers.
+
+        Statements: partitions.sql list_started_step_partitions.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
+            rows = q.list_started_step_partitions.many(conn, step_execution_id=parent_id)
+            try:
+                return [
+                    StartedPartition(
+                        *_worker_lease(row),
+                        id=decode_int64(row["id"], column="id", minimum=1),
+                        key=decode_text(row["partition_key"], column="partition_key"),
+                    )
+                    for row in rows
+                ]
+            except DecodeError:
+                raise PartitionStateCorrupt() from None
+
+    def end_worker(
+        self,
+        partition_id: int,
+        expected_version: int,
+        worker_id: int,
+        transition: LifecycleTransition,
+        exit_status: ExitCode,
+    ) -> StepPartition:
+        """End a partition's worker step and complete the partition from it, atomically."""
+        with self._uow.operation() as conn:
+            return end_partition_worker(
+                self._uow.statements,
+                conn,
+                partition_id,
+                expected_version,
+                worker_id,
+                WorkerEnd(transition, exit_status),
+            )

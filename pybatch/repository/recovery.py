@@ -22,11 +22,14 @@ from pybatch.errors import (
     Unavailable,
 )
 from pybatch.repository import steps
+from pybatch.repository._capability import Capability
 from pybatch.repository.audit_chain import link_audit_record, try_link_audit_record
+from pybatch.repository.operator_requests import OperatorRequests
 from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values.audit import AuditRecordKind
 from pybatch.values.ids import FailureId, IdentifierKind, check_identifier
 from pybatch.values.lifecycle import ExecutionMetadata
+from pybatch.values.operator import automatic_recovery_record
 from pybatch.values.ownership import OwnerToken
 from pybatch.values.recovery import (
     OwnerObservation,
@@ -40,12 +43,7 @@ from pybatch.values.recovery import (
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from pybatch.values.timestamps import ExecutionTimestamps
 
-__all__ = [
-    "recover_job_execution",
-    "recover_orphaned_execution",
-    "recovery_decision",
-    "recovery_snapshot",
-]
+__all__ = ["Recovery", "recover_job_execution", "recovery_snapshot"]
 
 
 def recover_job_execution(
@@ -145,64 +143,8 @@ def recover_job_execution(
     return RecoveryResult(execution=recovered, decision=decision)
 
 
-def recovery_decision(
-    q: Statements, conn: Connection, execution_id: int
-) -> RecoveryDecision | None:
-    """The latest recovery decision of an execution, or None (docs/contract.md, Recovery).
-
-    Raises:
-        JobExecutionNotFound: no such execution.
-
-    Statements: executions.sql get_job_execution; recovery.sql find_latest_recovery_decision.
-    """
-    check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
-    if q.get_job_execution.one(conn, job_execution_id=execution_id) is None:
-        raise JobExecutionNotFound(id=execution_id)
-    row = q.find_latest_recovery_decision.one(conn, job_execution_id=execution_id)
-    return None if row is None else decode_recovery_decision(row)
-
-
 #: The operator reference of recoveries pybatch records on its own (orphaned runs).
 AUTOMATIC_RECOVERY_REFERENCE = "pybatch.etl"
-
-
-def recover_orphaned_execution(
-    q: Statements, conn: Connection, clock: Clock, execution_id: int
-) -> RecoveryResult:
-    """Record FAILED (OWNER_LOST) for an execution whose owner is gone; fail its open steps.
-
-    The caller has proved the owner gone (its lease ran out). A damaged audit chain never
-    blocks it: the decision is then recorded unlinked (see recover_job_execution). The
-    evidence digest binds the execution's id, status, durable `updated_at` and version, so a
-    decision about one observation can never apply to a later one.
-
-    Raises:
-        JobExecutionNotFound: no such execution.
-        StaleVersion, RecoveryNotAllowed: it changed or ended meanwhile.
-
-    Statements: executions.sql get_job_execution; then recover_job_execution's (which ends the
-    open steps).
-    """
-    row = q.get_job_execution.one(conn, job_execution_id=execution_id)
-    if row is None:
-        raise JobExecutionNotFound(id=execution_id)
-    orphan = decode_job_execution(row)
-    evidence = sha256(
-        canonical_json(
-            {
-                "execution_id": orphan.id,
-                "observation": "OWNER_LOST",
-                "status": orphan.status.value,
-                "updated_at": orphan.updated_at.isoformat(),
-                "version": orphan.version,
-            }
-        )
-    )
-    failure = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(orphan.id))
-    request = RecoveryRequest.mark_failed(
-        orphan.version, "OWNER_LOST", AUTOMATIC_RECOVERY_REFERENCE, evidence, failure
-    )
-    return recover_job_execution(q, conn, clock, orphan.id, request, tolerate_chain_errors=True)
 
 
 def recovery_snapshot(
@@ -268,3 +210,77 @@ def recovery_snapshot(
         latest_step=latest,
         markers=markers,
     )
+
+
+class Recovery(Capability):
+    """The recovery operations of one unit of work."""
+
+    def recover(self, execution_id: int, request: RecoveryRequest) -> RecoveryResult:
+        """Mark an unresolved execution FAILED or ABANDONED with an audit decision."""
+        with self._uow.operation() as conn:
+            return recover_job_execution(
+                self._uow.statements, conn, self._uow.clock, execution_id, request
+            )
+
+    def decision(self, execution_id: int) -> RecoveryDecision | None:
+        """The latest recovery decision of an execution, or None (docs/contract.md, Recovery).
+
+        Raises:
+            JobExecutionNotFound: no such execution.
+
+        Statements: executions.sql get_job_execution; recovery.sql find_latest_recovery_decision.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
+            if q.get_job_execution.one(conn, job_execution_id=execution_id) is None:
+                raise JobExecutionNotFound(id=execution_id)
+            row = q.find_latest_recovery_decision.one(conn, job_execution_id=execution_id)
+            return None if row is None else decode_recovery_decision(row)
+
+    def recover_orphaned(self, execution_id: int, *, audited: bool = True) -> RecoveryResult:
+        """Record FAILED (OWNER_LOST) for an execution whose owner is gone; fail its open steps.
+
+        The caller has proved the owner gone (its lease ran out). With `audited` it is also
+        recorded like an operator's request (RECOVER by pybatch.etl), in the same savepoint.
+        A damaged audit chain never blocks it: the decision and the request are then kept
+        unlinked, an error line names them and `pybatch audit verify` reports the chain
+        broken. The evidence digest binds the execution's id, status, durable `updated_at`
+        and version, so a decision about one observation can never apply to a later one.
+
+        Raises:
+            JobExecutionNotFound: no such execution.
+            StaleVersion, RecoveryNotAllowed: it changed or ended meanwhile.
+
+        Statements: executions.sql get_job_execution; then recover_job_execution's (which ends
+        the open steps); operator_requests.sql's append when audited.
+        """
+        with self._uow.operation() as conn:
+            q, clock = self._uow.statements, self._uow.clock
+            row = q.get_job_execution.one(conn, job_execution_id=execution_id)
+            if row is None:
+                raise JobExecutionNotFound(id=execution_id)
+            orphan = decode_job_execution(row)
+            evidence = sha256(
+                canonical_json(
+                    {
+                        "execution_id": orphan.id,
+                        "observation": "OWNER_LOST",
+                        "status": orphan.status.value,
+                        "updated_at": orphan.updated_at.isoformat(),
+                        "version": orphan.version,
+                    }
+                )
+            )
+            failure = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(orphan.id))
+            request = RecoveryRequest.mark_failed(
+                orphan.version, "OWNER_LOST", AUTOMATIC_RECOVERY_REFERENCE, evidence, failure
+            )
+            result = recover_job_execution(
+                q, conn, clock, orphan.id, request, tolerate_chain_errors=True
+            )
+            if audited:
+                OperatorRequests(self._uow).append(
+                    automatic_recovery_record(result, clock.now()), tolerate_chain_errors=True
+                )
+            return result

@@ -17,7 +17,6 @@ from typing import Any
 import attrs
 import psycopg
 
-from pybatch._statements import Statements
 from pybatch.codecs._primitives import (
     DecodeError,
     decode_aware,
@@ -27,6 +26,7 @@ from pybatch.codecs._primitives import (
     returned,
 )
 from pybatch.errors import RetentionPlanStale
+from pybatch.repository._capability import Capability
 from pybatch.repository.audit_chain import link_audit_record
 from pybatch.values.audit import AuditRecordKind
 from pybatch.values.names import ActorRef, OperationId, ReasonCode
@@ -44,15 +44,7 @@ from pybatch.values.retention import (
 )
 from pybatch.values.status import BatchStatus
 
-__all__ = [
-    "append_retention_action",
-    "apply_purge",
-    "find_retention_action",
-    "mark_purged_audit_links",
-    "PurgeResult",
-    "PurgedAuditRecords",
-    "purge_survey",
-]
+__all__ = ["PurgeResult", "PurgedAuditRecords", "Retention"]
 
 Connection = psycopg.Connection[Any]
 
@@ -118,108 +110,8 @@ def _decode_record(row: Any) -> RetentionRecord:
         raise DecodeError("retention_action") from error
 
 
-def find_retention_action(
-    q: Statements, conn: Connection, action: RetentionAction, operation_id: OperationId
-) -> RetentionRecord | None:
-    """The recorded retention request of (action, operation id), or None.
-
-    Statements: retention.sql find_retention_action.
-    """
-    row = q.find_retention_action.one(conn, action=action.value, operation_id=operation_id.value)
-    return None if row is None else _decode_record(row)
-
-
-def append_retention_action(
-    q: Statements, conn: Connection, draft: RetentionRecordDraft
-) -> RetentionRecord:
-    """Append a retention audit row (and its audit-chain link) in the effect's transaction.
-
-    Raises:
-        ConcurrentModification: the (action, operation id) is already recorded.
-
-    Statements: retention.sql insert_retention_action; audit_chain.sql append_audit_link.
-    """
-    counts = draft.counts.as_dict()
-    row = q.insert_retention_action.one(
-        conn,
-        job_instance_id=draft.job_instance_id,
-        action=draft.action.value,
-        operation_id=draft.operation_id.value,
-        actor_ref=draft.actor.value,
-        reason_code=draft.reason.value,
-        request_digest=draft.request_digest,
-        plan_digest=draft.plan_digest,
-        batch_bound=draft.batch_bound,
-        outcome_class=draft.outcome,
-        applied_at=draft.applied_at,
-        **{column: counts[name] for name, column in _COUNT_COLUMNS},
-    )
-    record_id = decode_int64(returned(row)["id"], column="id", minimum=1)
-    link_audit_record(q, conn, AuditRecordKind.RETENTION_ACTION, record_id)
-    return RetentionRecord(id=record_id, **attrs.asdict(draft, recurse=False))
-
-
 #: Before every possible instant: the keyset start of a survey.
 _EPOCH = _dt.datetime(1, 1, 1, tzinfo=_dt.UTC)
-
-
-def purge_survey(
-    q: Statements,
-    conn: Connection,
-    request: PurgePlanRequest,
-    after: tuple[_dt.datetime, int] | None = None,
-) -> PurgeSurvey:
-    """The next batch of whole instance histories to purge (read-only).
-
-    Instances are taken oldest latest-execution first (then by id) while their executions
-    fit in the batch bound; an instance larger than the bound is taken alone. One statement
-    chooses them, lists their executions and counts the rows a purge would delete.
-
-    The cutoff is the server's clock minus `request.minimum_age`, computed in the
-    statement: a purging client whose clock runs ahead can never make a young history look
-    old. The `updated_at` it is compared with was stamped by a client whose clock the
-    clock-skew check on new connections held within `max_clock_skew` of the server's.
-
-    Statements: retention.sql survey_purge_batch.
-    """
-    rows = q.survey_purge_batch.many(
-        conn,
-        statuses=[status.value for status in request.statuses.ordered()],
-        minimum_age_us=request.minimum_age // _dt.timedelta(microseconds=1),
-        job_name=request.job_name.value,
-        limit=request.batch.value,
-        after_updated_at=_EPOCH if after is None else after[0],
-        after_instance_id=0 if after is None else after[1],
-    )
-    if not rows:
-        return PurgeSurvey((), PurgeCounts())
-    candidates: list[PurgeCandidate] = []
-    final: dict[int, BatchStatus] = {}
-    for row in rows:
-        instance_id = decode_int64(row["job_instance_id"], column="job_instance_id", minimum=1)
-        candidates.append(
-            PurgeCandidate(
-                instance_id,
-                decode_int64(row["job_execution_id"], column="job_execution_id", minimum=1),
-                decode_int64(row["version"], column="version", minimum=0),
-            )
-        )
-        if instance_id not in final:
-            final[instance_id] = decode_enum(BatchStatus, row["status"], column="status")
-    candidates.sort(key=candidate_order)
-    # Rows come oldest first: the last one is the keyset position of the batch.
-    last = rows[-1]
-    last_key = (
-        decode_aware(last["updated_at"], column="updated_at"),
-        decode_int64(last["job_instance_id"], column="job_instance_id", minimum=1),
-    )
-    first = rows[0]
-    counts = PurgeCounts(
-        **{name: decode_int64(first[name], column=name, minimum=0) for name in _HISTORY_ROW_COUNTS},
-        job_executions=len(candidates),
-        job_instances=len(final),
-    )
-    return PurgeSurvey(tuple(candidates), counts, tuple(sorted(final.items())), last_key)
 
 
 def _decode_ids(value: object, column: str) -> tuple[int, ...]:
@@ -228,91 +120,203 @@ def _decode_ids(value: object, column: str) -> tuple[int, ...]:
     return tuple(decode_int64(item, column=column, minimum=1) for item in value)
 
 
-def apply_purge(q: Statements, conn: Connection, plan: PurgePlan, now: _dt.datetime) -> PurgeResult:
-    """Delete exactly the plan's histories, or nothing (RetentionPlanStale).
+class Retention(Capability):
+    """The retention operations of one unit of work."""
 
-    Race: the instances, then their executions, are locked FOR UPDATE in ascending id
-    order, so a concurrent launch, restart, hold or transition on a candidate either
-    committed first (and the re-validation below finds the change: stale) or waits for
-    this purge and then finds the instance purged.
+    def find_action(
+        self, action: RetentionAction, operation_id: OperationId
+    ) -> RetentionRecord | None:
+        """The recorded retention request of (action, operation id), or None.
 
-    Re-validation runs in the server on the locked rows: the instances are all there and
-    none is held; the executions of those instances are exactly the plan's candidates at
-    their versions (their (instance, execution, version) triples hash to the SHA-256 of
-    the plan's candidate encoding); none is unresolved; and each instance's latest
-    attempt still has a requested status.
+        Statements: retention.sql find_retention_action.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            row = q.find_retention_action.one(
+                conn, action=action.value, operation_id=operation_id.value
+            )
+            return None if row is None else _decode_record(row)
 
-    Raises:
-        RetentionPlanStale: an instance is gone or held, an execution was added, removed,
-            changed version, or no longer ends in a requested status.
+    def append_action(self, draft: RetentionRecordDraft) -> RetentionRecord:
+        """Append a retention audit row (and its audit-chain link) in the effect's transaction.
 
-    Statements: retention.sql lock_purge_instances, lock_purge_executions,
-    delete_purge_histories, detach_retention_actions, delete_purge_instances.
-    """
-    if plan.is_empty():
-        return PurgeResult(PurgeCounts(), PurgedAuditRecords())
-    instance_ids = plan.instance_ids
-    locked = returned(q.lock_purge_instances.one(conn, instance_ids=instance_ids))
-    if decode_int64(locked["found"], column="found", minimum=0) != len(instance_ids):
-        raise RetentionPlanStale()
-    if decode_int64(locked["held"], column="held", minimum=0) != 0:
-        raise RetentionPlanStale()
-    check = returned(
-        q.lock_purge_executions.one(
-            conn,
-            instance_ids=instance_ids,
-            statuses=[status.value for status in plan.request.statuses.ordered()],
-        )
-    )
-    expected = hashlib.sha256(candidate_encoding(plan.candidates)).digest()
-    if decode_digest(check["candidates_digest"], column="candidates_digest") != expected:
-        raise RetentionPlanStale()
-    if decode_int64(check["unresolved"], column="unresolved", minimum=0) != 0:
-        raise RetentionPlanStale()
-    if decode_int64(check["not_requested"], column="not_requested", minimum=0) != 0:
-        raise RetentionPlanStale()
-    forget = plan.request.forget_instances
-    deleted = returned(
-        q.delete_purge_histories.one(
-            conn,
-            execution_ids=[candidate.job_execution_id for candidate in plan.candidates],
-            instance_ids=instance_ids,
-            purged_at=now,
-            tombstone=not forget,
-        )
-    )
-    counts = PurgeCounts(
-        **{
-            name: decode_int64(deleted[name], column=name, minimum=0)
-            for name in (*_HISTORY_ROW_COUNTS, "job_executions")
-        }
-    )
-    audit_records = PurgedAuditRecords(
-        operator_request_ids=_decode_ids(deleted["operator_request_ids"], "operator_request_ids"),
-        recovery_decision_ids=_decode_ids(
-            deleted["recovery_decision_ids"], "recovery_decision_ids"
-        ),
-    )
-    if forget:
-        q.detach_retention_actions.affected(conn, instance_ids=instance_ids)
-        instances = q.delete_purge_instances.affected(conn, instance_ids=instance_ids)
-    else:
-        instances = decode_int64(deleted["tombstones"], column="tombstones", minimum=0)
-    return PurgeResult(attrs.evolve(counts, job_instances=instances), audit_records)
+        Raises:
+            ConcurrentModification: the (action, operation id) is already recorded.
 
+        Statements: retention.sql insert_retention_action; audit_chain.sql append_audit_link.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            counts = draft.counts.as_dict()
+            row = q.insert_retention_action.one(
+                conn,
+                job_instance_id=draft.job_instance_id,
+                action=draft.action.value,
+                operation_id=draft.operation_id.value,
+                actor_ref=draft.actor.value,
+                reason_code=draft.reason.value,
+                request_digest=draft.request_digest,
+                plan_digest=draft.plan_digest,
+                batch_bound=draft.batch_bound,
+                outcome_class=draft.outcome,
+                applied_at=draft.applied_at,
+                **{column: counts[name] for name, column in _COUNT_COLUMNS},
+            )
+            record_id = decode_int64(returned(row)["id"], column="id", minimum=1)
+            link_audit_record(q, conn, AuditRecordKind.RETENTION_ACTION, record_id)
+            return RetentionRecord(id=record_id, **attrs.asdict(draft, recurse=False))
 
-def mark_purged_audit_links(
-    q: Statements, conn: Connection, deleted: PurgedAuditRecords, retention_action_id: int
-) -> int:
-    """Mark the links whose records this purge deleted, naming its retention action.
+    def survey(
+        self, request: PurgePlanRequest, after: tuple[_dt.datetime, int] | None = None
+    ) -> PurgeSurvey:
+        """The next batch of whole instance histories to purge (read-only).
 
-    Statements: retention.sql mark_purged_audit_links.
-    """
-    return int(
-        q.mark_purged_audit_links.affected(
-            conn,
-            retention_action_id=retention_action_id,
-            operator_request_ids=list(deleted.operator_request_ids),
-            recovery_decision_ids=list(deleted.recovery_decision_ids),
-        )
-    )
+        Instances are taken oldest latest-execution first (then by id) while their executions
+        fit in the batch bound; an instance larger than the bound is taken alone. One statement
+        chooses them, lists their executions and counts the rows a purge would delete.
+
+        The cutoff is the server's clock minus `request.minimum_age`, computed in the
+        statement: a purging client whose clock runs ahead can never make a young history look
+        old. The `updated_at` it is compared with was stamped by a client whose clock the
+        clock-skew check on new connections held within `max_clock_skew` of the server's.
+
+        Statements: retention.sql survey_purge_batch.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            rows = q.survey_purge_batch.many(
+                conn,
+                statuses=[status.value for status in request.statuses.ordered()],
+                minimum_age_us=request.minimum_age // _dt.timedelta(microseconds=1),
+                job_name=request.job_name.value,
+                limit=request.batch.value,
+                after_updated_at=_EPOCH if after is None else after[0],
+                after_instance_id=0 if after is None else after[1],
+            )
+            if not rows:
+                return PurgeSurvey((), PurgeCounts())
+            candidates: list[PurgeCandidate] = []
+            final: dict[int, BatchStatus] = {}
+            for row in rows:
+                instance_id = decode_int64(
+                    row["job_instance_id"], column="job_instance_id", minimum=1
+                )
+                candidates.append(
+                    PurgeCandidate(
+                        instance_id,
+                        decode_int64(row["job_execution_id"], column="job_execution_id", minimum=1),
+                        decode_int64(row["version"], column="version", minimum=0),
+                    )
+                )
+                if instance_id not in final:
+                    final[instance_id] = decode_enum(BatchStatus, row["status"], column="status")
+            candidates.sort(key=candidate_order)
+            # Rows come oldest first: the last one is the keyset position of the batch.
+            last = rows[-1]
+            last_key = (
+                decode_aware(last["updated_at"], column="updated_at"),
+                decode_int64(last["job_instance_id"], column="job_instance_id", minimum=1),
+            )
+            first = rows[0]
+            counts = PurgeCounts(
+                **{
+                    name: decode_int64(first[name], column=name, minimum=0)
+                    for name in _HISTORY_ROW_COUNTS
+                },
+                job_executions=len(candidates),
+                job_instances=len(final),
+            )
+            return PurgeSurvey(tuple(candidates), counts, tuple(sorted(final.items())), last_key)
+
+    def apply_purge(self, plan: PurgePlan) -> PurgeResult:
+        """Delete exactly the plan's histories, or nothing (RetentionPlanStale).
+
+        Race: the instances, then their executions, are locked FOR UPDATE in ascending id
+        order, so a concurrent launch, restart, hold or transition on a candidate either
+        committed first (and the re-validation below finds the change: stale) or waits for
+        this purge and then finds the instance purged.
+
+        Re-validation runs in the server on the locked rows: the instances are all there and
+        none is held; the executions of those instances are exactly the plan's candidates at
+        their versions (their (instance, execution, version) triples hash to the SHA-256 of
+        the plan's candidate encoding); none is unresolved; and each instance's latest
+        attempt still has a requested status.
+
+        Raises:
+            RetentionPlanStale: an instance is gone or held, an execution was added, removed,
+                changed version, or no longer ends in a requested status.
+
+        Statements: retention.sql lock_purge_instances, lock_purge_executions,
+        delete_purge_histories, detach_retention_actions, delete_purge_instances.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            now = self._uow.clock.now()
+            if plan.is_empty():
+                return PurgeResult(PurgeCounts(), PurgedAuditRecords())
+            instance_ids = plan.instance_ids
+            locked = returned(q.lock_purge_instances.one(conn, instance_ids=instance_ids))
+            if decode_int64(locked["found"], column="found", minimum=0) != len(instance_ids):
+                raise RetentionPlanStale()
+            if decode_int64(locked["held"], column="held", minimum=0) != 0:
+                raise RetentionPlanStale()
+            check = returned(
+                q.lock_purge_executions.one(
+                    conn,
+                    instance_ids=instance_ids,
+                    statuses=[status.value for status in plan.request.statuses.ordered()],
+                )
+            )
+            expected = hashlib.sha256(candidate_encoding(plan.candidates)).digest()
+            if decode_digest(check["candidates_digest"], column="candidates_digest") != expected:
+                raise RetentionPlanStale()
+            if decode_int64(check["unresolved"], column="unresolved", minimum=0) != 0:
+                raise RetentionPlanStale()
+            if decode_int64(check["not_requested"], column="not_requested", minimum=0) != 0:
+                raise RetentionPlanStale()
+            forget = plan.request.forget_instances
+            deleted = returned(
+                q.delete_purge_histories.one(
+                    conn,
+                    execution_ids=[candidate.job_execution_id for candidate in plan.candidates],
+                    instance_ids=instance_ids,
+                    purged_at=now,
+                    tombstone=not forget,
+                )
+            )
+            counts = PurgeCounts(
+                **{
+                    name: decode_int64(deleted[name], column=name, minimum=0)
+                    for name in (*_HISTORY_ROW_COUNTS, "job_executions")
+                }
+            )
+            audit_records = PurgedAuditRecords(
+                operator_request_ids=_decode_ids(
+                    deleted["operator_request_ids"], "operator_request_ids"
+                ),
+                recovery_decision_ids=_decode_ids(
+                    deleted["recovery_decision_ids"], "recovery_decision_ids"
+                ),
+            )
+            if forget:
+                q.detach_retention_actions.affected(conn, instance_ids=instance_ids)
+                instances = q.delete_purge_instances.affected(conn, instance_ids=instance_ids)
+            else:
+                instances = decode_int64(deleted["tombstones"], column="tombstones", minimum=0)
+            return PurgeResult(attrs.evolve(counts, job_instances=instances), audit_records)
+
+    def mark_purged_audit_links(self, deleted: PurgedAuditRecords, retention_action_id: int) -> int:
+        """Mark the links whose records this purge deleted, naming its retention action.
+
+        Statements: retention.sql mark_purged_audit_links.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            return int(
+                q.mark_purged_audit_links.affected(
+                    conn,
+                    retention_action_id=retention_action_id,
+                    operator_request_ids=list(deleted.operator_request_ids),
+                    recovery_decision_ids=list(deleted.recovery_decision_ids),
+                )
+            )

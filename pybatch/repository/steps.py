@@ -11,7 +11,6 @@ from datetime import datetime
 from typing import Any
 
 from pybatch._statements import Connection, Statements
-from pybatch.clock import Clock
 from pybatch.codecs._jsonb import to_jsonb
 from pybatch.codecs._primitives import decode_int64, decode_optional_int64, returned
 from pybatch.codecs.executions import decode_job_execution
@@ -27,6 +26,7 @@ from pybatch.errors import (
     StepExecutionNotFound,
 )
 from pybatch.repository import _lifecycle, definitions
+from pybatch.repository._capability import Capability
 from pybatch.repository._lifecycle import LifecycleRows
 from pybatch.values.fault import FaultStateEnvelope
 from pybatch.values.ids import IdentifierKind, check_identifier
@@ -36,14 +36,11 @@ from pybatch.values.records import StepExecution
 from pybatch.values.status import BatchStatus, FailureCategory
 
 __all__ = [
-    "create_step_execution",
+    "Steps",
     "duplicate_step_overrides",
     "end_unfinished_steps",
-    "enrich_step_exit_status",
     "get_step_execution",
     "insert_step_execution",
-    "step_executions",
-    "transition_step_execution",
 ]
 
 
@@ -61,57 +58,6 @@ def duplicate_step_overrides(
         "step_execution_name_unique": duplicate,
         "step_execution_logical_id_unique": duplicate,
     }
-
-
-def create_step_execution(
-    q: Statements, conn: Connection, clock: Clock, job_execution_id: int, step_name: StepName
-) -> StepExecution:
-    """Create a step; in a restart attempt copy its source's durable state.
-
-    Raises:
-        JobExecutionNotFound: no such job execution.
-        DuplicateStep: the name or logical id is taken in this execution.
-        InvalidDefinitionUpgrade: an upgraded restart has no mapping entry for the step.
-        RestartStateNotFound: the previous attempt has no source step.
-
-    Statements: executions.sql get_job_execution; steps.sql find_conflicting_step_execution,
-    find_restart_source_step_execution, insert_step_execution(_from_source),
-    get_step_execution; definitions.sql find_upgrade_source_step_name.
-    """
-    check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
-    row = q.get_job_execution.one(conn, job_execution_id=job_execution_id)
-    if row is None:
-        raise JobExecutionNotFound(id=job_execution_id)
-    execution = decode_job_execution(row)  # no step begins under a corrupt execution
-    names = {"job_execution_id": job_execution_id, "step_name": step_name.value}
-    if q.find_conflicting_step_execution.one(conn, **names, node_id=step_name.value) is not None:
-        raise DuplicateStep(
-            job_execution_id=job_execution_id, step_name=step_name.value, node_id=step_name.value
-        )
-    previous = execution.restart_of_execution_id
-    source_id: int | None = None
-    if previous is not None:
-        source_name = step_name.value
-        if execution.upgrade_from_definition_id is not None:
-            mapped = definitions.upgrade_source_step_name(q, conn, job_execution_id, step_name)
-            if mapped is None:
-                raise InvalidDefinitionUpgrade(execution_id=job_execution_id)
-            source_name = mapped
-        source_id = decode_optional_int64(
-            q.find_restart_source_step_execution.scalar(
-                conn, previous_job_execution_id=previous, source_step_name=source_name
-            ),
-            column="id",
-            minimum=1,
-        )
-        if source_id is None:
-            raise RestartStateNotFound(execution_id=job_execution_id, step_name=step_name.value)
-    step_id = insert_step_execution(
-        q, conn, job_execution_id, step_name, step_name.value, source_id, clock.now()
-    )
-    return decode_step_execution(
-        returned(q.get_step_execution.one(conn, step_execution_id=step_id))
-    )
 
 
 def insert_step_execution(
@@ -206,57 +152,11 @@ _ROWS = LifecycleRows[StepExecution](
 )
 
 
-def transition_step_execution(
-    q: Statements,
-    conn: Connection,
-    step_id: int,
-    expected_version: int,
-    transition: LifecycleTransition,
-) -> StepExecution:
-    """Apply a lifecycle transition to a step under its row lock.
-
-    See docs/contract.md, Transitions and enrichment.
-
-    Statements: steps.sql lock_step_execution, update_step_execution_transition (and
-    get_step_execution when the swap loses).
-    """
-    return _lifecycle.transition(_ROWS, q, conn, step_id, expected_version, transition)
-
-
-def enrich_step_exit_status(
-    q: Statements,
-    conn: Connection,
-    clock: Clock,
-    step_id: int,
-    expected_version: int,
-    exit_status: ExitCode,
-) -> StepExecution:
-    """Replace a step's exit status in any status (docs/contract.md, Exit-status enrichment).
-
-    Statements: steps.sql lock_step_execution, update_step_execution_exit_code.
-    """
-    return _lifecycle.enrich_exit_status(
-        _ROWS, q, conn, clock.now(), step_id, expected_version, exit_status
-    )
-
-
 def get_step_execution(q: Statements, conn: Connection, step_id: int) -> StepExecution | None:
     """One step execution, or None (statements: steps.sql get_step_execution)."""
     check_identifier(IdentifierKind.STEP_EXECUTION, step_id)
     row = q.get_step_execution.one(conn, step_execution_id=step_id)
     return None if row is None else decode_step_execution(row)
-
-
-def step_executions(q: Statements, conn: Connection, job_execution_id: int) -> list[StepExecution]:
-    """The steps of a job execution in creation order (docs/contract.md, Reads).
-
-    Statements: executions.sql get_job_execution; steps.sql list_step_executions.
-    """
-    check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
-    if q.get_job_execution.one(conn, job_execution_id=job_execution_id) is None:
-        raise JobExecutionNotFound(id=job_execution_id)
-    rows = q.list_step_executions.many(conn, job_execution_id=job_execution_id)
-    return [decode_step_execution(row) for row in rows]
 
 
 def end_unfinished_steps(
@@ -288,3 +188,114 @@ def end_unfinished_steps(
         ended_at=ended_at,
     )
     return decode_int64(returned(row)["ended_steps"], column="ended_steps", minimum=0)
+
+
+class Steps(Capability):
+    """The steps operations of one unit of work."""
+
+    def create(self, job_execution_id: int, step_name: StepName) -> StepExecution:
+        """Create a step; in a restart attempt copy its source's durable state.
+
+        Raises:
+            JobExecutionNotFound: no such job execution.
+            DuplicateStep: the name or logical id is taken in this execution.
+            InvalidDefinitionUpgrade: an upgraded restart has no mapping entry for the step.
+            RestartStateNotFound: the previous attempt has no source step.
+
+        Statements: executions.sql get_job_execution; steps.sql find_conflicting_step_execution,
+        find_restart_source_step_execution, insert_step_execution(_from_source),
+        get_step_execution; definitions.sql find_upgrade_source_step_name.
+        """
+        duplicate = duplicate_step_overrides(job_execution_id, step_name, step_name.value)
+        with self._uow.operation(overrides=duplicate) as conn:
+            q = self._uow.statements
+            clock = self._uow.clock
+            check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
+            row = q.get_job_execution.one(conn, job_execution_id=job_execution_id)
+            if row is None:
+                raise JobExecutionNotFound(id=job_execution_id)
+            execution = decode_job_execution(row)  # no step begins under a corrupt execution
+            names = {"job_execution_id": job_execution_id, "step_name": step_name.value}
+            if (
+                q.find_conflicting_step_execution.one(conn, **names, node_id=step_name.value)
+                is not None
+            ):
+                raise DuplicateStep(
+                    job_execution_id=job_execution_id,
+                    step_name=step_name.value,
+                    node_id=step_name.value,
+                )
+            previous = execution.restart_of_execution_id
+            source_id: int | None = None
+            if previous is not None:
+                source_name = step_name.value
+                if execution.upgrade_from_definition_id is not None:
+                    mapped = definitions.upgrade_source_step_name(
+                        q, conn, job_execution_id, step_name
+                    )
+                    if mapped is None:
+                        raise InvalidDefinitionUpgrade(execution_id=job_execution_id)
+                    source_name = mapped
+                source_id = decode_optional_int64(
+                    q.find_restart_source_step_execution.scalar(
+                        conn, previous_job_execution_id=previous, source_step_name=source_name
+                    ),
+                    column="id",
+                    minimum=1,
+                )
+                if source_id is None:
+                    raise RestartStateNotFound(
+                        execution_id=job_execution_id, step_name=step_name.value
+                    )
+            step_id = insert_step_execution(
+                q, conn, job_execution_id, step_name, step_name.value, source_id, clock.now()
+            )
+            return decode_step_execution(
+                returned(q.get_step_execution.one(conn, step_execution_id=step_id))
+            )
+
+    def transition(
+        self, step_id: int, expected_version: int, transition: LifecycleTransition
+    ) -> StepExecution:
+        """Apply a lifecycle transition to a step under its row lock.
+
+        See docs/contract.md, Transitions and enrichment.
+
+        Statements: steps.sql lock_step_execution, update_step_execution_transition (and
+        get_step_execution when the swap loses).
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            return _lifecycle.transition(_ROWS, q, conn, step_id, expected_version, transition)
+
+    def enrich_exit_status(
+        self, step_id: int, expected_version: int, exit_status: ExitCode
+    ) -> StepExecution:
+        """Replace a step's exit status in any status (docs/contract.md, Exit-status enrichment).
+
+        Statements: steps.sql lock_step_execution, update_step_execution_exit_code.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            clock = self._uow.clock
+            return _lifecycle.enrich_exit_status(
+                _ROWS, q, conn, clock.now(), step_id, expected_version, exit_status
+            )
+
+    def get(self, step_id: int) -> StepExecution | None:
+        """One step execution, or None (docs/contract.md, Reads)."""
+        with self._uow.operation() as conn:
+            return get_step_execution(self._uow.statements, conn, step_id)
+
+    def of_execution(self, job_execution_id: int) -> list[StepExecution]:
+        """The steps of a job execution in creation order (docs/contract.md, Reads).
+
+        Statements: executions.sql get_job_execution; steps.sql list_step_executions.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
+            if q.get_job_execution.one(conn, job_execution_id=job_execution_id) is None:
+                raise JobExecutionNotFound(id=job_execution_id)
+            rows = q.list_step_executions.many(conn, job_execution_id=job_execution_id)
+            return [decode_step_execution(row) for row in rows]

@@ -13,53 +13,53 @@ from typing import Any
 import attrs
 import psycopg
 
-from pybatch._statements import Statements
 from pybatch.codecs.executions import decode_job_execution
 from pybatch.errors import JobExecutionNotFound, StaleVersion
+from pybatch.repository._capability import Capability
 from pybatch.repository._lifecycle import check_expected_version
 from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.names import ActorRef
 from pybatch.values.records import JobExecution
 from pybatch.values.timestamps import aware_utc
 
-__all__ = ["request_execution_stop"]
+__all__ = ["StopRequests"]
 
 Connection = psycopg.Connection[Any]
 
 
-def request_execution_stop(
-    q: Statements,
-    conn: Connection,
-    execution_id: int,
-    expected_version: int,
-    actor: ActorRef,
-    requested_at: _dt.datetime,
-) -> JobExecution:
-    """Record (or overwrite) a stop request; no status check, version unchanged.
+class StopRequests(Capability):
+    """The stop requests operations of one unit of work."""
 
-    Raises:
-        JobExecutionNotFound: no such execution.
-        StaleVersion: the version is not `expected_version`.
+    def request(
+        self, execution_id: int, expected_version: int, actor: ActorRef, requested_at: _dt.datetime
+    ) -> JobExecution:
+        """Record (or overwrite) a stop request; no status check, version unchanged.
 
-    Statements: executions.sql lock_job_execution; stop_requests.sql
-    update_job_execution_stop_request.
-    """
-    check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
-    check_expected_version(expected_version)
-    requested_at = aware_utc(requested_at)
-    row = q.lock_job_execution.one(conn, job_execution_id=execution_id)
-    if row is None:
-        raise JobExecutionNotFound(id=execution_id)
-    current = decode_job_execution(row)
-    if current.version != expected_version:
-        raise StaleVersion(expected=expected_version, actual=current.version)
-    changed = q.update_job_execution_stop_request.affected(
-        conn,
-        job_execution_id=execution_id,
-        expected_version=expected_version,
-        actor_ref=actor.value,
-        requested_at=requested_at,
-    )
-    if changed != 1:
-        raise StaleVersion(expected=expected_version, actual=current.version)
-    return attrs.evolve(current, updated_at=max(current.updated_at, requested_at))
+        Raises:
+            JobExecutionNotFound: no such execution.
+            StaleVersion: the version is not `expected_version`.
+
+        Statements: executions.sql lock_job_execution; stop_requests.sql
+        update_job_execution_stop_request.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
+            check_expected_version(expected_version)
+            requested_at = aware_utc(requested_at)
+            row = q.lock_job_execution.one(conn, job_execution_id=execution_id)
+            if row is None:
+                raise JobExecutionNotFound(id=execution_id)
+            current = decode_job_execution(row)
+            if current.version != expected_version:
+                raise StaleVersion(expected=expected_version, actual=current.version)
+            changed = q.update_job_execution_stop_request.affected(
+                conn,
+                job_execution_id=execution_id,
+                expected_version=expected_version,
+                actor_ref=actor.value,
+                requested_at=requested_at,
+            )
+            if changed != 1:
+                raise StaleVersion(expected=expected_version, actual=current.version)
+            return attrs.evolve(current, updated_at=max(current.updated_at, requested_at))

@@ -61,7 +61,7 @@ class FlowPoint:
                 return recorded
             earlier = None
             if reused:
-                earlier = uow.find_reusable_flow_decision(
+                earlier = uow.flow.find_reusable_decision(
                     self.instance_id,
                     node,
                     self.definition.digest,
@@ -69,7 +69,7 @@ class FlowPoint:
                     FlowTransitionKind.STEP_EXIT,
                 )
             if earlier is not None:
-                return uow.append_flow_decision(
+                return uow.flow.append_decision(
                     self._request(
                         uow,
                         node,
@@ -81,7 +81,7 @@ class FlowPoint:
                     )
                 )
             target = self._select(node, FlowTransitionKind.STEP_EXIT, outcome)
-            return uow.append_flow_decision(
+            return uow.flow.append_decision(
                 self._request(
                     uow, node, FlowTransitionKind.STEP_EXIT, outcome, target, source_step=step.id
                 )
@@ -100,7 +100,7 @@ class FlowPoint:
             recorded = self._recorded(uow, node)
             if recorded is not None:
                 return recorded
-            earlier = uow.find_reusable_flow_decision(
+            earlier = uow.flow.find_reusable_decision(
                 self.instance_id,
                 node,
                 self.definition.digest,
@@ -109,7 +109,7 @@ class FlowPoint:
             )
             if earlier is None:
                 return None
-            return uow.append_flow_decision(
+            return uow.flow.append_decision(
                 self._request(
                     uow,
                     node,
@@ -126,13 +126,13 @@ class FlowPoint:
         outcome = ExitCode(decider())
         target = self._select(node, FlowTransitionKind.DECIDER, outcome)
         return self.repository.run_in_unit_of_work(
-            lambda uow: uow.append_flow_decision(
+            lambda uow: uow.flow.append_decision(
                 self._request(uow, node, FlowTransitionKind.DECIDER, outcome, target)
             )
         )
 
     def _recorded(self, uow: UnitOfWork, node: NodeId) -> FlowDecision | None:
-        for decision in uow.flow_decisions(self.execution_id):
+        for decision in uow.flow.decisions(self.execution_id):
             if decision.source_node_id == node:
                 return decision
         return None
@@ -156,7 +156,7 @@ class FlowPoint:
     ) -> FlowDecisionRequest:
         return FlowDecisionRequest(
             job_execution_id=self.execution_id,
-            sequence=len(uow.flow_decisions(self.execution_id)) + 1,
+            sequence=len(uow.flow.decisions(self.execution_id)) + 1,
             source_node_id=node,
             source_step_execution_id=source_step,
             kind=kind,

@@ -155,7 +155,7 @@ class OperatorService:
         def effect(uow: UnitOfWork) -> _Effect:
             current = self._execution(uow, execution_id, expected_version)
             if current.status in (S.STARTING, S.STARTED):
-                stopped = uow.request_execution_stop(
+                stopped = uow.stop_requests.request(
                     execution_id, current.version, actor, uow.clock.now()
                 )
                 return _Effect(current.status, stopped.status, stopped, None, execution_id)
@@ -185,12 +185,12 @@ class OperatorService:
             current = self._execution(uow, execution_id, expected_version)
             if current.status is S.ABANDONED:
                 return _Effect(current.status, current.status, current, None, execution_id)
-            if current.status is S.UNKNOWN and uow.recovery_decision(execution_id) is None:
+            if current.status is S.UNKNOWN and uow.recovery.decision(execution_id) is None:
                 raise _Rejected(OperatorRejection.of(Code.UNRESOLVED_RECOVERY_REQUIRED))
             if current.status not in (S.STOPPED, S.FAILED, S.UNKNOWN):
                 raise _Rejected(OperatorRejection.invalid_state(current.status))
             at = max(uow.clock.now(), current.updated_at)
-            abandoned = uow.transition_job_execution(
+            abandoned = uow.executions.transition(
                 execution_id, current.version, LifecycleTransition.new(S.ABANDONED, at)
             )
             return _Effect(current.status, abandoned.status, abandoned, None, execution_id)
@@ -241,14 +241,14 @@ class OperatorService:
                 and recovery.reason_code != UNKNOWN_EFFECT
             ):
                 raise _Rejected(OperatorRejection.of(Code.UNRESOLVED_RECOVERY_REQUIRED))
-            _, lease = uow.lock_execution_ownership(execution_id)
+            _, lease = uow.ownership.lock(execution_id)
             if lease.has_lease and not lease.lease_expired and not force:
                 raise _Rejected(
                     OperatorRejection.execution_already_active(
                         JobExecutionId(execution_id), current.status
                     )
                 )
-            result = uow.recover_job_execution(execution_id, recovery)
+            result = uow.recovery.recover(execution_id, recovery)
             recovered = result.execution
             return _Effect(current.status, recovered.status, recovered, None, execution_id)
 
@@ -274,8 +274,8 @@ class OperatorService:
         )
 
         def effect(uow: UnitOfWork) -> _Effect:
-            instance = uow.select_or_create_job_instance(key).instance
-            created = uow.create_job_execution_with_definition(instance.id, definition)
+            instance = uow.instances.select_or_create(key).instance
+            created = uow.executions.create(instance.id, definition)
             return _Effect(None, created.status, created, instance.id, created.id)
 
         return self._submit(request, effect)
@@ -301,15 +301,15 @@ class OperatorService:
         request = attrs.evolve(request, instance_id=instance_id)
 
         def effect(uow: UnitOfWork) -> _Effect:
-            if uow.get_job_instance(instance_id) is None:
+            if uow.instances.get(instance_id) is None:
                 raise _Rejected(OperatorRejection.of(Code.INSTANCE_NOT_FOUND))
-            attempts = uow.job_executions(instance_id)
+            attempts = uow.executions.of_instance(instance_id)
             if not attempts:
                 raise _Rejected(OperatorRejection.of(Code.RESTART_WITHOUT_PRIOR_ATTEMPT))
             latest = attempts[-1]
             if latest.status is S.UNKNOWN:
                 raise _Rejected(OperatorRejection.invalid_state(S.UNKNOWN))
-            created = uow.create_job_execution_with_definition(instance_id, definition)
+            created = uow.executions.create(instance_id, definition)
             return _Effect(latest.status, created.status, created, instance_id, created.id)
 
         return self._submit(request, effect)
@@ -333,7 +333,7 @@ class OperatorService:
 
     @staticmethod
     def _execution(uow: UnitOfWork, execution_id: int, expected: int | None) -> JobExecution:
-        current = uow.get_job_execution(execution_id)
+        current = uow.executions.get(execution_id)
         if current is None:
             raise _Rejected(OperatorRejection.of(Code.EXECUTION_NOT_FOUND))
         if expected is not None and current.version != expected:
@@ -343,7 +343,7 @@ class OperatorService:
     def _probe(self, request: _Request) -> OperatorOutcome | None:
         """Replay a recorded request with the same digest; refuse one with another digest."""
         with self.repository.begin() as uow:
-            recorded = uow.find_operator_request(request.action, request.operation_id)
+            recorded = uow.operator_requests.find(request.action, request.operation_id)
         if recorded is None:
             return None
         if recorded.digest != request.digest:
@@ -408,7 +408,7 @@ class OperatorService:
                     raise
             if rejection is None:
                 try:
-                    record = uow.append_operator_request(
+                    record = uow.operator_requests.append(
                         self._draft(request, uow.clock.now(), effect=applied)
                     )
                 except ConcurrentModification:
@@ -425,7 +425,7 @@ class OperatorService:
         """Audit a refused request in a unit of work of its own (the effect was rolled back)."""
         with self.repository.begin() as uow:
             try:
-                record = uow.append_operator_request(
+                record = uow.operator_requests.append(
                     self._draft(request, uow.clock.now(), rejection=rejection)
                 )
             except ConcurrentModification:

@@ -97,7 +97,7 @@ class RetentionService:
         digest = retention_request_digest(RetentionAction.HOLD, f"instance:{instance_id}", reason)
 
         def effect(uow: UnitOfWork) -> _Applied:
-            uow.place_instance_hold(instance_id, actor, reason, uow.clock.now())
+            uow.holds.place(instance_id, actor, reason, uow.clock.now())
             return _Applied(
                 self._draft(RetentionAction.HOLD, operation_id, actor, reason, digest, uow)
             )
@@ -112,7 +112,7 @@ class RetentionService:
         digest = retention_request_digest(action, f"instance:{instance_id}", reason)
 
         def effect(uow: UnitOfWork) -> _Applied:
-            uow.release_instance_hold(instance_id)
+            uow.holds.release(instance_id)
             return _Applied(self._draft(action, operation_id, actor, reason, digest, uow))
 
         return self._submit(action, operation_id, digest, effect, instance_id)
@@ -126,7 +126,7 @@ class RetentionService:
     def _plan(self, request: PurgePlanRequest, after: _Key | None) -> tuple[PurgePlan, _Key | None]:
         """The sealed plan of the next batch after `after`, and the keyset position it ends at."""
         with self.repository.begin() as uow:
-            survey = uow.purge_survey(request, after)
+            survey = uow.retention.survey(request, after)
         return PurgePlan.new(request, survey), survey.last_key
 
     def forecast(self, request: PurgePlanRequest) -> PurgeCounts:
@@ -134,7 +134,7 @@ class RetentionService:
         total, after = PurgeCounts(), None
         while True:
             with self.repository.begin() as uow:
-                survey = uow.purge_survey(request, after)
+                survey = uow.retention.survey(request, after)
             if not survey.candidates:
                 return total
             total, after = total + survey.counts, survey.last_key
@@ -147,7 +147,7 @@ class RetentionService:
         digest = retention_request_digest(action, f"plan:{plan.digest.hex()}", reason)
 
         def effect(uow: UnitOfWork) -> _Applied:
-            result = uow.apply_purge(plan)
+            result = uow.retention.apply_purge(plan)
             draft = self._draft(
                 action,
                 operation_id,
@@ -246,7 +246,7 @@ class RetentionService:
         self, action: RetentionAction, operation_id: OperationId, digest: bytes
     ) -> RetentionOutcome | None:
         with self.repository.begin() as uow:
-            recorded = uow.find_retention_action(action, operation_id)
+            recorded = uow.retention.find_action(action, operation_id)
         if recorded is None:
             return None
         if recorded.request_digest != digest:
@@ -270,7 +270,7 @@ class RetentionService:
             if instance_id is not None:
                 draft = attrs.evolve(draft, job_instance_id=instance_id)
             try:
-                record = uow.append_retention_action(draft)
+                record = uow.retention.append_action(draft)
             except ConcurrentModification:
                 uow.rollback()
                 again = self._probe(action, operation_id, digest)
@@ -278,7 +278,7 @@ class RetentionService:
                     raise
                 return again
             if applied.purged is not None and not applied.purged.is_empty():
-                uow.mark_purged_audit_links(applied.purged, record.id)
+                uow.retention.mark_purged_audit_links(applied.purged, record.id)
             try:
                 uow.commit()
             except CommitOutcomeUnknown:

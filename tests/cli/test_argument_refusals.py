@@ -101,7 +101,7 @@ def test_a_re_signed_cursor_with_a_raised_ceiling_is_one_usage_line(
     with JobRepository.connect(pg_config) as repository:
         for name in ("a_job", "b_job"):
             with repository.begin() as uow:
-                uow.select_or_create_job_instance(Job(repository, name, {"run": 1}).key)
+                uow.instances.select_or_create(Job(repository, name, {"run": 1}).key)
                 uow.commit()
     binding = query_binding(ExplorerQuery.JOB_NAMES, PageSize(1), None)
     forged = Cursor.issue(ExplorerQuery.JOB_NAMES, NameKey("a_job"), 2**62, binding)

@@ -66,19 +66,19 @@ def launch(
     repository: JobRepository, clock: ManualClock, name: str, run_id: int, *, fail: bool = False
 ) -> JobExecution:
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(
+        instance = uow.instances.select_or_create(
             JobInstanceKey(JobName(name), JobParameters.of({"run": run_id, "token": SECRET}))
         ).instance
-        execution = uow.create_job_execution(instance.id)
-        execution = uow.transition_job_execution(
+        execution = uow.executions.create(instance.id)
+        execution = uow.executions.transition(
             execution.id,
             execution.version,
             LifecycleTransition.new(BatchStatus.STARTED, clock.advance()),
         )
-        step = uow.create_step_execution(execution.id, StepName("load"))
+        step = uow.steps.create(execution.id, StepName("load"))
         if fail:
             failure = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(3))
-            execution = uow.transition_job_execution(
+            execution = uow.executions.transition(
                 execution.id,
                 execution.version,
                 LifecycleTransition.failed(clock.advance(), failure),

@@ -35,12 +35,12 @@ def pybatch(db_dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 def unknown_execution(repository: JobRepository) -> int:
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(Job(repository, "cli", DAY).key).instance
-        execution = uow.create_job_execution(instance.id)
-        started = uow.transition_job_execution(
+        instance = uow.instances.select_or_create(Job(repository, "cli", DAY).key).instance
+        execution = uow.executions.create(instance.id)
+        started = uow.executions.transition(
             execution.id, execution.version, LifecycleTransition.new(S.STARTED, uow.clock.now())
         )
-        uow.transition_job_execution(
+        uow.executions.transition(
             started.id, started.version, LifecycleTransition.new(S.UNKNOWN, uow.clock.now())
         )
         uow.commit()
@@ -110,8 +110,8 @@ def check_recovered(repository: JobRepository, db_dsn: str, execution_id: int) -
     assert applied.returncode == 0, applied.stdout + applied.stderr
     assert "APPLIED RECOVER" in applied.stdout and "execution is FAILED" in applied.stdout
     with repository.begin() as uow:
-        execution = uow.get_job_execution(execution_id)
-        decision = uow.recovery_decision(execution_id)
+        execution = uow.executions.get(execution_id)
+        decision = uow.recovery.decision(execution_id)
     assert execution is not None and execution.status is S.FAILED
     assert decision is not None and decision.reason_code == "UNKNOWN_EFFECT"
 

@@ -17,10 +17,10 @@ S = BatchStatus
 
 def completed(repository: JobRepository, run: str, job: str = "nightly") -> int:
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(Job(repository, job, {"run": run}).key)
-        execution = uow.create_job_execution(instance.instance.id)
+        instance = uow.instances.select_or_create(Job(repository, job, {"run": run}).key)
+        execution = uow.executions.create(instance.instance.id)
         for status in (S.STARTED, S.COMPLETED):
-            execution = uow.transition_job_execution(
+            execution = uow.executions.transition(
                 execution.id, execution.version, LifecycleTransition.new(status, uow.clock.now())
             )
         uow.commit()

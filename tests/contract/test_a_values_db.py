@@ -63,11 +63,11 @@ def test_a5_non_identifying_parameters_do_not_change_the_instance(
     first, second = key("run-1", 0), key("run-2", 5)
     assert first == second and first.digest() == second.digest()
     with repository.begin() as uow:
-        created = uow.select_or_create_job_instance(first)
+        created = uow.instances.select_or_create(first)
         uow.commit()
     with repository.begin() as uow:
-        existing = uow.select_or_create_job_instance(second)
-        assert uow.find_job_instance(second) == created.instance
+        existing = uow.instances.select_or_create(second)
+        assert uow.instances.find(second) == created.instance
     assert isinstance(created, Created) and isinstance(existing, Existing)
     assert existing.instance.id == created.instance.id
     # Non-identifying launch parameters are never persisted.
@@ -84,14 +84,14 @@ def test_a6_u64_and_i64_of_the_same_number_are_different_instances(
     signed = JobInstanceKey(JobName("batch"), JobParameters.of({"n": ParameterValue.i64(1)}))
     assert unsigned != signed and unsigned.digest() != signed.digest()
     with repository.begin() as uow:
-        a = uow.select_or_create_job_instance(unsigned)
-        b = uow.select_or_create_job_instance(signed)
+        a = uow.instances.select_or_create(unsigned)
+        b = uow.instances.select_or_create(signed)
         uow.commit()
     assert isinstance(a, Created) and isinstance(b, Created)
     assert a.instance.id != b.instance.id
     with repository.begin() as uow:
-        read_a = uow.get_job_instance(a.instance.id)
-        read_b = uow.get_job_instance(b.instance.id)
+        read_a = uow.instances.get(a.instance.id)
+        read_b = uow.instances.get(b.instance.id)
     assert read_a is not None and read_b is not None
     assert read_a.parameters["n"].kind is ParameterValueKind.U64
     assert read_b.parameters["n"].kind is ParameterValueKind.I64
@@ -113,10 +113,10 @@ def test_a6_extreme_integer_parameters_round_trip(repository: JobRepository) -> 
         ),
     )
     with repository.begin() as uow:
-        created = uow.select_or_create_job_instance(key).instance
+        created = uow.instances.select_or_create(key).instance
         uow.commit()
     with repository.begin() as uow:
-        found = uow.find_job_instance(key)
+        found = uow.instances.find(key)
     assert found == created and found.key == key
 
 
@@ -136,17 +136,17 @@ def test_a21_instants_round_trip_in_utc_with_microseconds(
     started_at = datetime(2026, 7, 1, 8, 0, 1, 1, tzinfo=timezone(timedelta(hours=-4)))
     clock.set(created_at)
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(
+        instance = uow.instances.select_or_create(
             JobInstanceKey(JobName("tz"), JobParameters.of({"d": "x"}))
         ).instance
-        execution = uow.create_job_execution(instance.id)
-        execution = uow.transition_job_execution(
+        execution = uow.executions.create(instance.id)
+        execution = uow.executions.transition(
             execution.id, 0, LifecycleTransition.new(BatchStatus.STARTED, started_at)
         )
         uow.commit()
     with repository.begin() as uow:
-        stored = uow.get_job_execution(execution.id)
-        stored_instance = uow.get_job_instance(instance.id)
+        stored = uow.executions.get(execution.id)
+        stored_instance = uow.instances.get(instance.id)
     assert stored is not None and stored_instance is not None
     for value, expected in (
         (stored.created_at, created_at),
@@ -184,14 +184,14 @@ def test_a22_jsonb_documents_re_canonicalise_to_the_same_bytes(
         {"format": 1, "zz": {"y": [3, 2, 1], "bb": None}, "aaa": "text", "é": True},
     )
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(key).instance
-        execution = uow.create_job_execution_with_definition(instance.id, definition)
-        legacy = uow.create_job_execution(
-            uow.select_or_create_job_instance(
+        instance = uow.instances.select_or_create(key).instance
+        execution = uow.executions.create(instance.id, definition)
+        legacy = uow.executions.create(
+            uow.instances.select_or_create(
                 JobInstanceKey(JobName("canon"), JobParameters.of({"other": 1}))
             ).instance.id
         )
-        step = uow.create_step_execution(execution.id, StepName("s"))
+        step = uow.steps.create(execution.id, StepName("s"))
         uow.commit()
 
     # Identifying parameters: the server reorders keys; the document re-canonicalises.
@@ -206,7 +206,7 @@ def test_a22_jsonb_documents_re_canonicalise_to_the_same_bytes(
     sent = canonical_json(document)
     assert sent.startswith(b'{"aaa":') and b" " not in sent
     with repository.begin() as uow:
-        found = uow.get_job_instance(instance.id)
+        found = uow.instances.get(instance.id)
     assert found is not None and found.key.digest() == key.digest() == bytes(found.instance_key)
 
     # Manifests: read back from jsonb, canonical bytes and digest are those registered.

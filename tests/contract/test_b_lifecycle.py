@@ -84,21 +84,21 @@ def to(target: BatchStatus, at: datetime) -> LifecycleTransition:
 
 def transition(uow: UnitOfWork, kind: Kind, record: Record, t: LifecycleTransition) -> Record:
     if kind == "job":
-        return uow.transition_job_execution(record.id, record.version, t)
-    return uow.transition_step_execution(record.id, record.version, t)
+        return uow.executions.transition(record.id, record.version, t)
+    return uow.steps.transition(record.id, record.version, t)
 
 
 def read(uow: UnitOfWork, kind: Kind, record_id: int) -> Record | None:
     if kind == "job":
-        return uow.get_job_execution(record_id)
-    return uow.get_step_execution(record_id)
+        return uow.executions.get(record_id)
+    return uow.steps.get(record_id)
 
 
 def create(uow: UnitOfWork, kind: Kind) -> Record:
-    execution = uow.create_job_execution(uow.select_or_create_job_instance(new_key()).instance.id)
+    execution = uow.executions.create(uow.instances.select_or_create(new_key()).instance.id)
     if kind == "job":
         return execution
-    return uow.create_step_execution(execution.id, StepName("extract"))
+    return uow.steps.create(execution.id, StepName("extract"))
 
 
 def drive(uow: UnitOfWork, clock: ManualClock, kind: Kind, record: Record, status: S) -> Record:
@@ -352,9 +352,9 @@ def test_b7_stale_version_is_checked_first(repository: JobRepository, clock: Man
             for expected, t in attempts:
                 with pytest.raises(StaleVersion) as stale:
                     if kind == "job":
-                        uow.transition_job_execution(started.id, expected, t)
+                        uow.executions.transition(started.id, expected, t)
                     else:
-                        uow.transition_step_execution(started.id, expected, t)
+                        uow.steps.transition(started.id, expected, t)
                 assert (stale.value.expected, stale.value.actual) == (expected, 1)
             uow.commit()
         assert stored(repository, kind, started.id) == started
@@ -370,7 +370,7 @@ def test_b8_terminal_rollback_counts_once_on_a_step(
     assert isinstance(started, StepExecution)
     assert started.metadata.counts.rolled_back == 0
     with repository.begin() as uow:
-        failed = uow.transition_step_execution(
+        failed = uow.steps.transition(
             started.id,
             started.version,
             LifecycleTransition.failed(clock.advance(), FAILURE).with_terminal_rollback(),
@@ -382,7 +382,7 @@ def test_b8_terminal_rollback_counts_once_on_a_step(
     assert step.metadata.counts.committed == 0 and step.metadata.counts.read == 0
     # A transition without the flag leaves the counter alone; another flagged one adds 1 more.
     with repository.begin() as uow:
-        abandoned = uow.transition_step_execution(
+        abandoned = uow.steps.transition(
             failed.id,
             failed.version,
             LifecycleTransition.new(S.ABANDONED, clock.advance()).with_terminal_rollback(),
@@ -400,7 +400,7 @@ def test_b8_terminal_rollback_has_no_effect_on_a_job_execution(
 ) -> None:
     started = arrange(repository, clock, "job", S.STARTED)
     with repository.begin() as uow:
-        failed = uow.transition_job_execution(
+        failed = uow.executions.transition(
             started.id,
             started.version,
             LifecycleTransition.failed(clock.advance(), FAILURE).with_terminal_rollback(),
@@ -416,8 +416,8 @@ def test_b8_terminal_rollback_has_no_effect_on_a_job_execution(
 
 def enrich(uow: UnitOfWork, kind: Kind, record: Record, exit_code: ExitCode) -> Record:
     if kind == "job":
-        return uow.enrich_job_exit_status(record.id, record.version, exit_code)
-    return uow.enrich_step_exit_status(record.id, record.version, exit_code)
+        return uow.executions.enrich_exit_status(record.id, record.version, exit_code)
+    return uow.steps.enrich_exit_status(record.id, record.version, exit_code)
 
 
 def test_b9_enrich_completed_sets_exit_and_moves_updated_at_forward(
@@ -479,17 +479,17 @@ def test_b10_enrich_with_stale_version_or_unknown_id(
             for expected in (0, 2):
                 with pytest.raises(StaleVersion) as stale:
                     if kind == "job":
-                        uow.enrich_job_exit_status(started.id, expected, ExitCode("X"))
+                        uow.executions.enrich_exit_status(started.id, expected, ExitCode("X"))
                     else:
-                        uow.enrich_step_exit_status(started.id, expected, ExitCode("X"))
+                        uow.steps.enrich_exit_status(started.id, expected, ExitCode("X"))
                 assert (stale.value.expected, stale.value.actual) == (expected, 1)
             missing = started.id + 1000
             if kind == "job":
                 with pytest.raises(JobExecutionNotFound) as not_found:
-                    uow.enrich_job_exit_status(missing, 0, ExitCode("X"))
+                    uow.executions.enrich_exit_status(missing, 0, ExitCode("X"))
             else:
                 with pytest.raises(StepExecutionNotFound) as not_found:  # type: ignore[assignment]
-                    uow.enrich_step_exit_status(missing, 0, ExitCode("X"))
+                    uow.steps.enrich_exit_status(missing, 0, ExitCode("X"))
             assert not_found.value.id == missing
             uow.commit()
         assert stored(repository, kind, started.id) == started
@@ -499,15 +499,15 @@ def test_b11_transition_of_unknown_ids(repository: JobRepository, clock: ManualC
     t = LifecycleTransition.new(S.STARTED, clock.now())
     with repository.begin() as uow:
         with pytest.raises(JobExecutionNotFound) as job:
-            uow.transition_job_execution(987654, 0, t)
+            uow.executions.transition(987654, 0, t)
         assert job.value.id == 987654
         with pytest.raises(StepExecutionNotFound) as step:
-            uow.transition_step_execution(876543, 0, t)
+            uow.steps.transition(876543, 0, t)
         assert step.value.id == 876543
         # A job execution id is not a step id: ids of the other table do not resolve.
         execution = create(uow, "job")
         with pytest.raises(StepExecutionNotFound):
-            uow.transition_step_execution(execution.id + 500, 0, t)
+            uow.steps.transition(execution.id + 500, 0, t)
 
 
 # --------------------------------------------------------------------------- B12
@@ -522,11 +522,11 @@ def test_b12_updated_at_is_monotonic_after_a_stop_request(
     t1 = started_at + timedelta(seconds=10)
     t2 = started_at + timedelta(seconds=20)
     with repository.begin() as uow:
-        uow.request_execution_stop(started.id, started.version, ActorRef("cli:ops"), t2)
+        uow.stop_requests.request(started.id, started.version, ActorRef("cli:ops"), t2)
         uow.commit()
     assert stored(repository, "job", started.id).updated_at == t2
     with repository.begin() as uow:
-        stopping = uow.transition_job_execution(
+        stopping = uow.executions.transition(
             started.id, started.version, LifecycleTransition.new(S.STOPPING, t1)
         )
         uow.commit()
@@ -536,7 +536,7 @@ def test_b12_updated_at_is_monotonic_after_a_stop_request(
     # A later transition does move it forward.
     t3 = t2 + timedelta(seconds=1)
     with repository.begin() as uow:
-        stopped = uow.transition_job_execution(
+        stopped = uow.executions.transition(
             stopping.id, stopping.version, LifecycleTransition.new(S.STOPPED, t3)
         )
         uow.commit()

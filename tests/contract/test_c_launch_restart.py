@@ -53,7 +53,7 @@ def drive(uow: UnitOfWork, clock: ManualClock, execution: JobExecution, status: 
             if target is S.FAILED
             else LifecycleTransition.new(target, at)
         )
-        execution = uow.transition_job_execution(execution.id, execution.version, t)
+        execution = uow.executions.transition(execution.id, execution.version, t)
     assert execution.status is status
     return execution
 
@@ -63,8 +63,8 @@ def launched(
 ) -> JobExecution:
     """A committed first attempt of a new instance, driven to `status`."""
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(key or new_key()).instance
-        execution = drive(uow, clock, uow.create_job_execution(instance.id), status)
+        instance = uow.instances.select_or_create(key or new_key()).instance
+        execution = drive(uow, clock, uow.executions.create(instance.id), status)
         uow.commit()
     return execution
 
@@ -83,9 +83,9 @@ def test_c1_select_or_create_twice_in_one_unit_of_work(
 ) -> None:
     key = new_key()
     with repository.begin() as uow:
-        first = uow.select_or_create_job_instance(key)
+        first = uow.instances.select_or_create(key)
         clock.advance()
-        second = uow.select_or_create_job_instance(key)
+        second = uow.instances.select_or_create(key)
         uow.commit()
     assert isinstance(first, Created) and first.was_created
     assert isinstance(second, Existing) and not second.was_created
@@ -99,17 +99,17 @@ def test_c2_committed_instance_is_existing_and_findable(
 ) -> None:
     key = new_key()
     with repository.begin() as uow:
-        created = uow.select_or_create_job_instance(key).instance
+        created = uow.instances.select_or_create(key).instance
         uow.commit()
     with repository.begin() as uow:
-        selection = uow.select_or_create_job_instance(key)
+        selection = uow.instances.select_or_create(key)
         assert isinstance(selection, Existing)
         assert selection.instance == created
-        assert uow.find_job_instance(key) == created
-        assert uow.get_job_instance(created.id) == created
-        assert uow.find_job_instance(new_key()) is None
-        assert uow.find_job_instance(JobInstanceKey(JobName("other_job"), key.parameters)) is None
-        assert uow.get_job_instance(created.id + 1000) is None
+        assert uow.instances.find(key) == created
+        assert uow.instances.get(created.id) == created
+        assert uow.instances.find(new_key()) is None
+        assert uow.instances.find(JobInstanceKey(JobName("other_job"), key.parameters)) is None
+        assert uow.instances.get(created.id + 1000) is None
 
 
 # --------------------------------------------------------------------------- C3, C4
@@ -121,10 +121,10 @@ def test_c3_launch_of_unknown_instance(
     definitions = definition_rows(admin)
     with repository.begin() as uow:
         with pytest.raises(JobInstanceNotFound) as missing:
-            uow.create_job_execution(424242)
+            uow.executions.create(424242)
         assert missing.value.id == 424242
         with pytest.raises(JobInstanceNotFound) as missing_too:
-            uow.create_job_execution_with_definition(424243, DefinitionIdentity.legacy())
+            uow.executions.create(424243, DefinitionIdentity.legacy())
         assert missing_too.value.id == 424243
         uow.commit()
     row = admin.execute("SELECT count(*) FROM pybatch.job_execution").fetchone()
@@ -135,11 +135,11 @@ def test_c3_launch_of_unknown_instance(
 def test_c4_first_attempt_starts_clean(repository: JobRepository, clock: ManualClock) -> None:
     clock.set(datetime(2026, 3, 4, 5, 6, 7, 654321, tzinfo=UTC))
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(new_key()).instance
-        execution = uow.create_job_execution(instance.id)
+        instance = uow.instances.select_or_create(new_key()).instance
+        execution = uow.executions.create(instance.id)
         uow.commit()
     with repository.begin() as uow:
-        [stored] = uow.job_executions(instance.id)
+        [stored] = uow.executions.of_instance(instance.id)
     for record in (execution, stored):
         assert record.job_instance_id == instance.id
         assert record.attempt == 1
@@ -167,7 +167,7 @@ def test_c5_launch_while_unresolved_is_refused(
         latest = launched(repository, clock, status)
         with repository.begin() as uow:
             with pytest.raises(ExecutionAlreadyActive) as active:
-                uow.create_job_execution(latest.job_instance_id)
+                uow.executions.create(latest.job_instance_id)
             assert (active.value.instance_id, active.value.execution_id, active.value.status) == (
                 latest.job_instance_id,
                 latest.id,
@@ -175,7 +175,7 @@ def test_c5_launch_while_unresolved_is_refused(
             )
             uow.commit()
         with repository.begin() as uow:
-            assert uow.job_executions(latest.job_instance_id) == [latest]
+            assert uow.executions.of_instance(latest.job_instance_id) == [latest]
 
 
 def test_c6_restart_after_failed_or_stopped(repository: JobRepository, clock: ManualClock) -> None:
@@ -183,7 +183,7 @@ def test_c6_restart_after_failed_or_stopped(repository: JobRepository, clock: Ma
         first = launched(repository, clock, status)
         clock.advance()
         with repository.begin() as uow:
-            second = uow.create_job_execution(first.job_instance_id)
+            second = uow.executions.create(first.job_instance_id)
             uow.commit()
         assert second.id != first.id
         assert second.attempt == 2
@@ -193,7 +193,7 @@ def test_c6_restart_after_failed_or_stopped(repository: JobRepository, clock: Ma
         assert second.metadata.failure is None
         assert second.metadata.exit_status == ExitCode.UNKNOWN
         with repository.begin() as uow:
-            executions = uow.job_executions(first.job_instance_id)
+            executions = uow.executions.of_instance(first.job_instance_id)
         assert [e.id for e in executions] == [first.id, second.id]
         assert executions[0] == first
 
@@ -205,15 +205,15 @@ def test_c7_restart_after_completed_or_abandoned_is_refused(
     abandoned = launched(repository, clock, S.ABANDONED)
     with repository.begin() as uow:
         with pytest.raises(CompletedInstance) as done:
-            uow.create_job_execution(completed.job_instance_id)
+            uow.executions.create(completed.job_instance_id)
         assert done.value.id == completed.job_instance_id
         with pytest.raises(AbandonedInstance) as gone:
-            uow.create_job_execution(abandoned.job_instance_id)
+            uow.executions.create(abandoned.job_instance_id)
         assert gone.value.id == abandoned.job_instance_id
         uow.commit()
     with repository.begin() as uow:
-        assert uow.job_executions(completed.job_instance_id) == [completed]
-        assert uow.job_executions(abandoned.job_instance_id) == [abandoned]
+        assert uow.executions.of_instance(completed.job_instance_id) == [completed]
+        assert uow.executions.of_instance(abandoned.job_instance_id) == [abandoned]
 
 
 def test_c8_restart_leaves_the_prior_attempt_untouched(
@@ -221,19 +221,19 @@ def test_c8_restart_leaves_the_prior_attempt_untouched(
 ) -> None:
     first = launched(repository, clock, S.STARTED)
     with repository.begin() as uow:
-        uow.create_step_execution(first.id, StepName("load"))
+        uow.steps.create(first.id, StepName("load"))
         failed = LifecycleTransition.failed(clock.advance(), FAILURE)
-        first = uow.transition_job_execution(first.id, first.version, failed)  # and its step
-        steps = uow.step_executions(first.id)
+        first = uow.executions.transition(first.id, first.version, failed)  # and its step
+        steps = uow.steps.of_execution(first.id)
         uow.commit()
     assert [step.status for step in steps] == [S.FAILED]
     clock.advance(timedelta(hours=3))
     with repository.begin() as uow:
-        uow.create_job_execution(first.job_instance_id)
+        uow.executions.create(first.job_instance_id)
         uow.commit()
     with repository.begin() as uow:
-        assert uow.get_job_execution(first.id) == first
-        assert uow.step_executions(first.id) == steps
+        assert uow.executions.get(first.id) == first
+        assert uow.steps.of_execution(first.id) == steps
 
 
 # --------------------------------------------------------------------------- C9 - C11
@@ -244,17 +244,15 @@ def test_c9_job_executions_in_attempt_order(repository: JobRepository, clock: Ma
     attempts = [first]
     for final in (S.STOPPED, S.FAILED, S.STARTED):
         with repository.begin() as uow:
-            attempts.append(
-                drive(uow, clock, uow.create_job_execution(first.job_instance_id), final)
-            )
+            attempts.append(drive(uow, clock, uow.executions.create(first.job_instance_id), final))
             uow.commit()
     with repository.begin() as uow:
-        listed = uow.job_executions(first.job_instance_id)
+        listed = uow.executions.of_instance(first.job_instance_id)
         assert listed == attempts
         assert [e.attempt for e in listed] == [1, 2, 3, 4]
         assert [e.restart_of_execution_id for e in listed] == [None, *[e.id for e in attempts[:3]]]
         with pytest.raises(JobInstanceNotFound) as missing:
-            uow.job_executions(first.job_instance_id + 1000)
+            uow.executions.of_instance(first.job_instance_id + 1000)
         assert missing.value.id == first.job_instance_id + 1000
 
 
@@ -267,20 +265,20 @@ def test_c10_step_executions_in_creation_order(
         created = []
         for name in names:
             clock.advance()
-            created.append(uow.create_step_execution(execution.id, StepName(name)))
+            created.append(uow.steps.create(execution.id, StepName(name)))
         uow.commit()
     with repository.begin() as uow:
-        listed = uow.step_executions(execution.id)
+        listed = uow.steps.of_execution(execution.id)
         assert listed == created
         assert [s.step_name.value for s in listed] == names
-        assert uow.step_executions(launched_empty(uow)) == []
+        assert uow.steps.of_execution(launched_empty(uow)) == []
         with pytest.raises(JobExecutionNotFound) as missing:
-            uow.step_executions(execution.id + 1000)
+            uow.steps.of_execution(execution.id + 1000)
         assert missing.value.id == execution.id + 1000
 
 
 def launched_empty(uow: UnitOfWork) -> int:
-    return uow.create_job_execution(uow.select_or_create_job_instance(new_key()).instance.id).id
+    return uow.executions.create(uow.instances.select_or_create(new_key()).instance.id).id
 
 
 def test_c11_reads_of_unknown_ids_return_none(
@@ -288,11 +286,11 @@ def test_c11_reads_of_unknown_ids_return_none(
 ) -> None:
     execution = launched(repository, clock, S.STARTED)
     with repository.begin() as uow:
-        step = uow.create_step_execution(execution.id, StepName("only"))
-        assert uow.get_job_execution(execution.id + 1000) is None
-        assert uow.get_step_execution(step.id + 1000) is None
-        assert uow.get_job_execution(execution.id) == execution
-        assert uow.get_step_execution(step.id) == step
+        step = uow.steps.create(execution.id, StepName("only"))
+        assert uow.executions.get(execution.id + 1000) is None
+        assert uow.steps.get(step.id + 1000) is None
+        assert uow.executions.get(execution.id) == execution
+        assert uow.steps.get(step.id) == step
 
 
 # --------------------------------------------------------------------------- C12
@@ -308,8 +306,8 @@ def test_c12_completed_instance_with_drifting_definition_reports_completed(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(new_key()).instance
-        first = uow.create_job_execution_with_definition(instance.id, definition("r1", ["a"]))
+        instance = uow.instances.select_or_create(new_key()).instance
+        first = uow.executions.create(instance.id, definition("r1", ["a"]))
         drive(uow, clock, first, S.COMPLETED)
         uow.commit()
     rows = definition_rows(admin)
@@ -318,7 +316,7 @@ def test_c12_completed_instance_with_drifting_definition_reports_completed(
     with repository.begin() as uow:
         for candidate in (drifting, also_new):
             with pytest.raises(CompletedInstance) as done:
-                uow.create_job_execution_with_definition(instance.id, candidate)
+                uow.executions.create(instance.id, candidate)
             assert done.value.id == instance.id
         uow.commit()
     assert definition_rows(admin) == rows

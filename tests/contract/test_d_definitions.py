@@ -71,7 +71,7 @@ IDENTITY = {"extract": "extract", "load": "load"}
 
 
 def fail(uow: UnitOfWork, clock: ManualClock, execution: JobExecution) -> JobExecution:
-    return uow.transition_job_execution(
+    return uow.executions.transition(
         execution.id, execution.version, LifecycleTransition.failed(clock.advance(), FAILURE)
     )
 
@@ -85,10 +85,10 @@ def failed_first_attempt(
 ) -> JobExecution:
     """A committed instance whose only attempt ran under `first` and FAILED."""
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(new_key()).instance
-        execution = uow.create_job_execution_with_definition(instance.id, first)
+        instance = uow.instances.select_or_create(new_key()).instance
+        execution = uow.executions.create(instance.id, first)
         for name in steps:
-            uow.create_step_execution(execution.id, StepName(name))
+            uow.steps.create(execution.id, StepName(name))
         execution = fail(uow, clock, execution)
         uow.commit()
     return execution
@@ -118,11 +118,11 @@ def test_d1_restart_with_the_same_digest(
 ) -> None:
     first = failed_first_attempt(repository, clock, A)
     with repository.begin() as uow:
-        second = uow.create_job_execution_with_definition(first.job_instance_id, A)
+        second = uow.executions.create(first.job_instance_id, A)
         second = fail(uow, clock, second)
         # The same manifest under another revision name is the same definition (D8).
         renamed = definition("rev-a-renamed", ["extract", "load"])
-        third = uow.create_job_execution_with_definition(first.job_instance_id, renamed)
+        third = uow.executions.create(first.job_instance_id, renamed)
         uow.commit()
     assert second.definition_id == first.definition_id == third.definition_id
     assert second.upgrade_from_definition_id is None
@@ -138,18 +138,18 @@ def test_d2_restart_with_another_digest_and_no_edge(
     rows = count(admin, "SELECT count(*) FROM pybatch.job_definition")
     with repository.begin() as uow:
         with pytest.raises(IncompatibleDefinition) as incompatible:
-            uow.create_job_execution_with_definition(first.job_instance_id, B)
+            uow.executions.create(first.job_instance_id, B)
         assert incompatible.value.instance_id == first.job_instance_id
         # An edge B -> A points the other way and does not help either.
-        uow.register_definition_upgrade(JobName(JOB), upgrade("b-to-a", B, A, IDENTITY))
+        uow.definitions.register_upgrade(JobName(JOB), upgrade("b-to-a", B, A, IDENTITY))
         with pytest.raises(IncompatibleDefinition):
-            uow.create_job_execution_with_definition(first.job_instance_id, B)
+            uow.executions.create(first.job_instance_id, B)
         # Nor does the legacy definition, whose digest differs from A's.
         with pytest.raises(IncompatibleDefinition):
-            uow.create_job_execution(first.job_instance_id)
+            uow.executions.create(first.job_instance_id)
         uow.commit()
     with repository.begin() as uow:
-        assert uow.job_executions(first.job_instance_id) == [first]
+        assert uow.executions.of_instance(first.job_instance_id) == [first]
     # Only the upgrade registration added rows (B), never the refused launches.
     assert count(admin, "SELECT count(*) FROM pybatch.job_definition") == rows + 1
 
@@ -159,36 +159,34 @@ def test_d3_restart_over_a_registered_direct_edge(
 ) -> None:
     first = failed_first_attempt(repository, clock, A)
     with repository.begin() as uow:
-        uow.register_definition_upgrade(JobName(JOB), upgrade("a-to-b", A, B, IDENTITY))
+        uow.definitions.register_upgrade(JobName(JOB), upgrade("a-to-b", A, B, IDENTITY))
         uow.commit()
     with repository.begin() as uow:
-        second = uow.create_job_execution_with_definition(first.job_instance_id, B)
+        second = uow.executions.create(first.job_instance_id, B)
         uow.commit()
     assert second.attempt == 2 and second.restart_of_execution_id == first.id
     assert second.upgrade_from_definition_id == first.definition_id
     assert second.definition_id != first.definition_id
     assert definition_row(admin, second.definition_id)[2] == B.digest
     with repository.begin() as uow:
-        assert uow.job_executions(first.job_instance_id)[-1] == second
+        assert uow.executions.of_instance(first.job_instance_id)[-1] == second
 
 
 def test_d4_upgrade_edges_are_not_transitive(repository: JobRepository, clock: ManualClock) -> None:
     first = failed_first_attempt(repository, clock, A)
     with repository.begin() as uow:
-        uow.register_definition_upgrade(JobName(JOB), upgrade("a-to-b", A, B, IDENTITY))
-        uow.register_definition_upgrade(
+        uow.definitions.register_upgrade(JobName(JOB), upgrade("a-to-b", A, B, IDENTITY))
+        uow.definitions.register_upgrade(
             JobName(JOB), upgrade("b-to-c", B, C, {"extract_v2": "extract_v3", "load": "load"})
         )
         uow.commit()
     with repository.begin() as uow:
         with pytest.raises(IncompatibleDefinition) as incompatible:
-            uow.create_job_execution_with_definition(first.job_instance_id, C)
+            uow.executions.create(first.job_instance_id, C)
         assert incompatible.value.instance_id == first.job_instance_id
         # Step by step it works: A -> B, then B -> C.
-        second = fail(
-            uow, clock, uow.create_job_execution_with_definition(first.job_instance_id, B)
-        )
-        third = uow.create_job_execution_with_definition(first.job_instance_id, C)
+        second = fail(uow, clock, uow.executions.create(first.job_instance_id, B))
+        third = uow.executions.create(first.job_instance_id, C)
         uow.commit()
     assert third.upgrade_from_definition_id == second.definition_id
 
@@ -201,18 +199,18 @@ def test_d5_identical_edge_is_idempotent_and_a_different_one_conflicts(
 ) -> None:
     edge = upgrade("a-to-b", A, B, IDENTITY)
     with repository.begin() as uow:
-        uow.register_definition_upgrade(JobName(JOB), edge)
-        uow.register_definition_upgrade(JobName(JOB), edge)
+        uow.definitions.register_upgrade(JobName(JOB), edge)
+        uow.definitions.register_upgrade(JobName(JOB), edge)
         uow.commit()
     with repository.begin() as uow:
-        uow.register_definition_upgrade(JobName(JOB), upgrade("a-to-b", A, B, dict(IDENTITY)))
+        uow.definitions.register_upgrade(JobName(JOB), upgrade("a-to-b", A, B, dict(IDENTITY)))
         for different in (
             upgrade("a-to-b", A, B, {"extract": "extract_v2", "load": "load"}),
             upgrade("a-to-b", A, B, {"extract": "extract"}),
             upgrade("a-to-b-v2", A, B, IDENTITY),
         ):
             with pytest.raises(DefinitionUpgradeConflict) as conflict:
-                uow.register_definition_upgrade(JobName(JOB), different)
+                uow.definitions.register_upgrade(JobName(JOB), different)
             assert conflict.value.job_name == JOB
         uow.commit()
     assert count(admin, "SELECT count(*) FROM pybatch.definition_upgrade") == 1
@@ -226,14 +224,14 @@ def test_d11_upgrade_key_reused_toward_the_same_target_conflicts(
     repository: JobRepository, admin: psycopg.Connection[Any]
 ) -> None:
     with repository.begin() as uow:
-        uow.register_definition_upgrade(JobName(JOB), upgrade("k", A, C, IDENTITY))
+        uow.definitions.register_upgrade(JobName(JOB), upgrade("k", A, C, IDENTITY))
         uow.commit()
     with repository.begin() as uow:
         with pytest.raises(DefinitionUpgradeConflict) as conflict:
-            uow.register_definition_upgrade(JobName(JOB), upgrade("k", B, C, IDENTITY))
+            uow.definitions.register_upgrade(JobName(JOB), upgrade("k", B, C, IDENTITY))
         assert conflict.value.job_name == JOB
         # The unit of work stays usable, and the key is free toward another target.
-        uow.register_definition_upgrade(JobName(JOB), upgrade("k", A, B, IDENTITY))
+        uow.definitions.register_upgrade(JobName(JOB), upgrade("k", A, B, IDENTITY))
         uow.commit()
     assert count(admin, "SELECT count(*) FROM pybatch.definition_upgrade") == 2
 
@@ -246,21 +244,21 @@ def test_d6_same_revision_with_another_digest_drifts(
 ) -> None:
     drifted = definition("rev-a", ["extract", "load", "report"])
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(new_key()).instance
-        uow.create_job_execution_with_definition(instance.id, A)
+        instance = uow.instances.select_or_create(new_key()).instance
+        uow.executions.create(instance.id, A)
         uow.commit()
     with repository.begin() as uow:
-        other = uow.select_or_create_job_instance(new_key()).instance
+        other = uow.instances.select_or_create(new_key()).instance
         with pytest.raises(DefinitionDrift) as drift:
-            uow.create_job_execution_with_definition(other.id, drifted)
+            uow.executions.create(other.id, drifted)
         assert (drift.value.job_name, drift.value.revision) == (JOB, "rev-a")
         with pytest.raises(DefinitionDrift):
-            uow.register_definition_upgrade(JobName(JOB), upgrade("x", B, drifted, IDENTITY))
+            uow.definitions.register_upgrade(JobName(JOB), upgrade("x", B, drifted, IDENTITY))
         with pytest.raises(DefinitionDrift):
-            uow.register_definition_upgrade(JobName(JOB), upgrade("y", drifted, B, IDENTITY))
+            uow.definitions.register_upgrade(JobName(JOB), upgrade("y", drifted, B, IDENTITY))
         # Another job may use the revision name with any manifest.
-        foreign = uow.select_or_create_job_instance(new_key("payroll")).instance
-        uow.create_job_execution_with_definition(foreign.id, drifted)
+        foreign = uow.instances.select_or_create(new_key("payroll")).instance
+        uow.executions.create(foreign.id, drifted)
         uow.commit()
     # The refusals staged nothing: rev-a of this job still names A only, no edge exists, and
     # the instance refused its launch has no execution.
@@ -272,7 +270,7 @@ def test_d6_same_revision_with_another_digest_drifts(
     assert [bytes(row[0]) for row in revisions] == [A.digest]
     assert count(admin, "SELECT count(*) FROM pybatch.definition_upgrade") == 0
     with repository.begin() as uow:
-        assert uow.job_executions(other.id) == []
+        assert uow.executions.of_instance(other.id) == []
 
 
 def test_d12_drift_is_not_hidden_by_the_digest_of_another_revision(
@@ -282,15 +280,13 @@ def test_d12_drift_is_not_hidden_by_the_digest_of_another_revision(
     r2 = definition("r2", ["two"])
     with repository.begin() as uow:
         for d in (r1, r2):
-            uow.create_job_execution_with_definition(
-                uow.select_or_create_job_instance(new_key()).instance.id, d
-            )
+            uow.executions.create(uow.instances.select_or_create(new_key()).instance.id, d)
         uow.commit()
     r1_with_b = DefinitionIdentity(None, DefinitionRevision("r1"), 1, r2.canonical_manifest)
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(new_key()).instance
+        instance = uow.instances.select_or_create(new_key()).instance
         with pytest.raises(DefinitionDrift) as drift:
-            uow.create_job_execution_with_definition(instance.id, r1_with_b)
+            uow.executions.create(instance.id, r1_with_b)
         assert (drift.value.job_name, drift.value.revision) == (JOB, "r1")
         uow.commit()
     assert count(admin, "SELECT count(*) FROM pybatch.job_execution") == 2
@@ -304,17 +300,17 @@ def test_d7_definition_bound_to_another_job(
 ) -> None:
     bound = definition("rev-x", ["a"], job="x")
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(new_key("y")).instance
+        instance = uow.instances.select_or_create(new_key("y")).instance
         with pytest.raises(DefinitionJobMismatch) as mismatch:
-            uow.create_job_execution_with_definition(instance.id, bound)
+            uow.executions.create(instance.id, bound)
         assert (mismatch.value.expected, mismatch.value.actual) == ("y", "x")
         with pytest.raises(DefinitionJobMismatch):
-            uow.register_definition_upgrade(
+            uow.definitions.register_upgrade(
                 JobName("y"), upgrade("k", bound, definition("rev-y", ["b"]), {"a": "a"})
             )
         # Bound to the right job, it is accepted.
-        own = uow.select_or_create_job_instance(new_key("x")).instance
-        uow.create_job_execution_with_definition(own.id, bound)
+        own = uow.instances.select_or_create(new_key("x")).instance
+        uow.executions.create(own.id, bound)
         uow.commit()
     assert count(admin, "SELECT count(*) FROM pybatch.job_definition WHERE job_name = 'y'") == 0
 
@@ -325,13 +321,11 @@ def test_d8_same_digest_under_a_new_revision_resolves_to_the_existing_row(
     renamed = definition("rev-a-2", ["extract", "load"])
     assert renamed.digest == A.digest
     with repository.begin() as uow:
-        first = uow.create_job_execution_with_definition(
-            uow.select_or_create_job_instance(new_key()).instance.id, A
-        )
+        first = uow.executions.create(uow.instances.select_or_create(new_key()).instance.id, A)
         uow.commit()
     with repository.begin() as uow:
-        second = uow.create_job_execution_with_definition(
-            uow.select_or_create_job_instance(new_key()).instance.id, renamed
+        second = uow.executions.create(
+            uow.instances.select_or_create(new_key()).instance.id, renamed
         )
         uow.commit()
     assert second.definition_id == first.definition_id
@@ -365,12 +359,12 @@ def check_refused_everywhere(
     first = failed_first_attempt(repository, clock, A)
     rows = count(admin, "SELECT count(*) FROM pybatch.job_definition")
     with repository.begin() as uow:
-        fresh = uow.select_or_create_job_instance(new_key()).instance
+        fresh = uow.instances.select_or_create(new_key()).instance
         refusals: list[Callable[[], object]] = [
-            lambda: uow.create_job_execution_with_definition(fresh.id, bad),  # launch
-            lambda: uow.create_job_execution_with_definition(first.job_instance_id, bad),  # restart
-            lambda: uow.register_definition_upgrade(JobName(JOB), upgrade("k1", bad, A, IDENTITY)),
-            lambda: uow.register_definition_upgrade(JobName(JOB), upgrade("k2", A, bad, IDENTITY)),
+            lambda: uow.executions.create(fresh.id, bad),  # launch
+            lambda: uow.executions.create(first.job_instance_id, bad),  # restart
+            lambda: uow.definitions.register_upgrade(JobName(JOB), upgrade("k1", bad, A, IDENTITY)),
+            lambda: uow.definitions.register_upgrade(JobName(JOB), upgrade("k2", A, bad, IDENTITY)),
         ]
         for refuse in refusals:
             with pytest.raises(UnsupportedManifestVersion) as unsupported:
@@ -389,18 +383,18 @@ def test_d10_upgraded_restart_step_without_mapping(
 ) -> None:
     first = failed_first_attempt(repository, clock, A, steps=("extract", "load"))
     with repository.begin() as uow:
-        uow.register_definition_upgrade(
+        uow.definitions.register_upgrade(
             JobName(JOB), upgrade("a-to-b", A, B, {"extract": "extract_v2"})
         )
-        restart = uow.create_job_execution_with_definition(first.job_instance_id, B)
+        restart = uow.executions.create(first.job_instance_id, B)
         uow.commit()
     with repository.begin() as uow:
         for unmapped in ("load", "extract"):  # "extract" is a source name, not a target
             with pytest.raises(InvalidDefinitionUpgrade) as invalid:
-                uow.create_step_execution(restart.id, StepName(unmapped))
+                uow.steps.create(restart.id, StepName(unmapped))
             assert invalid.value.execution_id == restart.id
-        mapped = uow.create_step_execution(restart.id, StepName("extract_v2"))
+        mapped = uow.steps.create(restart.id, StepName("extract_v2"))
         uow.commit()
     assert mapped.step_name == StepName("extract_v2")
     with repository.begin() as uow:
-        assert uow.step_executions(restart.id) == [mapped]
+        assert uow.steps.of_execution(restart.id) == [mapped]

@@ -64,10 +64,10 @@ def execution_rows(admin: psycopg.Connection[Any]) -> list[dict[str, Any]]:
 def completed(repository: JobRepository, run: str, job: str = "nightly") -> int:
     """A COMPLETED history stamped by the repository's clock."""
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(Job(repository, job, {"run": run}).key)
-        execution = uow.create_job_execution(instance.instance.id)
+        instance = uow.instances.select_or_create(Job(repository, job, {"run": run}).key)
+        execution = uow.executions.create(instance.instance.id)
         for status in (S.STARTED, S.COMPLETED):
-            execution = uow.transition_job_execution(
+            execution = uow.executions.transition(
                 execution.id, execution.version, LifecycleTransition.new(status, uow.clock.now())
             )
         uow.commit()
@@ -78,9 +78,9 @@ def started(repository: JobRepository, run: str) -> int:
     """A STARTED execution stamped by the repository's clock, left unattended."""
     with repository.begin() as uow:
         key = Job(repository, "nightly", {"run": run}).key
-        instance = uow.select_or_create_job_instance(key).instance
-        execution = uow.create_job_execution(instance.id)
-        execution = uow.transition_job_execution(
+        instance = uow.instances.select_or_create(key).instance
+        execution = uow.executions.create(instance.id)
+        execution = uow.executions.transition(
             execution.id, execution.version, LifecycleTransition.new(S.STARTED, uow.clock.now())
         )
         uow.commit()
@@ -99,10 +99,8 @@ def test_a_dead_run_stamped_by_a_clock_ahead_is_recovered_by_a_launcher_with_the
         host_clock.offset = HOUR
         dead = Job(ahead, "load_orders", DAY, lease=SHORT_LEASE).launch()
         with ahead.begin() as uow:
-            step = uow.create_flow_step_execution(
-                dead.execution.id, StepName("load"), NodeId("load")
-            )
-            uow.transition_step_execution(
+            step = uow.flow.create_step(dead.execution.id, StepName("load"), NodeId("load"))
+            uow.steps.transition(
                 step.id, step.version, LifecycleTransition.new(S.STARTED, host_clock.now())
             )
             uow.commit()

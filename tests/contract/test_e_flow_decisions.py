@@ -80,9 +80,9 @@ def launch(
 ) -> JobExecution:
     with repository.begin() as uow:
         if instance_id is None:
-            instance_id = uow.select_or_create_job_instance(new_key()).instance.id
-        execution = uow.create_job_execution_with_definition(instance_id, definition)
-        execution = uow.transition_job_execution(
+            instance_id = uow.instances.select_or_create(new_key()).instance.id
+        execution = uow.executions.create(instance_id, definition)
+        execution = uow.executions.transition(
             execution.id, 0, LifecycleTransition.new(S.STARTED, clock.advance())
         )
         uow.commit()
@@ -92,14 +92,14 @@ def launch(
 def fail(repository: JobRepository, clock: ManualClock, execution: JobExecution) -> None:
     failure = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(1))
     with repository.begin() as uow:
-        for step in uow.step_executions(execution.id):
+        for step in uow.steps.of_execution(execution.id):
             if step.status.is_active:
-                uow.transition_step_execution(
+                uow.steps.transition(
                     step.id, step.version, LifecycleTransition.failed(clock.advance(), failure)
                 )
-        current = uow.get_job_execution(execution.id)
+        current = uow.executions.get(execution.id)
         assert current is not None
-        uow.transition_job_execution(
+        uow.executions.transition(
             current.id, current.version, LifecycleTransition.failed(clock.advance(), failure)
         )
         uow.commit()
@@ -107,7 +107,7 @@ def fail(repository: JobRepository, clock: ManualClock, execution: JobExecution)
 
 def step(repository: JobRepository, execution: JobExecution, node: str) -> StepExecution:
     with repository.begin() as uow:
-        created = uow.create_flow_step_execution(
+        created = uow.flow.create_step(
             execution.id, StepName(node), NodeId(node), StartLimit.UNRESTRICTED
         )
         uow.commit()
@@ -150,7 +150,7 @@ def request(
 
 def append(repository: JobRepository, req: FlowDecisionRequest) -> FlowDecision:
     with repository.begin() as uow:
-        decision = uow.append_flow_decision(req)
+        decision = uow.flow.append_decision(req)
         uow.commit()
     return decision
 
@@ -164,7 +164,7 @@ def decision_rows(admin: psycopg.Connection[Any]) -> int:
 def decisions(repository: JobRepository, execution: HasId) -> list[FlowDecision]:
     """The committed decisions of `execution`, read in a fresh unit of work."""
     with repository.begin() as uow:
-        return uow.flow_decisions(execution.id)
+        return uow.flow.decisions(execution.id)
 
 
 # --------------------------------------------------------------------------- values
@@ -226,7 +226,7 @@ def test_e8_happy_path_decision_gets_an_id(repository: JobRepository, clock: Man
     # Every field of the request is recorded as sent.
     assert decision == FlowDecision(id=decision.id, **attrs.asdict(sent, recurse=False))
     with repository.begin() as uow:
-        assert uow.flow_decisions(execution.id) == [decision]
+        assert uow.flow.decisions(execution.id) == [decision]
 
 
 def test_e9_fingerprint_other_than_the_manifest_digest_is_corrupt(
@@ -311,12 +311,12 @@ def test_e12_racing_appends_at_one_position_have_one_winner(
         ),
     ]
     outcomes = race_units_of_work(
-        repository, 2, lambda uow, i: uow.append_flow_decision(requests[i])
+        repository, 2, lambda uow, i: uow.flow.append_decision(requests[i])
     )
     assert sum(o.ok for o in outcomes) == 1
     assert [type(o.error) for o in outcomes if not o.ok] == [ConcurrentModification]
     with repository.begin() as uow:
-        assert [d.sequence for d in uow.flow_decisions(execution.id)] == [1]
+        assert [d.sequence for d in uow.flow.decisions(execution.id)] == [1]
 
 
 def test_e13_a_node_decides_once_per_execution(
@@ -467,22 +467,22 @@ def test_e17_find_reusable_decision_latest_across_attempts(
     newer = append(repository, request(second, source_step=extract.id))
     instance_id, node = first.job_instance_id, NodeId("extract")
     with repository.begin() as uow:
-        found = uow.find_reusable_flow_decision(
+        found = uow.flow.find_reusable_decision(
             instance_id, node, DEFINITION.digest, INPUT, K.STEP_EXIT
         )
         assert found == newer and found != older
         assert (
-            uow.find_reusable_flow_decision(
+            uow.flow.find_reusable_decision(
                 instance_id, node, DEFINITION.digest, OTHER_INPUT, K.STEP_EXIT
             )
             is None
         )
         assert (
-            uow.find_reusable_flow_decision(instance_id, node, DEFINITION.digest, INPUT, K.DECIDER)
+            uow.flow.find_reusable_decision(instance_id, node, DEFINITION.digest, INPUT, K.DECIDER)
             is None
         )
         with pytest.raises(JobInstanceNotFound) as missing:
-            uow.find_reusable_flow_decision(
+            uow.flow.find_reusable_decision(
                 instance_id + 1000, node, DEFINITION.digest, INPUT, K.STEP_EXIT
             )
         assert missing.value.id == instance_id + 1000
@@ -517,12 +517,12 @@ def test_e18_flow_decisions_in_sequence_order(
         ),
     )
     with repository.begin() as uow:
-        assert uow.flow_decisions(execution.id) == [one, two, three]
+        assert uow.flow.decisions(execution.id) == [one, two, three]
         with pytest.raises(JobExecutionNotFound) as missing:
-            uow.flow_decisions(execution.id + 1000)
+            uow.flow.decisions(execution.id + 1000)
         assert missing.value.id == execution.id + 1000
         with pytest.raises(JobExecutionNotFound) as unknown:
-            uow.append_flow_decision(request(JobExecutionStubFar()))
+            uow.flow.append_decision(request(JobExecutionStubFar()))
         assert unknown.value.id == JobExecutionStubFar.id
 
 
@@ -546,7 +546,7 @@ def test_e22_nested_job_exit_never_matches_yet_is_storable(
         (execution.id, DEFINITION.digest, INPUT),
     )
     with repository.begin() as uow:
-        assert [d.kind for d in uow.flow_decisions(execution.id)] == [K.NESTED_JOB_EXIT]
+        assert [d.kind for d in uow.flow.decisions(execution.id)] == [K.NESTED_JOB_EXIT]
 
 
 def test_unknown_kind_in_a_stored_decision_fails_closed(
@@ -558,4 +558,4 @@ def test_unknown_kind_in_a_stored_decision_fails_closed(
     admin.execute("ALTER TABLE pybatch.flow_decision DROP CONSTRAINT flow_decision_target_shape")
     admin.execute("UPDATE pybatch.flow_decision SET terminal_kind = 'FAIL'")
     with repository.begin() as uow, pytest.raises(FlowStateCorrupt):
-        uow.flow_decisions(execution.id)
+        uow.flow.decisions(execution.id)

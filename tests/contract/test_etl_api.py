@@ -87,12 +87,12 @@ def loader(
 
 def executions(repository: JobRepository, run: JobRun) -> list[JobExecution]:
     with repository.begin() as uow:
-        return uow.job_executions(run.instance.id)
+        return uow.executions.of_instance(run.instance.id)
 
 
 def steps_of(repository: JobRepository, execution_id: int) -> dict[str, StepExecution]:
     with repository.begin() as uow:
-        return {step.step_name.value: step for step in uow.step_executions(execution_id)}
+        return {step.step_name.value: step for step in uow.steps.of_execution(execution_id)}
 
 
 def decisions(admin: psycopg.Connection[Any]) -> list[dict[str, Any]]:
@@ -151,8 +151,8 @@ def wait_for_no_advisory_locks(admin: psycopg.Connection[Any]) -> None:
 def start_open_step(repository: JobRepository, run: JobRun, name: str) -> StepRun:
     """A step left STARTED, as `JobRun.step` leaves it while the work function runs."""
     with repository.begin() as uow:
-        step = uow.create_flow_step_execution(run.execution.id, StepName(name), NodeId(name))
-        step = uow.transition_step_execution(
+        step = uow.flow.create_step(run.execution.id, StepName(name), NodeId(name))
+        step = uow.steps.transition(
             step.id, step.version, LifecycleTransition.new(S.STARTED, uow.clock.now())
         )
         uow.commit()
@@ -512,8 +512,8 @@ def test_killed_process_is_recovered_on_the_next_launch(
         )
         assert (decision["prior_status"], decision["resulting_status"]) == ("STARTED", "FAILED")
         with repository.begin() as uow:
-            orphan = uow.get_job_execution(execution_id)
-            orphan_step = uow.get_step_execution(step_id)
+            orphan = uow.executions.get(execution_id)
+            orphan_step = uow.steps.get(step_id)
         assert orphan is not None and orphan.status is S.FAILED
         assert orphan_step is not None and orphan_step.status is S.FAILED
     assert seen == [{"offset": 1, "read": 1, "written": 1, "commits": 1}]

@@ -57,7 +57,7 @@ def test_flow_runs_to_its_terminal_state_recording_each_decision(
         )
     assert end is TerminalKind.COMPLETE and ran == ["extract", "load"]
     with repository.begin() as uow:
-        decisions = uow.flow_decisions(run.execution.id)
+        decisions = uow.flow.decisions(run.execution.id)
     assert [(d.sequence, d.source_node_id.value, d.kind) for d in decisions] == [
         (1, "extract", K.STEP_EXIT),
         (2, "route", K.DECIDER),
@@ -90,8 +90,8 @@ def test_restart_reuses_recorded_decisions_and_does_not_decide_again(
         assert second.run_flow("extract", steps, {"route": route}) is TerminalKind.COMPLETE
     assert decided == [1]  # the decider ran once; attempt 2 reused its decision
     with repository.begin() as uow:
-        first_decisions = uow.flow_decisions(first.execution.id)
-        again = uow.flow_decisions(second.execution.id)
+        first_decisions = uow.flow.decisions(first.execution.id)
+        again = uow.flow.decisions(second.execution.id)
     assert [(d.source_node_id.value, d.kind) for d in again] == [
         ("extract", K.COMPLETED_STEP_REUSE),
         ("route", K.DECIDER),
@@ -109,7 +109,7 @@ def test_fail_terminal_ends_the_run_failed(
         run.run_flow("extract", {"extract": lambda s: None}, {"route": lambda r: "ODD"})
     assert run.execution.status.value == "FAILED"
     with repository.begin() as uow:
-        decisions = uow.flow_decisions(run.execution.id)
+        decisions = uow.flow.decisions(run.execution.id)
     assert decisions[-1].target == FlowTarget.end(TerminalKind.FAIL)
 
 
@@ -123,11 +123,11 @@ def test_decision_is_recorded_once_per_node_when_asked_twice(repository: JobRepo
         outcome = run.step("extract", lambda s: None)
         assert run.next_after(outcome) == run.next_after(outcome) == FlowTarget.to_node("route")
         with repository.begin() as uow:
-            assert len(uow.flow_decisions(run.execution.id)) == 1
+            assert len(uow.flow.decisions(run.execution.id)) == 1
         assert run.decide("route", lambda r: "EMPTY") == FlowTarget.to_node("skip")
         assert NodeId("route") in {d.source_node_id for d in uow_decisions(repository, run)}
 
 
 def uow_decisions(repository: JobRepository, run: JobRun) -> list[Any]:
     with repository.begin() as uow:
-        return list(uow.flow_decisions(run.execution.id))
+        return list(uow.flow.decisions(run.execution.id))

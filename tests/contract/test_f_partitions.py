@@ -76,9 +76,9 @@ def launch(
     with repository.begin() as uow:
         if instance_id is None:
             key = JobInstanceKey(JobName("parts"), JobParameters.of({"run": next(_keys)}))
-            instance_id = uow.select_or_create_job_instance(key).instance.id
-        execution = uow.create_job_execution(instance_id)
-        execution = uow.transition_job_execution(execution.id, 0, to(S.STARTED, clock))
+            instance_id = uow.instances.select_or_create(key).instance.id
+        execution = uow.executions.create(instance_id)
+        execution = uow.executions.transition(execution.id, 0, to(S.STARTED, clock))
         uow.commit()
     return execution
 
@@ -93,9 +93,9 @@ def new_step(
 ) -> StepExecution:
     with repository.begin() as uow:
         name = name or f"s{next(_names)}"
-        step = uow.create_flow_step_execution(execution.id, StepName(name), NodeId(name))
+        step = uow.flow.create_step(execution.id, StepName(name), NodeId(name))
         if started:
-            step = uow.transition_step_execution(step.id, 0, to(S.STARTED, clock))
+            step = uow.steps.transition(step.id, 0, to(S.STARTED, clock))
         uow.commit()
     return step
 
@@ -104,31 +104,31 @@ def move(
     repository: JobRepository, clock: ManualClock, step_id: int, *statuses: BatchStatus
 ) -> StepExecution:
     with repository.begin() as uow:
-        step = uow.get_step_execution(step_id)
+        step = uow.steps.get(step_id)
         assert step is not None
         for status in statuses:
-            step = uow.transition_step_execution(step.id, step.version, to(status, clock, step.id))
+            step = uow.steps.transition(step.id, step.version, to(status, clock, step.id))
         uow.commit()
     return step
 
 
 def plan(repository: JobRepository, parent: StepExecution, *keys: str) -> list[StepPartition]:
     with repository.begin() as uow:
-        created = uow.create_step_partition_plan(parent.id, entries(*keys))
+        created = uow.partitions.create_plan(parent.id, entries(*keys))
         uow.commit()
     return created
 
 
 def assign(repository: JobRepository, partition: StepPartition, worker_id: int) -> StepPartition:
     with repository.begin() as uow:
-        assigned = uow.assign_step_partition(partition.id, partition.version, worker_id)
+        assigned = uow.partitions.assign(partition.id, partition.version, worker_id)
         uow.commit()
     return assigned
 
 
 def complete(repository: JobRepository, partition: StepPartition, worker_id: int) -> StepPartition:
     with repository.begin() as uow:
-        done = uow.complete_step_partition(partition.id, partition.version, worker_id)
+        done = uow.partitions.complete(partition.id, partition.version, worker_id)
         uow.commit()
     return done
 
@@ -144,9 +144,9 @@ def set_counts(admin: psycopg.Connection[Any], step_id: int, *counts: int) -> No
 
 def set_exit(repository: JobRepository, step_id: int, exit_code: str) -> None:
     with repository.begin() as uow:
-        step = uow.get_step_execution(step_id)
+        step = uow.steps.get(step_id)
         assert step is not None
-        uow.enrich_step_exit_status(step_id, step.version, ExitCode(exit_code))
+        uow.steps.enrich_exit_status(step_id, step.version, ExitCode(exit_code))
         uow.commit()
 
 
@@ -159,12 +159,12 @@ def partition_rows(admin: psycopg.Connection[Any]) -> int:
 def stored_plan(repository: JobRepository, parent_id: int) -> list[StepPartition]:
     """The committed plan of `parent_id` in key byte order, read in a fresh unit of work."""
     with repository.begin() as uow:
-        return uow.step_partition_plan(parent_id)
+        return uow.partitions.plan(parent_id)
 
 
 def stored_step(repository: JobRepository, step_id: int) -> StepExecution:
     with repository.begin() as uow:
-        step = uow.get_step_execution(step_id)
+        step = uow.steps.get(step_id)
     assert step is not None
     return step
 
@@ -217,7 +217,7 @@ def test_f1_plan_in_entry_order_read_in_key_byte_order(f: Fixture) -> None:
         for p in created
     )
     with f.repository.begin() as uow:
-        read = uow.step_partition_plan(f.parent.id)
+        read = uow.partitions.plan(f.parent.id)
     assert [p.key.value for p in read] == ["B", "a", "b"]  # byte order: upper case first
     assert read[1].context == ExecutionContext(SCHEMA, 1, {"key": "a"})
 
@@ -225,11 +225,11 @@ def test_f1_plan_in_entry_order_read_in_key_byte_order(f: Fixture) -> None:
 def test_f2_plan_size_bounds(f: Fixture, admin: psycopg.Connection[Any]) -> None:
     with f.repository.begin() as uow:
         with pytest.raises(EmptyPartitionPlan):
-            uow.create_step_partition_plan(f.parent.id, [])
+            uow.partitions.create_plan(f.parent.id, [])
         with pytest.raises(PartitionPlanTooLarge) as too_large:
-            uow.create_step_partition_plan(f.parent.id, entries(*map(str, range(1025))))
+            uow.partitions.create_plan(f.parent.id, entries(*map(str, range(1025))))
         assert too_large.value.max == 1024
-        created = uow.create_step_partition_plan(f.parent.id, entries(*map(str, range(1024))))
+        created = uow.partitions.create_plan(f.parent.id, entries(*map(str, range(1024))))
         uow.commit()
     assert len(created) == 1024 and created[-1].ordinal == 1024
     assert partition_rows(admin) == 1024
@@ -241,7 +241,7 @@ def test_f3_byte_identical_keys_are_duplicates_whitespace_is_kept(
     other = new_step(f.repository, f.clock, f.execution)
     with f.repository.begin() as uow:
         with pytest.raises(DuplicatePartitionKey):
-            uow.create_step_partition_plan(f.parent.id, entries("a", "b", "a"))
+            uow.partitions.create_plan(f.parent.id, entries("a", "b", "a"))
         uow.commit()
     assert partition_rows(admin) == 0  # not even "a" and "b" were kept
     assert [p.key.value for p in plan(f.repository, other, "a", "a ")] == ["a", "a "]
@@ -254,12 +254,12 @@ def test_a_context_schema_version_beyond_integer_is_refused_before_any_write(
     """Valid as a u32, 2^31 does not fit the integer column: refused typed, nothing written."""
     too_big = PartitionPlanEntry("b", ExecutionContext(SCHEMA, 2**31, {"key": "b"}))
     with f.repository.begin() as uow, pytest.raises(RepositoryDomainError) as refused:
-        uow.create_step_partition_plan(f.parent.id, [entry("a"), too_big])
+        uow.partitions.create_plan(f.parent.id, [entry("a"), too_big])
     assert isinstance(refused.value.error, StateSchemaVersionNotStorable)
     assert partition_rows(admin) == 0
     fits = PartitionPlanEntry("b", ExecutionContext(SCHEMA, 2**31 - 1, {"key": "b"}))
     with f.repository.begin() as uow:
-        created = uow.create_step_partition_plan(f.parent.id, [entry("a"), fits])
+        created = uow.partitions.create_plan(f.parent.id, [entry("a"), fits])
         uow.commit()
     assert created[1].context.schema_version == 2**31 - 1
 
@@ -270,7 +270,7 @@ def test_f4_f5_f6_plan_exists_parent_not_active_all_or_nothing(
     first = plan(f.repository, f.parent, "a")
     with f.repository.begin() as uow:
         with pytest.raises(PartitionPlanExists) as exists:
-            uow.create_step_partition_plan(f.parent.id, entries("x"))
+            uow.partitions.create_plan(f.parent.id, entries("x"))
         assert exists.value.step_execution_id == f.parent.id
         uow.commit()
     assert stored_plan(f.repository, f.parent.id) == first
@@ -278,7 +278,7 @@ def test_f4_f5_f6_plan_exists_parent_not_active_all_or_nothing(
         parent = new_step(f.repository, f.clock, f.execution)
         move(f.repository, f.clock, parent.id, *path)
         with f.repository.begin() as uow, pytest.raises(PartitionParentNotActive) as inactive:
-            uow.create_step_partition_plan(parent.id, entries("x", "y"))
+            uow.partitions.create_plan(parent.id, entries("x", "y"))
         assert (inactive.value.step_execution_id, inactive.value.status) == (
             parent.id,
             path[-1].value,
@@ -289,12 +289,12 @@ def test_f4_f5_f6_plan_exists_parent_not_active_all_or_nothing(
 def test_f35_input_checks_precede_parent_checks(f: Fixture) -> None:
     with f.repository.begin() as uow:
         with pytest.raises(EmptyPartitionPlan):
-            uow.create_step_partition_plan(10**9, [])
+            uow.partitions.create_plan(10**9, [])
         with pytest.raises(StepExecutionNotFound):
-            uow.create_step_partition_plan(10**9, entries("a"))
+            uow.partitions.create_plan(10**9, entries("a"))
         with pytest.raises(StepExecutionNotFound):
-            uow.step_partition_plan(10**9)
-        assert uow.step_partition_plan(f.parent.id) == []
+            uow.partitions.plan(10**9)
+        assert uow.partitions.plan(f.parent.id) == []
 
 
 # --------------------------------------------------------------------------- assign
@@ -303,9 +303,9 @@ def test_f35_input_checks_precede_parent_checks(f: Fixture) -> None:
 def test_f7_assign_waits_for_the_plan_to_be_published(f: Fixture) -> None:
     worker = f.worker()
     with f.repository.begin() as uow:
-        (created,) = uow.create_step_partition_plan(f.parent.id, entries("a"))
+        (created,) = uow.partitions.create_plan(f.parent.id, entries("a"))
         with pytest.raises(PartitionPlanNotCommitted) as unpublished:
-            uow.assign_step_partition(created.id, 0, worker.id)
+            uow.partitions.assign(created.id, 0, worker.id)
         assert unpublished.value.step_execution_id == f.parent.id
         uow.commit()
     assert assign(f.repository, created, worker.id).status is S.STARTED
@@ -317,7 +317,7 @@ def test_f8_f9_assign_needs_a_started_parent(repository: JobRepository, clock: M
     (created,) = plan(repository, parent, "a")
     worker = new_step(repository, clock, execution)
     with repository.begin() as uow, pytest.raises(PartitionParentNotActive) as starting:
-        uow.assign_step_partition(created.id, 0, worker.id)
+        uow.partitions.assign(created.id, 0, worker.id)
     assert (starting.value.step_execution_id, starting.value.status) == (parent.id, "STARTING")
     assert stored_plan(repository, parent.id) == [created]
     move(repository, clock, parent.id, S.STARTED)
@@ -329,7 +329,7 @@ def test_f8_f9_assign_needs_a_started_parent(repository: JobRepository, clock: M
     )
     assert assigned.exit_status == ExitCode.UNKNOWN and assigned.counts.is_zero
     with repository.begin() as uow:
-        assert uow.step_partition_plan(parent.id) == [assigned]
+        assert uow.partitions.plan(parent.id) == [assigned]
 
 
 def test_f10_stale_version_and_illegal_reassign(f: Fixture) -> None:
@@ -338,10 +338,10 @@ def test_f10_stale_version_and_illegal_reassign(f: Fixture) -> None:
     workers = [f.worker(), f.worker()]
     with f.repository.begin() as uow:
         with pytest.raises(StaleVersion) as stale:
-            uow.assign_step_partition(created.id, 0, workers[0].id)
+            uow.partitions.assign(created.id, 0, workers[0].id)
         assert (stale.value.expected, stale.value.actual) == (0, 1)
         with pytest.raises(PartitionUpdateNotAllowed) as started:
-            uow.assign_step_partition(created.id, assigned.version, workers[1].id)
+            uow.partitions.assign(created.id, assigned.version, workers[1].id)
         assert started.value.status == "STARTED"
         uow.commit()
     assert stored_plan(f.repository, f.parent.id) == [assigned]
@@ -354,7 +354,7 @@ def test_f11_worker_must_be_a_sibling_step(f: Fixture, clock: ManualClock) -> No
     with f.repository.begin() as uow:
         for worker_id in (f.parent.id, foreign.id):
             with pytest.raises(PartitionWorkerMismatch) as mismatch:
-                uow.assign_step_partition(created.id, 0, worker_id)
+                uow.partitions.assign(created.id, 0, worker_id)
             assert (mismatch.value.partition_id, mismatch.value.worker) == (created.id, worker_id)
         uow.commit()
     assert stored_plan(f.repository, f.parent.id) == [created]
@@ -366,7 +366,7 @@ def test_f12_a_worker_backs_one_partition(f: Fixture) -> None:
     assigned = assign(f.repository, first, worker.id)
     with f.repository.begin() as uow:
         with pytest.raises(PartitionWorkerAlreadyAssigned) as taken:
-            uow.assign_step_partition(second.id, 0, worker.id)
+            uow.partitions.assign(second.id, 0, worker.id)
         assert taken.value.worker == worker.id
         uow.commit()
     # The second partition is still waiting for a worker; the first keeps its own.
@@ -378,13 +378,13 @@ def test_f13_unknown_partition_or_worker(f: Fixture) -> None:
     (created,) = plan(f.repository, f.parent, "a")
     with f.repository.begin() as uow:
         with pytest.raises(StepPartitionNotFound) as missing:
-            uow.assign_step_partition(created.id + 100, 0, f.parent.id)
+            uow.partitions.assign(created.id + 100, 0, f.parent.id)
         assert missing.value.id == created.id + 100
         with pytest.raises(StepPartitionNotFound) as missing:
-            uow.complete_step_partition(created.id + 100, 0, f.parent.id)
+            uow.partitions.complete(created.id + 100, 0, f.parent.id)
         assert missing.value.id == created.id + 100
         with pytest.raises(StepExecutionNotFound) as no_worker:
-            uow.assign_step_partition(created.id, 0, 10**9)
+            uow.partitions.assign(created.id, 0, 10**9)
         assert no_worker.value.id == 10**9
         uow.commit()
     assert stored_plan(f.repository, f.parent.id) == [created]
@@ -429,16 +429,16 @@ def test_f15_f16_stale_or_unfinished_worker(f: Fixture) -> None:
     with f.repository.begin() as uow:
         for stale_worker in (f.parent.id, sibling.id):
             with pytest.raises(PartitionWorkerStale) as stale:
-                uow.complete_step_partition(created.id, 1, stale_worker)
+                uow.partitions.complete(created.id, 1, stale_worker)
             assert (stale.value.partition_id, stale.value.worker) == (created.id, stale_worker)
         with pytest.raises(PartitionAggregationIncomplete) as running:
-            uow.complete_step_partition(created.id, 1, worker.id)
+            uow.partitions.complete(created.id, 1, worker.id)
         assert (running.value.step_execution_id, running.value.status) == (f.parent.id, "STARTED")
         uow.commit()
     assert stored_plan(f.repository, f.parent.id) == [assigned]
     move(f.repository, f.clock, worker.id, S.FAILED, S.ABANDONED)
     with f.repository.begin() as uow, pytest.raises(PartitionAggregationIncomplete) as abandoned:
-        uow.complete_step_partition(assigned.id, 1, worker.id)
+        uow.partitions.complete(assigned.id, 1, worker.id)
     assert (abandoned.value.step_execution_id, abandoned.value.status) == (
         f.parent.id,
         "ABANDONED",
@@ -458,7 +458,7 @@ def test_f17_completion_while_parent_stopping_not_stopped(f: Fixture) -> None:
     assert complete(f.repository, assigned[0], workers[0].id).status is S.COMPLETED
     move(f.repository, f.clock, f.parent.id, S.STOPPED)
     with f.repository.begin() as uow, pytest.raises(PartitionParentNotActive) as stopped:
-        uow.complete_step_partition(assigned[1].id, 1, workers[1].id)
+        uow.partitions.complete(assigned[1].id, 1, workers[1].id)
     assert (stopped.value.step_execution_id, stopped.value.status) == (f.parent.id, "STOPPED")
     assert stored_plan(f.repository, f.parent.id)[1] == assigned[1]  # still STARTED
 
@@ -474,7 +474,7 @@ def test_f18_failed_partition_retried_by_a_new_worker(
     failed = complete(f.repository, assigned, old.id)
     assert failed.status is S.FAILED and failed.counts.read == 3
     with f.repository.begin() as uow, pytest.raises(PartitionWorkerAlreadyAssigned):
-        uow.assign_step_partition(failed.id, failed.version, old.id)
+        uow.partitions.assign(failed.id, failed.version, old.id)
     retried = assign(f.repository, failed, f.worker().id)
     assert retried.status is S.STARTED and retried.counts.is_zero and retried.version == 3
     assert retried.exit_status == ExitCode.UNKNOWN
@@ -485,9 +485,9 @@ def test_f18_failed_partition_retried_by_a_new_worker(
 
 def aggregate(f: Fixture, version: int | None = None) -> StepExecution:
     with f.repository.begin() as uow:
-        parent = uow.get_step_execution(f.parent.id)
+        parent = uow.steps.get(f.parent.id)
         assert parent is not None
-        ended = uow.aggregate_step_partitions(
+        ended = uow.partitions.aggregate(
             f.parent.id, parent.version if version is None else version, f.clock.advance()
         )
         uow.commit()
@@ -515,7 +515,7 @@ def test_f19_all_completed_sums_counts_and_takes_the_first_key_exit(
     )
     assert ended.metadata.counts.read == 4 and ended.metadata.counts.committed == 2
     with f.repository.begin() as uow:
-        assert uow.get_step_execution(f.parent.id) == ended
+        assert uow.steps.get(f.parent.id) == ended
 
 
 @pytest.mark.parametrize("order", ["key order", "reverse key order"])
@@ -572,14 +572,14 @@ def test_f22_active_child_blocks_aggregation(f: Fixture) -> None:
     first, second = plan(f.repository, f.parent, "a", "b")
     f.run(first)
     with f.repository.begin() as uow, pytest.raises(PartitionAggregationIncomplete) as starting:
-        uow.aggregate_step_partitions(f.parent.id, f.parent.version, f.clock.advance())
+        uow.partitions.aggregate(f.parent.id, f.parent.version, f.clock.advance())
     assert starting.value.status == "STARTING"
     assign(f.repository, second, f.worker().id)
     with f.repository.begin() as uow, pytest.raises(PartitionAggregationIncomplete) as started:
-        uow.aggregate_step_partitions(f.parent.id, f.parent.version, f.clock.advance())
+        uow.partitions.aggregate(f.parent.id, f.parent.version, f.clock.advance())
     assert started.value.status == "STARTED"
     with f.repository.begin() as uow:
-        assert uow.get_step_execution(f.parent.id) == f.parent
+        assert uow.steps.get(f.parent.id) == f.parent
 
 
 @pytest.mark.parametrize(
@@ -599,7 +599,7 @@ def test_f23_worker_changed_after_completion_is_corrupt(
         (done.worker_step_execution_id,),
     )
     with f.repository.begin() as uow, pytest.raises(PartitionStateCorrupt):
-        uow.aggregate_step_partitions(f.parent.id, f.parent.version, f.clock.advance())
+        uow.partitions.aggregate(f.parent.id, f.parent.version, f.clock.advance())
     assert stored_step(f.repository, f.parent.id) == f.parent
     assert stored_plan(f.repository, f.parent.id) == [done]
 
@@ -612,7 +612,7 @@ def test_f24_f25_replay_returns_the_parent_a_new_version_is_refused(f: Fixture) 
     assert ended.version == expected + 1
     assert aggregate(f, expected) == ended
     with f.repository.begin() as uow, pytest.raises(PartitionParentNotActive) as terminal:
-        uow.aggregate_step_partitions(f.parent.id, ended.version, f.clock.advance())
+        uow.partitions.aggregate(f.parent.id, ended.version, f.clock.advance())
     assert (terminal.value.step_execution_id, terminal.value.status) == (f.parent.id, "COMPLETED")
     assert stored_step(f.repository, f.parent.id) == ended
 
@@ -622,7 +622,7 @@ def test_f26_completed_aggregate_onto_a_stopping_parent_is_illegal(f: Fixture) -
     f.run(created)
     stopping = move(f.repository, f.clock, f.parent.id, S.STOPPING)
     with f.repository.begin() as uow, pytest.raises(IllegalTransition) as illegal:
-        uow.aggregate_step_partitions(f.parent.id, stopping.version, f.clock.advance())
+        uow.partitions.aggregate(f.parent.id, stopping.version, f.clock.advance())
     assert (illegal.value.from_status, illegal.value.to_status) == ("STOPPING", "COMPLETED")
     assert stored_step(f.repository, f.parent.id) == stopping
 
@@ -635,7 +635,7 @@ def test_f27_counter_sum_overflow(f: Fixture, admin: psycopg.Connection[Any]) ->
         move(f.repository, f.clock, worker.id, S.COMPLETED)
         complete(f.repository, assigned, worker.id)
     with f.repository.begin() as uow, pytest.raises(CountExhausted):
-        uow.aggregate_step_partitions(f.parent.id, f.parent.version, f.clock.advance())
+        uow.partitions.aggregate(f.parent.id, f.parent.version, f.clock.advance())
     assert stored_step(f.repository, f.parent.id) == f.parent
 
 
@@ -646,7 +646,7 @@ def test_f34_lost_commit_acknowledgement_then_safe_retry(
     f.run(created)
     expected = f.parent.version
     with f.repository.begin() as uow:
-        uow.aggregate_step_partitions(f.parent.id, expected, f.clock.advance())
+        uow.partitions.aggregate(f.parent.id, expected, f.clock.advance())
         terminate_backend(admin, uow.connection.info.backend_pid)
         with pytest.raises(CommitOutcomeUnknown):
             uow.commit()
@@ -662,12 +662,12 @@ def test_f34_lost_commit_acknowledgement_then_safe_retry(
 
 def fail_job(repository: JobRepository, clock: ManualClock, execution: JobExecution) -> None:
     with repository.begin() as uow:
-        for step in uow.step_executions(execution.id):
+        for step in uow.steps.of_execution(execution.id):
             if step.status.is_active:
-                uow.transition_step_execution(step.id, step.version, to(S.FAILED, clock))
-        current = uow.get_job_execution(execution.id)
+                uow.steps.transition(step.id, step.version, to(S.FAILED, clock))
+        current = uow.executions.get(execution.id)
         assert current is not None
-        uow.transition_job_execution(current.id, current.version, to(S.FAILED, clock))
+        uow.executions.transition(current.id, current.version, to(S.FAILED, clock))
         uow.commit()
 
 
@@ -680,9 +680,9 @@ def test_f28_f31_restart_carries_completed_partitions_only(f: Fixture) -> None:
     second = launch(f.repository, f.clock, f.execution.job_instance_id)
     target = new_step(f.repository, f.clock, second, "load")
     with f.repository.begin() as uow:
-        carried = uow.restart_step_partition_plan(f.parent.id, target.id)
+        carried = uow.partitions.restart_plan(f.parent.id, target.id)
         with pytest.raises(PartitionPlanNotCommitted):
-            uow.assign_step_partition(carried[1].id, 0, new_step_id(uow, second))
+            uow.partitions.assign(carried[1].id, 0, new_step_id(uow, second))
         uow.commit()
     a, b, c = carried
     assert (a.status, a.worker_step_execution_id, a.version) == (
@@ -705,14 +705,14 @@ def test_f28_f31_restart_carries_completed_partitions_only(f: Fixture) -> None:
 
 def new_step_id(uow: Any, execution: JobExecution) -> int:
     name = f"w{next(_names)}"
-    return int(uow.create_flow_step_execution(execution.id, StepName(name), NodeId(name)).id)
+    return int(uow.flow.create_step(execution.id, StepName(name), NodeId(name)).id)
 
 
 def test_f29_f30_f33_restart_plan_errors(f: Fixture, clock: ManualClock) -> None:
     plan(f.repository, f.parent, "a")
     running_target = new_step(f.repository, clock, f.execution, "other")
     with f.repository.begin() as uow, pytest.raises(PartitionStateCorrupt):
-        uow.restart_step_partition_plan(f.parent.id, running_target.id)  # job still STARTED
+        uow.partitions.restart_plan(f.parent.id, running_target.id)  # job still STARTED
     assert stored_plan(f.repository, running_target.id) == []
     fail_job(f.repository, clock, f.execution)
     second = launch(f.repository, clock, f.execution.job_instance_id)
@@ -721,21 +721,21 @@ def test_f29_f30_f33_restart_plan_errors(f: Fixture, clock: ManualClock) -> None
     done = new_step(f.repository, clock, second)
     with f.repository.begin() as uow:
         with pytest.raises(PartitionStateCorrupt):  # different logical ids
-            uow.restart_step_partition_plan(f.parent.id, renamed.id)
+            uow.partitions.restart_plan(f.parent.id, renamed.id)
         with pytest.raises(PartitionStateCorrupt):  # missing source
-            uow.restart_step_partition_plan(10**9, target.id)
+            uow.partitions.restart_plan(10**9, target.id)
         uow.commit()
     assert stored_plan(f.repository, renamed.id) == []
     assert stored_plan(f.repository, target.id) == []
     empty_source = new_step(f.repository, clock, second, "load-empty")
     move(f.repository, clock, done.id, S.COMPLETED)
     with f.repository.begin() as uow:
-        uow.restart_step_partition_plan(f.parent.id, target.id)
+        uow.partitions.restart_plan(f.parent.id, target.id)
         uow.commit()
     carried = stored_plan(f.repository, target.id)
     with f.repository.begin() as uow:
         with pytest.raises(PartitionPlanExists) as exists:
-            uow.restart_step_partition_plan(f.parent.id, target.id)
+            uow.partitions.restart_plan(f.parent.id, target.id)
         assert exists.value.step_execution_id == target.id
     assert stored_plan(f.repository, target.id) == carried
     assert empty_source.id > 0
@@ -745,13 +745,13 @@ def test_f29_f30_f33_restart_plan_errors(f: Fixture, clock: ManualClock) -> None
     plan(f.repository, source, "a")
     move(f.repository, clock, source.id, S.COMPLETED)
     with f.repository.begin() as uow:
-        current = uow.get_job_execution(completed_job.id)
+        current = uow.executions.get(completed_job.id)
         assert current is not None
-        uow.transition_job_execution(current.id, current.version, to(S.COMPLETED, clock))
+        uow.executions.transition(current.id, current.version, to(S.COMPLETED, clock))
         uow.commit()
     third = launch(f.repository, clock)
     with f.repository.begin() as uow, pytest.raises(PartitionStateCorrupt):
-        uow.restart_step_partition_plan(source.id, new_step_id(uow, third))
+        uow.partitions.restart_plan(source.id, new_step_id(uow, third))
 
 
 def test_f30_restart_onto_a_completed_target_or_from_an_empty_source(f: Fixture) -> None:
@@ -764,13 +764,13 @@ def test_f30_restart_onto_a_completed_target_or_from_an_empty_source(f: Fixture)
     target_2 = new_step(f.repository, f.clock, second, "load-2")
     with f.repository.begin() as uow:
         with pytest.raises(PartitionParentNotActive) as inactive:
-            uow.restart_step_partition_plan(f.parent.id, completed_target.id)
+            uow.partitions.restart_plan(f.parent.id, completed_target.id)
         assert (inactive.value.step_execution_id, inactive.value.status) == (
             completed_target.id,
             "COMPLETED",
         )
         with pytest.raises(PartitionStateCorrupt):
-            uow.restart_step_partition_plan(no_plan.id, target_2.id)
+            uow.partitions.restart_plan(no_plan.id, target_2.id)
         uow.commit()
     assert stored_plan(f.repository, completed_target.id) == []
     assert stored_plan(f.repository, target_2.id) == []
@@ -789,9 +789,9 @@ def test_n6_tampered_context_checksum_fails_closed(
     )
     with f.repository.begin() as uow:
         with pytest.raises(PartitionStateCorrupt):
-            uow.step_partition_plan(f.parent.id)
+            uow.partitions.plan(f.parent.id)
         with pytest.raises(PartitionStateCorrupt):
-            uow.assign_step_partition(created.id, 0, f.worker().id)
+            uow.partitions.assign(created.id, 0, f.worker().id)
 
 
 def test_corrupt_status_code_fails_closed(f: Fixture, admin: psycopg.Connection[Any]) -> None:
@@ -802,7 +802,7 @@ def test_corrupt_status_code_fails_closed(f: Fixture, admin: psycopg.Connection[
         (f.parent.id,),
     )
     with f.repository.begin() as uow, pytest.raises(PartitionStateCorrupt):
-        uow.step_partition_plan(f.parent.id)
+        uow.partitions.plan(f.parent.id)
 
 
 def test_end_partition_worker_ends_worker_and_partition_together(f: Fixture) -> None:
@@ -812,17 +812,17 @@ def test_end_partition_worker_ends_worker_and_partition_together(f: Fixture) -> 
     other = assign(f.repository, second, f.worker().id)
     with f.repository.begin() as uow:
         with pytest.raises(PartitionWorkerStale):  # the worker of another partition
-            uow.end_partition_worker(
+            uow.partitions.end_worker(
                 other.id, other.version, worker.id, to(S.COMPLETED, f.clock), ExitCode.COMPLETED
             )
-        assert uow.get_step_execution(worker.id) == worker  # nothing staged
-        done = uow.end_partition_worker(
+        assert uow.steps.get(worker.id) == worker  # nothing staged
+        done = uow.partitions.end_worker(
             assigned.id, assigned.version, worker.id, to(S.FAILED, f.clock), ExitCode("BAD_ROW")
         )
         uow.commit()
     assert (done.status, done.exit_status.value, done.version) == (S.FAILED, "BAD_ROW", 2)
     with f.repository.begin() as uow:
-        ended = uow.get_step_execution(worker.id)
+        ended = uow.steps.get(worker.id)
     assert ended is not None and ended.status is S.FAILED
     assert ended.metadata.exit_status.value == "BAD_ROW" and ended.version == worker.version + 2
     assert ended.metadata.failure is not None

@@ -38,8 +38,8 @@ def register(repository: JobRepository, manifest: dict[str, Any]) -> int:
     )
     with repository.begin() as uow:
         key = JobInstanceKey(JobName("bounded"), JobParameters.of({"run": next(_runs)}))
-        instance = uow.select_or_create_job_instance(key).instance
-        execution = uow.create_job_execution_with_definition(instance.id, definition)
+        instance = uow.instances.select_or_create(key).instance
+        execution = uow.executions.create(instance.id, definition)
         uow.commit()
     return execution.definition_id
 

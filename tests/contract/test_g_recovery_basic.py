@@ -99,12 +99,12 @@ def execution_in(
 ) -> JobExecution:
     """A committed job execution in `status`, with a non-default exit status."""
     with repository.begin() as uow:
-        execution = uow.create_job_execution(
-            uow.select_or_create_job_instance(new_key()).instance.id
+        execution = uow.executions.create(uow.instances.select_or_create(new_key()).instance.id)
+        execution = uow.executions.enrich_exit_status(
+            execution.id, execution.version, ExitCode(exit_code)
         )
-        execution = uow.enrich_job_exit_status(execution.id, execution.version, ExitCode(exit_code))
         for target in PATHS[status]:
-            execution = uow.transition_job_execution(
+            execution = uow.executions.transition(
                 execution.id, execution.version, to(target, clock.advance())
             )
         uow.commit()
@@ -124,14 +124,14 @@ def recover(
     repository: JobRepository, execution_id: int, request: RecoveryRequest
 ) -> RecoveryResult:
     with repository.begin() as uow:
-        result = uow.recover_job_execution(execution_id, request)
+        result = uow.recovery.recover(execution_id, request)
         uow.commit()
     return result
 
 
 def stored(repository: JobRepository, execution_id: int) -> JobExecution:
     with repository.begin() as uow:
-        execution = uow.get_job_execution(execution_id)
+        execution = uow.executions.get(execution_id)
     assert execution is not None
     return execution
 
@@ -176,7 +176,7 @@ def test_g1_mark_failed_records_the_decision_and_g2_allows_a_restart(
     assert decision["decided_at"] == decided_at
 
     with repository.begin() as uow:
-        restarted = uow.create_job_execution(prior.job_instance_id)
+        restarted = uow.executions.create(prior.job_instance_id)
         uow.commit()
     assert (restarted.attempt, restarted.restart_of_execution_id) == (2, prior.id)
 
@@ -188,12 +188,10 @@ def test_g3_abandon_clears_the_failure_keeps_the_exit_and_ends_the_instance(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
     with repository.begin() as uow:
-        prior = uow.create_job_execution(uow.select_or_create_job_instance(new_key()).instance.id)
-        prior = uow.enrich_job_exit_status(prior.id, prior.version, ExitCode("IN_DOUBT"))
-        prior = uow.transition_job_execution(
-            prior.id, prior.version, to(S.STARTED, clock.advance())
-        )
-        prior = uow.transition_job_execution(
+        prior = uow.executions.create(uow.instances.select_or_create(new_key()).instance.id)
+        prior = uow.executions.enrich_exit_status(prior.id, prior.version, ExitCode("IN_DOUBT"))
+        prior = uow.executions.transition(prior.id, prior.version, to(S.STARTED, clock.advance()))
+        prior = uow.executions.transition(
             prior.id, prior.version, LifecycleTransition(S.UNKNOWN, clock.advance(), USER)
         )
         uow.commit()
@@ -210,7 +208,7 @@ def test_g3_abandon_clears_the_failure_keeps_the_exit_and_ends_the_instance(
     assert (decision["prior_status"], decision["resulting_status"]) == ("UNKNOWN", "ABANDONED")
     assert decision["reason_code"] == "OPERATOR_ABANDON"
     with repository.begin() as uow, pytest.raises(AbandonedInstance):
-        uow.create_job_execution(prior.job_instance_id)
+        uow.executions.create(prior.job_instance_id)
 
 
 @pytest.mark.parametrize(
@@ -248,7 +246,7 @@ def test_g5_finished_executions_cannot_be_recovered(
         prior = execution_in(repository, clock, status)
         for request in (mark_failed(prior.version), abandon(prior.version)):
             with repository.begin() as uow, pytest.raises(RecoveryNotAllowed) as refused:
-                uow.recover_job_execution(prior.id, request)
+                uow.recovery.recover(prior.id, request)
             assert (refused.value.id, refused.value.status) == (prior.id, status.value)
         assert stored(repository, prior.id) == prior
     assert decisions(admin) == []
@@ -259,7 +257,7 @@ def test_g6_stale_and_replayed_requests_are_stale_version(
 ) -> None:
     prior = execution_in(repository, clock, S.STARTED)
     with repository.begin() as uow, pytest.raises(StaleVersion) as stale:
-        uow.recover_job_execution(prior.id, mark_failed(prior.version - 1))
+        uow.recovery.recover(prior.id, mark_failed(prior.version - 1))
     assert (stale.value.expected, stale.value.actual) == (prior.version - 1, prior.version)
     request = mark_failed(prior.version)
     recovered = recover(repository, prior.id, request).execution
@@ -269,11 +267,11 @@ def test_g6_stale_and_replayed_requests_are_stale_version(
         abandon(prior.version),
     ):  # a replayed recovery is stale, never re-applied
         with repository.begin() as uow, pytest.raises(StaleVersion) as stale:
-            uow.recover_job_execution(prior.id, replay)
+            uow.recovery.recover(prior.id, replay)
         assert (stale.value.expected, stale.value.actual) == (prior.version, prior.version + 1)
     # At the new version the execution is FAILED, which is not recoverable.
     with repository.begin() as uow, pytest.raises(RecoveryNotAllowed):
-        uow.recover_job_execution(prior.id, abandon(recovered.version))
+        uow.recovery.recover(prior.id, abandon(recovered.version))
     assert stored(repository, prior.id) == recovered
     assert len(decisions(admin)) == 1
 
@@ -283,7 +281,7 @@ def test_g7_unknown_execution_and_g9_a_clock_behind_the_start_never_blocks_recov
 ) -> None:
     prior = execution_in(repository, clock, S.STARTED)
     with repository.begin() as uow, pytest.raises(JobExecutionNotFound) as missing:
-        uow.recover_job_execution(prior.id + 1000, mark_failed(0))
+        uow.recovery.recover(prior.id + 1000, mark_failed(0))
     assert missing.value.id == prior.id + 1000
 
     # The run was stamped by a clock an hour ahead of the recovering one: recovery still
@@ -308,7 +306,7 @@ def test_l6_two_recoveries_at_one_version_make_one_decision(
     prior = execution_in(repository, clock, S.STARTED)
     requests = [mark_failed(prior.version), abandon(prior.version)]
     outcomes = race_units_of_work(
-        repository, 2, lambda uow, index: uow.recover_job_execution(prior.id, requests[index])
+        repository, 2, lambda uow, index: uow.recovery.recover(prior.id, requests[index])
     )
     winners = [outcome for outcome in outcomes if outcome.ok]
     losers = [outcome for outcome in outcomes if not outcome.ok]
@@ -329,9 +327,9 @@ def test_l6_two_recoveries_at_one_version_make_one_decision(
 def attempt(repository: JobRepository, clock: ManualClock, instance_id: int) -> JobExecution:
     """The next attempt of an instance, STARTED."""
     with repository.begin() as uow:
-        execution = uow.create_job_execution(instance_id)
+        execution = uow.executions.create(instance_id)
         execution = claim_test_owner(uow, execution, clock.advance())
-        execution = uow.transition_job_execution(
+        execution = uow.executions.transition(
             execution.id, execution.version, to(S.STARTED, clock.advance())
         )
         uow.commit()
@@ -341,12 +339,12 @@ def attempt(repository: JobRepository, clock: ManualClock, instance_id: int) -> 
 def fail_attempt(repository: JobRepository, clock: ManualClock, execution: JobExecution) -> None:
     """Fail every open step of the attempt, then the attempt itself."""
     with repository.begin() as uow:
-        for step in uow.step_executions(execution.id):
+        for step in uow.steps.of_execution(execution.id):
             if step.status.is_active:
-                uow.transition_step_execution(step.id, step.version, to(S.FAILED, clock.advance()))
-        current = uow.get_job_execution(execution.id)
+                uow.steps.transition(step.id, step.version, to(S.FAILED, clock.advance()))
+        current = uow.executions.get(execution.id)
         assert current is not None
-        uow.transition_job_execution(current.id, current.version, to(S.FAILED, clock.advance()))
+        uow.executions.transition(current.id, current.version, to(S.FAILED, clock.advance()))
         uow.commit()
 
 
@@ -360,8 +358,8 @@ def run_node(
 ) -> StepExecution:
     """Start node NODE as step `name`, commit one chunk to `offset` and spend one retry."""
     with repository.begin() as uow:
-        step = uow.create_flow_step_execution(execution.id, StepName(name), NODE, limit)
-        step = uow.transition_step_execution(step.id, step.version, to(S.STARTED, clock.advance()))
+        step = uow.flow.create_step(execution.id, StepName(name), NODE, limit)
+        step = uow.steps.transition(step.id, step.version, to(S.STARTED, clock.advance()))
         uow.commit()
     context = ChunkContext(step.id, execution.id, TEST_OWNER)
     with ChunkTransactionManager(repository).begin_for(context) as chunk:
@@ -383,7 +381,7 @@ def run_node(
         )
     )
     with repository.begin() as uow:
-        current = uow.get_step_execution(step.id)
+        current = uow.steps.get(step.id)
     assert current is not None
     return current
 
@@ -412,7 +410,7 @@ def test_e21_flow_step_copies_the_newest_state_of_its_node_across_attempts(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(new_key()).instance
+        instance = uow.instances.select_or_create(new_key()).instance
         uow.commit()
     first = attempt(repository, clock, instance.id)
     source_1 = run_node(repository, clock, first, "load", offset=3)
@@ -421,8 +419,8 @@ def test_e21_flow_step_copies_the_newest_state_of_its_node_across_attempts(
     second = attempt(repository, clock, instance.id)
     with repository.begin() as uow:
         # A renamed step of the same node: the logical id is the restart authority.
-        copy_2 = uow.create_flow_step_execution(second.id, StepName("load-v2"), NODE)
-        fresh = uow.create_flow_step_execution(second.id, StepName("report"), NodeId("report"))
+        copy_2 = uow.flow.create_step(second.id, StepName("load-v2"), NODE)
+        fresh = uow.flow.create_step(second.id, StepName("report"), NodeId("report"))
         uow.commit()
     assert (copy_2.step_name, copy_2.logical_id) == (StepName("load-v2"), NODE)
     assert (copy_2.status, copy_2.version) == (S.STARTING, 0)
@@ -441,20 +439,20 @@ def test_e21_flow_step_copies_the_newest_state_of_its_node_across_attempts(
     assert durable_columns(admin, fresh.id)["fault_state_payload"]["entries"] == []
 
     with repository.begin() as uow:
-        latest = uow.latest_flow_step(instance.id, NODE)
+        latest = uow.flow.latest_step(instance.id, NODE)
         assert latest is not None and latest.step_execution.id == copy_2.id
         assert latest.node_id == NODE
         assert latest.context == ExecutionContext(
             SCHEMA, 1, {"file": "part-3"}
         )  # the newest attempt's context wins
-        assert uow.latest_flow_step(instance.id, NodeId("never-ran")) is None
+        assert uow.flow.latest_step(instance.id, NodeId("never-ran")) is None
         with pytest.raises(JobInstanceNotFound) as missing:
-            uow.latest_flow_step(instance.id + 1000, NODE)
+            uow.flow.latest_step(instance.id + 1000, NODE)
         assert missing.value.id == instance.id + 1000
 
     # Attempt 2 moves on; attempt 3 copies attempt 2 (the newest), not attempt 1.
     with repository.begin() as uow:
-        uow.transition_step_execution(copy_2.id, 0, to(S.STARTED, clock.advance()))
+        uow.steps.transition(copy_2.id, 0, to(S.STARTED, clock.advance()))
         uow.commit()
     with ChunkTransactionManager(repository).begin_for(
         ChunkContext(copy_2.id, second.id, TEST_OWNER)
@@ -463,7 +461,7 @@ def test_e21_flow_step_copies_the_newest_state_of_its_node_across_attempts(
     fail_attempt(repository, clock, second)
     third = attempt(repository, clock, instance.id)
     with repository.begin() as uow:
-        copy_3 = uow.create_flow_step_execution(third.id, StepName("load"), NODE)
+        copy_3 = uow.flow.create_step(third.id, StepName("load"), NODE)
         uow.commit()
     assert copy_3.checkpoint == Checkpoint(SCHEMA, 1, {"offset": 5})
     assert copy_3.metadata.counts.read == 5 and copy_3.metadata.counts.committed == 2
@@ -474,7 +472,7 @@ def test_e2_restart_step_copies_the_same_named_step_of_the_previous_attempt(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(new_key()).instance
+        instance = uow.instances.select_or_create(new_key()).instance
         uow.commit()
     first = attempt(repository, clock, instance.id)
     source = run_node(repository, clock, first, "load", offset=4)  # logical id = its name
@@ -482,7 +480,7 @@ def test_e2_restart_step_copies_the_same_named_step_of_the_previous_attempt(
 
     second = attempt(repository, clock, instance.id)
     with repository.begin() as uow:
-        copy = uow.create_step_execution(second.id, StepName("load"))
+        copy = uow.steps.create(second.id, StepName("load"))
         uow.commit()
     assert (copy.status, copy.version, copy.job_execution_id) == (S.STARTING, 0, second.id)
     assert copy.metadata.exit_status == ExitCode.UNKNOWN and copy.metadata.failure is None
@@ -500,7 +498,7 @@ def test_e3_restart_step_without_a_same_named_source_is_refused(
     repository: JobRepository, clock: ManualClock
 ) -> None:
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(new_key()).instance
+        instance = uow.instances.select_or_create(new_key()).instance
         uow.commit()
     first = attempt(repository, clock, instance.id)
     run_node(repository, clock, first, "load", offset=2)
@@ -509,33 +507,33 @@ def test_e3_restart_step_without_a_same_named_source_is_refused(
     second = attempt(repository, clock, instance.id)
     with repository.begin() as uow:
         with pytest.raises(RestartStateNotFound) as missing:
-            uow.create_step_execution(second.id, StepName("report"))
+            uow.steps.create(second.id, StepName("report"))
         assert (missing.value.execution_id, missing.value.step_name) == (second.id, "report")
         # Nothing was staged and the unit of work goes on (a typed refusal stages nothing).
-        assert uow.step_executions(second.id) == []
-        copy = uow.create_step_execution(second.id, StepName("load"))
+        assert uow.steps.of_execution(second.id) == []
+        copy = uow.steps.create(second.id, StepName("load"))
         uow.commit()
     with repository.begin() as uow:
-        assert [step.id for step in uow.step_executions(second.id)] == [copy.id]
+        assert [step.id for step in uow.steps.of_execution(second.id)] == [copy.id]
 
 
 def test_e6_node_ids_count_their_starts_apart_even_under_one_step_name(
     repository: JobRepository, clock: ManualClock
 ) -> None:
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(new_key()).instance
+        instance = uow.instances.select_or_create(new_key()).instance
         uow.commit()
     once = StartLimit(1)
     first = attempt(repository, clock, instance.id)
     with repository.begin() as uow:
-        uow.create_flow_step_execution(first.id, StepName("shared"), NodeId("a"), once)
+        uow.flow.create_step(first.id, StepName("shared"), NodeId("a"), once)
         uow.commit()
     fail_attempt(repository, clock, first)
 
     second = attempt(repository, clock, instance.id)
     with repository.begin() as uow:
         # Node b has never started, although a step named "shared" has.
-        started = uow.create_flow_step_execution(second.id, StepName("shared"), NodeId("b"), once)
+        started = uow.flow.create_step(second.id, StepName("shared"), NodeId("b"), once)
         uow.commit()
     assert started.logical_id == NodeId("b")
     fail_attempt(repository, clock, second)
@@ -544,9 +542,9 @@ def test_e6_node_ids_count_their_starts_apart_even_under_one_step_name(
     with repository.begin() as uow:
         for node in ("a", "b"):  # each started once: each is at its own limit
             with pytest.raises(StartLimitExceeded) as exceeded:
-                uow.create_flow_step_execution(third.id, StepName("shared"), NodeId(node), once)
+                uow.flow.create_step(third.id, StepName("shared"), NodeId(node), once)
             assert (exceeded.value.node_id, exceeded.value.limit) == (node, 1)
-        uow.create_flow_step_execution(third.id, StepName("shared"), NodeId("a"), StartLimit(2))
+        uow.flow.create_step(third.id, StepName("shared"), NodeId("a"), StartLimit(2))
         uow.commit()
 
 
@@ -554,7 +552,7 @@ def test_e5_start_limit_counts_every_attempt(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(new_key()).instance
+        instance = uow.instances.select_or_create(new_key()).instance
         uow.commit()
     limit = StartLimit(2)
     for _ in range(2):
@@ -564,21 +562,21 @@ def test_e5_start_limit_counts_every_attempt(
     third = attempt(repository, clock, instance.id)
     with repository.begin() as uow:
         with pytest.raises(StartLimitExceeded) as exceeded:
-            uow.create_flow_step_execution(third.id, StepName("load"), NODE, limit)
+            uow.flow.create_step(third.id, StepName("load"), NODE, limit)
         assert (exceeded.value.instance_id, exceeded.value.node_id, exceeded.value.limit) == (
             instance.id,
             NODE.value,
             2,
         )
         # A typed refusal stages nothing; other nodes still start in the same unit of work.
-        other = uow.create_flow_step_execution(third.id, StepName("report"), NodeId("report"))
+        other = uow.flow.create_step(third.id, StepName("report"), NodeId("report"))
         with pytest.raises(DuplicateStep):  # one step per logical id in an execution
-            uow.create_flow_step_execution(third.id, StepName("report-2"), NodeId("report"))
+            uow.flow.create_step(third.id, StepName("report-2"), NodeId("report"))
         uow.commit()
     with repository.begin() as uow:
-        assert [step.id for step in uow.step_executions(third.id)] == [other.id]
+        assert [step.id for step in uow.steps.of_execution(third.id)] == [other.id]
         # A larger limit lets the node start a third time.
-        started = uow.create_flow_step_execution(third.id, StepName("load"), NODE, StartLimit(3))
+        started = uow.flow.create_step(third.id, StepName("load"), NODE, StartLimit(3))
         assert (started.job_execution_id, started.logical_id) == (third.id, NODE)
         assert (started.status, started.version) == (S.STARTING, 0)
         uow.commit()
@@ -604,16 +602,16 @@ def test_l5_two_flow_step_starts_against_start_limit_one(
 ) -> None:
     """Two attempts of one instance start node NODE at once: the instance lock lets one in."""
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(new_key()).instance
+        instance = uow.instances.select_or_create(new_key()).instance
         # An older attempt, FAILED already, whose process still tries to start the node.
-        old = uow.create_job_execution(instance.id)
-        old = uow.transition_job_execution(old.id, old.version, to(S.FAILED, clock.advance()))
+        old = uow.executions.create(instance.id)
+        old = uow.executions.transition(old.id, old.version, to(S.FAILED, clock.advance()))
         uow.commit()
     new = attempt(repository, clock, instance.id)
     targets = [old.id, new.id]
 
     def start(uow: UnitOfWork, index: int) -> StepExecution:
-        return uow.create_flow_step_execution(targets[index], StepName("load"), NODE, StartLimit(1))
+        return uow.flow.create_step(targets[index], StepName("load"), NODE, StartLimit(1))
 
     outcomes = race_units_of_work(repository, 2, start)
     assert sorted(outcome.ok for outcome in outcomes) == [False, True]
@@ -631,9 +629,7 @@ def test_l5_two_flow_step_starts_against_start_limit_one(
 
     def start_same(index: int) -> StepExecution:
         with repository.begin() as uow:
-            step = uow.create_flow_step_execution(
-                new.id, StepName(f"report-{index}"), other, StartLimit(1)
-            )
+            step = uow.flow.create_step(new.id, StepName(f"report-{index}"), other, StartLimit(1))
             uow.commit()
         return step
 
@@ -642,7 +638,7 @@ def test_l5_two_flow_step_starts_against_start_limit_one(
     [loser] = [outcome for outcome in outcomes if not outcome.ok]
     assert isinstance(loser.error, DuplicateStep | StartLimitExceeded)
     with repository.begin() as uow:
-        assert [s.logical_id for s in uow.step_executions(new.id)].count(other) == 1
+        assert [s.logical_id for s in uow.steps.of_execution(new.id)].count(other) == 1
 
 
 @pytest.mark.race
@@ -651,9 +647,9 @@ def test_l5_a_waiting_start_sees_the_committed_start(
 ) -> None:
     """Forced interleaving: the second start blocks on the instance lock, then counts 1."""
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(new_key()).instance
-        old = uow.create_job_execution(instance.id)
-        old = uow.transition_job_execution(old.id, old.version, to(S.FAILED, clock.advance()))
+        instance = uow.instances.select_or_create(new_key()).instance
+        old = uow.executions.create(instance.id)
+        old = uow.executions.transition(old.id, old.version, to(S.FAILED, clock.advance()))
         uow.commit()
     new = attempt(repository, clock, instance.id)
     ready = threading.Event()
@@ -664,16 +660,16 @@ def test_l5_a_waiting_start_sees_the_committed_start(
             pid.append(uow.connection.info.backend_pid)
             ready.set()
             try:
-                uow.create_flow_step_execution(new.id, StepName("load"), NODE, StartLimit(1))
+                uow.flow.create_step(new.id, StepName("load"), NODE, StartLimit(1))
             except StartLimitExceeded:
                 return "limit"
             uow.commit()
             return "created"
 
     with repository.begin() as first, ThreadPoolExecutor(1) as pool:
-        step = first.create_flow_step_execution(old.id, StepName("load"), NODE, StartLimit(1))
+        step = first.flow.create_step(old.id, StepName("load"), NODE, StartLimit(1))
         # A step of a finished execution cannot stay open past COMMIT: this one ends at once.
-        first.transition_step_execution(step.id, step.version, to(S.FAILED, clock.advance()))
+        first.steps.transition(step.id, step.version, to(S.FAILED, clock.advance()))
         waiting = pool.submit(second)
         assert ready.wait(10)
         wait_until_lock_wait(admin, pid[0])
@@ -690,13 +686,11 @@ def test_e1_a_new_step_starts_clean_at_the_clock_instant(
 ) -> None:
     clock.set(clock.now() + timedelta(microseconds=123457))
     with repository.begin() as uow:
-        execution = uow.create_job_execution(
-            uow.select_or_create_job_instance(new_key()).instance.id
-        )
-        step = uow.create_step_execution(execution.id, StepName("extract"))
+        execution = uow.executions.create(uow.instances.select_or_create(new_key()).instance.id)
+        step = uow.steps.create(execution.id, StepName("extract"))
         uow.commit()
     with repository.begin() as uow:
-        stored_step = uow.get_step_execution(step.id)
+        stored_step = uow.steps.get(step.id)
     assert stored_step == step
     assert (step.status, step.version, step.job_execution_id) == (S.STARTING, 0, execution.id)
     assert step.metadata.exit_status == ExitCode.UNKNOWN and step.metadata.failure is None
@@ -712,21 +706,21 @@ def test_e5_completed_and_stopped_starts_count_against_the_limit(
 ) -> None:
     """Starts that ended COMPLETED or STOPPED in earlier attempts count like FAILED ones."""
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(new_key()).instance
+        instance = uow.instances.select_or_create(new_key()).instance
         uow.commit()
     limit = StartLimit(2)
     for end in (S.COMPLETED, S.STOPPED):
         execution = attempt(repository, clock, instance.id)
         with repository.begin() as uow:
-            step = uow.create_flow_step_execution(execution.id, StepName("load"), NODE, limit)
-            step = uow.transition_step_execution(step.id, 0, to(S.STARTED, clock.advance()))
-            step = uow.transition_step_execution(step.id, step.version, to(end, clock.advance()))
+            step = uow.flow.create_step(execution.id, StepName("load"), NODE, limit)
+            step = uow.steps.transition(step.id, 0, to(S.STARTED, clock.advance()))
+            step = uow.steps.transition(step.id, step.version, to(end, clock.advance()))
             uow.commit()
         fail_attempt(repository, clock, execution)
     third = attempt(repository, clock, instance.id)
     with repository.begin() as uow:
         with pytest.raises(StartLimitExceeded) as exceeded:
-            uow.create_flow_step_execution(third.id, StepName("load"), NODE, limit)
+            uow.flow.create_step(third.id, StepName("load"), NODE, limit)
         assert (exceeded.value.instance_id, exceeded.value.node_id, exceeded.value.limit) == (
             instance.id,
             NODE.value,
@@ -734,7 +728,7 @@ def test_e5_completed_and_stopped_starts_count_against_the_limit(
         )
         uow.commit()
     with repository.begin() as uow:
-        assert uow.step_executions(third.id) == []
+        assert uow.steps.of_execution(third.id) == []
 
 
 def test_e20_a_step_name_or_logical_id_is_used_once_per_execution(
@@ -744,24 +738,22 @@ def test_e20_a_step_name_or_logical_id_is_used_once_per_execution(
     logical id, is DuplicateStep; nothing is staged and the unit of work commits its earlier
     work."""
     with repository.begin() as uow:
-        execution = uow.create_job_execution(
-            uow.select_or_create_job_instance(new_key()).instance.id
-        )
-        extract = uow.create_step_execution(execution.id, StepName("extract"))
+        execution = uow.executions.create(uow.instances.select_or_create(new_key()).instance.id)
+        extract = uow.steps.create(execution.id, StepName("extract"))
         with pytest.raises(DuplicateStep) as same_name:
-            uow.create_step_execution(execution.id, StepName("extract"))
+            uow.steps.create(execution.id, StepName("extract"))
         assert (same_name.value.job_execution_id, same_name.value.step_name) == (
             execution.id,
             "extract",
         )
         with pytest.raises(DuplicateStep) as same_node:
-            uow.create_flow_step_execution(execution.id, StepName("other"), NodeId("extract"))
+            uow.flow.create_step(execution.id, StepName("other"), NodeId("extract"))
         assert (same_node.value.job_execution_id, same_node.value.node_id) == (
             execution.id,
             "extract",
         )
-        assert uow.step_executions(execution.id) == [extract]
-        load = uow.create_step_execution(execution.id, StepName("load"))
+        assert uow.steps.of_execution(execution.id) == [extract]
+        load = uow.steps.create(execution.id, StepName("load"))
         uow.commit()
     with repository.begin() as uow:
-        assert uow.step_executions(execution.id) == [extract, load]
+        assert uow.steps.of_execution(execution.id) == [extract, load]

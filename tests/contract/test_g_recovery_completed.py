@@ -35,11 +35,11 @@ PARTITION_SCHEMA = StateSchemaId("tests.snapshot.partition.v1")
 def test_g8_recovery_decision_read(repository: JobRepository, clock: ManualClock) -> None:
     prior = execution_in(repository, clock, S.STARTED)
     with repository.begin() as uow:
-        assert uow.recovery_decision(prior.id) is None
+        assert uow.recovery.decision(prior.id) is None
         with pytest.raises(JobExecutionNotFound):
-            uow.recovery_decision(prior.id + 1000)
-        result = uow.recover_job_execution(prior.id, mark_failed(prior.version))
-        decision = uow.recovery_decision(prior.id)
+            uow.recovery.decision(prior.id + 1000)
+        result = uow.recovery.recover(prior.id, mark_failed(prior.version))
+        decision = uow.recovery.decision(prior.id)
         uow.commit()
     assert decision is not None
     assert decision.id == result.decision_id
@@ -56,8 +56,8 @@ def test_domain_errors_through_a_repository_call_are_repository_errors(
 ) -> None:
     prior = execution_in(repository, clock, S.STARTED)
     with repository.begin() as uow:
-        parent = uow.create_step_execution(prior.id, StepName("parent"))
-        parent = uow.transition_step_execution(
+        parent = uow.steps.create(prior.id, StepName("parent"))
+        parent = uow.steps.transition(
             parent.id, parent.version, LifecycleTransition.new(S.STARTED, clock.advance())
         )
         uow.commit()
@@ -66,7 +66,7 @@ def test_domain_errors_through_a_repository_call_are_repository_errors(
         "a", ExecutionContext(StateSchemaId("tests.domain.v1"), 2**31, {"key": "a"})
     )
     with repository.begin() as uow, pytest.raises(RepositoryError) as caught:
-        uow.create_step_partition_plan(parent.id, [too_big])
+        uow.partitions.create_plan(parent.id, [too_big])
     error = caught.value
     # The contract's RepositoryError.Domain(DomainError): the refusal is its field and cause.
     assert isinstance(error, RepositoryDomainError)
@@ -82,8 +82,8 @@ def test_g11_recovery_snapshot(repository: JobRepository, clock: ManualClock, ad
     owner, stranger = OwnerToken.generate(), OwnerToken.generate()
     with repository.begin() as uow:
         key = Job(repository, "snapshots", {"n": 1}).key
-        instance = uow.select_or_create_job_instance(key).instance
-        execution = uow.create_job_execution(instance.id)
+        instance = uow.instances.select_or_create(key).instance
+        execution = uow.executions.create(instance.id)
         absent = execution
         uow.commit()
     snapshot = repository.recovery_snapshot(absent.id, owner)
@@ -92,12 +92,12 @@ def test_g11_recovery_snapshot(repository: JobRepository, clock: ManualClock, ad
     # The legacy definition has no delivery mode: its external effects are ambiguous.
     assert snapshot.markers == RecoveryMarkers.AMBIGUOUS_EXTERNAL_EFFECT
     with repository.begin() as uow:
-        uow.claim_execution_owner(execution.id, execution.version, owner, clock.now())
-        started = uow.transition_job_execution(
+        uow.ownership.claim(execution.id, execution.version, owner, clock.now())
+        started = uow.executions.transition(
             execution.id, execution.version, LifecycleTransition.new(S.STARTED, clock.advance())
         )
-        step = uow.create_step_execution(execution.id, StepName("load"))
-        uow.transition_job_execution(
+        step = uow.steps.create(execution.id, StepName("load"))
+        uow.executions.transition(
             started.id, started.version, LifecycleTransition.new(S.UNKNOWN, clock.advance())
         )
         uow.commit()
@@ -131,20 +131,20 @@ def test_g11_completed_partitions_and_flow_decisions_are_snapshot_markers(
     """`completed_partition` appears once a partition under the execution's steps is
     COMPLETED (not before), and `committed_flow_decision` once a decision is recorded."""
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(new_key()).instance
-        execution = uow.create_job_execution_with_definition(instance.id, DEFINITION)
-        execution = uow.transition_job_execution(
+        instance = uow.instances.select_or_create(new_key()).instance
+        execution = uow.executions.create(instance.id, DEFINITION)
+        execution = uow.executions.transition(
             execution.id, 0, LifecycleTransition.new(S.STARTED, clock.advance())
         )
-        parent = uow.create_flow_step_execution(execution.id, StepName("load"), NodeId("load"))
-        parent = uow.transition_step_execution(
+        parent = uow.flow.create_step(execution.id, StepName("load"), NodeId("load"))
+        parent = uow.steps.transition(
             parent.id, 0, LifecycleTransition.new(S.STARTED, clock.advance())
         )
-        worker = uow.create_flow_step_execution(execution.id, StepName("w1"), NodeId("w1"))
-        worker = uow.transition_step_execution(
+        worker = uow.flow.create_step(execution.id, StepName("w1"), NodeId("w1"))
+        worker = uow.steps.transition(
             worker.id, 0, LifecycleTransition.new(S.STARTED, clock.advance())
         )
-        (partition,) = uow.create_step_partition_plan(
+        (partition,) = uow.partitions.create_plan(
             parent.id, [PartitionPlanEntry("a", ExecutionContext(PARTITION_SCHEMA, 1, {}))]
         )
         uow.commit()
@@ -153,20 +153,18 @@ def test_g11_completed_partitions_and_flow_decisions_are_snapshot_markers(
     assert RecoveryMarkers.COMMITTED_FLOW_DECISION not in markers
     assert RecoveryMarkers.UNKNOWN_COMMIT not in markers
     with repository.begin() as uow:
-        assigned = uow.assign_step_partition(partition.id, partition.version, worker.id)
-        uow.transition_step_execution(
+        assigned = uow.partitions.assign(partition.id, partition.version, worker.id)
+        uow.steps.transition(
             worker.id, worker.version, LifecycleTransition.new(S.COMPLETED, clock.advance())
         )
-        uow.complete_step_partition(assigned.id, assigned.version, worker.id)
+        uow.partitions.complete(assigned.id, assigned.version, worker.id)
         uow.commit()
     markers = repository.recovery_snapshot(execution.id).markers
     assert RecoveryMarkers.COMPLETED_PARTITION in markers
     assert RecoveryMarkers.COMMITTED_FLOW_DECISION not in markers
     with repository.begin() as uow:
-        extract = uow.create_flow_step_execution(
-            execution.id, StepName("extract"), NodeId("extract")
-        )
-        uow.append_flow_decision(decision_request(execution, source_step=extract.id))
+        extract = uow.flow.create_step(execution.id, StepName("extract"), NodeId("extract"))
+        uow.flow.append_decision(decision_request(execution, source_step=extract.id))
         uow.commit()
     markers = repository.recovery_snapshot(execution.id).markers
     assert RecoveryMarkers.COMPLETED_PARTITION in markers

@@ -123,8 +123,8 @@ def rejected(
 def arrange_execution(repository: JobRepository) -> tuple[JobInstanceId, JobExecutionId]:
     key = JobInstanceKey(JobName("operator"), JobParameters.of({"run": next(_runs)}))
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(key).instance
-        execution = uow.create_job_execution(instance.id)
+        instance = uow.instances.select_or_create(key).instance
+        execution = uow.executions.create(instance.id)
         uow.commit()
     return instance.id, execution.id
 
@@ -142,7 +142,7 @@ def count_rows(
 
 def append_committed(repository: JobRepository, value: OperatorRecordDraft) -> OperatorRecord:
     with repository.begin() as uow:
-        record = uow.append_operator_request(value)
+        record = uow.operator_requests.append(value)
         uow.commit()
     return record
 
@@ -151,7 +151,7 @@ def find(
     repository: JobRepository, action: OperatorAction, operation_id: OperationId
 ) -> OperatorRecord | None:
     with repository.begin() as uow:
-        return uow.find_operator_request(action, operation_id)
+        return uow.operator_requests.find(action, operation_id)
 
 
 def forced(value: _V, **fields: Any) -> _V:
@@ -322,10 +322,10 @@ def test_h1_find_is_none_on_an_empty_store_then_returns_the_appended_record(
         requested_at=clock.advance(timedelta(microseconds=1)),
     )
     with repository.begin() as uow:
-        assert uow.find_operator_request(value.action, value.operation_id) is None
-        record = uow.append_operator_request(value)
+        assert uow.operator_requests.find(value.action, value.operation_id) is None
+        record = uow.operator_requests.append(value)
         assert record.id >= 1 and record.draft == value
-        assert uow.find_operator_request(value.action, value.operation_id) == record
+        assert uow.operator_requests.find(value.action, value.operation_id) == record
         uow.commit()
     stored = find(repository, value.action, value.operation_id)
     assert stored == record
@@ -338,11 +338,11 @@ def test_h2_a_duplicate_key_is_concurrent_modification_and_another_action_is_ano
 ) -> None:
     first = draft(clock, action=A.STOP)
     with repository.begin() as uow:
-        recorded = uow.append_operator_request(first)
+        recorded = uow.operator_requests.append(first)
         with pytest.raises(ConcurrentModification):
-            uow.append_operator_request(attrs.evolve(first, actor=ActorRef("someone-else")))
+            uow.operator_requests.append(attrs.evolve(first, actor=ActorRef("someone-else")))
         # The failed append rolled back to its savepoint: the unit of work goes on.
-        other = uow.append_operator_request(
+        other = uow.operator_requests.append(
             attrs.evolve(first, action=A.ABANDON, digest=digest_of(A.ABANDON))
         )
         assert other.id != recorded.id
@@ -353,7 +353,7 @@ def test_h2_a_duplicate_key_is_concurrent_modification_and_another_action_is_ano
     assert count_rows(admin, A.STOP, first.operation_id) == 1
     # A committed key is refused the same way by a later unit of work.
     with repository.begin() as uow, pytest.raises(ConcurrentModification):
-        uow.append_operator_request(first)
+        uow.operator_requests.append(first)
 
 
 # ------------------------------------------------------------------------ every code storable, H15
@@ -423,13 +423,13 @@ def test_rule11_other_integrity_violations_are_never_concurrent_modification(
     value = forced(draft(clock), **fields)
     with repository.begin() as uow:
         with pytest.raises(IntegrityViolation) as caught:
-            uow.append_operator_request(value)
+            uow.operator_requests.append(value)
         assert not isinstance(caught.value, ConcurrentModification)
         assert caught.value.constraint == constraint
         # Nothing was staged, and the unit of work is still usable.
-        assert uow.find_operator_request(value.action, value.operation_id) is None
+        assert uow.operator_requests.find(value.action, value.operation_id) is None
         healthy = draft(clock)
-        uow.append_operator_request(healthy)
+        uow.operator_requests.append(healthy)
         uow.commit()
     assert count_rows(admin, value.action, value.operation_id) == 0
     assert count_rows(admin, healthy.action, healthy.operation_id) == 1
@@ -440,7 +440,7 @@ def test_rule11_a_check_violation_on_a_recorded_key_is_not_concurrent_modificati
 ) -> None:
     value = append_committed(repository, draft(clock)).draft
     with repository.begin() as uow, pytest.raises(IntegrityViolation) as caught:
-        uow.append_operator_request(forced(attrs.evolve(value), observed_version=-1))
+        uow.operator_requests.append(forced(attrs.evolve(value), observed_version=-1))
     assert not isinstance(caught.value, ConcurrentModification)
 
 
@@ -554,7 +554,7 @@ def test_n_corrupt_operator_request_rows_are_unavailable_on_find(
                 if case in KEY_CORRUPTIONS:
                     found = find_by_stored_key(uow, *stored_key)
                 else:
-                    found = uow.find_operator_request(record.action, record.operation_id)
+                    found = uow.operator_requests.find(record.action, record.operation_id)
             except Unavailable as error:
                 # Fail closed without leaking the stored value into the message.
                 assert str(error) == "repository is unavailable", str(error)
@@ -562,7 +562,7 @@ def test_n_corrupt_operator_request_rows_are_unavailable_on_find(
             else:
                 observed[case] = "ok" if found == record else f"decoded {found!r}"
             # The failed read rolled back to its savepoint: the unit of work is still usable.
-            assert uow.find_operator_request(A.LAUNCH, rows["control"].operation_id) is not None
+            assert uow.operator_requests.find(A.LAUNCH, rows["control"].operation_id) is not None
     assert observed == {case: "ok" if case == "control" else "Unavailable" for case in rows}
 
 
@@ -583,7 +583,7 @@ def test_l4_two_units_of_work_append_the_same_operation_id(
             uow: UnitOfWork, index: int, racers: list[OperatorRecordDraft] = racers
         ) -> OperatorRecord:
             # Each racer commits its own unit of work, so the loser's wait on the key ends.
-            return uow.append_operator_request(racers[index])
+            return uow.operator_requests.append(racers[index])
 
         outcomes = race_units_of_work(repository, 2, append)
         winners = [outcome for outcome in outcomes if outcome.ok]
@@ -606,10 +606,10 @@ def test_the_loser_waits_on_the_identity_key_until_the_winner_finishes(
     first = draft(clock, action=A.RESTART)
     second = attrs.evolve(first, actor=ActorRef("second"), requested_at=clock.advance())
     with repository.begin() as uow:
-        recorded = uow.append_operator_request(first)
+        recorded = uow.operator_requests.append(first)
         # The contender's insert blocks on operator_request_identity_unique (a lock wait, not
         # an error) while this transaction is open; it commits its own unit of work.
-        contender = Contender(repository, lambda other: other.append_operator_request(second))
+        contender = Contender(repository, lambda other: other.operator_requests.append(second))
         contender.start_blocked(admin)
         if winner_commits:
             uow.commit()

@@ -68,7 +68,7 @@ def execution_count(admin: psycopg.Connection[Any]) -> int:
 
 def set_status(repository: JobRepository, clock: ManualClock, execution_id: int, *path: S) -> Any:
     with repository.begin() as uow:
-        current = uow.get_job_execution(execution_id)
+        current = uow.executions.get(execution_id)
         assert current is not None
         for status in path:
             at = clock.advance()
@@ -78,7 +78,7 @@ def set_status(repository: JobRepository, clock: ManualClock, execution_id: int,
                 )
             else:
                 transition = LifecycleTransition.new(status, at)
-            current = uow.transition_job_execution(current.id, current.version, transition)
+            current = uow.executions.transition(current.id, current.version, transition)
         uow.commit()
     return current
 
@@ -134,7 +134,7 @@ def test_h6_h7_restart_rejections_are_audited(
     admin: psycopg.Connection[Any],
 ) -> None:
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(instance_key(repository)).instance
+        instance = uow.instances.select_or_create(instance_key(repository)).instance
         uow.commit()
     empty = service.restart(OperationId("restart-1"), OPS, instance.id)
     assert empty.outcome is Outcome.REJECTED
@@ -205,7 +205,7 @@ def test_h8_h14_stop_outcomes(
     assert unknown.outcome is Outcome.REJECTED
     assert execution_row(admin, other.id) == before_unknown
     with repository.begin() as uow:
-        stored = uow.find_operator_request(OperatorAction.STOP, OperationId("stop-4"))
+        stored = uow.operator_requests.find(OperatorAction.STOP, OperationId("stop-4"))
     assert stored is not None and stored.rejection is not None
     assert stored.rejection == unknown.rejection
     assert (stored.rejection.code, stored.rejection.status) == (Code.INVALID_STATE, S.UNKNOWN)
@@ -233,7 +233,7 @@ def test_h14_a_launch_refused_as_already_active_is_read_back_with_its_details(
         refused.rejection.status,
     ) == (Code.EXECUTION_ALREADY_ACTIVE, run.id, S.STARTED)
     with repository.begin() as uow:
-        stored = uow.find_operator_request(OperatorAction.LAUNCH, OperationId("launch-2"))
+        stored = uow.operator_requests.find(OperatorAction.LAUNCH, OperationId("launch-2"))
     assert stored is not None and stored.rejection == refused.rejection
     assert execution_count(admin) == 1
     assert execution_row(admin, run.id)[:2] == ("STARTED", started.version)
@@ -293,7 +293,7 @@ def test_h11_stale_expected_version_records_the_current_one(
     stale = service.stop(OperationId("stop-1"), OPS, run.id, expected_version=run.version)
     assert stale.outcome is Outcome.REJECTED
     with repository.begin() as uow:
-        stored = uow.find_operator_request(OperatorAction.STOP, OperationId("stop-1"))
+        stored = uow.operator_requests.find(OperatorAction.STOP, OperationId("stop-1"))
     assert stored is not None and stored.rejection is not None
     assert stored.rejection.code is Code.OPTIMISTIC_CONFLICT
     assert stored.rejection.current_version == started.version
@@ -364,7 +364,7 @@ def test_h10_unknown_commit_needs_unknown_effect(
     assert applied.outcome is Outcome.APPLIED
     assert applied.execution is not None and applied.execution.status is S.FAILED
     with repository.begin() as uow:
-        decision = uow.recovery_decision(run.id)
+        decision = uow.recovery.decision(run.id)
     assert decision is not None and decision.reason_code == UNKNOWN_EFFECT
     assert recovery_decisions(admin) == 1
     assert "redacted" in repr(decision) and decision.evidence_digest.hex() not in repr(decision)

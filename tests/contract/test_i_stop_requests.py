@@ -55,8 +55,8 @@ def stop_columns(admin: psycopg.Connection[Any], execution_id: int) -> tuple[Any
 
 def new_execution(repository: JobRepository, name: str = "stops") -> Any:
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(Job(repository, name, DAY).key).instance
-        execution = uow.create_job_execution(instance.id)
+        instance = uow.instances.select_or_create(Job(repository, name, DAY).key).instance
+        execution = uow.executions.create(instance.id)
         uow.commit()
     return execution
 
@@ -66,7 +66,7 @@ def new_execution(repository: JobRepository, name: str = "stops") -> Any:
 
 def stored_execution(repository: JobRepository, execution_id: int) -> JobExecution:
     with repository.begin() as uow:
-        execution = uow.get_job_execution(execution_id)
+        execution = uow.executions.get(execution_id)
     assert execution is not None
     return execution
 
@@ -80,7 +80,7 @@ def test_i1_i3_stop_request_is_recorded_without_a_transition(
     execution = new_execution(repository)
     at = clock.advance()
     with repository.begin() as uow:
-        stopped = uow.request_execution_stop(execution.id, execution.version, OPERATOR, at)
+        stopped = uow.stop_requests.request(execution.id, execution.version, OPERATOR, at)
         uow.commit()
     assert (stopped.status, stopped.version) == (S.STARTING, execution.version)
     assert stop_columns(admin, execution.id) == (at, "cli:ops", "STARTING", execution.version)
@@ -90,18 +90,18 @@ def test_i1_i3_stop_request_is_recorded_without_a_transition(
     assert (shown.status, shown.version) == (S.STARTING, execution.version)
     # A COMPLETED execution: recorded, still COMPLETED at the same version.
     with repository.begin() as uow:
-        current = uow.get_job_execution(execution.id)
+        current = uow.executions.get(execution.id)
         assert current is not None
-        started = uow.transition_job_execution(
+        started = uow.executions.transition(
             current.id, current.version, LifecycleTransition.new(S.STARTED, clock.advance())
         )
-        completed = uow.transition_job_execution(
+        completed = uow.executions.transition(
             started.id, started.version, LifecycleTransition.new(S.COMPLETED, clock.advance())
         )
         uow.commit()
     later = clock.advance()
     with repository.begin() as uow:
-        recorded = uow.request_execution_stop(
+        recorded = uow.stop_requests.request(
             completed.id, completed.version, ActorRef("cli:other"), later
         )
         uow.commit()
@@ -120,13 +120,13 @@ def test_i2_stale_version_and_unknown_id_change_nothing(
     execution = new_execution(repository)
     with repository.begin() as uow:
         with pytest.raises(StaleVersion) as stale:
-            uow.request_execution_stop(execution.id, execution.version + 1, OPERATOR, clock.now())
+            uow.stop_requests.request(execution.id, execution.version + 1, OPERATOR, clock.now())
         assert (stale.value.expected, stale.value.actual) == (
             execution.version + 1,
             execution.version,
         )
         with pytest.raises(JobExecutionNotFound) as missing:
-            uow.request_execution_stop(987654, 0, OPERATOR, clock.now())
+            uow.stop_requests.request(987654, 0, OPERATOR, clock.now())
         assert missing.value.id == 987654
         uow.commit()
     assert stop_columns(admin, execution.id) == (None, None, "STARTING", execution.version)
@@ -143,32 +143,32 @@ def test_i4_i5_i10_claim_execution_owner(
     mine, theirs = OwnerToken.generate(), OwnerToken.generate()
     execution = new_execution(repository)
     with repository.begin() as uow:
-        claimed = uow.claim_execution_owner(execution.id, execution.version, mine, clock.now())
-        again = uow.claim_execution_owner(execution.id, execution.version, mine, clock.now())
+        claimed = uow.ownership.claim(execution.id, execution.version, mine, clock.now())
+        again = uow.ownership.claim(execution.id, execution.version, mine, clock.now())
         assert claimed.version == again.version == execution.version
         with pytest.raises(ExecutionOwned) as owned:
-            uow.claim_execution_owner(execution.id, execution.version, theirs, clock.now())
+            uow.ownership.claim(execution.id, execution.version, theirs, clock.now())
         assert owned.value.id == execution.id
         uow.commit()
     assert owner_of(admin, execution.id) == mine.value
     with repository.begin() as uow:
-        started = uow.transition_job_execution(
+        started = uow.executions.transition(
             execution.id, execution.version, LifecycleTransition.new(S.STARTED, clock.advance())
         )
         uow.commit()
     with repository.begin() as uow:
         with pytest.raises(ExecutionOwnershipNotAllowed) as not_allowed:
-            uow.claim_execution_owner(execution.id, started.version, theirs, clock.now())
+            uow.ownership.claim(execution.id, started.version, theirs, clock.now())
         assert (not_allowed.value.id, not_allowed.value.status) == (execution.id, "STARTED")
         # A stale version on a STARTED execution: the version is checked before the status.
         with pytest.raises(StaleVersion) as stale:
-            uow.claim_execution_owner(execution.id, execution.version, theirs, clock.now())
+            uow.ownership.claim(execution.id, execution.version, theirs, clock.now())
         assert (stale.value.expected, stale.value.actual) == (execution.version, started.version)
         with pytest.raises(JobExecutionNotFound) as missing:
-            uow.claim_execution_owner(987654, 0, theirs, clock.now())
+            uow.ownership.claim(987654, 0, theirs, clock.now())
         assert missing.value.id == 987654
         with pytest.raises(JobExecutionNotFound) as unobserved:
-            uow.observe_execution_control(987654, theirs, clock.now())
+            uow.ownership.observe_control(987654, theirs, clock.now())
         assert unobserved.value.id == 987654
         uow.commit()
     assert owner_of(admin, execution.id) == mine.value
@@ -192,15 +192,15 @@ def test_i11_earlier_stop_or_claim_never_moves_updated_at_back(
     updated_at = execution.updated_at
     earlier = updated_at - datetime.timedelta(seconds=30)
     with repository.begin() as uow:
-        uow.claim_execution_owner(execution.id, execution.version, OwnerToken.generate(), earlier)
-        uow.request_execution_stop(execution.id, execution.version, OPERATOR, earlier)
+        uow.ownership.claim(execution.id, execution.version, OwnerToken.generate(), earlier)
+        uow.stop_requests.request(execution.id, execution.version, OPERATOR, earlier)
         uow.commit()
     after = stored_execution(repository, execution.id)
     assert after.updated_at == updated_at
     assert stop_columns(admin, execution.id)[:2] == (earlier, "cli:ops")
     even_earlier = earlier - datetime.timedelta(seconds=30)
     with repository.begin() as uow:
-        uow.request_execution_stop(execution.id, execution.version, ActorRef("cli:b"), even_earlier)
+        uow.stop_requests.request(execution.id, execution.version, ActorRef("cli:b"), even_earlier)
         uow.commit()
     assert stop_columns(admin, execution.id)[:2] == (even_earlier, "cli:b")
     assert stored_execution(repository, execution.id).updated_at == updated_at
@@ -210,31 +210,31 @@ def test_i6_i9_observe_execution_control(repository: JobRepository, clock: Manua
     owner, stranger = OwnerToken.generate(), OwnerToken.generate()
     execution = new_execution(repository)
     with repository.begin() as uow:
-        unclaimed = uow.observe_execution_control(execution.id, owner, clock.now())
+        unclaimed = uow.ownership.observe_control(execution.id, owner, clock.now())
         assert (unclaimed.owner_matches, unclaimed.stop_requested) == (False, False)  # I8
-        uow.claim_execution_owner(execution.id, execution.version, owner, clock.now())
-        started = uow.transition_job_execution(
+        uow.ownership.claim(execution.id, execution.version, owner, clock.now())
+        started = uow.executions.transition(
             execution.id, execution.version, LifecycleTransition.new(S.STARTED, clock.now())
         )
-        quiet = uow.observe_execution_control(execution.id, owner, clock.now())
+        quiet = uow.ownership.observe_control(execution.id, owner, clock.now())
         assert (quiet.owner_matches, quiet.stop_requested) == (True, False)  # I9: no stop
         assert quiet.execution.version == started.version
         assert quiet.execution.status is S.STARTED
-        uow.request_execution_stop(execution.id, started.version, OPERATOR, clock.now())
-        other = uow.observe_execution_control(execution.id, stranger, clock.now())
+        uow.stop_requests.request(execution.id, started.version, OPERATOR, clock.now())
+        other = uow.ownership.observe_control(execution.id, stranger, clock.now())
         assert (other.owner_matches, other.stop_requested) == (False, True)  # I7
         assert (other.execution.status, other.execution.version) == (S.STARTED, started.version)
-        assert uow.get_job_execution(execution.id) == other.execution  # no mutation
-        observed = uow.observe_execution_control(execution.id, owner, clock.now())
+        assert uow.executions.get(execution.id) == other.execution  # no mutation
+        observed = uow.ownership.observe_control(execution.id, owner, clock.now())
         assert (observed.owner_matches, observed.stop_requested) == (True, True)  # I6
         assert observed.execution.status is S.STOPPING
         assert observed.execution.version == started.version + 1
-        again = uow.observe_execution_control(execution.id, owner, clock.now())
+        again = uow.ownership.observe_control(execution.id, owner, clock.now())
         assert again.execution.version == observed.execution.version  # I9: already STOPPING
         uow.commit()
     with repository.begin() as uow:
         with pytest.raises(JobExecutionNotFound):
-            uow.observe_execution_control(987654, owner, clock.now())
+            uow.ownership.observe_control(987654, owner, clock.now())
 
 
 # --------------------------------------------------------------------------- the ETL API

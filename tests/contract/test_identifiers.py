@@ -23,9 +23,9 @@ def key(run: int) -> JobInstanceKey:
 
 def create(repository: JobRepository, run: int, *, commit: bool = True) -> tuple[int, int, int]:
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(key(run)).instance
-        execution = uow.create_job_execution(instance.id)
-        step = uow.create_step_execution(execution.id, StepName("load"))
+        instance = uow.instances.select_or_create(key(run)).instance
+        execution = uow.executions.create(instance.id)
+        step = uow.steps.create(execution.id, StepName("load"))
         if commit:
             uow.commit()
     return instance.id, execution.id, step.id
@@ -44,7 +44,7 @@ def test_entity_ids_come_from_one_identity_column_per_kind(
     assert after == (3, 3, 3)
     # Kinds advance independently: more instances do not move execution or step ids.
     with repository.begin() as uow:
-        extra = [uow.select_or_create_job_instance(key(run)).instance.id for run in (3, 4, 5)]
+        extra = [uow.instances.select_or_create(key(run)).instance.id for run in (3, 4, 5)]
         uow.commit()
     assert extra == [4, 5, 6]
     assert create(repository, 6) == (7, 4, 4)

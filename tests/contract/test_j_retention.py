@@ -77,20 +77,20 @@ def history(
     instance_id = 0
     for attempt, end in enumerate(ends, start=1):
         with repository.begin() as uow:
-            instance_id = uow.select_or_create_job_instance(key).instance.id
-            execution = uow.create_job_execution(instance_id)
-            execution = uow.transition_job_execution(
+            instance_id = uow.instances.select_or_create(key).instance.id
+            execution = uow.executions.create(instance_id)
+            execution = uow.executions.transition(
                 execution.id, execution.version, LifecycleTransition.new(S.STARTED, clock.advance())
             )
-            step = uow.create_flow_step_execution(execution.id, StepName("load"), NodeId("load"))
-            step = uow.transition_step_execution(
+            step = uow.flow.create_step(execution.id, StepName("load"), NodeId("load"))
+            step = uow.steps.transition(
                 step.id, step.version, LifecycleTransition.new(S.STARTED, clock.advance())
             )
             uow.commit()
         service.stop(OperationId(f"stop-{run}-{attempt}"), OPS, execution.id)
         with repository.begin() as uow:
-            current = uow.get_job_execution(execution.id)
-            step_now = uow.get_step_execution(step.id)
+            current = uow.executions.get(execution.id)
+            step_now = uow.steps.get(step.id)
             assert current is not None and step_now is not None
             at = clock.advance()
             if end is S.FAILED:
@@ -104,13 +104,13 @@ def history(
                 step_transition = LifecycleTransition.new(
                     S.COMPLETED if end is S.COMPLETED else S.STOPPED, at
                 )
-            uow.transition_step_execution(step.id, step_now.version, step_transition)
+            uow.steps.transition(step.id, step_now.version, step_transition)
             if end is S.ABANDONED:  # STARTED -> STOPPED -> ABANDONED
-                current = uow.transition_job_execution(
+                current = uow.executions.transition(
                     current.id, current.version, LifecycleTransition.new(S.STOPPED, at)
                 )
             if end is not S.STARTED:
-                uow.transition_job_execution(current.id, current.version, transition)
+                uow.executions.transition(current.id, current.version, transition)
             uow.commit()
     return instance_id
 
@@ -198,22 +198,22 @@ def test_j1_j2_holds(repository: JobRepository, clock: ManualClock) -> None:
     instance_id = history(repository, clock, "a", S.COMPLETED)
     with repository.begin() as uow:
         with pytest.raises(JobInstanceNotFound) as read_missing:
-            uow.job_instance_hold(987654)
+            uow.holds.get(987654)
         with pytest.raises(JobInstanceNotFound) as place_missing:
-            uow.place_instance_hold(987654, OPS, LEGAL, clock.now())
+            uow.holds.place(987654, OPS, LEGAL, clock.now())
         with pytest.raises(JobInstanceNotFound) as release_missing:
-            uow.release_instance_hold(987654)
+            uow.holds.release(987654)
         for missing in (read_missing, place_missing, release_missing):
             assert missing.value.id == 987654
-        assert uow.job_instance_hold(instance_id) is None
-        assert uow.release_instance_hold(instance_id) is None
-        first = uow.place_instance_hold(instance_id, OPS, LEGAL, clock.now())
-        second = uow.place_instance_hold(
+        assert uow.holds.get(instance_id) is None
+        assert uow.holds.release(instance_id) is None
+        first = uow.holds.place(instance_id, OPS, LEGAL, clock.now())
+        second = uow.holds.place(
             instance_id, ActorRef("cli:b"), ReasonCode("AUDIT"), clock.advance()
         )
-        assert uow.job_instance_hold(instance_id) == second != first
-        assert uow.release_instance_hold(instance_id) == second
-        assert uow.job_instance_hold(instance_id) is None
+        assert uow.holds.get(instance_id) == second != first
+        assert uow.holds.release(instance_id) == second
+        assert uow.holds.get(instance_id) is None
         uow.commit()
 
 
@@ -227,7 +227,7 @@ def test_j3_a_held_instance_is_not_surveyed_but_still_runs(
     plan = retention.plan(request(S.FAILED))
     assert plan.instance_ids == [free]
     with repository.begin() as uow:  # a hold never blocks lifecycle work
-        restarted = uow.create_job_execution(held)
+        restarted = uow.executions.create(held)
         uow.commit()
     assert restarted.attempt == 2
 
@@ -257,7 +257,7 @@ def test_j4_the_age_bound_is_measured_on_the_database_clock(
     ):
         clock.set(purging_client)
         with repository.begin() as uow:
-            candidates = uow.purge_survey(request()).candidates
+            candidates = uow.retention.survey(request()).candidates
         assert [c.job_instance_id for c in candidates] == [old]
     assert young != old
 
@@ -271,8 +271,8 @@ def test_j5_j14_only_whole_finished_histories_whose_latest_matches(
     history(repository, clock, "other-job", S.COMPLETED, name="others")
     clock.advance(2 * HOUR)
     with repository.begin() as uow:
-        assert uow.purge_survey(request(S.FAILED)).candidates == ()  # mixed's latest: COMPLETED
-        survey = uow.purge_survey(request(S.COMPLETED))
+        assert uow.retention.survey(request(S.FAILED)).candidates == ()  # mixed's latest: COMPLETED
+        survey = uow.retention.survey(request(S.COMPLETED))
     assert {c.job_instance_id for c in survey.candidates} == {mixed}
     assert len(survey.candidates) == 2  # both attempts, together
 
@@ -282,11 +282,11 @@ def test_j6_batches_never_split_an_instance(repository: JobRepository, clock: Ma
     small = history(repository, clock, "small", S.COMPLETED)
     clock.advance(2 * HOUR)
     with repository.begin() as uow:
-        alone = uow.purge_survey(request(batch=2))
+        alone = uow.retention.survey(request(batch=2))
         assert {c.job_instance_id for c in alone.candidates} == {big}  # larger than the bound
-        both = uow.purge_survey(request(batch=4))
+        both = uow.retention.survey(request(batch=4))
         assert {c.job_instance_id for c in both.candidates} == {big, small}
-        first = uow.purge_survey(request(batch=3))
+        first = uow.retention.survey(request(batch=3))
         assert {c.job_instance_id for c in first.candidates} == {big}
 
 
@@ -321,8 +321,8 @@ def test_j7_j8_j15_apply_deletes_what_the_survey_counted_and_leaves_tombstones(
     assert rows(admin, "job_execution") == before["job_execution"] - 2
     assert rows(admin, "step_execution") == before["step_execution"] - 2
     with repository.begin() as uow:
-        assert uow.job_executions(gone) == []
-        assert len(uow.job_executions(kept)) == 1
+        assert uow.executions.of_instance(gone) == []
+        assert len(uow.executions.of_instance(kept)) == 1
         tombstone = admin.execute(
             "SELECT final_status, purged_at IS NOT NULL, last_attempt FROM pybatch.job_instance"
             " WHERE id = %s",
@@ -330,7 +330,7 @@ def test_j7_j8_j15_apply_deletes_what_the_survey_counted_and_leaves_tombstones(
         ).fetchone()
         assert tombstone == ("COMPLETED", True, 2)
         with pytest.raises(CompletedInstance) as completed:
-            uow.create_job_execution(gone)
+            uow.executions.create(gone)
         assert "its history was purged" in str(completed.value)
     # Retention records survive; the audit chain accounts for every purged record.
     assert rows(admin, "retention_action") == 3
@@ -347,10 +347,10 @@ def test_j14_a_failed_tombstone_starts_again_from_scratch(
     plan = retention.plan(request(S.FAILED, S.ABANDONED))
     retention.apply(OperationId("purge-1"), OPS, ReasonCode("RETENTION"), plan)
     with repository.begin() as uow:
-        again = uow.create_job_execution(failed)
+        again = uow.executions.create(failed)
         assert (again.attempt, again.restart_of_execution_id) == (3, None)
         with pytest.raises(AbandonedInstance) as purged:
-            uow.create_job_execution(abandoned)
+            uow.executions.create(abandoned)
         assert purged.value.purged
 
 
@@ -369,8 +369,8 @@ def test_j14_j17_forget_instances_erases_them(
     assert outcome.counts.job_instances == 1
     key = Job(repository, "loads", {"run": "erase"}).key
     with repository.begin() as uow:
-        assert uow.find_job_instance(key) is None
-        selection = uow.select_or_create_job_instance(key)
+        assert uow.instances.find(key) is None
+        selection = uow.instances.select_or_create(key)
         uow.commit()
     assert selection.instance.id > instance_id
     detached = admin.execute(
@@ -407,7 +407,7 @@ def test_j9_to_j13_stale_plans_delete_nothing(
 
     plan = retention.plan(request(S.FAILED))
     with repository.begin() as uow:
-        uow.create_job_execution(restarted)  # J11: an unresolved attempt appeared
+        uow.executions.create(restarted)  # J11: an unresolved attempt appeared
         uow.commit()
     with pytest.raises(RetentionPlanStale):
         retention.apply(OperationId("p-3"), OPS, reason, plan)
@@ -445,9 +445,11 @@ def test_j16_the_plan_digest(repository: JobRepository, clock: ManualClock) -> N
     first, again = service.plan(request(S.FAILED)), service.plan(request(S.FAILED))
     assert first.digest == again.digest and len(first.digest) == 32
     with repository.begin() as uow:
-        [execution] = uow.job_executions(instance_id)
-        uow.request_execution_stop(execution.id, execution.version, OPS, clock.now())
-        uow.enrich_job_exit_status(execution.id, execution.version, execution.metadata.exit_status)
+        [execution] = uow.executions.of_instance(instance_id)
+        uow.stop_requests.request(execution.id, execution.version, OPS, clock.now())
+        uow.executions.enrich_exit_status(
+            execution.id, execution.version, execution.metadata.exit_status
+        )
         uow.commit()
     clock.advance(2 * HOUR)
     assert service.plan(request(S.FAILED)).digest != first.digest
@@ -518,7 +520,7 @@ def test_j_a_retained_reference_still_fails_the_whole_delete(
     plan = retention.plan(request())
     assert plan.instance_ids == [gone]
     with repository.begin() as uow:
-        [kept_execution] = uow.job_executions(kept)
+        [kept_execution] = uow.executions.of_instance(kept)
     step = admin.execute(
         "SELECT s.id FROM pybatch.step_execution AS s"
         " JOIN pybatch.job_execution AS e ON s.job_execution_id = e.id"
@@ -559,7 +561,7 @@ def test_j_a_purge_ends_only_when_a_survey_from_the_start_finds_nothing(
     purged: list[int] = []
     for progress in retention.purge(request(batch=1), "purge", OPS, ReasonCode("RETENTION")):
         with repository.begin() as uow:
-            purged += [i for i in (first, held, last) if not uow.job_executions(i)]
+            purged += [i for i in (first, held, last) if not uow.executions.of_instance(i)]
         if progress.batch == 2:  # `first` and `last` are gone: the survey is past `held`
             retention.release(OperationId("release-1"), OPS, held, ReasonCode("RELEASED"))
     assert progress.batch == 3 and progress.total.job_instances == 3
@@ -573,7 +575,7 @@ def _survey_of(plan: PurgePlan) -> Any:
 
 def _latest(repository: JobRepository, instance_id: int) -> int:
     with repository.begin() as uow:
-        return uow.job_executions(instance_id)[-1].id
+        return uow.executions.of_instance(instance_id)[-1].id
 
 
 # --------------------------------------------------------------------------- races
@@ -596,13 +598,13 @@ def test_race_purge_against_a_restart_of_the_same_instance(
                 retention.apply(OperationId(f"p-{round_}"), OPS, ReasonCode("RETENTION"), plan)
                 return "purged"
             with repository.begin() as uow:
-                uow.create_job_execution(instance_id)
+                uow.executions.create(instance_id)
                 uow.commit()
             return "restarted"
 
         outcomes = race(2, contender)
         with repository.begin() as uow:
-            left = uow.job_executions(instance_id)
+            left = uow.executions.of_instance(instance_id)
         purge, restart = outcomes
         if purge.ok:
             # The purge locked first: the restart waited, then started attempt 2 from scratch
@@ -615,10 +617,10 @@ def test_race_purge_against_a_restart_of_the_same_instance(
             assert [e.attempt for e in left] == [1, 2]
         with repository.begin() as uow:  # leave the instance finished for the next round
             current = left[-1]
-            started = uow.transition_job_execution(
+            started = uow.executions.transition(
                 current.id, current.version, LifecycleTransition.new(S.STARTED, clock.advance())
             )
-            uow.transition_job_execution(  # COMPLETED: out of the next rounds' FAILED purges
+            uow.executions.transition(  # COMPLETED: out of the next rounds' FAILED purges
                 started.id, started.version, LifecycleTransition.new(S.COMPLETED, clock.advance())
             )
             uow.commit()
@@ -646,8 +648,8 @@ def test_race_a_hold_placed_mid_plan(
         purge, hold = race(2, contender)
         assert hold.ok  # a hold waits for the purge, then holds the tombstone
         with repository.begin() as uow:
-            remaining = uow.job_executions(instance_id)
-            assert uow.job_instance_hold(instance_id) is not None
+            remaining = uow.executions.of_instance(instance_id)
+            assert uow.holds.get(instance_id) is not None
         if purge.ok:
             assert remaining == []
         else:
@@ -692,40 +694,40 @@ def test_j7_j8_survey_and_apply_count_every_dependent_kind_of_row(
     each kind, and the apply deletes exactly those rows and reports the same counts."""
     with repository.begin() as uow:
         key = JobInstanceKey(JobName("flows"), JobParameters.of({"run": "rich"}))
-        instance = uow.select_or_create_job_instance(key).instance
-        execution = uow.create_job_execution_with_definition(instance.id, FLOW_DEFINITION)
-        execution = uow.transition_job_execution(
+        instance = uow.instances.select_or_create(key).instance
+        execution = uow.executions.create(instance.id, FLOW_DEFINITION)
+        execution = uow.executions.transition(
             execution.id, 0, LifecycleTransition.new(S.STARTED, clock.advance())
         )
         steps = {}
         for node in ("extract", "load", "worker"):
-            step = uow.create_flow_step_execution(execution.id, StepName(node), NodeId(node))
-            steps[node] = uow.transition_step_execution(
+            step = uow.flow.create_step(execution.id, StepName(node), NodeId(node))
+            steps[node] = uow.steps.transition(
                 step.id, 0, LifecycleTransition.new(S.STARTED, clock.advance())
             )
-        (partition,) = uow.create_step_partition_plan(
+        (partition,) = uow.partitions.create_plan(
             steps["load"].id, [PartitionPlanEntry("a", ExecutionContext(STATE_SCHEMA, 1, {}))]
         )
         uow.commit()
     with repository.begin() as uow:
-        assigned = uow.assign_step_partition(partition.id, 0, steps["worker"].id)
+        assigned = uow.partitions.assign(partition.id, 0, steps["worker"].id)
         worker = steps["worker"]
-        uow.transition_step_execution(
+        uow.steps.transition(
             worker.id, worker.version, LifecycleTransition.new(S.COMPLETED, clock.advance())
         )
-        uow.complete_step_partition(assigned.id, assigned.version, worker.id)
-        uow.aggregate_step_partitions(steps["load"].id, steps["load"].version, clock.advance())
-        extract = uow.transition_step_execution(
+        uow.partitions.complete(assigned.id, assigned.version, worker.id)
+        uow.partitions.aggregate(steps["load"].id, steps["load"].version, clock.advance())
+        extract = uow.steps.transition(
             steps["extract"].id,
             steps["extract"].version,
             LifecycleTransition.new(S.COMPLETED, clock.advance()),
         )
-        uow.append_flow_decision(flow_decision_request(execution, source_step=extract.id))
+        uow.flow.append_decision(flow_decision_request(execution, source_step=extract.id))
         uow.commit()
     with repository.begin() as uow:  # an orphaned run, recovered FAILED
-        current = uow.get_job_execution(execution.id)
+        current = uow.executions.get(execution.id)
         assert current is not None
-        uow.recover_job_execution(execution.id, mark_failed(current.version))
+        uow.recovery.recover(execution.id, mark_failed(current.version))
         uow.commit()
     clock.advance(2 * HOUR)
     plan = retention.plan(request(S.FAILED, name="flows"))

@@ -66,10 +66,10 @@ def launch(
 ) -> JobExecution:
     params = parameters if parameters is not None else {"run": next(_runs)}
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(
+        instance = uow.instances.select_or_create(
             JobInstanceKey(JobName(name), JobParameters.of(params))
         ).instance
-        execution = uow.create_job_execution(instance.id)
+        execution = uow.executions.create(instance.id)
         path = {S.STARTING: (), S.STARTED: (S.STARTED,), S.FAILED: (S.STARTED, S.FAILED)}
         path |= {S.COMPLETED: (S.STARTED, S.COMPLETED), S.UNKNOWN: (S.STARTED, S.UNKNOWN)}
         path |= {S.STOPPING: (S.STARTED, S.STOPPING)}
@@ -79,7 +79,7 @@ def launch(
                 if target is S.FAILED
                 else LifecycleTransition.new(target, clock.advance())
             )
-            execution = uow.transition_job_execution(execution.id, execution.version, transition)
+            execution = uow.executions.transition(execution.id, execution.version, transition)
         uow.commit()
     return execution
 
@@ -88,7 +88,7 @@ def restart_after_failure(
     repository: JobRepository, clock: ManualClock, failed: JobExecution
 ) -> JobExecution:
     with repository.begin() as uow:
-        execution = uow.create_job_execution(failed.job_instance_id)
+        execution = uow.executions.create(failed.job_instance_id)
         uow.commit()
     return execution
 
@@ -120,7 +120,7 @@ def test_k1_job_names_in_byte_order_from_instances_and_paged(
     names = ["b", "B", "a", "\u00e9t\u00e9", "a2", "Z", "orders"]
     for name in names:
         with repository.begin() as uow:  # an instance without any execution or definition
-            uow.select_or_create_job_instance(
+            uow.instances.select_or_create(
                 JobInstanceKey(JobName(name), JobParameters.of({"k": 1}))
             )
             uow.commit()
@@ -138,7 +138,7 @@ def test_k1_job_names_report_the_newest_instance_under_the_ceiling(
 ) -> None:
     def idle(name: str) -> None:  # an instance without any execution
         with repository.begin() as uow:
-            uow.select_or_create_job_instance(
+            uow.instances.select_or_create(
                 JobInstanceKey(JobName(name), JobParameters.of({"k": 1}))
             )
             uow.commit()
@@ -221,7 +221,7 @@ def test_k3_orders_of_executions_steps_and_flow_decisions(
 
     running = launch(repository, clock)
     with repository.begin() as uow:
-        steps = [uow.create_step_execution(running.id, StepName(f"s{i}")).id for i in range(5)]
+        steps = [uow.steps.create(running.id, StepName(f"s{i}")).id for i in range(5)]
         uow.commit()
     listed = walk(lambda size, after: explorer.step_executions(running.id, size, after), 2)
     assert [item.id for item in listed] == sorted(steps)
@@ -376,7 +376,7 @@ def test_k7_projections_carry_no_parameter_values_or_state_payloads(
     secret = "s3cret-value-0xC0FFEE"
     execution = launch(repository, clock, "redacted", {"token": secret, "n": 5, "flag": True})
     with repository.begin() as uow:
-        uow.create_step_execution(execution.id, StepName("load"))
+        uow.steps.create(execution.id, StepName("load"))
         uow.commit()
     (instance,) = explorer.instances("redacted").items
     assert [(p.name, p.kind, p.identifying) for p in instance.parameters] == [
@@ -423,7 +423,7 @@ def test_k9_uncommitted_unit_of_work_writes_are_invisible(
     repository: JobRepository, clock: ManualClock, explorer: JobExplorer
 ) -> None:
     with repository.begin() as uow:
-        uow.select_or_create_job_instance(
+        uow.instances.select_or_create(
             JobInstanceKey(JobName("pending"), JobParameters.of({"k": 1}))
         )
         assert explorer.job_names().items == ()
@@ -473,7 +473,7 @@ def test_k12_owner_recorded_and_derived_counts_exclude_partition_workers(
     assert explorer.execution(execution.id).owner_recorded is False  # type: ignore[union-attr]
     with repository.begin() as uow:
         plain, parent, worker_a, worker_b = (
-            uow.create_step_execution(execution.id, StepName(name)).id
+            uow.steps.create(execution.id, StepName(name)).id
             for name in ("plain", "parent", "worker-a", "worker-b")
         )
         uow.commit()
@@ -538,7 +538,7 @@ def test_operator_requests_are_listed_as_records(
 
     execution = launch(repository, clock)
     with repository.begin() as uow:
-        uow.append_operator_request(
+        uow.operator_requests.append(
             OperatorRecordDraft(
                 action=OperatorAction.STOP,
                 operation_id=OperationId("op-1"),

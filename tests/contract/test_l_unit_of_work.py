@@ -64,11 +64,11 @@ def launched(
 ) -> JobExecution:
     """A committed first attempt of a new instance, moved along `path`."""
     with repository.begin() as uow:
-        execution = uow.create_job_execution(
-            uow.select_or_create_job_instance(key or new_key()).instance.id
+        execution = uow.executions.create(
+            uow.instances.select_or_create(key or new_key()).instance.id
         )
         for target in path:
-            execution = uow.transition_job_execution(
+            execution = uow.executions.transition(
                 execution.id, execution.version, to(target, clock)
             )
         uow.commit()
@@ -107,8 +107,8 @@ def test_l1_second_launch_waits_on_the_instance_lock_then_sees_the_new_attempt(
     stopped = launched(repository, clock, S.STARTED, S.STOPPED)
     instance_id = stopped.job_instance_id
     with repository.begin() as first:
-        winner = first.create_job_execution(instance_id)
-        loser = Contender(repository, lambda uow: uow.create_job_execution(instance_id))
+        winner = first.executions.create(instance_id)
+        loser = Contender(repository, lambda uow: uow.executions.create(instance_id))
         loser.start_blocked(admin)
         first.commit()
     outcome = loser.outcome()
@@ -119,7 +119,7 @@ def test_l1_second_launch_waits_on_the_instance_lock_then_sees_the_new_attempt(
         "STARTING",
     )
     with repository.begin() as uow:
-        assert [e.attempt for e in uow.job_executions(instance_id)] == [1, 2]
+        assert [e.attempt for e in uow.executions.of_instance(instance_id)] == [1, 2]
 
 
 def test_l1_second_launch_proceeds_when_the_first_rolls_back(
@@ -128,15 +128,15 @@ def test_l1_second_launch_proceeds_when_the_first_rolls_back(
     stopped = launched(repository, clock, S.STARTED, S.STOPPED)
     instance_id = stopped.job_instance_id
     with repository.begin() as first:
-        first.create_job_execution(instance_id)
-        other = Contender(repository, lambda uow: uow.create_job_execution(instance_id))
+        first.executions.create(instance_id)
+        other = Contender(repository, lambda uow: uow.executions.create(instance_id))
         other.start_blocked(admin)
         first.rollback()
     outcome = other.outcome()
     assert outcome.ok, outcome
     assert outcome.value is not None and outcome.value.restart_of_execution_id == stopped.id
     with repository.begin() as uow:
-        executions = uow.job_executions(instance_id)
+        executions = uow.executions.of_instance(instance_id)
     assert [e.id for e in executions] == [stopped.id, outcome.value.id]
     assert executions[1].status is S.STARTING
 
@@ -147,10 +147,10 @@ def test_l2_same_expected_version_one_winner_one_stale_version(
     started = launched(repository, clock, S.STARTED)
     expected = started.version
     with repository.begin() as first:
-        won = first.transition_job_execution(started.id, expected, to(S.COMPLETED, clock))
+        won = first.executions.transition(started.id, expected, to(S.COMPLETED, clock))
         loser = Contender(
             repository,
-            lambda uow: uow.transition_job_execution(started.id, expected, to(S.FAILED, clock)),
+            lambda uow: uow.executions.transition(started.id, expected, to(S.FAILED, clock)),
         )
         loser.start_blocked(admin)
         first.commit()
@@ -158,7 +158,7 @@ def test_l2_same_expected_version_one_winner_one_stale_version(
     assert isinstance(outcome.error, StaleVersion), outcome
     assert (outcome.error.expected, outcome.error.actual) == (expected, expected + 1)
     with repository.begin() as uow:
-        assert uow.get_job_execution(started.id) == won
+        assert uow.executions.get(started.id) == won
     assert won.version == expected + 1 and won.status is S.COMPLETED
 
 
@@ -167,9 +167,10 @@ def test_l2_enrichment_race_one_winner_one_stale_version(
 ) -> None:
     started = launched(repository, clock, S.STARTED)
     with repository.begin() as first:
-        first.enrich_job_exit_status(started.id, 1, ExitCode("FIRST"))
+        first.executions.enrich_exit_status(started.id, 1, ExitCode("FIRST"))
         loser = Contender(
-            repository, lambda uow: uow.enrich_job_exit_status(started.id, 1, ExitCode("SECOND"))
+            repository,
+            lambda uow: uow.executions.enrich_exit_status(started.id, 1, ExitCode("SECOND")),
         )
         loser.start_blocked(admin)
         first.commit()
@@ -177,7 +178,7 @@ def test_l2_enrichment_race_one_winner_one_stale_version(
     assert isinstance(outcome.error, StaleVersion), outcome
     assert (outcome.error.expected, outcome.error.actual) == (1, 2)
     with repository.begin() as uow:
-        stored = uow.get_job_execution(started.id)
+        stored = uow.executions.get(started.id)
     assert stored is not None
     assert (stored.version, stored.metadata.exit_status) == (2, ExitCode("FIRST"))
 
@@ -187,8 +188,8 @@ def test_l3_concurrent_select_or_create_one_created_one_existing(
 ) -> None:
     key = new_key()
     with repository.begin() as first:
-        created = first.select_or_create_job_instance(key)
-        second = Contender(repository, lambda uow: uow.select_or_create_job_instance(key))
+        created = first.instances.select_or_create(key)
+        second = Contender(repository, lambda uow: uow.instances.select_or_create(key))
         second.start_blocked(admin)
         first.commit()
     outcome = second.outcome()
@@ -203,8 +204,8 @@ def test_l3_select_or_create_after_the_creator_rolled_back_creates(
 ) -> None:
     key = new_key()
     with repository.begin() as first:
-        abandoned = first.select_or_create_job_instance(key).instance
-        second = Contender(repository, lambda uow: uow.select_or_create_job_instance(key))
+        abandoned = first.instances.select_or_create(key).instance
+        second = Contender(repository, lambda uow: uow.instances.select_or_create(key))
         second.start_blocked(admin)
         first.rollback()
     outcome = second.outcome()
@@ -222,26 +223,26 @@ def test_l7_rollback_discards_everything_and_others_still_commit(
     existing = launched(repository, clock, S.STARTED)
     discarded_key, kept_key = new_key(), new_key()
     with repository.begin() as other:
-        other.select_or_create_job_instance(kept_key)
+        other.instances.select_or_create(kept_key)
         with repository.begin() as uow:
-            instance = uow.select_or_create_job_instance(discarded_key).instance
-            execution = uow.create_job_execution(instance.id)
-            uow.create_step_execution(execution.id, StepName("s"))
-            uow.transition_job_execution(existing.id, existing.version, to(S.COMPLETED, clock))
-            uow.enrich_job_exit_status(existing.id, existing.version + 1, ExitCode("GONE"))
+            instance = uow.instances.select_or_create(discarded_key).instance
+            execution = uow.executions.create(instance.id)
+            uow.steps.create(execution.id, StepName("s"))
+            uow.executions.transition(existing.id, existing.version, to(S.COMPLETED, clock))
+            uow.executions.enrich_exit_status(existing.id, existing.version + 1, ExitCode("GONE"))
             uow.rollback()
             assert not uow.is_open
             uow.rollback()  # a second rollback is a no-op
             with pytest.raises(UnitOfWorkClosed):
-                uow.get_job_execution(existing.id)
+                uow.executions.get(existing.id)
             with pytest.raises(UnitOfWorkClosed):
                 uow.commit()
-        other.transition_job_execution(existing.id, existing.version, to(S.STOPPING, clock))
+        other.executions.transition(existing.id, existing.version, to(S.STOPPING, clock))
         other.commit()
     with repository.begin() as uow:
-        assert uow.find_job_instance(discarded_key) is None
-        assert uow.find_job_instance(kept_key) is not None
-        stored = uow.get_job_execution(existing.id)
+        assert uow.instances.find(discarded_key) is None
+        assert uow.instances.find(kept_key) is not None
+        stored = uow.executions.get(existing.id)
     assert stored is not None and stored.status is S.STOPPING
     assert stored.metadata.exit_status == ExitCode.UNKNOWN
     assert scalar(admin, "SELECT count(*) FROM pybatch.step_execution") == 0
@@ -254,19 +255,19 @@ def test_l8_leaving_the_context_without_commit_rolls_back(
     repository = connect(pool_size=1, acquire_timeout=timedelta(seconds=2))
     quiet, loud = new_key(), new_key()
     with repository.begin() as uow:
-        uow.create_job_execution(uow.select_or_create_job_instance(quiet).instance.id)
+        uow.executions.create(uow.instances.select_or_create(quiet).instance.id)
     assert not uow.is_open
 
     class Boom(Exception):
         pass
 
     with pytest.raises(Boom), repository.begin() as uow:
-        uow.create_job_execution(uow.select_or_create_job_instance(loud).instance.id)
+        uow.executions.create(uow.instances.select_or_create(loud).instance.id)
         raise Boom
     assert not uow.is_open
     with repository.begin() as uow:
-        assert uow.find_job_instance(quiet) is None
-        assert uow.find_job_instance(loud) is None
+        assert uow.instances.find(quiet) is None
+        assert uow.instances.find(loud) is None
     assert scalar(admin, "SELECT count(*) FROM pybatch.job_execution") == 0
     in_transaction = scalar(
         admin,
@@ -281,24 +282,24 @@ def test_l9_a_unit_of_work_reads_its_own_staged_writes(
 ) -> None:
     key = new_key()
     with repository.begin() as uow, repository.begin() as outsider:
-        instance = uow.select_or_create_job_instance(key).instance
-        assert uow.find_job_instance(key) == instance
-        assert uow.get_job_instance(instance.id) == instance
-        execution = uow.create_job_execution(instance.id)
-        assert uow.job_executions(instance.id) == [execution]
-        assert uow.get_job_execution(execution.id) == execution
-        started = uow.transition_job_execution(execution.id, 0, to(S.STARTED, clock))
-        assert uow.get_job_execution(execution.id) == started
-        step = uow.create_step_execution(execution.id, StepName("read"))
-        assert uow.step_executions(execution.id) == [step]
-        assert uow.get_step_execution(step.id) == step
+        instance = uow.instances.select_or_create(key).instance
+        assert uow.instances.find(key) == instance
+        assert uow.instances.get(instance.id) == instance
+        execution = uow.executions.create(instance.id)
+        assert uow.executions.of_instance(instance.id) == [execution]
+        assert uow.executions.get(execution.id) == execution
+        started = uow.executions.transition(execution.id, 0, to(S.STARTED, clock))
+        assert uow.executions.get(execution.id) == started
+        step = uow.steps.create(execution.id, StepName("read"))
+        assert uow.steps.of_execution(execution.id) == [step]
+        assert uow.steps.get(step.id) == step
         # Nothing is visible to another unit of work before commit.
-        assert outsider.find_job_instance(key) is None
-        assert outsider.get_job_instance(instance.id) is None
-        assert outsider.get_job_execution(execution.id) is None
-        assert outsider.get_step_execution(step.id) is None
+        assert outsider.instances.find(key) is None
+        assert outsider.instances.get(instance.id) is None
+        assert outsider.executions.get(execution.id) is None
+        assert outsider.steps.get(step.id) is None
         uow.commit()
-        assert outsider.get_job_execution(execution.id) == started
+        assert outsider.executions.get(execution.id) == started
 
 
 def test_l10_ids_of_a_rolled_back_unit_of_work_are_never_reissued(
@@ -306,15 +307,15 @@ def test_l10_ids_of_a_rolled_back_unit_of_work_are_never_reissued(
 ) -> None:
     key = new_key()
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(key).instance
-        execution = uow.create_job_execution(instance.id)
-        step = uow.create_step_execution(execution.id, StepName("s"))
+        instance = uow.instances.select_or_create(key).instance
+        execution = uow.executions.create(instance.id)
+        step = uow.steps.create(execution.id, StepName("s"))
         uow.rollback()
     with repository.begin() as uow:
-        again = uow.select_or_create_job_instance(key)
+        again = uow.instances.select_or_create(key)
         assert isinstance(again, Created)
-        execution2 = uow.create_job_execution(again.instance.id)
-        step2 = uow.create_step_execution(execution2.id, StepName("s"))
+        execution2 = uow.executions.create(again.instance.id)
+        step2 = uow.steps.create(execution2.id, StepName("s"))
         uow.commit()
     assert again.instance.id > instance.id
     assert execution2.id > execution.id
@@ -337,15 +338,13 @@ def test_l11_failed_operation_leaves_nothing_staged_and_the_unit_of_work_usable(
     definitions = scalar(admin, "SELECT count(*) FROM pybatch.job_definition")
     other_key = new_key()
     with repository.begin() as uow:
-        other = uow.select_or_create_job_instance(other_key).instance
+        other = uow.instances.select_or_create(other_key).instance
         with pytest.raises(CompletedInstance):
-            uow.create_job_execution_with_definition(
-                completed.job_instance_id, definition("r-new", ["x"])
-            )
-        execution = uow.create_job_execution(other.id)
+            uow.executions.create(completed.job_instance_id, definition("r-new", ["x"]))
+        execution = uow.executions.create(other.id)
         uow.commit()
     with repository.begin() as uow:
-        assert uow.job_executions(other.id) == [execution]
+        assert uow.executions.of_instance(other.id) == [execution]
     assert scalar(admin, "SELECT count(*) FROM pybatch.job_definition") == definitions
 
 
@@ -357,11 +356,9 @@ def test_l11_failure_after_a_definition_insert_rolls_the_insert_back(
     definitions = scalar(admin, "SELECT count(*) FROM pybatch.job_definition")
     with repository.begin() as uow:
         with pytest.raises(IncompatibleDefinition):
-            uow.create_job_execution_with_definition(
-                failed.job_instance_id, definition("r-other", ["y"])
-            )
+            uow.executions.create(failed.job_instance_id, definition("r-other", ["y"]))
         # The same unit of work goes on and commits a restart under the legacy definition.
-        restart = uow.create_job_execution(failed.job_instance_id)
+        restart = uow.executions.create(failed.job_instance_id)
         uow.commit()
     assert restart.attempt == 2
     assert scalar(admin, "SELECT count(*) FROM pybatch.job_definition") == definitions
@@ -382,8 +379,8 @@ def test_l12_commit_of_a_failed_transaction_is_transaction_aborted(
 ) -> None:
     key = new_key()
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(key).instance
-        uow.create_job_execution(instance.id)
+        instance = uow.instances.select_or_create(key).instance
+        uow.executions.create(instance.id)
         with pytest.raises(psycopg.errors.DivisionByZero):
             uow.connection.execute("SELECT 1 / 0")  # a business statement, outside any savepoint
         with pytest.raises(TransactionAborted):
@@ -392,8 +389,8 @@ def test_l12_commit_of_a_failed_transaction_is_transaction_aborted(
         with pytest.raises(UnitOfWorkClosed):
             uow.commit()
     with repository.begin() as uow:
-        assert uow.find_job_instance(key) is None
-        assert uow.get_job_instance(instance.id) is None
+        assert uow.instances.find(key) is None
+        assert uow.instances.get(instance.id) is None
     assert scalar(admin, "SELECT count(*) FROM pybatch.job_instance") == 0
 
 
@@ -420,7 +417,7 @@ def test_l13_read_committed_and_configured_timeouts_despite_database_defaults(
     )
     for _ in range(2):  # a fresh and a reused pooled connection
         with repository.begin() as uow:
-            uow.select_or_create_job_instance(new_key())
+            uow.instances.select_or_create(new_key())
             settings = uow.transaction_settings()
             uow.commit()
         assert settings == {
@@ -501,15 +498,15 @@ def test_l14_deadlock_victim_gets_retryable_conflict_and_can_only_roll_back(
     def racer(index: int) -> str:
         mine, theirs = (first, second) if index == 0 else (second, first)
         with repository.begin() as uow:
-            uow.transition_job_execution(mine.id, 0, to(S.STARTED, clock))
+            uow.executions.transition(mine.id, 0, to(S.STARTED, clock))
             forced.hold(index, uow)
             try:
-                uow.transition_job_execution(theirs.id, 0, to(S.STARTED, clock))
+                uow.executions.transition(theirs.id, 0, to(S.STARTED, clock))
             except RetryableConflict as conflict:
                 assert conflict.sqlstate == "40P01"
                 refused: list[Callable[[], object]] = [
-                    lambda: uow.get_job_execution(mine.id),
-                    lambda: uow.create_job_execution(mine.job_instance_id),
+                    lambda: uow.executions.get(mine.id),
+                    lambda: uow.executions.create(mine.job_instance_id),
                     lambda: uow.connection,
                     uow.transaction_settings,
                     uow.commit,
@@ -529,17 +526,17 @@ def test_l14_deadlock_victim_gets_retryable_conflict_and_can_only_roll_back(
     assert [o.value for o in outcomes] == ["winner", "victim"]
     with repository.begin() as uow:
         for execution in (first, second):
-            stored = uow.get_job_execution(execution.id)
+            stored = uow.executions.get(execution.id)
             assert stored is not None and (stored.status, stored.version) == (S.STARTED, 1)
 
 
 def enrich_latest(uow: UnitOfWork, execution_id: int, exit_code: ExitCode) -> None:
     """Enrich at whatever version is committed now (re-read after a lost race)."""
     while True:
-        current = uow.get_job_execution(execution_id)
+        current = uow.executions.get(execution_id)
         assert current is not None
         try:
-            uow.enrich_job_exit_status(execution_id, current.version, exit_code)
+            uow.executions.enrich_exit_status(execution_id, current.version, exit_code)
             return
         except StaleVersion:
             continue
@@ -579,7 +576,7 @@ def test_l14_run_in_unit_of_work_reruns_the_deadlock_victim(
     assert [o.value for o in outcomes] == [1, 2]
     with repository.begin() as uow:
         for execution in (first, second):
-            stored = uow.get_job_execution(execution.id)
+            stored = uow.executions.get(execution.id)
             assert stored is not None and stored.version == 2  # enriched once by each racer
 
 
@@ -601,7 +598,7 @@ def check_attempts(
     def work(uow: UnitOfWork) -> None:
         nonlocal calls
         calls += 1
-        uow.select_or_create_job_instance(new_key())
+        uow.instances.select_or_create(new_key())
         with uow.operation() as conn:  # a real 40001 from the server, mapped by pybatch
             conn.execute(RAISE_40001)
 
@@ -629,7 +626,7 @@ def test_l14_run_in_unit_of_work_retries_a_conflict_raised_by_commit(
     ids: list[int] = []
 
     def work(uow: UnitOfWork) -> int:
-        instance = uow.select_or_create_job_instance(key).instance
+        instance = uow.instances.select_or_create(key).instance
         ids.append(instance.id)
         return instance.id
 
@@ -647,14 +644,14 @@ def test_l14_run_in_unit_of_work_never_retries_commit_outcome_unknown(
     def work(uow: UnitOfWork) -> None:
         nonlocal calls
         calls += 1
-        uow.create_job_execution(uow.select_or_create_job_instance(key).instance.id)
+        uow.executions.create(uow.instances.select_or_create(key).instance.id)
         terminate_backend(admin, uow.connection.info.backend_pid)
 
     with pytest.raises(CommitOutcomeUnknown):
         repository.run_in_unit_of_work(work)
     assert calls == 1
     with repository.begin() as uow:  # the pool replaced the lost connection
-        assert uow.find_job_instance(key) is None
+        assert uow.instances.find(key) is None
 
 
 def test_l14_run_in_unit_of_work_never_retries_other_errors(
@@ -665,7 +662,7 @@ def test_l14_run_in_unit_of_work_never_retries_other_errors(
 
     def aborted(uow: UnitOfWork) -> None:
         calls["aborted"] += 1
-        uow.select_or_create_job_instance(new_key())
+        uow.instances.select_or_create(new_key())
         try:
             uow.connection.execute("SELECT 1 / 0")
         except psycopg.errors.DivisionByZero:
@@ -673,7 +670,7 @@ def test_l14_run_in_unit_of_work_never_retries_other_errors(
 
     def typed(uow: UnitOfWork) -> None:
         calls["typed"] += 1
-        uow.create_job_execution(active.job_instance_id)
+        uow.executions.create(active.job_instance_id)
 
     with pytest.raises(TransactionAborted):
         repository.run_in_unit_of_work(aborted)
@@ -691,21 +688,21 @@ def test_l15_units_of_work_on_different_instances_never_conflict(
     one, two = launched(repository, clock), launched(repository, clock)
     with repository.begin() as a, repository.begin() as b:
         key_a, key_b = new_key(), new_key()
-        a.select_or_create_job_instance(key_a)
-        b.select_or_create_job_instance(key_b)
-        a_one = a.transition_job_execution(one.id, 0, to(S.STARTED, clock))
-        b_two = b.transition_job_execution(two.id, 0, to(S.STARTED, clock))
-        a_step = a.create_step_execution(one.id, StepName("s"))
-        b_step = b.create_step_execution(two.id, StepName("s"))
+        a.instances.select_or_create(key_a)
+        b.instances.select_or_create(key_b)
+        a_one = a.executions.transition(one.id, 0, to(S.STARTED, clock))
+        b_two = b.executions.transition(two.id, 0, to(S.STARTED, clock))
+        a_step = a.steps.create(one.id, StepName("s"))
+        b_step = b.steps.create(two.id, StepName("s"))
         with repository.begin() as reader:  # a read-only unit of work commits in between
-            reader.job_executions(one.job_instance_id)
+            reader.executions.of_instance(one.job_instance_id)
             reader.commit()
         b.commit()
         a.commit()
     with repository.begin() as uow:
-        assert uow.get_job_execution(one.id) == a_one
-        assert uow.get_job_execution(two.id) == b_two
-        assert uow.step_executions(one.id) == [a_step]
-        assert uow.step_executions(two.id) == [b_step]
-        assert uow.find_job_instance(key_a) is not None
-        assert uow.find_job_instance(key_b) is not None
+        assert uow.executions.get(one.id) == a_one
+        assert uow.executions.get(two.id) == b_two
+        assert uow.steps.of_execution(one.id) == [a_step]
+        assert uow.steps.of_execution(two.id) == [b_step]
+        assert uow.instances.find(key_a) is not None
+        assert uow.instances.find(key_b) is not None

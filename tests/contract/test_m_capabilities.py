@@ -5,16 +5,12 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from pybatch import ConnectionConfig, JobRepository, UnitOfWork, supported_schema_version
-from pybatch.capability_defaults import (
-    CAPABILITY_OPERATIONS,
-    CapabilityDefaults,
-    built_capabilities,
-)
-from pybatch.errors import UnsupportedCapability
+from pybatch import ConnectionConfig, JobRepository, supported_schema_version
+from pybatch.errors import JobExecutionNotFound, JobInstanceNotFound, UnsupportedCapability
 from pybatch.values.capabilities import RepositoryCapability, RepositoryDescriptor
 from pybatch.values.names import OperationId
 from pybatch.values.operator import OperatorAction
+from pybatch.values.retention import RetentionAction
 from tests.support.clock import ManualClock
 
 #: The capabilities' display names, in their stable declaration order.
@@ -75,53 +71,22 @@ def test_m3_pybatch_declares_exactly_what_is_built_with_its_schema_version(
         assert other.descriptor() == descriptor
 
 
-def test_m3_every_operation_of_a_built_capability_is_pybatch_s_own() -> None:
-    for capability, operations in CAPABILITY_OPERATIONS.items():
-        for name in operations:
-            assert getattr(UnitOfWork, name) is not getattr(CapabilityDefaults, name), (
-                capability,
-                name,
-            )
-
-
-@pytest.mark.parametrize("missing", list(RepositoryCapability), ids=str)
-def test_m3_a_unit_of_work_without_a_capability_answers_unsupported_capability(
-    repository: JobRepository, missing: RepositoryCapability
+def test_m3_every_declared_capability_answers_in_a_unit_of_work(
+    repository: JobRepository,
 ) -> None:
-    """A unit of work that keeps the base answers of one capability (a partial adapter).
+    """Each capability pybatch declares is a live set of operations of the unit of work.
 
-    Every operation of that capability raises UnsupportedCapability naming it, before any
-    SQL (the unit of work stays usable), and the capability is not declared; the others are.
+    A read of each runs real SQL against an empty repository: nothing to report, or the
+    typed not-found error, and the transaction stays usable.
     """
-    partial = type(
-        f"Without{missing.name.title().replace('_', '')}",
-        (UnitOfWork,),
-        {name: getattr(CapabilityDefaults, name) for name in CAPABILITY_OPERATIONS[missing]},
-    )
-    assert built_capabilities(partial) == frozenset(RepositoryCapability) - {missing}
-    declared = RepositoryDescriptor(1, 1, built_capabilities(partial))
-    with pytest.raises(UnsupportedCapability) as undeclared:
-        declared.require(missing)
-    assert undeclared.value.capability == missing.value
-    uow = partial(repository.transactions.lease(), repository.statements, repository.clock)
-    with uow:
-        for name in CAPABILITY_OPERATIONS[missing]:
-            with pytest.raises(UnsupportedCapability) as unsupported:
-                getattr(uow, name)(1)
-            assert unsupported.value.capability == missing.value, name
-            assert str(unsupported.value) == f"the adapter does not support {missing.value}"
-        assert uow.is_open  # nothing ran, nothing failed
-        assert uow.get_job_execution(1) is None  # and the transaction is still usable
-
-
-def test_m3_the_base_defaults_of_operator_requests_are_unsupported_capability() -> None:
-    base = CapabilityDefaults()
-    for name in ("find_operator_request", "append_operator_request"):
-        with pytest.raises(UnsupportedCapability) as unsupported:
-            getattr(base, name)(OperatorAction.STOP, OperationId("op-1"))
-        assert unsupported.value.capability == "operator requests"
-
-
-def test_m3_base_defaults_cover_every_capability() -> None:
-    assert set(CAPABILITY_OPERATIONS) == set(RepositoryCapability)
-    assert built_capabilities(CapabilityDefaults) == frozenset()
+    with repository.begin() as uow:
+        assert uow.operator_requests.find(OperatorAction.STOP, OperationId("op-1")) is None
+        assert uow.stop_requests is uow.stop_requests  # bound once per unit of work
+        with pytest.raises(JobExecutionNotFound):
+            uow.ownership.lock(1)
+        with pytest.raises(JobInstanceNotFound):
+            uow.holds.get(1)
+        assert uow.retention.find_action(RetentionAction.APPLY_PURGE, OperationId("op-1")) is None
+        assert uow.partitions.count_by_status(1) == {}
+        assert uow.is_open
+        assert uow.executions.get(1) is None

@@ -57,17 +57,13 @@ def arrange(repository: JobRepository, clock: ManualClock, case: str) -> Arrange
         JobParameters.of({"day": "2026-01-01", "n": 5, "big": ParameterValue.u64(7), "case": case}),
     )
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(key).instance
-        first = uow.create_job_execution(instance.id)
-        step = uow.create_step_execution(first.id, StepName("extract"))
-        uow.transition_step_execution(
-            step.id, 0, LifecycleTransition.new(S.STARTED, clock.advance())
-        )
-        uow.transition_job_execution(
-            first.id, 0, LifecycleTransition.failed(clock.advance(), FAILURE)
-        )
-        latest = uow.create_job_execution(instance.id)
-        uow.transition_job_execution(
+        instance = uow.instances.select_or_create(key).instance
+        first = uow.executions.create(instance.id)
+        step = uow.steps.create(first.id, StepName("extract"))
+        uow.steps.transition(step.id, 0, LifecycleTransition.new(S.STARTED, clock.advance()))
+        uow.executions.transition(first.id, 0, LifecycleTransition.failed(clock.advance(), FAILURE))
+        latest = uow.executions.create(instance.id)
+        uow.executions.transition(
             latest.id, 0, LifecycleTransition.failed(clock.advance(), FAILURE)
         )
         uow.commit()
@@ -163,23 +159,23 @@ def run_cases(
 
 
 def _transition_latest(uow: UnitOfWork, rows: Arranged, clock: ManualClock) -> object:
-    return uow.transition_job_execution(
+    return uow.executions.transition(
         rows.latest_id, 1, LifecycleTransition.new(S.ABANDONED, clock.advance())
     )
 
 
 JOB_PATHS: dict[str, Path] = {
-    "get_job_execution": lambda uow, rows, clock: _present(uow.get_job_execution(rows.latest_id)),
-    "job_executions": lambda uow, rows, clock: uow.job_executions(rows.instance_id),
+    "get_job_execution": lambda uow, rows, clock: _present(uow.executions.get(rows.latest_id)),
+    "job_executions": lambda uow, rows, clock: uow.executions.of_instance(rows.instance_id),
     "transition_job_execution": _transition_latest,
-    "enrich_job_exit_status": lambda uow, rows, clock: uow.enrich_job_exit_status(
+    "enrich_job_exit_status": lambda uow, rows, clock: uow.executions.enrich_exit_status(
         rows.latest_id, 1, ExitCode("NOTED")
     ),
     "create_job_execution (reads the latest attempt)": lambda uow, rows, clock: (
-        uow.create_job_execution(rows.instance_id)
+        uow.executions.create(rows.instance_id)
     ),
-    "create_step_execution (reads its job execution)": lambda uow, rows, clock: (
-        uow.create_step_execution(rows.latest_id, StepName("extract"))
+    "create_step_execution (reads its job execution)": lambda uow, rows, clock: uow.steps.create(
+        rows.latest_id, StepName("extract")
     ),
 }
 
@@ -236,19 +232,19 @@ def test_n5_corrupt_job_execution_rows_fail_closed(
 
 
 STEP_PATHS: dict[str, Path] = {
-    "get_step_execution": lambda uow, rows, clock: _present(uow.get_step_execution(rows.step_id)),
-    "step_executions": lambda uow, rows, clock: uow.step_executions(rows.first_id),
+    "get_step_execution": lambda uow, rows, clock: _present(uow.steps.get(rows.step_id)),
+    "step_executions": lambda uow, rows, clock: uow.steps.of_execution(rows.first_id),
     # The arranged step ended FAILED with its execution (version 2): ABANDONED is still open to it.
-    "transition_step_execution": lambda uow, rows, clock: uow.transition_step_execution(
+    "transition_step_execution": lambda uow, rows, clock: uow.steps.transition(
         rows.step_id, 2, LifecycleTransition.new(S.ABANDONED, clock.advance())
     ),
-    "enrich_step_exit_status": lambda uow, rows, clock: uow.enrich_step_exit_status(
+    "enrich_step_exit_status": lambda uow, rows, clock: uow.steps.enrich_exit_status(
         rows.step_id, 2, ExitCode("NOTED")
     ),
 }
 RESTART_COPY: tuple[str, Path] = (
     "create_step_execution (restart copies the step)",
-    lambda uow, rows, clock: uow.create_step_execution(rows.latest_id, StepName("extract")),
+    lambda uow, rows, clock: uow.steps.create(rows.latest_id, StepName("extract")),
 )
 
 
@@ -398,13 +394,13 @@ def test_n5_corrupt_chunk_state_fails_closed(
 
 
 INSTANCE_PATHS: dict[str, Path] = {
-    "get_job_instance": lambda uow, rows, clock: _present(uow.get_job_instance(rows.instance_id)),
-    "find_job_instance": lambda uow, rows, clock: _present(uow.find_job_instance(rows.key)),
-    "select_or_create_job_instance": lambda uow, rows, clock: uow.select_or_create_job_instance(
+    "get_job_instance": lambda uow, rows, clock: _present(uow.instances.get(rows.instance_id)),
+    "find_job_instance": lambda uow, rows, clock: _present(uow.instances.find(rows.key)),
+    "select_or_create_job_instance": lambda uow, rows, clock: uow.instances.select_or_create(
         rows.key
     ),
-    "create_job_execution (reads the instance)": lambda uow, rows, clock: (
-        uow.create_job_execution_with_definition(rows.instance_id, DefinitionIdentity.legacy())
+    "create_job_execution (reads the instance)": lambda uow, rows, clock: uow.executions.create(
+        rows.instance_id, DefinitionIdentity.legacy()
     ),
 }
 
@@ -459,8 +455,8 @@ def test_n9_lost_commit_acknowledgement_is_commit_outcome_unknown(
 ) -> None:
     key = JobInstanceKey(JobName("lost_ack"), JobParameters.of({"day": "2026-02-02"}))
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(key).instance
-        execution = uow.create_job_execution(instance.id)
+        instance = uow.instances.select_or_create(key).instance
+        execution = uow.executions.create(instance.id)
         pid = uow.connection.info.backend_pid
         state = admin.execute("SELECT state FROM pg_stat_activity WHERE pid = %s", (pid,))
         assert state.fetchone() == ("idle in transaction",)
@@ -471,10 +467,10 @@ def test_n9_lost_commit_acknowledgement_is_commit_outcome_unknown(
     # A fresh unit of work (on a new pooled connection) sees the true outcome: the server
     # rolled the transaction back when its backend ended before COMMIT arrived.
     with repository.begin() as uow:
-        assert uow.find_job_instance(key) is None
-        assert uow.get_job_execution(execution.id) is None
+        assert uow.instances.find(key) is None
+        assert uow.executions.get(execution.id) is None
         assert uow.connection.info.backend_pid != pid
-        relaunched = uow.create_job_execution(uow.select_or_create_job_instance(key).instance.id)
+        relaunched = uow.executions.create(uow.instances.select_or_create(key).instance.id)
         uow.commit()
     assert relaunched.attempt == 1
 
@@ -487,30 +483,30 @@ def test_n10_identifiers_above_bigint_are_out_of_range(
 ) -> None:
     t = LifecycleTransition.new(S.STARTED, clock.now())
     calls: dict[str, tuple[Callable[[UnitOfWork], object], str]] = {
-        "get_job_instance": (lambda uow: uow.get_job_instance(BIG), "job instance"),
-        "create_job_execution": (lambda uow: uow.create_job_execution(BIG), "job instance"),
-        "job_executions": (lambda uow: uow.job_executions(BIG), "job instance"),
-        "get_job_execution": (lambda uow: uow.get_job_execution(BIG), "job execution"),
+        "get_job_instance": (lambda uow: uow.instances.get(BIG), "job instance"),
+        "create_job_execution": (lambda uow: uow.executions.create(BIG), "job instance"),
+        "job_executions": (lambda uow: uow.executions.of_instance(BIG), "job instance"),
+        "get_job_execution": (lambda uow: uow.executions.get(BIG), "job execution"),
         "transition_job_execution": (
-            lambda uow: uow.transition_job_execution(BIG, 0, t),
+            lambda uow: uow.executions.transition(BIG, 0, t),
             "job execution",
         ),
         "enrich_job_exit_status": (
-            lambda uow: uow.enrich_job_exit_status(BIG, 0, ExitCode("X")),
+            lambda uow: uow.executions.enrich_exit_status(BIG, 0, ExitCode("X")),
             "job execution",
         ),
         "create_step_execution": (
-            lambda uow: uow.create_step_execution(BIG, StepName("s")),
+            lambda uow: uow.steps.create(BIG, StepName("s")),
             "job execution",
         ),
-        "step_executions": (lambda uow: uow.step_executions(BIG), "job execution"),
-        "get_step_execution": (lambda uow: uow.get_step_execution(BIG), "step execution"),
+        "step_executions": (lambda uow: uow.steps.of_execution(BIG), "job execution"),
+        "get_step_execution": (lambda uow: uow.steps.get(BIG), "step execution"),
         "transition_step_execution": (
-            lambda uow: uow.transition_step_execution(BIG, 0, t),
+            lambda uow: uow.steps.transition(BIG, 0, t),
             "step execution",
         ),
         "enrich_step_exit_status": (
-            lambda uow: uow.enrich_step_exit_status(BIG, 0, ExitCode("X")),
+            lambda uow: uow.steps.enrich_exit_status(BIG, 0, ExitCode("X")),
             "step execution",
         ),
     }
@@ -521,9 +517,9 @@ def test_n10_identifiers_above_bigint_are_out_of_range(
             assert (out_of_range.value.kind, out_of_range.value.value) == (kind, BIG), name
             assert str(out_of_range.value) == f"{kind} identifier {BIG} exceeds PostgreSQL bigint"
         # The largest bigint itself is in range: it is simply not there.
-        assert uow.get_job_execution(BIG - 1) is None
-        assert uow.get_step_execution(BIG - 1) is None
-        assert uow.get_job_instance(BIG - 1) is None
+        assert uow.executions.get(BIG - 1) is None
+        assert uow.steps.get(BIG - 1) is None
+        assert uow.instances.get(BIG - 1) is None
 
 
 def test_n10_failure_id_above_bigint_is_out_of_range_and_changes_nothing(
@@ -532,21 +528,21 @@ def test_n10_failure_id_above_bigint_is_out_of_range_and_changes_nothing(
     huge = FailureSummary(FailureCategory.TIMEOUT, FailureId(BIG))  # a valid u64, but not storable
     with repository.begin() as uow:  # a live step: only an unfinished step can still fail
         fresh = JobInstanceKey(JobName("corrupt"), JobParameters.of({"case": "failure-id-live"}))
-        restart = uow.create_job_execution(uow.select_or_create_job_instance(fresh).instance.id)
-        step = uow.create_step_execution(restart.id, StepName("extract"))
-        step = uow.transition_step_execution(
+        restart = uow.executions.create(uow.instances.select_or_create(fresh).instance.id)
+        step = uow.steps.create(restart.id, StepName("extract"))
+        step = uow.steps.transition(
             step.id, step.version, LifecycleTransition.new(S.STARTED, clock.advance())
         )
         with pytest.raises(IdentifierOutOfRange) as out_of_range:
-            uow.transition_step_execution(
+            uow.steps.transition(
                 step.id, step.version, LifecycleTransition.failed(clock.advance(), huge)
             )
         assert (out_of_range.value.kind, out_of_range.value.value) == ("failure", BIG)
         with pytest.raises(IdentifierOutOfRange):
-            uow.transition_job_execution(
+            uow.executions.transition(
                 restart.id, 0, LifecycleTransition.failed(clock.advance(), huge)
             )
-        assert uow.get_step_execution(step.id) == step
+        assert uow.steps.get(step.id) == step
 
 
 def test_n10_expected_version_above_bigint_is_unavailable(
@@ -556,10 +552,10 @@ def test_n10_expected_version_above_bigint_is_unavailable(
     t = LifecycleTransition.new(S.ABANDONED, clock.advance())
     with repository.begin() as uow:
         for call in (
-            lambda: uow.transition_job_execution(rows.latest_id, BIG, t),
-            lambda: uow.enrich_job_exit_status(rows.latest_id, BIG, ExitCode("X")),
-            lambda: uow.transition_step_execution(rows.step_id, BIG, t),
-            lambda: uow.enrich_step_exit_status(rows.step_id, BIG, ExitCode("X")),
+            lambda: uow.executions.transition(rows.latest_id, BIG, t),
+            lambda: uow.executions.enrich_exit_status(rows.latest_id, BIG, ExitCode("X")),
+            lambda: uow.steps.transition(rows.step_id, BIG, t),
+            lambda: uow.steps.enrich_exit_status(rows.step_id, BIG, ExitCode("X")),
         ):
             with pytest.raises(Unavailable):
                 call()

@@ -81,16 +81,14 @@ def started_step(
 ) -> StepExecution:
     """A committed STARTED step of a STARTED job execution."""
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(new_key()).instance
-        execution = uow.create_job_execution(instance.id)
+        instance = uow.instances.select_or_create(new_key()).instance
+        execution = uow.executions.create(instance.id)
         execution = claim_test_owner(uow, execution, clock.advance())
-        execution = uow.transition_job_execution(
+        execution = uow.executions.transition(
             execution.id, 0, LifecycleTransition.new(S.STARTED, clock.advance())
         )
-        step = uow.create_step_execution(execution.id, StepName(name))
-        step = uow.transition_step_execution(
-            step.id, 0, LifecycleTransition.new(S.STARTED, clock.advance())
-        )
+        step = uow.steps.create(execution.id, StepName(name))
+        step = uow.steps.transition(step.id, 0, LifecycleTransition.new(S.STARTED, clock.advance()))
         uow.commit()
     return step
 
@@ -105,7 +103,7 @@ def cursor(offset: int, **extra: Any) -> Checkpoint:
 
 def stored_step(repository: JobRepository, step_id: int) -> StepExecution:
     with repository.begin() as uow:
-        step = uow.get_step_execution(step_id)
+        step = uow.steps.get(step_id)
     assert step is not None
     return step
 
@@ -329,11 +327,9 @@ def test_o2_begin_for_refuses_a_step_that_is_not_started(
 ) -> None:
     steps: dict[BatchStatus, StepExecution] = {}
     with repository.begin() as uow:
-        execution = uow.create_job_execution(
-            uow.select_or_create_job_instance(new_key()).instance.id
-        )
+        execution = uow.executions.create(uow.instances.select_or_create(new_key()).instance.id)
         for status, path in NOT_STARTED_PATHS.items():
-            step = uow.create_step_execution(execution.id, StepName(f"load-{status.value}"))
+            step = uow.steps.create(execution.id, StepName(f"load-{status.value}"))
             for target in path:
                 at = clock.advance()
                 transition = (
@@ -343,7 +339,7 @@ def test_o2_begin_for_refuses_a_step_that_is_not_started(
                     if target is S.FAILED
                     else LifecycleTransition.new(target, at)
                 )
-                step = uow.transition_step_execution(step.id, step.version, transition)
+                step = uow.steps.transition(step.id, step.version, transition)
             assert step.status is status
             steps[status] = step
         uow.commit()
@@ -374,7 +370,7 @@ def test_o2_commit_after_the_step_left_started_is_not_committed(
     chunk = manager.begin_for(context_of(step))
     chunk.execute("INSERT INTO public.orders VALUES (1, 'lost')")
     with repository.begin() as uow:  # an operator stop moves the step on
-        stopping = uow.transition_step_execution(
+        stopping = uow.steps.transition(
             step.id, step.version, LifecycleTransition.new(S.STOPPING, clock.advance())
         )
         uow.commit()
@@ -517,7 +513,7 @@ def test_o4_reservations_need_a_bound_started_step(
             call()
     fault_state = bound_fault_state(repository, step)
     with repository.begin() as uow:
-        uow.transition_step_execution(
+        uow.steps.transition(
             step.id, step.version, LifecycleTransition.new(S.STOPPING, clock.advance())
         )
         uow.commit()

@@ -317,21 +317,21 @@ def test_claim_execution_owner_check_order(
     mine, theirs = OwnerToken.generate(), OwnerToken.generate()
     job = Job(repository, "claims", DAY)
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(job.key).instance
-        execution = uow.create_job_execution(instance.id)
-        claimed = uow.claim_execution_owner(execution.id, execution.version, mine, clock.now())
+        instance = uow.instances.select_or_create(job.key).instance
+        execution = uow.executions.create(instance.id)
+        claimed = uow.ownership.claim(execution.id, execution.version, mine, clock.now())
         assert claimed.version == execution.version  # a claim never bumps the version
-        again = uow.claim_execution_owner(execution.id, execution.version, mine, clock.now())
+        again = uow.ownership.claim(execution.id, execution.version, mine, clock.now())
         assert again.version == execution.version  # the same token is idempotent
         with pytest.raises(StaleVersion):
-            uow.claim_execution_owner(execution.id, execution.version + 1, mine, clock.now())
+            uow.ownership.claim(execution.id, execution.version + 1, mine, clock.now())
         with pytest.raises(ExecutionOwned):
-            uow.claim_execution_owner(execution.id, execution.version, theirs, clock.now())
-        started = uow.transition_job_execution(
+            uow.ownership.claim(execution.id, execution.version, theirs, clock.now())
+        started = uow.executions.transition(
             execution.id, execution.version, LifecycleTransition.new(S.STARTED, clock.now())
         )
         with pytest.raises(ExecutionOwnershipNotAllowed):
-            uow.claim_execution_owner(execution.id, started.version, mine, clock.now())
+            uow.ownership.claim(execution.id, started.version, mine, clock.now())
         uow.commit()
     row = admin.execute(
         "SELECT owner_token, lease_expires_at > clock_timestamp() FROM pybatch.job_execution"

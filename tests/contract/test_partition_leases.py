@@ -94,7 +94,7 @@ def plan_state(admin: psycopg.Connection[Any], parent_id: int) -> list[tuple[Any
 
 def worker_steps(repository: JobRepository, run: JobRun, parent_id: int) -> list[StepExecution]:
     with repository.begin() as uow:
-        return [s for s in uow.step_executions(run.execution.id) if s.id != parent_id]
+        return [s for s in uow.steps.of_execution(run.execution.id) if s.id != parent_id]
 
 
 def wait_for_partition_lease_expiry(admin: psycopg.Connection[Any], worker_id: int) -> None:
@@ -369,14 +369,14 @@ def test_a_renewal_after_the_partition_ended_names_the_lost_ownership(
     run, parent = publish(repository, Job(repository, "fanout", PARAMS, lease=LEASE.duration), 1)
     owner = OwnerToken.generate()
     with repository.begin() as uow:
-        claimed = uow.claim_step_partition(parent, owner, LEASE)
+        claimed = uow.partitions.claim(parent, owner, LEASE)
         uow.commit()
     assert claimed is not None
     partition, worker = claimed
     with repository.begin() as uow:
-        uow.renew_partition_worker_lease(partition.id, worker.id, owner, LEASE)
+        uow.partitions.renew_worker_lease(partition.id, worker.id, owner, LEASE)
         with pytest.raises(PartitionOwnershipLost) as other_token:
-            uow.renew_partition_worker_lease(partition.id, worker.id, OwnerToken.generate(), LEASE)
+            uow.partitions.renew_worker_lease(partition.id, worker.id, OwnerToken.generate(), LEASE)
         assert (other_token.value.partition_id, other_token.value.worker) == (
             partition.id,
             worker.id,
@@ -384,6 +384,6 @@ def test_a_renewal_after_the_partition_ended_names_the_lost_ownership(
         uow.commit()
     partitioned._end_worker(repository, partition, worker.id, S.COMPLETED)
     with repository.begin() as uow, pytest.raises(PartitionOwnershipLost):
-        uow.renew_partition_worker_lease(partition.id, worker.id, owner, LEASE)
+        uow.partitions.renew_worker_lease(partition.id, worker.id, owner, LEASE)
     with run:
         pass

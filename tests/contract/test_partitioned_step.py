@@ -62,12 +62,12 @@ def test_local_workers_complete_every_partition_once(
     assert parent.metadata.counts.written == 12 * ROWS_PER_PARTITION
     assert business(admin) == (12 * ROWS_PER_PARTITION, 12 * ROWS_PER_PARTITION)
     with repository.begin() as uow:
-        plan = uow.step_partition_plan(parent.id)
-        assert uow.count_step_partitions_by_status(parent.id) == {S.COMPLETED: 12}
+        plan = uow.partitions.plan(parent.id)
+        assert uow.partitions.count_by_status(parent.id) == {S.COMPLETED: 12}
     assert len({p.worker_step_execution_id for p in plan}) == 12
     assert run.execution.status is S.COMPLETED
     with repository.begin() as uow:
-        progress = uow.partition_plan_progress(parent.id, slowest=3)
+        progress = uow.partitions.progress(parent.id, slowest=3)
     assert progress.total == 12 and progress.counts == {S.COMPLETED: 12}
     assert len(progress.slowest) == 3
     elapsed = [slow.elapsed for slow in progress.slowest]
@@ -136,17 +136,15 @@ def test_claim_refused_before_the_plan_is_published(repository: JobRepository) -
     from pybatch.values.state import ExecutionContext
 
     with Job(repository, "fanout", {"run": 4}).launch() as run, repository.begin() as uow:
-        parent = uow.create_flow_step_execution(run.execution.id, StepName("s"), NodeId("s"))
+        parent = uow.flow.create_step(run.execution.id, StepName("s"), NodeId("s"))
         from pybatch.values.lifecycle import LifecycleTransition
 
-        parent = uow.transition_step_execution(
+        parent = uow.steps.transition(
             parent.id, 0, LifecycleTransition.new(S.STARTED, uow.clock.now())
         )
-        uow.create_step_partition_plan(
-            parent.id, [PartitionPlanEntry("a", ExecutionContext.empty())]
-        )
+        uow.partitions.create_plan(parent.id, [PartitionPlanEntry("a", ExecutionContext.empty())])
         with pytest.raises(PartitionPlanNotCommitted):
-            uow.claim_step_partition(parent)
+            uow.partitions.claim(parent)
 
 
 @pytest.mark.usefixtures("orders")

@@ -13,21 +13,21 @@ from tests.support.clock import ManualClock
 def test_launch_step_complete(repository: JobRepository, clock: ManualClock) -> None:
     key = JobInstanceKey(JobName("load_orders"), JobParameters.of({"day": "2026-11-30"}))
     with repository.begin() as uow:
-        selection = uow.select_or_create_job_instance(key)
+        selection = uow.instances.select_or_create(key)
         assert selection.was_created
-        execution = uow.create_job_execution(selection.instance.id)
-        execution = uow.transition_job_execution(
+        execution = uow.executions.create(selection.instance.id)
+        execution = uow.executions.transition(
             execution.id, 0, LifecycleTransition.new(BatchStatus.STARTED, clock.advance())
         )
-        step = uow.create_step_execution(execution.id, StepName("extract"))
-        step = uow.transition_step_execution(
+        step = uow.steps.create(execution.id, StepName("extract"))
+        step = uow.steps.transition(
             step.id, 0, LifecycleTransition.new(BatchStatus.STARTED, clock.advance())
         )
         uow.commit()
     with repository.begin() as uow:
-        assert uow.select_or_create_job_instance(key).was_created is False
-        [stored] = uow.job_executions(selection.instance.id)
+        assert uow.instances.select_or_create(key).was_created is False
+        [stored] = uow.executions.of_instance(selection.instance.id)
         assert stored.status is BatchStatus.STARTED and stored.version == 1
-        [stored_step] = uow.step_executions(execution.id)
+        [stored_step] = uow.steps.of_execution(execution.id)
         assert stored_step == step
         clock.advance(timedelta(seconds=5))

@@ -137,9 +137,9 @@ def observer(config: ConnectionConfig) -> Iterator[JobRepository]:
 def durable_state(config: ConnectionConfig, admin: psycopg.Connection[Any], run: str) -> Durable:
     wait_for_worker_sessions_to_end(admin)
     with observer(config) as repository, repository.begin() as uow:
-        instance = uow.find_job_instance(Job(repository, w.JOB_NAME, w.parameters(run)).key)
+        instance = uow.instances.find(Job(repository, w.JOB_NAME, w.parameters(run)).key)
         latest = (
-            uow.latest_flow_step(instance.id, NodeId(w.STEP_NAME)) if instance is not None else None
+            uow.flow.latest_step(instance.id, NodeId(w.STEP_NAME)) if instance is not None else None
         )
         step = latest.step_execution if latest is not None else None
     rows = admin.execute(w.SELECT_ROWS).fetchall()
@@ -268,9 +268,9 @@ def test_sigkilled_chunked_load_resumes_exactly(
     assert state.read == state.written == w.ROWS, state
     assert state.committed == w.ROWS // w.CHUNK, state
     with observer(pg_config) as repository, repository.begin() as uow:
-        instance = uow.find_job_instance(Job(repository, w.JOB_NAME, w.parameters(run)).key)
+        instance = uow.instances.find(Job(repository, w.JOB_NAME, w.parameters(run)).key)
         assert instance is not None
-        executions = uow.job_executions(instance.id)
+        executions = uow.executions.of_instance(instance.id)
     assert executions[-1].status is BatchStatus.COMPLETED
     assert all(e.status is BatchStatus.FAILED for e in executions[:-1])
     # every attempt but the last was found orphaned by its successor: one audited decision each

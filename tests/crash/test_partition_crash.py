@@ -95,17 +95,17 @@ def final_state(
 ) -> dict[str, Any]:
     rows = admin.execute(pj.SELECT_ROWS).fetchall()
     with JobRepository.connect(config) as repository, repository.begin() as uow:
-        instance = uow.find_job_instance(Job(repository, pj.JOB_NAME, {"run": run}).key)
+        instance = uow.instances.find(Job(repository, pj.JOB_NAME, {"run": run}).key)
         assert instance is not None
-        latest = uow.latest_flow_step(instance.id, NodeId(pj.STEP_NAME))
+        latest = uow.flow.latest_step(instance.id, NodeId(pj.STEP_NAME))
         assert latest is not None
         parent = latest.step_execution
-        plan = uow.step_partition_plan(parent.id)
-        executions = uow.job_executions(instance.id)
+        plan = uow.partitions.plan(parent.id)
+        executions = uow.executions.of_instance(instance.id)
         workers = [
             step
             for execution in executions
-            for step in uow.step_executions(execution.id)
+            for step in uow.steps.of_execution(execution.id)
             if step.logical_id != NodeId(pj.STEP_NAME)
         ]
     return {

@@ -77,8 +77,8 @@ def test_a_bad_checkpoint_or_context_is_refused_and_nothing_is_written(
     assert good_then_bad == ["good"]
     assert order_count(admin) == 1  # the bad chunk's row rolled back with it
     with repository.begin() as uow:
-        [execution] = uow.job_executions(run.instance.id)
-        [step] = uow.step_executions(execution.id)
+        [execution] = uow.executions.of_instance(run.instance.id)
+        [step] = uow.steps.of_execution(execution.id)
     assert step.checkpoint.payload == {"offset": 1}
     assert (step.metadata.counts.read, step.metadata.counts.committed) == (1, 1)
     assert execution.status is BatchStatus.FAILED

@@ -81,7 +81,7 @@ def test_permission_denied_in_a_repository_call_is_not_unavailable(
         with JobRepository.connect(attrs.evolve(limited, dsn=dsn)) as restricted:
             key = JobInstanceKey(JobName("forbidden"), JobParameters.from_pairs([]))
             with restricted.begin() as uow, pytest.raises(PermissionDenied) as caught:
-                uow.select_or_create_job_instance(key)
+                uow.instances.select_or_create(key)
         assert not isinstance(caught.value, Unavailable)
         assert caught.value.__context__ is None or caught.value.__suppress_context__
     finally:

@@ -52,13 +52,13 @@ def legacy_run(repository: JobRepository, run: str, *, status: S, offset: int) -
     """A job launched by schema-1 pybatch: STARTED (or ended), one step with a checkpoint."""
     key = Job(repository, "legacy_load", {"run": run}).key
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(key).instance
-        execution = uow.create_job_execution(instance.id)
-        execution = uow.transition_job_execution(
+        instance = uow.instances.select_or_create(key).instance
+        execution = uow.executions.create(instance.id)
+        execution = uow.executions.transition(
             execution.id, execution.version, LifecycleTransition.new(S.STARTED, uow.clock.now())
         )
-        step = uow.create_flow_step_execution(execution.id, StepName("load"), NodeId("load"))
-        step = uow.transition_step_execution(
+        step = uow.flow.create_step(execution.id, StepName("load"), NodeId("load"))
+        step = uow.steps.transition(
             step.id, step.version, LifecycleTransition.new(S.STARTED, uow.clock.now())
         )
         uow.commit()
@@ -134,7 +134,7 @@ def test_upgrade_under_live_jobs_keeps_them_alive_and_resumes_the_rest(
         assert resumed_from(repository, "alive") == [3]
         with repository.begin() as uow:
             for execution_id, status in ((alive, S.FAILED), (dead, S.FAILED), (failed, S.FAILED)):
-                execution = uow.get_job_execution(execution_id)
+                execution = uow.executions.get(execution_id)
                 assert execution is not None and execution.status is status
     with psycopg.connect(blank_database) as conn:
         reasons = conn.execute(

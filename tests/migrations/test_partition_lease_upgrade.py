@@ -53,12 +53,12 @@ def legacy_claim(repository: JobRepository, dsn: str, parent_id: int, key: str) 
     The worker committed one chunk (rows and checkpoint); returns the worker step's id.
     """
     with repository.begin() as uow:
-        parent = uow.get_step_execution(parent_id)
+        parent = uow.steps.get(parent_id)
         assert parent is not None
-        worker = uow.create_flow_step_execution(
+        worker = uow.flow.create_step(
             parent.job_execution_id, StepName(f"load#{key}.1"), NodeId(f"load#{key}.1")
         )
-        worker = uow.transition_step_execution(
+        worker = uow.steps.transition(
             worker.id, worker.version, LifecycleTransition.new(S.STARTED, uow.clock.now())
         )
         uow.commit()
@@ -132,7 +132,7 @@ def test_upgrade_under_a_running_partitioned_step_keeps_live_workers_and_complet
             with JobRepository.connect(config) as repository:
                 assert recover_lost(repository, parent.id, LEASE) == 1
                 with repository.begin() as uow:
-                    states = {p.key.value: p.status for p in uow.step_partition_plan(parent.id)}
+                    states = {p.key.value: p.status for p in uow.partitions.plan(parent.id)}
                 assert states == {"p0": S.STARTED, "p1": S.FAILED, "p2": S.STARTING}
         # The legacy worker ended (its session closed): a new worker recovers its partition,
         # resumes both recovered partitions from their checkpoints and runs the third.
@@ -145,10 +145,10 @@ def test_upgrade_under_a_running_partitioned_step_keeps_live_workers_and_complet
             with run:
                 pass
             with repository.begin() as uow:
-                execution = uow.get_job_execution(run.execution.id)
+                execution = uow.executions.get(run.execution.id)
                 assert execution is not None and execution.status is S.COMPLETED
                 for worker_id in (alive, dead):
-                    worker = uow.get_step_execution(worker_id)
+                    worker = uow.steps.get(worker_id)
                     assert worker is not None and worker.metadata.failure is not None
                     assert worker.metadata.failure.category is FailureCategory.STALE_RECOVERED
     finally:

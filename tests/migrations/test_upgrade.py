@@ -42,15 +42,15 @@ def _leave_a_started_step_with_a_checkpoint(repository: JobRepository) -> None:
     """
     key = Job(repository, "upgrade_load", {"day": "2026-11-30"}).key
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(key).instance
-        execution = uow.create_job_execution(instance.id)
-        execution = uow.transition_job_execution(
+        instance = uow.instances.select_or_create(key).instance
+        execution = uow.executions.create(instance.id)
+        execution = uow.executions.transition(
             execution.id,
             execution.version,
             LifecycleTransition.new(BatchStatus.STARTED, uow.clock.now()),
         )
-        step = uow.create_flow_step_execution(execution.id, StepName("load"), NodeId("load"))
-        step = uow.transition_step_execution(
+        step = uow.flow.create_step(execution.id, StepName("load"), NodeId("load"))
+        step = uow.steps.transition(
             step.id, step.version, LifecycleTransition.new(BatchStatus.STARTED, uow.clock.now())
         )
         uow.commit()

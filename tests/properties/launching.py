@@ -38,10 +38,8 @@ def launch(
 ) -> JobExecution:
     """A committed execution of `key` moved along `path` from STARTING (FAILED with FAILURE)."""
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(key).instance
-        execution = uow.create_job_execution_with_definition(
-            instance.id, definition or DefinitionIdentity.legacy()
-        )
+        instance = uow.instances.select_or_create(key).instance
+        execution = uow.executions.create(instance.id, definition or DefinitionIdentity.legacy())
         execution = claim_test_owner(uow, execution, clock.advance())
         for target in path:
             transition = (
@@ -49,6 +47,6 @@ def launch(
                 if target is BatchStatus.FAILED
                 else LifecycleTransition.new(target, clock.advance())
             )
-            execution = uow.transition_job_execution(execution.id, execution.version, transition)
+            execution = uow.executions.transition(execution.id, execution.version, transition)
         uow.commit()
     return execution

@@ -169,11 +169,11 @@ def test_operator_requests_refuse_a_repeated_key_and_a_missing_target(
     ) -> None:
         draft = attrs.evolve(draft, operation_id=OperationId(f"r{next(_runs)}"))
         if target == "repeat":
-            _write(repository, lambda uow: uow.append_operator_request(draft))
+            _write(repository, lambda uow: uow.operator_requests.append(draft))
             # The same (action, operation id) with any other content.
             repeated = attrs.evolve(other, action=draft.action, operation_id=draft.operation_id)
             with refused(admin, ConcurrentModification):
-                _write(repository, lambda uow: uow.append_operator_request(repeated))
+                _write(repository, lambda uow: uow.operator_requests.append(repeated))
         else:
             dangling = (
                 attrs.evolve(draft, job_instance_id=JobInstanceId(missing))
@@ -181,7 +181,7 @@ def test_operator_requests_refuse_a_repeated_key_and_a_missing_target(
                 else attrs.evolve(draft, job_execution_id=JobExecutionId(missing))
             )
             with refused(admin, IntegrityViolation):
-                _write(repository, lambda uow: uow.append_operator_request(dangling))
+                _write(repository, lambda uow: uow.operator_requests.append(dangling))
 
     append()
 
@@ -220,7 +220,7 @@ def test_recovery_refuses_stale_finished_and_absent_executions(
         "absent": (JobExecutionNotFound, *ID_ERRORS),
     }[case]
     with refused(admin, *expected):
-        _write(repository, lambda uow: uow.recover_job_execution(target, request))
+        _write(repository, lambda uow: uow.recovery.recover(target, request))
 
 
 # --------------------------------------------------------------------------- flow decisions
@@ -286,7 +286,7 @@ def test_flow_decisions_refuse_what_the_manifest_does_not_lead_to(
         "absent": (JobExecutionNotFound,),
     }[case]
     with refused(admin, *expected):
-        _write(repository, lambda uow: uow.append_flow_decision(request))
+        _write(repository, lambda uow: uow.flow.append_decision(request))
 
 
 # --------------------------------------------------------------------------- partitions
@@ -297,9 +297,9 @@ def _step(
 ) -> StepExecution:
     execution = launch(repository, clock, unique_key("steps"))
     with repository.begin() as uow:
-        step = uow.create_step_execution(execution.id, StepName("load"))
+        step = uow.steps.create(execution.id, StepName("load"))
         for target in path:
-            step = uow.transition_step_execution(
+            step = uow.steps.transition(
                 step.id, step.version, LifecycleTransition.new(target, clock.advance())
             )
         uow.commit()
@@ -334,7 +334,7 @@ def test_partition_plans_refuse_bad_entries_and_parents(
         repository, clock, (S.STARTED, S.COMPLETED) if case == "inactive" else (S.STARTED,)
     )
     if case == "exists":
-        _write(repository, lambda uow: uow.create_step_partition_plan(parent.id, entries))
+        _write(repository, lambda uow: uow.partitions.create_plan(parent.id, entries))
     plan: list[PartitionPlanEntry] = {
         "empty": [],
         "duplicate": [*entries, entries[-1]],
@@ -350,7 +350,7 @@ def test_partition_plans_refuse_bad_entries_and_parents(
         "absent": (StepExecutionNotFound, *ID_ERRORS),
     }[case]
     with refused(admin, *expected):
-        _write(repository, lambda uow: uow.create_step_partition_plan(target, plan))
+        _write(repository, lambda uow: uow.partitions.create_plan(target, plan))
 
 
 # --------------------------------------------------------------------------- fault state
@@ -439,12 +439,10 @@ def test_holds_refuse_absent_instances_and_instants_without_a_utc_form(
     with refused(admin, *expected):
         _write(
             repository,
-            lambda uow: uow.place_instance_hold(
-                target, ActorRef("ops"), ReasonCode("AUDIT"), placed_at
-            ),
+            lambda uow: uow.holds.place(target, ActorRef("ops"), ReasonCode("AUDIT"), placed_at),
         )
     with repository.begin() as uow:
-        assert uow.job_instance_hold(instance_id) is None
+        assert uow.holds.get(instance_id) is None
 
 
 # --------------------------------------------------------------------------- definitions
@@ -482,9 +480,7 @@ def test_definitions_refuse_drift_unknown_formats_and_other_jobs(
     with refused(admin, expected):
         _write(
             repository,
-            lambda uow: uow.create_job_execution_with_definition(
-                execution.job_instance_id, definition
-            ),
+            lambda uow: uow.executions.create(execution.job_instance_id, definition),
         )
 
 
@@ -523,5 +519,5 @@ def test_transitions_refuse_illegal_stale_and_backdated_changes(
     with refused(admin, expected):
         _write(
             repository,
-            lambda uow: uow.transition_job_execution(execution.id, version, transition),
+            lambda uow: uow.executions.transition(execution.id, version, transition),
         )

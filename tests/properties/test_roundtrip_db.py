@@ -55,7 +55,7 @@ def test_checkpoints_and_contexts_round_trip_through_chunk_commits(
             except StateError:
                 return  # too large or too deep for a step's limits: refused, nothing written
             with repository.begin() as uow:
-                stored = uow.get_step_execution(step.execution.id)
+                stored = uow.steps.get(step.execution.id)
             assert stored is not None
             expected_checkpoint = Checkpoint(stored.checkpoint.schema, 1, checkpoint)
             expected_context = ExecutionContext(stored.context.schema, 1, context)
@@ -101,10 +101,10 @@ def test_instance_keys_round_trip_and_find_their_instance(
     except DomainError:
         return
     with repository.begin() as uow:
-        selected = uow.select_or_create_job_instance(key).instance
+        selected = uow.instances.select_or_create(key).instance
         uow.commit()
     with repository.begin() as uow:
-        found = uow.find_job_instance(key)
+        found = uow.instances.find(key)
     assert found == selected
     assert found.job_name == key.job_name
     assert found.parameters == key.parameters

@@ -76,10 +76,8 @@ gaps = st.timedeltas(dt.timedelta(microseconds=1), dt.timedelta(days=30))
 def _started_step(repository: JobRepository, clock: ManualClock) -> StepExecution:
     execution = launch(repository, clock, unique_key("steps"))
     with repository.begin() as uow:
-        step = uow.create_step_execution(execution.id, StepName("load"))
-        step = uow.transition_step_execution(
-            step.id, 0, LifecycleTransition.new(S.STARTED, clock.advance())
-        )
+        step = uow.steps.create(execution.id, StepName("load"))
+        step = uow.steps.transition(step.id, 0, LifecycleTransition.new(S.STARTED, clock.advance()))
         uow.commit()
     return step
 
@@ -102,11 +100,11 @@ def test_operator_requests_read_back_equal(repository: JobRepository, clock: Man
         unique = OperationId(f"{next(_runs)}.{draft.operation_id.value}"[:64])
         draft = attrs.evolve(draft, operation_id=unique)
         with repository.begin() as uow:
-            record = uow.append_operator_request(draft)
+            record = uow.operator_requests.append(draft)
             uow.commit()
         assert record.draft == draft
         with repository.begin() as uow:
-            assert uow.find_operator_request(draft.action, unique) == record
+            assert uow.operator_requests.find(draft.action, unique) == record
         if draft.job_execution_id is not None:
             listed = _all_items(lambda after: explorer.operator_requests(execution.id, after=after))
             assert [item for item in listed if item.id == record.id] == [record]
@@ -158,7 +156,7 @@ def test_recovery_decisions_read_back_equal(
     )
     clock.advance()
     with repository.begin() as uow:
-        result = uow.recover_job_execution(execution.id, request)
+        result = uow.recovery.recover(execution.id, request)
         uow.commit()
     decision = result.decision
     assert (decision.reason_code, decision.operator_reference) == (reason, reference)
@@ -168,8 +166,8 @@ def test_recovery_decisions_read_back_equal(
         disposition.status,
     )
     with repository.begin() as uow:
-        assert uow.recovery_decision(execution.id) == decision
-        assert uow.get_job_execution(execution.id) == result.execution
+        assert uow.recovery.decision(execution.id) == decision
+        assert uow.executions.get(execution.id) == result.execution
     assert result.execution.metadata.failure == request.failure
     page = JobExplorer(repository).recovery_decisions(execution.id)
     assert page.items == (decision,)
@@ -234,10 +232,10 @@ def test_flow_decisions_read_back_equal(
             decided_at=data.draw(s.instants, label="decided_at"),
         )
         with repository.begin() as uow:
-            decisions.append(uow.append_flow_decision(request))
+            decisions.append(uow.flow.append_decision(request))
             uow.commit()
     with repository.begin() as uow:
-        assert uow.flow_decisions(execution.id) == decisions
+        assert uow.flow.decisions(execution.id) == decisions
     assert list(JobExplorer(repository).flow_decisions(execution.id).items) == decisions
 
 
@@ -258,7 +256,7 @@ def test_partition_plans_read_back_equal(
 ) -> None:
     parent = _started_step(repository, clock)
     with repository.begin() as uow:
-        created = uow.create_step_partition_plan(parent.id, entries)
+        created = uow.partitions.create_plan(parent.id, entries)
         uow.commit()
     assert [(p.ordinal, p.key) for p in created] == [
         (ordinal, entry.key) for ordinal, entry in enumerate(entries, 1)
@@ -267,7 +265,7 @@ def test_partition_plans_read_back_equal(
         assert partition.context.encode() == entry.context.encode()
         assert (partition.status, partition.worker_step_execution_id) == (S.STARTING, None)
     with repository.begin() as uow:
-        plan = uow.step_partition_plan(parent.id)
+        plan = uow.partitions.plan(parent.id)
     assert plan == sorted(created, key=lambda p: p.key.sort_key)
     assert [p.context.encode() for p in plan] == [
         p.context.encode() for p in sorted(created, key=lambda p: p.key.sort_key)
@@ -362,18 +360,18 @@ def test_holds_read_back_equal(
 ) -> None:
     key = unique_key("holds")
     with repository.begin() as uow:
-        instance = uow.select_or_create_job_instance(key).instance
-        placed = uow.place_instance_hold(instance.id, actor, reason, placed_at)
+        instance = uow.instances.select_or_create(key).instance
+        placed = uow.holds.place(instance.id, actor, reason, placed_at)
         uow.commit()
     assert (placed.actor, placed.reason, placed.placed_at) == (actor, reason, placed_at)
     with repository.begin() as uow:
-        assert uow.job_instance_hold(instance.id) == placed
+        assert uow.holds.get(instance.id) == placed
     (projection,) = JobExplorer(repository).instances(key.job_name.value).items
     assert projection.hold == RetentionHold(actor.value, reason.value, placed_at)
     assert projection.hold.placed_at.utcoffset() == dt.timedelta(0)
     with repository.begin() as uow:
-        assert uow.release_instance_hold(instance.id) == placed
-        assert uow.job_instance_hold(instance.id) is None
+        assert uow.holds.release(instance.id) == placed
+        assert uow.holds.get(instance.id) is None
         uow.commit()
 
 
@@ -422,7 +420,7 @@ def test_definitions_and_instances_read_back_equal(
         revision.value, manifest["format"], sha256(canonical_json(manifest))
     )
     with repository.begin() as uow:
-        instance = uow.find_job_instance(key)
+        instance = uow.instances.find(key)
     assert instance is not None
     assert (instance.job_name, instance.parameters) == (key.job_name, key.parameters)
     assert instance.instance_key == key.digest()
@@ -474,16 +472,16 @@ def test_lifecycle_transitions_read_back_equal(
                 if target is S.FAILED
                 else LifecycleTransition.new(target, at)
             )
-            execution = uow.transition_job_execution(execution.id, execution.version, transition)
+            execution = uow.executions.transition(execution.id, execution.version, transition)
             assert execution.metadata.timestamps.started_at is None or (
                 execution.metadata.timestamps.started_at.utcoffset() == dt.timedelta(0)
             )
-        execution = uow.enrich_job_exit_status(execution.id, execution.version, exit_code)
+        execution = uow.executions.enrich_exit_status(execution.id, execution.version, exit_code)
         uow.commit()
     assert execution.metadata.exit_status == exit_code
     with repository.begin() as uow:
-        assert uow.get_job_execution(execution.id) == execution
-        assert uow.job_executions(execution.job_instance_id) == [execution]
+        assert uow.executions.get(execution.id) == execution
+        assert uow.executions.of_instance(execution.job_instance_id) == [execution]
     projection = JobExplorer(repository).execution(execution.id)
     assert projection is not None
     timestamps = execution.metadata.timestamps

@@ -51,13 +51,13 @@ _runs = itertools.count(1)
 def started_step(repository: JobRepository, clock: ManualClock) -> StepExecution:
     key = JobInstanceKey(JobName("chunk-race"), JobParameters.of({"run": next(_runs)}))
     with repository.begin() as uow:
-        execution = uow.create_job_execution(uow.select_or_create_job_instance(key).instance.id)
+        execution = uow.executions.create(uow.instances.select_or_create(key).instance.id)
         execution = claim_test_owner(uow, execution, clock.advance())
-        execution = uow.transition_job_execution(
+        execution = uow.executions.transition(
             execution.id, 0, LifecycleTransition.new(BatchStatus.STARTED, clock.advance())
         )
-        step = uow.create_step_execution(execution.id, StepName("load"))
-        step = uow.transition_step_execution(
+        step = uow.steps.create(execution.id, StepName("load"))
+        step = uow.steps.transition(
             step.id, 0, LifecycleTransition.new(BatchStatus.STARTED, clock.advance())
         )
         uow.commit()

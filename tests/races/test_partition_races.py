@@ -28,7 +28,7 @@ def test_two_parents_racing_to_create_one_plan(
     f = Fixture(repository, clock)
 
     def create(uow: UnitOfWork, index: int) -> int:
-        return len(uow.create_step_partition_plan(f.parent.id, entries(f"x{index}", "y")))
+        return len(uow.partitions.create_plan(f.parent.id, entries(f"x{index}", "y")))
 
     outcomes = race_units_of_work(repository, 4, create)
     assert sum(o.ok for o in outcomes) == 1
@@ -46,7 +46,7 @@ def test_assignments_racing_for_one_partition(
     outcomes = race_units_of_work(
         repository,
         4,
-        lambda uow, i: uow.assign_step_partition(partition.id, 0, workers[i].id),
+        lambda uow, i: uow.partitions.assign(partition.id, 0, workers[i].id),
     )
     assert sum(o.ok for o in outcomes) == 1
     assert {type(o.error) for o in outcomes if not o.ok} == {StaleVersion}
@@ -61,7 +61,7 @@ def test_completions_racing_with_a_stale_worker_have_one_winner(
     assigned = assign(repository, partition, old.id)
     move(repository, clock, old.id, S.FAILED)
     with repository.begin() as uow:
-        failed = uow.complete_step_partition(assigned.id, assigned.version, old.id)
+        failed = uow.partitions.complete(assigned.id, assigned.version, old.id)
         uow.commit()
     current = f.worker()
     retried = assign(repository, failed, current.id)
@@ -70,13 +70,13 @@ def test_completions_racing_with_a_stale_worker_have_one_winner(
     outcomes = race_units_of_work(
         repository,
         3,
-        lambda uow, i: uow.complete_step_partition(retried.id, retried.version, worker_of[i]),
+        lambda uow, i: uow.partitions.complete(retried.id, retried.version, worker_of[i]),
     )
     assert [o.ok for o in outcomes].count(True) == 1
     assert isinstance(outcomes[2].error, PartitionWorkerStale)
     assert {type(o.error) for o in outcomes[:2] if not o.ok} == {StaleVersion}
     with repository.begin() as uow:
-        (stored,) = uow.step_partition_plan(f.parent.id)
+        (stored,) = uow.partitions.plan(f.parent.id)
     assert (stored.status, stored.worker_step_execution_id) == (S.COMPLETED, current.id)
 
 
@@ -91,7 +91,7 @@ def test_eight_claimers_never_take_the_same_partition(
         taken: list[str] = []
         while True:
             with repository.begin() as uow:
-                claimed = uow.claim_step_partition(parent)
+                claimed = uow.partitions.claim(parent)
                 uow.commit()
             if claimed is None:
                 return taken
@@ -102,8 +102,8 @@ def test_eight_claimers_never_take_the_same_partition(
     keys = [key for o in outcomes for key in (o.value or [])]
     assert sorted(keys) == [f"k{i:02d}" for i in range(60)]  # each exactly once
     with repository.begin() as uow:
-        stored = uow.step_partition_plan(parent.id)
-        workers = uow.step_executions(f.execution.id)
+        stored = uow.partitions.plan(parent.id)
+        workers = uow.steps.of_execution(f.execution.id)
     assert {p.status for p in stored} == {S.STARTED} and {p.version for p in stored} == {1}
     assert len({p.worker_step_execution_id for p in stored}) == 60
     assert len(workers) == 61  # the parent and one worker step per claim, none wasted
@@ -125,8 +125,8 @@ def test_a_claim_racing_an_assignment_has_one_winner(
             partition_id: int = partition.id,
         ) -> Any:
             if index == 0:
-                return uow.claim_step_partition(f.parent)
-            return uow.assign_step_partition(partition_id, 0, worker_id)
+                return uow.partitions.claim(f.parent)
+            return uow.partitions.assign(partition_id, 0, worker_id)
 
         outcomes = race_units_of_work(repository, 2, act)
         claim, assignment = outcomes
@@ -136,5 +136,5 @@ def test_a_claim_racing_an_assignment_has_one_winner(
             assert claim.ok and claim.value is not None
             assert isinstance(assignment.error, StaleVersion | PartitionUpdateNotAllowed)
         with repository.begin() as uow:
-            (stored,) = uow.step_partition_plan(f.parent.id)
+            (stored,) = uow.partitions.plan(f.parent.id)
         assert stored.version == 1 and stored.status is S.STARTED

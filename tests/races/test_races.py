@@ -53,8 +53,8 @@ def test_l3_eight_concurrent_launches_of_one_key(
         def launch(
             uow: UnitOfWork, index: int, key: JobInstanceKey = key
         ) -> tuple[JobInstanceSelection, JobExecution]:
-            selection = uow.select_or_create_job_instance(key)
-            return selection, uow.create_job_execution(selection.instance.id)
+            selection = uow.instances.select_or_create(key)
+            return selection, uow.executions.create(selection.instance.id)
 
         outcomes = race_units_of_work(repository, racers, launch)
         winners = [o.value for o in outcomes if o.ok and o.value is not None]
@@ -71,19 +71,17 @@ def test_l3_eight_concurrent_launches_of_one_key(
                 "STARTING",
             )
         with repository.begin() as uow:
-            found = uow.find_job_instance(key)
+            found = uow.instances.find(key)
             assert found == selection.instance
-            assert uow.job_executions(found.id) == [execution]
+            assert uow.executions.of_instance(found.id) == [execution]
     assert scalar(admin, "SELECT count(*) FROM pybatch.job_instance") == ITERATIONS
     assert scalar(admin, "SELECT count(*) FROM pybatch.job_execution") == ITERATIONS
 
 
 def failed_instance(repository: JobRepository, clock: ManualClock) -> JobExecution:
     with repository.begin() as uow:
-        execution = uow.create_job_execution(
-            uow.select_or_create_job_instance(new_key()).instance.id
-        )
-        execution = uow.transition_job_execution(
+        execution = uow.executions.create(uow.instances.select_or_create(new_key()).instance.id)
+        execution = uow.executions.transition(
             execution.id, 0, LifecycleTransition.failed(clock.advance(), FAILURE)
         )
         uow.commit()
@@ -98,7 +96,7 @@ def test_l1_two_concurrent_restarts_of_a_failed_instance(
         instance_id = failed.job_instance_id
 
         def restart(uow: UnitOfWork, index: int, instance_id: int = instance_id) -> JobExecution:
-            return uow.create_job_execution(instance_id)
+            return uow.executions.create(instance_id)
 
         outcomes = race_units_of_work(repository, 2, restart)
         [winner] = [o.value for o in outcomes if o.ok]
@@ -108,7 +106,7 @@ def test_l1_two_concurrent_restarts_of_a_failed_instance(
         assert isinstance(loser, ExecutionAlreadyActive), repr(loser)
         assert (loser.execution_id, loser.status) == (winner.id, "STARTING")
         with repository.begin() as uow:
-            executions = uow.job_executions(failed.job_instance_id)
+            executions = uow.executions.of_instance(failed.job_instance_id)
         assert [(e.attempt, e.status) for e in executions] == [(1, S.FAILED), (2, S.STARTING)]
 
 
@@ -116,15 +114,13 @@ def started_pair(
     repository: JobRepository, clock: ManualClock
 ) -> tuple[JobExecution, StepExecution]:
     with repository.begin() as uow:
-        execution = uow.create_job_execution(
-            uow.select_or_create_job_instance(new_key()).instance.id
-        )
+        execution = uow.executions.create(uow.instances.select_or_create(new_key()).instance.id)
         at = clock.advance()
-        execution = uow.transition_job_execution(
+        execution = uow.executions.transition(
             execution.id, 0, LifecycleTransition.new(S.STARTED, at)
         )
-        step = uow.create_step_execution(execution.id, StepName("work"))
-        step = uow.transition_step_execution(step.id, 0, LifecycleTransition.new(S.STARTED, at))
+        step = uow.steps.create(execution.id, StepName("work"))
+        step = uow.steps.transition(step.id, 0, LifecycleTransition.new(S.STARTED, at))
         uow.commit()
     return execution, step
 
@@ -150,8 +146,8 @@ def test_l2_two_transitions_on_the_same_version(
                 expected: int = expected,
             ) -> Any:
                 if kind == "job":
-                    return uow.transition_job_execution(record_id, expected, targets[index])
-                return uow.transition_step_execution(record_id, expected, targets[index])
+                    return uow.executions.transition(record_id, expected, targets[index])
+                return uow.steps.transition(record_id, expected, targets[index])
 
             outcomes = race_units_of_work(repository, 2, move)
             [winner] = [o for o in outcomes if o.ok]
@@ -160,9 +156,7 @@ def test_l2_two_transitions_on_the_same_version(
             assert (loser.expected, loser.actual) == (expected, expected + 1)
             with repository.begin() as uow:
                 stored = (
-                    uow.get_job_execution(record.id)
-                    if kind == "job"
-                    else uow.get_step_execution(record.id)
+                    uow.executions.get(record.id) if kind == "job" else uow.steps.get(record.id)
                 )
             assert stored is not None
             assert stored.version == expected + 1
@@ -177,7 +171,7 @@ def test_l3_two_concurrent_steps_with_one_name(
         execution, _step = started_pair(repository, clock)
 
         def twin(uow: UnitOfWork, index: int, execution_id: int = execution.id) -> StepExecution:
-            return uow.create_step_execution(execution_id, StepName("twin"))
+            return uow.steps.create(execution_id, StepName("twin"))
 
         outcomes = race_units_of_work(repository, 2, twin)
         [winner] = [o.value for o in outcomes if o.ok]
@@ -185,11 +179,11 @@ def test_l3_two_concurrent_steps_with_one_name(
         assert isinstance(loser, DuplicateStep), repr(loser)
         assert (loser.job_execution_id, loser.step_name) == (execution.id, "twin")
         with repository.begin() as uow:
-            assert [s.step_name.value for s in uow.step_executions(execution.id)] == [
+            assert [s.step_name.value for s in uow.steps.of_execution(execution.id)] == [
                 "work",
                 "twin",
             ]
-            assert uow.step_executions(execution.id)[1] == winner
+            assert uow.steps.of_execution(execution.id)[1] == winner
 
 
 def test_l3_four_processes_launch_one_key(
@@ -206,7 +200,7 @@ def test_l3_four_processes_launch_one_key(
     assert refused == ["ExecutionAlreadyActive"] * (processes - 1), results
     key = JobInstanceKey(JobName("process_race"), JobParameters.of({"day": "2026-09-09"}))
     with repository.begin() as uow:
-        instance = uow.find_job_instance(key)
+        instance = uow.instances.find(key)
         assert instance is not None
-        assert [e.id for e in uow.job_executions(instance.id)] == launched
+        assert [e.id for e in uow.executions.of_instance(instance.id)] == launched
     assert scalar(admin, "SELECT count(*) FROM pybatch.job_execution") == 1

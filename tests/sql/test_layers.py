@@ -30,7 +30,6 @@ LAYERS: dict[str, int] = {
     "pybatch._connect_errors": 3,
     "pybatch._transaction": 4,
     "pybatch.repository": 5,
-    "pybatch.capability_defaults": 5,  # base-class answers of the unit of work's operations
     "pybatch.migrator": 6,
     "pybatch.unit_of_work": 6,
     "pybatch.job_repository": 7,

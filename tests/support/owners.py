@@ -20,7 +20,7 @@ TEST_OWNER = OwnerToken(b"\x07" * 16)
 
 def claim_test_owner(uow: UnitOfWork, execution: JobExecution, at: datetime) -> JobExecution:
     """Record TEST_OWNER on a STARTING execution (its lease starts on the database clock)."""
-    return uow.claim_execution_owner(execution.id, execution.version, TEST_OWNER, at)
+    return uow.ownership.claim(execution.id, execution.version, TEST_OWNER, at)
 
 
 def owned_context(step: StepExecution) -> ChunkContext:

@@ -214,8 +214,8 @@ def launch_in_process(
         barrier.wait(DEADLINE_SECONDS)
         try:
             with repository.begin() as uow:
-                instance = uow.select_or_create_job_instance(key).instance
-                execution = uow.create_job_execution(instance.id)
+                instance = uow.instances.select_or_create(key).instance
+                execution = uow.executions.create(instance.id)
                 uow.commit()
         except Exception as error:
             return ("error", type(error).__name__)
