@@ -23,6 +23,7 @@ from pybatch.errors import JobExecutionNotFound
 from pybatch.explorer import JobExplorer
 from pybatch.job_repository import JobRepository
 from pybatch.migrator import installed_schema_version
+from pybatch.values.definitions import LEGACY_REVISION
 from pybatch.values.explorer import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
@@ -34,6 +35,7 @@ from pybatch.values.explorer import (
     recovery_decision_json,
 )
 from pybatch.values.operator import OperatorRecord
+from pybatch.values.state import EMPTY_STATE_SCHEMA
 
 __all__ = ["register"]
 
@@ -129,6 +131,21 @@ def _explorer(args: argparse.Namespace) -> Iterator[JobExplorer]:
 def _page_args(args: argparse.Namespace) -> tuple[PageSize, Cursor | None]:
     size = PageSize(args.limit)
     return size, None if args.after is None else _cursor(args.after)
+
+
+#: Stored names older than pybatch's own naming, as `pybatch show` prints them. The stored
+#: values never change: they are inputs of digests already recorded (a definition's
+#: fingerprint, a state envelope's checksum), so only what an operator reads is renamed.
+#: `--json` keeps the stored values.
+_SHOWN_NAMES = {
+    LEGACY_REVISION: "pybatch default definition",
+    EMPTY_STATE_SCHEMA.value: "empty",
+}
+
+
+def _shown(name: str) -> str:
+    """A stored definition revision or state schema as an operator reads it."""
+    return _SHOWN_NAMES.get(name, name)
 
 
 def _instant(value: _dt.datetime | None) -> str:
@@ -346,12 +363,12 @@ def _show(args: argparse.Namespace) -> int:
         ("owner", "recorded" if execution.owner_recorded else "none recorded"),
         (
             "definition",
-            f"{execution.definition.revision} (manifest format "
+            f"{_shown(execution.definition.revision)} (manifest format "
             f"{execution.definition.manifest_format})",
         ),
         (
             "context",
-            f"{execution.context.schema_id} v{execution.context.schema_version}, "
+            f"{_shown(execution.context.schema_id)} v{execution.context.schema_version}, "
             f"{execution.context.encoded_len} bytes",
         ),
     ]
@@ -381,7 +398,7 @@ def _show(args: argparse.Namespace) -> int:
                     str(step.counts.read),
                     str(step.counts.written),
                     str(step.counts.commits),
-                    f"{step.checkpoint.schema_id} v{step.checkpoint.schema_version}, "
+                    f"{_shown(step.checkpoint.schema_id)} v{step.checkpoint.schema_version}, "
                     f"{step.checkpoint.encoded_len} bytes",
                     "-" if step.failure is None else step.failure.category.value,
                 ]

@@ -48,7 +48,9 @@ MANIFEST_FORMAT_ONE_STEP = 1
 MANIFEST_FORMAT_FLOW = 2
 #: Manifest format of a local-scale (split / partition) plan; the newest supported.
 MANIFEST_FORMAT_LOCAL_SCALE = 3
-#: Revision of the legacy definition used by launches without a definition.
+#: Revision of the legacy definition used by launches without a definition. The name is
+#: older than pybatch's own and stays: it is an input of every stored default definition's
+#: fingerprint (`pybatch show` prints it as "pybatch default definition").
 LEGACY_REVISION = "__m1_repository_port_v1"
 #: Canonical manifest bytes of the legacy definition (frozen, durable).
 LEGACY_MANIFEST = b'{"format":1,"repository_port":"m1","revision":"__m1_repository_port_v1"}'

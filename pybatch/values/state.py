@@ -54,7 +54,9 @@ CHECKPOINT_FORMAT = "oxide-batch.checkpoint"
 EXECUTION_CONTEXT_FORMAT = "oxide-batch.execution-context"
 #: The only envelope format version.
 STATE_FORMAT_VERSION = 1
-#: Schema of the default (empty) state of new steps and of every job execution's context.
+#: Schema of the default (empty) state of new steps and of every job execution's context. The
+#: name is older than pybatch's own and stays: stored envelopes and their checksums carry it
+#: (`pybatch show` prints it as "empty").
 EMPTY_STATE_SCHEMA = StateSchemaId("oxide_batch.empty.v1")
 
 #: The largest schema version the `*_schema_version` columns (integer) hold; a version above it

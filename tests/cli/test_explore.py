@@ -142,6 +142,10 @@ def test_instances_executions_show_and_unresolved(
     table = run("show", str(beta.id), dsn=db_dsn)
     assert table.returncode == 0
     assert "FAILED" in table.stdout and "USER_COMPONENT" in table.stdout
+    # Stored names from before pybatch's own naming read as pybatch's in the table.
+    assert "pybatch default definition (manifest format" in table.stdout
+    assert "empty v1" in table.stdout
+    assert "__m1" not in table.stdout and "oxide_batch" not in table.stdout
     for command in (["jobs"], ["instances", "alpha"], ["executions", str(beta.job_instance_id)]):
         result = run(*command, dsn=db_dsn)
         assert result.returncode == 0, result.stderr
