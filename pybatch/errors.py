@@ -30,6 +30,7 @@ connection string (docs/contract.md, Redaction).
 
 from __future__ import annotations
 
+import enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
@@ -55,6 +56,44 @@ class PyBatchError(Exception):
 
 def _rebuild(cls: type[PyBatchError], fields: dict[str, Any]) -> PyBatchError:
     return cls(**fields)
+
+
+class TextRule(enum.Enum):
+    """The rule a validated text value broke; the value itself is never reported."""
+
+    EMPTY = "empty"
+    TOO_LONG = "too long"
+    SURROUNDING_WHITESPACE = "surrounding whitespace"
+    CONTROL_CHARACTER = "control character"
+    #: Request fields allow `[A-Za-z0-9._:-]` only: white space and controls alike.
+    INVALID_CHARACTER = "invalid character"
+
+
+class _BrokenTextRule:
+    """One error class per family for every text rule: `subject` then what `rule` says.
+
+    Callers catch the family's class and read `rule`; the message names the subject, the
+    rule and a bound or position, never the value.
+    """
+
+    subject: ClassVar[str]
+    rule: TextRule
+    max_bytes: int | None
+    character_index: int | None = None
+
+    def __str__(self) -> str:
+        fields = attrs.asdict(self, recurse=False)  # type: ignore[arg-type]
+        subject = self.subject.format(**fields)
+        if self.rule is TextRule.EMPTY:
+            return f"{subject} is empty"
+        if self.rule is TextRule.TOO_LONG:
+            return f"{subject} exceeds {self.max_bytes} bytes"
+        if self.rule is TextRule.SURROUNDING_WHITESPACE:
+            return f"{subject} has surrounding whitespace"
+        if self.rule is TextRule.INVALID_CHARACTER:
+            return f"{subject} contains an invalid character"
+        at = "" if self.character_index is None else f" at index {self.character_index}"
+        return f"{subject} contains a control character{at}"
 
 
 # --------------------------------------------------------------------------------- RepositoryError
@@ -523,37 +562,17 @@ class DomainError(PyBatchError):
 
 
 @_error
-class EmptyName(DomainError):
-    """A name is empty."""
+class NameInvalid(_BrokenTextRule, DomainError):
+    """A name breaks a text rule: empty, too long, surrounding white space, a control character.
 
-    message = "{kind} name is empty"
+    `character_index` locates a control character; the character itself is never shown.
+    """
+
+    subject = "{kind} name"
     kind: str
-
-
-@_error
-class NameTooLong(DomainError):
-    """A name is longer than its byte bound."""
-
-    message = "{kind} name exceeds {max_bytes} bytes"
-    kind: str
-    max_bytes: int
-
-
-@_error
-class NameHasSurroundingWhitespace(DomainError):
-    """A name starts or ends with white space."""
-
-    message = "{kind} name has surrounding whitespace"
-    kind: str
-
-
-@_error
-class NameContainsControl(DomainError):
-    """A name contains a control character."""
-
-    message = "{kind} name contains a control character at index {character_index}"
-    kind: str
-    character_index: int
+    rule: TextRule
+    max_bytes: int | None = None
+    character_index: int | None = None
 
 
 @_error
@@ -768,36 +787,13 @@ class DefinitionError(PyBatchError):
 
 
 @_error
-class EmptyToken(DefinitionError):
-    """A definition token is empty."""
+class TokenInvalid(_BrokenTextRule, DefinitionError):
+    """A definition token (revision, node id...) breaks a text rule."""
 
-    message = "{kind} is empty"
+    subject = "{kind}"
     kind: str
-
-
-@_error
-class TokenTooLong(DefinitionError):
-    """A definition token exceeds 128 bytes."""
-
-    message = "{kind} exceeds {max_bytes} bytes"
-    kind: str
-    max_bytes: int
-
-
-@_error
-class TokenHasSurroundingWhitespace(DefinitionError):
-    """A definition token starts or ends with white space."""
-
-    message = "{kind} has surrounding whitespace"
-    kind: str
-
-
-@_error
-class TokenContainsControl(DefinitionError):
-    """A definition token contains a control character."""
-
-    message = "{kind} contains a control character"
-    kind: str
+    rule: TextRule
+    max_bytes: int | None = None
 
 
 @_error
@@ -870,6 +866,15 @@ class StateError(PyBatchError):
     """
 
     message = "invalid durable state envelope"
+
+
+@_error
+class SchemaIdInvalid(_BrokenTextRule, StateError):
+    """A state schema identifier breaks a text rule."""
+
+    subject = "state schema identifier"
+    rule: TextRule
+    max_bytes: int | None = None
 
 
 @_error
@@ -954,35 +959,6 @@ class InvalidStateDepthLimit(StateError):
 
     message = "state depth limit must be between 1 and {maximum}"
     maximum: int
-
-
-@_error
-class EmptySchemaId(StateError):
-    """A state schema identifier is empty."""
-
-    message = "state schema identifier is empty"
-
-
-@_error
-class SchemaIdTooLong(StateError):
-    """A state schema identifier exceeds its byte bound."""
-
-    message = "state schema identifier exceeds {max_bytes} bytes"
-    max_bytes: int
-
-
-@_error
-class SchemaIdHasSurroundingWhitespace(StateError):
-    """A state schema identifier starts or ends with white space."""
-
-    message = "state schema identifier has surrounding whitespace"
-
-
-@_error
-class SchemaIdContainsControl(StateError):
-    """A state schema identifier contains a control character."""
-
-    message = "state schema identifier contains a control character"
 
 
 @_error
@@ -1079,49 +1055,13 @@ class RecoveryRequestError(PyBatchError):
 
 
 @_error
-class RecoveryFieldInvalid(RecoveryRequestError):
+class RecoveryFieldInvalid(_BrokenTextRule, RecoveryRequestError):
     """A recovery reason code or operator reference broke a text rule."""
 
-    message = "recovery {field} is invalid: {rule}"
+    subject = "recovery {field}"
     field: str
-    rule: str
-
-
-# The contract's RecoveryRequestError variants (docs/contract.md, Recovery vocabulary); each is a
-# RecoveryFieldInvalid.
-
-
-@_error
-class RecoveryRequestEmpty(RecoveryFieldInvalid):
-    """A recovery text field is empty."""
-
-    message = "recovery {field} is empty"
-    rule: str = "empty"
-
-
-@_error
-class RecoveryRequestTooLong(RecoveryFieldInvalid):
-    """A recovery text field exceeds its byte bound."""
-
-    message = "recovery {field} exceeds {max_bytes} bytes"
-    max_bytes: int
-    rule: str = "too long"
-
-
-@_error
-class RecoveryRequestSurroundingWhitespace(RecoveryFieldInvalid):
-    """A recovery text field starts or ends with white space."""
-
-    message = "recovery {field} has surrounding whitespace"
-    rule: str = "surrounding whitespace"
-
-
-@_error
-class RecoveryRequestControlCharacter(RecoveryFieldInvalid):
-    """A recovery text field contains a control character."""
-
-    message = "recovery {field} contains a control character"
-    rule: str = "control character"
+    rule: TextRule
+    max_bytes: int | None = None
 
 
 @_error
@@ -1141,28 +1081,13 @@ class RequestFieldError(PyBatchError):
 
 
 @_error
-class RequestFieldEmpty(RequestFieldError):
-    """A request field is empty."""
+class RequestFieldInvalid(_BrokenTextRule, RequestFieldError):
+    """An actor, reason code or operation id is empty, too long or has an invalid character."""
 
-    message = "{field} is empty"
+    subject = "{field}"
     field: str
-
-
-@_error
-class RequestFieldTooLong(RequestFieldError):
-    """A request field exceeds its byte bound."""
-
-    message = "{field} exceeds {max_bytes} bytes"
-    field: str
-    max_bytes: int
-
-
-@_error
-class RequestFieldInvalidCharacter(RequestFieldError):
-    """A request field contains a character outside its charset."""
-
-    message = "{field} contains an invalid character"
-    field: str
+    rule: TextRule
+    max_bytes: int | None = None
 
 
 # ----------------------------------------------------------------------------------- OperatorError
@@ -1704,12 +1629,9 @@ __all__ = [
     "DuplicateTargetStep",
     "EmptyCaCertificate",
     "EmptyConnectionString",
-    "EmptyName",
     "EmptyPartitionPlan",
-    "EmptySchemaId",
     "EmptyStatusSet",
     "EmptyStepMapping",
-    "EmptyToken",
     "EnvironmentValueInvalid",
     "ExecutionAlreadyActive",
     "ExecutionOwned",
@@ -1759,9 +1681,7 @@ __all__ = [
     "MigrationLockTimeout",
     "MigrationRequired",
     "NaiveTimestamp",
-    "NameContainsControl",
-    "NameHasSurroundingWhitespace",
-    "NameTooLong",
+    "NameInvalid",
     "NegativeIdentifier",
     "NewerSchema",
     "NonTerminalStatus",
@@ -1793,27 +1713,19 @@ __all__ = [
     "RecoveryEvidenceDigestInvalid",
     "RecoveryFieldInvalid",
     "RecoveryNotAllowed",
-    "RecoveryRequestControlCharacter",
-    "RecoveryRequestEmpty",
     "RecoveryRequestError",
-    "RecoveryRequestSurroundingWhitespace",
-    "RecoveryRequestTooLong",
     "Rejected",
     "RepositoryDomainError",
     "RepositoryError",
-    "RequestFieldEmpty",
     "RequestFieldError",
-    "RequestFieldInvalidCharacter",
-    "RequestFieldTooLong",
+    "RequestFieldInvalid",
     "ResponseTooLarge",
     "RestartRequiresNewAttempt",
     "RestartStateNotFound",
     "RetentionError",
     "RetentionPlanStale",
     "RetryableConflict",
-    "SchemaIdContainsControl",
-    "SchemaIdHasSurroundingWhitespace",
-    "SchemaIdTooLong",
+    "SchemaIdInvalid",
     "SchemaUninitialized",
     "StaleReservation",
     "StaleThresholdOutOfRange",
@@ -1833,13 +1745,12 @@ __all__ = [
     "StopRequested",
     "TextContainsNul",
     "TextNotUtf8",
+    "TextRule",
     "TimeoutOutOfBounds",
     "TimestampOutOfRange",
     "TlsOptionInConnectionString",
     "TlsVerificationFailed",
-    "TokenContainsControl",
-    "TokenHasSurroundingWhitespace",
-    "TokenTooLong",
+    "TokenInvalid",
     "TransactionAborted",
     "Unavailable",
     "UnitOfWorkAttempts",

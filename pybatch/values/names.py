@@ -9,7 +9,6 @@ as the Rust seeds'. Errors never carry the value itself (docs/contract.md, Redac
 
 from __future__ import annotations
 
-import enum
 import re
 import unicodedata
 from typing import ClassVar
@@ -17,22 +16,12 @@ from typing import ClassVar
 import attrs
 
 from pybatch.errors import (
-    EmptyName,
-    EmptySchemaId,
-    EmptyToken,
-    NameContainsControl,
-    NameHasSurroundingWhitespace,
-    NameTooLong,
-    RequestFieldEmpty,
-    RequestFieldInvalidCharacter,
-    RequestFieldTooLong,
-    SchemaIdContainsControl,
-    SchemaIdHasSurroundingWhitespace,
-    SchemaIdTooLong,
+    NameInvalid,
+    RequestFieldInvalid,
+    SchemaIdInvalid,
     TextNotUtf8,
-    TokenContainsControl,
-    TokenHasSurroundingWhitespace,
-    TokenTooLong,
+    TextRule,
+    TokenInvalid,
 )
 
 __all__ = [
@@ -69,33 +58,26 @@ UNICODE_WHITE_SPACE = frozenset(
 )
 
 
-class _Rule(enum.Enum):
-    """The first validation rule a text value breaks."""
+def _first_violation(value: str, max_bytes: int) -> tuple[TextRule | None, int] | None:
+    """The first broken rule (and a control character's index), in the order names check them.
 
-    EMPTY = enum.auto()
-    TOO_LONG = enum.auto()
-    WHITESPACE = enum.auto()
-    CONTROL = enum.auto()
-    NOT_UTF8 = enum.auto()
-
-
-def _first_violation(value: str, max_bytes: int) -> tuple[_Rule, int] | None:
-    """Return the first broken rule (and the control character's index), in contract order."""
+    (None, 0) is a lone surrogate, which is not UTF-8 (TextNotUtf8 rather than a text rule).
+    """
     if type(value) is not str:
         raise TypeError("a validated text value takes a str")
     if not value:
-        return (_Rule.EMPTY, 0)
+        return (TextRule.EMPTY, 0)
     # surrogatepass: a lone surrogate counts its 3 bytes here and is refused below.
     if len(value.encode("utf-8", "surrogatepass")) > max_bytes:
-        return (_Rule.TOO_LONG, 0)
+        return (TextRule.TOO_LONG, 0)
     if value[0] in UNICODE_WHITE_SPACE or value[-1] in UNICODE_WHITE_SPACE:
-        return (_Rule.WHITESPACE, 0)
+        return (TextRule.SURROUNDING_WHITESPACE, 0)
     for index, character in enumerate(value):
         if unicodedata.category(character) == "Cc":
-            return (_Rule.CONTROL, index)
+            return (TextRule.CONTROL_CHARACTER, index)
     for character in value:
         if unicodedata.category(character) == "Cs":
-            return (_Rule.NOT_UTF8, 0)
+            return (None, 0)
     return None
 
 
@@ -132,15 +114,14 @@ class _Name(_Text):
         if violation is None:
             return
         rule, index = violation
-        if rule is _Rule.EMPTY:
-            raise EmptyName(kind=cls._KIND)
-        if rule is _Rule.TOO_LONG:
-            raise NameTooLong(kind=cls._KIND, max_bytes=cls._MAX_BYTES)
-        if rule is _Rule.WHITESPACE:
-            raise NameHasSurroundingWhitespace(kind=cls._KIND)
-        if rule is _Rule.CONTROL:
-            raise NameContainsControl(kind=cls._KIND, character_index=index)
-        raise TextNotUtf8(kind=f"{cls._KIND} name")
+        if rule is None:
+            raise TextNotUtf8(kind=f"{cls._KIND} name")
+        raise NameInvalid(
+            kind=cls._KIND,
+            rule=rule,
+            max_bytes=cls._MAX_BYTES if rule is TextRule.TOO_LONG else None,
+            character_index=index if rule is TextRule.CONTROL_CHARACTER else None,
+        )
 
 
 @attrs.frozen(order=True)
@@ -205,15 +186,10 @@ class _DefinitionToken(_Text):
         if violation is None:
             return
         rule = violation[0]
-        if rule is _Rule.EMPTY:
-            raise EmptyToken(kind=cls._KIND)
-        if rule is _Rule.TOO_LONG:
-            raise TokenTooLong(kind=cls._KIND, max_bytes=TOKEN_MAX_BYTES)
-        if rule is _Rule.WHITESPACE:
-            raise TokenHasSurroundingWhitespace(kind=cls._KIND)
-        if rule is _Rule.CONTROL:
-            raise TokenContainsControl(kind=cls._KIND)
-        raise TextNotUtf8(kind=cls._KIND)
+        if rule is None:
+            raise TextNotUtf8(kind=cls._KIND)
+        bound = TOKEN_MAX_BYTES if rule is TextRule.TOO_LONG else None
+        raise TokenInvalid(kind=cls._KIND, rule=rule, max_bytes=bound)
 
 
 @attrs.frozen(order=True)
@@ -277,15 +253,10 @@ class StateSchemaId(_Text):
         if violation is None:
             return
         rule = violation[0]
-        if rule is _Rule.EMPTY:
-            raise EmptySchemaId()
-        if rule is _Rule.TOO_LONG:
-            raise SchemaIdTooLong(max_bytes=TOKEN_MAX_BYTES)
-        if rule is _Rule.WHITESPACE:
-            raise SchemaIdHasSurroundingWhitespace()
-        if rule is _Rule.CONTROL:
-            raise SchemaIdContainsControl()
-        raise TextNotUtf8(kind="state schema identifier")
+        if rule is None:
+            raise TextNotUtf8(kind="state schema identifier")
+        bound = TOKEN_MAX_BYTES if rule is TextRule.TOO_LONG else None
+        raise SchemaIdInvalid(rule=rule, max_bytes=bound)
 
 
 # --------------------------------------------------------------------------- request fields
@@ -304,11 +275,13 @@ class _RequestField(_Text):
         if type(value) is not str:
             raise TypeError("a validated text value takes a str")
         if not value:
-            raise RequestFieldEmpty(field=cls._FIELD)
+            raise RequestFieldInvalid(field=cls._FIELD, rule=TextRule.EMPTY)
         if len(value.encode("utf-8", "surrogatepass")) > cls._MAX_BYTES:
-            raise RequestFieldTooLong(field=cls._FIELD, max_bytes=cls._MAX_BYTES)
+            raise RequestFieldInvalid(
+                field=cls._FIELD, rule=TextRule.TOO_LONG, max_bytes=cls._MAX_BYTES
+            )
         if cls._CHARSET.fullmatch(value) is None:
-            raise RequestFieldInvalidCharacter(field=cls._FIELD)
+            raise RequestFieldInvalid(field=cls._FIELD, rule=TextRule.INVALID_CHARACTER)
 
 
 @attrs.frozen(order=True)

@@ -15,14 +15,13 @@ import attrs
 
 from pybatch.errors import (
     CountExhausted,
-    EmptyName,
-    NameContainsControl,
-    NameTooLong,
+    NameInvalid,
     PartitionContextTooLarge,
     StaleVersion,
     StateTooDeep,
     StateTooLarge,
     TextNotUtf8,
+    TextRule,
 )
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.ids import IdentifierKind, check_identifier, check_version
@@ -72,11 +71,15 @@ def _check_key(instance: object, attribute: attrs.Attribute[str], value: str) ->
     if type(value) is not str:
         raise TypeError("a partition key is a str")
     if not value:
-        raise EmptyName(kind="partition key")
+        raise NameInvalid(kind="partition key", rule=TextRule.EMPTY)
     if len(value.encode("utf-8", "surrogatepass")) > _KEY_MAX_BYTES:
-        raise NameTooLong(kind="partition key", max_bytes=_KEY_MAX_BYTES)
+        raise NameInvalid(kind="partition key", rule=TextRule.TOO_LONG, max_bytes=_KEY_MAX_BYTES)
     if "\x00" in value:
-        raise NameContainsControl(kind="partition key", character_index=value.index("\x00"))
+        raise NameInvalid(
+            kind="partition key",
+            rule=TextRule.CONTROL_CHARACTER,
+            character_index=value.index("\x00"),
+        )
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
@@ -88,7 +91,7 @@ class PartitionKey:
     """A partition's key within its plan: byte-exact, whitespace kept, 1..128 bytes, no NUL.
 
     Raises:
-        EmptyName, NameTooLong, NameContainsControl (NUL), TextNotUtf8.
+        NameInvalid (empty, too long, a NUL control character), TextNotUtf8.
     """
 
     value: str = attrs.field(validator=_check_key)

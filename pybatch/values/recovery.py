@@ -19,10 +19,8 @@ from pybatch.config import (
 )
 from pybatch.errors import (
     RecoveryEvidenceDigestInvalid,
-    RecoveryRequestControlCharacter,
-    RecoveryRequestEmpty,
-    RecoveryRequestSurroundingWhitespace,
-    RecoveryRequestTooLong,
+    RecoveryFieldInvalid,
+    TextRule,
 )
 from pybatch.values.ids import IdentifierKind, check_version, identifier_validator
 from pybatch.values.names import UNICODE_WHITE_SPACE
@@ -60,13 +58,13 @@ def _check_text(field: str, value: str, max_bytes: int) -> None:
     if type(value) is not str:
         raise TypeError(f"{field} is a str")
     if not value:
-        raise RecoveryRequestEmpty(field=field)
+        raise RecoveryFieldInvalid(field=field, rule=TextRule.EMPTY)
     if len(value.encode("utf-8")) > max_bytes:
-        raise RecoveryRequestTooLong(field=field, max_bytes=max_bytes)
+        raise RecoveryFieldInvalid(field=field, rule=TextRule.TOO_LONG, max_bytes=max_bytes)
     if value[0] in UNICODE_WHITE_SPACE or value[-1] in UNICODE_WHITE_SPACE:
-        raise RecoveryRequestSurroundingWhitespace(field=field)
+        raise RecoveryFieldInvalid(field=field, rule=TextRule.SURROUNDING_WHITESPACE)
     if any(unicodedata.category(character) == "Cc" for character in value):
-        raise RecoveryRequestControlCharacter(field=field)
+        raise RecoveryFieldInvalid(field=field, rule=TextRule.CONTROL_CHARACTER)
 
 
 @attrs.frozen(kw_only=True, repr=False)

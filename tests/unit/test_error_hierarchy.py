@@ -249,8 +249,19 @@ CATALOGUE_FAMILIES: dict[str, type[errors.PyBatchError] | None] = {
 #: namespace, so a bare `TooLarge`, `Empty` or `Unavailable` would be ambiguous or clash with
 #: another family's leaf. The renamed leaves carry their family in their name.
 RENAMED: dict[str, str] = {
-    "DefinitionError.SurroundingWhitespace": "TokenHasSurroundingWhitespace",
-    "DefinitionError.ControlCharacter": "TokenContainsControl",
+    # One class per family for the four text rules, `rule` a TextRule naming which one.
+    "DomainError.EmptyName": "NameInvalid",
+    "DomainError.NameTooLong": "NameInvalid",
+    "DomainError.NameHasSurroundingWhitespace": "NameInvalid",
+    "DomainError.NameContainsControl": "NameInvalid",
+    "DefinitionError.EmptyToken": "TokenInvalid",
+    "DefinitionError.TokenTooLong": "TokenInvalid",
+    "DefinitionError.SurroundingWhitespace": "TokenInvalid",
+    "DefinitionError.ControlCharacter": "TokenInvalid",
+    "StateError.EmptySchemaId": "SchemaIdInvalid",
+    "StateError.SchemaIdTooLong": "SchemaIdInvalid",
+    "StateError.SchemaIdHasSurroundingWhitespace": "SchemaIdInvalid",
+    "StateError.SchemaIdContainsControl": "SchemaIdInvalid",
     "ManifestError.MissingFormat": "UnsupportedManifestVersion",  # with format=0
     "ManifestError.UnsupportedFormat": "UnsupportedManifestVersion",
     # One class for "manifest parse/canonical/float/digest errors"; `reason` names the rule.
@@ -277,17 +288,17 @@ RENAMED: dict[str, str] = {
     "FaultStateError.Corrupt": "FaultStateCorrupt",
     "FaultStateError.Unavailable": "FaultStateUnavailable",
     "FaultStateError.CommitOutcomeUnknown": "FaultStateCommitOutcomeUnknown",
-    # The four recovery text rules carry the family in their name; each is also a
-    # RecoveryFieldInvalid{field, rule}, their common base.
-    "RecoveryRequestError.Empty": "RecoveryRequestEmpty",
-    "RecoveryRequestError.TooLong": "RecoveryRequestTooLong",
-    "RecoveryRequestError.SurroundingWhitespace": "RecoveryRequestSurroundingWhitespace",
-    "RecoveryRequestError.ControlCharacter": "RecoveryRequestControlCharacter",
+    # The four recovery text rules: RecoveryFieldInvalid{field, rule}.
+    "RecoveryRequestError.Empty": "RecoveryFieldInvalid",
+    "RecoveryRequestError.TooLong": "RecoveryFieldInvalid",
+    "RecoveryRequestError.SurroundingWhitespace": "RecoveryFieldInvalid",
+    "RecoveryRequestError.ControlCharacter": "RecoveryFieldInvalid",
     # The DomainError is the `error` field and the __cause__.
     "Domain(DomainError)": "RepositoryDomainError",
-    "RequestFieldError.Empty": "RequestFieldEmpty",
-    "RequestFieldError.TooLong": "RequestFieldTooLong",
-    "RequestFieldError.InvalidCharacter": "RequestFieldInvalidCharacter",
+    # The three request-field rules: RequestFieldInvalid{field, rule}.
+    "RequestFieldError.Empty": "RequestFieldInvalid",
+    "RequestFieldError.TooLong": "RequestFieldInvalid",
+    "RequestFieldError.InvalidCharacter": "RequestFieldInvalid",
     "ChunkTransactionError.CommitOutcomeUnknown": "ChunkCommitOutcomeUnknown",
     "ConfigError.Timeout": "TimeoutOutOfBounds",
     # The retention family has its own AgeBoundTooSmall and the repository its Unavailable.
@@ -343,7 +354,6 @@ PYBATCH_ONLY: dict[str, Families] = {
     "TextContainsNul": DOMAIN,  # PostgreSQL text and jsonb cannot store U+0000
     "StateSchemaVersionNotStorable": DOMAIN,  # u32 versions in integer columns
     "TimestampOutOfRange": DOMAIN,  # an aware instant beyond Python's UTC datetimes
-    "RecoveryFieldInvalid": RECOVERY_REQUEST,  # the base of the four recovery text rules
     "RecoveryEvidenceDigestInvalid": RECOVERY_REQUEST,  # the evidence digest is exactly 32 bytes
     "InvalidTlsMode": CONFIG,  # typed refusals instead of a TypeError echoing the value
     "CaCertificateNotBytes": CONFIG,
@@ -398,7 +408,11 @@ def _class_name(row: str) -> str:
 
 CONTRACT_ROWS = {**REPOSITORY_ROWS, **FAMILY_ROWS}
 DEFINED_ROWS = [key for key in CONTRACT_ROWS if _row(key)[0] not in NOT_DEFINED]
-ERROR_CLASSES = [getattr(errors, name) for name in errors.__all__]
+ERROR_CLASSES = [
+    cls
+    for cls in (getattr(errors, name) for name in errors.__all__)
+    if isinstance(cls, type) and issubclass(cls, BaseException)
+]
 
 
 def _families_of(cls: type) -> set[type[errors.PyBatchError]]:
@@ -485,7 +499,7 @@ def test_all_lists_exactly_the_exception_classes_defined_in_the_module() -> None
         and issubclass(value, BaseException)
         and value.__module__ == errors.__name__
     }
-    assert set(errors.__all__) == defined
+    assert set(errors.__all__) == defined | {"TextRule"}  # the text rules' `rule` values
     assert list(errors.__all__) == sorted(set(errors.__all__))
 
 
@@ -553,7 +567,8 @@ def test_refusals_never_show_a_redacted_input(build: Callable[[], object]) -> No
 
 def test_name_control_error_reports_the_index_not_the_character() -> None:
     error = _refusal(lambda: JobName("ab\x1bc"))
-    assert isinstance(error, errors.NameContainsControl)
+    assert isinstance(error, errors.NameInvalid)
+    assert error.rule is errors.TextRule.CONTROL_CHARACTER
     assert error.character_index == 2
     assert "2" in str(error)
 

@@ -7,6 +7,7 @@ import pickle
 import pytest
 
 from pybatch import errors
+from pybatch.errors import TextRule
 from pybatch.values.names import (
     UNICODE_WHITE_SPACE,
     ActorRef,
@@ -22,23 +23,24 @@ from pybatch.values.names import (
     StateSchemaId,
     StepName,
 )
+from tests.support.text_rules import broken_rule
 
 NAME_KINDS = [(JobName, "job"), (StepName, "step"), (ParameterName, "parameter")]
 
 
 @pytest.mark.parametrize(("cls", "kind"), NAME_KINDS)
 def test_a1_name_rules_in_contract_order(cls: type[JobName], kind: str) -> None:
-    with pytest.raises(errors.EmptyName) as empty:
+    with broken_rule(errors.NameInvalid, TextRule.EMPTY) as empty:
         cls("")
     assert empty.value.kind == kind
-    with pytest.raises(errors.NameTooLong) as long:
+    with broken_rule(errors.NameInvalid, TextRule.TOO_LONG) as long:
         cls("a" * 129)
     assert (long.value.kind, long.value.max_bytes) == (kind, 128)
-    with pytest.raises(errors.NameHasSurroundingWhitespace):
+    with broken_rule(errors.NameInvalid, TextRule.SURROUNDING_WHITESPACE):
         cls(" a")
-    with pytest.raises(errors.NameHasSurroundingWhitespace):
+    with broken_rule(errors.NameInvalid, TextRule.SURROUNDING_WHITESPACE):
         cls("a\u3000")
-    with pytest.raises(errors.NameContainsControl) as control:
+    with broken_rule(errors.NameInvalid, TextRule.CONTROL_CHARACTER) as control:
         cls("a\x07b")
     assert control.value.character_index == 1
     assert "\x07" not in str(control.value)
@@ -48,20 +50,20 @@ def test_a1_multibyte_name_counts_bytes_not_characters() -> None:
     accepted = "가" * 42 + "ab"  # 42 * 3 + 2 = 128 bytes
     assert len(accepted.encode()) == 128
     assert JobName(accepted).value == accepted
-    with pytest.raises(errors.NameTooLong):
+    with broken_rule(errors.NameInvalid, TextRule.TOO_LONG):
         JobName("가" * 43)  # 129 bytes, 43 characters
 
 
 def test_order_too_long_wins_over_whitespace_and_control() -> None:
-    with pytest.raises(errors.NameTooLong):
+    with broken_rule(errors.NameInvalid, TextRule.TOO_LONG):
         JobName(" " + "\x07" * 200)
-    with pytest.raises(errors.NameHasSurroundingWhitespace):
+    with broken_rule(errors.NameInvalid, TextRule.SURROUNDING_WHITESPACE):
         JobName(" a\x07")
 
 
 def test_whitespace_uses_the_unicode_white_space_set_not_str_strip() -> None:
     # U+001C..U+001F are stripped by str.strip() but are not White_Space: they are controls.
-    with pytest.raises(errors.NameContainsControl) as error:
+    with broken_rule(errors.NameInvalid, TextRule.CONTROL_CHARACTER) as error:
         JobName("\x1ca")
     assert error.value.character_index == 0
     for character in [
@@ -83,7 +85,7 @@ def test_whitespace_uses_the_unicode_white_space_set_not_str_strip() -> None:
         "\u3000",
     ]:
         assert character in UNICODE_WHITE_SPACE
-        with pytest.raises(errors.NameHasSurroundingWhitespace):
+        with broken_rule(errors.NameInvalid, TextRule.SURROUNDING_WHITESPACE):
             JobName(f"a{character}")
     assert "\u200b" not in UNICODE_WHITE_SPACE  # zero width space is not White_Space
     assert JobName("a\u200b").value == "a\u200b"
@@ -91,7 +93,7 @@ def test_whitespace_uses_the_unicode_white_space_set_not_str_strip() -> None:
 
 def test_inner_whitespace_is_allowed_and_control_index_is_a_character_index() -> None:
     assert JobName("daily load").value == "daily load"
-    with pytest.raises(errors.NameContainsControl) as error:
+    with broken_rule(errors.NameInvalid, TextRule.CONTROL_CHARACTER) as error:
         JobName("서울\x7fx")
     assert error.value.character_index == 2
 
@@ -103,7 +105,7 @@ def test_unpaired_surrogate_is_refused() -> None:
 
 def test_a2_exit_code_bound_is_64_bytes() -> None:
     assert ExitCode("E" * 64).value == "E" * 64
-    with pytest.raises(errors.NameTooLong) as error:
+    with broken_rule(errors.NameInvalid, TextRule.TOO_LONG) as error:
         ExitCode("E" * 65)
     assert (error.value.kind, error.value.max_bytes) == ("exit code", 64)
     assert [
@@ -141,29 +143,29 @@ def test_non_str_is_a_programmer_error() -> None:
     ],
 )
 def test_definition_tokens_raise_definition_errors(cls: type[NodeId], kind: str) -> None:
-    with pytest.raises(errors.EmptyToken) as empty:
+    with broken_rule(errors.TokenInvalid, TextRule.EMPTY) as empty:
         cls("")
     assert empty.value.kind == kind
-    with pytest.raises(errors.TokenTooLong) as long:
+    with broken_rule(errors.TokenInvalid, TextRule.TOO_LONG) as long:
         cls("x" * 129)
     assert long.value.max_bytes == 128
-    with pytest.raises(errors.TokenHasSurroundingWhitespace):
+    with broken_rule(errors.TokenInvalid, TextRule.SURROUNDING_WHITESPACE):
         cls("x ")
-    with pytest.raises(errors.TokenContainsControl):
+    with broken_rule(errors.TokenInvalid, TextRule.CONTROL_CHARACTER):
         cls("x\ny")
     assert isinstance(long.value, errors.DefinitionError)
     assert cls("x" * 128).value == "x" * 128
 
 
 def test_state_schema_id_raises_state_errors() -> None:
-    with pytest.raises(errors.EmptySchemaId):
+    with broken_rule(errors.SchemaIdInvalid, TextRule.EMPTY):
         StateSchemaId("")
-    with pytest.raises(errors.SchemaIdTooLong) as long:
+    with broken_rule(errors.SchemaIdInvalid, TextRule.TOO_LONG) as long:
         StateSchemaId("s" * 129)
     assert long.value.max_bytes == 128
-    with pytest.raises(errors.SchemaIdHasSurroundingWhitespace):
+    with broken_rule(errors.SchemaIdInvalid, TextRule.SURROUNDING_WHITESPACE):
         StateSchemaId(" s")
-    with pytest.raises(errors.SchemaIdContainsControl):
+    with broken_rule(errors.SchemaIdInvalid, TextRule.CONTROL_CHARACTER):
         StateSchemaId("s\x00")
     assert isinstance(long.value, errors.StateError)
     assert StateSchemaId("oxide_batch.empty.v1").value == "oxide_batch.empty.v1"
@@ -171,27 +173,27 @@ def test_state_schema_id_raises_state_errors() -> None:
 
 def test_a9_request_fields() -> None:
     assert ReasonCode("OPS_1").value == "OPS_1"
-    with pytest.raises(errors.RequestFieldInvalidCharacter) as invalid:
+    with broken_rule(errors.RequestFieldInvalid, TextRule.INVALID_CHARACTER) as invalid:
         ReasonCode("ops")
     assert invalid.value.field == "reason code"
-    with pytest.raises(errors.RequestFieldTooLong) as long:
+    with broken_rule(errors.RequestFieldInvalid, TextRule.TOO_LONG) as long:
         OperationId("o" * 65)
     assert long.value.max_bytes == 64
     assert OperationId("op-1.a:b_c").value == "op-1.a:b_c"
-    with pytest.raises(errors.RequestFieldInvalidCharacter):
+    with broken_rule(errors.RequestFieldInvalid, TextRule.INVALID_CHARACTER):
         OperationId("a@b")
     assert ActorRef("svc@ops:1").value == "svc@ops:1"
-    with pytest.raises(errors.RequestFieldEmpty):
+    with broken_rule(errors.RequestFieldInvalid, TextRule.EMPTY):
         ActorRef("")
-    with pytest.raises(errors.RequestFieldTooLong):
+    with broken_rule(errors.RequestFieldInvalid, TextRule.TOO_LONG):
         ActorRef("a" * 129)
-    with pytest.raises(errors.RequestFieldInvalidCharacter):
+    with broken_rule(errors.RequestFieldInvalid, TextRule.INVALID_CHARACTER):
         ActorRef("a b")
-    with pytest.raises(errors.RequestFieldInvalidCharacter):
+    with broken_rule(errors.RequestFieldInvalid, TextRule.INVALID_CHARACTER):
         ActorRef("é")
 
 
 def test_values_and_errors_pickle() -> None:
     assert pickle.loads(pickle.dumps(JobName("a"))) == JobName("a")
-    error = errors.NameContainsControl(kind="job", character_index=3)
+    error = errors.NameInvalid(kind="job", rule=TextRule.CONTROL_CHARACTER, character_index=3)
     assert str(pickle.loads(pickle.dumps(error))) == str(error)

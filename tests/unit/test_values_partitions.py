@@ -7,11 +7,10 @@ import itertools
 import pytest
 
 from pybatch.errors import (
-    EmptyName,
-    NameContainsControl,
-    NameTooLong,
+    NameInvalid,
     PartitionContextTooLarge,
     StaleVersion,
+    TextRule,
 )
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.names import ExitCode
@@ -26,6 +25,7 @@ from pybatch.values.partitions import (
 )
 from pybatch.values.state import ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus
+from tests.support.text_rules import broken_rule
 
 S = BatchStatus
 
@@ -47,12 +47,13 @@ def partition(key: str, status: BatchStatus, worker: int | None, **counts: int) 
 
 def test_keys_keep_whitespace_and_refuse_empty_long_or_nul() -> None:
     assert PartitionKey("a ") != PartitionKey("a")
-    for bad, error in (("", EmptyName), ("x" * 129, NameTooLong), ("a\x00b", NameContainsControl)):
-        with pytest.raises(error):
+    rules = (("", TextRule.EMPTY), ("x" * 129, TextRule.TOO_LONG))
+    for bad, rule in (*rules, ("a\x00b", TextRule.CONTROL_CHARACTER)):
+        with broken_rule(NameInvalid, rule):
             PartitionKey(bad)
     longest = PartitionKey("é" * 64)  # 128 bytes, the bound
     assert longest.value == "é" * 64 and len(longest.value.encode()) == 128
-    with pytest.raises(NameTooLong):
+    with broken_rule(NameInvalid, TextRule.TOO_LONG):
         PartitionKey("é" * 64 + "x")
 
 

@@ -265,7 +265,7 @@ def test_decode_accepts_any_key_order_and_checks_in_order() -> None:
         (envelope(format="oxide-batch.execution-context"), errors.StateFormatMismatch),
         (envelope(format_version=2), errors.UnsupportedStateFormatVersion),
         (envelope(format_version="1"), errors.StateMalformed),
-        (envelope(schema=" s"), errors.SchemaIdHasSurroundingWhitespace),
+        (envelope(schema=" s"), errors.SchemaIdInvalid),
         (envelope(schema=5), errors.StateMalformed),
         (envelope(schema_version=0), errors.ZeroSchemaVersion),
         (envelope(schema_version=-1), errors.StateMalformed),
