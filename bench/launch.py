@@ -90,7 +90,7 @@ DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "launch.json"
 
 # One statement builds the whole history: N instances, each with one COMPLETED attempt
 # and one COMPLETED step, in the shape pybatch itself writes. instance_key is the real
-# JobInstanceKey digest (docs/schema.md 3.7) of {"run": g}: version byte 1, then big-endian
+# JobInstanceKey digest (docs/tables.md 3.7) of {"run": g}: version byte 1, then big-endian
 # length-prefixed job name and parameter name, tag 2 (I64) and the 8-byte value.
 HISTORY_SQL = b"""
 WITH definition AS (

@@ -8,7 +8,7 @@ timeouts and `TimeZone=UTC` as session defaults (they outrank `ALTER DATABASE/RO
 and psycopg's `isolation_level` makes every BEGIN `BEGIN ISOLATION LEVEL READ COMMITTED`.
 So no transaction spends a round trip on settings (docs/architecture.md, "Transactions").
 
-COMMIT outcomes follow docs/schema.md 5, parameterised by the caller's error family
+COMMIT outcomes follow docs/tables.md 5, parameterised by the caller's error family
 (`CommitErrors`): a transaction the server already failed is `aborted`, a refused COMMIT is
 `refused`, a lost acknowledgement is `unknown`, and the connection is discarded whenever it
 can no longer be trusted.

@@ -1,6 +1,6 @@
 """Connection configuration: bounds, TLS and redaction.
 
-See docs/schema.md 6 and docs/contract.md, Configuration.
+See docs/tables.md 6 and docs/contract.md, Configuration.
 
 The DSN is a secret. It never appears in a repr, a str, an exception or a log
 line; TLS settings come only from this configuration so that neither the DSN
@@ -104,7 +104,7 @@ def _ms(value: timedelta) -> int:
     return math.ceil(value / timedelta(milliseconds=1))
 
 
-# (field, error class name, lower bound, upper bound), in validation order (docs/schema.md 6.1).
+# (field, error class name, lower bound, upper bound), in validation order (docs/tables.md 6.1).
 _TIMEOUT_BOUNDS: tuple[tuple[str, str, timedelta, timedelta], ...] = (
     ("acquire_timeout", "acquire", timedelta(milliseconds=1), timedelta(minutes=5)),
     ("connect_timeout", "connect", timedelta(milliseconds=1), timedelta(minutes=5)),

@@ -668,7 +668,7 @@ class VersionOutOfRange(DomainError):
 class JsonNotEncodable(DomainError):
     """A document cannot be written as canonical JSON; `reason` names the rule.
 
-    See docs/schema.md 3.5.
+    See docs/tables.md 3.5.
     """
 
     message = "document cannot be encoded as canonical JSON: {reason}"
@@ -1259,7 +1259,7 @@ class Infrastructure(BusinessTransactionError):
 
 
 class ConfigError(PyBatchError):
-    """A connection configuration value was out of bounds (docs/schema.md 6)."""
+    """A connection configuration value was out of bounds (docs/tables.md 6)."""
 
     message = "invalid pybatch configuration"
 

@@ -1,6 +1,6 @@
 """Schema migrations: numbered, checksummed files applied under the migrator lock.
 
-See docs/schema.md 7.
+See docs/tables.md 7.
 
 Statements: schema.sql (bookkeeping) and the migration files themselves, each run whole in
 its own transaction. The connection's lock timeout (a startup setting) bounds the wait for

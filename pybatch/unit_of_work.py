@@ -6,7 +6,7 @@ Every repository operation is a method of a capability bound to the unit of work
 (`uow.executions.create(...)`, `uow.holds.place(...)`): pybatch/repository/<capability>.py,
 which runs queries/<capability>.sql. Each operation runs under its own savepoint, so a failed
 operation leaves nothing staged and the unit of work stays usable; an operation that another
-one calls runs inside its caller's savepoint. COMMIT outcomes follow docs/schema.md 5 through
+one calls runs inside its caller's savepoint. COMMIT outcomes follow docs/tables.md 5 through
 the transaction primitive (`pybatch/_transaction.py`): a transaction the server already
 failed raises TransactionAborted, a lost acknowledgement raises CommitOutcomeUnknown, and
 neither is ever reported as success.

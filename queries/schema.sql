@@ -1,5 +1,5 @@
 -- :name read_schema_version :scalar
--- :doc Installed schema version; relies on the schema_version singleton (docs/schema.md 2.1).
+-- :doc Installed schema version; relies on the schema_version singleton (docs/tables.md 2.1).
 SELECT sv.version
 FROM pybatch.schema_version AS sv
 WHERE sv.singleton;
@@ -10,7 +10,7 @@ WHERE sv.singleton;
 LOCK TABLE pybatch.schema_migration IN EXCLUSIVE MODE;
 
 -- :name create_pybatch_schema :affected
--- :doc Create the pybatch schema before the first migration file runs (docs/schema.md 7).
+-- :doc Create the pybatch schema before the first migration file runs (docs/tables.md 7).
 CREATE SCHEMA IF NOT EXISTS pybatch;
 
 -- :name find_schema_migration_table :scalar
@@ -42,7 +42,7 @@ VALUES (
 );
 
 -- :name update_schema_version :affected
--- :doc Advance the singleton version; the guard refuses to skip a version (docs/schema.md 7).
+-- :doc Advance the singleton version; the guard refuses to skip a version (docs/tables.md 7).
 -- Version 1 inserts the row; later versions update it only from version - 1.
 INSERT INTO pybatch.schema_version AS sv (singleton, version, installed_at)
 VALUES (TRUE, :version, CLOCK_TIMESTAMP())

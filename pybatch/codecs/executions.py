@@ -1,4 +1,4 @@
-"""Job executions: job_execution rows (docs/schema.md 2.6)."""
+"""Job executions: job_execution rows (docs/tables.md 2.6)."""
 
 from __future__ import annotations
 

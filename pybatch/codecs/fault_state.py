@@ -1,4 +1,4 @@
-"""Fault state: the five `step_execution.fault_state_*` columns of a step (docs/schema.md 3.6).
+"""Fault state: the five `step_execution.fault_state_*` columns of a step (docs/tables.md 3.6).
 
 Statements: fault_state.sql (the reservation), chunks.sql (every commit writes the empty state).
 """

@@ -1,4 +1,4 @@
-"""Codec of flow_decision rows (docs/schema.md 2.9): decode into FlowDecision, fail closed.
+"""Codec of flow_decision rows (docs/tables.md 2.9): decode into FlowDecision, fail closed.
 
 A row the domain refuses (an unknown kind, a broken target shape, a bad digest) raises
 FlowStateCorrupt: no flow continues from a history it cannot read (docs/contract.md, Fail closed).

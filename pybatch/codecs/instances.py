@@ -1,4 +1,4 @@
-"""Job instances: identifying-parameter documents and job_instance rows (docs/schema.md 3.8)."""
+"""Job instances: identifying-parameter documents and job_instance rows (docs/tables.md 3.8)."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ _KINDS_BY_TAG = {kind.json_tag: kind for kind in ParameterValueKind}
 
 
 def encode_identifying_parameters(key: JobInstanceKey) -> dict[str, object]:
-    """The `identifying_parameters` document of a key (docs/schema.md 3.8), as a plain dict.
+    """The `identifying_parameters` document of a key (docs/tables.md 3.8), as a plain dict.
 
     Raises:
         Unavailable: the canonical document exceeds 1 MiB.
@@ -81,7 +81,7 @@ def encode_identifying_parameters(key: JobInstanceKey) -> dict[str, object]:
 def decode_identifying_parameters(
     document: object, *, column: str = "identifying_parameters"
 ) -> JobParameters:
-    """Decode an identifying-parameter document, failing closed on every rule of docs/schema.md 3.8.
+    """Decode an identifying-parameter document, failing closed on every rule of docs/tables.md 3.8.
 
     Refused: not an object; over 1 MiB canonical; an invalid name; an envelope that is not an
     object with exactly `type`, `identifying` and `value`; `identifying` not `true`; an

@@ -1,4 +1,4 @@
-"""Codec of step_partition rows (docs/schema.md 2.12): decode into StepPartition, fail closed.
+"""Codec of step_partition rows (docs/tables.md 2.12): decode into StepPartition, fail closed.
 
 Every read rebuilds the context envelope from its four columns and compares its SHA-256 with
 the stored `context_checksum`; a row with an invalid key, ordinal, shape, context or checksum
@@ -59,7 +59,7 @@ STEP_PARTITION_COLUMNS = (
 
 
 def context_checksum(context: ExecutionContext) -> bytes:
-    """SHA-256 of the canonical partition context envelope (docs/schema.md 3.6)."""
+    """SHA-256 of the canonical partition context envelope (docs/tables.md 3.6)."""
     return sha256(context.encode())
 
 

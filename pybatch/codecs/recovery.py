@@ -1,4 +1,4 @@
-"""Recovery decisions: recovery_decision rows (docs/schema.md 2.8).
+"""Recovery decisions: recovery_decision rows (docs/tables.md 2.8).
 
 Statements: recovery.sql insert_recovery_decision, find_latest_recovery_decision.
 """

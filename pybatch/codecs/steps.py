@@ -1,4 +1,4 @@
-"""Step executions: step_execution rows, counters and state envelopes (docs/schema.md 2.7)."""
+"""Step executions: step_execution rows, counters and state envelopes (docs/tables.md 2.7)."""
 
 from __future__ import annotations
 

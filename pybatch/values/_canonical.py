@@ -1,4 +1,4 @@
-"""Canonical JSON and SHA-256: the domain's hashing primitives (docs/schema.md 3.1-3.5).
+"""Canonical JSON and SHA-256: the domain's hashing primitives (docs/tables.md 3.1-3.5).
 
 Stdlib only: values hash canonical JSON without importing a codec or the driver.
 """
@@ -27,7 +27,7 @@ def canonical_json(value: object) -> bytes:
     allow_nan=False)` except for non-integral numbers: a float (or Decimal) is written in the
     plain positional notation PostgreSQL's `numeric` prints for it (`1e16` ->
     `10000000000000000`, `1e-7` -> `0.0000001`, `-0.0` -> `0.0`), so a document hashes to the
-    same bytes before it is written to `jsonb` and after it is read back (docs/schema.md 3.5).
+    same bytes before it is written to `jsonb` and after it is read back (docs/tables.md 3.5).
 
     Raises:
         JsonNotEncodable: NaN or infinity, a number of more than 4,300 digits, a non-string

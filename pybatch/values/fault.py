@@ -1,6 +1,6 @@
 """Retry keys, retry bounds and the durable fault-state envelope.
 
-See docs/contract.md, Fault state; docs/schema.md 3.6.
+See docs/contract.md, Fault state; docs/tables.md 3.6.
 
 Pure values only: the envelope is decoded from, and encoded to, the five `fault_state_*` columns
 of `step_execution`, but the SQL (lock, compare-and-swap update) belongs to `FaultState`
@@ -314,7 +314,7 @@ class FaultEntry:
     )
 
     def to_payload(self) -> dict[str, object]:
-        """Return the entry's JSON object, members as docs/schema.md 3.6 names them."""
+        """Return the entry's JSON object, members as docs/tables.md 3.6 names them."""
         return {
             "category": self.category.durable_code,
             "key": self.key.hex(),
@@ -435,7 +435,7 @@ class FaultStateEnvelope:
         }
 
     def canonical_bytes(self) -> bytes:
-        """Return the canonical JSON the checksum covers (docs/schema.md 3.6)."""
+        """Return the canonical JSON the checksum covers (docs/tables.md 3.6)."""
         return self._canonical
 
     def checksum(self) -> bytes:

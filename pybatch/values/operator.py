@@ -64,7 +64,7 @@ __all__ = [
     "automatic_recovery_record",
 ]
 
-#: Domain-separation tag of the request digest, kept byte for byte (docs/schema.md 3.10).
+#: Domain-separation tag of the request digest, kept byte for byte (docs/tables.md 3.10).
 REQUEST_DIGEST_DOMAIN = "oxide-batch.operator-request.v1"
 
 
@@ -310,7 +310,7 @@ class RecoveryArguments:
 
 
 class _CanonicalWriter:
-    """Length-prefixed fields, so no two field lists share an encoding (docs/schema.md 3.10)."""
+    """Length-prefixed fields, so no two field lists share an encoding (docs/tables.md 3.10)."""
 
     def __init__(self, tag: str) -> None:
         self._parts: list[bytes] = []

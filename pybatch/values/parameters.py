@@ -1,6 +1,6 @@
 """Job parameters, instance keys and their durable digests.
 
-See docs/contract.md, Job parameters and instance keys; docs/schema.md 3.7.
+See docs/contract.md, Job parameters and instance keys; docs/tables.md 3.7.
 
 The kind of a value is part of identity: `U64(1)`, `I64(1)` and `Bool(True)` are different
 values, and Python `bool` is never accepted where an integer kind is meant (or vice versa).
@@ -63,7 +63,7 @@ class ParameterValueKind(enum.Enum):
 
     @property
     def json_tag(self) -> str:
-        """The lower-case tag stored in identifying-parameter JSON (docs/schema.md 3.8)."""
+        """The lower-case tag stored in identifying-parameter JSON (docs/tables.md 3.8)."""
         return self.value.lower()
 
     @property
@@ -400,7 +400,7 @@ class JobInstanceKey:
     parameters: JobParameters = attrs.field(converter=_identifying_only)
 
     def digest_input(self) -> bytes:
-        """The exact bytes `digest` hashes (docs/schema.md 3.7); 84 bytes for the golden vector."""
+        """The exact bytes `digest` hashes (docs/tables.md 3.7); 84 bytes for the golden vector."""
         job = self.job_name.value.encode("utf-8")
         parts = [_INSTANCE_KEY_VERSION, struct.pack(">I", len(job)), job]
         for name, parameter in self.parameters.entries:

@@ -62,7 +62,7 @@ _TERMINAL_ORDER = (
 
 
 class _Writer:
-    """Length-prefixed strings and big-endian u64s (the canonical writer of docs/schema.md 3.10)."""
+    """Length-prefixed strings and big-endian u64s (the canonical writer of docs/tables.md 3.10)."""
 
     def __init__(self, tag: str) -> None:
         self._parts: list[bytes] = []

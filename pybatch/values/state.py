@@ -5,7 +5,7 @@ See docs/contract.md, State envelopes.
 An envelope is `{"format", "format_version": 1, "schema", "schema_version", "payload": {..}}`.
 
 Floats in payloads are accepted. They are normalised at construction to the form that survives
-a `jsonb` round trip (docs/schema.md 3.5): the payload is kept as its canonical JSON, in which a
+a `jsonb` round trip (docs/tables.md 3.5): the payload is kept as its canonical JSON, in which a
 float is written the way PostgreSQL `numeric` prints it (`1e16` -> `10000000000000000`,
 `1e-7` -> `0.0000001`, `-0.0` -> `0.0`), and `payload` re-parses that text. So
 `generation_digest()` computed before a write equals the digest computed from the state read

@@ -1,10 +1,12 @@
 """The repository stands on its own: every document it cites is one it contains.
 
 Whoever takes pybatch over has only this repository. Code, SQL, tests and docs therefore state
-their rules in place or cite docs/contract.md (by heading) and docs/schema.md (by section
+their rules in place or cite docs/contract.md (by heading) and docs/tables.md (by section
 number); they never cite reference documents kept elsewhere, nor bare section numbers that
 belong to no document here. Migrations 0001-0008 are frozen (the migrator checksums them), so
-they are exempt from the text rules; instead their citations must resolve in docs/schema.md.
+they are exempt from the text rules; instead their citations must resolve: 0001 names the
+schema document by its first name, a short file in docs/ that points at docs/tables.md,
+whose sections 2 and 3.6 keep the numbers 0001 cites.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACT = ROOT / "docs" / "contract.md"
-SCHEMA = ROOT / "docs/schema.md"
+SCHEMA = ROOT / "docs/tables.md"
+#: The name migration 0001 cites (built from parts, like the outside names below).
+FIRST_SCHEMA_NAME = "docs/" + "schema" + ".md"
 FROZEN_MIGRATIONS = re.compile(r"^migrations/000[1-8]_[a-z0-9_]+\.sql$")
 
 # Built from parts so that this file does not cite them itself.
@@ -33,12 +37,12 @@ OUTSIDE_DOCUMENTS = re.compile(
     + "shared"
     + "/docs"
 )
-SCHEMA_REFERENCE = re.compile(r"[\w./-]*\bschema" + _MD)
+SCHEMA_REFERENCE = re.compile(r"[\w./-]*\b(?:schema|tables)" + _MD)
 #: A parenthesised list or range of dotted section numbers: sections of no document here.
 BARE_SECTION = re.compile(r"(?<![\w)\].])\((\d{1,2}\.\d{1,2})(?:(?:, |-|; )\d{1,2}\.\d{1,2})*\)")
 #: Numbered rules and lettered scenario groups of documents kept elsewhere.
 NUMBERED_RULE = re.compile(r"\brules? \d+(?:\.\d+)?\b|\bcontract group [A-Z]\b")
-#: The word section and a number names a section; only docs/schema.md has numbered ones.
+#: The word section and a number names a section; only docs/tables.md has numbered ones.
 SECTION_WORD = re.compile(r"\bsection (\d+(?:\.\d+)?)\b")
 
 
@@ -90,7 +94,7 @@ def prose_of(name: str, text: str) -> list[tuple[int, str]]:
 
 
 def schema_sections() -> set[str]:
-    """The numbers of docs/schema.md's sections: "2", "3.6", ..."""
+    """The numbers of docs/tables.md's sections: "2", "3.6", ..."""
     found = re.findall(r"^#{2,3} (\d+(?:\.\d+)?)\.? ", SCHEMA.read_text(), flags=re.M)
     return set(found)
 
@@ -107,7 +111,7 @@ def resolves_to_docs_schema(name: str, reference: str) -> bool:
 
 def outside_citations(name: str, text: str) -> list[str]:
     hits = []
-    schema_itself = name == "docs/schema.md"
+    schema_itself = name == "docs/tables.md"
     for number, line in prose_of(name, text):
         where = f"{name}:{number}: {line.strip()[:120]}"
         if OUTSIDE_DOCUMENTS.search(line) or NUMBERED_RULE.search(line):
@@ -123,7 +127,7 @@ def outside_citations(name: str, text: str) -> list[str]:
             continue
         for m in SECTION_WORD.finditer(line):
             before = line[: m.start()]
-            if not (schema_itself or before.rstrip().endswith("docs/schema.md")):
+            if not (schema_itself or before.rstrip().endswith("docs/tables.md")):
                 hits.append(where)
                 break
     return hits
@@ -138,8 +142,8 @@ def test_no_tracked_file_cites_a_document_outside_the_repository() -> None:
         if text is not None:
             hits.extend(outside_citations(name, text))
     assert not hits, (
-        "cite docs/contract.md by heading or docs/schema.md by section, or state the rule in "
-        "place:\n" + "\n".join(hits)
+        "cite docs/contract.md by heading or docs/tables.md by section, or state the "
+        "rule in place:\n" + "\n".join(hits)
     )
 
 
@@ -156,13 +160,14 @@ def test_the_check_catches_each_kind_of_outside_citation() -> None:
         assert outside_citations("pybatch/example.py", line + "\n"), line
     fine = [
         "# see docs/contract.md, Partitions",
-        "# see docs/schema.md 3.6 and docs/schema.md section 2",
+        "# see docs/tables.md 3.6 and docs/tables.md section 2",
         "time.sleep(0.05)",
         "PAUSE = (1." + "5, 3.0)",
     ]
     for line in fine:
         assert not outside_citations("pybatch/example.py", line + "\n"), line
-    assert not outside_citations("docs/contract.md", "[the schema](" + "schema" + ".md)\n")
+    assert not outside_citations("docs/contract.md", "[the schema](tables" + ".md)\n")
+    assert outside_citations("docs/contract.md", "[the schema](" + "schema" + ".md)\n")
 
 
 def test_contract_citations_name_existing_headings() -> None:
@@ -198,17 +203,19 @@ def test_schema_citations_name_existing_sections() -> None:
         if text is None:
             continue
         for number, line in enumerate(text.splitlines(), start=1):
-            for m in re.finditer(r"docs/schema\.md (?:section )?(\d+(?:\.\d+)?)", line):
+            for m in re.finditer(r"docs/tables\.md (?:section )?(\d+(?:\.\d+)?)", line):
                 if m.group(1) not in sections:
                     bad.append(f"{name}:{number}: {line.strip()}")
-    assert not bad, "no such section in docs/schema.md:\n" + "\n".join(bad)
+    assert not bad, "no such section in docs/tables.md:\n" + "\n".join(bad)
 
 
 def test_frozen_migration_0001_citations_resolve_in_docs_schema_md() -> None:
     migration = (ROOT / "migrations" / "0001_create_schema.sql").read_text()
     schema = SCHEMA.read_text()
-    assert "docs/schema.md section 2" in migration
+    assert FIRST_SCHEMA_NAME + " sec" + "tion 2" in migration
     assert "(" + "schema" + ".md 3.6)" in migration
+    pointer = (ROOT / FIRST_SCHEMA_NAME).read_text()
+    assert "docs/tables.md" in pointer and "sec" + "tion 2" in pointer and "3.6" in pointer
     sections = schema_sections()
     assert {"2", "3.6"} <= sections
     title = re.search(r"^### 3\.6 (.*)$", schema, flags=re.M)
@@ -217,4 +224,4 @@ def test_frozen_migration_0001_citations_resolve_in_docs_schema_md() -> None:
     assert len(created) == 12
     section_2 = schema[schema.index("\n## 2.") : schema.index("\n## 3.")]
     listed = re.findall(r"^### 2\.\d+ `(\w+)`", section_2, flags=re.M)
-    assert listed == created, "docs/schema.md section 2 lists the tables of migration 0001"
+    assert listed == created, "docs/tables.md section 2 lists the tables of migration 0001"
