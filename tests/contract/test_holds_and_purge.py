@@ -55,9 +55,9 @@ from pybatch.values.retention import (
 )
 from pybatch.values.state import ExecutionContext
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
-from tests.contract.test_e_flow_decisions import DEFINITION as FLOW_DEFINITION
-from tests.contract.test_e_flow_decisions import request as flow_decision_request
-from tests.contract.test_g_recovery_basic import mark_failed
+from tests.contract.test_flow_decisions import DEFINITION as FLOW_DEFINITION
+from tests.contract.test_flow_decisions import request as flow_decision_request
+from tests.contract.test_recovery_of_orphaned_executions import mark_failed
 from tests.support.clock import ManualClock
 from tests.support.race import race
 

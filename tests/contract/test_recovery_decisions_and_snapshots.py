@@ -24,9 +24,9 @@ from pybatch.values.ownership import OwnerToken
 from pybatch.values.partitions import PartitionPlanEntry
 from pybatch.values.recovery import OwnerObservation, RecoveryMarkers
 from pybatch.values.state import ExecutionContext
-from tests.contract.test_e_flow_decisions import DEFINITION, new_key
-from tests.contract.test_e_flow_decisions import request as decision_request
-from tests.contract.test_g_recovery_basic import S, execution_in, mark_failed
+from tests.contract.test_flow_decisions import DEFINITION, new_key
+from tests.contract.test_flow_decisions import request as decision_request
+from tests.contract.test_recovery_of_orphaned_executions import S, execution_in, mark_failed
 from tests.support.clock import ManualClock
 
 PARTITION_SCHEMA = StateSchemaId("tests.snapshot.partition.v1")

@@ -15,7 +15,7 @@ from pybatch.errors import (
     StaleVersion,
 )
 from pybatch.values.status import BatchStatus
-from tests.contract.test_f_partitions import Fixture, assign, entries, move, plan
+from tests.contract.test_step_partitions import Fixture, assign, entries, move, plan
 from tests.support.clock import ManualClock
 from tests.support.race import race, race_units_of_work
 
