@@ -24,7 +24,8 @@ DISPLAY_NAMES = [
 ]
 
 
-def test_m1_default_descriptor_declares_nothing() -> None:
+def test_the_default_descriptor_declares_nothing() -> None:
+    """Scenario M1."""
     default = RepositoryDescriptor.default()
     assert (default.descriptor_version, default.schema_version) == (1, 0)
     assert RepositoryDescriptor.CURRENT_VERSION == 1
@@ -38,7 +39,8 @@ def test_m1_default_descriptor_declares_nothing() -> None:
         assert str(unsupported.value) == f"the adapter does not support {capability.value}"
 
 
-def test_m1_require_never_downgrades_a_partial_declaration() -> None:
+def test_require_never_downgrades_a_partial_declaration() -> None:
+    """Scenario M1."""
     partial = RepositoryDescriptor(1, 1, frozenset({RepositoryCapability.INSTANCE_HOLDS}))
     partial.require(RepositoryCapability.INSTANCE_HOLDS)
     for capability in set(RepositoryCapability) - {RepositoryCapability.INSTANCE_HOLDS}:
@@ -46,7 +48,8 @@ def test_m1_require_never_downgrades_a_partial_declaration() -> None:
             partial.require(capability)
 
 
-def test_m2_capability_display_names() -> None:
+def test_capabilities_have_their_display_names_in_order() -> None:
+    """Scenario M2."""
     assert [c.value for c in RepositoryCapability] == DISPLAY_NAMES
     assert [str(c) for c in RepositoryCapability] == DISPLAY_NAMES
 
@@ -55,9 +58,10 @@ def test_m2_capability_display_names() -> None:
 BUILT = DISPLAY_NAMES
 
 
-def test_m3_pybatch_declares_exactly_what_is_built_with_its_schema_version(
+def test_pybatch_declares_exactly_what_is_built_with_its_schema_version(
     repository: JobRepository, pg_config: ConnectionConfig, clock: ManualClock
 ) -> None:
+    """Scenario M3."""
     descriptor = repository.descriptor()
     assert descriptor.descriptor_version == RepositoryDescriptor.CURRENT_VERSION == 1
     assert descriptor.schema_version == supported_schema_version() >= 1
@@ -71,13 +75,15 @@ def test_m3_pybatch_declares_exactly_what_is_built_with_its_schema_version(
         assert other.descriptor() == descriptor
 
 
-def test_m3_every_declared_capability_answers_in_a_unit_of_work(
+def test_every_declared_capability_answers_in_a_unit_of_work(
     repository: JobRepository,
 ) -> None:
     """Each capability pybatch declares is a live set of operations of the unit of work.
 
     A read of each runs real SQL against an empty repository: nothing to report, or the
     typed not-found error, and the transaction stays usable.
+
+    Scenario M3.
     """
     with repository.begin() as uow:
         assert uow.operator_requests.find(OperatorAction.STOP, OperationId("op-1")) is None

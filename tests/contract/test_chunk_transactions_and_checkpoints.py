@@ -166,9 +166,10 @@ def terminate(admin: psycopg.Connection[Any], pid: int) -> None:
 # --------------------------------------------------------------------------- O1
 
 
-def test_o1_chunk_commit_advances_progress_with_business_writes(
+def test_a_chunk_commit_advances_progress_with_its_business_writes(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any], orders: None
 ) -> None:
+    """Scenario O1."""
     step = started_step(repository, clock)
     manager = ChunkTransactionManager(repository)
     context = ExecutionContext(SCHEMA, 2, {"file": "orders-1.csv"})
@@ -226,9 +227,10 @@ def test_o1_chunk_commit_advances_progress_with_business_writes(
     assert business_ids(admin) == [1, 2, 3]
 
 
-def test_o1_chunk_commit_clears_fault_state_and_keeps_rollback_count(
+def test_a_chunk_commit_clears_fault_state_and_keeps_the_rollback_count(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario O1."""
     step = started_step(repository, clock)
     manager = ChunkTransactionManager(repository)
     commit_chunk(manager, step, 1)
@@ -254,9 +256,10 @@ def test_o1_chunk_commit_clears_fault_state_and_keeps_rollback_count(
     assert fault_state.reserved_ordinal(entry(1, 1).key) == RetryOrdinal(1)
 
 
-def test_o1_state_provider_supplies_checkpoint_and_context(
+def test_the_state_provider_supplies_the_committed_checkpoint_and_context(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario O1."""
     step = started_step(repository, clock)
     calls: list[tuple[ExecutionCounts, ChunkCounts]] = []
 
@@ -284,10 +287,10 @@ def test_o1_state_provider_supplies_checkpoint_and_context(
     assert durable.context == ExecutionContext(SCHEMA, 1, {"n": 10})
 
 
-def test_o1_checkpoint_digest_survives_the_jsonb_round_trip(
+def test_the_checkpoint_digest_survives_the_jsonb_round_trip(
     repository: JobRepository, clock: ManualClock
 ) -> None:
-    """Keys jsonb reorders and floats it reprints still give the written digest."""
+    """Keys jsonb reorders and floats it reprints still give the written digest. Scenario O1."""
     step = started_step(repository, clock)
     manager = ChunkTransactionManager(repository)
     awkward = cursor(7, big=1e16, small=1e-7, nested={"bb": 1, "a": [2.5, -0.0]}, text="é/\n")
@@ -322,9 +325,10 @@ NOT_STARTED_PATHS: dict[BatchStatus, tuple[BatchStatus, ...]] = {
 }
 
 
-def test_o2_begin_for_refuses_a_step_that_is_not_started(
+def test_begin_for_refuses_a_step_that_is_not_started(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario O2."""
     steps: dict[BatchStatus, StepExecution] = {}
     with repository.begin() as uow:
         execution = uow.executions.create(uow.instances.select_or_create(new_key()).instance.id)
@@ -362,9 +366,10 @@ def test_o2_begin_for_refuses_a_step_that_is_not_started(
         manager.load_committed_state(ChunkContext(step.id, other.job_execution_id, TEST_OWNER))
 
 
-def test_o2_commit_after_the_step_left_started_is_not_committed(
+def test_a_commit_after_the_step_left_started_is_not_committed(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any], orders: None
 ) -> None:
+    """Scenario O2."""
     step = started_step(repository, clock)
     manager = ChunkTransactionManager(repository)
     chunk = manager.begin_for(context_of(step))
@@ -384,10 +389,13 @@ def test_o2_commit_after_the_step_left_started_is_not_committed(
         chunk.commit(ChunkCounts(read=1), checkpoint=cursor(1))
 
 
-def test_o2_status_guard_is_part_of_the_commit_predicate(
+def test_the_status_guard_is_part_of_the_commit_predicate(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any], orders: None
 ) -> None:
-    """Status moved behind the chunk's back without a version bump: still NotCommitted."""
+    """Status moved behind the chunk's back without a version bump: still NotCommitted.
+
+    Scenario O2.
+    """
     step = started_step(repository, clock)
     manager = ChunkTransactionManager(repository)
     with manager.begin_for(context_of(step)) as chunk:
@@ -404,9 +412,10 @@ def test_o2_status_guard_is_part_of_the_commit_predicate(
 # --------------------------------------------------------------------------- O3
 
 
-def test_o3_two_chunks_from_one_version_only_one_commits(
+def test_two_chunks_from_one_version_only_one_commits(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any], orders: None
 ) -> None:
+    """Scenario O3."""
     step = started_step(repository, clock)
     manager = ChunkTransactionManager(repository)
     first = manager.begin_for(context_of(step))
@@ -424,10 +433,10 @@ def test_o3_two_chunks_from_one_version_only_one_commits(
     assert durable.version == step.version + 1
 
 
-def test_o3_a_committed_chunk_advances_the_managers_expected_version(
+def test_a_committed_chunk_advances_the_managers_expected_version(
     repository: JobRepository, clock: ManualClock
 ) -> None:
-    """The next chunk starts from the committed version; a stale state is refused."""
+    """The next chunk starts from the committed version; a stale state is refused. Scenario O3."""
     step = started_step(repository, clock)
     manager = ChunkTransactionManager(repository)
     commit_chunk(manager, step, 1)
@@ -445,9 +454,10 @@ def test_o3_a_committed_chunk_advances_the_managers_expected_version(
 # --------------------------------------------------------------------------- O4
 
 
-def test_o4_reservation_ordinals_must_follow_the_stored_one(
+def test_reservation_ordinals_must_follow_the_stored_one(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario O4."""
     step = started_step(repository, clock)
     fault_state = bound_fault_state(repository, step)
     key = entry(1, 1).key
@@ -472,9 +482,8 @@ def test_o4_reservation_ordinals_must_follow_the_stored_one(
     assert durable.metadata.counts.rolled_back == 2
 
 
-def test_o4_each_phase_counts_its_own_retries(
-    repository: JobRepository, clock: ManualClock
-) -> None:
+def test_each_phase_counts_its_own_retries(repository: JobRepository, clock: ManualClock) -> None:
+    """Scenario O4."""
     step = started_step(repository, clock)
     fault_state = bound_fault_state(repository, step)
     clock.advance(timedelta(minutes=5))
@@ -497,9 +506,10 @@ def test_o4_each_phase_counts_its_own_retries(
     assert envelope.checkpoint_digest == durable.checkpoint.generation_digest()
 
 
-def test_o4_reservations_need_a_bound_started_step(
+def test_reservations_need_a_bound_started_step(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario O4."""
     step = started_step(repository, clock)
     unbound = FaultState(repository, POLICY)
     for call in (
@@ -526,9 +536,10 @@ def test_o4_reservations_need_a_bound_started_step(
 # --------------------------------------------------------------------------- O5
 
 
-def test_o5_a_new_key_beyond_the_state_limit_is_capacity_exhausted(
+def test_a_new_key_beyond_the_state_limit_is_capacity_exhausted(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario O5."""
     step = started_step(repository, clock)
     fault_state = bound_fault_state(
         repository, step, RetryPolicy(RetryLimit(5), RetryStateLimit(2))
@@ -545,9 +556,10 @@ def test_o5_a_new_key_beyond_the_state_limit_is_capacity_exhausted(
     assert durable.fault_counts.process_retry == 3 and durable.version == step.version + 3
 
 
-def test_o5_phases_without_a_retry_counter_are_stale(
+def test_reservations_for_phases_without_a_retry_counter_are_stale(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario O5."""
     step = started_step(repository, clock)
     fault_state = bound_fault_state(repository, step)
     for phase in (
@@ -567,9 +579,10 @@ def test_o5_phases_without_a_retry_counter_are_stale(
 # --------------------------------------------------------------------------- O6
 
 
-def test_o6_inherited_progress_refuses_a_superseded_generation(
+def test_inherited_progress_refuses_a_superseded_generation(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario O6."""
     step = started_step(repository, clock)
     manager = ChunkTransactionManager(repository)
     fresh = manager.inherited_progress(context_of(step))
@@ -601,11 +614,12 @@ def test_o6_inherited_progress_refuses_a_superseded_generation(
 # --------------------------------------------------------------------------- O7
 
 
-def test_o7_rejected_statement_poisons_the_chunk(
+def test_a_rejected_statement_poisons_the_chunk_and_frees_its_connection(
     pg_config: ConnectionConfig, clock: ManualClock, admin: psycopg.Connection[Any], orders: None
 ) -> None:
     # One pooled connection and a short acquire timeout: a leaked chunk connection would
     # make the follow-up chunk fail instead of passing by luck.
+    """Scenario O7."""
     config = attrs.evolve(pg_config, pool_size=1, acquire_timeout=timedelta(seconds=3))
     admin.execute("INSERT INTO public.orders VALUES (1, 'existing')")
     with JobRepository.connect(config, clock=clock) as repository:
@@ -649,9 +663,10 @@ def test_o7_rejected_statement_poisons_the_chunk(
         assert business_ids(admin) == [1, 2]
 
 
-def test_o7_statement_timeout_cancels_a_business_statement(
+def test_the_statement_timeout_cancels_a_business_statement(
     pg_config: ConnectionConfig, clock: ManualClock, admin: psycopg.Connection[Any], orders: None
 ) -> None:
+    """Scenario O7."""
     config = attrs.evolve(
         pg_config,
         statement_timeout=timedelta(seconds=1),
@@ -927,11 +942,12 @@ def tampered_step(
     yield step, manager
 
 
-def test_n7_fault_state_checksum_mismatch_fails_closed(
+def test_a_fault_state_checksum_mismatch_fails_closed(
     repository: JobRepository,
     admin: psycopg.Connection[Any],
     tampered_step: tuple[StepExecution, ChunkTransactionManager],
 ) -> None:
+    """Scenario N7."""
     step, manager = tampered_step
     bound = bound_fault_state(repository, step)
     # Rewrite the ordinal 1 -> 2 but keep the old checksum.
@@ -960,11 +976,12 @@ def test_n7_fault_state_checksum_mismatch_fails_closed(
         bound.unresolved()
 
 
-def test_n7_fault_state_from_a_superseded_checkpoint_fails_closed(
+def test_fault_state_from_a_superseded_checkpoint_fails_closed(
     repository: JobRepository,
     admin: psycopg.Connection[Any],
     tampered_step: tuple[StepExecution, ChunkTransactionManager],
 ) -> None:
+    """Scenario N7."""
     step, manager = tampered_step
     context = context_of(step)
     fault_state = bound_fault_state(repository, step)
@@ -990,11 +1007,11 @@ def test_n7_fault_state_from_a_superseded_checkpoint_fails_closed(
         fault_state.unresolved()
 
 
-def test_n7_fault_state_above_the_policy_fails_closed(
+def test_fault_state_above_the_policy_fails_closed(
     repository: JobRepository,
     tampered_step: tuple[StepExecution, ChunkTransactionManager],
 ) -> None:
-    """A retained ordinal above the retry limit, or more keys than the state limit."""
+    """A retained ordinal above the retry limit, or more keys than the state limit. Scenario N7."""
     step, _ = tampered_step
     bound_fault_state(repository, step).reserve(entry(1, 2))
     bound_fault_state(repository, step).reserve(entry(2, 1))

@@ -185,9 +185,10 @@ def _present(value: object) -> object:
     return value
 
 
-def test_n5_corrupt_job_execution_rows_fail_closed(
+def test_corrupt_job_execution_rows_fail_closed(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario N5."""
     je = "pybatch.job_execution"
     cases: dict[str, tuple[str, ...]] = {
         "unknown status": (
@@ -312,9 +313,10 @@ FAULT_STATE_COLUMN_CASES: dict[str, tuple[str, ...]] = {
 }
 
 
-def test_n5_corrupt_step_execution_rows_fail_closed(
+def test_corrupt_step_execution_rows_fail_closed(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario N5."""
     deep = '{"a":' * 70 + "1" + "}" * 70
     cases: dict[str, tuple[str, ...]] = {
         **STEP_COLUMN_CASES,
@@ -359,11 +361,14 @@ def _chunk_state(repository: JobRepository, rows: Arranged) -> str:
     return "ok"
 
 
-def test_n5_corrupt_chunk_state_fails_closed(
+def test_corrupt_chunk_state_fails_closed(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
     """Every column the chunk path decodes: FaultStateCorrupt for the fault state, else
-    Unavailable; a healthy step decodes."""
+    Unavailable; a healthy step decodes.
+
+    Scenario N5.
+    """
     chunk_columns = ("status", "count", "counter", "checkpoint", "context", "version")
     cases = {
         case: sql
@@ -405,9 +410,10 @@ INSTANCE_PATHS: dict[str, Path] = {
 }
 
 
-def test_n5_corrupt_job_instance_rows_fail_closed(
+def test_corrupt_job_instance_rows_fail_closed(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario N5."""
     ji = "pybatch.job_instance"
     where = "WHERE id = %(instance_id)s"
     cases: dict[str, tuple[str, ...]] = {
@@ -450,9 +456,10 @@ def test_n5_corrupt_job_instance_rows_fail_closed(
 # --------------------------------------------------------------------------- N9
 
 
-def test_n9_lost_commit_acknowledgement_is_commit_outcome_unknown(
+def test_a_lost_commit_acknowledgement_is_commit_outcome_unknown(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario N9."""
     key = JobInstanceKey(JobName("lost_ack"), JobParameters.of({"day": "2026-02-02"}))
     with repository.begin() as uow:
         instance = uow.instances.select_or_create(key).instance
@@ -478,9 +485,10 @@ def test_n9_lost_commit_acknowledgement_is_commit_outcome_unknown(
 # --------------------------------------------------------------------------- N10
 
 
-def test_n10_identifiers_above_bigint_are_out_of_range(
+def test_identifiers_above_bigint_are_out_of_range(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario N10."""
     t = LifecycleTransition.new(S.STARTED, clock.now())
     calls: dict[str, tuple[Callable[[UnitOfWork], object], str]] = {
         "get_job_instance": (lambda uow: uow.instances.get(BIG), "job instance"),
@@ -522,9 +530,10 @@ def test_n10_identifiers_above_bigint_are_out_of_range(
         assert uow.instances.get(BIG - 1) is None
 
 
-def test_n10_failure_id_above_bigint_is_out_of_range_and_changes_nothing(
+def test_a_failure_id_above_bigint_is_out_of_range_and_changes_nothing(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario N10."""
     huge = FailureSummary(FailureCategory.TIMEOUT, FailureId(BIG))  # a valid u64, but not storable
     with repository.begin() as uow:  # a live step: only an unfinished step can still fail
         fresh = JobInstanceKey(JobName("corrupt"), JobParameters.of({"case": "failure-id-live"}))
@@ -545,9 +554,10 @@ def test_n10_failure_id_above_bigint_is_out_of_range_and_changes_nothing(
         assert uow.steps.get(step.id) == step
 
 
-def test_n10_expected_version_above_bigint_is_unavailable(
+def test_an_expected_version_above_bigint_is_unavailable(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario N10."""
     rows = arrange(repository, clock, "version")
     t = LifecycleTransition.new(S.ABANDONED, clock.advance())
     with repository.begin() as uow:

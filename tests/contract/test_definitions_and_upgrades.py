@@ -113,9 +113,10 @@ def definition_row(admin: psycopg.Connection[Any], definition_id: int) -> tuple[
 # --------------------------------------------------------------------------- D1 - D4
 
 
-def test_d1_restart_with_the_same_digest(
+def test_restart_with_the_same_digest_keeps_the_definition_without_an_upgrade(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario D1, D8."""
     first = failed_first_attempt(repository, clock, A)
     with repository.begin() as uow:
         second = uow.executions.create(first.job_instance_id, A)
@@ -131,9 +132,10 @@ def test_d1_restart_with_the_same_digest(
     assert definition_row(admin, first.definition_id) == (JOB, "rev-a", A.digest)
 
 
-def test_d2_restart_with_another_digest_and_no_edge(
+def test_restart_with_another_digest_and_no_upgrade_edge_is_incompatible(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario D2."""
     first = failed_first_attempt(repository, clock, A)
     rows = count(admin, "SELECT count(*) FROM pybatch.job_definition")
     with repository.begin() as uow:
@@ -154,9 +156,10 @@ def test_d2_restart_with_another_digest_and_no_edge(
     assert count(admin, "SELECT count(*) FROM pybatch.job_definition") == rows + 1
 
 
-def test_d3_restart_over_a_registered_direct_edge(
+def test_restart_over_a_registered_direct_edge_upgrades_the_definition(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario D3."""
     first = failed_first_attempt(repository, clock, A)
     with repository.begin() as uow:
         uow.definitions.register_upgrade(JobName(JOB), upgrade("a-to-b", A, B, IDENTITY))
@@ -172,7 +175,8 @@ def test_d3_restart_over_a_registered_direct_edge(
         assert uow.executions.of_instance(first.job_instance_id)[-1] == second
 
 
-def test_d4_upgrade_edges_are_not_transitive(repository: JobRepository, clock: ManualClock) -> None:
+def test_upgrade_edges_are_not_transitive(repository: JobRepository, clock: ManualClock) -> None:
+    """Scenario D4."""
     first = failed_first_attempt(repository, clock, A)
     with repository.begin() as uow:
         uow.definitions.register_upgrade(JobName(JOB), upgrade("a-to-b", A, B, IDENTITY))
@@ -194,9 +198,10 @@ def test_d4_upgrade_edges_are_not_transitive(repository: JobRepository, clock: M
 # --------------------------------------------------------------------------- D5, D11
 
 
-def test_d5_identical_edge_is_idempotent_and_a_different_one_conflicts(
+def test_identical_edge_is_idempotent_and_a_different_one_conflicts(
     repository: JobRepository, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario D5."""
     edge = upgrade("a-to-b", A, B, IDENTITY)
     with repository.begin() as uow:
         uow.definitions.register_upgrade(JobName(JOB), edge)
@@ -220,9 +225,10 @@ def test_d5_identical_edge_is_idempotent_and_a_different_one_conflicts(
     assert row == ("a-to-b", IDENTITY)
 
 
-def test_d11_upgrade_key_reused_toward_the_same_target_conflicts(
+def test_upgrade_key_reused_toward_the_same_target_conflicts(
     repository: JobRepository, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario D11."""
     with repository.begin() as uow:
         uow.definitions.register_upgrade(JobName(JOB), upgrade("k", A, C, IDENTITY))
         uow.commit()
@@ -239,9 +245,10 @@ def test_d11_upgrade_key_reused_toward_the_same_target_conflicts(
 # --------------------------------------------------------------------------- D6, D12
 
 
-def test_d6_same_revision_with_another_digest_drifts(
+def test_same_revision_with_another_digest_drifts(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario D6."""
     drifted = definition("rev-a", ["extract", "load", "report"])
     with repository.begin() as uow:
         instance = uow.instances.select_or_create(new_key()).instance
@@ -273,9 +280,10 @@ def test_d6_same_revision_with_another_digest_drifts(
         assert uow.executions.of_instance(other.id) == []
 
 
-def test_d12_drift_is_not_hidden_by_the_digest_of_another_revision(
+def test_drift_is_not_hidden_by_the_digest_of_another_revision(
     repository: JobRepository, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario D12."""
     r1 = definition("r1", ["one"])
     r2 = definition("r2", ["two"])
     with repository.begin() as uow:
@@ -295,9 +303,10 @@ def test_d12_drift_is_not_hidden_by_the_digest_of_another_revision(
 # --------------------------------------------------------------------------- D7 - D9
 
 
-def test_d7_definition_bound_to_another_job(
+def test_a_definition_bound_to_another_job_is_refused(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario D7."""
     bound = definition("rev-x", ["a"], job="x")
     with repository.begin() as uow:
         instance = uow.instances.select_or_create(new_key("y")).instance
@@ -315,9 +324,10 @@ def test_d7_definition_bound_to_another_job(
     assert count(admin, "SELECT count(*) FROM pybatch.job_definition WHERE job_name = 'y'") == 0
 
 
-def test_d8_same_digest_under_a_new_revision_resolves_to_the_existing_row(
+def test_same_digest_under_a_new_revision_resolves_to_the_existing_row(
     repository: JobRepository, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario D8."""
     renamed = definition("rev-a-2", ["extract", "load"])
     assert renamed.digest == A.digest
     with repository.begin() as uow:
@@ -336,9 +346,10 @@ def test_d8_same_digest_under_a_new_revision_resolves_to_the_existing_row(
     assert rows == [("rev-a",)]
 
 
-def test_d9_unsupported_manifest_format_on_every_path(
+def test_an_unsupported_manifest_format_is_refused_on_every_path(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario D9."""
     missing = DefinitionIdentity.from_manifest(None, DefinitionRevision("rev-0"), {"steps": []})
     for manifest_format, bad in (
         (0, missing),  # a manifest without a format member is format 0
@@ -378,9 +389,10 @@ def check_refused_everywhere(
 # --------------------------------------------------------------------------- D10
 
 
-def test_d10_upgraded_restart_step_without_mapping(
+def test_an_upgraded_restart_refuses_a_step_without_a_mapping(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario D10."""
     first = failed_first_attempt(repository, clock, A, steps=("extract", "load"))
     with repository.begin() as uow:
         uow.definitions.register_upgrade(

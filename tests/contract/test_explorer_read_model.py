@@ -114,9 +114,10 @@ def reseal(data: bytes) -> Cursor:
 # --------------------------------------------------------------------------- K1, K2
 
 
-def test_k1_job_names_in_byte_order_from_instances_and_paged(
+def test_job_names_are_listed_in_byte_order_from_instances_and_paged(
     repository: JobRepository, clock: ManualClock, explorer: JobExplorer
 ) -> None:
+    """Scenario K1."""
     names = ["b", "B", "a", "\u00e9t\u00e9", "a2", "Z", "orders"]
     for name in names:
         with repository.begin() as uow:  # an instance without any execution or definition
@@ -133,9 +134,11 @@ def test_k1_job_names_in_byte_order_from_instances_and_paged(
     assert next(item for item in listed if item.job_name == "a").latest_execution_id is None
 
 
-def test_k1_job_names_report_the_newest_instance_under_the_ceiling(
+def test_job_names_report_the_newest_instance_under_the_ceiling(
     repository: JobRepository, clock: ManualClock, explorer: JobExplorer
 ) -> None:
+    """Scenario K1."""
+
     def idle(name: str) -> None:  # an instance without any execution
         with repository.begin() as uow:
             uow.instances.select_or_create(
@@ -181,9 +184,10 @@ def test_k1_job_names_report_the_newest_instance_under_the_ceiling(
     assert fresh == {name: execution.id for name, execution in late.items()}
 
 
-def test_k2_instances_newest_first_paged_and_bounded_by_the_ceiling(
+def test_instances_are_listed_newest_first_paged_and_bounded_by_the_ceiling(
     repository: JobRepository, clock: ManualClock, explorer: JobExplorer
 ) -> None:
+    """Scenario K2."""
     ids = [launch(repository, clock, "daily").job_instance_id for _ in range(5)]
     launch(repository, clock, "other")
     first = explorer.instances("daily", PageSize(2))
@@ -204,12 +208,13 @@ def test_k2_instances_newest_first_paged_and_bounded_by_the_ceiling(
 # --------------------------------------------------------------------------- K3
 
 
-def test_k3_orders_of_executions_steps_and_flow_decisions(
+def test_executions_steps_and_flow_decisions_are_listed_in_their_orders(
     repository: JobRepository,
     clock: ManualClock,
     explorer: JobExplorer,
     admin: psycopg.Connection[Any],
 ) -> None:
+    """Scenario K3."""
     first = launch(repository, clock, status=S.FAILED)
     second = restart_after_failure(repository, clock, first)
     page = explorer.executions(first.job_instance_id, PageSize(1))
@@ -241,9 +246,10 @@ def test_k3_orders_of_executions_steps_and_flow_decisions(
 # --------------------------------------------------------------------------- K4
 
 
-def test_k4_unresolved_executions_strictly_older_than_the_age(
+def test_unresolved_executions_listed_are_strictly_older_than_the_age(
     repository: JobRepository, clock: ManualClock, explorer: JobExplorer
 ) -> None:
+    """Scenario K4."""
     unresolved = [launch(repository, clock, status=status) for status in (S.STARTING, S.STARTED)]
     unresolved += [launch(repository, clock, status=status) for status in (S.STOPPING, S.UNKNOWN)]
     finished = [launch(repository, clock, status=s) for s in (S.FAILED, S.COMPLETED)]
@@ -264,9 +270,10 @@ def test_k4_unresolved_executions_strictly_older_than_the_age(
 # --------------------------------------------------------------------------- K5, K11
 
 
-def test_k5_tampered_cursor_bytes_are_refused(
+def test_tampered_cursor_bytes_are_refused(
     repository: JobRepository, clock: ManualClock, explorer: JobExplorer
 ) -> None:
+    """Scenario K5."""
     for _ in range(3):
         launch(repository, clock, "tamper")
     cursor = explorer.instances("tamper", PageSize(1)).next_cursor
@@ -322,9 +329,10 @@ def test_a_cursor_re_signed_with_a_raised_ceiling_is_refused(
     assert instances.ceiling >= 1
 
 
-def test_k5_cursor_reused_with_another_page_size_filter_or_query(
+def test_a_cursor_reused_with_another_page_size_filter_or_query_is_refused(
     repository: JobRepository, clock: ManualClock, explorer: JobExplorer
 ) -> None:
+    """Scenario K5."""
     for _ in range(3):
         launch(repository, clock, "bound")
     launch(repository, clock, "other")
@@ -345,9 +353,10 @@ def test_k5_cursor_reused_with_another_page_size_filter_or_query(
     assert (PageSize().value, PageSize(1).value, PageSize(500).value) == (50, 1, 500)
 
 
-def test_k11_identity_cursor_given_to_executions_is_invalid(
+def test_identity_cursor_given_to_executions_is_invalid(
     repository: JobRepository, clock: ManualClock, explorer: JobExplorer
 ) -> None:
+    """Scenario K11."""
     failed = launch(repository, clock, status=S.FAILED)
     restart_after_failure(repository, clock, failed)
     cursor = explorer.instances("orders", PageSize(1)).next_cursor or Cursor.issue(
@@ -362,7 +371,8 @@ def test_k11_identity_cursor_given_to_executions_is_invalid(
 # --------------------------------------------------------------------------- K6, K7, K8
 
 
-def test_k6_identity_ceiling_is_zero_on_an_empty_database(explorer: JobExplorer) -> None:
+def test_identity_ceiling_is_zero_on_an_empty_database(explorer: JobExplorer) -> None:
+    """Scenario K6."""
     for query in ExplorerQuery:
         job_name = "none" if query is ExplorerQuery.INSTANCES else None
         assert explorer.identity_ceiling(query, job_name=job_name) == 0
@@ -370,9 +380,10 @@ def test_k6_identity_ceiling_is_zero_on_an_empty_database(explorer: JobExplorer)
     assert explorer.job_names().next_cursor is None
 
 
-def test_k7_projections_carry_no_parameter_values_or_state_payloads(
+def test_projections_carry_no_parameter_values_or_state_payloads(
     repository: JobRepository, clock: ManualClock, explorer: JobExplorer
 ) -> None:
+    """Scenario K7."""
     secret = "s3cret-value-0xC0FFEE"
     execution = launch(repository, clock, "redacted", {"token": secret, "n": 5, "flag": True})
     with repository.begin() as uow:
@@ -395,9 +406,11 @@ def test_k7_projections_carry_no_parameter_values_or_state_payloads(
     assert step.checkpoint.encoded_len > 0 and step.checkpoint.kind == "checkpoint"
 
 
-def test_k8_pages_stop_before_the_response_bound(
+def test_pages_stop_before_the_response_bound(
     repository: JobRepository, clock: ManualClock, explorer: JobExplorer
 ) -> None:
+    """Scenario K8."""
+
     def wide(prefix: str, count: int) -> dict[str, Any]:
         return {f"{prefix}{i:05d}" + "x" * 100: i for i in range(count)}
 
@@ -419,9 +432,10 @@ def test_k8_pages_stop_before_the_response_bound(
 # --------------------------------------------------------------------------- K9, K10
 
 
-def test_k9_uncommitted_unit_of_work_writes_are_invisible(
+def test_uncommitted_unit_of_work_writes_are_invisible(
     repository: JobRepository, clock: ManualClock, explorer: JobExplorer
 ) -> None:
+    """Scenario K9."""
     with repository.begin() as uow:
         uow.instances.select_or_create(
             JobInstanceKey(JobName("pending"), JobParameters.of({"k": 1}))
@@ -432,9 +446,11 @@ def test_k9_uncommitted_unit_of_work_writes_are_invisible(
     assert [n.job_name for n in explorer.job_names().items] == ["pending"]
 
 
-def test_k10_missing_parents(
+def test_reads_under_a_missing_parent_name_it_or_return_nothing(
     repository: JobRepository, clock: ManualClock, explorer: JobExplorer
 ) -> None:
+    """Scenario K10."""
+
     def cause(call: Any) -> Any:
         with pytest.raises(ExplorerRepositoryError) as raised:
             call()
@@ -463,12 +479,13 @@ def test_k10_missing_parents(
 # --------------------------------------------------------------------------- K12
 
 
-def test_k12_owner_recorded_and_derived_counts_exclude_partition_workers(
+def test_owner_recorded_and_derived_counts_exclude_partition_workers(
     repository: JobRepository,
     clock: ManualClock,
     explorer: JobExplorer,
     admin: psycopg.Connection[Any],
 ) -> None:
+    """Scenario K12."""
     execution = launch(repository, clock)
     assert explorer.execution(execution.id).owner_recorded is False  # type: ignore[union-attr]
     with repository.begin() as uow:

@@ -216,7 +216,10 @@ class JobExecutionStub:
 # --------------------------------------------------------------------------- E8-E18, E22
 
 
-def test_e8_happy_path_decision_gets_an_id(repository: JobRepository, clock: ManualClock) -> None:
+def test_a_decision_the_manifest_allows_is_recorded_as_sent_with_an_id(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    """Scenario E8."""
     execution = launch(repository, clock)
     source = step(repository, execution, "extract")
     sent = request(execution, source_step=source.id, at=clock.now())
@@ -229,9 +232,10 @@ def test_e8_happy_path_decision_gets_an_id(repository: JobRepository, clock: Man
         assert uow.flow.decisions(execution.id) == [decision]
 
 
-def test_e9_fingerprint_other_than_the_manifest_digest_is_corrupt(
+def test_fingerprint_other_than_the_manifest_digest_is_corrupt(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario E9."""
     execution = launch(repository, clock)
     source = step(repository, execution, "extract")
     with pytest.raises(FlowStateCorrupt):
@@ -239,7 +243,10 @@ def test_e9_fingerprint_other_than_the_manifest_digest_is_corrupt(
     assert decision_rows(admin) == 0
 
 
-def test_e10_legacy_definition_never_decides(repository: JobRepository, clock: ManualClock) -> None:
+def test_a_legacy_definition_never_records_a_decision(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    """Scenario E10."""
     legacy = DefinitionIdentity.legacy()
     execution = launch(repository, clock, definition=legacy)
     source = step(repository, execution, "extract")
@@ -249,9 +256,10 @@ def test_e10_legacy_definition_never_decides(repository: JobRepository, clock: M
     assert decisions(repository, execution) == []
 
 
-def test_e11_target_other_than_the_manifest_selected_is_corrupt(
+def test_target_other_than_the_manifest_selected_is_corrupt(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario E11."""
     execution = launch(repository, clock)
     source = step(repository, execution, "extract")
     # "load" is not a target of extract; the catch-all "end fail" is a transition of extract,
@@ -262,7 +270,10 @@ def test_e11_target_other_than_the_manifest_selected_is_corrupt(
     assert decisions(repository, execution) == []
 
 
-def test_e12_sequence_must_be_contiguous(repository: JobRepository, clock: ManualClock) -> None:
+def test_decision_positions_must_be_contiguous(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    """Scenario E12."""
     execution = launch(repository, clock)
     extract = step(repository, execution, "extract")
     with pytest.raises(ConcurrentModification):
@@ -295,9 +306,10 @@ def test_e12_sequence_must_be_contiguous(repository: JobRepository, clock: Manua
     assert decisions(repository, execution) == [first]
 
 
-def test_e12_racing_appends_at_one_position_have_one_winner(
+def test_racing_appends_at_one_position_have_one_winner(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario E12."""
     execution = launch(repository, clock)
     extract = step(repository, execution, "extract")
     requests = [
@@ -319,9 +331,8 @@ def test_e12_racing_appends_at_one_position_have_one_winner(
         assert [d.sequence for d in uow.flow.decisions(execution.id)] == [1]
 
 
-def test_e13_a_node_decides_once_per_execution(
-    repository: JobRepository, clock: ManualClock
-) -> None:
+def test_a_node_decides_once_per_execution(repository: JobRepository, clock: ManualClock) -> None:
+    """Scenario E13."""
     execution = launch(repository, clock)
     extract = step(repository, execution, "extract")
     first = append(repository, request(execution, source_step=extract.id))
@@ -342,9 +353,10 @@ def test_e13_a_node_decides_once_per_execution(
     assert decisions(repository, execution) == [first]
 
 
-def test_e14_source_step_from_another_instance_or_node_is_corrupt(
+def test_source_step_from_another_instance_or_node_is_corrupt(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario E14."""
     execution = launch(repository, clock)
     other = launch(repository, clock)
     foreign = step(repository, other, "extract")
@@ -356,9 +368,10 @@ def test_e14_source_step_from_another_instance_or_node_is_corrupt(
     assert decisions(repository, other) == []
 
 
-def test_e15_step_exit_needs_a_source_step_a_decider_does_not(
+def test_step_exit_needs_a_source_step_a_decider_does_not(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario E15."""
     execution = launch(repository, clock)
     with pytest.raises(FlowStateCorrupt):
         append(repository, request(execution))
@@ -377,9 +390,10 @@ def test_e15_step_exit_needs_a_source_step_a_decider_does_not(
     assert decisions(repository, execution) == [decided]
 
 
-def test_e16_reused_decision_must_match_exactly(
+def test_a_reused_decision_must_match_the_original_exactly(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario E16."""
     first = launch(repository, clock)
     extract = step(repository, first, "extract")
     original = append(repository, request(first, source_step=extract.id))
@@ -456,9 +470,10 @@ def test_e16_reused_decision_must_match_exactly(
     assert decisions(repository, second) == [reused]
 
 
-def test_e17_find_reusable_decision_latest_across_attempts(
+def test_the_reusable_decision_found_is_the_latest_across_attempts(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario E17."""
     first = launch(repository, clock)
     extract = step(repository, first, "extract")
     older = append(repository, request(first, source_step=extract.id))
@@ -488,9 +503,10 @@ def test_e17_find_reusable_decision_latest_across_attempts(
         assert missing.value.id == instance_id + 1000
 
 
-def test_e18_flow_decisions_in_sequence_order(
+def test_flow_decisions_are_listed_in_sequence_order(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario E18."""
     execution = launch(repository, clock)
     extract = step(repository, execution, "extract")
     one = append(repository, request(execution, source_step=extract.id))
@@ -530,9 +546,10 @@ class JobExecutionStubFar:
     id = 10_000
 
 
-def test_e22_nested_job_exit_never_matches_yet_is_storable(
+def test_nested_job_exit_never_matches_yet_is_storable(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario E22."""
     execution = launch(repository, clock)
     extract = step(repository, execution, "extract")
     with pytest.raises(FlowStateCorrupt):

@@ -194,7 +194,10 @@ def test_a_terminal_status_set_built_directly_is_validated_like_of() -> None:
 # --------------------------------------------------------------------------- holds (J1-J3)
 
 
-def test_j1_j2_holds(repository: JobRepository, clock: ManualClock) -> None:
+def test_a_hold_is_placed_read_and_released_on_known_instances_only(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    """Scenario J1, J2."""
     instance_id = history(repository, clock, "a", S.COMPLETED)
     with repository.begin() as uow:
         with pytest.raises(JobInstanceNotFound) as read_missing:
@@ -217,9 +220,10 @@ def test_j1_j2_holds(repository: JobRepository, clock: ManualClock) -> None:
         uow.commit()
 
 
-def test_j3_a_held_instance_is_not_surveyed_but_still_runs(
+def test_a_held_instance_is_not_surveyed_but_still_runs(
     repository: JobRepository, clock: ManualClock, retention: RetentionService
 ) -> None:
+    """Scenario J3."""
     held = history(repository, clock, "held", S.FAILED)
     free = history(repository, clock, "free", S.FAILED)
     retention.hold(OperationId("hold-1"), OPS, held, LEGAL)
@@ -242,10 +246,13 @@ def server_now(admin: psycopg.Connection[Any]) -> datetime.datetime:
     return instant
 
 
-def test_j4_the_age_bound_is_measured_on_the_database_clock(
+def test_the_age_bound_is_measured_on_the_database_clock(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
-    """The cutoff is the server's clock minus the age: the purging client's clock is ignored."""
+    """The cutoff is the server's clock minus the age: the purging client's clock is ignored.
+
+    Scenario J4.
+    """
     server = server_now(admin)
     clock.set(server - HOUR + datetime.timedelta(minutes=10))
     young = history(repository, clock, "young", S.COMPLETED)
@@ -262,9 +269,10 @@ def test_j4_the_age_bound_is_measured_on_the_database_clock(
     assert young != old
 
 
-def test_j5_j14_only_whole_finished_histories_whose_latest_matches(
+def test_only_whole_finished_histories_whose_latest_status_matches_are_surveyed(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario J5, J14."""
     history(repository, clock, "running", S.FAILED, S.STARTED)
     history(repository, clock, "unknown", S.UNKNOWN)
     mixed = history(repository, clock, "mixed", S.FAILED, S.COMPLETED)
@@ -277,7 +285,10 @@ def test_j5_j14_only_whole_finished_histories_whose_latest_matches(
     assert len(survey.candidates) == 2  # both attempts, together
 
 
-def test_j6_batches_never_split_an_instance(repository: JobRepository, clock: ManualClock) -> None:
+def test_purge_batches_never_split_an_instance(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    """Scenario J6."""
     big = history(repository, clock, "big", S.FAILED, S.FAILED, S.COMPLETED)
     small = history(repository, clock, "small", S.COMPLETED)
     clock.advance(2 * HOUR)
@@ -293,12 +304,13 @@ def test_j6_batches_never_split_an_instance(repository: JobRepository, clock: Ma
 # --------------------------------------------------------------------------- apply (J7-J17)
 
 
-def test_j7_j8_j15_apply_deletes_what_the_survey_counted_and_leaves_tombstones(
+def test_apply_deletes_what_the_survey_counted_and_leaves_tombstones(
     repository: JobRepository,
     clock: ManualClock,
     retention: RetentionService,
     admin: psycopg.Connection[Any],
 ) -> None:
+    """Scenario J7, J8, J15."""
     gone = history(repository, clock, "gone", S.FAILED, S.COMPLETED)
     kept = history(repository, clock, "kept", S.FAILED)
     retention.hold(OperationId("hold-gone"), OPS, gone, LEGAL)
@@ -338,9 +350,10 @@ def test_j7_j8_j15_apply_deletes_what_the_survey_counted_and_leaves_tombstones(
     assert rows(admin, "audit_chain_purge") == 2
 
 
-def test_j14_a_failed_tombstone_starts_again_from_scratch(
+def test_a_failed_tombstone_starts_again_from_scratch(
     repository: JobRepository, clock: ManualClock, retention: RetentionService
 ) -> None:
+    """Scenario J14."""
     failed = history(repository, clock, "failed", S.FAILED, S.FAILED)
     abandoned = history(repository, clock, "abandoned", S.ABANDONED)
     clock.advance(2 * HOUR)
@@ -354,12 +367,13 @@ def test_j14_a_failed_tombstone_starts_again_from_scratch(
         assert purged.value.purged
 
 
-def test_j14_j17_forget_instances_erases_them(
+def test_forgetting_instances_erases_them_and_keeps_the_audit_chain_intact(
     repository: JobRepository,
     clock: ManualClock,
     retention: RetentionService,
     admin: psycopg.Connection[Any],
 ) -> None:
+    """Scenario J14, J17."""
     instance_id = history(repository, clock, "erase", S.COMPLETED)
     retention.hold(OperationId("hold-1"), OPS, instance_id, LEGAL)
     retention.release(OperationId("release-1"), OPS, instance_id, ReasonCode("RELEASED"))
@@ -380,12 +394,13 @@ def test_j14_j17_forget_instances_erases_them(
     assert verify_audit_chain(repository).intact
 
 
-def test_j9_to_j13_stale_plans_delete_nothing(
+def test_stale_purge_plans_delete_nothing(
     repository: JobRepository,
     clock: ManualClock,
     retention: RetentionService,
     admin: psycopg.Connection[Any],
 ) -> None:
+    """Scenario J9-J13."""
     versioned = history(repository, clock, "versioned", S.FAILED)
     held = history(repository, clock, "held", S.FAILED)
     restarted = history(repository, clock, "restarted", S.FAILED)
@@ -419,12 +434,13 @@ def test_j9_to_j13_stale_plans_delete_nothing(
     assert retention.apply(OperationId("p-4"), OPS, reason, empty).counts == PurgeCounts()
 
 
-def test_j12_a_plan_applied_twice_is_stale_or_replayed(
+def test_a_plan_applied_twice_is_stale_or_replayed(
     repository: JobRepository,
     clock: ManualClock,
     retention: RetentionService,
     admin: psycopg.Connection[Any],
 ) -> None:
+    """Scenario J12."""
     history(repository, clock, "once", S.COMPLETED)
     clock.advance(2 * HOUR)
     plan = retention.plan(request())
@@ -438,7 +454,10 @@ def test_j12_a_plan_applied_twice_is_stale_or_replayed(
     assert rows(admin, "retention_action") == actions  # the stale apply recorded nothing
 
 
-def test_j16_the_plan_digest(repository: JobRepository, clock: ManualClock) -> None:
+def test_the_plan_digest_is_stable_and_depends_on_the_request(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    """Scenario J16."""
     instance_id = history(repository, clock, "d", S.FAILED)
     clock.advance(2 * HOUR)
     service = RetentionService(repository)
@@ -456,12 +475,13 @@ def test_j16_the_plan_digest(repository: JobRepository, clock: ManualClock) -> N
     assert "digest=" in repr(first) and first.digest.hex() in repr(first)
 
 
-def test_j18_hold_replay_and_conflicts(
+def test_a_repeated_hold_replays_and_a_reused_operation_id_conflicts(
     repository: JobRepository,
     clock: ManualClock,
     retention: RetentionService,
     admin: psycopg.Connection[Any],
 ) -> None:
+    """Scenario J18."""
     one = history(repository, clock, "one", S.COMPLETED)
     two = history(repository, clock, "two", S.COMPLETED)
     applied = retention.hold(OperationId("hold-1"), OPS, one, LEGAL)
@@ -482,12 +502,13 @@ def test_j18_hold_replay_and_conflicts(
     assert rows(admin, "retention_action") == 3
 
 
-def test_j9_a_plan_missing_one_attempt_of_an_instance_is_stale(
+def test_a_plan_missing_one_attempt_of_an_instance_is_stale(
     repository: JobRepository,
     clock: ManualClock,
     retention: RetentionService,
     admin: psycopg.Connection[Any],
 ) -> None:
+    """Scenario J9."""
     history(repository, clock, "two", S.FAILED, S.COMPLETED)
     clock.advance(2 * HOUR)
     whole = retention.plan(request())
@@ -507,7 +528,7 @@ def test_j9_a_plan_missing_one_attempt_of_an_instance_is_stale(
     assert retention.apply(OperationId("whole"), OPS, LEGAL, whole).counts.job_executions == 2
 
 
-def test_j_a_retained_reference_still_fails_the_whole_delete(
+def test_a_retained_reference_still_fails_the_whole_delete(
     repository: JobRepository,
     clock: ManualClock,
     retention: RetentionService,
@@ -549,7 +570,7 @@ def test_j_a_retained_reference_still_fails_the_whole_delete(
     assert tombstone == (None,)
 
 
-def test_j_a_purge_ends_only_when_a_survey_from_the_start_finds_nothing(
+def test_a_purge_ends_only_when_a_survey_from_the_start_finds_nothing(
     repository: JobRepository, clock: ManualClock, retention: RetentionService
 ) -> None:
     """Batches continue after the previous one; a hold released behind them is not missed."""
@@ -684,14 +705,17 @@ def test_race_two_purges_at_once(
     assert verify_audit_chain(repository).intact
 
 
-def test_j7_j8_survey_and_apply_count_every_dependent_kind_of_row(
+def test_survey_and_apply_count_every_dependent_kind_of_row(
     repository: JobRepository,
     clock: ManualClock,
     retention: RetentionService,
     admin: psycopg.Connection[Any],
 ) -> None:
     """A history with a flow decision, a partition and a recovery decision: the survey counts
-    each kind, and the apply deletes exactly those rows and reports the same counts."""
+    each kind, and the apply deletes exactly those rows and reports the same counts.
+
+    Scenario J7, J8.
+    """
     with repository.begin() as uow:
         key = JobInstanceKey(JobName("flows"), JobParameters.of({"run": "rich"}))
         instance = uow.instances.select_or_create(key).instance

@@ -88,9 +88,10 @@ def service(repository: JobRepository) -> OperatorService:
     return OperatorService(repository)
 
 
-def test_h3_h5_a_repeated_launch_replays_whoever_repeats_it(
+def test_a_repeated_launch_replays_whoever_repeats_it(
     repository: JobRepository, service: OperatorService, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario H3, H5."""
     k = instance_key(repository)
     first = service.launch(OperationId("launch-1"), OPS, k)
     assert first.outcome is Outcome.APPLIED
@@ -102,9 +103,10 @@ def test_h3_h5_a_repeated_launch_replays_whoever_repeats_it(
     assert audit_rows(admin) == [("LAUNCH", "launch-1", "APPLIED", None)]
 
 
-def test_h4_the_same_operation_id_for_another_request_is_refused(
+def test_the_same_operation_id_for_another_request_is_refused(
     repository: JobRepository, service: OperatorService, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario H4."""
     service.launch(OperationId("launch-1"), OPS, instance_key(repository))
     with pytest.raises(OperationIdConflict) as conflict:
         service.launch(OperationId("launch-1"), OPS, instance_key(repository, day="2026-12-01"))
@@ -127,12 +129,13 @@ def test_h4_the_same_operation_id_for_another_request_is_refused(
     assert audit_rows(admin) == [("LAUNCH", "launch-1", "APPLIED", None)]
 
 
-def test_h6_h7_restart_rejections_are_audited(
+def test_restart_rejections_are_audited_and_replay(
     repository: JobRepository,
     service: OperatorService,
     clock: ManualClock,
     admin: psycopg.Connection[Any],
 ) -> None:
+    """Scenario H6, H7."""
     with repository.begin() as uow:
         instance = uow.instances.select_or_create(instance_key(repository)).instance
         uow.commit()
@@ -156,12 +159,13 @@ def test_h6_h7_restart_rejections_are_audited(
     assert replay.outcome is Outcome.REPLAYED and replay.record == completed.record
 
 
-def test_h7_restart_of_an_unknown_attempt_is_invalid_state(
+def test_restart_of_an_unknown_attempt_is_invalid_state(
     repository: JobRepository,
     service: OperatorService,
     clock: ManualClock,
     admin: psycopg.Connection[Any],
 ) -> None:
+    """Scenario H7."""
     launched = service.launch(OperationId("launch-1"), OPS, instance_key(repository))
     assert launched.execution is not None
     set_status(repository, clock, launched.execution.id, S.STARTED, S.UNKNOWN)
@@ -174,12 +178,13 @@ def test_h7_restart_of_an_unknown_attempt_is_invalid_state(
     assert audit_rows(admin)[-1] == ("RESTART", "restart-1", "REJECTED", "INVALID_STATE")
 
 
-def test_h8_h14_stop_outcomes(
+def test_stop_is_applied_to_live_or_stopping_runs_and_rejected_for_unknown_or_missing_ones(
     repository: JobRepository,
     service: OperatorService,
     clock: ManualClock,
     admin: psycopg.Connection[Any],
 ) -> None:
+    """Scenario H8, H14."""
     run = service.launch(OperationId("launch-1"), OPS, instance_key(repository)).execution
     assert run is not None
     started = set_status(repository, clock, run.id, S.STARTED)
@@ -213,14 +218,17 @@ def test_h8_h14_stop_outcomes(
     assert missing.rejection is not None and missing.rejection.code is Code.EXECUTION_NOT_FOUND
 
 
-def test_h14_a_launch_refused_as_already_active_is_read_back_with_its_details(
+def test_a_launch_refused_as_already_active_is_read_back_with_its_details(
     repository: JobRepository,
     service: OperatorService,
     clock: ManualClock,
     admin: psycopg.Connection[Any],
 ) -> None:
     """A launch while the latest attempt is active is REJECTED EXECUTION_ALREADY_ACTIVE with
-    that attempt's id and status, audited, and read back with exactly those details."""
+    that attempt's id and status, audited, and read back with exactly those details.
+
+    Scenario H14.
+    """
     key = instance_key(repository)
     run = service.launch(OperationId("launch-1"), OPS, key).execution
     assert run is not None
@@ -245,12 +253,13 @@ def test_h14_a_launch_refused_as_already_active_is_read_back_with_its_details(
     )
 
 
-def test_h8_a_stop_of_a_completed_execution_is_applied_and_changes_nothing(
+def test_a_stop_of_a_completed_execution_is_applied_and_changes_nothing(
     repository: JobRepository,
     service: OperatorService,
     clock: ManualClock,
     admin: psycopg.Connection[Any],
 ) -> None:
+    """Scenario H8."""
     run = service.launch(OperationId("launch-1"), OPS, instance_key(repository)).execution
     assert run is not None
     completed = set_status(repository, clock, run.id, S.STARTED, S.COMPLETED)
@@ -281,12 +290,13 @@ def test_h8_a_stop_of_a_completed_execution_is_applied_and_changes_nothing(
     assert admin.execute(columns, (run.id,)).fetchone() == before
 
 
-def test_h11_stale_expected_version_records_the_current_one(
+def test_stale_expected_version_records_the_current_one(
     repository: JobRepository,
     service: OperatorService,
     clock: ManualClock,
     admin: psycopg.Connection[Any],
 ) -> None:
+    """Scenario H11."""
     run = service.launch(OperationId("launch-1"), OPS, instance_key(repository)).execution
     assert run is not None
     started = set_status(repository, clock, run.id, S.STARTED)
@@ -303,12 +313,13 @@ def test_h11_stale_expected_version_records_the_current_one(
     assert execution_row(admin, run.id)[5:] == (None, None)  # no stop was recorded
 
 
-def test_h9_abandon(
+def test_abandon_is_refused_for_an_unknown_outcome_and_applied_to_a_failed_run(
     repository: JobRepository,
     service: OperatorService,
     clock: ManualClock,
     admin: psycopg.Connection[Any],
 ) -> None:
+    """Scenario H9."""
     unknown = service.launch(OperationId("l-1"), OPS, instance_key(repository, "u")).execution
     failed = service.launch(OperationId("l-2"), OPS, instance_key(repository, "f")).execution
     assert unknown is not None and failed is not None
@@ -331,12 +342,13 @@ def test_h9_abandon(
     assert again.outcome is Outcome.APPLIED and again.record.result_status is S.ABANDONED
 
 
-def test_h10_unknown_commit_needs_unknown_effect(
+def test_recovering_an_unknown_commit_needs_the_unknown_effect_reason(
     repository: JobRepository,
     service: OperatorService,
     clock: ManualClock,
     admin: psycopg.Connection[Any],
 ) -> None:
+    """Scenario H10."""
     run = service.launch(OperationId("l-1"), OPS, instance_key(repository)).execution
     assert run is not None
     current = set_status(repository, clock, run.id, S.STARTED, S.UNKNOWN)
@@ -370,13 +382,14 @@ def test_h10_unknown_commit_needs_unknown_effect(
     assert "redacted" in repr(decision) and decision.evidence_digest.hex() not in repr(decision)
 
 
-def test_h12_a_lost_commit_is_reported_unknown_and_is_atomic(
+def test_a_lost_commit_is_reported_unknown_and_is_atomic(
     repository: JobRepository,
     service: OperatorService,
     clock: ManualClock,
     admin: psycopg.Connection[Any],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Scenario H12."""
     run = service.launch(OperationId("l-1"), OPS, instance_key(repository)).execution
     assert run is not None
     set_status(repository, clock, run.id, S.STARTED)
@@ -402,9 +415,10 @@ def test_h12_a_lost_commit_is_reported_unknown_and_is_atomic(
 
 
 @pytest.mark.race
-def test_h16_concurrent_requests_with_one_operation_id(
+def test_concurrent_identical_requests_with_one_operation_id_apply_once_and_replay(
     repository: JobRepository, service: OperatorService, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario H16."""
     k = instance_key(repository)
     outcomes = race(4, lambda index: service.launch(OperationId("launch-1"), OPS, k))
     assert all(outcome.ok for outcome in outcomes), [o.error for o in outcomes]
@@ -415,11 +429,14 @@ def test_h16_concurrent_requests_with_one_operation_id(
 
 
 @pytest.mark.race
-def test_h16_concurrent_different_requests_with_one_operation_id(
+def test_concurrent_different_requests_with_one_operation_id_apply_one_and_refuse_the_rest(
     repository: JobRepository, service: OperatorService, admin: psycopg.Connection[Any]
 ) -> None:
     """Launches of different keys under one operation id: one is APPLIED, every other one is
-    OperationIdConflict; one audit row and one execution exist."""
+    OperationIdConflict; one audit row and one execution exist.
+
+    Scenario H16.
+    """
     keys = [instance_key(repository, day=f"2026-12-0{index + 1}") for index in range(4)]
     outcomes = race(4, lambda index: service.launch(OperationId("launch-1"), OPS, keys[index]))
     applied = [o.value for o in outcomes if o.ok and o.value is not None]

@@ -78,9 +78,10 @@ def definition_rows(admin: psycopg.Connection[Any]) -> int:
 # --------------------------------------------------------------------------- C1, C2
 
 
-def test_c1_select_or_create_twice_in_one_unit_of_work(
+def test_select_or_create_twice_in_one_unit_of_work_creates_then_finds_the_instance(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario C1."""
     key = new_key()
     with repository.begin() as uow:
         first = uow.instances.select_or_create(key)
@@ -94,9 +95,10 @@ def test_c1_select_or_create_twice_in_one_unit_of_work(
     assert first.instance.created_at == clock.now() - timedelta(seconds=1)
 
 
-def test_c2_committed_instance_is_existing_and_findable(
+def test_committed_instance_is_existing_and_findable(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario C2."""
     key = new_key()
     with repository.begin() as uow:
         created = uow.instances.select_or_create(key).instance
@@ -115,9 +117,10 @@ def test_c2_committed_instance_is_existing_and_findable(
 # --------------------------------------------------------------------------- C3, C4
 
 
-def test_c3_launch_of_unknown_instance(
+def test_launch_of_an_unknown_instance_is_not_found_and_writes_nothing(
     repository: JobRepository, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario C3."""
     definitions = definition_rows(admin)
     with repository.begin() as uow:
         with pytest.raises(JobInstanceNotFound) as missing:
@@ -132,7 +135,8 @@ def test_c3_launch_of_unknown_instance(
     assert definition_rows(admin) == definitions
 
 
-def test_c4_first_attempt_starts_clean(repository: JobRepository, clock: ManualClock) -> None:
+def test_first_attempt_starts_clean(repository: JobRepository, clock: ManualClock) -> None:
+    """Scenario C4."""
     clock.set(datetime(2026, 3, 4, 5, 6, 7, 654321, tzinfo=UTC))
     with repository.begin() as uow:
         instance = uow.instances.select_or_create(new_key()).instance
@@ -160,9 +164,8 @@ def test_c4_first_attempt_starts_clean(repository: JobRepository, clock: ManualC
 # --------------------------------------------------------------------------- C5 - C8
 
 
-def test_c5_launch_while_unresolved_is_refused(
-    repository: JobRepository, clock: ManualClock
-) -> None:
+def test_launch_while_unresolved_is_refused(repository: JobRepository, clock: ManualClock) -> None:
+    """Scenario C5."""
     for status in (S.STARTING, S.STARTED, S.STOPPING, S.UNKNOWN):
         latest = launched(repository, clock, status)
         with repository.begin() as uow:
@@ -178,7 +181,10 @@ def test_c5_launch_while_unresolved_is_refused(
             assert uow.executions.of_instance(latest.job_instance_id) == [latest]
 
 
-def test_c6_restart_after_failed_or_stopped(repository: JobRepository, clock: ManualClock) -> None:
+def test_restart_after_failed_or_stopped_creates_the_next_attempt(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    """Scenario C6."""
     for status in (S.FAILED, S.STOPPED):
         first = launched(repository, clock, status)
         clock.advance()
@@ -198,9 +204,10 @@ def test_c6_restart_after_failed_or_stopped(repository: JobRepository, clock: Ma
         assert executions[0] == first
 
 
-def test_c7_restart_after_completed_or_abandoned_is_refused(
+def test_restart_after_completed_or_abandoned_is_refused(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario C7."""
     completed = launched(repository, clock, S.COMPLETED)
     abandoned = launched(repository, clock, S.ABANDONED)
     with repository.begin() as uow:
@@ -216,9 +223,10 @@ def test_c7_restart_after_completed_or_abandoned_is_refused(
         assert uow.executions.of_instance(abandoned.job_instance_id) == [abandoned]
 
 
-def test_c8_restart_leaves_the_prior_attempt_untouched(
+def test_restart_leaves_the_prior_attempt_untouched(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario C8."""
     first = launched(repository, clock, S.STARTED)
     with repository.begin() as uow:
         uow.steps.create(first.id, StepName("load"))
@@ -239,7 +247,10 @@ def test_c8_restart_leaves_the_prior_attempt_untouched(
 # --------------------------------------------------------------------------- C9 - C11
 
 
-def test_c9_job_executions_in_attempt_order(repository: JobRepository, clock: ManualClock) -> None:
+def test_job_executions_are_listed_in_attempt_order(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    """Scenario C9."""
     first = launched(repository, clock, S.FAILED)
     attempts = [first]
     for final in (S.STOPPED, S.FAILED, S.STARTED):
@@ -256,9 +267,10 @@ def test_c9_job_executions_in_attempt_order(repository: JobRepository, clock: Ma
         assert missing.value.id == first.job_instance_id + 1000
 
 
-def test_c10_step_executions_in_creation_order(
+def test_step_executions_are_listed_in_creation_order(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario C10."""
     execution = launched(repository, clock, S.STARTED)
     names = ["zeta", "alpha", "mid", "beta"]  # creation order differs from name order
     with repository.begin() as uow:
@@ -281,9 +293,8 @@ def launched_empty(uow: UnitOfWork) -> int:
     return uow.executions.create(uow.instances.select_or_create(new_key()).instance.id).id
 
 
-def test_c11_reads_of_unknown_ids_return_none(
-    repository: JobRepository, clock: ManualClock
-) -> None:
+def test_reads_of_unknown_ids_return_none(repository: JobRepository, clock: ManualClock) -> None:
+    """Scenario C11."""
     execution = launched(repository, clock, S.STARTED)
     with repository.begin() as uow:
         step = uow.steps.create(execution.id, StepName("only"))
@@ -302,9 +313,10 @@ def definition(revision: str, steps: list[str]) -> DefinitionIdentity:
     )
 
 
-def test_c12_completed_instance_with_drifting_definition_reports_completed(
+def test_completed_instance_with_drifting_definition_reports_completed(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario C12."""
     with repository.begin() as uow:
         instance = uow.instances.select_or_create(new_key()).instance
         first = uow.executions.create(instance.id, definition("r1", ["a"]))

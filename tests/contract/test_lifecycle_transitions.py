@@ -129,9 +129,10 @@ KINDS: tuple[Kind, ...] = ("job", "step")
 # --------------------------------------------------------------------------- B1
 
 
-def test_b1_start_sets_started_at_and_bumps_version(
+def test_start_sets_started_at_and_bumps_the_version(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario B1."""
     for kind in KINDS:
         created = arrange(repository, clock, kind, S.STARTING)
         at = clock.advance(timedelta(seconds=3))
@@ -176,8 +177,10 @@ def attempt(uow: UnitOfWork, kind: Kind, record: Record, target: S, at: datetime
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_b2_transition_matrix(repository: JobRepository, clock: ManualClock, kind: Kind) -> None:
-    """All 8x8 (from, to) pairs: success exactly where the table allows one."""
+def test_every_status_pair_moves_exactly_where_the_lifecycle_table_allows(
+    repository: JobRepository, clock: ManualClock, kind: Kind
+) -> None:
+    """All 8x8 (from, to) pairs: success exactly where the table allows one. Scenario B2."""
     pairs = list(itertools.product(S, S))
     with repository.begin() as uow:
         sources = {pair: drive(uow, clock, kind, create(uow, kind), pair[0]) for pair in pairs}
@@ -205,9 +208,10 @@ def test_b2_transition_matrix(repository: JobRepository, clock: ManualClock, kin
 # --------------------------------------------------------------------------- B3
 
 
-def test_b3_failed_requires_a_failure_and_stores_it(
+def test_failed_requires_a_failure_and_stores_it(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario B3."""
     for kind in KINDS:
         started = arrange(repository, clock, kind, S.STARTED)
         at = clock.advance()
@@ -227,9 +231,10 @@ def test_b3_failed_requires_a_failure_and_stores_it(
 # --------------------------------------------------------------------------- B4
 
 
-def test_b4_transition_before_start_is_refused_and_changes_nothing(
+def test_transition_before_start_is_refused_and_changes_nothing(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario B4."""
     for kind in KINDS:
         started = arrange(repository, clock, kind, S.STARTED)
         started_at = started.metadata.timestamps.started_at
@@ -248,9 +253,10 @@ def test_b4_transition_before_start_is_refused_and_changes_nothing(
         assert done.metadata.timestamps.ended_at == started_at
 
 
-def test_b4_transition_before_creation_or_end_is_refused(
+def test_transition_before_creation_or_end_is_refused(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario B4."""
     for kind in KINDS:
         starting = arrange(repository, clock, kind, S.STARTING)
         failed = arrange(repository, clock, kind, S.FAILED)
@@ -274,9 +280,10 @@ def test_b4_transition_before_creation_or_end_is_refused(
 # --------------------------------------------------------------------------- B5
 
 
-def test_b5_abandoning_a_failure_keeps_end_time_and_failure(
+def test_abandoning_a_failure_keeps_end_time_and_failure(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario B5."""
     for kind in KINDS:
         failed = arrange(repository, clock, kind, S.FAILED)
         at = clock.advance(timedelta(hours=1))
@@ -291,9 +298,10 @@ def test_b5_abandoning_a_failure_keeps_end_time_and_failure(
             assert record.updated_at == at
 
 
-def test_b5_abandoning_with_a_new_failure_replaces_it(
+def test_abandoning_with_a_new_failure_replaces_it(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario B5."""
     for kind in KINDS:
         failed = arrange(repository, clock, kind, S.FAILED)
         t = LifecycleTransition(target=S.ABANDONED, at=clock.advance(), failure=OTHER_FAILURE)
@@ -310,9 +318,10 @@ def test_b5_abandoning_with_a_new_failure_replaces_it(
 # --------------------------------------------------------------------------- B6
 
 
-def test_b6_unknown_has_no_end_time_until_failed(
+def test_unknown_has_no_end_time_until_failed(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario B6."""
     for kind in KINDS:
         started = arrange(repository, clock, kind, S.STARTED)
         with repository.begin() as uow:
@@ -336,7 +345,10 @@ def test_b6_unknown_has_no_end_time_until_failed(
 # --------------------------------------------------------------------------- B7
 
 
-def test_b7_stale_version_is_checked_first(repository: JobRepository, clock: ManualClock) -> None:
+def test_stale_version_is_checked_before_any_other_refusal(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    """Scenario B7."""
     for kind in KINDS:
         started = arrange(repository, clock, kind, S.STARTED)
         assert started.version == 1
@@ -363,9 +375,10 @@ def test_b7_stale_version_is_checked_first(repository: JobRepository, clock: Man
 # --------------------------------------------------------------------------- B8
 
 
-def test_b8_terminal_rollback_counts_once_on_a_step(
+def test_terminal_rollback_counts_once_on_a_step(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario B8."""
     started = arrange(repository, clock, "step", S.STARTED)
     assert isinstance(started, StepExecution)
     assert started.metadata.counts.rolled_back == 0
@@ -395,9 +408,10 @@ def test_b8_terminal_rollback_counts_once_on_a_step(
     assert row == (2,)
 
 
-def test_b8_terminal_rollback_has_no_effect_on_a_job_execution(
+def test_terminal_rollback_has_no_effect_on_a_job_execution(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario B8."""
     started = arrange(repository, clock, "job", S.STARTED)
     with repository.begin() as uow:
         failed = uow.executions.transition(
@@ -420,9 +434,10 @@ def enrich(uow: UnitOfWork, kind: Kind, record: Record, exit_code: ExitCode) -> 
     return uow.steps.enrich_exit_status(record.id, record.version, exit_code)
 
 
-def test_b9_enrich_completed_sets_exit_and_moves_updated_at_forward(
+def test_enriching_a_completed_execution_sets_its_exit_and_moves_updated_at_forward(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario B9."""
     for kind in KINDS:
         completed = arrange(repository, clock, kind, S.COMPLETED)
         now = clock.advance(timedelta(minutes=5))
@@ -437,9 +452,10 @@ def test_b9_enrich_completed_sets_exit_and_moves_updated_at_forward(
             assert record.metadata.timestamps == completed.metadata.timestamps
 
 
-def test_b9_enrich_never_moves_updated_at_backwards(
+def test_enrichment_never_moves_updated_at_backwards(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario B9."""
     for kind in KINDS:
         started = arrange(repository, clock, kind, S.STARTED)
         later = clock.now() + timedelta(hours=2)  # a caller-supplied instant ahead of the clock
@@ -452,9 +468,10 @@ def test_b9_enrich_never_moves_updated_at_backwards(
         assert stored(repository, kind, started.id).updated_at == later
 
 
-def test_b9_enrich_is_allowed_in_every_status(
+def test_enrichment_is_allowed_in_every_status(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario B9."""
     for kind in KINDS:
         records = [arrange(repository, clock, kind, status) for status in S]
         with repository.begin() as uow:
@@ -470,9 +487,10 @@ def test_b9_enrich_is_allowed_in_every_status(
 # --------------------------------------------------------------------------- B10, B11
 
 
-def test_b10_enrich_with_stale_version_or_unknown_id(
+def test_enrichment_with_a_stale_version_or_unknown_id_changes_nothing(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario B10."""
     for kind in KINDS:
         started = arrange(repository, clock, kind, S.STARTED)
         with repository.begin() as uow:
@@ -495,7 +513,10 @@ def test_b10_enrich_with_stale_version_or_unknown_id(
         assert stored(repository, kind, started.id) == started
 
 
-def test_b11_transition_of_unknown_ids(repository: JobRepository, clock: ManualClock) -> None:
+def test_transition_of_an_unknown_id_is_not_found_in_its_own_table(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    """Scenario B11."""
     t = LifecycleTransition.new(S.STARTED, clock.now())
     with repository.begin() as uow:
         with pytest.raises(JobExecutionNotFound) as job:
@@ -513,9 +534,10 @@ def test_b11_transition_of_unknown_ids(repository: JobRepository, clock: ManualC
 # --------------------------------------------------------------------------- B12
 
 
-def test_b12_updated_at_is_monotonic_after_a_stop_request(
+def test_updated_at_is_monotonic_after_a_stop_request(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario B12."""
     started = arrange(repository, clock, "job", S.STARTED)
     started_at = started.metadata.timestamps.started_at
     assert started_at is not None
@@ -543,9 +565,10 @@ def test_b12_updated_at_is_monotonic_after_a_stop_request(
     assert stopped.updated_at == t3 == stored(repository, "job", started.id).updated_at
 
 
-def test_b12_updated_at_is_monotonic_after_an_enrichment(
+def test_updated_at_is_monotonic_after_an_enrichment(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario B12."""
     for kind in KINDS:
         started = arrange(repository, clock, kind, S.STARTED)
         started_at = started.metadata.timestamps.started_at

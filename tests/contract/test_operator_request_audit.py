@@ -305,9 +305,10 @@ def test_request_digest_follows_the_canonical_writer_and_omits_the_actor() -> No
 # --------------------------------------------------------------------------- H1, H2
 
 
-def test_h1_find_is_none_on_an_empty_store_then_returns_the_appended_record(
+def test_find_is_none_on_an_empty_store_then_returns_the_appended_record(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario H1."""
     instance_id, execution_id = arrange_execution(repository)
     value = draft(
         clock,
@@ -333,9 +334,10 @@ def test_h1_find_is_none_on_an_empty_store_then_returns_the_appended_record(
     assert stored.requested_at == value.requested_at and stored.requested_at.tzinfo is not None
 
 
-def test_h2_a_duplicate_key_is_concurrent_modification_and_another_action_is_another_key(
+def test_a_duplicate_key_is_concurrent_modification_and_another_action_is_another_key(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario H2."""
     first = draft(clock, action=A.STOP)
     with repository.begin() as uow:
         recorded = uow.operator_requests.append(first)
@@ -371,9 +373,10 @@ def test_rule12_every_rejection_round_trips_with_its_details(
     assert stored.outcome is Outcome.REJECTED
 
 
-def test_h15_replayed_and_unsupported_action_rows_are_storable(
+def test_replayed_and_unsupported_action_rows_are_storable(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario H15."""
     replayed = draft(clock, action=A.RECOVER, outcome=Outcome.REPLAYED, result_status=S.FAILED)
     unsupported = rejected(clock, EVERY_REJECTION[Code.UNSUPPORTED_ACTION])
     for value in (replayed, unsupported):
@@ -531,7 +534,7 @@ def find_by_stored_key(uow: UnitOfWork, action: str, operation_id: str) -> Opera
         return None if row is None else decode_operator_record(row)
 
 
-def test_n_corrupt_operator_request_rows_are_unavailable_on_find(
+def test_corrupt_operator_request_rows_are_unavailable_on_find(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
     rows = {
@@ -569,9 +572,10 @@ def test_n_corrupt_operator_request_rows_are_unavailable_on_find(
 # --------------------------------------------------------------------------- L4
 
 
-def test_l4_two_units_of_work_append_the_same_operation_id(
+def test_two_units_of_work_appending_the_same_operation_id_have_one_winner(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario L4."""
     for _ in range(8):
         base = draft(clock, action=A.STOP)
         racers = [

@@ -32,7 +32,10 @@ from tests.support.clock import ManualClock
 PARTITION_SCHEMA = StateSchemaId("tests.snapshot.partition.v1")
 
 
-def test_g8_recovery_decision_read(repository: JobRepository, clock: ManualClock) -> None:
+def test_the_recorded_recovery_decision_reads_back_with_its_evidence_redacted(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    """Scenario G8, G10."""
     prior = execution_in(repository, clock, S.STARTED)
     with repository.begin() as uow:
         assert uow.recovery.decision(prior.id) is None
@@ -78,7 +81,10 @@ def test_domain_errors_through_a_repository_call_are_repository_errors(
     assert isinstance(copy.error, StateSchemaVersionNotStorable)
 
 
-def test_g11_recovery_snapshot(repository: JobRepository, clock: ManualClock, admin: Any) -> None:
+def test_the_recovery_snapshot_reports_owner_latest_step_and_markers_without_the_token(
+    repository: JobRepository, clock: ManualClock, admin: Any
+) -> None:
+    """Scenario G11."""
     owner, stranger = OwnerToken.generate(), OwnerToken.generate()
     with repository.begin() as uow:
         key = Job(repository, "snapshots", {"n": 1}).key
@@ -117,7 +123,8 @@ def test_g11_recovery_snapshot(repository: JobRepository, clock: ManualClock, ad
         repository.recovery_snapshot(execution.id + 1000)
 
 
-def test_g10_a_recovery_request_never_shows_its_evidence_digest() -> None:
+def test_a_recovery_request_never_shows_its_evidence_digest() -> None:
+    """Scenario G10."""
     request = mark_failed(3)
     text = repr(request)
     assert request.evidence_digest.hex() not in text
@@ -125,11 +132,14 @@ def test_g10_a_recovery_request_never_shows_its_evidence_digest() -> None:
     assert 'evidence_digest="<redacted>"' in text
 
 
-def test_g11_completed_partitions_and_flow_decisions_are_snapshot_markers(
+def test_completed_partitions_and_flow_decisions_are_snapshot_markers(
     repository: JobRepository, clock: ManualClock
 ) -> None:
     """`completed_partition` appears once a partition under the execution's steps is
-    COMPLETED (not before), and `committed_flow_decision` once a decision is recorded."""
+    COMPLETED (not before), and `committed_flow_decision` once a decision is recorded.
+
+    Scenario G11.
+    """
     with repository.begin() as uow:
         instance = uow.instances.select_or_create(new_key()).instance
         execution = uow.executions.create(instance.id, DEFINITION)

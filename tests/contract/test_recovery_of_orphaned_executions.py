@@ -144,9 +144,10 @@ def decisions(admin: psycopg.Connection[Any]) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- G1, G2
 
 
-def test_g1_mark_failed_records_the_decision_and_g2_allows_a_restart(
+def test_mark_failed_records_the_decision_and_allows_a_restart(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario G1, G2."""
     prior = execution_in(repository, clock, S.STARTED)
     decided_at = clock.advance(timedelta(minutes=20))
     result = recover(repository, prior.id, mark_failed(prior.version))
@@ -184,9 +185,10 @@ def test_g1_mark_failed_records_the_decision_and_g2_allows_a_restart(
 # --------------------------------------------------------------------------- G3, G4
 
 
-def test_g3_abandon_clears_the_failure_keeps_the_exit_and_ends_the_instance(
+def test_abandon_clears_the_failure_keeps_the_exit_and_ends_the_instance(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario G3."""
     with repository.begin() as uow:
         prior = uow.executions.create(uow.instances.select_or_create(new_key()).instance.id)
         prior = uow.executions.enrich_exit_status(prior.id, prior.version, ExitCode("IN_DOUBT"))
@@ -220,7 +222,7 @@ def test_g3_abandon_clears_the_failure_keeps_the_exit_and_ends_the_instance(
         (S.STARTED, abandon, S.ABANDONED),
     ],
 )
-def test_g4_recovery_bypasses_the_lifecycle_table(
+def test_recovery_bypasses_the_lifecycle_table(
     repository: JobRepository,
     clock: ManualClock,
     admin: psycopg.Connection[Any],
@@ -228,6 +230,7 @@ def test_g4_recovery_bypasses_the_lifecycle_table(
     request_for: Any,
     result: BatchStatus,
 ) -> None:
+    """Scenario G4."""
     prior = execution_in(repository, clock, status)
     recovered = recover(repository, prior.id, request_for(prior.version)).execution
     assert (recovered.status, recovered.version) == (result, prior.version + 1)
@@ -239,9 +242,10 @@ def test_g4_recovery_bypasses_the_lifecycle_table(
 # --------------------------------------------------------------------------- G5, G6, G7, G9
 
 
-def test_g5_finished_executions_cannot_be_recovered(
+def test_finished_executions_cannot_be_recovered(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario G5."""
     for status in (S.FAILED, S.STOPPED, S.COMPLETED, S.ABANDONED):
         prior = execution_in(repository, clock, status)
         for request in (mark_failed(prior.version), abandon(prior.version)):
@@ -252,9 +256,10 @@ def test_g5_finished_executions_cannot_be_recovered(
     assert decisions(admin) == []
 
 
-def test_g6_stale_and_replayed_requests_are_stale_version(
+def test_stale_and_replayed_recovery_requests_are_stale_version(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario G6."""
     prior = execution_in(repository, clock, S.STARTED)
     with repository.begin() as uow, pytest.raises(StaleVersion) as stale:
         uow.recovery.recover(prior.id, mark_failed(prior.version - 1))
@@ -276,9 +281,10 @@ def test_g6_stale_and_replayed_requests_are_stale_version(
     assert len(decisions(admin)) == 1
 
 
-def test_g7_unknown_execution_and_g9_a_clock_behind_the_start_never_blocks_recovery(
+def test_unknown_executions_are_not_found_and_a_clock_behind_the_start_never_blocks_recovery(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario G7, G9."""
     prior = execution_in(repository, clock, S.STARTED)
     with repository.begin() as uow, pytest.raises(JobExecutionNotFound) as missing:
         uow.recovery.recover(prior.id + 1000, mark_failed(0))
@@ -300,9 +306,10 @@ def test_g7_unknown_execution_and_g9_a_clock_behind_the_start_never_blocks_recov
     assert decision["decided_at"] == started_at
 
 
-def test_l6_two_recoveries_at_one_version_make_one_decision(
+def test_two_recoveries_at_one_version_make_one_decision(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario L6."""
     prior = execution_in(repository, clock, S.STARTED)
     requests = [mark_failed(prior.version), abandon(prior.version)]
     outcomes = race_units_of_work(
@@ -406,9 +413,10 @@ def durable_columns(admin: psycopg.Connection[Any], step_id: int) -> dict[str, A
     return row
 
 
-def test_e21_flow_step_copies_the_newest_state_of_its_node_across_attempts(
+def test_flow_step_copies_the_newest_state_of_its_node_across_attempts(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario E21."""
     with repository.begin() as uow:
         instance = uow.instances.select_or_create(new_key()).instance
         uow.commit()
@@ -468,9 +476,10 @@ def test_e21_flow_step_copies_the_newest_state_of_its_node_across_attempts(
     assert durable_columns(admin, copy_3.id) == durable_columns(admin, copy_2.id)
 
 
-def test_e2_restart_step_copies_the_same_named_step_of_the_previous_attempt(
+def test_restart_step_copies_the_same_named_step_of_the_previous_attempt(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario E2."""
     with repository.begin() as uow:
         instance = uow.instances.select_or_create(new_key()).instance
         uow.commit()
@@ -494,9 +503,10 @@ def test_e2_restart_step_copies_the_same_named_step_of_the_previous_attempt(
     assert durable_columns(admin, copy.id)["fault_state_payload"]["entries"] != []
 
 
-def test_e3_restart_step_without_a_same_named_source_is_refused(
+def test_restart_step_without_a_same_named_source_is_refused(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario E3."""
     with repository.begin() as uow:
         instance = uow.instances.select_or_create(new_key()).instance
         uow.commit()
@@ -517,9 +527,10 @@ def test_e3_restart_step_without_a_same_named_source_is_refused(
         assert [step.id for step in uow.steps.of_execution(second.id)] == [copy.id]
 
 
-def test_e6_node_ids_count_their_starts_apart_even_under_one_step_name(
+def test_node_ids_count_their_starts_apart_even_under_one_step_name(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario E6."""
     with repository.begin() as uow:
         instance = uow.instances.select_or_create(new_key()).instance
         uow.commit()
@@ -548,9 +559,10 @@ def test_e6_node_ids_count_their_starts_apart_even_under_one_step_name(
         uow.commit()
 
 
-def test_e5_start_limit_counts_every_attempt(
+def test_start_limit_counts_every_attempt(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario E5."""
     with repository.begin() as uow:
         instance = uow.instances.select_or_create(new_key()).instance
         uow.commit()
@@ -597,10 +609,13 @@ def _starts_of_node(admin: psycopg.Connection[Any], instance_id: int) -> int:
 
 
 @pytest.mark.race
-def test_l5_two_flow_step_starts_against_start_limit_one(
+def test_two_flow_step_starts_against_a_start_limit_of_one_have_one_winner(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
-    """Two attempts of one instance start node NODE at once: the instance lock lets one in."""
+    """Two attempts of one instance start node NODE at once: the instance lock lets one in.
+
+    Scenario L5.
+    """
     with repository.begin() as uow:
         instance = uow.instances.select_or_create(new_key()).instance
         # An older attempt, FAILED already, whose process still tries to start the node.
@@ -642,10 +657,13 @@ def test_l5_two_flow_step_starts_against_start_limit_one(
 
 
 @pytest.mark.race
-def test_l5_a_waiting_start_sees_the_committed_start(
+def test_a_waiting_start_sees_the_committed_start(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
-    """Forced interleaving: the second start blocks on the instance lock, then counts 1."""
+    """Forced interleaving: the second start blocks on the instance lock, then counts 1.
+
+    Scenario L5.
+    """
     with repository.begin() as uow:
         instance = uow.instances.select_or_create(new_key()).instance
         old = uow.executions.create(instance.id)
@@ -681,9 +699,10 @@ def test_l5_a_waiting_start_sees_the_committed_start(
 # --------------------------------------------------------------------------- E1, E5, E20
 
 
-def test_e1_a_new_step_starts_clean_at_the_clock_instant(
+def test_a_new_step_starts_clean_at_the_clock_instant(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario E1."""
     clock.set(clock.now() + timedelta(microseconds=123457))
     with repository.begin() as uow:
         execution = uow.executions.create(uow.instances.select_or_create(new_key()).instance.id)
@@ -701,10 +720,13 @@ def test_e1_a_new_step_starts_clean_at_the_clock_instant(
     assert step.checkpoint == Checkpoint.empty()
 
 
-def test_e5_completed_and_stopped_starts_count_against_the_limit(
+def test_completed_and_stopped_starts_count_against_the_limit(
     repository: JobRepository, clock: ManualClock
 ) -> None:
-    """Starts that ended COMPLETED or STOPPED in earlier attempts count like FAILED ones."""
+    """Starts that ended COMPLETED or STOPPED in earlier attempts count like FAILED ones.
+
+    Scenario E5.
+    """
     with repository.begin() as uow:
         instance = uow.instances.select_or_create(new_key()).instance
         uow.commit()
@@ -731,12 +753,15 @@ def test_e5_completed_and_stopped_starts_count_against_the_limit(
         assert uow.steps.of_execution(third.id) == []
 
 
-def test_e20_a_step_name_or_logical_id_is_used_once_per_execution(
+def test_a_step_name_or_logical_id_is_used_once_per_execution(
     repository: JobRepository, clock: ManualClock
 ) -> None:
     """A second step with the same name, or a flow step whose node id is an existing step's
     logical id, is DuplicateStep; nothing is staged and the unit of work commits its earlier
-    work."""
+    work.
+
+    Scenario E20.
+    """
     with repository.begin() as uow:
         execution = uow.executions.create(uow.instances.select_or_create(new_key()).instance.id)
         extract = uow.steps.create(execution.id, StepName("extract"))

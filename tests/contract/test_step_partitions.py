@@ -207,7 +207,8 @@ def test_partition_context_is_bounded_to_4_kib() -> None:
 # --------------------------------------------------------------------------- plans
 
 
-def test_f1_plan_in_entry_order_read_in_key_byte_order(f: Fixture) -> None:
+def test_a_plan_is_numbered_in_entry_order_and_read_in_key_byte_order(f: Fixture) -> None:
+    """Scenario F1."""
     created = plan(f.repository, f.parent, "b", "a", "B")
     assert [(p.key.value, p.ordinal) for p in created] == [("b", 1), ("a", 2), ("B", 3)]
     assert all(
@@ -222,7 +223,8 @@ def test_f1_plan_in_entry_order_read_in_key_byte_order(f: Fixture) -> None:
     assert read[1].context == ExecutionContext(SCHEMA, 1, {"key": "a"})
 
 
-def test_f2_plan_size_bounds(f: Fixture, admin: psycopg.Connection[Any]) -> None:
+def test_an_empty_or_oversized_plan_is_refused(f: Fixture, admin: psycopg.Connection[Any]) -> None:
+    """Scenario F2."""
     with f.repository.begin() as uow:
         with pytest.raises(EmptyPartitionPlan):
             uow.partitions.create_plan(f.parent.id, [])
@@ -235,9 +237,10 @@ def test_f2_plan_size_bounds(f: Fixture, admin: psycopg.Connection[Any]) -> None
     assert partition_rows(admin) == 1024
 
 
-def test_f3_byte_identical_keys_are_duplicates_whitespace_is_kept(
+def test_byte_identical_keys_are_duplicates_whitespace_is_kept(
     f: Fixture, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario F3."""
     other = new_step(f.repository, f.clock, f.execution)
     with f.repository.begin() as uow:
         with pytest.raises(DuplicatePartitionKey):
@@ -264,9 +267,10 @@ def test_a_context_schema_version_beyond_integer_is_refused_before_any_write(
     assert created[1].context.schema_version == 2**31 - 1
 
 
-def test_f4_f5_f6_plan_exists_parent_not_active_all_or_nothing(
+def test_a_plan_is_refused_twice_or_under_an_inactive_parent_and_is_all_or_nothing(
     f: Fixture, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario F4, F5, F6."""
     first = plan(f.repository, f.parent, "a")
     with f.repository.begin() as uow:
         with pytest.raises(PartitionPlanExists) as exists:
@@ -286,7 +290,8 @@ def test_f4_f5_f6_plan_exists_parent_not_active_all_or_nothing(
     assert partition_rows(admin) == 1  # only the first plan's row
 
 
-def test_f35_input_checks_precede_parent_checks(f: Fixture) -> None:
+def test_input_checks_precede_parent_checks(f: Fixture) -> None:
+    """Scenario F35."""
     with f.repository.begin() as uow:
         with pytest.raises(EmptyPartitionPlan):
             uow.partitions.create_plan(10**9, [])
@@ -300,7 +305,8 @@ def test_f35_input_checks_precede_parent_checks(f: Fixture) -> None:
 # --------------------------------------------------------------------------- assign
 
 
-def test_f7_assign_waits_for_the_plan_to_be_published(f: Fixture) -> None:
+def test_assign_waits_for_the_plan_to_be_published(f: Fixture) -> None:
+    """Scenario F7."""
     worker = f.worker()
     with f.repository.begin() as uow:
         (created,) = uow.partitions.create_plan(f.parent.id, entries("a"))
@@ -311,7 +317,8 @@ def test_f7_assign_waits_for_the_plan_to_be_published(f: Fixture) -> None:
     assert assign(f.repository, created, worker.id).status is S.STARTED
 
 
-def test_f8_f9_assign_needs_a_started_parent(repository: JobRepository, clock: ManualClock) -> None:
+def test_assign_needs_a_started_parent(repository: JobRepository, clock: ManualClock) -> None:
+    """Scenario F8, F9."""
     execution = launch(repository, clock)
     parent = new_step(repository, clock, execution, started=False)
     (created,) = plan(repository, parent, "a")
@@ -332,7 +339,8 @@ def test_f8_f9_assign_needs_a_started_parent(repository: JobRepository, clock: M
         assert uow.partitions.plan(parent.id) == [assigned]
 
 
-def test_f10_stale_version_and_illegal_reassign(f: Fixture) -> None:
+def test_assign_with_a_stale_version_or_onto_a_started_partition_is_refused(f: Fixture) -> None:
+    """Scenario F10."""
     (created,) = plan(f.repository, f.parent, "a")
     assigned = assign(f.repository, created, f.worker().id)
     workers = [f.worker(), f.worker()]
@@ -347,7 +355,8 @@ def test_f10_stale_version_and_illegal_reassign(f: Fixture) -> None:
     assert stored_plan(f.repository, f.parent.id) == [assigned]
 
 
-def test_f11_worker_must_be_a_sibling_step(f: Fixture, clock: ManualClock) -> None:
+def test_worker_must_be_a_sibling_step(f: Fixture, clock: ManualClock) -> None:
+    """Scenario F11."""
     (created,) = plan(f.repository, f.parent, "a")
     other = launch(f.repository, clock)
     foreign = new_step(f.repository, clock, other)
@@ -360,7 +369,8 @@ def test_f11_worker_must_be_a_sibling_step(f: Fixture, clock: ManualClock) -> No
     assert stored_plan(f.repository, f.parent.id) == [created]
 
 
-def test_f12_a_worker_backs_one_partition(f: Fixture) -> None:
+def test_a_worker_backs_one_partition(f: Fixture) -> None:
+    """Scenario F12."""
     first, second = plan(f.repository, f.parent, "a", "b")
     worker = f.worker()
     assigned = assign(f.repository, first, worker.id)
@@ -374,7 +384,8 @@ def test_f12_a_worker_backs_one_partition(f: Fixture) -> None:
     assert second.status is S.STARTING and second.worker_step_execution_id is None
 
 
-def test_f13_unknown_partition_or_worker(f: Fixture) -> None:
+def test_an_unknown_partition_or_worker_is_not_found(f: Fixture) -> None:
+    """Scenario F13."""
     (created,) = plan(f.repository, f.parent, "a")
     with f.repository.begin() as uow:
         with pytest.raises(StepPartitionNotFound) as missing:
@@ -393,7 +404,10 @@ def test_f13_unknown_partition_or_worker(f: Fixture) -> None:
 # --------------------------------------------------------------------------- complete
 
 
-def test_f14_partition_mirrors_its_worker(f: Fixture, admin: psycopg.Connection[Any]) -> None:
+def test_a_completed_partition_mirrors_its_workers_durable_row(
+    f: Fixture, admin: psycopg.Connection[Any]
+) -> None:
+    """Scenario F14."""
     (created,) = plan(f.repository, f.parent, "a")
     worker = f.worker()
     assigned = assign(f.repository, created, worker.id)
@@ -421,7 +435,8 @@ def test_f14_partition_mirrors_its_worker(f: Fixture, admin: psycopg.Connection[
     assert stored_plan(f.repository, f.parent.id) == [done]
 
 
-def test_f15_f16_stale_or_unfinished_worker(f: Fixture) -> None:
+def test_completion_from_a_stale_or_unfinished_worker_is_refused(f: Fixture) -> None:
+    """Scenario F15, F16."""
     (created,) = plan(f.repository, f.parent, "a")
     worker = f.worker()
     assigned = assign(f.repository, created, worker.id)
@@ -446,7 +461,8 @@ def test_f15_f16_stale_or_unfinished_worker(f: Fixture) -> None:
     assert stored_plan(f.repository, f.parent.id) == [assigned]
 
 
-def test_f17_completion_while_parent_stopping_not_stopped(f: Fixture) -> None:
+def test_completion_is_allowed_while_the_parent_is_stopping_not_once_stopped(f: Fixture) -> None:
+    """Scenario F17."""
     first, second = plan(f.repository, f.parent, "a", "b")
     workers = [f.worker(), f.worker()]
     assigned = [
@@ -463,9 +479,10 @@ def test_f17_completion_while_parent_stopping_not_stopped(f: Fixture) -> None:
     assert stored_plan(f.repository, f.parent.id)[1] == assigned[1]  # still STARTED
 
 
-def test_f18_failed_partition_retried_by_a_new_worker(
+def test_a_failed_partition_is_retried_by_a_new_worker(
     f: Fixture, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario F18."""
     (created,) = plan(f.repository, f.parent, "a")
     old = f.worker()
     assigned = assign(f.repository, created, old.id)
@@ -494,9 +511,10 @@ def aggregate(f: Fixture, version: int | None = None) -> StepExecution:
     return ended
 
 
-def test_f19_all_completed_sums_counts_and_takes_the_first_key_exit(
+def test_aggregating_completed_partitions_sums_counts_and_takes_the_first_keys_exit(
     f: Fixture, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario F19."""
     parts = plan(f.repository, f.parent, "b", "a")
     exits = {"a": "FROM_A", "b": "FROM_B"}
     for partition in parts:
@@ -526,7 +544,7 @@ def test_f19_all_completed_sums_counts_and_takes_the_first_key_exit(
         ({"a": S.COMPLETED, "b": S.STOPPED, "c": S.STOPPED}, S.STOPPED, "b"),
     ],
 )
-def test_f20_most_severe_status_wins_and_the_first_such_key_gives_the_exit(
+def test_most_severe_status_wins_and_the_first_such_key_gives_the_exit(
     f: Fixture,
     statuses: dict[str, BatchStatus],
     expected: BatchStatus,
@@ -534,7 +552,10 @@ def test_f20_most_severe_status_wins_and_the_first_such_key_gives_the_exit(
     order: str,
 ) -> None:
     """The parent ends in the most severe child status; its exit is that of the first child
-    in key order with that status, whatever order the partitions completed in."""
+    in key order with that status, whatever order the partitions completed in.
+
+    Scenario F20.
+    """
     keys = sorted(statuses)
     parts = plan(f.repository, f.parent, *keys)
     for partition in parts if order == "key order" else list(reversed(parts)):
@@ -550,7 +571,8 @@ def test_f20_most_severe_status_wins_and_the_first_such_key_gives_the_exit(
     assert stored_step(f.repository, f.parent.id) == ended
 
 
-def test_f21_failed_aggregate_copies_the_first_failed_workers_failure(f: Fixture) -> None:
+def test_failed_aggregate_copies_the_first_failed_workers_failure(f: Fixture) -> None:
+    """Scenario F21."""
     parts = plan(f.repository, f.parent, "c", "b", "a")
     failed_workers: dict[str, int] = {}
     for partition in parts:
@@ -568,7 +590,8 @@ def test_f21_failed_aggregate_copies_the_first_failed_workers_failure(f: Fixture
     )
 
 
-def test_f22_active_child_blocks_aggregation(f: Fixture) -> None:
+def test_an_active_child_blocks_aggregation(f: Fixture) -> None:
+    """Scenario F22."""
     first, second = plan(f.repository, f.parent, "a", "b")
     f.run(first)
     with f.repository.begin() as uow, pytest.raises(PartitionAggregationIncomplete) as starting:
@@ -587,11 +610,14 @@ def test_f22_active_child_blocks_aggregation(f: Fixture) -> None:
     ["read_count = 99", "exit_code = 'CHANGED_LATER'", "status = 'STOPPED'"],
     ids=["counts", "exit", "status"],
 )
-def test_f23_worker_changed_after_completion_is_corrupt(
+def test_a_worker_changed_after_completion_is_corrupt(
     f: Fixture, admin: psycopg.Connection[Any], change: str
 ) -> None:
     """A worker row that no longer matches its completed partition (status, exit or counts)
-    is refused, and the parent is left as it was."""
+    is refused, and the parent is left as it was.
+
+    Scenario F23.
+    """
     (created,) = plan(f.repository, f.parent, "a")
     done = f.run(created)
     admin.execute(
@@ -604,7 +630,8 @@ def test_f23_worker_changed_after_completion_is_corrupt(
     assert stored_plan(f.repository, f.parent.id) == [done]
 
 
-def test_f24_f25_replay_returns_the_parent_a_new_version_is_refused(f: Fixture) -> None:
+def test_a_replayed_aggregation_returns_the_parent_and_a_new_one_is_refused(f: Fixture) -> None:
+    """Scenario F24, F25."""
     (created,) = plan(f.repository, f.parent, "a")
     f.run(created)
     expected = f.parent.version
@@ -617,7 +644,8 @@ def test_f24_f25_replay_returns_the_parent_a_new_version_is_refused(f: Fixture) 
     assert stored_step(f.repository, f.parent.id) == ended
 
 
-def test_f26_completed_aggregate_onto_a_stopping_parent_is_illegal(f: Fixture) -> None:
+def test_completed_aggregate_onto_a_stopping_parent_is_illegal(f: Fixture) -> None:
+    """Scenario F26."""
     (created,) = plan(f.repository, f.parent, "a")
     f.run(created)
     stopping = move(f.repository, f.clock, f.parent.id, S.STOPPING)
@@ -627,7 +655,10 @@ def test_f26_completed_aggregate_onto_a_stopping_parent_is_illegal(f: Fixture) -
     assert stored_step(f.repository, f.parent.id) == stopping
 
 
-def test_f27_counter_sum_overflow(f: Fixture, admin: psycopg.Connection[Any]) -> None:
+def test_an_aggregated_counter_sum_beyond_its_range_is_count_exhausted(
+    f: Fixture, admin: psycopg.Connection[Any]
+) -> None:
+    """Scenario F27."""
     for partition in plan(f.repository, f.parent, "a", "b"):
         worker = f.worker()
         assigned = assign(f.repository, partition, worker.id)
@@ -639,9 +670,10 @@ def test_f27_counter_sum_overflow(f: Fixture, admin: psycopg.Connection[Any]) ->
     assert stored_step(f.repository, f.parent.id) == f.parent
 
 
-def test_f34_lost_commit_acknowledgement_then_safe_retry(
+def test_aggregation_after_a_lost_commit_acknowledgement_is_safe_to_retry(
     f: Fixture, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario F34."""
     (created,) = plan(f.repository, f.parent, "a")
     f.run(created)
     expected = f.parent.version
@@ -671,7 +703,8 @@ def fail_job(repository: JobRepository, clock: ManualClock, execution: JobExecut
         uow.commit()
 
 
-def test_f28_f31_restart_carries_completed_partitions_only(f: Fixture) -> None:
+def test_a_restarted_plan_carries_completed_partitions_only(f: Fixture) -> None:
+    """Scenario F28, F31."""
     parts = plan(f.repository, f.parent, "a", "b", "c")
     done_a = f.run(parts[0])
     f.run(parts[1], S.FAILED)
@@ -708,7 +741,10 @@ def new_step_id(uow: Any, execution: JobExecution) -> int:
     return int(uow.flow.create_step(execution.id, StepName(name), NodeId(name)).id)
 
 
-def test_f29_f30_f33_restart_plan_errors(f: Fixture, clock: ManualClock) -> None:
+def test_a_plan_restart_from_an_unfit_source_or_target_is_refused(
+    f: Fixture, clock: ManualClock
+) -> None:
+    """Scenario F29, F30, F33."""
     plan(f.repository, f.parent, "a")
     running_target = new_step(f.repository, clock, f.execution, "other")
     with f.repository.begin() as uow, pytest.raises(PartitionStateCorrupt):
@@ -754,7 +790,10 @@ def test_f29_f30_f33_restart_plan_errors(f: Fixture, clock: ManualClock) -> None
         uow.partitions.restart_plan(source.id, new_step_id(uow, third))
 
 
-def test_f30_restart_onto_a_completed_target_or_from_an_empty_source(f: Fixture) -> None:
+def test_a_plan_restart_onto_a_completed_target_or_from_an_empty_source_is_refused(
+    f: Fixture,
+) -> None:
+    """Scenario F30."""
     plan(f.repository, f.parent, "a")
     no_plan = new_step(f.repository, f.clock, f.execution, "load-2")
     fail_job(f.repository, f.clock, f.execution)
@@ -779,9 +818,10 @@ def test_f30_restart_onto_a_completed_target_or_from_an_empty_source(f: Fixture)
 # --------------------------------------------------------------------------- corrupt rows
 
 
-def test_n6_tampered_context_checksum_fails_closed(
+def test_a_tampered_partition_context_checksum_fails_closed(
     f: Fixture, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario N6."""
     (created,) = plan(f.repository, f.parent, "a")
     admin.execute(
         'UPDATE pybatch.step_partition SET context_payload = \'{"key": "b"}\' WHERE id = %s',

@@ -71,12 +71,15 @@ def stored_execution(repository: JobRepository, execution_id: int) -> JobExecuti
     return execution
 
 
-def test_i1_i3_stop_request_is_recorded_without_a_transition(
+def test_a_stop_request_is_recorded_without_a_transition(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
     """I1: the request's time and actor are stored; status and version do not move, and the
     explorer shows both. I3: a COMPLETED execution records a stop without error (the
-    repository does not guard on status)."""
+    repository does not guard on status).
+
+    Scenario I1, I3.
+    """
     execution = new_execution(repository)
     at = clock.advance()
     with repository.begin() as uow:
@@ -114,9 +117,10 @@ def test_i1_i3_stop_request_is_recorded_without_a_transition(
     )
 
 
-def test_i2_stale_version_and_unknown_id_change_nothing(
+def test_a_stop_request_with_a_stale_version_or_unknown_id_changes_nothing(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario I2."""
     execution = new_execution(repository)
     with repository.begin() as uow:
         with pytest.raises(StaleVersion) as stale:
@@ -133,13 +137,16 @@ def test_i2_stale_version_and_unknown_id_change_nothing(
     assert stored_execution(repository, execution.id) == execution
 
 
-def test_i4_i5_i10_claim_execution_owner(
+def test_only_one_owner_token_claims_a_starting_execution(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
     """A claim succeeds on STARTING and again with the same token; another token is
     ExecutionOwned; on STARTED it is ExecutionOwnershipNotAllowed{STARTED}, but a stale
     version is reported first; an unknown execution is JobExecutionNotFound. No refusal
-    changes the recorded owner or the version."""
+    changes the recorded owner or the version.
+
+    Scenario I4, I5, I10.
+    """
     mine, theirs = OwnerToken.generate(), OwnerToken.generate()
     execution = new_execution(repository)
     with repository.begin() as uow:
@@ -183,11 +190,14 @@ def owner_of(admin: psycopg.Connection[Any], execution_id: int) -> bytes | None:
     return None if row[0] is None else bytes(row[0])
 
 
-def test_i11_earlier_stop_or_claim_never_moves_updated_at_back(
+def test_earlier_stop_or_claim_never_moves_updated_at_back(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
     """A stop request or a claim stamped before the row's `updated_at` leaves `updated_at`
-    where it is; a repeated stop overwrites both its time and its actor."""
+    where it is; a repeated stop overwrites both its time and its actor.
+
+    Scenario I11.
+    """
     execution = new_execution(repository)
     updated_at = execution.updated_at
     earlier = updated_at - datetime.timedelta(seconds=30)
@@ -206,7 +216,10 @@ def test_i11_earlier_stop_or_claim_never_moves_updated_at_back(
     assert stored_execution(repository, execution.id).updated_at == updated_at
 
 
-def test_i6_i9_observe_execution_control(repository: JobRepository, clock: ManualClock) -> None:
+def test_observing_control_reports_ownership_and_a_stop_request_and_moves_to_stopping_once(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    """Scenario I6-I9."""
     owner, stranger = OwnerToken.generate(), OwnerToken.generate()
     execution = new_execution(repository)
     with repository.begin() as uow:

@@ -101,9 +101,10 @@ def connect(
 # --------------------------------------------------------------------------- L1 - L3
 
 
-def test_l1_second_launch_waits_on_the_instance_lock_then_sees_the_new_attempt(
+def test_second_launch_waits_on_the_instance_lock_then_sees_the_new_attempt(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario L1."""
     stopped = launched(repository, clock, S.STARTED, S.STOPPED)
     instance_id = stopped.job_instance_id
     with repository.begin() as first:
@@ -122,9 +123,10 @@ def test_l1_second_launch_waits_on_the_instance_lock_then_sees_the_new_attempt(
         assert [e.attempt for e in uow.executions.of_instance(instance_id)] == [1, 2]
 
 
-def test_l1_second_launch_proceeds_when_the_first_rolls_back(
+def test_second_launch_proceeds_when_the_first_rolls_back(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario L1."""
     stopped = launched(repository, clock, S.STARTED, S.STOPPED)
     instance_id = stopped.job_instance_id
     with repository.begin() as first:
@@ -141,9 +143,10 @@ def test_l1_second_launch_proceeds_when_the_first_rolls_back(
     assert executions[1].status is S.STARTING
 
 
-def test_l2_same_expected_version_one_winner_one_stale_version(
+def test_two_transitions_at_one_expected_version_have_one_winner_and_one_stale_version(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario L2."""
     started = launched(repository, clock, S.STARTED)
     expected = started.version
     with repository.begin() as first:
@@ -162,9 +165,10 @@ def test_l2_same_expected_version_one_winner_one_stale_version(
     assert won.version == expected + 1 and won.status is S.COMPLETED
 
 
-def test_l2_enrichment_race_one_winner_one_stale_version(
+def test_two_enrichments_at_one_version_have_one_winner_and_one_stale_version(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario L2."""
     started = launched(repository, clock, S.STARTED)
     with repository.begin() as first:
         first.executions.enrich_exit_status(started.id, 1, ExitCode("FIRST"))
@@ -183,9 +187,10 @@ def test_l2_enrichment_race_one_winner_one_stale_version(
     assert (stored.version, stored.metadata.exit_status) == (2, ExitCode("FIRST"))
 
 
-def test_l3_concurrent_select_or_create_one_created_one_existing(
+def test_concurrent_select_or_create_gives_one_created_and_one_existing(
     repository: JobRepository, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario L3."""
     key = new_key()
     with repository.begin() as first:
         created = first.instances.select_or_create(key)
@@ -199,9 +204,10 @@ def test_l3_concurrent_select_or_create_one_created_one_existing(
     assert scalar(admin, "SELECT count(*) FROM pybatch.job_instance") == 1
 
 
-def test_l3_select_or_create_after_the_creator_rolled_back_creates(
+def test_select_or_create_after_the_creator_rolled_back_creates(
     repository: JobRepository, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario L3."""
     key = new_key()
     with repository.begin() as first:
         abandoned = first.instances.select_or_create(key).instance
@@ -217,9 +223,10 @@ def test_l3_select_or_create_after_the_creator_rolled_back_creates(
 # --------------------------------------------------------------------------- L7 - L10
 
 
-def test_l7_rollback_discards_everything_and_others_still_commit(
+def test_rollback_discards_everything_and_others_still_commit(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario L7."""
     existing = launched(repository, clock, S.STARTED)
     discarded_key, kept_key = new_key(), new_key()
     with repository.begin() as other:
@@ -248,10 +255,11 @@ def test_l7_rollback_discards_everything_and_others_still_commit(
     assert scalar(admin, "SELECT count(*) FROM pybatch.step_execution") == 0
 
 
-def test_l8_leaving_the_context_without_commit_rolls_back(
+def test_leaving_the_context_without_commit_rolls_back(
     connect: Callable[..., JobRepository], admin: psycopg.Connection[Any]
 ) -> None:
     # One connection and a short acquire timeout: a leaked connection would fail begin().
+    """Scenario L8."""
     repository = connect(pool_size=1, acquire_timeout=timedelta(seconds=2))
     quiet, loud = new_key(), new_key()
     with repository.begin() as uow:
@@ -277,9 +285,10 @@ def test_l8_leaving_the_context_without_commit_rolls_back(
     assert in_transaction == 0
 
 
-def test_l9_a_unit_of_work_reads_its_own_staged_writes(
+def test_a_unit_of_work_reads_its_own_staged_writes(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario L9."""
     key = new_key()
     with repository.begin() as uow, repository.begin() as outsider:
         instance = uow.instances.select_or_create(key).instance
@@ -302,9 +311,10 @@ def test_l9_a_unit_of_work_reads_its_own_staged_writes(
         assert outsider.executions.get(execution.id) == started
 
 
-def test_l10_ids_of_a_rolled_back_unit_of_work_are_never_reissued(
+def test_ids_of_a_rolled_back_unit_of_work_are_never_reissued(
     repository: JobRepository,
 ) -> None:
+    """Scenario L10."""
     key = new_key()
     with repository.begin() as uow:
         instance = uow.instances.select_or_create(key).instance
@@ -331,9 +341,10 @@ def definition(revision: str, steps: list[str]) -> DefinitionIdentity:
     )
 
 
-def test_l11_failed_operation_leaves_nothing_staged_and_the_unit_of_work_usable(
+def test_a_failed_operation_leaves_nothing_staged_and_the_unit_of_work_usable(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario L11."""
     completed = launched(repository, clock, S.STARTED, S.COMPLETED)
     definitions = scalar(admin, "SELECT count(*) FROM pybatch.job_definition")
     other_key = new_key()
@@ -348,10 +359,13 @@ def test_l11_failed_operation_leaves_nothing_staged_and_the_unit_of_work_usable(
     assert scalar(admin, "SELECT count(*) FROM pybatch.job_definition") == definitions
 
 
-def test_l11_failure_after_a_definition_insert_rolls_the_insert_back(
+def test_a_failure_after_a_definition_insert_rolls_the_insert_back(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
-    """IncompatibleDefinition is raised after ensure inserted the new definition row."""
+    """IncompatibleDefinition is raised after ensure inserted the new definition row.
+
+    Scenario L11.
+    """
     failed = launched(repository, clock, S.FAILED)
     definitions = scalar(admin, "SELECT count(*) FROM pybatch.job_definition")
     with repository.begin() as uow:
@@ -374,9 +388,10 @@ def test_l11_failure_after_a_definition_insert_rolls_the_insert_back(
 # --------------------------------------------------------------------------- L12
 
 
-def test_l12_commit_of_a_failed_transaction_is_transaction_aborted(
+def test_commit_of_a_failed_transaction_is_transaction_aborted(
     repository: JobRepository, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario L12."""
     key = new_key()
     with repository.begin() as uow:
         instance = uow.instances.select_or_create(key).instance
@@ -397,9 +412,10 @@ def test_l12_commit_of_a_failed_transaction_is_transaction_aborted(
 # --------------------------------------------------------------------------- L13
 
 
-def test_l13_read_committed_and_configured_timeouts_despite_database_defaults(
+def test_units_of_work_run_read_committed_with_the_configured_timeouts_despite_database_defaults(
     connect: Callable[..., JobRepository], db_dsn: str, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario L13."""
     database = admin.info.dbname
     for setting, value in (
         ("default_transaction_isolation", "serializable"),
@@ -485,12 +501,13 @@ class ForcedDeadlock:
                 wait_until_lock_wait(self._admin, self._waiting_pid)
 
 
-def test_l14_deadlock_victim_gets_retryable_conflict_and_can_only_roll_back(
+def test_a_deadlock_victim_gets_a_retryable_conflict_and_can_only_roll_back(
     fast_deadlocks: None,
     connect: Callable[..., JobRepository],
     clock: ManualClock,
     admin: psycopg.Connection[Any],
 ) -> None:
+    """Scenario L14."""
     repository = connect()
     first, second = (launched(repository, clock) for _ in range(2))
     forced = ForcedDeadlock(admin)
@@ -542,12 +559,13 @@ def enrich_latest(uow: UnitOfWork, execution_id: int, exit_code: ExitCode) -> No
             continue
 
 
-def test_l14_run_in_unit_of_work_reruns_the_deadlock_victim(
+def test_run_in_unit_of_work_reruns_the_deadlock_victim(
     fast_deadlocks: None,
     connect: Callable[..., JobRepository],
     clock: ManualClock,
     admin: psycopg.Connection[Any],
 ) -> None:
+    """Scenario L14."""
     repository = connect(unit_of_work_attempts=3)
     first, second = (launched(repository, clock) for _ in range(2))
     forced = ForcedDeadlock(admin)
@@ -583,9 +601,10 @@ def test_l14_run_in_unit_of_work_reruns_the_deadlock_victim(
 RAISE_40001 = "DO $$ BEGIN RAISE EXCEPTION 'conflict' USING ERRCODE = '40001'; END $$"
 
 
-def test_l14_run_in_unit_of_work_stops_after_the_configured_attempts(
+def test_run_in_unit_of_work_stops_after_the_configured_attempts(
     connect: Callable[..., JobRepository], admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario L14."""
     for attempts in (1, 3):
         check_attempts(connect(unit_of_work_attempts=attempts), admin, attempts)
 
@@ -609,9 +628,10 @@ def check_attempts(
     assert scalar(admin, "SELECT count(*) FROM pybatch.job_instance") == 0
 
 
-def test_l14_run_in_unit_of_work_retries_a_conflict_raised_by_commit(
+def test_run_in_unit_of_work_retries_a_conflict_raised_by_commit(
     repository: JobRepository, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario L14."""
     admin.execute("CREATE SEQUENCE public.conflict_once")
     admin.execute(
         "CREATE FUNCTION public.conflict_once() RETURNS trigger LANGUAGE plpgsql AS $$ "
@@ -635,9 +655,10 @@ def test_l14_run_in_unit_of_work_retries_a_conflict_raised_by_commit(
     assert scalar(admin, "SELECT array_agg(id) FROM pybatch.job_instance") == [ids[1]]
 
 
-def test_l14_run_in_unit_of_work_never_retries_commit_outcome_unknown(
+def test_run_in_unit_of_work_never_retries_commit_outcome_unknown(
     repository: JobRepository, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario L14."""
     key = new_key()
     calls = 0
 
@@ -654,9 +675,10 @@ def test_l14_run_in_unit_of_work_never_retries_commit_outcome_unknown(
         assert uow.instances.find(key) is None
 
 
-def test_l14_run_in_unit_of_work_never_retries_other_errors(
+def test_run_in_unit_of_work_never_retries_other_errors(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario L14."""
     active = launched(repository, clock)
     calls = {"aborted": 0, "typed": 0}
 
@@ -682,9 +704,10 @@ def test_l14_run_in_unit_of_work_never_retries_other_errors(
 # --------------------------------------------------------------------------- L15
 
 
-def test_l15_units_of_work_on_different_instances_never_conflict(
+def test_units_of_work_on_different_instances_never_conflict(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario L15."""
     one, two = launched(repository, clock), launched(repository, clock)
     with repository.begin() as a, repository.begin() as b:
         key_a, key_b = new_key(), new_key()

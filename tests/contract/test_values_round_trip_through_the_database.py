@@ -42,9 +42,11 @@ def stored_parameters(admin: psycopg.Connection[Any], instance_id: int) -> Any:
     return row[0]
 
 
-def test_a5_non_identifying_parameters_do_not_change_the_instance(
+def test_non_identifying_parameters_do_not_change_the_instance(
     repository: JobRepository, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario A5."""
+
     def key(attempt_token: str, retries: int) -> JobInstanceKey:
         return JobInstanceKey(
             JobName("daily_export"),
@@ -77,9 +79,10 @@ def test_a5_non_identifying_parameters_do_not_change_the_instance(
     assert [name.value for name in created.instance.parameters] == ["day"]
 
 
-def test_a6_u64_and_i64_of_the_same_number_are_different_instances(
+def test_u64_and_i64_of_the_same_number_are_different_instances(
     repository: JobRepository, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario A6."""
     unsigned = JobInstanceKey(JobName("batch"), JobParameters.of({"n": ParameterValue.u64(1)}))
     signed = JobInstanceKey(JobName("batch"), JobParameters.of({"n": ParameterValue.i64(1)}))
     assert unsigned != signed and unsigned.digest() != signed.digest()
@@ -100,7 +103,8 @@ def test_a6_u64_and_i64_of_the_same_number_are_different_instances(
     assert stored_parameters(admin, b.instance.id)["n"]["type"] == "i64"
 
 
-def test_a6_extreme_integer_parameters_round_trip(repository: JobRepository) -> None:
+def test_extreme_integer_parameters_round_trip(repository: JobRepository) -> None:
+    """Scenario A6."""
     key = JobInstanceKey(
         JobName("bounds"),
         JobParameters.of(
@@ -123,14 +127,16 @@ def test_a6_extreme_integer_parameters_round_trip(repository: JobRepository) -> 
 # --------------------------------------------------------------------------- A21
 
 
-def test_a21_naive_datetimes_are_rejected() -> None:
+def test_naive_datetimes_are_rejected() -> None:
+    """Scenario A21."""
     with pytest.raises(NaiveTimestamp):
         LifecycleTransition.new(BatchStatus.STARTED, datetime(2026, 1, 1, 12, 0))
 
 
-def test_a21_instants_round_trip_in_utc_with_microseconds(
+def test_instants_round_trip_in_utc_with_microseconds(
     repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario A21."""
     kolkata = timezone(timedelta(hours=5, minutes=30))
     created_at = datetime(2026, 7, 1, 17, 30, 0, 123456, tzinfo=kolkata)
     started_at = datetime(2026, 7, 1, 8, 0, 1, 1, tzinfo=timezone(timedelta(hours=-4)))
@@ -170,10 +176,11 @@ def test_a21_instants_round_trip_in_utc_with_microseconds(
 # --------------------------------------------------------------------------- A22
 
 
-def test_a22_jsonb_documents_re_canonicalise_to_the_same_bytes(
+def test_jsonb_documents_re_canonicalise_to_the_same_bytes(
     repository: JobRepository, admin: psycopg.Connection[Any]
 ) -> None:
     # jsonb orders keys by length first, canonical JSON by code point: "zz" < "aaa" in jsonb.
+    """Scenario A22."""
     key = JobInstanceKey(
         JobName("canon"),
         JobParameters.of({"zz": "last", "aaa": "first", "b": ParameterValue.u64(2**64 - 1)}),

@@ -42,9 +42,10 @@ def scalar(admin: psycopg.Connection[Any], sql: str, *params: object) -> Any:
     return row[0]
 
 
-def test_l3_eight_concurrent_launches_of_one_key(
+def test_eight_concurrent_launches_of_one_key_give_one_execution(
     repository: JobRepository, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario L3."""
     racers = 8
     assert repository.connection_capacity() < racers  # some racers wait for a connection
     for _ in range(ITERATIONS):
@@ -88,9 +89,10 @@ def failed_instance(repository: JobRepository, clock: ManualClock) -> JobExecuti
     return execution
 
 
-def test_l1_two_concurrent_restarts_of_a_failed_instance(
+def test_two_concurrent_restarts_of_a_failed_instance_give_one_new_attempt(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario L1."""
     for _ in range(ITERATIONS):
         failed = failed_instance(repository, clock)
         instance_id = failed.job_instance_id
@@ -125,9 +127,10 @@ def started_pair(
     return execution, step
 
 
-def test_l2_two_transitions_on_the_same_version(
+def test_two_transitions_on_the_same_version_have_one_winner(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario L2."""
     targets = (
         LifecycleTransition.new(S.COMPLETED, clock.now().replace(year=2030)),
         LifecycleTransition.failed(clock.now().replace(year=2030), FAILURE),
@@ -164,9 +167,10 @@ def test_l2_two_transitions_on_the_same_version(
             assert stored == winner.value
 
 
-def test_l3_two_concurrent_steps_with_one_name(
+def test_two_concurrent_steps_with_one_name_give_one_step(
     repository: JobRepository, clock: ManualClock
 ) -> None:
+    """Scenario L3."""
     for _ in range(ITERATIONS):
         execution, _step = started_pair(repository, clock)
 
@@ -186,9 +190,10 @@ def test_l3_two_concurrent_steps_with_one_name(
             assert uow.steps.of_execution(execution.id)[1] == winner
 
 
-def test_l3_four_processes_launch_one_key(
+def test_four_processes_launching_one_key_give_one_execution(
     pg_config: ConnectionConfig, repository: JobRepository, admin: psycopg.Connection[Any]
 ) -> None:
+    """Scenario L3."""
     processes = 4
     results = race_processes(
         processes, launch_in_process, [portable(pg_config), "process_race", "2026-09-09"]

@@ -100,7 +100,10 @@ def test_canonical_json_details() -> None:
         ("\ud800", "text is not UTF-8 encodable"),
     ],
 )
-def test_a22_canonical_json_refusals(value: object, reason: str) -> None:
+def test_values_canonical_json_cannot_encode_are_refused_with_the_reason(
+    value: object, reason: str
+) -> None:
+    """Scenario A22."""
     with pytest.raises(errors.JsonNotEncodable) as error:
         canonical_json(value)
     assert error.value.reason == reason
@@ -115,7 +118,8 @@ def test_canonical_json_refuses_cycles_and_absurd_integers() -> None:
         canonical_json(10**5000)
 
 
-def test_a22_empty_fault_state_digest_and_jsonb_reordering() -> None:
+def test_the_empty_fault_state_digest_survives_jsonb_reordering() -> None:
+    """Scenario A22."""
     assert len(EMPTY_FAULT_STATE) == 94
     assert sha256(EMPTY_FAULT_STATE).hex() == (
         "a491114819e0d3bd8b7ca004dc0636f95b45e2fcb1a67ddb5726beaea12f9922"

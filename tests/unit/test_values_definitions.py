@@ -24,7 +24,8 @@ def definition(manifest: dict[str, Any], revision: str = "r1") -> DefinitionIden
     return DefinitionIdentity.from_manifest(JobName("load"), DefinitionRevision(revision), manifest)
 
 
-def test_a20_legacy_definition() -> None:
+def test_the_legacy_definition_has_its_fixed_manifest_and_digest() -> None:
+    """Scenario A20."""
     legacy = DefinitionIdentity.legacy()
     assert legacy.job_name is None
     assert legacy.revision == DefinitionRevision("__m1_repository_port_v1")
@@ -108,7 +109,8 @@ def test_manifest_format_check_is_separate() -> None:
         assert error.value.format == unsupported
 
 
-def test_a17_upgrade_checks() -> None:
+def test_an_upgrade_refuses_self_edges_and_empty_or_duplicate_mappings_and_is_frozen() -> None:
+    """Scenario A17."""
     key = DefinitionUpgradeKey("v1-to-v2")
     v1, v2 = definition({"format": 1, "v": 1}), definition({"format": 1, "v": 2}, "r2")
     a, b, c = StepName("a"), StepName("b"), StepName("c")

@@ -34,7 +34,8 @@ def test_identifier_kind_display_names() -> None:
 
 
 @pytest.mark.parametrize("kind", list(IdentifierKind))
-def test_a8_every_identifier_kind_rejects_zero(kind: IdentifierKind) -> None:
+def test_every_identifier_kind_rejects_zero(kind: IdentifierKind) -> None:
+    """Scenario A8."""
     with pytest.raises(errors.ZeroIdentifier) as error:
         check_identifier(kind, 0)
     assert error.value.kind == kind.value

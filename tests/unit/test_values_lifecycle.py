@@ -76,7 +76,10 @@ def test_table_as_data() -> None:
 
 @pytest.mark.parametrize("source", list(BatchStatus))
 @pytest.mark.parametrize("target", list(BatchStatus))
-def test_b2_transition_matrix(source: BatchStatus, target: BatchStatus) -> None:
+def test_legal_transitions_apply_and_illegal_ones_name_both_statuses(
+    source: BatchStatus, target: BatchStatus
+) -> None:
+    """Scenario B2."""
     metadata = metadata_in(source)
     transition = transition_to(target, at(3))
     if (source, target) in ALLOWED:
@@ -94,7 +97,8 @@ def test_b2_transition_matrix(source: BatchStatus, target: BatchStatus) -> None:
         assert (illegal.value.from_status, illegal.value.to_status) == (source.value, target.value)
 
 
-def test_b1_start_sets_started_at_and_keeps_exit() -> None:
+def test_start_sets_started_at_and_keeps_exit() -> None:
+    """Scenario B1."""
     updated, version = apply_transition(
         ExecutionMetadata.starting(T0),
         0,
@@ -107,7 +111,8 @@ def test_b1_start_sets_started_at_and_keeps_exit() -> None:
     assert updated.timestamps.ended_at is None
 
 
-def test_b3_failed_needs_a_failure_and_sets_ended_at() -> None:
+def test_failed_needs_a_failure_and_sets_ended_at() -> None:
+    """Scenario B3."""
     started = metadata_in(S.STARTED)
     with pytest.raises(errors.FailedTransitionMissingFailure):
         apply_transition(started, 1, 1, LifecycleTransition.new(S.FAILED, at(3)), counts_apply=True)
@@ -117,7 +122,8 @@ def test_b3_failed_needs_a_failure_and_sets_ended_at() -> None:
     assert (updated.failure, updated.timestamps.ended_at) == (FAILURE, at(3))
 
 
-def test_b4_transition_time_before_start_or_end() -> None:
+def test_transition_time_before_start_or_end_is_refused() -> None:
+    """Scenario B4."""
     started = metadata_in(S.STARTED)  # started at +1 s
     with pytest.raises(errors.InvalidTransitionTime) as error:
         apply_transition(started, 1, 1, LifecycleTransition.new(S.STOPPING, T0), counts_apply=True)
@@ -131,7 +137,8 @@ def test_b4_transition_time_before_start_or_end() -> None:
     apply_transition(started, 1, 1, LifecycleTransition.new(S.STOPPING, at(1)), counts_apply=True)
 
 
-def test_b5_abandon_keeps_end_time_and_failure() -> None:
+def test_abandon_keeps_end_time_and_failure() -> None:
+    """Scenario B5."""
     updated, _ = apply_transition(
         metadata_in(S.FAILED),
         2,
@@ -146,7 +153,8 @@ def test_b5_abandon_keeps_end_time_and_failure() -> None:
     )
 
 
-def test_b6_unknown_has_no_end_then_failed_sets_it() -> None:
+def test_unknown_has_no_end_then_failed_sets_it() -> None:
+    """Scenario B6."""
     unknown, version = apply_transition(
         metadata_in(S.STARTED), 1, 1, LifecycleTransition.new(S.UNKNOWN, at(3)), counts_apply=True
     )
@@ -158,7 +166,8 @@ def test_b6_unknown_has_no_end_then_failed_sets_it() -> None:
     assert version == 3
 
 
-def test_b7_stale_version_is_checked_first() -> None:
+def test_stale_version_is_checked_first() -> None:
+    """Scenario B7."""
     completed = metadata_in(S.COMPLETED)
     with pytest.raises(errors.StaleVersion) as error:
         apply_transition(completed, 5, 4, LifecycleTransition.new(S.STARTED, T0), counts_apply=True)
@@ -167,7 +176,8 @@ def test_b7_stale_version_is_checked_first() -> None:
     assert isinstance(error.value, errors.RepositoryError)
 
 
-def test_b8_terminal_rollback_counts_only_on_steps() -> None:
+def test_terminal_rollback_counts_only_on_steps() -> None:
+    """Scenario B8."""
     transition = LifecycleTransition.failed(at(3), FAILURE).with_terminal_rollback()
     step, _ = apply_transition(metadata_in(S.STARTED), 1, 1, transition, counts_apply=True)
     job, _ = apply_transition(metadata_in(S.STARTED), 1, 1, transition, counts_apply=False)
@@ -201,7 +211,8 @@ def test_version_exhausted_at_the_storage_bound() -> None:
     assert version == INT64_MAX
 
 
-def test_b9_exit_enrichment_in_any_status() -> None:
+def test_exit_enrichment_is_allowed_in_any_status() -> None:
+    """Scenario B9."""
     for status in BatchStatus:
         updated, version = apply_exit_enrichment(metadata_in(status), 7, 7, ExitCode("NOOP"))
         assert (updated.status, updated.exit_status, version) == (status, ExitCode("NOOP"), 8)

@@ -29,7 +29,10 @@ NAME_KINDS = [(JobName, "job"), (StepName, "step"), (ParameterName, "parameter")
 
 
 @pytest.mark.parametrize(("cls", "kind"), NAME_KINDS)
-def test_a1_name_rules_in_contract_order(cls: type[JobName], kind: str) -> None:
+def test_names_are_refused_empty_too_long_padded_or_with_control_characters(
+    cls: type[JobName], kind: str
+) -> None:
+    """Scenario A1."""
     with broken_rule(errors.NameInvalid, TextRule.EMPTY) as empty:
         cls("")
     assert empty.value.kind == kind
@@ -46,7 +49,8 @@ def test_a1_name_rules_in_contract_order(cls: type[JobName], kind: str) -> None:
     assert "\x07" not in str(control.value)
 
 
-def test_a1_multibyte_name_counts_bytes_not_characters() -> None:
+def test_a_multibyte_name_counts_bytes_not_characters() -> None:
+    """Scenario A1."""
     accepted = "가" * 42 + "ab"  # 42 * 3 + 2 = 128 bytes
     assert len(accepted.encode()) == 128
     assert JobName(accepted).value == accepted
@@ -103,7 +107,8 @@ def test_unpaired_surrogate_is_refused() -> None:
         JobName("a\ud800")
 
 
-def test_a2_exit_code_bound_is_64_bytes() -> None:
+def test_the_exit_code_bound_is_64_bytes() -> None:
+    """Scenario A2."""
     assert ExitCode("E" * 64).value == "E" * 64
     with broken_rule(errors.NameInvalid, TextRule.TOO_LONG) as error:
         ExitCode("E" * 65)
@@ -171,7 +176,8 @@ def test_state_schema_id_raises_state_errors() -> None:
     assert StateSchemaId("oxide_batch.empty.v1").value == "oxide_batch.empty.v1"
 
 
-def test_a9_request_fields() -> None:
+def test_reason_codes_operation_ids_and_actor_refs_enforce_their_length_and_alphabet() -> None:
+    """Scenario A9."""
     assert ReasonCode("OPS_1").value == "OPS_1"
     with broken_rule(errors.RequestFieldInvalid, TextRule.INVALID_CHARACTER) as invalid:
         ReasonCode("ops")

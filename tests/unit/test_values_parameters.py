@@ -57,7 +57,8 @@ def golden_key() -> JobInstanceKey:
     return JobInstanceKey(JobName("golden_job"), parameters)
 
 
-def test_a7_golden_vector_bytes_and_digest() -> None:
+def test_the_golden_vector_gives_its_digest_input_bytes_and_digest() -> None:
+    """Scenario A7."""
     key = golden_key()
     assert len(GOLDEN_BYTES) == 84
     assert key.digest_input() == GOLDEN_BYTES
@@ -65,7 +66,8 @@ def test_a7_golden_vector_bytes_and_digest() -> None:
     assert hashlib.sha256(GOLDEN_BYTES).hexdigest() == GOLDEN_DIGEST
 
 
-def test_a3_string_bound() -> None:
+def test_a_string_parameter_is_bounded_at_65536_bytes() -> None:
+    """Scenario A3."""
     assert ParameterValue.string("x" * 65_536).kind is ParameterValueKind.STRING
     with pytest.raises(errors.ParameterStringTooLong) as error:
         ParameterValue.string("x" * 65_537)
@@ -91,7 +93,8 @@ def test_integer_ranges_and_kind_strictness() -> None:
     assert ParameterValue.boolean(True) != ParameterValue.i64(1)
 
 
-def test_a4_duplicate_name_keeps_the_first_value() -> None:
+def test_a_duplicate_parameter_name_is_refused_and_keeps_the_first_value() -> None:
+    """Scenario A4."""
     first = JobParameters.of({"a": 1})
     with pytest.raises(errors.DuplicateParameter):
         first.with_parameter("a", JobParameter(ParameterValue.i64(2)))
@@ -102,7 +105,8 @@ def test_a4_duplicate_name_keeps_the_first_value() -> None:
     assert len(first) == 1
 
 
-def test_a5_non_identifying_parameters_do_not_change_the_key() -> None:
+def test_non_identifying_parameters_do_not_change_the_key() -> None:
+    """Scenario A5."""
     base: dict[str, ParameterInput] = {"region": "eu", "day": 20260101}
     one = JobParameters.of(base).with_parameter(
         "run_id", JobParameter(ParameterValue.string("r1"), identifying=False)
@@ -117,7 +121,8 @@ def test_a5_non_identifying_parameters_do_not_change_the_key() -> None:
     assert one.flow_input_digest() != two.flow_input_digest()  # flow input covers all
 
 
-def test_a6_kind_is_part_of_identity() -> None:
+def test_the_value_kind_is_part_of_the_instance_identity() -> None:
+    """Scenario A6."""
     unsigned = JobInstanceKey(JobName("j"), JobParameters.of({"n": ParameterValue.u64(1)}))
     signed = JobInstanceKey(JobName("j"), JobParameters.of({"n": ParameterValue.i64(1)}))
     boolean = JobInstanceKey(JobName("j"), JobParameters.of({"n": True}))

@@ -95,7 +95,8 @@ def test_counts_bounds_and_sums() -> None:
         StepFaultCounts(read_retry=-1)
 
 
-def test_a21_naive_rejected_offsets_normalised_microseconds_kept() -> None:
+def test_naive_instants_are_refused_and_offsets_normalise_to_utc_keeping_microseconds() -> None:
+    """Scenario A21."""
     with pytest.raises(errors.NaiveTimestamp):
         aware_utc(datetime(2026, 1, 1))
     plus_two = datetime(2026, 1, 2, 5, 4, 5, 123456, tzinfo=timezone(timedelta(hours=2)))
