@@ -1,4 +1,4 @@
-"""Group M: capabilities and the repository descriptor (M1-M3)."""
+"""Capabilities and the repository descriptor (M1-M3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Group O: chunk transactions, checkpoints and fault state (O1-O7), and N7.
+"""Chunk transactions, checkpoints and fault state (O1-O7), and N7.
 
 Also the chunk-specific robustness rules: a lost COMMIT acknowledgement,
 business statements that are cancelled or rejected, a failing state provider, and fault

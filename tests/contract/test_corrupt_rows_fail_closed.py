@@ -1,4 +1,4 @@
-"""Group N: fail closed on corrupt rows, lost commits and out-of-range ids (group N).
+"""Fail closed on corrupt rows, lost commits and out-of-range ids.
 
 Corrupt rows are written behind pybatch's back through the `admin` connection after the
 CHECK constraint that would refuse them is dropped (the CHECK

@@ -1,4 +1,4 @@
-"""Group D: definitions and upgrades (D1-D12)."""
+"""Definitions and upgrades (D1-D12)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Group K: the explorer read model (scenarios K1-K12)."""
+"""The explorer read model (scenarios K1-K12)."""
 
 from __future__ import annotations
 

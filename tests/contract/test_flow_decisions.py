@@ -1,4 +1,4 @@
-"""Group E: flow decisions (E8-E18, E22).
+"""Flow decisions (E8-E18, E22).
 
 What a flow relies on: a decision is recorded only when the job's own manifest leads from
 the source node to the target on the observed outcome, positions are contiguous and each node

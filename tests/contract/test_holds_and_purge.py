@@ -1,4 +1,4 @@
-"""Group J: holds and the purge of whole instance histories (scenarios J1-J19).
+"""Holds and the purge of whole instance histories (scenarios J1-J19).
 
 What an operator relies on: a purge deletes finished histories whole, never a row that a
 retained row references, reports the rows actually deleted, leaves a tombstone so that a

@@ -1,4 +1,4 @@
-"""Group H, service layer: idempotent, audited operator requests (H3-H16, service layer).
+"""Idempotent, audited operator requests (H3-H16), service layer.
 
 What an operator relies on: a retried request with the same operation id replays instead
 of acting twice; the same id for another request is refused; every refusal is recorded

@@ -1,4 +1,4 @@
-"""Group C: instances and executions, launch and restart (C1-C12)."""
+"""Instances and executions, launch and restart (C1-C12)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Group B: lifecycle transitions of job and step executions (B1-B12)."""
+"""Lifecycle transitions of job and step executions (B1-B12)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Group H, repository layer: operator request audit and idempotency (H1, H2, H13, H15, L4).
+"""Operator request audit and idempotency (H1, H2, H13, H15, L4).
 
 Only `find_operator_request` and `append_operator_request` are exercised here; the operator
 service's scenarios build on them. Two rules are checked on the way:

@@ -1,4 +1,4 @@
-"""Group G, completed: the recovery_decision read (G8), the decision's repr (G10), the recovery
+"""The recovery_decision read (G8), the decision's repr (G10), the recovery
 snapshot (G11), and domain errors through a repository call being RepositoryErrors.
 """
 

@@ -1,4 +1,4 @@
-"""Group G: recovery of orphaned or ambiguous executions (G1-G11, L6), and the
+"""Recovery of orphaned or ambiguous executions (G1-G11, L6), and the
 flow-step starts recovery relies on (state copied across attempts, start limits: E5,
 E21, L5).
 """

@@ -1,4 +1,4 @@
-"""Group F: step partitions in the repository (F1-F35, N6).
+"""Step partitions in the repository (F1-F35, N6).
 
 What a partitioned step relies on: a plan is all or nothing and published before any worker
 starts, a partition mirrors its worker's durable row, aggregation ends the parent atomically

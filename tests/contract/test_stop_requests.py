@@ -1,4 +1,4 @@
-"""Group I: stop requests and control (I1-I11), and stopping an ETL run.
+"""Stop requests and control (I1-I11), and stopping an ETL run.
 
 What an operator relies on: `stop` is recorded durably, the run ends STOPPED at its next
 chunk boundary (or within one poll interval during a long chunk) with its last checkpoint

@@ -1,4 +1,4 @@
-"""Group L: the unit of work and concurrency (scenarios L1-L15).
+"""The unit of work and concurrency (scenarios L1-L15).
 
 L4 lives with the operator requests (test_operator_request_audit.py), L5 and L6 with flow steps
 and recovery (test_recovery_of_orphaned_executions.py).

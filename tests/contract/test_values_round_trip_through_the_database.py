@@ -1,4 +1,4 @@
-"""Group A scenarios that need the database: A5, A6, A21, A22: parameters and instance
+"""Value scenarios that need the database: A5, A6, A21, A22: parameters and instance
 identity, database-clock instants, and canonical JSON that survives a jsonb round trip.
 
 The pure value scenarios are in tests/unit.

@@ -1,4 +1,4 @@
-"""Races on real concurrent connections (group L).
+"""Races on real concurrent connections.
 
 Threads are released together by a barrier and each opens its own unit of work; every
 thread race repeats a few times. One race runs in separate processes, each with its own

@@ -1,4 +1,4 @@
-"""ConnectionConfig: every bound, the cross-checks, TLS policing and redaction (group N)."""
+"""ConnectionConfig: every bound, the cross-checks, TLS policing and redaction."""
 
 from __future__ import annotations
 

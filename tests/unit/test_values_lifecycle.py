@@ -1,4 +1,4 @@
-"""Lifecycle table and checked transitions, without a database (group B)."""
+"""Lifecycle table and checked transitions, without a database."""
 
 from __future__ import annotations
 
