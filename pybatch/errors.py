@@ -23,8 +23,8 @@ import attrs
 _define = attrs.define(frozen=True, slots=False, kw_only=True, eq=False)
 
 
-def _fields(error: object) -> dict[str, Any]:
-    return attrs.asdict(error, recurse=False)  # type: ignore[arg-type]
+def _fields(error: Any) -> dict[str, Any]:
+    return attrs.asdict(error, recurse=False)
 
 
 @typing.dataclass_transform(kw_only_default=True, frozen_default=True, eq_default=False)
@@ -32,6 +32,8 @@ class PyBatchError(Exception):
     """Root of every error pybatch raises; every subclass is a frozen, keyword-only attrs class."""
 
     message: ClassVar[str] = "pybatch error"
+    if typing.TYPE_CHECKING:  # what attrs adds: attrs.fields and attrs.asdict accept errors
+        __attrs_attrs__: ClassVar[Any]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -845,7 +847,7 @@ def _row(cls: type[PyBatchError]) -> str:
     fields = ", ".join(
         f"{field.name}: {field.type}"
         + ("" if field.default is attrs.NOTHING else f" = {field.default!r}")
-        for field in attrs.fields(cls)  # type: ignore[arg-type]
+        for field in attrs.fields(cls)
     )
     if issubclass(cls, _BrokenTextRule):
         message = f"{cls.subject} [rule]"
