@@ -113,10 +113,10 @@ class RepositoryError(PyBatchError):
     """An operation of the job repository failed."""
     message = "job repository error"
 class SchemaUninitialized(RepositoryError):
-    """The pybatch schema or its version row does not exist."""
+    """The pybatch schema or its version row does not exist; install it with `pybatch migrate`."""
     message = "metadata schema is not initialized"
 class MigrationRequired(RepositoryError):
-    """The installed schema is older than this package supports."""
+    """The installed schema is older than this package supports; run `pybatch migrate`."""
     message = "schema version {current} requires migration to {supported}"
     current: int
     supported: int
@@ -202,13 +202,13 @@ class AbandonedInstance(_PurgedHistory, RepositoryError):
     id: int
     purged: bool = False
 class ExecutionAlreadyActive(RepositoryError):
-    """The instance already has an unresolved execution."""
+    """The instance already has an unresolved execution; let it finish or recover it first."""
     message = "job instance {instance_id} already has execution {execution_id} in {status}"
     instance_id: int
     execution_id: int
     status: str
 class DefinitionDrift(RepositoryError):
-    """The same (job, revision) was registered with another manifest digest."""
+    """The same (job, revision) was registered with another manifest; give it a new revision."""
     message = "job {job_name} definition revision {revision} has drifted"
     job_name: str
     revision: str
@@ -218,7 +218,7 @@ class DefinitionJobMismatch(RepositoryError):
     expected: str
     actual: str
 class IncompatibleDefinition(RepositoryError):
-    """A restart changed the definition digest without a direct registered upgrade."""
+    """A restart changed the definition digest without a registered direct upgrade; add one."""
     message = "job instance {instance_id} has no direct compatible definition"
     instance_id: int
 class UnsupportedManifestVersion(RepositoryError):
@@ -281,7 +281,7 @@ class UnsupportedCapability(RepositoryError):
     message = "the adapter does not support {capability}"
     capability: str
 class ConcurrentModification(RepositoryError):
-    """A race backstop constraint refused the write."""
+    """A race backstop constraint refused the write: another unit of work won; reload, retry."""
     message = "repository unit of work is based on a stale snapshot"
 class CommitOutcomeUnknown(RepositoryError):
     """The COMMIT acknowledgement was lost; inspect durable state before acting."""
@@ -307,22 +307,22 @@ class RetryableConflict(RepositoryError):
     message = "the database aborted the unit of work to resolve a conflict; retry it"
     sqlstate: str
 class TransactionAborted(RepositoryError):
-    """COMMIT of an already failed transaction rolled it back."""
+    """COMMIT of an already failed transaction rolled it back; find the statement that failed."""
     message = "the transaction had already failed; COMMIT rolled it back and nothing was written"
 class UnitOfWorkClosed(RepositoryError):
     """The unit of work was already committed, rolled back or poisoned."""
     message = "the unit of work is closed"
 class AuthenticationFailed(Unavailable):
-    """The server refused the role or its password (28P01, 28000); retrying cannot help."""
+    """The server refused the role or its password (28P01, 28000); fix the DSN's credentials."""
     message = "the server refused the credentials"
 class DatabaseNotFound(Unavailable):
-    """The database named in the connection string does not exist (3D000)."""
+    """The database the connection string names does not exist (3D000); create it or fix the DSN."""
     message = "the database named in the connection string does not exist"
 class TlsVerificationFailed(Unavailable):
-    """The server's certificate failed verification, or the server offers no TLS."""
+    """The server certificate failed verification, or TLS is missing; check PYBATCH_CA_FILE."""
     message = "the server's TLS certificate could not be verified"
 class PermissionDenied(RepositoryError):
-    """The role lacks a privilege the operation needs (42501); nothing was written."""
+    """The role lacks a privilege the operation needs (42501); grant it (docs/dba.md, Roles)."""
     message = ("permission denied: the role lacks a privilege this operation needs"
                " (SQLSTATE {sqlstate})")
     sqlstate: str = "42501"
@@ -366,7 +366,7 @@ class FailedExecutionMissingFailure(DomainError):
     """A FAILED execution has no failure summary."""
     message = "a failed execution requires a failure summary"
 class NaiveTimestamp(DomainError):
-    """A datetime without a time zone was given."""
+    """A datetime without a time zone was given; pass an aware datetime (for example in UTC)."""
     message = "timestamps must be timezone-aware"
 class NegativeIdentifier(DomainError):
     """An identifier is negative or above the unsigned 64-bit range."""
@@ -517,7 +517,7 @@ class StateSchemaMismatch(StateError):
     message = "{kind} schema does not match the component"
     kind: str
 class UnsupportedStateSchemaVersion(StateError):
-    """The envelope was written by a newer application schema version."""
+    """The envelope was written by a newer application schema version; deploy that code."""
     message = "{kind} schema version {found} is newer than supported version {current}"
     kind: str
     found: int
@@ -629,7 +629,7 @@ class InstanceHeld(RetentionError):
     job_instance_id: int
 # One class each for the operator's and the retention service's variants of the same error.
 class OperationIdConflict(OperatorError, RetentionError):
-    """The operation id is already recorded for this action with a different request."""
+    """The operation id is already recorded for this action with another request; use a new id."""
     message = "operation id {operation_id} was already used for a different {action} request"
     action: str
     operation_id: str
@@ -679,17 +679,17 @@ class ConfigError(PyBatchError):
     """A connection configuration value was out of bounds (docs/tables.md 6)."""
     message = "invalid pybatch configuration"
 class EmptyConnectionString(ConfigError):
-    """The DSN is empty."""
+    """The DSN is empty; set PYBATCH_DSN or pass a connection string."""
     message = "PostgreSQL connection string is empty"
 class InvalidConnectionString(ConfigError):
     """The DSN cannot be parsed or carries a key pybatch does not allow."""
     message = "PostgreSQL connection string is invalid: {reason}"
     reason: str
 class TlsOptionInConnectionString(ConfigError):
-    """The DSN carries a TLS option; TLS is set through the configuration only."""
+    """The DSN carries a TLS option; set TLS with PYBATCH_TLS or the configuration instead."""
     message = "PostgreSQL TLS options must use pybatch's TLS configuration, not the DSN"
 class PoolSize(ConfigError):
-    """The pool size is outside 1..1024."""
+    """The pool size (PYBATCH_POOL_SIZE) is outside 1..1024."""
     message = "pool size must be from 1 to 1024"
 class EmptyCaCertificate(ConfigError):
     """The CA bundle is empty."""
@@ -747,7 +747,7 @@ class CaCertificateWithoutVerification(ConfigError):
     """A CA bundle only applies to verified TLS."""
     message = "a CA certificate applies only to TlsMode.VERIFY_FULL"
 class DsnFileInsecure(ConfigError):
-    """A DSN file readable or writable by others than its owner (it must be mode 0600)."""
+    """A DSN file readable or writable by others than its owner; make it mode 0600."""
     message = "the DSN file must have mode 0600 (found {mode})"
     mode: str
 class DsnFileUnreadable(ConfigError):
@@ -774,10 +774,10 @@ class ExplorerAgeBoundTooSmall(ExplorerError):
     message = "minimum age of {requested_seconds} s is below the 60 s minimum"
     requested_seconds: float
 class CursorInvalid(CursorError, ExplorerError):
-    """The cursor is malformed, tampered with, or of the wrong kind for its query."""
+    """The cursor is malformed, tampered with, or of the wrong kind for its query; start over."""
     message = "the page cursor is invalid"
 class CursorQueryMismatch(CursorError, ExplorerError):
-    """An intact cursor presented with another query, filter or page size."""
+    """An intact cursor presented with another query, filter or page size; keep them the same."""
     message = "the page cursor belongs to another query, filter or page size"
 class ResponseTooLarge(ExplorerError):
     """A single row exceeds the response bound of a page."""
@@ -796,7 +796,7 @@ class MigrationError(PyBatchError):
     """The schema migrator refused to run or failed."""
     message = "schema migration failed"
 class NewerSchema(RepositoryError, MigrationError):
-    """The installed schema is newer than this package supports; nothing was changed."""
+    """The schema is newer than this package supports (nothing was changed); upgrade pybatch."""
     message = "schema version {current} is newer than supported version {supported}"
     current: int
     supported: int
