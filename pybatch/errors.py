@@ -8,15 +8,15 @@ tests/unit/test_error_hierarchy.py checks every row from the same classes; nothi
 
 Every family base is a direct child of `PyBatchError` and is followed by its leaves; a leaf with
 two families sits with the later one. Messages never contain SQL, parameter values, row
-contents or the connection string (docs/contract.md, Redaction); tests/unit/test_error_hierarchy.py
-lists every difference from the contract's catalogue.
+contents or the connection string (docs/contract.md, Redaction). The test also lists every
+difference from the contract's catalogue. After editing a row, regenerate docs/errors.md with
+`python tools/errors_catalogue.py`.
 """
 
 from __future__ import annotations
 
 import enum
-import typing
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, dataclass_transform
 
 import attrs
 
@@ -27,12 +27,12 @@ def _fields(error: Any) -> dict[str, Any]:
     return attrs.asdict(error, recurse=False)
 
 
-@typing.dataclass_transform(kw_only_default=True, frozen_default=True, eq_default=False)
+@dataclass_transform(kw_only_default=True, frozen_default=True, eq_default=False)
 class PyBatchError(Exception):
     """Root of every error pybatch raises; every subclass is a frozen, keyword-only attrs class."""
 
     message: ClassVar[str] = "pybatch error"
-    if typing.TYPE_CHECKING:  # what attrs adds: attrs.fields and attrs.asdict accept errors
+    if TYPE_CHECKING:  # what attrs adds: attrs.fields and attrs.asdict accept errors
         __attrs_attrs__: ClassVar[Any]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
