@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from pybatch._connect_errors import classify_connect_failure, is_permanent
+from pybatch._sqlstate import classify_connect_failure, is_permanent
 from pybatch.codecs._jsonb import install_strict_json_loads
 from pybatch.config import ConnectionConfig
 from pybatch.errors import PyBatchError

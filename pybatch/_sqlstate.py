@@ -1,8 +1,14 @@
-"""The only place that reads driver errors: SQLSTATE plus constraint name to pybatch errors.
+"""The only place that reads driver errors and maps them to pybatch errors.
 
-Meaning comes from the SQLSTATE and the constraint name only, never from message text, which
-changes with the server's version and locale. Mapped errors are raised `from None`: driver
-messages can quote row values and the DSN's host.
+Statements: meaning comes from the SQLSTATE and the constraint name only, never from message
+text, which changes with the server's version and locale. Mapped errors are raised `from
+None`: driver messages can quote row values and the DSN's host.
+
+Connection attempts (`classify_connect_failure`): a wrong password, an unknown database or an
+untrusted certificate will not heal by waiting for the acquire timeout, so they get their own
+`Unavailable` subclasses and are raised at once (`is_permanent`). Everything else (server
+down, too many connections, a restart in progress) stays a plain `Unavailable` that callers
+may retry.
 """
 
 from __future__ import annotations
@@ -12,9 +18,11 @@ from collections.abc import Callable, Mapping
 import psycopg
 
 from pybatch.errors import (
+    AuthenticationFailed,
     BusinessTransactionError,
     Cancelled,
     ConcurrentModification,
+    DatabaseNotFound,
     Infrastructure,
     IntegrityViolation,
     LockTimeout,
@@ -23,6 +31,7 @@ from pybatch.errors import (
     Rejected,
     RetryableConflict,
     SchemaUninitialized,
+    TlsVerificationFailed,
     Unavailable,
 )
 
@@ -30,8 +39,10 @@ __all__ = [
     "CONSTRAINT_ERRORS",
     "UNMAPPED_CONSTRAINTS",
     "classify_business_error",
+    "classify_connect_failure",
     "constraint_name",
     "is_connection_loss",
+    "is_permanent",
     "sqlstate_of",
     "translate",
 ]
@@ -129,3 +140,66 @@ def classify_business_error(
     if state is None and isinstance(exc, psycopg.ProgrammingError | psycopg.DataError):
         return Rejected(sqlstate="22000")
     return Infrastructure()
+
+
+# ------------------------------------------------------------------------ connection attempts
+
+_AUTHENTICATION = frozenset({"28P01", "28000"})
+
+# libpq raises connection failures without a SQLSTATE (the server's FATAL reaches the client
+# only as text), so the server's and libpq's fixed English phrases are the only signal.
+# They choose the error class; the text itself is never shown. A server with localized
+# lc_messages yields plain Unavailable, which is retried as before: a miss, never a
+# misclassification.
+_PHRASES: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("authentication failed for user",), "28P01"),
+    (("fe_sendauth: no password supplied",), "28P01"),
+    (("is not permitted to log in",), "28000"),
+    (("no pg_hba.conf entry for",), "28000"),
+    (("pg_hba.conf rejects connection",), "28000"),
+    (('FATAL:  role "', '" does not exist'), "28000"),  # trust or peer authentication
+    (('FATAL:  database "', '" does not exist'), "3D000"),
+    (("permission denied for database",), "42501"),
+)
+
+_TLS_VERIFICATION_PHRASES = (
+    "certificate verify failed",
+    "does not match host name",
+    "root certificate file",
+    "server does not support SSL",
+    "certificate has expired",
+    "self-signed certificate",
+    "self signed certificate",
+)
+
+
+def _sqlstate_of_connect_failure(error: psycopg.Error) -> str | None:
+    state: str | None = getattr(error, "sqlstate", None)
+    if state is not None:
+        return state
+    text = str(error)
+    for phrases, phrase_state in _PHRASES:
+        if all(phrase in text for phrase in phrases):
+            return phrase_state
+    return None
+
+
+def classify_connect_failure(error: psycopg.Error) -> PyBatchError:
+    """The pybatch error for a failed `psycopg.connect` (message text never copied)."""
+    state = _sqlstate_of_connect_failure(error)
+    if state in _AUTHENTICATION:
+        return AuthenticationFailed(sqlstate=state)
+    if state == "3D000":
+        return DatabaseNotFound(sqlstate=state)
+    if state == "42501":
+        return PermissionDenied()
+    if state is None and any(phrase in str(error) for phrase in _TLS_VERIFICATION_PHRASES):
+        return TlsVerificationFailed()
+    return Unavailable(sqlstate=state)
+
+
+def is_permanent(error: PyBatchError) -> bool:
+    """True for refusals that waiting cannot fix."""
+    return isinstance(
+        error, AuthenticationFailed | DatabaseNotFound | TlsVerificationFailed | PermissionDenied
+    )

@@ -27,7 +27,6 @@ LAYERS: dict[str, int] = {
     "pybatch._statements": 3,
     "pybatch._sqlstate": 3,
     "pybatch._connect": 3,
-    "pybatch._connect_errors": 3,
     "pybatch._transaction": 4,
     "pybatch.repository": 5,
     "pybatch.migrator": 6,

@@ -1,13 +1,15 @@
-"""The error hierarchy, pinned row by row to the contract's error catalogue.
+"""The error table of pybatch.errors, checked row by row and against the contract's catalogue.
 
-`REPOSITORY_ROWS` and `FAMILY_ROWS` copy the catalogue's rows in its order, as `Name{fields}`
-(repository errors) or `Family.Variant{fields}` (the other families; variant names are scoped by
-their family), each mapped to the pybatch families it must belong to.
-Where pybatch differs on purpose, the difference is written down as data with its reason:
-`RENAMED` (another class name), `FIELD_RENAMES` (another field name), `NOT_DEFINED` (no class),
-`CATALOGUE_FAMILIES` (a family pybatch folds or lacks). `PYBATCH_ONLY` lists the errors
-pybatch adds beyond the contract, with their families, so every class in pybatch.errors is
-accounted for and a new one cannot slip in without a family.
+The table (`errors.ERRORS`, one compact class per error) gives each error's families (its
+bases), fields, message and hint; the tests here build every row from its fields, pickle it and
+check docs/errors.md is rendered from it, without restating it. What the table must agree with
+is the contract: `REPOSITORY_ROWS` and `FAMILY_ROWS` copy the contract's catalogue rows in its
+order, as `Name{fields}` (repository errors) or `Family.Variant{fields}` (the other families),
+each mapped to the pybatch families it must belong to. Where pybatch differs on purpose, the
+difference is written down as data with its reason: `RENAMED` (another class name),
+`FIELD_RENAMES` (another field name), `NOT_DEFINED` (no class), `CATALOGUE_FAMILIES` (a family
+pybatch folds or lacks), `SECOND_FAMILY` (a family pybatch adds) and `PYBATCH_ONLY` (errors
+beyond the contract), so a new class cannot slip in unaccounted for.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import pickle
 import re
 from collections.abc import Callable
+from pathlib import Path
 
 import attrs
 import pytest
@@ -48,7 +51,6 @@ CONFIG: Families = (errors.ConfigError,)
 MIGRATION: Families = (errors.MigrationError,)
 OPERATOR: Families = (errors.OperatorError,)
 RETENTION: Families = (errors.RetentionError,)
-JOB_RUN: Families = (errors.JobRunError,)
 EXPLORER: Families = (errors.ExplorerError,)
 # The explorer row `ExplorerError.Cursor(CursorError)`: every cursor leaf is also an ExplorerError.
 CURSOR: Families = (errors.CursorError, errors.ExplorerError)
@@ -329,67 +331,61 @@ NOT_DEFINED: dict[str, str] = {
     ),
 }
 
-#: pybatch's errors beyond the catalogue: class name -> families.
-PYBATCH_ONLY: dict[str, Families] = {
-    "UnitOfWorkClosed": REPOSITORY,  # a closed unit of work is used again
-    "NegativeIdentifier": DOMAIN,  # Python ints are signed; the contract's ids are u64
-    "ParameterValueOutOfRange": DOMAIN,  # Python ints are unbounded; i64/u64 ranges
-    "CounterOutOfRange": DOMAIN,  # counters are 0..2^63-1
-    "VersionOutOfRange": DOMAIN,  # versions are 0..2^63-1
-    "JsonNotEncodable": DOMAIN,  # canonical JSON
-    "TextNotUtf8": DOMAIN,  # Python str can hold unpaired surrogates
-    "ZeroSchemaVersion": STATE,  # schema_version is u32 >= 1
-    "StateEnvelopeInvalid": STATE,
-    "EnvironmentValueInvalid": CONFIG,  # ConnectionConfig.from_env
-    "CommandArgumentInvalid": CONFIG,  # a pybatch CLI argument out of range or not UTF-8
-    "MigrationChecksumMismatch": MIGRATION,  # the migrator
-    "MigrationHistoryInvalid": MIGRATION,
-    "MigrationLockTimeout": MIGRATION,
-    # Connection refusals that waiting cannot fix; still Unavailable to contract code.
-    "AuthenticationFailed": REPOSITORY,
-    "DatabaseNotFound": REPOSITORY,
-    "TlsVerificationFailed": REPOSITORY,
-    "PermissionDenied": REPOSITORY,  # SQLSTATE 42501, deliberately not Unavailable
-    "LockTimeout": BUSINESS,  # 55P03 in a business statement; the connection is kept
-    "TextContainsNul": DOMAIN,  # PostgreSQL text and jsonb cannot store U+0000
-    "StateSchemaVersionNotStorable": DOMAIN,  # u32 versions in integer columns
-    "TimestampOutOfRange": DOMAIN,  # an aware instant beyond Python's UTC datetimes
-    "RecoveryEvidenceDigestInvalid": RECOVERY_REQUEST,  # the evidence digest is exactly 32 bytes
-    "InvalidTlsMode": CONFIG,  # typed refusals instead of a TypeError echoing the value
-    "CaCertificateNotBytes": CONFIG,
-    "CaCertificateWithoutVerification": CONFIG,
-    # The contract's PartitionValueError.ContextTooLarge; that family is not built, the
-    # other partition value rules are typed name errors or repository errors.
-    "PartitionContextTooLarge": DOMAIN,
-    "JobRunError": JOB_RUN,  # how a run ends, decided by its flow or its partitions (etl)
-    "FlowEndedInFailure": JOB_RUN,
-    "PartitionsFailed": JOB_RUN,
-    "PartitionPlanNotPublished": JOB_RUN,  # a joining worker found no plan in time
-    "DsnFileInsecure": CONFIG,  # --dsn-file must be mode 0600 (CLI connection settings)
-    "DsnFileUnreadable": CONFIG,
-    "UnknownStatement": CONFIG,  # pybatch sql show|explain NAME
-    "ExecutionOwnershipLost": REPOSITORY,  # a stale owner whose execution was recovered
-    "PartitionOwnershipLost": REPOSITORY,  # a stale worker whose partition was recovered
-    "StopRequested": CHUNK,  # the ETL API ends a step at a chunk boundary on a stop request
-    # The clock-skew and stale-threshold bounds (100 ms..60 s, 1 min..24 h) as settings, and
-    # the connect-time refusal of a host whose clock is beyond the skew bound.
-    "ClockSkewBoundOutOfRange": CONFIG,
-    "StaleThresholdOutOfRange": CONFIG,
-    "ClockSkewExceeded": CONFIG,
-}
+#: pybatch's errors beyond the catalogue (their families are their bases in pybatch.errors).
+PYBATCH_ONLY: frozenset[str] = frozenset(
+    {
+        "UnitOfWorkClosed",  # a closed unit of work is used again
+        "NegativeIdentifier",  # Python ints are signed; the contract's ids are u64
+        "ParameterValueOutOfRange",  # Python ints are unbounded; i64/u64 ranges
+        "CounterOutOfRange",  # counters are 0..2^63-1
+        "VersionOutOfRange",  # versions are 0..2^63-1
+        "JsonNotEncodable",  # canonical JSON
+        "TextNotUtf8",  # Python str can hold unpaired surrogates
+        "ZeroSchemaVersion",  # schema_version is u32 >= 1
+        "StateEnvelopeInvalid",
+        "EnvironmentValueInvalid",  # ConnectionConfig.from_env
+        "CommandArgumentInvalid",  # a pybatch CLI argument out of range or not UTF-8
+        "MigrationChecksumMismatch",  # the migrator
+        "MigrationHistoryInvalid",
+        "MigrationLockTimeout",
+        # Connection refusals that waiting cannot fix; still Unavailable to contract code.
+        "AuthenticationFailed",
+        "DatabaseNotFound",
+        "TlsVerificationFailed",
+        "PermissionDenied",  # SQLSTATE 42501, deliberately not Unavailable
+        "LockTimeout",  # 55P03 in a business statement; the connection is kept
+        "TextContainsNul",  # PostgreSQL text and jsonb cannot store U+0000
+        "StateSchemaVersionNotStorable",  # u32 versions in integer columns
+        "TimestampOutOfRange",  # an aware instant beyond Python's UTC datetimes
+        "RecoveryEvidenceDigestInvalid",  # the evidence digest is exactly 32 bytes
+        "InvalidTlsMode",  # typed refusals instead of a TypeError echoing the value
+        "CaCertificateNotBytes",
+        "CaCertificateWithoutVerification",
+        # The contract's PartitionValueError.ContextTooLarge; that family is not built, the
+        # other partition value rules are typed name errors or repository errors.
+        "PartitionContextTooLarge",
+        "JobRunError",  # how a run ends, decided by its flow or its partitions (etl)
+        "FlowEndedInFailure",
+        "PartitionsFailed",
+        "PartitionPlanNotPublished",  # a joining worker found no plan in time
+        "DsnFileInsecure",  # --dsn-file must be mode 0600 (CLI connection settings)
+        "DsnFileUnreadable",
+        "UnknownStatement",  # pybatch sql show|explain NAME
+        "ExecutionOwnershipLost",  # a stale owner whose execution was recovered
+        "PartitionOwnershipLost",  # a stale worker whose partition was recovered
+        "StopRequested",  # the ETL API ends a step at a chunk boundary on a stop request
+        # The clock-skew and stale-threshold bounds (100 ms..60 s, 1 min..24 h) as settings, and
+        # the connect-time refusal of a host whose clock is beyond the skew bound.
+        "ClockSkewBoundOutOfRange",
+        "StaleThresholdOutOfRange",
+        "ClockSkewExceeded",
+    }
+)
 
 #: Contract leaves pybatch also puts in a family of its own: class name -> extra families.
 SECOND_FAMILY: dict[str, Families] = {
     "NewerSchema": MIGRATION,  # the migrator refuses a newer schema with the same error
 }
-
-#: Every family base: a direct child of PyBatchError.
-FAMILY_BASES: Families = (
-    errors.RepositoryError,
-    *(family for family in CATALOGUE_FAMILIES.values() if family is not None),
-    errors.MigrationError,
-    errors.JobRunError,
-)
 
 _ROW = re.compile(r"^(?P<row>[^{]+?)(?:\{(?P<fields>[^}]*)\})?$")
 
@@ -408,15 +404,13 @@ def _class_name(row: str) -> str:
 
 CONTRACT_ROWS = {**REPOSITORY_ROWS, **FAMILY_ROWS}
 DEFINED_ROWS = [key for key in CONTRACT_ROWS if _row(key)[0] not in NOT_DEFINED]
-ERROR_CLASSES = [
-    cls
-    for cls in (getattr(errors, name) for name in errors.__all__)
-    if isinstance(cls, type) and issubclass(cls, BaseException)
-]
+#: The table: every class of pybatch.errors but the root, in the order it is written.
+ERROR_CLASSES = list(errors.ERRORS)
+LEAVES = [cls for cls in ERROR_CLASSES if cls not in errors.FAMILIES]
 
 
 def _families_of(cls: type) -> set[type[errors.PyBatchError]]:
-    return {family for family in FAMILY_BASES if issubclass(cls, family)}
+    return {family for family in errors.FAMILIES if issubclass(cls, family)}
 
 
 def test_the_side_tables_only_name_contract_rows() -> None:
@@ -446,48 +440,49 @@ def test_errors_pybatch_does_not_define_are_absent(row: str) -> None:
 
 
 @pytest.mark.parametrize(("contract", "family"), CATALOGUE_FAMILIES.items())
-def test_each_catalogue_family_is_a_direct_child_of_the_root(
+def test_each_catalogue_family_is_a_family_base_of_the_table(
     contract: str, family: type[errors.PyBatchError] | None
 ) -> None:
     if family is None:
         assert not hasattr(errors, contract)
     else:
-        assert family.__bases__ == (errors.PyBatchError,)
+        assert family in errors.FAMILIES
 
 
-def test_repository_and_migration_errors_are_families_of_their_own() -> None:
-    assert errors.RepositoryError.__bases__ == (errors.PyBatchError,)
-    assert errors.MigrationError.__bases__ == (errors.PyBatchError,)
+def test_the_families_are_exactly_the_direct_children_of_the_root() -> None:
+    assert set(errors.FAMILIES) == set(errors.PyBatchError.__subclasses__())
+    assert errors.RepositoryError in errors.FAMILIES
+    assert errors.MigrationError in errors.FAMILIES
 
 
 def test_every_lifecycle_leaf_is_also_a_repository_error() -> None:
     # The repository row `Lifecycle(LifecycleError)`: `except RepositoryError` catches them.
-    leaves = [cls for cls in ERROR_CLASSES if issubclass(cls, errors.LifecycleError)]
+    leaves = [cls for cls in LEAVES if issubclass(cls, errors.LifecycleError)]
     assert len(leaves) > 1
     for cls in leaves:
-        if cls is not errors.LifecycleError:
-            assert issubclass(cls, errors.RepositoryError), cls.__name__
+        assert issubclass(cls, errors.RepositoryError), cls.__name__
 
 
-@pytest.mark.parametrize("cls", ERROR_CLASSES, ids=lambda cls: cls.__name__)
-def test_every_error_has_exactly_the_families_the_tables_give(cls: type) -> None:
-    assert issubclass(cls, errors.PyBatchError)
+@pytest.mark.parametrize("cls", LEAVES, ids=lambda cls: cls.__name__)
+def test_every_contract_error_has_exactly_the_contract_families(cls: type) -> None:
     assert cls.__module__ == errors.__name__
-    if cls is errors.PyBatchError or cls in FAMILY_BASES:
-        return
     expected: set[type[errors.PyBatchError]] = set()
     for key in DEFINED_ROWS:
         if _class_name(_row(key)[0]) == cls.__name__:
             expected.update(CONTRACT_ROWS[key])
-    expected.update(PYBATCH_ONLY.get(cls.__name__, ()))
+    if not expected:
+        assert cls.__name__ in PYBATCH_ONLY, (
+            f"{cls.__name__}: map it to a contract row or PYBATCH_ONLY"
+        )
+        assert _families_of(cls), f"{cls.__name__} is in no family"
+        return
     expected.update(SECOND_FAMILY.get(cls.__name__, ()))
-    assert expected, f"{cls.__name__} is in no table; map it to a contract row or PYBATCH_ONLY"
     assert _families_of(cls) == expected
 
 
 def test_pybatch_only_errors_are_not_contract_rows() -> None:
     named_by_contract = {_class_name(_row(key)[0]) for key in DEFINED_ROWS}
-    assert set(PYBATCH_ONLY) <= set(errors.__all__) - named_by_contract
+    assert PYBATCH_ONLY <= {cls.__name__ for cls in ERROR_CLASSES} - named_by_contract
     assert set(SECOND_FAMILY) <= named_by_contract
 
 
@@ -499,8 +494,69 @@ def test_all_lists_exactly_the_exception_classes_defined_in_the_module() -> None
         and issubclass(value, BaseException)
         and value.__module__ == errors.__name__
     }
-    assert set(errors.__all__) == defined | {"TextRule"}  # the text rules' `rule` values
+    assert defined == {cls.__name__ for cls in ERROR_CLASSES} | {"PyBatchError"}
+    # The text rules' `rule` values, the table and its rendering are public too.
+    assert set(errors.__all__) == defined | {"TextRule", "ERRORS", "FAMILIES", "catalogue"}
     assert list(errors.__all__) == sorted(set(errors.__all__))
+
+
+# ------------------------------------------------------------------------- the table's rows
+
+#: A value for each field type the table uses, to build every error from its row.
+SAMPLE_VALUES: dict[str, object] = {
+    "int": 7,
+    "str": "x",
+    "bool": True,
+    "float": 1.5,
+    "tuple[str, ...]": ("a", "b"),
+    "int | None": 9,
+    "str | None": "08006",
+    "TextRule": errors.TextRule.TOO_LONG,
+    "DomainError": errors.ZeroIdentifier(kind="job"),
+    "RepositoryError": errors.Unavailable(),
+}
+
+
+def _build(cls: type[errors.PyBatchError]) -> errors.PyBatchError:
+    fields = attrs.fields(cls)
+    return cls(**{field.name: SAMPLE_VALUES[str(field.type)] for field in fields})
+
+
+@pytest.mark.parametrize("cls", ERROR_CLASSES, ids=lambda cls: cls.__name__)
+def test_every_row_declares_its_own_message_and_a_one_line_hint(cls: type) -> None:
+    assert "message" in vars(cls) or "subject" in vars(cls), "each row writes its message"
+    hint = cls.__doc__ or ""
+    assert hint.strip() and "\n" not in hint and hint.endswith("."), "a one-line hint"
+
+
+@pytest.mark.parametrize("cls", ERROR_CLASSES, ids=lambda cls: cls.__name__)
+def test_every_error_is_built_from_keyword_fields_and_frozen(cls: type) -> None:
+    assert {str(field.type) for field in attrs.fields(cls)} <= set(SAMPLE_VALUES)
+    assert all(field.kw_only for field in attrs.fields(cls))
+    error = _build(cls)
+    if attrs.fields(cls):
+        with pytest.raises(TypeError):
+            cls(*(getattr(error, field.name) for field in attrs.fields(cls)))
+        with pytest.raises(attrs.exceptions.FrozenInstanceError):
+            setattr(error, attrs.fields(cls)[0].name, None)
+
+
+@pytest.mark.parametrize("cls", ERROR_CLASSES, ids=lambda cls: cls.__name__)
+def test_every_message_is_filled_from_the_fields_and_survives_pickling(cls: type) -> None:
+    error = _build(cls)
+    text = str(error)
+    assert text and "{" not in text and "}" not in text
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is cls
+    assert (str(copy), repr(copy)) == (text, repr(error))
+
+
+def test_docs_errors_md_is_the_rendered_table() -> None:
+    # Regenerate with `python tools/errors_catalogue.py`.
+    text = (Path(__file__).resolve().parents[2] / "docs" / "errors.md").read_text()
+    assert text == errors.catalogue()
+    for cls in LEAVES:
+        assert f"| `{cls.__name__}` |" in text
 
 
 # ------------------------------------------------------------------------- redaction
