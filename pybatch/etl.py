@@ -446,7 +446,7 @@ class JobRun:
         if keeper is not None:
             keeper.halt()
 
-    def _release_liveness(self) -> None:
+    def _stop_renewing(self) -> None:
         """Stop renewing the lease, as a process that died would (tests simulate crashes)."""
         self._halt_keeper()
 
