@@ -5,7 +5,7 @@ See docs/contract.md, Ownership and leases.
 A token is evidence of who runs an execution; the lease says until when that evidence is
 fresh, and it is the only authority. A runner renews its lease while it lives, so a launch
 finds an execution orphaned only when its lease ran out on the database clock
-(docs/etl-guide.md, "Liveness").
+(docs/etl-guide.md, "Crashes and restarts").
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def hold_id_keyed_liveness(squatter: psycopg.Connection[Any], first: int, count:
     )
 
 
-def test_liveness_keys_held_by_a_stranger_block_no_launch_and_no_restart(
+def test_old_liveness_keys_held_by_a_stranger_block_no_launch_and_no_restart(
     repository: JobRepository, admin: psycopg.Connection[Any], squatter_dsn: str
 ) -> None:
     job = Job(repository, "load_orders", DAY, lease=SHORT_LEASE)
