@@ -1,4 +1,4 @@
-"""Ownership that survives a dropped connection (docs/etl-guide.md "Liveness").
+"""Ownership that survives a dropped connection (docs/etl-guide.md "Crashes and restarts").
 
 What a script author relies on: while a run lives, nothing that happens to its idle
 connections lets a second launch take it over; after a crash a restart proceeds within
