@@ -10,9 +10,9 @@ its lease from a background thread while it lives (pybatch/lease_keeper.py). The
 the only authority: an unresolved execution or a STARTED partition whose lease ran out, or
 that has none, has no live owner and may be recovered (`LeaseState.owner_gone`,
 `WorkerLease.worker_gone`); a fresh lease means its owner is alive, whatever happened to its
-idle connections. No advisory lock and no connection held outside the pool is involved, so
-a run works through a transaction-pooling proxy, and no role that can connect can block a
-recovery by holding a lock key. Every write of an owner is fenced by its token in its own
+idle connections. No advisory lock and no connection held outside the pool is involved:
+liveness keeps no state in a session between transactions, and no role that can connect can
+block a recovery by holding a lock key. Every write of an owner is fenced by its token in its own
 predicate, so an owner whose lease lapsed touches nothing once another process recovered
 its work.
 """
