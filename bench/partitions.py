@@ -16,16 +16,16 @@ Three measurements, printed as tables (and written as JSON under bench/results/)
    (throughput(N) / (N * throughput(1))), and the pybatch/baseline ratio.
 2. Units of work and round trips per partition, counted on an in-process worker
    (`workers=0`): every pooled connection lease is one unit of work, traced at the libpq
-   protocol level (ReadyForQuery and CopyInResponse count as round trips), plus the
-   liveness lock and unlock on the worker's dedicated connection. Anchor: 5.2 units of work
+   protocol level (ReadyForQuery and CopyInResponse count as round trips); a worker holds no
+   connection outside the pool (its lease is row state). Anchor: 5.2 units of work
    per partition in the seed project's published campaign; target at most 4, with claim plus
    complete at most 2.
-3. Claim latency (claim unit of work: claim statement, liveness lock, COMMIT) over 1,024
+3. Claim latency (claim unit of work: claim statement, COMMIT) over 1,024
    claims from plans of 10, 100 and 1,024 partitions, interleaved claim by claim (plans of 10
    and 100 are published again as they drain); target: median(1,024) / median(10) <= 1.2.
 
 4. Primary capacity: with 1, 4 and 8 client processes for `--capacity-seconds` each,
-   checkpoint-only chunk commits, claims (claim unit of work and liveness lock), and
+   checkpoint-only chunk commits, claims (claim units of work), and
    launches (launch, one empty step, completion) per second of the whole server.
 
 Without `--dsn` an EmbeddedPostgres is started with fsync on.
@@ -40,7 +40,6 @@ import statistics
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -60,6 +59,7 @@ from pybatch._transaction import Lease
 from pybatch.etl import Job, PartitionRun
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import NodeId, StepName
+from pybatch.values.ownership import ExecutionLease
 from pybatch.values.partitions import PartitionPlanEntry
 from pybatch.values.state import ExecutionContext
 from pybatch.values.status import BatchStatus
@@ -177,7 +177,6 @@ class LeaseCounter:
         self.repository = repository
         self.leases = 0
         self.trips: list[int] = []
-        self.liveness_round_trips = 0
         self._open: dict[int, tuple[Any, list[str]]] = {}
 
     def __enter__(self) -> LeaseCounter:
@@ -203,25 +202,10 @@ class LeaseCounter:
 
         transactions.lease = traced_lease  # type: ignore[method-assign]
         transactions._release = traced_release  # type: ignore[method-assign]
-        liveness = partitioned_module._Liveness
-        self._saved = (liveness.hold, liveness.release, liveness.is_lost)
-        counter = self
-
-        def counted(method: Callable[..., Any]) -> Callable[..., Any]:
-            def wrapper(*args: Any) -> Any:
-                counter.liveness_round_trips += 1
-                return method(*args)
-
-            return wrapper
-
-        liveness.hold = counted(liveness.hold)  # type: ignore[method-assign]
-        liveness.release = counted(liveness.release)  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         del self.repository.transactions.lease, self.repository.transactions._release
-        liveness = partitioned_module._Liveness
-        liveness.hold, liveness.release, liveness.is_lost = self._saved  # type: ignore[method-assign]
 
 
 def cost_per_partition(dsn: str, n: int, copy: bool) -> dict[str, float]:
@@ -249,7 +233,7 @@ def cost_per_partition(dsn: str, n: int, copy: bool) -> dict[str, float]:
                 )
     # The worker's final look (an empty claim, then the open-partition count) is two units
     # of work per worker, not per partition: leave it out.
-    trips = sum(counter.trips[:-2]) + counter.liveness_round_trips
+    trips = sum(counter.trips[:-2])
     return {"units_of_work": (counter.leases - 2) / n, "round_trips": trips / n}
 
 
@@ -293,36 +277,32 @@ def claim_latency(
     """
     samples: dict[int, list[float]] = {size: [] for size in sizes}
     with JobRepository.connect(config(dsn)) as repository:
-        liveness = partitioned_module._Liveness(repository)
-        try:
-            for round_number in range(rounds):
-                plans = {
-                    size: _publish(repository, f"{label}-{round_number}-{size}-0", size)
-                    for size in sizes
-                }
-                published = {size: 1 for size in sizes}
-                remaining = {size: size for size in sizes}
-                turn = 0
-                while remaining[max(sizes)]:
-                    order = sizes if turn % 2 == 0 else list(reversed(sizes))
-                    turn += 1
-                    for size in order:
-                        if not remaining[size]:
-                            plans[size][0].__exit__(None, None, None)
-                            name = f"{label}-{round_number}-{size}-{published[size]}"
-                            published[size] += 1
-                            plans[size] = _publish(repository, name, size)
-                            remaining[size] = size
-                        started = time.perf_counter()
-                        claimed = partitioned_module._claim(repository, plans[size][1], liveness)
-                        samples[size].append(time.perf_counter() - started)
-                        assert claimed is not None
-                        liveness.release(claimed[1].id)
-                        remaining[size] -= 1
-                for run, _parent in plans.values():
-                    run.__exit__(None, None, None)
-        finally:
-            liveness.close()
+        lease = ExecutionLease()
+        for round_number in range(rounds):
+            plans = {
+                size: _publish(repository, f"{label}-{round_number}-{size}-0", size)
+                for size in sizes
+            }
+            published = {size: 1 for size in sizes}
+            remaining = {size: size for size in sizes}
+            turn = 0
+            while remaining[max(sizes)]:
+                order = sizes if turn % 2 == 0 else list(reversed(sizes))
+                turn += 1
+                for size in order:
+                    if not remaining[size]:
+                        plans[size][0].__exit__(None, None, None)
+                        name = f"{label}-{round_number}-{size}-{published[size]}"
+                        published[size] += 1
+                        plans[size] = _publish(repository, name, size)
+                        remaining[size] = size
+                    started = time.perf_counter()
+                    claimed = partitioned_module._claim(repository, plans[size][1], lease)
+                    samples[size].append(time.perf_counter() - started)
+                    assert claimed is not None
+                    remaining[size] -= 1
+            for run, _parent in plans.values():
+                run.__exit__(None, None, None)
     return {size: statistics.median(values) * 1000 for size, values in samples.items()}
 
 
@@ -350,17 +330,15 @@ def _capacity_worker(dsn: str, kind: str, index: int, seconds: float, out: Any) 
                     run.step("commit", commits)
             elif kind == "claims":
                 run, parent = _publish(repository, f"capacity-{index}-{time.time()}", 1024)
-                liveness = partitioned_module._Liveness(repository)
+                lease = ExecutionLease()
                 deadline = time.perf_counter() + seconds
                 while time.perf_counter() < deadline:
-                    claimed = partitioned_module._claim(repository, parent, liveness)
+                    claimed = partitioned_module._claim(repository, parent, lease)
                     if claimed is None:
                         run.__exit__(None, None, None)
                         run, parent = _publish(repository, f"capacity-{index}-{time.time()}", 1024)
                         continue
-                    liveness.release(claimed[1].id)
                     count += 1
-                liveness.close()
                 run.__exit__(None, None, None)
             else:  # launches: launch, one step, complete
                 deadline = time.perf_counter() + seconds

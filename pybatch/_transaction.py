@@ -32,7 +32,6 @@ from pybatch import _sqlstate
 from pybatch._connect import (
     CaFile,
     check_idle_connection,
-    connect_or_raise,
     connection_kwargs,
     probe_connection,
     watch_for_termination,
@@ -286,14 +285,6 @@ class TransactionSource:
             raise _sqlstate.translate(error, schema_probe=schema_probe) from None
         finally:
             lease.rollback()
-
-    def dedicated_connection(self) -> Connection:
-        """An autocommit connection outside the pool (a liveness lock lives as long as a run).
-
-        Raises:
-            Unavailable: the server cannot be reached (details redacted).
-        """
-        return connect_or_raise(connection_kwargs(self._config, self._ca_file), autocommit=True)
 
     def _release(self, conn: Connection, *, discard: bool) -> None:
         if discard and not conn.closed:

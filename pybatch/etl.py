@@ -56,7 +56,6 @@ from pybatch.errors import (
 )
 from pybatch.job_repository import JobRepository
 from pybatch.lease_keeper import LeaseKeeper, PartitionLeaseKeeper
-from pybatch.liveness import LivenessSession
 from pybatch.services.flow import FlowPoint
 from pybatch.unit_of_work import UnitOfWork
 from pybatch.values.chunks import ChunkContext, ChunkCounts, CommittedStepState, FaultProgress
@@ -347,7 +346,6 @@ class JobRun:
         lease: ExecutionLease | None = None,
         definition: DefinitionIdentity | None = None,
         parameters: JobParameters | None = None,
-        liveness: LivenessSession | None = None,
     ) -> None:
         """`owner` and `lease` belong to the launching process; a partition worker has none."""
         self.repository = repository
@@ -361,7 +359,6 @@ class JobRun:
         #: The execution's lease; partition workers lease their partitions for as long.
         self.lease = lease or ExecutionLease()
         self._keeper: LeaseKeeper | None = None
-        self._liveness = liveness
         if owner is not None:
             self._keeper = LeaseKeeper(repository, execution.id, owner, self.lease)
             self._keeper.start()
@@ -448,11 +445,8 @@ class JobRun:
         keeper, self._keeper = self._keeper, None
         if keeper is not None:
             keeper.halt()
-        liveness, self._liveness = self._liveness, None
-        if liveness is not None:
-            liveness.close()  # ends the session, which releases the liveness lock
 
-    def _release_liveness(self) -> None:
+    def _stop_renewing(self) -> None:
         """Stop renewing the lease, as a process that died would (tests simulate crashes)."""
         self._halt_keeper()
 
@@ -688,32 +682,30 @@ class Job:
     def launch(self) -> JobRun:
         """Start the first attempt, or restart after FAILED or STOPPED, and mark it STARTED.
 
-        When the unresolved attempt's liveness lock is free but its lease has not run out
-        yet (its process just died, or only its idle liveness session was killed), the
-        launch waits, at most until the lease runs out: a renewal meanwhile proves the
-        owner alive (ExecutionAlreadyActive), an expiry proves it gone (recovered here).
+        The lease of an unresolved attempt alone decides whether its owner lives. When it is
+        still fresh, the launch watches it, at most until it runs out: a renewal proves the
+        owner alive (ExecutionAlreadyActive), an expiry on the database clock proves it gone
+        (recovered here, then the new attempt starts). A live owner renews every third of its
+        lease, so a refusal comes within about a third of the lease; a crashed owner's
+        attempt is recovered at most one lease after its last renewal.
 
         Raises:
             CompletedInstance, AbandonedInstance: the instance never runs again.
-            ExecutionAlreadyActive: another live process runs this instance (its lease is
-                fresh), or the unresolved attempt is UNKNOWN and needs explicit recovery
-                with reason UNKNOWN_EFFECT (`pybatch recover`).
+            ExecutionAlreadyActive: another live process runs this instance (its lease was
+                renewed while the launch watched it), or the unresolved attempt is UNKNOWN
+                and needs explicit recovery with reason UNKNOWN_EFFECT (`pybatch recover`).
         """
         owner = OwnerToken.generate()
         seen_expiry: _dt.datetime | None = None
         deadline = time.monotonic() + self.lease.duration.total_seconds() + 1.0
+
+        def launch_once(uow: UnitOfWork) -> tuple[JobInstance, JobExecution]:
+            return self._launch(uow, owner)
+
         while True:
-            liveness = LivenessSession(self.repository)
-
-            def launch_once(
-                uow: UnitOfWork, session: LivenessSession = liveness
-            ) -> tuple[JobInstance, JobExecution]:
-                return self._launch(uow, owner, session)
-
             try:
                 instance, started = self.repository.run_in_unit_of_work(launch_once)
             except _OwnerMayBeGone as pending:
-                liveness.close()
                 renewed = seen_expiry is not None and pending.lease_expires_at > seen_expiry
                 if renewed or time.monotonic() > deadline:
                     raise pending.active from None
@@ -722,9 +714,6 @@ class Job:
                     deadline = time.monotonic() + pending.remaining_seconds + 1.0
                 time.sleep(_LEASE_POLL_SECONDS)
                 continue
-            except BaseException:
-                liveness.close()
-                raise
             break
         logger.info(
             "pybatch: job %s instance %s attempt %s started (execution %s)",
@@ -741,12 +730,9 @@ class Job:
             self.lease,
             self.definition,
             self.key.parameters,
-            liveness,
         )
 
-    def _launch(
-        self, uow: UnitOfWork, owner: OwnerToken, liveness: LivenessSession
-    ) -> tuple[JobInstance, JobExecution]:
+    def _launch(self, uow: UnitOfWork, owner: OwnerToken) -> tuple[JobInstance, JobExecution]:
         instance = uow.instances.select_or_create(self.key).instance
         try:
             execution = uow.executions.create(instance.id, self.definition)
@@ -754,20 +740,15 @@ class Job:
             if not self.recover_orphans:
                 raise
             orphan, lease = uow.ownership.lock(active.execution_id)
-            if not self._is_orphaned(orphan, lease, liveness, active):
+            if not self._is_orphaned(orphan, lease, active):
                 raise
             uow.recovery.recover_orphaned(orphan.id, audited=True)
             logger.warning(
                 "pybatch: job execution %s had no live owner (%s); recorded FAILED (OWNER_LOST)",
                 orphan.id,
-                "lease expired" if lease.has_lease else "liveness lock free",
+                "lease expired" if lease.has_lease else "no lease",
             )
             execution = uow.executions.create(instance.id, self.definition)
-        # Fast evidence for the next launcher: the liveness lock, keyed by our owner token
-        # (so nobody can hold it first) and taken before the execution becomes visible. The
-        # lease (claimed below) is what decides; the lock only spares a launcher the wait
-        # while this process is alive, and a lock held elsewhere never stops the launch.
-        liveness.claim(execution.id, owner)
         at = max(uow.clock.now(), execution.created_at)
         claimed = uow.ownership.claim(execution.id, execution.version, owner, at, self.lease)
         started = uow.executions.transition(
@@ -776,34 +757,23 @@ class Job:
         return instance, started
 
     def _is_orphaned(
-        self,
-        execution: JobExecution,
-        lease: LeaseState,
-        liveness: LivenessSession,
-        active: ExecutionAlreadyActive,
+        self, execution: JobExecution, lease: LeaseState, active: ExecutionAlreadyActive
     ) -> bool:
         """True when the unresolved attempt's owner is gone and it may be recovered here.
 
         UNKNOWN never is (its commit may have happened: only an explicit recovery with
-        reason UNKNOWN_EFFECT resolves it). A leased attempt is orphaned once its lease ran
-        out on the database clock, whoever holds any liveness lock (an advisory lock never
-        blocks recovery). With a fresh lease: its owner's token-keyed lock held means the
-        owner is alive; free means wait and see (the launch polls, _OwnerMayBeGone). An
-        attempt without a lease was started before leases existed (before schema version
-        4); its runner holds the id-keyed liveness lock.
+        reason UNKNOWN_EFFECT resolves it). Otherwise the lease alone decides, on the
+        database clock (`LeaseState.owner_gone`): an attempt whose lease ran out, or that
+        no owner ever leased, has no live owner.
 
         Raises:
-            _OwnerMayBeGone: the lease is fresh and the liveness lock free.
+            _OwnerMayBeGone: the lease is still fresh; the launch watches it.
         """
         if not execution.status.is_active:
             return False
-        if not lease.has_lease:
-            return liveness.owner_is_gone(execution.id)
-        if lease.lease_expired:
+        if lease.owner_gone:
             return True
-        if lease.lease_expires_at is not None and (
-            lease.owner_token is None or liveness.owner_is_gone(execution.id, lease.owner_token)
-        ):
+        if lease.lease_expires_at is not None:
             raise _OwnerMayBeGone(active, lease.lease_expires_at, lease.remaining_seconds)
         return False
 
@@ -813,7 +783,7 @@ _LEASE_POLL_SECONDS = 0.2
 
 
 class _OwnerMayBeGone(Exception):
-    """The liveness lock is free but the lease is fresh: wait for a renewal or the expiry."""
+    """The lease is fresh: wait for a renewal (owner alive) or the expiry (owner gone)."""
 
     def __init__(
         self, active: ExecutionAlreadyActive, lease_expires_at: _dt.datetime, remaining: float

@@ -202,14 +202,6 @@ class JobRepository:
             except DecodeError:
                 raise Unavailable() from None
 
-    def dedicated_connection(self) -> Connection:
-        """An autocommit connection outside the pool, for a run's liveness lock.
-
-        Raises:
-            Unavailable: the server cannot be reached (details redacted).
-        """
-        return self.transactions.dedicated_connection()
-
     # ------------------------------------------------------------------ negotiation
 
     def descriptor(self) -> RepositoryDescriptor:

@@ -203,7 +203,9 @@ class PartitionLeaseKeeper(_Keeper):
         self.repository.run_in_unit_of_work(self._renew)
 
     def _renew(self, uow: UnitOfWork) -> None:
-        uow.partitions.renew_worker_lease(self.partition_id, self.worker_id, self.owner, self.lease)
+        uow.ownership.renew_partition_lease(
+            self.partition_id, self.worker_id, self.owner, self.lease
+        )
 
     def _describe(self) -> str:
         return f"partition {self.partition_id} (worker step {self.worker_id})"

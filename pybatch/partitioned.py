@@ -10,13 +10,14 @@ partition in one unit of work. Workers started on other hosts (`pybatch.etl.join
 
 A worker owns the partition it claimed through an owner token and a lease on the database
 clock, recorded by the claim and renewed from a background thread while the partition runs
-(`PartitionLeaseKeeper`), the way a job run owns its execution; `_Liveness` is the one place
-that tells a live worker from a dead one. When a worker dies mid-partition its lease runs
-out, and any other worker (or the parent) records the worker step FAILED (STALE_RECOVERED)
-and the partition FAILED; the partition becomes claimable again: the next worker copies the
-dead worker's checkpoint and counters, so every row is written exactly once. A worker whose
-partition was recovered (its lease lapsed while it stalled) gets PartitionOwnershipLost at
-its next chunk or renewal and leaves the partition alone.
+(`PartitionLeaseKeeper`), the way a job run owns its execution (pybatch/repository/ownership.py
+holds both); the lease alone tells a live worker from a dead one. When a worker dies
+mid-partition its lease runs out, and any other worker (or the parent) records the worker
+step FAILED (STALE_RECOVERED) and the partition FAILED; the partition becomes claimable
+again: the next worker copies the dead worker's checkpoint and counters, so every row is
+written exactly once. A worker whose partition was recovered (its lease lapsed while it
+stalled) gets PartitionOwnershipLost at its next chunk or renewal and leaves the partition
+alone. No worker holds a lock or a connection outside the pool for its partition.
 """
 
 from __future__ import annotations
@@ -35,13 +36,11 @@ from pybatch.errors import (
     PartitionStateCorrupt,
     PartitionUpdateNotAllowed,
     PartitionWorkerStale,
-    PyBatchError,
     StaleVersion,
 )
 from pybatch.job_repository import JobRepository
 from pybatch.lease_keeper import PartitionLeaseKeeper
-from pybatch.repository import liveness as liveness_statements
-from pybatch.repository.partitions import StartedPartition
+from pybatch.repository.ownership import StartedPartition
 from pybatch.values.flow import StartLimit
 from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
@@ -85,107 +84,6 @@ Partitions = Mapping[str, Mapping[str, Any]] | Iterable[str]
 POLL_SECONDS = 0.1
 
 
-# --------------------------------------------------------------------------- liveness
-
-
-class _Liveness:
-    """The one place that knows how a live worker is told from a dead one.
-
-    A worker owns its partition through an owner token and a lease on the database clock:
-    the claim records both, the worker renews the lease while the partition runs, and a
-    partition whose lease ran out has lost its worker, whoever holds any lock (a lock key can
-    be taken by any role that can connect, so a lock never blocks a recovery). A killed idle
-    connection of a live worker loses nothing: the lease is row state.
-
-    A partition without a lease was claimed before worker leases existed (before the
-    partition worker lease migration) by a worker that holds a session advisory lock on its
-    worker step; only for such partitions does the lock decide. Workers still take that
-    lock, best effort, on a dedicated connection: processes started before the upgrade judge
-    every worker by it.
-    """
-
-    def __init__(self, repository: JobRepository, lease: ExecutionLease | None = None) -> None:
-        self._repository = repository
-        self._statements = repository.statements
-        self._conn = repository.dedicated_connection()
-        self.lease = lease or ExecutionLease()
-
-    def _reconnect(self) -> None:
-        """Replace a dedicated connection that was ended (its locks went with it)."""
-        self._conn.close()
-        self._conn = self._repository.dedicated_connection()
-
-    def hold(self, worker_id: int) -> None:
-        """Take the worker's legacy liveness lock, best effort (call inside the claim).
-
-        Never fails the claim: the lease the claim records is what proves the worker alive.
-        """
-        for _attempt in range(2):
-            try:
-                if self._conn.closed or self._conn.broken:
-                    self._reconnect()
-                if not liveness_statements.try_lock_step_execution_liveness(
-                    self._statements, self._conn, worker_id
-                ):
-                    logger.warning(
-                        "pybatch: the liveness lock key of worker step %s is held by another "
-                        "session; its lease alone proves it alive",
-                        worker_id,
-                    )
-                return
-            except PyBatchError:
-                continue
-
-    def release(self, worker_id: int) -> None:
-        """This process no longer works on `worker_id` (releases its legacy lock)."""
-        try:
-            liveness_statements.unlock_step_execution_liveness(
-                self._statements, self._conn, worker_id
-            )
-        except PyBatchError:
-            self._reconnect()  # an ended session released every lock it held
-
-    def _legacy_worker_is_gone(self, worker_id: int) -> bool:
-        """No session holds the advisory lock of a worker claimed before leases existed."""
-        if self._conn.closed or self._conn.broken:
-            self._reconnect()
-        try:
-            return liveness_statements.worker_is_gone(self._statements, self._conn, worker_id)
-        except PyBatchError:  # the session was ended while idle: probe from a fresh one
-            self._reconnect()
-            return liveness_statements.worker_is_gone(self._statements, self._conn, worker_id)
-
-    def is_lost(self, partition: StartedPartition) -> bool:
-        """True when the partition's worker is gone (read before any lock).
-
-        Its lease ran out on the database clock, or, without a lease (claimed before leases
-        existed), nobody holds its liveness lock.
-        """
-        if partition.leased:
-            return partition.lease_expired
-        return self._legacy_worker_is_gone(partition.worker_step_execution_id)
-
-    def confirm_lost(self, uow: UnitOfWork, partition: StartedPartition) -> bool:
-        """Confirm a loss under the parent's and the partition's locks.
-
-        The partition is still STARTED by the same worker at the same version, and its lease
-        ran out (a renewal since `is_lost` proves the worker alive).
-        """
-        current = uow.partitions.lock_worker_lease(partition.id)
-        if (
-            current is None
-            or current.worker_step_execution_id != partition.worker_step_execution_id
-            or current.version != partition.version
-        ):
-            return False
-        if current.leased:
-            return current.lease_expired
-        return not partition.leased  # judged by the legacy lock just before
-
-    def close(self) -> None:
-        self._conn.close()
-
-
 # --------------------------------------------------------------------------- workers
 
 
@@ -193,25 +91,43 @@ def _lost_failure(worker_id: int) -> FailureSummary:
     return FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(worker_id))
 
 
-def recover_lost_workers(repository: JobRepository, parent_id: int, liveness: _Liveness) -> int:
-    """Record FAILED (STALE_RECOVERED) for every worker of the plan whose process is gone.
+def _confirm_lost(uow: UnitOfWork, partition: StartedPartition) -> bool:
+    """Confirm a loss under the parent's and the partition's locks.
 
-    Each recovery is one unit of work that first confirms the loss under the partition's lock
-    (`_Liveness.confirm_lost`), then records the worker step FAILED and its partition FAILED
-    (derived from the worker row), which makes the partition claimable again. A recovery
-    that loses a race to another recoverer or to the worker itself changes nothing.
-    Returns how many partitions were recovered.
+    The partition is still STARTED by the same worker at the same version, and its worker
+    is still gone by its lease on the database clock (a renewal since the first read proves
+    the worker alive).
+    """
+    current = uow.ownership.lock_partition_lease(partition.id)
+    return (
+        current is not None
+        and current.worker_step_execution_id == partition.worker_step_execution_id
+        and current.version == partition.version
+        and current.worker_gone
+    )
+
+
+def recover_lost_workers(repository: JobRepository, parent_id: int) -> int:
+    """Record FAILED (STALE_RECOVERED) for every worker of the plan whose lease is gone.
+
+    The lease alone decides (`WorkerLease.worker_gone`): a partition whose lease ran out on
+    the database clock has lost its worker, whoever holds any lock. Each recovery is one unit
+    of work that first confirms the loss under the partition's lock (`_confirm_lost`), then
+    records the worker step FAILED and its partition FAILED (derived from the worker row),
+    which makes the partition claimable again. A recovery that loses a race to another
+    recoverer or to the worker itself changes nothing. Returns how many partitions were
+    recovered.
     """
     with repository.begin() as uow:
-        started = uow.partitions.started(parent_id)
+        started = uow.ownership.started_partitions(parent_id)
     recovered = 0
     for partition in started:
         worker_id = partition.worker_step_execution_id
-        if not liveness.is_lost(partition):
+        if not partition.worker_gone:
             continue
 
         def recover(uow: UnitOfWork, partition: StartedPartition = partition) -> bool:
-            if not liveness.confirm_lost(uow, partition):
+            if not _confirm_lost(uow, partition):
                 return False
             worker_id = partition.worker_step_execution_id
             worker = uow.steps.get(worker_id)
@@ -236,7 +152,7 @@ def recover_lost_workers(repository: JobRepository, parent_id: int, liveness: _L
             "pybatch: worker step %s of partition %s had no live process (%s); recorded FAILED",
             worker_id,
             partition.key,
-            "lease expired" if partition.leased else "liveness lock free",
+            "lease expired" if partition.leased else "no lease",
         )
         recovered += 1
     return recovered
@@ -245,16 +161,13 @@ def recover_lost_workers(repository: JobRepository, parent_id: int, liveness: _L
 def _claim(
     repository: JobRepository,
     parent: StepExecution,
-    liveness: _Liveness,
+    lease: ExecutionLease,
     owner: OwnerToken | None = None,
 ) -> tuple[StepPartition, StepExecution] | None:
     """Claim the next partition for `owner` (a fresh token when None), its lease started."""
 
     def work(uow: UnitOfWork) -> tuple[StepPartition, StepExecution] | None:
-        claimed = uow.partitions.claim(parent, owner, liveness.lease)
-        if claimed is not None:
-            liveness.hold(claimed[1].id)  # before COMMIT, for processes that predate leases
-        return claimed
+        return uow.partitions.claim(parent, owner, lease)
 
     return repository.run_in_unit_of_work(work)
 
@@ -304,42 +217,36 @@ def work_on_plan(
     process meanwhile (PartitionOwnershipLost) is left untouched. KeyboardInterrupt or
     SystemExit end the current partition STOPPED and propagate.
     """
-    liveness = _Liveness(repository, lease)
+    lease = lease or ExecutionLease()
     ran = 0
-    try:
-        while True:
-            between_partitions()
-            owner = OwnerToken.generate()
-            claimed = _claim(repository, parent, liveness, owner)
-            if claimed is None:
-                with repository.begin() as uow:
-                    current = uow.steps.get(parent.id)
-                    still_open = uow.partitions.count_open(parent.id)
-                if current is None or current.status is not BatchStatus.STARTED or not still_open:
-                    return ran
-                if not recover_lost_workers(repository, parent.id, liveness):
-                    time.sleep(poll_seconds)
-                continue
-            partition, worker = claimed
-            keeper = PartitionLeaseKeeper(
-                repository, partition.id, worker.id, owner, liveness.lease
+    while True:
+        between_partitions()
+        owner = OwnerToken.generate()
+        claimed = _claim(repository, parent, lease, owner)
+        if claimed is None:
+            with repository.begin() as uow:
+                current = uow.steps.get(parent.id)
+                still_open = uow.partitions.count_open(parent.id)
+            if current is None or current.status is not BatchStatus.STARTED or not still_open:
+                return ran
+            if not recover_lost_workers(repository, parent.id):
+                time.sleep(poll_seconds)
+            continue
+        partition, worker = claimed
+        keeper = PartitionLeaseKeeper(repository, partition.id, worker.id, owner, lease)
+        keeper.start()
+        try:
+            _run_partition(repository, runner, partition, worker, keeper)
+        except PartitionOwnershipLost:
+            logger.error(
+                "pybatch: partition %s was recovered by another process while worker step "
+                "%s ran it; this worker leaves it alone",
+                partition.key.value,
+                worker.id,
             )
-            keeper.start()
-            try:
-                _run_partition(repository, runner, partition, worker, keeper)
-            except PartitionOwnershipLost:
-                logger.error(
-                    "pybatch: partition %s was recovered by another process while worker step "
-                    "%s ran it; this worker leaves it alone",
-                    partition.key.value,
-                    worker.id,
-                )
-            finally:
-                keeper.halt()
-                liveness.release(worker.id)
-            ran += 1
-    finally:
-        liveness.close()
+        finally:
+            keeper.halt()
+        ran += 1
 
 
 def _run_partition(
@@ -561,7 +468,6 @@ def supervise(
         with repository.begin() as uow:
             return uow.partitions.count_open(parent.id)
 
-    liveness = _Liveness(repository, lease)
     try:
         for _ in range(workers):
             spawn()
@@ -580,7 +486,7 @@ def supervise(
                     process.join()
             processes[:] = alive
             if len(alive) < workers:
-                recover_lost_workers(repository, parent.id, liveness)
+                recover_lost_workers(repository, parent.id)
                 for _ in range(workers - len(alive)):
                     spawn()
             # Wake as soon as a worker exits (the plan may be done), else poll.
@@ -591,7 +497,6 @@ def supervise(
             if process.is_alive():
                 process.terminate()
                 process.join()
-        liveness.close()
 
 
 def aggregate_plan(

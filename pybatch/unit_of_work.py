@@ -223,7 +223,7 @@ class UnitOfWork:
 
     @cached_property
     def partitions(self) -> Partitions:
-        """Partition plans, claims, worker leases and aggregation (queries/partitions.sql)."""
+        """Partition plans, claims and aggregation (queries/partitions.sql); leases: ownership."""
         return Partitions(self)
 
     @cached_property
@@ -243,7 +243,7 @@ class UnitOfWork:
 
     @cached_property
     def ownership(self) -> Ownership:
-        """Owner tokens, leases and control flags of executions (queries/ownership.sql)."""
+        """Owner tokens, leases and control of executions and partitions (queries/ownership.sql)."""
         return Ownership(self)
 
     @cached_property

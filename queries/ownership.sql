@@ -54,3 +54,46 @@ SELECT
 FROM pybatch.job_execution AS e
 WHERE e.id = :job_execution_id
 FOR NO KEY UPDATE;
+
+-- :name list_started_step_partitions :many
+-- :doc The partitions of a plan being worked on, with their workers and their ownership
+-- evidence - whether each has a lease and whether it ran out on the database clock (lost-worker
+-- checks read it before any lock; lock_partition_worker_lease confirms under the locks).
+SELECT
+    p.id,
+    p.worker_step_execution_id,
+    p.partition_key,
+    p.version,
+    p.worker_lease_expires_at IS NOT NULL AS leased,
+    COALESCE(p.worker_lease_expires_at <= CLOCK_TIMESTAMP(), FALSE) AS lease_expired
+FROM pybatch.step_partition AS p
+WHERE p.step_execution_id = :step_execution_id AND p.status = 'STARTED'
+ORDER BY p.partition_ordinal;
+
+-- :name renew_partition_worker_lease :affected
+-- :doc Extend the lease of a STARTED partition that this owner still works on with this worker;
+-- zero rows means the ownership is lost (the partition was recovered, or ended). The version
+-- does not change.
+UPDATE pybatch.step_partition
+SET
+    worker_lease_expires_at
+    = CLOCK_TIMESTAMP() + CAST(:lease_ms AS BIGINT) * INTERVAL '1 millisecond'
+WHERE
+    id = :step_partition_id
+    AND worker_step_execution_id = :worker_step_execution_id
+    AND worker_owner_token = :owner_token
+    AND status = 'STARTED';
+
+-- :name lock_partition_worker_lease :one
+-- :doc Lock one partition after its parent and read its worker's ownership evidence;
+-- lease_expired compares the lease with the database clock, so every process judges it by one
+-- clock (lock order - parent, then partition).
+SELECT
+    p.worker_step_execution_id,
+    p.status,
+    p.version,
+    p.worker_lease_expires_at IS NOT NULL AS leased,
+    COALESCE(p.worker_lease_expires_at <= CLOCK_TIMESTAMP(), FALSE) AS lease_expired
+FROM pybatch.step_partition AS p
+WHERE p.id = :step_partition_id
+FOR UPDATE;

@@ -666,20 +666,6 @@ WHERE p.step_execution_id = :step_execution_id AND w.started_at IS NOT NULL
 ORDER BY elapsed DESC, p.partition_key ASC
 LIMIT :limit;
 
--- :name list_started_step_partitions :many
--- :doc The partitions of a plan being worked on, with their workers and whether each has a
--- lease and it ran out on the database clock (lost-worker checks).
-SELECT
-    p.id,
-    p.worker_step_execution_id,
-    p.partition_key,
-    p.version,
-    p.worker_lease_expires_at IS NOT NULL AS leased,
-    COALESCE(p.worker_lease_expires_at <= CLOCK_TIMESTAMP(), FALSE) AS lease_expired
-FROM pybatch.step_partition AS p
-WHERE p.step_execution_id = :step_execution_id AND p.status = 'STARTED'
-ORDER BY p.partition_ordinal;
-
 -- :name update_partition_worker_end :affected
 -- :doc End a partition's worker step - a checked lifecycle transition and its exit status in one
 -- compare-and-swap write (the version moves by one for each of the two changes).
@@ -695,31 +681,3 @@ SET
     updated_at = GREATEST(updated_at, :transitioned_at),
     version = :version
 WHERE id = :step_execution_id AND version = :expected_version;
-
--- :name renew_partition_worker_lease :affected
--- :doc Extend the lease of a STARTED partition that this owner still works on with this worker;
--- zero rows means the ownership is lost (the partition was recovered, or ended). The version
--- does not change.
-UPDATE pybatch.step_partition
-SET
-    worker_lease_expires_at
-    = CLOCK_TIMESTAMP() + CAST(:lease_ms AS BIGINT) * INTERVAL '1 millisecond'
-WHERE
-    id = :step_partition_id
-    AND worker_step_execution_id = :worker_step_execution_id
-    AND worker_owner_token = :owner_token
-    AND status = 'STARTED';
-
--- :name lock_partition_worker_lease :one
--- :doc Lock one partition after its parent and read its worker's ownership evidence;
--- lease_expired compares the lease with the database clock, so every process judges it by one
--- clock (lock order - parent, then partition).
-SELECT
-    p.worker_step_execution_id,
-    p.status,
-    p.version,
-    p.worker_lease_expires_at IS NOT NULL AS leased,
-    COALESCE(p.worker_lease_expires_at <= CLOCK_TIMESTAMP(), FALSE) AS lease_expired
-FROM pybatch.step_partition AS p
-WHERE p.id = :step_partition_id
-FOR UPDATE;

@@ -1,12 +1,20 @@
-"""Execution ownership: owner claims, leases and control observation.
+"""Ownership and leases of job executions and of claimed partitions: the one home.
 
 See docs/contract.md, Ownership and leases.
 
-queries/ownership.sql. A runner claims its execution with a random owner token and a lease
-on the database clock, renews the lease while it lives, and observes stop requests through
-`observe_execution_control`. A launcher judges an unresolved execution orphaned only when
-its lease ran out (`lock_execution_ownership`), so idle connections of a live runner may be
-killed without the run losing its ownership, and no lock outside pybatch's rows is involved.
+queries/ownership.sql. Whoever works on an execution or a partition holds it through a
+random owner token and a lease on the database clock, both row state: a runner claims its
+execution (`claim`), a partition worker claims its partition (partitions.sql
+claim_step_partition records the token and starts the lease in the claim), and each renews
+its lease from a background thread while it lives (pybatch/lease_keeper.py). The lease is
+the only authority: an unresolved execution or a STARTED partition whose lease ran out, or
+that has none, has no live owner and may be recovered (`LeaseState.owner_gone`,
+`WorkerLease.worker_gone`); a fresh lease means its owner is alive, whatever happened to its
+idle connections. No advisory lock and no connection held outside the pool is involved:
+liveness keeps no state in a session between transactions, and no role that can connect can
+block a recovery by holding a lock key. Every write of an owner is fenced by its token in its own
+predicate, so an owner whose lease lapsed touches nothing once another process recovered
+its work.
 """
 
 from __future__ import annotations
@@ -14,21 +22,32 @@ from __future__ import annotations
 import datetime as _dt
 from typing import Any
 
+import attrs
 import psycopg
 
 from pybatch._statements import Statements
-from pybatch.codecs._primitives import DecodeError, decode_optional_int64
+from pybatch.codecs._primitives import (
+    DecodeError,
+    decode_bool,
+    decode_int64,
+    decode_optional_int64,
+    decode_text,
+)
 from pybatch.codecs.executions import decode_job_execution
 from pybatch.errors import (
     ExecutionOwned,
     ExecutionOwnershipLost,
     ExecutionOwnershipNotAllowed,
     JobExecutionNotFound,
+    PartitionOwnershipLost,
+    PartitionStateCorrupt,
     StaleVersion,
+    StepPartitionNotFound,
 )
 from pybatch.repository._capability import Capability
 from pybatch.repository._lifecycle import check_expected_version
 from pybatch.repository.executions import transition_job_execution
+from pybatch.repository.partitions import lock_parent_of, partition_status
 from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.ownership import ExecutionControl, ExecutionLease, LeaseState, OwnerToken
@@ -36,7 +55,7 @@ from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus
 from pybatch.values.timestamps import aware_utc
 
-__all__ = ["Ownership", "legacy_liveness_lock_is_free", "lock_execution_ownership"]
+__all__ = ["Ownership", "StartedPartition", "WorkerLease", "lock_execution_ownership"]
 
 Connection = psycopg.Connection[Any]
 
@@ -82,21 +101,43 @@ def lock_execution_ownership(
     return _decode_lease(row)
 
 
-def legacy_liveness_lock_is_free(q: Statements, conn: Connection, execution_id: int) -> bool:
-    """Whether nobody holds the advisory lock of a run started before leases existed.
+@attrs.frozen
+class WorkerLease:
+    """A STARTED partition's worker and its ownership evidence, as read from the partition."""
 
-    Runs on a dedicated autocommit connection; takes the lock and releases it at once.
+    worker_step_execution_id: int
+    version: int
+    #: Whether the partition has a lease (every claim starts one).
+    leased: bool
+    #: The lease ran out on the database clock when the row was read (False without a lease).
+    lease_expired: bool
 
-    Statements: executions.sql try_lock_job_execution_liveness, unlock_job_execution_liveness.
-    """
-    if not q.try_lock_job_execution_liveness.scalar(conn, job_execution_id=execution_id):
-        return False
-    q.unlock_job_execution_liveness.scalar(conn, job_execution_id=execution_id)
-    return True
+    @property
+    def worker_gone(self) -> bool:
+        """The lease alone decides: its worker is gone when it ran out, or there is none."""
+        return not self.leased or self.lease_expired
+
+
+@attrs.frozen
+class StartedPartition(WorkerLease):
+    """A partition being worked on: enough to check and recover its worker."""
+
+    id: int
+    key: str
+
+
+def _worker_lease(row: Any) -> tuple[int, int, bool, bool]:
+    """The `WorkerLease` fields of a partition row, in field order (DecodeError if unusable)."""
+    return (
+        decode_int64(row["worker_step_execution_id"], column="worker_step_execution_id", minimum=1),
+        decode_int64(row["version"], column="version", minimum=0),
+        decode_bool(row["leased"], column="leased"),
+        decode_bool(row["lease_expired"], column="lease_expired"),
+    )
 
 
 class Ownership(Capability):
-    """The ownership operations of one unit of work."""
+    """The ownership operations of one unit of work, for executions and for partitions."""
 
     def claim(
         self,
@@ -215,3 +256,72 @@ class Ownership(Capability):
         """Lock an execution and read its ownership evidence (token, lease, stop flag)."""
         with self._uow.operation() as conn:
             return lock_execution_ownership(self._uow.statements, conn, execution_id)
+
+    def renew_partition_lease(
+        self, partition_id: int, worker_id: int, owner: OwnerToken, lease: ExecutionLease
+    ) -> None:
+        """Extend the lease `owner` holds on a STARTED partition worked on by `worker_id`.
+
+        Raises:
+            PartitionOwnershipLost: the partition was recovered, ended, or is owned by another
+                token; the worker must stop without touching it.
+
+        Statements: ownership.sql renew_partition_worker_lease.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            check_identifier(IdentifierKind.STEP_PARTITION, partition_id)
+            check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
+            changed = q.renew_partition_worker_lease.affected(
+                conn,
+                step_partition_id=partition_id,
+                worker_step_execution_id=worker_id,
+                owner_token=owner.value,
+                lease_ms=lease.milliseconds,
+            )
+            if changed != 1:
+                raise PartitionOwnershipLost(partition_id=partition_id, worker=worker_id)
+
+    def lock_partition_lease(self, partition_id: int) -> WorkerLease | None:
+        """Lock the parent, then the partition, and read its worker's lease; None unless STARTED.
+
+        Raises:
+            StepPartitionNotFound: no such partition.
+            PartitionStateCorrupt: an unreadable row.
+
+        Statements: partitions.sql get_step_partition_parent, lock_partition_step;
+        ownership.sql lock_partition_worker_lease.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            lock_parent_of(q, conn, partition_id)
+            row = q.lock_partition_worker_lease.one(conn, step_partition_id=partition_id)
+            if row is None:
+                raise StepPartitionNotFound(id=partition_id)
+            if partition_status(row["status"]) is not BatchStatus.STARTED:
+                return None
+            try:
+                return WorkerLease(*_worker_lease(row))
+            except DecodeError:
+                raise PartitionStateCorrupt() from None
+
+    def started_partitions(self, parent_id: int) -> list[StartedPartition]:
+        """The STARTED partitions of a plan with their workers and leases (no lock taken).
+
+        Statements: ownership.sql list_started_step_partitions.
+        """
+        with self._uow.operation() as conn:
+            q = self._uow.statements
+            check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
+            rows = q.list_started_step_partitions.many(conn, step_execution_id=parent_id)
+            try:
+                return [
+                    StartedPartition(
+                        *_worker_lease(row),
+                        id=decode_int64(row["id"], column="id", minimum=1),
+                        key=decode_text(row["partition_key"], column="partition_key"),
+                    )
+                    for row in rows
+                ]
+            except DecodeError:
+                raise PartitionStateCorrupt() from None

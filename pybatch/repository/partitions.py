@@ -18,7 +18,6 @@ from pybatch._statements import Connection, Row, Statements
 from pybatch.codecs._jsonb import to_jsonb
 from pybatch.codecs._primitives import (
     DecodeError,
-    decode_bool,
     decode_enum,
     decode_int64,
     decode_text,
@@ -33,7 +32,6 @@ from pybatch.errors import (
     DuplicatePartitionKey,
     EmptyPartitionPlan,
     PartitionAggregationIncomplete,
-    PartitionOwnershipLost,
     PartitionParentNotActive,
     PartitionPlanExists,
     PartitionPlanNotCommitted,
@@ -77,7 +75,13 @@ from pybatch.values.records import StepExecution
 from pybatch.values.state import MAX_STORABLE_SCHEMA_VERSION
 from pybatch.values.status import BatchStatus
 
-__all__ = ["Partitions", "count_step_partitions_by_status", "end_partition_worker"]
+__all__ = [
+    "Partitions",
+    "count_step_partitions_by_status",
+    "end_partition_worker",
+    "lock_parent_of",
+    "partition_status",
+]
 
 #: How many workers may try one partition in one attempt when each of them was lost.
 MAX_WORKER_TRIES = 5
@@ -85,7 +89,8 @@ _ACTIVE_PARENT = frozenset({BatchStatus.STARTING, BatchStatus.STARTED})
 _COMPLETING_PARENT = frozenset({BatchStatus.STARTED, BatchStatus.STOPPING})
 
 
-def _status(value: object) -> BatchStatus:
+def partition_status(value: object) -> BatchStatus:
+    """A status column of a partition or step row (PartitionStateCorrupt when unreadable)."""
     try:
         return decode_enum(BatchStatus, value, column="status")
     except DecodeError:
@@ -106,7 +111,7 @@ def _lock_step(q: Statements, conn: Connection, step_id: int) -> _LockedStep | N
         execution_id = decode_int64(row["job_execution_id"], column="job_execution_id", minimum=1)
     except DecodeError:
         raise PartitionStateCorrupt() from None
-    return _LockedStep(execution_id, _status(row["status"]))
+    return _LockedStep(execution_id, partition_status(row["status"]))
 
 
 def _decoded(rows: Sequence[Row]) -> list[StepPartition]:
@@ -125,7 +130,7 @@ class _Locked:
     partition: StepPartition
 
 
-def _lock_parent_of(q: Statements, conn: Connection, partition_id: int) -> tuple[int, _LockedStep]:
+def lock_parent_of(q: Statements, conn: Connection, partition_id: int) -> tuple[int, _LockedStep]:
     """Lock the parent step of partition `partition_id` (parents are locked before partitions).
 
     Raises:
@@ -148,7 +153,7 @@ def _lock_parent_of(q: Statements, conn: Connection, partition_id: int) -> tuple
 
 def _locked_partition(q: Statements, conn: Connection, partition_id: int) -> _Locked:
     """The parent (locked first) and the partition (locked second)."""
-    parent_id, parent = _lock_parent_of(q, conn, partition_id)
+    parent_id, parent = lock_parent_of(q, conn, partition_id)
     row = q.lock_step_partition.one(conn, step_partition_id=partition_id)
     if row is None:
         raise StepPartitionNotFound(id=partition_id)
@@ -264,36 +269,6 @@ def worker_name_prefix(parent_name: str) -> str:
     return data.decode("utf-8", "ignore")
 
 
-@attrs.frozen
-class WorkerLease:
-    """A STARTED partition's worker and its lease, as read from the partition's row."""
-
-    worker_step_execution_id: int
-    version: int
-    #: False for a partition claimed before worker leases existed (advisory-lock liveness).
-    leased: bool
-    #: The lease ran out on the database clock when the row was read (False without a lease).
-    lease_expired: bool
-
-
-@attrs.frozen
-class StartedPartition(WorkerLease):
-    """A partition being worked on: enough to check and recover its worker."""
-
-    id: int
-    key: str
-
-
-def _worker_lease(row: Row) -> tuple[int, int, bool, bool]:
-    """The `WorkerLease` fields of a partition row, in field order (DecodeError if unusable)."""
-    return (
-        decode_int64(row["worker_step_execution_id"], column="worker_step_execution_id", minimum=1),
-        decode_int64(row["version"], column="version", minimum=0),
-        decode_bool(row["leased"], column="leased"),
-        decode_bool(row["lease_expired"], column="lease_expired"),
-    )
-
-
 def count_step_partitions_by_status(
     q: Statements, conn: Connection, parent_id: int
 ) -> dict[BatchStatus, int]:
@@ -305,7 +280,9 @@ def count_step_partitions_by_status(
     rows = q.count_step_partitions_by_status.many(conn, step_execution_id=parent_id)
     try:
         return {
-            _status(row["status"]): decode_int64(row["partitions"], column="partitions", minimum=0)
+            partition_status(row["status"]): decode_int64(
+                row["partitions"], column="partitions", minimum=0
+            )
             for row in rows
         }
     except DecodeError:
@@ -408,9 +385,12 @@ class Partitions(Capability):
             )
             if pair is None or pair["same_logical_id"] is not True:
                 raise PartitionStateCorrupt()
-            if _status(pair["source_job_status"]) not in (BatchStatus.FAILED, BatchStatus.STOPPED):
+            if partition_status(pair["source_job_status"]) not in (
+                BatchStatus.FAILED,
+                BatchStatus.STOPPED,
+            ):
                 raise PartitionStateCorrupt()
-            target_status = _status(pair["target_status"])
+            target_status = partition_status(pair["target_status"])
             if target_status not in _ACTIVE_PARENT:
                 raise PartitionParentNotActive(
                     step_execution_id=target_parent_id, status=target_status.value
@@ -642,54 +622,6 @@ class Partitions(Capability):
                 raise PartitionStateCorrupt()
             return partition, decode_step_execution(worker)
 
-    def renew_worker_lease(
-        self, partition_id: int, worker_id: int, owner: OwnerToken, lease: ExecutionLease
-    ) -> None:
-        """Extend the lease `owner` holds on a STARTED partition worked on by `worker_id`.
-
-        Raises:
-            PartitionOwnershipLost: the partition was recovered, ended, or is owned by another
-                token; the worker must stop without touching it.
-
-        Statements: partitions.sql renew_partition_worker_lease.
-        """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
-            check_identifier(IdentifierKind.STEP_PARTITION, partition_id)
-            check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
-            changed = q.renew_partition_worker_lease.affected(
-                conn,
-                step_partition_id=partition_id,
-                worker_step_execution_id=worker_id,
-                owner_token=owner.value,
-                lease_ms=lease.milliseconds,
-            )
-            if changed != 1:
-                raise PartitionOwnershipLost(partition_id=partition_id, worker=worker_id)
-
-    def lock_worker_lease(self, partition_id: int) -> WorkerLease | None:
-        """Lock the parent, then the partition, and read its worker's lease; None unless STARTED.
-
-        Raises:
-            StepPartitionNotFound: no such partition.
-            PartitionStateCorrupt: an unreadable row.
-
-        Statements: partitions.sql get_step_partition_parent, lock_partition_step,
-        lock_partition_worker_lease.
-        """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
-            _lock_parent_of(q, conn, partition_id)
-            row = q.lock_partition_worker_lease.one(conn, step_partition_id=partition_id)
-            if row is None:
-                raise StepPartitionNotFound(id=partition_id)
-            if _status(row["status"]) is not BatchStatus.STARTED:
-                return None
-            try:
-                return WorkerLease(*_worker_lease(row))
-            except DecodeError:
-                raise PartitionStateCorrupt() from None
-
     def count_open(self, parent_id: int) -> int:
         """Partitions still STARTING, STARTED, or claimable again after a lost worker.
 
@@ -732,7 +664,7 @@ class Partitions(Capability):
                 slow = tuple(
                     SlowPartition(
                         key=PartitionKey(decode_text(row["partition_key"], column="partition_key")),
-                        status=_status(row["status"]),
+                        status=partition_status(row["status"]),
                         worker_step_execution_id=decode_int64(
                             row["worker_step_execution_id"],
                             column="worker_step_execution_id",
@@ -745,27 +677,6 @@ class Partitions(Capability):
             except (DecodeError, PyBatchError):
                 raise PartitionStateCorrupt() from None
             return PlanProgress(counts=counts, slowest=slow)
-
-    def started(self, parent_id: int) -> list[StartedPartition]:
-        """The STARTED partitions of a plan with their workers.
-
-        Statements: partitions.sql list_started_step_partitions.
-        """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
-            check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
-            rows = q.list_started_step_partitions.many(conn, step_execution_id=parent_id)
-            try:
-                return [
-                    StartedPartition(
-                        *_worker_lease(row),
-                        id=decode_int64(row["id"], column="id", minimum=1),
-                        key=decode_text(row["partition_key"], column="partition_key"),
-                    )
-                    for row in rows
-                ]
-            except DecodeError:
-                raise PartitionStateCorrupt() from None
 
     def end_worker(
         self,

@@ -3,14 +3,14 @@
 See docs/contract.md, Ownership and leases.
 
 A token is evidence of who runs an execution; the lease says until when that evidence is
-fresh. A runner renews its lease while it lives, so a launch finds an execution orphaned
-only when its lease ran out on the database clock (docs/etl-guide.md, "Liveness").
+fresh, and it is the only authority. A runner renews its lease while it lives, so a launch
+finds an execution orphaned only when its lease ran out on the database clock
+(docs/etl-guide.md, "Crashes and restarts").
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import secrets
 
 import attrs
@@ -40,20 +40,6 @@ class OwnerToken:
 
     def __repr__(self) -> str:
         return f"OwnerToken({self.value[:4].hex()}…)"
-
-    def liveness_key(self, execution_id: int) -> int:
-        """The advisory-lock key of this owner's liveness session for `execution_id`.
-
-        Derived from the token (a keyed hash, signed 64-bit), so nobody who does not know
-        the token can predict it and take it before the owner does; unlike a key derived
-        from the execution id alone, it cannot be held in advance to make launches fail.
-        """
-        digest = hashlib.sha256(
-            b"pybatch.job_execution.liveness\x00"
-            + self.value
-            + execution_id.to_bytes(8, "big", signed=True)
-        ).digest()
-        return int.from_bytes(digest[:8], "big", signed=True)
 
 
 MIN_LEASE = _dt.timedelta(seconds=1)
@@ -111,8 +97,13 @@ class LeaseState:
 
     @property
     def has_lease(self) -> bool:
-        """False for executions started before leases existed (liveness by advisory lock)."""
+        """False for an execution no owner ever leased."""
         return self.lease_expires_at is not None
+
+    @property
+    def owner_gone(self) -> bool:
+        """The lease alone decides: the owner is gone when it ran out, or there is none."""
+        return not self.has_lease or self.lease_expired
 
 
 @attrs.frozen

@@ -7,7 +7,7 @@ loader and an `executemany` loader, all with two-second leases. For CHAOS_S seco
 seeded RNG injects faults: SIGKILL of any of those processes (launchers, forked workers,
 joiners), SIGINT of a launcher's process group (Ctrl-C: its run ends STOPPED),
 pg_terminate_backend of one pybatch backend or of every backend of one process (its pooled
-connections, among them the one its lease keeper renews through, and its liveness session),
+connections, among them the one its lease keeper renews through),
 `pg_ctl restart -m immediate` of the server, and SIGSTOP of a process for longer than its
 lease (then SIGCONT). A supervisor starts a new process for a job whenever the job has no
 live, unpaused one (a paused owner's rival retries ExecutionAlreadyActive until the lease

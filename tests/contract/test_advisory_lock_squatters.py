@@ -1,9 +1,9 @@
 """A role that can only connect holds advisory-lock keys: nothing pybatch does waits or fails.
 
 Advisory-lock keys are open to every role with CONNECT on the database. pybatch therefore
-never lets one decide anything: the lease decides whether a run is alive, a run's own
-liveness lock is keyed by its secret owner token, and migrations serialize on a lock of
-pybatch's own history (a first install takes none).
+never lets one decide anything: a run and a partition worker hold no advisory lock at all
+(the lease on their row decides whether they are alive), and migrations serialize on a
+lock of pybatch's own history (a first install takes none).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import psycopg
 import pytest
 
 from pybatch import JobRepository, migrator
+from pybatch.errors import ExecutionAlreadyActive
 from pybatch.etl import Job
-from pybatch.values.ownership import OwnerToken
 from tests.conftest import plaintext_config
-from tests.contract.test_etl_api import DAY, SHORT_LEASE, wait_for_lease_expiry
+from tests.contract.test_etl_api import DAY, SHORT_LEASE, advisory_locks, wait_for_lease_expiry
 
 SQUATTER = "pybatch_squatter"
 
@@ -53,7 +53,7 @@ def hold_id_keyed_liveness(squatter: psycopg.Connection[Any], first: int, count:
     )
 
 
-def test_liveness_keys_held_by_a_stranger_block_no_launch_and_no_restart(
+def test_old_liveness_keys_held_by_a_stranger_block_no_launch_and_no_restart(
     repository: JobRepository, admin: psycopg.Connection[Any], squatter_dsn: str
 ) -> None:
     job = Job(repository, "load_orders", DAY, lease=SHORT_LEASE)
@@ -66,7 +66,7 @@ def test_liveness_keys_held_by_a_stranger_block_no_launch_and_no_restart(
         dead = job.launch()
         assert time.monotonic() - started < 5
         # A dead run restarts once its lease ran out, whoever holds which key.
-        dead._release_liveness()
+        dead._stop_renewing()
         wait_for_lease_expiry(admin, dead.execution.id)
         with job.launch() as second:
             assert second.attempt == 2
@@ -76,27 +76,32 @@ def test_liveness_keys_held_by_a_stranger_block_no_launch_and_no_restart(
     assert status == "FAILED"
 
 
-def test_a_dead_runs_own_liveness_key_taken_by_a_stranger_never_blocks_its_restart(
+def test_a_live_run_holds_no_lock_key_a_stranger_could_learn_or_take(
     repository: JobRepository, admin: psycopg.Connection[Any], squatter_dsn: str
 ) -> None:
-    """The stranger read the key in pg_locks while the run lived and took it when it died."""
+    """Nothing in pg_locks names a run, so nothing a stranger takes there can block it.
+
+    While the run lives a second launch is refused (its lease is fresh); once it died, its
+    restart waits for nothing but the lease, whatever keys the stranger holds.
+    """
     job = Job(repository, "load_orders", DAY, lease=SHORT_LEASE)
     dead = job.launch()
-    [(token,)] = admin.execute(
-        "SELECT owner_token FROM pybatch.job_execution WHERE id = %s", (dead.execution.id,)
-    ).fetchall()
-    key = OwnerToken(bytes(token)).liveness_key(dead.execution.id)
+    assert advisory_locks(admin) == 0
     with psycopg.connect(squatter_dsn, autocommit=True) as squatter:
-        # While the owner lives its key is its own: nobody else can take it.
-        assert squatter.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone() == (False,)
-        dead._release_liveness()
-        deadline = time.monotonic() + 10
-        while squatter.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone() != (True,):
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        hold_id_keyed_liveness(squatter, dead.execution.id, 1)
+        squatter.execute(
+            "SELECT pg_advisory_lock(hashtextextended('pybatch.step_execution.liveness', id))"
+            " FROM generate_series(1, 50) AS id"
+        )
+        with pytest.raises(ExecutionAlreadyActive):
+            Job(repository, "load_orders", DAY).launch()
+        dead._stop_renewing()
         wait_for_lease_expiry(admin, dead.execution.id)
+        started = time.monotonic()
         with job.launch() as second:
             assert second.attempt == 2
+            assert advisory_locks(admin) == 51  # the stranger's keys only
+        assert time.monotonic() - started < 5
 
 
 def test_a_stranger_holding_the_old_first_install_key_blocks_no_migration(

@@ -59,7 +59,7 @@ def test_an_automatic_recovery_is_linked(
 
     job = Job(repository, "load_orders", DAY, lease=SHORT_LEASE)
     dead = job.launch()
-    dead._release_liveness()
+    dead._stop_renewing()
     wait_for_lease_expiry(admin, dead.execution.id)
     with job.launch():
         pass

@@ -348,7 +348,7 @@ def test_a_damaged_chain_never_blocks_the_recovery_of_a_dead_run(
             )
         job = Job(repository, "load_orders", DAY, lease=SHORT_LEASE)
         dead = job.launch()
-        dead._release_liveness()
+        dead._stop_renewing()
         wait_for_lease_expiry(admin, dead.execution.id)
         with caplog.at_level(logging.ERROR, logger="pybatch.audit"):
             with job.launch() as second:
@@ -422,7 +422,7 @@ def test_a_stuck_lock_on_the_head_never_blocks_the_recovery_of_a_dead_run(
     with JobRepository.connect(config) as repository:
         job = Job(repository, "load_orders", DAY, lease=SHORT_LEASE)
         dead = job.launch()
-        dead._release_liveness()
+        dead._stop_renewing()
         wait_for_lease_expiry(admin, dead.execution.id)
         with psycopg.connect(db_dsn) as stuck:
             stuck.execute("SELECT seq FROM pybatch.audit_chain_head FOR UPDATE")

@@ -104,7 +104,7 @@ def test_a_dead_run_stamped_by_a_clock_ahead_is_recovered_by_a_launcher_with_the
                 step.id, step.version, LifecycleTransition.new(S.STARTED, host_clock.now())
             )
             uow.commit()
-        dead._release_liveness()
+        dead._stop_renewing()
         wait_for_lease_expiry(admin, dead.execution.id)
 
     with JobRepository.connect(pg_config) as right:  # the system clock, within the skew

@@ -101,7 +101,7 @@ def decisions(admin: psycopg.Connection[Any]) -> list[dict[str, Any]]:
 
 
 def advisory_locks(admin: psycopg.Connection[Any]) -> int:
-    """Advisory locks held in the test database (the runs' liveness locks)."""
+    """Advisory locks held in the test database: a run holds none (the lease is row state)."""
     row = admin.execute(
         """
         SELECT count(*) FROM pg_locks
@@ -140,14 +140,6 @@ def wait_for_lease_expiry(admin: psycopg.Connection[Any], execution_id: int) -> 
         time.sleep(0.05)
 
 
-def wait_for_no_advisory_locks(admin: psycopg.Connection[Any]) -> None:
-    """A closed session's locks go when its backend exits, a moment after the client left."""
-    deadline = time.monotonic() + 20
-    while advisory_locks(admin):
-        assert time.monotonic() < deadline, "the dead run's liveness lock was never released"
-        time.sleep(0.02)
-
-
 def start_open_step(repository: JobRepository, run: JobRun, name: str) -> StepRun:
     """A step left STARTED, as `JobRun.step` leaves it while the work function runs."""
     with repository.begin() as uow:
@@ -170,9 +162,9 @@ def test_first_run_completes_and_the_instance_never_runs_again(
     with job.launch() as run:
         assert (run.attempt, run.restarted) == (1, False)
         assert run.execution.status is S.STARTED
-        # Liveness is a lease on the row, renewed by the run; the run's liveness lock is
-        # only fast evidence for launchers (killing its session never hands the run over).
-        assert advisory_locks(admin) == 1
+        # Liveness is a lease on the row, renewed by the run through its pool: no session
+        # lock and no connection of its own, so it works behind a transaction-pooling proxy.
+        assert advisory_locks(admin) == 0
         assert lease_expires_at(admin, run.execution.id) is not None
         outcome = run.step("load", loader(5, 2, seen=seen))
     assert seen == [{"offset": 0, "read": 0, "written": 0, "commits": 0}]
@@ -190,7 +182,7 @@ def test_first_run_completes_and_the_instance_never_runs_again(
     counts = load.metadata.counts
     assert (counts.read, counts.processed, counts.written, counts.committed) == (5, 5, 5, 3)
     assert load.checkpoint.payload == {"offset": 5}
-    wait_for_no_advisory_locks(admin)  # released when the run ended
+    assert advisory_locks(admin) == 0
 
     with pytest.raises(CompletedInstance):
         job.launch()
@@ -234,7 +226,7 @@ def test_failed_step_fails_the_job_and_a_restart_resumes_from_the_checkpoint(
     )
     assert (load_1.metadata.counts.read, load_1.metadata.counts.committed) == (6, 2)
     assert load_1.checkpoint.payload == {"offset": 6}
-    wait_for_no_advisory_locks(admin)
+    assert advisory_locks(admin) == 0
 
     # Attempt 2: extract is skipped, load resumes at offset 6 with its counters carried over.
     seen: list[dict[str, int]] = []
@@ -285,7 +277,7 @@ def test_keyboard_interrupt_stops_the_run_and_it_can_restart(
     step = steps_of(repository, stopped.id)["load"]
     assert step.status is S.STOPPED and step.metadata.exit_status == ExitCode.STOPPED
     assert business_ids(admin) == [1]
-    wait_for_no_advisory_locks(admin)
+    assert advisory_locks(admin) == 0
 
     seen: list[dict[str, int]] = []
     with job.launch() as again:
@@ -380,13 +372,13 @@ def test_orphaned_execution_is_recovered_on_the_next_launch(
     with open_step.chunk() as chunk:
         chunk.execute("INSERT INTO public.orders VALUES (1, 'committed before the crash')")
         chunk.commit(read=1, written=1, checkpoint={"offset": 1})
-    # The run loses its liveness session (a dead process, or one cut off from the server)
+    # The run stops renewing its lease (a dead process, or one cut off from the server)
     # with a chunk in flight.
     zombie_block = open_step.chunk()
     zombie = zombie_block.__enter__()
     zombie.execute("INSERT INTO public.orders VALUES (100, 'in flight')")
     [orphan] = executions(repository, orphan_run)
-    orphan_run._release_liveness()
+    orphan_run._stop_renewing()
     wait_for_lease_expiry(admin, orphan.id)
 
     clock.advance()
@@ -440,7 +432,7 @@ def test_a_live_run_is_never_taken_over(
         assert decisions(admin) == []
         [execution] = executions(repository, run)
         assert (execution.status, execution.version) == (S.STARTED, run.execution.version)
-        assert advisory_locks(admin) == 1  # only the live run's liveness lock
+        assert advisory_locks(admin) == 0  # the live run holds no session lock
     assert executions(repository, run)[0].status is S.COMPLETED
     assert decisions(admin) == []
 
@@ -450,7 +442,7 @@ def test_recover_orphans_false_never_recovers(
 ) -> None:
     job = Job(repository, "load_orders", DAY, lease=SHORT_LEASE)
     orphan_run = job.launch()
-    orphan_run._release_liveness()
+    orphan_run._stop_renewing()
     wait_for_lease_expiry(admin, orphan_run.execution.id)  # the dead run's lease ran out
     cautious = Job(repository, "load_orders", DAY, recover_orphans=False)
     with pytest.raises(ExecutionAlreadyActive):

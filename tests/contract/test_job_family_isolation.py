@@ -352,7 +352,7 @@ def test_a_family_role_runs_its_own_jobs_with_isolation_on(
         stop = OperatorService(repository).stop(OperationId("stop-1"), OPS, stopping.execution.id)
         assert stop.outcome.value == "APPLIED"
         # Recovery of its own dead run.
-        stopping._release_liveness()
+        stopping._stop_renewing()
         wait_for_lease_expiry(admin, stopping.execution.id)
         with Job(repository, "orders.stop_me", DAY).launch() as second:
             assert second.attempt == 2

@@ -81,7 +81,7 @@ def test_the_runtime_role_runs_everything_and_rewrites_nothing(
         stop = service.stop(OperationId("stop-1"), OPS, stopping.execution.id)
         assert stop.outcome.value == "APPLIED"
         # Automatic recovery of a dead run, and the operator's recover.
-        stopping._release_liveness()
+        stopping._stop_renewing()
         wait_for_lease_expiry(admin, stopping.execution.id)
         with Job(repository, "stop_me", DAY).launch() as second:
             assert second.attempt == 2

@@ -1,4 +1,4 @@
-"""Ownership that survives a dropped connection (docs/etl-guide.md "Liveness").
+"""Ownership that survives a dropped connection (docs/etl-guide.md "Crashes and restarts").
 
 What a script author relies on: while a run lives, nothing that happens to its idle
 connections lets a second launch take it over; after a crash a restart proceeds within
@@ -140,10 +140,10 @@ def test_terminated_idle_backends_never_lose_a_live_run(
 def test_a_role_without_grants_cannot_block_recovery(
     repository: JobRepository, admin: psycopg.Connection[Any], db_dsn: str, orders: None
 ) -> None:
-    """Any role may take an advisory-lock key; ownership no longer depends on one."""
+    """Any role may take any advisory-lock key; ownership depends on none, only on the lease."""
     job = Job(repository, "load_orders", DAY, lease=SHORT_LEASE)
     dead = job.launch()
-    dead._release_liveness()
+    dead._stop_renewing()
     admin.execute("DROP ROLE IF EXISTS pybatch_intruder")
     admin.execute("CREATE ROLE pybatch_intruder LOGIN")
     intruder_dsn = db_dsn.replace(f"user={admin.info.user}", "user=pybatch_intruder")
@@ -252,7 +252,7 @@ def test_unknown_is_never_recovered_automatically(
 ) -> None:
     job = Job(repository, "load_orders", DAY, lease=SHORT_LEASE)
     run = job.launch()
-    run._release_liveness()
+    run._stop_renewing()
     admin.execute(
         "UPDATE pybatch.job_execution SET status = 'UNKNOWN' WHERE id = %s", (run.execution.id,)
     )
@@ -269,7 +269,7 @@ def test_automatic_recovery_is_audited_like_an_operators(
 ) -> None:
     job = Job(repository, "load_orders", DAY, lease=SHORT_LEASE)
     dead = job.launch()
-    dead._release_liveness()
+    dead._stop_renewing()
     wait_for_lease_expiry(admin, dead.execution.id)
     with job.launch() as run:
         assert run.attempt == 2
@@ -294,7 +294,7 @@ def test_a_launch_waits_no_longer_than_one_lease_after_a_crash(
     lease = datetime.timedelta(seconds=2)
     job = Job(repository, "load_orders", DAY, lease=lease)
     dead = job.launch()
-    dead._release_liveness()  # the last renewal happened at most now
+    dead._stop_renewing()  # the last renewal happened at most now
     crashed_at = time.monotonic()
     while True:
         try:

@@ -113,13 +113,9 @@ def wait_for_partition_lease_expiry(admin: psycopg.Connection[Any], worker_id: i
         time.sleep(0.05)
 
 
-def recover_lost(repository: JobRepository, parent_id: int, lease: ExecutionLease = LEASE) -> int:
+def recover_lost(repository: JobRepository, parent_id: int) -> int:
     """One recovery pass over the plan, as any worker runs it; how many partitions it took back."""
-    liveness = partitioned._Liveness(repository, lease)
-    try:
-        return partitioned.recover_lost_workers(repository, parent_id, liveness)
-    finally:
-        liveness.close()
+    return partitioned.recover_lost_workers(repository, parent_id)
 
 
 def join_in_thread(config: ConnectionConfig, load: Any) -> list[int]:
@@ -155,12 +151,11 @@ def test_a_role_without_grants_cannot_block_recovery_of_a_dead_workers_partition
     admin: psycopg.Connection[Any],
     db_dsn: str,
 ) -> None:
-    """Any role may take the old liveness-lock key of a dead worker; the lease decides."""
+    """Any role may take any advisory-lock key (the worker step's old one too): the lease rules."""
     run, parent = publish(repository, Job(repository, "fanout", PARAMS, lease=LEASE.duration), 2)
-    # A worker claims p0, commits one chunk, and dies (its liveness session ends with it).
-    liveness = partitioned._Liveness(repository, LEASE)
+    # A worker claims p0, commits one chunk, and dies (its lease is no longer renewed).
     token = OwnerToken.generate()
-    claimed = partitioned._claim(repository, parent, liveness, token)
+    claimed = partitioned._claim(repository, parent, LEASE, token)
     assert claimed is not None
     partition, dead = claimed
     worker_run = JobRun(repository, run.instance, run.execution, None)
@@ -170,7 +165,6 @@ def test_a_role_without_grants_cannot_block_recovery_of_a_dead_workers_partition
 
     with pytest.raises(SystemExit):
         loader(die)(PartitionRun(worker_run, dead, partition, owner=token))
-    liveness.close()
     admin.execute("DROP ROLE IF EXISTS pybatch_intruder")
     admin.execute("CREATE ROLE pybatch_intruder LOGIN")
     intruder_dsn = db_dsn.replace(f"user={admin.info.user}", "user=pybatch_intruder")
@@ -231,7 +225,7 @@ def test_a_live_workers_killed_idle_connections_never_let_its_partition_be_recov
             worker_repository, "fanout", PARAMS, "load", loader(pause), lease=LEASE
         )
     assert ran == 1
-    assert all(killed) and len(killed) == ROWS // CHUNK - 1  # the liveness session among them
+    assert all(killed) and len(killed) == ROWS // CHUNK - 1
     assert recovered == [0] * (ROWS // CHUNK - 1)
     assert rows(admin) == (ROWS, ROWS)
     ended = finish(repository, run, parent)
@@ -374,9 +368,11 @@ def test_a_renewal_after_the_partition_ended_names_the_lost_ownership(
     assert claimed is not None
     partition, worker = claimed
     with repository.begin() as uow:
-        uow.partitions.renew_worker_lease(partition.id, worker.id, owner, LEASE)
+        uow.ownership.renew_partition_lease(partition.id, worker.id, owner, LEASE)
         with pytest.raises(PartitionOwnershipLost) as other_token:
-            uow.partitions.renew_worker_lease(partition.id, worker.id, OwnerToken.generate(), LEASE)
+            uow.ownership.renew_partition_lease(
+                partition.id, worker.id, OwnerToken.generate(), LEASE
+            )
         assert (other_token.value.partition_id, other_token.value.worker) == (
             partition.id,
             worker.id,
@@ -384,6 +380,6 @@ def test_a_renewal_after_the_partition_ended_names_the_lost_ownership(
         uow.commit()
     partitioned._end_worker(repository, partition, worker.id, S.COMPLETED)
     with repository.begin() as uow, pytest.raises(PartitionOwnershipLost):
-        uow.partitions.renew_worker_lease(partition.id, worker.id, owner, LEASE)
+        uow.ownership.renew_partition_lease(partition.id, worker.id, owner, LEASE)
     with run:
         pass

@@ -1,9 +1,9 @@
 """Upgrading to execution leases under live jobs, and a migrator nobody else can block.
 
-Schema version 1 evidenced liveness with a session advisory lock. After the upgrade, a
-run started before it (no lease) is still judged by that lock, so the upgrade never
-recovers a run that is alive; a failed run resumes from its checkpoint; a dead one is
-recovered at its next launch.
+Before schema version 4 a run had no lease. pybatch decides liveness by the lease alone,
+so after the upgrade an unresolved run without one has no live owner: its next launch
+records it FAILED (OWNER_LOST) and resumes from its checkpoint, whatever advisory lock a
+process of an older package still holds; a failed run resumes from its checkpoint.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from psycopg.types.json import Jsonb
 
 import pybatch.job_repository as repository_module
 from pybatch import ConnectionConfig, JobRepository, migrator
-from pybatch.errors import ExecutionAlreadyActive
 from pybatch.etl import ETL_STATE_SCHEMA, Job, StepRun
 from pybatch.services.audit import verify_audit_chain
 from pybatch.values.lifecycle import LifecycleTransition
@@ -89,7 +88,7 @@ def resumed_from(repository: JobRepository, run: str) -> list[int]:
     return seen
 
 
-def test_upgrade_under_live_jobs_keeps_them_alive_and_resumes_the_rest(
+def test_after_the_lease_upgrade_runs_without_a_lease_are_recovered_and_resumed(
     blank_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = plaintext_config(blank_database)
@@ -112,7 +111,7 @@ def test_upgrade_under_live_jobs_keeps_them_alive_and_resumes_the_rest(
                     " 'cli:old', sha256('x'), 'APPLIED', now())",
                     (alive, operation),
                 )
-    # The live legacy runner holds its liveness lock through the upgrade.
+    # A process of the older package still holds the advisory lock it judged runs by.
     with psycopg.connect(blank_database, autocommit=True) as legacy_runner:
         legacy_runner.execute(
             "SELECT pg_advisory_lock(hashtextextended('pybatch.job_execution.liveness', %s))",
@@ -122,20 +121,16 @@ def test_upgrade_under_live_jobs_keeps_them_alive_and_resumes_the_rest(
             range(LEASE_VERSION, migrator.supported_schema_version() + 1)
         )
         with JobRepository.connect(config) as repository:
-            with pytest.raises(ExecutionAlreadyActive) as active:
-                Job(repository, "legacy_load", {"run": "alive"}).launch()
-            assert active.value.execution_id == alive
             linked = verify_audit_chain(repository)  # the upgrade linked the old audit rows
             assert linked.intact and linked.links == 2
             assert resumed_from(repository, "failed") == [5]
             assert resumed_from(repository, "dead") == [4]
-    # The legacy runner ended (its session closed): now it is recovered and resumed.
-    with JobRepository.connect(config) as repository:
-        assert resumed_from(repository, "alive") == [3]
-        with repository.begin() as uow:
-            for execution_id, status in ((alive, S.FAILED), (dead, S.FAILED), (failed, S.FAILED)):
-                execution = uow.executions.get(execution_id)
-                assert execution is not None and execution.status is status
+            # No lease, so no live owner: the lock decides nothing.
+            assert resumed_from(repository, "alive") == [3]
+            with repository.begin() as uow:
+                for execution_id in (alive, dead, failed):
+                    execution = uow.executions.get(execution_id)
+                    assert execution is not None and execution.status is S.FAILED
     with psycopg.connect(blank_database) as conn:
         reasons = conn.execute(
             "SELECT job_execution_id, reason_code FROM pybatch.recovery_decision ORDER BY id"

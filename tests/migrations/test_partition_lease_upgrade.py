@@ -1,10 +1,10 @@
 """Upgrading to partition worker leases under a running partitioned step.
 
-Before the migration that adds `step_partition.worker_lease_expires_at`, a worker's
-liveness was a session advisory lock on its worker step. A partition claimed before the
-upgrade has no lease: pybatch judges it by that lock alone, so the upgrade never recovers a
-partition whose worker is alive; once that worker is gone its partition is recovered, the
-next worker resumes it from its checkpoint, and the job completes with every row once.
+Before the migration that adds `step_partition.worker_lease_expires_at`, a claimed
+partition had no lease. pybatch decides a worker's liveness by the lease alone, so after the
+upgrade a STARTED partition without one has no live worker, whatever advisory lock a process
+of an older package still holds: it is recovered, the next worker resumes it from its
+checkpoint, and the job completes with every row once.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def legacy_claim(repository: JobRepository, dsn: str, parent_id: int, key: str) 
     return worker.id
 
 
-def test_upgrade_under_a_running_partitioned_step_keeps_live_workers_and_completes(
+def test_after_the_partition_lease_upgrade_unleased_partitions_are_recovered_and_completed(
     blank_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = plaintext_config(blank_database)
@@ -108,8 +108,8 @@ def test_upgrade_under_a_running_partitioned_step_keeps_live_workers_and_complet
         alive = legacy_claim(old, blank_database, parent.id, "p0")
         dead = legacy_claim(old, blank_database, parent.id, "p1")
     try:
-        # The live legacy worker holds its liveness lock through the upgrade; the dead one's
-        # session is gone.
+        # A process of the older package still holds the advisory lock it judged p0's
+        # worker by; p1's is gone.
         with psycopg.connect(blank_database, autocommit=True) as legacy_worker:
             legacy_worker.execute(
                 "SELECT pg_advisory_lock(hashtextextended('pybatch.step_execution.liveness', %s))",
@@ -130,12 +130,13 @@ def test_upgrade_under_a_running_partitioned_step_keeps_live_workers_and_complet
                 ("p2", "STARTING", None, None),
             ]
             with JobRepository.connect(config) as repository:
-                assert recover_lost(repository, parent.id, LEASE) == 1
+                # No lease, no live worker: the lock decides nothing.
+                assert recover_lost(repository, parent.id) == 2
                 with repository.begin() as uow:
                     states = {p.key.value: p.status for p in uow.partitions.plan(parent.id)}
-                assert states == {"p0": S.STARTED, "p1": S.FAILED, "p2": S.STARTING}
-        # The legacy worker ended (its session closed): a new worker recovers its partition,
-        # resumes both recovered partitions from their checkpoints and runs the third.
+                assert states == {"p0": S.FAILED, "p1": S.FAILED, "p2": S.STARTING}
+        # A new worker resumes both recovered partitions from their checkpoints and runs
+        # the third.
         with JobRepository.connect(config) as repository:
             ran = join_partitioned_step(repository, "fanout", PARAMS, "load", load, lease=LEASE)
             assert ran == 3

@@ -72,7 +72,7 @@ def _leave_a_started_step_with_a_checkpoint(repository: JobRepository) -> None:
                     (ETL_STATE_SCHEMA.value, Jsonb({"offset": first + 1}), step.id),
                 )
             conn.commit()
-    # The process is gone: nothing holds the run's liveness lock.
+    # The process is gone; the run never had a lease.
 
 
 def test_a_step_started_under_0001_resumes_from_its_checkpoint_after_the_domains_migration(

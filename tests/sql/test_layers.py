@@ -34,7 +34,6 @@ LAYERS: dict[str, int] = {
     "pybatch.job_repository": 7,
     "pybatch.chunks": 8,
     "pybatch.fault_state": 8,
-    "pybatch.liveness": 8,
     "pybatch.lease_keeper": 8,
     "pybatch.services": 8,  # operator, retention, audit and explorer services
     "pybatch.partitioned": 8,

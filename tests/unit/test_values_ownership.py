@@ -1,21 +1,48 @@
-"""The liveness-lock key of a run: unpredictable without its owner token, stable with it."""
+"""The lease alone says whether an owner lives: gone when it ran out, or when there is none."""
 
 from __future__ import annotations
 
-from pybatch.values.ownership import OwnerToken
+import datetime as dt
 
-INT64 = range(-(2**63), 2**63)
+import pytest
 
+from pybatch.repository.ownership import WorkerLease
+from pybatch.values.ownership import LeaseState, OwnerToken
 
-def test_the_liveness_key_depends_on_the_token_and_the_execution() -> None:
-    token = OwnerToken(bytes(range(16)))
-    key = token.liveness_key(7)
-    assert key in INT64
-    assert OwnerToken(bytes(range(16))).liveness_key(7) == key  # any process can probe it
-    assert token.liveness_key(8) != key
-    assert OwnerToken(bytes(range(1, 17))).liveness_key(7) != key
+AT = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
-def test_fresh_tokens_give_keys_nobody_can_guess_in_advance() -> None:
-    keys = {OwnerToken.generate().liveness_key(1) for _ in range(1000)}
-    assert len(keys) == 1000
+def lease(*, expires: dt.datetime | None, expired: bool) -> LeaseState:
+    return LeaseState(
+        execution_id=7,
+        owner_token=None if expires is None else OwnerToken.generate(),
+        lease_expires_at=expires,
+        lease_expired=expired,
+        lease_remaining_ms=None if expires is None else (0 if expired else 5000),
+        stop_requested=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("expires", "expired", "gone"),
+    [(AT, False, False), (AT, True, True), (None, False, True)],
+    ids=["fresh lease", "lease ran out", "never leased"],
+)
+def test_an_execution_owner_is_gone_only_when_its_lease_ran_out_or_never_existed(
+    expires: dt.datetime | None, expired: bool, gone: bool
+) -> None:
+    assert lease(expires=expires, expired=expired).owner_gone is gone
+
+
+@pytest.mark.parametrize(
+    ("leased", "expired", "gone"),
+    [(True, False, False), (True, True, True), (False, False, True)],
+    ids=["fresh lease", "lease ran out", "never leased"],
+)
+def test_a_partition_worker_is_gone_only_when_its_lease_ran_out_or_never_existed(
+    leased: bool, expired: bool, gone: bool
+) -> None:
+    worker = WorkerLease(
+        worker_step_execution_id=3, version=1, leased=leased, lease_expired=expired
+    )
+    assert worker.worker_gone is gone
