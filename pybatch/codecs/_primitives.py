@@ -15,23 +15,6 @@ from typing import TypeVar, cast
 from pybatch.errors import PyBatchError
 from pybatch.values.ids import INT64_MAX
 
-__all__ = [
-    "DecodeError",
-    "Row",
-    "decode_aware",
-    "decode_bool",
-    "decode_digest",
-    "decode_enum",
-    "decode_int64",
-    "decode_json_object",
-    "decode_optional_aware",
-    "decode_optional_int64",
-    "decode_text",
-    "decode_text_value",
-    "returned",
-    "row_columns",
-]
-
 #: A result row as the statement loader returns it: column name to driver value.
 Row = Mapping[str, object]
 

@@ -18,11 +18,6 @@ from pybatch.values.ids import (
 )
 from pybatch.values.records import JobExecution
 
-__all__ = [
-    "JOB_EXECUTION_COLUMNS",
-    "decode_job_execution",
-]
-
 #: Columns `decode_job_execution` reads (no counters).
 JOB_EXECUTION_COLUMNS = (
     "id",

@@ -40,23 +40,6 @@ from pybatch.values.operator import OperatorRecord
 from pybatch.values.recovery import RecoveryDecision
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 
-__all__ = [
-    "EXECUTION_PROJECTION_COLUMNS",
-    "INSTANCE_PROJECTION_COLUMNS",
-    "JOB_NAME_SUMMARY_COLUMNS",
-    "PARTITION_PROJECTION_COLUMNS",
-    "STEP_PROJECTION_COLUMNS",
-    "decode_execution_projection",
-    "decode_flow_decision",
-    "decode_instance_projection",
-    "decode_job_name_summary",
-    "decode_operator_request",
-    "decode_partition_projection",
-    "decode_recovery_decision",
-    "decode_step_projection",
-]
-
-
 #: Columns each decoder reads, in the order queries/explorer.sql selects them.
 JOB_NAME_SUMMARY_COLUMNS = (
     "job_name",

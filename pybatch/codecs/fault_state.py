@@ -27,16 +27,6 @@ from pybatch.values.fault import (
 )
 from pybatch.values.status import BatchStatus
 
-__all__ = [
-    "FAULT_STATE_COLUMNS",
-    "LOCKED_FAULT_STATE_COLUMNS",
-    "FaultStateColumns",
-    "decode_fault_state",
-    "decode_fault_state_columns",
-    "decode_locked_fault_state",
-    "encode_fault_state",
-]
-
 #: Columns `decode_fault_state` reads.
 FAULT_STATE_COLUMNS = (
     "fault_state_format",

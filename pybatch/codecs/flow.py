@@ -26,8 +26,6 @@ from pybatch.values.flow import (
 )
 from pybatch.values.names import ExitCode, NodeId
 
-__all__ = ["FLOW_DECISION_COLUMNS", "decode_flow_decision", "encode_flow_decision_request"]
-
 #: The columns `decode_flow_decision` reads.
 FLOW_DECISION_COLUMNS = (
     "id",

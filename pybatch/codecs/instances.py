@@ -36,17 +36,6 @@ from pybatch.values.parameters import (
 from pybatch.values.records import JobInstance, LockedJobInstance
 from pybatch.values.status import BatchStatus
 
-__all__ = [
-    "LOCKED_JOB_INSTANCE_COLUMNS",
-    "decode_locked_job_instance",
-    "IDENTIFYING_PARAMETERS_MAX_BYTES",
-    "JOB_INSTANCE_COLUMNS",
-    "decode_identifying_parameters",
-    "decode_job_instance",
-    "encode_identifying_parameters",
-    "encode_job_instance_key",
-]
-
 IDENTIFYING_PARAMETERS_MAX_BYTES = 1024 * 1024
 
 #: Columns `decode_job_instance` reads.

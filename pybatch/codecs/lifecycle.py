@@ -30,13 +30,6 @@ from pybatch.values.names import ExitCode
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from pybatch.values.timestamps import ExecutionTimestamps
 
-__all__ = [
-    "decode_metadata",
-    "decode_updated_at",
-    "encode_execution_metadata",
-]
-
-
 # --------------------------------------------------------------------------- execution metadata
 
 

@@ -35,8 +35,6 @@ from pybatch.values.operator import (
 )
 from pybatch.values.status import BatchStatus
 
-__all__ = ["OPERATOR_REQUEST_COLUMNS", "decode_operator_record", "encode_operator_record_draft"]
-
 #: Columns `decode_operator_record` reads (operator_requests.sql find_operator_request).
 OPERATOR_REQUEST_COLUMNS = (
     "id",

@@ -27,13 +27,6 @@ from pybatch.values.partitions import PartitionKey, PartitionPlanEntry, StepPart
 from pybatch.values.state import STATE_FORMAT_VERSION, ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus
 
-__all__ = [
-    "STEP_PARTITION_COLUMNS",
-    "context_checksum",
-    "decode_step_partition",
-    "encode_plan_entries",
-]
-
 #: The columns `decode_step_partition` reads.
 STEP_PARTITION_COLUMNS = (
     "id",

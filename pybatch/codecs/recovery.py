@@ -19,8 +19,6 @@ from pybatch.errors import PyBatchError
 from pybatch.values.recovery import RecoveryDecision
 from pybatch.values.status import BatchStatus
 
-__all__ = ["RECOVERY_DECISION_COLUMNS", "decode_recovery_decision"]
-
 #: Columns `decode_recovery_decision` reads.
 RECOVERY_DECISION_COLUMNS = (
     "id",

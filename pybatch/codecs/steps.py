@@ -32,20 +32,6 @@ from pybatch.values.state import (
     StateLimits,
 )
 
-__all__ = [
-    "CHECKPOINT_COLUMNS",
-    "CONTEXT_COLUMNS",
-    "COUNT_COLUMNS",
-    "STEP_EXECUTION_COLUMNS",
-    "decode_checkpoint",
-    "decode_context",
-    "decode_counts",
-    "decode_step_execution",
-    "encode_counts",
-    "encode_fault_counts",
-    "encode_state",
-]
-
 _COUNT_COLUMNS = (
     ("read", "read_count"),
     ("processed", "processed_count"),

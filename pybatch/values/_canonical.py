@@ -13,8 +13,6 @@ from collections.abc import Mapping
 
 from pybatch.errors import JsonNotEncodable
 
-__all__ = ["MAX_NUMBER_DIGITS", "canonical_json", "numeric_text", "sha256"]
-
 #: Most digits a JSON number may have: Python's default int/str conversion limit, so a number
 #: written to jsonb can always be read back (json.loads refuses longer integers).
 MAX_NUMBER_DIGITS = 4300

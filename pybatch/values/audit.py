@@ -14,8 +14,6 @@ import enum
 
 import attrs
 
-__all__ = ["AuditRecordKind", "AuditVerification", "GENESIS_DIGEST"]
-
 #: The "previous digest" of the first link.
 GENESIS_DIGEST = bytes(32)
 

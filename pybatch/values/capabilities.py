@@ -12,8 +12,6 @@ import attrs
 
 from pybatch.errors import UnsupportedCapability
 
-__all__ = ["RepositoryCapability", "RepositoryDescriptor"]
-
 
 class RepositoryCapability(enum.Enum):
     """Optional repository features, in their stable declaration order."""

@@ -13,8 +13,6 @@ import attrs
 from pybatch.errors import CountExhausted
 from pybatch.values.ids import INT64_MAX, check_counter
 
-__all__ = ["ExecutionCounts", "StepFaultCounts"]
-
 
 def _counter(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
     check_counter(attribute.name, value)

@@ -27,19 +27,6 @@ from pybatch.errors import (
 from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values.names import DefinitionRevision, DefinitionUpgradeKey, JobName, StepName
 
-__all__ = [
-    "LEGACY_MANIFEST",
-    "LEGACY_REVISION",
-    "MANIFEST_FORMAT_FLOW",
-    "MANIFEST_FORMAT_LOCAL_SCALE",
-    "MANIFEST_FORMAT_ONE_STEP",
-    "MANIFEST_MAX_BYTES",
-    "DefinitionIdentity",
-    "DefinitionUpgrade",
-    "StepMapping",
-    "check_manifest_format",
-]
-
 #: Byte bound of a canonical manifest.
 MANIFEST_MAX_BYTES = 65_536
 #: Manifest format of a one-step tasklet or chunk definition.

@@ -26,37 +26,6 @@ from pybatch.values.operator import OperatorRecord
 from pybatch.values.recovery import RecoveryDecision
 from pybatch.values.status import BatchStatus, FailureSummary
 
-__all__ = [
-    "CURSOR_FORMAT_VERSION",
-    "DEFAULT_PAGE_SIZE",
-    "MAX_CURSOR_BYTES",
-    "MAX_PAGE_SIZE",
-    "MAX_RESPONSE_BYTES",
-    "MIN_UNRESOLVED_AGE",
-    "Cursor",
-    "CursorKey",
-    "DefinitionDescriptor",
-    "ExplorerQuery",
-    "IdentityKey",
-    "JobExecutionProjection",
-    "JobInstanceProjection",
-    "JobNameSummary",
-    "NameKey",
-    "OrderedKey",
-    "Page",
-    "PageSize",
-    "ParameterDescriptor",
-    "ProjectionCounts",
-    "RetentionHold",
-    "StateEnvelopeDescriptor",
-    "StepExecutionProjection",
-    "StepPartitionProjection",
-    "flow_decision_json",
-    "operator_request_json",
-    "query_binding",
-    "recovery_decision_json",
-]
-
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 MAX_RESPONSE_BYTES = 256 * 1024

@@ -32,27 +32,6 @@ from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values.names import ClassifierRevision, StepName
 from pybatch.values.status import BatchStatus, FailureCategory
 
-__all__ = [
-    "FAULT_STATE_FORMAT",
-    "FAULT_STATE_MAX_BYTES",
-    "FAULT_STATE_MAX_ENTRIES",
-    "FAULT_STATE_SCHEMA",
-    "FAULT_STATE_SCHEMA_VERSION",
-    "RETRY_KEY_DOMAIN",
-    "FaultEntry",
-    "FaultPhase",
-    "HEX_DIGEST",
-    "LockedFaultState",
-    "FaultStateEnvelope",
-    "FaultStateRefusal",
-    "fault_entry_from_payload",
-    "fault_state_refusal",
-    "RetryKey",
-    "RetryLimit",
-    "RetryOrdinal",
-    "RetryStateLimit",
-]
-
 #: Value of the `fault_state_format` column; the only format version (kept from the seed).
 FAULT_STATE_FORMAT = 1
 #: Value of the `fault_state_schema` column (kept byte for byte).

@@ -30,20 +30,6 @@ from pybatch.values.records import StepExecution
 from pybatch.values.state import ExecutionContext
 from pybatch.values.timestamps import aware_utc
 
-__all__ = [
-    "FlowDecision",
-    "FlowDecisionRequest",
-    "FlowStepState",
-    "FlowTarget",
-    "FlowTransitionKind",
-    "StartLimit",
-    "TerminalKind",
-    "check_flow_graph_bounds",
-    "decision_matches_manifest",
-    "exit_pattern_matches",
-    "select_flow_target",
-]
-
 _U32_MAX = 4_294_967_295
 _DIGEST_BYTES = 32
 #: Flow-graph bounds of a format 2 or 3 manifest, checked when a definition is registered.

@@ -23,27 +23,6 @@ from pybatch.errors import (
     ZeroIdentifier,
 )
 
-__all__ = [
-    "INT64_MAX",
-    "UINT64_MAX",
-    "DefinitionId",
-    "FailureId",
-    "FlowDecisionId",
-    "FlowDecisionSequence",
-    "IdentifierKind",
-    "JobExecutionId",
-    "JobInstanceId",
-    "OperatorRequestId",
-    "RecoveryDecisionId",
-    "RetentionActionId",
-    "StepExecutionId",
-    "StepPartitionId",
-    "check_counter",
-    "check_identifier",
-    "check_version",
-    "identifier_validator",
-]
-
 #: Storage bound of ids, versions and counters (PostgreSQL bigint).
 INT64_MAX = 2**63 - 1
 #: Domain bound of identifiers (Rust u64).

@@ -33,16 +33,6 @@ from pybatch.values.names import ExitCode
 from pybatch.values.status import BatchStatus, FailureSummary
 from pybatch.values.timestamps import ExecutionTimestamps, aware_utc
 
-__all__ = [
-    "INITIAL_VERSION",
-    "TRANSITIONS",
-    "ExecutionMetadata",
-    "LifecycleTransition",
-    "apply_exit_enrichment",
-    "apply_transition",
-    "is_legal_transition",
-]
-
 #: The version of every new execution, step and partition.
 INITIAL_VERSION = 0
 

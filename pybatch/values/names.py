@@ -24,26 +24,6 @@ from pybatch.errors import (
     TokenInvalid,
 )
 
-__all__ = [
-    "NAME_MAX_BYTES",
-    "TOKEN_MAX_BYTES",
-    "UNICODE_WHITE_SPACE",
-    "ActorRef",
-    "ClassifierRevision",
-    "ComponentRevision",
-    "DeciderRevision",
-    "DefinitionRevision",
-    "DefinitionUpgradeKey",
-    "ExitCode",
-    "JobName",
-    "NodeId",
-    "OperationId",
-    "ParameterName",
-    "ReasonCode",
-    "StateSchemaId",
-    "StepName",
-]
-
 #: Byte bound of job, step and parameter names.
 NAME_MAX_BYTES = 128
 #: Byte bound of definition tokens and state schema ids.

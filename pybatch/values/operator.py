@@ -48,22 +48,6 @@ from pybatch.values.recovery import RecoveryDisposition, RecoveryRequest, Recove
 from pybatch.values.status import BatchStatus, FailureSummary
 from pybatch.values.timestamps import aware_utc
 
-__all__ = [
-    "AUTOMATIC_RECOVERY_ACTOR",
-    "REQUEST_DIGEST_DOMAIN",
-    "AuthorizationClass",
-    "OperatorAction",
-    "OperatorOutcomeClass",
-    "OperatorRecord",
-    "OperatorRecordDraft",
-    "OperatorRejection",
-    "OperatorRejectionCode",
-    "RecoveryArguments",
-    "RequestDigest",
-    "RequestTarget",
-    "automatic_recovery_record",
-]
-
 #: Domain-separation tag of the request digest, kept byte for byte (docs/tables.md 3.10).
 REQUEST_DIGEST_DOMAIN = "oxide-batch.operator-request.v1"
 

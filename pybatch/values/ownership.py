@@ -17,8 +17,6 @@ import attrs
 
 from pybatch.values.records import JobExecution
 
-__all__ = ["ExecutionControl", "ExecutionLease", "LeaseState", "OwnerToken"]
-
 TOKEN_BYTES = 16
 
 

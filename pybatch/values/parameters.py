@@ -26,17 +26,6 @@ from pybatch.errors import (
 )
 from pybatch.values.names import JobName, ParameterName
 
-__all__ = [
-    "PARAMETER_STRING_MAX_BYTES",
-    "ParameterInput",
-    "JobInstanceKey",
-    "JobParameter",
-    "JobParameters",
-    "ParameterRole",
-    "ParameterValue",
-    "ParameterValueKind",
-]
-
 #: Byte bound of a string parameter value.
 PARAMETER_STRING_MAX_BYTES = 65_536
 

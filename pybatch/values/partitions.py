@@ -30,22 +30,6 @@ from pybatch.values.records import StepExecution
 from pybatch.values.state import ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus
 
-__all__ = [
-    "MAX_PARTITIONS",
-    "MAX_PARTITION_CONTEXT_BYTES",
-    "MAX_PARTITION_WORKERS",
-    "AggregateError",
-    "PartitionAggregate",
-    "PartitionKey",
-    "PartitionPlanEntry",
-    "PartitionResult",
-    "PartitionStateError",
-    "PlanProgress",
-    "SlowPartition",
-    "StepPartition",
-    "aggregate_partitions",
-]
-
 #: Entries in one plan.
 MAX_PARTITIONS = 1024
 #: Worker processes of one partitioned step.

@@ -32,16 +32,6 @@ from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus
 from pybatch.values.timestamps import aware_utc
 
-__all__ = [
-    "Created",
-    "LockedJobInstance",
-    "Existing",
-    "JobExecution",
-    "JobInstance",
-    "JobInstanceSelection",
-    "StepExecution",
-]
-
 _INT32_MAX = 2**31 - 1
 
 

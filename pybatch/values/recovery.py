@@ -27,17 +27,6 @@ from pybatch.values.names import UNICODE_WHITE_SPACE
 from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus, FailureSummary
 
-__all__ = [
-    "OwnerObservation",
-    "RecoveryDecision",
-    "RecoveryDisposition",
-    "RecoveryMarkers",
-    "RecoveryRequest",
-    "RecoveryResult",
-    "RecoverySnapshot",
-    "RecoveryStepEvidence",
-]
-
 
 class RecoveryDisposition(enum.Enum):
     """What recovery makes of the execution."""

@@ -28,27 +28,6 @@ from pybatch.values.names import ActorRef, JobName, OperationId, ReasonCode
 from pybatch.values.status import BatchStatus
 from pybatch.values.timestamps import aware_utc
 
-__all__ = [
-    "DEFAULT_MINIMUM_AGE",
-    "MINIMUM_AGE",
-    "PLAN_DIGEST_DOMAIN",
-    "RETENTION_DIGEST_DOMAIN",
-    "PurgeBatchBound",
-    "PurgeCandidate",
-    "PurgeCounts",
-    "PurgePlan",
-    "PurgePlanRequest",
-    "PurgeSurvey",
-    "RetentionAction",
-    "RetentionHold",
-    "RetentionRecord",
-    "RetentionRecordDraft",
-    "TerminalStatusSet",
-    "candidate_encoding",
-    "candidate_order",
-    "retention_request_digest",
-]
-
 PLAN_DIGEST_DOMAIN = "oxide-batch.retention-plan.v1"
 RETENTION_DIGEST_DOMAIN = "pybatch.retention-request.v1"
 MINIMUM_AGE = _dt.timedelta(hours=1)

@@ -37,17 +37,6 @@ from pybatch.errors import (
 from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values.names import StateSchemaId
 
-__all__ = [
-    "CHECKPOINT_FORMAT",
-    "EMPTY_STATE_SCHEMA",
-    "EXECUTION_CONTEXT_FORMAT",
-    "MAX_STORABLE_SCHEMA_VERSION",
-    "STATE_FORMAT_VERSION",
-    "Checkpoint",
-    "ExecutionContext",
-    "StateLimits",
-]
-
 #: Envelope format name of a checkpoint (kept byte for byte).
 CHECKPOINT_FORMAT = "oxide-batch.checkpoint"
 #: Envelope format name of an execution context (kept byte for byte).

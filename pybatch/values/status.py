@@ -15,13 +15,6 @@ import attrs
 from pybatch.values.ids import FailureId, IdentifierKind, check_identifier
 from pybatch.values.names import ExitCode
 
-__all__ = [
-    "BatchStatus",
-    "ExitStatus",
-    "FailureCategory",
-    "FailureSummary",
-]
-
 #: The exit status of an execution is exactly one ExitCode, kept apart from its BatchStatus.
 ExitStatus: TypeAlias = ExitCode
 

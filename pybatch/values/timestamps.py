@@ -13,8 +13,6 @@ import attrs
 
 from pybatch.errors import InvalidTimestampOrder, NaiveTimestamp, TimestampOutOfRange
 
-__all__ = ["ExecutionTimestamps", "aware_utc", "optional_aware_utc"]
-
 
 def aware_utc(value: _dt.datetime) -> _dt.datetime:
     """Return the same instant in UTC; a naive datetime raises NaiveTimestamp.
