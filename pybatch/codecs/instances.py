@@ -6,24 +6,18 @@ from pybatch.codecs._jsonb import to_jsonb
 from pybatch.codecs._primitives import (
     DecodeError,
     Row,
-    decode_aware,
-    decode_digest,
-    decode_enum,
-    decode_int64,
+    aware_at,
     decode_json_object,
     decode_text_value,
+    digest_at,
+    int64_at,
+    optional_enum_at,
     row_columns,
+    text_value_at,
 )
-from pybatch.errors import (
-    JsonNotEncodable,
-    PyBatchError,
-    Unavailable,
-)
+from pybatch.errors import JsonNotEncodable, PyBatchError, Unavailable
 from pybatch.values._canonical import canonical_json
-from pybatch.values.ids import (
-    INT64_MAX,
-    JobInstanceId,
-)
+from pybatch.values.ids import INT64_MAX, JobInstanceId
 from pybatch.values.names import JobName, ParameterName
 from pybatch.values.parameters import (
     PARAMETER_STRING_MAX_BYTES,
@@ -153,13 +147,11 @@ def decode_job_instance(row: Row) -> JobInstance:
     identifying parameters, else `DecodeError("instance_key")`.
     """
     values = row_columns(row, JOB_INSTANCE_COLUMNS)
-    instance_id = decode_int64(values["id"], column="id", minimum=1)
-    job_name = decode_text_value(JobName, values["job_name"], column="job_name")
-    instance_key = decode_digest(values["instance_key"], column="instance_key")
-    parameters = decode_identifying_parameters(
-        values["identifying_parameters"], column="identifying_parameters"
-    )
-    created_at = decode_aware(values["created_at"], column="created_at")
+    instance_id = int64_at(values, "id")
+    job_name = text_value_at(JobName, values, "job_name")
+    instance_key = digest_at(values, "instance_key")
+    parameters = decode_identifying_parameters(values["identifying_parameters"])
+    created_at = aware_at(values, "created_at")
     if JobInstanceKey(job_name, parameters).digest() != instance_key:
         raise DecodeError("instance_key")
     return JobInstance(
@@ -178,13 +170,8 @@ LOCKED_JOB_INSTANCE_COLUMNS = (*JOB_INSTANCE_COLUMNS, "last_attempt", "final_sta
 def decode_locked_job_instance(row: Row) -> LockedJobInstance:
     """Decode a lock_job_instance row: the instance, its last attempt and its tombstone."""
     values = row_columns(row, LOCKED_JOB_INSTANCE_COLUMNS)
-    final_status = values["final_status"]
     return LockedJobInstance(
         instance=decode_job_instance(values),
-        last_attempt=decode_int64(values["last_attempt"], column="last_attempt", minimum=0),
-        final_status=(
-            None
-            if final_status is None
-            else decode_enum(BatchStatus, final_status, column="final_status")
-        ),
+        last_attempt=int64_at(values, "last_attempt", 0),
+        final_status=optional_enum_at(BatchStatus, values, "final_status"),
     )

@@ -7,11 +7,12 @@ from collections.abc import Mapping
 
 from pybatch.codecs._primitives import (
     DecodeError,
-    decode_aware,
+    aware_at,
     decode_enum,
     decode_int64,
-    decode_optional_aware,
-    decode_text_value,
+    enum_at,
+    optional_aware_at,
+    text_value_at,
 )
 from pybatch.errors import (
     ActiveExecutionHasEndTime,
@@ -20,17 +21,11 @@ from pybatch.errors import (
     InvalidTimestampOrder,
 )
 from pybatch.values.counts import ExecutionCounts
-from pybatch.values.ids import (
-    FailureId,
-    IdentifierKind,
-    check_identifier,
-)
+from pybatch.values.ids import FailureId, IdentifierKind, check_identifier
 from pybatch.values.lifecycle import ExecutionMetadata
 from pybatch.values.names import ExitCode
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from pybatch.values.timestamps import ExecutionTimestamps
-
-# --------------------------------------------------------------------------- execution metadata
 
 
 def _decode_failure(category: object, failure_id: object) -> FailureSummary | None:
@@ -48,12 +43,12 @@ def _decode_failure(category: object, failure_id: object) -> FailureSummary | No
 
 def decode_metadata(values: Mapping[str, object], counts: ExecutionCounts) -> ExecutionMetadata:
     """Decode the lifecycle columns of a job or step row around its (already decoded) counts."""
-    status = decode_enum(BatchStatus, values["status"], column="status")
-    exit_code = decode_text_value(ExitCode, values["exit_code"], column="exit_code")
+    status = enum_at(BatchStatus, values, "status")
+    exit_code = text_value_at(ExitCode, values, "exit_code")
     failure = _decode_failure(values["failure_category"], values["failure_id"])
-    created_at = decode_aware(values["created_at"], column="created_at")
-    started_at = decode_optional_aware(values["started_at"], column="started_at")
-    ended_at = decode_optional_aware(values["ended_at"], column="ended_at")
+    created_at = aware_at(values, "created_at")
+    started_at = optional_aware_at(values, "started_at")
+    ended_at = optional_aware_at(values, "ended_at")
     if started_at is not None and started_at < created_at:
         raise DecodeError("started_at")
     if ended_at is not None and ended_at < (started_at if started_at is not None else created_at):
@@ -78,7 +73,7 @@ def decode_updated_at(
     values: Mapping[str, object], metadata: ExecutionMetadata
 ) -> datetime.datetime:
     """Decode `updated_at`, which can never precede `created_at`."""
-    updated_at = decode_aware(values["updated_at"], column="updated_at")
+    updated_at = aware_at(values, "updated_at")
     if updated_at < metadata.timestamps.created_at:
         raise DecodeError("updated_at")
     return updated_at

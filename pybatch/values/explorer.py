@@ -276,8 +276,37 @@ def _instant(value: _dt.datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
+def _json(value: object) -> Any:
+    """The documented JSON of a projection: its fields in order, codes, ISO instants, hex."""
+    cls: Any = type(value)
+    if attrs.has(cls):
+        return {f.name: _json(getattr(value, f.name)) for f in attrs.fields(cls)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, _dt.datetime):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, tuple):
+        return [_json(item) for item in value]
+    return value
+
+
+class _Projection:
+    __slots__ = ()
+
+    def as_json(self) -> dict[str, Any]:
+        """The documented JSON object (docs/operators.md): every field, in field order."""
+        result: dict[str, Any] = _json(self)
+        return result
+
+
+def _bytes_repr(value: bytes) -> str:
+    return f"<{len(value)} bytes>"
+
+
 @attrs.frozen
-class StateEnvelopeDescriptor:
+class StateEnvelopeDescriptor(_Projection):
     """What a stored state envelope is, never its payload; `encoded_len` is its stored size."""
 
     kind: str
@@ -286,36 +315,18 @@ class StateEnvelopeDescriptor:
     schema_version: int
     encoded_len: int
 
-    def as_json(self) -> dict[str, Any]:
-        """The documented JSON object (docs/operators.md)."""
-        return {
-            "kind": self.kind,
-            "format_version": self.format_version,
-            "schema_id": self.schema_id,
-            "schema_version": self.schema_version,
-            "encoded_len": self.encoded_len,
-        }
-
 
 @attrs.frozen
-class DefinitionDescriptor:
+class DefinitionDescriptor(_Projection):
     """The definition an execution ran under (revision, manifest format and digest)."""
 
     revision: str
     manifest_format: int
-    manifest_digest: bytes = attrs.field(repr=lambda value: f"<{len(value)} bytes>")
-
-    def as_json(self) -> dict[str, Any]:
-        """The documented JSON object."""
-        return {
-            "revision": self.revision,
-            "manifest_format": self.manifest_format,
-            "manifest_digest": self.manifest_digest.hex(),
-        }
+    manifest_digest: bytes = attrs.field(repr=_bytes_repr)
 
 
 @attrs.frozen
-class ProjectionCounts:
+class ProjectionCounts(_Projection):
     """The six counters of an execution, step or partition."""
 
     read: int
@@ -325,20 +336,9 @@ class ProjectionCounts:
     commits: int
     rollbacks: int
 
-    def as_json(self) -> dict[str, Any]:
-        """The documented JSON object."""
-        return {
-            "read": self.read,
-            "processed": self.processed,
-            "written": self.written,
-            "filtered": self.filtered,
-            "commits": self.commits,
-            "rollbacks": self.rollbacks,
-        }
-
 
 @attrs.frozen
-class JobNameSummary:
+class JobNameSummary(_Projection):
     """A job name, with the latest attempt of its newest instance (None while it has none)."""
 
     job_name: str
@@ -346,18 +346,9 @@ class JobNameSummary:
     latest_status: BatchStatus | None
     latest_updated_at: _dt.datetime | None
 
-    def as_json(self) -> dict[str, Any]:
-        """The documented JSON object."""
-        return {
-            "job_name": self.job_name,
-            "latest_execution_id": self.latest_execution_id,
-            "latest_status": None if self.latest_status is None else self.latest_status.value,
-            "latest_updated_at": _instant(self.latest_updated_at),
-        }
-
 
 @attrs.frozen
-class ParameterDescriptor:
+class ParameterDescriptor(_Projection):
     """An identifying parameter's name and kind; the value is never read."""
 
     name: str
@@ -366,7 +357,7 @@ class ParameterDescriptor:
 
 
 @attrs.frozen
-class RetentionHold:
+class RetentionHold(_Projection):
     """A retention hold placed on an instance."""
 
     actor: str
@@ -375,45 +366,19 @@ class RetentionHold:
 
 
 @attrs.frozen
-class JobInstanceProjection:
+class JobInstanceProjection(_Projection):
     """A job instance, value-redacted (docs/contract.md, Explorer vocabulary)."""
 
     id: int
     job_name: str
-    instance_key_digest: bytes = attrs.field(repr=lambda value: f"<{len(value)} bytes>")
+    instance_key_digest: bytes = attrs.field(repr=_bytes_repr)
     parameters: tuple[ParameterDescriptor, ...]
     created_at: _dt.datetime
     hold: RetentionHold | None
 
-    def as_json(self) -> dict[str, Any]:
-        """The documented JSON object."""
-        return {
-            "id": self.id,
-            "job_name": self.job_name,
-            "instance_key_digest": self.instance_key_digest.hex(),
-            "parameters": [
-                {"name": p.name, "kind": p.kind, "identifying": p.identifying}
-                for p in self.parameters
-            ],
-            "created_at": _instant(self.created_at),
-            "hold": None
-            if self.hold is None
-            else {
-                "actor": self.hold.actor,
-                "reason": self.hold.reason,
-                "placed_at": _instant(self.hold.placed_at),
-            },
-        }
-
-
-def _failure_json(failure: FailureSummary | None) -> dict[str, Any] | None:
-    if failure is None:
-        return None
-    return {"category": failure.category.value, "failure_id": failure.failure_id}
-
 
 @attrs.frozen
-class JobExecutionProjection:
+class JobExecutionProjection(_Projection):
     """A job execution with derived counts and ownership evidence (docs/contract.md, Explorer)."""
 
     id: int
@@ -435,32 +400,9 @@ class JobExecutionProjection:
     stop_requested_by: str | None
     owner_recorded: bool
 
-    def as_json(self) -> dict[str, Any]:
-        """The documented JSON object."""
-        return {
-            "id": self.id,
-            "instance_id": self.instance_id,
-            "job_name": self.job_name,
-            "attempt": self.attempt,
-            "status": self.status.value,
-            "exit_code": self.exit_code,
-            "counts": self.counts.as_json(),
-            "version": self.version,
-            "created_at": _instant(self.created_at),
-            "started_at": _instant(self.started_at),
-            "ended_at": _instant(self.ended_at),
-            "updated_at": _instant(self.updated_at),
-            "failure": _failure_json(self.failure),
-            "definition": self.definition.as_json(),
-            "context": self.context.as_json(),
-            "stop_requested_at": _instant(self.stop_requested_at),
-            "stop_requested_by": self.stop_requested_by,
-            "owner_recorded": self.owner_recorded,
-        }
-
 
 @attrs.frozen
-class StepExecutionProjection:
+class StepExecutionProjection(_Projection):
     """A step execution with its checkpoint and context descriptors."""
 
     id: int
@@ -479,29 +421,9 @@ class StepExecutionProjection:
     checkpoint: StateEnvelopeDescriptor
     context: StateEnvelopeDescriptor
 
-    def as_json(self) -> dict[str, Any]:
-        """The documented JSON object."""
-        return {
-            "id": self.id,
-            "job_execution_id": self.job_execution_id,
-            "step_name": self.step_name,
-            "node_id": self.node_id,
-            "status": self.status.value,
-            "exit_code": self.exit_code,
-            "counts": self.counts.as_json(),
-            "version": self.version,
-            "created_at": _instant(self.created_at),
-            "started_at": _instant(self.started_at),
-            "ended_at": _instant(self.ended_at),
-            "updated_at": _instant(self.updated_at),
-            "failure": _failure_json(self.failure),
-            "checkpoint": self.checkpoint.as_json(),
-            "context": self.context.as_json(),
-        }
-
 
 @attrs.frozen
-class StepPartitionProjection:
+class StepPartitionProjection(_Projection):
     """A partition of a manager step, with its context descriptor."""
 
     id: int
@@ -514,25 +436,6 @@ class StepPartitionProjection:
     version: int
     worker_step_execution_id: int | None
     context: StateEnvelopeDescriptor
-
-    def as_json(self) -> dict[str, Any]:
-        """The documented JSON object."""
-        return {
-            "id": self.id,
-            "step_execution_id": self.step_execution_id,
-            "partition_key": self.partition_key,
-            "ordinal": self.ordinal,
-            "status": self.status.value,
-            "exit_code": self.exit_code,
-            "counts": self.counts.as_json(),
-            "version": self.version,
-            "worker_step_execution_id": self.worker_step_execution_id,
-            "context": self.context.as_json(),
-        }
-
-
-def _digest_repr(value: bytes) -> str:
-    return "<digest>"
 
 
 def flow_decision_json(decision: FlowDecision) -> dict[str, Any]:
