@@ -25,6 +25,7 @@ from pybatch.errors import (
     UpgradeSelfEdge,
 )
 from pybatch.values._canonical import canonical_json, sha256
+from pybatch.values._fields import is_, maybe
 from pybatch.values.names import DefinitionRevision, DefinitionUpgradeKey, JobName, StepName
 
 #: Byte bound of a canonical manifest.
@@ -100,12 +101,8 @@ class DefinitionIdentity:
     Equality covers every field; `digest` (SHA-256 of the manifest bytes) is derived.
     """
 
-    job_name: JobName | None = attrs.field(
-        validator=attrs.validators.optional(attrs.validators.instance_of(JobName))
-    )
-    revision: DefinitionRevision = attrs.field(
-        validator=attrs.validators.instance_of(DefinitionRevision)
-    )
+    job_name: JobName | None = attrs.field(validator=maybe(JobName))
+    revision: DefinitionRevision = attrs.field(validator=is_(DefinitionRevision))
     manifest_format: int
     canonical_manifest: bytes
     _digest: bytes = attrs.field(init=False, eq=False, repr=False)
@@ -250,15 +247,9 @@ class DefinitionUpgrade:
     checkpoint and context bytes carry over unchanged.
     """
 
-    key: DefinitionUpgradeKey = attrs.field(
-        validator=attrs.validators.instance_of(DefinitionUpgradeKey)
-    )
-    from_definition: DefinitionIdentity = attrs.field(
-        validator=attrs.validators.instance_of(DefinitionIdentity)
-    )
-    to_definition: DefinitionIdentity = attrs.field(
-        validator=attrs.validators.instance_of(DefinitionIdentity)
-    )
+    key: DefinitionUpgradeKey = attrs.field(validator=is_(DefinitionUpgradeKey))
+    from_definition: DefinitionIdentity = attrs.field(validator=is_(DefinitionIdentity))
+    to_definition: DefinitionIdentity = attrs.field(validator=is_(DefinitionIdentity))
     step_mapping: Mapping[StepName, StepName]
 
     def __attrs_post_init__(self) -> None:

@@ -29,6 +29,7 @@ from pybatch.errors import (
     StaleReservation,
 )
 from pybatch.values._canonical import canonical_json, sha256
+from pybatch.values._fields import Code, is_
 from pybatch.values.names import ClassifierRevision, StepName
 from pybatch.values.status import BatchStatus, FailureCategory
 
@@ -177,7 +178,7 @@ class RetryStateLimit:
 # --------------------------------------------------------------------------- phase and key
 
 
-class FaultPhase(enum.Enum):
+class FaultPhase(Code):
     """The framework phase that produced a fault; values are the durable lower-case names."""
 
     #: An item reader failed.
@@ -194,9 +195,6 @@ class FaultPhase(enum.Enum):
     LISTENER = "listener"
     #: Cancellable backoff failed or was interrupted.
     BACKOFF = "backoff"
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def is_reservable(self) -> bool:
@@ -284,13 +282,11 @@ class RetryKey:
 class FaultEntry:
     """One retained retry reservation: framework classification only, never an item or message."""
 
-    key: RetryKey = attrs.field(validator=attrs.validators.instance_of(RetryKey))
-    phase: FaultPhase = attrs.field(validator=attrs.validators.instance_of(FaultPhase))
-    category: FailureCategory = attrs.field(validator=attrs.validators.instance_of(FailureCategory))
-    ordinal: RetryOrdinal = attrs.field(validator=attrs.validators.instance_of(RetryOrdinal))
-    revision: ClassifierRevision = attrs.field(
-        validator=attrs.validators.instance_of(ClassifierRevision)
-    )
+    key: RetryKey = attrs.field(validator=is_(RetryKey))
+    phase: FaultPhase = attrs.field(validator=is_(FaultPhase))
+    category: FailureCategory = attrs.field(validator=is_(FailureCategory))
+    ordinal: RetryOrdinal = attrs.field(validator=is_(RetryOrdinal))
+    revision: ClassifierRevision = attrs.field(validator=is_(ClassifierRevision))
 
     def to_payload(self) -> dict[str, object]:
         """Return the entry's JSON object, members as docs/tables.md 3.6 names them."""

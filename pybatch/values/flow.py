@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import attrs
 
 from pybatch.errors import ManifestInvalid, ZeroStartLimit
+from pybatch.values._fields import is_
 from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.names import ExitCode, NodeId
 from pybatch.values.records import StepExecution
@@ -152,15 +153,13 @@ class FlowDecisionRequest:
 
     job_execution_id: int = attrs.field(validator=_required_id(IdentifierKind.JOB_EXECUTION))
     sequence: int = attrs.field(validator=_sequence)
-    source_node_id: NodeId = attrs.field(validator=attrs.validators.instance_of(NodeId))
+    source_node_id: NodeId = attrs.field(validator=is_(NodeId))
     source_step_execution_id: int | None = attrs.field(
         default=None, validator=_optional_id(IdentifierKind.STEP_EXECUTION)
     )
-    kind: FlowTransitionKind = attrs.field(
-        validator=attrs.validators.instance_of(FlowTransitionKind)
-    )
-    observed_outcome: ExitCode = attrs.field(validator=attrs.validators.instance_of(ExitCode))
-    target: FlowTarget = attrs.field(validator=attrs.validators.instance_of(FlowTarget))
+    kind: FlowTransitionKind = attrs.field(validator=is_(FlowTransitionKind))
+    observed_outcome: ExitCode = attrs.field(validator=is_(ExitCode))
+    target: FlowTarget = attrs.field(validator=is_(FlowTarget))
     plan_fingerprint: bytes = attrs.field(validator=_digest)
     input_digest: bytes = attrs.field(validator=_digest)
     reused_decision_id: int | None = attrs.field(

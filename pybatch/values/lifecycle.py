@@ -27,6 +27,7 @@ from pybatch.errors import (
     StaleVersion,
     VersionExhausted,
 )
+from pybatch.values._fields import is_
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.ids import INT64_MAX
 from pybatch.values.names import ExitCode
@@ -69,12 +70,10 @@ def _optional_failure(
 class LifecycleTransition:
     """A requested transition: target status, caller-supplied instant, failure, rollback flag."""
 
-    target: BatchStatus = attrs.field(validator=attrs.validators.instance_of(BatchStatus))
+    target: BatchStatus = attrs.field(validator=is_(BatchStatus))
     at: _dt.datetime = attrs.field(converter=aware_utc)
     failure: FailureSummary | None = attrs.field(default=None, validator=_optional_failure)
-    terminal_rollback: bool = attrs.field(
-        default=False, kw_only=True, validator=attrs.validators.instance_of(bool)
-    )
+    terminal_rollback: bool = attrs.field(default=False, kw_only=True, validator=is_(bool))
 
     @classmethod
     def new(cls, target: BatchStatus, at: _dt.datetime) -> LifecycleTransition:
@@ -95,14 +94,10 @@ class LifecycleTransition:
 class ExecutionMetadata:
     """Status, exit, timestamps, counters and failure of an execution (docs/contract.md, Values)."""
 
-    status: BatchStatus = attrs.field(validator=attrs.validators.instance_of(BatchStatus))
-    exit_status: ExitCode = attrs.field(validator=attrs.validators.instance_of(ExitCode))
-    timestamps: ExecutionTimestamps = attrs.field(
-        validator=attrs.validators.instance_of(ExecutionTimestamps)
-    )
-    counts: ExecutionCounts = attrs.field(
-        factory=ExecutionCounts, validator=attrs.validators.instance_of(ExecutionCounts)
-    )
+    status: BatchStatus = attrs.field(validator=is_(BatchStatus))
+    exit_status: ExitCode = attrs.field(validator=is_(ExitCode))
+    timestamps: ExecutionTimestamps = attrs.field(validator=is_(ExecutionTimestamps))
+    counts: ExecutionCounts = attrs.field(factory=ExecutionCounts, validator=is_(ExecutionCounts))
     failure: FailureSummary | None = attrs.field(default=None, validator=_optional_failure)
 
     def __attrs_post_init__(self) -> None:

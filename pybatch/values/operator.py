@@ -10,10 +10,8 @@ with all its details and read back losslessly, and every code the domain defines
 from __future__ import annotations
 
 import datetime as _dt
-import enum
 import hashlib
 import struct
-from typing import Any
 
 import attrs
 
@@ -32,6 +30,7 @@ from pybatch.errors import (
     StaleVersion,
     StartLimitExceeded,
 )
+from pybatch.values._fields import Code, is_, maybe, optional_version
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.ids import (
     IdentifierKind,
@@ -52,7 +51,7 @@ from pybatch.values.timestamps import aware_utc
 REQUEST_DIGEST_DOMAIN = "oxide-batch.operator-request.v1"
 
 
-class AuthorizationClass(enum.Enum):
+class AuthorizationClass(Code):
     """How much an operator request may change; derived from the action and stored with it."""
 
     #: Explorer queries and retention plans.
@@ -62,11 +61,8 @@ class AuthorizationClass(enum.Enum):
     #: Abandon, recover, hold, release and purge apply.
     DESTRUCTIVE = "DESTRUCTIVE"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class OperatorAction(enum.Enum):
+class OperatorAction(Code):
     """An operator action; the value is the stored code and half of the idempotency key."""
 
     #: Create the first (or a new) execution of an instance key.
@@ -80,9 +76,6 @@ class OperatorAction(enum.Enum):
     #: Resolve an orphaned or ambiguous execution (docs/contract.md, Recovery).
     RECOVER = "RECOVER"
 
-    def __str__(self) -> str:
-        return self.value
-
     @property
     def authorization_class(self) -> AuthorizationClass:
         """LIFECYCLE for launch, restart and stop; DESTRUCTIVE for abandon and recover."""
@@ -91,7 +84,7 @@ class OperatorAction(enum.Enum):
         return AuthorizationClass.LIFECYCLE
 
 
-class OperatorOutcomeClass(enum.Enum):
+class OperatorOutcomeClass(Code):
     """What became of an operator request."""
 
     #: The effect was applied (or was already in place, e.g. a repeated stop).
@@ -101,11 +94,8 @@ class OperatorOutcomeClass(enum.Enum):
     #: The repository refused the effect; the row carries the rejection.
     REJECTED = "REJECTED"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class OperatorRejectionCode(enum.Enum):
+class OperatorRejectionCode(Code):
     """Why an operator request was rejected; the value is the stored code."""
 
     #: The execution's version moved on; carries the actual (current) version.
@@ -133,9 +123,6 @@ class OperatorRejectionCode(enum.Enum):
     #: The action code is outside the vocabulary.
     UNSUPPORTED_ACTION = "UNSUPPORTED_ACTION"
 
-    def __str__(self) -> str:
-        return self.value
-
     @property
     def carries_current_version(self) -> bool:
         """Whether the rejection records the execution's actual version."""
@@ -155,15 +142,7 @@ class OperatorRejectionCode(enum.Enum):
         return self is OperatorRejectionCode.EXECUTION_ALREADY_ACTIVE
 
 
-def _optional_version(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is None:
-        return
-    if type(value) is not int:
-        raise TypeError(f"{attribute.name} is an int")
-    check_version(value)
-
-
-_optional_status = attrs.validators.optional(attrs.validators.instance_of(BatchStatus))
+_optional_status = maybe(BatchStatus)
 
 
 @attrs.frozen(kw_only=True)
@@ -174,10 +153,8 @@ class OperatorRejection:
     `status` and `execution_id` are the values the repository reported.
     """
 
-    code: OperatorRejectionCode = attrs.field(
-        validator=attrs.validators.instance_of(OperatorRejectionCode)
-    )
-    current_version: int | None = attrs.field(default=None, validator=_optional_version)
+    code: OperatorRejectionCode = attrs.field(validator=is_(OperatorRejectionCode))
+    current_version: int | None = attrs.field(default=None, validator=optional_version)
     status: BatchStatus | None = attrs.field(default=None, validator=_optional_status)
     execution_id: JobExecutionId | None = attrs.field(
         default=None, validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True)
@@ -265,7 +242,7 @@ class RequestTarget:
     See docs/contract.md, Operator vocabulary.
     """
 
-    value: str = attrs.field(validator=attrs.validators.instance_of(str))
+    value: str = attrs.field(validator=is_(str))
 
     @classmethod
     def instance_key(cls, key: JobInstanceKey) -> RequestTarget:
@@ -287,10 +264,10 @@ class RequestTarget:
 class RecoveryArguments:
     """The recovery arguments a RECOVER request's digest covers."""
 
-    request: RecoveryRequest = attrs.field(validator=attrs.validators.instance_of(RecoveryRequest))
-    unknown_commit: bool = attrs.field(validator=attrs.validators.instance_of(bool))
+    request: RecoveryRequest = attrs.field(validator=is_(RecoveryRequest))
+    unknown_commit: bool = attrs.field(validator=is_(bool))
     #: Recover even though the owner's lease is fresh (the owner is fenced first).
-    force: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    force: bool = attrs.field(default=False, validator=is_(bool))
 
 
 class _CanonicalWriter:
@@ -400,28 +377,22 @@ def _check_shape(outcome: OperatorOutcomeClass, rejection: OperatorRejection | N
 class OperatorRecordDraft:
     """An audit row about to be appended: an operator record without its id."""
 
-    action: OperatorAction = attrs.field(validator=attrs.validators.instance_of(OperatorAction))
-    operation_id: OperationId = attrs.field(validator=attrs.validators.instance_of(OperationId))
-    actor: ActorRef = attrs.field(validator=attrs.validators.instance_of(ActorRef))
-    reason: ReasonCode | None = attrs.field(
-        validator=attrs.validators.optional(attrs.validators.instance_of(ReasonCode))
-    )
-    digest: RequestDigest = attrs.field(validator=attrs.validators.instance_of(RequestDigest))
+    action: OperatorAction = attrs.field(validator=is_(OperatorAction))
+    operation_id: OperationId = attrs.field(validator=is_(OperationId))
+    actor: ActorRef = attrs.field(validator=is_(ActorRef))
+    reason: ReasonCode | None = attrs.field(validator=maybe(ReasonCode))
+    digest: RequestDigest = attrs.field(validator=is_(RequestDigest))
     job_instance_id: JobInstanceId | None = attrs.field(
         validator=identifier_validator(IdentifierKind.JOB_INSTANCE, optional=True)
     )
     job_execution_id: JobExecutionId | None = attrs.field(
         validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True)
     )
-    observed_version: int | None = attrs.field(validator=_optional_version)
+    observed_version: int | None = attrs.field(validator=optional_version)
     prior_status: BatchStatus | None = attrs.field(validator=_optional_status)
     result_status: BatchStatus | None = attrs.field(validator=_optional_status)
-    outcome: OperatorOutcomeClass = attrs.field(
-        validator=attrs.validators.instance_of(OperatorOutcomeClass)
-    )
-    rejection: OperatorRejection | None = attrs.field(
-        validator=attrs.validators.optional(attrs.validators.instance_of(OperatorRejection))
-    )
+    outcome: OperatorOutcomeClass = attrs.field(validator=is_(OperatorOutcomeClass))
+    rejection: OperatorRejection | None = attrs.field(validator=maybe(OperatorRejection))
     requested_at: _dt.datetime = attrs.field(converter=aware_utc)
 
     def __attrs_post_init__(self) -> None:

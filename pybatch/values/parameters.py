@@ -9,7 +9,6 @@ Values are redacted in every repr (docs/contract.md, Redaction).
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import struct
 from collections.abc import Iterable, Iterator, Mapping
@@ -24,6 +23,7 @@ from pybatch.errors import (
     TextContainsNul,
     TextNotUtf8,
 )
+from pybatch.values._fields import Code, is_
 from pybatch.values.names import JobName, ParameterName
 
 #: Byte bound of a string parameter value.
@@ -39,16 +39,13 @@ _FLOW_INPUT_PREFIX = b"oxide-batch.flow-parameters.v1\x00"
 _INSTANCE_KEY_VERSION = b"\x01"
 
 
-class ParameterValueKind(enum.Enum):
+class ParameterValueKind(Code):
     """The kind of a parameter value; values are the type tags."""
 
     STRING = "STRING"
     I64 = "I64"
     U64 = "U64"
     BOOL = "BOOL"
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def json_tag(self) -> str:
@@ -80,14 +77,11 @@ _DISPLAY = {
 }
 
 
-class ParameterRole(enum.Enum):
+class ParameterRole(Code):
     """Whether a parameter takes part in instance identity."""
 
     IDENTIFYING = "Identifying"
     NON_IDENTIFYING = "NonIdentifying"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @attrs.frozen(repr=False)
@@ -167,10 +161,8 @@ class ParameterValue:
 class JobParameter:
     """A parameter value and whether it is identifying (the default, as in Spring Batch)."""
 
-    value: ParameterValue = attrs.field(validator=attrs.validators.instance_of(ParameterValue))
-    identifying: bool = attrs.field(
-        default=True, kw_only=True, validator=attrs.validators.instance_of(bool)
-    )
+    value: ParameterValue = attrs.field(validator=is_(ParameterValue))
+    identifying: bool = attrs.field(default=True, kw_only=True, validator=is_(bool))
 
     @property
     def kind(self) -> ParameterValueKind:
@@ -385,7 +377,7 @@ def _identifying_only(parameters: JobParameters) -> JobParameters:
 class JobInstanceKey:
     """The identity of a job instance: the job name and its identifying parameters only."""
 
-    job_name: JobName = attrs.field(validator=attrs.validators.instance_of(JobName))
+    job_name: JobName = attrs.field(validator=is_(JobName))
     parameters: JobParameters = attrs.field(converter=_identifying_only)
 
     def digest_input(self) -> bytes:

@@ -11,7 +11,6 @@ anything changed since the survey.
 from __future__ import annotations
 
 import datetime as _dt
-import enum
 import hashlib
 import struct
 from collections.abc import Iterable
@@ -24,6 +23,7 @@ from pybatch.errors import (
     EmptyStatusSet,
     NonTerminalStatus,
 )
+from pybatch.values._fields import Code
 from pybatch.values.names import ActorRef, JobName, OperationId, ReasonCode
 from pybatch.values.status import BatchStatus
 from pybatch.values.timestamps import aware_utc
@@ -226,15 +226,12 @@ class PurgePlan:
         return sorted({candidate.job_instance_id for candidate in self.candidates})
 
 
-class RetentionAction(enum.Enum):
+class RetentionAction(Code):
     """A retention action; with the operation id, the idempotency key."""
 
     HOLD = "HOLD"
     RELEASE_HOLD = "RELEASE_HOLD"
     APPLY_PURGE = "APPLY_PURGE"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @attrs.frozen(kw_only=True)

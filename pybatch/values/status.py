@@ -7,11 +7,11 @@ Enum values are the durable codes; decoders refuse any other text (docs/contract
 
 from __future__ import annotations
 
-import enum
 from typing import Any, TypeAlias
 
 import attrs
 
+from pybatch.values._fields import Code, is_
 from pybatch.values.ids import FailureId, IdentifierKind, check_identifier
 from pybatch.values.names import ExitCode
 
@@ -19,7 +19,7 @@ from pybatch.values.names import ExitCode
 ExitStatus: TypeAlias = ExitCode
 
 
-class BatchStatus(enum.Enum):
+class BatchStatus(Code):
     """The lifecycle status of a job or step execution; values are the durable codes."""
 
     #: Metadata exists; user work has not started.
@@ -38,9 +38,6 @@ class BatchStatus(enum.Enum):
     ABANDONED = "ABANDONED"
     #: Outcome ambiguous; needs explicit recovery.
     UNKNOWN = "UNKNOWN"
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def is_active(self) -> bool:
@@ -70,7 +67,7 @@ _FINISHED = frozenset(
 _TERMINAL = frozenset({BatchStatus.COMPLETED, BatchStatus.ABANDONED})
 
 
-class FailureCategory(enum.Enum):
+class FailureCategory(Code):
     """A stable, redacted failure category; values are the durable codes (never renamed)."""
 
     #: Invalid job definition or launch configuration.
@@ -103,9 +100,6 @@ class FailureCategory(enum.Enum):
     SHUTDOWN_INCOMPLETE = "SHUTDOWN_INCOMPLETE"
     #: Resolved from stale-ownership evidence.
     STALE_RECOVERED = "STALE_RECOVERED"
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def as_str(self) -> str:
@@ -154,5 +148,5 @@ def _check_failure_id(instance: object, attribute: attrs.Attribute[Any], value: 
 class FailureSummary:
     """A redacted failure: a category and a caller-supplied correlation id, no message text."""
 
-    category: FailureCategory = attrs.field(validator=attrs.validators.instance_of(FailureCategory))
+    category: FailureCategory = attrs.field(validator=is_(FailureCategory))
     failure_id: FailureId = attrs.field(validator=_check_failure_id)
