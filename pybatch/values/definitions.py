@@ -149,10 +149,7 @@ class DefinitionIdentity:
 
     @classmethod
     def legacy(cls) -> DefinitionIdentity:
-        """The legacy definition of launches without a definition.
-
-        See docs/contract.md, Definitions.
-        """
+        """The legacy definition of launches without a definition."""
         return cls.LEGACY
 
     @property
@@ -240,8 +237,6 @@ class StepMapping(Mapping[StepName, StepName]):
 @attrs.frozen(repr=False)
 class DefinitionUpgrade:
     """A directed, non-transitive compatibility edge between two definitions.
-
-    See docs/contract.md, Definitions.
 
     `step_mapping` maps source step names to target step names, ordered by source name;
     checkpoint and context bytes carry over unchanged.

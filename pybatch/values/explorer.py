@@ -51,10 +51,7 @@ class PageSize:
 
 
 class ExplorerQuery(enum.Enum):
-    """The nine paged queries; the value is the cursor discriminant.
-
-    See docs/contract.md, Explorer vocabulary.
-    """
+    """The nine paged queries; the value is the cursor discriminant."""
 
     JOB_NAMES = 1
     INSTANCES = 2

@@ -56,10 +56,7 @@ _ENTRY_MEMBERS = frozenset({"category", "key", "ordinal", "phase", "revision"})
 
 
 class FaultStateRefusal(enum.StrEnum):
-    """The `reason` of each `FaultStateEnvelopeInvalid`, one per broken rule.
-
-    See docs/contract.md, Fault state.
-    """
+    """The `reason` of each `FaultStateEnvelopeInvalid`, one per broken rule."""
 
     #: `fault_state_format` is not 1.
     UNSUPPORTED_FORMAT = "unsupported format"

@@ -25,7 +25,7 @@ import attrs
 
 from pybatch.errors import ManifestInvalid, ZeroStartLimit
 from pybatch.values._fields import is_
-from pybatch.values.ids import IdentifierKind, check_identifier
+from pybatch.values.ids import IdentifierKind, identifier_validator
 from pybatch.values.names import ExitCode, NodeId
 from pybatch.values.records import StepExecution
 from pybatch.values.state import ExecutionContext
@@ -128,34 +128,19 @@ def _digest(instance: object, attribute: attrs.Attribute[bytes], value: bytes) -
         raise ValueError(f"{attribute.name} is 32 bytes")
 
 
-def _optional_id(kind: IdentifierKind) -> Any:
-    def validate(instance: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
-        if value is not None:
-            check_identifier(kind, value)
-
-    return validate
-
-
-def _sequence(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    check_identifier(IdentifierKind.FLOW_DECISION_SEQUENCE, value)
-
-
-def _required_id(kind: IdentifierKind) -> Any:
-    def validate(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
-        check_identifier(kind, value)
-
-    return validate
-
-
 @attrs.frozen(kw_only=True)
 class FlowDecisionRequest:
     """A decision to append: which node decided what, on which evidence."""
 
-    job_execution_id: int = attrs.field(validator=_required_id(IdentifierKind.JOB_EXECUTION))
-    sequence: int = attrs.field(validator=_sequence)
+    job_execution_id: int = attrs.field(
+        validator=identifier_validator(IdentifierKind.JOB_EXECUTION)
+    )
+    sequence: int = attrs.field(
+        validator=identifier_validator(IdentifierKind.FLOW_DECISION_SEQUENCE)
+    )
     source_node_id: NodeId = attrs.field(validator=is_(NodeId))
     source_step_execution_id: int | None = attrs.field(
-        default=None, validator=_optional_id(IdentifierKind.STEP_EXECUTION)
+        default=None, validator=identifier_validator(IdentifierKind.STEP_EXECUTION, optional=True)
     )
     kind: FlowTransitionKind = attrs.field(validator=is_(FlowTransitionKind))
     observed_outcome: ExitCode = attrs.field(validator=is_(ExitCode))
@@ -163,7 +148,7 @@ class FlowDecisionRequest:
     plan_fingerprint: bytes = attrs.field(validator=_digest)
     input_digest: bytes = attrs.field(validator=_digest)
     reused_decision_id: int | None = attrs.field(
-        default=None, validator=_optional_id(IdentifierKind.FLOW_DECISION)
+        default=None, validator=identifier_validator(IdentifierKind.FLOW_DECISION, optional=True)
     )
     decided_at: _dt.datetime = attrs.field(converter=aware_utc)
 
@@ -172,7 +157,7 @@ class FlowDecisionRequest:
 class FlowDecision(FlowDecisionRequest):
     """A recorded decision: the request plus its identity id."""
 
-    id: int = attrs.field(validator=_required_id(IdentifierKind.FLOW_DECISION))
+    id: int = attrs.field(validator=identifier_validator(IdentifierKind.FLOW_DECISION))
 
 
 @attrs.frozen

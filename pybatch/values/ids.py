@@ -70,8 +70,6 @@ def _require_int(value: object) -> int:
 def check_identifier(kind: IdentifierKind, value: int, *, storable: bool = True) -> int:
     """Return `value` if it is a valid identifier of `kind`.
 
-    See docs/contract.md, Identifiers, versions and counters.
-
     Args:
         kind: the identifier kind named in errors.
         value: the candidate identifier.
@@ -96,8 +94,6 @@ def check_identifier(kind: IdentifierKind, value: int, *, storable: bool = True)
 def check_version(value: int) -> int:
     """Return `value` if it is a storable optimistic version 0..2^63-1.
 
-    See docs/contract.md, Identifiers, versions and counters.
-
     Raises:
         VersionOutOfRange: outside 0..2^63-1.
     """
@@ -109,8 +105,6 @@ def check_version(value: int) -> int:
 
 def check_counter(name: str, value: int) -> int:
     """Return `value` if it is a counter in 0..2^63-1.
-
-    See docs/contract.md, Identifiers, versions and counters.
 
     Raises:
         CounterOutOfRange: outside 0..2^63-1.

@@ -198,8 +198,6 @@ def apply_exit_enrichment(
 ) -> tuple[ExecutionMetadata, int]:
     """Replace only the exit status and bump the version, in any status.
 
-    See docs/contract.md, Exit-status enrichment.
-
     Raises:
         StaleVersion: `expected_version != version`.
         VersionExhausted: `version` is already the storage maximum 2^63-1.

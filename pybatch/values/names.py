@@ -174,10 +174,7 @@ class _DefinitionToken(_Text):
 
 @attrs.frozen(order=True)
 class NodeId(_DefinitionToken):
-    """The stable logical id of a step, independent of its StepName.
-
-    See docs/contract.md, Flow values.
-    """
+    """The stable logical id of a step, independent of its StepName."""
 
     _KIND = "node id"
 
@@ -222,10 +219,7 @@ class DeciderRevision(_DefinitionToken):
 
 @attrs.frozen(order=True)
 class StateSchemaId(_Text):
-    """The application schema id of a checkpoint or execution context.
-
-    See docs/contract.md, State envelopes.
-    """
+    """The application schema id of a checkpoint or execution context."""
 
     @classmethod
     def _validate(cls, value: str) -> None:

@@ -237,10 +237,7 @@ class OperatorRejection:
 
 @attrs.frozen
 class RequestTarget:
-    """What a request acts on, in the text form the request digest covers.
-
-    See docs/contract.md, Operator vocabulary.
-    """
+    """What a request acts on, in the text form the request digest covers."""
 
     value: str = attrs.field(validator=is_(str))
 
@@ -365,10 +362,7 @@ class RequestDigest:
 
 
 def _check_shape(outcome: OperatorOutcomeClass, rejection: OperatorRejection | None) -> None:
-    """APPLIED or REPLAYED carry no rejection; REJECTED carries one.
-
-    See docs/contract.md, Operator requests.
-    """
+    """APPLIED or REPLAYED carry no rejection; REJECTED carries one."""
     if (outcome is OperatorOutcomeClass.REJECTED) != (rejection is not None):
         raise ValueError("REJECTED carries a rejection; APPLIED and REPLAYED carry none")
 
@@ -407,8 +401,6 @@ class OperatorRecordDraft:
 @attrs.frozen(kw_only=True)
 class OperatorRecord(OperatorRecordDraft):
     """One stored operator request: the audit row and the idempotency record.
-
-    See docs/contract.md, Operator vocabulary.
 
     The draft's fields and checks, plus the id the append gave it.
     """

@@ -336,8 +336,6 @@ class JobParameters:
     def flow_input_digest(self) -> bytes:
         """SHA-256 over all parameters, identifying or not.
 
-        See docs/contract.md, Job parameters and instance keys.
-
         Flow records store only this digest, never raw parameter values.
         """
         digest = hashlib.sha256(_FLOW_INPUT_PREFIX)

@@ -244,8 +244,6 @@ class AggregateError(Exception):
 def aggregate_partitions(children: Iterable[StepPartition]) -> PartitionAggregate:
     """Aggregate children independently of input or completion order.
 
-    See docs/contract.md, Partition values.
-
     Raises:
         AggregateError: see the class.
     """

@@ -130,10 +130,7 @@ class JobExecution(_Attempt):
 
 @attrs.frozen(kw_only=True)
 class StepExecution(_Attempt):
-    """One attempt of a named step, with its durable chunk state.
-
-    See docs/contract.md, Values; Chunk transactions.
-    """
+    """One attempt of a named step, with its durable chunk state."""
 
     id: StepExecutionId = attrs.field(validator=identifier_validator(IdentifierKind.STEP_EXECUTION))
     job_execution_id: JobExecutionId = attrs.field(

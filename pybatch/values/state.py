@@ -339,8 +339,6 @@ class Checkpoint(_DurableState):
     def generation_digest(self) -> bytes:
         """SHA-256 of the canonical envelope: the checkpoint generation.
 
-        See docs/contract.md, State envelopes.
-
         A constructed checkpoint is always encodable, so this never returns the 32 zero bytes
         the contract reserves for an unencodable one.
         """
