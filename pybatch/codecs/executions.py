@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from pybatch.codecs._primitives import DecodeError, Row, int64_at, optional_int64_at, row_columns
-from pybatch.codecs.lifecycle import decode_metadata, decode_updated_at
+from pybatch.codecs.lifecycle import (
+    FAILURE_COLUMNS,
+    INSTANT_COLUMNS,
+    decode_metadata,
+    decode_updated_at,
+)
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.ids import DefinitionId, JobExecutionId, JobInstanceId
 from pybatch.values.records import JobExecution
@@ -18,12 +23,8 @@ JOB_EXECUTION_COLUMNS = (
     "attempt",
     "status",
     "exit_code",
-    "failure_category",
-    "failure_id",
-    "created_at",
-    "started_at",
-    "ended_at",
-    "updated_at",
+    *FAILURE_COLUMNS,
+    *INSTANT_COLUMNS,
     "version",
 )
 

@@ -24,7 +24,9 @@ from pybatch.codecs._primitives import (
     row_columns,
     text_at,
 )
+from pybatch.codecs.lifecycle import FAILURE_COLUMNS, INSTANT_COLUMNS
 from pybatch.codecs.operator import decode_operator_record
+from pybatch.codecs.steps import COUNT_COLUMNS
 from pybatch.values.explorer import (
     DefinitionDescriptor,
     JobExecutionProjection,
@@ -39,6 +41,11 @@ from pybatch.values.explorer import (
 )
 from pybatch.values.ids import INT64_MAX, FailureId
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+
+
+def _envelope_columns(prefix: str) -> tuple[str, ...]:
+    return tuple(f"{prefix}_{part}" for part in ("format", "schema", "schema_version", "bytes"))
+
 
 #: Columns each decoder reads, in the order queries/explorer.sql selects them.
 JOB_NAME_SUMMARY_COLUMNS = (
@@ -64,28 +71,16 @@ EXECUTION_PROJECTION_COLUMNS = (
     "attempt",
     "status",
     "exit_code",
-    "failure_category",
-    "failure_id",
-    "created_at",
-    "started_at",
-    "ended_at",
-    "updated_at",
+    *FAILURE_COLUMNS,
+    *INSTANT_COLUMNS,
     "stop_requested_at",
     "stop_requested_by",
     "version",
     "definition_revision",
     "manifest_format",
     "manifest_digest",
-    "context_format",
-    "context_schema",
-    "context_schema_version",
-    "context_bytes",
-    "read_count",
-    "processed_count",
-    "write_count",
-    "filter_count",
-    "commit_count",
-    "rollback_count",
+    *_envelope_columns("context"),
+    *COUNT_COLUMNS,
     "owner_recorded",
 )
 STEP_PROJECTION_COLUMNS = (
@@ -95,27 +90,12 @@ STEP_PROJECTION_COLUMNS = (
     "step_logical_id",
     "status",
     "exit_code",
-    "read_count",
-    "processed_count",
-    "write_count",
-    "filter_count",
-    "commit_count",
-    "rollback_count",
-    "failure_category",
-    "failure_id",
+    *COUNT_COLUMNS,
+    *FAILURE_COLUMNS,
     "version",
-    "created_at",
-    "started_at",
-    "ended_at",
-    "updated_at",
-    "checkpoint_format",
-    "checkpoint_schema",
-    "checkpoint_schema_version",
-    "checkpoint_bytes",
-    "context_format",
-    "context_schema",
-    "context_schema_version",
-    "context_bytes",
+    *INSTANT_COLUMNS,
+    *_envelope_columns("checkpoint"),
+    *_envelope_columns("context"),
 )
 PARTITION_PROJECTION_COLUMNS = (
     "id",
@@ -125,28 +105,13 @@ PARTITION_PROJECTION_COLUMNS = (
     "partition_ordinal",
     "status",
     "exit_code",
-    "read_count",
-    "processed_count",
-    "write_count",
-    "filter_count",
-    "commit_count",
-    "rollback_count",
+    *COUNT_COLUMNS,
     "version",
-    "context_format",
-    "context_schema",
-    "context_schema_version",
-    "context_bytes",
+    *_envelope_columns("context"),
 )
 
 _PARAMETER_KINDS = frozenset({"string", "i64", "u64", "bool"})
-_COUNT_COLUMNS = (
-    ("read", "read_count"),
-    ("processed", "processed_count"),
-    ("written", "write_count"),
-    ("filtered", "filter_count"),
-    ("commits", "commit_count"),
-    ("rollbacks", "rollback_count"),
-)
+_COUNT_FIELDS = ("read", "processed", "written", "filtered", "commits", "rollbacks")
 
 
 def _count(value: object, *, column: str) -> int:
@@ -162,7 +127,10 @@ def _count(value: object, *, column: str) -> int:
 
 def _counts(row: Row) -> ProjectionCounts:
     return ProjectionCounts(
-        **{name: _count(row[column], column=column) for name, column in _COUNT_COLUMNS}
+        **{
+            name: _count(row[column], column=column)
+            for name, column in zip(_COUNT_FIELDS, COUNT_COLUMNS, strict=True)
+        }
     )
 
 

@@ -27,6 +27,10 @@ from pybatch.values.names import ExitCode
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from pybatch.values.timestamps import ExecutionTimestamps
 
+#: The failure pair and the four instants of a job or step row, in their table order.
+FAILURE_COLUMNS = ("failure_category", "failure_id")
+INSTANT_COLUMNS = ("created_at", "started_at", "ended_at", "updated_at")
+
 
 def _decode_failure(category: object, failure_id: object) -> FailureSummary | None:
     """Both failure columns present or both absent; a half-present pair is refused."""

@@ -19,7 +19,7 @@ from pybatch.codecs._primitives import (
     optional_int64_at,
     text_at,
 )
-from pybatch.codecs.steps import decode_counts
+from pybatch.codecs.steps import CONTEXT_COLUMNS, COUNT_COLUMNS, decode_counts
 from pybatch.errors import PartitionStateCorrupt, PyBatchError
 from pybatch.values._canonical import sha256
 from pybatch.values.names import ExitCode, StateSchemaId
@@ -36,16 +36,8 @@ STEP_PARTITION_COLUMNS = (
     "partition_ordinal",
     "status",
     "exit_code",
-    "read_count",
-    "processed_count",
-    "write_count",
-    "filter_count",
-    "commit_count",
-    "rollback_count",
-    "context_format",
-    "context_schema",
-    "context_schema_version",
-    "context_payload",
+    *COUNT_COLUMNS,
+    *CONTEXT_COLUMNS,
     "context_checksum",
     "version",
 )

@@ -14,7 +14,12 @@ from pybatch.codecs._primitives import (
     row_columns,
     text_value_at,
 )
-from pybatch.codecs.lifecycle import decode_metadata, decode_updated_at
+from pybatch.codecs.lifecycle import (
+    FAILURE_COLUMNS,
+    INSTANT_COLUMNS,
+    decode_metadata,
+    decode_updated_at,
+)
 from pybatch.errors import PyBatchError
 from pybatch.values.counts import ExecutionCounts, StepFaultCounts
 from pybatch.values.ids import JobExecutionId, StepExecutionId
@@ -59,12 +64,8 @@ STEP_EXECUTION_COLUMNS = (
     *COUNT_COLUMNS,
     *CHECKPOINT_COLUMNS,
     *CONTEXT_COLUMNS,
-    "failure_category",
-    "failure_id",
-    "created_at",
-    "started_at",
-    "ended_at",
-    "updated_at",
+    *FAILURE_COLUMNS,
+    *INSTANT_COLUMNS,
     "version",
     *(column for _, column in _FAULT_COUNT_COLUMNS),
 )
