@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from typing import ClassVar
+from typing import ClassVar, NoReturn
 
 import attrs
 
@@ -168,7 +168,10 @@ class _DefinitionToken(_Text):
         rule = violation[0]
         if rule is None:
             raise TextNotUtf8(kind=cls._KIND)
-        bound = TOKEN_MAX_BYTES if rule is TextRule.TOO_LONG else None
+        cls._refuse(rule, TOKEN_MAX_BYTES if rule is TextRule.TOO_LONG else None)
+
+    @classmethod
+    def _refuse(cls, rule: TextRule, bound: int | None) -> NoReturn:
         raise TokenInvalid(kind=cls._KIND, rule=rule, max_bytes=bound)
 
 
@@ -218,18 +221,13 @@ class DeciderRevision(_DefinitionToken):
 
 
 @attrs.frozen(order=True)
-class StateSchemaId(_Text):
-    """The application schema id of a checkpoint or execution context."""
+class StateSchemaId(_DefinitionToken):
+    """The application schema id of a checkpoint or execution context (a token's rules)."""
+
+    _KIND = "state schema identifier"
 
     @classmethod
-    def _validate(cls, value: str) -> None:
-        violation = _first_violation(value, TOKEN_MAX_BYTES)
-        if violation is None:
-            return
-        rule = violation[0]
-        if rule is None:
-            raise TextNotUtf8(kind="state schema identifier")
-        bound = TOKEN_MAX_BYTES if rule is TextRule.TOO_LONG else None
+    def _refuse(cls, rule: TextRule, bound: int | None) -> NoReturn:
         raise SchemaIdInvalid(rule=rule, max_bytes=bound)
 
 

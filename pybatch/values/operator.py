@@ -10,8 +10,6 @@ with all its details and read back losslessly, and every code the domain defines
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
-import struct
 
 import attrs
 
@@ -30,6 +28,7 @@ from pybatch.errors import (
     StaleVersion,
     StartLimitExceeded,
 )
+from pybatch.values._canonical import CanonicalWriter
 from pybatch.values._fields import Code, is_, maybe, optional_version
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.ids import (
@@ -267,29 +266,6 @@ class RecoveryArguments:
     force: bool = attrs.field(default=False, validator=is_(bool))
 
 
-class _CanonicalWriter:
-    """Length-prefixed fields, so no two field lists share an encoding (docs/tables.md 3.10)."""
-
-    def __init__(self, tag: str) -> None:
-        self._parts: list[bytes] = []
-        self.text(tag)
-
-    def bytes_(self, value: bytes) -> None:
-        self._parts.append(struct.pack(">Q", len(value)) + value)
-
-    def text(self, value: str) -> None:
-        self.bytes_(value.encode("utf-8"))
-
-    def u64(self, value: int) -> None:
-        self._parts.append(struct.pack(">Q", value))
-
-    def optional_u64(self, value: int | None) -> None:
-        self._parts.append(b"\x00" if value is None else b"\x01" + struct.pack(">Q", value))
-
-    def digest(self) -> bytes:
-        return hashlib.sha256(b"".join(self._parts)).digest()
-
-
 @attrs.frozen(repr=False)
 class RequestDigest:
     """The 32-byte SHA-256 of an operator request, without the actor (a replay by anyone replays).
@@ -323,7 +299,7 @@ class RequestDigest:
             reason: the request's reason code, if any (written as "" when absent).
             arguments: a launch or restart's definition, a recovery's arguments, or None.
         """
-        writer = _CanonicalWriter(REQUEST_DIGEST_DOMAIN)
+        writer = CanonicalWriter(REQUEST_DIGEST_DOMAIN)
         writer.text(action.value)
         writer.text(target.value)
         writer.optional_u64(None if expected_version is None else check_version(expected_version))

@@ -11,7 +11,6 @@ anything changed since the survey.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import struct
 from collections.abc import Iterable
 
@@ -23,6 +22,7 @@ from pybatch.errors import (
     EmptyStatusSet,
     NonTerminalStatus,
 )
+from pybatch.values._canonical import CanonicalWriter
 from pybatch.values._fields import Code
 from pybatch.values.names import ActorRef, JobName, OperationId, ReasonCode
 from pybatch.values.status import BatchStatus
@@ -38,27 +38,6 @@ _TERMINAL_ORDER = (
     BatchStatus.COMPLETED,
     BatchStatus.ABANDONED,
 )
-
-
-class _Writer:
-    """Length-prefixed strings and big-endian u64s (the canonical writer of docs/tables.md 3.10)."""
-
-    def __init__(self, tag: str) -> None:
-        self._parts: list[bytes] = []
-        self.text(tag)
-
-    def text(self, value: str) -> None:
-        data = value.encode("utf-8")
-        self._parts.append(struct.pack(">Q", len(data)) + data)
-
-    def u64(self, value: int) -> None:
-        self._parts.append(struct.pack(">Q", value))
-
-    def raw(self, data: bytes) -> None:
-        self._parts.append(data)
-
-    def digest(self) -> bytes:
-        return hashlib.sha256(b"".join(self._parts)).digest()
 
 
 @attrs.frozen
@@ -199,7 +178,7 @@ class PurgePlan:
     def new(cls, request: PurgePlanRequest, survey: PurgeSurvey) -> PurgePlan:
         """Seal a survey with the plan digest of docs/contract.md, Retention vocabulary."""
         candidates = tuple(sorted(survey.candidates, key=candidate_order))
-        writer = _Writer(PLAN_DIGEST_DOMAIN)
+        writer = CanonicalWriter(PLAN_DIGEST_DOMAIN)
         writer.text(request.job_name.value)
         for status in request.statuses.ordered():
             writer.text(status.value)
@@ -246,7 +225,7 @@ class RetentionHold:
 
 def retention_request_digest(action: RetentionAction, target: str, reason: ReasonCode) -> bytes:
     """The retention request digest: action, target and reason, not the actor."""
-    writer = _Writer(RETENTION_DIGEST_DOMAIN)
+    writer = CanonicalWriter(RETENTION_DIGEST_DOMAIN)
     writer.text(action.value)
     writer.text(target)
     writer.text(reason.value)
