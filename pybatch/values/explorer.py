@@ -485,15 +485,6 @@ def operator_request_json(record: OperatorRecord) -> dict[str, Any]:
 
 
 def recovery_decision_json(decision: RecoveryDecision) -> dict[str, Any]:
-    """The documented JSON object of a recovery decision as the explorer lists it."""
-    return {
-        "id": decision.id,
-        "job_execution_id": decision.job_execution_id,
-        "execution_version": decision.execution_version,
-        "prior_status": decision.prior_status.value,
-        "resulting_status": decision.resulting_status.value,
-        "reason_code": decision.reason_code,
-        "operator_reference": decision.operator_reference,
-        "evidence_digest": decision.evidence_digest.hex(),
-        "decided_at": _instant(decision.decided_at),
-    }
+    """The documented JSON object of a recovery decision: its fields, as a projection's."""
+    result: dict[str, Any] = _json(decision)
+    return result

@@ -17,7 +17,7 @@ import itertools
 import re
 import struct
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import attrs
 
@@ -30,6 +30,7 @@ from pybatch.errors import (
 )
 from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values._fields import Code, is_
+from pybatch.values.ids import Validator
 from pybatch.values.names import ClassifierRevision, StepName
 from pybatch.values.status import BatchStatus, FailureCategory
 
@@ -93,13 +94,16 @@ def fault_state_refusal(refusal: FaultStateRefusal) -> FaultStateEnvelopeInvalid
     return FaultStateEnvelopeInvalid(reason=refusal.value)
 
 
-def _check_u16(value: object, *, minimum: int, maximum: int, what: str) -> None:
+def _bounded(what: str, minimum: int, maximum: int) -> Validator:
     # Programmer errors (policy constants in the ETL script), hence ValueError and not a
     # contract error: errors.py has no retry-policy family.
-    if type(value) is not int:
-        raise TypeError(f"{what} takes an int")
-    if not minimum <= value <= maximum:
-        raise ValueError(f"{what} must lie in {minimum}..{maximum}")
+    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if type(value) is not int:
+            raise TypeError(f"{what} takes an int")
+        if not minimum <= value <= maximum:
+            raise ValueError(f"{what} must lie in {minimum}..{maximum}")
+
+    return check
 
 
 def _check_digest(value: object, what: str) -> bytes:
@@ -110,28 +114,21 @@ def _check_digest(value: object, what: str) -> bytes:
     return value
 
 
+def _digest(what: str) -> Validator:
+    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        _check_digest(value, what)
+
+    return check
+
+
 # --------------------------------------------------------------------------- bounds
-
-
-def _ordinal_value(instance: RetryOrdinal, attribute: attrs.Attribute[int], value: int) -> None:
-    _check_u16(value, minimum=0, maximum=_U16_MAX, what="RetryOrdinal")
-
-
-def _limit_value(instance: RetryLimit, attribute: attrs.Attribute[int], value: int) -> None:
-    _check_u16(value, minimum=0, maximum=_U16_MAX, what="RetryLimit")
-
-
-def _state_limit_value(
-    instance: RetryStateLimit, attribute: attrs.Attribute[int], value: int
-) -> None:
-    _check_u16(value, minimum=1, maximum=FAULT_STATE_MAX_ENTRIES, what="RetryStateLimit")
 
 
 @attrs.frozen(order=True)
 class RetryOrdinal:
     """Zero-based invocation ordinal of one retry key; 0 is the first call, which is no retry."""
 
-    value: int = attrs.field(validator=_ordinal_value)
+    value: int = attrs.field(validator=_bounded("RetryOrdinal", 0, _U16_MAX))
 
     #: The initial, non-retried call.
     INITIAL: ClassVar[RetryOrdinal]
@@ -152,7 +149,7 @@ RetryOrdinal.MAX = RetryOrdinal(_U16_MAX)
 class RetryLimit:
     """Maximum re-invocations after the first call (u16); stored ordinals above it are corrupt."""
 
-    value: int = attrs.field(validator=_limit_value)
+    value: int = attrs.field(validator=_bounded("RetryLimit", 0, _U16_MAX))
 
     #: A policy that never retries.
     NONE: ClassVar[RetryLimit]
@@ -169,7 +166,7 @@ RetryLimit.NONE = RetryLimit(0)
 class RetryStateLimit:
     """Maximum unresolved retry keys one step retains (1..256), so fault state stays bounded."""
 
-    value: int = attrs.field(validator=_state_limit_value)
+    value: int = attrs.field(validator=_bounded("RetryStateLimit", 1, FAULT_STATE_MAX_ENTRIES))
 
 
 # --------------------------------------------------------------------------- phase and key
@@ -201,24 +198,17 @@ class FaultPhase(Code):
     @classmethod
     def from_durable_name(cls, name: str) -> FaultPhase | None:
         """Return the phase stored as `name`, or None for unknown text (never coerced)."""
-        for member in cls:
-            if member.value == name:
-                return member
-        return None
+        return next((member for member in cls if member.value == name), None)
 
 
 _RESERVABLE = frozenset({FaultPhase.READ, FaultPhase.PROCESS, FaultPhase.WRITE})
-
-
-def _key_digest(instance: RetryKey, attribute: attrs.Attribute[bytes], value: bytes) -> None:
-    _check_digest(value, "RetryKey")
 
 
 @attrs.frozen(order=True, repr=False)
 class RetryKey:
     """Opaque 32-byte digest of one retryable unit of work; ordered by bytes, repr redacted."""
 
-    digest: bytes = attrs.field(validator=_key_digest)
+    digest: bytes = attrs.field(validator=_digest("RetryKey"))
 
     @classmethod
     def derive(
@@ -333,12 +323,6 @@ def fault_entry_from_payload(raw: object) -> FaultEntry:
 # --------------------------------------------------------------------------- envelope
 
 
-def _checkpoint_value(
-    instance: FaultStateEnvelope, attribute: attrs.Attribute[bytes], value: bytes
-) -> None:
-    _check_digest(value, "checkpoint digest")
-
-
 def _entries_value(
     instance: FaultStateEnvelope,
     attribute: attrs.Attribute[tuple[FaultEntry, ...]],
@@ -357,7 +341,7 @@ class FaultStateEnvelope:
     enforces all of it, so every envelope can be encoded and checksummed.
     """
 
-    checkpoint_digest: bytes = attrs.field(validator=_checkpoint_value)
+    checkpoint_digest: bytes = attrs.field(validator=_digest("checkpoint digest"))
     entries: tuple[FaultEntry, ...] = attrs.field(validator=_entries_value)
     _canonical: bytes = attrs.field(init=False, eq=False, hash=False)
 

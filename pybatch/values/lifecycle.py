@@ -27,7 +27,7 @@ from pybatch.errors import (
     StaleVersion,
     VersionExhausted,
 )
-from pybatch.values._fields import is_
+from pybatch.values._fields import is_, maybe
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.ids import INT64_MAX
 from pybatch.values.names import ExitCode
@@ -59,20 +59,13 @@ def is_legal_transition(from_status: BatchStatus, to_status: BatchStatus) -> boo
     return to_status in TRANSITIONS[from_status]
 
 
-def _optional_failure(
-    instance: object, attribute: attrs.Attribute[FailureSummary | None], value: object
-) -> None:
-    if value is not None and not isinstance(value, FailureSummary):
-        raise TypeError("failure is a FailureSummary or None")
-
-
 @attrs.frozen
 class LifecycleTransition:
     """A requested transition: target status, caller-supplied instant, failure, rollback flag."""
 
     target: BatchStatus = attrs.field(validator=is_(BatchStatus))
     at: _dt.datetime = attrs.field(converter=aware_utc)
-    failure: FailureSummary | None = attrs.field(default=None, validator=_optional_failure)
+    failure: FailureSummary | None = attrs.field(default=None, validator=maybe(FailureSummary))
     terminal_rollback: bool = attrs.field(default=False, kw_only=True, validator=is_(bool))
 
     @classmethod
@@ -98,7 +91,7 @@ class ExecutionMetadata:
     exit_status: ExitCode = attrs.field(validator=is_(ExitCode))
     timestamps: ExecutionTimestamps = attrs.field(validator=is_(ExecutionTimestamps))
     counts: ExecutionCounts = attrs.field(factory=ExecutionCounts, validator=is_(ExecutionCounts))
-    failure: FailureSummary | None = attrs.field(default=None, validator=_optional_failure)
+    failure: FailureSummary | None = attrs.field(default=None, validator=maybe(FailureSummary))
 
     def __attrs_post_init__(self) -> None:
         ended = self.timestamps.ended_at is not None

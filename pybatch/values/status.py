@@ -119,10 +119,7 @@ class FailureCategory(Code):
     @classmethod
     def from_durable_code(cls, code: str) -> FailureCategory | None:
         """Return the category stored as `code`, or None for unknown text (never coerced)."""
-        for member in cls:
-            if member.value == code:
-                return member
-        return None
+        return next((member for member in cls if member.value == code), None)
 
 
 _POLICY_ELIGIBLE = frozenset(
