@@ -46,9 +46,5 @@ class CanonicalJsonb(Jsonb):
 
 
 def to_jsonb(document: Mapping[str, object]) -> CanonicalJsonb:
-    """Wrap a JSON object for binding to a jsonb parameter, dumped as canonical JSON.
-
-    Raises:
-        JsonNotEncodable: when psycopg dumps it, if the document is not JSON (NaN, ...).
-    """
+    """Wrap a JSON object for a jsonb parameter; psycopg dumps it as canonical JSON."""
     return CanonicalJsonb(document, dumps=canonical_json)

@@ -184,11 +184,7 @@ def row_columns(row: Row, columns: tuple[str, ...]) -> dict[str, object]:
 
 
 def returned(row: Row | None) -> Row:
-    """The row of a statement that always returns one (`INSERT ... RETURNING`, an aggregate).
-
-    Raises:
-        DecodeError: there was no row, so the statement did not do what it says.
-    """
+    """The row of a statement that always returns one; no row means it did not do its work."""
     if row is None:
         raise DecodeError("row")
     return row

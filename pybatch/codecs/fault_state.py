@@ -119,12 +119,7 @@ LOCKED_FAULT_STATE_COLUMNS = ("status", "version", *CHECKPOINT_COLUMNS, *FAULT_S
 
 
 def decode_locked_fault_state(row: Row) -> LockedFaultState:
-    """Decode a lock_step_fault_state row (columns `LOCKED_FAULT_STATE_COLUMNS`).
-
-    Raises:
-        FaultStateEnvelopeInvalid: the envelope is corrupt.
-        DecodeError: another column is.
-    """
+    """Decode a lock_step_fault_state row (columns `LOCKED_FAULT_STATE_COLUMNS`)."""
     values = row_columns(row, LOCKED_FAULT_STATE_COLUMNS)
     envelope = decode_fault_state(values)
     return LockedFaultState(

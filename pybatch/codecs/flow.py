@@ -56,11 +56,7 @@ def _target(row: Row) -> FlowTarget:
 
 
 def decode_flow_decision(row: Row) -> FlowDecision:
-    """Decode one flow_decision row.
-
-    Raises:
-        FlowStateCorrupt: any column holds what the domain refuses.
-    """
+    """Decode one flow_decision row; any column the domain refuses is FlowStateCorrupt."""
     try:
         return FlowDecision(
             id=int64_at(row, "id"),

@@ -44,11 +44,7 @@ _KINDS_BY_TAG = {kind.json_tag: kind for kind in ParameterValueKind}
 
 
 def encode_identifying_parameters(key: JobInstanceKey) -> dict[str, object]:
-    """The `identifying_parameters` document of a key (docs/tables.md 3.8), as a plain dict.
-
-    Raises:
-        Unavailable: the canonical document exceeds 1 MiB.
-    """
+    """The `identifying_parameters` document of a key (docs/tables.md 3.8; at most 1 MiB)."""
     document: dict[str, object] = {}
     for name, parameter in key.parameters.items():
         document[name.value] = {
@@ -125,11 +121,7 @@ def _decode_parameter_value(
 
 
 def encode_job_instance_key(key: JobInstanceKey) -> dict[str, object]:
-    """Column values of a new job_instance row: job_name, instance_key, identifying_parameters.
-
-    Raises:
-        Unavailable: the canonical parameter document exceeds 1 MiB.
-    """
+    """Column values of a new job_instance row: job_name, instance_key, identifying_parameters."""
     return {
         "job_name": key.job_name.value,
         "instance_key": key.digest(),

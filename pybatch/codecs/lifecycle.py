@@ -86,10 +86,7 @@ def decode_updated_at(
 def encode_execution_metadata(metadata: ExecutionMetadata) -> dict[str, object]:
     """Column values written by a transition or enrichment (counters: `encode_counts`).
 
-    Keys: status, exit_code, started_at, ended_at, failure_category, failure_id.
-
-    Raises:
-        IdentifierOutOfRange: the failure id is above 2^63-1 (unstorable).
+    A failure id above 2^63-1 is valid but unstorable, so it is refused here.
     """
     failure = metadata.failure
     return {

@@ -1,7 +1,6 @@
 """Codec of operator_request rows.
 
 See docs/tables.md 2.10, 3.3; docs/contract.md, Operator vocabulary; Fail closed.
-
 The decoder fails closed: an unknown action, class, outcome, status or rejection code, an
 authorization class that contradicts the action, or a rejection whose details do not match
 its code raises `DecodeError(column)`, which the unit of work maps to `Unavailable`.

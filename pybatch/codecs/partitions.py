@@ -63,12 +63,7 @@ def _context(row: Row) -> ExecutionContext:
 
 
 def decode_step_partition(row: Row) -> StepPartition:
-    """Decode one step_partition row.
-
-    Raises:
-        PartitionStateCorrupt: any column holds what the domain refuses, or the context does
-            not match its checksum.
-    """
+    """Decode one step_partition row (PartitionStateCorrupt for any refused column)."""
     try:
         counts = decode_counts(row)
         return StepPartition(

@@ -47,11 +47,7 @@ _U16_MAX = 2**16 - 1
 
 
 def check_manifest_format(manifest_format: int) -> int:
-    """Return `manifest_format` if this package can interpret it (1..3).
-
-    Raises:
-        UnsupportedManifestVersion: 0 (missing) or above 3.
-    """
+    """Return `manifest_format` if this package can interpret it (1..3), else refuse it."""
     if not MANIFEST_FORMAT_ONE_STEP <= manifest_format <= MANIFEST_FORMAT_LOCAL_SCALE:
         raise UnsupportedManifestVersion(format=manifest_format)
     return manifest_format

@@ -1,7 +1,6 @@
 """Retry keys, retry bounds and the durable fault-state envelope.
 
 See docs/contract.md, Fault state; docs/tables.md 3.6.
-
 Pure values only: the envelope is decoded from, and encoded to, the five `fault_state_*` columns
 of `step_execution`, but the SQL (lock, compare-and-swap update) belongs to `FaultState`
 (docs/contract.md, Chunk transactions). Every refusal of the envelope is a

@@ -1,7 +1,6 @@
 """Flow values: start limits, targets, decisions and manifest matching.
 
 See docs/contract.md, Flow values.
-
 A flow manifest (format 2 or 3) lists its nodes and transitions::
 
     {"format": 2,
@@ -202,11 +201,8 @@ def check_flow_graph_bounds(manifest: Mapping[str, Any]) -> None:
     At most 1,024 nodes, 4,096 transitions, 64 transitions leaving one node, and exit
     patterns of at most 64 UTF-8 bytes. Without this check such a graph registered and then
     routed nothing: `select_flow_target` stops at a pattern over 64 bytes. Other manifests
-    are not flow graphs and pass. The reason names counts and positions, never node ids or
-    patterns.
-
-    Raises:
-        ManifestInvalid: a bound is exceeded.
+    are not flow graphs and pass. The ManifestInvalid reason names counts and positions, never
+    node ids or patterns.
     """
     if manifest.get("format") not in (2, 3):
         return

@@ -1,7 +1,6 @@
 """Identifiers, versions and counters as plain ints with explicit range checks.
 
 See docs/contract.md, Identifiers, versions and counters.
-
 Identifiers stay `int` in the API (NewType aliases document which one is meant). The domain
 range is 1..2^64-1; storage is `bigint`, so binding a value above 2^63-1 is refused with
 `IdentifierOutOfRange`. `bool` is never accepted where an int is meant.
@@ -92,11 +91,7 @@ def check_identifier(kind: IdentifierKind, value: int, *, storable: bool = True)
 
 
 def check_version(value: int) -> int:
-    """Return `value` if it is a storable optimistic version 0..2^63-1.
-
-    Raises:
-        VersionOutOfRange: outside 0..2^63-1.
-    """
+    """Return `value` if it is a storable optimistic version 0..2^63-1 (else VersionOutOfRange)."""
     value = _require_int(value)
     if not 0 <= value <= INT64_MAX:
         raise VersionOutOfRange()
@@ -104,11 +99,7 @@ def check_version(value: int) -> int:
 
 
 def check_counter(name: str, value: int) -> int:
-    """Return `value` if it is a counter in 0..2^63-1.
-
-    Raises:
-        CounterOutOfRange: outside 0..2^63-1.
-    """
+    """Return `value` if it is a counter in 0..2^63-1 (else CounterOutOfRange)."""
     if type(value) is int and 0 <= value <= INT64_MAX:
         return value  # the common case, checked on every chunk commit, in one comparison
     value = _require_int(value)

@@ -1,7 +1,6 @@
 """Lifecycle transitions: the table, execution metadata and the checked apply.
 
 See docs/contract.md, Lifecycle.
-
 The repository locks the row, calls `apply_transition` (or `apply_exit_enrichment`) on the
 decoded metadata and writes the result with a version compare-and-swap; any error leaves the
 stored record unchanged because nothing is written.
@@ -189,12 +188,7 @@ def apply_transition(
 def apply_exit_enrichment(
     metadata: ExecutionMetadata, version: int, expected_version: int, exit_status: ExitCode
 ) -> tuple[ExecutionMetadata, int]:
-    """Replace only the exit status and bump the version, in any status.
-
-    Raises:
-        StaleVersion: `expected_version != version`.
-        VersionExhausted: `version` is already the storage maximum 2^63-1.
-    """
+    """Replace only the exit status and bump the version, in any status."""
     version, expected_version = _check_int(version), _check_int(expected_version)
     if expected_version != version:
         raise StaleVersion(expected=expected_version, actual=version)

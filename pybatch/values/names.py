@@ -1,7 +1,6 @@
 """Validated names, definition tokens, state schema ids and request fields.
 
 See docs/contract.md, Names and tokens.
-
 Validation order for names and tokens is empty -> too long (UTF-8 bytes) -> surrounding white
 space -> control character, exactly as the contract lists it, so the reported error is the same
 as the Rust seeds'. Errors never carry the value itself (docs/contract.md, Redaction).

@@ -1,7 +1,6 @@
 """Operator vocabulary: actions, outcomes, lossless rejections, audit records.
 
 See docs/contract.md, Operator vocabulary.
-
 The audit row is what makes operator requests idempotent (docs/contract.md, Operator requests),
 so every value here round-trips through `operator_request` unchanged: a rejection is stored
 with all its details and read back losslessly, and every code the domain defines is storable.

@@ -1,7 +1,6 @@
 """Execution ownership: owner tokens, leases and the control a runner observes.
 
 See docs/contract.md, Ownership and leases.
-
 A token is evidence of who runs an execution; the lease says until when that evidence is
 fresh. A runner renews its lease while it lives, so a launch finds an execution orphaned
 only when its lease ran out on the database clock (docs/etl-guide.md, "Liveness").

@@ -1,7 +1,6 @@
 """Job parameters, instance keys and their durable digests.
 
 See docs/contract.md, Job parameters and instance keys; docs/tables.md 3.7.
-
 The kind of a value is part of identity: `U64(1)`, `I64(1)` and `Bool(True)` are different
 values, and Python `bool` is never accepted where an integer kind is meant (or vice versa).
 Values are redacted in every repr (docs/contract.md, Redaction).
@@ -215,11 +214,7 @@ class JobParameters:
 
     @classmethod
     def from_pairs(cls, pairs: Iterable[tuple[ParameterName | str, JobParameter]]) -> JobParameters:
-        """Build from (name, parameter) pairs in any order.
-
-        Raises:
-            DuplicateParameter: a name occurs twice.
-        """
+        """Build from (name, parameter) pairs in any order; a name given twice is refused."""
         seen: dict[bytes, tuple[ParameterName, JobParameter]] = {}
         for raw_name, parameter in pairs:
             name = _as_name(raw_name)
@@ -281,11 +276,7 @@ class JobParameters:
         return cls.from_pairs(pairs)
 
     def with_parameter(self, name: ParameterName | str, parameter: JobParameter) -> JobParameters:
-        """Return a copy with one more parameter; this map is unchanged.
-
-        Raises:
-            DuplicateParameter: the name is already present (the first value is kept).
-        """
+        """Return a copy with one more parameter; a name already present is refused."""
         return JobParameters.from_pairs([*self.entries, (name, parameter)])
 
     def __len__(self) -> int:

@@ -1,7 +1,6 @@
 """Retention vocabulary: holds, purge requests and plans, retention records.
 
 See docs/contract.md, Retention vocabulary.
-
 The purge unit is a whole instance history (docs/contract.md, Retention and purge): a plan
 names instances, each with all its executions and their versions, and its digest binds
 the request and every (instance, execution, version) so that apply can tell whether

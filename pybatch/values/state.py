@@ -1,7 +1,6 @@
 """Checkpoint and ExecutionContext envelopes, bounded and versioned.
 
 See docs/contract.md, State envelopes.
-
 An envelope is `{"format", "format_version": 1, "schema", "schema_version", "payload": {..}}`.
 
 Floats in payloads are accepted. They are normalised at construction to the form that survives
@@ -299,12 +298,7 @@ class _DurableState:
         return len(self._encoded)
 
     def require_schema(self, schema: StateSchemaId, current_version: int) -> None:
-        """Check this state can be read by a component of `schema` up to `current_version`.
-
-        Raises:
-            StateSchemaMismatch: another schema id.
-            UnsupportedStateSchemaVersion: written by a newer schema version.
-        """
+        """Check this state can be read by a component of `schema` up to `current_version`."""
         if self.schema != schema:
             raise StateSchemaMismatch(kind=self._KIND)
         if self.schema_version > current_version:

@@ -1,7 +1,6 @@
 """BatchStatus, ExitStatus, FailureCategory and FailureSummary.
 
 See docs/contract.md, Statuses, exit codes and failures.
-
 Enum values are the durable codes; decoders refuse any other text (docs/contract.md, Fail closed).
 """
 
