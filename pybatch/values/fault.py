@@ -223,10 +223,6 @@ class RetryKey:
         SHA-256 over `"oxide-batch/retry-key/1"` ‖ definition digest ‖ u64be(len(step)) ‖ step
         (UTF-8) ‖ phase name ‖ 0x00 ‖ checkpoint digest ‖ u64be(ordinal). `ordinal` is the stable
         item or output ordinal (u64), not a `RetryOrdinal`.
-
-        Raises:
-            TypeError: an argument has the wrong type.
-            ValueError: a digest is not 32 bytes or `ordinal` is outside 0..2^64-1.
         """
         _check_digest(definition_digest, "definition digest")
         _check_digest(checkpoint_digest, "checkpoint digest")

@@ -67,13 +67,10 @@ def _require_int(value: object) -> int:
 
 
 def check_identifier(kind: IdentifierKind, value: int, *, storable: bool = True) -> int:
-    """Return `value` if it is a valid identifier of `kind`.
+    """Return `value` if it is a valid identifier of `kind` (the kind errors name).
 
-    Args:
-        kind: the identifier kind named in errors.
-        value: the candidate identifier.
-        storable: also require the bigint storage bound (the default); pass False to check
-            only the domain range 1..2^64-1, e.g. for generator output.
+    `storable` (the default) also requires the bigint storage bound; False checks only the
+    domain range 1..2^64-1, e.g. for generator output.
 
     Raises:
         ZeroIdentifier: the value is 0.

@@ -125,18 +125,10 @@ def apply_transition(
     *,
     counts_apply: bool,
 ) -> tuple[ExecutionMetadata, int]:
-    """Apply `transition` to `metadata` at `version`, checking in the order listed under Raises.
+    """Return the metadata after `transition` and `version + 1`, checking in the order below.
 
-    Args:
-        metadata: the current (locked) metadata.
-        version: the current stored version.
-        expected_version: the version the caller observed.
-        transition: the requested transition.
-        counts_apply: True for step executions, whose terminal-rollback flag increments
-            `rolled_back`; False for job executions, which carry no counters.
-
-    Returns:
-        The new metadata and the new version (`version + 1`).
+    `counts_apply` is True for step executions, whose terminal-rollback flag increments
+    `rolled_back`, and False for job executions, which carry no counters.
 
     Raises:
         StaleVersion: `expected_version != version` (checked first, even if also illegal).

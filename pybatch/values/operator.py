@@ -291,12 +291,7 @@ class RequestDigest:
     ) -> RequestDigest:
         """Digest a request with the canonical writer of docs/contract.md, Operator vocabulary.
 
-        Args:
-            action: the action; its code is written.
-            target: what the request acts on.
-            expected_version: the request's expected execution version, if any.
-            reason: the request's reason code, if any (written as "" when absent).
-            arguments: a launch or restart's definition, a recovery's arguments, or None.
+        `arguments` is a launch or restart's definition, a recovery's arguments, or None.
         """
         writer = CanonicalWriter(REQUEST_DIGEST_DOMAIN)
         writer.text(action.value)

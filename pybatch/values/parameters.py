@@ -59,7 +59,7 @@ class ParameterValueKind(Code):
     @property
     def display(self) -> str:
         """The kind's display name, used in reprs: String, I64, U64, Bool."""
-        return _DISPLAY[self]
+        return self.value.capitalize()
 
 
 _DIGEST_TAGS = {
@@ -67,12 +67,6 @@ _DIGEST_TAGS = {
     ParameterValueKind.I64: 2,
     ParameterValueKind.U64: 3,
     ParameterValueKind.BOOL: 4,
-}
-_DISPLAY = {
-    ParameterValueKind.STRING: "String",
-    ParameterValueKind.I64: "I64",
-    ParameterValueKind.U64: "U64",
-    ParameterValueKind.BOOL: "Bool",
 }
 
 

@@ -225,11 +225,7 @@ class RecoverySnapshot:
         Measured on the database clock (`server_time`) against the durable `updated_at`.
         That stamp came from a client the new-connection check held within `max_clock_skew`
         of the server, so the skew is added: a client slightly ahead never makes a live run
-        look stale.
-
-        Raises:
-            StaleThresholdOutOfRange: `threshold` is outside 1 min..24 h.
-            ClockSkewBoundOutOfRange: `max_clock_skew` is outside 100 ms..60 s.
+        look stale. Both bounds are checked as configuration is (1 min..24 h, 100 ms..60 s).
         """
         check_stale_threshold(threshold)
         check_max_clock_skew(max_clock_skew)

@@ -195,7 +195,7 @@ class _DurableState:
         """canonical_json of the envelope, around payload bytes that are already canonical.
 
         The payload is encoded once: the envelope's members, in canonical (sorted) order, are
-        written around it; `canonical_json(cls._envelope(...))` gives the same bytes.
+        written around it, the same bytes canonical_json gives for the whole envelope.
         """
         return b"".join(
             (
@@ -206,18 +206,6 @@ class _DurableState:
                 b"}",
             )
         )
-
-    @classmethod
-    def _envelope(
-        cls, schema: StateSchemaId, schema_version: int, payload: object
-    ) -> dict[str, object]:
-        return {
-            "format": cls._FORMAT,
-            "format_version": STATE_FORMAT_VERSION,
-            "payload": payload,
-            "schema": schema.value,
-            "schema_version": schema_version,
-        }
 
     @classmethod
     def empty(cls: type[_S]) -> _S:
