@@ -26,7 +26,8 @@ from pybatch.codecs._primitives import (
 )
 from pybatch.codecs.lifecycle import FAILURE_COLUMNS, INSTANT_COLUMNS
 from pybatch.codecs.operator import decode_operator_record
-from pybatch.codecs.steps import COUNT_COLUMNS
+from pybatch.codecs.partitions import PARTITION_HEAD_COLUMNS
+from pybatch.codecs.steps import COUNT_COLUMNS, STEP_HEAD_COLUMNS
 from pybatch.values.explorer import (
     DefinitionDescriptor,
     JobExecutionProjection,
@@ -84,12 +85,7 @@ EXECUTION_PROJECTION_COLUMNS = (
     "owner_recorded",
 )
 STEP_PROJECTION_COLUMNS = (
-    "id",
-    "job_execution_id",
-    "step_name",
-    "step_logical_id",
-    "status",
-    "exit_code",
+    *STEP_HEAD_COLUMNS,
     *COUNT_COLUMNS,
     *FAILURE_COLUMNS,
     "version",
@@ -98,13 +94,7 @@ STEP_PROJECTION_COLUMNS = (
     *_envelope_columns("context"),
 )
 PARTITION_PROJECTION_COLUMNS = (
-    "id",
-    "step_execution_id",
-    "worker_step_execution_id",
-    "partition_key",
-    "partition_ordinal",
-    "status",
-    "exit_code",
+    *PARTITION_HEAD_COLUMNS,
     *COUNT_COLUMNS,
     "version",
     *_envelope_columns("context"),

@@ -68,16 +68,8 @@ def decode_fault_state_columns(
     """Decode and verify the stored columns; corrupt state must stop all work.
 
     Only the payload members `checkpoint` and `entries` are read (other members are
-    ignored), and they are re-canonicalised because `jsonb` reorders keys.
-
-    Raises:
-        FaultStateEnvelopeInvalid: with `reason`, in check order, `unsupported format`,
-            `unsupported schema`, `unsupported schema version`, `malformed` (payload not an
-            object or a member missing), `too large`, `malformed` (checkpoint not 64
-            lower-case hex, entries not an array), `too many entries`, `malformed entry` /
-            `unknown enumeration` (per entry, in order), `duplicate key` /
-            `unsorted entries` (first offending pair), `checkpoint emptiness mismatch`,
-            `checksum mismatch`.
+    ignored), and they are re-canonicalised because `jsonb` reorders keys. Every refusal is
+    a FaultStateEnvelopeInvalid whose reason is the first rule broken, in the order below.
     """
     if _is_empty((format, schema, schema_version, payload, checksum)):
         return FaultStateEnvelope.EMPTY

@@ -27,8 +27,8 @@ from pybatch.values.partitions import PartitionKey, PartitionPlanEntry, StepPart
 from pybatch.values.state import STATE_FORMAT_VERSION, ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus
 
-#: The columns `decode_step_partition` reads.
-STEP_PARTITION_COLUMNS = (
+#: The leading columns of a step_partition row, in table order.
+PARTITION_HEAD_COLUMNS = (
     "id",
     "step_execution_id",
     "worker_step_execution_id",
@@ -36,6 +36,10 @@ STEP_PARTITION_COLUMNS = (
     "partition_ordinal",
     "status",
     "exit_code",
+)
+#: The columns `decode_step_partition` reads.
+STEP_PARTITION_COLUMNS = (
+    *PARTITION_HEAD_COLUMNS,
     *COUNT_COLUMNS,
     *CONTEXT_COLUMNS,
     "context_checksum",

@@ -53,14 +53,18 @@ CHECKPOINT_COLUMNS = tuple(f"checkpoint_{part}" for part in _STATE_PARTS)
 #: The four columns of a step's execution-context envelope.
 CONTEXT_COLUMNS = tuple(f"context_{part}" for part in _STATE_PARTS)
 
-#: Columns `decode_step_execution` reads (fault-state columns belong to the fault-state codec).
-STEP_EXECUTION_COLUMNS = (
+#: The leading columns of a step_execution row, in table order.
+STEP_HEAD_COLUMNS = (
     "id",
     "job_execution_id",
     "step_name",
     "step_logical_id",
     "status",
     "exit_code",
+)
+#: Columns `decode_step_execution` reads (fault-state columns belong to the fault-state codec).
+STEP_EXECUTION_COLUMNS = (
+    *STEP_HEAD_COLUMNS,
     *COUNT_COLUMNS,
     *CHECKPOINT_COLUMNS,
     *CONTEXT_COLUMNS,
