@@ -65,8 +65,8 @@ class ExplorerQuery(enum.Enum):
 
     @property
     def query_name(self) -> str:
-        """The contract's name of the query (`list_job_names`, ...)."""
-        return _QUERY_NAMES[self]
+        """The contract's name of the query (`list_job_names`, ...); cursor bindings hash it."""
+        return f"list_{self.name.lower()}"
 
     @property
     def key_kind(self) -> type[CursorKey]:
@@ -109,17 +109,6 @@ class NameKey:
 
 CursorKey = IdentityKey | OrderedKey | NameKey
 
-_QUERY_NAMES = {
-    ExplorerQuery.JOB_NAMES: "list_job_names",
-    ExplorerQuery.INSTANCES: "list_instances",
-    ExplorerQuery.EXECUTIONS: "list_executions",
-    ExplorerQuery.STEP_EXECUTIONS: "list_step_executions",
-    ExplorerQuery.UNRESOLVED_EXECUTIONS: "list_unresolved_executions",
-    ExplorerQuery.RECOVERY_DECISIONS: "list_recovery_decisions",
-    ExplorerQuery.FLOW_DECISIONS: "list_flow_decisions",
-    ExplorerQuery.STEP_PARTITIONS: "list_step_partitions",
-    ExplorerQuery.OPERATOR_REQUESTS: "list_operator_requests",
-}
 _KEY_KINDS: dict[ExplorerQuery, type[CursorKey]] = {
     ExplorerQuery.JOB_NAMES: NameKey,
     ExplorerQuery.INSTANCES: IdentityKey,

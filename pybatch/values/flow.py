@@ -80,10 +80,7 @@ class TerminalKind(enum.Enum):
     @classmethod
     def from_manifest_name(cls, name: object) -> TerminalKind | None:
         """The kind a manifest names, or None for anything else."""
-        for kind in cls:
-            if kind.manifest_name == name:
-                return kind
-        return None
+        return next((kind for kind in cls if kind.manifest_name == name), None)
 
 
 class FlowTransitionKind(enum.Enum):
