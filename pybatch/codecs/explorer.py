@@ -194,7 +194,7 @@ def decode_instance_projection(row: Row) -> JobInstanceProjection:
 
 
 def _lifecycle(row: Row) -> dict[str, Any]:
-    """The status, counts, version, instants and failure every execution projection carries."""
+    """The status, exit code, counts and version every execution, step and partition carries."""
     return {
         "status": enum_at(BatchStatus, row, "status"),
         "exit_code": text_at(row, "exit_code"),
@@ -204,6 +204,7 @@ def _lifecycle(row: Row) -> dict[str, Any]:
 
 
 def _instants(row: Row) -> dict[str, Any]:
+    """The four instants and the failure of an execution or step, in their JSON order."""
     return {
         "created_at": aware_at(row, "created_at"),
         "started_at": optional_aware_at(row, "started_at"),
