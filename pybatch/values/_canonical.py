@@ -11,6 +11,7 @@ import json
 import math
 import struct
 from collections.abc import Mapping
+from typing import NoReturn
 
 from pybatch.errors import JsonNotEncodable
 
@@ -132,6 +133,11 @@ def _write_object(value: Mapping[object, object], parts: list[str]) -> None:
         parts.append(":")
         _write(value[key], parts)
     parts.append("}")
+
+
+def reject_constant(name: str) -> NoReturn:
+    """A json.loads `parse_constant` that refuses NaN and infinity, which are not JSON."""
+    raise ValueError("NaN and infinity are not JSON")
 
 
 def sha256(data: bytes) -> bytes:

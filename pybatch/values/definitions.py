@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, ClassVar, NoReturn
+from typing import Any, ClassVar
 
 import attrs
 
@@ -24,7 +24,7 @@ from pybatch.errors import (
     UnsupportedManifestVersion,
     UpgradeSelfEdge,
 )
-from pybatch.values._canonical import canonical_json, sha256
+from pybatch.values._canonical import canonical_json, reject_constant, sha256
 from pybatch.values._fields import is_, maybe
 from pybatch.values.names import DefinitionRevision, DefinitionUpgradeKey, JobName, StepName
 
@@ -61,16 +61,12 @@ def _contains_float(document: object) -> bool:
         raise ManifestInvalid(reason="nesting too deep") from None
 
 
-def _reject_constant(name: str) -> NoReturn:
-    raise ValueError("NaN and infinity are not JSON")
-
-
 def _parse_canonical_manifest(data: bytes) -> dict[str, Any]:
     """Parse canonical manifest bytes, refusing anything the manifest reader refuses."""
     if len(data) > MANIFEST_MAX_BYTES:
         raise ManifestTooLarge(max_bytes=MANIFEST_MAX_BYTES)
     try:
-        document = json.loads(data, parse_constant=_reject_constant)
+        document = json.loads(data, parse_constant=reject_constant)
     except (ValueError, RecursionError):
         raise ManifestInvalid(reason="not valid JSON") from None
     if not isinstance(document, dict):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any, ClassVar, NoReturn, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import attrs
 
@@ -33,7 +33,7 @@ from pybatch.errors import (
     UnsupportedStateSchemaVersion,
     ZeroSchemaVersion,
 )
-from pybatch.values._canonical import canonical_json, sha256
+from pybatch.values._canonical import canonical_json, reject_constant, sha256
 from pybatch.values.names import StateSchemaId
 
 #: Envelope format name of a checkpoint (kept byte for byte).
@@ -59,14 +59,12 @@ _U32_MAX = 2**32 - 1
 _S = TypeVar("_S", bound="_DurableState")
 
 
-def _check_bytes(instance: StateLimits, attribute: attrs.Attribute[int], value: int) -> None:
-    if type(value) is not int or not 1 <= value <= _MAX_BYTES:
-        raise InvalidStateByteLimit(maximum=_MAX_BYTES)
+def _limit(maximum: int, error: type[InvalidStateByteLimit | InvalidStateDepthLimit]) -> Any:
+    def check(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+        if type(value) is not int or not 1 <= value <= maximum:
+            raise error(maximum=maximum)
 
-
-def _check_depth(instance: StateLimits, attribute: attrs.Attribute[int], value: int) -> None:
-    if type(value) is not int or not 1 <= value <= _MAX_DEPTH:
-        raise InvalidStateDepthLimit(maximum=_MAX_DEPTH)
+    return check
 
 
 @attrs.frozen
@@ -77,8 +75,10 @@ class StateLimits:
     depth 2 and `{"payload": {"a": 1}}` depth 3.
     """
 
-    max_bytes: int = attrs.field(default=64 * 1024, validator=_check_bytes)
-    max_depth: int = attrs.field(default=16, validator=_check_depth)
+    max_bytes: int = attrs.field(
+        default=64 * 1024, validator=_limit(_MAX_BYTES, InvalidStateByteLimit)
+    )
+    max_depth: int = attrs.field(default=16, validator=_limit(_MAX_DEPTH, InvalidStateDepthLimit))
 
     #: Limits for durable step state (checkpoint and context columns).
     STEP: ClassVar[StateLimits]
@@ -101,10 +101,6 @@ def _depth_exceeds(value: object, limit: int) -> bool:
     return False
 
 
-def _reject_constant(name: str) -> NoReturn:
-    raise ValueError("NaN and infinity are not JSON")
-
-
 def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result = dict(pairs)
     if len(result) != len(pairs):
@@ -114,7 +110,7 @@ def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _strict_loads(data: bytes) -> Any:
     """Parse JSON refusing NaN/Infinity and duplicate keys (callers map ValueError)."""
-    return json.loads(data, parse_constant=_reject_constant, object_pairs_hook=_unique_object)
+    return json.loads(data, parse_constant=reject_constant, object_pairs_hook=_unique_object)
 
 
 @functools.lru_cache(maxsize=4)
