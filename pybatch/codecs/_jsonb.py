@@ -17,8 +17,6 @@ from psycopg.types.json import Jsonb, set_json_loads
 from pybatch.codecs._primitives import DecodeError
 from pybatch.values._canonical import canonical_json
 
-__all__ = ["CanonicalJsonb", "install_strict_json_loads", "to_jsonb"]
-
 
 def _strict_loads(data: str | bytes) -> Any:
     """json.loads whose failures (a 5,000-digit number, nesting too deep) are DecodeErrors.
@@ -48,9 +46,5 @@ class CanonicalJsonb(Jsonb):
 
 
 def to_jsonb(document: Mapping[str, object]) -> CanonicalJsonb:
-    """Wrap a JSON object for binding to a jsonb parameter, dumped as canonical JSON.
-
-    Raises:
-        JsonNotEncodable: when psycopg dumps it, if the document is not JSON (NaN, ...).
-    """
+    """Wrap a JSON object for a jsonb parameter; psycopg dumps it as canonical JSON."""
     return CanonicalJsonb(document, dumps=canonical_json)

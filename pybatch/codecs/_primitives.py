@@ -15,23 +15,6 @@ from typing import TypeVar, cast
 from pybatch.errors import PyBatchError
 from pybatch.values.ids import INT64_MAX
 
-__all__ = [
-    "DecodeError",
-    "Row",
-    "decode_aware",
-    "decode_bool",
-    "decode_digest",
-    "decode_enum",
-    "decode_int64",
-    "decode_json_object",
-    "decode_optional_aware",
-    "decode_optional_int64",
-    "decode_text",
-    "decode_text_value",
-    "returned",
-    "row_columns",
-]
-
 #: A result row as the statement loader returns it: column name to driver value.
 Row = Mapping[str, object]
 
@@ -144,17 +127,64 @@ def decode_text_value(factory: Callable[[str], _T], value: object, *, column: st
         raise DecodeError(column) from None
 
 
+# --------------------------------------------------------------------------- row readers
+# Each reads `row[column]` and names that same column in its DecodeError, so a decoder says
+# once which column it reads.
+
+
+def int64_at(row: Row, column: str, minimum: int = 1) -> int:
+    """`decode_int64` of `row[column]` (an id by default: minimum 1)."""
+    return decode_int64(row[column], column=column, minimum=minimum)
+
+
+def optional_int64_at(row: Row, column: str, minimum: int = 1) -> int | None:
+    """`decode_optional_int64` of `row[column]`."""
+    return decode_optional_int64(row[column], column=column, minimum=minimum)
+
+
+def text_at(row: Row, column: str) -> str:
+    """`decode_text` of `row[column]`."""
+    return decode_text(row[column], column=column)
+
+
+def aware_at(row: Row, column: str) -> _dt.datetime:
+    """`decode_aware` of `row[column]`."""
+    return decode_aware(row[column], column=column)
+
+
+def optional_aware_at(row: Row, column: str) -> _dt.datetime | None:
+    """`decode_optional_aware` of `row[column]`."""
+    return decode_optional_aware(row[column], column=column)
+
+
+def digest_at(row: Row, column: str) -> bytes:
+    """`decode_digest` (32 bytes) of `row[column]`."""
+    return decode_digest(row[column], column=column)
+
+
+def enum_at(enum_cls: type[_E], row: Row, column: str) -> _E:
+    """`decode_enum` of `row[column]`."""
+    return decode_enum(enum_cls, row[column], column=column)
+
+
+def optional_enum_at(enum_cls: type[_E], row: Row, column: str) -> _E | None:
+    """`decode_enum` of `row[column]`, NULL passed through as None."""
+    value = row[column]
+    return None if value is None else decode_enum(enum_cls, value, column=column)
+
+
+def text_value_at(factory: Callable[[str], _T], row: Row, column: str) -> _T:
+    """`decode_text_value` of `row[column]`."""
+    return decode_text_value(factory, row[column], column=column)
+
+
 def row_columns(row: Row, columns: tuple[str, ...]) -> dict[str, object]:
     """Read exactly `columns` with `row[column]` (a missing column is a KeyError: a bug)."""
     return {column: row[column] for column in columns}
 
 
 def returned(row: Row | None) -> Row:
-    """The row of a statement that always returns one (`INSERT ... RETURNING`, an aggregate).
-
-    Raises:
-        DecodeError: there was no row, so the statement did not do what it says.
-    """
+    """The row of a statement that always returns one; no row means it did not do its work."""
     if row is None:
         raise DecodeError("row")
     return row

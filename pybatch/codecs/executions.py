@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-from pybatch.codecs._primitives import (
-    DecodeError,
-    Row,
-    decode_int64,
-    decode_optional_int64,
-    row_columns,
+from pybatch.codecs._primitives import DecodeError, Row, int64_at, optional_int64_at, row_columns
+from pybatch.codecs.lifecycle import (
+    FAILURE_COLUMNS,
+    INSTANT_COLUMNS,
+    decode_metadata,
+    decode_updated_at,
 )
-from pybatch.codecs.lifecycle import decode_metadata, decode_updated_at
 from pybatch.values.counts import ExecutionCounts
-from pybatch.values.ids import (
-    DefinitionId,
-    JobExecutionId,
-    JobInstanceId,
-)
+from pybatch.values.ids import DefinitionId, JobExecutionId, JobInstanceId
 from pybatch.values.records import JobExecution
-
-__all__ = [
-    "JOB_EXECUTION_COLUMNS",
-    "decode_job_execution",
-]
 
 #: Columns `decode_job_execution` reads (no counters).
 JOB_EXECUTION_COLUMNS = (
@@ -33,12 +23,8 @@ JOB_EXECUTION_COLUMNS = (
     "attempt",
     "status",
     "exit_code",
-    "failure_category",
-    "failure_id",
-    "created_at",
-    "started_at",
-    "ended_at",
-    "updated_at",
+    *FAILURE_COLUMNS,
+    *INSTANT_COLUMNS,
     "version",
 )
 
@@ -48,29 +34,23 @@ _I32_MAX = 2**31 - 1
 def decode_job_execution(row: Row) -> JobExecution:
     """Decode a job_execution row (columns `JOB_EXECUTION_COLUMNS`); counters are zero."""
     values = row_columns(row, JOB_EXECUTION_COLUMNS)
-    execution_id = decode_int64(values["id"], column="id", minimum=1)
-    instance_id = decode_int64(values["job_instance_id"], column="job_instance_id", minimum=1)
-    definition_id = decode_int64(values["definition_id"], column="definition_id", minimum=1)
-    upgrade_from = decode_optional_int64(
-        values["upgrade_from_definition_id"], column="upgrade_from_definition_id", minimum=1
-    )
-    restart_of = decode_optional_int64(
-        values["restart_of_execution_id"], column="restart_of_execution_id", minimum=1
-    )
-    attempt = decode_int64(values["attempt"], column="attempt", minimum=1)
+    execution_id = int64_at(values, "id")
+    instance_id = int64_at(values, "job_instance_id")
+    definition_id = int64_at(values, "definition_id")
+    upgrade_from = optional_int64_at(values, "upgrade_from_definition_id")
+    restart_of = optional_int64_at(values, "restart_of_execution_id")
+    attempt = int64_at(values, "attempt")
     if attempt > _I32_MAX:
         raise DecodeError("attempt")
     metadata = decode_metadata(values, ExecutionCounts())
-    updated_at = decode_updated_at(values, metadata)
-    version = decode_int64(values["version"], column="version", minimum=0)
     return JobExecution(
         id=JobExecutionId(execution_id),
         job_instance_id=JobInstanceId(instance_id),
         attempt=attempt,
         definition_id=DefinitionId(definition_id),
         metadata=metadata,
-        version=version,
-        updated_at=updated_at,
+        updated_at=decode_updated_at(values, metadata),
+        version=int64_at(values, "version", 0),
         restart_of_execution_id=None if restart_of is None else JobExecutionId(restart_of),
         upgrade_from_definition_id=None if upgrade_from is None else DefinitionId(upgrade_from),
     )

@@ -7,21 +7,27 @@ as `Repository(Unavailable)`), including a derived counter total above 2**63-1.
 from __future__ import annotations
 
 import decimal
+from typing import Any
 
 from pybatch.codecs import flow, recovery
 from pybatch.codecs._primitives import (
     DecodeError,
     Row,
-    decode_aware,
-    decode_digest,
-    decode_enum,
+    aware_at,
     decode_int64,
-    decode_optional_aware,
-    decode_optional_int64,
-    decode_text,
+    digest_at,
+    enum_at,
+    int64_at,
+    optional_aware_at,
+    optional_enum_at,
+    optional_int64_at,
     row_columns,
+    text_at,
 )
+from pybatch.codecs.lifecycle import FAILURE_COLUMNS, INSTANT_COLUMNS
 from pybatch.codecs.operator import decode_operator_record
+from pybatch.codecs.partitions import PARTITION_HEAD_COLUMNS
+from pybatch.codecs.steps import COUNT_COLUMNS, STEP_HEAD_COLUMNS
 from pybatch.values.explorer import (
     DefinitionDescriptor,
     JobExecutionProjection,
@@ -34,27 +40,12 @@ from pybatch.values.explorer import (
     StepExecutionProjection,
     StepPartitionProjection,
 )
-from pybatch.values.flow import FlowDecision
 from pybatch.values.ids import INT64_MAX, FailureId
-from pybatch.values.operator import OperatorRecord
-from pybatch.values.recovery import RecoveryDecision
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 
-__all__ = [
-    "EXECUTION_PROJECTION_COLUMNS",
-    "INSTANCE_PROJECTION_COLUMNS",
-    "JOB_NAME_SUMMARY_COLUMNS",
-    "PARTITION_PROJECTION_COLUMNS",
-    "STEP_PROJECTION_COLUMNS",
-    "decode_execution_projection",
-    "decode_flow_decision",
-    "decode_instance_projection",
-    "decode_job_name_summary",
-    "decode_operator_request",
-    "decode_partition_projection",
-    "decode_recovery_decision",
-    "decode_step_projection",
-]
+
+def _envelope_columns(prefix: str) -> tuple[str, ...]:
+    return tuple(f"{prefix}_{part}" for part in ("format", "schema", "schema_version", "bytes"))
 
 
 #: Columns each decoder reads, in the order queries/explorer.sql selects them.
@@ -81,89 +72,36 @@ EXECUTION_PROJECTION_COLUMNS = (
     "attempt",
     "status",
     "exit_code",
-    "failure_category",
-    "failure_id",
-    "created_at",
-    "started_at",
-    "ended_at",
-    "updated_at",
+    *FAILURE_COLUMNS,
+    *INSTANT_COLUMNS,
     "stop_requested_at",
     "stop_requested_by",
     "version",
     "definition_revision",
     "manifest_format",
     "manifest_digest",
-    "context_format",
-    "context_schema",
-    "context_schema_version",
-    "context_bytes",
-    "read_count",
-    "processed_count",
-    "write_count",
-    "filter_count",
-    "commit_count",
-    "rollback_count",
+    *_envelope_columns("context"),
+    *COUNT_COLUMNS,
     "owner_recorded",
 )
 STEP_PROJECTION_COLUMNS = (
-    "id",
-    "job_execution_id",
-    "step_name",
-    "step_logical_id",
-    "status",
-    "exit_code",
-    "read_count",
-    "processed_count",
-    "write_count",
-    "filter_count",
-    "commit_count",
-    "rollback_count",
-    "failure_category",
-    "failure_id",
+    *STEP_HEAD_COLUMNS,
+    *COUNT_COLUMNS,
+    *FAILURE_COLUMNS,
     "version",
-    "created_at",
-    "started_at",
-    "ended_at",
-    "updated_at",
-    "checkpoint_format",
-    "checkpoint_schema",
-    "checkpoint_schema_version",
-    "checkpoint_bytes",
-    "context_format",
-    "context_schema",
-    "context_schema_version",
-    "context_bytes",
+    *INSTANT_COLUMNS,
+    *_envelope_columns("checkpoint"),
+    *_envelope_columns("context"),
 )
 PARTITION_PROJECTION_COLUMNS = (
-    "id",
-    "step_execution_id",
-    "worker_step_execution_id",
-    "partition_key",
-    "partition_ordinal",
-    "status",
-    "exit_code",
-    "read_count",
-    "processed_count",
-    "write_count",
-    "filter_count",
-    "commit_count",
-    "rollback_count",
+    *PARTITION_HEAD_COLUMNS,
+    *COUNT_COLUMNS,
     "version",
-    "context_format",
-    "context_schema",
-    "context_schema_version",
-    "context_bytes",
+    *_envelope_columns("context"),
 )
 
 _PARAMETER_KINDS = frozenset({"string", "i64", "u64", "bool"})
-_COUNT_COLUMNS = (
-    ("read", "read_count"),
-    ("processed", "processed_count"),
-    ("written", "write_count"),
-    ("filtered", "filter_count"),
-    ("commits", "commit_count"),
-    ("rollbacks", "rollback_count"),
-)
+_COUNT_FIELDS = ("read", "processed", "written", "filtered", "commits", "rollbacks")
 
 
 def _count(value: object, *, column: str) -> int:
@@ -179,7 +117,10 @@ def _count(value: object, *, column: str) -> int:
 
 def _counts(row: Row) -> ProjectionCounts:
     return ProjectionCounts(
-        **{name: _count(row[column], column=column) for name, column in _COUNT_COLUMNS}
+        **{
+            name: _count(row[column], column=column)
+            for name, column in zip(_COUNT_FIELDS, COUNT_COLUMNS, strict=True)
+        }
     )
 
 
@@ -190,41 +131,28 @@ def _failure(row: Row) -> FailureSummary | None:
     if category is None or failure_id is None:
         raise DecodeError("failure_category")
     return FailureSummary(
-        decode_enum(FailureCategory, category, column="failure_category"),
-        FailureId(decode_int64(failure_id, column="failure_id", minimum=1)),
+        enum_at(FailureCategory, row, "failure_category"), FailureId(int64_at(row, "failure_id"))
     )
 
 
 def _envelope(row: Row, prefix: str) -> StateEnvelopeDescriptor:
     return StateEnvelopeDescriptor(
         kind=prefix,
-        format_version=decode_int64(row[f"{prefix}_format"], column=f"{prefix}_format", minimum=1),
-        schema_id=decode_text(row[f"{prefix}_schema"], column=f"{prefix}_schema"),
-        schema_version=decode_int64(
-            row[f"{prefix}_schema_version"], column=f"{prefix}_schema_version", minimum=1
-        ),
-        encoded_len=decode_int64(row[f"{prefix}_bytes"], column=f"{prefix}_bytes", minimum=0),
+        format_version=int64_at(row, f"{prefix}_format"),
+        schema_id=text_at(row, f"{prefix}_schema"),
+        schema_version=int64_at(row, f"{prefix}_schema_version"),
+        encoded_len=int64_at(row, f"{prefix}_bytes", 0),
     )
-
-
-def _status(row: Row, column: str = "status") -> BatchStatus:
-    return decode_enum(BatchStatus, row[column], column=column)
 
 
 def decode_job_name_summary(row: Row) -> JobNameSummary:
     """Decode an explore_job_names row."""
     row = row_columns(row, JOB_NAME_SUMMARY_COLUMNS)
-    latest_id = decode_optional_int64(
-        row["latest_execution_id"], column="latest_execution_id", minimum=1
-    )
-    status = row["latest_status"]
     return JobNameSummary(
-        job_name=decode_text(row["job_name"], column="job_name"),
-        latest_execution_id=latest_id,
-        latest_status=None if status is None else _status(row, "latest_status"),
-        latest_updated_at=decode_optional_aware(
-            row["latest_updated_at"], column="latest_updated_at"
-        ),
+        job_name=text_at(row, "job_name"),
+        latest_execution_id=optional_int64_at(row, "latest_execution_id"),
+        latest_status=optional_enum_at(BatchStatus, row, "latest_status"),
+        latest_updated_at=optional_aware_at(row, "latest_updated_at"),
     )
 
 
@@ -252,19 +180,38 @@ def decode_instance_projection(row: Row) -> JobInstanceProjection:
         None
         if actor is None
         else RetentionHold(
-            actor=decode_text(actor, column="hold_actor"),
-            reason=decode_text(reason, column="hold_reason"),
-            placed_at=decode_aware(placed, column="hold_placed_at"),
+            text_at(row, "hold_actor"), text_at(row, "hold_reason"), aware_at(row, "hold_placed_at")
         )
     )
     return JobInstanceProjection(
-        id=decode_int64(row["id"], column="id", minimum=1),
-        job_name=decode_text(row["job_name"], column="job_name"),
-        instance_key_digest=decode_digest(row["instance_key"], column="instance_key"),
+        id=int64_at(row, "id"),
+        job_name=text_at(row, "job_name"),
+        instance_key_digest=digest_at(row, "instance_key"),
         parameters=tuple(sorted(parameters, key=lambda p: p.name.encode())),
-        created_at=decode_aware(row["created_at"], column="created_at"),
+        created_at=aware_at(row, "created_at"),
         hold=hold,
     )
+
+
+def _lifecycle(row: Row) -> dict[str, Any]:
+    """The status, exit code, counts and version every execution, step and partition carries."""
+    return {
+        "status": enum_at(BatchStatus, row, "status"),
+        "exit_code": text_at(row, "exit_code"),
+        "counts": _counts(row),
+        "version": int64_at(row, "version", 0),
+    }
+
+
+def _instants(row: Row) -> dict[str, Any]:
+    """The four instants and the failure of an execution or step, in their JSON order."""
+    return {
+        "created_at": aware_at(row, "created_at"),
+        "started_at": optional_aware_at(row, "started_at"),
+        "ended_at": optional_aware_at(row, "ended_at"),
+        "updated_at": aware_at(row, "updated_at"),
+        "failure": _failure(row),
+    }
 
 
 def decode_execution_projection(row: Row) -> JobExecutionProjection:
@@ -273,36 +220,24 @@ def decode_execution_projection(row: Row) -> JobExecutionProjection:
     owner = row["owner_recorded"]
     if type(owner) is not bool:
         raise DecodeError("owner_recorded")
-    stop_at = decode_optional_aware(row["stop_requested_at"], column="stop_requested_at")
-    stop_by = row["stop_requested_by"]
-    if (stop_at is None) != (stop_by is None):
+    stop_at = optional_aware_at(row, "stop_requested_at")
+    if (stop_at is None) != (row["stop_requested_by"] is None):
         raise DecodeError("stop_requested_by")
     return JobExecutionProjection(
-        id=decode_int64(row["id"], column="id", minimum=1),
-        instance_id=decode_int64(row["job_instance_id"], column="job_instance_id", minimum=1),
-        job_name=decode_text(row["job_name"], column="job_name"),
-        attempt=decode_int64(row["attempt"], column="attempt", minimum=1),
-        status=_status(row),
-        exit_code=decode_text(row["exit_code"], column="exit_code"),
-        counts=_counts(row),
-        version=decode_int64(row["version"], column="version", minimum=0),
-        created_at=decode_aware(row["created_at"], column="created_at"),
-        started_at=decode_optional_aware(row["started_at"], column="started_at"),
-        ended_at=decode_optional_aware(row["ended_at"], column="ended_at"),
-        updated_at=decode_aware(row["updated_at"], column="updated_at"),
-        failure=_failure(row),
+        id=int64_at(row, "id"),
+        instance_id=int64_at(row, "job_instance_id"),
+        job_name=text_at(row, "job_name"),
+        attempt=int64_at(row, "attempt"),
+        **_lifecycle(row),
+        **_instants(row),
         definition=DefinitionDescriptor(
-            revision=decode_text(row["definition_revision"], column="definition_revision"),
-            manifest_format=decode_int64(
-                row["manifest_format"], column="manifest_format", minimum=1
-            ),
-            manifest_digest=decode_digest(row["manifest_digest"], column="manifest_digest"),
+            revision=text_at(row, "definition_revision"),
+            manifest_format=int64_at(row, "manifest_format"),
+            manifest_digest=digest_at(row, "manifest_digest"),
         ),
         context=_envelope(row, "context"),
         stop_requested_at=stop_at,
-        stop_requested_by=(
-            None if stop_by is None else decode_text(stop_by, column="stop_requested_by")
-        ),
+        stop_requested_by=None if stop_at is None else text_at(row, "stop_requested_by"),
         owner_recorded=owner,
     )
 
@@ -311,21 +246,12 @@ def decode_step_projection(row: Row) -> StepExecutionProjection:
     """Decode an explore_step_executions row."""
     row = row_columns(row, STEP_PROJECTION_COLUMNS)
     return StepExecutionProjection(
-        id=decode_int64(row["id"], column="id", minimum=1),
-        job_execution_id=decode_int64(
-            row["job_execution_id"], column="job_execution_id", minimum=1
-        ),
-        step_name=decode_text(row["step_name"], column="step_name"),
-        node_id=decode_text(row["step_logical_id"], column="step_logical_id"),
-        status=_status(row),
-        exit_code=decode_text(row["exit_code"], column="exit_code"),
-        counts=_counts(row),
-        version=decode_int64(row["version"], column="version", minimum=0),
-        created_at=decode_aware(row["created_at"], column="created_at"),
-        started_at=decode_optional_aware(row["started_at"], column="started_at"),
-        ended_at=decode_optional_aware(row["ended_at"], column="ended_at"),
-        updated_at=decode_aware(row["updated_at"], column="updated_at"),
-        failure=_failure(row),
+        id=int64_at(row, "id"),
+        job_execution_id=int64_at(row, "job_execution_id"),
+        step_name=text_at(row, "step_name"),
+        node_id=text_at(row, "step_logical_id"),
+        **_lifecycle(row),
+        **_instants(row),
         checkpoint=_envelope(row, "checkpoint"),
         context=_envelope(row, "context"),
     )
@@ -335,33 +261,17 @@ def decode_partition_projection(row: Row) -> StepPartitionProjection:
     """Decode an explore_step_partitions row."""
     row = row_columns(row, PARTITION_PROJECTION_COLUMNS)
     return StepPartitionProjection(
-        id=decode_int64(row["id"], column="id", minimum=1),
-        step_execution_id=decode_int64(
-            row["step_execution_id"], column="step_execution_id", minimum=1
-        ),
-        partition_key=decode_text(row["partition_key"], column="partition_key"),
-        ordinal=decode_int64(row["partition_ordinal"], column="partition_ordinal", minimum=1),
-        status=_status(row),
-        exit_code=decode_text(row["exit_code"], column="exit_code"),
-        counts=_counts(row),
-        version=decode_int64(row["version"], column="version", minimum=0),
-        worker_step_execution_id=decode_optional_int64(
-            row["worker_step_execution_id"], column="worker_step_execution_id", minimum=1
-        ),
+        id=int64_at(row, "id"),
+        step_execution_id=int64_at(row, "step_execution_id"),
+        partition_key=text_at(row, "partition_key"),
+        ordinal=int64_at(row, "partition_ordinal"),
+        **_lifecycle(row),
+        worker_step_execution_id=optional_int64_at(row, "worker_step_execution_id"),
         context=_envelope(row, "context"),
     )
 
 
-def decode_recovery_decision(row: Row) -> RecoveryDecision:
-    """Decode an explore_recovery_decisions row (the recovery codec, one place)."""
-    return recovery.decode_recovery_decision(row)
-
-
-def decode_flow_decision(row: Row) -> FlowDecision:
-    """Decode an explore_flow_decisions row (the flow codec, one place)."""
-    return flow.decode_flow_decision(row)
-
-
-def decode_operator_request(row: Row) -> OperatorRecord:
-    """Decode an explore_operator_requests row (the operator codec, one place)."""
-    return decode_operator_record(row)
+#: The explorer's recovery, flow and operator listings decode with their own tables' codecs.
+decode_recovery_decision = recovery.decode_recovery_decision
+decode_flow_decision = flow.decode_flow_decision
+decode_operator_request = decode_operator_record

@@ -27,16 +27,6 @@ from pybatch.values.fault import (
 )
 from pybatch.values.status import BatchStatus
 
-__all__ = [
-    "FAULT_STATE_COLUMNS",
-    "LOCKED_FAULT_STATE_COLUMNS",
-    "FaultStateColumns",
-    "decode_fault_state",
-    "decode_fault_state_columns",
-    "decode_locked_fault_state",
-    "encode_fault_state",
-]
-
 #: Columns `decode_fault_state` reads.
 FAULT_STATE_COLUMNS = (
     "fault_state_format",
@@ -78,16 +68,8 @@ def decode_fault_state_columns(
     """Decode and verify the stored columns; corrupt state must stop all work.
 
     Only the payload members `checkpoint` and `entries` are read (other members are
-    ignored), and they are re-canonicalised because `jsonb` reorders keys.
-
-    Raises:
-        FaultStateEnvelopeInvalid: with `reason`, in check order, `unsupported format`,
-            `unsupported schema`, `unsupported schema version`, `malformed` (payload not an
-            object or a member missing), `too large`, `malformed` (checkpoint not 64
-            lower-case hex, entries not an array), `too many entries`, `malformed entry` /
-            `unknown enumeration` (per entry, in order), `duplicate key` /
-            `unsorted entries` (first offending pair), `checkpoint emptiness mismatch`,
-            `checksum mismatch`.
+    ignored), and they are re-canonicalised because `jsonb` reorders keys. Every refusal is
+    a FaultStateEnvelopeInvalid whose reason is the first rule broken, in the order below.
     """
     if _is_empty((format, schema, schema_version, payload, checksum)):
         return FaultStateEnvelope.EMPTY
@@ -129,12 +111,7 @@ LOCKED_FAULT_STATE_COLUMNS = ("status", "version", *CHECKPOINT_COLUMNS, *FAULT_S
 
 
 def decode_locked_fault_state(row: Row) -> LockedFaultState:
-    """Decode a lock_step_fault_state row (columns `LOCKED_FAULT_STATE_COLUMNS`).
-
-    Raises:
-        FaultStateEnvelopeInvalid: the envelope is corrupt.
-        DecodeError: another column is.
-    """
+    """Decode a lock_step_fault_state row (columns `LOCKED_FAULT_STATE_COLUMNS`)."""
     values = row_columns(row, LOCKED_FAULT_STATE_COLUMNS)
     envelope = decode_fault_state(values)
     return LockedFaultState(

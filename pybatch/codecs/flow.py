@@ -9,12 +9,14 @@ from __future__ import annotations
 from pybatch.codecs._primitives import (
     DecodeError,
     Row,
-    decode_aware,
-    decode_digest,
+    aware_at,
     decode_enum,
-    decode_int64,
-    decode_optional_int64,
     decode_text,
+    digest_at,
+    enum_at,
+    int64_at,
+    optional_int64_at,
+    text_at,
 )
 from pybatch.errors import FlowStateCorrupt, PyBatchError
 from pybatch.values.flow import (
@@ -25,8 +27,6 @@ from pybatch.values.flow import (
     TerminalKind,
 )
 from pybatch.values.names import ExitCode, NodeId
-
-__all__ = ["FLOW_DECISION_COLUMNS", "decode_flow_decision", "encode_flow_decision_request"]
 
 #: The columns `decode_flow_decision` reads.
 FLOW_DECISION_COLUMNS = (
@@ -56,33 +56,21 @@ def _target(row: Row) -> FlowTarget:
 
 
 def decode_flow_decision(row: Row) -> FlowDecision:
-    """Decode one flow_decision row.
-
-    Raises:
-        FlowStateCorrupt: any column holds what the domain refuses.
-    """
+    """Decode one flow_decision row; any column the domain refuses is FlowStateCorrupt."""
     try:
         return FlowDecision(
-            id=decode_int64(row["id"], column="id", minimum=1),
-            job_execution_id=decode_int64(
-                row["job_execution_id"], column="job_execution_id", minimum=1
-            ),
-            sequence=decode_int64(row["sequence"], column="sequence", minimum=1),
-            source_node_id=NodeId(decode_text(row["source_node_id"], column="source_node_id")),
-            source_step_execution_id=decode_optional_int64(
-                row["source_step_execution_id"], column="source_step_execution_id", minimum=1
-            ),
-            kind=decode_enum(FlowTransitionKind, row["transition_kind"], column="transition_kind"),
-            observed_outcome=ExitCode(
-                decode_text(row["observed_outcome"], column="observed_outcome")
-            ),
+            id=int64_at(row, "id"),
+            job_execution_id=int64_at(row, "job_execution_id"),
+            sequence=int64_at(row, "sequence"),
+            source_node_id=NodeId(text_at(row, "source_node_id")),
+            source_step_execution_id=optional_int64_at(row, "source_step_execution_id"),
+            kind=enum_at(FlowTransitionKind, row, "transition_kind"),
+            observed_outcome=ExitCode(text_at(row, "observed_outcome")),
             target=_target(row),
-            plan_fingerprint=decode_digest(row["plan_fingerprint"], column="plan_fingerprint"),
-            input_digest=decode_digest(row["input_digest"], column="input_digest"),
-            reused_decision_id=decode_optional_int64(
-                row["reused_decision_id"], column="reused_decision_id", minimum=1
-            ),
-            decided_at=decode_aware(row["decided_at"], column="decided_at"),
+            plan_fingerprint=digest_at(row, "plan_fingerprint"),
+            input_digest=digest_at(row, "input_digest"),
+            reused_decision_id=optional_int64_at(row, "reused_decision_id"),
+            decided_at=aware_at(row, "decided_at"),
         )
     except (DecodeError, PyBatchError, ValueError, TypeError):
         raise FlowStateCorrupt() from None

@@ -6,27 +6,20 @@ from pybatch.codecs._jsonb import to_jsonb
 from pybatch.codecs._primitives import (
     DecodeError,
     Row,
-    decode_aware,
-    decode_digest,
-    decode_enum,
-    decode_int64,
+    aware_at,
     decode_json_object,
     decode_text_value,
+    digest_at,
+    int64_at,
+    optional_enum_at,
     row_columns,
+    text_value_at,
 )
-from pybatch.errors import (
-    JsonNotEncodable,
-    PyBatchError,
-    Unavailable,
-)
+from pybatch.errors import JsonNotEncodable, PyBatchError, Unavailable
 from pybatch.values._canonical import canonical_json
-from pybatch.values.ids import (
-    INT64_MAX,
-    JobInstanceId,
-)
+from pybatch.values.ids import JobInstanceId
 from pybatch.values.names import JobName, ParameterName
 from pybatch.values.parameters import (
-    PARAMETER_STRING_MAX_BYTES,
     JobInstanceKey,
     JobParameter,
     JobParameters,
@@ -35,17 +28,6 @@ from pybatch.values.parameters import (
 )
 from pybatch.values.records import JobInstance, LockedJobInstance
 from pybatch.values.status import BatchStatus
-
-__all__ = [
-    "LOCKED_JOB_INSTANCE_COLUMNS",
-    "decode_locked_job_instance",
-    "IDENTIFYING_PARAMETERS_MAX_BYTES",
-    "JOB_INSTANCE_COLUMNS",
-    "decode_identifying_parameters",
-    "decode_job_instance",
-    "encode_identifying_parameters",
-    "encode_job_instance_key",
-]
 
 IDENTIFYING_PARAMETERS_MAX_BYTES = 1024 * 1024
 
@@ -61,11 +43,7 @@ _KINDS_BY_TAG = {kind.json_tag: kind for kind in ParameterValueKind}
 
 
 def encode_identifying_parameters(key: JobInstanceKey) -> dict[str, object]:
-    """The `identifying_parameters` document of a key (docs/tables.md 3.8), as a plain dict.
-
-    Raises:
-        Unavailable: the canonical document exceeds 1 MiB.
-    """
+    """The `identifying_parameters` document of a key (docs/tables.md 3.8; at most 1 MiB)."""
     document: dict[str, object] = {}
     for name, parameter in key.parameters.items():
         document[name.value] = {
@@ -116,37 +94,15 @@ def decode_identifying_parameters(
 def _decode_parameter_value(
     kind: ParameterValueKind, raw: object, *, column: str
 ) -> ParameterValue:
-    if kind is ParameterValueKind.STRING:
-        if type(raw) is not str:
-            raise DecodeError(column)
-        try:
-            too_long = len(raw.encode("utf-8")) > PARAMETER_STRING_MAX_BYTES
-        except UnicodeEncodeError:
-            raise DecodeError(column) from None
-        if too_long:
-            raise DecodeError(column)
-        return ParameterValue.string(raw)
-    if kind is ParameterValueKind.BOOL:
-        if type(raw) is not bool:
-            raise DecodeError(column)
-        return ParameterValue.boolean(raw)
-    if type(raw) is not int:
-        raise DecodeError(column)
-    if kind is ParameterValueKind.I64:
-        if not -INT64_MAX - 1 <= raw <= INT64_MAX:
-            raise DecodeError(column)
-        return ParameterValue.i64(raw)
-    if not 0 <= raw <= _U64_MAX:
-        raise DecodeError(column)
-    return ParameterValue.u64(raw)
+    """The value's own checks, with a refusal reported as the column's DecodeError."""
+    try:
+        return ParameterValue(kind, raw)  # type: ignore[arg-type]  # checked right here
+    except (PyBatchError, TypeError):
+        raise DecodeError(column) from None
 
 
 def encode_job_instance_key(key: JobInstanceKey) -> dict[str, object]:
-    """Column values of a new job_instance row: job_name, instance_key, identifying_parameters.
-
-    Raises:
-        Unavailable: the canonical parameter document exceeds 1 MiB.
-    """
+    """Column values of a new job_instance row: job_name, instance_key, identifying_parameters."""
     return {
         "job_name": key.job_name.value,
         "instance_key": key.digest(),
@@ -164,13 +120,11 @@ def decode_job_instance(row: Row) -> JobInstance:
     identifying parameters, else `DecodeError("instance_key")`.
     """
     values = row_columns(row, JOB_INSTANCE_COLUMNS)
-    instance_id = decode_int64(values["id"], column="id", minimum=1)
-    job_name = decode_text_value(JobName, values["job_name"], column="job_name")
-    instance_key = decode_digest(values["instance_key"], column="instance_key")
-    parameters = decode_identifying_parameters(
-        values["identifying_parameters"], column="identifying_parameters"
-    )
-    created_at = decode_aware(values["created_at"], column="created_at")
+    instance_id = int64_at(values, "id")
+    job_name = text_value_at(JobName, values, "job_name")
+    instance_key = digest_at(values, "instance_key")
+    parameters = decode_identifying_parameters(values["identifying_parameters"])
+    created_at = aware_at(values, "created_at")
     if JobInstanceKey(job_name, parameters).digest() != instance_key:
         raise DecodeError("instance_key")
     return JobInstance(
@@ -189,13 +143,8 @@ LOCKED_JOB_INSTANCE_COLUMNS = (*JOB_INSTANCE_COLUMNS, "last_attempt", "final_sta
 def decode_locked_job_instance(row: Row) -> LockedJobInstance:
     """Decode a lock_job_instance row: the instance, its last attempt and its tombstone."""
     values = row_columns(row, LOCKED_JOB_INSTANCE_COLUMNS)
-    final_status = values["final_status"]
     return LockedJobInstance(
         instance=decode_job_instance(values),
-        last_attempt=decode_int64(values["last_attempt"], column="last_attempt", minimum=0),
-        final_status=(
-            None
-            if final_status is None
-            else decode_enum(BatchStatus, final_status, column="final_status")
-        ),
+        last_attempt=int64_at(values, "last_attempt", 0),
+        final_status=optional_enum_at(BatchStatus, values, "final_status"),
     )

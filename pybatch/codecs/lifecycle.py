@@ -7,11 +7,12 @@ from collections.abc import Mapping
 
 from pybatch.codecs._primitives import (
     DecodeError,
-    decode_aware,
+    aware_at,
     decode_enum,
     decode_int64,
-    decode_optional_aware,
-    decode_text_value,
+    enum_at,
+    optional_aware_at,
+    text_value_at,
 )
 from pybatch.errors import (
     ActiveExecutionHasEndTime,
@@ -20,24 +21,15 @@ from pybatch.errors import (
     InvalidTimestampOrder,
 )
 from pybatch.values.counts import ExecutionCounts
-from pybatch.values.ids import (
-    FailureId,
-    IdentifierKind,
-    check_identifier,
-)
+from pybatch.values.ids import FailureId, IdentifierKind, check_identifier
 from pybatch.values.lifecycle import ExecutionMetadata
 from pybatch.values.names import ExitCode
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from pybatch.values.timestamps import ExecutionTimestamps
 
-__all__ = [
-    "decode_metadata",
-    "decode_updated_at",
-    "encode_execution_metadata",
-]
-
-
-# --------------------------------------------------------------------------- execution metadata
+#: The failure pair and the four instants of a job or step row, in their table order.
+FAILURE_COLUMNS = ("failure_category", "failure_id")
+INSTANT_COLUMNS = ("created_at", "started_at", "ended_at", "updated_at")
 
 
 def _decode_failure(category: object, failure_id: object) -> FailureSummary | None:
@@ -55,12 +47,12 @@ def _decode_failure(category: object, failure_id: object) -> FailureSummary | No
 
 def decode_metadata(values: Mapping[str, object], counts: ExecutionCounts) -> ExecutionMetadata:
     """Decode the lifecycle columns of a job or step row around its (already decoded) counts."""
-    status = decode_enum(BatchStatus, values["status"], column="status")
-    exit_code = decode_text_value(ExitCode, values["exit_code"], column="exit_code")
+    status = enum_at(BatchStatus, values, "status")
+    exit_code = text_value_at(ExitCode, values, "exit_code")
     failure = _decode_failure(values["failure_category"], values["failure_id"])
-    created_at = decode_aware(values["created_at"], column="created_at")
-    started_at = decode_optional_aware(values["started_at"], column="started_at")
-    ended_at = decode_optional_aware(values["ended_at"], column="ended_at")
+    created_at = aware_at(values, "created_at")
+    started_at = optional_aware_at(values, "started_at")
+    ended_at = optional_aware_at(values, "ended_at")
     if started_at is not None and started_at < created_at:
         raise DecodeError("started_at")
     if ended_at is not None and ended_at < (started_at if started_at is not None else created_at):
@@ -85,7 +77,7 @@ def decode_updated_at(
     values: Mapping[str, object], metadata: ExecutionMetadata
 ) -> datetime.datetime:
     """Decode `updated_at`, which can never precede `created_at`."""
-    updated_at = decode_aware(values["updated_at"], column="updated_at")
+    updated_at = aware_at(values, "updated_at")
     if updated_at < metadata.timestamps.created_at:
         raise DecodeError("updated_at")
     return updated_at
@@ -94,10 +86,7 @@ def decode_updated_at(
 def encode_execution_metadata(metadata: ExecutionMetadata) -> dict[str, object]:
     """Column values written by a transition or enrichment (counters: `encode_counts`).
 
-    Keys: status, exit_code, started_at, ended_at, failure_category, failure_id.
-
-    Raises:
-        IdentifierOutOfRange: the failure id is above 2^63-1 (unstorable).
+    A failure id above 2^63-1 is valid but unstorable, so it is refused here.
     """
     failure = metadata.failure
     return {

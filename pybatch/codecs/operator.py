@@ -1,7 +1,6 @@
 """Codec of operator_request rows.
 
 See docs/tables.md 2.10, 3.3; docs/contract.md, Operator vocabulary; Fail closed.
-
 The decoder fails closed: an unknown action, class, outcome, status or rejection code, an
 authorization class that contradicts the action, or a rejection whose details do not match
 its code raises `DecodeError(column)`, which the unit of work maps to `Unavailable`.
@@ -9,17 +8,16 @@ its code raises `DecodeError(column)`, which the unit of work maps to `Unavailab
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TypeVar
-
 from pybatch.codecs._primitives import (
     DecodeError,
-    decode_aware,
-    decode_digest,
-    decode_enum,
-    decode_int64,
-    decode_optional_int64,
-    decode_text_value,
+    Row,
+    aware_at,
+    digest_at,
+    enum_at,
+    int64_at,
+    optional_enum_at,
+    optional_int64_at,
+    text_value_at,
 )
 from pybatch.values.ids import JobExecutionId, JobInstanceId, OperatorRequestId
 from pybatch.values.names import ActorRef, OperationId, ReasonCode
@@ -34,8 +32,6 @@ from pybatch.values.operator import (
     RequestDigest,
 )
 from pybatch.values.status import BatchStatus
-
-__all__ = ["OPERATOR_REQUEST_COLUMNS", "decode_operator_record", "encode_operator_record_draft"]
 
 #: Columns `decode_operator_record` reads (operator_requests.sql find_operator_request).
 OPERATOR_REQUEST_COLUMNS = (
@@ -59,27 +55,13 @@ OPERATOR_REQUEST_COLUMNS = (
     "requested_at",
 )
 
-_T = TypeVar("_T")
 
-
-def _decode_optional_status(value: object, *, column: str) -> BatchStatus | None:
-    return None if value is None else decode_enum(BatchStatus, value, column=column)
-
-
-def _decode_rejection(values: Mapping[str, object]) -> OperatorRejection | None:
+def _decode_rejection(values: Row) -> OperatorRejection | None:
     """The rejection and its details, refusing a detail its code does not carry."""
-    raw_code = values["rejection_code"]
-    current = decode_optional_int64(
-        values["rejection_current_version"], column="rejection_current_version", minimum=0
-    )
-    status = _decode_optional_status(values["rejection_status"], column="rejection_status")
-    execution_id = decode_optional_int64(
-        values["rejection_execution_id"], column="rejection_execution_id", minimum=1
-    )
-    if raw_code is None:
-        code = None
-    else:
-        code = decode_enum(OperatorRejectionCode, raw_code, column="rejection_code")
+    current = optional_int64_at(values, "rejection_current_version", 0)
+    status = optional_enum_at(BatchStatus, values, "rejection_status")
+    execution_id = optional_int64_at(values, "rejection_execution_id")
+    code = optional_enum_at(OperatorRejectionCode, values, "rejection_code")
     if (current is not None) != (code is not None and code.carries_current_version):
         raise DecodeError("rejection_current_version")
     if (status is not None) != (code is not None and code.carries_status):
@@ -96,45 +78,35 @@ def _decode_rejection(values: Mapping[str, object]) -> OperatorRejection | None:
     )
 
 
-def decode_operator_record(row: Mapping[str, object]) -> OperatorRecord:
+def decode_operator_record(row: Row) -> OperatorRecord:
     """Decode an operator_request row (columns `OPERATOR_REQUEST_COLUMNS`)."""
     values = {column: row[column] for column in OPERATOR_REQUEST_COLUMNS}
-    action = decode_enum(OperatorAction, values["action"], column="action")
-    authorization = decode_enum(
-        AuthorizationClass, values["authorization_class"], column="authorization_class"
-    )
-    if authorization is not action.authorization_class:
+    action = enum_at(OperatorAction, values, "action")
+    if enum_at(AuthorizationClass, values, "authorization_class") is not action.authorization_class:
         raise DecodeError("authorization_class")
-    outcome = decode_enum(OperatorOutcomeClass, values["outcome_class"], column="outcome_class")
+    outcome = enum_at(OperatorOutcomeClass, values, "outcome_class")
     rejection = _decode_rejection(values)
     if (outcome is OperatorOutcomeClass.REJECTED) != (rejection is not None):
         raise DecodeError("outcome_class")
-    reason = values["reason_code"]
-    instance_id = decode_optional_int64(
-        values["job_instance_id"], column="job_instance_id", minimum=1
-    )
-    execution_id = decode_optional_int64(
-        values["job_execution_id"], column="job_execution_id", minimum=1
-    )
+    instance_id = optional_int64_at(values, "job_instance_id")
+    execution_id = optional_int64_at(values, "job_execution_id")
     return OperatorRecord(
-        id=OperatorRequestId(decode_int64(values["id"], column="id", minimum=1)),
+        id=OperatorRequestId(int64_at(values, "id")),
         action=action,
-        operation_id=decode_text_value(OperationId, values["operation_id"], column="operation_id"),
-        actor=decode_text_value(ActorRef, values["actor_ref"], column="actor_ref"),
+        operation_id=text_value_at(OperationId, values, "operation_id"),
+        actor=text_value_at(ActorRef, values, "actor_ref"),
         reason=None
-        if reason is None
-        else decode_text_value(ReasonCode, reason, column="reason_code"),
-        digest=RequestDigest(decode_digest(values["request_digest"], column="request_digest")),
+        if values["reason_code"] is None
+        else text_value_at(ReasonCode, values, "reason_code"),
+        digest=RequestDigest(digest_at(values, "request_digest")),
         job_instance_id=None if instance_id is None else JobInstanceId(instance_id),
         job_execution_id=None if execution_id is None else JobExecutionId(execution_id),
-        observed_version=decode_optional_int64(
-            values["observed_version"], column="observed_version", minimum=0
-        ),
-        prior_status=_decode_optional_status(values["prior_status"], column="prior_status"),
-        result_status=_decode_optional_status(values["result_status"], column="result_status"),
+        observed_version=optional_int64_at(values, "observed_version", 0),
+        prior_status=optional_enum_at(BatchStatus, values, "prior_status"),
+        result_status=optional_enum_at(BatchStatus, values, "result_status"),
         outcome=outcome,
         rejection=rejection,
-        requested_at=decode_aware(values["requested_at"], column="requested_at"),
+        requested_at=aware_at(values, "requested_at"),
     )
 
 

@@ -12,14 +12,14 @@ from collections.abc import Sequence
 from pybatch.codecs._primitives import (
     DecodeError,
     Row,
-    decode_digest,
-    decode_enum,
-    decode_int64,
     decode_json_object,
-    decode_optional_int64,
-    decode_text,
+    digest_at,
+    enum_at,
+    int64_at,
+    optional_int64_at,
+    text_at,
 )
-from pybatch.codecs.steps import decode_counts
+from pybatch.codecs.steps import CONTEXT_COLUMNS, COUNT_COLUMNS, decode_counts
 from pybatch.errors import PartitionStateCorrupt, PyBatchError
 from pybatch.values._canonical import sha256
 from pybatch.values.names import ExitCode, StateSchemaId
@@ -27,15 +27,8 @@ from pybatch.values.partitions import PartitionKey, PartitionPlanEntry, StepPart
 from pybatch.values.state import STATE_FORMAT_VERSION, ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus
 
-__all__ = [
-    "STEP_PARTITION_COLUMNS",
-    "context_checksum",
-    "decode_step_partition",
-    "encode_plan_entries",
-]
-
-#: The columns `decode_step_partition` reads.
-STEP_PARTITION_COLUMNS = (
+#: The leading columns of a step_partition row, in table order.
+PARTITION_HEAD_COLUMNS = (
     "id",
     "step_execution_id",
     "worker_step_execution_id",
@@ -43,16 +36,12 @@ STEP_PARTITION_COLUMNS = (
     "partition_ordinal",
     "status",
     "exit_code",
-    "read_count",
-    "processed_count",
-    "write_count",
-    "filter_count",
-    "commit_count",
-    "rollback_count",
-    "context_format",
-    "context_schema",
-    "context_schema_version",
-    "context_payload",
+)
+#: The columns `decode_step_partition` reads.
+STEP_PARTITION_COLUMNS = (
+    *PARTITION_HEAD_COLUMNS,
+    *COUNT_COLUMNS,
+    *CONTEXT_COLUMNS,
     "context_checksum",
     "version",
 )
@@ -66,42 +55,32 @@ def context_checksum(context: ExecutionContext) -> bytes:
 def _context(row: Row) -> ExecutionContext:
     if row["context_format"] != STATE_FORMAT_VERSION:
         raise DecodeError("context_format")
-    schema = StateSchemaId(decode_text(row["context_schema"], column="context_schema"))
+    schema = StateSchemaId(text_at(row, "context_schema"))
     version = row["context_schema_version"]
     if type(version) is not int:
         raise DecodeError("context_schema_version")
     payload = decode_json_object(row["context_payload"], column="context_payload")
     context = ExecutionContext(schema, version, payload, limits=StateLimits.PARTITION)
-    stored = decode_digest(row["context_checksum"], column="context_checksum")
-    if context_checksum(context) != stored:
+    if context_checksum(context) != digest_at(row, "context_checksum"):
         raise DecodeError("context_checksum")
     return context
 
 
 def decode_step_partition(row: Row) -> StepPartition:
-    """Decode one step_partition row.
-
-    Raises:
-        PartitionStateCorrupt: any column holds what the domain refuses, or the context does
-            not match its checksum.
-    """
+    """Decode one step_partition row (PartitionStateCorrupt for any refused column)."""
     try:
         counts = decode_counts(row)
         return StepPartition(
-            id=decode_int64(row["id"], column="id", minimum=1),
-            step_execution_id=decode_int64(
-                row["step_execution_id"], column="step_execution_id", minimum=1
-            ),
-            worker_step_execution_id=decode_optional_int64(
-                row["worker_step_execution_id"], column="worker_step_execution_id", minimum=1
-            ),
-            key=PartitionKey(decode_text(row["partition_key"], column="partition_key")),
-            ordinal=decode_int64(row["partition_ordinal"], column="partition_ordinal", minimum=1),
-            status=decode_enum(BatchStatus, row["status"], column="status"),
-            exit_status=ExitCode(decode_text(row["exit_code"], column="exit_code")),
+            id=int64_at(row, "id"),
+            step_execution_id=int64_at(row, "step_execution_id"),
+            worker_step_execution_id=optional_int64_at(row, "worker_step_execution_id"),
+            key=PartitionKey(text_at(row, "partition_key")),
+            ordinal=int64_at(row, "partition_ordinal"),
+            status=enum_at(BatchStatus, row, "status"),
+            exit_status=ExitCode(text_at(row, "exit_code")),
             counts=counts,
             context=_context(row),
-            version=decode_int64(row["version"], column="version", minimum=0),
+            version=int64_at(row, "version", 0),
         )
     except (DecodeError, PyBatchError, ValueError, TypeError):
         raise PartitionStateCorrupt() from None

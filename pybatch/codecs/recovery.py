@@ -8,18 +8,16 @@ from __future__ import annotations
 from pybatch.codecs._primitives import (
     DecodeError,
     Row,
-    decode_aware,
-    decode_digest,
-    decode_enum,
-    decode_int64,
-    decode_text,
+    aware_at,
+    digest_at,
+    enum_at,
+    int64_at,
     row_columns,
+    text_at,
 )
 from pybatch.errors import PyBatchError
 from pybatch.values.recovery import RecoveryDecision
 from pybatch.values.status import BatchStatus
-
-__all__ = ["RECOVERY_DECISION_COLUMNS", "decode_recovery_decision"]
 
 #: Columns `decode_recovery_decision` reads.
 RECOVERY_DECISION_COLUMNS = (
@@ -40,23 +38,15 @@ def decode_recovery_decision(row: Row) -> RecoveryDecision:
     values = row_columns(row, RECOVERY_DECISION_COLUMNS)
     try:
         return RecoveryDecision(
-            id=decode_int64(values["id"], column="id", minimum=1),
-            job_execution_id=decode_int64(
-                values["job_execution_id"], column="job_execution_id", minimum=1
-            ),
-            execution_version=decode_int64(
-                values["execution_version"], column="execution_version", minimum=0
-            ),
-            prior_status=decode_enum(BatchStatus, values["prior_status"], column="prior_status"),
-            resulting_status=decode_enum(
-                BatchStatus, values["resulting_status"], column="resulting_status"
-            ),
-            reason_code=decode_text(values["reason_code"], column="reason_code"),
-            operator_reference=decode_text(
-                values["operator_reference"], column="operator_reference"
-            ),
-            evidence_digest=decode_digest(values["evidence_digest"], column="evidence_digest"),
-            decided_at=decode_aware(values["decided_at"], column="decided_at"),
+            id=int64_at(values, "id"),
+            job_execution_id=int64_at(values, "job_execution_id"),
+            execution_version=int64_at(values, "execution_version", 0),
+            prior_status=enum_at(BatchStatus, values, "prior_status"),
+            resulting_status=enum_at(BatchStatus, values, "resulting_status"),
+            reason_code=text_at(values, "reason_code"),
+            operator_reference=text_at(values, "operator_reference"),
+            evidence_digest=digest_at(values, "evidence_digest"),
+            decided_at=aware_at(values, "decided_at"),
         )
     except (PyBatchError, ValueError):
         raise DecodeError("recovery_decision") from None

@@ -9,42 +9,23 @@ from pybatch.codecs._jsonb import to_jsonb
 from pybatch.codecs._primitives import (
     DecodeError,
     Row,
-    decode_int64,
     decode_json_object,
-    decode_text_value,
+    int64_at,
     row_columns,
+    text_value_at,
 )
-from pybatch.codecs.lifecycle import decode_metadata, decode_updated_at
-from pybatch.errors import (
-    PyBatchError,
+from pybatch.codecs.lifecycle import (
+    FAILURE_COLUMNS,
+    INSTANT_COLUMNS,
+    decode_metadata,
+    decode_updated_at,
 )
+from pybatch.errors import PyBatchError
 from pybatch.values.counts import ExecutionCounts, StepFaultCounts
-from pybatch.values.ids import (
-    JobExecutionId,
-    StepExecutionId,
-)
+from pybatch.values.ids import JobExecutionId, StepExecutionId
 from pybatch.values.names import NodeId, StateSchemaId, StepName
 from pybatch.values.records import StepExecution
-from pybatch.values.state import (
-    STATE_FORMAT_VERSION,
-    Checkpoint,
-    ExecutionContext,
-    StateLimits,
-)
-
-__all__ = [
-    "CHECKPOINT_COLUMNS",
-    "CONTEXT_COLUMNS",
-    "COUNT_COLUMNS",
-    "STEP_EXECUTION_COLUMNS",
-    "decode_checkpoint",
-    "decode_context",
-    "decode_counts",
-    "decode_step_execution",
-    "encode_counts",
-    "encode_fault_counts",
-    "encode_state",
-]
+from pybatch.values.state import STATE_FORMAT_VERSION, Checkpoint, ExecutionContext, StateLimits
 
 _COUNT_COLUMNS = (
     ("read", "read_count"),
@@ -63,7 +44,6 @@ _FAULT_COUNT_COLUMNS = (
     ("write_skip", "write_skip_count"),
     ("no_rollback", "no_rollback_count"),
 )
-_STATE_PREFIXES = ("checkpoint", "context")
 _STATE_PARTS = ("format", "schema", "schema_version", "payload")
 
 #: The six counter columns of a step.
@@ -73,31 +53,29 @@ CHECKPOINT_COLUMNS = tuple(f"checkpoint_{part}" for part in _STATE_PARTS)
 #: The four columns of a step's execution-context envelope.
 CONTEXT_COLUMNS = tuple(f"context_{part}" for part in _STATE_PARTS)
 
-#: Columns `decode_step_execution` reads (fault-state columns belong to the fault-state codec).
-STEP_EXECUTION_COLUMNS = (
+#: The leading columns of a step_execution row, in table order.
+STEP_HEAD_COLUMNS = (
     "id",
     "job_execution_id",
     "step_name",
     "step_logical_id",
     "status",
     "exit_code",
-    *(column for _, column in _COUNT_COLUMNS),
-    *(
-        f"{prefix}_{part}"
-        for prefix in _STATE_PREFIXES
-        for part in ("format", "schema", "schema_version", "payload")
-    ),
-    "failure_category",
-    "failure_id",
-    "created_at",
-    "started_at",
-    "ended_at",
-    "updated_at",
+)
+#: Columns `decode_step_execution` reads (fault-state columns belong to the fault-state codec).
+STEP_EXECUTION_COLUMNS = (
+    *STEP_HEAD_COLUMNS,
+    *COUNT_COLUMNS,
+    *CHECKPOINT_COLUMNS,
+    *CONTEXT_COLUMNS,
+    *FAILURE_COLUMNS,
+    *INSTANT_COLUMNS,
     "version",
     *(column for _, column in _FAULT_COUNT_COLUMNS),
 )
 
 _StateT = TypeVar("_StateT", Checkpoint, ExecutionContext)
+_CountsT = TypeVar("_CountsT", ExecutionCounts, StepFaultCounts)
 _U32_MAX = 2**32 - 1
 
 
@@ -109,7 +87,7 @@ def _decode_state(state_cls: type[_StateT], values: Mapping[str, object], prefix
     format_value = values[f"{prefix}_format"]
     if type(format_value) is not int or format_value != STATE_FORMAT_VERSION:
         raise DecodeError(f"{prefix}_format")
-    schema = decode_text_value(StateSchemaId, values[f"{prefix}_schema"], column=f"{prefix}_schema")
+    schema = text_value_at(StateSchemaId, values, f"{prefix}_schema")
     schema_version = values[f"{prefix}_schema_version"]
     if type(schema_version) is not int or not 1 <= schema_version <= _U32_MAX:
         raise DecodeError(f"{prefix}_schema_version")
@@ -120,40 +98,32 @@ def _decode_state(state_cls: type[_StateT], values: Mapping[str, object], prefix
         raise DecodeError(f"{prefix}_payload") from None
 
 
+def _decode_counters(
+    counts_cls: type[_CountsT], row: Row, columns: tuple[tuple[str, str], ...]
+) -> _CountsT:
+    return counts_cls(**{field: int64_at(row, column, 0) for field, column in columns})
+
+
 def decode_step_execution(row: Row) -> StepExecution:
     """Decode a step_execution row (columns `STEP_EXECUTION_COLUMNS`)."""
     values = row_columns(row, STEP_EXECUTION_COLUMNS)
-    step_id = decode_int64(values["id"], column="id", minimum=1)
-    job_execution_id = decode_int64(
-        values["job_execution_id"], column="job_execution_id", minimum=1
-    )
-    step_name = decode_text_value(StepName, values["step_name"], column="step_name")
-    logical_id = decode_text_value(NodeId, values["step_logical_id"], column="step_logical_id")
-    counts = ExecutionCounts(
-        **{
-            field: decode_int64(values[column], column=column, minimum=0)
-            for field, column in _COUNT_COLUMNS
-        }
-    )
-    fault_counts = StepFaultCounts(
-        **{
-            field: decode_int64(values[column], column=column, minimum=0)
-            for field, column in _FAULT_COUNT_COLUMNS
-        }
-    )
+    step_id = int64_at(values, "id")
+    job_execution_id = int64_at(values, "job_execution_id")
+    step_name = text_value_at(StepName, values, "step_name")
+    logical_id = text_value_at(NodeId, values, "step_logical_id")
+    counts = _decode_counters(ExecutionCounts, values, _COUNT_COLUMNS)
+    fault_counts = _decode_counters(StepFaultCounts, values, _FAULT_COUNT_COLUMNS)
     checkpoint = _decode_state(Checkpoint, values, "checkpoint")
     context = _decode_state(ExecutionContext, values, "context")
     metadata = decode_metadata(values, counts)
-    updated_at = decode_updated_at(values, metadata)
-    version = decode_int64(values["version"], column="version", minimum=0)
     return StepExecution(
         id=StepExecutionId(step_id),
         job_execution_id=JobExecutionId(job_execution_id),
         step_name=step_name,
         logical_id=logical_id,
         metadata=metadata,
-        version=version,
-        updated_at=updated_at,
+        updated_at=decode_updated_at(values, metadata),
+        version=int64_at(values, "version", 0),
         checkpoint=checkpoint,
         context=context,
         fault_counts=fault_counts,
@@ -199,9 +169,4 @@ def decode_context(row: Row) -> ExecutionContext:
 
 def decode_counts(row: Row) -> ExecutionCounts:
     """The six step counters of a row (read_count ... rollback_count)."""
-    return ExecutionCounts(
-        **{
-            field: decode_int64(row[column], column=column, minimum=0)
-            for field, column in _COUNT_COLUMNS
-        }
-    )
+    return _decode_counters(ExecutionCounts, row, _COUNT_COLUMNS)

@@ -9,11 +9,11 @@ import decimal
 import hashlib
 import json
 import math
+import struct
 from collections.abc import Mapping
+from typing import NoReturn
 
 from pybatch.errors import JsonNotEncodable
-
-__all__ = ["MAX_NUMBER_DIGITS", "canonical_json", "numeric_text", "sha256"]
 
 #: Most digits a JSON number may have: Python's default int/str conversion limit, so a number
 #: written to jsonb can always be read back (json.loads refuses longer integers).
@@ -135,6 +135,46 @@ def _write_object(value: Mapping[object, object], parts: list[str]) -> None:
     parts.append("}")
 
 
+def reject_constant(name: str) -> NoReturn:
+    """A json.loads `parse_constant` that refuses NaN and infinity, which are not JSON."""
+    raise ValueError("NaN and infinity are not JSON")
+
+
 def sha256(data: bytes) -> bytes:
     """Return the 32-byte SHA-256 digest of `data`."""
     return hashlib.sha256(data).digest()
+
+
+class CanonicalWriter:
+    """Length-prefixed fields and big-endian u64s, so no two field lists share an encoding.
+
+    The request and plan digests of operator and retention requests (docs/tables.md 3.10).
+    """
+
+    def __init__(self, tag: str) -> None:
+        self._parts: list[bytes] = []
+        self.text(tag)
+
+    def bytes_(self, value: bytes) -> None:
+        """A length-prefixed byte string."""
+        self._parts.append(struct.pack(">Q", len(value)) + value)
+
+    def text(self, value: str) -> None:
+        """A length-prefixed UTF-8 string."""
+        self.bytes_(value.encode("utf-8"))
+
+    def u64(self, value: int) -> None:
+        """A big-endian u64."""
+        self._parts.append(struct.pack(">Q", value))
+
+    def optional_u64(self, value: int | None) -> None:
+        """0x00 for None, else 0x01 and the u64."""
+        self._parts.append(b"\x00" if value is None else b"\x01" + struct.pack(">Q", value))
+
+    def raw(self, data: bytes) -> None:
+        """Bytes that carry their own framing."""
+        self._parts.append(data)
+
+    def digest(self) -> bytes:
+        """SHA-256 of everything written."""
+        return sha256(b"".join(self._parts))

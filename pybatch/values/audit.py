@@ -10,25 +10,20 @@ being 32 zero bytes (docs/architecture.md, "Audit chain").
 
 from __future__ import annotations
 
-import enum
-
 import attrs
 
-__all__ = ["AuditRecordKind", "AuditVerification", "GENESIS_DIGEST"]
+from pybatch.values._fields import Code
 
 #: The "previous digest" of the first link.
 GENESIS_DIGEST = bytes(32)
 
 
-class AuditRecordKind(enum.Enum):
+class AuditRecordKind(Code):
     """Which table an audit record lives in."""
 
     OPERATOR_REQUEST = "OPERATOR_REQUEST"
     RECOVERY_DECISION = "RECOVERY_DECISION"
     RETENTION_ACTION = "RETENTION_ACTION"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @attrs.frozen(kw_only=True)

@@ -5,17 +5,15 @@ See docs/contract.md, Capabilities; Capability defaults.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable
 
 import attrs
 
 from pybatch.errors import UnsupportedCapability
+from pybatch.values._fields import Code
 
-__all__ = ["RepositoryCapability", "RepositoryDescriptor"]
 
-
-class RepositoryCapability(enum.Enum):
+class RepositoryCapability(Code):
     """Optional repository features, in their stable declaration order."""
 
     OPERATOR_REQUESTS = "operator requests"
@@ -24,9 +22,6 @@ class RepositoryCapability(enum.Enum):
     INSTANCE_HOLDS = "instance holds"
     RETENTION_PURGE = "retention purge"
     STEP_PARTITIONS = "durable step partitions"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 def _capability_set(values: Iterable[RepositoryCapability]) -> frozenset[RepositoryCapability]:

@@ -1,7 +1,6 @@
 """Execution counters and step fault counters, each bounded to 0..2^63-1.
 
 See docs/contract.md, Identifiers, versions and counters.
-
 The bound is the portable one shared with PostgreSQL bigint, so a value that validates here is
 always storable.
 """
@@ -12,8 +11,6 @@ import attrs
 
 from pybatch.errors import CountExhausted
 from pybatch.values.ids import INT64_MAX, check_counter
-
-__all__ = ["ExecutionCounts", "StepFaultCounts"]
 
 
 def _counter(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -39,18 +36,9 @@ class ExecutionCounts:
     rolled_back: int = attrs.field(default=0, validator=_counter)
 
     def plus(self, other: ExecutionCounts) -> ExecutionCounts:
-        """Return the counter-wise sum; a sum above 2^63-1 raises CountExhausted.
-
-        Raises:
-            CountExhausted: a counter would exceed 2^63-1.
-        """
+        """Return the counter-wise sum; a sum above 2^63-1 raises CountExhausted."""
         return ExecutionCounts(
-            read=_checked_sum(self.read, other.read),
-            processed=_checked_sum(self.processed, other.processed),
-            written=_checked_sum(self.written, other.written),
-            filtered=_checked_sum(self.filtered, other.filtered),
-            committed=_checked_sum(self.committed, other.committed),
-            rolled_back=_checked_sum(self.rolled_back, other.rolled_back),
+            **{name: _checked_sum(getattr(self, name), getattr(other, name)) for name in _FIELDS}
         )
 
     def after_chunk(
@@ -59,10 +47,8 @@ class ExecutionCounts:
         """Return the counts after one committed chunk of these items (`committed + 1`).
 
         The chunk's own counts are validated by the caller's values (ChunkCounts), so only
-        the sums are checked here, once, instead of building an intermediate ExecutionCounts.
-
-        Raises:
-            CountExhausted: a counter would exceed 2^63-1.
+        the sums are checked here, once, instead of building an intermediate ExecutionCounts
+        (CountExhausted above 2^63-1).
         """
         return ExecutionCounts(
             read=_checked_sum(self.read, read),
@@ -74,11 +60,7 @@ class ExecutionCounts:
         )
 
     def with_terminal_rollback(self) -> ExecutionCounts:
-        """Return the counts with `rolled_back + 1` (a terminal-rollback transition).
-
-        Raises:
-            CountExhausted: `rolled_back` is already 2^63-1.
-        """
+        """Return the counts with `rolled_back + 1` (a terminal rollback; CountExhausted at max)."""
         return attrs.evolve(self, rolled_back=_checked_sum(self.rolled_back, 1))
 
     @property
@@ -88,6 +70,7 @@ class ExecutionCounts:
 
 
 _ZERO = ExecutionCounts()
+_FIELDS = tuple(field.name for field in attrs.fields(ExecutionCounts))
 
 
 @attrs.frozen(kw_only=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, ClassVar, NoReturn
+from typing import Any, ClassVar
 
 import attrs
 
@@ -24,21 +24,9 @@ from pybatch.errors import (
     UnsupportedManifestVersion,
     UpgradeSelfEdge,
 )
-from pybatch.values._canonical import canonical_json, sha256
+from pybatch.values._canonical import canonical_json, reject_constant, sha256
+from pybatch.values._fields import is_, maybe
 from pybatch.values.names import DefinitionRevision, DefinitionUpgradeKey, JobName, StepName
-
-__all__ = [
-    "LEGACY_MANIFEST",
-    "LEGACY_REVISION",
-    "MANIFEST_FORMAT_FLOW",
-    "MANIFEST_FORMAT_LOCAL_SCALE",
-    "MANIFEST_FORMAT_ONE_STEP",
-    "MANIFEST_MAX_BYTES",
-    "DefinitionIdentity",
-    "DefinitionUpgrade",
-    "StepMapping",
-    "check_manifest_format",
-]
 
 #: Byte bound of a canonical manifest.
 MANIFEST_MAX_BYTES = 65_536
@@ -59,11 +47,7 @@ _U16_MAX = 2**16 - 1
 
 
 def check_manifest_format(manifest_format: int) -> int:
-    """Return `manifest_format` if this package can interpret it (1..3).
-
-    Raises:
-        UnsupportedManifestVersion: 0 (missing) or above 3.
-    """
+    """Return `manifest_format` if this package can interpret it (1..3), else refuse it."""
     if not MANIFEST_FORMAT_ONE_STEP <= manifest_format <= MANIFEST_FORMAT_LOCAL_SCALE:
         raise UnsupportedManifestVersion(format=manifest_format)
     return manifest_format
@@ -77,16 +61,12 @@ def _contains_float(document: object) -> bool:
         raise ManifestInvalid(reason="nesting too deep") from None
 
 
-def _reject_constant(name: str) -> NoReturn:
-    raise ValueError("NaN and infinity are not JSON")
-
-
 def _parse_canonical_manifest(data: bytes) -> dict[str, Any]:
     """Parse canonical manifest bytes, refusing anything the manifest reader refuses."""
     if len(data) > MANIFEST_MAX_BYTES:
         raise ManifestTooLarge(max_bytes=MANIFEST_MAX_BYTES)
     try:
-        document = json.loads(data, parse_constant=_reject_constant)
+        document = json.loads(data, parse_constant=reject_constant)
     except (ValueError, RecursionError):
         raise ManifestInvalid(reason="not valid JSON") from None
     if not isinstance(document, dict):
@@ -113,12 +93,8 @@ class DefinitionIdentity:
     Equality covers every field; `digest` (SHA-256 of the manifest bytes) is derived.
     """
 
-    job_name: JobName | None = attrs.field(
-        validator=attrs.validators.optional(attrs.validators.instance_of(JobName))
-    )
-    revision: DefinitionRevision = attrs.field(
-        validator=attrs.validators.instance_of(DefinitionRevision)
-    )
+    job_name: JobName | None = attrs.field(validator=maybe(JobName))
+    revision: DefinitionRevision = attrs.field(validator=is_(DefinitionRevision))
     manifest_format: int
     canonical_manifest: bytes
     _digest: bytes = attrs.field(init=False, eq=False, repr=False)
@@ -165,10 +141,7 @@ class DefinitionIdentity:
 
     @classmethod
     def legacy(cls) -> DefinitionIdentity:
-        """The legacy definition of launches without a definition.
-
-        See docs/contract.md, Definitions.
-        """
+        """The legacy definition of launches without a definition."""
         return cls.LEGACY
 
     @property
@@ -257,21 +230,13 @@ class StepMapping(Mapping[StepName, StepName]):
 class DefinitionUpgrade:
     """A directed, non-transitive compatibility edge between two definitions.
 
-    See docs/contract.md, Definitions.
-
     `step_mapping` maps source step names to target step names, ordered by source name;
     checkpoint and context bytes carry over unchanged.
     """
 
-    key: DefinitionUpgradeKey = attrs.field(
-        validator=attrs.validators.instance_of(DefinitionUpgradeKey)
-    )
-    from_definition: DefinitionIdentity = attrs.field(
-        validator=attrs.validators.instance_of(DefinitionIdentity)
-    )
-    to_definition: DefinitionIdentity = attrs.field(
-        validator=attrs.validators.instance_of(DefinitionIdentity)
-    )
+    key: DefinitionUpgradeKey = attrs.field(validator=is_(DefinitionUpgradeKey))
+    from_definition: DefinitionIdentity = attrs.field(validator=is_(DefinitionIdentity))
+    to_definition: DefinitionIdentity = attrs.field(validator=is_(DefinitionIdentity))
     step_mapping: Mapping[StepName, StepName]
 
     def __attrs_post_init__(self) -> None:

@@ -26,37 +26,6 @@ from pybatch.values.operator import OperatorRecord
 from pybatch.values.recovery import RecoveryDecision
 from pybatch.values.status import BatchStatus, FailureSummary
 
-__all__ = [
-    "CURSOR_FORMAT_VERSION",
-    "DEFAULT_PAGE_SIZE",
-    "MAX_CURSOR_BYTES",
-    "MAX_PAGE_SIZE",
-    "MAX_RESPONSE_BYTES",
-    "MIN_UNRESOLVED_AGE",
-    "Cursor",
-    "CursorKey",
-    "DefinitionDescriptor",
-    "ExplorerQuery",
-    "IdentityKey",
-    "JobExecutionProjection",
-    "JobInstanceProjection",
-    "JobNameSummary",
-    "NameKey",
-    "OrderedKey",
-    "Page",
-    "PageSize",
-    "ParameterDescriptor",
-    "ProjectionCounts",
-    "RetentionHold",
-    "StateEnvelopeDescriptor",
-    "StepExecutionProjection",
-    "StepPartitionProjection",
-    "flow_decision_json",
-    "operator_request_json",
-    "query_binding",
-    "recovery_decision_json",
-]
-
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 MAX_RESPONSE_BYTES = 256 * 1024
@@ -82,10 +51,7 @@ class PageSize:
 
 
 class ExplorerQuery(enum.Enum):
-    """The nine paged queries; the value is the cursor discriminant.
-
-    See docs/contract.md, Explorer vocabulary.
-    """
+    """The nine paged queries; the value is the cursor discriminant."""
 
     JOB_NAMES = 1
     INSTANCES = 2
@@ -99,8 +65,8 @@ class ExplorerQuery(enum.Enum):
 
     @property
     def query_name(self) -> str:
-        """The contract's name of the query (`list_job_names`, ...)."""
-        return _QUERY_NAMES[self]
+        """The contract's name of the query (`list_job_names`, ...); cursor bindings hash it."""
+        return f"list_{self.name.lower()}"
 
     @property
     def key_kind(self) -> type[CursorKey]:
@@ -143,17 +109,6 @@ class NameKey:
 
 CursorKey = IdentityKey | OrderedKey | NameKey
 
-_QUERY_NAMES = {
-    ExplorerQuery.JOB_NAMES: "list_job_names",
-    ExplorerQuery.INSTANCES: "list_instances",
-    ExplorerQuery.EXECUTIONS: "list_executions",
-    ExplorerQuery.STEP_EXECUTIONS: "list_step_executions",
-    ExplorerQuery.UNRESOLVED_EXECUTIONS: "list_unresolved_executions",
-    ExplorerQuery.RECOVERY_DECISIONS: "list_recovery_decisions",
-    ExplorerQuery.FLOW_DECISIONS: "list_flow_decisions",
-    ExplorerQuery.STEP_PARTITIONS: "list_step_partitions",
-    ExplorerQuery.OPERATOR_REQUESTS: "list_operator_requests",
-}
 _KEY_KINDS: dict[ExplorerQuery, type[CursorKey]] = {
     ExplorerQuery.JOB_NAMES: NameKey,
     ExplorerQuery.INSTANCES: IdentityKey,
@@ -307,8 +262,37 @@ def _instant(value: _dt.datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
+def _json(value: object) -> Any:
+    """The documented JSON of a projection: its fields in order, codes, ISO instants, hex."""
+    cls: Any = type(value)
+    if attrs.has(cls):
+        return {f.name: _json(getattr(value, f.name)) for f in attrs.fields(cls)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, _dt.datetime):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, tuple):
+        return [_json(item) for item in value]
+    return value
+
+
+class _Projection:
+    __slots__ = ()
+
+    def as_json(self) -> dict[str, Any]:
+        """The documented JSON object (docs/operators.md): every field, in field order."""
+        result: dict[str, Any] = _json(self)
+        return result
+
+
+def _bytes_repr(value: bytes) -> str:
+    return f"<{len(value)} bytes>"
+
+
 @attrs.frozen
-class StateEnvelopeDescriptor:
+class StateEnvelopeDescriptor(_Projection):
     """What a stored state envelope is, never its payload; `encoded_len` is its stored size."""
 
     kind: str
@@ -317,36 +301,18 @@ class StateEnvelopeDescriptor:
     schema_version: int
     encoded_len: int
 
-    def as_json(self) -> dict[str, Any]:
-        """The documented JSON object (docs/operators.md)."""
-        return {
-            "kind": self.kind,
-            "format_version": self.format_version,
-            "schema_id": self.schema_id,
-            "schema_version": self.schema_version,
-            "encoded_len": self.encoded_len,
-        }
-
 
 @attrs.frozen
-class DefinitionDescriptor:
+class DefinitionDescriptor(_Projection):
     """The definition an execution ran under (revision, manifest format and digest)."""
 
     revision: str
     manifest_format: int
-    manifest_digest: bytes = attrs.field(repr=lambda value: f"<{len(value)} bytes>")
-
-    def as_json(self) -> dict[str, Any]:
-        """The documented JSON object."""
-        return {
-            "revision": self.revision,
-            "manifest_format": self.manifest_format,
-            "manifest_digest": self.manifest_digest.hex(),
-        }
+    manifest_digest: bytes = attrs.field(repr=_bytes_repr)
 
 
 @attrs.frozen
-class ProjectionCounts:
+class ProjectionCounts(_Projection):
     """The six counters of an execution, step or partition."""
 
     read: int
@@ -356,20 +322,9 @@ class ProjectionCounts:
     commits: int
     rollbacks: int
 
-    def as_json(self) -> dict[str, Any]:
-        """The documented JSON object."""
-        return {
-            "read": self.read,
-            "processed": self.processed,
-            "written": self.written,
-            "filtered": self.filtered,
-            "commits": self.commits,
-            "rollbacks": self.rollbacks,
-        }
-
 
 @attrs.frozen
-class JobNameSummary:
+class JobNameSummary(_Projection):
     """A job name, with the latest attempt of its newest instance (None while it has none)."""
 
     job_name: str
@@ -377,18 +332,9 @@ class JobNameSummary:
     latest_status: BatchStatus | None
     latest_updated_at: _dt.datetime | None
 
-    def as_json(self) -> dict[str, Any]:
-        """The documented JSON object."""
-        return {
-            "job_name": self.job_name,
-            "latest_execution_id": self.latest_execution_id,
-            "latest_status": None if self.latest_status is None else self.latest_status.value,
-            "latest_updated_at": _instant(self.latest_updated_at),
-        }
-
 
 @attrs.frozen
-class ParameterDescriptor:
+class ParameterDescriptor(_Projection):
     """An identifying parameter's name and kind; the value is never read."""
 
     name: str
@@ -397,7 +343,7 @@ class ParameterDescriptor:
 
 
 @attrs.frozen
-class RetentionHold:
+class RetentionHold(_Projection):
     """A retention hold placed on an instance."""
 
     actor: str
@@ -406,45 +352,19 @@ class RetentionHold:
 
 
 @attrs.frozen
-class JobInstanceProjection:
+class JobInstanceProjection(_Projection):
     """A job instance, value-redacted (docs/contract.md, Explorer vocabulary)."""
 
     id: int
     job_name: str
-    instance_key_digest: bytes = attrs.field(repr=lambda value: f"<{len(value)} bytes>")
+    instance_key_digest: bytes = attrs.field(repr=_bytes_repr)
     parameters: tuple[ParameterDescriptor, ...]
     created_at: _dt.datetime
     hold: RetentionHold | None
 
-    def as_json(self) -> dict[str, Any]:
-        """The documented JSON object."""
-        return {
-            "id": self.id,
-            "job_name": self.job_name,
-            "instance_key_digest": self.instance_key_digest.hex(),
-            "parameters": [
-                {"name": p.name, "kind": p.kind, "identifying": p.identifying}
-                for p in self.parameters
-            ],
-            "created_at": _instant(self.created_at),
-            "hold": None
-            if self.hold is None
-            else {
-                "actor": self.hold.actor,
-                "reason": self.hold.reason,
-                "placed_at": _instant(self.hold.placed_at),
-            },
-        }
-
-
-def _failure_json(failure: FailureSummary | None) -> dict[str, Any] | None:
-    if failure is None:
-        return None
-    return {"category": failure.category.value, "failure_id": failure.failure_id}
-
 
 @attrs.frozen
-class JobExecutionProjection:
+class JobExecutionProjection(_Projection):
     """A job execution with derived counts and ownership evidence (docs/contract.md, Explorer)."""
 
     id: int
@@ -466,32 +386,9 @@ class JobExecutionProjection:
     stop_requested_by: str | None
     owner_recorded: bool
 
-    def as_json(self) -> dict[str, Any]:
-        """The documented JSON object."""
-        return {
-            "id": self.id,
-            "instance_id": self.instance_id,
-            "job_name": self.job_name,
-            "attempt": self.attempt,
-            "status": self.status.value,
-            "exit_code": self.exit_code,
-            "counts": self.counts.as_json(),
-            "version": self.version,
-            "created_at": _instant(self.created_at),
-            "started_at": _instant(self.started_at),
-            "ended_at": _instant(self.ended_at),
-            "updated_at": _instant(self.updated_at),
-            "failure": _failure_json(self.failure),
-            "definition": self.definition.as_json(),
-            "context": self.context.as_json(),
-            "stop_requested_at": _instant(self.stop_requested_at),
-            "stop_requested_by": self.stop_requested_by,
-            "owner_recorded": self.owner_recorded,
-        }
-
 
 @attrs.frozen
-class StepExecutionProjection:
+class StepExecutionProjection(_Projection):
     """A step execution with its checkpoint and context descriptors."""
 
     id: int
@@ -510,29 +407,9 @@ class StepExecutionProjection:
     checkpoint: StateEnvelopeDescriptor
     context: StateEnvelopeDescriptor
 
-    def as_json(self) -> dict[str, Any]:
-        """The documented JSON object."""
-        return {
-            "id": self.id,
-            "job_execution_id": self.job_execution_id,
-            "step_name": self.step_name,
-            "node_id": self.node_id,
-            "status": self.status.value,
-            "exit_code": self.exit_code,
-            "counts": self.counts.as_json(),
-            "version": self.version,
-            "created_at": _instant(self.created_at),
-            "started_at": _instant(self.started_at),
-            "ended_at": _instant(self.ended_at),
-            "updated_at": _instant(self.updated_at),
-            "failure": _failure_json(self.failure),
-            "checkpoint": self.checkpoint.as_json(),
-            "context": self.context.as_json(),
-        }
-
 
 @attrs.frozen
-class StepPartitionProjection:
+class StepPartitionProjection(_Projection):
     """A partition of a manager step, with its context descriptor."""
 
     id: int
@@ -545,25 +422,6 @@ class StepPartitionProjection:
     version: int
     worker_step_execution_id: int | None
     context: StateEnvelopeDescriptor
-
-    def as_json(self) -> dict[str, Any]:
-        """The documented JSON object."""
-        return {
-            "id": self.id,
-            "step_execution_id": self.step_execution_id,
-            "partition_key": self.partition_key,
-            "ordinal": self.ordinal,
-            "status": self.status.value,
-            "exit_code": self.exit_code,
-            "counts": self.counts.as_json(),
-            "version": self.version,
-            "worker_step_execution_id": self.worker_step_execution_id,
-            "context": self.context.as_json(),
-        }
-
-
-def _digest_repr(value: bytes) -> str:
-    return "<digest>"
 
 
 def flow_decision_json(decision: FlowDecision) -> dict[str, Any]:
@@ -616,15 +474,6 @@ def operator_request_json(record: OperatorRecord) -> dict[str, Any]:
 
 
 def recovery_decision_json(decision: RecoveryDecision) -> dict[str, Any]:
-    """The documented JSON object of a recovery decision as the explorer lists it."""
-    return {
-        "id": decision.id,
-        "job_execution_id": decision.job_execution_id,
-        "execution_version": decision.execution_version,
-        "prior_status": decision.prior_status.value,
-        "resulting_status": decision.resulting_status.value,
-        "reason_code": decision.reason_code,
-        "operator_reference": decision.operator_reference,
-        "evidence_digest": decision.evidence_digest.hex(),
-        "decided_at": _instant(decision.decided_at),
-    }
+    """The documented JSON object of a recovery decision: its fields, as a projection's."""
+    result: dict[str, Any] = _json(decision)
+    return result

@@ -1,7 +1,6 @@
 """Retry keys, retry bounds and the durable fault-state envelope.
 
 See docs/contract.md, Fault state; docs/tables.md 3.6.
-
 Pure values only: the envelope is decoded from, and encoded to, the five `fault_state_*` columns
 of `step_execution`, but the SQL (lock, compare-and-swap update) belongs to `FaultState`
 (docs/contract.md, Chunk transactions). Every refusal of the envelope is a
@@ -17,7 +16,7 @@ import itertools
 import re
 import struct
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import attrs
 
@@ -29,29 +28,10 @@ from pybatch.errors import (
     StaleReservation,
 )
 from pybatch.values._canonical import canonical_json, sha256
+from pybatch.values._fields import Code, is_
+from pybatch.values.ids import Validator
 from pybatch.values.names import ClassifierRevision, StepName
 from pybatch.values.status import BatchStatus, FailureCategory
-
-__all__ = [
-    "FAULT_STATE_FORMAT",
-    "FAULT_STATE_MAX_BYTES",
-    "FAULT_STATE_MAX_ENTRIES",
-    "FAULT_STATE_SCHEMA",
-    "FAULT_STATE_SCHEMA_VERSION",
-    "RETRY_KEY_DOMAIN",
-    "FaultEntry",
-    "FaultPhase",
-    "HEX_DIGEST",
-    "LockedFaultState",
-    "FaultStateEnvelope",
-    "FaultStateRefusal",
-    "fault_entry_from_payload",
-    "fault_state_refusal",
-    "RetryKey",
-    "RetryLimit",
-    "RetryOrdinal",
-    "RetryStateLimit",
-]
 
 #: Value of the `fault_state_format` column; the only format version (kept from the seed).
 FAULT_STATE_FORMAT = 1
@@ -76,10 +56,7 @@ _ENTRY_MEMBERS = frozenset({"category", "key", "ordinal", "phase", "revision"})
 
 
 class FaultStateRefusal(enum.StrEnum):
-    """The `reason` of each `FaultStateEnvelopeInvalid`, one per broken rule.
-
-    See docs/contract.md, Fault state.
-    """
+    """The `reason` of each `FaultStateEnvelopeInvalid`, one per broken rule."""
 
     #: `fault_state_format` is not 1.
     UNSUPPORTED_FORMAT = "unsupported format"
@@ -116,13 +93,16 @@ def fault_state_refusal(refusal: FaultStateRefusal) -> FaultStateEnvelopeInvalid
     return FaultStateEnvelopeInvalid(reason=refusal.value)
 
 
-def _check_u16(value: object, *, minimum: int, maximum: int, what: str) -> None:
+def _bounded(what: str, minimum: int, maximum: int) -> Validator:
     # Programmer errors (policy constants in the ETL script), hence ValueError and not a
     # contract error: errors.py has no retry-policy family.
-    if type(value) is not int:
-        raise TypeError(f"{what} takes an int")
-    if not minimum <= value <= maximum:
-        raise ValueError(f"{what} must lie in {minimum}..{maximum}")
+    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if type(value) is not int:
+            raise TypeError(f"{what} takes an int")
+        if not minimum <= value <= maximum:
+            raise ValueError(f"{what} must lie in {minimum}..{maximum}")
+
+    return check
 
 
 def _check_digest(value: object, what: str) -> bytes:
@@ -133,28 +113,21 @@ def _check_digest(value: object, what: str) -> bytes:
     return value
 
 
+def _digest(what: str) -> Validator:
+    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        _check_digest(value, what)
+
+    return check
+
+
 # --------------------------------------------------------------------------- bounds
-
-
-def _ordinal_value(instance: RetryOrdinal, attribute: attrs.Attribute[int], value: int) -> None:
-    _check_u16(value, minimum=0, maximum=_U16_MAX, what="RetryOrdinal")
-
-
-def _limit_value(instance: RetryLimit, attribute: attrs.Attribute[int], value: int) -> None:
-    _check_u16(value, minimum=0, maximum=_U16_MAX, what="RetryLimit")
-
-
-def _state_limit_value(
-    instance: RetryStateLimit, attribute: attrs.Attribute[int], value: int
-) -> None:
-    _check_u16(value, minimum=1, maximum=FAULT_STATE_MAX_ENTRIES, what="RetryStateLimit")
 
 
 @attrs.frozen(order=True)
 class RetryOrdinal:
     """Zero-based invocation ordinal of one retry key; 0 is the first call, which is no retry."""
 
-    value: int = attrs.field(validator=_ordinal_value)
+    value: int = attrs.field(validator=_bounded("RetryOrdinal", 0, _U16_MAX))
 
     #: The initial, non-retried call.
     INITIAL: ClassVar[RetryOrdinal]
@@ -175,7 +148,7 @@ RetryOrdinal.MAX = RetryOrdinal(_U16_MAX)
 class RetryLimit:
     """Maximum re-invocations after the first call (u16); stored ordinals above it are corrupt."""
 
-    value: int = attrs.field(validator=_limit_value)
+    value: int = attrs.field(validator=_bounded("RetryLimit", 0, _U16_MAX))
 
     #: A policy that never retries.
     NONE: ClassVar[RetryLimit]
@@ -192,13 +165,13 @@ RetryLimit.NONE = RetryLimit(0)
 class RetryStateLimit:
     """Maximum unresolved retry keys one step retains (1..256), so fault state stays bounded."""
 
-    value: int = attrs.field(validator=_state_limit_value)
+    value: int = attrs.field(validator=_bounded("RetryStateLimit", 1, FAULT_STATE_MAX_ENTRIES))
 
 
 # --------------------------------------------------------------------------- phase and key
 
 
-class FaultPhase(enum.Enum):
+class FaultPhase(Code):
     """The framework phase that produced a fault; values are the durable lower-case names."""
 
     #: An item reader failed.
@@ -216,9 +189,6 @@ class FaultPhase(enum.Enum):
     #: Cancellable backoff failed or was interrupted.
     BACKOFF = "backoff"
 
-    def __str__(self) -> str:
-        return self.value
-
     @property
     def is_reservable(self) -> bool:
         """Whether a retry can be reserved: only read, process and write have retry counters."""
@@ -227,24 +197,17 @@ class FaultPhase(enum.Enum):
     @classmethod
     def from_durable_name(cls, name: str) -> FaultPhase | None:
         """Return the phase stored as `name`, or None for unknown text (never coerced)."""
-        for member in cls:
-            if member.value == name:
-                return member
-        return None
+        return next((member for member in cls if member.value == name), None)
 
 
 _RESERVABLE = frozenset({FaultPhase.READ, FaultPhase.PROCESS, FaultPhase.WRITE})
-
-
-def _key_digest(instance: RetryKey, attribute: attrs.Attribute[bytes], value: bytes) -> None:
-    _check_digest(value, "RetryKey")
 
 
 @attrs.frozen(order=True, repr=False)
 class RetryKey:
     """Opaque 32-byte digest of one retryable unit of work; ordered by bytes, repr redacted."""
 
-    digest: bytes = attrs.field(validator=_key_digest)
+    digest: bytes = attrs.field(validator=_digest("RetryKey"))
 
     @classmethod
     def derive(
@@ -260,10 +223,6 @@ class RetryKey:
         SHA-256 over `"oxide-batch/retry-key/1"` ‖ definition digest ‖ u64be(len(step)) ‖ step
         (UTF-8) ‖ phase name ‖ 0x00 ‖ checkpoint digest ‖ u64be(ordinal). `ordinal` is the stable
         item or output ordinal (u64), not a `RetryOrdinal`.
-
-        Raises:
-            TypeError: an argument has the wrong type.
-            ValueError: a digest is not 32 bytes or `ordinal` is outside 0..2^64-1.
         """
         _check_digest(definition_digest, "definition digest")
         _check_digest(checkpoint_digest, "checkpoint digest")
@@ -305,13 +264,11 @@ class RetryKey:
 class FaultEntry:
     """One retained retry reservation: framework classification only, never an item or message."""
 
-    key: RetryKey = attrs.field(validator=attrs.validators.instance_of(RetryKey))
-    phase: FaultPhase = attrs.field(validator=attrs.validators.instance_of(FaultPhase))
-    category: FailureCategory = attrs.field(validator=attrs.validators.instance_of(FailureCategory))
-    ordinal: RetryOrdinal = attrs.field(validator=attrs.validators.instance_of(RetryOrdinal))
-    revision: ClassifierRevision = attrs.field(
-        validator=attrs.validators.instance_of(ClassifierRevision)
-    )
+    key: RetryKey = attrs.field(validator=is_(RetryKey))
+    phase: FaultPhase = attrs.field(validator=is_(FaultPhase))
+    category: FailureCategory = attrs.field(validator=is_(FailureCategory))
+    ordinal: RetryOrdinal = attrs.field(validator=is_(RetryOrdinal))
+    revision: ClassifierRevision = attrs.field(validator=is_(ClassifierRevision))
 
     def to_payload(self) -> dict[str, object]:
         """Return the entry's JSON object, members as docs/tables.md 3.6 names them."""
@@ -361,12 +318,6 @@ def fault_entry_from_payload(raw: object) -> FaultEntry:
 # --------------------------------------------------------------------------- envelope
 
 
-def _checkpoint_value(
-    instance: FaultStateEnvelope, attribute: attrs.Attribute[bytes], value: bytes
-) -> None:
-    _check_digest(value, "checkpoint digest")
-
-
 def _entries_value(
     instance: FaultStateEnvelope,
     attribute: attrs.Attribute[tuple[FaultEntry, ...]],
@@ -385,7 +336,7 @@ class FaultStateEnvelope:
     enforces all of it, so every envelope can be encoded and checksummed.
     """
 
-    checkpoint_digest: bytes = attrs.field(validator=_checkpoint_value)
+    checkpoint_digest: bytes = attrs.field(validator=_digest("checkpoint digest"))
     entries: tuple[FaultEntry, ...] = attrs.field(validator=_entries_value)
     _canonical: bytes = attrs.field(init=False, eq=False, hash=False)
 

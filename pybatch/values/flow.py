@@ -1,7 +1,6 @@
 """Flow values: start limits, targets, decisions and manifest matching.
 
 See docs/contract.md, Flow values.
-
 A flow manifest (format 2 or 3) lists its nodes and transitions::
 
     {"format": 2,
@@ -24,25 +23,12 @@ from typing import Any, ClassVar
 import attrs
 
 from pybatch.errors import ManifestInvalid, ZeroStartLimit
-from pybatch.values.ids import IdentifierKind, check_identifier
+from pybatch.values._fields import is_
+from pybatch.values.ids import IdentifierKind, identifier_validator
 from pybatch.values.names import ExitCode, NodeId
 from pybatch.values.records import StepExecution
 from pybatch.values.state import ExecutionContext
 from pybatch.values.timestamps import aware_utc
-
-__all__ = [
-    "FlowDecision",
-    "FlowDecisionRequest",
-    "FlowStepState",
-    "FlowTarget",
-    "FlowTransitionKind",
-    "StartLimit",
-    "TerminalKind",
-    "check_flow_graph_bounds",
-    "decision_matches_manifest",
-    "exit_pattern_matches",
-    "select_flow_target",
-]
 
 _U32_MAX = 4_294_967_295
 _DIGEST_BYTES = 32
@@ -94,10 +80,7 @@ class TerminalKind(enum.Enum):
     @classmethod
     def from_manifest_name(cls, name: object) -> TerminalKind | None:
         """The kind a manifest names, or None for anything else."""
-        for kind in cls:
-            if kind.manifest_name == name:
-                return kind
-        return None
+        return next((kind for kind in cls if kind.manifest_name == name), None)
 
 
 class FlowTransitionKind(enum.Enum):
@@ -141,44 +124,27 @@ def _digest(instance: object, attribute: attrs.Attribute[bytes], value: bytes) -
         raise ValueError(f"{attribute.name} is 32 bytes")
 
 
-def _optional_id(kind: IdentifierKind) -> Any:
-    def validate(instance: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
-        if value is not None:
-            check_identifier(kind, value)
-
-    return validate
-
-
-def _sequence(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    check_identifier(IdentifierKind.FLOW_DECISION_SEQUENCE, value)
-
-
-def _required_id(kind: IdentifierKind) -> Any:
-    def validate(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
-        check_identifier(kind, value)
-
-    return validate
-
-
 @attrs.frozen(kw_only=True)
 class FlowDecisionRequest:
     """A decision to append: which node decided what, on which evidence."""
 
-    job_execution_id: int = attrs.field(validator=_required_id(IdentifierKind.JOB_EXECUTION))
-    sequence: int = attrs.field(validator=_sequence)
-    source_node_id: NodeId = attrs.field(validator=attrs.validators.instance_of(NodeId))
+    job_execution_id: int = attrs.field(
+        validator=identifier_validator(IdentifierKind.JOB_EXECUTION)
+    )
+    sequence: int = attrs.field(
+        validator=identifier_validator(IdentifierKind.FLOW_DECISION_SEQUENCE)
+    )
+    source_node_id: NodeId = attrs.field(validator=is_(NodeId))
     source_step_execution_id: int | None = attrs.field(
-        default=None, validator=_optional_id(IdentifierKind.STEP_EXECUTION)
+        default=None, validator=identifier_validator(IdentifierKind.STEP_EXECUTION, optional=True)
     )
-    kind: FlowTransitionKind = attrs.field(
-        validator=attrs.validators.instance_of(FlowTransitionKind)
-    )
-    observed_outcome: ExitCode = attrs.field(validator=attrs.validators.instance_of(ExitCode))
-    target: FlowTarget = attrs.field(validator=attrs.validators.instance_of(FlowTarget))
+    kind: FlowTransitionKind = attrs.field(validator=is_(FlowTransitionKind))
+    observed_outcome: ExitCode = attrs.field(validator=is_(ExitCode))
+    target: FlowTarget = attrs.field(validator=is_(FlowTarget))
     plan_fingerprint: bytes = attrs.field(validator=_digest)
     input_digest: bytes = attrs.field(validator=_digest)
     reused_decision_id: int | None = attrs.field(
-        default=None, validator=_optional_id(IdentifierKind.FLOW_DECISION)
+        default=None, validator=identifier_validator(IdentifierKind.FLOW_DECISION, optional=True)
     )
     decided_at: _dt.datetime = attrs.field(converter=aware_utc)
 
@@ -187,7 +153,7 @@ class FlowDecisionRequest:
 class FlowDecision(FlowDecisionRequest):
     """A recorded decision: the request plus its identity id."""
 
-    id: int = attrs.field(validator=_required_id(IdentifierKind.FLOW_DECISION))
+    id: int = attrs.field(validator=identifier_validator(IdentifierKind.FLOW_DECISION))
 
 
 @attrs.frozen
@@ -232,11 +198,8 @@ def check_flow_graph_bounds(manifest: Mapping[str, Any]) -> None:
     At most 1,024 nodes, 4,096 transitions, 64 transitions leaving one node, and exit
     patterns of at most 64 UTF-8 bytes. Without this check such a graph registered and then
     routed nothing: `select_flow_target` stops at a pattern over 64 bytes. Other manifests
-    are not flow graphs and pass. The reason names counts and positions, never node ids or
-    patterns.
-
-    Raises:
-        ManifestInvalid: a bound is exceeded.
+    are not flow graphs and pass. The ManifestInvalid reason names counts and positions, never
+    node ids or patterns.
     """
     if manifest.get("format") not in (2, 3):
         return

@@ -1,7 +1,6 @@
 """Identifiers, versions and counters as plain ints with explicit range checks.
 
 See docs/contract.md, Identifiers, versions and counters.
-
 Identifiers stay `int` in the API (NewType aliases document which one is meant). The domain
 range is 1..2^64-1; storage is `bigint`, so binding a value above 2^63-1 is refused with
 `IdentifierOutOfRange`. `bool` is never accepted where an int is meant.
@@ -22,27 +21,6 @@ from pybatch.errors import (
     VersionOutOfRange,
     ZeroIdentifier,
 )
-
-__all__ = [
-    "INT64_MAX",
-    "UINT64_MAX",
-    "DefinitionId",
-    "FailureId",
-    "FlowDecisionId",
-    "FlowDecisionSequence",
-    "IdentifierKind",
-    "JobExecutionId",
-    "JobInstanceId",
-    "OperatorRequestId",
-    "RecoveryDecisionId",
-    "RetentionActionId",
-    "StepExecutionId",
-    "StepPartitionId",
-    "check_counter",
-    "check_identifier",
-    "check_version",
-    "identifier_validator",
-]
 
 #: Storage bound of ids, versions and counters (PostgreSQL bigint).
 INT64_MAX = 2**63 - 1
@@ -89,15 +67,10 @@ def _require_int(value: object) -> int:
 
 
 def check_identifier(kind: IdentifierKind, value: int, *, storable: bool = True) -> int:
-    """Return `value` if it is a valid identifier of `kind`.
+    """Return `value` if it is a valid identifier of `kind` (the kind errors name).
 
-    See docs/contract.md, Identifiers, versions and counters.
-
-    Args:
-        kind: the identifier kind named in errors.
-        value: the candidate identifier.
-        storable: also require the bigint storage bound (the default); pass False to check
-            only the domain range 1..2^64-1, e.g. for generator output.
+    `storable` (the default) also requires the bigint storage bound; False checks only the
+    domain range 1..2^64-1, e.g. for generator output.
 
     Raises:
         ZeroIdentifier: the value is 0.
@@ -115,13 +88,7 @@ def check_identifier(kind: IdentifierKind, value: int, *, storable: bool = True)
 
 
 def check_version(value: int) -> int:
-    """Return `value` if it is a storable optimistic version 0..2^63-1.
-
-    See docs/contract.md, Identifiers, versions and counters.
-
-    Raises:
-        VersionOutOfRange: outside 0..2^63-1.
-    """
+    """Return `value` if it is a storable optimistic version 0..2^63-1 (else VersionOutOfRange)."""
     value = _require_int(value)
     if not 0 <= value <= INT64_MAX:
         raise VersionOutOfRange()
@@ -129,13 +96,7 @@ def check_version(value: int) -> int:
 
 
 def check_counter(name: str, value: int) -> int:
-    """Return `value` if it is a counter in 0..2^63-1.
-
-    See docs/contract.md, Identifiers, versions and counters.
-
-    Raises:
-        CounterOutOfRange: outside 0..2^63-1.
-    """
+    """Return `value` if it is a counter in 0..2^63-1 (else CounterOutOfRange)."""
     if type(value) is int and 0 <= value <= INT64_MAX:
         return value  # the common case, checked on every chunk commit, in one comparison
     value = _require_int(value)

@@ -1,7 +1,6 @@
 """Lifecycle transitions: the table, execution metadata and the checked apply.
 
 See docs/contract.md, Lifecycle.
-
 The repository locks the row, calls `apply_transition` (or `apply_exit_enrichment`) on the
 decoded metadata and writes the result with a version compare-and-swap; any error leaves the
 stored record unchanged because nothing is written.
@@ -27,21 +26,12 @@ from pybatch.errors import (
     StaleVersion,
     VersionExhausted,
 )
+from pybatch.values._fields import is_, maybe
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.ids import INT64_MAX
 from pybatch.values.names import ExitCode
 from pybatch.values.status import BatchStatus, FailureSummary
 from pybatch.values.timestamps import ExecutionTimestamps, aware_utc
-
-__all__ = [
-    "INITIAL_VERSION",
-    "TRANSITIONS",
-    "ExecutionMetadata",
-    "LifecycleTransition",
-    "apply_exit_enrichment",
-    "apply_transition",
-    "is_legal_transition",
-]
 
 #: The version of every new execution, step and partition.
 INITIAL_VERSION = 0
@@ -68,23 +58,14 @@ def is_legal_transition(from_status: BatchStatus, to_status: BatchStatus) -> boo
     return to_status in TRANSITIONS[from_status]
 
 
-def _optional_failure(
-    instance: object, attribute: attrs.Attribute[FailureSummary | None], value: object
-) -> None:
-    if value is not None and not isinstance(value, FailureSummary):
-        raise TypeError("failure is a FailureSummary or None")
-
-
 @attrs.frozen
 class LifecycleTransition:
     """A requested transition: target status, caller-supplied instant, failure, rollback flag."""
 
-    target: BatchStatus = attrs.field(validator=attrs.validators.instance_of(BatchStatus))
+    target: BatchStatus = attrs.field(validator=is_(BatchStatus))
     at: _dt.datetime = attrs.field(converter=aware_utc)
-    failure: FailureSummary | None = attrs.field(default=None, validator=_optional_failure)
-    terminal_rollback: bool = attrs.field(
-        default=False, kw_only=True, validator=attrs.validators.instance_of(bool)
-    )
+    failure: FailureSummary | None = attrs.field(default=None, validator=maybe(FailureSummary))
+    terminal_rollback: bool = attrs.field(default=False, kw_only=True, validator=is_(bool))
 
     @classmethod
     def new(cls, target: BatchStatus, at: _dt.datetime) -> LifecycleTransition:
@@ -105,15 +86,11 @@ class LifecycleTransition:
 class ExecutionMetadata:
     """Status, exit, timestamps, counters and failure of an execution (docs/contract.md, Values)."""
 
-    status: BatchStatus = attrs.field(validator=attrs.validators.instance_of(BatchStatus))
-    exit_status: ExitCode = attrs.field(validator=attrs.validators.instance_of(ExitCode))
-    timestamps: ExecutionTimestamps = attrs.field(
-        validator=attrs.validators.instance_of(ExecutionTimestamps)
-    )
-    counts: ExecutionCounts = attrs.field(
-        factory=ExecutionCounts, validator=attrs.validators.instance_of(ExecutionCounts)
-    )
-    failure: FailureSummary | None = attrs.field(default=None, validator=_optional_failure)
+    status: BatchStatus = attrs.field(validator=is_(BatchStatus))
+    exit_status: ExitCode = attrs.field(validator=is_(ExitCode))
+    timestamps: ExecutionTimestamps = attrs.field(validator=is_(ExecutionTimestamps))
+    counts: ExecutionCounts = attrs.field(factory=ExecutionCounts, validator=is_(ExecutionCounts))
+    failure: FailureSummary | None = attrs.field(default=None, validator=maybe(FailureSummary))
 
     def __attrs_post_init__(self) -> None:
         ended = self.timestamps.ended_at is not None
@@ -148,18 +125,10 @@ def apply_transition(
     *,
     counts_apply: bool,
 ) -> tuple[ExecutionMetadata, int]:
-    """Apply `transition` to `metadata` at `version`, checking in the order listed under Raises.
+    """Return the metadata after `transition` and `version + 1`, checking in the order below.
 
-    Args:
-        metadata: the current (locked) metadata.
-        version: the current stored version.
-        expected_version: the version the caller observed.
-        transition: the requested transition.
-        counts_apply: True for step executions, whose terminal-rollback flag increments
-            `rolled_back`; False for job executions, which carry no counters.
-
-    Returns:
-        The new metadata and the new version (`version + 1`).
+    `counts_apply` is True for step executions, whose terminal-rollback flag increments
+    `rolled_back`, and False for job executions, which carry no counters.
 
     Raises:
         StaleVersion: `expected_version != version` (checked first, even if also illegal).
@@ -211,14 +180,7 @@ def apply_transition(
 def apply_exit_enrichment(
     metadata: ExecutionMetadata, version: int, expected_version: int, exit_status: ExitCode
 ) -> tuple[ExecutionMetadata, int]:
-    """Replace only the exit status and bump the version, in any status.
-
-    See docs/contract.md, Exit-status enrichment.
-
-    Raises:
-        StaleVersion: `expected_version != version`.
-        VersionExhausted: `version` is already the storage maximum 2^63-1.
-    """
+    """Replace only the exit status and bump the version, in any status."""
     version, expected_version = _check_int(version), _check_int(expected_version)
     if expected_version != version:
         raise StaleVersion(expected=expected_version, actual=version)

@@ -1,7 +1,6 @@
 """Validated names, definition tokens, state schema ids and request fields.
 
 See docs/contract.md, Names and tokens.
-
 Validation order for names and tokens is empty -> too long (UTF-8 bytes) -> surrounding white
 space -> control character, exactly as the contract lists it, so the reported error is the same
 as the Rust seeds'. Errors never carry the value itself (docs/contract.md, Redaction).
@@ -11,7 +10,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from typing import ClassVar
+from typing import ClassVar, NoReturn
 
 import attrs
 
@@ -23,26 +22,6 @@ from pybatch.errors import (
     TextRule,
     TokenInvalid,
 )
-
-__all__ = [
-    "NAME_MAX_BYTES",
-    "TOKEN_MAX_BYTES",
-    "UNICODE_WHITE_SPACE",
-    "ActorRef",
-    "ClassifierRevision",
-    "ComponentRevision",
-    "DeciderRevision",
-    "DefinitionRevision",
-    "DefinitionUpgradeKey",
-    "ExitCode",
-    "JobName",
-    "NodeId",
-    "OperationId",
-    "ParameterName",
-    "ReasonCode",
-    "StateSchemaId",
-    "StepName",
-]
 
 #: Byte bound of job, step and parameter names.
 NAME_MAX_BYTES = 128
@@ -188,16 +167,16 @@ class _DefinitionToken(_Text):
         rule = violation[0]
         if rule is None:
             raise TextNotUtf8(kind=cls._KIND)
-        bound = TOKEN_MAX_BYTES if rule is TextRule.TOO_LONG else None
+        cls._refuse(rule, TOKEN_MAX_BYTES if rule is TextRule.TOO_LONG else None)
+
+    @classmethod
+    def _refuse(cls, rule: TextRule, bound: int | None) -> NoReturn:
         raise TokenInvalid(kind=cls._KIND, rule=rule, max_bytes=bound)
 
 
 @attrs.frozen(order=True)
 class NodeId(_DefinitionToken):
-    """The stable logical id of a step, independent of its StepName.
-
-    See docs/contract.md, Flow values.
-    """
+    """The stable logical id of a step, independent of its StepName."""
 
     _KIND = "node id"
 
@@ -241,21 +220,13 @@ class DeciderRevision(_DefinitionToken):
 
 
 @attrs.frozen(order=True)
-class StateSchemaId(_Text):
-    """The application schema id of a checkpoint or execution context.
+class StateSchemaId(_DefinitionToken):
+    """The application schema id of a checkpoint or execution context (a token's rules)."""
 
-    See docs/contract.md, State envelopes.
-    """
+    _KIND = "state schema identifier"
 
     @classmethod
-    def _validate(cls, value: str) -> None:
-        violation = _first_violation(value, TOKEN_MAX_BYTES)
-        if violation is None:
-            return
-        rule = violation[0]
-        if rule is None:
-            raise TextNotUtf8(kind="state schema identifier")
-        bound = TOKEN_MAX_BYTES if rule is TextRule.TOO_LONG else None
+    def _refuse(cls, rule: TextRule, bound: int | None) -> NoReturn:
         raise SchemaIdInvalid(rule=rule, max_bytes=bound)
 
 

@@ -1,7 +1,6 @@
 """Operator vocabulary: actions, outcomes, lossless rejections, audit records.
 
 See docs/contract.md, Operator vocabulary.
-
 The audit row is what makes operator requests idempotent (docs/contract.md, Operator requests),
 so every value here round-trips through `operator_request` unchanged: a rejection is stored
 with all its details and read back losslessly, and every code the domain defines is storable.
@@ -10,10 +9,6 @@ with all its details and read back losslessly, and every code the domain defines
 from __future__ import annotations
 
 import datetime as _dt
-import enum
-import hashlib
-import struct
-from typing import Any
 
 import attrs
 
@@ -32,6 +27,8 @@ from pybatch.errors import (
     StaleVersion,
     StartLimitExceeded,
 )
+from pybatch.values._canonical import CanonicalWriter
+from pybatch.values._fields import Code, is_, maybe, optional_version
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.ids import (
     IdentifierKind,
@@ -48,27 +45,11 @@ from pybatch.values.recovery import RecoveryDisposition, RecoveryRequest, Recove
 from pybatch.values.status import BatchStatus, FailureSummary
 from pybatch.values.timestamps import aware_utc
 
-__all__ = [
-    "AUTOMATIC_RECOVERY_ACTOR",
-    "REQUEST_DIGEST_DOMAIN",
-    "AuthorizationClass",
-    "OperatorAction",
-    "OperatorOutcomeClass",
-    "OperatorRecord",
-    "OperatorRecordDraft",
-    "OperatorRejection",
-    "OperatorRejectionCode",
-    "RecoveryArguments",
-    "RequestDigest",
-    "RequestTarget",
-    "automatic_recovery_record",
-]
-
 #: Domain-separation tag of the request digest, kept byte for byte (docs/tables.md 3.10).
 REQUEST_DIGEST_DOMAIN = "oxide-batch.operator-request.v1"
 
 
-class AuthorizationClass(enum.Enum):
+class AuthorizationClass(Code):
     """How much an operator request may change; derived from the action and stored with it."""
 
     #: Explorer queries and retention plans.
@@ -78,11 +59,8 @@ class AuthorizationClass(enum.Enum):
     #: Abandon, recover, hold, release and purge apply.
     DESTRUCTIVE = "DESTRUCTIVE"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class OperatorAction(enum.Enum):
+class OperatorAction(Code):
     """An operator action; the value is the stored code and half of the idempotency key."""
 
     #: Create the first (or a new) execution of an instance key.
@@ -96,9 +74,6 @@ class OperatorAction(enum.Enum):
     #: Resolve an orphaned or ambiguous execution (docs/contract.md, Recovery).
     RECOVER = "RECOVER"
 
-    def __str__(self) -> str:
-        return self.value
-
     @property
     def authorization_class(self) -> AuthorizationClass:
         """LIFECYCLE for launch, restart and stop; DESTRUCTIVE for abandon and recover."""
@@ -107,7 +82,7 @@ class OperatorAction(enum.Enum):
         return AuthorizationClass.LIFECYCLE
 
 
-class OperatorOutcomeClass(enum.Enum):
+class OperatorOutcomeClass(Code):
     """What became of an operator request."""
 
     #: The effect was applied (or was already in place, e.g. a repeated stop).
@@ -117,11 +92,8 @@ class OperatorOutcomeClass(enum.Enum):
     #: The repository refused the effect; the row carries the rejection.
     REJECTED = "REJECTED"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class OperatorRejectionCode(enum.Enum):
+class OperatorRejectionCode(Code):
     """Why an operator request was rejected; the value is the stored code."""
 
     #: The execution's version moved on; carries the actual (current) version.
@@ -149,9 +121,6 @@ class OperatorRejectionCode(enum.Enum):
     #: The action code is outside the vocabulary.
     UNSUPPORTED_ACTION = "UNSUPPORTED_ACTION"
 
-    def __str__(self) -> str:
-        return self.value
-
     @property
     def carries_current_version(self) -> bool:
         """Whether the rejection records the execution's actual version."""
@@ -171,15 +140,7 @@ class OperatorRejectionCode(enum.Enum):
         return self is OperatorRejectionCode.EXECUTION_ALREADY_ACTIVE
 
 
-def _optional_version(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is None:
-        return
-    if type(value) is not int:
-        raise TypeError(f"{attribute.name} is an int")
-    check_version(value)
-
-
-_optional_status = attrs.validators.optional(attrs.validators.instance_of(BatchStatus))
+_optional_status = maybe(BatchStatus)
 
 
 @attrs.frozen(kw_only=True)
@@ -190,10 +151,8 @@ class OperatorRejection:
     `status` and `execution_id` are the values the repository reported.
     """
 
-    code: OperatorRejectionCode = attrs.field(
-        validator=attrs.validators.instance_of(OperatorRejectionCode)
-    )
-    current_version: int | None = attrs.field(default=None, validator=_optional_version)
+    code: OperatorRejectionCode = attrs.field(validator=is_(OperatorRejectionCode))
+    current_version: int | None = attrs.field(default=None, validator=optional_version)
     status: BatchStatus | None = attrs.field(default=None, validator=_optional_status)
     execution_id: JobExecutionId | None = attrs.field(
         default=None, validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True)
@@ -276,12 +235,9 @@ class OperatorRejection:
 
 @attrs.frozen
 class RequestTarget:
-    """What a request acts on, in the text form the request digest covers.
+    """What a request acts on, in the text form the request digest covers."""
 
-    See docs/contract.md, Operator vocabulary.
-    """
-
-    value: str = attrs.field(validator=attrs.validators.instance_of(str))
+    value: str = attrs.field(validator=is_(str))
 
     @classmethod
     def instance_key(cls, key: JobInstanceKey) -> RequestTarget:
@@ -303,33 +259,10 @@ class RequestTarget:
 class RecoveryArguments:
     """The recovery arguments a RECOVER request's digest covers."""
 
-    request: RecoveryRequest = attrs.field(validator=attrs.validators.instance_of(RecoveryRequest))
-    unknown_commit: bool = attrs.field(validator=attrs.validators.instance_of(bool))
+    request: RecoveryRequest = attrs.field(validator=is_(RecoveryRequest))
+    unknown_commit: bool = attrs.field(validator=is_(bool))
     #: Recover even though the owner's lease is fresh (the owner is fenced first).
-    force: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
-
-
-class _CanonicalWriter:
-    """Length-prefixed fields, so no two field lists share an encoding (docs/tables.md 3.10)."""
-
-    def __init__(self, tag: str) -> None:
-        self._parts: list[bytes] = []
-        self.text(tag)
-
-    def bytes_(self, value: bytes) -> None:
-        self._parts.append(struct.pack(">Q", len(value)) + value)
-
-    def text(self, value: str) -> None:
-        self.bytes_(value.encode("utf-8"))
-
-    def u64(self, value: int) -> None:
-        self._parts.append(struct.pack(">Q", value))
-
-    def optional_u64(self, value: int | None) -> None:
-        self._parts.append(b"\x00" if value is None else b"\x01" + struct.pack(">Q", value))
-
-    def digest(self) -> bytes:
-        return hashlib.sha256(b"".join(self._parts)).digest()
+    force: bool = attrs.field(default=False, validator=is_(bool))
 
 
 @attrs.frozen(repr=False)
@@ -358,14 +291,9 @@ class RequestDigest:
     ) -> RequestDigest:
         """Digest a request with the canonical writer of docs/contract.md, Operator vocabulary.
 
-        Args:
-            action: the action; its code is written.
-            target: what the request acts on.
-            expected_version: the request's expected execution version, if any.
-            reason: the request's reason code, if any (written as "" when absent).
-            arguments: a launch or restart's definition, a recovery's arguments, or None.
+        `arguments` is a launch or restart's definition, a recovery's arguments, or None.
         """
-        writer = _CanonicalWriter(REQUEST_DIGEST_DOMAIN)
+        writer = CanonicalWriter(REQUEST_DIGEST_DOMAIN)
         writer.text(action.value)
         writer.text(target.value)
         writer.optional_u64(None if expected_version is None else check_version(expected_version))
@@ -404,10 +332,7 @@ class RequestDigest:
 
 
 def _check_shape(outcome: OperatorOutcomeClass, rejection: OperatorRejection | None) -> None:
-    """APPLIED or REPLAYED carry no rejection; REJECTED carries one.
-
-    See docs/contract.md, Operator requests.
-    """
+    """APPLIED or REPLAYED carry no rejection; REJECTED carries one."""
     if (outcome is OperatorOutcomeClass.REJECTED) != (rejection is not None):
         raise ValueError("REJECTED carries a rejection; APPLIED and REPLAYED carry none")
 
@@ -416,28 +341,22 @@ def _check_shape(outcome: OperatorOutcomeClass, rejection: OperatorRejection | N
 class OperatorRecordDraft:
     """An audit row about to be appended: an operator record without its id."""
 
-    action: OperatorAction = attrs.field(validator=attrs.validators.instance_of(OperatorAction))
-    operation_id: OperationId = attrs.field(validator=attrs.validators.instance_of(OperationId))
-    actor: ActorRef = attrs.field(validator=attrs.validators.instance_of(ActorRef))
-    reason: ReasonCode | None = attrs.field(
-        validator=attrs.validators.optional(attrs.validators.instance_of(ReasonCode))
-    )
-    digest: RequestDigest = attrs.field(validator=attrs.validators.instance_of(RequestDigest))
+    action: OperatorAction = attrs.field(validator=is_(OperatorAction))
+    operation_id: OperationId = attrs.field(validator=is_(OperationId))
+    actor: ActorRef = attrs.field(validator=is_(ActorRef))
+    reason: ReasonCode | None = attrs.field(validator=maybe(ReasonCode))
+    digest: RequestDigest = attrs.field(validator=is_(RequestDigest))
     job_instance_id: JobInstanceId | None = attrs.field(
         validator=identifier_validator(IdentifierKind.JOB_INSTANCE, optional=True)
     )
     job_execution_id: JobExecutionId | None = attrs.field(
         validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True)
     )
-    observed_version: int | None = attrs.field(validator=_optional_version)
+    observed_version: int | None = attrs.field(validator=optional_version)
     prior_status: BatchStatus | None = attrs.field(validator=_optional_status)
     result_status: BatchStatus | None = attrs.field(validator=_optional_status)
-    outcome: OperatorOutcomeClass = attrs.field(
-        validator=attrs.validators.instance_of(OperatorOutcomeClass)
-    )
-    rejection: OperatorRejection | None = attrs.field(
-        validator=attrs.validators.optional(attrs.validators.instance_of(OperatorRejection))
-    )
+    outcome: OperatorOutcomeClass = attrs.field(validator=is_(OperatorOutcomeClass))
+    rejection: OperatorRejection | None = attrs.field(validator=maybe(OperatorRejection))
     requested_at: _dt.datetime = attrs.field(converter=aware_utc)
 
     def __attrs_post_init__(self) -> None:
@@ -452,8 +371,6 @@ class OperatorRecordDraft:
 @attrs.frozen(kw_only=True)
 class OperatorRecord(OperatorRecordDraft):
     """One stored operator request: the audit row and the idempotency record.
-
-    See docs/contract.md, Operator vocabulary.
 
     The draft's fields and checks, plus the id the append gave it.
     """

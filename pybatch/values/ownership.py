@@ -1,7 +1,6 @@
 """Execution ownership: owner tokens, leases and the control a runner observes.
 
 See docs/contract.md, Ownership and leases.
-
 A token is evidence of who runs an execution; the lease says until when that evidence is
 fresh, and it is the only authority. A runner renews its lease while it lives, so a launch
 finds an execution orphaned only when its lease ran out on the database clock
@@ -16,8 +15,6 @@ import secrets
 import attrs
 
 from pybatch.values.records import JobExecution
-
-__all__ = ["ExecutionControl", "ExecutionLease", "LeaseState", "OwnerToken"]
 
 TOKEN_BYTES = 16
 

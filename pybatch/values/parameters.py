@@ -1,7 +1,6 @@
 """Job parameters, instance keys and their durable digests.
 
 See docs/contract.md, Job parameters and instance keys; docs/tables.md 3.7.
-
 The kind of a value is part of identity: `U64(1)`, `I64(1)` and `Bool(True)` are different
 values, and Python `bool` is never accepted where an integer kind is meant (or vice versa).
 Values are redacted in every repr (docs/contract.md, Redaction).
@@ -9,7 +8,6 @@ Values are redacted in every repr (docs/contract.md, Redaction).
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import struct
 from collections.abc import Iterable, Iterator, Mapping
@@ -24,18 +22,8 @@ from pybatch.errors import (
     TextContainsNul,
     TextNotUtf8,
 )
+from pybatch.values._fields import Code, is_
 from pybatch.values.names import JobName, ParameterName
-
-__all__ = [
-    "PARAMETER_STRING_MAX_BYTES",
-    "ParameterInput",
-    "JobInstanceKey",
-    "JobParameter",
-    "JobParameters",
-    "ParameterRole",
-    "ParameterValue",
-    "ParameterValueKind",
-]
 
 #: Byte bound of a string parameter value.
 PARAMETER_STRING_MAX_BYTES = 65_536
@@ -50,16 +38,13 @@ _FLOW_INPUT_PREFIX = b"oxide-batch.flow-parameters.v1\x00"
 _INSTANCE_KEY_VERSION = b"\x01"
 
 
-class ParameterValueKind(enum.Enum):
+class ParameterValueKind(Code):
     """The kind of a parameter value; values are the type tags."""
 
     STRING = "STRING"
     I64 = "I64"
     U64 = "U64"
     BOOL = "BOOL"
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def json_tag(self) -> str:
@@ -74,7 +59,7 @@ class ParameterValueKind(enum.Enum):
     @property
     def display(self) -> str:
         """The kind's display name, used in reprs: String, I64, U64, Bool."""
-        return _DISPLAY[self]
+        return self.value.capitalize()
 
 
 _DIGEST_TAGS = {
@@ -83,22 +68,13 @@ _DIGEST_TAGS = {
     ParameterValueKind.U64: 3,
     ParameterValueKind.BOOL: 4,
 }
-_DISPLAY = {
-    ParameterValueKind.STRING: "String",
-    ParameterValueKind.I64: "I64",
-    ParameterValueKind.U64: "U64",
-    ParameterValueKind.BOOL: "Bool",
-}
 
 
-class ParameterRole(enum.Enum):
+class ParameterRole(Code):
     """Whether a parameter takes part in instance identity."""
 
     IDENTIFYING = "Identifying"
     NON_IDENTIFYING = "NonIdentifying"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @attrs.frozen(repr=False)
@@ -178,10 +154,8 @@ class ParameterValue:
 class JobParameter:
     """A parameter value and whether it is identifying (the default, as in Spring Batch)."""
 
-    value: ParameterValue = attrs.field(validator=attrs.validators.instance_of(ParameterValue))
-    identifying: bool = attrs.field(
-        default=True, kw_only=True, validator=attrs.validators.instance_of(bool)
-    )
+    value: ParameterValue = attrs.field(validator=is_(ParameterValue))
+    identifying: bool = attrs.field(default=True, kw_only=True, validator=is_(bool))
 
     @property
     def kind(self) -> ParameterValueKind:
@@ -234,11 +208,7 @@ class JobParameters:
 
     @classmethod
     def from_pairs(cls, pairs: Iterable[tuple[ParameterName | str, JobParameter]]) -> JobParameters:
-        """Build from (name, parameter) pairs in any order.
-
-        Raises:
-            DuplicateParameter: a name occurs twice.
-        """
+        """Build from (name, parameter) pairs in any order; a name given twice is refused."""
         seen: dict[bytes, tuple[ParameterName, JobParameter]] = {}
         for raw_name, parameter in pairs:
             name = _as_name(raw_name)
@@ -300,11 +270,7 @@ class JobParameters:
         return cls.from_pairs(pairs)
 
     def with_parameter(self, name: ParameterName | str, parameter: JobParameter) -> JobParameters:
-        """Return a copy with one more parameter; this map is unchanged.
-
-        Raises:
-            DuplicateParameter: the name is already present (the first value is kept).
-        """
+        """Return a copy with one more parameter; a name already present is refused."""
         return JobParameters.from_pairs([*self.entries, (name, parameter)])
 
     def __len__(self) -> int:
@@ -355,8 +321,6 @@ class JobParameters:
     def flow_input_digest(self) -> bytes:
         """SHA-256 over all parameters, identifying or not.
 
-        See docs/contract.md, Job parameters and instance keys.
-
         Flow records store only this digest, never raw parameter values.
         """
         digest = hashlib.sha256(_FLOW_INPUT_PREFIX)
@@ -396,7 +360,7 @@ def _identifying_only(parameters: JobParameters) -> JobParameters:
 class JobInstanceKey:
     """The identity of a job instance: the job name and its identifying parameters only."""
 
-    job_name: JobName = attrs.field(validator=attrs.validators.instance_of(JobName))
+    job_name: JobName = attrs.field(validator=is_(JobName))
     parameters: JobParameters = attrs.field(converter=_identifying_only)
 
     def digest_input(self) -> bytes:

@@ -1,7 +1,6 @@
 """Partition values: plan entries, stored partitions, results and aggregation.
 
 See docs/contract.md, Partition values.
-
 The domain rules here are pure: `assign`, `complete` and `aggregate_partitions` decide what a
 partition or a parent becomes, and the repository writes exactly that under its row locks.
 """
@@ -29,22 +28,6 @@ from pybatch.values.names import ExitCode
 from pybatch.values.records import StepExecution
 from pybatch.values.state import ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus
-
-__all__ = [
-    "MAX_PARTITIONS",
-    "MAX_PARTITION_CONTEXT_BYTES",
-    "MAX_PARTITION_WORKERS",
-    "AggregateError",
-    "PartitionAggregate",
-    "PartitionKey",
-    "PartitionPlanEntry",
-    "PartitionResult",
-    "PartitionStateError",
-    "PlanProgress",
-    "SlowPartition",
-    "StepPartition",
-    "aggregate_partitions",
-]
 
 #: Entries in one plan.
 MAX_PARTITIONS = 1024
@@ -88,11 +71,7 @@ def _check_key(instance: object, attribute: attrs.Attribute[str], value: str) ->
 
 @attrs.frozen(order=False)
 class PartitionKey:
-    """A partition's key within its plan: byte-exact, whitespace kept, 1..128 bytes, no NUL.
-
-    Raises:
-        NameInvalid (empty, too long, a NUL control character), TextNotUtf8.
-    """
+    """A partition's key within its plan: byte-exact, whitespace kept, 1..128 bytes, no NUL."""
 
     value: str = attrs.field(validator=_check_key)
 
@@ -186,12 +165,7 @@ class StepPartition:
             raise PartitionContextTooLarge(max_bytes=MAX_PARTITION_CONTEXT_BYTES)
 
     def assigned(self, expected_version: int, worker: int) -> StepPartition:
-        """The partition handed to `worker` (first assignment, or retry after FAILED/STOPPED).
-
-        Raises:
-            StaleVersion: `expected_version` is not the stored version.
-            PartitionStateError("InvalidState"): any other status.
-        """
+        """The partition handed to `worker` (first assignment, or retry after FAILED/STOPPED)."""
         self._check_version(expected_version)
         first = self.status is BatchStatus.STARTING and self.worker_step_execution_id is None
         retry = (
@@ -210,12 +184,7 @@ class StepPartition:
         )
 
     def completed(self, expected_version: int, result: PartitionResult) -> StepPartition:
-        """The partition carrying its worker's terminal snapshot.
-
-        Raises:
-            StaleVersion: `expected_version` is not the stored version.
-            PartitionStateError("InvalidState"): not STARTED with a worker.
-        """
+        """The partition carrying its worker's terminal snapshot (it must be STARTED)."""
         self._check_version(expected_version)
         if self.status is not BatchStatus.STARTED or self.worker_step_execution_id is None:
             raise PartitionStateError("InvalidState", self.status)
@@ -258,13 +227,7 @@ class AggregateError(Exception):
 
 
 def aggregate_partitions(children: Iterable[StepPartition]) -> PartitionAggregate:
-    """Aggregate children independently of input or completion order.
-
-    See docs/contract.md, Partition values.
-
-    Raises:
-        AggregateError: see the class.
-    """
+    """Aggregate children independently of input or completion order (else AggregateError)."""
     ordered: Sequence[StepPartition] = sorted(children, key=lambda p: p.key.sort_key)
     if not ordered:
         raise AggregateError("EmptyPlan")

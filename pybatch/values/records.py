@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 
 from pybatch.errors import InvalidTimestampOrder
+from pybatch.values._fields import is_, version
 from pybatch.values.counts import StepFaultCounts
 from pybatch.values.ids import (
     INT64_MAX,
@@ -22,7 +23,6 @@ from pybatch.values.ids import (
     JobInstanceId,
     StepExecutionId,
     Validator,
-    check_version,
     identifier_validator,
 )
 from pybatch.values.lifecycle import ExecutionMetadata
@@ -32,23 +32,10 @@ from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus
 from pybatch.values.timestamps import aware_utc
 
-__all__ = [
-    "Created",
-    "LockedJobInstance",
-    "Existing",
-    "JobExecution",
-    "JobInstance",
-    "JobInstanceSelection",
-    "StepExecution",
-]
-
 _INT32_MAX = 2**31 - 1
 
 
-_Validator = Validator
-
-
-def _definition_id(*, optional: bool = False) -> _Validator:
+def _definition_id(*, optional: bool = False) -> Validator:
     """An attrs validator for `job_definition` surrogate keys (1..2^63-1)."""
 
     def validate(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -58,12 +45,6 @@ def _definition_id(*, optional: bool = False) -> _Validator:
             raise ValueError(f"{attribute.name} must be a positive bigint")
 
     return validate
-
-
-def _version(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if type(value) is not int:
-        raise TypeError("version is an int")
-    check_version(value)
 
 
 def _attempt(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -79,10 +60,10 @@ class JobInstance:
     """
 
     id: JobInstanceId = attrs.field(validator=identifier_validator(IdentifierKind.JOB_INSTANCE))
-    job_name: JobName = attrs.field(validator=attrs.validators.instance_of(JobName))
+    job_name: JobName = attrs.field(validator=is_(JobName))
     instance_key: bytes
     created_at: _dt.datetime = attrs.field(converter=aware_utc)
-    parameters: JobParameters = attrs.field(validator=attrs.validators.instance_of(JobParameters))
+    parameters: JobParameters = attrs.field(validator=is_(JobParameters))
 
     def __attrs_post_init__(self) -> None:
         if self.parameters.identifying_count != self.parameters.parameter_count:
@@ -103,8 +84,30 @@ class JobInstance:
         )
 
 
+class _Attempt:
+    """What job and step executions share: lifecycle metadata and the last write's instant."""
+
+    __slots__ = ()
+    metadata: ExecutionMetadata
+    updated_at: _dt.datetime
+
+    def __attrs_post_init__(self) -> None:
+        if self.updated_at < self.metadata.timestamps.created_at:
+            raise InvalidTimestampOrder()
+
+    @property
+    def created_at(self) -> _dt.datetime:
+        """When the execution or step was created (repository clock)."""
+        return self.metadata.timestamps.created_at
+
+    @property
+    def status(self) -> BatchStatus:
+        """Shortcut to `metadata.status`."""
+        return self.metadata.status
+
+
 @attrs.frozen(kw_only=True)
-class JobExecution:
+class JobExecution(_Attempt):
     """One launch or restart attempt of a job instance (docs/contract.md, Values)."""
 
     id: JobExecutionId = attrs.field(validator=identifier_validator(IdentifierKind.JOB_EXECUTION))
@@ -113,10 +116,8 @@ class JobExecution:
     )
     attempt: int = attrs.field(validator=_attempt)
     definition_id: DefinitionId = attrs.field(validator=_definition_id())
-    metadata: ExecutionMetadata = attrs.field(
-        validator=attrs.validators.instance_of(ExecutionMetadata)
-    )
-    version: int = attrs.field(validator=_version)
+    metadata: ExecutionMetadata = attrs.field(validator=is_(ExecutionMetadata))
+    version: int = attrs.field(validator=version)
     updated_at: _dt.datetime = attrs.field(converter=aware_utc)
     restart_of_execution_id: JobExecutionId | None = attrs.field(
         default=None,
@@ -126,69 +127,34 @@ class JobExecution:
         default=None, validator=_definition_id(optional=True)
     )
 
-    def __attrs_post_init__(self) -> None:
-        if self.updated_at < self.metadata.timestamps.created_at:
-            raise InvalidTimestampOrder()
-
-    @property
-    def created_at(self) -> _dt.datetime:
-        """When the execution was created (repository clock)."""
-        return self.metadata.timestamps.created_at
-
-    @property
-    def status(self) -> BatchStatus:
-        """Shortcut to `metadata.status`."""
-        return self.metadata.status
-
 
 @attrs.frozen(kw_only=True)
-class StepExecution:
-    """One attempt of a named step, with its durable chunk state.
-
-    See docs/contract.md, Values; Chunk transactions.
-    """
+class StepExecution(_Attempt):
+    """One attempt of a named step, with its durable chunk state."""
 
     id: StepExecutionId = attrs.field(validator=identifier_validator(IdentifierKind.STEP_EXECUTION))
     job_execution_id: JobExecutionId = attrs.field(
         validator=identifier_validator(IdentifierKind.JOB_EXECUTION)
     )
-    step_name: StepName = attrs.field(validator=attrs.validators.instance_of(StepName))
-    logical_id: NodeId = attrs.field(validator=attrs.validators.instance_of(NodeId))
-    metadata: ExecutionMetadata = attrs.field(
-        validator=attrs.validators.instance_of(ExecutionMetadata)
-    )
-    version: int = attrs.field(validator=_version)
+    step_name: StepName = attrs.field(validator=is_(StepName))
+    logical_id: NodeId = attrs.field(validator=is_(NodeId))
+    metadata: ExecutionMetadata = attrs.field(validator=is_(ExecutionMetadata))
+    version: int = attrs.field(validator=version)
     updated_at: _dt.datetime = attrs.field(converter=aware_utc)
-    checkpoint: Checkpoint = attrs.field(
-        factory=Checkpoint.empty, validator=attrs.validators.instance_of(Checkpoint)
-    )
+    checkpoint: Checkpoint = attrs.field(factory=Checkpoint.empty, validator=is_(Checkpoint))
     context: ExecutionContext = attrs.field(
-        factory=ExecutionContext.empty, validator=attrs.validators.instance_of(ExecutionContext)
+        factory=ExecutionContext.empty, validator=is_(ExecutionContext)
     )
     fault_counts: StepFaultCounts = attrs.field(
-        factory=StepFaultCounts, validator=attrs.validators.instance_of(StepFaultCounts)
+        factory=StepFaultCounts, validator=is_(StepFaultCounts)
     )
-
-    def __attrs_post_init__(self) -> None:
-        if self.updated_at < self.metadata.timestamps.created_at:
-            raise InvalidTimestampOrder()
-
-    @property
-    def created_at(self) -> _dt.datetime:
-        """When the step was created (repository clock)."""
-        return self.metadata.timestamps.created_at
-
-    @property
-    def status(self) -> BatchStatus:
-        """Shortcut to `metadata.status`."""
-        return self.metadata.status
 
 
 @attrs.frozen
 class JobInstanceSelection:
     """The result of `select_or_create_job_instance`: `Created` or `Existing`."""
 
-    instance: JobInstance = attrs.field(validator=attrs.validators.instance_of(JobInstance))
+    instance: JobInstance = attrs.field(validator=is_(JobInstance))
 
     @property
     def was_created(self) -> bool:

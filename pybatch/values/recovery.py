@@ -27,17 +27,6 @@ from pybatch.values.names import UNICODE_WHITE_SPACE
 from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus, FailureSummary
 
-__all__ = [
-    "OwnerObservation",
-    "RecoveryDecision",
-    "RecoveryDisposition",
-    "RecoveryMarkers",
-    "RecoveryRequest",
-    "RecoveryResult",
-    "RecoverySnapshot",
-    "RecoveryStepEvidence",
-]
-
 
 class RecoveryDisposition(enum.Enum):
     """What recovery makes of the execution."""
@@ -236,11 +225,7 @@ class RecoverySnapshot:
         Measured on the database clock (`server_time`) against the durable `updated_at`.
         That stamp came from a client the new-connection check held within `max_clock_skew`
         of the server, so the skew is added: a client slightly ahead never makes a live run
-        look stale.
-
-        Raises:
-            StaleThresholdOutOfRange: `threshold` is outside 1 min..24 h.
-            ClockSkewBoundOutOfRange: `max_clock_skew` is outside 100 ms..60 s.
+        look stale. Both bounds are checked as configuration is (1 min..24 h, 100 ms..60 s).
         """
         check_stale_threshold(threshold)
         check_max_clock_skew(max_clock_skew)

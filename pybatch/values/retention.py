@@ -1,7 +1,6 @@
 """Retention vocabulary: holds, purge requests and plans, retention records.
 
 See docs/contract.md, Retention vocabulary.
-
 The purge unit is a whole instance history (docs/contract.md, Retention and purge): a plan
 names instances, each with all its executions and their versions, and its digest binds
 the request and every (instance, execution, version) so that apply can tell whether
@@ -11,8 +10,6 @@ anything changed since the survey.
 from __future__ import annotations
 
 import datetime as _dt
-import enum
-import hashlib
 import struct
 from collections.abc import Iterable
 
@@ -24,30 +21,11 @@ from pybatch.errors import (
     EmptyStatusSet,
     NonTerminalStatus,
 )
+from pybatch.values._canonical import CanonicalWriter
+from pybatch.values._fields import Code
 from pybatch.values.names import ActorRef, JobName, OperationId, ReasonCode
 from pybatch.values.status import BatchStatus
 from pybatch.values.timestamps import aware_utc
-
-__all__ = [
-    "DEFAULT_MINIMUM_AGE",
-    "MINIMUM_AGE",
-    "PLAN_DIGEST_DOMAIN",
-    "RETENTION_DIGEST_DOMAIN",
-    "PurgeBatchBound",
-    "PurgeCandidate",
-    "PurgeCounts",
-    "PurgePlan",
-    "PurgePlanRequest",
-    "PurgeSurvey",
-    "RetentionAction",
-    "RetentionHold",
-    "RetentionRecord",
-    "RetentionRecordDraft",
-    "TerminalStatusSet",
-    "candidate_encoding",
-    "candidate_order",
-    "retention_request_digest",
-]
 
 PLAN_DIGEST_DOMAIN = "oxide-batch.retention-plan.v1"
 RETENTION_DIGEST_DOMAIN = "pybatch.retention-request.v1"
@@ -59,27 +37,6 @@ _TERMINAL_ORDER = (
     BatchStatus.COMPLETED,
     BatchStatus.ABANDONED,
 )
-
-
-class _Writer:
-    """Length-prefixed strings and big-endian u64s (the canonical writer of docs/tables.md 3.10)."""
-
-    def __init__(self, tag: str) -> None:
-        self._parts: list[bytes] = []
-        self.text(tag)
-
-    def text(self, value: str) -> None:
-        data = value.encode("utf-8")
-        self._parts.append(struct.pack(">Q", len(data)) + data)
-
-    def u64(self, value: int) -> None:
-        self._parts.append(struct.pack(">Q", value))
-
-    def raw(self, data: bytes) -> None:
-        self._parts.append(data)
-
-    def digest(self) -> bytes:
-        return hashlib.sha256(b"".join(self._parts)).digest()
 
 
 @attrs.frozen
@@ -220,7 +177,7 @@ class PurgePlan:
     def new(cls, request: PurgePlanRequest, survey: PurgeSurvey) -> PurgePlan:
         """Seal a survey with the plan digest of docs/contract.md, Retention vocabulary."""
         candidates = tuple(sorted(survey.candidates, key=candidate_order))
-        writer = _Writer(PLAN_DIGEST_DOMAIN)
+        writer = CanonicalWriter(PLAN_DIGEST_DOMAIN)
         writer.text(request.job_name.value)
         for status in request.statuses.ordered():
             writer.text(status.value)
@@ -247,15 +204,12 @@ class PurgePlan:
         return sorted({candidate.job_instance_id for candidate in self.candidates})
 
 
-class RetentionAction(enum.Enum):
+class RetentionAction(Code):
     """A retention action; with the operation id, the idempotency key."""
 
     HOLD = "HOLD"
     RELEASE_HOLD = "RELEASE_HOLD"
     APPLY_PURGE = "APPLY_PURGE"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @attrs.frozen(kw_only=True)
@@ -270,7 +224,7 @@ class RetentionHold:
 
 def retention_request_digest(action: RetentionAction, target: str, reason: ReasonCode) -> bytes:
     """The retention request digest: action, target and reason, not the actor."""
-    writer = _Writer(RETENTION_DIGEST_DOMAIN)
+    writer = CanonicalWriter(RETENTION_DIGEST_DOMAIN)
     writer.text(action.value)
     writer.text(target)
     writer.text(reason.value)

@@ -1,7 +1,6 @@
 """Checkpoint and ExecutionContext envelopes, bounded and versioned.
 
 See docs/contract.md, State envelopes.
-
 An envelope is `{"format", "format_version": 1, "schema", "schema_version", "payload": {..}}`.
 
 Floats in payloads are accepted. They are normalised at construction to the form that survives
@@ -16,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any, ClassVar, NoReturn, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import attrs
 
@@ -34,19 +33,8 @@ from pybatch.errors import (
     UnsupportedStateSchemaVersion,
     ZeroSchemaVersion,
 )
-from pybatch.values._canonical import canonical_json, sha256
+from pybatch.values._canonical import canonical_json, reject_constant, sha256
 from pybatch.values.names import StateSchemaId
-
-__all__ = [
-    "CHECKPOINT_FORMAT",
-    "EMPTY_STATE_SCHEMA",
-    "EXECUTION_CONTEXT_FORMAT",
-    "MAX_STORABLE_SCHEMA_VERSION",
-    "STATE_FORMAT_VERSION",
-    "Checkpoint",
-    "ExecutionContext",
-    "StateLimits",
-]
 
 #: Envelope format name of a checkpoint (kept byte for byte).
 CHECKPOINT_FORMAT = "oxide-batch.checkpoint"
@@ -71,14 +59,12 @@ _U32_MAX = 2**32 - 1
 _S = TypeVar("_S", bound="_DurableState")
 
 
-def _check_bytes(instance: StateLimits, attribute: attrs.Attribute[int], value: int) -> None:
-    if type(value) is not int or not 1 <= value <= _MAX_BYTES:
-        raise InvalidStateByteLimit(maximum=_MAX_BYTES)
+def _limit(maximum: int, error: type[InvalidStateByteLimit | InvalidStateDepthLimit]) -> Any:
+    def check(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+        if type(value) is not int or not 1 <= value <= maximum:
+            raise error(maximum=maximum)
 
-
-def _check_depth(instance: StateLimits, attribute: attrs.Attribute[int], value: int) -> None:
-    if type(value) is not int or not 1 <= value <= _MAX_DEPTH:
-        raise InvalidStateDepthLimit(maximum=_MAX_DEPTH)
+    return check
 
 
 @attrs.frozen
@@ -89,8 +75,10 @@ class StateLimits:
     depth 2 and `{"payload": {"a": 1}}` depth 3.
     """
 
-    max_bytes: int = attrs.field(default=64 * 1024, validator=_check_bytes)
-    max_depth: int = attrs.field(default=16, validator=_check_depth)
+    max_bytes: int = attrs.field(
+        default=64 * 1024, validator=_limit(_MAX_BYTES, InvalidStateByteLimit)
+    )
+    max_depth: int = attrs.field(default=16, validator=_limit(_MAX_DEPTH, InvalidStateDepthLimit))
 
     #: Limits for durable step state (checkpoint and context columns).
     STEP: ClassVar[StateLimits]
@@ -113,10 +101,6 @@ def _depth_exceeds(value: object, limit: int) -> bool:
     return False
 
 
-def _reject_constant(name: str) -> NoReturn:
-    raise ValueError("NaN and infinity are not JSON")
-
-
 def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result = dict(pairs)
     if len(result) != len(pairs):
@@ -126,7 +110,7 @@ def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _strict_loads(data: bytes) -> Any:
     """Parse JSON refusing NaN/Infinity and duplicate keys (callers map ValueError)."""
-    return json.loads(data, parse_constant=_reject_constant, object_pairs_hook=_unique_object)
+    return json.loads(data, parse_constant=reject_constant, object_pairs_hook=_unique_object)
 
 
 @functools.lru_cache(maxsize=4)
@@ -207,7 +191,7 @@ class _DurableState:
         """canonical_json of the envelope, around payload bytes that are already canonical.
 
         The payload is encoded once: the envelope's members, in canonical (sorted) order, are
-        written around it; `canonical_json(cls._envelope(...))` gives the same bytes.
+        written around it, the same bytes canonical_json gives for the whole envelope.
         """
         return b"".join(
             (
@@ -218,18 +202,6 @@ class _DurableState:
                 b"}",
             )
         )
-
-    @classmethod
-    def _envelope(
-        cls, schema: StateSchemaId, schema_version: int, payload: object
-    ) -> dict[str, object]:
-        return {
-            "format": cls._FORMAT,
-            "format_version": STATE_FORMAT_VERSION,
-            "payload": payload,
-            "schema": schema.value,
-            "schema_version": schema_version,
-        }
 
     @classmethod
     def empty(cls: type[_S]) -> _S:
@@ -310,12 +282,7 @@ class _DurableState:
         return len(self._encoded)
 
     def require_schema(self, schema: StateSchemaId, current_version: int) -> None:
-        """Check this state can be read by a component of `schema` up to `current_version`.
-
-        Raises:
-            StateSchemaMismatch: another schema id.
-            UnsupportedStateSchemaVersion: written by a newer schema version.
-        """
+        """Check this state can be read by a component of `schema` up to `current_version`."""
         if self.schema != schema:
             raise StateSchemaMismatch(kind=self._KIND)
         if self.schema_version > current_version:
@@ -349,8 +316,6 @@ class Checkpoint(_DurableState):
 
     def generation_digest(self) -> bytes:
         """SHA-256 of the canonical envelope: the checkpoint generation.
-
-        See docs/contract.md, State envelopes.
 
         A constructed checkpoint is always encodable, so this never returns the 32 zero bytes
         the contract reserves for an unencodable one.

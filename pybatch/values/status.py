@@ -1,32 +1,24 @@
 """BatchStatus, ExitStatus, FailureCategory and FailureSummary.
 
 See docs/contract.md, Statuses, exit codes and failures.
-
 Enum values are the durable codes; decoders refuse any other text (docs/contract.md, Fail closed).
 """
 
 from __future__ import annotations
 
-import enum
 from typing import Any, TypeAlias
 
 import attrs
 
+from pybatch.values._fields import Code, is_
 from pybatch.values.ids import FailureId, IdentifierKind, check_identifier
 from pybatch.values.names import ExitCode
-
-__all__ = [
-    "BatchStatus",
-    "ExitStatus",
-    "FailureCategory",
-    "FailureSummary",
-]
 
 #: The exit status of an execution is exactly one ExitCode, kept apart from its BatchStatus.
 ExitStatus: TypeAlias = ExitCode
 
 
-class BatchStatus(enum.Enum):
+class BatchStatus(Code):
     """The lifecycle status of a job or step execution; values are the durable codes."""
 
     #: Metadata exists; user work has not started.
@@ -45,9 +37,6 @@ class BatchStatus(enum.Enum):
     ABANDONED = "ABANDONED"
     #: Outcome ambiguous; needs explicit recovery.
     UNKNOWN = "UNKNOWN"
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def is_active(self) -> bool:
@@ -77,7 +66,7 @@ _FINISHED = frozenset(
 _TERMINAL = frozenset({BatchStatus.COMPLETED, BatchStatus.ABANDONED})
 
 
-class FailureCategory(enum.Enum):
+class FailureCategory(Code):
     """A stable, redacted failure category; values are the durable codes (never renamed)."""
 
     #: Invalid job definition or launch configuration.
@@ -111,9 +100,6 @@ class FailureCategory(enum.Enum):
     #: Resolved from stale-ownership evidence.
     STALE_RECOVERED = "STALE_RECOVERED"
 
-    def __str__(self) -> str:
-        return self.value
-
     @property
     def as_str(self) -> str:
         """The lower-case manifest and telemetry name, e.g. `user_component`."""
@@ -132,10 +118,7 @@ class FailureCategory(enum.Enum):
     @classmethod
     def from_durable_code(cls, code: str) -> FailureCategory | None:
         """Return the category stored as `code`, or None for unknown text (never coerced)."""
-        for member in cls:
-            if member.value == code:
-                return member
-        return None
+        return next((member for member in cls if member.value == code), None)
 
 
 _POLICY_ELIGIBLE = frozenset(
@@ -161,5 +144,5 @@ def _check_failure_id(instance: object, attribute: attrs.Attribute[Any], value: 
 class FailureSummary:
     """A redacted failure: a category and a caller-supplied correlation id, no message text."""
 
-    category: FailureCategory = attrs.field(validator=attrs.validators.instance_of(FailureCategory))
+    category: FailureCategory = attrs.field(validator=is_(FailureCategory))
     failure_id: FailureId = attrs.field(validator=_check_failure_id)

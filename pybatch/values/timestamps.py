@@ -13,8 +13,6 @@ import attrs
 
 from pybatch.errors import InvalidTimestampOrder, NaiveTimestamp, TimestampOutOfRange
 
-__all__ = ["ExecutionTimestamps", "aware_utc", "optional_aware_utc"]
-
 
 def aware_utc(value: _dt.datetime) -> _dt.datetime:
     """Return the same instant in UTC; a naive datetime raises NaiveTimestamp.
@@ -41,10 +39,7 @@ def optional_aware_utc(value: _dt.datetime | None) -> _dt.datetime | None:
 
 @attrs.frozen
 class ExecutionTimestamps:
-    """Creation, start and end instants of an execution, in order.
-
-    See docs/contract.md, Timestamps and the clock.
-    """
+    """Creation, start and end instants of an execution, in order."""
 
     created_at: _dt.datetime = attrs.field(converter=aware_utc)
     started_at: _dt.datetime | None = attrs.field(default=None, converter=optional_aware_utc)

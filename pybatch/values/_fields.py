@@ -1,0 +1,40 @@
+"""Field helpers shared by the value modules: durable-code enums and attrs validators."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import attrs
+
+from pybatch.values.ids import Validator, check_version
+
+
+class Code(enum.Enum):
+    """An enum whose values are durable codes; `str()` is the code itself."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+def is_(cls: type[Any]) -> Validator:
+    """The attrs validator of a field that holds exactly a `cls`."""
+    return attrs.validators.instance_of(cls)
+
+
+def maybe(cls: type[Any]) -> Validator:
+    """The attrs validator of a field that holds a `cls` or None."""
+    return attrs.validators.optional(attrs.validators.instance_of(cls))
+
+
+def version(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    """An optimistic version 0..2^63-1 (an int, never a bool)."""
+    if type(value) is not int:
+        raise TypeError(f"{attribute.name} is an int")
+    check_version(value)
+
+
+def optional_version(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    """A version (see `version`) or None."""
+    if value is not None:
+        version(instance, attribute, value)
