@@ -22,15 +22,6 @@ from pybatch._statements import Statement, Statements, load_statements
 from pybatch.config import ConnectionConfig
 from pybatch.errors import UnknownStatement
 
-__all__ = [
-    "StatementEntry",
-    "catalogue",
-    "explain",
-    "find",
-    "render_markdown",
-    "representative_parameters",
-]
-
 _TABLE = re.compile(r"\bpybatch\.([a-z_]+)\b")
 _WRITE = re.compile(r"^\s*(INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+pybatch\.([a-z_]+)", re.I | re.M)
 # The one keyword pybatch adds to a statement's text: EXPLAIN (plan only, never ANALYZE, so

@@ -18,8 +18,6 @@ import psycopg.conninfo
 from pybatch.config import ConnectionConfig, TlsMode
 from pybatch.errors import DsnFileInsecure, DsnFileUnreadable
 
-__all__ = ["add_connection_arguments", "config_from_args", "read_dsn_file"]
-
 _DSN_WARNING = (
     "pybatch: warning: the password given with --dsn is visible to every local user in "
     "/proc/PID/cmdline; prefer PYBATCH_DSN or --dsn-file"

@@ -55,8 +55,6 @@ from pybatch.values.records import JobExecution, StepExecution
 from pybatch.values.recovery import RecoveryDecision
 from pybatch.values.status import BatchStatus
 
-__all__ = ["register"]
-
 JOB_NAME = "pybatch_demo_load"
 STEP_NAME = "load"
 COLUMNS = ("id", "customer", "amount", "order_day")

@@ -37,8 +37,6 @@ from pybatch.values.explorer import (
 from pybatch.values.operator import OperatorRecord
 from pybatch.values.state import EMPTY_STATE_SCHEMA
 
-__all__ = ["register"]
-
 T = TypeVar("T")
 
 

@@ -33,8 +33,6 @@ from pybatch.values.operator import OperatorRejectionCode
 from pybatch.values.recovery import RecoveryRequest
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 
-__all__ = ["parse_age", "register"]
-
 #: How often `stop --wait` polls the execution.
 WAIT_POLL_S = 0.5
 

@@ -28,8 +28,6 @@ from pybatch.values.retention import (
 )
 from pybatch.values.status import BatchStatus
 
-__all__ = ["register"]
-
 _TABLES = (
     "flow_decisions",
     "recovery_decisions",

@@ -7,8 +7,6 @@ import argparse
 from pybatch import migrator
 from pybatch.cli._connection import add_connection_arguments, config_from_args
 
-__all__ = ["register"]
-
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the schema commands."""

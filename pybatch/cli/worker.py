@@ -15,8 +15,6 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["register"]
-
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the worker command."""

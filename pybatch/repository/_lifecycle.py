@@ -29,8 +29,6 @@ from pybatch.values.lifecycle import (
 from pybatch.values.names import ExitCode
 from pybatch.values.records import JobExecution, StepExecution
 
-__all__ = ["LifecycleRows", "check_expected_version", "enrich_exit_status", "transition"]
-
 Record = TypeVar("Record", JobExecution, StepExecution)
 
 

@@ -23,16 +23,6 @@ from pybatch.codecs._primitives import (
 from pybatch.errors import PyBatchError, RetryableConflict, Unavailable
 from pybatch.values.audit import AuditRecordKind
 
-__all__ = [
-    "AuditLinkCheck",
-    "audit_chain_head",
-    "audit_links_after",
-    "link_audit_record",
-    "overdrawn_audit_purge",
-    "try_link_audit_record",
-    "unlinked_audit_record",
-]
-
 logger = logging.getLogger("pybatch.audit")
 
 

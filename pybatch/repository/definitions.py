@@ -22,8 +22,6 @@ from pybatch.values.definitions import DefinitionIdentity, DefinitionUpgrade
 from pybatch.values.flow import check_flow_graph_bounds
 from pybatch.values.names import JobName, StepName
 
-__all__ = ["Definitions", "ensure_definition"]
-
 
 def ensure_definition(
     q: Statements, conn: Connection, clock: Clock, job_name: JobName, definition: DefinitionIdentity

@@ -34,8 +34,6 @@ from pybatch.values.names import ExitCode
 from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus
 
-__all__ = ["Executions", "get_job_execution", "transition_job_execution"]
-
 
 def _refuse_latest(
     instance_id: int, latest: JobExecution | None, tombstone: BatchStatus | None

@@ -41,8 +41,6 @@ from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.names import NodeId, StepName
 from pybatch.values.records import StepExecution
 
-__all__ = ["Flow"]
-
 
 class Flow(Capability):
     """The flow operations of one unit of work."""

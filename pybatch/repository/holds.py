@@ -19,8 +19,6 @@ from pybatch.values.names import ActorRef, ReasonCode
 from pybatch.values.retention import RetentionHold
 from pybatch.values.timestamps import aware_utc
 
-__all__ = ["Holds"]
-
 Connection = psycopg.Connection[Any]
 
 

@@ -20,8 +20,6 @@ from pybatch.values.records import (
     LockedJobInstance,
 )
 
-__all__ = ["Instances", "lock_job_instance", "record_job_instance_attempt"]
-
 
 def lock_job_instance(q: Statements, conn: Connection, instance_id: int) -> LockedJobInstance:
     """Lock the instance row: it serializes launches, restarts and step starts.

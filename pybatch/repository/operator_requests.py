@@ -14,8 +14,6 @@ from pybatch.values.ids import OperatorRequestId
 from pybatch.values.names import OperationId
 from pybatch.values.operator import OperatorAction, OperatorRecord, OperatorRecordDraft
 
-__all__ = ["OperatorRequests"]
-
 
 class OperatorRequests(Capability):
     """The operator requests operations of one unit of work."""

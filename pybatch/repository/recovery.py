@@ -43,8 +43,6 @@ from pybatch.values.recovery import (
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from pybatch.values.timestamps import ExecutionTimestamps
 
-__all__ = ["Recovery", "recover_job_execution", "recovery_snapshot"]
-
 
 def recover_job_execution(
     q: Statements,

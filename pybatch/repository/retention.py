@@ -44,8 +44,6 @@ from pybatch.values.retention import (
 )
 from pybatch.values.status import BatchStatus
 
-__all__ = ["PurgeResult", "PurgedAuditRecords", "Retention"]
-
 Connection = psycopg.Connection[Any]
 
 

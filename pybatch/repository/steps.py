@@ -35,14 +35,6 @@ from pybatch.values.names import ExitCode, StepName
 from pybatch.values.records import StepExecution
 from pybatch.values.status import BatchStatus, FailureCategory
 
-__all__ = [
-    "Steps",
-    "duplicate_step_overrides",
-    "end_unfinished_steps",
-    "get_step_execution",
-    "insert_step_execution",
-]
-
 
 def duplicate_step_overrides(
     job_execution_id: int, step_name: StepName, node_id: str

@@ -22,8 +22,6 @@ from pybatch.values.names import ActorRef
 from pybatch.values.records import JobExecution
 from pybatch.values.timestamps import aware_utc
 
-__all__ = ["StopRequests"]
-
 Connection = psycopg.Connection[Any]
 
 

@@ -24,8 +24,6 @@ from pybatch.values.audit import GENESIS_DIGEST, AuditVerification
 if TYPE_CHECKING:
     from pybatch.job_repository import JobRepository
 
-__all__ = ["verify_audit_chain"]
-
 #: Links read per page.
 PAGE = 1000
 

@@ -31,8 +31,6 @@ if TYPE_CHECKING:
     from pybatch.unit_of_work import UnitOfWork
     from pybatch.values.definitions import DefinitionIdentity
 
-__all__ = ["FlowPoint"]
-
 
 @attrs.frozen
 class FlowPoint:

@@ -54,8 +54,6 @@ from pybatch.values.status import BatchStatus
 if TYPE_CHECKING:
     from pybatch.job_repository import JobRepository
 
-__all__ = ["UNKNOWN_EFFECT", "OperatorOutcome", "OperatorService", "operator_evidence"]
-
 #: The only reason that may mark an execution with an unknown commit FAILED.
 UNKNOWN_EFFECT = "UNKNOWN_EFFECT"
 

@@ -43,8 +43,6 @@ from pybatch.values.retention import (
 if TYPE_CHECKING:
     from pybatch.job_repository import JobRepository
 
-__all__ = ["PurgeProgress", "RetentionOutcome", "RetentionService"]
-
 #: A survey's keyset position: the (latest updated_at, instance id) of the last instance taken.
 _Key = tuple[_dt.datetime, int]
 
