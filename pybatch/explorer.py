@@ -18,8 +18,6 @@ shared key would have to live in the database, readable by every role that pages
 makes it no secret to exactly the clients that can call the explorer. The cost is one
 index-backed `MAX(id)` per continued page. A traversal whose newest rows were deleted while
 it ran (a purge) is refused the same way; it starts again from the first page.
-
-Statements: queries/explorer.sql (explore_*).
 """
 
 from __future__ import annotations

@@ -2,8 +2,6 @@
 
 `pybatch sql list|show|explain|catalogue` and docs/sql-catalogue.md are built from here, so
 the catalogue a DBA reviews is generated from the same `queries/` files pybatch runs.
-
-Statements: every file of queries/ (read through the statement loader).
 """
 
 from __future__ import annotations

@@ -10,8 +10,6 @@ one calls runs inside its caller's savepoint. COMMIT outcomes follow docs/tables
 the transaction primitive (`pybatch/_transaction.py`): a transaction the server already
 failed raises TransactionAborted, a lost acknowledgement raises CommitOutcomeUnknown, and
 neither is ever reported as success.
-
-Statements: transaction.sql get_transaction_settings; each operation's own (its docstring).
 """
 
 from __future__ import annotations

@@ -35,9 +35,6 @@ def ensure_definition(
         UnsupportedManifestVersion: manifest format outside 1..3.
         ManifestInvalid: a new flow manifest beyond the flow-graph bounds.
         DefinitionDrift: the revision is registered with another digest.
-
-    Statements: definitions.sql find_job_definition_by_revision, insert_job_definition_if_absent,
-    find_job_definition_by_digest.
     """
     if definition.job_name is not None and definition.job_name != job_name:
         raise DefinitionJobMismatch(expected=job_name.value, actual=definition.job_name.value)
@@ -94,10 +91,7 @@ def _definition_for_revision(
 def upgrade_source_step_name(
     q: Statements, conn: Connection, job_execution_id: int, step_name: StepName
 ) -> str | None:
-    """The step of the previous definition that an upgraded restart's step continues, or None.
-
-    Statements: definitions.sql find_upgrade_source_step_name.
-    """
+    """The step of the previous definition that an upgraded restart's step continues, or None."""
     source = q.find_upgrade_source_step_name.scalar(
         conn, job_execution_id=job_execution_id, step_name=step_name.value
     )
@@ -113,8 +107,6 @@ class Definitions(Capability):
         Raises:
             DefinitionJobMismatch, UnsupportedManifestVersion, DefinitionDrift: from `ensure`.
             DefinitionUpgradeConflict: the edge exists with other content, or the key is taken.
-
-        Statements: definitions.sql insert_definition_upgrade_if_absent, find_definition_upgrade.
         """
         conflict = {
             "definition_upgrade_target_key_unique": lambda: DefinitionUpgradeConflict(

@@ -29,8 +29,6 @@ def lock_job_instance(q: Statements, conn: Connection, instance_id: int) -> Lock
 
     Raises:
         JobInstanceNotFound: no such instance.
-
-    Statements: instances.sql lock_job_instance.
     """
     check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
     row = q.lock_job_instance.one(conn, job_instance_id=instance_id)
@@ -46,8 +44,6 @@ def record_job_instance_attempt(
 
     Raises:
         ConcurrentModification: the row changed under the lock (it cannot; a bug if it does).
-
-    Statements: instances.sql update_job_instance_last_attempt.
     """
     if (
         q.update_job_instance_last_attempt.affected(
@@ -67,8 +63,6 @@ class Instances(Capability):
         Race: concurrent creators of one key are settled by job_instance_identity_unique; the
         loser's insert does nothing and its read-back, a new statement under READ COMMITTED,
         sees the winner's committed row.
-
-        Statements: instances.sql insert_job_instance_if_absent, find_job_instance_by_key.
         """
         with self._uow.operation() as conn:
             q = self._uow.statements

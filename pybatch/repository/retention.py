@@ -124,10 +124,7 @@ class Retention(Capability):
     def find_action(
         self, action: RetentionAction, operation_id: OperationId
     ) -> RetentionRecord | None:
-        """The recorded retention request of (action, operation id), or None.
-
-        Statements: retention.sql find_retention_action.
-        """
+        """The recorded retention request of (action, operation id), or None."""
         with self._uow.operation() as conn:
             q = self._uow.statements
             row = q.find_retention_action.one(
@@ -140,8 +137,6 @@ class Retention(Capability):
 
         Raises:
             ConcurrentModification: the (action, operation id) is already recorded.
-
-        Statements: retention.sql insert_retention_action; audit_chain.sql append_audit_link.
         """
         with self._uow.operation() as conn:
             q = self._uow.statements
@@ -177,8 +172,6 @@ class Retention(Capability):
         statement: a purging client whose clock runs ahead can never make a young history look
         old. The `updated_at` it is compared with was stamped by a client whose clock the
         clock-skew check on new connections held within `max_clock_skew` of the server's.
-
-        Statements: retention.sql survey_purge_batch.
         """
         with self._uow.operation() as conn:
             q = self._uow.statements
@@ -243,9 +236,6 @@ class Retention(Capability):
         Raises:
             RetentionPlanStale: an instance is gone or held, an execution was added, removed,
                 changed version, or no longer ends in a requested status.
-
-        Statements: retention.sql lock_purge_instances, lock_purge_executions,
-        delete_purge_histories, detach_retention_actions, delete_purge_instances.
         """
         with self._uow.operation() as conn:
             q = self._uow.statements
@@ -304,10 +294,7 @@ class Retention(Capability):
             return PurgeResult(attrs.evolve(counts, job_instances=instances), audit_records)
 
     def mark_purged_audit_links(self, deleted: PurgedAuditRecords, retention_action_id: int) -> int:
-        """Mark the links whose records this purge deleted, naming its retention action.
-
-        Statements: retention.sql mark_purged_audit_links.
-        """
+        """Mark the links whose records this purge deleted, naming its retention action."""
         with self._uow.operation() as conn:
             q = self._uow.statements
             return int(

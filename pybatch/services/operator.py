@@ -9,9 +9,6 @@ and appends the APPLIED audit row in the same unit of work, or, when the reposit
 refuses, records a REJECTED row with the rejection's details in a unit of work of its
 own. A lost COMMIT acknowledgement is OperationOutcomeUnknown: re-running the request
 with the same operation id replays whatever was recorded, so it never acts twice.
-
-Statements: none of its own; it composes UnitOfWork operations (operator_requests.sql,
-executions.sql, stop_requests.sql, recovery.sql, instances.sql).
 """
 
 from __future__ import annotations
