@@ -402,32 +402,27 @@ class OperatorService:
                 if rejection is None:
                     raise
             if rejection is None:
-                try:
-                    record = uow.operator_requests.append(
-                        self._draft(request, uow.clock.now(), effect=applied)
-                    )
-                except ConcurrentModification:
-                    uow.rollback()
-                    return self._after_duplicate(request)
-                try:
-                    uow.commit()
-                except CommitOutcomeUnknown:
-                    raise OperationOutcomeUnknown() from None
-                return OperatorOutcome(OperatorOutcomeClass.APPLIED, record, applied.execution)
-        return self._record_rejection(request, rejection)
+                draft = self._draft(request, uow.clock.now(), effect=applied)
+                return self._record(uow, request, draft, applied.execution)
+        with self.repository.begin() as uow:  # the refusal, audited on its own (effect undone)
+            draft = self._draft(request, uow.clock.now(), rejection=rejection)
+            return self._record(uow, request, draft, None)
 
-    def _record_rejection(self, request: _Request, rejection: OperatorRejection) -> OperatorOutcome:
-        """Audit a refused request in a unit of work of its own (the effect was rolled back)."""
-        with self.repository.begin() as uow:
-            try:
-                record = uow.operator_requests.append(
-                    self._draft(request, uow.clock.now(), rejection=rejection)
-                )
-            except ConcurrentModification:
-                uow.rollback()
-                return self._after_duplicate(request)
-            try:
-                uow.commit()
-            except CommitOutcomeUnknown:
-                raise OperationOutcomeUnknown() from None
-        return OperatorOutcome(OperatorOutcomeClass.REJECTED, record)
+    def _record(
+        self,
+        uow: UnitOfWork,
+        request: _Request,
+        draft: OperatorRecordDraft,
+        run: JobExecution | None,
+    ) -> OperatorOutcome:
+        """Append the audit row and commit; replay when another caller recorded it first."""
+        try:
+            record = uow.operator_requests.append(draft)
+        except ConcurrentModification:
+            uow.rollback()
+            return self._after_duplicate(request)
+        try:
+            uow.commit()
+        except CommitOutcomeUnknown:
+            raise OperationOutcomeUnknown() from None
+        return OperatorOutcome(draft.outcome, record, run)
