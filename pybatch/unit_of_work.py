@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import cached_property
 from types import TracebackType
+from typing import Generic, TypeVar
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -37,7 +37,7 @@ from pybatch.errors import (
     Unavailable,
     UnitOfWorkClosed,
 )
-from pybatch.repository._capability import Overrides
+from pybatch.repository._capability import Capability, Overrides
 from pybatch.repository.definitions import Definitions
 from pybatch.repository.executions import Executions
 from pybatch.repository.flow import Flow
@@ -73,6 +73,23 @@ def _rolled_back_on_error(conn: Connection) -> Iterator[None]:
             except psycopg.Error:
                 pass  # the error being raised already says the connection failed
         raise
+
+
+C = TypeVar("C", bound=Capability)
+
+
+class _Bound(Generic[C]):
+    """A capability of the unit of work, bound on first access and kept (a cached property)."""
+
+    def __init__(self, capability: type[C]) -> None:
+        self._capability = capability
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    def __get__(self, uow: UnitOfWork, owner: type | None = None) -> C:
+        bound = uow.__dict__[self._name] = self._capability(uow)
+        return bound
 
 
 class UnitOfWork:
@@ -193,63 +210,17 @@ class UnitOfWork:
             raise Unavailable()
 
     # ------------------------------------------------------------------ capabilities
+    # Each is pybatch/repository/<name>.py over queries/<name>.sql, created on first use.
 
-    @cached_property
-    def definitions(self) -> Definitions:
-        """Definition upgrade edges (queries/definitions.sql)."""
-        return Definitions(self)
-
-    @cached_property
-    def instances(self) -> Instances:
-        """Job instances (queries/instances.sql)."""
-        return Instances(self)
-
-    @cached_property
-    def executions(self) -> Executions:
-        """Launches, restarts, transitions and reads of job executions (executions.sql)."""
-        return Executions(self)
-
-    @cached_property
-    def steps(self) -> Steps:
-        """Plain step executions (queries/steps.sql)."""
-        return Steps(self)
-
-    @cached_property
-    def flow(self) -> Flow:
-        """Flow steps, start limits and flow decisions (queries/flow.sql)."""
-        return Flow(self)
-
-    @cached_property
-    def partitions(self) -> Partitions:
-        """Partition plans, claims, worker leases and aggregation (queries/partitions.sql)."""
-        return Partitions(self)
-
-    @cached_property
-    def recovery(self) -> Recovery:
-        """Audited recovery of orphaned or ambiguous executions (queries/recovery.sql)."""
-        return Recovery(self)
-
-    @cached_property
-    def operator_requests(self) -> OperatorRequests:
-        """The audit rows of operator requests (queries/operator_requests.sql)."""
-        return OperatorRequests(self)
-
-    @cached_property
-    def stop_requests(self) -> StopRequests:
-        """Durable stop requests (queries/stop_requests.sql)."""
-        return StopRequests(self)
-
-    @cached_property
-    def ownership(self) -> Ownership:
-        """Owner tokens, leases and control flags of executions (queries/ownership.sql)."""
-        return Ownership(self)
-
-    @cached_property
-    def holds(self) -> Holds:
-        """Retention holds on instances (queries/holds.sql)."""
-        return Holds(self)
-
-    @cached_property
-    def retention(self) -> Retention:
-        """Retention audit, purge surveys and purges (queries/retention.sql)."""
-        return Retention(self)
+    definitions = _Bound(Definitions)
+    instances = _Bound(Instances)
+    executions = _Bound(Executions)
+    steps = _Bound(Steps)
+    flow = _Bound(Flow)
+    partitions = _Bound(Partitions)
+    recovery = _Bound(Recovery)
+    operator_requests = _Bound(OperatorRequests)
+    stop_requests = _Bound(StopRequests)
+    ownership = _Bound(Ownership)
+    holds = _Bound(Holds)
+    retention = _Bound(Retention)
