@@ -214,20 +214,8 @@ def _execution_row(item: JobExecutionProjection) -> list[str]:
 
 
 _EXECUTION_HEADERS = (
-    "EXECUTION",
-    "INSTANCE",
-    "JOB",
-    "ATTEMPT",
-    "STATUS",
-    "EXIT",
-    "READ",
-    "WRITTEN",
-    "COMMITS",
-    "STARTED",
-    "ENDED",
-    "UPDATED",
-    "OWNER",
-)
+    "EXECUTION INSTANCE JOB ATTEMPT STATUS EXIT READ WRITTEN COMMITS STARTED ENDED UPDATED OWNER"
+).split()
 
 
 # --------------------------------------------------------------------------- commands
@@ -361,17 +349,7 @@ def _show(args: argparse.Namespace) -> int:
     print()
     if steps:
         _print_table(
-            (
-                "STEP",
-                "NAME",
-                "STATUS",
-                "EXIT",
-                "READ",
-                "WRITTEN",
-                "COMMITS",
-                "CHECKPOINT",
-                "FAILURE",
-            ),
+            "STEP NAME STATUS EXIT READ WRITTEN COMMITS CHECKPOINT FAILURE".split(),
             [
                 [
                     str(step.id),
@@ -393,7 +371,7 @@ def _show(args: argparse.Namespace) -> int:
     print()
     if decisions:
         _print_table(
-            ("DECISION", "FROM", "TO", "REASON", "BY", "DECIDED"),
+            "DECISION FROM TO REASON BY DECIDED".split(),
             [
                 [
                     str(d.id),
@@ -411,15 +389,9 @@ def _show(args: argparse.Namespace) -> int:
     if requests:
         print()
         _print_table(
-            ("REQUEST", "ACTION", "OUTCOME", "ACTOR", "REQUESTED"),
+            "REQUEST ACTION OUTCOME ACTOR REQUESTED".split(),
             [
-                [
-                    str(r.id),
-                    r.action.value,
-                    r.outcome.value,
-                    str(r.actor),
-                    _instant(r.requested_at),
-                ]
+                [str(r.id), r.action.value, r.outcome.value, str(r.actor), _instant(r.requested_at)]
                 for r in requests
             ],
         )

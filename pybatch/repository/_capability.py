@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from typing import Protocol
 
 from pybatch._statements import Connection, Row, Statements
@@ -37,6 +37,14 @@ class Capability:
 
     def __init__(self, uow: Transaction) -> None:
         self._uow = uow
+
+    @contextmanager
+    def _operation(
+        self, *, overrides: Overrides | None = None
+    ) -> Iterator[tuple[Statements, Connection]]:
+        """`operation()` of the unit of work, with its statements."""
+        with self._uow.operation(overrides=overrides) as conn:
+            yield self._uow.statements, conn
 
 
 def require_job_instance(q: Statements, conn: Connection, instance_id: int) -> None:

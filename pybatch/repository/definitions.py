@@ -113,8 +113,7 @@ class Definitions(Capability):
                 job_name=job_name.value
             )
         }
-        with self._uow.operation(overrides=conflict) as conn:
-            q = self._uow.statements
+        with self._operation(overrides=conflict) as (q, conn):
             clock = self._uow.clock
             from_id = ensure_definition(q, conn, clock, job_name, upgrade.from_definition)
             to_id = ensure_definition(q, conn, clock, job_name, upgrade.to_definition)

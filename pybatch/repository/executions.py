@@ -116,8 +116,7 @@ class Executions(Capability):
                 run only after the status check.
             IncompatibleDefinition: a restart changed the digest without a direct edge.
         """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             clock = self._uow.clock
             locked = instances.lock_job_instance(q, conn, instance_id)
             instance = locked.instance
@@ -183,8 +182,7 @@ class Executions(Capability):
 
     def of_instance(self, instance_id: int) -> list[JobExecution]:
         """Every attempt of an instance in attempt order (docs/contract.md, Reads)."""
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             require_job_instance(q, conn, instance_id)
             rows = q.list_job_executions.many(conn, job_instance_id=instance_id)
             return [decode_job_execution(row) for row in rows]

@@ -59,8 +59,7 @@ class Flow(Capability):
             StartLimitExceeded: the node already started `start_limit` times in the instance.
         """
         duplicate = steps.duplicate_step_overrides(job_execution_id, step_name, node_id.value)
-        with self._uow.operation(overrides=duplicate) as conn:
-            q = self._uow.statements
+        with self._operation(overrides=duplicate) as (q, conn):
             start_limit = start_limit or StartLimit.unrestricted()
             # No step begins under a corrupt execution (docs/contract.md, Fail closed).
             row = job_execution_row(q, conn, job_execution_id)
@@ -85,8 +84,7 @@ class Flow(Capability):
 
     def latest_step(self, instance_id: int, node_id: NodeId) -> FlowStepState | None:
         """The newest step of a node in an instance with its stored context, or None."""
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             require_job_instance(q, conn, instance_id)
             step_id = q.find_latest_flow_step_execution.scalar(
                 conn, job_instance_id=instance_id, node_id=node_id.value
@@ -111,8 +109,7 @@ class Flow(Capability):
             ConcurrentModification: the sequence is not the next one, or the node already decided
                 in this execution (flow_decision_sequence_unique and _source_unique settle races).
         """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             execution_id = request.job_execution_id
             plan = q.get_job_execution_flow_plan.one(conn, job_execution_id=execution_id)
             if plan is None:
@@ -175,8 +172,7 @@ class Flow(Capability):
         Raises:
             JobInstanceNotFound: no such instance.
         """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             require_job_instance(q, conn, instance_id)
             row = q.find_reusable_flow_decision.one(
                 conn,
@@ -190,8 +186,7 @@ class Flow(Capability):
 
     def decisions(self, job_execution_id: int) -> list[FlowDecision]:
         """The decisions of an execution in sequence order (JobExecutionNotFound without it)."""
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             job_execution_row(q, conn, job_execution_id)
             rows = q.list_flow_decisions.many(conn, job_execution_id=job_execution_id)
             return [decode_flow_decision(row) for row in rows]

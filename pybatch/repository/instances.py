@@ -64,8 +64,7 @@ class Instances(Capability):
         loser's insert does nothing and its read-back, a new statement under READ COMMITTED,
         sees the winner's committed row.
         """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             clock = self._uow.clock
             columns = encode_job_instance_key(key)
             row = q.insert_job_instance_if_absent.one(conn, **columns, now=clock.now())
@@ -80,8 +79,7 @@ class Instances(Capability):
 
     def find(self, key: JobInstanceKey) -> JobInstance | None:
         """The instance of `key`, or None (statements: instances.sql find_job_instance_by_key)."""
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             row = q.find_job_instance_by_key.one(
                 conn, job_name=key.job_name.value, instance_key=key.digest()
             )
@@ -89,8 +87,7 @@ class Instances(Capability):
 
     def get(self, instance_id: int) -> JobInstance | None:
         """The instance with this id, or None (statements: instances.sql get_job_instance)."""
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
             row = q.get_job_instance.one(conn, job_instance_id=instance_id)
             return None if row is None else decode_job_instance(row)

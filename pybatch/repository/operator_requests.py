@@ -23,8 +23,7 @@ class OperatorRequests(Capability):
 
         The key is the pair; the same operation id under another action is another request.
         """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             row = q.find_operator_request.one(
                 conn, action=action.value, operation_id=operation_id.value
             )
@@ -47,8 +46,7 @@ class OperatorRequests(Capability):
             IntegrityViolation: any other constraint refused the row, or the audit chain
                 refused its link.
         """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             row = q.insert_operator_request.one(conn, **encode_operator_record_draft(draft))
             request_id = decode_int64(returned(row)["id"], column="id", minimum=1)
             kind = AuditRecordKind.OPERATOR_REQUEST

@@ -215,8 +215,7 @@ class Recovery(Capability):
         Raises:
             JobExecutionNotFound: no such execution.
         """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             job_execution_row(q, conn, execution_id)
             row = q.find_latest_recovery_decision.one(conn, job_execution_id=execution_id)
             return None if row is None else decode_recovery_decision(row)
@@ -235,8 +234,8 @@ class Recovery(Capability):
             JobExecutionNotFound: no such execution.
             StaleVersion, RecoveryNotAllowed: it changed or ended meanwhile.
         """
-        with self._uow.operation() as conn:
-            q, clock = self._uow.statements, self._uow.clock
+        with self._operation() as (q, conn):
+            clock = self._uow.clock
             orphan = decode_job_execution(job_execution_row(q, conn, execution_id))
             evidence = sha256(
                 canonical_json(

@@ -158,8 +158,7 @@ class Steps(Capability):
             RestartStateNotFound: the previous attempt has no source step.
         """
         duplicate = duplicate_step_overrides(job_execution_id, step_name, step_name.value)
-        with self._uow.operation(overrides=duplicate) as conn:
-            q = self._uow.statements
+        with self._operation(overrides=duplicate) as (q, conn):
             # No step begins under a corrupt execution: the row is decoded in full.
             execution = decode_job_execution(job_execution_row(q, conn, job_execution_id))
             refuse_duplicate_step(q, conn, job_execution_id, step_name, step_name.value)
@@ -194,8 +193,7 @@ class Steps(Capability):
         self, step_id: int, expected_version: int, transition: LifecycleTransition
     ) -> StepExecution:
         """Apply a lifecycle transition to a step under its row lock (compare-and-swap)."""
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             return _lifecycle.transition(_ROWS, q, conn, step_id, expected_version, transition)
 
     def enrich_exit_status(
@@ -215,8 +213,7 @@ class Steps(Capability):
 
     def of_execution(self, job_execution_id: int) -> list[StepExecution]:
         """The steps of a job execution in creation order (docs/contract.md, Reads)."""
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             job_execution_row(q, conn, job_execution_id)
             rows = q.list_step_executions.many(conn, job_execution_id=job_execution_id)
             return [decode_step_execution(row) for row in rows]

@@ -37,8 +37,7 @@ class StopRequests(Capability):
             JobExecutionNotFound: no such execution.
             StaleVersion: the version is not `expected_version`.
         """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
             check_expected_version(expected_version)
             requested_at = aware_utc(requested_at)
