@@ -323,16 +323,29 @@ class JobExplorer:
         self,
         query: ExplorerQuery,
         statement: Statement,
-        parent_column: str,
         parent_id: int,
-        kind: IdentifierKind,
-        missing: RepositoryError,
-        exists_statement: Statement,
         decode: Callable[[Row], T],
         key_of: Callable[[T], CursorKey],
         page_size: PageSize | None,
         after: Cursor | None,
     ) -> Page[T]:
+        """A page of the rows under one job execution (or, for partitions, step execution)."""
+        q = self._statements
+        missing: RepositoryError
+        if query is ExplorerQuery.STEP_PARTITIONS:
+            kind, parent_column, exists = (
+                IdentifierKind.STEP_EXECUTION,
+                "step_execution_id",
+                q.explore_step_execution_exists,
+            )
+            missing = StepExecutionNotFound(id=parent_id)
+        else:
+            kind, parent_column, exists = (
+                IdentifierKind.JOB_EXECUTION,
+                "job_execution_id",
+                q.explore_job_execution_exists,
+            )
+            missing = JobExecutionNotFound(id=parent_id)
         check_identifier(kind, parent_id)
 
         def fetch(conn: Conn, key: CursorKey | None, ceiling: int, limit: int) -> list[Row]:
@@ -349,46 +362,14 @@ class JobExplorer:
                 params["after_id"] = key.id if isinstance(key, IdentityKey) else 0
             return statement.many(conn, **params)
 
-        return self._page(
-            query,
-            parent_id,
-            page_size,
-            after,
-            fetch,
-            decode,
-            key_of,
-            self._exists(exists_statement, missing, **{parent_column: parent_id}),
-        )
-
-    def _of_execution(
-        self,
-        query: ExplorerQuery,
-        statement: Statement,
-        job_execution_id: int,
-        decode: Callable[[Row], T],
-        key_of: Callable[[T], CursorKey],
-        page_size: PageSize | None,
-        after: Cursor | None,
-    ) -> Page[T]:
-        return self._children(
-            query,
-            statement,
-            "job_execution_id",
-            job_execution_id,
-            IdentifierKind.JOB_EXECUTION,
-            JobExecutionNotFound(id=job_execution_id),
-            self._statements.explore_job_execution_exists,
-            decode,
-            key_of,
-            page_size,
-            after,
-        )
+        exists_check = self._exists(exists, missing, **{parent_column: parent_id})
+        return self._page(query, parent_id, page_size, after, fetch, decode, key_of, exists_check)
 
     def step_executions(
         self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
     ) -> Page[StepExecutionProjection]:
         """Steps of an execution, id ascending (wraps JobExecutionNotFound)."""
-        return self._of_execution(
+        return self._children(
             ExplorerQuery.STEP_EXECUTIONS,
             self._statements.explore_step_executions,
             job_execution_id,
@@ -402,7 +383,7 @@ class JobExplorer:
         self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
     ) -> Page[RecoveryDecision]:
         """Recovery decisions of an execution, id ascending (wraps JobExecutionNotFound)."""
-        return self._of_execution(
+        return self._children(
             ExplorerQuery.RECOVERY_DECISIONS,
             self._statements.explore_recovery_decisions,
             job_execution_id,
@@ -416,7 +397,7 @@ class JobExplorer:
         self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
     ) -> Page[FlowDecision]:
         """Flow decisions of an execution, (sequence, id) ascending (wraps JobExecutionNotFound)."""
-        return self._of_execution(
+        return self._children(
             ExplorerQuery.FLOW_DECISIONS,
             self._statements.explore_flow_decisions,
             job_execution_id,
@@ -433,11 +414,7 @@ class JobExplorer:
         return self._children(
             ExplorerQuery.STEP_PARTITIONS,
             self._statements.explore_step_partitions,
-            "step_execution_id",
             step_execution_id,
-            IdentifierKind.STEP_EXECUTION,
-            StepExecutionNotFound(id=step_execution_id),
-            self._statements.explore_step_execution_exists,
             codec.decode_partition_projection,
             lambda item: IdentityKey(item.id),
             page_size,
@@ -448,7 +425,7 @@ class JobExplorer:
         self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
     ) -> Page[OperatorRecord]:
         """Operator requests aimed at an execution, id ascending (wraps JobExecutionNotFound)."""
-        return self._of_execution(
+        return self._children(
             ExplorerQuery.OPERATOR_REQUESTS,
             self._statements.explore_operator_requests,
             job_execution_id,

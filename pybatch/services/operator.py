@@ -141,10 +141,8 @@ class OperatorService:
 
         Without `expected_version` the request applies to whatever version is current.
         """
-        target = RequestTarget.execution(JobExecutionId(execution_id))
-        request = self._request(
-            OperatorAction.STOP, operation_id, actor, reason, target, expected_version, None
-        )
+        action, target = OperatorAction.STOP, RequestTarget.execution(JobExecutionId(execution_id))
+        request = self._request(action, operation_id, actor, reason, target, expected_version, None)
         request = attrs.evolve(request, execution_id=execution_id)
 
         def effect(uow: UnitOfWork) -> _Effect:
@@ -170,10 +168,11 @@ class OperatorService:
         reason: ReasonCode | None = None,
     ) -> OperatorOutcome:
         """Make a STOPPED or FAILED execution ABANDONED: its instance never runs again."""
-        target = RequestTarget.execution(JobExecutionId(execution_id))
-        request = self._request(
-            OperatorAction.ABANDON, operation_id, actor, reason, target, expected_version, None
+        action, target = (
+            OperatorAction.ABANDON,
+            RequestTarget.execution(JobExecutionId(execution_id)),
         )
+        request = self._request(action, operation_id, actor, reason, target, expected_version, None)
         request = attrs.evolve(request, execution_id=execution_id)
 
         def effect(uow: UnitOfWork) -> _Effect:
@@ -217,15 +216,8 @@ class OperatorService:
         target = RequestTarget.execution(JobExecutionId(execution_id))
         reason = ReasonCode(recovery.reason_code)
         arguments = RecoveryArguments(request=recovery, unknown_commit=unknown_commit, force=force)
-        request = self._request(
-            OperatorAction.RECOVER,
-            operation_id,
-            actor,
-            reason,
-            target,
-            recovery.expected_version,
-            arguments,
-        )
+        action, version = OperatorAction.RECOVER, recovery.expected_version
+        request = self._request(action, operation_id, actor, reason, target, version, arguments)
         request = attrs.evolve(request, execution_id=execution_id)
 
         def effect(uow: UnitOfWork) -> _Effect:
@@ -258,15 +250,8 @@ class OperatorService:
     ) -> OperatorOutcome:
         """Create the first (or next) execution of an instance key, STARTING."""
         definition = definition or DefinitionIdentity.legacy()
-        request = self._request(
-            OperatorAction.LAUNCH,
-            operation_id,
-            actor,
-            None,
-            RequestTarget.instance_key(key),
-            None,
-            definition,
-        )
+        action, target = OperatorAction.LAUNCH, RequestTarget.instance_key(key)
+        request = self._request(action, operation_id, actor, None, target, None, definition)
 
         def effect(uow: UnitOfWork) -> _Effect:
             instance = uow.instances.select_or_create(key).instance
@@ -284,15 +269,8 @@ class OperatorService:
     ) -> OperatorOutcome:
         """Create the next attempt of an instance whose latest attempt is FAILED or STOPPED."""
         definition = definition or DefinitionIdentity.legacy()
-        request = self._request(
-            OperatorAction.RESTART,
-            operation_id,
-            actor,
-            None,
-            RequestTarget.instance(JobInstanceId(instance_id)),
-            None,
-            definition,
-        )
+        action, target = OperatorAction.RESTART, RequestTarget.instance(JobInstanceId(instance_id))
+        request = self._request(action, operation_id, actor, None, target, None, definition)
         request = attrs.evolve(request, instance_id=instance_id)
 
         def effect(uow: UnitOfWork) -> _Effect:
@@ -378,13 +356,6 @@ class OperatorService:
             requested_at=now,
         )
 
-    def _after_duplicate(self, request: _Request) -> OperatorOutcome:
-        """Another caller recorded the operation id first: replay it, or refuse the conflict."""
-        replay = self._probe(request)
-        if replay is None:
-            raise ConcurrentModification()
-        return replay
-
     def _submit(
         self, request: _Request, effect: Callable[[UnitOfWork], _Effect]
     ) -> OperatorOutcome:
@@ -419,8 +390,11 @@ class OperatorService:
         try:
             record = uow.operator_requests.append(draft)
         except ConcurrentModification:
-            uow.rollback()
-            return self._after_duplicate(request)
+            uow.rollback()  # another caller recorded the operation id first: replay it
+            replay = self._probe(request)
+            if replay is None:
+                raise ConcurrentModification() from None
+            return replay
         try:
             uow.commit()
         except CommitOutcomeUnknown:
