@@ -72,6 +72,14 @@ def positive_id(what: str) -> Callable[[str], int]:
     return parse
 
 
+def progress(on_terminal: str, in_log: str) -> None:
+    """Report progress on stderr: `on_terminal` without a newline on a terminal, else a line."""
+    if sys.stderr.isatty():
+        print(on_terminal, end="", file=sys.stderr, flush=True)
+    else:
+        print(in_log, file=sys.stderr)
+
+
 def connect(args: argparse.Namespace) -> JobRepository:
     """The repository of the command's connection settings."""
     return JobRepository.connect(config_from_args(args))

@@ -17,7 +17,7 @@ import time
 import uuid
 
 from pybatch.cli._arguments import duration_type
-from pybatch.cli._connection import Commands, add_command, connect, positive_id
+from pybatch.cli._connection import Commands, add_command, connect, positive_id, progress
 from pybatch.errors import JobExecutionNotFound
 from pybatch.services.audit import verify_audit_chain
 from pybatch.services.operator import (
@@ -161,13 +161,7 @@ def _stop(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 return 1
-            if interactive:
-                print(".", end="", file=sys.stderr, flush=True)
-            else:
-                print(
-                    f"waiting: execution {execution.id} is {execution.status.value}",
-                    file=sys.stderr,
-                )
+            progress(".", f"waiting: execution {execution.id} is {execution.status.value}")
             time.sleep(WAIT_POLL_S)
 
 
@@ -215,14 +209,11 @@ def _recover(args: argparse.Namespace) -> int:
 def _audit_verify(args: argparse.Namespace) -> int:
     interactive = sys.stderr.isatty()
 
-    def progress(done: int, total: int) -> None:
-        if interactive:
-            print(f"\rverified {done:,} of {total:,} links", end="", file=sys.stderr, flush=True)
-        else:
-            print(f"verified {done} of {total} links", file=sys.stderr)
+    def verified(done: int, total: int) -> None:
+        progress(f"\rverified {done:,} of {total:,} links", f"verified {done} of {total} links")
 
     with connect(args) as repository:
-        result = verify_audit_chain(repository, progress=progress)
+        result = verify_audit_chain(repository, progress=verified)
     if interactive:
         print(file=sys.stderr)
     if args.json:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from functools import partial
 
 from pybatch.cli._arguments import duration_type
-from pybatch.cli._connection import Commands, add_command, connect, positive_id
+from pybatch.cli._connection import Commands, add_command, connect, positive_id, progress
 from pybatch.cli.operator import add_request_arguments, request_identity
 from pybatch.services.retention import (
     MAX_PURGE_OPERATION_BASE,
@@ -150,24 +150,15 @@ def _purge(args: argparse.Namespace) -> int:
         interactive = sys.stderr.isatty()
         last: PurgeProgress | None = None
         started = _dt.datetime.now(_dt.UTC)
-        for progress in service.purge(request, operation_id.value, actor, reason):
-            last = progress
-            done = progress.total.job_executions
-            if interactive:
-                width = 30
-                filled = width if not expected else min(width, width * done // expected)
-                print(
-                    f"\r[{'#' * filled}{'.' * (width - filled)}] {done:,}/{expected:,} executions",
-                    end="",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            else:
-                print(
-                    f"batch {progress.batch}: {progress.outcome.outcome} "
-                    f"{_counts_line(progress.outcome.counts)}",
-                    file=sys.stderr,
-                )
+        for batch in service.purge(request, operation_id.value, actor, reason):
+            last = batch
+            done = batch.total.job_executions
+            filled = 30 if not expected else min(30, 30 * done // expected)
+            outcome = batch.outcome
+            progress(
+                f"\r[{'#' * filled}{'.' * (30 - filled)}] {done:,}/{expected:,} executions",
+                f"batch {batch.batch}: {outcome.outcome} {_counts_line(outcome.counts)}",
+            )
         if interactive:
             print(file=sys.stderr)
         elapsed = (_dt.datetime.now(_dt.UTC) - started).total_seconds()

@@ -28,8 +28,6 @@ def ensure_definition(
 ) -> int:
     """Return the id of `definition` for `job_name`, registering it when new.
 
-    See docs/contract.md, Definitions.
-
     Raises:
         DefinitionJobMismatch: the definition is bound to another job.
         UnsupportedManifestVersion: manifest format outside 1..3.

@@ -99,8 +99,6 @@ class Flow(Capability):
     def append_decision(self, request: FlowDecisionRequest) -> FlowDecision:
         """Append a decision checked against the execution's manifest.
 
-        See docs/contract.md, Flow steps and decisions.
-
         Raises:
             JobExecutionNotFound: no such job execution.
             FlowStateCorrupt: the fingerprint is not the execution's manifest digest, the manifest
