@@ -45,12 +45,8 @@ def record_job_instance_attempt(
     Raises:
         ConcurrentModification: the row changed under the lock (it cannot; a bug if it does).
     """
-    if (
-        q.update_job_instance_last_attempt.affected(
-            conn, job_instance_id=instance_id, attempt=attempt
-        )
-        != 1
-    ):
+    update = q.update_job_instance_last_attempt
+    if update.affected(conn, job_instance_id=instance_id, attempt=attempt) != 1:
         raise ConcurrentModification()
 
 
