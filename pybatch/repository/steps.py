@@ -8,6 +8,7 @@ Statements come from queries/steps.sql; the upgrade mapping from queries/definit
 from __future__ import annotations
 
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from pybatch._statements import Connection, Statements
@@ -19,7 +20,6 @@ from pybatch.codecs.steps import decode_step_execution
 from pybatch.errors import (
     DuplicateStep,
     InvalidDefinitionUpgrade,
-    PyBatchError,
     RestartStateNotFound,
     StepExecutionNotFound,
 )
@@ -44,14 +44,8 @@ def duplicate_step_overrides(
     job_execution_id: int, step_name: StepName, node_id: str
 ) -> dict[str, Any]:
     """Report a concurrent duplicate caught by a unique constraint as DuplicateStep."""
-
-    def duplicate() -> PyBatchError:
-        return _duplicate(job_execution_id, step_name, node_id)
-
-    return {
-        "step_execution_name_unique": duplicate,
-        "step_execution_logical_id_unique": duplicate,
-    }
+    duplicate = partial(_duplicate, job_execution_id, step_name, node_id)
+    return {"step_execution_name_unique": duplicate, "step_execution_logical_id_unique": duplicate}
 
 
 def refuse_duplicate_step(
