@@ -7,39 +7,29 @@ import json
 import sys
 
 from pybatch import sql_catalogue
-from pybatch.cli._connection import (
-    Commands,
-    add_command,
-    add_connection_arguments,
-    config_from_args,
-)
+from pybatch.cli._connection import add_connection_arguments, config_from_args
 
 
-def register(commands: Commands) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `pybatch sql` and its subcommands."""
     sql = commands.add_parser("sql", help="list, show and explain the statements pybatch runs")
     actions = sql.add_subparsers(dest="sql_command", required=True, metavar="ACTION")
-    listing = add_command(
-        actions, "list", _list, connects=False, help="every statement with its file and :doc line"
-    )
+    listing = actions.add_parser("list", help="every statement with its file and :doc line")
     listing.add_argument("--json", action="store_true", help="print JSON for scripts")
-    show = add_command(
-        actions, "show", _show, connects=False, help="a statement exactly as it runs"
-    )
+    listing.set_defaults(handler=_list)
+    show = actions.add_parser("show", help="a statement exactly as it runs")
     show.add_argument("name", help="the statement name (see `pybatch sql list`)")
+    show.set_defaults(handler=_show)
     explain = actions.add_parser(
         "explain", help="the server's plan of a statement with representative parameters"
     )
     explain.add_argument("name", help="the statement name (see `pybatch sql list`)")
     add_connection_arguments(explain)
     explain.set_defaults(handler=_explain)
-    add_command(
-        actions,
-        "catalogue",
-        _catalogue,
-        connects=False,
-        help="print docs/sql-catalogue.md (Markdown) generated from queries/",
+    catalogue = actions.add_parser(
+        "catalogue", help="print docs/sql-catalogue.md (Markdown) generated from queries/"
     )
+    catalogue.set_defaults(handler=_catalogue)
 
 
 def _list(args: argparse.Namespace) -> int:
