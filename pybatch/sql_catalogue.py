@@ -60,15 +60,8 @@ class StatementEntry:
 
     def as_json(self) -> dict[str, Any]:
         """The documented JSON object of `pybatch sql list --json`."""
-        return {
-            "name": self.name,
-            "file": self.file,
-            "doc": self.doc,
-            "mode": self.mode,
-            "parameters": list(self.parameters),
-            "tables_read": list(self.tables_read),
-            "tables_written": list(self.tables_written),
-        }
+        fields = attrs.asdict(self, filter=lambda field, _: field.name != "text")
+        return {name: list(v) if isinstance(v, tuple) else v for name, v in fields.items()}
 
 
 def _entry(statement: Statement) -> StatementEntry:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from types import TracebackType
 from typing import Generic, TypeVar
 
 import psycopg
@@ -109,12 +108,7 @@ class UnitOfWork:
     def __enter__(self) -> UnitOfWork:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: object, exc: BaseException | None, traceback: object) -> None:
         if not self._lease.is_open:
             return
         try:
