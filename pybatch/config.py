@@ -360,21 +360,6 @@ class ConnectionConfig:
 
     # ------------------------------------------------------------------ derived values
 
-    @property
-    def statement_timeout_ms(self) -> int:
-        """Statement timeout as sent to `set_config` (milliseconds)."""
-        return _ms(self.statement_timeout)
-
-    @property
-    def lock_timeout_ms(self) -> int:
-        """Lock timeout as sent to `set_config` (milliseconds)."""
-        return _ms(self.lock_timeout)
-
-    @property
-    def idle_transaction_timeout_ms(self) -> int:
-        """Idle-in-transaction timeout as sent to `set_config` (milliseconds)."""
-        return _ms(self.idle_transaction_timeout)
-
     def connection_kwargs(
         self, *, ca_file: str | None = None, statement_timeout: bool = True
     ) -> ConnectionKwargs:
@@ -393,12 +378,12 @@ class ConnectionConfig:
         """
         params = _parse_dsn(self.dsn)
         startup = (
-            f"-c lock_timeout={self.lock_timeout_ms}"
-            f" -c idle_in_transaction_session_timeout={self.idle_transaction_timeout_ms}"
+            f"-c lock_timeout={_ms(self.lock_timeout)}"
+            f" -c idle_in_transaction_session_timeout={_ms(self.idle_transaction_timeout)}"
             " -c TimeZone=UTC"
         )
         if statement_timeout:
-            startup = f"-c statement_timeout={self.statement_timeout_ms} {startup}"
+            startup = f"-c statement_timeout={_ms(self.statement_timeout)} {startup}"
         params["options"] = f"{params['options']} {startup}" if "options" in params else startup
         params["application_name"] = APPLICATION_NAME
         # libpq's connect_timeout has one-second granularity; round up, never to 0 (= forever).
@@ -454,17 +439,13 @@ class ConnectionConfig:
                     variable="PYBATCH_CA_FILE", expected="readable file"
                 ) from None
             kwargs["ca_certificate"] = CaCertificate(pem)
-        for variable, field, low, high in (
-            ("PYBATCH_POOL_SIZE", "pool_size", 1, MAX_POOL_SIZE),
-            (
-                "PYBATCH_UNIT_OF_WORK_ATTEMPTS",
-                "unit_of_work_attempts",
-                1,
-                MAX_UNIT_OF_WORK_ATTEMPTS,
-            ),
+        for field, high in (
+            ("pool_size", MAX_POOL_SIZE),
+            ("unit_of_work_attempts", MAX_UNIT_OF_WORK_ATTEMPTS),
         ):
+            variable = f"PYBATCH_{field.upper()}"
             if variable in env:
-                kwargs[field] = _env_int(env, variable, low, high)
+                kwargs[field] = _env_int(env, variable, 1, high)
         for field, _label, low_delta, high_delta in (
             *_TIMEOUT_BOUNDS,
             # Read wide (no overflow); the settings' own checks name their bounds.

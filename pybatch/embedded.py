@@ -29,7 +29,6 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import NamedTuple, Self
 
 import psycopg
@@ -184,22 +183,12 @@ class EmbeddedPostgres:
             raise RuntimeError("the embedded PostgreSQL server is not running")
         return f"host={self.host} port={self.port} user={self.user} dbname={self.dbname}"
 
-    @property
-    def data_directory(self) -> Path | None:
-        """The cluster's data directory, inside `directory`, while the server exists."""
-        return None if self.directory is None else self.directory / "data"
-
     def __enter__(self) -> Self:
         """Start the server; on any failure or interrupt, remove what was created."""
         self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         """Stop the server and remove its directory, whatever ended the block."""
         self.stop()
 
@@ -263,23 +252,9 @@ class EmbeddedPostgres:
         socket_path = directory / ".s.PGSQL.65535"
         self.socket_dir = directory if len(str(socket_path)) <= _MAX_SOCKET_PATH else None
         data = directory / "data"
-        self._run_checked(
-            "initdb",
-            [
-                str(self.bindir / "initdb"),
-                "-D",
-                str(data),
-                "-U",
-                self.user,
-                "-A",
-                "trust",
-                "-E",
-                "UTF8",
-                "--locale=C",
-                # a throwaway cluster is never reused after an OS crash: syncing buys nothing
-                "--no-sync",
-            ],
-        )
+        # A throwaway cluster is never reused after an OS crash: syncing buys nothing.
+        initdb = [self._program("initdb"), "-D", str(data), "-U", self.user, "-A", "trust"]
+        self._run_checked("initdb", [*initdb, "-E", "UTF8", "--locale=C", "--no-sync"])
         for attempt in (1, 2):
             port = _free_port()
             result = self._run(self._pg_ctl_start(data, port))
@@ -352,26 +327,26 @@ class EmbeddedPostgres:
                 )
         os.chown(directory, account.pw_uid, account.pw_gid)
 
-    def _pg_ctl_start(self, data: Path, port: int) -> list[str]:
-        if self.bindir is None or self.directory is None:
+    def _program(self, name: str) -> str:
+        """The path of one server program (EmbeddedPostgresUnavailable before set-up)."""
+        if self.bindir is None:
             raise EmbeddedPostgresUnavailable("the embedded server was not set up")
+        return str(self.bindir / name)
+
+    def _pg_ctl(self, action: str, data: Path, *options: str) -> list[str]:
+        """`pg_ctl ACTION -w -t TIMEOUT -D DATA OPTIONS...`: wait, within the timeout."""
+        timeout = str(max(1, round(self.timeout)))
+        return [self._program("pg_ctl"), action, "-w", "-t", timeout, "-D", str(data), *options]
+
+    def _pg_ctl_start(self, data: Path, port: int) -> list[str]:
         sockets = str(self.socket_dir) if self.socket_dir is not None else "''"
         options = f"-p {port} -c listen_addresses={self.host} -c unix_socket_directories={sockets}"
         if not self.durable:
             options += " -F"
-        return [
-            str(self.bindir / "pg_ctl"),
-            "start",
-            "-w",
-            "-t",
-            str(max(1, round(self.timeout))),
-            "-D",
-            str(data),
-            "-l",
-            str(self.directory / "server.log"),
-            "-o",
-            options,
-        ]
+        if self.directory is None:
+            raise EmbeddedPostgresUnavailable("the embedded server was not set up")
+        log = str(self.directory / "server.log")
+        return self._pg_ctl("start", data, "-l", log, "-o", options)
 
     def _wait_connectable(self) -> None:
         """Prove the DSN works before handing it out (pg_ctl -w only watched the pid file)."""
@@ -393,11 +368,8 @@ class EmbeddedPostgres:
         if not (data / "postmaster.pid").exists():
             return
         pid = _postmaster_pid(data)
-        if self.bindir is None:
-            raise EmbeddedPostgresUnavailable("the embedded server was not set up")
         for mode in ("fast", "immediate"):
-            stop = [str(self.bindir / "pg_ctl"), "stop", "-D", str(data), "-m", mode, "-w"]
-            result = self._run([*stop, "-t", str(max(1, round(self.timeout)))])
+            result = self._run(self._pg_ctl("stop", data, "-m", mode))
             if result.returncode == 0 or not (data / "postmaster.pid").exists():
                 return
             _log.warning("pg_ctl stop -m %s failed: %s", mode, _tail(result.output, 3))

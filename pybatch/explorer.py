@@ -18,8 +18,6 @@ shared key would have to live in the database, readable by every role that pages
 makes it no secret to exactly the clients that can call the explorer. The cost is one
 index-backed `MAX(id)` per continued page. A traversal whose newest rows were deleted while
 it ran (a purge) is refused the same way; it starts again from the first page.
-
-Statements: queries/explorer.sql (explore_*).
 """
 
 from __future__ import annotations
@@ -76,7 +74,8 @@ from pybatch.values.recovery import RecoveryDecision
 __all__ = ["JobExplorer"]
 
 T = TypeVar("T")
-Fetch = Callable[[psycopg.Connection[Any], CursorKey | None, int, int], list[Row]]
+Conn = psycopg.Connection[Any]
+Fetch = Callable[[Conn, CursorKey | None, int, int], list[Row]]
 
 
 def _ceiling_statement(statements: Statements, query: ExplorerQuery) -> Statement:
@@ -127,7 +126,7 @@ class JobExplorer:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _read(self, work: Callable[[psycopg.Connection[Any]], T]) -> T:
+    def _read(self, work: Callable[[Conn], T]) -> T:
         """Run `work` in one read-only transaction, always rolled back; map failures."""
         try:
             with self._repository.read_transaction() as conn:
@@ -142,9 +141,7 @@ class JobExplorer:
         except RepositoryError as error:  # PermissionDenied and the like keep their name
             raise ExplorerRepositoryError(error=error) from None
 
-    def _ceiling(
-        self, conn: psycopg.Connection[Any], query: ExplorerQuery, job_name: str | None
-    ) -> int:
+    def _ceiling(self, conn: Conn, query: ExplorerQuery, job_name: str | None) -> int:
         params = {"job_name": job_name} if query is ExplorerQuery.INSTANCES else {}
         value = _ceiling_statement(self._statements, query).scalar(conn, **params)
         if value is None:
@@ -166,22 +163,23 @@ class JobExplorer:
         self,
         query: ExplorerQuery,
         filter_value: object,
-        page_size: PageSize,
+        page_size: PageSize | None,
         after: Cursor | None,
         fetch: Fetch,
         decode: Callable[[Row], T],
         key_of: Callable[[T], CursorKey],
-        parent_missing: Callable[[psycopg.Connection[Any]], RepositoryError | None] | None = None,
+        parent_missing: Callable[[Conn], RepositoryError | None] | None = None,
         *,
         job_name: str | None = None,
     ) -> Page[T]:
+        page_size = page_size or PageSize()
         binding = query_binding(query, page_size, filter_value)
         key: CursorKey | None = None
         ceiling: int | None = None
         if after is not None:
             key, ceiling = after.open(query, binding)
 
-        def work(conn: psycopg.Connection[Any]) -> tuple[list[T], int]:
+        def work(conn: Conn) -> tuple[list[T], int]:
             if parent_missing is not None:
                 missing = parent_missing(conn)
                 if missing is not None:
@@ -214,8 +212,8 @@ class JobExplorer:
 
     def _exists(
         self, name: Statement, error: RepositoryError, **params: Any
-    ) -> Callable[[psycopg.Connection[Any]], RepositoryError | None]:
-        def check(conn: psycopg.Connection[Any]) -> RepositoryError | None:
+    ) -> Callable[[Conn], RepositoryError | None]:
+        def check(conn: Conn) -> RepositoryError | None:
             return None if name.scalar(conn, **params) else error
 
         return check
@@ -227,22 +225,19 @@ class JobExplorer:
     ) -> Page[JobNameSummary]:
         """Distinct job names of instances in byte order, with their latest execution."""
 
-        def fetch(
-            conn: psycopg.Connection[Any], key: CursorKey | None, ceiling: int, limit: int
-        ) -> list[Row]:
+        def fetch(conn: Conn, key: CursorKey | None, ceiling: int, limit: int) -> list[Row]:
             after_name = key.name if isinstance(key, NameKey) else ""
-            rows = self._statements.explore_job_names.many(
+            return self._statements.explore_job_names.many(
                 conn,
                 after_name=after_name,
                 ceiling=ceiling,
                 row_limit=limit,
             )
-            return rows
 
         return self._page(
             ExplorerQuery.JOB_NAMES,
             None,
-            page_size or PageSize(),
+            page_size,
             after,
             fetch,
             codec.decode_job_name_summary,
@@ -256,23 +251,20 @@ class JobExplorer:
         if type(job_name) is not str:
             raise TypeError("job_name must be a str")
 
-        def fetch(
-            conn: psycopg.Connection[Any], key: CursorKey | None, ceiling: int, limit: int
-        ) -> list[Row]:
+        def fetch(conn: Conn, key: CursorKey | None, ceiling: int, limit: int) -> list[Row]:
             before = key.id if isinstance(key, IdentityKey) else INT64_MAX
-            rows = self._statements.explore_instances.many(
+            return self._statements.explore_instances.many(
                 conn,
                 job_name=job_name,
                 ceiling=ceiling,
                 before_id=before,
                 row_limit=limit,
             )
-            return rows
 
         return self._page(
             ExplorerQuery.INSTANCES,
             job_name,
-            page_size or PageSize(),
+            page_size,
             after,
             fetch,
             codec.decode_instance_projection,
@@ -288,20 +280,12 @@ class JobExplorer:
         Raises:
             ExplorerRepositoryError: wrapping JobInstanceNotFound for an unknown instance.
         """
-        _check_id(job_instance_id, IdentifierKind.JOB_INSTANCE)
+        check_identifier(IdentifierKind.JOB_INSTANCE, job_instance_id)
 
-        def fetch(
-            conn: psycopg.Connection[Any], key: CursorKey | None, ceiling: int, limit: int
-        ) -> list[Row]:
-            attempt, before = (
-                (key.primary, key.id)
-                if isinstance(key, OrderedKey)
-                else (
-                    INT64_MAX,
-                    INT64_MAX,
-                )
-            )
-            rows = self._statements.explore_executions.many(
+        def fetch(conn: Conn, key: CursorKey | None, ceiling: int, limit: int) -> list[Row]:
+            last = (key.primary, key.id) if isinstance(key, OrderedKey) else (INT64_MAX, INT64_MAX)
+            attempt, before = last
+            return self._statements.explore_executions.many(
                 conn,
                 job_instance_id=job_instance_id,
                 ceiling=ceiling,
@@ -309,12 +293,11 @@ class JobExplorer:
                 before_id=before,
                 row_limit=limit,
             )
-            return rows
 
         return self._page(
             ExplorerQuery.EXECUTIONS,
             job_instance_id,
-            page_size or PageSize(),
+            page_size,
             after,
             fetch,
             codec.decode_execution_projection,
@@ -328,9 +311,9 @@ class JobExplorer:
 
     def execution(self, job_execution_id: int) -> JobExecutionProjection | None:
         """One execution projection, or None when it does not exist."""
-        _check_id(job_execution_id, IdentifierKind.JOB_EXECUTION)
+        check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
 
-        def work(conn: psycopg.Connection[Any]) -> JobExecutionProjection | None:
+        def work(conn: Conn) -> JobExecutionProjection | None:
             row = self._statements.explore_execution.one(conn, job_execution_id=job_execution_id)
             return None if row is None else codec.decode_execution_projection(row)
 
@@ -340,21 +323,32 @@ class JobExplorer:
         self,
         query: ExplorerQuery,
         statement: Statement,
-        parent_column: str,
         parent_id: int,
-        kind: IdentifierKind,
-        missing: RepositoryError,
-        exists_statement: Statement,
         decode: Callable[[Row], T],
         key_of: Callable[[T], CursorKey],
         page_size: PageSize | None,
         after: Cursor | None,
     ) -> Page[T]:
-        _check_id(parent_id, kind)
+        """A page of the rows under one job execution (or, for partitions, step execution)."""
+        q = self._statements
+        missing: RepositoryError
+        if query is ExplorerQuery.STEP_PARTITIONS:
+            kind, parent_column, exists = (
+                IdentifierKind.STEP_EXECUTION,
+                "step_execution_id",
+                q.explore_step_execution_exists,
+            )
+            missing = StepExecutionNotFound(id=parent_id)
+        else:
+            kind, parent_column, exists = (
+                IdentifierKind.JOB_EXECUTION,
+                "job_execution_id",
+                q.explore_job_execution_exists,
+            )
+            missing = JobExecutionNotFound(id=parent_id)
+        check_identifier(kind, parent_id)
 
-        def fetch(
-            conn: psycopg.Connection[Any], key: CursorKey | None, ceiling: int, limit: int
-        ) -> list[Row]:
+        def fetch(conn: Conn, key: CursorKey | None, ceiling: int, limit: int) -> list[Row]:
             params: dict[str, Any] = {
                 parent_column: parent_id,
                 "ceiling": ceiling,
@@ -366,19 +360,10 @@ class JobExplorer:
                 )
             else:
                 params["after_id"] = key.id if isinstance(key, IdentityKey) else 0
-            rows = statement.many(conn, **params)
-            return rows
+            return statement.many(conn, **params)
 
-        return self._page(
-            query,
-            parent_id,
-            page_size or PageSize(),
-            after,
-            fetch,
-            decode,
-            key_of,
-            self._exists(exists_statement, missing, **{parent_column: parent_id}),
-        )
+        exists_check = self._exists(exists, missing, **{parent_column: parent_id})
+        return self._page(query, parent_id, page_size, after, fetch, decode, key_of, exists_check)
 
     def step_executions(
         self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
@@ -387,11 +372,7 @@ class JobExplorer:
         return self._children(
             ExplorerQuery.STEP_EXECUTIONS,
             self._statements.explore_step_executions,
-            "job_execution_id",
             job_execution_id,
-            IdentifierKind.JOB_EXECUTION,
-            JobExecutionNotFound(id=job_execution_id),
-            self._statements.explore_job_execution_exists,
             codec.decode_step_projection,
             lambda item: IdentityKey(item.id),
             page_size,
@@ -405,11 +386,7 @@ class JobExplorer:
         return self._children(
             ExplorerQuery.RECOVERY_DECISIONS,
             self._statements.explore_recovery_decisions,
-            "job_execution_id",
             job_execution_id,
-            IdentifierKind.JOB_EXECUTION,
-            JobExecutionNotFound(id=job_execution_id),
-            self._statements.explore_job_execution_exists,
             codec.decode_recovery_decision,
             lambda item: IdentityKey(item.id),
             page_size,
@@ -423,11 +400,7 @@ class JobExplorer:
         return self._children(
             ExplorerQuery.FLOW_DECISIONS,
             self._statements.explore_flow_decisions,
-            "job_execution_id",
             job_execution_id,
-            IdentifierKind.JOB_EXECUTION,
-            JobExecutionNotFound(id=job_execution_id),
-            self._statements.explore_job_execution_exists,
             codec.decode_flow_decision,
             lambda item: OrderedKey(item.sequence, item.id),
             page_size,
@@ -441,11 +414,7 @@ class JobExplorer:
         return self._children(
             ExplorerQuery.STEP_PARTITIONS,
             self._statements.explore_step_partitions,
-            "step_execution_id",
             step_execution_id,
-            IdentifierKind.STEP_EXECUTION,
-            StepExecutionNotFound(id=step_execution_id),
-            self._statements.explore_step_execution_exists,
             codec.decode_partition_projection,
             lambda item: IdentityKey(item.id),
             page_size,
@@ -459,11 +428,7 @@ class JobExplorer:
         return self._children(
             ExplorerQuery.OPERATOR_REQUESTS,
             self._statements.explore_operator_requests,
-            "job_execution_id",
             job_execution_id,
-            IdentifierKind.JOB_EXECUTION,
-            JobExecutionNotFound(id=job_execution_id),
-            self._statements.explore_job_execution_exists,
             codec.decode_operator_request,
             lambda item: IdentityKey(item.id),
             page_size,
@@ -490,28 +455,21 @@ class JobExplorer:
             raise ExplorerAgeBoundTooSmall(requested_seconds=seconds)
         age_us = minimum_age // _dt.timedelta(microseconds=1)
 
-        def fetch(
-            conn: psycopg.Connection[Any], key: CursorKey | None, ceiling: int, limit: int
-        ) -> list[Row]:
-            rows = self._statements.explore_unresolved_executions.many(
+        def fetch(conn: Conn, key: CursorKey | None, ceiling: int, limit: int) -> list[Row]:
+            return self._statements.explore_unresolved_executions.many(
                 conn,
                 minimum_age_us=age_us,
                 ceiling=ceiling,
                 after_id=key.id if isinstance(key, IdentityKey) else 0,
                 row_limit=limit,
             )
-            return rows
 
         return self._page(
             ExplorerQuery.UNRESOLVED_EXECUTIONS,
             age_us,
-            page_size or PageSize(),
+            page_size,
             after,
             fetch,
             codec.decode_execution_projection,
             lambda item: IdentityKey(item.id),
         )
-
-
-def _check_id(value: int, kind: IdentifierKind) -> None:
-    check_identifier(kind, value)

@@ -1,9 +1,6 @@
 """The job repository: a bounded connection pool handing out units of work.
 
 See docs/contract.md, Repository operations.
-
-Statements: schema.sql read_schema_version (the version check at connect), read_server_clock
-(the clock-skew check on each new pooled connection); recovery.sql read_recovery_snapshot.
 """
 
 from __future__ import annotations
@@ -191,8 +188,6 @@ class JobRepository:
         Raises:
             JobExecutionNotFound: no such execution.
             Unavailable: the server failed, or a row could not be decoded.
-
-        Statements: recovery.sql read_recovery_snapshot (pybatch/repository/recovery.py).
         """
         with self.read_transaction() as conn:
             try:

@@ -1,10 +1,7 @@
 """Schema migrations: numbered, checksummed files applied under the migrator lock.
 
-See docs/tables.md 7.
-
-Statements: schema.sql (bookkeeping) and the migration files themselves, each run whole in
-its own transaction. The connection's lock timeout (a startup setting) bounds the wait for
-the migration lock.
+See docs/tables.md 7. Each migration file runs whole in its own transaction; the connection's
+lock timeout (a startup setting) bounds the wait for the migration lock.
 """
 
 from __future__ import annotations

@@ -2,8 +2,6 @@
 
 `pybatch sql list|show|explain|catalogue` and docs/sql-catalogue.md are built from here, so
 the catalogue a DBA reviews is generated from the same `queries/` files pybatch runs.
-
-Statements: every file of queries/ (read through the statement loader).
 """
 
 from __future__ import annotations
@@ -21,15 +19,6 @@ from pybatch._connect import open_connection
 from pybatch._statements import Statement, Statements, load_statements
 from pybatch.config import ConnectionConfig
 from pybatch.errors import UnknownStatement
-
-__all__ = [
-    "StatementEntry",
-    "catalogue",
-    "explain",
-    "find",
-    "render_markdown",
-    "representative_parameters",
-]
 
 _TABLE = re.compile(r"\bpybatch\.([a-z_]+)\b")
 _WRITE = re.compile(r"^\s*(INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+pybatch\.([a-z_]+)", re.I | re.M)
@@ -71,15 +60,8 @@ class StatementEntry:
 
     def as_json(self) -> dict[str, Any]:
         """The documented JSON object of `pybatch sql list --json`."""
-        return {
-            "name": self.name,
-            "file": self.file,
-            "doc": self.doc,
-            "mode": self.mode,
-            "parameters": list(self.parameters),
-            "tables_read": list(self.tables_read),
-            "tables_written": list(self.tables_written),
-        }
+        fields = attrs.asdict(self, filter=lambda field, _: field.name != "text")
+        return {name: list(v) if isinstance(v, tuple) else v for name, v in fields.items()}
 
 
 def _entry(statement: Statement) -> StatementEntry:

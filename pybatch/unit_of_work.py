@@ -10,16 +10,13 @@ one calls runs inside its caller's savepoint. COMMIT outcomes follow docs/tables
 the transaction primitive (`pybatch/_transaction.py`): a transaction the server already
 failed raises TransactionAborted, a lost acknowledgement raises CommitOutcomeUnknown, and
 neither is ever reported as success.
-
-Statements: transaction.sql get_transaction_settings; each operation's own (its docstring).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import cached_property
-from types import TracebackType
+from typing import Generic, TypeVar
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -39,7 +36,7 @@ from pybatch.errors import (
     Unavailable,
     UnitOfWorkClosed,
 )
-from pybatch.repository._capability import Overrides
+from pybatch.repository._capability import Capability, Overrides
 from pybatch.repository.definitions import Definitions
 from pybatch.repository.executions import Executions
 from pybatch.repository.flow import Flow
@@ -77,6 +74,23 @@ def _rolled_back_on_error(conn: Connection) -> Iterator[None]:
         raise
 
 
+C = TypeVar("C", bound=Capability)
+
+
+class _Bound(Generic[C]):
+    """A capability of the unit of work, bound on first access and kept (a cached property)."""
+
+    def __init__(self, capability: type[C]) -> None:
+        self._capability = capability
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    def __get__(self, uow: UnitOfWork, owner: type | None = None) -> C:
+        bound = uow.__dict__[self._name] = self._capability(uow)
+        return bound
+
+
 class UnitOfWork:
     """One transaction and the capabilities whose operations run in it."""
 
@@ -94,12 +108,7 @@ class UnitOfWork:
     def __enter__(self) -> UnitOfWork:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: object, exc: BaseException | None, traceback: object) -> None:
         if not self._lease.is_open:
             return
         try:
@@ -195,63 +204,17 @@ class UnitOfWork:
             raise Unavailable()
 
     # ------------------------------------------------------------------ capabilities
+    # Each is pybatch/repository/<name>.py over queries/<name>.sql, created on first use.
 
-    @cached_property
-    def definitions(self) -> Definitions:
-        """Definition upgrade edges (queries/definitions.sql)."""
-        return Definitions(self)
-
-    @cached_property
-    def instances(self) -> Instances:
-        """Job instances (queries/instances.sql)."""
-        return Instances(self)
-
-    @cached_property
-    def executions(self) -> Executions:
-        """Launches, restarts, transitions and reads of job executions (executions.sql)."""
-        return Executions(self)
-
-    @cached_property
-    def steps(self) -> Steps:
-        """Plain step executions (queries/steps.sql)."""
-        return Steps(self)
-
-    @cached_property
-    def flow(self) -> Flow:
-        """Flow steps, start limits and flow decisions (queries/flow.sql)."""
-        return Flow(self)
-
-    @cached_property
-    def partitions(self) -> Partitions:
-        """Partition plans, claims and aggregation (queries/partitions.sql); leases: ownership."""
-        return Partitions(self)
-
-    @cached_property
-    def recovery(self) -> Recovery:
-        """Audited recovery of orphaned or ambiguous executions (queries/recovery.sql)."""
-        return Recovery(self)
-
-    @cached_property
-    def operator_requests(self) -> OperatorRequests:
-        """The audit rows of operator requests (queries/operator_requests.sql)."""
-        return OperatorRequests(self)
-
-    @cached_property
-    def stop_requests(self) -> StopRequests:
-        """Durable stop requests (queries/stop_requests.sql)."""
-        return StopRequests(self)
-
-    @cached_property
-    def ownership(self) -> Ownership:
-        """Owner tokens, leases and control of executions and partitions (queries/ownership.sql)."""
-        return Ownership(self)
-
-    @cached_property
-    def holds(self) -> Holds:
-        """Retention holds on instances (queries/holds.sql)."""
-        return Holds(self)
-
-    @cached_property
-    def retention(self) -> Retention:
-        """Retention audit, purge surveys and purges (queries/retention.sql)."""
-        return Retention(self)
+    definitions = _Bound(Definitions)
+    instances = _Bound(Instances)
+    executions = _Bound(Executions)
+    steps = _Bound(Steps)
+    flow = _Bound(Flow)
+    partitions = _Bound(Partitions)
+    recovery = _Bound(Recovery)
+    operator_requests = _Bound(OperatorRequests)
+    stop_requests = _Bound(StopRequests)
+    ownership = _Bound(Ownership)
+    holds = _Bound(Holds)
+    retention = _Bound(Retention)

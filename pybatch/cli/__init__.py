@@ -48,8 +48,6 @@ from pybatch.errors import (
 #: authentication refusals.
 _PERMISSION_DENIED = frozenset({"42501", "28000", "28P01"})
 
-__all__ = ["build_parser", "exit_code_for", "main"]
-
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every command group."""

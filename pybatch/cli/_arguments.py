@@ -12,8 +12,6 @@ from collections.abc import Callable, Sequence
 
 from pybatch.errors import CommandArgumentInvalid
 
-__all__ = ["MAX_DURATION_DAYS", "check_argv", "duration_type"]
-
 #: The longest duration any option accepts: 100 years, far beyond any retention or wait,
 #: and far inside what `timedelta` and PostgreSQL's `interval` can hold.
 MAX_DURATION_DAYS = 36_500

@@ -11,14 +11,18 @@ import argparse
 import os
 import stat
 import sys
+from collections.abc import Callable
+from typing import Any, TypeAlias
 
 import psycopg
 import psycopg.conninfo
 
 from pybatch.config import ConnectionConfig, TlsMode
 from pybatch.errors import DsnFileInsecure, DsnFileUnreadable
+from pybatch.job_repository import JobRepository
 
-__all__ = ["add_connection_arguments", "config_from_args", "read_dsn_file"]
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+Handler = Callable[[argparse.Namespace], int]
 
 _DSN_WARNING = (
     "pybatch: warning: the password given with --dsn is visible to every local user in "
@@ -44,6 +48,41 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="connect without TLS (isolated environments only; default is verify-full)",
     )
+
+
+def add_command(
+    commands: Commands, name: str, handler: Handler, *, connects: bool = True, **options: Any
+) -> argparse.ArgumentParser:
+    """A subcommand run by `handler`, with the connection options unless `connects` is False."""
+    parser = commands.add_parser(name, **options)
+    if connects:
+        add_connection_arguments(parser)
+    parser.set_defaults(handler=handler)
+    return parser
+
+
+def positive_id(what: str) -> Callable[[str], int]:
+    """An argparse `type` for a positive id, refusing anything else as 'must be a positive ...'."""
+
+    def parse(text: str) -> int:
+        if not text.isdigit() or int(text) < 1:
+            raise argparse.ArgumentTypeError(f"must be a positive {what}")
+        return int(text)
+
+    return parse
+
+
+def progress(on_terminal: str, in_log: str) -> None:
+    """Report progress on stderr: `on_terminal` without a newline on a terminal, else a line."""
+    if sys.stderr.isatty():
+        print(on_terminal, end="", file=sys.stderr, flush=True)
+    else:
+        print(in_log, file=sys.stderr)
+
+
+def connect(args: argparse.Namespace) -> JobRepository:
+    """The repository of the command's connection settings."""
+    return JobRepository.connect(config_from_args(args))
 
 
 def config_from_args(args: argparse.Namespace) -> ConnectionConfig:

@@ -34,14 +34,19 @@ import uuid
 from contextlib import ExitStack
 from datetime import date, timedelta
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import IO, Any
 
 import attrs
 
 from pybatch._statements import load_demo_statements
 from pybatch.chunks import ChunkTransactionManager
-from pybatch.cli._connection import add_connection_arguments, config_from_args
+from pybatch.cli._connection import (
+    Commands,
+    add_command,
+    add_connection_arguments,
+    config_from_args,
+)
 from pybatch.config import ConnectionConfig, TlsMode
 from pybatch.embedded import EmbeddedPostgres, EmbeddedPostgresUnavailable
 from pybatch.errors import ExecutionAlreadyActive, Unavailable
@@ -54,8 +59,6 @@ from pybatch.values.parameters import JobInstanceKey
 from pybatch.values.records import JobExecution, StepExecution
 from pybatch.values.recovery import RecoveryDecision
 from pybatch.values.status import BatchStatus
-
-__all__ = ["register"]
 
 JOB_NAME = "pybatch_demo_load"
 STEP_NAME = "load"
@@ -87,7 +90,7 @@ _LABEL = 10
 # ---------------------------------------------------------------------------------- commands
 
 
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     """Add `pybatch demo` and the worker it runs (hidden: added without help)."""
     demo = commands.add_parser(
         "demo",
@@ -115,11 +118,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     demo.add_argument("--seed", type=int, default=42, help="seed of the data and the kill (42)")
     demo.set_defaults(handler=_demo)
 
-    worker = commands.add_parser(WORKER_COMMAND)
+    worker = add_command(commands, WORKER_COMMAND, _worker, connects=False)
     worker.add_argument("--csv", required=True, type=Path)
     worker.add_argument("--chunk-size", required=True, type=_positive)
     worker.add_argument("--run", required=True)
-    worker.set_defaults(handler=_worker)
 
 
 def _positive(text: str) -> int:
@@ -292,12 +294,7 @@ class _Workers:
     def __enter__(self) -> _Workers:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         for process in self._running:
             if process.poll() is None:
                 process.terminate()  # the worker records its run as STOPPED
@@ -312,9 +309,10 @@ class _Workers:
 
 def _demo(args: argparse.Namespace) -> int:
     began = time.monotonic()
-    _say(
+    print(
         f"pybatch demo: {args.rows:,} orders in chunks of {args.chunk_size:,}; the loader is "
-        "killed part-way and resumes"
+        "killed part-way and resumes",
+        flush=True,
     )
     code = 1
     with _Signals() as signals:
@@ -332,10 +330,13 @@ def _demo(args: argparse.Namespace) -> int:
             return 3
     if signals.received is not None:
         name = signal.Signals(signals.received).name
-        _say(f"pybatch demo: stopped by {name}; worker, server and temporary files cleaned up")
+        print(
+            f"pybatch demo: stopped by {name}; worker, server and temporary files cleaned up",
+            flush=True,
+        )
         return 128 + signals.received
     verdict = "all checks passed" if code == 0 else "demo FAILED"
-    _say(f"{verdict} ({time.monotonic() - began:.1f} s in all, cleanup included)")
+    print(f"{verdict} ({time.monotonic() - began:.1f} s in all, cleanup included)", flush=True)
     return code
 
 
@@ -571,10 +572,6 @@ def _n(count: int, noun: str) -> str:
 
 def _size(size: int) -> str:
     return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB"
-
-
-def _say(text: str) -> None:
-    print(text, flush=True)
 
 
 def _line(label: str, text: str, *, indent: int = 2) -> None:

@@ -15,10 +15,10 @@ import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from pybatch.cli._arguments import duration_type
-from pybatch.cli._connection import add_connection_arguments, config_from_args
+from pybatch.cli._connection import Commands, Handler, add_command, config_from_args
 from pybatch.errors import JobExecutionNotFound
 from pybatch.explorer import JobExplorer
 from pybatch.job_repository import JobRepository
@@ -37,9 +37,8 @@ from pybatch.values.explorer import (
 from pybatch.values.operator import OperatorRecord
 from pybatch.values.state import EMPTY_STATE_SCHEMA
 
-__all__ = ["register"]
-
 T = TypeVar("T")
+Parser = argparse.ArgumentParser
 
 
 def _page_size(text: str) -> int:
@@ -60,16 +59,11 @@ def _identifier(text: str) -> int:
     return value
 
 
-def _cursor(text: str) -> Cursor:
-    return Cursor.from_hex(text)
-
-
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     """Add the five read commands."""
 
-    def command(name: str, help_text: str, *, paged: bool = True) -> argparse.ArgumentParser:
-        parser = commands.add_parser(name, help=help_text, description=help_text)
-        add_connection_arguments(parser)
+    def command(name: str, handler: Handler, help_text: str, *, paged: bool = True) -> Parser:
+        parser = add_command(commands, name, handler, help=help_text, description=help_text)
         parser.add_argument("--json", action="store_true", help="print JSON for scripts")
         if paged:
             parser.add_argument(
@@ -83,24 +77,25 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             )
         return parser
 
-    jobs = command("jobs", "list job names with the latest execution's status and time")
-    jobs.set_defaults(handler=_jobs)
-    instances = command("instances", "list the instances of a job, newest first")
+    command("jobs", _jobs, "list job names with the latest execution's status and time")
+    instances = command("instances", _instances, "list the instances of a job, newest first")
     instances.add_argument("job", help="the job name")
-    instances.set_defaults(handler=_instances)
-    executions = command("executions", "list the attempts of an instance, newest first")
+    executions = command(
+        "executions", _executions, "list the attempts of an instance, newest first"
+    )
     executions.add_argument("instance", type=_identifier, help="the job instance id")
-    executions.set_defaults(handler=_executions)
     show = command(
         "show",
+        _show,
         "show one execution: steps, counters, checkpoints, failure, stop and owner evidence, "
         "recovery decisions",
         paged=False,
     )
     show.add_argument("execution", type=_identifier, help="the job execution id")
-    show.set_defaults(handler=_show)
     unresolved = command(
-        "unresolved", "list STARTING, STARTED, STOPPING or UNKNOWN executions left unattended"
+        "unresolved",
+        _unresolved,
+        "list STARTING, STARTED, STOPPING or UNKNOWN executions left unattended",
     )
     unresolved.add_argument(
         "--older-than",
@@ -112,7 +107,6 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             " default: the stale threshold, PYBATCH_STALE_THRESHOLD_MS, 15m unless set)"
         ),
     )
-    unresolved.set_defaults(handler=_unresolved)
 
 
 # --------------------------------------------------------------------------- plumbing
@@ -126,11 +120,6 @@ def _explorer(args: argparse.Namespace) -> Iterator[JobExplorer]:
     installed_schema_version(config)
     with JobRepository.connect(config) as repository:
         yield JobExplorer(repository)
-
-
-def _page_args(args: argparse.Namespace) -> tuple[PageSize, Cursor | None]:
-    size = PageSize(args.limit)
-    return size, None if args.after is None else _cursor(args.after)
 
 
 #: Stored names older than pybatch's own naming, as `pybatch show` prints them. The stored
@@ -173,17 +162,28 @@ def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         print("  ".join(fit(c, w).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
 
 
-def _emit(
+class _Item(Protocol):
+    def as_json(self) -> dict[str, Any]: ...
+
+
+Item = TypeVar("Item", bound=_Item)
+
+
+def _list(
     args: argparse.Namespace,
-    page: Page[T],
-    as_json: Callable[[T], dict[str, Any]],
+    fetch: Callable[[JobExplorer, PageSize, Cursor | None], Page[Item]],
     headers: Sequence[str],
-    as_row: Callable[[T], Sequence[str]],
+    as_row: Callable[[Item], Sequence[str]],
     empty: str,
 ) -> int:
+    """Read one page and print it: a table and the next cursor, or with --json one document."""
+    size = PageSize(args.limit)
+    after = None if args.after is None else Cursor.from_hex(args.after)
+    with _explorer(args) as explorer:
+        page = fetch(explorer, size, after)
     next_cursor = None if page.next_cursor is None else str(page.next_cursor)
     if args.json:
-        document = {"items": [as_json(item) for item in page.items], "next": next_cursor}
+        document = {"items": [item.as_json() for item in page.items], "next": next_cursor}
         print(json.dumps(document, ensure_ascii=False))
         return 0
     if not page.items:
@@ -214,33 +214,17 @@ def _execution_row(item: JobExecutionProjection) -> list[str]:
 
 
 _EXECUTION_HEADERS = (
-    "EXECUTION",
-    "INSTANCE",
-    "JOB",
-    "ATTEMPT",
-    "STATUS",
-    "EXIT",
-    "READ",
-    "WRITTEN",
-    "COMMITS",
-    "STARTED",
-    "ENDED",
-    "UPDATED",
-    "OWNER",
-)
+    "EXECUTION INSTANCE JOB ATTEMPT STATUS EXIT READ WRITTEN COMMITS STARTED ENDED UPDATED OWNER"
+).split()
 
 
 # --------------------------------------------------------------------------- commands
 
 
 def _jobs(args: argparse.Namespace) -> int:
-    size, after = _page_args(args)
-    with _explorer(args) as explorer:
-        page = explorer.job_names(size, after)
-    return _emit(
+    return _list(
         args,
-        page,
-        lambda item: item.as_json(),
+        lambda explorer, size, after: explorer.job_names(size, after),
         ("JOB", "LATEST EXECUTION", "STATUS", "UPDATED"),
         lambda item: [
             item.job_name,
@@ -253,13 +237,9 @@ def _jobs(args: argparse.Namespace) -> int:
 
 
 def _instances(args: argparse.Namespace) -> int:
-    size, after = _page_args(args)
-    with _explorer(args) as explorer:
-        page = explorer.instances(args.job, size, after)
-    return _emit(
+    return _list(
         args,
-        page,
-        lambda item: item.as_json(),
+        lambda explorer, size, after: explorer.instances(args.job, size, after),
         ("INSTANCE", "JOB", "PARAMETERS", "CREATED", "HOLD"),
         lambda item: [
             str(item.id),
@@ -273,13 +253,9 @@ def _instances(args: argparse.Namespace) -> int:
 
 
 def _executions(args: argparse.Namespace) -> int:
-    size, after = _page_args(args)
-    with _explorer(args) as explorer:
-        page = explorer.executions(args.instance, size, after)
-    return _emit(
+    return _list(
         args,
-        page,
-        lambda item: item.as_json(),
+        lambda explorer, size, after: explorer.executions(args.instance, size, after),
         _EXECUTION_HEADERS,
         _execution_row,
         "no executions",
@@ -287,20 +263,15 @@ def _executions(args: argparse.Namespace) -> int:
 
 
 def _unresolved(args: argparse.Namespace) -> int:
-    size, after = _page_args(args)
-    older_than = args.older_than
-    if older_than is None:  # the configured stale threshold (validated: 1 min..24 h)
-        older_than = config_from_args(args).stale_threshold
-    with _explorer(args) as explorer:
-        page = explorer.unresolved_executions(older_than, size, after)
-    return _emit(
-        args,
-        page,
-        lambda item: item.as_json(),
-        _EXECUTION_HEADERS,
-        _execution_row,
-        "no unresolved executions",
-    )
+    def fetch(
+        explorer: JobExplorer, size: PageSize, after: Cursor | None
+    ) -> Page[JobExecutionProjection]:
+        older_than = args.older_than
+        if older_than is None:  # the configured stale threshold (validated: 1 min..24 h)
+            older_than = config_from_args(args).stale_threshold
+        return explorer.unresolved_executions(older_than, size, after)
+
+    return _list(args, fetch, _EXECUTION_HEADERS, _execution_row, "no unresolved executions")
 
 
 def _all(fetch: Callable[[Cursor | None], Page[T]]) -> list[T]:
@@ -378,17 +349,7 @@ def _show(args: argparse.Namespace) -> int:
     print()
     if steps:
         _print_table(
-            (
-                "STEP",
-                "NAME",
-                "STATUS",
-                "EXIT",
-                "READ",
-                "WRITTEN",
-                "COMMITS",
-                "CHECKPOINT",
-                "FAILURE",
-            ),
+            "STEP NAME STATUS EXIT READ WRITTEN COMMITS CHECKPOINT FAILURE".split(),
             [
                 [
                     str(step.id),
@@ -410,7 +371,7 @@ def _show(args: argparse.Namespace) -> int:
     print()
     if decisions:
         _print_table(
-            ("DECISION", "FROM", "TO", "REASON", "BY", "DECIDED"),
+            "DECISION FROM TO REASON BY DECIDED".split(),
             [
                 [
                     str(d.id),
@@ -428,15 +389,9 @@ def _show(args: argparse.Namespace) -> int:
     if requests:
         print()
         _print_table(
-            ("REQUEST", "ACTION", "OUTCOME", "ACTOR", "REQUESTED"),
+            "REQUEST ACTION OUTCOME ACTOR REQUESTED".split(),
             [
-                [
-                    str(r.id),
-                    r.action.value,
-                    r.outcome.value,
-                    str(r.actor),
-                    _instant(r.requested_at),
-                ]
+                [str(r.id), r.action.value, r.outcome.value, str(r.actor), _instant(r.requested_at)]
                 for r in requests
             ],
         )

@@ -17,9 +17,8 @@ import time
 import uuid
 
 from pybatch.cli._arguments import duration_type
-from pybatch.cli._connection import add_connection_arguments, config_from_args
+from pybatch.cli._connection import Commands, add_command, connect, positive_id, progress
 from pybatch.errors import JobExecutionNotFound
-from pybatch.job_repository import JobRepository
 from pybatch.services.audit import verify_audit_chain
 from pybatch.services.operator import (
     UNKNOWN_EFFECT,
@@ -33,20 +32,13 @@ from pybatch.values.operator import OperatorRejectionCode
 from pybatch.values.recovery import RecoveryRequest
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 
-__all__ = ["parse_age", "register"]
-
 #: How often `stop --wait` polls the execution.
 WAIT_POLL_S = 0.5
 
 
 #: `--older-than` and `--timeout` values: 90s, 15m, 1h, 90d (at most 36500d).
 parse_age = duration_type("DURATION")
-
-
-def _positive_id(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError("must be a positive execution id")
-    return int(text)
+_execution_id = positive_id("execution id")
 
 
 def _default_actor() -> str:
@@ -73,12 +65,11 @@ def request_identity(args: argparse.Namespace) -> tuple[OperationId, ActorRef]:
     return operation_id, ActorRef(args.actor or _default_actor())
 
 
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     """Add the operator commands."""
-    stop = commands.add_parser("stop", help="ask a running job execution to stop")
-    add_connection_arguments(stop)
+    stop = add_command(commands, "stop", _stop, help="ask a running job execution to stop")
     add_request_arguments(stop)
-    stop.add_argument("execution_id", type=_positive_id, metavar="EXECUTION_ID")
+    stop.add_argument("execution_id", type=_execution_id, metavar="EXECUTION_ID")
     stop.add_argument("--wait", action="store_true", help="return once the run has ended")
     stop.add_argument(
         "--timeout",
@@ -86,14 +77,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         default=_dt.timedelta(minutes=10),
         help="for --wait",
     )
-    stop.set_defaults(handler=_stop)
 
-    recover = commands.add_parser(
-        "recover", help="resolve an orphaned or ambiguous execution, audited"
+    recover = add_command(
+        commands, "recover", _recover, help="resolve an orphaned or ambiguous execution, audited"
     )
-    add_connection_arguments(recover)
     add_request_arguments(recover)
-    recover.add_argument("execution_id", type=_positive_id, metavar="EXECUTION_ID")
+    recover.add_argument("execution_id", type=_execution_id, metavar="EXECUTION_ID")
     mode = recover.add_mutually_exclusive_group(required=True)
     mode.add_argument("--mark-failed", action="store_true", help="FAILED: the job may restart")
     mode.add_argument("--abandon", action="store_true", help="ABANDONED: it never runs again")
@@ -109,20 +98,16 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="recover even though the run's lease is fresh (its owner looks alive): the owner "
         "is fenced first, so nothing it still runs can commit",
     )
-    recover.set_defaults(handler=_recover)
 
     audit = commands.add_parser("audit", help="the tamper-evident audit chain")
     audit_commands = audit.add_subparsers(dest="audit_command", required=True, metavar="COMMAND")
-    verify = audit_commands.add_parser(
-        "verify", help="walk the chain; name the first broken link (exit 1)"
+    verify = add_command(
+        audit_commands,
+        "verify",
+        _audit_verify,
+        help="walk the chain; name the first broken link (exit 1)",
     )
-    add_connection_arguments(verify)
     verify.add_argument("--json", action="store_true", help="the result as one JSON object")
-    verify.set_defaults(handler=_audit_verify)
-
-
-def _connect(args: argparse.Namespace) -> JobRepository:
-    return JobRepository.connect(config_from_args(args))
 
 
 def _report(outcome: OperatorOutcome) -> int:
@@ -152,7 +137,7 @@ def _report(outcome: OperatorOutcome) -> int:
 
 def _stop(args: argparse.Namespace) -> int:
     operation_id, actor = request_identity(args)
-    with _connect(args) as repository:
+    with connect(args) as repository:
         outcome = OperatorService(repository).stop(operation_id, actor, args.execution_id)
         code = _report(outcome)
         if code or not args.wait:
@@ -176,20 +161,14 @@ def _stop(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 return 1
-            if interactive:
-                print(".", end="", file=sys.stderr, flush=True)
-            else:
-                print(
-                    f"waiting: execution {execution.id} is {execution.status.value}",
-                    file=sys.stderr,
-                )
+            progress(".", f"waiting: execution {execution.id} is {execution.status.value}")
             time.sleep(WAIT_POLL_S)
 
 
 def _recover(args: argparse.Namespace) -> int:
     reason = ReasonCode(args.reason)  # bad input is refused before anything else
     operation_id, actor = request_identity(args)
-    with _connect(args) as repository:
+    with connect(args) as repository:
         with repository.begin() as uow:
             current = uow.executions.get(args.execution_id)
         if current is None:
@@ -230,14 +209,11 @@ def _recover(args: argparse.Namespace) -> int:
 def _audit_verify(args: argparse.Namespace) -> int:
     interactive = sys.stderr.isatty()
 
-    def progress(done: int, total: int) -> None:
-        if interactive:
-            print(f"\rverified {done:,} of {total:,} links", end="", file=sys.stderr, flush=True)
-        else:
-            print(f"verified {done} of {total} links", file=sys.stderr)
+    def verified(done: int, total: int) -> None:
+        progress(f"\rverified {done:,} of {total:,} links", f"verified {done} of {total} links")
 
-    with _connect(args) as repository:
-        result = verify_audit_chain(repository, progress=progress)
+    with connect(args) as repository:
+        result = verify_audit_chain(repository, progress=verified)
     if interactive:
         print(file=sys.stderr)
     if args.json:

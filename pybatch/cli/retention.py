@@ -8,18 +8,19 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import sys
+from collections.abc import Callable
+from functools import partial
 
 from pybatch.cli._arguments import duration_type
-from pybatch.cli._connection import add_connection_arguments, config_from_args
+from pybatch.cli._connection import Commands, add_command, connect, positive_id, progress
 from pybatch.cli.operator import add_request_arguments, request_identity
-from pybatch.job_repository import JobRepository
 from pybatch.services.retention import (
     MAX_PURGE_OPERATION_BASE,
     PurgeProgress,
     RetentionOutcome,
     RetentionService,
 )
-from pybatch.values.names import JobName, ReasonCode
+from pybatch.values.names import ActorRef, JobName, OperationId, ReasonCode
 from pybatch.values.retention import (
     PurgeBatchBound,
     PurgeCounts,
@@ -27,8 +28,6 @@ from pybatch.values.retention import (
     TerminalStatusSet,
 )
 from pybatch.values.status import BatchStatus
-
-__all__ = ["register"]
 
 _TABLES = (
     "flow_decisions",
@@ -41,32 +40,37 @@ _TABLES = (
 )
 
 
-def _instance_id(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError("must be a positive instance id")
-    return int(text)
+_instance_id = positive_id("instance id")
 
 
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     """Add the retention commands."""
-    hold = commands.add_parser("hold", help="keep a job instance out of every purge")
-    add_connection_arguments(hold)
+    hold = add_command(
+        commands,
+        "hold",
+        partial(_hold, act=RetentionService.hold),
+        help="keep a job instance out of every purge",
+    )
     add_request_arguments(hold)
     hold.add_argument("instance_id", type=_instance_id, metavar="INSTANCE")
     hold.add_argument("--reason", required=True, help="reason code [A-Z0-9_], e.g. LEGAL_HOLD")
-    hold.set_defaults(handler=_hold)
 
-    release = commands.add_parser("release", help="release the hold of a job instance")
-    add_connection_arguments(release)
+    release = add_command(
+        commands,
+        "release",
+        partial(_hold, act=RetentionService.release),
+        help="release the hold of a job instance",
+    )
     add_request_arguments(release)
     release.add_argument("instance_id", type=_instance_id, metavar="INSTANCE")
     release.add_argument("--reason", default="RELEASED", help="reason code (default RELEASED)")
-    release.set_defaults(handler=_release)
 
-    purge = commands.add_parser(
-        "purge", help="delete finished histories of a job, whole instances at a time"
+    purge = add_command(
+        commands,
+        "purge",
+        _purge,
+        help="delete finished histories of a job, whole instances at a time",
     )
-    add_connection_arguments(purge)
     add_request_arguments(purge)
     purge.add_argument("--job", required=True, help="the job name")
     purge.add_argument(
@@ -90,34 +94,19 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     purge.add_argument("--reason", default="RETENTION", help="reason code (default RETENTION)")
     purge.add_argument("--dry-run", action="store_true", help="print what would go; change nothing")
-    purge.set_defaults(handler=_purge)
 
 
-def _connect(args: argparse.Namespace) -> JobRepository:
-    return JobRepository.connect(config_from_args(args))
-
-
-def _report(outcome: RetentionOutcome) -> int:
+def _hold(
+    args: argparse.Namespace,
+    act: Callable[[RetentionService, OperationId, ActorRef, int, ReasonCode], RetentionOutcome],
+) -> int:
+    reason = ReasonCode(args.reason)  # bad input is refused before anything else
+    operation_id, actor = request_identity(args)
+    with connect(args) as repository:
+        outcome = act(RetentionService(repository), operation_id, actor, args.instance_id, reason)
     record = outcome.record
     print(f"{outcome.outcome} {record.action.value} operation {record.operation_id.value}")
     return 0
-
-
-def _hold(args: argparse.Namespace) -> int:
-    reason = ReasonCode(args.reason)
-    operation_id, actor = request_identity(args)
-    with _connect(args) as repository:
-        return _report(
-            RetentionService(repository).hold(operation_id, actor, args.instance_id, reason)
-        )
-
-
-def _release(args: argparse.Namespace) -> int:
-    reason = ReasonCode(args.reason)
-    operation_id, actor = request_identity(args)
-    with _connect(args) as repository:
-        service = RetentionService(repository)
-        return _report(service.release(operation_id, actor, args.instance_id, reason))
 
 
 def _request(args: argparse.Namespace, statuses: list[BatchStatus]) -> PurgePlanRequest:
@@ -139,7 +128,7 @@ def _purge(args: argparse.Namespace) -> int:
     statuses = [BatchStatus(status) for status in dict.fromkeys(args.status)]
     request = _request(args, statuses)  # bad input is refused before anything else
     reason = ReasonCode(args.reason)
-    with _connect(args) as repository:
+    with connect(args) as repository:
         service = RetentionService(repository)
         if args.dry_run:
             print(f"dry run: nothing is deleted; job {args.job}, older than {args.older_than}")
@@ -161,24 +150,15 @@ def _purge(args: argparse.Namespace) -> int:
         interactive = sys.stderr.isatty()
         last: PurgeProgress | None = None
         started = _dt.datetime.now(_dt.UTC)
-        for progress in service.purge(request, operation_id.value, actor, reason):
-            last = progress
-            done = progress.total.job_executions
-            if interactive:
-                width = 30
-                filled = width if not expected else min(width, width * done // expected)
-                print(
-                    f"\r[{'#' * filled}{'.' * (width - filled)}] {done:,}/{expected:,} executions",
-                    end="",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            else:
-                print(
-                    f"batch {progress.batch}: {progress.outcome.outcome} "
-                    f"{_counts_line(progress.outcome.counts)}",
-                    file=sys.stderr,
-                )
+        for batch in service.purge(request, operation_id.value, actor, reason):
+            last = batch
+            done = batch.total.job_executions
+            filled = 30 if not expected else min(30, 30 * done // expected)
+            outcome = batch.outcome
+            progress(
+                f"\r[{'#' * filled}{'.' * (30 - filled)}] {done:,}/{expected:,} executions",
+                f"batch {batch.batch}: {outcome.outcome} {_counts_line(outcome.counts)}",
+            )
         if interactive:
             print(file=sys.stderr)
         elapsed = (_dt.datetime.now(_dt.UTC) - started).total_seconds()

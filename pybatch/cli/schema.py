@@ -5,27 +5,21 @@ from __future__ import annotations
 import argparse
 
 from pybatch import migrator
-from pybatch.cli._connection import add_connection_arguments, config_from_args
-
-__all__ = ["register"]
+from pybatch.cli._connection import Commands, add_command, config_from_args
 
 
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     """Add the schema commands."""
-    migrate = commands.add_parser("migrate", help="apply pending schema migrations")
-    add_connection_arguments(migrate)
+    migrate = add_command(commands, "migrate", _migrate, help="apply pending schema migrations")
     mode = migrate.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="list pending files, change nothing")
     mode.add_argument("--sql", action="store_true", help="print the exact SQL for a DBA to apply")
-    migrate.set_defaults(handler=_migrate)
-
-    version = commands.add_parser("schema-version", help="print the installed schema version")
-    add_connection_arguments(version)
-    version.set_defaults(handler=_schema_version)
+    add_command(
+        commands, "schema-version", _schema_version, help="print the installed schema version"
+    )
 
 
 def _migrate(args: argparse.Namespace) -> int:
-
     config = config_from_args(args)
     if args.sql:
         print(migrator.migration_sql(config), end="")
@@ -40,7 +34,6 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 def _schema_version(args: argparse.Namespace) -> int:
-
     installed = migrator.installed_schema_version(config_from_args(args))
     supported = migrator.supported_schema_version()
     print(f"installed: {installed if installed is not None else 'none'}")

@@ -9,8 +9,6 @@ import sys
 from pybatch import sql_catalogue
 from pybatch.cli._connection import add_connection_arguments, config_from_args
 
-__all__ = ["register"]
-
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `pybatch sql` and its subcommands."""

@@ -15,17 +15,14 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["register"]
+from pybatch.cli._connection import Commands, add_command, connect
 
 
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     """Add the worker command."""
-    from pybatch.cli._connection import add_connection_arguments
-
-    worker = commands.add_parser(
-        "worker", help="work on the partitions of a running partitioned step"
+    worker = add_command(
+        commands, "worker", _worker, help="work on the partitions of a running partitioned step"
     )
-    add_connection_arguments(worker)
     worker.add_argument("--job", required=True, help="job name")
     worker.add_argument(
         "--param", action="append", default=[], metavar="NAME=TEXT", help="string parameter"
@@ -59,7 +56,6 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="this worker's lease on each partition it runs, 1 to 3600 (default 10): after "
         "a crash its partition is recovered at most this long after the last renewal",
     )
-    worker.set_defaults(handler=_worker)
 
 
 def _pairs(values: list[str], parser_error: Callable[[str], Any]) -> list[tuple[str, str]]:
@@ -106,9 +102,7 @@ def load_function(spec: str) -> Callable[..., None]:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from pybatch.cli._connection import config_from_args
     from pybatch.etl import join_partitioned_step
-    from pybatch.job_repository import JobRepository
 
     params = parameters(args)
     work = load_function(args.function)
@@ -117,7 +111,7 @@ def _worker(args: argparse.Namespace) -> int:
     if not 1.0 <= args.lease <= 3600.0:
         raise SystemExit("pybatch worker: --lease is 1 to 3600 seconds")
     lease = datetime.timedelta(seconds=args.lease)
-    with JobRepository.connect(config_from_args(args)) as repository:
+    with connect(args) as repository:
         ran = join_partitioned_step(
             repository, args.job, params, args.step, work, wait_seconds=args.wait, lease=lease
         )

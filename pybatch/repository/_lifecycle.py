@@ -17,9 +17,10 @@ from typing import Generic, TypeVar
 
 import attrs
 
-from pybatch._statements import Connection, Statements
+from pybatch._statements import Connection, Row, Statement, Statements
+from pybatch.codecs.lifecycle import encode_execution_metadata
 from pybatch.errors import PyBatchError, StaleVersion, Unavailable, VersionOutOfRange
-from pybatch.values.ids import INT64_MAX, check_version
+from pybatch.values.ids import INT64_MAX, IdentifierKind, check_identifier, check_version
 from pybatch.values.lifecycle import (
     ExecutionMetadata,
     LifecycleTransition,
@@ -29,27 +30,32 @@ from pybatch.values.lifecycle import (
 from pybatch.values.names import ExitCode
 from pybatch.values.records import JobExecution, StepExecution
 
-__all__ = ["LifecycleRows", "check_expected_version", "enrich_exit_status", "transition"]
-
 Record = TypeVar("Record", JobExecution, StepExecution)
 
 
 @attrs.frozen
 class LifecycleRows(Generic[Record]):
-    """How one lifecycle table is locked, read and compare-and-swapped."""
+    """How one lifecycle table is locked, decoded and compare-and-swapped."""
 
-    #: Lock the row and decode it; raises the table's NotFound error.
-    lock: Callable[[Statements, Connection, int], Record]
-    #: Read the row without a lock, or None.
-    get: Callable[[Statements, Connection, int], Record | None]
-    #: The table's NotFound error for an id.
+    kind: IdentifierKind
+    #: The name of the row's id parameter in the table's statements.
+    id_parameter: str
+    lock_statement: Callable[[Statements], Statement]
+    transition_statement: Callable[[Statements], Statement]
+    exit_code_statement: Callable[[Statements], Statement]
+    decode: Callable[[Row], Record]
     not_found: Callable[[int], PyBatchError]
-    #: Write a transition's metadata if the version is still the expected one; rows changed.
-    write_transition: Callable[[Statements, Connection, int, int, ExecutionMetadata, datetime], int]
-    #: Write an exit status if the version is still the expected one; rows changed.
-    write_exit_status: Callable[[Statements, Connection, int, int, ExitCode, datetime], int]
-    #: Whether transitions move the counters (steps count rollbacks; jobs have no counters).
+    #: Whether transitions move the counters: steps write their rollback_count, jobs have none.
     counts_apply: bool
+
+
+def lock(rows: LifecycleRows[Record], q: Statements, conn: Connection, record_id: int) -> Record:
+    """Lock the row and decode it; raises the table's NotFound error."""
+    check_identifier(rows.kind, record_id)
+    row = rows.lock_statement(q).one(conn, **{rows.id_parameter: record_id})
+    if row is None:
+        raise rows.not_found(record_id)
+    return rows.decode(row)
 
 
 def check_expected_version(expected_version: int) -> int:
@@ -80,11 +86,8 @@ def _swapped(
     at: datetime,
 ) -> Record:
     """The record after a compare-and-swap that changed `changed` rows."""
-    if changed != 1:
-        latest = rows.get(q, conn, current.id)
-        if latest is None:
-            raise rows.not_found(current.id)
-        raise StaleVersion(expected=expected, actual=latest.version)
+    if changed != 1:  # another writer won, or the row vanished (NotFound)
+        raise StaleVersion(expected=expected, actual=lock(rows, q, conn, current.id).version)
     metadata, version = new
     return attrs.evolve(
         current, metadata=metadata, version=version, updated_at=max(current.updated_at, at)
@@ -106,15 +109,21 @@ def transition(
         docs/contract.md, Transition check order.
     """
     check_expected_version(expected_version)
-    current = rows.lock(q, conn, record_id)
+    current = lock(rows, q, conn, record_id)
     new = apply_transition(
-        current.metadata,
-        current.version,
-        expected_version,
-        change,
-        counts_apply=rows.counts_apply,
+        current.metadata, current.version, expected_version, change, counts_apply=rows.counts_apply
     )
-    changed = rows.write_transition(q, conn, record_id, expected_version, new[0], change.at)
+    columns = encode_execution_metadata(new[0])
+    del columns["exit_code"]  # transitions never change the exit status
+    if rows.counts_apply:
+        columns["rollback_count"] = new[0].counts.rolled_back
+    changed = rows.transition_statement(q).affected(
+        conn,
+        **columns,
+        transitioned_at=change.at,
+        expected_version=expected_version,
+        **{rows.id_parameter: record_id},
+    )
     return _swapped(rows, q, conn, current, changed, expected_version, new, change.at)
 
 
@@ -132,7 +141,13 @@ def enrich_exit_status(
     See docs/contract.md, Exit-status enrichment; Transitions and enrichment.
     """
     check_expected_version(expected_version)
-    current = rows.lock(q, conn, record_id)
+    current = lock(rows, q, conn, record_id)
     new = apply_exit_enrichment(current.metadata, current.version, expected_version, exit_status)
-    changed = rows.write_exit_status(q, conn, record_id, expected_version, exit_status, now)
+    changed = rows.exit_code_statement(q).affected(
+        conn,
+        exit_code=exit_status.value,
+        now=now,
+        expected_version=expected_version,
+        **{rows.id_parameter: record_id},
+    )
     return _swapped(rows, q, conn, current, changed, expected_version, new, now)

@@ -23,16 +23,6 @@ from pybatch.codecs._primitives import (
 from pybatch.errors import PyBatchError, RetryableConflict, Unavailable
 from pybatch.values.audit import AuditRecordKind
 
-__all__ = [
-    "AuditLinkCheck",
-    "audit_chain_head",
-    "audit_links_after",
-    "link_audit_record",
-    "overdrawn_audit_purge",
-    "try_link_audit_record",
-    "unlinked_audit_record",
-]
-
 logger = logging.getLogger("pybatch.audit")
 
 
@@ -58,9 +48,17 @@ class AuditLinkCheck:
 
 
 def link_audit_record(
-    q: Statements, conn: Connection, kind: AuditRecordKind, record_id: int
-) -> int:
+    q: Statements,
+    conn: Connection,
+    kind: AuditRecordKind,
+    record_id: int,
+    *,
+    tolerate_chain_errors: bool = False,
+) -> int | None:
     """Append the link of a record just written in this transaction; return its sequence number.
+
+    With `tolerate_chain_errors`, a chain that refuses the link leaves the record unlinked
+    (`try_link_audit_record`, which returns None then).
 
     The database function appends the link and advances the head in one statement; the
     chain's triggers refuse a link that would not follow the head (migration 0007).
@@ -69,9 +67,9 @@ def link_audit_record(
         Unavailable: the record is not visible (a bug: nothing is linked, the head is unchanged).
         IntegrityViolation: the chain refused the link (it is damaged: `pybatch audit verify`
             names where); raised by the caller's operation when it maps the driver error.
-
-    Statements: audit_chain.sql append_audit_link.
     """
+    if tolerate_chain_errors:
+        return try_link_audit_record(q, conn, kind, record_id)
     row = q.append_audit_link.one(conn, record_kind=kind.value, record_id=record_id)
     if row is None:
         raise Unavailable()
@@ -93,8 +91,6 @@ def try_link_audit_record(
     Raises:
         Unavailable: the connection itself failed.
         RetryableConflict: a deadlock or serialization failure (the unit of work retries).
-
-    Statements: audit_chain.sql append_audit_link.
     """
     mapped: PyBatchError | None = None
     try:
@@ -119,10 +115,7 @@ def try_link_audit_record(
 
 
 def audit_chain_head(q: Statements, conn: Connection) -> tuple[int, bytes]:
-    """The newest link's (seq, digest).
-
-    Statements: audit_chain.sql read_audit_chain_head.
-    """
+    """The newest link's (seq, digest)."""
     row = q.read_audit_chain_head.one(conn)
     if row is None:
         raise DecodeError("audit_chain_head")
@@ -135,10 +128,7 @@ def audit_chain_head(q: Statements, conn: Connection) -> tuple[int, bytes]:
 def audit_links_after(
     q: Statements, conn: Connection, after_seq: int, limit: int
 ) -> list[AuditLinkCheck]:
-    """A page of links with their expected digests and their records' current content.
-
-    Statements: audit_chain.sql list_audit_links.
-    """
+    """A page of links with their expected digests and their records' current content."""
     links = []
     for row in q.list_audit_links.many(conn, after_seq=after_seq, limit=limit):
         current = row["record_content_digest"]
@@ -167,10 +157,7 @@ def audit_links_after(
 
 
 def unlinked_audit_record(q: Statements, conn: Connection) -> tuple[str, int] | None:
-    """An audit record without a link (inserted behind pybatch's back), or None.
-
-    Statements: audit_chain.sql find_unlinked_audit_record.
-    """
+    """An audit record without a link (inserted behind pybatch's back), or None."""
     row = q.find_unlinked_audit_record.one(conn)
     if row is None:
         return None
@@ -184,8 +171,6 @@ def overdrawn_audit_purge(q: Statements, conn: Connection) -> tuple[int, str, in
     """A retention action marking more links of a kind purged than it deleted, or None.
 
     Returns (retention action id, record kind, links marked, records deleted).
-
-    Statements: audit_chain.sql find_overdrawn_audit_purge.
     """
     row = q.find_overdrawn_audit_purge.one(conn)
     if row is None:

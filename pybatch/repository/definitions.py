@@ -22,24 +22,17 @@ from pybatch.values.definitions import DefinitionIdentity, DefinitionUpgrade
 from pybatch.values.flow import check_flow_graph_bounds
 from pybatch.values.names import JobName, StepName
 
-__all__ = ["Definitions", "ensure_definition"]
-
 
 def ensure_definition(
     q: Statements, conn: Connection, clock: Clock, job_name: JobName, definition: DefinitionIdentity
 ) -> int:
     """Return the id of `definition` for `job_name`, registering it when new.
 
-    See docs/contract.md, Definitions.
-
     Raises:
         DefinitionJobMismatch: the definition is bound to another job.
         UnsupportedManifestVersion: manifest format outside 1..3.
         ManifestInvalid: a new flow manifest beyond the flow-graph bounds.
         DefinitionDrift: the revision is registered with another digest.
-
-    Statements: definitions.sql find_job_definition_by_revision, insert_job_definition_if_absent,
-    find_job_definition_by_digest.
     """
     if definition.job_name is not None and definition.job_name != job_name:
         raise DefinitionJobMismatch(expected=job_name.value, actual=definition.job_name.value)
@@ -96,10 +89,7 @@ def _definition_for_revision(
 def upgrade_source_step_name(
     q: Statements, conn: Connection, job_execution_id: int, step_name: StepName
 ) -> str | None:
-    """The step of the previous definition that an upgraded restart's step continues, or None.
-
-    Statements: definitions.sql find_upgrade_source_step_name.
-    """
+    """The step of the previous definition that an upgraded restart's step continues, or None."""
     source = q.find_upgrade_source_step_name.scalar(
         conn, job_execution_id=job_execution_id, step_name=step_name.value
     )
@@ -115,16 +105,13 @@ class Definitions(Capability):
         Raises:
             DefinitionJobMismatch, UnsupportedManifestVersion, DefinitionDrift: from `ensure`.
             DefinitionUpgradeConflict: the edge exists with other content, or the key is taken.
-
-        Statements: definitions.sql insert_definition_upgrade_if_absent, find_definition_upgrade.
         """
         conflict = {
             "definition_upgrade_target_key_unique": lambda: DefinitionUpgradeConflict(
                 job_name=job_name.value
             )
         }
-        with self._uow.operation(overrides=conflict) as conn:
-            q = self._uow.statements
+        with self._operation(overrides=conflict) as (q, conn):
             clock = self._uow.clock
             from_id = ensure_definition(q, conn, clock, job_name, upgrade.from_definition)
             to_id = ensure_definition(q, conn, clock, job_name, upgrade.to_definition)

@@ -7,43 +7,34 @@ Statements come from queries/executions.sql; the instance lock from queries/inst
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from pybatch._statements import Connection, Statements
 from pybatch.codecs._jsonb import to_jsonb
 from pybatch.codecs._primitives import returned
 from pybatch.codecs.executions import decode_job_execution
 from pybatch.codecs.instances import encode_identifying_parameters
-from pybatch.codecs.lifecycle import encode_execution_metadata
 from pybatch.errors import (
     AbandonedInstance,
     CompletedInstance,
     ExecutionAlreadyActive,
     IncompatibleDefinition,
     JobExecutionNotFound,
-    JobInstanceNotFound,
 )
 from pybatch.repository import _lifecycle, instances, steps
-from pybatch.repository._capability import Capability
+from pybatch.repository._capability import Capability, require_job_instance
 from pybatch.repository._lifecycle import LifecycleRows
 from pybatch.repository.definitions import ensure_definition
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.ids import IdentifierKind, check_identifier
-from pybatch.values.lifecycle import ExecutionMetadata, LifecycleTransition
+from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import ExitCode
 from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus
-
-__all__ = ["Executions", "get_job_execution", "transition_job_execution"]
 
 
 def _refuse_latest(
     instance_id: int, latest: JobExecution | None, tombstone: BatchStatus | None
 ) -> None:
-    """Launch check order, step 2: the latest attempt decides.
-
-    See docs/contract.md, Launch and restart.
-    """
+    """Launch check order, step 2: the latest attempt decides (docs/contract.md)."""
     if latest is None:
         if tombstone is not None:
             status = tombstone
@@ -63,62 +54,21 @@ def _refuse_latest(
         )
 
 
-def _lock(q: Statements, conn: Connection, execution_id: int) -> JobExecution:
-    check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
-    row = q.lock_job_execution.one(conn, job_execution_id=execution_id)
-    if row is None:
-        raise JobExecutionNotFound(id=execution_id)
-    return decode_job_execution(row)
-
-
-def _write_transition(
-    q: Statements,
-    conn: Connection,
-    execution_id: int,
-    expected_version: int,
-    metadata: ExecutionMetadata,
-    at: datetime,
-) -> int:
-    columns = encode_execution_metadata(metadata)
-    del columns["exit_code"]  # transitions never change the exit status
-    return q.update_job_execution_transition.affected(
-        conn,
-        **columns,
-        transitioned_at=at,
-        job_execution_id=execution_id,
-        expected_version=expected_version,
-    )
-
-
-def _write_exit_status(
-    q: Statements,
-    conn: Connection,
-    execution_id: int,
-    expected_version: int,
-    exit_status: ExitCode,
-    now: datetime,
-) -> int:
-    return q.update_job_execution_exit_code.affected(
-        conn,
-        exit_code=exit_status.value,
-        now=now,
-        job_execution_id=execution_id,
-        expected_version=expected_version,
-    )
-
-
-def _job_execution_not_found(execution_id: int) -> JobExecutionNotFound:
-    return JobExecutionNotFound(id=execution_id)
-
-
 _ROWS = LifecycleRows[JobExecution](
-    lock=_lock,
-    get=lambda q, conn, execution_id: get_job_execution(q, conn, execution_id),
-    not_found=_job_execution_not_found,
-    write_transition=_write_transition,
-    write_exit_status=_write_exit_status,
+    kind=IdentifierKind.JOB_EXECUTION,
+    id_parameter="job_execution_id",
+    lock_statement=lambda q: q.lock_job_execution,
+    transition_statement=lambda q: q.update_job_execution_transition,
+    exit_code_statement=lambda q: q.update_job_execution_exit_code,
+    decode=decode_job_execution,
+    not_found=lambda execution_id: JobExecutionNotFound(id=execution_id),
     counts_apply=False,  # job executions carry no counters
 )
+
+
+def lock_job_execution(q: Statements, conn: Connection, execution_id: int) -> JobExecution:
+    """Lock the execution row (after its instance) and decode it (JobExecutionNotFound)."""
+    return _lifecycle.lock(_ROWS, q, conn, execution_id)
 
 
 def transition_job_execution(
@@ -130,17 +80,10 @@ def transition_job_execution(
 ) -> JobExecution:
     """Apply a lifecycle transition under the row lock, then compare-and-swap.
 
-    Raises:
-        JobExecutionNotFound, then the lifecycle errors in the order of
-        docs/contract.md, Transition check order.
-
-    A transition to a finished status also ends the execution's unfinished steps and partition
-    workers in the same transaction (steps.end_unfinished_steps): ending an execution ends its
-    ownership of everything under it.
-
-    Statements: executions.sql lock_job_execution, update_job_execution_transition (and
-    get_job_execution when the swap loses); steps.sql lock_unfinished_step_executions,
-    end_unfinished_step_executions when it finishes.
+    Raises JobExecutionNotFound, then the lifecycle errors in the order of docs/contract.md,
+    Transition check order. A transition to a finished status also ends the execution's
+    unfinished steps and partition workers in the same transaction: ending an execution ends
+    its ownership of everything under it.
     """
     ended = _lifecycle.transition(_ROWS, q, conn, execution_id, expected_version, transition)
     if ended.status.is_finished:
@@ -172,13 +115,8 @@ class Executions(Capability):
             DefinitionJobMismatch, UnsupportedManifestVersion, DefinitionDrift: definition checks,
                 run only after the status check.
             IncompatibleDefinition: a restart changed the digest without a direct edge.
-
-        Statements: instances.sql lock_job_instance, update_job_instance_last_attempt;
-        executions.sql find_latest_job_execution, insert_job_execution; definitions.sql
-        find_definition_upgrade (and ensure's statements).
         """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             clock = self._uow.clock
             locked = instances.lock_job_instance(q, conn, instance_id)
             instance = locked.instance
@@ -224,17 +162,17 @@ class Executions(Capability):
     def enrich_exit_status(
         self, execution_id: int, expected_version: int, exit_status: ExitCode
     ) -> JobExecution:
-        """Replace the exit status in any status, bumping the version.
-
-        See docs/contract.md, Exit-status enrichment; Transitions and enrichment.
-
-        Statements: executions.sql lock_job_execution, update_job_execution_exit_code.
-        """
+        """Replace the exit status in any status (docs/contract.md, Exit-status enrichment)."""
         with self._uow.operation() as conn:
-            q = self._uow.statements
-            clock = self._uow.clock
+            uow = self._uow
             return _lifecycle.enrich_exit_status(
-                _ROWS, q, conn, clock.now(), execution_id, expected_version, exit_status
+                _ROWS,
+                uow.statements,
+                conn,
+                uow.clock.now(),
+                execution_id,
+                expected_version,
+                exit_status,
             )
 
     def get(self, execution_id: int) -> JobExecution | None:
@@ -243,14 +181,8 @@ class Executions(Capability):
             return get_job_execution(self._uow.statements, conn, execution_id)
 
     def of_instance(self, instance_id: int) -> list[JobExecution]:
-        """Every attempt of an instance in attempt order (docs/contract.md, Reads).
-
-        Statements: instances.sql get_job_instance; executions.sql list_job_executions.
-        """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
-            check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
-            if q.get_job_instance.one(conn, job_instance_id=instance_id) is None:
-                raise JobInstanceNotFound(id=instance_id)
+        """Every attempt of an instance in attempt order (docs/contract.md, Reads)."""
+        with self._operation() as (q, conn):
+            require_job_instance(q, conn, instance_id)
             rows = q.list_job_executions.many(conn, job_instance_id=instance_id)
             return [decode_job_execution(row) for row in rows]

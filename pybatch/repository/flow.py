@@ -20,15 +20,12 @@ from pybatch.codecs.flow import decode_flow_decision, encode_flow_decision_reque
 from pybatch.codecs.steps import decode_step_execution
 from pybatch.errors import (
     ConcurrentModification,
-    DuplicateStep,
     FlowStateCorrupt,
     JobExecutionNotFound,
-    JobInstanceNotFound,
     StartLimitExceeded,
 )
 from pybatch.repository import instances, steps
-from pybatch.repository._capability import Capability
-from pybatch.repository.steps import insert_step_execution
+from pybatch.repository._capability import Capability, job_execution_row, require_job_instance
 from pybatch.values.flow import (
     FlowDecision,
     FlowDecisionRequest,
@@ -37,11 +34,8 @@ from pybatch.values.flow import (
     StartLimit,
     decision_matches_manifest,
 )
-from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.names import NodeId, StepName
 from pybatch.values.records import StepExecution
-
-__all__ = ["Flow"]
 
 
 class Flow(Capability):
@@ -63,33 +57,15 @@ class Flow(Capability):
             JobExecutionNotFound: no such job execution.
             DuplicateStep: the name or node is taken in this execution.
             StartLimitExceeded: the node already started `start_limit` times in the instance.
-
-        Statements: executions.sql get_job_execution; instances.sql lock_job_instance; steps.sql
-        find_conflicting_step_execution, insert_step_execution(_from_source), get_step_execution;
-        flow.sql count_flow_node_starts, find_latest_flow_step_execution.
         """
         duplicate = steps.duplicate_step_overrides(job_execution_id, step_name, node_id.value)
-        with self._uow.operation(overrides=duplicate) as conn:
-            q = self._uow.statements
-            clock = self._uow.clock
+        with self._operation(overrides=duplicate) as (q, conn):
             start_limit = start_limit or StartLimit.unrestricted()
-            check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
-            row = q.get_job_execution.one(conn, job_execution_id=job_execution_id)
-            if row is None:
-                raise JobExecutionNotFound(id=job_execution_id)
             # No step begins under a corrupt execution (docs/contract.md, Fail closed).
+            row = job_execution_row(q, conn, job_execution_id)
             instance_id = decode_job_execution(row).job_instance_id
             instances.lock_job_instance(q, conn, instance_id)
-            names = {"job_execution_id": job_execution_id, "step_name": step_name.value}
-            if (
-                q.find_conflicting_step_execution.one(conn, **names, node_id=node_id.value)
-                is not None
-            ):
-                raise DuplicateStep(
-                    job_execution_id=job_execution_id,
-                    step_name=step_name.value,
-                    node_id=node_id.value,
-                )
+            steps.refuse_duplicate_step(q, conn, job_execution_id, step_name, node_id.value)
             node = {"job_instance_id": instance_id, "node_id": node_id.value}
             starts = decode_int64(
                 q.count_flow_node_starts.scalar(conn, **node), column="starts", minimum=0
@@ -101,24 +77,15 @@ class Flow(Capability):
             source_id = decode_optional_int64(
                 q.find_latest_flow_step_execution.scalar(conn, **node), column="id", minimum=1
             )
-            step_id = insert_step_execution(
-                q, conn, job_execution_id, step_name, node_id.value, source_id, clock.now()
-            )
-            return decode_step_execution(
-                returned(q.get_step_execution.one(conn, step_execution_id=step_id))
+            now = self._uow.clock.now()
+            return steps.insert_step_execution(
+                q, conn, job_execution_id, step_name, node_id.value, source_id, now
             )
 
     def latest_step(self, instance_id: int, node_id: NodeId) -> FlowStepState | None:
-        """The newest step of a node in an instance with its stored context, or None.
-
-        Statements: instances.sql get_job_instance; flow.sql find_latest_flow_step_execution;
-        steps.sql get_step_execution.
-        """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
-            check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
-            if q.get_job_instance.one(conn, job_instance_id=instance_id) is None:
-                raise JobInstanceNotFound(id=instance_id)
+        """The newest step of a node in an instance with its stored context, or None."""
+        with self._operation() as (q, conn):
+            require_job_instance(q, conn, instance_id)
             step_id = q.find_latest_flow_step_execution.scalar(
                 conn, job_instance_id=instance_id, node_id=node_id.value
             )
@@ -132,8 +99,6 @@ class Flow(Capability):
     def append_decision(self, request: FlowDecisionRequest) -> FlowDecision:
         """Append a decision checked against the execution's manifest.
 
-        See docs/contract.md, Flow steps and decisions.
-
         Raises:
             JobExecutionNotFound: no such job execution.
             FlowStateCorrupt: the fingerprint is not the execution's manifest digest, the manifest
@@ -141,12 +106,8 @@ class Flow(Capability):
                 or the reused decision does not fit.
             ConcurrentModification: the sequence is not the next one, or the node already decided
                 in this execution (flow_decision_sequence_unique and _source_unique settle races).
-
-        Statements: flow.sql get_job_execution_flow_plan, flow_source_step_matches,
-        flow_reused_decision_matches, insert_flow_decision.
         """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             execution_id = request.job_execution_id
             plan = q.get_job_execution_flow_plan.one(conn, job_execution_id=execution_id)
             if plan is None:
@@ -208,14 +169,9 @@ class Flow(Capability):
 
         Raises:
             JobInstanceNotFound: no such instance.
-
-        Statements: instances.sql get_job_instance; flow.sql find_reusable_flow_decision.
         """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
-            check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
-            if q.get_job_instance.one(conn, job_instance_id=instance_id) is None:
-                raise JobInstanceNotFound(id=instance_id)
+        with self._operation() as (q, conn):
+            require_job_instance(q, conn, instance_id)
             row = q.find_reusable_flow_decision.one(
                 conn,
                 job_instance_id=instance_id,
@@ -227,17 +183,8 @@ class Flow(Capability):
             return None if row is None else decode_flow_decision(row)
 
     def decisions(self, job_execution_id: int) -> list[FlowDecision]:
-        """The decisions of an execution in sequence order.
-
-        Raises:
-            JobExecutionNotFound: no such job execution.
-
-        Statements: executions.sql get_job_execution; flow.sql list_flow_decisions.
-        """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
-            check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
-            if q.get_job_execution.one(conn, job_execution_id=job_execution_id) is None:
-                raise JobExecutionNotFound(id=job_execution_id)
+        """The decisions of an execution in sequence order (JobExecutionNotFound without it)."""
+        with self._operation() as (q, conn):
+            job_execution_row(q, conn, job_execution_id)
             rows = q.list_flow_decisions.many(conn, job_execution_id=job_execution_id)
             return [decode_flow_decision(row) for row in rows]

@@ -9,8 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 from typing import Any
 
-import psycopg
-
+from pybatch._statements import Connection, Row, Statement
 from pybatch.codecs._primitives import DecodeError, decode_aware, decode_int64
 from pybatch.errors import JobInstanceNotFound, RequestFieldError
 from pybatch.repository._capability import Capability
@@ -18,10 +17,6 @@ from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.names import ActorRef, ReasonCode
 from pybatch.values.retention import RetentionHold
 from pybatch.values.timestamps import aware_utc
-
-__all__ = ["Holds"]
-
-Connection = psycopg.Connection[Any]
 
 
 def _decode_hold(row: Any) -> RetentionHold | None:
@@ -39,73 +34,56 @@ def _decode_hold(row: Any) -> RetentionHold | None:
         raise DecodeError("hold") from None
 
 
+def _instance_row(statement: Statement, conn: Connection, instance_id: int) -> Row:
+    """The instance's hold columns through `statement` (JobInstanceNotFound without a row)."""
+    row = statement.one(conn, job_instance_id=instance_id)
+    if row is None:
+        raise JobInstanceNotFound(id=instance_id)
+    return row
+
+
 class Holds(Capability):
-    """The holds operations of one unit of work."""
+    """The holds operations of one unit of work; each raises JobInstanceNotFound without one."""
 
     def get(self, instance_id: int) -> RetentionHold | None:
-        """The instance's hold, or None.
-
-        Raises:
-            JobInstanceNotFound: no such instance.
-
-        Statements: holds.sql read_instance_hold.
-        """
+        """The instance's hold, or None."""
         with self._uow.operation() as conn:
-            q = self._uow.statements
             check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
-            row = q.read_instance_hold.one(conn, job_instance_id=instance_id)
-            if row is None:
-                raise JobInstanceNotFound(id=instance_id)
-            return _decode_hold(row)
+            return _decode_hold(
+                _instance_row(self._uow.statements.read_instance_hold, conn, instance_id)
+            )
 
     def place(
         self, instance_id: int, actor: ActorRef, reason: ReasonCode, placed_at: _dt.datetime
     ) -> RetentionHold:
-        """Place the hold, replacing any existing one.
-
-        Raises:
-            JobInstanceNotFound: no such instance.
-
-        Statements: holds.sql lock_instance_hold, update_instance_hold.
-        """
+        """Place the hold, replacing any existing one."""
         with self._uow.operation() as conn:
-            q = self._uow.statements
             check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
             hold = RetentionHold(
                 job_instance_id=instance_id, actor=actor, reason=reason, placed_at=placed_at
             )
-            if q.lock_instance_hold.one(conn, job_instance_id=instance_id) is None:
-                raise JobInstanceNotFound(id=instance_id)
-            q.update_instance_hold.affected(
-                conn,
-                job_instance_id=instance_id,
-                actor_ref=actor.value,
-                reason_code=reason.value,
-                placed_at=aware_utc(placed_at),
-            )
+            self._write(conn, instance_id, hold)
             return hold
 
     def release(self, instance_id: int) -> RetentionHold | None:
-        """Clear the hold; return the previous one (None if there was none).
-
-        Raises:
-            JobInstanceNotFound: no such instance.
-
-        Statements: holds.sql lock_instance_hold, update_instance_hold.
-        """
+        """Clear the hold; return the previous one (None if there was none)."""
         with self._uow.operation() as conn:
-            q = self._uow.statements
             check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
-            row = q.lock_instance_hold.one(conn, job_instance_id=instance_id)
-            if row is None:
-                raise JobInstanceNotFound(id=instance_id)
-            previous = _decode_hold(row)
-            if previous is not None:
-                q.update_instance_hold.affected(
-                    conn,
-                    job_instance_id=instance_id,
-                    actor_ref=None,
-                    reason_code=None,
-                    placed_at=None,
-                )
-            return previous
+            return self._write(conn, instance_id, None)
+
+    def _write(
+        self, conn: Connection, instance_id: int, hold: RetentionHold | None
+    ) -> RetentionHold | None:
+        """Lock the instance and write `hold`; clearing returns the previous hold (or None)."""
+        q = self._uow.statements
+        row = _instance_row(q.lock_instance_hold, conn, instance_id)
+        previous = None if hold is not None else _decode_hold(row)
+        if hold is not None or previous is not None:  # clearing no hold writes nothing
+            q.update_instance_hold.affected(
+                conn,
+                job_instance_id=instance_id,
+                actor_ref=None if hold is None else hold.actor.value,
+                reason_code=None if hold is None else hold.reason.value,
+                placed_at=None if hold is None else aware_utc(hold.placed_at),
+            )
+        return previous

@@ -20,8 +20,6 @@ from pybatch.values.records import (
     LockedJobInstance,
 )
 
-__all__ = ["Instances", "lock_job_instance", "record_job_instance_attempt"]
-
 
 def lock_job_instance(q: Statements, conn: Connection, instance_id: int) -> LockedJobInstance:
     """Lock the instance row: it serializes launches, restarts and step starts.
@@ -31,8 +29,6 @@ def lock_job_instance(q: Statements, conn: Connection, instance_id: int) -> Lock
 
     Raises:
         JobInstanceNotFound: no such instance.
-
-    Statements: instances.sql lock_job_instance.
     """
     check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
     row = q.lock_job_instance.one(conn, job_instance_id=instance_id)
@@ -48,15 +44,9 @@ def record_job_instance_attempt(
 
     Raises:
         ConcurrentModification: the row changed under the lock (it cannot; a bug if it does).
-
-    Statements: instances.sql update_job_instance_last_attempt.
     """
-    if (
-        q.update_job_instance_last_attempt.affected(
-            conn, job_instance_id=instance_id, attempt=attempt
-        )
-        != 1
-    ):
+    update = q.update_job_instance_last_attempt
+    if update.affected(conn, job_instance_id=instance_id, attempt=attempt) != 1:
         raise ConcurrentModification()
 
 
@@ -69,11 +59,8 @@ class Instances(Capability):
         Race: concurrent creators of one key are settled by job_instance_identity_unique; the
         loser's insert does nothing and its read-back, a new statement under READ COMMITTED,
         sees the winner's committed row.
-
-        Statements: instances.sql insert_job_instance_if_absent, find_job_instance_by_key.
         """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             clock = self._uow.clock
             columns = encode_job_instance_key(key)
             row = q.insert_job_instance_if_absent.one(conn, **columns, now=clock.now())
@@ -88,8 +75,7 @@ class Instances(Capability):
 
     def find(self, key: JobInstanceKey) -> JobInstance | None:
         """The instance of `key`, or None (statements: instances.sql find_job_instance_by_key)."""
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             row = q.find_job_instance_by_key.one(
                 conn, job_name=key.job_name.value, instance_key=key.digest()
             )
@@ -97,8 +83,7 @@ class Instances(Capability):
 
     def get(self, instance_id: int) -> JobInstance | None:
         """The instance with this id, or None (statements: instances.sql get_job_instance)."""
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
             row = q.get_job_instance.one(conn, job_instance_id=instance_id)
             return None if row is None else decode_job_instance(row)

@@ -8,13 +8,11 @@ from __future__ import annotations
 from pybatch.codecs._primitives import decode_int64, returned
 from pybatch.codecs.operator import decode_operator_record, encode_operator_record_draft
 from pybatch.repository._capability import Capability
-from pybatch.repository.audit_chain import link_audit_record, try_link_audit_record
+from pybatch.repository.audit_chain import link_audit_record
 from pybatch.values.audit import AuditRecordKind
 from pybatch.values.ids import OperatorRequestId
 from pybatch.values.names import OperationId
 from pybatch.values.operator import OperatorAction, OperatorRecord, OperatorRecordDraft
-
-__all__ = ["OperatorRequests"]
 
 
 class OperatorRequests(Capability):
@@ -24,11 +22,8 @@ class OperatorRequests(Capability):
         """The recorded request of (action, operation id), or None: the service's replay probe.
 
         The key is the pair; the same operation id under another action is another request.
-
-        Statements: operator_requests.sql find_operator_request.
         """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             row = q.find_operator_request.one(
                 conn, action=action.value, operation_id=operation_id.value
             )
@@ -50,16 +45,12 @@ class OperatorRequests(Capability):
             ConcurrentModification: the (action, operation id) is already recorded.
             IntegrityViolation: any other constraint refused the row, or the audit chain
                 refused its link.
-
-        Statements: operator_requests.sql insert_operator_request; audit_chain.sql
-        append_audit_link.
         """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             row = q.insert_operator_request.one(conn, **encode_operator_record_draft(draft))
             request_id = decode_int64(returned(row)["id"], column="id", minimum=1)
-            if tolerate_chain_errors:
-                try_link_audit_record(q, conn, AuditRecordKind.OPERATOR_REQUEST, request_id)
-            else:
-                link_audit_record(q, conn, AuditRecordKind.OPERATOR_REQUEST, request_id)
+            kind = AuditRecordKind.OPERATOR_REQUEST
+            link_audit_record(
+                q, conn, kind, request_id, tolerate_chain_errors=tolerate_chain_errors
+            )
             return OperatorRecord.from_draft(OperatorRequestId(request_id), draft)

@@ -21,9 +21,9 @@ from pybatch.errors import (
     StaleVersion,
     Unavailable,
 )
-from pybatch.repository import steps
-from pybatch.repository._capability import Capability
-from pybatch.repository.audit_chain import link_audit_record, try_link_audit_record
+from pybatch.repository import executions, steps
+from pybatch.repository._capability import Capability, job_execution_row
+from pybatch.repository.audit_chain import link_audit_record
 from pybatch.repository.operator_requests import OperatorRequests
 from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values.audit import AuditRecordKind
@@ -42,8 +42,6 @@ from pybatch.values.recovery import (
 )
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from pybatch.values.timestamps import ExecutionTimestamps
-
-__all__ = ["Recovery", "recover_job_execution", "recovery_snapshot"]
 
 
 def recover_job_execution(
@@ -68,16 +66,8 @@ def recover_job_execution(
 
     The execution's unfinished steps and partition workers end FAILED (STALE_RECOVERED) in the
     same transaction, so nothing of the recovered owner commits afterwards.
-
-    Statements: executions.sql lock_job_execution; recovery.sql update_job_execution_recovered,
-    insert_recovery_decision; steps.sql lock_unfinished_step_executions,
-    end_unfinished_step_executions; audit_chain.sql append_audit_link.
     """
-    check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
-    row = q.lock_job_execution.one(conn, job_execution_id=execution_id)
-    if row is None:
-        raise JobExecutionNotFound(id=execution_id)
-    prior = decode_job_execution(row)
+    prior = executions.lock_job_execution(q, conn, execution_id)
     if prior.version != request.expected_version:
         raise StaleVersion(expected=request.expected_version, actual=prior.version)
     if not prior.status.is_unresolved:
@@ -108,12 +98,8 @@ def recover_job_execution(
         failure_id=None if failure is None else failure.failure_id,
     )
     if changed != 1:
-        current = q.get_job_execution.one(conn, job_execution_id=execution_id)
-        if current is None:
-            raise JobExecutionNotFound(id=execution_id)
-        raise StaleVersion(
-            expected=request.expected_version, actual=decode_job_execution(current).version
-        )
+        current = decode_job_execution(job_execution_row(q, conn, execution_id))
+        raise StaleVersion(expected=request.expected_version, actual=current.version)
     decision_row = q.insert_recovery_decision.one(
         conn,
         **common,
@@ -130,10 +116,13 @@ def recover_job_execution(
     steps.end_unfinished_steps(
         q, conn, execution_id, metadata.status, decided_at, FailureCategory.STALE_RECOVERED
     )
-    if tolerate_chain_errors:
-        try_link_audit_record(q, conn, AuditRecordKind.RECOVERY_DECISION, decision.id)
-    else:
-        link_audit_record(q, conn, AuditRecordKind.RECOVERY_DECISION, decision.id)
+    link_audit_record(
+        q,
+        conn,
+        AuditRecordKind.RECOVERY_DECISION,
+        decision.id,
+        tolerate_chain_errors=tolerate_chain_errors,
+    )
     recovered = attrs.evolve(
         prior,
         metadata=metadata,
@@ -154,8 +143,6 @@ def recovery_snapshot(
 
     Raises:
         JobExecutionNotFound: no such execution.
-
-    Statements: recovery.sql read_recovery_snapshot.
     """
     check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
     row = q.read_recovery_snapshot.one(
@@ -227,14 +214,9 @@ class Recovery(Capability):
 
         Raises:
             JobExecutionNotFound: no such execution.
-
-        Statements: executions.sql get_job_execution; recovery.sql find_latest_recovery_decision.
         """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
-            check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
-            if q.get_job_execution.one(conn, job_execution_id=execution_id) is None:
-                raise JobExecutionNotFound(id=execution_id)
+        with self._operation() as (q, conn):
+            job_execution_row(q, conn, execution_id)
             row = q.find_latest_recovery_decision.one(conn, job_execution_id=execution_id)
             return None if row is None else decode_recovery_decision(row)
 
@@ -251,16 +233,10 @@ class Recovery(Capability):
         Raises:
             JobExecutionNotFound: no such execution.
             StaleVersion, RecoveryNotAllowed: it changed or ended meanwhile.
-
-        Statements: executions.sql get_job_execution; then recover_job_execution's (which ends
-        the open steps); operator_requests.sql's append when audited.
         """
-        with self._uow.operation() as conn:
-            q, clock = self._uow.statements, self._uow.clock
-            row = q.get_job_execution.one(conn, job_execution_id=execution_id)
-            if row is None:
-                raise JobExecutionNotFound(id=execution_id)
-            orphan = decode_job_execution(row)
+        with self._operation() as (q, conn):
+            clock = self._uow.clock
+            orphan = decode_job_execution(job_execution_row(q, conn, execution_id))
             evidence = sha256(
                 canonical_json(
                     {

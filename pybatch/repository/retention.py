@@ -15,8 +15,8 @@ import hashlib
 from typing import Any
 
 import attrs
-import psycopg
 
+from pybatch._statements import Row
 from pybatch.codecs._primitives import (
     DecodeError,
     decode_aware,
@@ -43,10 +43,6 @@ from pybatch.values.retention import (
     candidate_order,
 )
 from pybatch.values.status import BatchStatus
-
-__all__ = ["PurgeResult", "PurgedAuditRecords", "Retention"]
-
-Connection = psycopg.Connection[Any]
 
 
 @attrs.frozen
@@ -114,6 +110,10 @@ def _decode_record(row: Any) -> RetentionRecord:
 _EPOCH = _dt.datetime(1, 1, 1, tzinfo=_dt.UTC)
 
 
+def _int(row: Row, column: str, minimum: int = 0) -> int:
+    return decode_int64(row[column], column=column, minimum=minimum)
+
+
 def _decode_ids(value: object, column: str) -> tuple[int, ...]:
     if not isinstance(value, list):
         raise DecodeError(column)
@@ -126,12 +126,8 @@ class Retention(Capability):
     def find_action(
         self, action: RetentionAction, operation_id: OperationId
     ) -> RetentionRecord | None:
-        """The recorded retention request of (action, operation id), or None.
-
-        Statements: retention.sql find_retention_action.
-        """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        """The recorded retention request of (action, operation id), or None."""
+        with self._operation() as (q, conn):
             row = q.find_retention_action.one(
                 conn, action=action.value, operation_id=operation_id.value
             )
@@ -142,11 +138,8 @@ class Retention(Capability):
 
         Raises:
             ConcurrentModification: the (action, operation id) is already recorded.
-
-        Statements: retention.sql insert_retention_action; audit_chain.sql append_audit_link.
         """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             counts = draft.counts.as_dict()
             row = q.insert_retention_action.one(
                 conn,
@@ -179,11 +172,8 @@ class Retention(Capability):
         statement: a purging client whose clock runs ahead can never make a young history look
         old. The `updated_at` it is compared with was stamped by a client whose clock the
         clock-skew check on new connections held within `max_clock_skew` of the server's.
-
-        Statements: retention.sql survey_purge_batch.
         """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             rows = q.survey_purge_batch.many(
                 conn,
                 statuses=[status.value for status in request.statuses.ordered()],
@@ -198,14 +188,10 @@ class Retention(Capability):
             candidates: list[PurgeCandidate] = []
             final: dict[int, BatchStatus] = {}
             for row in rows:
-                instance_id = decode_int64(
-                    row["job_instance_id"], column="job_instance_id", minimum=1
-                )
+                instance_id = _int(row, "job_instance_id", 1)
                 candidates.append(
                     PurgeCandidate(
-                        instance_id,
-                        decode_int64(row["job_execution_id"], column="job_execution_id", minimum=1),
-                        decode_int64(row["version"], column="version", minimum=0),
+                        instance_id, _int(row, "job_execution_id", 1), _int(row, "version")
                     )
                 )
                 if instance_id not in final:
@@ -215,14 +201,10 @@ class Retention(Capability):
             last = rows[-1]
             last_key = (
                 decode_aware(last["updated_at"], column="updated_at"),
-                decode_int64(last["job_instance_id"], column="job_instance_id", minimum=1),
+                _int(last, "job_instance_id", 1),
             )
-            first = rows[0]
             counts = PurgeCounts(
-                **{
-                    name: decode_int64(first[name], column=name, minimum=0)
-                    for name in _HISTORY_ROW_COUNTS
-                },
+                **{name: _int(rows[0], name) for name in _HISTORY_ROW_COUNTS},
                 job_executions=len(candidates),
                 job_instances=len(final),
             )
@@ -245,20 +227,14 @@ class Retention(Capability):
         Raises:
             RetentionPlanStale: an instance is gone or held, an execution was added, removed,
                 changed version, or no longer ends in a requested status.
-
-        Statements: retention.sql lock_purge_instances, lock_purge_executions,
-        delete_purge_histories, detach_retention_actions, delete_purge_instances.
         """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             now = self._uow.clock.now()
             if plan.is_empty():
                 return PurgeResult(PurgeCounts(), PurgedAuditRecords())
             instance_ids = plan.instance_ids
             locked = returned(q.lock_purge_instances.one(conn, instance_ids=instance_ids))
-            if decode_int64(locked["found"], column="found", minimum=0) != len(instance_ids):
-                raise RetentionPlanStale()
-            if decode_int64(locked["held"], column="held", minimum=0) != 0:
+            if _int(locked, "found") != len(instance_ids) or _int(locked, "held") != 0:
                 raise RetentionPlanStale()
             check = returned(
                 q.lock_purge_executions.one(
@@ -268,11 +244,11 @@ class Retention(Capability):
                 )
             )
             expected = hashlib.sha256(candidate_encoding(plan.candidates)).digest()
-            if decode_digest(check["candidates_digest"], column="candidates_digest") != expected:
-                raise RetentionPlanStale()
-            if decode_int64(check["unresolved"], column="unresolved", minimum=0) != 0:
-                raise RetentionPlanStale()
-            if decode_int64(check["not_requested"], column="not_requested", minimum=0) != 0:
+            if (
+                decode_digest(check["candidates_digest"], column="candidates_digest") != expected
+                or _int(check, "unresolved") != 0
+                or _int(check, "not_requested") != 0
+            ):
                 raise RetentionPlanStale()
             forget = plan.request.forget_instances
             deleted = returned(
@@ -285,10 +261,7 @@ class Retention(Capability):
                 )
             )
             counts = PurgeCounts(
-                **{
-                    name: decode_int64(deleted[name], column=name, minimum=0)
-                    for name in (*_HISTORY_ROW_COUNTS, "job_executions")
-                }
+                **{name: _int(deleted, name) for name in (*_HISTORY_ROW_COUNTS, "job_executions")}
             )
             audit_records = PurgedAuditRecords(
                 operator_request_ids=_decode_ids(
@@ -302,16 +275,12 @@ class Retention(Capability):
                 q.detach_retention_actions.affected(conn, instance_ids=instance_ids)
                 instances = q.delete_purge_instances.affected(conn, instance_ids=instance_ids)
             else:
-                instances = decode_int64(deleted["tombstones"], column="tombstones", minimum=0)
+                instances = _int(deleted, "tombstones")
             return PurgeResult(attrs.evolve(counts, job_instances=instances), audit_records)
 
     def mark_purged_audit_links(self, deleted: PurgedAuditRecords, retention_action_id: int) -> int:
-        """Mark the links whose records this purge deleted, naming its retention action.
-
-        Statements: retention.sql mark_purged_audit_links.
-        """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        """Mark the links whose records this purge deleted, naming its retention action."""
+        with self._operation() as (q, conn):
             return int(
                 q.mark_purged_audit_links.affected(
                     conn,

@@ -13,16 +13,14 @@ from typing import Any
 import attrs
 import psycopg
 
-from pybatch.codecs.executions import decode_job_execution
-from pybatch.errors import JobExecutionNotFound, StaleVersion
+from pybatch.errors import StaleVersion
 from pybatch.repository._capability import Capability
 from pybatch.repository._lifecycle import check_expected_version
+from pybatch.repository.executions import lock_job_execution
 from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.names import ActorRef
 from pybatch.values.records import JobExecution
 from pybatch.values.timestamps import aware_utc
-
-__all__ = ["StopRequests"]
 
 Connection = psycopg.Connection[Any]
 
@@ -38,19 +36,12 @@ class StopRequests(Capability):
         Raises:
             JobExecutionNotFound: no such execution.
             StaleVersion: the version is not `expected_version`.
-
-        Statements: executions.sql lock_job_execution; stop_requests.sql
-        update_job_execution_stop_request.
         """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
             check_expected_version(expected_version)
             requested_at = aware_utc(requested_at)
-            row = q.lock_job_execution.one(conn, job_execution_id=execution_id)
-            if row is None:
-                raise JobExecutionNotFound(id=execution_id)
-            current = decode_job_execution(row)
+            current = lock_job_execution(q, conn, execution_id)
             if current.version != expected_version:
                 raise StaleVersion(expected=expected_version, actual=current.version)
             changed = q.update_job_execution_stop_request.affected(

@@ -8,9 +8,6 @@ without a real purge accounting for it (the purge mark must name an APPLY_PURGE 
 action recorded after the link), and a chain that ends before its head (links truncated).
 Then: a retention action that marks more links purged than its purge deleted records, and
 any audit record that has no link at all.
-
-Statements: audit_chain.sql read_audit_chain_head, list_audit_links, find_overdrawn_audit_purge,
-find_unlinked_audit_record (through pybatch/repository/audit_chain.py).
 """
 
 from __future__ import annotations
@@ -23,8 +20,6 @@ from pybatch.values.audit import GENESIS_DIGEST, AuditVerification
 
 if TYPE_CHECKING:
     from pybatch.job_repository import JobRepository
-
-__all__ = ["verify_audit_chain"]
 
 #: Links read per page.
 PAGE = 1000

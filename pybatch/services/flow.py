@@ -31,8 +31,6 @@ if TYPE_CHECKING:
     from pybatch.unit_of_work import UnitOfWork
     from pybatch.values.definitions import DefinitionIdentity
 
-__all__ = ["FlowPoint"]
-
 
 @attrs.frozen
 class FlowPoint:
@@ -57,29 +55,16 @@ class FlowPoint:
 
         def work(uow: UnitOfWork) -> FlowDecision:
             recorded = self._recorded(uow, node)
+            if recorded is None and reused:
+                recorded = self._reuse(
+                    uow,
+                    node,
+                    FlowTransitionKind.STEP_EXIT,
+                    FlowTransitionKind.COMPLETED_STEP_REUSE,
+                    step.id,
+                )
             if recorded is not None:
                 return recorded
-            earlier = None
-            if reused:
-                earlier = uow.flow.find_reusable_decision(
-                    self.instance_id,
-                    node,
-                    self.definition.digest,
-                    self.input_digest,
-                    FlowTransitionKind.STEP_EXIT,
-                )
-            if earlier is not None:
-                return uow.flow.append_decision(
-                    self._request(
-                        uow,
-                        node,
-                        FlowTransitionKind.COMPLETED_STEP_REUSE,
-                        earlier.observed_outcome,
-                        earlier.target,
-                        source_step=step.id,
-                        reused=earlier.id,
-                    )
-                )
             target = self._select(node, FlowTransitionKind.STEP_EXIT, outcome)
             return uow.flow.append_decision(
                 self._request(
@@ -97,28 +82,8 @@ class FlowPoint:
         """
 
         def reusable(uow: UnitOfWork) -> FlowDecision | None:
-            recorded = self._recorded(uow, node)
-            if recorded is not None:
-                return recorded
-            earlier = uow.flow.find_reusable_decision(
-                self.instance_id,
-                node,
-                self.definition.digest,
-                self.input_digest,
-                FlowTransitionKind.DECIDER,
-            )
-            if earlier is None:
-                return None
-            return uow.flow.append_decision(
-                self._request(
-                    uow,
-                    node,
-                    FlowTransitionKind.DECIDER,
-                    earlier.observed_outcome,
-                    earlier.target,
-                    reused=earlier.id,
-                )
-            )
+            kind = FlowTransitionKind.DECIDER
+            return self._recorded(uow, node) or self._reuse(uow, node, kind, kind, None)
 
         found = self.repository.run_in_unit_of_work(reusable)
         if found is not None:
@@ -130,6 +95,31 @@ class FlowPoint:
                 self._request(uow, node, FlowTransitionKind.DECIDER, outcome, target)
             )
         )
+
+    def _reuse(
+        self,
+        uow: UnitOfWork,
+        node: NodeId,
+        found_as: FlowTransitionKind,
+        kind: FlowTransitionKind,
+        source_step: int | None,
+    ) -> FlowDecision | None:
+        """Record again, as `kind`, the latest `found_as` decision on this plan and input."""
+        earlier = uow.flow.find_reusable_decision(
+            self.instance_id, node, self.definition.digest, self.input_digest, found_as
+        )
+        if earlier is None:
+            return None
+        request = self._request(
+            uow,
+            node,
+            kind,
+            earlier.observed_outcome,
+            earlier.target,
+            source_step=source_step,
+            reused=earlier.id,
+        )
+        return uow.flow.append_decision(request)
 
     def _recorded(self, uow: UnitOfWork, node: NodeId) -> FlowDecision | None:
         for decision in uow.flow.decisions(self.execution_id):

@@ -9,9 +9,6 @@ and appends the APPLIED audit row in the same unit of work, or, when the reposit
 refuses, records a REJECTED row with the rejection's details in a unit of work of its
 own. A lost COMMIT acknowledgement is OperationOutcomeUnknown: re-running the request
 with the same operation id replays whatever was recorded, so it never acts twice.
-
-Statements: none of its own; it composes UnitOfWork operations (operator_requests.sql,
-executions.sql, stop_requests.sql, recovery.sql, instances.sql).
 """
 
 from __future__ import annotations
@@ -53,8 +50,6 @@ from pybatch.values.status import BatchStatus
 
 if TYPE_CHECKING:
     from pybatch.job_repository import JobRepository
-
-__all__ = ["UNKNOWN_EFFECT", "OperatorOutcome", "OperatorService", "operator_evidence"]
 
 #: The only reason that may mark an execution with an unknown commit FAILED.
 UNKNOWN_EFFECT = "UNKNOWN_EFFECT"
@@ -146,10 +141,8 @@ class OperatorService:
 
         Without `expected_version` the request applies to whatever version is current.
         """
-        target = RequestTarget.execution(JobExecutionId(execution_id))
-        request = self._request(
-            OperatorAction.STOP, operation_id, actor, reason, target, expected_version, None
-        )
+        action, target = OperatorAction.STOP, RequestTarget.execution(JobExecutionId(execution_id))
+        request = self._request(action, operation_id, actor, reason, target, expected_version, None)
         request = attrs.evolve(request, execution_id=execution_id)
 
         def effect(uow: UnitOfWork) -> _Effect:
@@ -175,10 +168,11 @@ class OperatorService:
         reason: ReasonCode | None = None,
     ) -> OperatorOutcome:
         """Make a STOPPED or FAILED execution ABANDONED: its instance never runs again."""
-        target = RequestTarget.execution(JobExecutionId(execution_id))
-        request = self._request(
-            OperatorAction.ABANDON, operation_id, actor, reason, target, expected_version, None
+        action, target = (
+            OperatorAction.ABANDON,
+            RequestTarget.execution(JobExecutionId(execution_id)),
         )
+        request = self._request(action, operation_id, actor, reason, target, expected_version, None)
         request = attrs.evolve(request, execution_id=execution_id)
 
         def effect(uow: UnitOfWork) -> _Effect:
@@ -222,15 +216,8 @@ class OperatorService:
         target = RequestTarget.execution(JobExecutionId(execution_id))
         reason = ReasonCode(recovery.reason_code)
         arguments = RecoveryArguments(request=recovery, unknown_commit=unknown_commit, force=force)
-        request = self._request(
-            OperatorAction.RECOVER,
-            operation_id,
-            actor,
-            reason,
-            target,
-            recovery.expected_version,
-            arguments,
-        )
+        action, version = OperatorAction.RECOVER, recovery.expected_version
+        request = self._request(action, operation_id, actor, reason, target, version, arguments)
         request = attrs.evolve(request, execution_id=execution_id)
 
         def effect(uow: UnitOfWork) -> _Effect:
@@ -263,15 +250,8 @@ class OperatorService:
     ) -> OperatorOutcome:
         """Create the first (or next) execution of an instance key, STARTING."""
         definition = definition or DefinitionIdentity.legacy()
-        request = self._request(
-            OperatorAction.LAUNCH,
-            operation_id,
-            actor,
-            None,
-            RequestTarget.instance_key(key),
-            None,
-            definition,
-        )
+        action, target = OperatorAction.LAUNCH, RequestTarget.instance_key(key)
+        request = self._request(action, operation_id, actor, None, target, None, definition)
 
         def effect(uow: UnitOfWork) -> _Effect:
             instance = uow.instances.select_or_create(key).instance
@@ -289,15 +269,8 @@ class OperatorService:
     ) -> OperatorOutcome:
         """Create the next attempt of an instance whose latest attempt is FAILED or STOPPED."""
         definition = definition or DefinitionIdentity.legacy()
-        request = self._request(
-            OperatorAction.RESTART,
-            operation_id,
-            actor,
-            None,
-            RequestTarget.instance(JobInstanceId(instance_id)),
-            None,
-            definition,
-        )
+        action, target = OperatorAction.RESTART, RequestTarget.instance(JobInstanceId(instance_id))
+        request = self._request(action, operation_id, actor, None, target, None, definition)
         request = attrs.evolve(request, instance_id=instance_id)
 
         def effect(uow: UnitOfWork) -> _Effect:
@@ -383,13 +356,6 @@ class OperatorService:
             requested_at=now,
         )
 
-    def _after_duplicate(self, request: _Request) -> OperatorOutcome:
-        """Another caller recorded the operation id first: replay it, or refuse the conflict."""
-        replay = self._probe(request)
-        if replay is None:
-            raise ConcurrentModification()
-        return replay
-
     def _submit(
         self, request: _Request, effect: Callable[[UnitOfWork], _Effect]
     ) -> OperatorOutcome:
@@ -407,32 +373,30 @@ class OperatorService:
                 if rejection is None:
                     raise
             if rejection is None:
-                try:
-                    record = uow.operator_requests.append(
-                        self._draft(request, uow.clock.now(), effect=applied)
-                    )
-                except ConcurrentModification:
-                    uow.rollback()
-                    return self._after_duplicate(request)
-                try:
-                    uow.commit()
-                except CommitOutcomeUnknown:
-                    raise OperationOutcomeUnknown() from None
-                return OperatorOutcome(OperatorOutcomeClass.APPLIED, record, applied.execution)
-        return self._record_rejection(request, rejection)
+                draft = self._draft(request, uow.clock.now(), effect=applied)
+                return self._record(uow, request, draft, applied.execution)
+        with self.repository.begin() as uow:  # the refusal, audited on its own (effect undone)
+            draft = self._draft(request, uow.clock.now(), rejection=rejection)
+            return self._record(uow, request, draft, None)
 
-    def _record_rejection(self, request: _Request, rejection: OperatorRejection) -> OperatorOutcome:
-        """Audit a refused request in a unit of work of its own (the effect was rolled back)."""
-        with self.repository.begin() as uow:
-            try:
-                record = uow.operator_requests.append(
-                    self._draft(request, uow.clock.now(), rejection=rejection)
-                )
-            except ConcurrentModification:
-                uow.rollback()
-                return self._after_duplicate(request)
-            try:
-                uow.commit()
-            except CommitOutcomeUnknown:
-                raise OperationOutcomeUnknown() from None
-        return OperatorOutcome(OperatorOutcomeClass.REJECTED, record)
+    def _record(
+        self,
+        uow: UnitOfWork,
+        request: _Request,
+        draft: OperatorRecordDraft,
+        run: JobExecution | None,
+    ) -> OperatorOutcome:
+        """Append the audit row and commit; replay when another caller recorded it first."""
+        try:
+            record = uow.operator_requests.append(draft)
+        except ConcurrentModification:
+            uow.rollback()  # another caller recorded the operation id first: replay it
+            replay = self._probe(request)
+            if replay is None:
+                raise ConcurrentModification() from None
+            return replay
+        try:
+            uow.commit()
+        except CommitOutcomeUnknown:
+            raise OperationOutcomeUnknown() from None
+        return OperatorOutcome(draft.outcome, record, run)

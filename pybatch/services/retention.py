@@ -7,9 +7,6 @@ operator requests (a recorded request with the same retention request digest rep
 another digest is OperationIdConflict). A purge runs survey -> plan -> apply in bounded
 batches; each batch is applied in one transaction with its audit record, and a batch whose
 plan went stale (a hold, a restart, another purge) deletes nothing and is planned again.
-
-Statements: none of its own; it composes UnitOfWork operations (holds.sql, retention.sql,
-audit_chain.sql).
 """
 
 from __future__ import annotations
@@ -42,8 +39,6 @@ from pybatch.values.retention import (
 
 if TYPE_CHECKING:
     from pybatch.job_repository import JobRepository
-
-__all__ = ["PurgeProgress", "RetentionOutcome", "RetentionService"]
 
 #: A survey's keyset position: the (latest updated_at, instance id) of the last instance taken.
 _Key = tuple[_dt.datetime, int]
