@@ -55,6 +55,7 @@ from pybatch.values.explorer import (
     JobExecutionProjection,
     JobInstanceProjection,
     JobNameSummary,
+    LatestAttempt,
     NameKey,
     OrderedKey,
     Page,
@@ -316,6 +317,16 @@ class JobExplorer:
         def work(conn: Conn) -> JobExecutionProjection | None:
             row = self._statements.explore_execution.one(conn, job_execution_id=job_execution_id)
             return None if row is None else codec.decode_execution_projection(row)
+
+        return self._read(work)
+
+    def latest_attempt(self, job_instance_id: int) -> LatestAttempt | None:
+        """The instance's newest attempt, or None when it has none (or does not exist)."""
+        check_identifier(IdentifierKind.JOB_INSTANCE, job_instance_id)
+
+        def work(conn: Conn) -> LatestAttempt | None:
+            row = self._statements.explore_latest_attempt.one(conn, job_instance_id=job_instance_id)
+            return None if row is None else codec.decode_latest_attempt(row)
 
         return self._read(work)
 

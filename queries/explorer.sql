@@ -283,6 +283,18 @@ CROSS JOIN
     ) AS totals
 WHERE execution.id = :job_execution_id;
 
+-- :name explore_latest_attempt :one
+-- :doc The newest attempt of one instance - its execution id, attempt number and status - the
+-- attempt a restart starts from (job_execution_attempt_unique); no row means no attempt yet.
+SELECT
+    execution.id AS execution_id,
+    execution.attempt,
+    execution.status
+FROM pybatch.job_execution AS execution
+WHERE execution.job_instance_id = :job_instance_id
+ORDER BY execution.attempt DESC
+LIMIT 1;
+
 -- :name explore_unresolved_executions :many
 -- :doc Executions in STARTING, STARTED, STOPPING or UNKNOWN last updated strictly more than
 -- minimum_age_us microseconds before the server's statement time (the database clock decides the

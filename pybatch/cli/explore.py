@@ -29,6 +29,7 @@ from pybatch.values.explorer import (
     MAX_PAGE_SIZE,
     Cursor,
     JobExecutionProjection,
+    LatestAttempt,
     Page,
     PageSize,
     operator_request_json,
@@ -285,12 +286,22 @@ def _all(fetch: Callable[[Cursor | None], Page[T]]) -> list[T]:
             return items
 
 
+def _latest(execution_id: int, latest: LatestAttempt | None) -> str:
+    """Which attempt a restart of this instance starts from, as `show` prints it."""
+    if latest is None:
+        return "-"
+    if latest.execution_id == execution_id:
+        return "this attempt"
+    return f"attempt {latest.attempt}, execution {latest.execution_id} ({latest.status.value})"
+
+
 def _show(args: argparse.Namespace) -> int:
     size = PageSize(MAX_PAGE_SIZE)
     with _explorer(args) as explorer:
         execution = explorer.execution(args.execution)
         if execution is None:
             raise JobExecutionNotFound(id=args.execution)
+        latest = explorer.latest_attempt(execution.instance_id)
         steps = _all(lambda after: explorer.step_executions(execution.id, size, after))
         decisions = _all(lambda after: explorer.recovery_decisions(execution.id, size, after))
         requests: list[OperatorRecord] = _all(
@@ -299,6 +310,7 @@ def _show(args: argparse.Namespace) -> int:
     if args.json:
         document = {
             "execution": execution.as_json(),
+            "latest_attempt": None if latest is None else latest.as_json(),
             "steps": [step.as_json() for step in steps],
             "recovery_decisions": [recovery_decision_json(d) for d in decisions],
             "operator_requests": [operator_request_json(request) for request in requests],
@@ -310,6 +322,7 @@ def _show(args: argparse.Namespace) -> int:
         ("execution", str(execution.id)),
         ("job", f"{execution.job_name} (instance {execution.instance_id})"),
         ("attempt", str(execution.attempt)),
+        ("latest", _latest(execution.id, latest)),
         ("status", f"{execution.status.value} (exit {execution.exit_code})"),
         ("version", str(execution.version)),
         ("created", _instant(execution.created_at)),

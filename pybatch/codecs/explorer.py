@@ -33,6 +33,7 @@ from pybatch.values.explorer import (
     JobExecutionProjection,
     JobInstanceProjection,
     JobNameSummary,
+    LatestAttempt,
     ParameterDescriptor,
     ProjectionCounts,
     RetentionHold,
@@ -55,6 +56,7 @@ JOB_NAME_SUMMARY_COLUMNS = (
     "latest_status",
     "latest_updated_at",
 )
+LATEST_ATTEMPT_COLUMNS = ("execution_id", "attempt", "status")
 INSTANCE_PROJECTION_COLUMNS = (
     "id",
     "job_name",
@@ -153,6 +155,16 @@ def decode_job_name_summary(row: Row) -> JobNameSummary:
         latest_execution_id=optional_int64_at(row, "latest_execution_id"),
         latest_status=optional_enum_at(BatchStatus, row, "latest_status"),
         latest_updated_at=optional_aware_at(row, "latest_updated_at"),
+    )
+
+
+def decode_latest_attempt(row: Row) -> LatestAttempt:
+    """Decode an explore_latest_attempt row."""
+    row = row_columns(row, LATEST_ATTEMPT_COLUMNS)
+    return LatestAttempt(
+        execution_id=int64_at(row, "execution_id"),
+        attempt=int64_at(row, "attempt"),
+        status=enum_at(BatchStatus, row, "status"),
     )
 
 

@@ -334,6 +334,15 @@ class JobNameSummary(_Projection):
 
 
 @attrs.frozen
+class LatestAttempt(_Projection):
+    """The newest attempt of an instance: the one a restart starts from."""
+
+    execution_id: int
+    attempt: int
+    status: BatchStatus
+
+
+@attrs.frozen
 class ParameterDescriptor(_Projection):
     """An identifying parameter's name and kind; the value is never read."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -150,6 +151,29 @@ def test_instances_executions_show_and_unresolved(
         result = run(*command, dsn=db_dsn)
         assert result.returncode == 0, result.stderr
         assert result.stdout.splitlines()[0].split()[0] in {"JOB", "INSTANCE", "EXECUTION"}
+
+
+def test_show_names_the_latest_attempt_a_restart_starts_from(
+    seeded: dict[str, JobExecution], repository: JobRepository, db_dsn: str
+) -> None:
+    beta = seeded["beta"]
+    shown = run_json("show", str(beta.id), dsn=db_dsn)
+    assert shown["latest_attempt"] == {"execution_id": beta.id, "attempt": 1, "status": "FAILED"}
+    assert re.search(r"^latest +this attempt$", run("show", str(beta.id), dsn=db_dsn).stdout, re.M)
+    with repository.begin() as uow:
+        restart = uow.executions.create(beta.job_instance_id)
+        uow.commit()
+    shown = run_json("show", str(beta.id), dsn=db_dsn)
+    assert shown["latest_attempt"] == {
+        "execution_id": restart.id,
+        "attempt": 2,
+        "status": "STARTING",
+    }
+    table = run("show", str(beta.id), dsn=db_dsn).stdout
+    assert re.search(rf"^latest +attempt 2, execution {restart.id} \(STARTING\)$", table, re.M)
+    assert re.search(
+        r"^latest +this attempt$", run("show", str(restart.id), dsn=db_dsn).stdout, re.M
+    )
 
 
 def test_table_on_a_terminal_fits_its_width(seeded: dict[str, JobExecution], db_dsn: str) -> None:

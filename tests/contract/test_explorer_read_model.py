@@ -25,6 +25,7 @@ from pybatch.errors import (
     ResponseTooLarge,
     StepExecutionNotFound,
     Unavailable,
+    ZeroIdentifier,
 )
 from pybatch.explorer import JobExplorer
 from pybatch.values.explorer import (
@@ -33,6 +34,7 @@ from pybatch.values.explorer import (
     ExplorerQuery,
     IdentityKey,
     JobNameSummary,
+    LatestAttempt,
     NameKey,
     PageSize,
     operator_request_json,
@@ -241,6 +243,34 @@ def test_executions_steps_and_flow_decisions_are_listed_in_their_orders(
     decisions = walk(lambda size, after: explorer.flow_decisions(second.id, size, after), 2)
     assert [item.sequence for item in decisions] == [1, 2, 3]
     assert [str(item.source_node_id) for item in decisions] == ["a", "b", "c"]
+
+
+def test_the_latest_attempt_is_the_one_a_restart_starts_from(
+    repository: JobRepository, clock: ManualClock, explorer: JobExplorer
+) -> None:
+    first = launch(repository, clock, status=S.FAILED)
+    instance = first.job_instance_id
+    assert explorer.latest_attempt(instance) == LatestAttempt(
+        execution_id=first.id, attempt=1, status=S.FAILED
+    )
+    second = restart_after_failure(repository, clock, first)
+    assert explorer.latest_attempt(instance) == LatestAttempt(
+        execution_id=second.id, attempt=2, status=S.STARTING
+    )
+    assert explorer.latest_attempt(instance).as_json() == {  # type: ignore[union-attr]
+        "execution_id": second.id,
+        "attempt": 2,
+        "status": "STARTING",
+    }
+    with repository.begin() as uow:
+        empty = uow.instances.select_or_create(
+            JobInstanceKey(JobName("orders"), JobParameters.of({"run": next(_runs)}))
+        ).instance
+        uow.commit()
+    assert explorer.latest_attempt(empty.id) is None
+    assert explorer.latest_attempt(2**62) is None
+    with pytest.raises(ZeroIdentifier):
+        explorer.latest_attempt(0)
 
 
 # --------------------------------------------------------------------------- K4

@@ -21,6 +21,7 @@ from pybatch.codecs.explorer import (
     EXECUTION_PROJECTION_COLUMNS,
     INSTANCE_PROJECTION_COLUMNS,
     JOB_NAME_SUMMARY_COLUMNS,
+    LATEST_ATTEMPT_COLUMNS,
     PARTITION_PROJECTION_COLUMNS,
     STEP_PROJECTION_COLUMNS,
 )
@@ -40,6 +41,7 @@ READERS: dict[str, tuple[str, ...]] = {
     "explore_instances": INSTANCE_PROJECTION_COLUMNS,
     "explore_executions": EXECUTION_PROJECTION_COLUMNS,
     "explore_execution": EXECUTION_PROJECTION_COLUMNS,
+    "explore_latest_attempt": LATEST_ATTEMPT_COLUMNS,
     "explore_unresolved_executions": EXECUTION_PROJECTION_COLUMNS,
     "explore_step_executions": STEP_PROJECTION_COLUMNS,
     "explore_recovery_decisions": RECOVERY_DECISION_COLUMNS,
