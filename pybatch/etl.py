@@ -38,7 +38,7 @@ import attrs
 import psycopg
 
 from pybatch import partitioned
-from pybatch.chunks import ChunkTransaction, ChunkTransactionManager
+from pybatch.chunks import ChunkTransaction, StepSession
 from pybatch.errors import (
     ExecutionAlreadyActive,
     ExecutionOwnershipLost,
@@ -179,25 +179,19 @@ class StepRun:
     """A running step: its committed checkpoint and a way to open chunks."""
 
     def __init__(
-        self,
-        run: JobRun,
-        step: StepExecution,
-        *,
-        hold_connection: bool = False,
-        context: ChunkContext | None = None,
+        self, run: JobRun, step: StepExecution, *, context: ChunkContext | None = None
     ) -> None:
         self.run = run
         self.execution = step
         self.state: CommittedStepState | None = None
-        # `JobRun.step` holds one pooled connection for all the chunks of the step and gives
-        # it back when the step's work returns (`close`), before the step is ended.
-        self._manager = ChunkTransactionManager(run.repository, hold_connection=hold_connection)
         if context is None:
             if run.owner is None:  # only partition workers run without the execution's owner
                 raise ExecutionOwnershipLost(id=step.job_execution_id)
             context = ChunkContext(step.id, step.job_execution_id, run.owner)
-        #: The step and the owner every chunk commit proves ownership with.
-        self._context = context
+        # The step's session holds one pooled connection for all the chunks of the step and
+        # gives it back when the step's work returns (`close`), before the step is ended.
+        # Every chunk commit proves ownership with `context`'s owner token.
+        self._session = StepSession(run.repository, context)
 
     @property
     def name(self) -> str:
@@ -254,15 +248,11 @@ class StepRun:
             ExecutionOwnershipLost: this process no longer owns the execution.
         """
         self._at_chunk_boundary()
-        if self.state is None:
-            transaction = self._manager.begin_for(self._context)
-        else:
-            transaction = self._manager.begin_after(self._context, self.state)
-        return Chunk(self, transaction)
+        return Chunk(self, self._session.begin())
 
     def close(self) -> None:
         """Give back the connection the step's chunks held (a chunk left open rolls back)."""
-        self._manager.close()
+        self._session.close()
 
     def _at_chunk_boundary(self) -> None:
         """Raise the ownership-lost error or StopRequested before another chunk begins."""
@@ -295,7 +285,7 @@ class PartitionRun(StepRun):
         if token is None:
             raise PartitionOwnershipLost(partition_id=partition.id, worker=worker.id)
         context = ChunkContext(worker.id, worker.job_execution_id, token, partition.id)
-        super().__init__(run, worker, hold_connection=True, context=context)
+        super().__init__(run, worker, context=context)
         self.partition = partition
         self._lease_keeper = keeper
 
@@ -504,7 +494,7 @@ class JobRun:
         if skipped:
             logger.info("pybatch: step %s completed in an earlier attempt; skipped", name)
             return StepOutcome(name=name, skipped=True, step=started)
-        step_run = StepRun(self, started, hold_connection=True)
+        step_run = StepRun(self, started)
         try:
             try:
                 work(step_run)
