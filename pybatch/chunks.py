@@ -412,7 +412,9 @@ class ChunkTransaction:
         # Read once: no statement runs between here and the progress UPDATE.
         alone = self._conn.pgconn.transaction_status == _IDLE
         try:
-            statement, params, next_state = self._progress(counts, fault_progress, checkpoint, context)
+            statement, params, next_state = self._progress(
+                counts, fault_progress, checkpoint, context
+            )
         except NotCommitted:
             self.rollback()
             raise
