@@ -25,6 +25,7 @@ update_step_chunk_progress. All run prepared on the session's connection
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -71,6 +72,16 @@ __all__ = ["ChunkTransaction", "StepSession", "load_committed_state"]
 #: access, and the chunk path reads the state on every chunk.
 _IDLE = TransactionStatus.IDLE
 _INERROR = TransactionStatus.INERROR
+#: Read once: a class attribute lookup per chunk otherwise.
+_EMPTY_FAULT_STATE = FaultStateEnvelope.EMPTY
+#: Seconds the held connection must have sat idle since the session's last COMMIT before
+#: the next chunk checks that its backend is still there (`_still_alive`: a select() on the
+#: socket, a system call that costs more than the rest of opening a chunk). The check is
+#: for a step that pauses between chunks (reading a slow source, idle_session_timeout, an
+#: operator's pg_terminate_backend while it waits). A backend that ends within the few
+#: milliseconds between back-to-back chunks is as likely to end during the chunk's own
+#: statements, which no check can cover: that chunk fails as Infrastructure either way.
+_IDLE_CHECK_AFTER = 0.010
 
 
 def load_committed_state(repository: JobRepository, context: ChunkContext) -> CommittedStepState:
@@ -106,6 +117,7 @@ class StepSession:
     __slots__ = (
         "_chunk",
         "_clock",
+        "_committed_at",
         "_conn",
         "_context",
         "_cursor",
@@ -131,6 +143,8 @@ class StepSession:
         #: read it, and again after an outcome-unknown COMMIT (it is re-read from the
         #: database, the only place that knows).
         self.committed: CommittedStepState | None = None
+        #: time.monotonic() when the held connection last COMMITted a chunk.
+        self._committed_at = 0.0
 
     def __repr__(self) -> str:
         return (
@@ -163,7 +177,9 @@ class StepSession:
         if self._chunk is not None and self._chunk._open:
             return self._begin_apart()
         conn = self._conn
-        if conn is None or not _still_alive(conn):
+        if conn is None or (
+            time.monotonic() - self._committed_at > _IDLE_CHECK_AFTER and not _still_alive(conn)
+        ):
             conn = self._hold()
         committed = self.committed
         if committed is None:
@@ -363,7 +379,7 @@ class ChunkTransaction:
         try:
             with cursor.copy(statement) as copy:
                 write_row = copy.write_row
-                if isinstance(rows, list | tuple):  # its length is known: no count per row
+                if isinstance(rows, (list, tuple)):  # its length is known: no count per row
                     for row in rows:
                         write_row(row)
                     return len(rows)
@@ -410,20 +426,26 @@ class ChunkTransaction:
         """
         cursor = self._open_cursor()
         # Read once: no statement runs between here and the progress UPDATE.
-        alone = self._conn.pgconn.transaction_status == _IDLE
+        status = self._conn.pgconn.transaction_status
         try:
+            if status == _INERROR:
+                raise NotCommitted(reason="a statement in the chunk failed")
             statement, params, next_state = self._progress(
                 counts, fault_progress, checkpoint, context
             )
         except NotCommitted:
             self.rollback()
             raise
+        alone = status == _IDLE
         self._update_progress(cursor, statement, params, alone=alone)
         if not alone:
             self._commit_or_classify()
         self._open = False
-        self._session.committed = self.committed = next_state
-        if self._lease is not None:
+        session = self._session
+        session.committed = self.committed = next_state
+        if self._lease is None:
+            session._committed_at = time.monotonic()
+        else:
             self._lease.rollback()  # idle after the COMMIT: only gives the connection back
         return next_state
 
@@ -437,11 +459,9 @@ class ChunkTransaction:
         """The progress UPDATE to send, its parameters, and the state it commits.
 
         Raises:
-            NotCommitted: a business statement failed, a counter would overflow, or a state
-                schema version cannot be stored.
+            NotCommitted: a counter would overflow, or a state schema version cannot be
+                stored.
         """
-        if self._conn.pgconn.transaction_status == _INERROR:
-            raise NotCommitted(reason="a statement in the chunk failed")
         state = self.committed
         next_counts = _counts_after(state.counts, counts)
         if context is None:
@@ -460,7 +480,7 @@ class ChunkTransaction:
         # would write, as the version guard proves (chunks.sql).
         if (
             context is state.context
-            and state.fault_state is FaultStateEnvelope.EMPTY
+            and state.fault_state is _EMPTY_FAULT_STATE
             and (
                 fault_progress is None
                 or fault_progress is NO_FAULT_PROGRESS
@@ -488,7 +508,7 @@ class ChunkTransaction:
             counts=next_counts,
             checkpoint=checkpoint,
             context=context,
-            fault_state=FaultStateEnvelope.EMPTY,
+            fault_state=_EMPTY_FAULT_STATE,
         )
         return statement, params, next_state
 

@@ -88,10 +88,16 @@ _EXIT_CODES = {
 
 
 def _state(cls: type[Checkpoint] | type[ExecutionContext], payload: Mapping[str, Any]) -> Any:
-    """Build the envelope before any chunk statement runs; a non-mapping is refused typed."""
-    if not isinstance(payload, Mapping):
-        raise StatePayloadNotObject()
-    return cls(ETL_STATE_SCHEMA, 1, dict(payload), limits=StateLimits.STEP)
+    """Build the envelope before any chunk statement runs; a non-mapping is refused typed.
+
+    A dict is encoded as it is (the envelope keeps only its canonical bytes, never the dict);
+    any other mapping is copied into one first.
+    """
+    if type(payload) is not dict:
+        if not isinstance(payload, Mapping):
+            raise StatePayloadNotObject()
+        payload = dict(payload)
+    return cls(ETL_STATE_SCHEMA, 1, payload, limits=StateLimits.STEP)
 
 
 class Chunk:
