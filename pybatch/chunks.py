@@ -58,7 +58,6 @@ from pybatch.values.chunks import (
     CommittedStepState,
     FaultProgress,
 )
-from pybatch.values.counts import ExecutionCounts
 from pybatch.values.fault import FaultStateEnvelope
 from pybatch.values.state import MAX_STORABLE_SCHEMA_VERSION, Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus
@@ -424,19 +423,49 @@ class ChunkTransaction:
             ChunkCommitOutcomeUnknown: the acknowledgement was lost; the session re-reads
                 the step's durable state at its next chunk.
         """
-        cursor = self._open_cursor()
+        return self.commit_counts(
+            counts.read,
+            counts.processed,
+            counts.written,
+            counts.filtered,
+            fault_progress,
+            checkpoint=checkpoint,
+            context=context,
+        )
+
+    def commit_counts(
+        self,
+        read: int,
+        processed: int,
+        written: int,
+        filtered: int,
+        fault_progress: FaultProgress | None = None,
+        *,
+        checkpoint: Checkpoint,
+        context: ExecutionContext | None = None,
+    ) -> CommittedStepState:
+        """`commit` with the chunk's four counts already valid (as `ChunkCounts` checks them).
+
+        The ETL API checks its keyword counts itself and calls this, so no ChunkCounts is
+        built per chunk; only the step's new totals are checked here.
+        """
+        if not self._open:
+            raise NotCommitted(reason="the chunk is closed")
         # Read once: no statement runs between here and the progress UPDATE.
         status = self._conn.pgconn.transaction_status
         try:
             if status == _INERROR:
                 raise NotCommitted(reason="a statement in the chunk failed")
             statement, params, next_state = self._progress(
-                counts, fault_progress, checkpoint, context
+                read, processed, written, filtered, fault_progress, checkpoint, context
             )
         except NotCommitted:
             self.rollback()
             raise
         alone = status == _IDLE
+        cursor = self._cursor
+        if cursor is None:
+            cursor = self._cursor = self._conn.cursor()
         self._update_progress(cursor, statement, params, alone=alone)
         if not alone:
             self._commit_or_classify()
@@ -451,7 +480,10 @@ class ChunkTransaction:
 
     def _progress(
         self,
-        counts: ChunkCounts,
+        read: int,
+        processed: int,
+        written: int,
+        filtered: int,
         fault_progress: FaultProgress | None,
         checkpoint: Checkpoint,
         context: ExecutionContext | None,
@@ -463,7 +495,10 @@ class ChunkTransaction:
                 stored.
         """
         state = self.committed
-        next_counts = _counts_after(state.counts, counts)
+        try:
+            next_counts = state.counts.after_chunk(read, processed, written, filtered)
+        except (CountExhausted, PyBatchError):
+            raise NotCommitted(reason="a counter would overflow") from None
         if context is None:
             context = state.context
         if (
@@ -584,18 +619,6 @@ class ChunkTransaction:
             self._lease.discard()
         elif self._session._conn is self._conn:
             self._session._drop()
-
-
-def _counts_after(committed: ExecutionCounts, counts: ChunkCounts) -> ExecutionCounts:
-    """The step's counters after this chunk (`committed + 1`).
-
-    Raises:
-        NotCommitted: a counter would overflow.
-    """
-    try:
-        return committed.after_chunk(counts.read, counts.processed, counts.written, counts.filtered)
-    except (CountExhausted, PyBatchError):
-        raise NotCommitted(reason="a counter would overflow") from None
 
 
 def _run_alone(statement: Statement, cursor: psycopg.Cursor[Any], params: dict[str, object]) -> int:

@@ -62,7 +62,7 @@ from pybatch.unit_of_work import UnitOfWork
 from pybatch.values.chunks import ChunkContext, ChunkCounts, CommittedStepState, FaultProgress
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.flow import FlowTarget, StartLimit, TerminalKind
-from pybatch.values.ids import FailureId
+from pybatch.values.ids import INT64_MAX, FailureId
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import ExitCode, JobName, NodeId, StateSchemaId, StepName
 from pybatch.values.ownership import ExecutionLease, LeaseState, OwnerToken
@@ -163,15 +163,25 @@ class Chunk:
             ChunkCommitOutcomeUnknown: the acknowledgement was lost; the step fails and a
                 restart resumes from whatever is durable.
         """
-        counts = ChunkCounts(
-            read=read,
-            processed=read if processed is None else processed,
-            written=written,
-            filtered=filtered,
-        )
+        if processed is None:
+            processed = read
+        if not (
+            type(read) is int
+            and type(processed) is int
+            and type(written) is int
+            and type(filtered) is int
+            and 0 <= read <= INT64_MAX
+            and 0 <= processed <= INT64_MAX
+            and 0 <= written <= INT64_MAX
+            and 0 <= filtered <= INT64_MAX
+        ):  # ChunkCounts raises the typed error naming the count that is wrong
+            ChunkCounts(read=read, processed=processed, written=written, filtered=filtered)
         try:
-            self._step.state = self._transaction.commit(
-                counts,
+            self._step.state = self._transaction.commit_counts(
+                read,
+                processed,
+                written,
+                filtered,
                 skips,
                 checkpoint=_state(Checkpoint, checkpoint),
                 context=None if context is None else _state(ExecutionContext, context),
