@@ -322,7 +322,8 @@ class ChunkTracer:
         session, transaction = chunks_module.StepSession, chunks_module.ChunkTransaction
         self._originals = {
             (session, "begin"): session.__dict__["begin"],
-            (transaction, "commit"): transaction.__dict__["commit"],
+            # `commit` delegates to `commit_counts`, which the ETL API calls directly.
+            (transaction, "commit_counts"): transaction.__dict__["commit_counts"],
             (transaction, "rollback"): transaction.__dict__["rollback"],
         }
         begin, commit, rollback = (self._originals[key] for key in self._originals)
@@ -364,7 +365,7 @@ class ChunkTracer:
                 ended(conn)
 
         session.begin = traced_begin  # type: ignore[method-assign]
-        transaction.commit = traced_commit  # type: ignore[method-assign]
+        transaction.commit_counts = traced_commit  # type: ignore[method-assign]
         transaction.rollback = traced_rollback  # type: ignore[method-assign]
         return self
 
@@ -461,7 +462,8 @@ class PhaseMeter:
         """Wrap the chunk classes' methods with `measure` (diagnostic instrumentation)."""
         session, transaction = chunks_module.StepSession, chunks_module.ChunkTransaction
         begin = session.begin
-        executemany, copy, commit = transaction.executemany, transaction.copy, transaction.commit
+        executemany, copy = transaction.executemany, transaction.copy
+        commit = transaction.commit_counts  # what `commit` and the ETL API's commit call
         meter = self
 
         def open_(self: Any) -> Any:
@@ -486,7 +488,7 @@ class PhaseMeter:
             (session, "begin"): open_,
             (transaction, "executemany"): business_many,
             (transaction, "copy"): business_copy,
-            (transaction, "commit"): progress,
+            (transaction, "commit_counts"): progress,
         }
         originals = {(cls, name): cls.__dict__[name] for cls, name in wrapped}
         for (cls, name), wrapper in wrapped.items():
