@@ -63,7 +63,6 @@ from bench._server import ADMIN_APPLICATION, admin_connect, postgres_server, scr
 from bench.isolation import isolate
 from pybatch import ConnectionConfig, JobRepository, TlsMode, migrate
 from pybatch._statements import _positional_form, load_statements
-from pybatch._transaction import Lease
 from pybatch.config import APPLICATION_NAME
 from pybatch.etl import ETL_STATE_SCHEMA, Job, StepRun
 
@@ -305,9 +304,9 @@ class ChunkTracer:
     """Counts the protocol messages of one pybatch chunk, from its opening to its end.
 
     A step holds its connection from chunk to chunk, so a chunk is traced from the moment
-    the manager picks its connection (before `begin_for`'s state read, if any) until its
-    commit or rollback returns. Benchmark instrumentation, never timed: it wraps the chunk
-    manager's and chunk's methods while installed, and `arm()` traces the next chunk only.
+    its session opens it (before the first chunk's state read, if any) until its commit or
+    rollback returns. Benchmark instrumentation, never timed: it wraps the step session's
+    and chunk's methods while installed, and `arm()` traces the next chunk only.
     """
 
     def __init__(self, repository: JobRepository) -> None:
@@ -320,23 +319,29 @@ class ChunkTracer:
         self._armed = True
 
     def __enter__(self) -> ChunkTracer:
-        manager, transaction = chunks_module.ChunkTransactionManager, chunks_module.ChunkTransaction
+        session, transaction = chunks_module.StepSession, chunks_module.ChunkTransaction
         self._originals = {
-            (manager, "_lease"): manager.__dict__["_lease"],
-            (transaction, "commit"): transaction.__dict__["commit"],
+            (session, "begin"): session.__dict__["begin"],
+            # `commit` delegates to `commit_counts`, which the ETL API calls directly.
+            (transaction, "commit_counts"): transaction.__dict__["commit_counts"],
             (transaction, "rollback"): transaction.__dict__["rollback"],
         }
-        lease, commit, rollback = (self._originals[key] for key in self._originals)
+        begin, commit, rollback = (self._originals[key] for key in self._originals)
         tracer = self
 
-        def traced_lease(self: Any) -> tuple[Lease, bool]:
-            leased, held = lease(self)
-            conn = leased.connection
-            if tracer._armed and conn is not None:
-                tracer._armed = False
-                trace = protocol_trace(conn)
-                tracer._open[id(conn)] = (trace, trace.__enter__())
-            return leased, held
+        def trace_on(conn: Any) -> None:
+            tracer._armed = False
+            trace = protocol_trace(conn)
+            tracer._open[id(conn)] = (trace, trace.__enter__())
+
+        def traced_begin(self: Any) -> Any:
+            held = self._conn
+            if tracer._armed and held is not None:
+                trace_on(held)  # the session's connection, before anything of the chunk
+            opened = begin(self)
+            if tracer._armed:
+                trace_on(opened.connection)  # the first chunk: it leased its connection
+            return opened
 
         def ended(conn: Any) -> None:
             entry = tracer._open.pop(id(conn), None)
@@ -346,21 +351,21 @@ class ChunkTracer:
                 tracer.counts.append(ProtocolCount.parse(out[0]))
 
         def traced_commit(self: Any, *args: Any, **kwargs: Any) -> Any:
-            conn = self._lease.connection
+            conn = self._conn
             try:
                 return commit(self, *args, **kwargs)
             finally:
                 ended(conn)
 
         def traced_rollback(self: Any) -> None:
-            conn = self._lease.connection
+            conn = self._conn
             try:
                 rollback(self)
             finally:
                 ended(conn)
 
-        manager._lease = traced_lease  # type: ignore[method-assign]
-        transaction.commit = traced_commit  # type: ignore[method-assign]
+        session.begin = traced_begin  # type: ignore[method-assign]
+        transaction.commit_counts = traced_commit  # type: ignore[method-assign]
         transaction.rollback = traced_rollback  # type: ignore[method-assign]
         return self
 
@@ -422,7 +427,8 @@ class PhaseMeter:
     """Wall time, client CPU and server CPU per phase of a chunk (the untimed phase pass).
 
     pybatch's phases are its chunk methods, wrapped while `pybatch_phases()` is active:
-    open (`begin_for`: pool acquire, BEGIN, the state SELECT, decode), business
+    open (`StepSession.begin`; the first chunk's pool acquire, BEGIN, the state SELECT and
+    decode), business
     (`executemany` / `copy`) and progress (`commit`: the CAS UPDATE, COMMIT, release). The
     baseline's are its three steps. Server CPU is read from /proc/<pid>/schedstat of the
     connection's backend between the phases (local servers only), when the backend is idle.
@@ -454,13 +460,14 @@ class PhaseMeter:
     @contextmanager
     def pybatch_phases(self) -> Iterator[None]:
         """Wrap the chunk classes' methods with `measure` (diagnostic instrumentation)."""
-        manager, transaction = chunks_module.ChunkTransactionManager, chunks_module.ChunkTransaction
-        begin_for = manager.begin_for
-        executemany, copy, commit = transaction.executemany, transaction.copy, transaction.commit
+        session, transaction = chunks_module.StepSession, chunks_module.ChunkTransaction
+        begin = session.begin
+        executemany, copy = transaction.executemany, transaction.copy
+        commit = transaction.commit_counts  # what `commit` and the ETL API's commit call
         meter = self
 
-        def open_(self: Any, context: Any) -> Any:
-            opened = meter.measure(PHASE_OPEN, meter.pybatch_pid, lambda: begin_for(self, context))
+        def open_(self: Any) -> Any:
+            opened = meter.measure(PHASE_OPEN, meter.pybatch_pid, lambda: begin(self))
             meter.pybatch_pid = opened.connection.info.backend_pid
             return opened
 
@@ -478,10 +485,10 @@ class PhaseMeter:
             )
 
         wrapped: dict[tuple[type, str], Any] = {
-            (manager, "begin_for"): open_,
+            (session, "begin"): open_,
             (transaction, "executemany"): business_many,
             (transaction, "copy"): business_copy,
-            (transaction, "commit"): progress,
+            (transaction, "commit_counts"): progress,
         }
         originals = {(cls, name): cls.__dict__[name] for cls, name in wrapped}
         for (cls, name), wrapper in wrapped.items():

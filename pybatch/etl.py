@@ -38,7 +38,7 @@ import attrs
 import psycopg
 
 from pybatch import partitioned
-from pybatch.chunks import ChunkTransaction, ChunkTransactionManager
+from pybatch.chunks import ChunkTransaction, StepSession
 from pybatch.errors import (
     ExecutionAlreadyActive,
     ExecutionOwnershipLost,
@@ -61,7 +61,7 @@ from pybatch.unit_of_work import UnitOfWork
 from pybatch.values.chunks import ChunkContext, ChunkCounts, CommittedStepState, FaultProgress
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.flow import FlowTarget, StartLimit, TerminalKind
-from pybatch.values.ids import FailureId
+from pybatch.values.ids import INT64_MAX, FailureId
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import ExitCode, JobName, NodeId, StateSchemaId, StepName
 from pybatch.values.ownership import ExecutionLease, LeaseState, OwnerToken
@@ -87,10 +87,16 @@ _EXIT_CODES = {
 
 
 def _state(cls: type[Checkpoint] | type[ExecutionContext], payload: Mapping[str, Any]) -> Any:
-    """Build the envelope before any chunk statement runs; a non-mapping is refused typed."""
-    if not isinstance(payload, Mapping):
-        raise StatePayloadNotObject()
-    return cls(ETL_STATE_SCHEMA, 1, dict(payload), limits=StateLimits.STEP)
+    """Build the envelope before any chunk statement runs; a non-mapping is refused typed.
+
+    A dict is encoded as it is (the envelope keeps only its canonical bytes, never the dict);
+    any other mapping is copied into one first.
+    """
+    if type(payload) is not dict:
+        if not isinstance(payload, Mapping):
+            raise StatePayloadNotObject()
+        payload = dict(payload)
+    return cls(ETL_STATE_SCHEMA, 1, payload, limits=StateLimits.STEP)
 
 
 class Chunk:
@@ -156,15 +162,25 @@ class Chunk:
             ChunkCommitOutcomeUnknown: the acknowledgement was lost; the step fails and a
                 restart resumes from whatever is durable.
         """
-        counts = ChunkCounts(
-            read=read,
-            processed=read if processed is None else processed,
-            written=written,
-            filtered=filtered,
-        )
+        if processed is None:
+            processed = read
+        if not (
+            type(read) is int
+            and type(processed) is int
+            and type(written) is int
+            and type(filtered) is int
+            and 0 <= read <= INT64_MAX
+            and 0 <= processed <= INT64_MAX
+            and 0 <= written <= INT64_MAX
+            and 0 <= filtered <= INT64_MAX
+        ):  # ChunkCounts raises the typed error naming the count that is wrong
+            ChunkCounts(read=read, processed=processed, written=written, filtered=filtered)
         try:
-            self._step.state = self._transaction.commit(
-                counts,
+            self._step.state = self._transaction.commit_counts(
+                read,
+                processed,
+                written,
+                filtered,
                 skips,
                 checkpoint=_state(Checkpoint, checkpoint),
                 context=None if context is None else _state(ExecutionContext, context),
@@ -178,25 +194,19 @@ class StepRun:
     """A running step: its committed checkpoint and a way to open chunks."""
 
     def __init__(
-        self,
-        run: JobRun,
-        step: StepExecution,
-        *,
-        hold_connection: bool = False,
-        context: ChunkContext | None = None,
+        self, run: JobRun, step: StepExecution, *, context: ChunkContext | None = None
     ) -> None:
         self.run = run
         self.execution = step
         self.state: CommittedStepState | None = None
-        # `JobRun.step` holds one pooled connection for all the chunks of the step and gives
-        # it back when the step's work returns (`close`), before the step is ended.
-        self._manager = ChunkTransactionManager(run.repository, hold_connection=hold_connection)
         if context is None:
             if run.owner is None:  # only partition workers run without the execution's owner
                 raise ExecutionOwnershipLost(id=step.job_execution_id)
             context = ChunkContext(step.id, step.job_execution_id, run.owner)
-        #: The step and the owner every chunk commit proves ownership with.
-        self._context = context
+        # The step's session holds one pooled connection for all the chunks of the step and
+        # gives it back when the step's work returns (`close`), before the step is ended.
+        # Every chunk commit proves ownership with `context`'s owner token.
+        self._session = StepSession(run.repository, context)
 
     @property
     def name(self) -> str:
@@ -253,15 +263,11 @@ class StepRun:
             ExecutionOwnershipLost: this process no longer owns the execution.
         """
         self._at_chunk_boundary()
-        if self.state is None:
-            transaction = self._manager.begin_for(self._context)
-        else:
-            transaction = self._manager.begin_after(self._context, self.state)
-        return Chunk(self, transaction)
+        return Chunk(self, self._session.begin())
 
     def close(self) -> None:
         """Give back the connection the step's chunks held (a chunk left open rolls back)."""
-        self._manager.close()
+        self._session.close()
 
     def _at_chunk_boundary(self) -> None:
         """Raise the ownership-lost error or StopRequested before another chunk begins."""
@@ -294,7 +300,7 @@ class PartitionRun(StepRun):
         if token is None:
             raise PartitionOwnershipLost(partition_id=partition.id, worker=worker.id)
         context = ChunkContext(worker.id, worker.job_execution_id, token, partition.id)
-        super().__init__(run, worker, hold_connection=True, context=context)
+        super().__init__(run, worker, context=context)
         self.partition = partition
         self._lease_keeper = keeper
 
@@ -498,7 +504,7 @@ class JobRun:
         if skipped:
             logger.info("pybatch: step %s completed in an earlier attempt; skipped", name)
             return StepOutcome(name=name, skipped=True, step=started)
-        step_run = StepRun(self, started, hold_connection=True)
+        step_run = StepRun(self, started)
         try:
             try:
                 work(step_run)

@@ -19,7 +19,7 @@ import psycopg
 from pybatch import _sqlstate
 from pybatch._statements import Statement
 from pybatch._transaction import CommitErrors
-from pybatch.chunks import ChunkTransactionManager
+from pybatch.chunks import load_committed_state
 from pybatch.codecs._jsonb import to_jsonb
 from pybatch.codecs._primitives import DecodeError
 from pybatch.codecs.fault_state import decode_locked_fault_state, encode_fault_state
@@ -95,7 +95,7 @@ class FaultState:
         Every read validates: state of a superseded generation or beyond
         the policy is FaultStateCorrupt, never an answer work could proceed on.
         """
-        state = ChunkTransactionManager(self._repository).load_committed_state(context)
+        state = load_committed_state(self._repository, context)
         try:
             state.fault_state.validate_for(
                 self._policy.retry_limit,

@@ -40,7 +40,7 @@ from typing import IO, Any
 import attrs
 
 from pybatch._statements import load_demo_statements
-from pybatch.chunks import ChunkTransactionManager
+from pybatch.chunks import load_committed_state
 from pybatch.cli._connection import (
     Commands,
     add_command,
@@ -385,9 +385,8 @@ def _load_and_verify(
     killed_at = 0.0
     if kill_after > 0:
         context = _wait_for_step(repository, key, first)
-        manager = ChunkTransactionManager(repository)
         while context is not None and first.poll() is None:
-            if manager.load_committed_state(context).counts.committed >= kill_after:
+            if load_committed_state(repository, context).counts.committed >= kill_after:
                 first.send_signal(signal.SIGKILL)
                 killed, killed_at = True, time.monotonic() - load_began
                 break

@@ -20,14 +20,10 @@ from pybatch.codecs.steps import (
     decode_counts,
 )
 from pybatch.errors import FaultStateCorrupt, FaultStateFormatError, PyBatchError, Unavailable
-from pybatch.values.chunks import (
-    ChunkCommitReceipt,
-    ChunkContext,
-    CommittedStepState,
-    FaultProgress,
-)
+from pybatch.values.chunks import ChunkContext, CommittedStepState, FaultProgress
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.fault import FaultStateEnvelope
+from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus
 
 __all__ = [
@@ -96,10 +92,11 @@ def decode_committed_step_state(row: Row) -> CommittedStepState:
 
 
 def encode_chunk_commit(
-    context: ChunkContext,
+    fence: ChunkContext,
     state: CommittedStepState,
     next_counts: ExecutionCounts,
-    receipt: ChunkCommitReceipt,
+    checkpoint: Checkpoint,
+    state_context: ExecutionContext,
     progress: FaultProgress,
     now: datetime,
 ) -> dict[str, object]:
@@ -109,10 +106,10 @@ def encode_chunk_commit(
     from (what pybatch hashed), so nothing is parsed or encoded again here.
     """
     return {
-        **encode_chunk_progress(context, state, next_counts, receipt, now),
-        "context_schema": receipt.context.schema.value,
-        "context_schema_version": receipt.context.schema_version,
-        "context_payload": _canonical_jsonb(receipt.context.payload_json()),
+        **encode_chunk_progress(fence, state, next_counts, checkpoint, now),
+        "context_schema": state_context.schema.value,
+        "context_schema_version": state_context.schema_version,
+        "context_payload": _canonical_jsonb(state_context.payload_json()),
         "read_skips": progress.read_skips,
         "process_skips": progress.process_skips,
         "write_skips": progress.write_skips,
@@ -123,17 +120,17 @@ def encode_chunk_commit(
 
 
 def encode_chunk_progress(
-    context: ChunkContext,
+    fence: ChunkContext,
     state: CommittedStepState,
     next_counts: ExecutionCounts,
-    receipt: ChunkCommitReceipt,
+    checkpoint: Checkpoint,
     now: datetime,
 ) -> dict[str, object]:
     """The parameters of update_step_chunk_progress (counters, checkpoint), guarded by `state`.
 
-    `context` fences the write: its owner token must still own the step (chunks.sql).
+    `fence` fences the write: its owner token (and partition) must still own the step
+    (chunks.sql).
     """
-    checkpoint = receipt.checkpoint
     return {
         "read_count": next_counts.read,
         "processed_count": next_counts.processed,
@@ -147,6 +144,6 @@ def encode_chunk_progress(
         "step_execution_id": state.step_execution_id,
         "job_execution_id": state.job_execution_id,
         "expected_version": state.version,
-        "owner_token": None if context.owner is None else context.owner.value,
-        "step_partition_id": context.partition_id,
+        "owner_token": None if fence.owner is None else fence.owner.value,
+        "step_partition_id": fence.partition_id,
     }

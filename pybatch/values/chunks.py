@@ -5,8 +5,6 @@ See docs/contract.md, State envelopes; Chunk transactions.
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import attrs
 
 from pybatch.values.counts import ExecutionCounts
@@ -18,13 +16,10 @@ from pybatch.values.status import BatchStatus
 
 __all__ = [
     "NO_FAULT_PROGRESS",
-    "ChunkCommitReceipt",
     "ChunkContext",
     "ChunkCounts",
-    "ChunkStateProvider",
     "CommittedStepState",
     "FaultProgress",
-    "InheritedProgress",
 ]
 
 
@@ -82,14 +77,6 @@ class FaultProgress:
 NO_FAULT_PROGRESS = FaultProgress()
 
 
-@attrs.frozen
-class ChunkCommitReceipt:
-    """The durable state a chunk commits: its checkpoint and execution context."""
-
-    checkpoint: Checkpoint
-    context: ExecutionContext
-
-
 @attrs.frozen(kw_only=True)
 class CommittedStepState:
     """A step's last committed progress: where a chunk starts and a restart resumes."""
@@ -102,22 +89,3 @@ class CommittedStepState:
     checkpoint: Checkpoint
     context: ExecutionContext
     fault_state: FaultStateEnvelope
-
-
-@attrs.frozen(kw_only=True)
-class InheritedProgress:
-    """What a restarted step inherits: items read, checkpoint generation, retained retries."""
-
-    read_count: int
-    checkpoint_digest: bytes
-    fault_state: FaultStateEnvelope
-
-
-class ChunkStateProvider(Protocol):
-    """Produces the checkpoint and context to commit with a chunk (the state provider)."""
-
-    def state_for_commit(
-        self, committed_counts: ExecutionCounts, chunk_counts: ChunkCounts
-    ) -> ChunkCommitReceipt:
-        """The state to commit; raising makes the chunk roll back with NotCommitted."""
-        ...

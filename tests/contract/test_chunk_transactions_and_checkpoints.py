@@ -22,7 +22,7 @@ from psycopg import pq
 from psycopg.rows import dict_row
 
 from pybatch import ConnectionConfig, JobRepository
-from pybatch.chunks import ChunkTransactionManager
+from pybatch.chunks import StepSession, load_committed_state
 from pybatch.errors import (
     BusinessTransactionError,
     Cancelled,
@@ -37,7 +37,7 @@ from pybatch.errors import (
     StepExecutionNotFound,
 )
 from pybatch.fault_state import FaultState, RetryPolicy
-from pybatch.values.chunks import ChunkCommitReceipt, ChunkContext, ChunkCounts, FaultProgress
+from pybatch.values.chunks import ChunkContext, ChunkCounts, FaultProgress
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.fault import (
     FaultEntry,
@@ -55,6 +55,7 @@ from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.records import StepExecution
 from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+from tests.support.chunks import FirstChunks, Receipt, commit_from, inherited_progress
 from tests.support.clock import ManualClock
 from tests.support.owners import TEST_OWNER, claim_test_owner
 
@@ -145,10 +146,26 @@ def bound_fault_state(
     return fault_state
 
 
-def commit_chunk(
-    manager: ChunkTransactionManager, step: StepExecution, offset: int, read: int = 1
-) -> None:
-    with manager.begin_for(context_of(step)) as chunk:
+#: The FirstChunks each test opened; their sessions are closed when the test ends.
+_opened: list[FirstChunks] = []
+
+
+def chunks_on(repository: JobRepository) -> FirstChunks:
+    """Chunks opened as a step's first chunk is: each on a new session, reading the state."""
+    chunks = FirstChunks(repository)
+    _opened.append(chunks)
+    return chunks
+
+
+@pytest.fixture(autouse=True)
+def _close_chunk_sessions() -> Iterator[None]:
+    yield
+    while _opened:
+        _opened.pop().close()
+
+
+def commit_chunk(manager: FirstChunks, step: StepExecution, offset: int, read: int = 1) -> None:
+    with manager.begin(context_of(step)) as chunk:
         chunk.commit(
             ChunkCounts(read=read, processed=read, written=read), checkpoint=cursor(offset)
         )
@@ -171,10 +188,10 @@ def test_a_chunk_commit_advances_progress_with_its_business_writes(
 ) -> None:
     """Scenario O1."""
     step = started_step(repository, clock)
-    manager = ChunkTransactionManager(repository)
+    manager = chunks_on(repository)
     context = ExecutionContext(SCHEMA, 2, {"file": "orders-1.csv"})
     at = clock.advance(timedelta(minutes=1))
-    with manager.begin_for(context_of(step)) as chunk:
+    with manager.begin(context_of(step)) as chunk:
         assert chunk.committed.version == step.version
         assert (
             chunk.execute("INSERT INTO public.orders VALUES (%s, %s), (%s, %s)", (1, "a", 2, "b"))
@@ -208,7 +225,7 @@ def test_a_chunk_commit_advances_progress_with_its_business_writes(
     assert manager.load_committed_state(context_of(step)) == state
 
     # A second chunk adds to the totals; the context is kept when none is given.
-    with manager.begin_for(context_of(step)) as chunk:
+    with manager.begin(context_of(step)) as chunk:
         chunk.execute("INSERT INTO public.orders VALUES (%s, %s)", (3, "c"))
         second = chunk.commit(
             ChunkCounts(read=1, processed=1, written=1),
@@ -232,7 +249,7 @@ def test_a_chunk_commit_clears_fault_state_and_keeps_the_rollback_count(
 ) -> None:
     """Scenario O1."""
     step = started_step(repository, clock)
-    manager = ChunkTransactionManager(repository)
+    manager = chunks_on(repository)
     commit_chunk(manager, step, 1)
     fault_state = bound_fault_state(repository, step)
     fault_state.reserve(entry(1, 1))
@@ -266,15 +283,15 @@ def test_the_state_provider_supplies_the_committed_checkpoint_and_context(
     class Provider:
         def state_for_commit(
             self, committed_counts: ExecutionCounts, chunk_counts: ChunkCounts
-        ) -> ChunkCommitReceipt:
+        ) -> Receipt:
             calls.append((committed_counts, chunk_counts))
             offset = committed_counts.read + chunk_counts.read
-            return ChunkCommitReceipt(cursor(offset), ExecutionContext(SCHEMA, 1, {"n": offset}))
+            return Receipt(cursor(offset), ExecutionContext(SCHEMA, 1, {"n": offset}))
 
-    manager = ChunkTransactionManager(repository, Provider())
-    for _ in range(2):
-        with manager.begin_for(context_of(step)) as chunk:
-            chunk.commit(ChunkCounts(read=5, processed=5, written=5))
+    with StepSession(repository, context_of(step)) as session:
+        for _ in range(2):
+            with session.begin() as chunk:
+                commit_from(chunk, ChunkCounts(read=5, processed=5, written=5), Provider())
     assert calls == [
         (ExecutionCounts(), ChunkCounts(read=5, processed=5, written=5)),
         (
@@ -292,11 +309,11 @@ def test_the_checkpoint_digest_survives_the_jsonb_round_trip(
 ) -> None:
     """Keys jsonb reorders and floats it reprints still give the written digest. Scenario O1."""
     step = started_step(repository, clock)
-    manager = ChunkTransactionManager(repository)
+    manager = chunks_on(repository)
     awkward = cursor(7, big=1e16, small=1e-7, nested={"bb": 1, "a": [2.5, -0.0]}, text="é/\n")
-    with manager.begin_for(context_of(step)) as chunk:
+    with manager.begin(context_of(step)) as chunk:
         chunk.commit(ChunkCounts(read=1), checkpoint=awkward)
-    inherited = manager.inherited_progress(context_of(step))
+    inherited = inherited_progress(repository, context_of(step))
     assert inherited.checkpoint_digest == awkward.generation_digest()
     assert inherited.read_count == 1
     # The reservation validates against the digest recomputed from the stored row.
@@ -305,7 +322,7 @@ def test_the_checkpoint_digest_survives_the_jsonb_round_trip(
     assert manager.load_committed_state(context_of(step)).fault_state.checkpoint_digest == (
         awkward.generation_digest()
     )
-    assert manager.inherited_progress(context_of(step)).fault_state.ordinal_for(
+    assert inherited_progress(repository, context_of(step)).fault_state.ordinal_for(
         entry(9, 1).key
     ) == RetryOrdinal(1)
 
@@ -347,21 +364,21 @@ def test_begin_for_refuses_a_step_that_is_not_started(
             assert step.status is status
             steps[status] = step
         uow.commit()
-    manager = ChunkTransactionManager(repository)
+    manager = chunks_on(repository)
     for status, step in steps.items():
         with pytest.raises(NotCommitted):
-            manager.begin_for(context_of(step))
+            manager.begin(context_of(step))
         assert stored_step(repository, step.id).version == step.version, status
 
     # A missing step, or one named with another job execution's id, is refused too.
     step = started_step(repository, clock)
     other = started_step(repository, clock)
+    with pytest.raises(NotCommitted):  # without an owner token nothing can commit
+        StepSession(repository, ChunkContext(step.id, step.job_execution_id)).begin()
     with pytest.raises(NotCommitted):
-        manager.begin()
-    with pytest.raises(NotCommitted):
-        manager.begin_for(ChunkContext(step.id + 1000, step.job_execution_id, TEST_OWNER))
+        manager.begin(ChunkContext(step.id + 1000, step.job_execution_id, TEST_OWNER))
     with pytest.raises(NotCommitted):  # the step exists, but in another job execution
-        manager.begin_for(ChunkContext(step.id, other.job_execution_id, TEST_OWNER))
+        manager.begin(ChunkContext(step.id, other.job_execution_id, TEST_OWNER))
     with pytest.raises(StepExecutionNotFound):
         manager.load_committed_state(ChunkContext(step.id, other.job_execution_id, TEST_OWNER))
 
@@ -371,8 +388,8 @@ def test_a_commit_after_the_step_left_started_is_not_committed(
 ) -> None:
     """Scenario O2."""
     step = started_step(repository, clock)
-    manager = ChunkTransactionManager(repository)
-    chunk = manager.begin_for(context_of(step))
+    manager = chunks_on(repository)
+    chunk = manager.begin(context_of(step))
     chunk.execute("INSERT INTO public.orders VALUES (1, 'lost')")
     with repository.begin() as uow:  # an operator stop moves the step on
         stopping = uow.steps.transition(
@@ -397,8 +414,8 @@ def test_the_status_guard_is_part_of_the_commit_predicate(
     Scenario O2.
     """
     step = started_step(repository, clock)
-    manager = ChunkTransactionManager(repository)
-    with manager.begin_for(context_of(step)) as chunk:
+    manager = chunks_on(repository)
+    with manager.begin(context_of(step)) as chunk:
         chunk.execute("INSERT INTO public.orders VALUES (1, 'lost')")
         admin.execute(
             "UPDATE pybatch.step_execution SET status = 'STOPPING' WHERE id = %s", (step.id,)
@@ -417,9 +434,9 @@ def test_two_chunks_from_one_version_only_one_commits(
 ) -> None:
     """Scenario O3."""
     step = started_step(repository, clock)
-    manager = ChunkTransactionManager(repository)
-    first = manager.begin_for(context_of(step))
-    second = manager.begin_for(context_of(step))
+    manager = chunks_on(repository)
+    first = manager.begin(context_of(step))
+    second = manager.begin(context_of(step))
     assert first.committed.version == second.committed.version == step.version
     first.execute("INSERT INTO public.orders VALUES (1, 'first')")
     second.execute("INSERT INTO public.orders VALUES (2, 'second')")
@@ -433,21 +450,52 @@ def test_two_chunks_from_one_version_only_one_commits(
     assert durable.version == step.version + 1
 
 
-def test_a_committed_chunk_advances_the_managers_expected_version(
-    repository: JobRepository, clock: ManualClock
+def test_a_chunk_opened_while_the_sessions_chunk_is_open_gets_a_connection_of_its_own(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any], orders: None
 ) -> None:
-    """The next chunk starts from the committed version; a stale state is refused. Scenario O3."""
+    """A nested chunk of one session is a second writer: both start from one version, and
+    only the first commit lands; the held connection stays the session's."""
     step = started_step(repository, clock)
-    manager = ChunkTransactionManager(repository)
-    commit_chunk(manager, step, 1)
-    commit_chunk(manager, step, 2)
-    assert manager.load_committed_state(context_of(step)).version == step.version + 2
-    # A reservation bumps the version too: a chunk opened before it cannot commit.
-    chunk = manager.begin_for(context_of(step))
-    bound_fault_state(repository, step).reserve(entry(1, 1))
-    with pytest.raises(NotCommitted):
-        chunk.commit(ChunkCounts(read=1), checkpoint=cursor(3))
-    state = manager.load_committed_state(context_of(step))
+    with StepSession(repository, context_of(step)) as session:
+        outer = session.begin()
+        inner = session.begin()
+        assert outer.connection is not inner.connection
+        outer.execute("INSERT INTO public.orders VALUES (1, 'outer')")
+        inner.execute("INSERT INTO public.orders VALUES (2, 'inner')")
+        inner.commit(ChunkCounts(read=1, processed=1, written=1), checkpoint=cursor(1))
+        assert not inner.is_open and outer.is_open
+        with pytest.raises(NotCommitted):
+            outer.commit(ChunkCounts(read=2), checkpoint=cursor(2))
+        assert not outer.is_open
+        # The session goes on from what its nested chunk committed.
+        with session.begin() as chunk:
+            chunk.commit(ChunkCounts(read=1), checkpoint=cursor(3))
+    assert business_ids(admin) == [2]
+    durable = stored_step(repository, step.id)
+    assert durable.checkpoint == cursor(3) and durable.version == step.version + 2
+
+
+def test_a_session_starts_each_chunk_from_the_version_it_committed(
+    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    """The next chunk starts from the committed version without reading it; a stale state
+    is refused at commit, by the progress UPDATE's own predicate. Scenario O3."""
+    step = started_step(repository, clock)
+    with StepSession(repository, context_of(step)) as session:
+        for offset in (1, 2):
+            with session.begin() as chunk:
+                chunk.commit(ChunkCounts(read=1), checkpoint=cursor(offset))
+        assert session.committed is not None
+        assert session.committed.version == step.version + 2
+        assert load_committed_state(repository, context_of(step)) == session.committed
+        # A reservation bumps the version behind the session's back: its next chunk (which
+        # reads nothing) cannot commit.
+        bound_fault_state(repository, step).reserve(entry(1, 1))
+        chunk = session.begin()
+        assert chunk.committed.version == step.version + 2
+        with pytest.raises(NotCommitted):
+            chunk.commit(ChunkCounts(read=1), checkpoint=cursor(3))
+    state = load_committed_state(repository, context_of(step))
     assert state.counts.committed == 2 and not state.fault_state.is_empty
 
 
@@ -499,9 +547,7 @@ def test_each_phase_counts_its_own_retries(repository: JobRepository, clock: Man
     assert durable.version == step.version + 4
     assert durable.updated_at == clock.now()
     assert fault_state.unresolved() == 3
-    envelope = (
-        ChunkTransactionManager(repository).load_committed_state(context_of(step)).fault_state
-    )
+    envelope = load_committed_state(repository, context_of(step)).fault_state
     assert [e.key for e in envelope.entries] == sorted(e.key for e in envelope.entries)
     assert envelope.checkpoint_digest == durable.checkpoint.generation_digest()
 
@@ -584,19 +630,21 @@ def test_inherited_progress_refuses_a_superseded_generation(
 ) -> None:
     """Scenario O6."""
     step = started_step(repository, clock)
-    manager = ChunkTransactionManager(repository)
-    fresh = manager.inherited_progress(context_of(step))
+    manager = chunks_on(repository)
+    fresh = inherited_progress(repository, context_of(step))
     assert fresh.read_count == 0
     assert fresh.checkpoint_digest == Checkpoint.empty().generation_digest()
     assert fresh.fault_state == FaultStateEnvelope.EMPTY
     with pytest.raises(NotCommitted):  # no such step
-        manager.inherited_progress(ChunkContext(step.id + 99, step.job_execution_id, TEST_OWNER))
+        inherited_progress(
+            repository, ChunkContext(step.id + 99, step.job_execution_id, TEST_OWNER)
+        )
 
     commit_chunk(manager, step, 4, read=4)
     fault_state = bound_fault_state(repository, step)
     fault_state.reserve(entry(1, 1))
 
-    inherited = manager.inherited_progress(context_of(step))
+    inherited = inherited_progress(repository, context_of(step))
     assert inherited.read_count == 4
     assert inherited.checkpoint_digest == cursor(4).generation_digest()
     assert inherited.fault_state.ordinal_for(entry(1, 1).key) == RetryOrdinal(1)
@@ -608,7 +656,7 @@ def test_inherited_progress_refuses_a_superseded_generation(
         ('{"offset": 5}', step.id),
     )
     with pytest.raises(NotCommitted):
-        manager.inherited_progress(context_of(step))
+        inherited_progress(repository, context_of(step))
 
 
 # --------------------------------------------------------------------------- O7
@@ -617,15 +665,17 @@ def test_inherited_progress_refuses_a_superseded_generation(
 def test_a_rejected_statement_poisons_the_chunk_and_frees_its_connection(
     pg_config: ConnectionConfig, clock: ManualClock, admin: psycopg.Connection[Any], orders: None
 ) -> None:
-    # One pooled connection and a short acquire timeout: a leaked chunk connection would
-    # make the follow-up chunk fail instead of passing by luck.
     """Scenario O7."""
-    config = attrs.evolve(pg_config, pool_size=1, acquire_timeout=timedelta(seconds=3))
+    # Two pooled connections (the session's and one for the checks) and a short acquire
+    # timeout: a leaked chunk connection would make the follow-up chunk fail instead of
+    # passing by luck.
+    config = attrs.evolve(pg_config, pool_size=2, acquire_timeout=timedelta(seconds=3))
     admin.execute("INSERT INTO public.orders VALUES (1, 'existing')")
     with JobRepository.connect(config, clock=clock) as repository:
         step = started_step(repository, clock)
-        manager = ChunkTransactionManager(repository)
-        with manager.begin_for(context_of(step)) as chunk:
+        # One session: the step's chunks keep its single held connection.
+        session = StepSession(repository, context_of(step))
+        with session.begin() as chunk:
             chunk.execute("INSERT INTO public.orders VALUES (2, 'ok')")
             with pytest.raises(Rejected) as rejected:
                 chunk.execute("INSERT INTO public.orders VALUES (1, 'duplicate')")
@@ -646,7 +696,7 @@ def test_a_rejected_statement_poisons_the_chunk_and_frees_its_connection(
             "SELECT * FROM public.no_such_table": "42P01",
         }
         for statement, sqlstate in cases.items():
-            with manager.begin_for(context_of(step)) as chunk:
+            with session.begin() as chunk:
                 pid = chunk.connection.info.backend_pid
                 with pytest.raises(Rejected) as rejected:
                     chunk.execute(statement)
@@ -656,10 +706,11 @@ def test_a_rejected_statement_poisons_the_chunk_and_frees_its_connection(
                     chunk.commit(ChunkCounts(read=1), checkpoint=cursor(1))
         assert stored_step(repository, step.id).version == step.version
         # The step is still usable, on the same (single, kept) connection.
-        with manager.begin_for(context_of(step)) as chunk:
+        with session.begin() as chunk:
             assert chunk.connection.info.backend_pid == pid
             chunk.execute("INSERT INTO public.orders VALUES (2, 'retried')")
             chunk.commit(ChunkCounts(read=1, written=1), checkpoint=cursor(1))
+        session.close()
         assert business_ids(admin) == [1, 2]
 
 
@@ -674,9 +725,9 @@ def test_the_statement_timeout_cancels_a_business_statement(
     )
     with JobRepository.connect(config, clock=clock) as repository:
         step = started_step(repository, clock)
-        manager = ChunkTransactionManager(repository)
+        manager = chunks_on(repository)
         started = time.monotonic()
-        with manager.begin_for(context_of(step)) as chunk:
+        with manager.begin(context_of(step)) as chunk:
             chunk.execute("INSERT INTO public.orders VALUES (1, 'lost')")
             with pytest.raises(Cancelled):
                 chunk.execute("SELECT pg_sleep(30)")
@@ -689,7 +740,7 @@ def test_the_statement_timeout_cancels_a_business_statement(
         assert stored_step(repository, step.id).metadata.counts.committed == 1
 
 
-# --------------------------------------------------------------------------- providers
+# --------------------------------------------------------------------------- refusals
 
 
 def test_refusals_before_commit_leave_nothing_durable(
@@ -700,7 +751,7 @@ def test_refusals_before_commit_leave_nothing_durable(
     class Exploding:
         def state_for_commit(
             self, committed_counts: ExecutionCounts, chunk_counts: ChunkCounts
-        ) -> ChunkCommitReceipt:
+        ) -> Receipt:
             raise RuntimeError("reader position unavailable")
 
     class Wrong:
@@ -709,19 +760,19 @@ def test_refusals_before_commit_leave_nothing_durable(
         ) -> Any:
             return {"offset": 1}
 
-    for provider in (Exploding(), Wrong(), None):
-        manager = ChunkTransactionManager(repository, provider)
-        with manager.begin_for(context_of(step)) as chunk:
+    manager = chunks_on(repository)
+    for provider in (Exploding(), Wrong()):
+        with manager.begin(context_of(step)) as chunk:
             chunk.execute("INSERT INTO public.orders VALUES (1, 'lost')")
             with pytest.raises(NotCommitted):
-                chunk.commit(ChunkCounts(read=1))
+                commit_from(chunk, ChunkCounts(read=1), provider)
+            assert not chunk.is_open
     assert business_ids(admin) == []
     assert stored_step(repository, step.id).version == step.version
 
     # A counter that would pass 2**63-1 refuses the chunk as well.
-    manager = ChunkTransactionManager(repository)
     commit_chunk(manager, step, 1, read=2**63 - 2)
-    with manager.begin_for(context_of(step)) as chunk:
+    with manager.begin(context_of(step)) as chunk:
         chunk.execute("INSERT INTO public.orders VALUES (1, 'lost')")
         with pytest.raises(NotCommitted):
             chunk.commit(ChunkCounts(read=2), checkpoint=cursor(2))
@@ -766,10 +817,12 @@ def test_lost_commit_acknowledgement_is_outcome_unknown(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     step = started_step(repository, clock)
-    manager = ChunkTransactionManager(repository)
-    commit_chunk(manager, step, 1)
-    monkeypatch.setattr(manager, "statements", _TerminateAfterUpdate(manager.statements, admin))
-    chunk = manager.begin_for(context_of(step))
+    session = StepSession(repository, context_of(step))
+    with session.begin() as chunk:
+        chunk.commit(ChunkCounts(read=1), checkpoint=cursor(1))
+    statements = session._statements
+    monkeypatch.setattr(session, "_statements", _TerminateAfterUpdate(statements, admin))
+    chunk = session.begin()
     chunk.execute("INSERT INTO public.orders VALUES (1, 'in doubt')")
     with pytest.raises(ChunkCommitOutcomeUnknown):
         chunk.commit(ChunkCounts(read=1), checkpoint=cursor(2))
@@ -777,14 +830,20 @@ def test_lost_commit_acknowledgement_is_outcome_unknown(
     assert chunk.committed.version == step.version + 1
     with pytest.raises(NotCommitted):
         chunk.commit(ChunkCounts(read=1), checkpoint=cursor(2))
+    # Only the database knows the outcome now: the session forgot what it committed.
+    assert session.committed is None
     # A fresh read shows the truth: the backend died before COMMIT, nothing landed.
     monkeypatch.undo()
-    state = manager.load_committed_state(context_of(step))
+    state = load_committed_state(repository, context_of(step))
     assert state.version == step.version + 1
     assert state.checkpoint == cursor(1) and state.counts.committed == 1
     assert business_ids(admin) == []
-    commit_chunk(manager, step, 2)  # the pool replaced the dead connection
-    assert manager.load_committed_state(context_of(step)).checkpoint == cursor(2)
+    # The session's next chunk starts from that durable state, on a fresh connection.
+    with session.begin() as chunk:
+        assert chunk.committed == state
+        chunk.commit(ChunkCounts(read=1), checkpoint=cursor(2))
+    session.close()
+    assert load_committed_state(repository, context_of(step)).checkpoint == cursor(2)
 
 
 def test_a_state_schema_version_beyond_integer_is_not_committed(
@@ -793,12 +852,12 @@ def test_a_state_schema_version_beyond_integer_is_not_committed(
     """A u32 schema version above 2^31-1 cannot be stored: the chunk, business writes
     included, is refused before its progress UPDATE runs, and the step can go on."""
     step = started_step(repository, clock)
-    manager = ChunkTransactionManager(repository)
+    manager = chunks_on(repository)
     for checkpoint, context in (
         (Checkpoint(SCHEMA, 2**31, {"offset": 1}), None),
         (cursor(1), ExecutionContext(SCHEMA, 2**31, {})),
     ):
-        chunk = manager.begin_for(context_of(step))
+        chunk = manager.begin(context_of(step))
         chunk.execute("INSERT INTO public.orders VALUES (1, 'refused')")
         with pytest.raises(NotCommitted) as refused:
             chunk.commit(ChunkCounts(read=1), checkpoint=checkpoint, context=context)
@@ -818,10 +877,13 @@ def test_lost_acknowledgement_of_a_checkpoint_only_chunk_is_outcome_unknown(
     unknown (never NotCommitted, which would claim nothing landed), and a reload shows
     the truth."""
     step = started_step(repository, clock)
-    manager = ChunkTransactionManager(repository)
-    commit_chunk(manager, step, 1)
-    # begin_after sends nothing: the chunk's first statement is its progress UPDATE.
-    chunk = manager.begin_after(context_of(step), manager.load_committed_state(context_of(step)))
+    manager = chunks_on(repository)
+    session = StepSession(repository, context_of(step))
+    with session.begin() as chunk:
+        chunk.commit(ChunkCounts(read=1), checkpoint=cursor(1))
+    # A session's later chunk sends nothing before its own: its first statement is its
+    # progress UPDATE.
+    chunk = session.begin()
     pid = chunk.connection.info.backend_pid
     with psycopg.connect(admin.info.dsn, password=admin.info.password) as locker:
         locker.execute("SELECT 1 FROM pybatch.step_execution WHERE id = %s FOR UPDATE", (step.id,))
@@ -842,6 +904,8 @@ def test_lost_acknowledgement_of_a_checkpoint_only_chunk_is_outcome_unknown(
             chunk.commit(ChunkCounts(read=1), checkpoint=cursor(2))
         killer.join()
     assert not chunk.is_open
+    assert session.committed is None  # the session re-reads the durable state
+    session.close()
     state = manager.load_committed_state(context_of(step))
     assert state.version == step.version + 1  # here it did not land
     assert state.checkpoint == cursor(1) and state.counts.committed == 1
@@ -868,9 +932,10 @@ def test_a_checkpoint_only_chunk_commits_in_one_round_trip(
     """No BEGIN and no COMMIT travel for a chunk that ran no statement of its own; a chunk
     with business writes keeps them in one transaction with its progress."""
     step = started_step(repository, clock)
-    manager = ChunkTransactionManager(repository, hold_connection=True)
-    commit_chunk(manager, step, 1)  # prepares the statements on the held connection
-    chunk = manager.begin_after(context_of(step), manager.load_committed_state(context_of(step)))
+    session = StepSession(repository, context_of(step))
+    with session.begin() as chunk:  # prepares the statements on the held connection
+        chunk.commit(ChunkCounts(read=1), checkpoint=cursor(1))
+    chunk = session.begin()
     conn = chunk.connection
     trace = _protocol(conn, lambda: chunk.commit(ChunkCounts(read=1), checkpoint=cursor(2)))
     sent = [line for line in trace.splitlines() if line.startswith("F")]
@@ -878,7 +943,7 @@ def test_a_checkpoint_only_chunk_commits_in_one_round_trip(
     assert sum(1 for line in sent if "\tSync" in line) == 1, trace
     assert conn.autocommit is False  # the pooled connection is handed on as configured
 
-    chunk = manager.begin_after(context_of(step), chunk.committed)
+    chunk = session.begin()
     conn = chunk.connection
 
     def business_chunk() -> None:
@@ -888,9 +953,9 @@ def test_a_checkpoint_only_chunk_commits_in_one_round_trip(
     sent = [line for line in _protocol(conn, business_chunk).splitlines() if "F" in line[:2]]
     assert any("BEGIN" in line for line in sent) and any("COMMIT" in line for line in sent)
     assert business_ids(admin) == [3]
-    state = manager.load_committed_state(context_of(step))
+    state = load_committed_state(repository, context_of(step))
     assert state.checkpoint == cursor(3) and state.counts.committed == 3
-    manager.close()
+    session.close()
 
 
 def test_connection_lost_before_commit_is_not_committed(
@@ -898,27 +963,18 @@ def test_connection_lost_before_commit_is_not_committed(
 ) -> None:
     """Before COMMIT nothing is unknown; a dead connection there is NotCommitted."""
     step = started_step(repository, clock)
-    pids: list[int] = []
-
-    class Killer:
-        def state_for_commit(
-            self, committed_counts: ExecutionCounts, chunk_counts: ChunkCounts
-        ) -> ChunkCommitReceipt:
-            terminate(admin, pids[0])
-            return ChunkCommitReceipt(cursor(1), ExecutionContext.empty())
-
-    manager = ChunkTransactionManager(repository, Killer())
-    chunk = manager.begin_for(context_of(step))
-    pids.append(chunk.connection.info.backend_pid)
+    manager = chunks_on(repository)
+    chunk = manager.begin(context_of(step))
     chunk.execute("INSERT INTO public.orders VALUES (1, 'lost')")
+    terminate(admin, chunk.connection.info.backend_pid)  # after the business writes
     with pytest.raises(NotCommitted):
-        chunk.commit(ChunkCounts(read=1))
+        chunk.commit(ChunkCounts(read=1), checkpoint=cursor(1))
+    assert not chunk.is_open
     assert business_ids(admin) == []
     assert stored_step(repository, step.id).version == step.version
 
     # A business statement on a dead connection is Infrastructure; the chunk is then closed.
-    manager = ChunkTransactionManager(repository)
-    chunk = manager.begin_for(context_of(step))
+    chunk = manager.begin(context_of(step))
     terminate(admin, chunk.connection.info.backend_pid)
     with pytest.raises(Infrastructure):
         chunk.execute("INSERT INTO public.orders VALUES (1, 'lost')")
@@ -934,9 +990,9 @@ def test_connection_lost_before_commit_is_not_committed(
 @pytest.fixture
 def tampered_step(
     repository: JobRepository, clock: ManualClock
-) -> Iterator[tuple[StepExecution, ChunkTransactionManager]]:
+) -> Iterator[tuple[StepExecution, FirstChunks]]:
     step = started_step(repository, clock)
-    manager = ChunkTransactionManager(repository)
+    manager = chunks_on(repository)
     commit_chunk(manager, step, 1)
     bound_fault_state(repository, step).reserve(entry(1, 1))
     yield step, manager
@@ -945,7 +1001,7 @@ def tampered_step(
 def test_a_fault_state_checksum_mismatch_fails_closed(
     repository: JobRepository,
     admin: psycopg.Connection[Any],
-    tampered_step: tuple[StepExecution, ChunkTransactionManager],
+    tampered_step: tuple[StepExecution, FirstChunks],
 ) -> None:
     """Scenario N7."""
     step, manager = tampered_step
@@ -965,9 +1021,9 @@ def test_a_fault_state_checksum_mismatch_fails_closed(
     with pytest.raises(FaultStateCorrupt):
         FaultState(repository, POLICY).bind(context)
     with pytest.raises(NotCommitted):
-        manager.inherited_progress(context)
+        inherited_progress(repository, context)
     with pytest.raises(NotCommitted):
-        manager.begin_for(context)
+        manager.begin(context)
     before = raw_step(admin, step.id)
     with pytest.raises(FaultStateCorrupt):  # a store bound before the tamper
         bound.reserve(entry(1, 2))
@@ -979,10 +1035,10 @@ def test_a_fault_state_checksum_mismatch_fails_closed(
 def test_fault_state_from_a_superseded_checkpoint_fails_closed(
     repository: JobRepository,
     admin: psycopg.Connection[Any],
-    tampered_step: tuple[StepExecution, ChunkTransactionManager],
+    tampered_step: tuple[StepExecution, FirstChunks],
 ) -> None:
     """Scenario N7."""
-    step, manager = tampered_step
+    step, _ = tampered_step
     context = context_of(step)
     fault_state = bound_fault_state(repository, step)
     # The checkpoint generation moves on; the retained (correctly checksummed) state stays.
@@ -993,7 +1049,7 @@ def test_fault_state_from_a_superseded_checkpoint_fails_closed(
     with pytest.raises(FaultStateCorrupt):
         FaultState(repository, POLICY).bind(context)
     with pytest.raises(NotCommitted):
-        manager.inherited_progress(context)
+        inherited_progress(repository, context)
     version = raw_step(admin, step.id)["version"]
     with pytest.raises(FaultStateCorrupt):
         fault_state.reserve(entry(1, 2))
@@ -1009,7 +1065,7 @@ def test_fault_state_from_a_superseded_checkpoint_fails_closed(
 
 def test_fault_state_above_the_policy_fails_closed(
     repository: JobRepository,
-    tampered_step: tuple[StepExecution, ChunkTransactionManager],
+    tampered_step: tuple[StepExecution, FirstChunks],
 ) -> None:
     """A retained ordinal above the retry limit, or more keys than the state limit. Scenario N7."""
     step, _ = tampered_step

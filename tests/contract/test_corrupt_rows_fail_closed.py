@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from pybatch import JobRepository, UnitOfWork
-from pybatch.chunks import ChunkTransactionManager
+from pybatch.chunks import load_committed_state
 from pybatch.errors import (
     CommitOutcomeUnknown,
     IdentifierOutOfRange,
@@ -353,9 +353,7 @@ def test_corrupt_step_execution_rows_fail_closed(
 def _chunk_state(repository: JobRepository, rows: Arranged) -> str:
     """What the chunk path makes of the arranged step's committed state."""
     try:
-        ChunkTransactionManager(repository).load_committed_state(
-            ChunkContext(rows.step_id, rows.first_id, TEST_OWNER)
-        )
+        load_committed_state(repository, ChunkContext(rows.step_id, rows.first_id, TEST_OWNER))
     except Exception as error:
         return type(error).__name__
     return "ok"

@@ -16,7 +16,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from pybatch import JobRepository, UnitOfWork
-from pybatch.chunks import ChunkTransactionManager
+from pybatch.chunks import StepSession
 from pybatch.errors import (
     AbandonedInstance,
     DuplicateStep,
@@ -54,6 +54,7 @@ from pybatch.values.records import JobExecution, StepExecution
 from pybatch.values.recovery import RecoveryRequest, RecoveryResult
 from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+from tests.support.chunks import inherited_progress
 from tests.support.clock import ManualClock
 from tests.support.owners import TEST_OWNER, claim_test_owner
 from tests.support.race import race, race_units_of_work, wait_until_lock_wait
@@ -369,7 +370,7 @@ def run_node(
         step = uow.steps.transition(step.id, step.version, to(S.STARTED, clock.advance()))
         uow.commit()
     context = ChunkContext(step.id, execution.id, TEST_OWNER)
-    with ChunkTransactionManager(repository).begin_for(context) as chunk:
+    with StepSession(repository, context) as session, session.begin() as chunk:
         chunk.commit(
             ChunkCounts(read=offset, processed=offset, written=offset - 1, filtered=1),
             FaultProgress(read_skips=1, write_skips=offset, no_rollbacks=2),
@@ -440,8 +441,8 @@ def test_flow_step_copies_the_newest_state_of_its_node_across_attempts(
     assert copy_2.fault_counts == source_1.fault_counts
     assert durable_columns(admin, copy_2.id) == durable_columns(admin, source_1.id)
     # The copied fault state is still valid for the copied checkpoint.
-    assert ChunkTransactionManager(repository).inherited_progress(
-        ChunkContext(copy_2.id, second.id, TEST_OWNER)
+    assert inherited_progress(
+        repository, ChunkContext(copy_2.id, second.id, TEST_OWNER)
     ).fault_state.ordinal_for(RetryKey(bytes([3]) * 32)) == RetryOrdinal(1)
     assert fresh.metadata.counts.is_zero and fresh.checkpoint == Checkpoint.empty()
     assert durable_columns(admin, fresh.id)["fault_state_payload"]["entries"] == []
@@ -462,9 +463,10 @@ def test_flow_step_copies_the_newest_state_of_its_node_across_attempts(
     with repository.begin() as uow:
         uow.steps.transition(copy_2.id, 0, to(S.STARTED, clock.advance()))
         uow.commit()
-    with ChunkTransactionManager(repository).begin_for(
-        ChunkContext(copy_2.id, second.id, TEST_OWNER)
-    ) as c:
+    with (
+        StepSession(repository, ChunkContext(copy_2.id, second.id, TEST_OWNER)) as session,
+        session.begin() as c,
+    ):
         c.commit(ChunkCounts(read=2), checkpoint=Checkpoint(SCHEMA, 1, {"offset": 5}))
     fail_attempt(repository, clock, second)
     third = attempt(repository, clock, instance.id)

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pybatch import JobRepository
-from pybatch.chunks import ChunkTransactionManager
+from pybatch.chunks import load_committed_state
 from pybatch.explorer import JobExplorer
 from pybatch.fault_state import FaultState, RetryPolicy
 from pybatch.values._canonical import canonical_json, sha256
@@ -323,15 +323,14 @@ def test_retry_reservations_read_back_equal(
 ) -> None:
     step = _started_step(repository, clock)
     context = ChunkContext(step.id, step.job_execution_id, TEST_OWNER)
-    manager = ChunkTransactionManager(repository)
-    digest = manager.load_committed_state(context).checkpoint.generation_digest()
+    digest = load_committed_state(repository, context).checkpoint.generation_digest()
     fault_state = FaultState(repository, POLICY)
     fault_state.bind(context)
     expected = FaultStateEnvelope.EMPTY
     for entry in entries:
         fault_state.reserve(entry)
         expected = expected.reserved(entry, digest, POLICY.state_limit)
-    stored = manager.load_committed_state(context).fault_state
+    stored = load_committed_state(repository, context).fault_state
     assert stored == expected
     assert stored.canonical_bytes() == expected.canonical_bytes()
     row = admin.execute(

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from pybatch import ConnectionConfig, JobRepository
-from pybatch.chunks import ChunkTransaction, ChunkTransactionManager
+from pybatch.chunks import ChunkTransaction, StepSession, load_committed_state
 from pybatch.errors import NotCommitted, StaleReservation
 from pybatch.fault_state import FaultState, RetryPolicy
 from pybatch.values.chunks import ChunkContext, ChunkCounts, CommittedStepState
@@ -35,6 +35,7 @@ from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.records import StepExecution
 from pybatch.values.state import Checkpoint
 from pybatch.values.status import BatchStatus, FailureCategory
+from tests.support.chunks import FirstChunks
 from tests.support.clock import ManualClock
 from tests.support.owners import TEST_OWNER, claim_test_owner
 from tests.support.race import DEADLINE_SECONDS, portable, race, race_processes
@@ -108,10 +109,11 @@ def test_two_chunk_commits_from_one_version_exactly_one_lands(
 ) -> None:
     step = started_step(repository, clock)
     context = ChunkContext(step.id, step.job_execution_id, TEST_OWNER)
-    manager = ChunkTransactionManager(repository)
+    # Two writers: each chunk on a session of its own, each reading the committed state.
+    manager = FirstChunks(repository)
     winners: list[int] = []
     for round_ in range(ITERATIONS):
-        chunks = [manager.begin_for(context), manager.begin_for(context)]
+        chunks = [manager.begin(context), manager.begin(context)]
         assert chunks[0].committed.version == chunks[1].committed.version == step.version + round_
 
         def commit(
@@ -131,10 +133,11 @@ def test_two_chunk_commits_from_one_version_exactly_one_lands(
         assert winner.value is not None and winner.value.version == step.version + round_ + 1
 
         # One chunk advanced the checkpoint and the counters; only its business row exists.
-        state = manager.load_committed_state(context)
+        state = load_committed_state(repository, context)
         assert state.version == step.version + round_ + 1
         assert state.checkpoint == cursor(winners[-1])
         assert business_ids(admin) == winners
+    manager.close()
     n = ITERATIONS
     assert step_row(admin, step.id) == (step.version + n, 3 * n, 3 * n, 2 * n, n, n, 0, 0)
 
@@ -201,8 +204,8 @@ def commit_chunk_in_process(
     """
     pid = os.getpid()
     with JobRepository.connect(ConnectionConfig(**config_fields)) as repository:
-        manager = ChunkTransactionManager(repository)
-        with manager.begin_for(ChunkContext(step_id, job_execution_id, TEST_OWNER)) as chunk:
+        context = ChunkContext(step_id, job_execution_id, TEST_OWNER)
+        with StepSession(repository, context) as session, session.begin() as chunk:
             barrier.wait(DEADLINE_SECONDS)
             try:
                 chunk.execute("INSERT INTO public.orders VALUES (%s, 'process')", (pid,))
@@ -229,8 +232,8 @@ def test_two_processes_commit_chunks_from_one_version(
     assert sorted(outcome for outcome, _ in results) == ["NotCommitted", "committed"]
     [winner_pid] = [pid for outcome, pid in results if outcome == "committed"]
     assert business_ids(admin) == [winner_pid]
-    state = ChunkTransactionManager(repository).load_committed_state(
-        ChunkContext(step.id, step.job_execution_id, TEST_OWNER)
+    state = load_committed_state(
+        repository, ChunkContext(step.id, step.job_execution_id, TEST_OWNER)
     )
     assert state.version == step.version + 1
     assert state.checkpoint == cursor(winner_pid)
