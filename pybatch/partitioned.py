@@ -47,11 +47,7 @@ from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import ExitCode, NodeId, StateSchemaId, StepName
 from pybatch.values.ownership import ExecutionLease, OwnerToken
 from pybatch.values.parameters import JobInstanceKey
-from pybatch.values.partitions import (
-    MAX_PARTITION_WORKERS,
-    PartitionPlanEntry,
-    StepPartition,
-)
+from pybatch.values.partitions import MAX_PARTITION_WORKERS, PartitionPlanEntry, StepPartition
 from pybatch.values.records import JobExecution, JobInstance, StepExecution
 from pybatch.values.state import ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
@@ -84,19 +80,10 @@ Partitions = Mapping[str, Mapping[str, Any]] | Iterable[str]
 POLL_SECONDS = 0.1
 
 
-# --------------------------------------------------------------------------- workers
-
-
-def _lost_failure(worker_id: int) -> FailureSummary:
-    return FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(worker_id))
-
-
 def _confirm_lost(uow: UnitOfWork, partition: StartedPartition) -> bool:
-    """Confirm a loss under the parent's and the partition's locks.
+    """Under the parent's and partition's locks: same worker, same version, lease still gone.
 
-    The partition is still STARTED by the same worker at the same version, and its worker
-    is still gone by its lease on the database clock (a renewal since the first read proves
-    the worker alive).
+    A renewal since the first read proves the worker alive.
     """
     current = uow.ownership.lock_partition_lease(partition.id)
     return (
@@ -110,13 +97,10 @@ def _confirm_lost(uow: UnitOfWork, partition: StartedPartition) -> bool:
 def recover_lost_workers(repository: JobRepository, parent_id: int) -> int:
     """Record FAILED (STALE_RECOVERED) for every worker of the plan whose lease is gone.
 
-    The lease alone decides (`WorkerLease.worker_gone`): a partition whose lease ran out on
-    the database clock has lost its worker, whoever holds any lock. Each recovery is one unit
-    of work that first confirms the loss under the partition's lock (`_confirm_lost`), then
-    records the worker step FAILED and its partition FAILED (derived from the worker row),
-    which makes the partition claimable again. A recovery that loses a race to another
-    recoverer or to the worker itself changes nothing. Returns how many partitions were
-    recovered.
+    The lease alone decides, whoever holds any lock. Each recovery is one unit of work that
+    confirms the loss under the partition's lock, then ends the worker step FAILED and its
+    partition from it, which makes the partition claimable again; one that loses a race to
+    another recoverer or to the worker itself changes nothing. Returns how many it recovered.
     """
     with repository.begin() as uow:
         started = uow.ownership.started_partitions(parent_id)
@@ -135,10 +119,9 @@ def recover_lost_workers(repository: JobRepository, parent_id: int) -> int:
                 raise PartitionStateCorrupt()
             if worker.status.is_active:
                 at = max(uow.clock.now(), worker.updated_at)
+                lost = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(worker_id))
                 uow.steps.transition(
-                    worker_id,
-                    worker.version,
-                    LifecycleTransition.failed(at, _lost_failure(worker_id)),
+                    worker_id, worker.version, LifecycleTransition.failed(at, lost)
                 )
             uow.partitions.complete(partition.id, partition.version, worker_id)
             return True
@@ -158,44 +141,6 @@ def recover_lost_workers(repository: JobRepository, parent_id: int) -> int:
     return recovered
 
 
-def _claim(
-    repository: JobRepository,
-    parent: StepExecution,
-    lease: ExecutionLease,
-    owner: OwnerToken | None = None,
-) -> tuple[StepPartition, StepExecution] | None:
-    """Claim the next partition for `owner` (a fresh token when None), its lease started."""
-
-    def work(uow: UnitOfWork) -> tuple[StepPartition, StepExecution] | None:
-        return uow.partitions.claim(parent, owner, lease)
-
-    return repository.run_in_unit_of_work(work)
-
-
-def _end_worker(
-    repository: JobRepository, partition: StepPartition, worker_id: int, status: BatchStatus
-) -> StepPartition:
-    """End the worker step and publish its result onto the partition, in one unit of work."""
-    exit_code = {
-        BatchStatus.COMPLETED: ExitCode.COMPLETED,
-        BatchStatus.FAILED: ExitCode.FAILED,
-        BatchStatus.STOPPED: ExitCode.STOPPED,
-    }[status]
-
-    def end(uow: UnitOfWork) -> StepPartition:
-        at = uow.clock.now()
-        if status is BatchStatus.FAILED:
-            failure = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(worker_id))
-            transition = LifecycleTransition.failed(at, failure)
-        else:
-            transition = LifecycleTransition.new(status, at)
-        return uow.partitions.end_worker(
-            partition.id, partition.version, worker_id, transition, exit_code
-        )
-
-    return repository.run_in_unit_of_work(end)
-
-
 def work_on_plan(
     repository: JobRepository,
     parent: StepExecution,
@@ -208,21 +153,20 @@ def work_on_plan(
     """Work on a published plan until no partition is left open; return how many it ran.
 
     `between_partitions` runs before each claim and raises to stop claiming (the launcher
-    working alone raises StopRequested or ExecutionOwnershipLost there).
-
-    Each claimed partition is leased for `lease` (the job's execution lease; the default
-    when None) and the lease is renewed in the background while the partition runs. A
-    partition whose runner raises ends FAILED (the parent then ends FAILED and a restart
-    reruns it); the worker moves on to the next one. A partition recovered by another
-    process meanwhile (PartitionOwnershipLost) is left untouched. KeyboardInterrupt or
-    SystemExit end the current partition STOPPED and propagate.
+    working alone raises StopRequested or ExecutionOwnershipLost there). Each partition is
+    leased for `lease` and renewed in the background while it runs. A partition whose runner
+    raises ends FAILED (the parent then ends FAILED and a restart reruns it); one recovered
+    by another process meanwhile is left untouched; KeyboardInterrupt or SystemExit end it
+    STOPPED and propagate.
     """
     lease = lease or ExecutionLease()
     ran = 0
     while True:
         between_partitions()
         owner = OwnerToken.generate()
-        claimed = _claim(repository, parent, lease, owner)
+        claimed = repository.run_in_unit_of_work(
+            lambda uow: uow.partitions.claim(parent, owner, lease)  # noqa: B023 (called at once)
+        )
         if claimed is None:
             with repository.begin() as uow:
                 current = uow.steps.get(parent.id)
@@ -256,11 +200,11 @@ def _run_partition(
     worker: StepExecution,
     keeper: PartitionLeaseKeeper,
 ) -> None:
-    """Run one claimed partition and end it, unless its ownership was lost meanwhile.
+    """Run one claimed partition and end it; PartitionOwnershipLost touches nothing."""
 
-    Raises:
-        PartitionOwnershipLost: another process recovered the partition; nothing was touched.
-    """
+    def end(status: BatchStatus) -> None:
+        _end_owned(repository, partition, worker.id, status, keeper)
+
     try:
         runner(worker, partition, keeper)
     except PartitionOwnershipLost:
@@ -271,15 +215,15 @@ def _run_partition(
         logger.exception(
             "pybatch: partition %s failed in worker step %s", partition.key.value, worker.id
         )
-        _end_owned(repository, partition, worker.id, BatchStatus.FAILED, keeper)
+        end(BatchStatus.FAILED)
     except BaseException:
         try:
-            _end_owned(repository, partition, worker.id, BatchStatus.STOPPED, keeper)
+            end(BatchStatus.STOPPED)
         except PartitionOwnershipLost:
             pass  # the partition is another worker's now; the interruption still propagates
         raise
     else:
-        _end_owned(repository, partition, worker.id, BatchStatus.COMPLETED, keeper)
+        end(BatchStatus.COMPLETED)
 
 
 def _end_owned(
@@ -289,17 +233,28 @@ def _end_owned(
     status: BatchStatus,
     keeper: PartitionLeaseKeeper,
 ) -> None:
-    """Stop renewing and end the worker, unless the partition was recovered meanwhile.
+    """Stop renewing, then end the worker and publish its result in one unit of work.
 
-    Raises:
-        PartitionOwnershipLost: the lease lapsed and another process recovered the partition
-            (the end's compare-and-swap was refused and a renewal confirms the loss).
+    A refused end whose renewal also fails means another process recovered the partition
+    after the lease lapsed: PartitionOwnershipLost.
     """
     keeper.halt()
     if keeper.lost:
         raise keeper.lost_ownership()
+
+    def end(uow: UnitOfWork) -> StepPartition:
+        at = uow.clock.now()
+        if status is BatchStatus.FAILED:
+            failure = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(worker_id))
+            transition = LifecycleTransition.failed(at, failure)
+        else:
+            transition = LifecycleTransition.new(status, at)
+        return uow.partitions.end_worker(
+            partition.id, partition.version, worker_id, transition, ExitCode(status.value)
+        )
+
     try:
-        _end_worker(repository, partition, worker_id, status)
+        repository.run_in_unit_of_work(end)
     except (
         StaleVersion,
         PartitionWorkerStale,
@@ -346,15 +301,11 @@ def find_running_parent(
         return None
 
 
-# --------------------------------------------------------------------------- parent
-
-
 def plan_entries(partitions: Partitions, schema: StateSchemaId) -> list[PartitionPlanEntry]:
     """Plan entries from keys, or from keys mapped to their context payloads."""
-    if isinstance(partitions, Mapping):
-        items = list(partitions.items())
-    else:
-        items = [(key, {}) for key in partitions]
+    items: Iterable[tuple[str, Mapping[str, Any]]] = (
+        partitions.items() if isinstance(partitions, Mapping) else [(key, {}) for key in partitions]
+    )
     return [
         PartitionPlanEntry(
             key, ExecutionContext(schema, 1, dict(ctx), limits=StateLimits.PARTITION)
@@ -404,11 +355,7 @@ def _local_worker(
     runners: RunnerFactory,
     lease: ExecutionLease | None = None,
 ) -> None:
-    """Body of a forked local worker: its own repository, then a hard exit.
-
-    The hard exit skips cleanup of the connections inherited from the parent, which still
-    uses them.
-    """
+    """A forked worker: its own repository, then a hard exit sparing the parent's connections."""
     code = 1
     try:
         with JobRepository.connect(repository.config, clock=repository.clock) as own:
