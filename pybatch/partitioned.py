@@ -141,6 +141,35 @@ def recover_lost_workers(repository: JobRepository, parent_id: int) -> int:
     return recovered
 
 
+def _claim(
+    repository: JobRepository,
+    parent: StepExecution,
+    lease: ExecutionLease,
+    owner: OwnerToken | None = None,
+) -> tuple[StepPartition, StepExecution] | None:
+    """Claim the next partition for `owner` (a fresh token when None), its lease started."""
+    return repository.run_in_unit_of_work(lambda uow: uow.partitions.claim(parent, owner, lease))
+
+
+def _end_worker(
+    repository: JobRepository, partition: StepPartition, worker_id: int, status: BatchStatus
+) -> StepPartition:
+    """End the worker step and publish its result onto the partition, in one unit of work."""
+
+    def end(uow: UnitOfWork) -> StepPartition:
+        at = uow.clock.now()
+        if status is BatchStatus.FAILED:
+            failure = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(worker_id))
+            transition = LifecycleTransition.failed(at, failure)
+        else:
+            transition = LifecycleTransition.new(status, at)
+        return uow.partitions.end_worker(
+            partition.id, partition.version, worker_id, transition, ExitCode(status.value)
+        )
+
+    return repository.run_in_unit_of_work(end)
+
+
 def work_on_plan(
     repository: JobRepository,
     parent: StepExecution,
@@ -164,9 +193,7 @@ def work_on_plan(
     while True:
         between_partitions()
         owner = OwnerToken.generate()
-        claimed = repository.run_in_unit_of_work(
-            lambda uow: uow.partitions.claim(parent, owner, lease)  # noqa: B023 (called at once)
-        )
+        claimed = _claim(repository, parent, lease, owner)
         if claimed is None:
             with repository.begin() as uow:
                 current = uow.steps.get(parent.id)
@@ -233,7 +260,7 @@ def _end_owned(
     status: BatchStatus,
     keeper: PartitionLeaseKeeper,
 ) -> None:
-    """Stop renewing, then end the worker and publish its result in one unit of work.
+    """Stop renewing, then end the worker.
 
     A refused end whose renewal also fails means another process recovered the partition
     after the lease lapsed: PartitionOwnershipLost.
@@ -241,20 +268,8 @@ def _end_owned(
     keeper.halt()
     if keeper.lost:
         raise keeper.lost_ownership()
-
-    def end(uow: UnitOfWork) -> StepPartition:
-        at = uow.clock.now()
-        if status is BatchStatus.FAILED:
-            failure = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(worker_id))
-            transition = LifecycleTransition.failed(at, failure)
-        else:
-            transition = LifecycleTransition.new(status, at)
-        return uow.partitions.end_worker(
-            partition.id, partition.version, worker_id, transition, ExitCode(status.value)
-        )
-
     try:
-        repository.run_in_unit_of_work(end)
+        _end_worker(repository, partition, worker_id, status)
     except (
         StaleVersion,
         PartitionWorkerStale,
