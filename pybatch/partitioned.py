@@ -4,20 +4,13 @@ PostgreSQL is the only coordinator. The parent publishes the plan (one row per p
 before any worker starts; each worker process loops: claim the next partition in one guarded
 statement (FOR UPDATE SKIP LOCKED), run it as a step of its own whose chunks commit the
 business rows with the partition's progress, then end it and publish its result onto the
-partition in one unit of work. Workers started on other hosts (`pybatch.etl.join_partitioned_step`,
-`pybatch worker`) join the same plan through the same database. The ETL API
-(`JobRun.partitioned_step`) hands each claimed partition to the user's function.
+partition in one unit of work. Workers on other hosts (`pybatch.etl.join_partitioned_step`,
+`pybatch worker`) join the same plan through the same database.
 
-A worker owns the partition it claimed through an owner token and a lease on the database
-clock, recorded by the claim and renewed from a background thread while the partition runs
-(`PartitionLeaseKeeper`), the way a job run owns its execution (pybatch/repository/ownership.py
-holds both); the lease alone tells a live worker from a dead one. When a worker dies
-mid-partition its lease runs out, and any other worker (or the parent) records the worker
-step FAILED (STALE_RECOVERED) and the partition FAILED; the partition becomes claimable
-again: the next worker copies the dead worker's checkpoint and counters, so every row is
-written exactly once. A worker whose partition was recovered (its lease lapsed while it
-stalled) gets PartitionOwnershipLost at its next chunk or renewal and leaves the partition
-alone. No worker holds a lock or a connection outside the pool for its partition.
+A worker owns its partition through an owner token and a lease (pybatch/repository/ownership.py
+states the rules). A dead worker's partition is recorded FAILED (STALE_RECOVERED) by any other
+worker or the parent and becomes claimable again; the next worker copies the dead worker's
+checkpoint and counters, so every row is written exactly once.
 """
 
 from __future__ import annotations
@@ -181,12 +174,8 @@ def work_on_plan(
 ) -> int:
     """Work on a published plan until no partition is left open; return how many it ran.
 
-    `between_partitions` runs before each claim and raises to stop claiming (the launcher
-    working alone raises StopRequested or ExecutionOwnershipLost there). Each partition is
-    leased for `lease` and renewed in the background while it runs. A partition whose runner
-    raises ends FAILED (the parent then ends FAILED and a restart reruns it); one recovered
-    by another process meanwhile is left untouched; KeyboardInterrupt or SystemExit end it
-    STOPPED and propagate.
+    `between_partitions` raises to stop claiming. A partition whose runner raises ends FAILED
+    (a restart reruns it); KeyboardInterrupt or SystemExit end it STOPPED and propagate.
     """
     lease = lease or ExecutionLease()
     ran = 0
@@ -289,8 +278,8 @@ def find_running_parent(
 ) -> tuple[JobInstance, JobExecution, StepExecution] | Literal["finished"] | None:
     """The running attempt of `key` and its STARTED step `step_name` with a plan.
 
-    `PLAN_FINISHED` when the latest attempt completed that step, or completed altogether
-    (a worker that arrives late has nothing left to do); None while no plan is published.
+    `PLAN_FINISHED` when the latest attempt completed the step or altogether; None while no
+    plan is published.
     """
     with repository.begin() as uow:
         instance = uow.instances.find(key)
@@ -337,11 +326,9 @@ def start_partitioned_step(
     entries: list[PartitionPlanEntry],
     start_limit: StartLimit,
 ) -> tuple[bool, StepExecution]:
-    """Start the parent step and publish its plan in one unit of work.
+    """Start the parent and publish its plan (carried on a restart) in one unit of work.
 
-    Returns (True, the completed step) when an earlier attempt completed it, else (False, the
-    STARTED parent). A restart carries the earlier attempt's plan (completed partitions are
-    not rerun); otherwise the plan is made of `entries`. The COMMIT publishes the plan.
+    (True, the step) when an earlier attempt completed it, else (False, the STARTED parent).
     """
     node = NodeId(name)
 
@@ -392,17 +379,13 @@ def supervise(
     lease: ExecutionLease | None = None,
     between_polls: Callable[[], None] = lambda: None,
 ) -> None:
-    """Keep `workers` forked local processes working until no partition is open.
+    """Keep `workers` forked processes, replaced when they die, working while partitions are open.
 
-    A process that dies is replaced while partitions remain open; lost partitions are
-    recovered by the survivors or here once their lease ran out. With 0 workers the calling
-    process works alone. `lease` is each worker's lease on the partition it runs.
+    With 0 workers the calling process works alone.
 
-    `between_polls` runs before every poll and raises to end the supervision: the launcher's
-    run raises StopRequested or ExecutionOwnershipLost there. The local workers are then
-    terminated at once rather than left to finish their partitions: a run that lost its
-    execution must not keep respawning workers for a plan that can no longer be worked on,
-    and an uncommitted chunk of a terminated worker rolls back with its backend.
+    When `between_polls` raises (StopRequested, ExecutionOwnershipLost) the workers are
+    terminated at once: a run that lost its execution must not keep respawning them, and a
+    terminated worker's uncommitted chunk rolls back with its backend.
     """
     if not 0 <= workers <= MAX_PARTITION_WORKERS:
         raise ValueError(f"workers is 0..{MAX_PARTITION_WORKERS}")
@@ -468,8 +451,8 @@ def aggregate_plan(
 ) -> tuple[StepExecution, list[str]]:
     """Aggregate the partitions onto the parent; return it and the keys not COMPLETED.
 
-    `verify_owner` runs first in the same unit of work: a launcher whose execution was
-    recovered learns it there (ExecutionOwnershipLost), not as a refused aggregation.
+    `verify_owner` runs first, so a recovered launcher learns ExecutionOwnershipLost, not a
+    refused aggregation.
     """
 
     def aggregate(uow: UnitOfWork) -> tuple[StepExecution, list[str]]:
