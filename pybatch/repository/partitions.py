@@ -1,10 +1,8 @@
 """Step partitions over queries/partitions.sql, each operation in its documented check order.
 
-See docs/contract.md, Partitions.
-
-Lock order everywhere: parent step, then partitions, then worker steps. Callers pass
-`unpublished`, the parents whose plan was created or carried in the current unit of work: no
-worker may be assigned to a plan that is not durably published yet.
+See docs/contract.md, Partitions. Lock order everywhere: parent step, then partitions, then
+worker steps. No worker may be assigned to a plan created or carried in the current unit of
+work (`unpublished_plans`): it is not durably published yet.
 """
 
 from __future__ import annotations
@@ -107,8 +105,19 @@ def _lock_step(q: Statements, conn: Connection, step_id: int) -> tuple[int, Batc
     if row is None:
         return None
     with _corrupt_on():
-        execution_id = decode_int64(row["job_execution_id"], column="job_execution_id", minimum=1)
+        execution_id = _int(row, "job_execution_id")
     return execution_id, partition_status(row["status"])
+
+
+def _int(row: Row, column: str, minimum: int = 1) -> int:
+    return decode_int64(row[column], column=column, minimum=minimum)
+
+
+def _lock_step_execution(q: Statements, conn: Connection, step_id: int) -> StepExecution:
+    row = q.lock_step_execution.one(conn, step_execution_id=step_id)
+    if row is None:
+        raise StepExecutionNotFound(id=step_id)
+    return decode_step_execution(row)
 
 
 def _decoded(rows: Sequence[Row]) -> list[StepPartition]:
@@ -172,10 +181,7 @@ def end_partition_worker(
     _require_parent(parent_id, status, _COMPLETING_PARENT)
     if partition.worker_step_execution_id != worker_id:
         raise PartitionWorkerStale(partition_id=partition_id, worker=worker_id)
-    worker_row = q.lock_step_execution.one(conn, step_execution_id=worker_id)
-    if worker_row is None:
-        raise StepExecutionNotFound(id=worker_id)
-    worker = decode_step_execution(worker_row)
+    worker = _lock_step_execution(q, conn, worker_id)
     if worker.job_execution_id != execution_id:
         raise PartitionWorkerMismatch(partition_id=partition_id, worker=worker_id)
     if end is not None:
@@ -234,12 +240,7 @@ def count_step_partitions_by_status(
     check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
     rows = q.count_step_partitions_by_status.many(conn, step_execution_id=parent_id)
     with _corrupt_on():
-        return {
-            partition_status(row["status"]): decode_int64(
-                row["partitions"], column="partitions", minimum=0
-            )
-            for row in rows
-        }
+        return {partition_status(row["status"]): _int(row, "partitions", 0) for row in rows}
 
 
 def _elapsed(value: object) -> _dt.timedelta:
@@ -388,10 +389,7 @@ class Partitions(Capability):
         with self._operation() as (q, conn):
             check_expected_version(expected_version)
             check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
-            parent_row = q.lock_step_execution.one(conn, step_execution_id=parent_id)
-            if parent_row is None:
-                raise StepExecutionNotFound(id=parent_id)
-            parent = decode_step_execution(parent_row)
+            parent = _lock_step_execution(q, conn, parent_id)
             children = _decoded(
                 q.lock_step_partitions_by_key.many(conn, step_execution_id=parent_id)
             )
@@ -528,11 +526,7 @@ class Partitions(Capability):
                     SlowPartition(
                         key=PartitionKey(decode_text(row["partition_key"], column="partition_key")),
                         status=partition_status(row["status"]),
-                        worker_step_execution_id=decode_int64(
-                            row["worker_step_execution_id"],
-                            column="worker_step_execution_id",
-                            minimum=1,
-                        ),
+                        worker_step_execution_id=_int(row, "worker_step_execution_id"),
                         elapsed=_elapsed(row["elapsed"]),
                     )
                     for row in rows
