@@ -1,15 +1,11 @@
 """Keeps a lease fresh from a background thread (docs/contract.md, Ownership and leases).
 
-A runner's main thread may spend minutes inside one chunk; its lease must not lapse
-meanwhile, or another process would take its work over. A keeper renews the lease every
-`lease.renew_interval` through pooled units of work (a killed idle connection is replaced,
-never fatal). When a renewal finds the ownership gone it records that and stops renewing;
-the runner raises the ownership-lost error at its next boundary and touches nothing.
-
-Two leases are kept this way: a job execution's (`LeaseKeeper`, which doubles as the
-stop-request poll: when a renewal reports a stop request it observes it, moving the
-execution to STOPPING, so the runner ends at its next chunk boundary), and a partition
-worker's lease on the partition it claimed (`PartitionLeaseKeeper`).
+A runner may spend minutes inside one chunk; its lease must not lapse meanwhile. Renewals
+go through pooled units of work (a killed idle connection is replaced, never fatal). A
+renewal that finds the ownership gone records it and stops; the runner raises the
+ownership-lost error at its next boundary and touches nothing. `LeaseKeeper` (a job
+execution's lease) doubles as the stop-request poll: a renewal that reports a stop observes
+it, moving the execution to STOPPING; `PartitionLeaseKeeper` keeps a worker's partition lease.
 """
 
 from __future__ import annotations
