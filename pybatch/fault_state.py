@@ -4,9 +4,6 @@ A reservation is spent in its own short transaction, after a known rollback and 
 the backoff: the step row is locked, the stored envelope is verified, the ordinal must
 follow the stored one, and the update is a compare-and-swap on version and STARTED. A
 stale or concurrent reserver therefore loses instead of spending an ordinal twice.
-
-Statements: fault_state.sql lock_step_fault_state, update_step_fault_reservation_{read,
-process,write}; chunks.sql get_step_chunk_state (reads).
 """
 
 from __future__ import annotations
@@ -72,7 +69,12 @@ class FaultState:
         self._repository = repository
         self._policy = policy
         self._context: ChunkContext | None = None
-        self._statements = repository.statements
+        self._statements = q = repository.statements
+        self._updates: dict[FaultPhase, Statement] = {
+            FaultPhase.READ: q.update_step_fault_reservation_read,
+            FaultPhase.PROCESS: q.update_step_fault_reservation_process,
+            FaultPhase.WRITE: q.update_step_fault_reservation_write,
+        }
 
     def _bound(self) -> ChunkContext:
         if self._context is None:
@@ -80,46 +82,28 @@ class FaultState:
         return self._context
 
     def bind(self, context: ChunkContext) -> None:
-        """Attach to a step and validate its retained state against the policy.
-
-        Raises:
-            FaultStateCorrupt: the envelope is corrupt, exceeds the policy, or belongs to a
-                superseded checkpoint (no work may begin).
-        """
+        """Attach to a step once its retained state is valid (FaultStateCorrupt: no work begins)."""
         self._load(context)
         self._context = context
 
     def _load(self, context: ChunkContext) -> FaultStateEnvelope:
-        """Load the retained envelope and validate it against the policy and checkpoint.
-
-        Every read validates: state of a superseded generation or beyond
-        the policy is FaultStateCorrupt, never an answer work could proceed on.
-        """
+        """The retained envelope; a superseded or over-policy one is FaultStateCorrupt."""
         state = load_committed_state(self._repository, context)
         try:
+            digest = state.checkpoint.generation_digest()
             state.fault_state.validate_for(
-                self._policy.retry_limit,
-                self._policy.state_limit,
-                state.checkpoint.generation_digest(),
+                self._policy.retry_limit, self._policy.state_limit, digest
             )
         except FaultStateFormatError:
             raise FaultStateCorrupt() from None
         return state.fault_state
 
     def reserved_ordinal(self, key: RetryKey) -> RetryOrdinal | None:
-        """The ordinal stored for `key`, or None.
-
-        Raises:
-            FaultStateCorrupt: the retained state is unusable (as in `bind`).
-        """
+        """The ordinal stored for `key`, or None."""
         return self._load(self._bound()).ordinal_for(key)
 
     def unresolved(self) -> int:
-        """How many retry keys the step retains.
-
-        Raises:
-            FaultStateCorrupt: the retained state is unusable (as in `bind`).
-        """
+        """How many retry keys the step retains."""
         return len(self._load(self._bound()).entries)
 
     def resolve(self, key: RetryKey) -> None:
@@ -130,29 +114,13 @@ class FaultState:
         """No-op, as `resolve`."""
         self._bound()
 
-    def _update_statement(self, phase: FaultPhase) -> Statement:
-        statements = {
-            FaultPhase.READ: self._statements.update_step_fault_reservation_read,
-            FaultPhase.PROCESS: self._statements.update_step_fault_reservation_process,
-            FaultPhase.WRITE: self._statements.update_step_fault_reservation_write,
-        }
-        statement = statements.get(phase)
-        if statement is None:
-            raise StaleReservation()
-        return statement
-
     def reserve(self, entry: FaultEntry) -> None:
         """Spend retry `entry.ordinal` of `entry.key` durably, in its own transaction.
 
-        Raises:
-            FaultStateUnbound: `bind` was not called.
-            FaultStateCorrupt: the stored envelope is unusable.
-            StaleReservation: the step left STARTED, the ordinal does not follow the stored
-                one, the phase has no retry counter, or a concurrent writer won.
-            CapacityExhausted: a new key beyond the state limit.
-            FaultStateUnavailable: the database failed or refused the COMMIT.
-            FaultStateCommitOutcomeUnknown: the COMMIT acknowledgement was lost; retrying
-                the same ordinal is safe (it is StaleReservation if the first one landed).
+        StaleReservation when the step left STARTED, the ordinal does not follow the stored
+        one, the phase has no retry counter, or a concurrent writer won. After
+        FaultStateCommitOutcomeUnknown retrying the same ordinal is safe: it is
+        StaleReservation if the first one landed.
         """
         context = self._bound()
         try:
@@ -196,7 +164,9 @@ class FaultState:
             reserved = envelope.reserved(entry, digest, self._policy.state_limit)
         except FaultStateFormatError:
             raise FaultStateCorrupt() from None
-        statement = self._update_statement(entry.phase)
+        statement = self._updates.get(entry.phase)
+        if statement is None:
+            raise StaleReservation()
         columns = encode_fault_state(reserved)
         changed = statement.affected(
             conn,

@@ -1,15 +1,11 @@
 """Keeps a lease fresh from a background thread (docs/contract.md, Ownership and leases).
 
-A runner's main thread may spend minutes inside one chunk; its lease must not lapse
-meanwhile, or another process would take its work over. A keeper renews the lease every
-`lease.renew_interval` through pooled units of work (a killed idle connection is replaced,
-never fatal). When a renewal finds the ownership gone it records that and stops renewing;
-the runner raises the ownership-lost error at its next boundary and touches nothing.
-
-Two leases are kept this way: a job execution's (`LeaseKeeper`, which doubles as the
-stop-request poll: when a renewal reports a stop request it observes it, moving the
-execution to STOPPING, so the runner ends at its next chunk boundary), and a partition
-worker's lease on the partition it claimed (`PartitionLeaseKeeper`).
+A runner may spend minutes inside one chunk; its lease must not lapse meanwhile. Renewals
+go through pooled units of work (a killed idle connection is replaced, never fatal). A
+renewal that finds the ownership gone records it and stops; the runner raises the
+ownership-lost error at its next boundary and touches nothing. `LeaseKeeper` (a job
+execution's lease) doubles as the stop-request poll: a renewal that reports a stop observes
+it, moving the execution to STOPPING; `PartitionLeaseKeeper` keeps a worker's partition lease.
 """
 
 from __future__ import annotations
@@ -40,11 +36,17 @@ class _Keeper:
     lost_error: type[ExecutionOwnershipLost] | type[PartitionOwnershipLost]
 
     def __init__(
-        self, repository: JobRepository, owner: OwnerToken, lease: ExecutionLease, name: str
+        self,
+        repository: JobRepository,
+        owner: OwnerToken,
+        lease: ExecutionLease,
+        name: str,
+        description: str,
     ) -> None:
         self.repository = repository
         self.owner = owner
         self.lease = lease
+        self._description = description
         self._halt = threading.Event()
         self._lost = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -55,7 +57,6 @@ class _Keeper:
         return self._lost.is_set()
 
     def start(self) -> None:
-        """Start renewing in the background."""
         self._thread.start()
 
     def halt(self) -> None:
@@ -68,12 +69,14 @@ class _Keeper:
         """The typed error naming the lost ownership."""
         raise NotImplementedError
 
-    def raise_if_lost(self) -> None:
-        """Renew once to find out whether the ownership is gone (after a refused write).
+    def _renew_once(self) -> None:
+        """One renewal in the caller's thread; raises `lost_error` when the ownership is gone."""
+        raise NotImplementedError
 
-        Raises:
-            ExecutionOwnershipLost or PartitionOwnershipLost (`lost_error`): it is gone. Any
-                other failure of the renewal proves nothing and is not raised.
+    def raise_if_lost(self) -> None:
+        """Renew once after a refused write: raise `lost_error` only if the ownership is gone.
+
+        Any other failure of the renewal proves nothing and is not raised.
         """
         try:
             self.renew_now()
@@ -82,20 +85,8 @@ class _Keeper:
         except PyBatchError:
             return
 
-    def _renew_once(self) -> None:
-        """One renewal in the caller's thread; raises `lost_error` when the ownership is gone."""
-        raise NotImplementedError
-
-    def _describe(self) -> str:
-        raise NotImplementedError
-
     def renew_now(self) -> None:
-        """Renew once in the caller's thread; record a loss (and, for an execution, a stop).
-
-        Raises:
-            ExecutionOwnershipLost or PartitionOwnershipLost (`lost_error`): the work was
-                recovered or ended behind its owner.
-        """
+        """Renew once in the caller's thread; a `lost_error` is recorded and raised."""
         if self.lost:
             raise self.lost_ownership()
         try:
@@ -114,7 +105,7 @@ class _Keeper:
                 logger.error(
                     "pybatch: %s is no longer owned by this process; its lease lapsed and "
                     "another process recovered it",
-                    self._describe(),
+                    self._description,
                 )
                 return
             except PyBatchError as error:
@@ -122,7 +113,7 @@ class _Keeper:
                 # before the lease (three intervals) runs out.
                 logger.warning(
                     "pybatch: could not renew the lease of %s (%s); retrying",
-                    self._describe(),
+                    self._description,
                     type(error).__name__,
                 )
                 wait = interval / RETRY_DIVISOR
@@ -136,15 +127,12 @@ class LeaseKeeper(_Keeper):
     lost_error = ExecutionOwnershipLost
 
     def __init__(
-        self,
-        repository: JobRepository,
-        execution_id: int,
-        owner: OwnerToken,
-        lease: ExecutionLease,
+        self, repository: JobRepository, execution_id: int, owner: OwnerToken, lease: ExecutionLease
     ) -> None:
         self.execution_id = execution_id
         self._stop_requested = threading.Event()
-        super().__init__(repository, owner, lease, f"pybatch-lease-{execution_id}")
+        name, description = f"pybatch-lease-{execution_id}", f"job execution {execution_id}"
+        super().__init__(repository, owner, lease, name, description)
 
     def __repr__(self) -> str:
         return f"LeaseKeeper(execution={self.execution_id}, lease={self.lease.duration})"
@@ -168,9 +156,6 @@ class LeaseKeeper(_Keeper):
             uow.ownership.observe_control(self.execution_id, self.owner, uow.clock.now())
         return stop
 
-    def _describe(self) -> str:
-        return f"job execution {self.execution_id}"
-
 
 class PartitionLeaseKeeper(_Keeper):
     """Renews a partition worker's lease on the partition it claimed, until halted."""
@@ -187,7 +172,9 @@ class PartitionLeaseKeeper(_Keeper):
     ) -> None:
         self.partition_id = partition_id
         self.worker_id = worker_id
-        super().__init__(repository, owner, lease, f"pybatch-partition-lease-{partition_id}")
+        name = f"pybatch-partition-lease-{partition_id}"
+        description = f"partition {partition_id} (worker step {worker_id})"
+        super().__init__(repository, owner, lease, name, description)
 
     def __repr__(self) -> str:
         return (
@@ -200,12 +187,8 @@ class PartitionLeaseKeeper(_Keeper):
         return PartitionOwnershipLost(partition_id=self.partition_id, worker=self.worker_id)
 
     def _renew_once(self) -> None:
-        self.repository.run_in_unit_of_work(self._renew)
-
-    def _renew(self, uow: UnitOfWork) -> None:
-        uow.ownership.renew_partition_lease(
-            self.partition_id, self.worker_id, self.owner, self.lease
+        self.repository.run_in_unit_of_work(
+            lambda uow: uow.ownership.renew_partition_lease(
+                self.partition_id, self.worker_id, self.owner, self.lease
+            )
         )
-
-    def _describe(self) -> str:
-        return f"partition {self.partition_id} (worker step {self.worker_id})"

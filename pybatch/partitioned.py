@@ -4,20 +4,13 @@ PostgreSQL is the only coordinator. The parent publishes the plan (one row per p
 before any worker starts; each worker process loops: claim the next partition in one guarded
 statement (FOR UPDATE SKIP LOCKED), run it as a step of its own whose chunks commit the
 business rows with the partition's progress, then end it and publish its result onto the
-partition in one unit of work. Workers started on other hosts (`pybatch.etl.join_partitioned_step`,
-`pybatch worker`) join the same plan through the same database. The ETL API
-(`JobRun.partitioned_step`) hands each claimed partition to the user's function.
+partition in one unit of work. Workers on other hosts (`pybatch.etl.join_partitioned_step`,
+`pybatch worker`) join the same plan through the same database.
 
-A worker owns the partition it claimed through an owner token and a lease on the database
-clock, recorded by the claim and renewed from a background thread while the partition runs
-(`PartitionLeaseKeeper`), the way a job run owns its execution (pybatch/repository/ownership.py
-holds both); the lease alone tells a live worker from a dead one. When a worker dies
-mid-partition its lease runs out, and any other worker (or the parent) records the worker
-step FAILED (STALE_RECOVERED) and the partition FAILED; the partition becomes claimable
-again: the next worker copies the dead worker's checkpoint and counters, so every row is
-written exactly once. A worker whose partition was recovered (its lease lapsed while it
-stalled) gets PartitionOwnershipLost at its next chunk or renewal and leaves the partition
-alone. No worker holds a lock or a connection outside the pool for its partition.
+A worker owns its partition through an owner token and a lease (pybatch/repository/ownership.py
+states the rules). A dead worker's partition is recorded FAILED (STALE_RECOVERED) by any other
+worker or the parent and becomes claimable again; the next worker copies the dead worker's
+checkpoint and counters, so every row is written exactly once.
 """
 
 from __future__ import annotations
@@ -47,11 +40,7 @@ from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import ExitCode, NodeId, StateSchemaId, StepName
 from pybatch.values.ownership import ExecutionLease, OwnerToken
 from pybatch.values.parameters import JobInstanceKey
-from pybatch.values.partitions import (
-    MAX_PARTITION_WORKERS,
-    PartitionPlanEntry,
-    StepPartition,
-)
+from pybatch.values.partitions import MAX_PARTITION_WORKERS, PartitionPlanEntry, StepPartition
 from pybatch.values.records import JobExecution, JobInstance, StepExecution
 from pybatch.values.state import ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
@@ -84,19 +73,10 @@ Partitions = Mapping[str, Mapping[str, Any]] | Iterable[str]
 POLL_SECONDS = 0.1
 
 
-# --------------------------------------------------------------------------- workers
-
-
-def _lost_failure(worker_id: int) -> FailureSummary:
-    return FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(worker_id))
-
-
 def _confirm_lost(uow: UnitOfWork, partition: StartedPartition) -> bool:
-    """Confirm a loss under the parent's and the partition's locks.
+    """Under the parent's and partition's locks: same worker, same version, lease still gone.
 
-    The partition is still STARTED by the same worker at the same version, and its worker
-    is still gone by its lease on the database clock (a renewal since the first read proves
-    the worker alive).
+    A renewal since the first read proves the worker alive.
     """
     current = uow.ownership.lock_partition_lease(partition.id)
     return (
@@ -110,13 +90,10 @@ def _confirm_lost(uow: UnitOfWork, partition: StartedPartition) -> bool:
 def recover_lost_workers(repository: JobRepository, parent_id: int) -> int:
     """Record FAILED (STALE_RECOVERED) for every worker of the plan whose lease is gone.
 
-    The lease alone decides (`WorkerLease.worker_gone`): a partition whose lease ran out on
-    the database clock has lost its worker, whoever holds any lock. Each recovery is one unit
-    of work that first confirms the loss under the partition's lock (`_confirm_lost`), then
-    records the worker step FAILED and its partition FAILED (derived from the worker row),
-    which makes the partition claimable again. A recovery that loses a race to another
-    recoverer or to the worker itself changes nothing. Returns how many partitions were
-    recovered.
+    The lease alone decides, whoever holds any lock. Each recovery is one unit of work that
+    confirms the loss under the partition's lock, then ends the worker step FAILED and its
+    partition from it, which makes the partition claimable again; one that loses a race to
+    another recoverer or to the worker itself changes nothing. Returns how many it recovered.
     """
     with repository.begin() as uow:
         started = uow.ownership.started_partitions(parent_id)
@@ -135,10 +112,9 @@ def recover_lost_workers(repository: JobRepository, parent_id: int) -> int:
                 raise PartitionStateCorrupt()
             if worker.status.is_active:
                 at = max(uow.clock.now(), worker.updated_at)
+                lost = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(worker_id))
                 uow.steps.transition(
-                    worker_id,
-                    worker.version,
-                    LifecycleTransition.failed(at, _lost_failure(worker_id)),
+                    worker_id, worker.version, LifecycleTransition.failed(at, lost)
                 )
             uow.partitions.complete(partition.id, partition.version, worker_id)
             return True
@@ -165,22 +141,13 @@ def _claim(
     owner: OwnerToken | None = None,
 ) -> tuple[StepPartition, StepExecution] | None:
     """Claim the next partition for `owner` (a fresh token when None), its lease started."""
-
-    def work(uow: UnitOfWork) -> tuple[StepPartition, StepExecution] | None:
-        return uow.partitions.claim(parent, owner, lease)
-
-    return repository.run_in_unit_of_work(work)
+    return repository.run_in_unit_of_work(lambda uow: uow.partitions.claim(parent, owner, lease))
 
 
 def _end_worker(
     repository: JobRepository, partition: StepPartition, worker_id: int, status: BatchStatus
 ) -> StepPartition:
     """End the worker step and publish its result onto the partition, in one unit of work."""
-    exit_code = {
-        BatchStatus.COMPLETED: ExitCode.COMPLETED,
-        BatchStatus.FAILED: ExitCode.FAILED,
-        BatchStatus.STOPPED: ExitCode.STOPPED,
-    }[status]
 
     def end(uow: UnitOfWork) -> StepPartition:
         at = uow.clock.now()
@@ -190,7 +157,7 @@ def _end_worker(
         else:
             transition = LifecycleTransition.new(status, at)
         return uow.partitions.end_worker(
-            partition.id, partition.version, worker_id, transition, exit_code
+            partition.id, partition.version, worker_id, transition, ExitCode(status.value)
         )
 
     return repository.run_in_unit_of_work(end)
@@ -207,15 +174,8 @@ def work_on_plan(
 ) -> int:
     """Work on a published plan until no partition is left open; return how many it ran.
 
-    `between_partitions` runs before each claim and raises to stop claiming (the launcher
-    working alone raises StopRequested or ExecutionOwnershipLost there).
-
-    Each claimed partition is leased for `lease` (the job's execution lease; the default
-    when None) and the lease is renewed in the background while the partition runs. A
-    partition whose runner raises ends FAILED (the parent then ends FAILED and a restart
-    reruns it); the worker moves on to the next one. A partition recovered by another
-    process meanwhile (PartitionOwnershipLost) is left untouched. KeyboardInterrupt or
-    SystemExit end the current partition STOPPED and propagate.
+    `between_partitions` raises to stop claiming. A partition whose runner raises ends FAILED
+    (a restart reruns it); KeyboardInterrupt or SystemExit end it STOPPED and propagate.
     """
     lease = lease or ExecutionLease()
     ran = 0
@@ -256,11 +216,11 @@ def _run_partition(
     worker: StepExecution,
     keeper: PartitionLeaseKeeper,
 ) -> None:
-    """Run one claimed partition and end it, unless its ownership was lost meanwhile.
+    """Run one claimed partition and end it; PartitionOwnershipLost touches nothing."""
 
-    Raises:
-        PartitionOwnershipLost: another process recovered the partition; nothing was touched.
-    """
+    def end(status: BatchStatus) -> None:
+        _end_owned(repository, partition, worker.id, status, keeper)
+
     try:
         runner(worker, partition, keeper)
     except PartitionOwnershipLost:
@@ -271,15 +231,15 @@ def _run_partition(
         logger.exception(
             "pybatch: partition %s failed in worker step %s", partition.key.value, worker.id
         )
-        _end_owned(repository, partition, worker.id, BatchStatus.FAILED, keeper)
+        end(BatchStatus.FAILED)
     except BaseException:
         try:
-            _end_owned(repository, partition, worker.id, BatchStatus.STOPPED, keeper)
+            end(BatchStatus.STOPPED)
         except PartitionOwnershipLost:
             pass  # the partition is another worker's now; the interruption still propagates
         raise
     else:
-        _end_owned(repository, partition, worker.id, BatchStatus.COMPLETED, keeper)
+        end(BatchStatus.COMPLETED)
 
 
 def _end_owned(
@@ -289,11 +249,10 @@ def _end_owned(
     status: BatchStatus,
     keeper: PartitionLeaseKeeper,
 ) -> None:
-    """Stop renewing and end the worker, unless the partition was recovered meanwhile.
+    """Stop renewing, then end the worker.
 
-    Raises:
-        PartitionOwnershipLost: the lease lapsed and another process recovered the partition
-            (the end's compare-and-swap was refused and a renewal confirms the loss).
+    A refused end whose renewal also fails means another process recovered the partition
+    after the lease lapsed: PartitionOwnershipLost.
     """
     keeper.halt()
     if keeper.lost:
@@ -319,8 +278,8 @@ def find_running_parent(
 ) -> tuple[JobInstance, JobExecution, StepExecution] | Literal["finished"] | None:
     """The running attempt of `key` and its STARTED step `step_name` with a plan.
 
-    `PLAN_FINISHED` when the latest attempt completed that step, or completed altogether
-    (a worker that arrives late has nothing left to do); None while no plan is published.
+    `PLAN_FINISHED` when the latest attempt completed the step or altogether; None while no
+    plan is published.
     """
     with repository.begin() as uow:
         instance = uow.instances.find(key)
@@ -346,15 +305,11 @@ def find_running_parent(
         return None
 
 
-# --------------------------------------------------------------------------- parent
-
-
 def plan_entries(partitions: Partitions, schema: StateSchemaId) -> list[PartitionPlanEntry]:
     """Plan entries from keys, or from keys mapped to their context payloads."""
-    if isinstance(partitions, Mapping):
-        items = list(partitions.items())
-    else:
-        items = [(key, {}) for key in partitions]
+    items: Iterable[tuple[str, Mapping[str, Any]]] = (
+        partitions.items() if isinstance(partitions, Mapping) else [(key, {}) for key in partitions]
+    )
     return [
         PartitionPlanEntry(
             key, ExecutionContext(schema, 1, dict(ctx), limits=StateLimits.PARTITION)
@@ -371,11 +326,9 @@ def start_partitioned_step(
     entries: list[PartitionPlanEntry],
     start_limit: StartLimit,
 ) -> tuple[bool, StepExecution]:
-    """Start the parent step and publish its plan in one unit of work.
+    """Start the parent and publish its plan (carried on a restart) in one unit of work.
 
-    Returns (True, the completed step) when an earlier attempt completed it, else (False, the
-    STARTED parent). A restart carries the earlier attempt's plan (completed partitions are
-    not rerun); otherwise the plan is made of `entries`. The COMMIT publishes the plan.
+    (True, the step) when an earlier attempt completed it, else (False, the STARTED parent).
     """
     node = NodeId(name)
 
@@ -404,11 +357,7 @@ def _local_worker(
     runners: RunnerFactory,
     lease: ExecutionLease | None = None,
 ) -> None:
-    """Body of a forked local worker: its own repository, then a hard exit.
-
-    The hard exit skips cleanup of the connections inherited from the parent, which still
-    uses them.
-    """
+    """A forked worker: its own repository, then a hard exit sparing the parent's connections."""
     code = 1
     try:
         with JobRepository.connect(repository.config, clock=repository.clock) as own:
@@ -430,17 +379,13 @@ def supervise(
     lease: ExecutionLease | None = None,
     between_polls: Callable[[], None] = lambda: None,
 ) -> None:
-    """Keep `workers` forked local processes working until no partition is open.
+    """Keep `workers` forked processes, replaced when they die, working while partitions are open.
 
-    A process that dies is replaced while partitions remain open; lost partitions are
-    recovered by the survivors or here once their lease ran out. With 0 workers the calling
-    process works alone. `lease` is each worker's lease on the partition it runs.
+    With 0 workers the calling process works alone.
 
-    `between_polls` runs before every poll and raises to end the supervision: the launcher's
-    run raises StopRequested or ExecutionOwnershipLost there. The local workers are then
-    terminated at once rather than left to finish their partitions: a run that lost its
-    execution must not keep respawning workers for a plan that can no longer be worked on,
-    and an uncommitted chunk of a terminated worker rolls back with its backend.
+    When `between_polls` raises (StopRequested, ExecutionOwnershipLost) the workers are
+    terminated at once: a run that lost its execution must not keep respawning them, and a
+    terminated worker's uncommitted chunk rolls back with its backend.
     """
     if not 0 <= workers <= MAX_PARTITION_WORKERS:
         raise ValueError(f"workers is 0..{MAX_PARTITION_WORKERS}")
@@ -506,8 +451,8 @@ def aggregate_plan(
 ) -> tuple[StepExecution, list[str]]:
     """Aggregate the partitions onto the parent; return it and the keys not COMPLETED.
 
-    `verify_owner` runs first in the same unit of work: a launcher whose execution was
-    recovered learns it there (ExecutionOwnershipLost), not as a refused aggregation.
+    `verify_owner` runs first, so a recovered launcher learns ExecutionOwnershipLost, not a
+    refused aggregation.
     """
 
     def aggregate(uow: UnitOfWork) -> tuple[StepExecution, list[str]]:

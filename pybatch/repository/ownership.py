@@ -23,9 +23,8 @@ import datetime as _dt
 from typing import Any
 
 import attrs
-import psycopg
 
-from pybatch._statements import Statements
+from pybatch._statements import Connection, Row, Statements
 from pybatch.codecs._primitives import (
     DecodeError,
     decode_bool,
@@ -57,20 +56,24 @@ from pybatch.values.timestamps import aware_utc
 
 __all__ = ["Ownership", "StartedPartition", "WorkerLease", "lock_execution_ownership"]
 
-Connection = psycopg.Connection[Any]
 
-
-def _decode_lease(row: Any) -> tuple[JobExecution, LeaseState]:
+def lock_execution_ownership(
+    q: Statements, conn: Connection, execution_id: int
+) -> tuple[JobExecution, LeaseState]:
+    """Lock an execution and read it with its ownership evidence (JobExecutionNotFound)."""
+    check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
+    row = q.lock_execution_ownership.one(conn, job_execution_id=execution_id)
+    if row is None:
+        raise JobExecutionNotFound(id=execution_id)
     execution = decode_job_execution(row)
-    token = row["owner_token"]
+    token: Any = row["owner_token"]
     expires = row["lease_expires_at"]
     if token is not None and len(bytes(token)) != 16:
         raise DecodeError("owner_token")
     if expires is not None and not isinstance(expires, _dt.datetime):
         raise DecodeError("lease_expires_at")
-    expired, stop = row["lease_expired"], row["stop_requested"]
-    if type(expired) is not bool or type(stop) is not bool:
-        raise DecodeError("lease_expired")
+    expired = decode_bool(row["lease_expired"], column="lease_expired")
+    stop = decode_bool(row["stop_requested"], column="lease_expired")
     state = LeaseState(
         execution_id=execution.id,
         owner_token=None if token is None else OwnerToken(bytes(token)),
@@ -82,23 +85,6 @@ def _decode_lease(row: Any) -> tuple[JobExecution, LeaseState]:
         stop_requested=stop,
     )
     return execution, state
-
-
-def lock_execution_ownership(
-    q: Statements, conn: Connection, execution_id: int
-) -> tuple[JobExecution, LeaseState]:
-    """Lock an execution and read it with its ownership evidence.
-
-    Raises:
-        JobExecutionNotFound: no such execution.
-
-    Statements: ownership.sql lock_execution_ownership.
-    """
-    check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
-    row = q.lock_execution_ownership.one(conn, job_execution_id=execution_id)
-    if row is None:
-        raise JobExecutionNotFound(id=execution_id)
-    return _decode_lease(row)
 
 
 @attrs.frozen
@@ -126,7 +112,7 @@ class StartedPartition(WorkerLease):
     key: str
 
 
-def _worker_lease(row: Any) -> tuple[int, int, bool, bool]:
+def _worker_lease(row: Row) -> tuple[int, int, bool, bool]:
     """The `WorkerLease` fields of a partition row, in field order (DecodeError if unusable)."""
     return (
         decode_int64(row["worker_step_execution_id"], column="worker_step_execution_id", minimum=1),
@@ -149,23 +135,19 @@ class Ownership(Capability):
     ) -> JobExecution:
         """Record `owner` on a STARTING execution and start its lease; version unchanged.
 
-        Raises (in this order): JobExecutionNotFound, StaleVersion,
-            ExecutionOwnershipNotAllowed (not STARTING), ExecutionOwned (another token).
-
-        Statements: ownership.sql claim_execution_owner, lock_execution_ownership.
+        A refusal is explained in this order: JobExecutionNotFound, StaleVersion,
+        ExecutionOwnershipNotAllowed (not STARTING), ExecutionOwned (another token).
         """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             lease = lease or ExecutionLease()
             check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
             check_expected_version(expected_version)
-            claimed_at = aware_utc(claimed_at)
             changed = q.claim_execution_owner.affected(
                 conn,
                 job_execution_id=execution_id,
                 expected_version=expected_version,
                 owner_token=owner.value,
-                claimed_at=claimed_at,
+                claimed_at=aware_utc(claimed_at),
                 lease_ms=lease.milliseconds,
             )
             execution, _lease = lock_execution_ownership(q, conn, execution_id)
@@ -180,17 +162,8 @@ class Ownership(Capability):
     def observe_control(
         self, execution_id: int, owner: OwnerToken, observed_at: _dt.datetime
     ) -> ExecutionControl:
-        """Report ownership and stop flags; the owner's observation of a stop moves it to STOPPING.
-
-        Raises:
-            JobExecutionNotFound: no such execution.
-            InvalidTransitionTime: `observed_at` precedes the execution's start.
-
-        Statements: ownership.sql lock_execution_ownership; executions.sql lock_job_execution,
-        update_job_execution_transition.
-        """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        """Report ownership and stop flags; the owner observing a stop moves it to STOPPING."""
+        with self._operation() as (q, conn):
             execution, state = lock_execution_ownership(q, conn, execution_id)
             owner_matches = state.owner_token is not None and state.owner_token == owner
             if (
@@ -198,12 +171,9 @@ class Ownership(Capability):
                 and state.stop_requested
                 and execution.status in (BatchStatus.STARTING, BatchStatus.STARTED)
             ):
+                stopping = LifecycleTransition.new(BatchStatus.STOPPING, aware_utc(observed_at))
                 execution = transition_job_execution(
-                    q,
-                    conn,
-                    execution_id,
-                    execution.version,
-                    LifecycleTransition.new(BatchStatus.STOPPING, aware_utc(observed_at)),
+                    q, conn, execution_id, execution.version, stopping
                 )
             return ExecutionControl(
                 execution=execution,
@@ -214,13 +184,9 @@ class Ownership(Capability):
     def renew_lease(self, execution_id: int, owner: OwnerToken, lease: ExecutionLease) -> bool:
         """Extend the owner's lease; return whether a stop was requested.
 
-        Raises:
-            ExecutionOwnershipLost: the execution is finished, recovered or owned by another token.
-
-        Statements: ownership.sql renew_execution_lease.
+        ExecutionOwnershipLost when the execution is finished, recovered or another token's.
         """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             row = q.renew_execution_lease.one(
                 conn,
                 job_execution_id=execution_id,
@@ -229,21 +195,11 @@ class Ownership(Capability):
             )
             if row is None:
                 raise ExecutionOwnershipLost(id=execution_id)
-            stop = row["stop_requested"]
-            if type(stop) is not bool:
-                raise DecodeError("stop_requested")
-            return stop
+            return decode_bool(row["stop_requested"], column="stop_requested")
 
     def verify_owner(self, execution_id: int, owner: OwnerToken) -> JobExecution:
-        """Lock the execution and confirm `owner` still runs it (token recorded, unresolved).
-
-        Raises:
-            ExecutionOwnershipLost: another token, no token, or the execution is resolved.
-
-        Statements: ownership.sql lock_execution_ownership.
-        """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        """Lock the execution and confirm `owner` still runs it (else ExecutionOwnershipLost)."""
+        with self._operation() as (q, conn):
             try:
                 execution, state = lock_execution_ownership(q, conn, execution_id)
             except JobExecutionNotFound:
@@ -254,22 +210,18 @@ class Ownership(Capability):
 
     def lock(self, execution_id: int) -> tuple[JobExecution, LeaseState]:
         """Lock an execution and read its ownership evidence (token, lease, stop flag)."""
-        with self._uow.operation() as conn:
-            return lock_execution_ownership(self._uow.statements, conn, execution_id)
+        with self._operation() as (q, conn):
+            return lock_execution_ownership(q, conn, execution_id)
 
     def renew_partition_lease(
         self, partition_id: int, worker_id: int, owner: OwnerToken, lease: ExecutionLease
     ) -> None:
         """Extend the lease `owner` holds on a STARTED partition worked on by `worker_id`.
 
-        Raises:
-            PartitionOwnershipLost: the partition was recovered, ended, or is owned by another
-                token; the worker must stop without touching it.
-
-        Statements: ownership.sql renew_partition_worker_lease.
+        PartitionOwnershipLost when the partition was recovered, ended, or is another token's:
+        the worker must stop without touching it.
         """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             check_identifier(IdentifierKind.STEP_PARTITION, partition_id)
             check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
             changed = q.renew_partition_worker_lease.affected(
@@ -283,17 +235,8 @@ class Ownership(Capability):
                 raise PartitionOwnershipLost(partition_id=partition_id, worker=worker_id)
 
     def lock_partition_lease(self, partition_id: int) -> WorkerLease | None:
-        """Lock the parent, then the partition, and read its worker's lease; None unless STARTED.
-
-        Raises:
-            StepPartitionNotFound: no such partition.
-            PartitionStateCorrupt: an unreadable row.
-
-        Statements: partitions.sql get_step_partition_parent, lock_partition_step;
-        ownership.sql lock_partition_worker_lease.
-        """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        """Lock the parent, then the partition, and read its worker's lease; None unless STARTED."""
+        with self._operation() as (q, conn):
             lock_parent_of(q, conn, partition_id)
             row = q.lock_partition_worker_lease.one(conn, step_partition_id=partition_id)
             if row is None:
@@ -306,12 +249,8 @@ class Ownership(Capability):
                 raise PartitionStateCorrupt() from None
 
     def started_partitions(self, parent_id: int) -> list[StartedPartition]:
-        """The STARTED partitions of a plan with their workers and leases (no lock taken).
-
-        Statements: ownership.sql list_started_step_partitions.
-        """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        """The STARTED partitions of a plan with their workers and leases (no lock taken)."""
+        with self._operation() as (q, conn):
             check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
             rows = q.list_started_step_partitions.many(conn, step_execution_id=parent_id)
             try:

@@ -1,27 +1,21 @@
 """Step partitions over queries/partitions.sql, each operation in its documented check order.
 
-See docs/contract.md, Partitions.
-
-Lock order everywhere: parent step, then partitions, then worker steps. Callers pass
-`unpublished`, the parents whose plan was created or carried in the current unit of work: no
-worker may be assigned to a plan that is not durably published yet.
+See docs/contract.md, Partitions. Lock order everywhere: parent step, then partitions, then
+worker steps. No worker may be assigned to a plan created or carried in the current unit of
+work (`unpublished_plans`): it is not durably published yet.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
 
 import attrs
 
 from pybatch._statements import Connection, Row, Statements
 from pybatch.codecs._jsonb import to_jsonb
-from pybatch.codecs._primitives import (
-    DecodeError,
-    decode_enum,
-    decode_int64,
-    decode_text,
-)
+from pybatch.codecs._primitives import DecodeError, decode_enum, decode_int64, decode_text
 from pybatch.codecs.fault_state import encode_fault_state
 from pybatch.codecs.lifecycle import encode_execution_metadata
 from pybatch.codecs.partitions import decode_step_partition, encode_plan_entries
@@ -51,11 +45,7 @@ from pybatch.repository._capability import Capability, Overrides
 from pybatch.repository._lifecycle import check_expected_version
 from pybatch.values.fault import FaultStateEnvelope
 from pybatch.values.ids import IdentifierKind, check_identifier
-from pybatch.values.lifecycle import (
-    LifecycleTransition,
-    apply_exit_enrichment,
-    apply_transition,
-)
+from pybatch.values.lifecycle import LifecycleTransition, apply_exit_enrichment, apply_transition
 from pybatch.values.names import ExitCode
 from pybatch.values.ownership import ExecutionLease, OwnerToken
 from pybatch.values.partitions import (
@@ -89,93 +79,88 @@ _ACTIVE_PARENT = frozenset({BatchStatus.STARTING, BatchStatus.STARTED})
 _COMPLETING_PARENT = frozenset({BatchStatus.STARTED, BatchStatus.STOPPING})
 
 
-def partition_status(value: object) -> BatchStatus:
-    """A status column of a partition or step row (PartitionStateCorrupt when unreadable)."""
+@contextmanager
+def _corrupt_on(errors: tuple[type[Exception], ...] = (DecodeError,)) -> Iterator[None]:
+    """An unreadable stored value means the partition state is corrupt."""
     try:
-        return decode_enum(BatchStatus, value, column="status")
-    except DecodeError:
+        yield
+    except errors:
         raise PartitionStateCorrupt() from None
 
 
-@attrs.frozen
-class _LockedStep:
-    job_execution_id: int
-    status: BatchStatus
+def partition_status(value: object) -> BatchStatus:
+    """A status column of a partition or step row (PartitionStateCorrupt when unreadable)."""
+    with _corrupt_on():
+        return decode_enum(BatchStatus, value, column="status")
 
 
-def _lock_step(q: Statements, conn: Connection, step_id: int) -> _LockedStep | None:
+def _require_parent(parent_id: int, status: BatchStatus, allowed: Collection[BatchStatus]) -> None:
+    if status not in allowed:
+        raise PartitionParentNotActive(step_execution_id=parent_id, status=status.value)
+
+
+def _lock_step(q: Statements, conn: Connection, step_id: int) -> tuple[int, BatchStatus] | None:
+    """Lock a step; its job execution id and status, or None when there is no such step."""
     row = q.lock_partition_step.one(conn, step_execution_id=step_id)
     if row is None:
         return None
-    try:
-        execution_id = decode_int64(row["job_execution_id"], column="job_execution_id", minimum=1)
-    except DecodeError:
-        raise PartitionStateCorrupt() from None
-    return _LockedStep(execution_id, partition_status(row["status"]))
+    with _corrupt_on():
+        execution_id = _int(row, "job_execution_id")
+    return execution_id, partition_status(row["status"])
+
+
+def _int(row: Row, column: str, minimum: int = 1) -> int:
+    return decode_int64(row[column], column=column, minimum=minimum)
+
+
+def _lock_step_execution(q: Statements, conn: Connection, step_id: int) -> StepExecution:
+    row = q.lock_step_execution.one(conn, step_execution_id=step_id)
+    if row is None:
+        raise StepExecutionNotFound(id=step_id)
+    return decode_step_execution(row)
 
 
 def _decoded(rows: Sequence[Row]) -> list[StepPartition]:
     return [decode_step_partition(row) for row in rows]
 
 
-def _by_key(partitions: list[StepPartition]) -> list[StepPartition]:
-    return sorted(partitions, key=lambda p: p.key.sort_key)
+def lock_parent_of(
+    q: Statements, conn: Connection, partition_id: int
+) -> tuple[int, tuple[int, BatchStatus]]:
+    """Lock the parent step of a partition (parents are locked before partitions).
 
-
-@attrs.frozen
-class _Locked:
-    parent_id: int
-    parent_execution_id: int
-    parent_status: BatchStatus
-    partition: StepPartition
-
-
-def lock_parent_of(q: Statements, conn: Connection, partition_id: int) -> tuple[int, _LockedStep]:
-    """Lock the parent step of partition `partition_id` (parents are locked before partitions).
-
-    Raises:
-        StepPartitionNotFound: no such partition.
-        PartitionStateCorrupt: an unreadable parent id, or a parent that is gone.
+    Raises StepPartitionNotFound, or PartitionStateCorrupt for an unreadable or missing parent.
     """
     check_identifier(IdentifierKind.STEP_PARTITION, partition_id)
     found = q.get_step_partition_parent.scalar(conn, step_partition_id=partition_id)
     if found is None:
         raise StepPartitionNotFound(id=partition_id)
-    try:
+    with _corrupt_on():
         parent_id = decode_int64(found, column="step_execution_id", minimum=1)
-    except DecodeError:
-        raise PartitionStateCorrupt() from None
     parent = _lock_step(q, conn, parent_id)
     if parent is None:  # the parent foreign key makes this unreachable
         raise PartitionStateCorrupt()
     return parent_id, parent
 
 
-def _locked_partition(q: Statements, conn: Connection, partition_id: int) -> _Locked:
-    """The parent (locked first) and the partition (locked second)."""
-    parent_id, parent = lock_parent_of(q, conn, partition_id)
+def _locked_partition(
+    q: Statements, conn: Connection, partition_id: int
+) -> tuple[int, int, BatchStatus, StepPartition]:
+    """Parent id, its execution id and status (locked first), and the partition (second)."""
+    parent_id, (execution_id, status) = lock_parent_of(q, conn, partition_id)
     row = q.lock_step_partition.one(conn, step_partition_id=partition_id)
     if row is None:
         raise StepPartitionNotFound(id=partition_id)
-    return _Locked(parent_id, parent.job_execution_id, parent.status, decode_step_partition(row))
+    return parent_id, execution_id, status, decode_step_partition(row)
 
 
 def _domain(partition: StepPartition, change: Callable[[], StepPartition]) -> StepPartition:
     try:
-        result = change()
+        return change()
     except PartitionStateError as refused:
         if refused.rule == "VersionExhausted" or refused.status is None:
             raise PartitionStateCorrupt() from None
         raise PartitionUpdateNotAllowed(id=partition.id, status=refused.status.value) from None
-    return result
-
-
-@attrs.frozen
-class WorkerEnd:
-    """How a partition's worker step ends: its transition and exit status."""
-
-    transition: LifecycleTransition
-    exit_status: ExitCode
 
 
 def end_partition_worker(
@@ -184,34 +169,23 @@ def end_partition_worker(
     partition_id: int,
     expected_version: int,
     worker_id: int,
-    end: WorkerEnd | None,
+    end: tuple[LifecycleTransition, ExitCode] | None,
 ) -> StepPartition:
-    """Optionally end the worker step, then complete its partition from the worker's row.
+    """Optionally end the worker step (under its lock), then complete its partition from its row.
 
-    With `end`, the worker's transition and exit status are applied under the worker lock
-    (lock order: parent, partition, worker) and written in one compare-and-swap, then the
-    partition is completed as `complete_step_partition` does, in the same savepoint.
-
-    Statements: partitions.sql get_step_partition_parent, lock_partition_step,
-    lock_step_partition, update_partition_worker_end, update_step_partition_complete;
-    steps.sql lock_step_execution.
+    Lock order: parent, partition, worker; all in the caller's savepoint.
     """
     check_expected_version(expected_version)
     check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
-    locked = _locked_partition(q, conn, partition_id)
-    parent_id, parent_status, partition = locked.parent_id, locked.parent_status, locked.partition
-    if parent_status not in _COMPLETING_PARENT:
-        raise PartitionParentNotActive(step_execution_id=parent_id, status=parent_status.value)
+    parent_id, execution_id, status, partition = _locked_partition(q, conn, partition_id)
+    _require_parent(parent_id, status, _COMPLETING_PARENT)
     if partition.worker_step_execution_id != worker_id:
         raise PartitionWorkerStale(partition_id=partition_id, worker=worker_id)
-    worker_row = q.lock_step_execution.one(conn, step_execution_id=worker_id)
-    if worker_row is None:
-        raise StepExecutionNotFound(id=worker_id)
-    worker = decode_step_execution(worker_row)
-    if worker.job_execution_id != locked.parent_execution_id:
+    worker = _lock_step_execution(q, conn, worker_id)
+    if worker.job_execution_id != execution_id:
         raise PartitionWorkerMismatch(partition_id=partition_id, worker=worker_id)
     if end is not None:
-        worker = _end_worker(q, conn, worker, end)
+        worker = _end_worker(q, conn, worker, *end)
     if worker.status not in RESULT_STATUSES:
         raise PartitionAggregationIncomplete(
             step_execution_id=parent_id, status=worker.status.value
@@ -232,18 +206,18 @@ def end_partition_worker(
 
 
 def _end_worker(
-    q: Statements, conn: Connection, worker: StepExecution, end: WorkerEnd
+    q: Statements,
+    conn: Connection,
+    worker: StepExecution,
+    transition: LifecycleTransition,
+    exit_status: ExitCode,
 ) -> StepExecution:
-    """Apply the worker's transition and exit status; one compare-and-swap write.
-
-    The end instant is never earlier than the worker's last write, whose clock may be
-    another host's (the claim).
-    """
-    transition = attrs.evolve(end.transition, at=max(end.transition.at, worker.updated_at))
+    """One compare-and-swap, never earlier than the worker's last write (another host's clock)."""
+    transition = attrs.evolve(transition, at=max(transition.at, worker.updated_at))
     metadata, version = apply_transition(
         worker.metadata, worker.version, worker.version, transition, counts_apply=True
     )
-    metadata, version = apply_exit_enrichment(metadata, version, version, end.exit_status)
+    metadata, version = apply_exit_enrichment(metadata, version, version, exit_status)
     changed = q.update_partition_worker_end.affected(
         conn,
         **encode_execution_metadata(metadata),
@@ -255,38 +229,18 @@ def _end_worker(
     )
     if changed != 1:  # unreachable under the worker lock
         raise ConcurrentModification()
-    return attrs.evolve(
-        worker,
-        metadata=metadata,
-        version=version,
-        updated_at=max(worker.updated_at, transition.at),
-    )
-
-
-def worker_name_prefix(parent_name: str) -> str:
-    """The parent's name cut to 100 UTF-8 bytes: worker names add `#ordinal.version`."""
-    data = parent_name.encode("utf-8")[:100]
-    return data.decode("utf-8", "ignore")
+    updated_at = max(worker.updated_at, transition.at)
+    return attrs.evolve(worker, metadata=metadata, version=version, updated_at=updated_at)
 
 
 def count_step_partitions_by_status(
     q: Statements, conn: Connection, parent_id: int
 ) -> dict[BatchStatus, int]:
-    """How many partitions of a plan are in each status (the plan's progress).
-
-    Statements: partitions.sql count_step_partitions_by_status.
-    """
+    """How many partitions of a plan are in each status (the plan's progress)."""
     check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
     rows = q.count_step_partitions_by_status.many(conn, step_execution_id=parent_id)
-    try:
-        return {
-            partition_status(row["status"]): decode_int64(
-                row["partitions"], column="partitions", minimum=0
-            )
-            for row in rows
-        }
-    except DecodeError:
-        raise PartitionStateCorrupt() from None
+    with _corrupt_on():
+        return {partition_status(row["status"]): _int(row, "partitions", 0) for row in rows}
 
 
 def _elapsed(value: object) -> _dt.timedelta:
@@ -306,24 +260,23 @@ def _plan_overrides(parent_id: int) -> Overrides:
 class Partitions(Capability):
     """The partitions operations of one unit of work."""
 
+    def _check_plan_target(
+        self, q: Statements, conn: Connection, parent_id: int, status: BatchStatus
+    ) -> None:
+        _require_parent(parent_id, status, _ACTIVE_PARENT)
+        if q.find_step_partition_plan.scalar(conn, step_execution_id=parent_id) is True:
+            raise PartitionPlanExists(step_execution_id=parent_id)
+
+    def _new_plan(self, parent_id: int, rows: Sequence[Row]) -> list[StepPartition]:
+        """Record the plan as unpublished until the unit of work commits; ordinal order."""
+        self._uow.unpublished_plans.add(parent_id)
+        return sorted(_decoded(rows), key=lambda p: p.ordinal)
+
     def create_plan(
         self, parent_id: int, entries: Sequence[PartitionPlanEntry]
     ) -> list[StepPartition]:
-        """Create a plan for a parent, all or nothing; partitions in entry order.
-
-        Raises:
-            EmptyPartitionPlan, PartitionPlanTooLarge, DuplicatePartitionKey,
-                StateSchemaVersionNotStorable: bad entries (checked before the parent).
-            StepExecutionNotFound: no such parent.
-            PartitionParentNotActive: parent not STARTING or STARTED.
-            PartitionPlanExists: the parent already has a plan.
-
-        Statements: partitions.sql lock_partition_step, find_step_partition_plan,
-        insert_step_partitions.
-        """
-        with self._uow.operation(overrides=_plan_overrides(parent_id)) as conn:
-            q = self._uow.statements
-            unpublished = self._uow.unpublished_plans
+        """Create a plan for a STARTING or STARTED parent, all or nothing; entries first."""
+        with self._operation(overrides=_plan_overrides(parent_id)) as (q, conn):
             entries = list(entries)
             if not entries:
                 raise EmptyPartitionPlan()
@@ -337,27 +290,15 @@ class Partitions(Capability):
             parent = _lock_step(q, conn, parent_id)
             if parent is None:
                 raise StepExecutionNotFound(id=parent_id)
-            status = parent.status
-            if status not in _ACTIVE_PARENT:
-                raise PartitionParentNotActive(step_execution_id=parent_id, status=status.value)
-            if q.find_step_partition_plan.scalar(conn, step_execution_id=parent_id) is True:
-                raise PartitionPlanExists(step_execution_id=parent_id)
+            self._check_plan_target(q, conn, parent_id, parent[1])
             rows = q.insert_step_partitions.many(
                 conn, step_execution_id=parent_id, **encode_plan_entries(entries)
             )
-            unpublished.add(parent_id)
-            return sorted(_decoded(rows), key=lambda p: p.ordinal)
+            return self._new_plan(parent_id, rows)
 
     def plan(self, parent_id: int) -> list[StepPartition]:
-        """A parent's plan in key byte order; empty without a plan.
-
-        Raises:
-            StepExecutionNotFound: no such parent.
-
-        Statements: steps.sql get_step_execution; partitions.sql list_step_partitions.
-        """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        """A parent's plan in key byte order; empty without a plan."""
+        with self._operation() as (q, conn):
             check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
             if q.get_step_execution.one(conn, step_execution_id=parent_id) is None:
                 raise StepExecutionNotFound(id=parent_id)
@@ -366,18 +307,10 @@ class Partitions(Capability):
     def restart_plan(self, source_parent_id: int, target_parent_id: int) -> list[StepPartition]:
         """Carry a committed plan into a restart's parent; COMPLETED partitions are not rerun.
 
-        Raises:
-            PartitionStateCorrupt: a step is missing, the logical ids differ, the source job is not
-                FAILED or STOPPED, the source has no plan or an unreadable one.
-            PartitionParentNotActive: the target is not STARTING or STARTED.
-            PartitionPlanExists: the target already has a plan.
-
-        Statements: partitions.sql lock_partition_restart_pair, find_step_partition_plan,
-        lock_step_partitions_by_ordinal, copy_step_partitions.
+        PartitionStateCorrupt when a step is missing, the logical ids differ, the source job
+        is not FAILED or STOPPED, or the source plan is missing or unreadable.
         """
-        with self._uow.operation(overrides=_plan_overrides(target_parent_id)) as conn:
-            q = self._uow.statements
-            unpublished = self._uow.unpublished_plans
+        with self._operation(overrides=_plan_overrides(target_parent_id)) as (q, conn):
             check_identifier(IdentifierKind.STEP_EXECUTION, source_parent_id)
             check_identifier(IdentifierKind.STEP_EXECUTION, target_parent_id)
             pair = q.lock_partition_restart_pair.one(
@@ -385,63 +318,35 @@ class Partitions(Capability):
             )
             if pair is None or pair["same_logical_id"] is not True:
                 raise PartitionStateCorrupt()
-            if partition_status(pair["source_job_status"]) not in (
-                BatchStatus.FAILED,
-                BatchStatus.STOPPED,
-            ):
+            source_status = partition_status(pair["source_job_status"])
+            if source_status not in (BatchStatus.FAILED, BatchStatus.STOPPED):
                 raise PartitionStateCorrupt()
             target_status = partition_status(pair["target_status"])
-            if target_status not in _ACTIVE_PARENT:
-                raise PartitionParentNotActive(
-                    step_execution_id=target_parent_id, status=target_status.value
-                )
-            if q.find_step_partition_plan.scalar(conn, step_execution_id=target_parent_id) is True:
-                raise PartitionPlanExists(step_execution_id=target_parent_id)
-            source = _decoded(
-                q.lock_step_partitions_by_ordinal.many(conn, step_execution_id=source_parent_id)
+            self._check_plan_target(q, conn, target_parent_id, target_status)
+            source = q.lock_step_partitions_by_ordinal.many(
+                conn, step_execution_id=source_parent_id
             )
-            if not source:
+            if not _decoded(source):
                 raise PartitionStateCorrupt()
             rows = q.copy_step_partitions.many(
                 conn, source_step_execution_id=source_parent_id, step_execution_id=target_parent_id
             )
-            unpublished.add(target_parent_id)
-            return sorted(_decoded(rows), key=lambda p: p.ordinal)
+            return self._new_plan(target_parent_id, rows)
 
     def assign(self, partition_id: int, expected_version: int, worker_id: int) -> StepPartition:
-        """Hand a partition to a worker step (first assignment, or a retry after FAILED/STOPPED).
-
-        Raises:
-            StepPartitionNotFound, PartitionParentNotActive (parent not STARTED),
-            PartitionPlanNotCommitted, StaleVersion, PartitionUpdateNotAllowed,
-            StepExecutionNotFound (worker), PartitionWorkerMismatch,
-            PartitionWorkerAlreadyAssigned, ConcurrentModification.
-
-        Statements: partitions.sql get_step_partition_parent, lock_partition_step,
-        lock_step_partition, find_partition_of_worker, update_step_partition_assign.
-        """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
-            unpublished = self._uow.unpublished_plans
+        """Hand a partition to a worker step (first assignment, or a retry after FAILED/STOPPED)."""
+        with self._operation() as (q, conn):
             check_expected_version(expected_version)
             check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
-            locked = _locked_partition(q, conn, partition_id)
-            parent_id, parent_status, partition = (
-                locked.parent_id,
-                locked.parent_status,
-                locked.partition,
-            )
-            if parent_status is not BatchStatus.STARTED:
-                raise PartitionParentNotActive(
-                    step_execution_id=parent_id, status=parent_status.value
-                )
-            if parent_id in unpublished:
+            parent_id, execution_id, status, partition = _locked_partition(q, conn, partition_id)
+            _require_parent(parent_id, status, (BatchStatus.STARTED,))
+            if parent_id in self._uow.unpublished_plans:
                 raise PartitionPlanNotCommitted(step_execution_id=parent_id)
             assigned = _domain(partition, lambda: partition.assigned(expected_version, worker_id))
             worker = _lock_step(q, conn, worker_id)
             if worker is None:
                 raise StepExecutionNotFound(id=worker_id)
-            if worker_id == parent_id or worker.job_execution_id != locked.parent_execution_id:
+            if worker_id == parent_id or worker[0] != execution_id:
                 raise PartitionWorkerMismatch(partition_id=partition_id, worker=worker_id)
             if q.find_partition_of_worker.scalar(conn, worker_step_execution_id=worker_id) is True:
                 raise PartitionWorkerAlreadyAssigned(worker=worker_id)
@@ -456,47 +361,35 @@ class Partitions(Capability):
             return assigned
 
     def complete(self, partition_id: int, expected_version: int, worker_id: int) -> StepPartition:
-        """Publish the worker's terminal snapshot (read from its durable row) onto its partition.
-
-        Raises:
-            StepPartitionNotFound, PartitionParentNotActive (parent not STARTED or STOPPING),
-            PartitionWorkerStale, StepExecutionNotFound, PartitionWorkerMismatch,
-            PartitionAggregationIncomplete (worker not finished), StaleVersion,
-            PartitionUpdateNotAllowed, ConcurrentModification.
-
-        Statements: partitions.sql get_step_partition_parent, lock_partition_step,
-        lock_step_partition, update_step_partition_complete; steps.sql lock_step_execution.
-        """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        """Publish the worker's terminal snapshot (read from its durable row) onto its partition."""
+        with self._operation() as (q, conn):
             return end_partition_worker(q, conn, partition_id, expected_version, worker_id, None)
+
+    def end_worker(
+        self,
+        partition_id: int,
+        expected_version: int,
+        worker_id: int,
+        transition: LifecycleTransition,
+        exit_status: ExitCode,
+    ) -> StepPartition:
+        """End a partition's worker step and complete the partition from it, atomically."""
+        with self._operation() as (q, conn):
+            end = (transition, exit_status)
+            return end_partition_worker(q, conn, partition_id, expected_version, worker_id, end)
 
     def aggregate(
         self, parent_id: int, expected_version: int, transitioned_at: _dt.datetime
     ) -> StepExecution:
-        """End the parent with the aggregate of every child, atomically.
-
-        See docs/contract.md, Partitions.
+        """End the parent with the aggregate of every child, atomically (docs/contract.md).
 
         A replay with the same `expected_version` after a committed aggregation returns the
         parent unchanged, so a retry after CommitOutcomeUnknown is safe.
-
-        Raises:
-            StepExecutionNotFound, PartitionStateCorrupt, PartitionAggregationIncomplete,
-            CountExhausted, PartitionParentNotActive, and the lifecycle errors (StaleVersion,
-            IllegalTransition, ...).
-
-        Statements: steps.sql lock_step_execution, get_step_execution; partitions.sql
-        lock_step_partitions_by_key, lock_step_partition_workers, update_step_execution_aggregate.
         """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             check_expected_version(expected_version)
             check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
-            parent_row = q.lock_step_execution.one(conn, step_execution_id=parent_id)
-            if parent_row is None:
-                raise StepExecutionNotFound(id=parent_id)
-            parent = decode_step_execution(parent_row)
+            parent = _lock_step_execution(q, conn, parent_id)
             children = _decoded(
                 q.lock_step_partitions_by_key.many(conn, step_execution_id=parent_id)
             )
@@ -511,14 +404,9 @@ class Partitions(Capability):
                 if refused.rule == "CountExhausted":
                     raise CountExhausted() from None
                 raise PartitionStateCorrupt() from None
-            workers: dict[int, StepExecution] = {
-                worker.id: worker
-                for worker in map(
-                    decode_step_execution,
-                    q.lock_step_partition_workers.many(conn, step_execution_id=parent_id),
-                )
-            }
-            for child in _by_key(children):
+            rows = q.lock_step_partition_workers.many(conn, step_execution_id=parent_id)
+            workers: dict[int, StepExecution] = {w.id: w for w in map(decode_step_execution, rows)}
+            for child in sorted(children, key=lambda p: p.key.sort_key):
                 worker = workers.get(child.worker_step_execution_id or 0)
                 if worker is None or PartitionResult.from_worker(worker) != PartitionResult(
                     status=child.status, exit_status=child.exit_status, counts=child.counts
@@ -536,10 +424,7 @@ class Partitions(Capability):
                 and current.failure == failure
             ):
                 return parent
-            if current.status not in _COMPLETING_PARENT:
-                raise PartitionParentNotActive(
-                    step_execution_id=parent_id, status=current.status.value
-                )
+            _require_parent(parent_id, current.status, _COMPLETING_PARENT)
             if failure is not None:  # a FAILED aggregate: its selected worker always carries one
                 transition = LifecycleTransition.failed(transitioned_at, failure)
             else:
@@ -565,12 +450,8 @@ class Partitions(Capability):
                 raise StaleVersion(
                     expected=expected_version, actual=decode_step_execution(latest).version
                 )
-            return attrs.evolve(
-                parent,
-                metadata=metadata,
-                version=version,
-                updated_at=max(parent.updated_at, transitioned_at),
-            )
+            updated_at = max(parent.updated_at, transitioned_at)
+            return attrs.evolve(parent, metadata=metadata, version=version, updated_at=updated_at)
 
     def claim(
         self,
@@ -583,26 +464,20 @@ class Partitions(Capability):
         One guarded statement locks the first claimable partition with SKIP LOCKED, creates the
         STARTED worker step (resuming the partition's latest earlier worker) and assigns it,
         recording `owner` and starting its `lease` on the database clock.
-
-        Raises:
-            PartitionPlanNotCommitted: the plan was created in this unit of work.
-
-        Statements: partitions.sql claim_step_partition; steps.sql get_step_execution.
         """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        with self._operation() as (q, conn):
             now = self._uow.clock.now()
-            unpublished = self._uow.unpublished_plans
             owner = owner or OwnerToken.generate()
             lease = lease or ExecutionLease()
-            if parent.id in unpublished:
+            if parent.id in self._uow.unpublished_plans:
                 raise PartitionPlanNotCommitted(step_execution_id=parent.id)
             fault = encode_fault_state(FaultStateEnvelope.EMPTY)
             row = q.claim_step_partition.one(
                 conn,
                 step_execution_id=parent.id,
                 node_id=parent.logical_id.value,
-                worker_name_prefix=worker_name_prefix(parent.step_name.value),
+                # Worker names add `#ordinal.version` to the parent's name cut to 100 bytes.
+                worker_name_prefix=parent.step_name.value.encode()[:100].decode("utf-8", "ignore"),
                 max_partition_version=2 * MAX_WORKER_TRIES,
                 fault_state_payload=to_jsonb(fault["fault_state_payload"]),
                 fault_state_checksum=fault["fault_state_checksum"],
@@ -613,22 +488,17 @@ class Partitions(Capability):
             if row is None:
                 return None
             partition = decode_step_partition(row)
-            if partition.worker_step_execution_id is None:  # the claim assigns one; never reached
+            worker_id = partition.worker_step_execution_id
+            if worker_id is None:  # the claim assigns one; never reached
                 raise PartitionStateCorrupt()
-            worker = q.get_step_execution.one(
-                conn, step_execution_id=partition.worker_step_execution_id
-            )
+            worker = q.get_step_execution.one(conn, step_execution_id=worker_id)
             if worker is None:  # inserted by the same statement; never reached
                 raise PartitionStateCorrupt()
             return partition, decode_step_execution(worker)
 
     def count_open(self, parent_id: int) -> int:
-        """Partitions still STARTING, STARTED, or claimable again after a lost worker.
-
-        Statements: partitions.sql count_open_step_partitions.
-        """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        """Partitions still STARTING, STARTED, or claimable again after a lost worker."""
+        with self._operation() as (q, conn):
             check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
             found = q.count_open_step_partitions.scalar(
                 conn, step_execution_id=parent_id, max_partition_version=2 * MAX_WORKER_TRIES
@@ -637,21 +507,12 @@ class Partitions(Capability):
 
     def count_by_status(self, parent_id: int) -> dict[BatchStatus, int]:
         """How many partitions of a plan are in each status."""
-        with self._uow.operation() as conn:
-            return count_step_partitions_by_status(self._uow.statements, conn, parent_id)
+        with self._operation() as (q, conn):
+            return count_step_partitions_by_status(q, conn, parent_id)
 
     def progress(self, parent_id: int, slowest: int = 5) -> PlanProgress:
-        """Partitions per status and the `slowest` partitions of a plan.
-
-        Raises:
-            StepExecutionNotFound: no such parent.
-            PartitionStateCorrupt: an unreadable status or key.
-
-        Statements: steps.sql get_step_execution; partitions.sql count_step_partitions_by_status,
-        list_slowest_step_partitions.
-        """
-        with self._uow.operation() as conn:
-            q = self._uow.statements
+        """Partitions per status and the `slowest` partitions of a plan."""
+        with self._operation() as (q, conn):
             now = self._uow.clock.now()
             check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
             if q.get_step_execution.one(conn, step_execution_id=parent_id) is None:
@@ -660,39 +521,14 @@ class Partitions(Capability):
             rows = q.list_slowest_step_partitions.many(
                 conn, step_execution_id=parent_id, now=now, limit=slowest
             )
-            try:
+            with _corrupt_on((DecodeError, PyBatchError)):
                 slow = tuple(
                     SlowPartition(
                         key=PartitionKey(decode_text(row["partition_key"], column="partition_key")),
                         status=partition_status(row["status"]),
-                        worker_step_execution_id=decode_int64(
-                            row["worker_step_execution_id"],
-                            column="worker_step_execution_id",
-                            minimum=1,
-                        ),
+                        worker_step_execution_id=_int(row, "worker_step_execution_id"),
                         elapsed=_elapsed(row["elapsed"]),
                     )
                     for row in rows
                 )
-            except (DecodeError, PyBatchError):
-                raise PartitionStateCorrupt() from None
             return PlanProgress(counts=counts, slowest=slow)
-
-    def end_worker(
-        self,
-        partition_id: int,
-        expected_version: int,
-        worker_id: int,
-        transition: LifecycleTransition,
-        exit_status: ExitCode,
-    ) -> StepPartition:
-        """End a partition's worker step and complete the partition from it, atomically."""
-        with self._uow.operation() as conn:
-            return end_partition_worker(
-                self._uow.statements,
-                conn,
-                partition_id,
-                expected_version,
-                worker_id,
-                WorkerEnd(transition, exit_status),
-            )
