@@ -1,15 +1,9 @@
 """The unit of work: one leased connection, one READ COMMITTED transaction.
 
-See docs/contract.md, Unit of work.
-
-Every repository operation is a method of a capability bound to the unit of work
-(`uow.executions.create(...)`, `uow.holds.place(...)`): pybatch/repository/<capability>.py,
-which runs queries/<capability>.sql. Each operation runs under its own savepoint, so a failed
-operation leaves nothing staged and the unit of work stays usable; an operation that another
-one calls runs inside its caller's savepoint. COMMIT outcomes follow docs/tables.md 5 through
-the transaction primitive (`pybatch/_transaction.py`): a transaction the server already
-failed raises TransactionAborted, a lost acknowledgement raises CommitOutcomeUnknown, and
-neither is ever reported as success.
+Each operation (`uow.executions.create(...)`, pybatch/repository/<capability>.py) runs under
+its own savepoint, so a failed one leaves nothing staged and the unit of work usable. COMMIT
+of a transaction the server already failed raises TransactionAborted, a lost acknowledgement
+CommitOutcomeUnknown; neither is ever reported as success.
 """
 
 from __future__ import annotations
@@ -52,7 +46,6 @@ from pybatch.repository.stop_requests import StopRequests
 
 __all__ = ["UnitOfWork"]
 
-#: How a unit of work reports a COMMIT that did not make its work durable.
 _COMMIT_ERRORS = CommitErrors(
     aborted=TransactionAborted,
     refused=_sqlstate.translate,
@@ -62,7 +55,6 @@ _COMMIT_ERRORS = CommitErrors(
 
 @contextmanager
 def _rolled_back_on_error(conn: Connection) -> Iterator[None]:
-    """Roll the whole (just opened) transaction back if the block raises."""
     try:
         yield
     except BaseException:
@@ -78,7 +70,7 @@ C = TypeVar("C", bound=Capability)
 
 
 class _Bound(Generic[C]):
-    """A capability of the unit of work, bound on first access and kept (a cached property)."""
+    """A capability bound on first access and kept (a cached property)."""
 
     def __init__(self, capability: type[C]) -> None:
         self._capability = capability
@@ -103,8 +95,6 @@ class UnitOfWork:
         self.unpublished_plans: set[int] = set()
         self._operation_depth = 0
 
-    # ------------------------------------------------------------------ context manager
-
     def __enter__(self) -> UnitOfWork:
         return self
 
@@ -117,8 +107,6 @@ class UnitOfWork:
             if exc is None:
                 raise
 
-    # ------------------------------------------------------------------ state
-
     @property
     def is_open(self) -> bool:
         """Whether statements can still run (not committed, rolled back or closed)."""
@@ -126,11 +114,7 @@ class UnitOfWork:
 
     @property
     def connection(self) -> Connection:
-        """The transaction's connection, for business statements that commit with it.
-
-        Business statements run outside pybatch's savepoints: one that fails leaves the
-        transaction failed, and `commit` then raises TransactionAborted.
-        """
+        """The connection for business statements: outside savepoints, a failed one fails COMMIT."""
         return self._live_connection()
 
     def _live_connection(self) -> Connection:
@@ -184,8 +168,6 @@ class UnitOfWork:
             row = self.statements.get_transaction_settings.one(conn)
         return {} if row is None else {str(key): str(value) for key, value in row.items()}
 
-    # ------------------------------------------------------------------ outcome
-
     def commit(self) -> None:
         """COMMIT; raise rather than report success for anything but a durable commit."""
         if self._poisoned is not None:
@@ -194,18 +176,12 @@ class UnitOfWork:
         self._lease.commit(_COMMIT_ERRORS)
 
     def rollback(self) -> None:
-        """ROLLBACK everything staged; a second call is a no-op.
-
-        Raises:
-            Unavailable: the rollback failed and the connection was discarded.
-        """
+        """ROLLBACK everything staged, once (Unavailable: it failed, the connection is gone)."""
         self._poisoned = None
         if not self._lease.rollback():
             raise Unavailable()
 
-    # ------------------------------------------------------------------ capabilities
     # Each is pybatch/repository/<name>.py over queries/<name>.sql, created on first use.
-
     definitions = _Bound(Definitions)
     instances = _Bound(Instances)
     executions = _Bound(Executions)
