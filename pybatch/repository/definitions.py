@@ -1,7 +1,4 @@
-"""Definitions and upgrade edges over queries/definitions.sql.
-
-See docs/contract.md, Definitions; Definitions and upgrades.
-"""
+"""Definitions and upgrade edges over queries/definitions.sql."""
 
 from __future__ import annotations
 
@@ -28,11 +25,9 @@ def ensure_definition(
 ) -> int:
     """Return the id of `definition` for `job_name`, registering it when new.
 
-    Raises:
-        DefinitionJobMismatch: the definition is bound to another job.
-        UnsupportedManifestVersion: manifest format outside 1..3.
-        ManifestInvalid: a new flow manifest beyond the flow-graph bounds.
-        DefinitionDrift: the revision is registered with another digest.
+    Raises, in this order: DefinitionJobMismatch, UnsupportedManifestVersion (outside 1..3),
+    DefinitionDrift (the revision has another digest), ManifestInvalid (a new flow manifest
+    beyond the flow-graph bounds).
     """
     if definition.job_name is not None and definition.job_name != job_name:
         raise DefinitionJobMismatch(expected=job_name.value, actual=definition.job_name.value)
@@ -100,11 +95,10 @@ class Definitions(Capability):
     """The definitions operations of one unit of work."""
 
     def register_upgrade(self, job_name: JobName, upgrade: DefinitionUpgrade) -> None:
-        """Register a direct, non-transitive upgrade edge; idempotent for equal content.
+        """Register a direct upgrade edge, idempotent for equal content.
 
-        Raises:
-            DefinitionJobMismatch, UnsupportedManifestVersion, DefinitionDrift: from `ensure`.
-            DefinitionUpgradeConflict: the edge exists with other content, or the key is taken.
+        Raises `ensure_definition`'s errors, then DefinitionUpgradeConflict (other content, or
+        the key is taken).
         """
         conflict = {
             "definition_upgrade_target_key_unique": lambda: DefinitionUpgradeConflict(

@@ -31,12 +31,7 @@ class StopRequests(Capability):
     def request(
         self, execution_id: int, expected_version: int, actor: ActorRef, requested_at: _dt.datetime
     ) -> JobExecution:
-        """Record (or overwrite) a stop request; no status check, version unchanged.
-
-        Raises:
-            JobExecutionNotFound: no such execution.
-            StaleVersion: the version is not `expected_version`.
-        """
+        """Record (or overwrite) a stop request, version unchanged (NotFound, StaleVersion)."""
         with self._operation() as (q, conn):
             check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
             check_expected_version(expected_version)
