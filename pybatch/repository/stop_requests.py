@@ -8,10 +8,8 @@ the runner that moves the execution to STOPPING and then STOPPED.
 from __future__ import annotations
 
 import datetime as _dt
-from typing import Any
 
 import attrs
-import psycopg
 
 from pybatch.errors import StaleVersion
 from pybatch.repository._capability import Capability
@@ -21,8 +19,6 @@ from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.names import ActorRef
 from pybatch.values.records import JobExecution
 from pybatch.values.timestamps import aware_utc
-
-Connection = psycopg.Connection[Any]
 
 
 class StopRequests(Capability):
