@@ -9,7 +9,7 @@ CommitOutcomeUnknown; neither is ever reported as success.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Generic, TypeVar
 
 import psycopg
@@ -51,19 +51,6 @@ _COMMIT_ERRORS = CommitErrors(
     refused=_sqlstate.translate,
     unknown=CommitOutcomeUnknown,
 )
-
-
-@contextmanager
-def _rolled_back_on_error(conn: Connection) -> Iterator[None]:
-    try:
-        yield
-    except BaseException:
-        if not conn.broken and not conn.closed:
-            try:
-                conn.rollback()
-            except psycopg.Error:
-                pass  # the error being raised already says the connection failed
-        raise
 
 
 C = TypeVar("C", bound=Capability)
@@ -140,8 +127,13 @@ class UnitOfWork:
                 # Nothing is staged yet: the operation's first statement opens the
                 # transaction (no BEGIN round trip), and on failure rolling all of it back
                 # is exactly what rolling back to a savepoint would do.
-                with _rolled_back_on_error(conn):
+                try:
                     yield conn
+                except BaseException:
+                    if not conn.broken and not conn.closed:
+                        with suppress(psycopg.Error):  # the error raised already says so
+                            conn.rollback()
+                    raise
             else:
                 with conn.transaction():
                     yield conn
