@@ -65,16 +65,8 @@ class PurgeResult:
     audit_records: PurgedAuditRecords
 
 
-_COUNT_COLUMNS = (
-    ("flow_decisions", "deleted_flow_decisions"),
-    ("recovery_decisions", "deleted_recovery_decisions"),
-    ("operator_requests", "deleted_operator_requests"),
-    ("step_partitions", "deleted_step_partitions"),
-    ("step_executions", "deleted_step_executions"),
-    ("job_executions", "deleted_job_executions"),
-    ("job_instances", "deleted_job_instances"),
-)
-
+#: Each PurgeCounts field and the retention_action column that stores it.
+_COUNT_COLUMNS = tuple((name, f"deleted_{name}") for name in attrs.fields_dict(PurgeCounts))
 
 #: The rows a purge counts under each execution it removes (survey and delete alike).
 _HISTORY_ROW_COUNTS = tuple(name for name, _ in _COUNT_COLUMNS[:5])
