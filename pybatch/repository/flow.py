@@ -34,6 +34,9 @@ from pybatch.values.flow import (
 from pybatch.values.names import NodeId, StepName
 from pybatch.values.records import StepExecution
 
+#: The only transitions that may have no source step.
+_SOURCELESS_KINDS = (FlowTransitionKind.DECIDER, FlowTransitionKind.SPLIT_AGGREGATE)
+
 
 class Flow(Capability):
     """The flow operations of one unit of work."""
@@ -120,10 +123,7 @@ class Flow(Capability):
                 )
                 if source_matches is not True:
                     raise FlowStateCorrupt()
-            elif request.kind not in (
-                FlowTransitionKind.DECIDER,
-                FlowTransitionKind.SPLIT_AGGREGATE,
-            ):
+            elif request.kind not in _SOURCELESS_KINDS:
                 raise FlowStateCorrupt()
             params = encode_flow_decision_request(request)
             if request.reused_decision_id is not None:

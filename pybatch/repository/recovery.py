@@ -208,17 +208,14 @@ class Recovery(Capability):
         with self._operation() as (q, conn):
             clock = self._uow.clock
             orphan = decode_job_execution(job_execution_row(q, conn, execution_id))
-            evidence = sha256(
-                canonical_json(
-                    {
-                        "execution_id": orphan.id,
-                        "observation": "OWNER_LOST",
-                        "status": orphan.status.value,
-                        "updated_at": orphan.updated_at.isoformat(),
-                        "version": orphan.version,
-                    }
-                )
-            )
+            observed = {
+                "execution_id": orphan.id,
+                "observation": "OWNER_LOST",
+                "status": orphan.status.value,
+                "updated_at": orphan.updated_at.isoformat(),
+                "version": orphan.version,
+            }
+            evidence = sha256(canonical_json(observed))
             failure = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(orphan.id))
             request = RecoveryRequest.mark_failed(
                 orphan.version, "OWNER_LOST", AUTOMATIC_RECOVERY_REFERENCE, evidence, failure
