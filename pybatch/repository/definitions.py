@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from pybatch._statements import Connection, Statements
 from pybatch.clock import Clock
 from pybatch.codecs._jsonb import to_jsonb
@@ -100,18 +102,13 @@ class Definitions(Capability):
         Raises `ensure_definition`'s errors, then DefinitionUpgradeConflict (other content, or
         the key is taken).
         """
-        conflict = {
-            "definition_upgrade_target_key_unique": lambda: DefinitionUpgradeConflict(
-                job_name=job_name.value
-            )
-        }
-        with self._operation(overrides=conflict) as (q, conn):
+        conflict = partial(DefinitionUpgradeConflict, job_name=job_name.value)
+        overrides = {"definition_upgrade_target_key_unique": conflict}
+        with self._operation(overrides=overrides) as (q, conn):
             clock = self._uow.clock
             from_id = ensure_definition(q, conn, clock, job_name, upgrade.from_definition)
             to_id = ensure_definition(q, conn, clock, job_name, upgrade.to_definition)
-            mapping = {
-                source.value: target.value for source, target in upgrade.step_mapping.items()
-            }
+            mapping = {old.value: new.value for old, new in upgrade.step_mapping.items()}
             edge = {"from_definition_id": from_id, "to_definition_id": to_id}
             inserted = q.insert_definition_upgrade_if_absent.one(
                 conn,
@@ -123,9 +120,8 @@ class Definitions(Capability):
             if inserted is not None:
                 return
             existing = q.find_definition_upgrade.one(conn, **edge)
-            if (
-                existing is None
-                or existing["upgrade_key"] != upgrade.key.value
-                or existing["step_mapping"] != mapping
-            ):
-                raise DefinitionUpgradeConflict(job_name=job_name.value)
+            stored = (
+                None if existing is None else (existing["upgrade_key"], existing["step_mapping"])
+            )
+            if stored != (upgrade.key.value, mapping):
+                raise conflict()

@@ -111,7 +111,6 @@ class Executions(LifecycleCapability[JobExecution]):
                 upgrade_from = int(latest.definition_id)
             attempt = locked.last_attempt + 1
             instances.record_job_instance_attempt(q, conn, instance_id, attempt)
-            now = clock.now()
             row = q.insert_job_execution.one(
                 conn,
                 job_instance_id=instance_id,
@@ -120,7 +119,7 @@ class Executions(LifecycleCapability[JobExecution]):
                 restart_of_execution_id=None if latest is None else latest.id,
                 attempt=attempt,
                 parameters=to_jsonb(encode_identifying_parameters(instance.key)),
-                now=now,
+                now=clock.now(),
             )
             return decode_job_execution(returned(row))
 

@@ -149,21 +149,17 @@ class Steps(LifecycleCapability[StepExecution]):
                     if mapped is None:
                         raise InvalidDefinitionUpgrade(execution_id=job_execution_id)
                     source_name = mapped
-                source_id = decode_optional_int64(
-                    q.find_restart_source_step_execution.scalar(
-                        conn, previous_job_execution_id=previous, source_step_name=source_name
-                    ),
-                    column="id",
-                    minimum=1,
+                source = q.find_restart_source_step_execution.scalar(
+                    conn, previous_job_execution_id=previous, source_step_name=source_name
                 )
+                source_id = decode_optional_int64(source, column="id", minimum=1)
                 if source_id is None:
                     raise RestartStateNotFound(
                         execution_id=job_execution_id, step_name=step_name.value
                     )
             now = self._uow.clock.now()
-            return insert_step_execution(
-                q, conn, job_execution_id, step_name, step_name.value, source_id, now
-            )
+            name = step_name.value
+            return insert_step_execution(q, conn, job_execution_id, step_name, name, source_id, now)
 
     def of_execution(self, job_execution_id: int) -> list[StepExecution]:
         """The steps of a job execution in creation order (docs/contract.md, Reads)."""
