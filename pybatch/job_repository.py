@@ -148,12 +148,11 @@ class JobRepository:
                 try:
                     result = work(uow)
                     uow.commit()
+                    return result
                 except RetryableConflict:
                     if attempt >= self.config.unit_of_work_attempts:
                         raise
-                    attempt += 1
-                    continue
-                return result
+            attempt += 1
 
     def recovery_snapshot(
         self, execution_id: int, current_owner: OwnerToken | None = None

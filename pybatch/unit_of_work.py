@@ -78,7 +78,6 @@ class UnitOfWork:
         self._poisoned: PyBatchError | None = None
         self.statements = statements
         self.clock = clock
-        #: Parents whose partition plan was created or carried here: not yet published.
         self.unpublished_plans: set[int] = set()
         self._operation_depth = 0
 

@@ -166,11 +166,8 @@ class Retention(Capability):
             final: dict[int, BatchStatus] = {}
             for row in rows:
                 instance_id = _int(row, "job_instance_id", 1)
-                candidates.append(
-                    PurgeCandidate(
-                        instance_id, _int(row, "job_execution_id", 1), _int(row, "version")
-                    )
-                )
+                execution_id = _int(row, "job_execution_id", 1)
+                candidates.append(PurgeCandidate(instance_id, execution_id, _int(row, "version")))
                 if instance_id not in final:
                     final[instance_id] = decode_enum(BatchStatus, row["status"], column="status")
             candidates.sort(key=candidate_order)
