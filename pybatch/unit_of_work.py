@@ -101,9 +101,6 @@ class UnitOfWork:
     @property
     def connection(self) -> Connection:
         """The connection for business statements: outside savepoints, a failed one fails COMMIT."""
-        return self._live_connection()
-
-    def _live_connection(self) -> Connection:
         if self._poisoned is not None:
             raise self._poisoned
         conn = self._lease.connection
@@ -114,7 +111,7 @@ class UnitOfWork:
     @contextmanager
     def operation(self, *, overrides: Overrides | None = None) -> Iterator[Connection]:
         """Run one repository operation under its own savepoint, mapping driver errors."""
-        conn = self._live_connection()
+        conn = self.connection
         if self._operation_depth:
             # Called by another operation: it runs inside the caller's savepoint, whose
             # failure handling and error mapping cover it (no second savepoint round trip).
@@ -161,9 +158,7 @@ class UnitOfWork:
 
     def commit(self) -> None:
         """COMMIT; raise rather than report success for anything but a durable commit."""
-        if self._poisoned is not None:
-            raise self._poisoned
-        self._live_connection()
+        self.connection  # noqa: B018 - raises the poisoning error, else UnitOfWorkClosed if closed
         self._lease.commit(_COMMIT_ERRORS)
 
     def rollback(self) -> None:
