@@ -73,7 +73,7 @@ def is_connection_loss(exc: BaseException, conn: psycopg.Connection[object] | No
     """True when the connection can no longer be trusted (class 08, admin shutdown, closed)."""
     if conn is not None and (conn.broken or conn.closed):
         return True
-    state = getattr(exc, "sqlstate", None)
+    state = sqlstate_of(exc)
     if state is None:
         return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))
     return state.startswith("08") or state in _CONNECTION_LOSS
@@ -153,8 +153,7 @@ _TLS_VERIFICATION_PHRASES = (
 
 
 def _sqlstate_of_connect_failure(error: psycopg.Error) -> str | None:
-    state: str | None = getattr(error, "sqlstate", None)
-    if state is not None:
+    if (state := sqlstate_of(error)) is not None:
         return state
     text = str(error)
     for phrases, phrase_state in _PHRASES:
