@@ -35,20 +35,9 @@ from pybatch.errors import (
     Unavailable,
 )
 
-__all__ = [
-    "CONSTRAINT_ERRORS",
-    "UNMAPPED_CONSTRAINTS",
-    "classify_business_error",
-    "classify_connect_failure",
-    "constraint_name",
-    "is_connection_loss",
-    "is_permanent",
-    "sqlstate_of",
-    "translate",
-]
-
 #: Unique constraints that arbitrate a race: a violation means another unit of work won.
-#: Operations that know more (DuplicateStep, DefinitionUpgradeConflict) pass `overrides`.
+#: Operations that know more (DuplicateStep) pass `overrides`; every other constraint
+#: (CHECK, NOT NULL, foreign key, other uniques) is a bug or corrupt input: IntegrityViolation.
 CONSTRAINT_ERRORS: Mapping[str, Callable[[], PyBatchError]] = {
     "job_instance_identity_unique": ConcurrentModification,
     "job_definition_revision_unique": ConcurrentModification,
@@ -61,9 +50,6 @@ CONSTRAINT_ERRORS: Mapping[str, Callable[[], PyBatchError]] = {
     "operator_request_identity_unique": ConcurrentModification,
     "retention_action_identity_unique": ConcurrentModification,
 }
-
-#: Constraints whose violation is a bug or corrupt input: reported as IntegrityViolation.
-UNMAPPED_CONSTRAINTS = "every CHECK, NOT NULL, foreign key and any unique not listed above"
 
 _RETRYABLE = frozenset({"40001", "40P01"})
 _INTEGRITY = frozenset({"23505", "23514", "23502", "23503", "23P01", "23000", "23001"})
@@ -87,7 +73,7 @@ def is_connection_loss(exc: BaseException, conn: psycopg.Connection[object] | No
     """True when the connection can no longer be trusted (class 08, admin shutdown, closed)."""
     if conn is not None and (conn.broken or conn.closed):
         return True
-    state = getattr(exc, "sqlstate", None)
+    state = sqlstate_of(exc)
     if state is None:
         return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))
     return state.startswith("08") or state in _CONNECTION_LOSS
@@ -120,12 +106,7 @@ def translate(
 def classify_business_error(
     exc: BaseException, conn: psycopg.Connection[object] | None
 ) -> BusinessTransactionError:
-    """Classify an ETL statement's failure inside a chunk (docs/contract.md, Chunk transactions).
-
-    Cancelled (57014), LockTimeout (55P03) and Rejected (classes 22, 23, 42, or a value
-    psycopg cannot adapt) keep the connection, though the transaction can now only roll
-    back; anything else is Infrastructure and the connection must be discarded.
-    """
+    """Classify an ETL statement's failure in a chunk; only Infrastructure loses the connection."""
     if is_connection_loss(exc, conn):
         return Infrastructure()
     state = sqlstate_of(exc)
@@ -141,8 +122,6 @@ def classify_business_error(
         return Rejected(sqlstate="22000")
     return Infrastructure()
 
-
-# ------------------------------------------------------------------------ connection attempts
 
 _AUTHENTICATION = frozenset({"28P01", "28000"})
 
@@ -174,8 +153,7 @@ _TLS_VERIFICATION_PHRASES = (
 
 
 def _sqlstate_of_connect_failure(error: psycopg.Error) -> str | None:
-    state: str | None = getattr(error, "sqlstate", None)
-    if state is not None:
+    if (state := sqlstate_of(error)) is not None:
         return state
     text = str(error)
     for phrases, phrase_state in _PHRASES:

@@ -39,13 +39,10 @@ T = TypeVar("T")
 
 
 def _clock_skew_check(config: ConnectionConfig, clock: Clock) -> ConnectionCheck:
-    """Measure `clock` against the server's on a new connection; the refusal, or None.
+    """Measure `clock` against the server's on each new connection; the refusal, or None.
 
-    The stamps a repository writes come from its clock; the decisions made on them (the
-    retention, unresolved and stale cutoffs, lease expiry) use the server's. Bounding the
-    distance keeps the two comparable at the cost of one statement per new connection, not
-    per statement. Two client readings bracket the server read, so a slow round trip is
-    never mistaken for skew. The connection is left idle, as the pool requires.
+    Stamps come from `clock` but cutoffs and lease expiry use the server's, so the distance is
+    bounded; two client readings bracket the server's, so a slow round trip is not skew.
     """
     statements = load_statements()
     bound_ms = int(config.max_clock_skew / timedelta(milliseconds=1))
@@ -93,21 +90,12 @@ class JobRepository:
     def __repr__(self) -> str:
         return f"JobRepository(schema_version={self.schema_version}, config={self.config!r})"
 
-    # ------------------------------------------------------------------ lifecycle
-
     @classmethod
     def connect(cls, config: ConnectionConfig, *, clock: Clock | None = None) -> JobRepository:
-        """Build the pool and verify the installed schema version; never migrates.
+        """Build the pool and verify the schema version (never migrates).
 
-        Raises:
-            SchemaUninitialized: no pybatch schema or version row.
-            MigrationRequired: the schema is older than this package.
-            NewerSchema: the schema is newer than this package.
-            ClockSkewExceeded: the clock is further than `config.max_clock_skew` from the
-                server's (a clock marked `simulated`, a test double, is not measured). The
-                same check runs on every new pooled connection, so a later lease raises it
-                too once the clock has drifted or jumped.
-            Unavailable: the server cannot be reached (details redacted).
+        Raises SchemaUninitialized, MigrationRequired (older), NewerSchema, Unavailable, and
+        ClockSkewExceeded (also on any later new connection; a `simulated` clock is not measured).
         """
         clock = clock or SystemClock()
         check = None if is_simulated(clock) else _clock_skew_check(config, clock)
@@ -144,51 +132,32 @@ class JobRepository:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    # ------------------------------------------------------------------ units of work
-
     def begin(self) -> UnitOfWork:
-        """Open a unit of work: READ COMMITTED with the configured timeouts.
-
-        Raises:
-            Unavailable: no connection could be leased.
-        """
+        """Open a READ COMMITTED unit of work (Unavailable when no connection can be leased)."""
         return UnitOfWork(self.transactions.lease(), self.statements, self.clock)
 
     def read_transaction(self) -> AbstractContextManager[Connection]:
-        """A READ ONLY, READ COMMITTED transaction with the configured timeouts, always rolled back.
-
-        For reads that must not join a unit of work (committed chunk state, reports).
-        """
+        """A READ ONLY transaction, always rolled back, for reads outside any unit of work."""
         return self.transactions.read_only()
 
     def run_in_unit_of_work(self, work: Callable[[UnitOfWork], T]) -> T:
-        """Run `work` in a unit of work and commit; re-run it on RetryableConflict only.
-
-        At most `config.unit_of_work_attempts` attempts; CommitOutcomeUnknown and every
-        other error propagate at once, because re-running could apply the work twice.
-        """
+        """Run `work` and commit; re-run on RetryableConflict only (others could apply it twice)."""
         attempt = 1
         while True:
             with self.begin() as uow:
                 try:
                     result = work(uow)
                     uow.commit()
+                    return result
                 except RetryableConflict:
                     if attempt >= self.config.unit_of_work_attempts:
                         raise
-                    attempt += 1
-                    continue
-                return result
+            attempt += 1
 
     def recovery_snapshot(
         self, execution_id: int, current_owner: OwnerToken | None = None
     ) -> RecoverySnapshot:
-        """Observe one execution for a recovery decision, in its own read-only transaction.
-
-        Raises:
-            JobExecutionNotFound: no such execution.
-            Unavailable: the server failed, or a row could not be decoded.
-        """
+        """Observe one execution for recovery, read-only (JobExecutionNotFound, Unavailable)."""
         with self.read_transaction() as conn:
             try:
                 return recovery.recovery_snapshot(
@@ -196,8 +165,6 @@ class JobRepository:
                 )
             except DecodeError:
                 raise Unavailable() from None
-
-    # ------------------------------------------------------------------ negotiation
 
     def descriptor(self) -> RepositoryDescriptor:
         """What this repository implements: every capability, at its schema version."""

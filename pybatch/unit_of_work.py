@@ -1,21 +1,15 @@
 """The unit of work: one leased connection, one READ COMMITTED transaction.
 
-See docs/contract.md, Unit of work.
-
-Every repository operation is a method of a capability bound to the unit of work
-(`uow.executions.create(...)`, `uow.holds.place(...)`): pybatch/repository/<capability>.py,
-which runs queries/<capability>.sql. Each operation runs under its own savepoint, so a failed
-operation leaves nothing staged and the unit of work stays usable; an operation that another
-one calls runs inside its caller's savepoint. COMMIT outcomes follow docs/tables.md 5 through
-the transaction primitive (`pybatch/_transaction.py`): a transaction the server already
-failed raises TransactionAborted, a lost acknowledgement raises CommitOutcomeUnknown, and
-neither is ever reported as success.
+Each operation (`uow.executions.create(...)`, pybatch/repository/<capability>.py) runs under
+its own savepoint, so a failed one leaves nothing staged and the unit of work usable. COMMIT
+of a transaction the server already failed raises TransactionAborted, a lost acknowledgement
+CommitOutcomeUnknown; neither is ever reported as success.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Generic, TypeVar
 
 import psycopg
@@ -52,7 +46,6 @@ from pybatch.repository.stop_requests import StopRequests
 
 __all__ = ["UnitOfWork"]
 
-#: How a unit of work reports a COMMIT that did not make its work durable.
 _COMMIT_ERRORS = CommitErrors(
     aborted=TransactionAborted,
     refused=_sqlstate.translate,
@@ -60,25 +53,11 @@ _COMMIT_ERRORS = CommitErrors(
 )
 
 
-@contextmanager
-def _rolled_back_on_error(conn: Connection) -> Iterator[None]:
-    """Roll the whole (just opened) transaction back if the block raises."""
-    try:
-        yield
-    except BaseException:
-        if not conn.broken and not conn.closed:
-            try:
-                conn.rollback()
-            except psycopg.Error:
-                pass  # the error being raised already says the connection failed
-        raise
-
-
 C = TypeVar("C", bound=Capability)
 
 
 class _Bound(Generic[C]):
-    """A capability of the unit of work, bound on first access and kept (a cached property)."""
+    """A capability bound on first access and kept (a cached property)."""
 
     def __init__(self, capability: type[C]) -> None:
         self._capability = capability
@@ -99,11 +78,8 @@ class UnitOfWork:
         self._poisoned: PyBatchError | None = None
         self.statements = statements
         self.clock = clock
-        #: Parents whose partition plan was created or carried here: not yet published.
         self.unpublished_plans: set[int] = set()
         self._operation_depth = 0
-
-    # ------------------------------------------------------------------ context manager
 
     def __enter__(self) -> UnitOfWork:
         return self
@@ -117,8 +93,6 @@ class UnitOfWork:
             if exc is None:
                 raise
 
-    # ------------------------------------------------------------------ state
-
     @property
     def is_open(self) -> bool:
         """Whether statements can still run (not committed, rolled back or closed)."""
@@ -126,14 +100,7 @@ class UnitOfWork:
 
     @property
     def connection(self) -> Connection:
-        """The transaction's connection, for business statements that commit with it.
-
-        Business statements run outside pybatch's savepoints: one that fails leaves the
-        transaction failed, and `commit` then raises TransactionAborted.
-        """
-        return self._live_connection()
-
-    def _live_connection(self) -> Connection:
+        """The connection for business statements: outside savepoints, a failed one fails COMMIT."""
         if self._poisoned is not None:
             raise self._poisoned
         conn = self._lease.connection
@@ -144,7 +111,7 @@ class UnitOfWork:
     @contextmanager
     def operation(self, *, overrides: Overrides | None = None) -> Iterator[Connection]:
         """Run one repository operation under its own savepoint, mapping driver errors."""
-        conn = self._live_connection()
+        conn = self.connection
         if self._operation_depth:
             # Called by another operation: it runs inside the caller's savepoint, whose
             # failure handling and error mapping cover it (no second savepoint round trip).
@@ -156,8 +123,13 @@ class UnitOfWork:
                 # Nothing is staged yet: the operation's first statement opens the
                 # transaction (no BEGIN round trip), and on failure rolling all of it back
                 # is exactly what rolling back to a savepoint would do.
-                with _rolled_back_on_error(conn):
+                try:
                     yield conn
+                except BaseException:
+                    if not conn.broken and not conn.closed:
+                        with suppress(psycopg.Error):  # the error raised already says so
+                            conn.rollback()
+                    raise
             else:
                 with conn.transaction():
                     yield conn
@@ -184,28 +156,18 @@ class UnitOfWork:
             row = self.statements.get_transaction_settings.one(conn)
         return {} if row is None else {str(key): str(value) for key, value in row.items()}
 
-    # ------------------------------------------------------------------ outcome
-
     def commit(self) -> None:
         """COMMIT; raise rather than report success for anything but a durable commit."""
-        if self._poisoned is not None:
-            raise self._poisoned
-        self._live_connection()
+        self.connection  # noqa: B018 - raises the poisoning error, else UnitOfWorkClosed if closed
         self._lease.commit(_COMMIT_ERRORS)
 
     def rollback(self) -> None:
-        """ROLLBACK everything staged; a second call is a no-op.
-
-        Raises:
-            Unavailable: the rollback failed and the connection was discarded.
-        """
+        """ROLLBACK everything staged, once (Unavailable: it failed, the connection is gone)."""
         self._poisoned = None
         if not self._lease.rollback():
             raise Unavailable()
 
-    # ------------------------------------------------------------------ capabilities
     # Each is pybatch/repository/<name>.py over queries/<name>.sql, created on first use.
-
     definitions = _Bound(Definitions)
     instances = _Bound(Instances)
     executions = _Bound(Executions)

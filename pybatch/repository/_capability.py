@@ -27,7 +27,6 @@ class Transaction(Protocol):
         self, *, overrides: Overrides | None = None
     ) -> AbstractContextManager[Connection]:
         """One atomic operation: a savepoint (none when nested), driver errors mapped."""
-        ...
 
 
 class Capability:

@@ -1,12 +1,8 @@
 """The one compare-and-swap algorithm of job and step executions.
 
-See docs/contract.md, Lifecycle; Transitions and enrichment.
-
-A transition or an exit-status enrichment locks the row, computes the new lifecycle state
-in Python (`values/lifecycle.py`, the contract's table), then writes it with an UPDATE whose
-`WHERE` holds the expected version; zero rows means another writer won, told apart from a
-vanished row by one re-read. `executions.py` and `steps.py` supply their statements through
-a `LifecycleRows`.
+A transition or an exit-status enrichment locks the row, computes the new state in Python
+(`values/lifecycle.py`), then writes it with an UPDATE whose `WHERE` holds the expected
+version; zero rows means another writer won, told apart from a vanished row by one re-read.
 """
 
 from __future__ import annotations
@@ -20,6 +16,7 @@ import attrs
 from pybatch._statements import Connection, Row, Statement, Statements
 from pybatch.codecs.lifecycle import encode_execution_metadata
 from pybatch.errors import PyBatchError, StaleVersion, Unavailable, VersionOutOfRange
+from pybatch.repository._capability import Capability
 from pybatch.values.ids import INT64_MAX, IdentifierKind, check_identifier, check_version
 from pybatch.values.lifecycle import (
     ExecutionMetadata,
@@ -41,6 +38,7 @@ class LifecycleRows(Generic[Record]):
     #: The name of the row's id parameter in the table's statements.
     id_parameter: str
     lock_statement: Callable[[Statements], Statement]
+    get_statement: Callable[[Statements], Statement]
     transition_statement: Callable[[Statements], Statement]
     exit_code_statement: Callable[[Statements], Statement]
     decode: Callable[[Row], Record]
@@ -59,14 +57,7 @@ def lock(rows: LifecycleRows[Record], q: Statements, conn: Connection, record_id
 
 
 def check_expected_version(expected_version: int) -> int:
-    """An expected version to compare with a stored one.
-
-    See docs/contract.md, Identifiers, versions and counters.
-
-    Raises:
-        Unavailable: above 2^63-1, where no stored version can be (bigint).
-        VersionOutOfRange: negative.
-    """
+    """An expected version (VersionOutOfRange when negative, Unavailable above the bigint)."""
     try:
         return check_version(expected_version)
     except VersionOutOfRange:
@@ -104,9 +95,7 @@ def transition(
 ) -> Record:
     """Apply a lifecycle transition under the row lock, then compare-and-swap.
 
-    Raises:
-        the table's NotFound, then the lifecycle errors in the order of
-        docs/contract.md, Transition check order.
+    Raises the table's NotFound, then the lifecycle errors in the contract's check order.
     """
     check_expected_version(expected_version)
     current = lock(rows, q, conn, record_id)
@@ -136,10 +125,7 @@ def enrich_exit_status(
     expected_version: int,
     exit_status: ExitCode,
 ) -> Record:
-    """Replace the exit status in any status, bumping the version.
-
-    See docs/contract.md, Exit-status enrichment; Transitions and enrichment.
-    """
+    """Replace the exit status in any status, bumping the version."""
     check_expected_version(expected_version)
     current = lock(rows, q, conn, record_id)
     new = apply_exit_enrichment(current.metadata, current.version, expected_version, exit_status)
@@ -151,3 +137,37 @@ def enrich_exit_status(
         **{rows.id_parameter: record_id},
     )
     return _swapped(rows, q, conn, current, changed, expected_version, new, now)
+
+
+class LifecycleCapability(Capability, Generic[Record]):
+    """The operations job and step executions share; `_rows` names the table."""
+
+    __slots__ = ()
+    _rows: LifecycleRows[Record]
+
+    def transition(
+        self, record_id: int, expected_version: int, transition: LifecycleTransition
+    ) -> Record:
+        """Apply a lifecycle transition under the row lock (compare-and-swap)."""
+        with self._operation() as (q, conn):
+            return _transition(self._rows, q, conn, record_id, expected_version, transition)
+
+    def enrich_exit_status(
+        self, record_id: int, expected_version: int, exit_status: ExitCode
+    ) -> Record:
+        """Replace the exit status in any status (docs/contract.md, Exit-status enrichment)."""
+        with self._operation() as (q, conn):
+            now = self._uow.clock.now()
+            return enrich_exit_status(
+                self._rows, q, conn, now, record_id, expected_version, exit_status
+            )
+
+    def get(self, record_id: int) -> Record | None:
+        """One record, or None (docs/contract.md, Reads)."""
+        with self._operation() as (q, conn):
+            check_identifier(self._rows.kind, record_id)
+            row = self._rows.get_statement(q).one(conn, **{self._rows.id_parameter: record_id})
+            return None if row is None else self._rows.decode(row)
+
+
+_transition = transition

@@ -12,7 +12,7 @@ import attrs
 import psycopg
 
 from pybatch import _sqlstate
-from pybatch._statements import Connection, Statements
+from pybatch._statements import Connection, Row, Statements
 from pybatch.codecs._primitives import (
     DecodeError,
     decode_digest,
@@ -47,6 +47,16 @@ class AuditLinkCheck:
     purge_seq: int | None = None
 
 
+def _append_link(q: Statements, conn: Connection, kind: AuditRecordKind, record_id: int) -> int:
+    # One database function appends the link and advances the head; the chain's triggers
+    # refuse a link that would not follow the head (IntegrityViolation, mapped by the caller).
+    row = q.append_audit_link.one(conn, record_kind=kind.value, record_id=record_id)
+    if row is None:  # the record is not visible: a bug, nothing is linked
+        raise Unavailable()
+    decode_digest(row["link_digest"], column="link_digest")
+    return decode_int64(row["seq"], column="seq", minimum=1)
+
+
 def link_audit_record(
     q: Statements,
     conn: Connection,
@@ -55,47 +65,20 @@ def link_audit_record(
     *,
     tolerate_chain_errors: bool = False,
 ) -> int | None:
-    """Append the link of a record just written in this transaction; return its sequence number.
+    """Link a record just written in this transaction; return the link's sequence number.
 
-    With `tolerate_chain_errors`, a chain that refuses the link leaves the record unlinked
-    (`try_link_audit_record`, which returns None then).
-
-    The database function appends the link and advances the head in one statement; the
-    chain's triggers refuse a link that would not follow the head (migration 0007).
-
-    Raises:
-        Unavailable: the record is not visible (a bug: nothing is linked, the head is unchanged).
-        IntegrityViolation: the chain refused the link (it is damaged: `pybatch audit verify`
-            names where); raised by the caller's operation when it maps the driver error.
+    With `tolerate_chain_errors` (the automatic recovery of a dead run, which must never wait
+    on the chain's health) the append runs under its own savepoint: a refusal by the chain, a
+    link written around pybatch or a timeout on the head rolls back only the link, the record
+    stays unlinked (an error line names it, `pybatch audit verify` reports it) and None is
+    returned. A lost connection or a RetryableConflict still propagates.
     """
-    if tolerate_chain_errors:
-        return try_link_audit_record(q, conn, kind, record_id)
-    row = q.append_audit_link.one(conn, record_kind=kind.value, record_id=record_id)
-    if row is None:
-        raise Unavailable()
-    decode_digest(row["link_digest"], column="link_digest")
-    return decode_int64(row["seq"], column="seq", minimum=1)
-
-
-def try_link_audit_record(
-    q: Statements, conn: Connection, kind: AuditRecordKind, record_id: int
-) -> int | None:
-    """Link a record like `link_audit_record`, but leave it unlinked if the chain refuses.
-
-    For the writes that must never wait on the chain's health (the automatic recovery of a
-    dead run): the append runs under its own savepoint, so a refusal by the chain's triggers,
-    a collision with a link written around pybatch, or a lock or statement timeout on the head
-    rolls back only the link. The record stays, unlinked, which `pybatch audit verify`
-    reports; an error line names it. Returns the link's sequence number, or None.
-
-    Raises:
-        Unavailable: the connection itself failed.
-        RetryableConflict: a deadlock or serialization failure (the unit of work retries).
-    """
+    if not tolerate_chain_errors:
+        return _append_link(q, conn, kind, record_id)
     mapped: PyBatchError | None = None
     try:
         with conn.transaction():
-            return link_audit_record(q, conn, kind, record_id)
+            return _append_link(q, conn, kind, record_id)
     except psycopg.Error as error:
         if conn.broken:
             raise
@@ -125,35 +108,38 @@ def audit_chain_head(q: Statements, conn: Connection) -> tuple[int, bytes]:
     )
 
 
+def _digest(row: Row, column: str) -> bytes:
+    return decode_digest(row[column], column=column)
+
+
+def _id(row: Row, column: str) -> int | None:
+    return decode_optional_int64(row[column], column=column, minimum=1)
+
+
 def audit_links_after(
     q: Statements, conn: Connection, after_seq: int, limit: int
 ) -> list[AuditLinkCheck]:
     """A page of links with their expected digests and their records' current content."""
-    links = []
-    for row in q.list_audit_links.many(conn, after_seq=after_seq, limit=limit):
-        current = row["record_content_digest"]
-        links.append(
-            AuditLinkCheck(
-                seq=decode_int64(row["seq"], column="seq", minimum=1),
-                record_kind=decode_text(row["record_kind"], column="record_kind"),
-                record_id=decode_int64(row["record_id"], column="record_id", minimum=1),
-                content_digest=decode_digest(row["content_digest"], column="content_digest"),
-                previous_digest=decode_digest(row["previous_digest"], column="previous_digest"),
-                link_digest=decode_digest(row["link_digest"], column="link_digest"),
-                expected_link_digest=decode_digest(
-                    row["expected_link_digest"], column="expected_link_digest"
-                ),
-                record_content_digest=None
-                if current is None
-                else decode_digest(current, column="record_content_digest"),
-                purged_by=decode_optional_int64(row["purged_by"], column="purged_by", minimum=1),
-                purge_action=None
-                if row["purge_action"] is None
-                else decode_text(row["purge_action"], column="purge_action"),
-                purge_seq=decode_optional_int64(row["purge_seq"], column="purge_seq", minimum=1),
-            )
+    return [
+        AuditLinkCheck(
+            seq=decode_int64(row["seq"], column="seq", minimum=1),
+            record_kind=decode_text(row["record_kind"], column="record_kind"),
+            record_id=decode_int64(row["record_id"], column="record_id", minimum=1),
+            content_digest=_digest(row, "content_digest"),
+            previous_digest=_digest(row, "previous_digest"),
+            link_digest=_digest(row, "link_digest"),
+            expected_link_digest=_digest(row, "expected_link_digest"),
+            record_content_digest=None
+            if row["record_content_digest"] is None
+            else _digest(row, "record_content_digest"),
+            purged_by=_id(row, "purged_by"),
+            purge_action=None
+            if row["purge_action"] is None
+            else decode_text(row["purge_action"], column="purge_action"),
+            purge_seq=_id(row, "purge_seq"),
         )
-    return links
+        for row in q.list_audit_links.many(conn, after_seq=after_seq, limit=limit)
+    ]
 
 
 def unlinked_audit_record(q: Statements, conn: Connection) -> tuple[str, int] | None:
@@ -168,10 +154,7 @@ def unlinked_audit_record(q: Statements, conn: Connection) -> tuple[str, int] | 
 
 
 def overdrawn_audit_purge(q: Statements, conn: Connection) -> tuple[int, str, int, int] | None:
-    """A retention action marking more links of a kind purged than it deleted, or None.
-
-    Returns (retention action id, record kind, links marked, records deleted).
-    """
+    """A purge that marked more links of a kind than it deleted: (id, kind, marked, deleted)."""
     row = q.find_overdrawn_audit_purge.one(conn)
     if row is None:
         return None

@@ -1,9 +1,8 @@
-"""Definitions and upgrade edges over queries/definitions.sql.
-
-See docs/contract.md, Definitions; Definitions and upgrades.
-"""
+"""Definitions and upgrade edges over queries/definitions.sql."""
 
 from __future__ import annotations
+
+from functools import partial
 
 from pybatch._statements import Connection, Statements
 from pybatch.clock import Clock
@@ -28,11 +27,9 @@ def ensure_definition(
 ) -> int:
     """Return the id of `definition` for `job_name`, registering it when new.
 
-    Raises:
-        DefinitionJobMismatch: the definition is bound to another job.
-        UnsupportedManifestVersion: manifest format outside 1..3.
-        ManifestInvalid: a new flow manifest beyond the flow-graph bounds.
-        DefinitionDrift: the revision is registered with another digest.
+    Raises, in this order: DefinitionJobMismatch, UnsupportedManifestVersion (outside 1..3),
+    DefinitionDrift (the revision has another digest), ManifestInvalid (a new flow manifest
+    beyond the flow-graph bounds).
     """
     if definition.job_name is not None and definition.job_name != job_name:
         raise DefinitionJobMismatch(expected=job_name.value, actual=definition.job_name.value)
@@ -100,24 +97,18 @@ class Definitions(Capability):
     """The definitions operations of one unit of work."""
 
     def register_upgrade(self, job_name: JobName, upgrade: DefinitionUpgrade) -> None:
-        """Register a direct, non-transitive upgrade edge; idempotent for equal content.
+        """Register a direct upgrade edge, idempotent for equal content.
 
-        Raises:
-            DefinitionJobMismatch, UnsupportedManifestVersion, DefinitionDrift: from `ensure`.
-            DefinitionUpgradeConflict: the edge exists with other content, or the key is taken.
+        Raises `ensure_definition`'s errors, then DefinitionUpgradeConflict (other content, or
+        the key is taken).
         """
-        conflict = {
-            "definition_upgrade_target_key_unique": lambda: DefinitionUpgradeConflict(
-                job_name=job_name.value
-            )
-        }
-        with self._operation(overrides=conflict) as (q, conn):
+        conflict = partial(DefinitionUpgradeConflict, job_name=job_name.value)
+        overrides = {"definition_upgrade_target_key_unique": conflict}
+        with self._operation(overrides=overrides) as (q, conn):
             clock = self._uow.clock
             from_id = ensure_definition(q, conn, clock, job_name, upgrade.from_definition)
             to_id = ensure_definition(q, conn, clock, job_name, upgrade.to_definition)
-            mapping = {
-                source.value: target.value for source, target in upgrade.step_mapping.items()
-            }
+            mapping = {old.value: new.value for old, new in upgrade.step_mapping.items()}
             edge = {"from_definition_id": from_id, "to_definition_id": to_id}
             inserted = q.insert_definition_upgrade_if_absent.one(
                 conn,
@@ -129,9 +120,8 @@ class Definitions(Capability):
             if inserted is not None:
                 return
             existing = q.find_definition_upgrade.one(conn, **edge)
-            if (
-                existing is None
-                or existing["upgrade_key"] != upgrade.key.value
-                or existing["step_mapping"] != mapping
-            ):
-                raise DefinitionUpgradeConflict(job_name=job_name.value)
+            stored = (
+                None if existing is None else (existing["upgrade_key"], existing["step_mapping"])
+            )
+            if stored != (upgrade.key.value, mapping):
+                raise conflict()

@@ -1,9 +1,4 @@
-"""Job executions: launch, restart, transitions, enrichment, reads.
-
-See docs/contract.md, Launch and restart; Transitions and enrichment; Reads.
-
-Statements come from queries/executions.sql; the instance lock from queries/instances.sql.
-"""
+"""Job executions (queries/executions.sql): launch, restart, transitions, enrichment, reads."""
 
 from __future__ import annotations
 
@@ -20,13 +15,12 @@ from pybatch.errors import (
     JobExecutionNotFound,
 )
 from pybatch.repository import _lifecycle, instances, steps
-from pybatch.repository._capability import Capability, require_job_instance
-from pybatch.repository._lifecycle import LifecycleRows
+from pybatch.repository._capability import require_job_instance
+from pybatch.repository._lifecycle import LifecycleCapability, LifecycleRows
 from pybatch.repository.definitions import ensure_definition
 from pybatch.values.definitions import DefinitionIdentity
-from pybatch.values.ids import IdentifierKind, check_identifier
+from pybatch.values.ids import IdentifierKind
 from pybatch.values.lifecycle import LifecycleTransition
-from pybatch.values.names import ExitCode
 from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus
 
@@ -34,23 +28,15 @@ from pybatch.values.status import BatchStatus
 def _refuse_latest(
     instance_id: int, latest: JobExecution | None, tombstone: BatchStatus | None
 ) -> None:
-    """Launch check order, step 2: the latest attempt decides (docs/contract.md)."""
-    if latest is None:
-        if tombstone is not None:
-            status = tombstone
-            if status is BatchStatus.COMPLETED:
-                raise CompletedInstance(id=instance_id, purged=True)
-            if status is BatchStatus.ABANDONED:
-                raise AbandonedInstance(id=instance_id, purged=True)
-        return
-    status = latest.status
+    """Launch check order, step 2: the latest attempt (or a purged one's tombstone) decides."""
+    status, purged = (tombstone, True) if latest is None else (latest.status, False)
     if status is BatchStatus.COMPLETED:
-        raise CompletedInstance(id=instance_id)
+        raise CompletedInstance(id=instance_id, purged=purged)
     if status is BatchStatus.ABANDONED:
-        raise AbandonedInstance(id=instance_id)
-    if status.is_unresolved:
+        raise AbandonedInstance(id=instance_id, purged=purged)
+    if latest is not None and latest.status.is_unresolved:
         raise ExecutionAlreadyActive(
-            instance_id=instance_id, execution_id=latest.id, status=status.value
+            instance_id=instance_id, execution_id=latest.id, status=latest.status.value
         )
 
 
@@ -58,6 +44,7 @@ _ROWS = LifecycleRows[JobExecution](
     kind=IdentifierKind.JOB_EXECUTION,
     id_parameter="job_execution_id",
     lock_statement=lambda q: q.lock_job_execution,
+    get_statement=lambda q: q.get_job_execution,
     transition_statement=lambda q: q.update_job_execution_transition,
     exit_code_statement=lambda q: q.update_job_execution_exit_code,
     decode=decode_job_execution,
@@ -78,12 +65,10 @@ def transition_job_execution(
     expected_version: int,
     transition: LifecycleTransition,
 ) -> JobExecution:
-    """Apply a lifecycle transition under the row lock, then compare-and-swap.
+    """Apply a lifecycle transition (compare-and-swap) under the row lock.
 
-    Raises JobExecutionNotFound, then the lifecycle errors in the order of docs/contract.md,
-    Transition check order. A transition to a finished status also ends the execution's
-    unfinished steps and partition workers in the same transaction: ending an execution ends
-    its ownership of everything under it.
+    A finished execution also ends its unfinished steps and partition workers in the same
+    transaction: ending an execution ends its ownership of everything under it.
     """
     ended = _lifecycle.transition(_ROWS, q, conn, execution_id, expected_version, transition)
     if ended.status.is_finished:
@@ -91,30 +76,19 @@ def transition_job_execution(
     return ended
 
 
-def get_job_execution(q: Statements, conn: Connection, execution_id: int) -> JobExecution | None:
-    """One job execution, or None (statements: executions.sql get_job_execution)."""
-    check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
-    row = q.get_job_execution.one(conn, job_execution_id=execution_id)
-    return None if row is None else decode_job_execution(row)
-
-
-class Executions(Capability):
+class Executions(LifecycleCapability[JobExecution]):
     """The executions operations of one unit of work."""
+
+    _rows = _ROWS
 
     def create(
         self, instance_id: int, definition: DefinitionIdentity = DefinitionIdentity.LEGACY
     ) -> JobExecution:
         """Launch the first attempt or restart a STOPPED/FAILED instance.
 
-        See docs/contract.md, Launch and restart.
-
-        Raises:
-            JobInstanceNotFound: no such instance.
-            CompletedInstance, AbandonedInstance: the latest attempt is terminal.
-            ExecutionAlreadyActive: the latest attempt is STARTING, STARTED, STOPPING or UNKNOWN.
-            DefinitionJobMismatch, UnsupportedManifestVersion, DefinitionDrift: definition checks,
-                run only after the status check.
-            IncompatibleDefinition: a restart changed the digest without a direct edge.
+        Raises, in this order: JobInstanceNotFound; CompletedInstance, AbandonedInstance or
+        ExecutionAlreadyActive (latest attempt unresolved); the definition checks of
+        `ensure_definition`; IncompatibleDefinition (new digest without a direct edge).
         """
         with self._operation() as (q, conn):
             clock = self._uow.clock
@@ -137,7 +111,6 @@ class Executions(Capability):
                 upgrade_from = int(latest.definition_id)
             attempt = locked.last_attempt + 1
             instances.record_job_instance_attempt(q, conn, instance_id, attempt)
-            now = clock.now()
             row = q.insert_job_execution.one(
                 conn,
                 job_instance_id=instance_id,
@@ -146,39 +119,16 @@ class Executions(Capability):
                 restart_of_execution_id=None if latest is None else latest.id,
                 attempt=attempt,
                 parameters=to_jsonb(encode_identifying_parameters(instance.key)),
-                now=now,
+                now=clock.now(),
             )
             return decode_job_execution(returned(row))
 
     def transition(
-        self, execution_id: int, expected_version: int, transition: LifecycleTransition
+        self, record_id: int, expected_version: int, transition: LifecycleTransition
     ) -> JobExecution:
         """Apply a lifecycle transition with a version compare-and-swap."""
-        with self._uow.operation() as conn:
-            return transition_job_execution(
-                self._uow.statements, conn, execution_id, expected_version, transition
-            )
-
-    def enrich_exit_status(
-        self, execution_id: int, expected_version: int, exit_status: ExitCode
-    ) -> JobExecution:
-        """Replace the exit status in any status (docs/contract.md, Exit-status enrichment)."""
-        with self._uow.operation() as conn:
-            uow = self._uow
-            return _lifecycle.enrich_exit_status(
-                _ROWS,
-                uow.statements,
-                conn,
-                uow.clock.now(),
-                execution_id,
-                expected_version,
-                exit_status,
-            )
-
-    def get(self, execution_id: int) -> JobExecution | None:
-        """One job execution, or None (docs/contract.md, Reads)."""
-        with self._uow.operation() as conn:
-            return get_job_execution(self._uow.statements, conn, execution_id)
+        with self._operation() as (q, conn):
+            return transition_job_execution(q, conn, record_id, expected_version, transition)
 
     def of_instance(self, instance_id: int) -> list[JobExecution]:
         """Every attempt of an instance in attempt order (docs/contract.md, Reads)."""

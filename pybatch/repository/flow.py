@@ -1,7 +1,4 @@
-"""Flow steps, start limits and flow decisions over queries/flow.sql.
-
-See docs/contract.md, Flow steps and decisions.
-"""
+"""Flow steps, start limits and flow decisions over queries/flow.sql."""
 
 from __future__ import annotations
 
@@ -37,6 +34,9 @@ from pybatch.values.flow import (
 from pybatch.values.names import NodeId, StepName
 from pybatch.values.records import StepExecution
 
+#: The only transitions that may have no source step.
+_SOURCELESS_KINDS = (FlowTransitionKind.DECIDER, FlowTransitionKind.SPLIT_AGGREGATE)
+
 
 class Flow(Capability):
     """The flow operations of one unit of work."""
@@ -50,13 +50,9 @@ class Flow(Capability):
     ) -> StepExecution:
         """Start a node: check its start limit and copy the newest state of the node.
 
-        The instance row lock serializes concurrent starts across attempts and processes, so
-        the count and the insert cannot interleave with another start of the node.
-
-        Raises:
-            JobExecutionNotFound: no such job execution.
-            DuplicateStep: the name or node is taken in this execution.
-            StartLimitExceeded: the node already started `start_limit` times in the instance.
+        The instance row lock serializes starts across attempts and processes, so the count
+        and the insert never interleave with another start. Raises, in this order:
+        JobExecutionNotFound, DuplicateStep, StartLimitExceeded.
         """
         duplicate = steps.duplicate_step_overrides(job_execution_id, step_name, node_id.value)
         with self._operation(overrides=duplicate) as (q, conn):
@@ -99,13 +95,9 @@ class Flow(Capability):
     def append_decision(self, request: FlowDecisionRequest) -> FlowDecision:
         """Append a decision checked against the execution's manifest.
 
-        Raises:
-            JobExecutionNotFound: no such job execution.
-            FlowStateCorrupt: the fingerprint is not the execution's manifest digest, the manifest
-                does not lead from the source node to the target on this outcome, the source step
-                or the reused decision does not fit.
-            ConcurrentModification: the sequence is not the next one, or the node already decided
-                in this execution (flow_decision_sequence_unique and _source_unique settle races).
+        Raises JobExecutionNotFound; FlowStateCorrupt (fingerprint, manifest edge, source step
+        or reused decision does not fit); ConcurrentModification (not the next sequence, or
+        the node already decided: flow_decision_sequence_unique and _source_unique settle races).
         """
         with self._operation() as (q, conn):
             execution_id = request.job_execution_id
@@ -131,10 +123,7 @@ class Flow(Capability):
                 )
                 if source_matches is not True:
                     raise FlowStateCorrupt()
-            elif request.kind not in (
-                FlowTransitionKind.DECIDER,
-                FlowTransitionKind.SPLIT_AGGREGATE,
-            ):
+            elif request.kind not in _SOURCELESS_KINDS:
                 raise FlowStateCorrupt()
             params = encode_flow_decision_request(request)
             if request.reused_decision_id is not None:
@@ -165,11 +154,7 @@ class Flow(Capability):
         input_digest: bytes,
         kind: FlowTransitionKind,
     ) -> FlowDecision | None:
-        """The latest decision of `node_id` in the instance on the same plan and input, or None.
-
-        Raises:
-            JobInstanceNotFound: no such instance.
-        """
+        """The latest decision of `node_id` on the same plan and input (JobInstanceNotFound)."""
         with self._operation() as (q, conn):
             require_job_instance(q, conn, instance_id)
             row = q.find_reusable_flow_decision.one(

@@ -36,6 +36,7 @@ def _decode_hold(row: Any) -> RetentionHold | None:
 
 def _instance_row(statement: Statement, conn: Connection, instance_id: int) -> Row:
     """The instance's hold columns through `statement` (JobInstanceNotFound without a row)."""
+    check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
     row = statement.one(conn, job_instance_id=instance_id)
     if row is None:
         raise JobInstanceNotFound(id=instance_id)
@@ -47,43 +48,36 @@ class Holds(Capability):
 
     def get(self, instance_id: int) -> RetentionHold | None:
         """The instance's hold, or None."""
-        with self._uow.operation() as conn:
-            check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
-            return _decode_hold(
-                _instance_row(self._uow.statements.read_instance_hold, conn, instance_id)
-            )
+        with self._operation() as (q, conn):
+            return _decode_hold(_instance_row(q.read_instance_hold, conn, instance_id))
 
     def place(
         self, instance_id: int, actor: ActorRef, reason: ReasonCode, placed_at: _dt.datetime
     ) -> RetentionHold:
         """Place the hold, replacing any existing one."""
-        with self._uow.operation() as conn:
+        with self._operation():
             check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
             hold = RetentionHold(
                 job_instance_id=instance_id, actor=actor, reason=reason, placed_at=placed_at
             )
-            self._write(conn, instance_id, hold)
+            self._write(instance_id, hold)
             return hold
 
     def release(self, instance_id: int) -> RetentionHold | None:
         """Clear the hold; return the previous one (None if there was none)."""
-        with self._uow.operation() as conn:
-            check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
-            return self._write(conn, instance_id, None)
+        return self._write(instance_id, None)
 
-    def _write(
-        self, conn: Connection, instance_id: int, hold: RetentionHold | None
-    ) -> RetentionHold | None:
+    def _write(self, instance_id: int, hold: RetentionHold | None) -> RetentionHold | None:
         """Lock the instance and write `hold`; clearing returns the previous hold (or None)."""
-        q = self._uow.statements
-        row = _instance_row(q.lock_instance_hold, conn, instance_id)
-        previous = None if hold is not None else _decode_hold(row)
-        if hold is not None or previous is not None:  # clearing no hold writes nothing
-            q.update_instance_hold.affected(
-                conn,
-                job_instance_id=instance_id,
-                actor_ref=None if hold is None else hold.actor.value,
-                reason_code=None if hold is None else hold.reason.value,
-                placed_at=None if hold is None else aware_utc(hold.placed_at),
-            )
-        return previous
+        with self._operation() as (q, conn):
+            row = _instance_row(q.lock_instance_hold, conn, instance_id)
+            previous = None if hold is not None else _decode_hold(row)
+            if hold is not None or previous is not None:  # clearing no hold writes nothing
+                q.update_instance_hold.affected(
+                    conn,
+                    job_instance_id=instance_id,
+                    actor_ref=None if hold is None else hold.actor.value,
+                    reason_code=None if hold is None else hold.reason.value,
+                    placed_at=None if hold is None else aware_utc(hold.placed_at),
+                )
+            return previous

@@ -22,13 +22,9 @@ from pybatch.values.records import (
 
 
 def lock_job_instance(q: Statements, conn: Connection, instance_id: int) -> LockedJobInstance:
-    """Lock the instance row: it serializes launches, restarts and step starts.
+    """Lock and fully decode the instance row, serializing launches, restarts and step starts.
 
-    Lock order: the instance, then the job execution, then the step. The row is decoded in
-    full, so a launch refuses a corrupt instance instead of copying it.
-
-    Raises:
-        JobInstanceNotFound: no such instance.
+    Lock order: the instance, then the job execution, then the step (JobInstanceNotFound).
     """
     check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
     row = q.lock_job_instance.one(conn, job_instance_id=instance_id)
@@ -40,11 +36,7 @@ def lock_job_instance(q: Statements, conn: Connection, instance_id: int) -> Lock
 def record_job_instance_attempt(
     q: Statements, conn: Connection, instance_id: int, attempt: int
 ) -> None:
-    """Record `attempt` as the instance's last attempt (under its row lock).
-
-    Raises:
-        ConcurrentModification: the row changed under the lock (it cannot; a bug if it does).
-    """
+    """Record `attempt` as the last attempt, under the row lock (else ConcurrentModification)."""
     update = q.update_job_instance_last_attempt
     if update.affected(conn, job_instance_id=instance_id, attempt=attempt) != 1:
         raise ConcurrentModification()
@@ -54,11 +46,10 @@ class Instances(Capability):
     """The instances operations of one unit of work."""
 
     def select_or_create(self, key: JobInstanceKey) -> JobInstanceSelection:
-        """Return the instance of `key`, creating it when absent (docs/contract.md, Job instances).
+        """Return the instance of `key`, creating it when absent.
 
-        Race: concurrent creators of one key are settled by job_instance_identity_unique; the
-        loser's insert does nothing and its read-back, a new statement under READ COMMITTED,
-        sees the winner's committed row.
+        Race: job_instance_identity_unique settles creators of one key; the loser's insert does
+        nothing and its read-back (a new READ COMMITTED statement) sees the winner's row.
         """
         with self._operation() as (q, conn):
             clock = self._uow.clock
@@ -74,7 +65,7 @@ class Instances(Capability):
             return Existing(instance=decode_job_instance(row))
 
     def find(self, key: JobInstanceKey) -> JobInstance | None:
-        """The instance of `key`, or None (statements: instances.sql find_job_instance_by_key)."""
+        """The instance of `key`, or None."""
         with self._operation() as (q, conn):
             row = q.find_job_instance_by_key.one(
                 conn, job_name=key.job_name.value, instance_key=key.digest()
@@ -82,7 +73,7 @@ class Instances(Capability):
             return None if row is None else decode_job_instance(row)
 
     def get(self, instance_id: int) -> JobInstance | None:
-        """The instance with this id, or None (statements: instances.sql get_job_instance)."""
+        """The instance with this id, or None."""
         with self._operation() as (q, conn):
             check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
             row = q.get_job_instance.one(conn, job_instance_id=instance_id)

@@ -1,7 +1,4 @@
-"""Operator request audit and idempotency, queries/operator_requests.sql.
-
-See docs/contract.md, Operator requests.
-"""
+"""Operator request audit and idempotency, queries/operator_requests.sql."""
 
 from __future__ import annotations
 
@@ -34,17 +31,10 @@ class OperatorRequests(Capability):
     ) -> OperatorRecord:
         """Append the audit row of a request, in the unit of work of its effect.
 
-        Race: two appends of one (action, operation id) are settled by
-        operator_request_identity_unique; the loser waits for the winner's transaction and fails,
-        so the service re-probes instead of applying the effect twice.
-
-        With `tolerate_chain_errors` (the record of an automatic recovery), a damaged audit chain
-        that refuses the link leaves the request recorded but unlinked (try_link_audit_record).
-
-        Raises:
-            ConcurrentModification: the (action, operation id) is already recorded.
-            IntegrityViolation: any other constraint refused the row, or the audit chain
-                refused its link.
+        Race: operator_request_identity_unique makes a second append of one (action, operation
+        id) wait for the first and fail (ConcurrentModification), so the service re-probes
+        instead of applying the effect twice. IntegrityViolation: another constraint or the
+        audit chain refused it (`tolerate_chain_errors`: see link_audit_record).
         """
         with self._operation() as (q, conn):
             row = q.insert_operator_request.one(conn, **encode_operator_record_draft(draft))

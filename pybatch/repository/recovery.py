@@ -12,15 +12,11 @@ from pybatch.codecs._primitives import (
     decode_enum,
     decode_int64,
     decode_text,
+    returned,
 )
 from pybatch.codecs.executions import decode_job_execution
 from pybatch.codecs.recovery import decode_recovery_decision
-from pybatch.errors import (
-    JobExecutionNotFound,
-    RecoveryNotAllowed,
-    StaleVersion,
-    Unavailable,
-)
+from pybatch.errors import JobExecutionNotFound, RecoveryNotAllowed, StaleVersion
 from pybatch.repository import executions, steps
 from pybatch.repository._capability import Capability, job_execution_row
 from pybatch.repository.audit_chain import link_audit_record
@@ -53,19 +49,10 @@ def recover_job_execution(
     *,
     tolerate_chain_errors: bool = False,
 ) -> RecoveryResult:
-    """Mark an unresolved execution FAILED or ABANDONED and record why, atomically.
+    """Mark an unresolved execution FAILED or ABANDONED and record the audited decision.
 
-    With `tolerate_chain_errors` (automatic recovery), a damaged audit chain that refuses the
-    decision's link leaves the decision recorded but unlinked (try_link_audit_record) instead
-    of refusing the recovery.
-
-    Raises:
-        JobExecutionNotFound: no such execution.
-        StaleVersion: the version moved on (a replayed request is stale).
-        RecoveryNotAllowed: the execution is already finished.
-
-    The execution's unfinished steps and partition workers end FAILED (STALE_RECOVERED) in the
-    same transaction, so nothing of the recovered owner commits afterwards.
+    Raises JobExecutionNotFound, then StaleVersion (a replayed request is stale), then
+    RecoveryNotAllowed (already finished). `tolerate_chain_errors`: see link_audit_record.
     """
     prior = executions.lock_job_execution(q, conn, execution_id)
     if prior.version != request.expected_version:
@@ -108,26 +95,17 @@ def recover_job_execution(
         operator_reference=request.operator_reference,
         evidence_digest=request.evidence_digest,
     )
-    if decision_row is None:  # INSERT ... RETURNING always returns its row
-        raise Unavailable()
-    decision = decode_recovery_decision(decision_row)
-    # The recovered owner's steps and partition workers end with its execution: whatever it
-    # still runs can commit no chunk from here on.
+    decision = decode_recovery_decision(returned(decision_row))
+    # The recovered owner's steps and partition workers end with its execution in this
+    # transaction: whatever it still runs can commit no chunk from here on.
     steps.end_unfinished_steps(
         q, conn, execution_id, metadata.status, decided_at, FailureCategory.STALE_RECOVERED
     )
-    link_audit_record(
-        q,
-        conn,
-        AuditRecordKind.RECOVERY_DECISION,
-        decision.id,
-        tolerate_chain_errors=tolerate_chain_errors,
-    )
+    kind = AuditRecordKind.RECOVERY_DECISION
+    link_audit_record(q, conn, kind, decision.id, tolerate_chain_errors=tolerate_chain_errors)
+    updated_at = max(prior.updated_at, decided_at)
     recovered = attrs.evolve(
-        prior,
-        metadata=metadata,
-        version=prior.version + 1,
-        updated_at=max(prior.updated_at, decided_at),
+        prior, metadata=metadata, version=prior.version + 1, updated_at=updated_at
     )
     return RecoveryResult(execution=recovered, decision=decision)
 
@@ -136,14 +114,17 @@ def recover_job_execution(
 AUTOMATIC_RECOVERY_REFERENCE = "pybatch.etl"
 
 
+_MARKER_COLUMNS = (
+    ("completed_partition", RecoveryMarkers.COMPLETED_PARTITION),
+    ("committed_flow_decision", RecoveryMarkers.COMMITTED_FLOW_DECISION),
+    ("ambiguous_external_effect", RecoveryMarkers.AMBIGUOUS_EXTERNAL_EFFECT),
+)
+
+
 def recovery_snapshot(
     q: Statements, conn: Connection, execution_id: int, current_owner: OwnerToken | None
 ) -> RecoverySnapshot:
-    """Observe one execution for a recovery decision; read-only, the token never returned.
-
-    Raises:
-        JobExecutionNotFound: no such execution.
-    """
+    """Observe one execution for a recovery decision (JobExecutionNotFound); the token stays."""
     check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
     row = q.read_recovery_snapshot.one(
         conn,
@@ -152,26 +133,31 @@ def recovery_snapshot(
     )
     if row is None:
         raise JobExecutionNotFound(id=execution_id)
-    status = decode_enum(BatchStatus, row["status"], column="status")
-    if decode_bool(row["owner_absent"], column="owner_absent"):
+
+    def flag(column: str) -> bool:
+        return decode_bool(row[column], column=column)
+
+    def status_of(column: str) -> BatchStatus:
+        return decode_enum(BatchStatus, row[column], column=column)
+
+    def int64(column: str, minimum: int = 1) -> int:
+        return decode_int64(row[column], column=column, minimum=minimum)
+
+    status = status_of("status")
+    if flag("owner_absent"):
         owner = OwnerObservation.ABSENT
-    elif decode_bool(row["owner_matches"], column="owner_matches"):
+    elif flag("owner_matches"):
         owner = OwnerObservation.CURRENT_PROCESS
     else:
         owner = OwnerObservation.OTHER_PROCESS
     latest = None
     if row["latest_step_id"] is not None:
+        schema = "latest_step_checkpoint_schema"
         latest = RecoveryStepEvidence(
-            id=decode_int64(row["latest_step_id"], column="latest_step_id", minimum=1),
-            status=decode_enum(BatchStatus, row["latest_step_status"], column="latest_step_status"),
-            checkpoint_schema=decode_text(
-                row["latest_step_checkpoint_schema"], column="latest_step_checkpoint_schema"
-            ),
-            checkpoint_schema_version=decode_int64(
-                row["latest_step_checkpoint_schema_version"],
-                column="latest_step_checkpoint_schema_version",
-                minimum=1,
-            ),
+            id=int64("latest_step_id"),
+            status=status_of("latest_step_status"),
+            checkpoint_schema=decode_text(row[schema], column=schema),
+            checkpoint_schema_version=int64("latest_step_checkpoint_schema_version"),
         )
     markers = RecoveryMarkers.NONE
     if (
@@ -180,17 +166,14 @@ def recovery_snapshot(
         or (latest is not None and latest.status is BatchStatus.UNKNOWN)
     ):
         markers |= RecoveryMarkers.UNKNOWN_COMMIT
-    if decode_bool(row["completed_partition"], column="completed_partition"):
-        markers |= RecoveryMarkers.COMPLETED_PARTITION
-    if decode_bool(row["committed_flow_decision"], column="committed_flow_decision"):
-        markers |= RecoveryMarkers.COMMITTED_FLOW_DECISION
-    if decode_bool(row["ambiguous_external_effect"], column="ambiguous_external_effect"):
-        markers |= RecoveryMarkers.AMBIGUOUS_EXTERNAL_EFFECT
+    for column, marker in _MARKER_COLUMNS:
+        if flag(column):
+            markers |= marker
     return RecoverySnapshot(
         execution_id=execution_id,
         status=status,
-        attempt=decode_int64(row["attempt"], column="attempt", minimum=1),
-        version=decode_int64(row["version"], column="version", minimum=0),
+        attempt=int64("attempt"),
+        version=int64("version", 0),
         owner=owner,
         updated_at=decode_aware(row["updated_at"], column="updated_at"),
         server_time=decode_aware(row["server_time"], column="server_time"),
@@ -204,50 +187,35 @@ class Recovery(Capability):
 
     def recover(self, execution_id: int, request: RecoveryRequest) -> RecoveryResult:
         """Mark an unresolved execution FAILED or ABANDONED with an audit decision."""
-        with self._uow.operation() as conn:
-            return recover_job_execution(
-                self._uow.statements, conn, self._uow.clock, execution_id, request
-            )
+        with self._operation() as (q, conn):
+            return recover_job_execution(q, conn, self._uow.clock, execution_id, request)
 
     def decision(self, execution_id: int) -> RecoveryDecision | None:
-        """The latest recovery decision of an execution, or None (docs/contract.md, Recovery).
-
-        Raises:
-            JobExecutionNotFound: no such execution.
-        """
+        """The latest recovery decision of an execution, or None (JobExecutionNotFound)."""
         with self._operation() as (q, conn):
             job_execution_row(q, conn, execution_id)
             row = q.find_latest_recovery_decision.one(conn, job_execution_id=execution_id)
             return None if row is None else decode_recovery_decision(row)
 
     def recover_orphaned(self, execution_id: int, *, audited: bool = True) -> RecoveryResult:
-        """Record FAILED (OWNER_LOST) for an execution whose owner is gone; fail its open steps.
+        """Record FAILED (OWNER_LOST) for an execution whose lease ran out; fail its open steps.
 
-        The caller has proved the owner gone (its lease ran out). With `audited` it is also
-        recorded like an operator's request (RECOVER by pybatch.etl), in the same savepoint.
-        A damaged audit chain never blocks it: the decision and the request are then kept
-        unlinked, an error line names them and `pybatch audit verify` reports the chain
-        broken. The evidence digest binds the execution's id, status, durable `updated_at`
-        and version, so a decision about one observation can never apply to a later one.
-
-        Raises:
-            JobExecutionNotFound: no such execution.
-            StaleVersion, RecoveryNotAllowed: it changed or ended meanwhile.
+        With `audited` it is also recorded as a RECOVER request by pybatch.etl. A damaged audit
+        chain never blocks it (both stay unlinked). The evidence digest binds id, status,
+        `updated_at` and version, so a decision about one observation never applies to a later
+        one. Raises JobExecutionNotFound, then StaleVersion or RecoveryNotAllowed.
         """
         with self._operation() as (q, conn):
             clock = self._uow.clock
             orphan = decode_job_execution(job_execution_row(q, conn, execution_id))
-            evidence = sha256(
-                canonical_json(
-                    {
-                        "execution_id": orphan.id,
-                        "observation": "OWNER_LOST",
-                        "status": orphan.status.value,
-                        "updated_at": orphan.updated_at.isoformat(),
-                        "version": orphan.version,
-                    }
-                )
-            )
+            observed = {
+                "execution_id": orphan.id,
+                "observation": "OWNER_LOST",
+                "status": orphan.status.value,
+                "updated_at": orphan.updated_at.isoformat(),
+                "version": orphan.version,
+            }
+            evidence = sha256(canonical_json(observed))
             failure = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(orphan.id))
             request = RecoveryRequest.mark_failed(
                 orphan.version, "OWNER_LOST", AUTOMATIC_RECOVERY_REFERENCE, evidence, failure

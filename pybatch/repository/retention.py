@@ -47,7 +47,7 @@ from pybatch.values.status import BatchStatus
 
 @attrs.frozen
 class PurgedAuditRecords:
-    """The audit records a purge deleted, so their chain links can be marked purged."""
+    """The audit records a purge deleted, whose chain links are then marked purged."""
 
     operator_request_ids: tuple[int, ...] = ()
     recovery_decision_ids: tuple[int, ...] = ()
@@ -65,25 +65,11 @@ class PurgeResult:
     audit_records: PurgedAuditRecords
 
 
-_COUNT_COLUMNS = (
-    ("flow_decisions", "deleted_flow_decisions"),
-    ("recovery_decisions", "deleted_recovery_decisions"),
-    ("operator_requests", "deleted_operator_requests"),
-    ("step_partitions", "deleted_step_partitions"),
-    ("step_executions", "deleted_step_executions"),
-    ("job_executions", "deleted_job_executions"),
-    ("job_instances", "deleted_job_instances"),
-)
-
+#: Each PurgeCounts field and the retention_action column that stores it.
+_COUNT_COLUMNS = tuple((name, f"deleted_{name}") for name in attrs.fields_dict(PurgeCounts))
 
 #: The rows a purge counts under each execution it removes (survey and delete alike).
-_HISTORY_ROW_COUNTS = (
-    "flow_decisions",
-    "recovery_decisions",
-    "operator_requests",
-    "step_partitions",
-    "step_executions",
-)
+_HISTORY_ROW_COUNTS = tuple(name for name, _ in _COUNT_COLUMNS[:5])
 
 
 def _decode_record(row: Any) -> RetentionRecord:
@@ -114,7 +100,8 @@ def _int(row: Row, column: str, minimum: int = 0) -> int:
     return decode_int64(row[column], column=column, minimum=minimum)
 
 
-def _decode_ids(value: object, column: str) -> tuple[int, ...]:
+def _decode_ids(row: Row, column: str) -> tuple[int, ...]:
+    value = row[column]
     if not isinstance(value, list):
         raise DecodeError(column)
     return tuple(decode_int64(item, column=column, minimum=1) for item in value)
@@ -134,11 +121,7 @@ class Retention(Capability):
             return None if row is None else _decode_record(row)
 
     def append_action(self, draft: RetentionRecordDraft) -> RetentionRecord:
-        """Append a retention audit row (and its audit-chain link) in the effect's transaction.
-
-        Raises:
-            ConcurrentModification: the (action, operation id) is already recorded.
-        """
+        """Append a retention audit row and its chain link (ConcurrentModification: recorded)."""
         with self._operation() as (q, conn):
             counts = draft.counts.as_dict()
             row = q.insert_retention_action.one(
@@ -162,16 +145,10 @@ class Retention(Capability):
     def survey(
         self, request: PurgePlanRequest, after: tuple[_dt.datetime, int] | None = None
     ) -> PurgeSurvey:
-        """The next batch of whole instance histories to purge (read-only).
+        """The next batch of whole instance histories to purge, oldest first (read-only).
 
-        Instances are taken oldest latest-execution first (then by id) while their executions
-        fit in the batch bound; an instance larger than the bound is taken alone. One statement
-        chooses them, lists their executions and counts the rows a purge would delete.
-
-        The cutoff is the server's clock minus `request.minimum_age`, computed in the
-        statement: a purging client whose clock runs ahead can never make a young history look
-        old. The `updated_at` it is compared with was stamped by a client whose clock the
-        clock-skew check on new connections held within `max_clock_skew` of the server's.
+        An instance larger than the batch bound is taken alone. The cutoff is the server's
+        clock minus `minimum_age`, so a client clock running ahead never makes a history old.
         """
         with self._operation() as (q, conn):
             rows = q.survey_purge_batch.many(
@@ -189,11 +166,8 @@ class Retention(Capability):
             final: dict[int, BatchStatus] = {}
             for row in rows:
                 instance_id = _int(row, "job_instance_id", 1)
-                candidates.append(
-                    PurgeCandidate(
-                        instance_id, _int(row, "job_execution_id", 1), _int(row, "version")
-                    )
-                )
+                execution_id = _int(row, "job_execution_id", 1)
+                candidates.append(PurgeCandidate(instance_id, execution_id, _int(row, "version")))
                 if instance_id not in final:
                     final[instance_id] = decode_enum(BatchStatus, row["status"], column="status")
             candidates.sort(key=candidate_order)
@@ -213,20 +187,12 @@ class Retention(Capability):
     def apply_purge(self, plan: PurgePlan) -> PurgeResult:
         """Delete exactly the plan's histories, or nothing (RetentionPlanStale).
 
-        Race: the instances, then their executions, are locked FOR UPDATE in ascending id
-        order, so a concurrent launch, restart, hold or transition on a candidate either
-        committed first (and the re-validation below finds the change: stale) or waits for
-        this purge and then finds the instance purged.
-
-        Re-validation runs in the server on the locked rows: the instances are all there and
-        none is held; the executions of those instances are exactly the plan's candidates at
-        their versions (their (instance, execution, version) triples hash to the SHA-256 of
-        the plan's candidate encoding); none is unresolved; and each instance's latest
-        attempt still has a requested status.
-
-        Raises:
-            RetentionPlanStale: an instance is gone or held, an execution was added, removed,
-                changed version, or no longer ends in a requested status.
+        Race: instances, then executions, are locked FOR UPDATE in id order, so a concurrent
+        launch, restart, hold or transition either committed first (the re-validation on the
+        locked rows finds it: stale) or waits and then finds the instance purged. Stale means
+        an instance is gone or held, or the executions are not exactly the planned
+        (instance, execution, version) triples (compared by SHA-256), or one is unresolved or
+        no longer ends in a requested status.
         """
         with self._operation() as (q, conn):
             now = self._uow.clock.now()
@@ -264,12 +230,7 @@ class Retention(Capability):
                 **{name: _int(deleted, name) for name in (*_HISTORY_ROW_COUNTS, "job_executions")}
             )
             audit_records = PurgedAuditRecords(
-                operator_request_ids=_decode_ids(
-                    deleted["operator_request_ids"], "operator_request_ids"
-                ),
-                recovery_decision_ids=_decode_ids(
-                    deleted["recovery_decision_ids"], "recovery_decision_ids"
-                ),
+                *(_decode_ids(deleted, column) for column in attrs.fields_dict(PurgedAuditRecords))
             )
             if forget:
                 q.detach_retention_actions.affected(conn, instance_ids=instance_ids)

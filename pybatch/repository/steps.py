@@ -1,9 +1,4 @@
-"""Plain step executions: create, restart copy, transitions, reads.
-
-See docs/contract.md, Transitions and enrichment; Reads; Plain steps.
-
-Statements come from queries/steps.sql; the upgrade mapping from queries/definitions.sql.
-"""
+"""Plain step executions (queries/steps.sql): create, restart copy, transitions, reads."""
 
 from __future__ import annotations
 
@@ -23,13 +18,12 @@ from pybatch.errors import (
     RestartStateNotFound,
     StepExecutionNotFound,
 )
-from pybatch.repository import _lifecycle, definitions
-from pybatch.repository._capability import Capability, job_execution_row
-from pybatch.repository._lifecycle import LifecycleRows
+from pybatch.repository import definitions
+from pybatch.repository._capability import job_execution_row
+from pybatch.repository._lifecycle import LifecycleCapability, LifecycleRows
 from pybatch.values.fault import FaultStateEnvelope
-from pybatch.values.ids import IdentifierKind, check_identifier
-from pybatch.values.lifecycle import LifecycleTransition
-from pybatch.values.names import ExitCode, StepName
+from pybatch.values.ids import IdentifierKind
+from pybatch.values.names import StepName
 from pybatch.values.records import StepExecution
 from pybatch.values.status import BatchStatus, FailureCategory
 
@@ -66,10 +60,7 @@ def insert_step_execution(
     source_id: int | None,
     now: datetime,
 ) -> StepExecution:
-    """Insert a STARTING step: a copy of `source_id`'s durable state, or fresh when None.
-
-    A fresh step gets the empty fault-state envelope and its checksum written explicitly.
-    """
+    """Insert a STARTING step: a copy of `source_id`'s durable state, or fresh when None."""
     names = {"job_execution_id": job_execution_id, "step_name": step_name.value}
     if source_id is not None:
         row = q.insert_step_execution_from_source.one(
@@ -95,19 +86,13 @@ _ROWS = LifecycleRows[StepExecution](
     kind=IdentifierKind.STEP_EXECUTION,
     id_parameter="step_execution_id",
     lock_statement=lambda q: q.lock_step_execution,
+    get_statement=lambda q: q.get_step_execution,
     transition_statement=lambda q: q.update_step_execution_transition,
     exit_code_statement=lambda q: q.update_step_execution_exit_code,
     decode=decode_step_execution,
     not_found=lambda step_id: StepExecutionNotFound(id=step_id),
     counts_apply=True,  # a transition's rollback advances rollback_count
 )
-
-
-def get_step_execution(q: Statements, conn: Connection, step_id: int) -> StepExecution | None:
-    """One step execution, or None."""
-    check_identifier(IdentifierKind.STEP_EXECUTION, step_id)
-    row = q.get_step_execution.one(conn, step_execution_id=step_id)
-    return None if row is None else decode_step_execution(row)
 
 
 def end_unfinished_steps(
@@ -118,13 +103,11 @@ def end_unfinished_steps(
     ended_at: datetime,
     category: FailureCategory = FailureCategory.CANCELLED,
 ) -> int:
-    """End every unfinished step of an execution that is ending; return how many.
+    """End every unfinished step (and partition worker) of an ending execution; return how many.
 
-    Called in the transaction that moves the execution to a finished status, so no step, no
-    partitioned parent and no partition worker on any host stays STARTED under it: the next
-    chunk commit of any of them is refused (its compare-and-swap wants STARTED), and a restart
-    copies a checkpoint nobody can move any more. Steps end STOPPED when the execution stops,
-    otherwise FAILED with `category`. The partitions their workers held are released with them.
+    In the transaction that finishes the execution, so the next chunk commit of any of them is
+    refused (its compare-and-swap wants STARTED) and a restart copies a checkpoint nobody can
+    move any more. Steps end STOPPED when the execution stops, else FAILED with `category`.
     """
     # Waits for in-flight chunk commits and partition claims.
     q.lock_unfinished_step_executions.many(conn, job_execution_id=job_execution_id)
@@ -139,17 +122,16 @@ def end_unfinished_steps(
     return decode_int64(returned(row)["ended_steps"], column="ended_steps", minimum=0)
 
 
-class Steps(Capability):
+class Steps(LifecycleCapability[StepExecution]):
     """The steps operations of one unit of work."""
+
+    _rows = _ROWS
 
     def create(self, job_execution_id: int, step_name: StepName) -> StepExecution:
         """Create a step; in a restart attempt copy its source's durable state.
 
-        Raises:
-            JobExecutionNotFound: no such job execution.
-            DuplicateStep: the name or logical id is taken in this execution.
-            InvalidDefinitionUpgrade: an upgraded restart has no mapping entry for the step.
-            RestartStateNotFound: the previous attempt has no source step.
+        Raises, in this order: JobExecutionNotFound, DuplicateStep, InvalidDefinitionUpgrade
+        (an upgraded restart has no mapping entry), RestartStateNotFound (no source step).
         """
         duplicate = duplicate_step_overrides(job_execution_id, step_name, step_name.value)
         with self._operation(overrides=duplicate) as (q, conn):
@@ -167,43 +149,17 @@ class Steps(Capability):
                     if mapped is None:
                         raise InvalidDefinitionUpgrade(execution_id=job_execution_id)
                     source_name = mapped
-                source_id = decode_optional_int64(
-                    q.find_restart_source_step_execution.scalar(
-                        conn, previous_job_execution_id=previous, source_step_name=source_name
-                    ),
-                    column="id",
-                    minimum=1,
+                source = q.find_restart_source_step_execution.scalar(
+                    conn, previous_job_execution_id=previous, source_step_name=source_name
                 )
+                source_id = decode_optional_int64(source, column="id", minimum=1)
                 if source_id is None:
                     raise RestartStateNotFound(
                         execution_id=job_execution_id, step_name=step_name.value
                     )
             now = self._uow.clock.now()
-            return insert_step_execution(
-                q, conn, job_execution_id, step_name, step_name.value, source_id, now
-            )
-
-    def transition(
-        self, step_id: int, expected_version: int, transition: LifecycleTransition
-    ) -> StepExecution:
-        """Apply a lifecycle transition to a step under its row lock (compare-and-swap)."""
-        with self._operation() as (q, conn):
-            return _lifecycle.transition(_ROWS, q, conn, step_id, expected_version, transition)
-
-    def enrich_exit_status(
-        self, step_id: int, expected_version: int, exit_status: ExitCode
-    ) -> StepExecution:
-        """Replace a step's exit status in any status (docs/contract.md, Exit-status enrichment)."""
-        with self._uow.operation() as conn:
-            uow = self._uow
-            return _lifecycle.enrich_exit_status(
-                _ROWS, uow.statements, conn, uow.clock.now(), step_id, expected_version, exit_status
-            )
-
-    def get(self, step_id: int) -> StepExecution | None:
-        """One step execution, or None (docs/contract.md, Reads)."""
-        with self._uow.operation() as conn:
-            return get_step_execution(self._uow.statements, conn, step_id)
+            name = step_name.value
+            return insert_step_execution(q, conn, job_execution_id, step_name, name, source_id, now)
 
     def of_execution(self, job_execution_id: int) -> list[StepExecution]:
         """The steps of a job execution in creation order (docs/contract.md, Reads)."""

@@ -8,10 +8,8 @@ the runner that moves the execution to STOPPING and then STOPPED.
 from __future__ import annotations
 
 import datetime as _dt
-from typing import Any
 
 import attrs
-import psycopg
 
 from pybatch.errors import StaleVersion
 from pybatch.repository._capability import Capability
@@ -22,8 +20,6 @@ from pybatch.values.names import ActorRef
 from pybatch.values.records import JobExecution
 from pybatch.values.timestamps import aware_utc
 
-Connection = psycopg.Connection[Any]
-
 
 class StopRequests(Capability):
     """The stop requests operations of one unit of work."""
@@ -31,12 +27,7 @@ class StopRequests(Capability):
     def request(
         self, execution_id: int, expected_version: int, actor: ActorRef, requested_at: _dt.datetime
     ) -> JobExecution:
-        """Record (or overwrite) a stop request; no status check, version unchanged.
-
-        Raises:
-            JobExecutionNotFound: no such execution.
-            StaleVersion: the version is not `expected_version`.
-        """
+        """Record (or overwrite) a stop request, version unchanged (NotFound, StaleVersion)."""
         with self._operation() as (q, conn):
             check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
             check_expected_version(expected_version)
