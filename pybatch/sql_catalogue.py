@@ -122,15 +122,9 @@ def representative_parameters(entry: StatementEntry) -> dict[str, object]:
 
 
 def explain(config: ConnectionConfig, name: str) -> str:
-    """The server's plan of statement `name` with representative parameters.
+    """The server's plan of `name` with representative parameters, never running it.
 
-    The plan is taken in a transaction that is rolled back; EXPLAIN without ANALYZE never
-    runs the statement.
-
-    Raises:
-        UnknownStatement: no such statement.
-        PermissionDenied: the role may not read a table the statement reads (42501).
-        Unavailable: the server could not be reached or refused to plan it (SQLSTATE shown).
+    EXPLAIN without ANALYZE, in a transaction that is rolled back; driver errors are mapped.
     """
     entry = find(name)
     statement = getattr(load_statements(), entry.name)
@@ -149,8 +143,7 @@ def explain(config: ConnectionConfig, name: str) -> str:
 
 
 def _cell(values: Iterable[str]) -> str:
-    joined = ", ".join(f"`{v}`" for v in values)
-    return joined or "-"
+    return ", ".join(f"`{v}`" for v in values) or "-"
 
 
 def render_markdown(entries: list[StatementEntry] | None = None) -> str:

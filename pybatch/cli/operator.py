@@ -36,8 +36,6 @@ from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 WAIT_POLL_S = 0.5
 
 
-#: `--older-than` and `--timeout` values: 90s, 15m, 1h, 90d (at most 36500d).
-parse_age = duration_type("DURATION")
 _execution_id = positive_id("execution id")
 
 
