@@ -200,11 +200,10 @@ class Secret:
     def __repr__(self) -> str:
         return "Secret('<redacted>')"
 
-    def __str__(self) -> str:
+    def __format__(self, spec: str = "") -> str:
         return "<redacted>"
 
-    def __format__(self, spec: str) -> str:
-        return "<redacted>"
+    __str__ = __format__
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Secret) and other._value == self._value

@@ -371,7 +371,6 @@ class _Result(NamedTuple):
 
 
 def _free_port() -> int:
-    """A port the kernel just gave out on loopback; pg_ctl start retries once on a clash."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
@@ -394,7 +393,7 @@ def _postmaster_pid(data: Path) -> int | None:
 
 
 def _alive(pid: int) -> bool:
-    """True while the process runs; a zombie (exited, not yet reaped by init) counts as gone."""
+    """True while the process runs; a zombie counts as gone."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -415,7 +414,6 @@ def _wait_dead(pid: int, seconds: float) -> None:
 
 
 def _first_untraversable(path: Path, account: pwd.struct_passwd) -> Path | None:
-    """The first directory from / down to `path` that `account` may not enter."""
     for directory in [*reversed(path.parents), path]:
         if not _permits(directory, account, stat.S_IXUSR):
             return directory

@@ -1,9 +1,4 @@
-"""`pybatch stop`, `recover` and `audit verify` (docs/operators.md).
-
-Mutating commands go through the operator service with an operation id (`--operation-id`,
-generated and printed when absent): re-running a command with the same id replays the
-recorded outcome instead of acting twice.
-"""
+"""`pybatch stop`, `recover` and `audit verify`; re-running with an `--operation-id` replays."""
 
 from __future__ import annotations
 
