@@ -42,13 +42,10 @@ ConnectionCheck = Callable[[Connection], PyBatchError | None]
 
 @attrs.frozen
 class CommitErrors:
-    """What each failed COMMIT outcome raises, for one error family."""
+    """What a failed COMMIT raises: `aborted`, `refused` (nothing committed) or `unknown`."""
 
-    #: The transaction had already failed; nothing was committed.
     aborted: Callable[[], PyBatchError]
-    #: The server refused the COMMIT; nothing was committed.
     refused: Callable[[psycopg.Error], PyBatchError]
-    #: The acknowledgement was lost; the transaction may or may not be durable.
     unknown: Callable[[], PyBatchError]
 
 

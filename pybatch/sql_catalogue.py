@@ -1,8 +1,4 @@
-"""The SQL catalogue for DBAs: every shipped statement, its file, doc, parameters and tables.
-
-`pybatch sql list|show|explain|catalogue` and docs/sql-catalogue.md are built from here, so
-the catalogue a DBA reviews is generated from the same `queries/` files pybatch runs.
-"""
+"""The SQL catalogue for DBAs, generated from the same `queries/` files pybatch runs."""
 
 from __future__ import annotations
 
@@ -26,8 +22,7 @@ _WRITE = re.compile(r"^\s*(INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+pybatch\.([a-z_
 # the statement is planned and not run).
 _EXPLAIN_PREFIX = b"EXPLAIN (VERBOSE, COSTS)\n"
 
-#: Representative values by parameter name; anything else is sent as the untyped literal
-#: '1' and PostgreSQL infers its type from where it is used.
+#: Representative values by name; others go as the untyped '1', typed by the server.
 _REPRESENTATIVE: Mapping[str, object] = {
     "limit": "50",
     "row_limit": "50",

@@ -124,7 +124,7 @@ class ClonePool:
 
     @property
     def workers(self) -> int:
-        """How many threads clone and drop (0: the fixture does it itself)."""
+        """How many threads clone and drop (0: the fixture does)."""
         return len(self._threads)
 
     def _work(self) -> None:
