@@ -1,4 +1,4 @@
-"""Schema migrations: numbered, checksummed files, each in its own transaction (tables.md 7)."""
+"""Schema migrations: numbered, checksummed files, one transaction each (docs/tables.md 7)."""
 
 from __future__ import annotations
 
