@@ -23,10 +23,8 @@ __all__ = [
     "CaFile",
     "check_idle_connection",
     "connect_or_raise",
-    "connection_kwargs",
     "open_connection",
     "probe_connection",
-    "redact_pool_records",
     "watch_for_termination",
 ]
 
@@ -60,15 +58,7 @@ class _PoolRecordRedactor(logging.Filter):
         return True
 
 
-_POOL_REDACTOR = _PoolRecordRedactor()
-
-
-def redact_pool_records() -> None:
-    """Install the redactor on the `psycopg.pool` logger (idempotent)."""
-    logging.getLogger("psycopg.pool").addFilter(_POOL_REDACTOR)
-
-
-redact_pool_records()
+logging.getLogger("psycopg.pool").addFilter(_PoolRecordRedactor())
 
 
 class CaFile:
@@ -85,17 +75,9 @@ class CaFile:
                 handle.write(config.ca_certificate.pem)
 
     def close(self) -> None:
-        """Remove the private copy of the bundle."""
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
-
-
-def connection_kwargs(
-    config: ConnectionConfig, ca_file: CaFile, *, statement_timeout: bool = True
-) -> dict[str, Any]:
-    """Keyword arguments for `psycopg.connect` under this configuration."""
-    return config.connection_kwargs(ca_file=ca_file.path, statement_timeout=statement_timeout)
 
 
 @contextlib.contextmanager
@@ -105,9 +87,8 @@ def open_connection(
     """A dedicated connection for the migrator: no statement timeout, redacted errors."""
     ca_file = CaFile(config)
     try:
-        conn = connect_or_raise(
-            connection_kwargs(config, ca_file, statement_timeout=False), autocommit=autocommit
-        )
+        kwargs = config.connection_kwargs(ca_file=ca_file.path, statement_timeout=False)
+        conn = connect_or_raise(kwargs, autocommit=autocommit)
         try:
             install_strict_json_loads(conn)
             yield conn
@@ -118,11 +99,7 @@ def open_connection(
 
 
 def connect_or_raise(kwargs: Mapping[str, Any], *, autocommit: bool) -> psycopg.Connection[Any]:
-    """`psycopg.connect`, its failure classified and raised outside the driver's traceback.
-
-    The driver's message names the host and user, so it is neither the cause nor the
-    context of the pybatch error.
-    """
+    """`psycopg.connect`; a failure is raised outside `except`: the driver's names the host."""
     try:
         return psycopg.connect(**kwargs, autocommit=autocommit)
     except psycopg.Error as error:
@@ -131,15 +108,10 @@ def connect_or_raise(kwargs: Mapping[str, Any], *, autocommit: bool) -> psycopg.
 
 
 def probe_connection(config: ConnectionConfig, ca_file: CaFile) -> None:
-    """Open and close one connection; raise at once if the server refuses it permanently.
-
-    A wrong password, a role that may not log in, a missing database or a certificate that
-    fails verification raise their own `Unavailable` subclass without waiting for the pool's
-    acquire timeout. Transient failures (server down, starting up, out of connection slots)
-    are left to the pool, which keeps retrying until the acquire timeout.
-    """
+    """Open and close one connection: raise a permanent refusal now, leave the rest to the pool."""
     try:
-        connect_or_raise(connection_kwargs(config, ca_file), autocommit=True).close()
+        kwargs = config.connection_kwargs(ca_file=ca_file.path)
+        connect_or_raise(kwargs, autocommit=True).close()
     except PyBatchError as error:
         if is_permanent(error):
             raise
@@ -164,15 +136,11 @@ def watch_for_termination(conn: psycopg.Connection[Any]) -> None:
 
 
 def check_idle_connection(conn: psycopg.Connection[Any]) -> None:
-    """Pool checkout check: refuse a connection whose backend ended while it sat idle.
+    """Pool checkout check, no round trip: refuse (close) a connection ended while idle.
 
-    An idle connection has nothing to read; if its socket is readable, the server sent
-    something unasked, typically the FATAL of `pg_terminate_backend` or a restart, and
-    end of file. The pending input is consumed: end of file or a broken connection is
-    refused (closed, so the pool drops it and hands out another), anything else (TLS
-    session tickets) is harmless. The FATAL itself reaches libpq's notice processor, which
-    `watch_for_termination` records, so a connection is refused even when its end of file
-    is still on the way. No round trip is spent on a healthy connection.
+    A readable idle socket means the server sent something unasked, typically a FATAL and
+    end of file; the input is consumed and EOF, a broken connection or a FATAL recorded by
+    `watch_for_termination` (EOF may still be on the way) is refused. TLS tickets are harmless.
     """
     failure: str | None = None
     if conn.closed or conn.broken:

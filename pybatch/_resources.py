@@ -1,9 +1,4 @@
-"""Where the shipped `queries/` and `migrations/` folders are.
-
-In a wheel they are packaged as `pybatch/_sql/queries` and `pybatch/_sql/migrations`;
-in a source checkout (or an editable install) they sit at the repository's top level,
-where DBAs review them.
-"""
+"""Where `queries/` and `migrations/` are: `pybatch/_sql/` in a wheel, else the repo top."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
 """The statement loader: every SQL statement pybatch runs comes from `queries/*.sql`.
 
-pugsql parses the files (names, result modes, `:doc`) and refuses duplicate or
-reserved names. SQLAlchemy, which pugsql is built on, compiles each statement once
-into psycopg's `%(name)s` form; pybatch then runs it directly on the psycopg
-connection its transaction owns, so transactions, savepoints and COMMIT outcomes
-stay under pybatch's control and hot statements are prepared server-side
-(docs/architecture.md). This is the only module that imports pugsql or SQLAlchemy,
-and the only one that holds `Any`: rows leave it as `Row` (`Mapping[str, object]`),
-and the codecs turn them into values.
+pugsql parses the files and SQLAlchemy compiles each statement once for psycopg; pybatch runs
+it on the connection its transaction owns, so transactions and COMMIT outcomes stay under its
+control. The only module importing pugsql or SQLAlchemy; rows leave it as `Row`.
 """
 
 from __future__ import annotations
@@ -64,10 +59,7 @@ class StatementModeMismatch(TypeError):
 
 
 class Statement:
-    """One named statement, compiled for psycopg and bound to no connection.
-
-    Run it with the method of its declared mode: `one`, `many`, `scalar` or `affected`.
-    """
+    """One named statement compiled for psycopg; run it with its declared mode's method."""
 
     __slots__ = (
         "_order",
@@ -105,8 +97,6 @@ class Statement:
     def __repr__(self) -> str:
         return f"<Statement {self.filename}:{self.name} :{self.mode}>"
 
-    # The four result methods, one per declared mode; each refuses the others' statements.
-
     def one(self, conn: Connection, /, **params: object) -> Row | None:
         """The only row, or None (`:one`)."""
         with self._run(conn, "one", params, prepare=None) as cursor:
@@ -130,21 +120,17 @@ class Statement:
             return cursor.rowcount
 
     def run_with_identifiers(self, conn: Connection, /, **identifiers: str) -> None:
-        """Run a utility statement (`:affected`) whose parameters are all names.
+        """Run an `:affected` utility statement whose parameters are all names.
 
-        PostgreSQL binds values, never names, and a utility statement such as CREATE
-        DATABASE binds nothing at all; so each `:param` is replaced by its value quoted as
-        an identifier by psycopg (`sql.Identifier`), which no name can escape from.
+        PostgreSQL binds values, never names (CREATE DATABASE binds nothing), so each
+        `:param` becomes its value quoted by `sql.Identifier`, which no name escapes from.
         """
         if self.mode != "affected":
             raise StatementModeMismatch(
                 f"{self.name} is declared :{self.mode}; only an :affected statement runs "
                 "with identifiers"
             )
-        if identifiers.keys() != self.parameters:
-            missing = sorted(self.parameters - identifiers.keys())
-            unknown = sorted(identifiers.keys() - self.parameters)
-            raise TypeError(f"{self.name}: missing identifiers {missing}, unknown {unknown}")
+        self._check_names("identifiers", identifiers)
         pieces = _PLACEHOLDER.split(self.query.decode())
         # Text and names alternate; the text's percent signs were doubled for psycopg's
         # placeholders, which a statement run without parameters does not use.
@@ -161,10 +147,7 @@ class Statement:
 
     @property
     def prepared(self) -> PreparedStatement:
-        """The same statement, prepared server-side on its first use on each connection.
-
-        For the per-chunk statements; psycopg prepares the others after a few uses.
-        """
+        """Prepared server-side on first use per connection (per-chunk statements)."""
         return self._prepared
 
     def _run(
@@ -185,11 +168,14 @@ class Statement:
             raise StatementModeMismatch(
                 f"{self.name} is declared :{self.mode}; run it with .{self.mode}(), not .{mode}()"
             )
-        if params.keys() != self.parameters:
-            missing = sorted(self.parameters - params.keys())
-            unknown = sorted(params.keys() - self.parameters)
-            raise TypeError(f"{self.name}: missing parameters {missing}, unknown {unknown}")
+        self._check_names("parameters", params)
         return [params[name] for name in self._order]
+
+    def _check_names(self, kind: str, given: Mapping[str, object]) -> None:
+        if given.keys() != self.parameters:
+            missing = sorted(self.parameters - given.keys())
+            unknown = sorted(given.keys() - self.parameters)
+            raise TypeError(f"{self.name}: missing {kind} {missing}, unknown {unknown}")
 
 
 _NAMED_OR_ESCAPED = re.compile(rb"%%|%\((\w+)\)s")
@@ -229,11 +215,7 @@ class PreparedStatement:
             return cursor.rowcount
 
     def affected_on(self, cursor: psycopg.Cursor[Any], /, **params: object) -> int:
-        """`affected`, prepared, on a cursor the caller keeps (the chunk commit's hot path).
-
-        A step's chunks run on one held connection through one cursor, so no cursor is built
-        per chunk and psycopg's per-cursor adapter cache stays warm.
-        """
+        """`affected` on a kept cursor (chunk hot path: psycopg's adapter cache stays warm)."""
         statement = self._statement
         cursor.execute(statement._positional, statement._values("affected", params), prepare=True)
         return cursor.rowcount
@@ -259,12 +241,7 @@ class Statements:
 
 
 def _pugsql_statements(module: Any) -> Mapping[str, Any]:
-    """Pugsql's parsed statements by name.
-
-    pugsql has no public accessor for them: this reads `Module._statements` (and each
-    statement's `_text` in `Statement.__init__`). tests/sql pins both, so a pugsql upgrade
-    that renames them fails there, loudly, rather than here at run time.
-    """
+    """Pugsql's statements by name: private `_statements` and `_text`, pinned by tests/sql."""
     statements: Mapping[str, Any] = module._statements
     return statements
 

@@ -1,17 +1,10 @@
 """The one transaction primitive: lease a connection, COMMIT with a classified outcome, release.
 
-Every kind of transaction pybatch runs (a unit of work, a read-only read, a chunk, a retry
-reservation) leases its pooled connection here and ends it here; this is the only module
-that touches the pool. Settings are applied by one mechanism, once per connection: the
-libpq startup `options` carry the configured statement, lock and idle-in-transaction
-timeouts and `TimeZone=UTC` as session defaults (they outrank `ALTER DATABASE/ROLE ... SET`),
-and psycopg's `isolation_level` makes every BEGIN `BEGIN ISOLATION LEVEL READ COMMITTED`.
-So no transaction spends a round trip on settings (docs/architecture.md, "Transactions").
-
-COMMIT outcomes follow docs/tables.md 5, parameterised by the caller's error family
-(`CommitErrors`): a transaction the server already failed is `aborted`, a refused COMMIT is
-`refused`, a lost acknowledgement is `unknown`, and the connection is discarded whenever it
-can no longer be trusted.
+Every transaction (unit of work, read, chunk, retry reservation) leases and ends its pooled
+connection here, the only module touching the pool. Settings cost no round trip: the startup
+`options` carry the timeouts and UTC, and `isolation_level` makes every BEGIN READ COMMITTED.
+COMMIT outcomes (docs/tables.md 5) are raised from the caller's `CommitErrors`; a connection
+that can no longer be trusted is discarded.
 """
 
 from __future__ import annotations
@@ -32,7 +25,6 @@ from pybatch import _sqlstate
 from pybatch._connect import (
     CaFile,
     check_idle_connection,
-    connection_kwargs,
     probe_connection,
     watch_for_termination,
 )
@@ -50,13 +42,10 @@ ConnectionCheck = Callable[[Connection], PyBatchError | None]
 
 @attrs.frozen
 class CommitErrors:
-    """What each failed COMMIT outcome raises, for one error family."""
+    """What a failed COMMIT raises: `aborted`, `refused` (nothing committed) or `unknown`."""
 
-    #: The transaction had already failed; nothing was committed.
     aborted: Callable[[], PyBatchError]
-    #: The server refused the COMMIT; nothing was committed.
     refused: Callable[[psycopg.Error], PyBatchError]
-    #: The acknowledgement was lost; the transaction may or may not be durable.
     unknown: Callable[[], PyBatchError]
 
 
@@ -72,7 +61,6 @@ class Lease:
 
     @property
     def is_open(self) -> bool:
-        """Whether the connection is still leased (not committed, rolled back or discarded)."""
         return self._conn is not None
 
     @property
@@ -81,10 +69,9 @@ class Lease:
         return self._conn
 
     def commit(self, errors: CommitErrors, *, keep: bool = False) -> None:
-        """COMMIT and give the connection back; raise the family's error unless it is durable.
+        """COMMIT and give the connection back; raise the family's error unless durable.
 
-        With `keep`, a connection that is still sound stays leased for the next transaction
-        (a step holds one for all its chunks); one that failed is discarded all the same.
+        With `keep`, a still sound connection stays leased (a step holds one for its chunks).
         """
         conn = self._conn
         if conn is None:
@@ -104,10 +91,7 @@ class Lease:
             self._release(discard=False)
 
     def rollback(self, *, keep: bool = False) -> bool:
-        """ROLLBACK and give the connection back; False when it had to be discarded instead.
-
-        With `keep`, the rolled-back connection stays leased (see `commit`).
-        """
+        """ROLLBACK and give the connection back (kept leased with `keep`); False if discarded."""
         conn = self._conn
         if conn is None:
             return True
@@ -124,7 +108,6 @@ class Lease:
         return True
 
     def discard(self) -> None:
-        """Close the connection (it can no longer be trusted) and give it back to the pool."""
         self._release(discard=True)
 
     def _release(self, *, discard: bool) -> None:
@@ -172,7 +155,7 @@ class TransactionSource:
                     self._refused[conn] = refusal
 
         self._pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
-            kwargs=connection_kwargs(config, self._ca_file),
+            kwargs=config.connection_kwargs(ca_file=self._ca_file.path),
             min_size=0,
             max_size=config.pool_size,
             timeout=config.acquire_timeout.total_seconds(),
@@ -192,17 +175,9 @@ class TransactionSource:
     def lease(self, *, read_only: bool = False) -> Lease:
         """Lease a pooled connection for one transaction (READ ONLY when asked).
 
-        The pool checks each connection at checkout without a round trip
-        (`check_idle_connection`): one whose backend the server ended while it sat idle
-        (idle_session_timeout, pg_terminate_backend, a restart) is discarded and another
-        taken, so a run that pauses between chunks does not fail on it.
-
-        A connection the repository's check refused when it was opened (its clock skew) is
-        measured again: still refused, it is dropped and the refusal raised.
-
-        Raises:
-            Unavailable: no connection within the acquire timeout, or the server is down.
-            ClockSkewExceeded: the new connection found the clock beyond the skew bound.
+        A connection the server ended while idle is swapped at checkout, so a run pausing
+        between chunks does not fail on it; one refused when opened (clock skew) is measured
+        again. Raises Unavailable (no connection in time) or ClockSkewExceeded.
         """
         conn: Connection | None
         try:
@@ -223,12 +198,7 @@ class TransactionSource:
         return Lease(self, conn, read_only=read_only)
 
     def _check_again(self, conn: Connection) -> None:
-        """Measure a connection refused when it opened again: the clock may have been fixed.
-
-        Raises:
-            ClockSkewExceeded: still beyond the bound (the connection is dropped).
-            Unavailable: the measurement failed (the connection is dropped).
-        """
+        """Measure a refused connection again (the clock may be fixed); else drop it, raise."""
         refusal: PyBatchError | None
         try:
             refusal = None if self._check is None else self._check(conn)
@@ -244,13 +214,8 @@ class TransactionSource:
     def _checked_connection(self) -> Connection:
         """A pooled connection that passed `check_idle_connection`, within the acquire timeout.
 
-        A refused connection is handed back (the pool drops it and opens a replacement) and
-        the next one is tried at once. The pool's own checkout check would wait 1 s, 2 s,
-        4 s... between refusals, so a pool whose idle connections were all ended
-        (idle_session_timeout) could hold a lease renewal past a short lease.
-
-        Raises:
-            PoolTimeout: no healthy connection within the acquire timeout.
+        Refused ones are handed back and the next tried at once: the pool's own checkout
+        check backs off 1 s, 2 s, 4 s..., which could hold a lease renewal past a short lease.
         """
         deadline = time.monotonic() + self._config.acquire_timeout.total_seconds()
         while True:
@@ -266,13 +231,7 @@ class TransactionSource:
 
     @contextmanager
     def read_only(self, *, schema_probe: bool = False) -> Iterator[Connection]:
-        """A READ ONLY, READ COMMITTED transaction, always rolled back; driver errors mapped.
-
-        With `schema_probe`, a missing schema is SchemaUninitialized (the version check).
-
-        Raises:
-            Unavailable: the server cannot be reached, or a statement failed (mapped).
-        """
+        """A READ ONLY transaction, always rolled back; driver errors mapped (`schema_probe`)."""
         lease = self.lease(read_only=True)
         conn = lease.connection
         if conn is None:  # a fresh lease always holds its connection

@@ -1,10 +1,7 @@
-"""Connection configuration: bounds, TLS and redaction.
+"""Connection configuration: bounds, TLS and redaction (docs/tables.md 6).
 
-See docs/tables.md 6 and docs/contract.md, Configuration.
-
-The DSN is a secret. It never appears in a repr, a str, an exception or a log
-line; TLS settings come only from this configuration so that neither the DSN
-nor libpq environment variables can weaken them.
+The DSN is a secret: never in a repr, str, exception or log line. TLS settings come only from
+here, so neither the DSN nor libpq environment variables can weaken them.
 """
 
 from __future__ import annotations
@@ -61,15 +58,7 @@ _ALLOWED_KEYS = frozenset(
     {"host", "hostaddr", "port", "dbname", "user", "password", "application_name", "options"}
 )
 _TLS_KEYS = frozenset(
-    {
-        "requiressl",
-        "gssencmode",
-        "ssl-mode",
-        "ssl-root-cert",
-        "ssl-ca",
-        "ssl-cert",
-        "ssl-key",
-    }
+    {"requiressl", "gssencmode", "ssl-mode", "ssl-root-cert", "ssl-ca", "ssl-cert", "ssl-key"}
 )
 
 
@@ -125,17 +114,19 @@ CLOCK_SKEW_BOUNDS = (timedelta(milliseconds=100), timedelta(seconds=60))
 DEFAULT_MAX_CLOCK_SKEW = timedelta(seconds=5)
 
 
+def _within(value: object, bounds: tuple[timedelta, timedelta]) -> bool:
+    return isinstance(value, timedelta) and bounds[0] <= value <= bounds[1]
+
+
 def check_stale_threshold(value: object) -> None:
     """Refuse a stale threshold outside 1 min..24 h (StaleThresholdOutOfRange)."""
-    low, high = STALE_THRESHOLD_BOUNDS
-    if not isinstance(value, timedelta) or not low <= value <= high:
+    if not _within(value, STALE_THRESHOLD_BOUNDS):
         raise StaleThresholdOutOfRange()
 
 
 def check_max_clock_skew(value: object) -> None:
     """Refuse a clock-skew bound outside 100 ms..60 s (ClockSkewBoundOutOfRange)."""
-    low, high = CLOCK_SKEW_BOUNDS
-    if not isinstance(value, timedelta) or not low <= value <= high:
+    if not _within(value, CLOCK_SKEW_BOUNDS):
         raise ClockSkewBoundOutOfRange()
 
 
@@ -147,31 +138,30 @@ def _port_is_valid(port: str) -> bool:
     )
 
 
+def encodes_as_utf8(text: str) -> bool:
+    """Whether `text` encodes; callers raise outside `except`: UnicodeEncodeError holds it all."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _parse_dsn(dsn: Secret) -> ConnectionKwargs:
     """Parse the DSN with libpq's own parser and police the result; errors never quote it.
 
-    libpq (through `psycopg.conninfo`) tokenizes the DSN, so a password or an `options`
-    value that merely contains `ssl...=` is data, not a TLS option. A parse failure is
-    raised outside the `except` block, so the driver's message (which quotes the DSN)
-    is neither the cause nor the context of the pybatch error.
-
-    The DSN arrives wrapped and is revealed only inside expressions, never bound to a name,
-    and the parsed keywords live in a `ConnectionKwargs` (redacted repr): an error reporter
-    that records the local variables of every frame (Sentry does by default) finds no
-    password in this frame.
+    libpq tokenizes the DSN, so a password or `options` value merely containing `ssl...=` is
+    data, not a TLS option. Failures are raised outside `except` blocks, so the driver's
+    message (which quotes the DSN) is neither cause nor context. The DSN is revealed only
+    inside expressions and parsed keywords live in a redacted `ConnectionKwargs`: an error
+    reporter recording every frame's locals (Sentry does) finds no password here.
     """
     if not dsn.reveal().strip():
         raise EmptyConnectionString()
     if "\x00" in dsn.reveal():
         # libpq reads a C string: everything after a NUL (dbname, password) would vanish.
         raise InvalidConnectionString(reason="it contains a NUL character")
-    try:
-        dsn.reveal().encode("utf-8")
-    except UnicodeEncodeError:
-        unencodable = True
-    else:
-        unencodable = False
-    if unencodable:
+    if not encodes_as_utf8(dsn.reveal()):
         raise InvalidConnectionString(reason="it is not valid UTF-8")
     parsed: ConnectionKwargs | None
     try:
@@ -182,9 +172,8 @@ def _parse_dsn(dsn: Secret) -> ConnectionKwargs:
         raise InvalidConnectionString(
             reason="libpq cannot parse it (unknown or misspelt key, bad quoting or bad URI)"
         )
-    for key in parsed:
-        if key.startswith("ssl") or key in _TLS_KEYS:
-            raise TlsOptionInConnectionString()
+    if any(key.startswith("ssl") or key in _TLS_KEYS for key in parsed):
+        raise TlsOptionInConnectionString()
     for key in parsed:
         if key not in _ALLOWED_KEYS:
             raise InvalidConnectionString(reason=f"key {key!r} is not allowed")
@@ -197,10 +186,7 @@ def _parse_dsn(dsn: Secret) -> ConnectionKwargs:
 
 
 class Secret:
-    """A string that never prints, pickles or compares by identity (the DSN).
-
-    `reveal()` is the one way to read it; repr, str and format show `<redacted>`.
-    """
+    """A string (the DSN) that never prints or pickles; `reveal()` is the one way to read it."""
 
     __slots__ = ("_value",)
 
@@ -214,11 +200,10 @@ class Secret:
     def __repr__(self) -> str:
         return "Secret('<redacted>')"
 
-    def __str__(self) -> str:
+    def __format__(self, spec: str = "") -> str:
         return "<redacted>"
 
-    def __format__(self, spec: str) -> str:
-        return "<redacted>"
+    __str__ = __format__
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Secret) and other._value == self._value
@@ -253,10 +238,7 @@ def _to_secret(value: object) -> Secret:
 
 @attrs.frozen(kw_only=True, repr=False, init=False)
 class ConnectionConfig:
-    """Everything pybatch needs to reach PostgreSQL, validated on construction.
-
-    Build new variants with `attrs.evolve`, which validates the whole
-    configuration again.
+    """Everything pybatch needs to reach PostgreSQL, validated on construction and evolve.
 
     `__init__` is written out rather than generated: its first statement wraps the DSN in a
     `Secret`, rebinding the only name that held the raw string, so that when a later check
@@ -363,18 +345,14 @@ class ConnectionConfig:
     def connection_kwargs(
         self, *, ca_file: str | None = None, statement_timeout: bool = True
     ) -> ConnectionKwargs:
-        """Keyword arguments for `psycopg.connect`, with pybatch's TLS and session settings forced.
+        """Keyword arguments for `psycopg.connect`, TLS and session settings forced.
 
-        They hold the password in clear (libpq needs it), in a dict whose repr is redacted
-        and which refuses to pickle; hand them to `psycopg.connect` and nowhere else.
-
-        Explicit parameters win over libpq environment variables, so PGSSLMODE and
-        friends cannot weaken the configured mode. Every connection starts with UTC and the
-        configured lock and idle-in-transaction timeouts as session defaults, through the
-        libpq startup `options` (they outrank `ALTER DATABASE/ROLE ... SET`), and with the
-        statement timeout too unless `statement_timeout=False` (the migrator's connection:
-        migrations may be long). This is the only place settings are applied
-        (docs/architecture.md, "Transactions").
+        They hold the password (redacted repr, no pickling): hand them to psycopg only.
+        Explicit parameters beat libpq environment variables (PGSSLMODE cannot weaken TLS);
+        the startup `options` (which outrank `ALTER DATABASE/ROLE ... SET`) carry UTC, the
+        lock and idle-in-transaction timeouts and, unless `statement_timeout=False` (the
+        migrator: migrations may be long), the statement timeout. The only place settings
+        are applied.
         """
         params = _parse_dsn(self.dsn)
         startup = (
@@ -404,13 +382,7 @@ class ConnectionConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ConnectionConfig:
-        """Build a configuration from `PYBATCH_*` environment variables.
-
-        PYBATCH_DSN (required), PYBATCH_TLS (`verify-full` or `plaintext`),
-        PYBATCH_CA_FILE, PYBATCH_POOL_SIZE, PYBATCH_UNIT_OF_WORK_ATTEMPTS,
-        PYBATCH_<TIMEOUT>_MS for each timeout field (e.g. PYBATCH_STATEMENT_TIMEOUT_MS),
-        PYBATCH_MAX_CLOCK_SKEW_MS and PYBATCH_STALE_THRESHOLD_MS.
-        """
+        """From PYBATCH_DSN, _TLS, _CA_FILE, _POOL_SIZE, _UNIT_OF_WORK_ATTEMPTS, _<FIELD>_MS."""
         source = os.environ if environ is None else environ
         kwargs: dict[str, Any] = {"dsn": Secret(source.get("PYBATCH_DSN", ""))}
         env = {
@@ -460,12 +432,10 @@ class ConnectionConfig:
 
 
 def _env_int(env: Mapping[str, str], variable: str, low: int, high: int) -> int:
-    """The variable as an int, ASCII digits only, with no more digits than `high` has.
+    """The variable as an int: ASCII digits only, no more of them than `high` has.
 
-    `int()` would also read ' 1_0 ' as 10 and Arabic-Indic digits, refuse more than 4,300
-    digits with a bare ValueError, and a huge number of milliseconds overflows `timedelta`:
-    each is refused here as `EnvironmentValueInvalid` naming the variable and its range. A
-    value of the right length but out of range is left to the field's own bound check.
+    `int()` would read ' 1_0 ' and Arabic-Indic digits, fail bare beyond 4,300 digits, and a
+    huge value overflows `timedelta`; a right-length value out of range is left to the field.
     """
     text = env[variable]
     if not (text.isascii() and text.isdigit()) or len(text.lstrip("0")) > len(str(high)):

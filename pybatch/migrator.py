@@ -1,17 +1,14 @@
-"""Schema migrations: numbered, checksummed files applied under the migrator lock.
-
-See docs/tables.md 7. Each migration file runs whole in its own transaction; the connection's
-lock timeout (a startup setting) bounds the wait for the migration lock.
-"""
+"""Schema migrations: numbered, checksummed files, one transaction each (docs/tables.md 7)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import attrs
 import psycopg
@@ -32,6 +29,7 @@ from pybatch.errors import (
 )
 
 _T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 __all__ = [
     "Migration",
@@ -68,15 +66,8 @@ def shipped_migrations(directory: Path | None = None) -> list[Migration]:
         match = _FILE_NAME.match(path.name)
         if match is None:
             raise ValueError(f"migration file {path.name} is not named NNNN_description.sql")
-        data = path.read_bytes()
-        found.append(
-            Migration(
-                version=int(match.group(1)),
-                name=match.group(2),
-                path=path,
-                checksum=hashlib.sha256(data).digest(),
-            )
-        )
+        checksum = hashlib.sha256(path.read_bytes()).digest()
+        found.append(Migration(int(match.group(1)), match.group(2), path, checksum))
     for expected, migration in enumerate(found, start=1):
         if migration.version != expected:
             raise ValueError(f"migration files are not contiguous at {migration.version}")
@@ -107,43 +98,34 @@ def _read_version(conn: psycopg.Connection[Any]) -> int | None:
     raise mapped
 
 
-def _driver_errors_mapped(operation: Callable[[], _T]) -> _T:
-    """Run a migrator operation; every driver error leaves as a redacted pybatch error.
+def _driver_errors_mapped(operation: Callable[_P, _T]) -> Callable[_P, _T]:
+    """Every driver error leaves as a pybatch error raised outside `except` (no driver text)."""
 
-    42501 (the role lacks a privilege) is PermissionDenied; anything else is Unavailable
-    with its SQLSTATE. Raised after the `except` block, so the driver's message is neither
-    the cause nor the context.
-    """
-    mapped: PyBatchError | None = None
-    try:
-        return operation()
-    except psycopg.Error as error:
-        mapped = _sqlstate.translate(error)
-    raise mapped
+    @functools.wraps(operation)
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        mapped: PyBatchError | None = None
+        try:
+            return operation(*args, **kwargs)
+        except psycopg.Error as error:
+            mapped = _sqlstate.translate(error)
+        raise mapped
+
+    return run
 
 
+@_driver_errors_mapped
 def installed_schema_version(config: ConnectionConfig) -> int | None:
     """Read the installed schema version: no lock, no DDL, fine for a read-only role."""
-
-    def read() -> int | None:
-        with open_connection(config, autocommit=True) as conn:
-            return _read_version(conn)
-
-    return _driver_errors_mapped(read)
+    with open_connection(config, autocommit=True) as conn:
+        return _read_version(conn)
 
 
 def _lock_migrations(conn: psycopg.Connection[Any]) -> bool:
-    """Serialize migrators for the current transaction, bounded by the session lock_timeout.
+    """Serialize migrators for this transaction (within lock_timeout); True if locked.
 
-    Once the history table exists the lock is a table lock on it, which a role without
-    write privileges on pybatch's history cannot take (or hold against us). Before it exists
-    (the first install) no lock is taken at all: an advisory key could be held by any role
-    that can connect. Concurrent first installs are then settled by the catalogue itself
-    (the loser's CREATE collides with the winner's objects and is retried, see `migrate`).
-    Returns whether the history lock is held.
-
-    Raises:
-        MigrationLockTimeout: the history lock was not granted within the lock timeout.
+    The lock is a table lock on the history, which a role that may not write it cannot hold
+    against us (an advisory key could be held by anyone). A first install takes none: the
+    catalogue settles concurrent ones (the loser's CREATE collides and retries, `migrate`).
     """
     statements = load_statements()
     try:
@@ -202,54 +184,33 @@ def _pending(installed: int | None, shipped: list[Migration]) -> list[Migration]
     return [migration for migration in shipped if migration.version > current]
 
 
+@_driver_errors_mapped
 def pending_migrations(config: ConnectionConfig) -> list[Migration]:
     """The files `migrate` would apply now, after the same refusals (read-only)."""
     shipped = shipped_migrations()
-
-    def read() -> list[Migration]:
-        with open_connection(config, autocommit=True) as conn:
-            installed = _read_version(conn)
-            pending = _pending(installed, shipped)
-            _verify_history(conn, installed, shipped)
-            return pending
-
-    return _driver_errors_mapped(read)
+    with open_connection(config, autocommit=True) as conn:
+        installed = _read_version(conn)
+        pending = _pending(installed, shipped)
+        _verify_history(conn, installed, shipped)
+        return pending
 
 
+@_driver_errors_mapped
 def migration_sql(config: ConnectionConfig) -> str:
     """The exact SQL `migrate` would run now, for a DBA to review or apply by hand."""
     statements = load_statements()
     pending = pending_migrations(config)
-
-    def render() -> list[str]:
-        with open_connection(config, autocommit=True) as conn:
-            cursor = psycopg.ClientCursor(conn)
-            parts = [cursor.mogrify(statements.create_pybatch_schema.query) + "\n"]
-            for migration in pending:
-                bookkeeping = [
-                    cursor.mogrify(
-                        statements.insert_schema_migration.query,
-                        {
-                            "version": migration.version,
-                            "name": migration.name,
-                            "checksum": migration.checksum,
-                            "execution_ms": 0,
-                        },
-                    ),
-                    cursor.mogrify(
-                        statements.update_schema_version.query, {"version": migration.version}
-                    ),
-                ]
-                parts.append(
-                    "BEGIN ISOLATION LEVEL READ COMMITTED;\n"
-                    + migration.text()
-                    + "\n"
-                    + "\n".join(bookkeeping)
-                    + "\nCOMMIT;\n"
-                )
-        return parts
-
-    return "\n".join(_driver_errors_mapped(render))
+    with open_connection(config, autocommit=True) as conn:
+        cursor = psycopg.ClientCursor(conn)
+        parts = [cursor.mogrify(statements.create_pybatch_schema.query) + "\n"]
+        for m in pending:
+            row = {"version": m.version, "name": m.name, "checksum": m.checksum, "execution_ms": 0}
+            insert = cursor.mogrify(statements.insert_schema_migration.query, row)
+            update = cursor.mogrify(statements.update_schema_version.query, {"version": m.version})
+            parts.append(
+                f"BEGIN ISOLATION LEVEL READ COMMITTED;\n{m.text()}\n{insert}\n{update}\nCOMMIT;\n"
+            )
+    return "\n".join(parts)
 
 
 def _apply(conn: psycopg.Connection[Any], migration: Migration) -> None:
@@ -269,49 +230,44 @@ def _apply(conn: psycopg.Connection[Any], migration: Migration) -> None:
             raise MigrationHistoryInvalid(version=migration.version)
 
 
+@_driver_errors_mapped
 def migrate(config: ConnectionConfig, *, dry_run: bool = False) -> list[Migration]:
     """Bring the schema to the supported version; return the files applied (or pending).
 
-    Safe when several processes run it at once: each migration file runs in its own
-    transaction that first takes the migrator lock (`_lock_migrations`) and re-reads the
-    installed version, so concurrent migrators serialize and the later ones find nothing
-    pending. No lock that another role could hold is ever waited on: a first install
-    takes none, and one that collides with a concurrent first install rolls back and
-    looks again (then under the history lock). A newer schema or an applied file whose
-    checksum changed is refused before anything runs.
+    Safe when several processes run it at once: each file runs in its own transaction that
+    takes the migrator lock and re-reads the installed version, so later migrators find
+    nothing pending. No lock another role could hold is waited on: a first install takes
+    none, and one colliding with a concurrent first install rolls back and looks again
+    (then under the history lock). A newer schema or changed checksum is refused first.
     """
     shipped = shipped_migrations()
-
-    def run() -> list[Migration]:
-        statements = load_statements()
-        applied: list[Migration] = []
-        races = 0
-        with open_connection(config, autocommit=True) as conn:
-            while True:
-                locked = False
-                try:
-                    with conn.transaction():
-                        locked = _lock_migrations(conn)
-                        installed = _read_version(conn)
-                        pending = _pending(installed, shipped)
-                        _verify_history(conn, installed, shipped)
-                        if dry_run:
-                            return pending
-                        if not pending:
-                            break
-                        statements.create_pybatch_schema.affected(conn)
-                        _apply(conn, pending[0])
-                        applied.append(pending[0])
-                except psycopg.Error as error:
-                    race = not locked and _sqlstate.sqlstate_of(error) in _FIRST_INSTALL_RACE
-                    races += 1
-                    if not race or conn.broken:
-                        raise
-                    if races >= _FIRST_INSTALL_ATTEMPTS:
-                        raise MigrationLockTimeout() from None
-            final = _read_version(conn)
-            if final != shipped[-1].version:
-                raise MigrationHistoryInvalid(version=final or 0)
-            return applied
-
-    return _driver_errors_mapped(run)
+    statements = load_statements()
+    applied: list[Migration] = []
+    races = 0
+    with open_connection(config, autocommit=True) as conn:
+        while True:
+            locked = False
+            try:
+                with conn.transaction():
+                    locked = _lock_migrations(conn)
+                    installed = _read_version(conn)
+                    pending = _pending(installed, shipped)
+                    _verify_history(conn, installed, shipped)
+                    if dry_run:
+                        return pending
+                    if not pending:
+                        break
+                    statements.create_pybatch_schema.affected(conn)
+                    _apply(conn, pending[0])
+                    applied.append(pending[0])
+            except psycopg.Error as error:
+                race = not locked and _sqlstate.sqlstate_of(error) in _FIRST_INSTALL_RACE
+                races += 1
+                if not race or conn.broken:
+                    raise
+                if races >= _FIRST_INSTALL_ATTEMPTS:
+                    raise MigrationLockTimeout() from None
+        final = _read_version(conn)
+        if final != shipped[-1].version:
+            raise MigrationHistoryInvalid(version=final or 0)
+        return applied

@@ -1,8 +1,4 @@
-"""The SQL catalogue for DBAs: every shipped statement, its file, doc, parameters and tables.
-
-`pybatch sql list|show|explain|catalogue` and docs/sql-catalogue.md are built from here, so
-the catalogue a DBA reviews is generated from the same `queries/` files pybatch runs.
-"""
+"""The SQL catalogue for DBAs, generated from the same `queries/` files pybatch runs."""
 
 from __future__ import annotations
 
@@ -26,8 +22,7 @@ _WRITE = re.compile(r"^\s*(INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+pybatch\.([a-z_
 # the statement is planned and not run).
 _EXPLAIN_PREFIX = b"EXPLAIN (VERBOSE, COSTS)\n"
 
-#: Representative values by parameter name; anything else is sent as the untyped literal
-#: '1' and PostgreSQL infers its type from where it is used.
+#: Representative values by name; others go as the untyped '1', typed by the server.
 _REPRESENTATIVE: Mapping[str, object] = {
     "limit": "50",
     "row_limit": "50",
@@ -122,15 +117,9 @@ def representative_parameters(entry: StatementEntry) -> dict[str, object]:
 
 
 def explain(config: ConnectionConfig, name: str) -> str:
-    """The server's plan of statement `name` with representative parameters.
+    """The server's plan of `name` with representative parameters, never running it.
 
-    The plan is taken in a transaction that is rolled back; EXPLAIN without ANALYZE never
-    runs the statement.
-
-    Raises:
-        UnknownStatement: no such statement.
-        PermissionDenied: the role may not read a table the statement reads (42501).
-        Unavailable: the server could not be reached or refused to plan it (SQLSTATE shown).
+    EXPLAIN without ANALYZE, in a transaction that is rolled back; driver errors are mapped.
     """
     entry = find(name)
     statement = getattr(load_statements(), entry.name)
@@ -149,8 +138,7 @@ def explain(config: ConnectionConfig, name: str) -> str:
 
 
 def _cell(values: Iterable[str]) -> str:
-    joined = ", ".join(f"`{v}`" for v in values)
-    return joined or "-"
+    return ", ".join(f"`{v}`" for v in values) or "-"
 
 
 def render_markdown(entries: list[StatementEntry] | None = None) -> str:

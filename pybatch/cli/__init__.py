@@ -15,34 +15,9 @@ from collections.abc import Sequence
 import psycopg
 
 from pybatch import _sqlstate
+from pybatch import errors as e
 from pybatch.cli import demo, explore, operator, retention, schema, sql, worker
 from pybatch.cli._arguments import check_argv
-from pybatch.errors import (
-    AuthenticationFailed,
-    ChunkCommitOutcomeUnknown,
-    CommitOutcomeUnknown,
-    ConfigError,
-    CursorError,
-    DatabaseNotFound,
-    ExplorerAgeBoundTooSmall,
-    ExplorerRepositoryError,
-    ExplorerTimeout,
-    JobExecutionNotFound,
-    JobInstanceNotFound,
-    OperationOutcomeUnknown,
-    PageSizeOutOfRange,
-    PartitionPlanNotPublished,
-    PermissionDenied,
-    PyBatchError,
-    RequestFieldError,
-    RetentionError,
-    RetentionPlanStale,
-    StepExecutionNotFound,
-    StepPartitionNotFound,
-    TlsVerificationFailed,
-    Unavailable,
-    UnknownStatement,
-)
 
 #: SQLSTATEs reported as "permission denied" (exit 6): insufficient privilege and the
 #: authentication refusals.
@@ -53,13 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every command group."""
     parser = argparse.ArgumentParser(prog="pybatch", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    schema.register(commands)
-    explore.register(commands)
-    sql.register(commands)
-    demo.register(commands)
-    worker.register(commands)
-    operator.register(commands)
-    retention.register(commands)
+    for group in (schema, explore, sql, demo, worker, operator, retention):
+        group.register(commands)
     return parser
 
 
@@ -71,47 +41,54 @@ EXIT_NOT_FOUND = 4
 EXIT_OUTCOME_UNKNOWN = 5
 EXIT_PERMISSION_DENIED = 6
 
-_NOT_FOUND = (
-    JobInstanceNotFound,
-    JobExecutionNotFound,
-    StepExecutionNotFound,
-    StepPartitionNotFound,
-    PartitionPlanNotPublished,
-    UnknownStatement,
+#: Error families and their exit codes, first match wins (Unavailable is decided by SQLSTATE).
+_EXIT_CODES: tuple[tuple[tuple[type[BaseException], ...], int], ...] = (
+    (
+        (e.CommitOutcomeUnknown, e.ChunkCommitOutcomeUnknown, e.OperationOutcomeUnknown),
+        EXIT_OUTCOME_UNKNOWN,
+    ),
+    ((e.PermissionDenied, e.AuthenticationFailed), EXIT_PERMISSION_DENIED),
+    (
+        (
+            e.JobInstanceNotFound,
+            e.JobExecutionNotFound,
+            e.StepExecutionNotFound,
+            e.StepPartitionNotFound,
+            e.PartitionPlanNotPublished,
+            e.UnknownStatement,
+        ),
+        EXIT_NOT_FOUND,
+    ),
+    ((e.ConfigError, e.DatabaseNotFound, e.TlsVerificationFailed), EXIT_CONFIGURATION),
+)
+_CONFIGURATION = (
+    e.PageSizeOutOfRange,
+    e.CursorError,
+    e.ExplorerAgeBoundTooSmall,
+    e.RequestFieldError,
 )
 
 
 def exit_code_for(error: BaseException) -> int:
     """One table from error family to exit code (docs/operators.md)."""
-    if isinstance(error, ExplorerRepositoryError):
+    if isinstance(error, e.ExplorerRepositoryError):
         error = error.error
-    if isinstance(
-        error, CommitOutcomeUnknown | ChunkCommitOutcomeUnknown | OperationOutcomeUnknown
-    ):
-        return EXIT_OUTCOME_UNKNOWN
-    if isinstance(error, PermissionDenied | AuthenticationFailed):
-        return EXIT_PERMISSION_DENIED
-    if isinstance(error, _NOT_FOUND):
-        return EXIT_NOT_FOUND
-    if isinstance(error, ConfigError | DatabaseNotFound | TlsVerificationFailed):
-        return EXIT_CONFIGURATION
-    if isinstance(error, Unavailable):
+    for families, code in _EXIT_CODES:
+        if isinstance(error, families):
+            return code
+    if isinstance(error, e.Unavailable):
         return EXIT_PERMISSION_DENIED if error.sqlstate in _PERMISSION_DENIED else EXIT_UNAVAILABLE
-    if isinstance(error, ExplorerTimeout):
+    if isinstance(error, e.ExplorerTimeout):
         return EXIT_UNAVAILABLE
-    if isinstance(error, RetentionError) and not isinstance(error, RetentionPlanStale):
+    if isinstance(error, e.RetentionError) and not isinstance(error, e.RetentionPlanStale):
         return EXIT_CONFIGURATION
-    if isinstance(
-        error, PageSizeOutOfRange | CursorError | ExplorerAgeBoundTooSmall | RequestFieldError
-    ):
-        return EXIT_CONFIGURATION
-    return EXIT_REFUSED
+    return EXIT_CONFIGURATION if isinstance(error, _CONFIGURATION) else EXIT_REFUSED
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; every failure prints as one redacted line on stderr."""
     parser = build_parser()
-    failure: PyBatchError | None = None
+    failure: e.PyBatchError | None = None
     try:
         # Before argparse: an undecodable argument would otherwise fail wherever it is
         # first encoded (psycopg, a print) with a UnicodeEncodeError traceback.
@@ -120,13 +97,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # raises through parse_args and is reported below like any other refusal.
         args = parser.parse_args(argv)
         result: int = args.handler(args)
-    except PyBatchError as error:
+    except e.PyBatchError as error:
         failure = error
     except psycopg.Error as error:  # a path that missed its mapping: still one line
         failure = _sqlstate.translate(error)
     if failure is None:
         return result
-    if isinstance(failure, ExplorerRepositoryError):
+    if isinstance(failure, e.ExplorerRepositoryError):
         failure = failure.error  # the repository's own error names the cause
     print(f"pybatch: {type(failure).__name__}: {failure}", file=sys.stderr)
     return exit_code_for(failure)

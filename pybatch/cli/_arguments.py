@@ -1,8 +1,4 @@
-"""Command-line values read without a traceback: bounded durations and UTF-8 argv.
-
-A value that cannot be read is a `CommandArgumentInvalid` (exit code 2), printed by `main` as
-one line naming the option and what it accepts, never the value itself.
-"""
+"""Command-line values refused as `CommandArgumentInvalid` (exit 2), never echoing the value."""
 
 from __future__ import annotations
 
@@ -10,6 +6,7 @@ import datetime as _dt
 import re
 from collections.abc import Callable, Sequence
 
+from pybatch.config import encodes_as_utf8
 from pybatch.errors import CommandArgumentInvalid
 
 #: The longest duration any option accepts: 100 years, far beyond any retention or wait,
@@ -23,12 +20,7 @@ _MAX_DIGITS = len(str(_MAX_SECONDS))
 
 
 def duration_type(option: str, *, unit_required: bool = True) -> Callable[[str], _dt.timedelta]:
-    """An argparse `type` for `90s`, `15m`, `2h`, `90d`, at most `MAX_DURATION_DAYS` days.
-
-    A bare number of seconds is accepted when `unit_required` is False. ASCII digits only.
-    A malformed or too long value is refused with `CommandArgumentInvalid`
-    naming `option`: one line on stderr, exit code 2.
-    """
+    """An argparse `type` for `90s`, `15m`, `2h`, `90d` (bare seconds unless `unit_required`)."""
     pattern = re.compile(r"([0-9]+)([smhd])" if unit_required else r"([0-9]+)([smhd]?)")
     form = "90s, 15m, 1h, 90d" if unit_required else "90s, 10m, 2h, 1d"
     expected = f"a duration of at most {MAX_DURATION_DAYS}d ({form})"
@@ -49,21 +41,7 @@ def duration_type(option: str, *, unit_required: bool = True) -> Callable[[str],
 
 
 def check_argv(argv: Sequence[str]) -> None:
-    """Refuse an argument that is not valid UTF-8 before anything reads it.
-
-    Python hands undecodable bytes of argv over as lone surrogates (the byte 0xFF becomes
-    U+DCFF), which no encoder, psycopg's included, accepts later. The refusal names the
-    argument's position, never its text.
-
-    Raises:
-        CommandArgumentInvalid: an argument holds a character UTF-8 cannot encode.
-    """
+    """Refuse (by position, never text) an argument with undecodable bytes (lone surrogates)."""
     for position, argument in enumerate(argv, start=1):
-        try:
-            argument.encode("utf-8")
-        except UnicodeEncodeError:
-            invalid = True
-        else:
-            invalid = False
-        if invalid:
+        if not encodes_as_utf8(argument):
             raise CommandArgumentInvalid(argument=f"#{position}", expected="valid UTF-8 text")

@@ -31,7 +31,7 @@ _DSN_WARNING = (
 
 
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
-    """Connection options shared by every command that talks to PostgreSQL."""
+    """Add --dsn, --dsn-file and --plaintext."""
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
         "--dsn",
@@ -108,12 +108,7 @@ def _has_password(dsn: str) -> bool:
 
 
 def read_dsn_file(path: str) -> str:
-    """The DSN stored in `path`, refused unless only its owner can read or write it.
-
-    Raises:
-        DsnFileInsecure: the file's mode grants any permission to group or others.
-        DsnFileUnreadable: the file does not exist, is not a regular file or cannot be read.
-    """
+    """The DSN in `path` (no symlink), refused unless only its owner may read or write it."""
     try:
         descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:

@@ -1,18 +1,10 @@
 """`pybatch demo`: load a CSV with the ETL API, SIGKILL the loader part-way, resume, verify.
 
-The demo runs on a throwaway embedded PostgreSQL (or on `--dsn`). It migrates, writes a
-deterministic CSV of orders (`--seed`) into a temporary directory, recreates its target
-table `pybatch_demo.orders`, and runs the load job in a child process (the hidden
-`pybatch demo-worker` command), which COPYs the CSV in chunks and commits each chunk with
-its checkpoint `{"offset": n}` (pybatch.etl). The parent watches the step's committed
-state through pybatch and kills the child with SIGKILL after a random number of committed
-chunks, then starts the worker again: its launch finds the dead attempt, records an
-audited OWNER_LOST recovery decision and resumes from the last committed checkpoint. At
-the end the parent checks that the table equals the CSV (row count and sha256 over the
-rows in id order) and that the step's counters equal the rows; it exits 0 only if all of
-that holds. Every statement comes from queries/demo.sql.
-
-SIGTERM or SIGINT stops the child, the embedded server and removes the temporary files.
+On an embedded server (or `--dsn`), a child (`pybatch demo-worker`) COPYs a seeded CSV in
+chunks, each committed with its checkpoint; the parent SIGKILLs it after some committed
+chunks and starts it again, which records an audited OWNER_LOST decision and resumes. Exit 0
+only if the table equals the CSV (count, sha256) and the counters equal the rows. SIGTERM or
+SIGINT stops the child and the server and removes the temporary files.
 """
 
 from __future__ import annotations
@@ -33,6 +25,7 @@ import time
 import uuid
 from contextlib import ExitStack
 from datetime import date, timedelta
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
@@ -71,23 +64,12 @@ LAUNCH_PATIENCE_S = 30.0
 #: How long the parent waits for a worker to reach its step before giving up.
 STEP_PATIENCE_S = 120.0
 POLL_INTERVAL_S = 0.002
-_CUSTOMERS = (
-    "Acme Tools",
-    "Blue Harbor",
-    "Cedar & Sons",
-    "Delta Foods",
-    "Evergreen Labs",
-    "Fjord Outfitters",
-    "Granite Works",
-    "Helios Energy",
-    "Indigo Print",
-    "Juniper Cafe",
+_CUSTOMERS = tuple(
+    "Acme Tools|Blue Harbor|Cedar & Sons|Delta Foods|Evergreen Labs|Fjord Outfitters|"
+    "Granite Works|Helios Energy|Indigo Print|Juniper Cafe".split("|")
 )
 _FIRST_DAY = date(2026, 1, 1)
 _LABEL = 10
-
-
-# ---------------------------------------------------------------------------------- commands
 
 
 def register(commands: Commands) -> None:
@@ -146,23 +128,13 @@ def _job(repository: JobRepository, run: str) -> Job:
     return Job(repository, JOB_NAME, {"run": run}, lease=DEMO_LEASE)
 
 
-# ---------------------------------------------------------------------------------- worker
-
-
 def _worker(args: argparse.Namespace) -> int:
     """The child process: launch or restart the job and load the CSV from its checkpoint."""
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)  # a stopped run stays restartable
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    csv_path: Path = args.csv
-    chunk_size: int = args.chunk_size
     with JobRepository.connect(ConnectionConfig.from_env()) as repository:
-        run = _launch(_job(repository, args.run))
-        with run:
-
-            def load(step: StepRun) -> None:
-                _load(step, csv_path, chunk_size)
-
-            run.step(STEP_NAME, load)
+        with _launch(_job(repository, args.run)) as run:
+            run.step(STEP_NAME, partial(_load, csv_path=args.csv, chunk_size=args.chunk_size))
     return 0
 
 
@@ -200,9 +172,6 @@ def _load(step: StepRun, csv_path: Path, chunk_size: int) -> None:
                 chunk.commit(read=len(batch), written=len(batch), checkpoint={"offset": offset})
 
 
-# ---------------------------------------------------------------------------------- demo
-
-
 class _Stop(KeyboardInterrupt):
     """SIGINT or SIGTERM arrived; unwinding stops the worker, the server and the temp files."""
 
@@ -212,11 +181,7 @@ class _Stop(KeyboardInterrupt):
 
 
 class _Signals:
-    """Turns the first SIGINT/SIGTERM into `_Stop`; once shielded, signals are only noted.
-
-    Shielding starts when the demo begins to clean up, so that a signal (or a second one)
-    cannot cut short stopping the worker and the server or removing the temporary files.
-    """
+    """Turns the first SIGINT/SIGTERM into `_Stop`; once shielded (cleanup) they are only noted."""
 
     def __init__(self) -> None:
         self.received: int | None = None

@@ -1,9 +1,7 @@
 """`pybatch jobs | instances | executions | show | unresolved`: read commands over the explorer.
 
-Every command reads through `pybatch.explorer.JobExplorer` (its own read-only, rolled-back
-transactions) and prints a table sized to the terminal, or with `--json` one documented
-JSON document (docs/operators.md): `{"items": [...], "next": CURSOR | null}` for lists.
-`--limit` and `--after` page; the cursor of the next page is printed after each page.
+Tables sized to the terminal, or with `--json` one document (`{"items": [...], "next": ...}`
+for lists); `--limit` and `--after` page.
 """
 
 from __future__ import annotations
@@ -110,9 +108,6 @@ def register(commands: Commands) -> None:
     )
 
 
-# --------------------------------------------------------------------------- plumbing
-
-
 @contextmanager
 def _explorer(args: argparse.Namespace) -> Iterator[JobExplorer]:
     config = config_from_args(args)
@@ -123,10 +118,7 @@ def _explorer(args: argparse.Namespace) -> Iterator[JobExplorer]:
         yield JobExplorer(repository)
 
 
-#: Stored names older than pybatch's own naming, as `pybatch show` prints them. The stored
-#: values never change: they are inputs of digests already recorded (a definition's
-#: fingerprint, a state envelope's checksum), so only what an operator reads is renamed.
-#: `--json` keeps the stored values.
+#: Legacy stored names as `show` prints them; stored values (digest inputs) and --json keep them.
 _SHOWN_NAMES = {
     LEGACY_REVISION: "pybatch default definition",
     EMPTY_STATE_SCHEMA.value: "empty",
@@ -219,9 +211,6 @@ _EXECUTION_HEADERS = (
 ).split()
 
 
-# --------------------------------------------------------------------------- commands
-
-
 def _jobs(args: argparse.Namespace) -> int:
     return _list(
         args,
@@ -276,14 +265,12 @@ def _unresolved(args: argparse.Namespace) -> int:
 
 
 def _all(fetch: Callable[[Cursor | None], Page[T]]) -> list[T]:
-    items: list[T] = []
-    cursor: Cursor | None = None
-    while True:
-        page = fetch(cursor)
+    page = fetch(None)
+    items = list(page.items)
+    while page.next_cursor is not None:
+        page = fetch(page.next_cursor)
         items.extend(page.items)
-        cursor = page.next_cursor
-        if cursor is None:
-            return items
+    return items
 
 
 def _latest(execution_id: int, latest: LatestAttempt | None) -> str:

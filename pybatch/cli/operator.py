@@ -1,9 +1,4 @@
-"""`pybatch stop`, `recover` and `audit verify` (docs/operators.md).
-
-Mutating commands go through the operator service with an operation id (`--operation-id`,
-generated and printed when absent): re-running a command with the same id replays the
-recorded outcome instead of acting twice.
-"""
+"""`pybatch stop`, `recover` and `audit verify`; re-running with an `--operation-id` replays."""
 
 from __future__ import annotations
 
@@ -36,8 +31,6 @@ from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 WAIT_POLL_S = 0.5
 
 
-#: `--older-than` and `--timeout` values: 90s, 15m, 1h, 90d (at most 36500d).
-parse_age = duration_type("DURATION")
 _execution_id = positive_id("execution id")
 
 

@@ -1,7 +1,4 @@
-"""`pybatch hold`, `release` and `purge`.
-
-See docs/operators.md and docs/contract.md, Holds; Retention and purge.
-"""
+"""`pybatch hold`, `release` and `purge` (docs/operators.md)."""
 
 from __future__ import annotations
 
@@ -45,25 +42,19 @@ _instance_id = positive_id("instance id")
 
 def register(commands: Commands) -> None:
     """Add the retention commands."""
-    hold = add_command(
-        commands,
-        "hold",
-        partial(_hold, act=RetentionService.hold),
-        help="keep a job instance out of every purge",
-    )
-    add_request_arguments(hold)
-    hold.add_argument("instance_id", type=_instance_id, metavar="INSTANCE")
-    hold.add_argument("--reason", required=True, help="reason code [A-Z0-9_], e.g. LEGAL_HOLD")
-
-    release = add_command(
-        commands,
-        "release",
-        partial(_hold, act=RetentionService.release),
-        help="release the hold of a job instance",
-    )
-    add_request_arguments(release)
-    release.add_argument("instance_id", type=_instance_id, metavar="INSTANCE")
-    release.add_argument("--reason", default="RELEASED", help="reason code (default RELEASED)")
+    for name, act, help_text, reason in (
+        ("hold", RetentionService.hold, "keep a job instance out of every purge", None),
+        ("release", RetentionService.release, "release the hold of a job instance", "RELEASED"),
+    ):
+        parser = add_command(commands, name, partial(_hold, act=act), help=help_text)
+        add_request_arguments(parser)
+        parser.add_argument("instance_id", type=_instance_id, metavar="INSTANCE")
+        if reason is None:
+            parser.add_argument(
+                "--reason", required=True, help="reason code [A-Z0-9_], e.g. LEGAL_HOLD"
+            )
+        else:
+            parser.add_argument("--reason", default=reason, help=f"reason code (default {reason})")
 
     purge = add_command(
         commands,

@@ -1,11 +1,4 @@
-"""`pybatch worker`: join a running partitioned step from any host (pybatch.partitioned).
-
-    pybatch worker --job load_orders --param business_date=2026-11-30 --step load \
-        --function my_jobs.orders:load_range
-
-The function is imported from the worker's own Python path and called once per partition
-with a `PartitionRun`, exactly as the job's own local workers call it.
-"""
+"""`pybatch worker`: join a running partitioned step from any host, as its local workers do."""
 
 from __future__ import annotations
 
@@ -13,6 +6,7 @@ import argparse
 import datetime
 import importlib
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from pybatch.cli._connection import Commands, add_command, connect
@@ -24,35 +18,25 @@ def register(commands: Commands) -> None:
         commands, "worker", _worker, help="work on the partitions of a running partitioned step"
     )
     worker.add_argument("--job", required=True, help="job name")
-    worker.add_argument(
-        "--param", action="append", default=[], metavar="NAME=TEXT", help="string parameter"
-    )
-    worker.add_argument(
-        "--param-int", action="append", default=[], metavar="NAME=N", help="integer parameter"
-    )
-    worker.add_argument(
-        "--param-bool",
-        action="append",
-        default=[],
-        metavar="NAME=true|false",
-        help="boolean parameter",
-    )
+    for flag, metavar, kind in (
+        ("--param", "NAME=TEXT", "string"),
+        ("--param-int", "NAME=N", "integer"),
+        ("--param-bool", "NAME=true|false", "boolean"),
+    ):
+        worker.add_argument(
+            flag, action="append", default=[], metavar=metavar, help=f"{kind} parameter"
+        )
     worker.add_argument("--step", required=True, help="name of the partitioned step")
     worker.add_argument(
         "--function", required=True, metavar="MODULE:NAME", help="the partition function"
     )
-    worker.add_argument(
-        "--wait",
-        type=float,
-        default=60.0,
-        metavar="SECONDS",
-        help="how long to wait for the job to publish the plan (default 60)",
+    seconds = partial(worker.add_argument, type=float, metavar="SECONDS")
+    seconds(
+        "--wait", default=60.0, help="how long to wait for the job to publish the plan (default 60)"
     )
-    worker.add_argument(
+    seconds(
         "--lease",
-        type=float,
         default=10.0,
-        metavar="SECONDS",
         help="this worker's lease on each partition it runs, 1 to 3600 (default 10): after "
         "a crash its partition is recovered at most this long after the last renewal",
     )

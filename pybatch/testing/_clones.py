@@ -1,24 +1,10 @@
 """Fresh test databases cloned from the template ahead of the tests that will use them.
 
-A clone is `CREATE DATABASE ... TEMPLATE`, which PostgreSQL makes in one of two ways: copy
-the template's files after a checkpoint (13 and 14 know no other way; `STRATEGY = FILE_COPY`
-on 15 and later), or copy every page through shared buffers and the WAL (`WAL_LOG`, the
-default since 15). For a template as small as a migrated pybatch schema the WAL only adds
-work (up to 3 times slower, never faster, in docs/testing.md's measurements), so the clone
-statement is chosen on the server's major version.
-
-CREATE DATABASE and DROP DATABASE look for sessions in the database they copy or drop and,
-when they find one, sleep 100 ms before they look again; a session closed a moment ago
-whose backend has not exited yet counts. So the pool waits for the template's sessions (the
-migration's) to end before its first clone, and for a test's sessions to end before it drops
-the test's database. Used databases are dropped with FORCE, which ends whatever sessions a
-test left open.
-
-`workers` threads, each with its own connection to the maintenance database, take the
-clones and drops from one queue in order, keeping `depth` clones ready or in flight: a test
-then takes a ready database at once. Two clones of one template may be made at the same
-time (CREATE DATABASE locks the template against new connections, not against other
-copies). With `depth` 0 every clone and drop happens in the fixture itself.
+A small template clones fastest by file copy (`STRATEGY = FILE_COPY` from 15; WAL_LOG is up
+to 3x slower). CREATE/DROP DATABASE sleep 100 ms when they find a session, even one whose
+backend is still exiting, so the pool first waits for sessions to end; drops use FORCE.
+Worker threads keep `depth` clones ready (two clones of one template may run at once);
+with `depth` 0 the fixture clones and drops itself.
 """
 
 from __future__ import annotations
@@ -43,9 +29,7 @@ CLONE_PREFIX = "pybatch_test_"
 _STRATEGY_SINCE = 150000
 #: Threads that clone and drop when prefetching (never more than the depth).
 _MAX_WORKERS = 2
-#: How long to wait for a database's sessions to end on their own, in seconds.
-#: (A closed session's backend exits within milliseconds; one a test left open is ended by
-#: the FORCE of the drop.)
+#: Seconds to wait for a database's sessions to end on their own (then FORCE).
 _TEMPLATE_GRACE = 5.0
 _TEST_GRACE = 0.2
 _POLL = 0.002
@@ -76,7 +60,7 @@ class _Admin:
 
     @contextlib.contextmanager
     def _connection(self) -> Iterator[psycopg.Connection[Any]]:
-        """The connection, opened if needed; closed when the block fails (reopened next time)."""
+        """The connection, opened if needed; closed when the block fails."""
         if self._conn is None:
             self._conn = psycopg.connect(self._dsn, autocommit=True)
         try:
@@ -140,7 +124,7 @@ class ClonePool:
 
     @property
     def workers(self) -> int:
-        """How many threads clone and drop (0: the fixture does it itself)."""
+        """How many threads clone and drop (0: the fixture does)."""
         return len(self._threads)
 
     def _work(self) -> None:

@@ -1,9 +1,7 @@
 """`python -m pybatch.testing._kill_at_chunk N POINT SCRIPT ARGS...`: run SCRIPT, die at chunk N.
 
-The job runner's child: it wraps `pybatch.etl.Chunk.commit` so that this process SIGKILLs
-itself at its N-th chunk (0: never), right after the COMMIT returned or just before it is
-sent, then runs SCRIPT as `__main__`. SIGKILL, not an exception: nothing of the job's own
-error handling runs, exactly as when a machine or an OOM killer takes a process down.
+SIGKILL (N 0: never), not an exception: none of the job's error handling runs, as when an OOM
+killer takes the process down.
 """
 
 from __future__ import annotations

@@ -45,14 +45,9 @@ class JobRunner:
         env: Mapping[str, str] | None = None,
         timeout: float = 120.0,
     ) -> JobScriptResult:
-        """Run the script to its end, or SIGKILL it at its `kill_at_chunk`-th chunk.
+        """Run the script (PYBATCH_DSN set), SIGKILLed at its `kill_at_chunk`-th chunk (from 1).
 
-        `kill_point="after_commit"` kills it right after that chunk's COMMIT returned (the
-        chunk is durable); `"before_commit"` kills it just before the COMMIT (the chunk's
-        rows are written and never committed). Chunks are counted in this process only,
-        from 1, so a restarted run counts again from 1. The script reads its connection
-        from the environment: `ConnectionConfig.from_env()` sees PYBATCH_DSN and
-        PYBATCH_TLS=plaintext.
+        `after_commit`: right after that COMMIT returned; `before_commit`: just before it.
         """
         if kill_point not in KILL_POINTS:
             raise ValueError(f"kill_point must be one of {KILL_POINTS}")
@@ -63,12 +58,7 @@ class JobRunner:
         environment = dict(os.environ if env is None else env)
         environment.update(PYBATCH_DSN=self._dsn, PYBATCH_TLS="plaintext")
         process = subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=environment,
-            check=False,
+            command, capture_output=True, text=True, timeout=timeout, env=environment, check=False
         )
         return JobScriptResult(
             returncode=process.returncode,
