@@ -46,8 +46,7 @@ _FAULT_COUNT_COLUMNS = (
 )
 _STATE_PARTS = ("format", "schema", "schema_version", "payload")
 
-#: The six counter columns of a step.
-COUNT_COLUMNS = tuple(column for _, column in _COUNT_COLUMNS)
+COUNT_COLUMNS = tuple(column for _, column in _COUNT_COLUMNS)  # The six counter columns of a step.
 #: The four columns of a step's checkpoint envelope.
 CHECKPOINT_COLUMNS = tuple(f"checkpoint_{part}" for part in _STATE_PARTS)
 #: The four columns of a step's execution-context envelope.

@@ -21,8 +21,7 @@ from pybatch.values.audit import GENESIS_DIGEST, AuditVerification
 if TYPE_CHECKING:
     from pybatch.job_repository import JobRepository
 
-#: Links read per page.
-PAGE = 1000
+PAGE = 1000  # Links read per page.
 
 
 def verify_audit_chain(

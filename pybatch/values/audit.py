@@ -14,8 +14,7 @@ import attrs
 
 from pybatch.values._fields import Code
 
-#: The "previous digest" of the first link.
-GENESIS_DIGEST = bytes(32)
+GENESIS_DIGEST = bytes(32)  # The "previous digest" of the first link.
 
 
 class AuditRecordKind(Code):

@@ -28,12 +28,9 @@ from pybatch.values._canonical import canonical_json, reject_constant, sha256
 from pybatch.values._fields import is_, maybe
 from pybatch.values.names import DefinitionRevision, DefinitionUpgradeKey, JobName, StepName
 
-#: Byte bound of a canonical manifest.
-MANIFEST_MAX_BYTES = 65_536
-#: Manifest format of a one-step tasklet or chunk definition.
-MANIFEST_FORMAT_ONE_STEP = 1
-#: Manifest format of a flow graph.
-MANIFEST_FORMAT_FLOW = 2
+MANIFEST_MAX_BYTES = 65_536  # Byte bound of a canonical manifest.
+MANIFEST_FORMAT_ONE_STEP = 1  # Manifest format of a one-step tasklet or chunk definition.
+MANIFEST_FORMAT_FLOW = 2  # Manifest format of a flow graph.
 #: Manifest format of a local-scale (split / partition) plan; the newest supported.
 MANIFEST_FORMAT_LOCAL_SCALE = 3
 #: Revision of the legacy definition used by launches without a definition. The name is

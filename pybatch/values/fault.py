@@ -37,10 +37,8 @@ from pybatch.values.status import BatchStatus, FailureCategory
 FAULT_STATE_FORMAT = 1
 #: Value of the `fault_state_schema` column (kept byte for byte).
 FAULT_STATE_SCHEMA = "oxide-batch.fault-state"
-#: Value of the `fault_state_schema_version` column.
-FAULT_STATE_SCHEMA_VERSION = 1
-#: Byte ceiling of the canonical envelope.
-FAULT_STATE_MAX_BYTES = 64 * 1024
+FAULT_STATE_SCHEMA_VERSION = 1  # Value of the `fault_state_schema_version` column.
+FAULT_STATE_MAX_BYTES = 64 * 1024  # Byte ceiling of the canonical envelope.
 #: Hard entry ceiling of format 1 (and the upper bound of `RetryStateLimit`).
 FAULT_STATE_MAX_ENTRIES = 256
 #: Domain separator of `RetryKey.derive` (kept byte for byte).
@@ -58,26 +56,22 @@ _ENTRY_MEMBERS = frozenset({"category", "key", "ordinal", "phase", "revision"})
 class FaultStateRefusal(enum.StrEnum):
     """The `reason` of each `FaultStateEnvelopeInvalid`, one per broken rule."""
 
-    #: `fault_state_format` is not 1.
-    UNSUPPORTED_FORMAT = "unsupported format"
+    UNSUPPORTED_FORMAT = "unsupported format"  # `fault_state_format` is not 1.
     #: `fault_state_schema` is not `oxide-batch.fault-state`.
     UNSUPPORTED_SCHEMA = "unsupported schema"
     #: `fault_state_schema_version` is not 1.
     UNSUPPORTED_SCHEMA_VERSION = "unsupported schema version"
     #: The payload is not an object with a 64-hex `checkpoint` and an `entries` array.
     MALFORMED = "malformed"
-    #: The canonical envelope is larger than 64 KiB.
-    TOO_LARGE = "too large"
+    TOO_LARGE = "too large"  # The canonical envelope is larger than 64 KiB.
     #: More entries than the format ceiling (decode) or the policy's state limit (validate_for).
     TOO_MANY_ENTRIES = "too many entries"
     #: An entry is not exactly {category, key, ordinal 1..65535, phase, revision}.
     MALFORMED_ENTRY = "malformed entry"
     #: An entry names a phase or failure category that does not exist.
     UNKNOWN_ENUMERATION = "unknown enumeration"
-    #: Entries are not in ascending key order.
-    UNSORTED_ENTRIES = "unsorted entries"
-    #: Two entries share one retry key.
-    DUPLICATE_KEY = "duplicate key"
+    UNSORTED_ENTRIES = "unsorted entries"  # Entries are not in ascending key order.
+    DUPLICATE_KEY = "duplicate key"  # Two entries share one retry key.
     #: Empty with a non-zero checkpoint digest, or non-empty with the all-zero digest.
     CHECKPOINT_EMPTINESS_MISMATCH = "checkpoint emptiness mismatch"
     #: The stored checksum does not cover the canonical envelope.
@@ -129,10 +123,8 @@ class RetryOrdinal:
 
     value: int = attrs.field(validator=_bounded("RetryOrdinal", 0, _U16_MAX))
 
-    #: The initial, non-retried call.
-    INITIAL: ClassVar[RetryOrdinal]
-    #: The largest ordinal (u16).
-    MAX: ClassVar[RetryOrdinal]
+    INITIAL: ClassVar[RetryOrdinal]  # The initial, non-retried call.
+    MAX: ClassVar[RetryOrdinal]  # The largest ordinal (u16).
 
     @property
     def is_initial(self) -> bool:
@@ -150,8 +142,7 @@ class RetryLimit:
 
     value: int = attrs.field(validator=_bounded("RetryLimit", 0, _U16_MAX))
 
-    #: A policy that never retries.
-    NONE: ClassVar[RetryLimit]
+    NONE: ClassVar[RetryLimit]  # A policy that never retries.
 
     def permits(self, ordinal: RetryOrdinal) -> bool:
         """Whether `ordinal` may be reserved: a retry (not the first call) within the limit."""
@@ -174,20 +165,14 @@ class RetryStateLimit:
 class FaultPhase(Code):
     """The framework phase that produced a fault; values are the durable lower-case names."""
 
-    #: An item reader failed.
-    READ = "read"
-    #: An item processor failed.
-    PROCESS = "process"
-    #: An item writer failed.
-    WRITE = "write"
-    #: A chunk transaction failed to begin, commit or roll back.
-    TRANSACTION = "transaction"
+    READ = "read"  # An item reader failed.
+    PROCESS = "process"  # An item processor failed.
+    WRITE = "write"  # An item writer failed.
+    TRANSACTION = "transaction"  # A chunk transaction failed to begin, commit or roll back.
     #: Checkpoint or execution-context state could not be produced or stored.
     CHECKPOINT = "checkpoint"
-    #: A listener callback failed.
-    LISTENER = "listener"
-    #: Cancellable backoff failed or was interrupted.
-    BACKOFF = "backoff"
+    LISTENER = "listener"  # A listener callback failed.
+    BACKOFF = "backoff"  # Cancellable backoff failed or was interrupted.
 
     @property
     def is_reservable(self) -> bool:

@@ -53,8 +53,7 @@ class StartLimit:
     value: int = attrs.field(validator=_check_limit)
 
     UNRESTRICTED_VALUE = _U32_MAX
-    #: The default: 4294967295 starts, no limit in practice.
-    UNRESTRICTED: ClassVar[StartLimit]
+    UNRESTRICTED: ClassVar[StartLimit]  # The default: 4294967295 starts, no limit in practice.
 
     @classmethod
     def unrestricted(cls) -> StartLimit:

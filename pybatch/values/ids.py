@@ -22,10 +22,8 @@ from pybatch.errors import (
     ZeroIdentifier,
 )
 
-#: Storage bound of ids, versions and counters (PostgreSQL bigint).
-INT64_MAX = 2**63 - 1
-#: Domain bound of identifiers (Rust u64).
-UINT64_MAX = 2**64 - 1
+INT64_MAX = 2**63 - 1  # Storage bound of ids, versions and counters (PostgreSQL bigint).
+UINT64_MAX = 2**64 - 1  # Domain bound of identifiers (Rust u64).
 
 JobInstanceId = NewType("JobInstanceId", int)
 JobExecutionId = NewType("JobExecutionId", int)

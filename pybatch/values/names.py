@@ -23,10 +23,8 @@ from pybatch.errors import (
     TokenInvalid,
 )
 
-#: Byte bound of job, step and parameter names.
-NAME_MAX_BYTES = 128
-#: Byte bound of definition tokens and state schema ids.
-TOKEN_MAX_BYTES = 128
+NAME_MAX_BYTES = 128  # Byte bound of job, step and parameter names.
+TOKEN_MAX_BYTES = 128  # Byte bound of definition tokens and state schema ids.
 
 #: Characters with the Unicode White_Space property (what Rust's `str::trim` strips). Python's
 #: `str.strip()` also strips U+001C..U+001F, which would change the reported error.
@@ -134,14 +132,10 @@ class ExitCode(_Name):
     _KIND = "exit code"
     _MAX_BYTES = 64
 
-    #: The exit of new executions and steps.
-    UNKNOWN: ClassVar[ExitCode]
-    #: Conventional exit of a completed execution.
-    COMPLETED: ClassVar[ExitCode]
-    #: Conventional exit of a failed execution.
-    FAILED: ClassVar[ExitCode]
-    #: Conventional exit of a stopped execution.
-    STOPPED: ClassVar[ExitCode]
+    UNKNOWN: ClassVar[ExitCode]  # The exit of new executions and steps.
+    COMPLETED: ClassVar[ExitCode]  # Conventional exit of a completed execution.
+    FAILED: ClassVar[ExitCode]  # Conventional exit of a failed execution.
+    STOPPED: ClassVar[ExitCode]  # Conventional exit of a stopped execution.
 
 
 ExitCode.UNKNOWN = ExitCode("UNKNOWN")

@@ -52,27 +52,19 @@ REQUEST_DIGEST_DOMAIN = "oxide-batch.operator-request.v1"
 class AuthorizationClass(Code):
     """How much an operator request may change; derived from the action and stored with it."""
 
-    #: Explorer queries and retention plans.
-    READ = "READ"
-    #: Launch, restart and stop.
-    LIFECYCLE = "LIFECYCLE"
-    #: Abandon, recover, hold, release and purge apply.
-    DESTRUCTIVE = "DESTRUCTIVE"
+    READ = "READ"  # Explorer queries and retention plans.
+    LIFECYCLE = "LIFECYCLE"  # Launch, restart and stop.
+    DESTRUCTIVE = "DESTRUCTIVE"  # Abandon, recover, hold, release and purge apply.
 
 
 class OperatorAction(Code):
     """An operator action; the value is the stored code and half of the idempotency key."""
 
-    #: Create the first (or a new) execution of an instance key.
-    LAUNCH = "LAUNCH"
-    #: Create a new attempt of an existing instance.
-    RESTART = "RESTART"
-    #: Ask a running execution to stop cooperatively.
-    STOP = "STOP"
-    #: Make a stopped or failed execution terminal.
-    ABANDON = "ABANDON"
-    #: Resolve an orphaned or ambiguous execution (docs/contract.md, Recovery).
-    RECOVER = "RECOVER"
+    LAUNCH = "LAUNCH"  # Create the first (or a new) execution of an instance key.
+    RESTART = "RESTART"  # Create a new attempt of an existing instance.
+    STOP = "STOP"  # Ask a running execution to stop cooperatively.
+    ABANDON = "ABANDON"  # Make a stopped or failed execution terminal.
+    RECOVER = "RECOVER"  # Resolve an orphaned or ambiguous execution (docs/contract.md, Recovery).
 
     @property
     def authorization_class(self) -> AuthorizationClass:
@@ -85,12 +77,10 @@ class OperatorAction(Code):
 class OperatorOutcomeClass(Code):
     """What became of an operator request."""
 
-    #: The effect was applied (or was already in place, e.g. a repeated stop).
-    APPLIED = "APPLIED"
+    APPLIED = "APPLIED"  # The effect was applied (or was already in place, e.g. a repeated stop).
     #: A recorded request was replayed; the service writes no row for it, but it is storable.
     REPLAYED = "REPLAYED"
-    #: The repository refused the effect; the row carries the rejection.
-    REJECTED = "REJECTED"
+    REJECTED = "REJECTED"  # The repository refused the effect; the row carries the rejection.
 
 
 class OperatorRejectionCode(Code):
@@ -98,28 +88,21 @@ class OperatorRejectionCode(Code):
 
     #: The execution's version moved on; carries the actual (current) version.
     OPTIMISTIC_CONFLICT = "OPTIMISTIC_CONFLICT"
-    #: The target's status forbids the action; carries that status.
-    INVALID_STATE = "INVALID_STATE"
-    #: The instance is COMPLETED and never runs again.
-    INSTANCE_COMPLETED = "INSTANCE_COMPLETED"
-    #: The instance is ABANDONED and never runs again.
-    INSTANCE_ABANDONED = "INSTANCE_ABANDONED"
+    INVALID_STATE = "INVALID_STATE"  # The target's status forbids the action; carries that status.
+    INSTANCE_COMPLETED = "INSTANCE_COMPLETED"  # The instance is COMPLETED and never runs again.
+    INSTANCE_ABANDONED = "INSTANCE_ABANDONED"  # The instance is ABANDONED and never runs again.
     #: The instance already has an unresolved execution; carries its id and status.
     EXECUTION_ALREADY_ACTIVE = "EXECUTION_ALREADY_ACTIVE"
     #: The requested definition cannot continue the instance's previous attempt.
     INCOMPATIBLE_DEFINITION = "INCOMPATIBLE_DEFINITION"
     #: A restart of an instance that has no execution yet.
     RESTART_WITHOUT_PRIOR_ATTEMPT = "RESTART_WITHOUT_PRIOR_ATTEMPT"
-    #: A node used up its start limit.
-    START_LIMIT_EXCEEDED = "START_LIMIT_EXCEEDED"
+    START_LIMIT_EXCEEDED = "START_LIMIT_EXCEEDED"  # A node used up its start limit.
     #: An UNKNOWN outcome must be recovered explicitly first.
     UNRESOLVED_RECOVERY_REQUIRED = "UNRESOLVED_RECOVERY_REQUIRED"
-    #: The target execution does not exist.
-    EXECUTION_NOT_FOUND = "EXECUTION_NOT_FOUND"
-    #: The target instance does not exist.
-    INSTANCE_NOT_FOUND = "INSTANCE_NOT_FOUND"
-    #: The action code is outside the vocabulary.
-    UNSUPPORTED_ACTION = "UNSUPPORTED_ACTION"
+    EXECUTION_NOT_FOUND = "EXECUTION_NOT_FOUND"  # The target execution does not exist.
+    INSTANCE_NOT_FOUND = "INSTANCE_NOT_FOUND"  # The target instance does not exist.
+    UNSUPPORTED_ACTION = "UNSUPPORTED_ACTION"  # The action code is outside the vocabulary.
 
     @property
     def carries_current_version(self) -> bool:

@@ -81,8 +81,7 @@ class LeaseState:
     execution_id: int
     owner_token: OwnerToken | None
     lease_expires_at: _dt.datetime | None
-    #: The lease ran out on the database clock (False without a lease).
-    lease_expired: bool
+    lease_expired: bool  # The lease ran out on the database clock (False without a lease).
     #: Milliseconds until the lease runs out on the database clock (None without a lease).
     lease_remaining_ms: int | None
     stop_requested: bool

@@ -25,8 +25,7 @@ from pybatch.errors import (
 from pybatch.values._fields import Code, is_
 from pybatch.values.names import JobName, ParameterName
 
-#: Byte bound of a string parameter value.
-PARAMETER_STRING_MAX_BYTES = 65_536
+PARAMETER_STRING_MAX_BYTES = 65_536  # Byte bound of a string parameter value.
 
 _I64_MIN = -(2**63)
 _I64_MAX = 2**63 - 1

@@ -29,12 +29,9 @@ from pybatch.values.records import StepExecution
 from pybatch.values.state import ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus
 
-#: Entries in one plan.
-MAX_PARTITIONS = 1024
-#: Worker processes of one partitioned step.
-MAX_PARTITION_WORKERS = 64
-#: Encoded partition context envelope bound.
-MAX_PARTITION_CONTEXT_BYTES = 4096
+MAX_PARTITIONS = 1024  # Entries in one plan.
+MAX_PARTITION_WORKERS = 64  # Worker processes of one partitioned step.
+MAX_PARTITION_CONTEXT_BYTES = 4096  # Encoded partition context envelope bound.
 _KEY_MAX_BYTES = 128
 
 #: Statuses a finished worker hands to its partition.

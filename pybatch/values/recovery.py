@@ -31,10 +31,8 @@ from pybatch.values.status import BatchStatus, FailureSummary
 class RecoveryDisposition(enum.Enum):
     """What recovery makes of the execution."""
 
-    #: FAILED: the instance can be restarted.
-    MARK_FAILED = "FAILED"
-    #: ABANDONED: the instance never runs again.
-    ABANDON = "ABANDONED"
+    MARK_FAILED = "FAILED"  # FAILED: the instance can be restarted.
+    ABANDON = "ABANDONED"  # ABANDONED: the instance never runs again.
 
     @property
     def status(self) -> BatchStatus:
@@ -128,8 +126,7 @@ class RecoveryDecision:
     job_execution_id: int = attrs.field(
         validator=identifier_validator(IdentifierKind.JOB_EXECUTION)
     )
-    #: The version observed before the decision.
-    execution_version: int
+    execution_version: int  # The version observed before the decision.
     prior_status: BatchStatus
     resulting_status: BatchStatus
     reason_code: str

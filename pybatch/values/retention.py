@@ -159,8 +159,7 @@ class PurgeSurvey:
     #: Latest status per candidate instance (for tombstones and the dry-run report).
     final_statuses: tuple[tuple[int, BatchStatus], ...] = ()
     #: The (latest updated_at, instance id) of the last instance taken: where a dry run's
-    #: next page starts.
-    last_key: tuple[_dt.datetime, int] | None = None
+    last_key: tuple[_dt.datetime, int] | None = None  # next page starts.
 
 
 @attrs.frozen(kw_only=True)

@@ -40,12 +40,10 @@ from pybatch.values.names import StateSchemaId
 CHECKPOINT_FORMAT = "oxide-batch.checkpoint"
 #: Envelope format name of an execution context (kept byte for byte).
 EXECUTION_CONTEXT_FORMAT = "oxide-batch.execution-context"
-#: The only envelope format version.
-STATE_FORMAT_VERSION = 1
+STATE_FORMAT_VERSION = 1  # The only envelope format version.
 #: Schema of the default (empty) state of new steps and of every job execution's context. The
 #: name is older than pybatch's own and stays: stored envelopes and their checksums carry it
-#: (`pybatch show` prints it as "empty").
-EMPTY_STATE_SCHEMA = StateSchemaId("oxide_batch.empty.v1")
+EMPTY_STATE_SCHEMA = StateSchemaId("oxide_batch.empty.v1")  # (`pybatch show` prints it as "empty").
 
 #: The largest schema version the `*_schema_version` columns (integer) hold; a version above it
 #: is a valid u32 that pybatch refuses to store (StateSchemaVersionNotStorable).
@@ -80,10 +78,8 @@ class StateLimits:
     )
     max_depth: int = attrs.field(default=16, validator=_limit(_MAX_DEPTH, InvalidStateDepthLimit))
 
-    #: Limits for durable step state (checkpoint and context columns).
-    STEP: ClassVar[StateLimits]
-    #: Limits for partition contexts.
-    PARTITION: ClassVar[StateLimits]
+    STEP: ClassVar[StateLimits]  # Limits for durable step state (checkpoint and context columns).
+    PARTITION: ClassVar[StateLimits]  # Limits for partition contexts.
 
 
 StateLimits.STEP = StateLimits(_MAX_BYTES, _MAX_DEPTH)
