@@ -1,11 +1,7 @@
-"""Retry keys, retry bounds and the durable fault-state envelope.
+"""Retry keys, retry bounds and the fault-state envelope (pure values; the SQL is FaultState's).
 
-See docs/contract.md, Fault state; docs/tables.md 3.6.
-Pure values only: the envelope is decoded from, and encoded to, the five `fault_state_*` columns
-of `step_execution`, but the SQL (lock, compare-and-swap update) belongs to `FaultState`
-(docs/contract.md, Chunk transactions). Every refusal of the envelope is a
-`FaultStateEnvelopeInvalid` whose `reason` is one of `FaultStateRefusal`; the store maps it to
-`FaultStateCorrupt`, and no work begins on such state (docs/contract.md, Fail closed).
+Every refusal is a `FaultStateEnvelopeInvalid` whose `reason` is a `FaultStateRefusal`; the store
+maps it to `FaultStateCorrupt`, and no work begins on such state.
 """
 
 from __future__ import annotations
@@ -57,10 +53,8 @@ class FaultStateRefusal(enum.StrEnum):
     """The `reason` of each `FaultStateEnvelopeInvalid`, one per broken rule."""
 
     UNSUPPORTED_FORMAT = "unsupported format"  # `fault_state_format` is not 1.
-    #: `fault_state_schema` is not `oxide-batch.fault-state`.
-    UNSUPPORTED_SCHEMA = "unsupported schema"
-    #: `fault_state_schema_version` is not 1.
-    UNSUPPORTED_SCHEMA_VERSION = "unsupported schema version"
+    UNSUPPORTED_SCHEMA = "unsupported schema"  # not `oxide-batch.fault-state`
+    UNSUPPORTED_SCHEMA_VERSION = "unsupported schema version"  # not 1
     #: The payload is not an object with a 64-hex `checkpoint` and an `entries` array.
     MALFORMED = "malformed"
     TOO_LARGE = "too large"  # The canonical envelope is larger than 64 KiB.
@@ -68,18 +62,14 @@ class FaultStateRefusal(enum.StrEnum):
     TOO_MANY_ENTRIES = "too many entries"
     #: An entry is not exactly {category, key, ordinal 1..65535, phase, revision}.
     MALFORMED_ENTRY = "malformed entry"
-    #: An entry names a phase or failure category that does not exist.
-    UNKNOWN_ENUMERATION = "unknown enumeration"
+    UNKNOWN_ENUMERATION = "unknown enumeration"  # an entry's phase or category does not exist
     UNSORTED_ENTRIES = "unsorted entries"  # Entries are not in ascending key order.
     DUPLICATE_KEY = "duplicate key"  # Two entries share one retry key.
     #: Empty with a non-zero checkpoint digest, or non-empty with the all-zero digest.
     CHECKPOINT_EMPTINESS_MISMATCH = "checkpoint emptiness mismatch"
-    #: The stored checksum does not cover the canonical envelope.
-    CHECKSUM_MISMATCH = "checksum mismatch"
-    #: A retained ordinal is above the policy's retry limit.
-    ORDINAL_ABOVE_LIMIT = "ordinal above limit"
-    #: Retained entries belong to a superseded checkpoint generation.
-    CHECKPOINT_MISMATCH = "checkpoint mismatch"
+    CHECKSUM_MISMATCH = "checksum mismatch"  # the checksum does not cover the canonical form
+    ORDINAL_ABOVE_LIMIT = "ordinal above limit"  # above the policy's retry limit
+    CHECKPOINT_MISMATCH = "checkpoint mismatch"  # entries of a superseded checkpoint generation
 
 
 def fault_state_refusal(refusal: FaultStateRefusal) -> FaultStateEnvelopeInvalid:
@@ -203,11 +193,10 @@ class RetryKey:
         checkpoint_digest: bytes,
         ordinal: int,
     ) -> RetryKey:
-        """Derive the key of one failed unit of work so a restart finds the same key.
+        """Derive the key of one failed unit of work (`ordinal`: the stable item ordinal, u64).
 
-        SHA-256 over `"oxide-batch/retry-key/1"` ‖ definition digest ‖ u64be(len(step)) ‖ step
-        (UTF-8) ‖ phase name ‖ 0x00 ‖ checkpoint digest ‖ u64be(ordinal). `ordinal` is the stable
-        item or output ordinal (u64), not a `RetryOrdinal`.
+        SHA-256 over domain ‖ definition digest ‖ u64be(len(step)) ‖ step ‖ phase ‖ 0x00 ‖
+        checkpoint digest ‖ u64be(ordinal), so a restart finds the same key.
         """
         _check_digest(definition_digest, "definition digest")
         _check_digest(checkpoint_digest, "checkpoint digest")
@@ -316,9 +305,8 @@ def _entries_value(
 class FaultStateEnvelope:
     """The bounded, checksummed retry state of one step, tied to one checkpoint generation.
 
-    Entries are sorted strictly by key; an empty envelope carries the all-zero checkpoint digest
-    and a non-empty one a non-zero digest; the canonical form is at most 64 KiB. Construction
-    enforces all of it, so every envelope can be encoded and checksummed.
+    Construction enforces strictly sorted keys, the all-zero digest exactly when empty and 64 KiB,
+    so every envelope can be encoded and checksummed.
     """
 
     checkpoint_digest: bytes = attrs.field(validator=_digest("checkpoint digest"))
@@ -386,13 +374,7 @@ class FaultStateEnvelope:
         state_limit: RetryStateLimit,
         checkpoint_digest: bytes,
     ) -> None:
-        """Refuse state the current policy and checkpoint cannot own (run on every load).
-
-        Raises:
-            FaultStateEnvelopeInvalid: `too many entries` above `state_limit`, then
-                `ordinal above limit` above `retry_limit`, then `checkpoint mismatch` when a
-                non-empty envelope belongs to another checkpoint generation.
-        """
+        """Refuse state the current policy and checkpoint cannot own (run on every load)."""
         _check_digest(checkpoint_digest, "checkpoint digest")
         if len(self.entries) > state_limit.value:
             raise fault_state_refusal(FaultStateRefusal.TOO_MANY_ENTRIES)
@@ -407,20 +389,10 @@ class FaultStateEnvelope:
         checkpoint_digest: bytes,
         state_limit: RetryStateLimit,
     ) -> FaultStateEnvelope:
-        """Return the envelope after one reservation, so an ordinal is never spent twice.
+        """The envelope after one reservation (replacing the key's entry), at `checkpoint_digest`.
 
-        The new envelope carries `checkpoint_digest` and keeps its entries sorted by key; the
-        entry replaces the key's previous one.
-
-        Raises:
-            FaultStateEnvelopeInvalid: `checkpoint mismatch` when this envelope is non-empty and
-                belongs to another checkpoint generation.
-            StaleReservation: the ordinal is not (the key's reserved ordinal, or 0) + 1.
-            CapacityExhausted: a new key while `state_limit` keys are already retained.
-            StaleReservation: the phase is not read, process or write (checked after the
-                store's own order: ordinal and capacity come first).
-            FaultStateEnvelopeInvalid: `checkpoint emptiness mismatch` for an all-zero
-                `checkpoint_digest`, or `too large` when the result exceeds 64 KiB.
+        An ordinal is never spent twice: it must be the key's reserved one (or 0) plus 1. The order
+        of refusals is the store's: checkpoint, ordinal, capacity, then a non-reservable phase.
         """
         if not isinstance(entry, FaultEntry):
             raise TypeError("entry takes a FaultEntry")
@@ -437,10 +409,7 @@ class FaultStateEnvelope:
             raise CapacityExhausted(max=state_limit.value)
         if not entry.phase.is_reservable:
             raise StaleReservation()
-        if exists:
-            entries = (*self.entries[:index], entry, *self.entries[index + 1 :])
-        else:
-            entries = (*self.entries[:index], entry, *self.entries[index:])
+        entries = (*self.entries[:index], entry, *self.entries[index + exists :])
         return FaultStateEnvelope(checkpoint_digest, entries)
 
     def __repr__(self) -> str:
