@@ -107,7 +107,7 @@ class DefinitionIdentity:
         revision: DefinitionRevision,
         manifest: Mapping[str, Any],
     ) -> DefinitionIdentity:
-        """Canonicalise `manifest`; a missing or non-u16 `format` member gives format 0 (refused)."""
+        """Canonicalise `manifest`; a missing or non-u16 `format` member is format 0 (refused)."""
         if not isinstance(manifest, Mapping):
             raise ManifestInvalid(reason="not a JSON object")
         # Before canonicalising: canonical JSON writes 1e16 as an integer, hiding the float.
