@@ -1,7 +1,4 @@
-"""Recovery decisions: recovery_decision rows (docs/tables.md 2.8).
-
-Statements: recovery.sql insert_recovery_decision, find_latest_recovery_decision.
-"""
+"""Recovery decisions: recovery_decision rows."""
 
 from __future__ import annotations
 

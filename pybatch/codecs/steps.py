@@ -133,10 +133,7 @@ def decode_step_execution(row: Row) -> StepExecution:
 
 
 def encode_state(state: Checkpoint | ExecutionContext) -> dict[str, object]:
-    """Column values of a checkpoint (`checkpoint_*`) or an execution context (`context_*`).
-
-    The payload column gets the canonical payload as a jsonb parameter; `format` is always 1.
-    """
+    """Column values of a checkpoint (`checkpoint_*`) or context (`context_*`); format is 1."""
     prefix = "checkpoint" if isinstance(state, Checkpoint) else "context"
     return {
         f"{prefix}_format": STATE_FORMAT_VERSION,
