@@ -1,7 +1,4 @@
-"""Canonical JSON and SHA-256: the domain's hashing primitives (docs/tables.md 3.1-3.5).
-
-Stdlib only: values hash canonical JSON without importing a codec or the driver.
-"""
+"""Canonical JSON and SHA-256, the domain's hashing primitives (stdlib only, no driver)."""
 
 from __future__ import annotations
 
@@ -146,10 +143,7 @@ def sha256(data: bytes) -> bytes:
 
 
 class CanonicalWriter:
-    """Length-prefixed fields and big-endian u64s, so no two field lists share an encoding.
-
-    The request and plan digests of operator and retention requests (docs/tables.md 3.10).
-    """
+    """Length-prefixed fields and big-endian u64s (request, plan digests): lists never collide."""
 
     def __init__(self, tag: str) -> None:
         self._parts: list[bytes] = []
