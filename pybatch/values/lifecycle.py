@@ -1,9 +1,7 @@
 """Lifecycle transitions: the table, execution metadata and the checked apply.
 
-See docs/contract.md, Lifecycle.
-The repository locks the row, calls `apply_transition` (or `apply_exit_enrichment`) on the
-decoded metadata and writes the result with a version compare-and-swap; any error leaves the
-stored record unchanged because nothing is written.
+The repository locks the row, applies a transition to the decoded metadata and writes the result
+with a version compare-and-swap; any error leaves the record unchanged (nothing is written).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """Operator vocabulary: actions, outcomes, lossless rejections, audit records.
 
-See docs/contract.md, Operator vocabulary.
-The audit row is what makes operator requests idempotent (docs/contract.md, Operator requests),
-so every value here round-trips through `operator_request` unchanged: a rejection is stored
-with all its details and read back losslessly, and every code the domain defines is storable.
+The audit row makes requests idempotent, so every value round-trips `operator_request` unchanged.
 """
 
 from __future__ import annotations
@@ -128,11 +125,7 @@ _optional_status = maybe(BatchStatus)
 
 @attrs.frozen(kw_only=True)
 class OperatorRejection:
-    """A rejection code with exactly the details that code carries.
-
-    `current_version` is the execution's actual version (not the request's expected one);
-    `status` and `execution_id` are the values the repository reported.
-    """
+    """A rejection code with exactly its details (the actual version, not the expected one)."""
 
     code: OperatorRejectionCode = attrs.field(validator=is_(OperatorRejectionCode))
     current_version: int | None = attrs.field(default=None, validator=optional_version)
@@ -181,10 +174,7 @@ class OperatorRejection:
 
     @classmethod
     def from_repository(cls, error: BaseException) -> OperatorRejection | None:
-        """The audited rejection of a repository error, or None if the error must propagate.
-
-        The mapping of docs/contract.md, Operator vocabulary; anything else is not a rejection.
-        """
+        """The audited rejection of a repository error, or None if the error must propagate."""
         codes = OperatorRejectionCode
         if isinstance(error, CompletedInstance):
             return cls.of(codes.INSTANCE_COMPLETED)
@@ -250,11 +240,7 @@ class RecoveryArguments:
 
 @attrs.frozen(repr=False)
 class RequestDigest:
-    """The 32-byte SHA-256 of an operator request, without the actor (a replay by anyone replays).
-
-    Two requests with one (action, operation id) are the same request exactly when their digests
-    are equal; a different digest is an operation-id conflict (docs/contract.md, Operator requests).
-    """
+    """SHA-256 of a request without the actor: equal digests are one request, else a conflict."""
 
     value: bytes
 
@@ -272,10 +258,7 @@ class RequestDigest:
         reason: ReasonCode | None = None,
         arguments: DefinitionIdentity | RecoveryArguments | None = None,
     ) -> RequestDigest:
-        """Digest a request with the canonical writer of docs/contract.md, Operator vocabulary.
-
-        `arguments` is a launch or restart's definition, a recovery's arguments, or None.
-        """
+        """Digest a request; `arguments`: a launch's definition, a recovery's arguments or None."""
         writer = CanonicalWriter(REQUEST_DIGEST_DOMAIN)
         writer.text(action.value)
         writer.text(target.value)
@@ -353,10 +336,7 @@ class OperatorRecordDraft:
 
 @attrs.frozen(kw_only=True)
 class OperatorRecord(OperatorRecordDraft):
-    """One stored operator request: the audit row and the idempotency record.
-
-    The draft's fields and checks, plus the id the append gave it.
-    """
+    """One stored operator request (audit row and idempotency record): the draft plus its id."""
 
     id: OperatorRequestId = attrs.field(
         validator=identifier_validator(IdentifierKind.OPERATOR_REQUEST, optional=False)
@@ -380,11 +360,7 @@ AUTOMATIC_RECOVERY_ACTOR = "pybatch.etl"
 
 
 def automatic_recovery_record(result: RecoveryResult, now: _dt.datetime) -> OperatorRecordDraft:
-    """The operator request that audits an automatic recovery like an operator's (RECOVER).
-
-    Its operation id, `pybatch.etl:recover:<execution id>:<version recovered>`, names the
-    observation it acted on, so the same recovery can never be recorded twice.
-    """
+    """The RECOVER request auditing an automatic recovery; its operation id names what it saw."""
     decision = result.decision
     request = RecoveryRequest(
         expected_version=decision.execution_version,

@@ -1,8 +1,4 @@
-"""BatchStatus, ExitStatus, FailureCategory and FailureSummary.
-
-See docs/contract.md, Statuses, exit codes and failures.
-Enum values are the durable codes; decoders refuse any other text (docs/contract.md, Fail closed).
-"""
+"""BatchStatus, ExitStatus, FailureCategory and FailureSummary; values are the durable codes."""
 
 from __future__ import annotations
 
