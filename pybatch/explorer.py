@@ -73,9 +73,18 @@ Fetch = Callable[[Conn, CursorKey | None, int, int], list[Row]]
 
 
 def _ceiling_statement(statements: Statements, query: ExplorerQuery) -> Statement:
-    """The statement reading `query`'s identity ceiling; unresolved executions share one."""
-    table = "executions" if query is ExplorerQuery.UNRESOLVED_EXECUTIONS else query.name.lower()
-    return statements.__getattr__(f"explore_ceiling_{table}")
+    """The statement reading `query`'s identity ceiling."""
+    return {
+        ExplorerQuery.JOB_NAMES: statements.explore_ceiling_job_names,
+        ExplorerQuery.INSTANCES: statements.explore_ceiling_instances,
+        ExplorerQuery.EXECUTIONS: statements.explore_ceiling_executions,
+        ExplorerQuery.UNRESOLVED_EXECUTIONS: statements.explore_ceiling_executions,
+        ExplorerQuery.STEP_EXECUTIONS: statements.explore_ceiling_step_executions,
+        ExplorerQuery.RECOVERY_DECISIONS: statements.explore_ceiling_recovery_decisions,
+        ExplorerQuery.FLOW_DECISIONS: statements.explore_ceiling_flow_decisions,
+        ExplorerQuery.STEP_PARTITIONS: statements.explore_ceiling_step_partitions,
+        ExplorerQuery.OPERATOR_REQUESTS: statements.explore_ceiling_operator_requests,
+    }[query]
 
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
@@ -95,13 +104,35 @@ def _row_size(item: object) -> int:
     return len(_ENCODER.encode(document).encode("utf-8"))
 
 
-#: Child listings: their decoder, and whether they page by (sequence, id) rather than by id.
-_CHILDREN: dict[ExplorerQuery, tuple[Callable[[Row], Any], bool]] = {
-    ExplorerQuery.STEP_EXECUTIONS: (codec.decode_step_projection, False),
-    ExplorerQuery.RECOVERY_DECISIONS: (codec.decode_recovery_decision, False),
-    ExplorerQuery.FLOW_DECISIONS: (codec.decode_flow_decision, True),
-    ExplorerQuery.STEP_PARTITIONS: (codec.decode_partition_projection, False),
-    ExplorerQuery.OPERATOR_REQUESTS: (codec.decode_operator_request, False),
+#: Child listings: their statement, decoder, and whether they page by (sequence, id), not id.
+_CHILDREN: dict[
+    ExplorerQuery, tuple[Callable[[Statements], Statement], Callable[[Row], Any], bool]
+] = {
+    ExplorerQuery.STEP_EXECUTIONS: (
+        lambda q: q.explore_step_executions,
+        codec.decode_step_projection,
+        False,
+    ),
+    ExplorerQuery.RECOVERY_DECISIONS: (
+        lambda q: q.explore_recovery_decisions,
+        codec.decode_recovery_decision,
+        False,
+    ),
+    ExplorerQuery.FLOW_DECISIONS: (
+        lambda q: q.explore_flow_decisions,
+        codec.decode_flow_decision,
+        True,
+    ),
+    ExplorerQuery.STEP_PARTITIONS: (
+        lambda q: q.explore_step_partitions,
+        codec.decode_partition_projection,
+        False,
+    ),
+    ExplorerQuery.OPERATOR_REQUESTS: (
+        lambda q: q.explore_operator_requests,
+        codec.decode_operator_request,
+        False,
+    ),
 }
 
 
@@ -317,16 +348,17 @@ class JobExplorer:
         self, query: ExplorerQuery, parent_id: int, page_size: PageSize | None, after: Cursor | None
     ) -> Page[Any]:
         """A page of the rows under one job execution (or, for partitions, step execution)."""
-        decode, ordered = _CHILDREN[query]
+        statement_of, decode, ordered = _CHILDREN[query]
+        q = self._statements
+        missing: RepositoryError
         if query is ExplorerQuery.STEP_PARTITIONS:
-            kind, parent = IdentifierKind.STEP_EXECUTION, "step_execution"
-            missing: RepositoryError = StepExecutionNotFound(id=parent_id)
+            kind, parent_column = IdentifierKind.STEP_EXECUTION, "step_execution_id"
+            exists, missing = q.explore_step_execution_exists, StepExecutionNotFound(id=parent_id)
         else:
-            kind, parent = IdentifierKind.JOB_EXECUTION, "job_execution"
-            missing = JobExecutionNotFound(id=parent_id)
+            kind, parent_column = IdentifierKind.JOB_EXECUTION, "job_execution_id"
+            exists, missing = q.explore_job_execution_exists, JobExecutionNotFound(id=parent_id)
         check_identifier(kind, parent_id)
-        parent_column = f"{parent}_id"
-        statement = self._statements.__getattr__(f"explore_{query.name.lower()}")
+        statement = statement_of(q)
 
         def fetch(conn: Conn, key: CursorKey | None, ceiling: int, limit: int) -> list[Row]:
             params: dict[str, Any] = {
@@ -342,7 +374,6 @@ class JobExplorer:
                 params["after_id"] = key.id if isinstance(key, IdentityKey) else 0
             return statement.many(conn, **params)
 
-        exists = self._statements.__getattr__(f"explore_{parent}_exists")
         exists_check = self._exists(exists, missing, **{parent_column: parent_id})
 
         def key_of(item: Any) -> CursorKey:
