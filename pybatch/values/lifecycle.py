@@ -122,19 +122,9 @@ def apply_transition(
     *,
     counts_apply: bool,
 ) -> tuple[ExecutionMetadata, int]:
-    """Return the metadata after `transition` and `version + 1`, checking in the order below.
+    """The metadata after `transition` and `version + 1`; a stale version is refused first.
 
-    `counts_apply` is True for step executions, whose terminal-rollback flag increments
-    `rolled_back`, and False for job executions, which carry no counters.
-
-    Raises:
-        StaleVersion: `expected_version != version` (checked first, even if also illegal).
-        RestartRequiresNewAttempt: STOPPED or FAILED to STARTING.
-        IllegalTransition: the table forbids the transition.
-        FailedTransitionMissingFailure: target FAILED without a failure.
-        InvalidTransitionTime: `at` is before the start (or creation) or before the end.
-        CountExhausted: the terminal-rollback increment would exceed 2^63-1.
-        VersionExhausted: `version` is already the storage maximum 2^63-1.
+    `counts_apply`: step executions, whose terminal rollback increments `rolled_back`.
     """
     version, expected_version = _check_int(version), _check_int(expected_version)
     if expected_version != version:
