@@ -75,28 +75,26 @@ class OperatorOutcomeClass(Code):
     """What became of an operator request."""
 
     APPLIED = "APPLIED"  # The effect was applied (or was already in place, e.g. a repeated stop).
-    #: A recorded request was replayed; the service writes no row for it, but it is storable.
-    REPLAYED = "REPLAYED"
+    REPLAYED = "REPLAYED"  # A recorded request was replayed (no row written, but storable).
     REJECTED = "REJECTED"  # The repository refused the effect; the row carries the rejection.
 
 
 class OperatorRejectionCode(Code):
     """Why an operator request was rejected; the value is the stored code."""
 
-    #: The execution's version moved on; carries the actual (current) version.
-    OPTIMISTIC_CONFLICT = "OPTIMISTIC_CONFLICT"
+    OPTIMISTIC_CONFLICT = "OPTIMISTIC_CONFLICT"  # The version moved on; carries the actual one.
     INVALID_STATE = "INVALID_STATE"  # The target's status forbids the action; carries that status.
     INSTANCE_COMPLETED = "INSTANCE_COMPLETED"  # The instance is COMPLETED and never runs again.
     INSTANCE_ABANDONED = "INSTANCE_ABANDONED"  # The instance is ABANDONED and never runs again.
-    #: The instance already has an unresolved execution; carries its id and status.
-    EXECUTION_ALREADY_ACTIVE = "EXECUTION_ALREADY_ACTIVE"
-    #: The requested definition cannot continue the instance's previous attempt.
-    INCOMPATIBLE_DEFINITION = "INCOMPATIBLE_DEFINITION"
-    #: A restart of an instance that has no execution yet.
-    RESTART_WITHOUT_PRIOR_ATTEMPT = "RESTART_WITHOUT_PRIOR_ATTEMPT"
+    EXECUTION_ALREADY_ACTIVE = (
+        "EXECUTION_ALREADY_ACTIVE"  # Carries the unresolved one's id, status.
+    )
+    INCOMPATIBLE_DEFINITION = "INCOMPATIBLE_DEFINITION"  # Cannot continue the previous attempt.
+    RESTART_WITHOUT_PRIOR_ATTEMPT = (
+        "RESTART_WITHOUT_PRIOR_ATTEMPT"  # The instance has no execution.
+    )
     START_LIMIT_EXCEEDED = "START_LIMIT_EXCEEDED"  # A node used up its start limit.
-    #: An UNKNOWN outcome must be recovered explicitly first.
-    UNRESOLVED_RECOVERY_REQUIRED = "UNRESOLVED_RECOVERY_REQUIRED"
+    UNRESOLVED_RECOVERY_REQUIRED = "UNRESOLVED_RECOVERY_REQUIRED"  # UNKNOWN: recover it first.
     EXECUTION_NOT_FOUND = "EXECUTION_NOT_FOUND"  # The target execution does not exist.
     INSTANCE_NOT_FOUND = "INSTANCE_NOT_FOUND"  # The target instance does not exist.
     UNSUPPORTED_ACTION = "UNSUPPORTED_ACTION"  # The action code is outside the vocabulary.

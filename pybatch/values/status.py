@@ -58,26 +58,19 @@ class FailureCategory(Code):
     """A stable, redacted failure category; values are the durable codes (never renamed)."""
 
     INVALID_DEFINITION = "INVALID_DEFINITION"  # Invalid job definition or launch configuration.
-    #: Duplicate, completed or non-restartable execution.
-    DUPLICATE_EXECUTION = "DUPLICATE_EXECUTION"
+    DUPLICATE_EXECUTION = "DUPLICATE_EXECUTION"  # Duplicate, completed or not restartable.
     ILLEGAL_TRANSITION = "ILLEGAL_TRANSITION"  # Illegal or conflicting lifecycle transition.
-    #: A transient repository or infrastructure failure.
-    TRANSIENT_INFRASTRUCTURE = "TRANSIENT_INFRASTRUCTURE"
-    #: A permanent repository or infrastructure failure.
-    PERMANENT_INFRASTRUCTURE = "PERMANENT_INFRASTRUCTURE"
-    #: A user reader, processor, writer, tasklet or listener failure.
-    USER_COMPONENT = "USER_COMPONENT"
+    TRANSIENT_INFRASTRUCTURE = "TRANSIENT_INFRASTRUCTURE"  # Repository or infrastructure.
+    PERMANENT_INFRASTRUCTURE = "PERMANENT_INFRASTRUCTURE"  # Repository or infrastructure.
+    USER_COMPONENT = "USER_COMPONENT"  # A reader, processor, writer, tasklet or listener failed.
     CANCELLED = "CANCELLED"  # Cancellation, stop or deadline expiry.
     SERIALIZATION = "SERIALIZATION"  # Serialization or version incompatibility.
     INVARIANT = "INVARIANT"  # A framework invariant was violated.
-    #: An optimistic version check lost to a concurrent writer.
-    OPTIMISTIC_CONFLICT = "OPTIMISTIC_CONFLICT"
+    OPTIMISTIC_CONFLICT = "OPTIMISTIC_CONFLICT"  # A version check lost to a concurrent writer.
     TIMEOUT = "TIMEOUT"  # A bounded operation exceeded its deadline.
-    #: The resource cannot provide a required capability.
-    UNSUPPORTED_CAPABILITY = "UNSUPPORTED_CAPABILITY"
+    UNSUPPORTED_CAPABILITY = "UNSUPPORTED_CAPABILITY"  # A required capability is missing.
     UNKNOWN_COMMIT = "UNKNOWN_COMMIT"  # A commit outcome is unknown and must never be guessed.
-    #: A bounded shutdown could not resolve every owned child.
-    SHUTDOWN_INCOMPLETE = "SHUTDOWN_INCOMPLETE"
+    SHUTDOWN_INCOMPLETE = "SHUTDOWN_INCOMPLETE"  # A bounded shutdown left owned children.
     STALE_RECOVERED = "STALE_RECOVERED"  # Resolved from stale-ownership evidence.
 
     @property
