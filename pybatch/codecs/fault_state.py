@@ -24,7 +24,6 @@ from pybatch.values.fault import (
 )
 from pybatch.values.status import BatchStatus
 
-#: Columns `decode_fault_state` reads.
 FAULT_STATE_COLUMNS = (
     "fault_state_format",
     "fault_state_schema",
@@ -103,7 +102,6 @@ def decode_fault_state_columns(
     return envelope
 
 
-#: Columns `decode_locked_fault_state` reads.
 LOCKED_FAULT_STATE_COLUMNS = ("status", "version", *CHECKPOINT_COLUMNS, *FAULT_STATE_COLUMNS)
 
 

@@ -24,7 +24,6 @@ from pybatch.values.flow import (
 )
 from pybatch.values.names import ExitCode, NodeId
 
-#: The columns `decode_flow_decision` reads.
 FLOW_DECISION_COLUMNS = (
     "id",
     "job_execution_id",

@@ -31,7 +31,6 @@ from pybatch.values.status import BatchStatus
 
 IDENTIFYING_PARAMETERS_MAX_BYTES = 1024 * 1024
 
-#: Columns `decode_job_instance` reads.
 JOB_INSTANCE_COLUMNS = ("id", "job_name", "instance_key", "identifying_parameters", "created_at")
 
 _U64_MAX = 2**64 - 1
@@ -126,7 +125,6 @@ def decode_job_instance(row: Row) -> JobInstance:
     )
 
 
-#: Columns `decode_locked_job_instance` reads.
 LOCKED_JOB_INSTANCE_COLUMNS = (*JOB_INSTANCE_COLUMNS, "last_attempt", "final_status")
 
 

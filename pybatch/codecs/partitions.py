@@ -32,7 +32,6 @@ PARTITION_HEAD_COLUMNS = (
     "status",
     "exit_code",
 )
-#: The columns `decode_step_partition` reads.
 STEP_PARTITION_COLUMNS = (
     *PARTITION_HEAD_COLUMNS,
     *COUNT_COLUMNS,

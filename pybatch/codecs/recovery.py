@@ -16,7 +16,6 @@ from pybatch.errors import PyBatchError
 from pybatch.values.recovery import RecoveryDecision
 from pybatch.values.status import BatchStatus
 
-#: Columns `decode_recovery_decision` reads.
 RECOVERY_DECISION_COLUMNS = (
     "id",
     "job_execution_id",

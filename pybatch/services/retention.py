@@ -39,10 +39,8 @@ if TYPE_CHECKING:
 #: A survey's keyset position: the (latest updated_at, instance id) of the last instance taken.
 _Key = tuple[_dt.datetime, int]
 
-#: How often one batch is planned again after going stale before the purge gives up.
-STALE_RETRIES = 5
-#: The longest caller-chosen base of a purge's per-batch operation ids.
-MAX_PURGE_OPERATION_BASE = 47
+STALE_RETRIES = 5  # Replans of one stale batch before the purge gives up.
+MAX_PURGE_OPERATION_BASE = 47  # Longest caller-chosen base of a purge's per-batch operation ids.
 
 
 @attrs.frozen

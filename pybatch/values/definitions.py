@@ -29,12 +29,11 @@ from pybatch.values.names import DefinitionRevision, DefinitionUpgradeKey, JobNa
 MANIFEST_MAX_BYTES = 65_536  # Byte bound of a canonical manifest.
 MANIFEST_FORMAT_ONE_STEP = 1  # Manifest format of a one-step tasklet or chunk definition.
 MANIFEST_FORMAT_FLOW = 2  # Manifest format of a flow graph.
-#: Manifest format of a local-scale (split / partition) plan; the newest supported.
-MANIFEST_FORMAT_LOCAL_SCALE = 3
+MANIFEST_FORMAT_LOCAL_SCALE = 3  # A local-scale (split / partition) plan; the newest supported.
 #: Revision of launches without a definition. The older name stays: every stored default
 #: definition's fingerprint covers it (`pybatch show` prints "pybatch default definition").
 LEGACY_REVISION = "__m1_repository_port_v1"
-#: Canonical manifest bytes of the legacy definition (frozen, durable).
+#: Canonical manifest bytes of the legacy definition (durable).
 LEGACY_MANIFEST = b'{"format":1,"repository_port":"m1","revision":"__m1_repository_port_v1"}'
 
 _U16_MAX = 2**16 - 1

@@ -29,16 +29,12 @@ from pybatch.values.ids import Validator
 from pybatch.values.names import ClassifierRevision, StepName
 from pybatch.values.status import BatchStatus, FailureCategory
 
-#: Value of the `fault_state_format` column; the only format version (kept from the seed).
-FAULT_STATE_FORMAT = 1
-#: Value of the `fault_state_schema` column (kept byte for byte).
-FAULT_STATE_SCHEMA = "oxide-batch.fault-state"
+FAULT_STATE_FORMAT = 1  # `fault_state_format`: the only format version (kept from the seed).
+FAULT_STATE_SCHEMA = "oxide-batch.fault-state"  # `fault_state_schema`, kept byte for byte.
 FAULT_STATE_SCHEMA_VERSION = 1  # Value of the `fault_state_schema_version` column.
 FAULT_STATE_MAX_BYTES = 64 * 1024  # Byte ceiling of the canonical envelope.
-#: Hard entry ceiling of format 1 (and the upper bound of `RetryStateLimit`).
-FAULT_STATE_MAX_ENTRIES = 256
-#: Domain separator of `RetryKey.derive` (kept byte for byte).
-RETRY_KEY_DOMAIN = b"oxide-batch/retry-key/1"
+FAULT_STATE_MAX_ENTRIES = 256  # Hard entry ceiling of format 1 (and of `RetryStateLimit`).
+RETRY_KEY_DOMAIN = b"oxide-batch/retry-key/1"  # Domain of `RetryKey.derive`, byte for byte.
 
 _U16_MAX = 2**16 - 1
 _U64_MAX = 2**64 - 1
@@ -65,7 +61,7 @@ class FaultStateRefusal(enum.StrEnum):
     UNKNOWN_ENUMERATION = "unknown enumeration"  # an entry's phase or category does not exist
     UNSORTED_ENTRIES = "unsorted entries"  # Entries are not in ascending key order.
     DUPLICATE_KEY = "duplicate key"  # Two entries share one retry key.
-    #: Empty with a non-zero checkpoint digest, or non-empty with the all-zero digest.
+    #: Empty with a non-zero checkpoint digest, or non-empty with the zero one.
     CHECKPOINT_EMPTINESS_MISMATCH = "checkpoint emptiness mismatch"
     CHECKSUM_MISMATCH = "checksum mismatch"  # the checksum does not cover the canonical form
     ORDINAL_ABOVE_LIMIT = "ordinal above limit"  # above the policy's retry limit
@@ -159,8 +155,7 @@ class FaultPhase(Code):
     PROCESS = "process"  # An item processor failed.
     WRITE = "write"  # An item writer failed.
     TRANSACTION = "transaction"  # A chunk transaction failed to begin, commit or roll back.
-    #: Checkpoint or execution-context state could not be produced or stored.
-    CHECKPOINT = "checkpoint"
+    CHECKPOINT = "checkpoint"  # Checkpoint or context state could not be produced or stored.
     LISTENER = "listener"  # A listener callback failed.
     BACKOFF = "backoff"  # Cancellable backoff failed or was interrupted.
 
