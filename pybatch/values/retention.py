@@ -148,8 +148,8 @@ class PurgeSurvey:
     counts: PurgeCounts
     #: Latest status per candidate instance (for tombstones and the dry-run report).
     final_statuses: tuple[tuple[int, BatchStatus], ...] = ()
-    #: The (latest updated_at, instance id) of the last instance taken: where a dry run's
-    last_key: tuple[_dt.datetime, int] | None = None  # next page starts.
+    #: The (latest updated_at, instance id) of the last instance taken: a dry run's next page.
+    last_key: tuple[_dt.datetime, int] | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -36,9 +36,9 @@ CHECKPOINT_FORMAT = "oxide-batch.checkpoint"
 #: Envelope format name of an execution context (kept byte for byte).
 EXECUTION_CONTEXT_FORMAT = "oxide-batch.execution-context"
 STATE_FORMAT_VERSION = 1  # The only envelope format version.
-#: Schema of the default (empty) state of new steps and of every job execution's context. The
-#: name is older than pybatch's own and stays: stored envelopes and their checksums carry it
-EMPTY_STATE_SCHEMA = StateSchemaId("oxide_batch.empty.v1")  # (`pybatch show` prints it as "empty").
+#: Schema of the empty state of new steps and every job execution's context. The older name
+#: stays: stored envelopes and checksums carry it (`pybatch show` prints it as "empty").
+EMPTY_STATE_SCHEMA = StateSchemaId("oxide_batch.empty.v1")
 
 #: The largest schema version the `*_schema_version` columns (integer) hold; a version above it
 #: is a valid u32 that pybatch refuses to store (StateSchemaVersionNotStorable).
