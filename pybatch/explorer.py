@@ -1,23 +1,16 @@
 """The explorer: read-only, keyset-paged views of everything the repository records.
 
-docs/contract.md, Explorer vocabulary and 4.16. Every page runs in its own READ COMMITTED, READ ONLY
-transaction with the configured timeouts, which is always rolled back: pages take no
-locks and never join a unit of work. A traversal captures an identity ceiling on its
-first page and carries it in the cursor, so rows created during a traversal never join
-it. Cursors are opaque, checksummed and bound to (query, page size, filter).
+Every page is its own READ COMMITTED, READ ONLY transaction with the configured timeouts, always
+rolled back: no locks, never part of a unit of work. A traversal fixes an identity ceiling on its
+first page and carries it in the cursor, so rows created meanwhile never join it.
 
-A cursor is not a credential. Its SHA-256 checksum catches a damaged or truncated cursor,
-not a forged one: anyone can recompute it. What a forger could gain is a ceiling above the
-traversal's, i.e. rows the traversal must not see, so every page that continues a cursor
-reads the query's current ceiling in the same transaction and refuses a carried ceiling
-above it (`CursorInvalid`). A ceiling at or below the current one, with any key, describes
-a window that a traversal started from the first page can reach by paging, so an accepted
-cursor never shows a row the caller could not list anyway. This was chosen over keying the
-checksum (HMAC): a per-process key would break cursors across `pybatch` invocations, and a
-shared key would have to live in the database, readable by every role that pages, which
-makes it no secret to exactly the clients that can call the explorer. The cost is one
-index-backed `MAX(id)` per continued page. A traversal whose newest rows were deleted while
-it ran (a purge) is refused the same way; it starts again from the first page.
+A cursor is not a credential: its unkeyed SHA-256 catches damage, not forgery. A forger could
+only raise the ceiling, so every continued page reads the current ceiling in the same transaction
+and refuses a higher one (`CursorInvalid`); any lower ceiling and key describe a window plain
+paging reaches anyway. Keying it (HMAC) was rejected: a per-process key breaks cursors across
+`pybatch` invocations, and a key in the database is readable by every role that can page. The
+cost is one index-backed `MAX(id)` per continued page; a traversal whose newest rows were purged
+is refused the same way and starts again.
 """
 
 from __future__ import annotations
@@ -80,7 +73,7 @@ Fetch = Callable[[Conn, CursorKey | None, int, int], list[Row]]
 
 
 def _ceiling_statement(statements: Statements, query: ExplorerQuery) -> Statement:
-    """The statement reading `query`'s identity ceiling (docs/contract.md, Explorer)."""
+    """The statement reading `query`'s identity ceiling."""
     return {
         ExplorerQuery.JOB_NAMES: statements.explore_ceiling_job_names,
         ExplorerQuery.INSTANCES: statements.explore_ceiling_instances,
@@ -98,11 +91,7 @@ _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
 def _row_size(item: object) -> int:
-    """The estimated encoded size of one row: its compact JSON projection, in UTF-8 bytes.
-
-    An estimate (the bound is on the page, not on a wire format), so the C encoder serves;
-    canonical JSON is for hashing.
-    """
+    """UTF-8 size of a row's compact JSON: an estimate (the bound is per page), so no canonical."""
     if isinstance(item, OperatorRecord):
         document = operator_request_json(item)
     elif isinstance(item, FlowDecision):
@@ -113,6 +102,38 @@ def _row_size(item: object) -> int:
         as_json: Callable[[], dict[str, Any]] = item.as_json  # type: ignore[attr-defined]
         document = as_json()
     return len(_ENCODER.encode(document).encode("utf-8"))
+
+
+#: Child listings: their statement, decoder, and whether they page by (sequence, id), not id.
+_CHILDREN: dict[
+    ExplorerQuery, tuple[Callable[[Statements], Statement], Callable[[Row], Any], bool]
+] = {
+    ExplorerQuery.STEP_EXECUTIONS: (
+        lambda q: q.explore_step_executions,
+        codec.decode_step_projection,
+        False,
+    ),
+    ExplorerQuery.RECOVERY_DECISIONS: (
+        lambda q: q.explore_recovery_decisions,
+        codec.decode_recovery_decision,
+        False,
+    ),
+    ExplorerQuery.FLOW_DECISIONS: (
+        lambda q: q.explore_flow_decisions,
+        codec.decode_flow_decision,
+        True,
+    ),
+    ExplorerQuery.STEP_PARTITIONS: (
+        lambda q: q.explore_step_partitions,
+        codec.decode_partition_projection,
+        False,
+    ),
+    ExplorerQuery.OPERATOR_REQUESTS: (
+        lambda q: q.explore_operator_requests,
+        codec.decode_operator_request,
+        False,
+    ),
+}
 
 
 class JobExplorer:
@@ -152,10 +173,7 @@ class JobExplorer:
         return value
 
     def identity_ceiling(self, query: ExplorerQuery, *, job_name: str | None = None) -> int:
-        """The current identity ceiling of `query` (0 when it has no rows).
-
-        `job_name` is required for (and only used by) the instances query.
-        """
+        """The current identity ceiling of `query` (0 when empty); `job_name` only for instances."""
         if query is ExplorerQuery.INSTANCES and job_name is None:
             raise TypeError("the instances ceiling is per job name")
         return self._read(lambda conn: self._ceiling(conn, query, job_name))
@@ -276,11 +294,7 @@ class JobExplorer:
     def executions(
         self, job_instance_id: int, page_size: PageSize | None = None, after: Cursor | None = None
     ) -> Page[JobExecutionProjection]:
-        """Attempts of an instance, (attempt, id) descending.
-
-        Raises:
-            ExplorerRepositoryError: wrapping JobInstanceNotFound for an unknown instance.
-        """
+        """Attempts of an instance, (attempt, id) descending (wraps JobInstanceNotFound)."""
         check_identifier(IdentifierKind.JOB_INSTANCE, job_instance_id)
 
         def fetch(conn: Conn, key: CursorKey | None, ceiling: int, limit: int) -> list[Row]:
@@ -331,33 +345,20 @@ class JobExplorer:
         return self._read(work)
 
     def _children(
-        self,
-        query: ExplorerQuery,
-        statement: Statement,
-        parent_id: int,
-        decode: Callable[[Row], T],
-        key_of: Callable[[T], CursorKey],
-        page_size: PageSize | None,
-        after: Cursor | None,
-    ) -> Page[T]:
+        self, query: ExplorerQuery, parent_id: int, page_size: PageSize | None, after: Cursor | None
+    ) -> Page[Any]:
         """A page of the rows under one job execution (or, for partitions, step execution)."""
+        statement_of, decode, ordered = _CHILDREN[query]
         q = self._statements
         missing: RepositoryError
         if query is ExplorerQuery.STEP_PARTITIONS:
-            kind, parent_column, exists = (
-                IdentifierKind.STEP_EXECUTION,
-                "step_execution_id",
-                q.explore_step_execution_exists,
-            )
-            missing = StepExecutionNotFound(id=parent_id)
+            kind, parent_column = IdentifierKind.STEP_EXECUTION, "step_execution_id"
+            exists, missing = q.explore_step_execution_exists, StepExecutionNotFound(id=parent_id)
         else:
-            kind, parent_column, exists = (
-                IdentifierKind.JOB_EXECUTION,
-                "job_execution_id",
-                q.explore_job_execution_exists,
-            )
-            missing = JobExecutionNotFound(id=parent_id)
+            kind, parent_column = IdentifierKind.JOB_EXECUTION, "job_execution_id"
+            exists, missing = q.explore_job_execution_exists, JobExecutionNotFound(id=parent_id)
         check_identifier(kind, parent_id)
+        statement = statement_of(q)
 
         def fetch(conn: Conn, key: CursorKey | None, ceiling: int, limit: int) -> list[Row]:
             params: dict[str, Any] = {
@@ -365,7 +366,7 @@ class JobExplorer:
                 "ceiling": ceiling,
                 "row_limit": limit,
             }
-            if query is ExplorerQuery.FLOW_DECISIONS:
+            if ordered:
                 params["after_sequence"], params["after_id"] = (
                     (key.primary, key.id) if isinstance(key, OrderedKey) else (0, 0)
                 )
@@ -374,77 +375,41 @@ class JobExplorer:
             return statement.many(conn, **params)
 
         exists_check = self._exists(exists, missing, **{parent_column: parent_id})
+
+        def key_of(item: Any) -> CursorKey:
+            return OrderedKey(item.sequence, item.id) if ordered else IdentityKey(item.id)
+
         return self._page(query, parent_id, page_size, after, fetch, decode, key_of, exists_check)
 
     def step_executions(
         self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
     ) -> Page[StepExecutionProjection]:
         """Steps of an execution, id ascending (wraps JobExecutionNotFound)."""
-        return self._children(
-            ExplorerQuery.STEP_EXECUTIONS,
-            self._statements.explore_step_executions,
-            job_execution_id,
-            codec.decode_step_projection,
-            lambda item: IdentityKey(item.id),
-            page_size,
-            after,
-        )
+        return self._children(ExplorerQuery.STEP_EXECUTIONS, job_execution_id, page_size, after)
 
     def recovery_decisions(
         self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
     ) -> Page[RecoveryDecision]:
         """Recovery decisions of an execution, id ascending (wraps JobExecutionNotFound)."""
-        return self._children(
-            ExplorerQuery.RECOVERY_DECISIONS,
-            self._statements.explore_recovery_decisions,
-            job_execution_id,
-            codec.decode_recovery_decision,
-            lambda item: IdentityKey(item.id),
-            page_size,
-            after,
-        )
+        return self._children(ExplorerQuery.RECOVERY_DECISIONS, job_execution_id, page_size, after)
 
     def flow_decisions(
         self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
     ) -> Page[FlowDecision]:
         """Flow decisions of an execution, (sequence, id) ascending (wraps JobExecutionNotFound)."""
-        return self._children(
-            ExplorerQuery.FLOW_DECISIONS,
-            self._statements.explore_flow_decisions,
-            job_execution_id,
-            codec.decode_flow_decision,
-            lambda item: OrderedKey(item.sequence, item.id),
-            page_size,
-            after,
-        )
+        return self._children(ExplorerQuery.FLOW_DECISIONS, job_execution_id, page_size, after)
 
     def step_partitions(
         self, step_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
     ) -> Page[StepPartitionProjection]:
         """Partitions of a manager step, id ascending (wraps StepExecutionNotFound)."""
-        return self._children(
-            ExplorerQuery.STEP_PARTITIONS,
-            self._statements.explore_step_partitions,
-            step_execution_id,
-            codec.decode_partition_projection,
-            lambda item: IdentityKey(item.id),
-            page_size,
-            after,
-        )
+        return self._children(ExplorerQuery.STEP_PARTITIONS, step_execution_id, page_size, after)
 
     def operator_requests(
         self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
     ) -> Page[OperatorRecord]:
         """Operator requests aimed at an execution, id ascending (wraps JobExecutionNotFound)."""
-        return self._children(
-            ExplorerQuery.OPERATOR_REQUESTS,
-            self._statements.explore_operator_requests,
-            job_execution_id,
-            codec.decode_operator_request,
-            lambda item: IdentityKey(item.id),
-            page_size,
-            after,
-        )
+        return self._children(ExplorerQuery.OPERATOR_REQUESTS, job_execution_id, page_size, after)
 
     def unresolved_executions(
         self,
@@ -452,14 +417,10 @@ class JobExplorer:
         page_size: PageSize | None = None,
         after: Cursor | None = None,
     ) -> Page[JobExecutionProjection]:
-        """STARTING, STARTED, STOPPING and UNKNOWN executions not updated for `minimum_age`.
+        """Unresolved executions not updated for `minimum_age` (60 s or more): database clock.
 
-        The cutoff is the server's statement time minus `minimum_age`, at microsecond
-        precision: the database clock decides, so a client whose clock is wrong neither hides
-        a stale run nor lists a fresh one.
-
-        Raises:
-            ExplorerAgeBoundTooSmall: `minimum_age` is under 60 s.
+        The cutoff is the server's statement time minus the age, to the microsecond, so a client
+        whose clock is wrong neither hides a stale run nor lists a fresh one.
         """
         if not isinstance(minimum_age, _dt.timedelta) or minimum_age < MIN_UNRESOLVED_AGE:
             seconds = minimum_age.total_seconds() if isinstance(minimum_age, _dt.timedelta) else -1

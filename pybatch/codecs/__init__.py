@@ -1,7 +1,4 @@
-"""Row and column codecs between PostgreSQL rows and pybatch values.
+"""Row codecs: every row <-> value conversion; a row not read completely is refused, not half-used.
 
-Every conversion between a stored row and a value happens in a codec, and decoding fails
-closed: a row the codec cannot read completely is refused, never half-used. This package
-imports nothing at load time, so values may use the stdlib-only primitives without pulling in
-the driver or creating import cycles.
+Imports nothing at load time, so values may use the stdlib-only primitives without import cycles.
 """

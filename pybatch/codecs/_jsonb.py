@@ -1,9 +1,4 @@
-"""The one place codecs wrap documents for psycopg's jsonb dumper.
-
-Documents are sent as canonical JSON, so what PostgreSQL parses is exactly what pybatch hashed
-(floats already in `numeric`'s plain notation, NaN refused). The wrapper's repr is redacted:
-payloads and parameter values must never reach a log through a bound parameter's repr.
-"""
+"""The one place codecs wrap jsonb documents: the canonical JSON pybatch hashed, repr redacted."""
 
 from __future__ import annotations
 
@@ -19,12 +14,7 @@ from pybatch.values._canonical import canonical_json
 
 
 def _strict_loads(data: str | bytes) -> Any:
-    """json.loads whose failures (a 5,000-digit number, nesting too deep) are DecodeErrors.
-
-    jsonb holds numbers Python cannot read back (more digits than
-    sys.get_int_max_str_digits()); such a row is corrupt durable state, which fails closed
-    as Unavailable instead of escaping as a raw ValueError.
-    """
+    """json.loads whose failures (a 5,000-digit number, deep nesting) fail closed as DecodeError."""
     try:
         return json.loads(data)
     except (ValueError, RecursionError):

@@ -1,8 +1,4 @@
-"""Strict decoding primitives (docs/tables.md 3.1-3.5; docs/contract.md, Fail closed).
-
-Decoders refuse anything unexpected with `DecodeError`, which names the column and
-never the value; the unit of work maps it to `Unavailable` in one place.
-"""
+"""Strict decoding primitives: `DecodeError` names the column, never the value (-> Unavailable)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Decode explorer rows (queries/explorer.sql) into the projections of values/explorer.py.
-
-Every decoder refuses what it does not expect with `DecodeError` (the explorer reports it
-as `Repository(Unavailable)`), including a derived counter total above 2**63-1.
-"""
+"""Decode explorer rows into projections; anything unexpected (a total over 2**63-1) is refused."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Fault state: the five `step_execution.fault_state_*` columns of a step (docs/tables.md 3.6).
-
-Statements: fault_state.sql (the reservation), chunks.sql (every commit writes the empty state).
-"""
+"""Fault state: the five `step_execution.fault_state_*` columns of a step."""
 
 from __future__ import annotations
 
@@ -27,7 +24,6 @@ from pybatch.values.fault import (
 )
 from pybatch.values.status import BatchStatus
 
-#: Columns `decode_fault_state` reads.
 FAULT_STATE_COLUMNS = (
     "fault_state_format",
     "fault_state_schema",
@@ -106,7 +102,6 @@ def decode_fault_state_columns(
     return envelope
 
 
-#: Columns `decode_locked_fault_state` reads.
 LOCKED_FAULT_STATE_COLUMNS = ("status", "version", *CHECKPOINT_COLUMNS, *FAULT_STATE_COLUMNS)
 
 
@@ -131,11 +126,7 @@ _EMPTY_COLUMNS: tuple[object, ...] = tuple(encode_fault_state(FaultStateEnvelope
 
 
 def _is_empty(columns: tuple[object, ...]) -> bool:
-    """Whether the columns are exactly what the empty envelope encodes to (same types too).
-
-    Every chunk commit writes the empty envelope, so most reads see exactly it; for those
-    columns the full decode would return EMPTY, so it is skipped, not weakened.
-    """
+    """Whether the columns are exactly the empty envelope's (most reads): no full decode needed."""
     return all(
         type(value) is type(expected) and value == expected
         for value, expected in zip(columns, _EMPTY_COLUMNS, strict=True)

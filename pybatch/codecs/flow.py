@@ -1,8 +1,4 @@
-"""Codec of flow_decision rows (docs/tables.md 2.9): decode into FlowDecision, fail closed.
-
-A row the domain refuses (an unknown kind, a broken target shape, a bad digest) raises
-FlowStateCorrupt: no flow continues from a history it cannot read (docs/contract.md, Fail closed).
-"""
+"""Codec of flow_decision rows: a row the domain refuses is FlowStateCorrupt, so no flow goes on."""
 
 from __future__ import annotations
 
@@ -28,7 +24,6 @@ from pybatch.values.flow import (
 )
 from pybatch.values.names import ExitCode, NodeId
 
-#: The columns `decode_flow_decision` reads.
 FLOW_DECISION_COLUMNS = (
     "id",
     "job_execution_id",

@@ -31,7 +31,6 @@ from pybatch.values.status import BatchStatus
 
 IDENTIFYING_PARAMETERS_MAX_BYTES = 1024 * 1024
 
-#: Columns `decode_job_instance` reads.
 JOB_INSTANCE_COLUMNS = ("id", "job_name", "instance_key", "identifying_parameters", "created_at")
 
 _U64_MAX = 2**64 - 1
@@ -59,12 +58,7 @@ def encode_identifying_parameters(key: JobInstanceKey) -> dict[str, object]:
 def decode_identifying_parameters(
     document: object, *, column: str = "identifying_parameters"
 ) -> JobParameters:
-    """Decode an identifying-parameter document, failing closed on every rule of docs/tables.md 3.8.
-
-    Refused: not an object; over 1 MiB canonical; an invalid name; an envelope that is not an
-    object with exactly `type`, `identifying` and `value`; `identifying` not `true`; an
-    unknown type tag; a value of the wrong JSON type or range (a boolean is never an integer).
-    """
+    """Decode an identifying-parameter document (1 MiB; exactly type, identifying=true, value)."""
     members = decode_json_object(document, column=column)
     try:
         size = len(canonical_json(members))
@@ -94,7 +88,6 @@ def decode_identifying_parameters(
 def _decode_parameter_value(
     kind: ParameterValueKind, raw: object, *, column: str
 ) -> ParameterValue:
-    """The value's own checks, with a refusal reported as the column's DecodeError."""
     try:
         return ParameterValue(kind, raw)  # type: ignore[arg-type]  # checked right here
     except (PyBatchError, TypeError):
@@ -114,11 +107,7 @@ def encode_job_instance_key(key: JobInstanceKey) -> dict[str, object]:
 
 
 def decode_job_instance(row: Row) -> JobInstance:
-    """Decode a job_instance row (columns `JOB_INSTANCE_COLUMNS`).
-
-    The stored `instance_key` must equal the digest recomputed from the job name and the
-    identifying parameters, else `DecodeError("instance_key")`.
-    """
+    """Decode a job_instance row; `instance_key` must equal the digest recomputed from it."""
     values = row_columns(row, JOB_INSTANCE_COLUMNS)
     instance_id = int64_at(values, "id")
     job_name = text_value_at(JobName, values, "job_name")
@@ -136,7 +125,6 @@ def decode_job_instance(row: Row) -> JobInstance:
     )
 
 
-#: Columns `decode_locked_job_instance` reads.
 LOCKED_JOB_INSTANCE_COLUMNS = (*JOB_INSTANCE_COLUMNS, "last_attempt", "final_status")
 
 

@@ -84,10 +84,7 @@ def decode_updated_at(
 
 
 def encode_execution_metadata(metadata: ExecutionMetadata) -> dict[str, object]:
-    """Column values written by a transition or enrichment (counters: `encode_counts`).
-
-    A failure id above 2^63-1 is valid but unstorable, so it is refused here.
-    """
+    """Column values of a transition or enrichment; a failure id above 2^63-1 is refused here."""
     failure = metadata.failure
     return {
         "status": metadata.status.value,

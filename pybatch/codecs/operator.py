@@ -1,10 +1,4 @@
-"""Codec of operator_request rows.
-
-See docs/tables.md 2.10, 3.3; docs/contract.md, Operator vocabulary; Fail closed.
-The decoder fails closed: an unknown action, class, outcome, status or rejection code, an
-authorization class that contradicts the action, or a rejection whose details do not match
-its code raises `DecodeError(column)`, which the unit of work maps to `Unavailable`.
-"""
+"""Codec of operator_request rows; unknown codes and contradicting details are DecodeError."""
 
 from __future__ import annotations
 
@@ -111,10 +105,7 @@ def decode_operator_record(row: Row) -> OperatorRecord:
 
 
 def encode_operator_record_draft(draft: OperatorRecordDraft) -> dict[str, object]:
-    """The parameters of operator_requests.sql insert_operator_request for `draft`.
-
-    The authorization class is derived from the action here, so no caller can store another.
-    """
+    """insert_operator_request parameters; the class is derived here, so no caller can pick one."""
     rejection = draft.rejection
     return {
         "job_instance_id": draft.job_instance_id,

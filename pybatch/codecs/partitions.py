@@ -1,9 +1,4 @@
-"""Codec of step_partition rows (docs/tables.md 2.12): decode into StepPartition, fail closed.
-
-Every read rebuilds the context envelope from its four columns and compares its SHA-256 with
-the stored `context_checksum`; a row with an invalid key, ordinal, shape, context or checksum
-raises PartitionStateCorrupt, so no worker starts from state it cannot trust.
-"""
+"""Codec of step_partition rows: a bad key, ordinal, shape, context or checksum is corrupt state."""
 
 from __future__ import annotations
 
@@ -37,7 +32,6 @@ PARTITION_HEAD_COLUMNS = (
     "status",
     "exit_code",
 )
-#: The columns `decode_step_partition` reads.
 STEP_PARTITION_COLUMNS = (
     *PARTITION_HEAD_COLUMNS,
     *COUNT_COLUMNS,

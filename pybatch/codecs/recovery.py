@@ -1,7 +1,4 @@
-"""Recovery decisions: recovery_decision rows (docs/tables.md 2.8).
-
-Statements: recovery.sql insert_recovery_decision, find_latest_recovery_decision.
-"""
+"""Recovery decisions: recovery_decision rows."""
 
 from __future__ import annotations
 
@@ -19,7 +16,6 @@ from pybatch.errors import PyBatchError
 from pybatch.values.recovery import RecoveryDecision
 from pybatch.values.status import BatchStatus
 
-#: Columns `decode_recovery_decision` reads.
 RECOVERY_DECISION_COLUMNS = (
     "id",
     "job_execution_id",

@@ -46,8 +46,7 @@ _FAULT_COUNT_COLUMNS = (
 )
 _STATE_PARTS = ("format", "schema", "schema_version", "payload")
 
-#: The six counter columns of a step.
-COUNT_COLUMNS = tuple(column for _, column in _COUNT_COLUMNS)
+COUNT_COLUMNS = tuple(column for _, column in _COUNT_COLUMNS)  # The six counter columns of a step.
 #: The four columns of a step's checkpoint envelope.
 CHECKPOINT_COLUMNS = tuple(f"checkpoint_{part}" for part in _STATE_PARTS)
 #: The four columns of a step's execution-context envelope.
@@ -134,10 +133,7 @@ def decode_step_execution(row: Row) -> StepExecution:
 
 
 def encode_state(state: Checkpoint | ExecutionContext) -> dict[str, object]:
-    """Column values of a checkpoint (`checkpoint_*`) or an execution context (`context_*`).
-
-    The payload column gets the canonical payload as a jsonb parameter; `format` is always 1.
-    """
+    """Column values of a checkpoint (`checkpoint_*`) or context (`context_*`); format is 1."""
     prefix = "checkpoint" if isinstance(state, Checkpoint) else "context"
     return {
         f"{prefix}_format": STATE_FORMAT_VERSION,

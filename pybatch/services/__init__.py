@@ -1,4 +1,1 @@
-"""Services above the repository: composition of units of work, no SQL of their own.
-
-The operator request, retention and audit services, and the explorer.
-"""
+"""Services above the repository (operator, retention, audit, flow): units of work, no SQL."""

@@ -1,13 +1,9 @@
 """Verify the tamper-evident audit chain (`pybatch audit verify`).
 
-Walks every link in sequence order, in pages, past the head too, and reports the first
-broken link: a gap (a link deleted), a link past the head (written around the chain, or the
-head rewound), a link that does not follow its predecessor (reordered or rewritten), a link
-whose digest does not match its fields, a record whose content changed or that was deleted
-without a real purge accounting for it (the purge mark must name an APPLY_PURGE retention
-action recorded after the link), and a chain that ends before its head (links truncated).
-Then: a retention action that marks more links purged than its purge deleted records, and
-any audit record that has no link at all.
+Walks every link in order, in pages, past the head too, and reports the first break: a gap, a link
+past the head, one not following its predecessor, a digest not matching its fields, content changed
+or deleted without a later APPLY_PURGE accounting for it, or a chain ending before its head. Then:
+a purge marking more links than it deleted records, and records with no link.
 """
 
 from __future__ import annotations
@@ -21,8 +17,7 @@ from pybatch.values.audit import GENESIS_DIGEST, AuditVerification
 if TYPE_CHECKING:
     from pybatch.job_repository import JobRepository
 
-#: Links read per page.
-PAGE = 1000
+PAGE = 1000  # Links read per page.
 
 
 def verify_audit_chain(

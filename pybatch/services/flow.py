@@ -1,11 +1,7 @@
-"""The flow decision point of a running job: record where the flow goes.
+"""The flow decision point of a running job: record, in one unit of work, where the flow goes.
 
-See docs/contract.md, Flow steps and decisions.
-
-After a step (or a decider), the job's manifest selects the next node or the terminal state,
-and the choice is appended as a flow decision in one unit of work. On a restart, a step that
-completed in an earlier attempt, or a decider that already decided on the same plan and
-input, reuses the recorded decision instead of deciding again.
+On a restart, a step completed earlier, or a decider that decided on the same plan and input,
+reuses the recorded decision instead of deciding again.
 """
 
 from __future__ import annotations
@@ -43,14 +39,7 @@ class FlowPoint:
     input_digest: bytes
 
     def after_step(self, step: StepExecution, *, reused: bool) -> FlowDecision:
-        """Record the transition out of `step`'s node on its exit status.
-
-        `reused` says the step completed in an earlier attempt: the earlier decision is
-        reused (COMPLETED_STEP_REUSE) rather than taken again.
-
-        Raises:
-            FlowStateCorrupt: the manifest has no transition for this node and outcome.
-        """
+        """Record the transition out of `step`'s node; `reused`: it completed in an earlier run."""
         node, outcome = step.logical_id, step.metadata.exit_status
 
         def work(uow: UnitOfWork) -> FlowDecision:
@@ -75,11 +64,7 @@ class FlowPoint:
         return self.repository.run_in_unit_of_work(work)
 
     def decide(self, node: NodeId, decider: Callable[[], str]) -> FlowDecision:
-        """Run `decider` for a decision node and record where its outcome leads.
-
-        A decision already taken for this node on the same plan and input (this attempt or
-        an earlier one) is reused, and `decider` is not called again.
-        """
+        """Run `decider` and record where it leads, unless it decided on this plan and input."""
 
         def reusable(uow: UnitOfWork) -> FlowDecision | None:
             kind = FlowTransitionKind.DECIDER

@@ -1,14 +1,9 @@
 """The operator request service: idempotent, audited lifecycle requests.
 
-See docs/contract.md, Operator requests.
-
-Every request carries an operation id. The service first probes for a recorded request
-with that (action, operation id): the same request digest replays the recorded outcome
-and does nothing; another digest is OperationIdConflict. Otherwise it applies the effect
-and appends the APPLIED audit row in the same unit of work, or, when the repository
-refuses, records a REJECTED row with the rejection's details in a unit of work of its
-own. A lost COMMIT acknowledgement is OperationOutcomeUnknown: re-running the request
-with the same operation id replays whatever was recorded, so it never acts twice.
+A recorded (action, operation id) with the same digest replays, with another digest is
+OperationIdConflict. Otherwise the effect and its APPLIED audit row share one unit of work; a
+refusal is recorded REJECTED in a unit of work of its own. A lost COMMIT acknowledgement is
+OperationOutcomeUnknown: re-running the same operation id replays what was recorded, never twice.
 """
 
 from __future__ import annotations
@@ -59,12 +54,7 @@ Code = OperatorRejectionCode
 
 
 def operator_evidence(execution: JobExecution) -> bytes:
-    """The evidence digest of an operator's recovery: the execution as the operator saw it.
-
-    SHA-256 of the canonical JSON of attempt, execution id, the observation "OPERATOR",
-    status, durable updated_at (ISO 8601) and version; any write to the execution since
-    then changes it.
-    """
+    """The evidence of an operator's recovery: any write to the execution since changes it."""
     return sha256(
         canonical_json(
             {
@@ -137,13 +127,11 @@ class OperatorService:
         expected_version: int | None = None,
         reason: ReasonCode | None = None,
     ) -> OperatorOutcome:
-        """Ask a running execution to stop; a repeated stop, or one on a finished run, is a no-op.
-
-        Without `expected_version` the request applies to whatever version is current.
-        """
+        """Ask a running execution to stop; repeated, or on a finished run, it is a no-op."""
         action, target = OperatorAction.STOP, RequestTarget.execution(JobExecutionId(execution_id))
-        request = self._request(action, operation_id, actor, reason, target, expected_version, None)
-        request = attrs.evolve(request, execution_id=execution_id)
+        request = self._request(
+            action, operation_id, actor, reason, target, expected_version, None, None, execution_id
+        )
 
         def effect(uow: UnitOfWork) -> _Effect:
             current = self._execution(uow, execution_id, expected_version)
@@ -172,8 +160,9 @@ class OperatorService:
             OperatorAction.ABANDON,
             RequestTarget.execution(JobExecutionId(execution_id)),
         )
-        request = self._request(action, operation_id, actor, reason, target, expected_version, None)
-        request = attrs.evolve(request, execution_id=execution_id)
+        request = self._request(
+            action, operation_id, actor, reason, target, expected_version, None, None, execution_id
+        )
 
         def effect(uow: UnitOfWork) -> _Effect:
             current = self._execution(uow, execution_id, expected_version)
@@ -203,22 +192,18 @@ class OperatorService:
     ) -> OperatorOutcome:
         """Resolve an orphaned or ambiguous execution FAILED or ABANDONED, audited.
 
-        An execution whose commit outcome is unknown (`unknown_commit`) may be marked
-        FAILED only with reason UNKNOWN_EFFECT: the operator states that its effect is
-        unknown and will be reconciled.
-
-        An execution whose lease is still fresh on the database clock has a live owner: the
-        request is rejected (EXECUTION_ALREADY_ACTIVE) unless `force`. A forced recovery
-        fences the owner in the recovering transaction itself: its steps and partition
-        workers end with the execution, so the owner's next chunk commit and lease renewal
-        are refused.
+        With `unknown_commit`, FAILED needs reason UNKNOWN_EFFECT (the effect will be reconciled).
+        A lease still fresh on the database clock is a live owner: EXECUTION_ALREADY_ACTIVE unless
+        `force`, which fences the owner in this transaction (its steps and workers end with the
+        execution, so its next chunk commit and lease renewal are refused).
         """
         target = RequestTarget.execution(JobExecutionId(execution_id))
         reason = ReasonCode(recovery.reason_code)
         arguments = RecoveryArguments(request=recovery, unknown_commit=unknown_commit, force=force)
         action, version = OperatorAction.RECOVER, recovery.expected_version
-        request = self._request(action, operation_id, actor, reason, target, version, arguments)
-        request = attrs.evolve(request, execution_id=execution_id)
+        request = self._request(
+            action, operation_id, actor, reason, target, version, arguments, None, execution_id
+        )
 
         def effect(uow: UnitOfWork) -> _Effect:
             current = self._execution(uow, execution_id, recovery.expected_version)
@@ -270,8 +255,9 @@ class OperatorService:
         """Create the next attempt of an instance whose latest attempt is FAILED or STOPPED."""
         definition = definition or DefinitionIdentity.legacy()
         action, target = OperatorAction.RESTART, RequestTarget.instance(JobInstanceId(instance_id))
-        request = self._request(action, operation_id, actor, None, target, None, definition)
-        request = attrs.evolve(request, instance_id=instance_id)
+        request = self._request(
+            action, operation_id, actor, None, target, None, definition, instance_id
+        )
 
         def effect(uow: UnitOfWork) -> _Effect:
             if uow.instances.get(instance_id) is None:
@@ -298,11 +284,15 @@ class OperatorService:
         target: RequestTarget,
         expected_version: int | None,
         arguments: DefinitionIdentity | RecoveryArguments | None,
+        instance_id: int | None = None,
+        execution_id: int | None = None,
     ) -> _Request:
         digest = RequestDigest.compute(
             action, target, expected_version=expected_version, reason=reason, arguments=arguments
         )
-        return _Request(action, operation_id, actor, reason, digest, expected_version, None, None)
+        return _Request(
+            action, operation_id, actor, reason, digest, expected_version, instance_id, execution_id
+        )
 
     @staticmethod
     def _execution(uow: UnitOfWork, execution_id: int, expected: int | None) -> JobExecution:

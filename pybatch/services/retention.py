@@ -1,12 +1,8 @@
 """The retention service: idempotent holds and purges of whole histories.
 
-See docs/contract.md, Holds; Retention and purge.
-
-Hold, release and each purge batch are requests with an operation id, replayed like
-operator requests (a recorded request with the same retention request digest replays,
-another digest is OperationIdConflict). A purge runs survey -> plan -> apply in bounded
-batches; each batch is applied in one transaction with its audit record, and a batch whose
-plan went stale (a hold, a restart, another purge) deletes nothing and is planned again.
+Hold, release and each purge batch replay by operation id like operator requests. A purge runs
+survey -> plan -> apply in bounded batches, each applied in one transaction with its audit record;
+a batch whose plan went stale (a hold, a restart, another purge) deletes nothing and is replanned.
 """
 
 from __future__ import annotations
@@ -43,10 +39,8 @@ if TYPE_CHECKING:
 #: A survey's keyset position: the (latest updated_at, instance id) of the last instance taken.
 _Key = tuple[_dt.datetime, int]
 
-#: How often one batch is planned again after going stale before the purge gives up.
-STALE_RETRIES = 5
-#: The longest caller-chosen base of a purge's per-batch operation ids.
-MAX_PURGE_OPERATION_BASE = 47
+STALE_RETRIES = 5  # Replans of one stale batch before the purge gives up.
+MAX_PURGE_OPERATION_BASE = 47  # Longest caller-chosen base of a purge's per-batch operation ids.
 
 
 @attrs.frozen
@@ -89,28 +83,38 @@ class RetentionService:
         self, operation_id: OperationId, actor: ActorRef, instance_id: int, reason: ReasonCode
     ) -> RetentionOutcome:
         """Place (or replace) the instance's hold: no purge takes it until released."""
-        digest = retention_request_digest(RetentionAction.HOLD, f"instance:{instance_id}", reason)
 
-        def effect(uow: UnitOfWork) -> _Applied:
+        def place(uow: UnitOfWork) -> None:
             uow.holds.place(instance_id, actor, reason, uow.clock.now())
-            return _Applied(
-                self._draft(RetentionAction.HOLD, operation_id, actor, reason, digest, uow)
-            )
 
-        return self._submit(RetentionAction.HOLD, operation_id, digest, effect, instance_id)
+        return self._hold_request(
+            RetentionAction.HOLD, operation_id, actor, instance_id, reason, place
+        )
 
     def release(
         self, operation_id: OperationId, actor: ActorRef, instance_id: int, reason: ReasonCode
     ) -> RetentionOutcome:
         """Clear the instance's hold (a release without a hold is recorded too)."""
-        action = RetentionAction.RELEASE_HOLD
+        action, holds = RetentionAction.RELEASE_HOLD, lambda uow: uow.holds.release(instance_id)
+        return self._hold_request(action, operation_id, actor, instance_id, reason, holds)
+
+    def _hold_request(
+        self,
+        action: RetentionAction,
+        operation_id: OperationId,
+        actor: ActorRef,
+        instance_id: int,
+        reason: ReasonCode,
+        change: Callable[[UnitOfWork], None],
+    ) -> RetentionOutcome:
         digest = retention_request_digest(action, f"instance:{instance_id}", reason)
 
         def effect(uow: UnitOfWork) -> _Applied:
-            uow.holds.release(instance_id)
-            return _Applied(self._draft(action, operation_id, actor, reason, digest, uow))
+            change(uow)
+            draft = self._draft(action, operation_id, actor, reason, digest, uow)
+            return _Applied(attrs.evolve(draft, job_instance_id=instance_id))
 
-        return self._submit(action, operation_id, digest, effect, instance_id)
+        return self._submit(action, operation_id, digest, effect)
 
     # ------------------------------------------------------------------ purge
 
@@ -156,7 +160,7 @@ class RetentionService:
             )
             return _Applied(draft, result.audit_records)
 
-        return self._submit(action, operation_id, digest, effect, None)
+        return self._submit(action, operation_id, digest, effect)
 
     def purge(
         self,
@@ -167,18 +171,11 @@ class RetentionService:
     ) -> Iterator[PurgeProgress]:
         """Purge batch after batch until nothing is left; yield after each batch.
 
-        Each batch's operation id is `<operation_base>:<first 16 hex of its plan digest>`,
-        so re-running an interrupted purge with the same base replays a batch that was
-        applied and goes on with the rest.
-
-        Each survey starts where the previous batch ended (the keyset of its oldest-first
-        order), so it never walks again over what was purged or passed over; when that
-        finds nothing, one more survey from the start catches any instance that became a
-        candidate behind it (a hold released meanwhile), and the purge ends when that one
-        finds nothing either.
-
-        Raises:
-            RetentionPlanStale: one batch went stale STALE_RETRIES times in a row.
+        A batch's operation id is `<operation_base>:<first 16 hex of its plan digest>`, so a rerun
+        with the same base replays applied batches and goes on. Each survey resumes at the previous
+        batch's keyset; when it finds nothing, one survey from the start catches instances that
+        became candidates behind it (a hold released meanwhile). A batch stale STALE_RETRIES times
+        in a row raises RetentionPlanStale.
         """
         if not 1 <= len(operation_base) <= MAX_PURGE_OPERATION_BASE:
             raise ValueError(
@@ -254,18 +251,14 @@ class RetentionService:
         operation_id: OperationId,
         digest: bytes,
         effect: Callable[[UnitOfWork], _Applied],
-        instance_id: int | None,
     ) -> RetentionOutcome:
         replay = self._probe(action, operation_id, digest)
         if replay is not None:
             return replay
         with self.repository.begin() as uow:
             applied = effect(uow)
-            draft = applied.draft
-            if instance_id is not None:
-                draft = attrs.evolve(draft, job_instance_id=instance_id)
             try:
-                record = uow.retention.append_action(draft)
+                record = uow.retention.append_action(applied.draft)
             except ConcurrentModification:
                 uow.rollback()
                 again = self._probe(action, operation_id, digest)

@@ -1,4 +1,1 @@
-"""Immutable, validated domain values; no I/O, no SQL, no driver types.
-
-Import each value from its module (`pybatch.values.names`, `pybatch.values.records`, ...).
-"""
+"""Immutable, validated domain values (no I/O, SQL or driver types); import each from its module."""

@@ -1,7 +1,4 @@
-"""Canonical JSON and SHA-256: the domain's hashing primitives (docs/tables.md 3.1-3.5).
-
-Stdlib only: values hash canonical JSON without importing a codec or the driver.
-"""
+"""Canonical JSON and SHA-256, the domain's hashing primitives (stdlib only, no driver)."""
 
 from __future__ import annotations
 
@@ -28,11 +25,7 @@ def canonical_json(value: object) -> bytes:
     plain positional notation PostgreSQL's `numeric` prints for it (`1e16` ->
     `10000000000000000`, `1e-7` -> `0.0000001`, `-0.0` -> `0.0`), so a document hashes to the
     same bytes before it is written to `jsonb` and after it is read back (docs/tables.md 3.5).
-
-    Raises:
-        JsonNotEncodable: NaN or infinity, a number of more than 4,300 digits, a non-string
-            key, a value that is not JSON, text that is not UTF-8 encodable or holds a NUL
-            (PostgreSQL text and jsonb cannot store U+0000), or nesting too deep to encode.
+    Anything jsonb cannot hold back identically (NaN, a NUL, a non-string key) is JsonNotEncodable.
     """
     parts: list[str] = []
     try:
@@ -146,10 +139,7 @@ def sha256(data: bytes) -> bytes:
 
 
 class CanonicalWriter:
-    """Length-prefixed fields and big-endian u64s, so no two field lists share an encoding.
-
-    The request and plan digests of operator and retention requests (docs/tables.md 3.10).
-    """
+    """Length-prefixed fields and big-endian u64s (request, plan digests): lists never collide."""
 
     def __init__(self, tag: str) -> None:
         self._parts: list[bytes] = []

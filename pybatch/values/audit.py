@@ -5,7 +5,7 @@ Link n of the chain holds the SHA-256 of its record's canonical content (the
 bytea as hex, instants as UTC ISO 8601 with microseconds) and
 `link_digest = SHA-256(previous link digest || seq (8 bytes, big-endian) || kind (UTF-8)
 || record id (8 bytes, big-endian) || content digest)`, the first link's previous digest
-being 32 zero bytes (docs/architecture.md, "Audit chain").
+being 32 zero bytes.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import attrs
 
 from pybatch.values._fields import Code
 
-#: The "previous digest" of the first link.
-GENESIS_DIGEST = bytes(32)
+GENESIS_DIGEST = bytes(32)  # The "previous digest" of the first link.
 
 
 class AuditRecordKind(Code):

@@ -1,7 +1,4 @@
-"""Capabilities and the repository descriptor.
-
-See docs/contract.md, Capabilities; Capability defaults.
-"""
+"""Capabilities and the repository descriptor."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""Execution counters and step fault counters, each bounded to 0..2^63-1.
-
-See docs/contract.md, Identifiers, versions and counters.
-The bound is the portable one shared with PostgreSQL bigint, so a value that validates here is
-always storable.
-"""
+"""Execution and step fault counters, each 0..2^63-1 (bigint), so a valid value is storable."""
 
 from __future__ import annotations
 
@@ -44,12 +39,7 @@ class ExecutionCounts:
     def after_chunk(
         self, read: int, processed: int, written: int, filtered: int
     ) -> ExecutionCounts:
-        """Return the counts after one committed chunk of these items (`committed + 1`).
-
-        The chunk's own counts are validated by the caller's values (ChunkCounts), so only
-        the sums are checked here, once, instead of building an intermediate ExecutionCounts
-        (CountExhausted above 2^63-1).
-        """
+        """The counts after one committed chunk (ChunkCounts are valid; only sums are checked)."""
         return ExecutionCounts(
             read=_checked_sum(self.read, read),
             processed=_checked_sum(self.processed, processed),

@@ -1,9 +1,7 @@
-"""Definition identities and directed upgrade edges (docs/contract.md, Definitions).
+"""Definition identities (SHA-256 of canonical manifest bytes) and directed upgrade edges.
 
-A definition is identified by the SHA-256 of its canonical manifest bytes. The bytes are
-validated on every construction: at most 65,536 bytes, a canonical JSON object, no floats.
-The manifest format (1..3) is checked by the repository, which reports an unsupported one as
-`UnsupportedManifestVersion`, as the contract requires (`check_manifest_format`).
+Manifest bytes are checked on every construction (a canonical JSON object, no floats, 64 KiB);
+the format (1..3) is checked at registration (`check_manifest_format`).
 """
 
 from __future__ import annotations
@@ -28,19 +26,14 @@ from pybatch.values._canonical import canonical_json, reject_constant, sha256
 from pybatch.values._fields import is_, maybe
 from pybatch.values.names import DefinitionRevision, DefinitionUpgradeKey, JobName, StepName
 
-#: Byte bound of a canonical manifest.
-MANIFEST_MAX_BYTES = 65_536
-#: Manifest format of a one-step tasklet or chunk definition.
-MANIFEST_FORMAT_ONE_STEP = 1
-#: Manifest format of a flow graph.
-MANIFEST_FORMAT_FLOW = 2
-#: Manifest format of a local-scale (split / partition) plan; the newest supported.
-MANIFEST_FORMAT_LOCAL_SCALE = 3
-#: Revision of the legacy definition used by launches without a definition. The name is
-#: older than pybatch's own and stays: it is an input of every stored default definition's
-#: fingerprint (`pybatch show` prints it as "pybatch default definition").
+MANIFEST_MAX_BYTES = 65_536  # Byte bound of a canonical manifest.
+MANIFEST_FORMAT_ONE_STEP = 1  # Manifest format of a one-step tasklet or chunk definition.
+MANIFEST_FORMAT_FLOW = 2  # Manifest format of a flow graph.
+MANIFEST_FORMAT_LOCAL_SCALE = 3  # A local-scale (split / partition) plan; the newest supported.
+#: Revision of launches without a definition. The older name stays: every stored default
+#: definition's fingerprint covers it (`pybatch show` prints "pybatch default definition").
 LEGACY_REVISION = "__m1_repository_port_v1"
-#: Canonical manifest bytes of the legacy definition (frozen, durable).
+#: Canonical manifest bytes of the legacy definition (durable).
 LEGACY_MANIFEST = b'{"format":1,"repository_port":"m1","revision":"__m1_repository_port_v1"}'
 
 _U16_MAX = 2**16 - 1
@@ -88,10 +81,7 @@ def _format_member(document: Mapping[str, object]) -> int:
 
 @attrs.frozen(repr=False)
 class DefinitionIdentity:
-    """The restart-relevant identity of a job definition: revision, format and manifest bytes.
-
-    Equality covers every field; `digest` (SHA-256 of the manifest bytes) is derived.
-    """
+    """The restart-relevant identity of a job definition; `digest` is derived, all else compared."""
 
     job_name: JobName | None = attrs.field(validator=maybe(JobName))
     revision: DefinitionRevision = attrs.field(validator=is_(DefinitionRevision))
@@ -116,15 +106,7 @@ class DefinitionIdentity:
         revision: DefinitionRevision,
         manifest: Mapping[str, Any],
     ) -> DefinitionIdentity:
-        """Canonicalise `manifest` and build its identity; the format is its `format` member.
-
-        A missing or non-u16 `format` member gives format 0, which registration reports as
-        `UnsupportedManifestVersion{format=0}` (a manifest without a format).
-
-        Raises:
-            ManifestInvalid: not an object, a float, NaN/infinity or another non-JSON value.
-            ManifestTooLarge: the canonical bytes exceed 65,536 bytes.
-        """
+        """Canonicalise `manifest`; a missing or non-u16 `format` member is format 0 (refused)."""
         if not isinstance(manifest, Mapping):
             raise ManifestInvalid(reason="not a JSON object")
         # Before canonicalising: canonical JSON writes 1e16 as an integer, hiding the float.
@@ -134,8 +116,6 @@ class DefinitionIdentity:
             data = canonical_json(manifest)
         except JsonNotEncodable as error:
             raise ManifestInvalid(reason=error.reason) from None
-        if len(data) > MANIFEST_MAX_BYTES:
-            raise ManifestTooLarge(max_bytes=MANIFEST_MAX_BYTES)
         document = _parse_canonical_manifest(data)
         return cls(job_name, revision, _format_member(document), data)
 
@@ -228,11 +208,7 @@ class StepMapping(Mapping[StepName, StepName]):
 
 @attrs.frozen(repr=False)
 class DefinitionUpgrade:
-    """A directed, non-transitive compatibility edge between two definitions.
-
-    `step_mapping` maps source step names to target step names, ordered by source name;
-    checkpoint and context bytes carry over unchanged.
-    """
+    """A directed, non-transitive compatibility edge; state bytes carry over unchanged."""
 
     key: DefinitionUpgradeKey = attrs.field(validator=is_(DefinitionUpgradeKey))
     from_definition: DefinitionIdentity = attrs.field(validator=is_(DefinitionIdentity))
@@ -240,9 +216,9 @@ class DefinitionUpgrade:
     step_mapping: Mapping[StepName, StepName]
 
     def __attrs_post_init__(self) -> None:
-        pairs = list(self.step_mapping.items()) if isinstance(self.step_mapping, Mapping) else None
-        if pairs is None:
+        if not isinstance(self.step_mapping, Mapping):
             raise TypeError("step_mapping is a Mapping[StepName, StepName]")
+        pairs = list(self.step_mapping.items())
         frozen = _validated_mapping(self.from_definition, self.to_definition, pairs)
         object.__setattr__(self, "step_mapping", frozen)
 
@@ -254,14 +230,7 @@ class DefinitionUpgrade:
         to_definition: DefinitionIdentity,
         pairs: Iterable[tuple[StepName, StepName]],
     ) -> DefinitionUpgrade:
-        """Build from (source, target) pairs, detecting a source given twice.
-
-        Raises:
-            UpgradeSelfEdge: both definitions have the same digest.
-            DuplicateSourceStep: a source step occurs twice.
-            DuplicateTargetStep: two sources map to one target.
-            EmptyStepMapping: no pair.
-        """
+        """Build from (source, target) pairs, detecting a source given twice."""
         frozen = _validated_mapping(from_definition, to_definition, list(pairs))
         return cls(key, from_definition, to_definition, frozen)
 
@@ -279,11 +248,7 @@ def _validated_mapping(
     to_definition: DefinitionIdentity,
     pairs: list[tuple[StepName, StepName]],
 ) -> StepMapping:
-    """Check an upgrade edge and return its step mapping, frozen.
-
-    In order: not a self-edge; then, pair by pair, no source or target step named twice; then
-    not empty (docs/contract.md, Definitions).
-    """
+    """The frozen mapping, refusing in order: a self-edge, a step named twice, an empty one."""
     if from_definition.digest == to_definition.digest:
         raise UpgradeSelfEdge()
     mapping: dict[StepName, StepName] = {}

@@ -1,12 +1,8 @@
 """Explorer vocabulary: page sizes, opaque bound cursors and value-redacted projections.
 
-See docs/contract.md, Explorer vocabulary. A cursor is opaque to callers but fully checked
-here: it carries its query, the key of the last row of the previous page, the identity ceiling
-of the traversal, an 8-byte binding of (query, page size, filter) and a SHA-256 checksum, so a
-damaged, truncated or misapplied cursor is refused with a typed error. The checksum is not
-keyed: a cursor re-signed with another ceiling passes it, and `JobExplorer` refuses it against
-the database instead (pybatch/explorer.py says why). Projections carry no parameter values and
-no state payloads, only descriptors.
+A cursor carries its query, the last key, the traversal's ceiling, an 8-byte binding of (query,
+page size, filter) and an unkeyed SHA-256 (pybatch/explorer.py checks the ceiling against the
+database). Projections carry descriptors, never parameter values or state payloads.
 """
 
 from __future__ import annotations
@@ -181,13 +177,7 @@ class Cursor:
         return cls(body + hashlib.sha256(body).digest())
 
     def open(self, query: ExplorerQuery, binding: bytes) -> tuple[CursorKey, int]:
-        """The (key, ceiling) carried, after every check of docs/contract.md, Explorer vocabulary.
-
-        Raises:
-            CursorInvalid: bad length or checksum, wrong version, bad tag, truncation, a
-                key of the wrong kind for `query`, or a value above 2**63-1.
-            CursorQueryMismatch: an intact cursor of another query, filter or page size.
-        """
+        """The (key, ceiling) carried; CursorQueryMismatch if intact but for another binding."""
         data = self._data
         if len(data) < 2 + 1 + 8 + _BINDING_BYTES + _CHECKSUM_BYTES:
             raise CursorInvalid()

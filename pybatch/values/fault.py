@@ -1,11 +1,7 @@
-"""Retry keys, retry bounds and the durable fault-state envelope.
+"""Retry keys, retry bounds and the fault-state envelope (pure values; the SQL is FaultState's).
 
-See docs/contract.md, Fault state; docs/tables.md 3.6.
-Pure values only: the envelope is decoded from, and encoded to, the five `fault_state_*` columns
-of `step_execution`, but the SQL (lock, compare-and-swap update) belongs to `FaultState`
-(docs/contract.md, Chunk transactions). Every refusal of the envelope is a
-`FaultStateEnvelopeInvalid` whose `reason` is one of `FaultStateRefusal`; the store maps it to
-`FaultStateCorrupt`, and no work begins on such state (docs/contract.md, Fail closed).
+Every refusal is a `FaultStateEnvelopeInvalid` whose `reason` is a `FaultStateRefusal`; the store
+maps it to `FaultStateCorrupt`, and no work begins on such state.
 """
 
 from __future__ import annotations
@@ -33,18 +29,12 @@ from pybatch.values.ids import Validator
 from pybatch.values.names import ClassifierRevision, StepName
 from pybatch.values.status import BatchStatus, FailureCategory
 
-#: Value of the `fault_state_format` column; the only format version (kept from the seed).
-FAULT_STATE_FORMAT = 1
-#: Value of the `fault_state_schema` column (kept byte for byte).
-FAULT_STATE_SCHEMA = "oxide-batch.fault-state"
-#: Value of the `fault_state_schema_version` column.
-FAULT_STATE_SCHEMA_VERSION = 1
-#: Byte ceiling of the canonical envelope.
-FAULT_STATE_MAX_BYTES = 64 * 1024
-#: Hard entry ceiling of format 1 (and the upper bound of `RetryStateLimit`).
-FAULT_STATE_MAX_ENTRIES = 256
-#: Domain separator of `RetryKey.derive` (kept byte for byte).
-RETRY_KEY_DOMAIN = b"oxide-batch/retry-key/1"
+FAULT_STATE_FORMAT = 1  # `fault_state_format`: the only format version (kept from the seed).
+FAULT_STATE_SCHEMA = "oxide-batch.fault-state"  # `fault_state_schema`, kept byte for byte.
+FAULT_STATE_SCHEMA_VERSION = 1  # Value of the `fault_state_schema_version` column.
+FAULT_STATE_MAX_BYTES = 64 * 1024  # Byte ceiling of the canonical envelope.
+FAULT_STATE_MAX_ENTRIES = 256  # Hard entry ceiling of format 1 (and of `RetryStateLimit`).
+RETRY_KEY_DOMAIN = b"oxide-batch/retry-key/1"  # Domain of `RetryKey.derive`, byte for byte.
 
 _U16_MAX = 2**16 - 1
 _U64_MAX = 2**64 - 1
@@ -58,34 +48,24 @@ _ENTRY_MEMBERS = frozenset({"category", "key", "ordinal", "phase", "revision"})
 class FaultStateRefusal(enum.StrEnum):
     """The `reason` of each `FaultStateEnvelopeInvalid`, one per broken rule."""
 
-    #: `fault_state_format` is not 1.
-    UNSUPPORTED_FORMAT = "unsupported format"
-    #: `fault_state_schema` is not `oxide-batch.fault-state`.
-    UNSUPPORTED_SCHEMA = "unsupported schema"
-    #: `fault_state_schema_version` is not 1.
-    UNSUPPORTED_SCHEMA_VERSION = "unsupported schema version"
+    UNSUPPORTED_FORMAT = "unsupported format"  # `fault_state_format` is not 1.
+    UNSUPPORTED_SCHEMA = "unsupported schema"  # not `oxide-batch.fault-state`
+    UNSUPPORTED_SCHEMA_VERSION = "unsupported schema version"  # not 1
     #: The payload is not an object with a 64-hex `checkpoint` and an `entries` array.
     MALFORMED = "malformed"
-    #: The canonical envelope is larger than 64 KiB.
-    TOO_LARGE = "too large"
+    TOO_LARGE = "too large"  # The canonical envelope is larger than 64 KiB.
     #: More entries than the format ceiling (decode) or the policy's state limit (validate_for).
     TOO_MANY_ENTRIES = "too many entries"
     #: An entry is not exactly {category, key, ordinal 1..65535, phase, revision}.
     MALFORMED_ENTRY = "malformed entry"
-    #: An entry names a phase or failure category that does not exist.
-    UNKNOWN_ENUMERATION = "unknown enumeration"
-    #: Entries are not in ascending key order.
-    UNSORTED_ENTRIES = "unsorted entries"
-    #: Two entries share one retry key.
-    DUPLICATE_KEY = "duplicate key"
-    #: Empty with a non-zero checkpoint digest, or non-empty with the all-zero digest.
+    UNKNOWN_ENUMERATION = "unknown enumeration"  # an entry's phase or category does not exist
+    UNSORTED_ENTRIES = "unsorted entries"  # Entries are not in ascending key order.
+    DUPLICATE_KEY = "duplicate key"  # Two entries share one retry key.
+    #: Empty with a non-zero checkpoint digest, or non-empty with the zero one.
     CHECKPOINT_EMPTINESS_MISMATCH = "checkpoint emptiness mismatch"
-    #: The stored checksum does not cover the canonical envelope.
-    CHECKSUM_MISMATCH = "checksum mismatch"
-    #: A retained ordinal is above the policy's retry limit.
-    ORDINAL_ABOVE_LIMIT = "ordinal above limit"
-    #: Retained entries belong to a superseded checkpoint generation.
-    CHECKPOINT_MISMATCH = "checkpoint mismatch"
+    CHECKSUM_MISMATCH = "checksum mismatch"  # the checksum does not cover the canonical form
+    ORDINAL_ABOVE_LIMIT = "ordinal above limit"  # above the policy's retry limit
+    CHECKPOINT_MISMATCH = "checkpoint mismatch"  # entries of a superseded checkpoint generation
 
 
 def fault_state_refusal(refusal: FaultStateRefusal) -> FaultStateEnvelopeInvalid:
@@ -129,10 +109,8 @@ class RetryOrdinal:
 
     value: int = attrs.field(validator=_bounded("RetryOrdinal", 0, _U16_MAX))
 
-    #: The initial, non-retried call.
-    INITIAL: ClassVar[RetryOrdinal]
-    #: The largest ordinal (u16).
-    MAX: ClassVar[RetryOrdinal]
+    INITIAL: ClassVar[RetryOrdinal]  # The initial, non-retried call.
+    MAX: ClassVar[RetryOrdinal]  # The largest ordinal (u16).
 
     @property
     def is_initial(self) -> bool:
@@ -150,8 +128,7 @@ class RetryLimit:
 
     value: int = attrs.field(validator=_bounded("RetryLimit", 0, _U16_MAX))
 
-    #: A policy that never retries.
-    NONE: ClassVar[RetryLimit]
+    NONE: ClassVar[RetryLimit]  # A policy that never retries.
 
     def permits(self, ordinal: RetryOrdinal) -> bool:
         """Whether `ordinal` may be reserved: a retry (not the first call) within the limit."""
@@ -174,20 +151,13 @@ class RetryStateLimit:
 class FaultPhase(Code):
     """The framework phase that produced a fault; values are the durable lower-case names."""
 
-    #: An item reader failed.
-    READ = "read"
-    #: An item processor failed.
-    PROCESS = "process"
-    #: An item writer failed.
-    WRITE = "write"
-    #: A chunk transaction failed to begin, commit or roll back.
-    TRANSACTION = "transaction"
-    #: Checkpoint or execution-context state could not be produced or stored.
-    CHECKPOINT = "checkpoint"
-    #: A listener callback failed.
-    LISTENER = "listener"
-    #: Cancellable backoff failed or was interrupted.
-    BACKOFF = "backoff"
+    READ = "read"  # An item reader failed.
+    PROCESS = "process"  # An item processor failed.
+    WRITE = "write"  # An item writer failed.
+    TRANSACTION = "transaction"  # A chunk transaction failed to begin, commit or roll back.
+    CHECKPOINT = "checkpoint"  # Checkpoint or context state could not be produced or stored.
+    LISTENER = "listener"  # A listener callback failed.
+    BACKOFF = "backoff"  # Cancellable backoff failed or was interrupted.
 
     @property
     def is_reservable(self) -> bool:
@@ -218,11 +188,10 @@ class RetryKey:
         checkpoint_digest: bytes,
         ordinal: int,
     ) -> RetryKey:
-        """Derive the key of one failed unit of work so a restart finds the same key.
+        """Derive the key of one failed unit of work (`ordinal`: the stable item ordinal, u64).
 
-        SHA-256 over `"oxide-batch/retry-key/1"` ‖ definition digest ‖ u64be(len(step)) ‖ step
-        (UTF-8) ‖ phase name ‖ 0x00 ‖ checkpoint digest ‖ u64be(ordinal). `ordinal` is the stable
-        item or output ordinal (u64), not a `RetryOrdinal`.
+        SHA-256 over domain ‖ definition digest ‖ u64be(len(step)) ‖ step ‖ phase ‖ 0x00 ‖
+        checkpoint digest ‖ u64be(ordinal), so a restart finds the same key.
         """
         _check_digest(definition_digest, "definition digest")
         _check_digest(checkpoint_digest, "checkpoint digest")
@@ -331,9 +300,8 @@ def _entries_value(
 class FaultStateEnvelope:
     """The bounded, checksummed retry state of one step, tied to one checkpoint generation.
 
-    Entries are sorted strictly by key; an empty envelope carries the all-zero checkpoint digest
-    and a non-empty one a non-zero digest; the canonical form is at most 64 KiB. Construction
-    enforces all of it, so every envelope can be encoded and checksummed.
+    Construction enforces strictly sorted keys, the all-zero digest exactly when empty and 64 KiB,
+    so every envelope can be encoded and checksummed.
     """
 
     checkpoint_digest: bytes = attrs.field(validator=_digest("checkpoint digest"))
@@ -401,13 +369,7 @@ class FaultStateEnvelope:
         state_limit: RetryStateLimit,
         checkpoint_digest: bytes,
     ) -> None:
-        """Refuse state the current policy and checkpoint cannot own (run on every load).
-
-        Raises:
-            FaultStateEnvelopeInvalid: `too many entries` above `state_limit`, then
-                `ordinal above limit` above `retry_limit`, then `checkpoint mismatch` when a
-                non-empty envelope belongs to another checkpoint generation.
-        """
+        """Refuse state the current policy and checkpoint cannot own (run on every load)."""
         _check_digest(checkpoint_digest, "checkpoint digest")
         if len(self.entries) > state_limit.value:
             raise fault_state_refusal(FaultStateRefusal.TOO_MANY_ENTRIES)
@@ -422,20 +384,10 @@ class FaultStateEnvelope:
         checkpoint_digest: bytes,
         state_limit: RetryStateLimit,
     ) -> FaultStateEnvelope:
-        """Return the envelope after one reservation, so an ordinal is never spent twice.
+        """The envelope after one reservation (replacing the key's entry), at `checkpoint_digest`.
 
-        The new envelope carries `checkpoint_digest` and keeps its entries sorted by key; the
-        entry replaces the key's previous one.
-
-        Raises:
-            FaultStateEnvelopeInvalid: `checkpoint mismatch` when this envelope is non-empty and
-                belongs to another checkpoint generation.
-            StaleReservation: the ordinal is not (the key's reserved ordinal, or 0) + 1.
-            CapacityExhausted: a new key while `state_limit` keys are already retained.
-            StaleReservation: the phase is not read, process or write (checked after the
-                store's own order: ordinal and capacity come first).
-            FaultStateEnvelopeInvalid: `checkpoint emptiness mismatch` for an all-zero
-                `checkpoint_digest`, or `too large` when the result exceeds 64 KiB.
+        An ordinal is never spent twice: it must be the key's reserved one (or 0) plus 1. The order
+        of refusals is the store's: checkpoint, ordinal, capacity, then a non-reservable phase.
         """
         if not isinstance(entry, FaultEntry):
             raise TypeError("entry takes a FaultEntry")
@@ -452,10 +404,7 @@ class FaultStateEnvelope:
             raise CapacityExhausted(max=state_limit.value)
         if not entry.phase.is_reservable:
             raise StaleReservation()
-        if exists:
-            entries = (*self.entries[:index], entry, *self.entries[index + 1 :])
-        else:
-            entries = (*self.entries[:index], entry, *self.entries[index:])
+        entries = (*self.entries[:index], entry, *self.entries[index + exists :])
         return FaultStateEnvelope(checkpoint_digest, entries)
 
     def __repr__(self) -> str:

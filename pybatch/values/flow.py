@@ -1,6 +1,5 @@
 """Flow values: start limits, targets, decisions and manifest matching.
 
-See docs/contract.md, Flow values.
 A flow manifest (format 2 or 3) lists its nodes and transitions::
 
     {"format": 2,
@@ -53,8 +52,7 @@ class StartLimit:
     value: int = attrs.field(validator=_check_limit)
 
     UNRESTRICTED_VALUE = _U32_MAX
-    #: The default: 4294967295 starts, no limit in practice.
-    UNRESTRICTED: ClassVar[StartLimit]
+    UNRESTRICTED: ClassVar[StartLimit]  # The default: 4294967295 starts, no limit in practice.
 
     @classmethod
     def unrestricted(cls) -> StartLimit:
@@ -193,13 +191,9 @@ def _manifest_target(transition: Mapping[str, Any]) -> FlowTarget | None:
 
 
 def check_flow_graph_bounds(manifest: Mapping[str, Any]) -> None:
-    """Refuse a flow manifest (format 2 or 3) beyond the flow-graph bounds.
+    """Refuse a flow manifest beyond the MAX_* bounds, which would register and route nothing.
 
-    At most 1,024 nodes, 4,096 transitions, 64 transitions leaving one node, and exit
-    patterns of at most 64 UTF-8 bytes. Without this check such a graph registered and then
-    routed nothing: `select_flow_target` stops at a pattern over 64 bytes. Other manifests
-    are not flow graphs and pass. The ManifestInvalid reason names counts and positions, never
-    node ids or patterns.
+    The ManifestInvalid reason names counts and positions, never node ids or patterns.
     """
     if manifest.get("format") not in (2, 3):
         return
@@ -240,11 +234,7 @@ def check_flow_graph_bounds(manifest: Mapping[str, Any]) -> None:
 def select_flow_target(
     manifest: Mapping[str, Any], node: NodeId, kind: FlowTransitionKind, outcome: ExitCode
 ) -> FlowTarget | None:
-    """The target of the first manifest transition leaving `node` that matches `outcome`.
-
-    None when the manifest is not a flow (format 2 or 3), has no such node of a kind that
-    fits `kind`, or no transition matches; a malformed manifest selects nothing.
-    """
+    """The target of the first transition leaving `node` that matches `outcome`, else None."""
     if manifest.get("format") not in (2, 3):
         return None
     allowed = _NODE_KINDS.get(kind)

@@ -1,9 +1,6 @@
-"""Identifiers, versions and counters as plain ints with explicit range checks.
+"""Identifiers, versions and counters: plain ints (NewType names which), never bool, range-checked.
 
-See docs/contract.md, Identifiers, versions and counters.
-Identifiers stay `int` in the API (NewType aliases document which one is meant). The domain
-range is 1..2^64-1; storage is `bigint`, so binding a value above 2^63-1 is refused with
-`IdentifierOutOfRange`. `bool` is never accepted where an int is meant.
+Identifiers range over 1..2^64-1; storage is `bigint`, so binding one above 2^63-1 is refused.
 """
 
 from __future__ import annotations
@@ -22,10 +19,8 @@ from pybatch.errors import (
     ZeroIdentifier,
 )
 
-#: Storage bound of ids, versions and counters (PostgreSQL bigint).
-INT64_MAX = 2**63 - 1
-#: Domain bound of identifiers (Rust u64).
-UINT64_MAX = 2**64 - 1
+INT64_MAX = 2**63 - 1  # Storage bound of ids, versions and counters (PostgreSQL bigint).
+UINT64_MAX = 2**64 - 1  # Domain bound of identifiers (Rust u64).
 
 JobInstanceId = NewType("JobInstanceId", int)
 JobExecutionId = NewType("JobExecutionId", int)
@@ -67,16 +62,7 @@ def _require_int(value: object) -> int:
 
 
 def check_identifier(kind: IdentifierKind, value: int, *, storable: bool = True) -> int:
-    """Return `value` if it is a valid identifier of `kind` (the kind errors name).
-
-    `storable` (the default) also requires the bigint storage bound; False checks only the
-    domain range 1..2^64-1, e.g. for generator output.
-
-    Raises:
-        ZeroIdentifier: the value is 0.
-        NegativeIdentifier: the value is negative or above 2^64-1.
-        IdentifierOutOfRange: the value is above 2^63-1 and `storable` is set.
-    """
+    """Return `value` if a valid identifier of `kind`; `storable` adds the bigint bound 2^63-1."""
     value = _require_int(value)
     if value == 0:
         raise ZeroIdentifier(kind=kind.value)

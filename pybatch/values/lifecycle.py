@@ -1,9 +1,7 @@
 """Lifecycle transitions: the table, execution metadata and the checked apply.
 
-See docs/contract.md, Lifecycle.
-The repository locks the row, calls `apply_transition` (or `apply_exit_enrichment`) on the
-decoded metadata and writes the result with a version compare-and-swap; any error leaves the
-stored record unchanged because nothing is written.
+The repository locks the row, applies a transition to the decoded metadata and writes the result
+with a version compare-and-swap; any error leaves the record unchanged (nothing is written).
 """
 
 from __future__ import annotations
@@ -33,8 +31,7 @@ from pybatch.values.names import ExitCode
 from pybatch.values.status import BatchStatus, FailureSummary
 from pybatch.values.timestamps import ExecutionTimestamps, aware_utc
 
-#: The version of every new execution, step and partition.
-INITIAL_VERSION = 0
+INITIAL_VERSION = 0  # The version of every new execution, step and partition.
 
 _S = BatchStatus
 #: The transition table (docs/contract.md, Transition table): from-status -> allowed targets.
@@ -125,19 +122,9 @@ def apply_transition(
     *,
     counts_apply: bool,
 ) -> tuple[ExecutionMetadata, int]:
-    """Return the metadata after `transition` and `version + 1`, checking in the order below.
+    """The metadata after `transition` and `version + 1`; a stale version is refused first.
 
-    `counts_apply` is True for step executions, whose terminal-rollback flag increments
-    `rolled_back`, and False for job executions, which carry no counters.
-
-    Raises:
-        StaleVersion: `expected_version != version` (checked first, even if also illegal).
-        RestartRequiresNewAttempt: STOPPED or FAILED to STARTING.
-        IllegalTransition: the table forbids the transition.
-        FailedTransitionMissingFailure: target FAILED without a failure.
-        InvalidTransitionTime: `at` is before the start (or creation) or before the end.
-        CountExhausted: the terminal-rollback increment would exceed 2^63-1.
-        VersionExhausted: `version` is already the storage maximum 2^63-1.
+    `counts_apply`: step executions, whose terminal rollback increments `rolled_back`.
     """
     version, expected_version = _check_int(version), _check_int(expected_version)
     if expected_version != version:

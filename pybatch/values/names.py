@@ -1,9 +1,7 @@
 """Validated names, definition tokens, state schema ids and request fields.
 
-See docs/contract.md, Names and tokens.
-Validation order for names and tokens is empty -> too long (UTF-8 bytes) -> surrounding white
-space -> control character, exactly as the contract lists it, so the reported error is the same
-as the Rust seeds'. Errors never carry the value itself (docs/contract.md, Redaction).
+Names and tokens check empty -> too long (UTF-8 bytes) -> surrounding white space -> control
+character, in that order, so the reported error matches the seeds'. Errors never carry the value.
 """
 
 from __future__ import annotations
@@ -23,10 +21,8 @@ from pybatch.errors import (
     TokenInvalid,
 )
 
-#: Byte bound of job, step and parameter names.
-NAME_MAX_BYTES = 128
-#: Byte bound of definition tokens and state schema ids.
-TOKEN_MAX_BYTES = 128
+NAME_MAX_BYTES = 128  # Byte bound of job, step and parameter names.
+TOKEN_MAX_BYTES = 128  # Byte bound of definition tokens and state schema ids.
 
 #: Characters with the Unicode White_Space property (what Rust's `str::trim` strips). Python's
 #: `str.strip()` also strips U+001C..U+001F, which would change the reported error.
@@ -38,10 +34,7 @@ UNICODE_WHITE_SPACE = frozenset(
 
 
 def _first_violation(value: str, max_bytes: int) -> tuple[TextRule | None, int] | None:
-    """The first broken rule (and a control character's index), in the order names check them.
-
-    (None, 0) is a lone surrogate, which is not UTF-8 (TextNotUtf8 rather than a text rule).
-    """
+    """The first broken rule and a control character's index; (None, 0) is a lone surrogate."""
     if type(value) is not str:
         raise TypeError("a validated text value takes a str")
     if not value:
@@ -54,10 +47,7 @@ def _first_violation(value: str, max_bytes: int) -> tuple[TextRule | None, int] 
     for index, character in enumerate(value):
         if unicodedata.category(character) == "Cc":
             return (TextRule.CONTROL_CHARACTER, index)
-    for character in value:
-        if unicodedata.category(character) == "Cs":
-            return (None, 0)
-    return None
+    return (None, 0) if any(unicodedata.category(c) == "Cs" for c in value) else None
 
 
 @attrs.frozen(order=True)
@@ -134,14 +124,10 @@ class ExitCode(_Name):
     _KIND = "exit code"
     _MAX_BYTES = 64
 
-    #: The exit of new executions and steps.
-    UNKNOWN: ClassVar[ExitCode]
-    #: Conventional exit of a completed execution.
-    COMPLETED: ClassVar[ExitCode]
-    #: Conventional exit of a failed execution.
-    FAILED: ClassVar[ExitCode]
-    #: Conventional exit of a stopped execution.
-    STOPPED: ClassVar[ExitCode]
+    UNKNOWN: ClassVar[ExitCode]  # The exit of new executions and steps.
+    COMPLETED: ClassVar[ExitCode]  # Conventional exit of a completed execution.
+    FAILED: ClassVar[ExitCode]  # Conventional exit of a failed execution.
+    STOPPED: ClassVar[ExitCode]  # Conventional exit of a stopped execution.
 
 
 ExitCode.UNKNOWN = ExitCode("UNKNOWN")

@@ -1,9 +1,6 @@
 """Operator vocabulary: actions, outcomes, lossless rejections, audit records.
 
-See docs/contract.md, Operator vocabulary.
-The audit row is what makes operator requests idempotent (docs/contract.md, Operator requests),
-so every value here round-trips through `operator_request` unchanged: a rejection is stored
-with all its details and read back losslessly, and every code the domain defines is storable.
+The audit row makes requests idempotent, so every value round-trips `operator_request` unchanged.
 """
 
 from __future__ import annotations
@@ -52,27 +49,19 @@ REQUEST_DIGEST_DOMAIN = "oxide-batch.operator-request.v1"
 class AuthorizationClass(Code):
     """How much an operator request may change; derived from the action and stored with it."""
 
-    #: Explorer queries and retention plans.
-    READ = "READ"
-    #: Launch, restart and stop.
-    LIFECYCLE = "LIFECYCLE"
-    #: Abandon, recover, hold, release and purge apply.
-    DESTRUCTIVE = "DESTRUCTIVE"
+    READ = "READ"  # Explorer queries and retention plans.
+    LIFECYCLE = "LIFECYCLE"  # Launch, restart and stop.
+    DESTRUCTIVE = "DESTRUCTIVE"  # Abandon, recover, hold, release and purge apply.
 
 
 class OperatorAction(Code):
     """An operator action; the value is the stored code and half of the idempotency key."""
 
-    #: Create the first (or a new) execution of an instance key.
-    LAUNCH = "LAUNCH"
-    #: Create a new attempt of an existing instance.
-    RESTART = "RESTART"
-    #: Ask a running execution to stop cooperatively.
-    STOP = "STOP"
-    #: Make a stopped or failed execution terminal.
-    ABANDON = "ABANDON"
-    #: Resolve an orphaned or ambiguous execution (docs/contract.md, Recovery).
-    RECOVER = "RECOVER"
+    LAUNCH = "LAUNCH"  # Create the first (or a new) execution of an instance key.
+    RESTART = "RESTART"  # Create a new attempt of an existing instance.
+    STOP = "STOP"  # Ask a running execution to stop cooperatively.
+    ABANDON = "ABANDON"  # Make a stopped or failed execution terminal.
+    RECOVER = "RECOVER"  # Resolve an orphaned or ambiguous execution (docs/contract.md, Recovery).
 
     @property
     def authorization_class(self) -> AuthorizationClass:
@@ -85,41 +74,30 @@ class OperatorAction(Code):
 class OperatorOutcomeClass(Code):
     """What became of an operator request."""
 
-    #: The effect was applied (or was already in place, e.g. a repeated stop).
-    APPLIED = "APPLIED"
-    #: A recorded request was replayed; the service writes no row for it, but it is storable.
-    REPLAYED = "REPLAYED"
-    #: The repository refused the effect; the row carries the rejection.
-    REJECTED = "REJECTED"
+    APPLIED = "APPLIED"  # The effect was applied (or was already in place, e.g. a repeated stop).
+    REPLAYED = "REPLAYED"  # A recorded request was replayed (no row written, but storable).
+    REJECTED = "REJECTED"  # The repository refused the effect; the row carries the rejection.
 
 
 class OperatorRejectionCode(Code):
     """Why an operator request was rejected; the value is the stored code."""
 
-    #: The execution's version moved on; carries the actual (current) version.
-    OPTIMISTIC_CONFLICT = "OPTIMISTIC_CONFLICT"
-    #: The target's status forbids the action; carries that status.
-    INVALID_STATE = "INVALID_STATE"
-    #: The instance is COMPLETED and never runs again.
-    INSTANCE_COMPLETED = "INSTANCE_COMPLETED"
-    #: The instance is ABANDONED and never runs again.
-    INSTANCE_ABANDONED = "INSTANCE_ABANDONED"
-    #: The instance already has an unresolved execution; carries its id and status.
-    EXECUTION_ALREADY_ACTIVE = "EXECUTION_ALREADY_ACTIVE"
-    #: The requested definition cannot continue the instance's previous attempt.
-    INCOMPATIBLE_DEFINITION = "INCOMPATIBLE_DEFINITION"
-    #: A restart of an instance that has no execution yet.
-    RESTART_WITHOUT_PRIOR_ATTEMPT = "RESTART_WITHOUT_PRIOR_ATTEMPT"
-    #: A node used up its start limit.
-    START_LIMIT_EXCEEDED = "START_LIMIT_EXCEEDED"
-    #: An UNKNOWN outcome must be recovered explicitly first.
-    UNRESOLVED_RECOVERY_REQUIRED = "UNRESOLVED_RECOVERY_REQUIRED"
-    #: The target execution does not exist.
-    EXECUTION_NOT_FOUND = "EXECUTION_NOT_FOUND"
-    #: The target instance does not exist.
-    INSTANCE_NOT_FOUND = "INSTANCE_NOT_FOUND"
-    #: The action code is outside the vocabulary.
-    UNSUPPORTED_ACTION = "UNSUPPORTED_ACTION"
+    OPTIMISTIC_CONFLICT = "OPTIMISTIC_CONFLICT"  # The version moved on; carries the actual one.
+    INVALID_STATE = "INVALID_STATE"  # The target's status forbids the action; carries that status.
+    INSTANCE_COMPLETED = "INSTANCE_COMPLETED"  # The instance is COMPLETED and never runs again.
+    INSTANCE_ABANDONED = "INSTANCE_ABANDONED"  # The instance is ABANDONED and never runs again.
+    EXECUTION_ALREADY_ACTIVE = (
+        "EXECUTION_ALREADY_ACTIVE"  # Carries the unresolved one's id, status.
+    )
+    INCOMPATIBLE_DEFINITION = "INCOMPATIBLE_DEFINITION"  # Cannot continue the previous attempt.
+    RESTART_WITHOUT_PRIOR_ATTEMPT = (
+        "RESTART_WITHOUT_PRIOR_ATTEMPT"  # The instance has no execution.
+    )
+    START_LIMIT_EXCEEDED = "START_LIMIT_EXCEEDED"  # A node used up its start limit.
+    UNRESOLVED_RECOVERY_REQUIRED = "UNRESOLVED_RECOVERY_REQUIRED"  # UNKNOWN: recover it first.
+    EXECUTION_NOT_FOUND = "EXECUTION_NOT_FOUND"  # The target execution does not exist.
+    INSTANCE_NOT_FOUND = "INSTANCE_NOT_FOUND"  # The target instance does not exist.
+    UNSUPPORTED_ACTION = "UNSUPPORTED_ACTION"  # The action code is outside the vocabulary.
 
     @property
     def carries_current_version(self) -> bool:
@@ -145,11 +123,7 @@ _optional_status = maybe(BatchStatus)
 
 @attrs.frozen(kw_only=True)
 class OperatorRejection:
-    """A rejection code with exactly the details that code carries.
-
-    `current_version` is the execution's actual version (not the request's expected one);
-    `status` and `execution_id` are the values the repository reported.
-    """
+    """A rejection code with exactly its details (the actual version, not the expected one)."""
 
     code: OperatorRejectionCode = attrs.field(validator=is_(OperatorRejectionCode))
     current_version: int | None = attrs.field(default=None, validator=optional_version)
@@ -198,10 +172,7 @@ class OperatorRejection:
 
     @classmethod
     def from_repository(cls, error: BaseException) -> OperatorRejection | None:
-        """The audited rejection of a repository error, or None if the error must propagate.
-
-        The mapping of docs/contract.md, Operator vocabulary; anything else is not a rejection.
-        """
+        """The audited rejection of a repository error, or None if the error must propagate."""
         codes = OperatorRejectionCode
         if isinstance(error, CompletedInstance):
             return cls.of(codes.INSTANCE_COMPLETED)
@@ -267,11 +238,7 @@ class RecoveryArguments:
 
 @attrs.frozen(repr=False)
 class RequestDigest:
-    """The 32-byte SHA-256 of an operator request, without the actor (a replay by anyone replays).
-
-    Two requests with one (action, operation id) are the same request exactly when their digests
-    are equal; a different digest is an operation-id conflict (docs/contract.md, Operator requests).
-    """
+    """SHA-256 of a request without the actor: equal digests are one request, else a conflict."""
 
     value: bytes
 
@@ -289,10 +256,7 @@ class RequestDigest:
         reason: ReasonCode | None = None,
         arguments: DefinitionIdentity | RecoveryArguments | None = None,
     ) -> RequestDigest:
-        """Digest a request with the canonical writer of docs/contract.md, Operator vocabulary.
-
-        `arguments` is a launch or restart's definition, a recovery's arguments, or None.
-        """
+        """Digest a request; `arguments`: a launch's definition, a recovery's arguments or None."""
         writer = CanonicalWriter(REQUEST_DIGEST_DOMAIN)
         writer.text(action.value)
         writer.text(target.value)
@@ -370,10 +334,7 @@ class OperatorRecordDraft:
 
 @attrs.frozen(kw_only=True)
 class OperatorRecord(OperatorRecordDraft):
-    """One stored operator request: the audit row and the idempotency record.
-
-    The draft's fields and checks, plus the id the append gave it.
-    """
+    """One stored operator request (audit row and idempotency record): the draft plus its id."""
 
     id: OperatorRequestId = attrs.field(
         validator=identifier_validator(IdentifierKind.OPERATOR_REQUEST, optional=False)
@@ -397,11 +358,7 @@ AUTOMATIC_RECOVERY_ACTOR = "pybatch.etl"
 
 
 def automatic_recovery_record(result: RecoveryResult, now: _dt.datetime) -> OperatorRecordDraft:
-    """The operator request that audits an automatic recovery like an operator's (RECOVER).
-
-    Its operation id, `pybatch.etl:recover:<execution id>:<version recovered>`, names the
-    observation it acted on, so the same recovery can never be recorded twice.
-    """
+    """The RECOVER request auditing an automatic recovery; its operation id names what it saw."""
     decision = result.decision
     request = RecoveryRequest(
         expected_version=decision.execution_version,

@@ -1,10 +1,7 @@
 """Execution ownership: owner tokens, leases and the control a runner observes.
 
-See docs/contract.md, Ownership and leases.
-A token is evidence of who runs an execution; the lease says until when that evidence is
-fresh, and it is the only authority. A runner renews its lease while it lives, so a launch
-finds an execution orphaned only when its lease ran out on the database clock
-(docs/etl-guide.md, "Crashes and restarts").
+A token says who runs an execution; the lease, the only authority, says until when. A runner
+renews it while it lives, so an execution is orphaned only once its lease ran out (database clock).
 """
 
 from __future__ import annotations
@@ -55,11 +52,7 @@ def _lease_bounds(
 
 @attrs.frozen
 class ExecutionLease:
-    """How long a runner's ownership stays fresh without renewal (1 s to 1 h, default 10 s).
-
-    The runner renews every third of the duration, so two renewals may be lost before the
-    lease lapses; after a crash a restart proceeds at most `duration` after the last renewal.
-    """
+    """How long ownership stays fresh unrenewed (1 s to 1 h, default 10 s); renewed every third."""
 
     duration: _dt.timedelta = attrs.field(default=DEFAULT_LEASE, validator=_lease_bounds)
 
@@ -81,8 +74,7 @@ class LeaseState:
     execution_id: int
     owner_token: OwnerToken | None
     lease_expires_at: _dt.datetime | None
-    #: The lease ran out on the database clock (False without a lease).
-    lease_expired: bool
+    lease_expired: bool  # The lease ran out on the database clock (False without a lease).
     #: Milliseconds until the lease runs out on the database clock (None without a lease).
     lease_remaining_ms: int | None
     stop_requested: bool

@@ -1,9 +1,7 @@
-"""Job parameters, instance keys and their durable digests.
+"""Job parameters, instance keys and their durable digests; values are redacted in every repr.
 
-See docs/contract.md, Job parameters and instance keys; docs/tables.md 3.7.
-The kind of a value is part of identity: `U64(1)`, `I64(1)` and `Bool(True)` are different
-values, and Python `bool` is never accepted where an integer kind is meant (or vice versa).
-Values are redacted in every repr (docs/contract.md, Redaction).
+The kind is part of identity: `U64(1)`, `I64(1)` and `Bool(True)` differ, and `bool` is never
+accepted where an integer kind is meant (or vice versa).
 """
 
 from __future__ import annotations
@@ -25,8 +23,7 @@ from pybatch.errors import (
 from pybatch.values._fields import Code, is_
 from pybatch.values.names import JobName, ParameterName
 
-#: Byte bound of a string parameter value.
-PARAMETER_STRING_MAX_BYTES = 65_536
+PARAMETER_STRING_MAX_BYTES = 65_536  # Byte bound of a string parameter value.
 
 _I64_MIN = -(2**63)
 _I64_MAX = 2**63 - 1
@@ -249,24 +246,15 @@ class JobParameters:
         *,
         identifying: bool = True,
     ) -> JobParameters:
-        """Build from plain Python values: str -> STRING, int -> I64, bool -> BOOL.
+        """Build from str -> STRING, int -> I64, bool -> BOOL, or typed values as they are.
 
-        ParameterValue and JobParameter values are taken as they are (use
-        `ParameterValue.u64` for unsigned values); `identifying` applies to everything that is
-        not already a JobParameter.
-
-        Raises:
-            DuplicateParameter: two keys name the same parameter (e.g. "a" and ParameterName("a")).
-            ParameterStringTooLong: a string is longer than 65,536 bytes.
-            ParameterValueOutOfRange: an int is outside the I64 range.
+        `identifying` applies to all but JobParameters; "a" and ParameterName("a") are duplicates.
         """
         pairs: list[tuple[ParameterName | str, JobParameter]] = []
         for name, raw in values.items():
-            if isinstance(raw, JobParameter):
-                parameter = raw
-            else:
-                parameter = JobParameter(_as_value(raw), identifying=identifying)
-            pairs.append((name, parameter))
+            if not isinstance(raw, JobParameter):
+                raw = JobParameter(_as_value(raw), identifying=identifying)
+            pairs.append((name, raw))
         return cls.from_pairs(pairs)
 
     def with_parameter(self, name: ParameterName | str, parameter: JobParameter) -> JobParameters:
@@ -319,10 +307,7 @@ class JobParameters:
         return JobParameters(tuple(entry for entry in self.entries if entry[1].identifying))
 
     def flow_input_digest(self) -> bytes:
-        """SHA-256 over all parameters, identifying or not.
-
-        Flow records store only this digest, never raw parameter values.
-        """
+        """SHA-256 over all parameters, identifying or not: flow records store it, never values."""
         digest = hashlib.sha256(_FLOW_INPUT_PREFIX)
         for name, parameter in self.entries:
             data = name.value.encode("utf-8")

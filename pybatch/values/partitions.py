@@ -1,9 +1,4 @@
-"""Partition values: plan entries, stored partitions, results and aggregation.
-
-See docs/contract.md, Partition values.
-The domain rules here are pure: `assign`, `complete` and `aggregate_partitions` decide what a
-partition or a parent becomes, and the repository writes exactly that under its row locks.
-"""
+"""Partition values; `assign`, `complete` and `aggregate_partitions` decide what is written."""
 
 from __future__ import annotations
 
@@ -29,12 +24,9 @@ from pybatch.values.records import StepExecution
 from pybatch.values.state import ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus
 
-#: Entries in one plan.
-MAX_PARTITIONS = 1024
-#: Worker processes of one partitioned step.
-MAX_PARTITION_WORKERS = 64
-#: Encoded partition context envelope bound.
-MAX_PARTITION_CONTEXT_BYTES = 4096
+MAX_PARTITIONS = 1024  # Entries in one plan.
+MAX_PARTITION_WORKERS = 64  # Worker processes of one partitioned step.
+MAX_PARTITION_CONTEXT_BYTES = 4096  # Encoded partition context envelope bound.
 _KEY_MAX_BYTES = 128
 
 #: Statuses a finished worker hands to its partition.
@@ -125,10 +117,7 @@ class PartitionResult:
 
 
 class PartitionStateError(ValueError):
-    """A domain rule of partitions refused a change; the repository maps it.
-
-    Built directly, a value that breaks a rule is a programmer's error, hence ValueError.
-    """
+    """A partition rule refused a change (ValueError: built directly, it is a programmer's bug)."""
 
     def __init__(self, rule: str, status: BatchStatus | None = None) -> None:
         super().__init__(rule)
@@ -215,10 +204,7 @@ class PartitionAggregate:
 
 
 class AggregateError(Exception):
-    """Why children cannot be aggregated; the repository maps each reason to its error.
-
-    Rules: EmptyPlan, PlanTooLarge, DuplicateKey, Incomplete, CountExhausted.
-    """
+    """Why children cannot be aggregated; the repository maps each reason to its error."""
 
     def __init__(self, rule: str, status: BatchStatus | None = None) -> None:
         super().__init__(rule)

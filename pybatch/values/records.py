@@ -1,9 +1,4 @@
-"""Job instance, job execution and step execution records (docs/contract.md, Values).
-
-Records are what the repository returns; they are decoded from rows by
-`pybatch.codecs.executions`. Job executions carry no counters: their metadata
-counts are always zero.
-"""
+"""Job instance, execution and step records the repository returns (job executions count zero)."""
 
 from __future__ import annotations
 
@@ -54,10 +49,7 @@ def _attempt(instance: object, attribute: attrs.Attribute[Any], value: object) -
 
 @attrs.frozen(kw_only=True, repr=False)
 class JobInstance:
-    """A logical job instance: id, job name, key digest, creation instant, identifying parameters.
-
-    The stored `instance_key` must equal `key.digest()`; the parameters are identifying only.
-    """
+    """A logical job instance; `instance_key` is `key.digest()` of its identifying parameters."""
 
     id: JobInstanceId = attrs.field(validator=identifier_validator(IdentifierKind.JOB_INSTANCE))
     job_name: JobName = attrs.field(validator=is_(JobName))
@@ -174,11 +166,7 @@ class Existing(JobInstanceSelection):
 
 @attrs.frozen(kw_only=True)
 class LockedJobInstance:
-    """An instance read under its row lock, with what a launch decides from.
-
-    `last_attempt` numbers the next attempt; `final_status` is the tombstone of a purged
-    history (None while the history is kept).
-    """
+    """An instance under its row lock: last attempt, and the tombstone of a purged history."""
 
     instance: JobInstance
     last_attempt: int

@@ -1,7 +1,4 @@
-"""Recovery requests of orphaned or ambiguous executions.
-
-See docs/contract.md, Names and tokens; Recovery vocabulary.
-"""
+"""Recovery requests of orphaned or ambiguous executions."""
 
 from __future__ import annotations
 
@@ -31,10 +28,8 @@ from pybatch.values.status import BatchStatus, FailureSummary
 class RecoveryDisposition(enum.Enum):
     """What recovery makes of the execution."""
 
-    #: FAILED: the instance can be restarted.
-    MARK_FAILED = "FAILED"
-    #: ABANDONED: the instance never runs again.
-    ABANDON = "ABANDONED"
+    MARK_FAILED = "FAILED"  # FAILED: the instance can be restarted.
+    ABANDON = "ABANDONED"  # ABANDONED: the instance never runs again.
 
     @property
     def status(self) -> BatchStatus:
@@ -128,8 +123,7 @@ class RecoveryDecision:
     job_execution_id: int = attrs.field(
         validator=identifier_validator(IdentifierKind.JOB_EXECUTION)
     )
-    #: The version observed before the decision.
-    execution_version: int
+    execution_version: int  # The version observed before the decision.
     prior_status: BatchStatus
     resulting_status: BatchStatus
     reason_code: str
@@ -220,12 +214,10 @@ class RecoverySnapshot:
         threshold: datetime.timedelta = DEFAULT_STALE_THRESHOLD,
         max_clock_skew: datetime.timedelta = DEFAULT_MAX_CLOCK_SKEW,
     ) -> bool:
-        """Whether the execution is unresolved and had no durable write for `threshold`.
+        """Whether it is unresolved with no durable write for `threshold` (database clock).
 
-        Measured on the database clock (`server_time`) against the durable `updated_at`.
-        That stamp came from a client the new-connection check held within `max_clock_skew`
-        of the server, so the skew is added: a client slightly ahead never makes a live run
-        look stale. Both bounds are checked as configuration is (1 min..24 h, 100 ms..60 s).
+        `updated_at` came from a client held within `max_clock_skew`, so the skew is added: a client
+        slightly ahead never makes a live run look stale (bounds 1 min..24 h, 100 ms..60 s).
         """
         check_stale_threshold(threshold)
         check_max_clock_skew(max_clock_skew)

@@ -1,10 +1,7 @@
 """Retention vocabulary: holds, purge requests and plans, retention records.
 
-See docs/contract.md, Retention vocabulary.
-The purge unit is a whole instance history (docs/contract.md, Retention and purge): a plan
-names instances, each with all its executions and their versions, and its digest binds
-the request and every (instance, execution, version) so that apply can tell whether
-anything changed since the survey.
+A purge takes whole instance histories; a plan's digest binds the request and every (instance,
+execution, version), so apply can tell whether anything changed since the survey.
 """
 
 from __future__ import annotations
@@ -52,11 +49,7 @@ class PurgeBatchBound:
 
 @attrs.frozen
 class TerminalStatusSet:
-    """A non-empty set of finished statuses a purge may take.
-
-    Validated on construction, so `TerminalStatusSet(frozenset(...))` refuses what `of`
-    refuses: an empty set, an active or UNKNOWN status, or a member that is no BatchStatus.
-    """
+    """A non-empty set of finished statuses a purge may take (checked however it is built)."""
 
     statuses: frozenset[BatchStatus]
 
@@ -115,10 +108,7 @@ _CANDIDATE = struct.Struct(">QQQ")
 
 
 def candidate_encoding(candidates: Iterable[PurgeCandidate]) -> bytes:
-    """The candidates as the plan digest writes them: u64be instance, execution, version each.
-
-    apply_purge compares the SHA-256 of this with the same encoding of the rows it locked.
-    """
+    """u64be (instance, execution, version) of each candidate; apply compares its locked rows'."""
     pack = _CANDIDATE.pack
     return b"".join([pack(c.job_instance_id, c.job_execution_id, c.version) for c in candidates])
 
@@ -158,8 +148,7 @@ class PurgeSurvey:
     counts: PurgeCounts
     #: Latest status per candidate instance (for tombstones and the dry-run report).
     final_statuses: tuple[tuple[int, BatchStatus], ...] = ()
-    #: The (latest updated_at, instance id) of the last instance taken: where a dry run's
-    #: next page starts.
+    #: The (latest updated_at, instance id) of the last instance taken: a dry run's next page.
     last_key: tuple[_dt.datetime, int] | None = None
 
 

@@ -1,14 +1,9 @@
 """Checkpoint and ExecutionContext envelopes, bounded and versioned.
 
-See docs/contract.md, State envelopes.
 An envelope is `{"format", "format_version": 1, "schema", "schema_version", "payload": {..}}`.
-
-Floats in payloads are accepted. They are normalised at construction to the form that survives
-a `jsonb` round trip (docs/tables.md 3.5): the payload is kept as its canonical JSON, in which a
-float is written the way PostgreSQL `numeric` prints it (`1e16` -> `10000000000000000`,
-`1e-7` -> `0.0000001`, `-0.0` -> `0.0`), and `payload` re-parses that text. So
-`generation_digest()` computed before a write equals the digest computed from the state read
-back from the database, and `Checkpoint(.., {"x": 1e16}).payload == {"x": 10000000000000000}`.
+The payload is kept as canonical JSON, floats written as `numeric` prints them (`1e16` ->
+`10000000000000000`), which is what survives a `jsonb` round trip: the generation digest before a
+write equals the one of the state read back, and `payload` re-parses that text.
 """
 
 from __future__ import annotations
@@ -40,11 +35,9 @@ from pybatch.values.names import StateSchemaId
 CHECKPOINT_FORMAT = "oxide-batch.checkpoint"
 #: Envelope format name of an execution context (kept byte for byte).
 EXECUTION_CONTEXT_FORMAT = "oxide-batch.execution-context"
-#: The only envelope format version.
-STATE_FORMAT_VERSION = 1
-#: Schema of the default (empty) state of new steps and of every job execution's context. The
-#: name is older than pybatch's own and stays: stored envelopes and their checksums carry it
-#: (`pybatch show` prints it as "empty").
+STATE_FORMAT_VERSION = 1  # The only envelope format version.
+#: Schema of the empty state of new steps and every job execution's context. The older name
+#: stays: stored envelopes and checksums carry it (`pybatch show` prints it as "empty").
 EMPTY_STATE_SCHEMA = StateSchemaId("oxide_batch.empty.v1")
 
 #: The largest schema version the `*_schema_version` columns (integer) hold; a version above it
@@ -69,10 +62,9 @@ def _limit(maximum: int, error: type[InvalidStateByteLimit | InvalidStateDepthLi
 
 @attrs.frozen
 class StateLimits:
-    """Byte and JSON-depth bounds of an encoded envelope (1..1 MiB, 1..64; default 64 KiB / 16).
+    """Byte and depth bounds of an envelope (1..1 MiB, 1..64; default 64 KiB / 16).
 
-    Depth counts the envelope root and scalar leaves: `{"payload": {}}` has
-    depth 2 and `{"payload": {"a": 1}}` depth 3.
+    Depth counts the root and scalar leaves: `{"payload": {}}` is 2, `{"payload": {"a": 1}}` 3.
     """
 
     max_bytes: int = attrs.field(
@@ -80,10 +72,8 @@ class StateLimits:
     )
     max_depth: int = attrs.field(default=16, validator=_limit(_MAX_DEPTH, InvalidStateDepthLimit))
 
-    #: Limits for durable step state (checkpoint and context columns).
-    STEP: ClassVar[StateLimits]
-    #: Limits for partition contexts.
-    PARTITION: ClassVar[StateLimits]
+    STEP: ClassVar[StateLimits]  # Limits for durable step state (checkpoint and context columns).
+    PARTITION: ClassVar[StateLimits]  # Limits for partition contexts.
 
 
 StateLimits.STEP = StateLimits(_MAX_BYTES, _MAX_DEPTH)
@@ -153,15 +143,7 @@ class _DurableState:
         *,
         limits: StateLimits | None = None,
     ) -> None:
-        """Validate and build an envelope from its parts.
-
-        Raises:
-            ZeroSchemaVersion: `schema_version` is outside 1..2^32-1.
-            StatePayloadNotObject: `payload` is not a dict.
-            StateMalformed: the payload holds a value that is not JSON (NaN, a set, ...).
-            StateTooLarge: the canonical envelope exceeds `limits.max_bytes`.
-            StateTooDeep: the envelope exceeds `limits.max_depth`.
-        """
+        """Validate and build an envelope (schema version outside 1..2^32-1: ZeroSchemaVersion)."""
         if not isinstance(schema, StateSchemaId):
             raise TypeError("schema is a StateSchemaId")
         if type(schema_version) is not int or not 1 <= schema_version <= _U32_MAX:
@@ -188,11 +170,7 @@ class _DurableState:
 
     @classmethod
     def _encode_envelope(cls, schema: StateSchemaId, schema_version: int, payload: bytes) -> bytes:
-        """canonical_json of the envelope, around payload bytes that are already canonical.
-
-        The payload is encoded once: the envelope's members, in canonical (sorted) order, are
-        written around it, the same bytes canonical_json gives for the whole envelope.
-        """
+        """canonical_json of the whole envelope, written around the already canonical payload."""
         return b"".join(
             (
                 _envelope_head(cls._FORMAT),
@@ -210,18 +188,7 @@ class _DurableState:
 
     @classmethod
     def decode(cls: type[_S], data: bytes, *, limits: StateLimits | None = None) -> _S:
-        """Validate serialized envelope bytes (any key order or spacing) before retaining them.
-
-        Raises:
-            StateTooLarge: `data` exceeds `limits.max_bytes`.
-            StateMalformed: not JSON, not an object, or a member is missing or mistyped.
-            StateTooDeep: nesting exceeds `limits.max_depth`.
-            StateFormatMismatch: the envelope is of the other kind.
-            UnsupportedStateFormatVersion: the format version is not 1.
-            StateError: the schema id is invalid (the StateSchemaId leaves).
-            ZeroSchemaVersion: the schema version is 0.
-            StatePayloadNotObject: the payload is not an object.
-        """
+        """Validate serialized envelope bytes (any key order or spacing) before retaining them."""
         limits = limits if limits is not None else StateLimits()
         if not isinstance(data, bytes | bytearray | memoryview):
             raise TypeError("decode takes bytes")
@@ -236,23 +203,23 @@ class _DurableState:
             raise StateTooDeep(kind=cls._KIND, max_depth=limits.max_depth)
         if not isinstance(document, dict):
             raise StateMalformed(kind=cls._KIND)
-        format_name = document.get("format")
-        if type(format_name) is not str:
-            raise StateMalformed(kind=cls._KIND)
-        if format_name != cls._FORMAT:
+
+        def member(name: str, maximum: int | None = None) -> Any:
+            """A present member: text, or (with `maximum`) an int 0..maximum."""
+            value: Any = document.get(name)
+            if maximum is None and type(value) is str:
+                return value
+            if maximum is None or type(value) is not int or not 0 <= value <= maximum:
+                raise StateMalformed(kind=cls._KIND)
+            return value
+
+        if member("format") != cls._FORMAT:
             raise StateFormatMismatch(kind=cls._KIND)
-        format_version = document.get("format_version")
-        if type(format_version) is not int or not 0 <= format_version <= _U16_MAX:
-            raise StateMalformed(kind=cls._KIND)
+        format_version = member("format_version", _U16_MAX)
         if format_version != STATE_FORMAT_VERSION:
             raise UnsupportedStateFormatVersion(kind=cls._KIND, version=format_version)
-        schema = document.get("schema")
-        if type(schema) is not str:
-            raise StateMalformed(kind=cls._KIND)
-        schema_id = StateSchemaId(schema)
-        schema_version = document.get("schema_version")
-        if type(schema_version) is not int or not 0 <= schema_version <= _U32_MAX:
-            raise StateMalformed(kind=cls._KIND)
+        schema_id = StateSchemaId(member("schema"))
+        schema_version = member("schema_version", _U32_MAX)
         if "payload" not in document:
             raise StateMalformed(kind=cls._KIND)
         return cls(schema_id, schema_version, document["payload"], limits=limits)
@@ -315,11 +282,7 @@ class Checkpoint(_DurableState):
     _KIND = "checkpoint"
 
     def generation_digest(self) -> bytes:
-        """SHA-256 of the canonical envelope: the checkpoint generation.
-
-        A constructed checkpoint is always encodable, so this never returns the 32 zero bytes
-        the contract reserves for an unencodable one.
-        """
+        """SHA-256 of the canonical envelope: the checkpoint generation (never the zero digest)."""
         return sha256(self._encoded)
 
 

@@ -1,8 +1,4 @@
-"""BatchStatus, ExitStatus, FailureCategory and FailureSummary.
-
-See docs/contract.md, Statuses, exit codes and failures.
-Enum values are the durable codes; decoders refuse any other text (docs/contract.md, Fail closed).
-"""
+"""BatchStatus, ExitStatus, FailureCategory and FailureSummary; values are the durable codes."""
 
 from __future__ import annotations
 
@@ -21,22 +17,14 @@ ExitStatus: TypeAlias = ExitCode
 class BatchStatus(Code):
     """The lifecycle status of a job or step execution; values are the durable codes."""
 
-    #: Metadata exists; user work has not started.
-    STARTING = "STARTING"
-    #: User work is running.
-    STARTED = "STARTED"
-    #: A cooperative stop is in progress.
-    STOPPING = "STOPPING"
-    #: Stopped cooperatively; restartable.
-    STOPPED = "STOPPED"
-    #: Failed; restartable.
-    FAILED = "FAILED"
-    #: Succeeded; the instance is terminal.
-    COMPLETED = "COMPLETED"
-    #: Intentionally terminal; never restarts.
-    ABANDONED = "ABANDONED"
-    #: Outcome ambiguous; needs explicit recovery.
-    UNKNOWN = "UNKNOWN"
+    STARTING = "STARTING"  # Metadata exists; user work has not started.
+    STARTED = "STARTED"  # User work is running.
+    STOPPING = "STOPPING"  # A cooperative stop is in progress.
+    STOPPED = "STOPPED"  # Stopped cooperatively; restartable.
+    FAILED = "FAILED"  # Failed; restartable.
+    COMPLETED = "COMPLETED"  # Succeeded; the instance is terminal.
+    ABANDONED = "ABANDONED"  # Intentionally terminal; never restarts.
+    UNKNOWN = "UNKNOWN"  # Outcome ambiguous; needs explicit recovery.
 
     @property
     def is_active(self) -> bool:
@@ -69,36 +57,21 @@ _TERMINAL = frozenset({BatchStatus.COMPLETED, BatchStatus.ABANDONED})
 class FailureCategory(Code):
     """A stable, redacted failure category; values are the durable codes (never renamed)."""
 
-    #: Invalid job definition or launch configuration.
-    INVALID_DEFINITION = "INVALID_DEFINITION"
-    #: Duplicate, completed or non-restartable execution.
-    DUPLICATE_EXECUTION = "DUPLICATE_EXECUTION"
-    #: Illegal or conflicting lifecycle transition.
-    ILLEGAL_TRANSITION = "ILLEGAL_TRANSITION"
-    #: A transient repository or infrastructure failure.
-    TRANSIENT_INFRASTRUCTURE = "TRANSIENT_INFRASTRUCTURE"
-    #: A permanent repository or infrastructure failure.
-    PERMANENT_INFRASTRUCTURE = "PERMANENT_INFRASTRUCTURE"
-    #: A user reader, processor, writer, tasklet or listener failure.
-    USER_COMPONENT = "USER_COMPONENT"
-    #: Cancellation, stop or deadline expiry.
-    CANCELLED = "CANCELLED"
-    #: Serialization or version incompatibility.
-    SERIALIZATION = "SERIALIZATION"
-    #: A framework invariant was violated.
-    INVARIANT = "INVARIANT"
-    #: An optimistic version check lost to a concurrent writer.
-    OPTIMISTIC_CONFLICT = "OPTIMISTIC_CONFLICT"
-    #: A bounded operation exceeded its deadline.
-    TIMEOUT = "TIMEOUT"
-    #: The resource cannot provide a required capability.
-    UNSUPPORTED_CAPABILITY = "UNSUPPORTED_CAPABILITY"
-    #: A commit outcome is unknown and must never be guessed.
-    UNKNOWN_COMMIT = "UNKNOWN_COMMIT"
-    #: A bounded shutdown could not resolve every owned child.
-    SHUTDOWN_INCOMPLETE = "SHUTDOWN_INCOMPLETE"
-    #: Resolved from stale-ownership evidence.
-    STALE_RECOVERED = "STALE_RECOVERED"
+    INVALID_DEFINITION = "INVALID_DEFINITION"  # Invalid job definition or launch configuration.
+    DUPLICATE_EXECUTION = "DUPLICATE_EXECUTION"  # Duplicate, completed or not restartable.
+    ILLEGAL_TRANSITION = "ILLEGAL_TRANSITION"  # Illegal or conflicting lifecycle transition.
+    TRANSIENT_INFRASTRUCTURE = "TRANSIENT_INFRASTRUCTURE"  # Repository or infrastructure.
+    PERMANENT_INFRASTRUCTURE = "PERMANENT_INFRASTRUCTURE"  # Repository or infrastructure.
+    USER_COMPONENT = "USER_COMPONENT"  # A reader, processor, writer, tasklet or listener failed.
+    CANCELLED = "CANCELLED"  # Cancellation, stop or deadline expiry.
+    SERIALIZATION = "SERIALIZATION"  # Serialization or version incompatibility.
+    INVARIANT = "INVARIANT"  # A framework invariant was violated.
+    OPTIMISTIC_CONFLICT = "OPTIMISTIC_CONFLICT"  # A version check lost to a concurrent writer.
+    TIMEOUT = "TIMEOUT"  # A bounded operation exceeded its deadline.
+    UNSUPPORTED_CAPABILITY = "UNSUPPORTED_CAPABILITY"  # A required capability is missing.
+    UNKNOWN_COMMIT = "UNKNOWN_COMMIT"  # A commit outcome is unknown and must never be guessed.
+    SHUTDOWN_INCOMPLETE = "SHUTDOWN_INCOMPLETE"  # A bounded shutdown left owned children.
+    STALE_RECOVERED = "STALE_RECOVERED"  # Resolved from stale-ownership evidence.
 
     @property
     def as_str(self) -> str:

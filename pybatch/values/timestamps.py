@@ -1,9 +1,4 @@
-"""Aware UTC instants and execution timestamps (docs/contract.md, Timestamps and the clock).
-
-Every instant in the API is a timezone-aware datetime; any offset is accepted and normalised to
-UTC (the same instant), naive datetimes are refused. Microseconds are kept: `timestamptz`
-round-trips a Python datetime exactly.
-"""
+"""Aware UTC instants: any offset is normalised to UTC, naive ones refused; microseconds kept."""
 
 from __future__ import annotations
 
@@ -15,13 +10,7 @@ from pybatch.errors import InvalidTimestampOrder, NaiveTimestamp, TimestampOutOf
 
 
 def aware_utc(value: _dt.datetime) -> _dt.datetime:
-    """Return the same instant in UTC; a naive datetime raises NaiveTimestamp.
-
-    Raises:
-        NaiveTimestamp: `value` has no time zone (or its zone gives no offset).
-        TimestampOutOfRange: the instant is before 0001-01-01 or after 9999-12-31 in UTC
-            (e.g. 0001-01-01T00:00+01:00), so no UTC datetime can hold it.
-    """
+    """The instant in UTC: NaiveTimestamp without an offset, TimestampOutOfRange past 1..9999."""
     if not isinstance(value, _dt.datetime):
         raise TypeError("expected a datetime")
     if value.tzinfo is None or value.utcoffset() is None:
