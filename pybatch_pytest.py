@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, NoReturn
 import pytest
 
 if TYPE_CHECKING:
-    from pybatch.config import ConnectionConfig
-    from pybatch.job_repository import JobRepository
+    from pybatch._config import ConnectionConfig
+    from pybatch._job_repository import JobRepository
     from pybatch.testing import ClonePool, JobRunner, PostgresServer
 
 __all__ = [
@@ -56,7 +56,7 @@ def pybatch_server() -> Iterator[PostgresServer]:
     if existing:
         yield PostgresServer(existing)
         return
-    from pybatch.embedded import EmbeddedPostgres, EmbeddedPostgresUnavailable
+    from pybatch._demo.embedded import EmbeddedPostgres, EmbeddedPostgresUnavailable
 
     server = EmbeddedPostgres(durable=False, parent=server_parent())
     try:
@@ -110,7 +110,7 @@ def pybatch_dsn(pybatch_server: PostgresServer, pybatch_clones: ClonePool) -> It
 @pytest.fixture
 def pybatch_config(pybatch_dsn: str) -> ConnectionConfig:
     """A ConnectionConfig for the test's database (plaintext: a local throwaway server)."""
-    from pybatch.config import ConnectionConfig, TlsMode
+    from pybatch._config import ConnectionConfig, TlsMode
 
     return ConnectionConfig(dsn=pybatch_dsn, tls_mode=TlsMode.PLAINTEXT, pool_size=4)
 
@@ -118,7 +118,7 @@ def pybatch_config(pybatch_dsn: str) -> ConnectionConfig:
 @pytest.fixture
 def pybatch_repository(pybatch_config: ConnectionConfig) -> Iterator[JobRepository]:
     """A connected JobRepository on the test's fresh database, closed after the test."""
-    from pybatch.job_repository import JobRepository
+    from pybatch._job_repository import JobRepository
 
     with JobRepository.connect(pybatch_config) as repository:
         yield repository

@@ -20,7 +20,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from pybatch.embedded import EmbeddedPostgres
+from pybatch._demo.embedded import EmbeddedPostgres
 
 __all__ = [
     "ADMIN_APPLICATION",

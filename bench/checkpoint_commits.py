@@ -56,8 +56,8 @@ from bench.chunks import (
     write_results,
 )
 from pybatch import ConnectionConfig, JobRepository, TlsMode, migrate
-from pybatch.config import APPLICATION_NAME
-from pybatch.embedded import EmbeddedPostgresUnavailable, find_bindir
+from pybatch._config import APPLICATION_NAME
+from pybatch._demo.embedded import EmbeddedPostgresUnavailable, find_bindir
 from pybatch.etl import Job, StepRun
 
 __all__ = ["main"]

@@ -58,12 +58,12 @@ import psycopg
 from psycopg import pq
 from psycopg.types.json import Jsonb
 
-import pybatch.chunks as chunks_module
+import pybatch._chunks as chunks_module
 from bench._server import ADMIN_APPLICATION, admin_connect, postgres_server, scratch_database
 from bench.isolation import isolate
 from pybatch import ConnectionConfig, JobRepository, TlsMode, migrate
+from pybatch._config import APPLICATION_NAME
 from pybatch._statements import _positional_form, load_statements
-from pybatch.config import APPLICATION_NAME
 from pybatch.etl import ETL_STATE_SCHEMA, Job, StepRun
 
 __all__ = [

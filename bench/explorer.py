@@ -19,7 +19,7 @@ Method:
   instances each in both (in `small` the instances beyond the first of each name go to 10
   "hot" names); and 500 executions are unresolved (attempt 2 still STARTED, two hours old)
   in both;
-* every explorer query is walked to its end through `pybatch.explorer.JobExplorer` (a page
+* every explorer query is walked to its end through `pybatch._explorer.JobExplorer` (a page
   is one call: its read-only transaction, ceiling, parent check, rows and decoding),
   alternating the two databases query by query so machine noise falls on both alike;
 * printed: p50 and p99 page latency per query and database, the ratio of the p50s
@@ -42,8 +42,8 @@ from typing import Any
 
 from bench._server import admin_connect, postgres_server, scratch_database
 from pybatch import ConnectionConfig, JobRepository, TlsMode, migrate
+from pybatch._explorer import JobExplorer
 from pybatch._statements import load_statements
-from pybatch.explorer import JobExplorer
 from pybatch.values.explorer import Cursor, Page, PageSize
 
 HISTORY_TABLES = (

@@ -53,8 +53,8 @@ from bench.chunks import (
     write_results,
 )
 from pybatch import ConnectionConfig, JobRepository, TlsMode, migrate
+from pybatch import _partitioned as partitioned_module
 from pybatch import etl as etl_module
-from pybatch import partitioned as partitioned_module
 from pybatch._transaction import Lease
 from pybatch.etl import Job, PartitionRun
 from pybatch.values.lifecycle import LifecycleTransition

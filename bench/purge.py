@@ -37,8 +37,8 @@ from typing import Any
 from bench._server import admin_connect, postgres_server, scratch_database
 from bench.launch import HISTORY_SQL, STEP, config_for, run_cycle
 from pybatch import JobRepository, migrate
+from pybatch._services.retention import RetentionService
 from pybatch.etl import Job
-from pybatch.services.retention import RetentionService
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.names import ActorRef, JobName, ReasonCode
 from pybatch.values.retention import PurgeBatchBound, PurgePlanRequest, TerminalStatusSet

@@ -46,10 +46,10 @@ from collections.abc import Callable, Iterator
 
 import psycopg
 
-from pybatch.config import ConnectionConfig, TlsMode
-from pybatch.embedded import EmbeddedPostgres
-from pybatch.job_repository import JobRepository
-from pybatch.migrator import migrate
+from pybatch._config import ConnectionConfig, TlsMode
+from pybatch._demo.embedded import EmbeddedPostgres
+from pybatch._job_repository import JobRepository
+from pybatch._migrator import migrate
 from pybatch.testing import ClonePool, PostgresServer, server_parent
 
 TARGET_MS = 50.0

@@ -1,15 +1,25 @@
 """pybatch: a durable, SQL-first job repository on PostgreSQL for synchronous ETL scripts.
 
 The names here are the supported surface: the ETL API (`Job`, `JobRun`, `StepRun`,
-`Chunk`), the repository (`JobRepository`, `UnitOfWork`), configuration and migrations,
-and the error families with the leaves an ETL script or an operator tool catches. Every
-other error is importable from `pybatch.errors`.
+`PartitionRun`, `Chunk`), the repository (`JobRepository`, `UnitOfWork`, `JobExplorer`),
+configuration and migrations, and the error families with the leaves an ETL script or an
+operator tool catches. Every other error is importable from `pybatch.errors`, and the values
+from `pybatch.values`; every underscored module is machinery that may change
+(tests/sql/test_public_surface.py pins this).
 """
 
 from __future__ import annotations
 
-from pybatch.clock import Clock, SystemClock
-from pybatch.config import CaCertificate, ConnectionConfig, TlsMode
+from pybatch._clock import Clock, SystemClock
+from pybatch._config import CaCertificate, ConnectionConfig, TlsMode
+from pybatch._explorer import JobExplorer
+from pybatch._job_repository import JobRepository
+from pybatch._migrator import (
+    installed_schema_version,
+    migrate,
+    supported_schema_version,
+)
+from pybatch._unit_of_work import UnitOfWork
 from pybatch.errors import (
     AbandonedInstance,
     BusinessTransactionError,
@@ -22,6 +32,7 @@ from pybatch.errors import (
     ConfigError,
     DomainError,
     ExecutionAlreadyActive,
+    ExecutionOwnershipLost,
     FaultStateError,
     IllegalTransition,
     Infrastructure,
@@ -41,18 +52,12 @@ from pybatch.errors import (
     StaleVersion,
     StateError,
     StepExecutionNotFound,
+    StopRequested,
     TransactionAborted,
     Unavailable,
     UnsupportedCapability,
 )
-from pybatch.etl import Chunk, Job, JobRun, StepOutcome, StepRun
-from pybatch.job_repository import JobRepository
-from pybatch.migrator import (
-    installed_schema_version,
-    migrate,
-    supported_schema_version,
-)
-from pybatch.unit_of_work import UnitOfWork
+from pybatch.etl import Chunk, Job, JobRun, PartitionRun, StepOutcome, StepRun
 
 __all__ = [
     "AbandonedInstance",
@@ -70,12 +75,14 @@ __all__ = [
     "ConnectionConfig",
     "DomainError",
     "ExecutionAlreadyActive",
+    "ExecutionOwnershipLost",
     "FaultStateError",
     "IllegalTransition",
     "Infrastructure",
     "IntegrityViolation",
     "Job",
     "JobExecutionNotFound",
+    "JobExplorer",
     "JobInstanceNotFound",
     "JobRepository",
     "JobRun",
@@ -84,6 +91,7 @@ __all__ = [
     "MigrationRequired",
     "NewerSchema",
     "NotCommitted",
+    "PartitionRun",
     "PyBatchError",
     "Rejected",
     "RepositoryError",
@@ -94,6 +102,7 @@ __all__ = [
     "StepExecutionNotFound",
     "StepOutcome",
     "StepRun",
+    "StopRequested",
     "SystemClock",
     "TlsMode",
     "TransactionAborted",

@@ -14,9 +14,9 @@ from typing import Any
 
 import psycopg
 
+from pybatch._codecs._jsonb import install_strict_json_loads
+from pybatch._config import ConnectionConfig
 from pybatch._sqlstate import classify_connect_failure, is_permanent
-from pybatch.codecs._jsonb import install_strict_json_loads
-from pybatch.config import ConnectionConfig
 from pybatch.errors import PyBatchError
 
 __all__ = [

@@ -20,8 +20,8 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from sqlalchemy.dialects.postgresql import psycopg as sqlalchemy_psycopg
 
+from pybatch._codecs._primitives import Row
 from pybatch._resources import queries_dir
-from pybatch.codecs._primitives import Row
 
 __all__ = [
     "Connection",

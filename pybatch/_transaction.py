@@ -22,6 +22,8 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.array import ListBinaryDumper
 
 from pybatch import _sqlstate
+from pybatch._codecs._jsonb import install_strict_json_loads
+from pybatch._config import ConnectionConfig
 from pybatch._connect import (
     CaFile,
     check_idle_connection,
@@ -29,8 +31,6 @@ from pybatch._connect import (
     watch_for_termination,
 )
 from pybatch._statements import Connection
-from pybatch.codecs._jsonb import install_strict_json_loads
-from pybatch.config import ConnectionConfig
 from pybatch.errors import PyBatchError, Unavailable
 
 __all__ = ["CommitErrors", "ConnectionCheck", "Lease", "TransactionSource"]

@@ -17,7 +17,7 @@ Written for script authors rather than mirroring the repository's ports::
 A step that raises marks the step and the job FAILED; running the script again restarts
 the instance: completed steps are skipped and the failed step resumes from its last
 committed checkpoint. A run owns its execution through a lease that a background thread
-renews (pybatch/lease_keeper.py); a later launch that finds an unresolved execution whose
+renews (pybatch/_lease_keeper.py); a later launch that finds an unresolved execution whose
 lease ran out (its process died) records an audited recovery decision (FAILED, reason
 OWNER_LOST) and restarts. A stop request ends the run STOPPED at its next chunk boundary
 (docs/etl-guide.md).
@@ -37,8 +37,12 @@ from typing import Any, TypeVar
 import attrs
 import psycopg
 
-from pybatch import partitioned
-from pybatch.chunks import ChunkTransaction, StepSession
+from pybatch import _partitioned as partitioned
+from pybatch._chunks import ChunkTransaction, StepSession
+from pybatch._job_repository import JobRepository
+from pybatch._lease_keeper import LeaseKeeper, PartitionLeaseKeeper
+from pybatch._services.flow import FlowPoint
+from pybatch._unit_of_work import UnitOfWork
 from pybatch.errors import (
     ExecutionAlreadyActive,
     ExecutionOwnershipLost,
@@ -54,10 +58,6 @@ from pybatch.errors import (
     StepExecutionNotFound,
     StopRequested,
 )
-from pybatch.job_repository import JobRepository
-from pybatch.lease_keeper import LeaseKeeper, PartitionLeaseKeeper
-from pybatch.services.flow import FlowPoint
-from pybatch.unit_of_work import UnitOfWork
 from pybatch.values.chunks import ChunkContext, ChunkCounts, CommittedStepState, FaultProgress
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.flow import FlowTarget, StartLimit, TerminalKind

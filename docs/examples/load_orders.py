@@ -1,6 +1,6 @@
 """Load a CSV of orders into the table `orders`, 100 rows per chunk; safe to kill and rerun.
 
-    PYBATCH_DSN=... python load_orders.py orders.csv
+PYBATCH_DSN=... python load_orders.py orders.csv
 """
 
 import csv

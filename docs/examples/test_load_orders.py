@@ -4,7 +4,7 @@ from pathlib import Path
 
 import psycopg
 
-from pybatch.explorer import JobExplorer
+from pybatch import JobExplorer
 
 JOB = Path(__file__).with_name("load_orders.py")
 

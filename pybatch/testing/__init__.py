@@ -114,8 +114,8 @@ class PostgresServer:
     @contextlib.contextmanager
     def migrated_template(self) -> Iterator[str]:
         """Yield the name of a new migrated template database; dropped after."""
-        from pybatch.config import ConnectionConfig, TlsMode
-        from pybatch.migrator import migrate
+        from pybatch._config import ConnectionConfig, TlsMode
+        from pybatch._migrator import migrate
 
         name = f"pybatch_template_{uuid.uuid4().hex[:16]}"
         janitor = self.janitor(name, as_template=True)

@@ -1,7 +1,7 @@
 """Explorer vocabulary: page sizes, opaque bound cursors and value-redacted projections.
 
 A cursor carries its query, the last key, the traversal's ceiling, an 8-byte binding of (query,
-page size, filter) and an unkeyed SHA-256 (pybatch/explorer.py checks the ceiling against the
+page size, filter) and an unkeyed SHA-256 (pybatch/_explorer.py checks the ceiling against the
 database). Projections carry descriptors, never parameter values or state payloads.
 """
 

@@ -8,7 +8,7 @@ import unicodedata
 
 import attrs
 
-from pybatch.config import (
+from pybatch._config import (
     DEFAULT_MAX_CLOCK_SKEW,
     DEFAULT_STALE_THRESHOLD,
     check_max_clock_skew,

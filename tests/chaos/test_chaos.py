@@ -49,7 +49,7 @@ import pytest
 from pytest_postgresql import factories
 
 from pybatch import JobRepository
-from pybatch.services.audit import verify_audit_chain
+from pybatch._services.audit import verify_audit_chain
 from tests.chaos import worker as w
 from tests.conftest import dsn_for
 from tests.faults.harness import FaultServer

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from pybatch import JobRepository
-from pybatch.cli import main
+from pybatch._cli import main
 from pybatch.etl import Job, PartitionRun
 from tests.contract.test_partitioned_step import (
     ROWS_PER_PARTITION,

@@ -15,7 +15,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from pybatch import JobRepository, migrator
+from pybatch import JobRepository
+from pybatch import _migrator as migrator
 from pybatch.errors import ExecutionAlreadyActive
 from pybatch.etl import Job
 from tests.conftest import plaintext_config

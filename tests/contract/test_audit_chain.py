@@ -15,9 +15,9 @@ import psycopg
 import pytest
 
 from pybatch import JobRepository
+from pybatch._services.audit import verify_audit_chain
+from pybatch._services.operator import OperatorService
 from pybatch.etl import Job
-from pybatch.services.audit import verify_audit_chain
-from pybatch.services.operator import OperatorService
 from pybatch.values.names import ActorRef, OperationId
 from tests.cli.test_demo import clean_env
 from tests.support.race import race

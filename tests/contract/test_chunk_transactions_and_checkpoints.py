@@ -22,7 +22,8 @@ from psycopg import pq
 from psycopg.rows import dict_row
 
 from pybatch import ConnectionConfig, JobRepository
-from pybatch.chunks import StepSession, load_committed_state
+from pybatch._chunks import StepSession, load_committed_state
+from pybatch._fault_state import FaultState, RetryPolicy
 from pybatch.errors import (
     BusinessTransactionError,
     Cancelled,
@@ -36,7 +37,6 @@ from pybatch.errors import (
     StaleReservation,
     StepExecutionNotFound,
 )
-from pybatch.fault_state import FaultState, RetryPolicy
 from pybatch.values.chunks import ChunkContext, ChunkCounts, FaultProgress
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.fault import (

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from pybatch import JobRepository, UnitOfWork
-from pybatch.chunks import load_committed_state
+from pybatch._chunks import load_committed_state
 from pybatch.errors import (
     CommitOutcomeUnknown,
     IdentifierOutOfRange,

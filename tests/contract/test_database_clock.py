@@ -19,10 +19,10 @@ import pytest
 from psycopg.rows import dict_row
 
 from pybatch import ConnectionConfig, JobRepository
+from pybatch._explorer import JobExplorer
+from pybatch._services.retention import RetentionService
 from pybatch.errors import ClockSkewBoundOutOfRange, ClockSkewExceeded, StaleThresholdOutOfRange
 from pybatch.etl import Job
-from pybatch.explorer import JobExplorer
-from pybatch.services.retention import RetentionService
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import ActorRef, JobName, NodeId, ReasonCode, StepName
 from pybatch.values.retention import PurgeBatchBound, PurgePlanRequest, TerminalStatusSet

@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from pybatch import ConnectionConfig, JobRepository
+from pybatch._explorer import JobExplorer
 from pybatch.errors import (
     CursorInvalid,
     CursorQueryMismatch,
@@ -27,7 +28,6 @@ from pybatch.errors import (
     Unavailable,
     ZeroIdentifier,
 )
-from pybatch.explorer import JobExplorer
 from pybatch.values.explorer import (
     MAX_RESPONSE_BYTES,
     Cursor,

@@ -16,6 +16,9 @@ import psycopg
 import pytest
 
 from pybatch import JobRepository
+from pybatch._services.audit import verify_audit_chain
+from pybatch._services.operator import OperatorService
+from pybatch._services.retention import RetentionService
 from pybatch.errors import (
     AbandonedInstance,
     AgeBoundTooSmall,
@@ -29,9 +32,6 @@ from pybatch.errors import (
     RetentionPlanStale,
 )
 from pybatch.etl import Job
-from pybatch.services.audit import verify_audit_chain
-from pybatch.services.operator import OperatorService
-from pybatch.services.retention import RetentionService
 from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import (

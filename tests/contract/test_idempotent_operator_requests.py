@@ -13,9 +13,9 @@ import psycopg
 import pytest
 
 from pybatch import JobRepository, UnitOfWork
+from pybatch._services.operator import UNKNOWN_EFFECT, OperatorService, operator_evidence
 from pybatch.errors import OperationIdConflict, OperationOutcomeUnknown
 from pybatch.etl import Job
-from pybatch.services.operator import UNKNOWN_EFFECT, OperatorService, operator_evidence
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition

@@ -19,12 +19,12 @@ import psycopg
 import pytest
 
 from pybatch import JobRepository
+from pybatch._explorer import JobExplorer
+from pybatch._services.audit import verify_audit_chain
+from pybatch._services.operator import OperatorService
+from pybatch._services.retention import RetentionService
 from pybatch.errors import JobInstanceNotFound, PermissionDenied
 from pybatch.etl import Job, PartitionRun, StepRun
-from pybatch.explorer import JobExplorer
-from pybatch.services.audit import verify_audit_chain
-from pybatch.services.operator import OperatorService
-from pybatch.services.retention import RetentionService
 from pybatch.values.names import ActorRef, JobName, OperationId, ReasonCode
 from pybatch.values.retention import PurgePlanRequest, TerminalStatusSet
 from pybatch.values.status import BatchStatus

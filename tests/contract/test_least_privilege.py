@@ -17,11 +17,11 @@ import psycopg
 import pytest
 
 from pybatch import ConnectionConfig, JobRepository
+from pybatch._services.audit import verify_audit_chain
+from pybatch._services.operator import OperatorService
+from pybatch._services.retention import RetentionService
 from pybatch.errors import PermissionDenied
 from pybatch.etl import Job, StepRun
-from pybatch.services.audit import verify_audit_chain
-from pybatch.services.operator import OperatorService
-from pybatch.services.retention import RetentionService
 from pybatch.values.names import ActorRef, JobName, OperationId, ReasonCode
 from pybatch.values.retention import PurgeBatchBound, PurgePlanRequest, TerminalStatusSet
 from pybatch.values.status import BatchStatus

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from pybatch import JobRepository, UnitOfWork
-from pybatch.codecs.operator import decode_operator_record
+from pybatch._codecs.operator import decode_operator_record
 from pybatch.errors import (
     CompletedInstance,
     ConcurrentModification,

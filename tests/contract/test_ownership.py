@@ -17,6 +17,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from pybatch import ConnectionConfig, JobRepository
+from pybatch._lease_keeper import LeaseKeeper
 from pybatch.errors import (
     ExecutionAlreadyActive,
     ExecutionOwned,
@@ -25,7 +26,6 @@ from pybatch.errors import (
     StaleVersion,
 )
 from pybatch.etl import Job, StepRun
-from pybatch.lease_keeper import LeaseKeeper
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.ownership import ExecutionLease, OwnerToken
 from pybatch.values.status import BatchStatus

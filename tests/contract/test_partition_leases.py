@@ -21,7 +21,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from pybatch import ConnectionConfig, JobRepository, partitioned
+from pybatch import ConnectionConfig, JobRepository
+from pybatch import _partitioned as partitioned
 from pybatch.errors import PartitionOwnershipLost
 from pybatch.etl import ETL_STATE_SCHEMA, Job, JobRun, PartitionRun, join_partitioned_step
 from pybatch.values.flow import StartLimit

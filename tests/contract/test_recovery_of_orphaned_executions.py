@@ -16,7 +16,8 @@ import pytest
 from psycopg.rows import dict_row
 
 from pybatch import JobRepository, UnitOfWork
-from pybatch.chunks import StepSession
+from pybatch._chunks import StepSession
+from pybatch._fault_state import FaultState, RetryPolicy
 from pybatch.errors import (
     AbandonedInstance,
     DuplicateStep,
@@ -28,7 +29,6 @@ from pybatch.errors import (
     StaleVersion,
     StartLimitExceeded,
 )
-from pybatch.fault_state import FaultState, RetryPolicy
 from pybatch.values.chunks import ChunkContext, ChunkCounts, FaultProgress
 from pybatch.values.fault import (
     FaultEntry,

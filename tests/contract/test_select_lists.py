@@ -14,10 +14,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from pybatch._statements import Statement, load_demo_statements, load_statements
-from pybatch.codecs.chunks import COMMITTED_STEP_STATE_COLUMNS
-from pybatch.codecs.executions import JOB_EXECUTION_COLUMNS
-from pybatch.codecs.explorer import (
+from pybatch._codecs.chunks import COMMITTED_STEP_STATE_COLUMNS
+from pybatch._codecs.executions import JOB_EXECUTION_COLUMNS
+from pybatch._codecs.explorer import (
     EXECUTION_PROJECTION_COLUMNS,
     INSTANCE_PROJECTION_COLUMNS,
     JOB_NAME_SUMMARY_COLUMNS,
@@ -25,13 +24,14 @@ from pybatch.codecs.explorer import (
     PARTITION_PROJECTION_COLUMNS,
     STEP_PROJECTION_COLUMNS,
 )
-from pybatch.codecs.fault_state import LOCKED_FAULT_STATE_COLUMNS
-from pybatch.codecs.flow import FLOW_DECISION_COLUMNS
-from pybatch.codecs.instances import JOB_INSTANCE_COLUMNS, LOCKED_JOB_INSTANCE_COLUMNS
-from pybatch.codecs.operator import OPERATOR_REQUEST_COLUMNS
-from pybatch.codecs.partitions import STEP_PARTITION_COLUMNS
-from pybatch.codecs.recovery import RECOVERY_DECISION_COLUMNS
-from pybatch.codecs.steps import STEP_EXECUTION_COLUMNS
+from pybatch._codecs.fault_state import LOCKED_FAULT_STATE_COLUMNS
+from pybatch._codecs.flow import FLOW_DECISION_COLUMNS
+from pybatch._codecs.instances import JOB_INSTANCE_COLUMNS, LOCKED_JOB_INSTANCE_COLUMNS
+from pybatch._codecs.operator import OPERATOR_REQUEST_COLUMNS
+from pybatch._codecs.partitions import STEP_PARTITION_COLUMNS
+from pybatch._codecs.recovery import RECOVERY_DECISION_COLUMNS
+from pybatch._codecs.steps import STEP_EXECUTION_COLUMNS
+from pybatch._statements import Statement, load_demo_statements, load_statements
 
 #: Statement -> the columns its reader reads: a decoder's list, or (for rows read by hand
 #: in the named module) the exact columns that module reads.

@@ -15,6 +15,8 @@ import psycopg
 import pytest
 
 from pybatch import JobRepository
+from pybatch._explorer import JobExplorer
+from pybatch._services.operator import OperatorService
 from pybatch.errors import (
     ExecutionOwned,
     ExecutionOwnershipNotAllowed,
@@ -22,8 +24,6 @@ from pybatch.errors import (
     StaleVersion,
 )
 from pybatch.etl import Job, StepRun
-from pybatch.explorer import JobExplorer
-from pybatch.services.operator import OperatorService
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import ActorRef, ExitCode, OperationId
 from pybatch.values.operator import OperatorOutcomeClass

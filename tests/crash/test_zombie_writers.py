@@ -122,7 +122,7 @@ def pybatch_cli(db_dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
     env.update(PYBATCH_DSN=db_dsn, PYBATCH_TLS="plaintext")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     return subprocess.run(
-        [sys.executable, "-c", "import sys; from pybatch.cli import main; sys.exit(main())", *args],
+        [sys.executable, "-m", "pybatch", *args],
         env=env,
         capture_output=True,
         text=True,

@@ -26,7 +26,8 @@ import pytest
 from pytest_postgresql import factories
 
 from pybatch import ConnectionConfig, JobRepository, TlsMode
-from pybatch.config import CaCertificate
+from pybatch._config import CaCertificate
+from pybatch._migrator import installed_schema_version, migrate, migration_sql
 from pybatch.errors import (
     AuthenticationFailed,
     DatabaseNotFound,
@@ -34,7 +35,6 @@ from pybatch.errors import (
     TlsVerificationFailed,
     Unavailable,
 )
-from pybatch.migrator import installed_schema_version, migrate, migration_sql
 from tests.conftest import dsn_for, migrate_template
 
 SERVER_PASSWORD = "server-Secr3t"

@@ -13,12 +13,13 @@ import datetime
 import psycopg
 import pytest
 
-import pybatch.job_repository as repository_module
-from pybatch import JobRepository, migrator
+import pybatch._job_repository as repository_module
+from pybatch import JobRepository
+from pybatch import _migrator as migrator
+from pybatch._services.audit import verify_audit_chain
+from pybatch._services.operator import OperatorService
+from pybatch._services.retention import RetentionService
 from pybatch.etl import Job
-from pybatch.services.audit import verify_audit_chain
-from pybatch.services.operator import OperatorService
-from pybatch.services.retention import RetentionService
 from pybatch.values.names import ActorRef, JobName, OperationId, ReasonCode
 from pybatch.values.retention import PurgePlanRequest, TerminalStatusSet
 from pybatch.values.status import BatchStatus

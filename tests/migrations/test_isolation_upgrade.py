@@ -16,8 +16,9 @@ from typing import Any
 import psycopg
 import pytest
 
-import pybatch.job_repository as repository_module
-from pybatch import JobRepository, migrator
+import pybatch._job_repository as repository_module
+from pybatch import JobRepository
+from pybatch import _migrator as migrator
 from pybatch.errors import PermissionDenied
 from pybatch.etl import Job, StepRun
 from tests.conftest import plaintext_config

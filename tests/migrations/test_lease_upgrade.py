@@ -14,10 +14,11 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-import pybatch.job_repository as repository_module
-from pybatch import ConnectionConfig, JobRepository, migrator
+import pybatch._job_repository as repository_module
+from pybatch import ConnectionConfig, JobRepository
+from pybatch import _migrator as migrator
+from pybatch._services.audit import verify_audit_chain
 from pybatch.etl import ETL_STATE_SCHEMA, Job, StepRun
-from pybatch.services.audit import verify_audit_chain
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import NodeId, StepName
 from pybatch.values.status import BatchStatus

@@ -11,8 +11,9 @@ import psycopg
 import pytest
 
 import pybatch
-from pybatch import errors, migrator
-from pybatch.config import ConnectionConfig
+from pybatch import _migrator as migrator
+from pybatch import errors
+from pybatch._config import ConnectionConfig
 from tests.conftest import plaintext_config
 from tests.migrations.catalogue import describe_catalogue
 from tests.support.clock import ManualClock
@@ -192,7 +193,7 @@ def test_runtime_refuses_an_uninitialized_database(blank_database: str) -> None:
 def test_runtime_refuses_an_older_schema_and_never_migrates(
     pg_config: ConnectionConfig, monkeypatch: pytest.MonkeyPatch, db_dsn: str
 ) -> None:
-    import pybatch.job_repository as job_repository_module
+    import pybatch._job_repository as job_repository_module
 
     monkeypatch.setattr(job_repository_module, "supported_schema_version", lambda: LATEST + 1)
     before = _history(db_dsn)

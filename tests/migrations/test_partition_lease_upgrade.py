@@ -13,8 +13,10 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-import pybatch.job_repository as repository_module
-from pybatch import JobRepository, migrator, partitioned
+import pybatch._job_repository as repository_module
+from pybatch import JobRepository
+from pybatch import _migrator as migrator
+from pybatch import _partitioned as partitioned
 from pybatch.etl import ETL_STATE_SCHEMA, Job, PartitionRun, join_partitioned_step
 from pybatch.values.flow import StartLimit
 from pybatch.values.lifecycle import LifecycleTransition

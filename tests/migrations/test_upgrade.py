@@ -13,7 +13,8 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from pybatch import JobRepository, migrator
+from pybatch import JobRepository
+from pybatch import _migrator as migrator
 from pybatch.etl import ETL_STATE_SCHEMA, Job, StepRun
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import NodeId, StepName
@@ -78,7 +79,7 @@ def _leave_a_started_step_with_a_checkpoint(repository: JobRepository) -> None:
 def test_a_step_started_under_0001_resumes_from_its_checkpoint_after_the_domains_migration(
     blank_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import pybatch.job_repository as job_repository_module
+    import pybatch._job_repository as job_repository_module
 
     config = plaintext_config(blank_database)
     first = migrator.shipped_migrations()[:1]

@@ -16,8 +16,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from pybatch import ConnectionConfig, JobRepository, migrator
-from pybatch.explorer import JobExplorer
+from pybatch import ConnectionConfig, JobRepository
+from pybatch import _migrator as migrator
+from pybatch._explorer import JobExplorer
 from pybatch.testing import JobRunner
 from pybatch.values.status import BatchStatus
 

@@ -1,6 +1,6 @@
 """Row decoders: whatever a stored row holds, a valid value or the decoder's typed refusal.
 
-What users rely on: a corrupt row fails closed. Every row decoder of `pybatch.codecs` reads
+What users rely on: a corrupt row fails closed. Every row decoder of `pybatch._codecs` reads
 the columns it declares (`*_COLUMNS`) and, for any cells at all in those columns, returns a
 valid value of its type or refuses with its documented error: `DecodeError` naming one of
 its own columns (the unit of work and the explorer report it as Unavailable), or the
@@ -25,42 +25,42 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pybatch.codecs import explorer as ex
-from pybatch.codecs._primitives import DecodeError
-from pybatch.codecs.chunks import COMMITTED_STEP_STATE_COLUMNS, decode_committed_step_state
-from pybatch.codecs.executions import JOB_EXECUTION_COLUMNS, decode_job_execution
-from pybatch.codecs.fault_state import (
+from pybatch._codecs import explorer as ex
+from pybatch._codecs._primitives import DecodeError
+from pybatch._codecs.chunks import COMMITTED_STEP_STATE_COLUMNS, decode_committed_step_state
+from pybatch._codecs.executions import JOB_EXECUTION_COLUMNS, decode_job_execution
+from pybatch._codecs.fault_state import (
     FAULT_STATE_COLUMNS,
     LOCKED_FAULT_STATE_COLUMNS,
     decode_fault_state,
     decode_locked_fault_state,
     encode_fault_state,
 )
-from pybatch.codecs.flow import (
+from pybatch._codecs.flow import (
     FLOW_DECISION_COLUMNS,
     decode_flow_decision,
     encode_flow_decision_request,
 )
-from pybatch.codecs.instances import (
+from pybatch._codecs.instances import (
     JOB_INSTANCE_COLUMNS,
     LOCKED_JOB_INSTANCE_COLUMNS,
     decode_job_instance,
     decode_locked_job_instance,
     encode_identifying_parameters,
 )
-from pybatch.codecs.lifecycle import encode_execution_metadata
-from pybatch.codecs.operator import (
+from pybatch._codecs.lifecycle import encode_execution_metadata
+from pybatch._codecs.operator import (
     OPERATOR_REQUEST_COLUMNS,
     decode_operator_record,
     encode_operator_record_draft,
 )
-from pybatch.codecs.partitions import (
+from pybatch._codecs.partitions import (
     STEP_PARTITION_COLUMNS,
     context_checksum,
     decode_step_partition,
 )
-from pybatch.codecs.recovery import RECOVERY_DECISION_COLUMNS, decode_recovery_decision
-from pybatch.codecs.steps import (
+from pybatch._codecs.recovery import RECOVERY_DECISION_COLUMNS, decode_recovery_decision
+from pybatch._codecs.steps import (
     STEP_EXECUTION_COLUMNS,
     decode_step_execution,
     encode_counts,

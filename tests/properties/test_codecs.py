@@ -12,8 +12,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pybatch.codecs import _primitives as p
-from pybatch.codecs.steps import decode_checkpoint, decode_context, decode_counts
+from pybatch._codecs import _primitives as p
+from pybatch._codecs.steps import decode_checkpoint, decode_context, decode_counts
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.ids import INT64_MAX
 from pybatch.values.state import Checkpoint, ExecutionContext

@@ -23,6 +23,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from pybatch import JobRepository
+from pybatch._fault_state import FaultState, RetryPolicy
 from pybatch.errors import (
     CapacityExhausted,
     ConcurrentModification,
@@ -52,7 +53,6 @@ from pybatch.errors import (
     UnsupportedManifestVersion,
     ZeroIdentifier,
 )
-from pybatch.fault_state import FaultState, RetryPolicy
 from pybatch.values.chunks import ChunkContext
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.fault import (

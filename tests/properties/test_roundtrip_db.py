@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pybatch import JobRepository
-from pybatch.codecs._jsonb import to_jsonb
+from pybatch._codecs._jsonb import to_jsonb
 from pybatch.errors import DomainError, StateError
 from pybatch.etl import Job, StepRun
 from pybatch.values._canonical import canonical_json

@@ -20,9 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pybatch import JobRepository
-from pybatch.chunks import load_committed_state
-from pybatch.explorer import JobExplorer
-from pybatch.fault_state import FaultState, RetryPolicy
+from pybatch._chunks import load_committed_state
+from pybatch._explorer import JobExplorer
+from pybatch._fault_state import FaultState, RetryPolicy
 from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values.chunks import ChunkContext
 from pybatch.values.definitions import DefinitionIdentity

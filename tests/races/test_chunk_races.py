@@ -16,9 +16,9 @@ import psycopg
 import pytest
 
 from pybatch import ConnectionConfig, JobRepository
-from pybatch.chunks import ChunkTransaction, StepSession, load_committed_state
+from pybatch._chunks import ChunkTransaction, StepSession, load_committed_state
+from pybatch._fault_state import FaultState, RetryPolicy
 from pybatch.errors import NotCommitted, StaleReservation
-from pybatch.fault_state import FaultState, RetryPolicy
 from pybatch.values.chunks import ChunkContext, ChunkCounts, CommittedStepState
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.fault import (

@@ -19,29 +19,30 @@ PACKAGE = ROOT / "pybatch"
 #: Layer of each module, by the longest matching dotted prefix.
 LAYERS: dict[str, int] = {
     "pybatch.errors": 0,
-    "pybatch.clock": 0,
+    "pybatch._clock": 0,
     "pybatch._resources": 0,
-    "pybatch.config": 0,
+    "pybatch._config": 0,
     "pybatch.values": 1,
-    "pybatch.codecs": 2,
+    "pybatch._codecs": 2,
     "pybatch._statements": 3,
     "pybatch._sqlstate": 3,
     "pybatch._connect": 3,
     "pybatch._transaction": 4,
-    "pybatch.repository": 5,
-    "pybatch.migrator": 6,
-    "pybatch.unit_of_work": 6,
-    "pybatch.job_repository": 7,
-    "pybatch.chunks": 8,
-    "pybatch.fault_state": 8,
-    "pybatch.lease_keeper": 8,
-    "pybatch.services": 8,  # operator, retention, audit and explorer services
-    "pybatch.partitioned": 8,
-    "pybatch.embedded": 8,
-    "pybatch.explorer": 8,
-    "pybatch.sql_catalogue": 8,
+    "pybatch._repository": 5,
+    "pybatch._migrator": 6,
+    "pybatch._unit_of_work": 6,
+    "pybatch._job_repository": 7,
+    "pybatch._chunks": 8,
+    "pybatch._fault_state": 8,
+    "pybatch._lease_keeper": 8,
+    "pybatch._services": 8,  # operator, retention, audit and explorer services
+    "pybatch._partitioned": 8,
+    "pybatch._demo.embedded": 8,
+    "pybatch._explorer": 8,
+    "pybatch._sql_catalogue": 8,
     "pybatch.etl": 9,
-    "pybatch.cli": 10,
+    "pybatch._cli": 10,
+    "pybatch._demo": 10,  # the demo job; its embedded server sits lower
     "pybatch.testing": 10,
     "pybatch.__main__": 10,
     "pybatch": 11,  # the package's __init__: the public surface re-exports every layer
@@ -131,17 +132,17 @@ def test_etl_and_cli_never_touch_statements() -> None:
     """They compose repository operations; only the demo runs statements, its own."""
     offenders = []
     for module, targets in GRAPH.items():
-        if not (module == "pybatch.etl" or module.startswith("pybatch.cli")):
+        if not (module == "pybatch.etl" or module.startswith("pybatch._cli")):
             continue
         path = PACKAGE.parent / (module.replace(".", "/") + ".py")
         if not path.exists():
             path = PACKAGE.parent / module.replace(".", "/") / "__init__.py"
         source = path.read_text()
-        if module != "pybatch.cli.demo" and "pybatch._statements" in targets:
+        if module != "pybatch._demo.demo" and "pybatch._statements" in targets:
             offenders.append(f"{module} imports the statement loader")
-        if module == "pybatch.cli.demo" and "load_statements" in source:
+        if module == "pybatch._demo.demo" and "load_statements" in source:
             offenders.append(f"{module} loads the product's statements (the demo has its own)")
-        if ".statements" in source or "pybatch.repository" in targets:
+        if ".statements" in source or "pybatch._repository" in targets:
             offenders.append(f"{module} reaches statements or capability functions")
     assert offenders == []
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pybatch import sql_catalogue
+from pybatch import _sql_catalogue as sql_catalogue
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from pybatch._migrator import shipped_migrations
 from pybatch._statements import load_statements
-from pybatch.migrator import shipped_migrations
 
 ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = """
 import json, pybatch, pybatch._resources as r
 from pybatch._statements import load_statements
-from pybatch.migrator import shipped_migrations
+from pybatch._migrator import shipped_migrations
 print(json.dumps({
     "package": pybatch.__file__,
     "queries": str(r.queries_dir()),

@@ -13,9 +13,9 @@ from typing import Any, Protocol
 
 import attrs
 
-from pybatch.chunks import ChunkTransaction, StepSession, load_committed_state
+from pybatch._chunks import ChunkTransaction, StepSession, load_committed_state
+from pybatch._job_repository import JobRepository
 from pybatch.errors import NotCommitted, PyBatchError
-from pybatch.job_repository import JobRepository
 from pybatch.values.chunks import ChunkContext, ChunkCounts, CommittedStepState
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.fault import FaultStateEnvelope

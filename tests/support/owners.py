@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pybatch.unit_of_work import UnitOfWork
+from pybatch._unit_of_work import UnitOfWork
 from pybatch.values.chunks import ChunkContext
 from pybatch.values.ownership import OwnerToken
 from pybatch.values.records import JobExecution, StepExecution

@@ -12,9 +12,9 @@ import psycopg
 import pytest
 
 from pybatch import ConnectionConfig, JobRepository, TlsMode
+from pybatch._explorer import JobExplorer
 from pybatch._statements import load_testing_statements
 from pybatch.etl import Job, StepRun
-from pybatch.explorer import JobExplorer
 from pybatch.testing import ClonePool, PostgresServer
 from pybatch.testing._clones import CLONE_PREFIX, clone_statement
 

@@ -10,18 +10,18 @@ from typing import Any
 import pytest
 
 from pybatch import errors
-from pybatch.codecs._jsonb import CanonicalJsonb
-from pybatch.codecs._primitives import DecodeError
-from pybatch.codecs.executions import JOB_EXECUTION_COLUMNS, decode_job_execution
-from pybatch.codecs.instances import (
+from pybatch._codecs._jsonb import CanonicalJsonb
+from pybatch._codecs._primitives import DecodeError
+from pybatch._codecs.executions import JOB_EXECUTION_COLUMNS, decode_job_execution
+from pybatch._codecs.instances import (
     JOB_INSTANCE_COLUMNS,
     decode_identifying_parameters,
     decode_job_instance,
     encode_identifying_parameters,
     encode_job_instance_key,
 )
-from pybatch.codecs.lifecycle import encode_execution_metadata
-from pybatch.codecs.steps import (
+from pybatch._codecs.lifecycle import encode_execution_metadata
+from pybatch._codecs.steps import (
     STEP_EXECUTION_COLUMNS,
     decode_step_execution,
     encode_counts,

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from pybatch import errors
-from pybatch.codecs._primitives import (
+from pybatch._codecs._primitives import (
     DecodeError,
     decode_aware,
     decode_digest,

@@ -9,7 +9,7 @@ import attrs
 import pytest
 
 from pybatch import errors
-from pybatch.config import CaCertificate, ConnectionConfig, TlsMode
+from pybatch._config import CaCertificate, ConnectionConfig, TlsMode
 
 DSN = "postgresql://etl_user:s3cr3t-Pa55@db.internal:5432/warehouse"
 

@@ -12,7 +12,7 @@ import attrs
 import pytest
 
 from pybatch import errors
-from pybatch.config import CaCertificate, ConnectionConfig, Secret, TlsMode
+from pybatch._config import CaCertificate, ConnectionConfig, Secret, TlsMode
 
 PASSWORD = "s3cr3t-Pa55"
 DSN = f"postgresql://etl_user:{PASSWORD}@db.internal:5432/warehouse"

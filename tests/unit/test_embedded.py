@@ -16,8 +16,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pybatch import ConnectionConfig, TlsMode, embedded
-from pybatch.embedded import EmbeddedPostgres, EmbeddedPostgresUnavailable, find_bindir
+from pybatch import ConnectionConfig, TlsMode
+from pybatch._demo import embedded
+from pybatch._demo.embedded import EmbeddedPostgres, EmbeddedPostgresUnavailable, find_bindir
 
 IS_ROOT = os.geteuid() == 0
 DEBIAN_BINDIRS = sorted(

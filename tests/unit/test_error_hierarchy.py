@@ -23,8 +23,8 @@ import attrs
 import pytest
 
 from pybatch import errors
-from pybatch.codecs.fault_state import decode_fault_state_columns
-from pybatch.config import CaCertificate, ConnectionConfig
+from pybatch._codecs.fault_state import decode_fault_state_columns
+from pybatch._config import CaCertificate, ConnectionConfig
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.fault import FAULT_STATE_SCHEMA
 from pybatch.values.names import DefinitionRevision, JobName, ParameterName, StateSchemaId

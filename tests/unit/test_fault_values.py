@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pybatch.codecs.fault_state import decode_fault_state_columns, encode_fault_state
+from pybatch._codecs.fault_state import decode_fault_state_columns, encode_fault_state
 from pybatch.errors import (
     CapacityExhausted,
     FaultStateEnvelopeInvalid,

@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from pybatch.repository.ownership import WorkerLease
+from pybatch._repository.ownership import WorkerLease
 from pybatch.values.ownership import LeaseState, OwnerToken
 
 AT = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

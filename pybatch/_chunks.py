@@ -1,0 +1,645 @@
+"""The step session: one held connection per running step, and its chunk transactions.
+
+See docs/contract.md, Chunk transactions.
+
+A `StepSession` is a running step's hold on the database. It leases one pooled connection
+at the step's first chunk and keeps it, with one cursor, until `close`: a chunk costs no
+pool checkout and its prepared progress UPDATE is reused. Nothing else owns that
+connection; the pool's lease is only the slip that gives it back.
+
+A chunk (`ChunkTransaction`, from `StepSession.begin`) is that session's transaction. The ETL
+runs its own statements in it (`execute`, `executemany`, `copy`, or the raw `connection`),
+then `commit` writes the step's counters, checkpoint and context as one compare-and-swap
+UPDATE and COMMITs, so a crash at any instant leaves either the whole chunk or none of it.
+The UPDATE's own predicate is the fence: the step's committed version, STARTED, and the
+owner token (of the job execution, or of the partition's claim) that still owns the step.
+Whatever its outcome, the chunk ends on the session's connection: a refusal rolls back, a
+connection that can no longer be trusted is discarded (the next chunk leases a fresh one),
+and a lost COMMIT acknowledgement makes the session forget its committed state, so the
+next chunk starts from whatever is durable.
+
+Statements: chunks.sql get_step_chunk_state, update_step_chunk_commit,
+update_step_chunk_progress. All run prepared on the session's connection
+(docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg.pq import TransactionStatus
+
+from pybatch import _sqlstate
+from pybatch._codecs.chunks import (
+    decode_committed_step_state,
+    encode_chunk_commit,
+    encode_chunk_progress,
+)
+from pybatch._connect import check_idle_connection
+from pybatch._statements import Connection, Statement
+from pybatch._transaction import Lease
+from pybatch.errors import (
+    ChunkCommitOutcomeUnknown,
+    CountExhausted,
+    Infrastructure,
+    NotCommitted,
+    PyBatchError,
+    StepExecutionNotFound,
+    Unavailable,
+)
+from pybatch.values.chunks import (
+    NO_FAULT_PROGRESS,
+    ChunkContext,
+    ChunkCounts,
+    CommittedStepState,
+    FaultProgress,
+)
+from pybatch.values.fault import FaultStateEnvelope
+from pybatch.values.state import MAX_STORABLE_SCHEMA_VERSION, Checkpoint, ExecutionContext
+from pybatch.values.status import BatchStatus
+
+if TYPE_CHECKING:
+    from pybatch._job_repository import JobRepository
+
+__all__ = ["ChunkTransaction", "StepSession", "load_committed_state"]
+
+#: libpq's transaction states, compared on `pgconn` directly: `conn.info` builds an object per
+#: access, and the chunk path reads the state on every chunk.
+_IDLE = TransactionStatus.IDLE
+_INERROR = TransactionStatus.INERROR
+#: Read once: a class attribute lookup per chunk otherwise.
+_EMPTY_FAULT_STATE = FaultStateEnvelope.EMPTY
+#: Seconds the held connection must have sat idle since the session's last COMMIT before
+#: the next chunk checks that its backend is still there (`_still_alive`: a select() on the
+#: socket, a system call that costs more than the rest of opening a chunk). The check is
+#: for a step that pauses between chunks (reading a slow source, idle_session_timeout, an
+#: operator's pg_terminate_backend while it waits). A backend that ends within the few
+#: milliseconds between back-to-back chunks is as likely to end during the chunk's own
+#: statements, which no check can cover: that chunk fails as Infrastructure either way.
+_IDLE_CHECK_AFTER = 0.010
+
+
+def load_committed_state(repository: JobRepository, context: ChunkContext) -> CommittedStepState:
+    """A step's committed state, read in its own read-only transaction.
+
+    Raises:
+        StepExecutionNotFound: no such step in that job execution.
+        FaultStateCorrupt: the retained fault state is unusable.
+        Unavailable: other undecodable state, or the database is unreachable.
+    """
+    with repository.read_transaction() as conn:
+        row = repository.statements.get_step_chunk_state.one(
+            conn,
+            step_execution_id=context.step_execution_id,
+            job_execution_id=context.job_execution_id,
+        )
+    if row is None:
+        raise StepExecutionNotFound(id=context.step_execution_id)
+    return decode_committed_step_state(row)
+
+
+class StepSession:
+    """A running step's connection, cursor and committed state, from its first chunk to `close`.
+
+    `begin` opens the step's next chunk on the held connection. The first chunk reads and
+    checks the step's committed state; each later one starts from the state the session
+    committed last and sends nothing before the ETL's own first statement, because its
+    commit is a compare-and-swap on that version and STARTED: a stop, a recovery or another
+    writer in between still refuses the chunk, at commit. A chunk opened while another of the
+    session's chunks is still open gets a pooled connection of its own for its lifetime.
+    """
+
+    __slots__ = (
+        "_chunk",
+        "_clock",
+        "_committed_at",
+        "_conn",
+        "_context",
+        "_cursor",
+        "_lease",
+        "_statements",
+        "_transactions",
+        "committed",
+    )
+
+    def __init__(self, repository: JobRepository, context: ChunkContext) -> None:
+        self._transactions = repository.transactions
+        self._statements = repository.statements
+        self._clock = repository.clock
+        #: The step and the owner whose ownership every commit proves (the fence).
+        self._context = context
+        #: The held connection's pool slip, the connection and its cursor (None: not held).
+        self._lease: Lease | None = None
+        self._conn: Connection | None = None
+        self._cursor: psycopg.Cursor[Any] | None = None
+        #: The chunk on the held connection, while it is open.
+        self._chunk: ChunkTransaction | None = None
+        #: The step's state as this session last committed it; None until the first chunk
+        #: read it, and again after an outcome-unknown COMMIT (it is re-read from the
+        #: database, the only place that knows).
+        self.committed: CommittedStepState | None = None
+        #: time.monotonic() when the held connection last COMMITted a chunk.
+        self._committed_at = 0.0
+
+    def __repr__(self) -> str:
+        return (
+            f"StepSession(step_execution_id={self._context.step_execution_id}, "
+            f"held={self._conn is not None})"
+        )
+
+    def __enter__(self) -> StepSession:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ opening a chunk
+
+    def begin(self) -> ChunkTransaction:
+        """Open the step's next chunk on the held connection.
+
+        Raises:
+            NotCommitted: the context has no owner, the database is unreachable, or (first
+                chunk) the step is missing, undecodable or not STARTED.
+        """
+        if self._context.owner is None:
+            raise NotCommitted(reason="a chunk needs the owner token of its step's execution")
+        if self._chunk is not None and self._chunk._open:
+            return self._begin_apart()
+        conn = self._conn
+        if conn is None or (
+            time.monotonic() - self._committed_at > _IDLE_CHECK_AFTER and not _still_alive(conn)
+        ):
+            conn = self._hold()
+        committed = self.committed
+        if committed is None:
+            committed = self.committed = self._read_state(conn, self._drop)
+        chunk = self._chunk = ChunkTransaction(self, conn, self._cursor, committed)
+        return chunk
+
+    def _begin_apart(self) -> ChunkTransaction:
+        """A chunk on a pooled connection of its own, for as long as the held one is busy."""
+        lease = self._lease_one()
+        conn = lease.connection
+        if conn is None:  # a fresh lease always holds its connection
+            lease.discard()
+            raise NotCommitted(reason="the database is unavailable")
+        state = self.committed  # set: the busy chunk started from it
+        if state is None:
+            state = self._read_state(conn, lease.discard, lease)
+        return ChunkTransaction(self, conn, None, state, lease)
+
+    def _hold(self) -> Connection:
+        """Lease the connection the session holds from now on, with its cursor."""
+        self._drop()
+        lease = self._lease_one()
+        conn = lease.connection
+        if conn is None:  # a fresh lease always holds its connection
+            lease.discard()
+            raise NotCommitted(reason="the database is unavailable")
+        self._lease, self._conn, self._cursor = lease, conn, conn.cursor()
+        return conn
+
+    def _lease_one(self) -> Lease:
+        try:
+            return self._transactions.lease()
+        except Unavailable:
+            raise NotCommitted(reason="the database is unavailable") from None
+
+    def _read_state(
+        self, conn: Connection, discard: Callable[[], None], lease: Lease | None = None
+    ) -> CommittedStepState:
+        """Read and check the step's committed state; the chunk's transaction goes on from it."""
+        context = self._context
+        try:
+            row = self._statements.get_step_chunk_state.prepared.one(
+                conn,
+                step_execution_id=context.step_execution_id,
+                job_execution_id=context.job_execution_id,
+            )
+        except psycopg.Error:
+            discard()
+            raise NotCommitted(reason="the database is unavailable") from None
+        try:
+            if row is None:
+                raise NotCommitted(reason="the step execution does not exist")
+            state = decode_committed_step_state(row)
+            if state.status is not BatchStatus.STARTED:
+                raise NotCommitted(reason=f"the step is {state.status.value}, not STARTED")
+        except PyBatchError as error:
+            if lease is None:
+                self._rollback_held()
+            else:
+                lease.rollback()
+            if isinstance(error, NotCommitted):
+                raise
+            raise NotCommitted(reason="the committed step state is unusable") from None
+        return state
+
+    # ------------------------------------------------------------------ ending
+
+    def close(self) -> None:
+        """Give the held connection back to the pool (rolling back a chunk left open)."""
+        chunk, self._chunk = self._chunk, None
+        if chunk is not None:
+            chunk._open = False
+        cursor, self._cursor = self._cursor, None
+        if cursor is not None:
+            cursor.close()
+        lease, self._lease, self._conn = self._lease, None, None
+        if lease is not None:
+            lease.rollback()
+
+    def _rollback_held(self) -> None:
+        """ROLLBACK on the held connection; one that cannot roll back is discarded."""
+        conn = self._conn
+        if conn is None:
+            return
+        if conn.broken or conn.closed:
+            self._drop()
+            return
+        try:
+            conn.rollback()
+        except psycopg.Error:
+            self._drop()
+
+    def _drop(self) -> None:
+        """Discard the held connection (it can no longer be trusted); the next chunk leases anew."""
+        lease, self._lease, self._conn, self._cursor = self._lease, None, None, None
+        if lease is not None:
+            lease.discard()
+
+
+class ChunkTransaction:
+    """One open chunk of a step session: business statements and progress, committed together."""
+
+    __slots__ = ("_conn", "_cursor", "_lease", "_open", "_session", "committed")
+
+    def __init__(
+        self,
+        session: StepSession,
+        conn: Connection,
+        cursor: psycopg.Cursor[Any] | None,
+        state: CommittedStepState,
+        lease: Lease | None = None,
+    ) -> None:
+        self._session = session
+        self._conn = conn
+        #: The cursor the chunk's statements and its progress UPDATE run on: the session's,
+        #: or one made on first use by a chunk on a connection of its own.
+        self._cursor = cursor
+        #: The pool slip of a chunk on a connection of its own (None: the session's).
+        self._lease = lease
+        self._open = True
+        #: The step's committed state: where this chunk started, and after `commit` the
+        #: state it committed.
+        self.committed = state
+
+    def __repr__(self) -> str:
+        return (
+            f"ChunkTransaction(step_execution_id={self.committed.step_execution_id}, "
+            f"version={self.committed.version}, open={self._open})"
+        )
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the chunk can still run statements and commit."""
+        return self._open
+
+    def __enter__(self) -> ChunkTransaction:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.rollback()
+
+    # ------------------------------------------------------------------ business statements
+
+    @property
+    def connection(self) -> Connection:
+        """The chunk's connection, for the ETL's own statements (they commit with the chunk).
+
+        Errors raised through it are psycopg's own; `execute`, `executemany` and `copy`
+        classify them into Rejected, Cancelled and Infrastructure instead.
+        """
+        if not self._open:
+            raise NotCommitted(reason="the chunk is closed")
+        return self._conn
+
+    def _open_cursor(self) -> psycopg.Cursor[Any]:
+        """The chunk's cursor (made on first use by a chunk on a connection of its own)."""
+        if not self._open:
+            raise NotCommitted(reason="the chunk is closed")
+        cursor = self._cursor
+        if cursor is None:
+            cursor = self._cursor = self._conn.cursor()
+        return cursor
+
+    def execute(self, query: Any, params: Sequence[Any] | Mapping[str, Any] | None = None) -> int:
+        """Run one business statement in the chunk; return its row count.
+
+        It runs on a cursor of its own, closed at once, so rows it returns are not kept.
+        """
+        conn = self.connection
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute(query, params)
+                return cursor.rowcount
+        except psycopg.Error as error:
+            raise self._classified(error) from None
+
+    def executemany(
+        self, query: Any, rows: Sequence[Sequence[Any]] | Sequence[Mapping[str, Any]]
+    ) -> int:
+        """Run one business statement once per row (pipelined); return the rows affected."""
+        cursor = self._open_cursor()
+        try:
+            cursor.executemany(query, rows)
+        except psycopg.Error as error:
+            raise self._classified(error) from None
+        return cursor.rowcount
+
+    def copy(self, statement: Any, rows: Iterable[Sequence[Any]]) -> int:
+        """COPY rows in (e.g. `COPY t (a, b) FROM STDIN`); return how many were sent."""
+        cursor = self._open_cursor()
+        try:
+            with cursor.copy(statement) as copy:
+                write_row = copy.write_row
+                if isinstance(rows, (list, tuple)):  # its length is known: no count per row
+                    for row in rows:
+                        write_row(row)
+                    return len(rows)
+                sent = 0
+                for row in rows:
+                    write_row(row)
+                    sent += 1
+        except psycopg.Error as error:
+            raise self._classified(error) from None
+        return sent
+
+    def _classified(self, error: psycopg.Error) -> PyBatchError:
+        """A business statement's error as Rejected, Cancelled or Infrastructure.
+
+        An Infrastructure error discards the connection: it can no longer be trusted.
+        """
+        classified = _sqlstate.classify_business_error(error, self._conn)
+        if isinstance(classified, Infrastructure):
+            self._discard()
+        return classified
+
+    # ------------------------------------------------------------------ outcome
+
+    def commit(
+        self,
+        counts: ChunkCounts,
+        fault_progress: FaultProgress | None = None,
+        *,
+        checkpoint: Checkpoint,
+        context: ExecutionContext | None = None,
+    ) -> CommittedStepState:
+        """Commit the chunk: business writes, counters, checkpoint and context at once.
+
+        `context` defaults to the committed one. A chunk that sent no statement of its own
+        (checkpoint-only) is the UPDATE alone, sent as one autocommit statement: atomic by
+        itself, in one round trip instead of BEGIN, UPDATE, COMMIT.
+
+        Raises:
+            NotCommitted: a business statement failed, the step changed or left STARTED,
+                its owner lost it, a counter would overflow, or COMMIT was refused;
+                nothing of the chunk is durable.
+            ChunkCommitOutcomeUnknown: the acknowledgement was lost; the session re-reads
+                the step's durable state at its next chunk.
+        """
+        return self.commit_counts(
+            counts.read,
+            counts.processed,
+            counts.written,
+            counts.filtered,
+            fault_progress,
+            checkpoint=checkpoint,
+            context=context,
+        )
+
+    def commit_counts(
+        self,
+        read: int,
+        processed: int,
+        written: int,
+        filtered: int,
+        fault_progress: FaultProgress | None = None,
+        *,
+        checkpoint: Checkpoint,
+        context: ExecutionContext | None = None,
+    ) -> CommittedStepState:
+        """`commit` with the chunk's four counts already valid (as `ChunkCounts` checks them).
+
+        The ETL API checks its keyword counts itself and calls this, so no ChunkCounts is
+        built per chunk; only the step's new totals are checked here.
+        """
+        if not self._open:
+            raise NotCommitted(reason="the chunk is closed")
+        # Read once: no statement runs between here and the progress UPDATE.
+        status = self._conn.pgconn.transaction_status
+        try:
+            if status == _INERROR:
+                raise NotCommitted(reason="a statement in the chunk failed")
+            statement, params, next_state = self._progress(
+                read, processed, written, filtered, fault_progress, checkpoint, context
+            )
+        except NotCommitted:
+            self.rollback()
+            raise
+        alone = status == _IDLE
+        cursor = self._cursor
+        if cursor is None:
+            cursor = self._cursor = self._conn.cursor()
+        self._update_progress(cursor, statement, params, alone=alone)
+        if not alone:
+            self._commit_or_classify()
+        self._open = False
+        session = self._session
+        session.committed = self.committed = next_state
+        if self._lease is None:
+            session._committed_at = time.monotonic()
+        else:
+            self._lease.rollback()  # idle after the COMMIT: only gives the connection back
+        return next_state
+
+    def _progress(
+        self,
+        read: int,
+        processed: int,
+        written: int,
+        filtered: int,
+        fault_progress: FaultProgress | None,
+        checkpoint: Checkpoint,
+        context: ExecutionContext | None,
+    ) -> tuple[Statement, dict[str, object], CommittedStepState]:
+        """The progress UPDATE to send, its parameters, and the state it commits.
+
+        Raises:
+            NotCommitted: a counter would overflow, or a state schema version cannot be
+                stored.
+        """
+        state = self.committed
+        try:
+            next_counts = state.counts.after_chunk(read, processed, written, filtered)
+        except (CountExhausted, PyBatchError):
+            raise NotCommitted(reason="a counter would overflow") from None
+        if context is None:
+            context = state.context
+        if (
+            checkpoint.schema_version > MAX_STORABLE_SCHEMA_VERSION
+            or context.schema_version > MAX_STORABLE_SCHEMA_VERSION
+        ):
+            raise NotCommitted(reason="a state schema version above 2147483647 cannot be stored")
+        session = self._session
+        now = session._clock.now()
+        statements = session._statements
+        fence = session._context
+        # The common chunk (same context, no skips, no retained retries) writes only its
+        # counters and checkpoint: every other column already holds what the full statement
+        # would write, as the version guard proves (chunks.sql).
+        if (
+            context is state.context
+            and state.fault_state is _EMPTY_FAULT_STATE
+            and (
+                fault_progress is None
+                or fault_progress is NO_FAULT_PROGRESS
+                or fault_progress == NO_FAULT_PROGRESS
+            )
+        ):
+            statement = statements.update_step_chunk_progress
+            params = encode_chunk_progress(fence, state, next_counts, checkpoint, now)
+        else:
+            statement = statements.update_step_chunk_commit
+            params = encode_chunk_commit(
+                fence,
+                state,
+                next_counts,
+                checkpoint,
+                context,
+                fault_progress or NO_FAULT_PROGRESS,
+                now,
+            )
+        next_state = CommittedStepState(
+            step_execution_id=state.step_execution_id,
+            job_execution_id=state.job_execution_id,
+            status=state.status,
+            version=state.version + 1,
+            counts=next_counts,
+            checkpoint=checkpoint,
+            context=context,
+            fault_state=_EMPTY_FAULT_STATE,
+        )
+        return statement, params, next_state
+
+    def _update_progress(
+        self,
+        cursor: psycopg.Cursor[Any],
+        statement: Statement,
+        params: dict[str, object],
+        *,
+        alone: bool,
+    ) -> None:
+        """Run the guarded progress UPDATE; exactly one row must change.
+
+        Raises:
+            NotCommitted: the UPDATE failed, or matched no row (the step changed, left
+                STARTED, or its owner lost it: the fence is the UPDATE's own predicate).
+            ChunkCommitOutcomeUnknown: the connection was lost under the autocommit UPDATE
+                of a checkpoint-only chunk.
+        """
+        try:
+            if alone:
+                changed = _run_alone(statement, cursor, params)
+            else:
+                changed = statement.prepared.affected_on(cursor, **params)
+        except psycopg.Error as error:
+            if _sqlstate.is_connection_loss(error, self._conn):
+                self._discard()
+                if alone:
+                    self._session.committed = None
+                    raise ChunkCommitOutcomeUnknown() from None
+            else:
+                self.rollback()
+            raise NotCommitted(reason="the progress update failed") from None
+        if changed != 1:
+            self.rollback()
+            raise NotCommitted(
+                reason="the step changed, is no longer STARTED, or its owner lost it"
+            )
+
+    def _commit_or_classify(self) -> None:
+        """COMMIT; a lost acknowledgement is outcome-unknown, a refusal is NotCommitted.
+
+        Raises:
+            ChunkCommitOutcomeUnknown: the connection was lost during COMMIT (the session
+                forgets its committed state: only the database knows it now).
+            NotCommitted: the server refused the COMMIT; nothing is durable.
+        """
+        conn = self._conn
+        try:
+            conn.commit()
+        except psycopg.Error as error:
+            if _sqlstate.is_connection_loss(error, conn):
+                self._discard()
+                self._session.committed = None
+                raise ChunkCommitOutcomeUnknown() from None
+            self.rollback()
+            raise NotCommitted(reason="COMMIT was refused") from None
+
+    def rollback(self) -> None:
+        """Discard the chunk's business writes and progress; a second call is a no-op."""
+        if not self._open:
+            return
+        self._open = False
+        if self._lease is not None:
+            self._lease.rollback()
+        else:
+            self._session._rollback_held()
+
+    def _discard(self) -> None:
+        """Drop the chunk's connection: it can no longer be trusted."""
+        self._open = False
+        if self._lease is not None:
+            self._lease.discard()
+        elif self._session._conn is self._conn:
+            self._session._drop()
+
+
+def _run_alone(statement: Statement, cursor: psycopg.Cursor[Any], params: dict[str, object]) -> int:
+    """Run the progress UPDATE prepared, as its own (autocommit) transaction."""
+    conn = cursor.connection
+    conn.autocommit = True
+    try:
+        return statement.prepared.affected_on(cursor, **params)
+    finally:
+        if conn.pgconn.transaction_status == _IDLE:  # else it is discarded
+            conn.autocommit = False
+
+
+def _still_alive(conn: Connection) -> bool:
+    """The held connection passes the pool's checkout check (no round trip).
+
+    A held connection never goes back through the pool between chunks, so a backend ended
+    while it sat idle would fail the next chunk; it is discarded and a fresh one leased.
+    """
+    try:
+        check_idle_connection(conn)
+    except psycopg.Error:
+        return False
+    return True

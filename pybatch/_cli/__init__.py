@@ -1,0 +1,114 @@
+"""The `pybatch` operator command line: `pybatch._cli:main`.
+
+Commands call the migrator, the repository, the explorer or the services; none holds SQL. Exit
+codes (docs/operators.md): 0 done (an empty result included), 1 refused (a pybatch error),
+2 usage or configuration, 3 database unavailable, 4 not found, 5 outcome unknown,
+6 permission denied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import psycopg
+
+from pybatch import _sqlstate
+from pybatch import errors as e
+from pybatch._cli import explore, operator, retention, schema, sql, worker
+from pybatch._cli._arguments import check_argv
+from pybatch._demo import demo
+
+#: SQLSTATEs reported as "permission denied" (exit 6): insufficient privilege and the
+#: authentication refusals.
+_PERMISSION_DENIED = frozenset({"42501", "28000", "28P01"})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every command group."""
+    parser = argparse.ArgumentParser(prog="pybatch", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for group in (schema, explore, sql, demo, worker, operator, retention):
+        group.register(commands)
+    return parser
+
+
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_CONFIGURATION = 2
+EXIT_UNAVAILABLE = 3
+EXIT_NOT_FOUND = 4
+EXIT_OUTCOME_UNKNOWN = 5
+EXIT_PERMISSION_DENIED = 6
+
+#: Error families and their exit codes, first match wins (Unavailable is decided by SQLSTATE).
+_EXIT_CODES: tuple[tuple[tuple[type[BaseException], ...], int], ...] = (
+    (
+        (e.CommitOutcomeUnknown, e.ChunkCommitOutcomeUnknown, e.OperationOutcomeUnknown),
+        EXIT_OUTCOME_UNKNOWN,
+    ),
+    ((e.PermissionDenied, e.AuthenticationFailed), EXIT_PERMISSION_DENIED),
+    (
+        (
+            e.JobInstanceNotFound,
+            e.JobExecutionNotFound,
+            e.StepExecutionNotFound,
+            e.StepPartitionNotFound,
+            e.PartitionPlanNotPublished,
+            e.UnknownStatement,
+        ),
+        EXIT_NOT_FOUND,
+    ),
+    ((e.ConfigError, e.DatabaseNotFound, e.TlsVerificationFailed), EXIT_CONFIGURATION),
+)
+_CONFIGURATION = (
+    e.PageSizeOutOfRange,
+    e.CursorError,
+    e.ExplorerAgeBoundTooSmall,
+    e.RequestFieldError,
+)
+
+
+def exit_code_for(error: BaseException) -> int:
+    """One table from error family to exit code (docs/operators.md)."""
+    if isinstance(error, e.ExplorerRepositoryError):
+        error = error.error
+    for families, code in _EXIT_CODES:
+        if isinstance(error, families):
+            return code
+    if isinstance(error, e.Unavailable):
+        return EXIT_PERMISSION_DENIED if error.sqlstate in _PERMISSION_DENIED else EXIT_UNAVAILABLE
+    if isinstance(error, e.ExplorerTimeout):
+        return EXIT_UNAVAILABLE
+    if isinstance(error, e.RetentionError) and not isinstance(error, e.RetentionPlanStale):
+        return EXIT_CONFIGURATION
+    return EXIT_CONFIGURATION if isinstance(error, _CONFIGURATION) else EXIT_REFUSED
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; every failure prints as one redacted line on stderr."""
+    parser = build_parser()
+    failure: e.PyBatchError | None = None
+    try:
+        # Before argparse: an undecodable argument would otherwise fail wherever it is
+        # first encoded (psycopg, a print) with a UnicodeEncodeError traceback.
+        check_argv(sys.argv[1:] if argv is None else argv)
+        # A type that refuses a value with a pybatch error (a duration beyond its bound)
+        # raises through parse_args and is reported below like any other refusal.
+        args = parser.parse_args(argv)
+        result: int = args.handler(args)
+    except e.PyBatchError as error:
+        failure = error
+    except psycopg.Error as error:  # a path that missed its mapping: still one line
+        failure = _sqlstate.translate(error)
+    if failure is None:
+        return result
+    if isinstance(failure, e.ExplorerRepositoryError):
+        failure = failure.error  # the repository's own error names the cause
+    print(f"pybatch: {type(failure).__name__}: {failure}", file=sys.stderr)
+    return exit_code_for(failure)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

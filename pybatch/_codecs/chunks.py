@@ -1,0 +1,149 @@
+"""Chunk state: the committed progress row of a step, and the parameters of a chunk commit.
+
+Statements: chunks.sql get_step_chunk_state (decoded here), update_step_chunk_commit and
+update_step_chunk_progress (their parameters are built here).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pybatch._codecs._jsonb import CanonicalJsonb
+from pybatch._codecs._primitives import DecodeError, Row, decode_enum, decode_int64, row_columns
+from pybatch._codecs.fault_state import FAULT_STATE_COLUMNS, decode_fault_state
+from pybatch._codecs.steps import (
+    CHECKPOINT_COLUMNS,
+    CONTEXT_COLUMNS,
+    COUNT_COLUMNS,
+    decode_checkpoint,
+    decode_context,
+    decode_counts,
+)
+from pybatch.errors import FaultStateCorrupt, FaultStateFormatError, PyBatchError, Unavailable
+from pybatch.values.chunks import ChunkContext, CommittedStepState, FaultProgress
+from pybatch.values.counts import ExecutionCounts
+from pybatch.values.fault import FaultStateEnvelope
+from pybatch.values.state import Checkpoint, ExecutionContext
+from pybatch.values.status import BatchStatus
+
+__all__ = [
+    "COMMITTED_STEP_STATE_COLUMNS",
+    "decode_committed_step_state",
+    "encode_chunk_commit",
+    "encode_chunk_progress",
+]
+
+
+def _as_is(canonical: bytes) -> bytes:
+    return canonical
+
+
+def _canonical_jsonb(canonical: bytes) -> CanonicalJsonb:
+    """Bind JSON bytes that are already canonical as jsonb, without parsing and re-encoding."""
+    return CanonicalJsonb(canonical, dumps=_as_is)
+
+
+# Every chunk commit writes the empty fault state: its canonical payload and checksum are
+# encoded once (the same bytes `to_jsonb` would produce on every commit).
+_EMPTY_FAULT_STATE_PAYLOAD = _canonical_jsonb(FaultStateEnvelope.EMPTY.canonical_bytes())
+_EMPTY_FAULT_STATE_CHECKSUM = FaultStateEnvelope.EMPTY.checksum()
+
+
+#: Columns `decode_committed_step_state` reads.
+COMMITTED_STEP_STATE_COLUMNS = (
+    "id",
+    "job_execution_id",
+    "status",
+    "version",
+    *COUNT_COLUMNS,
+    *CHECKPOINT_COLUMNS,
+    *CONTEXT_COLUMNS,
+    *FAULT_STATE_COLUMNS,
+)
+
+
+def decode_committed_step_state(row: Row) -> CommittedStepState:
+    """Decode a get_step_chunk_state row (columns `COMMITTED_STEP_STATE_COLUMNS`).
+
+    Raises:
+        FaultStateCorrupt: the retained fault state is unusable (it must stop all work).
+        Unavailable: any other column is undecodable.
+    """
+    row = row_columns(row, COMMITTED_STEP_STATE_COLUMNS)
+    try:
+        fault_state = decode_fault_state(row)
+    except (FaultStateFormatError, ValueError, TypeError):
+        raise FaultStateCorrupt() from None
+    try:
+        return CommittedStepState(
+            step_execution_id=decode_int64(row["id"], column="id", minimum=1),
+            job_execution_id=decode_int64(
+                row["job_execution_id"], column="job_execution_id", minimum=1
+            ),
+            status=decode_enum(BatchStatus, row["status"], column="status"),
+            version=decode_int64(row["version"], column="version", minimum=0),
+            counts=decode_counts(row),
+            checkpoint=decode_checkpoint(row),
+            context=decode_context(row),
+            fault_state=fault_state,
+        )
+    except (DecodeError, PyBatchError):
+        raise Unavailable() from None
+
+
+def encode_chunk_commit(
+    fence: ChunkContext,
+    state: CommittedStepState,
+    next_counts: ExecutionCounts,
+    checkpoint: Checkpoint,
+    state_context: ExecutionContext,
+    progress: FaultProgress,
+    now: datetime,
+) -> dict[str, object]:
+    """The parameters of update_step_chunk_commit: the new progress, guarded by `state`.
+
+    Checkpoint and context go as the canonical payload bytes their envelopes were built
+    from (what pybatch hashed), so nothing is parsed or encoded again here.
+    """
+    return {
+        **encode_chunk_progress(fence, state, next_counts, checkpoint, now),
+        "context_schema": state_context.schema.value,
+        "context_schema_version": state_context.schema_version,
+        "context_payload": _canonical_jsonb(state_context.payload_json()),
+        "read_skips": progress.read_skips,
+        "process_skips": progress.process_skips,
+        "write_skips": progress.write_skips,
+        "no_rollbacks": progress.no_rollbacks,
+        "fault_state_payload": _EMPTY_FAULT_STATE_PAYLOAD,
+        "fault_state_checksum": _EMPTY_FAULT_STATE_CHECKSUM,
+    }
+
+
+def encode_chunk_progress(
+    fence: ChunkContext,
+    state: CommittedStepState,
+    next_counts: ExecutionCounts,
+    checkpoint: Checkpoint,
+    now: datetime,
+) -> dict[str, object]:
+    """The parameters of update_step_chunk_progress (counters, checkpoint), guarded by `state`.
+
+    `fence` fences the write: its owner token (and partition) must still own the step
+    (chunks.sql).
+    """
+    return {
+        "read_count": next_counts.read,
+        "processed_count": next_counts.processed,
+        "write_count": next_counts.written,
+        "filter_count": next_counts.filtered,
+        "commit_count": next_counts.committed,
+        "checkpoint_schema": checkpoint.schema.value,
+        "checkpoint_schema_version": checkpoint.schema_version,
+        "checkpoint_payload": _canonical_jsonb(checkpoint.payload_json()),
+        "now": now,
+        "step_execution_id": state.step_execution_id,
+        "job_execution_id": state.job_execution_id,
+        "expected_version": state.version,
+        "owner_token": None if fence.owner is None else fence.owner.value,
+        "step_partition_id": fence.partition_id,
+    }

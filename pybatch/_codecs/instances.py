@@ -1,0 +1,138 @@
+"""Job instances: identifying-parameter documents and job_instance rows (docs/tables.md 3.8)."""
+
+from __future__ import annotations
+
+from pybatch._codecs._jsonb import to_jsonb
+from pybatch._codecs._primitives import (
+    DecodeError,
+    Row,
+    aware_at,
+    decode_json_object,
+    decode_text_value,
+    digest_at,
+    int64_at,
+    optional_enum_at,
+    row_columns,
+    text_value_at,
+)
+from pybatch.errors import JsonNotEncodable, PyBatchError, Unavailable
+from pybatch.values._canonical import canonical_json
+from pybatch.values.ids import JobInstanceId
+from pybatch.values.names import JobName, ParameterName
+from pybatch.values.parameters import (
+    JobInstanceKey,
+    JobParameter,
+    JobParameters,
+    ParameterValue,
+    ParameterValueKind,
+)
+from pybatch.values.records import JobInstance, LockedJobInstance
+from pybatch.values.status import BatchStatus
+
+IDENTIFYING_PARAMETERS_MAX_BYTES = 1024 * 1024
+
+JOB_INSTANCE_COLUMNS = ("id", "job_name", "instance_key", "identifying_parameters", "created_at")
+
+_U64_MAX = 2**64 - 1
+_ENVELOPE_MEMBERS = frozenset({"type", "identifying", "value"})
+_KINDS_BY_TAG = {kind.json_tag: kind for kind in ParameterValueKind}
+
+
+# --------------------------------------------------------------------------- identifying parameters
+
+
+def encode_identifying_parameters(key: JobInstanceKey) -> dict[str, object]:
+    """The `identifying_parameters` document of a key (docs/tables.md 3.8; at most 1 MiB)."""
+    document: dict[str, object] = {}
+    for name, parameter in key.parameters.items():
+        document[name.value] = {
+            "type": parameter.kind.json_tag,
+            "identifying": True,
+            "value": parameter.value.value,
+        }
+    if len(canonical_json(document)) > IDENTIFYING_PARAMETERS_MAX_BYTES:
+        raise Unavailable()
+    return document
+
+
+def decode_identifying_parameters(
+    document: object, *, column: str = "identifying_parameters"
+) -> JobParameters:
+    """Decode an identifying-parameter document (1 MiB; exactly type, identifying=true, value)."""
+    members = decode_json_object(document, column=column)
+    try:
+        size = len(canonical_json(members))
+    except JsonNotEncodable:
+        raise DecodeError(column) from None
+    if size > IDENTIFYING_PARAMETERS_MAX_BYTES:
+        raise DecodeError(column)
+    pairs: list[tuple[ParameterName | str, JobParameter]] = []
+    for raw_name, envelope in members.items():
+        name = decode_text_value(ParameterName, raw_name, column=column)
+        if not isinstance(envelope, dict) or set(envelope) != _ENVELOPE_MEMBERS:
+            raise DecodeError(column)
+        if envelope["identifying"] is not True:
+            raise DecodeError(column)
+        tag = envelope["type"]
+        kind = _KINDS_BY_TAG.get(tag) if type(tag) is str else None
+        if kind is None:
+            raise DecodeError(column)
+        value = _decode_parameter_value(kind, envelope["value"], column=column)
+        pairs.append((name, JobParameter(value, identifying=True)))
+    try:
+        return JobParameters.from_pairs(pairs)
+    except PyBatchError:
+        raise DecodeError(column) from None
+
+
+def _decode_parameter_value(
+    kind: ParameterValueKind, raw: object, *, column: str
+) -> ParameterValue:
+    try:
+        return ParameterValue(kind, raw)  # type: ignore[arg-type]  # checked right here
+    except (PyBatchError, TypeError):
+        raise DecodeError(column) from None
+
+
+def encode_job_instance_key(key: JobInstanceKey) -> dict[str, object]:
+    """Column values of a new job_instance row: job_name, instance_key, identifying_parameters."""
+    return {
+        "job_name": key.job_name.value,
+        "instance_key": key.digest(),
+        "identifying_parameters": to_jsonb(encode_identifying_parameters(key)),
+    }
+
+
+# --------------------------------------------------------------------------- job instance
+
+
+def decode_job_instance(row: Row) -> JobInstance:
+    """Decode a job_instance row; `instance_key` must equal the digest recomputed from it."""
+    values = row_columns(row, JOB_INSTANCE_COLUMNS)
+    instance_id = int64_at(values, "id")
+    job_name = text_value_at(JobName, values, "job_name")
+    instance_key = digest_at(values, "instance_key")
+    parameters = decode_identifying_parameters(values["identifying_parameters"])
+    created_at = aware_at(values, "created_at")
+    if JobInstanceKey(job_name, parameters).digest() != instance_key:
+        raise DecodeError("instance_key")
+    return JobInstance(
+        id=JobInstanceId(instance_id),
+        job_name=job_name,
+        instance_key=instance_key,
+        created_at=created_at,
+        parameters=parameters,
+    )
+
+
+LOCKED_JOB_INSTANCE_COLUMNS = (*JOB_INSTANCE_COLUMNS, "last_attempt", "final_status")
+
+
+def decode_locked_job_instance(row: Row) -> LockedJobInstance:
+    """Decode a lock_job_instance row: the instance, its last attempt and its tombstone."""
+    values = row_columns(row, LOCKED_JOB_INSTANCE_COLUMNS)
+    return LockedJobInstance(
+        instance=decode_job_instance(values),
+        last_attempt=int64_at(values, "last_attempt", 0),
+        final_status=optional_enum_at(BatchStatus, values, "final_status"),
+    )

@@ -1,0 +1,92 @@
+"""Codec of step_partition rows: a bad key, ordinal, shape, context or checksum is corrupt state."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pybatch._codecs._primitives import (
+    DecodeError,
+    Row,
+    decode_json_object,
+    digest_at,
+    enum_at,
+    int64_at,
+    optional_int64_at,
+    text_at,
+)
+from pybatch._codecs.steps import CONTEXT_COLUMNS, COUNT_COLUMNS, decode_counts
+from pybatch.errors import PartitionStateCorrupt, PyBatchError
+from pybatch.values._canonical import sha256
+from pybatch.values.names import ExitCode, StateSchemaId
+from pybatch.values.partitions import PartitionKey, PartitionPlanEntry, StepPartition
+from pybatch.values.state import STATE_FORMAT_VERSION, ExecutionContext, StateLimits
+from pybatch.values.status import BatchStatus
+
+#: The leading columns of a step_partition row, in table order.
+PARTITION_HEAD_COLUMNS = (
+    "id",
+    "step_execution_id",
+    "worker_step_execution_id",
+    "partition_key",
+    "partition_ordinal",
+    "status",
+    "exit_code",
+)
+STEP_PARTITION_COLUMNS = (
+    *PARTITION_HEAD_COLUMNS,
+    *COUNT_COLUMNS,
+    *CONTEXT_COLUMNS,
+    "context_checksum",
+    "version",
+)
+
+
+def context_checksum(context: ExecutionContext) -> bytes:
+    """SHA-256 of the canonical partition context envelope (docs/tables.md 3.6)."""
+    return sha256(context.encode())
+
+
+def _context(row: Row) -> ExecutionContext:
+    if row["context_format"] != STATE_FORMAT_VERSION:
+        raise DecodeError("context_format")
+    schema = StateSchemaId(text_at(row, "context_schema"))
+    version = row["context_schema_version"]
+    if type(version) is not int:
+        raise DecodeError("context_schema_version")
+    payload = decode_json_object(row["context_payload"], column="context_payload")
+    context = ExecutionContext(schema, version, payload, limits=StateLimits.PARTITION)
+    if context_checksum(context) != digest_at(row, "context_checksum"):
+        raise DecodeError("context_checksum")
+    return context
+
+
+def decode_step_partition(row: Row) -> StepPartition:
+    """Decode one step_partition row (PartitionStateCorrupt for any refused column)."""
+    try:
+        counts = decode_counts(row)
+        return StepPartition(
+            id=int64_at(row, "id"),
+            step_execution_id=int64_at(row, "step_execution_id"),
+            worker_step_execution_id=optional_int64_at(row, "worker_step_execution_id"),
+            key=PartitionKey(text_at(row, "partition_key")),
+            ordinal=int64_at(row, "partition_ordinal"),
+            status=enum_at(BatchStatus, row, "status"),
+            exit_status=ExitCode(text_at(row, "exit_code")),
+            counts=counts,
+            context=_context(row),
+            version=int64_at(row, "version", 0),
+        )
+    except (DecodeError, PyBatchError, ValueError, TypeError):
+        raise PartitionStateCorrupt() from None
+
+
+def encode_plan_entries(entries: Sequence[PartitionPlanEntry]) -> dict[str, object]:
+    """The parallel arrays of queries/partitions.sql insert_step_partitions, in entry order."""
+    return {
+        "partition_keys": [entry.key.value for entry in entries],
+        "partition_ordinals": list(range(1, len(entries) + 1)),
+        "context_schemas": [entry.context.schema.value for entry in entries],
+        "context_schema_versions": [entry.context.schema_version for entry in entries],
+        "context_payloads": [entry.context.payload_json().decode() for entry in entries],
+        "context_checksums": [context_checksum(entry.context) for entry in entries],
+    }

@@ -1,0 +1,168 @@
+"""Step executions: step_execution rows, counters and state envelopes (docs/tables.md 2.7)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TypeVar
+
+from pybatch._codecs._jsonb import to_jsonb
+from pybatch._codecs._primitives import (
+    DecodeError,
+    Row,
+    decode_json_object,
+    int64_at,
+    row_columns,
+    text_value_at,
+)
+from pybatch._codecs.lifecycle import (
+    FAILURE_COLUMNS,
+    INSTANT_COLUMNS,
+    decode_metadata,
+    decode_updated_at,
+)
+from pybatch.errors import PyBatchError
+from pybatch.values.counts import ExecutionCounts, StepFaultCounts
+from pybatch.values.ids import JobExecutionId, StepExecutionId
+from pybatch.values.names import NodeId, StateSchemaId, StepName
+from pybatch.values.records import StepExecution
+from pybatch.values.state import STATE_FORMAT_VERSION, Checkpoint, ExecutionContext, StateLimits
+
+_COUNT_COLUMNS = (
+    ("read", "read_count"),
+    ("processed", "processed_count"),
+    ("written", "write_count"),
+    ("filtered", "filter_count"),
+    ("committed", "commit_count"),
+    ("rolled_back", "rollback_count"),
+)
+_FAULT_COUNT_COLUMNS = (
+    ("read_retry", "read_retry_count"),
+    ("process_retry", "process_retry_count"),
+    ("write_retry", "write_retry_count"),
+    ("read_skip", "read_skip_count"),
+    ("process_skip", "process_skip_count"),
+    ("write_skip", "write_skip_count"),
+    ("no_rollback", "no_rollback_count"),
+)
+_STATE_PARTS = ("format", "schema", "schema_version", "payload")
+
+COUNT_COLUMNS = tuple(column for _, column in _COUNT_COLUMNS)  # The six counter columns of a step.
+#: The four columns of a step's checkpoint envelope.
+CHECKPOINT_COLUMNS = tuple(f"checkpoint_{part}" for part in _STATE_PARTS)
+#: The four columns of a step's execution-context envelope.
+CONTEXT_COLUMNS = tuple(f"context_{part}" for part in _STATE_PARTS)
+
+#: The leading columns of a step_execution row, in table order.
+STEP_HEAD_COLUMNS = (
+    "id",
+    "job_execution_id",
+    "step_name",
+    "step_logical_id",
+    "status",
+    "exit_code",
+)
+#: Columns `decode_step_execution` reads (fault-state columns belong to the fault-state codec).
+STEP_EXECUTION_COLUMNS = (
+    *STEP_HEAD_COLUMNS,
+    *COUNT_COLUMNS,
+    *CHECKPOINT_COLUMNS,
+    *CONTEXT_COLUMNS,
+    *FAILURE_COLUMNS,
+    *INSTANT_COLUMNS,
+    "version",
+    *(column for _, column in _FAULT_COUNT_COLUMNS),
+)
+
+_StateT = TypeVar("_StateT", Checkpoint, ExecutionContext)
+_CountsT = TypeVar("_CountsT", ExecutionCounts, StepFaultCounts)
+_U32_MAX = 2**32 - 1
+
+
+# --------------------------------------------------------------------------- step execution
+
+
+def _decode_state(state_cls: type[_StateT], values: Mapping[str, object], prefix: str) -> _StateT:
+    """Rebuild and validate a state envelope from its four columns (limits 1 MiB / depth 64)."""
+    format_value = values[f"{prefix}_format"]
+    if type(format_value) is not int or format_value != STATE_FORMAT_VERSION:
+        raise DecodeError(f"{prefix}_format")
+    schema = text_value_at(StateSchemaId, values, f"{prefix}_schema")
+    schema_version = values[f"{prefix}_schema_version"]
+    if type(schema_version) is not int or not 1 <= schema_version <= _U32_MAX:
+        raise DecodeError(f"{prefix}_schema_version")
+    payload = decode_json_object(values[f"{prefix}_payload"], column=f"{prefix}_payload")
+    try:
+        return state_cls(schema, schema_version, payload, limits=StateLimits.STEP)
+    except PyBatchError:
+        raise DecodeError(f"{prefix}_payload") from None
+
+
+def _decode_counters(
+    counts_cls: type[_CountsT], row: Row, columns: tuple[tuple[str, str], ...]
+) -> _CountsT:
+    return counts_cls(**{field: int64_at(row, column, 0) for field, column in columns})
+
+
+def decode_step_execution(row: Row) -> StepExecution:
+    """Decode a step_execution row (columns `STEP_EXECUTION_COLUMNS`)."""
+    values = row_columns(row, STEP_EXECUTION_COLUMNS)
+    step_id = int64_at(values, "id")
+    job_execution_id = int64_at(values, "job_execution_id")
+    step_name = text_value_at(StepName, values, "step_name")
+    logical_id = text_value_at(NodeId, values, "step_logical_id")
+    counts = _decode_counters(ExecutionCounts, values, _COUNT_COLUMNS)
+    fault_counts = _decode_counters(StepFaultCounts, values, _FAULT_COUNT_COLUMNS)
+    checkpoint = _decode_state(Checkpoint, values, "checkpoint")
+    context = _decode_state(ExecutionContext, values, "context")
+    metadata = decode_metadata(values, counts)
+    return StepExecution(
+        id=StepExecutionId(step_id),
+        job_execution_id=JobExecutionId(job_execution_id),
+        step_name=step_name,
+        logical_id=logical_id,
+        metadata=metadata,
+        updated_at=decode_updated_at(values, metadata),
+        version=int64_at(values, "version", 0),
+        checkpoint=checkpoint,
+        context=context,
+        fault_counts=fault_counts,
+    )
+
+
+# --------------------------------------------------------------------------- encoders
+
+
+def encode_state(state: Checkpoint | ExecutionContext) -> dict[str, object]:
+    """Column values of a checkpoint (`checkpoint_*`) or context (`context_*`); format is 1."""
+    prefix = "checkpoint" if isinstance(state, Checkpoint) else "context"
+    return {
+        f"{prefix}_format": STATE_FORMAT_VERSION,
+        f"{prefix}_schema": state.schema.value,
+        f"{prefix}_schema_version": state.schema_version,
+        f"{prefix}_payload": to_jsonb(state.payload),
+    }
+
+
+def encode_counts(counts: ExecutionCounts) -> dict[str, object]:
+    """Column values of the six step counters (read_count ... rollback_count)."""
+    return {column: getattr(counts, field) for field, column in _COUNT_COLUMNS}
+
+
+def encode_fault_counts(counts: StepFaultCounts) -> dict[str, object]:
+    """Column values of the seven retry/skip/no-rollback counters of a step."""
+    return {column: getattr(counts, field) for field, column in _FAULT_COUNT_COLUMNS}
+
+
+def decode_checkpoint(row: Row) -> Checkpoint:
+    """Rebuild a step's checkpoint from its `checkpoint_*` columns (limits 1 MiB / depth 64)."""
+    return _decode_state(Checkpoint, row, "checkpoint")
+
+
+def decode_context(row: Row) -> ExecutionContext:
+    """Rebuild a step's execution context from its `context_*` columns."""
+    return _decode_state(ExecutionContext, row, "context")
+
+
+def decode_counts(row: Row) -> ExecutionCounts:
+    """The six step counters of a row (read_count ... rollback_count)."""
+    return _decode_counters(ExecutionCounts, row, _COUNT_COLUMNS)

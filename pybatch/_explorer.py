@@ -1,0 +1,447 @@
+"""The explorer: read-only, keyset-paged views of everything the repository records.
+
+Every page is its own READ COMMITTED, READ ONLY transaction with the configured timeouts, always
+rolled back: no locks, never part of a unit of work. A traversal fixes an identity ceiling on its
+first page and carries it in the cursor, so rows created meanwhile never join it.
+
+A cursor is not a credential: its unkeyed SHA-256 catches damage, not forgery. A forger could
+only raise the ceiling, so every continued page reads the current ceiling in the same transaction
+and refuses a higher one (`CursorInvalid`); any lower ceiling and key describe a window plain
+paging reaches anyway. Keying it (HMAC) was rejected: a per-process key breaks cursors across
+`pybatch` invocations, and a key in the database is readable by every role that can page. The
+cost is one index-backed `MAX(id)` per continued page; a traversal whose newest rows were purged
+is refused the same way and starts again.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import psycopg
+
+from pybatch._codecs import explorer as codec
+from pybatch._codecs._primitives import DecodeError, Row
+from pybatch._job_repository import JobRepository
+from pybatch._statements import Statement, Statements
+from pybatch.errors import (
+    CursorInvalid,
+    ExplorerAgeBoundTooSmall,
+    ExplorerRepositoryError,
+    ExplorerTimeout,
+    JobExecutionNotFound,
+    JobInstanceNotFound,
+    RepositoryError,
+    ResponseTooLarge,
+    StepExecutionNotFound,
+    Unavailable,
+)
+from pybatch.values.explorer import (
+    MAX_RESPONSE_BYTES,
+    MIN_UNRESOLVED_AGE,
+    Cursor,
+    CursorKey,
+    ExplorerQuery,
+    IdentityKey,
+    JobExecutionProjection,
+    JobInstanceProjection,
+    JobNameSummary,
+    LatestAttempt,
+    NameKey,
+    OrderedKey,
+    Page,
+    PageSize,
+    StepExecutionProjection,
+    StepPartitionProjection,
+    flow_decision_json,
+    operator_request_json,
+    query_binding,
+    recovery_decision_json,
+)
+from pybatch.values.flow import FlowDecision
+from pybatch.values.ids import INT64_MAX, IdentifierKind, check_identifier
+from pybatch.values.operator import OperatorRecord
+from pybatch.values.recovery import RecoveryDecision
+
+__all__ = ["JobExplorer"]
+
+T = TypeVar("T")
+Conn = psycopg.Connection[Any]
+Fetch = Callable[[Conn, CursorKey | None, int, int], list[Row]]
+
+
+def _ceiling_statement(statements: Statements, query: ExplorerQuery) -> Statement:
+    """The statement reading `query`'s identity ceiling."""
+    return {
+        ExplorerQuery.JOB_NAMES: statements.explore_ceiling_job_names,
+        ExplorerQuery.INSTANCES: statements.explore_ceiling_instances,
+        ExplorerQuery.EXECUTIONS: statements.explore_ceiling_executions,
+        ExplorerQuery.UNRESOLVED_EXECUTIONS: statements.explore_ceiling_executions,
+        ExplorerQuery.STEP_EXECUTIONS: statements.explore_ceiling_step_executions,
+        ExplorerQuery.RECOVERY_DECISIONS: statements.explore_ceiling_recovery_decisions,
+        ExplorerQuery.FLOW_DECISIONS: statements.explore_ceiling_flow_decisions,
+        ExplorerQuery.STEP_PARTITIONS: statements.explore_ceiling_step_partitions,
+        ExplorerQuery.OPERATOR_REQUESTS: statements.explore_ceiling_operator_requests,
+    }[query]
+
+
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def _row_size(item: object) -> int:
+    """UTF-8 size of a row's compact JSON: an estimate (the bound is per page), so no canonical."""
+    if isinstance(item, OperatorRecord):
+        document = operator_request_json(item)
+    elif isinstance(item, FlowDecision):
+        document = flow_decision_json(item)
+    elif isinstance(item, RecoveryDecision):
+        document = recovery_decision_json(item)
+    else:
+        as_json: Callable[[], dict[str, Any]] = item.as_json  # type: ignore[attr-defined]
+        document = as_json()
+    return len(_ENCODER.encode(document).encode("utf-8"))
+
+
+#: Child listings: their statement, decoder, and whether they page by (sequence, id), not id.
+_CHILDREN: dict[
+    ExplorerQuery, tuple[Callable[[Statements], Statement], Callable[[Row], Any], bool]
+] = {
+    ExplorerQuery.STEP_EXECUTIONS: (
+        lambda q: q.explore_step_executions,
+        codec.decode_step_projection,
+        False,
+    ),
+    ExplorerQuery.RECOVERY_DECISIONS: (
+        lambda q: q.explore_recovery_decisions,
+        codec.decode_recovery_decision,
+        False,
+    ),
+    ExplorerQuery.FLOW_DECISIONS: (
+        lambda q: q.explore_flow_decisions,
+        codec.decode_flow_decision,
+        True,
+    ),
+    ExplorerQuery.STEP_PARTITIONS: (
+        lambda q: q.explore_step_partitions,
+        codec.decode_partition_projection,
+        False,
+    ),
+    ExplorerQuery.OPERATOR_REQUESTS: (
+        lambda q: q.explore_operator_requests,
+        codec.decode_operator_request,
+        False,
+    ),
+}
+
+
+class JobExplorer:
+    """Paged, value-redacted reads over a `JobRepository`'s pool (docs/contract.md, Explorer)."""
+
+    def __init__(self, repository: JobRepository) -> None:
+        self._repository = repository
+        self._statements: Statements = repository.statements
+
+    def __repr__(self) -> str:
+        return f"JobExplorer({self._repository!r})"
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _read(self, work: Callable[[Conn], T]) -> T:
+        """Run `work` in one read-only transaction, always rolled back; map failures."""
+        try:
+            with self._repository.read_transaction() as conn:
+                try:
+                    return work(conn)
+                except DecodeError:
+                    raise ExplorerRepositoryError(error=Unavailable()) from None
+        except Unavailable as error:
+            if error.sqlstate == "57014":
+                raise ExplorerTimeout() from None
+            raise ExplorerRepositoryError(error=error) from None
+        except RepositoryError as error:  # PermissionDenied and the like keep their name
+            raise ExplorerRepositoryError(error=error) from None
+
+    def _ceiling(self, conn: Conn, query: ExplorerQuery, job_name: str | None) -> int:
+        params = {"job_name": job_name} if query is ExplorerQuery.INSTANCES else {}
+        value = _ceiling_statement(self._statements, query).scalar(conn, **params)
+        if value is None:
+            return 0
+        if type(value) is not int or not 0 < value <= INT64_MAX:
+            raise DecodeError("ceiling")
+        return value
+
+    def identity_ceiling(self, query: ExplorerQuery, *, job_name: str | None = None) -> int:
+        """The current identity ceiling of `query` (0 when empty); `job_name` only for instances."""
+        if query is ExplorerQuery.INSTANCES and job_name is None:
+            raise TypeError("the instances ceiling is per job name")
+        return self._read(lambda conn: self._ceiling(conn, query, job_name))
+
+    def _page(
+        self,
+        query: ExplorerQuery,
+        filter_value: object,
+        page_size: PageSize | None,
+        after: Cursor | None,
+        fetch: Fetch,
+        decode: Callable[[Row], T],
+        key_of: Callable[[T], CursorKey],
+        parent_missing: Callable[[Conn], RepositoryError | None] | None = None,
+        *,
+        job_name: str | None = None,
+    ) -> Page[T]:
+        page_size = page_size or PageSize()
+        binding = query_binding(query, page_size, filter_value)
+        key: CursorKey | None = None
+        ceiling: int | None = None
+        if after is not None:
+            key, ceiling = after.open(query, binding)
+
+        def work(conn: Conn) -> tuple[list[T], int]:
+            if parent_missing is not None:
+                missing = parent_missing(conn)
+                if missing is not None:
+                    raise ExplorerRepositoryError(error=missing)
+            current = self._ceiling(conn, query, job_name)
+            if ceiling is not None and ceiling > current:
+                raise CursorInvalid()  # a ceiling no traversal was given (module docstring)
+            bound = current if ceiling is None else ceiling
+            if bound == 0:
+                return [], 0
+            return [decode(row) for row in fetch(conn, key, bound, page_size.value)], bound
+
+        items, bound = self._read(work)
+        kept: list[T] = []
+        total = 0
+        truncated = False
+        for item in items:
+            size = _row_size(item)
+            if not kept and size > MAX_RESPONSE_BYTES:
+                raise ResponseTooLarge(limit=page_size.value)
+            if total + size > MAX_RESPONSE_BYTES:
+                truncated = True
+                break
+            kept.append(item)
+            total += size
+        next_cursor = None
+        if kept and (truncated or len(items) == page_size.value):
+            next_cursor = Cursor.issue(query, key_of(kept[-1]), bound, binding)
+        return Page(items=tuple(kept), next_cursor=next_cursor, ceiling=bound)
+
+    def _exists(
+        self, name: Statement, error: RepositoryError, **params: Any
+    ) -> Callable[[Conn], RepositoryError | None]:
+        def check(conn: Conn) -> RepositoryError | None:
+            return None if name.scalar(conn, **params) else error
+
+        return check
+
+    # ------------------------------------------------------------------ queries
+
+    def job_names(
+        self, page_size: PageSize | None = None, after: Cursor | None = None
+    ) -> Page[JobNameSummary]:
+        """Distinct job names of instances in byte order, with their latest execution."""
+
+        def fetch(conn: Conn, key: CursorKey | None, ceiling: int, limit: int) -> list[Row]:
+            after_name = key.name if isinstance(key, NameKey) else ""
+            return self._statements.explore_job_names.many(
+                conn,
+                after_name=after_name,
+                ceiling=ceiling,
+                row_limit=limit,
+            )
+
+        return self._page(
+            ExplorerQuery.JOB_NAMES,
+            None,
+            page_size,
+            after,
+            fetch,
+            codec.decode_job_name_summary,
+            lambda item: NameKey(item.job_name),
+        )
+
+    def instances(
+        self, job_name: str, page_size: PageSize | None = None, after: Cursor | None = None
+    ) -> Page[JobInstanceProjection]:
+        """Instances of `job_name`, newest first; an unknown name gives an empty page."""
+        if type(job_name) is not str:
+            raise TypeError("job_name must be a str")
+
+        def fetch(conn: Conn, key: CursorKey | None, ceiling: int, limit: int) -> list[Row]:
+            before = key.id if isinstance(key, IdentityKey) else INT64_MAX
+            return self._statements.explore_instances.many(
+                conn,
+                job_name=job_name,
+                ceiling=ceiling,
+                before_id=before,
+                row_limit=limit,
+            )
+
+        return self._page(
+            ExplorerQuery.INSTANCES,
+            job_name,
+            page_size,
+            after,
+            fetch,
+            codec.decode_instance_projection,
+            lambda item: IdentityKey(item.id),
+            job_name=job_name,
+        )
+
+    def executions(
+        self, job_instance_id: int, page_size: PageSize | None = None, after: Cursor | None = None
+    ) -> Page[JobExecutionProjection]:
+        """Attempts of an instance, (attempt, id) descending (wraps JobInstanceNotFound)."""
+        check_identifier(IdentifierKind.JOB_INSTANCE, job_instance_id)
+
+        def fetch(conn: Conn, key: CursorKey | None, ceiling: int, limit: int) -> list[Row]:
+            last = (key.primary, key.id) if isinstance(key, OrderedKey) else (INT64_MAX, INT64_MAX)
+            attempt, before = last
+            return self._statements.explore_executions.many(
+                conn,
+                job_instance_id=job_instance_id,
+                ceiling=ceiling,
+                before_attempt=attempt,
+                before_id=before,
+                row_limit=limit,
+            )
+
+        return self._page(
+            ExplorerQuery.EXECUTIONS,
+            job_instance_id,
+            page_size,
+            after,
+            fetch,
+            codec.decode_execution_projection,
+            lambda item: OrderedKey(item.attempt, item.id),
+            self._exists(
+                self._statements.explore_job_instance_exists,
+                JobInstanceNotFound(id=job_instance_id),
+                job_instance_id=job_instance_id,
+            ),
+        )
+
+    def execution(self, job_execution_id: int) -> JobExecutionProjection | None:
+        """One execution projection, or None when it does not exist."""
+        check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
+
+        def work(conn: Conn) -> JobExecutionProjection | None:
+            row = self._statements.explore_execution.one(conn, job_execution_id=job_execution_id)
+            return None if row is None else codec.decode_execution_projection(row)
+
+        return self._read(work)
+
+    def latest_attempt(self, job_instance_id: int) -> LatestAttempt | None:
+        """The instance's newest attempt, or None when it has none (or does not exist)."""
+        check_identifier(IdentifierKind.JOB_INSTANCE, job_instance_id)
+
+        def work(conn: Conn) -> LatestAttempt | None:
+            row = self._statements.explore_latest_attempt.one(conn, job_instance_id=job_instance_id)
+            return None if row is None else codec.decode_latest_attempt(row)
+
+        return self._read(work)
+
+    def _children(
+        self, query: ExplorerQuery, parent_id: int, page_size: PageSize | None, after: Cursor | None
+    ) -> Page[Any]:
+        """A page of the rows under one job execution (or, for partitions, step execution)."""
+        statement_of, decode, ordered = _CHILDREN[query]
+        q = self._statements
+        missing: RepositoryError
+        if query is ExplorerQuery.STEP_PARTITIONS:
+            kind, parent_column = IdentifierKind.STEP_EXECUTION, "step_execution_id"
+            exists, missing = q.explore_step_execution_exists, StepExecutionNotFound(id=parent_id)
+        else:
+            kind, parent_column = IdentifierKind.JOB_EXECUTION, "job_execution_id"
+            exists, missing = q.explore_job_execution_exists, JobExecutionNotFound(id=parent_id)
+        check_identifier(kind, parent_id)
+        statement = statement_of(q)
+
+        def fetch(conn: Conn, key: CursorKey | None, ceiling: int, limit: int) -> list[Row]:
+            params: dict[str, Any] = {
+                parent_column: parent_id,
+                "ceiling": ceiling,
+                "row_limit": limit,
+            }
+            if ordered:
+                params["after_sequence"], params["after_id"] = (
+                    (key.primary, key.id) if isinstance(key, OrderedKey) else (0, 0)
+                )
+            else:
+                params["after_id"] = key.id if isinstance(key, IdentityKey) else 0
+            return statement.many(conn, **params)
+
+        exists_check = self._exists(exists, missing, **{parent_column: parent_id})
+
+        def key_of(item: Any) -> CursorKey:
+            return OrderedKey(item.sequence, item.id) if ordered else IdentityKey(item.id)
+
+        return self._page(query, parent_id, page_size, after, fetch, decode, key_of, exists_check)
+
+    def step_executions(
+        self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
+    ) -> Page[StepExecutionProjection]:
+        """Steps of an execution, id ascending (wraps JobExecutionNotFound)."""
+        return self._children(ExplorerQuery.STEP_EXECUTIONS, job_execution_id, page_size, after)
+
+    def recovery_decisions(
+        self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
+    ) -> Page[RecoveryDecision]:
+        """Recovery decisions of an execution, id ascending (wraps JobExecutionNotFound)."""
+        return self._children(ExplorerQuery.RECOVERY_DECISIONS, job_execution_id, page_size, after)
+
+    def flow_decisions(
+        self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
+    ) -> Page[FlowDecision]:
+        """Flow decisions of an execution, (sequence, id) ascending (wraps JobExecutionNotFound)."""
+        return self._children(ExplorerQuery.FLOW_DECISIONS, job_execution_id, page_size, after)
+
+    def step_partitions(
+        self, step_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
+    ) -> Page[StepPartitionProjection]:
+        """Partitions of a manager step, id ascending (wraps StepExecutionNotFound)."""
+        return self._children(ExplorerQuery.STEP_PARTITIONS, step_execution_id, page_size, after)
+
+    def operator_requests(
+        self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
+    ) -> Page[OperatorRecord]:
+        """Operator requests aimed at an execution, id ascending (wraps JobExecutionNotFound)."""
+        return self._children(ExplorerQuery.OPERATOR_REQUESTS, job_execution_id, page_size, after)
+
+    def unresolved_executions(
+        self,
+        minimum_age: _dt.timedelta,
+        page_size: PageSize | None = None,
+        after: Cursor | None = None,
+    ) -> Page[JobExecutionProjection]:
+        """Unresolved executions not updated for `minimum_age` (60 s or more): database clock.
+
+        The cutoff is the server's statement time minus the age, to the microsecond, so a client
+        whose clock is wrong neither hides a stale run nor lists a fresh one.
+        """
+        if not isinstance(minimum_age, _dt.timedelta) or minimum_age < MIN_UNRESOLVED_AGE:
+            seconds = minimum_age.total_seconds() if isinstance(minimum_age, _dt.timedelta) else -1
+            raise ExplorerAgeBoundTooSmall(requested_seconds=seconds)
+        age_us = minimum_age // _dt.timedelta(microseconds=1)
+
+        def fetch(conn: Conn, key: CursorKey | None, ceiling: int, limit: int) -> list[Row]:
+            return self._statements.explore_unresolved_executions.many(
+                conn,
+                minimum_age_us=age_us,
+                ceiling=ceiling,
+                after_id=key.id if isinstance(key, IdentityKey) else 0,
+                row_limit=limit,
+            )
+
+        return self._page(
+            ExplorerQuery.UNRESOLVED_EXECUTIONS,
+            age_us,
+            page_size,
+            after,
+            fetch,
+            codec.decode_execution_projection,
+            lambda item: IdentityKey(item.id),
+        )

@@ -1,0 +1,180 @@
+"""Durable retry reservations of a step (docs/contract.md, Fault state; Chunk transactions).
+
+A reservation is spent in its own short transaction, after a known rollback and before
+the backoff: the step row is locked, the stored envelope is verified, the ordinal must
+follow the stored one, and the update is a compare-and-swap on version and STARTED. A
+stale or concurrent reserver therefore loses instead of spending an ordinal twice.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import psycopg
+
+from pybatch import _sqlstate
+from pybatch._chunks import load_committed_state
+from pybatch._codecs._jsonb import to_jsonb
+from pybatch._codecs._primitives import DecodeError
+from pybatch._codecs.fault_state import decode_locked_fault_state, encode_fault_state
+from pybatch._statements import Statement
+from pybatch._transaction import CommitErrors
+from pybatch.errors import (
+    FaultStateCommitOutcomeUnknown,
+    FaultStateCorrupt,
+    FaultStateFormatError,
+    FaultStateUnavailable,
+    FaultStateUnbound,
+    PyBatchError,
+    StaleReservation,
+)
+from pybatch.values.chunks import ChunkContext
+from pybatch.values.fault import (
+    FaultEntry,
+    FaultPhase,
+    FaultStateEnvelope,
+    RetryKey,
+    RetryLimit,
+    RetryOrdinal,
+    RetryStateLimit,
+)
+from pybatch.values.status import BatchStatus
+
+if TYPE_CHECKING:
+    from pybatch._job_repository import JobRepository
+
+__all__ = ["FaultState", "RetryPolicy"]
+
+#: How a reservation reports a COMMIT that did not make it durable.
+_COMMIT_ERRORS = CommitErrors(
+    aborted=FaultStateUnavailable,
+    refused=lambda _error: FaultStateUnavailable(),
+    unknown=FaultStateCommitOutcomeUnknown,
+)
+
+
+@attrs.frozen
+class RetryPolicy:
+    """How many retries one key may spend and how many keys a step may retain."""
+
+    retry_limit: RetryLimit
+    state_limit: RetryStateLimit
+
+
+class FaultState:
+    """The fault-state store of one step, bound with `bind` before use."""
+
+    def __init__(self, repository: JobRepository, policy: RetryPolicy) -> None:
+        self._repository = repository
+        self._policy = policy
+        self._context: ChunkContext | None = None
+        self._statements = q = repository.statements
+        self._updates: dict[FaultPhase, Statement] = {
+            FaultPhase.READ: q.update_step_fault_reservation_read,
+            FaultPhase.PROCESS: q.update_step_fault_reservation_process,
+            FaultPhase.WRITE: q.update_step_fault_reservation_write,
+        }
+
+    def _bound(self) -> ChunkContext:
+        if self._context is None:
+            raise FaultStateUnbound()
+        return self._context
+
+    def bind(self, context: ChunkContext) -> None:
+        """Attach to a step once its retained state is valid (FaultStateCorrupt: no work begins)."""
+        self._load(context)
+        self._context = context
+
+    def _load(self, context: ChunkContext) -> FaultStateEnvelope:
+        """The retained envelope; a superseded or over-policy one is FaultStateCorrupt."""
+        state = load_committed_state(self._repository, context)
+        try:
+            digest = state.checkpoint.generation_digest()
+            state.fault_state.validate_for(
+                self._policy.retry_limit, self._policy.state_limit, digest
+            )
+        except FaultStateFormatError:
+            raise FaultStateCorrupt() from None
+        return state.fault_state
+
+    def reserved_ordinal(self, key: RetryKey) -> RetryOrdinal | None:
+        """The ordinal stored for `key`, or None."""
+        return self._load(self._bound()).ordinal_for(key)
+
+    def unresolved(self) -> int:
+        """How many retry keys the step retains."""
+        return len(self._load(self._bound()).entries)
+
+    def resolve(self, key: RetryKey) -> None:
+        """No-op: retained state is cleared by the next chunk commit, which supersedes it."""
+        self._bound()
+
+    def clear_resolved(self) -> None:
+        """No-op, as `resolve`."""
+        self._bound()
+
+    def reserve(self, entry: FaultEntry) -> None:
+        """Spend retry `entry.ordinal` of `entry.key` durably, in its own transaction.
+
+        StaleReservation when the step left STARTED, the ordinal does not follow the stored
+        one, the phase has no retry counter, or a concurrent writer won. After
+        FaultStateCommitOutcomeUnknown retrying the same ordinal is safe: it is
+        StaleReservation if the first one landed.
+        """
+        context = self._bound()
+        try:
+            lease = self._repository.transactions.lease()
+        except PyBatchError:
+            raise FaultStateUnavailable() from None
+        conn = lease.connection
+        try:
+            if conn is None:  # a fresh lease always holds its connection
+                raise FaultStateUnavailable()
+            self._reserve_locked(conn, context, entry)
+        except psycopg.Error as error:
+            if _sqlstate.is_connection_loss(error, conn):
+                lease.discard()
+            lease.rollback()
+            raise FaultStateUnavailable() from None
+        except BaseException:
+            lease.rollback()
+            raise
+        lease.commit(_COMMIT_ERRORS)
+
+    def _reserve_locked(
+        self, conn: psycopg.Connection[Any], context: ChunkContext, entry: FaultEntry
+    ) -> None:
+        row = self._statements.lock_step_fault_state.one(
+            conn,
+            step_execution_id=context.step_execution_id,
+            job_execution_id=context.job_execution_id,
+        )
+        if row is None:
+            raise StaleReservation()
+        try:
+            locked = decode_locked_fault_state(row)
+            envelope, digest = locked.envelope, locked.checkpoint_digest
+            envelope.validate_for(self._policy.retry_limit, self._policy.state_limit, digest)
+        except (FaultStateFormatError, DecodeError, ValueError, TypeError):
+            raise FaultStateCorrupt() from None
+        if locked.status is not BatchStatus.STARTED:
+            raise StaleReservation()
+        try:
+            reserved = envelope.reserved(entry, digest, self._policy.state_limit)
+        except FaultStateFormatError:
+            raise FaultStateCorrupt() from None
+        statement = self._updates.get(entry.phase)
+        if statement is None:
+            raise StaleReservation()
+        columns = encode_fault_state(reserved)
+        changed = statement.affected(
+            conn,
+            fault_state_payload=to_jsonb(columns["fault_state_payload"]),
+            fault_state_checksum=columns["fault_state_checksum"],
+            now=self._repository.clock.now(),
+            step_execution_id=context.step_execution_id,
+            expected_version=locked.version,
+        )
+        if changed != 1:
+            raise StaleReservation()

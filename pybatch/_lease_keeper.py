@@ -1,0 +1,194 @@
+"""Keeps a lease fresh from a background thread (docs/contract.md, Ownership and leases).
+
+A runner may spend minutes inside one chunk; its lease must not lapse meanwhile. Renewals
+go through pooled units of work (a killed idle connection is replaced, never fatal). A
+renewal that finds the ownership gone records it and stops; the runner raises the
+ownership-lost error at its next boundary and touches nothing. `LeaseKeeper` (a job
+execution's lease) doubles as the stop-request poll: a renewal that reports a stop observes
+it, moving the execution to STOPPING; `PartitionLeaseKeeper` keeps a worker's partition lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+from pybatch._unit_of_work import UnitOfWork
+from pybatch.errors import ExecutionOwnershipLost, PartitionOwnershipLost, PyBatchError
+from pybatch.values.ownership import ExecutionLease, OwnerToken
+
+if TYPE_CHECKING:
+    from pybatch._job_repository import JobRepository
+
+__all__ = ["LeaseKeeper", "PartitionLeaseKeeper"]
+
+logger = logging.getLogger("pybatch.etl")
+
+#: After a failed renewal, try again after this fraction of the regular interval.
+RETRY_DIVISOR = 4
+
+
+class _Keeper:
+    """Renews one lease until halted; records a lost ownership (subclasses say whose)."""
+
+    #: The error a renewal raises when the ownership is gone.
+    lost_error: type[ExecutionOwnershipLost] | type[PartitionOwnershipLost]
+
+    def __init__(
+        self,
+        repository: JobRepository,
+        owner: OwnerToken,
+        lease: ExecutionLease,
+        name: str,
+        description: str,
+    ) -> None:
+        self.repository = repository
+        self.owner = owner
+        self.lease = lease
+        self._description = description
+        self._halt = threading.Event()
+        self._lost = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    @property
+    def lost(self) -> bool:
+        """Whether a renewal found that this process no longer owns the leased work."""
+        return self._lost.is_set()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def halt(self) -> None:
+        """Stop renewing (before the runner records how its work ended)."""
+        self._halt.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def lost_ownership(self) -> PyBatchError:
+        """The typed error naming the lost ownership."""
+        raise NotImplementedError
+
+    def _renew_once(self) -> None:
+        """One renewal in the caller's thread; raises `lost_error` when the ownership is gone."""
+        raise NotImplementedError
+
+    def raise_if_lost(self) -> None:
+        """Renew once after a refused write: raise `lost_error` only if the ownership is gone.
+
+        Any other failure of the renewal proves nothing and is not raised.
+        """
+        try:
+            self.renew_now()
+        except self.lost_error:
+            raise
+        except PyBatchError:
+            return
+
+    def renew_now(self) -> None:
+        """Renew once in the caller's thread; a `lost_error` is recorded and raised."""
+        if self.lost:
+            raise self.lost_ownership()
+        try:
+            self._renew_once()
+        except self.lost_error:
+            self._lost.set()
+            raise
+
+    def _run(self) -> None:
+        interval = self.lease.renew_interval.total_seconds()
+        wait = interval
+        while not self._halt.wait(wait):
+            try:
+                self.renew_now()
+            except self.lost_error:
+                logger.error(
+                    "pybatch: %s is no longer owned by this process; its lease lapsed and "
+                    "another process recovered it",
+                    self._description,
+                )
+                return
+            except PyBatchError as error:
+                # A dropped or killed connection, a lock timeout: try again soon, well
+                # before the lease (three intervals) runs out.
+                logger.warning(
+                    "pybatch: could not renew the lease of %s (%s); retrying",
+                    self._description,
+                    type(error).__name__,
+                )
+                wait = interval / RETRY_DIVISOR
+                continue
+            wait = interval
+
+
+class LeaseKeeper(_Keeper):
+    """Renews one execution's lease until stopped; reports loss of ownership and stop requests."""
+
+    lost_error = ExecutionOwnershipLost
+
+    def __init__(
+        self, repository: JobRepository, execution_id: int, owner: OwnerToken, lease: ExecutionLease
+    ) -> None:
+        self.execution_id = execution_id
+        self._stop_requested = threading.Event()
+        name, description = f"pybatch-lease-{execution_id}", f"job execution {execution_id}"
+        super().__init__(repository, owner, lease, name, description)
+
+    def __repr__(self) -> str:
+        return f"LeaseKeeper(execution={self.execution_id}, lease={self.lease.duration})"
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether a renewal saw a stop request (and observed it)."""
+        return self._stop_requested.is_set()
+
+    def lost_ownership(self) -> ExecutionOwnershipLost:
+        """ExecutionOwnershipLost naming this execution."""
+        return ExecutionOwnershipLost(id=self.execution_id)
+
+    def _renew_once(self) -> None:
+        if self.repository.run_in_unit_of_work(self._renew):
+            self._stop_requested.set()
+
+    def _renew(self, uow: UnitOfWork) -> bool:
+        stop = uow.ownership.renew_lease(self.execution_id, self.owner, self.lease)
+        if stop and not self.stop_requested:
+            uow.ownership.observe_control(self.execution_id, self.owner, uow.clock.now())
+        return stop
+
+
+class PartitionLeaseKeeper(_Keeper):
+    """Renews a partition worker's lease on the partition it claimed, until halted."""
+
+    lost_error = PartitionOwnershipLost
+
+    def __init__(
+        self,
+        repository: JobRepository,
+        partition_id: int,
+        worker_id: int,
+        owner: OwnerToken,
+        lease: ExecutionLease,
+    ) -> None:
+        self.partition_id = partition_id
+        self.worker_id = worker_id
+        name = f"pybatch-partition-lease-{partition_id}"
+        description = f"partition {partition_id} (worker step {worker_id})"
+        super().__init__(repository, owner, lease, name, description)
+
+    def __repr__(self) -> str:
+        return (
+            f"PartitionLeaseKeeper(partition={self.partition_id}, worker={self.worker_id}, "
+            f"lease={self.lease.duration})"
+        )
+
+    def lost_ownership(self) -> PartitionOwnershipLost:
+        """PartitionOwnershipLost naming this partition and worker."""
+        return PartitionOwnershipLost(partition_id=self.partition_id, worker=self.worker_id)
+
+    def _renew_once(self) -> None:
+        self.repository.run_in_unit_of_work(
+            lambda uow: uow.ownership.renew_partition_lease(
+                self.partition_id, self.worker_id, self.owner, self.lease
+            )
+        )

@@ -1,0 +1,472 @@
+"""Partitioned steps: one step fanned out over worker processes on any number of hosts.
+
+PostgreSQL is the only coordinator. The parent publishes the plan (one row per partition)
+before any worker starts; each worker process loops: claim the next partition in one guarded
+statement (FOR UPDATE SKIP LOCKED), run it as a step of its own whose chunks commit the
+business rows with the partition's progress, then end it and publish its result onto the
+partition in one unit of work. Workers on other hosts (`pybatch.etl.join_partitioned_step`,
+`pybatch worker`) join the same plan through the same database.
+
+A worker owns its partition through an owner token and a lease (pybatch/_repository/ownership.py
+states the rules). A dead worker's partition is recorded FAILED (STALE_RECOVERED) by any other
+worker or the parent and becomes claimable again; the next worker copies the dead worker's
+checkpoint and counters, so every row is written exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from pybatch._job_repository import JobRepository
+from pybatch._lease_keeper import PartitionLeaseKeeper
+from pybatch._repository.ownership import StartedPartition
+from pybatch.errors import (
+    ConcurrentModification,
+    PartitionOwnershipLost,
+    PartitionStateCorrupt,
+    PartitionUpdateNotAllowed,
+    PartitionWorkerStale,
+    StaleVersion,
+)
+from pybatch.values.flow import StartLimit
+from pybatch.values.ids import FailureId
+from pybatch.values.lifecycle import LifecycleTransition
+from pybatch.values.names import ExitCode, NodeId, StateSchemaId, StepName
+from pybatch.values.ownership import ExecutionLease, OwnerToken
+from pybatch.values.parameters import JobInstanceKey
+from pybatch.values.partitions import MAX_PARTITION_WORKERS, PartitionPlanEntry, StepPartition
+from pybatch.values.records import JobExecution, JobInstance, StepExecution
+from pybatch.values.state import ExecutionContext, StateLimits
+from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+
+if TYPE_CHECKING:
+    from pybatch._unit_of_work import UnitOfWork
+
+__all__ = [
+    "Runner",
+    "RunnerFactory",
+    "aggregate_plan",
+    "find_running_parent",
+    "plan_entries",
+    "recover_lost_workers",
+    "start_partitioned_step",
+    "supervise",
+    "work_on_plan",
+]
+
+logger = logging.getLogger("pybatch.partitioned")
+
+#: Runs one claimed partition with its worker step and the keeper of its lease (the ETL
+#: API's PartitionRun wraps them; the keeper tells it when the ownership is lost).
+Runner = Callable[[StepExecution, StepPartition, PartitionLeaseKeeper], None]
+#: Builds a process's Runner from that process's own repository.
+RunnerFactory = Callable[[JobRepository], Runner]
+Partitions = Mapping[str, Mapping[str, Any]] | Iterable[str]
+
+#: How long an idle worker or the waiting parent sleeps between polls of the plan.
+POLL_SECONDS = 0.1
+
+
+def _confirm_lost(uow: UnitOfWork, partition: StartedPartition) -> bool:
+    """Under the parent's and partition's locks: same worker, same version, lease still gone.
+
+    A renewal since the first read proves the worker alive.
+    """
+    current = uow.ownership.lock_partition_lease(partition.id)
+    return (
+        current is not None
+        and current.worker_step_execution_id == partition.worker_step_execution_id
+        and current.version == partition.version
+        and current.worker_gone
+    )
+
+
+def recover_lost_workers(repository: JobRepository, parent_id: int) -> int:
+    """Record FAILED (STALE_RECOVERED) for every worker of the plan whose lease is gone.
+
+    The lease alone decides, whoever holds any lock. Each recovery is one unit of work that
+    confirms the loss under the partition's lock, then ends the worker step FAILED and its
+    partition from it, which makes the partition claimable again; one that loses a race to
+    another recoverer or to the worker itself changes nothing. Returns how many it recovered.
+    """
+    with repository.begin() as uow:
+        started = uow.ownership.started_partitions(parent_id)
+    recovered = 0
+    for partition in started:
+        worker_id = partition.worker_step_execution_id
+        if not partition.worker_gone:
+            continue
+
+        def recover(uow: UnitOfWork, partition: StartedPartition = partition) -> bool:
+            if not _confirm_lost(uow, partition):
+                return False
+            worker_id = partition.worker_step_execution_id
+            worker = uow.steps.get(worker_id)
+            if worker is None:  # the partition's foreign key keeps it; never reached
+                raise PartitionStateCorrupt()
+            if worker.status.is_active:
+                at = max(uow.clock.now(), worker.updated_at)
+                lost = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(worker_id))
+                uow.steps.transition(
+                    worker_id, worker.version, LifecycleTransition.failed(at, lost)
+                )
+            uow.partitions.complete(partition.id, partition.version, worker_id)
+            return True
+
+        try:
+            if not repository.run_in_unit_of_work(recover):
+                continue
+        except (StaleVersion, PartitionWorkerStale, ConcurrentModification):
+            continue
+        logger.warning(
+            "pybatch: worker step %s of partition %s had no live process (%s); recorded FAILED",
+            worker_id,
+            partition.key,
+            "lease expired" if partition.leased else "no lease",
+        )
+        recovered += 1
+    return recovered
+
+
+def _claim(
+    repository: JobRepository,
+    parent: StepExecution,
+    lease: ExecutionLease,
+    owner: OwnerToken | None = None,
+) -> tuple[StepPartition, StepExecution] | None:
+    """Claim the next partition for `owner` (a fresh token when None), its lease started."""
+    return repository.run_in_unit_of_work(lambda uow: uow.partitions.claim(parent, owner, lease))
+
+
+def _end_worker(
+    repository: JobRepository, partition: StepPartition, worker_id: int, status: BatchStatus
+) -> StepPartition:
+    """End the worker step and publish its result onto the partition, in one unit of work."""
+
+    def end(uow: UnitOfWork) -> StepPartition:
+        at = uow.clock.now()
+        if status is BatchStatus.FAILED:
+            failure = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(worker_id))
+            transition = LifecycleTransition.failed(at, failure)
+        else:
+            transition = LifecycleTransition.new(status, at)
+        return uow.partitions.end_worker(
+            partition.id, partition.version, worker_id, transition, ExitCode(status.value)
+        )
+
+    return repository.run_in_unit_of_work(end)
+
+
+def work_on_plan(
+    repository: JobRepository,
+    parent: StepExecution,
+    runner: Runner,
+    *,
+    poll_seconds: float = POLL_SECONDS,
+    lease: ExecutionLease | None = None,
+    between_partitions: Callable[[], None] = lambda: None,
+) -> int:
+    """Work on a published plan until no partition is left open; return how many it ran.
+
+    `between_partitions` raises to stop claiming. A partition whose runner raises ends FAILED
+    (a restart reruns it); KeyboardInterrupt or SystemExit end it STOPPED and propagate.
+    """
+    lease = lease or ExecutionLease()
+    ran = 0
+    while True:
+        between_partitions()
+        owner = OwnerToken.generate()
+        claimed = _claim(repository, parent, lease, owner)
+        if claimed is None:
+            with repository.begin() as uow:
+                current = uow.steps.get(parent.id)
+                still_open = uow.partitions.count_open(parent.id)
+            if current is None or current.status is not BatchStatus.STARTED or not still_open:
+                return ran
+            if not recover_lost_workers(repository, parent.id):
+                time.sleep(poll_seconds)
+            continue
+        partition, worker = claimed
+        keeper = PartitionLeaseKeeper(repository, partition.id, worker.id, owner, lease)
+        keeper.start()
+        try:
+            _run_partition(repository, runner, partition, worker, keeper)
+        except PartitionOwnershipLost:
+            logger.error(
+                "pybatch: partition %s was recovered by another process while worker step "
+                "%s ran it; this worker leaves it alone",
+                partition.key.value,
+                worker.id,
+            )
+        finally:
+            keeper.halt()
+        ran += 1
+
+
+def _run_partition(
+    repository: JobRepository,
+    runner: Runner,
+    partition: StepPartition,
+    worker: StepExecution,
+    keeper: PartitionLeaseKeeper,
+) -> None:
+    """Run one claimed partition and end it; PartitionOwnershipLost touches nothing."""
+
+    def end(status: BatchStatus) -> None:
+        _end_owned(repository, partition, worker.id, status, keeper)
+
+    try:
+        runner(worker, partition, keeper)
+    except PartitionOwnershipLost:
+        raise
+    except Exception:
+        if keeper.lost:
+            raise keeper.lost_ownership() from None
+        logger.exception(
+            "pybatch: partition %s failed in worker step %s", partition.key.value, worker.id
+        )
+        end(BatchStatus.FAILED)
+    except BaseException:
+        try:
+            end(BatchStatus.STOPPED)
+        except PartitionOwnershipLost:
+            pass  # the partition is another worker's now; the interruption still propagates
+        raise
+    else:
+        end(BatchStatus.COMPLETED)
+
+
+def _end_owned(
+    repository: JobRepository,
+    partition: StepPartition,
+    worker_id: int,
+    status: BatchStatus,
+    keeper: PartitionLeaseKeeper,
+) -> None:
+    """Stop renewing, then end the worker.
+
+    A refused end whose renewal also fails means another process recovered the partition
+    after the lease lapsed: PartitionOwnershipLost.
+    """
+    keeper.halt()
+    if keeper.lost:
+        raise keeper.lost_ownership()
+    try:
+        _end_worker(repository, partition, worker_id, status)
+    except (
+        StaleVersion,
+        PartitionWorkerStale,
+        PartitionUpdateNotAllowed,
+        ConcurrentModification,
+    ):
+        keeper.renew_now()  # PartitionOwnershipLost when the partition is no longer ours
+        raise
+
+
+PLAN_FINISHED: Final = "finished"
+"""`find_running_parent`'s answer when the step already completed: nothing is left to join."""
+
+
+def find_running_parent(
+    repository: JobRepository, key: JobInstanceKey, step_name: StepName
+) -> tuple[JobInstance, JobExecution, StepExecution] | Literal["finished"] | None:
+    """The running attempt of `key` and its STARTED step `step_name` with a plan.
+
+    `PLAN_FINISHED` when the latest attempt completed the step or altogether; None while no
+    plan is published.
+    """
+    with repository.begin() as uow:
+        instance = uow.instances.find(key)
+        if instance is None:
+            return None
+        executions = uow.executions.of_instance(instance.id)
+        if not executions:
+            return None
+        execution = executions[-1]
+        if execution.status is BatchStatus.COMPLETED:
+            return PLAN_FINISHED
+        for step in uow.steps.of_execution(execution.id):
+            if step.step_name != step_name:
+                continue
+            if step.status is BatchStatus.COMPLETED:
+                return PLAN_FINISHED
+            if (
+                execution.status is BatchStatus.STARTED
+                and step.status is BatchStatus.STARTED
+                and uow.partitions.plan(step.id)
+            ):
+                return instance, execution, step
+        return None
+
+
+def plan_entries(partitions: Partitions, schema: StateSchemaId) -> list[PartitionPlanEntry]:
+    """Plan entries from keys, or from keys mapped to their context payloads."""
+    items: Iterable[tuple[str, Mapping[str, Any]]] = (
+        partitions.items() if isinstance(partitions, Mapping) else [(key, {}) for key in partitions]
+    )
+    return [
+        PartitionPlanEntry(
+            key, ExecutionContext(schema, 1, dict(ctx), limits=StateLimits.PARTITION)
+        )
+        for key, ctx in items
+    ]
+
+
+def start_partitioned_step(
+    repository: JobRepository,
+    instance_id: int,
+    execution_id: int,
+    name: str,
+    entries: list[PartitionPlanEntry],
+    start_limit: StartLimit,
+) -> tuple[bool, StepExecution]:
+    """Start the parent and publish its plan (carried on a restart) in one unit of work.
+
+    (True, the step) when an earlier attempt completed it, else (False, the STARTED parent).
+    """
+    node = NodeId(name)
+
+    def start(uow: UnitOfWork) -> tuple[bool, StepExecution]:
+        latest = uow.flow.latest_step(instance_id, node)
+        if latest is not None and latest.step_execution.status is BatchStatus.COMPLETED:
+            return True, latest.step_execution
+        parent = uow.flow.create_step(execution_id, StepName(name), node, start_limit)
+        at = max(uow.clock.now(), parent.created_at)
+        parent = uow.steps.transition(
+            parent.id, parent.version, LifecycleTransition.new(BatchStatus.STARTED, at)
+        )
+        source = latest.step_execution if latest is not None else None
+        if source is not None and uow.partitions.plan(source.id):
+            uow.partitions.restart_plan(source.id, parent.id)
+        else:
+            uow.partitions.create_plan(parent.id, entries)
+        return False, parent
+
+    return repository.run_in_unit_of_work(start)
+
+
+def _local_worker(
+    repository: JobRepository,
+    parent: StepExecution,
+    runners: RunnerFactory,
+    lease: ExecutionLease | None = None,
+) -> None:
+    """A forked worker: its own repository, then a hard exit sparing the parent's connections."""
+    code = 1
+    try:
+        with JobRepository.connect(repository.config, clock=repository.clock) as own:
+            work_on_plan(own, parent, runners(own), lease=lease)
+        code = 0
+    except BaseException:
+        logger.exception("pybatch: partition worker process failed")
+    finally:
+        os._exit(code)
+
+
+def supervise(
+    repository: JobRepository,
+    parent: StepExecution,
+    runners: RunnerFactory,
+    workers: int,
+    *,
+    poll_seconds: float = POLL_SECONDS,
+    lease: ExecutionLease | None = None,
+    between_polls: Callable[[], None] = lambda: None,
+) -> None:
+    """Keep `workers` forked processes, replaced when they die, working while partitions are open.
+
+    With 0 workers the calling process works alone.
+
+    When `between_polls` raises (StopRequested, ExecutionOwnershipLost) the workers are
+    terminated at once: a run that lost its execution must not keep respawning them, and a
+    terminated worker's uncommitted chunk rolls back with its backend.
+    """
+    if not 0 <= workers <= MAX_PARTITION_WORKERS:
+        raise ValueError(f"workers is 0..{MAX_PARTITION_WORKERS}")
+    if workers == 0:
+        work_on_plan(
+            repository,
+            parent,
+            runners(repository),
+            poll_seconds=poll_seconds,
+            lease=lease,
+            between_partitions=between_polls,
+        )
+        return
+    context = multiprocessing.get_context("fork")
+    processes: list[Any] = []
+
+    def spawn() -> None:
+        process = context.Process(
+            target=_local_worker, args=(repository, parent, runners, lease), daemon=True
+        )
+        process.start()
+        processes.append(process)
+
+    def open_partitions() -> int:
+        with repository.begin() as uow:
+            return uow.partitions.count_open(parent.id)
+
+    try:
+        for _ in range(workers):
+            spawn()
+        while True:
+            try:
+                between_polls()
+            except BaseException:
+                for process in processes:
+                    process.terminate()
+                raise
+            if not open_partitions():
+                break
+            alive = [p for p in processes if p.is_alive()]
+            for process in processes:
+                if not process.is_alive():
+                    process.join()
+            processes[:] = alive
+            if len(alive) < workers:
+                recover_lost_workers(repository, parent.id)
+                for _ in range(workers - len(alive)):
+                    spawn()
+            # Wake as soon as a worker exits (the plan may be done), else poll.
+            multiprocessing.connection.wait([p.sentinel for p in alive], timeout=poll_seconds)
+    finally:
+        for process in processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.terminate()
+                process.join()
+
+
+def aggregate_plan(
+    repository: JobRepository,
+    parent: StepExecution,
+    verify_owner: Callable[[UnitOfWork], object] = lambda uow: None,
+) -> tuple[StepExecution, list[str]]:
+    """Aggregate the partitions onto the parent; return it and the keys not COMPLETED.
+
+    `verify_owner` runs first, so a recovered launcher learns ExecutionOwnershipLost, not a
+    refused aggregation.
+    """
+
+    def aggregate(uow: UnitOfWork) -> tuple[StepExecution, list[str]]:
+        verify_owner(uow)
+        current = uow.steps.get(parent.id)
+        if current is None:  # the parent of a published plan is never deleted mid-run
+            raise PartitionStateCorrupt()
+        at = max(uow.clock.now(), current.updated_at)
+        ended = uow.partitions.aggregate(parent.id, current.version, at)
+        unfinished = [
+            p.key.value
+            for p in uow.partitions.plan(parent.id)
+            if p.status is not BatchStatus.COMPLETED
+        ]
+        return ended, unfinished
+
+    return repository.run_in_unit_of_work(aggregate)

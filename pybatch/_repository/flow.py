@@ -1,0 +1,175 @@
+"""Flow steps, start limits and flow decisions over queries/flow.sql."""
+
+from __future__ import annotations
+
+import attrs
+
+from pybatch._codecs._primitives import (
+    DecodeError,
+    decode_digest,
+    decode_int64,
+    decode_json_object,
+    decode_optional_int64,
+    returned,
+)
+from pybatch._codecs.executions import decode_job_execution
+from pybatch._codecs.flow import decode_flow_decision, encode_flow_decision_request
+from pybatch._codecs.steps import decode_step_execution
+from pybatch._repository import instances, steps
+from pybatch._repository._capability import Capability, job_execution_row, require_job_instance
+from pybatch.errors import (
+    ConcurrentModification,
+    FlowStateCorrupt,
+    JobExecutionNotFound,
+    StartLimitExceeded,
+)
+from pybatch.values.flow import (
+    FlowDecision,
+    FlowDecisionRequest,
+    FlowStepState,
+    FlowTransitionKind,
+    StartLimit,
+    decision_matches_manifest,
+)
+from pybatch.values.names import NodeId, StepName
+from pybatch.values.records import StepExecution
+
+#: The only transitions that may have no source step.
+_SOURCELESS_KINDS = (FlowTransitionKind.DECIDER, FlowTransitionKind.SPLIT_AGGREGATE)
+
+
+class Flow(Capability):
+    """The flow operations of one unit of work."""
+
+    def create_step(
+        self,
+        job_execution_id: int,
+        step_name: StepName,
+        node_id: NodeId,
+        start_limit: StartLimit | None = None,
+    ) -> StepExecution:
+        """Start a node: check its start limit and copy the newest state of the node.
+
+        The instance row lock serializes starts across attempts and processes, so the count
+        and the insert never interleave with another start. Raises, in this order:
+        JobExecutionNotFound, DuplicateStep, StartLimitExceeded.
+        """
+        duplicate = steps.duplicate_step_overrides(job_execution_id, step_name, node_id.value)
+        with self._operation(overrides=duplicate) as (q, conn):
+            start_limit = start_limit or StartLimit.unrestricted()
+            # No step begins under a corrupt execution (docs/contract.md, Fail closed).
+            row = job_execution_row(q, conn, job_execution_id)
+            instance_id = decode_job_execution(row).job_instance_id
+            instances.lock_job_instance(q, conn, instance_id)
+            steps.refuse_duplicate_step(q, conn, job_execution_id, step_name, node_id.value)
+            node = {"job_instance_id": instance_id, "node_id": node_id.value}
+            starts = decode_int64(
+                q.count_flow_node_starts.scalar(conn, **node), column="starts", minimum=0
+            )
+            if starts >= start_limit.value:
+                raise StartLimitExceeded(
+                    instance_id=instance_id, node_id=node_id.value, limit=start_limit.value
+                )
+            source_id = decode_optional_int64(
+                q.find_latest_flow_step_execution.scalar(conn, **node), column="id", minimum=1
+            )
+            now = self._uow.clock.now()
+            return steps.insert_step_execution(
+                q, conn, job_execution_id, step_name, node_id.value, source_id, now
+            )
+
+    def latest_step(self, instance_id: int, node_id: NodeId) -> FlowStepState | None:
+        """The newest step of a node in an instance with its stored context, or None."""
+        with self._operation() as (q, conn):
+            require_job_instance(q, conn, instance_id)
+            step_id = q.find_latest_flow_step_execution.scalar(
+                conn, job_instance_id=instance_id, node_id=node_id.value
+            )
+            if step_id is None:
+                return None
+            step = decode_step_execution(
+                returned(q.get_step_execution.one(conn, step_execution_id=step_id))
+            )
+            return FlowStepState(node_id, step, step.context)
+
+    def append_decision(self, request: FlowDecisionRequest) -> FlowDecision:
+        """Append a decision checked against the execution's manifest.
+
+        Raises JobExecutionNotFound; FlowStateCorrupt (fingerprint, manifest edge, source step
+        or reused decision does not fit); ConcurrentModification (not the next sequence, or
+        the node already decided: flow_decision_sequence_unique and _source_unique settle races).
+        """
+        with self._operation() as (q, conn):
+            execution_id = request.job_execution_id
+            plan = q.get_job_execution_flow_plan.one(conn, job_execution_id=execution_id)
+            if plan is None:
+                raise JobExecutionNotFound(id=execution_id)
+            try:
+                digest = decode_digest(plan["manifest_digest"], column="manifest_digest")
+                manifest = decode_json_object(plan["manifest"], column="manifest")
+            except DecodeError:
+                raise FlowStateCorrupt() from None
+            if digest != request.plan_fingerprint or not decision_matches_manifest(
+                manifest, request
+            ):
+                raise FlowStateCorrupt()
+            node = request.source_node_id.value
+            if request.source_step_execution_id is not None:
+                source_matches = q.flow_source_step_matches.scalar(
+                    conn,
+                    job_execution_id=execution_id,
+                    source_step_execution_id=request.source_step_execution_id,
+                    node_id=node,
+                )
+                if source_matches is not True:
+                    raise FlowStateCorrupt()
+            elif request.kind not in _SOURCELESS_KINDS:
+                raise FlowStateCorrupt()
+            params = encode_flow_decision_request(request)
+            if request.reused_decision_id is not None:
+                reused_matches = q.flow_reused_decision_matches.scalar(
+                    conn,
+                    job_execution_id=execution_id,
+                    reused_decision_id=request.reused_decision_id,
+                    node_id=node,
+                    plan_fingerprint=request.plan_fingerprint,
+                    input_digest=request.input_digest,
+                    observed_outcome=request.observed_outcome.value,
+                    target_node_id=params["target_node_id"],
+                    terminal_kind=params["terminal_kind"],
+                )
+                if reused_matches is not True:
+                    raise FlowStateCorrupt()
+            row = q.insert_flow_decision.one(conn, **params)
+            if row is None:
+                raise ConcurrentModification()
+            decision_id = decode_int64(row["id"], column="id", minimum=1)
+            return FlowDecision(id=decision_id, **attrs.asdict(request, recurse=False))
+
+    def find_reusable_decision(
+        self,
+        instance_id: int,
+        node_id: NodeId,
+        plan_fingerprint: bytes,
+        input_digest: bytes,
+        kind: FlowTransitionKind,
+    ) -> FlowDecision | None:
+        """The latest decision of `node_id` on the same plan and input (JobInstanceNotFound)."""
+        with self._operation() as (q, conn):
+            require_job_instance(q, conn, instance_id)
+            row = q.find_reusable_flow_decision.one(
+                conn,
+                job_instance_id=instance_id,
+                node_id=node_id.value,
+                plan_fingerprint=bytes(plan_fingerprint),
+                input_digest=bytes(input_digest),
+                transition_kind=kind.value,
+            )
+            return None if row is None else decode_flow_decision(row)
+
+    def decisions(self, job_execution_id: int) -> list[FlowDecision]:
+        """The decisions of an execution in sequence order (JobExecutionNotFound without it)."""
+        with self._operation() as (q, conn):
+            job_execution_row(q, conn, job_execution_id)
+            rows = q.list_flow_decisions.many(conn, job_execution_id=job_execution_id)
+            return [decode_flow_decision(row) for row in rows]

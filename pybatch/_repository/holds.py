@@ -1,0 +1,83 @@
+"""Retention holds (docs/contract.md, Holds), queries/holds.sql.
+
+One hold per instance, stored on the instance row. A hold keeps the instance out of every
+purge survey and makes a pending plan that names it stale; it never blocks lifecycle work.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Any
+
+from pybatch._codecs._primitives import DecodeError, decode_aware, decode_int64
+from pybatch._repository._capability import Capability
+from pybatch._statements import Connection, Row, Statement
+from pybatch.errors import JobInstanceNotFound, RequestFieldError
+from pybatch.values.ids import IdentifierKind, check_identifier
+from pybatch.values.names import ActorRef, ReasonCode
+from pybatch.values.retention import RetentionHold
+from pybatch.values.timestamps import aware_utc
+
+
+def _decode_hold(row: Any) -> RetentionHold | None:
+    columns = (row["hold_actor"], row["hold_reason"], row["hold_placed_at"])
+    if all(value is None for value in columns):
+        return None
+    try:
+        return RetentionHold(
+            job_instance_id=decode_int64(row["id"], column="id", minimum=0),
+            actor=ActorRef(row["hold_actor"]),
+            reason=ReasonCode(row["hold_reason"]),
+            placed_at=decode_aware(row["hold_placed_at"], column="hold_placed_at"),
+        )
+    except (RequestFieldError, TypeError):
+        raise DecodeError("hold") from None
+
+
+def _instance_row(statement: Statement, conn: Connection, instance_id: int) -> Row:
+    """The instance's hold columns through `statement` (JobInstanceNotFound without a row)."""
+    check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
+    row = statement.one(conn, job_instance_id=instance_id)
+    if row is None:
+        raise JobInstanceNotFound(id=instance_id)
+    return row
+
+
+class Holds(Capability):
+    """The holds operations of one unit of work; each raises JobInstanceNotFound without one."""
+
+    def get(self, instance_id: int) -> RetentionHold | None:
+        """The instance's hold, or None."""
+        with self._operation() as (q, conn):
+            return _decode_hold(_instance_row(q.read_instance_hold, conn, instance_id))
+
+    def place(
+        self, instance_id: int, actor: ActorRef, reason: ReasonCode, placed_at: _dt.datetime
+    ) -> RetentionHold:
+        """Place the hold, replacing any existing one."""
+        with self._operation():
+            check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
+            hold = RetentionHold(
+                job_instance_id=instance_id, actor=actor, reason=reason, placed_at=placed_at
+            )
+            self._write(instance_id, hold)
+            return hold
+
+    def release(self, instance_id: int) -> RetentionHold | None:
+        """Clear the hold; return the previous one (None if there was none)."""
+        return self._write(instance_id, None)
+
+    def _write(self, instance_id: int, hold: RetentionHold | None) -> RetentionHold | None:
+        """Lock the instance and write `hold`; clearing returns the previous hold (or None)."""
+        with self._operation() as (q, conn):
+            row = _instance_row(q.lock_instance_hold, conn, instance_id)
+            previous = None if hold is not None else _decode_hold(row)
+            if hold is not None or previous is not None:  # clearing no hold writes nothing
+                q.update_instance_hold.affected(
+                    conn,
+                    job_instance_id=instance_id,
+                    actor_ref=None if hold is None else hold.actor.value,
+                    reason_code=None if hold is None else hold.reason.value,
+                    placed_at=None if hold is None else aware_utc(hold.placed_at),
+                )
+            return previous

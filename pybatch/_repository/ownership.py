@@ -1,0 +1,266 @@
+"""Ownership and leases of job executions and of claimed partitions: the one home.
+
+See docs/contract.md, Ownership and leases.
+
+queries/ownership.sql. Whoever works on an execution or a partition holds it through a
+random owner token and a lease on the database clock, both row state: a runner claims its
+execution (`claim`), a partition worker claims its partition (partitions.sql
+claim_step_partition records the token and starts the lease in the claim), and each renews
+its lease from a background thread while it lives (pybatch/_lease_keeper.py). The lease is
+the only authority: an unresolved execution or a STARTED partition whose lease ran out, or
+that has none, has no live owner and may be recovered (`LeaseState.owner_gone`,
+`WorkerLease.worker_gone`); a fresh lease means its owner is alive, whatever happened to its
+idle connections. No advisory lock and no connection held outside the pool is involved:
+liveness keeps no state in a session between transactions, and no role that can connect can
+block a recovery by holding a lock key. Every write of an owner is fenced by its token in its own
+predicate, so an owner whose lease lapsed touches nothing once another process recovered
+its work.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Any
+
+import attrs
+
+from pybatch._codecs._primitives import (
+    DecodeError,
+    decode_bool,
+    decode_int64,
+    decode_optional_int64,
+    decode_text,
+)
+from pybatch._codecs.executions import decode_job_execution
+from pybatch._repository._capability import Capability
+from pybatch._repository._lifecycle import check_expected_version
+from pybatch._repository.executions import transition_job_execution
+from pybatch._repository.partitions import lock_parent_of, partition_status
+from pybatch._statements import Connection, Row, Statements
+from pybatch.errors import (
+    ExecutionOwned,
+    ExecutionOwnershipLost,
+    ExecutionOwnershipNotAllowed,
+    JobExecutionNotFound,
+    PartitionOwnershipLost,
+    PartitionStateCorrupt,
+    StaleVersion,
+    StepPartitionNotFound,
+)
+from pybatch.values.ids import IdentifierKind, check_identifier
+from pybatch.values.lifecycle import LifecycleTransition
+from pybatch.values.ownership import ExecutionControl, ExecutionLease, LeaseState, OwnerToken
+from pybatch.values.records import JobExecution
+from pybatch.values.status import BatchStatus
+from pybatch.values.timestamps import aware_utc
+
+__all__ = ["Ownership", "StartedPartition", "WorkerLease", "lock_execution_ownership"]
+
+
+def lock_execution_ownership(
+    q: Statements, conn: Connection, execution_id: int
+) -> tuple[JobExecution, LeaseState]:
+    """Lock an execution and read it with its ownership evidence (JobExecutionNotFound)."""
+    check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
+    row = q.lock_execution_ownership.one(conn, job_execution_id=execution_id)
+    if row is None:
+        raise JobExecutionNotFound(id=execution_id)
+    execution = decode_job_execution(row)
+    token: Any = row["owner_token"]
+    expires = row["lease_expires_at"]
+    if token is not None and len(bytes(token)) != 16:
+        raise DecodeError("owner_token")
+    if expires is not None and not isinstance(expires, _dt.datetime):
+        raise DecodeError("lease_expires_at")
+    expired = decode_bool(row["lease_expired"], column="lease_expired")
+    stop = decode_bool(row["stop_requested"], column="lease_expired")
+    state = LeaseState(
+        execution_id=execution.id,
+        owner_token=None if token is None else OwnerToken(bytes(token)),
+        lease_expires_at=None if expires is None else aware_utc(expires),
+        lease_expired=expired,
+        lease_remaining_ms=decode_optional_int64(
+            row["lease_remaining_ms"], column="lease_remaining_ms", minimum=0
+        ),
+        stop_requested=stop,
+    )
+    return execution, state
+
+
+@attrs.frozen
+class WorkerLease:
+    """A STARTED partition's worker and its ownership evidence, as read from the partition."""
+
+    worker_step_execution_id: int
+    version: int
+    #: Whether the partition has a lease (every claim starts one).
+    leased: bool
+    #: The lease ran out on the database clock when the row was read (False without a lease).
+    lease_expired: bool
+
+    @property
+    def worker_gone(self) -> bool:
+        """The lease alone decides: its worker is gone when it ran out, or there is none."""
+        return not self.leased or self.lease_expired
+
+
+@attrs.frozen
+class StartedPartition(WorkerLease):
+    """A partition being worked on: enough to check and recover its worker."""
+
+    id: int
+    key: str
+
+
+def _worker_lease(row: Row) -> tuple[int, int, bool, bool]:
+    """The `WorkerLease` fields of a partition row, in field order (DecodeError if unusable)."""
+    return (
+        decode_int64(row["worker_step_execution_id"], column="worker_step_execution_id", minimum=1),
+        decode_int64(row["version"], column="version", minimum=0),
+        decode_bool(row["leased"], column="leased"),
+        decode_bool(row["lease_expired"], column="lease_expired"),
+    )
+
+
+class Ownership(Capability):
+    """The ownership operations of one unit of work, for executions and for partitions."""
+
+    def claim(
+        self,
+        execution_id: int,
+        expected_version: int,
+        owner: OwnerToken,
+        claimed_at: _dt.datetime,
+        lease: ExecutionLease | None = None,
+    ) -> JobExecution:
+        """Record `owner` on a STARTING execution and start its lease; version unchanged.
+
+        A refusal is explained in this order: JobExecutionNotFound, StaleVersion,
+        ExecutionOwnershipNotAllowed (not STARTING), ExecutionOwned (another token).
+        """
+        with self._operation() as (q, conn):
+            lease = lease or ExecutionLease()
+            check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
+            check_expected_version(expected_version)
+            changed = q.claim_execution_owner.affected(
+                conn,
+                job_execution_id=execution_id,
+                expected_version=expected_version,
+                owner_token=owner.value,
+                claimed_at=aware_utc(claimed_at),
+                lease_ms=lease.milliseconds,
+            )
+            execution, _lease = lock_execution_ownership(q, conn, execution_id)
+            if changed == 1:
+                return execution
+            if execution.version != expected_version:
+                raise StaleVersion(expected=expected_version, actual=execution.version)
+            if execution.status is not BatchStatus.STARTING:
+                raise ExecutionOwnershipNotAllowed(id=execution_id, status=execution.status.value)
+            raise ExecutionOwned(id=execution_id)
+
+    def observe_control(
+        self, execution_id: int, owner: OwnerToken, observed_at: _dt.datetime
+    ) -> ExecutionControl:
+        """Report ownership and stop flags; the owner observing a stop moves it to STOPPING."""
+        with self._operation() as (q, conn):
+            execution, state = lock_execution_ownership(q, conn, execution_id)
+            owner_matches = state.owner_token is not None and state.owner_token == owner
+            if (
+                owner_matches
+                and state.stop_requested
+                and execution.status in (BatchStatus.STARTING, BatchStatus.STARTED)
+            ):
+                stopping = LifecycleTransition.new(BatchStatus.STOPPING, aware_utc(observed_at))
+                execution = transition_job_execution(
+                    q, conn, execution_id, execution.version, stopping
+                )
+            return ExecutionControl(
+                execution=execution,
+                owner_matches=owner_matches,
+                stop_requested=state.stop_requested,
+            )
+
+    def renew_lease(self, execution_id: int, owner: OwnerToken, lease: ExecutionLease) -> bool:
+        """Extend the owner's lease; return whether a stop was requested.
+
+        ExecutionOwnershipLost when the execution is finished, recovered or another token's.
+        """
+        with self._operation() as (q, conn):
+            row = q.renew_execution_lease.one(
+                conn,
+                job_execution_id=execution_id,
+                owner_token=owner.value,
+                lease_ms=lease.milliseconds,
+            )
+            if row is None:
+                raise ExecutionOwnershipLost(id=execution_id)
+            return decode_bool(row["stop_requested"], column="stop_requested")
+
+    def verify_owner(self, execution_id: int, owner: OwnerToken) -> JobExecution:
+        """Lock the execution and confirm `owner` still runs it (else ExecutionOwnershipLost)."""
+        with self._operation() as (q, conn):
+            try:
+                execution, state = lock_execution_ownership(q, conn, execution_id)
+            except JobExecutionNotFound:
+                raise ExecutionOwnershipLost(id=execution_id) from None
+            if state.owner_token != owner or not execution.status.is_active:
+                raise ExecutionOwnershipLost(id=execution_id)
+            return execution
+
+    def lock(self, execution_id: int) -> tuple[JobExecution, LeaseState]:
+        """Lock an execution and read its ownership evidence (token, lease, stop flag)."""
+        with self._operation() as (q, conn):
+            return lock_execution_ownership(q, conn, execution_id)
+
+    def renew_partition_lease(
+        self, partition_id: int, worker_id: int, owner: OwnerToken, lease: ExecutionLease
+    ) -> None:
+        """Extend the lease `owner` holds on a STARTED partition worked on by `worker_id`.
+
+        PartitionOwnershipLost when the partition was recovered, ended, or is another token's:
+        the worker must stop without touching it.
+        """
+        with self._operation() as (q, conn):
+            check_identifier(IdentifierKind.STEP_PARTITION, partition_id)
+            check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
+            changed = q.renew_partition_worker_lease.affected(
+                conn,
+                step_partition_id=partition_id,
+                worker_step_execution_id=worker_id,
+                owner_token=owner.value,
+                lease_ms=lease.milliseconds,
+            )
+            if changed != 1:
+                raise PartitionOwnershipLost(partition_id=partition_id, worker=worker_id)
+
+    def lock_partition_lease(self, partition_id: int) -> WorkerLease | None:
+        """Lock the parent, then the partition, and read its worker's lease; None unless STARTED."""
+        with self._operation() as (q, conn):
+            lock_parent_of(q, conn, partition_id)
+            row = q.lock_partition_worker_lease.one(conn, step_partition_id=partition_id)
+            if row is None:
+                raise StepPartitionNotFound(id=partition_id)
+            if partition_status(row["status"]) is not BatchStatus.STARTED:
+                return None
+            try:
+                return WorkerLease(*_worker_lease(row))
+            except DecodeError:
+                raise PartitionStateCorrupt() from None
+
+    def started_partitions(self, parent_id: int) -> list[StartedPartition]:
+        """The STARTED partitions of a plan with their workers and leases (no lock taken)."""
+        with self._operation() as (q, conn):
+            check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
+            rows = q.list_started_step_partitions.many(conn, step_execution_id=parent_id)
+            try:
+                return [
+                    StartedPartition(
+                        *_worker_lease(row),
+                        id=decode_int64(row["id"], column="id", minimum=1),
+                        key=decode_text(row["partition_key"], column="partition_key"),
+                    )
+                    for row in rows
+                ]
+            except DecodeError:
+                raise PartitionStateCorrupt() from None

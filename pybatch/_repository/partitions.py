@@ -1,0 +1,534 @@
+"""Step partitions over queries/partitions.sql, each operation in its documented check order.
+
+See docs/contract.md, Partitions. Lock order everywhere: parent step, then partitions, then
+worker steps. No worker may be assigned to a plan created or carried in the current unit of
+work (`unpublished_plans`): it is not durably published yet.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
+
+import attrs
+
+from pybatch._codecs._jsonb import to_jsonb
+from pybatch._codecs._primitives import DecodeError, decode_enum, decode_int64, decode_text
+from pybatch._codecs.fault_state import encode_fault_state
+from pybatch._codecs.lifecycle import encode_execution_metadata
+from pybatch._codecs.partitions import decode_step_partition, encode_plan_entries
+from pybatch._codecs.steps import decode_step_execution, encode_counts
+from pybatch._repository._capability import Capability, Overrides
+from pybatch._repository._lifecycle import check_expected_version
+from pybatch._statements import Connection, Row, Statements
+from pybatch.errors import (
+    ConcurrentModification,
+    CountExhausted,
+    DuplicatePartitionKey,
+    EmptyPartitionPlan,
+    PartitionAggregationIncomplete,
+    PartitionParentNotActive,
+    PartitionPlanExists,
+    PartitionPlanNotCommitted,
+    PartitionPlanTooLarge,
+    PartitionStateCorrupt,
+    PartitionUpdateNotAllowed,
+    PartitionWorkerAlreadyAssigned,
+    PartitionWorkerMismatch,
+    PartitionWorkerStale,
+    PyBatchError,
+    StaleVersion,
+    StateSchemaVersionNotStorable,
+    StepExecutionNotFound,
+    StepPartitionNotFound,
+)
+from pybatch.values.fault import FaultStateEnvelope
+from pybatch.values.ids import IdentifierKind, check_identifier
+from pybatch.values.lifecycle import LifecycleTransition, apply_exit_enrichment, apply_transition
+from pybatch.values.names import ExitCode
+from pybatch.values.ownership import ExecutionLease, OwnerToken
+from pybatch.values.partitions import (
+    MAX_PARTITIONS,
+    RESULT_STATUSES,
+    AggregateError,
+    PartitionKey,
+    PartitionPlanEntry,
+    PartitionResult,
+    PartitionStateError,
+    PlanProgress,
+    SlowPartition,
+    StepPartition,
+    aggregate_partitions,
+)
+from pybatch.values.records import StepExecution
+from pybatch.values.state import MAX_STORABLE_SCHEMA_VERSION
+from pybatch.values.status import BatchStatus
+
+__all__ = [
+    "Partitions",
+    "count_step_partitions_by_status",
+    "end_partition_worker",
+    "lock_parent_of",
+    "partition_status",
+]
+
+#: How many workers may try one partition in one attempt when each of them was lost.
+MAX_WORKER_TRIES = 5
+_ACTIVE_PARENT = frozenset({BatchStatus.STARTING, BatchStatus.STARTED})
+_COMPLETING_PARENT = frozenset({BatchStatus.STARTED, BatchStatus.STOPPING})
+
+
+@contextmanager
+def _corrupt_on(errors: tuple[type[Exception], ...] = (DecodeError,)) -> Iterator[None]:
+    """An unreadable stored value means the partition state is corrupt."""
+    try:
+        yield
+    except errors:
+        raise PartitionStateCorrupt() from None
+
+
+def partition_status(value: object) -> BatchStatus:
+    """A status column of a partition or step row (PartitionStateCorrupt when unreadable)."""
+    with _corrupt_on():
+        return decode_enum(BatchStatus, value, column="status")
+
+
+def _require_parent(parent_id: int, status: BatchStatus, allowed: Collection[BatchStatus]) -> None:
+    if status not in allowed:
+        raise PartitionParentNotActive(step_execution_id=parent_id, status=status.value)
+
+
+def _lock_step(q: Statements, conn: Connection, step_id: int) -> tuple[int, BatchStatus] | None:
+    """Lock a step; its job execution id and status, or None when there is no such step."""
+    row = q.lock_partition_step.one(conn, step_execution_id=step_id)
+    if row is None:
+        return None
+    with _corrupt_on():
+        execution_id = _int(row, "job_execution_id")
+    return execution_id, partition_status(row["status"])
+
+
+def _int(row: Row, column: str, minimum: int = 1) -> int:
+    return decode_int64(row[column], column=column, minimum=minimum)
+
+
+def _lock_step_execution(q: Statements, conn: Connection, step_id: int) -> StepExecution:
+    row = q.lock_step_execution.one(conn, step_execution_id=step_id)
+    if row is None:
+        raise StepExecutionNotFound(id=step_id)
+    return decode_step_execution(row)
+
+
+def _decoded(rows: Sequence[Row]) -> list[StepPartition]:
+    return [decode_step_partition(row) for row in rows]
+
+
+def lock_parent_of(
+    q: Statements, conn: Connection, partition_id: int
+) -> tuple[int, tuple[int, BatchStatus]]:
+    """Lock the parent step of a partition (parents are locked before partitions).
+
+    Raises StepPartitionNotFound, or PartitionStateCorrupt for an unreadable or missing parent.
+    """
+    check_identifier(IdentifierKind.STEP_PARTITION, partition_id)
+    found = q.get_step_partition_parent.scalar(conn, step_partition_id=partition_id)
+    if found is None:
+        raise StepPartitionNotFound(id=partition_id)
+    with _corrupt_on():
+        parent_id = decode_int64(found, column="step_execution_id", minimum=1)
+    parent = _lock_step(q, conn, parent_id)
+    if parent is None:  # the parent foreign key makes this unreachable
+        raise PartitionStateCorrupt()
+    return parent_id, parent
+
+
+def _locked_partition(
+    q: Statements, conn: Connection, partition_id: int
+) -> tuple[int, int, BatchStatus, StepPartition]:
+    """Parent id, its execution id and status (locked first), and the partition (second)."""
+    parent_id, (execution_id, status) = lock_parent_of(q, conn, partition_id)
+    row = q.lock_step_partition.one(conn, step_partition_id=partition_id)
+    if row is None:
+        raise StepPartitionNotFound(id=partition_id)
+    return parent_id, execution_id, status, decode_step_partition(row)
+
+
+def _domain(partition: StepPartition, change: Callable[[], StepPartition]) -> StepPartition:
+    try:
+        return change()
+    except PartitionStateError as refused:
+        if refused.rule == "VersionExhausted" or refused.status is None:
+            raise PartitionStateCorrupt() from None
+        raise PartitionUpdateNotAllowed(id=partition.id, status=refused.status.value) from None
+
+
+def end_partition_worker(
+    q: Statements,
+    conn: Connection,
+    partition_id: int,
+    expected_version: int,
+    worker_id: int,
+    end: tuple[LifecycleTransition, ExitCode] | None,
+) -> StepPartition:
+    """Optionally end the worker step (under its lock), then complete its partition from its row.
+
+    Lock order: parent, partition, worker; all in the caller's savepoint.
+    """
+    check_expected_version(expected_version)
+    check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
+    parent_id, execution_id, status, partition = _locked_partition(q, conn, partition_id)
+    _require_parent(parent_id, status, _COMPLETING_PARENT)
+    if partition.worker_step_execution_id != worker_id:
+        raise PartitionWorkerStale(partition_id=partition_id, worker=worker_id)
+    worker = _lock_step_execution(q, conn, worker_id)
+    if worker.job_execution_id != execution_id:
+        raise PartitionWorkerMismatch(partition_id=partition_id, worker=worker_id)
+    if end is not None:
+        worker = _end_worker(q, conn, worker, *end)
+    if worker.status not in RESULT_STATUSES:
+        raise PartitionAggregationIncomplete(
+            step_execution_id=parent_id, status=worker.status.value
+        )
+    result = PartitionResult.from_worker(worker)
+    completed = _domain(partition, lambda: partition.completed(expected_version, result))
+    changed = q.update_step_partition_complete.affected(
+        conn,
+        status=result.status.value,
+        exit_code=result.exit_status.value,
+        **encode_counts(result.counts),
+        step_partition_id=partition_id,
+        expected_version=expected_version,
+    )
+    if changed != 1:
+        raise ConcurrentModification()
+    return completed
+
+
+def _end_worker(
+    q: Statements,
+    conn: Connection,
+    worker: StepExecution,
+    transition: LifecycleTransition,
+    exit_status: ExitCode,
+) -> StepExecution:
+    """One compare-and-swap, never earlier than the worker's last write (another host's clock)."""
+    transition = attrs.evolve(transition, at=max(transition.at, worker.updated_at))
+    metadata, version = apply_transition(
+        worker.metadata, worker.version, worker.version, transition, counts_apply=True
+    )
+    metadata, version = apply_exit_enrichment(metadata, version, version, exit_status)
+    changed = q.update_partition_worker_end.affected(
+        conn,
+        **encode_execution_metadata(metadata),
+        rollback_count=metadata.counts.rolled_back,
+        transitioned_at=transition.at,
+        version=version,
+        step_execution_id=worker.id,
+        expected_version=worker.version,
+    )
+    if changed != 1:  # unreachable under the worker lock
+        raise ConcurrentModification()
+    updated_at = max(worker.updated_at, transition.at)
+    return attrs.evolve(worker, metadata=metadata, version=version, updated_at=updated_at)
+
+
+def count_step_partitions_by_status(
+    q: Statements, conn: Connection, parent_id: int
+) -> dict[BatchStatus, int]:
+    """How many partitions of a plan are in each status (the plan's progress)."""
+    check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
+    rows = q.count_step_partitions_by_status.many(conn, step_execution_id=parent_id)
+    with _corrupt_on():
+        return {partition_status(row["status"]): _int(row, "partitions", 0) for row in rows}
+
+
+def _elapsed(value: object) -> _dt.timedelta:
+    if not isinstance(value, _dt.timedelta):
+        raise DecodeError("elapsed")
+    return value
+
+
+def _plan_overrides(parent_id: int) -> Overrides:
+    """A plan's unique keys, as the errors a duplicate key or a second plan means."""
+    return {
+        "step_partition_key_unique": DuplicatePartitionKey,
+        "step_partition_ordinal_unique": lambda: PartitionPlanExists(step_execution_id=parent_id),
+    }
+
+
+class Partitions(Capability):
+    """The partitions operations of one unit of work."""
+
+    def _check_plan_target(
+        self, q: Statements, conn: Connection, parent_id: int, status: BatchStatus
+    ) -> None:
+        _require_parent(parent_id, status, _ACTIVE_PARENT)
+        if q.find_step_partition_plan.scalar(conn, step_execution_id=parent_id) is True:
+            raise PartitionPlanExists(step_execution_id=parent_id)
+
+    def _new_plan(self, parent_id: int, rows: Sequence[Row]) -> list[StepPartition]:
+        """Record the plan as unpublished until the unit of work commits; ordinal order."""
+        self._uow.unpublished_plans.add(parent_id)
+        return sorted(_decoded(rows), key=lambda p: p.ordinal)
+
+    def create_plan(
+        self, parent_id: int, entries: Sequence[PartitionPlanEntry]
+    ) -> list[StepPartition]:
+        """Create a plan for a STARTING or STARTED parent, all or nothing; entries first."""
+        with self._operation(overrides=_plan_overrides(parent_id)) as (q, conn):
+            entries = list(entries)
+            if not entries:
+                raise EmptyPartitionPlan()
+            if len(entries) > MAX_PARTITIONS:
+                raise PartitionPlanTooLarge(max=MAX_PARTITIONS)
+            if len({entry.key.sort_key for entry in entries}) != len(entries):
+                raise DuplicatePartitionKey()
+            if any(entry.context.schema_version > MAX_STORABLE_SCHEMA_VERSION for entry in entries):
+                raise StateSchemaVersionNotStorable()
+            check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
+            parent = _lock_step(q, conn, parent_id)
+            if parent is None:
+                raise StepExecutionNotFound(id=parent_id)
+            self._check_plan_target(q, conn, parent_id, parent[1])
+            rows = q.insert_step_partitions.many(
+                conn, step_execution_id=parent_id, **encode_plan_entries(entries)
+            )
+            return self._new_plan(parent_id, rows)
+
+    def plan(self, parent_id: int) -> list[StepPartition]:
+        """A parent's plan in key byte order; empty without a plan."""
+        with self._operation() as (q, conn):
+            check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
+            if q.get_step_execution.one(conn, step_execution_id=parent_id) is None:
+                raise StepExecutionNotFound(id=parent_id)
+            return _decoded(q.list_step_partitions.many(conn, step_execution_id=parent_id))
+
+    def restart_plan(self, source_parent_id: int, target_parent_id: int) -> list[StepPartition]:
+        """Carry a committed plan into a restart's parent; COMPLETED partitions are not rerun.
+
+        PartitionStateCorrupt when a step is missing, the logical ids differ, the source job
+        is not FAILED or STOPPED, or the source plan is missing or unreadable.
+        """
+        with self._operation(overrides=_plan_overrides(target_parent_id)) as (q, conn):
+            check_identifier(IdentifierKind.STEP_EXECUTION, source_parent_id)
+            check_identifier(IdentifierKind.STEP_EXECUTION, target_parent_id)
+            pair = q.lock_partition_restart_pair.one(
+                conn, source_step_execution_id=source_parent_id, step_execution_id=target_parent_id
+            )
+            if pair is None or pair["same_logical_id"] is not True:
+                raise PartitionStateCorrupt()
+            source_status = partition_status(pair["source_job_status"])
+            if source_status not in (BatchStatus.FAILED, BatchStatus.STOPPED):
+                raise PartitionStateCorrupt()
+            target_status = partition_status(pair["target_status"])
+            self._check_plan_target(q, conn, target_parent_id, target_status)
+            source = q.lock_step_partitions_by_ordinal.many(
+                conn, step_execution_id=source_parent_id
+            )
+            if not _decoded(source):
+                raise PartitionStateCorrupt()
+            rows = q.copy_step_partitions.many(
+                conn, source_step_execution_id=source_parent_id, step_execution_id=target_parent_id
+            )
+            return self._new_plan(target_parent_id, rows)
+
+    def assign(self, partition_id: int, expected_version: int, worker_id: int) -> StepPartition:
+        """Hand a partition to a worker step (first assignment, or a retry after FAILED/STOPPED)."""
+        with self._operation() as (q, conn):
+            check_expected_version(expected_version)
+            check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
+            parent_id, execution_id, status, partition = _locked_partition(q, conn, partition_id)
+            _require_parent(parent_id, status, (BatchStatus.STARTED,))
+            if parent_id in self._uow.unpublished_plans:
+                raise PartitionPlanNotCommitted(step_execution_id=parent_id)
+            assigned = _domain(partition, lambda: partition.assigned(expected_version, worker_id))
+            worker = _lock_step(q, conn, worker_id)
+            if worker is None:
+                raise StepExecutionNotFound(id=worker_id)
+            if worker_id == parent_id or worker[0] != execution_id:
+                raise PartitionWorkerMismatch(partition_id=partition_id, worker=worker_id)
+            if q.find_partition_of_worker.scalar(conn, worker_step_execution_id=worker_id) is True:
+                raise PartitionWorkerAlreadyAssigned(worker=worker_id)
+            changed = q.update_step_partition_assign.affected(
+                conn,
+                worker_step_execution_id=worker_id,
+                step_partition_id=partition_id,
+                expected_version=expected_version,
+            )
+            if changed != 1:
+                raise ConcurrentModification()
+            return assigned
+
+    def complete(self, partition_id: int, expected_version: int, worker_id: int) -> StepPartition:
+        """Publish the worker's terminal snapshot (read from its durable row) onto its partition."""
+        with self._operation() as (q, conn):
+            return end_partition_worker(q, conn, partition_id, expected_version, worker_id, None)
+
+    def end_worker(
+        self,
+        partition_id: int,
+        expected_version: int,
+        worker_id: int,
+        transition: LifecycleTransition,
+        exit_status: ExitCode,
+    ) -> StepPartition:
+        """End a partition's worker step and complete the partition from it, atomically."""
+        with self._operation() as (q, conn):
+            end = (transition, exit_status)
+            return end_partition_worker(q, conn, partition_id, expected_version, worker_id, end)
+
+    def aggregate(
+        self, parent_id: int, expected_version: int, transitioned_at: _dt.datetime
+    ) -> StepExecution:
+        """End the parent with the aggregate of every child, atomically (docs/contract.md).
+
+        A replay with the same `expected_version` after a committed aggregation returns the
+        parent unchanged, so a retry after CommitOutcomeUnknown is safe.
+        """
+        with self._operation() as (q, conn):
+            check_expected_version(expected_version)
+            check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
+            parent = _lock_step_execution(q, conn, parent_id)
+            children = _decoded(
+                q.lock_step_partitions_by_key.many(conn, step_execution_id=parent_id)
+            )
+            try:
+                aggregate = aggregate_partitions(children)
+            except AggregateError as refused:
+                if refused.rule == "Incomplete":
+                    status = refused.status.value if refused.status else "UNKNOWN"
+                    raise PartitionAggregationIncomplete(
+                        step_execution_id=parent_id, status=status
+                    ) from None
+                if refused.rule == "CountExhausted":
+                    raise CountExhausted() from None
+                raise PartitionStateCorrupt() from None
+            rows = q.lock_step_partition_workers.many(conn, step_execution_id=parent_id)
+            workers: dict[int, StepExecution] = {w.id: w for w in map(decode_step_execution, rows)}
+            for child in sorted(children, key=lambda p: p.key.sort_key):
+                worker = workers.get(child.worker_step_execution_id or 0)
+                if worker is None or PartitionResult.from_worker(worker) != PartitionResult(
+                    status=child.status, exit_status=child.exit_status, counts=child.counts
+                ):
+                    raise PartitionStateCorrupt()
+            failure = None
+            if aggregate.status is BatchStatus.FAILED:
+                failure = workers[aggregate.selected_worker].metadata.failure
+            current = parent.metadata
+            if (
+                parent.version == expected_version + 1
+                and current.status is aggregate.status
+                and current.exit_status == aggregate.exit_status
+                and current.counts == aggregate.counts
+                and current.failure == failure
+            ):
+                return parent
+            _require_parent(parent_id, current.status, _COMPLETING_PARENT)
+            if failure is not None:  # a FAILED aggregate: its selected worker always carries one
+                transition = LifecycleTransition.failed(transitioned_at, failure)
+            else:
+                transition = LifecycleTransition.new(aggregate.status, transitioned_at)
+            metadata, version = apply_transition(
+                current, parent.version, expected_version, transition, counts_apply=True
+            )
+            metadata = attrs.evolve(
+                metadata, exit_status=aggregate.exit_status, counts=aggregate.counts
+            )
+            changed = q.update_step_execution_aggregate.affected(
+                conn,
+                **encode_execution_metadata(metadata),
+                **encode_counts(metadata.counts),
+                transitioned_at=transitioned_at,
+                step_execution_id=parent_id,
+                expected_version=expected_version,
+            )
+            if changed != 1:
+                latest = q.get_step_execution.one(conn, step_execution_id=parent_id)
+                if latest is None:
+                    raise StepExecutionNotFound(id=parent_id)
+                raise StaleVersion(
+                    expected=expected_version, actual=decode_step_execution(latest).version
+                )
+            updated_at = max(parent.updated_at, transitioned_at)
+            return attrs.evolve(parent, metadata=metadata, version=version, updated_at=updated_at)
+
+    def claim(
+        self,
+        parent: StepExecution,
+        owner: OwnerToken | None = None,
+        lease: ExecutionLease | None = None,
+    ) -> tuple[StepPartition, StepExecution] | None:
+        """Claim the next partition of a STARTED parent for a new worker step, or None.
+
+        One guarded statement locks the first claimable partition with SKIP LOCKED, creates the
+        STARTED worker step (resuming the partition's latest earlier worker) and assigns it,
+        recording `owner` and starting its `lease` on the database clock.
+        """
+        with self._operation() as (q, conn):
+            now = self._uow.clock.now()
+            owner = owner or OwnerToken.generate()
+            lease = lease or ExecutionLease()
+            if parent.id in self._uow.unpublished_plans:
+                raise PartitionPlanNotCommitted(step_execution_id=parent.id)
+            fault = encode_fault_state(FaultStateEnvelope.EMPTY)
+            row = q.claim_step_partition.one(
+                conn,
+                step_execution_id=parent.id,
+                node_id=parent.logical_id.value,
+                # Worker names add `#ordinal.version` to the parent's name cut to 100 bytes.
+                worker_name_prefix=parent.step_name.value.encode()[:100].decode("utf-8", "ignore"),
+                max_partition_version=2 * MAX_WORKER_TRIES,
+                fault_state_payload=to_jsonb(fault["fault_state_payload"]),
+                fault_state_checksum=fault["fault_state_checksum"],
+                now=now,
+                owner_token=owner.value,
+                lease_ms=lease.milliseconds,
+            )
+            if row is None:
+                return None
+            partition = decode_step_partition(row)
+            worker_id = partition.worker_step_execution_id
+            if worker_id is None:  # the claim assigns one; never reached
+                raise PartitionStateCorrupt()
+            worker = q.get_step_execution.one(conn, step_execution_id=worker_id)
+            if worker is None:  # inserted by the same statement; never reached
+                raise PartitionStateCorrupt()
+            return partition, decode_step_execution(worker)
+
+    def count_open(self, parent_id: int) -> int:
+        """Partitions still STARTING, STARTED, or claimable again after a lost worker."""
+        with self._operation() as (q, conn):
+            check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
+            found = q.count_open_step_partitions.scalar(
+                conn, step_execution_id=parent_id, max_partition_version=2 * MAX_WORKER_TRIES
+            )
+            return decode_int64(found, column="open_partitions", minimum=0)
+
+    def count_by_status(self, parent_id: int) -> dict[BatchStatus, int]:
+        """How many partitions of a plan are in each status."""
+        with self._operation() as (q, conn):
+            return count_step_partitions_by_status(q, conn, parent_id)
+
+    def progress(self, parent_id: int, slowest: int = 5) -> PlanProgress:
+        """Partitions per status and the `slowest` partitions of a plan."""
+        with self._operation() as (q, conn):
+            now = self._uow.clock.now()
+            check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
+            if q.get_step_execution.one(conn, step_execution_id=parent_id) is None:
+                raise StepExecutionNotFound(id=parent_id)
+            counts = count_step_partitions_by_status(q, conn, parent_id)
+            rows = q.list_slowest_step_partitions.many(
+                conn, step_execution_id=parent_id, now=now, limit=slowest
+            )
+            with _corrupt_on((DecodeError, PyBatchError)):
+                slow = tuple(
+                    SlowPartition(
+                        key=PartitionKey(decode_text(row["partition_key"], column="partition_key")),
+                        status=partition_status(row["status"]),
+                        worker_step_execution_id=_int(row, "worker_step_execution_id"),
+                        elapsed=_elapsed(row["elapsed"]),
+                    )
+                    for row in rows
+                )
+            return PlanProgress(counts=counts, slowest=slow)

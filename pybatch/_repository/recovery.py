@@ -1,0 +1,230 @@
+"""Audited recovery of orphaned or ambiguous executions, queries/recovery.sql."""
+
+from __future__ import annotations
+
+import attrs
+
+from pybatch._clock import Clock
+from pybatch._codecs._primitives import (
+    decode_aware,
+    decode_bool,
+    decode_enum,
+    decode_int64,
+    decode_text,
+    returned,
+)
+from pybatch._codecs.executions import decode_job_execution
+from pybatch._codecs.recovery import decode_recovery_decision
+from pybatch._repository import executions, steps
+from pybatch._repository._capability import Capability, job_execution_row
+from pybatch._repository.audit_chain import link_audit_record
+from pybatch._repository.operator_requests import OperatorRequests
+from pybatch._statements import Connection, Statements
+from pybatch.errors import JobExecutionNotFound, RecoveryNotAllowed, StaleVersion
+from pybatch.values._canonical import canonical_json, sha256
+from pybatch.values.audit import AuditRecordKind
+from pybatch.values.ids import FailureId, IdentifierKind, check_identifier
+from pybatch.values.lifecycle import ExecutionMetadata
+from pybatch.values.operator import automatic_recovery_record
+from pybatch.values.ownership import OwnerToken
+from pybatch.values.recovery import (
+    OwnerObservation,
+    RecoveryDecision,
+    RecoveryMarkers,
+    RecoveryRequest,
+    RecoveryResult,
+    RecoverySnapshot,
+    RecoveryStepEvidence,
+)
+from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+from pybatch.values.timestamps import ExecutionTimestamps
+
+
+def recover_job_execution(
+    q: Statements,
+    conn: Connection,
+    clock: Clock,
+    execution_id: int,
+    request: RecoveryRequest,
+    *,
+    tolerate_chain_errors: bool = False,
+) -> RecoveryResult:
+    """Mark an unresolved execution FAILED or ABANDONED and record the audited decision.
+
+    Raises JobExecutionNotFound, then StaleVersion (a replayed request is stale), then
+    RecoveryNotAllowed (already finished). `tolerate_chain_errors`: see link_audit_record.
+    """
+    prior = executions.lock_job_execution(q, conn, execution_id)
+    if prior.version != request.expected_version:
+        raise StaleVersion(expected=request.expected_version, actual=prior.version)
+    if not prior.status.is_unresolved:
+        raise RecoveryNotAllowed(id=execution_id, status=prior.status.value)
+    times = prior.metadata.timestamps
+    # The decision's end time never goes below what is stored: a run stamped by a client
+    # whose clock ran ahead is still recoverable by one whose clock is right (its end time is
+    # then its start). Nothing decides on `decided_at`; the latest decision is the highest id.
+    decided_at = max(clock.now(), times.started_at or times.created_at)
+    metadata = ExecutionMetadata(
+        status=request.disposition.status,
+        exit_status=prior.metadata.exit_status,
+        timestamps=ExecutionTimestamps(times.created_at, times.started_at, decided_at),
+        counts=prior.metadata.counts,
+        failure=request.failure,
+    )
+    failure = request.failure
+    common = {
+        "job_execution_id": execution_id,
+        "expected_version": request.expected_version,
+        "status": metadata.status.value,
+        "decided_at": decided_at,
+    }
+    changed = q.update_job_execution_recovered.affected(
+        conn,
+        **common,
+        failure_category=None if failure is None else failure.category.value,
+        failure_id=None if failure is None else failure.failure_id,
+    )
+    if changed != 1:
+        current = decode_job_execution(job_execution_row(q, conn, execution_id))
+        raise StaleVersion(expected=request.expected_version, actual=current.version)
+    decision_row = q.insert_recovery_decision.one(
+        conn,
+        **common,
+        prior_status=prior.status.value,
+        reason_code=request.reason_code,
+        operator_reference=request.operator_reference,
+        evidence_digest=request.evidence_digest,
+    )
+    decision = decode_recovery_decision(returned(decision_row))
+    # The recovered owner's steps and partition workers end with its execution in this
+    # transaction: whatever it still runs can commit no chunk from here on.
+    steps.end_unfinished_steps(
+        q, conn, execution_id, metadata.status, decided_at, FailureCategory.STALE_RECOVERED
+    )
+    kind = AuditRecordKind.RECOVERY_DECISION
+    link_audit_record(q, conn, kind, decision.id, tolerate_chain_errors=tolerate_chain_errors)
+    updated_at = max(prior.updated_at, decided_at)
+    recovered = attrs.evolve(
+        prior, metadata=metadata, version=prior.version + 1, updated_at=updated_at
+    )
+    return RecoveryResult(execution=recovered, decision=decision)
+
+
+#: The operator reference of recoveries pybatch records on its own (orphaned runs).
+AUTOMATIC_RECOVERY_REFERENCE = "pybatch.etl"
+
+
+_MARKER_COLUMNS = (
+    ("completed_partition", RecoveryMarkers.COMPLETED_PARTITION),
+    ("committed_flow_decision", RecoveryMarkers.COMMITTED_FLOW_DECISION),
+    ("ambiguous_external_effect", RecoveryMarkers.AMBIGUOUS_EXTERNAL_EFFECT),
+)
+
+
+def recovery_snapshot(
+    q: Statements, conn: Connection, execution_id: int, current_owner: OwnerToken | None
+) -> RecoverySnapshot:
+    """Observe one execution for a recovery decision (JobExecutionNotFound); the token stays."""
+    check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
+    row = q.read_recovery_snapshot.one(
+        conn,
+        job_execution_id=execution_id,
+        owner_token=None if current_owner is None else current_owner.value,
+    )
+    if row is None:
+        raise JobExecutionNotFound(id=execution_id)
+
+    def flag(column: str) -> bool:
+        return decode_bool(row[column], column=column)
+
+    def status_of(column: str) -> BatchStatus:
+        return decode_enum(BatchStatus, row[column], column=column)
+
+    def int64(column: str, minimum: int = 1) -> int:
+        return decode_int64(row[column], column=column, minimum=minimum)
+
+    status = status_of("status")
+    if flag("owner_absent"):
+        owner = OwnerObservation.ABSENT
+    elif flag("owner_matches"):
+        owner = OwnerObservation.CURRENT_PROCESS
+    else:
+        owner = OwnerObservation.OTHER_PROCESS
+    latest = None
+    if row["latest_step_id"] is not None:
+        schema = "latest_step_checkpoint_schema"
+        latest = RecoveryStepEvidence(
+            id=int64("latest_step_id"),
+            status=status_of("latest_step_status"),
+            checkpoint_schema=decode_text(row[schema], column=schema),
+            checkpoint_schema_version=int64("latest_step_checkpoint_schema_version"),
+        )
+    markers = RecoveryMarkers.NONE
+    if (
+        status is BatchStatus.UNKNOWN
+        or row["failure_category"] == "UNKNOWN_COMMIT"
+        or (latest is not None and latest.status is BatchStatus.UNKNOWN)
+    ):
+        markers |= RecoveryMarkers.UNKNOWN_COMMIT
+    for column, marker in _MARKER_COLUMNS:
+        if flag(column):
+            markers |= marker
+    return RecoverySnapshot(
+        execution_id=execution_id,
+        status=status,
+        attempt=int64("attempt"),
+        version=int64("version", 0),
+        owner=owner,
+        updated_at=decode_aware(row["updated_at"], column="updated_at"),
+        server_time=decode_aware(row["server_time"], column="server_time"),
+        latest_step=latest,
+        markers=markers,
+    )
+
+
+class Recovery(Capability):
+    """The recovery operations of one unit of work."""
+
+    def recover(self, execution_id: int, request: RecoveryRequest) -> RecoveryResult:
+        """Mark an unresolved execution FAILED or ABANDONED with an audit decision."""
+        with self._operation() as (q, conn):
+            return recover_job_execution(q, conn, self._uow.clock, execution_id, request)
+
+    def decision(self, execution_id: int) -> RecoveryDecision | None:
+        """The latest recovery decision of an execution, or None (JobExecutionNotFound)."""
+        with self._operation() as (q, conn):
+            job_execution_row(q, conn, execution_id)
+            row = q.find_latest_recovery_decision.one(conn, job_execution_id=execution_id)
+            return None if row is None else decode_recovery_decision(row)
+
+    def recover_orphaned(self, execution_id: int, *, audited: bool = True) -> RecoveryResult:
+        """Record FAILED (OWNER_LOST) for an execution whose lease ran out; fail its open steps.
+
+        With `audited` it is also recorded as a RECOVER request by pybatch.etl. A damaged audit
+        chain never blocks it (both stay unlinked). The evidence digest binds id, status,
+        `updated_at` and version, so a decision about one observation never applies to a later
+        one. Raises JobExecutionNotFound, then StaleVersion or RecoveryNotAllowed.
+        """
+        with self._operation() as (q, conn):
+            clock = self._uow.clock
+            orphan = decode_job_execution(job_execution_row(q, conn, execution_id))
+            observed = {
+                "execution_id": orphan.id,
+                "observation": "OWNER_LOST",
+                "status": orphan.status.value,
+                "updated_at": orphan.updated_at.isoformat(),
+                "version": orphan.version,
+            }
+            evidence = sha256(canonical_json(observed))
+            failure = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(orphan.id))
+            request = RecoveryRequest.mark_failed(
+                orphan.version, "OWNER_LOST", AUTOMATIC_RECOVERY_REFERENCE, evidence, failure
+            )
+            result = recover_job_execution(
+                q, conn, clock, orphan.id, request, tolerate_chain_errors=True
+            )
+            if audited:
+                OperatorRequests(self._uow).append(
+                    automatic_recovery_record(result, clock.now()), tolerate_chain_errors=True
+                )
+            return result

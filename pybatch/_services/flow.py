@@ -1,0 +1,144 @@
+"""The flow decision point of a running job: record, in one unit of work, where the flow goes.
+
+On a restart, a step completed earlier, or a decider that decided on the same plan and input,
+reuses the recorded decision instead of deciding again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import attrs
+
+from pybatch.errors import FlowStateCorrupt
+from pybatch.values.flow import (
+    FlowDecision,
+    FlowDecisionRequest,
+    FlowTarget,
+    FlowTransitionKind,
+    select_flow_target,
+)
+from pybatch.values.names import ExitCode, NodeId
+from pybatch.values.records import StepExecution
+
+if TYPE_CHECKING:
+    from pybatch._job_repository import JobRepository
+    from pybatch._unit_of_work import UnitOfWork
+    from pybatch.values.definitions import DefinitionIdentity
+
+
+@attrs.frozen
+class FlowPoint:
+    """Where one job execution records its flow decisions."""
+
+    repository: JobRepository
+    instance_id: int
+    execution_id: int
+    definition: DefinitionIdentity
+    input_digest: bytes
+
+    def after_step(self, step: StepExecution, *, reused: bool) -> FlowDecision:
+        """Record the transition out of `step`'s node; `reused`: it completed in an earlier run."""
+        node, outcome = step.logical_id, step.metadata.exit_status
+
+        def work(uow: UnitOfWork) -> FlowDecision:
+            recorded = self._recorded(uow, node)
+            if recorded is None and reused:
+                recorded = self._reuse(
+                    uow,
+                    node,
+                    FlowTransitionKind.STEP_EXIT,
+                    FlowTransitionKind.COMPLETED_STEP_REUSE,
+                    step.id,
+                )
+            if recorded is not None:
+                return recorded
+            target = self._select(node, FlowTransitionKind.STEP_EXIT, outcome)
+            return uow.flow.append_decision(
+                self._request(
+                    uow, node, FlowTransitionKind.STEP_EXIT, outcome, target, source_step=step.id
+                )
+            )
+
+        return self.repository.run_in_unit_of_work(work)
+
+    def decide(self, node: NodeId, decider: Callable[[], str]) -> FlowDecision:
+        """Run `decider` and record where it leads, unless it decided on this plan and input."""
+
+        def reusable(uow: UnitOfWork) -> FlowDecision | None:
+            kind = FlowTransitionKind.DECIDER
+            return self._recorded(uow, node) or self._reuse(uow, node, kind, kind, None)
+
+        found = self.repository.run_in_unit_of_work(reusable)
+        if found is not None:
+            return found
+        outcome = ExitCode(decider())
+        target = self._select(node, FlowTransitionKind.DECIDER, outcome)
+        return self.repository.run_in_unit_of_work(
+            lambda uow: uow.flow.append_decision(
+                self._request(uow, node, FlowTransitionKind.DECIDER, outcome, target)
+            )
+        )
+
+    def _reuse(
+        self,
+        uow: UnitOfWork,
+        node: NodeId,
+        found_as: FlowTransitionKind,
+        kind: FlowTransitionKind,
+        source_step: int | None,
+    ) -> FlowDecision | None:
+        """Record again, as `kind`, the latest `found_as` decision on this plan and input."""
+        earlier = uow.flow.find_reusable_decision(
+            self.instance_id, node, self.definition.digest, self.input_digest, found_as
+        )
+        if earlier is None:
+            return None
+        request = self._request(
+            uow,
+            node,
+            kind,
+            earlier.observed_outcome,
+            earlier.target,
+            source_step=source_step,
+            reused=earlier.id,
+        )
+        return uow.flow.append_decision(request)
+
+    def _recorded(self, uow: UnitOfWork, node: NodeId) -> FlowDecision | None:
+        for decision in uow.flow.decisions(self.execution_id):
+            if decision.source_node_id == node:
+                return decision
+        return None
+
+    def _select(self, node: NodeId, kind: FlowTransitionKind, outcome: ExitCode) -> FlowTarget:
+        target = select_flow_target(self.definition.manifest(), node, kind, outcome)
+        if target is None:
+            raise FlowStateCorrupt()
+        return target
+
+    def _request(
+        self,
+        uow: UnitOfWork,
+        node: NodeId,
+        kind: FlowTransitionKind,
+        outcome: ExitCode,
+        target: FlowTarget,
+        *,
+        source_step: int | None = None,
+        reused: int | None = None,
+    ) -> FlowDecisionRequest:
+        return FlowDecisionRequest(
+            job_execution_id=self.execution_id,
+            sequence=len(uow.flow.decisions(self.execution_id)) + 1,
+            source_node_id=node,
+            source_step_execution_id=source_step,
+            kind=kind,
+            observed_outcome=outcome,
+            target=target,
+            plan_fingerprint=self.definition.digest,
+            input_digest=self.input_digest,
+            reused_decision_id=reused,
+            decided_at=uow.clock.now(),
+        )

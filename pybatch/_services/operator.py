@@ -1,0 +1,392 @@
+"""The operator request service: idempotent, audited lifecycle requests.
+
+A recorded (action, operation id) with the same digest replays, with another digest is
+OperationIdConflict. Otherwise the effect and its APPLIED audit row share one unit of work; a
+refusal is recorded REJECTED in a unit of work of its own. A lost COMMIT acknowledgement is
+OperationOutcomeUnknown: re-running the same operation id replays what was recorded, never twice.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import attrs
+
+from pybatch._unit_of_work import UnitOfWork
+from pybatch.errors import (
+    CommitOutcomeUnknown,
+    ConcurrentModification,
+    OperationIdConflict,
+    OperationOutcomeUnknown,
+    PyBatchError,
+)
+from pybatch.values._canonical import canonical_json, sha256
+from pybatch.values.definitions import DefinitionIdentity
+from pybatch.values.ids import JobExecutionId, JobInstanceId
+from pybatch.values.lifecycle import LifecycleTransition
+from pybatch.values.names import ActorRef, OperationId, ReasonCode
+from pybatch.values.operator import (
+    OperatorAction,
+    OperatorOutcomeClass,
+    OperatorRecord,
+    OperatorRecordDraft,
+    OperatorRejection,
+    OperatorRejectionCode,
+    RecoveryArguments,
+    RequestDigest,
+    RequestTarget,
+)
+from pybatch.values.parameters import JobInstanceKey
+from pybatch.values.records import JobExecution
+from pybatch.values.recovery import RecoveryDisposition, RecoveryRequest
+from pybatch.values.status import BatchStatus
+
+if TYPE_CHECKING:
+    from pybatch._job_repository import JobRepository
+
+#: The only reason that may mark an execution with an unknown commit FAILED.
+UNKNOWN_EFFECT = "UNKNOWN_EFFECT"
+
+S = BatchStatus
+Code = OperatorRejectionCode
+
+
+def operator_evidence(execution: JobExecution) -> bytes:
+    """The evidence of an operator's recovery: any write to the execution since changes it."""
+    return sha256(
+        canonical_json(
+            {
+                "attempt": execution.attempt,
+                "execution_id": execution.id,
+                "observation": "OPERATOR",
+                "status": execution.status.value,
+                "updated_at": execution.updated_at.isoformat(),
+                "version": execution.version,
+            }
+        )
+    )
+
+
+@attrs.frozen
+class OperatorOutcome:
+    """How a request was settled, with its audit record (and the execution it left)."""
+
+    outcome: OperatorOutcomeClass
+    record: OperatorRecord
+    #: The execution after an APPLIED effect; None on a replay or a rejection.
+    execution: JobExecution | None = None
+
+    @property
+    def rejection(self) -> OperatorRejection | None:
+        """The recorded rejection, when the request was REJECTED."""
+        return self.record.rejection
+
+
+class _Rejected(Exception):
+    def __init__(self, rejection: OperatorRejection) -> None:
+        self.rejection = rejection
+
+
+@attrs.frozen
+class _Effect:
+    prior_status: BatchStatus | None
+    result_status: BatchStatus | None
+    execution: JobExecution | None
+    instance_id: int | None
+    execution_id: int | None
+
+
+@attrs.frozen
+class _Request:
+    action: OperatorAction
+    operation_id: OperationId
+    actor: ActorRef
+    reason: ReasonCode | None
+    digest: RequestDigest
+    expected_version: int | None
+    instance_id: int | None
+    execution_id: int | None
+
+
+class OperatorService:
+    """Launch, restart, stop, abandon and recover as idempotent, audited requests."""
+
+    def __init__(self, repository: JobRepository) -> None:
+        self.repository = repository
+
+    # ------------------------------------------------------------------ requests
+
+    def stop(
+        self,
+        operation_id: OperationId,
+        actor: ActorRef,
+        execution_id: int,
+        *,
+        expected_version: int | None = None,
+        reason: ReasonCode | None = None,
+    ) -> OperatorOutcome:
+        """Ask a running execution to stop; repeated, or on a finished run, it is a no-op."""
+        action, target = OperatorAction.STOP, RequestTarget.execution(JobExecutionId(execution_id))
+        request = self._request(
+            action, operation_id, actor, reason, target, expected_version, None, None, execution_id
+        )
+
+        def effect(uow: UnitOfWork) -> _Effect:
+            current = self._execution(uow, execution_id, expected_version)
+            if current.status in (S.STARTING, S.STARTED):
+                stopped = uow.stop_requests.request(
+                    execution_id, current.version, actor, uow.clock.now()
+                )
+                return _Effect(current.status, stopped.status, stopped, None, execution_id)
+            if current.status is S.UNKNOWN:
+                raise _Rejected(OperatorRejection.invalid_state(S.UNKNOWN))
+            return _Effect(current.status, current.status, current, None, execution_id)
+
+        return self._submit(request, effect)
+
+    def abandon(
+        self,
+        operation_id: OperationId,
+        actor: ActorRef,
+        execution_id: int,
+        *,
+        expected_version: int | None = None,
+        reason: ReasonCode | None = None,
+    ) -> OperatorOutcome:
+        """Make a STOPPED or FAILED execution ABANDONED: its instance never runs again."""
+        action, target = (
+            OperatorAction.ABANDON,
+            RequestTarget.execution(JobExecutionId(execution_id)),
+        )
+        request = self._request(
+            action, operation_id, actor, reason, target, expected_version, None, None, execution_id
+        )
+
+        def effect(uow: UnitOfWork) -> _Effect:
+            current = self._execution(uow, execution_id, expected_version)
+            if current.status is S.ABANDONED:
+                return _Effect(current.status, current.status, current, None, execution_id)
+            if current.status is S.UNKNOWN and uow.recovery.decision(execution_id) is None:
+                raise _Rejected(OperatorRejection.of(Code.UNRESOLVED_RECOVERY_REQUIRED))
+            if current.status not in (S.STOPPED, S.FAILED, S.UNKNOWN):
+                raise _Rejected(OperatorRejection.invalid_state(current.status))
+            at = max(uow.clock.now(), current.updated_at)
+            abandoned = uow.executions.transition(
+                execution_id, current.version, LifecycleTransition.new(S.ABANDONED, at)
+            )
+            return _Effect(current.status, abandoned.status, abandoned, None, execution_id)
+
+        return self._submit(request, effect)
+
+    def recover(
+        self,
+        operation_id: OperationId,
+        actor: ActorRef,
+        execution_id: int,
+        recovery: RecoveryRequest,
+        *,
+        unknown_commit: bool = False,
+        force: bool = False,
+    ) -> OperatorOutcome:
+        """Resolve an orphaned or ambiguous execution FAILED or ABANDONED, audited.
+
+        With `unknown_commit`, FAILED needs reason UNKNOWN_EFFECT (the effect will be reconciled).
+        A lease still fresh on the database clock is a live owner: EXECUTION_ALREADY_ACTIVE unless
+        `force`, which fences the owner in this transaction (its steps and workers end with the
+        execution, so its next chunk commit and lease renewal are refused).
+        """
+        target = RequestTarget.execution(JobExecutionId(execution_id))
+        reason = ReasonCode(recovery.reason_code)
+        arguments = RecoveryArguments(request=recovery, unknown_commit=unknown_commit, force=force)
+        action, version = OperatorAction.RECOVER, recovery.expected_version
+        request = self._request(
+            action, operation_id, actor, reason, target, version, arguments, None, execution_id
+        )
+
+        def effect(uow: UnitOfWork) -> _Effect:
+            current = self._execution(uow, execution_id, recovery.expected_version)
+            if (
+                unknown_commit
+                and recovery.disposition is RecoveryDisposition.MARK_FAILED
+                and recovery.reason_code != UNKNOWN_EFFECT
+            ):
+                raise _Rejected(OperatorRejection.of(Code.UNRESOLVED_RECOVERY_REQUIRED))
+            _, lease = uow.ownership.lock(execution_id)
+            if lease.has_lease and not lease.lease_expired and not force:
+                raise _Rejected(
+                    OperatorRejection.execution_already_active(
+                        JobExecutionId(execution_id), current.status
+                    )
+                )
+            result = uow.recovery.recover(execution_id, recovery)
+            recovered = result.execution
+            return _Effect(current.status, recovered.status, recovered, None, execution_id)
+
+        return self._submit(request, effect)
+
+    def launch(
+        self,
+        operation_id: OperationId,
+        actor: ActorRef,
+        key: JobInstanceKey,
+        definition: DefinitionIdentity | None = None,
+    ) -> OperatorOutcome:
+        """Create the first (or next) execution of an instance key, STARTING."""
+        definition = definition or DefinitionIdentity.legacy()
+        action, target = OperatorAction.LAUNCH, RequestTarget.instance_key(key)
+        request = self._request(action, operation_id, actor, None, target, None, definition)
+
+        def effect(uow: UnitOfWork) -> _Effect:
+            instance = uow.instances.select_or_create(key).instance
+            created = uow.executions.create(instance.id, definition)
+            return _Effect(None, created.status, created, instance.id, created.id)
+
+        return self._submit(request, effect)
+
+    def restart(
+        self,
+        operation_id: OperationId,
+        actor: ActorRef,
+        instance_id: int,
+        definition: DefinitionIdentity | None = None,
+    ) -> OperatorOutcome:
+        """Create the next attempt of an instance whose latest attempt is FAILED or STOPPED."""
+        definition = definition or DefinitionIdentity.legacy()
+        action, target = OperatorAction.RESTART, RequestTarget.instance(JobInstanceId(instance_id))
+        request = self._request(
+            action, operation_id, actor, None, target, None, definition, instance_id
+        )
+
+        def effect(uow: UnitOfWork) -> _Effect:
+            if uow.instances.get(instance_id) is None:
+                raise _Rejected(OperatorRejection.of(Code.INSTANCE_NOT_FOUND))
+            attempts = uow.executions.of_instance(instance_id)
+            if not attempts:
+                raise _Rejected(OperatorRejection.of(Code.RESTART_WITHOUT_PRIOR_ATTEMPT))
+            latest = attempts[-1]
+            if latest.status is S.UNKNOWN:
+                raise _Rejected(OperatorRejection.invalid_state(S.UNKNOWN))
+            created = uow.executions.create(instance_id, definition)
+            return _Effect(latest.status, created.status, created, instance_id, created.id)
+
+        return self._submit(request, effect)
+
+    # ------------------------------------------------------------------ mechanics
+
+    @staticmethod
+    def _request(
+        action: OperatorAction,
+        operation_id: OperationId,
+        actor: ActorRef,
+        reason: ReasonCode | None,
+        target: RequestTarget,
+        expected_version: int | None,
+        arguments: DefinitionIdentity | RecoveryArguments | None,
+        instance_id: int | None = None,
+        execution_id: int | None = None,
+    ) -> _Request:
+        digest = RequestDigest.compute(
+            action, target, expected_version=expected_version, reason=reason, arguments=arguments
+        )
+        return _Request(
+            action, operation_id, actor, reason, digest, expected_version, instance_id, execution_id
+        )
+
+    @staticmethod
+    def _execution(uow: UnitOfWork, execution_id: int, expected: int | None) -> JobExecution:
+        current = uow.executions.get(execution_id)
+        if current is None:
+            raise _Rejected(OperatorRejection.of(Code.EXECUTION_NOT_FOUND))
+        if expected is not None and current.version != expected:
+            raise _Rejected(OperatorRejection.optimistic_conflict(current.version))
+        return current
+
+    def _probe(self, request: _Request) -> OperatorOutcome | None:
+        """Replay a recorded request with the same digest; refuse one with another digest."""
+        with self.repository.begin() as uow:
+            recorded = uow.operator_requests.find(request.action, request.operation_id)
+        if recorded is None:
+            return None
+        if recorded.digest != request.digest:
+            raise OperationIdConflict(
+                action=request.action.value, operation_id=request.operation_id.value
+            )
+        return OperatorOutcome(OperatorOutcomeClass.REPLAYED, recorded)
+
+    def _draft(
+        self,
+        request: _Request,
+        now: _dt.datetime,
+        *,
+        effect: _Effect | None = None,
+        rejection: OperatorRejection | None = None,
+    ) -> OperatorRecordDraft:
+        instance_id = effect.instance_id if effect else request.instance_id
+        execution_id = effect.execution_id if effect else request.execution_id
+        # A missing target cannot be referenced (the audit row's foreign keys).
+        if rejection is not None and rejection.code is Code.EXECUTION_NOT_FOUND:
+            execution_id = None
+        if rejection is not None and rejection.code is Code.INSTANCE_NOT_FOUND:
+            instance_id = None
+        return OperatorRecordDraft(
+            action=request.action,
+            operation_id=request.operation_id,
+            actor=request.actor,
+            reason=request.reason,
+            digest=request.digest,
+            job_instance_id=None if instance_id is None else JobInstanceId(instance_id),
+            job_execution_id=None if execution_id is None else JobExecutionId(execution_id),
+            observed_version=request.expected_version,
+            prior_status=effect.prior_status if effect else None,
+            result_status=effect.result_status if effect else None,
+            outcome=OperatorOutcomeClass.REJECTED if rejection else OperatorOutcomeClass.APPLIED,
+            rejection=rejection,
+            requested_at=now,
+        )
+
+    def _submit(
+        self, request: _Request, effect: Callable[[UnitOfWork], _Effect]
+    ) -> OperatorOutcome:
+        replay = self._probe(request)
+        if replay is not None:
+            return replay
+        rejection: OperatorRejection | None = None
+        with self.repository.begin() as uow:
+            try:
+                applied = effect(uow)
+            except _Rejected as rejected:
+                rejection = rejected.rejection
+            except PyBatchError as error:
+                rejection = OperatorRejection.from_repository(error)
+                if rejection is None:
+                    raise
+            if rejection is None:
+                draft = self._draft(request, uow.clock.now(), effect=applied)
+                return self._record(uow, request, draft, applied.execution)
+        with self.repository.begin() as uow:  # the refusal, audited on its own (effect undone)
+            draft = self._draft(request, uow.clock.now(), rejection=rejection)
+            return self._record(uow, request, draft, None)
+
+    def _record(
+        self,
+        uow: UnitOfWork,
+        request: _Request,
+        draft: OperatorRecordDraft,
+        run: JobExecution | None,
+    ) -> OperatorOutcome:
+        """Append the audit row and commit; replay when another caller recorded it first."""
+        try:
+            record = uow.operator_requests.append(draft)
+        except ConcurrentModification:
+            uow.rollback()  # another caller recorded the operation id first: replay it
+            replay = self._probe(request)
+            if replay is None:
+                raise ConcurrentModification() from None
+            return replay
+        try:
+            uow.commit()
+        except CommitOutcomeUnknown:
+            raise OperationOutcomeUnknown() from None
+        return OperatorOutcome(draft.outcome, record, run)

@@ -1,0 +1,274 @@
+"""The retention service: idempotent holds and purges of whole histories.
+
+Hold, release and each purge batch replay by operation id like operator requests. A purge runs
+survey -> plan -> apply in bounded batches, each applied in one transaction with its audit record;
+a batch whose plan went stale (a hold, a restart, another purge) deletes nothing and is replanned.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+import attrs
+
+from pybatch._repository.retention import PurgedAuditRecords
+from pybatch._unit_of_work import UnitOfWork
+from pybatch.errors import (
+    CommitOutcomeUnknown,
+    ConcurrentModification,
+    OperationIdConflict,
+    OperationOutcomeUnknown,
+    RetentionPlanStale,
+)
+from pybatch.values.names import ActorRef, OperationId, ReasonCode
+from pybatch.values.retention import (
+    PurgeCounts,
+    PurgePlan,
+    PurgePlanRequest,
+    RetentionAction,
+    RetentionRecord,
+    RetentionRecordDraft,
+    retention_request_digest,
+)
+
+if TYPE_CHECKING:
+    from pybatch._job_repository import JobRepository
+
+#: A survey's keyset position: the (latest updated_at, instance id) of the last instance taken.
+_Key = tuple[_dt.datetime, int]
+
+STALE_RETRIES = 5  # Replans of one stale batch before the purge gives up.
+MAX_PURGE_OPERATION_BASE = 47  # Longest caller-chosen base of a purge's per-batch operation ids.
+
+
+@attrs.frozen
+class RetentionOutcome:
+    """How a retention request was settled, with its audit record."""
+
+    outcome: str
+    record: RetentionRecord
+
+    @property
+    def counts(self) -> PurgeCounts:
+        """Rows actually deleted (zero for holds and releases)."""
+        return self.record.counts
+
+
+@attrs.frozen
+class _Applied:
+    draft: RetentionRecordDraft
+    purged: PurgedAuditRecords | None = None
+
+
+@attrs.frozen
+class PurgeProgress:
+    """After each batch: the batch number, what it deleted and the running total."""
+
+    batch: int
+    outcome: RetentionOutcome
+    total: PurgeCounts
+
+
+class RetentionService:
+    """Hold, release and purge, each idempotent by operation id and audited."""
+
+    def __init__(self, repository: JobRepository) -> None:
+        self.repository = repository
+
+    # ------------------------------------------------------------------ holds
+
+    def hold(
+        self, operation_id: OperationId, actor: ActorRef, instance_id: int, reason: ReasonCode
+    ) -> RetentionOutcome:
+        """Place (or replace) the instance's hold: no purge takes it until released."""
+
+        def place(uow: UnitOfWork) -> None:
+            uow.holds.place(instance_id, actor, reason, uow.clock.now())
+
+        return self._hold_request(
+            RetentionAction.HOLD, operation_id, actor, instance_id, reason, place
+        )
+
+    def release(
+        self, operation_id: OperationId, actor: ActorRef, instance_id: int, reason: ReasonCode
+    ) -> RetentionOutcome:
+        """Clear the instance's hold (a release without a hold is recorded too)."""
+        action, holds = RetentionAction.RELEASE_HOLD, lambda uow: uow.holds.release(instance_id)
+        return self._hold_request(action, operation_id, actor, instance_id, reason, holds)
+
+    def _hold_request(
+        self,
+        action: RetentionAction,
+        operation_id: OperationId,
+        actor: ActorRef,
+        instance_id: int,
+        reason: ReasonCode,
+        change: Callable[[UnitOfWork], None],
+    ) -> RetentionOutcome:
+        digest = retention_request_digest(action, f"instance:{instance_id}", reason)
+
+        def effect(uow: UnitOfWork) -> _Applied:
+            change(uow)
+            draft = self._draft(action, operation_id, actor, reason, digest, uow)
+            return _Applied(attrs.evolve(draft, job_instance_id=instance_id))
+
+        return self._submit(action, operation_id, digest, effect)
+
+    # ------------------------------------------------------------------ purge
+
+    def plan(self, request: PurgePlanRequest) -> PurgePlan:
+        """Survey the next batch in a rolled-back unit of work and seal it."""
+        return self._plan(request, None)[0]
+
+    def _plan(self, request: PurgePlanRequest, after: _Key | None) -> tuple[PurgePlan, _Key | None]:
+        """The sealed plan of the next batch after `after`, and the keyset position it ends at."""
+        with self.repository.begin() as uow:
+            survey = uow.retention.survey(request, after)
+        return PurgePlan.new(request, survey), survey.last_key
+
+    def forecast(self, request: PurgePlanRequest) -> PurgeCounts:
+        """What a purge would delete now, over every batch (read-only, for --dry-run)."""
+        total, after = PurgeCounts(), None
+        while True:
+            with self.repository.begin() as uow:
+                survey = uow.retention.survey(request, after)
+            if not survey.candidates:
+                return total
+            total, after = total + survey.counts, survey.last_key
+
+    def apply(
+        self, operation_id: OperationId, actor: ActorRef, reason: ReasonCode, plan: PurgePlan
+    ) -> RetentionOutcome:
+        """Apply one sealed plan with its audit record, or nothing (RetentionPlanStale)."""
+        action = RetentionAction.APPLY_PURGE
+        digest = retention_request_digest(action, f"plan:{plan.digest.hex()}", reason)
+
+        def effect(uow: UnitOfWork) -> _Applied:
+            result = uow.retention.apply_purge(plan)
+            draft = self._draft(
+                action,
+                operation_id,
+                actor,
+                reason,
+                digest,
+                uow,
+                plan_digest=plan.digest,
+                batch_bound=plan.request.batch.value,
+                counts=result.counts,
+            )
+            return _Applied(draft, result.audit_records)
+
+        return self._submit(action, operation_id, digest, effect)
+
+    def purge(
+        self,
+        request: PurgePlanRequest,
+        operation_base: str,
+        actor: ActorRef,
+        reason: ReasonCode,
+    ) -> Iterator[PurgeProgress]:
+        """Purge batch after batch until nothing is left; yield after each batch.
+
+        A batch's operation id is `<operation_base>:<first 16 hex of its plan digest>`, so a rerun
+        with the same base replays applied batches and goes on. Each survey resumes at the previous
+        batch's keyset; when it finds nothing, one survey from the start catches instances that
+        became candidates behind it (a hold released meanwhile). A batch stale STALE_RETRIES times
+        in a row raises RetentionPlanStale.
+        """
+        if not 1 <= len(operation_base) <= MAX_PURGE_OPERATION_BASE:
+            raise ValueError(
+                f"the operation id of a purge is 1 to {MAX_PURGE_OPERATION_BASE} bytes"
+            )
+        total, batch, stale = PurgeCounts(), 0, 0
+        after: _Key | None = None
+        while True:
+            plan, last_key = self._plan(request, after)
+            if plan.is_empty():
+                if after is None:
+                    return
+                after = None  # once more from the start
+                continue
+            operation_id = OperationId(f"{operation_base}:{plan.digest.hex()[:16]}")
+            try:
+                outcome = self.apply(operation_id, actor, reason, plan)
+            except RetentionPlanStale:
+                stale += 1
+                if stale >= STALE_RETRIES:
+                    raise
+                continue
+            stale, after = 0, last_key
+            batch += 1
+            total = total + outcome.counts
+            yield PurgeProgress(batch, outcome, total)
+            if outcome.outcome == "REPLAYED" and outcome.counts == PurgeCounts():
+                return  # nothing more can change by repeating this plan
+
+    # ------------------------------------------------------------------ mechanics
+
+    @staticmethod
+    def _draft(
+        action: RetentionAction,
+        operation_id: OperationId,
+        actor: ActorRef,
+        reason: ReasonCode,
+        digest: bytes,
+        uow: UnitOfWork,
+        *,
+        plan_digest: bytes | None = None,
+        batch_bound: int | None = None,
+        counts: PurgeCounts | None = None,
+    ) -> RetentionRecordDraft:
+        return RetentionRecordDraft(
+            action=action,
+            operation_id=operation_id,
+            actor=actor,
+            reason=reason,
+            request_digest=digest,
+            job_instance_id=None,
+            plan_digest=plan_digest,
+            batch_bound=batch_bound,
+            counts=counts or PurgeCounts(),
+            outcome="APPLIED",
+            applied_at=uow.clock.now(),
+        )
+
+    def _probe(
+        self, action: RetentionAction, operation_id: OperationId, digest: bytes
+    ) -> RetentionOutcome | None:
+        with self.repository.begin() as uow:
+            recorded = uow.retention.find_action(action, operation_id)
+        if recorded is None:
+            return None
+        if recorded.request_digest != digest:
+            raise OperationIdConflict(action=action.value, operation_id=operation_id.value)
+        return RetentionOutcome("REPLAYED", recorded)
+
+    def _submit(
+        self,
+        action: RetentionAction,
+        operation_id: OperationId,
+        digest: bytes,
+        effect: Callable[[UnitOfWork], _Applied],
+    ) -> RetentionOutcome:
+        replay = self._probe(action, operation_id, digest)
+        if replay is not None:
+            return replay
+        with self.repository.begin() as uow:
+            applied = effect(uow)
+            try:
+                record = uow.retention.append_action(applied.draft)
+            except ConcurrentModification:
+                uow.rollback()
+                again = self._probe(action, operation_id, digest)
+                if again is None:
+                    raise
+                return again
+            if applied.purged is not None and not applied.purged.is_empty():
+                uow.retention.mark_purged_audit_links(applied.purged, record.id)
+            try:
+                uow.commit()
+            except CommitOutcomeUnknown:
+                raise OperationOutcomeUnknown() from None
+        return RetentionOutcome("APPLIED", record)

@@ -1,0 +1,173 @@
+"""The SQL catalogue for DBAs, generated from the same `queries/` files pybatch runs."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+import psycopg
+
+from pybatch import _sqlstate
+from pybatch._config import ConnectionConfig
+from pybatch._connect import open_connection
+from pybatch._statements import Statement, Statements, load_statements
+from pybatch.errors import UnknownStatement
+
+_TABLE = re.compile(r"\bpybatch\.([a-z_]+)\b")
+_WRITE = re.compile(r"^\s*(INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+pybatch\.([a-z_]+)", re.I | re.M)
+# The one keyword pybatch adds to a statement's text: EXPLAIN (plan only, never ANALYZE, so
+# the statement is planned and not run).
+_EXPLAIN_PREFIX = b"EXPLAIN (VERBOSE, COSTS)\n"
+
+#: Representative values by name; others go as the untyped '1', typed by the server.
+_REPRESENTATIVE: Mapping[str, object] = {
+    "limit": "50",
+    "row_limit": "50",
+    "ceiling": str(2**62),
+    "before_id": str(2**62),
+    "before_attempt": "2147483647",
+    "after_name": "",
+    "job_name": "job_0001",
+    "status": "STARTED",
+    "prior_status": "STARTED",
+    "result_status": "STOPPING",
+    "action": "STOP",
+    "authorization_class": "LIFECYCLE",
+    "outcome_class": "APPLIED",
+}
+
+
+@attrs.frozen
+class StatementEntry:
+    """One catalogue row."""
+
+    name: str
+    file: str
+    doc: str
+    mode: str
+    parameters: tuple[str, ...]
+    tables_read: tuple[str, ...]
+    tables_written: tuple[str, ...]
+    text: str
+
+    def as_json(self) -> dict[str, Any]:
+        """The documented JSON object of `pybatch sql list --json`."""
+        fields = attrs.asdict(self, filter=lambda field, _: field.name != "text")
+        return {name: list(v) if isinstance(v, tuple) else v for name, v in fields.items()}
+
+
+def _entry(statement: Statement) -> StatementEntry:
+    text = statement.query.decode()
+    # pugsql keeps the first `:doc` line; the comment lines that continue it lead the text.
+    doc_lines = [statement.doc]
+    for line in text.splitlines()[1:]:
+        if not line.startswith("--"):
+            break
+        doc_lines.append(line[2:])
+    touched = sorted(set(_TABLE.findall(text)))
+    written = sorted({match[1] for match in _WRITE.findall(text)})
+    return StatementEntry(
+        name=statement.name,
+        file=statement.filename,
+        doc=" ".join(" ".join(doc_lines).split()),
+        mode=statement.mode,
+        parameters=tuple(sorted(statement.parameters)),
+        tables_read=tuple(t for t in touched if t not in written),
+        tables_written=tuple(written),
+        text=text,
+    )
+
+
+def catalogue(statements: Statements | None = None) -> list[StatementEntry]:
+    """Every statement, ordered by file and then by name."""
+    entries = [_entry(s) for s in statements or load_statements()]
+    return sorted(entries, key=lambda e: (e.file, e.name))
+
+
+def find(name: str) -> StatementEntry:
+    """The catalogue entry of `name` (raises UnknownStatement)."""
+    for entry in catalogue():
+        if entry.name == name:
+            return entry
+    raise UnknownStatement(name=name)
+
+
+def representative_parameters(entry: StatementEntry) -> dict[str, object]:
+    """Values to plan `entry` with; untyped literals so the server infers each type."""
+    values: dict[str, object] = {}
+    for name in entry.parameters:
+        if name in _REPRESENTATIVE:
+            values[name] = _REPRESENTATIVE[name]
+        elif name.endswith("_at") or name in {"cutoff", "now"}:
+            values[name] = _dt.datetime(2026, 1, 1, tzinfo=_dt.UTC).isoformat()
+        elif name == "ids":
+            values[name] = (1, 2)
+        elif name.endswith("_payload"):
+            # State payloads are jsonb objects; on step_execution a domain refuses anything
+            # else, and the planner checks a domain against a constant it can fold.
+            values[name] = "{}"
+        elif name.endswith(("checksum", "digest")):
+            values[name] = "\\x" + "00" * 32  # SHA-256 sized (sha256_digest domain)
+        else:
+            values[name] = "1"
+    return values
+
+
+def explain(config: ConnectionConfig, name: str) -> str:
+    """The server's plan of `name` with representative parameters, never running it.
+
+    EXPLAIN without ANALYZE, in a transaction that is rolled back; driver errors are mapped.
+    """
+    entry = find(name)
+    statement = getattr(load_statements(), entry.name)
+    params = representative_parameters(entry)
+    with open_connection(config, autocommit=False) as conn:
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute(_EXPLAIN_PREFIX + statement.query, params)
+                lines = [str(row[0]) for row in cursor.fetchall()]
+        except psycopg.Error as error:
+            raise _sqlstate.translate(error) from None
+        finally:
+            if not conn.closed:
+                conn.rollback()
+    return "\n".join(lines)
+
+
+def _cell(values: Iterable[str]) -> str:
+    return ", ".join(f"`{v}`" for v in values) or "-"
+
+
+def render_markdown(entries: list[StatementEntry] | None = None) -> str:
+    """docs/sql-catalogue.md: one section per file, one row per statement."""
+    entries = catalogue() if entries is None else entries
+    out = [
+        "# SQL catalogue",
+        "",
+        "Every statement pybatch runs, generated from `queries/` by `pybatch sql catalogue`",
+        "(a test fails when this file is stale). `pybatch sql show NAME` prints a statement",
+        "exactly as it runs; `pybatch sql explain NAME` prints its plan on your server.",
+        "",
+        "Columns: the result mode (`one` row, `many` rows, a `scalar`, or the `affected` row",
+        "count), the bound parameters, and the tables the statement reads and writes.",
+    ]
+    current = None
+    for entry in entries:
+        if entry.file != current:
+            current = entry.file
+            out += [
+                "",
+                f"## {entry.file}",
+                "",
+                "| Statement | Mode | Parameters | Reads | Writes | Doc |",
+                "|---|---|---|---|---|---|",
+            ]
+        doc = entry.doc.replace("|", "\\|")
+        out.append(
+            f"| `{entry.name}` | {entry.mode} | {_cell(entry.parameters)} | "
+            f"{_cell(entry.tables_read)} | {_cell(entry.tables_written)} | {doc} |"
+        )
+    return "\n".join(out) + "\n"

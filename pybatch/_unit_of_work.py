@@ -1,0 +1,182 @@
+"""The unit of work: one leased connection, one READ COMMITTED transaction.
+
+Each operation (`uow.executions.create(...)`, pybatch/_repository/<capability>.py) runs under
+its own savepoint, so a failed one leaves nothing staged and the unit of work usable. COMMIT
+of a transaction the server already failed raises TransactionAborted, a lost acknowledgement
+CommitOutcomeUnknown; neither is ever reported as success.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Generic, TypeVar
+
+import psycopg
+from psycopg.pq import TransactionStatus
+
+from pybatch import _sqlstate
+from pybatch._clock import Clock
+from pybatch._codecs._primitives import DecodeError
+from pybatch._repository._capability import Capability, Overrides
+from pybatch._repository.definitions import Definitions
+from pybatch._repository.executions import Executions
+from pybatch._repository.flow import Flow
+from pybatch._repository.holds import Holds
+from pybatch._repository.instances import Instances
+from pybatch._repository.operator_requests import OperatorRequests
+from pybatch._repository.ownership import Ownership
+from pybatch._repository.partitions import Partitions
+from pybatch._repository.recovery import Recovery
+from pybatch._repository.retention import Retention
+from pybatch._repository.steps import Steps
+from pybatch._repository.stop_requests import StopRequests
+from pybatch._statements import Connection, Statements
+from pybatch._transaction import CommitErrors, Lease
+from pybatch.errors import (
+    CommitOutcomeUnknown,
+    DomainError,
+    PyBatchError,
+    RepositoryDomainError,
+    RetryableConflict,
+    TransactionAborted,
+    Unavailable,
+    UnitOfWorkClosed,
+)
+
+__all__ = ["UnitOfWork"]
+
+_COMMIT_ERRORS = CommitErrors(
+    aborted=TransactionAborted,
+    refused=_sqlstate.translate,
+    unknown=CommitOutcomeUnknown,
+)
+
+
+C = TypeVar("C", bound=Capability)
+
+
+class _Bound(Generic[C]):
+    """A capability bound on first access and kept (a cached property)."""
+
+    def __init__(self, capability: type[C]) -> None:
+        self._capability = capability
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    def __get__(self, uow: UnitOfWork, owner: type | None = None) -> C:
+        bound = uow.__dict__[self._name] = self._capability(uow)
+        return bound
+
+
+class UnitOfWork:
+    """One transaction and the capabilities whose operations run in it."""
+
+    def __init__(self, lease: Lease, statements: Statements, clock: Clock) -> None:
+        self._lease = lease
+        self._poisoned: PyBatchError | None = None
+        self.statements = statements
+        self.clock = clock
+        self.unpublished_plans: set[int] = set()
+        self._operation_depth = 0
+
+    def __enter__(self) -> UnitOfWork:
+        return self
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, traceback: object) -> None:
+        if not self._lease.is_open:
+            return
+        try:
+            self.rollback()
+        except PyBatchError:
+            if exc is None:
+                raise
+
+    @property
+    def is_open(self) -> bool:
+        """Whether statements can still run (not committed, rolled back or closed)."""
+        return self._lease.is_open
+
+    @property
+    def connection(self) -> Connection:
+        """The connection for business statements: outside savepoints, a failed one fails COMMIT."""
+        if self._poisoned is not None:
+            raise self._poisoned
+        conn = self._lease.connection
+        if conn is None:
+            raise UnitOfWorkClosed()
+        return conn
+
+    @contextmanager
+    def operation(self, *, overrides: Overrides | None = None) -> Iterator[Connection]:
+        """Run one repository operation under its own savepoint, mapping driver errors."""
+        conn = self.connection
+        if self._operation_depth:
+            # Called by another operation: it runs inside the caller's savepoint, whose
+            # failure handling and error mapping cover it (no second savepoint round trip).
+            yield conn
+            return
+        self._operation_depth += 1
+        try:
+            if conn.info.transaction_status == TransactionStatus.IDLE:
+                # Nothing is staged yet: the operation's first statement opens the
+                # transaction (no BEGIN round trip), and on failure rolling all of it back
+                # is exactly what rolling back to a savepoint would do.
+                try:
+                    yield conn
+                except BaseException:
+                    if not conn.broken and not conn.closed:
+                        with suppress(psycopg.Error):  # the error raised already says so
+                            conn.rollback()
+                    raise
+            else:
+                with conn.transaction():
+                    yield conn
+        except DomainError as error:
+            raise RepositoryDomainError(error=error) from error
+        except PyBatchError as error:
+            if isinstance(error, RetryableConflict | Unavailable) and conn.broken:
+                self._poisoned = error
+            raise
+        except DecodeError:
+            raise Unavailable() from None
+        except psycopg.Error as error:
+            mapped = _sqlstate.translate(error, overrides=overrides)
+            if isinstance(mapped, RetryableConflict) or _sqlstate.is_connection_loss(error, conn):
+                # After a conflict abort or a lost connection, only rollback is allowed.
+                self._poisoned = mapped
+            raise mapped from None
+        finally:
+            self._operation_depth -= 1
+
+    def transaction_settings(self) -> dict[str, str]:
+        """The isolation level, timeouts and time zone in force (diagnostics)."""
+        with self.operation() as conn:
+            row = self.statements.get_transaction_settings.one(conn)
+        return {} if row is None else {str(key): str(value) for key, value in row.items()}
+
+    def commit(self) -> None:
+        """COMMIT; raise rather than report success for anything but a durable commit."""
+        self.connection  # noqa: B018 - raises the poisoning error, else UnitOfWorkClosed if closed
+        self._lease.commit(_COMMIT_ERRORS)
+
+    def rollback(self) -> None:
+        """ROLLBACK everything staged, once (Unavailable: it failed, the connection is gone)."""
+        self._poisoned = None
+        if not self._lease.rollback():
+            raise Unavailable()
+
+    # Each is pybatch/_repository/<name>.py over queries/<name>.sql, created on first use.
+    definitions = _Bound(Definitions)
+    instances = _Bound(Instances)
+    executions = _Bound(Executions)
+    steps = _Bound(Steps)
+    flow = _Bound(Flow)
+    partitions = _Bound(Partitions)
+    recovery = _Bound(Recovery)
+    operator_requests = _Bound(OperatorRequests)
+    stop_requests = _Bound(StopRequests)
+    ownership = _Bound(Ownership)
+    holds = _Bound(Holds)
+    retention = _Bound(Retention)
