@@ -25,7 +25,6 @@ update_step_chunk_progress. All run prepared on the session's connection
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -73,14 +72,6 @@ _IDLE = TransactionStatus.IDLE
 _INERROR = TransactionStatus.INERROR
 #: Read once: a class attribute lookup per chunk otherwise.
 _EMPTY_FAULT_STATE = FaultStateEnvelope.EMPTY
-#: Seconds the held connection must have sat idle since the session's last COMMIT before
-#: the next chunk checks that its backend is still there (`_still_alive`: a select() on the
-#: socket, a system call that costs more than the rest of opening a chunk). The check is
-#: for a step that pauses between chunks (reading a slow source, idle_session_timeout, an
-#: operator's pg_terminate_backend while it waits). A backend that ends within the few
-#: milliseconds between back-to-back chunks is as likely to end during the chunk's own
-#: statements, which no check can cover: that chunk fails as Infrastructure either way.
-_IDLE_CHECK_AFTER = 0.010
 
 
 def load_committed_state(repository: JobRepository, context: ChunkContext) -> CommittedStepState:
@@ -116,7 +107,6 @@ class StepSession:
     __slots__ = (
         "_chunk",
         "_clock",
-        "_committed_at",
         "_conn",
         "_context",
         "_cursor",
@@ -142,8 +132,6 @@ class StepSession:
         #: read it, and again after an outcome-unknown COMMIT (it is re-read from the
         #: database, the only place that knows).
         self.committed: CommittedStepState | None = None
-        #: time.monotonic() when the held connection last COMMITted a chunk.
-        self._committed_at = 0.0
 
     def __repr__(self) -> str:
         return (
@@ -176,9 +164,9 @@ class StepSession:
         if self._chunk is not None and self._chunk._open:
             return self._begin_apart()
         conn = self._conn
-        if conn is None or (
-            time.monotonic() - self._committed_at > _IDLE_CHECK_AFTER and not _still_alive(conn)
-        ):
+        # A backend that ended while the connection sat idle (idle_session_timeout, an
+        # operator's pg_terminate_backend) is replaced before the chunk sends anything.
+        if conn is None or not _still_alive(conn):
             conn = self._hold()
         committed = self.committed
         if committed is None:
@@ -472,9 +460,7 @@ class ChunkTransaction:
         self._open = False
         session = self._session
         session.committed = self.committed = next_state
-        if self._lease is None:
-            session._committed_at = time.monotonic()
-        else:
+        if self._lease is not None:
             self._lease.rollback()  # idle after the COMMIT: only gives the connection back
         return next_state
 
