@@ -129,7 +129,6 @@ PROGRESS_PARAMETERS = frozenset(
         "job_execution_id",
         "expected_version",
         "owner_token",
-        "step_partition_id",
     }
 )
 
@@ -641,7 +640,6 @@ def run_interleaved(
                     "job_execution_id": replayed["job_execution_id"],
                     "expected_version": replayed["version"],
                     "owner_token": replay_owner[0],
-                    "step_partition_id": None,
                 },
                 prepare=True,
             )

@@ -243,7 +243,6 @@ def run_round(
                         "job_execution_id": step_key[1],
                         "expected_version": n - 1,
                         "owner_token": BENCH_OWNER,
-                        "step_partition_id": None,
                     },
                     prepare=True,
                 )

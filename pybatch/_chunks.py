@@ -18,9 +18,10 @@ connection that can no longer be trusted is discarded (the next chunk leases a f
 and a lost COMMIT acknowledgement makes the session forget its committed state, so the
 next chunk starts from whatever is durable.
 
-Statements: chunks.sql get_step_chunk_state, update_step_chunk_commit,
-update_step_chunk_progress. All run prepared on the session's connection
-(docs/architecture.md).
+Statements: chunks.sql get_step_chunk_state, update_step_chunk_commit and
+update_step_chunk_progress (a step), update_partition_chunk_commit and
+update_partition_chunk_progress (a partition worker). All run prepared on the session's
+connection, each planned once per connection (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -508,10 +509,18 @@ class ChunkTransaction:
                 or fault_progress == NO_FAULT_PROGRESS
             )
         ):
-            statement = statements.update_step_chunk_progress
+            statement = (
+                statements.update_step_chunk_progress
+                if fence.partition_id is None
+                else statements.update_partition_chunk_progress
+            )
             params = encode_chunk_progress(fence, state, next_counts, checkpoint, now)
         else:
-            statement = statements.update_step_chunk_commit
+            statement = (
+                statements.update_step_chunk_commit
+                if fence.partition_id is None
+                else statements.update_partition_chunk_commit
+            )
             params = encode_chunk_commit(
                 fence,
                 state,

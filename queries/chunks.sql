@@ -65,38 +65,72 @@ WHERE
     AND job_execution_id = :job_execution_id
     AND version = :expected_version
     AND status = 'STARTED'
-    -- The fence: the chunk's owner still owns the step. A step proves it through its job
-    -- execution (live, this owner's token); a partition worker through its partition (STARTED,
-    -- this worker, this owner's token) under a STARTED parent of a live execution. Ending an
-    -- execution ends its steps in the same transaction (end_unfinished_step_executions), and a
-    -- recovered partition's worker is ended FAILED, so the status guard above already refuses
-    -- a chunk of an ended owner; this predicate also refuses one whose token was replaced.
-    AND (
-        (
-            CAST(:step_partition_id AS BIGINT) IS NULL
-            AND EXISTS (
-                SELECT 1
-                FROM pybatch.job_execution AS e
-                WHERE
-                    e.id = :job_execution_id
-                    AND e.owner_token = :owner_token
-                    AND e.status IN ('STARTED', 'STOPPING')
-            )
-        )
-        OR EXISTS (
-            SELECT 1
-            FROM pybatch.step_partition AS p
-            INNER JOIN pybatch.step_execution AS parent ON p.step_execution_id = parent.id
-            INNER JOIN pybatch.job_execution AS e ON parent.job_execution_id = e.id
-            WHERE
-                p.id = :step_partition_id
-                AND p.worker_step_execution_id = :step_execution_id
-                AND p.worker_owner_token = :owner_token
-                AND p.status = 'STARTED'
-                AND parent.status = 'STARTED'
-                AND e.id = :job_execution_id
-                AND e.status IN ('STARTED', 'STOPPING')
-        )
+    -- The fence: the chunk's owner still owns the step, through its job execution (live, this
+    -- owner's token). Ending an execution ends its steps in the same transaction
+    -- (end_unfinished_step_executions), so the status guard above already refuses a chunk of an
+    -- ended owner; this predicate also refuses one whose token was replaced. A partition worker's
+    -- step commits through the partition variant instead: a step and a partition worker have
+    -- separate statements, so that each plans once per connection (a parameter choosing between
+    -- the two fences would make PostgreSQL re-plan the statement on every chunk).
+    AND EXISTS (
+        SELECT 1
+        FROM pybatch.job_execution AS e
+        WHERE
+            e.id = :job_execution_id
+            AND e.owner_token = :owner_token
+            AND e.status IN ('STARTED', 'STOPPING')
+    );
+
+-- :name update_partition_chunk_commit :affected
+-- :doc update_step_chunk_commit for a partition worker's step, fenced by its partition claim.
+UPDATE pybatch.step_execution
+SET
+    read_count = :read_count,
+    processed_count = :processed_count,
+    write_count = :write_count,
+    filter_count = :filter_count,
+    commit_count = :commit_count,
+    checkpoint_format = 1,
+    checkpoint_schema = :checkpoint_schema,
+    checkpoint_schema_version = :checkpoint_schema_version,
+    checkpoint_payload = :checkpoint_payload,
+    context_format = 1,
+    context_schema = :context_schema,
+    context_schema_version = :context_schema_version,
+    context_payload = :context_payload,
+    read_skip_count = read_skip_count + :read_skips,
+    process_skip_count = process_skip_count + :process_skips,
+    write_skip_count = write_skip_count + :write_skips,
+    no_rollback_count = no_rollback_count + :no_rollbacks,
+    fault_state_format = 1,
+    fault_state_schema = 'oxide-batch.fault-state',
+    fault_state_schema_version = 1,
+    fault_state_payload = :fault_state_payload,
+    fault_state_checksum = :fault_state_checksum,
+    updated_at = GREATEST(updated_at, :now),
+    version = version + 1
+WHERE
+    id = :step_execution_id
+    AND job_execution_id = :job_execution_id
+    AND version = :expected_version
+    AND status = 'STARTED'
+    -- The fence: the claiming worker still owns its partition (STARTED, this worker step, this
+    -- worker's token) under a STARTED parent step of a live execution. A recovered partition's
+    -- worker step is ended FAILED, so the status guard above already refuses its chunks; this
+    -- predicate also refuses a worker whose claim was taken over.
+    AND EXISTS (
+        SELECT 1
+        FROM pybatch.step_partition AS p
+        INNER JOIN pybatch.step_execution AS parent ON p.step_execution_id = parent.id
+        INNER JOIN pybatch.job_execution AS e ON parent.job_execution_id = e.id
+        WHERE
+            p.id = :step_partition_id
+            AND p.worker_step_execution_id = :step_execution_id
+            AND p.worker_owner_token = :owner_token
+            AND p.status = 'STARTED'
+            AND parent.status = 'STARTED'
+            AND e.id = :job_execution_id
+            AND e.status IN ('STARTED', 'STOPPING')
     );
 
 -- :name update_step_chunk_progress :affected
@@ -123,36 +157,56 @@ WHERE
     AND job_execution_id = :job_execution_id
     AND version = :expected_version
     AND status = 'STARTED'
-    -- The fence: the chunk's owner still owns the step. A step proves it through its job
-    -- execution (live, this owner's token); a partition worker through its partition (STARTED,
-    -- this worker, this owner's token) under a STARTED parent of a live execution. Ending an
-    -- execution ends its steps in the same transaction (end_unfinished_step_executions), and a
-    -- recovered partition's worker is ended FAILED, so the status guard above already refuses
-    -- a chunk of an ended owner; this predicate also refuses one whose token was replaced.
-    AND (
-        (
-            CAST(:step_partition_id AS BIGINT) IS NULL
-            AND EXISTS (
-                SELECT 1
-                FROM pybatch.job_execution AS e
-                WHERE
-                    e.id = :job_execution_id
-                    AND e.owner_token = :owner_token
-                    AND e.status IN ('STARTED', 'STOPPING')
-            )
-        )
-        OR EXISTS (
-            SELECT 1
-            FROM pybatch.step_partition AS p
-            INNER JOIN pybatch.step_execution AS parent ON p.step_execution_id = parent.id
-            INNER JOIN pybatch.job_execution AS e ON parent.job_execution_id = e.id
-            WHERE
-                p.id = :step_partition_id
-                AND p.worker_step_execution_id = :step_execution_id
-                AND p.worker_owner_token = :owner_token
-                AND p.status = 'STARTED'
-                AND parent.status = 'STARTED'
-                AND e.id = :job_execution_id
-                AND e.status IN ('STARTED', 'STOPPING')
-        )
+    -- The fence: the chunk's owner still owns the step, through its job execution (live, this
+    -- owner's token). Ending an execution ends its steps in the same transaction
+    -- (end_unfinished_step_executions), so the status guard above already refuses a chunk of an
+    -- ended owner; this predicate also refuses one whose token was replaced. A partition worker's
+    -- step commits through the partition variant instead: a step and a partition worker have
+    -- separate statements, so that each plans once per connection (a parameter choosing between
+    -- the two fences would make PostgreSQL re-plan the statement on every chunk).
+    AND EXISTS (
+        SELECT 1
+        FROM pybatch.job_execution AS e
+        WHERE
+            e.id = :job_execution_id
+            AND e.owner_token = :owner_token
+            AND e.status IN ('STARTED', 'STOPPING')
+    );
+
+-- :name update_partition_chunk_progress :affected
+-- :doc update_step_chunk_progress for a partition worker's step, fenced by its partition claim.
+UPDATE pybatch.step_execution
+SET
+    read_count = :read_count,
+    processed_count = :processed_count,
+    write_count = :write_count,
+    filter_count = :filter_count,
+    commit_count = :commit_count,
+    checkpoint_schema = :checkpoint_schema,
+    checkpoint_schema_version = :checkpoint_schema_version,
+    checkpoint_payload = :checkpoint_payload,
+    updated_at = GREATEST(updated_at, :now),
+    version = version + 1
+WHERE
+    id = :step_execution_id
+    AND job_execution_id = :job_execution_id
+    AND version = :expected_version
+    AND status = 'STARTED'
+    -- The fence: the claiming worker still owns its partition (STARTED, this worker step, this
+    -- worker's token) under a STARTED parent step of a live execution. A recovered partition's
+    -- worker step is ended FAILED, so the status guard above already refuses its chunks; this
+    -- predicate also refuses a worker whose claim was taken over.
+    AND EXISTS (
+        SELECT 1
+        FROM pybatch.step_partition AS p
+        INNER JOIN pybatch.step_execution AS parent ON p.step_execution_id = parent.id
+        INNER JOIN pybatch.job_execution AS e ON parent.job_execution_id = e.id
+        WHERE
+            p.id = :step_partition_id
+            AND p.worker_step_execution_id = :step_execution_id
+            AND p.worker_owner_token = :owner_token
+            AND p.status = 'STARTED'
+            AND parent.status = 'STARTED'
+            AND e.id = :job_execution_id
+            AND e.status IN ('STARTED', 'STOPPING')
     );

@@ -1,7 +1,8 @@
 """Chunk state: the committed progress row of a step, and the parameters of a chunk commit.
 
-Statements: chunks.sql get_step_chunk_state (decoded here), update_step_chunk_commit and
-update_step_chunk_progress (their parameters are built here).
+Statements: chunks.sql get_step_chunk_state (decoded here), and the parameters of the
+progress UPDATEs: update_step_chunk_commit and update_step_chunk_progress for a step, their
+update_partition_chunk_* twins (which also bind `step_partition_id`) for a partition worker.
 """
 
 from __future__ import annotations
@@ -129,9 +130,9 @@ def encode_chunk_progress(
     """The parameters of update_step_chunk_progress (counters, checkpoint), guarded by `state`.
 
     `fence` fences the write: its owner token (and partition) must still own the step
-    (chunks.sql).
+    (chunks.sql). A partition worker's fence adds `step_partition_id`.
     """
-    return {
+    params: dict[str, object] = {
         "read_count": next_counts.read,
         "processed_count": next_counts.processed,
         "write_count": next_counts.written,
@@ -145,5 +146,7 @@ def encode_chunk_progress(
         "job_execution_id": state.job_execution_id,
         "expected_version": state.version,
         "owner_token": None if fence.owner is None else fence.owner.value,
-        "step_partition_id": fence.partition_id,
     }
+    if fence.partition_id is not None:
+        params["step_partition_id"] = fence.partition_id
+    return params

@@ -792,7 +792,7 @@ class _TerminateAfterUpdate:
 
     def __getattr__(self, name: str) -> Any:
         statement = getattr(self._statements, name)
-        if name not in {"update_step_chunk_commit", "update_step_chunk_progress"}:
+        if not name.endswith(("_chunk_commit", "_chunk_progress")):
             return statement
         admin = self._admin
 
