@@ -11,6 +11,7 @@ import datetime as _dt
 import enum
 import hashlib
 import json
+import re
 import struct
 from typing import Any, Generic, TypeVar
 
@@ -129,43 +130,29 @@ def query_binding(query: ExplorerQuery, page_size: PageSize, filter_value: objec
     return hashlib.sha256(identity.encode("utf-8")).digest()[:_BINDING_BYTES]
 
 
+def _cursor_bytes(instance: object, attribute: attrs.Attribute[bytes], value: bytes) -> None:
+    if not isinstance(value, bytes) or not 1 <= len(value) <= MAX_CURSOR_BYTES:
+        raise CursorInvalid()
+
+
+@attrs.frozen(repr=False)
 class Cursor:
     """An opaque page cursor: 1..256 bytes; `str` is lower-case hex, `repr` its length only."""
 
-    __slots__ = ("_data",)
-
-    def __init__(self, data: bytes) -> None:
-        if not isinstance(data, bytes) or not 1 <= len(data) <= MAX_CURSOR_BYTES:
-            raise CursorInvalid()
-        self._data = data
+    data: bytes = attrs.field(validator=_cursor_bytes)
 
     @classmethod
     def from_hex(cls, text: str) -> Cursor:
         """Parse lower-case, even-length hex; anything else is `CursorInvalid`."""
-        if (
-            not isinstance(text, str)
-            or len(text) % 2
-            or any(c not in "0123456789abcdef" for c in text)
-        ):
+        if not isinstance(text, str) or re.fullmatch("(?:[0-9a-f]{2})*", text) is None:
             raise CursorInvalid()
         return cls(bytes.fromhex(text))
 
-    @property
-    def data(self) -> bytes:
-        """The cursor bytes."""
-        return self._data
-
     def __str__(self) -> str:
-        return self._data.hex()
+        return self.data.hex()
 
     def __repr__(self) -> str:
-        return f"Cursor(<{len(self._data)} bytes>)"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Cursor) and other._data == self._data
-
-    def __hash__(self) -> int:
-        return hash(self._data)
+        return f"Cursor(<{len(self.data)} bytes>)"
 
     @classmethod
     def issue(cls, query: ExplorerQuery, key: CursorKey, ceiling: int, binding: bytes) -> Cursor:
@@ -178,7 +165,7 @@ class Cursor:
 
     def open(self, query: ExplorerQuery, binding: bytes) -> tuple[CursorKey, int]:
         """The (key, ceiling) carried; CursorQueryMismatch if intact but for another binding."""
-        data = self._data
+        data = self.data
         if len(data) < 2 + 1 + 8 + _BINDING_BYTES + _CHECKSUM_BYTES:
             raise CursorInvalid()
         body, checksum = data[:-_CHECKSUM_BYTES], data[-_CHECKSUM_BYTES:]
@@ -243,9 +230,6 @@ class Page(Generic[T]):
     items: tuple[T, ...]
     next_cursor: Cursor | None
     ceiling: int
-
-
-# --------------------------------------------------------------------------- projections
 
 
 def _instant(value: _dt.datetime | None) -> str | None:

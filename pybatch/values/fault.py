@@ -100,9 +100,6 @@ def _digest(what: str) -> Validator:
     return check
 
 
-# --------------------------------------------------------------------------- bounds
-
-
 @attrs.frozen(order=True)
 class RetryOrdinal:
     """Zero-based invocation ordinal of one retry key; 0 is the first call, which is no retry."""
@@ -143,9 +140,6 @@ class RetryStateLimit:
     """Maximum unresolved retry keys one step retains (1..256), so fault state stays bounded."""
 
     value: int = attrs.field(validator=_bounded("RetryStateLimit", 1, FAULT_STATE_MAX_ENTRIES))
-
-
-# --------------------------------------------------------------------------- phase and key
 
 
 class FaultPhase(Code):
@@ -226,9 +220,6 @@ class RetryKey:
         return "RetryKey(digest=<redacted>)"
 
 
-# --------------------------------------------------------------------------- entry
-
-
 @attrs.frozen(kw_only=True)
 class FaultEntry:
     """One retained retry reservation: framework classification only, never an item or message."""
@@ -254,22 +245,18 @@ def fault_entry_from_payload(raw: object) -> FaultEntry:
     """Decode one stored entry, refusing anything a reservation could not have written."""
     if not isinstance(raw, Mapping) or set(raw) != _ENTRY_MEMBERS:
         raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
-    key = raw["key"]
+    key, phase_name, category_code = raw["key"], raw["phase"], raw["category"]
     if type(key) is not str or HEX_DIGEST.fullmatch(key) is None:
         raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
-    phase_name, category_code = raw["phase"], raw["category"]
     if type(phase_name) is not str or type(category_code) is not str:
         raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
     phase = FaultPhase.from_durable_name(phase_name)
     category = FailureCategory.from_durable_code(category_code)
     if phase is None or category is None:
         raise fault_state_refusal(FaultStateRefusal.UNKNOWN_ENUMERATION)
-    ordinal = raw["ordinal"]
+    ordinal, revision_text = raw["ordinal"], raw["revision"]
     # bool is an int subclass and a JSON float is never an ordinal; 0 is never reserved.
-    if type(ordinal) is not int or not 1 <= ordinal <= _U16_MAX:
-        raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
-    revision_text = raw["revision"]
-    if type(revision_text) is not str:
+    if type(ordinal) is not int or not 1 <= ordinal <= _U16_MAX or type(revision_text) is not str:
         raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
     try:
         revision = ClassifierRevision(revision_text)
@@ -282,9 +269,6 @@ def fault_entry_from_payload(raw: object) -> FaultEntry:
         ordinal=RetryOrdinal(ordinal),
         revision=revision,
     )
-
-
-# --------------------------------------------------------------------------- envelope
 
 
 def _entries_value(
@@ -326,8 +310,6 @@ class FaultStateEnvelope:
             raise fault_state_refusal(FaultStateRefusal.TOO_LARGE)
         object.__setattr__(self, "_canonical", canonical)
 
-    # ----------------------------------------------------------------- reading
-
     @property
     def is_empty(self) -> bool:
         """Whether no retry key is retained (the state right after a chunk commit)."""
@@ -335,16 +317,13 @@ class FaultStateEnvelope:
 
     def ordinal_for(self, key: RetryKey) -> RetryOrdinal | None:
         """Return the ordinal already reserved for `key`, or None when it holds none."""
-        entry = self._entry(key)
-        return None if entry is None else entry.ordinal
+        index, exists = self._find(key)
+        return self.entries[index].ordinal if exists else None
 
-    def _entry(self, key: RetryKey) -> FaultEntry | None:
+    def _find(self, key: RetryKey) -> tuple[int, bool]:
+        """Where `key`'s entry is or would go, and whether it is there."""
         index = bisect.bisect_left(self.entries, key, key=_entry_key)
-        if index < len(self.entries) and self.entries[index].key == key:
-            return self.entries[index]
-        return None
-
-    # ----------------------------------------------------------------- encoding
+        return index, index < len(self.entries) and self.entries[index].key == key
 
     def to_payload(self) -> dict[str, object]:
         """Return the `fault_state_payload` document: exactly `checkpoint` and `entries`."""
@@ -360,8 +339,6 @@ class FaultStateEnvelope:
     def checksum(self) -> bytes:
         """Return `fault_state_checksum`: SHA-256 of the canonical bytes."""
         return sha256(self._canonical)
-
-    # ----------------------------------------------------------------- rules
 
     def validate_for(
         self,
@@ -394,8 +371,7 @@ class FaultStateEnvelope:
         _check_digest(checkpoint_digest, "checkpoint digest")
         if self.entries and self.checkpoint_digest != checkpoint_digest:
             raise fault_state_refusal(FaultStateRefusal.CHECKPOINT_MISMATCH)
-        index = bisect.bisect_left(self.entries, entry.key, key=_entry_key)
-        exists = index < len(self.entries) and self.entries[index].key == entry.key
+        index, exists = self._find(entry.key)
         previous = self.entries[index].ordinal.value if exists else RetryOrdinal.INITIAL.value
         # At 65535 no successor exists, so every ordinal is stale.
         if entry.ordinal.value != previous + 1:

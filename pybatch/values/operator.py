@@ -86,13 +86,11 @@ class OperatorRejectionCode(Code):
     INVALID_STATE = "INVALID_STATE"  # The target's status forbids the action; carries that status.
     INSTANCE_COMPLETED = "INSTANCE_COMPLETED"  # The instance is COMPLETED and never runs again.
     INSTANCE_ABANDONED = "INSTANCE_ABANDONED"  # The instance is ABANDONED and never runs again.
-    EXECUTION_ALREADY_ACTIVE = (
-        "EXECUTION_ALREADY_ACTIVE"  # Carries the unresolved one's id, status.
-    )
+    #: Carries the unresolved one's id and status.
+    EXECUTION_ALREADY_ACTIVE = "EXECUTION_ALREADY_ACTIVE"
     INCOMPATIBLE_DEFINITION = "INCOMPATIBLE_DEFINITION"  # Cannot continue the previous attempt.
-    RESTART_WITHOUT_PRIOR_ATTEMPT = (
-        "RESTART_WITHOUT_PRIOR_ATTEMPT"  # The instance has no execution.
-    )
+    #: The instance has no execution.
+    RESTART_WITHOUT_PRIOR_ATTEMPT = "RESTART_WITHOUT_PRIOR_ATTEMPT"
     START_LIMIT_EXCEEDED = "START_LIMIT_EXCEEDED"  # A node used up its start limit.
     UNRESOLVED_RECOVERY_REQUIRED = "UNRESOLVED_RECOVERY_REQUIRED"  # UNKNOWN: recover it first.
     EXECUTION_NOT_FOUND = "EXECUTION_NOT_FOUND"  # The target execution does not exist.
@@ -201,9 +199,6 @@ class OperatorRejection:
         return None
 
 
-# --------------------------------------------------------------------------- request digest
-
-
 @attrs.frozen
 class RequestTarget:
     """What a request acts on, in the text form the request digest covers."""
@@ -292,15 +287,6 @@ class RequestDigest:
         return f"RequestDigest({self.value.hex()})"
 
 
-# --------------------------------------------------------------------------- records
-
-
-def _check_shape(outcome: OperatorOutcomeClass, rejection: OperatorRejection | None) -> None:
-    """APPLIED or REPLAYED carry no rejection; REJECTED carries one."""
-    if (outcome is OperatorOutcomeClass.REJECTED) != (rejection is not None):
-        raise ValueError("REJECTED carries a rejection; APPLIED and REPLAYED carry none")
-
-
 @attrs.frozen(kw_only=True)
 class OperatorRecordDraft:
     """An audit row about to be appended: an operator record without its id."""
@@ -324,7 +310,8 @@ class OperatorRecordDraft:
     requested_at: _dt.datetime = attrs.field(converter=aware_utc)
 
     def __attrs_post_init__(self) -> None:
-        _check_shape(self.outcome, self.rejection)
+        if (self.outcome is OperatorOutcomeClass.REJECTED) != (self.rejection is not None):
+            raise ValueError("REJECTED carries a rejection; APPLIED and REPLAYED carry none")
 
     @property
     def authorization_class(self) -> AuthorizationClass:
