@@ -165,10 +165,6 @@ DefinitionIdentity.LEGACY = DefinitionIdentity(
 )
 
 
-def _step_key(name: StepName) -> bytes:
-    return name.value.encode("utf-8")
-
-
 class StepMapping(Mapping[StepName, StepName]):
     """An immutable, hashable, picklable source -> target step mapping, ordered by source name."""
 
@@ -176,7 +172,7 @@ class StepMapping(Mapping[StepName, StepName]):
 
     def __init__(self, items: Iterable[tuple[StepName, StepName]] = ()) -> None:
         """Keep `items` (already validated) in source-name byte order."""
-        self._items = tuple(sorted(items, key=lambda item: _step_key(item[0])))
+        self._items = tuple(sorted(items, key=lambda item: item[0].value.encode("utf-8")))
 
     def __getitem__(self, source: StepName) -> StepName:
         for present, target in self._items:

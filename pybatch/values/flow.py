@@ -51,7 +51,6 @@ class StartLimit:
 
     value: int = attrs.field(validator=_check_limit)
 
-    UNRESTRICTED_VALUE = _U32_MAX
     UNRESTRICTED: ClassVar[StartLimit]  # The default: 4294967295 starts, no limit in practice.
 
     @classmethod

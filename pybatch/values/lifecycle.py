@@ -31,8 +31,6 @@ from pybatch.values.names import ExitCode
 from pybatch.values.status import BatchStatus, FailureSummary
 from pybatch.values.timestamps import ExecutionTimestamps, aware_utc
 
-INITIAL_VERSION = 0  # The version of every new execution, step and partition.
-
 _S = BatchStatus
 #: The transition table (docs/contract.md, Transition table): from-status -> allowed targets.
 #: Everything else is illegal, including self-transitions and every transition to STARTING.

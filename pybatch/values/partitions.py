@@ -116,13 +116,17 @@ class PartitionResult:
         return cls(status=metadata.status, exit_status=metadata.exit_status, counts=metadata.counts)
 
 
-class PartitionStateError(ValueError):
-    """A partition rule refused a change (ValueError: built directly, it is a programmer's bug)."""
+class _RuleRefused(Exception):
+    """A partition rule (named by `rule`) refused, with the status that broke it if any."""
 
     def __init__(self, rule: str, status: BatchStatus | None = None) -> None:
         super().__init__(rule)
         self.rule = rule
         self.status = status
+
+
+class PartitionStateError(_RuleRefused, ValueError):
+    """A partition rule refused a change (ValueError: built directly, it is a programmer's bug)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -203,13 +207,8 @@ class PartitionAggregate:
     selected_worker: int
 
 
-class AggregateError(Exception):
+class AggregateError(_RuleRefused):
     """Why children cannot be aggregated; the repository maps each reason to its error."""
-
-    def __init__(self, rule: str, status: BatchStatus | None = None) -> None:
-        super().__init__(rule)
-        self.rule = rule
-        self.status = status
 
 
 def aggregate_partitions(children: Iterable[StepPartition]) -> PartitionAggregate:
