@@ -67,8 +67,12 @@ class ExplorerQuery(enum.Enum):
 
     @property
     def key_kind(self) -> type[CursorKey]:
-        """The cursor key kind this query pages by."""
-        return _KEY_KINDS[self]
+        """The cursor key kind this query pages by: by name, by (primary, id) or by id."""
+        if self is ExplorerQuery.JOB_NAMES:
+            return NameKey
+        if self in (ExplorerQuery.EXECUTIONS, ExplorerQuery.FLOW_DECISIONS):
+            return OrderedKey
+        return IdentityKey
 
 
 def _check_i63(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -105,18 +109,6 @@ class NameKey:
 
 
 CursorKey = IdentityKey | OrderedKey | NameKey
-
-_KEY_KINDS: dict[ExplorerQuery, type[CursorKey]] = {
-    ExplorerQuery.JOB_NAMES: NameKey,
-    ExplorerQuery.INSTANCES: IdentityKey,
-    ExplorerQuery.EXECUTIONS: OrderedKey,
-    ExplorerQuery.STEP_EXECUTIONS: IdentityKey,
-    ExplorerQuery.UNRESOLVED_EXECUTIONS: IdentityKey,
-    ExplorerQuery.RECOVERY_DECISIONS: IdentityKey,
-    ExplorerQuery.FLOW_DECISIONS: OrderedKey,
-    ExplorerQuery.STEP_PARTITIONS: IdentityKey,
-    ExplorerQuery.OPERATOR_REQUESTS: IdentityKey,
-}
 
 
 def query_binding(query: ExplorerQuery, page_size: PageSize, filter_value: object) -> bytes:
@@ -169,9 +161,7 @@ class Cursor:
         if len(data) < 2 + 1 + 8 + _BINDING_BYTES + _CHECKSUM_BYTES:
             raise CursorInvalid()
         body, checksum = data[:-_CHECKSUM_BYTES], data[-_CHECKSUM_BYTES:]
-        if hashlib.sha256(body).digest() != checksum:
-            raise CursorInvalid()
-        if body[0] != CURSOR_FORMAT_VERSION:
+        if hashlib.sha256(body).digest() != checksum or body[0] != CURSOR_FORMAT_VERSION:
             raise CursorInvalid()
         try:
             presented = ExplorerQuery(body[1])
@@ -181,9 +171,7 @@ class Cursor:
         if len(body) != offset + 8 + _BINDING_BYTES:
             raise CursorInvalid()
         (ceiling,) = struct.unpack_from(">Q", body, offset)
-        if ceiling > _I63_MAX:
-            raise CursorInvalid()
-        if not isinstance(key, query.key_kind):
+        if ceiling > _I63_MAX or not isinstance(key, query.key_kind):
             raise CursorInvalid()
         if presented is not query or body[offset + 8 :] != binding:
             raise CursorQueryMismatch()

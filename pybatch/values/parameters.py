@@ -288,10 +288,6 @@ class JobParameters:
         """(name, parameter) pairs in name order."""
         return self.entries
 
-    def names(self) -> tuple[ParameterName, ...]:
-        """Parameter names in order."""
-        return tuple(name for name, _ in self.entries)
-
     @property
     def parameter_count(self) -> int:
         """Number of parameters."""
