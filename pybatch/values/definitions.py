@@ -74,9 +74,7 @@ def _parse_canonical_manifest(data: bytes) -> dict[str, Any]:
 def _format_member(document: Mapping[str, object]) -> int:
     """The `format` member as a u16, or 0 (missing format) when absent or not a u16."""
     value = document.get("format")
-    if type(value) is int and 0 <= value <= _U16_MAX:
-        return value
-    return 0
+    return value if type(value) is int and 0 <= value <= _U16_MAX else 0
 
 
 @attrs.frozen(repr=False)
@@ -101,10 +99,7 @@ class DefinitionIdentity:
 
     @classmethod
     def from_manifest(
-        cls,
-        job_name: JobName | None,
-        revision: DefinitionRevision,
-        manifest: Mapping[str, Any],
+        cls, job_name: JobName | None, revision: DefinitionRevision, manifest: Mapping[str, Any]
     ) -> DefinitionIdentity:
         """Canonicalise `manifest`; a missing or non-u16 `format` member is format 0 (refused)."""
         if not isinstance(manifest, Mapping):
@@ -151,10 +146,8 @@ class DefinitionIdentity:
 def _walk(value: object) -> Iterable[object]:
     """Every nested value of a Mapping/sequence document (tuples included)."""
     if isinstance(value, Mapping):
-        for child in value.values():
-            yield child
-            yield from _walk(child)
-    elif isinstance(value, list | tuple):
+        value = list(value.values())
+    if isinstance(value, list | tuple):
         for child in value:
             yield child
             yield from _walk(child)

@@ -341,10 +341,7 @@ class FaultStateEnvelope:
         return sha256(self._canonical)
 
     def validate_for(
-        self,
-        retry_limit: RetryLimit,
-        state_limit: RetryStateLimit,
-        checkpoint_digest: bytes,
+        self, retry_limit: RetryLimit, state_limit: RetryStateLimit, checkpoint_digest: bytes
     ) -> None:
         """Refuse state the current policy and checkpoint cannot own (run on every load)."""
         _check_digest(checkpoint_digest, "checkpoint digest")
@@ -356,10 +353,7 @@ class FaultStateEnvelope:
             raise fault_state_refusal(FaultStateRefusal.CHECKPOINT_MISMATCH)
 
     def reserved(
-        self,
-        entry: FaultEntry,
-        checkpoint_digest: bytes,
-        state_limit: RetryStateLimit,
+        self, entry: FaultEntry, checkpoint_digest: bytes, state_limit: RetryStateLimit
     ) -> FaultStateEnvelope:
         """The envelope after one reservation (replacing the key's entry), at `checkpoint_digest`.
 

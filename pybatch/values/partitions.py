@@ -235,10 +235,7 @@ def aggregate_partitions(children: Iterable[StepPartition]) -> PartitionAggregat
     if worker is None:  # every child was checked to have a worker above
         raise AggregateError("Incomplete", selected.status)
     return PartitionAggregate(
-        status=status,
-        exit_status=selected.exit_status,
-        counts=counts,
-        selected_worker=worker,
+        status=status, exit_status=selected.exit_status, counts=counts, selected_worker=worker
     )
 
 

@@ -17,7 +17,6 @@ from pybatch.values.ids import (
     JobExecutionId,
     JobInstanceId,
     StepExecutionId,
-    Validator,
     identifier_validator,
 )
 from pybatch.values.lifecycle import ExecutionMetadata
@@ -30,16 +29,10 @@ from pybatch.values.timestamps import aware_utc
 _INT32_MAX = 2**31 - 1
 
 
-def _definition_id(*, optional: bool = False) -> Validator:
+def _definition_id(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     """An attrs validator for `job_definition` surrogate keys (1..2^63-1)."""
-
-    def validate(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-        if value is None and optional:
-            return
-        if type(value) is not int or not 1 <= value <= INT64_MAX:
-            raise ValueError(f"{attribute.name} must be a positive bigint")
-
-    return validate
+    if type(value) is not int or not 1 <= value <= INT64_MAX:
+        raise ValueError(f"{attribute.name} must be a positive bigint")
 
 
 def _attempt(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -107,16 +100,15 @@ class JobExecution(_Attempt):
         validator=identifier_validator(IdentifierKind.JOB_INSTANCE)
     )
     attempt: int = attrs.field(validator=_attempt)
-    definition_id: DefinitionId = attrs.field(validator=_definition_id())
+    definition_id: DefinitionId = attrs.field(validator=_definition_id)
     metadata: ExecutionMetadata = attrs.field(validator=is_(ExecutionMetadata))
     version: int = attrs.field(validator=version)
     updated_at: _dt.datetime = attrs.field(converter=aware_utc)
     restart_of_execution_id: JobExecutionId | None = attrs.field(
-        default=None,
-        validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True),
+        default=None, validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True)
     )
     upgrade_from_definition_id: DefinitionId | None = attrs.field(
-        default=None, validator=_definition_id(optional=True)
+        default=None, validator=attrs.validators.optional(_definition_id)
     )
 
 

@@ -14,11 +14,7 @@ from pybatch._config import (
     check_max_clock_skew,
     check_stale_threshold,
 )
-from pybatch.errors import (
-    RecoveryEvidenceDigestInvalid,
-    RecoveryFieldInvalid,
-    TextRule,
-)
+from pybatch.errors import RecoveryEvidenceDigestInvalid, RecoveryFieldInvalid, TextRule
 from pybatch.values.ids import IdentifierKind, check_version, identifier_validator
 from pybatch.values.names import UNICODE_WHITE_SPACE
 from pybatch.values.records import JobExecution

@@ -12,12 +12,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from pybatch.errors import (
-    AgeBoundTooSmall,
-    BatchBoundOutOfRange,
-    EmptyStatusSet,
-    NonTerminalStatus,
-)
+from pybatch.errors import AgeBoundTooSmall, BatchBoundOutOfRange, EmptyStatusSet, NonTerminalStatus
 from pybatch.values._canonical import CanonicalWriter
 from pybatch.values._fields import Code
 from pybatch.values.names import ActorRef, JobName, OperationId, ReasonCode
