@@ -116,16 +116,13 @@ class OperatorRejectionCode(Code):
         return self is OperatorRejectionCode.EXECUTION_ALREADY_ACTIVE
 
 
-_optional_status = maybe(BatchStatus)
-
-
 @attrs.frozen(kw_only=True)
 class OperatorRejection:
     """A rejection code with exactly its details (the actual version, not the expected one)."""
 
     code: OperatorRejectionCode = attrs.field(validator=is_(OperatorRejectionCode))
     current_version: int | None = attrs.field(default=None, validator=optional_version)
-    status: BatchStatus | None = attrs.field(default=None, validator=_optional_status)
+    status: BatchStatus | None = attrs.field(default=None, validator=maybe(BatchStatus))
     execution_id: JobExecutionId | None = attrs.field(
         default=None, validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True)
     )
@@ -303,8 +300,8 @@ class OperatorRecordDraft:
         validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True)
     )
     observed_version: int | None = attrs.field(validator=optional_version)
-    prior_status: BatchStatus | None = attrs.field(validator=_optional_status)
-    result_status: BatchStatus | None = attrs.field(validator=_optional_status)
+    prior_status: BatchStatus | None = attrs.field(validator=maybe(BatchStatus))
+    result_status: BatchStatus | None = attrs.field(validator=maybe(BatchStatus))
     outcome: OperatorOutcomeClass = attrs.field(validator=is_(OperatorOutcomeClass))
     rejection: OperatorRejection | None = attrs.field(validator=maybe(OperatorRejection))
     requested_at: _dt.datetime = attrs.field(converter=aware_utc)

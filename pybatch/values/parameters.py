@@ -176,10 +176,6 @@ def _name_key(name: ParameterName) -> bytes:
     return name.value.encode("utf-8")
 
 
-def _as_name(name: ParameterName | str) -> ParameterName:
-    return name if isinstance(name, ParameterName) else ParameterName(name)
-
-
 def _check_entries(
     instance: JobParameters,
     attribute: attrs.Attribute[tuple[tuple[ParameterName, JobParameter], ...]],
@@ -208,7 +204,7 @@ class JobParameters:
         """Build from (name, parameter) pairs in any order; a name given twice is refused."""
         seen: dict[bytes, tuple[ParameterName, JobParameter]] = {}
         for raw_name, parameter in pairs:
-            name = _as_name(raw_name)
+            name = raw_name if isinstance(raw_name, ParameterName) else ParameterName(raw_name)
             key = _name_key(name)
             if key in seen:
                 raise DuplicateParameter()
@@ -279,10 +275,7 @@ class JobParameters:
     def get(self, name: ParameterName | str) -> JobParameter | None:
         """The parameter called `name`, or None."""
         wanted = name.value if isinstance(name, ParameterName) else name
-        for present, parameter in self.entries:
-            if present.value == wanted:
-                return parameter
-        return None
+        return next((found for present, found in self.entries if present.value == wanted), None)
 
     def items(self) -> tuple[tuple[ParameterName, JobParameter], ...]:
         """(name, parameter) pairs in name order."""
