@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import attrs
 
@@ -131,8 +131,7 @@ class DefinitionIdentity:
 
     def manifest(self) -> dict[str, Any]:
         """A fresh parsed copy of the manifest (what the `manifest` jsonb column stores)."""
-        document: dict[str, Any] = json.loads(self.canonical_manifest)
-        return document
+        return cast("dict[str, Any]", json.loads(self.canonical_manifest))
 
     def __repr__(self) -> str:
         job_name = None if self.job_name is None else self.job_name.value

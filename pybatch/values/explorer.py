@@ -13,7 +13,7 @@ import hashlib
 import json
 import re
 import struct
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import attrs
 
@@ -245,8 +245,7 @@ class _Projection:
 
     def as_json(self) -> dict[str, Any]:
         """The documented JSON object (docs/operators.md): every field, in field order."""
-        result: dict[str, Any] = _json(self)
-        return result
+        return cast("dict[str, Any]", _json(self))
 
 
 def _bytes_repr(value: bytes) -> str:
@@ -446,5 +445,4 @@ def operator_request_json(record: OperatorRecord) -> dict[str, Any]:
 
 def recovery_decision_json(decision: RecoveryDecision) -> dict[str, Any]:
     """The documented JSON object of a recovery decision: its fields, as a projection's."""
-    result: dict[str, Any] = _json(decision)
-    return result
+    return cast("dict[str, Any]", _json(decision))

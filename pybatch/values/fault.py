@@ -198,19 +198,9 @@ class RetryKey:
         if not 0 <= ordinal <= _U64_MAX:
             raise ValueError("ordinal must lie in 0..2^64-1")
         step = step_name.value.encode("utf-8")
-        material = b"".join(
-            (
-                RETRY_KEY_DOMAIN,
-                definition_digest,
-                struct.pack(">Q", len(step)),
-                step,
-                phase.value.encode("ascii"),
-                b"\x00",
-                checkpoint_digest,
-                struct.pack(">Q", ordinal),
-            )
-        )
-        return cls(sha256(material))
+        material = RETRY_KEY_DOMAIN + definition_digest + struct.pack(">Q", len(step)) + step
+        material += phase.value.encode("ascii") + b"\x00" + checkpoint_digest
+        return cls(sha256(material + struct.pack(">Q", ordinal)))
 
     def hex(self) -> str:
         """Return the 64 lower-case hex digits stored in the fault-state payload."""

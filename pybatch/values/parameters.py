@@ -343,9 +343,7 @@ class JobInstanceKey:
         parts = [_INSTANCE_KEY_VERSION, struct.pack(">I", len(job)), job]
         for name, parameter in self.parameters.entries:
             data = name.value.encode("utf-8")
-            parts.append(struct.pack(">I", len(data)))
-            parts.append(data)
-            parts.append(parameter.value._digest_value(">I"))
+            parts.extend((struct.pack(">I", len(data)), data, parameter.value._digest_value(">I")))
         return b"".join(parts)
 
     def digest(self) -> bytes:
