@@ -125,12 +125,8 @@ def _digest(instance: object, attribute: attrs.Attribute[bytes], value: bytes) -
 class FlowDecisionRequest:
     """A decision to append: which node decided what, on which evidence."""
 
-    job_execution_id: int = attrs.field(
-        validator=identifier_validator(IdentifierKind.JOB_EXECUTION)
-    )
-    sequence: int = attrs.field(
-        validator=identifier_validator(IdentifierKind.FLOW_DECISION_SEQUENCE)
-    )
+    job_execution_id: int = attrs.field(validator=IdentifierKind.JOB_EXECUTION.validator)
+    sequence: int = attrs.field(validator=IdentifierKind.FLOW_DECISION_SEQUENCE.validator)
     source_node_id: NodeId = attrs.field(validator=is_(NodeId))
     source_step_execution_id: int | None = attrs.field(
         default=None, validator=identifier_validator(IdentifierKind.STEP_EXECUTION, optional=True)
@@ -150,7 +146,7 @@ class FlowDecisionRequest:
 class FlowDecision(FlowDecisionRequest):
     """A recorded decision: the request plus its identity id."""
 
-    id: int = attrs.field(validator=identifier_validator(IdentifierKind.FLOW_DECISION))
+    id: int = attrs.field(validator=IdentifierKind.FLOW_DECISION.validator)
 
 
 @attrs.frozen

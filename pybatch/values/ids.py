@@ -48,6 +48,11 @@ class IdentifierKind(enum.Enum):
     def __str__(self) -> str:
         return self.value
 
+    @property
+    def validator(self) -> Validator:
+        """The attrs validator of a storable identifier of this kind (`identifier_validator`)."""
+        return identifier_validator(self)
+
 
 def _require_int(value: object) -> int:
     """Refuse bool and non-int values: the Python kind is part of identity, never coerced."""

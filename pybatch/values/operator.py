@@ -320,9 +320,7 @@ class OperatorRecordDraft:
 class OperatorRecord(OperatorRecordDraft):
     """One stored operator request (audit row and idempotency record): the draft plus its id."""
 
-    id: OperatorRequestId = attrs.field(
-        validator=identifier_validator(IdentifierKind.OPERATOR_REQUEST, optional=False)
-    )
+    id: OperatorRequestId = attrs.field(validator=IdentifierKind.OPERATOR_REQUEST.validator)
 
     @classmethod
     def from_draft(cls, record_id: OperatorRequestId, draft: OperatorRecordDraft) -> OperatorRecord:

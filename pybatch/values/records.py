@@ -44,7 +44,7 @@ def _attempt(instance: object, attribute: attrs.Attribute[Any], value: object) -
 class JobInstance:
     """A logical job instance; `instance_key` is `key.digest()` of its identifying parameters."""
 
-    id: JobInstanceId = attrs.field(validator=identifier_validator(IdentifierKind.JOB_INSTANCE))
+    id: JobInstanceId = attrs.field(validator=IdentifierKind.JOB_INSTANCE.validator)
     job_name: JobName = attrs.field(validator=is_(JobName))
     instance_key: bytes
     created_at: _dt.datetime = attrs.field(converter=aware_utc)
@@ -95,10 +95,8 @@ class _Attempt:
 class JobExecution(_Attempt):
     """One launch or restart attempt of a job instance (docs/contract.md, Values)."""
 
-    id: JobExecutionId = attrs.field(validator=identifier_validator(IdentifierKind.JOB_EXECUTION))
-    job_instance_id: JobInstanceId = attrs.field(
-        validator=identifier_validator(IdentifierKind.JOB_INSTANCE)
-    )
+    id: JobExecutionId = attrs.field(validator=IdentifierKind.JOB_EXECUTION.validator)
+    job_instance_id: JobInstanceId = attrs.field(validator=IdentifierKind.JOB_INSTANCE.validator)
     attempt: int = attrs.field(validator=_attempt)
     definition_id: DefinitionId = attrs.field(validator=_definition_id)
     metadata: ExecutionMetadata = attrs.field(validator=is_(ExecutionMetadata))
@@ -116,10 +114,8 @@ class JobExecution(_Attempt):
 class StepExecution(_Attempt):
     """One attempt of a named step, with its durable chunk state."""
 
-    id: StepExecutionId = attrs.field(validator=identifier_validator(IdentifierKind.STEP_EXECUTION))
-    job_execution_id: JobExecutionId = attrs.field(
-        validator=identifier_validator(IdentifierKind.JOB_EXECUTION)
-    )
+    id: StepExecutionId = attrs.field(validator=IdentifierKind.STEP_EXECUTION.validator)
+    job_execution_id: JobExecutionId = attrs.field(validator=IdentifierKind.JOB_EXECUTION.validator)
     step_name: StepName = attrs.field(validator=is_(StepName))
     logical_id: NodeId = attrs.field(validator=is_(NodeId))
     metadata: ExecutionMetadata = attrs.field(validator=is_(ExecutionMetadata))

@@ -15,7 +15,7 @@ from pybatch._config import (
     check_stale_threshold,
 )
 from pybatch.errors import RecoveryEvidenceDigestInvalid, RecoveryFieldInvalid, TextRule
-from pybatch.values.ids import IdentifierKind, check_version, identifier_validator
+from pybatch.values.ids import IdentifierKind, check_version
 from pybatch.values.names import UNICODE_WHITE_SPACE
 from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus, FailureSummary
@@ -115,10 +115,8 @@ class RecoveryRequest:
 class RecoveryDecision:
     """The audit row of one recovery: who decided what about which version, and when."""
 
-    id: int = attrs.field(validator=identifier_validator(IdentifierKind.RECOVERY_DECISION))
-    job_execution_id: int = attrs.field(
-        validator=identifier_validator(IdentifierKind.JOB_EXECUTION)
-    )
+    id: int = attrs.field(validator=IdentifierKind.RECOVERY_DECISION.validator)
+    job_execution_id: int = attrs.field(validator=IdentifierKind.JOB_EXECUTION.validator)
     execution_version: int  # The version observed before the decision.
     prior_status: BatchStatus
     resulting_status: BatchStatus

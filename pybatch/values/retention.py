@@ -23,12 +23,8 @@ PLAN_DIGEST_DOMAIN = "oxide-batch.retention-plan.v1"
 RETENTION_DIGEST_DOMAIN = "pybatch.retention-request.v1"
 MINIMUM_AGE = _dt.timedelta(hours=1)
 DEFAULT_MINIMUM_AGE = _dt.timedelta(days=30)
-_TERMINAL_ORDER = (
-    BatchStatus.STOPPED,
-    BatchStatus.FAILED,
-    BatchStatus.COMPLETED,
-    BatchStatus.ABANDONED,
-)
+#: The finished statuses in declaration order: STOPPED, FAILED, COMPLETED, ABANDONED.
+_TERMINAL_ORDER = tuple(status for status in BatchStatus if status.is_finished)
 
 
 @attrs.frozen
