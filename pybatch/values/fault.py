@@ -167,11 +167,11 @@ class FaultPhase(Code):
 _RESERVABLE = frozenset({FaultPhase.READ, FaultPhase.PROCESS, FaultPhase.WRITE})
 
 
-@attrs.frozen(order=True, repr=False)
+@attrs.frozen(order=True)
 class RetryKey:
     """Opaque 32-byte digest of one retryable unit of work; ordered by bytes, repr redacted."""
 
-    digest: bytes = attrs.field(validator=_digest("RetryKey"))
+    digest: bytes = attrs.field(validator=_digest("RetryKey"), repr=lambda _: "<redacted>")
 
     @classmethod
     def derive(
@@ -205,9 +205,6 @@ class RetryKey:
     def hex(self) -> str:
         """Return the 64 lower-case hex digits stored in the fault-state payload."""
         return self.digest.hex()
-
-    def __repr__(self) -> str:
-        return "RetryKey(digest=<redacted>)"
 
 
 @attrs.frozen(kw_only=True)
