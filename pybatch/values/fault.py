@@ -258,11 +258,7 @@ def fault_entry_from_payload(raw: object) -> FaultEntry:
     )
 
 
-def _entries_value(
-    instance: FaultStateEnvelope,
-    attribute: attrs.Attribute[tuple[FaultEntry, ...]],
-    value: tuple[FaultEntry, ...],
-) -> None:
+def _entries_value(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if type(value) is not tuple or not all(isinstance(entry, FaultEntry) for entry in value):
         raise TypeError("entries takes a tuple of FaultEntry")
 

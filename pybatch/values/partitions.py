@@ -160,12 +160,8 @@ class StepPartition:
     def assigned(self, expected_version: int, worker: int) -> StepPartition:
         """The partition handed to `worker` (first assignment, or retry after FAILED/STOPPED)."""
         self._check_version(expected_version)
-        first = self.status is BatchStatus.STARTING and self.worker_step_execution_id is None
-        retry = (
-            self.status in (BatchStatus.FAILED, BatchStatus.STOPPED)
-            and self.worker_step_execution_id is not None
-        )
-        if not (first or retry):
+        # The shape (STARTING exactly when no worker) ties a worker to each of these statuses.
+        if self.status not in (BatchStatus.STARTING, BatchStatus.FAILED, BatchStatus.STOPPED):
             raise PartitionStateError("InvalidState", self.status)
         return attrs.evolve(
             self,
