@@ -207,5 +207,6 @@ class RecoverySnapshot:
         """
         check_stale_threshold(threshold)
         check_max_clock_skew(max_clock_skew)
-        elapsed = self.server_time - self.updated_at
-        return self.status.is_unresolved and elapsed > threshold + max_clock_skew
+        if not self.status.is_unresolved:
+            return False
+        return self.server_time - self.updated_at > threshold + max_clock_skew
