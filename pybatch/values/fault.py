@@ -25,7 +25,7 @@ from pybatch.errors import (
 )
 from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values._fields import Code, is_
-from pybatch.values.ids import Validator
+from pybatch.values.ids import UINT64_MAX, Validator
 from pybatch.values.names import ClassifierRevision, StepName
 from pybatch.values.status import BatchStatus, FailureCategory
 
@@ -37,7 +37,6 @@ FAULT_STATE_MAX_ENTRIES = 256  # Hard entry ceiling of format 1 (and of `RetrySt
 RETRY_KEY_DOMAIN = b"oxide-batch/retry-key/1"  # Domain of `RetryKey.derive`, byte for byte.
 
 _U16_MAX = 2**16 - 1
-_U64_MAX = 2**64 - 1
 _DIGEST_BYTES = 32
 _ZERO_DIGEST = bytes(_DIGEST_BYTES)
 # Lower case only: the canonical form is lower-case hex, so anything else was not written by us.
@@ -195,7 +194,7 @@ class RetryKey:
             raise TypeError("phase takes a FaultPhase")
         if type(ordinal) is not int:
             raise TypeError("ordinal takes an int")
-        if not 0 <= ordinal <= _U64_MAX:
+        if not 0 <= ordinal <= UINT64_MAX:
             raise ValueError("ordinal must lie in 0..2^64-1")
         step = step_name.value.encode("utf-8")
         material = RETRY_KEY_DOMAIN + definition_digest + struct.pack(">Q", len(step)) + step

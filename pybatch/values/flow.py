@@ -209,9 +209,8 @@ def check_flow_graph_bounds(manifest: Mapping[str, Any]) -> None:
         if not isinstance(transition, dict):
             continue
         pattern = transition.get("pattern")
-        if isinstance(pattern, str) and len(pattern.encode("utf-8", "surrogatepass")) > (
-            MAX_EXIT_PATTERN_BYTES
-        ):
+        size = len(pattern.encode("utf-8", "surrogatepass")) if isinstance(pattern, str) else 0
+        if size > MAX_EXIT_PATTERN_BYTES:
             raise ManifestInvalid(
                 reason=f"the exit pattern of transition {position} is longer than "
                 f"{MAX_EXIT_PATTERN_BYTES} bytes"

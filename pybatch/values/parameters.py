@@ -21,13 +21,12 @@ from pybatch.errors import (
     TextNotUtf8,
 )
 from pybatch.values._fields import Code, is_
+from pybatch.values.ids import INT64_MAX, UINT64_MAX
 from pybatch.values.names import JobName, ParameterName
 
 PARAMETER_STRING_MAX_BYTES = 65_536  # Byte bound of a string parameter value.
 
 _I64_MIN = -(2**63)
-_I64_MAX = 2**63 - 1
-_U64_MAX = 2**64 - 1
 
 #: Domain separation prefix of `JobParameters.flow_input_digest`, kept byte for byte.
 _FLOW_INPUT_PREFIX = b"oxide-batch.flow-parameters.v1\x00"
@@ -100,7 +99,7 @@ class ParameterValue:
         elif kind is ParameterValueKind.I64 or kind is ParameterValueKind.U64:
             if type(value) is not int:
                 raise TypeError(f"a {kind.value} parameter takes an int (bool is not accepted)")
-            low, high = (_I64_MIN, _I64_MAX) if kind is ParameterValueKind.I64 else (0, _U64_MAX)
+            low, high = (_I64_MIN, INT64_MAX) if kind is ParameterValueKind.I64 else (0, UINT64_MAX)
             if not low <= value <= high:
                 raise ParameterValueOutOfRange(kind=kind.json_tag)
         else:
