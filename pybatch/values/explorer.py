@@ -220,10 +220,6 @@ class Page(Generic[T]):
     ceiling: int
 
 
-def _instant(value: _dt.datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
-
-
 def _json(value: object) -> Any:
     """The documented JSON of a projection: its fields in order, codes, ISO instants, hex."""
     cls: Any = type(value)
@@ -410,7 +406,7 @@ def flow_decision_json(decision: FlowDecision) -> dict[str, Any]:
         "plan_fingerprint": decision.plan_fingerprint.hex(),
         "input_digest": decision.input_digest.hex(),
         "reused_decision_id": decision.reused_decision_id,
-        "decided_at": _instant(decision.decided_at),
+        "decided_at": _json(decision.decided_at),
     }
 
 
@@ -439,7 +435,7 @@ def operator_request_json(record: OperatorRecord) -> dict[str, Any]:
             "status": None if rejection.status is None else rejection.status.value,
             "execution_id": rejection.execution_id,
         },
-        "requested_at": _instant(record.requested_at),
+        "requested_at": _json(record.requested_at),
     }
 
 
