@@ -84,12 +84,11 @@ def _bounded(what: str, minimum: int, maximum: int) -> Validator:
     return check
 
 
-def _check_digest(value: object, what: str) -> bytes:
+def _check_digest(value: object, what: str) -> None:
     if type(value) is not bytes:
         raise TypeError(f"{what} takes bytes")
     if len(value) != _DIGEST_BYTES:
         raise ValueError(f"{what} must be exactly {_DIGEST_BYTES} bytes")
-    return value
 
 
 def _digest(what: str) -> Validator:

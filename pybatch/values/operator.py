@@ -344,9 +344,7 @@ def automatic_recovery_record(result: RecoveryResult, now: _dt.datetime) -> Oper
     decision = result.decision
     request = RecoveryRequest(
         expected_version=decision.execution_version,
-        disposition=RecoveryDisposition.MARK_FAILED
-        if decision.resulting_status is BatchStatus.FAILED
-        else RecoveryDisposition.ABANDON,
+        disposition=RecoveryDisposition(decision.resulting_status.value),  # FAILED or ABANDONED
         reason_code=decision.reason_code,
         operator_reference=decision.operator_reference,
         evidence_digest=decision.evidence_digest,
