@@ -412,7 +412,6 @@ def flow_decision_json(decision: FlowDecision) -> dict[str, Any]:
 
 def operator_request_json(record: OperatorRecord) -> dict[str, Any]:
     """The documented JSON object of an operator request as the explorer lists it."""
-    rejection = record.rejection
     return {
         "id": record.id,
         "action": record.action.value,
@@ -427,14 +426,7 @@ def operator_request_json(record: OperatorRecord) -> dict[str, Any]:
         "prior_status": None if record.prior_status is None else record.prior_status.value,
         "result_status": None if record.result_status is None else record.result_status.value,
         "outcome": record.outcome.value,
-        "rejection": None
-        if rejection is None
-        else {
-            "code": rejection.code.value,
-            "current_version": rejection.current_version,
-            "status": None if rejection.status is None else rejection.status.value,
-            "execution_id": rejection.execution_id,
-        },
+        "rejection": _json(record.rejection),  # code, current_version, status, execution_id
         "requested_at": _json(record.requested_at),
     }
 
