@@ -303,7 +303,7 @@ class FaultStateEnvelope:
 
     def _find(self, key: RetryKey) -> tuple[int, bool]:
         """Where `key`'s entry is or would go, and whether it is there."""
-        index = bisect.bisect_left(self.entries, key, key=_entry_key)
+        index = bisect.bisect_left(self.entries, key, key=lambda entry: entry.key)
         return index, index < len(self.entries) and self.entries[index].key == key
 
     def to_payload(self) -> dict[str, object]:
@@ -361,10 +361,6 @@ class FaultStateEnvelope:
     def __repr__(self) -> str:
         # Fault payloads and digests are redacted (docs/contract.md, Redaction); the count is safe.
         return f"FaultStateEnvelope(entry_count={len(self.entries)}, ..)"
-
-
-def _entry_key(entry: FaultEntry) -> RetryKey:
-    return entry.key
 
 
 FaultStateEnvelope.EMPTY = FaultStateEnvelope(_ZERO_DIGEST, ())
