@@ -29,9 +29,6 @@ class DecodeError(Exception):
         return (DecodeError, (self.column,))
 
 
-# --------------------------------------------------------------------------- column decoders
-
-
 @functools.cache
 def _members_by_code(enum_cls: type[enum.Enum]) -> Mapping[object, enum.Enum]:
     return {member.value: member for member in enum_cls}
@@ -123,9 +120,8 @@ def decode_text_value(factory: Callable[[str], _T], value: object, *, column: st
         raise DecodeError(column) from None
 
 
-# --------------------------------------------------------------------------- row readers
-# Each reads `row[column]` and names that same column in its DecodeError, so a decoder says
-# once which column it reads.
+# Row readers: each reads `row[column]` and names that same column in its DecodeError, so a
+# decoder says once which column it reads.
 
 
 def int64_at(row: Row, column: str, minimum: int = 1) -> int:
@@ -134,43 +130,39 @@ def int64_at(row: Row, column: str, minimum: int = 1) -> int:
 
 
 def optional_int64_at(row: Row, column: str, minimum: int = 1) -> int | None:
-    """`decode_optional_int64` of `row[column]`."""
     return decode_optional_int64(row[column], column=column, minimum=minimum)
 
 
 def text_at(row: Row, column: str) -> str:
-    """`decode_text` of `row[column]`."""
     return decode_text(row[column], column=column)
 
 
+def bool_at(row: Row, column: str) -> bool:
+    return decode_bool(row[column], column=column)
+
+
 def aware_at(row: Row, column: str) -> _dt.datetime:
-    """`decode_aware` of `row[column]`."""
     return decode_aware(row[column], column=column)
 
 
 def optional_aware_at(row: Row, column: str) -> _dt.datetime | None:
-    """`decode_optional_aware` of `row[column]`."""
     return decode_optional_aware(row[column], column=column)
 
 
 def digest_at(row: Row, column: str) -> bytes:
-    """`decode_digest` (32 bytes) of `row[column]`."""
     return decode_digest(row[column], column=column)
 
 
 def enum_at(enum_cls: type[_E], row: Row, column: str) -> _E:
-    """`decode_enum` of `row[column]`."""
     return decode_enum(enum_cls, row[column], column=column)
 
 
 def optional_enum_at(enum_cls: type[_E], row: Row, column: str) -> _E | None:
-    """`decode_enum` of `row[column]`, NULL passed through as None."""
     value = row[column]
     return None if value is None else decode_enum(enum_cls, value, column=column)
 
 
 def text_value_at(factory: Callable[[str], _T], row: Row, column: str) -> _T:
-    """`decode_text_value` of `row[column]`."""
     return decode_text_value(factory, row[column], column=column)
 
 

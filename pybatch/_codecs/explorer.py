@@ -20,7 +20,7 @@ from pybatch._codecs._primitives import (
     row_columns,
     text_at,
 )
-from pybatch._codecs.lifecycle import FAILURE_COLUMNS, INSTANT_COLUMNS
+from pybatch._codecs.lifecycle import FAILURE_COLUMNS, INSTANT_COLUMNS, decode_failure
 from pybatch._codecs.operator import decode_operator_record
 from pybatch._codecs.partitions import PARTITION_HEAD_COLUMNS
 from pybatch._codecs.steps import COUNT_COLUMNS, STEP_HEAD_COLUMNS
@@ -37,8 +37,8 @@ from pybatch.values.explorer import (
     StepExecutionProjection,
     StepPartitionProjection,
 )
-from pybatch.values.ids import INT64_MAX, FailureId
-from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+from pybatch.values.ids import INT64_MAX
+from pybatch.values.status import BatchStatus
 
 
 def _envelope_columns(prefix: str) -> tuple[str, ...]:
@@ -119,17 +119,6 @@ def _counts(row: Row) -> ProjectionCounts:
             name: _count(row[column], column=column)
             for name, column in zip(_COUNT_FIELDS, COUNT_COLUMNS, strict=True)
         }
-    )
-
-
-def _failure(row: Row) -> FailureSummary | None:
-    category, failure_id = row["failure_category"], row["failure_id"]
-    if category is None and failure_id is None:
-        return None
-    if category is None or failure_id is None:
-        raise DecodeError("failure_category")
-    return FailureSummary(
-        enum_at(FailureCategory, row, "failure_category"), FailureId(int64_at(row, "failure_id"))
     )
 
 
@@ -218,7 +207,7 @@ def _instants(row: Row) -> dict[str, Any]:
         "started_at": optional_aware_at(row, "started_at"),
         "ended_at": optional_aware_at(row, "ended_at"),
         "updated_at": aware_at(row, "updated_at"),
-        "failure": _failure(row),
+        "failure": decode_failure(row["failure_category"], row["failure_id"]),
     }
 
 

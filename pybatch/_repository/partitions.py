@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import attrs
 
 from pybatch._codecs._jsonb import to_jsonb
-from pybatch._codecs._primitives import DecodeError, decode_enum, decode_int64, decode_text
+from pybatch._codecs._primitives import DecodeError, decode_enum, decode_int64, int64_at, text_at
 from pybatch._codecs.fault_state import encode_fault_state
 from pybatch._codecs.lifecycle import encode_execution_metadata
 from pybatch._codecs.partitions import decode_step_partition, encode_plan_entries
@@ -65,14 +65,6 @@ from pybatch.values.records import StepExecution
 from pybatch.values.state import MAX_STORABLE_SCHEMA_VERSION
 from pybatch.values.status import BatchStatus
 
-__all__ = [
-    "Partitions",
-    "count_step_partitions_by_status",
-    "end_partition_worker",
-    "lock_parent_of",
-    "partition_status",
-]
-
 #: How many workers may try one partition in one attempt when each of them was lost.
 MAX_WORKER_TRIES = 5
 _ACTIVE_PARENT = frozenset({BatchStatus.STARTING, BatchStatus.STARTED})
@@ -105,12 +97,8 @@ def _lock_step(q: Statements, conn: Connection, step_id: int) -> tuple[int, Batc
     if row is None:
         return None
     with _corrupt_on():
-        execution_id = _int(row, "job_execution_id")
+        execution_id = int64_at(row, "job_execution_id")
     return execution_id, partition_status(row["status"])
-
-
-def _int(row: Row, column: str, minimum: int = 1) -> int:
-    return decode_int64(row[column], column=column, minimum=minimum)
 
 
 def _lock_step_execution(q: Statements, conn: Connection, step_id: int) -> StepExecution:
@@ -240,7 +228,7 @@ def count_step_partitions_by_status(
     check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
     rows = q.count_step_partitions_by_status.many(conn, step_execution_id=parent_id)
     with _corrupt_on():
-        return {partition_status(row["status"]): _int(row, "partitions", 0) for row in rows}
+        return {partition_status(row["status"]): int64_at(row, "partitions", 0) for row in rows}
 
 
 def _elapsed(value: object) -> _dt.timedelta:
@@ -524,9 +512,9 @@ class Partitions(Capability):
             with _corrupt_on((DecodeError, PyBatchError)):
                 slow = tuple(
                     SlowPartition(
-                        key=PartitionKey(decode_text(row["partition_key"], column="partition_key")),
+                        key=PartitionKey(text_at(row, "partition_key")),
                         status=partition_status(row["status"]),
-                        worker_step_execution_id=_int(row, "worker_step_execution_id"),
+                        worker_step_execution_id=int64_at(row, "worker_step_execution_id"),
                         elapsed=_elapsed(row["elapsed"]),
                     )
                     for row in rows
