@@ -46,12 +46,7 @@ def _envelope_columns(prefix: str) -> tuple[str, ...]:
 
 
 #: Columns each decoder reads, in the order queries/explorer.sql selects them.
-JOB_NAME_SUMMARY_COLUMNS = (
-    "job_name",
-    "latest_execution_id",
-    "latest_status",
-    "latest_updated_at",
-)
+JOB_NAME_SUMMARY_COLUMNS = ("job_name", "latest_execution_id", "latest_status", "latest_updated_at")
 LATEST_ATTEMPT_COLUMNS = ("execution_id", "attempt", "status")
 INSTANCE_PROJECTION_COLUMNS = (
     "id",

@@ -55,11 +55,7 @@ def encode_fault_state(envelope: FaultStateEnvelope) -> FaultStateColumns:
 
 
 def decode_fault_state_columns(
-    format: object,
-    schema: object,
-    schema_version: object,
-    payload: object,
-    checksum: object,
+    format: object, schema: object, schema_version: object, payload: object, checksum: object
 ) -> FaultStateEnvelope:
     """Decode and verify the stored columns; corrupt state must stop all work.
 

@@ -38,9 +38,6 @@ _ENVELOPE_MEMBERS = frozenset({"type", "identifying", "value"})
 _KINDS_BY_TAG = {kind.json_tag: kind for kind in ParameterValueKind}
 
 
-# --------------------------------------------------------------------------- identifying parameters
-
-
 def encode_identifying_parameters(key: JobInstanceKey) -> dict[str, object]:
     """The `identifying_parameters` document of a key (docs/tables.md 3.8; at most 1 MiB)."""
     document: dict[str, object] = {}
@@ -71,26 +68,18 @@ def decode_identifying_parameters(
         name = decode_text_value(ParameterName, raw_name, column=column)
         if not isinstance(envelope, dict) or set(envelope) != _ENVELOPE_MEMBERS:
             raise DecodeError(column)
-        if envelope["identifying"] is not True:
-            raise DecodeError(column)
         tag = envelope["type"]
         kind = _KINDS_BY_TAG.get(tag) if type(tag) is str else None
-        if kind is None:
+        if kind is None or envelope["identifying"] is not True:
             raise DecodeError(column)
-        value = _decode_parameter_value(kind, envelope["value"], column=column)
+        try:
+            value = ParameterValue(kind, envelope["value"])  # checked right here
+        except (PyBatchError, TypeError):
+            raise DecodeError(column) from None
         pairs.append((name, JobParameter(value, identifying=True)))
     try:
         return JobParameters.from_pairs(pairs)
     except PyBatchError:
-        raise DecodeError(column) from None
-
-
-def _decode_parameter_value(
-    kind: ParameterValueKind, raw: object, *, column: str
-) -> ParameterValue:
-    try:
-        return ParameterValue(kind, raw)  # type: ignore[arg-type]  # checked right here
-    except (PyBatchError, TypeError):
         raise DecodeError(column) from None
 
 
@@ -101,9 +90,6 @@ def encode_job_instance_key(key: JobInstanceKey) -> dict[str, object]:
         "instance_key": key.digest(),
         "identifying_parameters": to_jsonb(encode_identifying_parameters(key)),
     }
-
-
-# --------------------------------------------------------------------------- job instance
 
 
 def decode_job_instance(row: Row) -> JobInstance:

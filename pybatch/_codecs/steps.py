@@ -78,9 +78,6 @@ _CountsT = TypeVar("_CountsT", ExecutionCounts, StepFaultCounts)
 _U32_MAX = 2**32 - 1
 
 
-# --------------------------------------------------------------------------- step execution
-
-
 def _decode_state(state_cls: type[_StateT], values: Mapping[str, object], prefix: str) -> _StateT:
     """Rebuild and validate a state envelope from its four columns (limits 1 MiB / depth 64)."""
     format_value = values[f"{prefix}_format"]
@@ -127,9 +124,6 @@ def decode_step_execution(row: Row) -> StepExecution:
         context=context,
         fault_counts=fault_counts,
     )
-
-
-# --------------------------------------------------------------------------- encoders
 
 
 def encode_state(state: Checkpoint | ExecutionContext) -> dict[str, object]:

@@ -12,13 +12,7 @@ import attrs
 import psycopg
 
 from pybatch import _sqlstate
-from pybatch._codecs._primitives import (
-    DecodeError,
-    digest_at,
-    int64_at,
-    optional_int64_at,
-    text_at,
-)
+from pybatch._codecs._primitives import DecodeError, digest_at, int64_at, optional_int64_at, text_at
 from pybatch._statements import Connection, Statements
 from pybatch.errors import PyBatchError, RetryableConflict, Unavailable
 from pybatch.values.audit import AuditRecordKind
