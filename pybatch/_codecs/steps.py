@@ -78,8 +78,13 @@ _CountsT = TypeVar("_CountsT", ExecutionCounts, StepFaultCounts)
 _U32_MAX = 2**32 - 1
 
 
-def _decode_state(state_cls: type[_StateT], values: Mapping[str, object], prefix: str) -> _StateT:
-    """Rebuild and validate a state envelope from its four columns (limits 1 MiB / depth 64)."""
+def decode_state(
+    state_cls: type[_StateT],
+    values: Mapping[str, object],
+    prefix: str,
+    limits: StateLimits = StateLimits.STEP,
+) -> _StateT:
+    """Rebuild and validate a state envelope from its four columns, within `limits`."""
     format_value = values[f"{prefix}_format"]
     if type(format_value) is not int or format_value != STATE_FORMAT_VERSION:
         raise DecodeError(f"{prefix}_format")
@@ -89,7 +94,7 @@ def _decode_state(state_cls: type[_StateT], values: Mapping[str, object], prefix
         raise DecodeError(f"{prefix}_schema_version")
     payload = decode_json_object(values[f"{prefix}_payload"], column=f"{prefix}_payload")
     try:
-        return state_cls(schema, schema_version, payload, limits=StateLimits.STEP)
+        return state_cls(schema, schema_version, payload, limits=limits)
     except PyBatchError:
         raise DecodeError(f"{prefix}_payload") from None
 
@@ -109,8 +114,8 @@ def decode_step_execution(row: Row) -> StepExecution:
     logical_id = text_value_at(NodeId, values, "step_logical_id")
     counts = _decode_counters(ExecutionCounts, values, _COUNT_COLUMNS)
     fault_counts = _decode_counters(StepFaultCounts, values, _FAULT_COUNT_COLUMNS)
-    checkpoint = _decode_state(Checkpoint, values, "checkpoint")
-    context = _decode_state(ExecutionContext, values, "context")
+    checkpoint = decode_state(Checkpoint, values, "checkpoint")
+    context = decode_state(ExecutionContext, values, "context")
     metadata = decode_metadata(values, counts)
     return StepExecution(
         id=StepExecutionId(step_id),
@@ -149,12 +154,12 @@ def encode_fault_counts(counts: StepFaultCounts) -> dict[str, object]:
 
 def decode_checkpoint(row: Row) -> Checkpoint:
     """Rebuild a step's checkpoint from its `checkpoint_*` columns (limits 1 MiB / depth 64)."""
-    return _decode_state(Checkpoint, row, "checkpoint")
+    return decode_state(Checkpoint, row, "checkpoint")
 
 
 def decode_context(row: Row) -> ExecutionContext:
     """Rebuild a step's execution context from its `context_*` columns."""
-    return _decode_state(ExecutionContext, row, "context")
+    return decode_state(ExecutionContext, row, "context")
 
 
 def decode_counts(row: Row) -> ExecutionCounts:
