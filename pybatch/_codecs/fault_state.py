@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TypedDict
 
-from pybatch._codecs._primitives import Row, decode_enum, decode_int64, row_columns
+from pybatch._codecs._primitives import Row, enum_at, int64_at, row_columns
 from pybatch._codecs.steps import CHECKPOINT_COLUMNS, decode_checkpoint
 from pybatch.errors import JsonNotEncodable
 from pybatch.values._canonical import canonical_json
@@ -106,8 +106,8 @@ def decode_locked_fault_state(row: Row) -> LockedFaultState:
     values = row_columns(row, LOCKED_FAULT_STATE_COLUMNS)
     envelope = decode_fault_state(values)
     return LockedFaultState(
-        status=decode_enum(BatchStatus, values["status"], column="status"),
-        version=decode_int64(values["version"], column="version", minimum=0),
+        status=enum_at(BatchStatus, values, "status"),
+        version=int64_at(values, "version", 0),
         checkpoint_digest=decode_checkpoint(values).generation_digest(),
         envelope=envelope,
     )

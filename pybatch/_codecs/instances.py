@@ -33,7 +33,6 @@ IDENTIFYING_PARAMETERS_MAX_BYTES = 1024 * 1024
 
 JOB_INSTANCE_COLUMNS = ("id", "job_name", "instance_key", "identifying_parameters", "created_at")
 
-_U64_MAX = 2**64 - 1
 _ENVELOPE_MEMBERS = frozenset({"type", "identifying", "value"})
 _KINDS_BY_TAG = {kind.json_tag: kind for kind in ParameterValueKind}
 
@@ -73,7 +72,7 @@ def decode_identifying_parameters(
         if kind is None or envelope["identifying"] is not True:
             raise DecodeError(column)
         try:
-            value = ParameterValue(kind, envelope["value"])  # checked right here
+            value = ParameterValue(kind, envelope["value"])
         except (PyBatchError, TypeError):
             raise DecodeError(column) from None
         pairs.append((name, JobParameter(value, identifying=True)))

@@ -66,7 +66,7 @@ def check_expected_version(expected_version: int) -> int:
         raise
 
 
-def _swapped(
+def swapped(
     rows: LifecycleRows[Record],
     q: Statements,
     conn: Connection,
@@ -113,7 +113,7 @@ def transition(
         expected_version=expected_version,
         **{rows.id_parameter: record_id},
     )
-    return _swapped(rows, q, conn, current, changed, expected_version, new, change.at)
+    return swapped(rows, q, conn, current, changed, expected_version, new, change.at)
 
 
 def enrich_exit_status(
@@ -136,7 +136,7 @@ def enrich_exit_status(
         expected_version=expected_version,
         **{rows.id_parameter: record_id},
     )
-    return _swapped(rows, q, conn, current, changed, expected_version, new, now)
+    return swapped(rows, q, conn, current, changed, expected_version, new, now)
 
 
 class LifecycleCapability(Capability, Generic[Record]):

@@ -19,6 +19,7 @@ from pybatch._codecs.fault_state import encode_fault_state
 from pybatch._codecs.lifecycle import encode_execution_metadata
 from pybatch._codecs.partitions import decode_step_partition, encode_plan_entries
 from pybatch._codecs.steps import decode_step_execution, encode_counts
+from pybatch._repository import _lifecycle, steps
 from pybatch._repository._capability import Capability, Overrides
 from pybatch._repository._lifecycle import check_expected_version
 from pybatch._statements import Connection, Row, Statements
@@ -38,7 +39,6 @@ from pybatch.errors import (
     PartitionWorkerMismatch,
     PartitionWorkerStale,
     PyBatchError,
-    StaleVersion,
     StateSchemaVersionNotStorable,
     StepExecutionNotFound,
     StepPartitionNotFound,
@@ -99,13 +99,6 @@ def _lock_step(q: Statements, conn: Connection, step_id: int) -> tuple[int, Batc
     with _corrupt_on():
         execution_id = int64_at(row, "job_execution_id")
     return execution_id, partition_status(row["status"])
-
-
-def _lock_step_execution(q: Statements, conn: Connection, step_id: int) -> StepExecution:
-    row = q.lock_step_execution.one(conn, step_execution_id=step_id)
-    if row is None:
-        raise StepExecutionNotFound(id=step_id)
-    return decode_step_execution(row)
 
 
 def _decoded(rows: Sequence[Row]) -> list[StepPartition]:
@@ -169,7 +162,7 @@ def end_partition_worker(
     _require_parent(parent_id, status, _COMPLETING_PARENT)
     if partition.worker_step_execution_id != worker_id:
         raise PartitionWorkerStale(partition_id=partition_id, worker=worker_id)
-    worker = _lock_step_execution(q, conn, worker_id)
+    worker = _lifecycle.lock(steps.ROWS, q, conn, worker_id)
     if worker.job_execution_id != execution_id:
         raise PartitionWorkerMismatch(partition_id=partition_id, worker=worker_id)
     if end is not None:
@@ -377,7 +370,7 @@ class Partitions(Capability):
         with self._operation() as (q, conn):
             check_expected_version(expected_version)
             check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
-            parent = _lock_step_execution(q, conn, parent_id)
+            parent = _lifecycle.lock(steps.ROWS, q, conn, parent_id)
             children = _decoded(
                 q.lock_step_partitions_by_key.many(conn, step_execution_id=parent_id)
             )
@@ -431,15 +424,10 @@ class Partitions(Capability):
                 step_execution_id=parent_id,
                 expected_version=expected_version,
             )
-            if changed != 1:
-                latest = q.get_step_execution.one(conn, step_execution_id=parent_id)
-                if latest is None:
-                    raise StepExecutionNotFound(id=parent_id)
-                raise StaleVersion(
-                    expected=expected_version, actual=decode_step_execution(latest).version
-                )
-            updated_at = max(parent.updated_at, transitioned_at)
-            return attrs.evolve(parent, metadata=metadata, version=version, updated_at=updated_at)
+            new = (metadata, version)
+            return _lifecycle.swapped(
+                steps.ROWS, q, conn, parent, changed, expected_version, new, transitioned_at
+            )
 
     def claim(
         self,

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import attrs
-
 from pybatch._clock import Clock
 from pybatch._codecs._primitives import aware_at, bool_at, enum_at, int64_at, returned, text_at
 from pybatch._codecs.executions import decode_job_execution
 from pybatch._codecs.recovery import decode_recovery_decision
 from pybatch._repository import executions, steps
 from pybatch._repository._capability import Capability, job_execution_row
+from pybatch._repository._lifecycle import swapped
 from pybatch._repository.audit_chain import link_audit_record
 from pybatch._repository.operator_requests import OperatorRequests
 from pybatch._statements import Connection, Statements
@@ -77,9 +76,10 @@ def recover_job_execution(
         failure_category=None if failure is None else failure.category.value,
         failure_id=None if failure is None else failure.failure_id,
     )
-    if changed != 1:
-        current = decode_job_execution(job_execution_row(q, conn, execution_id))
-        raise StaleVersion(expected=request.expected_version, actual=current.version)
+    new = (metadata, prior.version + 1)
+    recovered = swapped(
+        executions.ROWS, q, conn, prior, changed, request.expected_version, new, decided_at
+    )
     decision_row = q.insert_recovery_decision.one(
         conn,
         **common,
@@ -96,10 +96,6 @@ def recover_job_execution(
     )
     kind = AuditRecordKind.RECOVERY_DECISION
     link_audit_record(q, conn, kind, decision.id, tolerate_chain_errors=tolerate_chain_errors)
-    updated_at = max(prior.updated_at, decided_at)
-    recovered = attrs.evolve(
-        prior, metadata=metadata, version=prior.version + 1, updated_at=updated_at
-    )
     return RecoveryResult(execution=recovered, decision=decision)
 
 

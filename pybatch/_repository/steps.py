@@ -82,7 +82,7 @@ def insert_step_execution(
     )
 
 
-_ROWS = LifecycleRows[StepExecution](
+ROWS = LifecycleRows[StepExecution](
     kind=IdentifierKind.STEP_EXECUTION,
     id_parameter="step_execution_id",
     lock_statement=lambda q: q.lock_step_execution,
@@ -125,7 +125,7 @@ def end_unfinished_steps(
 class Steps(LifecycleCapability[StepExecution]):
     """The steps operations of one unit of work."""
 
-    _rows = _ROWS
+    _rows = ROWS
 
     def create(self, job_execution_id: int, step_name: StepName) -> StepExecution:
         """Create a step; in a restart attempt copy its source's durable state.
