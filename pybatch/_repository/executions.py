@@ -53,11 +53,6 @@ ROWS = LifecycleRows[JobExecution](
 )
 
 
-def lock_job_execution(q: Statements, conn: Connection, execution_id: int) -> JobExecution:
-    """Lock the execution row (after its instance) and decode it (JobExecutionNotFound)."""
-    return _lifecycle.lock(ROWS, q, conn, execution_id)
-
-
 def transition_job_execution(
     q: Statements,
     conn: Connection,

@@ -29,7 +29,7 @@ from pybatch._codecs.executions import decode_job_execution
 from pybatch._repository._capability import Capability
 from pybatch._repository._lifecycle import check_expected_version
 from pybatch._repository.executions import transition_job_execution
-from pybatch._repository.partitions import lock_parent_of, partition_status
+from pybatch._repository.partitions import corrupt_on, lock_parent_of, partition_status
 from pybatch._statements import Connection, Row, Statements
 from pybatch.errors import (
     ExecutionOwned,
@@ -37,7 +37,6 @@ from pybatch.errors import (
     ExecutionOwnershipNotAllowed,
     JobExecutionNotFound,
     PartitionOwnershipLost,
-    PartitionStateCorrupt,
     StaleVersion,
     StepPartitionNotFound,
 )
@@ -231,17 +230,15 @@ class Ownership(Capability):
                 raise StepPartitionNotFound(id=partition_id)
             if partition_status(row["status"]) is not BatchStatus.STARTED:
                 return None
-            try:
+            with corrupt_on():
                 return WorkerLease(*_worker_lease(row))
-            except DecodeError:
-                raise PartitionStateCorrupt() from None
 
     def started_partitions(self, parent_id: int) -> list[StartedPartition]:
         """The STARTED partitions of a plan with their workers and leases (no lock taken)."""
         with self._operation() as (q, conn):
             check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
             rows = q.list_started_step_partitions.many(conn, step_execution_id=parent_id)
-            try:
+            with corrupt_on():
                 return [
                     StartedPartition(
                         *_worker_lease(row),
@@ -250,5 +247,3 @@ class Ownership(Capability):
                     )
                     for row in rows
                 ]
-            except DecodeError:
-                raise PartitionStateCorrupt() from None

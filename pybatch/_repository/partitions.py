@@ -72,7 +72,7 @@ _COMPLETING_PARENT = frozenset({BatchStatus.STARTED, BatchStatus.STOPPING})
 
 
 @contextmanager
-def _corrupt_on(errors: tuple[type[Exception], ...] = (DecodeError,)) -> Iterator[None]:
+def corrupt_on(errors: tuple[type[Exception], ...] = (DecodeError,)) -> Iterator[None]:
     """An unreadable stored value means the partition state is corrupt."""
     try:
         yield
@@ -82,7 +82,7 @@ def _corrupt_on(errors: tuple[type[Exception], ...] = (DecodeError,)) -> Iterato
 
 def partition_status(value: object) -> BatchStatus:
     """A status column of a partition or step row (PartitionStateCorrupt when unreadable)."""
-    with _corrupt_on():
+    with corrupt_on():
         return decode_enum(BatchStatus, value, column="status")
 
 
@@ -91,12 +91,12 @@ def _require_parent(parent_id: int, status: BatchStatus, allowed: Collection[Bat
         raise PartitionParentNotActive(step_execution_id=parent_id, status=status.value)
 
 
-def _lock_step(q: Statements, conn: Connection, step_id: int) -> tuple[int, BatchStatus] | None:
-    """Lock a step; its job execution id and status, or None when there is no such step."""
+def _lock_step(q: Statements, conn: Connection, step_id: int) -> tuple[int, BatchStatus]:
+    """Lock a step; its job execution id and status (StepExecutionNotFound without one)."""
     row = q.lock_partition_step.one(conn, step_execution_id=step_id)
     if row is None:
-        return None
-    with _corrupt_on():
+        raise StepExecutionNotFound(id=step_id)
+    with corrupt_on():
         execution_id = int64_at(row, "job_execution_id")
     return execution_id, partition_status(row["status"])
 
@@ -116,12 +116,12 @@ def lock_parent_of(
     found = q.get_step_partition_parent.scalar(conn, step_partition_id=partition_id)
     if found is None:
         raise StepPartitionNotFound(id=partition_id)
-    with _corrupt_on():
+    with corrupt_on():
         parent_id = decode_int64(found, column="step_execution_id", minimum=1)
-    parent = _lock_step(q, conn, parent_id)
-    if parent is None:  # the parent foreign key makes this unreachable
-        raise PartitionStateCorrupt()
-    return parent_id, parent
+    try:
+        return parent_id, _lock_step(q, conn, parent_id)
+    except StepExecutionNotFound:  # the parent foreign key makes this unreachable
+        raise PartitionStateCorrupt() from None
 
 
 def _locked_partition(
@@ -142,48 +142,6 @@ def _domain(partition: StepPartition, change: Callable[[], StepPartition]) -> St
         if refused.rule == "VersionExhausted" or refused.status is None:
             raise PartitionStateCorrupt() from None
         raise PartitionUpdateNotAllowed(id=partition.id, status=refused.status.value) from None
-
-
-def end_partition_worker(
-    q: Statements,
-    conn: Connection,
-    partition_id: int,
-    expected_version: int,
-    worker_id: int,
-    end: tuple[LifecycleTransition, ExitCode] | None,
-) -> StepPartition:
-    """Optionally end the worker step (under its lock), then complete its partition from its row.
-
-    Lock order: parent, partition, worker; all in the caller's savepoint.
-    """
-    check_expected_version(expected_version)
-    check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
-    parent_id, execution_id, status, partition = _locked_partition(q, conn, partition_id)
-    _require_parent(parent_id, status, _COMPLETING_PARENT)
-    if partition.worker_step_execution_id != worker_id:
-        raise PartitionWorkerStale(partition_id=partition_id, worker=worker_id)
-    worker = _lifecycle.lock(steps.ROWS, q, conn, worker_id)
-    if worker.job_execution_id != execution_id:
-        raise PartitionWorkerMismatch(partition_id=partition_id, worker=worker_id)
-    if end is not None:
-        worker = _end_worker(q, conn, worker, *end)
-    if worker.status not in RESULT_STATUSES:
-        raise PartitionAggregationIncomplete(
-            step_execution_id=parent_id, status=worker.status.value
-        )
-    result = PartitionResult.from_worker(worker)
-    completed = _domain(partition, lambda: partition.completed(expected_version, result))
-    changed = q.update_step_partition_complete.affected(
-        conn,
-        status=result.status.value,
-        exit_code=result.exit_status.value,
-        **encode_counts(result.counts),
-        step_partition_id=partition_id,
-        expected_version=expected_version,
-    )
-    if changed != 1:
-        raise ConcurrentModification()
-    return completed
 
 
 def _end_worker(
@@ -220,7 +178,7 @@ def count_step_partitions_by_status(
     """How many partitions of a plan are in each status (the plan's progress)."""
     check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
     rows = q.count_step_partitions_by_status.many(conn, step_execution_id=parent_id)
-    with _corrupt_on():
+    with corrupt_on():
         return {partition_status(row["status"]): int64_at(row, "partitions", 0) for row in rows}
 
 
@@ -268,10 +226,8 @@ class Partitions(Capability):
             if any(entry.context.schema_version > MAX_STORABLE_SCHEMA_VERSION for entry in entries):
                 raise StateSchemaVersionNotStorable()
             check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
-            parent = _lock_step(q, conn, parent_id)
-            if parent is None:
-                raise StepExecutionNotFound(id=parent_id)
-            self._check_plan_target(q, conn, parent_id, parent[1])
+            _, status = _lock_step(q, conn, parent_id)
+            self._check_plan_target(q, conn, parent_id, status)
             rows = q.insert_step_partitions.many(
                 conn, step_execution_id=parent_id, **encode_plan_entries(entries)
             )
@@ -324,10 +280,8 @@ class Partitions(Capability):
             if parent_id in self._uow.unpublished_plans:
                 raise PartitionPlanNotCommitted(step_execution_id=parent_id)
             assigned = _domain(partition, lambda: partition.assigned(expected_version, worker_id))
-            worker = _lock_step(q, conn, worker_id)
-            if worker is None:
-                raise StepExecutionNotFound(id=worker_id)
-            if worker_id == parent_id or worker[0] != execution_id:
+            worker_execution_id, _ = _lock_step(q, conn, worker_id)
+            if worker_id == parent_id or worker_execution_id != execution_id:
                 raise PartitionWorkerMismatch(partition_id=partition_id, worker=worker_id)
             if q.find_partition_of_worker.scalar(conn, worker_step_execution_id=worker_id) is True:
                 raise PartitionWorkerAlreadyAssigned(worker=worker_id)
@@ -343,8 +297,7 @@ class Partitions(Capability):
 
     def complete(self, partition_id: int, expected_version: int, worker_id: int) -> StepPartition:
         """Publish the worker's terminal snapshot (read from its durable row) onto its partition."""
-        with self._operation() as (q, conn):
-            return end_partition_worker(q, conn, partition_id, expected_version, worker_id, None)
+        return self._end_partition_worker(partition_id, expected_version, worker_id, None)
 
     def end_worker(
         self,
@@ -355,9 +308,49 @@ class Partitions(Capability):
         exit_status: ExitCode,
     ) -> StepPartition:
         """End a partition's worker step and complete the partition from it, atomically."""
+        end = (transition, exit_status)
+        return self._end_partition_worker(partition_id, expected_version, worker_id, end)
+
+    def _end_partition_worker(
+        self,
+        partition_id: int,
+        expected_version: int,
+        worker_id: int,
+        end: tuple[LifecycleTransition, ExitCode] | None,
+    ) -> StepPartition:
+        """Optionally end the worker (under its lock), then complete its partition from its row.
+
+        Lock order: parent, partition, worker; all in one savepoint.
+        """
         with self._operation() as (q, conn):
-            end = (transition, exit_status)
-            return end_partition_worker(q, conn, partition_id, expected_version, worker_id, end)
+            check_expected_version(expected_version)
+            check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
+            parent_id, execution_id, status, partition = _locked_partition(q, conn, partition_id)
+            _require_parent(parent_id, status, _COMPLETING_PARENT)
+            if partition.worker_step_execution_id != worker_id:
+                raise PartitionWorkerStale(partition_id=partition_id, worker=worker_id)
+            worker = _lifecycle.lock(steps.ROWS, q, conn, worker_id)
+            if worker.job_execution_id != execution_id:
+                raise PartitionWorkerMismatch(partition_id=partition_id, worker=worker_id)
+            if end is not None:
+                worker = _end_worker(q, conn, worker, *end)
+            if worker.status not in RESULT_STATUSES:
+                raise PartitionAggregationIncomplete(
+                    step_execution_id=parent_id, status=worker.status.value
+                )
+            result = PartitionResult.from_worker(worker)
+            completed = _domain(partition, lambda: partition.completed(expected_version, result))
+            changed = q.update_step_partition_complete.affected(
+                conn,
+                status=result.status.value,
+                exit_code=result.exit_status.value,
+                **encode_counts(result.counts),
+                step_partition_id=partition_id,
+                expected_version=expected_version,
+            )
+            if changed != 1:
+                raise ConcurrentModification()
+            return completed
 
     def aggregate(
         self, parent_id: int, expected_version: int, transitioned_at: _dt.datetime
@@ -497,7 +490,7 @@ class Partitions(Capability):
             rows = q.list_slowest_step_partitions.many(
                 conn, step_execution_id=parent_id, now=now, limit=slowest
             )
-            with _corrupt_on((DecodeError, PyBatchError)):
+            with corrupt_on((DecodeError, PyBatchError)):
                 slow = tuple(
                     SlowPartition(
                         key=PartitionKey(text_at(row, "partition_key")),

@@ -6,9 +6,8 @@ from pybatch._clock import Clock
 from pybatch._codecs._primitives import aware_at, bool_at, enum_at, int64_at, returned, text_at
 from pybatch._codecs.executions import decode_job_execution
 from pybatch._codecs.recovery import decode_recovery_decision
-from pybatch._repository import executions, steps
+from pybatch._repository import _lifecycle, executions, steps
 from pybatch._repository._capability import Capability, job_execution_row
-from pybatch._repository._lifecycle import swapped
 from pybatch._repository.audit_chain import link_audit_record
 from pybatch._repository.operator_requests import OperatorRequests
 from pybatch._statements import Connection, Statements
@@ -46,7 +45,7 @@ def recover_job_execution(
     Raises JobExecutionNotFound, then StaleVersion (a replayed request is stale), then
     RecoveryNotAllowed (already finished). `tolerate_chain_errors`: see link_audit_record.
     """
-    prior = executions.lock_job_execution(q, conn, execution_id)
+    prior = _lifecycle.lock(executions.ROWS, q, conn, execution_id)
     if prior.version != request.expected_version:
         raise StaleVersion(expected=request.expected_version, actual=prior.version)
     if not prior.status.is_unresolved:
@@ -77,7 +76,7 @@ def recover_job_execution(
         failure_id=None if failure is None else failure.failure_id,
     )
     new = (metadata, prior.version + 1)
-    recovered = swapped(
+    recovered = _lifecycle.swapped(
         executions.ROWS, q, conn, prior, changed, request.expected_version, new, decided_at
     )
     decision_row = q.insert_recovery_decision.one(
