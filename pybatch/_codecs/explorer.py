@@ -168,13 +168,10 @@ def decode_instance_projection(row: Row) -> JobInstanceProjection:
     actor, reason, placed = row["hold_actor"], row["hold_reason"], row["hold_placed_at"]
     if (actor is None) != (reason is None) or (actor is None) != (placed is None):
         raise DecodeError("hold_actor")
-    hold = (
-        None
-        if actor is None
-        else RetentionHold(
-            text_at(row, "hold_actor"), text_at(row, "hold_reason"), aware_at(row, "hold_placed_at")
-        )
-    )
+    hold = None
+    if actor is not None:
+        actor, reason = text_at(row, "hold_actor"), text_at(row, "hold_reason")
+        hold = RetentionHold(actor, reason, aware_at(row, "hold_placed_at"))
     return JobInstanceProjection(
         id=int64_at(row, "id"),
         job_name=text_at(row, "job_name"),

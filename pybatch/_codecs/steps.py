@@ -108,26 +108,18 @@ def _decode_counters(
 def decode_step_execution(row: Row) -> StepExecution:
     """Decode a step_execution row (columns `STEP_EXECUTION_COLUMNS`)."""
     values = row_columns(row, STEP_EXECUTION_COLUMNS)
-    step_id = int64_at(values, "id")
-    job_execution_id = int64_at(values, "job_execution_id")
-    step_name = text_value_at(StepName, values, "step_name")
-    logical_id = text_value_at(NodeId, values, "step_logical_id")
-    counts = _decode_counters(ExecutionCounts, values, _COUNT_COLUMNS)
-    fault_counts = _decode_counters(StepFaultCounts, values, _FAULT_COUNT_COLUMNS)
-    checkpoint = decode_state(Checkpoint, values, "checkpoint")
-    context = decode_state(ExecutionContext, values, "context")
-    metadata = decode_metadata(values, counts)
+    metadata = decode_metadata(values, decode_counts(values))
     return StepExecution(
-        id=StepExecutionId(step_id),
-        job_execution_id=JobExecutionId(job_execution_id),
-        step_name=step_name,
-        logical_id=logical_id,
+        id=StepExecutionId(int64_at(values, "id")),
+        job_execution_id=JobExecutionId(int64_at(values, "job_execution_id")),
+        step_name=text_value_at(StepName, values, "step_name"),
+        logical_id=text_value_at(NodeId, values, "step_logical_id"),
         metadata=metadata,
         updated_at=decode_updated_at(values, metadata),
         version=int64_at(values, "version", 0),
-        checkpoint=checkpoint,
-        context=context,
-        fault_counts=fault_counts,
+        checkpoint=decode_checkpoint(values),
+        context=decode_context(values),
+        fault_counts=_decode_counters(StepFaultCounts, values, _FAULT_COUNT_COLUMNS),
     )
 
 
