@@ -36,9 +36,7 @@ def _members_by_code(enum_cls: type[enum.Enum]) -> Mapping[object, enum.Enum]:
 
 def decode_enum(enum_cls: type[_E], value: object, *, column: str) -> _E:
     """Decode a stored code into `enum_cls`, refusing unknown or non-text codes."""
-    if type(value) is not str:
-        raise DecodeError(column)
-    member = _members_by_code(enum_cls).get(value)
+    member = _members_by_code(enum_cls).get(value) if type(value) is str else None
     if member is None:
         raise DecodeError(column)
     return cast(_E, member)
@@ -53,16 +51,12 @@ def decode_int64(value: object, *, column: str, minimum: int) -> int:
 
 def decode_optional_int64(value: object, *, column: str, minimum: int) -> int | None:
     """Decode a nullable bigint column (see `decode_int64`)."""
-    if value is None:
-        return None
-    return decode_int64(value, column=column, minimum=minimum)
+    return None if value is None else decode_int64(value, column=column, minimum=minimum)
 
 
 def decode_aware(value: object, *, column: str) -> _dt.datetime:
     """Decode a timestamptz column into an aware datetime in UTC; naive values are refused."""
-    if not isinstance(value, _dt.datetime) or value.tzinfo is None:
-        raise DecodeError(column)
-    if value.utcoffset() is None:
+    if not isinstance(value, _dt.datetime) or value.tzinfo is None or value.utcoffset() is None:
         raise DecodeError(column)
     try:
         return value.astimezone(_dt.UTC)
@@ -72,9 +66,7 @@ def decode_aware(value: object, *, column: str) -> _dt.datetime:
 
 def decode_optional_aware(value: object, *, column: str) -> _dt.datetime | None:
     """Decode a nullable timestamptz column (see `decode_aware`)."""
-    if value is None:
-        return None
-    return decode_aware(value, column=column)
+    return None if value is None else decode_aware(value, column=column)
 
 
 def decode_digest(value: object, *, column: str, length: int = 32) -> bytes:
@@ -103,11 +95,8 @@ def decode_text(value: object, *, column: str) -> str:
 
 def decode_json_object(value: object, *, column: str) -> dict[str, object]:
     """Decode a jsonb column that must hold a JSON object with string keys."""
-    if not isinstance(value, dict):
+    if not isinstance(value, dict) or any(type(key) is not str for key in value):
         raise DecodeError(column)
-    for key in value:
-        if type(key) is not str:
-            raise DecodeError(column)
     return value
 
 

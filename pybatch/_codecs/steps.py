@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TypeVar
 
+import attrs
+
 from pybatch._codecs._jsonb import to_jsonb
 from pybatch._codecs._primitives import (
     DecodeError,
@@ -35,15 +37,8 @@ _COUNT_COLUMNS = (
     ("committed", "commit_count"),
     ("rolled_back", "rollback_count"),
 )
-_FAULT_COUNT_COLUMNS = (
-    ("read_retry", "read_retry_count"),
-    ("process_retry", "process_retry_count"),
-    ("write_retry", "write_retry_count"),
-    ("read_skip", "read_skip_count"),
-    ("process_skip", "process_skip_count"),
-    ("write_skip", "write_skip_count"),
-    ("no_rollback", "no_rollback_count"),
-)
+#: Each StepFaultCounts field and its `<field>_count` column, in table order.
+_FAULT_COUNT_COLUMNS = tuple((name, f"{name}_count") for name in attrs.fields_dict(StepFaultCounts))
 _STATE_PARTS = ("format", "schema", "schema_version", "payload")
 
 COUNT_COLUMNS = tuple(column for _, column in _COUNT_COLUMNS)  # The six counter columns of a step.
