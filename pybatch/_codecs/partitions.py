@@ -55,7 +55,6 @@ def _context(row: Row) -> ExecutionContext:
 def decode_step_partition(row: Row) -> StepPartition:
     """Decode one step_partition row (PartitionStateCorrupt for any refused column)."""
     try:
-        counts = decode_counts(row)
         return StepPartition(
             id=int64_at(row, "id"),
             step_execution_id=int64_at(row, "step_execution_id"),
@@ -64,7 +63,7 @@ def decode_step_partition(row: Row) -> StepPartition:
             ordinal=int64_at(row, "partition_ordinal"),
             status=enum_at(BatchStatus, row, "status"),
             exit_status=ExitCode(text_at(row, "exit_code")),
-            counts=counts,
+            counts=decode_counts(row),
             context=_context(row),
             version=int64_at(row, "version", 0),
         )

@@ -69,6 +69,7 @@ from pybatch.values.status import BatchStatus
 MAX_WORKER_TRIES = 5
 _ACTIVE_PARENT = frozenset({BatchStatus.STARTING, BatchStatus.STARTED})
 _COMPLETING_PARENT = frozenset({BatchStatus.STARTED, BatchStatus.STOPPING})
+_RESTARTABLE_SOURCE = frozenset({BatchStatus.FAILED, BatchStatus.STOPPED})
 
 
 @contextmanager
@@ -226,8 +227,7 @@ class Partitions(Capability):
             if any(entry.context.schema_version > MAX_STORABLE_SCHEMA_VERSION for entry in entries):
                 raise StateSchemaVersionNotStorable()
             check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
-            _, status = _lock_step(q, conn, parent_id)
-            self._check_plan_target(q, conn, parent_id, status)
+            self._check_plan_target(q, conn, parent_id, _lock_step(q, conn, parent_id)[1])
             rows = q.insert_step_partitions.many(
                 conn, step_execution_id=parent_id, **encode_plan_entries(entries)
             )
@@ -255,8 +255,7 @@ class Partitions(Capability):
             )
             if pair is None or pair["same_logical_id"] is not True:
                 raise PartitionStateCorrupt()
-            source_status = partition_status(pair["source_job_status"])
-            if source_status not in (BatchStatus.FAILED, BatchStatus.STOPPED):
+            if partition_status(pair["source_job_status"]) not in _RESTARTABLE_SOURCE:
                 raise PartitionStateCorrupt()
             target_status = partition_status(pair["target_status"])
             self._check_plan_target(q, conn, target_parent_id, target_status)
@@ -435,7 +434,6 @@ class Partitions(Capability):
         recording `owner` and starting its `lease` on the database clock.
         """
         with self._operation() as (q, conn):
-            now = self._uow.clock.now()
             owner = owner or OwnerToken.generate()
             lease = lease or ExecutionLease()
             if parent.id in self._uow.unpublished_plans:
@@ -450,7 +448,7 @@ class Partitions(Capability):
                 max_partition_version=2 * MAX_WORKER_TRIES,
                 fault_state_payload=to_jsonb(fault["fault_state_payload"]),
                 fault_state_checksum=fault["fault_state_checksum"],
-                now=now,
+                now=self._uow.clock.now(),
                 owner_token=owner.value,
                 lease_ms=lease.milliseconds,
             )
@@ -482,11 +480,11 @@ class Partitions(Capability):
     def progress(self, parent_id: int, slowest: int = 5) -> PlanProgress:
         """Partitions per status and the `slowest` partitions of a plan."""
         with self._operation() as (q, conn):
-            now = self._uow.clock.now()
             check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
             if q.get_step_execution.one(conn, step_execution_id=parent_id) is None:
                 raise StepExecutionNotFound(id=parent_id)
             counts = count_step_partitions_by_status(q, conn, parent_id)
+            now = self._uow.clock.now()
             rows = q.list_slowest_step_partitions.many(
                 conn, step_execution_id=parent_id, now=now, limit=slowest
             )
