@@ -10,6 +10,7 @@ from pybatch._codecs._primitives import (
     DecodeError,
     Row,
     aware_at,
+    bool_at,
     decode_int64,
     digest_at,
     enum_at,
@@ -206,9 +207,6 @@ def _instants(row: Row) -> dict[str, Any]:
 def decode_execution_projection(row: Row) -> JobExecutionProjection:
     """Decode an explore_executions / explore_execution / explore_unresolved_executions row."""
     row = row_columns(row, EXECUTION_PROJECTION_COLUMNS)
-    owner = row["owner_recorded"]
-    if type(owner) is not bool:
-        raise DecodeError("owner_recorded")
     stop_at = optional_aware_at(row, "stop_requested_at")
     if (stop_at is None) != (row["stop_requested_by"] is None):
         raise DecodeError("stop_requested_by")
@@ -227,7 +225,7 @@ def decode_execution_projection(row: Row) -> JobExecutionProjection:
         context=_envelope(row, "context"),
         stop_requested_at=stop_at,
         stop_requested_by=None if stop_at is None else text_at(row, "stop_requested_by"),
-        owner_recorded=owner,
+        owner_recorded=bool_at(row, "owner_recorded"),
     )
 
 

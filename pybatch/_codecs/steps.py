@@ -42,9 +42,7 @@ _FAULT_COUNT_COLUMNS = tuple((name, f"{name}_count") for name in attrs.fields_di
 _STATE_PARTS = ("format", "schema", "schema_version", "payload")
 
 COUNT_COLUMNS = tuple(column for _, column in _COUNT_COLUMNS)  # The six counter columns of a step.
-#: The four columns of a step's checkpoint envelope.
 CHECKPOINT_COLUMNS = tuple(f"checkpoint_{part}" for part in _STATE_PARTS)
-#: The four columns of a step's execution-context envelope.
 CONTEXT_COLUMNS = tuple(f"context_{part}" for part in _STATE_PARTS)
 
 #: The leading columns of a step_execution row, in table order.
