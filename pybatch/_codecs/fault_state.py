@@ -24,14 +24,6 @@ from pybatch.values.fault import (
 )
 from pybatch.values.status import BatchStatus
 
-FAULT_STATE_COLUMNS = (
-    "fault_state_format",
-    "fault_state_schema",
-    "fault_state_schema_version",
-    "fault_state_payload",
-    "fault_state_checksum",
-)
-
 
 class FaultStateColumns(TypedDict):
     """The five `step_execution.fault_state_*` values, keyed by column (= statement parameter)."""
@@ -41,6 +33,10 @@ class FaultStateColumns(TypedDict):
     fault_state_schema_version: int
     fault_state_payload: dict[str, object]
     fault_state_checksum: bytes
+
+
+#: The five column names, in table order.
+FAULT_STATE_COLUMNS = tuple(FaultStateColumns.__annotations__)
 
 
 def encode_fault_state(envelope: FaultStateEnvelope) -> FaultStateColumns:
