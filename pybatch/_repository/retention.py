@@ -240,11 +240,9 @@ class Retention(Capability):
     def mark_purged_audit_links(self, deleted: PurgedAuditRecords, retention_action_id: int) -> int:
         """Mark the links whose records this purge deleted, naming its retention action."""
         with self._operation() as (q, conn):
-            return int(
-                q.mark_purged_audit_links.affected(
-                    conn,
-                    retention_action_id=retention_action_id,
-                    operator_request_ids=list(deleted.operator_request_ids),
-                    recovery_decision_ids=list(deleted.recovery_decision_ids),
-                )
+            return q.mark_purged_audit_links.affected(
+                conn,
+                retention_action_id=retention_action_id,
+                operator_request_ids=list(deleted.operator_request_ids),
+                recovery_decision_ids=list(deleted.recovery_decision_ids),
             )
