@@ -72,8 +72,6 @@ def transition_job_execution(
 
 
 class Executions(LifecycleCapability[JobExecution]):
-    """The executions operations of one unit of work."""
-
     _rows = ROWS
 
     def create(

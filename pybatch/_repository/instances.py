@@ -43,8 +43,6 @@ def record_job_instance_attempt(
 
 
 class Instances(Capability):
-    """The instances operations of one unit of work."""
-
     def select_or_create(self, key: JobInstanceKey) -> JobInstanceSelection:
         """Return the instance of `key`, creating it when absent.
 

@@ -198,8 +198,6 @@ def _plan_overrides(parent_id: int) -> Overrides:
 
 
 class Partitions(Capability):
-    """The partitions operations of one unit of work."""
-
     def _check_plan_target(
         self, q: Statements, conn: Connection, parent_id: int, status: BatchStatus
     ) -> None:

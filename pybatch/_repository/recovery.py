@@ -160,8 +160,6 @@ def recovery_snapshot(
 
 
 class Recovery(Capability):
-    """The recovery operations of one unit of work."""
-
     def recover(self, execution_id: int, request: RecoveryRequest) -> RecoveryResult:
         """Mark an unresolved execution FAILED or ABANDONED with an audit decision."""
         with self._operation() as (q, conn):

@@ -109,8 +109,6 @@ def _decode_ids(row: Row, column: str) -> tuple[int, ...]:
 
 
 class Retention(Capability):
-    """The retention operations of one unit of work."""
-
     def find_action(
         self, action: RetentionAction, operation_id: OperationId
     ) -> RetentionRecord | None:

@@ -118,8 +118,6 @@ def end_unfinished_steps(
 
 
 class Steps(LifecycleCapability[StepExecution]):
-    """The steps operations of one unit of work."""
-
     _rows = ROWS
 
     def create(self, job_execution_id: int, step_name: StepName) -> StepExecution:

@@ -21,8 +21,6 @@ from pybatch.values.timestamps import aware_utc
 
 
 class StopRequests(Capability):
-    """The stop requests operations of one unit of work."""
-
     def request(
         self, execution_id: int, expected_version: int, actor: ActorRef, requested_at: _dt.datetime
     ) -> JobExecution:
