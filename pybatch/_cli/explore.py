@@ -42,10 +42,9 @@ Parser = argparse.ArgumentParser
 
 def _page_size(text: str) -> int:
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"an integer from 1 to {MAX_PAGE_SIZE}") from None
-    return value
 
 
 def _identifier(text: str) -> int:
@@ -134,8 +133,13 @@ def _instant(value: _dt.datetime | None) -> str:
     return "-" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    """Columns padded to their widest cell; on a terminal, shrunk to fit its width."""
+def _print_table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], empty: str | None = None
+) -> None:
+    """Columns padded to their widest cell, shrunk to fit a terminal; no rows: `empty`, if given."""
+    if not rows and empty is not None:
+        print(empty)
+        return
     widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
     if sys.stdout.isatty():
         columns = shutil.get_terminal_size().columns
@@ -179,10 +183,7 @@ def _list(
         document = {"items": [item.as_json() for item in page.items], "next": next_cursor}
         print(json.dumps(document, ensure_ascii=False))
         return 0
-    if not page.items:
-        print(empty)
-    else:
-        _print_table(headers, [as_row(item) for item in page.items])
+    _print_table(headers, [as_row(item) for item in page.items], empty)
     if next_cursor is not None:
         print(f"next page: --after {next_cursor}")
     return 0
@@ -347,45 +348,41 @@ def _show(args: argparse.Namespace) -> int:
     for name, value in fields:
         print(f"{name.ljust(width)}  {value}")
     print()
-    if steps:
-        _print_table(
-            "STEP NAME STATUS EXIT READ WRITTEN COMMITS CHECKPOINT FAILURE".split(),
+    _print_table(
+        "STEP NAME STATUS EXIT READ WRITTEN COMMITS CHECKPOINT FAILURE".split(),
+        [
             [
-                [
-                    str(step.id),
-                    step.step_name,
-                    step.status.value,
-                    step.exit_code,
-                    str(step.counts.read),
-                    str(step.counts.written),
-                    str(step.counts.commits),
-                    f"{_shown(step.checkpoint.schema_id)} v{step.checkpoint.schema_version}, "
-                    f"{step.checkpoint.encoded_len} bytes",
-                    "-" if step.failure is None else step.failure.category.value,
-                ]
-                for step in steps
-            ],
-        )
-    else:
-        print("no steps")
+                str(step.id),
+                step.step_name,
+                step.status.value,
+                step.exit_code,
+                str(step.counts.read),
+                str(step.counts.written),
+                str(step.counts.commits),
+                f"{_shown(step.checkpoint.schema_id)} v{step.checkpoint.schema_version}, "
+                f"{step.checkpoint.encoded_len} bytes",
+                "-" if step.failure is None else step.failure.category.value,
+            ]
+            for step in steps
+        ],
+        "no steps",
+    )
     print()
-    if decisions:
-        _print_table(
-            "DECISION FROM TO REASON BY DECIDED".split(),
+    _print_table(
+        "DECISION FROM TO REASON BY DECIDED".split(),
+        [
             [
-                [
-                    str(d.id),
-                    d.prior_status.value,
-                    d.resulting_status.value,
-                    d.reason_code,
-                    d.operator_reference,
-                    _instant(d.decided_at),
-                ]
-                for d in decisions
-            ],
-        )
-    else:
-        print("no recovery decisions")
+                str(d.id),
+                d.prior_status.value,
+                d.resulting_status.value,
+                d.reason_code,
+                d.operator_reference,
+                _instant(d.decided_at),
+            ]
+            for d in decisions
+        ],
+        "no recovery decisions",
+    )
     if requests:
         print()
         _print_table(

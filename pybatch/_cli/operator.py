@@ -11,6 +11,8 @@ import sys
 import time
 import uuid
 
+import attrs
+
 from pybatch._cli._arguments import duration_type
 from pybatch._cli._connection import Commands, add_command, connect, positive_id, progress
 from pybatch._services.audit import verify_audit_chain
@@ -29,7 +31,6 @@ from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 
 #: How often `stop --wait` polls the execution.
 WAIT_POLL_S = 0.5
-
 
 _execution_id = positive_id("execution id")
 
@@ -210,17 +211,7 @@ def _audit_verify(args: argparse.Namespace) -> int:
     if interactive:
         print(file=sys.stderr)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "broken_at": result.broken_at,
-                    "intact": result.intact,
-                    "links": result.links,
-                    "reason": result.reason,
-                },
-                sort_keys=True,
-            )
-        )
+        print(json.dumps({**attrs.asdict(result), "intact": result.intact}, sort_keys=True))
     else:
         print(result.describe())
     return 0 if result.intact else 1

@@ -84,13 +84,11 @@ def register(commands: Commands) -> None:
     demo.add_argument(
         "--chunk-size", type=_positive, default=1000, help="rows per chunk commit (1000)"
     )
-    add_connection_arguments(demo)
-    for action in demo._actions:
-        if action.dest == "dsn":
-            action.help = (
-                "run on this database instead of an embedded server; its pybatch_demo schema "
-                "is dropped and created again (the DSN is never printed)"
-            )
+    add_connection_arguments(
+        demo,
+        dsn_help="run on this database instead of an embedded server; its pybatch_demo schema "
+        "is dropped and created again (the DSN is never printed)",
+    )
     demo.add_argument(
         "--kill-after-chunks",
         type=_non_negative,
@@ -501,33 +499,26 @@ def _server_version(repository: JobRepository) -> str:
 
 
 def _write_source(path: Path, rows: int, rng: random.Random) -> _Source:
-    """Write the deterministic CSV and fingerprint it the way the table is fingerprinted."""
+    """Write the deterministic CSV and fingerprint it the way the table is fingerprinted.
+
+    The fingerprint: sha256 over the data rows in id order (the order they are written), each
+    row's fields comma-joined on a line of its own.
+    """
+    digest = hashlib.sha256()
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow(COLUMNS)
         for row_id in range(1, rows + 1):
             cents = rng.randrange(100, 1_000_000)
-            writer.writerow(
-                (
-                    row_id,
-                    f"{rng.choice(_CUSTOMERS)} #{rng.randrange(1, 1000):03d}",
-                    f"{cents // 100}.{cents % 100:02d}",
-                    (_FIRST_DAY + timedelta(days=rng.randrange(365))).isoformat(),
-                )
+            row = (
+                str(row_id),
+                f"{rng.choice(_CUSTOMERS)} #{rng.randrange(1, 1000):03d}",
+                f"{cents // 100}.{cents % 100:02d}",
+                (_FIRST_DAY + timedelta(days=rng.randrange(365))).isoformat(),
             )
-    return _Source(path, rows, path.stat().st_size, _csv_sha256(path))
-
-
-def _csv_sha256(path: Path) -> str:
-    """sha256 over the CSV's data rows sorted by id, one comma-joined line each."""
-    with path.open(newline="", encoding="utf-8") as handle:
-        reader = csv.reader(handle)
-        next(reader)
-        records = sorted(reader, key=lambda record: int(record[0]))
-    digest = hashlib.sha256()
-    for record in records:
-        digest.update((",".join(record) + "\n").encode())
-    return digest.hexdigest()
+            writer.writerow(row)
+            digest.update((",".join(row) + "\n").encode())
+    return _Source(path, rows, path.stat().st_size, digest.hexdigest())
 
 
 def _n(count: int, noun: str) -> str:
@@ -538,5 +529,5 @@ def _size(size: int) -> str:
     return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB"
 
 
-def _line(label: str, text: str, *, indent: int = 2) -> None:
-    print(f"{' ' * indent}{label:<{_LABEL}}{text}", flush=True)
+def _line(label: str, text: str) -> None:
+    print(f"  {label:<{_LABEL}}{text}", flush=True)

@@ -26,8 +26,6 @@ from typing import NamedTuple, Self
 
 import psycopg
 
-__all__ = ["EmbeddedPostgres", "EmbeddedPostgresUnavailable", "find_bindir"]
-
 _log = logging.getLogger(__name__)
 
 BINDIR_ENV = "PYBATCH_PG_BINDIR"
@@ -215,10 +213,18 @@ class EmbeddedPostgres:
         data = directory / "data"
         # A throwaway cluster is never reused after an OS crash: syncing buys nothing.
         initdb = [self._program("initdb"), "-D", str(data), "-U", self.user, "-A", "trust"]
-        self._run_checked("initdb", [*initdb, "-E", "UTF8", "--locale=C", "--no-sync"])
+        result = self._run([*initdb, "-E", "UTF8", "--locale=C", "--no-sync"])
+        if result.returncode != 0:
+            raise EmbeddedPostgresUnavailable(
+                f"initdb failed (exit {result.returncode}):\n{_tail(result.output)}"
+            )
+        sockets = str(self.socket_dir) if self.socket_dir is not None else "''"
+        options = f"-c listen_addresses={self.host} -c unix_socket_directories={sockets}"
+        options += "" if self.durable else " -F"
+        log = str(directory / "server.log")
         for attempt in (1, 2):
             port = _free_port()
-            result = self._run(self._pg_ctl_start(data, port))
+            result = self._run(self._pg_ctl("start", data, "-l", log, "-o", f"-p {port} {options}"))
             if result.returncode == 0:
                 self.port = port
                 break
@@ -268,7 +274,8 @@ class EmbeddedPostgres:
             (Path(os.path.realpath(bindir)), "the PostgreSQL binaries"),  # where they live
             (directory.parent, "the temporary directory"),
         ):
-            blocked = _first_untraversable(path, account)
+            chain = [*reversed(path.parents), path]
+            blocked = next((d for d in chain if not _permits(d, account, stat.S_IXUSR)), None)
             if blocked is not None:
                 hint = (
                     "set TMPDIR to a directory such as /tmp"
@@ -296,16 +303,6 @@ class EmbeddedPostgres:
         timeout = str(max(1, round(self.timeout)))
         return [self._program("pg_ctl"), action, "-w", "-t", timeout, "-D", str(data), *options]
 
-    def _pg_ctl_start(self, data: Path, port: int) -> list[str]:
-        sockets = str(self.socket_dir) if self.socket_dir is not None else "''"
-        options = f"-p {port} -c listen_addresses={self.host} -c unix_socket_directories={sockets}"
-        if not self.durable:
-            options += " -F"
-        if self.directory is None:
-            raise EmbeddedPostgresUnavailable("the embedded server was not set up")
-        log = str(self.directory / "server.log")
-        return self._pg_ctl("start", data, "-l", log, "-o", options)
-
     def _wait_connectable(self) -> None:
         """Prove the DSN works before handing it out (pg_ctl -w only watched the pid file)."""
         deadline = time.monotonic() + self.timeout
@@ -332,7 +329,9 @@ class EmbeddedPostgres:
         if pid is not None and _alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            _wait_dead(pid, 5.0)
+            deadline = time.monotonic() + 5.0
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     def _run(self, args: list[str]) -> _Result:
         """Run a server program (runuser under root); a file, as a pipe would hang the read."""
@@ -356,13 +355,6 @@ class EmbeddedPostgres:
                 ) from None
             output.seek(0)
             return _Result(completed.returncode, output.read())
-
-    def _run_checked(self, what: str, args: list[str]) -> None:
-        result = self._run(args)
-        if result.returncode != 0:
-            raise EmbeddedPostgresUnavailable(
-                f"{what} failed (exit {result.returncode}):\n{_tail(result.output)}"
-            )
 
 
 class _Result(NamedTuple):
@@ -405,19 +397,6 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return True
     return state not in {"Z", "X"}
-
-
-def _wait_dead(pid: int, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
-def _first_untraversable(path: Path, account: pwd.struct_passwd) -> Path | None:
-    for directory in [*reversed(path.parents), path]:
-        if not _permits(directory, account, stat.S_IXUSR):
-            return directory
-    return None
 
 
 def _permits(path: Path, account: pwd.struct_passwd, owner_bit: int) -> bool:

@@ -92,10 +92,9 @@ class _Rejected(Exception):
 @attrs.frozen
 class _Effect:
     prior_status: BatchStatus | None
-    result_status: BatchStatus | None
-    execution: JobExecution | None
-    instance_id: int | None
-    execution_id: int | None
+    execution: JobExecution
+    #: Launch and restart: the instance of the execution they created (the audit names it).
+    instance_id: int | None = None
 
 
 @attrs.frozen
@@ -139,10 +138,10 @@ class OperatorService:
                 stopped = uow.stop_requests.request(
                     execution_id, current.version, actor, uow.clock.now()
                 )
-                return _Effect(current.status, stopped.status, stopped, None, execution_id)
+                return _Effect(current.status, stopped)
             if current.status is S.UNKNOWN:
                 raise _Rejected(OperatorRejection.invalid_state(S.UNKNOWN))
-            return _Effect(current.status, current.status, current, None, execution_id)
+            return _Effect(current.status, current)
 
         return self._submit(request, effect)
 
@@ -156,10 +155,8 @@ class OperatorService:
         reason: ReasonCode | None = None,
     ) -> OperatorOutcome:
         """Make a STOPPED or FAILED execution ABANDONED: its instance never runs again."""
-        action, target = (
-            OperatorAction.ABANDON,
-            RequestTarget.execution(JobExecutionId(execution_id)),
-        )
+        target = RequestTarget.execution(JobExecutionId(execution_id))
+        action = OperatorAction.ABANDON
         request = self._request(
             action, operation_id, actor, reason, target, expected_version, None, None, execution_id
         )
@@ -167,7 +164,7 @@ class OperatorService:
         def effect(uow: UnitOfWork) -> _Effect:
             current = self._execution(uow, execution_id, expected_version)
             if current.status is S.ABANDONED:
-                return _Effect(current.status, current.status, current, None, execution_id)
+                return _Effect(current.status, current)
             if current.status is S.UNKNOWN and uow.recovery.decision(execution_id) is None:
                 raise _Rejected(OperatorRejection.of(Code.UNRESOLVED_RECOVERY_REQUIRED))
             if current.status not in (S.STOPPED, S.FAILED, S.UNKNOWN):
@@ -176,7 +173,7 @@ class OperatorService:
             abandoned = uow.executions.transition(
                 execution_id, current.version, LifecycleTransition.new(S.ABANDONED, at)
             )
-            return _Effect(current.status, abandoned.status, abandoned, None, execution_id)
+            return _Effect(current.status, abandoned)
 
         return self._submit(request, effect)
 
@@ -220,9 +217,7 @@ class OperatorService:
                         JobExecutionId(execution_id), current.status
                     )
                 )
-            result = uow.recovery.recover(execution_id, recovery)
-            recovered = result.execution
-            return _Effect(current.status, recovered.status, recovered, None, execution_id)
+            return _Effect(current.status, uow.recovery.recover(execution_id, recovery).execution)
 
         return self._submit(request, effect)
 
@@ -241,7 +236,7 @@ class OperatorService:
         def effect(uow: UnitOfWork) -> _Effect:
             instance = uow.instances.select_or_create(key).instance
             created = uow.executions.create(instance.id, definition)
-            return _Effect(None, created.status, created, instance.id, created.id)
+            return _Effect(None, created, instance.id)
 
         return self._submit(request, effect)
 
@@ -269,7 +264,7 @@ class OperatorService:
             if latest.status is S.UNKNOWN:
                 raise _Rejected(OperatorRejection.invalid_state(S.UNKNOWN))
             created = uow.executions.create(instance_id, definition)
-            return _Effect(latest.status, created.status, created, instance_id, created.id)
+            return _Effect(latest.status, created, instance_id)
 
         return self._submit(request, effect)
 
@@ -324,7 +319,7 @@ class OperatorService:
         rejection: OperatorRejection | None = None,
     ) -> OperatorRecordDraft:
         instance_id = effect.instance_id if effect else request.instance_id
-        execution_id = effect.execution_id if effect else request.execution_id
+        execution_id = effect.execution.id if effect else request.execution_id
         # A missing target cannot be referenced (the audit row's foreign keys).
         if rejection is not None and rejection.code is Code.EXECUTION_NOT_FOUND:
             execution_id = None
@@ -340,7 +335,7 @@ class OperatorService:
             job_execution_id=None if execution_id is None else JobExecutionId(execution_id),
             observed_version=request.expected_version,
             prior_status=effect.prior_status if effect else None,
-            result_status=effect.result_status if effect else None,
+            result_status=effect.execution.status if effect else None,
             outcome=OperatorOutcomeClass.REJECTED if rejection else OperatorOutcomeClass.APPLIED,
             rejection=rejection,
             requested_at=now,
