@@ -33,7 +33,6 @@ from pybatch.values.explorer import (
     operator_request_json,
     recovery_decision_json,
 )
-from pybatch.values.operator import OperatorRecord
 from pybatch.values.state import EMPTY_STATE_SCHEMA
 
 T = TypeVar("T")
@@ -100,10 +99,8 @@ def register(commands: Commands) -> None:
         type=duration_type("--older-than", unit_required=False),
         default=None,
         metavar="DURATION",
-        help=(
-            "not updated for this long on the database clock: 90s, 10m, 2h, 1d (at least 60s;"
-            " default: the stale threshold, PYBATCH_STALE_THRESHOLD_MS, 15m unless set)"
-        ),
+        help="not updated for this long on the database clock: 90s, 10m, 2h, 1d (at least 60s;"
+        " default: the stale threshold, PYBATCH_STALE_THRESHOLD_MS, 15m unless set)",
     )
 
 
@@ -265,11 +262,12 @@ def _unresolved(args: argparse.Namespace) -> int:
     return _list(args, fetch, _EXECUTION_HEADERS, _execution_row, "no unresolved executions")
 
 
-def _all(fetch: Callable[[Cursor | None], Page[T]]) -> list[T]:
-    page = fetch(None)
+def _all(fetch: Callable[[int, PageSize, Cursor | None], Page[T]], execution_id: int) -> list[T]:
+    size = PageSize(MAX_PAGE_SIZE)
+    page = fetch(execution_id, size, None)
     items = list(page.items)
     while page.next_cursor is not None:
-        page = fetch(page.next_cursor)
+        page = fetch(execution_id, size, page.next_cursor)
         items.extend(page.items)
     return items
 
@@ -284,17 +282,14 @@ def _latest(execution_id: int, latest: LatestAttempt | None) -> str:
 
 
 def _show(args: argparse.Namespace) -> int:
-    size = PageSize(MAX_PAGE_SIZE)
     with _explorer(args) as explorer:
         execution = explorer.execution(args.execution)
         if execution is None:
             raise JobExecutionNotFound(id=args.execution)
         latest = explorer.latest_attempt(execution.instance_id)
-        steps = _all(lambda after: explorer.step_executions(execution.id, size, after))
-        decisions = _all(lambda after: explorer.recovery_decisions(execution.id, size, after))
-        requests: list[OperatorRecord] = _all(
-            lambda after: explorer.operator_requests(execution.id, size, after)
-        )
+        steps = _all(explorer.step_executions, execution.id)
+        decisions = _all(explorer.recovery_decisions, execution.id)
+        requests = _all(explorer.operator_requests, execution.id)
     if args.json:
         document = {
             "execution": execution.as_json(),

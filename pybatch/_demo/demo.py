@@ -28,7 +28,7 @@ from datetime import date, timedelta
 from functools import partial
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import Any
 
 import attrs
 
@@ -173,10 +173,6 @@ def _load(step: StepRun, csv_path: Path, chunk_size: int) -> None:
 class _Stop(KeyboardInterrupt):
     """SIGINT or SIGTERM arrived; unwinding stops the worker, the server and the temp files."""
 
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
 
 class _Signals:
     """Turns the first SIGINT/SIGTERM into `_Stop`; once shielded (cleanup) they are only noted."""
@@ -235,22 +231,20 @@ class _Workers:
         self._env["PYBATCH_DSN"] = config.dsn.reveal()  # the environment, never the command line
         self._env["PYBATCH_TLS"] = config.tls_mode.value
         self._running: list[subprocess.Popen[bytes]] = []
-        self._logs: list[IO[bytes]] = []
         self.log_paths: list[Path] = []
 
     def start(self) -> subprocess.Popen[bytes]:
         log_path = self._directory / f"worker-{len(self.log_paths) + 1}.log"
-        log = log_path.open("wb")
-        self._logs.append(log)
         self.log_paths.append(log_path)
-        process = subprocess.Popen(
-            [sys.executable, "-m", "pybatch", WORKER_COMMAND, *self._argv],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=self._env,
-            start_new_session=True,  # terminal signals reach the parent, which stops it
-        )
+        with log_path.open("wb") as log:  # the worker writes to its own copy of the descriptor
+            process = subprocess.Popen(
+                [sys.executable, "-m", "pybatch", WORKER_COMMAND, *self._argv],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self._env,
+                start_new_session=True,  # terminal signals reach the parent, which stops it
+            )
         self._running.append(process)
         return process
 
@@ -266,8 +260,6 @@ class _Workers:
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
-        for log in self._logs:
-            log.close()
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -305,9 +297,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _run_demo(args: argparse.Namespace, stack: ExitStack) -> int:
     """Set everything up on `stack` (which undoes it), then load and verify."""
-    rows: int = args.rows
-    chunk_size: int = args.chunk_size
-    chunks = math.ceil(rows / chunk_size)
+    chunks = math.ceil(args.rows / args.chunk_size)
     rng = random.Random(args.seed)
     directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pybatch-demo-")))
     if args.dsn is None:
@@ -320,7 +310,7 @@ def _run_demo(args: argparse.Namespace, stack: ExitStack) -> int:
     migrate(config)
     repository = stack.enter_context(JobRepository.connect(config))
     _line("server", f"PostgreSQL {_server_version(repository)} ({where})")
-    source = _write_source(directory / "orders.csv", rows, rng)
+    source = _write_source(directory / "orders.csv", args.rows, rng)
     _line("source", f"{_n(source.rows, 'row')}, {_size(source.size)} CSV, seed {args.seed}")
     repository.run_in_unit_of_work(_recreate_target)
     _line("target", "pybatch_demo.orders, created empty")
@@ -328,7 +318,7 @@ def _run_demo(args: argparse.Namespace, stack: ExitStack) -> int:
     if kill_after is None:
         kill_after = rng.randint(max(1, chunks // 5), max(1, chunks * 3 // 5)) if chunks > 1 else 0
     run = uuid.uuid4().hex
-    argv = ["--csv", str(source.path), "--chunk-size", str(chunk_size), "--run", run]
+    argv = ["--csv", str(source.path), "--chunk-size", str(args.chunk_size), "--run", run]
     workers = stack.enter_context(_Workers(directory, config, argv))
     key = _job(repository, run).key
     return _load_and_verify(repository, key, workers, source, chunks, kill_after)
@@ -344,8 +334,7 @@ def _load_and_verify(
 ) -> int:
     load_began = time.monotonic()
     first = workers.start()
-    killed = False
-    killed_at = 0.0
+    killed, killed_at = False, 0.0
     if kill_after > 0:
         context = _wait_for_step(repository, key, first)
         while context is not None and first.poll() is None:
@@ -355,14 +344,12 @@ def _load_and_verify(
                 break
             time.sleep(POLL_INTERVAL_S)
     first.wait()
-    if not killed or first.returncode != -signal.SIGKILL:
-        killed = False
-        if first.returncode != 0:
-            return _worker_failed(workers, 1, first.returncode)
+    killed = killed and first.returncode == -signal.SIGKILL  # else it ended before the kill
+    if not killed and first.returncode != 0:
+        return _worker_failed(workers, 1, first.returncode)
     if killed:
         second = workers.start()
-        second.wait()
-        if second.returncode != 0:
+        if second.wait() != 0:
             return _worker_failed(workers, 2, second.returncode)
     load_seconds = time.monotonic() - load_began
 

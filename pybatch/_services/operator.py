@@ -124,12 +124,11 @@ class OperatorService:
         execution_id: int,
         *,
         expected_version: int | None = None,
-        reason: ReasonCode | None = None,
     ) -> OperatorOutcome:
         """Ask a running execution to stop; repeated, or on a finished run, it is a no-op."""
         action, target = OperatorAction.STOP, RequestTarget.execution(JobExecutionId(execution_id))
         request = self._request(
-            action, operation_id, actor, reason, target, expected_version, None, None, execution_id
+            action, operation_id, actor, None, target, expected_version, None, None, execution_id
         )
 
         def effect(uow: UnitOfWork) -> _Effect:
@@ -146,23 +145,17 @@ class OperatorService:
         return self._submit(request, effect)
 
     def abandon(
-        self,
-        operation_id: OperationId,
-        actor: ActorRef,
-        execution_id: int,
-        *,
-        expected_version: int | None = None,
-        reason: ReasonCode | None = None,
+        self, operation_id: OperationId, actor: ActorRef, execution_id: int
     ) -> OperatorOutcome:
         """Make a STOPPED or FAILED execution ABANDONED: its instance never runs again."""
         target = RequestTarget.execution(JobExecutionId(execution_id))
         action = OperatorAction.ABANDON
         request = self._request(
-            action, operation_id, actor, reason, target, expected_version, None, None, execution_id
+            action, operation_id, actor, None, target, None, None, None, execution_id
         )
 
         def effect(uow: UnitOfWork) -> _Effect:
-            current = self._execution(uow, execution_id, expected_version)
+            current = self._execution(uow, execution_id, None)
             if current.status is S.ABANDONED:
                 return _Effect(current.status, current)
             if current.status is S.UNKNOWN and uow.recovery.decision(execution_id) is None:

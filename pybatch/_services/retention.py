@@ -27,6 +27,7 @@ from pybatch.values.retention import (
     PurgeCounts,
     PurgePlan,
     PurgePlanRequest,
+    PurgeSurvey,
     RetentionAction,
     RetentionRecord,
     RetentionRecordDraft,
@@ -120,20 +121,18 @@ class RetentionService:
 
     def plan(self, request: PurgePlanRequest) -> PurgePlan:
         """Survey the next batch in a rolled-back unit of work and seal it."""
-        return self._plan(request, None)[0]
+        return PurgePlan.new(request, self._survey(request, None))
 
-    def _plan(self, request: PurgePlanRequest, after: _Key | None) -> tuple[PurgePlan, _Key | None]:
-        """The sealed plan of the next batch after `after`, and the keyset position it ends at."""
+    def _survey(self, request: PurgePlanRequest, after: _Key | None) -> PurgeSurvey:
+        """The next batch after the keyset position `after`, in a rolled-back unit of work."""
         with self.repository.begin() as uow:
-            survey = uow.retention.survey(request, after)
-        return PurgePlan.new(request, survey), survey.last_key
+            return uow.retention.survey(request, after)
 
     def forecast(self, request: PurgePlanRequest) -> PurgeCounts:
         """What a purge would delete now, over every batch (read-only, for --dry-run)."""
         total, after = PurgeCounts(), None
         while True:
-            with self.repository.begin() as uow:
-                survey = uow.retention.survey(request, after)
+            survey = self._survey(request, after)
             if not survey.candidates:
                 return total
             total, after = total + survey.counts, survey.last_key
@@ -184,7 +183,8 @@ class RetentionService:
         total, batch, stale = PurgeCounts(), 0, 0
         after: _Key | None = None
         while True:
-            plan, last_key = self._plan(request, after)
+            survey = self._survey(request, after)
+            plan = PurgePlan.new(request, survey)
             if plan.is_empty():
                 if after is None:
                     return
@@ -198,7 +198,7 @@ class RetentionService:
                 if stale >= STALE_RETRIES:
                     raise
                 continue
-            stale, after = 0, last_key
+            stale, after = 0, survey.last_key
             batch += 1
             total = total + outcome.counts
             yield PurgeProgress(batch, outcome, total)
