@@ -57,7 +57,6 @@ def _identifier(text: str) -> int:
 
 
 def register(commands: Commands) -> None:
-    """Add the five read commands."""
 
     def command(name: str, handler: Handler, help_text: str, *, paged: bool = True) -> Parser:
         parser = add_command(commands, name, handler, help=help_text, description=help_text)

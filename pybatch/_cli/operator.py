@@ -31,6 +31,7 @@ from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 
 #: How often `stop --wait` polls the execution.
 WAIT_POLL_S = 0.5
+Code = OperatorRejectionCode
 
 _execution_id = positive_id("execution id")
 
@@ -60,7 +61,6 @@ def request_identity(args: argparse.Namespace) -> tuple[OperationId, ActorRef]:
 
 
 def register(commands: Commands) -> None:
-    """Add the operator commands."""
     stop = add_command(commands, "stop", _stop, help="ask a running job execution to stop")
     add_request_arguments(stop)
     stop.add_argument("execution_id", type=_execution_id, metavar="EXECUTION_ID")
@@ -119,10 +119,7 @@ def _report(outcome: OperatorOutcome) -> int:
             if value is not None
         ]
         print(f"{line}: rejected {rejection.code.value} {' '.join(details)}".rstrip())
-        missing = (
-            OperatorRejectionCode.EXECUTION_NOT_FOUND,
-            OperatorRejectionCode.INSTANCE_NOT_FOUND,
-        )
+        missing = (Code.EXECUTION_NOT_FOUND, Code.INSTANCE_NOT_FOUND)
         return 4 if rejection.code in missing else 1
     status = record.result_status
     print(f"{line}" + ("" if status is None else f": execution is {status.value}"))
@@ -188,10 +185,7 @@ def _recover(args: argparse.Namespace) -> int:
         )
         code = _report(outcome)
         rejection = outcome.rejection
-        if (
-            rejection is not None
-            and rejection.code is OperatorRejectionCode.EXECUTION_ALREADY_ACTIVE
-        ):
+        if rejection is not None and rejection.code is Code.EXECUTION_ALREADY_ACTIVE:
             print(
                 "pybatch: its lease is fresh, so its owner looks alive; wait for the lease to run "
                 "out, or pass --force to fence the owner and recover it now",

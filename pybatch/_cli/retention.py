@@ -26,22 +26,17 @@ from pybatch.values.retention import (
 )
 from pybatch.values.status import BatchStatus
 
+#: The tables a purge deletes from, in the order its counts are printed.
 _TABLES = (
-    "flow_decisions",
-    "recovery_decisions",
-    "operator_requests",
-    "step_partitions",
-    "step_executions",
-    "job_executions",
-    "job_instances",
-)
+    "flow_decisions recovery_decisions operator_requests step_partitions step_executions "
+    "job_executions job_instances"
+).split()
 
 
 _instance_id = positive_id("instance id")
 
 
 def register(commands: Commands) -> None:
-    """Add the retention commands."""
     for name, act, help_text, reason in (
         ("hold", RetentionService.hold, "keep a job instance out of every purge", None),
         ("release", RetentionService.release, "release the hold of a job instance", "RELEASED"),

@@ -9,7 +9,6 @@ from pybatch._cli._connection import Commands, add_command, config_from_args
 
 
 def register(commands: Commands) -> None:
-    """Add the schema commands."""
     migrate = add_command(commands, "migrate", _migrate, help="apply pending schema migrations")
     mode = migrate.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="list pending files, change nothing")

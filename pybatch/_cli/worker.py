@@ -13,7 +13,6 @@ from pybatch._cli._connection import Commands, add_command, connect
 
 
 def register(commands: Commands) -> None:
-    """Add the worker command."""
     worker = add_command(
         commands, "worker", _worker, help="work on the partitions of a running partitioned step"
     )
@@ -72,7 +71,6 @@ def parameters(args: argparse.Namespace) -> dict[str, str | int | bool]:
 
 
 def load_function(spec: str) -> Callable[..., None]:
-    """Import `module:name`."""
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
         raise SystemExit("pybatch worker: --function is MODULE:NAME")

@@ -29,7 +29,6 @@ import psycopg
 _log = logging.getLogger(__name__)
 
 BINDIR_ENV = "PYBATCH_PG_BINDIR"
-DEMO_DBNAME = "postgres"
 _SERVER_PROGRAMS = ("initdb", "pg_ctl", "postgres")
 _HOW_TO_GET = (
     "install PostgreSQL server binaries with `apt-get install postgresql` (or your "
@@ -127,7 +126,6 @@ class EmbeddedPostgres:
         durable: bool = True,
         user: str = "postgres",
         run_as: str | None = None,
-        timeout: float = 60.0,
         parent: str | os.PathLike[str] | None = None,
     ) -> None:
         if not _USER_NAME.fullmatch(user):
@@ -135,11 +133,11 @@ class EmbeddedPostgres:
         self._bindir_choice = bindir
         self.durable = durable
         self.user = user
-        self.timeout = timeout
+        self.timeout = 60.0  # seconds for each server program, and for the first connection
         self._run_as_choice = run_as
         self._parent = None if parent is None else str(parent)
         self.host = "127.0.0.1"
-        self.dbname = DEMO_DBNAME
+        self.dbname = "postgres"  # the database initdb creates
         self.bindir: Path | None = None
         self.directory: Path | None = None
         self.port: int | None = None
