@@ -36,11 +36,6 @@ Code = OperatorRejectionCode
 _execution_id = positive_id("execution id")
 
 
-def _default_actor() -> str:
-    user = re.sub(r"[^A-Za-z0-9._:@-]", "_", os.environ.get("USER", "") or "operator")
-    return f"cli:{user}"[:128]
-
-
 def add_request_arguments(parser: argparse.ArgumentParser) -> None:
     """--operation-id and --actor, shared by every mutating command."""
     parser.add_argument(
@@ -57,7 +52,8 @@ def request_identity(args: argparse.Namespace) -> tuple[OperationId, ActorRef]:
         print(f"operation id: {operation_id.value}", file=sys.stderr)
     else:
         operation_id = OperationId(args.operation_id)
-    return operation_id, ActorRef(args.actor or _default_actor())
+    user = re.sub(r"[^A-Za-z0-9._:@-]", "_", os.environ.get("USER", "") or "operator")
+    return operation_id, ActorRef(args.actor or f"cli:{user}"[:128])
 
 
 def register(commands: Commands) -> None:

@@ -309,7 +309,9 @@ def _run_demo(args: argparse.Namespace, stack: ExitStack) -> int:
         where = "from --dsn"
     migrate(config)
     repository = stack.enter_context(JobRepository.connect(config))
-    _line("server", f"PostgreSQL {_server_version(repository)} ({where})")
+    with repository.read_transaction() as conn:
+        number = conn.info.server_version
+    _line("server", f"PostgreSQL {number // 10000}.{number % 10000} ({where})")
     source = _write_source(directory / "orders.csv", args.rows, rng)
     _line("source", f"{_n(source.rows, 'row')}, {_size(source.size)} CSV, seed {args.seed}")
     repository.run_in_unit_of_work(_recreate_target)
@@ -477,12 +479,6 @@ def _recreate_target(uow: UnitOfWork) -> None:
     statements.drop_demo_schema.affected(uow.connection)
     statements.create_demo_schema.affected(uow.connection)
     statements.create_demo_orders.affected(uow.connection)
-
-
-def _server_version(repository: JobRepository) -> str:
-    with repository.read_transaction() as conn:
-        number = conn.info.server_version
-    return f"{number // 10000}.{number % 10000}"
 
 
 def _write_source(path: Path, rows: int, rng: random.Random) -> _Source:

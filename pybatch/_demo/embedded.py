@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import NamedTuple, Self
+from typing import Self
 
 import psycopg
 
@@ -214,7 +214,7 @@ class EmbeddedPostgres:
         result = self._run([*initdb, "-E", "UTF8", "--locale=C", "--no-sync"])
         if result.returncode != 0:
             raise EmbeddedPostgresUnavailable(
-                f"initdb failed (exit {result.returncode}):\n{_tail(result.output)}"
+                f"initdb failed (exit {result.returncode}):\n{_tail(result.stdout)}"
             )
         sockets = str(self.socket_dir) if self.socket_dir is not None else "''"
         options = f"-c listen_addresses={self.host} -c unix_socket_directories={sockets}"
@@ -231,7 +231,7 @@ class EmbeddedPostgres:
                 continue
             raise EmbeddedPostgresUnavailable(
                 f"pg_ctl start failed (exit {result.returncode}):\n"
-                f"{_tail(result.output)}\n{_tail(_read(directory / 'server.log'))}"
+                f"{_tail(result.stdout)}\n{_tail(_read(directory / 'server.log'))}"
             )
         self.pid = _postmaster_pid(data)
         self._wait_connectable()
@@ -323,7 +323,7 @@ class EmbeddedPostgres:
             result = self._run(self._pg_ctl("stop", data, "-m", mode))
             if result.returncode == 0 or not (data / "postmaster.pid").exists():
                 return
-            _log.warning("pg_ctl stop -m %s failed: %s", mode, _tail(result.output, 3))
+            _log.warning("pg_ctl stop -m %s failed: %s", mode, _tail(result.stdout, 3))
         if pid is not None and _alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -331,7 +331,7 @@ class EmbeddedPostgres:
             while _alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
 
-    def _run(self, args: list[str]) -> _Result:
+    def _run(self, args: list[str]) -> subprocess.CompletedProcess[str]:
         """Run a server program (runuser under root); a file, as a pipe would hang the read."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         env["LC_ALL"] = "C"
@@ -352,12 +352,7 @@ class EmbeddedPostgres:
                     f"{Path(args[0]).name} did not finish within {self.timeout + 30:.0f} s"
                 ) from None
             output.seek(0)
-            return _Result(completed.returncode, output.read())
-
-
-class _Result(NamedTuple):
-    returncode: int
-    output: str
+            return subprocess.CompletedProcess(args, completed.returncode, output.read())
 
 
 def _free_port() -> int:

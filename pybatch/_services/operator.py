@@ -103,10 +103,22 @@ class _Request:
     operation_id: OperationId
     actor: ActorRef
     reason: ReasonCode | None
-    digest: RequestDigest
+    target: RequestTarget
     expected_version: int | None
-    instance_id: int | None
-    execution_id: int | None
+    arguments: DefinitionIdentity | RecoveryArguments | None
+    instance_id: int | None = None
+    execution_id: int | None = None
+    digest: RequestDigest = attrs.field(init=False)
+
+    @digest.default
+    def _digest(self) -> RequestDigest:
+        return RequestDigest.compute(
+            self.action,
+            self.target,
+            expected_version=self.expected_version,
+            reason=self.reason,
+            arguments=self.arguments,
+        )
 
 
 class OperatorService:
@@ -127,7 +139,7 @@ class OperatorService:
     ) -> OperatorOutcome:
         """Ask a running execution to stop; repeated, or on a finished run, it is a no-op."""
         action, target = OperatorAction.STOP, RequestTarget.execution(JobExecutionId(execution_id))
-        request = self._request(
+        request = _Request(
             action, operation_id, actor, None, target, expected_version, None, None, execution_id
         )
 
@@ -150,7 +162,7 @@ class OperatorService:
         """Make a STOPPED or FAILED execution ABANDONED: its instance never runs again."""
         target = RequestTarget.execution(JobExecutionId(execution_id))
         action = OperatorAction.ABANDON
-        request = self._request(
+        request = _Request(
             action, operation_id, actor, None, target, None, None, None, execution_id
         )
 
@@ -191,7 +203,7 @@ class OperatorService:
         reason = ReasonCode(recovery.reason_code)
         arguments = RecoveryArguments(request=recovery, unknown_commit=unknown_commit, force=force)
         action, version = OperatorAction.RECOVER, recovery.expected_version
-        request = self._request(
+        request = _Request(
             action, operation_id, actor, reason, target, version, arguments, None, execution_id
         )
 
@@ -224,7 +236,7 @@ class OperatorService:
         """Create the first (or next) execution of an instance key, STARTING."""
         definition = definition or DefinitionIdentity.legacy()
         action, target = OperatorAction.LAUNCH, RequestTarget.instance_key(key)
-        request = self._request(action, operation_id, actor, None, target, None, definition)
+        request = _Request(action, operation_id, actor, None, target, None, definition)
 
         def effect(uow: UnitOfWork) -> _Effect:
             instance = uow.instances.select_or_create(key).instance
@@ -243,9 +255,7 @@ class OperatorService:
         """Create the next attempt of an instance whose latest attempt is FAILED or STOPPED."""
         definition = definition or DefinitionIdentity.legacy()
         action, target = OperatorAction.RESTART, RequestTarget.instance(JobInstanceId(instance_id))
-        request = self._request(
-            action, operation_id, actor, None, target, None, definition, instance_id
-        )
+        request = _Request(action, operation_id, actor, None, target, None, definition, instance_id)
 
         def effect(uow: UnitOfWork) -> _Effect:
             if uow.instances.get(instance_id) is None:
@@ -262,25 +272,6 @@ class OperatorService:
         return self._submit(request, effect)
 
     # ------------------------------------------------------------------ mechanics
-
-    @staticmethod
-    def _request(
-        action: OperatorAction,
-        operation_id: OperationId,
-        actor: ActorRef,
-        reason: ReasonCode | None,
-        target: RequestTarget,
-        expected_version: int | None,
-        arguments: DefinitionIdentity | RecoveryArguments | None,
-        instance_id: int | None = None,
-        execution_id: int | None = None,
-    ) -> _Request:
-        digest = RequestDigest.compute(
-            action, target, expected_version=expected_version, reason=reason, arguments=arguments
-        )
-        return _Request(
-            action, operation_id, actor, reason, digest, expected_version, instance_id, execution_id
-        )
 
     @staticmethod
     def _execution(uow: UnitOfWork, execution_id: int, expected: int | None) -> JobExecution:

@@ -59,7 +59,12 @@ class RetentionOutcome:
 
 @attrs.frozen
 class _Applied:
-    draft: RetentionRecordDraft
+    """What an effect did, for its audit record."""
+
+    job_instance_id: int | None = None
+    plan_digest: bytes | None = None
+    batch_bound: int | None = None
+    counts: PurgeCounts = attrs.Factory(PurgeCounts)
     purged: PurgedAuditRecords | None = None
 
 
@@ -112,10 +117,9 @@ class RetentionService:
 
         def effect(uow: UnitOfWork) -> _Applied:
             change(uow)
-            draft = self._draft(action, operation_id, actor, reason, digest, uow)
-            return _Applied(attrs.evolve(draft, job_instance_id=instance_id))
+            return _Applied(job_instance_id=instance_id)
 
-        return self._submit(action, operation_id, digest, effect)
+        return self._submit(action, operation_id, actor, reason, digest, effect)
 
     # ------------------------------------------------------------------ purge
 
@@ -146,20 +150,10 @@ class RetentionService:
 
         def effect(uow: UnitOfWork) -> _Applied:
             result = uow.retention.apply_purge(plan)
-            draft = self._draft(
-                action,
-                operation_id,
-                actor,
-                reason,
-                digest,
-                uow,
-                plan_digest=plan.digest,
-                batch_bound=plan.request.batch.value,
-                counts=result.counts,
-            )
-            return _Applied(draft, result.audit_records)
+            bound = plan.request.batch.value
+            return _Applied(None, plan.digest, bound, result.counts, result.audit_records)
 
-        return self._submit(action, operation_id, digest, effect)
+        return self._submit(action, operation_id, actor, reason, digest, effect)
 
     def purge(
         self,
@@ -207,33 +201,6 @@ class RetentionService:
 
     # ------------------------------------------------------------------ mechanics
 
-    @staticmethod
-    def _draft(
-        action: RetentionAction,
-        operation_id: OperationId,
-        actor: ActorRef,
-        reason: ReasonCode,
-        digest: bytes,
-        uow: UnitOfWork,
-        *,
-        plan_digest: bytes | None = None,
-        batch_bound: int | None = None,
-        counts: PurgeCounts | None = None,
-    ) -> RetentionRecordDraft:
-        return RetentionRecordDraft(
-            action=action,
-            operation_id=operation_id,
-            actor=actor,
-            reason=reason,
-            request_digest=digest,
-            job_instance_id=None,
-            plan_digest=plan_digest,
-            batch_bound=batch_bound,
-            counts=counts or PurgeCounts(),
-            outcome="APPLIED",
-            applied_at=uow.clock.now(),
-        )
-
     def _probe(
         self, action: RetentionAction, operation_id: OperationId, digest: bytes
     ) -> RetentionOutcome | None:
@@ -249,6 +216,8 @@ class RetentionService:
         self,
         action: RetentionAction,
         operation_id: OperationId,
+        actor: ActorRef,
+        reason: ReasonCode,
         digest: bytes,
         effect: Callable[[UnitOfWork], _Applied],
     ) -> RetentionOutcome:
@@ -257,8 +226,21 @@ class RetentionService:
             return replay
         with self.repository.begin() as uow:
             applied = effect(uow)
+            draft = RetentionRecordDraft(
+                action=action,
+                operation_id=operation_id,
+                actor=actor,
+                reason=reason,
+                request_digest=digest,
+                job_instance_id=applied.job_instance_id,
+                plan_digest=applied.plan_digest,
+                batch_bound=applied.batch_bound,
+                counts=applied.counts,
+                outcome="APPLIED",
+                applied_at=uow.clock.now(),
+            )
             try:
-                record = uow.retention.append_action(applied.draft)
+                record = uow.retention.append_action(draft)
             except ConcurrentModification:
                 uow.rollback()
                 again = self._probe(action, operation_id, digest)
