@@ -145,14 +145,12 @@ def _print_table(
             widths[widths.index(max(widths))] -= 1
         while len(widths) > 1 and sum(widths) + 2 * (len(widths) - 1) > columns:
             widths.pop()
-        headers = headers[: len(widths)]
-        rows = [row[: len(widths)] for row in rows]
 
     def fit(text: str, width: int) -> str:
         return text if len(text) <= width else text[: max(width - 1, 0)] + "\u2026"
 
-    for line in (headers, *rows):
-        print("  ".join(fit(c, w).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
+    for line in (headers, *rows):  # cells past the columns left (widths) are dropped
+        print("  ".join(fit(c, w).ljust(w) for c, w in zip(line, widths, strict=False)).rstrip())
 
 
 class _Item(Protocol):

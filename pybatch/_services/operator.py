@@ -8,7 +8,6 @@ OperationOutcomeUnknown: re-running the same operation id replays what was recor
 
 from __future__ import annotations
 
-import datetime as _dt
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -126,8 +125,6 @@ class OperatorService:
 
     def __init__(self, repository: JobRepository) -> None:
         self.repository = repository
-
-    # ------------------------------------------------------------------ requests
 
     def stop(
         self,
@@ -271,8 +268,6 @@ class OperatorService:
 
         return self._submit(request, effect)
 
-    # ------------------------------------------------------------------ mechanics
-
     @staticmethod
     def _execution(uow: UnitOfWork, execution_id: int, expected: int | None) -> JobExecution:
         current = uow.executions.get(execution_id)
@@ -294,37 +289,6 @@ class OperatorService:
             )
         return OperatorOutcome(OperatorOutcomeClass.REPLAYED, recorded)
 
-    def _draft(
-        self,
-        request: _Request,
-        now: _dt.datetime,
-        *,
-        effect: _Effect | None = None,
-        rejection: OperatorRejection | None = None,
-    ) -> OperatorRecordDraft:
-        instance_id = effect.instance_id if effect else request.instance_id
-        execution_id = effect.execution.id if effect else request.execution_id
-        # A missing target cannot be referenced (the audit row's foreign keys).
-        if rejection is not None and rejection.code is Code.EXECUTION_NOT_FOUND:
-            execution_id = None
-        if rejection is not None and rejection.code is Code.INSTANCE_NOT_FOUND:
-            instance_id = None
-        return OperatorRecordDraft(
-            action=request.action,
-            operation_id=request.operation_id,
-            actor=request.actor,
-            reason=request.reason,
-            digest=request.digest,
-            job_instance_id=None if instance_id is None else JobInstanceId(instance_id),
-            job_execution_id=None if execution_id is None else JobExecutionId(execution_id),
-            observed_version=request.expected_version,
-            prior_status=effect.prior_status if effect else None,
-            result_status=effect.execution.status if effect else None,
-            outcome=OperatorOutcomeClass.REJECTED if rejection else OperatorOutcomeClass.APPLIED,
-            rejection=rejection,
-            requested_at=now,
-        )
-
     def _submit(
         self, request: _Request, effect: Callable[[UnitOfWork], _Effect]
     ) -> OperatorOutcome:
@@ -342,20 +306,41 @@ class OperatorService:
                 if rejection is None:
                     raise
             if rejection is None:
-                draft = self._draft(request, uow.clock.now(), effect=applied)
-                return self._record(uow, request, draft, applied.execution)
+                return self._record(uow, request, effect=applied)
         with self.repository.begin() as uow:  # the refusal, audited on its own (effect undone)
-            draft = self._draft(request, uow.clock.now(), rejection=rejection)
-            return self._record(uow, request, draft, None)
+            return self._record(uow, request, rejection=rejection)
 
     def _record(
         self,
         uow: UnitOfWork,
         request: _Request,
-        draft: OperatorRecordDraft,
-        run: JobExecution | None,
+        *,
+        effect: _Effect | None = None,
+        rejection: OperatorRejection | None = None,
     ) -> OperatorOutcome:
         """Append the audit row and commit; replay when another caller recorded it first."""
+        instance_id = effect.instance_id if effect else request.instance_id
+        execution_id = effect.execution.id if effect else request.execution_id
+        # A missing target cannot be referenced (the audit row's foreign keys).
+        if rejection is not None and rejection.code is Code.EXECUTION_NOT_FOUND:
+            execution_id = None
+        if rejection is not None and rejection.code is Code.INSTANCE_NOT_FOUND:
+            instance_id = None
+        draft = OperatorRecordDraft(
+            action=request.action,
+            operation_id=request.operation_id,
+            actor=request.actor,
+            reason=request.reason,
+            digest=request.digest,
+            job_instance_id=None if instance_id is None else JobInstanceId(instance_id),
+            job_execution_id=None if execution_id is None else JobExecutionId(execution_id),
+            observed_version=request.expected_version,
+            prior_status=effect.prior_status if effect else None,
+            result_status=effect.execution.status if effect else None,
+            outcome=OperatorOutcomeClass.REJECTED if rejection else OperatorOutcomeClass.APPLIED,
+            rejection=rejection,
+            requested_at=uow.clock.now(),
+        )
         try:
             record = uow.operator_requests.append(draft)
         except ConcurrentModification:
@@ -368,4 +353,4 @@ class OperatorService:
             uow.commit()
         except CommitOutcomeUnknown:
             raise OperationOutcomeUnknown() from None
-        return OperatorOutcome(draft.outcome, record, run)
+        return OperatorOutcome(draft.outcome, record, effect.execution if effect else None)

@@ -83,8 +83,6 @@ class RetentionService:
     def __init__(self, repository: JobRepository) -> None:
         self.repository = repository
 
-    # ------------------------------------------------------------------ holds
-
     def hold(
         self, operation_id: OperationId, actor: ActorRef, instance_id: int, reason: ReasonCode
     ) -> RetentionOutcome:
@@ -120,8 +118,6 @@ class RetentionService:
             return _Applied(job_instance_id=instance_id)
 
         return self._submit(action, operation_id, actor, reason, digest, effect)
-
-    # ------------------------------------------------------------------ purge
 
     def plan(self, request: PurgePlanRequest) -> PurgePlan:
         """Survey the next batch in a rolled-back unit of work and seal it."""
@@ -198,8 +194,6 @@ class RetentionService:
             yield PurgeProgress(batch, outcome, total)
             if outcome.outcome == "REPLAYED" and outcome.counts == PurgeCounts():
                 return  # nothing more can change by repeating this plan
-
-    # ------------------------------------------------------------------ mechanics
 
     def _probe(
         self, action: RetentionAction, operation_id: OperationId, digest: bytes

@@ -59,14 +59,11 @@ def server_parent() -> str | None:
     chosen = os.environ.get(TMPDIR_ENV, "").strip()
     if chosen:
         return chosen
-    if not _is_memory_filesystem(MEMORY_DIRECTORY):
+    memory = MEMORY_DIRECTORY
+    if not _is_memory_filesystem(memory) or not os.access(memory, os.W_OK | os.X_OK):
         return None
-    if not os.access(MEMORY_DIRECTORY, os.W_OK | os.X_OK):
-        return None
-    stats = os.statvfs(MEMORY_DIRECTORY)
-    if stats.f_bavail * stats.f_frsize < MEMORY_MIN_FREE:
-        return None
-    return str(MEMORY_DIRECTORY)
+    stats = os.statvfs(memory)
+    return str(memory) if stats.f_bavail * stats.f_frsize >= MEMORY_MIN_FREE else None
 
 
 def _is_memory_filesystem(path: Path) -> bool:
