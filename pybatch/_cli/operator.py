@@ -130,14 +130,13 @@ def _stop(args: argparse.Namespace) -> int:
         if code or not args.wait:
             return code
         deadline = time.monotonic() + args.timeout.total_seconds()
-        interactive = sys.stderr.isatty()
         while True:
             with repository.begin() as uow:
                 execution = uow.executions.get(args.execution_id)
             if execution is None:
                 raise JobExecutionNotFound(id=args.execution_id)
             if not execution.status.is_unresolved:
-                if interactive:
+                if sys.stderr.isatty():  # end the progress line
                     print(file=sys.stderr)
                 print(f"execution {execution.id} ended {execution.status.value}")
                 return 0
@@ -191,14 +190,12 @@ def _recover(args: argparse.Namespace) -> int:
 
 
 def _audit_verify(args: argparse.Namespace) -> int:
-    interactive = sys.stderr.isatty()
-
     def verified(done: int, total: int) -> None:
         progress(f"\rverified {done:,} of {total:,} links", f"verified {done} of {total} links")
 
     with connect(args) as repository:
         result = verify_audit_chain(repository, progress=verified)
-    if interactive:
+    if sys.stderr.isatty():  # end the progress line
         print(file=sys.stderr)
     if args.json:
         print(json.dumps({**attrs.asdict(result), "intact": result.intact}, sort_keys=True))

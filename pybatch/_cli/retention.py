@@ -133,7 +133,6 @@ def _purge(args: argparse.Namespace) -> int:
             )
             return 2
         expected = service.forecast(request).job_executions
-        interactive = sys.stderr.isatty()
         last: PurgeProgress | None = None
         started = _dt.datetime.now(_dt.UTC)
         for batch in service.purge(request, operation_id.value, actor, reason):
@@ -145,7 +144,7 @@ def _purge(args: argparse.Namespace) -> int:
                 f"\r[{'#' * filled}{'.' * (30 - filled)}] {done:,}/{expected:,} executions",
                 f"batch {batch.batch}: {outcome.outcome} {_counts_line(outcome.counts)}",
             )
-        if interactive:
+        if sys.stderr.isatty():  # end the progress line
             print(file=sys.stderr)
         elapsed = (_dt.datetime.now(_dt.UTC) - started).total_seconds()
         total = last.total if last else PurgeCounts()

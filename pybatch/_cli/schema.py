@@ -34,7 +34,6 @@ def _migrate(args: argparse.Namespace) -> int:
 
 def _schema_version(args: argparse.Namespace) -> int:
     installed = migrator.installed_schema_version(config_from_args(args))
-    supported = migrator.supported_schema_version()
     print(f"installed: {installed if installed is not None else 'none'}")
-    print(f"supported: {supported}")
+    print(f"supported: {migrator.supported_schema_version()}")
     return 0
