@@ -33,7 +33,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-EXIT_OK = 0
 EXIT_REFUSED = 1
 EXIT_CONFIGURATION = 2
 EXIT_UNAVAILABLE = 3

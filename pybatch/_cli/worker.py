@@ -10,6 +10,7 @@ from functools import partial
 from typing import Any
 
 from pybatch._cli._connection import Commands, add_command, connect
+from pybatch.etl import join_partitioned_step
 
 
 def register(commands: Commands) -> None:
@@ -84,8 +85,6 @@ def load_function(spec: str) -> Callable[..., None]:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from pybatch.etl import join_partitioned_step
-
     params = parameters(args)
     work = load_function(args.function)
     if not 0.0 <= args.wait <= 86400.0:

@@ -87,20 +87,14 @@ class RetentionService:
         self, operation_id: OperationId, actor: ActorRef, instance_id: int, reason: ReasonCode
     ) -> RetentionOutcome:
         """Place (or replace) the instance's hold: no purge takes it until released."""
-
-        def place(uow: UnitOfWork) -> None:
-            uow.holds.place(instance_id, actor, reason, uow.clock.now())
-
-        return self._hold_request(
-            RetentionAction.HOLD, operation_id, actor, instance_id, reason, place
-        )
+        return self._hold_request(RetentionAction.HOLD, operation_id, actor, instance_id, reason)
 
     def release(
         self, operation_id: OperationId, actor: ActorRef, instance_id: int, reason: ReasonCode
     ) -> RetentionOutcome:
         """Clear the instance's hold (a release without a hold is recorded too)."""
-        action, holds = RetentionAction.RELEASE_HOLD, lambda uow: uow.holds.release(instance_id)
-        return self._hold_request(action, operation_id, actor, instance_id, reason, holds)
+        action = RetentionAction.RELEASE_HOLD
+        return self._hold_request(action, operation_id, actor, instance_id, reason)
 
     def _hold_request(
         self,
@@ -109,12 +103,14 @@ class RetentionService:
         actor: ActorRef,
         instance_id: int,
         reason: ReasonCode,
-        change: Callable[[UnitOfWork], None],
     ) -> RetentionOutcome:
         digest = retention_request_digest(action, f"instance:{instance_id}", reason)
 
         def effect(uow: UnitOfWork) -> _Applied:
-            change(uow)
+            if action is RetentionAction.HOLD:
+                uow.holds.place(instance_id, actor, reason, uow.clock.now())
+            else:
+                uow.holds.release(instance_id)
             return _Applied(job_instance_id=instance_id)
 
         return self._submit(action, operation_id, actor, reason, digest, effect)
