@@ -114,10 +114,7 @@ def _explorer(args: argparse.Namespace) -> Iterator[JobExplorer]:
 
 
 #: Legacy stored names as `show` prints them; stored values (digest inputs) and --json keep them.
-_SHOWN_NAMES = {
-    LEGACY_REVISION: "pybatch default definition",
-    EMPTY_STATE_SCHEMA.value: "empty",
-}
+_SHOWN_NAMES = {LEGACY_REVISION: "pybatch default definition", EMPTY_STATE_SCHEMA.value: "empty"}
 
 
 def _shown(name: str) -> str:
@@ -298,46 +295,34 @@ def _show(args: argparse.Namespace) -> int:
         print(json.dumps(document, ensure_ascii=False))
         return 0
     failure = execution.failure
-    fields = [
-        ("execution", str(execution.id)),
-        ("job", f"{execution.job_name} (instance {execution.instance_id})"),
-        ("attempt", str(execution.attempt)),
-        ("latest", _latest(execution.id, latest)),
-        ("status", f"{execution.status.value} (exit {execution.exit_code})"),
-        ("version", str(execution.version)),
-        ("created", _instant(execution.created_at)),
-        ("started", _instant(execution.started_at)),
-        ("ended", _instant(execution.ended_at)),
-        ("updated", _instant(execution.updated_at)),
-        (
-            "counts",
-            ", ".join(f"{name} {value}" for name, value in execution.counts.as_json().items()),
+    fields = {
+        "execution": str(execution.id),
+        "job": f"{execution.job_name} (instance {execution.instance_id})",
+        "attempt": str(execution.attempt),
+        "latest": _latest(execution.id, latest),
+        "status": f"{execution.status.value} (exit {execution.exit_code})",
+        "version": str(execution.version),
+        "created": _instant(execution.created_at),
+        "started": _instant(execution.started_at),
+        "ended": _instant(execution.ended_at),
+        "updated": _instant(execution.updated_at),
+        "counts": ", ".join(
+            f"{name} {value}" for name, value in execution.counts.as_json().items()
         ),
-        (
-            "failure",
-            "-" if failure is None else f"{failure.category.value} (id {failure.failure_id})",
-        ),
-        (
-            "stop",
-            "-"
-            if execution.stop_requested_at is None
-            else f"requested {_instant(execution.stop_requested_at)} by "
-            f"{execution.stop_requested_by}",
-        ),
-        ("owner", "recorded" if execution.owner_recorded else "none recorded"),
-        (
-            "definition",
-            f"{_shown(execution.definition.revision)} (manifest format "
-            f"{execution.definition.manifest_format})",
-        ),
-        (
-            "context",
-            f"{_shown(execution.context.schema_id)} v{execution.context.schema_version}, "
-            f"{execution.context.encoded_len} bytes",
-        ),
-    ]
-    width = max(len(name) for name, _ in fields)
-    for name, value in fields:
+        "failure": "-"
+        if failure is None
+        else f"{failure.category.value} (id {failure.failure_id})",
+        "stop": "-"
+        if execution.stop_requested_at is None
+        else f"requested {_instant(execution.stop_requested_at)} by {execution.stop_requested_by}",
+        "owner": "recorded" if execution.owner_recorded else "none recorded",
+        "definition": f"{_shown(execution.definition.revision)} (manifest format "
+        f"{execution.definition.manifest_format})",
+        "context": f"{_shown(execution.context.schema_id)} v{execution.context.schema_version}, "
+        f"{execution.context.encoded_len} bytes",
+    }
+    width = max(len(name) for name in fields)
+    for name, value in fields.items():
         print(f"{name.ljust(width)}  {value}")
     print()
     _print_table(

@@ -105,15 +105,12 @@ def _report(outcome: OperatorOutcome) -> int:
     line = f"{outcome.outcome.value} {record.action.value} operation {record.operation_id.value}"
     if outcome.rejection is not None:
         rejection = outcome.rejection
-        details = [
-            f"{name}={value}"
-            for name, value in (
-                ("current_version", rejection.current_version),
-                ("status", None if rejection.status is None else rejection.status.value),
-                ("execution_id", rejection.execution_id),
-            )
-            if value is not None
-        ]
+        fields = {
+            "current_version": rejection.current_version,
+            "status": None if rejection.status is None else rejection.status.value,
+            "execution_id": rejection.execution_id,
+        }
+        details = [f"{name}={value}" for name, value in fields.items() if value is not None]
         print(f"{line}: rejected {rejection.code.value} {' '.join(details)}".rstrip())
         missing = (Code.EXECUTION_NOT_FOUND, Code.INSTANCE_NOT_FOUND)
         return 4 if rejection.code in missing else 1

@@ -160,9 +160,7 @@ def _load(step: StepRun, csv_path: Path, chunk_size: int) -> None:
         "attempt %s loads from offset %s", step.run.attempt, offset
     )
     with csv_path.open(newline="", encoding="utf-8") as source:
-        reader = csv.reader(source)
-        next(reader)  # the header
-        rows = itertools.islice(reader, offset, None)
+        rows = itertools.islice(csv.reader(source), offset + 1, None)  # past the header too
         while batch := list(itertools.islice(rows, chunk_size)):
             with step.chunk() as chunk:
                 chunk.copy(copy_orders, batch)

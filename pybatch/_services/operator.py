@@ -54,18 +54,15 @@ Code = OperatorRejectionCode
 
 def operator_evidence(execution: JobExecution) -> bytes:
     """The evidence of an operator's recovery: any write to the execution since changes it."""
-    return sha256(
-        canonical_json(
-            {
-                "attempt": execution.attempt,
-                "execution_id": execution.id,
-                "observation": "OPERATOR",
-                "status": execution.status.value,
-                "updated_at": execution.updated_at.isoformat(),
-                "version": execution.version,
-            }
-        )
-    )
+    evidence = {
+        "attempt": execution.attempt,
+        "execution_id": execution.id,
+        "observation": "OPERATOR",
+        "status": execution.status.value,
+        "updated_at": execution.updated_at.isoformat(),
+        "version": execution.version,
+    }
+    return sha256(canonical_json(evidence))
 
 
 @attrs.frozen
@@ -214,11 +211,8 @@ class OperatorService:
                 raise _Rejected(OperatorRejection.of(Code.UNRESOLVED_RECOVERY_REQUIRED))
             _, lease = uow.ownership.lock(execution_id)
             if lease.has_lease and not lease.lease_expired and not force:
-                raise _Rejected(
-                    OperatorRejection.execution_already_active(
-                        JobExecutionId(execution_id), current.status
-                    )
-                )
+                active = OperatorRejection.execution_already_active
+                raise _Rejected(active(JobExecutionId(execution_id), current.status))
             return _Effect(current.status, uow.recovery.recover(execution_id, recovery).execution)
 
         return self._submit(request, effect)

@@ -148,11 +148,7 @@ class RetentionService:
         return self._submit(action, operation_id, actor, reason, digest, effect)
 
     def purge(
-        self,
-        request: PurgePlanRequest,
-        operation_base: str,
-        actor: ActorRef,
-        reason: ReasonCode,
+        self, request: PurgePlanRequest, operation_base: str, actor: ActorRef, reason: ReasonCode
     ) -> Iterator[PurgeProgress]:
         """Purge batch after batch until nothing is left; yield after each batch.
 
