@@ -177,7 +177,7 @@ class _Signals:
 
     def __init__(self) -> None:
         self.received: int | None = None
-        self._shielded = False
+        self.shielded = False
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> _Signals:
@@ -193,14 +193,11 @@ class _Signals:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
 
-    def shield(self) -> None:
-        self._shielded = True
-
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is not None:
             return
         self.received = signum
-        if not self._shielded:
+        if not self.shielded:
             raise _Stop(signum)
 
 
@@ -274,7 +271,7 @@ def _demo(args: argparse.Namespace) -> int:
                 try:
                     code = _run_demo(args, stack)
                 finally:
-                    signals.shield()  # cleanup (the stack unwinding) must not be cut short
+                    signals.shielded = True  # cleanup (the stack unwinding) must not be cut short
         except _Stop:
             pass
         except EmbeddedPostgresUnavailable as error:
