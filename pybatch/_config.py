@@ -35,20 +35,6 @@ from pybatch.errors import (
     UnitOfWorkAttempts,
 )
 
-__all__ = [
-    "CLOCK_SKEW_BOUNDS",
-    "DEFAULT_MAX_CLOCK_SKEW",
-    "DEFAULT_STALE_THRESHOLD",
-    "STALE_THRESHOLD_BOUNDS",
-    "CaCertificate",
-    "ConnectionConfig",
-    "ConnectionKwargs",
-    "Secret",
-    "TlsMode",
-    "check_max_clock_skew",
-    "check_stale_threshold",
-]
-
 APPLICATION_NAME = "pybatch"
 MAX_CA_BYTES = 1024 * 1024
 MAX_POOL_SIZE = 1024

@@ -65,8 +65,6 @@ from pybatch.values.ids import INT64_MAX, IdentifierKind, check_identifier
 from pybatch.values.operator import OperatorRecord
 from pybatch.values.recovery import RecoveryDecision
 
-__all__ = ["JobExplorer"]
-
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
 Fetch = Callable[[Conn, CursorKey | None, int, int], list[Row]]

@@ -31,8 +31,6 @@ from pybatch.values.capabilities import RepositoryCapability, RepositoryDescript
 from pybatch.values.ownership import OwnerToken
 from pybatch.values.recovery import RecoverySnapshot
 
-__all__ = ["JobRepository"]
-
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")

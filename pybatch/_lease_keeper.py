@@ -21,8 +21,6 @@ from pybatch.values.ownership import ExecutionLease, OwnerToken
 if TYPE_CHECKING:
     from pybatch._job_repository import JobRepository
 
-__all__ = ["LeaseKeeper", "PartitionLeaseKeeper"]
-
 logger = logging.getLogger("pybatch.etl")
 
 #: After a failed renewal, try again after this fraction of the regular interval.

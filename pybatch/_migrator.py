@@ -31,16 +31,6 @@ from pybatch.errors import (
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
 
-__all__ = [
-    "Migration",
-    "installed_schema_version",
-    "migrate",
-    "migration_sql",
-    "pending_migrations",
-    "shipped_migrations",
-    "supported_schema_version",
-]
-
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
 

@@ -48,18 +48,6 @@ from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 if TYPE_CHECKING:
     from pybatch._unit_of_work import UnitOfWork
 
-__all__ = [
-    "Runner",
-    "RunnerFactory",
-    "aggregate_plan",
-    "find_running_parent",
-    "plan_entries",
-    "recover_lost_workers",
-    "start_partitioned_step",
-    "supervise",
-    "work_on_plan",
-]
-
 logger = logging.getLogger("pybatch.partitioned")
 
 #: Runs one claimed partition with its worker step and the keeper of its lease (the ETL

@@ -44,8 +44,6 @@ from pybatch.errors import (
     UnitOfWorkClosed,
 )
 
-__all__ = ["UnitOfWork"]
-
 _COMMIT_ERRORS = CommitErrors(
     aborted=TransactionAborted,
     refused=_sqlstate.translate,
