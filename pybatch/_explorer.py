@@ -102,35 +102,13 @@ def _row_size(item: object) -> int:
     return len(_ENCODER.encode(document).encode("utf-8"))
 
 
-#: Child listings: their statement, decoder, and whether they page by (sequence, id), not id.
-_CHILDREN: dict[
-    ExplorerQuery, tuple[Callable[[Statements], Statement], Callable[[Row], Any], bool]
-] = {
-    ExplorerQuery.STEP_EXECUTIONS: (
-        lambda q: q.explore_step_executions,
-        codec.decode_step_projection,
-        False,
-    ),
-    ExplorerQuery.RECOVERY_DECISIONS: (
-        lambda q: q.explore_recovery_decisions,
-        codec.decode_recovery_decision,
-        False,
-    ),
-    ExplorerQuery.FLOW_DECISIONS: (
-        lambda q: q.explore_flow_decisions,
-        codec.decode_flow_decision,
-        True,
-    ),
-    ExplorerQuery.STEP_PARTITIONS: (
-        lambda q: q.explore_step_partitions,
-        codec.decode_partition_projection,
-        False,
-    ),
-    ExplorerQuery.OPERATOR_REQUESTS: (
-        lambda q: q.explore_operator_requests,
-        codec.decode_operator_request,
-        False,
-    ),
+#: The decoder of each child listing's rows.
+_CHILD_DECODERS: dict[ExplorerQuery, Callable[[Row], Any]] = {
+    ExplorerQuery.STEP_EXECUTIONS: codec.decode_step_projection,
+    ExplorerQuery.RECOVERY_DECISIONS: codec.decode_recovery_decision,
+    ExplorerQuery.FLOW_DECISIONS: codec.decode_flow_decision,
+    ExplorerQuery.STEP_PARTITIONS: codec.decode_partition_projection,
+    ExplorerQuery.OPERATOR_REQUESTS: codec.decode_operator_request,
 }
 
 
@@ -245,10 +223,7 @@ class JobExplorer:
         def fetch(conn: Conn, key: CursorKey | None, ceiling: int, limit: int) -> list[Row]:
             after_name = key.name if isinstance(key, NameKey) else ""
             return self._statements.explore_job_names.many(
-                conn,
-                after_name=after_name,
-                ceiling=ceiling,
-                row_limit=limit,
+                conn, after_name=after_name, ceiling=ceiling, row_limit=limit
             )
 
         return self._page(
@@ -271,11 +246,7 @@ class JobExplorer:
         def fetch(conn: Conn, key: CursorKey | None, ceiling: int, limit: int) -> list[Row]:
             before = key.id if isinstance(key, IdentityKey) else INT64_MAX
             return self._statements.explore_instances.many(
-                conn,
-                job_name=job_name,
-                ceiling=ceiling,
-                before_id=before,
-                row_limit=limit,
+                conn, job_name=job_name, ceiling=ceiling, before_id=before, row_limit=limit
             )
 
         return self._page(
@@ -346,8 +317,16 @@ class JobExplorer:
         self, query: ExplorerQuery, parent_id: int, page_size: PageSize | None, after: Cursor | None
     ) -> Page[Any]:
         """A page of the rows under one job execution (or, for partitions, step execution)."""
-        statement_of, decode, ordered = _CHILDREN[query]
         q = self._statements
+        statement = {
+            ExplorerQuery.STEP_EXECUTIONS: q.explore_step_executions,
+            ExplorerQuery.RECOVERY_DECISIONS: q.explore_recovery_decisions,
+            ExplorerQuery.FLOW_DECISIONS: q.explore_flow_decisions,
+            ExplorerQuery.STEP_PARTITIONS: q.explore_step_partitions,
+            ExplorerQuery.OPERATOR_REQUESTS: q.explore_operator_requests,
+        }[query]
+        # Flow decisions page by (sequence, id), every other child listing by id.
+        ordered = query is ExplorerQuery.FLOW_DECISIONS
         missing: RepositoryError
         if query is ExplorerQuery.STEP_PARTITIONS:
             kind, parent_column = IdentifierKind.STEP_EXECUTION, "step_execution_id"
@@ -356,7 +335,6 @@ class JobExplorer:
             kind, parent_column = IdentifierKind.JOB_EXECUTION, "job_execution_id"
             exists, missing = q.explore_job_execution_exists, JobExecutionNotFound(id=parent_id)
         check_identifier(kind, parent_id)
-        statement = statement_of(q)
 
         def fetch(conn: Conn, key: CursorKey | None, ceiling: int, limit: int) -> list[Row]:
             params: dict[str, Any] = {
@@ -377,6 +355,7 @@ class JobExplorer:
         def key_of(item: Any) -> CursorKey:
             return OrderedKey(item.sequence, item.id) if ordered else IdentityKey(item.id)
 
+        decode = _CHILD_DECODERS[query]
         return self._page(query, parent_id, page_size, after, fetch, decode, key_of, exists_check)
 
     def step_executions(

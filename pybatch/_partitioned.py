@@ -205,10 +205,6 @@ def _run_partition(
     keeper: PartitionLeaseKeeper,
 ) -> None:
     """Run one claimed partition and end it; PartitionOwnershipLost touches nothing."""
-
-    def end(status: BatchStatus) -> None:
-        _end_owned(repository, partition, worker.id, status, keeper)
-
     try:
         runner(worker, partition, keeper)
     except PartitionOwnershipLost:
@@ -219,15 +215,15 @@ def _run_partition(
         logger.exception(
             "pybatch: partition %s failed in worker step %s", partition.key.value, worker.id
         )
-        end(BatchStatus.FAILED)
+        _end_owned(repository, partition, worker.id, BatchStatus.FAILED, keeper)
     except BaseException:
         try:
-            end(BatchStatus.STOPPED)
+            _end_owned(repository, partition, worker.id, BatchStatus.STOPPED, keeper)
         except PartitionOwnershipLost:
             pass  # the partition is another worker's now; the interruption still propagates
         raise
     else:
-        end(BatchStatus.COMPLETED)
+        _end_owned(repository, partition, worker.id, BatchStatus.COMPLETED, keeper)
 
 
 def _end_owned(
@@ -247,12 +243,7 @@ def _end_owned(
         raise keeper.lost_ownership()
     try:
         _end_worker(repository, partition, worker_id, status)
-    except (
-        StaleVersion,
-        PartitionWorkerStale,
-        PartitionUpdateNotAllowed,
-        ConcurrentModification,
-    ):
+    except (StaleVersion, PartitionWorkerStale, PartitionUpdateNotAllowed, ConcurrentModification):
         keeper.renew_now()  # PartitionOwnershipLost when the partition is no longer ours
         raise
 

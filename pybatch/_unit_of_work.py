@@ -45,9 +45,7 @@ from pybatch.errors import (
 )
 
 _COMMIT_ERRORS = CommitErrors(
-    aborted=TransactionAborted,
-    refused=_sqlstate.translate,
-    unknown=CommitOutcomeUnknown,
+    aborted=TransactionAborted, refused=_sqlstate.translate, unknown=CommitOutcomeUnknown
 )
 
 
