@@ -272,23 +272,8 @@ class ConnectionConfig:
         stale_threshold: timedelta = DEFAULT_STALE_THRESHOLD,
     ) -> None:
         dsn = _to_secret(dsn)  # first: from here on no local holds the raw DSN
-        self.__attrs_init__(
-            dsn=dsn,
-            tls_mode=tls_mode,
-            ca_certificate=ca_certificate,
-            pool_size=pool_size,
-            acquire_timeout=acquire_timeout,
-            connect_timeout=connect_timeout,
-            statement_timeout=statement_timeout,
-            lock_timeout=lock_timeout,
-            idle_transaction_timeout=idle_transaction_timeout,
-            connection_idle_timeout=connection_idle_timeout,
-            connection_max_lifetime=connection_max_lifetime,
-            pool_close_timeout=pool_close_timeout,
-            unit_of_work_attempts=unit_of_work_attempts,
-            max_clock_skew=max_clock_skew,
-            stale_threshold=stale_threshold,
-        )
+        # Every parameter is the field of its name; `dsn` now holds only the Secret.
+        self.__attrs_init__(**{name: value for name, value in locals().items() if name != "self"})
 
     def __attrs_post_init__(self) -> None:
         _parse_dsn(self.dsn)
