@@ -311,8 +311,6 @@ class ConnectionConfig:
 
     __str__ = __repr__
 
-    # ------------------------------------------------------------------ derived values
-
     def connection_kwargs(
         self, *, ca_file: str | None = None, statement_timeout: bool = True
     ) -> ConnectionKwargs:
@@ -348,8 +346,6 @@ class ConnectionConfig:
                     raise ValueError("a CA file path is required for a CA certificate")
                 params["sslrootcert"] = ca_file
         return params
-
-    # ------------------------------------------------------------------ environment
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ConnectionConfig:

@@ -122,8 +122,6 @@ class JobExplorer:
     def __repr__(self) -> str:
         return f"JobExplorer({self._repository!r})"
 
-    # ------------------------------------------------------------------ plumbing
-
     def _read(self, work: Callable[[Conn], T]) -> T:
         """Run `work` in one read-only transaction, always rolled back; map failures."""
         try:
@@ -212,8 +210,6 @@ class JobExplorer:
             return None if name.scalar(conn, **params) else error
 
         return check
-
-    # ------------------------------------------------------------------ queries
 
     def job_names(
         self, page_size: PageSize | None = None, after: Cursor | None = None

@@ -388,10 +388,6 @@ def supervise(
         process.start()
         processes.append(process)
 
-    def open_partitions() -> int:
-        with repository.begin() as uow:
-            return uow.partitions.count_open(parent.id)
-
     try:
         for _ in range(workers):
             spawn()
@@ -402,7 +398,9 @@ def supervise(
                 for process in processes:
                     process.terminate()
                 raise
-            if not open_partitions():
+            with repository.begin() as uow:
+                still_open = uow.partitions.count_open(parent.id)
+            if not still_open:
                 break
             alive = [p for p in processes if p.is_alive()]
             for process in processes:
