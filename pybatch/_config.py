@@ -341,9 +341,9 @@ class ConnectionConfig:
             params["sslmode"] = "verify-full"
             if self.ca_certificate is None:
                 params["sslrootcert"] = "system"
+            elif ca_file is None:
+                raise ValueError("a CA file path is required for a CA certificate")
             else:
-                if ca_file is None:
-                    raise ValueError("a CA file path is required for a CA certificate")
                 params["sslrootcert"] = ca_file
         return params
 

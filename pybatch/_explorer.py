@@ -68,6 +68,9 @@ from pybatch.values.recovery import RecoveryDecision
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
 Fetch = Callable[[Conn, CursorKey | None, int, int], list[Row]]
+#: A child listing's parent: the statement telling whether it exists, the error when it does
+#: not, and the statement's parameters.
+Parent = tuple[Statement, RepositoryError, dict[str, Any]]
 
 
 def _ceiling_statement(statements: Statements, query: ExplorerQuery) -> Statement:
@@ -161,21 +164,18 @@ class JobExplorer:
         fetch: Fetch,
         decode: Callable[[Row], T],
         key_of: Callable[[T], CursorKey],
-        parent_missing: Callable[[Conn], RepositoryError | None] | None = None,
+        parent: Parent | None = None,
         *,
         job_name: str | None = None,
     ) -> Page[T]:
         page_size = page_size or PageSize()
         binding = query_binding(query, page_size, filter_value)
-        key: CursorKey | None = None
-        ceiling: int | None = None
-        if after is not None:
-            key, ceiling = after.open(query, binding)
+        key, ceiling = (None, None) if after is None else after.open(query, binding)
 
         def work(conn: Conn) -> tuple[list[T], int]:
-            if parent_missing is not None:
-                missing = parent_missing(conn)
-                if missing is not None:
+            if parent is not None:
+                exists, missing, parent_params = parent
+                if not exists.scalar(conn, **parent_params):
                     raise ExplorerRepositoryError(error=missing)
             current = self._ceiling(conn, query, job_name)
             if ceiling is not None and ceiling > current:
@@ -188,28 +188,18 @@ class JobExplorer:
         items, bound = self._read(work)
         kept: list[T] = []
         total = 0
-        truncated = False
         for item in items:
             size = _row_size(item)
             if not kept and size > MAX_RESPONSE_BYTES:
                 raise ResponseTooLarge(limit=page_size.value)
-            if total + size > MAX_RESPONSE_BYTES:
-                truncated = True
+            total += size
+            if total > MAX_RESPONSE_BYTES:
                 break
             kept.append(item)
-            total += size
-        next_cursor = None
-        if kept and (truncated or len(items) == page_size.value):
-            next_cursor = Cursor.issue(query, key_of(kept[-1]), bound, binding)
+        # More may follow when the response bound cut the page short or the page is full.
+        more = bool(kept) and (len(kept) < len(items) or len(items) == page_size.value)
+        next_cursor = Cursor.issue(query, key_of(kept[-1]), bound, binding) if more else None
         return Page(items=tuple(kept), next_cursor=next_cursor, ceiling=bound)
-
-    def _exists(
-        self, name: Statement, error: RepositoryError, **params: Any
-    ) -> Callable[[Conn], RepositoryError | None]:
-        def check(conn: Conn) -> RepositoryError | None:
-            return None if name.scalar(conn, **params) else error
-
-        return check
 
     def job_names(
         self, page_size: PageSize | None = None, after: Cursor | None = None
@@ -282,10 +272,10 @@ class JobExplorer:
             fetch,
             codec.decode_execution_projection,
             lambda item: OrderedKey(item.attempt, item.id),
-            self._exists(
+            (
                 self._statements.explore_job_instance_exists,
                 JobInstanceNotFound(id=job_instance_id),
-                job_instance_id=job_instance_id,
+                {"job_instance_id": job_instance_id},
             ),
         )
 
@@ -346,7 +336,7 @@ class JobExplorer:
                 params["after_id"] = key.id if isinstance(key, IdentityKey) else 0
             return statement.many(conn, **params)
 
-        exists_check = self._exists(exists, missing, **{parent_column: parent_id})
+        exists_check: Parent = (exists, missing, {parent_column: parent_id})
 
         def key_of(item: Any) -> CursorKey:
             return OrderedKey(item.sequence, item.id) if ordered else IdentityKey(item.id)

@@ -48,11 +48,10 @@ class Migration:
         return self.path.read_text(encoding="utf-8")
 
 
-def shipped_migrations(directory: Path | None = None) -> list[Migration]:
+def shipped_migrations() -> list[Migration]:
     """Every migration file shipped with this package, in version order, contiguous from 1."""
-    folder = directory or migrations_dir()
     found: list[Migration] = []
-    for path in sorted(folder.glob("*.sql")):
+    for path in sorted(migrations_dir().glob("*.sql")):
         match = _FILE_NAME.match(path.name)
         if match is None:
             raise ValueError(f"migration file {path.name} is not named NNNN_description.sql")
