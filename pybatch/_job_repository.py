@@ -57,14 +57,9 @@ def _clock_skew_check(config: ConnectionConfig, clock: Clock) -> ConnectionCheck
             return None
         milliseconds = int(abs(skew) / timedelta(milliseconds=1))
         direction = "ahead of" if skew > timedelta(0) else "behind"
-        logger.error(
-            "pybatch: refusing the connection: this host's clock is %s ms %s the database "
-            "server's (at most %s ms allowed); synchronise it (NTP)",
-            milliseconds,
-            direction,
-            bound_ms,
-        )
-        return ClockSkewExceeded(skew_ms=milliseconds, direction=direction, bound_ms=bound_ms)
+        refusal = ClockSkewExceeded(skew_ms=milliseconds, direction=direction, bound_ms=bound_ms)
+        logger.error("pybatch: refusing the connection: %s", refusal)
+        return refusal
 
     return check
 

@@ -99,12 +99,8 @@ class _Keeper:
         while not self._halt.wait(wait):
             try:
                 self.renew_now()
-            except self.lost_error:
-                logger.error(
-                    "pybatch: %s is no longer owned by this process; its lease lapsed and "
-                    "another process recovered it",
-                    self._description,
-                )
+            except self.lost_error as lost:
+                logger.error("pybatch: %s", lost)
                 return
             except PyBatchError as error:
                 # A dropped or killed connection, a lock timeout: try again soon, well
