@@ -74,7 +74,6 @@ Parent = tuple[Statement, RepositoryError, dict[str, Any]]
 
 
 def _ceiling_statement(statements: Statements, query: ExplorerQuery) -> Statement:
-    """The statement reading `query`'s identity ceiling."""
     return {
         ExplorerQuery.JOB_NAMES: statements.explore_ceiling_job_names,
         ExplorerQuery.INSTANCES: statements.explore_ceiling_instances,

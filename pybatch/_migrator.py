@@ -165,31 +165,24 @@ def _verify_history(
             raise MigrationChecksumMismatch(version=version)
 
 
-def _pending(installed: int | None, shipped: list[Migration]) -> list[Migration]:
+def _pending(conn: psycopg.Connection[Any], shipped: list[Migration]) -> list[Migration]:
+    """The shipped files not applied yet; a newer schema, then a changed history, is refused."""
+    installed = _read_version(conn)
     current = installed or 0
     supported = shipped[-1].version
     if current > supported:
         raise NewerSchema(current=current, supported=supported)
+    _verify_history(conn, installed, shipped)
     return [migration for migration in shipped if migration.version > current]
 
 
 @_driver_errors_mapped
-def pending_migrations(config: ConnectionConfig) -> list[Migration]:
-    """The files `migrate` would apply now, after the same refusals (read-only)."""
+def migration_sql(config: ConnectionConfig) -> str:
+    """The exact SQL `migrate` would run now (same refusals), for a DBA to review or run by hand."""
+    statements = load_statements()
     shipped = shipped_migrations()
     with open_connection(config, autocommit=True) as conn:
-        installed = _read_version(conn)
-        pending = _pending(installed, shipped)
-        _verify_history(conn, installed, shipped)
-        return pending
-
-
-@_driver_errors_mapped
-def migration_sql(config: ConnectionConfig) -> str:
-    """The exact SQL `migrate` would run now, for a DBA to review or apply by hand."""
-    statements = load_statements()
-    pending = pending_migrations(config)
-    with open_connection(config, autocommit=True) as conn:
+        pending = _pending(conn, shipped)
         cursor = psycopg.ClientCursor(conn)
         parts = [cursor.mogrify(statements.create_pybatch_schema.query) + "\n"]
         for m in pending:
@@ -239,9 +232,7 @@ def migrate(config: ConnectionConfig, *, dry_run: bool = False) -> list[Migratio
             try:
                 with conn.transaction():
                     locked = _lock_migrations(conn)
-                    installed = _read_version(conn)
-                    pending = _pending(installed, shipped)
-                    _verify_history(conn, installed, shipped)
+                    pending = _pending(conn, shipped)
                     if dry_run:
                         return pending
                     if not pending:
