@@ -143,14 +143,13 @@ def _verify_history(
         return
     if not statements.find_schema_migration_table.scalar(conn):
         raise MigrationHistoryInvalid(version=installed)
-    applied = statements.list_schema_migrations.many(conn)
     try:
         history = [
             (
                 decode_int64(row["version"], column="version", minimum=1),
                 decode_digest(row["checksum"], column="checksum"),
             )
-            for row in applied
+            for row in statements.list_schema_migrations.many(conn)
         ]
     except DecodeError:
         raise MigrationHistoryInvalid(version=installed) from None
@@ -223,7 +222,6 @@ def migrate(config: ConnectionConfig, *, dry_run: bool = False) -> list[Migratio
     (then under the history lock). A newer schema or changed checksum is refused first.
     """
     shipped = shipped_migrations()
-    statements = load_statements()
     applied: list[Migration] = []
     races = 0
     with open_connection(config, autocommit=True) as conn:
@@ -237,7 +235,7 @@ def migrate(config: ConnectionConfig, *, dry_run: bool = False) -> list[Migratio
                         return pending
                     if not pending:
                         break
-                    statements.create_pybatch_schema.affected(conn)
+                    load_statements().create_pybatch_schema.affected(conn)
                     _apply(conn, pending[0])
                     applied.append(pending[0])
             except psycopg.Error as error:
