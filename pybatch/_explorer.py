@@ -67,7 +67,8 @@ from pybatch.values.recovery import RecoveryDecision
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
-Fetch = Callable[[Conn, CursorKey | None, int, int], list[Row]]
+#: Reads the rows after a key; `bounds` holds the `ceiling` and `row_limit` parameters.
+Fetch = Callable[[Conn, CursorKey | None, dict[str, int]], list[Row]]
 #: A child listing's parent: the statement telling whether it exists, the error when it does
 #: not, and the statement's parameters.
 Parent = tuple[Statement, RepositoryError, dict[str, Any]]
@@ -182,7 +183,8 @@ class JobExplorer:
             bound = current if ceiling is None else ceiling
             if bound == 0:
                 return [], 0
-            return [decode(row) for row in fetch(conn, key, bound, page_size.value)], bound
+            bounds = {"ceiling": bound, "row_limit": page_size.value}
+            return [decode(row) for row in fetch(conn, key, bounds)], bound
 
         items, bound = self._read(work)
         kept: list[T] = []
@@ -205,11 +207,9 @@ class JobExplorer:
     ) -> Page[JobNameSummary]:
         """Distinct job names of instances in byte order, with their latest execution."""
 
-        def fetch(conn: Conn, key: CursorKey | None, ceiling: int, limit: int) -> list[Row]:
+        def fetch(conn: Conn, key: CursorKey | None, bounds: dict[str, int]) -> list[Row]:
             after_name = key.name if isinstance(key, NameKey) else ""
-            return self._statements.explore_job_names.many(
-                conn, after_name=after_name, ceiling=ceiling, row_limit=limit
-            )
+            return self._statements.explore_job_names.many(conn, after_name=after_name, **bounds)
 
         return self._page(
             ExplorerQuery.JOB_NAMES,
@@ -228,10 +228,10 @@ class JobExplorer:
         if type(job_name) is not str:
             raise TypeError("job_name must be a str")
 
-        def fetch(conn: Conn, key: CursorKey | None, ceiling: int, limit: int) -> list[Row]:
+        def fetch(conn: Conn, key: CursorKey | None, bounds: dict[str, int]) -> list[Row]:
             before = key.id if isinstance(key, IdentityKey) else INT64_MAX
             return self._statements.explore_instances.many(
-                conn, job_name=job_name, ceiling=ceiling, before_id=before, row_limit=limit
+                conn, job_name=job_name, before_id=before, **bounds
             )
 
         return self._page(
@@ -251,16 +251,15 @@ class JobExplorer:
         """Attempts of an instance, (attempt, id) descending (wraps JobInstanceNotFound)."""
         check_identifier(IdentifierKind.JOB_INSTANCE, job_instance_id)
 
-        def fetch(conn: Conn, key: CursorKey | None, ceiling: int, limit: int) -> list[Row]:
+        def fetch(conn: Conn, key: CursorKey | None, bounds: dict[str, int]) -> list[Row]:
             last = (key.primary, key.id) if isinstance(key, OrderedKey) else (INT64_MAX, INT64_MAX)
             attempt, before = last
             return self._statements.explore_executions.many(
                 conn,
                 job_instance_id=job_instance_id,
-                ceiling=ceiling,
                 before_attempt=attempt,
                 before_id=before,
-                row_limit=limit,
+                **bounds,
             )
 
         return self._page(
@@ -321,12 +320,8 @@ class JobExplorer:
             exists, missing = q.explore_job_execution_exists, JobExecutionNotFound(id=parent_id)
         check_identifier(kind, parent_id)
 
-        def fetch(conn: Conn, key: CursorKey | None, ceiling: int, limit: int) -> list[Row]:
-            params: dict[str, Any] = {
-                parent_column: parent_id,
-                "ceiling": ceiling,
-                "row_limit": limit,
-            }
+        def fetch(conn: Conn, key: CursorKey | None, bounds: dict[str, int]) -> list[Row]:
+            params: dict[str, Any] = {parent_column: parent_id, **bounds}
             if ordered:
                 params["after_sequence"], params["after_id"] = (
                     (key.primary, key.id) if isinstance(key, OrderedKey) else (0, 0)
@@ -389,13 +384,12 @@ class JobExplorer:
             raise ExplorerAgeBoundTooSmall(requested_seconds=seconds)
         age_us = minimum_age // _dt.timedelta(microseconds=1)
 
-        def fetch(conn: Conn, key: CursorKey | None, ceiling: int, limit: int) -> list[Row]:
+        def fetch(conn: Conn, key: CursorKey | None, bounds: dict[str, int]) -> list[Row]:
             return self._statements.explore_unresolved_executions.many(
                 conn,
                 minimum_age_us=age_us,
-                ceiling=ceiling,
                 after_id=key.id if isinstance(key, IdentityKey) else 0,
-                row_limit=limit,
+                **bounds,
             )
 
         return self._page(
