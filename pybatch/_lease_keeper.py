@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pybatch._unit_of_work import UnitOfWork
@@ -32,6 +33,10 @@ class _Keeper:
 
     #: The error a renewal raises when the ownership is gone.
     lost_error: type[ExecutionOwnershipLost] | type[PartitionOwnershipLost]
+    #: The typed error naming the lost ownership.
+    lost_ownership: Callable[[], PyBatchError]
+    #: One renewal in the caller's thread; raises `lost_error` when the ownership is gone.
+    _renew_once: Callable[[], None]
 
     def __init__(
         self,
@@ -62,14 +67,6 @@ class _Keeper:
         self._halt.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
-
-    def lost_ownership(self) -> PyBatchError:
-        """The typed error naming the lost ownership."""
-        raise NotImplementedError
-
-    def _renew_once(self) -> None:
-        """One renewal in the caller's thread; raises `lost_error` when the ownership is gone."""
-        raise NotImplementedError
 
     def raise_if_lost(self) -> None:
         """Renew once after a refused write: raise `lost_error` only if the ownership is gone.

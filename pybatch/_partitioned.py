@@ -185,13 +185,8 @@ def work_on_plan(
         keeper.start()
         try:
             _run_partition(repository, runner, partition, worker, keeper)
-        except PartitionOwnershipLost:
-            logger.error(
-                "pybatch: partition %s was recovered by another process while worker step "
-                "%s ran it; this worker leaves it alone",
-                partition.key.value,
-                worker.id,
-            )
+        except PartitionOwnershipLost as lost:
+            logger.error("pybatch: %s (partition key %s)", lost, partition.key.value)
         finally:
             keeper.halt()
         ran += 1

@@ -64,9 +64,7 @@ def sqlstate_of(exc: BaseException) -> str | None:
 
 def constraint_name(exc: BaseException) -> str | None:
     """The violated constraint's name, if the server named one."""
-    if isinstance(exc, psycopg.Error):
-        return exc.diag.constraint_name
-    return None
+    return exc.diag.constraint_name if isinstance(exc, psycopg.Error) else None
 
 
 def is_connection_loss(exc: BaseException, conn: psycopg.Connection[object] | None) -> bool:

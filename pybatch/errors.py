@@ -87,8 +87,7 @@ class _BrokenTextRule:
     character_index: int | None = None
 
     def __str__(self) -> str:
-        fields = _fields(self)
-        text = f"{self.subject} {_TEXT_RULE_MESSAGES[self.rule]}".format(**fields)
+        text = f"{self.subject} {_TEXT_RULE_MESSAGES[self.rule]}".format(**_fields(self))
         if self.rule is TextRule.CONTROL_CHARACTER and self.character_index is not None:
             text += f" at index {self.character_index}"
         return text
