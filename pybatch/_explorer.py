@@ -105,7 +105,6 @@ def _row_size(item: object) -> int:
     return len(_ENCODER.encode(document).encode("utf-8"))
 
 
-#: The decoder of each child listing's rows.
 _CHILD_DECODERS: dict[ExplorerQuery, Callable[[Row], Any]] = {
     ExplorerQuery.STEP_EXECUTIONS: codec.decode_step_projection,
     ExplorerQuery.RECOVERY_DECISIONS: codec.decode_recovery_decision,

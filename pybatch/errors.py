@@ -105,8 +105,6 @@ class _PurgedHistory:
 
 # The table. One class per row, a blank line between families: the rows read as a table.
 # fmt: off
-# The lifecycle leaves, FaultStateCorrupt and NewerSchema are RepositoryErrors too; they are
-# written with their second family below.
 class RepositoryError(PyBatchError):
     """An operation of the job repository failed."""
     message = "job repository error"
