@@ -25,7 +25,7 @@ import psycopg
 from pybatch._codecs import explorer as codec
 from pybatch._codecs._primitives import DecodeError, Row
 from pybatch._job_repository import JobRepository
-from pybatch._statements import Statement, Statements
+from pybatch._statements import Statement
 from pybatch.errors import (
     CursorInvalid,
     ExplorerAgeBoundTooSmall,
@@ -74,20 +74,6 @@ Fetch = Callable[[Conn, CursorKey | None, dict[str, int]], list[Row]]
 Parent = tuple[Statement, RepositoryError, dict[str, Any]]
 
 
-def _ceiling_statement(statements: Statements, query: ExplorerQuery) -> Statement:
-    return {
-        ExplorerQuery.JOB_NAMES: statements.explore_ceiling_job_names,
-        ExplorerQuery.INSTANCES: statements.explore_ceiling_instances,
-        ExplorerQuery.EXECUTIONS: statements.explore_ceiling_executions,
-        ExplorerQuery.UNRESOLVED_EXECUTIONS: statements.explore_ceiling_executions,
-        ExplorerQuery.STEP_EXECUTIONS: statements.explore_ceiling_step_executions,
-        ExplorerQuery.RECOVERY_DECISIONS: statements.explore_ceiling_recovery_decisions,
-        ExplorerQuery.FLOW_DECISIONS: statements.explore_ceiling_flow_decisions,
-        ExplorerQuery.STEP_PARTITIONS: statements.explore_ceiling_step_partitions,
-        ExplorerQuery.OPERATOR_REQUESTS: statements.explore_ceiling_operator_requests,
-    }[query]
-
-
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
@@ -119,7 +105,18 @@ class JobExplorer:
 
     def __init__(self, repository: JobRepository) -> None:
         self._repository = repository
-        self._statements: Statements = repository.statements
+        self._statements = q = repository.statements
+        self._ceilings: dict[ExplorerQuery, Statement] = {
+            ExplorerQuery.JOB_NAMES: q.explore_ceiling_job_names,
+            ExplorerQuery.INSTANCES: q.explore_ceiling_instances,
+            ExplorerQuery.EXECUTIONS: q.explore_ceiling_executions,
+            ExplorerQuery.UNRESOLVED_EXECUTIONS: q.explore_ceiling_executions,
+            ExplorerQuery.STEP_EXECUTIONS: q.explore_ceiling_step_executions,
+            ExplorerQuery.RECOVERY_DECISIONS: q.explore_ceiling_recovery_decisions,
+            ExplorerQuery.FLOW_DECISIONS: q.explore_ceiling_flow_decisions,
+            ExplorerQuery.STEP_PARTITIONS: q.explore_ceiling_step_partitions,
+            ExplorerQuery.OPERATOR_REQUESTS: q.explore_ceiling_operator_requests,
+        }
 
     def __repr__(self) -> str:
         return f"JobExplorer({self._repository!r})"
@@ -141,7 +138,7 @@ class JobExplorer:
 
     def _ceiling(self, conn: Conn, query: ExplorerQuery, job_name: str | None) -> int:
         params = {"job_name": job_name} if query is ExplorerQuery.INSTANCES else {}
-        value = _ceiling_statement(self._statements, query).scalar(conn, **params)
+        value = self._ceilings[query].scalar(conn, **params)
         if value is None:
             return 0
         if type(value) is not int or not 0 < value <= INT64_MAX:
