@@ -14,11 +14,7 @@ from pybatch._clock import Clock, SystemClock
 from pybatch._config import CaCertificate, ConnectionConfig, TlsMode
 from pybatch._explorer import JobExplorer
 from pybatch._job_repository import JobRepository
-from pybatch._migrator import (
-    installed_schema_version,
-    migrate,
-    supported_schema_version,
-)
+from pybatch._migrator import installed_schema_version, migrate, supported_schema_version
 from pybatch._unit_of_work import UnitOfWork
 from pybatch.errors import (
     AbandonedInstance,

@@ -12,8 +12,6 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-__all__ = ["Clock", "SystemClock", "is_simulated", "measured_skew"]
-
 
 class Clock(Protocol):
     """Thread-safe aware UTC instants; a `simulated = True` test double skips the skew check."""

@@ -35,20 +35,6 @@ from pybatch.errors import (
     UnitOfWorkAttempts,
 )
 
-__all__ = [
-    "CLOCK_SKEW_BOUNDS",
-    "DEFAULT_MAX_CLOCK_SKEW",
-    "DEFAULT_STALE_THRESHOLD",
-    "STALE_THRESHOLD_BOUNDS",
-    "CaCertificate",
-    "ConnectionConfig",
-    "ConnectionKwargs",
-    "Secret",
-    "TlsMode",
-    "check_max_clock_skew",
-    "check_stale_threshold",
-]
-
 APPLICATION_NAME = "pybatch"
 MAX_CA_BYTES = 1024 * 1024
 MAX_POOL_SIZE = 1024
@@ -286,23 +272,8 @@ class ConnectionConfig:
         stale_threshold: timedelta = DEFAULT_STALE_THRESHOLD,
     ) -> None:
         dsn = _to_secret(dsn)  # first: from here on no local holds the raw DSN
-        self.__attrs_init__(
-            dsn=dsn,
-            tls_mode=tls_mode,
-            ca_certificate=ca_certificate,
-            pool_size=pool_size,
-            acquire_timeout=acquire_timeout,
-            connect_timeout=connect_timeout,
-            statement_timeout=statement_timeout,
-            lock_timeout=lock_timeout,
-            idle_transaction_timeout=idle_transaction_timeout,
-            connection_idle_timeout=connection_idle_timeout,
-            connection_max_lifetime=connection_max_lifetime,
-            pool_close_timeout=pool_close_timeout,
-            unit_of_work_attempts=unit_of_work_attempts,
-            max_clock_skew=max_clock_skew,
-            stale_threshold=stale_threshold,
-        )
+        # Every parameter is the field of its name; `dsn` now holds only the Secret.
+        self.__attrs_init__(**{name: value for name, value in locals().items() if name != "self"})
 
     def __attrs_post_init__(self) -> None:
         _parse_dsn(self.dsn)
@@ -340,8 +311,6 @@ class ConnectionConfig:
 
     __str__ = __repr__
 
-    # ------------------------------------------------------------------ derived values
-
     def connection_kwargs(
         self, *, ca_file: str | None = None, statement_timeout: bool = True
     ) -> ConnectionKwargs:
@@ -372,13 +341,11 @@ class ConnectionConfig:
             params["sslmode"] = "verify-full"
             if self.ca_certificate is None:
                 params["sslrootcert"] = "system"
+            elif ca_file is None:
+                raise ValueError("a CA file path is required for a CA certificate")
             else:
-                if ca_file is None:
-                    raise ValueError("a CA file path is required for a CA certificate")
                 params["sslrootcert"] = ca_file
         return params
-
-    # ------------------------------------------------------------------ environment
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ConnectionConfig:

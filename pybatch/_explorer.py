@@ -25,7 +25,7 @@ import psycopg
 from pybatch._codecs import explorer as codec
 from pybatch._codecs._primitives import DecodeError, Row
 from pybatch._job_repository import JobRepository
-from pybatch._statements import Statement, Statements
+from pybatch._statements import Statement
 from pybatch.errors import (
     CursorInvalid,
     ExplorerAgeBoundTooSmall,
@@ -65,26 +65,13 @@ from pybatch.values.ids import INT64_MAX, IdentifierKind, check_identifier
 from pybatch.values.operator import OperatorRecord
 from pybatch.values.recovery import RecoveryDecision
 
-__all__ = ["JobExplorer"]
-
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
-Fetch = Callable[[Conn, CursorKey | None, int, int], list[Row]]
-
-
-def _ceiling_statement(statements: Statements, query: ExplorerQuery) -> Statement:
-    """The statement reading `query`'s identity ceiling."""
-    return {
-        ExplorerQuery.JOB_NAMES: statements.explore_ceiling_job_names,
-        ExplorerQuery.INSTANCES: statements.explore_ceiling_instances,
-        ExplorerQuery.EXECUTIONS: statements.explore_ceiling_executions,
-        ExplorerQuery.UNRESOLVED_EXECUTIONS: statements.explore_ceiling_executions,
-        ExplorerQuery.STEP_EXECUTIONS: statements.explore_ceiling_step_executions,
-        ExplorerQuery.RECOVERY_DECISIONS: statements.explore_ceiling_recovery_decisions,
-        ExplorerQuery.FLOW_DECISIONS: statements.explore_ceiling_flow_decisions,
-        ExplorerQuery.STEP_PARTITIONS: statements.explore_ceiling_step_partitions,
-        ExplorerQuery.OPERATOR_REQUESTS: statements.explore_ceiling_operator_requests,
-    }[query]
+#: Reads the rows after a key; `bounds` holds the `ceiling` and `row_limit` parameters.
+Fetch = Callable[[Conn, CursorKey | None, dict[str, int]], list[Row]]
+#: A child listing's parent: the statement telling whether it exists, the error when it does
+#: not, and the statement's parameters.
+Parent = tuple[Statement, RepositoryError, dict[str, Any]]
 
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
@@ -104,35 +91,12 @@ def _row_size(item: object) -> int:
     return len(_ENCODER.encode(document).encode("utf-8"))
 
 
-#: Child listings: their statement, decoder, and whether they page by (sequence, id), not id.
-_CHILDREN: dict[
-    ExplorerQuery, tuple[Callable[[Statements], Statement], Callable[[Row], Any], bool]
-] = {
-    ExplorerQuery.STEP_EXECUTIONS: (
-        lambda q: q.explore_step_executions,
-        codec.decode_step_projection,
-        False,
-    ),
-    ExplorerQuery.RECOVERY_DECISIONS: (
-        lambda q: q.explore_recovery_decisions,
-        codec.decode_recovery_decision,
-        False,
-    ),
-    ExplorerQuery.FLOW_DECISIONS: (
-        lambda q: q.explore_flow_decisions,
-        codec.decode_flow_decision,
-        True,
-    ),
-    ExplorerQuery.STEP_PARTITIONS: (
-        lambda q: q.explore_step_partitions,
-        codec.decode_partition_projection,
-        False,
-    ),
-    ExplorerQuery.OPERATOR_REQUESTS: (
-        lambda q: q.explore_operator_requests,
-        codec.decode_operator_request,
-        False,
-    ),
+_CHILD_DECODERS: dict[ExplorerQuery, Callable[[Row], Any]] = {
+    ExplorerQuery.STEP_EXECUTIONS: codec.decode_step_projection,
+    ExplorerQuery.RECOVERY_DECISIONS: codec.decode_recovery_decision,
+    ExplorerQuery.FLOW_DECISIONS: codec.decode_flow_decision,
+    ExplorerQuery.STEP_PARTITIONS: codec.decode_partition_projection,
+    ExplorerQuery.OPERATOR_REQUESTS: codec.decode_operator_request,
 }
 
 
@@ -141,12 +105,21 @@ class JobExplorer:
 
     def __init__(self, repository: JobRepository) -> None:
         self._repository = repository
-        self._statements: Statements = repository.statements
+        self._statements = q = repository.statements
+        self._ceilings: dict[ExplorerQuery, Statement] = {
+            ExplorerQuery.JOB_NAMES: q.explore_ceiling_job_names,
+            ExplorerQuery.INSTANCES: q.explore_ceiling_instances,
+            ExplorerQuery.EXECUTIONS: q.explore_ceiling_executions,
+            ExplorerQuery.UNRESOLVED_EXECUTIONS: q.explore_ceiling_executions,
+            ExplorerQuery.STEP_EXECUTIONS: q.explore_ceiling_step_executions,
+            ExplorerQuery.RECOVERY_DECISIONS: q.explore_ceiling_recovery_decisions,
+            ExplorerQuery.FLOW_DECISIONS: q.explore_ceiling_flow_decisions,
+            ExplorerQuery.STEP_PARTITIONS: q.explore_ceiling_step_partitions,
+            ExplorerQuery.OPERATOR_REQUESTS: q.explore_ceiling_operator_requests,
+        }
 
     def __repr__(self) -> str:
         return f"JobExplorer({self._repository!r})"
-
-    # ------------------------------------------------------------------ plumbing
 
     def _read(self, work: Callable[[Conn], T]) -> T:
         """Run `work` in one read-only transaction, always rolled back; map failures."""
@@ -165,7 +138,7 @@ class JobExplorer:
 
     def _ceiling(self, conn: Conn, query: ExplorerQuery, job_name: str | None) -> int:
         params = {"job_name": job_name} if query is ExplorerQuery.INSTANCES else {}
-        value = _ceiling_statement(self._statements, query).scalar(conn, **params)
+        value = self._ceilings[query].scalar(conn, **params)
         if value is None:
             return 0
         if type(value) is not int or not 0 < value <= INT64_MAX:
@@ -187,21 +160,18 @@ class JobExplorer:
         fetch: Fetch,
         decode: Callable[[Row], T],
         key_of: Callable[[T], CursorKey],
-        parent_missing: Callable[[Conn], RepositoryError | None] | None = None,
+        parent: Parent | None = None,
         *,
         job_name: str | None = None,
     ) -> Page[T]:
         page_size = page_size or PageSize()
         binding = query_binding(query, page_size, filter_value)
-        key: CursorKey | None = None
-        ceiling: int | None = None
-        if after is not None:
-            key, ceiling = after.open(query, binding)
+        key, ceiling = (None, None) if after is None else after.open(query, binding)
 
         def work(conn: Conn) -> tuple[list[T], int]:
-            if parent_missing is not None:
-                missing = parent_missing(conn)
-                if missing is not None:
+            if parent is not None:
+                exists, missing, parent_params = parent
+                if not exists.scalar(conn, **parent_params):
                     raise ExplorerRepositoryError(error=missing)
             current = self._ceiling(conn, query, job_name)
             if ceiling is not None and ceiling > current:
@@ -209,49 +179,33 @@ class JobExplorer:
             bound = current if ceiling is None else ceiling
             if bound == 0:
                 return [], 0
-            return [decode(row) for row in fetch(conn, key, bound, page_size.value)], bound
+            bounds = {"ceiling": bound, "row_limit": page_size.value}
+            return [decode(row) for row in fetch(conn, key, bounds)], bound
 
         items, bound = self._read(work)
         kept: list[T] = []
         total = 0
-        truncated = False
         for item in items:
             size = _row_size(item)
             if not kept and size > MAX_RESPONSE_BYTES:
                 raise ResponseTooLarge(limit=page_size.value)
-            if total + size > MAX_RESPONSE_BYTES:
-                truncated = True
+            total += size
+            if total > MAX_RESPONSE_BYTES:
                 break
             kept.append(item)
-            total += size
-        next_cursor = None
-        if kept and (truncated or len(items) == page_size.value):
-            next_cursor = Cursor.issue(query, key_of(kept[-1]), bound, binding)
+        # More may follow when the response bound cut the page short or the page is full.
+        more = bool(kept) and (len(kept) < len(items) or len(items) == page_size.value)
+        next_cursor = Cursor.issue(query, key_of(kept[-1]), bound, binding) if more else None
         return Page(items=tuple(kept), next_cursor=next_cursor, ceiling=bound)
-
-    def _exists(
-        self, name: Statement, error: RepositoryError, **params: Any
-    ) -> Callable[[Conn], RepositoryError | None]:
-        def check(conn: Conn) -> RepositoryError | None:
-            return None if name.scalar(conn, **params) else error
-
-        return check
-
-    # ------------------------------------------------------------------ queries
 
     def job_names(
         self, page_size: PageSize | None = None, after: Cursor | None = None
     ) -> Page[JobNameSummary]:
         """Distinct job names of instances in byte order, with their latest execution."""
 
-        def fetch(conn: Conn, key: CursorKey | None, ceiling: int, limit: int) -> list[Row]:
+        def fetch(conn: Conn, key: CursorKey | None, bounds: dict[str, int]) -> list[Row]:
             after_name = key.name if isinstance(key, NameKey) else ""
-            return self._statements.explore_job_names.many(
-                conn,
-                after_name=after_name,
-                ceiling=ceiling,
-                row_limit=limit,
-            )
+            return self._statements.explore_job_names.many(conn, after_name=after_name, **bounds)
 
         return self._page(
             ExplorerQuery.JOB_NAMES,
@@ -270,14 +224,10 @@ class JobExplorer:
         if type(job_name) is not str:
             raise TypeError("job_name must be a str")
 
-        def fetch(conn: Conn, key: CursorKey | None, ceiling: int, limit: int) -> list[Row]:
+        def fetch(conn: Conn, key: CursorKey | None, bounds: dict[str, int]) -> list[Row]:
             before = key.id if isinstance(key, IdentityKey) else INT64_MAX
             return self._statements.explore_instances.many(
-                conn,
-                job_name=job_name,
-                ceiling=ceiling,
-                before_id=before,
-                row_limit=limit,
+                conn, job_name=job_name, before_id=before, **bounds
             )
 
         return self._page(
@@ -297,16 +247,15 @@ class JobExplorer:
         """Attempts of an instance, (attempt, id) descending (wraps JobInstanceNotFound)."""
         check_identifier(IdentifierKind.JOB_INSTANCE, job_instance_id)
 
-        def fetch(conn: Conn, key: CursorKey | None, ceiling: int, limit: int) -> list[Row]:
+        def fetch(conn: Conn, key: CursorKey | None, bounds: dict[str, int]) -> list[Row]:
             last = (key.primary, key.id) if isinstance(key, OrderedKey) else (INT64_MAX, INT64_MAX)
             attempt, before = last
             return self._statements.explore_executions.many(
                 conn,
                 job_instance_id=job_instance_id,
-                ceiling=ceiling,
                 before_attempt=attempt,
                 before_id=before,
-                row_limit=limit,
+                **bounds,
             )
 
         return self._page(
@@ -317,10 +266,10 @@ class JobExplorer:
             fetch,
             codec.decode_execution_projection,
             lambda item: OrderedKey(item.attempt, item.id),
-            self._exists(
+            (
                 self._statements.explore_job_instance_exists,
                 JobInstanceNotFound(id=job_instance_id),
-                job_instance_id=job_instance_id,
+                {"job_instance_id": job_instance_id},
             ),
         )
 
@@ -348,8 +297,16 @@ class JobExplorer:
         self, query: ExplorerQuery, parent_id: int, page_size: PageSize | None, after: Cursor | None
     ) -> Page[Any]:
         """A page of the rows under one job execution (or, for partitions, step execution)."""
-        statement_of, decode, ordered = _CHILDREN[query]
         q = self._statements
+        statement = {
+            ExplorerQuery.STEP_EXECUTIONS: q.explore_step_executions,
+            ExplorerQuery.RECOVERY_DECISIONS: q.explore_recovery_decisions,
+            ExplorerQuery.FLOW_DECISIONS: q.explore_flow_decisions,
+            ExplorerQuery.STEP_PARTITIONS: q.explore_step_partitions,
+            ExplorerQuery.OPERATOR_REQUESTS: q.explore_operator_requests,
+        }[query]
+        # Flow decisions page by (sequence, id), every other child listing by id.
+        ordered = query is ExplorerQuery.FLOW_DECISIONS
         missing: RepositoryError
         if query is ExplorerQuery.STEP_PARTITIONS:
             kind, parent_column = IdentifierKind.STEP_EXECUTION, "step_execution_id"
@@ -358,14 +315,9 @@ class JobExplorer:
             kind, parent_column = IdentifierKind.JOB_EXECUTION, "job_execution_id"
             exists, missing = q.explore_job_execution_exists, JobExecutionNotFound(id=parent_id)
         check_identifier(kind, parent_id)
-        statement = statement_of(q)
 
-        def fetch(conn: Conn, key: CursorKey | None, ceiling: int, limit: int) -> list[Row]:
-            params: dict[str, Any] = {
-                parent_column: parent_id,
-                "ceiling": ceiling,
-                "row_limit": limit,
-            }
+        def fetch(conn: Conn, key: CursorKey | None, bounds: dict[str, int]) -> list[Row]:
+            params: dict[str, Any] = {parent_column: parent_id, **bounds}
             if ordered:
                 params["after_sequence"], params["after_id"] = (
                     (key.primary, key.id) if isinstance(key, OrderedKey) else (0, 0)
@@ -374,11 +326,12 @@ class JobExplorer:
                 params["after_id"] = key.id if isinstance(key, IdentityKey) else 0
             return statement.many(conn, **params)
 
-        exists_check = self._exists(exists, missing, **{parent_column: parent_id})
+        exists_check: Parent = (exists, missing, {parent_column: parent_id})
 
         def key_of(item: Any) -> CursorKey:
             return OrderedKey(item.sequence, item.id) if ordered else IdentityKey(item.id)
 
+        decode = _CHILD_DECODERS[query]
         return self._page(query, parent_id, page_size, after, fetch, decode, key_of, exists_check)
 
     def step_executions(
@@ -427,13 +380,12 @@ class JobExplorer:
             raise ExplorerAgeBoundTooSmall(requested_seconds=seconds)
         age_us = minimum_age // _dt.timedelta(microseconds=1)
 
-        def fetch(conn: Conn, key: CursorKey | None, ceiling: int, limit: int) -> list[Row]:
+        def fetch(conn: Conn, key: CursorKey | None, bounds: dict[str, int]) -> list[Row]:
             return self._statements.explore_unresolved_executions.many(
                 conn,
                 minimum_age_us=age_us,
-                ceiling=ceiling,
                 after_id=key.id if isinstance(key, IdentityKey) else 0,
-                row_limit=limit,
+                **bounds,
             )
 
         return self._page(

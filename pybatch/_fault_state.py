@@ -44,8 +44,6 @@ from pybatch.values.status import BatchStatus
 if TYPE_CHECKING:
     from pybatch._job_repository import JobRepository
 
-__all__ = ["FaultState", "RetryPolicy"]
-
 #: How a reservation reports a COMMIT that did not make it durable.
 _COMMIT_ERRORS = CommitErrors(
     aborted=FaultStateUnavailable,

@@ -31,8 +31,6 @@ from pybatch.values.capabilities import RepositoryCapability, RepositoryDescript
 from pybatch.values.ownership import OwnerToken
 from pybatch.values.recovery import RecoverySnapshot
 
-__all__ = ["JobRepository"]
-
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -59,14 +57,9 @@ def _clock_skew_check(config: ConnectionConfig, clock: Clock) -> ConnectionCheck
             return None
         milliseconds = int(abs(skew) / timedelta(milliseconds=1))
         direction = "ahead of" if skew > timedelta(0) else "behind"
-        logger.error(
-            "pybatch: refusing the connection: this host's clock is %s ms %s the database "
-            "server's (at most %s ms allowed); synchronise it (NTP)",
-            milliseconds,
-            direction,
-            bound_ms,
-        )
-        return ClockSkewExceeded(skew_ms=milliseconds, direction=direction, bound_ms=bound_ms)
+        refusal = ClockSkewExceeded(skew_ms=milliseconds, direction=direction, bound_ms=bound_ms)
+        logger.error("pybatch: refusing the connection: %s", refusal)
+        return refusal
 
     return check
 

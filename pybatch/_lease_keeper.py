@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pybatch._unit_of_work import UnitOfWork
@@ -20,8 +21,6 @@ from pybatch.values.ownership import ExecutionLease, OwnerToken
 
 if TYPE_CHECKING:
     from pybatch._job_repository import JobRepository
-
-__all__ = ["LeaseKeeper", "PartitionLeaseKeeper"]
 
 logger = logging.getLogger("pybatch.etl")
 
@@ -34,6 +33,10 @@ class _Keeper:
 
     #: The error a renewal raises when the ownership is gone.
     lost_error: type[ExecutionOwnershipLost] | type[PartitionOwnershipLost]
+    #: The typed error naming the lost ownership.
+    lost_ownership: Callable[[], PyBatchError]
+    #: One renewal in the caller's thread; raises `lost_error` when the ownership is gone.
+    _renew_once: Callable[[], None]
 
     def __init__(
         self,
@@ -65,14 +68,6 @@ class _Keeper:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
 
-    def lost_ownership(self) -> PyBatchError:
-        """The typed error naming the lost ownership."""
-        raise NotImplementedError
-
-    def _renew_once(self) -> None:
-        """One renewal in the caller's thread; raises `lost_error` when the ownership is gone."""
-        raise NotImplementedError
-
     def raise_if_lost(self) -> None:
         """Renew once after a refused write: raise `lost_error` only if the ownership is gone.
 
@@ -101,12 +96,8 @@ class _Keeper:
         while not self._halt.wait(wait):
             try:
                 self.renew_now()
-            except self.lost_error:
-                logger.error(
-                    "pybatch: %s is no longer owned by this process; its lease lapsed and "
-                    "another process recovered it",
-                    self._description,
-                )
+            except self.lost_error as lost:
+                logger.error("pybatch: %s", lost)
                 return
             except PyBatchError as error:
                 # A dropped or killed connection, a lock timeout: try again soon, well

@@ -31,16 +31,6 @@ from pybatch.errors import (
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
 
-__all__ = [
-    "Migration",
-    "installed_schema_version",
-    "migrate",
-    "migration_sql",
-    "pending_migrations",
-    "shipped_migrations",
-    "supported_schema_version",
-]
-
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
 
@@ -58,11 +48,10 @@ class Migration:
         return self.path.read_text(encoding="utf-8")
 
 
-def shipped_migrations(directory: Path | None = None) -> list[Migration]:
+def shipped_migrations() -> list[Migration]:
     """Every migration file shipped with this package, in version order, contiguous from 1."""
-    folder = directory or migrations_dir()
     found: list[Migration] = []
-    for path in sorted(folder.glob("*.sql")):
+    for path in sorted(migrations_dir().glob("*.sql")):
         match = _FILE_NAME.match(path.name)
         if match is None:
             raise ValueError(f"migration file {path.name} is not named NNNN_description.sql")
@@ -154,14 +143,13 @@ def _verify_history(
         return
     if not statements.find_schema_migration_table.scalar(conn):
         raise MigrationHistoryInvalid(version=installed)
-    applied = statements.list_schema_migrations.many(conn)
     try:
         history = [
             (
                 decode_int64(row["version"], column="version", minimum=1),
                 decode_digest(row["checksum"], column="checksum"),
             )
-            for row in applied
+            for row in statements.list_schema_migrations.many(conn)
         ]
     except DecodeError:
         raise MigrationHistoryInvalid(version=installed) from None
@@ -176,31 +164,24 @@ def _verify_history(
             raise MigrationChecksumMismatch(version=version)
 
 
-def _pending(installed: int | None, shipped: list[Migration]) -> list[Migration]:
+def _pending(conn: psycopg.Connection[Any], shipped: list[Migration]) -> list[Migration]:
+    """The shipped files not applied yet; a newer schema, then a changed history, is refused."""
+    installed = _read_version(conn)
     current = installed or 0
     supported = shipped[-1].version
     if current > supported:
         raise NewerSchema(current=current, supported=supported)
+    _verify_history(conn, installed, shipped)
     return [migration for migration in shipped if migration.version > current]
 
 
 @_driver_errors_mapped
-def pending_migrations(config: ConnectionConfig) -> list[Migration]:
-    """The files `migrate` would apply now, after the same refusals (read-only)."""
+def migration_sql(config: ConnectionConfig) -> str:
+    """The exact SQL `migrate` would run now (same refusals), for a DBA to review or run by hand."""
+    statements = load_statements()
     shipped = shipped_migrations()
     with open_connection(config, autocommit=True) as conn:
-        installed = _read_version(conn)
-        pending = _pending(installed, shipped)
-        _verify_history(conn, installed, shipped)
-        return pending
-
-
-@_driver_errors_mapped
-def migration_sql(config: ConnectionConfig) -> str:
-    """The exact SQL `migrate` would run now, for a DBA to review or apply by hand."""
-    statements = load_statements()
-    pending = pending_migrations(config)
-    with open_connection(config, autocommit=True) as conn:
+        pending = _pending(conn, shipped)
         cursor = psycopg.ClientCursor(conn)
         parts = [cursor.mogrify(statements.create_pybatch_schema.query) + "\n"]
         for m in pending:
@@ -241,7 +222,6 @@ def migrate(config: ConnectionConfig, *, dry_run: bool = False) -> list[Migratio
     (then under the history lock). A newer schema or changed checksum is refused first.
     """
     shipped = shipped_migrations()
-    statements = load_statements()
     applied: list[Migration] = []
     races = 0
     with open_connection(config, autocommit=True) as conn:
@@ -250,14 +230,12 @@ def migrate(config: ConnectionConfig, *, dry_run: bool = False) -> list[Migratio
             try:
                 with conn.transaction():
                     locked = _lock_migrations(conn)
-                    installed = _read_version(conn)
-                    pending = _pending(installed, shipped)
-                    _verify_history(conn, installed, shipped)
+                    pending = _pending(conn, shipped)
                     if dry_run:
                         return pending
                     if not pending:
                         break
-                    statements.create_pybatch_schema.affected(conn)
+                    load_statements().create_pybatch_schema.affected(conn)
                     _apply(conn, pending[0])
                     applied.append(pending[0])
             except psycopg.Error as error:

@@ -48,18 +48,6 @@ from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 if TYPE_CHECKING:
     from pybatch._unit_of_work import UnitOfWork
 
-__all__ = [
-    "Runner",
-    "RunnerFactory",
-    "aggregate_plan",
-    "find_running_parent",
-    "plan_entries",
-    "recover_lost_workers",
-    "start_partitioned_step",
-    "supervise",
-    "work_on_plan",
-]
-
 logger = logging.getLogger("pybatch.partitioned")
 
 #: Runs one claimed partition with its worker step and the keeper of its lease (the ETL
@@ -197,13 +185,8 @@ def work_on_plan(
         keeper.start()
         try:
             _run_partition(repository, runner, partition, worker, keeper)
-        except PartitionOwnershipLost:
-            logger.error(
-                "pybatch: partition %s was recovered by another process while worker step "
-                "%s ran it; this worker leaves it alone",
-                partition.key.value,
-                worker.id,
-            )
+        except PartitionOwnershipLost as lost:
+            logger.error("pybatch: %s (partition key %s)", lost, partition.key.value)
         finally:
             keeper.halt()
         ran += 1
@@ -217,10 +200,6 @@ def _run_partition(
     keeper: PartitionLeaseKeeper,
 ) -> None:
     """Run one claimed partition and end it; PartitionOwnershipLost touches nothing."""
-
-    def end(status: BatchStatus) -> None:
-        _end_owned(repository, partition, worker.id, status, keeper)
-
     try:
         runner(worker, partition, keeper)
     except PartitionOwnershipLost:
@@ -231,15 +210,15 @@ def _run_partition(
         logger.exception(
             "pybatch: partition %s failed in worker step %s", partition.key.value, worker.id
         )
-        end(BatchStatus.FAILED)
+        _end_owned(repository, partition, worker.id, BatchStatus.FAILED, keeper)
     except BaseException:
         try:
-            end(BatchStatus.STOPPED)
+            _end_owned(repository, partition, worker.id, BatchStatus.STOPPED, keeper)
         except PartitionOwnershipLost:
             pass  # the partition is another worker's now; the interruption still propagates
         raise
     else:
-        end(BatchStatus.COMPLETED)
+        _end_owned(repository, partition, worker.id, BatchStatus.COMPLETED, keeper)
 
 
 def _end_owned(
@@ -259,12 +238,7 @@ def _end_owned(
         raise keeper.lost_ownership()
     try:
         _end_worker(repository, partition, worker_id, status)
-    except (
-        StaleVersion,
-        PartitionWorkerStale,
-        PartitionUpdateNotAllowed,
-        ConcurrentModification,
-    ):
+    except (StaleVersion, PartitionWorkerStale, PartitionUpdateNotAllowed, ConcurrentModification):
         keeper.renew_now()  # PartitionOwnershipLost when the partition is no longer ours
         raise
 
@@ -409,10 +383,6 @@ def supervise(
         process.start()
         processes.append(process)
 
-    def open_partitions() -> int:
-        with repository.begin() as uow:
-            return uow.partitions.count_open(parent.id)
-
     try:
         for _ in range(workers):
             spawn()
@@ -423,7 +393,9 @@ def supervise(
                 for process in processes:
                     process.terminate()
                 raise
-            if not open_partitions():
+            with repository.begin() as uow:
+                still_open = uow.partitions.count_open(parent.id)
+            if not still_open:
                 break
             alive = [p for p in processes if p.is_alive()]
             for process in processes:

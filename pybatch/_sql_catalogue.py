@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -62,11 +63,8 @@ class StatementEntry:
 def _entry(statement: Statement) -> StatementEntry:
     text = statement.query.decode()
     # pugsql keeps the first `:doc` line; the comment lines that continue it lead the text.
-    doc_lines = [statement.doc]
-    for line in text.splitlines()[1:]:
-        if not line.startswith("--"):
-            break
-        doc_lines.append(line[2:])
+    continued = itertools.takewhile(lambda line: line.startswith("--"), text.splitlines()[1:])
+    doc_lines = [statement.doc, *(line[2:] for line in continued)]
     touched = sorted(set(_TABLE.findall(text)))
     written = sorted({match[1] for match in _WRITE.findall(text)})
     return StatementEntry(
@@ -154,20 +152,13 @@ def render_markdown(entries: list[StatementEntry] | None = None) -> str:
         "Columns: the result mode (`one` row, `many` rows, a `scalar`, or the `affected` row",
         "count), the bound parameters, and the tables the statement reads and writes.",
     ]
-    current = None
-    for entry in entries:
-        if entry.file != current:
-            current = entry.file
-            out += [
-                "",
-                f"## {entry.file}",
-                "",
-                "| Statement | Mode | Parameters | Reads | Writes | Doc |",
-                "|---|---|---|---|---|---|",
-            ]
-        doc = entry.doc.replace("|", "\\|")
-        out.append(
-            f"| `{entry.name}` | {entry.mode} | {_cell(entry.parameters)} | "
-            f"{_cell(entry.tables_read)} | {_cell(entry.tables_written)} | {doc} |"
-        )
+    for file, group in itertools.groupby(entries, key=lambda entry: entry.file):
+        out += ["", f"## {file}", "", "| Statement | Mode | Parameters | Reads | Writes | Doc |"]
+        out += ["|---|---|---|---|---|---|"]
+        for entry in group:
+            doc = entry.doc.replace("|", "\\|")
+            out.append(
+                f"| `{entry.name}` | {entry.mode} | {_cell(entry.parameters)} | "
+                f"{_cell(entry.tables_read)} | {_cell(entry.tables_written)} | {doc} |"
+            )
     return "\n".join(out) + "\n"

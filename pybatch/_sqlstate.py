@@ -64,9 +64,7 @@ def sqlstate_of(exc: BaseException) -> str | None:
 
 def constraint_name(exc: BaseException) -> str | None:
     """The violated constraint's name, if the server named one."""
-    if isinstance(exc, psycopg.Error):
-        return exc.diag.constraint_name
-    return None
+    return exc.diag.constraint_name if isinstance(exc, psycopg.Error) else None
 
 
 def is_connection_loss(exc: BaseException, conn: psycopg.Connection[object] | None) -> bool:
@@ -152,26 +150,19 @@ _TLS_VERIFICATION_PHRASES = (
 )
 
 
-def _sqlstate_of_connect_failure(error: psycopg.Error) -> str | None:
-    if (state := sqlstate_of(error)) is not None:
-        return state
-    text = str(error)
-    for phrases, phrase_state in _PHRASES:
-        if all(phrase in text for phrase in phrases):
-            return phrase_state
-    return None
-
-
 def classify_connect_failure(error: psycopg.Error) -> PyBatchError:
     """The pybatch error for a failed `psycopg.connect` (message text never copied)."""
-    state = _sqlstate_of_connect_failure(error)
+    text = str(error)
+    state = sqlstate_of(error)
+    if state is None:
+        state = next((code for phrases, code in _PHRASES if all(p in text for p in phrases)), None)
     if state in _AUTHENTICATION:
         return AuthenticationFailed(sqlstate=state)
     if state == "3D000":
         return DatabaseNotFound(sqlstate=state)
     if state == "42501":
         return PermissionDenied()
-    if state is None and any(phrase in str(error) for phrase in _TLS_VERIFICATION_PHRASES):
+    if state is None and any(phrase in text for phrase in _TLS_VERIFICATION_PHRASES):
         return TlsVerificationFailed()
     return Unavailable(sqlstate=state)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from typing import Generic, TypeVar
+from functools import cached_property
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -18,7 +18,7 @@ from psycopg.pq import TransactionStatus
 from pybatch import _sqlstate
 from pybatch._clock import Clock
 from pybatch._codecs._primitives import DecodeError
-from pybatch._repository._capability import Capability, Overrides
+from pybatch._repository._capability import Overrides
 from pybatch._repository.definitions import Definitions
 from pybatch._repository.executions import Executions
 from pybatch._repository.flow import Flow
@@ -44,30 +44,9 @@ from pybatch.errors import (
     UnitOfWorkClosed,
 )
 
-__all__ = ["UnitOfWork"]
-
 _COMMIT_ERRORS = CommitErrors(
-    aborted=TransactionAborted,
-    refused=_sqlstate.translate,
-    unknown=CommitOutcomeUnknown,
+    aborted=TransactionAborted, refused=_sqlstate.translate, unknown=CommitOutcomeUnknown
 )
-
-
-C = TypeVar("C", bound=Capability)
-
-
-class _Bound(Generic[C]):
-    """A capability bound on first access and kept (a cached property)."""
-
-    def __init__(self, capability: type[C]) -> None:
-        self._capability = capability
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._name = name
-
-    def __get__(self, uow: UnitOfWork, owner: type | None = None) -> C:
-        bound = uow.__dict__[self._name] = self._capability(uow)
-        return bound
 
 
 class UnitOfWork:
@@ -168,15 +147,15 @@ class UnitOfWork:
             raise Unavailable()
 
     # Each is pybatch/_repository/<name>.py over queries/<name>.sql, created on first use.
-    definitions = _Bound(Definitions)
-    instances = _Bound(Instances)
-    executions = _Bound(Executions)
-    steps = _Bound(Steps)
-    flow = _Bound(Flow)
-    partitions = _Bound(Partitions)
-    recovery = _Bound(Recovery)
-    operator_requests = _Bound(OperatorRequests)
-    stop_requests = _Bound(StopRequests)
-    ownership = _Bound(Ownership)
-    holds = _Bound(Holds)
-    retention = _Bound(Retention)
+    definitions = cached_property(Definitions)
+    instances = cached_property(Instances)
+    executions = cached_property(Executions)
+    steps = cached_property(Steps)
+    flow = cached_property(Flow)
+    partitions = cached_property(Partitions)
+    recovery = cached_property(Recovery)
+    operator_requests = cached_property(OperatorRequests)
+    stop_requests = cached_property(StopRequests)
+    ownership = cached_property(Ownership)
+    holds = cached_property(Holds)
+    retention = cached_property(Retention)

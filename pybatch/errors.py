@@ -87,8 +87,7 @@ class _BrokenTextRule:
     character_index: int | None = None
 
     def __str__(self) -> str:
-        fields = _fields(self)
-        text = f"{self.subject} {_TEXT_RULE_MESSAGES[self.rule]}".format(**fields)
+        text = f"{self.subject} {_TEXT_RULE_MESSAGES[self.rule]}".format(**_fields(self))
         if self.rule is TextRule.CONTROL_CHARACTER and self.character_index is not None:
             text += f" at index {self.character_index}"
         return text
@@ -104,11 +103,8 @@ class _PurgedHistory:
         return f"{text} (its history was purged)" if self.purged else text
 
 
-# The table. One class per row, without blank lines: the rows read as a table, not as code.
+# The table. One class per row, a blank line between families: the rows read as a table.
 # fmt: off
-# --------------------------------------------------------------------------------- RepositoryError
-# The lifecycle leaves, FaultStateCorrupt and NewerSchema are RepositoryErrors too; they are
-# written with their second family below.
 class RepositoryError(PyBatchError):
     """An operation of the job repository failed."""
     message = "job repository error"
@@ -331,7 +327,6 @@ class RepositoryDomainError(RepositoryError):
     message = "invalid repository domain value: {error}"
     error: DomainError
 
-# ------------------------------------------------------------------------------------- DomainError
 class DomainError(PyBatchError):
     """A domain value was invalid (docs/contract.md, Values)."""
     message = "invalid repository domain value"
@@ -406,7 +401,6 @@ class PartitionContextTooLarge(DomainError):
     message = "partition context exceeds {max_bytes} bytes"
     max_bytes: int
 
-# ---------------------------------------------------------------------------------- LifecycleError
 class LifecycleError(PyBatchError):
     """A lifecycle transition or version check failed (docs/contract.md, Lifecycle)."""
     message = "lifecycle error"
@@ -438,7 +432,6 @@ class CountExhausted(LifecycleError, RepositoryError):
     """A counter would exceed its bound."""
     message = "a counter would exceed its bound"
 
-# --------------------------------------------------------------------------------- DefinitionError
 class DefinitionError(PyBatchError):
     """A job definition, token or upgrade value was invalid (docs/contract.md, Definitions)."""
     message = "invalid job definition"
@@ -469,7 +462,6 @@ class ManifestInvalid(DefinitionError):
     message = "definition manifest is not a canonical JSON object: {reason}"
     reason: str
 
-# --------------------------------------------------------------------------------------- PlanError
 class PlanError(PyBatchError):
     """A flow plan value was invalid."""
     message = "invalid flow plan value"
@@ -477,7 +469,6 @@ class ZeroStartLimit(PlanError):
     """A start limit of zero was given."""
     message = "start limit must be non-zero"
 
-# -------------------------------------------------------------------------------------- StateError
 class StateError(PyBatchError):
     """A checkpoint or context envelope was invalid (docs/contract.md, State envelopes)."""
     message = "invalid durable state envelope"
@@ -538,7 +529,6 @@ class StateEnvelopeInvalid(StateError):
     message = "durable state envelope refused: {reason}"
     reason: str
 
-# --------------------------------------------------------------------------- FaultStateFormatError
 class FaultStateFormatError(PyBatchError):
     """A fault-state envelope could not be decoded or validated (docs/contract.md, Fault state)."""
     message = "fault state envelope is invalid"
@@ -547,7 +537,6 @@ class FaultStateEnvelopeInvalid(FaultStateFormatError):
     message = "fault state envelope refused: {reason}"
     reason: str
 
-# --------------------------------------------------------------------------------- FaultStateError
 class FaultStateError(PyBatchError):
     """The durable fault-state store refused an operation (docs/contract.md, Chunk transactions)."""
     message = "fault state error"
@@ -571,7 +560,6 @@ class FaultStateCommitOutcomeUnknown(FaultStateError):
     """The reservation's COMMIT acknowledgement was lost."""
     message = "fault reservation commit outcome is unknown"
 
-# ---------------------------------------------------------------------------- RecoveryRequestError
 class RecoveryRequestError(PyBatchError):
     """A recovery request field was invalid."""
     message = "invalid recovery request"
@@ -585,7 +573,6 @@ class RecoveryEvidenceDigestInvalid(RecoveryRequestError):
     """The evidence digest is not 32 bytes."""
     message = "recovery evidence digest must be 32 bytes"
 
-# ------------------------------------------------------------------------------- RequestFieldError
 class RequestFieldError(PyBatchError):
     """An operator request field (actor, reason, operation id) was invalid."""
     message = "invalid request field"
@@ -596,12 +583,10 @@ class RequestFieldInvalid(_BrokenTextRule, RequestFieldError):
     rule: TextRule
     max_bytes: int | None = None
 
-# ----------------------------------------------------------------------------------- OperatorError
 class OperatorError(PyBatchError):
     """An operator request could not be settled (docs/contract.md, Operator requests)."""
     message = "operator request error"
 
-# ---------------------------------------------------------------------------------- RetentionError
 class RetentionError(PyBatchError):
     """A retention request or purge plan was refused (docs/contract.md, Retention and purge)."""
     message = "retention error"
@@ -640,7 +625,6 @@ class OperationOutcomeUnknown(OperatorError, RetentionError):
         "replays a recorded outcome instead of acting twice"
     )
 
-# --------------------------------------------------------------------------- ChunkTransactionError
 class ChunkTransactionError(PyBatchError):
     """A chunk transaction could not commit (docs/contract.md, Chunk transactions)."""
     message = "chunk transaction error"
@@ -656,7 +640,6 @@ class StopRequested(ChunkTransactionError):
     message = "a stop was requested for job execution {id}"
     id: int
 
-# ------------------------------------------------------------------------ BusinessTransactionError
 class BusinessTransactionError(PyBatchError):
     """A business statement run inside a chunk transaction failed; the chunk rolls back."""
     message = "business statement failed"
@@ -674,7 +657,6 @@ class Infrastructure(BusinessTransactionError):
     """A business statement failed for an infrastructure reason; the connection was discarded."""
     message = "business statement failed for an infrastructure reason"
 
-# ------------------------------------------------------------------------------------- ConfigError
 class ConfigError(PyBatchError):
     """A connection configuration value was out of bounds (docs/tables.md 6)."""
     message = "invalid pybatch configuration"
@@ -758,7 +740,6 @@ class UnknownStatement(ConfigError):
     message = "no statement is named {name}"
     name: str
 
-# ---------------------------------------------------------------------- ExplorerError, CursorError
 class ExplorerError(PyBatchError):
     """An explorer page was refused or could not be read (docs/contract.md, Explorer)."""
     message = "explorer error"
@@ -791,7 +772,6 @@ class ExplorerRepositoryError(ExplorerError):
     message = "explorer: {error}"
     error: RepositoryError
 
-# ---------------------------------------------------------------------------------- MigrationError
 class MigrationError(PyBatchError):
     """The schema migrator refused to run or failed."""
     message = "schema migration failed"
@@ -812,7 +792,6 @@ class MigrationLockTimeout(MigrationError):
     """Another migrator (or a racing first install) held the migration lock too long; retry."""
     message = "timed out waiting for the migration lock"
 
-# ------------------------------------------------------------------------------------- JobRunError
 class JobRunError(PyBatchError):
     """A job run ended the way its flow or its partitions decided (pybatch.etl)."""
     message = "the job run ended unsuccessfully"

@@ -26,7 +26,6 @@ _PERMISSION_DENIED = frozenset({"42501", "28000", "28P01"})
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every command group."""
     parser = argparse.ArgumentParser(prog="pybatch", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in (schema, explore, sql, demo, worker, operator, retention):
@@ -34,7 +33,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-EXIT_OK = 0
 EXIT_REFUSED = 1
 EXIT_CONFIGURATION = 2
 EXIT_UNAVAILABLE = 3
@@ -72,8 +70,6 @@ _CONFIGURATION = (
 
 def exit_code_for(error: BaseException) -> int:
     """One table from error family to exit code (docs/operators.md)."""
-    if isinstance(error, e.ExplorerRepositoryError):
-        error = error.error
     for families, code in _EXIT_CODES:
         if isinstance(error, families):
             return code
@@ -89,7 +85,6 @@ def exit_code_for(error: BaseException) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; every failure prints as one redacted line on stderr."""
     parser = build_parser()
-    failure: e.PyBatchError | None = None
     try:
         # Before argparse: an undecodable argument would otherwise fail wherever it is
         # first encoded (psycopg, a print) with a UnicodeEncodeError traceback.
@@ -98,12 +93,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # raises through parse_args and is reported below like any other refusal.
         args = parser.parse_args(argv)
         result: int = args.handler(args)
+        return result
     except e.PyBatchError as error:
         failure = error
     except psycopg.Error as error:  # a path that missed its mapping: still one line
         failure = _sqlstate.translate(error)
-    if failure is None:
-        return result
     if isinstance(failure, e.ExplorerRepositoryError):
         failure = failure.error  # the repository's own error names the cause
     print(f"pybatch: {type(failure).__name__}: {failure}", file=sys.stderr)

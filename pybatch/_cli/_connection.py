@@ -30,14 +30,13 @@ _DSN_WARNING = (
 )
 
 
-def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add --dsn, --dsn-file and --plaintext."""
+def add_connection_arguments(
+    parser: argparse.ArgumentParser,
+    dsn_help: str = "libpq DSN or URI; defaults to $PYBATCH_DSN (never printed). A password in "
+    "it is visible to local users in /proc/PID/cmdline: prefer --dsn-file or PYBATCH_DSN",
+) -> None:
     source = parser.add_mutually_exclusive_group()
-    source.add_argument(
-        "--dsn",
-        help="libpq DSN or URI; defaults to $PYBATCH_DSN (never printed). A password in it is "
-        "visible to local users in /proc/PID/cmdline: prefer --dsn-file or PYBATCH_DSN",
-    )
+    source.add_argument("--dsn", help=dsn_help)
     source.add_argument(
         "--dsn-file",
         metavar="PATH",
@@ -81,7 +80,6 @@ def progress(on_terminal: str, in_log: str) -> None:
 
 
 def connect(args: argparse.Namespace) -> JobRepository:
-    """The repository of the command's connection settings."""
     return JobRepository.connect(config_from_args(args))
 
 

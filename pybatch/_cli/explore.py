@@ -33,7 +33,6 @@ from pybatch.values.explorer import (
     operator_request_json,
     recovery_decision_json,
 )
-from pybatch.values.operator import OperatorRecord
 from pybatch.values.state import EMPTY_STATE_SCHEMA
 
 T = TypeVar("T")
@@ -42,10 +41,9 @@ Parser = argparse.ArgumentParser
 
 def _page_size(text: str) -> int:
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"an integer from 1 to {MAX_PAGE_SIZE}") from None
-    return value
 
 
 def _identifier(text: str) -> int:
@@ -59,7 +57,6 @@ def _identifier(text: str) -> int:
 
 
 def register(commands: Commands) -> None:
-    """Add the five read commands."""
 
     def command(name: str, handler: Handler, help_text: str, *, paged: bool = True) -> Parser:
         parser = add_command(commands, name, handler, help=help_text, description=help_text)
@@ -101,10 +98,8 @@ def register(commands: Commands) -> None:
         type=duration_type("--older-than", unit_required=False),
         default=None,
         metavar="DURATION",
-        help=(
-            "not updated for this long on the database clock: 90s, 10m, 2h, 1d (at least 60s;"
-            " default: the stale threshold, PYBATCH_STALE_THRESHOLD_MS, 15m unless set)"
-        ),
+        help="not updated for this long on the database clock: 90s, 10m, 2h, 1d (at least 60s;"
+        " default: the stale threshold, PYBATCH_STALE_THRESHOLD_MS, 15m unless set)",
     )
 
 
@@ -119,10 +114,7 @@ def _explorer(args: argparse.Namespace) -> Iterator[JobExplorer]:
 
 
 #: Legacy stored names as `show` prints them; stored values (digest inputs) and --json keep them.
-_SHOWN_NAMES = {
-    LEGACY_REVISION: "pybatch default definition",
-    EMPTY_STATE_SCHEMA.value: "empty",
-}
+_SHOWN_NAMES = {LEGACY_REVISION: "pybatch default definition", EMPTY_STATE_SCHEMA.value: "empty"}
 
 
 def _shown(name: str) -> str:
@@ -134,8 +126,13 @@ def _instant(value: _dt.datetime | None) -> str:
     return "-" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    """Columns padded to their widest cell; on a terminal, shrunk to fit its width."""
+def _print_table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], empty: str | None = None
+) -> None:
+    """Columns padded to their widest cell, shrunk to fit a terminal; no rows: `empty`, if given."""
+    if not rows and empty is not None:
+        print(empty)
+        return
     widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
     if sys.stdout.isatty():
         columns = shutil.get_terminal_size().columns
@@ -145,14 +142,12 @@ def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
             widths[widths.index(max(widths))] -= 1
         while len(widths) > 1 and sum(widths) + 2 * (len(widths) - 1) > columns:
             widths.pop()
-        headers = headers[: len(widths)]
-        rows = [row[: len(widths)] for row in rows]
 
     def fit(text: str, width: int) -> str:
         return text if len(text) <= width else text[: max(width - 1, 0)] + "\u2026"
 
-    for line in (headers, *rows):
-        print("  ".join(fit(c, w).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
+    for line in (headers, *rows):  # cells past the columns left (widths) are dropped
+        print("  ".join(fit(c, w).ljust(w) for c, w in zip(line, widths, strict=False)).rstrip())
 
 
 class _Item(Protocol):
@@ -179,10 +174,7 @@ def _list(
         document = {"items": [item.as_json() for item in page.items], "next": next_cursor}
         print(json.dumps(document, ensure_ascii=False))
         return 0
-    if not page.items:
-        print(empty)
-    else:
-        _print_table(headers, [as_row(item) for item in page.items])
+    _print_table(headers, [as_row(item) for item in page.items], empty)
     if next_cursor is not None:
         print(f"next page: --after {next_cursor}")
     return 0
@@ -264,11 +256,12 @@ def _unresolved(args: argparse.Namespace) -> int:
     return _list(args, fetch, _EXECUTION_HEADERS, _execution_row, "no unresolved executions")
 
 
-def _all(fetch: Callable[[Cursor | None], Page[T]]) -> list[T]:
-    page = fetch(None)
+def _all(fetch: Callable[[int, PageSize, Cursor | None], Page[T]], execution_id: int) -> list[T]:
+    size = PageSize(MAX_PAGE_SIZE)
+    page = fetch(execution_id, size, None)
     items = list(page.items)
     while page.next_cursor is not None:
-        page = fetch(page.next_cursor)
+        page = fetch(execution_id, size, page.next_cursor)
         items.extend(page.items)
     return items
 
@@ -283,17 +276,14 @@ def _latest(execution_id: int, latest: LatestAttempt | None) -> str:
 
 
 def _show(args: argparse.Namespace) -> int:
-    size = PageSize(MAX_PAGE_SIZE)
     with _explorer(args) as explorer:
         execution = explorer.execution(args.execution)
         if execution is None:
             raise JobExecutionNotFound(id=args.execution)
         latest = explorer.latest_attempt(execution.instance_id)
-        steps = _all(lambda after: explorer.step_executions(execution.id, size, after))
-        decisions = _all(lambda after: explorer.recovery_decisions(execution.id, size, after))
-        requests: list[OperatorRecord] = _all(
-            lambda after: explorer.operator_requests(execution.id, size, after)
-        )
+        steps = _all(explorer.step_executions, execution.id)
+        decisions = _all(explorer.recovery_decisions, execution.id)
+        requests = _all(explorer.operator_requests, execution.id)
     if args.json:
         document = {
             "execution": execution.as_json(),
@@ -305,87 +295,71 @@ def _show(args: argparse.Namespace) -> int:
         print(json.dumps(document, ensure_ascii=False))
         return 0
     failure = execution.failure
-    fields = [
-        ("execution", str(execution.id)),
-        ("job", f"{execution.job_name} (instance {execution.instance_id})"),
-        ("attempt", str(execution.attempt)),
-        ("latest", _latest(execution.id, latest)),
-        ("status", f"{execution.status.value} (exit {execution.exit_code})"),
-        ("version", str(execution.version)),
-        ("created", _instant(execution.created_at)),
-        ("started", _instant(execution.started_at)),
-        ("ended", _instant(execution.ended_at)),
-        ("updated", _instant(execution.updated_at)),
-        (
-            "counts",
-            ", ".join(f"{name} {value}" for name, value in execution.counts.as_json().items()),
+    fields = {
+        "execution": str(execution.id),
+        "job": f"{execution.job_name} (instance {execution.instance_id})",
+        "attempt": str(execution.attempt),
+        "latest": _latest(execution.id, latest),
+        "status": f"{execution.status.value} (exit {execution.exit_code})",
+        "version": str(execution.version),
+        "created": _instant(execution.created_at),
+        "started": _instant(execution.started_at),
+        "ended": _instant(execution.ended_at),
+        "updated": _instant(execution.updated_at),
+        "counts": ", ".join(
+            f"{name} {value}" for name, value in execution.counts.as_json().items()
         ),
-        (
-            "failure",
-            "-" if failure is None else f"{failure.category.value} (id {failure.failure_id})",
-        ),
-        (
-            "stop",
-            "-"
-            if execution.stop_requested_at is None
-            else f"requested {_instant(execution.stop_requested_at)} by "
-            f"{execution.stop_requested_by}",
-        ),
-        ("owner", "recorded" if execution.owner_recorded else "none recorded"),
-        (
-            "definition",
-            f"{_shown(execution.definition.revision)} (manifest format "
-            f"{execution.definition.manifest_format})",
-        ),
-        (
-            "context",
-            f"{_shown(execution.context.schema_id)} v{execution.context.schema_version}, "
-            f"{execution.context.encoded_len} bytes",
-        ),
-    ]
-    width = max(len(name) for name, _ in fields)
-    for name, value in fields:
+        "failure": "-"
+        if failure is None
+        else f"{failure.category.value} (id {failure.failure_id})",
+        "stop": "-"
+        if execution.stop_requested_at is None
+        else f"requested {_instant(execution.stop_requested_at)} by {execution.stop_requested_by}",
+        "owner": "recorded" if execution.owner_recorded else "none recorded",
+        "definition": f"{_shown(execution.definition.revision)} (manifest format "
+        f"{execution.definition.manifest_format})",
+        "context": f"{_shown(execution.context.schema_id)} v{execution.context.schema_version}, "
+        f"{execution.context.encoded_len} bytes",
+    }
+    width = max(len(name) for name in fields)
+    for name, value in fields.items():
         print(f"{name.ljust(width)}  {value}")
     print()
-    if steps:
-        _print_table(
-            "STEP NAME STATUS EXIT READ WRITTEN COMMITS CHECKPOINT FAILURE".split(),
+    _print_table(
+        "STEP NAME STATUS EXIT READ WRITTEN COMMITS CHECKPOINT FAILURE".split(),
+        [
             [
-                [
-                    str(step.id),
-                    step.step_name,
-                    step.status.value,
-                    step.exit_code,
-                    str(step.counts.read),
-                    str(step.counts.written),
-                    str(step.counts.commits),
-                    f"{_shown(step.checkpoint.schema_id)} v{step.checkpoint.schema_version}, "
-                    f"{step.checkpoint.encoded_len} bytes",
-                    "-" if step.failure is None else step.failure.category.value,
-                ]
-                for step in steps
-            ],
-        )
-    else:
-        print("no steps")
+                str(step.id),
+                step.step_name,
+                step.status.value,
+                step.exit_code,
+                str(step.counts.read),
+                str(step.counts.written),
+                str(step.counts.commits),
+                f"{_shown(step.checkpoint.schema_id)} v{step.checkpoint.schema_version}, "
+                f"{step.checkpoint.encoded_len} bytes",
+                "-" if step.failure is None else step.failure.category.value,
+            ]
+            for step in steps
+        ],
+        "no steps",
+    )
     print()
-    if decisions:
-        _print_table(
-            "DECISION FROM TO REASON BY DECIDED".split(),
+    _print_table(
+        "DECISION FROM TO REASON BY DECIDED".split(),
+        [
             [
-                [
-                    str(d.id),
-                    d.prior_status.value,
-                    d.resulting_status.value,
-                    d.reason_code,
-                    d.operator_reference,
-                    _instant(d.decided_at),
-                ]
-                for d in decisions
-            ],
-        )
-    else:
-        print("no recovery decisions")
+                str(d.id),
+                d.prior_status.value,
+                d.resulting_status.value,
+                d.reason_code,
+                d.operator_reference,
+                _instant(d.decided_at),
+            ]
+            for d in decisions
+        ],
+        "no recovery decisions",
+    )
     if requests:
         print()
         _print_table(

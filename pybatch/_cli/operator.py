@@ -11,6 +11,8 @@ import sys
 import time
 import uuid
 
+import attrs
+
 from pybatch._cli._arguments import duration_type
 from pybatch._cli._connection import Commands, add_command, connect, positive_id, progress
 from pybatch._services.audit import verify_audit_chain
@@ -29,14 +31,9 @@ from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 
 #: How often `stop --wait` polls the execution.
 WAIT_POLL_S = 0.5
-
+Code = OperatorRejectionCode
 
 _execution_id = positive_id("execution id")
-
-
-def _default_actor() -> str:
-    user = re.sub(r"[^A-Za-z0-9._:@-]", "_", os.environ.get("USER", "") or "operator")
-    return f"cli:{user}"[:128]
 
 
 def add_request_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,11 +52,11 @@ def request_identity(args: argparse.Namespace) -> tuple[OperationId, ActorRef]:
         print(f"operation id: {operation_id.value}", file=sys.stderr)
     else:
         operation_id = OperationId(args.operation_id)
-    return operation_id, ActorRef(args.actor or _default_actor())
+    user = re.sub(r"[^A-Za-z0-9._:@-]", "_", os.environ.get("USER", "") or "operator")
+    return operation_id, ActorRef(args.actor or f"cli:{user}"[:128])
 
 
 def register(commands: Commands) -> None:
-    """Add the operator commands."""
     stop = add_command(commands, "stop", _stop, help="ask a running job execution to stop")
     add_request_arguments(stop)
     stop.add_argument("execution_id", type=_execution_id, metavar="EXECUTION_ID")
@@ -108,20 +105,14 @@ def _report(outcome: OperatorOutcome) -> int:
     line = f"{outcome.outcome.value} {record.action.value} operation {record.operation_id.value}"
     if outcome.rejection is not None:
         rejection = outcome.rejection
-        details = [
-            f"{name}={value}"
-            for name, value in (
-                ("current_version", rejection.current_version),
-                ("status", None if rejection.status is None else rejection.status.value),
-                ("execution_id", rejection.execution_id),
-            )
-            if value is not None
-        ]
+        fields = {
+            "current_version": rejection.current_version,
+            "status": None if rejection.status is None else rejection.status.value,
+            "execution_id": rejection.execution_id,
+        }
+        details = [f"{name}={value}" for name, value in fields.items() if value is not None]
         print(f"{line}: rejected {rejection.code.value} {' '.join(details)}".rstrip())
-        missing = (
-            OperatorRejectionCode.EXECUTION_NOT_FOUND,
-            OperatorRejectionCode.INSTANCE_NOT_FOUND,
-        )
+        missing = (Code.EXECUTION_NOT_FOUND, Code.INSTANCE_NOT_FOUND)
         return 4 if rejection.code in missing else 1
     status = record.result_status
     print(f"{line}" + ("" if status is None else f": execution is {status.value}"))
@@ -136,14 +127,13 @@ def _stop(args: argparse.Namespace) -> int:
         if code or not args.wait:
             return code
         deadline = time.monotonic() + args.timeout.total_seconds()
-        interactive = sys.stderr.isatty()
         while True:
             with repository.begin() as uow:
                 execution = uow.executions.get(args.execution_id)
             if execution is None:
                 raise JobExecutionNotFound(id=args.execution_id)
             if not execution.status.is_unresolved:
-                if interactive:
+                if sys.stderr.isatty():  # end the progress line
                     print(file=sys.stderr)
                 print(f"execution {execution.id} ended {execution.status.value}")
                 return 0
@@ -187,10 +177,7 @@ def _recover(args: argparse.Namespace) -> int:
         )
         code = _report(outcome)
         rejection = outcome.rejection
-        if (
-            rejection is not None
-            and rejection.code is OperatorRejectionCode.EXECUTION_ALREADY_ACTIVE
-        ):
+        if rejection is not None and rejection.code is Code.EXECUTION_ALREADY_ACTIVE:
             print(
                 "pybatch: its lease is fresh, so its owner looks alive; wait for the lease to run "
                 "out, or pass --force to fence the owner and recover it now",
@@ -200,27 +187,15 @@ def _recover(args: argparse.Namespace) -> int:
 
 
 def _audit_verify(args: argparse.Namespace) -> int:
-    interactive = sys.stderr.isatty()
-
     def verified(done: int, total: int) -> None:
         progress(f"\rverified {done:,} of {total:,} links", f"verified {done} of {total} links")
 
     with connect(args) as repository:
         result = verify_audit_chain(repository, progress=verified)
-    if interactive:
+    if sys.stderr.isatty():  # end the progress line
         print(file=sys.stderr)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "broken_at": result.broken_at,
-                    "intact": result.intact,
-                    "links": result.links,
-                    "reason": result.reason,
-                },
-                sort_keys=True,
-            )
-        )
+        print(json.dumps({**attrs.asdict(result), "intact": result.intact}, sort_keys=True))
     else:
         print(result.describe())
     return 0 if result.intact else 1

@@ -26,22 +26,17 @@ from pybatch.values.retention import (
 )
 from pybatch.values.status import BatchStatus
 
+#: The tables a purge deletes from, in the order its counts are printed.
 _TABLES = (
-    "flow_decisions",
-    "recovery_decisions",
-    "operator_requests",
-    "step_partitions",
-    "step_executions",
-    "job_executions",
-    "job_instances",
-)
+    "flow_decisions recovery_decisions operator_requests step_partitions step_executions "
+    "job_executions job_instances"
+).split()
 
 
 _instance_id = positive_id("instance id")
 
 
 def register(commands: Commands) -> None:
-    """Add the retention commands."""
     for name, act, help_text, reason in (
         ("hold", RetentionService.hold, "keep a job instance out of every purge", None),
         ("release", RetentionService.release, "release the hold of a job instance", "RELEASED"),
@@ -138,7 +133,6 @@ def _purge(args: argparse.Namespace) -> int:
             )
             return 2
         expected = service.forecast(request).job_executions
-        interactive = sys.stderr.isatty()
         last: PurgeProgress | None = None
         started = _dt.datetime.now(_dt.UTC)
         for batch in service.purge(request, operation_id.value, actor, reason):
@@ -150,7 +144,7 @@ def _purge(args: argparse.Namespace) -> int:
                 f"\r[{'#' * filled}{'.' * (30 - filled)}] {done:,}/{expected:,} executions",
                 f"batch {batch.batch}: {outcome.outcome} {_counts_line(outcome.counts)}",
             )
-        if interactive:
+        if sys.stderr.isatty():  # end the progress line
             print(file=sys.stderr)
         elapsed = (_dt.datetime.now(_dt.UTC) - started).total_seconds()
         total = last.total if last else PurgeCounts()

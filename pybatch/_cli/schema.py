@@ -9,7 +9,6 @@ from pybatch._cli._connection import Commands, add_command, config_from_args
 
 
 def register(commands: Commands) -> None:
-    """Add the schema commands."""
     migrate = add_command(commands, "migrate", _migrate, help="apply pending schema migrations")
     mode = migrate.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="list pending files, change nothing")
@@ -35,7 +34,6 @@ def _migrate(args: argparse.Namespace) -> int:
 
 def _schema_version(args: argparse.Namespace) -> int:
     installed = migrator.installed_schema_version(config_from_args(args))
-    supported = migrator.supported_schema_version()
     print(f"installed: {installed if installed is not None else 'none'}")
-    print(f"supported: {supported}")
+    print(f"supported: {migrator.supported_schema_version()}")
     return 0

@@ -11,7 +11,6 @@ from pybatch._cli._connection import add_connection_arguments, config_from_args
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add `pybatch sql` and its subcommands."""
     sql = commands.add_parser("sql", help="list, show and explain the statements pybatch runs")
     actions = sql.add_subparsers(dest="sql_command", required=True, metavar="ACTION")
     listing = actions.add_parser("list", help="every statement with its file and :doc line")

@@ -10,10 +10,10 @@ from functools import partial
 from typing import Any
 
 from pybatch._cli._connection import Commands, add_command, connect
+from pybatch.etl import join_partitioned_step
 
 
 def register(commands: Commands) -> None:
-    """Add the worker command."""
     worker = add_command(
         commands, "worker", _worker, help="work on the partitions of a running partitioned step"
     )
@@ -72,7 +72,6 @@ def parameters(args: argparse.Namespace) -> dict[str, str | int | bool]:
 
 
 def load_function(spec: str) -> Callable[..., None]:
-    """Import `module:name`."""
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
         raise SystemExit("pybatch worker: --function is MODULE:NAME")
@@ -86,8 +85,6 @@ def load_function(spec: str) -> Callable[..., None]:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from pybatch.etl import join_partitioned_step
-
     params = parameters(args)
     work = load_function(args.function)
     if not 0.0 <= args.wait <= 86400.0:

@@ -29,9 +29,6 @@ class DecodeError(Exception):
         return (DecodeError, (self.column,))
 
 
-# --------------------------------------------------------------------------- column decoders
-
-
 @functools.cache
 def _members_by_code(enum_cls: type[enum.Enum]) -> Mapping[object, enum.Enum]:
     return {member.value: member for member in enum_cls}
@@ -39,9 +36,7 @@ def _members_by_code(enum_cls: type[enum.Enum]) -> Mapping[object, enum.Enum]:
 
 def decode_enum(enum_cls: type[_E], value: object, *, column: str) -> _E:
     """Decode a stored code into `enum_cls`, refusing unknown or non-text codes."""
-    if type(value) is not str:
-        raise DecodeError(column)
-    member = _members_by_code(enum_cls).get(value)
+    member = _members_by_code(enum_cls).get(value) if type(value) is str else None
     if member is None:
         raise DecodeError(column)
     return cast(_E, member)
@@ -56,16 +51,12 @@ def decode_int64(value: object, *, column: str, minimum: int) -> int:
 
 def decode_optional_int64(value: object, *, column: str, minimum: int) -> int | None:
     """Decode a nullable bigint column (see `decode_int64`)."""
-    if value is None:
-        return None
-    return decode_int64(value, column=column, minimum=minimum)
+    return None if value is None else decode_int64(value, column=column, minimum=minimum)
 
 
 def decode_aware(value: object, *, column: str) -> _dt.datetime:
     """Decode a timestamptz column into an aware datetime in UTC; naive values are refused."""
-    if not isinstance(value, _dt.datetime) or value.tzinfo is None:
-        raise DecodeError(column)
-    if value.utcoffset() is None:
+    if not isinstance(value, _dt.datetime) or value.tzinfo is None or value.utcoffset() is None:
         raise DecodeError(column)
     try:
         return value.astimezone(_dt.UTC)
@@ -75,9 +66,7 @@ def decode_aware(value: object, *, column: str) -> _dt.datetime:
 
 def decode_optional_aware(value: object, *, column: str) -> _dt.datetime | None:
     """Decode a nullable timestamptz column (see `decode_aware`)."""
-    if value is None:
-        return None
-    return decode_aware(value, column=column)
+    return None if value is None else decode_aware(value, column=column)
 
 
 def decode_digest(value: object, *, column: str, length: int = 32) -> bytes:
@@ -106,11 +95,8 @@ def decode_text(value: object, *, column: str) -> str:
 
 def decode_json_object(value: object, *, column: str) -> dict[str, object]:
     """Decode a jsonb column that must hold a JSON object with string keys."""
-    if not isinstance(value, dict):
+    if not isinstance(value, dict) or any(type(key) is not str for key in value):
         raise DecodeError(column)
-    for key in value:
-        if type(key) is not str:
-            raise DecodeError(column)
     return value
 
 
@@ -123,9 +109,8 @@ def decode_text_value(factory: Callable[[str], _T], value: object, *, column: st
         raise DecodeError(column) from None
 
 
-# --------------------------------------------------------------------------- row readers
-# Each reads `row[column]` and names that same column in its DecodeError, so a decoder says
-# once which column it reads.
+# Row readers: each reads `row[column]` and names that same column in its DecodeError, so a
+# decoder says once which column it reads.
 
 
 def int64_at(row: Row, column: str, minimum: int = 1) -> int:
@@ -134,43 +119,39 @@ def int64_at(row: Row, column: str, minimum: int = 1) -> int:
 
 
 def optional_int64_at(row: Row, column: str, minimum: int = 1) -> int | None:
-    """`decode_optional_int64` of `row[column]`."""
     return decode_optional_int64(row[column], column=column, minimum=minimum)
 
 
 def text_at(row: Row, column: str) -> str:
-    """`decode_text` of `row[column]`."""
     return decode_text(row[column], column=column)
 
 
+def bool_at(row: Row, column: str) -> bool:
+    return decode_bool(row[column], column=column)
+
+
 def aware_at(row: Row, column: str) -> _dt.datetime:
-    """`decode_aware` of `row[column]`."""
     return decode_aware(row[column], column=column)
 
 
 def optional_aware_at(row: Row, column: str) -> _dt.datetime | None:
-    """`decode_optional_aware` of `row[column]`."""
     return decode_optional_aware(row[column], column=column)
 
 
 def digest_at(row: Row, column: str) -> bytes:
-    """`decode_digest` (32 bytes) of `row[column]`."""
     return decode_digest(row[column], column=column)
 
 
 def enum_at(enum_cls: type[_E], row: Row, column: str) -> _E:
-    """`decode_enum` of `row[column]`."""
     return decode_enum(enum_cls, row[column], column=column)
 
 
 def optional_enum_at(enum_cls: type[_E], row: Row, column: str) -> _E | None:
-    """`decode_enum` of `row[column]`, NULL passed through as None."""
     value = row[column]
     return None if value is None else decode_enum(enum_cls, value, column=column)
 
 
 def text_value_at(factory: Callable[[str], _T], row: Row, column: str) -> _T:
-    """`decode_text_value` of `row[column]`."""
     return decode_text_value(factory, row[column], column=column)
 
 

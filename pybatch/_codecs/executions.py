@@ -34,9 +34,6 @@ _I32_MAX = 2**31 - 1
 def decode_job_execution(row: Row) -> JobExecution:
     """Decode a job_execution row (columns `JOB_EXECUTION_COLUMNS`); counters are zero."""
     values = row_columns(row, JOB_EXECUTION_COLUMNS)
-    execution_id = int64_at(values, "id")
-    instance_id = int64_at(values, "job_instance_id")
-    definition_id = int64_at(values, "definition_id")
     upgrade_from = optional_int64_at(values, "upgrade_from_definition_id")
     restart_of = optional_int64_at(values, "restart_of_execution_id")
     attempt = int64_at(values, "attempt")
@@ -44,10 +41,10 @@ def decode_job_execution(row: Row) -> JobExecution:
         raise DecodeError("attempt")
     metadata = decode_metadata(values, ExecutionCounts())
     return JobExecution(
-        id=JobExecutionId(execution_id),
-        job_instance_id=JobInstanceId(instance_id),
+        id=JobExecutionId(int64_at(values, "id")),
+        job_instance_id=JobInstanceId(int64_at(values, "job_instance_id")),
         attempt=attempt,
-        definition_id=DefinitionId(definition_id),
+        definition_id=DefinitionId(int64_at(values, "definition_id")),
         metadata=metadata,
         updated_at=decode_updated_at(values, metadata),
         version=int64_at(values, "version", 0),

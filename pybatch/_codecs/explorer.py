@@ -10,6 +10,7 @@ from pybatch._codecs._primitives import (
     DecodeError,
     Row,
     aware_at,
+    bool_at,
     decode_int64,
     digest_at,
     enum_at,
@@ -20,7 +21,7 @@ from pybatch._codecs._primitives import (
     row_columns,
     text_at,
 )
-from pybatch._codecs.lifecycle import FAILURE_COLUMNS, INSTANT_COLUMNS
+from pybatch._codecs.lifecycle import FAILURE_COLUMNS, INSTANT_COLUMNS, decode_failure
 from pybatch._codecs.operator import decode_operator_record
 from pybatch._codecs.partitions import PARTITION_HEAD_COLUMNS
 from pybatch._codecs.steps import COUNT_COLUMNS, STEP_HEAD_COLUMNS
@@ -37,8 +38,8 @@ from pybatch.values.explorer import (
     StepExecutionProjection,
     StepPartitionProjection,
 )
-from pybatch.values.ids import INT64_MAX, FailureId
-from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+from pybatch.values.ids import INT64_MAX
+from pybatch.values.status import BatchStatus
 
 
 def _envelope_columns(prefix: str) -> tuple[str, ...]:
@@ -46,12 +47,7 @@ def _envelope_columns(prefix: str) -> tuple[str, ...]:
 
 
 #: Columns each decoder reads, in the order queries/explorer.sql selects them.
-JOB_NAME_SUMMARY_COLUMNS = (
-    "job_name",
-    "latest_execution_id",
-    "latest_status",
-    "latest_updated_at",
-)
+JOB_NAME_SUMMARY_COLUMNS = ("job_name", "latest_execution_id", "latest_status", "latest_updated_at")
 LATEST_ATTEMPT_COLUMNS = ("execution_id", "attempt", "status")
 INSTANCE_PROJECTION_COLUMNS = (
     "id",
@@ -122,17 +118,6 @@ def _counts(row: Row) -> ProjectionCounts:
     )
 
 
-def _failure(row: Row) -> FailureSummary | None:
-    category, failure_id = row["failure_category"], row["failure_id"]
-    if category is None and failure_id is None:
-        return None
-    if category is None or failure_id is None:
-        raise DecodeError("failure_category")
-    return FailureSummary(
-        enum_at(FailureCategory, row, "failure_category"), FailureId(int64_at(row, "failure_id"))
-    )
-
-
 def _envelope(row: Row, prefix: str) -> StateEnvelopeDescriptor:
     return StateEnvelopeDescriptor(
         kind=prefix,
@@ -184,13 +169,10 @@ def decode_instance_projection(row: Row) -> JobInstanceProjection:
     actor, reason, placed = row["hold_actor"], row["hold_reason"], row["hold_placed_at"]
     if (actor is None) != (reason is None) or (actor is None) != (placed is None):
         raise DecodeError("hold_actor")
-    hold = (
-        None
-        if actor is None
-        else RetentionHold(
-            text_at(row, "hold_actor"), text_at(row, "hold_reason"), aware_at(row, "hold_placed_at")
-        )
-    )
+    hold = None
+    if actor is not None:
+        actor, reason = text_at(row, "hold_actor"), text_at(row, "hold_reason")
+        hold = RetentionHold(actor, reason, aware_at(row, "hold_placed_at"))
     return JobInstanceProjection(
         id=int64_at(row, "id"),
         job_name=text_at(row, "job_name"),
@@ -218,16 +200,13 @@ def _instants(row: Row) -> dict[str, Any]:
         "started_at": optional_aware_at(row, "started_at"),
         "ended_at": optional_aware_at(row, "ended_at"),
         "updated_at": aware_at(row, "updated_at"),
-        "failure": _failure(row),
+        "failure": decode_failure(row["failure_category"], row["failure_id"]),
     }
 
 
 def decode_execution_projection(row: Row) -> JobExecutionProjection:
     """Decode an explore_executions / explore_execution / explore_unresolved_executions row."""
     row = row_columns(row, EXECUTION_PROJECTION_COLUMNS)
-    owner = row["owner_recorded"]
-    if type(owner) is not bool:
-        raise DecodeError("owner_recorded")
     stop_at = optional_aware_at(row, "stop_requested_at")
     if (stop_at is None) != (row["stop_requested_by"] is None):
         raise DecodeError("stop_requested_by")
@@ -246,7 +225,7 @@ def decode_execution_projection(row: Row) -> JobExecutionProjection:
         context=_envelope(row, "context"),
         stop_requested_at=stop_at,
         stop_requested_by=None if stop_at is None else text_at(row, "stop_requested_by"),
-        owner_recorded=owner,
+        owner_recorded=bool_at(row, "owner_recorded"),
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TypedDict
 
-from pybatch._codecs._primitives import Row, decode_enum, decode_int64, row_columns
+from pybatch._codecs._primitives import Row, enum_at, int64_at, row_columns
 from pybatch._codecs.steps import CHECKPOINT_COLUMNS, decode_checkpoint
 from pybatch.errors import JsonNotEncodable
 from pybatch.values._canonical import canonical_json
@@ -24,14 +24,6 @@ from pybatch.values.fault import (
 )
 from pybatch.values.status import BatchStatus
 
-FAULT_STATE_COLUMNS = (
-    "fault_state_format",
-    "fault_state_schema",
-    "fault_state_schema_version",
-    "fault_state_payload",
-    "fault_state_checksum",
-)
-
 
 class FaultStateColumns(TypedDict):
     """The five `step_execution.fault_state_*` values, keyed by column (= statement parameter)."""
@@ -41,6 +33,10 @@ class FaultStateColumns(TypedDict):
     fault_state_schema_version: int
     fault_state_payload: dict[str, object]
     fault_state_checksum: bytes
+
+
+#: The five column names, in table order.
+FAULT_STATE_COLUMNS = tuple(FaultStateColumns.__annotations__)
 
 
 def encode_fault_state(envelope: FaultStateEnvelope) -> FaultStateColumns:
@@ -55,11 +51,7 @@ def encode_fault_state(envelope: FaultStateEnvelope) -> FaultStateColumns:
 
 
 def decode_fault_state_columns(
-    format: object,
-    schema: object,
-    schema_version: object,
-    payload: object,
-    checksum: object,
+    format: object, schema: object, schema_version: object, payload: object, checksum: object
 ) -> FaultStateEnvelope:
     """Decode and verify the stored columns; corrupt state must stop all work.
 
@@ -110,8 +102,8 @@ def decode_locked_fault_state(row: Row) -> LockedFaultState:
     values = row_columns(row, LOCKED_FAULT_STATE_COLUMNS)
     envelope = decode_fault_state(values)
     return LockedFaultState(
-        status=decode_enum(BatchStatus, values["status"], column="status"),
-        version=decode_int64(values["version"], column="version", minimum=0),
+        status=enum_at(BatchStatus, values, "status"),
+        version=int64_at(values, "version", 0),
         checkpoint_digest=decode_checkpoint(values).generation_digest(),
         envelope=envelope,
     )

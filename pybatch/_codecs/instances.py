@@ -33,12 +33,8 @@ IDENTIFYING_PARAMETERS_MAX_BYTES = 1024 * 1024
 
 JOB_INSTANCE_COLUMNS = ("id", "job_name", "instance_key", "identifying_parameters", "created_at")
 
-_U64_MAX = 2**64 - 1
 _ENVELOPE_MEMBERS = frozenset({"type", "identifying", "value"})
 _KINDS_BY_TAG = {kind.json_tag: kind for kind in ParameterValueKind}
-
-
-# --------------------------------------------------------------------------- identifying parameters
 
 
 def encode_identifying_parameters(key: JobInstanceKey) -> dict[str, object]:
@@ -71,26 +67,18 @@ def decode_identifying_parameters(
         name = decode_text_value(ParameterName, raw_name, column=column)
         if not isinstance(envelope, dict) or set(envelope) != _ENVELOPE_MEMBERS:
             raise DecodeError(column)
-        if envelope["identifying"] is not True:
-            raise DecodeError(column)
         tag = envelope["type"]
         kind = _KINDS_BY_TAG.get(tag) if type(tag) is str else None
-        if kind is None:
+        if kind is None or envelope["identifying"] is not True:
             raise DecodeError(column)
-        value = _decode_parameter_value(kind, envelope["value"], column=column)
+        try:
+            value = ParameterValue(kind, envelope["value"])
+        except (PyBatchError, TypeError):
+            raise DecodeError(column) from None
         pairs.append((name, JobParameter(value, identifying=True)))
     try:
         return JobParameters.from_pairs(pairs)
     except PyBatchError:
-        raise DecodeError(column) from None
-
-
-def _decode_parameter_value(
-    kind: ParameterValueKind, raw: object, *, column: str
-) -> ParameterValue:
-    try:
-        return ParameterValue(kind, raw)  # type: ignore[arg-type]  # checked right here
-    except (PyBatchError, TypeError):
         raise DecodeError(column) from None
 
 
@@ -103,24 +91,19 @@ def encode_job_instance_key(key: JobInstanceKey) -> dict[str, object]:
     }
 
 
-# --------------------------------------------------------------------------- job instance
-
-
 def decode_job_instance(row: Row) -> JobInstance:
     """Decode a job_instance row; `instance_key` must equal the digest recomputed from it."""
     values = row_columns(row, JOB_INSTANCE_COLUMNS)
-    instance_id = int64_at(values, "id")
     job_name = text_value_at(JobName, values, "job_name")
     instance_key = digest_at(values, "instance_key")
     parameters = decode_identifying_parameters(values["identifying_parameters"])
-    created_at = aware_at(values, "created_at")
     if JobInstanceKey(job_name, parameters).digest() != instance_key:
         raise DecodeError("instance_key")
     return JobInstance(
-        id=JobInstanceId(instance_id),
+        id=JobInstanceId(int64_at(values, "id")),
         job_name=job_name,
         instance_key=instance_key,
-        created_at=created_at,
+        created_at=aware_at(values, "created_at"),
         parameters=parameters,
     )
 

@@ -32,7 +32,7 @@ FAILURE_COLUMNS = ("failure_category", "failure_id")
 INSTANT_COLUMNS = ("created_at", "started_at", "ended_at", "updated_at")
 
 
-def _decode_failure(category: object, failure_id: object) -> FailureSummary | None:
+def decode_failure(category: object, failure_id: object) -> FailureSummary | None:
     """Both failure columns present or both absent; a half-present pair is refused."""
     if category is None and failure_id is None:
         return None
@@ -49,7 +49,7 @@ def decode_metadata(values: Mapping[str, object], counts: ExecutionCounts) -> Ex
     """Decode the lifecycle columns of a job or step row around its (already decoded) counts."""
     status = enum_at(BatchStatus, values, "status")
     exit_code = text_value_at(ExitCode, values, "exit_code")
-    failure = _decode_failure(values["failure_category"], values["failure_id"])
+    failure = decode_failure(values["failure_category"], values["failure_id"])
     created_at = aware_at(values, "created_at")
     started_at = optional_aware_at(values, "started_at")
     ended_at = optional_aware_at(values, "ended_at")

@@ -7,19 +7,18 @@ from collections.abc import Sequence
 from pybatch._codecs._primitives import (
     DecodeError,
     Row,
-    decode_json_object,
     digest_at,
     enum_at,
     int64_at,
     optional_int64_at,
     text_at,
 )
-from pybatch._codecs.steps import CONTEXT_COLUMNS, COUNT_COLUMNS, decode_counts
+from pybatch._codecs.steps import CONTEXT_COLUMNS, COUNT_COLUMNS, decode_counts, decode_state
 from pybatch.errors import PartitionStateCorrupt, PyBatchError
 from pybatch.values._canonical import sha256
-from pybatch.values.names import ExitCode, StateSchemaId
+from pybatch.values.names import ExitCode
 from pybatch.values.partitions import PartitionKey, PartitionPlanEntry, StepPartition
-from pybatch.values.state import STATE_FORMAT_VERSION, ExecutionContext, StateLimits
+from pybatch.values.state import ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus
 
 #: The leading columns of a step_partition row, in table order.
@@ -47,14 +46,7 @@ def context_checksum(context: ExecutionContext) -> bytes:
 
 
 def _context(row: Row) -> ExecutionContext:
-    if row["context_format"] != STATE_FORMAT_VERSION:
-        raise DecodeError("context_format")
-    schema = StateSchemaId(text_at(row, "context_schema"))
-    version = row["context_schema_version"]
-    if type(version) is not int:
-        raise DecodeError("context_schema_version")
-    payload = decode_json_object(row["context_payload"], column="context_payload")
-    context = ExecutionContext(schema, version, payload, limits=StateLimits.PARTITION)
+    context = decode_state(ExecutionContext, row, "context", StateLimits.PARTITION)
     if context_checksum(context) != digest_at(row, "context_checksum"):
         raise DecodeError("context_checksum")
     return context
@@ -63,7 +55,6 @@ def _context(row: Row) -> ExecutionContext:
 def decode_step_partition(row: Row) -> StepPartition:
     """Decode one step_partition row (PartitionStateCorrupt for any refused column)."""
     try:
-        counts = decode_counts(row)
         return StepPartition(
             id=int64_at(row, "id"),
             step_execution_id=int64_at(row, "step_execution_id"),
@@ -72,7 +63,7 @@ def decode_step_partition(row: Row) -> StepPartition:
             ordinal=int64_at(row, "partition_ordinal"),
             status=enum_at(BatchStatus, row, "status"),
             exit_status=ExitCode(text_at(row, "exit_code")),
-            counts=counts,
+            counts=decode_counts(row),
             context=_context(row),
             version=int64_at(row, "version", 0),
         )

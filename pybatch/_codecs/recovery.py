@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import attrs
+
 from pybatch._codecs._primitives import (
     DecodeError,
     Row,
@@ -16,17 +18,8 @@ from pybatch.errors import PyBatchError
 from pybatch.values.recovery import RecoveryDecision
 from pybatch.values.status import BatchStatus
 
-RECOVERY_DECISION_COLUMNS = (
-    "id",
-    "job_execution_id",
-    "execution_version",
-    "prior_status",
-    "resulting_status",
-    "reason_code",
-    "operator_reference",
-    "evidence_digest",
-    "decided_at",
-)
+#: A recovery_decision row's columns: the fields of RecoveryDecision, in table order.
+RECOVERY_DECISION_COLUMNS = tuple(attrs.fields_dict(RecoveryDecision))
 
 
 def decode_recovery_decision(row: Row) -> RecoveryDecision:

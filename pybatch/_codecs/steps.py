@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TypeVar
 
+import attrs
+
 from pybatch._codecs._jsonb import to_jsonb
 from pybatch._codecs._primitives import (
     DecodeError,
@@ -35,21 +37,12 @@ _COUNT_COLUMNS = (
     ("committed", "commit_count"),
     ("rolled_back", "rollback_count"),
 )
-_FAULT_COUNT_COLUMNS = (
-    ("read_retry", "read_retry_count"),
-    ("process_retry", "process_retry_count"),
-    ("write_retry", "write_retry_count"),
-    ("read_skip", "read_skip_count"),
-    ("process_skip", "process_skip_count"),
-    ("write_skip", "write_skip_count"),
-    ("no_rollback", "no_rollback_count"),
-)
+#: Each StepFaultCounts field and its `<field>_count` column, in table order.
+_FAULT_COUNT_COLUMNS = tuple((name, f"{name}_count") for name in attrs.fields_dict(StepFaultCounts))
 _STATE_PARTS = ("format", "schema", "schema_version", "payload")
 
 COUNT_COLUMNS = tuple(column for _, column in _COUNT_COLUMNS)  # The six counter columns of a step.
-#: The four columns of a step's checkpoint envelope.
 CHECKPOINT_COLUMNS = tuple(f"checkpoint_{part}" for part in _STATE_PARTS)
-#: The four columns of a step's execution-context envelope.
 CONTEXT_COLUMNS = tuple(f"context_{part}" for part in _STATE_PARTS)
 
 #: The leading columns of a step_execution row, in table order.
@@ -78,11 +71,13 @@ _CountsT = TypeVar("_CountsT", ExecutionCounts, StepFaultCounts)
 _U32_MAX = 2**32 - 1
 
 
-# --------------------------------------------------------------------------- step execution
-
-
-def _decode_state(state_cls: type[_StateT], values: Mapping[str, object], prefix: str) -> _StateT:
-    """Rebuild and validate a state envelope from its four columns (limits 1 MiB / depth 64)."""
+def decode_state(
+    state_cls: type[_StateT],
+    values: Mapping[str, object],
+    prefix: str,
+    limits: StateLimits = StateLimits.STEP,
+) -> _StateT:
+    """Rebuild and validate a state envelope from its four columns, within `limits`."""
     format_value = values[f"{prefix}_format"]
     if type(format_value) is not int or format_value != STATE_FORMAT_VERSION:
         raise DecodeError(f"{prefix}_format")
@@ -92,7 +87,7 @@ def _decode_state(state_cls: type[_StateT], values: Mapping[str, object], prefix
         raise DecodeError(f"{prefix}_schema_version")
     payload = decode_json_object(values[f"{prefix}_payload"], column=f"{prefix}_payload")
     try:
-        return state_cls(schema, schema_version, payload, limits=StateLimits.STEP)
+        return state_cls(schema, schema_version, payload, limits=limits)
     except PyBatchError:
         raise DecodeError(f"{prefix}_payload") from None
 
@@ -106,30 +101,19 @@ def _decode_counters(
 def decode_step_execution(row: Row) -> StepExecution:
     """Decode a step_execution row (columns `STEP_EXECUTION_COLUMNS`)."""
     values = row_columns(row, STEP_EXECUTION_COLUMNS)
-    step_id = int64_at(values, "id")
-    job_execution_id = int64_at(values, "job_execution_id")
-    step_name = text_value_at(StepName, values, "step_name")
-    logical_id = text_value_at(NodeId, values, "step_logical_id")
-    counts = _decode_counters(ExecutionCounts, values, _COUNT_COLUMNS)
-    fault_counts = _decode_counters(StepFaultCounts, values, _FAULT_COUNT_COLUMNS)
-    checkpoint = _decode_state(Checkpoint, values, "checkpoint")
-    context = _decode_state(ExecutionContext, values, "context")
-    metadata = decode_metadata(values, counts)
+    metadata = decode_metadata(values, decode_counts(values))
     return StepExecution(
-        id=StepExecutionId(step_id),
-        job_execution_id=JobExecutionId(job_execution_id),
-        step_name=step_name,
-        logical_id=logical_id,
+        id=StepExecutionId(int64_at(values, "id")),
+        job_execution_id=JobExecutionId(int64_at(values, "job_execution_id")),
+        step_name=text_value_at(StepName, values, "step_name"),
+        logical_id=text_value_at(NodeId, values, "step_logical_id"),
         metadata=metadata,
         updated_at=decode_updated_at(values, metadata),
         version=int64_at(values, "version", 0),
-        checkpoint=checkpoint,
-        context=context,
-        fault_counts=fault_counts,
+        checkpoint=decode_checkpoint(values),
+        context=decode_context(values),
+        fault_counts=_decode_counters(StepFaultCounts, values, _FAULT_COUNT_COLUMNS),
     )
-
-
-# --------------------------------------------------------------------------- encoders
 
 
 def encode_state(state: Checkpoint | ExecutionContext) -> dict[str, object]:
@@ -155,12 +139,12 @@ def encode_fault_counts(counts: StepFaultCounts) -> dict[str, object]:
 
 def decode_checkpoint(row: Row) -> Checkpoint:
     """Rebuild a step's checkpoint from its `checkpoint_*` columns (limits 1 MiB / depth 64)."""
-    return _decode_state(Checkpoint, row, "checkpoint")
+    return decode_state(Checkpoint, row, "checkpoint")
 
 
 def decode_context(row: Row) -> ExecutionContext:
     """Rebuild a step's execution context from its `context_*` columns."""
-    return _decode_state(ExecutionContext, row, "context")
+    return decode_state(ExecutionContext, row, "context")
 
 
 def decode_counts(row: Row) -> ExecutionCounts:

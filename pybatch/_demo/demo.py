@@ -28,7 +28,7 @@ from datetime import date, timedelta
 from functools import partial
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import Any
 
 import attrs
 
@@ -84,13 +84,11 @@ def register(commands: Commands) -> None:
     demo.add_argument(
         "--chunk-size", type=_positive, default=1000, help="rows per chunk commit (1000)"
     )
-    add_connection_arguments(demo)
-    for action in demo._actions:
-        if action.dest == "dsn":
-            action.help = (
-                "run on this database instead of an embedded server; its pybatch_demo schema "
-                "is dropped and created again (the DSN is never printed)"
-            )
+    add_connection_arguments(
+        demo,
+        dsn_help="run on this database instead of an embedded server; its pybatch_demo schema "
+        "is dropped and created again (the DSN is never printed)",
+    )
     demo.add_argument(
         "--kill-after-chunks",
         type=_non_negative,
@@ -162,9 +160,7 @@ def _load(step: StepRun, csv_path: Path, chunk_size: int) -> None:
         "attempt %s loads from offset %s", step.run.attempt, offset
     )
     with csv_path.open(newline="", encoding="utf-8") as source:
-        reader = csv.reader(source)
-        next(reader)  # the header
-        rows = itertools.islice(reader, offset, None)
+        rows = itertools.islice(csv.reader(source), offset + 1, None)  # past the header too
         while batch := list(itertools.islice(rows, chunk_size)):
             with step.chunk() as chunk:
                 chunk.copy(copy_orders, batch)
@@ -175,17 +171,13 @@ def _load(step: StepRun, csv_path: Path, chunk_size: int) -> None:
 class _Stop(KeyboardInterrupt):
     """SIGINT or SIGTERM arrived; unwinding stops the worker, the server and the temp files."""
 
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
 
 class _Signals:
     """Turns the first SIGINT/SIGTERM into `_Stop`; once shielded (cleanup) they are only noted."""
 
     def __init__(self) -> None:
         self.received: int | None = None
-        self._shielded = False
+        self.shielded = False
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> _Signals:
@@ -201,14 +193,11 @@ class _Signals:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
 
-    def shield(self) -> None:
-        self._shielded = True
-
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is not None:
             return
         self.received = signum
-        if not self._shielded:
+        if not self.shielded:
             raise _Stop(signum)
 
 
@@ -237,22 +226,20 @@ class _Workers:
         self._env["PYBATCH_DSN"] = config.dsn.reveal()  # the environment, never the command line
         self._env["PYBATCH_TLS"] = config.tls_mode.value
         self._running: list[subprocess.Popen[bytes]] = []
-        self._logs: list[IO[bytes]] = []
         self.log_paths: list[Path] = []
 
     def start(self) -> subprocess.Popen[bytes]:
         log_path = self._directory / f"worker-{len(self.log_paths) + 1}.log"
-        log = log_path.open("wb")
-        self._logs.append(log)
         self.log_paths.append(log_path)
-        process = subprocess.Popen(
-            [sys.executable, "-m", "pybatch", WORKER_COMMAND, *self._argv],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=self._env,
-            start_new_session=True,  # terminal signals reach the parent, which stops it
-        )
+        with log_path.open("wb") as log:  # the worker writes to its own copy of the descriptor
+            process = subprocess.Popen(
+                [sys.executable, "-m", "pybatch", WORKER_COMMAND, *self._argv],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self._env,
+                start_new_session=True,  # terminal signals reach the parent, which stops it
+            )
         self._running.append(process)
         return process
 
@@ -268,8 +255,6 @@ class _Workers:
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
-        for log in self._logs:
-            log.close()
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -286,7 +271,7 @@ def _demo(args: argparse.Namespace) -> int:
                 try:
                     code = _run_demo(args, stack)
                 finally:
-                    signals.shield()  # cleanup (the stack unwinding) must not be cut short
+                    signals.shielded = True  # cleanup (the stack unwinding) must not be cut short
         except _Stop:
             pass
         except EmbeddedPostgresUnavailable as error:
@@ -307,9 +292,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _run_demo(args: argparse.Namespace, stack: ExitStack) -> int:
     """Set everything up on `stack` (which undoes it), then load and verify."""
-    rows: int = args.rows
-    chunk_size: int = args.chunk_size
-    chunks = math.ceil(rows / chunk_size)
+    chunks = math.ceil(args.rows / args.chunk_size)
     rng = random.Random(args.seed)
     directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pybatch-demo-")))
     if args.dsn is None:
@@ -321,8 +304,10 @@ def _run_demo(args: argparse.Namespace, stack: ExitStack) -> int:
         where = "from --dsn"
     migrate(config)
     repository = stack.enter_context(JobRepository.connect(config))
-    _line("server", f"PostgreSQL {_server_version(repository)} ({where})")
-    source = _write_source(directory / "orders.csv", rows, rng)
+    with repository.read_transaction() as conn:
+        number = conn.info.server_version
+    _line("server", f"PostgreSQL {number // 10000}.{number % 10000} ({where})")
+    source = _write_source(directory / "orders.csv", args.rows, rng)
     _line("source", f"{_n(source.rows, 'row')}, {_size(source.size)} CSV, seed {args.seed}")
     repository.run_in_unit_of_work(_recreate_target)
     _line("target", "pybatch_demo.orders, created empty")
@@ -330,7 +315,7 @@ def _run_demo(args: argparse.Namespace, stack: ExitStack) -> int:
     if kill_after is None:
         kill_after = rng.randint(max(1, chunks // 5), max(1, chunks * 3 // 5)) if chunks > 1 else 0
     run = uuid.uuid4().hex
-    argv = ["--csv", str(source.path), "--chunk-size", str(chunk_size), "--run", run]
+    argv = ["--csv", str(source.path), "--chunk-size", str(args.chunk_size), "--run", run]
     workers = stack.enter_context(_Workers(directory, config, argv))
     key = _job(repository, run).key
     return _load_and_verify(repository, key, workers, source, chunks, kill_after)
@@ -346,8 +331,7 @@ def _load_and_verify(
 ) -> int:
     load_began = time.monotonic()
     first = workers.start()
-    killed = False
-    killed_at = 0.0
+    killed, killed_at = False, 0.0
     if kill_after > 0:
         context = _wait_for_step(repository, key, first)
         while context is not None and first.poll() is None:
@@ -357,14 +341,12 @@ def _load_and_verify(
                 break
             time.sleep(POLL_INTERVAL_S)
     first.wait()
-    if not killed or first.returncode != -signal.SIGKILL:
-        killed = False
-        if first.returncode != 0:
-            return _worker_failed(workers, 1, first.returncode)
+    killed = killed and first.returncode == -signal.SIGKILL  # else it ended before the kill
+    if not killed and first.returncode != 0:
+        return _worker_failed(workers, 1, first.returncode)
     if killed:
         second = workers.start()
-        second.wait()
-        if second.returncode != 0:
+        if second.wait() != 0:
             return _worker_failed(workers, 2, second.returncode)
     load_seconds = time.monotonic() - load_began
 
@@ -494,40 +476,27 @@ def _recreate_target(uow: UnitOfWork) -> None:
     statements.create_demo_orders.affected(uow.connection)
 
 
-def _server_version(repository: JobRepository) -> str:
-    with repository.read_transaction() as conn:
-        number = conn.info.server_version
-    return f"{number // 10000}.{number % 10000}"
-
-
 def _write_source(path: Path, rows: int, rng: random.Random) -> _Source:
-    """Write the deterministic CSV and fingerprint it the way the table is fingerprinted."""
+    """Write the deterministic CSV and fingerprint it the way the table is fingerprinted.
+
+    The fingerprint: sha256 over the data rows in id order (the order they are written), each
+    row's fields comma-joined on a line of its own.
+    """
+    digest = hashlib.sha256()
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow(COLUMNS)
         for row_id in range(1, rows + 1):
             cents = rng.randrange(100, 1_000_000)
-            writer.writerow(
-                (
-                    row_id,
-                    f"{rng.choice(_CUSTOMERS)} #{rng.randrange(1, 1000):03d}",
-                    f"{cents // 100}.{cents % 100:02d}",
-                    (_FIRST_DAY + timedelta(days=rng.randrange(365))).isoformat(),
-                )
+            row = (
+                str(row_id),
+                f"{rng.choice(_CUSTOMERS)} #{rng.randrange(1, 1000):03d}",
+                f"{cents // 100}.{cents % 100:02d}",
+                (_FIRST_DAY + timedelta(days=rng.randrange(365))).isoformat(),
             )
-    return _Source(path, rows, path.stat().st_size, _csv_sha256(path))
-
-
-def _csv_sha256(path: Path) -> str:
-    """sha256 over the CSV's data rows sorted by id, one comma-joined line each."""
-    with path.open(newline="", encoding="utf-8") as handle:
-        reader = csv.reader(handle)
-        next(reader)
-        records = sorted(reader, key=lambda record: int(record[0]))
-    digest = hashlib.sha256()
-    for record in records:
-        digest.update((",".join(record) + "\n").encode())
-    return digest.hexdigest()
+            writer.writerow(row)
+            digest.update((",".join(row) + "\n").encode())
+    return _Source(path, rows, path.stat().st_size, digest.hexdigest())
 
 
 def _n(count: int, noun: str) -> str:
@@ -538,5 +507,5 @@ def _size(size: int) -> str:
     return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB"
 
 
-def _line(label: str, text: str, *, indent: int = 2) -> None:
-    print(f"{' ' * indent}{label:<{_LABEL}}{text}", flush=True)
+def _line(label: str, text: str) -> None:
+    print(f"  {label:<{_LABEL}}{text}", flush=True)

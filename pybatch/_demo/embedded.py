@@ -22,16 +22,13 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import NamedTuple, Self
+from typing import Self
 
 import psycopg
-
-__all__ = ["EmbeddedPostgres", "EmbeddedPostgresUnavailable", "find_bindir"]
 
 _log = logging.getLogger(__name__)
 
 BINDIR_ENV = "PYBATCH_PG_BINDIR"
-DEMO_DBNAME = "postgres"
 _SERVER_PROGRAMS = ("initdb", "pg_ctl", "postgres")
 _HOW_TO_GET = (
     "install PostgreSQL server binaries with `apt-get install postgresql` (or your "
@@ -129,7 +126,6 @@ class EmbeddedPostgres:
         durable: bool = True,
         user: str = "postgres",
         run_as: str | None = None,
-        timeout: float = 60.0,
         parent: str | os.PathLike[str] | None = None,
     ) -> None:
         if not _USER_NAME.fullmatch(user):
@@ -137,11 +133,11 @@ class EmbeddedPostgres:
         self._bindir_choice = bindir
         self.durable = durable
         self.user = user
-        self.timeout = timeout
+        self.timeout = 60.0  # seconds for each server program, and for the first connection
         self._run_as_choice = run_as
         self._parent = None if parent is None else str(parent)
         self.host = "127.0.0.1"
-        self.dbname = DEMO_DBNAME
+        self.dbname = "postgres"  # the database initdb creates
         self.bindir: Path | None = None
         self.directory: Path | None = None
         self.port: int | None = None
@@ -215,10 +211,18 @@ class EmbeddedPostgres:
         data = directory / "data"
         # A throwaway cluster is never reused after an OS crash: syncing buys nothing.
         initdb = [self._program("initdb"), "-D", str(data), "-U", self.user, "-A", "trust"]
-        self._run_checked("initdb", [*initdb, "-E", "UTF8", "--locale=C", "--no-sync"])
+        result = self._run([*initdb, "-E", "UTF8", "--locale=C", "--no-sync"])
+        if result.returncode != 0:
+            raise EmbeddedPostgresUnavailable(
+                f"initdb failed (exit {result.returncode}):\n{_tail(result.stdout)}"
+            )
+        sockets = str(self.socket_dir) if self.socket_dir is not None else "''"
+        options = f"-c listen_addresses={self.host} -c unix_socket_directories={sockets}"
+        options += "" if self.durable else " -F"
+        log = str(directory / "server.log")
         for attempt in (1, 2):
             port = _free_port()
-            result = self._run(self._pg_ctl_start(data, port))
+            result = self._run(self._pg_ctl("start", data, "-l", log, "-o", f"-p {port} {options}"))
             if result.returncode == 0:
                 self.port = port
                 break
@@ -227,7 +231,7 @@ class EmbeddedPostgres:
                 continue
             raise EmbeddedPostgresUnavailable(
                 f"pg_ctl start failed (exit {result.returncode}):\n"
-                f"{_tail(result.output)}\n{_tail(_read(directory / 'server.log'))}"
+                f"{_tail(result.stdout)}\n{_tail(_read(directory / 'server.log'))}"
             )
         self.pid = _postmaster_pid(data)
         self._wait_connectable()
@@ -268,7 +272,8 @@ class EmbeddedPostgres:
             (Path(os.path.realpath(bindir)), "the PostgreSQL binaries"),  # where they live
             (directory.parent, "the temporary directory"),
         ):
-            blocked = _first_untraversable(path, account)
+            chain = [*reversed(path.parents), path]
+            blocked = next((d for d in chain if not _permits(d, account, stat.S_IXUSR)), None)
             if blocked is not None:
                 hint = (
                     "set TMPDIR to a directory such as /tmp"
@@ -296,16 +301,6 @@ class EmbeddedPostgres:
         timeout = str(max(1, round(self.timeout)))
         return [self._program("pg_ctl"), action, "-w", "-t", timeout, "-D", str(data), *options]
 
-    def _pg_ctl_start(self, data: Path, port: int) -> list[str]:
-        sockets = str(self.socket_dir) if self.socket_dir is not None else "''"
-        options = f"-p {port} -c listen_addresses={self.host} -c unix_socket_directories={sockets}"
-        if not self.durable:
-            options += " -F"
-        if self.directory is None:
-            raise EmbeddedPostgresUnavailable("the embedded server was not set up")
-        log = str(self.directory / "server.log")
-        return self._pg_ctl("start", data, "-l", log, "-o", options)
-
     def _wait_connectable(self) -> None:
         """Prove the DSN works before handing it out (pg_ctl -w only watched the pid file)."""
         deadline = time.monotonic() + self.timeout
@@ -328,13 +323,15 @@ class EmbeddedPostgres:
             result = self._run(self._pg_ctl("stop", data, "-m", mode))
             if result.returncode == 0 or not (data / "postmaster.pid").exists():
                 return
-            _log.warning("pg_ctl stop -m %s failed: %s", mode, _tail(result.output, 3))
+            _log.warning("pg_ctl stop -m %s failed: %s", mode, _tail(result.stdout, 3))
         if pid is not None and _alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            _wait_dead(pid, 5.0)
+            deadline = time.monotonic() + 5.0
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
 
-    def _run(self, args: list[str]) -> _Result:
+    def _run(self, args: list[str]) -> subprocess.CompletedProcess[str]:
         """Run a server program (runuser under root); a file, as a pipe would hang the read."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         env["LC_ALL"] = "C"
@@ -355,19 +352,7 @@ class EmbeddedPostgres:
                     f"{Path(args[0]).name} did not finish within {self.timeout + 30:.0f} s"
                 ) from None
             output.seek(0)
-            return _Result(completed.returncode, output.read())
-
-    def _run_checked(self, what: str, args: list[str]) -> None:
-        result = self._run(args)
-        if result.returncode != 0:
-            raise EmbeddedPostgresUnavailable(
-                f"{what} failed (exit {result.returncode}):\n{_tail(result.output)}"
-            )
-
-
-class _Result(NamedTuple):
-    returncode: int
-    output: str
+            return subprocess.CompletedProcess(args, completed.returncode, output.read())
 
 
 def _free_port() -> int:
@@ -405,19 +390,6 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return True
     return state not in {"Z", "X"}
-
-
-def _wait_dead(pid: int, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
-def _first_untraversable(path: Path, account: pwd.struct_passwd) -> Path | None:
-    for directory in [*reversed(path.parents), path]:
-        if not _permits(directory, account, stat.S_IXUSR):
-            return directory
-    return None
 
 
 def _permits(path: Path, account: pwd.struct_passwd, owner_bit: int) -> bool:

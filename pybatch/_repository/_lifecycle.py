@@ -66,7 +66,7 @@ def check_expected_version(expected_version: int) -> int:
         raise
 
 
-def _swapped(
+def swapped(
     rows: LifecycleRows[Record],
     q: Statements,
     conn: Connection,
@@ -113,30 +113,7 @@ def transition(
         expected_version=expected_version,
         **{rows.id_parameter: record_id},
     )
-    return _swapped(rows, q, conn, current, changed, expected_version, new, change.at)
-
-
-def enrich_exit_status(
-    rows: LifecycleRows[Record],
-    q: Statements,
-    conn: Connection,
-    now: datetime,
-    record_id: int,
-    expected_version: int,
-    exit_status: ExitCode,
-) -> Record:
-    """Replace the exit status in any status, bumping the version."""
-    check_expected_version(expected_version)
-    current = lock(rows, q, conn, record_id)
-    new = apply_exit_enrichment(current.metadata, current.version, expected_version, exit_status)
-    changed = rows.exit_code_statement(q).affected(
-        conn,
-        exit_code=exit_status.value,
-        now=now,
-        expected_version=expected_version,
-        **{rows.id_parameter: record_id},
-    )
-    return _swapped(rows, q, conn, current, changed, expected_version, new, now)
+    return swapped(rows, q, conn, current, changed, expected_version, new, change.at)
 
 
 class LifecycleCapability(Capability, Generic[Record]):
@@ -155,12 +132,23 @@ class LifecycleCapability(Capability, Generic[Record]):
     def enrich_exit_status(
         self, record_id: int, expected_version: int, exit_status: ExitCode
     ) -> Record:
-        """Replace the exit status in any status (docs/contract.md, Exit-status enrichment)."""
+        """Replace the exit status in any status, bumping the version (docs/contract.md)."""
+        rows = self._rows
         with self._operation() as (q, conn):
             now = self._uow.clock.now()
-            return enrich_exit_status(
-                self._rows, q, conn, now, record_id, expected_version, exit_status
+            check_expected_version(expected_version)
+            current = lock(rows, q, conn, record_id)
+            new = apply_exit_enrichment(
+                current.metadata, current.version, expected_version, exit_status
             )
+            changed = rows.exit_code_statement(q).affected(
+                conn,
+                exit_code=exit_status.value,
+                now=now,
+                expected_version=expected_version,
+                **{rows.id_parameter: record_id},
+            )
+            return swapped(rows, q, conn, current, changed, expected_version, new, now)
 
     def get(self, record_id: int) -> Record | None:
         """One record, or None (docs/contract.md, Reads)."""

@@ -12,14 +12,8 @@ import attrs
 import psycopg
 
 from pybatch import _sqlstate
-from pybatch._codecs._primitives import (
-    DecodeError,
-    decode_digest,
-    decode_int64,
-    decode_optional_int64,
-    decode_text,
-)
-from pybatch._statements import Connection, Row, Statements
+from pybatch._codecs._primitives import DecodeError, digest_at, int64_at, optional_int64_at, text_at
+from pybatch._statements import Connection, Statements
 from pybatch.errors import PyBatchError, RetryableConflict, Unavailable
 from pybatch.values.audit import AuditRecordKind
 
@@ -53,8 +47,8 @@ def _append_link(q: Statements, conn: Connection, kind: AuditRecordKind, record_
     row = q.append_audit_link.one(conn, record_kind=kind.value, record_id=record_id)
     if row is None:  # the record is not visible: a bug, nothing is linked
         raise Unavailable()
-    decode_digest(row["link_digest"], column="link_digest")
-    return decode_int64(row["seq"], column="seq", minimum=1)
+    digest_at(row, "link_digest")
+    return int64_at(row, "seq")
 
 
 def link_audit_record(
@@ -102,18 +96,7 @@ def audit_chain_head(q: Statements, conn: Connection) -> tuple[int, bytes]:
     row = q.read_audit_chain_head.one(conn)
     if row is None:
         raise DecodeError("audit_chain_head")
-    return (
-        decode_int64(row["seq"], column="seq", minimum=0),
-        decode_digest(row["link_digest"], column="link_digest"),
-    )
-
-
-def _digest(row: Row, column: str) -> bytes:
-    return decode_digest(row[column], column=column)
-
-
-def _id(row: Row, column: str) -> int | None:
-    return decode_optional_int64(row[column], column=column, minimum=1)
+    return int64_at(row, "seq", 0), digest_at(row, "link_digest")
 
 
 def audit_links_after(
@@ -122,21 +105,19 @@ def audit_links_after(
     """A page of links with their expected digests and their records' current content."""
     return [
         AuditLinkCheck(
-            seq=decode_int64(row["seq"], column="seq", minimum=1),
-            record_kind=decode_text(row["record_kind"], column="record_kind"),
-            record_id=decode_int64(row["record_id"], column="record_id", minimum=1),
-            content_digest=_digest(row, "content_digest"),
-            previous_digest=_digest(row, "previous_digest"),
-            link_digest=_digest(row, "link_digest"),
-            expected_link_digest=_digest(row, "expected_link_digest"),
+            seq=int64_at(row, "seq"),
+            record_kind=text_at(row, "record_kind"),
+            record_id=int64_at(row, "record_id"),
+            content_digest=digest_at(row, "content_digest"),
+            previous_digest=digest_at(row, "previous_digest"),
+            link_digest=digest_at(row, "link_digest"),
+            expected_link_digest=digest_at(row, "expected_link_digest"),
             record_content_digest=None
             if row["record_content_digest"] is None
-            else _digest(row, "record_content_digest"),
-            purged_by=_id(row, "purged_by"),
-            purge_action=None
-            if row["purge_action"] is None
-            else decode_text(row["purge_action"], column="purge_action"),
-            purge_seq=_id(row, "purge_seq"),
+            else digest_at(row, "record_content_digest"),
+            purged_by=optional_int64_at(row, "purged_by"),
+            purge_action=None if row["purge_action"] is None else text_at(row, "purge_action"),
+            purge_seq=optional_int64_at(row, "purge_seq"),
         )
         for row in q.list_audit_links.many(conn, after_seq=after_seq, limit=limit)
     ]
@@ -147,10 +128,7 @@ def unlinked_audit_record(q: Statements, conn: Connection) -> tuple[str, int] | 
     row = q.find_unlinked_audit_record.one(conn)
     if row is None:
         return None
-    return (
-        decode_text(row["record_kind"], column="record_kind"),
-        decode_int64(row["record_id"], column="record_id", minimum=1),
-    )
+    return text_at(row, "record_kind"), int64_at(row, "record_id")
 
 
 def overdrawn_audit_purge(q: Statements, conn: Connection) -> tuple[int, str, int, int] | None:
@@ -159,8 +137,8 @@ def overdrawn_audit_purge(q: Statements, conn: Connection) -> tuple[int, str, in
     if row is None:
         return None
     return (
-        decode_int64(row["retention_action_id"], column="retention_action_id", minimum=1),
-        decode_text(row["record_kind"], column="record_kind"),
-        decode_int64(row["marked"], column="marked", minimum=0),
-        decode_int64(row["deleted"], column="deleted", minimum=0),
+        int64_at(row, "retention_action_id"),
+        text_at(row, "record_kind"),
+        int64_at(row, "marked", 0),
+        int64_at(row, "deleted", 0),
     )

@@ -94,8 +94,6 @@ def upgrade_source_step_name(
 
 
 class Definitions(Capability):
-    """The definitions operations of one unit of work."""
-
     def register_upgrade(self, job_name: JobName, upgrade: DefinitionUpgrade) -> None:
         """Register a direct upgrade edge, idempotent for equal content.
 

@@ -40,7 +40,7 @@ def _refuse_latest(
         )
 
 
-_ROWS = LifecycleRows[JobExecution](
+ROWS = LifecycleRows[JobExecution](
     kind=IdentifierKind.JOB_EXECUTION,
     id_parameter="job_execution_id",
     lock_statement=lambda q: q.lock_job_execution,
@@ -51,11 +51,6 @@ _ROWS = LifecycleRows[JobExecution](
     not_found=lambda execution_id: JobExecutionNotFound(id=execution_id),
     counts_apply=False,  # job executions carry no counters
 )
-
-
-def lock_job_execution(q: Statements, conn: Connection, execution_id: int) -> JobExecution:
-    """Lock the execution row (after its instance) and decode it (JobExecutionNotFound)."""
-    return _lifecycle.lock(_ROWS, q, conn, execution_id)
 
 
 def transition_job_execution(
@@ -70,16 +65,14 @@ def transition_job_execution(
     A finished execution also ends its unfinished steps and partition workers in the same
     transaction: ending an execution ends its ownership of everything under it.
     """
-    ended = _lifecycle.transition(_ROWS, q, conn, execution_id, expected_version, transition)
+    ended = _lifecycle.transition(ROWS, q, conn, execution_id, expected_version, transition)
     if ended.status.is_finished:
         steps.end_unfinished_steps(q, conn, execution_id, ended.status, ended.updated_at)
     return ended
 
 
 class Executions(LifecycleCapability[JobExecution]):
-    """The executions operations of one unit of work."""
-
-    _rows = _ROWS
+    _rows = ROWS
 
     def create(
         self, instance_id: int, definition: DefinitionIdentity = DefinitionIdentity.LEGACY

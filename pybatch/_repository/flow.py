@@ -39,8 +39,6 @@ _SOURCELESS_KINDS = (FlowTransitionKind.DECIDER, FlowTransitionKind.SPLIT_AGGREG
 
 
 class Flow(Capability):
-    """The flow operations of one unit of work."""
-
     def create_step(
         self,
         job_execution_id: int,

@@ -20,8 +20,7 @@ from pybatch.values.timestamps import aware_utc
 
 
 def _decode_hold(row: Any) -> RetentionHold | None:
-    columns = (row["hold_actor"], row["hold_reason"], row["hold_placed_at"])
-    if all(value is None for value in columns):
+    if row["hold_actor"] is None and row["hold_reason"] is None and row["hold_placed_at"] is None:
         return None
     try:
         return RetentionHold(

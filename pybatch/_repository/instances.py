@@ -43,8 +43,6 @@ def record_job_instance_attempt(
 
 
 class Instances(Capability):
-    """The instances operations of one unit of work."""
-
     def select_or_create(self, key: JobInstanceKey) -> JobInstanceSelection:
         """Return the instance of `key`, creating it when absent.
 
@@ -52,9 +50,8 @@ class Instances(Capability):
         nothing and its read-back (a new READ COMMITTED statement) sees the winner's row.
         """
         with self._operation() as (q, conn):
-            clock = self._uow.clock
             columns = encode_job_instance_key(key)
-            row = q.insert_job_instance_if_absent.one(conn, **columns, now=clock.now())
+            row = q.insert_job_instance_if_absent.one(conn, **columns, now=self._uow.clock.now())
             if row is not None:
                 return Created(instance=decode_job_instance(row))
             row = q.find_job_instance_by_key.one(

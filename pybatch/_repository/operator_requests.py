@@ -13,8 +13,6 @@ from pybatch.values.operator import OperatorAction, OperatorRecord, OperatorReco
 
 
 class OperatorRequests(Capability):
-    """The operator requests operations of one unit of work."""
-
     def find(self, action: OperatorAction, operation_id: OperationId) -> OperatorRecord | None:
         """The recorded request of (action, operation id), or None: the service's replay probe.
 

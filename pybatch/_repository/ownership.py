@@ -24,18 +24,12 @@ from typing import Any
 
 import attrs
 
-from pybatch._codecs._primitives import (
-    DecodeError,
-    decode_bool,
-    decode_int64,
-    decode_optional_int64,
-    decode_text,
-)
+from pybatch._codecs._primitives import DecodeError, bool_at, int64_at, optional_int64_at, text_at
 from pybatch._codecs.executions import decode_job_execution
 from pybatch._repository._capability import Capability
 from pybatch._repository._lifecycle import check_expected_version
 from pybatch._repository.executions import transition_job_execution
-from pybatch._repository.partitions import lock_parent_of, partition_status
+from pybatch._repository.partitions import corrupt_on, lock_parent_of, partition_status
 from pybatch._statements import Connection, Row, Statements
 from pybatch.errors import (
     ExecutionOwned,
@@ -43,7 +37,6 @@ from pybatch.errors import (
     ExecutionOwnershipNotAllowed,
     JobExecutionNotFound,
     PartitionOwnershipLost,
-    PartitionStateCorrupt,
     StaleVersion,
     StepPartitionNotFound,
 )
@@ -53,8 +46,6 @@ from pybatch.values.ownership import ExecutionControl, ExecutionLease, LeaseStat
 from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus
 from pybatch.values.timestamps import aware_utc
-
-__all__ = ["Ownership", "StartedPartition", "WorkerLease", "lock_execution_ownership"]
 
 
 def lock_execution_ownership(
@@ -72,17 +63,13 @@ def lock_execution_ownership(
         raise DecodeError("owner_token")
     if expires is not None and not isinstance(expires, _dt.datetime):
         raise DecodeError("lease_expires_at")
-    expired = decode_bool(row["lease_expired"], column="lease_expired")
-    stop = decode_bool(row["stop_requested"], column="lease_expired")
     state = LeaseState(
         execution_id=execution.id,
         owner_token=None if token is None else OwnerToken(bytes(token)),
         lease_expires_at=None if expires is None else aware_utc(expires),
-        lease_expired=expired,
-        lease_remaining_ms=decode_optional_int64(
-            row["lease_remaining_ms"], column="lease_remaining_ms", minimum=0
-        ),
-        stop_requested=stop,
+        lease_expired=bool_at(row, "lease_expired"),
+        lease_remaining_ms=optional_int64_at(row, "lease_remaining_ms", 0),
+        stop_requested=bool_at(row, "stop_requested"),
     )
     return execution, state
 
@@ -115,10 +102,10 @@ class StartedPartition(WorkerLease):
 def _worker_lease(row: Row) -> tuple[int, int, bool, bool]:
     """The `WorkerLease` fields of a partition row, in field order (DecodeError if unusable)."""
     return (
-        decode_int64(row["worker_step_execution_id"], column="worker_step_execution_id", minimum=1),
-        decode_int64(row["version"], column="version", minimum=0),
-        decode_bool(row["leased"], column="leased"),
-        decode_bool(row["lease_expired"], column="lease_expired"),
+        int64_at(row, "worker_step_execution_id"),
+        int64_at(row, "version", 0),
+        bool_at(row, "leased"),
+        bool_at(row, "lease_expired"),
     )
 
 
@@ -195,7 +182,7 @@ class Ownership(Capability):
             )
             if row is None:
                 raise ExecutionOwnershipLost(id=execution_id)
-            return decode_bool(row["stop_requested"], column="stop_requested")
+            return bool_at(row, "stop_requested")
 
     def verify_owner(self, execution_id: int, owner: OwnerToken) -> JobExecution:
         """Lock the execution and confirm `owner` still runs it (else ExecutionOwnershipLost)."""
@@ -243,24 +230,20 @@ class Ownership(Capability):
                 raise StepPartitionNotFound(id=partition_id)
             if partition_status(row["status"]) is not BatchStatus.STARTED:
                 return None
-            try:
+            with corrupt_on():
                 return WorkerLease(*_worker_lease(row))
-            except DecodeError:
-                raise PartitionStateCorrupt() from None
 
     def started_partitions(self, parent_id: int) -> list[StartedPartition]:
         """The STARTED partitions of a plan with their workers and leases (no lock taken)."""
         with self._operation() as (q, conn):
             check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
             rows = q.list_started_step_partitions.many(conn, step_execution_id=parent_id)
-            try:
+            with corrupt_on():
                 return [
                     StartedPartition(
                         *_worker_lease(row),
-                        id=decode_int64(row["id"], column="id", minimum=1),
-                        key=decode_text(row["partition_key"], column="partition_key"),
+                        id=int64_at(row, "id"),
+                        key=text_at(row, "partition_key"),
                     )
                     for row in rows
                 ]
-            except DecodeError:
-                raise PartitionStateCorrupt() from None

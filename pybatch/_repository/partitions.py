@@ -14,11 +14,12 @@ from contextlib import contextmanager
 import attrs
 
 from pybatch._codecs._jsonb import to_jsonb
-from pybatch._codecs._primitives import DecodeError, decode_enum, decode_int64, decode_text
+from pybatch._codecs._primitives import DecodeError, decode_enum, decode_int64, int64_at, text_at
 from pybatch._codecs.fault_state import encode_fault_state
 from pybatch._codecs.lifecycle import encode_execution_metadata
 from pybatch._codecs.partitions import decode_step_partition, encode_plan_entries
 from pybatch._codecs.steps import decode_step_execution, encode_counts
+from pybatch._repository import _lifecycle, steps
 from pybatch._repository._capability import Capability, Overrides
 from pybatch._repository._lifecycle import check_expected_version
 from pybatch._statements import Connection, Row, Statements
@@ -38,7 +39,6 @@ from pybatch.errors import (
     PartitionWorkerMismatch,
     PartitionWorkerStale,
     PyBatchError,
-    StaleVersion,
     StateSchemaVersionNotStorable,
     StepExecutionNotFound,
     StepPartitionNotFound,
@@ -65,22 +65,15 @@ from pybatch.values.records import StepExecution
 from pybatch.values.state import MAX_STORABLE_SCHEMA_VERSION
 from pybatch.values.status import BatchStatus
 
-__all__ = [
-    "Partitions",
-    "count_step_partitions_by_status",
-    "end_partition_worker",
-    "lock_parent_of",
-    "partition_status",
-]
-
 #: How many workers may try one partition in one attempt when each of them was lost.
 MAX_WORKER_TRIES = 5
 _ACTIVE_PARENT = frozenset({BatchStatus.STARTING, BatchStatus.STARTED})
 _COMPLETING_PARENT = frozenset({BatchStatus.STARTED, BatchStatus.STOPPING})
+_RESTARTABLE_SOURCE = frozenset({BatchStatus.FAILED, BatchStatus.STOPPED})
 
 
 @contextmanager
-def _corrupt_on(errors: tuple[type[Exception], ...] = (DecodeError,)) -> Iterator[None]:
+def corrupt_on(errors: tuple[type[Exception], ...] = (DecodeError,)) -> Iterator[None]:
     """An unreadable stored value means the partition state is corrupt."""
     try:
         yield
@@ -90,7 +83,7 @@ def _corrupt_on(errors: tuple[type[Exception], ...] = (DecodeError,)) -> Iterato
 
 def partition_status(value: object) -> BatchStatus:
     """A status column of a partition or step row (PartitionStateCorrupt when unreadable)."""
-    with _corrupt_on():
+    with corrupt_on():
         return decode_enum(BatchStatus, value, column="status")
 
 
@@ -99,25 +92,14 @@ def _require_parent(parent_id: int, status: BatchStatus, allowed: Collection[Bat
         raise PartitionParentNotActive(step_execution_id=parent_id, status=status.value)
 
 
-def _lock_step(q: Statements, conn: Connection, step_id: int) -> tuple[int, BatchStatus] | None:
-    """Lock a step; its job execution id and status, or None when there is no such step."""
+def _lock_step(q: Statements, conn: Connection, step_id: int) -> tuple[int, BatchStatus]:
+    """Lock a step; its job execution id and status (StepExecutionNotFound without one)."""
     row = q.lock_partition_step.one(conn, step_execution_id=step_id)
     if row is None:
-        return None
-    with _corrupt_on():
-        execution_id = _int(row, "job_execution_id")
-    return execution_id, partition_status(row["status"])
-
-
-def _int(row: Row, column: str, minimum: int = 1) -> int:
-    return decode_int64(row[column], column=column, minimum=minimum)
-
-
-def _lock_step_execution(q: Statements, conn: Connection, step_id: int) -> StepExecution:
-    row = q.lock_step_execution.one(conn, step_execution_id=step_id)
-    if row is None:
         raise StepExecutionNotFound(id=step_id)
-    return decode_step_execution(row)
+    with corrupt_on():
+        execution_id = int64_at(row, "job_execution_id")
+    return execution_id, partition_status(row["status"])
 
 
 def _decoded(rows: Sequence[Row]) -> list[StepPartition]:
@@ -135,12 +117,12 @@ def lock_parent_of(
     found = q.get_step_partition_parent.scalar(conn, step_partition_id=partition_id)
     if found is None:
         raise StepPartitionNotFound(id=partition_id)
-    with _corrupt_on():
+    with corrupt_on():
         parent_id = decode_int64(found, column="step_execution_id", minimum=1)
-    parent = _lock_step(q, conn, parent_id)
-    if parent is None:  # the parent foreign key makes this unreachable
-        raise PartitionStateCorrupt()
-    return parent_id, parent
+    try:
+        return parent_id, _lock_step(q, conn, parent_id)
+    except StepExecutionNotFound:  # the parent foreign key makes this unreachable
+        raise PartitionStateCorrupt() from None
 
 
 def _locked_partition(
@@ -161,48 +143,6 @@ def _domain(partition: StepPartition, change: Callable[[], StepPartition]) -> St
         if refused.rule == "VersionExhausted" or refused.status is None:
             raise PartitionStateCorrupt() from None
         raise PartitionUpdateNotAllowed(id=partition.id, status=refused.status.value) from None
-
-
-def end_partition_worker(
-    q: Statements,
-    conn: Connection,
-    partition_id: int,
-    expected_version: int,
-    worker_id: int,
-    end: tuple[LifecycleTransition, ExitCode] | None,
-) -> StepPartition:
-    """Optionally end the worker step (under its lock), then complete its partition from its row.
-
-    Lock order: parent, partition, worker; all in the caller's savepoint.
-    """
-    check_expected_version(expected_version)
-    check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
-    parent_id, execution_id, status, partition = _locked_partition(q, conn, partition_id)
-    _require_parent(parent_id, status, _COMPLETING_PARENT)
-    if partition.worker_step_execution_id != worker_id:
-        raise PartitionWorkerStale(partition_id=partition_id, worker=worker_id)
-    worker = _lock_step_execution(q, conn, worker_id)
-    if worker.job_execution_id != execution_id:
-        raise PartitionWorkerMismatch(partition_id=partition_id, worker=worker_id)
-    if end is not None:
-        worker = _end_worker(q, conn, worker, *end)
-    if worker.status not in RESULT_STATUSES:
-        raise PartitionAggregationIncomplete(
-            step_execution_id=parent_id, status=worker.status.value
-        )
-    result = PartitionResult.from_worker(worker)
-    completed = _domain(partition, lambda: partition.completed(expected_version, result))
-    changed = q.update_step_partition_complete.affected(
-        conn,
-        status=result.status.value,
-        exit_code=result.exit_status.value,
-        **encode_counts(result.counts),
-        step_partition_id=partition_id,
-        expected_version=expected_version,
-    )
-    if changed != 1:
-        raise ConcurrentModification()
-    return completed
 
 
 def _end_worker(
@@ -239,8 +179,8 @@ def count_step_partitions_by_status(
     """How many partitions of a plan are in each status (the plan's progress)."""
     check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
     rows = q.count_step_partitions_by_status.many(conn, step_execution_id=parent_id)
-    with _corrupt_on():
-        return {partition_status(row["status"]): _int(row, "partitions", 0) for row in rows}
+    with corrupt_on():
+        return {partition_status(row["status"]): int64_at(row, "partitions", 0) for row in rows}
 
 
 def _elapsed(value: object) -> _dt.timedelta:
@@ -258,8 +198,6 @@ def _plan_overrides(parent_id: int) -> Overrides:
 
 
 class Partitions(Capability):
-    """The partitions operations of one unit of work."""
-
     def _check_plan_target(
         self, q: Statements, conn: Connection, parent_id: int, status: BatchStatus
     ) -> None:
@@ -287,10 +225,7 @@ class Partitions(Capability):
             if any(entry.context.schema_version > MAX_STORABLE_SCHEMA_VERSION for entry in entries):
                 raise StateSchemaVersionNotStorable()
             check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
-            parent = _lock_step(q, conn, parent_id)
-            if parent is None:
-                raise StepExecutionNotFound(id=parent_id)
-            self._check_plan_target(q, conn, parent_id, parent[1])
+            self._check_plan_target(q, conn, parent_id, _lock_step(q, conn, parent_id)[1])
             rows = q.insert_step_partitions.many(
                 conn, step_execution_id=parent_id, **encode_plan_entries(entries)
             )
@@ -318,8 +253,7 @@ class Partitions(Capability):
             )
             if pair is None or pair["same_logical_id"] is not True:
                 raise PartitionStateCorrupt()
-            source_status = partition_status(pair["source_job_status"])
-            if source_status not in (BatchStatus.FAILED, BatchStatus.STOPPED):
+            if partition_status(pair["source_job_status"]) not in _RESTARTABLE_SOURCE:
                 raise PartitionStateCorrupt()
             target_status = partition_status(pair["target_status"])
             self._check_plan_target(q, conn, target_parent_id, target_status)
@@ -343,10 +277,8 @@ class Partitions(Capability):
             if parent_id in self._uow.unpublished_plans:
                 raise PartitionPlanNotCommitted(step_execution_id=parent_id)
             assigned = _domain(partition, lambda: partition.assigned(expected_version, worker_id))
-            worker = _lock_step(q, conn, worker_id)
-            if worker is None:
-                raise StepExecutionNotFound(id=worker_id)
-            if worker_id == parent_id or worker[0] != execution_id:
+            worker_execution_id, _ = _lock_step(q, conn, worker_id)
+            if worker_id == parent_id or worker_execution_id != execution_id:
                 raise PartitionWorkerMismatch(partition_id=partition_id, worker=worker_id)
             if q.find_partition_of_worker.scalar(conn, worker_step_execution_id=worker_id) is True:
                 raise PartitionWorkerAlreadyAssigned(worker=worker_id)
@@ -362,8 +294,7 @@ class Partitions(Capability):
 
     def complete(self, partition_id: int, expected_version: int, worker_id: int) -> StepPartition:
         """Publish the worker's terminal snapshot (read from its durable row) onto its partition."""
-        with self._operation() as (q, conn):
-            return end_partition_worker(q, conn, partition_id, expected_version, worker_id, None)
+        return self._end_partition_worker(partition_id, expected_version, worker_id, None)
 
     def end_worker(
         self,
@@ -374,9 +305,49 @@ class Partitions(Capability):
         exit_status: ExitCode,
     ) -> StepPartition:
         """End a partition's worker step and complete the partition from it, atomically."""
+        end = (transition, exit_status)
+        return self._end_partition_worker(partition_id, expected_version, worker_id, end)
+
+    def _end_partition_worker(
+        self,
+        partition_id: int,
+        expected_version: int,
+        worker_id: int,
+        end: tuple[LifecycleTransition, ExitCode] | None,
+    ) -> StepPartition:
+        """Optionally end the worker (under its lock), then complete its partition from its row.
+
+        Lock order: parent, partition, worker; all in one savepoint.
+        """
         with self._operation() as (q, conn):
-            end = (transition, exit_status)
-            return end_partition_worker(q, conn, partition_id, expected_version, worker_id, end)
+            check_expected_version(expected_version)
+            check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
+            parent_id, execution_id, status, partition = _locked_partition(q, conn, partition_id)
+            _require_parent(parent_id, status, _COMPLETING_PARENT)
+            if partition.worker_step_execution_id != worker_id:
+                raise PartitionWorkerStale(partition_id=partition_id, worker=worker_id)
+            worker = _lifecycle.lock(steps.ROWS, q, conn, worker_id)
+            if worker.job_execution_id != execution_id:
+                raise PartitionWorkerMismatch(partition_id=partition_id, worker=worker_id)
+            if end is not None:
+                worker = _end_worker(q, conn, worker, *end)
+            if worker.status not in RESULT_STATUSES:
+                raise PartitionAggregationIncomplete(
+                    step_execution_id=parent_id, status=worker.status.value
+                )
+            result = PartitionResult.from_worker(worker)
+            completed = _domain(partition, lambda: partition.completed(expected_version, result))
+            changed = q.update_step_partition_complete.affected(
+                conn,
+                status=result.status.value,
+                exit_code=result.exit_status.value,
+                **encode_counts(result.counts),
+                step_partition_id=partition_id,
+                expected_version=expected_version,
+            )
+            if changed != 1:
+                raise ConcurrentModification()
+            return completed
 
     def aggregate(
         self, parent_id: int, expected_version: int, transitioned_at: _dt.datetime
@@ -389,7 +360,7 @@ class Partitions(Capability):
         with self._operation() as (q, conn):
             check_expected_version(expected_version)
             check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
-            parent = _lock_step_execution(q, conn, parent_id)
+            parent = _lifecycle.lock(steps.ROWS, q, conn, parent_id)
             children = _decoded(
                 q.lock_step_partitions_by_key.many(conn, step_execution_id=parent_id)
             )
@@ -443,15 +414,10 @@ class Partitions(Capability):
                 step_execution_id=parent_id,
                 expected_version=expected_version,
             )
-            if changed != 1:
-                latest = q.get_step_execution.one(conn, step_execution_id=parent_id)
-                if latest is None:
-                    raise StepExecutionNotFound(id=parent_id)
-                raise StaleVersion(
-                    expected=expected_version, actual=decode_step_execution(latest).version
-                )
-            updated_at = max(parent.updated_at, transitioned_at)
-            return attrs.evolve(parent, metadata=metadata, version=version, updated_at=updated_at)
+            new = (metadata, version)
+            return _lifecycle.swapped(
+                steps.ROWS, q, conn, parent, changed, expected_version, new, transitioned_at
+            )
 
     def claim(
         self,
@@ -466,7 +432,6 @@ class Partitions(Capability):
         recording `owner` and starting its `lease` on the database clock.
         """
         with self._operation() as (q, conn):
-            now = self._uow.clock.now()
             owner = owner or OwnerToken.generate()
             lease = lease or ExecutionLease()
             if parent.id in self._uow.unpublished_plans:
@@ -481,7 +446,7 @@ class Partitions(Capability):
                 max_partition_version=2 * MAX_WORKER_TRIES,
                 fault_state_payload=to_jsonb(fault["fault_state_payload"]),
                 fault_state_checksum=fault["fault_state_checksum"],
-                now=now,
+                now=self._uow.clock.now(),
                 owner_token=owner.value,
                 lease_ms=lease.milliseconds,
             )
@@ -513,20 +478,20 @@ class Partitions(Capability):
     def progress(self, parent_id: int, slowest: int = 5) -> PlanProgress:
         """Partitions per status and the `slowest` partitions of a plan."""
         with self._operation() as (q, conn):
-            now = self._uow.clock.now()
             check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
             if q.get_step_execution.one(conn, step_execution_id=parent_id) is None:
                 raise StepExecutionNotFound(id=parent_id)
             counts = count_step_partitions_by_status(q, conn, parent_id)
+            now = self._uow.clock.now()
             rows = q.list_slowest_step_partitions.many(
                 conn, step_execution_id=parent_id, now=now, limit=slowest
             )
-            with _corrupt_on((DecodeError, PyBatchError)):
+            with corrupt_on((DecodeError, PyBatchError)):
                 slow = tuple(
                     SlowPartition(
-                        key=PartitionKey(decode_text(row["partition_key"], column="partition_key")),
+                        key=PartitionKey(text_at(row, "partition_key")),
                         status=partition_status(row["status"]),
-                        worker_step_execution_id=_int(row, "worker_step_execution_id"),
+                        worker_step_execution_id=int64_at(row, "worker_step_execution_id"),
                         elapsed=_elapsed(row["elapsed"]),
                     )
                     for row in rows

@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-import attrs
-
 from pybatch._clock import Clock
-from pybatch._codecs._primitives import (
-    decode_aware,
-    decode_bool,
-    decode_enum,
-    decode_int64,
-    decode_text,
-    returned,
-)
+from pybatch._codecs._primitives import aware_at, bool_at, enum_at, int64_at, returned, text_at
 from pybatch._codecs.executions import decode_job_execution
 from pybatch._codecs.recovery import decode_recovery_decision
-from pybatch._repository import executions, steps
+from pybatch._repository import _lifecycle, executions, steps
 from pybatch._repository._capability import Capability, job_execution_row
 from pybatch._repository.audit_chain import link_audit_record
 from pybatch._repository.operator_requests import OperatorRequests
@@ -54,7 +45,7 @@ def recover_job_execution(
     Raises JobExecutionNotFound, then StaleVersion (a replayed request is stale), then
     RecoveryNotAllowed (already finished). `tolerate_chain_errors`: see link_audit_record.
     """
-    prior = executions.lock_job_execution(q, conn, execution_id)
+    prior = _lifecycle.lock(executions.ROWS, q, conn, execution_id)
     if prior.version != request.expected_version:
         raise StaleVersion(expected=request.expected_version, actual=prior.version)
     if not prior.status.is_unresolved:
@@ -84,9 +75,10 @@ def recover_job_execution(
         failure_category=None if failure is None else failure.category.value,
         failure_id=None if failure is None else failure.failure_id,
     )
-    if changed != 1:
-        current = decode_job_execution(job_execution_row(q, conn, execution_id))
-        raise StaleVersion(expected=request.expected_version, actual=current.version)
+    new = (metadata, prior.version + 1)
+    recovered = _lifecycle.swapped(
+        executions.ROWS, q, conn, prior, changed, request.expected_version, new, decided_at
+    )
     decision_row = q.insert_recovery_decision.one(
         conn,
         **common,
@@ -103,10 +95,6 @@ def recover_job_execution(
     )
     kind = AuditRecordKind.RECOVERY_DECISION
     link_audit_record(q, conn, kind, decision.id, tolerate_chain_errors=tolerate_chain_errors)
-    updated_at = max(prior.updated_at, decided_at)
-    recovered = attrs.evolve(
-        prior, metadata=metadata, version=prior.version + 1, updated_at=updated_at
-    )
     return RecoveryResult(execution=recovered, decision=decision)
 
 
@@ -133,31 +121,20 @@ def recovery_snapshot(
     )
     if row is None:
         raise JobExecutionNotFound(id=execution_id)
-
-    def flag(column: str) -> bool:
-        return decode_bool(row[column], column=column)
-
-    def status_of(column: str) -> BatchStatus:
-        return decode_enum(BatchStatus, row[column], column=column)
-
-    def int64(column: str, minimum: int = 1) -> int:
-        return decode_int64(row[column], column=column, minimum=minimum)
-
-    status = status_of("status")
-    if flag("owner_absent"):
+    status = enum_at(BatchStatus, row, "status")
+    if bool_at(row, "owner_absent"):
         owner = OwnerObservation.ABSENT
-    elif flag("owner_matches"):
+    elif bool_at(row, "owner_matches"):
         owner = OwnerObservation.CURRENT_PROCESS
     else:
         owner = OwnerObservation.OTHER_PROCESS
     latest = None
     if row["latest_step_id"] is not None:
-        schema = "latest_step_checkpoint_schema"
         latest = RecoveryStepEvidence(
-            id=int64("latest_step_id"),
-            status=status_of("latest_step_status"),
-            checkpoint_schema=decode_text(row[schema], column=schema),
-            checkpoint_schema_version=int64("latest_step_checkpoint_schema_version"),
+            id=int64_at(row, "latest_step_id"),
+            status=enum_at(BatchStatus, row, "latest_step_status"),
+            checkpoint_schema=text_at(row, "latest_step_checkpoint_schema"),
+            checkpoint_schema_version=int64_at(row, "latest_step_checkpoint_schema_version"),
         )
     markers = RecoveryMarkers.NONE
     if (
@@ -167,24 +144,22 @@ def recovery_snapshot(
     ):
         markers |= RecoveryMarkers.UNKNOWN_COMMIT
     for column, marker in _MARKER_COLUMNS:
-        if flag(column):
+        if bool_at(row, column):
             markers |= marker
     return RecoverySnapshot(
         execution_id=execution_id,
         status=status,
-        attempt=int64("attempt"),
-        version=int64("version", 0),
+        attempt=int64_at(row, "attempt"),
+        version=int64_at(row, "version", 0),
         owner=owner,
-        updated_at=decode_aware(row["updated_at"], column="updated_at"),
-        server_time=decode_aware(row["server_time"], column="server_time"),
+        updated_at=aware_at(row, "updated_at"),
+        server_time=aware_at(row, "server_time"),
         latest_step=latest,
         markers=markers,
     )
 
 
 class Recovery(Capability):
-    """The recovery operations of one unit of work."""
-
     def recover(self, execution_id: int, request: RecoveryRequest) -> RecoveryResult:
         """Mark an unresolved execution FAILED or ABANDONED with an audit decision."""
         with self._operation() as (q, conn):

@@ -18,10 +18,11 @@ import attrs
 
 from pybatch._codecs._primitives import (
     DecodeError,
-    decode_aware,
-    decode_digest,
-    decode_enum,
+    aware_at,
     decode_int64,
+    digest_at,
+    enum_at,
+    int64_at,
     returned,
 )
 from pybatch._repository._capability import Capability
@@ -75,8 +76,8 @@ _HISTORY_ROW_COUNTS = tuple(name for name, _ in _COUNT_COLUMNS[:5])
 def _decode_record(row: Any) -> RetentionRecord:
     try:
         return RetentionRecord(
-            id=decode_int64(row["id"], column="id", minimum=0),
-            action=decode_enum(RetentionAction, row["action"], column="action"),
+            id=_int(row, "id"),
+            action=enum_at(RetentionAction, row, "action"),
             operation_id=OperationId(row["operation_id"]),
             actor=ActorRef(row["actor_ref"]),
             reason=ReasonCode(row["reason_code"]),
@@ -86,7 +87,7 @@ def _decode_record(row: Any) -> RetentionRecord:
             batch_bound=row["batch_bound"],
             counts=PurgeCounts(**{name: int(row[column]) for name, column in _COUNT_COLUMNS}),
             outcome=str(row["outcome_class"]),
-            applied_at=decode_aware(row["applied_at"], column="applied_at"),
+            applied_at=aware_at(row, "applied_at"),
         )
     except (ValueError, TypeError) as error:
         raise DecodeError("retention_action") from error
@@ -97,7 +98,7 @@ _EPOCH = _dt.datetime(1, 1, 1, tzinfo=_dt.UTC)
 
 
 def _int(row: Row, column: str, minimum: int = 0) -> int:
-    return decode_int64(row[column], column=column, minimum=minimum)
+    return int64_at(row, column, minimum)
 
 
 def _decode_ids(row: Row, column: str) -> tuple[int, ...]:
@@ -108,8 +109,6 @@ def _decode_ids(row: Row, column: str) -> tuple[int, ...]:
 
 
 class Retention(Capability):
-    """The retention operations of one unit of work."""
-
     def find_action(
         self, action: RetentionAction, operation_id: OperationId
     ) -> RetentionRecord | None:
@@ -138,7 +137,7 @@ class Retention(Capability):
                 applied_at=draft.applied_at,
                 **{column: counts[name] for name, column in _COUNT_COLUMNS},
             )
-            record_id = decode_int64(returned(row)["id"], column="id", minimum=1)
+            record_id = _int(returned(row), "id", 1)
             link_audit_record(q, conn, AuditRecordKind.RETENTION_ACTION, record_id)
             return RetentionRecord(id=record_id, **attrs.asdict(draft, recurse=False))
 
@@ -169,14 +168,11 @@ class Retention(Capability):
                 execution_id = _int(row, "job_execution_id", 1)
                 candidates.append(PurgeCandidate(instance_id, execution_id, _int(row, "version")))
                 if instance_id not in final:
-                    final[instance_id] = decode_enum(BatchStatus, row["status"], column="status")
+                    final[instance_id] = enum_at(BatchStatus, row, "status")
             candidates.sort(key=candidate_order)
             # Rows come oldest first: the last one is the keyset position of the batch.
             last = rows[-1]
-            last_key = (
-                decode_aware(last["updated_at"], column="updated_at"),
-                _int(last, "job_instance_id", 1),
-            )
+            last_key = (aware_at(last, "updated_at"), _int(last, "job_instance_id", 1))
             counts = PurgeCounts(
                 **{name: _int(rows[0], name) for name in _HISTORY_ROW_COUNTS},
                 job_executions=len(candidates),
@@ -211,7 +207,7 @@ class Retention(Capability):
             )
             expected = hashlib.sha256(candidate_encoding(plan.candidates)).digest()
             if (
-                decode_digest(check["candidates_digest"], column="candidates_digest") != expected
+                digest_at(check, "candidates_digest") != expected
                 or _int(check, "unresolved") != 0
                 or _int(check, "not_requested") != 0
             ):
@@ -242,11 +238,9 @@ class Retention(Capability):
     def mark_purged_audit_links(self, deleted: PurgedAuditRecords, retention_action_id: int) -> int:
         """Mark the links whose records this purge deleted, naming its retention action."""
         with self._operation() as (q, conn):
-            return int(
-                q.mark_purged_audit_links.affected(
-                    conn,
-                    retention_action_id=retention_action_id,
-                    operator_request_ids=list(deleted.operator_request_ids),
-                    recovery_decision_ids=list(deleted.recovery_decision_ids),
-                )
+            return q.mark_purged_audit_links.affected(
+                conn,
+                retention_action_id=retention_action_id,
+                operator_request_ids=list(deleted.operator_request_ids),
+                recovery_decision_ids=list(deleted.recovery_decision_ids),
             )

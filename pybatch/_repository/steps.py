@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from datetime import datetime
 from functools import partial
-from typing import Any
 
 from pybatch._codecs._jsonb import to_jsonb
 from pybatch._codecs._primitives import decode_int64, decode_optional_int64, returned
@@ -12,7 +11,7 @@ from pybatch._codecs.executions import decode_job_execution
 from pybatch._codecs.fault_state import encode_fault_state
 from pybatch._codecs.steps import decode_step_execution
 from pybatch._repository import definitions
-from pybatch._repository._capability import job_execution_row
+from pybatch._repository._capability import Overrides, job_execution_row
 from pybatch._repository._lifecycle import LifecycleCapability, LifecycleRows
 from pybatch._statements import Connection, Statements
 from pybatch.errors import (
@@ -28,17 +27,11 @@ from pybatch.values.records import StepExecution
 from pybatch.values.status import BatchStatus, FailureCategory
 
 
-def _duplicate(job_execution_id: int, step_name: StepName, node_id: str) -> DuplicateStep:
-    return DuplicateStep(
-        job_execution_id=job_execution_id, step_name=step_name.value, node_id=node_id
-    )
-
-
-def duplicate_step_overrides(
-    job_execution_id: int, step_name: StepName, node_id: str
-) -> dict[str, Any]:
+def duplicate_step_overrides(job_execution_id: int, step_name: StepName, node_id: str) -> Overrides:
     """Report a concurrent duplicate caught by a unique constraint as DuplicateStep."""
-    duplicate = partial(_duplicate, job_execution_id, step_name, node_id)
+    duplicate = partial(
+        DuplicateStep, job_execution_id=job_execution_id, step_name=step_name.value, node_id=node_id
+    )
     return {"step_execution_name_unique": duplicate, "step_execution_logical_id_unique": duplicate}
 
 
@@ -48,7 +41,9 @@ def refuse_duplicate_step(
     """Refuse a step whose name or node is already taken in the execution (DuplicateStep)."""
     names = {"job_execution_id": job_execution_id, "step_name": step_name.value}
     if q.find_conflicting_step_execution.one(conn, **names, node_id=node_id) is not None:
-        raise _duplicate(job_execution_id, step_name, node_id)
+        raise DuplicateStep(
+            job_execution_id=job_execution_id, step_name=step_name.value, node_id=node_id
+        )
 
 
 def insert_step_execution(
@@ -82,7 +77,7 @@ def insert_step_execution(
     )
 
 
-_ROWS = LifecycleRows[StepExecution](
+ROWS = LifecycleRows[StepExecution](
     kind=IdentifierKind.STEP_EXECUTION,
     id_parameter="step_execution_id",
     lock_statement=lambda q: q.lock_step_execution,
@@ -123,9 +118,7 @@ def end_unfinished_steps(
 
 
 class Steps(LifecycleCapability[StepExecution]):
-    """The steps operations of one unit of work."""
-
-    _rows = _ROWS
+    _rows = ROWS
 
     def create(self, job_execution_id: int, step_name: StepName) -> StepExecution:
         """Create a step; in a restart attempt copy its source's durable state.

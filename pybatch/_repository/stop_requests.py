@@ -11,9 +11,8 @@ import datetime as _dt
 
 import attrs
 
+from pybatch._repository import _lifecycle, executions
 from pybatch._repository._capability import Capability
-from pybatch._repository._lifecycle import check_expected_version
-from pybatch._repository.executions import lock_job_execution
 from pybatch.errors import StaleVersion
 from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.names import ActorRef
@@ -22,17 +21,15 @@ from pybatch.values.timestamps import aware_utc
 
 
 class StopRequests(Capability):
-    """The stop requests operations of one unit of work."""
-
     def request(
         self, execution_id: int, expected_version: int, actor: ActorRef, requested_at: _dt.datetime
     ) -> JobExecution:
         """Record (or overwrite) a stop request, version unchanged (NotFound, StaleVersion)."""
         with self._operation() as (q, conn):
             check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
-            check_expected_version(expected_version)
+            _lifecycle.check_expected_version(expected_version)
             requested_at = aware_utc(requested_at)
-            current = lock_job_execution(q, conn, execution_id)
+            current = _lifecycle.lock(executions.ROWS, q, conn, execution_id)
             if current.version != expected_version:
                 raise StaleVersion(expected=expected_version, actual=current.version)
             changed = q.update_job_execution_stop_request.affected(

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from pybatch._unit_of_work import UnitOfWork
     from pybatch.values.definitions import DefinitionIdentity
 
+K = FlowTransitionKind
+
 
 @attrs.frozen
 class FlowPoint:
@@ -45,21 +47,11 @@ class FlowPoint:
         def work(uow: UnitOfWork) -> FlowDecision:
             recorded = self._recorded(uow, node)
             if recorded is None and reused:
-                recorded = self._reuse(
-                    uow,
-                    node,
-                    FlowTransitionKind.STEP_EXIT,
-                    FlowTransitionKind.COMPLETED_STEP_REUSE,
-                    step.id,
-                )
+                recorded = self._reuse(uow, node, K.STEP_EXIT, K.COMPLETED_STEP_REUSE, step.id)
             if recorded is not None:
                 return recorded
-            target = self._select(node, FlowTransitionKind.STEP_EXIT, outcome)
-            return uow.flow.append_decision(
-                self._request(
-                    uow, node, FlowTransitionKind.STEP_EXIT, outcome, target, source_step=step.id
-                )
-            )
+            target = self._select(node, K.STEP_EXIT, outcome)
+            return self._append(uow, node, K.STEP_EXIT, outcome, target, source_step=step.id)
 
         return self.repository.run_in_unit_of_work(work)
 
@@ -67,18 +59,15 @@ class FlowPoint:
         """Run `decider` and record where it leads, unless it decided on this plan and input."""
 
         def reusable(uow: UnitOfWork) -> FlowDecision | None:
-            kind = FlowTransitionKind.DECIDER
-            return self._recorded(uow, node) or self._reuse(uow, node, kind, kind, None)
+            return self._recorded(uow, node) or self._reuse(uow, node, K.DECIDER, K.DECIDER, None)
 
         found = self.repository.run_in_unit_of_work(reusable)
         if found is not None:
             return found
         outcome = ExitCode(decider())
-        target = self._select(node, FlowTransitionKind.DECIDER, outcome)
+        target = self._select(node, K.DECIDER, outcome)
         return self.repository.run_in_unit_of_work(
-            lambda uow: uow.flow.append_decision(
-                self._request(uow, node, FlowTransitionKind.DECIDER, outcome, target)
-            )
+            lambda uow: self._append(uow, node, K.DECIDER, outcome, target)
         )
 
     def _reuse(
@@ -95,16 +84,10 @@ class FlowPoint:
         )
         if earlier is None:
             return None
-        request = self._request(
-            uow,
-            node,
-            kind,
-            earlier.observed_outcome,
-            earlier.target,
-            source_step=source_step,
-            reused=earlier.id,
+        outcome, target = earlier.observed_outcome, earlier.target
+        return self._append(
+            uow, node, kind, outcome, target, source_step=source_step, reused=earlier.id
         )
-        return uow.flow.append_decision(request)
 
     def _recorded(self, uow: UnitOfWork, node: NodeId) -> FlowDecision | None:
         for decision in uow.flow.decisions(self.execution_id):
@@ -118,7 +101,7 @@ class FlowPoint:
             raise FlowStateCorrupt()
         return target
 
-    def _request(
+    def _append(
         self,
         uow: UnitOfWork,
         node: NodeId,
@@ -128,8 +111,9 @@ class FlowPoint:
         *,
         source_step: int | None = None,
         reused: int | None = None,
-    ) -> FlowDecisionRequest:
-        return FlowDecisionRequest(
+    ) -> FlowDecision:
+        """Append the execution's next decision: from `node` to `target` on `outcome`."""
+        request = FlowDecisionRequest(
             job_execution_id=self.execution_id,
             sequence=len(uow.flow.decisions(self.execution_id)) + 1,
             source_node_id=node,
@@ -142,3 +126,4 @@ class FlowPoint:
             reused_decision_id=reused,
             decided_at=uow.clock.now(),
         )
+        return uow.flow.append_decision(request)

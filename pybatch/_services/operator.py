@@ -8,7 +8,6 @@ OperationOutcomeUnknown: re-running the same operation id replays what was recor
 
 from __future__ import annotations
 
-import datetime as _dt
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -55,18 +54,15 @@ Code = OperatorRejectionCode
 
 def operator_evidence(execution: JobExecution) -> bytes:
     """The evidence of an operator's recovery: any write to the execution since changes it."""
-    return sha256(
-        canonical_json(
-            {
-                "attempt": execution.attempt,
-                "execution_id": execution.id,
-                "observation": "OPERATOR",
-                "status": execution.status.value,
-                "updated_at": execution.updated_at.isoformat(),
-                "version": execution.version,
-            }
-        )
-    )
+    evidence = {
+        "attempt": execution.attempt,
+        "execution_id": execution.id,
+        "observation": "OPERATOR",
+        "status": execution.status.value,
+        "updated_at": execution.updated_at.isoformat(),
+        "version": execution.version,
+    }
+    return sha256(canonical_json(evidence))
 
 
 @attrs.frozen
@@ -92,10 +88,9 @@ class _Rejected(Exception):
 @attrs.frozen
 class _Effect:
     prior_status: BatchStatus | None
-    result_status: BatchStatus | None
-    execution: JobExecution | None
-    instance_id: int | None
-    execution_id: int | None
+    execution: JobExecution
+    #: Launch and restart: the instance of the execution they created (the audit names it).
+    instance_id: int | None = None
 
 
 @attrs.frozen
@@ -104,10 +99,22 @@ class _Request:
     operation_id: OperationId
     actor: ActorRef
     reason: ReasonCode | None
-    digest: RequestDigest
+    target: RequestTarget
     expected_version: int | None
-    instance_id: int | None
-    execution_id: int | None
+    arguments: DefinitionIdentity | RecoveryArguments | None
+    instance_id: int | None = None
+    execution_id: int | None = None
+    digest: RequestDigest = attrs.field(init=False)
+
+    @digest.default
+    def _digest(self) -> RequestDigest:
+        return RequestDigest.compute(
+            self.action,
+            self.target,
+            expected_version=self.expected_version,
+            reason=self.reason,
+            arguments=self.arguments,
+        )
 
 
 class OperatorService:
@@ -116,8 +123,6 @@ class OperatorService:
     def __init__(self, repository: JobRepository) -> None:
         self.repository = repository
 
-    # ------------------------------------------------------------------ requests
-
     def stop(
         self,
         operation_id: OperationId,
@@ -125,12 +130,11 @@ class OperatorService:
         execution_id: int,
         *,
         expected_version: int | None = None,
-        reason: ReasonCode | None = None,
     ) -> OperatorOutcome:
         """Ask a running execution to stop; repeated, or on a finished run, it is a no-op."""
         action, target = OperatorAction.STOP, RequestTarget.execution(JobExecutionId(execution_id))
-        request = self._request(
-            action, operation_id, actor, reason, target, expected_version, None, None, execution_id
+        request = _Request(
+            action, operation_id, actor, None, target, expected_version, None, None, execution_id
         )
 
         def effect(uow: UnitOfWork) -> _Effect:
@@ -139,35 +143,27 @@ class OperatorService:
                 stopped = uow.stop_requests.request(
                     execution_id, current.version, actor, uow.clock.now()
                 )
-                return _Effect(current.status, stopped.status, stopped, None, execution_id)
+                return _Effect(current.status, stopped)
             if current.status is S.UNKNOWN:
                 raise _Rejected(OperatorRejection.invalid_state(S.UNKNOWN))
-            return _Effect(current.status, current.status, current, None, execution_id)
+            return _Effect(current.status, current)
 
         return self._submit(request, effect)
 
     def abandon(
-        self,
-        operation_id: OperationId,
-        actor: ActorRef,
-        execution_id: int,
-        *,
-        expected_version: int | None = None,
-        reason: ReasonCode | None = None,
+        self, operation_id: OperationId, actor: ActorRef, execution_id: int
     ) -> OperatorOutcome:
         """Make a STOPPED or FAILED execution ABANDONED: its instance never runs again."""
-        action, target = (
-            OperatorAction.ABANDON,
-            RequestTarget.execution(JobExecutionId(execution_id)),
-        )
-        request = self._request(
-            action, operation_id, actor, reason, target, expected_version, None, None, execution_id
+        target = RequestTarget.execution(JobExecutionId(execution_id))
+        action = OperatorAction.ABANDON
+        request = _Request(
+            action, operation_id, actor, None, target, None, None, None, execution_id
         )
 
         def effect(uow: UnitOfWork) -> _Effect:
-            current = self._execution(uow, execution_id, expected_version)
+            current = self._execution(uow, execution_id, None)
             if current.status is S.ABANDONED:
-                return _Effect(current.status, current.status, current, None, execution_id)
+                return _Effect(current.status, current)
             if current.status is S.UNKNOWN and uow.recovery.decision(execution_id) is None:
                 raise _Rejected(OperatorRejection.of(Code.UNRESOLVED_RECOVERY_REQUIRED))
             if current.status not in (S.STOPPED, S.FAILED, S.UNKNOWN):
@@ -176,7 +172,7 @@ class OperatorService:
             abandoned = uow.executions.transition(
                 execution_id, current.version, LifecycleTransition.new(S.ABANDONED, at)
             )
-            return _Effect(current.status, abandoned.status, abandoned, None, execution_id)
+            return _Effect(current.status, abandoned)
 
         return self._submit(request, effect)
 
@@ -201,7 +197,7 @@ class OperatorService:
         reason = ReasonCode(recovery.reason_code)
         arguments = RecoveryArguments(request=recovery, unknown_commit=unknown_commit, force=force)
         action, version = OperatorAction.RECOVER, recovery.expected_version
-        request = self._request(
+        request = _Request(
             action, operation_id, actor, reason, target, version, arguments, None, execution_id
         )
 
@@ -215,14 +211,9 @@ class OperatorService:
                 raise _Rejected(OperatorRejection.of(Code.UNRESOLVED_RECOVERY_REQUIRED))
             _, lease = uow.ownership.lock(execution_id)
             if lease.has_lease and not lease.lease_expired and not force:
-                raise _Rejected(
-                    OperatorRejection.execution_already_active(
-                        JobExecutionId(execution_id), current.status
-                    )
-                )
-            result = uow.recovery.recover(execution_id, recovery)
-            recovered = result.execution
-            return _Effect(current.status, recovered.status, recovered, None, execution_id)
+                active = OperatorRejection.execution_already_active
+                raise _Rejected(active(JobExecutionId(execution_id), current.status))
+            return _Effect(current.status, uow.recovery.recover(execution_id, recovery).execution)
 
         return self._submit(request, effect)
 
@@ -236,12 +227,12 @@ class OperatorService:
         """Create the first (or next) execution of an instance key, STARTING."""
         definition = definition or DefinitionIdentity.legacy()
         action, target = OperatorAction.LAUNCH, RequestTarget.instance_key(key)
-        request = self._request(action, operation_id, actor, None, target, None, definition)
+        request = _Request(action, operation_id, actor, None, target, None, definition)
 
         def effect(uow: UnitOfWork) -> _Effect:
             instance = uow.instances.select_or_create(key).instance
             created = uow.executions.create(instance.id, definition)
-            return _Effect(None, created.status, created, instance.id, created.id)
+            return _Effect(None, created, instance.id)
 
         return self._submit(request, effect)
 
@@ -255,9 +246,7 @@ class OperatorService:
         """Create the next attempt of an instance whose latest attempt is FAILED or STOPPED."""
         definition = definition or DefinitionIdentity.legacy()
         action, target = OperatorAction.RESTART, RequestTarget.instance(JobInstanceId(instance_id))
-        request = self._request(
-            action, operation_id, actor, None, target, None, definition, instance_id
-        )
+        request = _Request(action, operation_id, actor, None, target, None, definition, instance_id)
 
         def effect(uow: UnitOfWork) -> _Effect:
             if uow.instances.get(instance_id) is None:
@@ -269,30 +258,9 @@ class OperatorService:
             if latest.status is S.UNKNOWN:
                 raise _Rejected(OperatorRejection.invalid_state(S.UNKNOWN))
             created = uow.executions.create(instance_id, definition)
-            return _Effect(latest.status, created.status, created, instance_id, created.id)
+            return _Effect(latest.status, created, instance_id)
 
         return self._submit(request, effect)
-
-    # ------------------------------------------------------------------ mechanics
-
-    @staticmethod
-    def _request(
-        action: OperatorAction,
-        operation_id: OperationId,
-        actor: ActorRef,
-        reason: ReasonCode | None,
-        target: RequestTarget,
-        expected_version: int | None,
-        arguments: DefinitionIdentity | RecoveryArguments | None,
-        instance_id: int | None = None,
-        execution_id: int | None = None,
-    ) -> _Request:
-        digest = RequestDigest.compute(
-            action, target, expected_version=expected_version, reason=reason, arguments=arguments
-        )
-        return _Request(
-            action, operation_id, actor, reason, digest, expected_version, instance_id, execution_id
-        )
 
     @staticmethod
     def _execution(uow: UnitOfWork, execution_id: int, expected: int | None) -> JobExecution:
@@ -315,37 +283,6 @@ class OperatorService:
             )
         return OperatorOutcome(OperatorOutcomeClass.REPLAYED, recorded)
 
-    def _draft(
-        self,
-        request: _Request,
-        now: _dt.datetime,
-        *,
-        effect: _Effect | None = None,
-        rejection: OperatorRejection | None = None,
-    ) -> OperatorRecordDraft:
-        instance_id = effect.instance_id if effect else request.instance_id
-        execution_id = effect.execution_id if effect else request.execution_id
-        # A missing target cannot be referenced (the audit row's foreign keys).
-        if rejection is not None and rejection.code is Code.EXECUTION_NOT_FOUND:
-            execution_id = None
-        if rejection is not None and rejection.code is Code.INSTANCE_NOT_FOUND:
-            instance_id = None
-        return OperatorRecordDraft(
-            action=request.action,
-            operation_id=request.operation_id,
-            actor=request.actor,
-            reason=request.reason,
-            digest=request.digest,
-            job_instance_id=None if instance_id is None else JobInstanceId(instance_id),
-            job_execution_id=None if execution_id is None else JobExecutionId(execution_id),
-            observed_version=request.expected_version,
-            prior_status=effect.prior_status if effect else None,
-            result_status=effect.result_status if effect else None,
-            outcome=OperatorOutcomeClass.REJECTED if rejection else OperatorOutcomeClass.APPLIED,
-            rejection=rejection,
-            requested_at=now,
-        )
-
     def _submit(
         self, request: _Request, effect: Callable[[UnitOfWork], _Effect]
     ) -> OperatorOutcome:
@@ -363,20 +300,41 @@ class OperatorService:
                 if rejection is None:
                     raise
             if rejection is None:
-                draft = self._draft(request, uow.clock.now(), effect=applied)
-                return self._record(uow, request, draft, applied.execution)
+                return self._record(uow, request, effect=applied)
         with self.repository.begin() as uow:  # the refusal, audited on its own (effect undone)
-            draft = self._draft(request, uow.clock.now(), rejection=rejection)
-            return self._record(uow, request, draft, None)
+            return self._record(uow, request, rejection=rejection)
 
     def _record(
         self,
         uow: UnitOfWork,
         request: _Request,
-        draft: OperatorRecordDraft,
-        run: JobExecution | None,
+        *,
+        effect: _Effect | None = None,
+        rejection: OperatorRejection | None = None,
     ) -> OperatorOutcome:
         """Append the audit row and commit; replay when another caller recorded it first."""
+        instance_id = effect.instance_id if effect else request.instance_id
+        execution_id = effect.execution.id if effect else request.execution_id
+        # A missing target cannot be referenced (the audit row's foreign keys).
+        if rejection is not None and rejection.code is Code.EXECUTION_NOT_FOUND:
+            execution_id = None
+        if rejection is not None and rejection.code is Code.INSTANCE_NOT_FOUND:
+            instance_id = None
+        draft = OperatorRecordDraft(
+            action=request.action,
+            operation_id=request.operation_id,
+            actor=request.actor,
+            reason=request.reason,
+            digest=request.digest,
+            job_instance_id=None if instance_id is None else JobInstanceId(instance_id),
+            job_execution_id=None if execution_id is None else JobExecutionId(execution_id),
+            observed_version=request.expected_version,
+            prior_status=effect.prior_status if effect else None,
+            result_status=effect.execution.status if effect else None,
+            outcome=OperatorOutcomeClass.REJECTED if rejection else OperatorOutcomeClass.APPLIED,
+            rejection=rejection,
+            requested_at=uow.clock.now(),
+        )
         try:
             record = uow.operator_requests.append(draft)
         except ConcurrentModification:
@@ -389,4 +347,4 @@ class OperatorService:
             uow.commit()
         except CommitOutcomeUnknown:
             raise OperationOutcomeUnknown() from None
-        return OperatorOutcome(draft.outcome, record, run)
+        return OperatorOutcome(draft.outcome, record, effect.execution if effect else None)

@@ -27,6 +27,7 @@ from pybatch.values.retention import (
     PurgeCounts,
     PurgePlan,
     PurgePlanRequest,
+    PurgeSurvey,
     RetentionAction,
     RetentionRecord,
     RetentionRecordDraft,
@@ -58,7 +59,12 @@ class RetentionOutcome:
 
 @attrs.frozen
 class _Applied:
-    draft: RetentionRecordDraft
+    """What an effect did, for its audit record."""
+
+    job_instance_id: int | None = None
+    plan_digest: bytes | None = None
+    batch_bound: int | None = None
+    counts: PurgeCounts = attrs.Factory(PurgeCounts)
     purged: PurgedAuditRecords | None = None
 
 
@@ -77,26 +83,18 @@ class RetentionService:
     def __init__(self, repository: JobRepository) -> None:
         self.repository = repository
 
-    # ------------------------------------------------------------------ holds
-
     def hold(
         self, operation_id: OperationId, actor: ActorRef, instance_id: int, reason: ReasonCode
     ) -> RetentionOutcome:
         """Place (or replace) the instance's hold: no purge takes it until released."""
-
-        def place(uow: UnitOfWork) -> None:
-            uow.holds.place(instance_id, actor, reason, uow.clock.now())
-
-        return self._hold_request(
-            RetentionAction.HOLD, operation_id, actor, instance_id, reason, place
-        )
+        return self._hold_request(RetentionAction.HOLD, operation_id, actor, instance_id, reason)
 
     def release(
         self, operation_id: OperationId, actor: ActorRef, instance_id: int, reason: ReasonCode
     ) -> RetentionOutcome:
         """Clear the instance's hold (a release without a hold is recorded too)."""
-        action, holds = RetentionAction.RELEASE_HOLD, lambda uow: uow.holds.release(instance_id)
-        return self._hold_request(action, operation_id, actor, instance_id, reason, holds)
+        action = RetentionAction.RELEASE_HOLD
+        return self._hold_request(action, operation_id, actor, instance_id, reason)
 
     def _hold_request(
         self,
@@ -105,35 +103,32 @@ class RetentionService:
         actor: ActorRef,
         instance_id: int,
         reason: ReasonCode,
-        change: Callable[[UnitOfWork], None],
     ) -> RetentionOutcome:
         digest = retention_request_digest(action, f"instance:{instance_id}", reason)
 
         def effect(uow: UnitOfWork) -> _Applied:
-            change(uow)
-            draft = self._draft(action, operation_id, actor, reason, digest, uow)
-            return _Applied(attrs.evolve(draft, job_instance_id=instance_id))
+            if action is RetentionAction.HOLD:
+                uow.holds.place(instance_id, actor, reason, uow.clock.now())
+            else:
+                uow.holds.release(instance_id)
+            return _Applied(job_instance_id=instance_id)
 
-        return self._submit(action, operation_id, digest, effect)
-
-    # ------------------------------------------------------------------ purge
+        return self._submit(action, operation_id, actor, reason, digest, effect)
 
     def plan(self, request: PurgePlanRequest) -> PurgePlan:
         """Survey the next batch in a rolled-back unit of work and seal it."""
-        return self._plan(request, None)[0]
+        return PurgePlan.new(request, self._survey(request, None))
 
-    def _plan(self, request: PurgePlanRequest, after: _Key | None) -> tuple[PurgePlan, _Key | None]:
-        """The sealed plan of the next batch after `after`, and the keyset position it ends at."""
+    def _survey(self, request: PurgePlanRequest, after: _Key | None) -> PurgeSurvey:
+        """The next batch after the keyset position `after`, in a rolled-back unit of work."""
         with self.repository.begin() as uow:
-            survey = uow.retention.survey(request, after)
-        return PurgePlan.new(request, survey), survey.last_key
+            return uow.retention.survey(request, after)
 
     def forecast(self, request: PurgePlanRequest) -> PurgeCounts:
         """What a purge would delete now, over every batch (read-only, for --dry-run)."""
         total, after = PurgeCounts(), None
         while True:
-            with self.repository.begin() as uow:
-                survey = uow.retention.survey(request, after)
+            survey = self._survey(request, after)
             if not survey.candidates:
                 return total
             total, after = total + survey.counts, survey.last_key
@@ -147,27 +142,13 @@ class RetentionService:
 
         def effect(uow: UnitOfWork) -> _Applied:
             result = uow.retention.apply_purge(plan)
-            draft = self._draft(
-                action,
-                operation_id,
-                actor,
-                reason,
-                digest,
-                uow,
-                plan_digest=plan.digest,
-                batch_bound=plan.request.batch.value,
-                counts=result.counts,
-            )
-            return _Applied(draft, result.audit_records)
+            bound = plan.request.batch.value
+            return _Applied(None, plan.digest, bound, result.counts, result.audit_records)
 
-        return self._submit(action, operation_id, digest, effect)
+        return self._submit(action, operation_id, actor, reason, digest, effect)
 
     def purge(
-        self,
-        request: PurgePlanRequest,
-        operation_base: str,
-        actor: ActorRef,
-        reason: ReasonCode,
+        self, request: PurgePlanRequest, operation_base: str, actor: ActorRef, reason: ReasonCode
     ) -> Iterator[PurgeProgress]:
         """Purge batch after batch until nothing is left; yield after each batch.
 
@@ -184,7 +165,8 @@ class RetentionService:
         total, batch, stale = PurgeCounts(), 0, 0
         after: _Key | None = None
         while True:
-            plan, last_key = self._plan(request, after)
+            survey = self._survey(request, after)
+            plan = PurgePlan.new(request, survey)
             if plan.is_empty():
                 if after is None:
                     return
@@ -198,41 +180,12 @@ class RetentionService:
                 if stale >= STALE_RETRIES:
                     raise
                 continue
-            stale, after = 0, last_key
+            stale, after = 0, survey.last_key
             batch += 1
             total = total + outcome.counts
             yield PurgeProgress(batch, outcome, total)
             if outcome.outcome == "REPLAYED" and outcome.counts == PurgeCounts():
                 return  # nothing more can change by repeating this plan
-
-    # ------------------------------------------------------------------ mechanics
-
-    @staticmethod
-    def _draft(
-        action: RetentionAction,
-        operation_id: OperationId,
-        actor: ActorRef,
-        reason: ReasonCode,
-        digest: bytes,
-        uow: UnitOfWork,
-        *,
-        plan_digest: bytes | None = None,
-        batch_bound: int | None = None,
-        counts: PurgeCounts | None = None,
-    ) -> RetentionRecordDraft:
-        return RetentionRecordDraft(
-            action=action,
-            operation_id=operation_id,
-            actor=actor,
-            reason=reason,
-            request_digest=digest,
-            job_instance_id=None,
-            plan_digest=plan_digest,
-            batch_bound=batch_bound,
-            counts=counts or PurgeCounts(),
-            outcome="APPLIED",
-            applied_at=uow.clock.now(),
-        )
 
     def _probe(
         self, action: RetentionAction, operation_id: OperationId, digest: bytes
@@ -249,6 +202,8 @@ class RetentionService:
         self,
         action: RetentionAction,
         operation_id: OperationId,
+        actor: ActorRef,
+        reason: ReasonCode,
         digest: bytes,
         effect: Callable[[UnitOfWork], _Applied],
     ) -> RetentionOutcome:
@@ -257,8 +212,21 @@ class RetentionService:
             return replay
         with self.repository.begin() as uow:
             applied = effect(uow)
+            draft = RetentionRecordDraft(
+                action=action,
+                operation_id=operation_id,
+                actor=actor,
+                reason=reason,
+                request_digest=digest,
+                job_instance_id=applied.job_instance_id,
+                plan_digest=applied.plan_digest,
+                batch_bound=applied.batch_bound,
+                counts=applied.counts,
+                outcome="APPLIED",
+                applied_at=uow.clock.now(),
+            )
             try:
-                record = uow.retention.append_action(applied.draft)
+                record = uow.retention.append_action(draft)
             except ConcurrentModification:
                 uow.rollback()
                 again = self._probe(action, operation_id, digest)

@@ -14,6 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg.conninfo
+
+from pybatch._config import ConnectionConfig, TlsMode
+from pybatch._migrator import migrate
 from pybatch.testing._clones import ClonePool
 from pybatch.testing._runner import JobRunner, JobScriptResult
 
@@ -59,14 +63,11 @@ def server_parent() -> str | None:
     chosen = os.environ.get(TMPDIR_ENV, "").strip()
     if chosen:
         return chosen
-    if not _is_memory_filesystem(MEMORY_DIRECTORY):
+    memory = MEMORY_DIRECTORY
+    if not _is_memory_filesystem(memory) or not os.access(memory, os.W_OK | os.X_OK):
         return None
-    if not os.access(MEMORY_DIRECTORY, os.W_OK | os.X_OK):
-        return None
-    stats = os.statvfs(MEMORY_DIRECTORY)
-    if stats.f_bavail * stats.f_frsize < MEMORY_MIN_FREE:
-        return None
-    return str(MEMORY_DIRECTORY)
+    stats = os.statvfs(memory)
+    return str(memory) if stats.f_bavail * stats.f_frsize >= MEMORY_MIN_FREE else None
 
 
 def _is_memory_filesystem(path: Path) -> bool:
@@ -88,8 +89,6 @@ class PostgresServer:
     """Where the session's databases live: host, port, user, and an optional password."""
 
     def __init__(self, dsn: str) -> None:
-        import psycopg.conninfo
-
         params = psycopg.conninfo.conninfo_to_dict(dsn)
         self._dsn = dsn
         self.host = str(params.get("host") or "127.0.0.1")
@@ -107,16 +106,11 @@ class PostgresServer:
 
     def dsn_for(self, dbname: str) -> str:
         """The DSN of database `dbname` on this server."""
-        import psycopg.conninfo
-
         return psycopg.conninfo.make_conninfo(self._dsn, dbname=dbname)
 
     @contextlib.contextmanager
     def migrated_template(self) -> Iterator[str]:
         """Yield the name of a new migrated template database; dropped after."""
-        from pybatch._config import ConnectionConfig, TlsMode
-        from pybatch._migrator import migrate
-
         name = f"pybatch_template_{uuid.uuid4().hex[:16]}"
         janitor = self.janitor(name, as_template=True)
         janitor.init()

@@ -21,8 +21,6 @@ import psycopg
 
 from pybatch._statements import Statement, load_testing_statements
 
-__all__ = ["CLONE_PREFIX", "ClonePool", "clone_statement"]
-
 #: The name of every database the pool creates starts with it.
 CLONE_PREFIX = "pybatch_test_"
 #: The first server version (`server_version_num`) with CREATE DATABASE ... STRATEGY.

@@ -22,7 +22,6 @@ def _die() -> None:
 
 
 def main(argv: list[str]) -> None:
-    """Install the kill point and run the script."""
     kill_at, point, script, *args = argv
     target = int(kill_at)
     original = etl.Chunk.commit

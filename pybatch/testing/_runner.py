@@ -10,8 +10,6 @@ from pathlib import Path
 
 import attrs
 
-__all__ = ["JobRunner", "JobScriptResult"]
-
 #: When a killed run dies relative to its chosen chunk.
 KILL_POINTS = ("after_commit", "before_commit")
 

@@ -18,12 +18,10 @@ class Code(enum.Enum):
 
 
 def is_(cls: type[Any]) -> Validator:
-    """The attrs validator of a field that holds exactly a `cls`."""
     return attrs.validators.instance_of(cls)
 
 
 def maybe(cls: type[Any]) -> Validator:
-    """The attrs validator of a field that holds a `cls` or None."""
     return attrs.validators.optional(attrs.validators.instance_of(cls))
 
 
@@ -35,6 +33,5 @@ def version(instance: object, attribute: attrs.Attribute[Any], value: object) ->
 
 
 def optional_version(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    """A version (see `version`) or None."""
     if value is not None:
         version(instance, attribute, value)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import attrs
 
@@ -74,9 +74,7 @@ def _parse_canonical_manifest(data: bytes) -> dict[str, Any]:
 def _format_member(document: Mapping[str, object]) -> int:
     """The `format` member as a u16, or 0 (missing format) when absent or not a u16."""
     value = document.get("format")
-    if type(value) is int and 0 <= value <= _U16_MAX:
-        return value
-    return 0
+    return value if type(value) is int and 0 <= value <= _U16_MAX else 0
 
 
 @attrs.frozen(repr=False)
@@ -101,10 +99,7 @@ class DefinitionIdentity:
 
     @classmethod
     def from_manifest(
-        cls,
-        job_name: JobName | None,
-        revision: DefinitionRevision,
-        manifest: Mapping[str, Any],
+        cls, job_name: JobName | None, revision: DefinitionRevision, manifest: Mapping[str, Any]
     ) -> DefinitionIdentity:
         """Canonicalise `manifest`; a missing or non-u16 `format` member is format 0 (refused)."""
         if not isinstance(manifest, Mapping):
@@ -136,8 +131,7 @@ class DefinitionIdentity:
 
     def manifest(self) -> dict[str, Any]:
         """A fresh parsed copy of the manifest (what the `manifest` jsonb column stores)."""
-        document: dict[str, Any] = json.loads(self.canonical_manifest)
-        return document
+        return cast("dict[str, Any]", json.loads(self.canonical_manifest))
 
     def __repr__(self) -> str:
         job_name = None if self.job_name is None else self.job_name.value
@@ -151,10 +145,8 @@ class DefinitionIdentity:
 def _walk(value: object) -> Iterable[object]:
     """Every nested value of a Mapping/sequence document (tuples included)."""
     if isinstance(value, Mapping):
-        for child in value.values():
-            yield child
-            yield from _walk(child)
-    elif isinstance(value, list | tuple):
+        value = list(value.values())
+    if isinstance(value, list | tuple):
         for child in value:
             yield child
             yield from _walk(child)
@@ -165,10 +157,6 @@ DefinitionIdentity.LEGACY = DefinitionIdentity(
 )
 
 
-def _step_key(name: StepName) -> bytes:
-    return name.value.encode("utf-8")
-
-
 class StepMapping(Mapping[StepName, StepName]):
     """An immutable, hashable, picklable source -> target step mapping, ordered by source name."""
 
@@ -176,7 +164,7 @@ class StepMapping(Mapping[StepName, StepName]):
 
     def __init__(self, items: Iterable[tuple[StepName, StepName]] = ()) -> None:
         """Keep `items` (already validated) in source-name byte order."""
-        self._items = tuple(sorted(items, key=lambda item: _step_key(item[0])))
+        self._items = tuple(sorted(items, key=lambda item: item[0].value.encode("utf-8")))
 
     def __getitem__(self, source: StepName) -> StepName:
         for present, target in self._items:

@@ -11,8 +11,9 @@ import datetime as _dt
 import enum
 import hashlib
 import json
+import re
 import struct
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import attrs
 
@@ -66,8 +67,12 @@ class ExplorerQuery(enum.Enum):
 
     @property
     def key_kind(self) -> type[CursorKey]:
-        """The cursor key kind this query pages by."""
-        return _KEY_KINDS[self]
+        """The cursor key kind this query pages by: by name, by (primary, id) or by id."""
+        if self is ExplorerQuery.JOB_NAMES:
+            return NameKey
+        if self in (ExplorerQuery.EXECUTIONS, ExplorerQuery.FLOW_DECISIONS):
+            return OrderedKey
+        return IdentityKey
 
 
 def _check_i63(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -105,18 +110,6 @@ class NameKey:
 
 CursorKey = IdentityKey | OrderedKey | NameKey
 
-_KEY_KINDS: dict[ExplorerQuery, type[CursorKey]] = {
-    ExplorerQuery.JOB_NAMES: NameKey,
-    ExplorerQuery.INSTANCES: IdentityKey,
-    ExplorerQuery.EXECUTIONS: OrderedKey,
-    ExplorerQuery.STEP_EXECUTIONS: IdentityKey,
-    ExplorerQuery.UNRESOLVED_EXECUTIONS: IdentityKey,
-    ExplorerQuery.RECOVERY_DECISIONS: IdentityKey,
-    ExplorerQuery.FLOW_DECISIONS: OrderedKey,
-    ExplorerQuery.STEP_PARTITIONS: IdentityKey,
-    ExplorerQuery.OPERATOR_REQUESTS: IdentityKey,
-}
-
 
 def query_binding(query: ExplorerQuery, page_size: PageSize, filter_value: object) -> bytes:
     """First 8 bytes of SHA-256 over the canonical identity of (query, page size, filter)."""
@@ -129,43 +122,29 @@ def query_binding(query: ExplorerQuery, page_size: PageSize, filter_value: objec
     return hashlib.sha256(identity.encode("utf-8")).digest()[:_BINDING_BYTES]
 
 
+def _cursor_bytes(instance: object, attribute: attrs.Attribute[bytes], value: bytes) -> None:
+    if not isinstance(value, bytes) or not 1 <= len(value) <= MAX_CURSOR_BYTES:
+        raise CursorInvalid()
+
+
+@attrs.frozen(repr=False)
 class Cursor:
     """An opaque page cursor: 1..256 bytes; `str` is lower-case hex, `repr` its length only."""
 
-    __slots__ = ("_data",)
-
-    def __init__(self, data: bytes) -> None:
-        if not isinstance(data, bytes) or not 1 <= len(data) <= MAX_CURSOR_BYTES:
-            raise CursorInvalid()
-        self._data = data
+    data: bytes = attrs.field(validator=_cursor_bytes)
 
     @classmethod
     def from_hex(cls, text: str) -> Cursor:
         """Parse lower-case, even-length hex; anything else is `CursorInvalid`."""
-        if (
-            not isinstance(text, str)
-            or len(text) % 2
-            or any(c not in "0123456789abcdef" for c in text)
-        ):
+        if not isinstance(text, str) or re.fullmatch("(?:[0-9a-f]{2})*", text) is None:
             raise CursorInvalid()
         return cls(bytes.fromhex(text))
 
-    @property
-    def data(self) -> bytes:
-        """The cursor bytes."""
-        return self._data
-
     def __str__(self) -> str:
-        return self._data.hex()
+        return self.data.hex()
 
     def __repr__(self) -> str:
-        return f"Cursor(<{len(self._data)} bytes>)"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Cursor) and other._data == self._data
-
-    def __hash__(self) -> int:
-        return hash(self._data)
+        return f"Cursor(<{len(self.data)} bytes>)"
 
     @classmethod
     def issue(cls, query: ExplorerQuery, key: CursorKey, ceiling: int, binding: bytes) -> Cursor:
@@ -178,13 +157,11 @@ class Cursor:
 
     def open(self, query: ExplorerQuery, binding: bytes) -> tuple[CursorKey, int]:
         """The (key, ceiling) carried; CursorQueryMismatch if intact but for another binding."""
-        data = self._data
+        data = self.data
         if len(data) < 2 + 1 + 8 + _BINDING_BYTES + _CHECKSUM_BYTES:
             raise CursorInvalid()
         body, checksum = data[:-_CHECKSUM_BYTES], data[-_CHECKSUM_BYTES:]
-        if hashlib.sha256(body).digest() != checksum:
-            raise CursorInvalid()
-        if body[0] != CURSOR_FORMAT_VERSION:
+        if hashlib.sha256(body).digest() != checksum or body[0] != CURSOR_FORMAT_VERSION:
             raise CursorInvalid()
         try:
             presented = ExplorerQuery(body[1])
@@ -194,9 +171,7 @@ class Cursor:
         if len(body) != offset + 8 + _BINDING_BYTES:
             raise CursorInvalid()
         (ceiling,) = struct.unpack_from(">Q", body, offset)
-        if ceiling > _I63_MAX:
-            raise CursorInvalid()
-        if not isinstance(key, query.key_kind):
+        if ceiling > _I63_MAX or not isinstance(key, query.key_kind):
             raise CursorInvalid()
         if presented is not query or body[offset + 8 :] != binding:
             raise CursorQueryMismatch()
@@ -245,13 +220,6 @@ class Page(Generic[T]):
     ceiling: int
 
 
-# --------------------------------------------------------------------------- projections
-
-
-def _instant(value: _dt.datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
-
-
 def _json(value: object) -> Any:
     """The documented JSON of a projection: its fields in order, codes, ISO instants, hex."""
     cls: Any = type(value)
@@ -273,8 +241,7 @@ class _Projection:
 
     def as_json(self) -> dict[str, Any]:
         """The documented JSON object (docs/operators.md): every field, in field order."""
-        result: dict[str, Any] = _json(self)
-        return result
+        return cast("dict[str, Any]", _json(self))
 
 
 def _bytes_repr(value: bytes) -> str:
@@ -439,13 +406,12 @@ def flow_decision_json(decision: FlowDecision) -> dict[str, Any]:
         "plan_fingerprint": decision.plan_fingerprint.hex(),
         "input_digest": decision.input_digest.hex(),
         "reused_decision_id": decision.reused_decision_id,
-        "decided_at": _instant(decision.decided_at),
+        "decided_at": _json(decision.decided_at),
     }
 
 
 def operator_request_json(record: OperatorRecord) -> dict[str, Any]:
     """The documented JSON object of an operator request as the explorer lists it."""
-    rejection = record.rejection
     return {
         "id": record.id,
         "action": record.action.value,
@@ -460,19 +426,11 @@ def operator_request_json(record: OperatorRecord) -> dict[str, Any]:
         "prior_status": None if record.prior_status is None else record.prior_status.value,
         "result_status": None if record.result_status is None else record.result_status.value,
         "outcome": record.outcome.value,
-        "rejection": None
-        if rejection is None
-        else {
-            "code": rejection.code.value,
-            "current_version": rejection.current_version,
-            "status": None if rejection.status is None else rejection.status.value,
-            "execution_id": rejection.execution_id,
-        },
-        "requested_at": _instant(record.requested_at),
+        "rejection": _json(record.rejection),  # code, current_version, status, execution_id
+        "requested_at": _json(record.requested_at),
     }
 
 
 def recovery_decision_json(decision: RecoveryDecision) -> dict[str, Any]:
     """The documented JSON object of a recovery decision: its fields, as a projection's."""
-    result: dict[str, Any] = _json(decision)
-    return result
+    return cast("dict[str, Any]", _json(decision))

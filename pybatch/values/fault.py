@@ -25,7 +25,7 @@ from pybatch.errors import (
 )
 from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values._fields import Code, is_
-from pybatch.values.ids import Validator
+from pybatch.values.ids import UINT64_MAX, Validator
 from pybatch.values.names import ClassifierRevision, StepName
 from pybatch.values.status import BatchStatus, FailureCategory
 
@@ -37,7 +37,6 @@ FAULT_STATE_MAX_ENTRIES = 256  # Hard entry ceiling of format 1 (and of `RetrySt
 RETRY_KEY_DOMAIN = b"oxide-batch/retry-key/1"  # Domain of `RetryKey.derive`, byte for byte.
 
 _U16_MAX = 2**16 - 1
-_U64_MAX = 2**64 - 1
 _DIGEST_BYTES = 32
 _ZERO_DIGEST = bytes(_DIGEST_BYTES)
 # Lower case only: the canonical form is lower-case hex, so anything else was not written by us.
@@ -85,12 +84,11 @@ def _bounded(what: str, minimum: int, maximum: int) -> Validator:
     return check
 
 
-def _check_digest(value: object, what: str) -> bytes:
+def _check_digest(value: object, what: str) -> None:
     if type(value) is not bytes:
         raise TypeError(f"{what} takes bytes")
     if len(value) != _DIGEST_BYTES:
         raise ValueError(f"{what} must be exactly {_DIGEST_BYTES} bytes")
-    return value
 
 
 def _digest(what: str) -> Validator:
@@ -98,9 +96,6 @@ def _digest(what: str) -> Validator:
         _check_digest(value, what)
 
     return check
-
-
-# --------------------------------------------------------------------------- bounds
 
 
 @attrs.frozen(order=True)
@@ -145,9 +140,6 @@ class RetryStateLimit:
     value: int = attrs.field(validator=_bounded("RetryStateLimit", 1, FAULT_STATE_MAX_ENTRIES))
 
 
-# --------------------------------------------------------------------------- phase and key
-
-
 class FaultPhase(Code):
     """The framework phase that produced a fault; values are the durable lower-case names."""
 
@@ -173,11 +165,11 @@ class FaultPhase(Code):
 _RESERVABLE = frozenset({FaultPhase.READ, FaultPhase.PROCESS, FaultPhase.WRITE})
 
 
-@attrs.frozen(order=True, repr=False)
+@attrs.frozen(order=True)
 class RetryKey:
     """Opaque 32-byte digest of one retryable unit of work; ordered by bytes, repr redacted."""
 
-    digest: bytes = attrs.field(validator=_digest("RetryKey"))
+    digest: bytes = attrs.field(validator=_digest("RetryKey"), repr=lambda _: "<redacted>")
 
     @classmethod
     def derive(
@@ -201,32 +193,16 @@ class RetryKey:
             raise TypeError("phase takes a FaultPhase")
         if type(ordinal) is not int:
             raise TypeError("ordinal takes an int")
-        if not 0 <= ordinal <= _U64_MAX:
+        if not 0 <= ordinal <= UINT64_MAX:
             raise ValueError("ordinal must lie in 0..2^64-1")
         step = step_name.value.encode("utf-8")
-        material = b"".join(
-            (
-                RETRY_KEY_DOMAIN,
-                definition_digest,
-                struct.pack(">Q", len(step)),
-                step,
-                phase.value.encode("ascii"),
-                b"\x00",
-                checkpoint_digest,
-                struct.pack(">Q", ordinal),
-            )
-        )
-        return cls(sha256(material))
+        material = RETRY_KEY_DOMAIN + definition_digest + struct.pack(">Q", len(step)) + step
+        material += phase.value.encode("ascii") + b"\x00" + checkpoint_digest
+        return cls(sha256(material + struct.pack(">Q", ordinal)))
 
     def hex(self) -> str:
         """Return the 64 lower-case hex digits stored in the fault-state payload."""
         return self.digest.hex()
-
-    def __repr__(self) -> str:
-        return "RetryKey(digest=<redacted>)"
-
-
-# --------------------------------------------------------------------------- entry
 
 
 @attrs.frozen(kw_only=True)
@@ -254,22 +230,18 @@ def fault_entry_from_payload(raw: object) -> FaultEntry:
     """Decode one stored entry, refusing anything a reservation could not have written."""
     if not isinstance(raw, Mapping) or set(raw) != _ENTRY_MEMBERS:
         raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
-    key = raw["key"]
+    key, phase_name, category_code = raw["key"], raw["phase"], raw["category"]
     if type(key) is not str or HEX_DIGEST.fullmatch(key) is None:
         raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
-    phase_name, category_code = raw["phase"], raw["category"]
     if type(phase_name) is not str or type(category_code) is not str:
         raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
     phase = FaultPhase.from_durable_name(phase_name)
     category = FailureCategory.from_durable_code(category_code)
     if phase is None or category is None:
         raise fault_state_refusal(FaultStateRefusal.UNKNOWN_ENUMERATION)
-    ordinal = raw["ordinal"]
+    ordinal, revision_text = raw["ordinal"], raw["revision"]
     # bool is an int subclass and a JSON float is never an ordinal; 0 is never reserved.
-    if type(ordinal) is not int or not 1 <= ordinal <= _U16_MAX:
-        raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
-    revision_text = raw["revision"]
-    if type(revision_text) is not str:
+    if type(ordinal) is not int or not 1 <= ordinal <= _U16_MAX or type(revision_text) is not str:
         raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
     try:
         revision = ClassifierRevision(revision_text)
@@ -284,14 +256,7 @@ def fault_entry_from_payload(raw: object) -> FaultEntry:
     )
 
 
-# --------------------------------------------------------------------------- envelope
-
-
-def _entries_value(
-    instance: FaultStateEnvelope,
-    attribute: attrs.Attribute[tuple[FaultEntry, ...]],
-    value: tuple[FaultEntry, ...],
-) -> None:
+def _entries_value(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if type(value) is not tuple or not all(isinstance(entry, FaultEntry) for entry in value):
         raise TypeError("entries takes a tuple of FaultEntry")
 
@@ -326,8 +291,6 @@ class FaultStateEnvelope:
             raise fault_state_refusal(FaultStateRefusal.TOO_LARGE)
         object.__setattr__(self, "_canonical", canonical)
 
-    # ----------------------------------------------------------------- reading
-
     @property
     def is_empty(self) -> bool:
         """Whether no retry key is retained (the state right after a chunk commit)."""
@@ -335,16 +298,13 @@ class FaultStateEnvelope:
 
     def ordinal_for(self, key: RetryKey) -> RetryOrdinal | None:
         """Return the ordinal already reserved for `key`, or None when it holds none."""
-        entry = self._entry(key)
-        return None if entry is None else entry.ordinal
+        index, exists = self._find(key)
+        return self.entries[index].ordinal if exists else None
 
-    def _entry(self, key: RetryKey) -> FaultEntry | None:
-        index = bisect.bisect_left(self.entries, key, key=_entry_key)
-        if index < len(self.entries) and self.entries[index].key == key:
-            return self.entries[index]
-        return None
-
-    # ----------------------------------------------------------------- encoding
+    def _find(self, key: RetryKey) -> tuple[int, bool]:
+        """Where `key`'s entry is or would go, and whether it is there."""
+        index = bisect.bisect_left(self.entries, key, key=lambda entry: entry.key)
+        return index, index < len(self.entries) and self.entries[index].key == key
 
     def to_payload(self) -> dict[str, object]:
         """Return the `fault_state_payload` document: exactly `checkpoint` and `entries`."""
@@ -361,13 +321,8 @@ class FaultStateEnvelope:
         """Return `fault_state_checksum`: SHA-256 of the canonical bytes."""
         return sha256(self._canonical)
 
-    # ----------------------------------------------------------------- rules
-
     def validate_for(
-        self,
-        retry_limit: RetryLimit,
-        state_limit: RetryStateLimit,
-        checkpoint_digest: bytes,
+        self, retry_limit: RetryLimit, state_limit: RetryStateLimit, checkpoint_digest: bytes
     ) -> None:
         """Refuse state the current policy and checkpoint cannot own (run on every load)."""
         _check_digest(checkpoint_digest, "checkpoint digest")
@@ -379,10 +334,7 @@ class FaultStateEnvelope:
             raise fault_state_refusal(FaultStateRefusal.CHECKPOINT_MISMATCH)
 
     def reserved(
-        self,
-        entry: FaultEntry,
-        checkpoint_digest: bytes,
-        state_limit: RetryStateLimit,
+        self, entry: FaultEntry, checkpoint_digest: bytes, state_limit: RetryStateLimit
     ) -> FaultStateEnvelope:
         """The envelope after one reservation (replacing the key's entry), at `checkpoint_digest`.
 
@@ -394,8 +346,7 @@ class FaultStateEnvelope:
         _check_digest(checkpoint_digest, "checkpoint digest")
         if self.entries and self.checkpoint_digest != checkpoint_digest:
             raise fault_state_refusal(FaultStateRefusal.CHECKPOINT_MISMATCH)
-        index = bisect.bisect_left(self.entries, entry.key, key=_entry_key)
-        exists = index < len(self.entries) and self.entries[index].key == entry.key
+        index, exists = self._find(entry.key)
         previous = self.entries[index].ordinal.value if exists else RetryOrdinal.INITIAL.value
         # At 65535 no successor exists, so every ordinal is stale.
         if entry.ordinal.value != previous + 1:
@@ -410,10 +361,6 @@ class FaultStateEnvelope:
     def __repr__(self) -> str:
         # Fault payloads and digests are redacted (docs/contract.md, Redaction); the count is safe.
         return f"FaultStateEnvelope(entry_count={len(self.entries)}, ..)"
-
-
-def _entry_key(entry: FaultEntry) -> RetryKey:
-    return entry.key
 
 
 FaultStateEnvelope.EMPTY = FaultStateEnvelope(_ZERO_DIGEST, ())

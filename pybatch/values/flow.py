@@ -51,7 +51,6 @@ class StartLimit:
 
     value: int = attrs.field(validator=_check_limit)
 
-    UNRESTRICTED_VALUE = _U32_MAX
     UNRESTRICTED: ClassVar[StartLimit]  # The default: 4294967295 starts, no limit in practice.
 
     @classmethod
@@ -126,12 +125,8 @@ def _digest(instance: object, attribute: attrs.Attribute[bytes], value: bytes) -
 class FlowDecisionRequest:
     """A decision to append: which node decided what, on which evidence."""
 
-    job_execution_id: int = attrs.field(
-        validator=identifier_validator(IdentifierKind.JOB_EXECUTION)
-    )
-    sequence: int = attrs.field(
-        validator=identifier_validator(IdentifierKind.FLOW_DECISION_SEQUENCE)
-    )
+    job_execution_id: int = attrs.field(validator=IdentifierKind.JOB_EXECUTION.validator)
+    sequence: int = attrs.field(validator=IdentifierKind.FLOW_DECISION_SEQUENCE.validator)
     source_node_id: NodeId = attrs.field(validator=is_(NodeId))
     source_step_execution_id: int | None = attrs.field(
         default=None, validator=identifier_validator(IdentifierKind.STEP_EXECUTION, optional=True)
@@ -151,7 +146,7 @@ class FlowDecisionRequest:
 class FlowDecision(FlowDecisionRequest):
     """A recorded decision: the request plus its identity id."""
 
-    id: int = attrs.field(validator=identifier_validator(IdentifierKind.FLOW_DECISION))
+    id: int = attrs.field(validator=IdentifierKind.FLOW_DECISION.validator)
 
 
 @attrs.frozen
@@ -214,9 +209,8 @@ def check_flow_graph_bounds(manifest: Mapping[str, Any]) -> None:
         if not isinstance(transition, dict):
             continue
         pattern = transition.get("pattern")
-        if isinstance(pattern, str) and len(pattern.encode("utf-8", "surrogatepass")) > (
-            MAX_EXIT_PATTERN_BYTES
-        ):
+        size = len(pattern.encode("utf-8", "surrogatepass")) if isinstance(pattern, str) else 0
+        if size > MAX_EXIT_PATTERN_BYTES:
             raise ManifestInvalid(
                 reason=f"the exit pattern of transition {position} is longer than "
                 f"{MAX_EXIT_PATTERN_BYTES} bytes"

@@ -25,13 +25,8 @@ UINT64_MAX = 2**64 - 1  # Domain bound of identifiers (Rust u64).
 JobInstanceId = NewType("JobInstanceId", int)
 JobExecutionId = NewType("JobExecutionId", int)
 StepExecutionId = NewType("StepExecutionId", int)
-RecoveryDecisionId = NewType("RecoveryDecisionId", int)
 OperatorRequestId = NewType("OperatorRequestId", int)
-RetentionActionId = NewType("RetentionActionId", int)
-StepPartitionId = NewType("StepPartitionId", int)
 FailureId = NewType("FailureId", int)
-FlowDecisionId = NewType("FlowDecisionId", int)
-FlowDecisionSequence = NewType("FlowDecisionSequence", int)
 #: Surrogate key of a `job_definition` row (storage only; no contract identifier kind).
 DefinitionId = NewType("DefinitionId", int)
 
@@ -52,6 +47,11 @@ class IdentifierKind(enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+    @property
+    def validator(self) -> Validator:
+        """The attrs validator of a storable identifier of this kind (`identifier_validator`)."""
+        return identifier_validator(self)
 
 
 def _require_int(value: object) -> int:

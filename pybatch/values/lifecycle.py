@@ -31,8 +31,6 @@ from pybatch.values.names import ExitCode
 from pybatch.values.status import BatchStatus, FailureSummary
 from pybatch.values.timestamps import ExecutionTimestamps, aware_utc
 
-INITIAL_VERSION = 0  # The version of every new execution, step and partition.
-
 _S = BatchStatus
 #: The transition table (docs/contract.md, Transition table): from-status -> allowed targets.
 #: Everything else is illegal, including self-transitions and every transition to STARTING.
@@ -108,10 +106,11 @@ class ExecutionMetadata:
         )
 
 
-def _check_int(value: int) -> int:
-    if type(value) is not int:
+def _check_expected(version: int, expected_version: int) -> None:
+    if type(version) is not int or type(expected_version) is not int:
         raise TypeError("versions are int (bool is not accepted)")
-    return value
+    if expected_version != version:
+        raise StaleVersion(expected=expected_version, actual=version)
 
 
 def apply_transition(
@@ -126,9 +125,7 @@ def apply_transition(
 
     `counts_apply`: step executions, whose terminal rollback increments `rolled_back`.
     """
-    version, expected_version = _check_int(version), _check_int(expected_version)
-    if expected_version != version:
-        raise StaleVersion(expected=expected_version, actual=version)
+    _check_expected(version, expected_version)
     current, target = metadata.status, transition.target
     if current in (BatchStatus.STOPPED, BatchStatus.FAILED) and target is BatchStatus.STARTING:
         raise RestartRequiresNewAttempt(from_status=current.value)
@@ -142,10 +139,7 @@ def apply_transition(
         raise InvalidTransitionTime() from InvalidTimestampOrder()
 
     started_at = transition.at if target is BatchStatus.STARTED else times.started_at
-    if target.is_finished:
-        ended_at = times.ended_at if times.ended_at is not None else transition.at
-    else:
-        ended_at = None
+    ended_at = (times.ended_at or transition.at) if target.is_finished else None
     counts = metadata.counts
     if transition.terminal_rollback and counts_apply:
         counts = counts.with_terminal_rollback()
@@ -168,13 +162,10 @@ def apply_exit_enrichment(
     metadata: ExecutionMetadata, version: int, expected_version: int, exit_status: ExitCode
 ) -> tuple[ExecutionMetadata, int]:
     """Replace only the exit status and bump the version, in any status."""
-    version, expected_version = _check_int(version), _check_int(expected_version)
-    if expected_version != version:
-        raise StaleVersion(expected=expected_version, actual=version)
+    _check_expected(version, expected_version)
     if not isinstance(exit_status, ExitCode):
         raise TypeError("exit_status is an ExitCode")
-    next_version = _next_version(version)
-    return attrs.evolve(metadata, exit_status=exit_status), next_version
+    return attrs.evolve(metadata, exit_status=exit_status), _next_version(version)
 
 
 def _next_version(version: int) -> int:

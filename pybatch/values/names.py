@@ -56,18 +56,27 @@ class _Text:
 
     value: str
 
+    _MAX_BYTES: ClassVar[int] = NAME_MAX_BYTES
+
     def __attrs_post_init__(self) -> None:
         type(self)._validate(self.value)
 
     @classmethod
     def _validate(cls, value: str) -> None:
+        """Refuse the first rule `value` breaks (see `_first_violation`) with `_refuse`."""
+        violation = _first_violation(value, cls._MAX_BYTES)
+        if violation is not None:
+            rule, index = violation
+            bound = cls._MAX_BYTES if rule is TextRule.TOO_LONG else None
+            cls._refuse(rule, bound, index if rule is TextRule.CONTROL_CHARACTER else None)
+
+    @classmethod
+    def _refuse(cls, rule: TextRule | None, bound: int | None, index: int | None) -> NoReturn:
+        """Raise the error of a broken `rule` (None: a lone surrogate, not UTF-8)."""
         raise NotImplementedError
 
     def __str__(self) -> str:
         return self.value
-
-
-# --------------------------------------------------------------------------- names
 
 
 @attrs.frozen(order=True)
@@ -75,22 +84,12 @@ class _Name(_Text):
     """A name validated with the DomainError leaves."""
 
     _KIND: ClassVar[str] = "name"
-    _MAX_BYTES: ClassVar[int] = NAME_MAX_BYTES
 
     @classmethod
-    def _validate(cls, value: str) -> None:
-        violation = _first_violation(value, cls._MAX_BYTES)
-        if violation is None:
-            return
-        rule, index = violation
+    def _refuse(cls, rule: TextRule | None, bound: int | None, index: int | None) -> NoReturn:
         if rule is None:
             raise TextNotUtf8(kind=f"{cls._KIND} name")
-        raise NameInvalid(
-            kind=cls._KIND,
-            rule=rule,
-            max_bytes=cls._MAX_BYTES if rule is TextRule.TOO_LONG else None,
-            character_index=index if rule is TextRule.CONTROL_CHARACTER else None,
-        )
+        raise NameInvalid(kind=cls._KIND, rule=rule, max_bytes=bound, character_index=index)
 
 
 @attrs.frozen(order=True)
@@ -136,27 +135,17 @@ ExitCode.FAILED = ExitCode("FAILED")
 ExitCode.STOPPED = ExitCode("STOPPED")
 
 
-# --------------------------------------------------------------------------- definition tokens
-
-
 @attrs.frozen(order=True)
 class _DefinitionToken(_Text):
     """A definition token validated with the DefinitionError leaves."""
 
     _KIND: ClassVar[str] = "definition token"
+    _MAX_BYTES = TOKEN_MAX_BYTES
 
     @classmethod
-    def _validate(cls, value: str) -> None:
-        violation = _first_violation(value, TOKEN_MAX_BYTES)
-        if violation is None:
-            return
-        rule = violation[0]
+    def _refuse(cls, rule: TextRule | None, bound: int | None, index: int | None) -> NoReturn:
         if rule is None:
             raise TextNotUtf8(kind=cls._KIND)
-        cls._refuse(rule, TOKEN_MAX_BYTES if rule is TextRule.TOO_LONG else None)
-
-    @classmethod
-    def _refuse(cls, rule: TextRule, bound: int | None) -> NoReturn:
         raise TokenInvalid(kind=cls._KIND, rule=rule, max_bytes=bound)
 
 
@@ -202,9 +191,6 @@ class DeciderRevision(_DefinitionToken):
     _KIND = "decider revision"
 
 
-# --------------------------------------------------------------------------- state schema id
-
-
 @attrs.frozen(order=True)
 class StateSchemaId(_DefinitionToken):
     """The application schema id of a checkpoint or execution context (a token's rules)."""
@@ -212,11 +198,10 @@ class StateSchemaId(_DefinitionToken):
     _KIND = "state schema identifier"
 
     @classmethod
-    def _refuse(cls, rule: TextRule, bound: int | None) -> NoReturn:
-        raise SchemaIdInvalid(rule=rule, max_bytes=bound)
-
-
-# --------------------------------------------------------------------------- request fields
+    def _refuse(cls, rule: TextRule | None, bound: int | None, index: int | None) -> NoReturn:
+        if rule is not None:
+            raise SchemaIdInvalid(rule=rule, max_bytes=bound)
+        super()._refuse(rule, bound, index)
 
 
 @attrs.frozen(order=True)

@@ -86,13 +86,11 @@ class OperatorRejectionCode(Code):
     INVALID_STATE = "INVALID_STATE"  # The target's status forbids the action; carries that status.
     INSTANCE_COMPLETED = "INSTANCE_COMPLETED"  # The instance is COMPLETED and never runs again.
     INSTANCE_ABANDONED = "INSTANCE_ABANDONED"  # The instance is ABANDONED and never runs again.
-    EXECUTION_ALREADY_ACTIVE = (
-        "EXECUTION_ALREADY_ACTIVE"  # Carries the unresolved one's id, status.
-    )
+    #: Carries the unresolved one's id and status.
+    EXECUTION_ALREADY_ACTIVE = "EXECUTION_ALREADY_ACTIVE"
     INCOMPATIBLE_DEFINITION = "INCOMPATIBLE_DEFINITION"  # Cannot continue the previous attempt.
-    RESTART_WITHOUT_PRIOR_ATTEMPT = (
-        "RESTART_WITHOUT_PRIOR_ATTEMPT"  # The instance has no execution.
-    )
+    #: The instance has no execution.
+    RESTART_WITHOUT_PRIOR_ATTEMPT = "RESTART_WITHOUT_PRIOR_ATTEMPT"
     START_LIMIT_EXCEEDED = "START_LIMIT_EXCEEDED"  # A node used up its start limit.
     UNRESOLVED_RECOVERY_REQUIRED = "UNRESOLVED_RECOVERY_REQUIRED"  # UNKNOWN: recover it first.
     EXECUTION_NOT_FOUND = "EXECUTION_NOT_FOUND"  # The target execution does not exist.
@@ -118,16 +116,13 @@ class OperatorRejectionCode(Code):
         return self is OperatorRejectionCode.EXECUTION_ALREADY_ACTIVE
 
 
-_optional_status = maybe(BatchStatus)
-
-
 @attrs.frozen(kw_only=True)
 class OperatorRejection:
     """A rejection code with exactly its details (the actual version, not the expected one)."""
 
     code: OperatorRejectionCode = attrs.field(validator=is_(OperatorRejectionCode))
     current_version: int | None = attrs.field(default=None, validator=optional_version)
-    status: BatchStatus | None = attrs.field(default=None, validator=_optional_status)
+    status: BatchStatus | None = attrs.field(default=None, validator=maybe(BatchStatus))
     execution_id: JobExecutionId | None = attrs.field(
         default=None, validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True)
     )
@@ -199,9 +194,6 @@ class OperatorRejection:
         if isinstance(error, RecoveryNotAllowed):
             return cls.invalid_state(BatchStatus(error.status))
         return None
-
-
-# --------------------------------------------------------------------------- request digest
 
 
 @attrs.frozen
@@ -292,15 +284,6 @@ class RequestDigest:
         return f"RequestDigest({self.value.hex()})"
 
 
-# --------------------------------------------------------------------------- records
-
-
-def _check_shape(outcome: OperatorOutcomeClass, rejection: OperatorRejection | None) -> None:
-    """APPLIED or REPLAYED carry no rejection; REJECTED carries one."""
-    if (outcome is OperatorOutcomeClass.REJECTED) != (rejection is not None):
-        raise ValueError("REJECTED carries a rejection; APPLIED and REPLAYED carry none")
-
-
 @attrs.frozen(kw_only=True)
 class OperatorRecordDraft:
     """An audit row about to be appended: an operator record without its id."""
@@ -317,14 +300,15 @@ class OperatorRecordDraft:
         validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True)
     )
     observed_version: int | None = attrs.field(validator=optional_version)
-    prior_status: BatchStatus | None = attrs.field(validator=_optional_status)
-    result_status: BatchStatus | None = attrs.field(validator=_optional_status)
+    prior_status: BatchStatus | None = attrs.field(validator=maybe(BatchStatus))
+    result_status: BatchStatus | None = attrs.field(validator=maybe(BatchStatus))
     outcome: OperatorOutcomeClass = attrs.field(validator=is_(OperatorOutcomeClass))
     rejection: OperatorRejection | None = attrs.field(validator=maybe(OperatorRejection))
     requested_at: _dt.datetime = attrs.field(converter=aware_utc)
 
     def __attrs_post_init__(self) -> None:
-        _check_shape(self.outcome, self.rejection)
+        if (self.outcome is OperatorOutcomeClass.REJECTED) != (self.rejection is not None):
+            raise ValueError("REJECTED carries a rejection; APPLIED and REPLAYED carry none")
 
     @property
     def authorization_class(self) -> AuthorizationClass:
@@ -336,9 +320,7 @@ class OperatorRecordDraft:
 class OperatorRecord(OperatorRecordDraft):
     """One stored operator request (audit row and idempotency record): the draft plus its id."""
 
-    id: OperatorRequestId = attrs.field(
-        validator=identifier_validator(IdentifierKind.OPERATOR_REQUEST, optional=False)
-    )
+    id: OperatorRequestId = attrs.field(validator=IdentifierKind.OPERATOR_REQUEST.validator)
 
     @classmethod
     def from_draft(cls, record_id: OperatorRequestId, draft: OperatorRecordDraft) -> OperatorRecord:
@@ -362,9 +344,7 @@ def automatic_recovery_record(result: RecoveryResult, now: _dt.datetime) -> Oper
     decision = result.decision
     request = RecoveryRequest(
         expected_version=decision.execution_version,
-        disposition=RecoveryDisposition.MARK_FAILED
-        if decision.resulting_status is BatchStatus.FAILED
-        else RecoveryDisposition.ABANDON,
+        disposition=RecoveryDisposition(decision.resulting_status.value),  # FAILED or ABANDONED
         reason_code=decision.reason_code,
         operator_reference=decision.operator_reference,
         evidence_digest=decision.evidence_digest,

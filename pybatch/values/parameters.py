@@ -21,13 +21,12 @@ from pybatch.errors import (
     TextNotUtf8,
 )
 from pybatch.values._fields import Code, is_
+from pybatch.values.ids import INT64_MAX, UINT64_MAX
 from pybatch.values.names import JobName, ParameterName
 
 PARAMETER_STRING_MAX_BYTES = 65_536  # Byte bound of a string parameter value.
 
 _I64_MIN = -(2**63)
-_I64_MAX = 2**63 - 1
-_U64_MAX = 2**64 - 1
 
 #: Domain separation prefix of `JobParameters.flow_input_digest`, kept byte for byte.
 _FLOW_INPUT_PREFIX = b"oxide-batch.flow-parameters.v1\x00"
@@ -100,7 +99,7 @@ class ParameterValue:
         elif kind is ParameterValueKind.I64 or kind is ParameterValueKind.U64:
             if type(value) is not int:
                 raise TypeError(f"a {kind.value} parameter takes an int (bool is not accepted)")
-            low, high = (_I64_MIN, _I64_MAX) if kind is ParameterValueKind.I64 else (0, _U64_MAX)
+            low, high = (_I64_MIN, INT64_MAX) if kind is ParameterValueKind.I64 else (0, UINT64_MAX)
             if not low <= value <= high:
                 raise ParameterValueOutOfRange(kind=kind.json_tag)
         else:
@@ -176,10 +175,6 @@ def _name_key(name: ParameterName) -> bytes:
     return name.value.encode("utf-8")
 
 
-def _as_name(name: ParameterName | str) -> ParameterName:
-    return name if isinstance(name, ParameterName) else ParameterName(name)
-
-
 def _check_entries(
     instance: JobParameters,
     attribute: attrs.Attribute[tuple[tuple[ParameterName, JobParameter], ...]],
@@ -208,7 +203,7 @@ class JobParameters:
         """Build from (name, parameter) pairs in any order; a name given twice is refused."""
         seen: dict[bytes, tuple[ParameterName, JobParameter]] = {}
         for raw_name, parameter in pairs:
-            name = _as_name(raw_name)
+            name = raw_name if isinstance(raw_name, ParameterName) else ParameterName(raw_name)
             key = _name_key(name)
             if key in seen:
                 raise DuplicateParameter()
@@ -279,18 +274,11 @@ class JobParameters:
     def get(self, name: ParameterName | str) -> JobParameter | None:
         """The parameter called `name`, or None."""
         wanted = name.value if isinstance(name, ParameterName) else name
-        for present, parameter in self.entries:
-            if present.value == wanted:
-                return parameter
-        return None
+        return next((found for present, found in self.entries if present.value == wanted), None)
 
     def items(self) -> tuple[tuple[ParameterName, JobParameter], ...]:
         """(name, parameter) pairs in name order."""
         return self.entries
-
-    def names(self) -> tuple[ParameterName, ...]:
-        """Parameter names in order."""
-        return tuple(name for name, _ in self.entries)
 
     @property
     def parameter_count(self) -> int:
@@ -354,9 +342,7 @@ class JobInstanceKey:
         parts = [_INSTANCE_KEY_VERSION, struct.pack(">I", len(job)), job]
         for name, parameter in self.parameters.entries:
             data = name.value.encode("utf-8")
-            parts.append(struct.pack(">I", len(data)))
-            parts.append(data)
-            parts.append(parameter.value._digest_value(">I"))
+            parts.extend((struct.pack(">I", len(data)), data, parameter.value._digest_value(">I")))
         return b"".join(parts)
 
     def digest(self) -> bytes:

@@ -116,13 +116,17 @@ class PartitionResult:
         return cls(status=metadata.status, exit_status=metadata.exit_status, counts=metadata.counts)
 
 
-class PartitionStateError(ValueError):
-    """A partition rule refused a change (ValueError: built directly, it is a programmer's bug)."""
+class _RuleRefused(Exception):
+    """A partition rule (named by `rule`) refused, with the status that broke it if any."""
 
     def __init__(self, rule: str, status: BatchStatus | None = None) -> None:
         super().__init__(rule)
         self.rule = rule
         self.status = status
+
+
+class PartitionStateError(_RuleRefused, ValueError):
+    """A partition rule refused a change (ValueError: built directly, it is a programmer's bug)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -156,12 +160,8 @@ class StepPartition:
     def assigned(self, expected_version: int, worker: int) -> StepPartition:
         """The partition handed to `worker` (first assignment, or retry after FAILED/STOPPED)."""
         self._check_version(expected_version)
-        first = self.status is BatchStatus.STARTING and self.worker_step_execution_id is None
-        retry = (
-            self.status in (BatchStatus.FAILED, BatchStatus.STOPPED)
-            and self.worker_step_execution_id is not None
-        )
-        if not (first or retry):
+        # The shape (STARTING exactly when no worker) ties a worker to each of these statuses.
+        if self.status not in (BatchStatus.STARTING, BatchStatus.FAILED, BatchStatus.STOPPED):
             raise PartitionStateError("InvalidState", self.status)
         return attrs.evolve(
             self,
@@ -203,13 +203,8 @@ class PartitionAggregate:
     selected_worker: int
 
 
-class AggregateError(Exception):
+class AggregateError(_RuleRefused):
     """Why children cannot be aggregated; the repository maps each reason to its error."""
-
-    def __init__(self, rule: str, status: BatchStatus | None = None) -> None:
-        super().__init__(rule)
-        self.rule = rule
-        self.status = status
 
 
 def aggregate_partitions(children: Iterable[StepPartition]) -> PartitionAggregate:
@@ -236,10 +231,7 @@ def aggregate_partitions(children: Iterable[StepPartition]) -> PartitionAggregat
     if worker is None:  # every child was checked to have a worker above
         raise AggregateError("Incomplete", selected.status)
     return PartitionAggregate(
-        status=status,
-        exit_status=selected.exit_status,
-        counts=counts,
-        selected_worker=worker,
+        status=status, exit_status=selected.exit_status, counts=counts, selected_worker=worker
     )
 
 

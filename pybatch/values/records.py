@@ -17,7 +17,6 @@ from pybatch.values.ids import (
     JobExecutionId,
     JobInstanceId,
     StepExecutionId,
-    Validator,
     identifier_validator,
 )
 from pybatch.values.lifecycle import ExecutionMetadata
@@ -30,16 +29,10 @@ from pybatch.values.timestamps import aware_utc
 _INT32_MAX = 2**31 - 1
 
 
-def _definition_id(*, optional: bool = False) -> Validator:
+def _definition_id(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     """An attrs validator for `job_definition` surrogate keys (1..2^63-1)."""
-
-    def validate(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-        if value is None and optional:
-            return
-        if type(value) is not int or not 1 <= value <= INT64_MAX:
-            raise ValueError(f"{attribute.name} must be a positive bigint")
-
-    return validate
+    if type(value) is not int or not 1 <= value <= INT64_MAX:
+        raise ValueError(f"{attribute.name} must be a positive bigint")
 
 
 def _attempt(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -51,7 +44,7 @@ def _attempt(instance: object, attribute: attrs.Attribute[Any], value: object) -
 class JobInstance:
     """A logical job instance; `instance_key` is `key.digest()` of its identifying parameters."""
 
-    id: JobInstanceId = attrs.field(validator=identifier_validator(IdentifierKind.JOB_INSTANCE))
+    id: JobInstanceId = attrs.field(validator=IdentifierKind.JOB_INSTANCE.validator)
     job_name: JobName = attrs.field(validator=is_(JobName))
     instance_key: bytes
     created_at: _dt.datetime = attrs.field(converter=aware_utc)
@@ -102,21 +95,18 @@ class _Attempt:
 class JobExecution(_Attempt):
     """One launch or restart attempt of a job instance (docs/contract.md, Values)."""
 
-    id: JobExecutionId = attrs.field(validator=identifier_validator(IdentifierKind.JOB_EXECUTION))
-    job_instance_id: JobInstanceId = attrs.field(
-        validator=identifier_validator(IdentifierKind.JOB_INSTANCE)
-    )
+    id: JobExecutionId = attrs.field(validator=IdentifierKind.JOB_EXECUTION.validator)
+    job_instance_id: JobInstanceId = attrs.field(validator=IdentifierKind.JOB_INSTANCE.validator)
     attempt: int = attrs.field(validator=_attempt)
-    definition_id: DefinitionId = attrs.field(validator=_definition_id())
+    definition_id: DefinitionId = attrs.field(validator=_definition_id)
     metadata: ExecutionMetadata = attrs.field(validator=is_(ExecutionMetadata))
     version: int = attrs.field(validator=version)
     updated_at: _dt.datetime = attrs.field(converter=aware_utc)
     restart_of_execution_id: JobExecutionId | None = attrs.field(
-        default=None,
-        validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True),
+        default=None, validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True)
     )
     upgrade_from_definition_id: DefinitionId | None = attrs.field(
-        default=None, validator=_definition_id(optional=True)
+        default=None, validator=attrs.validators.optional(_definition_id)
     )
 
 
@@ -124,10 +114,8 @@ class JobExecution(_Attempt):
 class StepExecution(_Attempt):
     """One attempt of a named step, with its durable chunk state."""
 
-    id: StepExecutionId = attrs.field(validator=identifier_validator(IdentifierKind.STEP_EXECUTION))
-    job_execution_id: JobExecutionId = attrs.field(
-        validator=identifier_validator(IdentifierKind.JOB_EXECUTION)
-    )
+    id: StepExecutionId = attrs.field(validator=IdentifierKind.STEP_EXECUTION.validator)
+    job_execution_id: JobExecutionId = attrs.field(validator=IdentifierKind.JOB_EXECUTION.validator)
     step_name: StepName = attrs.field(validator=is_(StepName))
     logical_id: NodeId = attrs.field(validator=is_(NodeId))
     metadata: ExecutionMetadata = attrs.field(validator=is_(ExecutionMetadata))

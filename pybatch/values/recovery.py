@@ -14,12 +14,8 @@ from pybatch._config import (
     check_max_clock_skew,
     check_stale_threshold,
 )
-from pybatch.errors import (
-    RecoveryEvidenceDigestInvalid,
-    RecoveryFieldInvalid,
-    TextRule,
-)
-from pybatch.values.ids import IdentifierKind, check_version, identifier_validator
+from pybatch.errors import RecoveryEvidenceDigestInvalid, RecoveryFieldInvalid, TextRule
+from pybatch.values.ids import IdentifierKind, check_version
 from pybatch.values.names import UNICODE_WHITE_SPACE
 from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus, FailureSummary
@@ -51,16 +47,24 @@ def _check_text(field: str, value: str, max_bytes: int) -> None:
         raise RecoveryFieldInvalid(field=field, rule=TextRule.CONTROL_CHARACTER)
 
 
-@attrs.frozen(kw_only=True, repr=False)
+def _member_name(member: enum.Enum) -> str:
+    return member.name
+
+
+def _redacted(value: object) -> str:
+    return '"<redacted>"'
+
+
+@attrs.frozen(kw_only=True)
 class RecoveryRequest:
     """An operator's audited decision about an unresolved execution at a known version."""
 
     expected_version: int
-    disposition: RecoveryDisposition
+    disposition: RecoveryDisposition = attrs.field(repr=_member_name)
     reason_code: str
     operator_reference: str
-    evidence_digest: bytes
-    failure: FailureSummary | None = None
+    evidence_digest: bytes = attrs.field(repr=_redacted)
+    failure: FailureSummary | None = attrs.field(default=None, repr=False)
 
     def __attrs_post_init__(self) -> None:
         check_version(self.expected_version)
@@ -107,29 +111,20 @@ class RecoveryRequest:
             evidence_digest=evidence_digest,
         )
 
-    def __repr__(self) -> str:
-        return (
-            f"RecoveryRequest(expected_version={self.expected_version}, "
-            f"disposition={self.disposition.name}, reason_code={self.reason_code!r}, "
-            f'operator_reference={self.operator_reference!r}, evidence_digest="<redacted>")'
-        )
 
-
-@attrs.frozen(kw_only=True, repr=False)
+@attrs.frozen(kw_only=True)
 class RecoveryDecision:
     """The audit row of one recovery: who decided what about which version, and when."""
 
-    id: int = attrs.field(validator=identifier_validator(IdentifierKind.RECOVERY_DECISION))
-    job_execution_id: int = attrs.field(
-        validator=identifier_validator(IdentifierKind.JOB_EXECUTION)
-    )
+    id: int = attrs.field(validator=IdentifierKind.RECOVERY_DECISION.validator)
+    job_execution_id: int = attrs.field(validator=IdentifierKind.JOB_EXECUTION.validator)
     execution_version: int  # The version observed before the decision.
-    prior_status: BatchStatus
-    resulting_status: BatchStatus
+    prior_status: BatchStatus = attrs.field(repr=_member_name)
+    resulting_status: BatchStatus = attrs.field(repr=_member_name)
     reason_code: str
     operator_reference: str
-    evidence_digest: bytes
-    decided_at: datetime.datetime
+    evidence_digest: bytes = attrs.field(repr=_redacted)
+    decided_at: datetime.datetime = attrs.field(repr=lambda at: repr(at.isoformat()))
 
     def __attrs_post_init__(self) -> None:
         check_version(self.execution_version)
@@ -143,15 +138,6 @@ class RecoveryDecision:
             raise ValueError("evidence_digest is 32 bytes")
         if self.decided_at.tzinfo is None:
             raise ValueError("decided_at is timezone-aware")
-
-    def __repr__(self) -> str:
-        return (
-            f"RecoveryDecision(id={self.id}, job_execution_id={self.job_execution_id}, "
-            f"execution_version={self.execution_version}, prior_status={self.prior_status.name}, "
-            f"resulting_status={self.resulting_status.name}, "
-            f"reason_code={self.reason_code!r}, operator_reference={self.operator_reference!r}, "
-            f'evidence_digest="<redacted>", decided_at={self.decided_at.isoformat()!r})'
-        )
 
 
 @attrs.frozen

@@ -12,12 +12,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from pybatch.errors import (
-    AgeBoundTooSmall,
-    BatchBoundOutOfRange,
-    EmptyStatusSet,
-    NonTerminalStatus,
-)
+from pybatch.errors import AgeBoundTooSmall, BatchBoundOutOfRange, EmptyStatusSet, NonTerminalStatus
 from pybatch.values._canonical import CanonicalWriter
 from pybatch.values._fields import Code
 from pybatch.values.names import ActorRef, JobName, OperationId, ReasonCode
@@ -28,12 +23,8 @@ PLAN_DIGEST_DOMAIN = "oxide-batch.retention-plan.v1"
 RETENTION_DIGEST_DOMAIN = "pybatch.retention-request.v1"
 MINIMUM_AGE = _dt.timedelta(hours=1)
 DEFAULT_MINIMUM_AGE = _dt.timedelta(days=30)
-_TERMINAL_ORDER = (
-    BatchStatus.STOPPED,
-    BatchStatus.FAILED,
-    BatchStatus.COMPLETED,
-    BatchStatus.ABANDONED,
-)
+#: The finished statuses in declaration order: STOPPED, FAILED, COMPLETED, ABANDONED.
+_TERMINAL_ORDER = tuple(status for status in BatchStatus if status.is_finished)
 
 
 @attrs.frozen
