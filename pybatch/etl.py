@@ -26,13 +26,14 @@ Composition only: every statement is run by the repository, chunk and recovery m
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 import attrs
 import psycopg
@@ -64,7 +65,7 @@ from pybatch.values.flow import FlowTarget, StartLimit, TerminalKind
 from pybatch.values.ids import INT64_MAX, FailureId
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import ExitCode, JobName, NodeId, StateSchemaId, StepName
-from pybatch.values.ownership import ExecutionLease, LeaseState, OwnerToken
+from pybatch.values.ownership import ExecutionLease, OwnerToken
 from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.partitions import StepPartition
 from pybatch.values.records import JobExecution, JobInstance, StepExecution
@@ -106,11 +107,10 @@ class Chunk:
     chunk back, and after a commit the step continues from the state the chunk committed.
     """
 
-    __slots__ = ("_run", "_step", "_transaction")
+    __slots__ = ("_step", "_transaction")
 
     def __init__(self, step: StepRun, transaction: ChunkTransaction) -> None:
         self._step = step
-        self._run = step.run
         self._transaction = transaction
 
     def __enter__(self) -> Chunk:
@@ -216,31 +216,27 @@ class StepRun:
     @property
     def checkpoint(self) -> dict[str, Any]:
         """The last committed checkpoint payload ({} on a fresh step); resume from here."""
-        source = self.state.checkpoint if self.state else self.execution.checkpoint
-        return dict(source.payload)
+        return dict((self.state or self.execution).checkpoint.payload)
 
     @property
     def context(self) -> dict[str, Any]:
         """The last committed execution context payload."""
-        source = self.state.context if self.state else self.execution.context
-        return dict(source.payload)
+        return dict((self.state or self.execution).context.payload)
 
     @property
     def read_count(self) -> int:
         """Items read so far, across restarts (counters carry over)."""
-        return self.state.counts.read if self.state else self.execution.metadata.counts.read
+        return (self.state or self.execution.metadata).counts.read
 
     @property
     def written_count(self) -> int:
         """Items written so far, across restarts."""
-        counts = self.state.counts if self.state else self.execution.metadata.counts
-        return counts.written
+        return (self.state or self.execution.metadata).counts.written
 
     @property
     def commit_count(self) -> int:
         """Chunks committed so far, across restarts."""
-        counts = self.state.counts if self.state else self.execution.metadata.counts
-        return counts.committed
+        return (self.state or self.execution.metadata).counts.committed
 
     @property
     def stop_requested(self) -> bool:
@@ -248,8 +244,7 @@ class StepRun:
 
         A long chunk may check it to end early; `chunk()` raises StopRequested anyway.
         """
-        keeper = self.run._keeper
-        return keeper is not None and keeper.stop_requested
+        return self.run._keeper is not None and self.run._keeper.stop_requested
 
     def chunk(self) -> Chunk:
         """Open a chunk transaction on the step: `with step.chunk() as chunk: ...`.
@@ -270,12 +265,12 @@ class StepRun:
         self._session.close()
 
     def _at_chunk_boundary(self) -> None:
-        """Raise the ownership-lost error or StopRequested before another chunk begins."""
         self.run._at_chunk_boundary()
 
     def _raise_if_ownership_lost(self) -> None:
         """After a refused commit: if the cause is a lost ownership, say so."""
-        self.run._raise_if_ownership_lost()
+        if self.run._keeper is not None:
+            self.run._keeper.raise_if_lost()
 
 
 class PartitionRun(StepRun):
@@ -395,7 +390,7 @@ class JobRun:
         traceback: TracebackType | None,
     ) -> bool:
         lost = self._keeper is not None and self._keeper.lost
-        self._halt_keeper()
+        self._stop_renewing()
         if lost or isinstance(exc, ExecutionOwnershipLost):
             # Another process recovered this execution: record nothing, touch nothing.
             logger.error(
@@ -412,12 +407,7 @@ class JobRun:
             logger.info("pybatch: job execution %s stopped on request", self.execution.id)
             return True
         try:
-            if exc is None:
-                self._finish(BatchStatus.COMPLETED)
-            elif isinstance(exc, Exception):
-                self._finish(BatchStatus.FAILED)
-            else:  # KeyboardInterrupt, SystemExit: stopped, and restartable
-                self._finish(BatchStatus.STOPPED)
+            self._finish(_ended_as(exc))
         except PyBatchError:
             if exc is None:
                 raise
@@ -447,19 +437,11 @@ class JobRun:
 
         self.execution = self.repository.run_in_unit_of_work(end)
 
-    def _halt_keeper(self) -> None:
+    def _stop_renewing(self) -> None:
+        """Stop renewing the lease, as a process that died would (tests simulate crashes)."""
         keeper, self._keeper = self._keeper, None
         if keeper is not None:
             keeper.halt()
-
-    def _stop_renewing(self) -> None:
-        """Stop renewing the lease, as a process that died would (tests simulate crashes)."""
-        self._halt_keeper()
-
-    def _raise_if_ownership_lost(self) -> None:
-        """After a refused commit: if the cause is a lost ownership, say so."""
-        if self._keeper is not None:
-            self._keeper.raise_if_lost()
 
     def _at_chunk_boundary(self) -> None:
         """Raise ExecutionOwnershipLost or StopRequested before another chunk or step begins."""
@@ -505,20 +487,22 @@ class JobRun:
             logger.info("pybatch: step %s completed in an earlier attempt; skipped", name)
             return StepOutcome(name=name, skipped=True, step=started)
         step_run = StepRun(self, started)
-        try:
-            try:
-                work(step_run)
-            finally:
-                step_run.close()
-        except ExecutionOwnershipLost:
-            raise  # the step belongs to the recovered execution now: leave it alone
-        except BaseException as error:
-            stopped = isinstance(error, StopRequested) or not isinstance(error, Exception)
-            self._end_step(started.id, BatchStatus.STOPPED if stopped else BatchStatus.FAILED)
-            raise
+        with self._ended_if_raising(started.id), contextlib.closing(step_run):
+            work(step_run)
         return StepOutcome(
             name=name, skipped=False, step=self._end_step(started.id, BatchStatus.COMPLETED)
         )
+
+    @contextlib.contextmanager
+    def _ended_if_raising(self, step_id: int) -> Iterator[None]:
+        """End the step STOPPED or FAILED (`_ended_as`) if its work raises; the error propagates."""
+        try:
+            yield
+        except ExecutionOwnershipLost:
+            raise  # the step belongs to the recovered execution now: leave it alone
+        except BaseException as error:
+            self._end_step(step_id, _ended_as(error))
+            raise
 
     def _end_step(self, step_id: int, status: BatchStatus) -> StepExecution:
         """End a step of this run: transition it to `status`, then record its exit code."""
@@ -560,7 +544,7 @@ class JobRun:
         if skipped:
             logger.info("pybatch: partitioned step %s completed in an earlier attempt", name)
             return StepOutcome(name=name, skipped=True, step=parent)
-        try:
+        with self._ended_if_raising(parent.id):
             partitioned.supervise(
                 self.repository,
                 parent,
@@ -569,12 +553,6 @@ class JobRun:
                 lease=self.lease,
                 between_polls=self._at_chunk_boundary,
             )
-        except ExecutionOwnershipLost:
-            raise  # the step belongs to the recovered execution now: leave it alone
-        except BaseException as error:
-            stopped = isinstance(error, StopRequested) or not isinstance(error, Exception)
-            self._end_step(parent.id, BatchStatus.STOPPED if stopped else BatchStatus.FAILED)
-            raise
         ended, unfinished = partitioned.aggregate_plan(self.repository, parent, self._verify_owner)
         if ended.status is not BatchStatus.COMPLETED:
             raise PartitionsFailed(
@@ -640,7 +618,16 @@ class JobRun:
             node = target.node.value
 
 
-Record = TypeVar("Record", JobExecution, StepExecution)
+def _ended_as(error: BaseException | None) -> BatchStatus:
+    """COMPLETED without an error, STOPPED after a stop request or an interrupt, else FAILED.
+
+    An interrupt (KeyboardInterrupt, SystemExit) is a stop: the attempt stays restartable.
+    """
+    if error is None:
+        return BatchStatus.COMPLETED
+    if isinstance(error, StopRequested) or not isinstance(error, Exception):
+        return BatchStatus.STOPPED
+    return BatchStatus.FAILED
 
 
 def _ending(status: BatchStatus, at: datetime, failure_id: int) -> LifecycleTransition:
@@ -670,20 +657,14 @@ class Job:
         lease: _dt.timedelta | ExecutionLease | None = None,
     ) -> None:
         self.repository = repository
-        params = (
-            parameters
-            if isinstance(parameters, JobParameters)
-            else JobParameters.of(dict(parameters or {}))
-        )
-        self.key = JobInstanceKey(JobName(name), params)
+        if not isinstance(parameters, JobParameters):
+            parameters = JobParameters.of(dict(parameters or {}))
+        self.key = JobInstanceKey(JobName(name), parameters)
         self.definition = definition or DefinitionIdentity.legacy()
         self.recover_orphans = recover_orphans
-        if lease is None:
-            self.lease = ExecutionLease()
-        elif isinstance(lease, ExecutionLease):
-            self.lease = lease
-        else:
-            self.lease = ExecutionLease(lease)
+        if not isinstance(lease, ExecutionLease):
+            lease = ExecutionLease() if lease is None else ExecutionLease(lease)
+        self.lease = lease
 
     def launch(self) -> JobRun:
         """Start the first attempt, or restart after FAILED or STOPPED, and mark it STARTED.
@@ -711,6 +692,7 @@ class Job:
         while True:
             try:
                 instance, started = self.repository.run_in_unit_of_work(launch_once)
+                break
             except _OwnerMayBeGone as pending:
                 renewed = seen_expiry is not None and pending.lease_expires_at > seen_expiry
                 if renewed or time.monotonic() > deadline:
@@ -719,8 +701,6 @@ class Job:
                     seen_expiry = pending.lease_expires_at
                     deadline = time.monotonic() + pending.remaining_seconds + 1.0
                 time.sleep(_LEASE_POLL_SECONDS)
-                continue
-            break
         logger.info(
             "pybatch: job %s instance %s attempt %s started (execution %s)",
             instance.job_name.value,
@@ -746,7 +726,18 @@ class Job:
             if not self.recover_orphans:
                 raise
             orphan, lease = uow.ownership.lock(active.execution_id)
-            if not self._is_orphaned(orphan, lease, active):
+            # Only an attempt whose owner is gone is recovered here. UNKNOWN never is (its
+            # commit may have happened: only an explicit recovery with reason UNKNOWN_EFFECT
+            # resolves it). Otherwise the lease alone decides, on the database clock
+            # (`LeaseState.owner_gone`): an attempt whose lease ran out, or that no owner ever
+            # leased, has no live owner; while the lease is fresh, `launch` watches it.
+            if not orphan.status.is_active:
+                raise
+            if not lease.owner_gone:
+                if lease.lease_expires_at is not None:
+                    raise _OwnerMayBeGone(
+                        active, lease.lease_expires_at, lease.remaining_seconds
+                    ) from active
                 raise
             uow.recovery.recover_orphaned(orphan.id, audited=True)
             logger.warning(
@@ -762,42 +753,18 @@ class Job:
         )
         return instance, started
 
-    def _is_orphaned(
-        self, execution: JobExecution, lease: LeaseState, active: ExecutionAlreadyActive
-    ) -> bool:
-        """True when the unresolved attempt's owner is gone and it may be recovered here.
-
-        UNKNOWN never is (its commit may have happened: only an explicit recovery with
-        reason UNKNOWN_EFFECT resolves it). Otherwise the lease alone decides, on the
-        database clock (`LeaseState.owner_gone`): an attempt whose lease ran out, or that
-        no owner ever leased, has no live owner.
-
-        Raises:
-            _OwnerMayBeGone: the lease is still fresh; the launch watches it.
-        """
-        if not execution.status.is_active:
-            return False
-        if lease.owner_gone:
-            return True
-        if lease.lease_expires_at is not None:
-            raise _OwnerMayBeGone(active, lease.lease_expires_at, lease.remaining_seconds)
-        return False
-
 
 #: How often a launch re-reads a lease it waits on.
 _LEASE_POLL_SECONDS = 0.2
 
 
+@attrs.define
 class _OwnerMayBeGone(Exception):
     """The lease is fresh: wait for a renewal (owner alive) or the expiry (owner gone)."""
 
-    def __init__(
-        self, active: ExecutionAlreadyActive, lease_expires_at: _dt.datetime, remaining: float
-    ) -> None:
-        super().__init__()
-        self.active = active
-        self.lease_expires_at = lease_expires_at
-        self.remaining_seconds = remaining
+    active: ExecutionAlreadyActive
+    lease_expires_at: _dt.datetime
+    remaining_seconds: float
 
 
 def _runners(
@@ -811,11 +778,8 @@ def _runners(
         def runner(
             worker: StepExecution, partition: StepPartition, keeper: PartitionLeaseKeeper
         ) -> None:
-            partition_run = PartitionRun(run, worker, partition, keeper)
-            try:
+            with contextlib.closing(PartitionRun(run, worker, partition, keeper)) as partition_run:
                 work(partition_run)
-            finally:
-                partition_run.close()
 
         return runner
 
@@ -847,10 +811,9 @@ def join_partitioned_step(
     Raises:
         PartitionPlanNotPublished: no running attempt published that step's plan in time.
     """
-    params = (
-        parameters if isinstance(parameters, JobParameters) else JobParameters.of(dict(parameters))
-    )
-    key = JobInstanceKey(JobName(job_name), params)
+    if not isinstance(parameters, JobParameters):
+        parameters = JobParameters.of(dict(parameters))
+    key = JobInstanceKey(JobName(job_name), parameters)
     deadline = time.monotonic() + wait_seconds
     while (found := partitioned.find_running_parent(repository, key, StepName(step_name))) is None:
         if time.monotonic() >= deadline:
