@@ -31,7 +31,6 @@ import datetime as _dt
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from datetime import datetime
 from types import TracebackType
 from typing import Any
 
@@ -79,13 +78,6 @@ logger = logging.getLogger("pybatch.etl")
 #: The schema id of checkpoints and contexts written through this API.
 ETL_STATE_SCHEMA = StateSchemaId("pybatch.etl.v1")
 
-#: The exit code each way a run or a step ends is recorded with.
-_EXIT_CODES = {
-    BatchStatus.COMPLETED: ExitCode.COMPLETED,
-    BatchStatus.FAILED: ExitCode.FAILED,
-    BatchStatus.STOPPED: ExitCode.STOPPED,
-}
-
 
 def _state(cls: type[Checkpoint] | type[ExecutionContext], payload: Mapping[str, Any]) -> Any:
     """Build the envelope before any chunk statement runs; a non-mapping is refused typed.
@@ -101,11 +93,7 @@ def _state(cls: type[Checkpoint] | type[ExecutionContext], payload: Mapping[str,
 
 
 class Chunk:
-    """One chunk of a step: your statements and the step's progress commit together.
-
-    Use it as `with step.chunk() as chunk:`; leaving the block without `commit` rolls the
-    chunk back, and after a commit the step continues from the state the chunk committed.
-    """
+    """One chunk of a step (`StepRun.chunk`): your statements and its progress commit together."""
 
     __slots__ = ("_step", "_transaction")
 
@@ -289,8 +277,7 @@ class PartitionRun(StepRun):
         owner: OwnerToken | None = None,
     ) -> None:
         """`owner` is the claim's token; it defaults to the lease keeper's."""
-        # Like a step, a partition holds one pooled connection for all its chunks. Its chunks
-        # prove ownership through the partition: this worker's claim token, the partition id.
+        # A partition's chunks prove ownership through it: this worker's claim token, its id.
         token = owner if owner is not None else None if keeper is None else keeper.owner
         if token is None:
             raise PartitionOwnershipLost(partition_id=partition.id, worker=worker.id)
@@ -432,8 +419,9 @@ class JobRun:
             ended_as = BatchStatus.STOPPED if current.status is BatchStatus.STOPPING else status
             change = _ending(ended_as, max(uow.clock.now(), current.updated_at), current.id)
             ended = uow.executions.transition(current.id, current.version, change)
-            code = _EXIT_CODES[ended_as]
-            return uow.executions.enrich_exit_status(current.id, ended.version, code)
+            return uow.executions.enrich_exit_status(
+                current.id, ended.version, ExitCode(ended_as.value)
+            )
 
         self.execution = self.repository.run_in_unit_of_work(end)
 
@@ -514,7 +502,7 @@ class JobRun:
                 raise StepExecutionNotFound(id=step_id)
             change = _ending(status, max(uow.clock.now(), current.updated_at), step_id)
             ended = uow.steps.transition(step_id, current.version, change)
-            return uow.steps.enrich_exit_status(step_id, ended.version, _EXIT_CODES[status])
+            return uow.steps.enrich_exit_status(step_id, ended.version, ExitCode(status.value))
 
         return self.repository.run_in_unit_of_work(end)
 
@@ -559,8 +547,6 @@ class JobRun:
                 step_name=name, status=ended.status.value, keys=tuple(unfinished)
             )
         return StepOutcome(name=name, skipped=False, step=ended)
-
-    # ------------------------------------------------------------------ flow decisions
 
     def _flow(self) -> FlowPoint:
         return FlowPoint(
@@ -630,8 +616,11 @@ def _ended_as(error: BaseException | None) -> BatchStatus:
     return BatchStatus.FAILED
 
 
-def _ending(status: BatchStatus, at: datetime, failure_id: int) -> LifecycleTransition:
-    """The transition ending a run or a step: COMPLETED, STOPPED, or FAILED by user code."""
+def _ending(status: BatchStatus, at: _dt.datetime, failure_id: int) -> LifecycleTransition:
+    """The transition ending a run or a step: COMPLETED, STOPPED, or FAILED by user code.
+
+    The exit code then recorded is the conventional one named as the status (ExitCode.FAILED).
+    """
     if status is BatchStatus.FAILED:
         failure = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(failure_id))
         return LifecycleTransition.failed(at, failure)
@@ -641,9 +630,8 @@ def _ending(status: BatchStatus, at: datetime, failure_id: int) -> LifecycleTran
 class Job:
     """A job by name and identifying parameters: what `launch` starts or restarts.
 
-    `lease` (1 s to 1 h, default 30 s) bounds how long a crashed run blocks its restart:
-    a run renews its lease every third of it, and a launch recovers an unresolved attempt
-    only once that attempt's lease has run out on the database clock.
+    `lease` (1 s to 1 h, default 10 s) bounds how long a crashed run blocks its restart:
+    a launch recovers an unresolved attempt only once its lease ran out (`launch`).
     """
 
     def __init__(
@@ -801,12 +789,10 @@ def join_partitioned_step(
 
     Finds the job instance by name and identifying parameters, waits up to `wait_seconds`
     for its running attempt to publish the plan of `step_name`, then works on it like a
-    local worker. Returns how many partitions this process ran (0 when none was left).
-    `lease` (1 s to 1 h, default 10 s, as `Job`'s) is this worker's lease on each partition
-    it runs: after a crash its partition is recovered at most that long after the last
-    renewal.
-
-    A worker that arrives after the step completed returns 0 at once.
+    local worker. Returns how many partitions this process ran (0 when none was left; at
+    once when the step already completed). `lease` (1 s to 1 h, default 10 s, as `Job`'s) is
+    this worker's lease on each partition it runs: after a crash its partition is recovered
+    at most that long after the last renewal.
 
     Raises:
         PartitionPlanNotPublished: no running attempt published that step's plan in time.
