@@ -477,9 +477,8 @@ class JobRun:
         step_run = StepRun(self, started)
         with self._ended_if_raising(started.id), contextlib.closing(step_run):
             work(step_run)
-        return StepOutcome(
-            name=name, skipped=False, step=self._end_step(started.id, BatchStatus.COMPLETED)
-        )
+        ended = self._end_step(started.id, BatchStatus.COMPLETED)
+        return StepOutcome(name=name, skipped=False, step=ended)
 
     @contextlib.contextmanager
     def _ended_if_raising(self, step_id: int) -> Iterator[None]:
