@@ -65,7 +65,6 @@ from pybatch.values.status import BatchStatus
 if TYPE_CHECKING:
     from pybatch._job_repository import JobRepository
 
-__all__ = ["ChunkTransaction", "StepSession", "load_committed_state"]
 
 #: libpq's transaction states, compared on `pgconn` directly: `conn.info` builds an object per
 #: access, and the chunk path reads the state on every chunk.
@@ -298,11 +297,6 @@ class ChunkTransaction:
             f"ChunkTransaction(step_execution_id={self.committed.step_execution_id}, "
             f"version={self.committed.version}, open={self._open})"
         )
-
-    @property
-    def is_open(self) -> bool:
-        """Whether the chunk can still run statements and commit."""
-        return self._open
 
     def __enter__(self) -> ChunkTransaction:
         return self

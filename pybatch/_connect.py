@@ -19,22 +19,11 @@ from pybatch._config import ConnectionConfig
 from pybatch._sqlstate import classify_connect_failure, is_permanent
 from pybatch.errors import PyBatchError
 
-__all__ = [
-    "CaFile",
-    "check_idle_connection",
-    "connect_or_raise",
-    "open_connection",
-    "probe_connection",
-    "watch_for_termination",
-]
-
 
 def _redacted_argument(value: object) -> object:
     """A psycopg.pool log argument with the server host, user and message text removed."""
-    if isinstance(value, bool | int | float):
-        return value
-    if isinstance(value, str):
-        return value  # pool and thread names, never connection details
+    if isinstance(value, bool | int | float | str):
+        return value  # strings are pool and thread names, never connection details
     if isinstance(value, BaseException):
         state = getattr(value, "sqlstate", None)
         return type(value).__name__ if state is None else f"{type(value).__name__} ({state})"
@@ -88,12 +77,9 @@ def open_connection(
     ca_file = CaFile(config)
     try:
         kwargs = config.connection_kwargs(ca_file=ca_file.path, statement_timeout=False)
-        conn = connect_or_raise(kwargs, autocommit=autocommit)
-        try:
+        with contextlib.closing(connect_or_raise(kwargs, autocommit=autocommit)) as conn:
             install_strict_json_loads(conn)
             yield conn
-        finally:
-            conn.close()
     finally:
         ca_file.close()
 
@@ -110,8 +96,7 @@ def connect_or_raise(kwargs: Mapping[str, Any], *, autocommit: bool) -> psycopg.
 def probe_connection(config: ConnectionConfig, ca_file: CaFile) -> None:
     """Open and close one connection: raise a permanent refusal now, leave the rest to the pool."""
     try:
-        kwargs = config.connection_kwargs(ca_file=ca_file.path)
-        connect_or_raise(kwargs, autocommit=True).close()
+        connect_or_raise(config.connection_kwargs(ca_file=ca_file.path), autocommit=True).close()
     except PyBatchError as error:
         if is_permanent(error):
             raise

@@ -20,23 +20,8 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from sqlalchemy.dialects.postgresql import psycopg as sqlalchemy_psycopg
 
-from pybatch._codecs._primitives import Row
+from pybatch._codecs._primitives import Row as Row
 from pybatch._resources import queries_dir
-
-__all__ = [
-    "Connection",
-    "Mode",
-    "PreparedStatement",
-    "Row",
-    "Statement",
-    "StatementModeMismatch",
-    "Statements",
-    "load_demo_statements",
-    "load_pugsql_module",
-    "load_statement_folder",
-    "load_statements",
-    "load_testing_statements",
-]
 
 #: A psycopg connection, whatever its row factory (statements choose their own).
 Connection = psycopg.Connection[Any]
@@ -64,12 +49,12 @@ class Statement:
     __slots__ = (
         "_order",
         "_positional",
-        "_prepared",
         "doc",
         "filename",
         "mode",
         "name",
         "parameters",
+        "prepared",
         "query",
     )
 
@@ -92,7 +77,8 @@ class Statement:
         # What runs: the same text with positional placeholders, bound from a list built in
         # `_order`, which spares psycopg mapping a dict of parameters at every execution.
         self._positional, self._order = _positional_form(self.query)
-        self._prepared = PreparedStatement(self)
+        #: Prepared server-side on first use per connection (per-chunk statements).
+        self.prepared: PreparedStatement = PreparedStatement(self)
 
     def __repr__(self) -> str:
         return f"<Statement {self.filename}:{self.name} :{self.mode}>"
@@ -100,8 +86,7 @@ class Statement:
     def one(self, conn: Connection, /, **params: object) -> Row | None:
         """The only row, or None (`:one`)."""
         with self._run(conn, "one", params, prepare=None) as cursor:
-            row: dict[str, object] | None = cursor.fetchone()
-            return row
+            return cursor.fetchone()
 
     def many(self, conn: Connection, /, **params: object) -> list[Row]:
         """Every row (`:many`)."""
@@ -144,11 +129,6 @@ class Statement:
         )
         with conn.cursor() as cursor:
             cursor.execute(composed)
-
-    @property
-    def prepared(self) -> PreparedStatement:
-        """Prepared server-side on first use per connection (per-chunk statements)."""
-        return self._prepared
 
     def _run(
         self, conn: Connection, mode: Mode, params: Mapping[str, object], *, prepare: bool | None
@@ -206,8 +186,7 @@ class PreparedStatement:
     def one(self, conn: Connection, /, **params: object) -> Row | None:
         """The only row, or None (`:one`), prepared."""
         with self._statement._run(conn, "one", params, prepare=True) as cursor:
-            row: dict[str, object] | None = cursor.fetchone()
-            return row
+            return cursor.fetchone()
 
     def affected(self, conn: Connection, /, **params: object) -> int:
         """How many rows the statement changed (`:affected`), prepared."""
@@ -240,12 +219,6 @@ class Statements:
         return len(self._by_name)
 
 
-def _pugsql_statements(module: Any) -> Mapping[str, Any]:
-    """Pugsql's statements by name: private `_statements` and `_text`, pinned by tests/sql."""
-    statements: Mapping[str, Any] = module._statements
-    return statements
-
-
 def load_pugsql_module(path: Path | None = None) -> Any:
     """Load the raw pugsql module of a folder (default: the shipped `queries/`)."""
     return pugsql.module(str(path or queries_dir()))
@@ -253,10 +226,9 @@ def load_pugsql_module(path: Path | None = None) -> Any:
 
 def load_statement_folder(path: Path) -> Statements:
     """Load and compile every statement of one folder of `.sql` files."""
-    module = load_pugsql_module(path)
-    return Statements(
-        {name: Statement(source) for name, source in _pugsql_statements(module).items()}
-    )
+    # pugsql's private `Module._statements` and `Statement._text`, pinned by tests/sql.
+    statements: Mapping[str, Any] = load_pugsql_module(path)._statements
+    return Statements({name: Statement(source) for name, source in statements.items()})
 
 
 @functools.cache

@@ -24,16 +24,9 @@ from psycopg.types.array import ListBinaryDumper
 from pybatch import _sqlstate
 from pybatch._codecs._jsonb import install_strict_json_loads
 from pybatch._config import ConnectionConfig
-from pybatch._connect import (
-    CaFile,
-    check_idle_connection,
-    probe_connection,
-    watch_for_termination,
-)
+from pybatch._connect import CaFile, check_idle_connection, probe_connection, watch_for_termination
 from pybatch._statements import Connection
 from pybatch.errors import PyBatchError, Unavailable
-
-__all__ = ["CommitErrors", "ConnectionCheck", "Lease", "TransactionSource"]
 
 #: Run once on every new pooled connection, leaving it idle: the refusal to raise when the
 #: connection is leased, or None (the clock-skew check of JobRepository.connect).
@@ -136,41 +129,36 @@ class TransactionSource:
         try:
             # A wrong password or database fails here at once, not after the acquire timeout.
             probe_connection(config, self._ca_file)
-        except BaseException:
-            self._ca_file.close()
-            raise
-
-        def configure(conn: Connection) -> None:
-            # Client-side only: BEGIN then says READ COMMITTED whatever the database default.
-            conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
-            # Array parameters (`CAST(:ids AS BIGINT[])`) go in binary: psycopg's default text
-            # dumper quotes-checks every element with a regular expression, about five times
-            # the client time per array (a purge batch binds arrays of 1000 ids).
-            conn.adapters.register_dumper(list, ListBinaryDumper)
-            install_strict_json_loads(conn)
-            watch_for_termination(conn)
-            if check is not None:
-                refusal = check(conn)
-                if refusal is not None:
-                    self._refused[conn] = refusal
-
-        self._pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
-            kwargs=config.connection_kwargs(ca_file=self._ca_file.path),
-            min_size=0,
-            max_size=config.pool_size,
-            timeout=config.acquire_timeout.total_seconds(),
-            max_idle=config.connection_idle_timeout.total_seconds(),
-            max_lifetime=config.connection_max_lifetime.total_seconds(),
-            reconnect_timeout=config.connect_timeout.total_seconds(),
-            configure=configure,
-            open=False,
-            name="pybatch",
-        )
-        try:
+            self._pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
+                kwargs=config.connection_kwargs(ca_file=self._ca_file.path),
+                min_size=0,
+                max_size=config.pool_size,
+                timeout=config.acquire_timeout.total_seconds(),
+                max_idle=config.connection_idle_timeout.total_seconds(),
+                max_lifetime=config.connection_max_lifetime.total_seconds(),
+                reconnect_timeout=config.connect_timeout.total_seconds(),
+                configure=self._configure,
+                open=False,
+                name="pybatch",
+            )
             self._pool.open(wait=False)
         except BaseException:
             self._ca_file.close()
             raise
+
+    def _configure(self, conn: Connection) -> None:
+        # Client-side only: BEGIN then says READ COMMITTED whatever the database default.
+        conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+        # Array parameters (`CAST(:ids AS BIGINT[])`) go in binary: psycopg's default text
+        # dumper quotes-checks every element with a regular expression, about five times
+        # the client time per array (a purge batch binds arrays of 1000 ids).
+        conn.adapters.register_dumper(list, ListBinaryDumper)
+        install_strict_json_loads(conn)
+        watch_for_termination(conn)
+        if self._check is not None:
+            refusal = self._check(conn)
+            if refusal is not None:
+                self._refused[conn] = refusal
 
     def lease(self, *, read_only: bool = False) -> Lease:
         """Lease a pooled connection for one transaction (READ ONLY when asked).

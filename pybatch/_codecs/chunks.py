@@ -27,13 +27,6 @@ from pybatch.values.fault import FaultStateEnvelope
 from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus
 
-__all__ = [
-    "COMMITTED_STEP_STATE_COLUMNS",
-    "decode_committed_step_state",
-    "encode_chunk_commit",
-    "encode_chunk_progress",
-]
-
 
 def _as_is(canonical: bytes) -> bytes:
     return canonical

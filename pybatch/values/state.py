@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, cast
 
 import attrs
 
@@ -98,29 +98,19 @@ def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def _strict_loads(data: bytes) -> Any:
-    """Parse JSON refusing NaN/Infinity and duplicate keys (callers map ValueError)."""
-    return json.loads(data, parse_constant=reject_constant, object_pairs_hook=_unique_object)
-
-
 @functools.lru_cache(maxsize=4)
 def _envelope_head(format_name: str) -> bytes:
     """The canonical envelope's bytes before its payload (one per envelope kind)."""
-    return b"".join(
-        (
-            b'{"format":',
-            canonical_json(format_name),
-            b',"format_version":',
-            str(STATE_FORMAT_VERSION).encode(),
-            b',"payload":',
-        )
+    return b'{"format":%s,"format_version":%d,"payload":' % (
+        canonical_json(format_name),
+        STATE_FORMAT_VERSION,
     )
 
 
 @functools.lru_cache(maxsize=256)
 def _envelope_schema(schema: str) -> bytes:
     """The canonical envelope's bytes between its payload and its schema version."""
-    return b"".join((b',"schema":', canonical_json(schema), b',"schema_version":'))
+    return b',"schema":%s,"schema_version":' % canonical_json(schema)
 
 
 @attrs.frozen(eq=False, repr=False, init=False)
@@ -159,7 +149,13 @@ class _DurableState:
             if _depth_exceeds(payload, payload_depth):
                 raise StateTooDeep(kind=self._KIND, max_depth=limits.max_depth) from None
             raise StateMalformed(kind=self._KIND) from None
-        encoded = self._encode_envelope(schema, schema_version, payload_json)
+        # canonical_json of the whole envelope, written around the already canonical payload.
+        encoded = b"%s%s%s%d}" % (
+            _envelope_head(self._FORMAT),
+            payload_json,
+            _envelope_schema(schema.value),
+            schema_version,
+        )
         if len(encoded) > limits.max_bytes:
             raise StateTooLarge(kind=self._KIND, max_bytes=limits.max_bytes)
         # Each level of nesting takes at least one byte of the canonical text, so a payload
@@ -167,19 +163,6 @@ class _DurableState:
         if len(payload_json) >= payload_depth and _depth_exceeds(payload, payload_depth):
             raise StateTooDeep(kind=self._KIND, max_depth=limits.max_depth)
         self.__attrs_init__(schema, schema_version, payload_json, encoded)
-
-    @classmethod
-    def _encode_envelope(cls, schema: StateSchemaId, schema_version: int, payload: bytes) -> bytes:
-        """canonical_json of the whole envelope, written around the already canonical payload."""
-        return b"".join(
-            (
-                _envelope_head(cls._FORMAT),
-                payload,
-                _envelope_schema(schema.value),
-                str(schema_version).encode(),
-                b"}",
-            )
-        )
 
     @classmethod
     def empty(cls: type[_S]) -> _S:
@@ -196,7 +179,10 @@ class _DurableState:
         if len(data) > limits.max_bytes:
             raise StateTooLarge(kind=cls._KIND, max_bytes=limits.max_bytes)
         try:
-            document = _strict_loads(data)
+            # NaN, infinity and a duplicate key are refused (ValueError).
+            document = json.loads(
+                data, parse_constant=reject_constant, object_pairs_hook=_unique_object
+            )
         except (ValueError, RecursionError):
             raise StateMalformed(kind=cls._KIND) from None
         if _depth_exceeds(document, limits.max_depth):
@@ -231,8 +217,7 @@ class _DurableState:
     @property
     def payload(self) -> dict[str, Any]:
         """A fresh copy of the payload in its canonical (round-trip stable) form."""
-        result: dict[str, Any] = json.loads(self._payload_json)
-        return result
+        return cast(dict[str, Any], json.loads(self._payload_json))
 
     def payload_json(self) -> bytes:
         """The canonical payload bytes (what the `*_payload` jsonb column holds)."""
