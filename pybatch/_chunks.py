@@ -2,15 +2,11 @@
 
 See docs/contract.md, Chunk transactions.
 
-A `StepSession` is a running step's hold on the database. It leases one pooled connection
-at the step's first chunk and keeps it, with one cursor, until `close`: a chunk costs no
-pool checkout and its prepared progress UPDATE is reused. Nothing else owns that
-connection; the pool's lease is only the slip that gives it back.
-
-A chunk (`ChunkTransaction`, from `StepSession.begin`) is that session's transaction. The ETL
-runs its own statements in it (`execute`, `executemany`, `copy`, or the raw `connection`),
-then `commit` writes the step's counters, checkpoint and context as one compare-and-swap
-UPDATE and COMMITs, so a crash at any instant leaves either the whole chunk or none of it.
+A `StepSession` leases one pooled connection at the step's first chunk and keeps it, with
+one cursor, until `close` (no pool checkout per chunk; the prepared UPDATE is reused). A
+chunk (`ChunkTransaction`) is that session's transaction: the ETL's own statements, then
+`commit` writes the step's counters, checkpoint and context as one compare-and-swap UPDATE
+and COMMITs, so a crash at any instant leaves either the whole chunk or none of it.
 The UPDATE's own predicate is the fence: the step's committed version, STARTED, and the
 owner token (of the job execution, or of the partition's claim) that still owns the step.
 Whatever its outcome, the chunk ends on the session's connection: a refusal rolls back, a
@@ -27,7 +23,6 @@ connection, each planned once per connection (docs/architecture.md).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -142,15 +137,8 @@ class StepSession:
     def __enter__(self) -> StepSession:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-    # ------------------------------------------------------------------ opening a chunk
 
     def begin(self) -> ChunkTransaction:
         """Open the step's next chunk on the held connection.
@@ -233,8 +221,6 @@ class StepSession:
             raise NotCommitted(reason="the committed step state is unusable") from None
         return state
 
-    # ------------------------------------------------------------------ ending
-
     def close(self) -> None:
         """Give the held connection back to the pool (rolling back a chunk left open)."""
         chunk, self._chunk = self._chunk, None
@@ -298,18 +284,16 @@ class ChunkTransaction:
             f"version={self.committed.version}, open={self._open})"
         )
 
+    @property
+    def is_open(self) -> bool:
+        """Whether the chunk can still run statements and commit."""
+        return self._open
+
     def __enter__(self) -> ChunkTransaction:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.rollback()
-
-    # ------------------------------------------------------------------ business statements
 
     @property
     def connection(self) -> Connection:
@@ -382,8 +366,6 @@ class ChunkTransaction:
         if isinstance(classified, Infrastructure):
             self._discard()
         return classified
-
-    # ------------------------------------------------------------------ outcome
 
     def commit(
         self,

@@ -31,7 +31,6 @@ import datetime as _dt
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from types import TracebackType
 from typing import Any
 
 import attrs
@@ -104,12 +103,7 @@ class Chunk:
     def __enter__(self) -> Chunk:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self._transaction.rollback()  # a no-op once committed
 
     @property
@@ -370,12 +364,7 @@ class JobRun:
     def __enter__(self) -> JobRun:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> bool:
+    def __exit__(self, exc_type: object, exc: BaseException | None, traceback: object) -> bool:
         lost = self._keeper is not None and self._keeper.lost
         self._stop_renewing()
         if lost or isinstance(exc, ExecutionOwnershipLost):

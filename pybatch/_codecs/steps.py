@@ -7,7 +7,6 @@ from typing import TypeVar
 
 import attrs
 
-from pybatch._codecs._jsonb import to_jsonb
 from pybatch._codecs._primitives import (
     DecodeError,
     Row,
@@ -116,25 +115,9 @@ def decode_step_execution(row: Row) -> StepExecution:
     )
 
 
-def encode_state(state: Checkpoint | ExecutionContext) -> dict[str, object]:
-    """Column values of a checkpoint (`checkpoint_*`) or context (`context_*`); format is 1."""
-    prefix = "checkpoint" if isinstance(state, Checkpoint) else "context"
-    return {
-        f"{prefix}_format": STATE_FORMAT_VERSION,
-        f"{prefix}_schema": state.schema.value,
-        f"{prefix}_schema_version": state.schema_version,
-        f"{prefix}_payload": to_jsonb(state.payload),
-    }
-
-
 def encode_counts(counts: ExecutionCounts) -> dict[str, object]:
     """Column values of the six step counters (read_count ... rollback_count)."""
     return {column: getattr(counts, field) for field, column in _COUNT_COLUMNS}
-
-
-def encode_fault_counts(counts: StepFaultCounts) -> dict[str, object]:
-    """Column values of the seven retry/skip/no-rollback counters of a step."""
-    return {column: getattr(counts, field) for field, column in _FAULT_COUNT_COLUMNS}
 
 
 def decode_checkpoint(row: Row) -> Checkpoint:

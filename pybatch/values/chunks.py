@@ -14,14 +14,6 @@ from pybatch.values.ownership import OwnerToken
 from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus
 
-__all__ = [
-    "NO_FAULT_PROGRESS",
-    "ChunkContext",
-    "ChunkCounts",
-    "CommittedStepState",
-    "FaultProgress",
-]
-
 
 def _count(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
     if type(value) is not int:

@@ -64,7 +64,6 @@ from pybatch._codecs.steps import (
     STEP_EXECUTION_COLUMNS,
     decode_step_execution,
     encode_counts,
-    encode_fault_counts,
 )
 from pybatch.errors import (
     FaultStateCorrupt,
@@ -105,6 +104,7 @@ from pybatch.values.recovery import RecoveryDecision
 from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import FailureSummary
 from tests.properties import strategies as s
+from tests.support.rows import encode_fault_counts
 
 Row = dict[str, Any]
 T = TypeVar("T")

@@ -25,8 +25,6 @@ from pybatch._codecs.steps import (
     STEP_EXECUTION_COLUMNS,
     decode_step_execution,
     encode_counts,
-    encode_fault_counts,
-    encode_state,
 )
 from pybatch.values._canonical import canonical_json
 from pybatch.values.counts import ExecutionCounts, StepFaultCounts
@@ -37,6 +35,7 @@ from pybatch.values.parameters import JobInstanceKey, JobParameters, ParameterVa
 from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from pybatch.values.timestamps import ExecutionTimestamps
+from tests.support.rows import encode_fault_counts, encode_state
 
 T0 = datetime(2026, 6, 1, 8, 30, 0, 654321, tzinfo=UTC)
 Row = dict[str, Any]
