@@ -342,6 +342,7 @@ class Probe:
             "step_execution_id": self.step_id,
             "job_execution_id": self.execution_id,
             "expected_version": self.version,
+            "owner_token": self.owner,
         }
 
     def progress(self, mechanism: str) -> None:
