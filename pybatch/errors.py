@@ -639,6 +639,13 @@ class StopRequested(ChunkTransactionError):
     """An operator asked the run to stop; the ETL API ends the step and the job STOPPED."""
     message = "a stop was requested for job execution {id}"
     id: int
+class ChunkNotEnded(ChunkTransactionError):
+    """A chunk block ended without a commit or a rollback; it was rolled back and counted."""
+    message = (
+        "chunk of step execution {step_execution_id} ended without commit or rollback; "
+        "call chunk.commit(...) or chunk.rollback() before the with block ends"
+    )
+    step_execution_id: int
 
 class BusinessTransactionError(PyBatchError):
     """A business statement run inside a chunk transaction failed; the chunk rolls back."""

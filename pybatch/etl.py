@@ -43,6 +43,7 @@ from pybatch._lease_keeper import LeaseKeeper, PartitionLeaseKeeper
 from pybatch._services.flow import FlowPoint
 from pybatch._unit_of_work import UnitOfWork
 from pybatch.errors import (
+    ChunkNotEnded,
     ExecutionAlreadyActive,
     ExecutionOwnershipLost,
     FlowEndedInFailure,
@@ -103,8 +104,28 @@ class Chunk:
     def __enter__(self) -> Chunk:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self._transaction.rollback()  # a no-op once committed
+    def __exit__(self, exc_type: object, exc: BaseException | None, traceback: object) -> None:
+        if not self._transaction._open:  # committed or rolled back
+            return
+        if exc is not None:
+            self._transaction.rollback()  # the block's own error propagates
+            return
+        # A silent rollback here would end the step COMPLETED with nothing written.
+        self.rollback()
+        raise ChunkNotEnded(step_execution_id=self._step.execution.id)
+
+    def rollback(self) -> None:
+        """Discard the chunk's statements on purpose; the step's rollback count advances.
+
+        Raises:
+            NotCommitted: the count was refused (the step changed or its owner lost it).
+        """
+        try:
+            self._transaction.rollback_counted()
+        except NotCommitted:
+            self._step._raise_if_ownership_lost()
+            raise
+        self._step.state = self._transaction.committed
 
     @property
     def connection(self) -> psycopg.Connection[Any]:
@@ -231,8 +252,9 @@ class StepRun:
     def chunk(self) -> Chunk:
         """Open a chunk transaction on the step: `with step.chunk() as chunk: ...`.
 
-        Leaving the block without `chunk.commit(...)` rolls the chunk back. After a commit,
-        the step continues from the state the chunk committed.
+        End the block with `chunk.commit(...)` or `chunk.rollback()`; leaving it without
+        either rolls back and raises ChunkNotEnded (an error leaving it rolls back and
+        propagates). After a commit, the step continues from the state the chunk committed.
 
         Raises:
             StopRequested: a stop was requested; the step and the job end STOPPED, and

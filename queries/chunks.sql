@@ -210,3 +210,54 @@ WHERE
             AND e.id = :job_execution_id
             AND e.status IN ('STARTED', 'STOPPING')
     );
+
+-- :name update_step_chunk_rollback :affected
+-- :doc Count a chunk the ETL rolled back (explicitly, or by leaving its block without a commit):
+-- rollback_count advances, as its own transaction after the chunk's ROLLBACK, with the same
+-- compare-and-swap and fence as update_step_chunk_progress. Zero rows means the step changed, left
+-- STARTED, or its owner no longer owns it.
+UPDATE pybatch.step_execution
+SET
+    rollback_count = rollback_count + 1,
+    updated_at = GREATEST(updated_at, :now),
+    version = version + 1
+WHERE
+    id = :step_execution_id
+    AND job_execution_id = :job_execution_id
+    AND version = :expected_version
+    AND status = 'STARTED'
+    AND EXISTS (
+        SELECT 1
+        FROM pybatch.job_execution AS e
+        WHERE
+            e.id = :job_execution_id
+            AND e.owner_token = :owner_token
+            AND e.status IN ('STARTED', 'STOPPING')
+    );
+
+-- :name update_partition_chunk_rollback :affected
+-- :doc update_step_chunk_rollback for a partition worker's step, fenced by its partition claim.
+UPDATE pybatch.step_execution
+SET
+    rollback_count = rollback_count + 1,
+    updated_at = GREATEST(updated_at, :now),
+    version = version + 1
+WHERE
+    id = :step_execution_id
+    AND job_execution_id = :job_execution_id
+    AND version = :expected_version
+    AND status = 'STARTED'
+    AND EXISTS (
+        SELECT 1
+        FROM pybatch.step_partition AS p
+        INNER JOIN pybatch.step_execution AS parent ON p.step_execution_id = parent.id
+        INNER JOIN pybatch.job_execution AS e ON parent.job_execution_id = e.id
+        WHERE
+            p.id = :step_partition_id
+            AND p.worker_step_execution_id = :step_execution_id
+            AND p.worker_owner_token = :owner_token
+            AND p.status = 'STARTED'
+            AND parent.status = 'STARTED'
+            AND e.id = :job_execution_id
+            AND e.status IN ('STARTED', 'STOPPING')
+    );
