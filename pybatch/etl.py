@@ -29,6 +29,9 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import logging
+import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -49,6 +52,7 @@ from pybatch.errors import (
     FlowEndedInFailure,
     FlowStateCorrupt,
     JobExecutionNotFound,
+    LeaseSettingInvalid,
     NotCommitted,
     PartitionOwnershipLost,
     PartitionPlanNotPublished,
@@ -363,9 +367,13 @@ class JobRun:
         #: The execution's lease; partition workers lease their partitions for as long.
         self.lease = lease or ExecutionLease()
         self._keeper: LeaseKeeper | None = None
+        #: Set by SIGTERM while this run is active: the run stops at its next chunk boundary.
+        self._terminated = False
+        self._previous_sigterm: Any = None
         if owner is not None:
             self._keeper = LeaseKeeper(repository, execution.id, owner, self.lease)
             self._keeper.start()
+            self._previous_sigterm = _install_sigterm(self)
 
     def __repr__(self) -> str:
         return (
@@ -387,6 +395,8 @@ class JobRun:
         return self
 
     def __exit__(self, exc_type: object, exc: BaseException | None, traceback: object) -> bool:
+        _restore_sigterm(self._previous_sigterm)
+        self._previous_sigterm = None
         lost = self._keeper is not None and self._keeper.lost
         self._stop_renewing()
         if lost or isinstance(exc, ExecutionOwnershipLost):
@@ -447,6 +457,9 @@ class JobRun:
         keeper = self._keeper
         if keeper is None:
             return
+        if self._terminated:
+            logger.info("pybatch: job execution %s stops on SIGTERM", self.execution.id)
+            raise StopRequested(id=self.execution.id)
         if keeper.lost:
             raise ExecutionOwnershipLost(id=self.execution.id)
         if keeper.stop_requested:
@@ -626,6 +639,27 @@ def _ended_as(error: BaseException | None) -> BatchStatus:
     return BatchStatus.FAILED
 
 
+def _install_sigterm(run: JobRun) -> Any:
+    """Make SIGTERM (what a container orchestrator sends) stop `run` at its next chunk boundary.
+
+    Only the main thread can set a handler; returns the previous one for `_restore_sigterm`
+    (None: nothing was installed).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        run._terminated = True  # no logging here: a handler may interrupt a logging call
+
+    return signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def _restore_sigterm(previous: Any) -> None:
+    """Put back the SIGTERM handler `_install_sigterm` replaced (once; then it is None)."""
+    if previous is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _ending(status: BatchStatus, at: _dt.datetime, failure_id: int) -> LifecycleTransition:
     """The transition ending a run or a step: COMPLETED, STOPPED, or FAILED by user code.
 
@@ -640,8 +674,9 @@ def _ending(status: BatchStatus, at: _dt.datetime, failure_id: int) -> Lifecycle
 class Job:
     """A job by name and identifying parameters: what `launch` starts or restarts.
 
-    `lease` (1 s to 1 h, default 10 s) bounds how long a crashed run blocks its restart:
-    a launch recovers an unresolved attempt only once its lease ran out (`launch`).
+    `lease` (1 s to 1 h, default 10 s, or PYBATCH_LEASE_SECONDS when set) bounds how long a
+    crashed run blocks its restart: a launch recovers an unresolved attempt only once its
+    lease ran out (`launch`), and says at INFO what it waits for meanwhile.
     """
 
     def __init__(
@@ -660,8 +695,10 @@ class Job:
         self.key = JobInstanceKey(JobName(name), parameters)
         self.definition = definition or DefinitionIdentity.legacy()
         self.recover_orphans = recover_orphans
+        if lease is None:
+            lease = _lease_from_environment()
         if not isinstance(lease, ExecutionLease):
-            lease = ExecutionLease() if lease is None else ExecutionLease(lease)
+            lease = ExecutionLease(lease)
         self.lease = lease
 
     def launch(self) -> JobRun:
@@ -683,6 +720,7 @@ class Job:
         owner = OwnerToken.generate()
         seen_expiry: _dt.datetime | None = None
         deadline = time.monotonic() + self.lease.duration.total_seconds() + 1.0
+        next_report = 0.0
 
         def launch_once(uow: UnitOfWork) -> tuple[JobInstance, JobExecution]:
             return self._launch(uow, owner)
@@ -698,6 +736,14 @@ class Job:
                 if seen_expiry is None:
                     seen_expiry = pending.lease_expires_at
                     deadline = time.monotonic() + pending.remaining_seconds + 1.0
+                if time.monotonic() >= next_report:
+                    next_report = time.monotonic() + _LEASE_REPORT_SECONDS
+                    logger.info(
+                        "pybatch: waiting for the lease of job execution %s (its owner may be "
+                        "gone): %.1f s left before it can be recovered",
+                        pending.active.execution_id,
+                        max(0.0, deadline - 1.0 - time.monotonic()),
+                    )
                 time.sleep(_LEASE_POLL_SECONDS)
         logger.info(
             "pybatch: job %s instance %s attempt %s started (execution %s)",
@@ -752,8 +798,22 @@ class Job:
         return instance, started
 
 
-#: How often a launch re-reads a lease it waits on.
+#: How often a launch re-reads a lease it waits on, and how often it says it still waits.
 _LEASE_POLL_SECONDS = 0.2
+_LEASE_REPORT_SECONDS = 2.0
+#: The lease `Job` uses when none is given, in seconds (the test plugin's JobRunner sets it).
+LEASE_ENVIRONMENT = "PYBATCH_LEASE_SECONDS"
+
+
+def _lease_from_environment() -> ExecutionLease:
+    """The default lease, or PYBATCH_LEASE_SECONDS when set (a kill test's short lease)."""
+    text = os.environ.get(LEASE_ENVIRONMENT, "").strip()
+    if not text:
+        return ExecutionLease()
+    try:
+        return ExecutionLease(_dt.timedelta(seconds=float(text)))
+    except (ValueError, OverflowError):
+        raise LeaseSettingInvalid(variable=LEASE_ENVIRONMENT) from None
 
 
 @attrs.define
