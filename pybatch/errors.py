@@ -400,10 +400,6 @@ class PartitionContextTooLarge(DomainError):
     """A partition context envelope exceeds its bound (the contract's ContextTooLarge)."""
     message = "partition context exceeds {max_bytes} bytes"
     max_bytes: int
-class LeaseSettingInvalid(DomainError):
-    """The lease environment variable is not a number of seconds from 1 to 3600; fix or unset it."""
-    message = "{variable} must be a number of seconds from 1 to 3600"
-    variable: str
 
 class LifecycleError(PyBatchError):
     """A lifecycle transition or version check failed (docs/contract.md, Lifecycle)."""

@@ -47,12 +47,12 @@ from pybatch._services.flow import FlowPoint
 from pybatch._unit_of_work import UnitOfWork
 from pybatch.errors import (
     ChunkNotEnded,
+    EnvironmentValueInvalid,
     ExecutionAlreadyActive,
     ExecutionOwnershipLost,
     FlowEndedInFailure,
     FlowStateCorrupt,
     JobExecutionNotFound,
-    LeaseSettingInvalid,
     NotCommitted,
     PartitionOwnershipLost,
     PartitionPlanNotPublished,
@@ -813,7 +813,9 @@ def _lease_from_environment() -> ExecutionLease:
     try:
         return ExecutionLease(_dt.timedelta(seconds=float(text)))
     except (ValueError, OverflowError):
-        raise LeaseSettingInvalid(variable=LEASE_ENVIRONMENT) from None
+        raise EnvironmentValueInvalid(
+            variable=LEASE_ENVIRONMENT, expected="lease in seconds (1 to 3600)"
+        ) from None
 
 
 @attrs.define

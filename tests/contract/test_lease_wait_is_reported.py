@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from pybatch import JobRepository
-from pybatch.errors import LeaseSettingInvalid
+from pybatch.errors import EnvironmentValueInvalid
 from pybatch.etl import LEASE_ENVIRONMENT, Job
 from pybatch.values.status import BatchStatus
 from tests.contract.test_etl_api import DAY, executions, orders
@@ -55,7 +55,7 @@ def test_the_lease_environment_variable_sets_the_default_lease(
     assert explicit.lease.duration == datetime.timedelta(seconds=30)
     for bad in ("soon", "0.5", "7200", "nan"):
         monkeypatch.setenv(LEASE_ENVIRONMENT, bad)
-        with pytest.raises(LeaseSettingInvalid, match=LEASE_ENVIRONMENT):
+        with pytest.raises(EnvironmentValueInvalid, match=LEASE_ENVIRONMENT):
             Job(repository, "load_orders", DAY)
 
 
