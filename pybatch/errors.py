@@ -188,8 +188,11 @@ class PartitionAggregationIncomplete(RepositoryError):
     step_execution_id: int
     status: str
 class CompletedInstance(_PurgedHistory, RepositoryError):
-    """The latest attempt of the instance is COMPLETED; it never runs again."""
-    message = "job instance {id} is already completed"
+    """The latest attempt of the instance is COMPLETED; it never runs again (a new `run_id` does)."""
+    message = (
+        "job instance {id} is already completed; to run the same parameters again on purpose, "
+        "launch Job(..., run_id=N) with a run id not used before"
+    )
     id: int
     purged: bool = False
 class AbandonedInstance(_PurgedHistory, RepositoryError):
@@ -367,6 +370,9 @@ class NegativeIdentifier(DomainError):
     """An identifier is negative or above the unsigned 64-bit range."""
     message = "{kind} identifier is outside 1..2^64-1"
     kind: str
+class RunIdInvalid(DomainError):
+    """`Job(run_id=...)` takes a whole number from 1 to 2^63-1 (an int, not a bool)."""
+    message = "run_id must be a whole number from 1 to 9223372036854775807"
 class ParameterValueOutOfRange(DomainError):
     """An integer parameter value is outside its kind's range."""
     message = "{kind} parameter value is out of range"

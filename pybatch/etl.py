@@ -58,6 +58,7 @@ from pybatch.errors import (
     PartitionPlanNotPublished,
     PartitionsFailed,
     PyBatchError,
+    RunIdInvalid,
     StatePayloadNotObject,
     StepExecutionNotFound,
     StopRequested,
@@ -674,6 +675,9 @@ def _ending(status: BatchStatus, at: _dt.datetime, failure_id: int) -> Lifecycle
 class Job:
     """A job by name and identifying parameters: what `launch` starts or restarts.
 
+    `run_id` (1 and up) adds the identifying parameter `run.id`: a job that runs many times
+    for the same key (a business date reloaded on purpose) launches each run with a new one,
+    as Spring Batch's run id incrementer does. Without it a COMPLETED instance is refused.
     `lease` (1 s to 1 h, default 10 s, or PYBATCH_LEASE_SECONDS when set) bounds how long a
     crashed run blocks its restart: a launch recovers an unresolved attempt only once its
     lease ran out (`launch`), and says at INFO what it waits for meanwhile.
@@ -688,10 +692,17 @@ class Job:
         definition: DefinitionIdentity | None = None,
         recover_orphans: bool = True,
         lease: _dt.timedelta | ExecutionLease | None = None,
+        run_id: int | None = None,
     ) -> None:
         self.repository = repository
         if not isinstance(parameters, JobParameters):
             parameters = JobParameters.of(dict(parameters or {}))
+        if run_id is not None:
+            # A COMPLETED instance never runs again; a new run id names a new instance.
+            if type(run_id) is not int or not 1 <= run_id <= INT64_MAX:
+                raise RunIdInvalid()
+            run = JobParameters.of({RUN_ID_PARAMETER: run_id})
+            parameters = JobParameters.from_pairs([*parameters.entries, *run.entries])
         self.key = JobInstanceKey(JobName(name), parameters)
         self.definition = definition or DefinitionIdentity.legacy()
         self.recover_orphans = recover_orphans
@@ -801,6 +812,8 @@ class Job:
 #: How often a launch re-reads a lease it waits on, and how often it says it still waits.
 _LEASE_POLL_SECONDS = 0.2
 _LEASE_REPORT_SECONDS = 2.0
+#: The identifying parameter `Job(run_id=...)` adds.
+RUN_ID_PARAMETER = "run.id"
 #: The lease `Job` uses when none is given, in seconds (the test plugin's JobRunner sets it).
 LEASE_ENVIRONMENT = "PYBATCH_LEASE_SECONDS"
 
