@@ -188,7 +188,7 @@ class PartitionAggregationIncomplete(RepositoryError):
     step_execution_id: int
     status: str
 class CompletedInstance(_PurgedHistory, RepositoryError):
-    """The latest attempt of the instance is COMPLETED; it never runs again (a new `run_id` does)."""
+    """The latest attempt of the instance is COMPLETED; it never runs again (a new run_id does)."""
     message = (
         "job instance {id} is already completed; to run the same parameters again on purpose, "
         "launch Job(..., run_id=N) with a run id not used before"
