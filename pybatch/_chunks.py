@@ -596,12 +596,12 @@ class ChunkTransaction:
     def rollback_counted(self) -> None:
         """Roll the open chunk back and count it in the step's durable rollback_count.
 
-        The count is its own fenced transaction after the ROLLBACK (update_step_chunk_rollback),
-        so the step's next chunk starts from the version it wrote.
+        The count is its own fenced transaction after the ROLLBACK (update_step_chunk_rollback);
+        it leaves the step's version as it is, so the next chunk starts from the same state.
 
         Raises:
-            NotCommitted: the count was refused (the step changed, left STARTED, or its owner
-                lost it) or the database is unavailable; the business writes are rolled back.
+            NotCommitted: the count was refused (the step left STARTED, or its owner lost it)
+                or the database is unavailable; the business writes are rolled back.
         """
         if not self._open:
             return
@@ -623,12 +623,11 @@ class ChunkTransaction:
             raise NotCommitted(reason="the database is unavailable") from None
         self.rollback()  # gives a connection of its own back; the held one is idle
         if changed != 1:
-            raise NotCommitted(
-                reason="the step changed, is no longer STARTED, or its owner lost it"
-            )
-        session.committed = self.committed = attrs.evolve(
-            state, version=state.version + 1, counts=state.counts.with_terminal_rollback()
-        )
+            raise NotCommitted(reason="the step is no longer STARTED, or its owner lost it")
+        counts = state.counts.with_terminal_rollback()
+        if session.committed is state:
+            session.committed = attrs.evolve(state, counts=counts)
+        self.committed = attrs.evolve(state, counts=counts)
 
 
 def _run_alone(statement: Statement, cursor: psycopg.Cursor[Any], params: dict[str, object]) -> int:

@@ -213,18 +213,18 @@ WHERE
 
 -- :name update_step_chunk_rollback :affected
 -- :doc Count a chunk the ETL rolled back (explicitly, or by leaving its block without a commit):
--- rollback_count advances, as its own transaction after the chunk's ROLLBACK, with the same
--- compare-and-swap and fence as update_step_chunk_progress. Zero rows means the step changed, left
--- STARTED, or its owner no longer owns it.
+-- rollback_count advances, as its own transaction after the chunk's ROLLBACK, guarded by STARTED
+-- and the same fence as update_step_chunk_progress. Zero rows means the step left STARTED or its
+-- owner no longer owns it. The version stays: an increment commutes with a chunk commit (which
+-- never writes rollback_count), so a chunk still open on another connection can still commit,
+-- and a lifecycle transition locks the row before it reads the count it writes back.
 UPDATE pybatch.step_execution
 SET
     rollback_count = rollback_count + 1,
-    updated_at = GREATEST(updated_at, :now),
-    version = version + 1
+    updated_at = GREATEST(updated_at, :now)
 WHERE
     id = :step_execution_id
     AND job_execution_id = :job_execution_id
-    AND version = :expected_version
     AND status = 'STARTED'
     AND EXISTS (
         SELECT 1
@@ -240,12 +240,10 @@ WHERE
 UPDATE pybatch.step_execution
 SET
     rollback_count = rollback_count + 1,
-    updated_at = GREATEST(updated_at, :now),
-    version = version + 1
+    updated_at = GREATEST(updated_at, :now)
 WHERE
     id = :step_execution_id
     AND job_execution_id = :job_execution_id
-    AND version = :expected_version
     AND status = 'STARTED'
     AND EXISTS (
         SELECT 1
