@@ -88,3 +88,24 @@ def test_an_error_leaving_the_block_propagates_unmasked(
             run.step("load", raises)
     assert executions(repository, run)[-1].status is BatchStatus.FAILED
     assert business_ids(admin) == []
+
+
+def test_a_partition_workers_rollback_is_counted_through_its_partition_fence(
+    repository: JobRepository, admin: psycopg.Connection[Any], orders: None
+) -> None:
+    def work(part: Any) -> None:
+        with part.chunk() as chunk:
+            chunk.execute("INSERT INTO public.orders VALUES (%s, 'no')", (int(part.key),))
+            chunk.rollback()
+        with part.chunk() as chunk:
+            chunk.execute("INSERT INTO public.orders VALUES (%s, 'yes')", (int(part.key),))
+            chunk.commit(read=1, written=1, checkpoint={"done": True})
+
+    with Job(repository, "load_orders", DAY).launch() as run:
+        run.partitioned_step("load", ["1", "2"], work, workers=0)
+    rows = admin.execute(
+        "SELECT s.rollback_count, s.commit_count FROM pybatch.step_partition AS p"
+        " JOIN pybatch.step_execution AS s ON s.id = p.worker_step_execution_id ORDER BY p.id"
+    ).fetchall()
+    assert rows == [(1, 1), (1, 1)]
+    assert business_ids(admin) == [1, 2]
