@@ -648,8 +648,13 @@ def _install_sigterm(run: JobRun) -> Any:
     """
     if threading.current_thread() is not threading.main_thread():
         return None
+    installed_by = os.getpid()
 
     def on_sigterm(signum: int, frame: object) -> None:
+        if os.getpid() != installed_by:  # a forked partition worker: SIGTERM ends it, as before
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
         run._terminated = True  # no logging here: a handler may interrupt a logging call
 
     return signal.signal(signal.SIGTERM, on_sigterm)
