@@ -370,11 +370,12 @@ class JobRun:
         self._keeper: LeaseKeeper | None = None
         #: Set by SIGTERM while this run is active: the run stops at its next chunk boundary.
         self._terminated = False
-        self._previous_sigterm: Any = None
+        #: (this run's SIGTERM handler, the one it replaced) while installed.
+        self._sigterm: tuple[Any, Any] | None = None
         if owner is not None:
             self._keeper = LeaseKeeper(repository, execution.id, owner, self.lease)
             self._keeper.start()
-            self._previous_sigterm = _install_sigterm(self)
+            self._sigterm = _install_sigterm(self)
 
     def __repr__(self) -> str:
         return (
@@ -396,8 +397,6 @@ class JobRun:
         return self
 
     def __exit__(self, exc_type: object, exc: BaseException | None, traceback: object) -> bool:
-        _restore_sigterm(self._previous_sigterm)
-        self._previous_sigterm = None
         lost = self._keeper is not None and self._keeper.lost
         self._stop_renewing()
         if lost or isinstance(exc, ExecutionOwnershipLost):
@@ -448,10 +447,12 @@ class JobRun:
         self.execution = self.repository.run_in_unit_of_work(end)
 
     def _stop_renewing(self) -> None:
-        """Stop renewing the lease, as a process that died would (tests simulate crashes)."""
+        """Stop renewing the lease and handling SIGTERM, as a process that died would."""
         keeper, self._keeper = self._keeper, None
         if keeper is not None:
             keeper.halt()
+        sigterm, self._sigterm = self._sigterm, None
+        _restore_sigterm(sigterm)
 
     def _at_chunk_boundary(self) -> None:
         """Raise ExecutionOwnershipLost or StopRequested before another chunk or step begins."""
@@ -640,11 +641,11 @@ def _ended_as(error: BaseException | None) -> BatchStatus:
     return BatchStatus.FAILED
 
 
-def _install_sigterm(run: JobRun) -> Any:
+def _install_sigterm(run: JobRun) -> tuple[Any, Any] | None:
     """Make SIGTERM (what a container orchestrator sends) stop `run` at its next chunk boundary.
 
-    Only the main thread can set a handler; returns the previous one for `_restore_sigterm`
-    (None: nothing was installed).
+    Only the main thread can set a handler; returns (the handler, the one it replaced) for
+    `_restore_sigterm`, or None when nothing was installed.
     """
     if threading.current_thread() is not threading.main_thread():
         return None
@@ -657,13 +658,16 @@ def _install_sigterm(run: JobRun) -> Any:
             return
         run._terminated = True  # no logging here: a handler may interrupt a logging call
 
-    return signal.signal(signal.SIGTERM, on_sigterm)
+    return on_sigterm, signal.signal(signal.SIGTERM, on_sigterm)
 
 
-def _restore_sigterm(previous: Any) -> None:
-    """Put back the SIGTERM handler `_install_sigterm` replaced (once; then it is None)."""
-    if previous is not None and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, previous)
+def _restore_sigterm(installed: tuple[Any, Any] | None) -> None:
+    """Put back the handler `_install_sigterm` replaced, unless another was set since."""
+    if installed is None or threading.current_thread() is not threading.main_thread():
+        return
+    handler, previous = installed
+    if signal.getsignal(signal.SIGTERM) is handler:  # None: set outside Python, use the default
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def _ending(status: BatchStatus, at: _dt.datetime, failure_id: int) -> LifecycleTransition:
