@@ -31,6 +31,9 @@ __all__ = [
 ]
 
 _MAX_PREFETCH = 16
+#: The lease of the job scripts `pybatch_job_runner` runs: the run after a kill waits about
+#: 2 s for the killed run's lease, not the default 10 s (a live run renews every 0.67 s).
+KILL_TEST_LEASE_SECONDS = 2.0
 
 
 def _missing_extra() -> NoReturn:
@@ -126,7 +129,7 @@ def pybatch_repository(pybatch_config: ConnectionConfig) -> Iterator[JobReposito
 
 @pytest.fixture
 def pybatch_job_runner(pybatch_dsn: str) -> JobRunner:
-    """Runs job scripts in a subprocess on the test's database; see `JobRunner.run`."""
+    """Runs job scripts in a subprocess on the test's database, with a 2 s lease (JobRunner)."""
     from pybatch.testing import JobRunner
 
-    return JobRunner(pybatch_dsn, python=sys.executable)
+    return JobRunner(pybatch_dsn, python=sys.executable, lease=KILL_TEST_LEASE_SECONDS)

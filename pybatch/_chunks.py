@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import psycopg
 from psycopg.pq import TransactionStatus
 
@@ -33,6 +34,7 @@ from pybatch._codecs.chunks import (
     decode_committed_step_state,
     encode_chunk_commit,
     encode_chunk_progress,
+    encode_chunk_rollback,
 )
 from pybatch._connect import check_idle_connection
 from pybatch._statements import Connection, Statement
@@ -590,6 +592,42 @@ class ChunkTransaction:
             self._lease.discard()
         elif self._session._conn is self._conn:
             self._session._drop()
+
+    def rollback_counted(self) -> None:
+        """Roll the open chunk back and count it in the step's durable rollback_count.
+
+        The count is its own fenced transaction after the ROLLBACK (update_step_chunk_rollback);
+        it leaves the step's version as it is, so the next chunk starts from the same state.
+
+        Raises:
+            NotCommitted: the count was refused (the step left STARTED, or its owner lost it)
+                or the database is unavailable; the business writes are rolled back.
+        """
+        if not self._open:
+            return
+        session, conn, state = self._session, self._conn, self.committed
+        fence = session._context
+        statement = (
+            session._statements.update_step_chunk_rollback
+            if fence.partition_id is None
+            else session._statements.update_partition_chunk_rollback
+        )
+        params = encode_chunk_rollback(fence, state, session._clock.now())
+        try:
+            conn.rollback()
+            with conn.cursor() as cursor:
+                changed = _run_alone(statement, cursor, params)
+        except psycopg.Error:
+            self._discard()
+            session.committed = None  # only the database knows whether the count landed
+            raise NotCommitted(reason="the database is unavailable") from None
+        self.rollback()  # gives a connection of its own back; the held one is idle
+        if changed != 1:
+            raise NotCommitted(reason="the step is no longer STARTED, or its owner lost it")
+        counts = state.counts.with_terminal_rollback()
+        if session.committed is state:
+            session.committed = attrs.evolve(state, counts=counts)
+        self.committed = attrs.evolve(state, counts=counts)
 
 
 def _run_alone(statement: Statement, cursor: psycopg.Cursor[Any], params: dict[str, object]) -> int:

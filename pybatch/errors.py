@@ -188,8 +188,11 @@ class PartitionAggregationIncomplete(RepositoryError):
     step_execution_id: int
     status: str
 class CompletedInstance(_PurgedHistory, RepositoryError):
-    """The latest attempt of the instance is COMPLETED; it never runs again."""
-    message = "job instance {id} is already completed"
+    """The latest attempt of the instance is COMPLETED; it never runs again (a new run_id does)."""
+    message = (
+        "job instance {id} is already completed; to run the same parameters again on purpose, "
+        "launch Job(..., run_id=N) with a run id not used before"
+    )
     id: int
     purged: bool = False
 class AbandonedInstance(_PurgedHistory, RepositoryError):
@@ -367,6 +370,9 @@ class NegativeIdentifier(DomainError):
     """An identifier is negative or above the unsigned 64-bit range."""
     message = "{kind} identifier is outside 1..2^64-1"
     kind: str
+class RunIdInvalid(DomainError):
+    """`Job(run_id=...)` takes a whole number from 1 to 2^63-1 (an int, not a bool)."""
+    message = "run_id must be a whole number from 1 to 9223372036854775807"
 class ParameterValueOutOfRange(DomainError):
     """An integer parameter value is outside its kind's range."""
     message = "{kind} parameter value is out of range"
@@ -639,6 +645,13 @@ class StopRequested(ChunkTransactionError):
     """An operator asked the run to stop; the ETL API ends the step and the job STOPPED."""
     message = "a stop was requested for job execution {id}"
     id: int
+class ChunkNotEnded(ChunkTransactionError):
+    """A chunk block ended without a commit or a rollback; it was rolled back and counted."""
+    message = (
+        "chunk of step execution {step_execution_id} ended without commit or rollback; "
+        "call chunk.commit(...) or chunk.rollback() before the with block ends"
+    )
+    step_execution_id: int
 
 class BusinessTransactionError(PyBatchError):
     """A business statement run inside a chunk transaction failed; the chunk rolls back."""

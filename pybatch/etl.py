@@ -29,6 +29,9 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import logging
+import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -43,6 +46,8 @@ from pybatch._lease_keeper import LeaseKeeper, PartitionLeaseKeeper
 from pybatch._services.flow import FlowPoint
 from pybatch._unit_of_work import UnitOfWork
 from pybatch.errors import (
+    ChunkNotEnded,
+    EnvironmentValueInvalid,
     ExecutionAlreadyActive,
     ExecutionOwnershipLost,
     FlowEndedInFailure,
@@ -53,6 +58,7 @@ from pybatch.errors import (
     PartitionPlanNotPublished,
     PartitionsFailed,
     PyBatchError,
+    RunIdInvalid,
     StatePayloadNotObject,
     StepExecutionNotFound,
     StopRequested,
@@ -103,8 +109,28 @@ class Chunk:
     def __enter__(self) -> Chunk:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self._transaction.rollback()  # a no-op once committed
+    def __exit__(self, exc_type: object, exc: BaseException | None, traceback: object) -> None:
+        if not self._transaction._open:  # committed or rolled back
+            return
+        if exc is not None:
+            self._transaction.rollback()  # the block's own error propagates
+            return
+        # A silent rollback here would end the step COMPLETED with nothing written.
+        self.rollback()
+        raise ChunkNotEnded(step_execution_id=self._step.execution.id)
+
+    def rollback(self) -> None:
+        """Discard the chunk's statements on purpose; the step's rollback count advances.
+
+        Raises:
+            NotCommitted: the count was refused (the step changed or its owner lost it).
+        """
+        try:
+            self._transaction.rollback_counted()
+        except NotCommitted:
+            self._step._raise_if_ownership_lost()
+            raise
+        self._step.state = self._transaction.committed
 
     @property
     def connection(self) -> psycopg.Connection[Any]:
@@ -231,8 +257,9 @@ class StepRun:
     def chunk(self) -> Chunk:
         """Open a chunk transaction on the step: `with step.chunk() as chunk: ...`.
 
-        Leaving the block without `chunk.commit(...)` rolls the chunk back. After a commit,
-        the step continues from the state the chunk committed.
+        End the block with `chunk.commit(...)` or `chunk.rollback()`; leaving it without
+        either rolls back and raises ChunkNotEnded (an error leaving it rolls back and
+        propagates). After a commit, the step continues from the state the chunk committed.
 
         Raises:
             StopRequested: a stop was requested; the step and the job end STOPPED, and
@@ -341,9 +368,14 @@ class JobRun:
         #: The execution's lease; partition workers lease their partitions for as long.
         self.lease = lease or ExecutionLease()
         self._keeper: LeaseKeeper | None = None
+        #: Set by SIGTERM while this run is active: the run stops at its next chunk boundary.
+        self._terminated = False
+        #: (this run's SIGTERM handler, the one it replaced) while installed.
+        self._sigterm: tuple[Any, Any] | None = None
         if owner is not None:
             self._keeper = LeaseKeeper(repository, execution.id, owner, self.lease)
             self._keeper.start()
+            self._sigterm = _install_sigterm(self)
 
     def __repr__(self) -> str:
         return (
@@ -415,16 +447,21 @@ class JobRun:
         self.execution = self.repository.run_in_unit_of_work(end)
 
     def _stop_renewing(self) -> None:
-        """Stop renewing the lease, as a process that died would (tests simulate crashes)."""
+        """Stop renewing the lease and handling SIGTERM, as a process that died would."""
         keeper, self._keeper = self._keeper, None
         if keeper is not None:
             keeper.halt()
+        sigterm, self._sigterm = self._sigterm, None
+        _restore_sigterm(sigterm)
 
     def _at_chunk_boundary(self) -> None:
         """Raise ExecutionOwnershipLost or StopRequested before another chunk or step begins."""
         keeper = self._keeper
         if keeper is None:
             return
+        if self._terminated:
+            logger.info("pybatch: job execution %s stops on SIGTERM", self.execution.id)
+            raise StopRequested(id=self.execution.id)
         if keeper.lost:
             raise ExecutionOwnershipLost(id=self.execution.id)
         if keeper.stop_requested:
@@ -604,6 +641,35 @@ def _ended_as(error: BaseException | None) -> BatchStatus:
     return BatchStatus.FAILED
 
 
+def _install_sigterm(run: JobRun) -> tuple[Any, Any] | None:
+    """Make SIGTERM (what a container orchestrator sends) stop `run` at its next chunk boundary.
+
+    Only the main thread can set a handler; returns (the handler, the one it replaced) for
+    `_restore_sigterm`, or None when nothing was installed.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    installed_by = os.getpid()
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        if os.getpid() != installed_by:  # a forked partition worker: SIGTERM ends it, as before
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        run._terminated = True  # no logging here: a handler may interrupt a logging call
+
+    return on_sigterm, signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def _restore_sigterm(installed: tuple[Any, Any] | None) -> None:
+    """Put back the handler `_install_sigterm` replaced, unless another was set since."""
+    if installed is None or threading.current_thread() is not threading.main_thread():
+        return
+    handler, previous = installed
+    if signal.getsignal(signal.SIGTERM) is handler:  # None: set outside Python, use the default
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
 def _ending(status: BatchStatus, at: _dt.datetime, failure_id: int) -> LifecycleTransition:
     """The transition ending a run or a step: COMPLETED, STOPPED, or FAILED by user code.
 
@@ -618,8 +684,12 @@ def _ending(status: BatchStatus, at: _dt.datetime, failure_id: int) -> Lifecycle
 class Job:
     """A job by name and identifying parameters: what `launch` starts or restarts.
 
-    `lease` (1 s to 1 h, default 10 s) bounds how long a crashed run blocks its restart:
-    a launch recovers an unresolved attempt only once its lease ran out (`launch`).
+    `run_id` (1 and up) adds the identifying parameter `run.id`: a job that runs many times
+    for the same key (a business date reloaded on purpose) launches each run with a new one,
+    as Spring Batch's run id incrementer does. Without it a COMPLETED instance is refused.
+    `lease` (1 s to 1 h, default 10 s, or PYBATCH_LEASE_SECONDS when set) bounds how long a
+    crashed run blocks its restart: a launch recovers an unresolved attempt only once its
+    lease ran out (`launch`), and says at INFO what it waits for meanwhile.
     """
 
     def __init__(
@@ -631,15 +701,24 @@ class Job:
         definition: DefinitionIdentity | None = None,
         recover_orphans: bool = True,
         lease: _dt.timedelta | ExecutionLease | None = None,
+        run_id: int | None = None,
     ) -> None:
         self.repository = repository
         if not isinstance(parameters, JobParameters):
             parameters = JobParameters.of(dict(parameters or {}))
+        if run_id is not None:
+            # A COMPLETED instance never runs again; a new run id names a new instance.
+            if type(run_id) is not int or not 1 <= run_id <= INT64_MAX:
+                raise RunIdInvalid()
+            run = JobParameters.of({RUN_ID_PARAMETER: run_id})
+            parameters = JobParameters.from_pairs([*parameters.entries, *run.entries])
         self.key = JobInstanceKey(JobName(name), parameters)
         self.definition = definition or DefinitionIdentity.legacy()
         self.recover_orphans = recover_orphans
+        if lease is None:
+            lease = _lease_from_environment()
         if not isinstance(lease, ExecutionLease):
-            lease = ExecutionLease() if lease is None else ExecutionLease(lease)
+            lease = ExecutionLease(lease)
         self.lease = lease
 
     def launch(self) -> JobRun:
@@ -661,6 +740,7 @@ class Job:
         owner = OwnerToken.generate()
         seen_expiry: _dt.datetime | None = None
         deadline = time.monotonic() + self.lease.duration.total_seconds() + 1.0
+        next_report = 0.0
 
         def launch_once(uow: UnitOfWork) -> tuple[JobInstance, JobExecution]:
             return self._launch(uow, owner)
@@ -676,6 +756,14 @@ class Job:
                 if seen_expiry is None:
                     seen_expiry = pending.lease_expires_at
                     deadline = time.monotonic() + pending.remaining_seconds + 1.0
+                if time.monotonic() >= next_report:
+                    next_report = time.monotonic() + _LEASE_REPORT_SECONDS
+                    logger.info(
+                        "pybatch: waiting for the lease of job execution %s (its owner may be "
+                        "gone): %.1f s left before it can be recovered",
+                        pending.active.execution_id,
+                        max(0.0, deadline - 1.0 - time.monotonic()),
+                    )
                 time.sleep(_LEASE_POLL_SECONDS)
         logger.info(
             "pybatch: job %s instance %s attempt %s started (execution %s)",
@@ -730,8 +818,26 @@ class Job:
         return instance, started
 
 
-#: How often a launch re-reads a lease it waits on.
+#: How often a launch re-reads a lease it waits on, and how often it says it still waits.
 _LEASE_POLL_SECONDS = 0.2
+_LEASE_REPORT_SECONDS = 2.0
+#: The identifying parameter `Job(run_id=...)` adds.
+RUN_ID_PARAMETER = "run.id"
+#: The lease `Job` uses when none is given, in seconds (the test plugin's JobRunner sets it).
+LEASE_ENVIRONMENT = "PYBATCH_LEASE_SECONDS"
+
+
+def _lease_from_environment() -> ExecutionLease:
+    """The default lease, or PYBATCH_LEASE_SECONDS when set (a kill test's short lease)."""
+    text = os.environ.get(LEASE_ENVIRONMENT, "").strip()
+    if not text:
+        return ExecutionLease()
+    try:
+        return ExecutionLease(_dt.timedelta(seconds=float(text)))
+    except (ValueError, OverflowError):
+        raise EnvironmentValueInvalid(
+            variable=LEASE_ENVIRONMENT, expected="lease in seconds (1 to 3600)"
+        ) from None
 
 
 @attrs.define

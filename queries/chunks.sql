@@ -210,3 +210,52 @@ WHERE
             AND e.id = :job_execution_id
             AND e.status IN ('STARTED', 'STOPPING')
     );
+
+-- :name update_step_chunk_rollback :affected
+-- :doc Count a chunk the ETL rolled back (explicitly, or by leaving its block without a commit):
+-- rollback_count advances, as its own transaction after the chunk's ROLLBACK, guarded by STARTED
+-- and the same fence as update_step_chunk_progress. Zero rows means the step left STARTED or its
+-- owner no longer owns it. The version stays: an increment commutes with a chunk commit (which
+-- never writes rollback_count), so a chunk still open on another connection can still commit,
+-- and a lifecycle transition locks the row before it reads the count it writes back.
+UPDATE pybatch.step_execution
+SET
+    rollback_count = rollback_count + 1,
+    updated_at = GREATEST(updated_at, :now)
+WHERE
+    id = :step_execution_id
+    AND job_execution_id = :job_execution_id
+    AND status = 'STARTED'
+    AND EXISTS (
+        SELECT 1
+        FROM pybatch.job_execution AS e
+        WHERE
+            e.id = :job_execution_id
+            AND e.owner_token = :owner_token
+            AND e.status IN ('STARTED', 'STOPPING')
+    );
+
+-- :name update_partition_chunk_rollback :affected
+-- :doc update_step_chunk_rollback for a partition worker's step, fenced by its partition claim.
+UPDATE pybatch.step_execution
+SET
+    rollback_count = rollback_count + 1,
+    updated_at = GREATEST(updated_at, :now)
+WHERE
+    id = :step_execution_id
+    AND job_execution_id = :job_execution_id
+    AND status = 'STARTED'
+    AND EXISTS (
+        SELECT 1
+        FROM pybatch.step_partition AS p
+        INNER JOIN pybatch.step_execution AS parent ON p.step_execution_id = parent.id
+        INNER JOIN pybatch.job_execution AS e ON parent.job_execution_id = e.id
+        WHERE
+            p.id = :step_partition_id
+            AND p.worker_step_execution_id = :step_execution_id
+            AND p.worker_owner_token = :owner_token
+            AND p.status = 'STARTED'
+            AND parent.status = 'STARTED'
+            AND e.id = :job_execution_id
+            AND e.status IN ('STARTED', 'STOPPING')
+    );

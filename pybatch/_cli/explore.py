@@ -326,7 +326,7 @@ def _show(args: argparse.Namespace) -> int:
         print(f"{name.ljust(width)}  {value}")
     print()
     _print_table(
-        "STEP NAME STATUS EXIT READ WRITTEN COMMITS CHECKPOINT FAILURE".split(),
+        "STEP NAME STATUS EXIT READ WRITTEN COMMITS ROLLBACKS CHECKPOINT FAILURE".split(),
         [
             [
                 str(step.id),
@@ -336,6 +336,7 @@ def _show(args: argparse.Namespace) -> int:
                 str(step.counts.read),
                 str(step.counts.written),
                 str(step.counts.commits),
+                str(step.counts.rollbacks),
                 f"{_shown(step.checkpoint.schema_id)} v{step.checkpoint.schema_version}, "
                 f"{step.checkpoint.encoded_len} bytes",
                 "-" if step.failure is None else step.failure.category.value,

@@ -143,3 +143,18 @@ def encode_chunk_progress(
     if fence.partition_id is not None:
         params["step_partition_id"] = fence.partition_id
     return params
+
+
+def encode_chunk_rollback(
+    fence: ChunkContext, state: CommittedStepState, now: datetime
+) -> dict[str, object]:
+    """The parameters of update_step_chunk_rollback: count one rollback of `state`'s step."""
+    params: dict[str, object] = {
+        "now": now,
+        "step_execution_id": state.step_execution_id,
+        "job_execution_id": state.job_execution_id,
+        "owner_token": None if fence.owner is None else fence.owner.value,
+    }
+    if fence.partition_id is not None:
+        params["step_partition_id"] = fence.partition_id
+    return params

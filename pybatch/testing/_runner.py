@@ -10,6 +10,8 @@ from pathlib import Path
 
 import attrs
 
+from pybatch.etl import LEASE_ENVIRONMENT
+
 #: When a killed run dies relative to its chosen chunk.
 KILL_POINTS = ("after_commit", "before_commit")
 
@@ -25,11 +27,17 @@ class JobScriptResult:
 
 
 class JobRunner:
-    """Runs `python SCRIPT ARGS...` with PYBATCH_DSN pointing at the test's database."""
+    """Runs `python SCRIPT ARGS...` with PYBATCH_DSN pointing at the test's database.
 
-    def __init__(self, dsn: str, *, python: str) -> None:
+    `lease` (seconds, 1 to 3600) is the lease every `Job` of the script uses unless it sets
+    its own (PYBATCH_LEASE_SECONDS): the run after a kill waits at most that long for the
+    dead run's lease instead of the default 10 s.
+    """
+
+    def __init__(self, dsn: str, *, python: str, lease: float | None = None) -> None:
         self._dsn = dsn
         self._python = python
+        self._lease = lease
 
     def __repr__(self) -> str:
         return "JobRunner(<dsn>)"
@@ -42,10 +50,12 @@ class JobRunner:
         kill_point: str = "after_commit",
         env: Mapping[str, str] | None = None,
         timeout: float = 120.0,
+        lease: float | None = None,
     ) -> JobScriptResult:
         """Run the script (PYBATCH_DSN set), SIGKILLed at its `kill_at_chunk`-th chunk (from 1).
 
         `after_commit`: right after that COMMIT returned; `before_commit`: just before it.
+        `lease` overrides the runner's lease for this run.
         """
         if kill_point not in KILL_POINTS:
             raise ValueError(f"kill_point must be one of {KILL_POINTS}")
@@ -55,6 +65,9 @@ class JobRunner:
         command = [*command, str(kill_at_chunk or 0), kill_point, str(Path(script)), *args]
         environment = dict(os.environ if env is None else env)
         environment.update(PYBATCH_DSN=self._dsn, PYBATCH_TLS="plaintext")
+        lease = self._lease if lease is None else lease
+        if lease is not None:
+            environment[LEASE_ENVIRONMENT] = repr(float(lease))
         process = subprocess.run(
             command, capture_output=True, text=True, timeout=timeout, env=environment, check=False
         )

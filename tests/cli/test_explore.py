@@ -276,3 +276,24 @@ def test_sql_list_show_explain(db_dsn: str) -> None:
         plan = run("sql", "explain", name, dsn=db_dsn)
         assert plan.returncode == 0, plan.stderr
         assert "cost=" in plan.stdout
+
+
+def test_show_counts_rolled_back_chunks(repository: JobRepository, db_dsn: str) -> None:
+    from pybatch.etl import Job, StepRun
+
+    def rolls_back_once(step: StepRun) -> None:
+        with step.chunk() as chunk:
+            chunk.rollback()
+        with step.chunk() as chunk:
+            chunk.commit(read=1, written=1, checkpoint={"offset": 1})
+
+    with Job(repository, "rollbacks", {"day": "2026-11-30"}).launch() as launched:
+        launched.step("load", rolls_back_once)
+    shown = run_json("show", str(launched.execution.id), dsn=db_dsn)
+    counts = shown["steps"][0]["counts"]
+    assert (counts["commits"], counts["rollbacks"]) == (1, 1)
+    table = run("show", str(launched.execution.id), dsn=db_dsn).stdout
+    header, row = [
+        line.split() for line in table.splitlines() if "load" in line or "ROLLBACKS" in line
+    ][:2]
+    assert row[header.index("ROLLBACKS")] == "1"

@@ -317,6 +317,7 @@ def test_a_step_holds_one_connection_for_its_chunks_and_gives_it_back(
             outer.execute("INSERT INTO public.orders VALUES (7, 'outer')")
             with step.chunk() as inner:
                 other_backends.append(inner.connection.info.backend_pid)
+                inner.rollback()
             outer.commit(read=1, written=1, checkpoint={"offset": 7})
 
     with JobRepository.connect(config) as repository:
@@ -325,6 +326,7 @@ def test_a_step_holds_one_connection_for_its_chunks_and_gives_it_back(
             second = run.step("check", lambda step: None)
         assert first.step.status is S.COMPLETED and second.step.status is S.COMPLETED
         assert first.step.metadata.counts.committed == 4
+        assert first.step.metadata.counts.rolled_back == 1  # the inner chunk, rolled back
     assert len(chunk_backends) == 4 and len(set(chunk_backends)) == 1
     assert not set(other_backends) & set(chunk_backends)
     assert business_ids(admin) == [1, 2, 3, 4, 5, 6, 7]

@@ -49,6 +49,7 @@ def test_a_lock_timeout_in_a_business_statement_is_its_own_error_and_keeps_the_c
                 chunk.execute("UPDATE public.orders SET note = 'mine' WHERE id = 1")
             seen["error"] = caught.value
             seen["broken"] = conn.broken or conn.closed
+            chunk.rollback()  # the refused statement poisoned the chunk
         holder.rollback()  # the row is free again
         with step.chunk() as chunk:
             chunk.execute("UPDATE public.orders SET note = 'mine' WHERE id = 1")
@@ -136,6 +137,7 @@ def test_a_business_statement_error_hides_the_driver_error_it_keeps(
                 # 22P02: the server's message quotes the value it could not read
                 chunk.execute("SELECT CAST(%s AS integer)", (ROW_SECRET,))
             seen["rejected"] = rejected.value
+            chunk.rollback()  # the refused statement poisoned the chunk
         with step.chunk() as chunk:
             terminate_backend(admin, chunk.connection.info.backend_pid)
             with pytest.raises(Infrastructure) as lost:

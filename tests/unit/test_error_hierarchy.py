@@ -345,6 +345,8 @@ PYBATCH_ONLY: frozenset[str] = frozenset(
         "StateEnvelopeInvalid",
         "EnvironmentValueInvalid",  # ConnectionConfig.from_env
         "CommandArgumentInvalid",  # a pybatch CLI argument out of range or not UTF-8
+        "ChunkNotEnded",  # the ETL API: a chunk block left without commit or rollback
+        "RunIdInvalid",  # Job(run_id=...)
         "MigrationChecksumMismatch",  # the migrator
         "MigrationHistoryInvalid",
         "MigrationLockTimeout",
