@@ -67,7 +67,7 @@ from pybatch.values.ownership import ExecutionLease, OwnerToken
 from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.partitions import StepPartition
 from pybatch.values.records import JobExecution, JobInstance, StepExecution
-from pybatch.values.state import Checkpoint, ExecutionContext, StateLimits
+from pybatch.values.state import Checkpoint, ExecutionContext, JsonObject, StateLimits
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 
 __all__ = ["Chunk", "Job", "JobRun", "PartitionRun", "StepRun", "join_partitioned_step"]
@@ -78,7 +78,7 @@ logger = logging.getLogger("pybatch.etl")
 ETL_STATE_SCHEMA = StateSchemaId("pybatch.etl.v1")
 
 
-def _state(cls: type[Checkpoint] | type[ExecutionContext], payload: Mapping[str, Any]) -> Any:
+def _state(cls: type[Checkpoint] | type[ExecutionContext], payload: JsonObject) -> Any:
     """Build the envelope before any chunk statement runs; a non-mapping is refused typed.
 
     A dict is encoded as it is (the envelope keeps only its canonical bytes, never the dict);
@@ -130,10 +130,10 @@ class Chunk:
         *,
         read: int,
         written: int,
-        checkpoint: Mapping[str, Any],
+        checkpoint: JsonObject,
         processed: int | None = None,
         filtered: int = 0,
-        context: Mapping[str, Any] | None = None,
+        context: JsonObject | None = None,
         skips: FaultProgress | None = None,
     ) -> None:
         """COMMIT the chunk with the step's new checkpoint; the step's counters advance.
@@ -197,7 +197,10 @@ class StepRun:
 
     @property
     def checkpoint(self) -> dict[str, Any]:
-        """The last committed checkpoint payload ({} on a fresh step); resume from here."""
+        """The last committed checkpoint payload ({} on a fresh step); resume from here.
+
+        Values are JSON (`JsonValue`) as committed; typed `Any` so a read needs no cast.
+        """
         return dict((self.state or self.execution).checkpoint.payload)
 
     @property
