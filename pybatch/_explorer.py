@@ -39,6 +39,7 @@ from pybatch.errors import (
     Unavailable,
 )
 from pybatch.values.explorer import (
+    MAX_PAGE_SIZE,
     MAX_RESPONSE_BYTES,
     MIN_UNRESOLVED_AGE,
     Cursor,
@@ -64,6 +65,7 @@ from pybatch.values.flow import FlowDecision
 from pybatch.values.ids import INT64_MAX, IdentifierKind, check_identifier
 from pybatch.values.operator import OperatorRecord
 from pybatch.values.recovery import RecoveryDecision
+from pybatch.values.status import FailureReason
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
@@ -280,6 +282,18 @@ class JobExplorer:
         def work(conn: Conn) -> JobExecutionProjection | None:
             row = self._statements.explore_execution.one(conn, job_execution_id=job_execution_id)
             return None if row is None else codec.decode_execution_projection(row)
+
+        return self._read(work)
+
+    def failure_reasons(self, job_execution_id: int) -> dict[int | None, FailureReason]:
+        """Why the execution (key None) and its steps (by id) failed, where recorded."""
+        check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
+
+        def work(conn: Conn) -> dict[int | None, FailureReason]:
+            rows = self._statements.explore_failure_reasons.many(
+                conn, job_execution_id=job_execution_id, row_limit=MAX_PAGE_SIZE
+            )
+            return dict(codec.decode_failure_reason(row) for row in rows)
 
         return self._read(work)
 

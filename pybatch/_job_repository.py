@@ -97,7 +97,9 @@ class JobRepository:
             repository = cls(config, transactions, clock, 0)
             repository.schema_version = repository._verify_schema_version()
         except BaseException:
-            transactions.close(0)
+            # Wait for the pool's worker threads as `close` does: a zero timeout left them
+            # running and psycopg_pool logged "couldn't stop thread" under every refusal.
+            transactions.close(config.pool_close_timeout.total_seconds())
             raise
         return repository
 

@@ -13,6 +13,7 @@ may retry.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 
 import psycopg
@@ -97,8 +98,38 @@ def translate(
     if schema_probe and state in _SCHEMA_MISSING:
         return SchemaUninitialized()
     if state == "42501":
-        return PermissionDenied()
+        return PermissionDenied(**_denied_object(exc))
     return Unavailable(sqlstate=state)
+
+
+#: The server's fixed English phrases for 42501 name the object (`permission denied for table
+#: job_instance`) and, for ownership, the privilege; a localized server yields no name: a
+#: miss, never a wrong one. The privilege a plain refusal lacks is not in the diagnostics.
+_DENIED = re.compile(r"(permission denied for|must be owner of) (\w+) ([\w.]+)\Z")
+
+
+def _denied_object(exc: BaseException) -> dict[str, str]:
+    """The object the server refused, and the privilege when the server names it."""
+    primary = exc.diag.message_primary if isinstance(exc, psycopg.Error) else None
+    match = _DENIED.match(primary or "")
+    if match is None:
+        return {}
+    named = {"object_name": f"{match.group(2)} {match.group(3)}"}
+    if match.group(1) == "must be owner of":
+        named["privilege"] = "OWNER"
+    return named
+
+
+def _at_fault(exc: BaseException) -> dict[str, str | None]:
+    """The constraint, table and column the server's diagnostics name (names, never values)."""
+    if not isinstance(exc, psycopg.Error):
+        return {}
+    diag = exc.diag
+    return {
+        "constraint": diag.constraint_name,
+        "table": diag.table_name,
+        "column": diag.column_name,
+    }
 
 
 def classify_business_error(
@@ -115,7 +146,7 @@ def classify_business_error(
     # 25P02: a later statement of a chunk whose earlier statement was rejected; the
     # connection is healthy, the transaction can only roll back.
     if state is not None and (state[:2] in {"22", "23", "42"} or state == "25P02"):
-        return Rejected(sqlstate=state)
+        return Rejected(sqlstate=state, **_at_fault(exc))
     if state is None and isinstance(exc, psycopg.ProgrammingError | psycopg.DataError):
         return Rejected(sqlstate="22000")
     return Infrastructure()

@@ -103,6 +103,23 @@ class _PurgedHistory:
         return f"{text} (its history was purged)" if self.purged else text
 
 
+class _AtFault:
+    """Errors whose optional fields name what was at fault: `str` appends the ones known.
+
+    The fields hold names only (a constraint, a table, a key path, a Python type), never a
+    value, so they are safe to show.
+    """
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        named = [
+            f"{name.replace('_', ' ')} {value}"
+            for name, value in _fields(self).items()
+            if name not in {"kind", "sqlstate"} and value is not None
+        ]
+        return f"{text}: {', '.join(named)}" if named else text
+
+
 # The table. One class per row, a blank line between families: the rows read as a table.
 # fmt: off
 class RepositoryError(PyBatchError):
@@ -320,11 +337,13 @@ class DatabaseNotFound(Unavailable):
 class TlsVerificationFailed(Unavailable):
     """The server certificate failed verification, or TLS is missing; check PYBATCH_CA_FILE."""
     message = "the server's TLS certificate could not be verified"
-class PermissionDenied(RepositoryError):
+class PermissionDenied(_AtFault, RepositoryError):
     """The role lacks a privilege the operation needs (42501); grant it (docs/dba.md, Roles)."""
     message = ("permission denied: the role lacks a privilege this operation needs"
                " (SQLSTATE {sqlstate})")
     sqlstate: str = "42501"
+    object_name: str | None = None
+    privilege: str | None = None
 class RepositoryDomainError(RepositoryError):
     """A repository call refused a domain value; `error` (also the cause) says which and why."""
     message = "invalid repository domain value: {error}"
@@ -493,10 +512,12 @@ class StateTooDeep(StateError):
     message = "{kind} exceeds JSON depth {max_depth}"
     kind: str
     max_depth: int
-class StateMalformed(StateError):
-    """The bytes or values are not a valid state envelope."""
+class StateMalformed(_AtFault, StateError):
+    """The bytes or values are not a valid state envelope; `path` and `type` name the value."""
     message = "{kind} is malformed"
     kind: str
+    path: str | None = None
+    value_type: str | None = None
 class StateFormatMismatch(StateError):
     """The envelope belongs to the other durable-state kind."""
     message = "durable state is not a {kind}"
@@ -656,10 +677,13 @@ class ChunkNotEnded(ChunkTransactionError):
 class BusinessTransactionError(PyBatchError):
     """A business statement run inside a chunk transaction failed; the chunk rolls back."""
     message = "business statement failed"
-class Rejected(BusinessTransactionError):
+class Rejected(_AtFault, BusinessTransactionError):
     """The server rejected a business statement (data, integrity or syntax error)."""
     message = "business statement was rejected (SQLSTATE {sqlstate})"
     sqlstate: str
+    constraint: str | None = None
+    table: str | None = None
+    column: str | None = None
 class Cancelled(BusinessTransactionError):
     """A business statement was cancelled by the statement timeout."""
     message = "business statement was cancelled"

@@ -41,6 +41,7 @@ import psycopg
 
 from pybatch import _partitioned as partitioned
 from pybatch._chunks import ChunkTransaction, StepSession
+from pybatch._failure_reasons import failure_reason
 from pybatch._job_repository import JobRepository
 from pybatch._lease_keeper import LeaseKeeper, PartitionLeaseKeeper
 from pybatch._services.flow import FlowPoint
@@ -73,7 +74,7 @@ from pybatch.values.ownership import ExecutionLease, OwnerToken
 from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.partitions import StepPartition
 from pybatch.values.records import JobExecution, JobInstance, StepExecution
-from pybatch.values.state import Checkpoint, ExecutionContext, StateLimits
+from pybatch.values.state import Checkpoint, ExecutionContext, JsonObject, StateLimits
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 
 __all__ = ["Chunk", "Job", "JobRun", "PartitionRun", "StepRun", "join_partitioned_step"]
@@ -84,7 +85,7 @@ logger = logging.getLogger("pybatch.etl")
 ETL_STATE_SCHEMA = StateSchemaId("pybatch.etl.v1")
 
 
-def _state(cls: type[Checkpoint] | type[ExecutionContext], payload: Mapping[str, Any]) -> Any:
+def _state(cls: type[Checkpoint] | type[ExecutionContext], payload: JsonObject) -> Any:
     """Build the envelope before any chunk statement runs; a non-mapping is refused typed.
 
     A dict is encoded as it is (the envelope keeps only its canonical bytes, never the dict);
@@ -156,10 +157,10 @@ class Chunk:
         *,
         read: int,
         written: int,
-        checkpoint: Mapping[str, Any],
+        checkpoint: JsonObject,
         processed: int | None = None,
         filtered: int = 0,
-        context: Mapping[str, Any] | None = None,
+        context: JsonObject | None = None,
         skips: FaultProgress | None = None,
     ) -> None:
         """COMMIT the chunk with the step's new checkpoint; the step's counters advance.
@@ -223,7 +224,10 @@ class StepRun:
 
     @property
     def checkpoint(self) -> dict[str, Any]:
-        """The last committed checkpoint payload ({} on a fresh step); resume from here."""
+        """The last committed checkpoint payload ({} on a fresh step); resume from here.
+
+        Values are JSON (`JsonValue`) as committed; typed `Any` so a read needs no cast.
+        """
         return dict((self.state or self.execution).checkpoint.payload)
 
     @property
@@ -415,7 +419,7 @@ class JobRun:
             logger.info("pybatch: job execution %s stopped on request", self.execution.id)
             return True
         try:
-            self._finish(_ended_as(exc))
+            self._finish(_ended_as(exc), exc)
         except PyBatchError:
             if exc is None:
                 raise
@@ -433,18 +437,32 @@ class JobRun:
             return current
         return uow.ownership.verify_owner(self.execution.id, self.owner)
 
-    def _finish(self, status: BatchStatus) -> None:
+    def _finish(self, status: BatchStatus, error: BaseException | None = None) -> None:
         def end(uow: UnitOfWork) -> JobExecution:
             current = self._verify_owner(uow)
             # A stop observed meanwhile (STOPPING) can only end STOPPED.
             ended_as = BatchStatus.STOPPED if current.status is BatchStatus.STOPPING else status
             change = _ending(ended_as, max(uow.clock.now(), current.updated_at), current.id)
             ended = uow.executions.transition(current.id, current.version, change)
+            if ended_as is BatchStatus.FAILED and error is not None and self._records_reasons:
+                reason = failure_reason(error, self._secrets())
+                ended = uow.executions.record_failure_reason(current.id, ended.version, reason)
             return uow.executions.enrich_exit_status(
                 current.id, ended.version, ExitCode(ended_as.value)
             )
 
         self.execution = self.repository.run_in_unit_of_work(end)
+
+    @property
+    def _records_reasons(self) -> bool:
+        """Whether the schema connected to has the failure reason columns (0009)."""
+        return self.repository.schema_version >= _FAILURE_REASONS_SCHEMA
+
+    def _secrets(self) -> list[str]:
+        """What a failure message must never carry: parameter values, the DSN's password."""
+        found = [str(p.value.value) for _, p in self.parameters.items()]
+        password = self.repository.config.connection_kwargs().get("password")
+        return [*found, password] if isinstance(password, str) else found
 
     def _stop_renewing(self) -> None:
         """Stop renewing the lease and handling SIGTERM, as a process that died would."""
@@ -514,10 +532,12 @@ class JobRun:
         except ExecutionOwnershipLost:
             raise  # the step belongs to the recovered execution now: leave it alone
         except BaseException as error:
-            self._end_step(step_id, _ended_as(error))
+            self._end_step(step_id, _ended_as(error), error)
             raise
 
-    def _end_step(self, step_id: int, status: BatchStatus) -> StepExecution:
+    def _end_step(
+        self, step_id: int, status: BatchStatus, error: BaseException | None = None
+    ) -> StepExecution:
         """End a step of this run: transition it to `status`, then record its exit code."""
 
         def end(uow: UnitOfWork) -> StepExecution:
@@ -527,6 +547,9 @@ class JobRun:
                 raise StepExecutionNotFound(id=step_id)
             change = _ending(status, max(uow.clock.now(), current.updated_at), step_id)
             ended = uow.steps.transition(step_id, current.version, change)
+            if status is BatchStatus.FAILED and error is not None and self._records_reasons:
+                reason = failure_reason(error, self._secrets())
+                ended = uow.steps.record_failure_reason(step_id, ended.version, reason)
             return uow.steps.enrich_exit_status(step_id, ended.version, ExitCode(status.value))
 
         return self.repository.run_in_unit_of_work(end)
@@ -817,6 +840,9 @@ class Job:
         )
         return instance, started
 
+
+#: The schema version (migration 0009) that records failure reasons.
+_FAILURE_REASONS_SCHEMA = 9
 
 #: How often a launch re-reads a lease it waits on, and how often it says it still waits.
 _LEASE_POLL_SECONDS = 0.2

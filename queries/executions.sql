@@ -165,3 +165,18 @@ SET
     updated_at = GREATEST(updated_at, :now),
     version = version + 1
 WHERE id = :job_execution_id AND version = :expected_version;
+
+-- :name update_job_execution_failure_reason :affected
+-- :doc Record why a FAILED row failed (class, redacted message, the server's names) as a
+-- compare-and-swap on the version; zero rows means a stale version or a row not FAILED.
+UPDATE pybatch.job_execution
+SET
+    failure_error_class = :error_class,
+    failure_message = :message,
+    failure_sqlstate = :sqlstate,
+    failure_constraint = :constraint_name,
+    failure_table = :table_name,
+    failure_column = :column_name,
+    updated_at = GREATEST(updated_at, :now),
+    version = version + 1
+WHERE id = :job_execution_id AND version = :expected_version AND status = 'FAILED';

@@ -511,3 +511,45 @@ WHERE
     AND request.id <= :ceiling
 ORDER BY request.id
 LIMIT :row_limit;
+
+-- :name explore_failure_reasons :many
+-- :doc Why one execution and its steps failed: one row per FAILED row with a reason, the
+-- execution's first (step_execution_id NULL), then its steps by id (job_execution_pkey,
+-- step_execution_execution_identity).
+SELECT
+    reason.step_execution_id,
+    reason.error_class,
+    reason.message,
+    reason.sqlstate,
+    reason.constraint_name,
+    reason.table_name,
+    reason.column_name
+FROM (
+    SELECT
+        CAST(NULL AS BIGINT) AS step_execution_id,
+        execution.failure_error_class AS error_class,
+        execution.failure_message AS message,
+        execution.failure_sqlstate AS sqlstate,
+        execution.failure_constraint AS constraint_name,
+        execution.failure_table AS table_name,
+        execution.failure_column AS column_name
+    FROM pybatch.job_execution AS execution
+    WHERE
+        execution.id = :job_execution_id
+        AND execution.failure_error_class IS NOT NULL
+    UNION ALL
+    SELECT
+        step.id AS step_execution_id,
+        step.failure_error_class AS error_class,
+        step.failure_message AS message,
+        step.failure_sqlstate AS sqlstate,
+        step.failure_constraint AS constraint_name,
+        step.failure_table AS table_name,
+        step.failure_column AS column_name
+    FROM pybatch.step_execution AS step
+    WHERE
+        step.job_execution_id = :job_execution_id
+        AND step.failure_error_class IS NOT NULL
+) AS reason
+ORDER BY reason.step_execution_id NULLS FIRST
+LIMIT :row_limit;

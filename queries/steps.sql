@@ -352,3 +352,18 @@ released AS (
 
 -- A data-modifying CTE runs to completion whether or not the query reads it: released runs.
 SELECT COUNT(*) AS ended_steps FROM ended;
+
+-- :name update_step_execution_failure_reason :affected
+-- :doc Record why a FAILED row failed (class, redacted message, the server's names) as a
+-- compare-and-swap on the version; zero rows means a stale version or a row not FAILED.
+UPDATE pybatch.step_execution
+SET
+    failure_error_class = :error_class,
+    failure_message = :message,
+    failure_sqlstate = :sqlstate,
+    failure_constraint = :constraint_name,
+    failure_table = :table_name,
+    failure_column = :column_name,
+    updated_at = GREATEST(updated_at, :now),
+    version = version + 1
+WHERE id = :step_execution_id AND version = :expected_version AND status = 'FAILED';

@@ -284,11 +284,17 @@ def _show(args: argparse.Namespace) -> int:
         steps = _all(explorer.step_executions, execution.id)
         decisions = _all(explorer.recovery_decisions, execution.id)
         requests = _all(explorer.operator_requests, execution.id)
+        reasons = explorer.failure_reasons(execution.id)
     if args.json:
+
+        def with_reason(document: dict[str, Any], key: int | None) -> dict[str, Any]:
+            reason = reasons.get(key)
+            return {**document, "failure_reason": None if reason is None else reason.as_json()}
+
         document = {
-            "execution": execution.as_json(),
+            "execution": with_reason(execution.as_json(), None),
             "latest_attempt": None if latest is None else latest.as_json(),
-            "steps": [step.as_json() for step in steps],
+            "steps": [with_reason(step.as_json(), step.id) for step in steps],
             "recovery_decisions": [recovery_decision_json(d) for d in decisions],
             "operator_requests": [operator_request_json(request) for request in requests],
         }
@@ -312,6 +318,7 @@ def _show(args: argparse.Namespace) -> int:
         "failure": "-"
         if failure is None
         else f"{failure.category.value} (id {failure.failure_id})",
+        "reason": str(reasons[None]) if None in reasons else "-",
         "stop": "-"
         if execution.stop_requested_at is None
         else f"requested {_instant(execution.stop_requested_at)} by {execution.stop_requested_by}",
@@ -345,6 +352,9 @@ def _show(args: argparse.Namespace) -> int:
         ],
         "no steps",
     )
+    for step in steps:
+        if step.id in reasons:
+            print(f"step {step.id} failed: {reasons[step.id]}")
     print()
     _print_table(
         "DECISION FROM TO REASON BY DECIDED".split(),

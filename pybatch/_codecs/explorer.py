@@ -39,7 +39,7 @@ from pybatch.values.explorer import (
     StepPartitionProjection,
 )
 from pybatch.values.ids import INT64_MAX
-from pybatch.values.status import BatchStatus
+from pybatch.values.status import BatchStatus, FailureReason
 
 
 def _envelope_columns(prefix: str) -> tuple[str, ...]:
@@ -262,3 +262,35 @@ def decode_partition_projection(row: Row) -> StepPartitionProjection:
 decode_recovery_decision = recovery.decode_recovery_decision
 decode_flow_decision = flow.decode_flow_decision
 decode_operator_request = decode_operator_record
+
+
+FAILURE_REASON_COLUMNS = (
+    "step_execution_id",
+    "error_class",
+    "message",
+    "sqlstate",
+    "constraint_name",
+    "table_name",
+    "column_name",
+)
+
+
+def decode_failure_reason(row: Row) -> tuple[int | None, FailureReason]:
+    """Decode an explore_failure_reasons row: (the step's id, or None for the execution)."""
+    row = row_columns(row, FAILURE_REASON_COLUMNS)
+
+    def optional(column: str) -> str | None:
+        return None if row[column] is None else text_at(row, column)
+
+    try:
+        reason = FailureReason(
+            error_class=text_at(row, "error_class"),
+            message=text_at(row, "message"),
+            sqlstate=optional("sqlstate"),
+            constraint=optional("constraint_name"),
+            table=optional("table_name"),
+            column=optional("column_name"),
+        )
+    except ValueError:
+        raise DecodeError("failure_error_class") from None
+    return optional_int64_at(row, "step_execution_id"), reason

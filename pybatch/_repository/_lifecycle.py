@@ -26,6 +26,7 @@ from pybatch.values.lifecycle import (
 )
 from pybatch.values.names import ExitCode
 from pybatch.values.records import JobExecution, StepExecution
+from pybatch.values.status import FailureReason
 
 Record = TypeVar("Record", JobExecution, StepExecution)
 
@@ -41,6 +42,7 @@ class LifecycleRows(Generic[Record]):
     get_statement: Callable[[Statements], Statement]
     transition_statement: Callable[[Statements], Statement]
     exit_code_statement: Callable[[Statements], Statement]
+    failure_reason_statement: Callable[[Statements], Statement]
     decode: Callable[[Row], Record]
     not_found: Callable[[int], PyBatchError]
     #: Whether transitions move the counters: steps write their rollback_count, jobs have none.
@@ -148,6 +150,30 @@ class LifecycleCapability(Capability, Generic[Record]):
                 expected_version=expected_version,
                 **{rows.id_parameter: record_id},
             )
+            return swapped(rows, q, conn, current, changed, expected_version, new, now)
+
+    def record_failure_reason(
+        self, record_id: int, expected_version: int, reason: FailureReason
+    ) -> Record:
+        """Record why a FAILED record failed, bumping the version (StaleVersion otherwise)."""
+        rows = self._rows
+        with self._operation() as (q, conn):
+            now = self._uow.clock.now()
+            check_expected_version(expected_version)
+            current = lock(rows, q, conn, record_id)
+            changed = rows.failure_reason_statement(q).affected(
+                conn,
+                error_class=reason.error_class,
+                message=reason.message,
+                sqlstate=reason.sqlstate,
+                constraint_name=reason.constraint,
+                table_name=reason.table,
+                column_name=reason.column,
+                now=now,
+                expected_version=expected_version,
+                **{rows.id_parameter: record_id},
+            )
+            new = (current.metadata, expected_version + 1)
             return swapped(rows, q, conn, current, changed, expected_version, new, now)
 
     def get(self, record_id: int) -> Record | None:

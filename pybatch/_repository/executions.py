@@ -47,6 +47,7 @@ ROWS = LifecycleRows[JobExecution](
     get_statement=lambda q: q.get_job_execution,
     transition_statement=lambda q: q.update_job_execution_transition,
     exit_code_statement=lambda q: q.update_job_execution_exit_code,
+    failure_reason_statement=lambda q: q.update_job_execution_failure_reason,
     decode=decode_job_execution,
     not_found=lambda execution_id: JobExecutionNotFound(id=execution_id),
     counts_apply=False,  # job executions carry no counters

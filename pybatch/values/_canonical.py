@@ -17,7 +17,7 @@ from pybatch.errors import JsonNotEncodable
 MAX_NUMBER_DIGITS = 4300
 
 
-def canonical_json(value: object) -> bytes:
+def canonical_json(value: object, *, decimals: bool = True) -> bytes:
     """Encode `value` as canonical JSON bytes, the only form pybatch hashes.
 
     The form is `json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
@@ -25,11 +25,12 @@ def canonical_json(value: object) -> bytes:
     plain positional notation PostgreSQL's `numeric` prints for it (`1e16` ->
     `10000000000000000`, `1e-7` -> `0.0000001`, `-0.0` -> `0.0`), so a document hashes to the
     same bytes before it is written to `jsonb` and after it is read back (docs/tables.md 3.5).
-    Anything jsonb cannot hold back identically (NaN, a NUL, a non-string key) is JsonNotEncodable.
+    Anything jsonb cannot hold back identically (NaN, a NUL, a non-string key) is JsonNotEncodable,
+    and so is a Decimal when `decimals` is False (durable state: it would read back a float).
     """
     parts: list[str] = []
     try:
-        _write(value, parts)
+        _write(value, parts, decimals=decimals)
     except RecursionError:
         raise JsonNotEncodable(reason="nesting too deep") from None
     try:
@@ -53,7 +54,7 @@ def numeric_text(value: float | decimal.Decimal) -> str:
 _encode_string = json.encoder.encode_basestring
 
 
-def _write(value: object, parts: list[str]) -> None:
+def _write(value: object, parts: list[str], *, decimals: bool) -> None:
     # bool before int: True is an int in Python but a JSON literal here.
     if value is None:
         parts.append("null")
@@ -76,6 +77,8 @@ def _write(value: object, parts: list[str]) -> None:
             raise JsonNotEncodable(reason="NaN or infinity")
         parts.append(numeric_text(value))  # at most ~330 digits
     elif isinstance(value, decimal.Decimal):
+        if not decimals:
+            raise JsonNotEncodable(reason="a Decimal would read back as a float")
         if value.is_finite() and value.adjusted() > MAX_NUMBER_DIGITS:
             raise JsonNotEncodable(reason=f"a number has more than {MAX_NUMBER_DIGITS} digits")
         parts.append(_check_digits(numeric_text(value)))
@@ -84,13 +87,13 @@ def _write(value: object, parts: list[str]) -> None:
             raise JsonNotEncodable(reason="text contains NUL")
         parts.append(_encode_string(value))
     elif isinstance(value, Mapping):
-        _write_object(value, parts)
+        _write_object(value, parts, decimals=decimals)
     elif isinstance(value, list | tuple):
         parts.append("[")
         for index, item in enumerate(value):
             if index:
                 parts.append(",")
-            _write(item, parts)
+            _write(item, parts, decimals=decimals)
         parts.append("]")
     else:
         raise JsonNotEncodable(reason="value is not JSON")
@@ -109,7 +112,7 @@ def _check_digits(text: str) -> str:
     return text
 
 
-def _write_object(value: Mapping[object, object], parts: list[str]) -> None:
+def _write_object(value: Mapping[object, object], parts: list[str], *, decimals: bool) -> None:
     keys: list[str] = []
     for key in value:
         if not isinstance(key, str):
@@ -124,7 +127,7 @@ def _write_object(value: Mapping[object, object], parts: list[str]) -> None:
             parts.append(",")
         parts.append(_encode_string(key))
         parts.append(":")
-        _write(value[key], parts)
+        _write(value[key], parts, decimals=decimals)
     parts.append("}")
 
 

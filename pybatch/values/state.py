@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any, ClassVar, TypeVar, cast
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, TypeAlias, TypeVar, cast
 
 import attrs
 
@@ -50,6 +51,38 @@ _U16_MAX = 2**16 - 1
 _U32_MAX = 2**32 - 1
 
 _S = TypeVar("_S", bound="_DurableState")
+
+#: What a checkpoint or context holds: JSON, as `json.loads` gives it back. A datetime, a
+#: Decimal, a set or bytes are not JSON: mypy refuses them in `Chunk.commit`, and at run time
+#: they are StateMalformed naming the key path and the type (store text or an int instead).
+JsonValue: TypeAlias = (
+    bool | int | float | str | Sequence["JsonValue"] | Mapping[str, "JsonValue"] | None
+)
+#: A checkpoint's or context's payload: a JSON object.
+JsonObject: TypeAlias = Mapping[str, JsonValue]
+
+
+def _not_json(value: object, path: str = "$") -> tuple[str, str] | None:
+    """The key path and type name of the first value durable state cannot hold back as is."""
+    if isinstance(value, Mapping):
+        for key, child in value.items():
+            if not isinstance(key, str):
+                return path, f"{type(key).__name__} key"
+            found = _not_json(child, f"{path}.{key}")
+            if found is not None:
+                return found
+        return None
+    if isinstance(value, list | tuple):
+        for index, child in enumerate(value):
+            found = _not_json(child, f"{path}[{index}]")
+            if found is not None:
+                return found
+        return None
+    if isinstance(value, str) and "\x00" in value:
+        return path, "str containing NUL"
+    if value is None or isinstance(value, bool | int | float | str):
+        return None
+    return path, type(value).__name__
 
 
 def _limit(maximum: int, error: type[InvalidStateByteLimit | InvalidStateDepthLimit]) -> Any:
@@ -144,11 +177,12 @@ class _DurableState:
         # The envelope's depth is its payload's plus one (the other members are scalars).
         payload_depth = limits.max_depth - 1
         try:
-            payload_json = canonical_json(payload)
+            payload_json = canonical_json(payload, decimals=False)
         except JsonNotEncodable:
             if _depth_exceeds(payload, payload_depth):
                 raise StateTooDeep(kind=self._KIND, max_depth=limits.max_depth) from None
-            raise StateMalformed(kind=self._KIND) from None
+            path, value_type = _not_json(payload) or (None, None)
+            raise StateMalformed(kind=self._KIND, path=path, value_type=value_type) from None
         # canonical_json of the whole envelope, written around the already canonical payload.
         encoded = b"%s%s%s%d}" % (
             _envelope_head(self._FORMAT),

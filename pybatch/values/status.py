@@ -119,3 +119,41 @@ class FailureSummary:
 
     category: FailureCategory = attrs.field(validator=is_(FailureCategory))
     failure_id: FailureId = attrs.field(validator=_check_failure_id)
+
+
+def _bounded_name(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and (type(value) is not str or not 1 <= len(value.encode()) <= 63):
+        raise ValueError(f"{attribute.name} is a server identifier of 1 to 63 bytes")
+
+
+@attrs.frozen
+class FailureReason:
+    """Why an execution or a step failed: names and a redacted message, never a value.
+
+    Bounded as the failure_* columns are (migration 0009): class 1..200 bytes, message at most
+    1,000 bytes, SQLSTATE five characters, server names 1..63 bytes.
+    """
+
+    error_class: str = attrs.field(validator=attrs.validators.max_len(200))
+    message: str
+    sqlstate: str | None = None
+    constraint: str | None = attrs.field(default=None, validator=_bounded_name)
+    table: str | None = attrs.field(default=None, validator=_bounded_name)
+    column: str | None = attrs.field(default=None, validator=_bounded_name)
+
+    def __str__(self) -> str:
+        named = [
+            f"{name} {value}"
+            for name, value in (
+                ("SQLSTATE", self.sqlstate),
+                ("constraint", self.constraint),
+                ("table", self.table),
+                ("column", self.column),
+            )
+            if value is not None and f"{name} {value}" not in self.message
+        ]
+        return f"{self.error_class}: {self.message}" + (f" ({', '.join(named)})" if named else "")
+
+    def as_json(self) -> dict[str, str | None]:
+        """The documented JSON object (`pybatch show --json`, `failure_reason`)."""
+        return attrs.asdict(self)

@@ -18,6 +18,7 @@ from pybatch._codecs.chunks import COMMITTED_STEP_STATE_COLUMNS
 from pybatch._codecs.executions import JOB_EXECUTION_COLUMNS
 from pybatch._codecs.explorer import (
     EXECUTION_PROJECTION_COLUMNS,
+    FAILURE_REASON_COLUMNS,
     INSTANCE_PROJECTION_COLUMNS,
     JOB_NAME_SUMMARY_COLUMNS,
     LATEST_ATTEMPT_COLUMNS,
@@ -42,6 +43,7 @@ READERS: dict[str, tuple[str, ...]] = {
     "explore_executions": EXECUTION_PROJECTION_COLUMNS,
     "explore_execution": EXECUTION_PROJECTION_COLUMNS,
     "explore_latest_attempt": LATEST_ATTEMPT_COLUMNS,
+    "explore_failure_reasons": FAILURE_REASON_COLUMNS,
     "explore_unresolved_executions": EXECUTION_PROJECTION_COLUMNS,
     "explore_step_executions": STEP_PROJECTION_COLUMNS,
     "explore_recovery_decisions": RECOVERY_DECISION_COLUMNS,

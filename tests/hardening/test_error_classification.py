@@ -85,6 +85,8 @@ def test_permission_denied_in_a_repository_call_is_not_unavailable(
                 uow.instances.select_or_create(key)
         assert not isinstance(caught.value, Unavailable)
         assert caught.value.__context__ is None or caught.value.__suppress_context__
+        assert caught.value.object_name == "table job_instance"  # what the role may not touch
+        assert "object name table job_instance" in str(caught.value)
     finally:
         admin.execute("DROP OWNED BY limited_runtime")
         admin.execute("DROP ROLE limited_runtime")
@@ -157,3 +159,49 @@ def test_a_business_statement_error_hides_the_driver_error_it_keeps(
         assert ROW_SECRET not in rendered and ROW_SECRET not in str(error)
     assert "22P02" in str(seen["rejected"])
     assert ROW_SECRET in str(seen["rejected"].__context__)  # the author's diagnosis is there
+
+
+@pytest.mark.parametrize(
+    ("statement", "sqlstate", "constraint", "column"),
+    [
+        (
+            "INSERT INTO public.checked VALUES (1, -5, 'x')",
+            "23514",
+            "checked_amount_positive",
+            None,
+        ),
+        ("INSERT INTO public.checked VALUES (2, 5, NULL)", "23502", None, "note"),
+        ("INSERT INTO public.checked VALUES (7, 5, 'x')", "23505", "checked_pkey", None),
+    ],
+)
+def test_a_rejected_business_write_names_its_constraint_table_and_column(
+    repository: JobRepository,
+    admin: psycopg.Connection[Any],
+    statement: str,
+    sqlstate: str,
+    constraint: str | None,
+    column: str | None,
+) -> None:
+    admin.execute(
+        "CREATE TABLE public.checked (id bigint PRIMARY KEY, amount int NOT NULL"
+        " CONSTRAINT checked_amount_positive CHECK (amount > 0), note text NOT NULL)"
+    )
+    admin.execute("INSERT INTO public.checked VALUES (7, 1, 'taken')")
+    seen: list[Rejected] = []
+
+    def work(step: StepRun) -> None:
+        with step.chunk() as chunk, pytest.raises(Rejected) as rejected:
+            chunk.execute(statement)
+        seen.append(rejected.value)
+
+    with Job(repository, "rejected_names", {"sqlstate": sqlstate}).launch() as run:
+        run.step("load", work)
+    (error,) = seen
+    assert (error.sqlstate, error.constraint, error.table, error.column) == (
+        sqlstate,
+        constraint,
+        "checked",
+        column,
+    )
+    assert "table checked" in str(error)
+    assert "taken" not in str(error) and "-5" not in str(error)  # names only, never values

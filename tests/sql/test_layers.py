@@ -26,6 +26,7 @@ LAYERS: dict[str, int] = {
     "pybatch._codecs": 2,
     "pybatch._statements": 3,
     "pybatch._sqlstate": 3,
+    "pybatch._failure_reasons": 3,  # reads driver errors, as _sqlstate does
     "pybatch._connect": 3,
     "pybatch._transaction": 4,
     "pybatch._repository": 5,

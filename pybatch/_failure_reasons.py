@@ -1,0 +1,81 @@
+"""What a failed step or run records about its exception, redacted and bounded.
+
+The message is the exception's own text, except where that text may quote data: a driver
+error's message can quote row values and the server's host, so only its SQLSTATE and the
+server's names are kept. Any other text is scrubbed of connection URIs' credentials,
+`password=...`-style pairs and every secret the run knows (its job parameter values and the
+DSN's password), then bounded to 1,000 UTF-8 bytes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import psycopg
+
+from pybatch.errors import PyBatchError
+from pybatch.values.status import FailureReason
+
+_MAX_MESSAGE_BYTES = 1000
+_SQLSTATE = re.compile(r"[0-9A-Z]{5}\Z")
+_URI_CREDENTIALS = re.compile(r"(\b[A-Za-z][\w+.-]*://)[^\s/@]*@")
+_SECRET_PAIR = re.compile(
+    r"\b(password|passwd|pwd|secret|token|api[_-]?key|sslpassword)(\s*[=:]\s*)('[^']*'|\S+)",
+    re.IGNORECASE,
+)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+REDACTED = "<redacted>"
+
+
+def _name(value: object) -> str | None:
+    """A server identifier as the columns hold it (1..63 bytes), else None."""
+    if type(value) is not str or not 1 <= len(value.encode()) <= 63:
+        return None
+    return value
+
+
+def _bounded(text: str) -> str:
+    data = text.encode()
+    if len(data) <= _MAX_MESSAGE_BYTES:
+        return text
+    return data[: _MAX_MESSAGE_BYTES - 3].decode(errors="ignore") + "..."
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """`text` without credentials, secret pairs, control characters or any of `secrets`."""
+    for secret in sorted({s for s in secrets if len(s) >= 3}, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    text = _URI_CREDENTIALS.sub(rf"\1{REDACTED}@", text)
+    text = _SECRET_PAIR.sub(rf"\1\2{REDACTED}", text)
+    return _CONTROL.sub(" ", text)
+
+
+def failure_reason(error: BaseException, secrets: Iterable[str]) -> FailureReason:
+    """The reason recorded for `error`: class, redacted message, the server's names."""
+    cls = type(error)
+    module = "" if cls.__module__ == "builtins" else f"{cls.__module__}."
+    error_class = f"{module}{cls.__qualname__}"[:200]
+    sqlstate = getattr(error, "sqlstate", None)
+    names: tuple[object, object, object]
+    if isinstance(error, psycopg.Error):
+        diag = error.diag
+        names = (diag.constraint_name, diag.table_name, diag.column_name)
+        message = "the driver's message is withheld: it may quote row values"
+    else:
+        names = (
+            getattr(error, "constraint", None),
+            getattr(error, "table", None),
+            getattr(error, "column", None),
+        )
+        # pybatch's own messages are built from names and bounds only (pybatch/errors.py).
+        text = str(error) if isinstance(error, PyBatchError) else redact(str(error), secrets)
+        message = _bounded(text) or "(no message)"
+    return FailureReason(
+        error_class=error_class,
+        message=message,
+        sqlstate=sqlstate if isinstance(sqlstate, str) and _SQLSTATE.match(sqlstate) else None,
+        constraint=_name(names[0]),
+        table=_name(names[1]),
+        column=_name(names[2]),
+    )
