@@ -42,7 +42,7 @@ SELECT
     CAST(entry.context_payload AS JSONB) AS context_payload,
     entry.context_checksum
 FROM
-    UNNEST(
+    pg_catalog.UNNEST(
         CAST(:partition_keys AS TEXT[]),
         CAST(:partition_ordinals AS INTEGER[]),
         CAST(:context_schemas AS TEXT[]),
@@ -577,7 +577,7 @@ assigned AS (
         rollback_count = 0,
         worker_owner_token = :owner_token,
         worker_lease_expires_at
-        = CLOCK_TIMESTAMP() + CAST(:lease_ms AS BIGINT) * INTERVAL '1 millisecond',
+        = pg_catalog.CLOCK_TIMESTAMP() + CAST(:lease_ms AS BIGINT) * INTERVAL '1 millisecond',
         version = p.version + 1
     FROM picked, worker
     WHERE p.id = picked.id AND p.version = picked.version
@@ -629,7 +629,7 @@ FROM assigned AS a;
 -- :doc How many partitions of a plan are in each status (progress of a partitioned step).
 SELECT
     p.status,
-    COUNT(*) AS partitions
+    pg_catalog.COUNT(*) AS partitions
 FROM pybatch.step_partition AS p
 WHERE p.step_execution_id = :step_execution_id
 GROUP BY p.status
@@ -638,7 +638,7 @@ ORDER BY p.status;
 -- :name count_open_step_partitions :scalar
 -- :doc How many partitions of a plan still need a worker or are being worked on - STARTING,
 -- STARTED, or FAILED after a lost worker and claimable again (see claim_step_partition).
-SELECT COUNT(*) AS open_partitions
+SELECT pg_catalog.COUNT(*) AS open_partitions
 FROM pybatch.step_partition AS p
 LEFT JOIN pybatch.step_execution AS w ON p.worker_step_execution_id = w.id
 WHERE

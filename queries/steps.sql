@@ -351,4 +351,4 @@ released AS (
 )
 
 -- A data-modifying CTE runs to completion whether or not the query reads it: released runs.
-SELECT COUNT(*) AS ended_steps FROM ended;
+SELECT pg_catalog.COUNT(*) AS ended_steps FROM ended;
