@@ -71,7 +71,7 @@ def test_the_shadows_are_what_an_unqualified_call_runs(
     shadowed_search_path: None, db_dsn: str
 ) -> None:
     with psycopg.connect(db_dsn) as session:
-        with pytest.raises(psycopg.errors.RaiseException, match="shadow odd.clock_timestamp"):
+        with pytest.raises(psycopg.errors.RaiseException, match=r"shadow odd\.clock_timestamp"):
             session.execute("SELECT clock_timestamp()")
         session.rollback()
         row = session.execute("SELECT pg_catalog.clock_timestamp() IS NOT NULL").fetchone()
