@@ -41,23 +41,18 @@ SELECT
     entry.context_schema_version,
     CAST(entry.context_payload AS JSONB) AS context_payload,
     entry.context_checksum
-FROM
-    pg_catalog.UNNEST(
-        CAST(:partition_keys AS TEXT[]),
-        CAST(:partition_ordinals AS INTEGER[]),
-        CAST(:context_schemas AS TEXT[]),
-        CAST(:context_schema_versions AS INTEGER[]),
-        CAST(:context_payloads AS TEXT[]),
-        CAST(:context_checksums AS BYTEA[])
-    )
-        AS entry (
-            partition_key,
-            partition_ordinal,
-            context_schema,
-            context_schema_version,
-            context_payload,
-            context_checksum
-        )
+FROM (
+    -- The parallel arrays by subscript: a multi-argument UNNEST is grammar only when written
+    -- unqualified, and then its UNNEST calls follow search_path.
+    SELECT
+        (CAST(:partition_keys AS TEXT[]))[i.n] AS partition_key,
+        (CAST(:partition_ordinals AS INTEGER[]))[i.n] AS partition_ordinal,
+        (CAST(:context_schemas AS TEXT[]))[i.n] AS context_schema,
+        (CAST(:context_schema_versions AS INTEGER[]))[i.n] AS context_schema_version,
+        (CAST(:context_payloads AS TEXT[]))[i.n] AS context_payload,
+        (CAST(:context_checksums AS BYTEA[]))[i.n] AS context_checksum
+    FROM pg_catalog.GENERATE_SUBSCRIPTS(CAST(:partition_keys AS TEXT[]), 1) AS i (n)
+) AS entry
 ORDER BY entry.partition_ordinal
 RETURNING
     id,
