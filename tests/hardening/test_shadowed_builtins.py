@@ -102,3 +102,20 @@ def test_audit_verify_uses_the_built_in_digest_past_shadows(
     service.stop(OperationId("stop-1"), ActorRef("cli:ops"), launched.execution.id)
     result = verify_audit_chain(shadowed_repository)
     assert result.intact and result.links == 2
+
+
+def test_every_pybatch_function_resolves_names_from_pg_catalog_first(
+    admin: psycopg.Connection[Any],
+) -> None:
+    """Function bodies are resolved when they run: each one pins its own search_path."""
+    rows = admin.execute(
+        "SELECT p.proname, p.proconfig FROM pg_catalog.pg_proc AS p"
+        " WHERE p.pronamespace = 'pybatch'::regnamespace ORDER BY p.proname"
+    ).fetchall()
+    assert rows
+    unpinned = [
+        name
+        for name, config in rows
+        if not any(setting.startswith("search_path=pg_catalog") for setting in config or [])
+    ]
+    assert unpinned == []
