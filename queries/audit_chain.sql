@@ -30,11 +30,11 @@ SELECT
     p.retention_action_id AS purged_by,
     pr.action AS purge_action,
     pl.seq AS purge_seq,
-    SHA256(
+    pg_catalog.SHA256(
         c.previous_digest
-        || INT8SEND(c.seq)
-        || CONVERT_TO(c.record_kind, 'UTF8')
-        || INT8SEND(c.record_id)
+        || pg_catalog.INT8SEND(c.seq)
+        || pg_catalog.CONVERT_TO(c.record_kind, 'UTF8')
+        || pg_catalog.INT8SEND(c.record_id)
         || c.content_digest
     ) AS expected_link_digest
 FROM pybatch.audit_chain AS c
@@ -72,8 +72,8 @@ LIMIT 1;
 SELECT
     p.retention_action_id,
     c.record_kind,
-    COUNT(*) AS marked,
-    MAX(
+    pg_catalog.COUNT(*) AS marked,
+    pg_catalog.MAX(
         CASE c.record_kind
             WHEN 'OPERATOR_REQUEST' THEN r.deleted_operator_requests
             WHEN 'RECOVERY_DECISION' THEN r.deleted_recovery_decisions
@@ -85,7 +85,7 @@ INNER JOIN pybatch.audit_chain AS c ON p.seq = c.seq
 INNER JOIN pybatch.retention_action AS r ON p.retention_action_id = r.id
 GROUP BY p.retention_action_id, c.record_kind
 HAVING
-    COUNT(*) > MAX(
+    pg_catalog.COUNT(*) > pg_catalog.MAX(
         CASE c.record_kind
             WHEN 'OPERATOR_REQUEST' THEN r.deleted_operator_requests
             WHEN 'RECOVERY_DECISION' THEN r.deleted_recovery_decisions

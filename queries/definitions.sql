@@ -51,5 +51,6 @@ INNER JOIN pybatch.definition_upgrade AS u
     ON
         e.upgrade_from_definition_id = u.from_definition_id
         AND e.definition_id = u.to_definition_id
-CROSS JOIN LATERAL JSONB_EACH_TEXT(u.step_mapping) AS m (source_step_name, target_step_name)
+CROSS JOIN
+    LATERAL pg_catalog.JSONB_EACH_TEXT(u.step_mapping) AS m (source_step_name, target_step_name)
 WHERE e.id = :job_execution_id AND m.target_step_name = :step_name;

@@ -1,42 +1,42 @@
 -- :name explore_ceiling_job_names :scalar
 -- :doc Identity ceiling of the job-name listing - the largest instance id (job_instance_pkey).
-SELECT MAX(instance.id) AS ceiling
+SELECT pg_catalog.MAX(instance.id) AS ceiling
 FROM pybatch.job_instance AS instance;
 
 -- :name explore_ceiling_instances :scalar
 -- :doc Identity ceiling of one job name's instances (job_instance_name_identity).
-SELECT MAX(instance.id) AS ceiling
+SELECT pg_catalog.MAX(instance.id) AS ceiling
 FROM pybatch.job_instance AS instance
 WHERE instance.job_name = :job_name;
 
 -- :name explore_ceiling_executions :scalar
 -- :doc Identity ceiling of execution pages and unresolved executions (job_execution_pkey).
-SELECT MAX(execution.id) AS ceiling
+SELECT pg_catalog.MAX(execution.id) AS ceiling
 FROM pybatch.job_execution AS execution;
 
 -- :name explore_ceiling_step_executions :scalar
 -- :doc Identity ceiling of step pages (step_execution_pkey).
-SELECT MAX(step.id) AS ceiling
+SELECT pg_catalog.MAX(step.id) AS ceiling
 FROM pybatch.step_execution AS step;
 
 -- :name explore_ceiling_recovery_decisions :scalar
 -- :doc Identity ceiling of recovery-decision pages (recovery_decision_pkey).
-SELECT MAX(decision.id) AS ceiling
+SELECT pg_catalog.MAX(decision.id) AS ceiling
 FROM pybatch.recovery_decision AS decision;
 
 -- :name explore_ceiling_flow_decisions :scalar
 -- :doc Identity ceiling of flow-decision pages (flow_decision_pkey).
-SELECT MAX(decision.id) AS ceiling
+SELECT pg_catalog.MAX(decision.id) AS ceiling
 FROM pybatch.flow_decision AS decision;
 
 -- :name explore_ceiling_step_partitions :scalar
 -- :doc Identity ceiling of partition pages (step_partition_pkey).
-SELECT MAX(plan_partition.id) AS ceiling
+SELECT pg_catalog.MAX(plan_partition.id) AS ceiling
 FROM pybatch.step_partition AS plan_partition;
 
 -- :name explore_ceiling_operator_requests :scalar
 -- :doc Identity ceiling of operator-request pages (operator_request_pkey).
-SELECT MAX(request.id) AS ceiling
+SELECT pg_catalog.MAX(request.id) AS ceiling
 FROM pybatch.operator_request AS request;
 
 -- :name explore_job_instance_exists :scalar
@@ -135,11 +135,11 @@ SELECT
     COALESCE(
         (
             SELECT
-                JSONB_AGG(
-                    JSONB_BUILD_ARRAY(entry.entry_name, entry.entry_envelope -> 'type')
+                pg_catalog.JSONB_AGG(
+                    pg_catalog.JSONB_BUILD_ARRAY(entry.entry_name, entry.entry_envelope -> 'type')
                 ) AS kinds
             FROM
-                JSONB_EACH(instance.identifying_parameters)
+                pg_catalog.JSONB_EACH(instance.identifying_parameters)
                     AS entry (entry_name, entry_envelope)
         ),
         CAST('[]' AS JSONB)
@@ -177,7 +177,7 @@ SELECT
     execution.context_format,
     execution.context_schema,
     execution.context_schema_version,
-    CAST(PG_COLUMN_SIZE(execution.context_payload) AS BIGINT) AS context_bytes,
+    CAST(pg_catalog.PG_COLUMN_SIZE(execution.context_payload) AS BIGINT) AS context_bytes,
     totals.read_count,
     totals.processed_count,
     totals.write_count,
@@ -194,12 +194,12 @@ CROSS JOIN
         -- counted once, through the parent. SUM over bigint is numeric: the codec refuses a
         -- total above 2**63-1 instead of wrapping.
         SELECT
-            COALESCE(SUM(step.read_count), 0) AS read_count,
-            COALESCE(SUM(step.processed_count), 0) AS processed_count,
-            COALESCE(SUM(step.write_count), 0) AS write_count,
-            COALESCE(SUM(step.filter_count), 0) AS filter_count,
-            COALESCE(SUM(step.commit_count), 0) AS commit_count,
-            COALESCE(SUM(step.rollback_count), 0) AS rollback_count
+            COALESCE(pg_catalog.SUM(step.read_count), 0) AS read_count,
+            COALESCE(pg_catalog.SUM(step.processed_count), 0) AS processed_count,
+            COALESCE(pg_catalog.SUM(step.write_count), 0) AS write_count,
+            COALESCE(pg_catalog.SUM(step.filter_count), 0) AS filter_count,
+            COALESCE(pg_catalog.SUM(step.commit_count), 0) AS commit_count,
+            COALESCE(pg_catalog.SUM(step.rollback_count), 0) AS rollback_count
         FROM pybatch.step_execution AS step
         WHERE
             step.job_execution_id = execution.id
@@ -245,7 +245,7 @@ SELECT
     execution.context_format,
     execution.context_schema,
     execution.context_schema_version,
-    CAST(PG_COLUMN_SIZE(execution.context_payload) AS BIGINT) AS context_bytes,
+    CAST(pg_catalog.PG_COLUMN_SIZE(execution.context_payload) AS BIGINT) AS context_bytes,
     totals.read_count,
     totals.processed_count,
     totals.write_count,
@@ -262,12 +262,12 @@ CROSS JOIN
         -- counted once, through the parent. SUM over bigint is numeric: the codec refuses a
         -- total above 2**63-1 instead of wrapping.
         SELECT
-            COALESCE(SUM(step.read_count), 0) AS read_count,
-            COALESCE(SUM(step.processed_count), 0) AS processed_count,
-            COALESCE(SUM(step.write_count), 0) AS write_count,
-            COALESCE(SUM(step.filter_count), 0) AS filter_count,
-            COALESCE(SUM(step.commit_count), 0) AS commit_count,
-            COALESCE(SUM(step.rollback_count), 0) AS rollback_count
+            COALESCE(pg_catalog.SUM(step.read_count), 0) AS read_count,
+            COALESCE(pg_catalog.SUM(step.processed_count), 0) AS processed_count,
+            COALESCE(pg_catalog.SUM(step.write_count), 0) AS write_count,
+            COALESCE(pg_catalog.SUM(step.filter_count), 0) AS filter_count,
+            COALESCE(pg_catalog.SUM(step.commit_count), 0) AS commit_count,
+            COALESCE(pg_catalog.SUM(step.rollback_count), 0) AS rollback_count
         FROM pybatch.step_execution AS step
         WHERE
             step.job_execution_id = execution.id
@@ -322,7 +322,7 @@ SELECT
     execution.context_format,
     execution.context_schema,
     execution.context_schema_version,
-    CAST(PG_COLUMN_SIZE(execution.context_payload) AS BIGINT) AS context_bytes,
+    CAST(pg_catalog.PG_COLUMN_SIZE(execution.context_payload) AS BIGINT) AS context_bytes,
     totals.read_count,
     totals.processed_count,
     totals.write_count,
@@ -339,12 +339,12 @@ CROSS JOIN
         -- counted once, through the parent. SUM over bigint is numeric: the codec refuses a
         -- total above 2**63-1 instead of wrapping.
         SELECT
-            COALESCE(SUM(step.read_count), 0) AS read_count,
-            COALESCE(SUM(step.processed_count), 0) AS processed_count,
-            COALESCE(SUM(step.write_count), 0) AS write_count,
-            COALESCE(SUM(step.filter_count), 0) AS filter_count,
-            COALESCE(SUM(step.commit_count), 0) AS commit_count,
-            COALESCE(SUM(step.rollback_count), 0) AS rollback_count
+            COALESCE(pg_catalog.SUM(step.read_count), 0) AS read_count,
+            COALESCE(pg_catalog.SUM(step.processed_count), 0) AS processed_count,
+            COALESCE(pg_catalog.SUM(step.write_count), 0) AS write_count,
+            COALESCE(pg_catalog.SUM(step.filter_count), 0) AS filter_count,
+            COALESCE(pg_catalog.SUM(step.commit_count), 0) AS commit_count,
+            COALESCE(pg_catalog.SUM(step.rollback_count), 0) AS rollback_count
         FROM pybatch.step_execution AS step
         WHERE
             step.job_execution_id = execution.id
@@ -361,7 +361,7 @@ CROSS JOIN
 WHERE
     execution.status IN ('STARTING', 'STARTED', 'STOPPING', 'UNKNOWN')
     AND execution.updated_at
-    < STATEMENT_TIMESTAMP() - CAST(:minimum_age_us AS BIGINT) * INTERVAL '1 microsecond'
+    < pg_catalog.STATEMENT_TIMESTAMP() - CAST(:minimum_age_us AS BIGINT) * INTERVAL '1 microsecond'
     AND execution.id > :after_id
     AND execution.id <= :ceiling
 ORDER BY execution.id
@@ -393,11 +393,11 @@ SELECT
     step.checkpoint_format,
     step.checkpoint_schema,
     step.checkpoint_schema_version,
-    CAST(PG_COLUMN_SIZE(step.checkpoint_payload) AS BIGINT) AS checkpoint_bytes,
+    CAST(pg_catalog.PG_COLUMN_SIZE(step.checkpoint_payload) AS BIGINT) AS checkpoint_bytes,
     step.context_format,
     step.context_schema,
     step.context_schema_version,
-    CAST(PG_COLUMN_SIZE(step.context_payload) AS BIGINT) AS context_bytes
+    CAST(pg_catalog.PG_COLUMN_SIZE(step.context_payload) AS BIGINT) AS context_bytes
 FROM pybatch.step_execution AS step
 WHERE
     step.job_execution_id = :job_execution_id
@@ -473,7 +473,7 @@ SELECT
     plan_partition.context_format,
     plan_partition.context_schema,
     plan_partition.context_schema_version,
-    CAST(PG_COLUMN_SIZE(plan_partition.context_payload) AS BIGINT) AS context_bytes
+    CAST(pg_catalog.PG_COLUMN_SIZE(plan_partition.context_payload) AS BIGINT) AS context_bytes
 FROM pybatch.step_partition AS plan_partition
 WHERE
     plan_partition.step_execution_id = :step_execution_id

@@ -1,7 +1,7 @@
 -- :name count_flow_node_starts :scalar
 -- :doc How often a node has started in an instance, across every attempt (start limits);
 -- driven by job_execution_attempt_unique, then step_execution_logical_id_unique.
-SELECT COUNT(*) AS start_count
+SELECT pg_catalog.COUNT(*) AS start_count
 FROM pybatch.job_execution AS e
 INNER JOIN pybatch.step_execution AS s
     ON e.id = s.job_execution_id AND s.step_logical_id = :node_id
@@ -93,7 +93,7 @@ SELECT
     CAST(:input_digest AS BYTEA) AS input_digest,
     CAST(:decided_at AS TIMESTAMPTZ) AS decided_at
 WHERE (
-    SELECT COUNT(*)
+    SELECT pg_catalog.COUNT(*)
     FROM pybatch.flow_decision AS recorded
     WHERE recorded.job_execution_id = CAST(:job_execution_id AS BIGINT)
 ) = CAST(:sequence AS BIGINT) - 1

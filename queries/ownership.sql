@@ -5,7 +5,8 @@
 UPDATE pybatch.job_execution
 SET
     owner_token = :owner_token,
-    lease_expires_at = CLOCK_TIMESTAMP() + CAST(:lease_ms AS BIGINT) * INTERVAL '1 millisecond',
+    lease_expires_at
+    = pg_catalog.CLOCK_TIMESTAMP() + CAST(:lease_ms AS BIGINT) * INTERVAL '1 millisecond',
     updated_at = GREATEST(updated_at, :claimed_at)
 WHERE
     id = :job_execution_id
@@ -17,7 +18,9 @@ WHERE
 -- :doc Extend the lease of an unresolved execution that this owner still holds and report a
 -- pending stop request; no row means the ownership is lost. The version does not change.
 UPDATE pybatch.job_execution
-SET lease_expires_at = CLOCK_TIMESTAMP() + CAST(:lease_ms AS BIGINT) * INTERVAL '1 millisecond'
+SET
+    lease_expires_at
+    = pg_catalog.CLOCK_TIMESTAMP() + CAST(:lease_ms AS BIGINT) * INTERVAL '1 millisecond'
 WHERE
     id = :job_execution_id
     AND owner_token = :owner_token
@@ -47,10 +50,12 @@ SELECT
     e.owner_token,
     e.lease_expires_at,
     CAST(
-        GREATEST(EXTRACT(EPOCH FROM e.lease_expires_at - CLOCK_TIMESTAMP()) * 1000, 0) AS BIGINT
+        GREATEST(
+            EXTRACT(EPOCH FROM e.lease_expires_at - pg_catalog.CLOCK_TIMESTAMP()) * 1000, 0
+        ) AS BIGINT
     ) AS lease_remaining_ms,
     e.stop_requested_at IS NOT NULL AS stop_requested,
-    COALESCE(e.lease_expires_at <= CLOCK_TIMESTAMP(), FALSE) AS lease_expired
+    COALESCE(e.lease_expires_at <= pg_catalog.CLOCK_TIMESTAMP(), FALSE) AS lease_expired
 FROM pybatch.job_execution AS e
 WHERE e.id = :job_execution_id
 FOR NO KEY UPDATE;
@@ -65,7 +70,7 @@ SELECT
     p.partition_key,
     p.version,
     p.worker_lease_expires_at IS NOT NULL AS leased,
-    COALESCE(p.worker_lease_expires_at <= CLOCK_TIMESTAMP(), FALSE) AS lease_expired
+    COALESCE(p.worker_lease_expires_at <= pg_catalog.CLOCK_TIMESTAMP(), FALSE) AS lease_expired
 FROM pybatch.step_partition AS p
 WHERE p.step_execution_id = :step_execution_id AND p.status = 'STARTED'
 ORDER BY p.partition_ordinal;
@@ -77,7 +82,7 @@ ORDER BY p.partition_ordinal;
 UPDATE pybatch.step_partition
 SET
     worker_lease_expires_at
-    = CLOCK_TIMESTAMP() + CAST(:lease_ms AS BIGINT) * INTERVAL '1 millisecond'
+    = pg_catalog.CLOCK_TIMESTAMP() + CAST(:lease_ms AS BIGINT) * INTERVAL '1 millisecond'
 WHERE
     id = :step_partition_id
     AND worker_step_execution_id = :worker_step_execution_id
@@ -93,7 +98,7 @@ SELECT
     p.status,
     p.version,
     p.worker_lease_expires_at IS NOT NULL AS leased,
-    COALESCE(p.worker_lease_expires_at <= CLOCK_TIMESTAMP(), FALSE) AS lease_expired
+    COALESCE(p.worker_lease_expires_at <= pg_catalog.CLOCK_TIMESTAMP(), FALSE) AS lease_expired
 FROM pybatch.step_partition AS p
 WHERE p.id = :step_partition_id
 FOR UPDATE;

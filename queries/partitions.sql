@@ -41,23 +41,18 @@ SELECT
     entry.context_schema_version,
     CAST(entry.context_payload AS JSONB) AS context_payload,
     entry.context_checksum
-FROM
-    UNNEST(
-        CAST(:partition_keys AS TEXT[]),
-        CAST(:partition_ordinals AS INTEGER[]),
-        CAST(:context_schemas AS TEXT[]),
-        CAST(:context_schema_versions AS INTEGER[]),
-        CAST(:context_payloads AS TEXT[]),
-        CAST(:context_checksums AS BYTEA[])
-    )
-        AS entry (
-            partition_key,
-            partition_ordinal,
-            context_schema,
-            context_schema_version,
-            context_payload,
-            context_checksum
-        )
+FROM (
+    -- The parallel arrays by subscript: a multi-argument UNNEST is grammar only when written
+    -- unqualified, and then its UNNEST calls follow search_path.
+    SELECT
+        (CAST(:partition_keys AS TEXT[]))[i.n] AS partition_key,
+        (CAST(:partition_ordinals AS INTEGER[]))[i.n] AS partition_ordinal,
+        (CAST(:context_schemas AS TEXT[]))[i.n] AS context_schema,
+        (CAST(:context_schema_versions AS INTEGER[]))[i.n] AS context_schema_version,
+        (CAST(:context_payloads AS TEXT[]))[i.n] AS context_payload,
+        (CAST(:context_checksums AS BYTEA[]))[i.n] AS context_checksum
+    FROM pg_catalog.GENERATE_SUBSCRIPTS(CAST(:partition_keys AS TEXT[]), 1) AS i (n)
+) AS entry
 ORDER BY entry.partition_ordinal
 RETURNING
     id,
@@ -577,7 +572,7 @@ assigned AS (
         rollback_count = 0,
         worker_owner_token = :owner_token,
         worker_lease_expires_at
-        = CLOCK_TIMESTAMP() + CAST(:lease_ms AS BIGINT) * INTERVAL '1 millisecond',
+        = pg_catalog.CLOCK_TIMESTAMP() + CAST(:lease_ms AS BIGINT) * INTERVAL '1 millisecond',
         version = p.version + 1
     FROM picked, worker
     WHERE p.id = picked.id AND p.version = picked.version
@@ -629,7 +624,7 @@ FROM assigned AS a;
 -- :doc How many partitions of a plan are in each status (progress of a partitioned step).
 SELECT
     p.status,
-    COUNT(*) AS partitions
+    pg_catalog.COUNT(*) AS partitions
 FROM pybatch.step_partition AS p
 WHERE p.step_execution_id = :step_execution_id
 GROUP BY p.status
@@ -638,7 +633,7 @@ ORDER BY p.status;
 -- :name count_open_step_partitions :scalar
 -- :doc How many partitions of a plan still need a worker or are being worked on - STARTING,
 -- STARTED, or FAILED after a lost worker and claimable again (see claim_step_partition).
-SELECT COUNT(*) AS open_partitions
+SELECT pg_catalog.COUNT(*) AS open_partitions
 FROM pybatch.step_partition AS p
 LEFT JOIN pybatch.step_execution AS w ON p.worker_step_execution_id = w.id
 WHERE

@@ -83,7 +83,7 @@ SELECT
     s.checkpoint_schema_version AS latest_step_checkpoint_schema_version,
     e.owner_token IS NULL AS owner_absent,
     COALESCE(e.owner_token = :owner_token, FALSE) AS owner_matches,
-    CLOCK_TIMESTAMP() AS server_time,
+    pg_catalog.CLOCK_TIMESTAMP() AS server_time,
     EXISTS(
         SELECT 1
         FROM pybatch.step_partition AS p

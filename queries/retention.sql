@@ -79,7 +79,7 @@ RETURNING id;
 -- index for the counts).
 WITH requested AS (
     SELECT q.status
-    FROM UNNEST(CAST(:statuses AS TEXT[])) AS q (status)
+    FROM pg_catalog.UNNEST(CAST(:statuses AS TEXT[])) AS q (status)
 ),
 
 latest AS MATERIALIZED (
@@ -100,7 +100,7 @@ latest AS MATERIALIZED (
                 e.id AS job_execution_id,
                 e.version,
                 (
-                    SELECT COUNT(*) AS n
+                    SELECT pg_catalog.COUNT(*) AS n
                     FROM pybatch.job_execution AS a
                     WHERE a.job_instance_id = e.job_instance_id
                 ) AS execution_count
@@ -109,7 +109,8 @@ latest AS MATERIALIZED (
             WHERE
                 e.status = r.status
                 AND e.updated_at
-                < STATEMENT_TIMESTAMP() - CAST(:minimum_age_us AS BIGINT) * INTERVAL '1 microsecond'
+                < pg_catalog.STATEMENT_TIMESTAMP()
+                - CAST(:minimum_age_us AS BIGINT) * INTERVAL '1 microsecond'
                 AND (e.updated_at, e.job_instance_id) > (:after_updated_at, :after_instance_id)
                 AND i.job_name = :job_name
                 AND i.hold_actor IS NULL
@@ -138,8 +139,8 @@ ranked AS (
         l.job_execution_id,
         l.version,
         l.execution_count,
-        SUM(l.execution_count) OVER taken AS taken_executions,
-        ROW_NUMBER() OVER taken AS taken_rank
+        pg_catalog.SUM(l.execution_count) OVER taken AS taken_executions,
+        pg_catalog.ROW_NUMBER() OVER taken AS taken_rank
     FROM latest AS l
     WINDOW taken AS (ORDER BY l.updated_at, l.job_instance_id ROWS UNBOUNDED PRECEDING)
 ),
@@ -185,17 +186,17 @@ SELECT
     h.updated_at,
     h.status,
     (
-        SELECT COUNT(*) AS n
+        SELECT pg_catalog.COUNT(*) AS n
         FROM pybatch.flow_decision AS f
         WHERE f.job_execution_id = ANY(ARRAY(SELECT c1.job_execution_id FROM chosen AS c1))
     ) AS flow_decisions,
     (
-        SELECT COUNT(*) AS n
+        SELECT pg_catalog.COUNT(*) AS n
         FROM pybatch.recovery_decision AS d
         WHERE d.job_execution_id = ANY(ARRAY(SELECT c2.job_execution_id FROM chosen AS c2))
     ) AS recovery_decisions,
     (
-        SELECT COUNT(*) AS n
+        SELECT pg_catalog.COUNT(*) AS n
         FROM pybatch.operator_request AS o
         WHERE
             o.job_execution_id = ANY(ARRAY(SELECT c3.job_execution_id FROM chosen AS c3))
@@ -205,13 +206,13 @@ SELECT
             )
     ) AS operator_requests,
     (
-        SELECT COUNT(*) AS n
+        SELECT pg_catalog.COUNT(*) AS n
         FROM pybatch.step_partition AS p
         INNER JOIN pybatch.step_execution AS ps ON p.step_execution_id = ps.id
         WHERE ps.job_execution_id = ANY(ARRAY(SELECT c5.job_execution_id FROM chosen AS c5))
     ) AS step_partitions,
     (
-        SELECT COUNT(*) AS n
+        SELECT pg_catalog.COUNT(*) AS n
         FROM pybatch.step_execution AS s
         WHERE s.job_execution_id = ANY(ARRAY(SELECT c6.job_execution_id FROM chosen AS c6))
     ) AS step_executions
@@ -232,8 +233,8 @@ WITH locked_instances AS MATERIALIZED (
 )
 
 SELECT
-    COUNT(*) AS found,
-    COUNT(l.hold_actor) AS held
+    pg_catalog.COUNT(*) AS found,
+    pg_catalog.COUNT(l.hold_actor) AS held
 FROM locked_instances AS l;
 
 -- :name lock_purge_executions :one
@@ -264,10 +265,12 @@ latest AS (
 SELECT
     (
         SELECT
-            SHA256(
+            pg_catalog.SHA256(
                 COALESCE(
-                    STRING_AGG(
-                        INT8SEND(c.job_instance_id) || INT8SEND(c.id) || INT8SEND(c.version),
+                    pg_catalog.STRING_AGG(
+                        pg_catalog.INT8SEND(c.job_instance_id)
+                        || pg_catalog.INT8SEND(c.id)
+                        || pg_catalog.INT8SEND(c.version),
                         CAST('' AS BYTEA)
                         ORDER BY c.job_instance_id, c.id, c.version
                     ),
@@ -277,12 +280,12 @@ SELECT
         FROM locked_executions AS c
     ) AS candidates_digest,
     (
-        SELECT COUNT(*) AS n
+        SELECT pg_catalog.COUNT(*) AS n
         FROM locked_executions AS u
         WHERE u.status IN ('STARTING', 'STARTED', 'STOPPING', 'UNKNOWN')
     ) AS unresolved,
     (
-        SELECT COUNT(*) AS n
+        SELECT pg_catalog.COUNT(*) AS n
         FROM latest AS t
         WHERE t.status <> ALL(CAST(:statuses AS TEXT[]))
     ) AS not_requested;
@@ -387,13 +390,13 @@ tombstones AS (
 )
 
 SELECT
-    (SELECT COUNT(*) AS n FROM flows) AS flow_decisions,
-    (SELECT COUNT(*) AS n FROM recoveries) AS recovery_decisions,
-    (SELECT COUNT(*) AS n FROM requests) AS operator_requests,
-    (SELECT COUNT(*) AS n FROM partitions) AS step_partitions,
-    (SELECT COUNT(*) AS n FROM steps) AS step_executions,
-    (SELECT COUNT(*) AS n FROM executions) AS job_executions,
-    (SELECT COUNT(*) AS n FROM tombstones) AS tombstones,
+    (SELECT pg_catalog.COUNT(*) AS n FROM flows) AS flow_decisions,
+    (SELECT pg_catalog.COUNT(*) AS n FROM recoveries) AS recovery_decisions,
+    (SELECT pg_catalog.COUNT(*) AS n FROM requests) AS operator_requests,
+    (SELECT pg_catalog.COUNT(*) AS n FROM partitions) AS step_partitions,
+    (SELECT pg_catalog.COUNT(*) AS n FROM steps) AS step_executions,
+    (SELECT pg_catalog.COUNT(*) AS n FROM executions) AS job_executions,
+    (SELECT pg_catalog.COUNT(*) AS n FROM tombstones) AS tombstones,
     ARRAY(
         SELECT q.id
         FROM requests AS q

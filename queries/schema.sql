@@ -15,7 +15,7 @@ CREATE SCHEMA IF NOT EXISTS pybatch;
 
 -- :name find_schema_migration_table :scalar
 -- :doc Whether the migration history table exists yet (it is created by migration 0001).
-SELECT TO_REGCLASS('pybatch.schema_migration') IS NOT NULL AS present;
+SELECT pg_catalog.TO_REGCLASS('pybatch.schema_migration') IS NOT NULL AS present;
 
 -- :name list_schema_migrations :many
 -- :doc Applied migrations in order, for the checksum comparison (schema_migration_pkey).
@@ -35,7 +35,7 @@ VALUES (
     :version,
     :name,
     :checksum,
-    CLOCK_TIMESTAMP(),
+    pg_catalog.CLOCK_TIMESTAMP(),
     CURRENT_USER,
     :execution_ms,
     TRUE
@@ -45,7 +45,7 @@ VALUES (
 -- :doc Advance the singleton version; the guard refuses to skip a version (docs/tables.md 7).
 -- Version 1 inserts the row; later versions update it only from version - 1.
 INSERT INTO pybatch.schema_version AS sv (singleton, version, installed_at)
-VALUES (TRUE, :version, CLOCK_TIMESTAMP())
+VALUES (TRUE, :version, pg_catalog.CLOCK_TIMESTAMP())
 ON CONFLICT (singleton) DO UPDATE
     SET
         version = excluded.version,
@@ -54,4 +54,4 @@ ON CONFLICT (singleton) DO UPDATE
 
 -- :name read_server_clock :scalar
 -- :doc The database server's clock, for the connect-time clock-skew check (JobRepository.connect).
-SELECT CLOCK_TIMESTAMP() AS server_time;
+SELECT pg_catalog.CLOCK_TIMESTAMP() AS server_time;

@@ -351,7 +351,7 @@ released AS (
 )
 
 -- A data-modifying CTE runs to completion whether or not the query reads it: released runs.
-SELECT COUNT(*) AS ended_steps FROM ended;
+SELECT pg_catalog.COUNT(*) AS ended_steps FROM ended;
 
 -- :name update_step_execution_failure_reason :affected
 -- :doc Record why a FAILED row failed (class, redacted message, the server's names) as a

@@ -26,20 +26,20 @@ COPY pybatch_demo.orders (id, customer, amount, order_day) FROM STDIN;
 -- :doc pybatch demo - count and fingerprint the target, sha256 over one line per row in id order,
 -- formatted like the source CSV (id, customer, amount, order_day joined by commas, then a newline).
 SELECT
-    COUNT(*) AS row_count,
-    ENCODE(
-        SHA256(
-            CONVERT_TO(
+    pg_catalog.COUNT(*) AS row_count,
+    pg_catalog.ENCODE(
+        pg_catalog.SHA256(
+            pg_catalog.CONVERT_TO(
                 COALESCE(
-                    STRING_AGG(
-                        CONCAT_WS(
+                    pg_catalog.STRING_AGG(
+                        pg_catalog.CONCAT_WS(
                             ',',
                             CAST(o.id AS TEXT),
                             o.customer,
                             CAST(o.amount AS TEXT),
-                            TO_CHAR(o.order_day, 'YYYY-MM-DD')
+                            pg_catalog.TO_CHAR(o.order_day, 'YYYY-MM-DD')
                         )
-                        || CHR(10),
+                        || pg_catalog.CHR(10),
                         ''
                         ORDER BY o.id
                     ),

@@ -2,7 +2,7 @@
 -- :doc pybatch.testing - how many sessions are connected to a database. CREATE DATABASE and DROP
 -- DATABASE find a session still there (one closed a moment ago whose backend has not exited yet)
 -- and then sleep 100 ms before they look again, so the clone pool waits for the count to reach 0.
-SELECT COUNT(*) AS sessions
+SELECT pg_catalog.COUNT(*) AS sessions
 FROM pg_stat_activity AS a
 WHERE a.datname = :datname;
 
