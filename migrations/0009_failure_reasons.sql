@@ -9,7 +9,8 @@
 -- Locks: ADD COLUMN of a nullable column without a default changes the catalog only (no
 -- rewrite, no scan) under a short ACCESS EXCLUSIVE lock, within the migrator's lock timeout.
 -- The CHECK constraints are added NOT VALID (no scan while the lock is held) and validated
--- afterwards under SHARE UPDATE EXCLUSIVE, which lets running jobs read and write.
+-- by migration 0010 in a transaction of its own, under SHARE UPDATE EXCLUSIVE, which lets
+-- running jobs read and write.
 
 ALTER TABLE pybatch.job_execution
 ADD COLUMN failure_error_class TEXT COLLATE "C",
@@ -21,17 +22,17 @@ ADD COLUMN failure_column TEXT COLLATE "C";
 
 ALTER TABLE pybatch.job_execution
 ADD CONSTRAINT job_execution_failure_error_class_length
-CHECK (OCTET_LENGTH(failure_error_class) BETWEEN 1 AND 200) NOT VALID,
+CHECK (pg_catalog.OCTET_LENGTH(failure_error_class) BETWEEN 1 AND 200) NOT VALID,
 ADD CONSTRAINT job_execution_failure_message_length
-CHECK (OCTET_LENGTH(failure_message) <= 1000) NOT VALID,
+CHECK (pg_catalog.OCTET_LENGTH(failure_message) <= 1000) NOT VALID,
 ADD CONSTRAINT job_execution_failure_sqlstate_format
 CHECK (failure_sqlstate ~ '^[0-9A-Z]{5}$') NOT VALID,
 -- Server identifiers are at most 63 bytes (NAMEDATALEN - 1).
 ADD CONSTRAINT job_execution_failure_names_length
 CHECK (
-    OCTET_LENGTH(failure_constraint) BETWEEN 1 AND 63
-    AND OCTET_LENGTH(failure_table) BETWEEN 1 AND 63
-    AND OCTET_LENGTH(failure_column) BETWEEN 1 AND 63
+    pg_catalog.OCTET_LENGTH(failure_constraint) BETWEEN 1 AND 63
+    AND pg_catalog.OCTET_LENGTH(failure_table) BETWEEN 1 AND 63
+    AND pg_catalog.OCTET_LENGTH(failure_column) BETWEEN 1 AND 63
 ) NOT VALID,
 -- A reason has a class and a message; the server's names only come with them.
 ADD CONSTRAINT job_execution_failure_reason_whole
@@ -44,12 +45,6 @@ CHECK (
         ) IS NULL
     )
 ) NOT VALID;
-
-ALTER TABLE pybatch.job_execution VALIDATE CONSTRAINT job_execution_failure_error_class_length;
-ALTER TABLE pybatch.job_execution VALIDATE CONSTRAINT job_execution_failure_message_length;
-ALTER TABLE pybatch.job_execution VALIDATE CONSTRAINT job_execution_failure_sqlstate_format;
-ALTER TABLE pybatch.job_execution VALIDATE CONSTRAINT job_execution_failure_names_length;
-ALTER TABLE pybatch.job_execution VALIDATE CONSTRAINT job_execution_failure_reason_whole;
 
 COMMENT ON COLUMN pybatch.job_execution.failure_error_class IS
 'Class of the exception that failed it (module-qualified unless a builtin); NULL if none.';
@@ -74,17 +69,17 @@ ADD COLUMN failure_column TEXT COLLATE "C";
 
 ALTER TABLE pybatch.step_execution
 ADD CONSTRAINT step_execution_failure_error_class_length
-CHECK (OCTET_LENGTH(failure_error_class) BETWEEN 1 AND 200) NOT VALID,
+CHECK (pg_catalog.OCTET_LENGTH(failure_error_class) BETWEEN 1 AND 200) NOT VALID,
 ADD CONSTRAINT step_execution_failure_message_length
-CHECK (OCTET_LENGTH(failure_message) <= 1000) NOT VALID,
+CHECK (pg_catalog.OCTET_LENGTH(failure_message) <= 1000) NOT VALID,
 ADD CONSTRAINT step_execution_failure_sqlstate_format
 CHECK (failure_sqlstate ~ '^[0-9A-Z]{5}$') NOT VALID,
 -- Server identifiers are at most 63 bytes (NAMEDATALEN - 1).
 ADD CONSTRAINT step_execution_failure_names_length
 CHECK (
-    OCTET_LENGTH(failure_constraint) BETWEEN 1 AND 63
-    AND OCTET_LENGTH(failure_table) BETWEEN 1 AND 63
-    AND OCTET_LENGTH(failure_column) BETWEEN 1 AND 63
+    pg_catalog.OCTET_LENGTH(failure_constraint) BETWEEN 1 AND 63
+    AND pg_catalog.OCTET_LENGTH(failure_table) BETWEEN 1 AND 63
+    AND pg_catalog.OCTET_LENGTH(failure_column) BETWEEN 1 AND 63
 ) NOT VALID,
 -- A reason has a class and a message; the server's names only come with them.
 ADD CONSTRAINT step_execution_failure_reason_whole
@@ -97,12 +92,6 @@ CHECK (
         ) IS NULL
     )
 ) NOT VALID;
-
-ALTER TABLE pybatch.step_execution VALIDATE CONSTRAINT step_execution_failure_error_class_length;
-ALTER TABLE pybatch.step_execution VALIDATE CONSTRAINT step_execution_failure_message_length;
-ALTER TABLE pybatch.step_execution VALIDATE CONSTRAINT step_execution_failure_sqlstate_format;
-ALTER TABLE pybatch.step_execution VALIDATE CONSTRAINT step_execution_failure_names_length;
-ALTER TABLE pybatch.step_execution VALIDATE CONSTRAINT step_execution_failure_reason_whole;
 
 COMMENT ON COLUMN pybatch.step_execution.failure_error_class IS
 'Class of the exception that failed it (module-qualified unless a builtin); NULL if none.';
