@@ -41,8 +41,25 @@ MAX_POOL_SIZE = 1024
 MAX_UNIT_OF_WORK_ATTEMPTS = 10
 
 _ALLOWED_KEYS = frozenset(
-    {"host", "hostaddr", "port", "dbname", "user", "password", "application_name", "options"}
+    {
+        *("host", "hostaddr", "port", "dbname", "user", "password", "application_name"),
+        *("options", "target_session_attrs", "load_balance_hosts"),
+    }
 )
+#: Keys whose value is a pybatch setting: in the DSN it would be silently overridden.
+_SETTING_KEYS = {"connect_timeout": "PYBATCH_CONNECT_TIMEOUT_MS (connect_timeout)"}
+#: libpq's values for the failover keys; libpq itself would only refuse a typo at connect time.
+_KEY_VALUES = {
+    "target_session_attrs": (
+        "any",
+        "read-write",
+        "read-only",
+        "primary",
+        "standby",
+        "prefer-standby",
+    ),
+    "load_balance_hosts": ("disable", "random"),
+}
 _TLS_KEYS = frozenset(
     {"requiressl", "gssencmode", "ssl-mode", "ssl-root-cert", "ssl-ca", "ssl-cert", "ssl-key"}
 )
@@ -161,6 +178,10 @@ def _parse_dsn(dsn: Secret) -> ConnectionKwargs:
     if any(key.startswith("ssl") or key in _TLS_KEYS for key in parsed):
         raise TlsOptionInConnectionString()
     for key in parsed:
+        if key in _SETTING_KEYS:
+            raise InvalidConnectionString(
+                reason=f"key {key!r} is a pybatch setting: set {_SETTING_KEYS[key]} instead"
+            )
         if key not in _ALLOWED_KEYS:
             raise InvalidConnectionString(reason=f"key {key!r} is not allowed")
     result = ConnectionKwargs(
@@ -168,7 +189,21 @@ def _parse_dsn(dsn: Secret) -> ConnectionKwargs:
     )
     if "port" in result and not _port_is_valid(result["port"]):
         raise InvalidConnectionString(reason="port must be from 1 to 65535")
+    for key, values in _KEY_VALUES.items():
+        if key in result and result[key] not in values:
+            raise InvalidConnectionString(reason=f"{key} must be one of {', '.join(values)}")
+    _check_host_lists(result)
     return result
+
+
+def _check_host_lists(params: Mapping[str, str]) -> None:
+    """A multi-host DSN gives one port (for every host) or one per host, as libpq requires."""
+    hosts = max(
+        (len(params[key].split(",")) for key in ("host", "hostaddr") if key in params), default=1
+    )
+    ports = len(params["port"].split(",")) if "port" in params else 1
+    if ports not in (1, hosts):
+        raise InvalidConnectionString(reason=f"{ports} ports for {hosts} hosts (give 1 or {hosts})")
 
 
 class Secret:

@@ -132,6 +132,64 @@ def test_unknown_or_unparsable_dsn_is_refused(dsn: str) -> None:
         ConnectionConfig(dsn=dsn)
 
 
+@pytest.mark.parametrize(
+    ("dsn", "expected"),
+    [
+        (
+            "host=db1,db2 port=5432,5433 dbname=w target_session_attrs=read-write",
+            {"host": "db1,db2", "port": "5432,5433", "target_session_attrs": "read-write"},
+        ),
+        (
+            "postgresql://u@db1:5432,db2:5433/w?target_session_attrs=primary",
+            {"host": "db1,db2", "port": "5432,5433", "target_session_attrs": "primary"},
+        ),
+        (
+            "host=db1,db2,db3 port=6432 target_session_attrs=prefer-standby",
+            {"host": "db1,db2,db3", "port": "6432", "target_session_attrs": "prefer-standby"},
+        ),
+        (
+            "host=db1,db2 load_balance_hosts=random target_session_attrs=standby",
+            {"load_balance_hosts": "random", "target_session_attrs": "standby"},
+        ),
+    ],
+)
+def test_failover_keys_and_host_lists_reach_libpq(dsn: str, expected: dict[str, str]) -> None:
+    params = ConnectionConfig(dsn=dsn).connection_kwargs()
+    assert {key: params[key] for key in expected} == expected
+    assert params["sslmode"] == "verify-full"  # a failover DSN cannot weaken TLS
+
+
+@pytest.mark.parametrize(
+    ("dsn", "reason"),
+    [
+        ("host=db1,db2 target_session_attrs=readwrite", "target_session_attrs must be one of"),
+        ("host=db1,db2 load_balance_hosts=yes", "load_balance_hosts must be one of"),
+        ("host=db1,db2,db3 port=5432,5433", "2 ports for 3 hosts (give 1 or 3)"),
+        ("host=db connect_timeout=3", "set PYBATCH_CONNECT_TIMEOUT_MS (connect_timeout) instead"),
+        ("host=db1,db2 service=prod", "key 'service' is not allowed"),
+        ("host=db1,db2 keepalives=0", "key 'keepalives' is not allowed"),
+    ],
+)
+def test_bad_failover_settings_are_refused_naming_the_fix(dsn: str, reason: str) -> None:
+    with pytest.raises(errors.InvalidConnectionString) as caught:
+        ConnectionConfig(dsn=f"{dsn} password=s3cr3t-Pa55")
+    assert reason in str(caught.value)
+    assert "s3cr3t" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "host=db1,db2 target_session_attrs=read-write sslmode=disable",
+        "postgresql://u@db1,db2/w?target_session_attrs=read-write&sslmode=prefer",
+        "host=db1,db2 target_session_attrs=read-write sslrootcert=/tmp/ca.pem",
+    ],
+)
+def test_a_failover_dsn_still_refuses_tls_options(dsn: str) -> None:
+    with pytest.raises(errors.TlsOptionInConnectionString):
+        ConnectionConfig(dsn=dsn)
+
+
 @pytest.mark.parametrize("dsn", ["", "   "])
 def test_empty_dsn_is_refused(dsn: str) -> None:
     with pytest.raises(errors.EmptyConnectionString):
