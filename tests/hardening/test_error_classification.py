@@ -190,8 +190,10 @@ def test_a_rejected_business_write_names_its_constraint_table_and_column(
     seen: list[Rejected] = []
 
     def work(step: StepRun) -> None:
-        with step.chunk() as chunk, pytest.raises(Rejected) as rejected:
-            chunk.execute(statement)
+        with step.chunk() as chunk:
+            with pytest.raises(Rejected) as rejected:
+                chunk.execute(statement)
+            chunk.rollback()
         seen.append(rejected.value)
 
     with Job(repository, "rejected_names", {"sqlstate": sqlstate}).launch() as run:
