@@ -127,7 +127,7 @@ class RepositoryError(PyBatchError):
     message = "job repository error"
 class SchemaUninitialized(RepositoryError):
     """The pybatch schema or its version row does not exist; install it with `pybatch migrate`."""
-    message = "metadata schema is not initialized"
+    message = "metadata schema is not initialized; run `pybatch migrate` as the schema's owner"
 class MigrationRequired(RepositoryError):
     """The installed schema is older than this package supports; run `pybatch migrate`."""
     message = "schema version {current} requires migration to {supported}"
@@ -699,14 +699,17 @@ class ConfigError(PyBatchError):
     message = "invalid pybatch configuration"
 class EmptyConnectionString(ConfigError):
     """The DSN is empty; set PYBATCH_DSN or pass a connection string."""
-    message = "PostgreSQL connection string is empty"
+    message = "PostgreSQL connection string is empty; set PYBATCH_DSN or pass --dsn"
 class InvalidConnectionString(ConfigError):
     """The DSN cannot be parsed or carries a key pybatch does not allow."""
     message = "PostgreSQL connection string is invalid: {reason}"
     reason: str
 class TlsOptionInConnectionString(ConfigError):
     """The DSN carries a TLS option; set TLS with PYBATCH_TLS or the configuration instead."""
-    message = "PostgreSQL TLS options must use pybatch's TLS configuration, not the DSN"
+    message = (
+        "PostgreSQL TLS options do not belong in the DSN; set PYBATCH_TLS (verify-full or"
+        " plaintext) or pass --plaintext, and PYBATCH_CA_FILE for the CA"
+    )
 class PoolSize(ConfigError):
     """The pool size (PYBATCH_POOL_SIZE) is outside 1..1024."""
     message = "pool size must be from 1 to 1024"

@@ -185,8 +185,9 @@ def test_version_read_works_for_a_role_that_may_create_nothing(
 
 
 def test_runtime_refuses_an_uninitialized_database(blank_database: str) -> None:
-    with pytest.raises(errors.SchemaUninitialized):
+    with pytest.raises(errors.SchemaUninitialized) as caught:
         pybatch.JobRepository.connect(plaintext_config(blank_database))
+    assert "run `pybatch migrate`" in str(caught.value)  # the error names the fix
     assert migrator.installed_schema_version(plaintext_config(blank_database)) is None
 
 

@@ -266,3 +266,15 @@ def test_from_env_names_the_bad_variable() -> None:
         ConnectionConfig.from_env({"PYBATCH_DSN": DSN, "PYBATCH_TLS": "prefer"})
     with pytest.raises(errors.EmptyConnectionString):
         ConnectionConfig.from_env({})
+
+
+def test_empty_dsn_names_where_to_set_it() -> None:
+    with pytest.raises(errors.EmptyConnectionString) as caught:
+        ConnectionConfig(dsn="")
+    assert "PYBATCH_DSN" in str(caught.value) and "--dsn" in str(caught.value)
+
+
+def test_sslmode_disable_in_the_dsn_points_at_pybatch_tls_settings() -> None:
+    with pytest.raises(errors.TlsOptionInConnectionString) as caught:
+        ConnectionConfig(dsn="host=db sslmode=disable")
+    assert "PYBATCH_TLS" in str(caught.value) and "--plaintext" in str(caught.value)
