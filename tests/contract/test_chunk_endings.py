@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from pybatch import JobRepository
-from pybatch.errors import ChunkNotEnded
+from pybatch.errors import ChunkNotEnded, ExecutionOwnershipLost, NotCommitted, PyBatchError
 from pybatch.etl import Job, StepRun
 from pybatch.values.status import BatchStatus
 from tests.contract.test_etl_api import DAY, business_ids, executions, orders, steps_of
@@ -109,3 +109,32 @@ def test_a_partition_workers_rollback_is_counted_through_its_partition_fence(
     ).fetchall()
     assert rows == [(1, 1), (1, 1)]
     assert business_ids(admin) == [1, 2]
+
+
+def test_a_rollback_counted_after_the_owner_lost_its_execution_changes_nothing(
+    repository: JobRepository, admin: psycopg.Connection[Any], orders: None
+) -> None:
+    """The rollback count is fenced like a commit: a replaced owner's count is refused."""
+    refused: list[PyBatchError] = []
+
+    def loses_ownership(step: StepRun) -> None:
+        with step.chunk() as chunk:
+            chunk.execute("INSERT INTO public.orders VALUES (1, 'stale')")
+            admin.execute(  # what a recovery does: another owner's token
+                "UPDATE pybatch.job_execution SET owner_token = %s WHERE id = %s",
+                (b"\x00" * 16, step.execution.job_execution_id),
+            )
+            with pytest.raises((NotCommitted, ExecutionOwnershipLost)) as error:
+                chunk.rollback()
+            refused.append(error.value)
+
+    run = Job(repository, "load_orders", DAY).launch()
+    with pytest.raises(PyBatchError), run:
+        run.step("load", loses_ownership)
+    assert len(refused) == 1
+    row = admin.execute(
+        "SELECT rollback_count FROM pybatch.step_execution WHERE job_execution_id = %s",
+        (run.execution.id,),
+    ).fetchone()
+    assert row == (0,)
+    assert business_ids(admin) == []
