@@ -112,10 +112,10 @@ def translate(
     return Unavailable(sqlstate=state)
 
 
-#: Where the server raises 0A000 for a READ WRITE transaction during recovery (a standby):
-#: the GUC check of transaction_read_only. 0A000 also means "cached plan must not change
-#: result type" (RevalidateCachedQuery) after a migration, which is not a read-only server.
-_READ_WRITE_REFUSALS = frozenset({"check_transaction_read_only", "call_bool_check_hook"})
+#: Where the server raises 0A000 for a READ WRITE transaction during recovery (a standby:
+#: the GUC check of transaction_read_only reports it). 0A000 also means "cached plan must not
+#: change result type" (RevalidateCachedQuery) after a migration: not a read-only server.
+_READ_WRITE_REFUSALS = frozenset({"call_bool_check_hook"})
 
 
 def _refused_read_write(exc: BaseException) -> bool:

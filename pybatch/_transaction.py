@@ -237,8 +237,8 @@ class TransactionSource:
         if conn is None:
             # Why could the pool not connect? A permanent refusal (the password was changed,
             # the database dropped) is reported as itself; anything else stays Unavailable.
-            probe_connection(self._config, self._ca_file)
-            raise Unavailable()
+            refusal = probe_connection(self._config, self._ca_file)
+            raise refusal if isinstance(refusal, Unavailable) else Unavailable()
         if conn in self._refused:
             self._check_again(conn)
         if read_only:
