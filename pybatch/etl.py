@@ -40,6 +40,7 @@ import attrs
 import psycopg
 
 from pybatch import _partitioned as partitioned
+from pybatch import _telemetry
 from pybatch._chunks import ChunkTransaction, StepSession
 from pybatch._failure_reasons import failure_reason
 from pybatch._job_repository import JobRepository
@@ -199,6 +200,60 @@ class Chunk:
             raise
 
 
+class _ObservedChunk(Chunk):
+    """A chunk with a span and counters: the chunk class of steps run with opentelemetry."""
+
+    __slots__ = ("_probe",)
+
+    def __init__(self, step: StepRun, transaction: ChunkTransaction) -> None:
+        super().__init__(step, transaction)
+        self._probe = step._probe.chunk()  # type: ignore[union-attr]
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, traceback: object) -> None:
+        rolled_back = exc is not None and self._transaction._open
+        super().__exit__(exc_type, exc, traceback)
+        if rolled_back:
+            self._probe.ended(exc)
+
+    def rollback(self) -> None:
+        """`Chunk.rollback`, counted and ending the chunk's span."""
+        try:
+            super().rollback()
+        except BaseException as error:
+            self._probe.ended(error)
+            raise
+        self._probe.ended(None)
+
+    def commit(
+        self,
+        *,
+        read: int,
+        written: int,
+        checkpoint: JsonObject,
+        processed: int | None = None,
+        filtered: int = 0,
+        context: JsonObject | None = None,
+        skips: FaultProgress | None = None,
+    ) -> None:
+        """`Chunk.commit`, counted, timed and ending the chunk's span."""
+        started = time.perf_counter()
+        try:
+            super().commit(
+                read=read,
+                written=written,
+                checkpoint=checkpoint,
+                processed=processed,
+                filtered=filtered,
+                context=context,
+                skips=skips,
+            )
+        except BaseException as error:
+            if not self._transaction._open:  # else the block's exit rolls it back
+                self._probe.ended(error)
+            raise
+        self._probe.committed(read, written, skips, time.perf_counter() - started)
+
+
 class StepRun:
     """A running step: its committed checkpoint and a way to open chunks."""
 
@@ -216,6 +271,10 @@ class StepRun:
         # gives it back when the step's work returns (`close`), before the step is ended.
         # Every chunk commit proves ownership with `context`'s owner token.
         self._session = StepSession(run.repository, context)
+        #: The step's span (None without opentelemetry, or in a partition worker), and the
+        #: chunk class bound to it once here: nothing is checked per chunk.
+        self._probe = _telemetry.step_started(run._probe, step.step_name.value, step.id)
+        self._chunk_type: type[Chunk] = Chunk if self._probe is None else _ObservedChunk
 
     @property
     def name(self) -> str:
@@ -271,7 +330,7 @@ class StepRun:
             ExecutionOwnershipLost: this process no longer owns the execution.
         """
         self._at_chunk_boundary()
-        return Chunk(self, self._session.begin())
+        return self._chunk_type(self, self._session.begin())
 
     def close(self) -> None:
         """Give back the connection the step's chunks held (a chunk left open rolls back)."""
@@ -376,8 +435,12 @@ class JobRun:
         self._terminated = False
         #: (this run's SIGTERM handler, the one it replaced) while installed.
         self._sigterm: tuple[Any, Any] | None = None
+        #: The job execution's span, in the launching process only (None without opentelemetry).
+        self._probe: _telemetry.JobProbe | None = None
         if owner is not None:
-            self._keeper = LeaseKeeper(repository, execution.id, owner, self.lease)
+            job_name = instance.job_name.value
+            self._probe = _telemetry.job_started(job_name, instance.id, execution.id)
+            self._keeper = LeaseKeeper(repository, execution.id, owner, self.lease, job_name)
             self._keeper.start()
             self._sigterm = _install_sigterm(self)
 
@@ -398,9 +461,21 @@ class JobRun:
         return self.execution.restart_of_execution_id is not None
 
     def __enter__(self) -> JobRun:
+        _telemetry.job_entered(self._probe)
         return self
 
     def __exit__(self, exc_type: object, exc: BaseException | None, traceback: object) -> bool:
+        error = exc
+        try:
+            return self._record_end(exc)
+        except BaseException as raised:
+            error = raised
+            raise
+        finally:
+            _telemetry.job_ended(self._probe, self.execution.status.value, error)
+
+    def _record_end(self, exc: BaseException | None) -> bool:
+        """Record how the run ended; True to swallow `exc` (a requested stop)."""
         lost = self._keeper is not None and self._keeper.lost
         self._stop_renewing()
         if lost or isinstance(exc, ExecutionOwnershipLost):
@@ -519,9 +594,10 @@ class JobRun:
             logger.info("pybatch: step %s completed in an earlier attempt; skipped", name)
             return StepOutcome(name=name, skipped=True, step=started)
         step_run = StepRun(self, started)
-        with self._ended_if_raising(started.id), contextlib.closing(step_run):
-            work(step_run)
-        ended = self._end_step(started.id, BatchStatus.COMPLETED)
+        with _telemetry.step_current(step_run._probe):
+            with self._ended_if_raising(started.id), contextlib.closing(step_run):
+                work(step_run)
+            ended = self._end_step(started.id, BatchStatus.COMPLETED)
         return StepOutcome(name=name, skipped=False, step=ended)
 
     @contextlib.contextmanager
@@ -827,6 +903,7 @@ class Job:
                     ) from active
                 raise
             uow.recovery.recover_orphaned(orphan.id, audited=True)
+            _telemetry.recovered("OWNER_LOST", self.key.job_name.value)
             logger.warning(
                 "pybatch: job execution %s had no live owner (%s); recorded FAILED (OWNER_LOST)",
                 orphan.id,
