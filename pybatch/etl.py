@@ -484,6 +484,7 @@ class JobRun:
                 "pybatch: job execution %s was recovered by another process; this run "
                 "stops without recording how it ended",
                 self.execution.id,
+                extra=self._log_fields(),
             )
             if exc is None:
                 raise ExecutionOwnershipLost(id=self.execution.id)
@@ -491,7 +492,11 @@ class JobRun:
         if isinstance(exc, StopRequested):
             self._finish(BatchStatus.STOPPED)
             self.stopped = True
-            logger.info("pybatch: job execution %s stopped on request", self.execution.id)
+            logger.info(
+                "pybatch: job execution %s stopped on request",
+                self.execution.id,
+                extra=self._log_fields(),
+            )
             return True
         try:
             self._finish(_ended_as(exc), exc)
@@ -499,9 +504,30 @@ class JobRun:
             if exc is None:
                 raise
             logger.exception(
-                "pybatch: could not record how job execution %s ended", self.execution.id
+                "pybatch: could not record how job execution %s ended",
+                self.execution.id,
+                extra=self._log_fields(),
             )
+            return False
+        logger.info(
+            "pybatch: job %s execution %s ended %s",
+            self.instance.job_name.value,
+            self.execution.id,
+            self.execution.status.value,
+            extra=self._log_fields(),
+        )
         return False
+
+    def _log_fields(self, step: str | None = None) -> dict[str, object]:
+        """The `extra=` of a lifecycle log line, for a JSON formatter (never a parameter value)."""
+        fields: dict[str, object] = {
+            "job": self.instance.job_name.value,
+            "instance": self.instance.id,
+            "execution": self.execution.id,
+        }
+        if step is not None:
+            fields["step"] = step
+        return fields
 
     def _verify_owner(self, uow: UnitOfWork) -> JobExecution:
         """This process still owns the execution (ExecutionOwnershipLost otherwise)."""
@@ -553,7 +579,11 @@ class JobRun:
         if keeper is None:
             return
         if self._terminated:
-            logger.info("pybatch: job execution %s stops on SIGTERM", self.execution.id)
+            logger.info(
+                "pybatch: job execution %s stops on SIGTERM",
+                self.execution.id,
+                extra=self._log_fields(),
+            )
             raise StopRequested(id=self.execution.id)
         if keeper.lost:
             raise ExecutionOwnershipLost(id=self.execution.id)
@@ -591,24 +621,43 @@ class JobRun:
         self._at_chunk_boundary()
         skipped, started = self.repository.run_in_unit_of_work(start)
         if skipped:
-            logger.info("pybatch: step %s completed in an earlier attempt; skipped", name)
+            logger.info(
+                "pybatch: step %s completed in an earlier attempt; skipped",
+                name,
+                extra=self._log_fields(name),
+            )
             return StepOutcome(name=name, skipped=True, step=started)
+        logger.info(
+            "pybatch: step %s started (step execution %s)",
+            name,
+            started.id,
+            extra=self._log_fields(name),
+        )
         step_run = StepRun(self, started)
         with _telemetry.step_current(step_run._probe):
-            with self._ended_if_raising(started.id), contextlib.closing(step_run):
+            with self._ended_if_raising(started.id, name), contextlib.closing(step_run):
                 work(step_run)
             ended = self._end_step(started.id, BatchStatus.COMPLETED)
+        logger.info("pybatch: step %s ended COMPLETED", name, extra=self._log_fields(name))
         return StepOutcome(name=name, skipped=False, step=ended)
 
     @contextlib.contextmanager
-    def _ended_if_raising(self, step_id: int) -> Iterator[None]:
+    def _ended_if_raising(self, step_id: int, name: str) -> Iterator[None]:
         """End the step STOPPED or FAILED (`_ended_as`) if its work raises; the error propagates."""
         try:
             yield
         except ExecutionOwnershipLost:
             raise  # the step belongs to the recovered execution now: leave it alone
         except BaseException as error:
-            self._end_step(step_id, _ended_as(error), error)
+            status = _ended_as(error)
+            self._end_step(step_id, status, error)
+            logger.info(
+                "pybatch: step %s ended %s (%s)",
+                name,
+                status.value,
+                type(error).__name__,  # its type only: a message may quote row values
+                extra=self._log_fields(name),
+            )
             raise
 
     def _end_step(
@@ -654,9 +703,13 @@ class JobRun:
             self.repository, self.instance.id, self.execution.id, name, entries, limit
         )
         if skipped:
-            logger.info("pybatch: partitioned step %s completed in an earlier attempt", name)
+            logger.info(
+                "pybatch: partitioned step %s completed in an earlier attempt",
+                name,
+                extra=self._log_fields(name),
+            )
             return StepOutcome(name=name, skipped=True, step=parent)
-        with self._ended_if_raising(parent.id):
+        with self._ended_if_raising(parent.id, name):
             partitioned.supervise(
                 self.repository,
                 parent,
@@ -862,6 +915,7 @@ class Job:
                         "gone): %.1f s left before it can be recovered",
                         pending.active.execution_id,
                         max(0.0, deadline - 1.0 - time.monotonic()),
+                        extra={"job": self.key.job_name.value},
                     )
                 time.sleep(_LEASE_POLL_SECONDS)
         logger.info(
@@ -870,6 +924,11 @@ class Job:
             instance.id,
             started.attempt,
             started.id,
+            extra={
+                "job": instance.job_name.value,
+                "instance": instance.id,
+                "execution": started.id,
+            },
         )
         return JobRun(
             self.repository,
@@ -908,6 +967,11 @@ class Job:
                 "pybatch: job execution %s had no live owner (%s); recorded FAILED (OWNER_LOST)",
                 orphan.id,
                 "lease expired" if lease.has_lease else "no lease",
+                extra={
+                    "job": self.key.job_name.value,
+                    "instance": instance.id,
+                    "execution": orphan.id,
+                },
             )
             execution = uow.executions.create(instance.id, self.definition)
         at = max(uow.clock.now(), execution.created_at)
