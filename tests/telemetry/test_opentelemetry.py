@@ -7,6 +7,7 @@ the cumulative metrics of earlier tests never count in its assertions.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from opentelemetry.trace import StatusCode
 from pybatch import JobRepository
 from pybatch.errors import Rejected
 from pybatch.etl import Job, StepRun
+from pybatch.testing import JobRunner
 from tests.contract.test_etl_api import SHORT_LEASE, start_open_step, wait_for_lease_expiry
 from tests.support.clock import ManualClock
 
@@ -299,3 +301,100 @@ def test_without_opentelemetry_a_job_runs_with_the_plain_chunk_and_no_hooks(
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
     assert rows(admin) == 1
+
+
+#: A job script with the SDK configured: finished spans go to a JSON-lines file as they end
+#: (so a SIGKILLed run leaves those it finished), its metrics at the end of a run.
+TRACED_SCRIPT = """
+import json
+import sys
+
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+from pybatch import ConnectionConfig, Job, JobRepository
+
+SPANS, METRICS = sys.argv[1], sys.argv[2]
+
+
+class ToFile(SpanExporter):
+    def export(self, spans):
+        with open(SPANS, "a") as out:
+            for span in spans:
+                record = {"name": span.name, "attributes": dict(span.attributes)}
+                out.write(json.dumps(record) + "\\n")
+        return SpanExportResult.SUCCESS
+
+
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(ToFile()))
+trace.set_tracer_provider(provider)
+reader = InMemoryMetricReader()
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+
+
+def load(step):
+    offset = step.checkpoint.get("offset", 0)
+    while offset < 10:
+        with step.chunk() as chunk:
+            chunk.executemany(
+                "INSERT INTO public.orders (id, note) VALUES (%s, 'x')",
+                [(offset + 1,), (offset + 2,)],
+            )
+            offset += 2
+            chunk.commit(read=2, written=2, checkpoint={"offset": offset})
+
+
+with JobRepository.connect(ConnectionConfig.from_env()) as repository:
+    with Job(repository, "killed_load", {}).launch() as run:
+        run.step("load", load)
+totals = {}
+for resource in reader.get_metrics_data().resource_metrics:
+    for scope in resource.scope_metrics:
+        for metric in scope.metrics:
+            for point in metric.data.data_points:
+                if hasattr(point, "value"):
+                    key = metric.name + json.dumps(dict(point.attributes), sort_keys=True)
+                    totals[key] = point.value
+with open(METRICS, "w") as out:
+    json.dump(totals, out)
+"""
+
+
+def test_a_killed_run_leaves_the_spans_it_finished_and_its_resume_counts_the_recovery(
+    db_dsn: str, orders: None, admin: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    script = tmp_path / "traced_load.py"
+    script.write_text(TRACED_SCRIPT)
+    spans, totals = tmp_path / "spans.jsonl", tmp_path / "metrics.json"
+    runner = JobRunner(db_dsn, python=sys.executable, lease=1)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+
+    killed = runner.run(script, str(spans), str(totals), kill_at_chunk=3, env=env)
+    assert killed.killed, killed.stderr
+    assert rows(admin) == 6  # the third chunk committed, then the process died
+    finished = [json.loads(line) for line in spans.read_text().splitlines()]
+    # The dead run's job and step never ended; its third chunk died inside its commit.
+    assert [span["name"] for span in finished] == ["pybatch chunk", "pybatch chunk"]
+    assert not totals.exists()
+
+    spans.unlink()
+    resumed = runner.run(script, str(spans), str(totals), env=env)
+    assert resumed.returncode == 0, resumed.stderr
+    assert rows(admin) == 10
+    finished = [json.loads(line) for line in spans.read_text().splitlines()]
+    assert [span["name"] for span in finished] == [
+        "pybatch chunk",
+        "pybatch chunk",
+        "pybatch step load",
+        "pybatch job killed_load",
+    ]
+    assert finished[-1]["attributes"]["pybatch.job.status"] == "COMPLETED"
+    counted = json.loads(totals.read_text())
+    job, step = '"pybatch.job.name": "killed_load"', '"pybatch.step.name": "load"'
+    assert counted[f"pybatch.items.written{{{job}, {step}}}"] == 4
+    assert counted[f"pybatch.chunks.committed{{{job}, {step}}}"] == 2
+    assert counted[f'pybatch.recoveries{{{job}, "pybatch.recovery.reason": "OWNER_LOST"}}'] == 1
