@@ -211,6 +211,8 @@ class _ObservedChunk(Chunk):
 
     def __exit__(self, exc_type: object, exc: BaseException | None, traceback: object) -> None:
         rolled_back = exc is not None and self._transaction._open
+        if exc is None and self._transaction._open:  # ended neither way: Chunk raises for it
+            self._probe.ended(ChunkNotEnded(step_execution_id=self._step.execution.id))
         super().__exit__(exc_type, exc, traceback)
         if rolled_back:
             self._probe.ended(exc)

@@ -31,7 +31,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from pybatch import JobRepository
-from pybatch.errors import Rejected
+from pybatch.errors import ChunkNotEnded, Rejected
 from pybatch.etl import Job, StepRun
 from pybatch.testing import JobRunner
 from tests.contract.test_etl_api import SHORT_LEASE, start_open_step, wait_for_lease_expiry
@@ -222,6 +222,24 @@ def test_a_chunk_rolled_back_on_purpose_counts_a_rollback_without_an_error(
     assert rows(admin) == 0
     assert telemetry.total("pybatch.chunks.rolled_back", "discarding_load") == 1
     assert telemetry.total("pybatch.chunks.committed", "discarding_load") == 0
+
+
+def test_a_chunk_left_without_commit_or_rollback_is_an_error_span_and_a_rollback(
+    telemetry: Telemetry, repository: JobRepository, admin: psycopg.Connection[Any], orders: None
+) -> None:
+    def work(step: StepRun) -> None:
+        with step.chunk() as chunk:
+            chunk.execute("INSERT INTO public.orders VALUES (1, 'never committed')")
+
+    with pytest.raises(ChunkNotEnded), Job(repository, "unended_load", DAY).launch() as run:
+        run.step("load", work)
+
+    [chunk] = telemetry.named("pybatch chunk")
+    assert chunk.status.status_code is StatusCode.ERROR
+    assert chunk.status.description == "ChunkNotEnded"
+    assert rows(admin) == 0
+    assert telemetry.total("pybatch.chunks.rolled_back", "unended_load") == 1
+    assert run.execution.status.value == "FAILED"
 
 
 def test_a_dead_run_recovered_and_resumed_counts_the_recovery_renewals_and_every_row_once(
