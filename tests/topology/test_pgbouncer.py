@@ -75,7 +75,7 @@ def pooled(bouncer: Bouncer, admin: psycopg.Connection[Any], **overrides: Any) -
 def settings_in_force(conn: psycopg.Connection[Any], repository: JobRepository) -> dict[str, str]:
     row = repository.statements.get_transaction_settings.one(conn)
     assert row is not None
-    return {name: row[name] for name in EXPECTED}
+    return {name: str(row[name]) for name in EXPECTED}
 
 
 def test_a_pooler_that_refuses_startup_options_is_named_with_its_fix(

@@ -80,4 +80,3 @@ def test_a_read_write_transaction_on_a_standby_is_a_read_only_server(
     assert raised.value.sqlstate == "0A000"
     translated = _sqlstate.translate(raised.value)
     assert isinstance(translated, ReadOnlyServer) and translated.sqlstate == "0A000"
-
