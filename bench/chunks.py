@@ -1099,7 +1099,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="pybatch's side runs as a job family role with isolation enabled (docs/dba.md);"
         " compare with a run without it",
     )
+    parser.add_argument(
+        "--pooler",
+        action="store_true",
+        help="pybatch's 100-row chunks directly and through PgBouncer in session and"
+        " transaction mode, side by side (bench.pooler)",
+    )
     args = parser.parse_args(argv)
+    if args.pooler:
+        from bench import pooler
+
+        return pooler.main(["--dsn", args.dsn] if args.dsn else [], workload="chunks")
     if args.pin and args.dsn:
         parser.error("--pin applies to the embedded server only")
     variants = [v for v in VARIANTS if not args.variant or v.name in args.variant]

@@ -1135,6 +1135,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         " (docs/dba.md, row-level security); compare with a run without it",
     )
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="JSON results file")
+    parser.add_argument(
+        "--pooler",
+        action="store_true",
+        help="one-step jobs directly and through PgBouncer in session and transaction mode,"
+        " side by side (bench.pooler)",
+    )
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if not 0 <= args.history < LAUNCH_KEY_BASE:
@@ -1289,6 +1295,10 @@ def measure(
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m bench.launch`."""
     args = parse_args(argv)
+    if args.pooler:
+        from bench import pooler
+
+        return pooler.main(["--dsn", args.dsn] if args.dsn else [], workload="launch")
     with postgres_server(args.dsn, fsync=args.fsync) as server_dsn:
         text, document = measure(args, server_dsn, server_is_local=is_local(args.dsn))
     print(text)
