@@ -46,6 +46,7 @@ pytestmark = pytest.mark.crash
 ROOT = Path(__file__).resolve().parents[2]
 MODES = ("session", "transaction")
 EXPECTED = {
+    "transaction_isolation": "read committed",
     "statement_timeout": "30s",
     "lock_timeout": "200ms",
     "idle_in_transaction_session_timeout": "1min",
@@ -109,7 +110,16 @@ def test_startup_options_a_pooler_dropped_are_refused_never_run_without(
 def test_every_transaction_runs_with_pybatchs_settings_through_the_pooler(
     bouncer: Bouncer, admin: psycopg.Connection[Any]
 ) -> None:
-    # Other clients leave the server connections with other values: pybatch sets its own.
+    # A managed server's defaults differ from pybatch's; pooled server connections carry
+    # them (and whatever other clients set): pybatch sets its own in each transaction.
+    for setting, value in (
+        ("default_transaction_isolation", "serializable"),
+        ("statement_timeout", "777s"),
+        ("lock_timeout", "0"),
+        ("idle_in_transaction_session_timeout", "0"),
+        ("TimeZone", "America/New_York"),
+    ):
+        admin.execute(f"ALTER DATABASE \"{admin.info.dbname}\" SET {setting} = '{value}'")
     with JobRepository.connect(pooled(bouncer, admin, pool_size=2)) as repository:
         for _ in range(6):
             with repository.read_transaction() as conn:
