@@ -339,10 +339,16 @@ class TlsVerificationFailed(Unavailable):
     message = "the server's TLS certificate could not be verified"
 class TlsNotOffered(TlsVerificationFailed):
     """The server offers no TLS; enable ssl there, or PYBATCH_TLS=plaintext on a closed network."""
-    message = "the server does not offer TLS, which PYBATCH_TLS=verify-full requires"
+    message = (
+        "the server does not offer TLS, which PYBATCH_TLS=verify-full requires: enable ssl on"
+        " the server, or on a closed network set PYBATCH_TLS=plaintext (--plaintext)"
+    )
 class ServerUnreachable(Unavailable):
     """Nothing accepts connections at the DSN's host and port; start the server or fix the DSN."""
-    message = "nothing accepts connections at the host and port the connection string names"
+    message = (
+        "connection refused: nothing accepts connections at the host and port the connection"
+        " string names; start the server or fix the DSN"
+    )
 class ReadOnlyServer(Unavailable):
     """The server takes no writes (25006: a standby, a read-only role); use the primary."""
     message = (
