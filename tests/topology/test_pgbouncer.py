@@ -24,9 +24,17 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import psycopg.conninfo
 import pytest
 
-from pybatch import ConnectionConfig, JobRepository, Pooler
+from pybatch import (
+    ConnectionConfig,
+    JobRepository,
+    Pooler,
+    installed_schema_version,
+    migrate,
+    supported_schema_version,
+)
 from pybatch.errors import (
     ExecutionAlreadyActive,
     LockTimeout,
@@ -368,3 +376,23 @@ def test_a_load_killed_three_times_through_the_pooler_resumes_exactly(
     state = durable_state(direct, admin, run, settle=wait_for_pooled_transactions_to_end)
     assert state.table_count == w.ROWS and state.table_sha256 == w.source_sha256(w.ROWS), state
     assert state.read == state.written == w.ROWS, state
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_migrate_installs_the_schema_through_the_pooler(
+    mode: str, postgresql_proc: Any, blank_database: str
+) -> None:
+    dbname = psycopg.conninfo.conninfo_to_dict(blank_database)["dbname"]
+    with pgbouncer(
+        server_port=postgresql_proc.port, user=postgresql_proc.user, pool_mode=mode
+    ) as running:
+        config = plaintext_config(
+            running.dsn(user=postgresql_proc.user, dbname=str(dbname)), pooler=Pooler(mode)
+        )
+        applied = migrate(config)
+        assert applied, "nothing was migrated"
+        assert installed_schema_version(config) == supported_schema_version()
+        with JobRepository.connect(config) as repository:
+            with Job(repository, "after_pooled_migrate", {"day": mode}).launch() as run:
+                run.step("noop", lambda step: None)
+        assert run.execution is not None and run.execution.status is BatchStatus.COMPLETED
