@@ -124,7 +124,7 @@ def _driver_errors_mapped(operation: Callable[_P, _T]) -> Callable[_P, _T]:
 @_driver_errors_mapped
 def installed_schema_version(config: ConnectionConfig) -> int | None:
     """Read the installed schema version: no lock, no DDL, fine for a read-only role."""
-    with open_connection(config, autocommit=True) as conn:
+    with _migrator_connection(config) as conn:
         return _read_version(conn)
 
 
@@ -228,19 +228,25 @@ def _migrator_transaction(
 
 
 @contextlib.contextmanager
-def _writing_connection(config: ConnectionConfig) -> Iterator[psycopg.Connection[Any]]:
-    """The migrator's connection: every BEGIN is READ COMMITTED READ WRITE.
+def _migrator_connection(
+    config: ConnectionConfig, *, read_write: bool = False
+) -> Iterator[psycopg.Connection[Any]]:
+    """The migrator's connection: autocommit (explicit transactions), nothing prepared.
 
-    READ WRITE explicitly, so a role or database with `default_transaction_read_only = on`
+    Nothing is prepared on the server, because behind a pooler in transaction mode the next
+    transaction may run on another server connection. With `read_write` every BEGIN is READ
+    COMMITTED READ WRITE, so a role or database with `default_transaction_read_only = on`
     (often set on a role meant for reports) can still migrate when it owns the schema.
     """
     with open_connection(config, autocommit=True) as conn:
-        conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
-        conn.read_only = False
+        conn.prepare_threshold = None
+        if read_write:
+            conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+            conn.read_only = False
         yield conn
 
 
-#: How `migration_sql` opens each transaction: what `_writing_connection` makes psycopg send.
+#: How `migration_sql` opens each transaction: what a `read_write` connection sends.
 _BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE;"
 
 
@@ -253,7 +259,7 @@ def migration_sql(config: ConnectionConfig) -> str:
     """
     statements = load_statements()
     shipped = shipped_migrations()
-    with open_connection(config, autocommit=True) as conn:
+    with _migrator_connection(config) as conn:
         with _migrator_transaction(conn, config):
             pending = _pending(conn, shipped)
         cursor = psycopg.ClientCursor(conn)
@@ -328,7 +334,7 @@ def migrate(config: ConnectionConfig, *, dry_run: bool = False) -> list[Migratio
     applied: list[Migration] = []
     races = 0
     lock_waits = 0
-    with _writing_connection(config) as conn:
+    with _migrator_connection(config, read_write=True) as conn:
         while True:
             locked = False
             migration: Migration | None = None

@@ -8,6 +8,7 @@ their ALTER TABLE statements slow and records the settings it ran under.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
@@ -21,6 +22,8 @@ from psycopg import sql
 
 from pybatch import _migrator as migrator
 from pybatch import errors
+from pybatch._config import ConnectionConfig
+from pybatch._connect import open_connection
 from tests.conftest import plaintext_config
 
 LATEST = migrator.supported_schema_version()
@@ -226,3 +229,29 @@ def test_printed_sql_run_by_hand_holds_against_a_hostile_role(at_version_8: str)
         conn.execute(script.encode())
     assert migrator.installed_schema_version(plaintext_config(at_version_8)) == LATEST
     assert {row[0] for row in _observed_settings(at_version_8)} == {"0"}
+
+
+def test_the_migrator_prepares_nothing_on_the_server(
+    blank_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Behind a transaction-mode pooler the next transaction may run on another server
+    connection, where a statement prepared by this one does not exist.
+
+    The package is cut to files 0001..0008: psycopg forgets its prepared statements after an
+    ALTER, which 0009 and 0010 end with, and would hide the ones prepared before.
+    """
+    prepared: list[int] = []
+
+    @contextlib.contextmanager
+    def observed(config: ConnectionConfig, *, autocommit: bool) -> Iterator[Any]:
+        with open_connection(config, autocommit=autocommit) as conn:
+            yield conn
+            row = conn.execute("SELECT count(*) FROM pg_catalog.pg_prepared_statements")
+            prepared.append(row.fetchone()[0])  # type: ignore[index]
+
+    shipped = migrator.shipped_migrations()[:BEFORE_FAILURE_REASONS]
+    monkeypatch.setattr(migrator, "shipped_migrations", lambda: shipped)
+    monkeypatch.setattr(migrator, "open_connection", observed)
+    applied = migrator.migrate(plaintext_config(blank_database))
+    assert len(applied) == BEFORE_FAILURE_REASONS  # one transaction per file, one connection
+    assert prepared == [0]
