@@ -338,6 +338,7 @@ def migrate(config: ConnectionConfig, *, dry_run: bool = False) -> list[Migratio
         while True:
             locked = False
             migration: Migration | None = None
+            exhausted: Migration | None = None
             try:
                 with _migrator_transaction(conn, config):
                     locked = _lock_migrations(conn)
@@ -355,18 +356,19 @@ def migrate(config: ConnectionConfig, *, dry_run: bool = False) -> list[Migratio
                 state = _sqlstate.sqlstate_of(error)
                 if locked and migration is not None and state == "55P03" and not conn.broken:
                     lock_waits += 1
-                    if lock_waits >= _LOCK_WAIT_ATTEMPTS:
-                        raise MigrationTableLockTimeout(
-                            version=migration.version, attempts=lock_waits
-                        ) from None
-                    _pause_for_lock(config, migration, lock_waits)
-                    continue
-                race = not locked and state in _FIRST_INSTALL_RACE
-                races += 1
-                if not race or conn.broken:
-                    raise
-                if races >= _FIRST_INSTALL_ATTEMPTS:
-                    raise MigrationLockTimeout() from None
+                    if lock_waits < _LOCK_WAIT_ATTEMPTS:
+                        _pause_for_lock(config, migration, lock_waits)
+                        continue
+                    exhausted = migration
+                else:
+                    race = not locked and state in _FIRST_INSTALL_RACE
+                    races += 1
+                    if not race or conn.broken:
+                        raise
+                    if races >= _FIRST_INSTALL_ATTEMPTS:
+                        raise MigrationLockTimeout() from None
+            if exhausted is not None:  # raised outside `except`: no driver error attached
+                raise MigrationTableLockTimeout(version=exhausted.version, attempts=lock_waits)
         with _migrator_transaction(conn, config):
             final = _read_version(conn)
         if final != shipped[-1].version:

@@ -187,6 +187,7 @@ def test_a_migration_blocked_for_every_attempt_fails_typed_and_changes_nothing(
     with pytest.raises(errors.MigrationTableLockTimeout) as caught:
         migrator.migrate(config)
     assert (caught.value.version, caught.value.attempts) == (BEFORE_FAILURE_REASONS + 1, 5)
+    assert caught.value.__context__ is None and caught.value.__cause__ is None  # no driver text
     attempts = re.findall(r"attempt (\d) of 5", "\n".join(_retry_messages(caplog)))
     assert attempts == ["1", "2", "3", "4"]  # logged before each retry, not after the last
     job_execution_reader.rollback()
