@@ -11,7 +11,7 @@ from `pybatch.values`; every underscored module is machinery that may change
 from __future__ import annotations
 
 from pybatch._clock import Clock, SystemClock
-from pybatch._config import CaCertificate, ConnectionConfig, TlsMode
+from pybatch._config import CaCertificate, ConnectionConfig, Pooler, TlsMode
 from pybatch._explorer import JobExplorer
 from pybatch._job_repository import JobRepository
 from pybatch._migrator import installed_schema_version, migrate, supported_schema_version
@@ -88,6 +88,7 @@ __all__ = [
     "NewerSchema",
     "NotCommitted",
     "PartitionRun",
+    "Pooler",
     "PyBatchError",
     "Rejected",
     "RepositoryError",

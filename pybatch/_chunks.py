@@ -158,6 +158,12 @@ class StepSession:
         # operator's pg_terminate_backend) is replaced before the chunk sends anything.
         if conn is None or not _still_alive(conn):
             conn = self._hold()
+        elif self._lease is not None:
+            try:
+                self._lease.begin()  # behind a transaction-mode pooler: the settings
+            except Unavailable:
+                self._lease = self._conn = self._cursor = None  # begin discarded it
+                raise NotCommitted(reason="the database is unavailable") from None
         committed = self.committed
         if committed is None:
             committed = self.committed = self._read_state(conn, self._drop)

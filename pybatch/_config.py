@@ -26,6 +26,7 @@ from pybatch.errors import (
     EmptyConnectionString,
     EnvironmentValueInvalid,
     InvalidConnectionString,
+    InvalidPooler,
     InvalidTlsMode,
     LockExceedsStatement,
     PoolSize,
@@ -63,6 +64,25 @@ _KEY_VALUES = {
 _TLS_KEYS = frozenset(
     {"requiressl", "gssencmode", "ssl-mode", "ssl-root-cert", "ssl-ca", "ssl-cert", "ssl-key"}
 )
+
+
+class Pooler(enum.Enum):
+    """What pybatch connects through, which decides how its settings reach the server.
+
+    pybatch's timeouts and UTC are not optional: without them `LockTimeout` and
+    `StatementCancelled` never fire and the migrator could wait on a lock without bound.
+    """
+
+    #: PostgreSQL itself: the settings travel in the startup `options`, and every new
+    #: connection reads them back (a pooler that drops them is refused: SettingsNotApplied).
+    NONE = "none"
+    #: PgBouncer with pool_mode=session (it refuses startup `options`): each new connection
+    #: sets them for its session, which the pooler keeps for as long as the client is connected.
+    SESSION = "session"
+    #: PgBouncer with pool_mode=transaction: every transaction starts by setting them for
+    #: itself (`set_config(..., true)`), and no statement is prepared on the server, since
+    #: the next transaction may run on another server connection.
+    TRANSACTION = "transaction"
 
 
 class TlsMode(enum.Enum):
@@ -286,6 +306,8 @@ class ConnectionConfig:
     #: An unresolved execution with no durable write for this long (on the database clock)
     #: is stale: `pybatch unresolved` lists it by default and RecoverySnapshot.is_stale says so.
     stale_threshold: timedelta = DEFAULT_STALE_THRESHOLD
+    #: What sits between pybatch and the server (Pooler); PYBATCH_POOLER.
+    pooler: Pooler = Pooler.NONE
 
     def __init__(
         self,
@@ -305,6 +327,7 @@ class ConnectionConfig:
         unit_of_work_attempts: int = 3,
         max_clock_skew: timedelta = DEFAULT_MAX_CLOCK_SKEW,
         stale_threshold: timedelta = DEFAULT_STALE_THRESHOLD,
+        pooler: Pooler = Pooler.NONE,
     ) -> None:
         dsn = _to_secret(dsn)  # first: from here on no local holds the raw DSN
         # Every parameter is the field of its name; `dsn` now holds only the Secret.
@@ -329,6 +352,8 @@ class ConnectionConfig:
         check_stale_threshold(self.stale_threshold)
         if not isinstance(self.tls_mode, TlsMode):
             raise InvalidTlsMode()
+        if not isinstance(self.pooler, Pooler):
+            raise InvalidPooler()
         if self.ca_certificate is not None and not isinstance(self.ca_certificate, CaCertificate):
             raise CaCertificateNotBytes()
         if self.ca_certificate is not None and self.tls_mode is not TlsMode.VERIFY_FULL:
@@ -349,24 +374,22 @@ class ConnectionConfig:
     def connection_kwargs(
         self, *, ca_file: str | None = None, statement_timeout: bool = True
     ) -> ConnectionKwargs:
-        """Keyword arguments for `psycopg.connect`, TLS and session settings forced.
+        """Keyword arguments for `psycopg.connect`, TLS and (without a pooler) settings forced.
 
         They hold the password (redacted repr, no pickling): hand them to psycopg only.
-        Explicit parameters beat libpq environment variables (PGSSLMODE cannot weaken TLS);
-        the startup `options` (which outrank `ALTER DATABASE/ROLE ... SET`) carry UTC, the
-        lock and idle-in-transaction timeouts and, unless `statement_timeout=False` (the
-        migrator: migrations may be long), the statement timeout. The only place settings
-        are applied.
+        Explicit parameters beat libpq environment variables (PGSSLMODE cannot weaken TLS).
+        Without a pooler the startup `options` (which outrank `ALTER DATABASE/ROLE ... SET`)
+        carry `session_settings`; unless `statement_timeout=False` (the migrator, which sets
+        its own per transaction) the statement timeout too. Behind a pooler they are set by
+        statements instead (`Pooler`).
         """
         params = _parse_dsn(self.dsn)
-        startup = (
-            f"-c lock_timeout={_ms(self.lock_timeout)}"
-            f" -c idle_in_transaction_session_timeout={_ms(self.idle_transaction_timeout)}"
-            " -c TimeZone=UTC"
-        )
-        if statement_timeout:
-            startup = f"-c statement_timeout={_ms(self.statement_timeout)} {startup}"
-        params["options"] = f"{params['options']} {startup}" if "options" in params else startup
+        if self.pooler is Pooler.NONE:
+            settings = self.session_settings()
+            if not statement_timeout:
+                del settings["statement_timeout"]
+            startup = " ".join(f"-c {name}={value}" for name, value in settings.items())
+            params["options"] = f"{params['options']} {startup}" if "options" in params else startup
         params["application_name"] = APPLICATION_NAME
         # libpq's connect_timeout has one-second granularity; round up, never to 0 (= forever).
         params["connect_timeout"] = str(max(1, math.ceil(self.connect_timeout.total_seconds())))
@@ -382,9 +405,18 @@ class ConnectionConfig:
                 params["sslrootcert"] = ca_file
         return params
 
+    def session_settings(self) -> dict[str, str]:
+        """The server settings pybatch runs under, by name, as pg_settings spells their values."""
+        return {
+            "statement_timeout": str(_ms(self.statement_timeout)),
+            "lock_timeout": str(_ms(self.lock_timeout)),
+            "idle_in_transaction_session_timeout": str(_ms(self.idle_transaction_timeout)),
+            "TimeZone": "UTC",
+        }
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ConnectionConfig:
-        """From PYBATCH_DSN, _TLS, _CA_FILE, _POOL_SIZE, _UNIT_OF_WORK_ATTEMPTS, _<FIELD>_MS."""
+        """From PYBATCH_DSN, _TLS, _POOLER, _CA_FILE, _POOL_SIZE, _UNIT_OF_WORK_ATTEMPTS, _*_MS."""
         source = os.environ if environ is None else environ
         kwargs: dict[str, Any] = {"dsn": Secret(source.get("PYBATCH_DSN", ""))}
         env = {
@@ -402,6 +434,14 @@ class ConnectionConfig:
             except ValueError:
                 raise EnvironmentValueInvalid(
                     variable="PYBATCH_TLS", expected="TLS mode (verify-full or plaintext)"
+                ) from None
+        pooler = env.get("PYBATCH_POOLER")
+        if pooler is not None:
+            try:
+                kwargs["pooler"] = Pooler(pooler)
+            except ValueError:
+                raise EnvironmentValueInvalid(
+                    variable="PYBATCH_POOLER", expected="pooler (none, session or transaction)"
                 ) from None
         ca_file = env.get("PYBATCH_CA_FILE")
         if ca_file:

@@ -93,13 +93,19 @@ def connect_or_raise(kwargs: Mapping[str, Any], *, autocommit: bool) -> psycopg.
     raise failure
 
 
-def probe_connection(config: ConnectionConfig, ca_file: CaFile) -> None:
-    """Open and close one connection: raise a permanent refusal now, leave the rest to the pool."""
+def probe_connection(config: ConnectionConfig, ca_file: CaFile) -> PyBatchError | None:
+    """Open and close one connection: raise a permanent refusal now, return a transient one.
+
+    The transient refusal (ServerUnreachable, a plain Unavailable) is left to the pool, which
+    retries until the acquire timeout, and then names what was wrong; None if it connected.
+    """
     try:
         connect_or_raise(config.connection_kwargs(ca_file=ca_file.path), autocommit=True).close()
     except PyBatchError as error:
         if is_permanent(error):
             raise
+        return error
+    return None
 
 
 # Connections whose server sent a FATAL while they sat idle (libpq hands an unsolicited error

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from pybatch import _telemetry
 from pybatch._unit_of_work import UnitOfWork
 from pybatch.errors import ExecutionOwnershipLost, PartitionOwnershipLost, PyBatchError
 from pybatch.values.ownership import ExecutionLease, OwnerToken
@@ -37,6 +38,8 @@ class _Keeper:
     lost_ownership: Callable[[], PyBatchError]
     #: One renewal in the caller's thread; raises `lost_error` when the ownership is gone.
     _renew_once: Callable[[], None]
+    #: The attributes of this keeper's renewal counters (the job's name, when known).
+    telemetry_attributes: Mapping[str, str] = {}
 
     def __init__(
         self,
@@ -88,7 +91,9 @@ class _Keeper:
             self._renew_once()
         except self.lost_error:
             self._lost.set()
+            _telemetry.lease_lost(self.telemetry_attributes)
             raise
+        _telemetry.lease_renewed(self.telemetry_attributes)
 
     def _run(self) -> None:
         interval = self.lease.renew_interval.total_seconds()
@@ -118,9 +123,16 @@ class LeaseKeeper(_Keeper):
     lost_error = ExecutionOwnershipLost
 
     def __init__(
-        self, repository: JobRepository, execution_id: int, owner: OwnerToken, lease: ExecutionLease
+        self,
+        repository: JobRepository,
+        execution_id: int,
+        owner: OwnerToken,
+        lease: ExecutionLease,
+        job_name: str | None = None,
     ) -> None:
         self.execution_id = execution_id
+        if job_name is not None:
+            self.telemetry_attributes = {"pybatch.job.name": job_name}
         self._stop_requested = threading.Event()
         name, description = f"pybatch-lease-{execution_id}", f"job execution {execution_id}"
         super().__init__(repository, owner, lease, name, description)

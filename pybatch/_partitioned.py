@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+from pybatch import _telemetry
 from pybatch._job_repository import JobRepository
 from pybatch._lease_keeper import PartitionLeaseKeeper
 from pybatch._repository.ownership import StartedPartition
@@ -118,6 +119,7 @@ def recover_lost_workers(repository: JobRepository, parent_id: int) -> int:
             partition.key,
             "lease expired" if partition.leased else "no lease",
         )
+        _telemetry.recovered("STALE_RECOVERED")
         recovered += 1
     return recovered
 

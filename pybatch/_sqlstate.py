@@ -28,10 +28,16 @@ from pybatch.errors import (
     IntegrityViolation,
     LockTimeout,
     PermissionDenied,
+    PoolerRefused,
     PyBatchError,
+    ReadOnlyServer,
     Rejected,
     RetryableConflict,
     SchemaUninitialized,
+    ServerUnreachable,
+    SettingsNotApplied,
+    StatementCancelled,
+    TlsNotOffered,
     TlsVerificationFailed,
     Unavailable,
 )
@@ -99,7 +105,22 @@ def translate(
         return SchemaUninitialized()
     if state == "42501":
         return PermissionDenied(**_denied_object(exc))
+    if state == "25006" or (state == "0A000" and _refused_read_write(exc)):
+        return ReadOnlyServer(sqlstate=state)
+    if state == "57014":
+        return StatementCancelled(sqlstate=state)
     return Unavailable(sqlstate=state)
+
+
+#: Where the server raises 0A000 for a READ WRITE transaction during recovery (a standby:
+#: the GUC check of transaction_read_only reports it). 0A000 also means "cached plan must not
+#: change result type" (RevalidateCachedQuery) after a migration: not a read-only server.
+_READ_WRITE_REFUSALS = frozenset({"call_bool_check_hook"})
+
+
+def _refused_read_write(exc: BaseException) -> bool:
+    source = exc.diag.source_function if isinstance(exc, psycopg.Error) else None
+    return source in _READ_WRITE_REFUSALS
 
 
 #: The server's fixed English phrases for 42501 name the object (`permission denied for table
@@ -193,13 +214,31 @@ def classify_connect_failure(error: psycopg.Error) -> PyBatchError:
         return DatabaseNotFound(sqlstate=state)
     if state == "42501":
         return PermissionDenied()
+    if state is None:
+        for phrase, refusal in _CONNECT_REFUSALS:
+            if phrase in text:
+                return refusal()
     if state is None and any(phrase in text for phrase in _TLS_VERIFICATION_PHRASES):
         return TlsVerificationFailed()
     return Unavailable(sqlstate=state)
 
 
+#: Phrases that name a cause more precisely than "unavailable" (libpq's and PgBouncer's).
+_CONNECT_REFUSALS: tuple[tuple[str, Callable[[], PyBatchError]], ...] = (
+    ("server does not support SSL", TlsNotOffered),
+    ("unsupported startup parameter", PoolerRefused),  # PgBouncer, without ignore_startup_...
+    ("Connection refused", ServerUnreachable),
+)
+
+
 def is_permanent(error: PyBatchError) -> bool:
     """True for refusals that waiting cannot fix."""
     return isinstance(
-        error, AuthenticationFailed | DatabaseNotFound | TlsVerificationFailed | PermissionDenied
+        error,
+        AuthenticationFailed
+        | DatabaseNotFound
+        | TlsVerificationFailed
+        | PermissionDenied
+        | PoolerRefused
+        | SettingsNotApplied,
     )

@@ -1,8 +1,10 @@
 """The one transaction primitive: lease a connection, COMMIT with a classified outcome, release.
 
 Every transaction (unit of work, read, chunk, retry reservation) leases and ends its pooled
-connection here, the only module touching the pool. Settings cost no round trip: the startup
-`options` carry the timeouts and UTC, and `isolation_level` makes every BEGIN READ COMMITTED.
+connection here, the only module touching the pool. `isolation_level` makes every BEGIN READ
+COMMITTED. The timeouts and UTC (`Pooler`) travel in the startup `options` and are read back
+once per connection; behind PgBouncer they are set once per connection (session mode) or by
+the first statement of every transaction (transaction mode, where nothing is prepared).
 COMMIT outcomes (docs/tables.md 5) are raised from the caller's `CommitErrors`; a connection
 that can no longer be trusted is discarded.
 """
@@ -23,10 +25,10 @@ from psycopg.types.array import ListBinaryDumper
 
 from pybatch import _sqlstate
 from pybatch._codecs._jsonb import install_strict_json_loads
-from pybatch._config import ConnectionConfig
+from pybatch._config import ConnectionConfig, Pooler
 from pybatch._connect import CaFile, check_idle_connection, probe_connection, watch_for_termination
-from pybatch._statements import Connection
-from pybatch.errors import PyBatchError, Unavailable
+from pybatch._statements import Connection, load_statements
+from pybatch.errors import PyBatchError, SettingsNotApplied, Unavailable
 
 #: Run once on every new pooled connection, leaving it idle: the refusal to raise when the
 #: connection is leased, or None (the clock-skew check of JobRepository.connect).
@@ -60,6 +62,25 @@ class Lease:
     def connection(self) -> Connection | None:
         """The leased connection, or None once it went back to the pool."""
         return self._conn
+
+    def begin(self) -> None:
+        """Start the next transaction of a kept connection with pybatch's settings.
+
+        Only behind a transaction-mode pooler, and only when no transaction is open: there
+        each transaction may run on another server connection, so it sets them for itself.
+        Raises Unavailable (the connection is then discarded).
+        """
+        conn = self._conn
+        if (
+            self._source.per_transaction
+            and conn is not None
+            and conn.pgconn.transaction_status == TransactionStatus.IDLE
+        ):
+            try:
+                self._source.apply_settings(conn, transaction_only=True)
+            except psycopg.Error as error:
+                self.discard()
+                raise Unavailable(sqlstate=_sqlstate.sqlstate_of(error)) from None
 
     def commit(self, errors: CommitErrors, *, keep: bool = False) -> None:
         """COMMIT and give the connection back; raise the family's error unless durable.
@@ -125,6 +146,9 @@ class TransactionSource:
             weakref.WeakKeyDictionary()
         )
         self._check = check
+        #: Behind a transaction-mode pooler: every transaction sets the settings itself.
+        self.per_transaction = config.pooler is Pooler.TRANSACTION
+        self._settings = config.session_settings()
         self._ca_file = CaFile(config)
         try:
             # A wrong password or database fails here at once, not after the acquire timeout.
@@ -155,10 +179,46 @@ class TransactionSource:
         conn.adapters.register_dumper(list, ListBinaryDumper)
         install_strict_json_loads(conn)
         watch_for_termination(conn)
+        pooler = self._config.pooler
+        if pooler is Pooler.TRANSACTION:
+            # A named prepared statement lives on one server connection; the pooler hands
+            # the next transaction another (`prepared statement "_pg3_0" already exists`).
+            conn.prepare_threshold = None
+        elif pooler is Pooler.SESSION:
+            self.apply_settings(conn, transaction_only=False)
+            conn.commit()
+        else:
+            dropped = self._dropped_setting(conn)
+            if dropped is not None:
+                self._refused[conn] = dropped
+                return
         if self._check is not None:
             refusal = self._check(conn)
             if refusal is not None:
                 self._refused[conn] = refusal
+
+    def apply_settings(self, conn: Connection, *, transaction_only: bool) -> None:
+        """Set the timeouts and UTC by statement (behind a pooler; see `Pooler`)."""
+        settings = self._settings
+        load_statements().apply_pooled_settings.one(
+            conn,
+            statement_timeout=settings["statement_timeout"],
+            lock_timeout=settings["lock_timeout"],
+            idle_in_transaction_session_timeout=settings["idle_in_transaction_session_timeout"],
+            time_zone=settings["TimeZone"],
+            transaction_only=transaction_only,
+        )
+
+    def _dropped_setting(self, conn: Connection) -> SettingsNotApplied | None:
+        """The refusal when the server does not run a setting the startup options carried."""
+        rows = load_statements().read_session_settings.many(conn)
+        conn.rollback()
+        running = {row["name"]: row["setting"] for row in rows}
+        for name, expected in self._settings.items():
+            found = running.get(name)
+            if found != expected:
+                return SettingsNotApplied(setting=name, expected=expected, found=str(found))
+        return None
 
     def lease(self, *, read_only: bool = False) -> Lease:
         """Lease a pooled connection for one transaction (READ ONLY when asked).
@@ -177,21 +237,27 @@ class TransactionSource:
         if conn is None:
             # Why could the pool not connect? A permanent refusal (the password was changed,
             # the database dropped) is reported as itself; anything else stays Unavailable.
-            probe_connection(self._config, self._ca_file)
-            raise Unavailable()
+            refusal = probe_connection(self._config, self._ca_file)
+            raise refusal if isinstance(refusal, Unavailable) else Unavailable()
         if conn in self._refused:
             self._check_again(conn)
         if read_only:
             conn.read_only = True
-        return Lease(self, conn, read_only=read_only)
+        lease = Lease(self, conn, read_only=read_only)
+        lease.begin()
+        return lease
 
     def _check_again(self, conn: Connection) -> None:
-        """Measure a refused connection again (the clock may be fixed); else drop it, raise."""
-        refusal: PyBatchError | None
-        try:
-            refusal = None if self._check is None else self._check(conn)
-        except psycopg.Error as error:
-            refusal = Unavailable(sqlstate=_sqlstate.sqlstate_of(error))
+        """Measure a refused connection again (the clock may be fixed); else drop it, raise.
+
+        A connection whose server dropped pybatch's settings is never taken: they stay dropped.
+        """
+        refusal: PyBatchError | None = self._refused[conn]
+        if not isinstance(refusal, SettingsNotApplied):
+            try:
+                refusal = None if self._check is None else self._check(conn)
+            except psycopg.Error as error:
+                refusal = Unavailable(sqlstate=_sqlstate.sqlstate_of(error))
         if refusal is None:
             del self._refused[conn]
             return

@@ -337,6 +337,41 @@ class DatabaseNotFound(Unavailable):
 class TlsVerificationFailed(Unavailable):
     """The server certificate failed verification, or TLS is missing; check PYBATCH_CA_FILE."""
     message = "the server's TLS certificate could not be verified"
+class TlsNotOffered(TlsVerificationFailed):
+    """The server offers no TLS; enable ssl there, or PYBATCH_TLS=plaintext on a closed network."""
+    message = "the server does not offer TLS, which PYBATCH_TLS=verify-full requires"
+class ServerUnreachable(Unavailable):
+    """Nothing accepts connections at the DSN's host and port; start the server or fix the DSN."""
+    message = "nothing accepts connections at the host and port the connection string names"
+class ReadOnlyServer(Unavailable):
+    """The server takes no writes (25006: a standby, a read-only role); use the primary."""
+    message = (
+        "the server is read-only (a standby, or default_transaction_read_only): writes need"
+        " the primary; add target_session_attrs=read-write to a multi-host connection string"
+    )
+class StatementCancelled(Unavailable):
+    """A statement ran past a statement timeout or an operator cancelled it (57014)."""
+    message = (
+        "the server cancelled a statement (a statement timeout, or pg_cancel_backend); raise"
+        " PYBATCH_STATEMENT_TIMEOUT_MS or find what slowed it"
+    )
+class PoolerRefused(Unavailable):
+    """A pooler refused pybatch's startup options; set PYBATCH_POOLER to its pool_mode."""
+    message = (
+        "a connection pooler refused pybatch's startup options; set PYBATCH_POOLER to"
+        " session or transaction, as the pooler's pool_mode"
+    )
+class SettingsNotApplied(Unavailable):
+    """The server does not run pybatch's timeouts (a pooler dropped them); set PYBATCH_POOLER."""
+    message = (
+        "the server runs {setting}={found}, not pybatch's {expected}: a connection pooler"
+        " dropped the startup options; set PYBATCH_POOLER to session or transaction"
+    )
+    setting: str
+    expected: str
+    found: str
+    def __str__(self) -> str:  # the fields, not a SQLSTATE: the server raised nothing
+        return PyBatchError.__str__(self)
 class PermissionDenied(_AtFault, RepositoryError):
     """The role lacks a privilege the operation needs (42501); grant it (docs/dba.md, Roles)."""
     message = ("permission denied: the role lacks a privilege this operation needs"
@@ -762,6 +797,9 @@ class CommandArgumentInvalid(ConfigError):
 class InvalidTlsMode(ConfigError):
     """tls_mode is not a TlsMode member."""
     message = "TLS mode must be a TlsMode (VERIFY_FULL or PLAINTEXT)"
+class InvalidPooler(ConfigError):
+    """pooler is not a Pooler member."""
+    message = "pooler must be a Pooler (NONE, SESSION or TRANSACTION)"
 class CaCertificateNotBytes(ConfigError):
     """The CA bundle was not given as PEM bytes in a CaCertificate."""
     message = "CA certificate must be a CaCertificate holding PEM bytes"

@@ -40,6 +40,7 @@ import attrs
 import psycopg
 
 from pybatch import _partitioned as partitioned
+from pybatch import _telemetry
 from pybatch._chunks import ChunkTransaction, StepSession
 from pybatch._failure_reasons import failure_reason
 from pybatch._job_repository import JobRepository
@@ -199,6 +200,62 @@ class Chunk:
             raise
 
 
+class _ObservedChunk(Chunk):
+    """A chunk with a span and counters: the chunk class of steps run with opentelemetry."""
+
+    __slots__ = ("_probe",)
+
+    def __init__(self, step: StepRun, transaction: ChunkTransaction) -> None:
+        super().__init__(step, transaction)
+        self._probe = step._probe.chunk()  # type: ignore[union-attr]
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, traceback: object) -> None:
+        rolled_back = exc is not None and self._transaction._open
+        if exc is None and self._transaction._open:  # ended neither way: Chunk raises for it
+            self._probe.ended(ChunkNotEnded(step_execution_id=self._step.execution.id))
+        super().__exit__(exc_type, exc, traceback)
+        if rolled_back:
+            self._probe.ended(exc)
+
+    def rollback(self) -> None:
+        """`Chunk.rollback`, counted and ending the chunk's span."""
+        try:
+            super().rollback()
+        except BaseException as error:
+            self._probe.ended(error)
+            raise
+        self._probe.ended(None)
+
+    def commit(
+        self,
+        *,
+        read: int,
+        written: int,
+        checkpoint: JsonObject,
+        processed: int | None = None,
+        filtered: int = 0,
+        context: JsonObject | None = None,
+        skips: FaultProgress | None = None,
+    ) -> None:
+        """`Chunk.commit`, counted, timed and ending the chunk's span."""
+        started = time.perf_counter()
+        try:
+            super().commit(
+                read=read,
+                written=written,
+                checkpoint=checkpoint,
+                processed=processed,
+                filtered=filtered,
+                context=context,
+                skips=skips,
+            )
+        except BaseException as error:
+            if not self._transaction._open:  # else the block's exit rolls it back
+                self._probe.ended(error)
+            raise
+        self._probe.committed(read, written, skips, time.perf_counter() - started)
+
+
 class StepRun:
     """A running step: its committed checkpoint and a way to open chunks."""
 
@@ -216,6 +273,10 @@ class StepRun:
         # gives it back when the step's work returns (`close`), before the step is ended.
         # Every chunk commit proves ownership with `context`'s owner token.
         self._session = StepSession(run.repository, context)
+        #: The step's span (None without opentelemetry, or in a partition worker), and the
+        #: chunk class bound to it once here: nothing is checked per chunk.
+        self._probe = _telemetry.step_started(run._probe, step.step_name.value, step.id)
+        self._chunk_type: type[Chunk] = Chunk if self._probe is None else _ObservedChunk
 
     @property
     def name(self) -> str:
@@ -271,7 +332,7 @@ class StepRun:
             ExecutionOwnershipLost: this process no longer owns the execution.
         """
         self._at_chunk_boundary()
-        return Chunk(self, self._session.begin())
+        return self._chunk_type(self, self._session.begin())
 
     def close(self) -> None:
         """Give back the connection the step's chunks held (a chunk left open rolls back)."""
@@ -376,8 +437,12 @@ class JobRun:
         self._terminated = False
         #: (this run's SIGTERM handler, the one it replaced) while installed.
         self._sigterm: tuple[Any, Any] | None = None
+        #: The job execution's span, in the launching process only (None without opentelemetry).
+        self._probe: _telemetry.JobProbe | None = None
         if owner is not None:
-            self._keeper = LeaseKeeper(repository, execution.id, owner, self.lease)
+            job_name = instance.job_name.value
+            self._probe = _telemetry.job_started(job_name, instance.id, execution.id)
+            self._keeper = LeaseKeeper(repository, execution.id, owner, self.lease, job_name)
             self._keeper.start()
             self._sigterm = _install_sigterm(self)
 
@@ -398,9 +463,21 @@ class JobRun:
         return self.execution.restart_of_execution_id is not None
 
     def __enter__(self) -> JobRun:
+        _telemetry.job_entered(self._probe)
         return self
 
     def __exit__(self, exc_type: object, exc: BaseException | None, traceback: object) -> bool:
+        error = exc
+        try:
+            return self._record_end(exc)
+        except BaseException as raised:
+            error = raised
+            raise
+        finally:
+            _telemetry.job_ended(self._probe, self.execution.status.value, error)
+
+    def _record_end(self, exc: BaseException | None) -> bool:
+        """Record how the run ended; True to swallow `exc` (a requested stop)."""
         lost = self._keeper is not None and self._keeper.lost
         self._stop_renewing()
         if lost or isinstance(exc, ExecutionOwnershipLost):
@@ -409,6 +486,7 @@ class JobRun:
                 "pybatch: job execution %s was recovered by another process; this run "
                 "stops without recording how it ended",
                 self.execution.id,
+                extra=self._log_fields(),
             )
             if exc is None:
                 raise ExecutionOwnershipLost(id=self.execution.id)
@@ -416,7 +494,11 @@ class JobRun:
         if isinstance(exc, StopRequested):
             self._finish(BatchStatus.STOPPED)
             self.stopped = True
-            logger.info("pybatch: job execution %s stopped on request", self.execution.id)
+            logger.info(
+                "pybatch: job execution %s stopped on request",
+                self.execution.id,
+                extra=self._log_fields(),
+            )
             return True
         try:
             self._finish(_ended_as(exc), exc)
@@ -424,9 +506,30 @@ class JobRun:
             if exc is None:
                 raise
             logger.exception(
-                "pybatch: could not record how job execution %s ended", self.execution.id
+                "pybatch: could not record how job execution %s ended",
+                self.execution.id,
+                extra=self._log_fields(),
             )
+            return False
+        logger.info(
+            "pybatch: job %s execution %s ended %s",
+            self.instance.job_name.value,
+            self.execution.id,
+            self.execution.status.value,
+            extra=self._log_fields(),
+        )
         return False
+
+    def _log_fields(self, step: str | None = None) -> dict[str, object]:
+        """The `extra=` of a lifecycle log line, for a JSON formatter (never a parameter value)."""
+        fields: dict[str, object] = {
+            "job": self.instance.job_name.value,
+            "instance": self.instance.id,
+            "execution": self.execution.id,
+        }
+        if step is not None:
+            fields["step"] = step
+        return fields
 
     def _verify_owner(self, uow: UnitOfWork) -> JobExecution:
         """This process still owns the execution (ExecutionOwnershipLost otherwise)."""
@@ -478,7 +581,11 @@ class JobRun:
         if keeper is None:
             return
         if self._terminated:
-            logger.info("pybatch: job execution %s stops on SIGTERM", self.execution.id)
+            logger.info(
+                "pybatch: job execution %s stops on SIGTERM",
+                self.execution.id,
+                extra=self._log_fields(),
+            )
             raise StopRequested(id=self.execution.id)
         if keeper.lost:
             raise ExecutionOwnershipLost(id=self.execution.id)
@@ -516,23 +623,43 @@ class JobRun:
         self._at_chunk_boundary()
         skipped, started = self.repository.run_in_unit_of_work(start)
         if skipped:
-            logger.info("pybatch: step %s completed in an earlier attempt; skipped", name)
+            logger.info(
+                "pybatch: step %s completed in an earlier attempt; skipped",
+                name,
+                extra=self._log_fields(name),
+            )
             return StepOutcome(name=name, skipped=True, step=started)
+        logger.info(
+            "pybatch: step %s started (step execution %s)",
+            name,
+            started.id,
+            extra=self._log_fields(name),
+        )
         step_run = StepRun(self, started)
-        with self._ended_if_raising(started.id), contextlib.closing(step_run):
-            work(step_run)
-        ended = self._end_step(started.id, BatchStatus.COMPLETED)
+        with _telemetry.step_current(step_run._probe):
+            with self._ended_if_raising(started.id, name), contextlib.closing(step_run):
+                work(step_run)
+            ended = self._end_step(started.id, BatchStatus.COMPLETED)
+        logger.info("pybatch: step %s ended COMPLETED", name, extra=self._log_fields(name))
         return StepOutcome(name=name, skipped=False, step=ended)
 
     @contextlib.contextmanager
-    def _ended_if_raising(self, step_id: int) -> Iterator[None]:
+    def _ended_if_raising(self, step_id: int, name: str) -> Iterator[None]:
         """End the step STOPPED or FAILED (`_ended_as`) if its work raises; the error propagates."""
         try:
             yield
         except ExecutionOwnershipLost:
             raise  # the step belongs to the recovered execution now: leave it alone
         except BaseException as error:
-            self._end_step(step_id, _ended_as(error), error)
+            status = _ended_as(error)
+            self._end_step(step_id, status, error)
+            logger.info(
+                "pybatch: step %s ended %s (%s)",
+                name,
+                status.value,
+                type(error).__name__,  # its type only: a message may quote row values
+                extra=self._log_fields(name),
+            )
             raise
 
     def _end_step(
@@ -578,9 +705,13 @@ class JobRun:
             self.repository, self.instance.id, self.execution.id, name, entries, limit
         )
         if skipped:
-            logger.info("pybatch: partitioned step %s completed in an earlier attempt", name)
+            logger.info(
+                "pybatch: partitioned step %s completed in an earlier attempt",
+                name,
+                extra=self._log_fields(name),
+            )
             return StepOutcome(name=name, skipped=True, step=parent)
-        with self._ended_if_raising(parent.id):
+        with self._ended_if_raising(parent.id, name):
             partitioned.supervise(
                 self.repository,
                 parent,
@@ -786,6 +917,7 @@ class Job:
                         "gone): %.1f s left before it can be recovered",
                         pending.active.execution_id,
                         max(0.0, deadline - 1.0 - time.monotonic()),
+                        extra={"job": self.key.job_name.value},
                     )
                 time.sleep(_LEASE_POLL_SECONDS)
         logger.info(
@@ -794,6 +926,11 @@ class Job:
             instance.id,
             started.attempt,
             started.id,
+            extra={
+                "job": instance.job_name.value,
+                "instance": instance.id,
+                "execution": started.id,
+            },
         )
         return JobRun(
             self.repository,
@@ -827,10 +964,16 @@ class Job:
                     ) from active
                 raise
             uow.recovery.recover_orphaned(orphan.id, audited=True)
+            _telemetry.recovered("OWNER_LOST", self.key.job_name.value)
             logger.warning(
                 "pybatch: job execution %s had no live owner (%s); recorded FAILED (OWNER_LOST)",
                 orphan.id,
                 "lease expired" if lease.has_lease else "no lease",
+                extra={
+                    "job": self.key.job_name.value,
+                    "instance": instance.id,
+                    "execution": orphan.id,
+                },
             )
             execution = uow.executions.create(instance.id, self.definition)
         at = max(uow.clock.now(), execution.created_at)

@@ -7,3 +7,36 @@ SELECT
     pg_catalog.CURRENT_SETTING('idle_in_transaction_session_timeout')
         AS idle_in_transaction_session_timeout,
     pg_catalog.CURRENT_SETTING('TimeZone') AS time_zone;
+
+-- :name apply_pooled_settings :one
+-- :doc Set pybatch's timeouts and UTC with statements, behind a connection pooler that
+-- refuses startup options - for the session (pool_mode=session, once per connection) or,
+-- with transaction_only, for the current transaction alone (pool_mode=transaction, first
+-- statement of every transaction). Returns the values now in force.
+SELECT
+    pg_catalog.SET_CONFIG(
+        'statement_timeout', :statement_timeout, :transaction_only
+    ) AS statement_timeout,
+    pg_catalog.SET_CONFIG('lock_timeout', :lock_timeout, :transaction_only) AS lock_timeout,
+    pg_catalog.SET_CONFIG(
+        'idle_in_transaction_session_timeout',
+        :idle_in_transaction_session_timeout,
+        :transaction_only
+    ) AS idle_in_transaction_session_timeout,
+    pg_catalog.SET_CONFIG('TimeZone', :time_zone, :transaction_only) AS time_zone;
+
+-- :name read_session_settings :many
+-- :doc The settings pybatch relies on as the server runs them, in pg_settings' base units
+-- (milliseconds), read once per new connection: a pooler that dropped the startup options
+-- is refused (SettingsNotApplied) instead of running without timeouts.
+SELECT
+    s.name,
+    s.setting
+FROM pg_catalog.pg_settings AS s
+WHERE
+    s.name IN (
+        'statement_timeout',
+        'lock_timeout',
+        'idle_in_transaction_session_timeout',
+        'TimeZone'
+    );

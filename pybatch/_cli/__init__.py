@@ -39,6 +39,8 @@ EXIT_UNAVAILABLE = 3
 EXIT_NOT_FOUND = 4
 EXIT_OUTCOME_UNKNOWN = 5
 EXIT_PERMISSION_DENIED = 6
+EXIT_READ_ONLY = 7
+EXIT_CANCELLED = 8
 
 #: Error families and their exit codes, first match wins (Unavailable is decided by SQLSTATE).
 _EXIT_CODES: tuple[tuple[tuple[type[BaseException], ...], int], ...] = (
@@ -47,6 +49,9 @@ _EXIT_CODES: tuple[tuple[tuple[type[BaseException], ...], int], ...] = (
         EXIT_OUTCOME_UNKNOWN,
     ),
     ((e.PermissionDenied, e.AuthenticationFailed), EXIT_PERMISSION_DENIED),
+    # Retrying cannot help: the server takes no writes, or cancelled the statement.
+    ((e.ReadOnlyServer,), EXIT_READ_ONLY),
+    ((e.StatementCancelled,), EXIT_CANCELLED),
     (
         (
             e.JobInstanceNotFound,
@@ -58,7 +63,16 @@ _EXIT_CODES: tuple[tuple[tuple[type[BaseException], ...], int], ...] = (
         ),
         EXIT_NOT_FOUND,
     ),
-    ((e.ConfigError, e.DatabaseNotFound, e.TlsVerificationFailed), EXIT_CONFIGURATION),
+    (
+        (
+            e.ConfigError,
+            e.DatabaseNotFound,
+            e.TlsVerificationFailed,
+            e.PoolerRefused,
+            e.SettingsNotApplied,
+        ),
+        EXIT_CONFIGURATION,
+    ),
 )
 _CONFIGURATION = (
     e.PageSizeOutOfRange,

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from pybatch import _telemetry
 from pybatch._unit_of_work import UnitOfWork
 from pybatch.errors import (
     CommitOutcomeUnknown,
@@ -213,7 +214,9 @@ class OperatorService:
             if lease.has_lease and not lease.lease_expired and not force:
                 active = OperatorRejection.execution_already_active
                 raise _Rejected(active(JobExecutionId(execution_id), current.status))
-            return _Effect(current.status, uow.recovery.recover(execution_id, recovery).execution)
+            recovered = uow.recovery.recover(execution_id, recovery).execution
+            _telemetry.recovered(recovery.reason_code)
+            return _Effect(current.status, recovered)
 
         return self._submit(request, effect)
 

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -134,8 +134,14 @@ def observer(config: ConnectionConfig) -> Iterator[JobRepository]:
         yield repository
 
 
-def durable_state(config: ConnectionConfig, admin: psycopg.Connection[Any], run: str) -> Durable:
-    wait_for_worker_sessions_to_end(admin)
+def durable_state(
+    config: ConnectionConfig,
+    admin: psycopg.Connection[Any],
+    run: str,
+    *,
+    settle: Callable[[psycopg.Connection[Any]], None] = wait_for_worker_sessions_to_end,
+) -> Durable:
+    settle(admin)
     with observer(config) as repository, repository.begin() as uow:
         instance = uow.instances.find(Job(repository, w.JOB_NAME, w.parameters(run)).key)
         latest = (

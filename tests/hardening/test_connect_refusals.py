@@ -28,10 +28,13 @@ from pytest_postgresql import factories
 from pybatch import ConnectionConfig, JobRepository, TlsMode
 from pybatch._config import CaCertificate
 from pybatch._migrator import installed_schema_version, migrate, migration_sql
+from pybatch._sqlstate import is_permanent
 from pybatch.errors import (
     AuthenticationFailed,
     DatabaseNotFound,
     PermissionDenied,
+    ServerUnreachable,
+    TlsNotOffered,
     TlsVerificationFailed,
     Unavailable,
 )
@@ -161,7 +164,8 @@ def test_a_transient_failure_keeps_retrying_until_the_acquire_timeout(
     with caplog.at_level(logging.INFO, logger="psycopg.pool"), pytest.raises(Unavailable) as caught:
         JobRepository.connect(bad)
     assert time.monotonic() - started >= 2  # it waited: the server may come back
-    assert type(caught.value) is Unavailable
+    assert type(caught.value) is ServerUnreachable  # then said why
+    assert isinstance(caught.value, Unavailable) and not is_permanent(caught.value)
     assert caught.value.__context__ is None
     # psycopg.pool's own warnings went through pybatch's redaction
     assert "error connecting in 'pybatch'" in caplog.text
@@ -335,6 +339,18 @@ def tls_server(server: dict[str, Any], tmp_path_factory: pytest.TempPathFactory)
         assert time.monotonic() < deadline, "the server never turned TLS on"
         time.sleep(0.05)
     return ca_crt.read_bytes()
+
+
+def test_verified_tls_against_a_server_without_tls_says_the_server_offers_none(
+    server: dict[str, Any],
+) -> None:
+    started = time.monotonic()
+    with pytest.raises(TlsNotOffered) as caught:
+        JobRepository.connect(config(server, tls_mode=TlsMode.VERIFY_FULL))
+    assert time.monotonic() - started < SLOW_ENOUGH.total_seconds() / 5  # permanent: at once
+    assert "does not offer TLS" in str(caught.value)
+    assert "certificate" not in str(caught.value)
+    assert_redacted(caught.value, server)
 
 
 def test_verified_tls_with_the_right_ca_connects(server: dict[str, Any], tls_server: bytes) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 import traceback
 from typing import Any
 
@@ -10,7 +12,15 @@ import psycopg
 import pytest
 
 from pybatch import JobRepository
-from pybatch.errors import Infrastructure, LockTimeout, PermissionDenied, Rejected, Unavailable
+from pybatch._cli import exit_code_for
+from pybatch.errors import (
+    Infrastructure,
+    LockTimeout,
+    PermissionDenied,
+    Rejected,
+    StatementCancelled,
+    Unavailable,
+)
 from pybatch.etl import Job, StepRun
 from pybatch.values.names import JobName
 from pybatch.values.parameters import JobInstanceKey, JobParameters
@@ -207,3 +217,41 @@ def test_a_rejected_business_write_names_its_constraint_table_and_column(
     )
     assert "table checked" in str(error)
     assert "taken" not in str(error) and "-5" not in str(error)  # names only, never values
+
+
+def test_a_cancelled_repository_statement_is_statement_cancelled_not_unavailable(
+    repository: JobRepository, admin: psycopg.Connection[Any]
+) -> None:
+    """57014 (statement timeout, pg_cancel_backend) gets its own error: retrying cannot help."""
+    holder = psycopg.connect(admin.info.dsn, password=admin.info.password or None)
+    holder.execute("LOCK TABLE pybatch.job_instance IN ACCESS EXCLUSIVE MODE")
+    raised: list[BaseException] = []
+
+    def launch() -> None:
+        try:
+            Job(repository, "cancelled", DAY).launch()
+        except BaseException as error:
+            raised.append(error)
+
+    thread = threading.Thread(target=launch, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not (waiting := [pid for pid in pybatch_backends(admin) if _waits(admin, pid)]):
+            assert time.monotonic() < deadline, "the launch never waited on the lock"
+            time.sleep(0.005)
+        admin.execute("SELECT pg_cancel_backend(%s)", (waiting[0],))
+        thread.join(30)
+    finally:
+        holder.close()
+    assert len(raised) == 1 and isinstance(raised[0], StatementCancelled), raised
+    assert raised[0].sqlstate == "57014"
+    assert not isinstance(raised[0], (Infrastructure, LockTimeout))
+    assert exit_code_for(raised[0]) == 8
+
+
+def _waits(admin: psycopg.Connection[Any], pid: int) -> bool:
+    row = admin.execute(
+        "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+    ).fetchone()
+    return row is not None and row[0] == "Lock"

@@ -28,6 +28,7 @@ LAYERS: dict[str, int] = {
     "pybatch._sqlstate": 3,
     "pybatch._failure_reasons": 3,  # reads driver errors, as _sqlstate does
     "pybatch._connect": 3,
+    "pybatch._telemetry": 3,  # spans and counters; the only opentelemetry import
     "pybatch._transaction": 4,
     "pybatch._repository": 5,
     "pybatch._migrator": 6,

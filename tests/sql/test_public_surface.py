@@ -25,7 +25,7 @@ TOP_LEVEL = sorted(
     ExecutionAlreadyActive ExecutionOwnershipLost FaultStateError IllegalTransition
     Infrastructure IntegrityViolation Job JobExecutionNotFound JobExplorer JobInstanceNotFound
     JobRepository JobRun LifecycleError MigrationError MigrationRequired NewerSchema
-    NotCommitted PartitionRun PyBatchError Rejected RepositoryError RetryableConflict
+    NotCommitted PartitionRun Pooler PyBatchError Rejected RepositoryError RetryableConflict
     SchemaUninitialized StaleVersion StateError StepExecutionNotFound StepOutcome StepRun
     StopRequested SystemClock TlsMode TransactionAborted Unavailable UnitOfWork
     UnsupportedCapability installed_schema_version migrate supported_schema_version

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 import pytest
 
-from pybatch import JobRepository
+from pybatch import JobRepository, _sqlstate
+from pybatch.errors import ReadOnlyServer
+from pybatch.etl import Job
 from tests.cli.test_explore import launch, run, run_json
 from tests.conftest import plaintext_config
 from tests.support.clock import ManualClock
@@ -48,8 +51,32 @@ def test_read_commands_answer_from_a_hot_standby(standby_pair: StreamingPair) ->
 
 def test_a_write_command_on_a_standby_fails_with_one_line(standby_pair: StreamingPair) -> None:
     result = run("stop", "1", dsn=standby_pair.standby.dsn())
-    assert result.returncode != 0
+    # Exit 7, not the "unavailable, retry" 3: the same server will never take the write.
+    assert result.returncode == 7, result.stderr
+    assert "pybatch: ReadOnlyServer: the server is read-only" in result.stderr
     # stop names its operation id first (to retry it), then the one error line
     errors = [line for line in result.stderr.splitlines() if line.startswith("pybatch: ")]
     assert len(errors) == 1 and result.stderr.strip().endswith(errors[0]), result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_launch_on_a_standby_is_refused_as_a_read_only_server(
+    standby_pair: StreamingPair,
+) -> None:
+    with JobRepository.connect(plaintext_config(standby_pair.standby.dsn())) as repository:
+        with pytest.raises(ReadOnlyServer) as refused:
+            Job(repository, "on_a_standby", {"day": "1"}).launch()
+    assert refused.value.sqlstate in {"25006", "0A000"}  # BEGIN READ WRITE in recovery: 0A000
+
+
+def test_a_read_write_transaction_on_a_standby_is_a_read_only_server(
+    standby_pair: StreamingPair,
+) -> None:
+    """0A000 from BEGIN READ WRITE in recovery, told apart from the cached-plan 0A000."""
+    with psycopg.connect(standby_pair.standby.dsn()) as conn:
+        conn.read_only = False
+        with pytest.raises(psycopg.Error) as raised:
+            conn.execute("SELECT 1")
+    assert raised.value.sqlstate == "0A000"
+    translated = _sqlstate.translate(raised.value)
+    assert isinstance(translated, ReadOnlyServer) and translated.sqlstate == "0A000"

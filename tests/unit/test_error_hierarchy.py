@@ -355,12 +355,20 @@ PYBATCH_ONLY: frozenset[str] = frozenset(
         "AuthenticationFailed",
         "DatabaseNotFound",
         "TlsVerificationFailed",
+        "TlsNotOffered",
+        "PoolerRefused",
+        "SettingsNotApplied",
+        # Unavailable to contract code, but not worth retrying: their own exit codes.
+        "ServerUnreachable",
+        "ReadOnlyServer",
+        "StatementCancelled",
         "PermissionDenied",  # SQLSTATE 42501, deliberately not Unavailable
         "LockTimeout",  # 55P03 in a business statement; the connection is kept
         "TextContainsNul",  # PostgreSQL text and jsonb cannot store U+0000
         "StateSchemaVersionNotStorable",  # u32 versions in integer columns
         "TimestampOutOfRange",  # an aware instant beyond Python's UTC datetimes
         "RecoveryEvidenceDigestInvalid",  # the evidence digest is exactly 32 bytes
+        "InvalidPooler",
         "InvalidTlsMode",  # typed refusals instead of a TypeError echoing the value
         "CaCertificateNotBytes",
         "CaCertificateWithoutVerification",
