@@ -20,11 +20,12 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from pybatch import Pooler, errors
 from pybatch import _migrator as migrator
-from pybatch import errors
 from pybatch._config import ConnectionConfig
 from pybatch._connect import open_connection
 from tests.conftest import plaintext_config
+from tests.support.pgbouncer import pgbouncer
 
 LATEST = migrator.supported_schema_version()
 #: The last version installed by hand: the files after it (0009, 0010) alter job_execution.
@@ -256,3 +257,25 @@ def test_the_migrator_prepares_nothing_on_the_server(
     applied = migrator.migrate(plaintext_config(blank_database))
     assert len(applied) == BEFORE_FAILURE_REASONS  # one transaction per file, one connection
     assert prepared == [0]
+
+
+def test_migrate_through_a_transaction_pooler_keeps_its_own_bounds(
+    at_version_8: str, postgresql_proc: Any
+) -> None:
+    """PgBouncer in transaction mode drops startup options: the bounds come from each
+    transaction, and the server's defaults (no lock timeout here) never apply."""
+    _plant_slow_alter_table(at_version_8)
+    _set_for_role_in_database(at_version_8, "statement_timeout", "50ms")
+    dbname = psycopg.conninfo.conninfo_to_dict(at_version_8)["dbname"]
+    with pgbouncer(
+        server_port=postgresql_proc.port, user=postgresql_proc.user, pool_mode="transaction"
+    ) as bouncer:
+        config = plaintext_config(
+            bouncer.dsn(user=postgresql_proc.user, dbname=str(dbname)),
+            pooler=Pooler.TRANSACTION,
+            lock_timeout=timedelta(seconds=3),
+            idle_transaction_timeout=timedelta(seconds=90),
+        )
+        applied = migrator.migrate(config)
+    assert [m.version for m in applied] == list(range(BEFORE_FAILURE_REASONS + 1, LATEST + 1))
+    assert _observed_settings(at_version_8) == {("0", "3s", "90s", "UTC", "off")}
