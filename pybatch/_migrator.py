@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import logging
+import math
+import random
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -23,6 +28,7 @@ from pybatch.errors import (
     MigrationChecksumMismatch,
     MigrationHistoryInvalid,
     MigrationLockTimeout,
+    MigrationTableLockTimeout,
     NewerSchema,
     PyBatchError,
     Unavailable,
@@ -31,7 +37,20 @@ from pybatch.errors import (
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
 
+logger = logging.getLogger(__name__)
+
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+#: The migrator's statement timeout: none. A migration may rewrite or scan a large table, and
+#: one cancelled half way only wastes the work (its transaction rolls back); the lock timeout,
+#: not a statement timeout, is what keeps it from stalling the jobs queued behind its locks.
+_STATEMENT_TIMEOUT = "0"
+#: How many times one migration's transaction is tried when a statement in it waits past the
+#: lock timeout (SQLSTATE 55P03), and the first pause between tries (doubled each time, with
+#: jitter, at most _LOCK_WAIT_PAUSE_MAX): a short report or `pg_dump` ends within the window.
+_LOCK_WAIT_ATTEMPTS = 5
+_LOCK_WAIT_PAUSE = timedelta(milliseconds=100)
+_LOCK_WAIT_PAUSE_MAX = timedelta(seconds=2)
 
 
 @attrs.frozen
@@ -105,7 +124,7 @@ def _driver_errors_mapped(operation: Callable[_P, _T]) -> Callable[_P, _T]:
 @_driver_errors_mapped
 def installed_schema_version(config: ConnectionConfig) -> int | None:
     """Read the installed schema version: no lock, no DDL, fine for a read-only role."""
-    with open_connection(config, autocommit=True) as conn:
+    with _migrator_connection(config) as conn:
         return _read_version(conn)
 
 
@@ -175,23 +194,110 @@ def _pending(conn: psycopg.Connection[Any], shipped: list[Migration]) -> list[Mi
     return [migration for migration in shipped if migration.version > current]
 
 
+def _setting_ms(value: timedelta) -> str:
+    """A duration as a setting: whole milliseconds, rounded up, never 0 (which means none)."""
+    return f"{max(1, math.ceil(value / timedelta(milliseconds=1)))}ms"
+
+
+def _transaction_settings(config: ConnectionConfig) -> dict[str, str]:
+    """The values of `set_migrator_transaction_settings`: the migrator's, not the role's."""
+    return {
+        "statement_timeout": _STATEMENT_TIMEOUT,
+        "lock_timeout": _setting_ms(config.lock_timeout),
+        "idle_in_transaction_session_timeout": _setting_ms(config.idle_transaction_timeout),
+        "time_zone": "UTC",
+    }
+
+
+@contextlib.contextmanager
+def _migrator_transaction(
+    conn: psycopg.Connection[Any], config: ConnectionConfig
+) -> Iterator[None]:
+    """One transaction whose first statement sets the migrator's own bounds.
+
+    The connection's startup options carry no statement timeout for the migrator, so without
+    this a role's or database's `statement_timeout` would cancel a long migration; and a
+    pooler in transaction mode drops startup options altogether. Transaction-local settings
+    hold whatever the session, the role or the pooler brought.
+    """
+    with conn.transaction():
+        load_statements().set_migrator_transaction_settings.one(
+            conn, **_transaction_settings(config)
+        )
+        yield
+
+
+@contextlib.contextmanager
+def _migrator_connection(
+    config: ConnectionConfig, *, read_write: bool = False
+) -> Iterator[psycopg.Connection[Any]]:
+    """The migrator's connection: autocommit (explicit transactions), nothing prepared.
+
+    Nothing is prepared on the server, because behind a pooler in transaction mode the next
+    transaction may run on another server connection. With `read_write` every BEGIN is READ
+    COMMITTED READ WRITE, so a role or database with `default_transaction_read_only = on`
+    (often set on a role meant for reports) can still migrate when it owns the schema.
+    """
+    with open_connection(config, autocommit=True) as conn:
+        conn.prepare_threshold = None
+        if read_write:
+            conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+            conn.read_only = False
+        yield conn
+
+
+#: How `migration_sql` opens each transaction: what a `read_write` connection sends.
+_BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE;"
+
+
 @_driver_errors_mapped
 def migration_sql(config: ConnectionConfig) -> str:
-    """The exact SQL `migrate` would run now (same refusals), for a DBA to review or run by hand."""
+    """The exact SQL `migrate` would run now (same refusals), for a DBA to review or run by hand.
+
+    Every transaction block starts with the migrator's settings, so a script run by hand gets
+    the same bounds (no statement timeout, the configured lock timeout) as `migrate`.
+    """
     statements = load_statements()
     shipped = shipped_migrations()
-    with open_connection(config, autocommit=True) as conn:
-        pending = _pending(conn, shipped)
+    with _migrator_connection(config) as conn:
+        with _migrator_transaction(conn, config):
+            pending = _pending(conn, shipped)
         cursor = psycopg.ClientCursor(conn)
-        parts = [cursor.mogrify(statements.create_pybatch_schema.query) + "\n"]
+        settings = cursor.mogrify(
+            statements.set_migrator_transaction_settings.query, _transaction_settings(config)
+        )
+
+        def block(body: str) -> str:
+            return f"{_BEGIN}\n{settings}\n{body}\nCOMMIT;\n"
+
+        parts = [block(cursor.mogrify(statements.create_pybatch_schema.query))]
         for m in pending:
             row = {"version": m.version, "name": m.name, "checksum": m.checksum, "execution_ms": 0}
             insert = cursor.mogrify(statements.insert_schema_migration.query, row)
             update = cursor.mogrify(statements.update_schema_version.query, {"version": m.version})
-            parts.append(
-                f"BEGIN ISOLATION LEVEL READ COMMITTED;\n{m.text()}\n{insert}\n{update}\nCOMMIT;\n"
-            )
+            parts.append(block(f"{m.text()}\n{insert}\n{update}"))
     return "\n".join(parts)
+
+
+def _pause_for_lock(config: ConnectionConfig, migration: Migration, attempt: int) -> None:
+    """Log the lock wait a migration gave up on, then pause (backoff with jitter) before the next.
+
+    The pause lets the holder (a report, a `pg_dump`, a job's long transaction) finish and
+    keeps the migrator's lock requests from queueing every other session behind them.
+    """
+    backoff = min(_LOCK_WAIT_PAUSE * 2 ** (attempt - 1), _LOCK_WAIT_PAUSE_MAX)
+    pause = backoff * random.uniform(0.5, 1.0)  # jitter: concurrent migrators spread out
+    logger.info(
+        "migration %04d (%s) waited its lock timeout (%s) for a lock another transaction holds"
+        " on a table it changes; attempt %d of %d rolled back, next in %d ms",
+        migration.version,
+        migration.name,
+        _setting_ms(config.lock_timeout),
+        attempt,
+        _LOCK_WAIT_ATTEMPTS,
+        pause / timedelta(milliseconds=1),
+    )
+    time.sleep(pause.total_seconds())
 
 
 def _apply(conn: psycopg.Connection[Any], migration: Migration) -> None:
@@ -220,32 +326,51 @@ def migrate(config: ConnectionConfig, *, dry_run: bool = False) -> list[Migratio
     nothing pending. No lock another role could hold is waited on: a first install takes
     none, and one colliding with a concurrent first install rolls back and looks again
     (then under the history lock). A newer schema or changed checksum is refused first.
+    A file whose own table locks wait past the lock timeout (a long transaction reads the
+    table) rolls back and is tried again, `_LOCK_WAIT_ATTEMPTS` times in all, then
+    `MigrationTableLockTimeout`: each try is one whole transaction, never half a file.
     """
     shipped = shipped_migrations()
     applied: list[Migration] = []
     races = 0
-    with open_connection(config, autocommit=True) as conn:
+    lock_waits = 0
+    with _migrator_connection(config, read_write=True) as conn:
         while True:
             locked = False
+            migration: Migration | None = None
+            exhausted: Migration | None = None
             try:
-                with conn.transaction():
+                with _migrator_transaction(conn, config):
                     locked = _lock_migrations(conn)
                     pending = _pending(conn, shipped)
                     if dry_run:
                         return pending
                     if not pending:
                         break
+                    migration = pending[0]
                     load_statements().create_pybatch_schema.affected(conn)
-                    _apply(conn, pending[0])
-                    applied.append(pending[0])
+                    _apply(conn, migration)
+                    applied.append(migration)
+                lock_waits = 0  # each file has its own attempts
             except psycopg.Error as error:
-                race = not locked and _sqlstate.sqlstate_of(error) in _FIRST_INSTALL_RACE
-                races += 1
-                if not race or conn.broken:
-                    raise
-                if races >= _FIRST_INSTALL_ATTEMPTS:
-                    raise MigrationLockTimeout() from None
-        final = _read_version(conn)
+                state = _sqlstate.sqlstate_of(error)
+                if locked and migration is not None and state == "55P03" and not conn.broken:
+                    lock_waits += 1
+                    if lock_waits < _LOCK_WAIT_ATTEMPTS:
+                        _pause_for_lock(config, migration, lock_waits)
+                        continue
+                    exhausted = migration
+                else:
+                    race = not locked and state in _FIRST_INSTALL_RACE
+                    races += 1
+                    if not race or conn.broken:
+                        raise
+                    if races >= _FIRST_INSTALL_ATTEMPTS:
+                        raise MigrationLockTimeout() from None
+            if exhausted is not None:  # raised outside `except`: no driver error attached
+                raise MigrationTableLockTimeout(version=exhausted.version, attempts=lock_waits)
+        with _migrator_transaction(conn, config):
+            final = _read_version(conn)
         if final != shipped[-1].version:
             raise MigrationHistoryInvalid(version=final or 0)
         return applied

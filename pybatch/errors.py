@@ -875,6 +875,11 @@ class MigrationHistoryInvalid(MigrationError):
 class MigrationLockTimeout(MigrationError):
     """Another migrator (or a racing first install) held the migration lock too long; retry."""
     message = "timed out waiting for the migration lock"
+class MigrationTableLockTimeout(MigrationError):
+    """A long transaction holds a lock on a table the migration changes; end it or retry later."""
+    message = "migration {version} timed out waiting for a table lock, {attempts} times"
+    version: int
+    attempts: int
 
 class JobRunError(PyBatchError):
     """A job run ended the way its flow or its partitions decided (pybatch.etl)."""

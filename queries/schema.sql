@@ -4,6 +4,18 @@ SELECT sv.version
 FROM pybatch.schema_version AS sv
 WHERE sv.singleton;
 
+-- :name set_migrator_transaction_settings :one
+-- :doc The migrator's own bounds, first in each of its transactions: no statement timeout (a
+-- migration may be long), the configured lock and idle-in-transaction timeouts, UTC. Local to
+-- the transaction, so they beat role and database defaults and survive a transaction pooler.
+SELECT
+    pg_catalog.SET_CONFIG('statement_timeout', :statement_timeout, TRUE) AS statement_timeout,
+    pg_catalog.SET_CONFIG('lock_timeout', :lock_timeout, TRUE) AS lock_timeout,
+    pg_catalog.SET_CONFIG(
+        'idle_in_transaction_session_timeout', :idle_in_transaction_session_timeout, TRUE
+    ) AS idle_in_transaction_session_timeout,
+    pg_catalog.SET_CONFIG('TimeZone', :time_zone, TRUE) AS time_zone;
+
 -- :name lock_schema_migration_history :affected
 -- :doc Serialize migrators for the rest of the transaction on a lock that only the schema owner
 -- (or a role granted writes on the migration history) may take, waited for at most lock_timeout.

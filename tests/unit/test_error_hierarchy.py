@@ -350,6 +350,7 @@ PYBATCH_ONLY: frozenset[str] = frozenset(
         "MigrationChecksumMismatch",  # the migrator
         "MigrationHistoryInvalid",
         "MigrationLockTimeout",
+        "MigrationTableLockTimeout",  # a migration's own table lock, after its retries
         # Connection refusals that waiting cannot fix; still Unavailable to contract code.
         "AuthenticationFailed",
         "DatabaseNotFound",
