@@ -7,6 +7,7 @@ in any output.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pty
@@ -276,6 +277,23 @@ def test_sql_list_show_explain(db_dsn: str) -> None:
         plan = run("sql", "explain", name, dsn=db_dsn)
         assert plan.returncode == 0, plan.stderr
         assert "cost=" in plan.stdout
+
+
+def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly() -> None:
+    """`pybatch sql list | head`: no BrokenPipeError traceback, exit 0."""
+    reader, writer = os.pipe()
+    # A one-page pipe: the listing (tens of kB) cannot all be written before the reader closes.
+    fcntl.fcntl(reader, fcntl.F_SETPIPE_SZ, 4096)
+    process = subprocess.Popen(
+        [PYBATCH, "sql", "list"], stdout=writer, stderr=subprocess.PIPE, env=env_for(None)
+    )
+    os.close(writer)
+    with os.fdopen(reader, "rb") as output:
+        first = output.readline()
+    _, stderr = process.communicate(timeout=60)
+    assert first.startswith(b"append_audit_link ")
+    assert stderr == b""
+    assert process.returncode == 0
 
 
 def test_show_counts_rolled_back_chunks(repository: JobRepository, db_dsn: str) -> None:
