@@ -47,6 +47,15 @@ SELECT EXISTS(
     WHERE instance.id = :job_instance_id
 ) AS found;
 
+-- :name explore_job_name_exists :scalar
+-- :doc Whether any instance has the job name (job_instance_name_identity): an unknown job
+-- from a job without instances on the page.
+SELECT EXISTS(
+    SELECT 1 AS found
+    FROM pybatch.job_instance AS instance
+    WHERE instance.job_name = :job_name
+) AS found;
+
 -- :name explore_job_execution_exists :scalar
 -- :doc Whether the parent execution of a step, decision or request page exists.
 SELECT EXISTS(

@@ -52,6 +52,7 @@ _EXIT_CODES: tuple[tuple[tuple[type[BaseException], ...], int], ...] = (
     ((e.PermissionDenied, e.AuthenticationFailed), EXIT_PERMISSION_DENIED),
     (
         (
+            e.JobNotFound,
             e.JobInstanceNotFound,
             e.JobExecutionNotFound,
             e.StepExecutionNotFound,

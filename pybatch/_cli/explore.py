@@ -20,13 +20,14 @@ from pybatch._cli._connection import Commands, Handler, add_command, config_from
 from pybatch._explorer import JobExplorer
 from pybatch._job_repository import JobRepository
 from pybatch._migrator import installed_schema_version
-from pybatch.errors import JobExecutionNotFound
+from pybatch.errors import JobExecutionNotFound, JobNotFound
 from pybatch.values.definitions import LEGACY_REVISION
 from pybatch.values.explorer import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
     Cursor,
     JobExecutionProjection,
+    JobInstanceProjection,
     LatestAttempt,
     Page,
     PageSize,
@@ -219,9 +220,18 @@ def _jobs(args: argparse.Namespace) -> int:
 
 
 def _instances(args: argparse.Namespace) -> int:
+    def fetch(
+        explorer: JobExplorer, size: PageSize, after: Cursor | None
+    ) -> Page[JobInstanceProjection]:
+        page = explorer.instances(args.job, size, after)
+        # An empty first page is a job name no instance has (a typo), not an empty job.
+        if not page.items and after is None and not explorer.job_exists(args.job):
+            raise JobNotFound(job_name=args.job)
+        return page
+
     return _list(
         args,
-        lambda explorer, size, after: explorer.instances(args.job, size, after),
+        fetch,
         ("INSTANCE", "JOB", "PARAMETERS", "CREATED", "HOLD"),
         lambda item: [
             str(item.id),

@@ -209,7 +209,13 @@ def test_exit_codes(seeded: dict[str, JobExecution], db_dsn: str, tmp_path: Path
     assert missing.stderr.strip() == (
         "pybatch: JobInstanceNotFound: job instance 999999 was not found"
     )
-    assert run("instances", "nobody", "--json", dsn=db_dsn).returncode == 0  # empty is success
+    for output in ([], ["--json"]):
+        no_job = run("instances", "nobody", *output, dsn=db_dsn)
+        assert no_job.returncode == 4
+        assert no_job.stdout == ""
+        assert no_job.stderr.strip() == (
+            "pybatch: JobNotFound: job nobody was not found (no instance has that name)"
+        )
     assert run("jobs", "--limit", "0", dsn=db_dsn).returncode == 2
     assert run("jobs", "--after", "nothex", dsn=db_dsn).returncode == 2
     assert run("unresolved", "--older-than", "30s", dsn=db_dsn).returncode == 2
