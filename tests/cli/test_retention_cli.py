@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import psycopg
@@ -49,6 +50,15 @@ def test_hold_release_and_purge(
     assert pybatch(
         db_dsn, "hold", str(ids[0]), "--reason", "LEGAL_HOLD", "--operation-id", "h1"
     ).stdout == ("REPLAYED HOLD operation h1\n")
+    same = pybatch(db_dsn, "hold", str(ids[0]), "--reason", "LEGAL_HOLD", "--operation-id", "h2")
+    assert same.returncode == 0, same.stderr
+    assert re.fullmatch(
+        r"NOOP HOLD operation h2: the hold already exists \(LEGAL_HOLD by cli:\S+ since "
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\)\n",
+        same.stdout,
+    ), same.stdout
+    unheld = pybatch(db_dsn, "release", str(ids[1]), "--operation-id", "r0")
+    assert unheld.stdout == "NOOP RELEASE_HOLD operation r0: the instance has no hold\n"
 
     dry = pybatch(
         db_dsn, "purge", "--job", "nightly", "--status", "COMPLETED", "--older-than", "90d",
@@ -72,7 +82,17 @@ def test_hold_release_and_purge(
     progress = [line for line in purged.stderr.splitlines() if line.startswith("batch ")]
     assert [line.split(":")[0] for line in progress] == ["batch 1", "batch 2"]  # 3 + 1
     assert purged.stdout.splitlines()[-1].startswith("deleted    ")
+    assert purged.stdout.startswith("APPLIED PURGE operation nightly-purge: purged in 2 batches, ")
     assert "job_executions 4" in purged.stdout
+    replayed = pybatch(
+        db_dsn, "purge", "--job", "nightly", "--status", "COMPLETED", "--older-than", "90d",
+        "--batch", "3", "--operation-id", "nightly-purge",
+    )  # fmt: skip
+    assert replayed.returncode == 0, replayed.stderr
+    assert replayed.stdout.startswith(
+        "REPLAYED PURGE operation nightly-purge: 2 batches recorded before, nothing left to purge"
+    )
+    assert replayed.stdout.splitlines()[-1] == purged.stdout.splitlines()[-1]  # what they deleted
     remaining = admin.execute("SELECT count(*) FROM pybatch.job_execution").fetchone()
     assert remaining == (1,)  # the held one
 
@@ -82,5 +102,11 @@ def test_hold_release_and_purge(
         db_dsn, "purge", "--job", "nightly", "--status", "COMPLETED", "--older-than", "90d"
     )
     assert again.returncode == 0 and "job_executions 1" in again.stdout
+    nothing = pybatch(
+        db_dsn, "purge", "--job", "nightly", "--status", "COMPLETED", "--older-than", "90d",
+        "--operation-id", "nothing-left",
+    )  # fmt: skip
+    assert nothing.returncode == 0, nothing.stderr
+    assert nothing.stdout.startswith("NOOP PURGE operation nothing-left: nothing to purge")
     verified = pybatch(db_dsn, "audit", "verify")
     assert verified.returncode == 0, verified.stdout
