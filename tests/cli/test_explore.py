@@ -202,6 +202,69 @@ def test_table_on_a_terminal_fits_its_width(seeded: dict[str, JobExecution], db_
     assert lines and all(len(line) <= 50 for line in lines), lines
 
 
+LONG_JOB = "nightly_warehouse_load_of_every_regional_order_book_and_its_ledger_entries"
+TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
+#: A status, code or number cut short: upper-case letters or digits right before an ellipsis.
+CUT_CODE = re.compile(r"[A-Z0-9_:]\u2026")
+
+
+@pytest.mark.parametrize("width", [80, 120, 200])
+def test_tables_fit_the_width_and_never_cut_a_status_or_a_timestamp(
+    seeded: dict[str, JobExecution],
+    repository: JobRepository,
+    clock: ManualClock,
+    db_dsn: str,
+    width: int,
+) -> None:
+    failed = launch(repository, clock, LONG_JOB, 1, fail=True)
+    instance = str(failed.job_instance_id)
+    for command in (
+        ["jobs"],
+        ["instances", LONG_JOB],
+        ["executions", instance],
+        ["unresolved", "--older-than", "10m"],
+        ["show", str(failed.id)],
+    ):
+        result = run(*command, dsn=db_dsn, COLUMNS=str(width))
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.splitlines()
+        assert all(len(line) <= width for line in lines), (command, width, lines)
+        assert not CUT_CODE.search(result.stdout), (command, width, lines)
+        assert TIMESTAMP.search(result.stdout), (command, width, lines)
+    jobs = run("jobs", dsn=db_dsn, COLUMNS=str(width)).stdout.splitlines()
+    [long_row] = [line for line in jobs if line.startswith(LONG_JOB[:8])]
+    assert re.search(rf"  \d+ +FAILED +{TIMESTAMP.pattern}$", long_row), long_row  # whole
+    assert (LONG_JOB in long_row) == (width == 200)
+    assert ("\u2026" in long_row) == (width < 200)  # shortened with an ellipsis
+    table = run("executions", instance, dsn=db_dsn, COLUMNS=str(width)).stdout.splitlines()
+    header, row = table[0].split(), table[1]
+    assert header[0] == "EXECUTION"
+    assert "FAILED" in row.split() and len(TIMESTAMP.findall(row)) >= 2
+    left_out = [line for line in table if line.startswith("columns left out: ")]
+    if width == 200:
+        assert (
+            header
+            == (
+                "EXECUTION INSTANCE JOB ATTEMPT STATUS EXIT READ WRITTEN COMMITS STARTED ENDED "
+                "UPDATED OWNER"
+            ).split()
+        )
+        assert left_out == []
+    else:
+        note = " ".join(table[table.index(left_out[0]) :])  # wrapped to the width
+        assert len(left_out) == 1 and "OWNER" in note
+        assert note.endswith("(widen the terminal or use --json)")
+        assert "UPDATED" in header and "STATUS" in header
+
+
+def test_into_a_pipe_without_columns_nothing_is_left_out(
+    seeded: dict[str, JobExecution], repository: JobRepository, clock: ManualClock, db_dsn: str
+) -> None:
+    failed = launch(repository, clock, LONG_JOB, 1, fail=True)
+    table = run("executions", str(failed.job_instance_id), dsn=db_dsn).stdout.splitlines()
+    assert len(table) == 2 and table[0].split()[-1] == "OWNER" and LONG_JOB in table[1]
+
+
 def test_exit_codes(seeded: dict[str, JobExecution], db_dsn: str, tmp_path: Path) -> None:
     assert run("show", "999999", dsn=db_dsn).returncode == 4
     missing = run("executions", "999999", dsn=db_dsn)
