@@ -132,7 +132,8 @@ ORDER BY job_names.job_name;
 
 -- :name explore_instances :many
 -- :doc Instances of one job name, newest first, with id < before_id and id <= ceiling
--- (job_instance_name_identity); identifying parameter names and kinds only, never values.
+-- (job_instance_name_identity); identifying parameter names and kinds only, never values;
+-- a purged history's tombstone (final status, purge time, last attempt).
 SELECT
     instance.id,
     instance.job_name,
@@ -141,6 +142,9 @@ SELECT
     instance.hold_actor,
     instance.hold_reason,
     instance.hold_placed_at,
+    instance.last_attempt,
+    instance.final_status,
+    instance.purged_at,
     COALESCE(
         (
             SELECT

@@ -30,6 +30,7 @@ from pybatch.values.explorer import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
     Cursor,
+    InstanceTombstone,
     JobExecutionProjection,
     JobInstanceProjection,
     LatestAttempt,
@@ -333,9 +334,11 @@ def _instances(args: argparse.Namespace) -> int:
         fetch,
         (
             Column("INSTANCE", ID),
-            Column("JOB", TEXT, 3),
-            Column("PARAMETERS", TEXT, 2),
+            Column("JOB", TEXT, 4),
+            Column("PARAMETERS", TEXT, 3),
             Column("CREATED", TIME, 1),
+            Column("STATE", STATUS),
+            Column("PURGED AT", TIME, 2),
             Column("HOLD", TEXT),
         ),
         lambda item: [
@@ -343,10 +346,17 @@ def _instances(args: argparse.Namespace) -> int:
             item.job_name,
             ", ".join(f"{p.name}:{p.kind}" for p in item.parameters) or "-",
             _instant(item.created_at),
+            _state(item.tombstone),
+            _instant(None if item.tombstone is None else item.tombstone.purged_at),
             "-" if item.hold is None else f"{item.hold.reason} by {item.hold.actor}",
         ],
         "no instances",
     )
+
+
+def _state(tombstone: InstanceTombstone | None) -> str:
+    """`-` for a live instance; a tombstone as PURGED with the final status of its history."""
+    return "-" if tombstone is None else f"PURGED ({tombstone.final_status.value})"
 
 
 def _executions(args: argparse.Namespace) -> int:

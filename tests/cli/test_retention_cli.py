@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -35,6 +36,24 @@ def age_everything(admin: psycopg.Connection[Any]) -> None:
         " started_at = started_at - interval '100 days', ended_at = ended_at - interval '100 days',"
         " updated_at = updated_at - interval '100 days'"
     )
+
+
+def check_tombstones_are_marked(db_dsn: str, ids: list[int]) -> None:
+    """`instances` marks a purged instance PURGED (with its final status); a held one stays."""
+    listing = pybatch(db_dsn, "instances", "nightly")
+    assert listing.returncode == 0, listing.stderr
+    header, *rows = listing.stdout.splitlines()
+    assert header.split()[:6] == ["INSTANCE", "JOB", "PARAMETERS", "CREATED", "STATE", "PURGED"]
+    state = {int(row.split()[0]): row for row in rows}
+    assert set(state) == set(ids)
+    assert "PURGED" not in state[ids[0]] and "LEGAL_HOLD" in state[ids[0]]
+    for purged in ids[1:]:
+        assert re.search(r"  PURGED \(COMPLETED\)  \d{4}-\d\d-\d\d ", state[purged])
+    document = json.loads(pybatch(db_dsn, "instances", "nightly", "--json").stdout)
+    tombstones = {item["id"]: item["tombstone"] for item in document["items"]}
+    assert tombstones[ids[0]] is None
+    assert tombstones[ids[1]]["final_status"] == "COMPLETED"
+    assert tombstones[ids[1]]["last_attempt"] == 1 and tombstones[ids[1]]["purged_at"]
 
 
 def test_hold_release_and_purge(
@@ -95,6 +114,7 @@ def test_hold_release_and_purge(
     assert replayed.stdout.splitlines()[-1] == purged.stdout.splitlines()[-1]  # what they deleted
     remaining = admin.execute("SELECT count(*) FROM pybatch.job_execution").fetchone()
     assert remaining == (1,)  # the held one
+    check_tombstones_are_marked(db_dsn, ids)
 
     released = pybatch(db_dsn, "release", str(ids[0]))
     assert released.returncode == 0 and released.stdout.startswith("APPLIED RELEASE_HOLD")
