@@ -275,6 +275,16 @@ class JobExplorer:
             ),
         )
 
+    def job_exists(self, job_name: str) -> bool:
+        """Whether any instance has `job_name`: tells an unknown name from an empty page."""
+        if type(job_name) is not str:
+            raise TypeError("job_name must be a str")
+
+        def work(conn: Conn) -> bool:
+            return bool(self._statements.explore_job_name_exists.scalar(conn, job_name=job_name))
+
+        return self._read(work)
+
     def execution(self, job_execution_id: int) -> JobExecutionProjection | None:
         """One execution projection, or None when it does not exist."""
         check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)

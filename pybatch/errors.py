@@ -138,6 +138,10 @@ class IdentifierOutOfRange(RepositoryError):
     message = "{kind} identifier {value} exceeds PostgreSQL bigint"
     kind: str
     value: int
+class JobNotFound(RepositoryError):
+    """No job instance has that job name; `pybatch jobs` lists the names there are."""
+    message = "job {job_name} was not found (no instance has that name)"
+    job_name: str
 class JobInstanceNotFound(RepositoryError):
     """The job instance does not exist."""
     message = "job instance {id} was not found"

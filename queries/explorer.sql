@@ -47,6 +47,15 @@ SELECT EXISTS(
     WHERE instance.id = :job_instance_id
 ) AS found;
 
+-- :name explore_job_name_exists :scalar
+-- :doc Whether any instance has the job name (job_instance_name_identity): an unknown job
+-- from a job without instances on the page.
+SELECT EXISTS(
+    SELECT 1 AS found
+    FROM pybatch.job_instance AS instance
+    WHERE instance.job_name = :job_name
+) AS found;
+
 -- :name explore_job_execution_exists :scalar
 -- :doc Whether the parent execution of a step, decision or request page exists.
 SELECT EXISTS(
@@ -123,7 +132,8 @@ ORDER BY job_names.job_name;
 
 -- :name explore_instances :many
 -- :doc Instances of one job name, newest first, with id < before_id and id <= ceiling
--- (job_instance_name_identity); identifying parameter names and kinds only, never values.
+-- (job_instance_name_identity); identifying parameter names and kinds only, never values;
+-- a purged history's tombstone (final status, purge time, last attempt).
 SELECT
     instance.id,
     instance.job_name,
@@ -132,6 +142,9 @@ SELECT
     instance.hold_actor,
     instance.hold_reason,
     instance.hold_placed_at,
+    instance.last_attempt,
+    instance.final_status,
+    instance.purged_at,
     COALESCE(
         (
             SELECT

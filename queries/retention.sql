@@ -22,6 +22,24 @@ SELECT
 FROM pybatch.retention_action AS r
 WHERE r.action = :action AND r.operation_id = :operation_id;
 
+-- :name find_purge_batches :one
+-- :doc The batches one purge recorded under its operation id base (operation ids
+-- `<base>:<16 hex>`, the prefix is `<base>:`): how many, and the rows they deleted (numeric sums).
+SELECT
+    pg_catalog.COUNT(*) AS batches,
+    COALESCE(pg_catalog.SUM(r.deleted_flow_decisions), 0) AS deleted_flow_decisions,
+    COALESCE(pg_catalog.SUM(r.deleted_recovery_decisions), 0) AS deleted_recovery_decisions,
+    COALESCE(pg_catalog.SUM(r.deleted_operator_requests), 0) AS deleted_operator_requests,
+    COALESCE(pg_catalog.SUM(r.deleted_step_partitions), 0) AS deleted_step_partitions,
+    COALESCE(pg_catalog.SUM(r.deleted_step_executions), 0) AS deleted_step_executions,
+    COALESCE(pg_catalog.SUM(r.deleted_job_executions), 0) AS deleted_job_executions,
+    COALESCE(pg_catalog.SUM(r.deleted_job_instances), 0) AS deleted_job_instances
+FROM pybatch.retention_action AS r
+WHERE
+    r.action = 'APPLY_PURGE'
+    AND pg_catalog.STARTS_WITH(r.operation_id, CAST(:operation_prefix AS TEXT))
+    AND pg_catalog.LENGTH(r.operation_id) = pg_catalog.LENGTH(CAST(:operation_prefix AS TEXT)) + 16;
+
 -- :name insert_retention_action :one
 -- :doc Append a retention audit row; retention_action_identity_unique settles a race on one
 -- (action, operation id): the loser fails with ConcurrentModification.

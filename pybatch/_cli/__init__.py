@@ -1,7 +1,8 @@
 """The `pybatch` operator command line: `pybatch._cli:main`.
 
 Commands call the migrator, the repository, the explorer or the services; none holds SQL. Exit
-codes (docs/operators.md): 0 done (an empty result included), 1 refused (a pybatch error),
+codes (docs/operators.md): 0 done (an empty result included, or the
+output's reader stopped reading early), 1 refused (a pybatch error),
 2 usage or configuration, 3 database unavailable, 4 not found, 5 outcome unknown,
 6 permission denied.
 """
@@ -9,6 +10,7 @@ codes (docs/operators.md): 0 done (an empty result included), 1 refused (a pybat
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -33,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_OK = 0
 EXIT_REFUSED = 1
 EXIT_CONFIGURATION = 2
 EXIT_UNAVAILABLE = 3
@@ -54,6 +57,7 @@ _EXIT_CODES: tuple[tuple[tuple[type[BaseException], ...], int], ...] = (
     ((e.StatementCancelled,), EXIT_CANCELLED),
     (
         (
+            e.JobNotFound,
             e.JobInstanceNotFound,
             e.JobExecutionNotFound,
             e.StepExecutionNotFound,
@@ -97,6 +101,24 @@ def exit_code_for(error: BaseException) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; a reader that closed the pipe early (`| head`) ends it quietly.
+
+    The handling follows the "Note on SIGPIPE" of Python's `signal` documentation: stdout is
+    flushed here, so a closed pipe surfaces inside the handler and not at interpreter exit, and
+    is then pointed at devnull so that exit's own flush cannot raise again. The reader chose to
+    stop reading: that is not a failure, so the exit code is 0 (docs/operators.md).
+    """
+    try:
+        code = _run(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+    return code
+
+
+def _run(argv: Sequence[str] | None) -> int:
     """Run one command; every failure prints as one redacted line on stderr."""
     parser = build_parser()
     try:

@@ -1,32 +1,38 @@
 """`pybatch jobs | instances | executions | show | unresolved`: read commands over the explorer.
 
-Tables sized to the terminal, or with `--json` one document (`{"items": [...], "next": ...}`
-for lists); `--limit` and `--after` page.
+Tables sized to the terminal (`COLUMNS`, else the terminal's width; unbounded into a pipe), or
+with `--json` one document (`{"items": [...], "next": ...}` for lists); `--limit` and
+`--after` page.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import enum
 import json
+import os
 import shutil
 import sys
+import textwrap
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from pybatch._cli._arguments import duration_type
 from pybatch._cli._connection import Commands, Handler, add_command, config_from_args
 from pybatch._explorer import JobExplorer
 from pybatch._job_repository import JobRepository
 from pybatch._migrator import installed_schema_version
-from pybatch.errors import JobExecutionNotFound
+from pybatch.errors import JobExecutionNotFound, JobNotFound
 from pybatch.values.definitions import LEGACY_REVISION
 from pybatch.values.explorer import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
     Cursor,
+    InstanceTombstone,
     JobExecutionProjection,
+    JobInstanceProjection,
     LatestAttempt,
     Page,
     PageSize,
@@ -126,28 +132,102 @@ def _instant(value: _dt.datetime | None) -> str:
     return "-" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
 
 
+class Kind(enum.Enum):
+    """What a column holds, which decides whether its cells may be shortened."""
+
+    ID = "id"  # an identifier: never shortened
+    STATUS = "status"  # a status or code: never shortened (a cut `COMPL\u2026` reads as nothing)
+    TIME = "time"  # a timestamp: never shortened
+    NUMBER = "number"  # a counter: never shortened
+    TEXT = "text"  # free text (names, reasons, messages): shortened with an ellipsis
+
+
+class Column(NamedTuple):
+    """A table column: its header, its kind, and when it is left out for want of width.
+
+    `drop` 0: always shown; otherwise columns are left out highest `drop` first (the last
+    column first among equals) until the rest fits.
+    """
+
+    header: str
+    kind: Kind = Kind.TEXT
+    drop: int = 0
+
+
+#: A shortened text column keeps at least this many characters (or its header's).
+_TEXT_FLOOR = 10
+_GAP = 2
+
+
+def _table_width() -> int | None:
+    """The width to fit: `COLUMNS` when set, a terminal's width, none into a pipe or file."""
+    if os.environ.get("COLUMNS") or sys.stdout.isatty():
+        return shutil.get_terminal_size().columns
+    return None
+
+
+def _print_wrapped(text: str, label: str) -> None:
+    """`label` then `text`, wrapped to the width under the label (nothing is cut)."""
+    width = _table_width()
+    if width is None or len(label) + len(text) <= width or len(label) >= width - 10:
+        print(f"{label}{text}")
+        return
+    indent = " " * len(label)
+    print(textwrap.fill(text, width, initial_indent=label, subsequent_indent=indent))
+
+
+def _layout(
+    columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int | None
+) -> tuple[list[int], dict[int, int]]:
+    """The columns kept (in order) and their widths: text shortened first, then columns dropped."""
+    natural = [max([len(c.header), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns)]
+    kept = list(range(len(columns)))
+    while True:
+        widths = {i: natural[i] for i in kept}
+        if width is None:
+            return kept, widths
+        excess = sum(widths.values()) + _GAP * (len(kept) - 1) - width
+        floors = {
+            i: min(natural[i], max(len(columns[i].header), _TEXT_FLOOR))
+            for i in kept
+            if columns[i].kind is Kind.TEXT
+        }
+        while excess > 0:
+            room = [i for i in floors if widths[i] > floors[i]]
+            if not room:
+                break
+            widest = max(room, key=lambda i: (widths[i] - floors[i], i))
+            widths[widest] -= 1
+            excess -= 1
+        droppable = [i for i in kept if columns[i].drop]
+        if excess <= 0 or not droppable:
+            return kept, widths
+        kept.remove(max(droppable, key=lambda i: (columns[i].drop, i)))
+
+
 def _print_table(
-    headers: Sequence[str], rows: Sequence[Sequence[str]], empty: str | None = None
+    columns: Sequence[Column], rows: Sequence[Sequence[str]], empty: str | None = None
 ) -> None:
-    """Columns padded to their widest cell, shrunk to fit a terminal; no rows: `empty`, if given."""
+    """Columns padded to their widest cell and fitted to the width; no rows: `empty`, if given.
+
+    To fit, free-text cells are shortened with an ellipsis (statuses, timestamps, ids and
+    counters never are), then whole columns are left out by priority, named once below.
+    """
     if not rows and empty is not None:
         print(empty)
         return
-    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
-    if sys.stdout.isatty():
-        columns = shutil.get_terminal_size().columns
-        # Shrink the widest column first, down to 6 characters; then leave out columns
-        # from the right until the rest fits.
-        while sum(widths) + 2 * (len(widths) - 1) > columns and max(widths) > 6:
-            widths[widths.index(max(widths))] -= 1
-        while len(widths) > 1 and sum(widths) + 2 * (len(widths) - 1) > columns:
-            widths.pop()
+    width = _table_width()
+    kept, widths = _layout(columns, rows, width)
 
-    def fit(text: str, width: int) -> str:
-        return text if len(text) <= width else text[: max(width - 1, 0)] + "\u2026"
+    def fit(text: str, size: int) -> str:
+        return text if len(text) <= size else text[: max(size - 1, 0)] + "\u2026"
 
-    for line in (headers, *rows):  # cells past the columns left (widths) are dropped
-        print("  ".join(fit(c, w).ljust(w) for c, w in zip(line, widths, strict=False)).rstrip())
+    for line in ([c.header for c in columns], *rows):
+        print((" " * _GAP).join(fit(line[i], widths[i]).ljust(widths[i]) for i in kept).rstrip())
+    left_out = [c.header for i, c in enumerate(columns) if i not in widths]
+    if left_out:
+        note = f"columns left out: {', '.join(left_out)} (widen the terminal or use --json)"
+        print(textwrap.fill(note, width) if width else note)
 
 
 class _Item(Protocol):
@@ -160,7 +240,7 @@ Item = TypeVar("Item", bound=_Item)
 def _list(
     args: argparse.Namespace,
     fetch: Callable[[JobExplorer, PageSize, Cursor | None], Page[Item]],
-    headers: Sequence[str],
+    columns: Sequence[Column],
     as_row: Callable[[Item], Sequence[str]],
     empty: str,
 ) -> int:
@@ -174,7 +254,7 @@ def _list(
         document = {"items": [item.as_json() for item in page.items], "next": next_cursor}
         print(json.dumps(document, ensure_ascii=False))
         return 0
-    _print_table(headers, [as_row(item) for item in page.items], empty)
+    _print_table(columns, [as_row(item) for item in page.items], empty)
     if next_cursor is not None:
         print(f"next page: --after {next_cursor}")
     return 0
@@ -198,16 +278,37 @@ def _execution_row(item: JobExecutionProjection) -> list[str]:
     ]
 
 
-_EXECUTION_HEADERS = (
-    "EXECUTION INSTANCE JOB ATTEMPT STATUS EXIT READ WRITTEN COMMITS STARTED ENDED UPDATED OWNER"
-).split()
+ID, STATUS, TIME, NUMBER, TEXT = Kind.ID, Kind.STATUS, Kind.TIME, Kind.NUMBER, Kind.TEXT
+
+#: Left out first: the owner flag and counters, then the instance and job (one instance is
+#: listed at a time), the start, the exit code, the end; the id, status and update never.
+_EXECUTION_COLUMNS = (
+    Column("EXECUTION", ID),
+    Column("INSTANCE", ID, 8),
+    Column("JOB", TEXT, 7),
+    Column("ATTEMPT", NUMBER, 2),
+    Column("STATUS", STATUS),
+    Column("EXIT", STATUS, 4),
+    Column("READ", NUMBER, 6),
+    Column("WRITTEN", NUMBER, 9),
+    Column("COMMITS", NUMBER, 10),
+    Column("STARTED", TIME, 5),
+    Column("ENDED", TIME, 3),
+    Column("UPDATED", TIME, 1),
+    Column("OWNER", TEXT, 11),
+)
 
 
 def _jobs(args: argparse.Namespace) -> int:
     return _list(
         args,
         lambda explorer, size, after: explorer.job_names(size, after),
-        ("JOB", "LATEST EXECUTION", "STATUS", "UPDATED"),
+        (
+            Column("JOB", TEXT),
+            Column("LATEST EXECUTION", ID, 2),
+            Column("STATUS", STATUS),
+            Column("UPDATED", TIME, 1),
+        ),
         lambda item: [
             item.job_name,
             "-" if item.latest_execution_id is None else str(item.latest_execution_id),
@@ -219,26 +320,50 @@ def _jobs(args: argparse.Namespace) -> int:
 
 
 def _instances(args: argparse.Namespace) -> int:
+    def fetch(
+        explorer: JobExplorer, size: PageSize, after: Cursor | None
+    ) -> Page[JobInstanceProjection]:
+        page = explorer.instances(args.job, size, after)
+        # An empty first page is a job name no instance has (a typo), not an empty job.
+        if not page.items and after is None and not explorer.job_exists(args.job):
+            raise JobNotFound(job_name=args.job)
+        return page
+
     return _list(
         args,
-        lambda explorer, size, after: explorer.instances(args.job, size, after),
-        ("INSTANCE", "JOB", "PARAMETERS", "CREATED", "HOLD"),
+        fetch,
+        (
+            Column("INSTANCE", ID),
+            Column("JOB", TEXT, 4),
+            Column("PARAMETERS", TEXT, 3),
+            Column("CREATED", TIME, 1),
+            Column("STATE", STATUS),
+            Column("PURGED AT", TIME, 2),
+            Column("HOLD", TEXT),
+        ),
         lambda item: [
             str(item.id),
             item.job_name,
             ", ".join(f"{p.name}:{p.kind}" for p in item.parameters) or "-",
             _instant(item.created_at),
+            _state(item.tombstone),
+            _instant(None if item.tombstone is None else item.tombstone.purged_at),
             "-" if item.hold is None else f"{item.hold.reason} by {item.hold.actor}",
         ],
         "no instances",
     )
 
 
+def _state(tombstone: InstanceTombstone | None) -> str:
+    """`-` for a live instance; a tombstone as PURGED with the final status of its history."""
+    return "-" if tombstone is None else f"PURGED ({tombstone.final_status.value})"
+
+
 def _executions(args: argparse.Namespace) -> int:
     return _list(
         args,
         lambda explorer, size, after: explorer.executions(args.instance, size, after),
-        _EXECUTION_HEADERS,
+        _EXECUTION_COLUMNS,
         _execution_row,
         "no executions",
     )
@@ -253,7 +378,7 @@ def _unresolved(args: argparse.Namespace) -> int:
             older_than = config_from_args(args).stale_threshold
         return explorer.unresolved_executions(older_than, size, after)
 
-    return _list(args, fetch, _EXECUTION_HEADERS, _execution_row, "no unresolved executions")
+    return _list(args, fetch, _EXECUTION_COLUMNS, _execution_row, "no unresolved executions")
 
 
 def _all(fetch: Callable[[int, PageSize, Cursor | None], Page[T]], execution_id: int) -> list[T]:
@@ -328,12 +453,23 @@ def _show(args: argparse.Namespace) -> int:
         "context": f"{_shown(execution.context.schema_id)} v{execution.context.schema_version}, "
         f"{execution.context.encoded_len} bytes",
     }
-    width = max(len(name) for name in fields)
+    names = max(len(name) for name in fields)
     for name, value in fields.items():
-        print(f"{name.ljust(width)}  {value}")
+        _print_wrapped(value, f"{name.ljust(names)}  ")
     print()
     _print_table(
-        "STEP NAME STATUS EXIT READ WRITTEN COMMITS ROLLBACKS CHECKPOINT FAILURE".split(),
+        (
+            Column("STEP", ID),
+            Column("NAME", TEXT),
+            Column("STATUS", STATUS),
+            Column("EXIT", STATUS, 3),
+            Column("READ", NUMBER, 4),
+            Column("WRITTEN", NUMBER, 5),
+            Column("COMMITS", NUMBER, 6),
+            Column("ROLLBACKS", NUMBER, 7),
+            Column("CHECKPOINT", TEXT, 8),
+            Column("FAILURE", STATUS, 2),
+        ),
         [
             [
                 str(step.id),
@@ -354,10 +490,17 @@ def _show(args: argparse.Namespace) -> int:
     )
     for step in steps:
         if step.id in reasons:
-            print(f"step {step.id} failed: {reasons[step.id]}")
+            _print_wrapped(str(reasons[step.id]), f"step {step.id} failed: ")
     print()
     _print_table(
-        "DECISION FROM TO REASON BY DECIDED".split(),
+        (
+            Column("DECISION", ID),
+            Column("FROM", STATUS, 3),
+            Column("TO", STATUS),
+            Column("REASON", TEXT),
+            Column("BY", TEXT, 2),
+            Column("DECIDED", TIME, 1),
+        ),
         [
             [
                 str(d.id),
@@ -374,7 +517,13 @@ def _show(args: argparse.Namespace) -> int:
     if requests:
         print()
         _print_table(
-            "REQUEST ACTION OUTCOME ACTOR REQUESTED".split(),
+            (
+                Column("REQUEST", ID),
+                Column("ACTION", STATUS),
+                Column("OUTCOME", STATUS),
+                Column("ACTOR", TEXT, 2),
+                Column("REQUESTED", TIME, 1),
+            ),
             [
                 [str(r.id), r.action.value, r.outcome.value, str(r.actor), _instant(r.requested_at)]
                 for r in requests

@@ -101,22 +101,12 @@ def register(commands: Commands) -> None:
 
 
 def _report(outcome: OperatorOutcome) -> int:
-    record = outcome.record
-    line = f"{outcome.outcome.value} {record.action.value} operation {record.operation_id.value}"
-    if outcome.rejection is not None:
-        rejection = outcome.rejection
-        fields = {
-            "current_version": rejection.current_version,
-            "status": None if rejection.status is None else rejection.status.value,
-            "execution_id": rejection.execution_id,
-        }
-        details = [f"{name}={value}" for name, value in fields.items() if value is not None]
-        print(f"{line}: rejected {rejection.code.value} {' '.join(details)}".rstrip())
-        missing = (Code.EXECUTION_NOT_FOUND, Code.INSTANCE_NOT_FOUND)
-        return 4 if rejection.code in missing else 1
-    status = record.result_status
-    print(f"{line}" + ("" if status is None else f": execution is {status.value}"))
-    return 0
+    """Print the outcome's line; the exit code of a rejection (4 for a missing target)."""
+    print(outcome.describe())
+    rejection = outcome.rejection
+    if rejection is None:
+        return 0
+    return 4 if rejection.code in (Code.EXECUTION_NOT_FOUND, Code.INSTANCE_NOT_FOUND) else 1
 
 
 def _stop(args: argparse.Namespace) -> int:

@@ -90,8 +90,7 @@ def _hold(
     operation_id, actor = request_identity(args)
     with connect(args) as repository:
         outcome = act(RetentionService(repository), operation_id, actor, args.instance_id, reason)
-    record = outcome.record
-    print(f"{outcome.outcome} {record.action.value} operation {record.operation_id.value}")
+    print(outcome.describe())
     return 0
 
 
@@ -133,10 +132,10 @@ def _purge(args: argparse.Namespace) -> int:
             )
             return 2
         expected = service.forecast(request).job_executions
-        last: PurgeProgress | None = None
+        batches: list[PurgeProgress] = []
         started = _dt.datetime.now(_dt.UTC)
         for batch in service.purge(request, operation_id.value, actor, reason):
-            last = batch
+            batches.append(batch)
             done = batch.total.job_executions
             filled = 30 if not expected else min(30, 30 * done // expected)
             outcome = batch.outcome
@@ -147,7 +146,7 @@ def _purge(args: argparse.Namespace) -> int:
         if sys.stderr.isatty():  # end the progress line
             print(file=sys.stderr)
         elapsed = (_dt.datetime.now(_dt.UTC) - started).total_seconds()
-        total = last.total if last else PurgeCounts()
-        print(f"purged in {last.batch if last else 0} batches, {elapsed:.1f} s")
-        print(f"deleted    {_counts_line(total)}")
+        summary = service.summarize(operation_id.value, batches)
+        print(f"{summary.describe()}, {elapsed:.1f} s")
+        print(f"deleted    {_counts_line(summary.total)}")
         return 0

@@ -27,6 +27,7 @@ from pybatch._codecs.partitions import PARTITION_HEAD_COLUMNS
 from pybatch._codecs.steps import COUNT_COLUMNS, STEP_HEAD_COLUMNS
 from pybatch.values.explorer import (
     DefinitionDescriptor,
+    InstanceTombstone,
     JobExecutionProjection,
     JobInstanceProjection,
     JobNameSummary,
@@ -57,6 +58,9 @@ INSTANCE_PROJECTION_COLUMNS = (
     "hold_actor",
     "hold_reason",
     "hold_placed_at",
+    "last_attempt",
+    "final_status",
+    "purged_at",
     "parameter_kinds",
 )
 EXECUTION_PROJECTION_COLUMNS = (
@@ -180,7 +184,20 @@ def decode_instance_projection(row: Row) -> JobInstanceProjection:
         parameters=tuple(sorted(parameters, key=lambda p: p.name.encode())),
         created_at=aware_at(row, "created_at"),
         hold=hold,
+        tombstone=_tombstone(row),
     )
+
+
+def _tombstone(row: Row) -> InstanceTombstone | None:
+    """What a purge left of the instance's history, or None while it is live."""
+    final_status = optional_enum_at(BatchStatus, row, "final_status")
+    purged_at = optional_aware_at(row, "purged_at")
+    if (final_status is None) != (purged_at is None):  # job_instance_tombstone_shape
+        raise DecodeError("final_status")
+    if final_status is None or purged_at is None:
+        return None
+    last_attempt = int64_at(row, "last_attempt", minimum=0)
+    return InstanceTombstone(final_status, purged_at, last_attempt)
 
 
 def _lifecycle(row: Row) -> dict[str, Any]:

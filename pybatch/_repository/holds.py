@@ -62,6 +62,20 @@ class Holds(Capability):
             self._write(instance_id, hold)
             return hold
 
+    def place_unless_held(
+        self, instance_id: int, actor: ActorRef, reason: ReasonCode, placed_at: _dt.datetime
+    ) -> tuple[RetentionHold, bool]:
+        """Place the hold unless a hold with the same reason is in place: (the hold, placed).
+
+        The instance is locked first, so of two identical holds one places it and the other
+        finds it; a hold with another reason replaces the one in place.
+        """
+        with self._operation() as (q, conn):
+            current = _decode_hold(_instance_row(q.lock_instance_hold, conn, instance_id))
+            if current is not None and current.reason == reason:
+                return current, False
+            return self.place(instance_id, actor, reason, placed_at), True
+
     def release(self, instance_id: int) -> RetentionHold | None:
         """Clear the hold; return the previous one (None if there was none)."""
         return self._write(instance_id, None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+from decimal import Decimal
 from typing import Any
 
 import attrs
@@ -101,6 +102,14 @@ def _int(row: Row, column: str, minimum: int = 0) -> int:
     return int64_at(row, column, minimum)
 
 
+def _sum(row: Row, column: str) -> int:
+    """A SUM over bigint columns (numeric in PostgreSQL, a Decimal here) as an int."""
+    value = row[column]
+    if not isinstance(value, int | Decimal) or value < 0 or value != int(value):
+        raise DecodeError(column)
+    return int(value)
+
+
 def _decode_ids(row: Row, column: str) -> tuple[int, ...]:
     value = row[column]
     if not isinstance(value, list):
@@ -118,6 +127,15 @@ class Retention(Capability):
                 conn, action=action.value, operation_id=operation_id.value
             )
             return None if row is None else _decode_record(row)
+
+    def purge_batches(self, operation_base: str) -> tuple[int, PurgeCounts]:
+        """How many batches a purge recorded under `operation_base`, and what they deleted."""
+        with self._operation() as (q, conn):
+            row = q.find_purge_batches.one(conn, operation_prefix=f"{operation_base}:")
+            if row is None:
+                raise DecodeError("retention_action")
+            counts = {name: _sum(row, column) for name, column in _COUNT_COLUMNS}
+            return _int(row, "batches"), PurgeCounts(**counts)
 
     def append_action(self, draft: RetentionRecordDraft) -> RetentionRecord:
         """Append a retention audit row and its chain link (ConcurrentModification: recorded)."""

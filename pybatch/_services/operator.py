@@ -2,8 +2,10 @@
 
 A recorded (action, operation id) with the same digest replays, with another digest is
 OperationIdConflict. Otherwise the effect and its APPLIED audit row share one unit of work; a
-refusal is recorded REJECTED in a unit of work of its own. A lost COMMIT acknowledgement is
-OperationOutcomeUnknown: re-running the same operation id replays what was recorded, never twice.
+refusal is recorded REJECTED in a unit of work of its own. A request that finds its effect
+already in place (a stop on a finished run) is recorded APPLIED and reported NOOP. A lost COMMIT
+acknowledgement is OperationOutcomeUnknown: re-running the same operation id replays what was
+recorded, never twice.
 """
 
 from __future__ import annotations
@@ -74,11 +76,42 @@ class OperatorOutcome:
     record: OperatorRecord
     #: The execution after an APPLIED effect; None on a replay or a rejection.
     execution: JobExecution | None = None
+    #: APPLIED, but nothing changed: the effect was already in place (a stop on a finished run).
+    noop: bool = False
 
     @property
     def rejection(self) -> OperatorRejection | None:
         """The recorded rejection, when the request was REJECTED."""
         return self.record.rejection
+
+    @property
+    def word(self) -> str:
+        """APPLIED, NOOP (applied, nothing changed), REPLAYED or REJECTED, as operators read it.
+
+        NOOP is not a stored outcome class: its audit row says APPLIED, with the status it
+        found as both its prior and its result status.
+        """
+        return "NOOP" if self.noop else self.outcome.value
+
+    def describe(self) -> str:
+        """One line: the word, the action, the operation id, and what the request found or left."""
+        record = self.record
+        line = f"{self.word} {record.action.value} operation {record.operation_id.value}"
+        rejection = self.rejection
+        if rejection is not None:
+            fields = {
+                "current_version": rejection.current_version,
+                "status": None if rejection.status is None else rejection.status.value,
+                "execution_id": rejection.execution_id,
+            }
+            details = [f"{name}={value}" for name, value in fields.items() if value is not None]
+            return f"{line}: rejected {rejection.code.value} {' '.join(details)}".rstrip()
+        status = record.result_status
+        if status is None:
+            return line
+        if self.noop:
+            return f"{line}: execution is already {status.value}, nothing to change"
+        return f"{line}: execution is {status.value}"
 
 
 class _Rejected(Exception):
@@ -92,6 +125,8 @@ class _Effect:
     execution: JobExecution
     #: Launch and restart: the instance of the execution they created (the audit names it).
     instance_id: int | None = None
+    #: False when the effect was already in place and nothing was written but the audit row.
+    changed: bool = True
 
 
 @attrs.frozen
@@ -147,7 +182,7 @@ class OperatorService:
                 return _Effect(current.status, stopped)
             if current.status is S.UNKNOWN:
                 raise _Rejected(OperatorRejection.invalid_state(S.UNKNOWN))
-            return _Effect(current.status, current)
+            return _Effect(current.status, current, changed=False)  # finished or stopping
 
         return self._submit(request, effect)
 
@@ -164,7 +199,7 @@ class OperatorService:
         def effect(uow: UnitOfWork) -> _Effect:
             current = self._execution(uow, execution_id, None)
             if current.status is S.ABANDONED:
-                return _Effect(current.status, current)
+                return _Effect(current.status, current, changed=False)
             if current.status is S.UNKNOWN and uow.recovery.decision(execution_id) is None:
                 raise _Rejected(OperatorRejection.of(Code.UNRESOLVED_RECOVERY_REQUIRED))
             if current.status not in (S.STOPPED, S.FAILED, S.UNKNOWN):
@@ -350,4 +385,9 @@ class OperatorService:
             uow.commit()
         except CommitOutcomeUnknown:
             raise OperationOutcomeUnknown() from None
-        return OperatorOutcome(draft.outcome, record, effect.execution if effect else None)
+        return OperatorOutcome(
+            draft.outcome,
+            record,
+            effect.execution if effect else None,
+            noop=effect is not None and not effect.changed,
+        )

@@ -3,6 +3,8 @@
 Hold, release and each purge batch replay by operation id like operator requests. A purge runs
 survey -> plan -> apply in bounded batches, each applied in one transaction with its audit record;
 a batch whose plan went stale (a hold, a restart, another purge) deletes nothing and is replanned.
+A hold where the same hold is in place, or a release without a hold, is recorded APPLIED and
+reported NOOP; a purge is summed up APPLIED, REPLAYED (an earlier run did it all) or NOOP.
 """
 
 from __future__ import annotations
@@ -48,8 +50,17 @@ MAX_PURGE_OPERATION_BASE = 47  # Longest caller-chosen base of a purge's per-bat
 class RetentionOutcome:
     """How a retention request was settled, with its audit record."""
 
+    #: APPLIED, REPLAYED, or NOOP: applied with nothing to change (the record says APPLIED).
     outcome: str
     record: RetentionRecord
+    #: For NOOP: what was already so.
+    detail: str = ""
+
+    def describe(self) -> str:
+        """One line: the outcome, the action, the operation id (and for NOOP, why)."""
+        record = self.record
+        line = f"{self.outcome} {record.action.value} operation {record.operation_id.value}"
+        return f"{line}: {self.detail}" if self.detail else line
 
     @property
     def counts(self) -> PurgeCounts:
@@ -66,6 +77,8 @@ class _Applied:
     batch_bound: int | None = None
     counts: PurgeCounts = attrs.Factory(PurgeCounts)
     purged: PurgedAuditRecords | None = None
+    #: Set when nothing was changed: what was already so (the outcome is NOOP).
+    noop: str = ""
 
 
 @attrs.frozen
@@ -75,6 +88,30 @@ class PurgeProgress:
     batch: int
     outcome: RetentionOutcome
     total: PurgeCounts
+
+
+@attrs.frozen
+class PurgeSummary:
+    """How a whole purge (one operation id base) was settled.
+
+    APPLIED: this run deleted at least one batch; REPLAYED: every batch was recorded by an
+    earlier run with the same operation id (`batches` and `total` are the recorded ones);
+    NOOP: nothing to purge, and nothing recorded under that id.
+    """
+
+    outcome: str
+    operation_base: str
+    batches: int
+    total: PurgeCounts
+
+    def describe(self) -> str:
+        """One line: the outcome, the operation id and the batches."""
+        line = f"{self.outcome} PURGE operation {self.operation_base}"
+        if self.outcome == "NOOP":
+            return f"{line}: nothing to purge"
+        if self.outcome == "REPLAYED":
+            return f"{line}: {self.batches} batches recorded before, nothing left to purge"
+        return f"{line}: purged in {self.batches} batches"
 
 
 class RetentionService:
@@ -108,9 +145,17 @@ class RetentionService:
 
         def effect(uow: UnitOfWork) -> _Applied:
             if action is RetentionAction.HOLD:
-                uow.holds.place(instance_id, actor, reason, uow.clock.now())
-            else:
-                uow.holds.release(instance_id)
+                hold, placed = uow.holds.place_unless_held(
+                    instance_id, actor, reason, uow.clock.now()
+                )
+                if not placed:
+                    return _Applied(
+                        job_instance_id=instance_id,
+                        noop=f"the hold already exists ({hold.reason.value} by "
+                        f"{hold.actor.value} since {hold.placed_at:%Y-%m-%d %H:%M:%S})",
+                    )
+            elif uow.holds.release(instance_id) is None:
+                return _Applied(job_instance_id=instance_id, noop="the instance has no hold")
             return _Applied(job_instance_id=instance_id)
 
         return self._submit(action, operation_id, actor, reason, digest, effect)
@@ -187,6 +232,16 @@ class RetentionService:
             if outcome.outcome == "REPLAYED" and outcome.counts == PurgeCounts():
                 return  # nothing more can change by repeating this plan
 
+    def summarize(self, operation_base: str, batches: list[PurgeProgress]) -> PurgeSummary:
+        """How the purge that yielded `batches` under `operation_base` was settled."""
+        if any(batch.outcome.outcome == "APPLIED" for batch in batches):
+            return PurgeSummary("APPLIED", operation_base, len(batches), batches[-1].total)
+        with self.repository.begin() as uow:
+            recorded, total = uow.retention.purge_batches(operation_base)
+        if recorded:
+            return PurgeSummary("REPLAYED", operation_base, recorded, total)
+        return PurgeSummary("NOOP", operation_base, 0, PurgeCounts())
+
     def _probe(
         self, action: RetentionAction, operation_id: OperationId, digest: bytes
     ) -> RetentionOutcome | None:
@@ -239,4 +294,4 @@ class RetentionService:
                 uow.commit()
             except CommitOutcomeUnknown:
                 raise OperationOutcomeUnknown() from None
-        return RetentionOutcome("APPLIED", record)
+        return RetentionOutcome("NOOP" if applied.noop else "APPLIED", record, applied.noop)

@@ -318,6 +318,15 @@ class RetentionHold(_Projection):
 
 
 @attrs.frozen
+class InstanceTombstone(_Projection):
+    """What a purge left of an instance's history: its final status, when, its last attempt."""
+
+    final_status: BatchStatus
+    purged_at: _dt.datetime
+    last_attempt: int
+
+
+@attrs.frozen
 class JobInstanceProjection(_Projection):
     """A job instance, value-redacted (docs/contract.md, Explorer vocabulary)."""
 
@@ -327,6 +336,8 @@ class JobInstanceProjection(_Projection):
     parameters: tuple[ParameterDescriptor, ...]
     created_at: _dt.datetime
     hold: RetentionHold | None
+    #: Set once a purge deleted the instance's history (its row stays as a tombstone).
+    tombstone: InstanceTombstone | None = None
 
 
 @attrs.frozen

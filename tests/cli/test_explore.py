@@ -7,6 +7,7 @@ in any output.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pty
@@ -201,6 +202,69 @@ def test_table_on_a_terminal_fits_its_width(seeded: dict[str, JobExecution], db_
     assert lines and all(len(line) <= 50 for line in lines), lines
 
 
+LONG_JOB = "nightly_warehouse_load_of_every_regional_order_book_and_its_ledger_entries"
+TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
+#: A status, code or number cut short: upper-case letters or digits right before an ellipsis.
+CUT_CODE = re.compile(r"[A-Z0-9]\u2026")
+
+
+@pytest.mark.parametrize("width", [80, 120, 200])
+def test_tables_fit_the_width_and_never_cut_a_status_or_a_timestamp(
+    seeded: dict[str, JobExecution],
+    repository: JobRepository,
+    clock: ManualClock,
+    db_dsn: str,
+    width: int,
+) -> None:
+    failed = launch(repository, clock, LONG_JOB, 1, fail=True)
+    instance = str(failed.job_instance_id)
+    for command in (
+        ["jobs"],
+        ["instances", LONG_JOB],
+        ["executions", instance],
+        ["unresolved", "--older-than", "10m"],
+        ["show", str(failed.id)],
+    ):
+        result = run(*command, dsn=db_dsn, COLUMNS=str(width))
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.splitlines()
+        assert all(len(line) <= width for line in lines), (command, width, lines)
+        assert not CUT_CODE.search(result.stdout), (command, width, lines)
+        assert TIMESTAMP.search(result.stdout), (command, width, lines)
+    jobs = run("jobs", dsn=db_dsn, COLUMNS=str(width)).stdout.splitlines()
+    [long_row] = [line for line in jobs if line.startswith(LONG_JOB[:8])]
+    assert re.search(rf"  \d+ +FAILED +{TIMESTAMP.pattern}$", long_row), long_row  # whole
+    assert (LONG_JOB in long_row) == (width == 200)
+    assert ("\u2026" in long_row) == (width < 200)  # shortened with an ellipsis
+    table = run("executions", instance, dsn=db_dsn, COLUMNS=str(width)).stdout.splitlines()
+    header, row = table[0].split(), table[1]
+    assert header[0] == "EXECUTION"
+    assert "FAILED" in row.split() and len(TIMESTAMP.findall(row)) >= 2
+    left_out = [line for line in table if line.startswith("columns left out: ")]
+    if width == 200:
+        assert (
+            header
+            == (
+                "EXECUTION INSTANCE JOB ATTEMPT STATUS EXIT READ WRITTEN COMMITS STARTED ENDED "
+                "UPDATED OWNER"
+            ).split()
+        )
+        assert left_out == []
+    else:
+        note = " ".join(table[table.index(left_out[0]) :])  # wrapped to the width
+        assert len(left_out) == 1 and "OWNER" in note
+        assert note.endswith("(widen the terminal or use --json)")
+        assert "UPDATED" in header and "STATUS" in header
+
+
+def test_into_a_pipe_without_columns_nothing_is_left_out(
+    seeded: dict[str, JobExecution], repository: JobRepository, clock: ManualClock, db_dsn: str
+) -> None:
+    failed = launch(repository, clock, LONG_JOB, 1, fail=True)
+    table = run("executions", str(failed.job_instance_id), dsn=db_dsn).stdout.splitlines()
+    assert len(table) == 2 and table[0].split()[-1] == "OWNER" and LONG_JOB in table[1]
+
+
 def test_exit_codes(seeded: dict[str, JobExecution], db_dsn: str, tmp_path: Path) -> None:
     assert run("show", "999999", dsn=db_dsn).returncode == 4
     missing = run("executions", "999999", dsn=db_dsn)
@@ -208,7 +272,13 @@ def test_exit_codes(seeded: dict[str, JobExecution], db_dsn: str, tmp_path: Path
     assert missing.stderr.strip() == (
         "pybatch: JobInstanceNotFound: job instance 999999 was not found"
     )
-    assert run("instances", "nobody", "--json", dsn=db_dsn).returncode == 0  # empty is success
+    for output in ([], ["--json"]):
+        no_job = run("instances", "nobody", *output, dsn=db_dsn)
+        assert no_job.returncode == 4
+        assert no_job.stdout == ""
+        assert no_job.stderr.strip() == (
+            "pybatch: JobNotFound: job nobody was not found (no instance has that name)"
+        )
     assert run("jobs", "--limit", "0", dsn=db_dsn).returncode == 2
     assert run("jobs", "--after", "nothex", dsn=db_dsn).returncode == 2
     assert run("unresolved", "--older-than", "30s", dsn=db_dsn).returncode == 2
@@ -276,6 +346,23 @@ def test_sql_list_show_explain(db_dsn: str) -> None:
         plan = run("sql", "explain", name, dsn=db_dsn)
         assert plan.returncode == 0, plan.stderr
         assert "cost=" in plan.stdout
+
+
+def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly() -> None:
+    """`pybatch sql list | head`: no BrokenPipeError traceback, exit 0."""
+    reader, writer = os.pipe()
+    # A one-page pipe: the listing (tens of kB) cannot all be written before the reader closes.
+    fcntl.fcntl(reader, fcntl.F_SETPIPE_SZ, 4096)
+    process = subprocess.Popen(
+        [PYBATCH, "sql", "list"], stdout=writer, stderr=subprocess.PIPE, env=env_for(None)
+    )
+    os.close(writer)
+    with os.fdopen(reader, "rb") as output:
+        first = output.readline()
+    _, stderr = process.communicate(timeout=60)
+    assert first.startswith(b"append_audit_link ")
+    assert stderr == b""
+    assert process.returncode == 0
 
 
 def test_show_counts_rolled_back_chunks(repository: JobRepository, db_dsn: str) -> None:

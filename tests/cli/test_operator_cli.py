@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import subprocess
-import sys
 import threading
 import time
 from typing import Any
@@ -17,14 +16,16 @@ from pybatch.etl import Job, StepRun
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.status import BatchStatus
 from tests.cli.test_demo import clean_env
+from tests.cli.test_explore import PYBATCH
 
 S = BatchStatus
 DAY = {"business_date": "2026-11-30"}
 
 
 def pybatch(db_dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the installed `pybatch` console script against the test database."""
     return subprocess.run(
-        [sys.executable, "-m", "pybatch", *args, "--dsn", db_dsn, "--plaintext"],
+        [PYBATCH, *args, "--dsn", db_dsn, "--plaintext"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -85,6 +86,23 @@ def test_stop_wait_returns_when_the_run_stopped(
     again = pybatch(db_dsn, "stop", str(execution_id), "--operation-id", "stop-7")
     assert again.returncode == 0
     assert again.stdout.startswith("REPLAYED STOP operation stop-7")
+
+
+def test_a_stop_on_a_completed_run_is_a_noop_and_its_replay_replayed(
+    pg_config: Any, db_dsn: str
+) -> None:
+    with JobRepository.connect(pg_config) as repository:
+        with Job(repository, "done", DAY).launch() as run:
+            pass
+    execution_id = run.execution.id
+    noop = pybatch(db_dsn, "stop", str(execution_id), "--operation-id", "stop-done")
+    assert noop.returncode == 0, noop.stderr
+    assert noop.stdout == (
+        "NOOP STOP operation stop-done: execution is already COMPLETED, nothing to change\n"
+    )
+    again = pybatch(db_dsn, "stop", str(execution_id), "--operation-id", "stop-done")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == "REPLAYED STOP operation stop-done: execution is COMPLETED\n"
 
 
 def test_generated_operation_id_is_printed_and_missing_execution_exits_4(db_dsn: str) -> None:

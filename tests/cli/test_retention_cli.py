@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 import psycopg
@@ -36,6 +38,24 @@ def age_everything(admin: psycopg.Connection[Any]) -> None:
     )
 
 
+def check_tombstones_are_marked(db_dsn: str, ids: list[int]) -> None:
+    """`instances` marks a purged instance PURGED (with its final status); a held one stays."""
+    listing = pybatch(db_dsn, "instances", "nightly")
+    assert listing.returncode == 0, listing.stderr
+    header, *rows = listing.stdout.splitlines()
+    assert header.split()[:6] == ["INSTANCE", "JOB", "PARAMETERS", "CREATED", "STATE", "PURGED"]
+    state = {int(row.split()[0]): row for row in rows}
+    assert set(state) == set(ids)
+    assert "PURGED" not in state[ids[0]] and "LEGAL_HOLD" in state[ids[0]]
+    for purged in ids[1:]:
+        assert re.search(r"  PURGED \(COMPLETED\)  \d{4}-\d\d-\d\d ", state[purged])
+    document = json.loads(pybatch(db_dsn, "instances", "nightly", "--json").stdout)
+    tombstones = {item["id"]: item["tombstone"] for item in document["items"]}
+    assert tombstones[ids[0]] is None
+    assert tombstones[ids[1]]["final_status"] == "COMPLETED"
+    assert tombstones[ids[1]]["last_attempt"] == 1 and tombstones[ids[1]]["purged_at"]
+
+
 def test_hold_release_and_purge(
     pg_config: Any, db_dsn: str, admin: psycopg.Connection[Any]
 ) -> None:
@@ -49,6 +69,15 @@ def test_hold_release_and_purge(
     assert pybatch(
         db_dsn, "hold", str(ids[0]), "--reason", "LEGAL_HOLD", "--operation-id", "h1"
     ).stdout == ("REPLAYED HOLD operation h1\n")
+    same = pybatch(db_dsn, "hold", str(ids[0]), "--reason", "LEGAL_HOLD", "--operation-id", "h2")
+    assert same.returncode == 0, same.stderr
+    assert re.fullmatch(
+        r"NOOP HOLD operation h2: the hold already exists \(LEGAL_HOLD by cli:\S+ since "
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\)\n",
+        same.stdout,
+    ), same.stdout
+    unheld = pybatch(db_dsn, "release", str(ids[1]), "--operation-id", "r0")
+    assert unheld.stdout == "NOOP RELEASE_HOLD operation r0: the instance has no hold\n"
 
     dry = pybatch(
         db_dsn, "purge", "--job", "nightly", "--status", "COMPLETED", "--older-than", "90d",
@@ -72,9 +101,20 @@ def test_hold_release_and_purge(
     progress = [line for line in purged.stderr.splitlines() if line.startswith("batch ")]
     assert [line.split(":")[0] for line in progress] == ["batch 1", "batch 2"]  # 3 + 1
     assert purged.stdout.splitlines()[-1].startswith("deleted    ")
+    assert purged.stdout.startswith("APPLIED PURGE operation nightly-purge: purged in 2 batches, ")
     assert "job_executions 4" in purged.stdout
+    replayed = pybatch(
+        db_dsn, "purge", "--job", "nightly", "--status", "COMPLETED", "--older-than", "90d",
+        "--batch", "3", "--operation-id", "nightly-purge",
+    )  # fmt: skip
+    assert replayed.returncode == 0, replayed.stderr
+    assert replayed.stdout.startswith(
+        "REPLAYED PURGE operation nightly-purge: 2 batches recorded before, nothing left to purge"
+    )
+    assert replayed.stdout.splitlines()[-1] == purged.stdout.splitlines()[-1]  # what they deleted
     remaining = admin.execute("SELECT count(*) FROM pybatch.job_execution").fetchone()
     assert remaining == (1,)  # the held one
+    check_tombstones_are_marked(db_dsn, ids)
 
     released = pybatch(db_dsn, "release", str(ids[0]))
     assert released.returncode == 0 and released.stdout.startswith("APPLIED RELEASE_HOLD")
@@ -82,5 +122,11 @@ def test_hold_release_and_purge(
         db_dsn, "purge", "--job", "nightly", "--status", "COMPLETED", "--older-than", "90d"
     )
     assert again.returncode == 0 and "job_executions 1" in again.stdout
+    nothing = pybatch(
+        db_dsn, "purge", "--job", "nightly", "--status", "COMPLETED", "--older-than", "90d",
+        "--operation-id", "nothing-left",
+    )  # fmt: skip
+    assert nothing.returncode == 0, nothing.stderr
+    assert nothing.stdout.startswith("NOOP PURGE operation nothing-left: nothing to purge")
     verified = pybatch(db_dsn, "audit", "verify")
     assert verified.returncode == 0, verified.stdout

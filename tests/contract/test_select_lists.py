@@ -198,6 +198,16 @@ READERS: dict[str, tuple[str, ...]] = {
         "applied_at",
     ),
     "insert_retention_action": ("id",),
+    "find_purge_batches": (
+        "batches",
+        "deleted_flow_decisions",
+        "deleted_recovery_decisions",
+        "deleted_operator_requests",
+        "deleted_step_partitions",
+        "deleted_step_executions",
+        "deleted_job_executions",
+        "deleted_job_instances",
+    ),
     "survey_purge_batch": (
         "job_instance_id",
         "job_execution_id",

@@ -76,6 +76,7 @@ from pybatch.values.chunks import CommittedStepState
 from pybatch.values.counts import StepFaultCounts
 from pybatch.values.explorer import (
     DefinitionDescriptor,
+    InstanceTombstone,
     JobExecutionProjection,
     JobInstanceProjection,
     JobNameSummary,
@@ -102,7 +103,7 @@ from pybatch.values.partitions import StepPartition
 from pybatch.values.records import JobExecution, JobInstance, LockedJobInstance, StepExecution
 from pybatch.values.recovery import RecoveryDecision
 from pybatch.values.state import Checkpoint, ExecutionContext
-from pybatch.values.status import FailureSummary
+from pybatch.values.status import BatchStatus, FailureSummary
 from tests.properties import strategies as s
 from tests.support.rows import encode_fault_counts
 
@@ -379,6 +380,12 @@ def _instance_projection(draw: st.DrawFn) -> tuple[Row, object]:
         st.dictionaries(_texts, st.sampled_from(["string", "i64", "u64", "bool"]), max_size=4)
     )
     hold = draw(st.none() | st.builds(RetentionHold, _texts, _texts, s.instants.map(_utc)))
+    done = (BatchStatus.STOPPED, BatchStatus.FAILED, BatchStatus.COMPLETED, BatchStatus.ABANDONED)
+    finished = st.sampled_from(done)
+    tombstone = draw(
+        st.none()
+        | st.builds(InstanceTombstone, finished, s.instants.map(_utc), st.integers(0, 2**31 - 1))
+    )
     projection = JobInstanceProjection(
         id=draw(s.ids),
         job_name=draw(_texts),
@@ -389,6 +396,7 @@ def _instance_projection(draw: st.DrawFn) -> tuple[Row, object]:
         ),
         created_at=draw(s.instants.map(_utc)),
         hold=hold,
+        tombstone=tombstone,
     )
     row = {
         "id": projection.id,
@@ -398,6 +406,9 @@ def _instance_projection(draw: st.DrawFn) -> tuple[Row, object]:
         "hold_actor": None if hold is None else hold.actor,
         "hold_reason": None if hold is None else hold.reason,
         "hold_placed_at": None if hold is None else hold.placed_at,
+        "last_attempt": 0 if tombstone is None else tombstone.last_attempt,
+        "final_status": None if tombstone is None else tombstone.final_status.value,
+        "purged_at": None if tombstone is None else tombstone.purged_at,
         "parameter_kinds": [
             [name, kind] for name, kind in draw(st.permutations(list(kinds.items())))
         ],

@@ -382,6 +382,7 @@ PYBATCH_ONLY: frozenset[str] = frozenset(
         "DsnFileInsecure",  # --dsn-file must be mode 0600 (CLI connection settings)
         "DsnFileUnreadable",
         "UnknownStatement",  # pybatch sql show|explain NAME
+        "JobNotFound",  # the explorer's instances of a job name no instance has
         "ExecutionOwnershipLost",  # a stale owner whose execution was recovered
         "PartitionOwnershipLost",  # a stale worker whose partition was recovered
         "StopRequested",  # the ETL API ends a step at a chunk boundary on a stop request
