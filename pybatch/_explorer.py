@@ -54,6 +54,7 @@ from pybatch.values.explorer import (
     OrderedKey,
     Page,
     PageSize,
+    RunningExecution,
     StepExecutionProjection,
     StepPartitionProjection,
     flow_decision_json,
@@ -387,6 +388,26 @@ class JobExplorer:
     ) -> Page[OperatorRecord]:
         """Operator requests aimed at an execution, id ascending (wraps JobExecutionNotFound)."""
         return self._children(ExplorerQuery.OPERATOR_REQUESTS, job_execution_id, page_size, after)
+
+    def running_executions(
+        self, page_size: PageSize | None = None, after_id: int = 0
+    ) -> tuple[RunningExecution, ...]:
+        """Executions running now (STARTED or STOPPING, lease live on the database clock).
+
+        Id ascending after `after_id`, at most `page_size` of them (running executions are
+        as many as the processes running them, so a page of 500 shows every one in practice).
+        """
+        page_size = page_size or PageSize()
+        if after_id is not None:
+            check_identifier(IdentifierKind.JOB_EXECUTION, after_id)
+
+        def work(conn: Conn) -> tuple[RunningExecution, ...]:
+            rows = self._statements.explore_running_executions.many(
+                conn, after_id=after_id or 0, row_limit=page_size.value
+            )
+            return tuple(codec.decode_running_execution(row) for row in rows)
+
+        return self._read(work)
 
     def unresolved_executions(
         self,

@@ -566,3 +566,45 @@ FROM (
 ) AS reason
 ORDER BY reason.step_execution_id NULLS FIRST
 LIMIT :row_limit;
+
+-- :name explore_running_executions :many
+-- :doc Executions running now - STARTED or STOPPING with a lease that has not run out on the
+-- database clock - id ascending after after_id, at most row_limit, each with its newest
+-- step's progress and the server's time of reading (job_execution_unresolved_identity,
+-- step_execution_execution_identity).
+SELECT
+    execution.id,
+    instance.job_name,
+    execution.attempt,
+    execution.status,
+    execution.started_at,
+    execution.lease_expires_at,
+    execution.stop_requested_at,
+    step.step_name,
+    step.started_at AS step_started_at,
+    step.read_count,
+    step.write_count,
+    step.commit_count,
+    pg_catalog.STATEMENT_TIMESTAMP() AS observed_at
+FROM pybatch.job_execution AS execution
+INNER JOIN pybatch.job_instance AS instance ON execution.job_instance_id = instance.id
+LEFT JOIN
+    LATERAL (
+        SELECT
+            newest.step_name,
+            newest.started_at,
+            newest.read_count,
+            newest.write_count,
+            newest.commit_count
+        FROM pybatch.step_execution AS newest
+        WHERE newest.job_execution_id = execution.id
+        ORDER BY newest.id DESC
+        LIMIT 1
+    ) AS step
+    ON TRUE
+WHERE
+    execution.status IN ('STARTED', 'STOPPING')
+    AND execution.lease_expires_at > pg_catalog.STATEMENT_TIMESTAMP()
+    AND execution.id > :after_id
+ORDER BY execution.id
+LIMIT :row_limit;

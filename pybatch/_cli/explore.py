@@ -1,4 +1,4 @@
-"""`pybatch jobs | instances | executions | show | unresolved`: read commands over the explorer.
+"""`pybatch jobs | instances | executions | show | running | unresolved`: the read commands.
 
 Tables sized to the terminal (`COLUMNS`, else the terminal's width; unbounded into a pipe), or
 with `--json` one document (`{"items": [...], "next": ...}` for lists); `--limit` and
@@ -36,6 +36,7 @@ from pybatch.values.explorer import (
     LatestAttempt,
     Page,
     PageSize,
+    RunningExecution,
     operator_request_json,
     recovery_decision_json,
 )
@@ -94,6 +95,21 @@ def register(commands: Commands) -> None:
         paged=False,
     )
     show.add_argument("execution", type=_identifier, help="the job execution id")
+    running = command(
+        "running",
+        _running,
+        "list the executions running now: their step, progress, rate and lease",
+        paged=False,
+    )
+    running.add_argument(
+        "--limit",
+        type=_page_size,
+        default=MAX_PAGE_SIZE,
+        help=f"at most this many, 1 to {MAX_PAGE_SIZE} ({MAX_PAGE_SIZE})",
+    )
+    running.add_argument(
+        "--after", type=_identifier, metavar="EXECUTION", help="only executions after this id"
+    )
     unresolved = command(
         "unresolved",
         _unresolved,
@@ -367,6 +383,63 @@ def _executions(args: argparse.Namespace) -> int:
         _execution_row,
         "no executions",
     )
+
+
+_RUNNING_COLUMNS = (
+    Column("EXECUTION", ID),
+    Column("JOB", TEXT),
+    Column("ATTEMPT", NUMBER, 5),
+    Column("STATUS", STATUS),
+    Column("STEP", TEXT, 2),
+    Column("READ", NUMBER, 4),
+    Column("WRITTEN", NUMBER),
+    Column("CHUNKS", NUMBER, 3),
+    Column("ITEMS/S", NUMBER, 1),
+    Column("LEASE LEFT", NUMBER),
+    Column("STARTED", TIME, 6),
+)
+
+
+def _running_row(item: RunningExecution) -> list[str]:
+    rate = item.items_per_second
+    return [
+        str(item.id),
+        item.job_name,
+        str(item.attempt),
+        item.status.value + (" (stop requested)" if item.stop_requested_at else ""),
+        item.step_name or "-",
+        str(item.read),
+        str(item.written),
+        str(item.commits),
+        "-" if rate is None else f"{rate:,.0f}",
+        f"{item.lease_left.total_seconds():.1f}s",
+        _instant(item.started_at),
+    ]
+
+
+def _running(args: argparse.Namespace) -> int:
+    """The executions with a live lease, read once (the server's clock decides "live")."""
+    with _explorer(args) as explorer:
+        items = explorer.running_executions(PageSize(args.limit), args.after)
+    more = len(items) == args.limit
+    if args.json:
+        document = {
+            "items": [
+                {
+                    **item.as_json(),
+                    "lease_left_seconds": item.lease_left.total_seconds(),
+                    "items_per_second": item.items_per_second,
+                }
+                for item in items
+            ],
+            "next": str(items[-1].id) if more else None,
+        }
+        print(json.dumps(document, ensure_ascii=False))
+        return 0
+    _print_table(_RUNNING_COLUMNS, [_running_row(item) for item in items], "nothing is running")
+    if more:
+        print(f"more may be running: --after {items[-1].id}")
+    return 0
 
 
 def _unresolved(args: argparse.Namespace) -> int:

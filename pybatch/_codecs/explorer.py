@@ -35,6 +35,7 @@ from pybatch.values.explorer import (
     ParameterDescriptor,
     ProjectionCounts,
     RetentionHold,
+    RunningExecution,
     StateEnvelopeDescriptor,
     StepExecutionProjection,
     StepPartitionProjection,
@@ -50,6 +51,11 @@ def _envelope_columns(prefix: str) -> tuple[str, ...]:
 #: Columns each decoder reads, in the order queries/explorer.sql selects them.
 JOB_NAME_SUMMARY_COLUMNS = ("job_name", "latest_execution_id", "latest_status", "latest_updated_at")
 LATEST_ATTEMPT_COLUMNS = ("execution_id", "attempt", "status")
+RUNNING_EXECUTION_COLUMNS = (
+    *("id", "job_name", "attempt", "status", "started_at", "lease_expires_at"),
+    *("stop_requested_at", "step_name", "step_started_at", "read_count", "write_count"),
+    *("commit_count", "observed_at"),
+)
 INSTANCE_PROJECTION_COLUMNS = (
     "id",
     "job_name",
@@ -150,6 +156,29 @@ def decode_latest_attempt(row: Row) -> LatestAttempt:
         execution_id=int64_at(row, "execution_id"),
         attempt=int64_at(row, "attempt"),
         status=enum_at(BatchStatus, row, "status"),
+    )
+
+
+def decode_running_execution(row: Row) -> RunningExecution:
+    """Decode an explore_running_executions row (the step columns are NULL before a step)."""
+    row = row_columns(row, RUNNING_EXECUTION_COLUMNS)
+    step_name = row["step_name"]
+    if step_name is not None and type(step_name) is not str:
+        raise DecodeError("step_name")
+    return RunningExecution(
+        id=int64_at(row, "id"),
+        job_name=text_at(row, "job_name"),
+        attempt=int64_at(row, "attempt"),
+        status=enum_at(BatchStatus, row, "status"),
+        started_at=optional_aware_at(row, "started_at"),
+        lease_expires_at=aware_at(row, "lease_expires_at"),
+        stop_requested_at=optional_aware_at(row, "stop_requested_at"),
+        step_name=step_name,
+        step_started_at=optional_aware_at(row, "step_started_at"),
+        read=optional_int64_at(row, "read_count", 0) or 0,
+        written=optional_int64_at(row, "write_count", 0) or 0,
+        commits=optional_int64_at(row, "commit_count", 0) or 0,
+        observed_at=aware_at(row, "observed_at"),
     )
 
 

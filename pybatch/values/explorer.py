@@ -300,6 +300,42 @@ class LatestAttempt(_Projection):
 
 
 @attrs.frozen
+class RunningExecution(_Projection):
+    """An execution running now (a live lease) and where its newest step stands.
+
+    Times are the server's: `observed_at` is the statement time of the read, so the lease
+    left and the step's rate do not depend on the reader's clock.
+    """
+
+    id: int
+    job_name: str
+    attempt: int
+    status: BatchStatus
+    started_at: _dt.datetime | None
+    lease_expires_at: _dt.datetime
+    stop_requested_at: _dt.datetime | None
+    step_name: str | None
+    step_started_at: _dt.datetime | None
+    read: int
+    written: int
+    commits: int
+    observed_at: _dt.datetime
+
+    @property
+    def lease_left(self) -> _dt.timedelta:
+        """How long the lease runs before a renewal must extend it."""
+        return self.lease_expires_at - self.observed_at
+
+    @property
+    def items_per_second(self) -> float | None:
+        """Items written per second since the newest step started (None before it has)."""
+        if self.step_started_at is None:
+            return None
+        elapsed = (self.observed_at - self.step_started_at).total_seconds()
+        return self.written / elapsed if elapsed > 0 else None
+
+
+@attrs.frozen
 class ParameterDescriptor(_Projection):
     """An identifying parameter's name and kind; the value is never read."""
 

@@ -23,6 +23,7 @@ from pybatch._codecs.explorer import (
     JOB_NAME_SUMMARY_COLUMNS,
     LATEST_ATTEMPT_COLUMNS,
     PARTITION_PROJECTION_COLUMNS,
+    RUNNING_EXECUTION_COLUMNS,
     STEP_PROJECTION_COLUMNS,
 )
 from pybatch._codecs.fault_state import LOCKED_FAULT_STATE_COLUMNS
@@ -43,6 +44,7 @@ READERS: dict[str, tuple[str, ...]] = {
     "explore_executions": EXECUTION_PROJECTION_COLUMNS,
     "explore_execution": EXECUTION_PROJECTION_COLUMNS,
     "explore_latest_attempt": LATEST_ATTEMPT_COLUMNS,
+    "explore_running_executions": RUNNING_EXECUTION_COLUMNS,
     "explore_failure_reasons": FAILURE_REASON_COLUMNS,
     "explore_unresolved_executions": EXECUTION_PROJECTION_COLUMNS,
     "explore_step_executions": STEP_PROJECTION_COLUMNS,
@@ -130,6 +132,21 @@ READERS: dict[str, tuple[str, ...]] = {
         "idle_in_transaction_session_timeout",
         "time_zone",
     ),
+    # the settings in force after set_config, read whole: nothing decodes them
+    "apply_pooled_settings": (
+        "statement_timeout",
+        "lock_timeout",
+        "idle_in_transaction_session_timeout",
+        "time_zone",
+    ),
+    "set_migrator_transaction_settings": (
+        "statement_timeout",
+        "lock_timeout",
+        "idle_in_transaction_session_timeout",
+        "time_zone",
+    ),
+    # read by hand: _transaction.py _dropped_setting
+    "read_session_settings": ("name", "setting"),
     "demo_orders_digest": ("row_count", "sha256"),
     # operations: repository/ownership.py, recovery.py, audit_chain.py, holds.py, retention.py
     "lock_execution_ownership": (
