@@ -140,6 +140,17 @@ def as_dicts(rows: Sequence[Row]) -> list[dict[str, Any]]:
     return [{"id": i, "name": name, "amount": amount} for i, name, amount in rows]
 
 
+_SOURCES: dict[int, tuple[list[Row], list[dict[str, Any]]]] = {}
+
+
+def source(total: int) -> tuple[list[Row], list[dict[str, Any]]]:
+    """The `total` source rows as tuples and as dicts, built once: no side pays for them."""
+    if total not in _SOURCES:
+        rows = make_rows(total)
+        _SOURCES[total] = (rows, as_dicts(rows))
+    return _SOURCES[total]
+
+
 def create_table(dsn: str, table: str) -> None:
     with admin_connect(dsn) as conn:
         conn.execute(f"DROP TABLE IF EXISTS {table}")
@@ -194,13 +205,13 @@ class DbosSide:
 
         self.one_step = DBOS.workflow()(one_step)
 
-        def insert_chunk(table: str, first: int, size: int) -> int:
-            rows = as_dicts(make_rows(first + size - 1)[first - 1 :])
+        def insert_chunk(table: str, total: int, first: int, size: int) -> int:
+            rows = source(total)[1][first - 1 : first - 1 + size]
             ds.sql_session().execute(sa.text(SA_INSERT_SQL.format(table=table)), rows)
             return len(rows)
 
-        def copy_chunk(table: str, first: int, size: int) -> int:
-            rows = make_rows(first + size - 1)[first - 1 :]
+        def copy_chunk(table: str, total: int, first: int, size: int) -> int:
+            rows = source(total)[0][first - 1 : first - 1 + size]
             raw = ds.sql_session().connection().connection.driver_connection
             with raw.cursor() as cur, cur.copy(COPY_SQL.format(table=table)) as copy:
                 for row in rows:
@@ -214,7 +225,7 @@ class DbosSide:
             chunk = copy_tx if method == "copy" else insert_tx
             written = 0
             for first in range(1, total + 1, size):
-                written += int(chunk(table, first, min(size, total - first + 1)))
+                written += int(chunk(table, total, first, size))
             return written
 
         self.load = DBOS.workflow()(load)
@@ -415,23 +426,27 @@ def dlt_run(target: DltTarget, data: Any, table: str) -> None:
     info.raise_on_failed_jobs()
 
 
-def dlt_load_once(pipeline: DltTarget, rows: Sequence[Row], size: int, table: str) -> float:
+def dlt_load_once(
+    pipeline: DltTarget, rows: Sequence[dict[str, Any]], size: int, table: str
+) -> float:
     """All rows in one pipeline run, handed over in pages of `size`."""
 
-    def pages() -> Iterator[list[dict[str, Any]]]:
+    def pages() -> Iterator[Sequence[dict[str, Any]]]:
         for offset in range(0, len(rows), size):
-            yield as_dicts(rows[offset : offset + size])
+            yield rows[offset : offset + size]
 
     started = time.perf_counter()
     dlt_run(pipeline, pages(), table)
     return time.perf_counter() - started
 
 
-def dlt_load_per_chunk(pipeline: DltTarget, rows: Sequence[Row], size: int, table: str) -> float:
+def dlt_load_per_chunk(
+    pipeline: DltTarget, rows: Sequence[dict[str, Any]], size: int, table: str
+) -> float:
     """One pipeline run per chunk of `size` rows."""
     started = time.perf_counter()
     for offset in range(0, len(rows), size):
-        dlt_run(pipeline, as_dicts(rows[offset : offset + size]), table)
+        dlt_run(pipeline, rows[offset : offset + size], table)
     return time.perf_counter() - started
 
 
@@ -455,7 +470,7 @@ def measure_chunks(
     dlt_chunk_runs: int,
     pipelines_dir: str,
 ) -> dict[str, Any]:
-    rows = make_rows(rows_count)
+    rows, dicts = source(rows_count)
     tables = {
         "pybatch executemany": "bench_peer_pybatch",
         "pybatch COPY": "bench_peer_pybatch",
@@ -473,10 +488,10 @@ def measure_chunks(
     results: dict[str, Any] = {}
     run_id = 1
     for size in sizes:
-        per_chunk_rows = rows[: size * dlt_chunk_runs]
+        per_chunk_rows = dicts[: size * dlt_chunk_runs]
         # Warm-up, untimed: dlt creates its table, DBOS and pybatch prepare their statements.
-        dlt_load_once(insert_dlt, rows[:size], size, "bench_peer_dlt")
-        dlt_load_once(csv_dlt, rows[:size], size, "bench_peer_dlt")
+        dlt_load_once(insert_dlt, dicts[:size], size, "bench_peer_dlt")
+        dlt_load_once(csv_dlt, dicts[:size], size, "bench_peer_dlt")
         loaded: dict[str, int] = {}
         seconds: dict[str, list[float]] = {name: [] for name in names}
         for round_ in range(rounds + 1):  # round 0 warms up every side
@@ -499,12 +514,14 @@ def measure_chunks(
                         )
                     else:
                         pipeline = csv_dlt if "csv" in name else insert_dlt
-                        took = dlt_load_once(pipeline, rows, size, "bench_peer_dlt")
+                        took = dlt_load_once(pipeline, dicts, size, "bench_peer_dlt")
                 loaded[name] = count_rows(app_dsn, tables[name])
                 if round_ > 0:
                     seconds[name].append(took)
             if round_ > 0:
                 progress(f"  chunks of {size}, round {round_}/{rounds} done")
+        if any(set(row) != {"id", "name", "amount"} for row in dicts):
+            raise RuntimeError("a side changed the shared source rows")
         for name in names:
             expected = len(per_chunk_rows) if "per chunk" in name else len(rows)
             if loaded[name] != expected:
@@ -576,7 +593,7 @@ def child_dlt(
         last = min(first + size - 1, total)
         if first <= last:
             yielded[0] = True
-            yield as_dicts(make_rows(last)[first - 1 :])
+            yield source(total)[1][first - 1 : last]
 
     resource = dlt.resource(chunk, name=table, write_disposition="append")
     while True:
