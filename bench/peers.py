@@ -861,6 +861,10 @@ def report(results: dict[str, Any]) -> None:
                 ],
             )
         )
+        for name, trials in kill.items():
+            for value in trials:
+                if value["rerun_error"]:
+                    print(f"{name} rerun ({value['moment']}): {value['rerun_error']}")
 
 
 # ---------------------------------------------------------------------- entry point
