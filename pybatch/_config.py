@@ -427,22 +427,16 @@ class ConnectionConfig:
         # From here on only the wrapped DSN is reachable from this frame's locals, which
         # error reporters record when a setting below (or the DSN itself) is refused.
         del source, environ
-        tls = env.get("PYBATCH_TLS")
-        if tls is not None:
-            try:
-                kwargs["tls_mode"] = TlsMode(tls)
-            except ValueError:
-                raise EnvironmentValueInvalid(
-                    variable="PYBATCH_TLS", expected="TLS mode (verify-full or plaintext)"
-                ) from None
-        pooler = env.get("PYBATCH_POOLER")
-        if pooler is not None:
-            try:
-                kwargs["pooler"] = Pooler(pooler)
-            except ValueError:
-                raise EnvironmentValueInvalid(
-                    variable="PYBATCH_POOLER", expected="pooler (none, session or transaction)"
-                ) from None
+        for field, variable, enum_cls, expected in (
+            ("tls_mode", "PYBATCH_TLS", TlsMode, "TLS mode (verify-full or plaintext)"),
+            ("pooler", "PYBATCH_POOLER", Pooler, "pooler (none, session or transaction)"),
+        ):
+            text = env.get(variable)
+            if text is not None:
+                try:
+                    kwargs[field] = enum_cls(text)
+                except ValueError:
+                    raise EnvironmentValueInvalid(variable=variable, expected=expected) from None
         ca_file = env.get("PYBATCH_CA_FILE")
         if ca_file:
             try:

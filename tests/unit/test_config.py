@@ -9,7 +9,7 @@ import attrs
 import pytest
 
 from pybatch import errors
-from pybatch._config import CaCertificate, ConnectionConfig, TlsMode
+from pybatch._config import CaCertificate, ConnectionConfig, Pooler, TlsMode
 
 DSN = "postgresql://etl_user:s3cr3t-Pa55@db.internal:5432/warehouse"
 
@@ -278,3 +278,14 @@ def test_sslmode_disable_in_the_dsn_points_at_pybatch_tls_settings() -> None:
     with pytest.raises(errors.TlsOptionInConnectionString) as caught:
         ConnectionConfig(dsn="host=db sslmode=disable")
     assert "PYBATCH_TLS" in str(caught.value) and "--plaintext" in str(caught.value)
+
+
+def test_the_pooler_comes_from_pybatch_pooler_and_a_typo_names_the_variable() -> None:
+    config = ConnectionConfig.from_env({"PYBATCH_DSN": DSN, "PYBATCH_POOLER": "transaction"})
+    assert config.pooler is Pooler.TRANSACTION
+    assert "options" not in config.connection_kwargs()  # PgBouncer refuses startup options
+    assert "statement_timeout" in ConnectionConfig(dsn=DSN).connection_kwargs()["options"]
+    with pytest.raises(errors.EnvironmentValueInvalid, match="PYBATCH_POOLER"):
+        ConnectionConfig.from_env({"PYBATCH_DSN": DSN, "PYBATCH_POOLER": "pgbouncer"})
+    with pytest.raises(errors.InvalidPooler):
+        ConnectionConfig(dsn=DSN, pooler="transaction")  # type: ignore[arg-type]
