@@ -43,6 +43,7 @@ READERS: dict[str, tuple[str, ...]] = {
     "explore_executions": EXECUTION_PROJECTION_COLUMNS,
     "explore_execution": EXECUTION_PROJECTION_COLUMNS,
     "explore_latest_attempt": LATEST_ATTEMPT_COLUMNS,
+    "explore_recent_executions": LATEST_ATTEMPT_COLUMNS,
     "explore_failure_reasons": FAILURE_REASON_COLUMNS,
     "explore_unresolved_executions": EXECUTION_PROJECTION_COLUMNS,
     "explore_step_executions": STEP_PROJECTION_COLUMNS,
