@@ -70,7 +70,9 @@ def _dashboard(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     installed_schema_version(config)  # an unreachable server is reported now, not per page
     with JobRepository.connect(config) as repository:
-        server = make_server(args.host, args.port, create_app(JobExplorer(repository)), threaded=True)
+        server = make_server(
+            args.host, args.port, create_app(JobExplorer(repository)), threaded=True
+        )
         host = f"[{args.host}]" if ":" in args.host else args.host
         print(f"pybatch dashboard: serving on http://{host}:{server.server_port}/", flush=True)
         try:

@@ -153,9 +153,7 @@ def create_app(source: JobExplorer | ConnectionConfig | None = None) -> flask.Fl
     def route(rule: str, endpoint: str) -> Callable[[Callable[..., str]], Callable[..., str]]:
         def register(view: Callable[..., str]) -> Callable[..., str]:
             # No automatic OPTIONS: the only methods are GET and HEAD.
-            app.add_url_rule(
-                rule, endpoint, view, methods=["GET"], provide_automatic_options=False
-            )
+            app.add_url_rule(rule, endpoint, view, methods=["GET"], provide_automatic_options=False)
             return view
 
         return register
@@ -242,9 +240,7 @@ def create_app(source: JobExplorer | ConnectionConfig | None = None) -> flask.Fl
     def unresolved() -> str:
         seconds = _int_arg("older_than", 60, 366 * 86400)
         older_than = (
-            repository.config.stale_threshold
-            if seconds is None
-            else _dt.timedelta(seconds=seconds)
+            repository.config.stale_threshold if seconds is None else _dt.timedelta(seconds=seconds)
         )
         with explorer.pinned() as view:
             page = view.unresolved_executions(older_than, PageSize(), _cursor_arg())

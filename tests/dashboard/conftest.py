@@ -19,8 +19,8 @@ from werkzeug.serving import BaseWSGIServer, make_server
 from pybatch import ConnectionConfig, JobRepository
 from pybatch._dashboard import create_app
 from pybatch._explorer import JobExplorer
-from pybatch.etl import Job, PartitionRun, StepRun
 from pybatch.errors import PartitionsFailed
+from pybatch.etl import Job, PartitionRun, StepRun
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import JobName, StepName
 from pybatch.values.parameters import JobInstanceKey, JobParameters

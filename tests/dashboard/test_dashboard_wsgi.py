@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import flask
-from markupsafe import Markup
 import pytest
 from flask.testing import FlaskClient
+from markupsafe import Markup
 
 from pybatch import ConnectionConfig, JobRepository
 from pybatch._cli.dashboard import is_loopback
@@ -77,7 +77,9 @@ def test_html_in_names_and_messages_is_escaped(seeded: Seeded, client: FlaskClie
     assert "&lt;script&gt;document.title=&#39;pwned-parameter&#39;" in instances
     execution = client.get(f"/executions/{seeded.hostile}").get_data(as_text=True)
     assert "<script>" not in execution
-    assert "&lt;script&gt;document.title=&#39;pwned-message&#39;&lt;/script&gt; bad row" in execution
+    assert (
+        "&lt;script&gt;document.title=&#39;pwned-message&#39;&lt;/script&gt; bad row" in execution
+    )
     # Parameter values are never read at all (the explorer's projections hold none).
     for page in (jobs, instances, execution):
         assert "onerror" not in page and HOSTILE_VALUE not in page and SECRET not in page
