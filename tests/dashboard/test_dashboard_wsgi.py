@@ -115,3 +115,30 @@ def test_the_instances_filter_keeps_instances_with_that_parameter(
 def test_only_loopback_hosts_are_local() -> None:
     assert all(is_loopback(h) for h in ["127.0.0.1", "127.9.9.9", "::1", "[::1]", "localhost"])
     assert not any(is_loopback(h) for h in ["0.0.0.0", "::", "10.0.0.1", "example.org"])
+
+
+def test_a_remote_host_without_allow_remote_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from pybatch._cli import main
+
+    assert main(["dashboard", "--host", "0.0.0.0", "--port", "8150"]) == 2
+    error = capsys.readouterr().err
+    assert "CommandArgumentInvalid" in error and "--allow-remote" in error
+    assert main(["dashboard", "--port", "0"]) == 2
+
+
+def test_the_run_history_is_bounded_and_newest_first(
+    seeded: Seeded, pg_config: ConnectionConfig
+) -> None:
+    from pybatch.errors import PageSizeOutOfRange
+
+    with JobRepository.connect(pg_config) as repository:
+        explorer = JobExplorer(repository)
+        with explorer.pinned() as view:
+            history = view.recent_executions("nightly_orders", 2)
+        assert [run.execution_id for run in history] == [seeded.nightly[2], seeded.nightly[1]]
+        for limit in (0, 51):
+            with pytest.raises(PageSizeOutOfRange):
+                explorer.recent_executions("nightly_orders", limit)
+        assert explorer.recent_executions("no such job") == ()
