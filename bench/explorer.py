@@ -257,6 +257,7 @@ EXPLAIN_PARAMS: dict[str, dict[str, object]] = {
         "row_limit": 50,
     },
     "explore_execution": {"job_execution_id": 500_000},
+    "explore_recent_executions": {"job_name": "job_0500", "row_limit": 20},
     "explore_unresolved_executions": {"ceiling": 2**62, "after_id": 0, "row_limit": 50},
     "explore_step_executions": {
         "job_execution_id": 500_000,

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import psycopg
@@ -33,6 +34,7 @@ from pybatch.errors import (
     ExplorerTimeout,
     JobExecutionNotFound,
     JobInstanceNotFound,
+    PageSizeOutOfRange,
     RepositoryError,
     ResponseTooLarge,
     StepExecutionNotFound,
@@ -77,6 +79,9 @@ Fetch = Callable[[Conn, CursorKey | None, dict[str, int]], list[Row]]
 Parent = tuple[Statement, RepositoryError, dict[str, Any]]
 
 
+#: The longest run history `recent_executions` reads.
+MAX_RECENT_EXECUTIONS = 50
+
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
@@ -108,6 +113,8 @@ class JobExplorer:
 
     def __init__(self, repository: JobRepository) -> None:
         self._repository = repository
+        #: The transaction of a `pinned()` view, which every read then shares; else None.
+        self._conn: Conn | None = None
         self._statements = q = repository.statements
         self._ceilings: dict[ExplorerQuery, Statement] = {
             ExplorerQuery.JOB_NAMES: q.explore_ceiling_job_names,
@@ -124,8 +131,39 @@ class JobExplorer:
     def __repr__(self) -> str:
         return f"JobExplorer({self._repository!r})"
 
+    @property
+    def repository(self) -> JobRepository:
+        """The repository read, for a reader that also verifies its audit chain (the dashboard)."""
+        return self._repository
+
+    @contextmanager
+    def pinned(self) -> Iterator[JobExplorer]:
+        """A view whose reads all run in one read-only transaction: one page, one connection.
+
+        The view is for one thread (a web request); the transaction is rolled back on exit.
+        Its isolation stays READ COMMITTED, so each statement still sees its own snapshot.
+        """
+        view = JobExplorer(self._repository)
+        try:
+            with self._repository.read_transaction() as conn:
+                view._conn = conn
+                yield view
+        except Unavailable as error:
+            if error.sqlstate == "57014":
+                raise ExplorerTimeout() from None
+            raise ExplorerRepositoryError(error=error) from None
+        except RepositoryError as error:
+            raise ExplorerRepositoryError(error=error) from None
+        finally:
+            view._conn = None
+
     def _read(self, work: Callable[[Conn], T]) -> T:
         """Run `work` in one read-only transaction, always rolled back; map failures."""
+        if self._conn is not None:  # a pinned view: its transaction maps driver errors on exit
+            try:
+                return work(self._conn)
+            except DecodeError:
+                raise ExplorerRepositoryError(error=Unavailable()) from None
         try:
             with self._repository.read_transaction() as conn:
                 try:
@@ -305,6 +343,26 @@ class JobExplorer:
                 conn, job_execution_id=job_execution_id, row_limit=MAX_PAGE_SIZE
             )
             return dict(codec.decode_failure_reason(row) for row in rows)
+
+        return self._read(work)
+
+    def recent_executions(self, job_name: str, limit: int = 20) -> tuple[LatestAttempt, ...]:
+        """The newest `limit` executions of a job name, newest first: a run history.
+
+        `limit` is 1 to 50 (PageSizeOutOfRange): the statement reads at most `limit` attempts
+        of each of the `limit` newest instances.
+        """
+        if type(job_name) is not str:
+            raise TypeError("job_name must be a str")
+        if type(limit) is not int or not 1 <= limit <= MAX_RECENT_EXECUTIONS:
+            raise PageSizeOutOfRange(requested=limit)
+        size = PageSize(limit)
+
+        def work(conn: Conn) -> tuple[LatestAttempt, ...]:
+            rows = self._statements.explore_recent_executions.many(
+                conn, job_name=job_name, row_limit=size.value
+            )
+            return tuple(codec.decode_latest_attempt(row) for row in rows)
 
         return self._read(work)
 

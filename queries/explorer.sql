@@ -607,4 +607,31 @@ WHERE
     AND execution.lease_expires_at > pg_catalog.STATEMENT_TIMESTAMP()
     AND execution.id > :after_id
 ORDER BY execution.id
+-- :name explore_recent_executions :many
+-- :doc The newest executions of one job name, id descending, at most row_limit: the attempts of
+-- its row_limit newest instances (job_instance_name_identity, then job_execution_attempt_unique
+-- per instance), so at most row_limit * row_limit rows are read whatever the history's size.
+SELECT
+    execution.execution_id,
+    execution.attempt,
+    execution.status
+FROM (
+    SELECT instance.id
+    FROM pybatch.job_instance AS instance
+    WHERE instance.job_name = :job_name
+    ORDER BY instance.id DESC
+    LIMIT :row_limit
+) AS recent_instance
+CROSS JOIN
+    LATERAL (
+        SELECT
+            attempt.id AS execution_id,
+            attempt.attempt,
+            attempt.status
+        FROM pybatch.job_execution AS attempt
+        WHERE attempt.job_instance_id = recent_instance.id
+        ORDER BY attempt.attempt DESC
+        LIMIT :row_limit
+    ) AS execution
+ORDER BY execution.execution_id DESC
 LIMIT :row_limit;

@@ -18,7 +18,7 @@ import psycopg
 
 from pybatch import _sqlstate
 from pybatch import errors as e
-from pybatch._cli import explore, operator, retention, schema, sql, worker
+from pybatch._cli import dashboard, explore, operator, retention, schema, sql, worker
 from pybatch._cli._arguments import check_argv
 from pybatch._demo import demo
 
@@ -30,7 +30,7 @@ _PERMISSION_DENIED = frozenset({"42501", "28000", "28P01"})
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pybatch", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (schema, explore, sql, demo, worker, operator, retention):
+    for group in (schema, explore, sql, demo, worker, operator, retention, dashboard):
         group.register(commands)
     return parser
 

@@ -45,6 +45,7 @@ READERS: dict[str, tuple[str, ...]] = {
     "explore_execution": EXECUTION_PROJECTION_COLUMNS,
     "explore_latest_attempt": LATEST_ATTEMPT_COLUMNS,
     "explore_running_executions": RUNNING_EXECUTION_COLUMNS,
+    "explore_recent_executions": LATEST_ATTEMPT_COLUMNS,
     "explore_failure_reasons": FAILURE_REASON_COLUMNS,
     "explore_unresolved_executions": EXECUTION_PROJECTION_COLUMNS,
     "explore_step_executions": STEP_PROJECTION_COLUMNS,

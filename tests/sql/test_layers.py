@@ -44,6 +44,7 @@ LAYERS: dict[str, int] = {
     "pybatch._sql_catalogue": 8,
     "pybatch.etl": 9,
     "pybatch._cli": 10,
+    "pybatch._dashboard": 10,  # the web dashboard: the explorer and the audit service
     "pybatch._demo": 10,  # the demo job; its embedded server sits lower
     "pybatch.testing": 10,
     "pybatch.__main__": 10,
