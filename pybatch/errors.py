@@ -715,7 +715,7 @@ class ChunkNotEnded(ChunkTransactionError):
     )
     step_execution_id: int
 class SkipLimitExceeded(ChunkTransactionError):
-    """More items were rejected than the step's skip_limit; raise skip_limit or fix the source rows."""
+    """More rows were rejected than skip_limit allows; raise skip_limit or fix the source rows."""
     message = (
         "step {step} would skip {skips} items, more than its skip limit of {limit}; nothing of "
         "the chunk was committed"

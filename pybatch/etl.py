@@ -44,8 +44,8 @@ import psycopg
 from pybatch import _partitioned as partitioned
 from pybatch import _skips, _telemetry
 from pybatch._chunks import ChunkTransaction, StepSession, load_committed_state
-from pybatch._fault_state import FaultState, RetryPolicy
 from pybatch._failure_reasons import failure_reason
+from pybatch._fault_state import FaultState, RetryPolicy
 from pybatch._job_repository import JobRepository
 from pybatch._lease_keeper import LeaseKeeper, PartitionLeaseKeeper
 from pybatch._services.flow import FlowPoint

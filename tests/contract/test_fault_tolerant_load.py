@@ -11,11 +11,11 @@ fresh transaction, each retry counted durably before its backoff.
 from __future__ import annotations
 
 import math
-from datetime import timedelta
 import random
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -227,7 +227,7 @@ def test_a_skip_limit_of_zero_fails_at_the_first_rejected_row_without_bisecting(
 
 
 def conflicts(admin: psycopg.Connection[Any], failures: int, sqlstate: str = "40001") -> None:
-    """The target's first `failures` inserted rows raise `sqlstate` (a sequence outlives rollback)."""
+    """The first `failures` rows inserted raise `sqlstate` (a sequence outlives a rollback)."""
     admin.execute("CREATE SEQUENCE public.conflict_count")
     admin.execute(
         "CREATE FUNCTION public.conflict() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
