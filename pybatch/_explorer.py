@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
+from pybatch import _skips
 from pybatch._codecs import explorer as codec
 from pybatch._codecs._primitives import DecodeError, Row
 from pybatch._job_repository import JobRepository
@@ -139,6 +140,8 @@ class JobExplorer:
             raise ExplorerRepositoryError(error=error) from None
 
     def _ceiling(self, conn: Conn, query: ExplorerQuery, job_name: str | None) -> int:
+        if query is ExplorerQuery.STEP_SKIPS:
+            return _skips.skip_ceiling(self._statements, conn)
         params = {"job_name": job_name} if query is ExplorerQuery.INSTANCES else {}
         value = self._ceilings[query].scalar(conn, **params)
         if value is None:
@@ -377,6 +380,48 @@ class JobExplorer:
     ) -> Page[OperatorRecord]:
         """Operator requests aimed at an execution, id ascending (wraps JobExecutionNotFound)."""
         return self._children(ExplorerQuery.OPERATOR_REQUESTS, job_execution_id, page_size, after)
+
+    def skips(
+        self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
+    ) -> Page[_skips.StepSkip]:
+        """Skip records of an execution's steps, id ascending (wraps JobExecutionNotFound).
+
+        One per item `StepRun.load` skipped: its position and key, the SQLSTATE and the names
+        the server gave, never the item's values.
+        """
+        check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
+
+        def fetch(conn: Conn, key: CursorKey | None, bounds: dict[str, int]) -> list[Row]:
+            return _skips.list_skips(
+                self._statements,
+                conn,
+                job_execution_id,
+                key.id if isinstance(key, IdentityKey) else 0,
+                bounds["ceiling"],
+                bounds["row_limit"],
+            )
+
+        return self._page(
+            ExplorerQuery.STEP_SKIPS,
+            job_execution_id,
+            page_size,
+            after,
+            fetch,
+            _skips.decode_skip,
+            lambda item: IdentityKey(item.id),
+            (
+                self._statements.explore_job_execution_exists,
+                JobExecutionNotFound(id=job_execution_id),
+                {"job_execution_id": job_execution_id},
+            ),
+        )
+
+    def skip_counts(self, job_execution_id: int) -> dict[int, int]:
+        """How many items each step of the execution skipped (its read, process and write skips)."""
+        check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
+        return self._read(
+            lambda conn: _skips.skip_counts(self._statements, conn, job_execution_id, MAX_PAGE_SIZE)
+        )
 
     def unresolved_executions(
         self,
