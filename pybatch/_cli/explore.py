@@ -1,4 +1,4 @@
-"""`pybatch jobs | instances | executions | show | unresolved`: read commands over the explorer.
+"""`pybatch jobs | instances | executions | show | skips | unresolved`: explorer read commands.
 
 Tables sized to the terminal, or with `--json` one document (`{"items": [...], "next": ...}`
 for lists); `--limit` and `--after` page.
@@ -88,6 +88,13 @@ def register(commands: Commands) -> None:
         paged=False,
     )
     show.add_argument("execution", type=_identifier, help="the job execution id")
+    skips = command(
+        "skips",
+        _skips,
+        "list the items an execution's steps skipped (StepRun.load): position, key, SQLSTATE "
+        "and the constraint, table and column the server named",
+    )
+    skips.add_argument("execution", type=_identifier, help="the job execution id")
     unresolved = command(
         "unresolved",
         _unresolved,
@@ -244,6 +251,26 @@ def _executions(args: argparse.Namespace) -> int:
     )
 
 
+def _skips(args: argparse.Namespace) -> int:
+    return _list(
+        args,
+        lambda explorer, size, after: explorer.skips(args.execution, size, after),
+        "SKIP STEP POSITION KEY SQLSTATE CONSTRAINT TABLE COLUMN RECORDED".split(),
+        lambda item: [
+            str(item.id),
+            f"{item.step_name} ({item.step_execution_id})",
+            str(item.item_position),
+            item.item_key,
+            item.sqlstate,
+            item.constraint or "-",
+            item.table or "-",
+            item.column or "-",
+            _instant(item.created_at),
+        ],
+        "no skipped items",
+    )
+
+
 def _unresolved(args: argparse.Namespace) -> int:
     def fetch(
         explorer: JobExplorer, size: PageSize, after: Cursor | None
@@ -285,16 +312,20 @@ def _show(args: argparse.Namespace) -> int:
         decisions = _all(explorer.recovery_decisions, execution.id)
         requests = _all(explorer.operator_requests, execution.id)
         reasons = explorer.failure_reasons(execution.id)
+        skip_counts = explorer.skip_counts(execution.id)
     if args.json:
 
         def with_reason(document: dict[str, Any], key: int | None) -> dict[str, Any]:
             reason = reasons.get(key)
             return {**document, "failure_reason": None if reason is None else reason.as_json()}
 
+        def with_skips(document: dict[str, Any], step_id: int) -> dict[str, Any]:
+            return {**document, "skip_count": skip_counts.get(step_id, 0)}
+
         document = {
             "execution": with_reason(execution.as_json(), None),
             "latest_attempt": None if latest is None else latest.as_json(),
-            "steps": [with_reason(step.as_json(), step.id) for step in steps],
+            "steps": [with_skips(with_reason(step.as_json(), step.id), step.id) for step in steps],
             "recovery_decisions": [recovery_decision_json(d) for d in decisions],
             "operator_requests": [operator_request_json(request) for request in requests],
         }
@@ -333,7 +364,7 @@ def _show(args: argparse.Namespace) -> int:
         print(f"{name.ljust(width)}  {value}")
     print()
     _print_table(
-        "STEP NAME STATUS EXIT READ WRITTEN COMMITS ROLLBACKS CHECKPOINT FAILURE".split(),
+        "STEP NAME STATUS EXIT READ WRITTEN SKIPS COMMITS ROLLBACKS CHECKPOINT FAILURE".split(),
         [
             [
                 str(step.id),
@@ -342,6 +373,7 @@ def _show(args: argparse.Namespace) -> int:
                 step.exit_code,
                 str(step.counts.read),
                 str(step.counts.written),
+                str(skip_counts.get(step.id, 0)),
                 str(step.counts.commits),
                 str(step.counts.rollbacks),
                 f"{_shown(step.checkpoint.schema_id)} v{step.checkpoint.schema_version}, "
