@@ -586,12 +586,21 @@ class _FaultTolerantLoad:
         self,
         chunk: Chunk,
         items: list[tuple[int, Any]],
-        rejection: Rejected,
+        rejection: Rejected | None,
         skipped: list[_skips.SkippedItem],
         allowed: int,
     ) -> None:
-        """Write each half of `items` (rejected as a whole) in a savepoint; recurse into rejects."""
+        """Write each half of `items` (known to hold a rejected item) in a savepoint; recurse.
+
+        `rejection` is the single item's own error when `items` is one item (it is then a
+        skip). When the left half is written and the whole was rejected, the right half is
+        split without being written first: the rejection is in it. That saves a write per
+        level and risks nothing, since an item is only skipped after a write of it alone was
+        rejected, and only rows a successful write put in the transaction are committed.
+        """
         if len(items) == 1:
+            if rejection is None:  # never called so: a known-bad item is written alone first
+                raise ValueError("a single item is skipped only on its own rejection")
             position, item = items[0]
             key = position if self.key is None else self.key(item)
             skipped.append(_skips.SkippedItem(position, _skips.item_key(key), rejection))
@@ -599,10 +608,16 @@ class _FaultTolerantLoad:
                 raise _SkipLimitReached()
             return
         middle = len(items) // 2
-        for half in (items[:middle], items[middle:]):
-            found = self._write(chunk, [item for _, item in half], savepoint=True)
-            if found is not None:
-                self._bisect(chunk, half, found, skipped, allowed)
+        left, right = items[:middle], items[middle:]
+        found = self._write(chunk, [item for _, item in left], savepoint=True)
+        if found is not None:
+            self._bisect(chunk, left, found, skipped, allowed)
+        elif len(right) > 1:
+            self._bisect(chunk, right, None, skipped, allowed)
+            return
+        found = self._write(chunk, [item for _, item in right], savepoint=True)
+        if found is not None:
+            self._bisect(chunk, right, found, skipped, allowed)
 
     def _write(self, chunk: Chunk, items: list[Any], *, savepoint: bool = False) -> Rejected | None:
         """Run `write`; a rejection of the data is returned, every other failure raised."""
