@@ -34,16 +34,16 @@ CREATE TABLE pybatch.step_skip (
     CONSTRAINT step_skip_item_unique UNIQUE (step_execution_id, item_position),
     CONSTRAINT step_skip_item_position_nonnegative CHECK (item_position >= 0),
     CONSTRAINT step_skip_item_key_length
-    CHECK (OCTET_LENGTH(item_key) BETWEEN 1 AND 256),
+    CHECK (pg_catalog.OCTET_LENGTH(item_key) BETWEEN 1 AND 256),
     CONSTRAINT step_skip_sqlstate_format CHECK (sqlstate ~ '^[0-9A-Z]{5}$'),
     -- Server identifiers are at most 63 bytes (NAMEDATALEN - 1).
     CONSTRAINT step_skip_names_length
     CHECK (
-        OCTET_LENGTH(constraint_name) BETWEEN 1 AND 63
-        AND OCTET_LENGTH(table_name) BETWEEN 1 AND 63
-        AND OCTET_LENGTH(column_name) BETWEEN 1 AND 63
+        pg_catalog.OCTET_LENGTH(constraint_name) BETWEEN 1 AND 63
+        AND pg_catalog.OCTET_LENGTH(table_name) BETWEEN 1 AND 63
+        AND pg_catalog.OCTET_LENGTH(column_name) BETWEEN 1 AND 63
     ),
-    CONSTRAINT step_skip_message_length CHECK (OCTET_LENGTH(message) BETWEEN 1 AND 1000)
+    CONSTRAINT step_skip_message_length CHECK (pg_catalog.OCTET_LENGTH(message) BETWEEN 1 AND 1000)
 );
 
 -- `pybatch skips` pages the records of a job execution's steps by id.
