@@ -170,6 +170,14 @@ class StepSession:
         chunk = self._chunk = ChunkTransaction(self, conn, self._cursor, committed)
         return chunk
 
+    def forget(self) -> None:
+        """Re-read the step's committed state at the next chunk: another transaction moved it.
+
+        A retry reservation (`FaultState.reserve`) advances the step's version and counters
+        in a transaction of its own; the next chunk's compare-and-swap must start from there.
+        """
+        self.committed = None
+
     def _begin_apart(self) -> ChunkTransaction:
         """A chunk on a pooled connection of its own, for as long as the held one is busy."""
         lease = self._lease_one()

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
+from pybatch import _skips
 from pybatch._codecs import explorer as codec
 from pybatch._codecs._primitives import DecodeError, Row
 from pybatch._job_repository import JobRepository
@@ -178,6 +179,8 @@ class JobExplorer:
             raise ExplorerRepositoryError(error=error) from None
 
     def _ceiling(self, conn: Conn, query: ExplorerQuery, job_name: str | None) -> int:
+        if query is ExplorerQuery.STEP_SKIPS:
+            return _skips.skip_ceiling(self._statements, conn)
         params = {"job_name": job_name} if query is ExplorerQuery.INSTANCES else {}
         value = self._ceilings[query].scalar(conn, **params)
         if value is None:
@@ -448,7 +451,7 @@ class JobExplorer:
         return self._children(ExplorerQuery.OPERATOR_REQUESTS, job_execution_id, page_size, after)
 
     def running_executions(
-        self, page_size: PageSize | None = None, after_id: int = 0
+        self, page_size: PageSize | None = None, after_id: int | None = None
     ) -> tuple[RunningExecution, ...]:
         """Executions running now (STARTED or STOPPING, lease live on the database clock).
 
@@ -466,6 +469,48 @@ class JobExplorer:
             return tuple(codec.decode_running_execution(row) for row in rows)
 
         return self._read(work)
+
+    def skips(
+        self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
+    ) -> Page[_skips.StepSkip]:
+        """Skip records of an execution's steps, id ascending (wraps JobExecutionNotFound).
+
+        One per item `StepRun.load` skipped: its position and key, the SQLSTATE and the names
+        the server gave, never the item's values.
+        """
+        check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
+
+        def fetch(conn: Conn, key: CursorKey | None, bounds: dict[str, int]) -> list[Row]:
+            return _skips.list_skips(
+                self._statements,
+                conn,
+                job_execution_id,
+                key.id if isinstance(key, IdentityKey) else 0,
+                bounds["ceiling"],
+                bounds["row_limit"],
+            )
+
+        return self._page(
+            ExplorerQuery.STEP_SKIPS,
+            job_execution_id,
+            page_size,
+            after,
+            fetch,
+            _skips.decode_skip,
+            lambda item: IdentityKey(item.id),
+            (
+                self._statements.explore_job_execution_exists,
+                JobExecutionNotFound(id=job_execution_id),
+                {"job_execution_id": job_execution_id},
+            ),
+        )
+
+    def skip_counts(self, job_execution_id: int) -> dict[int, int]:
+        """How many items each step of the execution skipped (its read, process and write skips)."""
+        check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
+        return self._read(
+            lambda conn: _skips.skip_counts(self._statements, conn, job_execution_id, MAX_PAGE_SIZE)
+        )
 
     def unresolved_executions(
         self,

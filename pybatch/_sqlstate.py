@@ -39,6 +39,7 @@ from pybatch.errors import (
     StatementCancelled,
     TlsNotOffered,
     TlsVerificationFailed,
+    TransientConflict,
     Unavailable,
 )
 
@@ -156,7 +157,11 @@ def _at_fault(exc: BaseException) -> dict[str, str | None]:
 def classify_business_error(
     exc: BaseException, conn: psycopg.Connection[object] | None
 ) -> BusinessTransactionError:
-    """Classify an ETL statement's failure in a chunk; only Infrastructure loses the connection."""
+    """Classify an ETL statement's failure in a chunk; only Infrastructure loses the connection.
+
+    A serialization failure or deadlock (40001, 40P01) is TransientConflict: the server
+    aborted the transaction, not the session, so the chunk can run again on it.
+    """
     if is_connection_loss(exc, conn):
         return Infrastructure()
     state = sqlstate_of(exc)
@@ -164,6 +169,8 @@ def classify_business_error(
         return Cancelled()
     if state == "55P03":
         return LockTimeout()
+    if state in _RETRYABLE:  # the connection is healthy; the transaction can only roll back
+        return TransientConflict(sqlstate=state)
     # 25P02: a later statement of a chunk whose earlier statement was rejected; the
     # connection is healthy, the transaction can only roll back.
     if state is not None and (state[:2] in {"22", "23", "42"} or state == "25P02"):

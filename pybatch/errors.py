@@ -718,6 +718,15 @@ class ChunkNotEnded(ChunkTransactionError):
         "call chunk.commit(...) or chunk.rollback() before the with block ends"
     )
     step_execution_id: int
+class SkipLimitExceeded(ChunkTransactionError):
+    """More rows were rejected than skip_limit allows; raise skip_limit or fix the source rows."""
+    message = (
+        "step {step} would skip {skips} items, more than its skip limit of {limit}; nothing of "
+        "the chunk was committed"
+    )
+    limit: int
+    step: str
+    skips: int
 
 class BusinessTransactionError(PyBatchError):
     """A business statement run inside a chunk transaction failed; the chunk rolls back."""
@@ -735,6 +744,10 @@ class Cancelled(BusinessTransactionError):
 class LockTimeout(BusinessTransactionError):
     """A business statement waited past lock_timeout (55P03); the connection is kept."""
     message = "business statement timed out waiting for a lock (SQLSTATE 55P03)"
+class TransientConflict(BusinessTransactionError):
+    """A business statement lost a serialization conflict or a deadlock; the chunk may run again."""
+    message = "business statement lost a transaction conflict (SQLSTATE {sqlstate})"
+    sqlstate: str
 class Infrastructure(BusinessTransactionError):
     """A business statement failed for an infrastructure reason; the connection was discarded."""
     message = "business statement failed for an infrastructure reason"

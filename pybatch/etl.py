@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import itertools
 import logging
 import os
+import random
 import signal
 import threading
 import time
@@ -40,37 +42,59 @@ import attrs
 import psycopg
 
 from pybatch import _partitioned as partitioned
-from pybatch import _telemetry
-from pybatch._chunks import ChunkTransaction, StepSession
+from pybatch import _skips, _telemetry
+from pybatch._chunks import ChunkTransaction, StepSession, load_committed_state
 from pybatch._failure_reasons import failure_reason
+from pybatch._fault_state import FaultState, RetryPolicy
 from pybatch._job_repository import JobRepository
 from pybatch._lease_keeper import LeaseKeeper, PartitionLeaseKeeper
 from pybatch._services.flow import FlowPoint
 from pybatch._unit_of_work import UnitOfWork
 from pybatch.errors import (
+    ChunkCommitOutcomeUnknown,
     ChunkNotEnded,
     EnvironmentValueInvalid,
     ExecutionAlreadyActive,
     ExecutionOwnershipLost,
     FlowEndedInFailure,
     FlowStateCorrupt,
+    Infrastructure,
     JobExecutionNotFound,
+    LockTimeout,
     NotCommitted,
     PartitionOwnershipLost,
     PartitionPlanNotPublished,
     PartitionsFailed,
     PyBatchError,
+    Rejected,
     RunIdInvalid,
+    SkipLimitExceeded,
     StatePayloadNotObject,
     StepExecutionNotFound,
     StopRequested,
+    TransientConflict,
 )
 from pybatch.values.chunks import ChunkContext, ChunkCounts, CommittedStepState, FaultProgress
 from pybatch.values.definitions import DefinitionIdentity
+from pybatch.values.fault import (
+    FaultEntry,
+    FaultPhase,
+    RetryKey,
+    RetryLimit,
+    RetryOrdinal,
+    RetryStateLimit,
+)
 from pybatch.values.flow import FlowTarget, StartLimit, TerminalKind
 from pybatch.values.ids import INT64_MAX, FailureId
 from pybatch.values.lifecycle import LifecycleTransition
-from pybatch.values.names import ExitCode, JobName, NodeId, StateSchemaId, StepName
+from pybatch.values.names import (
+    ClassifierRevision,
+    ExitCode,
+    JobName,
+    NodeId,
+    StateSchemaId,
+    StepName,
+)
 from pybatch.values.ownership import ExecutionLease, OwnerToken
 from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.partitions import StepPartition
@@ -78,7 +102,16 @@ from pybatch.values.records import JobExecution, JobInstance, StepExecution
 from pybatch.values.state import Checkpoint, ExecutionContext, JsonObject, StateLimits
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 
-__all__ = ["Chunk", "Job", "JobRun", "PartitionRun", "StepRun", "join_partitioned_step"]
+__all__ = [
+    "Backoff",
+    "Chunk",
+    "Job",
+    "JobRun",
+    "LoadResult",
+    "PartitionRun",
+    "StepRun",
+    "join_partitioned_step",
+]
 
 logger = logging.getLogger("pybatch.etl")
 
@@ -133,6 +166,10 @@ class Chunk:
             self._step._raise_if_ownership_lost()
             raise
         self._step.state = self._transaction.committed
+
+    def _discard(self) -> None:
+        """Roll back without counting: the chunk is redone at once (`StepRun.load`)."""
+        self._transaction.rollback()
 
     @property
     def connection(self) -> psycopg.Connection[Any]:
@@ -216,6 +253,11 @@ class _ObservedChunk(Chunk):
         super().__exit__(exc_type, exc, traceback)
         if rolled_back:
             self._probe.ended(exc)
+
+    def _discard(self) -> None:
+        """`Chunk._discard`, ending the chunk's span."""
+        super()._discard()
+        self._probe.ended(None)
 
     def rollback(self) -> None:
         """`Chunk.rollback`, counted and ending the chunk's span."""
@@ -334,6 +376,39 @@ class StepRun:
         self._at_chunk_boundary()
         return self._chunk_type(self, self._session.begin())
 
+    def load(
+        self,
+        read: Callable[[int], Iterable[Any]],
+        write: Callable[[Chunk, list[Any]], object],
+        *,
+        chunk_size: int = 1000,
+        key: Callable[[Any], object] | None = None,
+        retry_limit: int = 3,
+        skip_limit: int = 0,
+        backoff: Backoff | None = None,
+    ) -> LoadResult:
+        """Load `read`'s items in chunks written by `write`, skipping rejected items, retrying.
+
+        `read(position)` yields the items from `position` on (how many items the step has
+        consumed; kept in the checkpoint as `{"position": n}`); `write(chunk, items)` writes
+        a batch with the chunk's methods. A batch the server rejects for its data (SQLSTATE
+        class 22 or 23) is bisected down to the single items it rejects; each is recorded
+        in `pybatch.step_skip` (keyed by `key(item)`, default its position) in the same
+        transaction as the good rows and the step's progress. A batch that failed
+        transiently (TransientConflict, LockTimeout, Infrastructure) is retried on a fresh
+        transaction up to `retry_limit` times, each retry durably reserved before its
+        backoff. docs/etl-guide.md, "Fault tolerance".
+
+        Raises:
+            SkipLimitExceeded: the step's skips would exceed `skip_limit`; nothing of that
+                chunk is committed.
+            Rejected: a rejection that is not the data's (a syntax error, a missing table).
+            TransientConflict, LockTimeout, Infrastructure: after `retry_limit` retries.
+        """
+        return _FaultTolerantLoad(
+            self, read, write, chunk_size, key, retry_limit, skip_limit, backoff or Backoff()
+        ).run()
+
     def close(self) -> None:
         """Give back the connection the step's chunks held (a chunk left open rolls back)."""
         self._session.close()
@@ -345,6 +420,303 @@ class StepRun:
         """After a refused commit: if the cause is a lost ownership, say so."""
         if self.run._keeper is not None:
             self.run._keeper.raise_if_lost()
+
+
+@attrs.frozen
+class Backoff:
+    """How long `StepRun.load` waits before retry n: exponential, with jitter.
+
+    The wait before retry n is drawn from [d/2, d], d = min(maximum, initial * multiplier
+    ** (n - 1)) seconds, so retries of concurrent steps spread out.
+    """
+
+    initial: float = 0.05
+    maximum: float = 5.0
+    multiplier: float = 2.0
+
+    def __attrs_post_init__(self) -> None:
+        if not 0 <= self.initial <= self.maximum or self.multiplier < 1:
+            raise ValueError("Backoff needs 0 <= initial <= maximum and multiplier >= 1")
+
+    def delay(self, retry: int) -> float:
+        """Seconds to wait before retry `retry` (1 and up)."""
+        ceiling = min(self.maximum, self.initial * self.multiplier ** max(retry - 1, 0))
+        return random.uniform(ceiling / 2, ceiling)
+
+
+@attrs.frozen
+class LoadResult:
+    """What one `StepRun.load` call did (this process only; the step's counters hold all)."""
+
+    read: int
+    written: int
+    skipped: int
+    retries: int
+    position: int
+
+
+#: SQLSTATE classes of rejections caused by an item's own data: such items are skipped.
+_SKIPPABLE_CLASSES = frozenset({"22", "23"})
+#: Failures after which the same batch may succeed on a fresh transaction.
+_TRANSIENT = (TransientConflict, LockTimeout, Infrastructure)
+#: The fault-state classifier revision `StepRun.load` reserves its retries under.
+_LOAD_REVISION = ClassifierRevision("pybatch-load-1")
+#: How many retry keys a loading step may retain: one per chunk, cleared at its commit.
+_LOAD_STATE_LIMIT = RetryStateLimit(16)
+_MAX_CHUNK_SIZE = 1_000_000
+
+
+def _position_of(checkpoint: Mapping[str, Any]) -> int:
+    position = checkpoint.get("position", 0)
+    if type(position) is not int or position < 0:
+        raise ValueError("the step's checkpoint has no valid position for StepRun.load")
+    return position
+
+
+class _SkipLimitReached(Exception):
+    """Bisection found one skip more than the limit allows: stop writing."""
+
+
+class _FaultTolerantLoad:
+    """One `StepRun.load` call: its chunks, their bisection, retries and skip records."""
+
+    def __init__(
+        self,
+        step: StepRun,
+        read: Callable[[int], Iterable[Any]],
+        write: Callable[[Chunk, list[Any]], object],
+        chunk_size: int,
+        key: Callable[[Any], object] | None,
+        retry_limit: int,
+        skip_limit: int,
+        backoff: Backoff,
+    ) -> None:
+        for name, value, low, high in (
+            ("chunk_size", chunk_size, 1, _MAX_CHUNK_SIZE),
+            ("retry_limit", retry_limit, 0, RetryOrdinal.MAX.value),
+            ("skip_limit", skip_limit, 0, INT64_MAX),
+        ):
+            if type(value) is not int or not low <= value <= high:
+                raise ValueError(f"{name} must be an int from {low} to {high}")
+        self.step = step
+        self.read = read
+        self.write = write
+        self.chunk_size = chunk_size
+        self.key = key
+        self.retry_limit = retry_limit
+        self.skip_limit = skip_limit
+        self.backoff = backoff
+        self.policy = RetryPolicy(RetryLimit(retry_limit), _LOAD_STATE_LIMIT)
+        self.result = {"read": 0, "written": 0, "skipped": 0, "retries": 0}
+
+    def run(self) -> LoadResult:
+        position = _position_of(self.step.checkpoint)
+        items = iter(self.read(position))
+        pending: list[Any] = []
+        while True:
+            if not pending:
+                pending = list(itertools.islice(items, self.chunk_size))
+                if not pending:
+                    break
+            durable = self._chunk(position, pending)
+            if durable != position + len(pending):
+                # An outcome-unknown commit did not land, or landed elsewhere: read again
+                # from what is durable.
+                items = iter(self.read(durable))
+            position, pending = durable, []
+        return LoadResult(position=position, **self.result)
+
+    def _chunk(self, start: int, batch: list[Any]) -> int:
+        """Commit `batch` (read from `start`), retrying; return the durable position after it."""
+        failed: BaseException | None = None
+        while True:
+            if failed is not None:
+                self._spend_retry(start, failed)
+                failed = None
+            try:
+                return self._attempt(start, batch)
+            except ChunkCommitOutcomeUnknown as unknown:
+                # Never redone blindly: only the database knows whether it landed.
+                durable = _position_of(self._durable_state().checkpoint.payload)
+                if durable != start:
+                    return durable
+                failed = unknown
+            except _TRANSIENT as error:
+                failed = error
+
+    def _attempt(self, start: int, batch: list[Any]) -> int:
+        """One transaction of the batch: written at once, or bisected after a rejection."""
+        step = self.step
+        with step.chunk() as chunk:
+            durable = _position_of(chunk._transaction.committed.checkpoint.payload)
+            if durable != start:
+                chunk._discard()
+                return durable
+            rejection = self._write(chunk, batch)
+            if rejection is None:
+                self._commit(chunk, start, len(batch), [])
+                return start + len(batch)
+            # Nothing but this batch is in the transaction: rolling it back is rolling back
+            # to a savepoint before it, without the savepoint's round trips on every chunk.
+            chunk._discard()
+        with step._chunk_type(step, step._session.begin()) as chunk:
+            transaction = chunk._transaction
+            try:
+                # The first statement opens the transaction the savepoints live in.
+                total = _skips.step_skip_total(
+                    transaction._session._statements, chunk.connection, step.execution.id
+                )
+            except psycopg.Error as error:
+                raise transaction._classified(error) from None
+            allowed = self.skip_limit - total
+            skipped: list[_skips.SkippedItem] = []
+            try:
+                if allowed <= 0:
+                    raise _SkipLimitReached()
+                self._bisect(chunk, list(enumerate(batch, start)), rejection, skipped, allowed)
+            except _SkipLimitReached:
+                chunk._discard()
+                raise SkipLimitExceeded(
+                    limit=self.skip_limit, step=step.name, skips=total + max(len(skipped), 1)
+                ) from None
+            self._commit(chunk, start, len(batch), skipped)
+        return start + len(batch)
+
+    def _bisect(
+        self,
+        chunk: Chunk,
+        items: list[tuple[int, Any]],
+        rejection: Rejected | None,
+        skipped: list[_skips.SkippedItem],
+        allowed: int,
+    ) -> None:
+        """Write each half of `items` (known to hold a rejected item) in a savepoint; recurse.
+
+        `rejection` is the single item's own error when `items` is one item (it is then a
+        skip). When the left half is written and the whole was rejected, the right half is
+        split without being written first: the rejection is in it. That saves a write per
+        level and risks nothing, since an item is only skipped after a write of it alone was
+        rejected, and only rows a successful write put in the transaction are committed.
+        """
+        if len(items) == 1:
+            if rejection is None:  # never called so: a known-bad item is written alone first
+                raise ValueError("a single item is skipped only on its own rejection")
+            position, item = items[0]
+            key = position if self.key is None else self.key(item)
+            skipped.append(_skips.SkippedItem(position, _skips.item_key(key), rejection))
+            if len(skipped) > allowed:
+                raise _SkipLimitReached()
+            return
+        middle = len(items) // 2
+        left, right = items[:middle], items[middle:]
+        found = self._write(chunk, [item for _, item in left], savepoint=True)
+        if found is not None:
+            self._bisect(chunk, left, found, skipped, allowed)
+        elif len(right) > 1:
+            self._bisect(chunk, right, None, skipped, allowed)
+            return
+        found = self._write(chunk, [item for _, item in right], savepoint=True)
+        if found is not None:
+            self._bisect(chunk, right, found, skipped, allowed)
+
+    def _write(self, chunk: Chunk, items: list[Any], *, savepoint: bool = False) -> Rejected | None:
+        """Run `write`; a rejection of the data is returned, every other failure raised."""
+        transaction = chunk._transaction
+        try:
+            if savepoint:
+                with chunk.connection.transaction():
+                    self._call(chunk, items)
+            else:
+                self._call(chunk, items)
+        except Rejected as error:
+            if error.sqlstate[:2] in _SKIPPABLE_CLASSES:
+                return error
+            raise
+        except psycopg.Error as error:  # the savepoint's own statements
+            raise transaction._classified(error) from None
+        return None
+
+    def _call(self, chunk: Chunk, items: list[Any]) -> None:
+        try:
+            self.write(chunk, items)
+        except psycopg.Error as error:  # statements run on chunk.connection directly
+            raise chunk._transaction._classified(error) from None
+
+    def _commit(
+        self, chunk: Chunk, start: int, count: int, skipped: list[_skips.SkippedItem]
+    ) -> None:
+        """The good rows, the skip records and the step's progress: one COMMIT."""
+        transaction = chunk._transaction
+        if skipped:
+            try:
+                _skips.record_skips(
+                    transaction._session._statements,
+                    chunk.connection,
+                    self.step.execution.id,
+                    skipped,
+                )
+            except psycopg.Error as error:
+                raise transaction._classified(error) from None
+        written = count - len(skipped)
+        chunk.commit(
+            read=count,
+            written=written,
+            checkpoint={**self.step.checkpoint, "position": start + count},
+            skips=FaultProgress(write_skips=len(skipped)) if skipped else None,
+        )
+        result = self.result
+        result["read"] += count
+        result["written"] += written
+        result["skipped"] += len(skipped)
+
+    def _durable_state(self) -> CommittedStepState:
+        """The step's committed state, read afresh; the next chunk starts from it too."""
+        step = self.step
+        step._session.forget()
+        return load_committed_state(step.run.repository, step._session._context)
+
+    def _spend_retry(self, start: int, error: BaseException) -> None:
+        """Reserve the batch's next retry durably, then back off; past the limit raise `error`.
+
+        The retry key names the batch by the step's definition, name, checkpoint generation
+        and start position, so a process killed mid-retry resumes with the count it had.
+        """
+        step = self.step
+        state = self._durable_state()
+        fault_state = FaultState(step.run.repository, self.policy)
+        fault_state.bind(step._session._context)
+        key = RetryKey.derive(
+            step.run.definition.digest,
+            step.execution.step_name,
+            FaultPhase.WRITE,
+            state.checkpoint.generation_digest(),
+            start,
+        )
+        spent = fault_state.reserved_ordinal(key) or RetryOrdinal.INITIAL
+        retry = spent.value + 1
+        if retry > self.retry_limit:
+            raise error
+        fault_state.reserve(
+            FaultEntry(
+                key=key,
+                phase=FaultPhase.WRITE,
+                category=FailureCategory.TRANSIENT_INFRASTRUCTURE,
+                ordinal=RetryOrdinal(retry),
+                revision=_LOAD_REVISION,
+            )
+        )
+        step._session.forget()  # the reservation advanced the step's version
+        self.result["retries"] += 1
+        logger.info(
+            "pybatch: step %s retries the chunk at position %s (retry %s of %s) after %s",
+            step.name,
+            start,
+            retry,
+            self.retry_limit,
+            type(error).__name__,
+            extra=step.run._log_fields(step.name),
+        )
+        time.sleep(self.backoff.delay(retry))
 
 
 class PartitionRun(StepRun):

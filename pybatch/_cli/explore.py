@@ -1,4 +1,4 @@
-"""`pybatch jobs | instances | executions | show | running | unresolved`: the read commands.
+"""`pybatch jobs | instances | executions | show | skips | running | unresolved`: reads.
 
 Tables sized to the terminal (`COLUMNS`, else the terminal's width; unbounded into a pipe), or
 with `--json` one document (`{"items": [...], "next": ...}` for lists); `--limit` and
@@ -110,6 +110,13 @@ def register(commands: Commands) -> None:
     running.add_argument(
         "--after", type=_identifier, metavar="EXECUTION", help="only executions after this id"
     )
+    skips = command(
+        "skips",
+        _skips,
+        "list the items an execution's steps skipped (StepRun.load): position, key, SQLSTATE "
+        "and the constraint, table and column the server named",
+    )
+    skips.add_argument("execution", type=_identifier, help="the job execution id")
     unresolved = command(
         "unresolved",
         _unresolved,
@@ -442,6 +449,36 @@ def _running(args: argparse.Namespace) -> int:
     return 0
 
 
+def _skips(args: argparse.Namespace) -> int:
+    return _list(
+        args,
+        lambda explorer, size, after: explorer.skips(args.execution, size, after),
+        (
+            Column("SKIP", ID),
+            Column("STEP", TEXT),
+            Column("POSITION", NUMBER),
+            Column("KEY", TEXT),
+            Column("SQLSTATE", STATUS),
+            Column("CONSTRAINT", TEXT, 3),
+            Column("TABLE", TEXT, 2),
+            Column("COLUMN", TEXT, 1),
+            Column("RECORDED", TIME, 4),
+        ),
+        lambda item: [
+            str(item.id),
+            f"{item.step_name} ({item.step_execution_id})",
+            str(item.item_position),
+            item.item_key,
+            item.sqlstate,
+            item.constraint or "-",
+            item.table or "-",
+            item.column or "-",
+            _instant(item.created_at),
+        ],
+        "no skipped items",
+    )
+
+
 def _unresolved(args: argparse.Namespace) -> int:
     def fetch(
         explorer: JobExplorer, size: PageSize, after: Cursor | None
@@ -483,16 +520,20 @@ def _show(args: argparse.Namespace) -> int:
         decisions = _all(explorer.recovery_decisions, execution.id)
         requests = _all(explorer.operator_requests, execution.id)
         reasons = explorer.failure_reasons(execution.id)
+        skip_counts = explorer.skip_counts(execution.id)
     if args.json:
 
         def with_reason(document: dict[str, Any], key: int | None) -> dict[str, Any]:
             reason = reasons.get(key)
             return {**document, "failure_reason": None if reason is None else reason.as_json()}
 
+        def with_skips(document: dict[str, Any], step_id: int) -> dict[str, Any]:
+            return {**document, "skip_count": skip_counts.get(step_id, 0)}
+
         document = {
             "execution": with_reason(execution.as_json(), None),
             "latest_attempt": None if latest is None else latest.as_json(),
-            "steps": [with_reason(step.as_json(), step.id) for step in steps],
+            "steps": [with_skips(with_reason(step.as_json(), step.id), step.id) for step in steps],
             "recovery_decisions": [recovery_decision_json(d) for d in decisions],
             "operator_requests": [operator_request_json(request) for request in requests],
         }
@@ -538,6 +579,7 @@ def _show(args: argparse.Namespace) -> int:
             Column("EXIT", STATUS, 3),
             Column("READ", NUMBER, 4),
             Column("WRITTEN", NUMBER, 5),
+            Column("SKIPS", NUMBER, 9),
             Column("COMMITS", NUMBER, 6),
             Column("ROLLBACKS", NUMBER, 7),
             Column("CHECKPOINT", TEXT, 8),
@@ -551,6 +593,7 @@ def _show(args: argparse.Namespace) -> int:
                 step.exit_code,
                 str(step.counts.read),
                 str(step.counts.written),
+                str(skip_counts.get(step.id, 0)),
                 str(step.counts.commits),
                 str(step.counts.rollbacks),
                 f"{_shown(step.checkpoint.schema_id)} v{step.checkpoint.schema_version}, "

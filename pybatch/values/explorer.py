@@ -48,7 +48,7 @@ class PageSize:
 
 
 class ExplorerQuery(enum.Enum):
-    """The nine paged queries; the value is the cursor discriminant."""
+    """The ten paged queries; the value is the cursor discriminant."""
 
     JOB_NAMES = 1
     INSTANCES = 2
@@ -59,6 +59,7 @@ class ExplorerQuery(enum.Enum):
     FLOW_DECISIONS = 7
     STEP_PARTITIONS = 8
     OPERATOR_REQUESTS = 9
+    STEP_SKIPS = 10
 
     @property
     def query_name(self) -> str:

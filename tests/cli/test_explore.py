@@ -384,3 +384,55 @@ def test_show_counts_rolled_back_chunks(repository: JobRepository, db_dsn: str) 
         line.split() for line in table.splitlines() if "load" in line or "ROLLBACKS" in line
     ][:2]
     assert row[header.index("ROLLBACKS")] == "1"
+
+
+def test_skips_lists_the_skipped_items_page_by_page_and_show_counts_them(
+    repository: JobRepository, admin: psycopg.Connection[Any], db_dsn: str
+) -> None:
+    from pybatch.etl import Chunk, Job, StepRun
+
+    admin.execute("CREATE TABLE public.target (id BIGINT PRIMARY KEY CHECK (id % 10 <> 3))")
+
+    def write(chunk: Chunk, items: list[int]) -> None:
+        chunk.copy("COPY public.target (id) FROM STDIN", [(item,) for item in items])
+
+    def load(step: StepRun) -> None:
+        step.load(
+            lambda position: range(position, 40),
+            write,
+            chunk_size=16,
+            key=lambda item: f"order-{item}",
+            skip_limit=10,
+        )
+
+    with Job(repository, "skipping", {"day": "2026-11-30"}).launch() as launched:
+        launched.step("load", load)
+    execution = str(launched.execution.id)
+    items: list[dict[str, Any]] = []
+    after: list[str] = []
+    for _ in range(5):
+        document = run_json("skips", execution, "--limit", "2", *after, dsn=db_dsn)
+        items += document["items"]
+        if document["next"] is None:
+            break
+        after = ["--after", document["next"]]
+    assert [(i["item_position"], i["item_key"], i["sqlstate"]) for i in items] == [
+        (3, "order-3", "23514"),
+        (13, "order-13", "23514"),
+        (23, "order-23", "23514"),
+        (33, "order-33", "23514"),
+    ]
+    assert items[0]["table"] == "target" and items[0]["step_name"] == "load"
+    table = run("skips", execution, dsn=db_dsn)
+    assert table.returncode == 0, table.stderr
+    header, *rows = [line.split() for line in table.stdout.splitlines()]
+    assert header[:4] == ["SKIP", "STEP", "POSITION", "KEY"]
+    assert [row[3] for row in rows] == ["3", "13", "23", "33"]  # "load (id)" is two words
+    shown = run_json("show", execution, dsn=db_dsn)
+    assert shown["steps"][0]["skip_count"] == 4
+    step_id = str(shown["steps"][0]["id"])
+    shown_table = run("show", execution, dsn=db_dsn).stdout.splitlines()
+    step_header = next(line.split() for line in shown_table if line.startswith("STEP "))
+    step_row = next(line.split() for line in shown_table if line.startswith(step_id + " "))
+    assert step_row[step_header.index("SKIPS")] == "4"
+    assert run("skips", "999999", dsn=db_dsn).returncode != 0

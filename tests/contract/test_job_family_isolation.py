@@ -51,6 +51,7 @@ ISOLATED_TABLES = (
     "flow_decision",
     "recovery_decision",
     "operator_request",
+    "step_skip",
 )
 
 

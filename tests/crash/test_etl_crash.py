@@ -61,10 +61,10 @@ LINE_TIMEOUT_S = 60.0
 class Worker:
     """One worker process; its stdout lines arrive through a queue so reads can time out."""
 
-    def __init__(self, env: dict[str, str], log: Path) -> None:
+    def __init__(self, env: dict[str, str], log: Path, module: str = "tests.crash.worker") -> None:
         self._log = log.open("wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.crash.worker"],
+            [sys.executable, "-m", module],
             cwd=ROOT,
             env=env,
             stdin=subprocess.DEVNULL,

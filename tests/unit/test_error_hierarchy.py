@@ -364,6 +364,8 @@ PYBATCH_ONLY: frozenset[str] = frozenset(
         "StatementCancelled",
         "PermissionDenied",  # SQLSTATE 42501, deliberately not Unavailable
         "LockTimeout",  # 55P03 in a business statement; the connection is kept
+        "TransientConflict",  # 40001 or 40P01 in a business statement; the chunk runs again
+        "SkipLimitExceeded",  # the ETL API's fault-tolerant load: more rejected rows than allowed
         "TextContainsNul",  # PostgreSQL text and jsonb cannot store U+0000
         "StateSchemaVersionNotStorable",  # u32 versions in integer columns
         "TimestampOutOfRange",  # an aware instant beyond Python's UTC datetimes

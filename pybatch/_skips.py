@@ -1,0 +1,183 @@
+"""Skip records: the items a fault-tolerant step skipped (migration 0011, `pybatch.step_skip`).
+
+A chunk of `StepRun.load` that bisected its batch down to the items the server rejected
+records them here, in its own transaction, before its progress UPDATE: the chunk's good rows,
+its skip records and its skip counters commit together or not at all. The explorer reads them
+back page by page (`JobExplorer.skips`).
+
+Statements: skips.sql get_step_skip_total and insert_step_skip (the chunk's transaction),
+get_step_skip_ceiling, list_step_skips and list_step_skip_counts (the explorer's read-only
+transactions).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from pybatch._codecs._primitives import DecodeError, Row, aware_at, int64_at, text_at
+from pybatch._statements import Connection, Statements
+from pybatch.errors import NotCommitted, Rejected
+from pybatch.values.ids import INT64_MAX
+
+#: Bounds of the columns (step_skip_item_key_length, step_skip_message_length).
+MAX_KEY_BYTES = 256
+MAX_MESSAGE_BYTES = 1000
+
+
+@attrs.frozen
+class SkippedItem:
+    """One item a chunk skips: where it is in the source, its key, and why it was rejected."""
+
+    position: int
+    key: str
+    error: Rejected
+
+
+@attrs.frozen
+class StepSkip:
+    """One skip record as `pybatch skips` lists it (never the item's values)."""
+
+    id: int
+    step_execution_id: int
+    step_name: str
+    item_position: int
+    item_key: str
+    sqlstate: str
+    constraint: str | None
+    table: str | None
+    column: str | None
+    message: str
+    created_at: _dt.datetime
+
+    def as_json(self) -> dict[str, Any]:
+        """The documented JSON object (docs/operators.md): every field, in field order."""
+        document = attrs.asdict(self)
+        document["created_at"] = self.created_at.isoformat()
+        return document
+
+
+def _bounded(text: str, limit: int) -> str:
+    data = text.encode()
+    if len(data) <= limit:
+        return text
+    return data[: limit - 3].decode(errors="ignore") + "..."
+
+
+def _name(value: str | None) -> str | None:
+    """A server identifier as the columns hold it (1..63 bytes), else None."""
+    return value if value is not None and 1 <= len(value.encode()) <= 63 else None
+
+
+def item_key(value: object) -> str:
+    """The key stored for an item: its text, control characters replaced, bounded."""
+    text = "".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in str(value))
+    return _bounded(text, MAX_KEY_BYTES) or "-"
+
+
+def step_skip_total(statements: Statements, conn: Connection, step_execution_id: int) -> int:
+    """The skips the step has committed so far (its first statement in a bisecting chunk).
+
+    Raises:
+        NotCommitted: the step is gone.
+    """
+    total = statements.get_step_skip_total.scalar(conn, step_execution_id=step_execution_id)
+    if type(total) is not int:
+        raise NotCommitted(reason="the step execution does not exist")
+    return total
+
+
+def record_skips(
+    statements: Statements,
+    conn: Connection,
+    step_execution_id: int,
+    skipped: Sequence[SkippedItem],
+) -> None:
+    """Insert the chunk's skip records in its open transaction, one statement each.
+
+    A chunk skips few items (each costs its bisection's writes already), so one round trip
+    per record is not worth an array-binding statement.
+
+    The message is the typed error's own (SQLSTATE and names only): the server's message
+    can quote the rejected row's values.
+
+    Raises:
+        NotCommitted: not every record was inserted.
+    """
+    for item in skipped:
+        error = item.error
+        changed = statements.insert_step_skip.affected(
+            conn,
+            step_execution_id=step_execution_id,
+            item_position=item.position,
+            item_key=item.key,
+            sqlstate=error.sqlstate,
+            constraint_name=_name(error.constraint),
+            table_name=_name(error.table),
+            column_name=_name(error.column),
+            message=_bounded(str(error), MAX_MESSAGE_BYTES),
+        )
+        if changed != 1:
+            raise NotCommitted(reason="a skip record was not inserted")
+
+
+def skip_ceiling(statements: Statements, conn: Connection) -> int:
+    """The identity ceiling of skip-record pages (0 when there is none)."""
+    value = statements.get_step_skip_ceiling.scalar(conn)
+    if value is None:
+        return 0
+    if type(value) is not int or not 0 < value <= INT64_MAX:
+        raise DecodeError("ceiling")
+    return value
+
+
+def list_skips(
+    statements: Statements,
+    conn: Connection,
+    job_execution_id: int,
+    after_id: int,
+    ceiling: int,
+    row_limit: int,
+) -> list[Row]:
+    """The skip records of an execution's steps after `after_id`, id ascending."""
+    return statements.list_step_skips.many(
+        conn,
+        job_execution_id=job_execution_id,
+        after_id=after_id,
+        ceiling=ceiling,
+        row_limit=row_limit,
+    )
+
+
+def decode_skip(row: Row) -> StepSkip:
+    """A list_step_skips row as a StepSkip."""
+
+    def optional(column: str) -> str | None:
+        return None if row[column] is None else text_at(row, column)
+
+    return StepSkip(
+        id=int64_at(row, "id"),
+        step_execution_id=int64_at(row, "step_execution_id"),
+        step_name=text_at(row, "step_name"),
+        item_position=int64_at(row, "item_position", 0),
+        item_key=text_at(row, "item_key"),
+        sqlstate=text_at(row, "sqlstate"),
+        constraint=optional("constraint_name"),
+        table=optional("table_name"),
+        column=optional("column_name"),
+        message=text_at(row, "message"),
+        created_at=aware_at(row, "created_at"),
+    )
+
+
+def skip_counts(
+    statements: Statements, conn: Connection, job_execution_id: int, row_limit: int
+) -> dict[int, int]:
+    """The skip counters of an execution's steps, by step id."""
+    rows = statements.list_step_skip_counts.many(
+        conn, job_execution_id=job_execution_id, row_limit=row_limit
+    )
+    return {int64_at(row, "step_execution_id"): int64_at(row, "skips", 0) for row in rows}
