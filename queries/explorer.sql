@@ -607,6 +607,8 @@ WHERE
     AND execution.lease_expires_at > pg_catalog.STATEMENT_TIMESTAMP()
     AND execution.id > :after_id
 ORDER BY execution.id
+LIMIT :row_limit;
+
 -- :name explore_recent_executions :many
 -- :doc The newest executions of one job name, id descending, at most row_limit: the attempts of
 -- its row_limit newest instances (job_instance_name_identity, then job_execution_attempt_unique

@@ -146,6 +146,12 @@ READERS: dict[str, tuple[str, ...]] = {
         "idle_in_transaction_session_timeout",
         "time_zone",
     ),
+    # read by hand: _skips.py (the skip records and the per-step skip counts)
+    "list_step_skips": (
+        *("id", "step_execution_id", "step_name", "item_position", "item_key", "sqlstate"),
+        *("constraint_name", "table_name", "column_name", "message", "created_at"),
+    ),
+    "list_step_skip_counts": ("step_execution_id", "skips"),
     # read by hand: _transaction.py _dropped_setting
     "read_session_settings": ("name", "setting"),
     "demo_orders_digest": ("row_count", "sha256"),
