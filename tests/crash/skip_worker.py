@@ -29,8 +29,8 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 from pybatch import ConnectionConfig, JobRepository
-from pybatch.errors import ExecutionAlreadyActive
-from pybatch.etl import Chunk, Job, JobRun, StepRun
+from pybatch.etl import Chunk, Job, StepRun
+from tests.crash.worker import launch
 
 JOB_NAME = "crash_skip_load"
 STEP_NAME = "load"
@@ -95,18 +95,6 @@ def main() -> int:
             run.step(STEP_NAME, load)
     say("done")
     return 0
-
-
-def launch(job: Job) -> JobRun:
-    """Launch; a killed attempt's lease (one second) outlives it for a moment."""
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            return job.launch()
-        except ExecutionAlreadyActive:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)
 
 
 if __name__ == "__main__":
