@@ -1,11 +1,7 @@
 """pybatch: a durable, SQL-first job repository on PostgreSQL for synchronous ETL scripts.
 
-The names here are the supported surface: the ETL API (`Job`, `JobRun`, `StepRun`,
-`PartitionRun`, `Chunk`), the repository (`JobRepository`, `UnitOfWork`, `JobExplorer`),
-configuration and migrations, and the error families with the leaves an ETL script or an
-operator tool catches. Every other error is importable from `pybatch.errors`, and the values
-from `pybatch.values`; every underscored module is machinery that may change
-(tests/sql/test_public_surface.py pins this).
+The names here are the supported surface (tests/sql/test_public_surface.py pins them); other
+errors live in `pybatch.errors`, values in `pybatch.values`. Underscored modules may change.
 """
 
 from __future__ import annotations

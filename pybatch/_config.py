@@ -67,21 +67,13 @@ _TLS_KEYS = frozenset(
 
 
 class Pooler(enum.Enum):
-    """What pybatch connects through, which decides how its settings reach the server.
+    """What pybatch connects through, which decides how its (not optional) settings arrive."""
 
-    pybatch's timeouts and UTC are not optional: without them `LockTimeout` and
-    `StatementCancelled` never fire and the migrator could wait on a lock without bound.
-    """
-
-    #: PostgreSQL itself: the settings travel in the startup `options`, and every new
-    #: connection reads them back (a pooler that drops them is refused: SettingsNotApplied).
+    #: PostgreSQL: startup `options`, read back on connect (dropped: SettingsNotApplied).
     NONE = "none"
-    #: PgBouncer with pool_mode=session (it refuses startup `options`): each new connection
-    #: sets them for its session, which the pooler keeps for as long as the client is connected.
+    #: PgBouncer pool_mode=session: each new connection sets them for its session.
     SESSION = "session"
-    #: PgBouncer with pool_mode=transaction: every transaction starts by setting them for
-    #: itself (`set_config(..., true)`), and no statement is prepared on the server, since
-    #: the next transaction may run on another server connection.
+    #: PgBouncer pool_mode=transaction: every transaction sets them; nothing is prepared.
     TRANSACTION = "transaction"
 
 
@@ -173,11 +165,8 @@ def encodes_as_utf8(text: str) -> bool:
 def _parse_dsn(dsn: Secret) -> ConnectionKwargs:
     """Parse the DSN with libpq's own parser and police the result; errors never quote it.
 
-    libpq tokenizes the DSN, so a password or `options` value merely containing `ssl...=` is
-    data, not a TLS option. Failures are raised outside `except` blocks, so the driver's
-    message (which quotes the DSN) is neither cause nor context. The DSN is revealed only
-    inside expressions and parsed keywords live in a redacted `ConnectionKwargs`: an error
-    reporter recording every frame's locals (Sentry does) finds no password here.
+    Failures are raised outside `except` (the driver's message quotes the DSN), and no local
+    holds the revealed DSN: an error reporter recording frame locals finds no password.
     """
     if not dsn.reveal().strip():
         raise EmptyConnectionString()
@@ -281,10 +270,8 @@ def _to_secret(value: object) -> Secret:
 class ConnectionConfig:
     """Everything pybatch needs to reach PostgreSQL, validated on construction and evolve.
 
-    `__init__` is written out rather than generated: its first statement wraps the DSN in a
-    `Secret`, rebinding the only name that held the raw string, so that when a later check
-    fails no frame on the way (this one, attrs' `__attrs_init__`, the DSN parser) holds the
-    password as a local variable.
+    `__init__` is written out so that its first statement wraps the DSN in a `Secret`: no
+    frame of a later failed check holds the password as a local variable.
     """
 
     dsn: Secret = attrs.field(converter=_to_secret)
@@ -300,11 +287,9 @@ class ConnectionConfig:
     connection_max_lifetime: timedelta = timedelta(minutes=30)
     pool_close_timeout: timedelta = timedelta(seconds=30)
     unit_of_work_attempts: int = 3
-    #: The largest distance allowed between this host's clock and the server's, checked on
-    #: every new pooled connection (a host beyond it is refused with ClockSkewExceeded).
+    #: Checked on every new pooled connection (ClockSkewExceeded beyond it).
     max_clock_skew: timedelta = DEFAULT_MAX_CLOCK_SKEW
-    #: An unresolved execution with no durable write for this long (on the database clock)
-    #: is stale: `pybatch unresolved` lists it by default and RecoverySnapshot.is_stale says so.
+    #: An unresolved execution with no durable write for this long (database clock) is stale.
     stale_threshold: timedelta = DEFAULT_STALE_THRESHOLD
     #: What sits between pybatch and the server (Pooler); PYBATCH_POOLER.
     pooler: Pooler = Pooler.NONE
@@ -374,14 +359,10 @@ class ConnectionConfig:
     def connection_kwargs(
         self, *, ca_file: str | None = None, statement_timeout: bool = True
     ) -> ConnectionKwargs:
-        """Keyword arguments for `psycopg.connect`, TLS and (without a pooler) settings forced.
+        """Keyword arguments for `psycopg.connect` (they hold the password): TLS forced.
 
-        They hold the password (redacted repr, no pickling): hand them to psycopg only.
-        Explicit parameters beat libpq environment variables (PGSSLMODE cannot weaken TLS).
-        Without a pooler the startup `options` (which outrank `ALTER DATABASE/ROLE ... SET`)
-        carry `session_settings`; unless `statement_timeout=False` (the migrator, which sets
-        its own per transaction) the statement timeout too. Behind a pooler they are set by
-        statements instead (`Pooler`).
+        Explicit parameters beat libpq environment variables. Without a pooler the startup
+        `options` carry `session_settings` (the migrator, `statement_timeout=False`, sets its own).
         """
         params = _parse_dsn(self.dsn)
         if self.pooler is Pooler.NONE:
@@ -424,8 +405,7 @@ class ConnectionConfig:
             for name, value in source.items()
             if name.startswith("PYBATCH_") and name != "PYBATCH_DSN"
         }
-        # From here on only the wrapped DSN is reachable from this frame's locals, which
-        # error reporters record when a setting below (or the DSN itself) is refused.
+        # From here on no local of this frame holds the raw DSN.
         del source, environ
         for field, variable, enum_cls, expected in (
             ("tls_mode", "PYBATCH_TLS", TlsMode, "TLS mode (verify-full or plaintext)"),
@@ -468,11 +448,7 @@ class ConnectionConfig:
 
 
 def _env_int(env: Mapping[str, str], variable: str, low: int, high: int) -> int:
-    """The variable as an int: ASCII digits only, no more of them than `high` has.
-
-    `int()` would read ' 1_0 ' and Arabic-Indic digits, fail bare beyond 4,300 digits, and a
-    huge value overflows `timedelta`; a right-length value out of range is left to the field.
-    """
+    """The variable as an int: ASCII digits only (`int()` reads ' 1_0 '), at most `high`'s count."""
     text = env[variable]
     if not (text.isascii() and text.isdigit()) or len(text.lstrip("0")) > len(str(high)):
         raise EnvironmentValueInvalid(

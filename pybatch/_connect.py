@@ -73,11 +73,7 @@ class CaFile:
 def open_connection(
     config: ConnectionConfig, *, autocommit: bool
 ) -> Iterator[psycopg.Connection[Any]]:
-    """A dedicated connection for the migrator: no statement timeout, redacted errors.
-
-    Behind a transaction-mode pooler nothing is prepared (the migrator sets its own settings
-    in each of its transactions).
-    """
+    """A dedicated connection for the migrator: no statement timeout, redacted errors."""
     ca_file = CaFile(config)
     try:
         kwargs = config.connection_kwargs(ca_file=ca_file.path, statement_timeout=False)
@@ -102,8 +98,7 @@ def connect_or_raise(kwargs: Mapping[str, Any], *, autocommit: bool) -> psycopg.
 def probe_connection(config: ConnectionConfig, ca_file: CaFile) -> PyBatchError | None:
     """Open and close one connection: raise a permanent refusal now, return a transient one.
 
-    The transient refusal (ServerUnreachable, a plain Unavailable) is left to the pool, which
-    retries until the acquire timeout, and then names what was wrong; None if it connected.
+    The pool retries a transient refusal until the acquire timeout; None if it connected.
     """
     try:
         connect_or_raise(config.connection_kwargs(ca_file=ca_file.path), autocommit=True).close()

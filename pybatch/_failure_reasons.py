@@ -1,10 +1,7 @@
 """What a failed step or run records about its exception, redacted and bounded.
 
-The message is the exception's own text, except where that text may quote data: a driver
-error's message can quote row values and the server's host, so only its SQLSTATE and the
-server's names are kept. Any other text is scrubbed of connection URIs' credentials,
-`password=...`-style pairs and every secret the run knows (its job parameter values and the
-DSN's password), then bounded to 1,000 UTF-8 bytes.
+A driver error keeps only its SQLSTATE and the server's names (its text can quote rows); any
+other text is scrubbed of credentials and the run's secrets, then bounded to 1,000 bytes.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Durable retry reservations of a step (docs/contract.md, Fault state; Chunk transactions).
 
-A reservation is spent in its own short transaction, after a known rollback and before
-the backoff: the step row is locked, the stored envelope is verified, the ordinal must
-follow the stored one, and the update is a compare-and-swap on version and STARTED. A
-stale or concurrent reserver therefore loses instead of spending an ordinal twice.
+A reservation is spent in its own short transaction (row lock, verified envelope, the next
+ordinal, compare-and-swap on version and STARTED): a stale reserver never spends one twice.
 """
 
 from __future__ import annotations
@@ -115,9 +113,7 @@ class FaultState:
     def reserve(self, entry: FaultEntry) -> None:
         """Spend retry `entry.ordinal` of `entry.key` durably, in its own transaction.
 
-        StaleReservation when the step left STARTED, the ordinal does not follow the stored
-        one, the phase has no retry counter, or a concurrent writer won. After
-        FaultStateCommitOutcomeUnknown retrying the same ordinal is safe: it is
+        After FaultStateCommitOutcomeUnknown retrying the same ordinal is safe: it is
         StaleReservation if the first one landed.
         """
         context = self._bound()

@@ -41,13 +41,11 @@ logger = logging.getLogger(__name__)
 
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
-#: The migrator's statement timeout: none. A migration may rewrite or scan a large table, and
-#: one cancelled half way only wastes the work (its transaction rolls back); the lock timeout,
-#: not a statement timeout, is what keeps it from stalling the jobs queued behind its locks.
+#: No statement timeout: a cancelled migration only wastes its work; the lock timeout is what
+#: keeps it from stalling the jobs queued behind its locks.
 _STATEMENT_TIMEOUT = "0"
-#: How many times one migration's transaction is tried when a statement in it waits past the
-#: lock timeout (SQLSTATE 55P03), and the first pause between tries (doubled each time, with
-#: jitter, at most _LOCK_WAIT_PAUSE_MAX): a short report or `pg_dump` ends within the window.
+#: Tries of one migration whose statement waits past the lock timeout (55P03), and the first
+#: pause (doubled with jitter, capped): a short report or `pg_dump` ends within the window.
 _LOCK_WAIT_ATTEMPTS = 5
 _LOCK_WAIT_PAUSE = timedelta(milliseconds=100)
 _LOCK_WAIT_PAUSE_MAX = timedelta(seconds=2)
@@ -129,12 +127,7 @@ def installed_schema_version(config: ConnectionConfig) -> int | None:
 
 
 def _lock_migrations(conn: psycopg.Connection[Any]) -> bool:
-    """Serialize migrators for this transaction (within lock_timeout); True if locked.
-
-    The lock is a table lock on the history, which a role that may not write it cannot hold
-    against us (an advisory key could be held by anyone). A first install takes none: the
-    catalogue settles concurrent ones (the loser's CREATE collides and retries, `migrate`).
-    """
+    """Lock the history table (an advisory key anyone could hold); a first install takes none."""
     statements = load_statements()
     try:
         if statements.find_schema_migration_table.scalar(conn):
@@ -145,11 +138,9 @@ def _lock_migrations(conn: psycopg.Connection[Any]) -> bool:
     return False
 
 
-#: SQLSTATEs of a first install that lost the race to a concurrent one: a duplicate schema,
-#: table or object, a catalogue unique key, a deadlock between the two, or the wait for the
-#: winner's transaction outlasting the lock timeout. The loser rolls back and looks again.
+#: SQLSTATEs of a first install that lost the race to a concurrent one (duplicate object,
+#: unique key, deadlock, lock timeout): it rolls back and looks again, this many times.
 _FIRST_INSTALL_RACE = frozenset({"42P06", "42P07", "42710", "23505", "40P01", "55P03"})
-#: How often a first install that lost such a race looks again before giving up.
 _FIRST_INSTALL_ATTEMPTS = 5
 
 
@@ -213,13 +204,7 @@ def _transaction_settings(config: ConnectionConfig) -> dict[str, str]:
 def _migrator_transaction(
     conn: psycopg.Connection[Any], config: ConnectionConfig
 ) -> Iterator[None]:
-    """One transaction whose first statement sets the migrator's own bounds.
-
-    The connection's startup options carry no statement timeout for the migrator, so without
-    this a role's or database's `statement_timeout` would cancel a long migration; and a
-    pooler in transaction mode drops startup options altogether. Transaction-local settings
-    hold whatever the session, the role or the pooler brought.
-    """
+    """One transaction that first sets the migrator's bounds, whatever role or pooler bring."""
     with conn.transaction():
         load_statements().set_migrator_transaction_settings.one(
             conn, **_transaction_settings(config)
@@ -231,13 +216,7 @@ def _migrator_transaction(
 def _migrator_connection(
     config: ConnectionConfig, *, read_write: bool = False
 ) -> Iterator[psycopg.Connection[Any]]:
-    """The migrator's connection: autocommit (explicit transactions), nothing prepared.
-
-    Nothing is prepared on the server, because behind a pooler in transaction mode the next
-    transaction may run on another server connection. With `read_write` every BEGIN is READ
-    COMMITTED READ WRITE, so a role or database with `default_transaction_read_only = on`
-    (often set on a role meant for reports) can still migrate when it owns the schema.
-    """
+    """Autocommit, nothing prepared (transaction pooler); `read_write` beats a read-only role."""
     with open_connection(config, autocommit=True) as conn:
         conn.prepare_threshold = None
         if read_write:
@@ -252,11 +231,7 @@ _BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE;"
 
 @_driver_errors_mapped
 def migration_sql(config: ConnectionConfig) -> str:
-    """The exact SQL `migrate` would run now (same refusals), for a DBA to review or run by hand.
-
-    Every transaction block starts with the migrator's settings, so a script run by hand gets
-    the same bounds (no statement timeout, the configured lock timeout) as `migrate`.
-    """
+    """The exact SQL `migrate` would run now, settings included, for a DBA to run by hand."""
     statements = load_statements()
     shipped = shipped_migrations()
     with _migrator_connection(config) as conn:
@@ -280,11 +255,7 @@ def migration_sql(config: ConnectionConfig) -> str:
 
 
 def _pause_for_lock(config: ConnectionConfig, migration: Migration, attempt: int) -> None:
-    """Log the lock wait a migration gave up on, then pause (backoff with jitter) before the next.
-
-    The pause lets the holder (a report, a `pg_dump`, a job's long transaction) finish and
-    keeps the migrator's lock requests from queueing every other session behind them.
-    """
+    """Log the lock wait given up on, then back off so the holder can finish."""
     backoff = min(_LOCK_WAIT_PAUSE * 2 ** (attempt - 1), _LOCK_WAIT_PAUSE_MAX)
     pause = backoff * random.uniform(0.5, 1.0)  # jitter: concurrent migrators spread out
     logger.info(
@@ -321,14 +292,9 @@ def _apply(conn: psycopg.Connection[Any], migration: Migration) -> None:
 def migrate(config: ConnectionConfig, *, dry_run: bool = False) -> list[Migration]:
     """Bring the schema to the supported version; return the files applied (or pending).
 
-    Safe when several processes run it at once: each file runs in its own transaction that
-    takes the migrator lock and re-reads the installed version, so later migrators find
-    nothing pending. No lock another role could hold is waited on: a first install takes
-    none, and one colliding with a concurrent first install rolls back and looks again
-    (then under the history lock). A newer schema or changed checksum is refused first.
-    A file whose own table locks wait past the lock timeout (a long transaction reads the
-    table) rolls back and is tried again, `_LOCK_WAIT_ATTEMPTS` times in all, then
-    `MigrationTableLockTimeout`: each try is one whole transaction, never half a file.
+    Concurrent migrators are safe: each file is one transaction under the history lock that
+    re-reads the version; a first install that races another rolls back and looks again. A
+    file whose table locks time out is retried whole, then MigrationTableLockTimeout.
     """
     shipped = shipped_migrations()
     applied: list[Migration] = []

@@ -19,24 +19,16 @@ from pybatch.errors import UnknownStatement
 
 _TABLE = re.compile(r"\bpybatch\.([a-z_]+)\b")
 _WRITE = re.compile(r"^\s*(INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+pybatch\.([a-z_]+)", re.I | re.M)
-# The one keyword pybatch adds to a statement's text: EXPLAIN (plan only, never ANALYZE, so
-# the statement is planned and not run).
+# The one keyword pybatch adds to a statement's text: plan only, never ANALYZE (never run).
 _EXPLAIN_PREFIX = b"EXPLAIN (VERBOSE, COSTS)\n"
 
 #: Representative values by name; others go as the untyped '1', typed by the server.
 _REPRESENTATIVE: Mapping[str, object] = {
-    "limit": "50",
-    "row_limit": "50",
-    "ceiling": str(2**62),
-    "before_id": str(2**62),
-    "before_attempt": "2147483647",
-    "after_name": "",
-    "job_name": "job_0001",
-    "status": "STARTED",
-    "prior_status": "STARTED",
-    "result_status": "STOPPING",
-    "action": "STOP",
-    "authorization_class": "LIFECYCLE",
+    **dict.fromkeys(("limit", "row_limit"), "50"),
+    **dict.fromkeys(("ceiling", "before_id"), str(2**62)),
+    **dict.fromkeys(("status", "prior_status"), "STARTED"),
+    **{"before_attempt": "2147483647", "after_name": "", "job_name": "job_0001"},
+    **{"result_status": "STOPPING", "action": "STOP", "authorization_class": "LIFECYCLE"},
     "outcome_class": "APPLIED",
 }
 

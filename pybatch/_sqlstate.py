@@ -1,14 +1,8 @@
 """The only place that reads driver errors and maps them to pybatch errors.
 
-Statements: meaning comes from the SQLSTATE and the constraint name only, never from message
-text, which changes with the server's version and locale. Mapped errors are raised `from
-None`: driver messages can quote row values and the DSN's host.
-
-Connection attempts (`classify_connect_failure`): a wrong password, an unknown database or an
-untrusted certificate will not heal by waiting for the acquire timeout, so they get their own
-`Unavailable` subclasses and are raised at once (`is_permanent`). Everything else (server
-down, too many connections, a restart in progress) stays a plain `Unavailable` that callers
-may retry.
+Meaning comes from the SQLSTATE and constraint name, never from message text (it changes with
+version and locale, and can quote row values or the DSN's host: errors are raised `from None`).
+Connection refusals that waiting cannot heal get their own `Unavailable` subclasses.
 """
 
 from __future__ import annotations
@@ -43,21 +37,18 @@ from pybatch.errors import (
     Unavailable,
 )
 
-#: Unique constraints that arbitrate a race: a violation means another unit of work won.
-#: Operations that know more (DuplicateStep) pass `overrides`; every other constraint
-#: (CHECK, NOT NULL, foreign key, other uniques) is a bug or corrupt input: IntegrityViolation.
-CONSTRAINT_ERRORS: Mapping[str, Callable[[], PyBatchError]] = {
-    "job_instance_identity_unique": ConcurrentModification,
-    "job_definition_revision_unique": ConcurrentModification,
-    "job_definition_digest_unique": ConcurrentModification,
-    "job_execution_attempt_unique": ConcurrentModification,
-    "job_execution_one_unresolved": ConcurrentModification,
-    "recovery_decision_version_unique": ConcurrentModification,
-    "flow_decision_sequence_unique": ConcurrentModification,
-    "flow_decision_source_unique": ConcurrentModification,
-    "operator_request_identity_unique": ConcurrentModification,
-    "retention_action_identity_unique": ConcurrentModification,
-}
+#: Unique constraints that arbitrate a race (another unit of work won); `overrides` add more.
+#: Any other constraint is a bug or corrupt input: IntegrityViolation.
+CONSTRAINT_ERRORS: Mapping[str, Callable[[], PyBatchError]] = dict.fromkeys(
+    (
+        *("job_instance_identity_unique", "job_definition_revision_unique"),
+        *("job_definition_digest_unique", "job_execution_attempt_unique"),
+        *("job_execution_one_unresolved", "recovery_decision_version_unique"),
+        *("flow_decision_sequence_unique", "flow_decision_source_unique"),
+        *("operator_request_identity_unique", "retention_action_identity_unique"),
+    ),
+    ConcurrentModification,
+)
 
 _RETRYABLE = frozenset({"40001", "40P01"})
 _INTEGRITY = frozenset({"23505", "23514", "23502", "23503", "23P01", "23000", "23001"})
@@ -113,9 +104,7 @@ def translate(
     return Unavailable(sqlstate=state)
 
 
-#: Where the server raises 0A000 for a READ WRITE transaction during recovery (a standby:
-#: the GUC check of transaction_read_only reports it). 0A000 also means "cached plan must not
-#: change result type" (RevalidateCachedQuery) after a migration: not a read-only server.
+#: Where a standby raises 0A000 for READ WRITE; elsewhere 0A000 can mean a stale cached plan.
 _READ_WRITE_REFUSALS = frozenset({"call_bool_check_hook"})
 
 
@@ -124,9 +113,7 @@ def _refused_read_write(exc: BaseException) -> bool:
     return source in _READ_WRITE_REFUSALS
 
 
-#: The server's fixed English phrases for 42501 name the object (`permission denied for table
-#: job_instance`) and, for ownership, the privilege; a localized server yields no name: a
-#: miss, never a wrong one. The privilege a plain refusal lacks is not in the diagnostics.
+#: 42501's fixed English phrases name the object (a localized server: no name, never a wrong one).
 _DENIED = re.compile(r"(permission denied for|must be owner of) (\w+) ([\w.]+)\Z")
 
 
@@ -146,22 +133,14 @@ def _at_fault(exc: BaseException) -> dict[str, str | None]:
     """The constraint, table and column the server's diagnostics name (names, never values)."""
     if not isinstance(exc, psycopg.Error):
         return {}
-    diag = exc.diag
-    return {
-        "constraint": diag.constraint_name,
-        "table": diag.table_name,
-        "column": diag.column_name,
-    }
+    d = exc.diag
+    return {"constraint": d.constraint_name, "table": d.table_name, "column": d.column_name}
 
 
 def classify_business_error(
     exc: BaseException, conn: psycopg.Connection[object] | None
 ) -> BusinessTransactionError:
-    """Classify an ETL statement's failure in a chunk; only Infrastructure loses the connection.
-
-    A serialization failure or deadlock (40001, 40P01) is TransientConflict: the server
-    aborted the transaction, not the session, so the chunk can run again on it.
-    """
+    """Classify an ETL statement's failure in a chunk; only Infrastructure loses the connection."""
     if is_connection_loss(exc, conn):
         return Infrastructure()
     state = sqlstate_of(exc)
@@ -171,8 +150,7 @@ def classify_business_error(
         return LockTimeout()
     if state in _RETRYABLE:  # the connection is healthy; the transaction can only roll back
         return TransientConflict(sqlstate=state)
-    # 25P02: a later statement of a chunk whose earlier statement was rejected; the
-    # connection is healthy, the transaction can only roll back.
+    # 25P02: a later statement after a rejected one; the connection is healthy.
     if state is not None and (state[:2] in {"22", "23", "42"} or state == "25P02"):
         return Rejected(sqlstate=state, **_at_fault(exc))
     if state is None and isinstance(exc, psycopg.ProgrammingError | psycopg.DataError):
@@ -182,11 +160,8 @@ def classify_business_error(
 
 _AUTHENTICATION = frozenset({"28P01", "28000"})
 
-# libpq raises connection failures without a SQLSTATE (the server's FATAL reaches the client
-# only as text), so the server's and libpq's fixed English phrases are the only signal.
-# They choose the error class; the text itself is never shown. A server with localized
-# lc_messages yields plain Unavailable, which is retried as before: a miss, never a
-# misclassification.
+# libpq reports connection failures without a SQLSTATE, so fixed English phrases choose the
+# class (never shown); localized lc_messages yield plain Unavailable: a miss, never a wrong one.
 _PHRASES: tuple[tuple[tuple[str, ...], str], ...] = (
     (("authentication failed for user",), "28P01"),
     (("fe_sendauth: no password supplied",), "28P01"),

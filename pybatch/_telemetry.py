@@ -1,13 +1,8 @@
 """OpenTelemetry spans and metrics, when the `otel` extra is installed (docs/operators.md).
 
-The only module that imports opentelemetry. It uses the global tracer and meter providers,
-so an application that configures the SDK (an exporter, a reader) sees pybatch's job, step
-and chunk spans and its counters; one that does not gets the API's no-op providers.
-
-Without opentelemetry, `TRACER` is None, `job_started` returns None and the ETL binds its
-plain chunk class at step start: the chunk path then runs exactly as without this module.
-Span statuses and attributes name an error by its class and SQLSTATE only, never its
-message, which may quote row values.
+The only module that imports opentelemetry; it uses the global providers. Without it `TRACER`
+is None and the chunk path runs exactly as without this module. Errors are named by class and
+SQLSTATE only, never by message, which may quote row values.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Every pybatch exception, declared once as a table of compact classes (docs/errors.md).
 
-Each class below is one row of the catalogue: its name, its bases (the family or families it
-belongs to), its fields (annotations: keyword-only constructor arguments, frozen), its message
-template (`message`, built from the fields only) and its docstring, a one-line hint saying what
-the error means and how to fix it. `catalogue()` renders the rows as docs/errors.md and
-tests/unit/test_error_hierarchy.py checks every row from the same classes; nothing restates them.
-
-Every family base is a direct child of `PyBatchError` and is followed by its leaves; a leaf with
-two families sits with the later one. Messages never contain SQL, parameter values, row
-contents or the connection string (docs/contract.md, Redaction). The test also lists every
-difference from the contract's catalogue. After editing a row, regenerate docs/errors.md with
-`python tools/errors_catalogue.py`.
+A row is a class: name, bases (its families), fields (keyword-only, frozen), a `message` built
+from the fields only (never SQL, values, rows or the DSN) and a one-line hint as docstring.
+Each family base, a direct child of `PyBatchError`, is followed by its leaves. `catalogue()`
+renders docs/errors.md (regenerate with `python tools/errors_catalogue.py`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """The `pybatch` operator command line: `pybatch._cli:main`.
 
-Commands call the migrator, the repository, the explorer or the services; none holds SQL. Exit
-codes (docs/operators.md): 0 done (an empty result included, or the
-output's reader stopped reading early), 1 refused (a pybatch error),
-2 usage or configuration, 3 database unavailable, 4 not found, 5 outcome unknown,
-6 permission denied.
+Exit codes (docs/operators.md): 0 done (also when the reader stopped early), 1 refused, 2 usage
+or configuration, 3 unavailable, 4 not found, 5 outcome unknown, 6 permission denied.
 """
 
 from __future__ import annotations
@@ -101,12 +98,10 @@ def exit_code_for(error: BaseException) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; a reader that closed the pipe early (`| head`) ends it quietly.
+    """Run one command; a reader that closed the pipe early (`| head`) ends it quietly (exit 0).
 
-    The handling follows the "Note on SIGPIPE" of Python's `signal` documentation: stdout is
-    flushed here, so a closed pipe surfaces inside the handler and not at interpreter exit, and
-    is then pointed at devnull so that exit's own flush cannot raise again. The reader chose to
-    stop reading: that is not a failure, so the exit code is 0 (docs/operators.md).
+    As in the "Note on SIGPIPE" of Python's `signal` docs: flush here, then point stdout at
+    devnull so the interpreter's own flush at exit cannot raise again.
     """
     try:
         code = _run(argv)

@@ -1,9 +1,7 @@
 """`pybatch dashboard`: serve the read-only web dashboard (the `dashboard` extra, Flask).
 
-Binds 127.0.0.1 by default. Any address that is not loopback must be confirmed with
-`--allow-remote`: the dashboard has no authentication of its own, so it is meant to sit behind a
-reverse proxy that has (docs/operators.md, Dashboard). The server is werkzeug's, threaded, for
-local use; under load run the app in a WSGI server (gunicorn, uwsgi) instead.
+A non-loopback address needs `--allow-remote`: the dashboard has no authentication of its own
+and belongs behind a reverse proxy that has (docs/operators.md, Dashboard).
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Chunk state: the committed progress row of a step, and the parameters of a chunk commit.
+"""Chunk state: the committed progress row of a step, and the parameters of chunks.sql's writes.
 
-Statements: chunks.sql get_step_chunk_state (decoded here), and the parameters of the
-progress UPDATEs: update_step_chunk_commit and update_step_chunk_progress for a step, their
-update_partition_chunk_* twins (which also bind `step_partition_id`) for a partition worker.
+A partition worker's `update_partition_chunk_*` twins also bind `step_partition_id`.
 """
 
 from __future__ import annotations
@@ -37,8 +35,7 @@ def _canonical_jsonb(canonical: bytes) -> CanonicalJsonb:
     return CanonicalJsonb(canonical, dumps=_as_is)
 
 
-# Every chunk commit writes the empty fault state: its canonical payload and checksum are
-# encoded once (the same bytes `to_jsonb` would produce on every commit).
+# Every chunk commit writes the empty fault state, encoded once.
 _EMPTY_FAULT_STATE_PAYLOAD = _canonical_jsonb(FaultStateEnvelope.EMPTY.canonical_bytes())
 _EMPTY_FAULT_STATE_CHECKSUM = FaultStateEnvelope.EMPTY.checksum()
 
@@ -57,12 +54,7 @@ COMMITTED_STEP_STATE_COLUMNS = (
 
 
 def decode_committed_step_state(row: Row) -> CommittedStepState:
-    """Decode a get_step_chunk_state row (columns `COMMITTED_STEP_STATE_COLUMNS`).
-
-    Raises:
-        FaultStateCorrupt: the retained fault state is unusable (it must stop all work).
-        Unavailable: any other column is undecodable.
-    """
+    """Decode a get_step_chunk_state row: FaultStateCorrupt stops all work, else Unavailable."""
     row = row_columns(row, COMMITTED_STEP_STATE_COLUMNS)
     try:
         fault_state = decode_fault_state(row)
@@ -94,11 +86,7 @@ def encode_chunk_commit(
     progress: FaultProgress,
     now: datetime,
 ) -> dict[str, object]:
-    """The parameters of update_step_chunk_commit: the new progress, guarded by `state`.
-
-    Checkpoint and context go as the canonical payload bytes their envelopes were built
-    from (what pybatch hashed), so nothing is parsed or encoded again here.
-    """
+    """The parameters of update_step_chunk_commit: states go as the canonical bytes hashed."""
     return {
         **encode_chunk_progress(fence, state, next_counts, checkpoint, now),
         "context_schema": state_context.schema.value,
@@ -120,12 +108,9 @@ def encode_chunk_progress(
     checkpoint: Checkpoint,
     now: datetime,
 ) -> dict[str, object]:
-    """The parameters of update_step_chunk_progress (counters, checkpoint), guarded by `state`.
-
-    `fence` fences the write: its owner token (and partition) must still own the step
-    (chunks.sql). A partition worker's fence adds `step_partition_id`.
-    """
-    params: dict[str, object] = {
+    """The parameters of update_step_chunk_progress (counters, checkpoint), guarded by `state`."""
+    return {
+        **encode_chunk_rollback(fence, state, now),
         "read_count": next_counts.read,
         "processed_count": next_counts.processed,
         "write_count": next_counts.written,
@@ -134,21 +119,14 @@ def encode_chunk_progress(
         "checkpoint_schema": checkpoint.schema.value,
         "checkpoint_schema_version": checkpoint.schema_version,
         "checkpoint_payload": _canonical_jsonb(checkpoint.payload_json()),
-        "now": now,
-        "step_execution_id": state.step_execution_id,
-        "job_execution_id": state.job_execution_id,
         "expected_version": state.version,
-        "owner_token": None if fence.owner is None else fence.owner.value,
     }
-    if fence.partition_id is not None:
-        params["step_partition_id"] = fence.partition_id
-    return params
 
 
 def encode_chunk_rollback(
     fence: ChunkContext, state: CommittedStepState, now: datetime
 ) -> dict[str, object]:
-    """The parameters of update_step_chunk_rollback: count one rollback of `state`'s step."""
+    """update_step_chunk_rollback's parameters, and the fence every chunk write binds."""
     params: dict[str, object] = {
         "now": now,
         "step_execution_id": state.step_execution_id,

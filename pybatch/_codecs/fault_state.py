@@ -53,11 +53,9 @@ def encode_fault_state(envelope: FaultStateEnvelope) -> FaultStateColumns:
 def decode_fault_state_columns(
     format: object, schema: object, schema_version: object, payload: object, checksum: object
 ) -> FaultStateEnvelope:
-    """Decode and verify the stored columns; corrupt state must stop all work.
+    """Decode and verify the stored columns (re-canonicalised: jsonb reorders keys).
 
-    Only the payload members `checkpoint` and `entries` are read (other members are
-    ignored), and they are re-canonicalised because `jsonb` reorders keys. Every refusal is
-    a FaultStateEnvelopeInvalid whose reason is the first rule broken, in the order below.
+    Corrupt state must stop all work: each refusal names the first rule broken, in this order.
     """
     if _is_empty((format, schema, schema_version, payload, checksum)):
         return FaultStateEnvelope.EMPTY
@@ -83,10 +81,8 @@ def decode_fault_state_columns(
     if len(raw_entries) > FAULT_STATE_MAX_ENTRIES:
         raise fault_state_refusal(FaultStateRefusal.TOO_MANY_ENTRIES)
     entries = tuple(fault_entry_from_payload(raw) for raw in raw_entries)
-    # The constructor refuses duplicate or unsorted keys, emptiness mismatch and size.
+    # Strict entry decoding re-encodes to exactly `canonical`: the checksum covers what was stored.
     envelope = FaultStateEnvelope(bytes.fromhex(checkpoint), entries)
-    # Strict entry decoding means the envelope re-encodes to exactly `canonical`, so the
-    # checksum below covers what was stored, not a normalised variant of it.
     if not isinstance(checksum, bytes | bytearray | memoryview):
         raise fault_state_refusal(FaultStateRefusal.CHECKSUM_MISMATCH)
     if bytes(checksum) != envelope.checksum():

@@ -1,10 +1,8 @@
 """`pybatch demo`: load a CSV with the ETL API, SIGKILL the loader part-way, resume, verify.
 
-On an embedded server (or `--dsn`), a child (`pybatch demo-worker`) COPYs a seeded CSV in
-chunks, each committed with its checkpoint; the parent SIGKILLs it after some committed
-chunks and starts it again, which records an audited OWNER_LOST decision and resumes. Exit 0
-only if the table equals the CSV (count, sha256) and the counters equal the rows. SIGTERM or
-SIGINT stops the child and the server and removes the temporary files.
+A child (`pybatch demo-worker`) COPYs a seeded CSV in checkpointed chunks; the parent SIGKILLs
+it and starts it again, which records an audited OWNER_LOST decision and resumes. Exit 0 only
+if the table equals the CSV and the counters equal the rows.
 """
 
 from __future__ import annotations
@@ -477,11 +475,7 @@ def _recreate_target(uow: UnitOfWork) -> None:
 
 
 def _write_source(path: Path, rows: int, rng: random.Random) -> _Source:
-    """Write the deterministic CSV and fingerprint it the way the table is fingerprinted.
-
-    The fingerprint: sha256 over the data rows in id order (the order they are written), each
-    row's fields comma-joined on a line of its own.
-    """
+    """Write the deterministic CSV; its sha256 covers the rows as the table's digest does."""
     digest = hashlib.sha256()
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle, lineterminator="\n")

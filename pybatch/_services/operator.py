@@ -1,11 +1,8 @@
 """The operator request service: idempotent, audited lifecycle requests.
 
-A recorded (action, operation id) with the same digest replays, with another digest is
-OperationIdConflict. Otherwise the effect and its APPLIED audit row share one unit of work; a
-refusal is recorded REJECTED in a unit of work of its own. A request that finds its effect
-already in place (a stop on a finished run) is recorded APPLIED and reported NOOP. A lost COMMIT
-acknowledgement is OperationOutcomeUnknown: re-running the same operation id replays what was
-recorded, never twice.
+A recorded (action, operation id) replays, or with another digest is OperationIdConflict. An
+effect and its APPLIED audit row share one unit of work; a refusal is recorded REJECTED on its
+own. After OperationOutcomeUnknown, re-running the same operation id replays, never acts twice.
 """
 
 from __future__ import annotations
@@ -86,11 +83,7 @@ class OperatorOutcome:
 
     @property
     def word(self) -> str:
-        """APPLIED, NOOP (applied, nothing changed), REPLAYED or REJECTED, as operators read it.
-
-        NOOP is not a stored outcome class: its audit row says APPLIED, with the status it
-        found as both its prior and its result status.
-        """
+        """APPLIED, NOOP (stored as APPLIED, nothing changed), REPLAYED or REJECTED."""
         return "NOOP" if self.noop else self.outcome.value
 
     def describe(self) -> str:
@@ -224,10 +217,8 @@ class OperatorService:
     ) -> OperatorOutcome:
         """Resolve an orphaned or ambiguous execution FAILED or ABANDONED, audited.
 
-        With `unknown_commit`, FAILED needs reason UNKNOWN_EFFECT (the effect will be reconciled).
-        A lease still fresh on the database clock is a live owner: EXECUTION_ALREADY_ACTIVE unless
-        `force`, which fences the owner in this transaction (its steps and workers end with the
-        execution, so its next chunk commit and lease renewal are refused).
+        With `unknown_commit`, FAILED needs reason UNKNOWN_EFFECT. A fresh lease is a live owner:
+        refused unless `force`, which fences it (its next commit and renewal are refused).
         """
         target = RequestTarget.execution(JobExecutionId(execution_id))
         reason = ReasonCode(recovery.reason_code)

@@ -1,10 +1,8 @@
 """The retention service: idempotent holds and purges of whole histories.
 
 Hold, release and each purge batch replay by operation id like operator requests. A purge runs
-survey -> plan -> apply in bounded batches, each applied in one transaction with its audit record;
-a batch whose plan went stale (a hold, a restart, another purge) deletes nothing and is replanned.
-A hold where the same hold is in place, or a release without a hold, is recorded APPLIED and
-reported NOOP; a purge is summed up APPLIED, REPLAYED (an earlier run did it all) or NOOP.
+survey -> plan -> apply in bounded batches, each in one transaction with its audit record; a
+batch whose plan went stale deletes nothing and is replanned.
 """
 
 from __future__ import annotations
@@ -92,12 +90,7 @@ class PurgeProgress:
 
 @attrs.frozen
 class PurgeSummary:
-    """How a whole purge (one operation id base) was settled.
-
-    APPLIED: this run deleted at least one batch; REPLAYED: every batch was recorded by an
-    earlier run with the same operation id (`batches` and `total` are the recorded ones);
-    NOOP: nothing to purge, and nothing recorded under that id.
-    """
+    """How a whole purge was settled: APPLIED (a batch deleted), REPLAYED (all recorded), NOOP."""
 
     outcome: str
     operation_base: str
@@ -197,11 +190,9 @@ class RetentionService:
     ) -> Iterator[PurgeProgress]:
         """Purge batch after batch until nothing is left; yield after each batch.
 
-        A batch's operation id is `<operation_base>:<first 16 hex of its plan digest>`, so a rerun
-        with the same base replays applied batches and goes on. Each survey resumes at the previous
-        batch's keyset; when it finds nothing, one survey from the start catches instances that
-        became candidates behind it (a hold released meanwhile). A batch stale STALE_RETRIES times
-        in a row raises RetentionPlanStale.
+        A batch's operation id is `<operation_base>:<16 hex of its plan digest>`, so a rerun
+        replays applied batches and goes on. A last survey from the start catches instances
+        that became candidates behind the keyset; STALE_RETRIES stale plans raise.
         """
         if not 1 <= len(operation_base) <= MAX_PURGE_OPERATION_BASE:
             raise ValueError(

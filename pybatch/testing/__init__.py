@@ -1,8 +1,6 @@
 """`pybatch.testing`: what the `pybatch_pytest` plugin's fixtures use (docs/testing.md).
 
-The plugin imports this package only when a test first asks for a fixture, so a run using
-none (or without the `testing` extra) is unaffected. Here: the server, template clones and
-the job runner that can SIGKILL a script at a chosen chunk.
+Imported only when a test first asks for a fixture, so a run using none is unaffected.
 """
 
 from __future__ import annotations

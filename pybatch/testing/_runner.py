@@ -29,9 +29,8 @@ class JobScriptResult:
 class JobRunner:
     """Runs `python SCRIPT ARGS...` with PYBATCH_DSN pointing at the test's database.
 
-    `lease` (seconds, 1 to 3600) is the lease every `Job` of the script uses unless it sets
-    its own (PYBATCH_LEASE_SECONDS): the run after a kill waits at most that long for the
-    dead run's lease instead of the default 10 s.
+    `lease` (seconds, 1 to 3600; PYBATCH_LEASE_SECONDS) bounds how long a run after a kill
+    waits for the dead run's lease, instead of the default 10 s.
     """
 
     def __init__(self, dsn: str, *, python: str, lease: float | None = None) -> None:

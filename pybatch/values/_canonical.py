@@ -20,13 +20,10 @@ MAX_NUMBER_DIGITS = 4300
 def canonical_json(value: object, *, decimals: bool = True) -> bytes:
     """Encode `value` as canonical JSON bytes, the only form pybatch hashes.
 
-    The form is `json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-    allow_nan=False)` except for non-integral numbers: a float (or Decimal) is written in the
-    plain positional notation PostgreSQL's `numeric` prints for it (`1e16` ->
-    `10000000000000000`, `1e-7` -> `0.0000001`, `-0.0` -> `0.0`), so a document hashes to the
-    same bytes before it is written to `jsonb` and after it is read back (docs/tables.md 3.5).
-    Anything jsonb cannot hold back identically (NaN, a NUL, a non-string key) is JsonNotEncodable,
-    and so is a Decimal when `decimals` is False (durable state: it would read back a float).
+    Sorted keys, no spaces, UTF-8; non-integral numbers in the positional notation `numeric`
+    prints (`1e16` -> `10000000000000000`), so a document hashes the same after a jsonb round
+    trip. What jsonb cannot hold back identically (NaN, NUL, a non-string key; a Decimal unless
+    `decimals`) is JsonNotEncodable.
     """
     parts: list[str] = []
     try:

@@ -25,10 +25,8 @@ def _count(instance: object, attribute: attrs.Attribute[int], value: int) -> Non
 class ChunkContext:
     """Which step (of which job execution) a chunk belongs to, and who may commit it.
 
-    `owner` is the token the chunk's commit proves ownership with: the job execution's owner
-    for a step, or the claiming worker's for a partition worker step, which also names its
-    `partition_id`. A chunk whose owner no longer owns the step commits nothing; a context
-    without an owner only reads the step's committed state.
+    `owner` (the execution's, or a partition worker's with its `partition_id`) must still own
+    the step for a commit to land; without one the context only reads committed state.
     """
 
     step_execution_id: int

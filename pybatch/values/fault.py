@@ -47,22 +47,19 @@ _ENTRY_MEMBERS = frozenset({"category", "key", "ordinal", "phase", "revision"})
 class FaultStateRefusal(enum.StrEnum):
     """The `reason` of each `FaultStateEnvelopeInvalid`, one per broken rule."""
 
-    UNSUPPORTED_FORMAT = "unsupported format"  # `fault_state_format` is not 1.
-    UNSUPPORTED_SCHEMA = "unsupported schema"  # not `oxide-batch.fault-state`
-    UNSUPPORTED_SCHEMA_VERSION = "unsupported schema version"  # not 1
-    #: The payload is not an object with a 64-hex `checkpoint` and an `entries` array.
-    MALFORMED = "malformed"
-    TOO_LARGE = "too large"  # The canonical envelope is larger than 64 KiB.
-    #: More entries than the format ceiling (decode) or the policy's state limit (validate_for).
-    TOO_MANY_ENTRIES = "too many entries"
-    #: An entry is not exactly {category, key, ordinal 1..65535, phase, revision}.
+    UNSUPPORTED_FORMAT = "unsupported format"
+    UNSUPPORTED_SCHEMA = "unsupported schema"
+    UNSUPPORTED_SCHEMA_VERSION = "unsupported schema version"
+    MALFORMED = "malformed"  # not an object with a 64-hex `checkpoint` and an `entries` array
+    TOO_LARGE = "too large"
+    TOO_MANY_ENTRIES = "too many entries"  # the format's ceiling, or the policy's state limit
     MALFORMED_ENTRY = "malformed entry"
-    UNKNOWN_ENUMERATION = "unknown enumeration"  # an entry's phase or category does not exist
-    UNSORTED_ENTRIES = "unsorted entries"  # Entries are not in ascending key order.
-    DUPLICATE_KEY = "duplicate key"  # Two entries share one retry key.
+    UNKNOWN_ENUMERATION = "unknown enumeration"
+    UNSORTED_ENTRIES = "unsorted entries"
+    DUPLICATE_KEY = "duplicate key"
     #: Empty with a non-zero checkpoint digest, or non-empty with the zero one.
     CHECKPOINT_EMPTINESS_MISMATCH = "checkpoint emptiness mismatch"
-    CHECKSUM_MISMATCH = "checksum mismatch"  # the checksum does not cover the canonical form
+    CHECKSUM_MISMATCH = "checksum mismatch"
     ORDINAL_ABOVE_LIMIT = "ordinal above limit"  # above the policy's retry limit
     CHECKPOINT_MISMATCH = "checkpoint mismatch"  # entries of a superseded checkpoint generation
 
@@ -73,8 +70,7 @@ def fault_state_refusal(refusal: FaultStateRefusal) -> FaultStateEnvelopeInvalid
 
 
 def _bounded(what: str, minimum: int, maximum: int) -> Validator:
-    # Programmer errors (policy constants in the ETL script), hence ValueError and not a
-    # contract error: errors.py has no retry-policy family.
+    # Programmer errors (policy constants in the ETL script), hence ValueError.
     def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
         if type(value) is not int:
             raise TypeError(f"{what} takes an int")
@@ -263,11 +259,7 @@ def _entries_value(instance: object, attribute: attrs.Attribute[Any], value: obj
 
 @attrs.frozen(repr=False)
 class FaultStateEnvelope:
-    """The bounded, checksummed retry state of one step, tied to one checkpoint generation.
-
-    Construction enforces strictly sorted keys, the all-zero digest exactly when empty and 64 KiB,
-    so every envelope can be encoded and checksummed.
-    """
+    """The bounded, checksummed retry state of one step, tied to one checkpoint generation."""
 
     checkpoint_digest: bytes = attrs.field(validator=_digest("checkpoint digest"))
     entries: tuple[FaultEntry, ...] = attrs.field(validator=_entries_value)
@@ -359,8 +351,7 @@ class FaultStateEnvelope:
         return FaultStateEnvelope(checkpoint_digest, entries)
 
     def __repr__(self) -> str:
-        # Fault payloads and digests are redacted (docs/contract.md, Redaction); the count is safe.
-        return f"FaultStateEnvelope(entry_count={len(self.entries)}, ..)"
+        return f"FaultStateEnvelope(entry_count={len(self.entries)}, ..)"  # digests redacted
 
 
 FaultStateEnvelope.EMPTY = FaultStateEnvelope(_ZERO_DIGEST, ())

@@ -168,25 +168,13 @@ class OperatorRejection:
     @classmethod
     def from_repository(cls, error: BaseException) -> OperatorRejection | None:
         """The audited rejection of a repository error, or None if the error must propagate."""
-        codes = OperatorRejectionCode
-        if isinstance(error, CompletedInstance):
-            return cls.of(codes.INSTANCE_COMPLETED)
-        if isinstance(error, AbandonedInstance):
-            return cls.of(codes.INSTANCE_ABANDONED)
+        for errors, code in _REJECTION_CODES:
+            if isinstance(error, errors):
+                return cls.of(code)
         if isinstance(error, ExecutionAlreadyActive):
             return cls.execution_already_active(
                 JobExecutionId(error.execution_id), BatchStatus(error.status)
             )
-        if isinstance(
-            error, IncompatibleDefinition | RestartStateNotFound | InvalidDefinitionUpgrade
-        ):
-            return cls.of(codes.INCOMPATIBLE_DEFINITION)
-        if isinstance(error, StartLimitExceeded):
-            return cls.of(codes.START_LIMIT_EXCEEDED)
-        if isinstance(error, JobExecutionNotFound):
-            return cls.of(codes.EXECUTION_NOT_FOUND)
-        if isinstance(error, JobInstanceNotFound):
-            return cls.of(codes.INSTANCE_NOT_FOUND)
         if isinstance(error, StaleVersion):
             return cls.optimistic_conflict(error.actual)
         if isinstance(error, IllegalTransition | RestartRequiresNewAttempt):
@@ -194,6 +182,20 @@ class OperatorRejection:
         if isinstance(error, RecoveryNotAllowed):
             return cls.invalid_state(BatchStatus(error.status))
         return None
+
+
+#: Repository errors audited as a rejection whose code carries no details.
+_REJECTION_CODES = (
+    (CompletedInstance, OperatorRejectionCode.INSTANCE_COMPLETED),
+    (AbandonedInstance, OperatorRejectionCode.INSTANCE_ABANDONED),
+    (
+        (IncompatibleDefinition, RestartStateNotFound, InvalidDefinitionUpgrade),
+        OperatorRejectionCode.INCOMPATIBLE_DEFINITION,
+    ),
+    (StartLimitExceeded, OperatorRejectionCode.START_LIMIT_EXCEEDED),
+    (JobExecutionNotFound, OperatorRejectionCode.EXECUTION_NOT_FOUND),
+    (JobInstanceNotFound, OperatorRejectionCode.INSTANCE_NOT_FOUND),
+)
 
 
 @attrs.frozen

@@ -50,20 +50,12 @@ class ParameterValueKind(Code):
     @property
     def digest_tag(self) -> int:
         """The tag byte of the instance-key and flow-input digests (String = 1 ... Bool = 4)."""
-        return _DIGEST_TAGS[self]
+        return list(ParameterValueKind).index(self) + 1
 
     @property
     def display(self) -> str:
         """The kind's display name, used in reprs: String, I64, U64, Bool."""
         return self.value.capitalize()
-
-
-_DIGEST_TAGS = {
-    ParameterValueKind.STRING: 1,
-    ParameterValueKind.I64: 2,
-    ParameterValueKind.U64: 3,
-    ParameterValueKind.BOOL: 4,
-}
 
 
 class ParameterRole(Code):

@@ -1,9 +1,7 @@
 """Checkpoint and ExecutionContext envelopes, bounded and versioned.
 
-An envelope is `{"format", "format_version": 1, "schema", "schema_version", "payload": {..}}`.
-The payload is kept as canonical JSON, floats written as `numeric` prints them (`1e16` ->
-`10000000000000000`), which is what survives a `jsonb` round trip: the generation digest before a
-write equals the one of the state read back, and `payload` re-parses that text.
+An envelope is `{"format", "format_version": 1, "schema", "schema_version", "payload": {..}}`;
+the payload is kept as canonical JSON, so its digest survives a `jsonb` round trip.
 """
 
 from __future__ import annotations
@@ -52,9 +50,7 @@ _U32_MAX = 2**32 - 1
 
 _S = TypeVar("_S", bound="_DurableState")
 
-#: What a checkpoint or context holds: JSON, as `json.loads` gives it back. A datetime, a
-#: Decimal, a set or bytes are not JSON: mypy refuses them in `Chunk.commit`, and at run time
-#: they are StateMalformed naming the key path and the type (store text or an int instead).
+#: What a checkpoint or context holds: JSON, as `json.loads` gives it back (else StateMalformed).
 JsonValue: TypeAlias = (
     bool | int | float | str | Sequence["JsonValue"] | Mapping[str, "JsonValue"] | None
 )
