@@ -41,7 +41,7 @@ from pybatch._config import ConnectionConfig, TlsMode
 from pybatch._demo.embedded import EmbeddedPostgres, EmbeddedPostgresUnavailable
 from pybatch._job_repository import JobRepository
 from pybatch._migrator import migrate
-from pybatch._statements import load_demo_statements
+from pybatch._statements import load_statements
 from pybatch._unit_of_work import UnitOfWork
 from pybatch.errors import ExecutionAlreadyActive, Unavailable
 from pybatch.etl import Job, JobRun, StepRun
@@ -152,7 +152,7 @@ def _launch(job: Job) -> JobRun:
 
 def _load(step: StepRun, csv_path: Path, chunk_size: int) -> None:
     """COPY the CSV from the committed offset on, one chunk (and checkpoint) at a time."""
-    copy_orders = load_demo_statements().copy_demo_orders.query
+    copy_orders = load_statements("demo").copy_demo_orders.query
     offset = int(step.checkpoint.get("offset", 0))
     logging.getLogger("pybatch.demo").info(
         "attempt %s loads from offset %s", step.run.attempt, offset
@@ -367,7 +367,7 @@ def _load_and_verify(
     )
 
     with repository.read_transaction() as conn:
-        digest = load_demo_statements().demo_orders_digest.one(conn)
+        digest = load_statements("demo").demo_orders_digest.one(conn)
     if digest is None:  # an aggregate always returns its row
         raise Unavailable()
     final = attempts[-1]
@@ -468,7 +468,7 @@ def _worker_failed(workers: _Workers, attempt: int, returncode: int) -> int:
 
 
 def _recreate_target(uow: UnitOfWork) -> None:
-    statements = load_demo_statements()
+    statements = load_statements("demo")
     statements.drop_demo_schema.affected(uow.connection)
     statements.create_demo_schema.affected(uow.connection)
     statements.create_demo_orders.affected(uow.connection)

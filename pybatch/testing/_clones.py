@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import psycopg
 
-from pybatch._statements import Statement, load_testing_statements
+from pybatch._statements import Statement, load_statements
 
 #: The name of every database the pool creates starts with it.
 CLONE_PREFIX = "pybatch_test_"
@@ -43,7 +43,7 @@ class _Server(Protocol):
 
 def clone_statement(server_version: int) -> Statement:
     """The fastest way to copy a small template on a server of this `server_version_num`."""
-    statements = load_testing_statements()
+    statements = load_statements("testing")
     if server_version >= _STRATEGY_SINCE:
         return statements.clone_template_by_file_copy
     return statements.clone_template
@@ -69,7 +69,7 @@ class _Admin:
 
     def wait_until_unused(self, name: str, grace: float) -> None:
         """Wait up to `grace` seconds for the sessions of database `name` to end."""
-        count = load_testing_statements().count_database_sessions
+        count = load_statements("testing").count_database_sessions
         deadline = time.monotonic() + grace
         with self._connection() as conn:
             while count.scalar(conn, datname=name) and time.monotonic() < deadline:
@@ -86,7 +86,7 @@ class _Admin:
     def drop(self, name: str) -> None:
         self.wait_until_unused(name, _TEST_GRACE)
         with self._connection() as conn:
-            load_testing_statements().drop_test_database.run_with_identifiers(conn, database=name)
+            load_statements("testing").drop_test_database.run_with_identifiers(conn, database=name)
 
     def close(self) -> None:
         conn, self._conn = self._conn, None
