@@ -22,8 +22,7 @@ from pybatch import _sqlstate
 from pybatch._codecs._primitives import DecodeError, decode_digest, decode_int64
 from pybatch._config import ConnectionConfig
 from pybatch._connect import open_connection
-from pybatch._resources import migrations_dir
-from pybatch._statements import load_statements
+from pybatch._statements import load_statements, migrations_dir
 from pybatch.errors import (
     MigrationChecksumMismatch,
     MigrationHistoryInvalid,

@@ -22,7 +22,27 @@ from psycopg.rows import dict_row
 from sqlalchemy.dialects.postgresql import psycopg as sqlalchemy_psycopg
 
 from pybatch._codecs._primitives import Row as Row
-from pybatch._resources import queries_dir
+
+#: `pybatch/_sql/` in a wheel, else the repository's top, holds `queries/` and `migrations/`.
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def _shipped(name: str) -> Path:
+    for candidate in (_PACKAGE / "_sql" / name, _PACKAGE.parent / name):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"pybatch is installed without its {name}/ folder")
+
+
+def queries_dir() -> Path:
+    """The folder of named pugsql statements."""
+    return _shipped("queries")
+
+
+def migrations_dir() -> Path:
+    """The folder of numbered migration files."""
+    return _shipped("migrations")
+
 
 #: A psycopg connection, whatever its row factory (statements choose their own).
 Connection = psycopg.Connection[Any]
