@@ -49,7 +49,7 @@ def clone_statement(server_version: int) -> Statement:
     return statements.clone_template
 
 
-class _Admin:
+class Admin:
     """One thread's autocommit connection to the maintenance database, reopened on failure."""
 
     def __init__(self, dsn: str) -> None:
@@ -75,8 +75,8 @@ class _Admin:
             while count.scalar(conn, datname=name) and time.monotonic() < deadline:
                 time.sleep(_POLL)
 
-    def clone(self, template: str) -> str:
-        name = f"{CLONE_PREFIX}{uuid.uuid4().hex[:16]}"
+    def clone(self, template: str, prefix: str = CLONE_PREFIX) -> str:
+        name = f"{prefix}{uuid.uuid4().hex[:16]}"
         with self._connection() as conn:
             clone_statement(conn.info.server_version).run_with_identifiers(
                 conn, database=name, template=template
@@ -102,7 +102,7 @@ class ClonePool:
     ) -> None:
         self._dsn = server.maintenance_dsn
         self._template = template
-        self._own = _Admin(self._dsn)  # the caller's thread: depth 0, start and close
+        self._own = Admin(self._dsn)  # the caller's thread: depth 0, start and close
         self._ready: queue.Queue[tuple[str | None, BaseException | None]] = queue.Queue()
         self._tasks: queue.Queue[tuple[str, str | None]] = queue.Queue()
         self._threads: list[threading.Thread] = []
@@ -126,7 +126,7 @@ class ClonePool:
         return len(self._threads)
 
     def _work(self) -> None:
-        admin = _Admin(self._dsn)
+        admin = Admin(self._dsn)
         try:
             while True:
                 kind, name = self._tasks.get()
