@@ -12,7 +12,6 @@ from pybatch._cli._arguments import duration_type
 from pybatch._cli._connection import Commands, add_command, connect, positive_id, progress
 from pybatch._cli.operator import add_request_arguments, request_identity
 from pybatch._services.retention import (
-    MAX_PURGE_OPERATION_BASE,
     PurgeProgress,
     RetentionOutcome,
     RetentionService,
@@ -125,16 +124,11 @@ def _purge(args: argparse.Namespace) -> int:
             print(f"{'total':<10} {_counts_line(total)}")
             return 0
         operation_id, actor = request_identity(args)
-        if len(operation_id.value) > MAX_PURGE_OPERATION_BASE:
-            print(
-                f"pybatch: the operation id of a purge is at most {MAX_PURGE_OPERATION_BASE} bytes",
-                file=sys.stderr,
-            )
-            return 2
+        purge = service.purge(request, operation_id.value, actor, reason)  # checks the id
         expected = service.forecast(request).job_executions
         batches: list[PurgeProgress] = []
         started = _dt.datetime.now(_dt.UTC)
-        for batch in service.purge(request, operation_id.value, actor, reason):
+        for batch in purge:
             batches.append(batch)
             done = batch.total.job_executions
             filled = 30 if not expected else min(30, 30 * done // expected)

@@ -188,10 +188,17 @@ class RetentionService:
         replays applied batches and goes on. A last survey from the start catches instances
         that became candidates behind the keyset; STALE_RETRIES stale plans raise.
         """
-        if not 1 <= len(operation_base) <= MAX_PURGE_OPERATION_BASE:
-            raise ValueError(
-                f"the operation id of a purge is 1 to {MAX_PURGE_OPERATION_BASE} bytes"
+        if len(OperationId(operation_base).value) > MAX_PURGE_OPERATION_BASE:  # checked now
+            raise e.RequestFieldInvalid(
+                field="operation id of a purge",
+                rule=e.TextRule.TOO_LONG,
+                max_bytes=MAX_PURGE_OPERATION_BASE,
             )
+        return self._purge(request, operation_base, actor, reason)
+
+    def _purge(
+        self, request: PurgePlanRequest, operation_base: str, actor: ActorRef, reason: ReasonCode
+    ) -> Iterator[PurgeProgress]:
         total, batch, stale = PurgeCounts(), 0, 0
         after: _Key | None = None
         while True:
