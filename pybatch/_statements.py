@@ -67,19 +67,6 @@ class StatementModeMismatch(TypeError):
 class Statement:
     """One named statement compiled for psycopg; run it with its declared mode's method."""
 
-    __slots__ = (
-        "_order",
-        "_positional",
-        "_prepare",
-        "doc",
-        "filename",
-        "mode",
-        "name",
-        "parameters",
-        "prepared",
-        "query",
-    )
-
     def __init__(self, source: Any) -> None:
         mode = _MODES.get(type(source.result))
         if mode is None:
