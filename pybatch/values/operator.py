@@ -98,22 +98,16 @@ class OperatorRejectionCode(Code):
     UNSUPPORTED_ACTION = "UNSUPPORTED_ACTION"  # The action code is outside the vocabulary.
 
     @property
-    def carries_current_version(self) -> bool:
-        """Whether the rejection records the execution's actual version."""
-        return self is OperatorRejectionCode.OPTIMISTIC_CONFLICT
+    def details(self) -> frozenset[str]:
+        """The details a rejection of this code records, and no other."""
+        return _DETAILS.get(self, frozenset())
 
-    @property
-    def carries_status(self) -> bool:
-        """Whether the rejection records a status."""
-        return self in (
-            OperatorRejectionCode.INVALID_STATE,
-            OperatorRejectionCode.EXECUTION_ALREADY_ACTIVE,
-        )
 
-    @property
-    def carries_execution_id(self) -> bool:
-        """Whether the rejection records the active execution's id."""
-        return self is OperatorRejectionCode.EXECUTION_ALREADY_ACTIVE
+_DETAILS = {
+    OperatorRejectionCode.OPTIMISTIC_CONFLICT: frozenset({"current_version"}),
+    OperatorRejectionCode.INVALID_STATE: frozenset({"status"}),
+    OperatorRejectionCode.EXECUTION_ALREADY_ACTIVE: frozenset({"execution_id", "status"}),
+}
 
 
 @attrs.frozen(kw_only=True)
@@ -129,15 +123,9 @@ class OperatorRejection:
 
     def __attrs_post_init__(self) -> None:
         # The same shape operator_request_rejection_shape enforces in storage.
-        code = self.code
-        for detail, carried in (
-            ("current_version", code.carries_current_version),
-            ("status", code.carries_status),
-            ("execution_id", code.carries_execution_id),
-        ):
-            if (getattr(self, detail) is not None) != carried:
-                verb = "needs" if carried else "carries no"
-                raise ValueError(f"{code.value} {verb} {detail}")
+        details = ("current_version", "status", "execution_id")
+        if {name for name in details if getattr(self, name) is not None} != self.code.details:
+            raise ValueError(f"{self.code.value} carries exactly {sorted(self.code.details)}")
 
     @classmethod
     def of(cls, code: OperatorRejectionCode) -> OperatorRejection:
@@ -261,7 +249,7 @@ class RequestDigest:
         elif isinstance(arguments, DefinitionIdentity):
             writer.text("DEFINITION")
             writer.text(arguments.revision.value)
-            writer.bytes_(arguments.manifest_digest)
+            writer.bytes_(arguments.digest)
         else:
             request = arguments.request
             writer.text("RECOVERY")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import enum
-import unicodedata
 
 import attrs
 
@@ -14,9 +13,14 @@ from pybatch._config import (
     check_max_clock_skew,
     check_stale_threshold,
 )
-from pybatch.errors import RecoveryEvidenceDigestInvalid, RecoveryFieldInvalid, TextRule
+from pybatch.errors import (
+    RecoveryEvidenceDigestInvalid,
+    RecoveryFieldInvalid,
+    TextNotUtf8,
+    TextRule,
+)
 from pybatch.values.ids import IdentifierKind, check_version
-from pybatch.values.names import UNICODE_WHITE_SPACE
+from pybatch.values.names import first_violation
 from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus, FailureSummary
 
@@ -34,17 +38,15 @@ class RecoveryDisposition(enum.Enum):
 
 
 def _check_text(field: str, value: str, max_bytes: int) -> None:
-    """Validation order of names: empty, too long, surrounding whitespace, control character."""
-    if type(value) is not str:
-        raise TypeError(f"{field} is a str")
-    if not value:
-        raise RecoveryFieldInvalid(field=field, rule=TextRule.EMPTY)
-    if len(value.encode("utf-8")) > max_bytes:
-        raise RecoveryFieldInvalid(field=field, rule=TextRule.TOO_LONG, max_bytes=max_bytes)
-    if value[0] in UNICODE_WHITE_SPACE or value[-1] in UNICODE_WHITE_SPACE:
-        raise RecoveryFieldInvalid(field=field, rule=TextRule.SURROUNDING_WHITESPACE)
-    if any(unicodedata.category(character) == "Cc" for character in value):
-        raise RecoveryFieldInvalid(field=field, rule=TextRule.CONTROL_CHARACTER)
+    """The names' rules in their order (values/names.py), refused as the recovery's error."""
+    violation = first_violation(value, max_bytes)
+    if violation is None:
+        return
+    rule = violation[0]
+    if rule is None:
+        raise TextNotUtf8(kind=f"recovery {field}")
+    bound = max_bytes if rule is TextRule.TOO_LONG else None
+    raise RecoveryFieldInvalid(field=field, rule=rule, max_bytes=bound)
 
 
 def _member_name(member: enum.Enum) -> str:
