@@ -32,6 +32,20 @@ def version(instance: object, attribute: attrs.Attribute[Any], value: object) ->
     check_version(value)
 
 
+def fixed_bytes(length: int) -> Validator:
+    """A byte string of exactly `length` bytes (a digest, a token)."""
+
+    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if type(value) is not bytes or len(value) != length:
+            raise ValueError(f"{attribute.name} is exactly {length} bytes")
+
+    return check
+
+
+#: A SHA-256 digest.
+digest = fixed_bytes(32)
+
+
 def optional_version(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is not None:
         version(instance, attribute, value)

@@ -25,7 +25,7 @@ from pybatch.errors import (
     StartLimitExceeded,
 )
 from pybatch.values._canonical import CanonicalWriter
-from pybatch.values._fields import Code, is_, maybe, optional_version
+from pybatch.values._fields import Code, digest, is_, maybe, optional_version
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.ids import (
     IdentifierKind,
@@ -222,11 +222,7 @@ class RecoveryArguments:
 class RequestDigest:
     """SHA-256 of a request without the actor: equal digests are one request, else a conflict."""
 
-    value: bytes
-
-    def __attrs_post_init__(self) -> None:
-        if type(self.value) is not bytes or len(self.value) != 32:
-            raise ValueError("a request digest is 32 bytes")
+    value: bytes = attrs.field(validator=digest)
 
     @classmethod
     def compute(

@@ -19,10 +19,12 @@ from pybatch.errors import (
     TextNotUtf8,
     TextRule,
 )
+from pybatch.values._fields import digest
 from pybatch.values.ids import IdentifierKind, check_version
 from pybatch.values.names import first_violation
 from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus, FailureSummary
+from pybatch.values.timestamps import aware_utc
 
 
 class RecoveryDisposition(enum.Enum):
@@ -125,8 +127,10 @@ class RecoveryDecision:
     resulting_status: BatchStatus = attrs.field(repr=_member_name)
     reason_code: str
     operator_reference: str
-    evidence_digest: bytes = attrs.field(repr=_redacted)
-    decided_at: datetime.datetime = attrs.field(repr=lambda at: repr(at.isoformat()))
+    evidence_digest: bytes = attrs.field(repr=_redacted, validator=digest)
+    decided_at: datetime.datetime = attrs.field(
+        converter=aware_utc, repr=lambda at: repr(at.isoformat())
+    )
 
     def __attrs_post_init__(self) -> None:
         check_version(self.execution_version)
@@ -136,10 +140,6 @@ class RecoveryDecision:
             raise ValueError("resulting_status is FAILED or ABANDONED")
         _check_text("reason code", self.reason_code, 64)
         _check_text("operator reference", self.operator_reference, 128)
-        if type(self.evidence_digest) is not bytes or len(self.evidence_digest) != 32:
-            raise ValueError("evidence_digest is 32 bytes")
-        if self.decided_at.tzinfo is None:
-            raise ValueError("decided_at is timezone-aware")
 
 
 @attrs.frozen

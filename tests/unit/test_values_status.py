@@ -9,7 +9,8 @@ import pytest
 from pybatch import errors
 from pybatch.values.counts import ExecutionCounts, StepFaultCounts
 from pybatch.values.ids import INT64_MAX
-from pybatch.values.status import BatchStatus, ExitStatus, FailureCategory, FailureSummary
+from pybatch.values.names import ExitCode
+from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from pybatch.values.timestamps import ExecutionTimestamps, aware_utc
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
@@ -36,7 +37,7 @@ def test_batch_status_codes_and_properties() -> None:
 
 
 def test_exit_status_is_exit_code() -> None:
-    assert ExitStatus.UNKNOWN.value == "UNKNOWN"
+    assert ExitCode.UNKNOWN.value == "UNKNOWN"
 
 
 POLICY_ELIGIBLE = {
