@@ -76,10 +76,7 @@ def decode_identifying_parameters(
         except (PyBatchError, TypeError):
             raise DecodeError(column) from None
         pairs.append((name, JobParameter(value, identifying=True)))
-    try:
-        return JobParameters.from_pairs(pairs)
-    except PyBatchError:
-        raise DecodeError(column) from None
+    return JobParameters.from_pairs(pairs)  # a JSON object names each parameter once
 
 
 def encode_job_instance_key(key: JobInstanceKey) -> dict[str, object]:

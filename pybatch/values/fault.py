@@ -24,7 +24,7 @@ from pybatch.errors import (
     StaleReservation,
 )
 from pybatch.values._canonical import canonical_json, sha256
-from pybatch.values._fields import Code, is_
+from pybatch.values._fields import Code, digest, is_
 from pybatch.values.ids import UINT64_MAX, Validator
 from pybatch.values.names import ClassifierRevision, StepName
 from pybatch.values.status import BatchStatus, FailureCategory
@@ -85,13 +85,6 @@ def _check_digest(value: object, what: str) -> None:
         raise TypeError(f"{what} takes bytes")
     if len(value) != _DIGEST_BYTES:
         raise ValueError(f"{what} must be exactly {_DIGEST_BYTES} bytes")
-
-
-def _digest(what: str) -> Validator:
-    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-        _check_digest(value, what)
-
-    return check
 
 
 @attrs.frozen(order=True)
@@ -165,7 +158,7 @@ _RESERVABLE = frozenset({FaultPhase.READ, FaultPhase.PROCESS, FaultPhase.WRITE})
 class RetryKey:
     """Opaque 32-byte digest of one retryable unit of work; ordered by bytes, repr redacted."""
 
-    digest: bytes = attrs.field(validator=_digest("RetryKey"), repr=lambda _: "<redacted>")
+    digest: bytes = attrs.field(validator=digest, repr=lambda _: "<redacted>")
 
     @classmethod
     def derive(
@@ -261,7 +254,7 @@ def _entries_value(instance: object, attribute: attrs.Attribute[Any], value: obj
 class FaultStateEnvelope:
     """The bounded, checksummed retry state of one step, tied to one checkpoint generation."""
 
-    checkpoint_digest: bytes = attrs.field(validator=_digest("checkpoint digest"))
+    checkpoint_digest: bytes = attrs.field(validator=digest)
     entries: tuple[FaultEntry, ...] = attrs.field(validator=_entries_value)
     _canonical: bytes = attrs.field(init=False, eq=False, hash=False)
 
