@@ -145,11 +145,6 @@ class FaultPhase(Code):
         """Whether a retry can be reserved: only read, process and write have retry counters."""
         return self in _RESERVABLE
 
-    @classmethod
-    def from_durable_name(cls, name: str) -> FaultPhase | None:
-        """Return the phase stored as `name`, or None for unknown text (never coerced)."""
-        return next((member for member in cls if member.value == name), None)
-
 
 _RESERVABLE = frozenset({FaultPhase.READ, FaultPhase.PROCESS, FaultPhase.WRITE})
 
@@ -207,7 +202,7 @@ class FaultEntry:
     def to_payload(self) -> dict[str, object]:
         """Return the entry's JSON object, members as docs/tables.md 3.6 names them."""
         return {
-            "category": self.category.durable_code,
+            "category": self.category.value,
             "key": self.key.hex(),
             "ordinal": self.ordinal.value,
             "phase": self.phase.value,
@@ -224,8 +219,8 @@ def fault_entry_from_payload(raw: object) -> FaultEntry:
         raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
     if type(phase_name) is not str or type(category_code) is not str:
         raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
-    phase = FaultPhase.from_durable_name(phase_name)
-    category = FailureCategory.from_durable_code(category_code)
+    phase = FaultPhase.from_code(phase_name)
+    category = FailureCategory.from_code(category_code)
     if phase is None or category is None:
         raise fault_state_refusal(FaultStateRefusal.UNKNOWN_ENUMERATION)
     ordinal, revision_text = raw["ordinal"], raw["revision"]

@@ -644,8 +644,8 @@ def test_phase_names_are_the_durable_names() -> None:
         "listener",
         "backoff",
     ]
-    assert FaultPhase.from_durable_name("write") is FaultPhase.WRITE
-    assert FaultPhase.from_durable_name("Write") is None
+    assert FaultPhase.from_code("write") is FaultPhase.WRITE
+    assert FaultPhase.from_code("Write") is None
 
 
 # --------------------------------------------------------------------------- retry key
