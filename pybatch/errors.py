@@ -669,6 +669,10 @@ class EmptyStatusSet(RetentionError):
 class RetentionPlanStale(RetentionError, RepositoryError):
     """Apply found the plan's candidates changed since the survey; nothing was deleted."""
     message = "the purge plan is stale and nothing was deleted"
+class InstanceHeld(RetentionError):
+    """The instance is held (vocabulary only)."""
+    message = "job instance {job_instance_id} is held"
+    job_instance_id: int
 # One class each for the operator's and the retention service's variants of the same error.
 class OperationIdConflict(OperatorError, RetentionError):
     """The operation id is already recorded for this action with another request; use a new id."""

@@ -17,7 +17,7 @@ class Code(enum.Enum):
         return str(self.value)
 
     @classmethod
-    def from_code(cls, code: object) -> Self | None:
+    def from_durable_code(cls, code: object) -> Self | None:
         """The member stored as `code`, or None for anything else (never coerced)."""
         return next((member for member in cls if member.value == code), None)
 

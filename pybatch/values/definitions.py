@@ -114,6 +114,11 @@ class DefinitionIdentity:
         """SHA-256 of `canonical_manifest` (the stored `manifest_digest`)."""
         return self._digest
 
+    @property
+    def manifest_digest(self) -> bytes:
+        """Alias of `digest`, named like the column."""
+        return self._digest
+
     def manifest(self) -> dict[str, Any]:
         """A fresh parsed copy of the manifest (what the `manifest` jsonb column stores)."""
         return cast("dict[str, Any]", json.loads(self.canonical_manifest))

@@ -96,11 +96,6 @@ class RetryOrdinal:
     INITIAL: ClassVar[RetryOrdinal]  # The initial, non-retried call.
     MAX: ClassVar[RetryOrdinal]  # The largest ordinal (u16).
 
-    @property
-    def is_initial(self) -> bool:
-        """Whether this is the first call (never reserved)."""
-        return self.value == 0
-
 
 RetryOrdinal.INITIAL = RetryOrdinal(0)
 RetryOrdinal.MAX = RetryOrdinal(_U16_MAX)
@@ -113,10 +108,6 @@ class RetryLimit:
     value: int = attrs.field(validator=_bounded("RetryLimit", 0, _U16_MAX))
 
     NONE: ClassVar[RetryLimit]  # A policy that never retries.
-
-    def permits(self, ordinal: RetryOrdinal) -> bool:
-        """Whether `ordinal` may be reserved: a retry (not the first call) within the limit."""
-        return not ordinal.is_initial and ordinal.value <= self.value
 
 
 RetryLimit.NONE = RetryLimit(0)
@@ -219,8 +210,8 @@ def fault_entry_from_payload(raw: object) -> FaultEntry:
         raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
     if type(phase_name) is not str or type(category_code) is not str:
         raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
-    phase = FaultPhase.from_code(phase_name)
-    category = FailureCategory.from_code(category_code)
+    phase = FaultPhase.from_durable_code(phase_name)
+    category = FailureCategory.from_durable_code(category_code)
     if phase is None or category is None:
         raise fault_state_refusal(FaultStateRefusal.UNKNOWN_ENUMERATION)
     ordinal, revision_text = raw["ordinal"], raw["revision"]

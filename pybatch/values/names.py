@@ -148,10 +148,22 @@ class DefinitionUpgradeKey(_DefinitionToken):
     _KIND = "definition upgrade key"
 
 
+class ComponentRevision(_DefinitionToken):
+    """A revision token of one opaque executable component."""
+
+    _KIND = "component revision"
+
+
 class ClassifierRevision(_DefinitionToken):
     """A revision token of one bounded fault classifier (fault-state entries carry it)."""
 
     _KIND = "classifier revision"
+
+
+class DeciderRevision(_DefinitionToken):
+    """A revision token of one flow decider."""
+
+    _KIND = "decider revision"
 
 
 class StateSchemaId(_DefinitionToken):

@@ -1,16 +1,17 @@
-"""BatchStatus, FailureCategory and FailureSummary; values are the durable codes.
-
-The exit status of an execution is exactly one ExitCode (values/names.py), apart from its status.
-"""
+"""BatchStatus, ExitStatus, FailureCategory and FailureSummary; values are the durable codes."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeAlias
 
 import attrs
 
 from pybatch.values._fields import Code, is_
 from pybatch.values.ids import FailureId, IdentifierKind, check_identifier
+from pybatch.values.names import ExitCode
+
+#: The exit status of an execution is exactly one ExitCode, kept apart from its BatchStatus.
+ExitStatus: TypeAlias = ExitCode
 
 
 class BatchStatus(Code):

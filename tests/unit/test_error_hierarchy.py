@@ -327,7 +327,6 @@ NOT_DEFINED: dict[str, str] = {
     "Identifier(IdGenerationError)": "by contract: pybatch's repository has no IdGenerator",
     "LifecycleError.NotRestartable": "by contract: the domain restart function is unused",
     "LifecycleError.AttemptIdentifierReused": "by contract: the domain restart function is unused",
-    "RetentionError.InstanceHeld": "by design: a hold keeps an instance out of a purge silently",
     "ExplorerError.UnsupportedCapability": (
         "by design: an unknown explorer query cannot be expressed (ExplorerQuery is an enum)"
     ),

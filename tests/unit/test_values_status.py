@@ -9,8 +9,7 @@ import pytest
 from pybatch import errors
 from pybatch.values.counts import ExecutionCounts, StepFaultCounts
 from pybatch.values.ids import INT64_MAX
-from pybatch.values.names import ExitCode
-from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+from pybatch.values.status import BatchStatus, ExitStatus, FailureCategory, FailureSummary
 from pybatch.values.timestamps import ExecutionTimestamps, aware_utc
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
@@ -37,7 +36,7 @@ def test_batch_status_codes_and_properties() -> None:
 
 
 def test_exit_status_is_exit_code() -> None:
-    assert ExitCode.UNKNOWN.value == "UNKNOWN"
+    assert ExitStatus.UNKNOWN.value == "UNKNOWN"
 
 
 POLICY_ELIGIBLE = {
@@ -54,10 +53,10 @@ def test_failure_categories() -> None:
     for category in FailureCategory:
         assert category.as_str == category.value.lower()
         assert category.policy_eligible == (category.value in POLICY_ELIGIBLE)
-        assert FailureCategory.from_code(category.value) is category
+        assert FailureCategory.from_durable_code(category.value) is category
     assert FailureCategory.USER_COMPONENT.as_str == "user_component"
-    assert FailureCategory.from_code("user_component") is None
-    assert FailureCategory.from_code("NOPE") is None
+    assert FailureCategory.from_durable_code("user_component") is None
+    assert FailureCategory.from_durable_code("NOPE") is None
 
 
 def test_failure_summary() -> None:
