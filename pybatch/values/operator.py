@@ -245,7 +245,7 @@ class RequestDigest:
         elif isinstance(arguments, DefinitionIdentity):
             writer.text("DEFINITION")
             writer.text(arguments.revision.value)
-            writer.bytes_(arguments.digest)
+            writer.bytes_(arguments.manifest_digest)
         else:
             request = arguments.request
             writer.text("RECOVERY")
