@@ -96,15 +96,6 @@ class ExecutionMetadata:
         if self.status is BatchStatus.FAILED and self.failure is None:
             raise FailedExecutionMissingFailure()
 
-    @classmethod
-    def starting(cls, created_at: _dt.datetime) -> ExecutionMetadata:
-        """The metadata of a new execution or step: STARTING, exit UNKNOWN, zero counters."""
-        return cls(
-            status=BatchStatus.STARTING,
-            exit_status=ExitCode.UNKNOWN,
-            timestamps=ExecutionTimestamps(created_at),
-        )
-
 
 def _check_expected(version: int, expected_version: int) -> None:
     if type(version) is not int or type(expected_version) is not int:
