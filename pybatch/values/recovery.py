@@ -19,8 +19,8 @@ from pybatch.errors import (
     TextNotUtf8,
     TextRule,
 )
-from pybatch.values._fields import digest
-from pybatch.values.ids import IdentifierKind, check_version
+from pybatch.values._fields import digest, version
+from pybatch.values.ids import IdentifierKind
 from pybatch.values.names import first_violation
 from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus, FailureSummary
@@ -63,7 +63,7 @@ def _redacted(value: object) -> str:
 class RecoveryRequest:
     """An operator's audited decision about an unresolved execution at a known version."""
 
-    expected_version: int
+    expected_version: int = attrs.field(validator=version)
     disposition: RecoveryDisposition = attrs.field(repr=_member_name)
     reason_code: str
     operator_reference: str
@@ -71,7 +71,6 @@ class RecoveryRequest:
     failure: FailureSummary | None = attrs.field(default=None, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        check_version(self.expected_version)
         _check_text("reason code", self.reason_code, 64)
         _check_text("operator reference", self.operator_reference, 128)
         if type(self.evidence_digest) is not bytes or len(self.evidence_digest) != 32:
@@ -122,7 +121,7 @@ class RecoveryDecision:
 
     id: int = attrs.field(validator=IdentifierKind.RECOVERY_DECISION.validator)
     job_execution_id: int = attrs.field(validator=IdentifierKind.JOB_EXECUTION.validator)
-    execution_version: int  # The version observed before the decision.
+    execution_version: int = attrs.field(validator=version)  # observed before the decision
     prior_status: BatchStatus = attrs.field(repr=_member_name)
     resulting_status: BatchStatus = attrs.field(repr=_member_name)
     reason_code: str
@@ -133,7 +132,6 @@ class RecoveryDecision:
     )
 
     def __attrs_post_init__(self) -> None:
-        check_version(self.execution_version)
         if not self.prior_status.is_unresolved:
             raise ValueError("prior_status is an unresolved status")
         if self.resulting_status not in (BatchStatus.FAILED, BatchStatus.ABANDONED):
