@@ -148,6 +148,7 @@ class ClonePool:
         try:
             if self._executor is not None:
                 self._executor.shutdown()  # the queued clones and drops run first
+                self._executor = None  # a closed pool clones and drops in the caller's thread
             for admin in self._admins:
                 admin.close()
             unused = [clone.result() for clone in self._clones if clone.exception() is None]
