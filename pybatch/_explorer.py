@@ -25,6 +25,7 @@ import psycopg
 
 from pybatch import _skips
 from pybatch._codecs import explorer as codec
+from pybatch._codecs._jsonb import CanonicalJsonb, to_jsonb
 from pybatch._codecs._primitives import DecodeError, Row
 from pybatch._job_repository import JobRepository
 from pybatch._statements import Statement
@@ -57,6 +58,7 @@ from pybatch.values.explorer import (
     OrderedKey,
     Page,
     PageSize,
+    ParameterFilter,
     RunningExecution,
     StepExecutionProjection,
     StepPartitionProjection,
@@ -100,6 +102,11 @@ def _row_size(item: object) -> int:
     return len(_ENCODER.encode(document).encode("utf-8"))
 
 
+def _documents(parameters: ParameterFilter | None) -> list[CanonicalJsonb]:
+    """The jsonb[] of identifying-parameter fragments `parameters` matches; none: `{}`, any."""
+    return [to_jsonb(d) for d in ([{}] if parameters is None else parameters.documents())]
+
+
 _CHILD_DECODERS: dict[ExplorerQuery, Callable[[Row], Any]] = {
     ExplorerQuery.STEP_EXECUTIONS: codec.decode_step_projection,
     ExplorerQuery.RECOVERY_DECISIONS: codec.decode_recovery_decision,
@@ -122,6 +129,7 @@ class JobExplorer:
             ExplorerQuery.INSTANCES: q.explore_ceiling_instances,
             ExplorerQuery.EXECUTIONS: q.explore_ceiling_executions,
             ExplorerQuery.UNRESOLVED_EXECUTIONS: q.explore_ceiling_executions,
+            ExplorerQuery.PARAMETER_EXECUTIONS: q.explore_ceiling_executions,
             ExplorerQuery.STEP_EXECUTIONS: q.explore_ceiling_step_executions,
             ExplorerQuery.RECOVERY_DECISIONS: q.explore_ceiling_recovery_decisions,
             ExplorerQuery.FLOW_DECISIONS: q.explore_ceiling_flow_decisions,
@@ -262,21 +270,33 @@ class JobExplorer:
         )
 
     def instances(
-        self, job_name: str, page_size: PageSize | None = None, after: Cursor | None = None
+        self,
+        job_name: str,
+        page_size: PageSize | None = None,
+        after: Cursor | None = None,
+        parameters: ParameterFilter | None = None,
     ) -> Page[JobInstanceProjection]:
-        """Instances of `job_name`, newest first; an unknown name gives an empty page."""
+        """Instances of `job_name` (with `parameters`), newest first; unknown: an empty page."""
         if type(job_name) is not str:
             raise TypeError("job_name must be a str")
 
         def fetch(conn: Conn, key: CursorKey | None, bounds: dict[str, int]) -> list[Row]:
             before = key.id if isinstance(key, IdentityKey) else INT64_MAX
-            return self._statements.explore_instances.many(
-                conn, job_name=job_name, before_id=before, **bounds
+            if parameters is None:
+                return self._statements.explore_instances.many(
+                    conn, job_name=job_name, before_id=before, **bounds
+                )
+            return self._statements.explore_instances_with_parameters.many(
+                conn,
+                job_name=job_name,
+                parameter_documents=_documents(parameters),
+                before_id=before,
+                **bounds,
             )
 
         return self._page(
             ExplorerQuery.INSTANCES,
-            job_name,
+            job_name if parameters is None else [job_name, parameters.pairs],
             page_size,
             after,
             fetch,
@@ -315,6 +335,32 @@ class JobExplorer:
                 JobInstanceNotFound(id=job_instance_id),
                 {"job_instance_id": job_instance_id},
             ),
+        )
+
+    def executions_with_parameters(
+        self,
+        parameters: ParameterFilter,
+        page_size: PageSize | None = None,
+        after: Cursor | None = None,
+    ) -> Page[JobExecutionProjection]:
+        """Executions of every instance with `parameters`, of any job, newest (highest id) first."""
+
+        def fetch(conn: Conn, key: CursorKey | None, bounds: dict[str, int]) -> list[Row]:
+            return self._statements.explore_executions_with_parameters.many(
+                conn,
+                parameter_documents=_documents(parameters),
+                before_id=key.id if isinstance(key, IdentityKey) else INT64_MAX,
+                **bounds,
+            )
+
+        return self._page(
+            ExplorerQuery.PARAMETER_EXECUTIONS,
+            parameters.pairs,
+            page_size,
+            after,
+            fetch,
+            codec.decode_execution_projection,
+            lambda item: IdentityKey(item.id),
         )
 
     def job_exists(self, job_name: str) -> bool:
@@ -517,8 +563,9 @@ class JobExplorer:
         minimum_age: _dt.timedelta,
         page_size: PageSize | None = None,
         after: Cursor | None = None,
+        parameters: ParameterFilter | None = None,
     ) -> Page[JobExecutionProjection]:
-        """Unresolved executions not updated for `minimum_age` (60 s or more): database clock.
+        """Unresolved executions not updated for `minimum_age` (60 s or more), with `parameters`.
 
         The cutoff is the server's statement time minus the age, to the microsecond, so a client
         whose clock is wrong neither hides a stale run nor lists a fresh one.
@@ -532,13 +579,14 @@ class JobExplorer:
             return self._statements.explore_unresolved_executions.many(
                 conn,
                 minimum_age_us=age_us,
+                parameter_documents=_documents(parameters),
                 after_id=key.id if isinstance(key, IdentityKey) else 0,
                 **bounds,
             )
 
         return self._page(
             ExplorerQuery.UNRESOLVED_EXECUTIONS,
-            age_us,
+            age_us if parameters is None else [age_us, parameters.pairs],
             page_size,
             after,
             fetch,
