@@ -15,36 +15,19 @@ from typing import Any
 import psycopg
 import pytest
 
-import pybatch._job_repository as repository_module
 from pybatch import JobRepository
 from pybatch import _migrator as migrator
 from pybatch._explorer import JobExplorer
-from pybatch._statements import Connection, Statement, load_statements
 from pybatch.etl import Job, StepRun
 from pybatch.values.explorer import ParameterFilter
 from tests.conftest import plaintext_config
 from tests.contract.test_job_family_isolation import family_block
 from tests.contract.test_least_privilege import grants
+from tests.migrations.older_package import OWNER_HOST, older_package
 from tests.migrations.test_isolation_upgrade import ROLES, as_role, loader
 from tests.migrations.test_lease_upgrade import install_up_to
 
-#: The migration that adds the index and the column.
-OWNER_HOST = 12
 DAY = {"business_date": "2026-12-01"}
-
-
-class ClaimBefore0012:
-    """`claim_execution_owner` as the package before migration 0012 ran it: no owner host."""
-
-    def __init__(self, current: Statement) -> None:
-        self._query = current.query.replace(b"owner_host = %(owner_host)s,\n", b"")
-        assert b"owner_host" not in self._query
-
-    def affected(self, conn: Connection, /, **params: object) -> int:
-        del params["owner_host"]
-        with conn.cursor() as cursor:
-            cursor.execute(self._query, params)
-            return cursor.rowcount
 
 
 @pytest.fixture
@@ -77,11 +60,7 @@ def test_an_isolated_family_upgraded_under_a_live_run_claims_with_its_host_and_i
 ) -> None:
     family = plaintext_config(as_role(blank_database, "pybatch_orders"), pool_size=3)
     applied: list[int] = []
-    with monkeypatch.context() as old_package:
-        old_package.setattr(repository_module, "supported_schema_version", lambda: OWNER_HOST - 1)
-        statements = load_statements()._by_name
-        claim = ClaimBefore0012(statements["claim_execution_owner"])
-        old_package.setitem(statements, "claim_execution_owner", claim)
+    with older_package(monkeypatch, OWNER_HOST - 1):
         with JobRepository.connect(family) as old:
             with pytest.raises(RuntimeError), Job(old, "orders.load", DAY).launch() as failed:
                 failed.step("load", loader(stop_after=4))
