@@ -21,11 +21,11 @@ from pybatch._codecs._primitives import (
     row_columns,
     text_at,
 )
-from pybatch._codecs.instances import decode_identifying_parameters
 from pybatch._codecs.lifecycle import FAILURE_COLUMNS, INSTANT_COLUMNS, decode_failure
 from pybatch._codecs.operator import decode_operator_record
 from pybatch._codecs.partitions import PARTITION_HEAD_COLUMNS
 from pybatch._codecs.steps import COUNT_COLUMNS, STEP_HEAD_COLUMNS
+from pybatch.errors import PyBatchError
 from pybatch.values.explorer import (
     DefinitionDescriptor,
     InstanceTombstone,
@@ -42,6 +42,7 @@ from pybatch.values.explorer import (
     StepPartitionProjection,
 )
 from pybatch.values.ids import INT64_MAX
+from pybatch.values.parameters import ParameterValue, ParameterValueKind
 from pybatch.values.status import BatchStatus, FailureReason
 
 
@@ -107,6 +108,7 @@ PARTITION_PROJECTION_COLUMNS = (
     *_envelope_columns("context"),
 )
 
+_KINDS = {kind.json_tag: kind for kind in ParameterValueKind}
 _COUNT_FIELDS = ("read", "processed", "written", "filtered", "commits", "rollbacks")
 
 
@@ -207,12 +209,22 @@ def decode_instance_projection(row: Row) -> JobInstanceProjection:
 
 
 def _parameters(row: Row) -> tuple[ParameterDescriptor, ...]:
-    """The identifying parameters, in name (UTF-8 byte) order, checked as a launch wrote them."""
-    parameters = decode_identifying_parameters(row["identifying_parameters"])
-    return tuple(
-        ParameterDescriptor(name.value, parameter.kind.json_tag, parameter.value.value)
-        for name, parameter in parameters.items()
-    )
+    """The identifying parameters in name (UTF-8 byte) order; each value checked by its kind.
+
+    Lighter than decode_identifying_parameters (no digest-input rules: pages only display).
+    """
+    document = row["identifying_parameters"]
+    if type(document) is not dict:
+        raise DecodeError("identifying_parameters")
+    parameters = []
+    for name in sorted(document, key=str.encode):
+        envelope = document[name]
+        try:
+            value = ParameterValue(_KINDS[envelope["type"]], envelope["value"]).value
+        except (KeyError, TypeError, PyBatchError):
+            raise DecodeError("identifying_parameters") from None
+        parameters.append(ParameterDescriptor(name, envelope["type"], value))
+    return tuple(parameters)
 
 
 def _optional_text(row: Row, column: str) -> str | None:
