@@ -107,17 +107,23 @@ def _documents(parameters: ParameterFilter | None) -> list[CanonicalJsonb]:
     return [to_jsonb(d) for d in ([{}] if parameters is None else parameters.documents())]
 
 
-_CHILD_DECODERS: dict[ExplorerQuery, Callable[[Row], Any]] = {
-    ExplorerQuery.STEP_EXECUTIONS: codec.decode_step_projection,
-    ExplorerQuery.RECOVERY_DECISIONS: codec.decode_recovery_decision,
-    ExplorerQuery.FLOW_DECISIONS: codec.decode_flow_decision,
-    ExplorerQuery.STEP_PARTITIONS: codec.decode_partition_projection,
-    ExplorerQuery.OPERATOR_REQUESTS: codec.decode_operator_request,
-}
+@contextmanager
+def _explorer_errors() -> Iterator[None]:
+    """Repository failures as explorer errors; a row that does not decode is Unavailable."""
+    try:
+        yield
+    except DecodeError:
+        raise ExplorerRepositoryError(error=Unavailable()) from None
+    except Unavailable as error:
+        if error.sqlstate == "57014":
+            raise ExplorerTimeout() from None
+        raise ExplorerRepositoryError(error=error) from None
+    except RepositoryError as error:  # PermissionDenied and the like keep their name
+        raise ExplorerRepositoryError(error=error) from None
 
 
 class JobExplorer:
-    """Paged, value-redacted reads over a `JobRepository`'s pool (docs/contract.md, Explorer)."""
+    """Paged reads over a `JobRepository`'s pool (docs/contract.md, Explorer)."""
 
     def __init__(self, repository: JobRepository) -> None:
         self._repository = repository
@@ -154,37 +160,19 @@ class JobExplorer:
         """
         view = JobExplorer(self._repository)
         try:
-            with self._repository.read_transaction() as conn:
+            with _explorer_errors(), self._repository.read_transaction() as conn:
                 view._conn = conn
                 yield view
-        except Unavailable as error:
-            if error.sqlstate == "57014":
-                raise ExplorerTimeout() from None
-            raise ExplorerRepositoryError(error=error) from None
-        except RepositoryError as error:
-            raise ExplorerRepositoryError(error=error) from None
         finally:
             view._conn = None
 
     def _read(self, work: Callable[[Conn], T]) -> T:
         """Run `work` in one read-only transaction, always rolled back; map failures."""
-        if self._conn is not None:  # a pinned view: its transaction maps driver errors on exit
-            try:
+        with _explorer_errors():
+            if self._conn is not None:  # a pinned view: its transaction maps driver errors
                 return work(self._conn)
-            except DecodeError:
-                raise ExplorerRepositoryError(error=Unavailable()) from None
-        try:
             with self._repository.read_transaction() as conn:
-                try:
-                    return work(conn)
-                except DecodeError:
-                    raise ExplorerRepositoryError(error=Unavailable()) from None
-        except Unavailable as error:
-            if error.sqlstate == "57014":
-                raise ExplorerTimeout() from None
-            raise ExplorerRepositoryError(error=error) from None
-        except RepositoryError as error:  # PermissionDenied and the like keep their name
-            raise ExplorerRepositoryError(error=error) from None
+                return work(conn)
 
     def _ceiling(self, conn: Conn, query: ExplorerQuery, job_name: str | None) -> int:
         if query is ExplorerQuery.STEP_SKIPS:
@@ -280,19 +268,15 @@ class JobExplorer:
         if type(job_name) is not str:
             raise TypeError("job_name must be a str")
 
+        q = self._statements
+        statement = (
+            q.explore_instances if parameters is None else q.explore_instances_with_parameters
+        )
+        filtered = {} if parameters is None else {"parameter_documents": _documents(parameters)}
+
         def fetch(conn: Conn, key: CursorKey | None, bounds: dict[str, int]) -> list[Row]:
             before = key.id if isinstance(key, IdentityKey) else INT64_MAX
-            if parameters is None:
-                return self._statements.explore_instances.many(
-                    conn, job_name=job_name, before_id=before, **bounds
-                )
-            return self._statements.explore_instances_with_parameters.many(
-                conn,
-                job_name=job_name,
-                parameter_documents=_documents(parameters),
-                before_id=before,
-                **bounds,
-            )
+            return statement.many(conn, job_name=job_name, before_id=before, **filtered, **bounds)
 
         return self._page(
             ExplorerQuery.INSTANCES,
@@ -430,12 +414,24 @@ class JobExplorer:
     ) -> Page[Any]:
         """A page of the rows under one job execution (or, for partitions, step execution)."""
         q = self._statements
-        statement = {
-            ExplorerQuery.STEP_EXECUTIONS: q.explore_step_executions,
-            ExplorerQuery.RECOVERY_DECISIONS: q.explore_recovery_decisions,
-            ExplorerQuery.FLOW_DECISIONS: q.explore_flow_decisions,
-            ExplorerQuery.STEP_PARTITIONS: q.explore_step_partitions,
-            ExplorerQuery.OPERATOR_REQUESTS: q.explore_operator_requests,
+        statement, decode = {
+            ExplorerQuery.STEP_EXECUTIONS: (
+                q.explore_step_executions,
+                codec.decode_step_projection,
+            ),
+            ExplorerQuery.RECOVERY_DECISIONS: (
+                q.explore_recovery_decisions,
+                codec.decode_recovery_decision,
+            ),
+            ExplorerQuery.FLOW_DECISIONS: (q.explore_flow_decisions, codec.decode_flow_decision),
+            ExplorerQuery.STEP_PARTITIONS: (
+                q.explore_step_partitions,
+                codec.decode_partition_projection,
+            ),
+            ExplorerQuery.OPERATOR_REQUESTS: (
+                q.explore_operator_requests,
+                codec.decode_operator_request,
+            ),
         }[query]
         # Flow decisions page by (sequence, id), every other child listing by id.
         ordered = query is ExplorerQuery.FLOW_DECISIONS
@@ -463,7 +459,6 @@ class JobExplorer:
         def key_of(item: Any) -> CursorKey:
             return OrderedKey(item.sequence, item.id) if ordered else IdentityKey(item.id)
 
-        decode = _CHILD_DECODERS[query]
         return self._page(query, parent_id, page_size, after, fetch, decode, key_of, exists_check)
 
     def step_executions(

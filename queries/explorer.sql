@@ -156,8 +156,20 @@ LIMIT :row_limit;
 
 -- :name explore_instances_with_parameters :many
 -- :doc explore_instances restricted to the instances whose identifying parameters contain one
--- of parameter_documents: a bitmap of the matching instances from
--- job_instance_parameter_values, so a page costs what the filter matches, not the history.
+-- of parameter_documents. The matching instances are found first, as a set (a bitmap from
+-- job_instance_parameter_values, with job_instance_name_identity), then the page is sorted from
+-- them: a page costs what the filter matches within the job, never a walk of the job's history
+-- in id order betting on an early match (MATERIALIZED keeps the planner from that bet).
+WITH filtered_instance AS MATERIALIZED (
+    SELECT candidate.id
+    FROM pybatch.job_instance AS candidate
+    WHERE
+        candidate.job_name = :job_name
+        AND candidate.identifying_parameters @> ANY(CAST(:parameter_documents AS JSONB[]))
+        AND candidate.id <= :ceiling
+        AND candidate.id < :before_id
+)
+
 SELECT
     instance.id,
     instance.job_name,
@@ -170,12 +182,8 @@ SELECT
     instance.final_status,
     instance.purged_at,
     instance.identifying_parameters
-FROM pybatch.job_instance AS instance
-WHERE
-    instance.job_name = :job_name
-    AND instance.identifying_parameters @> ANY(CAST(:parameter_documents AS JSONB[]))
-    AND instance.id <= :ceiling
-    AND instance.id < :before_id
+FROM filtered_instance
+INNER JOIN pybatch.job_instance AS instance ON filtered_instance.id = instance.id
 ORDER BY instance.id DESC
 LIMIT :row_limit;
 
@@ -405,18 +413,25 @@ LIMIT :row_limit;
 
 -- :name explore_executions_with_parameters :many
 -- :doc Executions of every instance whose identifying parameters contain one of
--- parameter_documents (a bitmap of the matching instances from job_instance_parameter_values,
--- then job_execution_attempt_unique for their attempts), id descending before before_id with id
--- <= ceiling; the page is chosen first, so derived counts are summed for its rows only.
-WITH page AS (
-    SELECT execution.id
-    FROM pybatch.job_instance AS instance
-    INNER JOIN pybatch.job_execution AS execution ON instance.id = execution.job_instance_id
+-- parameter_documents, id descending before before_id with id <= ceiling. The matching
+-- instances are found first, as a set (a bitmap from job_instance_parameter_values), then their
+-- attempts (job_execution_attempt_unique), and the page is sorted from those: a page costs what
+-- the filter matches, never a walk of the history in id order betting on an early match
+-- (MATERIALIZED keeps the planner from that bet). Derived counts are summed for the page only.
+WITH filtered_instance AS MATERIALIZED (
+    SELECT candidate.id
+    FROM pybatch.job_instance AS candidate
+    WHERE candidate.identifying_parameters @> ANY(CAST(:parameter_documents AS JSONB[]))
+),
+
+page AS (
+    SELECT attempt.id
+    FROM filtered_instance
+    INNER JOIN pybatch.job_execution AS attempt ON filtered_instance.id = attempt.job_instance_id
     WHERE
-        instance.identifying_parameters @> ANY(CAST(:parameter_documents AS JSONB[]))
-        AND execution.id <= :ceiling
-        AND execution.id < :before_id
-    ORDER BY execution.id DESC
+        attempt.id <= :ceiling
+        AND attempt.id < :before_id
+    ORDER BY attempt.id DESC
     LIMIT :row_limit
 )
 

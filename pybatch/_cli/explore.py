@@ -388,7 +388,7 @@ def _instances(args: argparse.Namespace) -> int:
         (
             Column("INSTANCE", ID),
             Column("JOB", TEXT, 4),
-            Column("PARAMETERS", TEXT, 3),
+            Column("PARAMETERS", TEXT),
             Column("CREATED", TIME, 1),
             Column("STATE", STATUS),
             Column("PURGED AT", TIME, 2),
@@ -418,17 +418,13 @@ def _executions(args: argparse.Namespace) -> int:
             argument="INSTANCE", expected="either given or replaced by --param"
         )
     parameters = _parameter_filter(args)
-
-    def fetch(
-        explorer: JobExplorer, size: PageSize, after: Cursor | None
-    ) -> Page[JobExecutionProjection]:
-        if parameters is None:
-            return explorer.executions(args.instance, size, after)
-        return explorer.executions_with_parameters(parameters, size, after)
-
     return _list(
         args,
-        fetch,
+        lambda explorer, size, after: (
+            explorer.executions(args.instance, size, after)
+            if parameters is None
+            else explorer.executions_with_parameters(parameters, size, after)
+        ),
         _EXECUTION_COLUMNS,
         _execution_row,
         "no executions",

@@ -59,38 +59,16 @@ RUNNING_EXECUTION_COLUMNS = (
     *("write_count", "commit_count", "observed_at"),
 )
 INSTANCE_PROJECTION_COLUMNS = (
-    "id",
-    "job_name",
-    "instance_key",
-    "created_at",
-    "hold_actor",
-    "hold_reason",
-    "hold_placed_at",
-    "last_attempt",
-    "final_status",
-    "purged_at",
-    "identifying_parameters",
+    *("id", "job_name", "instance_key", "created_at", "hold_actor", "hold_reason"),
+    *("hold_placed_at", "last_attempt", "final_status", "purged_at", "identifying_parameters"),
 )
 EXECUTION_PROJECTION_COLUMNS = (
-    "id",
-    "job_instance_id",
-    "job_name",
-    "attempt",
-    "status",
-    "exit_code",
+    *("id", "job_instance_id", "job_name", "attempt", "status", "exit_code"),
     *FAILURE_COLUMNS,
     *INSTANT_COLUMNS,
-    "stop_requested_at",
-    "stop_requested_by",
-    "version",
-    "definition_revision",
-    "manifest_format",
-    "manifest_digest",
-    *_envelope_columns("context"),
-    *COUNT_COLUMNS,
-    "owner_host",
-    "identifying_parameters",
-    "owner_recorded",
+    *("stop_requested_at", "stop_requested_by", "version", "definition_revision"),
+    *("manifest_format", "manifest_digest", *_envelope_columns("context"), *COUNT_COLUMNS),
+    *("owner_host", "identifying_parameters", "owner_recorded"),
 )
 STEP_PROJECTION_COLUMNS = (
     *STEP_HEAD_COLUMNS,
@@ -166,9 +144,6 @@ def decode_latest_attempt(row: Row) -> LatestAttempt:
 def decode_running_execution(row: Row) -> RunningExecution:
     """Decode an explore_running_executions row (the step columns are NULL before a step)."""
     row = row_columns(row, RUNNING_EXECUTION_COLUMNS)
-    step_name = row["step_name"]
-    if step_name is not None and type(step_name) is not str:
-        raise DecodeError("step_name")
     return RunningExecution(
         id=int64_at(row, "id"),
         job_name=text_at(row, "job_name"),
@@ -178,7 +153,7 @@ def decode_running_execution(row: Row) -> RunningExecution:
         lease_expires_at=aware_at(row, "lease_expires_at"),
         stop_requested_at=optional_aware_at(row, "stop_requested_at"),
         owner_host=_optional_text(row, "owner_host"),
-        step_name=step_name,
+        step_name=_optional_text(row, "step_name"),
         step_started_at=optional_aware_at(row, "step_started_at"),
         read=optional_int64_at(row, "read_count", 0) or 0,
         written=optional_int64_at(row, "write_count", 0) or 0,
@@ -327,13 +302,8 @@ decode_operator_request = decode_operator_record
 
 
 FAILURE_REASON_COLUMNS = (
-    "step_execution_id",
-    "error_class",
-    "message",
-    "sqlstate",
-    "constraint_name",
-    "table_name",
-    "column_name",
+    *("step_execution_id", "error_class", "message", "sqlstate", "constraint_name"),
+    *("table_name", "column_name"),
 )
 
 

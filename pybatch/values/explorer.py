@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import enum
+import functools
 import hashlib
 import itertools
 import json
@@ -280,18 +281,25 @@ class Page(Generic[T]):
 
 def _json(value: object) -> Any:
     """The documented JSON of a projection: its fields in order, codes, ISO instants, hex."""
-    cls: Any = type(value)
-    if attrs.has(cls):
-        return {f.name: _json(getattr(value, f.name)) for f in attrs.fields(cls)}
     if isinstance(value, enum.Enum):
         return value.value
+    if value is None or isinstance(value, str | int | float):  # the most frequent, checked early
+        return value
     if isinstance(value, _dt.datetime):
         return value.isoformat()
     if isinstance(value, bytes):
         return value.hex()
     if isinstance(value, tuple):
         return [_json(item) for item in value]
-    return value
+    cls: Any = type(value)
+    if not attrs.has(cls):
+        return value
+    return {name: _json(getattr(value, name)) for name in _field_names(cls)}
+
+
+@functools.cache
+def _field_names(cls: Any) -> tuple[str, ...]:
+    return tuple(field.name for field in attrs.fields(cls))
 
 
 class _Projection:
