@@ -413,25 +413,26 @@ LIMIT :row_limit;
 
 -- :name explore_executions_with_parameters :many
 -- :doc Executions of every instance whose identifying parameters contain one of
--- parameter_documents, id descending before before_id with id <= ceiling. The matching
--- instances are found first, as a set (a bitmap from job_instance_parameter_values), then their
--- attempts (job_execution_attempt_unique), and the page is sorted from those: a page costs what
--- the filter matches, never a walk of the history in id order betting on an early match
--- (MATERIALIZED keeps the planner from that bet). Derived counts are summed for the page only.
-WITH filtered_instance AS MATERIALIZED (
-    SELECT candidate.id
+-- parameter_documents, id descending before before_id with id <= ceiling. Every matching
+-- attempt is found first, as a set (a bitmap of the instances from
+-- job_instance_parameter_values, then job_execution_attempt_unique), and the page is sorted from
+-- those: a page costs what the filter matches, never a walk of the history in id order betting
+-- on an early match (MATERIALIZED keeps the planner from that bet, which cost seconds a page).
+-- Derived counts are summed for the page's rows only.
+WITH filtered_attempt AS MATERIALIZED (
+    SELECT attempt.id
     FROM pybatch.job_instance AS candidate
-    WHERE candidate.identifying_parameters @> ANY(CAST(:parameter_documents AS JSONB[]))
+    INNER JOIN pybatch.job_execution AS attempt ON candidate.id = attempt.job_instance_id
+    WHERE
+        candidate.identifying_parameters @> ANY(CAST(:parameter_documents AS JSONB[]))
+        AND attempt.id <= :ceiling
+        AND attempt.id < :before_id
 ),
 
 page AS (
-    SELECT attempt.id
-    FROM filtered_instance
-    INNER JOIN pybatch.job_execution AS attempt ON filtered_instance.id = attempt.job_instance_id
-    WHERE
-        attempt.id <= :ceiling
-        AND attempt.id < :before_id
-    ORDER BY attempt.id DESC
+    SELECT filtered_attempt.id
+    FROM filtered_attempt
+    ORDER BY filtered_attempt.id DESC
     LIMIT :row_limit
 )
 
