@@ -39,7 +39,7 @@ _EXIT_CODES: tuple[tuple[tuple[type[BaseException], ...], int], ...] = (
         (
             *(e.ConfigError, e.DatabaseNotFound, e.TlsVerificationFailed, e.PoolerRefused),
             *(e.SettingsNotApplied, e.PageSizeOutOfRange, e.CursorError),
-            *(e.ExplorerAgeBoundTooSmall, e.RequestFieldError),
+            *(e.ExplorerAgeBoundTooSmall, e.ParameterFilterInvalid, e.RequestFieldError),
         ),
         2,
     ),
