@@ -511,9 +511,6 @@ class ManifestTooLarge(DefinitionError):
 class UpgradeSelfEdge(DefinitionError):
     """An upgrade edge connects a definition to itself."""
     message = "a definition upgrade cannot connect a definition to itself"
-class DuplicateSourceStep(DefinitionError):
-    """An upgrade maps a source step twice."""
-    message = "a definition upgrade maps a source step twice"
 class DuplicateTargetStep(DefinitionError):
     """An upgrade maps two source steps onto one target step."""
     message = "a definition upgrade maps two source steps to one target step"
@@ -608,7 +605,7 @@ class FaultStateCorrupt(RepositoryError, FaultStateError):
     """Durable fault state is unusable; no work may begin."""
     message = "durable fault state is unusable and no work may begin"
 class StaleReservation(FaultStateError):
-    """A retry reservation lost its race, skipped an ordinal or named a non-retryable phase."""
+    """A retry reservation lost its race or skipped an ordinal."""
     message = "retry reservation is stale"
 class CapacityExhausted(FaultStateError):
     """The retry state already holds its maximum number of keys."""
@@ -669,10 +666,6 @@ class EmptyStatusSet(RetentionError):
 class RetentionPlanStale(RetentionError, RepositoryError):
     """Apply found the plan's candidates changed since the survey; nothing was deleted."""
     message = "the purge plan is stale and nothing was deleted"
-class InstanceHeld(RetentionError):
-    """The instance is held (vocabulary only)."""
-    message = "job instance {job_instance_id} is held"
-    job_instance_id: int
 # One class each for the operator's and the retention service's variants of the same error.
 class OperationIdConflict(OperatorError, RetentionError):
     """The operation id is already recorded for this action with another request; use a new id."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from typing import Any, Self
+from typing import Any
 
 import attrs
 
@@ -15,11 +15,6 @@ class Code(enum.Enum):
 
     def __str__(self) -> str:
         return str(self.value)
-
-    @classmethod
-    def from_durable_code(cls, code: object) -> Self | None:
-        """The member stored as `code`, or None for anything else (never coerced)."""
-        return next((member for member in cls if member.value == code), None)
 
 
 def is_(cls: type[Any]) -> Validator:

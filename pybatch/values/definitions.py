@@ -7,13 +7,13 @@ the format (1..3) is checked at registration (`ensure_definition`).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping
+import types
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, cast
 
 import attrs
 
 from pybatch.errors import (
-    DuplicateSourceStep,
     DuplicateTargetStep,
     EmptyStepMapping,
     JsonNotEncodable,
@@ -114,11 +114,6 @@ class DefinitionIdentity:
         """SHA-256 of `canonical_manifest` (the stored `manifest_digest`)."""
         return self._digest
 
-    @property
-    def manifest_digest(self) -> bytes:
-        """Alias of `digest`, named like the column."""
-        return self._digest
-
     def manifest(self) -> dict[str, Any]:
         """A fresh parsed copy of the manifest (what the `manifest` jsonb column stores)."""
         return cast("dict[str, Any]", json.loads(self.canonical_manifest))
@@ -147,70 +142,37 @@ DefinitionIdentity.LEGACY = DefinitionIdentity(
 )
 
 
-class StepMapping(Mapping[StepName, StepName]):
-    """An immutable, hashable, picklable source -> target step mapping, ordered by source name."""
-
-    __slots__ = ("_items",)
-
-    def __init__(self, items: Iterable[tuple[StepName, StepName]] = ()) -> None:
-        """Keep `items` (already validated) in source-name byte order."""
-        self._items = tuple(sorted(items, key=lambda item: item[0].value.encode("utf-8")))
-
-    def __getitem__(self, source: StepName) -> StepName:
-        for present, target in self._items:
-            if present == source:
-                return target
-        raise KeyError(source)
-
-    def __iter__(self) -> Iterator[StepName]:
-        return (source for source, _ in self._items)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __hash__(self) -> int:
-        return hash(self._items)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, StepMapping):
-            return self._items == other._items
-        return super().__eq__(other)
-
-    def __reduce__(self) -> tuple[type[StepMapping], tuple[tuple[tuple[StepName, StepName], ...]]]:
-        return (StepMapping, (self._items,))
-
-    def __repr__(self) -> str:
-        pairs = ", ".join(f"{source.value!r}: {target.value!r}" for source, target in self._items)
-        return f"StepMapping({{{pairs}}})"
-
-
 @attrs.frozen(repr=False)
 class DefinitionUpgrade:
-    """A directed, non-transitive compatibility edge; state bytes carry over unchanged."""
+    """A directed, non-transitive compatibility edge; state bytes carry over unchanged.
+
+    `step_mapping` (source step -> target step) is kept read-only, in source-name byte order.
+    """
 
     key: DefinitionUpgradeKey = attrs.field(validator=is_(DefinitionUpgradeKey))
     from_definition: DefinitionIdentity = attrs.field(validator=is_(DefinitionIdentity))
     to_definition: DefinitionIdentity = attrs.field(validator=is_(DefinitionIdentity))
-    step_mapping: Mapping[StepName, StepName]
+    step_mapping: Mapping[StepName, StepName] = attrs.field(hash=False)
 
     def __attrs_post_init__(self) -> None:
+        """Refuse, in order: a self-edge, a target step named twice, an empty mapping."""
         if not isinstance(self.step_mapping, Mapping):
             raise TypeError("step_mapping is a Mapping[StepName, StepName]")
+        if self.from_definition.digest == self.to_definition.digest:
+            raise UpgradeSelfEdge()
         pairs = list(self.step_mapping.items())
-        frozen = _validated_mapping(self.from_definition, self.to_definition, pairs)
-        object.__setattr__(self, "step_mapping", frozen)
+        if not all(isinstance(step, StepName) for pair in pairs for step in pair):
+            raise TypeError("step mapping entries are StepName pairs")
+        if len({target for _, target in pairs}) != len(pairs):
+            raise DuplicateTargetStep()
+        if not pairs:
+            raise EmptyStepMapping()
+        pairs.sort(key=lambda pair: pair[0].value.encode())
+        object.__setattr__(self, "step_mapping", types.MappingProxyType(dict(pairs)))
 
-    @classmethod
-    def from_pairs(
-        cls,
-        key: DefinitionUpgradeKey,
-        from_definition: DefinitionIdentity,
-        to_definition: DefinitionIdentity,
-        pairs: Iterable[tuple[StepName, StepName]],
-    ) -> DefinitionUpgrade:
-        """Build from (source, target) pairs, detecting a source given twice."""
-        frozen = _validated_mapping(from_definition, to_definition, list(pairs))
-        return cls(key, from_definition, to_definition, frozen)
+    def __reduce__(self) -> tuple[object, ...]:  # a mappingproxy does not pickle; its dict does
+        mapping = dict(self.step_mapping)
+        return (DefinitionUpgrade, (self.key, self.from_definition, self.to_definition, mapping))
 
     def __repr__(self) -> str:
         return (
@@ -219,27 +181,3 @@ class DefinitionUpgrade:
             f"to_digest_prefix={self.to_definition.digest[:4].hex()!r}, "
             f"step_count={len(self.step_mapping)})"
         )
-
-
-def _validated_mapping(
-    from_definition: DefinitionIdentity,
-    to_definition: DefinitionIdentity,
-    pairs: list[tuple[StepName, StepName]],
-) -> StepMapping:
-    """The frozen mapping, refusing in order: a self-edge, a step named twice, an empty one."""
-    if from_definition.digest == to_definition.digest:
-        raise UpgradeSelfEdge()
-    mapping: dict[StepName, StepName] = {}
-    targets: set[StepName] = set()
-    for source, target in pairs:
-        if not isinstance(source, StepName) or not isinstance(target, StepName):
-            raise TypeError("step mapping entries are StepName pairs")
-        if source in mapping:
-            raise DuplicateSourceStep()
-        if target in targets:
-            raise DuplicateTargetStep()
-        mapping[source] = target
-        targets.add(target)
-    if not mapping:
-        raise EmptyStepMapping()
-    return StepMapping(mapping.items())

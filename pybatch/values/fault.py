@@ -107,11 +107,6 @@ class RetryLimit:
 
     value: int = attrs.field(validator=_bounded("RetryLimit", 0, _U16_MAX))
 
-    NONE: ClassVar[RetryLimit]  # A policy that never retries.
-
-
-RetryLimit.NONE = RetryLimit(0)
-
 
 @attrs.frozen(order=True)
 class RetryStateLimit:
@@ -121,23 +116,11 @@ class RetryStateLimit:
 
 
 class FaultPhase(Code):
-    """The framework phase that produced a fault; values are the durable lower-case names."""
+    """The item phase a retry is reserved for, each with its retry counter; the durable names."""
 
-    READ = "read"  # An item reader failed.
-    PROCESS = "process"  # An item processor failed.
-    WRITE = "write"  # An item writer failed.
-    TRANSACTION = "transaction"  # A chunk transaction failed to begin, commit or roll back.
-    CHECKPOINT = "checkpoint"  # Checkpoint or context state could not be produced or stored.
-    LISTENER = "listener"  # A listener callback failed.
-    BACKOFF = "backoff"  # Cancellable backoff failed or was interrupted.
-
-    @property
-    def is_reservable(self) -> bool:
-        """Whether a retry can be reserved: only read, process and write have retry counters."""
-        return self in _RESERVABLE
-
-
-_RESERVABLE = frozenset({FaultPhase.READ, FaultPhase.PROCESS, FaultPhase.WRITE})
+    READ = "read"
+    PROCESS = "process"
+    WRITE = "write"
 
 
 @attrs.frozen(order=True)
@@ -210,10 +193,10 @@ def fault_entry_from_payload(raw: object) -> FaultEntry:
         raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
     if type(phase_name) is not str or type(category_code) is not str:
         raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
-    phase = FaultPhase.from_durable_code(phase_name)
-    category = FailureCategory.from_durable_code(category_code)
-    if phase is None or category is None:
-        raise fault_state_refusal(FaultStateRefusal.UNKNOWN_ENUMERATION)
+    try:
+        phase, category = FaultPhase(phase_name), FailureCategory(category_code)
+    except ValueError:
+        raise fault_state_refusal(FaultStateRefusal.UNKNOWN_ENUMERATION) from None
     ordinal, revision_text = raw["ordinal"], raw["revision"]
     # bool is an int subclass and a JSON float is never an ordinal; 0 is never reserved.
     if type(ordinal) is not int or not 1 <= ordinal <= _U16_MAX or type(revision_text) is not str:
@@ -310,7 +293,7 @@ class FaultStateEnvelope:
         """The envelope after one reservation (replacing the key's entry), at `checkpoint_digest`.
 
         An ordinal is never spent twice: it must be the key's reserved one (or 0) plus 1. The order
-        of refusals is the store's: checkpoint, ordinal, capacity, then a non-reservable phase.
+        of refusals is the store's: checkpoint, ordinal, then capacity.
         """
         if not isinstance(entry, FaultEntry):
             raise TypeError("entry takes a FaultEntry")
@@ -324,8 +307,6 @@ class FaultStateEnvelope:
             raise StaleReservation()
         if not exists and len(self.entries) >= state_limit.value:
             raise CapacityExhausted(max=state_limit.value)
-        if not entry.phase.is_reservable:
-            raise StaleReservation()
         entries = (*self.entries[:index], entry, *self.entries[index + exists :])
         return FaultStateEnvelope(checkpoint_digest, entries)
 

@@ -1,7 +1,7 @@
 """Validated names, definition tokens, state schema ids and request fields.
 
 Names and tokens check empty -> too long (UTF-8 bytes) -> surrounding white space -> control
-character, in that order, so the reported error matches the seeds'. Errors never carry the value.
+character, in that order; the first rule broken is reported, never the value.
 A subclass only sets the class constants, so it is a plain subclass of its attrs base.
 """
 
@@ -148,22 +148,10 @@ class DefinitionUpgradeKey(_DefinitionToken):
     _KIND = "definition upgrade key"
 
 
-class ComponentRevision(_DefinitionToken):
-    """A revision token of one opaque executable component."""
-
-    _KIND = "component revision"
-
-
 class ClassifierRevision(_DefinitionToken):
     """A revision token of one bounded fault classifier (fault-state entries carry it)."""
 
     _KIND = "classifier revision"
-
-
-class DeciderRevision(_DefinitionToken):
-    """A revision token of one flow decider."""
-
-    _KIND = "decider revision"
 
 
 class StateSchemaId(_DefinitionToken):

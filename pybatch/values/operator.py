@@ -245,7 +245,7 @@ class RequestDigest:
         elif isinstance(arguments, DefinitionIdentity):
             writer.text("DEFINITION")
             writer.text(arguments.revision.value)
-            writer.bytes_(arguments.manifest_digest)
+            writer.bytes_(arguments.digest)
         else:
             request = arguments.request
             writer.text("RECOVERY")
@@ -256,7 +256,7 @@ class RequestDigest:
             if failure is None:
                 writer.text("")
             else:
-                writer.text(failure.category.as_str)
+                writer.text(failure.category.value.lower())
                 writer.u64(failure.failure_id)
             if arguments.force:  # only when set: digests of unforced requests are unchanged
                 writer.text("FORCE")

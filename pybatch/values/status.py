@@ -1,17 +1,13 @@
-"""BatchStatus, ExitStatus, FailureCategory and FailureSummary; values are the durable codes."""
+"""BatchStatus, FailureCategory, FailureSummary and FailureReason; values are the durable codes."""
 
 from __future__ import annotations
 
-from typing import Any, TypeAlias
+from typing import Any
 
 import attrs
 
 from pybatch.values._fields import Code, is_
 from pybatch.values.ids import FailureId, IdentifierKind, check_identifier
-from pybatch.values.names import ExitCode
-
-#: The exit status of an execution is exactly one ExitCode, kept apart from its BatchStatus.
-ExitStatus: TypeAlias = ExitCode
 
 
 class BatchStatus(Code):
@@ -37,11 +33,6 @@ class BatchStatus(Code):
         return self in _FINISHED
 
     @property
-    def is_terminal(self) -> bool:
-        """COMPLETED or ABANDONED: the instance never runs again."""
-        return self in _TERMINAL
-
-    @property
     def is_unresolved(self) -> bool:
         """Not finished (active or UNKNOWN): blocks launches and purges."""
         return self not in _FINISHED
@@ -51,7 +42,6 @@ _ACTIVE = frozenset({BatchStatus.STARTING, BatchStatus.STARTED, BatchStatus.STOP
 _FINISHED = frozenset(
     {BatchStatus.STOPPED, BatchStatus.FAILED, BatchStatus.COMPLETED, BatchStatus.ABANDONED}
 )
-_TERMINAL = frozenset({BatchStatus.COMPLETED, BatchStatus.ABANDONED})
 
 
 class FailureCategory(Code):
@@ -72,27 +62,6 @@ class FailureCategory(Code):
     UNKNOWN_COMMIT = "UNKNOWN_COMMIT"  # A commit outcome is unknown and must never be guessed.
     SHUTDOWN_INCOMPLETE = "SHUTDOWN_INCOMPLETE"  # A bounded shutdown left owned children.
     STALE_RECOVERED = "STALE_RECOVERED"  # Resolved from stale-ownership evidence.
-
-    @property
-    def as_str(self) -> str:
-        """The lower-case manifest and telemetry name, e.g. `user_component`."""
-        return self.value.lower()
-
-    @property
-    def policy_eligible(self) -> bool:
-        """Whether a fault policy may retry or skip it; every other category fails closed."""
-        return self in _POLICY_ELIGIBLE
-
-
-_POLICY_ELIGIBLE = frozenset(
-    {
-        FailureCategory.TRANSIENT_INFRASTRUCTURE,
-        FailureCategory.PERMANENT_INFRASTRUCTURE,
-        FailureCategory.USER_COMPONENT,
-        FailureCategory.OPTIMISTIC_CONFLICT,
-        FailureCategory.TIMEOUT,
-    }
-)
 
 
 def _check_failure_id(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:

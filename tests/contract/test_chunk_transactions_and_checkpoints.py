@@ -602,26 +602,6 @@ def test_a_new_key_beyond_the_state_limit_is_capacity_exhausted(
     assert durable.fault_counts.process_retry == 3 and durable.version == step.version + 3
 
 
-def test_reservations_for_phases_without_a_retry_counter_are_stale(
-    repository: JobRepository, clock: ManualClock
-) -> None:
-    """Scenario O5."""
-    step = started_step(repository, clock)
-    fault_state = bound_fault_state(repository, step)
-    for phase in (
-        FaultPhase.TRANSACTION,
-        FaultPhase.CHECKPOINT,
-        FaultPhase.LISTENER,
-        FaultPhase.BACKOFF,
-    ):
-        with pytest.raises(StaleReservation):
-            fault_state.reserve(entry(1, 1, phase))
-    durable = stored_step(repository, step.id)
-    assert durable.version == step.version
-    assert durable.metadata.counts.rolled_back == 0
-    assert fault_state.unresolved() == 0
-
-
 # --------------------------------------------------------------------------- O6
 
 

@@ -251,7 +251,7 @@ def test_request_digest_follows_the_canonical_writer_and_omits_the_actor() -> No
             field(b"NIGHTLY"),
             field(b"DEFINITION"),
             field(definition.revision.value.encode()),
-            field(definition.manifest_digest),
+            field(definition.digest),
         ]
     )
     assert computed.value == hashlib.sha256(expected).digest()

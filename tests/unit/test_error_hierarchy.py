@@ -330,6 +330,8 @@ NOT_DEFINED: dict[str, str] = {
     "ExplorerError.UnsupportedCapability": (
         "by design: an unknown explorer query cannot be expressed (ExplorerQuery is an enum)"
     ),
+    "DefinitionError.DuplicateSourceStep": "by design: a step mapping is a Mapping, keyed once",
+    "RetentionError.InstanceHeld": "by design: a hold refuses nothing but purges, which skip it",
 }
 
 #: pybatch's errors beyond the catalogue (their families are their bases in pybatch.errors).
