@@ -553,36 +553,9 @@ class StateMalformed(_AtFault, StateError):
     kind: str
     path: str | None = None
     value_type: str | None = None
-class StateFormatMismatch(StateError):
-    """The envelope belongs to the other durable-state kind."""
-    message = "durable state is not a {kind}"
-    kind: str
-class UnsupportedStateFormatVersion(StateError):
-    """The envelope format version is not 1."""
-    message = "{kind} format version {version} is unsupported"
-    kind: str
-    version: int
 class StatePayloadNotObject(StateError):
     """The state payload is not a JSON object."""
     message = "durable state payload must be a JSON object"
-class StateSchemaMismatch(StateError):
-    """The envelope schema is not the one the reader expects."""
-    message = "{kind} schema does not match the component"
-    kind: str
-class UnsupportedStateSchemaVersion(StateError):
-    """The envelope was written by a newer application schema version; deploy that code."""
-    message = "{kind} schema version {found} is newer than supported version {current}"
-    kind: str
-    found: int
-    current: int
-class InvalidStateByteLimit(StateError):
-    """A state byte limit is zero or above the hard ceiling."""
-    message = "state byte limit must be between 1 and {maximum}"
-    maximum: int
-class InvalidStateDepthLimit(StateError):
-    """A state depth limit is zero or above the hard ceiling."""
-    message = "state depth limit must be between 1 and {maximum}"
-    maximum: int
 class ZeroSchemaVersion(StateError):
     """A state schema version is zero (or outside 1..2^32-1)."""
     message = "state schema version must be from 1 to 4294967295"
