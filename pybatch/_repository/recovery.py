@@ -56,7 +56,7 @@ def recover_job_execution(
     # then its start). Nothing decides on `decided_at`; the latest decision is the highest id.
     decided_at = max(clock.now(), times.started_at or times.created_at)
     metadata = ExecutionMetadata(
-        status=request.disposition.status,
+        status=request.status,
         exit_status=prior.metadata.exit_status,
         timestamps=ExecutionTimestamps(times.created_at, times.started_at, decided_at),
         counts=prior.metadata.counts,
@@ -192,7 +192,7 @@ class Recovery(Capability):
             }
             evidence = sha256(canonical_json(observed))
             failure = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(orphan.id))
-            request = RecoveryRequest.mark_failed(
+            request = RecoveryRequest(
                 orphan.version, "OWNER_LOST", AUTOMATIC_RECOVERY_REFERENCE, evidence, failure
             )
             result = recover_job_execution(

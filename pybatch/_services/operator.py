@@ -39,7 +39,7 @@ from pybatch.values.operator import (
 )
 from pybatch.values.parameters import JobInstanceKey
 from pybatch.values.records import JobExecution
-from pybatch.values.recovery import RecoveryDisposition, RecoveryRequest
+from pybatch.values.recovery import RecoveryRequest
 from pybatch.values.status import BatchStatus
 
 if TYPE_CHECKING:
@@ -232,7 +232,7 @@ class OperatorService:
             current = self._execution(uow, execution_id, recovery.expected_version)
             if (
                 unknown_commit
-                and recovery.disposition is RecoveryDisposition.MARK_FAILED
+                and recovery.failure is not None
                 and recovery.reason_code != UNKNOWN_EFFECT
             ):
                 raise _Rejected(OperatorRejection.of(Code.UNRESOLVED_RECOVERY_REQUIRED))

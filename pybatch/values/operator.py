@@ -38,7 +38,7 @@ from pybatch.values.ids import (
 )
 from pybatch.values.names import ActorRef, OperationId, ReasonCode
 from pybatch.values.parameters import JobInstanceKey
-from pybatch.values.recovery import RecoveryDisposition, RecoveryRequest, RecoveryResult
+from pybatch.values.recovery import RecoveryRequest, RecoveryResult
 from pybatch.values.status import BatchStatus, FailureSummary
 from pybatch.values.timestamps import aware_utc
 
@@ -249,7 +249,7 @@ class RequestDigest:
         else:
             request = arguments.request
             writer.text("RECOVERY")
-            writer.text(request.disposition.status.value)
+            writer.text(request.status.value)
             writer.bytes_(request.evidence_digest)
             writer.u64(int(arguments.unknown_commit))
             failure: FailureSummary | None = request.failure
@@ -328,9 +328,8 @@ AUTOMATIC_RECOVERY_ACTOR = "pybatch.etl"
 def automatic_recovery_record(result: RecoveryResult, now: _dt.datetime) -> OperatorRecordDraft:
     """The RECOVER request auditing an automatic recovery; its operation id names what it saw."""
     decision = result.decision
-    request = RecoveryRequest(
+    request = RecoveryRequest(  # FAILED with the execution's failure, or ABANDONED without one
         expected_version=decision.execution_version,
-        disposition=RecoveryDisposition(decision.resulting_status.value),  # FAILED or ABANDONED
         reason_code=decision.reason_code,
         operator_reference=decision.operator_reference,
         evidence_digest=decision.evidence_digest,

@@ -27,18 +27,6 @@ from pybatch.values.status import BatchStatus, FailureSummary
 from pybatch.values.timestamps import aware_utc
 
 
-class RecoveryDisposition(enum.Enum):
-    """What recovery makes of the execution."""
-
-    MARK_FAILED = "FAILED"  # FAILED: the instance can be restarted.
-    ABANDON = "ABANDONED"  # ABANDONED: the instance never runs again.
-
-    @property
-    def status(self) -> BatchStatus:
-        """The resulting status."""
-        return BatchStatus(self.value)
-
-
 def _check_text(field: str, value: str, max_bytes: int) -> None:
     """The names' rules in their order (values/names.py), refused as the recovery's error."""
     violation = first_violation(value, max_bytes)
@@ -59,12 +47,15 @@ def _redacted(value: object) -> str:
     return '"<redacted>"'
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen
 class RecoveryRequest:
-    """An operator's audited decision about an unresolved execution at a known version."""
+    """An operator's audited decision about an unresolved execution at a known version.
+
+    With a `failure` it marks the execution FAILED (the instance can restart); without one it
+    abandons it (ABANDONED, never restarted) and clears any failure it had.
+    """
 
     expected_version: int = attrs.field(validator=version)
-    disposition: RecoveryDisposition = attrs.field(repr=_member_name)
     reason_code: str
     operator_reference: str
     evidence_digest: bytes = attrs.field(repr=_redacted)
@@ -75,44 +66,11 @@ class RecoveryRequest:
         _check_text("operator reference", self.operator_reference, 128)
         if type(self.evidence_digest) is not bytes or len(self.evidence_digest) != 32:
             raise RecoveryEvidenceDigestInvalid()
-        if (self.disposition is RecoveryDisposition.MARK_FAILED) != (self.failure is not None):
-            raise ValueError("MARK_FAILED carries a failure summary; ABANDON carries none")
 
-    @classmethod
-    def mark_failed(
-        cls,
-        expected_version: int,
-        reason_code: str,
-        operator_reference: str,
-        evidence_digest: bytes,
-        failure: FailureSummary,
-    ) -> RecoveryRequest:
-        """Make the execution FAILED (restartable) with `failure`."""
-        return cls(
-            expected_version=expected_version,
-            disposition=RecoveryDisposition.MARK_FAILED,
-            reason_code=reason_code,
-            operator_reference=operator_reference,
-            evidence_digest=evidence_digest,
-            failure=failure,
-        )
-
-    @classmethod
-    def abandon(
-        cls,
-        expected_version: int,
-        reason_code: str,
-        operator_reference: str,
-        evidence_digest: bytes,
-    ) -> RecoveryRequest:
-        """Make the execution ABANDONED (never restartable); a prior failure is cleared."""
-        return cls(
-            expected_version=expected_version,
-            disposition=RecoveryDisposition.ABANDON,
-            reason_code=reason_code,
-            operator_reference=operator_reference,
-            evidence_digest=evidence_digest,
-        )
+    @property
+    def status(self) -> BatchStatus:
+        """What the execution becomes: FAILED with a failure, else ABANDONED."""
+        return BatchStatus.ABANDONED if self.failure is None else BatchStatus.FAILED
 
 
 @attrs.frozen(kw_only=True)
@@ -146,11 +104,6 @@ class RecoveryResult:
 
     execution: JobExecution
     decision: RecoveryDecision
-
-    @property
-    def decision_id(self) -> int:
-        """The id of the audit decision."""
-        return self.decision.id
 
 
 class OwnerObservation(enum.Enum):

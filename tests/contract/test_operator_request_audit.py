@@ -257,7 +257,7 @@ def test_request_digest_follows_the_canonical_writer_and_omits_the_actor() -> No
     assert computed.value == hashlib.sha256(expected).digest()
 
     evidence = bytes(range(32))
-    request = RecoveryRequest.mark_failed(
+    request = RecoveryRequest(
         5,
         "UNKNOWN_EFFECT",
         "ticket-1",

@@ -114,11 +114,11 @@ def execution_in(
 
 
 def mark_failed(version: int) -> RecoveryRequest:
-    return RecoveryRequest.mark_failed(version, "OWNER_LOST", "ticket-42", EVIDENCE, STALE)
+    return RecoveryRequest(version, "OWNER_LOST", "ticket-42", EVIDENCE, STALE)
 
 
 def abandon(version: int) -> RecoveryRequest:
-    return RecoveryRequest.abandon(version, "OPERATOR_ABANDON", "ticket-43", EVIDENCE)
+    return RecoveryRequest(version, "OPERATOR_ABANDON", "ticket-43", EVIDENCE)
 
 
 def recover(
@@ -169,7 +169,7 @@ def test_mark_failed_records_the_decision_and_allows_a_restart(
     assert recovered.updated_at == decided_at
 
     [decision] = decisions(admin)
-    assert decision["id"] == result.decision_id
+    assert decision["id"] == result.decision.id
     assert decision["job_execution_id"] == prior.id
     assert decision["execution_version"] == prior.version  # observed before the decision
     assert (decision["prior_status"], decision["resulting_status"]) == ("STARTED", "FAILED")
@@ -323,7 +323,7 @@ def test_two_recoveries_at_one_version_make_one_decision(
     winner = winners[0].value
     assert winner is not None
     [decision] = decisions(admin)
-    assert decision["id"] == winner.decision_id
+    assert decision["id"] == winner.decision.id
     assert decision["resulting_status"] == winner.execution.status.value
     assert stored(repository, prior.id) == winner.execution
     assert winner.execution.version == prior.version + 1

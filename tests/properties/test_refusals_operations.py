@@ -212,7 +212,7 @@ def test_recovery_refuses_stale_finished_and_absent_executions(
     path = finished if case == "finished" else (S.STARTED,)
     execution = launch(repository, clock, unique_key("recovery"), path)
     version = execution.version + offset if case == "stale" else execution.version
-    request = RecoveryRequest.abandon(version, "REASON", "operator", evidence)
+    request = RecoveryRequest(version, "REASON", "operator", evidence)
     target = absent if case == "absent" else execution.id
     expected = {
         "stale": (StaleVersion,),

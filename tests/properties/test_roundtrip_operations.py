@@ -53,7 +53,7 @@ from pybatch.values.operator import OperatorRecordDraft
 from pybatch.values.parameters import JobInstanceKey
 from pybatch.values.partitions import PartitionPlanEntry
 from pybatch.values.records import StepExecution
-from pybatch.values.recovery import RecoveryDisposition, RecoveryRequest
+from pybatch.values.recovery import RecoveryRequest
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from tests.properties import strategies as s
 from tests.properties.launching import launch, unique_key
@@ -129,7 +129,7 @@ def _all_items(page_of: Any) -> list[Any]:
 @DB_EXAMPLES
 @given(
     prior=st.sampled_from([(), (S.STARTED,), (S.STARTED, S.STOPPING), (S.STARTED, S.UNKNOWN)]),
-    disposition=st.sampled_from(list(RecoveryDisposition)),
+    mark_failed=st.booleans(),
     reason=s.recovery_texts,
     reference=s.recovery_texts,
     evidence=s.digests,
@@ -139,7 +139,7 @@ def test_recovery_decisions_read_back_equal(
     repository: JobRepository,
     clock: ManualClock,
     prior: tuple[BatchStatus, ...],
-    disposition: RecoveryDisposition,
+    mark_failed: bool,
     reason: str,
     reference: str,
     evidence: bytes,
@@ -148,11 +148,10 @@ def test_recovery_decisions_read_back_equal(
     execution = launch(repository, clock, unique_key("recovery"), path=prior)
     request = RecoveryRequest(
         expected_version=execution.version,
-        disposition=disposition,
         reason_code=reason,
         operator_reference=reference,
         evidence_digest=evidence,
-        failure=failure if disposition is RecoveryDisposition.MARK_FAILED else None,
+        failure=failure if mark_failed else None,
     )
     clock.advance()
     with repository.begin() as uow:
@@ -163,7 +162,7 @@ def test_recovery_decisions_read_back_equal(
     assert decision.evidence_digest == evidence
     assert (decision.prior_status, decision.resulting_status) == (
         execution.status,
-        disposition.status,
+        BatchStatus.FAILED if mark_failed else BatchStatus.ABANDONED,
     )
     with repository.begin() as uow:
         assert uow.recovery.decision(execution.id) == decision

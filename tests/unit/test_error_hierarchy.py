@@ -29,7 +29,7 @@ from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.fault import FAULT_STATE_SCHEMA
 from pybatch.values.names import DefinitionRevision, JobName, ParameterName, StateSchemaId
 from pybatch.values.parameters import ParameterValue
-from pybatch.values.recovery import RecoveryDisposition, RecoveryRequest
+from pybatch.values.recovery import RecoveryRequest
 from pybatch.values.state import Checkpoint
 from tools.errors_catalogue import catalogue
 
@@ -623,7 +623,6 @@ REDACTED_INPUTS: dict[str, Callable[[], object]] = {
     ),
     "recovery reason code": lambda: RecoveryRequest(
         expected_version=1,
-        disposition=RecoveryDisposition.ABANDON,
         reason_code=SECRET + "\x07",
         operator_reference="ticket-1",
         evidence_digest=b"\x01" * 32,
