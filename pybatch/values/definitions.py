@@ -13,14 +13,7 @@ from typing import Any, ClassVar, cast
 
 import attrs
 
-from pybatch.errors import (
-    DuplicateTargetStep,
-    EmptyStepMapping,
-    JsonNotEncodable,
-    ManifestInvalid,
-    ManifestTooLarge,
-    UpgradeSelfEdge,
-)
+from pybatch import errors as e
 from pybatch.values._canonical import canonical_json, reject_constant, sha256
 from pybatch.values._fields import is_, maybe
 from pybatch.values.names import DefinitionRevision, DefinitionUpgradeKey, JobName, StepName
@@ -41,23 +34,23 @@ def _contains_float(document: object) -> bool:
     try:
         return any(isinstance(value, float) for value in _walk(document))
     except RecursionError:
-        raise ManifestInvalid(reason="nesting too deep") from None
+        raise e.ManifestInvalid(reason="nesting too deep") from None
 
 
 def _parse_canonical_manifest(data: bytes) -> dict[str, Any]:
     """Parse canonical manifest bytes, refusing anything the manifest reader refuses."""
     if len(data) > MANIFEST_MAX_BYTES:
-        raise ManifestTooLarge(max_bytes=MANIFEST_MAX_BYTES)
+        raise e.ManifestTooLarge(max_bytes=MANIFEST_MAX_BYTES)
     try:
         document = json.loads(data, parse_constant=reject_constant)
     except (ValueError, RecursionError):
-        raise ManifestInvalid(reason="not valid JSON") from None
+        raise e.ManifestInvalid(reason="not valid JSON") from None
     if not isinstance(document, dict):
-        raise ManifestInvalid(reason="not a JSON object")
+        raise e.ManifestInvalid(reason="not a JSON object")
     if _contains_float(document):
-        raise ManifestInvalid(reason="contains a floating-point number")
+        raise e.ManifestInvalid(reason="contains a floating-point number")
     if canonical_json(document) != data:
-        raise ManifestInvalid(reason="not canonically encoded")
+        raise e.ManifestInvalid(reason="not canonically encoded")
     return document
 
 
@@ -81,7 +74,7 @@ class DefinitionIdentity:
 
     def __attrs_post_init__(self) -> None:
         if type(self.manifest_format) is not int or not 0 <= self.manifest_format <= _U16_MAX:
-            raise ManifestInvalid(reason="manifest format is not a u16")
+            raise e.ManifestInvalid(reason="manifest format is not a u16")
         if type(self.canonical_manifest) is not bytes:
             raise TypeError("canonical_manifest is bytes")
         _parse_canonical_manifest(self.canonical_manifest)
@@ -93,14 +86,14 @@ class DefinitionIdentity:
     ) -> DefinitionIdentity:
         """Canonicalise `manifest`; a missing or non-u16 `format` member is format 0 (refused)."""
         if not isinstance(manifest, Mapping):
-            raise ManifestInvalid(reason="not a JSON object")
+            raise e.ManifestInvalid(reason="not a JSON object")
         # Before canonicalising: canonical JSON writes 1e16 as an integer, hiding the float.
         if _contains_float(manifest):
-            raise ManifestInvalid(reason="contains a floating-point number")
+            raise e.ManifestInvalid(reason="contains a floating-point number")
         try:
             data = canonical_json(manifest)
-        except JsonNotEncodable as error:
-            raise ManifestInvalid(reason=error.reason) from None
+        except e.JsonNotEncodable as error:
+            raise e.ManifestInvalid(reason=error.reason) from None
         document = _parse_canonical_manifest(data)
         return cls(job_name, revision, _format_member(document), data)
 
@@ -159,14 +152,14 @@ class DefinitionUpgrade:
         if not isinstance(self.step_mapping, Mapping):
             raise TypeError("step_mapping is a Mapping[StepName, StepName]")
         if self.from_definition.digest == self.to_definition.digest:
-            raise UpgradeSelfEdge()
+            raise e.UpgradeSelfEdge()
         pairs = list(self.step_mapping.items())
         if not all(isinstance(step, StepName) for pair in pairs for step in pair):
             raise TypeError("step mapping entries are StepName pairs")
         if len({target for _, target in pairs}) != len(pairs):
-            raise DuplicateTargetStep()
+            raise e.DuplicateTargetStep()
         if not pairs:
-            raise EmptyStepMapping()
+            raise e.EmptyStepMapping()
         pairs.sort(key=lambda pair: pair[0].value.encode())
         object.__setattr__(self, "step_mapping", types.MappingProxyType(dict(pairs)))
 

@@ -16,13 +16,7 @@ from typing import Any, ClassVar
 
 import attrs
 
-from pybatch.errors import (
-    CapacityExhausted,
-    DefinitionError,
-    DomainError,
-    FaultStateEnvelopeInvalid,
-    StaleReservation,
-)
+from pybatch import errors as e
 from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values._fields import Code, digest, is_
 from pybatch.values.ids import UINT64_MAX, Validator
@@ -64,9 +58,9 @@ class FaultStateRefusal(enum.StrEnum):
     CHECKPOINT_MISMATCH = "checkpoint mismatch"  # entries of a superseded checkpoint generation
 
 
-def fault_state_refusal(refusal: FaultStateRefusal) -> FaultStateEnvelopeInvalid:
+def fault_state_refusal(refusal: FaultStateRefusal) -> e.FaultStateEnvelopeInvalid:
     """Build the refusal; the reason is a plain str so the error pickles and prints cleanly."""
-    return FaultStateEnvelopeInvalid(reason=refusal.value)
+    return e.FaultStateEnvelopeInvalid(reason=refusal.value)
 
 
 def _bounded(what: str, minimum: int, maximum: int) -> Validator:
@@ -203,7 +197,7 @@ def fault_entry_from_payload(raw: object) -> FaultEntry:
         raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
     try:
         revision = ClassifierRevision(revision_text)
-    except (DefinitionError, DomainError):
+    except (e.DefinitionError, e.DomainError):
         raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY) from None
     return FaultEntry(
         key=RetryKey(bytes.fromhex(key)),
@@ -304,9 +298,9 @@ class FaultStateEnvelope:
         previous = self.entries[index].ordinal.value if exists else RetryOrdinal.INITIAL.value
         # At 65535 no successor exists, so every ordinal is stale.
         if entry.ordinal.value != previous + 1:
-            raise StaleReservation()
+            raise e.StaleReservation()
         if not exists and len(self.entries) >= state_limit.value:
-            raise CapacityExhausted(max=state_limit.value)
+            raise e.CapacityExhausted(max=state_limit.value)
         entries = (*self.entries[:index], entry, *self.entries[index + exists :])
         return FaultStateEnvelope(checkpoint_digest, entries)
 

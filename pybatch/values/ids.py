@@ -11,13 +11,7 @@ from typing import Any, NewType
 
 import attrs
 
-from pybatch.errors import (
-    CounterOutOfRange,
-    IdentifierOutOfRange,
-    NegativeIdentifier,
-    VersionOutOfRange,
-    ZeroIdentifier,
-)
+from pybatch import errors as e
 
 INT64_MAX = 2**63 - 1  # Storage bound of ids, versions and counters (PostgreSQL bigint).
 UINT64_MAX = 2**64 - 1  # Domain bound of identifiers (Rust u64).
@@ -65,11 +59,11 @@ def check_identifier(kind: IdentifierKind, value: int, *, storable: bool = True)
     """Return `value` if a valid identifier of `kind`; `storable` adds the bigint bound 2^63-1."""
     value = _require_int(value)
     if value == 0:
-        raise ZeroIdentifier(kind=kind.value)
+        raise e.ZeroIdentifier(kind=kind.value)
     if value < 0 or value > UINT64_MAX:
-        raise NegativeIdentifier(kind=kind.value)
+        raise e.NegativeIdentifier(kind=kind.value)
     if storable and value > INT64_MAX:
-        raise IdentifierOutOfRange(kind=kind.value, value=value)
+        raise e.IdentifierOutOfRange(kind=kind.value, value=value)
     return value
 
 
@@ -77,7 +71,7 @@ def check_version(value: int) -> int:
     """Return `value` if it is a storable optimistic version 0..2^63-1 (else VersionOutOfRange)."""
     value = _require_int(value)
     if not 0 <= value <= INT64_MAX:
-        raise VersionOutOfRange()
+        raise e.VersionOutOfRange()
     return value
 
 
@@ -87,7 +81,7 @@ def check_counter(name: str, value: int) -> int:
         return value  # the common case, checked on every chunk commit, in one comparison
     value = _require_int(value)
     if not 0 <= value <= INT64_MAX:
-        raise CounterOutOfRange(name=name)
+        raise e.CounterOutOfRange(name=name)
     return value
 
 

@@ -12,18 +12,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from pybatch.errors import (
-    ActiveExecutionHasEndTime,
-    FailedExecutionMissingFailure,
-    FailedTransitionMissingFailure,
-    FinishedExecutionMissingEndTime,
-    IllegalTransition,
-    InvalidTimestampOrder,
-    InvalidTransitionTime,
-    RestartRequiresNewAttempt,
-    StaleVersion,
-    VersionExhausted,
-)
+from pybatch import errors as e
 from pybatch.values._fields import is_, maybe
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.ids import INT64_MAX
@@ -90,18 +79,18 @@ class ExecutionMetadata:
     def __attrs_post_init__(self) -> None:
         ended = self.timestamps.ended_at is not None
         if self.status.is_active and ended:
-            raise ActiveExecutionHasEndTime()
+            raise e.ActiveExecutionHasEndTime()
         if self.status.is_finished and not ended:
-            raise FinishedExecutionMissingEndTime()
+            raise e.FinishedExecutionMissingEndTime()
         if self.status is BatchStatus.FAILED and self.failure is None:
-            raise FailedExecutionMissingFailure()
+            raise e.FailedExecutionMissingFailure()
 
 
 def _check_expected(version: int, expected_version: int) -> None:
     if type(version) is not int or type(expected_version) is not int:
         raise TypeError("versions are int (bool is not accepted)")
     if expected_version != version:
-        raise StaleVersion(expected=expected_version, actual=version)
+        raise e.StaleVersion(expected=expected_version, actual=version)
 
 
 def apply_transition(
@@ -119,15 +108,15 @@ def apply_transition(
     _check_expected(version, expected_version)
     current, target = metadata.status, transition.target
     if current in (BatchStatus.STOPPED, BatchStatus.FAILED) and target is BatchStatus.STARTING:
-        raise RestartRequiresNewAttempt(from_status=current.value)
+        raise e.RestartRequiresNewAttempt(from_status=current.value)
     if not is_legal_transition(current, target):
-        raise IllegalTransition(from_status=current.value, to_status=target.value)
+        raise e.IllegalTransition(from_status=current.value, to_status=target.value)
     if target is BatchStatus.FAILED and transition.failure is None:
-        raise FailedTransitionMissingFailure()
+        raise e.FailedTransitionMissingFailure()
     times = metadata.timestamps
     lower = times.started_at if times.started_at is not None else times.created_at
     if transition.at < lower or (times.ended_at is not None and transition.at < times.ended_at):
-        raise InvalidTransitionTime() from InvalidTimestampOrder()
+        raise e.InvalidTransitionTime() from e.InvalidTimestampOrder()
 
     started_at = transition.at if target is BatchStatus.STARTED else times.started_at
     ended_at = (times.ended_at or transition.at) if target.is_finished else None
@@ -159,5 +148,5 @@ def apply_exit_enrichment(
 def _next_version(version: int) -> int:
     """`version + 1`, bounded by storage (bigint) rather than an unsigned 64-bit range."""
     if version >= INT64_MAX:
-        raise VersionExhausted(version=version)
+        raise e.VersionExhausted(version=version)
     return version + 1

@@ -13,14 +13,8 @@ from typing import ClassVar, NoReturn
 
 import attrs
 
-from pybatch.errors import (
-    NameInvalid,
-    RequestFieldInvalid,
-    SchemaIdInvalid,
-    TextNotUtf8,
-    TextRule,
-    TokenInvalid,
-)
+from pybatch import errors as e
+from pybatch.errors import TextRule
 
 #: Characters with the Unicode White_Space property (what Rust's `str::trim` strips). Python's
 #: `str.strip()` also strips U+001C..U+001F, which would change the reported error.
@@ -72,8 +66,8 @@ class _Text:
     def _refuse(cls, rule: TextRule | None, bound: int | None, index: int | None) -> NoReturn:
         """Raise the error of a broken `rule` (None: a lone surrogate, not UTF-8)."""
         if rule is None:
-            raise TextNotUtf8(kind=f"{cls._KIND} name")
-        raise NameInvalid(kind=cls._KIND, rule=rule, max_bytes=bound, character_index=index)
+            raise e.TextNotUtf8(kind=f"{cls._KIND} name")
+        raise e.NameInvalid(kind=cls._KIND, rule=rule, max_bytes=bound, character_index=index)
 
     def __str__(self) -> str:
         return self.value
@@ -126,8 +120,8 @@ class _DefinitionToken(_Text):
     @classmethod
     def _refuse(cls, rule: TextRule | None, bound: int | None, index: int | None) -> NoReturn:
         if rule is None:
-            raise TextNotUtf8(kind=cls._KIND)
-        raise TokenInvalid(kind=cls._KIND, rule=rule, max_bytes=bound)
+            raise e.TextNotUtf8(kind=cls._KIND)
+        raise e.TokenInvalid(kind=cls._KIND, rule=rule, max_bytes=bound)
 
 
 class NodeId(_DefinitionToken):
@@ -162,7 +156,7 @@ class StateSchemaId(_DefinitionToken):
     @classmethod
     def _refuse(cls, rule: TextRule | None, bound: int | None, index: int | None) -> NoReturn:
         if rule is not None:
-            raise SchemaIdInvalid(rule=rule, max_bytes=bound)
+            raise e.SchemaIdInvalid(rule=rule, max_bytes=bound)
         super()._refuse(rule, bound, index)
 
 
@@ -176,13 +170,13 @@ class _RequestField(_Text):
         if type(value) is not str:
             raise TypeError("a validated text value takes a str")
         if not value:
-            raise RequestFieldInvalid(field=cls._KIND, rule=TextRule.EMPTY)
+            raise e.RequestFieldInvalid(field=cls._KIND, rule=TextRule.EMPTY)
         if len(value.encode("utf-8", "surrogatepass")) > cls._MAX_BYTES:
-            raise RequestFieldInvalid(
+            raise e.RequestFieldInvalid(
                 field=cls._KIND, rule=TextRule.TOO_LONG, max_bytes=cls._MAX_BYTES
             )
         if cls._CHARSET.fullmatch(value) is None:
-            raise RequestFieldInvalid(field=cls._KIND, rule=TextRule.INVALID_CHARACTER)
+            raise e.RequestFieldInvalid(field=cls._KIND, rule=TextRule.INVALID_CHARACTER)
 
 
 class ActorRef(_RequestField):

@@ -9,21 +9,7 @@ import datetime as _dt
 
 import attrs
 
-from pybatch.errors import (
-    AbandonedInstance,
-    CompletedInstance,
-    ExecutionAlreadyActive,
-    IllegalTransition,
-    IncompatibleDefinition,
-    InvalidDefinitionUpgrade,
-    JobExecutionNotFound,
-    JobInstanceNotFound,
-    RecoveryNotAllowed,
-    RestartRequiresNewAttempt,
-    RestartStateNotFound,
-    StaleVersion,
-    StartLimitExceeded,
-)
+from pybatch import errors as e
 from pybatch.values._canonical import CanonicalWriter
 from pybatch.values._fields import Code, digest, is_, maybe, optional_version
 from pybatch.values.definitions import DefinitionIdentity
@@ -159,30 +145,30 @@ class OperatorRejection:
         for errors, code in _REJECTION_CODES:
             if isinstance(error, errors):
                 return cls.of(code)
-        if isinstance(error, ExecutionAlreadyActive):
+        if isinstance(error, e.ExecutionAlreadyActive):
             return cls.execution_already_active(
                 JobExecutionId(error.execution_id), BatchStatus(error.status)
             )
-        if isinstance(error, StaleVersion):
+        if isinstance(error, e.StaleVersion):
             return cls.optimistic_conflict(error.actual)
-        if isinstance(error, IllegalTransition | RestartRequiresNewAttempt):
+        if isinstance(error, e.IllegalTransition | e.RestartRequiresNewAttempt):
             return cls.invalid_state(BatchStatus(error.from_status))
-        if isinstance(error, RecoveryNotAllowed):
+        if isinstance(error, e.RecoveryNotAllowed):
             return cls.invalid_state(BatchStatus(error.status))
         return None
 
 
 #: Repository errors audited as a rejection whose code carries no details.
 _REJECTION_CODES = (
-    (CompletedInstance, OperatorRejectionCode.INSTANCE_COMPLETED),
-    (AbandonedInstance, OperatorRejectionCode.INSTANCE_ABANDONED),
+    (e.CompletedInstance, OperatorRejectionCode.INSTANCE_COMPLETED),
+    (e.AbandonedInstance, OperatorRejectionCode.INSTANCE_ABANDONED),
     (
-        (IncompatibleDefinition, RestartStateNotFound, InvalidDefinitionUpgrade),
+        (e.IncompatibleDefinition, e.RestartStateNotFound, e.InvalidDefinitionUpgrade),
         OperatorRejectionCode.INCOMPATIBLE_DEFINITION,
     ),
-    (StartLimitExceeded, OperatorRejectionCode.START_LIMIT_EXCEEDED),
-    (JobExecutionNotFound, OperatorRejectionCode.EXECUTION_NOT_FOUND),
-    (JobInstanceNotFound, OperatorRejectionCode.INSTANCE_NOT_FOUND),
+    (e.StartLimitExceeded, OperatorRejectionCode.START_LIMIT_EXCEEDED),
+    (e.JobExecutionNotFound, OperatorRejectionCode.EXECUTION_NOT_FOUND),
+    (e.JobInstanceNotFound, OperatorRejectionCode.INSTANCE_NOT_FOUND),
 )
 
 

@@ -13,13 +13,7 @@ from typing import TypeAlias, overload
 
 import attrs
 
-from pybatch.errors import (
-    DuplicateParameter,
-    ParameterStringTooLong,
-    ParameterValueOutOfRange,
-    TextContainsNul,
-    TextNotUtf8,
-)
+from pybatch import errors as e
 from pybatch.values._fields import Code, is_
 from pybatch.values.ids import INT64_MAX, UINT64_MAX
 from pybatch.values.names import JobName, ParameterName
@@ -80,11 +74,11 @@ class ParameterValue:
             try:
                 size = len(value.encode("utf-8"))
             except UnicodeEncodeError:
-                raise TextNotUtf8(kind="parameter value") from None
+                raise e.TextNotUtf8(kind="parameter value") from None
             if size > PARAMETER_STRING_MAX_BYTES:
-                raise ParameterStringTooLong(max_bytes=PARAMETER_STRING_MAX_BYTES)
+                raise e.ParameterStringTooLong(max_bytes=PARAMETER_STRING_MAX_BYTES)
             if "\x00" in value:  # PostgreSQL text and jsonb cannot store U+0000
-                raise TextContainsNul(kind="parameter value")
+                raise e.TextContainsNul(kind="parameter value")
         elif kind is ParameterValueKind.BOOL:
             if type(value) is not bool:
                 raise TypeError("a BOOL parameter takes a bool")
@@ -93,7 +87,7 @@ class ParameterValue:
                 raise TypeError(f"a {kind.value} parameter takes an int (bool is not accepted)")
             low, high = (_I64_MIN, INT64_MAX) if kind is ParameterValueKind.I64 else (0, UINT64_MAX)
             if not low <= value <= high:
-                raise ParameterValueOutOfRange(kind=kind.json_tag)
+                raise e.ParameterValueOutOfRange(kind=kind.json_tag)
         else:
             raise TypeError("unknown parameter kind")
 
@@ -198,7 +192,7 @@ class JobParameters:
             name = raw_name if isinstance(raw_name, ParameterName) else ParameterName(raw_name)
             key = _name_key(name)
             if key in seen:
-                raise DuplicateParameter()
+                raise e.DuplicateParameter()
             if not isinstance(parameter, JobParameter):
                 raise TypeError("parameters are JobParameter values")
             seen[key] = (name, parameter)

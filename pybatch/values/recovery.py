@@ -7,18 +7,14 @@ import enum
 
 import attrs
 
+from pybatch import errors as e
 from pybatch._config import (
     DEFAULT_MAX_CLOCK_SKEW,
     DEFAULT_STALE_THRESHOLD,
     check_max_clock_skew,
     check_stale_threshold,
 )
-from pybatch.errors import (
-    RecoveryEvidenceDigestInvalid,
-    RecoveryFieldInvalid,
-    TextNotUtf8,
-    TextRule,
-)
+from pybatch.errors import TextRule
 from pybatch.values._fields import digest, version
 from pybatch.values.ids import IdentifierKind
 from pybatch.values.names import first_violation
@@ -34,9 +30,9 @@ def _check_text(field: str, value: str, max_bytes: int) -> None:
         return
     rule = violation[0]
     if rule is None:
-        raise TextNotUtf8(kind=f"recovery {field}")
+        raise e.TextNotUtf8(kind=f"recovery {field}")
     bound = max_bytes if rule is TextRule.TOO_LONG else None
-    raise RecoveryFieldInvalid(field=field, rule=rule, max_bytes=bound)
+    raise e.RecoveryFieldInvalid(field=field, rule=rule, max_bytes=bound)
 
 
 def _member_name(member: enum.Enum) -> str:
@@ -65,7 +61,7 @@ class RecoveryRequest:
         _check_text("reason code", self.reason_code, 64)
         _check_text("operator reference", self.operator_reference, 128)
         if type(self.evidence_digest) is not bytes or len(self.evidence_digest) != 32:
-            raise RecoveryEvidenceDigestInvalid()
+            raise e.RecoveryEvidenceDigestInvalid()
 
     @property
     def status(self) -> BatchStatus:

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from pybatch.errors import AgeBoundTooSmall, BatchBoundOutOfRange, EmptyStatusSet, NonTerminalStatus
+from pybatch import errors as e
 from pybatch.values._canonical import CanonicalWriter
 from pybatch.values._fields import Code, digest
 from pybatch.values.names import ActorRef, JobName, OperationId, ReasonCode
@@ -35,7 +35,7 @@ class PurgeBatchBound:
 
     def __attrs_post_init__(self) -> None:
         if type(self.value) is not int or not 1 <= self.value <= 1000:
-            raise BatchBoundOutOfRange(requested=int(self.value))
+            raise e.BatchBoundOutOfRange(requested=int(self.value))
 
 
 @attrs.frozen
@@ -50,10 +50,10 @@ class TerminalStatusSet:
         if any(not isinstance(status, BatchStatus) for status in self.statuses):
             raise TypeError("statuses holds BatchStatus members only")
         if not self.statuses:
-            raise EmptyStatusSet()
+            raise e.EmptyStatusSet()
         for status in BatchStatus:  # declaration order: the first offender is reported
             if status in self.statuses and status not in _TERMINAL_ORDER:
-                raise NonTerminalStatus(status=status.value)
+                raise e.NonTerminalStatus(status=status.value)
 
     @classmethod
     def of(cls, statuses: Iterable[BatchStatus]) -> TerminalStatusSet:
@@ -83,7 +83,7 @@ class PurgePlanRequest:
 
     def __attrs_post_init__(self) -> None:
         if self.minimum_age < MINIMUM_AGE:
-            raise AgeBoundTooSmall(minimum="1 hour")
+            raise e.AgeBoundTooSmall(minimum="1 hour")
 
 
 @attrs.frozen(order=True)

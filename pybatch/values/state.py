@@ -13,14 +13,7 @@ from typing import Any, ClassVar, TypeAlias, TypeVar, cast
 
 import attrs
 
-from pybatch.errors import (
-    JsonNotEncodable,
-    StateMalformed,
-    StatePayloadNotObject,
-    StateTooDeep,
-    StateTooLarge,
-    ZeroSchemaVersion,
-)
+from pybatch import errors as e
 from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values.names import StateSchemaId
 
@@ -136,19 +129,19 @@ class _DurableState:
         if not isinstance(schema, StateSchemaId):
             raise TypeError("schema is a StateSchemaId")
         if type(schema_version) is not int or not 1 <= schema_version <= _U32_MAX:
-            raise ZeroSchemaVersion()
+            raise e.ZeroSchemaVersion()
         if not isinstance(payload, dict):
-            raise StatePayloadNotObject()
+            raise e.StatePayloadNotObject()
         limits = limits if limits is not None else StateLimits()
         # The envelope's depth is its payload's plus one (the other members are scalars).
         payload_depth = limits.max_depth - 1
         try:
             payload_json = canonical_json(payload, decimals=False)
-        except JsonNotEncodable:
+        except e.JsonNotEncodable:
             if _depth_exceeds(payload, payload_depth):
-                raise StateTooDeep(kind=self._KIND, max_depth=limits.max_depth) from None
+                raise e.StateTooDeep(kind=self._KIND, max_depth=limits.max_depth) from None
             path, value_type = _not_json(payload) or (None, None)
-            raise StateMalformed(kind=self._KIND, path=path, value_type=value_type) from None
+            raise e.StateMalformed(kind=self._KIND, path=path, value_type=value_type) from None
         # canonical_json of the whole envelope, written around the already canonical payload.
         encoded = b"%s%s%s%d}" % (
             _envelope_head(self._FORMAT),
@@ -157,11 +150,11 @@ class _DurableState:
             schema_version,
         )
         if len(encoded) > limits.max_bytes:
-            raise StateTooLarge(kind=self._KIND, max_bytes=limits.max_bytes)
+            raise e.StateTooLarge(kind=self._KIND, max_bytes=limits.max_bytes)
         # Each level of nesting takes at least one byte of the canonical text, so a payload
         # shorter than the depth limit cannot exceed it (the common small checkpoint).
         if len(payload_json) >= payload_depth and _depth_exceeds(payload, payload_depth):
-            raise StateTooDeep(kind=self._KIND, max_depth=limits.max_depth)
+            raise e.StateTooDeep(kind=self._KIND, max_depth=limits.max_depth)
         self.__attrs_init__(schema, schema_version, payload_json, encoded)
 
     @classmethod
