@@ -62,21 +62,11 @@ StartLimit.UNRESTRICTED = StartLimit(_U32_MAX)
 
 
 class TerminalKind(enum.Enum):
-    """How a flow ends; the value is the durable code, `manifest_name` the manifest word."""
+    """How a flow ends; the value is the durable code, in lower case the manifest's `end`."""
 
     COMPLETE = "COMPLETE"
     FAIL = "FAIL"
     STOP = "STOP"
-
-    @property
-    def manifest_name(self) -> str:
-        """The lower-case name a manifest uses (`complete`, `fail`, `stop`)."""
-        return self.value.lower()
-
-    @classmethod
-    def from_manifest_name(cls, name: object) -> TerminalKind | None:
-        """The kind a manifest names, or None for anything else."""
-        return next((kind for kind in cls if kind.manifest_name == name), None)
 
 
 class FlowTransitionKind(enum.Enum):
@@ -169,9 +159,8 @@ def _manifest_target(transition: Mapping[str, Any]) -> FlowTarget | None:
             return FlowTarget.to_node(node)
         except Exception:  # an invalid node token selects nothing
             return None
-    kind = TerminalKind.from_manifest_name(end)
-    if kind is not None and node is None:
-        return FlowTarget.end(kind)
+    if end in ("complete", "fail", "stop") and node is None:
+        return FlowTarget.end(TerminalKind(end.upper()))
     return None
 
 

@@ -299,13 +299,6 @@ class OperatorRecord(OperatorRecordDraft):
         """The record `draft` became once appended with `record_id`."""
         return cls(id=record_id, **attrs.asdict(draft, recurse=False))
 
-    @property
-    def draft(self) -> OperatorRecordDraft:
-        """The record without its id."""
-        fields = attrs.asdict(self, recurse=False)
-        del fields["id"]
-        return OperatorRecordDraft(**fields)
-
 
 #: The actor and operation-id prefix of recoveries pybatch records on its own.
 AUTOMATIC_RECOVERY_ACTOR = "pybatch.etl"

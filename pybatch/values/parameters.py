@@ -52,13 +52,6 @@ class ParameterValueKind(Code):
         return self.value.capitalize()
 
 
-class ParameterRole(Code):
-    """Whether a parameter takes part in instance identity."""
-
-    IDENTIFYING = "Identifying"
-    NON_IDENTIFYING = "NonIdentifying"
-
-
 @attrs.frozen(repr=False)
 class ParameterValue:
     """One typed parameter value; build it with `string`, `i64`, `u64` or `boolean`."""
@@ -144,13 +137,9 @@ class JobParameter:
         """The kind of the value."""
         return self.value.kind
 
-    @property
-    def role(self) -> ParameterRole:
-        """IDENTIFYING or NON_IDENTIFYING."""
-        return ParameterRole.IDENTIFYING if self.identifying else ParameterRole.NON_IDENTIFYING
-
     def __repr__(self) -> str:
-        return f"JobParameter(kind={self.kind.display}, role={self.role}, value=<redacted>)"
+        role = "Identifying" if self.identifying else "NonIdentifying"
+        return f"JobParameter(kind={self.kind.display}, role={role}, value=<redacted>)"
 
 
 #: What `JobParameters.of` accepts per name: plain values (str, int -> I64, bool) or typed ones.
@@ -238,10 +227,6 @@ class JobParameters:
             pairs.append((name, raw))
         return cls.from_pairs(pairs)
 
-    def with_parameter(self, name: ParameterName | str, parameter: JobParameter) -> JobParameters:
-        """Return a copy with one more parameter; a name already present is refused."""
-        return JobParameters.from_pairs([*self.entries, (name, parameter)])
-
     def __len__(self) -> int:
         return len(self.entries)
 
@@ -267,11 +252,6 @@ class JobParameters:
         return self.entries
 
     @property
-    def parameter_count(self) -> int:
-        """Number of parameters."""
-        return len(self.entries)
-
-    @property
     def identifying_count(self) -> int:
         """Number of identifying parameters."""
         return sum(1 for _, parameter in self.entries if parameter.identifying)
@@ -292,7 +272,7 @@ class JobParameters:
 
     def __repr__(self) -> str:
         return (
-            f"JobParameters(parameter_count={self.parameter_count}, "
+            f"JobParameters(parameter_count={len(self)}, "
             f"identifying_count={self.identifying_count}, ..)"
         )
 
@@ -335,13 +315,8 @@ class JobInstanceKey:
         """The 32-byte instance-key digest stored in `job_instance.instance_key` (version 1)."""
         return hashlib.sha256(self.digest_input()).digest()
 
-    @property
-    def identifying_parameter_count(self) -> int:
-        """Number of identifying parameters in the key."""
-        return len(self.parameters)
-
     def __repr__(self) -> str:
         return (
             f"JobInstanceKey(job_name={self.job_name.value!r}, "
-            f"identifying_parameter_count={self.identifying_parameter_count}, ..)"
+            f"identifying_parameter_count={len(self.parameters)}, ..)"
         )

@@ -51,7 +51,7 @@ class JobInstance:
     parameters: JobParameters = attrs.field(validator=is_(JobParameters))
 
     def __attrs_post_init__(self) -> None:
-        if self.parameters.identifying_count != self.parameters.parameter_count:
+        if self.parameters.identifying_count != len(self.parameters):
             raise ValueError("an instance holds identifying parameters only")
         if self.instance_key != self.key.digest():
             raise ValueError("instance_key does not match the job name and parameters")
@@ -64,7 +64,7 @@ class JobInstance:
     def __repr__(self) -> str:
         return (
             f"JobInstance(id={self.id}, job_name={self.job_name.value!r}, "
-            f"identifying_parameter_count={self.parameters.parameter_count}, "
+            f"identifying_parameter_count={len(self.parameters)}, "
             f"created_at={self.created_at.isoformat()!r})"
         )
 

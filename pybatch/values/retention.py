@@ -60,11 +60,6 @@ class TerminalStatusSet:
         """Validate and build; an active or UNKNOWN status is refused."""
         return cls(frozenset(statuses))
 
-    @classmethod
-    def all(cls) -> TerminalStatusSet:
-        """STOPPED, FAILED, COMPLETED and ABANDONED."""
-        return cls(frozenset(_TERMINAL_ORDER))
-
     def ordered(self) -> list[BatchStatus]:
         """In declaration order STOPPED, FAILED, COMPLETED, ABANDONED."""
         return [status for status in _TERMINAL_ORDER if status in self.statuses]

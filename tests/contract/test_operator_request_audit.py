@@ -325,7 +325,7 @@ def test_find_is_none_on_an_empty_store_then_returns_the_appended_record(
     with repository.begin() as uow:
         assert uow.operator_requests.find(value.action, value.operation_id) is None
         record = uow.operator_requests.append(value)
-        assert record.id >= 1 and record.draft == value
+        assert record.id >= 1 and record == OperatorRecord.from_draft(record.id, value)
         assert uow.operator_requests.find(value.action, value.operation_id) == record
         uow.commit()
     stored = find(repository, value.action, value.operation_id)
@@ -441,7 +441,8 @@ def test_rule11_other_integrity_violations_are_never_concurrent_modification(
 def test_rule11_a_check_violation_on_a_recorded_key_is_not_concurrent_modification(
     repository: JobRepository, clock: ManualClock
 ) -> None:
-    value = append_committed(repository, draft(clock)).draft
+    value = draft(clock)
+    append_committed(repository, value)
     with repository.begin() as uow, pytest.raises(IntegrityViolation) as caught:
         uow.operator_requests.append(forced(attrs.evolve(value), observed_version=-1))
     assert not isinstance(caught.value, ConcurrentModification)
@@ -596,7 +597,8 @@ def test_two_units_of_work_appending_the_same_operation_id_have_one_winner(
         assert isinstance(losers[0].error, ConcurrentModification), losers[0].error
         assert count_rows(admin, base.action, base.operation_id) == 1
         winner = winners[0].value
-        assert winner is not None and winner.draft == racers[winners[0].index]
+        assert winner is not None
+        assert winner == OperatorRecord.from_draft(winner.id, racers[winners[0].index])
         assert find(repository, base.action, base.operation_id) == winner
 
 
@@ -623,6 +625,7 @@ def test_the_loser_waits_on_the_identity_key_until_the_winner_finishes(
         assert find(repository, first.action, first.operation_id) == recorded
     else:
         assert outcome.ok, outcome
-        assert outcome.value is not None and outcome.value.draft == second
+        assert outcome.value is not None
+        assert outcome.value == OperatorRecord.from_draft(outcome.value.id, second)
         assert find(repository, first.action, first.operation_id) == outcome.value
     assert count_rows(admin, first.action, first.operation_id) == 1

@@ -30,6 +30,7 @@ from pybatch.errors import (
     StartLimitExceeded,
 )
 from pybatch.values.chunks import ChunkContext, ChunkCounts, FaultProgress
+from pybatch.values.counts import ExecutionCounts
 from pybatch.values.fault import (
     FaultEntry,
     FaultPhase,
@@ -444,7 +445,7 @@ def test_flow_step_copies_the_newest_state_of_its_node_across_attempts(
     assert inherited_progress(
         repository, ChunkContext(copy_2.id, second.id, TEST_OWNER)
     ).fault_state.ordinal_for(RetryKey(bytes([3]) * 32)) == RetryOrdinal(1)
-    assert fresh.metadata.counts.is_zero and fresh.checkpoint == Checkpoint.empty()
+    assert fresh.metadata.counts == ExecutionCounts() and fresh.checkpoint == Checkpoint.empty()
     assert durable_columns(admin, fresh.id)["fault_state_payload"]["entries"] == []
 
     with repository.begin() as uow:
@@ -718,7 +719,7 @@ def test_a_new_step_starts_clean_at_the_clock_instant(
     assert step.created_at == step.updated_at == clock.now()  # microsecond-exact
     assert step.metadata.timestamps.started_at is None
     assert step.metadata.timestamps.ended_at is None
-    assert step.metadata.counts.is_zero
+    assert step.metadata.counts == ExecutionCounts()
     assert step.checkpoint == Checkpoint.empty()
 
 

@@ -49,7 +49,7 @@ from pybatch.values.names import (
     ReasonCode,
     StepName,
 )
-from pybatch.values.operator import OperatorRecordDraft
+from pybatch.values.operator import OperatorRecord, OperatorRecordDraft
 from pybatch.values.parameters import JobInstanceKey
 from pybatch.values.partitions import PartitionPlanEntry
 from pybatch.values.records import StepExecution
@@ -102,7 +102,7 @@ def test_operator_requests_read_back_equal(repository: JobRepository, clock: Man
         with repository.begin() as uow:
             record = uow.operator_requests.append(draft)
             uow.commit()
-        assert record.draft == draft
+        assert record == OperatorRecord.from_draft(record.id, draft)
         with repository.begin() as uow:
             assert uow.operator_requests.find(draft.action, unique) == record
         if draft.job_execution_id is not None:
@@ -192,7 +192,7 @@ def _flow_manifest(chain: list[tuple[NodeId, ExitCode, Any]]) -> dict[str, Any]:
         if target.node is not None:
             transition["to"] = target.node.value
         else:
-            transition["end"] = target.terminal.manifest_name
+            transition["end"] = target.terminal.value.lower()
         transitions.append(transition)
     return {
         "format": 2,

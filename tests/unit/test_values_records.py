@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from pybatch import errors
+from pybatch.values.counts import ExecutionCounts
 from pybatch.values.definitions import DefinitionIdentity, DefinitionUpgrade
 from pybatch.values.ids import (
     DefinitionId,
@@ -101,7 +102,7 @@ def test_new_job_execution_shape() -> None:
         updated_at=T0,
     )
     assert execution.created_at == T0
-    assert execution.metadata.counts.is_zero
+    assert execution.metadata.counts == ExecutionCounts()
     assert execution.restart_of_execution_id is None
     with pytest.raises(ValueError, match="attempt"):
         JobExecution(

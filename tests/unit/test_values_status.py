@@ -54,7 +54,6 @@ def test_failure_summary() -> None:
 
 
 def test_counts_bounds_and_sums() -> None:
-    assert ExecutionCounts().is_zero
     counts = ExecutionCounts(read=1, processed=2, written=3, filtered=4, committed=5, rolled_back=6)
     assert counts.plus(counts) == ExecutionCounts(
         read=2, processed=4, written=6, filtered=8, committed=10, rolled_back=12
