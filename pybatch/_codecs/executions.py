@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
+from pybatch._codecs import lifecycle
 from pybatch._codecs._primitives import DecodeError, Row, int64_at, optional_int64_at, row_columns
-from pybatch._codecs.lifecycle import (
-    FAILURE_COLUMNS,
-    INSTANT_COLUMNS,
-    decode_metadata,
-    decode_updated_at,
-)
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.ids import DefinitionId, JobExecutionId, JobInstanceId
 from pybatch.values.records import JobExecution
@@ -23,8 +18,8 @@ JOB_EXECUTION_COLUMNS = (
     "attempt",
     "status",
     "exit_code",
-    *FAILURE_COLUMNS,
-    *INSTANT_COLUMNS,
+    *lifecycle.FAILURE_COLUMNS,
+    *lifecycle.INSTANT_COLUMNS,
     "version",
 )
 
@@ -39,14 +34,14 @@ def decode_job_execution(row: Row) -> JobExecution:
     attempt = int64_at(values, "attempt")
     if attempt > _I32_MAX:
         raise DecodeError("attempt")
-    metadata = decode_metadata(values, ExecutionCounts())
+    metadata = lifecycle.decode_metadata(values, ExecutionCounts())
     return JobExecution(
         id=JobExecutionId(int64_at(values, "id")),
         job_instance_id=JobInstanceId(int64_at(values, "job_instance_id")),
         attempt=attempt,
         definition_id=DefinitionId(int64_at(values, "definition_id")),
         metadata=metadata,
-        updated_at=decode_updated_at(values, metadata),
+        updated_at=lifecycle.decode_updated_at(values, metadata),
         version=int64_at(values, "version", 0),
         restart_of_execution_id=None if restart_of is None else JobExecutionId(restart_of),
         upgrade_from_definition_id=None if upgrade_from is None else DefinitionId(upgrade_from),

@@ -4,13 +4,7 @@ from __future__ import annotations
 
 from pybatch._codecs import _primitives as p
 from pybatch.errors import FlowStateCorrupt, PyBatchError
-from pybatch.values.flow import (
-    FlowDecision,
-    FlowDecisionRequest,
-    FlowTarget,
-    FlowTransitionKind,
-    TerminalKind,
-)
+from pybatch.values import flow
 from pybatch.values.names import ExitCode, NodeId
 
 FLOW_DECISION_COLUMNS = (
@@ -30,25 +24,25 @@ FLOW_DECISION_COLUMNS = (
 )
 
 
-def _target(row: p.Row) -> FlowTarget:
+def _target(row: p.Row) -> flow.FlowTarget:
     node, terminal = row["target_node_id"], row["terminal_kind"]
     if terminal is None:
-        return FlowTarget.to_node(NodeId(p.decode_text(node, column="target_node_id")))
+        return flow.FlowTarget.to_node(NodeId(p.decode_text(node, column="target_node_id")))
     if node is not None:
         raise p.DecodeError("target_node_id")
-    return FlowTarget.end(p.decode_enum(TerminalKind, terminal, column="terminal_kind"))
+    return flow.FlowTarget.end(p.decode_enum(flow.TerminalKind, terminal, column="terminal_kind"))
 
 
-def decode_flow_decision(row: p.Row) -> FlowDecision:
+def decode_flow_decision(row: p.Row) -> flow.FlowDecision:
     """Decode one flow_decision row; any column the domain refuses is FlowStateCorrupt."""
     try:
-        return FlowDecision(
+        return flow.FlowDecision(
             id=p.int64_at(row, "id"),
             job_execution_id=p.int64_at(row, "job_execution_id"),
             sequence=p.int64_at(row, "sequence"),
             source_node_id=NodeId(p.text_at(row, "source_node_id")),
             source_step_execution_id=p.optional_int64_at(row, "source_step_execution_id"),
-            kind=p.enum_at(FlowTransitionKind, row, "transition_kind"),
+            kind=p.enum_at(flow.FlowTransitionKind, row, "transition_kind"),
             observed_outcome=ExitCode(p.text_at(row, "observed_outcome")),
             target=_target(row),
             plan_fingerprint=p.digest_at(row, "plan_fingerprint"),
@@ -60,7 +54,7 @@ def decode_flow_decision(row: p.Row) -> FlowDecision:
         raise FlowStateCorrupt() from None
 
 
-def encode_flow_decision_request(request: FlowDecisionRequest) -> dict[str, object]:
+def encode_flow_decision_request(request: flow.FlowDecisionRequest) -> dict[str, object]:
     """The insert parameters of a decision request (queries/flow.sql insert_flow_decision)."""
     target = request.target
     return {

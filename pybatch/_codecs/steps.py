@@ -8,12 +8,7 @@ from typing import TypeVar
 import attrs
 
 from pybatch._codecs import _primitives as p
-from pybatch._codecs.lifecycle import (
-    FAILURE_COLUMNS,
-    INSTANT_COLUMNS,
-    decode_metadata,
-    decode_updated_at,
-)
+from pybatch._codecs import lifecycle
 from pybatch.errors import PyBatchError
 from pybatch.values.counts import ExecutionCounts, StepFaultCounts
 from pybatch.values.ids import JobExecutionId, StepExecutionId
@@ -52,8 +47,8 @@ STEP_EXECUTION_COLUMNS = (
     *COUNT_COLUMNS,
     *CHECKPOINT_COLUMNS,
     *CONTEXT_COLUMNS,
-    *FAILURE_COLUMNS,
-    *INSTANT_COLUMNS,
+    *lifecycle.FAILURE_COLUMNS,
+    *lifecycle.INSTANT_COLUMNS,
     "version",
     *(column for _, column in _FAULT_COUNT_COLUMNS),
 )
@@ -93,14 +88,14 @@ def _decode_counters(
 def decode_step_execution(row: p.Row) -> StepExecution:
     """Decode a step_execution row (columns `STEP_EXECUTION_COLUMNS`)."""
     values = p.row_columns(row, STEP_EXECUTION_COLUMNS)
-    metadata = decode_metadata(values, decode_counts(values))
+    metadata = lifecycle.decode_metadata(values, decode_counts(values))
     return StepExecution(
         id=StepExecutionId(p.int64_at(values, "id")),
         job_execution_id=JobExecutionId(p.int64_at(values, "job_execution_id")),
         step_name=p.text_value_at(StepName, values, "step_name"),
         logical_id=p.text_value_at(NodeId, values, "step_logical_id"),
         metadata=metadata,
-        updated_at=decode_updated_at(values, metadata),
+        updated_at=lifecycle.decode_updated_at(values, metadata),
         version=p.int64_at(values, "version", 0),
         checkpoint=decode_checkpoint(values),
         context=decode_context(values),

@@ -34,7 +34,7 @@ _U16_MAX = 2**16 - 1
 _DIGEST_BYTES = 32
 _ZERO_DIGEST = bytes(_DIGEST_BYTES)
 # Lower case only: the canonical form is lower-case hex, so anything else was not written by us.
-HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 _ENTRY_MEMBERS = frozenset({"category", "key", "ordinal", "phase", "revision"})
 
 
@@ -178,12 +178,12 @@ class FaultEntry:
         }
 
 
-def fault_entry_from_payload(raw: object) -> FaultEntry:
+def _entry_from_payload(raw: object) -> FaultEntry:
     """Decode one stored entry, refusing anything a reservation could not have written."""
     if not isinstance(raw, Mapping) or set(raw) != _ENTRY_MEMBERS:
         raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
     key, phase_name, category_code = raw["key"], raw["phase"], raw["category"]
-    if type(key) is not str or HEX_DIGEST.fullmatch(key) is None:
+    if type(key) is not str or _HEX_DIGEST.fullmatch(key) is None:
         raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
     if type(phase_name) is not str or type(category_code) is not str:
         raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
@@ -304,11 +304,65 @@ class FaultStateEnvelope:
         entries = (*self.entries[:index], entry, *self.entries[index + exists :])
         return FaultStateEnvelope(checkpoint_digest, entries)
 
+    @classmethod
+    def from_columns(
+        cls,
+        format: object,
+        schema: object,
+        schema_version: object,
+        payload: object,
+        checksum: object,
+    ) -> FaultStateEnvelope:
+        """Decode and verify the stored columns (re-canonicalised: jsonb reorders keys).
+
+        Corrupt state must stop all work: each refusal names the first rule broken, in this order.
+        """
+        stored = (format, schema, schema_version, payload, checksum)
+        if all(type(s) is type(x) and s == x for s, x in zip(stored, _EMPTY_COLUMNS, strict=True)):
+            return cls.EMPTY  # most reads: no full decode needed
+        if type(format) is not int or format != FAULT_STATE_FORMAT:
+            raise fault_state_refusal(FaultStateRefusal.UNSUPPORTED_FORMAT)
+        if type(schema) is not str or schema != FAULT_STATE_SCHEMA:
+            raise fault_state_refusal(FaultStateRefusal.UNSUPPORTED_SCHEMA)
+        if type(schema_version) is not int or schema_version != FAULT_STATE_SCHEMA_VERSION:
+            raise fault_state_refusal(FaultStateRefusal.UNSUPPORTED_SCHEMA_VERSION)
+        if not isinstance(payload, Mapping) or not {"checkpoint", "entries"} <= set(payload):
+            raise fault_state_refusal(FaultStateRefusal.MALFORMED)
+        checkpoint, raw_entries = payload["checkpoint"], payload["entries"]
+        try:
+            canonical = canonical_json({"checkpoint": checkpoint, "entries": raw_entries})
+        except e.JsonNotEncodable:
+            raise fault_state_refusal(FaultStateRefusal.MALFORMED) from None
+        if len(canonical) > FAULT_STATE_MAX_BYTES:
+            raise fault_state_refusal(FaultStateRefusal.TOO_LARGE)
+        if type(checkpoint) is not str or _HEX_DIGEST.fullmatch(checkpoint) is None:
+            raise fault_state_refusal(FaultStateRefusal.MALFORMED)
+        if not isinstance(raw_entries, list):
+            raise fault_state_refusal(FaultStateRefusal.MALFORMED)
+        if len(raw_entries) > FAULT_STATE_MAX_ENTRIES:
+            raise fault_state_refusal(FaultStateRefusal.TOO_MANY_ENTRIES)
+        entries = tuple(_entry_from_payload(raw) for raw in raw_entries)
+        # Strict entry decoding re-encodes to exactly `canonical`: the checksum covers the stored.
+        envelope = cls(bytes.fromhex(checkpoint), entries)
+        if not isinstance(checksum, bytes | bytearray | memoryview):
+            raise fault_state_refusal(FaultStateRefusal.CHECKSUM_MISMATCH)
+        if bytes(checksum) != envelope.checksum():
+            raise fault_state_refusal(FaultStateRefusal.CHECKSUM_MISMATCH)
+        return envelope
+
     def __repr__(self) -> str:
         return f"FaultStateEnvelope(entry_count={len(self.entries)}, ..)"  # digests redacted
 
 
 FaultStateEnvelope.EMPTY = FaultStateEnvelope(_ZERO_DIGEST, ())
+#: The stored columns of the empty envelope (format, schema, version, payload, checksum).
+_EMPTY_COLUMNS = (
+    FAULT_STATE_FORMAT,
+    FAULT_STATE_SCHEMA,
+    FAULT_STATE_SCHEMA_VERSION,
+    FaultStateEnvelope.EMPTY.to_payload(),
+    FaultStateEnvelope.EMPTY.checksum(),
+)
 
 
 @attrs.frozen(kw_only=True)

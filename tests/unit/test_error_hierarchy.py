@@ -23,10 +23,9 @@ import attrs
 import pytest
 
 from pybatch import errors
-from pybatch._codecs.fault_state import decode_fault_state_columns
 from pybatch._config import CaCertificate, ConnectionConfig
 from pybatch.values.definitions import DefinitionIdentity
-from pybatch.values.fault import FAULT_STATE_SCHEMA
+from pybatch.values.fault import FAULT_STATE_SCHEMA, FaultStateEnvelope
 from pybatch.values.names import DefinitionRevision, JobName, ParameterName, StateSchemaId
 from pybatch.values.parameters import ParameterValue
 from pybatch.values.recovery import RecoveryRequest
@@ -618,7 +617,7 @@ REDACTED_INPUTS: dict[str, Callable[[], object]] = {
     "checkpoint payload, too large": lambda: Checkpoint(
         StateSchemaId("app.v1"), 1, {"k": SECRET * 10_000}
     ),
-    "fault state payload": lambda: decode_fault_state_columns(
+    "fault state payload": lambda: FaultStateEnvelope.from_columns(
         1, FAULT_STATE_SCHEMA, 1, {"checkpoint": SECRET, "entries": []}, b"\x00" * 32
     ),
     "recovery reason code": lambda: RecoveryRequest(

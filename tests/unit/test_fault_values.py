@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pybatch._codecs.fault_state import decode_fault_state_columns, encode_fault_state
+from pybatch._codecs.fault_state import encode_fault_state
 from pybatch.errors import (
     CapacityExhausted,
     FaultStateEnvelopeInvalid,
@@ -106,7 +106,7 @@ def decode(payload: Any, checksum: Any = None, **columns: Any) -> FaultStateEnve
     """Call from_columns with valid columns unless overridden; checksum defaults to a match."""
     if checksum is None:
         checksum = checksum_of(payload)
-    return decode_fault_state_columns(
+    return FaultStateEnvelope.from_columns(
         columns.get("format", 1),
         columns.get("schema", "oxide-batch.fault-state"),
         columns.get("schema_version", 1),
@@ -172,7 +172,7 @@ def test_empty_envelope_read_back_from_jsonb_order_verifies() -> None:
     # jsonb returns {"entries": [], "checkpoint": "000…0"} (shorter key first).
     stored = jsonb_order(encode_fault_state(FaultStateEnvelope.EMPTY)["fault_state_payload"])
     assert list(stored) == ["entries", "checkpoint"]
-    decoded = decode_fault_state_columns(
+    decoded = FaultStateEnvelope.from_columns(
         1, "oxide-batch.fault-state", 1, stored, bytes.fromhex(EMPTY_SHA256)
     )
     assert decoded == FaultStateEnvelope.EMPTY
@@ -198,7 +198,7 @@ def test_round_trip_through_jsonb_key_order() -> None:
     # The stored text is not the canonical form, so hashing it as-is would not verify.
     assert json.dumps(stored, separators=(",", ":")).encode() != envelope.canonical_bytes()
 
-    decoded = decode_fault_state_columns(
+    decoded = FaultStateEnvelope.from_columns(
         columns["fault_state_format"],
         columns["fault_state_schema"],
         columns["fault_state_schema_version"],
@@ -393,7 +393,7 @@ def test_refuses_empty_envelope_with_a_nonzero_checkpoint() -> None:
 )
 def test_refuses_checksum_mismatch(checksum: Any) -> None:
     with pytest.raises(FaultStateEnvelopeInvalid) as caught:
-        decode_fault_state_columns(1, "oxide-batch.fault-state", 1, payload_of(ZERO), checksum)
+        FaultStateEnvelope.from_columns(1, "oxide-batch.fault-state", 1, payload_of(ZERO), checksum)
     assert caught.value.reason == FaultStateRefusal.CHECKSUM_MISMATCH.value
 
 
