@@ -9,10 +9,9 @@ from pybatch import errors as e
 from pybatch._codecs import _primitives as p
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.ids import FailureId, IdentifierKind, check_identifier
-from pybatch.values.lifecycle import ExecutionMetadata
+from pybatch.values.lifecycle import ExecutionMetadata, ExecutionTimestamps
 from pybatch.values.names import ExitCode
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
-from pybatch.values.timestamps import ExecutionTimestamps
 
 #: The failure pair and the four instants of a job or step row, in their table order.
 FAILURE_COLUMNS = ("failure_category", "failure_id")

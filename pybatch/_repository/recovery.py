@@ -15,7 +15,7 @@ from pybatch.errors import JobExecutionNotFound, RecoveryNotAllowed, StaleVersio
 from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values.audit import AuditRecordKind
 from pybatch.values.ids import FailureId, IdentifierKind, check_identifier
-from pybatch.values.lifecycle import ExecutionMetadata
+from pybatch.values.lifecycle import ExecutionMetadata, ExecutionTimestamps
 from pybatch.values.operator import automatic_recovery_record
 from pybatch.values.ownership import OwnerToken
 from pybatch.values.recovery import (
@@ -28,7 +28,6 @@ from pybatch.values.recovery import (
     RecoveryStepEvidence,
 )
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
-from pybatch.values.timestamps import ExecutionTimestamps
 
 
 def recover_job_execution(

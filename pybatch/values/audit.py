@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import attrs
 
-from pybatch.values._fields import Code
+from pybatch.values.ids import Code
 
 GENESIS_DIGEST = bytes(32)  # The "previous digest" of the first link.
 

@@ -15,7 +15,7 @@ import attrs
 
 from pybatch import errors as e
 from pybatch.values._canonical import canonical_json, reject_constant, sha256
-from pybatch.values._fields import is_, maybe
+from pybatch.values.ids import is_, maybe
 from pybatch.values.names import DefinitionRevision, DefinitionUpgradeKey, JobName, StepName
 
 MANIFEST_MAX_BYTES = 65_536  # Byte bound of a canonical manifest.

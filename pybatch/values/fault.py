@@ -18,8 +18,7 @@ import attrs
 
 from pybatch import errors as e
 from pybatch.values._canonical import canonical_json, sha256
-from pybatch.values._fields import Code, digest, is_
-from pybatch.values.ids import UINT64_MAX, Validator
+from pybatch.values.ids import UINT64_MAX, Code, Validator, digest, is_
 from pybatch.values.names import ClassifierRevision, StepName
 from pybatch.values.status import BatchStatus, FailureCategory
 

@@ -22,12 +22,10 @@ from typing import Any, ClassVar
 import attrs
 
 from pybatch.errors import ManifestInvalid, ZeroStartLimit
-from pybatch.values._fields import digest, is_, maybe
-from pybatch.values.ids import IdentifierKind, identifier_validator
+from pybatch.values.ids import IdentifierKind, aware_utc, digest, identifier_validator, is_, maybe
 from pybatch.values.names import ExitCode, NodeId
 from pybatch.values.records import StepExecution
 from pybatch.values.state import ExecutionContext
-from pybatch.values.timestamps import aware_utc
 
 _U32_MAX = 4_294_967_295
 #: Flow-graph bounds of a format 2 or 3 manifest, checked when a definition is registered.

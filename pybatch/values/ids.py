@@ -1,10 +1,13 @@
-"""Identifiers, versions and counters: plain ints (NewType names which), never bool, range-checked.
+"""Identifiers, versions, counters and instants, and the attrs field helpers every value uses.
 
+Ids, versions and counters are plain ints (NewType names which), never bool, range-checked.
 Identifiers range over 1..2^64-1; storage is `bigint`, so binding one above 2^63-1 is refused.
+Instants are aware: any offset is normalised to UTC, naive ones refused; microseconds kept.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import enum
 from collections.abc import Callable
 from typing import Any, NewType
@@ -25,8 +28,15 @@ FailureId = NewType("FailureId", int)
 DefinitionId = NewType("DefinitionId", int)
 
 
-class IdentifierKind(enum.Enum):
-    """Which identifier a check is about; the value is the contract's display name."""
+class Code(enum.Enum):
+    """An enum whose values are durable codes; `str()` is the code itself."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class IdentifierKind(Code):
+    """Which identifier a check is about; the value is its display name in errors."""
 
     JOB_INSTANCE = "job instance"
     JOB_EXECUTION = "job execution"
@@ -38,9 +48,6 @@ class IdentifierKind(enum.Enum):
     RETENTION_ACTION = "retention action"
     STEP_PARTITION = "step partition"
     FAILURE = "failure"
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def validator(self) -> Validator:
@@ -100,3 +107,46 @@ def identifier_validator(kind: IdentifierKind, *, optional: bool = False) -> Val
         check_identifier(kind, value)
 
     return validate
+
+
+def is_(cls: type[Any]) -> Validator:
+    """An attrs validator: an instance of `cls`."""
+    return attrs.validators.instance_of(cls)
+
+
+def maybe(cls: type[Any]) -> Validator:
+    """An attrs validator: None or an instance of `cls`."""
+    return attrs.validators.optional(attrs.validators.instance_of(cls))
+
+
+def version(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    """An optimistic version 0..2^63-1 (an int, never a bool)."""
+    if type(value) is not int:
+        raise TypeError(f"{attribute.name} is an int")
+    check_version(value)
+
+
+def fixed_bytes(length: int) -> Validator:
+    """A byte string of exactly `length` bytes (a digest, a token)."""
+
+    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if type(value) is not bytes or len(value) != length:
+            raise ValueError(f"{attribute.name} is exactly {length} bytes")
+
+    return check
+
+
+#: A SHA-256 digest.
+digest = fixed_bytes(32)
+
+
+def aware_utc(value: _dt.datetime) -> _dt.datetime:
+    """The instant in UTC: NaiveTimestamp without an offset, TimestampOutOfRange past 1..9999."""
+    if not isinstance(value, _dt.datetime):
+        raise TypeError("expected a datetime")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise e.NaiveTimestamp()
+    try:
+        return value.astimezone(_dt.UTC)
+    except OverflowError:
+        raise e.TimestampOutOfRange() from None

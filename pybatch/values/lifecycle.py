@@ -13,12 +13,31 @@ from collections.abc import Mapping
 import attrs
 
 from pybatch import errors as e
-from pybatch.values._fields import is_, maybe
 from pybatch.values.counts import ExecutionCounts
-from pybatch.values.ids import INT64_MAX
+from pybatch.values.ids import INT64_MAX, aware_utc, is_, maybe
 from pybatch.values.names import ExitCode
 from pybatch.values.status import BatchStatus, FailureSummary
-from pybatch.values.timestamps import ExecutionTimestamps, aware_utc
+
+
+def _optional_utc(value: _dt.datetime | None) -> _dt.datetime | None:
+    return None if value is None else aware_utc(value)
+
+
+@attrs.frozen
+class ExecutionTimestamps:
+    """Creation, start and end instants of an execution, in order."""
+
+    created_at: _dt.datetime = attrs.field(converter=aware_utc)
+    started_at: _dt.datetime | None = attrs.field(default=None, converter=_optional_utc)
+    ended_at: _dt.datetime | None = attrs.field(default=None, converter=_optional_utc)
+
+    def __attrs_post_init__(self) -> None:
+        if self.started_at is not None and self.started_at < self.created_at:
+            raise e.InvalidTimestampOrder()
+        lower = self.started_at if self.started_at is not None else self.created_at
+        if self.ended_at is not None and self.ended_at < lower:
+            raise e.InvalidTimestampOrder()
+
 
 _S = BatchStatus
 #: The transition table (docs/contract.md, Transition table): from-status -> allowed targets.

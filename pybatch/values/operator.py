@@ -11,22 +11,26 @@ import attrs
 
 from pybatch import errors as e
 from pybatch.values._canonical import CanonicalWriter
-from pybatch.values._fields import Code, digest, is_, maybe, optional_version
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.ids import (
+    Code,
     IdentifierKind,
     JobExecutionId,
     JobInstanceId,
     OperatorRequestId,
+    aware_utc,
     check_identifier,
     check_version,
+    digest,
     identifier_validator,
+    is_,
+    maybe,
+    version,
 )
 from pybatch.values.names import ActorRef, OperationId, ReasonCode
 from pybatch.values.parameters import JobInstanceKey
 from pybatch.values.recovery import RecoveryRequest, RecoveryResult
 from pybatch.values.status import BatchStatus, FailureSummary
-from pybatch.values.timestamps import aware_utc
 
 #: Domain-separation tag of the request digest, kept byte for byte (docs/tables.md 3.10).
 REQUEST_DIGEST_DOMAIN = "oxide-batch.operator-request.v1"
@@ -101,7 +105,9 @@ class OperatorRejection:
     """A rejection code with exactly its details (the actual version, not the expected one)."""
 
     code: OperatorRejectionCode = attrs.field(validator=is_(OperatorRejectionCode))
-    current_version: int | None = attrs.field(default=None, validator=optional_version)
+    current_version: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(version)
+    )
     status: BatchStatus | None = attrs.field(default=None, validator=maybe(BatchStatus))
     execution_id: JobExecutionId | None = attrs.field(
         default=None, validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True)
@@ -271,7 +277,7 @@ class OperatorRecordDraft:
     job_execution_id: JobExecutionId | None = attrs.field(
         validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True)
     )
-    observed_version: int | None = attrs.field(validator=optional_version)
+    observed_version: int | None = attrs.field(validator=attrs.validators.optional(version))
     prior_status: BatchStatus | None = attrs.field(validator=maybe(BatchStatus))
     result_status: BatchStatus | None = attrs.field(validator=maybe(BatchStatus))
     outcome: OperatorOutcomeClass = attrs.field(validator=is_(OperatorOutcomeClass))

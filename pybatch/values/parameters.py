@@ -14,8 +14,7 @@ from typing import TypeAlias, overload
 import attrs
 
 from pybatch import errors as e
-from pybatch.values._fields import Code, is_
-from pybatch.values.ids import INT64_MAX, UINT64_MAX
+from pybatch.values.ids import INT64_MAX, UINT64_MAX, Code, is_
 from pybatch.values.names import JobName, ParameterName
 
 PARAMETER_STRING_MAX_BYTES = 65_536  # Byte bound of a string parameter value.

@@ -8,7 +8,6 @@ from typing import Any
 import attrs
 
 from pybatch.errors import InvalidTimestampOrder
-from pybatch.values._fields import is_, version
 from pybatch.values.counts import StepFaultCounts
 from pybatch.values.ids import (
     INT64_MAX,
@@ -17,14 +16,16 @@ from pybatch.values.ids import (
     JobExecutionId,
     JobInstanceId,
     StepExecutionId,
+    aware_utc,
     identifier_validator,
+    is_,
+    version,
 )
 from pybatch.values.lifecycle import ExecutionMetadata
 from pybatch.values.names import JobName, NodeId, StepName
 from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus
-from pybatch.values.timestamps import aware_utc
 
 _INT32_MAX = 2**31 - 1
 

@@ -15,12 +15,10 @@ from pybatch._config import (
     check_stale_threshold,
 )
 from pybatch.errors import TextRule
-from pybatch.values._fields import digest, version
-from pybatch.values.ids import IdentifierKind
+from pybatch.values.ids import IdentifierKind, aware_utc, digest, version
 from pybatch.values.names import first_violation
 from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus, FailureSummary
-from pybatch.values.timestamps import aware_utc
 
 
 def _check_text(field: str, value: str, max_bytes: int) -> None:

@@ -14,10 +14,9 @@ import attrs
 
 from pybatch import errors as e
 from pybatch.values._canonical import CanonicalWriter
-from pybatch.values._fields import Code, digest
+from pybatch.values.ids import Code, aware_utc, digest
 from pybatch.values.names import ActorRef, JobName, OperationId, ReasonCode
 from pybatch.values.status import BatchStatus
-from pybatch.values.timestamps import aware_utc
 
 PLAN_DIGEST_DOMAIN = "oxide-batch.retention-plan.v1"
 RETENTION_DIGEST_DOMAIN = "pybatch.retention-request.v1"

@@ -6,8 +6,7 @@ from typing import Any
 
 import attrs
 
-from pybatch.values._fields import Code, is_
-from pybatch.values.ids import FailureId, IdentifierKind, check_identifier
+from pybatch.values.ids import Code, FailureId, IdentifierKind, check_identifier, is_
 
 
 class BatchStatus(Code):

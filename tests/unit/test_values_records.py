@@ -17,7 +17,7 @@ from pybatch.values.ids import (
     JobInstanceId,
     StepExecutionId,
 )
-from pybatch.values.lifecycle import ExecutionMetadata, LifecycleTransition
+from pybatch.values.lifecycle import ExecutionMetadata, ExecutionTimestamps, LifecycleTransition
 from pybatch.values.names import (
     DefinitionRevision,
     DefinitionUpgradeKey,
@@ -38,7 +38,6 @@ from pybatch.values.records import (
 )
 from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
-from pybatch.values.timestamps import ExecutionTimestamps
 
 T0 = datetime(2026, 5, 1, tzinfo=UTC)
 #: The metadata of a new execution or step: STARTING, exit UNKNOWN, zero counters.

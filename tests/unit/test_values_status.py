@@ -8,9 +8,9 @@ import pytest
 
 from pybatch import errors
 from pybatch.values.counts import ExecutionCounts, StepFaultCounts
-from pybatch.values.ids import INT64_MAX
+from pybatch.values.ids import INT64_MAX, aware_utc
+from pybatch.values.lifecycle import ExecutionTimestamps
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
-from pybatch.values.timestamps import ExecutionTimestamps, aware_utc
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
 
