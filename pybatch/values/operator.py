@@ -100,17 +100,21 @@ _DETAILS = {
 }
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen
 class OperatorRejection:
     """A rejection code with exactly its details (the actual version, not the expected one)."""
 
     code: OperatorRejectionCode = attrs.field(validator=is_(OperatorRejectionCode))
     current_version: int | None = attrs.field(
-        default=None, validator=attrs.validators.optional(version)
+        default=None, kw_only=True, validator=attrs.validators.optional(version)
     )
-    status: BatchStatus | None = attrs.field(default=None, validator=maybe(BatchStatus))
+    status: BatchStatus | None = attrs.field(
+        default=None, kw_only=True, validator=maybe(BatchStatus)
+    )
     execution_id: JobExecutionId | None = attrs.field(
-        default=None, validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True)
+        default=None,
+        kw_only=True,
+        validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True),
     )
 
     def __attrs_post_init__(self) -> None:
@@ -120,47 +124,21 @@ class OperatorRejection:
             raise ValueError(f"{self.code.value} carries exactly {sorted(self.code.details)}")
 
     @classmethod
-    def of(cls, code: OperatorRejectionCode) -> OperatorRejection:
-        """A rejection whose code carries no details."""
-        return cls(code=code)
-
-    @classmethod
-    def optimistic_conflict(cls, current_version: int) -> OperatorRejection:
-        """OPTIMISTIC_CONFLICT with the execution's actual version."""
-        return cls(code=OperatorRejectionCode.OPTIMISTIC_CONFLICT, current_version=current_version)
-
-    @classmethod
-    def invalid_state(cls, status: BatchStatus) -> OperatorRejection:
-        """INVALID_STATE with the status that forbade the action."""
-        return cls(code=OperatorRejectionCode.INVALID_STATE, status=status)
-
-    @classmethod
-    def execution_already_active(
-        cls, execution_id: JobExecutionId, status: BatchStatus
-    ) -> OperatorRejection:
-        """EXECUTION_ALREADY_ACTIVE with the active execution's id and status."""
-        return cls(
-            code=OperatorRejectionCode.EXECUTION_ALREADY_ACTIVE,
-            execution_id=execution_id,
-            status=status,
-        )
-
-    @classmethod
     def from_repository(cls, error: BaseException) -> OperatorRejection | None:
         """The audited rejection of a repository error, or None if the error must propagate."""
-        for errors, code in _REJECTION_CODES:
+        for errors, rejected in _REJECTION_CODES:
             if isinstance(error, errors):
-                return cls.of(code)
+                return cls(rejected)
+        code = OperatorRejectionCode
         if isinstance(error, e.ExecutionAlreadyActive):
-            return cls.execution_already_active(
-                JobExecutionId(error.execution_id), BatchStatus(error.status)
-            )
+            execution_id, status = JobExecutionId(error.execution_id), BatchStatus(error.status)
+            return cls(code.EXECUTION_ALREADY_ACTIVE, execution_id=execution_id, status=status)
         if isinstance(error, e.StaleVersion):
-            return cls.optimistic_conflict(error.actual)
+            return cls(code.OPTIMISTIC_CONFLICT, current_version=error.actual)
         if isinstance(error, e.IllegalTransition | e.RestartRequiresNewAttempt):
-            return cls.invalid_state(BatchStatus(error.from_status))
+            return cls(code.INVALID_STATE, status=BatchStatus(error.from_status))
         if isinstance(error, e.RecoveryNotAllowed):
-            return cls.invalid_state(BatchStatus(error.status))
+            return cls(code.INVALID_STATE, status=BatchStatus(error.status))
         return None
 
 

@@ -64,20 +64,20 @@ _runs = itertools.count(1)
 
 #: One rejection per code, each with the details its code carries (details are stored losslessly).
 EVERY_REJECTION: dict[OperatorRejectionCode, OperatorRejection] = {
-    Code.OPTIMISTIC_CONFLICT: OperatorRejection.optimistic_conflict(7),
-    Code.INVALID_STATE: OperatorRejection.invalid_state(S.UNKNOWN),
-    Code.INSTANCE_COMPLETED: OperatorRejection.of(Code.INSTANCE_COMPLETED),
-    Code.INSTANCE_ABANDONED: OperatorRejection.of(Code.INSTANCE_ABANDONED),
-    Code.EXECUTION_ALREADY_ACTIVE: OperatorRejection.execution_already_active(
-        JobExecutionId(2**63 - 1), S.STOPPING
+    Code.OPTIMISTIC_CONFLICT: OperatorRejection(Code.OPTIMISTIC_CONFLICT, current_version=7),
+    Code.INVALID_STATE: OperatorRejection(Code.INVALID_STATE, status=S.UNKNOWN),
+    Code.INSTANCE_COMPLETED: OperatorRejection(Code.INSTANCE_COMPLETED),
+    Code.INSTANCE_ABANDONED: OperatorRejection(Code.INSTANCE_ABANDONED),
+    Code.EXECUTION_ALREADY_ACTIVE: OperatorRejection(
+        Code.EXECUTION_ALREADY_ACTIVE, execution_id=JobExecutionId(2**63 - 1), status=S.STOPPING
     ),
-    Code.INCOMPATIBLE_DEFINITION: OperatorRejection.of(Code.INCOMPATIBLE_DEFINITION),
-    Code.RESTART_WITHOUT_PRIOR_ATTEMPT: OperatorRejection.of(Code.RESTART_WITHOUT_PRIOR_ATTEMPT),
-    Code.START_LIMIT_EXCEEDED: OperatorRejection.of(Code.START_LIMIT_EXCEEDED),
-    Code.UNRESOLVED_RECOVERY_REQUIRED: OperatorRejection.of(Code.UNRESOLVED_RECOVERY_REQUIRED),
-    Code.EXECUTION_NOT_FOUND: OperatorRejection.of(Code.EXECUTION_NOT_FOUND),
-    Code.INSTANCE_NOT_FOUND: OperatorRejection.of(Code.INSTANCE_NOT_FOUND),
-    Code.UNSUPPORTED_ACTION: OperatorRejection.of(Code.UNSUPPORTED_ACTION),
+    Code.INCOMPATIBLE_DEFINITION: OperatorRejection(Code.INCOMPATIBLE_DEFINITION),
+    Code.RESTART_WITHOUT_PRIOR_ATTEMPT: OperatorRejection(Code.RESTART_WITHOUT_PRIOR_ATTEMPT),
+    Code.START_LIMIT_EXCEEDED: OperatorRejection(Code.START_LIMIT_EXCEEDED),
+    Code.UNRESOLVED_RECOVERY_REQUIRED: OperatorRejection(Code.UNRESOLVED_RECOVERY_REQUIRED),
+    Code.EXECUTION_NOT_FOUND: OperatorRejection(Code.EXECUTION_NOT_FOUND),
+    Code.INSTANCE_NOT_FOUND: OperatorRejection(Code.INSTANCE_NOT_FOUND),
+    Code.UNSUPPORTED_ACTION: OperatorRejection(Code.UNSUPPORTED_ACTION),
 }
 
 
@@ -204,19 +204,21 @@ def test_repository_errors_map_to_rejections_with_their_details() -> None:
     from_repository = OperatorRejection.from_repository
     assert from_repository(
         ExecutionAlreadyActive(instance_id=1, execution_id=9, status="STARTED")
-    ) == OperatorRejection.execution_already_active(JobExecutionId(9), S.STARTED)
+    ) == OperatorRejection(
+        Code.EXECUTION_ALREADY_ACTIVE, execution_id=JobExecutionId(9), status=S.STARTED
+    )
     assert from_repository(StaleVersion(expected=1, actual=4)) == (
-        OperatorRejection.optimistic_conflict(4)
+        OperatorRejection(Code.OPTIMISTIC_CONFLICT, current_version=4)
     )
     assert from_repository(
         IllegalTransition(from_status="COMPLETED", to_status="STARTED")
-    ) == OperatorRejection.invalid_state(S.COMPLETED)
+    ) == OperatorRejection(Code.INVALID_STATE, status=S.COMPLETED)
     assert from_repository(RecoveryNotAllowed(id=3, status="FAILED")) == (
-        OperatorRejection.invalid_state(S.FAILED)
+        OperatorRejection(Code.INVALID_STATE, status=S.FAILED)
     )
-    assert from_repository(CompletedInstance(id=1)) == OperatorRejection.of(Code.INSTANCE_COMPLETED)
+    assert from_repository(CompletedInstance(id=1)) == OperatorRejection(Code.INSTANCE_COMPLETED)
     assert from_repository(RestartStateNotFound(execution_id=1, step_name="x")) == (
-        OperatorRejection.of(Code.INCOMPATIBLE_DEFINITION)
+        OperatorRejection(Code.INCOMPATIBLE_DEFINITION)
     )
     assert from_repository(ConcurrentModification()) is None
     assert from_repository(Unavailable()) is None
@@ -399,14 +401,16 @@ FORCED: dict[str, tuple[dict[str, Any], str]] = {
     "rejection missing its status": (
         {
             "outcome": Outcome.REJECTED,
-            "rejection": forced(OperatorRejection.invalid_state(S.UNKNOWN), status=None),
+            "rejection": forced(
+                OperatorRejection(Code.INVALID_STATE, status=S.UNKNOWN), status=None
+            ),
         },
         "operator_request_rejection_shape",
     ),
     "detail on a code that carries none": (
         {
             "outcome": Outcome.REJECTED,
-            "rejection": forced(OperatorRejection.of(Code.INSTANCE_NOT_FOUND), current_version=3),
+            "rejection": forced(OperatorRejection(Code.INSTANCE_NOT_FOUND), current_version=3),
         },
         "operator_request_rejection_shape",
     ),
