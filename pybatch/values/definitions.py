@@ -54,12 +54,6 @@ def _parse_canonical_manifest(data: bytes) -> dict[str, Any]:
     return document
 
 
-def _format_member(document: Mapping[str, object]) -> int:
-    """The `format` member as a u16, or 0 (missing format) when absent or not a u16."""
-    value = document.get("format")
-    return value if type(value) is int and 0 <= value <= _U16_MAX else 0
-
-
 @attrs.frozen(repr=False)
 class DefinitionIdentity:
     """The restart-relevant identity of a job definition; `digest` is derived, all else compared."""
@@ -94,8 +88,10 @@ class DefinitionIdentity:
             data = canonical_json(manifest)
         except e.JsonNotEncodable as error:
             raise e.ManifestInvalid(reason=error.reason) from None
-        document = _parse_canonical_manifest(data)
-        return cls(job_name, revision, _format_member(document), data)
+        format = _parse_canonical_manifest(data).get("format")
+        if type(format) is not int or not 0 <= format <= _U16_MAX:
+            format = 0
+        return cls(job_name, revision, format, data)
 
     @classmethod
     def legacy(cls) -> DefinitionIdentity:

@@ -1,14 +1,7 @@
 """Flow values: start limits, targets, decisions and manifest matching.
 
-A flow manifest (format 2 or 3) lists its nodes and transitions::
-
-    {"format": 2,
-     "nodes": [{"id": "extract", "kind": "step"}, {"id": "check", "kind": "decision"}],
-     "transitions": [{"source": "extract", "pattern": "COMPLETED", "to": "check"},
-                     {"source": "extract", "pattern": "*", "end": "fail"},
-                     {"source": "check", "pattern": "*", "end": "complete"}]}
-
-A transition names exactly one of `to` (a node id) or `end` (complete, fail or stop).
+A manifest of format 2 or 3 lists nodes and transitions (docs/etl-guide.md, Flows: deciding
+what runs next); a transition names exactly one of `to` (a node id) or `end`.
 """
 
 from __future__ import annotations

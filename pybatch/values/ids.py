@@ -24,8 +24,7 @@ JobExecutionId = NewType("JobExecutionId", int)
 StepExecutionId = NewType("StepExecutionId", int)
 OperatorRequestId = NewType("OperatorRequestId", int)
 FailureId = NewType("FailureId", int)
-#: Surrogate key of a `job_definition` row (storage only; no contract identifier kind).
-DefinitionId = NewType("DefinitionId", int)
+DefinitionId = NewType("DefinitionId", int)  # The surrogate key of a `job_definition` row.
 
 
 class Code(enum.Enum):
@@ -48,6 +47,7 @@ class IdentifierKind(Code):
     RETENTION_ACTION = "retention action"
     STEP_PARTITION = "step partition"
     FAILURE = "failure"
+    DEFINITION = "definition"
 
     @property
     def validator(self) -> Validator:

@@ -39,9 +39,8 @@ REQUEST_DIGEST_DOMAIN = "oxide-batch.operator-request.v1"
 class AuthorizationClass(Code):
     """How much an operator request may change; derived from the action and stored with it."""
 
-    READ = "READ"  # Explorer queries and retention plans.
     LIFECYCLE = "LIFECYCLE"  # Launch, restart and stop.
-    DESTRUCTIVE = "DESTRUCTIVE"  # Abandon, recover, hold, release and purge apply.
+    DESTRUCTIVE = "DESTRUCTIVE"  # Abandon and recover.
 
 
 class OperatorAction(Code):

@@ -10,7 +10,6 @@ import attrs
 from pybatch.errors import InvalidTimestampOrder
 from pybatch.values.counts import StepFaultCounts
 from pybatch.values.ids import (
-    INT64_MAX,
     DefinitionId,
     IdentifierKind,
     JobExecutionId,
@@ -28,12 +27,6 @@ from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus
 
 _INT32_MAX = 2**31 - 1
-
-
-def _definition_id(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    """An attrs validator for `job_definition` surrogate keys (1..2^63-1)."""
-    if type(value) is not int or not 1 <= value <= INT64_MAX:
-        raise ValueError(f"{attribute.name} must be a positive bigint")
 
 
 def _attempt(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -99,7 +92,7 @@ class JobExecution(_Attempt):
     id: JobExecutionId = attrs.field(validator=IdentifierKind.JOB_EXECUTION.validator)
     job_instance_id: JobInstanceId = attrs.field(validator=IdentifierKind.JOB_INSTANCE.validator)
     attempt: int = attrs.field(validator=_attempt)
-    definition_id: DefinitionId = attrs.field(validator=_definition_id)
+    definition_id: DefinitionId = attrs.field(validator=IdentifierKind.DEFINITION.validator)
     metadata: ExecutionMetadata = attrs.field(validator=is_(ExecutionMetadata))
     version: int = attrs.field(validator=version)
     updated_at: _dt.datetime = attrs.field(converter=aware_utc)
@@ -107,7 +100,7 @@ class JobExecution(_Attempt):
         default=None, validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True)
     )
     upgrade_from_definition_id: DefinitionId | None = attrs.field(
-        default=None, validator=attrs.validators.optional(_definition_id)
+        default=None, validator=identifier_validator(IdentifierKind.DEFINITION, optional=True)
     )
 
 

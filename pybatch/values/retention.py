@@ -14,7 +14,7 @@ import attrs
 
 from pybatch import errors as e
 from pybatch.values._canonical import CanonicalWriter
-from pybatch.values.ids import Code, aware_utc, digest
+from pybatch.values.ids import Code, aware_utc, digest, is_
 from pybatch.values.names import ActorRef, JobName, OperationId, ReasonCode
 from pybatch.values.status import BatchStatus
 
@@ -41,13 +41,11 @@ class PurgeBatchBound:
 class TerminalStatusSet:
     """A non-empty set of finished statuses a purge may take (checked however it is built)."""
 
-    statuses: frozenset[BatchStatus]
+    statuses: frozenset[BatchStatus] = attrs.field(
+        validator=attrs.validators.deep_iterable(is_(BatchStatus), is_(frozenset))
+    )
 
     def __attrs_post_init__(self) -> None:
-        if not isinstance(self.statuses, frozenset):
-            raise TypeError("statuses is a frozenset of BatchStatus (or use TerminalStatusSet.of)")
-        if any(not isinstance(status, BatchStatus) for status in self.statuses):
-            raise TypeError("statuses holds BatchStatus members only")
         if not self.statuses:
             raise e.EmptyStatusSet()
         for status in BatchStatus:  # declaration order: the first offender is reported
