@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pybatch._clock import Clock
 from pybatch._codecs._primitives import aware_at, bool_at, enum_at, int64_at, returned, text_at
-from pybatch._codecs.executions import decode_job_execution
-from pybatch._codecs.recovery import decode_recovery_decision
+from pybatch._codecs.executions import decode_job_execution, decode_recovery_decision
 from pybatch._repository import _lifecycle, executions, steps
 from pybatch._repository._capability import Capability, job_execution_row
 from pybatch._repository.audit_chain import link_audit_record

@@ -96,15 +96,17 @@ def check_counter(name: str, value: int) -> int:
 Validator = Callable[[object, "attrs.Attribute[Any]", object], None]
 
 
-def identifier_validator(kind: IdentifierKind, *, optional: bool = False) -> Validator:
-    """An attrs validator for a storable identifier of `kind` (None allowed when `optional`)."""
+def identifier_validator(
+    kind: IdentifierKind, *, optional: bool = False, storable: bool = True
+) -> Validator:
+    """An attrs validator of an id of `kind` (None allowed if `optional`; bigint if `storable`)."""
 
     def validate(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
         if value is None and optional:
             return
         if type(value) is not int:
             raise TypeError(f"{attribute.name} is an int")
-        check_identifier(kind, value)
+        check_identifier(kind, value, storable=storable)
 
     return validate
 

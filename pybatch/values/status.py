@@ -6,7 +6,7 @@ from typing import Any
 
 import attrs
 
-from pybatch.values.ids import Code, FailureId, IdentifierKind, check_identifier, is_
+from pybatch.values.ids import Code, FailureId, IdentifierKind, identifier_validator, is_
 
 
 class BatchStatus(Code):
@@ -63,20 +63,14 @@ class FailureCategory(Code):
     STALE_RECOVERED = "STALE_RECOVERED"  # Resolved from stale-ownership evidence.
 
 
-def _check_failure_id(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    # Domain range only: a FailureId above 2^63-1 is valid but unstorable, which the encoder
-    # reports as IdentifierOutOfRange when it binds the value.
-    if type(value) is not int:
-        raise TypeError("failure_id is an int (bool is not accepted)")
-    check_identifier(IdentifierKind.FAILURE, value, storable=False)
-
-
 @attrs.frozen
 class FailureSummary:
     """A redacted failure: a category and a caller-supplied correlation id, no message text."""
 
     category: FailureCategory = attrs.field(validator=is_(FailureCategory))
-    failure_id: FailureId = attrs.field(validator=_check_failure_id)
+    failure_id: FailureId = attrs.field(  # above 2^63-1 it is refused when bound, not here
+        validator=identifier_validator(IdentifierKind.FAILURE, storable=False)
+    )
 
 
 def _bounded_name(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
