@@ -7,20 +7,10 @@ from pybatch.errors import FlowStateCorrupt, PyBatchError
 from pybatch.values import flow
 from pybatch.values.names import ExitCode, NodeId
 
-FLOW_DECISION_COLUMNS = (
-    "id",
-    "job_execution_id",
-    "source_step_execution_id",
-    "reused_decision_id",
-    "sequence",
-    "source_node_id",
-    "observed_outcome",
-    "target_node_id",
-    "transition_kind",
-    "terminal_kind",
-    "plan_fingerprint",
-    "input_digest",
-    "decided_at",
+FLOW_DECISION_COLUMNS = tuple(
+    """id job_execution_id source_step_execution_id reused_decision_id sequence source_node_id
+    observed_outcome target_node_id transition_kind terminal_kind plan_fingerprint input_digest
+    decided_at""".split()
 )
 
 

@@ -18,25 +18,11 @@ from pybatch.values.operator import (
 from pybatch.values.status import BatchStatus
 
 #: Columns `decode_operator_record` reads (operator_requests.sql find_operator_request).
-OPERATOR_REQUEST_COLUMNS = (
-    "id",
-    "job_instance_id",
-    "job_execution_id",
-    "action",
-    "authorization_class",
-    "operation_id",
-    "actor_ref",
-    "reason_code",
-    "request_digest",
-    "observed_version",
-    "prior_status",
-    "result_status",
-    "outcome_class",
-    "rejection_code",
-    "rejection_current_version",
-    "rejection_status",
-    "rejection_execution_id",
-    "requested_at",
+OPERATOR_REQUEST_COLUMNS = tuple(
+    """id job_instance_id job_execution_id action authorization_class operation_id actor_ref
+    reason_code request_digest observed_version prior_status result_status outcome_class
+    rejection_code rejection_current_version rejection_status rejection_execution_id
+    requested_at""".split()
 )
 
 
