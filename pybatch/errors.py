@@ -68,11 +68,7 @@ _TEXT_RULE_MESSAGES = {
 
 
 class _BrokenTextRule:
-    """One error class per family for every text rule: `subject` then what `rule` says.
-
-    Callers catch the family's class and read `rule`; the message names the subject, the
-    rule and a bound or position, never the value.
-    """
+    """One class per family for all text rules: `subject` and what `rule` says, never the value."""
 
     subject: ClassVar[str]
     rule: TextRule
@@ -97,11 +93,7 @@ class _PurgedHistory:
 
 
 class _AtFault:
-    """Errors whose optional fields name what was at fault: `str` appends the ones known.
-
-    The fields hold names only (a constraint, a table, a key path, a Python type), never a
-    value, so they are safe to show.
-    """
+    """Errors whose optional fields name what was at fault (never a value): `str` appends them."""
 
     def __str__(self) -> str:
         text = super().__str__()
@@ -377,8 +369,9 @@ class SettingsNotApplied(Unavailable):
         return PyBatchError.__str__(self)
 class PermissionDenied(_AtFault, RepositoryError):
     """The role lacks a privilege the operation needs (42501); grant it (docs/dba.md, Roles)."""
-    message = ("permission denied: the role lacks a privilege this operation needs"
-               " (SQLSTATE {sqlstate})")
+    message = (
+        "permission denied: the role lacks a privilege this operation needs (SQLSTATE {sqlstate})"
+    )
     sqlstate: str = "42501"
     object_name: str | None = None
     privilege: str | None = None

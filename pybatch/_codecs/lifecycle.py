@@ -41,10 +41,9 @@ def decode_metadata(values: Mapping[str, object], counts: ExecutionCounts) -> Ex
     ended_at = p.optional_aware_at(values, "ended_at")
     if started_at is not None and started_at < created_at:
         raise p.DecodeError("started_at")
-    if ended_at is not None and ended_at < (started_at if started_at is not None else created_at):
-        raise p.DecodeError("ended_at")
-    if status is BatchStatus.UNKNOWN and ended_at is not None:
-        raise p.DecodeError("ended_at")  # storage forbids it; the decoder refuses it too
+    lower = created_at if started_at is None else started_at
+    if ended_at is not None and (ended_at < lower or status is BatchStatus.UNKNOWN):
+        raise p.DecodeError("ended_at")  # UNKNOWN has no end time: storage forbids it too
     try:
         return ExecutionMetadata(
             status=status,
@@ -53,11 +52,7 @@ def decode_metadata(values: Mapping[str, object], counts: ExecutionCounts) -> Ex
             counts=counts,
             failure=failure,
         )
-    except (
-        e.ActiveExecutionHasEndTime,
-        e.FinishedExecutionMissingEndTime,
-        e.InvalidTimestampOrder,
-    ):
+    except (e.ActiveExecutionHasEndTime, e.FinishedExecutionMissingEndTime):
         raise p.DecodeError("ended_at") from None
     except e.FailedExecutionMissingFailure:
         raise p.DecodeError("failure_category") from None

@@ -41,11 +41,6 @@ class ParameterValueKind(Code):
         return self.value.lower()
 
     @property
-    def digest_tag(self) -> int:
-        """The tag byte of the instance-key and flow-input digests (String = 1 ... Bool = 4)."""
-        return list(ParameterValueKind).index(self) + 1
-
-    @property
     def display(self) -> str:
         """The kind's display name, used in reprs: String, I64, U64, Bool."""
         return self.value.capitalize()
@@ -111,7 +106,7 @@ class ParameterValue:
 
     def _digest_value(self, length_format: str) -> bytes:
         """The tag byte and value bytes shared by both digests; strings use `length_format`."""
-        tag = bytes([self.kind.digest_tag])
+        tag = bytes([list(ParameterValueKind).index(self.kind) + 1])  # String = 1 ... Bool = 4
         value = self.value
         # The constructor pins the Python type to the kind: str <-> STRING, bool <-> BOOL.
         if isinstance(value, str):
