@@ -33,14 +33,7 @@ CHECKPOINT_COLUMNS = tuple(f"checkpoint_{part}" for part in _STATE_PARTS)
 CONTEXT_COLUMNS = tuple(f"context_{part}" for part in _STATE_PARTS)
 
 #: The leading columns of a step_execution row, in table order.
-STEP_HEAD_COLUMNS = (
-    "id",
-    "job_execution_id",
-    "step_name",
-    "step_logical_id",
-    "status",
-    "exit_code",
-)
+STEP_HEAD_COLUMNS = tuple("id job_execution_id step_name step_logical_id status exit_code".split())
 #: Columns `decode_step_execution` reads (fault-state columns belong to the fault-state codec).
 STEP_EXECUTION_COLUMNS = (
     *STEP_HEAD_COLUMNS,

@@ -56,6 +56,11 @@ TRANSITIONS: Mapping[BatchStatus, frozenset[BatchStatus]] = types.MappingProxyTy
 )
 
 
+def is_legal_transition(from_status: BatchStatus, to_status: BatchStatus) -> bool:
+    """Whether the transition table allows `from_status -> to_status`."""
+    return to_status in TRANSITIONS[from_status]
+
+
 @attrs.frozen
 class LifecycleTransition:
     """A requested transition: target status, caller-supplied instant, failure, rollback flag."""
@@ -123,7 +128,7 @@ def apply_transition(
     current, target = metadata.status, transition.target
     if current in (BatchStatus.STOPPED, BatchStatus.FAILED) and target is BatchStatus.STARTING:
         raise e.RestartRequiresNewAttempt(from_status=current.value)
-    if target not in TRANSITIONS[current]:
+    if not is_legal_transition(current, target):
         raise e.IllegalTransition(from_status=current.value, to_status=target.value)
     if target is BatchStatus.FAILED and transition.failure is None:
         raise e.FailedTransitionMissingFailure()
