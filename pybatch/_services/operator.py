@@ -259,7 +259,7 @@ class OperatorService:
         definition: DefinitionIdentity | None = None,
     ) -> OperatorOutcome:
         """Create the first (or next) execution of an instance key, STARTING."""
-        definition = definition or DefinitionIdentity.legacy()
+        definition = definition or DefinitionIdentity.LEGACY
         action, target = OperatorAction.LAUNCH, RequestTarget.instance_key(key)
         request = _Request(action, operation_id, actor, None, target, None, definition)
 
@@ -278,7 +278,7 @@ class OperatorService:
         definition: DefinitionIdentity | None = None,
     ) -> OperatorOutcome:
         """Create the next attempt of an instance whose latest attempt is FAILED or STOPPED."""
-        definition = definition or DefinitionIdentity.legacy()
+        definition = definition or DefinitionIdentity.LEGACY
         action, target = OperatorAction.RESTART, RequestTarget.instance(JobInstanceId(instance_id))
         request = _Request(action, operation_id, actor, None, target, None, definition, instance_id)
 

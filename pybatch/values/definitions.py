@@ -64,7 +64,7 @@ class DefinitionIdentity:
     canonical_manifest: bytes
     _digest: bytes = attrs.field(init=False, eq=False, repr=False)
 
-    LEGACY: ClassVar[DefinitionIdentity]
+    LEGACY: ClassVar[DefinitionIdentity]  # The definition of launches without one.
 
     def __attrs_post_init__(self) -> None:
         if type(self.manifest_format) is not int or not 0 <= self.manifest_format <= _U16_MAX:
@@ -92,11 +92,6 @@ class DefinitionIdentity:
         if type(format) is not int or not 0 <= format <= _U16_MAX:
             format = 0
         return cls(job_name, revision, format, data)
-
-    @classmethod
-    def legacy(cls) -> DefinitionIdentity:
-        """The legacy definition of launches without a definition."""
-        return cls.LEGACY
 
     @property
     def digest(self) -> bytes:

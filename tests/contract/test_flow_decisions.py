@@ -245,7 +245,7 @@ def test_a_legacy_definition_never_records_a_decision(
     repository: JobRepository, clock: ManualClock
 ) -> None:
     """Scenario E10."""
-    legacy = DefinitionIdentity.legacy()
+    legacy = DefinitionIdentity.LEGACY
     execution = launch(repository, clock, definition=legacy)
     source = step(repository, execution, "extract")
     with pytest.raises(FlowStateCorrupt):

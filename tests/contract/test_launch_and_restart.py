@@ -128,7 +128,7 @@ def test_launch_of_an_unknown_instance_is_not_found_and_writes_nothing(
             uow.executions.create(424242)
         assert missing.value.id == 424242
         with pytest.raises(JobInstanceNotFound) as missing_too:
-            uow.executions.create(424243, DefinitionIdentity.legacy())
+            uow.executions.create(424243, DefinitionIdentity.LEGACY)
         assert missing_too.value.id == 424243
         uow.commit()
     row = admin.execute("SELECT count(*) FROM pybatch.job_execution").fetchone()

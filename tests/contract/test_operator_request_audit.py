@@ -237,7 +237,7 @@ def test_request_digest_follows_the_canonical_writer_and_omits_the_actor() -> No
     def field(data: bytes) -> bytes:
         return struct.pack(">Q", len(data)) + data
 
-    definition = DefinitionIdentity.legacy()
+    definition = DefinitionIdentity.LEGACY
     key = JobInstanceKey(JobName("orders"), JobParameters.of({"day": "2026-01-01"}))
     target = RequestTarget.instance_key(key)
     assert target.value == f"instance-key:{key.digest().hex()}"

@@ -25,7 +25,7 @@ def definition(manifest: dict[str, Any], revision: str = "r1") -> DefinitionIden
 
 def test_the_legacy_definition_has_its_fixed_manifest_and_digest() -> None:
     """Scenario A20."""
-    legacy = DefinitionIdentity.legacy()
+    legacy = DefinitionIdentity.LEGACY
     assert legacy.job_name is None
     assert legacy.revision == DefinitionRevision("__m1_repository_port_v1")
     assert legacy.manifest_format == 1
@@ -92,7 +92,7 @@ def test_direct_construction_validates_canonical_bytes() -> None:
 
 
 def test_repr_shows_only_a_digest_prefix() -> None:
-    text = repr(DefinitionIdentity.legacy())
+    text = repr(DefinitionIdentity.LEGACY)
     assert text == (
         "DefinitionIdentity(job_name=None, revision='__m1_repository_port_v1', "
         "manifest_format=1, digest_prefix='1b6a802e', canonical_manifest='<redacted>')"

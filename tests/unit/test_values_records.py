@@ -160,7 +160,7 @@ def test_selection() -> None:
 
 
 def test_values_pickle_across_processes() -> None:
-    legacy = DefinitionIdentity.legacy()
+    legacy = DefinitionIdentity.LEGACY
     other = DefinitionIdentity.from_manifest(JobName("j"), DefinitionRevision("r"), {"format": 1})
     values: list[object] = [
         instance(),
