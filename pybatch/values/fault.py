@@ -151,10 +151,6 @@ class RetryKey:
         material += phase.value.encode("ascii") + b"\x00" + checkpoint_digest
         return cls(sha256(material + struct.pack(">Q", ordinal)))
 
-    def hex(self) -> str:
-        """Return the 64 lower-case hex digits stored in the fault-state payload."""
-        return self.digest.hex()
-
 
 @attrs.frozen(kw_only=True)
 class FaultEntry:
@@ -170,7 +166,7 @@ class FaultEntry:
         """Return the entry's JSON object, members as docs/tables.md 3.6 names them."""
         return {
             "category": self.category.value,
-            "key": self.key.hex(),
+            "key": self.key.digest.hex(),
             "ordinal": self.ordinal.value,
             "phase": self.phase.value,
             "revision": self.revision.value,
@@ -237,11 +233,6 @@ class FaultStateEnvelope:
         if len(canonical) > FAULT_STATE_MAX_BYTES:
             raise fault_state_refusal(FaultStateRefusal.TOO_LARGE)
         object.__setattr__(self, "_canonical", canonical)
-
-    @property
-    def is_empty(self) -> bool:
-        """Whether no retry key is retained (the state right after a chunk commit)."""
-        return not self.entries
 
     def ordinal_for(self, key: RetryKey) -> RetryOrdinal | None:
         """Return the ordinal already reserved for `key`, or None when it holds none."""

@@ -496,7 +496,7 @@ def test_a_session_starts_each_chunk_from_the_version_it_committed(
         with pytest.raises(NotCommitted):
             chunk.commit(ChunkCounts(read=1), checkpoint=cursor(3))
     state = load_committed_state(repository, context_of(step))
-    assert state.counts.committed == 2 and not state.fault_state.is_empty
+    assert state.counts.committed == 2 and state.fault_state.entries
 
 
 # --------------------------------------------------------------------------- O4
