@@ -231,10 +231,6 @@ class RequestDigest:
                 writer.text("FORCE")
         return cls(writer.digest())
 
-    def hex(self) -> str:
-        """The lower-case hexadecimal form."""
-        return self.value.hex()
-
     def __repr__(self) -> str:
         return f"RequestDigest({self.value.hex()})"
 

@@ -301,7 +301,7 @@ def test_request_digest_follows_the_canonical_writer_and_omits_the_actor() -> No
             + field(b"NONE")
         ).digest()
     )
-    assert repr(stop) == f"RequestDigest({stop.hex()})"
+    assert repr(stop) == f"RequestDigest({stop.value.hex()})"
 
 
 # --------------------------------------------------------------------------- H1, H2
