@@ -218,15 +218,13 @@ class StatementRecorder:
             conn: psycopg.Connection[Any],
             mode: Mode,
             params: Mapping[str, object],
-            *,
-            prepare: bool | None,
         ) -> psycopg.Cursor[dict[str, Any]]:
             recorder.names.append(statement.name)
             if recorder.units:
                 recorder.units[-1] += 1
             if recorder.capture is not None:
                 recorder.capture.setdefault(statement.name, (statement, dict(params)))
-            return original(statement, conn, mode, params, prepare=prepare)
+            return original(statement, conn, mode, params)
 
         Statement._run = run  # type: ignore[method-assign,assignment]
         JobRepository.begin = begin  # type: ignore[method-assign,assignment]

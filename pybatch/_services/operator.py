@@ -13,14 +13,8 @@ from typing import TYPE_CHECKING
 import attrs
 
 from pybatch import _telemetry
+from pybatch import errors as e
 from pybatch._unit_of_work import UnitOfWork
-from pybatch.errors import (
-    CommitOutcomeUnknown,
-    ConcurrentModification,
-    OperationIdConflict,
-    OperationOutcomeUnknown,
-    PyBatchError,
-)
 from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.ids import JobExecutionId, JobInstanceId
@@ -314,7 +308,7 @@ class OperatorService:
         if recorded is None:
             return None
         if recorded.digest != request.digest:
-            raise OperationIdConflict(
+            raise e.OperationIdConflict(
                 action=request.action.value, operation_id=request.operation_id.value
             )
         return OperatorOutcome(OperatorOutcomeClass.REPLAYED, recorded)
@@ -331,7 +325,7 @@ class OperatorService:
                 applied = effect(uow)
             except _Rejected as rejected:
                 rejection = rejected.rejection
-            except PyBatchError as error:
+            except e.PyBatchError as error:
                 rejection = OperatorRejection.from_repository(error)
                 if rejection is None:
                     raise
@@ -373,16 +367,16 @@ class OperatorService:
         )
         try:
             record = uow.operator_requests.append(draft)
-        except ConcurrentModification:
+        except e.ConcurrentModification:
             uow.rollback()  # another caller recorded the operation id first: replay it
             replay = self._probe(request)
             if replay is None:
-                raise ConcurrentModification() from None
+                raise e.ConcurrentModification() from None
             return replay
         try:
             uow.commit()
-        except CommitOutcomeUnknown:
-            raise OperationOutcomeUnknown() from None
+        except e.CommitOutcomeUnknown:
+            raise e.OperationOutcomeUnknown() from None
         return OperatorOutcome(
             draft.outcome,
             record,
