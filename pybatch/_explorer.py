@@ -17,51 +17,36 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-import psycopg
+import attrs
 
-from pybatch import _skips
+from pybatch import errors as e
+from pybatch._codecs import executions, flow, operator
 from pybatch._codecs import explorer as codec
 from pybatch._codecs._jsonb import CanonicalJsonb, to_jsonb
 from pybatch._codecs._primitives import DecodeError, Row
 from pybatch._job_repository import JobRepository
-from pybatch._statements import Statement
-from pybatch.errors import (
-    CursorInvalid,
-    ExplorerAgeBoundTooSmall,
-    ExplorerRepositoryError,
-    ExplorerTimeout,
-    JobExecutionNotFound,
-    JobInstanceNotFound,
-    PageSizeOutOfRange,
-    RepositoryError,
-    ResponseTooLarge,
-    StepExecutionNotFound,
-    Unavailable,
-)
+from pybatch._statements import Connection, Statement
 from pybatch.values.explorer import (
     MAX_PAGE_SIZE,
     MAX_RESPONSE_BYTES,
     MIN_UNRESOLVED_AGE,
     Cursor,
-    CursorKey,
     ExplorerQuery,
-    IdentityKey,
     JobExecutionProjection,
     JobInstanceProjection,
     JobNameSummary,
     LatestAttempt,
-    NameKey,
-    OrderedKey,
     Page,
     PageSize,
     ParameterFilter,
     RunningExecution,
     StepExecutionProjection,
     StepPartitionProjection,
+    StepSkip,
     flow_decision_json,
     operator_request_json,
     query_binding,
@@ -74,18 +59,28 @@ from pybatch.values.recovery import RecoveryDecision
 from pybatch.values.status import FailureReason
 
 T = TypeVar("T")
-Conn = psycopg.Connection[Any]
-#: Reads the rows after a key; `bounds` holds the `ceiling` and `row_limit` parameters.
-Fetch = Callable[[Conn, CursorKey | None, dict[str, int]], list[Row]]
-#: A child listing's parent: the statement telling whether it exists, the error when it does
-#: not, and the statement's parameters.
-Parent = tuple[Statement, RepositoryError, dict[str, Any]]
-
+Q, K = ExplorerQuery, IdentifierKind
 
 #: The longest run history `recent_executions` reads.
 MAX_RECENT_EXECUTIONS = 50
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+#: The statement parameters a cursor key fills, with their values on a first page (every other
+#: listing: `after_id`, from 0), and the item attributes the key is made of (else the id).
+_STARTS: dict[ExplorerQuery, Mapping[str, object]] = {
+    Q.JOB_NAMES: {"after_name": ""},
+    Q.INSTANCES: {"before_id": INT64_MAX},
+    Q.EXECUTIONS: {"before_attempt": INT64_MAX, "before_id": INT64_MAX},
+    Q.PARAMETER_EXECUTIONS: {"before_id": INT64_MAX},
+    Q.FLOW_DECISIONS: {"after_sequence": 0, "after_id": 0},
+}
+_KEYS = {
+    Q.JOB_NAMES: ("job_name",),
+    Q.EXECUTIONS: ("attempt", "id"),
+    Q.FLOW_DECISIONS: ("sequence", "id"),
+}
 
 
 def _row_size(item: object) -> int:
@@ -107,19 +102,29 @@ def _documents(parameters: ParameterFilter | None) -> list[CanonicalJsonb]:
     return [to_jsonb(d) for d in ([{}] if parameters is None else parameters.documents())]
 
 
+def _taken(statement: Statement, params: dict[str, object]) -> dict[str, object]:
+    """The parameters of `params` that `statement` takes."""
+    return {name: params[name] for name in statement.parameters}
+
+
+def _check_name(job_name: str) -> None:
+    if type(job_name) is not str:
+        raise TypeError("job_name must be a str")
+
+
 @contextmanager
 def _explorer_errors() -> Iterator[None]:
     """Repository failures as explorer errors; a row that does not decode is Unavailable."""
     try:
         yield
     except DecodeError:
-        raise ExplorerRepositoryError(error=Unavailable()) from None
-    except Unavailable as error:
+        raise e.ExplorerRepositoryError(error=e.Unavailable()) from None
+    except e.Unavailable as error:
         if error.sqlstate == "57014":
-            raise ExplorerTimeout() from None
-        raise ExplorerRepositoryError(error=error) from None
-    except RepositoryError as error:  # PermissionDenied and the like keep their name
-        raise ExplorerRepositoryError(error=error) from None
+            raise e.ExplorerTimeout() from None
+        raise e.ExplorerRepositoryError(error=error) from None
+    except e.RepositoryError as error:  # PermissionDenied and the like keep their name
+        raise e.ExplorerRepositoryError(error=error) from None
 
 
 class JobExplorer:
@@ -128,19 +133,78 @@ class JobExplorer:
     def __init__(self, repository: JobRepository) -> None:
         self._repository = repository
         #: The transaction of a `pinned()` view, which every read then shares; else None.
-        self._conn: Conn | None = None
+        self._conn: Connection | None = None
         self._statements = q = repository.statements
-        self._ceilings: dict[ExplorerQuery, Statement] = {
-            ExplorerQuery.JOB_NAMES: q.explore_ceiling_job_names,
-            ExplorerQuery.INSTANCES: q.explore_ceiling_instances,
-            ExplorerQuery.EXECUTIONS: q.explore_ceiling_executions,
-            ExplorerQuery.UNRESOLVED_EXECUTIONS: q.explore_ceiling_executions,
-            ExplorerQuery.PARAMETER_EXECUTIONS: q.explore_ceiling_executions,
-            ExplorerQuery.STEP_EXECUTIONS: q.explore_ceiling_step_executions,
-            ExplorerQuery.RECOVERY_DECISIONS: q.explore_ceiling_recovery_decisions,
-            ExplorerQuery.FLOW_DECISIONS: q.explore_ceiling_flow_decisions,
-            ExplorerQuery.STEP_PARTITIONS: q.explore_ceiling_step_partitions,
-            ExplorerQuery.OPERATOR_REQUESTS: q.explore_ceiling_operator_requests,
+        # A child listing's parent: the statement telling whether it exists (its one parameter
+        # is the parent's id, named as in the listing's statement), the id's kind, its error.
+        execution = (q.explore_job_execution_exists, K.JOB_EXECUTION, e.JobExecutionNotFound)
+        children = (Q.STEP_EXECUTIONS, Q.RECOVERY_DECISIONS, Q.FLOW_DECISIONS, Q.OPERATOR_REQUESTS)
+        self._parents: dict[ExplorerQuery, tuple[Statement, IdentifierKind, Callable[..., Any]]] = {
+            Q.EXECUTIONS: (q.explore_job_instance_exists, K.JOB_INSTANCE, e.JobInstanceNotFound),
+            Q.STEP_PARTITIONS: (
+                q.explore_step_execution_exists,
+                K.STEP_EXECUTION,
+                e.StepExecutionNotFound,
+            ),
+            **dict.fromkeys((*children, Q.STEP_SKIPS), execution),
+        }
+        decode_execution, executions_ceiling = (
+            codec.decode_execution_projection,
+            q.explore_ceiling_executions,
+        )
+        #: Each listing's statement, decoder and identity ceiling.
+        self._listings = {
+            Q.JOB_NAMES: (
+                q.explore_job_names,
+                codec.decode_job_name_summary,
+                q.explore_ceiling_job_names,
+            ),
+            Q.INSTANCES: (
+                q.explore_instances,
+                codec.decode_instance_projection,
+                q.explore_ceiling_instances,
+            ),
+            Q.EXECUTIONS: (q.explore_executions, decode_execution, executions_ceiling),
+            Q.PARAMETER_EXECUTIONS: (
+                q.explore_executions_with_parameters,
+                decode_execution,
+                executions_ceiling,
+            ),
+            Q.UNRESOLVED_EXECUTIONS: (
+                q.explore_unresolved_executions,
+                decode_execution,
+                executions_ceiling,
+            ),
+            Q.STEP_EXECUTIONS: (
+                q.explore_step_executions,
+                codec.decode_step_projection,
+                q.explore_ceiling_step_executions,
+            ),
+            Q.RECOVERY_DECISIONS: (
+                q.explore_recovery_decisions,
+                executions.decode_recovery_decision,
+                q.explore_ceiling_recovery_decisions,
+            ),
+            Q.FLOW_DECISIONS: (
+                q.explore_flow_decisions,
+                flow.decode_flow_decision,
+                q.explore_ceiling_flow_decisions,
+            ),
+            Q.STEP_PARTITIONS: (
+                q.explore_step_partitions,
+                codec.decode_partition_projection,
+                q.explore_ceiling_step_partitions,
+            ),
+            Q.OPERATOR_REQUESTS: (
+                q.explore_operator_requests,
+                operator.decode_operator_record,
+                q.explore_ceiling_operator_requests,
+            ),
+            Q.STEP_SKIPS: (
+                q.explore_step_skips,
+                codec.decode_step_skip,
+                q.explore_ceiling_step_skips,
+            ),
         }
 
     def __repr__(self) -> str:
@@ -166,7 +230,7 @@ class JobExplorer:
         finally:
             view._conn = None
 
-    def _read(self, work: Callable[[Conn], T]) -> T:
+    def _read(self, work: Callable[[Connection], T]) -> T:
         """Run `work` in one read-only transaction, always rolled back; map failures."""
         with _explorer_errors():
             if self._conn is not None:  # a pinned view: its transaction maps driver errors
@@ -174,11 +238,22 @@ class JobExplorer:
             with self._repository.read_transaction() as conn:
                 return work(conn)
 
-    def _ceiling(self, conn: Conn, query: ExplorerQuery, job_name: str | None) -> int:
-        if query is ExplorerQuery.STEP_SKIPS:
-            return _skips.skip_ceiling(self._statements, conn)
-        params = {"job_name": job_name} if query is ExplorerQuery.INSTANCES else {}
-        value = self._ceilings[query].scalar(conn, **params)
+    def _one(self, statement: Statement, decode: Callable[[Row], T], **params: object) -> T | None:
+        """The decoded row of a `:one` statement, or None when it returns none."""
+
+        def work(conn: Connection) -> T | None:
+            row = statement.one(conn, **params)
+            return None if row is None else decode(row)
+
+        return self._read(work)
+
+    def _many(self, statement: Statement, decode: Callable[[Row], T], **params: object) -> list[T]:
+        """The decoded rows of a `:many` statement."""
+        return self._read(lambda conn: [decode(row) for row in statement.many(conn, **params)])
+
+    def _ceiling(self, conn: Connection, query: ExplorerQuery, params: dict[str, object]) -> int:
+        ceiling = self._listings[query][2]
+        value = ceiling.scalar(conn, **_taken(ceiling, params))
         if value is None:
             return 0
         if type(value) is not int or not 0 < value <= INT64_MAX:
@@ -187,75 +262,67 @@ class JobExplorer:
 
     def identity_ceiling(self, query: ExplorerQuery, *, job_name: str | None = None) -> int:
         """The current identity ceiling of `query` (0 when empty); `job_name` only for instances."""
-        if query is ExplorerQuery.INSTANCES and job_name is None:
+        if query is Q.INSTANCES and job_name is None:
             raise TypeError("the instances ceiling is per job name")
-        return self._read(lambda conn: self._ceiling(conn, query, job_name))
+        return self._read(lambda conn: self._ceiling(conn, query, {"job_name": job_name}))
 
     def _page(
         self,
         query: ExplorerQuery,
-        filter_value: object,
         page_size: PageSize | None,
         after: Cursor | None,
-        fetch: Fetch,
-        decode: Callable[[Row], T],
-        key_of: Callable[[T], CursorKey],
-        parent: Parent | None = None,
-        *,
-        job_name: str | None = None,
-    ) -> Page[T]:
+        bound_to: object,
+        rows: Statement | None = None,
+        **params: object,
+    ) -> Page[Any]:
+        """A page of `query` with `params` (of its statement); its cursor binds `bound_to`."""
+        statement, decode, _ = self._listings[query]
+        starts = _STARTS.get(query, {"after_id": 0})
         page_size = page_size or PageSize()
-        binding = query_binding(query, page_size, filter_value)
+        binding = query_binding(query, page_size, bound_to)
         key, ceiling = (None, None) if after is None else after.open(query, binding)
+        start = starts if key is None else dict(zip(starts, attrs.astuple(key), strict=True))
 
-        def work(conn: Conn) -> tuple[list[T], int]:
-            if parent is not None:
-                exists, missing, parent_params = parent
-                if not exists.scalar(conn, **parent_params):
-                    raise ExplorerRepositoryError(error=missing)
-            current = self._ceiling(conn, query, job_name)
+        def work(conn: Connection) -> tuple[list[Any], int]:
+            if query in self._parents:
+                exists, _, missing = self._parents[query]
+                if not exists.scalar(conn, **_taken(exists, params)):
+                    (parent_id,) = _taken(exists, params).values()
+                    raise e.ExplorerRepositoryError(error=missing(id=parent_id))
+            current = self._ceiling(conn, query, params)
             if ceiling is not None and ceiling > current:
-                raise CursorInvalid()  # a ceiling no traversal was given (module docstring)
+                raise e.CursorInvalid()  # a ceiling no traversal was given (module docstring)
             bound = current if ceiling is None else ceiling
             if bound == 0:
                 return [], 0
-            bounds = {"ceiling": bound, "row_limit": page_size.value}
-            return [decode(row) for row in fetch(conn, key, bounds)], bound
+            found = (rows or statement).many(
+                conn, **start, **params, ceiling=bound, row_limit=page_size.value
+            )
+            return [decode(row) for row in found], bound
 
         items, bound = self._read(work)
-        kept: list[T] = []
+        kept: list[Any] = []
         total = 0
         for item in items:
             size = _row_size(item)
             if not kept and size > MAX_RESPONSE_BYTES:
-                raise ResponseTooLarge(limit=page_size.value)
+                raise e.ResponseTooLarge(limit=page_size.value)
             total += size
             if total > MAX_RESPONSE_BYTES:
                 break
             kept.append(item)
         # More may follow when the response bound cut the page short or the page is full.
         more = bool(kept) and (len(kept) < len(items) or len(items) == page_size.value)
-        next_cursor = Cursor.issue(query, key_of(kept[-1]), bound, binding) if more else None
-        return Page(items=tuple(kept), next_cursor=next_cursor, ceiling=bound)
+        if not more:
+            return Page(items=tuple(kept), next_cursor=None, ceiling=bound)
+        last = query.key_kind(*(getattr(kept[-1], name) for name in _KEYS.get(query, ("id",))))
+        return Page(tuple(kept), Cursor.issue(query, last, bound, binding), bound)
 
     def job_names(
         self, page_size: PageSize | None = None, after: Cursor | None = None
     ) -> Page[JobNameSummary]:
         """Distinct job names of instances in byte order, with their latest execution."""
-
-        def fetch(conn: Conn, key: CursorKey | None, bounds: dict[str, int]) -> list[Row]:
-            after_name = key.name if isinstance(key, NameKey) else ""
-            return self._statements.explore_job_names.many(conn, after_name=after_name, **bounds)
-
-        return self._page(
-            ExplorerQuery.JOB_NAMES,
-            None,
-            page_size,
-            after,
-            fetch,
-            codec.decode_job_name_summary,
-            lambda item: NameKey(item.job_name),
-        )
+        return self._page(Q.JOB_NAMES, page_size, after, None)
 
     def instances(
         self,
@@ -265,61 +332,24 @@ class JobExplorer:
         parameters: ParameterFilter | None = None,
     ) -> Page[JobInstanceProjection]:
         """Instances of `job_name` (with `parameters`), newest first; unknown: an empty page."""
-        if type(job_name) is not str:
-            raise TypeError("job_name must be a str")
-
-        q = self._statements
-        statement = (
-            q.explore_instances if parameters is None else q.explore_instances_with_parameters
-        )
-        filtered = {} if parameters is None else {"parameter_documents": _documents(parameters)}
-
-        def fetch(conn: Conn, key: CursorKey | None, bounds: dict[str, int]) -> list[Row]:
-            before = key.id if isinstance(key, IdentityKey) else INT64_MAX
-            return statement.many(conn, job_name=job_name, before_id=before, **filtered, **bounds)
-
+        _check_name(job_name)
+        if parameters is None:
+            return self._page(Q.INSTANCES, page_size, after, job_name, job_name=job_name)
         return self._page(
-            ExplorerQuery.INSTANCES,
-            job_name if parameters is None else [job_name, parameters.pairs],
+            Q.INSTANCES,
             page_size,
             after,
-            fetch,
-            codec.decode_instance_projection,
-            lambda item: IdentityKey(item.id),
+            [job_name, parameters.pairs],
+            self._statements.explore_instances_with_parameters,
             job_name=job_name,
+            parameter_documents=_documents(parameters),
         )
 
     def executions(
         self, job_instance_id: int, page_size: PageSize | None = None, after: Cursor | None = None
     ) -> Page[JobExecutionProjection]:
         """Attempts of an instance, (attempt, id) descending (wraps JobInstanceNotFound)."""
-        check_identifier(IdentifierKind.JOB_INSTANCE, job_instance_id)
-
-        def fetch(conn: Conn, key: CursorKey | None, bounds: dict[str, int]) -> list[Row]:
-            last = (key.primary, key.id) if isinstance(key, OrderedKey) else (INT64_MAX, INT64_MAX)
-            attempt, before = last
-            return self._statements.explore_executions.many(
-                conn,
-                job_instance_id=job_instance_id,
-                before_attempt=attempt,
-                before_id=before,
-                **bounds,
-            )
-
-        return self._page(
-            ExplorerQuery.EXECUTIONS,
-            job_instance_id,
-            page_size,
-            after,
-            fetch,
-            codec.decode_execution_projection,
-            lambda item: OrderedKey(item.attempt, item.id),
-            (
-                self._statements.explore_job_instance_exists,
-                JobInstanceNotFound(id=job_instance_id),
-                {"job_instance_id": job_instance_id},
-            ),
-        )
+        return self._children(Q.EXECUTIONS, job_instance_id, page_size, after)
 
     def executions_with_parameters(
         self,
@@ -328,229 +358,12 @@ class JobExplorer:
         after: Cursor | None = None,
     ) -> Page[JobExecutionProjection]:
         """Executions of every instance with `parameters`, of any job, newest (highest id) first."""
-
-        def fetch(conn: Conn, key: CursorKey | None, bounds: dict[str, int]) -> list[Row]:
-            return self._statements.explore_executions_with_parameters.many(
-                conn,
-                parameter_documents=_documents(parameters),
-                before_id=key.id if isinstance(key, IdentityKey) else INT64_MAX,
-                **bounds,
-            )
-
         return self._page(
-            ExplorerQuery.PARAMETER_EXECUTIONS,
+            Q.PARAMETER_EXECUTIONS,
+            page_size,
+            after,
             parameters.pairs,
-            page_size,
-            after,
-            fetch,
-            codec.decode_execution_projection,
-            lambda item: IdentityKey(item.id),
-        )
-
-    def job_exists(self, job_name: str) -> bool:
-        """Whether any instance has `job_name`: tells an unknown name from an empty page."""
-        if type(job_name) is not str:
-            raise TypeError("job_name must be a str")
-
-        def work(conn: Conn) -> bool:
-            return bool(self._statements.explore_job_name_exists.scalar(conn, job_name=job_name))
-
-        return self._read(work)
-
-    def execution(self, job_execution_id: int) -> JobExecutionProjection | None:
-        """One execution projection, or None when it does not exist."""
-        check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
-
-        def work(conn: Conn) -> JobExecutionProjection | None:
-            row = self._statements.explore_execution.one(conn, job_execution_id=job_execution_id)
-            return None if row is None else codec.decode_execution_projection(row)
-
-        return self._read(work)
-
-    def failure_reasons(self, job_execution_id: int) -> dict[int | None, FailureReason]:
-        """Why the execution (key None) and its steps (by id) failed, where recorded."""
-        check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
-
-        def work(conn: Conn) -> dict[int | None, FailureReason]:
-            rows = self._statements.explore_failure_reasons.many(
-                conn, job_execution_id=job_execution_id, row_limit=MAX_PAGE_SIZE
-            )
-            return dict(codec.decode_failure_reason(row) for row in rows)
-
-        return self._read(work)
-
-    def recent_executions(self, job_name: str, limit: int = 20) -> tuple[LatestAttempt, ...]:
-        """The newest `limit` executions of a job name, newest first: a run history.
-
-        `limit` is 1 to 50 (PageSizeOutOfRange): the statement reads at most `limit` attempts
-        of each of the `limit` newest instances.
-        """
-        if type(job_name) is not str:
-            raise TypeError("job_name must be a str")
-        if type(limit) is not int or not 1 <= limit <= MAX_RECENT_EXECUTIONS:
-            raise PageSizeOutOfRange(requested=limit)
-        size = PageSize(limit)
-
-        def work(conn: Conn) -> tuple[LatestAttempt, ...]:
-            rows = self._statements.explore_recent_executions.many(
-                conn, job_name=job_name, row_limit=size.value
-            )
-            return tuple(codec.decode_latest_attempt(row) for row in rows)
-
-        return self._read(work)
-
-    def latest_attempt(self, job_instance_id: int) -> LatestAttempt | None:
-        """The instance's newest attempt, or None when it has none (or does not exist)."""
-        check_identifier(IdentifierKind.JOB_INSTANCE, job_instance_id)
-
-        def work(conn: Conn) -> LatestAttempt | None:
-            row = self._statements.explore_latest_attempt.one(conn, job_instance_id=job_instance_id)
-            return None if row is None else codec.decode_latest_attempt(row)
-
-        return self._read(work)
-
-    def _children(
-        self, query: ExplorerQuery, parent_id: int, page_size: PageSize | None, after: Cursor | None
-    ) -> Page[Any]:
-        """A page of the rows under one job execution (or, for partitions, step execution)."""
-        q = self._statements
-        statement, decode = {
-            ExplorerQuery.STEP_EXECUTIONS: (
-                q.explore_step_executions,
-                codec.decode_step_projection,
-            ),
-            ExplorerQuery.RECOVERY_DECISIONS: (
-                q.explore_recovery_decisions,
-                codec.decode_recovery_decision,
-            ),
-            ExplorerQuery.FLOW_DECISIONS: (q.explore_flow_decisions, codec.decode_flow_decision),
-            ExplorerQuery.STEP_PARTITIONS: (
-                q.explore_step_partitions,
-                codec.decode_partition_projection,
-            ),
-            ExplorerQuery.OPERATOR_REQUESTS: (
-                q.explore_operator_requests,
-                codec.decode_operator_request,
-            ),
-        }[query]
-        # Flow decisions page by (sequence, id), every other child listing by id.
-        ordered = query is ExplorerQuery.FLOW_DECISIONS
-        missing: RepositoryError
-        if query is ExplorerQuery.STEP_PARTITIONS:
-            kind, parent_column = IdentifierKind.STEP_EXECUTION, "step_execution_id"
-            exists, missing = q.explore_step_execution_exists, StepExecutionNotFound(id=parent_id)
-        else:
-            kind, parent_column = IdentifierKind.JOB_EXECUTION, "job_execution_id"
-            exists, missing = q.explore_job_execution_exists, JobExecutionNotFound(id=parent_id)
-        check_identifier(kind, parent_id)
-
-        def fetch(conn: Conn, key: CursorKey | None, bounds: dict[str, int]) -> list[Row]:
-            params: dict[str, Any] = {parent_column: parent_id, **bounds}
-            if ordered:
-                params["after_sequence"], params["after_id"] = (
-                    (key.primary, key.id) if isinstance(key, OrderedKey) else (0, 0)
-                )
-            else:
-                params["after_id"] = key.id if isinstance(key, IdentityKey) else 0
-            return statement.many(conn, **params)
-
-        exists_check: Parent = (exists, missing, {parent_column: parent_id})
-
-        def key_of(item: Any) -> CursorKey:
-            return OrderedKey(item.sequence, item.id) if ordered else IdentityKey(item.id)
-
-        return self._page(query, parent_id, page_size, after, fetch, decode, key_of, exists_check)
-
-    def step_executions(
-        self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
-    ) -> Page[StepExecutionProjection]:
-        """Steps of an execution, id ascending (wraps JobExecutionNotFound)."""
-        return self._children(ExplorerQuery.STEP_EXECUTIONS, job_execution_id, page_size, after)
-
-    def recovery_decisions(
-        self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
-    ) -> Page[RecoveryDecision]:
-        """Recovery decisions of an execution, id ascending (wraps JobExecutionNotFound)."""
-        return self._children(ExplorerQuery.RECOVERY_DECISIONS, job_execution_id, page_size, after)
-
-    def flow_decisions(
-        self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
-    ) -> Page[FlowDecision]:
-        """Flow decisions of an execution, (sequence, id) ascending (wraps JobExecutionNotFound)."""
-        return self._children(ExplorerQuery.FLOW_DECISIONS, job_execution_id, page_size, after)
-
-    def step_partitions(
-        self, step_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
-    ) -> Page[StepPartitionProjection]:
-        """Partitions of a manager step, id ascending (wraps StepExecutionNotFound)."""
-        return self._children(ExplorerQuery.STEP_PARTITIONS, step_execution_id, page_size, after)
-
-    def operator_requests(
-        self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
-    ) -> Page[OperatorRecord]:
-        """Operator requests aimed at an execution, id ascending (wraps JobExecutionNotFound)."""
-        return self._children(ExplorerQuery.OPERATOR_REQUESTS, job_execution_id, page_size, after)
-
-    def running_executions(
-        self, page_size: PageSize | None = None, after_id: int | None = None
-    ) -> tuple[RunningExecution, ...]:
-        """Executions running now (STARTED or STOPPING, lease live on the database clock).
-
-        Id ascending after `after_id`, at most `page_size` of them (running executions are
-        as many as the processes running them, so a page of 500 shows every one in practice).
-        """
-        page_size = page_size or PageSize()
-        if after_id is not None:
-            check_identifier(IdentifierKind.JOB_EXECUTION, after_id)
-
-        def work(conn: Conn) -> tuple[RunningExecution, ...]:
-            rows = self._statements.explore_running_executions.many(
-                conn, after_id=after_id or 0, row_limit=page_size.value
-            )
-            return tuple(codec.decode_running_execution(row) for row in rows)
-
-        return self._read(work)
-
-    def skips(
-        self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
-    ) -> Page[_skips.StepSkip]:
-        """Skip records of an execution's steps, id ascending (wraps JobExecutionNotFound).
-
-        One per item `StepRun.load` skipped: its position and key, the SQLSTATE and the names
-        the server gave, never the item's values.
-        """
-        check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
-
-        def fetch(conn: Conn, key: CursorKey | None, bounds: dict[str, int]) -> list[Row]:
-            return _skips.list_skips(
-                self._statements,
-                conn,
-                job_execution_id,
-                key.id if isinstance(key, IdentityKey) else 0,
-                bounds["ceiling"],
-                bounds["row_limit"],
-            )
-
-        return self._page(
-            ExplorerQuery.STEP_SKIPS,
-            job_execution_id,
-            page_size,
-            after,
-            fetch,
-            _skips.decode_skip,
-            lambda item: IdentityKey(item.id),
-            (
-                self._statements.explore_job_execution_exists,
-                JobExecutionNotFound(id=job_execution_id),
-                {"job_execution_id": job_execution_id},
-            ),
-        )
-
-    def skip_counts(self, job_execution_id: int) -> dict[int, int]:
-        """How many items each step of the execution skipped (its read, process and write skips)."""
-        check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
-        return self._read(
-            lambda conn: _skips.skip_counts(self._statements, conn, job_execution_id, MAX_PAGE_SIZE)
+            parameter_documents=_documents(parameters),
         )
 
     def unresolved_executions(
@@ -567,24 +380,144 @@ class JobExplorer:
         """
         if not isinstance(minimum_age, _dt.timedelta) or minimum_age < MIN_UNRESOLVED_AGE:
             seconds = minimum_age.total_seconds() if isinstance(minimum_age, _dt.timedelta) else -1
-            raise ExplorerAgeBoundTooSmall(requested_seconds=seconds)
+            raise e.ExplorerAgeBoundTooSmall(requested_seconds=seconds)
         age_us = minimum_age // _dt.timedelta(microseconds=1)
-
-        def fetch(conn: Conn, key: CursorKey | None, bounds: dict[str, int]) -> list[Row]:
-            return self._statements.explore_unresolved_executions.many(
-                conn,
-                minimum_age_us=age_us,
-                parameter_documents=_documents(parameters),
-                after_id=key.id if isinstance(key, IdentityKey) else 0,
-                **bounds,
-            )
-
         return self._page(
-            ExplorerQuery.UNRESOLVED_EXECUTIONS,
-            age_us if parameters is None else [age_us, parameters.pairs],
+            Q.UNRESOLVED_EXECUTIONS,
             page_size,
             after,
-            fetch,
-            codec.decode_execution_projection,
-            lambda item: IdentityKey(item.id),
+            age_us if parameters is None else [age_us, parameters.pairs],
+            minimum_age_us=age_us,
+            parameter_documents=_documents(parameters),
         )
+
+    def step_executions(
+        self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
+    ) -> Page[StepExecutionProjection]:
+        """Steps of an execution, id ascending (wraps JobExecutionNotFound)."""
+        return self._children(Q.STEP_EXECUTIONS, job_execution_id, page_size, after)
+
+    def recovery_decisions(
+        self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
+    ) -> Page[RecoveryDecision]:
+        """Recovery decisions of an execution, id ascending (wraps JobExecutionNotFound)."""
+        return self._children(Q.RECOVERY_DECISIONS, job_execution_id, page_size, after)
+
+    def flow_decisions(
+        self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
+    ) -> Page[FlowDecision]:
+        """Flow decisions of an execution, (sequence, id) ascending (wraps JobExecutionNotFound)."""
+        return self._children(Q.FLOW_DECISIONS, job_execution_id, page_size, after)
+
+    def step_partitions(
+        self, step_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
+    ) -> Page[StepPartitionProjection]:
+        """Partitions of a manager step, id ascending (wraps StepExecutionNotFound)."""
+        return self._children(Q.STEP_PARTITIONS, step_execution_id, page_size, after)
+
+    def operator_requests(
+        self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
+    ) -> Page[OperatorRecord]:
+        """Operator requests aimed at an execution, id ascending (wraps JobExecutionNotFound)."""
+        return self._children(Q.OPERATOR_REQUESTS, job_execution_id, page_size, after)
+
+    def skips(
+        self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
+    ) -> Page[StepSkip]:
+        """Skip records of an execution's steps, id ascending (wraps JobExecutionNotFound).
+
+        One per item `StepRun.load` skipped: its position and key, the SQLSTATE and the names
+        the server gave, never the item's values.
+        """
+        return self._children(Q.STEP_SKIPS, job_execution_id, page_size, after)
+
+    def _children(
+        self, query: ExplorerQuery, parent_id: int, page_size: PageSize | None, after: Cursor | None
+    ) -> Page[Any]:
+        """A page of the rows under one parent (an instance, a job or a step execution)."""
+        exists, kind, _ = self._parents[query]
+        check_identifier(kind, parent_id)
+        (parameter,) = exists.parameters
+        return self._page(query, page_size, after, parent_id, None, **{parameter: parent_id})
+
+    def job_exists(self, job_name: str) -> bool:
+        """Whether any instance has `job_name`: tells an unknown name from an empty page."""
+        _check_name(job_name)
+        exists = self._statements.explore_job_name_exists
+        return self._read(lambda conn: bool(exists.scalar(conn, job_name=job_name)))
+
+    def execution(self, job_execution_id: int) -> JobExecutionProjection | None:
+        """One execution projection, or None when it does not exist."""
+        check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
+        return self._one(
+            self._statements.explore_execution,
+            codec.decode_execution_projection,
+            job_execution_id=job_execution_id,
+        )
+
+    def latest_attempt(self, job_instance_id: int) -> LatestAttempt | None:
+        """The instance's newest attempt, or None when it has none (or does not exist)."""
+        check_identifier(IdentifierKind.JOB_INSTANCE, job_instance_id)
+        return self._one(
+            self._statements.explore_latest_attempt,
+            codec.decode_latest_attempt,
+            job_instance_id=job_instance_id,
+        )
+
+    def failure_reasons(self, job_execution_id: int) -> dict[int | None, FailureReason]:
+        """Why the execution (key None) and its steps (by id) failed, where recorded."""
+        check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
+        reasons = self._many(
+            self._statements.explore_failure_reasons,
+            codec.decode_failure_reason,
+            job_execution_id=job_execution_id,
+            row_limit=MAX_PAGE_SIZE,
+        )
+        return dict(reasons)
+
+    def skip_counts(self, job_execution_id: int) -> dict[int, int]:
+        """How many items each step of the execution skipped (its read, process and write skips)."""
+        check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
+        counts = self._many(
+            self._statements.explore_step_skip_counts,
+            codec.decode_skip_count,
+            job_execution_id=job_execution_id,
+            row_limit=MAX_PAGE_SIZE,
+        )
+        return dict(counts)
+
+    def recent_executions(self, job_name: str, limit: int = 20) -> tuple[LatestAttempt, ...]:
+        """The newest `limit` executions of a job name, newest first: a run history.
+
+        `limit` is 1 to 50 (PageSizeOutOfRange): the statement reads at most `limit` attempts
+        of each of the `limit` newest instances.
+        """
+        _check_name(job_name)
+        if type(limit) is not int or not 1 <= limit <= MAX_RECENT_EXECUTIONS:
+            raise e.PageSizeOutOfRange(requested=limit)
+        recent = self._many(
+            self._statements.explore_recent_executions,
+            codec.decode_latest_attempt,
+            job_name=job_name,
+            row_limit=limit,
+        )
+        return tuple(recent)
+
+    def running_executions(
+        self, page_size: PageSize | None = None, after_id: int | None = None
+    ) -> tuple[RunningExecution, ...]:
+        """Executions running now (STARTED or STOPPING, lease live on the database clock).
+
+        Id ascending after `after_id`, at most `page_size` of them (running executions are
+        as many as the processes running them, so a page of 500 shows every one in practice).
+        """
+        page_size = page_size or PageSize()
+        if after_id is not None:
+            check_identifier(IdentifierKind.JOB_EXECUTION, after_id)
+        running = self._many(
+            self._statements.explore_running_executions,
+            codec.decode_running_execution,
+            after_id=after_id or 0,
+            row_limit=page_size.value,
+        )
+        return tuple(running)

@@ -5,23 +5,17 @@ records them here, in its own transaction, before its progress UPDATE: the chunk
 its skip records and its skip counters commit together or not at all. The explorer reads them
 back page by page (`JobExplorer.skips`).
 
-Statements: skips.sql get_step_skip_total and insert_step_skip (the chunk's transaction),
-get_step_skip_ceiling, list_step_skips and list_step_skip_counts (the explorer's read-only
-transactions).
+Statements: skips.sql get_step_skip_total and insert_step_skip, in the chunk's transaction.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 from collections.abc import Sequence
-from typing import Any
 
 import attrs
 
-from pybatch._codecs._primitives import DecodeError, Row, aware_at, int64_at, text_at
 from pybatch._statements import Connection, Statements
 from pybatch.errors import NotCommitted, Rejected
-from pybatch.values.ids import INT64_MAX
 
 #: Bounds of the columns (step_skip_item_key_length, step_skip_message_length).
 MAX_KEY_BYTES = 256
@@ -35,29 +29,6 @@ class SkippedItem:
     position: int
     key: str
     error: Rejected
-
-
-@attrs.frozen
-class StepSkip:
-    """One skip record as `pybatch skips` lists it (never the item's values)."""
-
-    id: int
-    step_execution_id: int
-    step_name: str
-    item_position: int
-    item_key: str
-    sqlstate: str
-    constraint: str | None
-    table: str | None
-    column: str | None
-    message: str
-    created_at: _dt.datetime
-
-    def as_json(self) -> dict[str, Any]:
-        """The documented JSON object (docs/operators.md): every field, in field order."""
-        document = attrs.asdict(self)
-        document["created_at"] = self.created_at.isoformat()
-        return document
 
 
 def _bounded(text: str, limit: int) -> str:
@@ -122,62 +93,3 @@ def record_skips(
         )
         if changed != 1:
             raise NotCommitted(reason="a skip record was not inserted")
-
-
-def skip_ceiling(statements: Statements, conn: Connection) -> int:
-    """The identity ceiling of skip-record pages (0 when there is none)."""
-    value = statements.get_step_skip_ceiling.scalar(conn)
-    if value is None:
-        return 0
-    if type(value) is not int or not 0 < value <= INT64_MAX:
-        raise DecodeError("ceiling")
-    return value
-
-
-def list_skips(
-    statements: Statements,
-    conn: Connection,
-    job_execution_id: int,
-    after_id: int,
-    ceiling: int,
-    row_limit: int,
-) -> list[Row]:
-    """The skip records of an execution's steps after `after_id`, id ascending."""
-    return statements.list_step_skips.many(
-        conn,
-        job_execution_id=job_execution_id,
-        after_id=after_id,
-        ceiling=ceiling,
-        row_limit=row_limit,
-    )
-
-
-def decode_skip(row: Row) -> StepSkip:
-    """A list_step_skips row as a StepSkip."""
-
-    def optional(column: str) -> str | None:
-        return None if row[column] is None else text_at(row, column)
-
-    return StepSkip(
-        id=int64_at(row, "id"),
-        step_execution_id=int64_at(row, "step_execution_id"),
-        step_name=text_at(row, "step_name"),
-        item_position=int64_at(row, "item_position", 0),
-        item_key=text_at(row, "item_key"),
-        sqlstate=text_at(row, "sqlstate"),
-        constraint=optional("constraint_name"),
-        table=optional("table_name"),
-        column=optional("column_name"),
-        message=text_at(row, "message"),
-        created_at=aware_at(row, "created_at"),
-    )
-
-
-def skip_counts(
-    statements: Statements, conn: Connection, job_execution_id: int, row_limit: int
-) -> dict[int, int]:
-    """The skip counters of an execution's steps, by step id."""
-    rows = statements.list_step_skip_counts.many(
-        conn, job_execution_id=job_execution_id, row_limit=row_limit
-    )
-    return {int64_at(row, "step_execution_id"): int64_at(row, "skips", 0) for row in rows}

@@ -39,6 +39,11 @@ FROM pybatch.step_partition AS plan_partition;
 SELECT pg_catalog.MAX(request.id) AS ceiling
 FROM pybatch.operator_request AS request;
 
+-- :name explore_ceiling_step_skips :scalar
+-- :doc Identity ceiling of skip-record pages (step_skip_pkey).
+SELECT pg_catalog.MAX(skipped.id) AS ceiling
+FROM pybatch.step_skip AS skipped;
+
 -- :name explore_job_instance_exists :scalar
 -- :doc Whether the parent instance of an execution page exists (job_instance_pkey).
 SELECT EXISTS(
@@ -642,6 +647,41 @@ WHERE
     AND request.id > :after_id
     AND request.id <= :ceiling
 ORDER BY request.id
+LIMIT :row_limit;
+
+-- :name explore_step_skips :many
+-- :doc Skip records of one job execution's steps, id ascending after after_id, up to the
+-- page's ceiling (step_skip_step_listing, per step of the execution).
+SELECT
+    skipped.id,
+    skipped.step_execution_id,
+    step.step_name,
+    skipped.item_position,
+    skipped.item_key,
+    skipped.sqlstate,
+    skipped.constraint_name,
+    skipped.table_name,
+    skipped.column_name,
+    skipped.message,
+    skipped.created_at
+FROM pybatch.step_skip AS skipped
+INNER JOIN pybatch.step_execution AS step ON skipped.step_execution_id = step.id
+WHERE
+    step.job_execution_id = :job_execution_id
+    AND skipped.id > :after_id
+    AND skipped.id <= :ceiling
+ORDER BY skipped.id
+LIMIT :row_limit;
+
+-- :name explore_step_skip_counts :many
+-- :doc The skip counters of one job execution's steps, by step id (step_execution's
+-- job_execution_id index); `pybatch show` prints them.
+SELECT
+    step.id AS step_execution_id,
+    step.read_skip_count + step.process_skip_count + step.write_skip_count AS skips
+FROM pybatch.step_execution AS step
+WHERE step.job_execution_id = :job_execution_id
+ORDER BY step.id
 LIMIT :row_limit;
 
 -- :name explore_failure_reasons :many

@@ -5,7 +5,6 @@ from __future__ import annotations
 import decimal
 from typing import Any
 
-from pybatch._codecs import executions, flow
 from pybatch._codecs._primitives import (
     DecodeError,
     Row,
@@ -22,7 +21,6 @@ from pybatch._codecs._primitives import (
     text_at,
 )
 from pybatch._codecs.lifecycle import FAILURE_COLUMNS, INSTANT_COLUMNS, decode_failure
-from pybatch._codecs.operator import decode_operator_record
 from pybatch._codecs.partitions import PARTITION_HEAD_COLUMNS
 from pybatch._codecs.steps import COUNT_COLUMNS, STEP_HEAD_COLUMNS
 from pybatch.errors import PyBatchError
@@ -40,6 +38,7 @@ from pybatch.values.explorer import (
     StateEnvelopeDescriptor,
     StepExecutionProjection,
     StepPartitionProjection,
+    StepSkip,
 )
 from pybatch.values.ids import INT64_MAX
 from pybatch.values.parameters import ParameterValue, ParameterValueKind
@@ -295,10 +294,35 @@ def decode_partition_projection(row: Row) -> StepPartitionProjection:
     )
 
 
-#: The explorer's recovery, flow and operator listings decode with their own tables' codecs.
-decode_recovery_decision = executions.decode_recovery_decision
-decode_flow_decision = flow.decode_flow_decision
-decode_operator_request = decode_operator_record
+STEP_SKIP_COLUMNS = (
+    *("id", "step_execution_id", "step_name", "item_position", "item_key", "sqlstate"),
+    *("constraint_name", "table_name", "column_name", "message", "created_at"),
+)
+SKIP_COUNT_COLUMNS = ("step_execution_id", "skips")
+
+
+def decode_step_skip(row: Row) -> StepSkip:
+    """Decode an explore_step_skips row."""
+    row = row_columns(row, STEP_SKIP_COLUMNS)
+    return StepSkip(
+        id=int64_at(row, "id"),
+        step_execution_id=int64_at(row, "step_execution_id"),
+        step_name=text_at(row, "step_name"),
+        item_position=int64_at(row, "item_position", 0),
+        item_key=text_at(row, "item_key"),
+        sqlstate=text_at(row, "sqlstate"),
+        constraint=_optional_text(row, "constraint_name"),
+        table=_optional_text(row, "table_name"),
+        column=_optional_text(row, "column_name"),
+        message=text_at(row, "message"),
+        created_at=aware_at(row, "created_at"),
+    )
+
+
+def decode_skip_count(row: Row) -> tuple[int, int]:
+    """Decode an explore_step_skip_counts row: (the step's id, the items it skipped)."""
+    row = row_columns(row, SKIP_COUNT_COLUMNS)
+    return int64_at(row, "step_execution_id"), int64_at(row, "skips", 0)
 
 
 FAILURE_REASON_COLUMNS = (

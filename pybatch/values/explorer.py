@@ -515,6 +515,23 @@ class StepPartitionProjection(_Projection):
     context: StateEnvelopeDescriptor
 
 
+@attrs.frozen
+class StepSkip(_Projection):
+    """One item a step skipped (`StepRun.load`): where, its key, why; never the item's values."""
+
+    id: int
+    step_execution_id: int
+    step_name: str
+    item_position: int
+    item_key: str
+    sqlstate: str
+    constraint: str | None
+    table: str | None
+    column: str | None
+    message: str
+    created_at: _dt.datetime
+
+
 def flow_decision_json(decision: FlowDecision) -> dict[str, Any]:
     """The documented JSON object of a flow decision as the explorer lists it."""
     target = decision.target

@@ -24,7 +24,9 @@ from pybatch._codecs.explorer import (
     LATEST_ATTEMPT_COLUMNS,
     PARTITION_PROJECTION_COLUMNS,
     RUNNING_EXECUTION_COLUMNS,
+    SKIP_COUNT_COLUMNS,
     STEP_PROJECTION_COLUMNS,
+    STEP_SKIP_COLUMNS,
 )
 from pybatch._codecs.fault_state import LOCKED_FAULT_STATE_COLUMNS
 from pybatch._codecs.flow import FLOW_DECISION_COLUMNS
@@ -54,6 +56,8 @@ READERS: dict[str, tuple[str, ...]] = {
     "explore_flow_decisions": FLOW_DECISION_COLUMNS,
     "explore_step_partitions": PARTITION_PROJECTION_COLUMNS,
     "explore_operator_requests": OPERATOR_REQUEST_COLUMNS,
+    "explore_step_skips": STEP_SKIP_COLUMNS,
+    "explore_step_skip_counts": SKIP_COUNT_COLUMNS,
     "insert_job_instance_if_absent": JOB_INSTANCE_COLUMNS,
     "find_job_instance_by_key": JOB_INSTANCE_COLUMNS,
     "get_job_instance": JOB_INSTANCE_COLUMNS,
@@ -147,12 +151,6 @@ READERS: dict[str, tuple[str, ...]] = {
         "idle_in_transaction_session_timeout",
         "time_zone",
     ),
-    # read by hand: _skips.py (the skip records and the per-step skip counts)
-    "list_step_skips": (
-        *("id", "step_execution_id", "step_name", "item_position", "item_key", "sqlstate"),
-        *("constraint_name", "table_name", "column_name", "message", "created_at"),
-    ),
-    "list_step_skip_counts": ("step_execution_id", "skips"),
     # read by hand: _transaction.py _dropped_setting
     "read_session_settings": ("name", "setting"),
     "demo_orders_digest": ("row_count", "sha256"),

@@ -90,6 +90,7 @@ from pybatch.values.explorer import (
     StateEnvelopeDescriptor,
     StepExecutionProjection,
     StepPartitionProjection,
+    StepSkip,
 )
 from pybatch.values.fault import FaultStateEnvelope, LockedFaultState
 from pybatch.values.flow import FlowDecision
@@ -586,6 +587,30 @@ def _partition_projection(draw: st.DrawFn) -> tuple[Row, object]:
     return row, projection
 
 
+_maybe_name = st.none() | st.text(min_size=1, max_size=63)
+
+
+@st.composite
+def _step_skip(draw: st.DrawFn) -> tuple[Row, object]:
+    skip = StepSkip(
+        id=draw(s.ids),
+        step_execution_id=draw(s.ids),
+        step_name=draw(_texts),
+        item_position=draw(st.integers(0, INT64_MAX)),
+        item_key=draw(_texts),
+        sqlstate=draw(st.from_regex(r"[0-9A-Z]{5}", fullmatch=True)),
+        constraint=draw(_maybe_name),
+        table=draw(_maybe_name),
+        column=draw(_maybe_name),
+        message=draw(_texts),
+        created_at=draw(s.instants.map(_utc)),
+    )
+    row = attrs.asdict(skip)
+    for field in ("constraint", "table", "column"):
+        row[f"{field}_name"] = row.pop(field)
+    return row, skip
+
+
 # --------------------------------------------------------------------------- the decoders
 
 DECODERS = [
@@ -719,29 +744,12 @@ DECODERS = [
         _partition_projection(),
     ),
     Decoder(
-        "explorer.recovery_decision",
-        ex.decode_recovery_decision,
-        RECOVERY_DECISION_COLUMNS,
-        RecoveryDecision,
+        "explorer.step_skip",
+        ex.decode_step_skip,
+        ex.STEP_SKIP_COLUMNS,
+        StepSkip,
         (DecodeError,),
-        s.recovery_decisions.map(_recovery),
-        whole_row=frozenset({"recovery_decision"}),
-    ),
-    Decoder(
-        "explorer.flow_decision",
-        ex.decode_flow_decision,
-        FLOW_DECISION_COLUMNS,
-        FlowDecision,
-        (FlowStateCorrupt,),
-        s.flow_decisions.map(_flow),
-    ),
-    Decoder(
-        "explorer.operator_request",
-        ex.decode_operator_request,
-        OPERATOR_REQUEST_COLUMNS,
-        OperatorRecord,
-        (DecodeError,),
-        s.operator_records.map(_operator),
+        _step_skip(),
     ),
 ]
 

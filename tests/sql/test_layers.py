@@ -35,7 +35,7 @@ LAYERS: dict[str, int] = {
     "pybatch._job_repository": 7,
     "pybatch._chunks": 8,
     "pybatch._fault_state": 8,
-    "pybatch._skips": 8,  # skip records: a chunk writes them, the explorer reads them
+    "pybatch._skips": 8,  # skip records: a chunk writes them (the explorer reads the table)
     "pybatch._lease_keeper": 8,
     "pybatch._services": 8,  # operator, retention, audit and explorer services
     "pybatch._partitioned": 8,
