@@ -16,6 +16,7 @@ is refused the same way and starts again.
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 import json
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -125,6 +126,21 @@ def _explorer_errors() -> Iterator[None]:
         raise e.ExplorerRepositoryError(error=error) from None
     except e.RepositoryError as error:  # PermissionDenied and the like keep their name
         raise e.ExplorerRepositoryError(error=error) from None
+
+
+def all_pages(
+    listing: Callable[[int, PageSize, Cursor | None], Page[T]], parent_id: int, pages: int = 0
+) -> tuple[list[T], bool]:
+    """The rows under a parent, up to `pages` full pages (0: all); True when more remain."""
+    size, after = PageSize(MAX_PAGE_SIZE), None
+    items: list[T] = []
+    for _ in range(pages) if pages else itertools.count():
+        page = listing(parent_id, size, after)
+        items.extend(page.items)
+        after = page.next_cursor
+        if after is None:
+            break
+    return items, after is not None
 
 
 class JobExplorer:

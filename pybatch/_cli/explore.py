@@ -17,34 +17,34 @@ import sys
 import textwrap
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, NamedTuple
 
+from pybatch import errors as e
 from pybatch._cli._arguments import duration_type
 from pybatch._cli._connection import Commands, Handler, add_command, config_from_args
-from pybatch._explorer import JobExplorer
+from pybatch._explorer import JobExplorer, all_pages
 from pybatch._job_repository import JobRepository
 from pybatch._migrator import installed_schema_version
-from pybatch.errors import CommandArgumentInvalid, JobExecutionNotFound, JobNotFound
 from pybatch.values.definitions import LEGACY_REVISION
 from pybatch.values.explorer import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
     Cursor,
-    InstanceTombstone,
     JobExecutionProjection,
     JobInstanceProjection,
-    LatestAttempt,
     Page,
     PageSize,
     ParameterFilter,
     RunningExecution,
+    StateEnvelopeDescriptor,
     operator_request_json,
     recovery_decision_json,
 )
 from pybatch.values.state import EMPTY_STATE_SCHEMA
 
-T = TypeVar("T")
 Parser = argparse.ArgumentParser
+#: Reads one page of a listing: (explorer, page size, cursor) -> page.
+Fetch = Callable[[JobExplorer, PageSize, Cursor | None], Page[Any]]
 
 
 def _page_size(text: str) -> int:
@@ -166,9 +166,10 @@ def _explorer(args: argparse.Namespace) -> Iterator[JobExplorer]:
 _SHOWN_NAMES = {LEGACY_REVISION: "pybatch default definition", EMPTY_STATE_SCHEMA.value: "empty"}
 
 
-def _shown(name: str) -> str:
-    """A stored definition revision or state schema as an operator reads it."""
-    return _SHOWN_NAMES.get(name, name)
+def _envelope(state: StateEnvelopeDescriptor) -> str:
+    """A checkpoint or context as an operator reads it: its schema, version and stored size."""
+    schema = _SHOWN_NAMES.get(state.schema_id, state.schema_id)
+    return f"{schema} v{state.schema_version}, {state.encoded_len} bytes"
 
 
 def _instant(value: _dt.datetime | None) -> str:
@@ -185,16 +186,36 @@ class Kind(enum.Enum):
     TEXT = "text"  # free text (names, reasons, messages): shortened with an ellipsis
 
 
-class Column(NamedTuple):
-    """A table column: its header, its kind, and when it is left out for want of width.
+ID, STATUS, TIME, NUMBER, TEXT = Kind.ID, Kind.STATUS, Kind.TIME, Kind.NUMBER, Kind.TEXT
 
-    `drop` 0: always shown; otherwise columns are left out highest `drop` first (the last
-    column first among equals) until the rest fits.
+
+class Column(NamedTuple):
+    """A table column: its header, what its cells show, their kind, and when it is left out.
+
+    `cell` is the item's attribute (a dotted path; nothing on the way shows `-`) or a function
+    of the item. `drop` 0: always shown; otherwise columns are left out highest `drop` first
+    (the last column first among equals) until the rest fits.
     """
 
     header: str
-    kind: Kind = Kind.TEXT
+    cell: str | Callable[[Any], object]
+    kind: Kind = TEXT
     drop: int = 0
+
+
+def _text(item: object, cell: str | Callable[[Any], object]) -> str:
+    """A cell: `-` for nothing, yes or no, instants to the second, codes as stored, else str."""
+    if callable(cell):
+        value = cell(item)
+    else:
+        value = item
+        for name in cell.split("."):
+            value = None if value is None else getattr(value, name)
+    if value is None or isinstance(value, _dt.datetime):
+        return _instant(value)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value.value) if isinstance(value, enum.Enum) else str(value)
 
 
 #: A shortened text column keeps at least this many characters (or its header's).
@@ -248,17 +269,17 @@ def _layout(
         kept.remove(max(droppable, key=lambda i: (columns[i].drop, i)))
 
 
-def _print_table(
-    columns: Sequence[Column], rows: Sequence[Sequence[str]], empty: str | None = None
-) -> None:
-    """Columns padded to their widest cell and fitted to the width; no rows: `empty`, if given.
+def _print_table(columns: Sequence[Column], items: Sequence[Any], empty: str | None = None) -> None:
+    """A row per item, columns padded to their widest cell and fitted to the width.
 
     To fit, free-text cells are shortened with an ellipsis (statuses, timestamps, ids and
-    counters never are), then whole columns are left out by priority, named once below.
+    counters never are), then whole columns are left out by priority, named once below. No
+    rows: `empty`, if given.
     """
-    if not rows and empty is not None:
+    if not items and empty is not None:
         print(empty)
         return
+    rows = [[_text(item, column.cell) for column in columns] for item in items]
     width = _table_width()
     kept, widths = _layout(columns, rows, width)
 
@@ -273,329 +294,255 @@ def _print_table(
         print(textwrap.fill(note, width) if width else note)
 
 
-class _Item(Protocol):
-    def as_json(self) -> dict[str, Any]: ...
-
-
-Item = TypeVar("Item", bound=_Item)
-
-
-def _list(
+def _print_list(
     args: argparse.Namespace,
-    fetch: Callable[[JobExplorer, PageSize, Cursor | None], Page[Item]],
     columns: Sequence[Column],
-    as_row: Callable[[Item], Sequence[str]],
+    items: Sequence[Any],
+    after: str | None,
     empty: str,
+    more: str = "next page",
+    as_json: Callable[[Any], dict[str, Any]] = lambda item: item.as_json(),
 ) -> int:
-    """Read one page and print it: a table and the next cursor, or with --json one document."""
+    """A list as a table and what to pass `--after` for more, or with --json one document."""
+    if args.json:
+        document = {"items": [as_json(item) for item in items], "next": after}
+        print(json.dumps(document, ensure_ascii=False))
+    else:
+        _print_table(columns, items, empty)
+        if after is not None:
+            print(f"{more}: --after {after}")
+    return 0
+
+
+def _list(args: argparse.Namespace, fetch: Fetch, columns: Sequence[Column], empty: str) -> int:
+    """Read one page and print it."""
     size = PageSize(args.limit)
     after = None if args.after is None else Cursor.from_hex(args.after)
     with _explorer(args) as explorer:
         page = fetch(explorer, size, after)
     next_cursor = None if page.next_cursor is None else str(page.next_cursor)
-    if args.json:
-        document = {"items": [item.as_json() for item in page.items], "next": next_cursor}
-        print(json.dumps(document, ensure_ascii=False))
-        return 0
-    _print_table(columns, [as_row(item) for item in page.items], empty)
-    if next_cursor is not None:
-        print(f"next page: --after {next_cursor}")
-    return 0
+    return _print_list(args, columns, page.items, next_cursor, empty)
 
 
 def _parameters(item: JobInstanceProjection | JobExecutionProjection) -> str:
     return ", ".join(f"{p.name}={p.shown_value()}" for p in item.parameters) or "-"
 
 
+def _rate(items_per_second: float | None) -> str | None:
+    return None if items_per_second is None else f"{items_per_second:,.0f}"
+
+
 def _parameter_filter(args: argparse.Namespace) -> ParameterFilter | None:
     return None if args.param is None else ParameterFilter.parse(args.param)
 
 
-def _execution_row(item: JobExecutionProjection) -> list[str]:
-    return [
-        str(item.id),
-        str(item.instance_id),
-        item.job_name,
-        _parameters(item),
-        str(item.attempt),
-        item.status.value,
-        item.exit_code,
-        str(item.counts.read),
-        str(item.counts.written),
-        str(item.counts.commits),
-        _instant(item.started_at),
-        _instant(item.ended_at),
-        _instant(item.updated_at),
-        "yes" if item.owner_recorded else "no",
-    ]
-
-
-ID, STATUS, TIME, NUMBER, TEXT = Kind.ID, Kind.STATUS, Kind.TIME, Kind.NUMBER, Kind.TEXT
-
 #: Left out first: the parameters, the owner flag and counters, then the instance and job, the
 #: start, the exit code, the end; the id, status and update never.
 _EXECUTION_COLUMNS = (
-    Column("EXECUTION", ID),
-    Column("INSTANCE", ID, 8),
-    Column("JOB", TEXT, 7),
-    Column("PARAMETERS", TEXT, 12),
-    Column("ATTEMPT", NUMBER, 2),
-    Column("STATUS", STATUS),
-    Column("EXIT", STATUS, 4),
-    Column("READ", NUMBER, 6),
-    Column("WRITTEN", NUMBER, 9),
-    Column("COMMITS", NUMBER, 10),
-    Column("STARTED", TIME, 5),
-    Column("ENDED", TIME, 3),
-    Column("UPDATED", TIME, 1),
-    Column("OWNER", TEXT, 11),
+    Column("EXECUTION", "id", ID),
+    Column("INSTANCE", "instance_id", ID, 8),
+    Column("JOB", "job_name", TEXT, 7),
+    Column("PARAMETERS", _parameters, TEXT, 12),
+    Column("ATTEMPT", "attempt", NUMBER, 2),
+    Column("STATUS", "status", STATUS),
+    Column("EXIT", "exit_code", STATUS, 4),
+    Column("READ", "counts.read", NUMBER, 6),
+    Column("WRITTEN", "counts.written", NUMBER, 9),
+    Column("COMMITS", "counts.commits", NUMBER, 10),
+    Column("STARTED", "started_at", TIME, 5),
+    Column("ENDED", "ended_at", TIME, 3),
+    Column("UPDATED", "updated_at", TIME, 1),
+    Column("OWNER", "owner_recorded", TEXT, 11),
+)
+_JOB_COLUMNS = (
+    Column("JOB", "job_name"),
+    Column("LATEST EXECUTION", "latest_execution_id", ID, 2),
+    Column("STATUS", "latest_status", STATUS),
+    Column("UPDATED", "latest_updated_at", TIME, 1),
+)
+_INSTANCE_COLUMNS = (
+    Column("INSTANCE", "id", ID),
+    Column("JOB", "job_name", TEXT, 4),
+    Column("PARAMETERS", _parameters),
+    Column("CREATED", "created_at", TIME, 1),
+    # A live instance: `-`; a purged history's tombstone: PURGED with its final status.
+    Column("STATE", lambda i: i.tombstone and f"PURGED ({i.tombstone.final_status.value})", STATUS),
+    Column("PURGED AT", "tombstone.purged_at", TIME, 2),
+    Column("HOLD", lambda i: i.hold and f"{i.hold.reason} by {i.hold.actor}"),
+)
+_RUNNING_COLUMNS = (
+    Column("EXECUTION", "id", ID),
+    Column("JOB", "job_name"),
+    Column("ATTEMPT", "attempt", NUMBER, 5),
+    Column(
+        "STATUS",
+        lambda i: i.status.value + (" (stop requested)" if i.stop_requested_at else ""),
+        STATUS,
+    ),
+    Column("STEP", "step_name", TEXT, 2),
+    Column("READ", "read", NUMBER, 4),
+    Column("WRITTEN", "written", NUMBER),
+    Column("CHUNKS", "commits", NUMBER, 3),
+    Column("ITEMS/S", lambda i: _rate(i.items_per_second), NUMBER, 1),
+    Column("LEASE LEFT", lambda i: f"{i.lease_left.total_seconds():.1f}s", NUMBER),
+    Column("OWNER", "owner_host", TEXT, 7),
+    Column("STARTED", "started_at", TIME, 6),
+)
+_SKIP_COLUMNS = (
+    Column("SKIP", "id", ID),
+    Column("STEP", lambda i: f"{i.step_name} ({i.step_execution_id})"),
+    Column("POSITION", "item_position", NUMBER),
+    Column("KEY", "item_key"),
+    Column("SQLSTATE", "sqlstate", STATUS),
+    Column("CONSTRAINT", "constraint", TEXT, 3),
+    Column("TABLE", "table", TEXT, 2),
+    Column("COLUMN", "column", TEXT, 1),
+    Column("RECORDED", "created_at", TIME, 4),
+)
+_DECISION_COLUMNS = (
+    Column("DECISION", "id", ID),
+    Column("FROM", "prior_status", STATUS, 3),
+    Column("TO", "resulting_status", STATUS),
+    Column("REASON", "reason_code"),
+    Column("BY", "operator_reference", TEXT, 2),
+    Column("DECIDED", "decided_at", TIME, 1),
+)
+_REQUEST_COLUMNS = (
+    Column("REQUEST", "id", ID),
+    Column("ACTION", "action", STATUS),
+    Column("OUTCOME", "outcome", STATUS),
+    Column("ACTOR", "actor", TEXT, 2),
+    Column("REQUESTED", "requested_at", TIME, 1),
 )
 
 
 def _jobs(args: argparse.Namespace) -> int:
-    return _list(
-        args,
-        lambda explorer, size, after: explorer.job_names(size, after),
-        (
-            Column("JOB", TEXT),
-            Column("LATEST EXECUTION", ID, 2),
-            Column("STATUS", STATUS),
-            Column("UPDATED", TIME, 1),
-        ),
-        lambda item: [
-            item.job_name,
-            "-" if item.latest_execution_id is None else str(item.latest_execution_id),
-            "-" if item.latest_status is None else item.latest_status.value,
-            _instant(item.latest_updated_at),
-        ],
-        "no jobs",
-    )
+    return _list(args, lambda x, size, after: x.job_names(size, after), _JOB_COLUMNS, "no jobs")
 
 
 def _instances(args: argparse.Namespace) -> int:
-    def fetch(
-        explorer: JobExplorer, size: PageSize, after: Cursor | None
-    ) -> Page[JobInstanceProjection]:
+    def fetch(explorer: JobExplorer, size: PageSize, after: Cursor | None) -> Page[Any]:
         page = explorer.instances(args.job, size, after, _parameter_filter(args))
         # An empty first page is a job name no instance has (a typo), not an empty job.
         if not page.items and after is None and not explorer.job_exists(args.job):
-            raise JobNotFound(job_name=args.job)
+            raise e.JobNotFound(job_name=args.job)
         return page
 
-    return _list(
-        args,
-        fetch,
-        (
-            Column("INSTANCE", ID),
-            Column("JOB", TEXT, 4),
-            Column("PARAMETERS", TEXT),
-            Column("CREATED", TIME, 1),
-            Column("STATE", STATUS),
-            Column("PURGED AT", TIME, 2),
-            Column("HOLD", TEXT),
-        ),
-        lambda item: [
-            str(item.id),
-            item.job_name,
-            _parameters(item),
-            _instant(item.created_at),
-            _state(item.tombstone),
-            _instant(None if item.tombstone is None else item.tombstone.purged_at),
-            "-" if item.hold is None else f"{item.hold.reason} by {item.hold.actor}",
-        ],
-        "no instances",
-    )
-
-
-def _state(tombstone: InstanceTombstone | None) -> str:
-    """`-` for a live instance; a tombstone as PURGED with the final status of its history."""
-    return "-" if tombstone is None else f"PURGED ({tombstone.final_status.value})"
+    return _list(args, fetch, _INSTANCE_COLUMNS, "no instances")
 
 
 def _executions(args: argparse.Namespace) -> int:
     if (args.instance is None) == (args.param is None):
-        raise CommandArgumentInvalid(
+        raise e.CommandArgumentInvalid(
             argument="INSTANCE", expected="either given or replaced by --param"
         )
     parameters = _parameter_filter(args)
-    return _list(
-        args,
-        lambda explorer, size, after: (
-            explorer.executions(args.instance, size, after)
-            if parameters is None
-            else explorer.executions_with_parameters(parameters, size, after)
-        ),
-        _EXECUTION_COLUMNS,
-        _execution_row,
-        "no executions",
-    )
+
+    def fetch(explorer: JobExplorer, size: PageSize, after: Cursor | None) -> Page[Any]:
+        if parameters is None:
+            return explorer.executions(args.instance, size, after)
+        return explorer.executions_with_parameters(parameters, size, after)
+
+    return _list(args, fetch, _EXECUTION_COLUMNS, "no executions")
 
 
-_RUNNING_COLUMNS = (
-    Column("EXECUTION", ID),
-    Column("JOB", TEXT),
-    Column("ATTEMPT", NUMBER, 5),
-    Column("STATUS", STATUS),
-    Column("STEP", TEXT, 2),
-    Column("READ", NUMBER, 4),
-    Column("WRITTEN", NUMBER),
-    Column("CHUNKS", NUMBER, 3),
-    Column("ITEMS/S", NUMBER, 1),
-    Column("LEASE LEFT", NUMBER),
-    Column("OWNER", TEXT, 7),
-    Column("STARTED", TIME, 6),
-)
+def _unresolved(args: argparse.Namespace) -> int:
+    def fetch(explorer: JobExplorer, size: PageSize, after: Cursor | None) -> Page[Any]:
+        older_than = args.older_than
+        if older_than is None:  # the configured stale threshold (validated: 1 min..24 h)
+            older_than = config_from_args(args).stale_threshold
+        return explorer.unresolved_executions(older_than, size, after, _parameter_filter(args))
+
+    return _list(args, fetch, _EXECUTION_COLUMNS, "no unresolved executions")
 
 
-def _running_row(item: RunningExecution) -> list[str]:
-    rate = item.items_per_second
-    return [
-        str(item.id),
-        item.job_name,
-        str(item.attempt),
-        item.status.value + (" (stop requested)" if item.stop_requested_at else ""),
-        item.step_name or "-",
-        str(item.read),
-        str(item.written),
-        str(item.commits),
-        "-" if rate is None else f"{rate:,.0f}",
-        f"{item.lease_left.total_seconds():.1f}s",
-        item.owner_host or "-",
-        _instant(item.started_at),
-    ]
+def _skips(args: argparse.Namespace) -> int:
+    def fetch(explorer: JobExplorer, size: PageSize, after: Cursor | None) -> Page[Any]:
+        return explorer.skips(args.execution, size, after)
+
+    return _list(args, fetch, _SKIP_COLUMNS, "no skipped items")
+
+
+def _running_json(item: RunningExecution) -> dict[str, Any]:
+    lease_left = item.lease_left.total_seconds()
+    return {
+        **item.as_json(),
+        "lease_left_seconds": lease_left,
+        "items_per_second": item.items_per_second,
+    }
 
 
 def _running(args: argparse.Namespace) -> int:
     """The executions with a live lease, read once (the server's clock decides "live")."""
     with _explorer(args) as explorer:
         items = explorer.running_executions(PageSize(args.limit), args.after)
-    more = len(items) == args.limit
-    if args.json:
-        document = {
-            "items": [
-                {
-                    **item.as_json(),
-                    "lease_left_seconds": item.lease_left.total_seconds(),
-                    "items_per_second": item.items_per_second,
-                }
-                for item in items
-            ],
-            "next": str(items[-1].id) if more else None,
-        }
-        print(json.dumps(document, ensure_ascii=False))
-        return 0
-    _print_table(_RUNNING_COLUMNS, [_running_row(item) for item in items], "nothing is running")
-    if more:
-        print(f"more may be running: --after {items[-1].id}")
-    return 0
-
-
-def _skips(args: argparse.Namespace) -> int:
-    return _list(
+    after = str(items[-1].id) if len(items) == args.limit else None
+    return _print_list(
         args,
-        lambda explorer, size, after: explorer.skips(args.execution, size, after),
-        (
-            Column("SKIP", ID),
-            Column("STEP", TEXT),
-            Column("POSITION", NUMBER),
-            Column("KEY", TEXT),
-            Column("SQLSTATE", STATUS),
-            Column("CONSTRAINT", TEXT, 3),
-            Column("TABLE", TEXT, 2),
-            Column("COLUMN", TEXT, 1),
-            Column("RECORDED", TIME, 4),
-        ),
-        lambda item: [
-            str(item.id),
-            f"{item.step_name} ({item.step_execution_id})",
-            str(item.item_position),
-            item.item_key,
-            item.sqlstate,
-            item.constraint or "-",
-            item.table or "-",
-            item.column or "-",
-            _instant(item.created_at),
-        ],
-        "no skipped items",
+        _RUNNING_COLUMNS,
+        items,
+        after,
+        "nothing is running",
+        "more may be running",
+        _running_json,
     )
-
-
-def _unresolved(args: argparse.Namespace) -> int:
-    def fetch(
-        explorer: JobExplorer, size: PageSize, after: Cursor | None
-    ) -> Page[JobExecutionProjection]:
-        older_than = args.older_than
-        if older_than is None:  # the configured stale threshold (validated: 1 min..24 h)
-            older_than = config_from_args(args).stale_threshold
-        return explorer.unresolved_executions(older_than, size, after, _parameter_filter(args))
-
-    return _list(args, fetch, _EXECUTION_COLUMNS, _execution_row, "no unresolved executions")
-
-
-def _all(fetch: Callable[[int, PageSize, Cursor | None], Page[T]], execution_id: int) -> list[T]:
-    size = PageSize(MAX_PAGE_SIZE)
-    page = fetch(execution_id, size, None)
-    items = list(page.items)
-    while page.next_cursor is not None:
-        page = fetch(execution_id, size, page.next_cursor)
-        items.extend(page.items)
-    return items
-
-
-def _latest(execution_id: int, latest: LatestAttempt | None) -> str:
-    """Which attempt a restart of this instance starts from, as `show` prints it."""
-    if latest is None:
-        return "-"
-    if latest.execution_id == execution_id:
-        return "this attempt"
-    return f"attempt {latest.attempt}, execution {latest.execution_id} ({latest.status.value})"
 
 
 def _show(args: argparse.Namespace) -> int:
     with _explorer(args) as explorer:
         execution = explorer.execution(args.execution)
         if execution is None:
-            raise JobExecutionNotFound(id=args.execution)
+            raise e.JobExecutionNotFound(id=args.execution)
         latest = explorer.latest_attempt(execution.instance_id)
-        steps = _all(explorer.step_executions, execution.id)
-        decisions = _all(explorer.recovery_decisions, execution.id)
-        requests = _all(explorer.operator_requests, execution.id)
+        steps, _ = all_pages(explorer.step_executions, execution.id)
+        decisions, _ = all_pages(explorer.recovery_decisions, execution.id)
+        requests, _ = all_pages(explorer.operator_requests, execution.id)
         reasons = explorer.failure_reasons(execution.id)
         skip_counts = explorer.skip_counts(execution.id)
+
+    def reason(key: int | None) -> dict[str, Any] | None:
+        found = reasons.get(key)
+        return None if found is None else found.as_json()
+
     if args.json:
-
-        def with_reason(document: dict[str, Any], key: int | None) -> dict[str, Any]:
-            reason = reasons.get(key)
-            return {**document, "failure_reason": None if reason is None else reason.as_json()}
-
-        def with_skips(document: dict[str, Any], step_id: int) -> dict[str, Any]:
-            return {**document, "skip_count": skip_counts.get(step_id, 0)}
-
         document = {
-            "execution": with_reason(execution.as_json(), None),
+            "execution": {**execution.as_json(), "failure_reason": reason(None)},
             "latest_attempt": None if latest is None else latest.as_json(),
-            "steps": [with_skips(with_reason(step.as_json(), step.id), step.id) for step in steps],
+            "steps": [
+                {
+                    **step.as_json(),
+                    "failure_reason": reason(step.id),
+                    "skip_count": skip_counts.get(step.id, 0),
+                }
+                for step in steps
+            ],
             "recovery_decisions": [recovery_decision_json(d) for d in decisions],
             "operator_requests": [operator_request_json(request) for request in requests],
         }
         print(json.dumps(document, ensure_ascii=False))
         return 0
-    failure = execution.failure
+    failure, definition = execution.failure, execution.definition
+    if latest is None:
+        restart_from = "-"
+    elif latest.execution_id == execution.id:
+        restart_from = "this attempt"
+    else:
+        restart_from = (
+            f"attempt {latest.attempt}, execution {latest.execution_id} ({latest.status.value})"
+        )
     fields = {
         "execution": str(execution.id),
         "job": f"{execution.job_name} (instance {execution.instance_id})",
         "parameters": _parameters(execution),
         "attempt": str(execution.attempt),
-        "latest": _latest(execution.id, latest),
+        "latest": restart_from,  # the attempt a restart of this instance starts from
         "status": f"{execution.status.value} (exit {execution.exit_code})",
         "version": str(execution.version),
         "created": _instant(execution.created_at),
         "started": _instant(execution.started_at),
         "ended": _instant(execution.ended_at),
         "updated": _instant(execution.updated_at),
-        "counts": ", ".join(
-            f"{name} {value}" for name, value in execution.counts.as_json().items()
-        ),
+        "counts": ", ".join(f"{name} {n}" for name, n in execution.counts.as_json().items()),
         "failure": "-"
         if failure is None
         else f"{failure.category.value} (id {failure.failure_id})",
@@ -606,87 +553,34 @@ def _show(args: argparse.Namespace) -> int:
         "owner": (execution.owner_host or "recorded")
         if execution.owner_recorded
         else "none recorded",
-        "definition": f"{_shown(execution.definition.revision)} (manifest format "
-        f"{execution.definition.manifest_format})",
-        "context": f"{_shown(execution.context.schema_id)} v{execution.context.schema_version}, "
-        f"{execution.context.encoded_len} bytes",
+        "definition": f"{_SHOWN_NAMES.get(definition.revision, definition.revision)} (manifest "
+        f"format {definition.manifest_format})",
+        "context": _envelope(execution.context),
     }
     names = max(len(name) for name in fields)
     for name, value in fields.items():
         _print_wrapped(value, f"{name.ljust(names)}  ")
     print()
-    _print_table(
-        (
-            Column("STEP", ID),
-            Column("NAME", TEXT),
-            Column("STATUS", STATUS),
-            Column("EXIT", STATUS, 3),
-            Column("READ", NUMBER, 4),
-            Column("WRITTEN", NUMBER, 5),
-            Column("SKIPS", NUMBER, 9),
-            Column("COMMITS", NUMBER, 6),
-            Column("ROLLBACKS", NUMBER, 7),
-            Column("CHECKPOINT", TEXT, 8),
-            Column("FAILURE", STATUS, 2),
-        ),
-        [
-            [
-                str(step.id),
-                step.step_name,
-                step.status.value,
-                step.exit_code,
-                str(step.counts.read),
-                str(step.counts.written),
-                str(skip_counts.get(step.id, 0)),
-                str(step.counts.commits),
-                str(step.counts.rollbacks),
-                f"{_shown(step.checkpoint.schema_id)} v{step.checkpoint.schema_version}, "
-                f"{step.checkpoint.encoded_len} bytes",
-                "-" if step.failure is None else step.failure.category.value,
-            ]
-            for step in steps
-        ],
-        "no steps",
+    step_columns = (
+        Column("STEP", "id", ID),
+        Column("NAME", "step_name"),
+        Column("STATUS", "status", STATUS),
+        Column("EXIT", "exit_code", STATUS, 3),
+        Column("READ", "counts.read", NUMBER, 4),
+        Column("WRITTEN", "counts.written", NUMBER, 5),
+        Column("SKIPS", lambda step: skip_counts.get(step.id, 0), NUMBER, 9),
+        Column("COMMITS", "counts.commits", NUMBER, 6),
+        Column("ROLLBACKS", "counts.rollbacks", NUMBER, 7),
+        Column("CHECKPOINT", lambda step: _envelope(step.checkpoint), TEXT, 8),
+        Column("FAILURE", "failure.category", STATUS, 2),
     )
+    _print_table(step_columns, steps, "no steps")
     for step in steps:
         if step.id in reasons:
             _print_wrapped(str(reasons[step.id]), f"step {step.id} failed: ")
     print()
-    _print_table(
-        (
-            Column("DECISION", ID),
-            Column("FROM", STATUS, 3),
-            Column("TO", STATUS),
-            Column("REASON", TEXT),
-            Column("BY", TEXT, 2),
-            Column("DECIDED", TIME, 1),
-        ),
-        [
-            [
-                str(d.id),
-                d.prior_status.value,
-                d.resulting_status.value,
-                d.reason_code,
-                d.operator_reference,
-                _instant(d.decided_at),
-            ]
-            for d in decisions
-        ],
-        "no recovery decisions",
-    )
+    _print_table(_DECISION_COLUMNS, decisions, "no recovery decisions")
     if requests:
         print()
-        _print_table(
-            (
-                Column("REQUEST", ID),
-                Column("ACTION", STATUS),
-                Column("OUTCOME", STATUS),
-                Column("ACTOR", TEXT, 2),
-                Column("REQUESTED", TIME, 1),
-            ),
-            [
-                [str(r.id), r.action.value, r.outcome.value, str(r.actor), _instant(r.requested_at)]
-                for r in requests
-            ],
-        )
+        _print_table(_REQUEST_COLUMNS, requests)
     return 0

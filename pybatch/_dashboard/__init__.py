@@ -14,33 +14,21 @@ write even if a route were added by mistake. Authentication belongs in front of 
 
 from __future__ import annotations
 
+import collections
 import datetime as _dt
-from collections.abc import Callable
-from typing import Any, TypeVar
+import functools
+from typing import Any
 
 import flask
 from werkzeug.exceptions import HTTPException
 
+from pybatch import errors as e
 from pybatch._config import ConnectionConfig
 from pybatch._dashboard import _charts
-from pybatch._explorer import JobExplorer
+from pybatch._explorer import JobExplorer, all_pages
 from pybatch._job_repository import JobRepository
 from pybatch._services.audit import verify_audit_chain
-from pybatch.errors import (
-    CursorError,
-    ExplorerAgeBoundTooSmall,
-    ExplorerRepositoryError,
-    ExplorerTimeout,
-    JobExecutionNotFound,
-    JobInstanceNotFound,
-    PageSizeOutOfRange,
-    ParameterFilterInvalid,
-    PyBatchError,
-    StepExecutionNotFound,
-)
-from pybatch.values.explorer import MAX_PAGE_SIZE, Cursor, Page, PageSize, ParameterFilter
-
-T = TypeVar("T")
+from pybatch.values.explorer import MAX_PAGE_SIZE, Cursor, PageSize, ParameterFilter
 
 #: Sent with every response: no script, no frame, no plugin; styles and images from the app only.
 CONTENT_SECURITY_POLICY = (
@@ -63,11 +51,6 @@ PARTITION_PAGES = 3
 _ALLOWED_METHODS = frozenset({"GET", "HEAD"})
 
 
-def _not_found(error: PyBatchError) -> bool:
-    inner = error.error if isinstance(error, ExplorerRepositoryError) else error
-    return isinstance(inner, JobExecutionNotFound | JobInstanceNotFound | StepExecutionNotFound)
-
-
 def _cursor_arg() -> Cursor | None:
     text = flask.request.args.get("after")
     return None if not text else Cursor.from_hex(text)
@@ -87,18 +70,6 @@ def _int_arg(name: str, low: int, high: int) -> int | None:
     if not text.isascii() or not text.isdigit() or not low <= int(text) <= high:
         flask.abort(400, f"{name} must be an integer from {low} to {high}")
     return int(text)
-
-
-def _all_pages(fetch: Callable[[Cursor | None], Page[T]], pages: int) -> tuple[list[T], bool]:
-    """Up to `pages` pages of a listing; True when more remain."""
-    page = fetch(None)
-    items = list(page.items)
-    for _ in range(pages - 1):
-        if page.next_cursor is None:
-            break
-        page = fetch(page.next_cursor)
-        items.extend(page.items)
-    return items, page.next_cursor is not None
 
 
 def create_app(source: JobExplorer | ConnectionConfig | None = None) -> flask.Flask:
@@ -137,20 +108,25 @@ def create_app(source: JobExplorer | ConnectionConfig | None = None) -> flask.Fl
         # Set by only_reads once the argument checked out; an error page before that has none.
         return {"refresh": flask.g.get("refresh")}
 
-    @app.errorhandler(PyBatchError)
-    def pybatch_error(error: PyBatchError) -> tuple[str, int]:
-        if _not_found(error):
+    @app.errorhandler(e.PyBatchError)
+    def pybatch_error(error: e.PyBatchError) -> tuple[str, int]:
+        inner = error.error if isinstance(error, e.ExplorerRepositoryError) else error
+        if isinstance(
+            inner, e.JobExecutionNotFound | e.JobInstanceNotFound | e.StepExecutionNotFound
+        ):
             status = 404
         elif isinstance(
             error,
-            CursorError | PageSizeOutOfRange | ExplorerAgeBoundTooSmall | ParameterFilterInvalid,
+            e.CursorError
+            | e.PageSizeOutOfRange
+            | e.ExplorerAgeBoundTooSmall
+            | e.ParameterFilterInvalid,
         ):
             status = 400
-        elif isinstance(error, ExplorerTimeout | ExplorerRepositoryError):
+        elif isinstance(error, e.ExplorerTimeout | e.ExplorerRepositoryError):
             status = 503
         else:
             status = 500
-        inner = error.error if isinstance(error, ExplorerRepositoryError) else error
         message = f"{type(inner).__name__}: {inner}"
         return flask.render_template("error.html", status=status, message=message), status
 
@@ -160,15 +136,10 @@ def create_app(source: JobExplorer | ConnectionConfig | None = None) -> flask.Fl
         message = f"{error.name}: {error.description}"
         return flask.render_template("error.html", status=status, message=message), status
 
-    def route(rule: str, endpoint: str) -> Callable[[Callable[..., str]], Callable[..., str]]:
-        def register(view: Callable[..., str]) -> Callable[..., str]:
-            # No automatic OPTIONS: the only methods are GET and HEAD.
-            app.add_url_rule(rule, endpoint, view, methods=["GET"], provide_automatic_options=False)
-            return view
+    # A view's endpoint is its name; no automatic OPTIONS: the only methods are GET and HEAD.
+    route = functools.partial(app.get, provide_automatic_options=False)
 
-        return register
-
-    @route("/", "jobs")
+    @route("/")
     def jobs() -> str:
         with explorer.pinned() as view:
             page = view.job_names(PageSize(), _cursor_arg())
@@ -178,7 +149,7 @@ def create_app(source: JobExplorer | ConnectionConfig | None = None) -> flask.Fl
             }
         return flask.render_template("jobs.html", page=page, history=history)
 
-    @route("/job", "instances")
+    @route("/job")
     def instances() -> str:
         name = flask.request.args.get("name", "")
         parameters = _parameter_arg()
@@ -188,23 +159,21 @@ def create_app(source: JobExplorer | ConnectionConfig | None = None) -> flask.Fl
             "instances.html", name=name, page=page, param=flask.request.args.getlist("param")
         )
 
-    @route("/instances/<int:instance_id>", "executions")
+    @route("/instances/<int:instance_id>")
     def executions(instance_id: int) -> str:
         with explorer.pinned() as view:
             page = view.executions(instance_id, PageSize(), _cursor_arg())
         return flask.render_template("executions.html", instance_id=instance_id, page=page)
 
-    @route("/executions/<int:execution_id>", "execution")
+    @route("/executions/<int:execution_id>")
     def execution(execution_id: int) -> str:
         size = PageSize(MAX_PAGE_SIZE)
         with explorer.pinned() as view:
             found = view.execution(execution_id)
             if found is None:
-                raise JobExecutionNotFound(id=execution_id)
+                raise e.JobExecutionNotFound(id=execution_id)
             latest = view.latest_attempt(found.instance_id)
-            steps, more_steps = _all_pages(
-                lambda after: view.step_executions(execution_id, size, after), 2
-            )
+            steps, more_steps = all_pages(view.step_executions, execution_id, 2)
             decisions = view.recovery_decisions(execution_id, size).items
             requests = view.operator_requests(execution_id, size).items
             reasons = view.failure_reasons(execution_id)
@@ -227,21 +196,16 @@ def create_app(source: JobExplorer | ConnectionConfig | None = None) -> flask.Fl
             charts=_charts,
         )
 
-    @route("/steps/<int:step_id>/partitions", "partitions")
+    @route("/steps/<int:step_id>/partitions")
     def partitions(step_id: int) -> str:
-        size = PageSize(MAX_PAGE_SIZE)
         with explorer.pinned() as view:
-            items, more = _all_pages(
-                lambda after: view.step_partitions(step_id, size, after), PARTITION_PAGES
-            )
-        counts: dict[str, int] = {}
-        for item in items:
-            counts[item.status.value] = counts.get(item.status.value, 0) + 1
+            items, more = all_pages(view.step_partitions, step_id, PARTITION_PAGES)
+        counts = collections.Counter(item.status.value for item in items)
         return flask.render_template(
             "partitions.html", step_id=step_id, partitions=items, more=more, counts=counts
         )
 
-    @route("/unresolved", "unresolved")
+    @route("/unresolved")
     def unresolved() -> str:
         seconds = _int_arg("older_than", 60, 366 * 86400)
         older_than = (
@@ -257,7 +221,7 @@ def create_app(source: JobExplorer | ConnectionConfig | None = None) -> flask.Fl
             param=flask.request.args.getlist("param"),
         )
 
-    @route("/audit", "audit")
+    @route("/audit")
     def audit() -> str:
         # What `pybatch audit verify` reports: the whole chain walked, page by page.
         result = verify_audit_chain(repository)
