@@ -10,9 +10,10 @@ round trip.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from functools import cached_property, partial
+from typing import TypeVar
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -45,6 +46,8 @@ from pybatch.errors import (
     Unavailable,
     UnitOfWorkClosed,
 )
+
+T = TypeVar("T")
 
 _COMMIT_ERRORS = CommitErrors(
     aborted=TransactionAborted, refused=_sqlstate.translate, unknown=CommitOutcomeUnknown
@@ -134,16 +137,22 @@ class UnitOfWork:
             self._operation_depth -= 1
 
     def commit_statement(
-        self, statement: Statement, /, *, overrides: Overrides | None = None, **params: object
-    ) -> Row | None:
-        """Run `statement` as this whole unit of work and COMMIT it, in one round trip.
+        self,
+        statement: Statement,
+        params: Mapping[str, object],
+        decode: Callable[[Row | None], T],
+        *,
+        overrides: Overrides | None = None,
+    ) -> T:
+        """Run `statement` as this whole unit of work, COMMIT it in one round trip, decode its row.
 
         For a transition written as one statement (a plpgsql function, a data-modifying CTE):
         nothing else is staged, so it needs no savepoint, and BEGIN, the statement and COMMIT
         share one Sync (`Lease.commit_alone`). It must be the unit of work's only statement;
         the unit of work is closed after it (`commit()` then returns). Errors are mapped as in
-        `operation()`, with `overrides`; nothing is committed unless it returns, except after
-        CommitOutcomeUnknown (the connection was lost with the COMMIT sent).
+        `operation()`, with `overrides`, and an undecodable row is Unavailable; nothing is
+        committed when the statement or COMMIT fails, unless CommitOutcomeUnknown says that
+        the connection was lost with the COMMIT sent.
         """
         if self._poisoned is not None:
             raise self._poisoned
@@ -156,7 +165,10 @@ class UnitOfWork:
         errors = CommitErrors(TransactionAborted, refused, CommitOutcomeUnknown)
         row = self._lease.commit_alone(statement, params, errors)
         self._committed = True
-        return row
+        try:
+            return decode(row)
+        except DecodeError:
+            raise Unavailable() from None
 
     def transaction_settings(self) -> dict[str, str]:
         """The isolation level, timeouts and time zone in force (diagnostics)."""

@@ -103,3 +103,65 @@ SELECT
 FROM pybatch.step_partition AS p
 WHERE p.id = :step_partition_id
 FOR UPDATE;
+
+-- :name launch_job_execution :one
+-- :doc Launch or restart the instance of a key as its owner in one statement (migration 0014
+-- launch_job_execution): the instance created when absent and its definition usable, then
+-- create_job_execution - under the instance lock, the latest attempt, the definition and the
+-- upgrade edge checked, the attempt counted and inserted STARTED with the owner token, host and
+-- lease. outcome - launched, unregistered, or the error that refuses it, with details (for
+-- ExecutionAlreadyActive the attempt in the way, its lease judged on the database clock).
+SELECT
+    o.outcome,
+    o.details,
+    o.lease_expired,
+    o.lease_remaining_ms,
+    (o.instance).id AS instance_id,
+    (o.instance).created_at AS instance_created_at,
+    (o.execution).id AS id,
+    (o.execution).job_instance_id AS job_instance_id,
+    (o.execution).definition_id AS definition_id,
+    (o.execution).upgrade_from_definition_id AS upgrade_from_definition_id,
+    (o.execution).restart_of_execution_id AS restart_of_execution_id,
+    (o.execution).attempt AS attempt,
+    (o.execution).status AS status,
+    (o.execution).exit_code AS exit_code,
+    (o.execution).failure_category AS failure_category,
+    (o.execution).failure_id AS failure_id,
+    (o.execution).created_at AS created_at,
+    (o.execution).started_at AS started_at,
+    (o.execution).ended_at AS ended_at,
+    (o.execution).updated_at AS updated_at,
+    (o.execution).version AS version,
+    (o.execution).owner_token AS owner_token,
+    (o.execution).lease_expires_at AS lease_expires_at,
+    (o.execution).stop_requested_at IS NOT NULL AS stop_requested,
+    (o.previous).id AS previous_id,
+    (o.previous).job_instance_id AS previous_job_instance_id,
+    (o.previous).definition_id AS previous_definition_id,
+    (o.previous).upgrade_from_definition_id AS previous_upgrade_from_definition_id,
+    (o.previous).restart_of_execution_id AS previous_restart_of_execution_id,
+    (o.previous).attempt AS previous_attempt,
+    (o.previous).status AS previous_status,
+    (o.previous).exit_code AS previous_exit_code,
+    (o.previous).failure_category AS previous_failure_category,
+    (o.previous).failure_id AS previous_failure_id,
+    (o.previous).created_at AS previous_created_at,
+    (o.previous).started_at AS previous_started_at,
+    (o.previous).ended_at AS previous_ended_at,
+    (o.previous).updated_at AS previous_updated_at,
+    (o.previous).version AS previous_version
+FROM pybatch.launch_job_execution(
+    :job_name,
+    :instance_key,
+    :identifying_parameters,
+    :definition_id,
+    :definition_job_name,
+    :manifest_format,
+    :definition_revision,
+    :manifest_digest,
+    :owner_token,
+    :owner_host,
+    :lease_ms,
+    :now
+) AS o;

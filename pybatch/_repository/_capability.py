@@ -4,12 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
-from typing import Protocol
+from typing import Protocol, TypeVar
 
+import attrs
+
+from pybatch import errors
 from pybatch._clock import Clock
+from pybatch._codecs._primitives import DecodeError, returned
 from pybatch._statements import Connection, Row, Statement, Statements
 from pybatch.errors import JobExecutionNotFound, JobInstanceNotFound, PyBatchError
 from pybatch.values.ids import IdentifierKind, check_identifier
+
+T = TypeVar("T")
 
 #: Constraint name -> the error a violation of it means for this operation.
 Overrides = Mapping[str, Callable[[], PyBatchError]]
@@ -29,9 +35,14 @@ class Transaction(Protocol):
         """One atomic operation: a savepoint (none when nested), driver errors mapped."""
 
     def commit_statement(
-        self, statement: Statement, /, *, overrides: Overrides | None = None, **params: object
-    ) -> Row | None:
-        """`statement` as the whole transaction, committed in the same round trip."""
+        self,
+        statement: Statement,
+        params: Mapping[str, object],
+        decode: Callable[[Row | None], T],
+        *,
+        overrides: Overrides | None = None,
+    ) -> T:
+        """`statement` alone, committed in the same round trip; its row decoded by `decode`."""
 
 
 class Capability:
@@ -65,3 +76,46 @@ def job_execution_row(q: Statements, conn: Connection, execution_id: int) -> Row
     if row is None:
         raise JobExecutionNotFound(id=execution_id)
     return row
+
+
+#: The errors a transition function refuses with, by name (migrations/0014, docs/errors.md).
+REFUSALS: Mapping[str, type[PyBatchError]] = {
+    error.__name__: error
+    for error in (
+        errors.AbandonedInstance,
+        errors.CompletedInstance,
+        errors.ConcurrentModification,
+        errors.DefinitionDrift,
+        errors.DefinitionJobMismatch,
+        errors.DuplicateStep,
+        errors.ExecutionAlreadyActive,
+        errors.ExecutionOwnershipLost,
+        errors.IllegalTransition,
+        errors.IncompatibleDefinition,
+        errors.JobExecutionNotFound,
+        errors.JobInstanceNotFound,
+        errors.StartLimitExceeded,
+        errors.StepExecutionNotFound,
+        errors.Unavailable,
+        errors.UnsupportedManifestVersion,
+    )
+}
+
+
+def decided(row: Row | None, *done: str) -> tuple[str, Row]:
+    """A transition function's outcome, one of `done`, and its row; else the refusal raised.
+
+    The refusal is the error the outcome names, built from `details`; an outcome or a field
+    that is not known fails closed (DecodeError).
+    """
+    values = returned(row)
+    outcome, details = values["outcome"], values["details"]
+    if outcome in done:
+        return str(outcome), values
+    refusal = REFUSALS.get(outcome) if type(outcome) is str else None
+    if refusal is None or not isinstance(details, dict):
+        raise DecodeError("outcome")
+    fields = {field.name for field in attrs.fields(refusal)}
+    if not set(details) <= fields or any(type(v) not in (str, int, bool) for v in details.values()):
+        raise DecodeError("details")
+    raise refusal(**details)

@@ -22,6 +22,14 @@ from pybatch.values.flow import check_flow_graph_bounds
 from pybatch.values.names import JobName, StepName
 
 
+def check_definition(job_name: JobName, definition: DefinitionIdentity) -> None:
+    """Refuse a definition of another job or of an unsupported manifest format."""
+    if definition.job_name is not None and definition.job_name != job_name:
+        raise DefinitionJobMismatch(expected=job_name.value, actual=definition.job_name.value)
+    if not 1 <= definition.manifest_format <= 3:
+        raise UnsupportedManifestVersion(format=definition.manifest_format)
+
+
 def ensure_definition(
     q: Statements, conn: Connection, clock: Clock, job_name: JobName, definition: DefinitionIdentity
 ) -> int:
@@ -31,10 +39,7 @@ def ensure_definition(
     DefinitionDrift (the revision has another digest), ManifestInvalid (a new flow manifest
     beyond the flow-graph bounds).
     """
-    if definition.job_name is not None and definition.job_name != job_name:
-        raise DefinitionJobMismatch(expected=job_name.value, actual=definition.job_name.value)
-    if not 1 <= definition.manifest_format <= 3:
-        raise UnsupportedManifestVersion(format=definition.manifest_format)
+    check_definition(job_name, definition)
     try:
         manifest = definition.manifest()
     except ValueError:
@@ -94,6 +99,11 @@ def upgrade_source_step_name(
 
 
 class Definitions(Capability):
+    def register(self, job_name: JobName, definition: DefinitionIdentity) -> int:
+        """The id of `definition` for `job_name`, registered when new (`ensure_definition`)."""
+        with self._operation() as (q, conn):
+            return ensure_definition(q, conn, self._uow.clock, job_name, definition)
+
     def register_upgrade(self, job_name: JobName, upgrade: DefinitionUpgrade) -> None:
         """Register a direct upgrade edge, idempotent for equal content.
 

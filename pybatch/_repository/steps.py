@@ -11,8 +11,12 @@ from pybatch._codecs.executions import decode_job_execution
 from pybatch._codecs.fault_state import encode_fault_state
 from pybatch._codecs.steps import decode_step_execution
 from pybatch._repository import definitions
-from pybatch._repository._capability import Overrides, job_execution_row
-from pybatch._repository._lifecycle import LifecycleCapability, LifecycleRows
+from pybatch._repository._capability import Overrides, decided, job_execution_row
+from pybatch._repository._lifecycle import (
+    LifecycleCapability,
+    LifecycleRows,
+    failure_reason_columns,
+)
 from pybatch._statements import Connection, Statements
 from pybatch.errors import (
     DuplicateStep,
@@ -23,8 +27,9 @@ from pybatch.errors import (
 from pybatch.values.fault import FaultStateEnvelope
 from pybatch.values.ids import IdentifierKind
 from pybatch.values.names import StepName
+from pybatch.values.ownership import OwnerToken
 from pybatch.values.records import StepExecution
-from pybatch.values.status import BatchStatus, FailureCategory
+from pybatch.values.status import BatchStatus, FailureCategory, FailureReason
 
 
 def duplicate_step_overrides(job_execution_id: int, step_name: StepName, node_id: str) -> Overrides:
@@ -84,7 +89,6 @@ ROWS = LifecycleRows[StepExecution](
     get_statement=lambda q: q.get_step_execution,
     transition_statement=lambda q: q.update_step_execution_transition,
     exit_code_statement=lambda q: q.update_step_execution_exit_code,
-    failure_reason_statement=lambda q: q.update_step_execution_failure_reason,
     decode=decode_step_execution,
     not_found=lambda step_id: StepExecutionNotFound(id=step_id),
     counts_apply=True,  # a transition's rollback advances rollback_count
@@ -103,10 +107,9 @@ def end_unfinished_steps(
 
     In the transaction that finishes the execution, so the next chunk commit of any of them is
     refused (its compare-and-swap wants STARTED) and a restart copies a checkpoint nobody can
-    move any more. Steps end STOPPED when the execution stops, else FAILED with `category`.
+    move any more. Steps end STOPPED when the execution stops, else FAILED with `category`;
+    the statement waits for in-flight chunk commits and partition claims first.
     """
-    # Waits for in-flight chunk commits and partition claims.
-    q.lock_unfinished_step_executions.many(conn, job_execution_id=job_execution_id)
     stopped = execution_status is BatchStatus.STOPPED
     row = q.end_unfinished_step_executions.one(
         conn,
@@ -120,6 +123,34 @@ def end_unfinished_steps(
 
 class Steps(LifecycleCapability[StepExecution]):
     _rows = ROWS
+
+    def end(
+        self,
+        job_execution_id: int,
+        owner: OwnerToken,
+        step_id: int,
+        status: BatchStatus,
+        reason: FailureReason | None = None,
+    ) -> StepExecution:
+        """End a step of `owner`'s running execution as `status`: one statement.
+
+        The transition (FAILED by user code), the exit status of the same name and `reason`.
+        Raises ExecutionOwnershipLost, StepExecutionNotFound or IllegalTransition.
+        Statements: steps.sql end_step_execution (migrations/0014).
+        """
+        params = {
+            "job_execution_id": job_execution_id,
+            "owner_token": owner.value,
+            "step_execution_id": step_id,
+            "status": status.value,
+            **failure_reason_columns(reason),
+            "now": self._uow.clock.now(),
+        }
+        return self._uow.commit_statement(
+            self._uow.statements.end_step_execution,
+            params,
+            lambda row: decode_step_execution(decided(row, "ended")[1]),
+        )
 
     def create(self, job_execution_id: int, step_name: StepName) -> StepExecution:
         """Create a step; in a restart attempt copy its source's durable state.

@@ -30,10 +30,8 @@ _runs = itertools.count(1)
 
 def insert_instance(uow: UnitOfWork, key: JobInstanceKey, **changes: object) -> Any:
     """The instance of `key` inserted as the unit of work's one statement."""
-    columns: dict[str, Any] = {**encode_job_instance_key(key), **changes}
-    return uow.commit_statement(
-        uow.statements.insert_job_instance_if_absent, **columns, now=uow.clock.now()
-    )
+    params = {**encode_job_instance_key(key), **changes, "now": uow.clock.now()}
+    return uow.commit_statement(uow.statements.insert_job_instance_if_absent, params, lambda r: r)
 
 
 def new_key() -> JobInstanceKey:
@@ -126,11 +124,10 @@ def test_a_connection_lost_with_the_commit_sent_is_outcome_unknown(
     repository: JobRepository, admin: psycopg.Connection[Any], db_dsn: str
 ) -> None:
     key = new_key()
-    repository.run_in_unit_of_work(lambda uow: insert_instance(uow, key))
-    instance_id = admin.execute("SELECT id FROM pybatch.job_instance").fetchone()
-    assert instance_id is not None
+    params = {**encode_job_instance_key(key), "now": repository.clock.now()}
     with psycopg.connect(db_dsn) as locker, repository.begin() as uow:
-        locker.execute("SELECT 1 FROM pybatch.job_instance FOR UPDATE")  # the statement waits
+        # The same key, inserted and not committed: the statement waits for it.
+        locker.execute(repository.statements.insert_job_instance_if_absent.query, params)
         pid = uow.connection.info.backend_pid
 
         def kill_while_it_waits() -> None:
@@ -140,10 +137,12 @@ def test_a_connection_lost_with_the_commit_sent_is_outcome_unknown(
         killer = threading.Thread(target=kill_while_it_waits)
         killer.start()
         with pytest.raises(CommitOutcomeUnknown):
-            uow.commit_statement(uow.statements.lock_job_instance, job_instance_id=instance_id[0])
+            insert_instance(uow, key)
         killer.join()
         assert not uow.is_open
+        locker.rollback()
     assert repository.run_in_unit_of_work(lambda uow: insert_instance(uow, new_key()))
+    assert instances(admin) == 1
 
 
 def test_only_the_first_statement_of_a_unit_of_work_may_commit_alone(

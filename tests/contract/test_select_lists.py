@@ -28,7 +28,7 @@ from pybatch._codecs.explorer import (
 )
 from pybatch._codecs.fault_state import LOCKED_FAULT_STATE_COLUMNS
 from pybatch._codecs.flow import FLOW_DECISION_COLUMNS
-from pybatch._codecs.instances import JOB_INSTANCE_COLUMNS, LOCKED_JOB_INSTANCE_COLUMNS
+from pybatch._codecs.instances import JOB_INSTANCE_COLUMNS
 from pybatch._codecs.operator import OPERATOR_REQUEST_COLUMNS
 from pybatch._codecs.partitions import STEP_PARTITION_COLUMNS
 from pybatch._codecs.recovery import RECOVERY_DECISION_COLUMNS
@@ -56,9 +56,6 @@ READERS: dict[str, tuple[str, ...]] = {
     "insert_job_instance_if_absent": JOB_INSTANCE_COLUMNS,
     "find_job_instance_by_key": JOB_INSTANCE_COLUMNS,
     "get_job_instance": JOB_INSTANCE_COLUMNS,
-    "lock_job_instance": LOCKED_JOB_INSTANCE_COLUMNS,
-    "insert_job_execution": JOB_EXECUTION_COLUMNS,
-    "find_latest_job_execution": JOB_EXECUTION_COLUMNS,
     "get_job_execution": JOB_EXECUTION_COLUMNS,
     "lock_job_execution": JOB_EXECUTION_COLUMNS,
     "list_job_executions": JOB_EXECUTION_COLUMNS,
@@ -120,8 +117,6 @@ READERS: dict[str, tuple[str, ...]] = {
     "insert_step_execution": ("id",),
     "insert_step_execution_from_source": ("id",),
     "end_unfinished_step_executions": ("ended_steps",),
-    # locks only: repository/steps.py end_unfinished_steps waits here, reads nothing
-    "lock_unfinished_step_executions": ("id",),
     "insert_operator_request": ("id",),
     # read by hand: migrator.py (name is shown by `pybatch migrate --dry-run` history)
     "list_schema_migrations": ("version", "name", "checksum"),
@@ -165,6 +160,25 @@ READERS: dict[str, tuple[str, ...]] = {
         "lease_expired",
     ),
     "renew_execution_lease": ("stop_requested",),
+    # one-statement transitions (migration 0014): outcome and a refusal's details, then the
+    # decoders' columns
+    "launch_job_execution": (
+        *("outcome", "details", "lease_expired", "lease_remaining_ms"),
+        *("instance_id", "instance_created_at"),
+        *JOB_EXECUTION_COLUMNS,
+        *("owner_token", "lease_expires_at", "stop_requested"),
+        *(f"previous_{column}" for column in JOB_EXECUTION_COLUMNS),
+    ),
+    "create_job_execution": (
+        *("outcome", "details"),
+        *("instance_id", "job_name", "instance_key", "identifying_parameters"),
+        "instance_created_at",
+        *JOB_EXECUTION_COLUMNS,
+        *(f"previous_{column}" for column in JOB_EXECUTION_COLUMNS),
+    ),
+    "end_job_execution": ("outcome", "details", *JOB_EXECUTION_COLUMNS),
+    "start_flow_step": ("outcome", "details", *STEP_EXECUTION_COLUMNS),
+    "end_step_execution": ("outcome", "details", *STEP_EXECUTION_COLUMNS),
     "read_recovery_snapshot": (
         "status",
         "attempt",

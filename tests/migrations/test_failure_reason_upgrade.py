@@ -11,13 +11,13 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-import pybatch._job_repository as repository_module
 from pybatch import JobRepository
 from pybatch import _migrator as migrator
 from pybatch._explorer import JobExplorer
 from pybatch.etl import Job, StepRun
 from tests.conftest import plaintext_config
 from tests.migrations.test_lease_upgrade import install_up_to
+from tests.support.legacy import older_package
 
 #: The migration that adds the failure reason columns.
 REASONS = 9
@@ -39,14 +39,13 @@ def test_a_job_live_across_the_upgrade_records_why_its_step_failed(
         raise KeyError("order 42")
 
     with monkeypatch.context() as old_package:
-        old_package.setattr(repository_module, "supported_schema_version", lambda: REASONS - 1)
-        old = JobRepository.connect(config)
-    with old:
-        done = Job(old, "before_upgrade", {}).launch()
-        with done:
-            done.step("load", lambda step: None)
-        with pytest.raises(KeyError), Job(old, "live", {}).launch() as live:
-            live.step("load", work)
+        older_package(old_package, REASONS - 1)
+        with JobRepository.connect(config) as old:
+            done = Job(old, "before_upgrade", {}).launch()
+            with done:
+                done.step("load", lambda step: None)
+            with pytest.raises(KeyError), Job(old, "live", {}).launch() as live:
+                live.step("load", work)
     resumed_from: list[object] = []
 
     def fail_again(step: StepRun) -> None:

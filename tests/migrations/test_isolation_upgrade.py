@@ -16,7 +16,6 @@ from typing import Any
 import psycopg
 import pytest
 
-import pybatch._job_repository as repository_module
 from pybatch import JobRepository
 from pybatch import _migrator as migrator
 from pybatch.errors import PermissionDenied
@@ -25,6 +24,7 @@ from tests.conftest import plaintext_config
 from tests.contract.test_job_family_isolation import ISOLATED_TABLES, family_block
 from tests.contract.test_least_privilege import grants
 from tests.migrations.test_lease_upgrade import install_up_to
+from tests.support.legacy import older_package
 
 #: The last schema version without job families (migration 0008 adds them).
 BEFORE = 7
@@ -83,7 +83,7 @@ def test_upgrade_under_a_live_run_enables_nothing_and_the_family_resumes_its_his
 ) -> None:
     runtime = plaintext_config(as_role(blank_database, "pybatch_runtime"), pool_size=3)
     with monkeypatch.context() as old_package:
-        old_package.setattr(repository_module, "supported_schema_version", lambda: BEFORE)
+        older_package(old_package, BEFORE)
         with JobRepository.connect(runtime) as old:
             with pytest.raises(RuntimeError), Job(old, "orders.load", DAY).launch() as failed:
                 failed.step("load", loader(stop_after=4))
