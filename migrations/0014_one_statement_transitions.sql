@@ -406,6 +406,154 @@ COMMENT ON FUNCTION pybatch.launch_job_execution(
     TEXT, BYTEA, JSONB, BIGINT, TEXT, INTEGER, TEXT, BYTEA, BYTEA, TEXT, BIGINT, TIMESTAMPTZ
 ) IS 'Launches or restarts the instance of a key in one statement: STARTED, owned and leased.';
 
+-- Insert a step of an execution: STARTING (version 0), or STARTED (version 1: created STARTING
+-- and started at once) with p_started, with the durable state of step p_source_id copied
+-- (counters, checkpoint, context, retry, skip and no-rollback counts, fault state), or fresh
+-- without one. Name and logical id uniqueness arbitrate duplicates.
+CREATE FUNCTION pybatch.insert_step_execution(
+    p_job_execution_id BIGINT,
+    p_step_name TEXT,
+    p_node_id TEXT,
+    p_source_id BIGINT,
+    p_started BOOLEAN,
+    p_now TIMESTAMPTZ
+)
+RETURNS pybatch.step_execution -- noqa: CP05
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    inserted pybatch.step_execution;
+BEGIN
+    IF p_source_id IS NULL THEN
+        -- A fresh step: empty state; counters and fault state are the columns' defaults (zero,
+        -- the empty fault-state envelope).
+        INSERT INTO pybatch.step_execution AS s (
+            job_execution_id,
+            step_name,
+            step_logical_id,
+            status,
+            exit_code,
+            checkpoint_format,
+            checkpoint_schema,
+            checkpoint_schema_version,
+            checkpoint_payload,
+            context_format,
+            context_schema,
+            context_schema_version,
+            context_payload,
+            created_at,
+            started_at,
+            updated_at,
+            version
+        )
+        VALUES (
+            p_job_execution_id,
+            p_step_name,
+            p_node_id,
+            CASE WHEN p_started THEN 'STARTED' ELSE 'STARTING' END,
+            'UNKNOWN',
+            1,
+            'oxide_batch.empty.v1',
+            1,
+            CAST('{}' AS JSONB),
+            1,
+            'oxide_batch.empty.v1',
+            1,
+            CAST('{}' AS JSONB),
+            p_now,
+            CASE WHEN p_started THEN p_now END,
+            p_now,
+            CASE WHEN p_started THEN 1 ELSE 0 END
+        )
+        RETURNING s.* INTO inserted;
+    ELSE
+        -- Every durable field of the source: counters, checkpoint, context, retry, skip and
+        -- no-rollback counts, the fault-state envelope.
+        INSERT INTO pybatch.step_execution AS s (
+            job_execution_id,
+            step_name,
+            step_logical_id,
+            status,
+            exit_code,
+            read_count,
+            processed_count,
+            write_count,
+            filter_count,
+            commit_count,
+            rollback_count,
+            checkpoint_format,
+            checkpoint_schema,
+            checkpoint_schema_version,
+            checkpoint_payload,
+            context_format,
+            context_schema,
+            context_schema_version,
+            context_payload,
+            read_retry_count,
+            process_retry_count,
+            write_retry_count,
+            read_skip_count,
+            process_skip_count,
+            write_skip_count,
+            no_rollback_count,
+            fault_state_format,
+            fault_state_schema,
+            fault_state_schema_version,
+            fault_state_payload,
+            fault_state_checksum,
+            created_at,
+            started_at,
+            updated_at,
+            version
+        )
+        SELECT
+            p_job_execution_id,
+            p_step_name,
+            p_node_id,
+            CASE WHEN p_started THEN 'STARTED' ELSE 'STARTING' END,
+            'UNKNOWN',
+            src.read_count,
+            src.processed_count,
+            src.write_count,
+            src.filter_count,
+            src.commit_count,
+            src.rollback_count,
+            src.checkpoint_format,
+            src.checkpoint_schema,
+            src.checkpoint_schema_version,
+            src.checkpoint_payload,
+            src.context_format,
+            src.context_schema,
+            src.context_schema_version,
+            src.context_payload,
+            src.read_retry_count,
+            src.process_retry_count,
+            src.write_retry_count,
+            src.read_skip_count,
+            src.process_skip_count,
+            src.write_skip_count,
+            src.no_rollback_count,
+            src.fault_state_format,
+            src.fault_state_schema,
+            src.fault_state_schema_version,
+            src.fault_state_payload,
+            src.fault_state_checksum,
+            p_now,
+            CASE WHEN p_started THEN p_now END,
+            p_now,
+            CASE WHEN p_started THEN 1 ELSE 0 END
+        FROM pybatch.step_execution AS src
+        WHERE src.id = p_source_id
+        RETURNING s.* INTO inserted;
+    END IF;
+    RETURN inserted;
+END;
+$$;
+
+COMMENT ON FUNCTION pybatch.insert_step_execution(BIGINT, TEXT, TEXT, BIGINT, BOOLEAN, TIMESTAMPTZ)
+IS 'Inserts a step, fresh or with the durable state of a source step copied.';
+
 -- Start a node's step in an execution, with the durable state of the node's newest step in
 -- the instance (counters, checkpoint, context, retry and skip counts, fault state), fresh
 -- without one. With p_owner_token, as the running execution's owner: skipped if that newest
@@ -496,135 +644,99 @@ BEGIN
         );
         RETURN;
     END IF;
-    -- A started step is created STARTING (version 0) and moved to STARTED (version 1) at once.
-    IF step.id IS NULL THEN
-        -- A fresh step: empty state; counters and fault state are the columns' defaults (zero,
-        -- the empty fault-state envelope).
-        INSERT INTO pybatch.step_execution AS s (
-            job_execution_id,
-            step_name,
-            step_logical_id,
-            status,
-            exit_code,
-            checkpoint_format,
-            checkpoint_schema,
-            checkpoint_schema_version,
-            checkpoint_payload,
-            context_format,
-            context_schema,
-            context_schema_version,
-            context_payload,
-            created_at,
-            started_at,
-            updated_at,
-            version
-        )
-        VALUES (
-            p_job_execution_id,
-            p_step_name,
-            p_node_id,
-            CASE WHEN started THEN 'STARTED' ELSE 'STARTING' END,
-            'UNKNOWN',
-            1,
-            'oxide_batch.empty.v1',
-            1,
-            CAST('{}' AS JSONB),
-            1,
-            'oxide_batch.empty.v1',
-            1,
-            CAST('{}' AS JSONB),
-            p_now,
-            CASE WHEN started THEN p_now END,
-            p_now,
-            CASE WHEN started THEN 1 ELSE 0 END
-        )
-        RETURNING s.* INTO step;
-    ELSE
-        -- Every durable field of the source: counters, checkpoint, context, retry, skip and
-        -- no-rollback counts, the fault-state envelope.
-        INSERT INTO pybatch.step_execution AS s (
-            job_execution_id,
-            step_name,
-            step_logical_id,
-            status,
-            exit_code,
-            read_count,
-            processed_count,
-            write_count,
-            filter_count,
-            commit_count,
-            rollback_count,
-            checkpoint_format,
-            checkpoint_schema,
-            checkpoint_schema_version,
-            checkpoint_payload,
-            context_format,
-            context_schema,
-            context_schema_version,
-            context_payload,
-            read_retry_count,
-            process_retry_count,
-            write_retry_count,
-            read_skip_count,
-            process_skip_count,
-            write_skip_count,
-            no_rollback_count,
-            fault_state_format,
-            fault_state_schema,
-            fault_state_schema_version,
-            fault_state_payload,
-            fault_state_checksum,
-            created_at,
-            started_at,
-            updated_at,
-            version
-        )
-        SELECT
-            p_job_execution_id,
-            p_step_name,
-            p_node_id,
-            CASE WHEN started THEN 'STARTED' ELSE 'STARTING' END,
-            'UNKNOWN',
-            src.read_count,
-            src.processed_count,
-            src.write_count,
-            src.filter_count,
-            src.commit_count,
-            src.rollback_count,
-            src.checkpoint_format,
-            src.checkpoint_schema,
-            src.checkpoint_schema_version,
-            src.checkpoint_payload,
-            src.context_format,
-            src.context_schema,
-            src.context_schema_version,
-            src.context_payload,
-            src.read_retry_count,
-            src.process_retry_count,
-            src.write_retry_count,
-            src.read_skip_count,
-            src.process_skip_count,
-            src.write_skip_count,
-            src.no_rollback_count,
-            src.fault_state_format,
-            src.fault_state_schema,
-            src.fault_state_schema_version,
-            src.fault_state_payload,
-            src.fault_state_checksum,
-            p_now,
-            CASE WHEN started THEN p_now END,
-            p_now,
-            CASE WHEN started THEN 1 ELSE 0 END
-        FROM pybatch.step_execution AS src
-        WHERE src.id = step.id
-        RETURNING s.* INTO step;
-    END IF;
+    step := pybatch.insert_step_execution(
+        p_job_execution_id, p_step_name, p_node_id, step.id, started, p_now
+    );
     outcome := CASE WHEN started THEN 'started' ELSE 'created' END;
 END;
 $$;
 
 COMMENT ON FUNCTION pybatch.start_step_execution(BIGINT, BYTEA, TEXT, TEXT, BIGINT, TIMESTAMPTZ)
 IS 'Starts a node''s step with the newest state of the node, or finds it completed earlier.';
+
+-- Create a step of an execution (STARTING) under its name; in a restart attempt with the durable
+-- state of the same step of the previous attempt - the step the definition upgrade maps it to,
+-- when the attempt upgraded its definition. Refused in this order: JobExecutionNotFound,
+-- DuplicateStep, InvalidDefinitionUpgrade (no mapping entry), RestartStateNotFound (no source
+-- step). The execution comes back whole, for the caller to decode: no step begins under a
+-- corrupt one.
+CREATE FUNCTION pybatch.create_step_execution(
+    p_job_execution_id BIGINT,
+    p_step_name TEXT,
+    p_now TIMESTAMPTZ,
+    OUT outcome TEXT,
+    OUT details JSONB,
+    OUT execution pybatch.job_execution, -- noqa: CP05
+    OUT step pybatch.step_execution -- noqa: CP05
+)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    source_name TEXT := p_step_name;
+    source_id BIGINT;
+BEGIN
+    SELECT e.* INTO execution
+    FROM pybatch.job_execution AS e
+    WHERE e.id = p_job_execution_id;
+    IF execution.id IS NULL THEN
+        outcome := 'JobExecutionNotFound';
+        details := pg_catalog.JSONB_BUILD_OBJECT('id', p_job_execution_id);
+        RETURN;
+    END IF;
+    IF EXISTS (
+        SELECT
+        FROM pybatch.step_execution AS s
+        WHERE
+            s.job_execution_id = p_job_execution_id
+            AND (s.step_name = p_step_name OR s.step_logical_id = p_step_name)
+    ) THEN
+        outcome := 'DuplicateStep';
+        details := pg_catalog.JSONB_BUILD_OBJECT(
+            'job_execution_id', p_job_execution_id, 'step_name', p_step_name, 'node_id', p_step_name
+        );
+        RETURN;
+    END IF;
+    IF execution.restart_of_execution_id IS NOT NULL THEN
+        IF execution.upgrade_from_definition_id IS NOT NULL THEN
+            SELECT m.source_step_name INTO source_name
+            FROM pybatch.definition_upgrade AS u
+            CROSS JOIN LATERAL pg_catalog.JSONB_EACH_TEXT(u.step_mapping)
+                AS m (source_step_name, target_step_name)
+            WHERE
+                u.from_definition_id = execution.upgrade_from_definition_id
+                AND u.to_definition_id = execution.definition_id
+                AND m.target_step_name = p_step_name;
+            IF NOT FOUND THEN
+                outcome := 'InvalidDefinitionUpgrade';
+                details := pg_catalog.JSONB_BUILD_OBJECT('execution_id', p_job_execution_id);
+                RETURN;
+            END IF;
+        END IF;
+        SELECT s.id INTO source_id
+        FROM pybatch.step_execution AS s
+        WHERE
+            s.job_execution_id = execution.restart_of_execution_id
+            AND s.step_name = source_name
+        ORDER BY s.id DESC
+        LIMIT 1;
+        IF source_id IS NULL THEN
+            outcome := 'RestartStateNotFound';
+            details := pg_catalog.JSONB_BUILD_OBJECT(
+                'execution_id', p_job_execution_id, 'step_name', p_step_name
+            );
+            RETURN;
+        END IF;
+    END IF;
+    step := pybatch.insert_step_execution(
+        p_job_execution_id, p_step_name, p_step_name, source_id, FALSE, p_now
+    );
+    outcome := 'created';
+END;
+$$;
+
+COMMENT ON FUNCTION pybatch.create_step_execution(BIGINT, TEXT, TIMESTAMPTZ) IS
+'Creates a step (STARTING), in a restart with the durable state of its previous attempt.';
 
 -- End a step of a running execution as its owner: COMPLETED, STOPPED or FAILED (by user code:
 -- category USER_COMPONENT, failure id the step's), with the exit status of the same name and,

@@ -107,13 +107,12 @@ class Lease:
     def commit_alone(
         self, statement: Statement, params: Mapping[str, object], errors: CommitErrors
     ) -> Row | None:
-        """Run `statement` as the whole transaction and COMMIT it, in one round trip.
+        """Run `statement` as the whole transaction: BEGIN, it and COMMIT with one Sync.
 
-        BEGIN, the settings behind a transaction-mode pooler, the statement and COMMIT go
-        out in one pipeline with one Sync, in autocommit so psycopg adds no BEGIN of its
-        own. A refused statement or COMMIT commits nothing (`errors.refused`); a connection
-        lost once they were sent may have committed (`errors.unknown`). The connection goes
-        back to the pool.
+        In autocommit meanwhile, so psycopg adds no BEGIN of its own (behind a transaction-mode
+        pooler the settings go in the same pipeline). A refused statement or COMMIT commits
+        nothing (`errors.refused`); a connection lost once they were sent may have committed
+        (`errors.unknown`). The connection goes back to the pool.
         """
         conn = self._conn
         if conn is None or conn.pgconn.transaction_status != TransactionStatus.IDLE:

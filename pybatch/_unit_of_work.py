@@ -144,19 +144,17 @@ class UnitOfWork:
         *,
         overrides: Overrides | None = None,
     ) -> T:
-        """Run `statement` as this whole unit of work, COMMIT it in one round trip, decode its row.
+        """Run `statement` as this whole unit of work, committed in one round trip; decode its row.
 
-        For a transition written as one statement (a plpgsql function, a data-modifying CTE):
-        nothing else is staged, so it needs no savepoint, and BEGIN, the statement and COMMIT
-        share one Sync (`Lease.commit_alone`). It must be the unit of work's only statement;
-        the unit of work is closed after it (`commit()` then returns). Errors are mapped as in
-        `operation()`, with `overrides`, and an undecodable row is Unavailable; nothing is
-        committed when the statement or COMMIT fails, unless CommitOutcomeUnknown says that
-        the connection was lost with the COMMIT sent.
+        For a transition that is one statement (a plpgsql function): nothing else is staged,
+        so no savepoint, and BEGIN, statement and COMMIT share one Sync (`Lease.commit_alone`).
+        The unit of work is closed after it (`commit()` returns). Errors map as in
+        `operation()`, an undecodable row is Unavailable; nothing is committed on an error but
+        CommitOutcomeUnknown (the connection was lost with the COMMIT sent).
         """
         if self._poisoned is not None:
             raise self._poisoned
-        conn = self._lease.connection
+        conn = self._lease.connection  # not `connection`: the settings go in the pipeline
         if conn is None:
             raise UnitOfWorkClosed()
         if self._operation_depth or conn.info.transaction_status != TransactionStatus.IDLE:

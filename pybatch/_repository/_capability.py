@@ -11,9 +11,11 @@ import attrs
 from pybatch import errors
 from pybatch._clock import Clock
 from pybatch._codecs._primitives import DecodeError, returned
+from pybatch._codecs.executions import JOB_EXECUTION_COLUMNS, decode_job_execution
 from pybatch._statements import Connection, Row, Statement, Statements
 from pybatch.errors import JobExecutionNotFound, JobInstanceNotFound, PyBatchError
 from pybatch.values.ids import IdentifierKind, check_identifier
+from pybatch.values.records import JobExecution
 
 T = TypeVar("T")
 
@@ -78,43 +80,28 @@ def job_execution_row(q: Statements, conn: Connection, execution_id: int) -> Row
     return row
 
 
-#: The errors a transition function refuses with, by name (migrations/0014, docs/errors.md).
-REFUSALS: Mapping[str, type[PyBatchError]] = {
-    error.__name__: error
-    for error in (
-        errors.AbandonedInstance,
-        errors.CompletedInstance,
-        errors.ConcurrentModification,
-        errors.DefinitionDrift,
-        errors.DefinitionJobMismatch,
-        errors.DuplicateStep,
-        errors.ExecutionAlreadyActive,
-        errors.ExecutionOwnershipLost,
-        errors.IllegalTransition,
-        errors.IncompatibleDefinition,
-        errors.JobExecutionNotFound,
-        errors.JobInstanceNotFound,
-        errors.StartLimitExceeded,
-        errors.StepExecutionNotFound,
-        errors.Unavailable,
-        errors.UnsupportedManifestVersion,
-    )
-}
+def execution_at(row: Row, prefix: str) -> JobExecution | None:
+    """The job execution in `row`'s columns named `prefix` + column, decoded (None without one)."""
+    if row[f"{prefix}id"] is None:
+        return None
+    return decode_job_execution({column: row[prefix + column] for column in JOB_EXECUTION_COLUMNS})
 
 
 def decided(row: Row | None, *done: str) -> tuple[str, Row]:
     """A transition function's outcome, one of `done`, and its row; else the refusal raised.
 
-    The refusal is the error the outcome names, built from `details`; an outcome or a field
-    that is not known fails closed (DecodeError).
+    A refusal names a repository error of pybatch.errors, built from `details`; an outcome or
+    a field that is not known fails closed (DecodeError).
     """
     values = returned(row)
     outcome, details = values["outcome"], values["details"]
     if outcome in done:
         return str(outcome), values
-    refusal = REFUSALS.get(outcome) if type(outcome) is str else None
-    if refusal is None or not isinstance(details, dict):
+    refusal = getattr(errors, outcome, None) if type(outcome) is str else None
+    if not (isinstance(refusal, type) and issubclass(refusal, errors.RepositoryError)):
         raise DecodeError("outcome")
+    if not isinstance(details, dict):
+        raise DecodeError("details")
     fields = {field.name for field in attrs.fields(refusal)}
     if not set(details) <= fields or any(type(v) not in (str, int, bool) for v in details.values()):
         raise DecodeError("details")

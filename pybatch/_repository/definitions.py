@@ -6,7 +6,7 @@ from functools import partial
 
 from pybatch._clock import Clock
 from pybatch._codecs._jsonb import to_jsonb
-from pybatch._codecs._primitives import decode_digest, decode_int64, decode_text
+from pybatch._codecs._primitives import decode_digest, decode_int64
 from pybatch._repository._capability import Capability
 from pybatch._statements import Connection, Statements
 from pybatch.errors import (
@@ -19,15 +19,7 @@ from pybatch.errors import (
 )
 from pybatch.values.definitions import DefinitionIdentity, DefinitionUpgrade
 from pybatch.values.flow import check_flow_graph_bounds
-from pybatch.values.names import JobName, StepName
-
-
-def check_definition(job_name: JobName, definition: DefinitionIdentity) -> None:
-    """Refuse a definition of another job or of an unsupported manifest format."""
-    if definition.job_name is not None and definition.job_name != job_name:
-        raise DefinitionJobMismatch(expected=job_name.value, actual=definition.job_name.value)
-    if not 1 <= definition.manifest_format <= 3:
-        raise UnsupportedManifestVersion(format=definition.manifest_format)
+from pybatch.values.names import JobName
 
 
 def ensure_definition(
@@ -39,7 +31,10 @@ def ensure_definition(
     DefinitionDrift (the revision has another digest), ManifestInvalid (a new flow manifest
     beyond the flow-graph bounds).
     """
-    check_definition(job_name, definition)
+    if definition.job_name is not None and definition.job_name != job_name:
+        raise DefinitionJobMismatch(expected=job_name.value, actual=definition.job_name.value)
+    if not 1 <= definition.manifest_format <= 3:
+        raise UnsupportedManifestVersion(format=definition.manifest_format)
     try:
         manifest = definition.manifest()
     except ValueError:
@@ -86,16 +81,6 @@ def _definition_for_revision(
     if decode_digest(row["manifest_digest"], column="manifest_digest") != definition.digest:
         raise DefinitionDrift(job_name=names["job_name"], revision=names["definition_revision"])
     return decode_int64(row["id"], column="id", minimum=1)
-
-
-def upgrade_source_step_name(
-    q: Statements, conn: Connection, job_execution_id: int, step_name: StepName
-) -> str | None:
-    """The step of the previous definition that an upgraded restart's step continues, or None."""
-    source = q.find_upgrade_source_step_name.scalar(
-        conn, job_execution_id=job_execution_id, step_name=step_name.value
-    )
-    return None if source is None else decode_text(source, column="source_step_name")
 
 
 class Definitions(Capability):

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pybatch._codecs._primitives import returned
-from pybatch._codecs.executions import JOB_EXECUTION_COLUMNS, decode_job_execution
+from pybatch._codecs.executions import decode_job_execution
 from pybatch._codecs.instances import decode_job_instance
 from pybatch._repository import _lifecycle, steps
-from pybatch._repository._capability import decided, require_job_instance
+from pybatch._repository._capability import decided, execution_at, require_job_instance
 from pybatch._repository._lifecycle import LifecycleCapability, LifecycleRows
 from pybatch._repository.definitions import ensure_definition
 from pybatch._statements import Connection, Row, Statements
@@ -37,9 +37,7 @@ def check_latest(row: Row) -> None:
 
     It is `previous` once a new attempt was created, else the attempt that refused it.
     """
-    prefix = "previous_" if row["outcome"] in ("created", "launched") else ""
-    if row[f"{prefix}id"] is not None:
-        decode_job_execution({column: row[prefix + column] for column in JOB_EXECUTION_COLUMNS})
+    execution_at(row, "previous_" if row["outcome"] in ("created", "launched") else "")
 
 
 ROWS = LifecycleRows[JobExecution](

@@ -39,9 +39,6 @@ from pybatch.values.names import NodeId, StepName
 from pybatch.values.ownership import OwnerToken
 from pybatch.values.records import StepExecution
 
-#: The only transitions that may have no source step.
-_SOURCELESS_KINDS = (FlowTransitionKind.DECIDER, FlowTransitionKind.SPLIT_AGGREGATE)
-
 
 def _started(row: Row | None) -> tuple[bool, StepExecution]:
     """(skipped, the step) of start_flow_step, or its refusal raised."""
@@ -49,20 +46,8 @@ def _started(row: Row | None) -> tuple[bool, StepExecution]:
     return outcome == "skipped", decode_step_execution(values)
 
 
-def _start_parameters(
-    job_execution_id: int,
-    owner: OwnerToken | None,
-    step_name: StepName,
-    node_id: NodeId,
-    start_limit: StartLimit,
-) -> dict[str, object]:
-    return {
-        "job_execution_id": job_execution_id,
-        "owner_token": None if owner is None else owner.value,
-        "step_name": step_name.value,
-        "node_id": node_id.value,
-        "start_limit": start_limit.value,
-    }
+#: The only transitions that may have no source step.
+_SOURCELESS_KINDS = (FlowTransitionKind.DECIDER, FlowTransitionKind.SPLIT_AGGREGATE)
 
 
 class Flow(Capability):
@@ -79,33 +64,38 @@ class Flow(Capability):
         and the insert never interleave. Raises, in this order: JobExecutionNotFound,
         DuplicateStep, StartLimitExceeded. Statements: flow.sql start_flow_step (0014).
         """
-        start_limit = start_limit or StartLimit.unrestricted()
-        duplicate = steps.duplicate_step_overrides(job_execution_id, step_name, node_id.value)
-        with self._operation(overrides=duplicate) as (q, conn):
-            check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
-            params = _start_parameters(job_execution_id, None, step_name, node_id, start_limit)
-            return _started(q.start_flow_step.one(conn, **params, now=self._uow.clock.now()))[1]
+        check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
+        limit = start_limit or StartLimit.unrestricted()
+        return self.start_step(job_execution_id, None, step_name, node_id, limit)[1]
 
     def start_step(
         self,
         job_execution_id: int,
-        owner: OwnerToken,
+        owner: OwnerToken | None,
         step_name: StepName,
         node_id: NodeId,
         start_limit: StartLimit,
     ) -> tuple[bool, StepExecution]:
         """Start a node's step as `owner`: (True, its COMPLETED step) to skip, else (False, new).
 
-        One statement, committed alone: the new step is STARTED. Raises ExecutionOwnershipLost,
-        then DuplicateStep, then StartLimitExceeded. Statements: flow.sql start_flow_step.
+        One statement, committed alone: the new step is STARTED. Without `owner` it is one
+        operation of the unit of work (`create_step`). Raises ExecutionOwnershipLost, then
+        DuplicateStep, then StartLimitExceeded. Statements: flow.sql start_flow_step.
         """
-        params = _start_parameters(job_execution_id, owner, step_name, node_id, start_limit)
-        return self._uow.commit_statement(
-            self._uow.statements.start_flow_step,
-            {**params, "now": self._uow.clock.now()},
-            _started,
-            overrides=steps.duplicate_step_overrides(job_execution_id, step_name, node_id.value),
-        )
+        params = {
+            "job_execution_id": job_execution_id,
+            "owner_token": None if owner is None else owner.value,
+            "step_name": step_name.value,
+            "node_id": node_id.value,
+            "start_limit": start_limit.value,
+            "now": self._uow.clock.now(),
+        }
+        duplicate = steps.duplicate_step_overrides(job_execution_id, step_name, node_id.value)
+        statement = self._uow.statements.start_flow_step
+        if owner is not None:
+            return self._uow.commit_statement(statement, params, _started, overrides=duplicate)
+        with self._operation(overrides=duplicate) as (_q, conn):
+            return _started(statement.one(conn, **params))
 
     def latest_step(self, instance_id: int, node_id: NodeId) -> FlowStepState | None:
         """The newest step of a node in an instance with its stored context, or None."""

@@ -112,10 +112,7 @@ READERS: dict[str, tuple[str, ...]] = {
     # existence checks: only "is there a row" is read
     "insert_definition_upgrade_if_absent": ("from_definition_id",),
     "find_definition_upgrade": ("upgrade_key", "step_mapping"),
-    "find_conflicting_step_execution": ("id",),
     # read by hand: repository/steps.py, repository/operator_requests.py
-    "insert_step_execution": ("id",),
-    "insert_step_execution_from_source": ("id",),
     "end_unfinished_step_executions": ("ended_steps",),
     "insert_operator_request": ("id",),
     # read by hand: migrator.py (name is shown by `pybatch migrate --dry-run` history)
@@ -179,6 +176,11 @@ READERS: dict[str, tuple[str, ...]] = {
     "end_job_execution": ("outcome", "details", *JOB_EXECUTION_COLUMNS),
     "start_flow_step": ("outcome", "details", *STEP_EXECUTION_COLUMNS),
     "end_step_execution": ("outcome", "details", *STEP_EXECUTION_COLUMNS),
+    "create_step_execution": (
+        *("outcome", "details"),
+        *(f"execution_{column}" for column in JOB_EXECUTION_COLUMNS),
+        *STEP_EXECUTION_COLUMNS,
+    ),
     "read_recovery_snapshot": (
         "status",
         "attempt",

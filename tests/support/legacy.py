@@ -51,6 +51,30 @@ _INSERT_EXECUTION = (
     " VALUES (%(instance)s, %(definition)s, %(restart_of)s, %(attempt)s, 'STARTING', 'UNKNOWN',"
     " %(parameters)s, 1, 'oxide_batch.empty.v1', 1, '{}', %(now)s, %(now)s, 0) RETURNING id"
 )
+#: A new step, with the durable state of the node's newest step when there is one.
+_COPIED = (
+    "read_count, processed_count, write_count, filter_count, commit_count, rollback_count,"
+    " checkpoint_format, checkpoint_schema, checkpoint_schema_version, checkpoint_payload,"
+    " context_format, context_schema, context_schema_version, context_payload,"
+    " read_retry_count, process_retry_count, write_retry_count, read_skip_count,"
+    " process_skip_count, write_skip_count, no_rollback_count, fault_state_format,"
+    " fault_state_schema, fault_state_schema_version, fault_state_payload, fault_state_checksum"
+)
+_COPY_STEP = (
+    "INSERT INTO pybatch.step_execution (job_execution_id, step_name, step_logical_id, status,"
+    f" exit_code, created_at, updated_at, version, {_COPIED})"
+    " SELECT %(execution)s, %(name)s, %(node)s, 'STARTING', 'UNKNOWN', %(now)s, %(now)s, 0,"
+    f" {_COPIED} FROM pybatch.step_execution WHERE id = %(source)s RETURNING id"
+)
+_FRESH_STEP = (
+    "INSERT INTO pybatch.step_execution (job_execution_id, step_name, step_logical_id, status,"
+    " exit_code, checkpoint_format, checkpoint_schema, checkpoint_schema_version,"
+    " checkpoint_payload, context_format, context_schema, context_schema_version,"
+    " context_payload, created_at, updated_at, version)"
+    " VALUES (%(execution)s, %(name)s, %(node)s, 'STARTING', 'UNKNOWN', 1,"
+    " 'oxide_batch.empty.v1', 1, '{}', 1, 'oxide_batch.empty.v1', 1, '{}', %(now)s, %(now)s, 0)"
+    " RETURNING id"
+)
 #: The owner claim of the packages before migration 0012, which had no owner host.
 _CLAIM = (
     "UPDATE pybatch.job_execution SET owner_token = %(owner)s, lease_expires_at ="
@@ -142,13 +166,11 @@ def older_package(monkeypatch: pytest.MonkeyPatch, version: int) -> None:
         with uow.operation() as conn:
             conn.execute(_LOCK_INSTANCE, (instance_id,))
             latest = self.latest_step(instance_id, node_id)
-            source = None if latest is None else latest.step_execution.id
-            now = uow.clock.now()
-            name = node_id.value
-            q = uow.statements
-            created: StepExecution = steps.insert_step_execution(
-                q, conn, job_execution_id, step_name, name, source, now
-            )
+            new = {"execution": job_execution_id, "name": step_name.value, "node": node_id.value}
+            new |= {"source": None if latest is None else latest.step_execution.id}
+            insert = _FRESH_STEP if latest is None else _COPY_STEP
+            row = conn.execute(insert, {**new, "now": uow.clock.now()}).fetchone()
+        created: StepExecution = uow.steps.get(row[0])
         return created
 
     def start_step(
