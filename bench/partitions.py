@@ -183,8 +183,8 @@ class LeaseCounter:
         transactions = self.repository.transactions
         lease, release = transactions.lease, transactions._release
 
-        def traced_lease(*, read_only: bool = False) -> Lease:
-            leased = lease(read_only=read_only)
+        def traced_lease(*, read_only: bool = False, begin: bool = True) -> Lease:
+            leased = lease(read_only=read_only, begin=begin)
             conn = leased.connection
             self.leases += 1
             if conn is not None:

@@ -40,6 +40,30 @@ CHECK (owner_host ~ '^[A-Za-z0-9._-]{1,200}:[0-9]{1,10}$') NOT VALID,
 ADD CONSTRAINT job_execution_owner_host_has_owner
 CHECK (owner_host IS NULL OR owner_token IS NOT NULL) NOT VALID;
 
+-- A database isolated by job family (docs/dba.md) grants UPDATE column by column: every role
+-- granted UPDATE on owner_token that way may now write owner_host too, which the claim of every
+-- launch writes with it. Without isolation the table-wide grant already covers the column.
+DO $$
+DECLARE
+    grantee_name NAME;
+BEGIN
+    FOR grantee_name IN
+        SELECT DISTINCT grantee.rolname
+        FROM pg_catalog.pg_attribute AS token_column
+        CROSS JOIN LATERAL pg_catalog.ACLEXPLODE(token_column.attacl) AS privilege
+        INNER JOIN pg_catalog.pg_roles AS grantee ON privilege.grantee = grantee.oid
+        WHERE
+            token_column.attrelid = CAST('pybatch.job_execution' AS REGCLASS)
+            AND token_column.attname = 'owner_token'
+            AND privilege.privilege_type = 'UPDATE'
+    LOOP
+        EXECUTE pg_catalog.FORMAT(
+            'GRANT UPDATE (owner_host) ON pybatch.job_execution TO %I', grantee_name
+        );
+    END LOOP;
+END
+$$;
+
 COMMENT ON COLUMN pybatch.job_execution.owner_host IS
 'host:pid of the process that claimed the execution (informational, never a decision input); '
 'NULL if claimed before migration 0012 or never claimed.';

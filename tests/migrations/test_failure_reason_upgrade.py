@@ -16,8 +16,8 @@ from pybatch import _migrator as migrator
 from pybatch._explorer import JobExplorer
 from pybatch.etl import Job, StepRun
 from tests.conftest import plaintext_config
+from tests.migrations.older_package import older_package
 from tests.migrations.test_lease_upgrade import install_up_to
-from tests.support.legacy import older_package
 
 #: The migration that adds the failure reason columns.
 REASONS = 9
@@ -38,14 +38,12 @@ def test_a_job_live_across_the_upgrade_records_why_its_step_failed(
             chunk.commit(read=1, written=1, checkpoint={"offset": 2})
         raise KeyError("order 42")
 
-    with monkeypatch.context() as old_package:
-        older_package(old_package, REASONS - 1)
-        with JobRepository.connect(config) as old:
-            done = Job(old, "before_upgrade", {}).launch()
-            with done:
-                done.step("load", lambda step: None)
-            with pytest.raises(KeyError), Job(old, "live", {}).launch() as live:
-                live.step("load", work)
+    with older_package(monkeypatch, REASONS - 1), JobRepository.connect(config) as old:
+        done = Job(old, "before_upgrade", {}).launch()
+        with done:
+            done.step("load", lambda step: None)
+        with pytest.raises(KeyError), Job(old, "live", {}).launch() as live:
+            live.step("load", work)
     resumed_from: list[object] = []
 
     def fail_again(step: StepRun) -> None:

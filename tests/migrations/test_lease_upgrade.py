@@ -22,7 +22,7 @@ from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import NodeId, StepName
 from pybatch.values.status import BatchStatus
 from tests.conftest import plaintext_config
-from tests.support.legacy import older_package
+from tests.migrations.older_package import older_package
 
 S = BatchStatus
 LEASE_VERSION = 4  # the migration that adds lease_expires_at
@@ -94,8 +94,7 @@ def test_after_the_lease_upgrade_runs_without_a_lease_are_recovered_and_resumed(
 ) -> None:
     config = plaintext_config(blank_database)
     install_up_to(blank_database, LEASE_VERSION - 1)
-    with monkeypatch.context() as old_package:
-        older_package(old_package, LEASE_VERSION - 1)
+    with older_package(monkeypatch, LEASE_VERSION - 1):
         with JobRepository.connect(config) as old:
             alive = legacy_run(old, "alive", status=S.STARTED, offset=3)
             dead = legacy_run(old, "dead", status=S.STARTED, offset=4)

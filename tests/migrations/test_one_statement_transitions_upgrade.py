@@ -21,11 +21,8 @@ from pybatch.values.flow import StartLimit
 from pybatch.values.names import NodeId, StepName
 from pybatch.values.status import BatchStatus
 from tests.conftest import plaintext_config
+from tests.migrations.older_package import TRANSITIONS, older_package
 from tests.migrations.test_lease_upgrade import install_up_to
-from tests.support.legacy import older_package
-
-#: The migration that makes the transitions one statement each.
-TRANSITIONS = 14
 
 
 def test_runs_of_the_older_package_finish_or_resume_across_the_upgrade(
@@ -42,8 +39,7 @@ def test_runs_of_the_older_package_finish_or_resume_across_the_upgrade(
         with step.chunk() as chunk:
             chunk.commit(read=1, written=1, checkpoint={"offset": 2})
 
-    with monkeypatch.context() as old_package:
-        older_package(old_package, TRANSITIONS - 1)
+    with older_package(monkeypatch, TRANSITIONS - 1):
         with JobRepository.connect(config) as old:
             dead = Job(old, "dead", {}, lease=datetime.timedelta(seconds=1)).launch()
             skipped, step = old.run_in_unit_of_work(

@@ -18,8 +18,8 @@ from pybatch import _migrator as migrator
 from pybatch._explorer import JobExplorer
 from pybatch.etl import Chunk, Job, StepRun
 from tests.conftest import plaintext_config
+from tests.migrations.older_package import older_package
 from tests.migrations.test_lease_upgrade import install_up_to
-from tests.support.legacy import older_package
 
 #: The migration that creates pybatch.step_skip.
 SKIPS = 11
@@ -44,11 +44,9 @@ def test_a_job_live_across_the_upgrade_resumes_and_records_its_skips(
             chunk.commit(read=1, written=1, checkpoint={"position": 2})
         raise KeyError("stopped on purpose")
 
-    with monkeypatch.context() as old_package:
-        older_package(old_package, SKIPS - 1)
-        with JobRepository.connect(config) as old:
-            with pytest.raises(KeyError), Job(old, "live", {}).launch() as live:
-                live.step("load", work)
+    with older_package(monkeypatch, SKIPS - 1), JobRepository.connect(config) as old:
+        with pytest.raises(KeyError), Job(old, "live", {}).launch() as live:
+            live.step("load", work)
 
     def write(chunk: Chunk, items: list[int]) -> None:
         chunk.copy("COPY public.target (id) FROM STDIN", [(item,) for item in items])

@@ -20,7 +20,7 @@ from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import NodeId, StepName
 from pybatch.values.status import BatchStatus
 from tests.conftest import plaintext_config
-from tests.support.legacy import older_package
+from tests.migrations.older_package import older_package
 
 ORDERS = "CREATE TABLE public.orders (id bigint PRIMARY KEY, note text NOT NULL)"
 
@@ -83,9 +83,8 @@ def test_a_step_started_under_0001_resumes_from_its_checkpoint_after_the_domains
     config = plaintext_config(blank_database)
     first = migrator.shipped_migrations()[:1]
     assert [(m.version, m.name) for m in first] == [(1, "create_schema")]
-    with monkeypatch.context() as at_version_1:
+    with monkeypatch.context() as at_version_1, older_package(monkeypatch, 1):
         at_version_1.setattr(migrator, "shipped_migrations", lambda directory=None: first)
-        older_package(at_version_1, 1)
         assert [m.version for m in migrator.migrate(config)] == [1]
         with psycopg.connect(blank_database, autocommit=True) as conn:
             conn.execute(ORDERS)

@@ -1,16 +1,17 @@
-"""An older package's run transitions, for upgrade tests that play it on an older schema.
+"""This package as it ran against an older schema, for the upgrade tests' runs before upgrading.
 
-An upgrade test runs the current package against an older schema to play the package that
-schema belonged to. From migration 0014 on, a launch, a step's start and end and a run's end
-are each one statement calling a function an older schema lacks; `older_package(monkeypatch,
-version)` puts back what the package did before, for as long as the monkeypatch context
-lasts: the same transitions in several statements (the statements the older package sent,
-written out here where the package no longer has them), the owner claimed without a host
-(before 0012), and a failure reason recorded only where the schema has its columns (0009).
+The current code writes what the current schema has; a run launched before the upgrade must
+write only what its schema had. `older_package(monkeypatch, version)` accepts that schema
+version and swaps each statement whose columns came later for the text it had then, and,
+before migration 0014 (a run's transitions as functions of the schema), the transitions a
+run made then: several statements each, written out here where the package no longer has
+them, and a failure reason only where the schema has its columns (0009).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -25,7 +26,7 @@ from pybatch._repository.executions import Executions
 from pybatch._repository.flow import Flow
 from pybatch._repository.ownership import Launch, Ownership
 from pybatch._repository.steps import Steps
-from pybatch._statements import Connection, Statements
+from pybatch._statements import Connection, Statement, Statements, load_statements
 from pybatch.errors import ExecutionAlreadyActive, StepExecutionNotFound
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.flow import StartLimit
@@ -38,6 +39,11 @@ from pybatch.values.records import JobExecution, StepExecution
 from pybatch.values.status import BatchStatus, FailureCategory, FailureReason, FailureSummary
 
 S = BatchStatus
+
+#: Migration 0012 adds job_execution.owner_host, which the claim of every launch writes.
+OWNER_HOST = 12
+#: Migration 0014 makes a launch, a step's start and end and a run's end functions.
+TRANSITIONS = 14
 
 _LOCK_INSTANCE = "SELECT last_attempt FROM pybatch.job_instance WHERE id = %s FOR UPDATE"
 _LATEST = (
@@ -75,13 +81,6 @@ _FRESH_STEP = (
     " 'oxide_batch.empty.v1', 1, '{}', 1, 'oxide_batch.empty.v1', 1, '{}', %(now)s, %(now)s, 0)"
     " RETURNING id"
 )
-#: The owner claim of the packages before migration 0012, which had no owner host.
-_CLAIM = (
-    "UPDATE pybatch.job_execution SET owner_token = %(owner)s, lease_expires_at ="
-    " clock_timestamp() + %(lease_ms)s * interval '1 millisecond',"
-    " updated_at = greatest(updated_at, %(at)s)"
-    " WHERE id = %(id)s AND status = 'STARTING'"
-)
 #: The end of an ending execution's open steps, before migration 0014's function.
 _END_STEPS = (
     "UPDATE pybatch.step_execution SET status = %(status)s::text, exit_code = %(status)s::text,"
@@ -100,9 +99,36 @@ _REASON = (
 )
 
 
-def older_package(monkeypatch: pytest.MonkeyPatch, version: int) -> None:
-    """Play the package of schema `version`: it connects to it and runs its transitions."""
-    monkeypatch.setattr(repository_module, "supported_schema_version", lambda: version)
+class ClaimBefore0012:
+    """`claim_execution_owner` as the package before migration 0012 ran it: no owner host."""
+
+    def __init__(self, current: Statement) -> None:
+        self._query = current.query.replace(b"owner_host = %(owner_host)s,\n", b"")
+        assert b"owner_host" not in self._query
+
+    def affected(self, conn: Connection, /, **params: object) -> int:
+        del params["owner_host"]
+        with conn.cursor() as cursor:
+            cursor.execute(self._query, params)
+            return cursor.rowcount
+
+
+@contextlib.contextmanager
+def older_package(monkeypatch: pytest.MonkeyPatch, version: int) -> Iterator[None]:
+    """Inside: repositories accept schema `version` and write only the columns it has."""
+    with monkeypatch.context() as patch:
+        patch.setattr(repository_module, "supported_schema_version", lambda: version)
+        if version < OWNER_HOST:
+            statements = load_statements()._by_name
+            claim = ClaimBefore0012(statements["claim_execution_owner"])
+            patch.setitem(statements, "claim_execution_owner", claim)
+        if version < TRANSITIONS:
+            _transitions_before_0014(patch, version)
+        yield
+
+
+def _transitions_before_0014(patch: pytest.MonkeyPatch, version: int) -> None:
+    """A run's transitions as the package before 0014 made them, on schema `version`."""
 
     def create(
         self: Executions,
@@ -148,9 +174,7 @@ def older_package(monkeypatch: pytest.MonkeyPatch, version: int) -> None:
         except ExecutionAlreadyActive as active:
             return (None, *uow.ownership.lock(active.execution_id))
         at = max(uow.clock.now(), execution.created_at)
-        claim = {"id": execution.id, "at": at, "owner": owner.value, "lease_ms": lease.milliseconds}
-        with uow.operation() as conn:
-            conn.execute(_CLAIM, claim)
+        uow.ownership.claim(execution.id, execution.version, owner, at, lease)
         started = uow.executions.transition(execution.id, 0, LifecycleTransition.new(S.STARTED, at))
         return instance, started, None
 
@@ -234,13 +258,13 @@ def older_package(monkeypatch: pytest.MonkeyPatch, version: int) -> None:
         ending["id"] = job_execution_id
         return conn.execute(_END_STEPS, ending).rowcount
 
-    monkeypatch.setattr(steps, "end_unfinished_steps", end_unfinished_steps)
-    monkeypatch.setattr(Executions, "create", create)
-    monkeypatch.setattr(Flow, "create_step", create_step)
-    monkeypatch.setattr(Ownership, "launch", launch)
-    monkeypatch.setattr(Flow, "start_step", start_step)
-    monkeypatch.setattr(Steps, "end", end_step)
-    monkeypatch.setattr(Executions, "end", end_execution)
+    patch.setattr(steps, "end_unfinished_steps", end_unfinished_steps)
+    patch.setattr(Executions, "create", create)
+    patch.setattr(Flow, "create_step", create_step)
+    patch.setattr(Ownership, "launch", launch)
+    patch.setattr(Flow, "start_step", start_step)
+    patch.setattr(Steps, "end", end_step)
+    patch.setattr(Executions, "end", end_execution)
 
 
 def _ended(
