@@ -2,21 +2,22 @@
 --
 -- A launch, a step's start, a step's end and a run's end each were several statements (lock,
 -- read, compare-and-swap, exit status, failure reason ...), and each statement a round trip.
--- Each is now one plpgsql function, called by one statement of queries/, so pybatch sends
--- BEGIN, the call and COMMIT together in one round trip (UnitOfWork.commit_statement). The
--- guards are the same and stay in the database: the instance row lock serializing launches and
--- step starts, one unresolved execution per instance (job_execution_one_unresolved), the owner
+-- Each is now one plpgsql function, called by one statement of queries/, which pybatch sends
+-- as a transaction of its own in one round trip (UnitOfWork.commit_statement). The guards are
+-- the same and stay in the database: the instance row lock serializing launches and step
+-- starts, one unresolved execution per instance (job_execution_one_unresolved), the owner
 -- token in the predicate of every write of a run, the transition table, start limits, the
 -- exit status and the failure reason of the same transition.
 --
--- Each function returns `outcome`: what it did (a lower-case word), or the refusal - the name
--- of the pybatch error that reports it (docs/errors.md), with that error's fields in `details`
--- - and the row it wrote or found, of its table's row type; a refusal writes nothing. The
--- caller decodes both strictly: an outcome or a field it does not know fails closed. They
--- run with the caller's rights (SECURITY INVOKER): grants and the job-family policies of 0008
--- apply as to the statements they replace. Each statement of a
--- function takes a new snapshot (READ COMMITTED), so what is read after a lock is current.
--- Lock order, as everywhere: the instance, then the job execution, then its steps.
+-- Each function returns `outcome`: what it did (a lower-case word), or the refusal - the
+-- name of the pybatch error that reports it (docs/errors.md), with that error's fields in
+-- `details` - and the row it wrote or found, of its table's row type; a refusal writes
+-- nothing. The caller decodes both strictly: an outcome or a field it does not know fails
+-- closed. They run with the caller's rights (SECURITY INVOKER): grants and the job-family
+-- policies of 0008 apply as to the statements they replace. Each statement of a function
+-- takes a new snapshot (READ COMMITTED), so what is read after a lock is current; the
+-- functions that rely on it refuse any other isolation level (SQLSTATE 25000). Lock order,
+-- as everywhere: the instance, then the job execution, then its steps.
 --
 -- Locks: CREATE FUNCTION changes the catalog only; nothing is rewritten or scanned.
 
@@ -38,6 +39,11 @@ AS $$
 DECLARE
     ended BIGINT;
 BEGIN
+    -- What is read after a lock must be current: each statement needs a new snapshot.
+    IF pg_catalog.CURRENT_SETTING('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'pybatch runs its transitions READ COMMITTED'
+        USING ERRCODE = 'invalid_transaction_state';
+    END IF;
     PERFORM
     FROM pybatch.step_execution AS s
     WHERE
@@ -175,6 +181,11 @@ DECLARE
     upgrade_from BIGINT;
     launched BOOLEAN := p_owner_token IS NOT NULL;
 BEGIN
+    -- What is read after a lock must be current: each statement needs a new snapshot.
+    IF pg_catalog.CURRENT_SETTING('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'pybatch runs its transitions READ COMMITTED'
+        USING ERRCODE = 'invalid_transaction_state';
+    END IF;
     SELECT i.* INTO instance
     FROM pybatch.job_instance AS i
     WHERE i.id = p_job_instance_id
@@ -581,6 +592,11 @@ DECLARE
     started BOOLEAN := p_owner_token IS NOT NULL;
     instance_id BIGINT;
 BEGIN
+    -- What is read after a lock must be current: each statement needs a new snapshot.
+    IF pg_catalog.CURRENT_SETTING('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'pybatch runs its transitions READ COMMITTED'
+        USING ERRCODE = 'invalid_transaction_state';
+    END IF;
     SELECT e.job_instance_id INTO instance_id
     FROM pybatch.job_execution AS e
     WHERE e.id = p_job_execution_id;

@@ -107,12 +107,14 @@ class Lease:
     def commit_alone(
         self, statement: Statement, params: Mapping[str, object], errors: CommitErrors
     ) -> Row | None:
-        """Run `statement` as the whole transaction: BEGIN, it and COMMIT with one Sync.
+        """Run `statement` as the whole transaction, in one round trip.
 
-        In autocommit meanwhile, so psycopg adds no BEGIN of its own (behind a transaction-mode
-        pooler the settings go in the same pipeline). A refused statement or COMMIT commits
-        nothing (`errors.refused`); a connection lost once they were sent may have committed
-        (`errors.unknown`). The connection goes back to the pool.
+        In autocommit: alone, as its own transaction (READ COMMITTED, the default the startup
+        options set); behind a pooler, which sets no default, BEGIN READ COMMITTED, the
+        settings (transaction mode), the statement and COMMIT in one pipeline with one Sync.
+        A refused statement or COMMIT commits nothing (`errors.refused`); a connection lost
+        once it was sent may have committed (`errors.unknown`). The connection goes back to
+        the pool.
         """
         conn = self._conn
         if conn is None or conn.pgconn.transaction_status != TransactionStatus.IDLE:
@@ -120,12 +122,15 @@ class Lease:
         q = load_statements()
         try:
             conn.autocommit = True
-            with conn.pipeline():
-                q.begin_read_committed.send(conn)
-                if self._source.per_transaction:
-                    self._source.apply_settings(conn, transaction_only=True, send=True)
+            if self._source.pooled:
+                with conn.pipeline():
+                    q.begin_read_committed.send(conn)
+                    if self._source.per_transaction:
+                        self._source.apply_settings(conn, transaction_only=True, send=True)
+                    cursor = statement.send(conn, **params)
+                    q.commit_transaction.send(conn)
+            else:  # its own transaction, READ COMMITTED by the startup options
                 cursor = statement.send(conn, **params)
-                q.commit_transaction.send(conn)
             row = cursor.fetchone()
             conn.autocommit = False
         except psycopg.Error as error:
@@ -186,6 +191,8 @@ class TransactionSource:
         self._check = check
         #: Behind a transaction-mode pooler: every transaction sets the settings itself.
         self.per_transaction = config.pooler is Pooler.TRANSACTION
+        #: Behind a pooler, which carries no startup options.
+        self.pooled = config.pooler is not Pooler.NONE
         self._settings = config.session_settings()
         self._ca_file = CaFile(config)
         try:

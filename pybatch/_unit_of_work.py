@@ -4,8 +4,8 @@ Each operation (`uow.executions.create(...)`, pybatch/_repository/<capability>.p
 its own savepoint, so a failed one leaves nothing staged and the unit of work usable. COMMIT
 of a transaction the server already failed raises TransactionAborted, a lost acknowledgement
 CommitOutcomeUnknown; neither is ever reported as success. A transition that is one statement
-runs as the whole unit of work through `commit_statement`: BEGIN, statement and COMMIT in one
-round trip.
+runs as the whole unit of work through `commit_statement`, its own transaction in one round
+trip.
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ class UnitOfWork:
         """Run `statement` as this whole unit of work, committed in one round trip; decode its row.
 
         For a transition that is one statement (a plpgsql function): nothing else is staged,
-        so no savepoint, and BEGIN, statement and COMMIT share one Sync (`Lease.commit_alone`).
+        so no savepoint, and it goes alone in one round trip (`Lease.commit_alone`).
         The unit of work is closed after it (`commit()` returns). Errors map as in
         `operation()`, an undecodable row is Unavailable; nothing is committed on an error but
         CommitOutcomeUnknown (the connection was lost with the COMMIT sent).

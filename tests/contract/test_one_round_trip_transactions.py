@@ -1,8 +1,9 @@
 """A unit of work that is one statement commits in one round trip (`UnitOfWork.commit_statement`).
 
-BEGIN, the statement and COMMIT travel with one Sync; a refused statement or COMMIT leaves
-nothing committed and the pooled connection usable; a connection lost with the COMMIT sent is
-CommitOutcomeUnknown, never success and never a plain failure.
+It travels alone, as its own READ COMMITTED transaction (behind a pooler BEGIN, statement and
+COMMIT share one Sync: tests/topology/test_pgbouncer.py); a refused statement or COMMIT leaves
+nothing committed and the pooled connection usable; a connection lost with the statement sent
+is CommitOutcomeUnknown, never success and never a plain failure.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from psycopg import pq
 
 from pybatch import ConnectionConfig, JobRepository, UnitOfWork
 from pybatch._codecs.instances import encode_job_instance_key
-from pybatch.errors import CommitOutcomeUnknown, IntegrityViolation, UnitOfWorkClosed
+from pybatch.errors import CommitOutcomeUnknown, IntegrityViolation, Unavailable, UnitOfWorkClosed
+from pybatch.etl import Job
 from pybatch.values.names import JobName
 from pybatch.values.parameters import JobInstanceKey, JobParameters
 from tests.support.clock import ManualClock
@@ -57,22 +59,32 @@ def traced(conn: psycopg.Connection[Any], run: Any) -> list[str]:
         return handle.read().splitlines()
 
 
-def test_begin_the_statement_and_commit_travel_in_one_round_trip(
-    repository: JobRepository, admin: psycopg.Connection[Any]
+def test_a_one_statement_unit_of_work_is_one_round_trip_and_read_committed(
+    pg_config: ConnectionConfig, clock: ManualClock, admin: psycopg.Connection[Any]
 ) -> None:
+    """Alone in autocommit: the startup options make it READ COMMITTED whatever the default."""
+    admin.execute(
+        f"ALTER DATABASE \"{admin.info.dbname}\" SET default_transaction_isolation = 'serializable'"
+    )
     key = new_key()
-    with repository.begin() as uow:
-        conn = uow.connection
-        rows: list[Any] = []
-        trace = traced(conn, lambda: rows.append(insert_instance(uow, key)))
-        assert not uow.is_open  # the statement was the whole unit of work
-        uow.commit()  # already committed: nothing to do
+    with JobRepository.connect(pg_config, clock=clock) as repository:
+        with repository.begin() as uow:
+            conn = uow.connection
+            rows: list[Any] = []
+            trace = traced(conn, lambda: rows.append(insert_instance(uow, key)))
+            assert not uow.is_open  # the statement was the whole unit of work
+            uow.commit()  # already committed: nothing to do
+        with repository.begin() as uow:
+            settings = uow.commit_statement(
+                repository.statements.get_transaction_settings, {}, lambda row: row
+            )
     sent = [line.split("\t")[2] for line in trace if line.startswith("F")]
     assert sent.count("Sync") == 1, trace
     assert [line for line in trace if "ReadyForQuery" in line] == ["B\t5\tReadyForQuery\t I"]
     parsed = [line.split()[-1] for line in trace if "\tParse\t" in line]
-    assert parsed == ["begin_read_committed", "insert_job_instance_if_absent", "commit_transaction"]
+    assert parsed == ["insert_job_instance_if_absent"]
     assert rows[0]["job_name"] == "alone" and instances(admin) == 1
+    assert settings is not None and settings["transaction_isolation"] == "read committed"
     assert conn.autocommit is False  # handed back to the pool as configured
 
 
@@ -152,4 +164,19 @@ def test_only_the_first_statement_of_a_unit_of_work_may_commit_alone(
         uow.instances.select_or_create(new_key())
         with pytest.raises(RuntimeError, match="only statement"):
             insert_instance(uow, new_key())
+    assert instances(admin) == 0
+
+
+def test_a_transition_refuses_to_run_under_another_isolation_level(
+    pg_config: ConnectionConfig, clock: ManualClock, admin: psycopg.Connection[Any]
+) -> None:
+    """A session setting a script changed on a pooled connection cannot weaken a launch."""
+    one_connection = attrs.evolve(pg_config, pool_size=1)
+    with JobRepository.connect(one_connection, clock=clock) as repository:
+        with repository.begin() as uow:
+            uow.connection.execute("SET default_transaction_isolation = 'repeatable read'")
+            uow.commit()
+        with pytest.raises(Unavailable) as refused:
+            Job(repository, "isolation", run_id=1).launch()
+    assert refused.value.sqlstate == "25000"
     assert instances(admin) == 0
