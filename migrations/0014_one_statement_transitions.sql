@@ -152,8 +152,8 @@ COMMENT ON FUNCTION pybatch.definition_of(TEXT, TEXT, INTEGER, TEXT, BYTEA) IS
 -- counted and inserted: STARTING and unclaimed (outcome created) without p_owner_token, else
 -- STARTED, owned by it with its host and a lease on the database clock (outcome launched).
 -- Nothing is written unless it created or launched. The instance and the latest attempt
--- (execution when refused, previous when not) come back whole, for the caller to decode: a
--- launch never builds on a corrupt row.
+-- (previous) come back whole, for the caller to decode: a launch never builds on a corrupt
+-- row; execution is the new attempt, or the attempt in the way.
 CREATE FUNCTION pybatch.create_job_execution(
     p_job_instance_id BIGINT,
     p_definition_id BIGINT,
@@ -207,6 +207,7 @@ BEGIN
     WHERE e.job_instance_id = p_job_instance_id
     ORDER BY e.attempt DESC
     LIMIT 1;
+    previous := execution;
     outcome := CASE COALESCE(execution.status, instance.final_status)
         WHEN 'COMPLETED' THEN 'CompletedInstance'
         WHEN 'ABANDONED' THEN 'AbandonedInstance'
@@ -260,7 +261,6 @@ BEGIN
     IF outcome IS NOT NULL THEN
         RETURN;
     END IF;
-    previous := execution;
     UPDATE pybatch.job_instance AS i
     SET last_attempt = i.last_attempt + 1
     WHERE i.id = p_job_instance_id;

@@ -32,14 +32,6 @@ def definition_parameters(definition: DefinitionIdentity, definition_id: int | N
     }
 
 
-def check_latest(row: Row) -> None:
-    """Decode the latest attempt a launch read, if any: a corrupt one refuses it (fail closed).
-
-    It is `previous` once a new attempt was created, else the attempt that refused it.
-    """
-    execution_at(row, "previous_" if row["outcome"] in ("created", "launched") else "")
-
-
 ROWS = LifecycleRows[JobExecution](
     kind=IdentifierKind.JOB_EXECUTION,
     id_parameter="job_execution_id",
@@ -128,7 +120,7 @@ class Executions(LifecycleCapability[JobExecution]):
                     instance = decode_job_instance(
                         {**row, "id": row["instance_id"], "created_at": created_at}
                     )
-                    check_latest(row)
+                    execution_at(row, "previous_")  # as is the latest attempt
                 if decided(row, "created", "unregistered")[0] == "created":
                     return decode_job_execution(row)
                 clock = self._uow.clock

@@ -38,10 +38,9 @@ from pybatch._codecs._primitives import (
 )
 from pybatch._codecs.executions import decode_job_execution
 from pybatch._codecs.instances import encode_job_instance_key
-from pybatch._repository._capability import Capability, decided
+from pybatch._repository._capability import Capability, decided, execution_at
 from pybatch._repository._lifecycle import check_expected_version
 from pybatch._repository.executions import (
-    check_latest,
     definition_parameters,
     transition_job_execution,
 )
@@ -166,7 +165,7 @@ class Ownership(Capability):
 
         def decode(row: Row | None) -> Launch:
             values = returned(row)
-            check_latest(values)
+            execution_at(values, "previous_")  # a corrupt latest attempt refuses it
             if values["outcome"] == "ExecutionAlreadyActive":
                 return (None, *execution_ownership(values))
             if decided(row, "launched", "unregistered")[0] == "unregistered":
