@@ -54,8 +54,7 @@ from bench._server import admin_connect, postgres_server, scratch_database
 from pybatch import ConnectionConfig, JobRepository, TlsMode, migrate
 from pybatch._codecs._jsonb import to_jsonb
 from pybatch._explorer import JobExplorer
-from pybatch._resources import migrations_dir
-from pybatch._statements import load_statements
+from pybatch._statements import load_statements, migrations_dir
 from pybatch.values.explorer import Cursor, Page, PageSize, ParameterFilter
 
 HISTORY_TABLES = (

@@ -165,7 +165,7 @@ def run_cycle(repository: JobRepository, run: int) -> tuple[int, int]:
     step ends and the run ends, one unit of work each. `run` makes a new instance each time.
     """
     key = JobInstanceKey(JOB, JobParameters.of({"run": run}))
-    owner, lease, legacy = OwnerToken.generate(), ExecutionLease(), DefinitionIdentity.legacy()
+    owner, lease, legacy = OwnerToken.generate(), ExecutionLease(), DefinitionIdentity.LEGACY
     began = time.perf_counter_ns()
     instance, execution, _ = repository.run_in_unit_of_work(
         lambda uow: uow.ownership.launch(key, legacy, owner, lease)
@@ -222,17 +222,15 @@ class StatementRecorder:
             conn: psycopg.Connection[Any],
             mode: Mode,
             params: Mapping[str, object],
-            *,
-            prepare: bool | None,
         ) -> psycopg.Cursor[dict[str, Any]]:
             recorder.names.append(statement.name)
             if statement.name in TRANSACTION_STATEMENTS:
-                return original(statement, conn, mode, params, prepare=prepare)
+                return original(statement, conn, mode, params)
             if recorder.units:
                 recorder.units[-1] += 1
             if recorder.capture is not None:
                 recorder.capture.setdefault(statement.name, (statement, dict(params)))
-            return original(statement, conn, mode, params, prepare=prepare)
+            return original(statement, conn, mode, params)
 
         Statement._run = run  # type: ignore[method-assign,assignment]
         JobRepository.begin = begin  # type: ignore[method-assign,assignment]
@@ -357,7 +355,7 @@ def load_history(dsn: str, history: int) -> float:
             HISTORY_SQL,
             {
                 "job_name": JOB.value,
-                "revision": DefinitionIdentity.legacy().revision.value,
+                "revision": DefinitionIdentity.LEGACY.revision.value,
                 "step_name": STEP.value,
                 "origin": dt.datetime.now(dt.UTC) - dt.timedelta(days=400),
                 "history": history,
@@ -1202,7 +1200,7 @@ def prepare_phase(phase: Phase, history: int, *, isolation: bool = False) -> flo
     with JobRepository.connect(config) as repository:
         # The first launch of a job name registers its legacy definition (its launch finds
         # it unregistered): do it before loading, so the history can reference it.
-        legacy = DefinitionIdentity.legacy()
+        legacy = DefinitionIdentity.LEGACY
         repository.run_in_unit_of_work(lambda uow: uow.definitions.register(JOB, legacy))
         run_cycle(repository, phase.take_run())
     seconds = 0.0

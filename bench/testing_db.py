@@ -45,6 +45,7 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import psycopg
+from pytest_postgresql.janitor import DatabaseJanitor
 
 from pybatch._config import ConnectionConfig, TlsMode
 from pybatch._demo.embedded import EmbeddedPostgres
@@ -120,7 +121,14 @@ def main(argv: list[str] | None = None) -> int:
             def baseline() -> float:
                 started = time.perf_counter()
                 name = f"pybatch_test_{uuid.uuid4().hex[:16]}"
-                janitor = server.janitor(name, template="template0")
+                janitor = DatabaseJanitor(
+                    user=server.user,
+                    host=server.host,
+                    port=server.port,
+                    password=server.password,
+                    dbname=name,
+                    template_dbname="template0",
+                )
                 janitor.init()
                 migrate(config(server.dsn_for(name)))
                 with JobRepository.connect(config(server.dsn_for(name))):

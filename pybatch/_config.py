@@ -16,25 +16,7 @@ from typing import Any
 import attrs
 import psycopg.conninfo
 
-from pybatch.errors import (
-    AcquireExceedsClose,
-    CaCertificateNotBytes,
-    CaCertificateTooLarge,
-    CaCertificateWithoutVerification,
-    ClockSkewBoundOutOfRange,
-    EmptyCaCertificate,
-    EmptyConnectionString,
-    EnvironmentValueInvalid,
-    InvalidConnectionString,
-    InvalidPooler,
-    InvalidTlsMode,
-    LockExceedsStatement,
-    PoolSize,
-    StaleThresholdOutOfRange,
-    TimeoutOutOfBounds,
-    TlsOptionInConnectionString,
-    UnitOfWorkAttempts,
-)
+from pybatch import errors as e
 
 APPLICATION_NAME = "pybatch"
 MAX_CA_BYTES = 1024 * 1024
@@ -42,27 +24,18 @@ MAX_POOL_SIZE = 1024
 MAX_UNIT_OF_WORK_ATTEMPTS = 10
 
 _ALLOWED_KEYS = frozenset(
-    {
-        *("host", "hostaddr", "port", "dbname", "user", "password", "application_name"),
-        *("options", "target_session_attrs", "load_balance_hosts"),
-    }
+    "host hostaddr port dbname user password application_name options target_session_attrs "
+    "load_balance_hosts".split()
 )
 #: Keys whose value is a pybatch setting: in the DSN it would be silently overridden.
 _SETTING_KEYS = {"connect_timeout": "PYBATCH_CONNECT_TIMEOUT_MS (connect_timeout)"}
 #: libpq's values for the failover keys; libpq itself would only refuse a typo at connect time.
 _KEY_VALUES = {
-    "target_session_attrs": (
-        "any",
-        "read-write",
-        "read-only",
-        "primary",
-        "standby",
-        "prefer-standby",
-    ),
-    "load_balance_hosts": ("disable", "random"),
+    "target_session_attrs": "any read-write read-only primary standby prefer-standby".split(),
+    "load_balance_hosts": ["disable", "random"],
 }
 _TLS_KEYS = frozenset(
-    {"requiressl", "gssencmode", "ssl-mode", "ssl-root-cert", "ssl-ca", "ssl-cert", "ssl-key"}
+    "requiressl gssencmode ssl-mode ssl-root-cert ssl-ca ssl-cert ssl-key".split()
 )
 
 
@@ -94,11 +67,11 @@ class CaCertificate:
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.pem, bytes):
-            raise CaCertificateNotBytes()
+            raise e.CaCertificateNotBytes()
         if not self.pem:
-            raise EmptyCaCertificate()
+            raise e.EmptyCaCertificate()
         if len(self.pem) > MAX_CA_BYTES:
-            raise CaCertificateTooLarge(max_bytes=MAX_CA_BYTES)
+            raise e.CaCertificateTooLarge(max_bytes=MAX_CA_BYTES)
 
     def __repr__(self) -> str:
         return f'CaCertificate(byte_length={len(self.pem)}, contents="<redacted>")'
@@ -136,21 +109,13 @@ def _within(value: object, bounds: tuple[timedelta, timedelta]) -> bool:
 def check_stale_threshold(value: object) -> None:
     """Refuse a stale threshold outside 1 min..24 h (StaleThresholdOutOfRange)."""
     if not _within(value, STALE_THRESHOLD_BOUNDS):
-        raise StaleThresholdOutOfRange()
+        raise e.StaleThresholdOutOfRange()
 
 
 def check_max_clock_skew(value: object) -> None:
     """Refuse a clock-skew bound outside 100 ms..60 s (ClockSkewBoundOutOfRange)."""
     if not _within(value, CLOCK_SKEW_BOUNDS):
-        raise ClockSkewBoundOutOfRange()
-
-
-def _port_is_valid(port: str) -> bool:
-    """One TCP port, or libpq's comma-separated list for several hosts; ASCII digits only."""
-    return all(
-        item.isascii() and item.isdigit() and len(item) <= 5 and 1 <= int(item) <= 65535
-        for item in port.split(",")
-    )
+        raise e.ClockSkewBoundOutOfRange()
 
 
 def encodes_as_utf8(text: str) -> bool:
@@ -169,50 +134,47 @@ def _parse_dsn(dsn: Secret) -> ConnectionKwargs:
     holds the revealed DSN: an error reporter recording frame locals finds no password.
     """
     if not dsn.reveal().strip():
-        raise EmptyConnectionString()
+        raise e.EmptyConnectionString()
     if "\x00" in dsn.reveal():
         # libpq reads a C string: everything after a NUL (dbname, password) would vanish.
-        raise InvalidConnectionString(reason="it contains a NUL character")
+        raise e.InvalidConnectionString(reason="it contains a NUL character")
     if not encodes_as_utf8(dsn.reveal()):
-        raise InvalidConnectionString(reason="it is not valid UTF-8")
+        raise e.InvalidConnectionString(reason="it is not valid UTF-8")
     parsed: ConnectionKwargs | None
     try:
         parsed = ConnectionKwargs(psycopg.conninfo.conninfo_to_dict(dsn.reveal()))
     except psycopg.Error:
         parsed = None
     if parsed is None:
-        raise InvalidConnectionString(
+        raise e.InvalidConnectionString(
             reason="libpq cannot parse it (unknown or misspelt key, bad quoting or bad URI)"
         )
     if any(key.startswith("ssl") or key in _TLS_KEYS for key in parsed):
-        raise TlsOptionInConnectionString()
+        raise e.TlsOptionInConnectionString()
     for key in parsed:
         if key in _SETTING_KEYS:
-            raise InvalidConnectionString(
+            raise e.InvalidConnectionString(
                 reason=f"key {key!r} is a pybatch setting: set {_SETTING_KEYS[key]} instead"
             )
         if key not in _ALLOWED_KEYS:
-            raise InvalidConnectionString(reason=f"key {key!r} is not allowed")
-    result = ConnectionKwargs(
-        {key: str(value) for key, value in parsed.items() if value is not None}
-    )
-    if "port" in result and not _port_is_valid(result["port"]):
-        raise InvalidConnectionString(reason="port must be from 1 to 65535")
+            raise e.InvalidConnectionString(reason=f"key {key!r} is not allowed")
+    result = ConnectionKwargs({k: str(v) for k, v in parsed.items() if v is not None})
+    # One TCP port, or libpq's comma-separated list for several hosts; ASCII digits only.
+    ports = result.get("port", "1").split(",")
+    if not all(p.isascii() and p.isdigit() and len(p) <= 5 and 1 <= int(p) <= 65535 for p in ports):
+        raise e.InvalidConnectionString(reason="port must be from 1 to 65535")
     for key, values in _KEY_VALUES.items():
         if key in result and result[key] not in values:
-            raise InvalidConnectionString(reason=f"{key} must be one of {', '.join(values)}")
-    _check_host_lists(result)
-    return result
-
-
-def _check_host_lists(params: Mapping[str, str]) -> None:
-    """A multi-host DSN gives one port (for every host) or one per host, as libpq requires."""
+            raise e.InvalidConnectionString(reason=f"{key} must be one of {', '.join(values)}")
+    # A multi-host DSN gives one port (for every host) or one per host, as libpq requires.
     hosts = max(
-        (len(params[key].split(",")) for key in ("host", "hostaddr") if key in params), default=1
+        (len(result[key].split(",")) for key in ("host", "hostaddr") if key in result), default=1
     )
-    ports = len(params["port"].split(",")) if "port" in params else 1
-    if ports not in (1, hosts):
-        raise InvalidConnectionString(reason=f"{ports} ports for {hosts} hosts (give 1 or {hosts})")
+    if len(ports) not in (1, hosts):
+        raise e.InvalidConnectionString(
+            reason=f"{len(ports)} ports for {hosts} hosts (give 1 or {hosts})"
+        )
+    return result
 
 
 class Secret:
@@ -262,7 +224,7 @@ def _to_secret(value: object) -> Secret:
     if isinstance(value, Secret):
         return value
     if not isinstance(value, str):
-        raise InvalidConnectionString(reason=f"it must be a str, not {type(value).__name__}")
+        raise e.InvalidConnectionString(reason=f"it must be a str, not {type(value).__name__}")
     return Secret(value)
 
 
@@ -321,28 +283,28 @@ class ConnectionConfig:
     def __attrs_post_init__(self) -> None:
         _parse_dsn(self.dsn)
         if type(self.pool_size) is not int or not 1 <= self.pool_size <= MAX_POOL_SIZE:
-            raise PoolSize()
+            raise e.PoolSize()
         for name, label, low, high in _TIMEOUT_BOUNDS:
             value = getattr(self, name)
             if not isinstance(value, timedelta) or not low <= value <= high:
-                raise TimeoutOutOfBounds(timeout_class=label, bounds=f"{low} to {high}")
+                raise e.TimeoutOutOfBounds(timeout_class=label, bounds=f"{low} to {high}")
         if self.lock_timeout > self.statement_timeout:
-            raise LockExceedsStatement()
+            raise e.LockExceedsStatement()
         if self.acquire_timeout > self.pool_close_timeout:
-            raise AcquireExceedsClose()
+            raise e.AcquireExceedsClose()
         attempts = self.unit_of_work_attempts
         if type(attempts) is not int or not 1 <= attempts <= MAX_UNIT_OF_WORK_ATTEMPTS:
-            raise UnitOfWorkAttempts()
+            raise e.UnitOfWorkAttempts()
         check_max_clock_skew(self.max_clock_skew)
         check_stale_threshold(self.stale_threshold)
         if not isinstance(self.tls_mode, TlsMode):
-            raise InvalidTlsMode()
+            raise e.InvalidTlsMode()
         if not isinstance(self.pooler, Pooler):
-            raise InvalidPooler()
+            raise e.InvalidPooler()
         if self.ca_certificate is not None and not isinstance(self.ca_certificate, CaCertificate):
-            raise CaCertificateNotBytes()
+            raise e.CaCertificateNotBytes()
         if self.ca_certificate is not None and self.tls_mode is not TlsMode.VERIFY_FULL:
-            raise CaCertificateWithoutVerification()
+            raise e.CaCertificateWithoutVerification()
 
     def __repr__(self) -> str:
         fields = ", ".join(
@@ -404,11 +366,7 @@ class ConnectionConfig:
         """From PYBATCH_DSN, _TLS, _POOLER, _CA_FILE, _POOL_SIZE, _UNIT_OF_WORK_ATTEMPTS, _*_MS."""
         source = os.environ if environ is None else environ
         kwargs: dict[str, Any] = {"dsn": Secret(source.get("PYBATCH_DSN", ""))}
-        env = {
-            name: value
-            for name, value in source.items()
-            if name.startswith("PYBATCH_") and name != "PYBATCH_DSN"
-        }
+        env = {k: v for k, v in source.items() if k.startswith("PYBATCH_") and k != "PYBATCH_DSN"}
         # From here on no local of this frame holds the raw DSN.
         del source, environ
         for field, variable, enum_cls, expected in (
@@ -420,14 +378,14 @@ class ConnectionConfig:
                 try:
                     kwargs[field] = enum_cls(text)
                 except ValueError:
-                    raise EnvironmentValueInvalid(variable=variable, expected=expected) from None
+                    raise e.EnvironmentValueInvalid(variable=variable, expected=expected) from None
         ca_file = env.get("PYBATCH_CA_FILE")
         if ca_file:
             try:
                 with open(ca_file, "rb") as handle:
                     pem = handle.read(MAX_CA_BYTES + 1)
             except OSError:
-                raise EnvironmentValueInvalid(
+                raise e.EnvironmentValueInvalid(
                     variable="PYBATCH_CA_FILE", expected="readable file"
                 ) from None
             kwargs["ca_certificate"] = CaCertificate(pem)
@@ -455,7 +413,7 @@ def _env_int(env: Mapping[str, str], variable: str, low: int, high: int) -> int:
     """The variable as an int: ASCII digits only (`int()` reads ' 1_0 '), at most `high`'s count."""
     text = env[variable]
     if not (text.isascii() and text.isdigit()) or len(text.lstrip("0")) > len(str(high)):
-        raise EnvironmentValueInvalid(
+        raise e.EnvironmentValueInvalid(
             variable=variable, expected=f"integer from {low} to {high} (ASCII digits)"
         )
     return int(text)

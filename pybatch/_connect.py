@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 
 from pybatch._codecs._jsonb import install_strict_json_loads
-from pybatch._config import ConnectionConfig, Pooler
+from pybatch._config import ConnectionConfig
 from pybatch._sqlstate import classify_connect_failure, is_permanent
 from pybatch.errors import PyBatchError
 
@@ -73,14 +73,12 @@ class CaFile:
 def open_connection(
     config: ConnectionConfig, *, autocommit: bool
 ) -> Iterator[psycopg.Connection[Any]]:
-    """A dedicated connection for the migrator: no statement timeout, redacted errors."""
+    """A dedicated connection (migrator, `sql explain`): no statement timeout, redacted errors."""
     ca_file = CaFile(config)
     try:
         kwargs = config.connection_kwargs(ca_file=ca_file.path, statement_timeout=False)
         with contextlib.closing(connect_or_raise(kwargs, autocommit=autocommit)) as conn:
             install_strict_json_loads(conn)
-            if config.pooler is Pooler.TRANSACTION:  # no statement outlives its transaction
-                conn.prepare_threshold = None
             yield conn
     finally:
         ca_file.close()

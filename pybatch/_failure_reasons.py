@@ -54,17 +54,12 @@ def failure_reason(error: BaseException, secrets: Iterable[str]) -> FailureReaso
     module = "" if cls.__module__ == "builtins" else f"{cls.__module__}."
     error_class = f"{module}{cls.__qualname__}"[:200]
     sqlstate = getattr(error, "sqlstate", None)
-    names: tuple[object, object, object]
+    keys = ("constraint", "table", "column")
     if isinstance(error, psycopg.Error):
-        diag = error.diag
-        names = (diag.constraint_name, diag.table_name, diag.column_name)
+        names = [getattr(error.diag, f"{key}_name") for key in keys]
         message = "the driver's message is withheld: it may quote row values"
     else:
-        names = (
-            getattr(error, "constraint", None),
-            getattr(error, "table", None),
-            getattr(error, "column", None),
-        )
+        names = [getattr(error, key, None) for key in keys]
         # pybatch's own messages are built from names and bounds only (pybatch/errors.py).
         text = str(error) if isinstance(error, PyBatchError) else redact(str(error), secrets)
         message = _bounded(text) or "(no message)"

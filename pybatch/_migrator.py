@@ -19,20 +19,11 @@ import attrs
 import psycopg
 
 from pybatch import _sqlstate
+from pybatch import errors as e
 from pybatch._codecs._primitives import DecodeError, decode_digest, decode_int64
 from pybatch._config import ConnectionConfig
 from pybatch._connect import open_connection
-from pybatch._resources import migrations_dir
-from pybatch._statements import load_statements
-from pybatch.errors import (
-    MigrationChecksumMismatch,
-    MigrationHistoryInvalid,
-    MigrationLockTimeout,
-    MigrationTableLockTimeout,
-    NewerSchema,
-    PyBatchError,
-    Unavailable,
-)
+from pybatch._statements import load_statements, migrations_dir
 
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
@@ -98,8 +89,8 @@ def _read_version(conn: psycopg.Connection[Any]) -> int | None:
         try:
             return decode_int64(version, column="version", minimum=0)
         except DecodeError:
-            raise Unavailable() from None
-    if mapped.__class__.__name__ == "SchemaUninitialized":
+            raise e.Unavailable() from None
+    if isinstance(mapped, e.SchemaUninitialized):
         return None
     raise mapped
 
@@ -109,7 +100,7 @@ def _driver_errors_mapped(operation: Callable[_P, _T]) -> Callable[_P, _T]:
 
     @functools.wraps(operation)
     def run(*args: _P.args, **kwargs: _P.kwargs) -> _T:
-        mapped: PyBatchError | None = None
+        mapped: e.PyBatchError | None = None
         try:
             return operation(*args, **kwargs)
         except psycopg.Error as error:
@@ -134,7 +125,7 @@ def _lock_migrations(conn: psycopg.Connection[Any]) -> bool:
             statements.lock_schema_migration_history.affected(conn)
             return True
     except psycopg.errors.LockNotAvailable:
-        raise MigrationLockTimeout() from None
+        raise e.MigrationLockTimeout() from None
     return False
 
 
@@ -152,7 +143,7 @@ def _verify_history(
     if installed is None:
         return
     if not statements.find_schema_migration_table.scalar(conn):
-        raise MigrationHistoryInvalid(version=installed)
+        raise e.MigrationHistoryInvalid(version=installed)
     try:
         history = [
             (
@@ -162,16 +153,13 @@ def _verify_history(
             for row in statements.list_schema_migrations.many(conn)
         ]
     except DecodeError:
-        raise MigrationHistoryInvalid(version=installed) from None
+        raise e.MigrationHistoryInvalid(version=installed) from None
     if [version for version, _ in history] != list(range(1, installed + 1)):
-        raise MigrationHistoryInvalid(version=installed)
-    by_version = {migration.version: migration for migration in shipped}
-    for version, checksum in history:
-        migration = by_version.get(version)
-        if migration is None:
-            continue  # newer than this package: reported as NewerSchema before we get here
+        raise e.MigrationHistoryInvalid(version=installed)
+    # Both count from 1; a version past the shipped ones was refused as NewerSchema before.
+    for (version, checksum), migration in zip(history, shipped, strict=False):
         if checksum != migration.checksum:
-            raise MigrationChecksumMismatch(version=version)
+            raise e.MigrationChecksumMismatch(version=version)
 
 
 def _pending(conn: psycopg.Connection[Any], shipped: list[Migration]) -> list[Migration]:
@@ -180,7 +168,7 @@ def _pending(conn: psycopg.Connection[Any], shipped: list[Migration]) -> list[Mi
     current = installed or 0
     supported = shipped[-1].version
     if current > supported:
-        raise NewerSchema(current=current, supported=supported)
+        raise e.NewerSchema(current=current, supported=supported)
     _verify_history(conn, installed, shipped)
     return [migration for migration in shipped if migration.version > current]
 
@@ -285,7 +273,7 @@ def _apply(conn: psycopg.Connection[Any], migration: Migration) -> None:
             execution_ms=elapsed_ms,
         )
         if statements.update_schema_version.affected(conn, version=migration.version) != 1:
-            raise MigrationHistoryInvalid(version=migration.version)
+            raise e.MigrationHistoryInvalid(version=migration.version)
 
 
 @_driver_errors_mapped
@@ -332,11 +320,11 @@ def migrate(config: ConnectionConfig, *, dry_run: bool = False) -> list[Migratio
                     if not race or conn.broken:
                         raise
                     if races >= _FIRST_INSTALL_ATTEMPTS:
-                        raise MigrationLockTimeout() from None
+                        raise e.MigrationLockTimeout() from None
             if exhausted is not None:  # raised outside `except`: no driver error attached
-                raise MigrationTableLockTimeout(version=exhausted.version, attempts=lock_waits)
+                raise e.MigrationTableLockTimeout(version=exhausted.version, attempts=lock_waits)
         with _migrator_transaction(conn, config):
             final = _read_version(conn)
         if final != shipped[-1].version:
-            raise MigrationHistoryInvalid(version=final or 0)
+            raise e.MigrationHistoryInvalid(version=final or 0)
         return applied

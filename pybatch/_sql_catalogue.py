@@ -108,18 +108,15 @@ def representative_parameters(entry: StatementEntry) -> dict[str, object]:
     return values
 
 
-def explain(config: ConnectionConfig, name: str) -> str:
-    """The server's plan of `name` with representative parameters, never running it.
+def explain(config: ConnectionConfig, entry: StatementEntry, params: Mapping[str, object]) -> str:
+    """The server's plan of `entry` with `params`, never running it.
 
     EXPLAIN without ANALYZE, in a transaction that is rolled back; driver errors are mapped.
     """
-    entry = find(name)
-    statement = getattr(load_statements(), entry.name)
-    params = representative_parameters(entry)
     with open_connection(config, autocommit=False) as conn:
         try:
             with conn.cursor() as cursor:
-                cursor.execute(_EXPLAIN_PREFIX + statement.query, params)
+                cursor.execute(_EXPLAIN_PREFIX + entry.text.encode(), params)
                 lines = [str(row[0]) for row in cursor.fetchall()]
         except psycopg.Error as error:
             raise _sqlstate.translate(error) from None

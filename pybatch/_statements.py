@@ -7,6 +7,7 @@ control. The only module importing pugsql or SQLAlchemy; rows leave it as `Row`.
 
 from __future__ import annotations
 
+import copy
 import functools
 import re
 from collections.abc import Iterator, Mapping
@@ -21,7 +22,27 @@ from psycopg.rows import dict_row
 from sqlalchemy.dialects.postgresql import psycopg as sqlalchemy_psycopg
 
 from pybatch._codecs._primitives import Row as Row
-from pybatch._resources import queries_dir
+
+#: `pybatch/_sql/` in a wheel, else the repository's top, holds `queries/` and `migrations/`.
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def _shipped(name: str) -> Path:
+    for candidate in (_PACKAGE / "_sql" / name, _PACKAGE.parent / name):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"pybatch is installed without its {name}/ folder")
+
+
+def queries_dir() -> Path:
+    """The folder of named pugsql statements."""
+    return _shipped("queries")
+
+
+def migrations_dir() -> Path:
+    """The folder of numbered migration files."""
+    return _shipped("migrations")
+
 
 #: A psycopg connection, whatever its row factory (statements choose their own).
 Connection = psycopg.Connection[Any]
@@ -46,18 +67,6 @@ class StatementModeMismatch(TypeError):
 class Statement:
     """One named statement compiled for psycopg; run it with its declared mode's method."""
 
-    __slots__ = (
-        "_order",
-        "_positional",
-        "doc",
-        "filename",
-        "mode",
-        "name",
-        "parameters",
-        "prepared",
-        "query",
-    )
-
     def __init__(self, source: Any) -> None:
         mode = _MODES.get(type(source.result))
         if mode is None:
@@ -77,36 +86,38 @@ class Statement:
         # What runs: the same text with positional placeholders, bound from a list built in
         # `_order`, which spares psycopg mapping a dict of parameters at every execution.
         self._positional, self._order = _positional_form(self.query)
-        #: Prepared server-side on first use per connection (per-chunk statements).
-        self.prepared: PreparedStatement = PreparedStatement(self)
+        self._prepare: bool | None = None  # psycopg's choice: prepared after five uses
+        #: The same statement prepared server-side on first use per connection (per chunk).
+        self.prepared: Statement = copy.copy(self)
+        self.prepared._prepare = True
 
     def __repr__(self) -> str:
         return f"<Statement {self.filename}:{self.name} :{self.mode}>"
 
     def one(self, conn: Connection, /, **params: object) -> Row | None:
         """The only row, or None (`:one`)."""
-        with self._run(conn, "one", params, prepare=None) as cursor:
+        with self._run(conn, "one", params) as cursor:
             return cursor.fetchone()
 
     def many(self, conn: Connection, /, **params: object) -> list[Row]:
         """Every row (`:many`)."""
-        with self._run(conn, "many", params, prepare=None) as cursor:
+        with self._run(conn, "many", params) as cursor:
             return list(cursor.fetchall())
 
     def scalar(self, conn: Connection, /, **params: object) -> object:
         """The first column of the first row, or None when there is no row (`:scalar`)."""
-        with self._run(conn, "scalar", params, prepare=None) as cursor:
+        with self._run(conn, "scalar", params) as cursor:
             row: dict[str, object] | None = cursor.fetchone()
             return None if row is None else next(iter(row.values()))
 
     def affected(self, conn: Connection, /, **params: object) -> int:
         """How many rows the statement changed (`:affected`)."""
-        with self._run(conn, "affected", params, prepare=None) as cursor:
+        with self._run(conn, "affected", params) as cursor:
             return cursor.rowcount
 
     def send(self, conn: Connection, /, **params: object) -> psycopg.Cursor[dict[str, Any]]:
         """Queue it in the connection's pipeline; its cursor is read after the pipeline syncs."""
-        return self._run(conn, self.mode, params, prepare=None)
+        return self._run(conn, self.mode, params)
 
     def run_with_identifiers(self, conn: Connection, /, **identifiers: str) -> None:
         """Run an `:affected` utility statement whose parameters are all names.
@@ -134,13 +145,18 @@ class Statement:
         with conn.cursor() as cursor:
             cursor.execute(composed)
 
+    def affected_on(self, cursor: psycopg.Cursor[Any], /, **params: object) -> int:
+        """`affected` on a kept cursor (chunk hot path: psycopg's adapter cache stays warm)."""
+        cursor.execute(self._positional, self._values("affected", params), prepare=self._prepare)
+        return cursor.rowcount
+
     def _run(
-        self, conn: Connection, mode: Mode, params: Mapping[str, object], *, prepare: bool | None
+        self, conn: Connection, mode: Mode, params: Mapping[str, object]
     ) -> psycopg.Cursor[dict[str, Any]]:
         values = self._values(mode, params)
         cursor = conn.cursor(row_factory=dict_row)
         try:
-            cursor.execute(self._positional, values, prepare=prepare)
+            cursor.execute(self._positional, values, prepare=self._prepare)
         except BaseException:
             cursor.close()
             raise
@@ -179,31 +195,6 @@ def _positional_form(query: bytes) -> tuple[bytes, tuple[str, ...]]:
     return _NAMED_OR_ESCAPED.sub(positional, query), tuple(order)
 
 
-class PreparedStatement:
-    """A statement run prepared: `statements.NAME.prepared.affected(conn, ...)`."""
-
-    __slots__ = ("_statement",)
-
-    def __init__(self, statement: Statement) -> None:
-        self._statement = statement
-
-    def one(self, conn: Connection, /, **params: object) -> Row | None:
-        """The only row, or None (`:one`), prepared."""
-        with self._statement._run(conn, "one", params, prepare=True) as cursor:
-            return cursor.fetchone()
-
-    def affected(self, conn: Connection, /, **params: object) -> int:
-        """How many rows the statement changed (`:affected`), prepared."""
-        with self._statement._run(conn, "affected", params, prepare=True) as cursor:
-            return cursor.rowcount
-
-    def affected_on(self, cursor: psycopg.Cursor[Any], /, **params: object) -> int:
-        """`affected` on a kept cursor (chunk hot path: psycopg's adapter cache stays warm)."""
-        statement = self._statement
-        cursor.execute(statement._positional, statement._values("affected", params), prepare=True)
-        return cursor.rowcount
-
-
 class Statements:
     """Every statement of one folder, as attributes named like the statements."""
 
@@ -223,31 +214,18 @@ class Statements:
         return len(self._by_name)
 
 
-def load_pugsql_module(path: Path | None = None) -> Any:
-    """Load the raw pugsql module of a folder (default: the shipped `queries/`)."""
-    return pugsql.module(str(path or queries_dir()))
+def load_pugsql_module(folder: str | Path = "") -> Any:
+    """The raw pugsql module of a folder of `queries/` (the shipped statements by default)."""
+    return pugsql.module(str(queries_dir() / folder))
 
 
-def load_statement_folder(path: Path) -> Statements:
-    """Load and compile every statement of one folder of `.sql` files."""
+@functools.cache
+def load_statements(folder: str | Path = "") -> Statements:
+    """Every statement of a folder of `.sql` files, compiled once per process.
+
+    By default the product's `queries/`; `"demo"` and `"testing"` are the demo main job's and
+    pybatch.testing's own, kept out of the product's. An absolute path is any folder.
+    """
     # pugsql's private `Module._statements` and `Statement._text`, pinned by tests/sql.
-    statements: Mapping[str, Any] = load_pugsql_module(path)._statements
+    statements: Mapping[str, Any] = load_pugsql_module(folder)._statements
     return Statements({name: Statement(source) for name, source in statements.items()})
-
-
-@functools.cache
-def load_demo_statements() -> Statements:
-    """The demo main job's own statements (`queries/demo/`), kept out of the product's."""
-    return load_statement_folder(queries_dir() / "demo")
-
-
-@functools.cache
-def load_testing_statements() -> Statements:
-    """pybatch.testing's statements (`queries/testing/`): the test databases it clones."""
-    return load_statement_folder(queries_dir() / "testing")
-
-
-@functools.cache
-def load_statements() -> Statements:
-    """Load and compile every statement of the shipped `queries/` folder once per process."""
-    return load_statement_folder(queries_dir())

@@ -8,6 +8,7 @@ SQLSTATE only, never by message, which may quote row values.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator, Mapping
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
@@ -38,42 +39,31 @@ def _version() -> str:
         return ""
 
 
-class _Instruments:
-    """pybatch's counters and histogram, made once from the global meter provider."""
+#: pybatch's counters: (name, unit, description).
+_COUNTERS = (
+    ("pybatch.items.read", "{item}", "Items read by committed chunks"),
+    ("pybatch.items.written", "{item}", "Items written by committed chunks"),
+    ("pybatch.items.skipped", "{item}", "Items skipped by committed chunks"),
+    ("pybatch.chunks.committed", "{chunk}", "Chunks committed"),
+    ("pybatch.chunks.rolled_back", "{chunk}", "Chunks rolled back (nothing of them durable)"),
+    ("pybatch.lease.renewals", "{renewal}", "Lease renewals"),
+    ("pybatch.lease.losses", "{loss}", "Renewals that found the ownership gone"),
+    ("pybatch.recoveries", "{recovery}", "Recovery decisions applied by this process"),
+)
+_COMMIT_DURATION = "pybatch.chunk.commit.duration"
 
-    def __init__(self) -> None:
-        meter = _metrics.get_meter(SCOPE, _version())
-        counter = meter.create_counter
-        self.items_read = counter("pybatch.items.read", "{item}", "Items read by committed chunks")
-        self.items_written = counter(
-            "pybatch.items.written", "{item}", "Items written by committed chunks"
-        )
-        self.items_skipped = counter(
-            "pybatch.items.skipped", "{item}", "Items skipped by committed chunks"
-        )
-        self.chunks_committed = counter("pybatch.chunks.committed", "{chunk}", "Chunks committed")
-        self.chunks_rolled_back = counter(
-            "pybatch.chunks.rolled_back", "{chunk}", "Chunks rolled back (nothing of them durable)"
-        )
-        self.lease_renewals = counter("pybatch.lease.renewals", "{renewal}", "Lease renewals")
-        self.lease_losses = counter(
-            "pybatch.lease.losses", "{loss}", "Renewals that found the ownership gone"
-        )
-        self.recoveries = counter(
-            "pybatch.recoveries", "{recovery}", "Recovery decisions applied by this process"
-        )
-        self.commit_duration = meter.create_histogram(
-            "pybatch.chunk.commit.duration", "s", "Time to commit one chunk (progress and COMMIT)"
-        )
-
-
+#: pybatch's instruments by name, made once from the global meter provider; None without it.
+INSTRUMENTS: dict[str, Any] | None = None
 if _trace is None:
     TRACER: Any = None
-    INSTRUMENTS: _Instruments | None = None
 else:
     # Proxies until the application sets its providers; they forward to them afterwards.
     TRACER = _trace.get_tracer(SCOPE, _version())
-    INSTRUMENTS = _Instruments()
+    _meter = _metrics.get_meter(SCOPE, _version())
+    INSTRUMENTS = {name: _meter.create_counter(name, *spec) for name, *spec in _COUNTERS}
+    INSTRUMENTS[_COMMIT_DURATION] = _meter.create_histogram(
+        _COMMIT_DURATION, "s", "Time to commit one chunk (progress and COMMIT)"
+    )
 
 
 def _fail(span: Span, error: BaseException) -> None:
@@ -183,15 +173,15 @@ class ChunkProbe:
         if span is None:
             return
         attributes = self._step.attributes
-        instruments: _Instruments = INSTRUMENTS  # type: ignore[assignment]
-        instruments.items_read.add(read, attributes)
-        instruments.items_written.add(written, attributes)
+        instruments: dict[str, Any] = INSTRUMENTS  # type: ignore[assignment]
+        instruments["pybatch.items.read"].add(read, attributes)
+        instruments["pybatch.items.written"].add(written, attributes)
         if skips is not None:
             skipped = skips.read_skips + skips.process_skips + skips.write_skips
             if skipped:
-                instruments.items_skipped.add(skipped, attributes)
-        instruments.chunks_committed.add(1, attributes)
-        instruments.commit_duration.record(seconds, attributes)
+                instruments["pybatch.items.skipped"].add(skipped, attributes)
+        instruments["pybatch.chunks.committed"].add(1, attributes)
+        instruments[_COMMIT_DURATION].record(seconds, attributes)
         span.set_attributes(
             {"pybatch.chunk.items_read": read, "pybatch.chunk.items_written": written}
         )
@@ -205,7 +195,7 @@ class ChunkProbe:
         unknown = isinstance(error, ChunkCommitOutcomeUnknown)
         span.set_attribute("pybatch.chunk.outcome", "unknown" if unknown else "rolled_back")
         if not unknown:
-            INSTRUMENTS.chunks_rolled_back.add(1, self._step.attributes)  # type: ignore[union-attr]
+            _count("pybatch.chunks.rolled_back", self._step.attributes)
         if error is not None:
             _fail(span, error)
         span.end()
@@ -213,16 +203,12 @@ class ChunkProbe:
 
 def job_started(job_name: str, instance_id: int, execution_id: int) -> JobProbe | None:
     """The started job's span; None (and nothing else to do) without opentelemetry."""
-    if TRACER is None:
-        return None
-    return JobProbe(job_name, instance_id, execution_id)
+    return None if TRACER is None else JobProbe(job_name, instance_id, execution_id)
 
 
 def step_started(job: JobProbe | None, step_name: str, step_execution_id: int) -> StepProbe | None:
     """A step's span under its job's; None when the job has none."""
-    if job is None:
-        return None
-    return StepProbe(job, step_name, step_execution_id)
+    return None if job is None else StepProbe(job, step_name, step_execution_id)
 
 
 def step_current(step: StepProbe | None) -> contextlib.AbstractContextManager[None]:
@@ -242,19 +228,15 @@ def job_ended(job: JobProbe | None, status: str, error: BaseException | None) ->
         job.ended(status, error)
 
 
-def _count(counter_name: str, attributes: Mapping[str, str]) -> None:
+def _count(name: str, attributes: Mapping[str, str]) -> None:
     if INSTRUMENTS is not None:
-        getattr(INSTRUMENTS, counter_name).add(1, attributes)
+        INSTRUMENTS[name].add(1, attributes)
 
 
-def lease_renewed(attributes: Mapping[str, str]) -> None:
-    """Count one lease renewal (a background thread's, every third of the lease)."""
-    _count("lease_renewals", attributes)
-
-
-def lease_lost(attributes: Mapping[str, str]) -> None:
-    """Count a renewal that found the ownership gone."""
-    _count("lease_losses", attributes)
+#: One lease renewal (a background thread's, every third of the lease).
+lease_renewed = functools.partial(_count, "pybatch.lease.renewals")
+#: A renewal that found the ownership gone.
+lease_lost = functools.partial(_count, "pybatch.lease.losses")
 
 
 def recovered(reason: str, job_name: str | None = None) -> None:
@@ -262,4 +244,4 @@ def recovered(reason: str, job_name: str | None = None) -> None:
     attributes = {"pybatch.recovery.reason": reason}
     if job_name is not None:
         attributes["pybatch.job.name"] = job_name
-    _count("recoveries", attributes)
+    _count("pybatch.recoveries", attributes)

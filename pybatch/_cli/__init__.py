@@ -1,7 +1,8 @@
 """The `pybatch` operator command line: `pybatch._cli:main`.
 
 Exit codes (docs/operators.md): 0 done (also when the reader stopped early), 1 refused, 2 usage
-or configuration, 3 unavailable, 4 not found, 5 outcome unknown, 6 permission denied.
+or configuration, 3 unavailable, 4 not found, 5 outcome unknown, 6 permission denied, 7 the
+server is read-only, 8 a statement was cancelled.
 """
 
 from __future__ import annotations
@@ -19,69 +20,33 @@ from pybatch._cli import dashboard, explore, operator, retention, schema, sql, w
 from pybatch._cli._arguments import check_argv
 from pybatch._demo import demo
 
-#: SQLSTATEs reported as "permission denied" (exit 6): insufficient privilege and the
-#: authentication refusals.
-_PERMISSION_DENIED = frozenset({"42501", "28000", "28P01"})
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pybatch", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (schema, explore, sql, demo, worker, operator, retention, dashboard):
-        group.register(commands)
-    return parser
-
-
-EXIT_OK = 0
-EXIT_REFUSED = 1
-EXIT_CONFIGURATION = 2
-EXIT_UNAVAILABLE = 3
-EXIT_NOT_FOUND = 4
-EXIT_OUTCOME_UNKNOWN = 5
-EXIT_PERMISSION_DENIED = 6
-EXIT_READ_ONLY = 7
-EXIT_CANCELLED = 8
-
-#: Error families and their exit codes, first match wins (Unavailable is decided by SQLSTATE).
+#: Error families and their exit codes, first match wins; then Unavailable by its SQLSTATE.
 _EXIT_CODES: tuple[tuple[tuple[type[BaseException], ...], int], ...] = (
-    (
-        (e.CommitOutcomeUnknown, e.ChunkCommitOutcomeUnknown, e.OperationOutcomeUnknown),
-        EXIT_OUTCOME_UNKNOWN,
-    ),
-    ((e.PermissionDenied, e.AuthenticationFailed), EXIT_PERMISSION_DENIED),
+    ((e.CommitOutcomeUnknown, e.ChunkCommitOutcomeUnknown, e.OperationOutcomeUnknown), 5),
+    ((e.PermissionDenied, e.AuthenticationFailed), 6),
     # Retrying cannot help: the server takes no writes, or cancelled the statement.
-    ((e.ReadOnlyServer,), EXIT_READ_ONLY),
-    ((e.StatementCancelled,), EXIT_CANCELLED),
+    ((e.ReadOnlyServer,), 7),
+    ((e.StatementCancelled,), 8),
     (
         (
-            e.JobNotFound,
-            e.JobInstanceNotFound,
-            e.JobExecutionNotFound,
-            e.StepExecutionNotFound,
-            e.StepPartitionNotFound,
-            e.PartitionPlanNotPublished,
+            *(e.JobNotFound, e.JobInstanceNotFound, e.JobExecutionNotFound),
+            *(e.StepExecutionNotFound, e.StepPartitionNotFound, e.PartitionPlanNotPublished),
             e.UnknownStatement,
         ),
-        EXIT_NOT_FOUND,
+        4,
     ),
     (
         (
-            e.ConfigError,
-            e.DatabaseNotFound,
-            e.TlsVerificationFailed,
-            e.PoolerRefused,
-            e.SettingsNotApplied,
+            *(e.ConfigError, e.DatabaseNotFound, e.TlsVerificationFailed, e.PoolerRefused),
+            *(e.SettingsNotApplied, e.PageSizeOutOfRange, e.CursorError),
+            *(e.ExplorerAgeBoundTooSmall, e.ParameterFilterInvalid, e.RequestFieldError),
         ),
-        EXIT_CONFIGURATION,
+        2,
     ),
+    ((e.ExplorerTimeout,), 3),
 )
-_CONFIGURATION = (
-    e.PageSizeOutOfRange,
-    e.CursorError,
-    e.ExplorerAgeBoundTooSmall,
-    e.ParameterFilterInvalid,
-    e.RequestFieldError,
-)
+#: Insufficient privilege and the authentication refusals: "permission denied" (exit 6).
+_PERMISSION_DENIED = frozenset({"42501", "28000", "28P01"})
 
 
 def exit_code_for(error: BaseException) -> int:
@@ -90,12 +55,10 @@ def exit_code_for(error: BaseException) -> int:
         if isinstance(error, families):
             return code
     if isinstance(error, e.Unavailable):
-        return EXIT_PERMISSION_DENIED if error.sqlstate in _PERMISSION_DENIED else EXIT_UNAVAILABLE
-    if isinstance(error, e.ExplorerTimeout):
-        return EXIT_UNAVAILABLE
+        return 6 if error.sqlstate in _PERMISSION_DENIED else 3
     if isinstance(error, e.RetentionError) and not isinstance(error, e.RetentionPlanStale):
-        return EXIT_CONFIGURATION
-    return EXIT_CONFIGURATION if isinstance(error, _CONFIGURATION) else EXIT_REFUSED
+        return 2
+    return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -110,13 +73,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        return EXIT_OK
+        return 0
     return code
 
 
 def _run(argv: Sequence[str] | None) -> int:
     """Run one command; every failure prints as one redacted line on stderr."""
-    parser = build_parser()
+    parser = argparse.ArgumentParser(prog="pybatch", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for group in (schema, explore, sql, demo, worker, operator, retention, dashboard):
+        group.register(commands)
     try:
         # Before argparse: an undecodable argument would otherwise fail wherever it is
         # first encoded (psycopg, a print) with a UnicodeEncodeError traceback.
@@ -134,7 +100,3 @@ def _run(argv: Sequence[str] | None) -> int:
         failure = failure.error  # the repository's own error names the cause
     print(f"pybatch: {type(failure).__name__}: {failure}", file=sys.stderr)
     return exit_code_for(failure)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -5,19 +5,16 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import sys
-from collections.abc import Callable
-from functools import partial
 
 from pybatch._cli._arguments import duration_type
 from pybatch._cli._connection import Commands, add_command, connect, positive_id, progress
 from pybatch._cli.operator import add_request_arguments, request_identity
 from pybatch._services.retention import (
-    MAX_PURGE_OPERATION_BASE,
     PurgeProgress,
     RetentionOutcome,
     RetentionService,
 )
-from pybatch.values.names import ActorRef, JobName, OperationId, ReasonCode
+from pybatch.values.names import JobName, ReasonCode
 from pybatch.values.retention import (
     PurgeBatchBound,
     PurgeCounts,
@@ -37,11 +34,11 @@ _instance_id = positive_id("instance id")
 
 
 def register(commands: Commands) -> None:
-    for name, act, help_text, reason in (
-        ("hold", RetentionService.hold, "keep a job instance out of every purge", None),
-        ("release", RetentionService.release, "release the hold of a job instance", "RELEASED"),
+    for name, help_text, reason in (
+        ("hold", "keep a job instance out of every purge", None),
+        ("release", "release the hold of a job instance", "RELEASED"),
     ):
-        parser = add_command(commands, name, partial(_hold, act=act), help=help_text)
+        parser = add_command(commands, name, _hold, help=help_text)
         add_request_arguments(parser)
         parser.add_argument("instance_id", type=_instance_id, metavar="INSTANCE")
         if reason is None:
@@ -82,14 +79,13 @@ def register(commands: Commands) -> None:
     purge.add_argument("--dry-run", action="store_true", help="print what would go; change nothing")
 
 
-def _hold(
-    args: argparse.Namespace,
-    act: Callable[[RetentionService, OperationId, ActorRef, int, ReasonCode], RetentionOutcome],
-) -> int:
+def _hold(args: argparse.Namespace) -> int:
+    """`hold` or `release` (the command's name is the service's method)."""
     reason = ReasonCode(args.reason)  # bad input is refused before anything else
     operation_id, actor = request_identity(args)
     with connect(args) as repository:
-        outcome = act(RetentionService(repository), operation_id, actor, args.instance_id, reason)
+        act = getattr(RetentionService(repository), args.command)
+        outcome: RetentionOutcome = act(operation_id, actor, args.instance_id, reason)
     print(outcome.describe())
     return 0
 
@@ -125,16 +121,11 @@ def _purge(args: argparse.Namespace) -> int:
             print(f"{'total':<10} {_counts_line(total)}")
             return 0
         operation_id, actor = request_identity(args)
-        if len(operation_id.value) > MAX_PURGE_OPERATION_BASE:
-            print(
-                f"pybatch: the operation id of a purge is at most {MAX_PURGE_OPERATION_BASE} bytes",
-                file=sys.stderr,
-            )
-            return 2
+        purge = service.purge(request, operation_id.value, actor, reason)  # checks the id
         expected = service.forecast(request).job_executions
         batches: list[PurgeProgress] = []
         started = _dt.datetime.now(_dt.UTC)
-        for batch in service.purge(request, operation_id.value, actor, reason):
+        for batch in purge:
             batches.append(batch)
             done = batch.total.job_executions
             filled = 30 if not expected else min(30, 30 * done // expected)

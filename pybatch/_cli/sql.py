@@ -54,7 +54,7 @@ def _explain(args: argparse.Namespace) -> int:
     entry = sql_catalogue.find(args.name)
     params = sql_catalogue.representative_parameters(entry)
     print(f"-- {entry.file} {entry.name}; representative parameters: {json.dumps(params)}")
-    print(sql_catalogue.explain(config, args.name))
+    print(sql_catalogue.explain(config, entry, params))
     return 0
 
 

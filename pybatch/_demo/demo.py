@@ -1,8 +1,9 @@
 """`pybatch demo`: load a CSV with the ETL API, SIGKILL the loader part-way, resume, verify.
 
-A child (`pybatch demo-worker`) COPYs a seeded CSV in checkpointed chunks; the parent SIGKILLs
-it and starts it again, which records an audited OWNER_LOST decision and resumes. Exit 0 only
-if the table equals the CSV and the counters equal the rows.
+A child (`pybatch demo-worker`) COPYs a seeded CSV in checkpointed chunks and is SIGKILLed in
+the middle of a chunk, its rows sent but not committed; the parent starts it again, which
+records an audited OWNER_LOST decision and resumes. Exit 0 only if the table equals the CSV and
+the counters equal the rows.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import ExitStack
 from datetime import date, timedelta
 from functools import partial
@@ -30,7 +32,6 @@ from typing import Any
 
 import attrs
 
-from pybatch._chunks import load_committed_state
 from pybatch._cli._connection import (
     Commands,
     add_command,
@@ -41,11 +42,10 @@ from pybatch._config import ConnectionConfig, TlsMode
 from pybatch._demo.embedded import EmbeddedPostgres, EmbeddedPostgresUnavailable
 from pybatch._job_repository import JobRepository
 from pybatch._migrator import migrate
-from pybatch._statements import load_demo_statements
+from pybatch._statements import load_statements
 from pybatch._unit_of_work import UnitOfWork
-from pybatch.errors import ExecutionAlreadyActive, Unavailable
-from pybatch.etl import Job, JobRun, StepRun
-from pybatch.values.chunks import ChunkContext
+from pybatch.errors import Unavailable
+from pybatch.etl import Job, StepRun
 from pybatch.values.parameters import JobInstanceKey
 from pybatch.values.records import JobExecution, StepExecution
 from pybatch.values.recovery import RecoveryDecision
@@ -57,11 +57,6 @@ COLUMNS = ("id", "customer", "amount", "order_day")
 WORKER_COMMAND = "demo-worker"
 #: The demo's lease: a killed worker's attempt is recovered at most this long after its death.
 DEMO_LEASE = timedelta(seconds=2)
-#: How long a restarted worker waits for the killed one's lease to run out.
-LAUNCH_PATIENCE_S = 30.0
-#: How long the parent waits for a worker to reach its step before giving up.
-STEP_PATIENCE_S = 120.0
-POLL_INTERVAL_S = 0.002
 _CUSTOMERS = tuple(
     "Acme Tools|Blue Harbor|Cedar & Sons|Delta Foods|Evergreen Labs|Fjord Outfitters|"
     "Granite Works|Helios Energy|Indigo Print|Juniper Cafe".split("|")
@@ -100,6 +95,7 @@ def register(commands: Commands) -> None:
     worker.add_argument("--csv", required=True, type=Path)
     worker.add_argument("--chunk-size", required=True, type=_positive)
     worker.add_argument("--run", required=True)
+    worker.add_argument("--kill-after-chunks", type=_non_negative, default=0)
 
 
 def _positive(text: str) -> int:
@@ -129,8 +125,9 @@ def _worker(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)  # a stopped run stays restartable
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     with JobRepository.connect(ConnectionConfig.from_env()) as repository:
-        with _launch(_job(repository, args.run)) as run:
-            run.step(STEP_NAME, partial(_load, csv_path=args.csv, chunk_size=args.chunk_size))
+        # A restart waits for the killed attempt's lease (DEMO_LEASE), then recovers it.
+        with _job(repository, args.run).launch() as run:
+            run.step(STEP_NAME, partial(_load, args.csv, args.chunk_size, args.kill_after_chunks))
     return 0
 
 
@@ -138,21 +135,13 @@ def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def _launch(job: Job) -> JobRun:
-    """Launch, waiting while a killed attempt's lease (at most DEMO_LEASE) has not run out."""
-    deadline = time.monotonic() + LAUNCH_PATIENCE_S
-    while True:
-        try:
-            return job.launch()
-        except ExecutionAlreadyActive:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+def _load(csv_path: Path, chunk_size: int, kill_after: int, step: StepRun) -> None:
+    """COPY the CSV from the committed offset on, one chunk (and checkpoint) at a time.
 
-
-def _load(step: StepRun, csv_path: Path, chunk_size: int) -> None:
-    """COPY the CSV from the committed offset on, one chunk (and checkpoint) at a time."""
-    copy_orders = load_demo_statements().copy_demo_orders.query
+    With `kill_after` N (0: never) the process SIGKILLs itself in chunk N + 1, once its rows
+    are copied and before they commit: none of them may survive.
+    """
+    copy_orders = load_statements("demo").copy_demo_orders.query
     offset = int(step.checkpoint.get("offset", 0))
     logging.getLogger("pybatch.demo").info(
         "attempt %s loads from offset %s", step.run.attempt, offset
@@ -162,6 +151,8 @@ def _load(step: StepRun, csv_path: Path, chunk_size: int) -> None:
         while batch := list(itertools.islice(rows, chunk_size)):
             with step.chunk() as chunk:
                 chunk.copy(copy_orders, batch)
+                if kill_after and offset == kill_after * chunk_size:
+                    os.kill(os.getpid(), signal.SIGKILL)
                 offset += len(batch)
                 chunk.commit(read=len(batch), written=len(batch), checkpoint={"offset": offset})
 
@@ -214,45 +205,15 @@ class _Attempt:
     decision: RecoveryDecision | None
 
 
-class _Workers:
-    """Worker processes of the demo; whatever still runs on exit is stopped."""
-
-    def __init__(self, directory: Path, config: ConnectionConfig, argv: list[str]) -> None:
-        self._directory = directory
-        self._argv = argv
-        self._env = {k: v for k, v in os.environ.items() if not k.startswith("PYBATCH_")}
-        self._env["PYBATCH_DSN"] = config.dsn.reveal()  # the environment, never the command line
-        self._env["PYBATCH_TLS"] = config.tls_mode.value
-        self._running: list[subprocess.Popen[bytes]] = []
-        self.log_paths: list[Path] = []
-
-    def start(self) -> subprocess.Popen[bytes]:
-        log_path = self._directory / f"worker-{len(self.log_paths) + 1}.log"
-        self.log_paths.append(log_path)
-        with log_path.open("wb") as log:  # the worker writes to its own copy of the descriptor
-            process = subprocess.Popen(
-                [sys.executable, "-m", "pybatch", WORKER_COMMAND, *self._argv],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self._env,
-                start_new_session=True,  # terminal signals reach the parent, which stops it
-            )
-        self._running.append(process)
-        return process
-
-    def __enter__(self) -> _Workers:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        for process in self._running:
-            if process.poll() is None:
-                process.terminate()  # the worker records its run as STOPPED
-                try:
-                    process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+def _stop_worker(process: subprocess.Popen[bytes]) -> None:
+    """Stop a worker still running when the demo ends; it records its run as STOPPED."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -314,38 +275,46 @@ def _run_demo(args: argparse.Namespace, stack: ExitStack) -> int:
         kill_after = rng.randint(max(1, chunks // 5), max(1, chunks * 3 // 5)) if chunks > 1 else 0
     run = uuid.uuid4().hex
     argv = ["--csv", str(source.path), "--chunk-size", str(args.chunk_size), "--run", run]
-    workers = stack.enter_context(_Workers(directory, config, argv))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYBATCH_")}
+    # The DSN goes through the environment, never the command line.
+    env.update(PYBATCH_DSN=config.dsn.reveal(), PYBATCH_TLS=config.tls_mode.value)
+
+    def start(attempt: int, *extra: str) -> subprocess.Popen[bytes]:
+        with (directory / f"worker-{attempt}.log").open("wb") as log:  # the worker has a copy
+            process = subprocess.Popen(
+                [sys.executable, "-m", "pybatch", WORKER_COMMAND, *argv, *extra],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # terminal signals reach the parent, which stops it
+            )
+        stack.callback(_stop_worker, process)
+        return process
+
     key = _job(repository, run).key
-    return _load_and_verify(repository, key, workers, source, chunks, kill_after)
+    return _load_and_verify(repository, key, start, source, chunks, kill_after)
 
 
 def _load_and_verify(
     repository: JobRepository,
     key: JobInstanceKey,
-    workers: _Workers,
+    start: Callable[..., subprocess.Popen[bytes]],
     source: _Source,
     chunks: int,
     kill_after: int,
 ) -> int:
     load_began = time.monotonic()
-    first = workers.start()
-    killed, killed_at = False, 0.0
-    if kill_after > 0:
-        context = _wait_for_step(repository, key, first)
-        while context is not None and first.poll() is None:
-            if load_committed_state(repository, context).counts.committed >= kill_after:
-                first.send_signal(signal.SIGKILL)
-                killed, killed_at = True, time.monotonic() - load_began
-                break
-            time.sleep(POLL_INTERVAL_S)
+    first = start(1, "--kill-after-chunks", str(kill_after))
     first.wait()
-    killed = killed and first.returncode == -signal.SIGKILL  # else it ended before the kill
+    killed_at = time.monotonic() - load_began
+    killed = first.returncode == -signal.SIGKILL  # else it ended before the kill
     if not killed and first.returncode != 0:
-        return _worker_failed(workers, 1, first.returncode)
+        return _worker_failed(source.path.parent, 1, first.returncode)
     if killed:
-        second = workers.start()
+        second = start(2)
         if second.wait() != 0:
-            return _worker_failed(workers, 2, second.returncode)
+            return _worker_failed(source.path.parent, 2, second.returncode)
     load_seconds = time.monotonic() - load_began
 
     attempts = _attempts(repository, key)
@@ -367,7 +336,7 @@ def _load_and_verify(
     )
 
     with repository.read_transaction() as conn:
-        digest = load_demo_statements().demo_orders_digest.one(conn)
+        digest = load_statements("demo").demo_orders_digest.one(conn)
     if digest is None:  # an aggregate always returns its row
         raise Unavailable()
     final = attempts[-1]
@@ -441,34 +410,16 @@ def _attempts(repository: JobRepository, key: JobInstanceKey) -> list[_Attempt]:
     return found
 
 
-def _wait_for_step(
-    repository: JobRepository, key: JobInstanceKey, process: subprocess.Popen[bytes]
-) -> ChunkContext | None:
-    """The step of the worker's attempt once it exists; None if the worker ended first."""
-    deadline = time.monotonic() + STEP_PATIENCE_S
-    while process.poll() is None:
-        with repository.begin() as uow:
-            instance = uow.instances.find(key)
-            executions = uow.executions.of_instance(instance.id) if instance is not None else []
-            steps = uow.steps.of_execution(executions[-1].id) if executions else []
-        if steps:
-            return ChunkContext(steps[-1].id, steps[-1].job_execution_id)
-        if time.monotonic() > deadline:
-            raise TimeoutError("the demo worker did not start its step in time")
-        time.sleep(0.01)
-    return None
-
-
-def _worker_failed(workers: _Workers, attempt: int, returncode: int) -> int:
+def _worker_failed(directory: Path, attempt: int, returncode: int) -> int:
     print(f"pybatch demo: worker attempt {attempt} failed (exit {returncode}):", file=sys.stderr)
-    log = workers.log_paths[-1].read_text(errors="replace").strip().splitlines()
+    log = (directory / f"worker-{attempt}.log").read_text(errors="replace").strip().splitlines()
     for line in log[-20:]:
         print(f"  {line}", file=sys.stderr)
     return 1
 
 
 def _recreate_target(uow: UnitOfWork) -> None:
-    statements = load_demo_statements()
+    statements = load_statements("demo")
     statements.drop_demo_schema.affected(uow.connection)
     statements.create_demo_schema.affected(uow.connection)
     statements.create_demo_orders.affected(uow.connection)

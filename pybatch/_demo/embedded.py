@@ -25,6 +25,7 @@ from typing import Self
 import psycopg
 
 _log = logging.getLogger(__name__)
+_HOST = "127.0.0.1"
 
 BINDIR_ENV = "PYBATCH_PG_BINDIR"
 _SERVER_PROGRAMS = ("initdb", "pg_ctl", "postgres")
@@ -131,14 +132,11 @@ class EmbeddedPostgres:
         self.user = user
         self.timeout = 60.0  # seconds for each server program, and for the first connection
         self._run_as_choice = run_as
-        self._parent = None if parent is None else str(parent)
-        self.host = "127.0.0.1"
-        self.dbname = "postgres"  # the database initdb creates
+        self._parent = parent
         self.bindir: Path | None = None
         self.directory: Path | None = None
         self.port: int | None = None
         self.pid: int | None = None
-        self.socket_dir: Path | None = None
         self._prefix: list[str] = []
 
     @property
@@ -146,7 +144,7 @@ class EmbeddedPostgres:
         """The libpq key=value DSN of the running server (no password: trust on loopback)."""
         if self.port is None:
             raise RuntimeError("the embedded PostgreSQL server is not running")
-        return f"host={self.host} port={self.port} user={self.user} dbname={self.dbname}"
+        return f"host={_HOST} port={self.port} user={self.user} dbname=postgres"  # initdb's
 
     def __enter__(self) -> Self:
         self.start()
@@ -168,7 +166,7 @@ class EmbeddedPostgres:
         _log.info(
             "embedded PostgreSQL (%s) serving on %s:%d, started in %.2f s",
             self.bindir,
-            self.host,
+            _HOST,
             self.port,
             time.monotonic() - began,
         )
@@ -185,7 +183,6 @@ class EmbeddedPostgres:
         finally:
             self.directory = None
             self.pid = None
-            self.socket_dir = None
             _remove_tree(directory)
         _log.info("embedded PostgreSQL stopped and removed in %.2f s", time.monotonic() - began)
 
@@ -203,7 +200,7 @@ class EmbeddedPostgres:
             self._prepare_for(account, directory)
         # A socket path too long for the kernel would stop the server; TCP alone then serves.
         socket_path = directory / ".s.PGSQL.65535"
-        self.socket_dir = directory if len(str(socket_path)) <= _MAX_SOCKET_PATH else None
+        sockets = str(directory) if len(str(socket_path)) <= _MAX_SOCKET_PATH else "''"
         data = directory / "data"
         # A throwaway cluster is never reused after an OS crash: syncing buys nothing.
         initdb = [self._program("initdb"), "-D", str(data), "-U", self.user, "-A", "trust"]
@@ -212,8 +209,7 @@ class EmbeddedPostgres:
             raise EmbeddedPostgresUnavailable(
                 f"initdb failed (exit {result.returncode}):\n{_tail(result.stdout)}"
             )
-        sockets = str(self.socket_dir) if self.socket_dir is not None else "''"
-        options = f"-c listen_addresses={self.host} -c unix_socket_directories={sockets}"
+        options = f"-c listen_addresses={_HOST} -c unix_socket_directories={sockets}"
         options += "" if self.durable else " -F"
         log = str(directory / "server.log")
         for attempt in (1, 2):
@@ -353,7 +349,7 @@ class EmbeddedPostgres:
 
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
+        probe.bind((_HOST, 0))
         port: int = probe.getsockname()[1]
         return port
 
@@ -362,7 +358,7 @@ def _port_clash(port: int, log: Path) -> bool:
     """True when the failed start was about the port, judged by a bind, then by the log."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         try:
-            probe.bind(("127.0.0.1", port))
+            probe.bind((_HOST, port))
         except OSError:
             return True
     return "could not bind" in _read(log) or "Address already in use" in _read(log)

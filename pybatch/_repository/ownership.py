@@ -56,13 +56,12 @@ from pybatch.errors import (
     StepPartitionNotFound,
 )
 from pybatch.values.definitions import DefinitionIdentity
-from pybatch.values.ids import IdentifierKind, JobInstanceId, check_identifier
+from pybatch.values.ids import IdentifierKind, JobInstanceId, aware_utc, check_identifier
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.ownership import ExecutionControl, ExecutionLease, LeaseState, OwnerToken
 from pybatch.values.parameters import JobInstanceKey
 from pybatch.values.records import JobExecution, JobInstance
 from pybatch.values.status import BatchStatus
-from pybatch.values.timestamps import aware_utc
 
 
 def lock_execution_ownership(

@@ -90,10 +90,8 @@ class FlowPoint:
         )
 
     def _recorded(self, uow: UnitOfWork, node: NodeId) -> FlowDecision | None:
-        for decision in uow.flow.decisions(self.execution_id):
-            if decision.source_node_id == node:
-                return decision
-        return None
+        decisions = uow.flow.decisions(self.execution_id)
+        return next((d for d in decisions if d.source_node_id == node), None)
 
     def _select(self, node: NodeId, kind: FlowTransitionKind, outcome: ExitCode) -> FlowTarget:
         target = select_flow_target(self.definition.manifest(), node, kind, outcome)

@@ -13,14 +13,8 @@ from typing import TYPE_CHECKING
 import attrs
 
 from pybatch import _telemetry
+from pybatch import errors as e
 from pybatch._unit_of_work import UnitOfWork
-from pybatch.errors import (
-    CommitOutcomeUnknown,
-    ConcurrentModification,
-    OperationIdConflict,
-    OperationOutcomeUnknown,
-    PyBatchError,
-)
 from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.ids import JobExecutionId, JobInstanceId
@@ -39,7 +33,7 @@ from pybatch.values.operator import (
 )
 from pybatch.values.parameters import JobInstanceKey
 from pybatch.values.records import JobExecution
-from pybatch.values.recovery import RecoveryDisposition, RecoveryRequest
+from pybatch.values.recovery import RecoveryRequest
 from pybatch.values.status import BatchStatus
 
 if TYPE_CHECKING:
@@ -174,7 +168,7 @@ class OperatorService:
                 )
                 return _Effect(current.status, stopped)
             if current.status is S.UNKNOWN:
-                raise _Rejected(OperatorRejection.invalid_state(S.UNKNOWN))
+                raise _Rejected(OperatorRejection(Code.INVALID_STATE, status=S.UNKNOWN))
             return _Effect(current.status, current, changed=False)  # finished or stopping
 
         return self._submit(request, effect)
@@ -194,9 +188,9 @@ class OperatorService:
             if current.status is S.ABANDONED:
                 return _Effect(current.status, current, changed=False)
             if current.status is S.UNKNOWN and uow.recovery.decision(execution_id) is None:
-                raise _Rejected(OperatorRejection.of(Code.UNRESOLVED_RECOVERY_REQUIRED))
+                raise _Rejected(OperatorRejection(Code.UNRESOLVED_RECOVERY_REQUIRED))
             if current.status not in (S.STOPPED, S.FAILED, S.UNKNOWN):
-                raise _Rejected(OperatorRejection.invalid_state(current.status))
+                raise _Rejected(OperatorRejection(Code.INVALID_STATE, status=current.status))
             at = max(uow.clock.now(), current.updated_at)
             abandoned = uow.executions.transition(
                 execution_id, current.version, LifecycleTransition.new(S.ABANDONED, at)
@@ -232,14 +226,19 @@ class OperatorService:
             current = self._execution(uow, execution_id, recovery.expected_version)
             if (
                 unknown_commit
-                and recovery.disposition is RecoveryDisposition.MARK_FAILED
+                and recovery.failure is not None
                 and recovery.reason_code != UNKNOWN_EFFECT
             ):
-                raise _Rejected(OperatorRejection.of(Code.UNRESOLVED_RECOVERY_REQUIRED))
+                raise _Rejected(OperatorRejection(Code.UNRESOLVED_RECOVERY_REQUIRED))
             _, lease = uow.ownership.lock(execution_id)
             if lease.has_lease and not lease.lease_expired and not force:
-                active = OperatorRejection.execution_already_active
-                raise _Rejected(active(JobExecutionId(execution_id), current.status))
+                raise _Rejected(
+                    OperatorRejection(
+                        Code.EXECUTION_ALREADY_ACTIVE,
+                        execution_id=JobExecutionId(execution_id),
+                        status=current.status,
+                    )
+                )
             recovered = uow.recovery.recover(execution_id, recovery).execution
             _telemetry.recovered(recovery.reason_code)
             return _Effect(current.status, recovered)
@@ -254,7 +253,7 @@ class OperatorService:
         definition: DefinitionIdentity | None = None,
     ) -> OperatorOutcome:
         """Create the first (or next) execution of an instance key, STARTING."""
-        definition = definition or DefinitionIdentity.legacy()
+        definition = definition or DefinitionIdentity.LEGACY
         action, target = OperatorAction.LAUNCH, RequestTarget.instance_key(key)
         request = _Request(action, operation_id, actor, None, target, None, definition)
 
@@ -273,19 +272,19 @@ class OperatorService:
         definition: DefinitionIdentity | None = None,
     ) -> OperatorOutcome:
         """Create the next attempt of an instance whose latest attempt is FAILED or STOPPED."""
-        definition = definition or DefinitionIdentity.legacy()
+        definition = definition or DefinitionIdentity.LEGACY
         action, target = OperatorAction.RESTART, RequestTarget.instance(JobInstanceId(instance_id))
         request = _Request(action, operation_id, actor, None, target, None, definition, instance_id)
 
         def effect(uow: UnitOfWork) -> _Effect:
             if uow.instances.get(instance_id) is None:
-                raise _Rejected(OperatorRejection.of(Code.INSTANCE_NOT_FOUND))
+                raise _Rejected(OperatorRejection(Code.INSTANCE_NOT_FOUND))
             attempts = uow.executions.of_instance(instance_id)
             if not attempts:
-                raise _Rejected(OperatorRejection.of(Code.RESTART_WITHOUT_PRIOR_ATTEMPT))
+                raise _Rejected(OperatorRejection(Code.RESTART_WITHOUT_PRIOR_ATTEMPT))
             latest = attempts[-1]
             if latest.status is S.UNKNOWN:
-                raise _Rejected(OperatorRejection.invalid_state(S.UNKNOWN))
+                raise _Rejected(OperatorRejection(Code.INVALID_STATE, status=S.UNKNOWN))
             created = uow.executions.create(instance_id, definition)
             return _Effect(latest.status, created, instance_id)
 
@@ -295,9 +294,11 @@ class OperatorService:
     def _execution(uow: UnitOfWork, execution_id: int, expected: int | None) -> JobExecution:
         current = uow.executions.get(execution_id)
         if current is None:
-            raise _Rejected(OperatorRejection.of(Code.EXECUTION_NOT_FOUND))
+            raise _Rejected(OperatorRejection(Code.EXECUTION_NOT_FOUND))
         if expected is not None and current.version != expected:
-            raise _Rejected(OperatorRejection.optimistic_conflict(current.version))
+            raise _Rejected(
+                OperatorRejection(Code.OPTIMISTIC_CONFLICT, current_version=current.version)
+            )
         return current
 
     def _probe(self, request: _Request) -> OperatorOutcome | None:
@@ -307,7 +308,7 @@ class OperatorService:
         if recorded is None:
             return None
         if recorded.digest != request.digest:
-            raise OperationIdConflict(
+            raise e.OperationIdConflict(
                 action=request.action.value, operation_id=request.operation_id.value
             )
         return OperatorOutcome(OperatorOutcomeClass.REPLAYED, recorded)
@@ -324,7 +325,7 @@ class OperatorService:
                 applied = effect(uow)
             except _Rejected as rejected:
                 rejection = rejected.rejection
-            except PyBatchError as error:
+            except e.PyBatchError as error:
                 rejection = OperatorRejection.from_repository(error)
                 if rejection is None:
                     raise
@@ -366,16 +367,16 @@ class OperatorService:
         )
         try:
             record = uow.operator_requests.append(draft)
-        except ConcurrentModification:
+        except e.ConcurrentModification:
             uow.rollback()  # another caller recorded the operation id first: replay it
             replay = self._probe(request)
             if replay is None:
-                raise ConcurrentModification() from None
+                raise e.ConcurrentModification() from None
             return replay
         try:
             uow.commit()
-        except CommitOutcomeUnknown:
-            raise OperationOutcomeUnknown() from None
+        except e.CommitOutcomeUnknown:
+            raise e.OperationOutcomeUnknown() from None
         return OperatorOutcome(
             draft.outcome,
             record,

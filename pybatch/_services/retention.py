@@ -13,15 +13,9 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from pybatch import errors as e
 from pybatch._repository.retention import PurgedAuditRecords
 from pybatch._unit_of_work import UnitOfWork
-from pybatch.errors import (
-    CommitOutcomeUnknown,
-    ConcurrentModification,
-    OperationIdConflict,
-    OperationOutcomeUnknown,
-    RetentionPlanStale,
-)
 from pybatch.values.names import ActorRef, OperationId, ReasonCode
 from pybatch.values.retention import (
     PurgeCounts,
@@ -194,10 +188,17 @@ class RetentionService:
         replays applied batches and goes on. A last survey from the start catches instances
         that became candidates behind the keyset; STALE_RETRIES stale plans raise.
         """
-        if not 1 <= len(operation_base) <= MAX_PURGE_OPERATION_BASE:
-            raise ValueError(
-                f"the operation id of a purge is 1 to {MAX_PURGE_OPERATION_BASE} bytes"
+        if len(OperationId(operation_base).value) > MAX_PURGE_OPERATION_BASE:  # checked now
+            raise e.RequestFieldInvalid(
+                field="operation id of a purge",
+                rule=e.TextRule.TOO_LONG,
+                max_bytes=MAX_PURGE_OPERATION_BASE,
             )
+        return self._purge(request, operation_base, actor, reason)
+
+    def _purge(
+        self, request: PurgePlanRequest, operation_base: str, actor: ActorRef, reason: ReasonCode
+    ) -> Iterator[PurgeProgress]:
         total, batch, stale = PurgeCounts(), 0, 0
         after: _Key | None = None
         while True:
@@ -211,7 +212,7 @@ class RetentionService:
             operation_id = OperationId(f"{operation_base}:{plan.digest.hex()[:16]}")
             try:
                 outcome = self.apply(operation_id, actor, reason, plan)
-            except RetentionPlanStale:
+            except e.RetentionPlanStale:
                 stale += 1
                 if stale >= STALE_RETRIES:
                     raise
@@ -241,7 +242,7 @@ class RetentionService:
         if recorded is None:
             return None
         if recorded.request_digest != digest:
-            raise OperationIdConflict(action=action.value, operation_id=operation_id.value)
+            raise e.OperationIdConflict(action=action.value, operation_id=operation_id.value)
         return RetentionOutcome("REPLAYED", recorded)
 
     def _submit(
@@ -273,7 +274,7 @@ class RetentionService:
             )
             try:
                 record = uow.retention.append_action(draft)
-            except ConcurrentModification:
+            except e.ConcurrentModification:
                 uow.rollback()
                 again = self._probe(action, operation_id, digest)
                 if again is None:
@@ -283,6 +284,6 @@ class RetentionService:
                 uow.retention.mark_purged_audit_links(applied.purged, record.id)
             try:
                 uow.commit()
-            except CommitOutcomeUnknown:
-                raise OperationOutcomeUnknown() from None
+            except e.CommitOutcomeUnknown:
+                raise e.OperationOutcomeUnknown() from None
         return RetentionOutcome("NOOP" if applied.noop else "APPLIED", record, applied.noop)

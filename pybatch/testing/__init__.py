@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psycopg.conninfo
 
 from pybatch._config import ConnectionConfig, TlsMode
 from pybatch._migrator import migrate
-from pybatch.testing._clones import ClonePool
+from pybatch.testing._clones import Admin, ClonePool
 from pybatch.testing._runner import JobRunner, JobScriptResult
 
 __all__ = [
@@ -27,7 +25,6 @@ __all__ = [
     "ClonePool",
     "JobRunner",
     "JobScriptResult",
-    "MissingTestingExtra",
     "PostgresServer",
     "server_parent",
 ]
@@ -47,10 +44,6 @@ MISSING_EXTRA = (
     "pybatch.testing needs the testing extra: pip install 'pybatch[testing]' "
     "(pytest-postgresql is not installed)"
 )
-
-
-class MissingTestingExtra(RuntimeError):
-    """pytest-postgresql is not installed: pybatch was installed without the testing extra."""
 
 
 def server_parent() -> str | None:
@@ -108,30 +101,11 @@ class PostgresServer:
 
     @contextlib.contextmanager
     def migrated_template(self) -> Iterator[str]:
-        """Yield the name of a new migrated template database; dropped after."""
-        name = f"pybatch_template_{uuid.uuid4().hex[:16]}"
-        janitor = self.janitor(name, as_template=True)
-        janitor.init()
-        try:
-            migrate(ConnectionConfig(dsn=self.dsn_for(name), tls_mode=TlsMode.PLAINTEXT))
-            yield name
-        finally:
-            janitor.drop()
-
-    def janitor(
-        self, dbname: str, *, template: str | None = None, as_template: bool = False
-    ) -> Any:
-        """pytest-postgresql's DatabaseJanitor for `dbname` (imported lazily), for the template."""
-        try:
-            from pytest_postgresql.janitor import DatabaseJanitor
-        except ImportError:
-            raise MissingTestingExtra(MISSING_EXTRA) from None
-        return DatabaseJanitor(
-            user=self.user,
-            host=self.host,
-            port=self.port,
-            password=self.password,
-            dbname=dbname,
-            template_dbname=template,
-            as_template=as_template,
-        )
+        """Yield a new migrated template database (a clone of template0), dropped after."""
+        with contextlib.closing(Admin(self.maintenance_dsn)) as admin:
+            name = admin.clone("template0", prefix="pybatch_template_")
+            try:
+                migrate(ConnectionConfig(dsn=self.dsn_for(name), tls_mode=TlsMode.PLAINTEXT))
+                yield name
+            finally:
+                admin.drop(name)

@@ -9,17 +9,18 @@ with `depth` 0 the fixture clones and drops itself.
 
 from __future__ import annotations
 
+import collections
 import contextlib
-import queue
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 import psycopg
 
-from pybatch._statements import Statement, load_testing_statements
+from pybatch._statements import Statement, load_statements
 
 #: The name of every database the pool creates starts with it.
 CLONE_PREFIX = "pybatch_test_"
@@ -31,9 +32,6 @@ _MAX_WORKERS = 2
 _TEMPLATE_GRACE = 5.0
 _TEST_GRACE = 0.2
 _POLL = 0.002
-_STOP = "stop"
-_CLONE = "clone"
-_DROP = "drop"
 
 
 class _Server(Protocol):
@@ -43,13 +41,13 @@ class _Server(Protocol):
 
 def clone_statement(server_version: int) -> Statement:
     """The fastest way to copy a small template on a server of this `server_version_num`."""
-    statements = load_testing_statements()
+    statements = load_statements("testing")
     if server_version >= _STRATEGY_SINCE:
         return statements.clone_template_by_file_copy
     return statements.clone_template
 
 
-class _Admin:
+class Admin:
     """One thread's autocommit connection to the maintenance database, reopened on failure."""
 
     def __init__(self, dsn: str) -> None:
@@ -69,14 +67,14 @@ class _Admin:
 
     def wait_until_unused(self, name: str, grace: float) -> None:
         """Wait up to `grace` seconds for the sessions of database `name` to end."""
-        count = load_testing_statements().count_database_sessions
+        count = load_statements("testing").count_database_sessions
         deadline = time.monotonic() + grace
         with self._connection() as conn:
             while count.scalar(conn, datname=name) and time.monotonic() < deadline:
                 time.sleep(_POLL)
 
-    def clone(self, template: str) -> str:
-        name = f"{CLONE_PREFIX}{uuid.uuid4().hex[:16]}"
+    def clone(self, template: str, prefix: str = CLONE_PREFIX) -> str:
+        name = f"{prefix}{uuid.uuid4().hex[:16]}"
         with self._connection() as conn:
             clone_statement(conn.info.server_version).run_with_identifiers(
                 conn, database=name, template=template
@@ -86,7 +84,7 @@ class _Admin:
     def drop(self, name: str) -> None:
         self.wait_until_unused(name, _TEST_GRACE)
         with self._connection() as conn:
-            load_testing_statements().drop_test_database.run_with_identifiers(conn, database=name)
+            load_statements("testing").drop_test_database.run_with_identifiers(conn, database=name)
 
     def close(self) -> None:
         conn, self._conn = self._conn, None
@@ -102,85 +100,61 @@ class ClonePool:
     ) -> None:
         self._dsn = server.maintenance_dsn
         self._template = template
-        self._own = _Admin(self._dsn)  # the caller's thread: depth 0, start and close
-        self._ready: queue.Queue[tuple[str | None, BaseException | None]] = queue.Queue()
-        self._tasks: queue.Queue[tuple[str, str | None]] = queue.Queue()
-        self._threads: list[threading.Thread] = []
-        self._failed_drops: list[str] = []
+        self._own = Admin(self._dsn)  # the caller's thread: depth 0, start and close
         self._own.wait_until_unused(template, _TEMPLATE_GRACE)
-        if depth <= 0:
-            return
-        count = min(depth, _MAX_WORKERS) if workers is None else max(1, workers)
-        for index in range(count):
-            thread = threading.Thread(
-                target=self._work, name=f"pybatch-clones-{index}", daemon=True
-            )
-            thread.start()
-            self._threads.append(thread)
-        for _ in range(depth):
-            self._tasks.put((_CLONE, None))
+        self._local = threading.local()
+        self._admins: list[Admin] = []  # one per worker thread
+        self._failed_drops: list[str] = []
+        self._clones: collections.deque[Future[str]] = collections.deque()
+        self._executor: ThreadPoolExecutor | None = None
+        if depth > 0:
+            count = min(depth, _MAX_WORKERS) if workers is None else max(1, workers)
+            self._executor = ThreadPoolExecutor(count, thread_name_prefix="pybatch-clones")
+            self._clones.extend(self._executor.submit(self._clone) for _ in range(depth))
 
-    @property
-    def workers(self) -> int:
-        """How many threads clone and drop (0: the fixture does)."""
-        return len(self._threads)
+    def _admin(self) -> Admin:
+        """The worker thread's own connection."""
+        admin: Admin | None = getattr(self._local, "admin", None)
+        if admin is None:
+            admin = self._local.admin = Admin(self._dsn)
+            self._admins.append(admin)
+        return admin
 
-    def _work(self) -> None:
-        admin = _Admin(self._dsn)
+    def _clone(self) -> str:
+        return self._admin().clone(self._template)  # a failure goes to the test that takes it
+
+    def _drop(self, name: str) -> None:
         try:
-            while True:
-                kind, name = self._tasks.get()
-                if kind == _STOP:
-                    return
-                if kind == _CLONE:
-                    try:
-                        self._ready.put((admin.clone(self._template), None))
-                    except BaseException as error:  # handed to the test that takes it
-                        self._ready.put((None, error))
-                elif name is not None:
-                    try:
-                        admin.drop(name)
-                    except Exception:  # retried once more when the session ends
-                        self._failed_drops.append(name)
-        finally:
-            admin.close()
+            self._admin().drop(name)
+        except Exception:  # retried once more when the pool closes
+            self._failed_drops.append(name)
 
     def take(self, *, timeout: float = 600.0) -> str:
         """A fresh database name; the caller gives it back with `give_back`."""
-        if not self._threads:
+        if self._executor is None:
             return self._own.clone(self._template)
-        self._tasks.put((_CLONE, None))  # keep `depth` clones ready or in flight
-        name, error = self._ready.get(timeout=timeout)
-        if error is not None:
-            raise error
-        if name is None:
-            raise RuntimeError("the clone thread returned no database")
-        return name
+        self._clones.append(self._executor.submit(self._clone))  # keep `depth` in flight
+        return self._clones.popleft().result(timeout)
 
     def give_back(self, name: str) -> None:
         """Drop a used database (in the background when prefetching)."""
-        if self._threads:
-            self._tasks.put((_DROP, name))
-        else:
+        if self._executor is None:
             self._own.drop(name)
+        else:
+            self._executor.submit(self._drop, name)
 
     def close(self) -> None:
         """Finish the queued work, then drop the clones no test took."""
         try:
-            for _ in self._threads:
-                self._tasks.put((_STOP, None))
-            for thread in self._threads:
-                thread.join()
-            self._threads = []
+            if self._executor is not None:
+                self._executor.shutdown()  # the queued clones and drops run first
+                self._executor = None  # a closed pool clones and drops in the caller's thread
+            for admin in self._admins:
+                admin.close()
+            unused = [clone.result() for clone in self._clones if clone.exception() is None]
+            self._clones.clear()
             failed, self._failed_drops = self._failed_drops, []
-            for name in failed:
+            for name in (*failed, *unused):
                 self._own.drop(name)
-            while True:
-                try:
-                    unused, _error = self._ready.get_nowait()
-                except queue.Empty:
-                    return
-                if unused is not None:
-                    self._own.drop(unused)
         finally:
             self._own.close()

@@ -92,6 +92,14 @@ def test_hold_release_and_purge(
         db_dsn, "purge", "--job", "nightly", "--status", "COMPLETED", "--older-than", "30m"
     )
     assert too_young.returncode == 2 and "AgeBoundTooSmall" in too_young.stderr
+    too_long = pybatch(
+        db_dsn, "purge", "--job", "nightly", "--status", "COMPLETED", "--older-than", "90d",
+        "--operation-id", "p" * 48,
+    )  # fmt: skip
+    assert too_long.returncode == 2 and too_long.stdout == ""
+    assert too_long.stderr.splitlines() == [
+        "pybatch: RequestFieldInvalid: operation id of a purge exceeds 47 bytes"
+    ]
 
     purged = pybatch(
         db_dsn, "purge", "--job", "nightly", "--status", "COMPLETED", "--older-than", "90d",

@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pybatch._statements import load_statement_folder
+from pybatch._statements import load_statements
 
 
 def test_a_prepared_read_succeeds_again_after_its_result_type_changes(
@@ -28,7 +28,7 @@ def test_a_prepared_read_succeeds_again_after_its_result_type_changes(
         "-- :name get_item :one\n-- :doc One item.\n"
         "SELECT i.id, i.amount FROM migrated.item AS i WHERE i.id = :id;\n"
     )
-    statement = load_statement_folder(tmp_path).get_item
+    statement = load_statements(tmp_path).get_item
     with psycopg.connect(db_dsn) as conn:
         assert statement.prepared.one(conn, id=1) == {"id": 1, "amount": 7}
         conn.commit()

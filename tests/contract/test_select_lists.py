@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from pybatch._codecs.chunks import COMMITTED_STEP_STATE_COLUMNS
-from pybatch._codecs.executions import JOB_EXECUTION_COLUMNS
+from pybatch._codecs.executions import JOB_EXECUTION_COLUMNS, RECOVERY_DECISION_COLUMNS
 from pybatch._codecs.explorer import (
     EXECUTION_PROJECTION_COLUMNS,
     FAILURE_REASON_COLUMNS,
@@ -31,9 +31,8 @@ from pybatch._codecs.flow import FLOW_DECISION_COLUMNS
 from pybatch._codecs.instances import JOB_INSTANCE_COLUMNS
 from pybatch._codecs.operator import OPERATOR_REQUEST_COLUMNS
 from pybatch._codecs.partitions import STEP_PARTITION_COLUMNS
-from pybatch._codecs.recovery import RECOVERY_DECISION_COLUMNS
 from pybatch._codecs.steps import STEP_EXECUTION_COLUMNS
-from pybatch._statements import Statement, load_demo_statements, load_statements
+from pybatch._statements import Statement, load_statements
 
 #: Statement -> the columns its reader reads: a decoder's list, or (for rows read by hand
 #: in the named module) the exact columns that module reads.
@@ -278,7 +277,7 @@ READERS: dict[str, tuple[str, ...]] = {
 }
 
 ROW_STATEMENTS = [
-    s for s in [*load_statements(), *load_demo_statements()] if s.mode in ("one", "many")
+    s for s in [*load_statements(), *load_statements("demo")] if s.mode in ("one", "many")
 ]
 
 
@@ -308,7 +307,7 @@ def test_select_list_equals_the_readers_columns(
     admin: psycopg.Connection[Any], statement: Statement
 ) -> None:
     if statement.filename == "demo.sql":  # its table, made by the demo's own statements
-        demo = load_demo_statements()
+        demo = load_statements("demo")
         demo.create_demo_schema.affected(admin)
         demo.create_demo_orders.affected(admin)
     assert _described_columns(admin, statement) == list(READERS[statement.name])

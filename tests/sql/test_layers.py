@@ -20,7 +20,6 @@ PACKAGE = ROOT / "pybatch"
 LAYERS: dict[str, int] = {
     "pybatch.errors": 0,
     "pybatch._clock": 0,
-    "pybatch._resources": 0,
     "pybatch._config": 0,
     "pybatch.values": 1,
     "pybatch._codecs": 2,

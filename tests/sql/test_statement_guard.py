@@ -8,15 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from pybatch._resources import queries_dir
 from pybatch._statements import (
     Statement,
     StatementModeMismatch,
     Statements,
-    load_demo_statements,
     load_pugsql_module,
     load_statements,
-    load_testing_statements,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,16 +35,16 @@ def _statements_of(path: Path) -> list[tuple[str, list[str]]]:
     return chunks
 
 
-ALL_STATEMENTS = [*load_statements(), *load_demo_statements(), *load_testing_statements()]
+ALL_STATEMENTS = [*load_statements(), *load_statements("demo"), *load_statements("testing")]
 
 
 def test_every_query_file_loads_in_pugsql() -> None:
     module = load_pugsql_module()
     assert len(module._statements) == len(load_statements()) > 0
-    demo = load_pugsql_module(queries_dir() / "demo")
-    assert len(demo._statements) == len(load_demo_statements()) > 0
-    testing = load_pugsql_module(queries_dir() / "testing")
-    assert len(testing._statements) == len(load_testing_statements()) > 0
+    demo = load_pugsql_module("demo")
+    assert len(demo._statements) == len(load_statements("demo")) > 0
+    testing = load_pugsql_module("testing")
+    assert len(testing._statements) == len(load_statements("testing")) > 0
 
 
 @pytest.mark.parametrize("path", QUERY_FILES, ids=lambda p: p.name)
@@ -192,12 +189,12 @@ def test_statement_parameters_are_declared_and_checked() -> None:
 
 
 def test_only_affected_statements_run_with_identifiers_and_with_all_of_them() -> None:
-    clone = load_testing_statements().clone_template
+    clone = load_statements("testing").clone_template
     assert clone.parameters == {"database", "template"}
     with pytest.raises(TypeError, match=r"missing identifiers \['template'\]"):
         clone.run_with_identifiers(None, database="pybatch_test_x")  # type: ignore[arg-type]
     with pytest.raises(StatementModeMismatch, match="only an :affected"):
-        load_testing_statements().count_database_sessions.run_with_identifiers(
+        load_statements("testing").count_database_sessions.run_with_identifiers(
             None,  # type: ignore[arg-type]
             datname="pybatch_test_x",
         )
@@ -217,8 +214,8 @@ def _sqlfluff_samples(folder: Path) -> set[str]:
     ("folder", "statements"),
     [
         ("queries", load_statements()),
-        ("queries/demo", load_demo_statements()),
-        ("queries/testing", load_testing_statements()),
+        ("queries/demo", load_statements("demo")),
+        ("queries/testing", load_statements("testing")),
     ],
 )
 def test_every_parameter_has_a_sqlfluff_sample_value(folder: str, statements: Statements) -> None:

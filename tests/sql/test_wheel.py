@@ -17,12 +17,12 @@ from pybatch._statements import load_statements
 ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = """
-import json, pybatch, pybatch._resources as r
-from pybatch._statements import load_statements
+import json, pybatch
+from pybatch._statements import load_statements, queries_dir
 from pybatch._migrator import shipped_migrations
 print(json.dumps({
     "package": pybatch.__file__,
-    "queries": str(r.queries_dir()),
+    "queries": str(queries_dir()),
     "statements": sorted(s.name for s in load_statements()),
     "migrations": [[m.version, m.name, m.checksum.hex()] for m in shipped_migrations()],
 }))

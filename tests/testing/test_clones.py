@@ -13,7 +13,7 @@ import pytest
 
 from pybatch import ConnectionConfig, JobRepository, TlsMode
 from pybatch._explorer import JobExplorer
-from pybatch._statements import load_testing_statements
+from pybatch._statements import load_statements
 from pybatch.etl import Job, StepRun
 from pybatch.testing import ClonePool, PostgresServer
 from pybatch.testing._clones import CLONE_PREFIX, clone_statement
@@ -136,7 +136,7 @@ def test_a_clone_copies_the_template_files_instead_of_logging_every_page(
 
 
 def test_database_names_are_quoted_as_identifiers(server: PostgresServer, template: str) -> None:
-    statements = load_testing_statements()
+    statements = load_statements("testing")
     odd = f'{CLONE_PREFIX}" TEMPLATE template0; -- {uuid.uuid4().hex[:6]}'
     with psycopg.connect(server.maintenance_dsn, autocommit=True) as conn:
         clone_statement(conn.info.server_version).run_with_identifiers(

@@ -95,7 +95,7 @@ def test_assign_and_complete_rules() -> None:
     failed = started.completed(1, result)
     assert (failed.status, failed.counts.read, failed.version) == (S.FAILED, 3, 2)
     retried = failed.assigned(2, 11)
-    assert retried.counts.is_zero and retried.exit_status == ExitCode.UNKNOWN
+    assert retried.counts == ExecutionCounts() and retried.exit_status == ExitCode.UNKNOWN
     with pytest.raises(PartitionStateError):
         fresh.completed(0, result)
 
