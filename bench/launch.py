@@ -269,12 +269,12 @@ class WireCycle:
         return Counter(self.sequence)
 
     def units_of_work(self) -> list[tuple[str, ...]]:
-        """The sequence cut after each COMMIT: the launch, then the completion."""
+        """The sequence cut after each COMMIT, and after a statement sent alone (autocommit)."""
         units: list[tuple[str, ...]] = []
         current: list[str] = []
         for message in self.sequence:
             current.append(message)
-            if message == "COMMIT":
+            if message == "COMMIT" or current[0] != "BEGIN":
                 units.append(tuple(current))
                 current = []
         return units + ([tuple(current)] if current else [])
