@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from pybatch import _telemetry
 from pybatch._job_repository import JobRepository
 from pybatch._lease_keeper import PartitionLeaseKeeper
-from pybatch._repository.ownership import StartedPartition
 from pybatch.errors import (
     ConcurrentModification,
     PartitionOwnershipLost,
@@ -62,25 +61,11 @@ Partitions = Mapping[str, Mapping[str, Any]] | Iterable[str]
 POLL_SECONDS = 0.1
 
 
-def _confirm_lost(uow: UnitOfWork, partition: StartedPartition) -> bool:
-    """Under the parent's and partition's locks: same worker, same version, lease still gone.
-
-    A renewal since the first read proves the worker alive.
-    """
-    current = uow.ownership.lock_partition_lease(partition.id)
-    return (
-        current is not None
-        and current.worker_step_execution_id == partition.worker_step_execution_id
-        and current.version == partition.version
-        and current.worker_gone
-    )
-
-
 def recover_lost_workers(repository: JobRepository, parent_id: int) -> int:
     """Record FAILED (STALE_RECOVERED) for every worker of the plan whose lease is gone.
 
-    The lease alone decides, whoever holds any lock. Each recovery is one unit of work that
-    confirms the loss under the partition's lock, then ends the worker step FAILED and its
+    The lease alone decides, whoever holds any lock. Each recovery is one guarded statement
+    that confirms the loss under the partition's lock, ends the worker step FAILED and its
     partition from it, which makes the partition claimable again; one that loses a race to
     another recoverer or to the worker itself changes nothing. Returns how many it recovered.
     """
@@ -89,29 +74,11 @@ def recover_lost_workers(repository: JobRepository, parent_id: int) -> int:
     recovered = 0
     for partition in started:
         worker_id = partition.worker_step_execution_id
-        if not partition.worker_gone:
-            continue
-
-        def recover(uow: UnitOfWork, partition: StartedPartition = partition) -> bool:
-            if not _confirm_lost(uow, partition):
-                return False
-            worker_id = partition.worker_step_execution_id
-            worker = uow.steps.get(worker_id)
-            if worker is None:  # the partition's foreign key keeps it; never reached
-                raise PartitionStateCorrupt()
-            if worker.status.is_active:
-                at = max(uow.clock.now(), worker.updated_at)
-                lost = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(worker_id))
-                uow.steps.transition(
-                    worker_id, worker.version, LifecycleTransition.failed(at, lost)
-                )
-            uow.partitions.complete(partition.id, partition.version, worker_id)
-            return True
-
-        try:
-            if not repository.run_in_unit_of_work(recover):
-                continue
-        except (StaleVersion, PartitionWorkerStale, ConcurrentModification):
+        if not partition.worker_gone or not repository.run_in_unit_of_work(
+            lambda uow, p=partition: uow.partitions.recover_lost(
+                p.id, p.version, p.worker_step_execution_id
+            )
+        ):
             continue
         logger.warning(
             "pybatch: worker step %s of partition %s had no live process (%s); recorded FAILED",

@@ -296,24 +296,6 @@ SET
     version = version + 1
 WHERE id = :step_partition_id AND version = :expected_version;
 
--- :name update_step_partition_complete :affected
--- :doc Publish the worker's terminal snapshot onto its partition as a compare-and-swap; the
--- worker's ownership and lease end with it.
-UPDATE pybatch.step_partition
-SET
-    status = :status,
-    exit_code = :exit_code,
-    read_count = :read_count,
-    processed_count = :processed_count,
-    write_count = :write_count,
-    filter_count = :filter_count,
-    commit_count = :commit_count,
-    rollback_count = :rollback_count,
-    worker_owner_token = NULL,
-    worker_lease_expires_at = NULL,
-    version = version + 1
-WHERE id = :step_partition_id AND version = :expected_version;
-
 -- :name update_step_execution_aggregate :affected
 -- :doc End a parent with the aggregate of its partitions - status, failure, end time, exit and
 -- counters - as a compare-and-swap on its version; updated_at never moves backwards.
@@ -555,7 +537,41 @@ worker AS (
     FROM picked
     LEFT JOIN resume_source ON TRUE
     LEFT JOIN pybatch.step_execution AS src ON resume_source.id = src.id
-    RETURNING id
+    RETURNING
+        id,
+        job_execution_id,
+        step_name,
+        step_logical_id,
+        status,
+        exit_code,
+        read_count,
+        processed_count,
+        write_count,
+        filter_count,
+        commit_count,
+        rollback_count,
+        checkpoint_format,
+        checkpoint_schema,
+        checkpoint_schema_version,
+        checkpoint_payload,
+        context_format,
+        context_schema,
+        context_schema_version,
+        context_payload,
+        failure_category,
+        failure_id,
+        created_at,
+        started_at,
+        ended_at,
+        updated_at,
+        version,
+        read_retry_count,
+        process_retry_count,
+        write_retry_count,
+        read_skip_count,
+        process_skip_count,
+        write_skip_count,
+        no_rollback_count
 ),
 
 assigned AS (
@@ -599,26 +615,61 @@ assigned AS (
 )
 
 SELECT
-    a.id,
-    a.step_execution_id,
-    a.worker_step_execution_id,
-    a.partition_key,
-    a.partition_ordinal,
-    a.status,
-    a.exit_code,
-    a.read_count,
-    a.processed_count,
-    a.write_count,
-    a.filter_count,
-    a.commit_count,
-    a.rollback_count,
-    a.context_format,
-    a.context_schema,
-    a.context_schema_version,
-    a.context_payload,
-    a.context_checksum,
-    a.version
-FROM assigned AS a;
+    worker.id,
+    worker.job_execution_id,
+    worker.step_name,
+    worker.step_logical_id,
+    worker.status,
+    worker.exit_code,
+    worker.read_count,
+    worker.processed_count,
+    worker.write_count,
+    worker.filter_count,
+    worker.commit_count,
+    worker.rollback_count,
+    worker.checkpoint_format,
+    worker.checkpoint_schema,
+    worker.checkpoint_schema_version,
+    worker.checkpoint_payload,
+    worker.context_format,
+    worker.context_schema,
+    worker.context_schema_version,
+    worker.context_payload,
+    worker.failure_category,
+    worker.failure_id,
+    worker.created_at,
+    worker.started_at,
+    worker.ended_at,
+    worker.updated_at,
+    worker.version,
+    worker.read_retry_count,
+    worker.process_retry_count,
+    worker.write_retry_count,
+    worker.read_skip_count,
+    worker.process_skip_count,
+    worker.write_skip_count,
+    worker.no_rollback_count,
+    a.id AS p_id,
+    a.step_execution_id AS p_step_execution_id,
+    a.worker_step_execution_id AS p_worker_step_execution_id,
+    a.partition_key AS p_partition_key,
+    a.partition_ordinal AS p_partition_ordinal,
+    a.status AS p_status,
+    a.exit_code AS p_exit_code,
+    a.read_count AS p_read_count,
+    a.processed_count AS p_processed_count,
+    a.write_count AS p_write_count,
+    a.filter_count AS p_filter_count,
+    a.commit_count AS p_commit_count,
+    a.rollback_count AS p_rollback_count,
+    a.context_format AS p_context_format,
+    a.context_schema AS p_context_schema,
+    a.context_schema_version AS p_context_schema_version,
+    a.context_payload AS p_context_payload,
+    a.context_checksum AS p_context_checksum,
+    a.version AS p_version
+FROM assigned AS a
+INNER JOIN worker ON a.worker_step_execution_id = worker.id;
 
 -- :name count_step_partitions_by_status :many
 -- :doc How many partitions of a plan are in each status (progress of a partitioned step).
@@ -661,18 +712,179 @@ WHERE p.step_execution_id = :step_execution_id AND w.started_at IS NOT NULL
 ORDER BY elapsed DESC, p.partition_key ASC
 LIMIT :limit;
 
--- :name update_partition_worker_end :affected
--- :doc End a partition's worker step - a checked lifecycle transition and its exit status in one
--- compare-and-swap write (the version moves by one for each of the two changes).
-UPDATE pybatch.step_execution
-SET
-    status = :status,
-    exit_code = :exit_code,
-    failure_category = :failure_category,
-    failure_id = :failure_id,
-    started_at = :started_at,
-    ended_at = :ended_at,
-    rollback_count = :rollback_count,
-    updated_at = GREATEST(updated_at, :transitioned_at),
-    version = :version
-WHERE id = :step_execution_id AND version = :expected_version;
+-- :name end_step_partition :one
+-- :doc End a partition's worker and publish its result onto the partition in one guarded
+-- statement. Under its parent (FOR SHARE, STARTED or STOPPING: claims and ends share the parent,
+-- only the aggregation's FOR UPDATE excludes them), lock the partition (FOR UPDATE) if it is
+-- still STARTED at expected_version with this worker - and, with only_if_lost, if its lease ran
+-- out on the database clock or it has none - then its worker step (of the parent's execution).
+-- An active worker is ended with status (a move of the transition table; never before its last
+-- write), failure and exit (none - the exit stays, and the version moves by one instead of two);
+-- a worker already in a result status stays as it is. The partition takes the worker's durable
+-- status, exit and counters, its owner and lease end, and its version moves by one. No row - a
+-- guard refused and nothing changed (status NULL ends no worker: it must have ended already).
+WITH parent AS (
+    SELECT
+        s.id,
+        s.job_execution_id
+    FROM pybatch.step_partition AS p
+    INNER JOIN pybatch.step_execution AS s ON p.step_execution_id = s.id
+    WHERE p.id = :step_partition_id AND s.status IN ('STARTED', 'STOPPING')
+    FOR SHARE OF s
+),
+
+claimed AS (
+    SELECT
+        p.id,
+        p.worker_step_execution_id,
+        parent.job_execution_id
+    FROM pybatch.step_partition AS p
+    INNER JOIN parent ON p.step_execution_id = parent.id
+    WHERE
+        p.id = :step_partition_id
+        AND p.version = :expected_version
+        AND p.status = 'STARTED'
+        AND p.worker_step_execution_id = :worker_step_execution_id
+        AND (
+            NOT :only_if_lost
+            OR COALESCE(p.worker_lease_expires_at > pg_catalog.CLOCK_TIMESTAMP(), FALSE) IS FALSE
+        )
+    FOR UPDATE OF p
+),
+
+worker AS (
+    SELECT
+        w.id,
+        w.status,
+        w.exit_code,
+        w.read_count,
+        w.processed_count,
+        w.write_count,
+        w.filter_count,
+        w.commit_count,
+        w.rollback_count
+    FROM pybatch.step_execution AS w
+    INNER JOIN claimed
+        ON
+            w.id = claimed.worker_step_execution_id
+            AND w.job_execution_id = claimed.job_execution_id
+    FOR UPDATE OF w
+),
+
+ended AS (
+    UPDATE pybatch.step_execution AS w
+    SET
+        status = CAST(:status AS TEXT),
+        exit_code = COALESCE(CAST(:exit_code AS TEXT), w.exit_code),
+        failure_category = COALESCE(CAST(:failure_category AS TEXT), w.failure_category),
+        failure_id = COALESCE(:failure_id, w.failure_id),
+        ended_at = CASE
+            WHEN CAST(:status AS TEXT) <> 'UNKNOWN' THEN GREATEST(:now, w.updated_at, w.started_at)
+        END,
+        updated_at = GREATEST(:now, w.updated_at, w.started_at),
+        version = w.version + CASE WHEN CAST(:exit_code AS TEXT) IS NULL THEN 1 ELSE 2 END
+    FROM worker
+    WHERE
+        w.id = worker.id
+        AND CAST(:status AS TEXT) IS NOT NULL
+        AND worker.status IN ('STARTING', 'STARTED', 'STOPPING')
+        AND (
+            worker.status = 'STARTED'
+            OR CAST(:status AS TEXT) IN ('FAILED', 'UNKNOWN')
+            OR (worker.status = 'STOPPING' AND CAST(:status AS TEXT) = 'STOPPED')
+        )
+    RETURNING
+        w.status,
+        w.exit_code,
+        w.read_count,
+        w.processed_count,
+        w.write_count,
+        w.filter_count,
+        w.commit_count,
+        w.rollback_count
+),
+
+result AS (
+    SELECT
+        ended.status,
+        ended.exit_code,
+        ended.read_count,
+        ended.processed_count,
+        ended.write_count,
+        ended.filter_count,
+        ended.commit_count,
+        ended.rollback_count
+    FROM ended
+    UNION ALL
+    SELECT
+        worker.status,
+        worker.exit_code,
+        worker.read_count,
+        worker.processed_count,
+        worker.write_count,
+        worker.filter_count,
+        worker.commit_count,
+        worker.rollback_count
+    FROM worker
+    WHERE worker.status IN ('COMPLETED', 'FAILED', 'STOPPED', 'UNKNOWN')
+),
+
+completed AS (
+    UPDATE pybatch.step_partition AS p
+    SET
+        status = result.status,
+        exit_code = result.exit_code,
+        read_count = result.read_count,
+        processed_count = result.processed_count,
+        write_count = result.write_count,
+        filter_count = result.filter_count,
+        commit_count = result.commit_count,
+        rollback_count = result.rollback_count,
+        worker_owner_token = NULL,
+        worker_lease_expires_at = NULL,
+        version = p.version + 1
+    FROM result
+    WHERE p.id = :step_partition_id AND p.version = :expected_version
+    RETURNING
+        p.id,
+        p.step_execution_id,
+        p.worker_step_execution_id,
+        p.partition_key,
+        p.partition_ordinal,
+        p.status,
+        p.exit_code,
+        p.read_count,
+        p.processed_count,
+        p.write_count,
+        p.filter_count,
+        p.commit_count,
+        p.rollback_count,
+        p.context_format,
+        p.context_schema,
+        p.context_schema_version,
+        p.context_payload,
+        p.context_checksum,
+        p.version
+)
+
+SELECT
+    c.id,
+    c.step_execution_id,
+    c.worker_step_execution_id,
+    c.partition_key,
+    c.partition_ordinal,
+    c.status,
+    c.exit_code,
+    c.read_count,
+    c.processed_count,
+    c.write_count,
+    c.filter_count,
+    c.commit_count,
+    c.rollback_count,
+    c.context_format,
+    c.context_schema,
+    c.context_schema_version,
+    c.context_payload,
+    c.context_checksum,
+    c.version
+FROM completed AS c;

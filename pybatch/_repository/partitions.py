@@ -17,7 +17,11 @@ from pybatch._codecs._jsonb import to_jsonb
 from pybatch._codecs._primitives import DecodeError, decode_enum, decode_int64, int64_at, text_at
 from pybatch._codecs.fault_state import encode_fault_state
 from pybatch._codecs.lifecycle import encode_execution_metadata
-from pybatch._codecs.partitions import decode_step_partition, encode_plan_entries
+from pybatch._codecs.partitions import (
+    decode_claimed_partition,
+    decode_step_partition,
+    encode_plan_entries,
+)
 from pybatch._codecs.steps import decode_step_execution, encode_counts
 from pybatch._repository import _lifecycle, steps
 from pybatch._repository._capability import Capability, Overrides
@@ -39,13 +43,14 @@ from pybatch.errors import (
     PartitionWorkerMismatch,
     PartitionWorkerStale,
     PyBatchError,
+    StaleVersion,
     StateSchemaVersionNotStorable,
     StepExecutionNotFound,
     StepPartitionNotFound,
 )
 from pybatch.values.fault import FaultStateEnvelope
-from pybatch.values.ids import IdentifierKind, check_identifier
-from pybatch.values.lifecycle import LifecycleTransition, apply_exit_enrichment, apply_transition
+from pybatch.values.ids import FailureId, IdentifierKind, check_identifier
+from pybatch.values.lifecycle import LifecycleTransition, apply_transition
 from pybatch.values.names import ExitCode
 from pybatch.values.ownership import ExecutionLease, OwnerToken
 from pybatch.values.partitions import (
@@ -63,7 +68,7 @@ from pybatch.values.partitions import (
 )
 from pybatch.values.records import StepExecution
 from pybatch.values.state import MAX_STORABLE_SCHEMA_VERSION
-from pybatch.values.status import BatchStatus
+from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 
 #: How many workers may try one partition in one attempt when each of them was lost.
 MAX_WORKER_TRIES = 5
@@ -143,34 +148,6 @@ def _domain(partition: StepPartition, change: Callable[[], StepPartition]) -> St
         if refused.rule == "VersionExhausted" or refused.status is None:
             raise PartitionStateCorrupt() from None
         raise PartitionUpdateNotAllowed(id=partition.id, status=refused.status.value) from None
-
-
-def _end_worker(
-    q: Statements,
-    conn: Connection,
-    worker: StepExecution,
-    transition: LifecycleTransition,
-    exit_status: ExitCode,
-) -> StepExecution:
-    """One compare-and-swap, never earlier than the worker's last write (another host's clock)."""
-    transition = attrs.evolve(transition, at=max(transition.at, worker.updated_at))
-    metadata, version = apply_transition(
-        worker.metadata, worker.version, worker.version, transition, counts_apply=True
-    )
-    metadata, version = apply_exit_enrichment(metadata, version, version, exit_status)
-    changed = q.update_partition_worker_end.affected(
-        conn,
-        **encode_execution_metadata(metadata),
-        rollback_count=metadata.counts.rolled_back,
-        transitioned_at=transition.at,
-        version=version,
-        step_execution_id=worker.id,
-        expected_version=worker.version,
-    )
-    if changed != 1:  # unreachable under the worker lock
-        raise ConcurrentModification()
-    updated_at = max(worker.updated_at, transition.at)
-    return attrs.evolve(worker, metadata=metadata, version=version, updated_at=updated_at)
 
 
 def count_step_partitions_by_status(
@@ -302,26 +279,70 @@ class Partitions(Capability):
         expected_version: int,
         worker_id: int,
         transition: LifecycleTransition,
-        exit_status: ExitCode,
+        exit_status: ExitCode | None,
     ) -> StepPartition:
-        """End a partition's worker step and complete the partition from it, atomically."""
+        """End a partition's worker step and complete the partition from it, atomically.
+
+        A worker already in a result status is left as it is. `exit_status` None keeps its exit.
+        """
         end = (transition, exit_status)
         return self._end_partition_worker(partition_id, expected_version, worker_id, end)
+
+    def recover_lost(self, partition: int, expected_version: int, worker_id: int) -> bool:
+        """End a STARTED partition's worker FAILED (STALE_RECOVERED) if its lease is gone.
+
+        The lease is judged on the database clock under the parent's and the partition's locks,
+        so a renewal since the caller's read proves the worker alive: False, nothing changed.
+        """
+        lost = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(worker_id))
+        end = (LifecycleTransition.failed(self._uow.clock.now(), lost), None)
+        row = self._end_row(partition, expected_version, worker_id, end, only_if_lost=True)
+        return row is not None
+
+    def _end_row(
+        self,
+        partition_id: int,
+        expected_version: int,
+        worker_id: int,
+        end: tuple[LifecycleTransition, ExitCode | None] | None,
+        *,
+        only_if_lost: bool = False,
+    ) -> Row | None:
+        """Run end_step_partition (one guarded statement); None when a guard refused."""
+        with self._operation() as (q, conn):
+            check_expected_version(expected_version)
+            check_identifier(IdentifierKind.STEP_PARTITION, partition_id)
+            check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
+            transition, exit_status = end or (None, None)
+            failure = transition.failure if transition is not None else None
+            return q.end_step_partition.one(
+                conn,
+                step_partition_id=partition_id,
+                expected_version=expected_version,
+                worker_step_execution_id=worker_id,
+                only_if_lost=only_if_lost,
+                status=None if transition is None else transition.target.value,
+                exit_code=None if exit_status is None else exit_status.value,
+                failure_category=None if failure is None else failure.category.value,
+                failure_id=None if failure is None else failure.failure_id,
+                now=self._uow.clock.now() if transition is None else transition.at,
+            )
 
     def _end_partition_worker(
         self,
         partition_id: int,
         expected_version: int,
         worker_id: int,
-        end: tuple[LifecycleTransition, ExitCode] | None,
+        end: tuple[LifecycleTransition, ExitCode | None] | None,
     ) -> StepPartition:
-        """Optionally end the worker (under its lock), then complete its partition from its row.
+        """End the worker (when `end` is given), then complete its partition from its row.
 
-        Lock order: parent, partition, worker; all in one savepoint.
+        A refusal is explained under the same locks, in the order of docs/contract.md.
         """
         with self._operation() as (q, conn):
-            check_expected_version(expected_version)
-            check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
+            row = self._end_row(partition_id, expected_version, worker_id, end)
+            if row is not None:
+                return decode_step_partition(row)
             parent_id, execution_id, status, partition = _locked_partition(q, conn, partition_id)
             _require_parent(parent_id, status, _COMPLETING_PARENT)
             if partition.worker_step_execution_id != worker_id:
@@ -329,25 +350,19 @@ class Partitions(Capability):
             worker = _lifecycle.lock(steps.ROWS, q, conn, worker_id)
             if worker.job_execution_id != execution_id:
                 raise PartitionWorkerMismatch(partition_id=partition_id, worker=worker_id)
-            if end is not None:
-                worker = _end_worker(q, conn, worker, *end)
-            if worker.status not in RESULT_STATUSES:
-                raise PartitionAggregationIncomplete(
-                    step_execution_id=parent_id, status=worker.status.value
+            if end is not None and worker.status.is_active:
+                transition = attrs.evolve(end[0], at=max(end[0].at, worker.updated_at))
+                apply_transition(
+                    worker.metadata, worker.version, worker.version, transition, counts_apply=True
                 )
-            result = PartitionResult.from_worker(worker)
-            completed = _domain(partition, lambda: partition.completed(expected_version, result))
-            changed = q.update_step_partition_complete.affected(
-                conn,
-                status=result.status.value,
-                exit_code=result.exit_status.value,
-                **encode_counts(result.counts),
-                step_partition_id=partition_id,
-                expected_version=expected_version,
-            )
-            if changed != 1:
-                raise ConcurrentModification()
-            return completed
+            elif worker.status not in RESULT_STATUSES:
+                status = worker.status.value
+                raise PartitionAggregationIncomplete(step_execution_id=parent_id, status=status)
+            if partition.version != expected_version:
+                raise StaleVersion(expected=expected_version, actual=partition.version)
+            if partition.status is not BatchStatus.STARTED:
+                raise PartitionUpdateNotAllowed(id=partition_id, status=partition.status.value)
+            raise ConcurrentModification()
 
     def aggregate(
         self, parent_id: int, expected_version: int, transitioned_at: _dt.datetime
@@ -452,14 +467,7 @@ class Partitions(Capability):
             )
             if row is None:
                 return None
-            partition = decode_step_partition(row)
-            worker_id = partition.worker_step_execution_id
-            if worker_id is None:  # the claim assigns one; never reached
-                raise PartitionStateCorrupt()
-            worker = q.get_step_execution.one(conn, step_execution_id=worker_id)
-            if worker is None:  # inserted by the same statement; never reached
-                raise PartitionStateCorrupt()
-            return partition, decode_step_execution(worker)
+            return decode_claimed_partition(row), decode_step_execution(row)
 
     def count_open(self, parent_id: int) -> int:
         """Partitions still STARTING, STARTED, or claimable again after a lost worker."""

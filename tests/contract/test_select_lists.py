@@ -30,7 +30,7 @@ from pybatch._codecs.fault_state import LOCKED_FAULT_STATE_COLUMNS
 from pybatch._codecs.flow import FLOW_DECISION_COLUMNS
 from pybatch._codecs.instances import JOB_INSTANCE_COLUMNS, LOCKED_JOB_INSTANCE_COLUMNS
 from pybatch._codecs.operator import OPERATOR_REQUEST_COLUMNS
-from pybatch._codecs.partitions import STEP_PARTITION_COLUMNS
+from pybatch._codecs.partitions import CLAIMED_PARTITION_COLUMNS, STEP_PARTITION_COLUMNS
 from pybatch._codecs.recovery import RECOVERY_DECISION_COLUMNS
 from pybatch._codecs.steps import STEP_EXECUTION_COLUMNS
 from pybatch._statements import Statement, load_demo_statements, load_statements
@@ -78,7 +78,8 @@ READERS: dict[str, tuple[str, ...]] = {
     "lock_step_partitions_by_ordinal": STEP_PARTITION_COLUMNS,
     "copy_step_partitions": STEP_PARTITION_COLUMNS,
     "lock_step_partition": STEP_PARTITION_COLUMNS,
-    "claim_step_partition": STEP_PARTITION_COLUMNS,
+    "claim_step_partition": CLAIMED_PARTITION_COLUMNS,
+    "end_step_partition": STEP_PARTITION_COLUMNS,
     "lock_step_partition_workers": STEP_EXECUTION_COLUMNS,
     # read by hand: repository/flow.py
     "get_job_execution_flow_plan": ("manifest_digest", "manifest"),
@@ -91,13 +92,6 @@ READERS: dict[str, tuple[str, ...]] = {
         "id",
         "worker_step_execution_id",
         "partition_key",
-        "version",
-        "leased",
-        "lease_expired",
-    ),
-    "lock_partition_worker_lease": (
-        "worker_step_execution_id",
-        "status",
         "version",
         "leased",
         "lease_expired",
