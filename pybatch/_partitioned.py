@@ -74,10 +74,9 @@ def recover_lost_workers(repository: JobRepository, parent_id: int) -> int:
     recovered = 0
     for partition in started:
         worker_id = partition.worker_step_execution_id
+        lost = partition.id, partition.version, worker_id
         if not partition.worker_gone or not repository.run_in_unit_of_work(
-            lambda uow, p=partition: uow.partitions.recover_lost(
-                p.id, p.version, p.worker_step_execution_id
-            )
+            lambda uow: uow.partitions.recover_lost(*lost)  # noqa: B023 - called at once
         ):
             continue
         logger.warning(

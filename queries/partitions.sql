@@ -721,8 +721,10 @@ LIMIT :limit;
 -- An active worker is ended with status (a move of the transition table; never before its last
 -- write), failure and exit (none - the exit stays, and the version moves by one instead of two);
 -- a worker already in a result status stays as it is. The partition takes the worker's durable
--- status, exit and counters, its owner and lease end, and its version moves by one. No row - a
--- guard refused and nothing changed (status NULL ends no worker: it must have ended already).
+-- status, exit and counters, its owner and lease end, and its version moves by one (status NULL
+-- ends no worker: it must have ended already). Always one row: the partition's new columns, NULL
+-- when a guard refused and nothing changed, then the state the guards judged as the statement's
+-- snapshot saw it (found_*, parent_*, worker_*), from which the caller names the refusal.
 WITH parent AS (
     SELECT
         s.id,
@@ -886,5 +888,17 @@ SELECT
     c.context_schema_version,
     c.context_payload,
     c.context_checksum,
-    c.version
-FROM completed AS c;
+    c.version,
+    found.version AS found_version,
+    found.status AS found_status,
+    found.worker_step_execution_id AS found_worker_step_execution_id,
+    found.step_execution_id AS parent_step_execution_id,
+    s.status AS parent_status,
+    s.job_execution_id AS parent_job_execution_id,
+    w.status AS worker_status,
+    w.job_execution_id AS worker_job_execution_id
+FROM (SELECT CAST(:step_partition_id AS BIGINT) AS id) AS asked
+LEFT JOIN pybatch.step_partition AS found ON asked.id = found.id
+LEFT JOIN pybatch.step_execution AS s ON found.step_execution_id = s.id
+LEFT JOIN pybatch.step_execution AS w ON w.id = :worker_step_execution_id
+LEFT JOIN completed AS c ON TRUE;

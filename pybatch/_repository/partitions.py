@@ -14,7 +14,14 @@ from contextlib import contextmanager
 import attrs
 
 from pybatch._codecs._jsonb import to_jsonb
-from pybatch._codecs._primitives import DecodeError, decode_enum, decode_int64, int64_at, text_at
+from pybatch._codecs._primitives import (
+    DecodeError,
+    decode_enum,
+    decode_int64,
+    int64_at,
+    returned,
+    text_at,
+)
 from pybatch._codecs.fault_state import encode_fault_state
 from pybatch._codecs.lifecycle import encode_execution_metadata
 from pybatch._codecs.partitions import (
@@ -32,6 +39,7 @@ from pybatch.errors import (
     CountExhausted,
     DuplicatePartitionKey,
     EmptyPartitionPlan,
+    IllegalTransition,
     PartitionAggregationIncomplete,
     PartitionParentNotActive,
     PartitionPlanExists,
@@ -50,7 +58,7 @@ from pybatch.errors import (
 )
 from pybatch.values.fault import FaultStateEnvelope
 from pybatch.values.ids import FailureId, IdentifierKind, check_identifier
-from pybatch.values.lifecycle import LifecycleTransition, apply_transition
+from pybatch.values.lifecycle import LifecycleTransition, apply_transition, is_legal_transition
 from pybatch.values.names import ExitCode
 from pybatch.values.ownership import ExecutionLease, OwnerToken
 from pybatch.values.partitions import (
@@ -148,6 +156,72 @@ def _domain(partition: StepPartition, change: Callable[[], StepPartition]) -> St
         if refused.rule == "VersionExhausted" or refused.status is None:
             raise PartitionStateCorrupt() from None
         raise PartitionUpdateNotAllowed(id=partition.id, status=refused.status.value) from None
+
+
+def _end_step_partition(
+    q: Statements,
+    conn: Connection,
+    partition_id: int,
+    expected_version: int,
+    worker_id: int,
+    end: tuple[LifecycleTransition, ExitCode | None] | None,
+    *,
+    only_if_lost: bool = False,
+) -> Row:
+    """Run end_step_partition, the one guarded statement of a partition's end."""
+    check_expected_version(expected_version)
+    check_identifier(IdentifierKind.STEP_PARTITION, partition_id)
+    check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
+    transition, exit_status = end or (None, None)
+    failure = None if transition is None else transition.failure
+    return returned(
+        q.end_step_partition.one(
+            conn,
+            step_partition_id=partition_id,
+            expected_version=expected_version,
+            worker_step_execution_id=worker_id,
+            only_if_lost=only_if_lost,
+            status=None if transition is None else transition.target.value,
+            exit_code=None if exit_status is None else exit_status.value,
+            failure_category=None if failure is None else failure.category.value,
+            failure_id=None if failure is None else failure.failure_id,
+            now=None if transition is None else transition.at,
+        )
+    )
+
+
+def _end_refused(
+    row: Row, partition_id: int, expected_version: int, worker_id: int, target: BatchStatus | None
+) -> PyBatchError:
+    """Why end_step_partition changed nothing, from the state its guards judged, in check order."""
+    if row["found_version"] is None:
+        return StepPartitionNotFound(id=partition_id)
+    with corrupt_on():
+        parent_id, version = (
+            int64_at(row, "parent_step_execution_id"),
+            int64_at(row, "found_version"),
+        )
+    parent_status = partition_status(row["parent_status"])
+    if parent_status not in _COMPLETING_PARENT:
+        return PartitionParentNotActive(step_execution_id=parent_id, status=parent_status.value)
+    if row["found_worker_step_execution_id"] != worker_id:
+        return PartitionWorkerStale(partition_id=partition_id, worker=worker_id)
+    if row["worker_job_execution_id"] != row["parent_job_execution_id"]:
+        return PartitionWorkerMismatch(partition_id=partition_id, worker=worker_id)
+    worker_status = partition_status(row["worker_status"])
+    if target is not None and worker_status.is_active:
+        if not is_legal_transition(worker_status, target):
+            return IllegalTransition(from_status=worker_status.value, to_status=target.value)
+    elif worker_status not in RESULT_STATUSES:
+        return PartitionAggregationIncomplete(
+            step_execution_id=parent_id, status=worker_status.value
+        )
+    if version != expected_version:
+        return StaleVersion(expected=expected_version, actual=version)
+    status = partition_status(row["found_status"])
+    if status is not BatchStatus.STARTED:
+        return PartitionUpdateNotAllowed(id=partition_id, status=status.value)
+    return ConcurrentModification()
 
 
 def count_step_partitions_by_status(
@@ -296,37 +370,11 @@ class Partitions(Capability):
         """
         lost = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(worker_id))
         end = (LifecycleTransition.failed(self._uow.clock.now(), lost), None)
-        row = self._end_row(partition, expected_version, worker_id, end, only_if_lost=True)
-        return row is not None
-
-    def _end_row(
-        self,
-        partition_id: int,
-        expected_version: int,
-        worker_id: int,
-        end: tuple[LifecycleTransition, ExitCode | None] | None,
-        *,
-        only_if_lost: bool = False,
-    ) -> Row | None:
-        """Run end_step_partition (one guarded statement); None when a guard refused."""
         with self._operation() as (q, conn):
-            check_expected_version(expected_version)
-            check_identifier(IdentifierKind.STEP_PARTITION, partition_id)
-            check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
-            transition, exit_status = end or (None, None)
-            failure = transition.failure if transition is not None else None
-            return q.end_step_partition.one(
-                conn,
-                step_partition_id=partition_id,
-                expected_version=expected_version,
-                worker_step_execution_id=worker_id,
-                only_if_lost=only_if_lost,
-                status=None if transition is None else transition.target.value,
-                exit_code=None if exit_status is None else exit_status.value,
-                failure_category=None if failure is None else failure.category.value,
-                failure_id=None if failure is None else failure.failure_id,
-                now=self._uow.clock.now() if transition is None else transition.at,
+            row = _end_step_partition(
+                q, conn, partition, expected_version, worker_id, end, only_if_lost=True
             )
+            return row["id"] is not None
 
     def _end_partition_worker(
         self,
@@ -335,34 +383,13 @@ class Partitions(Capability):
         worker_id: int,
         end: tuple[LifecycleTransition, ExitCode | None] | None,
     ) -> StepPartition:
-        """End the worker (when `end` is given), then complete its partition from its row.
-
-        A refusal is explained under the same locks, in the order of docs/contract.md.
-        """
+        """End the worker (when `end` is given), then complete its partition from its row."""
         with self._operation() as (q, conn):
-            row = self._end_row(partition_id, expected_version, worker_id, end)
-            if row is not None:
+            row = _end_step_partition(q, conn, partition_id, expected_version, worker_id, end)
+            if row["id"] is not None:
                 return decode_step_partition(row)
-            parent_id, execution_id, status, partition = _locked_partition(q, conn, partition_id)
-            _require_parent(parent_id, status, _COMPLETING_PARENT)
-            if partition.worker_step_execution_id != worker_id:
-                raise PartitionWorkerStale(partition_id=partition_id, worker=worker_id)
-            worker = _lifecycle.lock(steps.ROWS, q, conn, worker_id)
-            if worker.job_execution_id != execution_id:
-                raise PartitionWorkerMismatch(partition_id=partition_id, worker=worker_id)
-            if end is not None and worker.status.is_active:
-                transition = attrs.evolve(end[0], at=max(end[0].at, worker.updated_at))
-                apply_transition(
-                    worker.metadata, worker.version, worker.version, transition, counts_apply=True
-                )
-            elif worker.status not in RESULT_STATUSES:
-                status = worker.status.value
-                raise PartitionAggregationIncomplete(step_execution_id=parent_id, status=status)
-            if partition.version != expected_version:
-                raise StaleVersion(expected=expected_version, actual=partition.version)
-            if partition.status is not BatchStatus.STARTED:
-                raise PartitionUpdateNotAllowed(id=partition_id, status=partition.status.value)
-            raise ConcurrentModification()
+            target = None if end is None else end[0].target
+            raise _end_refused(row, partition_id, expected_version, worker_id, target)
 
     def aggregate(
         self, parent_id: int, expected_version: int, transitioned_at: _dt.datetime

@@ -79,7 +79,17 @@ READERS: dict[str, tuple[str, ...]] = {
     "copy_step_partitions": STEP_PARTITION_COLUMNS,
     "lock_step_partition": STEP_PARTITION_COLUMNS,
     "claim_step_partition": CLAIMED_PARTITION_COLUMNS,
-    "end_step_partition": STEP_PARTITION_COLUMNS,
+    "end_step_partition": (
+        *STEP_PARTITION_COLUMNS,
+        "found_version",
+        "found_status",
+        "found_worker_step_execution_id",
+        "parent_step_execution_id",
+        "parent_status",
+        "parent_job_execution_id",
+        "worker_status",
+        "worker_job_execution_id",
+    ),
     "lock_step_partition_workers": STEP_EXECUTION_COLUMNS,
     # read by hand: repository/flow.py
     "get_job_execution_flow_plan": ("manifest_digest", "manifest"),
