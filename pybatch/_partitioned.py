@@ -90,6 +90,16 @@ def recover_lost_workers(repository: JobRepository, parent_id: int) -> int:
     return recovered
 
 
+#: A claimed partition, its worker step and the claim's owner token.
+Claimed = tuple[StepPartition, StepExecution, OwnerToken]
+
+
+def _claim_in(uow: UnitOfWork, parent: StepExecution, lease: ExecutionLease) -> Claimed | None:
+    owner = OwnerToken.generate()
+    claimed = uow.partitions.claim(parent, owner, lease)
+    return None if claimed is None else (*claimed, owner)
+
+
 def _claim(
     repository: JobRepository,
     parent: StepExecution,
@@ -101,20 +111,29 @@ def _claim(
 
 
 def _end_worker(
-    repository: JobRepository, partition: StepPartition, worker_id: int, status: BatchStatus
-) -> StepPartition:
-    """End the worker step and publish its result onto the partition, in one unit of work."""
+    repository: JobRepository,
+    partition: StepPartition,
+    worker_id: int,
+    status: BatchStatus,
+    then: Callable[[UnitOfWork], Claimed | None] = lambda uow: None,
+) -> Claimed | None:
+    """End the worker step and publish its result onto the partition, then run `then`.
 
-    def end(uow: UnitOfWork) -> StepPartition:
+    One unit of work: a worker claims its next partition in the transaction that ends the
+    last one, so each partition costs one coordination COMMIT, not two.
+    """
+
+    def end(uow: UnitOfWork) -> Claimed | None:
         at = uow.clock.now()
         if status is BatchStatus.FAILED:
             failure = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(worker_id))
             transition = LifecycleTransition.failed(at, failure)
         else:
             transition = LifecycleTransition.new(status, at)
-        return uow.partitions.end_worker(
+        uow.partitions.end_worker(
             partition.id, partition.version, worker_id, transition, ExitCode(status.value)
         )
+        return then(uow)
 
     return repository.run_in_unit_of_work(end)
 
@@ -133,12 +152,17 @@ def work_on_plan(
     `between_partitions` raises to stop claiming. A partition whose runner raises ends FAILED
     (a restart reruns it); KeyboardInterrupt or SystemExit end it STOPPED and propagate.
     """
-    lease = lease or ExecutionLease()
+    worker_lease = lease or ExecutionLease()
+
+    def claim_next(uow: UnitOfWork) -> Claimed | None:
+        return _claim_in(uow, parent, worker_lease)
+
     ran = 0
+    claimed: Claimed | None = None
     while True:
-        between_partitions()
-        owner = OwnerToken.generate()
-        claimed = _claim(repository, parent, lease, owner)
+        if claimed is None:
+            between_partitions()
+            claimed = repository.run_in_unit_of_work(claim_next)
         if claimed is None:
             with repository.begin() as uow:
                 current = uow.steps.get(parent.id)
@@ -148,13 +172,16 @@ def work_on_plan(
             if not recover_lost_workers(repository, parent.id):
                 time.sleep(poll_seconds)
             continue
-        partition, worker = claimed
-        keeper = PartitionLeaseKeeper(repository, partition.id, worker.id, owner, lease)
+        partition, worker, owner = claimed
+        keeper = PartitionLeaseKeeper(repository, partition.id, worker.id, owner, worker_lease)
         keeper.start()
         try:
-            _run_partition(repository, runner, partition, worker, keeper)
+            claimed = _run_partition(
+                repository, runner, (partition, worker), keeper, between_partitions, claim_next
+            )
         except PartitionOwnershipLost as lost:
             logger.error("pybatch: %s (partition key %s)", lost, partition.key.value)
+            claimed = None
         finally:
             keeper.halt()
         ran += 1
@@ -163,11 +190,17 @@ def work_on_plan(
 def _run_partition(
     repository: JobRepository,
     runner: Runner,
-    partition: StepPartition,
-    worker: StepExecution,
+    claimed: tuple[StepPartition, StepExecution],
     keeper: PartitionLeaseKeeper,
-) -> None:
-    """Run one claimed partition and end it; PartitionOwnershipLost touches nothing."""
+    between_partitions: Callable[[], None],
+    claim_next: Callable[[UnitOfWork], Claimed | None],
+) -> Claimed | None:
+    """Run one claimed partition, end it and claim the next; PartitionOwnershipLost touches nothing.
+
+    The next partition is claimed in the ending's transaction unless `between_partitions`
+    raises (then the partition ends alone and the error propagates).
+    """
+    partition, worker = claimed
     try:
         runner(worker, partition, keeper)
     except PartitionOwnershipLost:
@@ -178,7 +211,7 @@ def _run_partition(
         logger.exception(
             "pybatch: partition %s failed in worker step %s", partition.key.value, worker.id
         )
-        _end_owned(repository, partition, worker.id, BatchStatus.FAILED, keeper)
+        status = BatchStatus.FAILED
     except BaseException:
         try:
             _end_owned(repository, partition, worker.id, BatchStatus.STOPPED, keeper)
@@ -186,7 +219,13 @@ def _run_partition(
             pass  # the partition is another worker's now; the interruption still propagates
         raise
     else:
-        _end_owned(repository, partition, worker.id, BatchStatus.COMPLETED, keeper)
+        status = BatchStatus.COMPLETED
+    try:
+        between_partitions()
+    except BaseException:
+        _end_owned(repository, partition, worker.id, status, keeper)
+        raise
+    return _end_owned(repository, partition, worker.id, status, keeper, claim_next)
 
 
 def _end_owned(
@@ -195,8 +234,9 @@ def _end_owned(
     worker_id: int,
     status: BatchStatus,
     keeper: PartitionLeaseKeeper,
-) -> None:
-    """Stop renewing, then end the worker.
+    then: Callable[[UnitOfWork], Claimed | None] = lambda uow: None,
+) -> Claimed | None:
+    """Stop renewing, then end the worker (and run `then` in the same transaction).
 
     A refused end whose renewal also fails means another process recovered the partition
     after the lease lapsed: PartitionOwnershipLost.
@@ -205,7 +245,7 @@ def _end_owned(
     if keeper.lost:
         raise keeper.lost_ownership()
     try:
-        _end_worker(repository, partition, worker_id, status)
+        return _end_worker(repository, partition, worker_id, status, then)
     except (StaleVersion, PartitionWorkerStale, PartitionUpdateNotAllowed, ConcurrentModification):
         keeper.renew_now()  # PartitionOwnershipLost when the partition is no longer ours
         raise
