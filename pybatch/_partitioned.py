@@ -130,10 +130,11 @@ def _end_worker(
             transition = LifecycleTransition.failed(at, failure)
         else:
             transition = LifecycleTransition.new(status, at)
-        uow.partitions.end_worker(
-            partition.id, partition.version, worker_id, transition, ExitCode(status.value)
-        )
-        return then(uow)
+        with uow.operation():  # one operation: the claim needs no savepoint of its own
+            uow.partitions.end_worker(
+                partition.id, partition.version, worker_id, transition, ExitCode(status.value)
+            )
+            return then(uow)
 
     return repository.run_in_unit_of_work(end)
 
