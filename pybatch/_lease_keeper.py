@@ -11,6 +11,8 @@ it, moving the execution to STOPPING; `PartitionLeaseKeeper` keeps a worker's pa
 from __future__ import annotations
 
 import logging
+import os
+import queue
 import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
@@ -55,6 +57,7 @@ class _Keeper:
         self._description = description
         self._halt = threading.Event()
         self._lost = threading.Event()
+        self._renewing = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     @property
@@ -100,7 +103,10 @@ class _Keeper:
         wait = interval
         while not self._halt.wait(wait):
             try:
-                self.renew_now()
+                with self._renewing:  # halt() waits for a renewal in flight, not for the thread
+                    if self._halt.is_set():
+                        return
+                    self.renew_now()
             except self.lost_error as lost:
                 logger.error("pybatch: %s", lost)
                 return
@@ -195,3 +201,49 @@ class PartitionLeaseKeeper(_Keeper):
                 self.partition_id, self.worker_id, self.owner, self.lease
             )
         )
+
+    def start(self) -> None:
+        """Renew from this process's renewal threads: one thread serves partition after partition.
+
+        A thread of its own per partition cost a thread start and a join per partition, each
+        waiting for the scheduler (milliseconds on a busy host).
+        """
+        _partition_renewals().submit(self._run)
+
+    def halt(self) -> None:
+        """Stop renewing; return once no renewal is in flight (the thread ends on its own)."""
+        self._halt.set()
+        with self._renewing:
+            pass
+
+
+class _RenewalThreads:
+    """Daemon threads running partition keepers' loops, an idle one reused for the next."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._loops: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+
+    def submit(self, loop: Callable[[], None]) -> None:
+        if not self._idle.acquire(blocking=False):
+            threading.Thread(
+                target=self._serve, name="pybatch-partition-lease", daemon=True
+            ).start()
+        self._loops.put(loop)
+
+    def _serve(self) -> None:
+        while True:
+            self._loops.get()()
+            self._idle.release()
+
+
+_renewals: _RenewalThreads | None = None
+
+
+def _partition_renewals() -> _RenewalThreads:
+    """This process's renewal threads (a forked worker makes its own: threads do not fork)."""
+    global _renewals
+    if _renewals is None or _renewals.pid != os.getpid():
+        _renewals = _RenewalThreads()
+    return _renewals
