@@ -104,6 +104,10 @@ class Statement:
         with self._run(conn, "affected", params, prepare=None) as cursor:
             return cursor.rowcount
 
+    def send(self, conn: Connection, /, **params: object) -> psycopg.Cursor[dict[str, Any]]:
+        """Queue it in the connection's pipeline; its cursor is read after the pipeline syncs."""
+        return self._run(conn, self.mode, params, prepare=None)
+
     def run_with_identifiers(self, conn: Connection, /, **identifiers: str) -> None:
         """Run an `:affected` utility statement whose parameters are all names.
 

@@ -7,7 +7,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Protocol
 
 from pybatch._clock import Clock
-from pybatch._statements import Connection, Row, Statements
+from pybatch._statements import Connection, Row, Statement, Statements
 from pybatch.errors import JobExecutionNotFound, JobInstanceNotFound, PyBatchError
 from pybatch.values.ids import IdentifierKind, check_identifier
 
@@ -27,6 +27,11 @@ class Transaction(Protocol):
         self, *, overrides: Overrides | None = None
     ) -> AbstractContextManager[Connection]:
         """One atomic operation: a savepoint (none when nested), driver errors mapped."""
+
+    def commit_statement(
+        self, statement: Statement, /, *, overrides: Overrides | None = None, **params: object
+    ) -> Row | None:
+        """`statement` as the whole transaction, committed in the same round trip."""
 
 
 class Capability:

@@ -133,7 +133,10 @@ def test_every_transaction_runs_with_pybatchs_settings_through_the_pooler(
             with repository.read_transaction() as conn:
                 assert settings_in_force(conn, repository) == EXPECTED
             with repository.begin() as uow:
-                assert settings_in_force(uow._lease.connection, repository) == EXPECTED  # type: ignore[arg-type]
+                assert settings_in_force(uow.connection, repository) == EXPECTED
+            with repository.begin() as uow:  # BEGIN, settings, statement, COMMIT: one Sync
+                row = uow.commit_statement(repository.statements.get_transaction_settings)
+                assert row is not None and {name: str(row[name]) for name in EXPECTED} == EXPECTED
         job = Job(repository, "pooled_settings", {"day": bouncer.pool_mode})
         seen: list[dict[str, str]] = []
 
