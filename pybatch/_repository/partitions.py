@@ -175,7 +175,7 @@ def _end_step_partition(
     transition, exit_status = end or (None, None)
     failure = None if transition is None else transition.failure
     return returned(
-        q.end_step_partition.one(
+        q.end_step_partition.prepared.one(
             conn,
             step_partition_id=partition_id,
             expected_version=expected_version,
@@ -479,7 +479,7 @@ class Partitions(Capability):
             if parent.id in self._uow.unpublished_plans:
                 raise PartitionPlanNotCommitted(step_execution_id=parent.id)
             fault = encode_fault_state(FaultStateEnvelope.EMPTY)
-            row = q.claim_step_partition.one(
+            row = q.claim_step_partition.prepared.one(
                 conn,
                 step_execution_id=parent.id,
                 node_id=parent.logical_id.value,
