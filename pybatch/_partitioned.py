@@ -404,7 +404,9 @@ def supervise(
                 raise
             with repository.begin() as uow:
                 still_open = uow.partitions.count_open(parent.id)
-            if not still_open:
+            if not still_open:  # a worker still alive is idle, polling: stop it now
+                for process in processes:
+                    process.terminate()
                 break
             alive = [p for p in processes if p.is_alive()]
             for process in processes:
@@ -443,11 +445,9 @@ def aggregate_plan(
             raise PartitionStateCorrupt()
         at = max(uow.clock.now(), current.updated_at)
         ended = uow.partitions.aggregate(parent.id, current.version, at)
-        unfinished = [
-            p.key.value
-            for p in uow.partitions.plan(parent.id)
-            if p.status is not BatchStatus.COMPLETED
-        ]
-        return ended, unfinished
+        if ended.status is BatchStatus.COMPLETED:  # the most severe status: all completed
+            return ended, []
+        plan = uow.partitions.plan(parent.id)
+        return ended, [p.key.value for p in plan if p.status is not BatchStatus.COMPLETED]
 
     return repository.run_in_unit_of_work(aggregate)
