@@ -281,6 +281,13 @@ def baseline_cost_per_partition(dsn: str, n: int, copy: bool) -> dict[str, float
     }
 
 
+def claim(repository: JobRepository, parent: Any, lease: ExecutionLease) -> Any:
+    """One claim unit of work, as a worker's first claim."""
+    return repository.run_in_unit_of_work(
+        lambda uow: partitioned_module._claim_in(uow, parent, lease)
+    )
+
+
 def run_schema() -> Any:
     from pybatch.etl import ETL_STATE_SCHEMA
 
@@ -341,7 +348,7 @@ def claim_latency(
                         plans[size] = _publish(repository, name, size)
                         remaining[size] = size
                     started = time.perf_counter()
-                    claimed = partitioned_module._claim(repository, plans[size][1], lease)
+                    claimed = claim(repository, plans[size][1], lease)
                     samples[size].append(time.perf_counter() - started)
                     assert claimed is not None
                     remaining[size] -= 1
@@ -377,7 +384,7 @@ def _capacity_worker(dsn: str, kind: str, index: int, seconds: float, out: Any) 
                 lease = ExecutionLease()
                 deadline = time.perf_counter() + seconds
                 while time.perf_counter() < deadline:
-                    claimed = partitioned_module._claim(repository, parent, lease)
+                    claimed = claim(repository, parent, lease)
                     if claimed is None:
                         run.__exit__(None, None, None)
                         run, parent = _publish(repository, f"capacity-{index}-{time.time()}", 1024)

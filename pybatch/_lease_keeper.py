@@ -203,12 +203,8 @@ class PartitionLeaseKeeper(_Keeper):
         )
 
     def start(self) -> None:
-        """Renew from this process's renewal threads: one thread serves partition after partition.
-
-        A thread of its own per partition cost a thread start and a join per partition, each
-        waiting for the scheduler (milliseconds on a busy host).
-        """
-        _partition_renewals().submit(self._run)
+        """Renew on a thread of this process that serves partition after partition."""
+        _renew_on_a_thread(self._run)
 
     def halt(self) -> None:
         """Stop renewing; return once no renewal is in flight (the thread ends on its own)."""
@@ -217,33 +213,24 @@ class PartitionLeaseKeeper(_Keeper):
             pass
 
 
-class _RenewalThreads:
-    """Daemon threads running partition keepers' loops, an idle one reused for the next."""
-
-    def __init__(self) -> None:
-        self.pid = os.getpid()
-        self._loops: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._idle = threading.Semaphore(0)
-
-    def submit(self, loop: Callable[[], None]) -> None:
-        if not self._idle.acquire(blocking=False):
-            threading.Thread(
-                target=self._serve, name="pybatch-partition-lease", daemon=True
-            ).start()
-        self._loops.put(loop)
-
-    def _serve(self) -> None:
-        while True:
-            self._loops.get()()
-            self._idle.release()
+#: This process's renewal loops and idle threads (a forked worker makes its own). A thread
+#: per partition cost a start and a join each waiting for the scheduler, milliseconds on a
+#: busy host.
+_renewals: tuple[int, queue.SimpleQueue[Callable[[], None]], threading.Semaphore] | None = None
 
 
-_renewals: _RenewalThreads | None = None
-
-
-def _partition_renewals() -> _RenewalThreads:
-    """This process's renewal threads (a forked worker makes its own: threads do not fork)."""
+def _renew_on_a_thread(loop: Callable[[], None]) -> None:
+    """Run `loop` on an idle daemon renewal thread of this process, else on a new one."""
     global _renewals
-    if _renewals is None or _renewals.pid != os.getpid():
-        _renewals = _RenewalThreads()
-    return _renewals
+    if _renewals is None or _renewals[0] != os.getpid():
+        _renewals = (os.getpid(), queue.SimpleQueue(), threading.Semaphore(0))
+    _, loops, idle = _renewals
+    if not idle.acquire(blocking=False):
+        threading.Thread(target=_serve, args=(loops, idle), daemon=True).start()
+    loops.put(loop)
+
+
+def _serve(loops: queue.SimpleQueue[Callable[[], None]], idle: threading.Semaphore) -> None:
+    while True:
+        loops.get()()
+        idle.release()

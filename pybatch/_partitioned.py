@@ -95,19 +95,10 @@ Claimed = tuple[StepPartition, StepExecution, OwnerToken]
 
 
 def _claim_in(uow: UnitOfWork, parent: StepExecution, lease: ExecutionLease) -> Claimed | None:
+    """Claim the next partition of `parent` for a fresh owner token, its lease started."""
     owner = OwnerToken.generate()
     claimed = uow.partitions.claim(parent, owner, lease)
     return None if claimed is None else (*claimed, owner)
-
-
-def _claim(
-    repository: JobRepository,
-    parent: StepExecution,
-    lease: ExecutionLease,
-    owner: OwnerToken | None = None,
-) -> tuple[StepPartition, StepExecution] | None:
-    """Claim the next partition for `owner` (a fresh token when None), its lease started."""
-    return repository.run_in_unit_of_work(lambda uow: uow.partitions.claim(parent, owner, lease))
 
 
 def _end_worker(

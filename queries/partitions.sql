@@ -101,33 +101,6 @@ FROM pybatch.step_partition AS p
 WHERE p.step_execution_id = :step_execution_id
 ORDER BY p.partition_key;
 
--- :name lock_step_partitions_by_key :many
--- :doc Lock every partition of a plan in key byte order (aggregation).
-SELECT
-    p.id,
-    p.step_execution_id,
-    p.worker_step_execution_id,
-    p.partition_key,
-    p.partition_ordinal,
-    p.status,
-    p.exit_code,
-    p.read_count,
-    p.processed_count,
-    p.write_count,
-    p.filter_count,
-    p.commit_count,
-    p.rollback_count,
-    p.context_format,
-    p.context_schema,
-    p.context_schema_version,
-    p.context_payload,
-    p.context_checksum,
-    p.version
-FROM pybatch.step_partition AS p
-WHERE p.step_execution_id = :step_execution_id
-ORDER BY p.partition_key
-FOR UPDATE;
-
 -- :name lock_step_partitions_by_ordinal :many
 -- :doc Lock every partition of a plan in ordinal order (plan restart source).
 SELECT
@@ -316,50 +289,6 @@ SET
     updated_at = GREATEST(updated_at, :transitioned_at),
     version = version + 1
 WHERE id = :step_execution_id AND version = :expected_version;
-
--- :name lock_step_partition_workers :many
--- :doc Lock the worker of every assigned partition of a plan, in partition key order
--- (aggregation); each row is a full step execution.
-SELECT
-    w.id,
-    w.job_execution_id,
-    w.step_name,
-    w.step_logical_id,
-    w.status,
-    w.exit_code,
-    w.read_count,
-    w.processed_count,
-    w.write_count,
-    w.filter_count,
-    w.commit_count,
-    w.rollback_count,
-    w.checkpoint_format,
-    w.checkpoint_schema,
-    w.checkpoint_schema_version,
-    w.checkpoint_payload,
-    w.context_format,
-    w.context_schema,
-    w.context_schema_version,
-    w.context_payload,
-    w.failure_category,
-    w.failure_id,
-    w.created_at,
-    w.started_at,
-    w.ended_at,
-    w.updated_at,
-    w.version,
-    w.read_retry_count,
-    w.process_retry_count,
-    w.write_retry_count,
-    w.read_skip_count,
-    w.process_skip_count,
-    w.write_skip_count,
-    w.no_rollback_count
-FROM pybatch.step_partition AS p
-INNER JOIN pybatch.step_execution AS w ON p.worker_step_execution_id = w.id
-WHERE p.step_execution_id = :step_execution_id
-ORDER BY p.partition_key
-FOR UPDATE OF w;
 
 -- :name claim_step_partition :one
 -- :doc Claim the next partition of a STARTED parent in one guarded statement - lock the first
@@ -902,3 +831,99 @@ LEFT JOIN pybatch.step_partition AS found ON asked.id = found.id
 LEFT JOIN pybatch.step_execution AS s ON found.step_execution_id = s.id
 LEFT JOIN pybatch.step_execution AS w ON w.id = :worker_step_execution_id
 LEFT JOIN completed AS c ON TRUE;
+
+-- :name summarize_step_partitions :one
+-- :doc Lock a plan's partitions, then their workers, in partition key order (aggregation; the
+-- parent is locked before) and summarize them in one row - how many partitions, the status of
+-- the first partition in key order that has no worker or no result status yet, whether every
+-- partition mirrors its worker's status, exit and counters, the most severe status (UNKNOWN,
+-- then FAILED, STOPPED, COMPLETED) with the exit and the worker's failure of the first partition
+-- in key order that has it, and the counters summed as numeric (the caller refuses a sum beyond
+-- the bigint range).
+WITH children AS (
+    SELECT
+        p.partition_key,
+        p.status,
+        p.exit_code,
+        p.read_count,
+        p.processed_count,
+        p.write_count,
+        p.filter_count,
+        p.commit_count,
+        p.rollback_count,
+        p.worker_step_execution_id,
+        CASE p.status
+            WHEN 'COMPLETED' THEN 0
+            WHEN 'STOPPED' THEN 1
+            WHEN 'FAILED' THEN 2
+            WHEN 'UNKNOWN' THEN 3
+        END AS severity
+    FROM pybatch.step_partition AS p
+    WHERE p.step_execution_id = :step_execution_id
+    ORDER BY p.partition_key
+    FOR UPDATE
+),
+
+workers AS (
+    SELECT
+        w.id,
+        w.status,
+        w.exit_code,
+        w.read_count,
+        w.processed_count,
+        w.write_count,
+        w.filter_count,
+        w.commit_count,
+        w.rollback_count,
+        w.failure_category,
+        w.failure_id
+    FROM children AS c
+    INNER JOIN pybatch.step_execution AS w ON c.worker_step_execution_id = w.id
+    ORDER BY c.partition_key
+    FOR UPDATE OF w
+),
+
+judged AS (
+    SELECT
+        c.partition_key,
+        c.status,
+        c.exit_code,
+        c.severity,
+        w.failure_category,
+        w.failure_id,
+        c.read_count,
+        c.processed_count,
+        c.write_count,
+        c.filter_count,
+        c.commit_count,
+        c.rollback_count,
+        c.worker_step_execution_id IS NULL OR c.severity IS NULL AS incomplete,
+        w.id IS NOT NULL
+        AND (c.status, c.exit_code) = (w.status, w.exit_code)
+        AND (c.read_count, c.processed_count, c.write_count)
+        = (w.read_count, w.processed_count, w.write_count)
+        AND (c.filter_count, c.commit_count, c.rollback_count)
+        = (w.filter_count, w.commit_count, w.rollback_count) AS mirrors
+    FROM children AS c
+    LEFT JOIN workers AS w ON c.worker_step_execution_id = w.id
+)
+
+SELECT
+    pg_catalog.COUNT(*) AS partitions,
+    (pg_catalog.ARRAY_AGG(j.status ORDER BY j.partition_key) FILTER (WHERE j.incomplete))[1]
+        AS incomplete_status,
+    COALESCE(pg_catalog.BOOL_AND(j.mirrors), FALSE) AS mirrored,
+    (pg_catalog.ARRAY_AGG(j.status ORDER BY j.severity DESC, j.partition_key ASC))[1] AS status,
+    (pg_catalog.ARRAY_AGG(j.exit_code ORDER BY j.severity DESC, j.partition_key ASC))[1]
+        AS exit_code,
+    (pg_catalog.ARRAY_AGG(j.failure_category ORDER BY j.severity DESC, j.partition_key ASC))[1]
+        AS failure_category,
+    (pg_catalog.ARRAY_AGG(j.failure_id ORDER BY j.severity DESC, j.partition_key ASC))[1]
+        AS failure_id,
+    pg_catalog.SUM(j.read_count) AS read_count,
+    pg_catalog.SUM(j.processed_count) AS processed_count,
+    pg_catalog.SUM(j.write_count) AS write_count,
+    pg_catalog.SUM(j.filter_count) AS filter_count,
+    pg_catalog.SUM(j.commit_count) AS commit_count,
+    pg_catalog.SUM(j.rollback_count) AS rollback_count
+FROM judged AS j;

@@ -23,13 +23,13 @@ from pybatch._codecs._primitives import (
     text_at,
 )
 from pybatch._codecs.fault_state import encode_fault_state
-from pybatch._codecs.lifecycle import encode_execution_metadata
+from pybatch._codecs.lifecycle import decode_failure, encode_execution_metadata
 from pybatch._codecs.partitions import (
     decode_claimed_partition,
     decode_step_partition,
     encode_plan_entries,
 )
-from pybatch._codecs.steps import decode_step_execution, encode_counts
+from pybatch._codecs.steps import COUNT_COLUMNS, decode_counts, decode_step_execution, encode_counts
 from pybatch._repository import _lifecycle, steps
 from pybatch._repository._capability import Capability, Overrides
 from pybatch._repository._lifecycle import check_expected_version
@@ -56,23 +56,21 @@ from pybatch.errors import (
     StepExecutionNotFound,
     StepPartitionNotFound,
 )
+from pybatch.values.counts import ExecutionCounts
 from pybatch.values.fault import FaultStateEnvelope
-from pybatch.values.ids import FailureId, IdentifierKind, check_identifier
+from pybatch.values.ids import INT64_MAX, FailureId, IdentifierKind, check_identifier
 from pybatch.values.lifecycle import LifecycleTransition, apply_transition, is_legal_transition
 from pybatch.values.names import ExitCode
 from pybatch.values.ownership import ExecutionLease, OwnerToken
 from pybatch.values.partitions import (
     MAX_PARTITIONS,
     RESULT_STATUSES,
-    AggregateError,
     PartitionKey,
     PartitionPlanEntry,
-    PartitionResult,
     PartitionStateError,
     PlanProgress,
     SlowPartition,
     StepPartition,
-    aggregate_partitions,
 )
 from pybatch.values.records import StepExecution
 from pybatch.values.state import MAX_STORABLE_SCHEMA_VERSION
@@ -119,10 +117,10 @@ def _decoded(rows: Sequence[Row]) -> list[StepPartition]:
     return [decode_step_partition(row) for row in rows]
 
 
-def lock_parent_of(
+def _locked_partition(
     q: Statements, conn: Connection, partition_id: int
-) -> tuple[int, tuple[int, BatchStatus]]:
-    """Lock the parent step of a partition (parents are locked before partitions).
+) -> tuple[int, int, BatchStatus, StepPartition]:
+    """Parent id, its execution id and status (locked first), and the partition (second).
 
     Raises StepPartitionNotFound, or PartitionStateCorrupt for an unreadable or missing parent.
     """
@@ -130,19 +128,9 @@ def lock_parent_of(
     found = q.get_step_partition_parent.scalar(conn, step_partition_id=partition_id)
     if found is None:
         raise StepPartitionNotFound(id=partition_id)
-    with corrupt_on():
+    with corrupt_on((DecodeError, StepExecutionNotFound)):  # the parent's foreign key holds it
         parent_id = decode_int64(found, column="step_execution_id", minimum=1)
-    try:
-        return parent_id, _lock_step(q, conn, parent_id)
-    except StepExecutionNotFound:  # the parent foreign key makes this unreachable
-        raise PartitionStateCorrupt() from None
-
-
-def _locked_partition(
-    q: Statements, conn: Connection, partition_id: int
-) -> tuple[int, int, BatchStatus, StepPartition]:
-    """Parent id, its execution id and status (locked first), and the partition (second)."""
-    parent_id, (execution_id, status) = lock_parent_of(q, conn, partition_id)
+        execution_id, status = _lock_step(q, conn, parent_id)
     row = q.lock_step_partition.one(conn, step_partition_id=partition_id)
     if row is None:
         raise StepPartitionNotFound(id=partition_id)
@@ -197,10 +185,8 @@ def _end_refused(
     if row["found_version"] is None:
         return StepPartitionNotFound(id=partition_id)
     with corrupt_on():
-        parent_id, version = (
-            int64_at(row, "parent_step_execution_id"),
-            int64_at(row, "found_version"),
-        )
+        parent_id = int64_at(row, "parent_step_execution_id")
+        version = int64_at(row, "found_version")
     parent_status = partition_status(row["parent_status"])
     if parent_status not in _COMPLETING_PARENT:
         return PartitionParentNotActive(step_execution_id=parent_id, status=parent_status.value)
@@ -222,6 +208,32 @@ def _end_refused(
     if status is not BatchStatus.STARTED:
         return PartitionUpdateNotAllowed(id=partition_id, status=status.value)
     return ConcurrentModification()
+
+
+def _aggregate(
+    parent_id: int, row: Row
+) -> tuple[BatchStatus, ExitCode, ExecutionCounts, FailureSummary | None]:
+    """The parent's outcome from summarize_step_partitions (docs/contract.md, Partitions).
+
+    PartitionAggregationIncomplete, CountExhausted, or PartitionStateCorrupt for an empty plan
+    or a partition that does not mirror its worker's durable row.
+    """
+    if row["incomplete_status"] is not None:
+        status = partition_status(row["incomplete_status"])
+        raise PartitionAggregationIncomplete(step_execution_id=parent_id, status=status.value)
+    with corrupt_on((DecodeError, PyBatchError, ValueError, TypeError)):
+        if not int64_at(row, "partitions", 0):
+            raise DecodeError("partitions")
+        sums = {column: int(row[column]) for column in COUNT_COLUMNS}  # type: ignore[call-overload]
+        status = partition_status(row["status"])
+        exit_status = ExitCode(text_at(row, "exit_code"))
+        failure = decode_failure(row["failure_category"], row["failure_id"])
+    if max(sums.values()) > INT64_MAX:
+        raise CountExhausted()
+    if row["mirrored"] is not True:
+        raise PartitionStateCorrupt()
+    failure = failure if status is BatchStatus.FAILED else None
+    return status, exit_status, decode_counts(sums), failure
 
 
 def count_step_partitions_by_status(
@@ -403,37 +415,16 @@ class Partitions(Capability):
             check_expected_version(expected_version)
             check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
             parent = _lifecycle.lock(steps.ROWS, q, conn, parent_id)
-            children = _decoded(
-                q.lock_step_partitions_by_key.many(conn, step_execution_id=parent_id)
+            status, exit_status, counts, failure = _aggregate(
+                parent_id,
+                returned(q.summarize_step_partitions.one(conn, step_execution_id=parent_id)),
             )
-            try:
-                aggregate = aggregate_partitions(children)
-            except AggregateError as refused:
-                if refused.rule == "Incomplete":
-                    status = refused.status.value if refused.status else "UNKNOWN"
-                    raise PartitionAggregationIncomplete(
-                        step_execution_id=parent_id, status=status
-                    ) from None
-                if refused.rule == "CountExhausted":
-                    raise CountExhausted() from None
-                raise PartitionStateCorrupt() from None
-            rows = q.lock_step_partition_workers.many(conn, step_execution_id=parent_id)
-            workers: dict[int, StepExecution] = {w.id: w for w in map(decode_step_execution, rows)}
-            for child in sorted(children, key=lambda p: p.key.sort_key):
-                worker = workers.get(child.worker_step_execution_id or 0)
-                if worker is None or PartitionResult.from_worker(worker) != PartitionResult(
-                    status=child.status, exit_status=child.exit_status, counts=child.counts
-                ):
-                    raise PartitionStateCorrupt()
-            failure = None
-            if aggregate.status is BatchStatus.FAILED:
-                failure = workers[aggregate.selected_worker].metadata.failure
             current = parent.metadata
             if (
                 parent.version == expected_version + 1
-                and current.status is aggregate.status
-                and current.exit_status == aggregate.exit_status
-                and current.counts == aggregate.counts
+                and current.status is status
+                and current.exit_status == exit_status
+                and current.counts == counts
                 and current.failure == failure
             ):
                 return parent
@@ -441,13 +432,11 @@ class Partitions(Capability):
             if failure is not None:  # a FAILED aggregate: its selected worker always carries one
                 transition = LifecycleTransition.failed(transitioned_at, failure)
             else:
-                transition = LifecycleTransition.new(aggregate.status, transitioned_at)
+                transition = LifecycleTransition.new(status, transitioned_at)
             metadata, version = apply_transition(
                 current, parent.version, expected_version, transition, counts_apply=True
             )
-            metadata = attrs.evolve(
-                metadata, exit_status=aggregate.exit_status, counts=aggregate.counts
-            )
+            metadata = attrs.evolve(metadata, exit_status=exit_status, counts=counts)
             changed = q.update_step_execution_aggregate.affected(
                 conn,
                 **encode_execution_metadata(metadata),

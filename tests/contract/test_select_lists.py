@@ -32,7 +32,7 @@ from pybatch._codecs.instances import JOB_INSTANCE_COLUMNS, LOCKED_JOB_INSTANCE_
 from pybatch._codecs.operator import OPERATOR_REQUEST_COLUMNS
 from pybatch._codecs.partitions import CLAIMED_PARTITION_COLUMNS, STEP_PARTITION_COLUMNS
 from pybatch._codecs.recovery import RECOVERY_DECISION_COLUMNS
-from pybatch._codecs.steps import STEP_EXECUTION_COLUMNS
+from pybatch._codecs.steps import COUNT_COLUMNS, STEP_EXECUTION_COLUMNS
 from pybatch._statements import Statement, load_demo_statements, load_statements
 
 #: Statement -> the columns its reader reads: a decoder's list, or (for rows read by hand
@@ -74,7 +74,6 @@ READERS: dict[str, tuple[str, ...]] = {
     "find_reusable_flow_decision": FLOW_DECISION_COLUMNS,
     "insert_step_partitions": STEP_PARTITION_COLUMNS,
     "list_step_partitions": STEP_PARTITION_COLUMNS,
-    "lock_step_partitions_by_key": STEP_PARTITION_COLUMNS,
     "lock_step_partitions_by_ordinal": STEP_PARTITION_COLUMNS,
     "copy_step_partitions": STEP_PARTITION_COLUMNS,
     "lock_step_partition": STEP_PARTITION_COLUMNS,
@@ -90,7 +89,16 @@ READERS: dict[str, tuple[str, ...]] = {
         "worker_status",
         "worker_job_execution_id",
     ),
-    "lock_step_partition_workers": STEP_EXECUTION_COLUMNS,
+    "summarize_step_partitions": (
+        "partitions",
+        "incomplete_status",
+        "mirrored",
+        "status",
+        "exit_code",
+        "failure_category",
+        "failure_id",
+        *COUNT_COLUMNS,
+    ),
     # read by hand: repository/flow.py
     "get_job_execution_flow_plan": ("manifest_digest", "manifest"),
     "insert_flow_decision": ("id",),

@@ -46,14 +46,14 @@ def test_a_partitioned_step_live_across_the_upgrade_completes_and_the_check_stil
         _, parent = partitioned.start_partitioned_step(
             old, run.instance.id, run.execution.id, "load", entries, StartLimit.unrestricted()
         )
-        claimed = partitioned._claim(old, parent, ExecutionLease())
+        lease = ExecutionLease()
+        claimed = old.run_in_unit_of_work(lambda uow: partitioned._claim_in(uow, parent, lease))
         assert claimed is not None
-        assert [m.version for m in migrator.migrate(config)][0] == OPEN_STEP_CHECK
+        assert migrator.migrate(config)[0].version == OPEN_STEP_CHECK
         with JobRepository.connect(config) as repository:
-            lease = ExecutionLease()
             ended: list[str] = []
             while claimed is not None:
-                partition, worker = claimed
+                partition, worker, _ = claimed
                 ended.append(partition.key.value)
                 claimed = partitioned._end_worker(
                     repository,
@@ -62,7 +62,6 @@ def test_a_partitioned_step_live_across_the_upgrade_completes_and_the_check_stil
                     S.COMPLETED,
                     lambda uow: partitioned._claim_in(uow, parent, lease),
                 )
-                claimed = None if claimed is None else claimed[:2]
             aggregated, unfinished = partitioned.aggregate_plan(repository, parent)
         with run:
             pass

@@ -119,8 +119,13 @@ def claim_and_end_in_process(config: dict[str, Any], barrier: Any, parent_id: in
         assert parent is not None
         barrier.wait(DEADLINE_SECONDS)
         keys: list[str] = []
-        while (claimed := partitioned._claim(repository, parent, ExecutionLease())) is not None:
-            partition, worker = claimed
+        lease = ExecutionLease()
+        while (
+            claimed := repository.run_in_unit_of_work(
+                lambda uow: partitioned._claim_in(uow, parent, lease)
+            )
+        ) is not None:
+            partition, worker, _ = claimed
             partitioned._end_worker(repository, partition, worker.id, S.COMPLETED)
             keys.append(partition.key.value)
         return keys
