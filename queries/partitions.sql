@@ -666,25 +666,6 @@ WITH parent AS (
 
 claimed AS (
     SELECT
-        p.id,
-        p.worker_step_execution_id,
-        parent.job_execution_id
-    FROM pybatch.step_partition AS p
-    INNER JOIN parent ON p.step_execution_id = parent.id
-    WHERE
-        p.id = :step_partition_id
-        AND p.version = :expected_version
-        AND p.status = 'STARTED'
-        AND p.worker_step_execution_id = :worker_step_execution_id
-        AND (
-            NOT :only_if_lost
-            OR COALESCE(p.worker_lease_expires_at > pg_catalog.CLOCK_TIMESTAMP(), FALSE) IS FALSE
-        )
-    FOR UPDATE OF p
-),
-
-worker AS (
-    SELECT
         w.id,
         w.status,
         w.exit_code,
@@ -694,12 +675,22 @@ worker AS (
         w.filter_count,
         w.commit_count,
         w.rollback_count
-    FROM pybatch.step_execution AS w
-    INNER JOIN claimed
+    FROM pybatch.step_partition AS p
+    INNER JOIN parent ON p.step_execution_id = parent.id
+    INNER JOIN pybatch.step_execution AS w
         ON
-            w.id = claimed.worker_step_execution_id
-            AND w.job_execution_id = claimed.job_execution_id
-    FOR UPDATE OF w
+            p.worker_step_execution_id = w.id
+            AND parent.job_execution_id = w.job_execution_id
+    WHERE
+        p.id = :step_partition_id
+        AND p.version = :expected_version
+        AND p.status = 'STARTED'
+        AND p.worker_step_execution_id = :worker_step_execution_id
+        AND (
+            NOT :only_if_lost
+            OR COALESCE(p.worker_lease_expires_at > pg_catalog.CLOCK_TIMESTAMP(), FALSE) IS FALSE
+        )
+    FOR UPDATE OF p, w
 ),
 
 ended AS (
@@ -714,7 +705,7 @@ ended AS (
         END,
         updated_at = GREATEST(:now, w.updated_at, w.started_at),
         version = w.version + CASE WHEN CAST(:exit_code AS TEXT) IS NULL THEN 1 ELSE 2 END
-    FROM worker
+    FROM claimed AS worker
     WHERE
         w.id = worker.id
         AND CAST(:status AS TEXT) IS NOT NULL
@@ -726,56 +717,29 @@ ended AS (
         )
     RETURNING
         w.status,
-        w.exit_code,
-        w.read_count,
-        w.processed_count,
-        w.write_count,
-        w.filter_count,
-        w.commit_count,
-        w.rollback_count
-),
-
-result AS (
-    SELECT
-        ended.status,
-        ended.exit_code,
-        ended.read_count,
-        ended.processed_count,
-        ended.write_count,
-        ended.filter_count,
-        ended.commit_count,
-        ended.rollback_count
-    FROM ended
-    UNION ALL
-    SELECT
-        worker.status,
-        worker.exit_code,
-        worker.read_count,
-        worker.processed_count,
-        worker.write_count,
-        worker.filter_count,
-        worker.commit_count,
-        worker.rollback_count
-    FROM worker
-    WHERE worker.status IN ('COMPLETED', 'FAILED', 'STOPPED', 'UNKNOWN')
+        w.exit_code
 ),
 
 completed AS (
     UPDATE pybatch.step_partition AS p
     SET
-        status = result.status,
-        exit_code = result.exit_code,
-        read_count = result.read_count,
-        processed_count = result.processed_count,
-        write_count = result.write_count,
-        filter_count = result.filter_count,
-        commit_count = result.commit_count,
-        rollback_count = result.rollback_count,
+        status = COALESCE(ended.status, worker.status),
+        exit_code = COALESCE(ended.exit_code, worker.exit_code),
+        read_count = worker.read_count,
+        processed_count = worker.processed_count,
+        write_count = worker.write_count,
+        filter_count = worker.filter_count,
+        commit_count = worker.commit_count,
+        rollback_count = worker.rollback_count,
         worker_owner_token = NULL,
         worker_lease_expires_at = NULL,
         version = p.version + 1
-    FROM result
-    WHERE p.id = :step_partition_id AND p.version = :expected_version
+    FROM claimed AS worker
+    LEFT JOIN ended ON TRUE
+    WHERE
+        p.id = :step_partition_id
+        AND p.version = :expected_version
+        AND COALESCE(ended.status, worker.status) IN ('COMPLETED', 'FAILED', 'STOPPED', 'UNKNOWN')
     RETURNING
         p.id,
         p.step_execution_id,
@@ -823,9 +787,8 @@ SELECT
     found.worker_step_execution_id AS found_worker_step_execution_id,
     found.step_execution_id AS parent_step_execution_id,
     s.status AS parent_status,
-    s.job_execution_id AS parent_job_execution_id,
     w.status AS worker_status,
-    w.job_execution_id AS worker_job_execution_id
+    w.job_execution_id = s.job_execution_id AS same_execution
 FROM (SELECT CAST(:step_partition_id AS BIGINT) AS id) AS asked
 LEFT JOIN pybatch.step_partition AS found ON asked.id = found.id
 LEFT JOIN pybatch.step_execution AS s ON found.step_execution_id = s.id

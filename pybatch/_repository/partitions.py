@@ -192,7 +192,7 @@ def _end_refused(
         return PartitionParentNotActive(step_execution_id=parent_id, status=parent_status.value)
     if row["found_worker_step_execution_id"] != worker_id:
         return PartitionWorkerStale(partition_id=partition_id, worker=worker_id)
-    if row["worker_job_execution_id"] != row["parent_job_execution_id"]:
+    if row["same_execution"] is not True:
         return PartitionWorkerMismatch(partition_id=partition_id, worker=worker_id)
     worker_status = partition_status(row["worker_status"])
     if target is not None and worker_status.is_active:

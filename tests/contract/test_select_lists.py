@@ -85,9 +85,8 @@ READERS: dict[str, tuple[str, ...]] = {
         "found_worker_step_execution_id",
         "parent_step_execution_id",
         "parent_status",
-        "parent_job_execution_id",
         "worker_status",
-        "worker_job_execution_id",
+        "same_execution",
     ),
     "summarize_step_partitions": (
         "partitions",
