@@ -643,25 +643,44 @@ LIMIT :limit;
 
 -- :name end_step_partition :one
 -- :doc End a partition's worker and publish its result onto the partition in one guarded
--- statement. Under its parent (FOR SHARE, STARTED or STOPPING: claims and ends share the parent,
--- only the aggregation's FOR UPDATE excludes them), lock the partition (FOR UPDATE) if it is
--- still STARTED at expected_version with this worker - and, with only_if_lost, if its lease ran
--- out on the database clock or it has none - then its worker step (of the parent's execution).
+-- statement. Lock the parent (FOR SHARE: claims and ends share the parent, only the aggregation's
+-- FOR UPDATE excludes them), then the partition (FOR UPDATE); if the parent is STARTED or
+-- STOPPING and the partition still STARTED at expected_version with this worker - and, with
+-- only_if_lost, if its lease ran out on the database clock or it has none - lock its worker
+-- step (of the parent's execution).
 -- An active worker is ended with status (a move of the transition table; never before its last
 -- write), failure and exit (none - the exit stays, and the version moves by one instead of two);
 -- a worker already in a result status stays as it is. The partition takes the worker's durable
 -- status, exit and counters, its owner and lease end, and its version moves by one (status NULL
 -- ends no worker: it must have ended already). Always one row: the partition's new columns, NULL
--- when a guard refused and nothing changed, then the state the guards judged as the statement's
--- snapshot saw it (found_*, parent_*, worker_*), from which the caller names the refusal.
+-- when a guard refused and nothing changed, then the locked state the guards judged (found_*,
+-- parent_*; the worker as the statement's snapshot saw it), from which the caller names the
+-- refusal.
 WITH parent AS (
     SELECT
         s.id,
+        s.status,
         s.job_execution_id
     FROM pybatch.step_partition AS p
     INNER JOIN pybatch.step_execution AS s ON p.step_execution_id = s.id
-    WHERE p.id = :step_partition_id AND s.status IN ('STARTED', 'STOPPING')
+    WHERE p.id = :step_partition_id
     FOR SHARE OF s
+),
+
+found AS (
+    SELECT
+        p.id,
+        p.version,
+        p.status,
+        p.worker_step_execution_id,
+        p.worker_lease_expires_at,
+        parent.id AS parent_id,
+        parent.status AS parent_status,
+        parent.job_execution_id
+    FROM pybatch.step_partition AS p
+    INNER JOIN parent ON p.step_execution_id = parent.id
+    WHERE p.id = :step_partition_id
+    FOR UPDATE OF p
 ),
 
 claimed AS (
@@ -675,22 +694,22 @@ claimed AS (
         w.filter_count,
         w.commit_count,
         w.rollback_count
-    FROM pybatch.step_partition AS p
-    INNER JOIN parent ON p.step_execution_id = parent.id
+    FROM found
     INNER JOIN pybatch.step_execution AS w
         ON
-            p.worker_step_execution_id = w.id
-            AND parent.job_execution_id = w.job_execution_id
+            found.worker_step_execution_id = w.id
+            AND found.job_execution_id = w.job_execution_id
     WHERE
-        p.id = :step_partition_id
-        AND p.version = :expected_version
-        AND p.status = 'STARTED'
-        AND p.worker_step_execution_id = :worker_step_execution_id
+        found.parent_status IN ('STARTED', 'STOPPING')
+        AND found.version = :expected_version
+        AND found.status = 'STARTED'
+        AND found.worker_step_execution_id = :worker_step_execution_id
         AND (
             NOT :only_if_lost
-            OR COALESCE(p.worker_lease_expires_at > pg_catalog.CLOCK_TIMESTAMP(), FALSE) IS FALSE
+            OR COALESCE(found.worker_lease_expires_at > pg_catalog.CLOCK_TIMESTAMP(), FALSE)
+            IS FALSE
         )
-    FOR UPDATE OF p, w
+    FOR UPDATE OF w
 ),
 
 ended AS (
@@ -785,13 +804,12 @@ SELECT
     found.version AS found_version,
     found.status AS found_status,
     found.worker_step_execution_id AS found_worker_step_execution_id,
-    found.step_execution_id AS parent_step_execution_id,
-    s.status AS parent_status,
+    found.parent_id AS parent_step_execution_id,
+    found.parent_status,
     w.status AS worker_status,
-    w.job_execution_id = s.job_execution_id AS same_execution
+    w.job_execution_id = found.job_execution_id AS same_execution
 FROM (SELECT CAST(:step_partition_id AS BIGINT) AS id) AS asked
-LEFT JOIN pybatch.step_partition AS found ON asked.id = found.id
-LEFT JOIN pybatch.step_execution AS s ON found.step_execution_id = s.id
+LEFT JOIN found ON asked.id = found.id
 LEFT JOIN pybatch.step_execution AS w ON w.id = :worker_step_execution_id
 LEFT JOIN completed AS c ON TRUE;
 
