@@ -309,16 +309,20 @@ WITH parent AS (
     FOR SHARE
 ),
 
+-- The parent is locked first (a one-time EXISTS); the plan's STARTING partitions are then read
+-- in ordinal order from step_partition_claimable, so the first unlocked one ends the scan.
 unclaimed AS (
     SELECT
         p.id,
         p.partition_key,
         p.partition_ordinal,
         p.version,
-        parent.job_execution_id
+        (SELECT parent.job_execution_id FROM parent) AS job_execution_id
     FROM pybatch.step_partition AS p
-    INNER JOIN parent ON p.step_execution_id = parent.id
-    WHERE p.status = 'STARTING'
+    WHERE
+        p.step_execution_id = :step_execution_id
+        AND p.status = 'STARTING'
+        AND EXISTS (SELECT 1 FROM parent)
     ORDER BY p.partition_ordinal
     LIMIT 1
     FOR UPDATE OF p SKIP LOCKED

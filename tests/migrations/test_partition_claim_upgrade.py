@@ -1,4 +1,5 @@
-"""Upgrading the open-step check (it reads the step, not every step of its execution) live.
+"""Upgrading to cheaper partition claims (the open-step check reads one step; an index of
+the claimable partitions) under a live partitioned step.
 
 A partitioned step of the older package holds a claimed partition while the migration
 replaces the check; its worker then ends that partition, claims and ends the rest, and the
@@ -26,7 +27,7 @@ from tests.migrations.test_lease_upgrade import install_up_to
 S = BatchStatus
 #: The migration that replaces the check (looked up by name: its number follows the others').
 OPEN_STEP_CHECK = next(
-    m.version for m in migrator.shipped_migrations() if m.name == "open_step_check_reads_one_step"
+    m.version for m in migrator.shipped_migrations() if m.name == "claims_read_one_row"
 )
 
 
