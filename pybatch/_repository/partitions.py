@@ -357,7 +357,8 @@ class Partitions(Capability):
 
     def complete(self, partition_id: int, expected_version: int, worker_id: int) -> StepPartition:
         """Publish the worker's terminal snapshot (read from its durable row) onto its partition."""
-        return self._end_partition_worker(partition_id, expected_version, worker_id, None)
+        row = self._end_partition_worker(partition_id, expected_version, worker_id, None)
+        return decode_step_partition(row)
 
     def end_worker(
         self,
@@ -366,13 +367,14 @@ class Partitions(Capability):
         worker_id: int,
         transition: LifecycleTransition,
         exit_status: ExitCode | None,
-    ) -> StepPartition:
+    ) -> None:
         """End a partition's worker step and complete the partition from it, atomically.
 
         A worker already in a result status is left as it is. `exit_status` None keeps its exit.
+        Nothing is decoded on this path (a worker's hot path): `plan()` reads the partition.
         """
         end = (transition, exit_status)
-        return self._end_partition_worker(partition_id, expected_version, worker_id, end)
+        self._end_partition_worker(partition_id, expected_version, worker_id, end)
 
     def recover_lost(self, partition: int, expected_version: int, worker_id: int) -> bool:
         """End a STARTED partition's worker FAILED (STALE_RECOVERED) if its lease is gone.
@@ -394,12 +396,12 @@ class Partitions(Capability):
         expected_version: int,
         worker_id: int,
         end: tuple[LifecycleTransition, ExitCode | None] | None,
-    ) -> StepPartition:
+    ) -> Row:
         """End the worker (when `end` is given), then complete its partition from its row."""
         with self._operation() as (q, conn):
             row = _end_step_partition(q, conn, partition_id, expected_version, worker_id, end)
             if row["id"] is not None:
-                return decode_step_partition(row)
+                return row
             target = None if end is None else end[0].target
             raise _end_refused(row, partition_id, expected_version, worker_id, target)
 
