@@ -25,6 +25,7 @@ import psycopg
 
 from pybatch import _skips
 from pybatch._codecs import explorer as codec
+from pybatch._codecs._jsonb import CanonicalJsonb, to_jsonb
 from pybatch._codecs._primitives import DecodeError, Row
 from pybatch._job_repository import JobRepository
 from pybatch._statements import Statement
@@ -57,6 +58,7 @@ from pybatch.values.explorer import (
     OrderedKey,
     Page,
     PageSize,
+    ParameterFilter,
     RunningExecution,
     StepExecutionProjection,
     StepPartitionProjection,
@@ -100,17 +102,28 @@ def _row_size(item: object) -> int:
     return len(_ENCODER.encode(document).encode("utf-8"))
 
 
-_CHILD_DECODERS: dict[ExplorerQuery, Callable[[Row], Any]] = {
-    ExplorerQuery.STEP_EXECUTIONS: codec.decode_step_projection,
-    ExplorerQuery.RECOVERY_DECISIONS: codec.decode_recovery_decision,
-    ExplorerQuery.FLOW_DECISIONS: codec.decode_flow_decision,
-    ExplorerQuery.STEP_PARTITIONS: codec.decode_partition_projection,
-    ExplorerQuery.OPERATOR_REQUESTS: codec.decode_operator_request,
-}
+def _documents(parameters: ParameterFilter | None) -> list[CanonicalJsonb]:
+    """The jsonb[] of identifying-parameter fragments `parameters` matches; none: `{}`, any."""
+    return [to_jsonb(d) for d in ([{}] if parameters is None else parameters.documents())]
+
+
+@contextmanager
+def _explorer_errors() -> Iterator[None]:
+    """Repository failures as explorer errors; a row that does not decode is Unavailable."""
+    try:
+        yield
+    except DecodeError:
+        raise ExplorerRepositoryError(error=Unavailable()) from None
+    except Unavailable as error:
+        if error.sqlstate == "57014":
+            raise ExplorerTimeout() from None
+        raise ExplorerRepositoryError(error=error) from None
+    except RepositoryError as error:  # PermissionDenied and the like keep their name
+        raise ExplorerRepositoryError(error=error) from None
 
 
 class JobExplorer:
-    """Paged, value-redacted reads over a `JobRepository`'s pool (docs/contract.md, Explorer)."""
+    """Paged reads over a `JobRepository`'s pool (docs/contract.md, Explorer)."""
 
     def __init__(self, repository: JobRepository) -> None:
         self._repository = repository
@@ -122,6 +135,7 @@ class JobExplorer:
             ExplorerQuery.INSTANCES: q.explore_ceiling_instances,
             ExplorerQuery.EXECUTIONS: q.explore_ceiling_executions,
             ExplorerQuery.UNRESOLVED_EXECUTIONS: q.explore_ceiling_executions,
+            ExplorerQuery.PARAMETER_EXECUTIONS: q.explore_ceiling_executions,
             ExplorerQuery.STEP_EXECUTIONS: q.explore_ceiling_step_executions,
             ExplorerQuery.RECOVERY_DECISIONS: q.explore_ceiling_recovery_decisions,
             ExplorerQuery.FLOW_DECISIONS: q.explore_ceiling_flow_decisions,
@@ -146,37 +160,19 @@ class JobExplorer:
         """
         view = JobExplorer(self._repository)
         try:
-            with self._repository.read_transaction() as conn:
+            with _explorer_errors(), self._repository.read_transaction() as conn:
                 view._conn = conn
                 yield view
-        except Unavailable as error:
-            if error.sqlstate == "57014":
-                raise ExplorerTimeout() from None
-            raise ExplorerRepositoryError(error=error) from None
-        except RepositoryError as error:
-            raise ExplorerRepositoryError(error=error) from None
         finally:
             view._conn = None
 
     def _read(self, work: Callable[[Conn], T]) -> T:
         """Run `work` in one read-only transaction, always rolled back; map failures."""
-        if self._conn is not None:  # a pinned view: its transaction maps driver errors on exit
-            try:
+        with _explorer_errors():
+            if self._conn is not None:  # a pinned view: its transaction maps driver errors
                 return work(self._conn)
-            except DecodeError:
-                raise ExplorerRepositoryError(error=Unavailable()) from None
-        try:
             with self._repository.read_transaction() as conn:
-                try:
-                    return work(conn)
-                except DecodeError:
-                    raise ExplorerRepositoryError(error=Unavailable()) from None
-        except Unavailable as error:
-            if error.sqlstate == "57014":
-                raise ExplorerTimeout() from None
-            raise ExplorerRepositoryError(error=error) from None
-        except RepositoryError as error:  # PermissionDenied and the like keep their name
-            raise ExplorerRepositoryError(error=error) from None
+                return work(conn)
 
     def _ceiling(self, conn: Conn, query: ExplorerQuery, job_name: str | None) -> int:
         if query is ExplorerQuery.STEP_SKIPS:
@@ -262,21 +258,29 @@ class JobExplorer:
         )
 
     def instances(
-        self, job_name: str, page_size: PageSize | None = None, after: Cursor | None = None
+        self,
+        job_name: str,
+        page_size: PageSize | None = None,
+        after: Cursor | None = None,
+        parameters: ParameterFilter | None = None,
     ) -> Page[JobInstanceProjection]:
-        """Instances of `job_name`, newest first; an unknown name gives an empty page."""
+        """Instances of `job_name` (with `parameters`), newest first; unknown: an empty page."""
         if type(job_name) is not str:
             raise TypeError("job_name must be a str")
 
+        q = self._statements
+        statement = (
+            q.explore_instances if parameters is None else q.explore_instances_with_parameters
+        )
+        filtered = {} if parameters is None else {"parameter_documents": _documents(parameters)}
+
         def fetch(conn: Conn, key: CursorKey | None, bounds: dict[str, int]) -> list[Row]:
             before = key.id if isinstance(key, IdentityKey) else INT64_MAX
-            return self._statements.explore_instances.many(
-                conn, job_name=job_name, before_id=before, **bounds
-            )
+            return statement.many(conn, job_name=job_name, before_id=before, **filtered, **bounds)
 
         return self._page(
             ExplorerQuery.INSTANCES,
-            job_name,
+            job_name if parameters is None else [job_name, parameters.pairs],
             page_size,
             after,
             fetch,
@@ -315,6 +319,32 @@ class JobExplorer:
                 JobInstanceNotFound(id=job_instance_id),
                 {"job_instance_id": job_instance_id},
             ),
+        )
+
+    def executions_with_parameters(
+        self,
+        parameters: ParameterFilter,
+        page_size: PageSize | None = None,
+        after: Cursor | None = None,
+    ) -> Page[JobExecutionProjection]:
+        """Executions of every instance with `parameters`, of any job, newest (highest id) first."""
+
+        def fetch(conn: Conn, key: CursorKey | None, bounds: dict[str, int]) -> list[Row]:
+            return self._statements.explore_executions_with_parameters.many(
+                conn,
+                parameter_documents=_documents(parameters),
+                before_id=key.id if isinstance(key, IdentityKey) else INT64_MAX,
+                **bounds,
+            )
+
+        return self._page(
+            ExplorerQuery.PARAMETER_EXECUTIONS,
+            parameters.pairs,
+            page_size,
+            after,
+            fetch,
+            codec.decode_execution_projection,
+            lambda item: IdentityKey(item.id),
         )
 
     def job_exists(self, job_name: str) -> bool:
@@ -384,12 +414,24 @@ class JobExplorer:
     ) -> Page[Any]:
         """A page of the rows under one job execution (or, for partitions, step execution)."""
         q = self._statements
-        statement = {
-            ExplorerQuery.STEP_EXECUTIONS: q.explore_step_executions,
-            ExplorerQuery.RECOVERY_DECISIONS: q.explore_recovery_decisions,
-            ExplorerQuery.FLOW_DECISIONS: q.explore_flow_decisions,
-            ExplorerQuery.STEP_PARTITIONS: q.explore_step_partitions,
-            ExplorerQuery.OPERATOR_REQUESTS: q.explore_operator_requests,
+        statement, decode = {
+            ExplorerQuery.STEP_EXECUTIONS: (
+                q.explore_step_executions,
+                codec.decode_step_projection,
+            ),
+            ExplorerQuery.RECOVERY_DECISIONS: (
+                q.explore_recovery_decisions,
+                codec.decode_recovery_decision,
+            ),
+            ExplorerQuery.FLOW_DECISIONS: (q.explore_flow_decisions, codec.decode_flow_decision),
+            ExplorerQuery.STEP_PARTITIONS: (
+                q.explore_step_partitions,
+                codec.decode_partition_projection,
+            ),
+            ExplorerQuery.OPERATOR_REQUESTS: (
+                q.explore_operator_requests,
+                codec.decode_operator_request,
+            ),
         }[query]
         # Flow decisions page by (sequence, id), every other child listing by id.
         ordered = query is ExplorerQuery.FLOW_DECISIONS
@@ -417,7 +459,6 @@ class JobExplorer:
         def key_of(item: Any) -> CursorKey:
             return OrderedKey(item.sequence, item.id) if ordered else IdentityKey(item.id)
 
-        decode = _CHILD_DECODERS[query]
         return self._page(query, parent_id, page_size, after, fetch, decode, key_of, exists_check)
 
     def step_executions(
@@ -517,8 +558,9 @@ class JobExplorer:
         minimum_age: _dt.timedelta,
         page_size: PageSize | None = None,
         after: Cursor | None = None,
+        parameters: ParameterFilter | None = None,
     ) -> Page[JobExecutionProjection]:
-        """Unresolved executions not updated for `minimum_age` (60 s or more): database clock.
+        """Unresolved executions not updated for `minimum_age` (60 s or more), with `parameters`.
 
         The cutoff is the server's statement time minus the age, to the microsecond, so a client
         whose clock is wrong neither hides a stale run nor lists a fresh one.
@@ -532,13 +574,14 @@ class JobExplorer:
             return self._statements.explore_unresolved_executions.many(
                 conn,
                 minimum_age_us=age_us,
+                parameter_documents=_documents(parameters),
                 after_id=key.id if isinstance(key, IdentityKey) else 0,
                 **bounds,
             )
 
         return self._page(
             ExplorerQuery.UNRESOLVED_EXECUTIONS,
-            age_us,
+            age_us if parameters is None else [age_us, parameters.pairs],
             page_size,
             after,
             fetch,

@@ -30,6 +30,8 @@ _REPRESENTATIVE: Mapping[str, object] = {
     **{"before_attempt": "2147483647", "after_name": "", "job_name": "job_0001"},
     **{"result_status": "STOPPING", "action": "STOP", "authorization_class": "LIFECYCLE"},
     "outcome_class": "APPLIED",
+    # A jsonb[] of one identifying-parameter fragment, as the explorer's filter sends it.
+    "parameter_documents": '{"{\\"business_date\\": {\\"value\\": \\"2026-11-30\\"}}"}',
 }
 
 

@@ -854,6 +854,10 @@ class ResponseTooLarge(ExplorerError):
     """A single row exceeds the response bound of a page."""
     message = "one row exceeds the page response bound (page size {limit})"
     limit: int
+class ParameterFilterInvalid(ExplorerError):
+    """A parameter filter is NAME=VALUE pairs (`--param`), each a valid parameter name once."""
+    message = "a parameter filter takes 1 to {limit} NAME=VALUE pairs, each name once"
+    limit: int
 class ExplorerTimeout(ExplorerError):
     """The page's statement timeout cancelled it (SQLSTATE 57014)."""
     message = "the explorer page was cancelled by the statement timeout"

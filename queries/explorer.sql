@@ -132,8 +132,8 @@ ORDER BY job_names.job_name;
 
 -- :name explore_instances :many
 -- :doc Instances of one job name, newest first, with id < before_id and id <= ceiling
--- (job_instance_name_identity); identifying parameter names and kinds only, never values;
--- a purged history's tombstone (final status, purge time, last attempt).
+-- (job_instance_name_identity); their identifying parameters (never the non-identifying ones,
+-- which are not stored); a purged history's tombstone (final status, purge time, last attempt).
 SELECT
     instance.id,
     instance.job_name,
@@ -145,23 +145,45 @@ SELECT
     instance.last_attempt,
     instance.final_status,
     instance.purged_at,
-    COALESCE(
-        (
-            SELECT
-                pg_catalog.JSONB_AGG(
-                    pg_catalog.JSONB_BUILD_ARRAY(entry.entry_name, entry.entry_envelope -> 'type')
-                ) AS kinds
-            FROM
-                pg_catalog.JSONB_EACH(instance.identifying_parameters)
-                    AS entry (entry_name, entry_envelope)
-        ),
-        CAST('[]' AS JSONB)
-    ) AS parameter_kinds
+    instance.identifying_parameters
 FROM pybatch.job_instance AS instance
 WHERE
     instance.job_name = :job_name
     AND instance.id <= :ceiling
     AND instance.id < :before_id
+ORDER BY instance.id DESC
+LIMIT :row_limit;
+
+-- :name explore_instances_with_parameters :many
+-- :doc explore_instances restricted to the instances whose identifying parameters contain one
+-- of parameter_documents. The matching instances are found first, as a set (a bitmap from
+-- job_instance_parameter_values, with job_instance_name_identity), then the page is sorted from
+-- them: a page costs what the filter matches within the job, never a walk of the job's history
+-- in id order betting on an early match (MATERIALIZED keeps the planner from that bet).
+WITH filtered_instance AS MATERIALIZED (
+    SELECT candidate.id
+    FROM pybatch.job_instance AS candidate
+    WHERE
+        candidate.job_name = :job_name
+        AND candidate.identifying_parameters @> ANY(CAST(:parameter_documents AS JSONB[]))
+        AND candidate.id <= :ceiling
+        AND candidate.id < :before_id
+)
+
+SELECT
+    instance.id,
+    instance.job_name,
+    instance.instance_key,
+    instance.created_at,
+    instance.hold_actor,
+    instance.hold_reason,
+    instance.hold_placed_at,
+    instance.last_attempt,
+    instance.final_status,
+    instance.purged_at,
+    instance.identifying_parameters
+FROM filtered_instance
+INNER JOIN pybatch.job_instance AS instance ON filtered_instance.id = instance.id
 ORDER BY instance.id DESC
 LIMIT :row_limit;
 
@@ -197,6 +219,8 @@ SELECT
     totals.filter_count,
     totals.commit_count,
     totals.rollback_count,
+    execution.owner_host,
+    instance.identifying_parameters,
     execution.owner_token IS NOT NULL AS owner_recorded
 FROM pybatch.job_execution AS execution
 INNER JOIN pybatch.job_instance AS instance ON execution.job_instance_id = instance.id
@@ -265,6 +289,8 @@ SELECT
     totals.filter_count,
     totals.commit_count,
     totals.rollback_count,
+    execution.owner_host,
+    instance.identifying_parameters,
     execution.owner_token IS NOT NULL AS owner_recorded
 FROM pybatch.job_execution AS execution
 INNER JOIN pybatch.job_instance AS instance ON execution.job_instance_id = instance.id
@@ -312,7 +338,9 @@ LIMIT 1;
 -- :doc Executions in STARTING, STARTED, STOPPING or UNKNOWN last updated strictly more than
 -- minimum_age_us microseconds before the server's statement time (the database clock decides the
 -- cutoff, whatever the client's clock says), id ascending after after_id
--- (job_execution_unresolved_identity).
+-- (job_execution_unresolved_identity), whose parameters (the copy of the instance's identifying
+-- parameters) contain one of parameter_documents: a filter over the few unresolved rows, and
+-- '{}' matches every execution.
 SELECT
     execution.id,
     execution.job_instance_id,
@@ -342,6 +370,8 @@ SELECT
     totals.filter_count,
     totals.commit_count,
     totals.rollback_count,
+    execution.owner_host,
+    instance.identifying_parameters,
     execution.owner_token IS NOT NULL AS owner_recorded
 FROM pybatch.job_execution AS execution
 INNER JOIN pybatch.job_instance AS instance ON execution.job_instance_id = instance.id
@@ -375,10 +405,99 @@ WHERE
     execution.status IN ('STARTING', 'STARTED', 'STOPPING', 'UNKNOWN')
     AND execution.updated_at
     < pg_catalog.STATEMENT_TIMESTAMP() - CAST(:minimum_age_us AS BIGINT) * INTERVAL '1 microsecond'
+    AND execution.parameters @> ANY(CAST(:parameter_documents AS JSONB[]))
     AND execution.id > :after_id
     AND execution.id <= :ceiling
 ORDER BY execution.id
 LIMIT :row_limit;
+
+-- :name explore_executions_with_parameters :many
+-- :doc Executions of every instance whose identifying parameters contain one of
+-- parameter_documents, id descending before before_id with id <= ceiling. Every matching
+-- attempt is found first, as a set (a bitmap of the instances from
+-- job_instance_parameter_values, then job_execution_attempt_unique), and the page is sorted from
+-- those: a page costs what the filter matches, never a walk of the history in id order betting
+-- on an early match (MATERIALIZED keeps the planner from that bet, which cost seconds a page).
+-- Derived counts are summed for the page's rows only.
+WITH filtered_attempt AS MATERIALIZED (
+    SELECT attempt.id
+    FROM pybatch.job_instance AS candidate
+    INNER JOIN pybatch.job_execution AS attempt ON candidate.id = attempt.job_instance_id
+    WHERE
+        candidate.identifying_parameters @> ANY(CAST(:parameter_documents AS JSONB[]))
+        AND attempt.id <= :ceiling
+        AND attempt.id < :before_id
+),
+
+page AS (
+    SELECT filtered_attempt.id
+    FROM filtered_attempt
+    ORDER BY filtered_attempt.id DESC
+    LIMIT :row_limit
+)
+
+SELECT
+    execution.id,
+    execution.job_instance_id,
+    instance.job_name,
+    execution.attempt,
+    execution.status,
+    execution.exit_code,
+    execution.failure_category,
+    execution.failure_id,
+    execution.created_at,
+    execution.started_at,
+    execution.ended_at,
+    execution.updated_at,
+    execution.stop_requested_at,
+    execution.stop_requested_by,
+    execution.version,
+    definition.definition_revision,
+    definition.manifest_format,
+    definition.manifest_digest,
+    execution.context_format,
+    execution.context_schema,
+    execution.context_schema_version,
+    CAST(pg_catalog.PG_COLUMN_SIZE(execution.context_payload) AS BIGINT) AS context_bytes,
+    totals.read_count,
+    totals.processed_count,
+    totals.write_count,
+    totals.filter_count,
+    totals.commit_count,
+    totals.rollback_count,
+    execution.owner_host,
+    instance.identifying_parameters,
+    execution.owner_token IS NOT NULL AS owner_recorded
+FROM page
+INNER JOIN pybatch.job_execution AS execution ON page.id = execution.id
+INNER JOIN pybatch.job_instance AS instance ON execution.job_instance_id = instance.id
+INNER JOIN pybatch.job_definition AS definition ON execution.definition_id = definition.id
+CROSS JOIN
+    LATERAL (
+        -- Derived counts: partition workers of a parent in the same execution are
+        -- counted once, through the parent. SUM over bigint is numeric: the codec refuses a
+        -- total above 2**63-1 instead of wrapping.
+        SELECT
+            COALESCE(pg_catalog.SUM(step.read_count), 0) AS read_count,
+            COALESCE(pg_catalog.SUM(step.processed_count), 0) AS processed_count,
+            COALESCE(pg_catalog.SUM(step.write_count), 0) AS write_count,
+            COALESCE(pg_catalog.SUM(step.filter_count), 0) AS filter_count,
+            COALESCE(pg_catalog.SUM(step.commit_count), 0) AS commit_count,
+            COALESCE(pg_catalog.SUM(step.rollback_count), 0) AS rollback_count
+        FROM pybatch.step_execution AS step
+        WHERE
+            step.job_execution_id = execution.id
+            AND NOT EXISTS (
+                SELECT 1 AS worker
+                FROM pybatch.step_partition AS plan_partition
+                INNER JOIN pybatch.step_execution AS parent
+                    ON plan_partition.step_execution_id = parent.id
+                WHERE
+                    plan_partition.worker_step_execution_id = step.id
+                    AND parent.job_execution_id = step.job_execution_id
+            )
+    ) AS totals
+ORDER BY execution.id DESC;
 
 -- :name explore_step_executions :many
 -- :doc Steps of one execution, id ascending after after_id (step_execution_execution_identity);
@@ -580,6 +699,7 @@ SELECT
     execution.started_at,
     execution.lease_expires_at,
     execution.stop_requested_at,
+    execution.owner_host,
     step.step_name,
     step.started_at AS step_started_at,
     step.read_count,

@@ -1,10 +1,11 @@
 -- :name claim_execution_owner :affected
--- :doc Record the owner token of a STARTING execution and start its lease on the database clock
--- (docs/contract.md, Ownership and leases); the same token again is idempotent. Zero rows -
--- classify the refusal.
+-- :doc Record the owner token and host of a STARTING execution and start its lease on the
+-- database clock (docs/contract.md, Ownership and leases); the same token again is idempotent.
+-- Zero rows - classify the refusal.
 UPDATE pybatch.job_execution
 SET
     owner_token = :owner_token,
+    owner_host = :owner_host,
     lease_expires_at
     = pg_catalog.CLOCK_TIMESTAMP() + CAST(:lease_ms AS BIGINT) * INTERVAL '1 millisecond',
     updated_at = GREATEST(updated_at, :claimed_at)

@@ -79,6 +79,7 @@ _CONFIGURATION = (
     e.PageSizeOutOfRange,
     e.CursorError,
     e.ExplorerAgeBoundTooSmall,
+    e.ParameterFilterInvalid,
     e.RequestFieldError,
 )
 

@@ -24,7 +24,7 @@ from pybatch._cli._connection import Commands, Handler, add_command, config_from
 from pybatch._explorer import JobExplorer
 from pybatch._job_repository import JobRepository
 from pybatch._migrator import installed_schema_version
-from pybatch.errors import JobExecutionNotFound, JobNotFound
+from pybatch.errors import CommandArgumentInvalid, JobExecutionNotFound, JobNotFound
 from pybatch.values.definitions import LEGACY_REVISION
 from pybatch.values.explorer import (
     DEFAULT_PAGE_SIZE,
@@ -36,6 +36,7 @@ from pybatch.values.explorer import (
     LatestAttempt,
     Page,
     PageSize,
+    ParameterFilter,
     RunningExecution,
     operator_request_json,
     recovery_decision_json,
@@ -65,9 +66,19 @@ def _identifier(text: str) -> int:
 
 def register(commands: Commands) -> None:
 
-    def command(name: str, handler: Handler, help_text: str, *, paged: bool = True) -> Parser:
+    def command(
+        name: str, handler: Handler, help_text: str, *, paged: bool = True, filtered: bool = False
+    ) -> Parser:
         parser = add_command(commands, name, handler, help=help_text, description=help_text)
         parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+        if filtered:
+            parser.add_argument(
+                "--param",
+                action="append",
+                metavar="NAME=VALUE",
+                help="only instances whose identifying parameter NAME has VALUE (a string as is, "
+                "an integer in decimal, a boolean true or false); repeat it: all must match",
+            )
         if paged:
             parser.add_argument(
                 "--limit",
@@ -81,12 +92,20 @@ def register(commands: Commands) -> None:
         return parser
 
     command("jobs", _jobs, "list job names with the latest execution's status and time")
-    instances = command("instances", _instances, "list the instances of a job, newest first")
+    instances = command(
+        "instances", _instances, "list the instances of a job, newest first", filtered=True
+    )
     instances.add_argument("job", help="the job name")
     executions = command(
-        "executions", _executions, "list the attempts of an instance, newest first"
+        "executions",
+        _executions,
+        "list the attempts of an instance, or with --param those of every instance (of any "
+        "job) with those parameters, newest first",
+        filtered=True,
     )
-    executions.add_argument("instance", type=_identifier, help="the job instance id")
+    executions.add_argument(
+        "instance", type=_identifier, nargs="?", help="the job instance id (or give --param)"
+    )
     show = command(
         "show",
         _show,
@@ -121,6 +140,7 @@ def register(commands: Commands) -> None:
         "unresolved",
         _unresolved,
         "list STARTING, STARTED, STOPPING or UNKNOWN executions left unattended",
+        filtered=True,
     )
     unresolved.add_argument(
         "--older-than",
@@ -283,11 +303,20 @@ def _list(
     return 0
 
 
+def _parameters(item: JobInstanceProjection | JobExecutionProjection) -> str:
+    return ", ".join(f"{p.name}={p.shown_value()}" for p in item.parameters) or "-"
+
+
+def _parameter_filter(args: argparse.Namespace) -> ParameterFilter | None:
+    return None if args.param is None else ParameterFilter.parse(args.param)
+
+
 def _execution_row(item: JobExecutionProjection) -> list[str]:
     return [
         str(item.id),
         str(item.instance_id),
         item.job_name,
+        _parameters(item),
         str(item.attempt),
         item.status.value,
         item.exit_code,
@@ -303,12 +332,13 @@ def _execution_row(item: JobExecutionProjection) -> list[str]:
 
 ID, STATUS, TIME, NUMBER, TEXT = Kind.ID, Kind.STATUS, Kind.TIME, Kind.NUMBER, Kind.TEXT
 
-#: Left out first: the owner flag and counters, then the instance and job (one instance is
-#: listed at a time), the start, the exit code, the end; the id, status and update never.
+#: Left out first: the parameters, the owner flag and counters, then the instance and job, the
+#: start, the exit code, the end; the id, status and update never.
 _EXECUTION_COLUMNS = (
     Column("EXECUTION", ID),
     Column("INSTANCE", ID, 8),
     Column("JOB", TEXT, 7),
+    Column("PARAMETERS", TEXT, 12),
     Column("ATTEMPT", NUMBER, 2),
     Column("STATUS", STATUS),
     Column("EXIT", STATUS, 4),
@@ -346,7 +376,7 @@ def _instances(args: argparse.Namespace) -> int:
     def fetch(
         explorer: JobExplorer, size: PageSize, after: Cursor | None
     ) -> Page[JobInstanceProjection]:
-        page = explorer.instances(args.job, size, after)
+        page = explorer.instances(args.job, size, after, _parameter_filter(args))
         # An empty first page is a job name no instance has (a typo), not an empty job.
         if not page.items and after is None and not explorer.job_exists(args.job):
             raise JobNotFound(job_name=args.job)
@@ -358,7 +388,7 @@ def _instances(args: argparse.Namespace) -> int:
         (
             Column("INSTANCE", ID),
             Column("JOB", TEXT, 4),
-            Column("PARAMETERS", TEXT, 3),
+            Column("PARAMETERS", TEXT),
             Column("CREATED", TIME, 1),
             Column("STATE", STATUS),
             Column("PURGED AT", TIME, 2),
@@ -367,7 +397,7 @@ def _instances(args: argparse.Namespace) -> int:
         lambda item: [
             str(item.id),
             item.job_name,
-            ", ".join(f"{p.name}:{p.kind}" for p in item.parameters) or "-",
+            _parameters(item),
             _instant(item.created_at),
             _state(item.tombstone),
             _instant(None if item.tombstone is None else item.tombstone.purged_at),
@@ -383,9 +413,18 @@ def _state(tombstone: InstanceTombstone | None) -> str:
 
 
 def _executions(args: argparse.Namespace) -> int:
+    if (args.instance is None) == (args.param is None):
+        raise CommandArgumentInvalid(
+            argument="INSTANCE", expected="either given or replaced by --param"
+        )
+    parameters = _parameter_filter(args)
     return _list(
         args,
-        lambda explorer, size, after: explorer.executions(args.instance, size, after),
+        lambda explorer, size, after: (
+            explorer.executions(args.instance, size, after)
+            if parameters is None
+            else explorer.executions_with_parameters(parameters, size, after)
+        ),
         _EXECUTION_COLUMNS,
         _execution_row,
         "no executions",
@@ -403,6 +442,7 @@ _RUNNING_COLUMNS = (
     Column("CHUNKS", NUMBER, 3),
     Column("ITEMS/S", NUMBER, 1),
     Column("LEASE LEFT", NUMBER),
+    Column("OWNER", TEXT, 7),
     Column("STARTED", TIME, 6),
 )
 
@@ -420,6 +460,7 @@ def _running_row(item: RunningExecution) -> list[str]:
         str(item.commits),
         "-" if rate is None else f"{rate:,.0f}",
         f"{item.lease_left.total_seconds():.1f}s",
+        item.owner_host or "-",
         _instant(item.started_at),
     ]
 
@@ -486,7 +527,7 @@ def _unresolved(args: argparse.Namespace) -> int:
         older_than = args.older_than
         if older_than is None:  # the configured stale threshold (validated: 1 min..24 h)
             older_than = config_from_args(args).stale_threshold
-        return explorer.unresolved_executions(older_than, size, after)
+        return explorer.unresolved_executions(older_than, size, after, _parameter_filter(args))
 
     return _list(args, fetch, _EXECUTION_COLUMNS, _execution_row, "no unresolved executions")
 
@@ -543,6 +584,7 @@ def _show(args: argparse.Namespace) -> int:
     fields = {
         "execution": str(execution.id),
         "job": f"{execution.job_name} (instance {execution.instance_id})",
+        "parameters": _parameters(execution),
         "attempt": str(execution.attempt),
         "latest": _latest(execution.id, latest),
         "status": f"{execution.status.value} (exit {execution.exit_code})",
@@ -561,7 +603,9 @@ def _show(args: argparse.Namespace) -> int:
         "stop": "-"
         if execution.stop_requested_at is None
         else f"requested {_instant(execution.stop_requested_at)} by {execution.stop_requested_by}",
-        "owner": "recorded" if execution.owner_recorded else "none recorded",
+        "owner": (execution.owner_host or "recorded")
+        if execution.owner_recorded
+        else "none recorded",
         "definition": f"{_shown(execution.definition.revision)} (manifest format "
         f"{execution.definition.manifest_format})",
         "context": f"{_shown(execution.context.schema_id)} v{execution.context.schema_version}, "

@@ -25,6 +25,7 @@ from pybatch._codecs.lifecycle import FAILURE_COLUMNS, INSTANT_COLUMNS, decode_f
 from pybatch._codecs.operator import decode_operator_record
 from pybatch._codecs.partitions import PARTITION_HEAD_COLUMNS
 from pybatch._codecs.steps import COUNT_COLUMNS, STEP_HEAD_COLUMNS
+from pybatch.errors import PyBatchError
 from pybatch.values.explorer import (
     DefinitionDescriptor,
     InstanceTombstone,
@@ -41,6 +42,7 @@ from pybatch.values.explorer import (
     StepPartitionProjection,
 )
 from pybatch.values.ids import INT64_MAX
+from pybatch.values.parameters import ParameterValue, ParameterValueKind
 from pybatch.values.status import BatchStatus, FailureReason
 
 
@@ -53,40 +55,20 @@ JOB_NAME_SUMMARY_COLUMNS = ("job_name", "latest_execution_id", "latest_status", 
 LATEST_ATTEMPT_COLUMNS = ("execution_id", "attempt", "status")
 RUNNING_EXECUTION_COLUMNS = (
     *("id", "job_name", "attempt", "status", "started_at", "lease_expires_at"),
-    *("stop_requested_at", "step_name", "step_started_at", "read_count", "write_count"),
-    *("commit_count", "observed_at"),
+    *("stop_requested_at", "owner_host", "step_name", "step_started_at", "read_count"),
+    *("write_count", "commit_count", "observed_at"),
 )
 INSTANCE_PROJECTION_COLUMNS = (
-    "id",
-    "job_name",
-    "instance_key",
-    "created_at",
-    "hold_actor",
-    "hold_reason",
-    "hold_placed_at",
-    "last_attempt",
-    "final_status",
-    "purged_at",
-    "parameter_kinds",
+    *("id", "job_name", "instance_key", "created_at", "hold_actor", "hold_reason"),
+    *("hold_placed_at", "last_attempt", "final_status", "purged_at", "identifying_parameters"),
 )
 EXECUTION_PROJECTION_COLUMNS = (
-    "id",
-    "job_instance_id",
-    "job_name",
-    "attempt",
-    "status",
-    "exit_code",
+    *("id", "job_instance_id", "job_name", "attempt", "status", "exit_code"),
     *FAILURE_COLUMNS,
     *INSTANT_COLUMNS,
-    "stop_requested_at",
-    "stop_requested_by",
-    "version",
-    "definition_revision",
-    "manifest_format",
-    "manifest_digest",
-    *_envelope_columns("context"),
-    *COUNT_COLUMNS,
-    "owner_recorded",
+    *("stop_requested_at", "stop_requested_by", "version", "definition_revision"),
+    *("manifest_format", "manifest_digest", *_envelope_columns("context"), *COUNT_COLUMNS),
+    *("owner_host", "identifying_parameters", "owner_recorded"),
 )
 STEP_PROJECTION_COLUMNS = (
     *STEP_HEAD_COLUMNS,
@@ -104,7 +86,7 @@ PARTITION_PROJECTION_COLUMNS = (
     *_envelope_columns("context"),
 )
 
-_PARAMETER_KINDS = frozenset({"string", "i64", "u64", "bool"})
+_KINDS = {kind.json_tag: kind for kind in ParameterValueKind}
 _COUNT_FIELDS = ("read", "processed", "written", "filtered", "commits", "rollbacks")
 
 
@@ -162,9 +144,6 @@ def decode_latest_attempt(row: Row) -> LatestAttempt:
 def decode_running_execution(row: Row) -> RunningExecution:
     """Decode an explore_running_executions row (the step columns are NULL before a step)."""
     row = row_columns(row, RUNNING_EXECUTION_COLUMNS)
-    step_name = row["step_name"]
-    if step_name is not None and type(step_name) is not str:
-        raise DecodeError("step_name")
     return RunningExecution(
         id=int64_at(row, "id"),
         job_name=text_at(row, "job_name"),
@@ -173,7 +152,8 @@ def decode_running_execution(row: Row) -> RunningExecution:
         started_at=optional_aware_at(row, "started_at"),
         lease_expires_at=aware_at(row, "lease_expires_at"),
         stop_requested_at=optional_aware_at(row, "stop_requested_at"),
-        step_name=step_name,
+        owner_host=_optional_text(row, "owner_host"),
+        step_name=_optional_text(row, "step_name"),
         step_started_at=optional_aware_at(row, "step_started_at"),
         read=optional_int64_at(row, "read_count", 0) or 0,
         written=optional_int64_at(row, "write_count", 0) or 0,
@@ -183,22 +163,8 @@ def decode_running_execution(row: Row) -> RunningExecution:
 
 
 def decode_instance_projection(row: Row) -> JobInstanceProjection:
-    """Decode an explore_instances row; the parameter kinds arrive as [[name, kind], ...]."""
+    """Decode an explore_instances row."""
     row = row_columns(row, INSTANCE_PROJECTION_COLUMNS)
-    kinds = row["parameter_kinds"]
-    if not isinstance(kinds, list):
-        raise DecodeError("parameter_kinds")
-    parameters = []
-    for entry in kinds:
-        if (
-            not isinstance(entry, list)
-            or len(entry) != 2
-            or type(entry[0]) is not str
-            or type(entry[1]) is not str
-            or entry[1] not in _PARAMETER_KINDS
-        ):
-            raise DecodeError("parameter_kinds")
-        parameters.append(ParameterDescriptor(entry[0], entry[1]))
     actor, reason, placed = row["hold_actor"], row["hold_reason"], row["hold_placed_at"]
     if (actor is None) != (reason is None) or (actor is None) != (placed is None):
         raise DecodeError("hold_actor")
@@ -210,11 +176,34 @@ def decode_instance_projection(row: Row) -> JobInstanceProjection:
         id=int64_at(row, "id"),
         job_name=text_at(row, "job_name"),
         instance_key_digest=digest_at(row, "instance_key"),
-        parameters=tuple(sorted(parameters, key=lambda p: p.name.encode())),
+        parameters=_parameters(row),
         created_at=aware_at(row, "created_at"),
         hold=hold,
         tombstone=_tombstone(row),
     )
+
+
+def _parameters(row: Row) -> tuple[ParameterDescriptor, ...]:
+    """The identifying parameters in name (UTF-8 byte) order; each value checked by its kind.
+
+    Lighter than decode_identifying_parameters (no digest-input rules: pages only display).
+    """
+    document = row["identifying_parameters"]
+    if type(document) is not dict:
+        raise DecodeError("identifying_parameters")
+    parameters = []
+    for name in sorted(document, key=str.encode):
+        envelope = document[name]
+        try:
+            value = ParameterValue(_KINDS[envelope["type"]], envelope["value"]).value
+        except (KeyError, TypeError, PyBatchError):
+            raise DecodeError("identifying_parameters") from None
+        parameters.append(ParameterDescriptor(name, envelope["type"], value))
+    return tuple(parameters)
+
+
+def _optional_text(row: Row, column: str) -> str | None:
+    return None if row[column] is None else text_at(row, column)
 
 
 def _tombstone(row: Row) -> InstanceTombstone | None:
@@ -260,6 +249,7 @@ def decode_execution_projection(row: Row) -> JobExecutionProjection:
         id=int64_at(row, "id"),
         instance_id=int64_at(row, "job_instance_id"),
         job_name=text_at(row, "job_name"),
+        parameters=_parameters(row),
         attempt=int64_at(row, "attempt"),
         **_lifecycle(row),
         **_instants(row),
@@ -272,6 +262,7 @@ def decode_execution_projection(row: Row) -> JobExecutionProjection:
         stop_requested_at=stop_at,
         stop_requested_by=None if stop_at is None else text_at(row, "stop_requested_by"),
         owner_recorded=bool_at(row, "owner_recorded"),
+        owner_host=_optional_text(row, "owner_host"),
     )
 
 
@@ -311,31 +302,22 @@ decode_operator_request = decode_operator_record
 
 
 FAILURE_REASON_COLUMNS = (
-    "step_execution_id",
-    "error_class",
-    "message",
-    "sqlstate",
-    "constraint_name",
-    "table_name",
-    "column_name",
+    *("step_execution_id", "error_class", "message", "sqlstate", "constraint_name"),
+    *("table_name", "column_name"),
 )
 
 
 def decode_failure_reason(row: Row) -> tuple[int | None, FailureReason]:
     """Decode an explore_failure_reasons row: (the step's id, or None for the execution)."""
     row = row_columns(row, FAILURE_REASON_COLUMNS)
-
-    def optional(column: str) -> str | None:
-        return None if row[column] is None else text_at(row, column)
-
     try:
         reason = FailureReason(
             error_class=text_at(row, "error_class"),
             message=text_at(row, "message"),
-            sqlstate=optional("sqlstate"),
-            constraint=optional("constraint_name"),
-            table=optional("table_name"),
-            column=optional("column_name"),
+            sqlstate=_optional_text(row, "sqlstate"),
+            constraint=_optional_text(row, "constraint_name"),
+            table=_optional_text(row, "table_name"),
+            column=_optional_text(row, "column_name"),
         )
     except ValueError:
         raise DecodeError("failure_error_class") from None

@@ -3,8 +3,8 @@
 Flask (the `dashboard` extra) with Jinja2's autoescaping: every value is escaped, the pages carry
 no script, and a Content-Security-Policy forbids any. Each page reads through one pinned
 `JobExplorer` view, so through one read-only transaction on one pooled connection, with the
-explorer's bounds (pages of at most 500 rows, value-redacted projections: parameter names and
-kinds, never values). Only GET and HEAD are served; any other method is 405, so the app cannot
+explorer's bounds (pages of at most 500 rows; identifying parameter values, never state
+payloads). Only GET and HEAD are served; any other method is 405, so the app cannot
 write even if a route were added by mistake. Authentication belongs in front of it
 (docs/operators.md, Dashboard).
 
@@ -34,10 +34,11 @@ from pybatch.errors import (
     JobExecutionNotFound,
     JobInstanceNotFound,
     PageSizeOutOfRange,
+    ParameterFilterInvalid,
     PyBatchError,
     StepExecutionNotFound,
 )
-from pybatch.values.explorer import MAX_PAGE_SIZE, Cursor, Page, PageSize
+from pybatch.values.explorer import MAX_PAGE_SIZE, Cursor, Page, PageSize, ParameterFilter
 
 T = TypeVar("T")
 
@@ -70,6 +71,12 @@ def _not_found(error: PyBatchError) -> bool:
 def _cursor_arg() -> Cursor | None:
     text = flask.request.args.get("after")
     return None if not text else Cursor.from_hex(text)
+
+
+def _parameter_arg() -> ParameterFilter | None:
+    """`?param=NAME=VALUE`, repeatable (all must match), as `--param`; None when absent."""
+    texts = [text for text in flask.request.args.getlist("param") if text]
+    return ParameterFilter.parse(texts) if texts else None
 
 
 def _int_arg(name: str, low: int, high: int) -> int | None:
@@ -134,7 +141,10 @@ def create_app(source: JobExplorer | ConnectionConfig | None = None) -> flask.Fl
     def pybatch_error(error: PyBatchError) -> tuple[str, int]:
         if _not_found(error):
             status = 404
-        elif isinstance(error, CursorError | PageSizeOutOfRange | ExplorerAgeBoundTooSmall):
+        elif isinstance(
+            error,
+            CursorError | PageSizeOutOfRange | ExplorerAgeBoundTooSmall | ParameterFilterInvalid,
+        ):
             status = 400
         elif isinstance(error, ExplorerTimeout | ExplorerRepositoryError):
             status = 503
@@ -171,16 +181,11 @@ def create_app(source: JobExplorer | ConnectionConfig | None = None) -> flask.Fl
     @route("/job", "instances")
     def instances() -> str:
         name = flask.request.args.get("name", "")
-        wanted = flask.request.args.get("parameter", "").strip()
+        parameters = _parameter_arg()
         with explorer.pinned() as view:
-            page = view.instances(name, PageSize(), _cursor_arg())
-        shown = [
-            item
-            for item in page.items
-            if not wanted or any(p.name == wanted for p in item.parameters)
-        ]
+            page = view.instances(name, PageSize(), _cursor_arg(), parameters)
         return flask.render_template(
-            "instances.html", name=name, page=page, shown=shown, parameter=wanted
+            "instances.html", name=name, page=page, param=flask.request.args.getlist("param")
         )
 
     @route("/instances/<int:instance_id>", "executions")
@@ -242,10 +247,14 @@ def create_app(source: JobExplorer | ConnectionConfig | None = None) -> flask.Fl
         older_than = (
             repository.config.stale_threshold if seconds is None else _dt.timedelta(seconds=seconds)
         )
+        parameters = _parameter_arg()
         with explorer.pinned() as view:
-            page = view.unresolved_executions(older_than, PageSize(), _cursor_arg())
+            page = view.unresolved_executions(older_than, PageSize(), _cursor_arg(), parameters)
         return flask.render_template(
-            "unresolved.html", page=page, older_than=int(older_than.total_seconds())
+            "unresolved.html",
+            page=page,
+            older_than=int(older_than.total_seconds()),
+            param=flask.request.args.getlist("param"),
         )
 
     @route("/audit", "audit")

@@ -20,6 +20,9 @@ its work.
 from __future__ import annotations
 
 import datetime as _dt
+import os
+import re
+import socket
 from typing import Any
 
 import attrs
@@ -71,6 +74,12 @@ def lock_execution_ownership(
         stop_requested=bool_at(row, "stop_requested"),
     )
     return execution, state
+
+
+def owner_host() -> str:
+    """This process as `host:pid`, for operators only (job_execution_owner_host_format)."""
+    host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:200] or "unknown"
+    return f"{host}:{os.getpid()}"
 
 
 @attrs.frozen
@@ -133,6 +142,7 @@ class Ownership(Capability):
                 job_execution_id=execution_id,
                 expected_version=expected_version,
                 owner_token=owner.value,
+                owner_host=owner_host(),
                 claimed_at=aware_utc(claimed_at),
                 lease_ms=lease.milliseconds,
             )

@@ -1,24 +1,35 @@
-"""Explorer vocabulary: page sizes, opaque bound cursors and value-redacted projections.
+"""Explorer vocabulary: page sizes, opaque bound cursors, parameter filters and projections.
 
 A cursor carries its query, the last key, the traversal's ceiling, an 8-byte binding of (query,
 page size, filter) and an unkeyed SHA-256 (pybatch/_explorer.py checks the ceiling against the
-database). Projections carry descriptors, never parameter values or state payloads.
+database). Projections carry identifying parameter values (what tells instances apart) and
+descriptors of state, never state payloads.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import enum
+import functools
 import hashlib
+import itertools
 import json
 import re
 import struct
+from collections.abc import Iterable
 from typing import Any, Generic, TypeVar, cast
 
 import attrs
 
-from pybatch.errors import CursorInvalid, CursorQueryMismatch, PageSizeOutOfRange
+from pybatch.errors import (
+    CursorInvalid,
+    CursorQueryMismatch,
+    PageSizeOutOfRange,
+    ParameterFilterInvalid,
+    PyBatchError,
+)
 from pybatch.values.flow import FlowDecision
+from pybatch.values.names import ParameterName
 from pybatch.values.operator import OperatorRecord
 from pybatch.values.recovery import RecoveryDecision
 from pybatch.values.status import BatchStatus, FailureSummary
@@ -29,6 +40,8 @@ MAX_RESPONSE_BYTES = 256 * 1024
 MAX_CURSOR_BYTES = 256
 MIN_UNRESOLVED_AGE = _dt.timedelta(seconds=60)
 CURSOR_FORMAT_VERSION = 1
+#: At most this many NAME=VALUE pairs in a filter: at most 2**8 documents to match.
+MAX_PARAMETER_FILTERS = 8
 
 _I63_MAX = 2**63 - 1
 _MAX_NAME_BYTES = 128
@@ -48,7 +61,7 @@ class PageSize:
 
 
 class ExplorerQuery(enum.Enum):
-    """The ten paged queries; the value is the cursor discriminant."""
+    """The paged queries; the value is the cursor discriminant."""
 
     JOB_NAMES = 1
     INSTANCES = 2
@@ -60,6 +73,7 @@ class ExplorerQuery(enum.Enum):
     STEP_PARTITIONS = 8
     OPERATOR_REQUESTS = 9
     STEP_SKIPS = 10
+    PARAMETER_EXECUTIONS = 11
 
     @property
     def query_name(self) -> str:
@@ -209,6 +223,50 @@ def _decode_key(body: bytes, offset: int) -> tuple[CursorKey, int]:
     raise CursorInvalid()
 
 
+#: The decimal form of an integer parameter: no sign on 0, no leading zero, at most 20 digits.
+_DECIMAL = re.compile(r"0|-?[1-9][0-9]{0,19}")
+
+
+@attrs.frozen
+class ParameterFilter:
+    """Identifying parameter values an instance must all have: (name, value text) pairs.
+
+    A value matches a string parameter equal to it, an integer parameter whose decimal form it
+    is, and a boolean parameter when it is `true` or `false` (docs/operators.md, `--param`).
+    """
+
+    pairs: tuple[tuple[str, str], ...] = attrs.field(repr=lambda pairs: f"<{len(pairs)} pairs>")
+
+    @classmethod
+    def parse(cls, texts: Iterable[str]) -> ParameterFilter:
+        """From `NAME=VALUE` texts, split at the first `=`; anything else ParameterFilterInvalid."""
+        split = [text.partition("=") for text in texts]
+        names = {name for name, _, _ in split}
+        if (
+            all(sep for _, sep, _ in split)
+            and 1 <= len(split) == len(names) <= MAX_PARAMETER_FILTERS
+        ):
+            try:
+                for name in names:
+                    ParameterName(name)
+                return cls(tuple(sorted((name, value) for name, _, value in split)))
+            except PyBatchError:
+                pass
+        raise ParameterFilterInvalid(limit=MAX_PARAMETER_FILTERS)
+
+    def documents(self) -> list[dict[str, Any]]:
+        """Every `identifying_parameters` fragment that satisfies the filter, for `@> ANY`."""
+        choices = []
+        for name, text in self.pairs:
+            values: list[object] = [text]
+            if _DECIMAL.fullmatch(text):
+                values.append(int(text))
+            if text in ("true", "false"):
+                values.append(text == "true")
+            choices.append([(name, {"value": value}) for value in values])
+        return [dict(combination) for combination in itertools.product(*choices)]
+
+
 T = TypeVar("T")
 
 
@@ -223,18 +281,25 @@ class Page(Generic[T]):
 
 def _json(value: object) -> Any:
     """The documented JSON of a projection: its fields in order, codes, ISO instants, hex."""
-    cls: Any = type(value)
-    if attrs.has(cls):
-        return {f.name: _json(getattr(value, f.name)) for f in attrs.fields(cls)}
     if isinstance(value, enum.Enum):
         return value.value
+    if value is None or isinstance(value, str | int | float):  # the most frequent, checked early
+        return value
     if isinstance(value, _dt.datetime):
         return value.isoformat()
     if isinstance(value, bytes):
         return value.hex()
     if isinstance(value, tuple):
         return [_json(item) for item in value]
-    return value
+    cls: Any = type(value)
+    if not attrs.has(cls):
+        return value
+    return {name: _json(getattr(value, name)) for name in _field_names(cls)}
+
+
+@functools.cache
+def _field_names(cls: Any) -> tuple[str, ...]:
+    return tuple(field.name for field in attrs.fields(cls))
 
 
 class _Projection:
@@ -315,6 +380,8 @@ class RunningExecution(_Projection):
     started_at: _dt.datetime | None
     lease_expires_at: _dt.datetime
     stop_requested_at: _dt.datetime | None
+    #: `host:pid` of the process that claimed it (None if claimed before migration 0012).
+    owner_host: str | None
     step_name: str | None
     step_started_at: _dt.datetime | None
     read: int
@@ -338,11 +405,18 @@ class RunningExecution(_Projection):
 
 @attrs.frozen
 class ParameterDescriptor(_Projection):
-    """An identifying parameter's name and kind; the value is never read."""
+    """An identifying parameter: name, kind and value (kept out of its repr)."""
 
     name: str
     kind: str
+    value: str | int | bool = attrs.field(repr=lambda _: "<redacted>")
     identifying: bool = True
+
+    def shown_value(self, limit: int = 40) -> str:
+        """The value for a table: `true`/`false`, controls escaped, over `limit` characters cut."""
+        text = str(self.value).lower() if type(self.value) is bool else str(self.value)
+        text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+        return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 @attrs.frozen
@@ -365,7 +439,7 @@ class InstanceTombstone(_Projection):
 
 @attrs.frozen
 class JobInstanceProjection(_Projection):
-    """A job instance, value-redacted (docs/contract.md, Explorer vocabulary)."""
+    """A job instance and its identifying parameters (docs/contract.md, Explorer vocabulary)."""
 
     id: int
     job_name: str
@@ -384,6 +458,7 @@ class JobExecutionProjection(_Projection):
     id: int
     instance_id: int
     job_name: str
+    parameters: tuple[ParameterDescriptor, ...]
     attempt: int
     status: BatchStatus
     exit_code: str
@@ -399,6 +474,8 @@ class JobExecutionProjection(_Projection):
     stop_requested_at: _dt.datetime | None
     stop_requested_by: str | None
     owner_recorded: bool
+    #: `host:pid` of the process that claimed it, kept after it ended (None before 0012).
+    owner_host: str | None
 
 
 @attrs.frozen

@@ -69,7 +69,7 @@ def launch(
 ) -> JobExecution:
     with repository.begin() as uow:
         instance = uow.instances.select_or_create(
-            JobInstanceKey(JobName(name), JobParameters.of({"run": run_id, "token": SECRET}))
+            JobInstanceKey(JobName(name), JobParameters.of({"run": run_id, "token": f"t{run_id}"}))
         ).instance
         execution = uow.executions.create(instance.id)
         execution = uow.executions.transition(
@@ -125,8 +125,8 @@ def test_instances_executions_show_and_unresolved(
     assert len(instances) == 6
     assert [i["id"] for i in instances] == sorted((i["id"] for i in instances), reverse=True)
     assert instances[0]["parameters"] == [
-        {"name": "run", "kind": "i64", "identifying": True},
-        {"name": "token", "kind": "string", "identifying": True},
+        {"name": "run", "kind": "i64", "value": 14, "identifying": True},
+        {"name": "token", "kind": "string", "value": "t14", "identifying": True},
     ]
     beta = seeded["beta"]
     executions = run_json("executions", str(beta.job_instance_id), dsn=db_dsn)["items"]
@@ -245,8 +245,8 @@ def test_tables_fit_the_width_and_never_cut_a_status_or_a_timestamp(
         assert (
             header
             == (
-                "EXECUTION INSTANCE JOB ATTEMPT STATUS EXIT READ WRITTEN COMMITS STARTED ENDED "
-                "UPDATED OWNER"
+                "EXECUTION INSTANCE JOB PARAMETERS ATTEMPT STATUS EXIT READ WRITTEN COMMITS "
+                "STARTED ENDED UPDATED OWNER"
             ).split()
         )
         assert left_out == []

@@ -80,6 +80,12 @@ def test_a_user_exception_is_recorded_with_its_class_and_a_redacted_message(
         assert reason["sqlstate"] is None and reason["constraint"] is None
     assert "reason" in text and "ValueError: source postgres://<redacted>@db/x" in text
     assert f"step {step['id']} failed: ValueError" in text
+    # The identifying value is shown as the instance's parameter, and in no failure reason.
+    assert document["execution"].pop("parameters") == [
+        {"name": "token", "kind": "string", "value": SECRET, "identifying": True}
+    ]
+    assert f"parameters  token={SECRET}" in text
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("parameters"))
     assert SECRET not in text and SECRET not in json.dumps(document)
 
 

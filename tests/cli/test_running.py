@@ -1,19 +1,28 @@
-"""`pybatch running`: the executions whose lease is live now, with their step's progress."""
+"""`pybatch running`: the executions whose lease is live now, with their step's progress and
+the `host:pid` of the process that owns each, which `pybatch show` keeps once the run ended."""
 
 from __future__ import annotations
 
 import datetime
+import os
+import re
+import socket
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import psycopg
 
 from pybatch import JobRepository
 from pybatch.etl import Job, StepRun
+from pybatch.testing import JobRunner
 from tests.cli.test_explore import run, run_json
 
 DAY = {"business_date": "2026-12-04"}
+#: This host as an owner host records it: letters, digits, `.`, `_` and `-`, others as `_`.
+HOST = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:200]
 
 
 def test_running_lists_a_live_run_with_its_step_progress_and_lease_and_nothing_else(
@@ -29,7 +38,7 @@ def test_running_lists_a_live_run_with_its_step_progress_and_lease_and_nothing_e
 
     def etl() -> None:
         with JobRepository.connect(pg_config) as repository:
-            job = Job(repository, "load_orders", DAY, lease=datetime.timedelta(seconds=60))
+            job = Job(repository, "load_orders", DAY, lease=datetime.timedelta(seconds=300))
             with job.launch() as live:
                 state["run"] = live
 
@@ -53,8 +62,11 @@ def test_running_lists_a_live_run_with_its_step_progress_and_lease_and_nothing_e
         assert item["id"] == execution_id and item["job_name"] == "load_orders"
         assert item["status"] == "STARTED" and item["step_name"] == "load"
         assert (item["read"], item["written"], item["commits"]) == (3, 3, 3)
-        assert 0 < item["lease_left_seconds"] <= 60
+        assert 0 < item["lease_left_seconds"] <= 300
         assert item["items_per_second"] is not None and item["items_per_second"] > 0
+        assert item["owner_host"] == f"{HOST}:{os.getpid()}"  # the job's process, not the CLI's
+        wide = run("running", dsn=db_dsn, COLUMNS="200").stdout.splitlines()
+        assert "OWNER" in wide[0].split() and f"{HOST}:{os.getpid()}" in wide[1].split()
         table = run("running", dsn=db_dsn, COLUMNS="80")
         assert table.returncode == 0, table.stderr
         lines = table.stdout.splitlines()
@@ -75,3 +87,33 @@ def test_running_lists_a_live_run_with_its_step_progress_and_lease_and_nothing_e
     finally:
         release.set()
         worker.join(30)
+    # The run ended: `show` keeps who ran it.
+    shown = run_json("show", str(execution_id), dsn=db_dsn)["execution"]
+    assert (shown["status"], shown["owner_host"]) == ("COMPLETED", f"{HOST}:{os.getpid()}")
+    owner = run("show", str(execution_id), dsn=db_dsn).stdout
+    assert re.search(rf"^owner +{re.escape(HOST)}:{os.getpid()}$", owner, re.M), owner
+
+
+def test_show_keeps_the_owner_host_of_a_run_that_died_and_was_recovered(
+    db_dsn: str, admin: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    script = Path(__file__).resolve().parents[2] / "docs" / "examples" / "load_orders.py"
+    admin.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, amount NUMERIC NOT NULL)")
+    source = tmp_path / "orders.csv"
+    source.write_text("".join(f"{i},1\n" for i in range(1, 301)))
+    runner = JobRunner(db_dsn, python=sys.executable, lease=1)
+    assert runner.run(script, str(source), kill_at_chunk=1).killed
+    [dead] = run_json("executions", "--param", f"file={source}", dsn=db_dsn)["items"]
+    died_on = dead["owner_host"]
+    assert (
+        re.fullmatch(rf"{re.escape(HOST)}:[0-9]+", died_on) and died_on != f"{HOST}:{os.getpid()}"
+    )
+    resumed = runner.run(script, str(source))  # recovers the dead run (OWNER_LOST), then loads
+    assert resumed.returncode == 0, resumed.stderr
+    restart, recovered = run_json("executions", "--param", f"file={source}", dsn=db_dsn)["items"]
+    assert (recovered["id"], recovered["status"], recovered["owner_host"]) == (
+        dead["id"],
+        "FAILED",
+        died_on,
+    )
+    assert restart["status"] == "COMPLETED" and restart["owner_host"] not in (None, died_on)

@@ -28,6 +28,7 @@ from pybatch.errors import (
     Unavailable,
     ZeroIdentifier,
 )
+from pybatch.etl import Job, StepRun
 from pybatch.values.explorer import (
     MAX_RESPONSE_BYTES,
     Cursor,
@@ -43,7 +44,7 @@ from pybatch.values.explorer import (
 from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import JobName, StepName
-from pybatch.values.parameters import JobInstanceKey, JobParameters
+from pybatch.values.parameters import JobInstanceKey, JobParameter, JobParameters, ParameterValue
 from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from tests.support.clock import ManualClock
@@ -410,30 +411,43 @@ def test_identity_ceiling_is_zero_on_an_empty_database(explorer: JobExplorer) ->
     assert explorer.job_names().next_cursor is None
 
 
-def test_projections_carry_no_parameter_values_or_state_payloads(
-    repository: JobRepository, clock: ManualClock, explorer: JobExplorer
+def test_projections_carry_identifying_values_never_other_parameters_or_payloads(
+    repository: JobRepository, explorer: JobExplorer
 ) -> None:
-    """Scenario K7."""
+    """Scenario K7: the values that tell instances apart, and nothing else of a run's input."""
     secret = "s3cret-value-0xC0FFEE"
-    execution = launch(repository, clock, "redacted", {"token": secret, "n": 5, "flag": True})
-    with repository.begin() as uow:
-        uow.steps.create(execution.id, StepName("load"))
-        uow.commit()
+    parameters = JobParameters.of({"token": "t-1", "n": 5, "flag": True}).with_parameter(
+        "password", JobParameter(ParameterValue.string(secret), identifying=False)
+    )
+
+    def load(step: StepRun) -> None:
+        with step.chunk() as chunk:
+            chunk.commit(read=1, written=1, checkpoint={"secret": secret})
+
+    with Job(repository, "redacted", parameters).launch() as run:
+        run.step("load", load)
     (instance,) = explorer.instances("redacted").items
-    assert [(p.name, p.kind, p.identifying) for p in instance.parameters] == [
-        ("flag", "bool", True),
-        ("n", "i64", True),
-        ("token", "string", True),
+    assert [(p.name, p.kind, p.value, p.identifying) for p in instance.parameters] == [
+        ("flag", "bool", True, True),
+        ("n", "i64", 5, True),
+        ("token", "string", "t-1", True),
     ]
-    views = [instance.as_json(), *(e.as_json() for e in explorer.executions(instance.id).items)]
-    views += [s.as_json() for s in explorer.step_executions(execution.id).items]
+    (execution,) = explorer.executions(instance.id).items
+    assert execution.parameters == instance.parameters
+    steps = explorer.step_executions(execution.id).items
+    views = [instance.as_json(), execution.as_json(), *(s.as_json() for s in steps)]
+    assert views[0]["parameters"][2] == {
+        "name": "token",
+        "kind": "string",
+        "value": "t-1",
+        "identifying": True,
+    }
     for view in views:
         text = json.dumps(view)
         assert secret not in text
         assert "payload" not in text
-    assert secret not in repr(instance)
-    step = explorer.step_executions(execution.id).items[0]
-    assert step.checkpoint.encoded_len > 0 and step.checkpoint.kind == "checkpoint"
+    assert "t-1" not in repr(instance) + repr(execution)
+    assert steps[0].checkpoint.encoded_len > 0 and steps[0].checkpoint.kind == "checkpoint"
 
 
 def test_pages_stop_before_the_response_bound(

@@ -41,6 +41,7 @@ READERS: dict[str, tuple[str, ...]] = {
     # decoders
     "explore_job_names": JOB_NAME_SUMMARY_COLUMNS,
     "explore_instances": INSTANCE_PROJECTION_COLUMNS,
+    "explore_instances_with_parameters": INSTANCE_PROJECTION_COLUMNS,
     "explore_executions": EXECUTION_PROJECTION_COLUMNS,
     "explore_execution": EXECUTION_PROJECTION_COLUMNS,
     "explore_latest_attempt": LATEST_ATTEMPT_COLUMNS,
@@ -48,6 +49,7 @@ READERS: dict[str, tuple[str, ...]] = {
     "explore_recent_executions": LATEST_ATTEMPT_COLUMNS,
     "explore_failure_reasons": FAILURE_REASON_COLUMNS,
     "explore_unresolved_executions": EXECUTION_PROJECTION_COLUMNS,
+    "explore_executions_with_parameters": EXECUTION_PROJECTION_COLUMNS,
     "explore_step_executions": STEP_PROJECTION_COLUMNS,
     "explore_recovery_decisions": RECOVERY_DECISION_COLUMNS,
     "explore_flow_decisions": FLOW_DECISION_COLUMNS,

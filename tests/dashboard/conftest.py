@@ -2,8 +2,9 @@
 
 Three runs of a nightly job (completed, failed in its second step, completed), a partitioned step
 with one failing partition, an orphaned execution recovered by the next launch (a recovery
-decision), a run left STARTED two hours ago (unresolved), and a job whose name, parameter and
-failure message are HTML that must come out escaped.
+decision), a run left STARTED two hours ago (unresolved), and a job whose name, parameter name
+and value and failure message are HTML that must come out escaped. The nightly job also takes a
+non-identifying secret, which is never stored, so never shown.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pybatch.errors import PartitionsFailed
 from pybatch.etl import Job, PartitionRun, StepRun
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import JobName, StepName
-from pybatch.values.parameters import JobInstanceKey, JobParameters
+from pybatch.values.parameters import JobInstanceKey, JobParameter, JobParameters, ParameterValue
 from pybatch.values.status import BatchStatus
 from tests.support.clock import ManualClock
 
@@ -32,7 +33,7 @@ SECRET = "hunter2-Zq9"
 #: and a failure message.
 HOSTILE_NAME = "<script>document.title='pwned-name'</script>"
 HOSTILE_PARAMETER = "<script>document.title='pwned-parameter'</script>"
-HOSTILE_VALUE = "<img src=x onerror=alert(1)>"
+HOSTILE_VALUE = "<script>document.title='pwned-value'</script><img src=x onerror=alert(1)>"
 HOSTILE_MESSAGE = "<script>document.title='pwned-message'</script> bad row"
 #: Rows each step of the nightly job reads and writes, per chunk and in all.
 CHUNK = 25
@@ -111,7 +112,9 @@ def fill(config: ConnectionConfig) -> Seeded:
             job = Job(
                 repository,
                 "nightly_orders",
-                {"business_date": "2026-12-01", "token": SECRET},
+                JobParameters.of({"business_date": "2026-12-01"}).with_parameter(
+                    "token", JobParameter(ParameterValue.string(SECRET), identifying=False)
+                ),
                 run_id=run_id,
             )
             try:

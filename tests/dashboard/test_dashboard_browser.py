@@ -119,15 +119,15 @@ def test_every_page_renders_the_recorded_runs(
     # The stylesheet applied (the CSP allows 'self'): a FAILED run is drawn red.
     assert strip[1].value_of_css_property("background-color") == "rgba(207, 34, 46, 1)"
 
-    # A job's instances with their identifying parameter names and kinds, newest first.
+    # A job's instances with their identifying parameter values, newest first.
     rows["nightly_orders"].find_element(By.CSS_SELECTOR, "td.job-name a").click()
     pages.open(browser.current_url.removeprefix(served.url), "instances")
     instances = browser.find_elements(By.CSS_SELECTOR, "#instances tr.instance")
     assert len(instances) == 3
     assert pages.texts("#instances tr.instance td.parameters")[0] == (
-        "business_date: string, run.id: i64, token: string"
+        "business_date=2026-12-01, run.id=3"
     )
-    pages.open("/job?name=nightly_orders&parameter=region", "instances-filtered")
+    pages.open("/job?name=nightly_orders&param=region=eu", "instances-filtered")
     assert not browser.find_elements(By.CSS_SELECTOR, "#instances tr.instance")
 
     # An instance's executions: the newest instance holds the third run.
@@ -208,9 +208,11 @@ def test_planted_html_is_shown_as_text_and_never_runs(
     pages.open(browser.current_url.removeprefix(served.url), "hostile-instances")
     assert pages.texts("#instances .parameter-name") == [HOSTILE_PARAMETER]
     assert browser.title == f"Instances of {HOSTILE_NAME} - pybatch"
-    # A parameter's value is never read: the planted <img onerror> cannot even reach the page.
+    # The planted <script> and <img onerror> value is text: no element, nothing ran.
+    assert pages.texts("#instances .parameter-value") == [HOSTILE_VALUE]
     assert not browser.find_elements(By.TAG_NAME, "img")
-    assert HOSTILE_VALUE not in browser.page_source and SECRET not in browser.page_source
+    assert not browser.find_elements(By.CSS_SELECTOR, "#instances script")
+    assert SECRET not in browser.page_source
 
     pages.open(f"/executions/{seeded.hostile}", "hostile-execution")
     reasons = pages.texts("#failure-reasons .reason")

@@ -80,11 +80,16 @@ def test_html_in_names_and_messages_is_escaped(seeded: Seeded, client: FlaskClie
     assert (
         "&lt;script&gt;document.title=&#39;pwned-message&#39;&lt;/script&gt; bad row" in execution
     )
-    # Parameter values are never read at all (the explorer's projections hold none).
+    # An identifying value is shown as text; a non-identifying one is never stored.
     for page in (jobs, instances, execution):
-        assert "onerror" not in page and HOSTILE_VALUE not in page and SECRET not in page
+        assert "<img" not in page and HOSTILE_VALUE not in page and SECRET not in page
+    assert "&lt;script&gt;document.title=&#39;pwned-value&#39;&lt;/script&gt;&lt;img" in instances
     assert HOSTILE_NAME in Markup(jobs).unescape()
     assert HOSTILE_PARAMETER in Markup(instances).unescape()
+    assert (
+        HOSTILE_VALUE in Markup(instances).unescape()
+        and HOSTILE_VALUE in Markup(execution).unescape()
+    )
     assert HOSTILE_MESSAGE in Markup(execution).unescape()
 
 
@@ -103,13 +108,33 @@ def test_refresh_adds_a_meta_refresh_only_when_asked(seeded: Seeded, client: Fla
     assert '<meta http-equiv="refresh" content="30">' in page
 
 
-def test_the_instances_filter_keeps_instances_with_that_parameter(
+def test_the_filters_keep_the_rows_whose_instance_has_every_value(
     seeded: Seeded, client: FlaskClient
 ) -> None:
-    shown = client.get("/job?name=nightly_orders&parameter=business_date").get_data(as_text=True)
-    assert shown.count('class="instance"') == 3
-    hidden = client.get("/job?name=nightly_orders&parameter=region").get_data(as_text=True)
-    assert 'class="instance"' not in hidden
+    def instances(*params: str) -> str:
+        query = [("name", "nightly_orders"), *(("param", p) for p in params)]
+        response = client.get("/job", query_string=query)
+        assert response.status_code == 200
+        return response.get_data(as_text=True)
+
+    assert instances("business_date=2026-12-01").count('class="instance"') == 3
+    second = instances("business_date=2026-12-01", "run.id=2")
+    assert second.count('class="instance"') == 1
+    assert '<span class="parameter-value" data-kind="i64">2</span>' in second
+    assert 'class="instance"' not in instances("region=eu")
+    assert client.get("/job?name=nightly_orders&param=nokey").status_code == 400
+    assert client.get("/unresolved?param==x").status_code == 400
+    stuck = client.get("/unresolved?param=day=2").get_data(as_text=True)
+    assert f'data-execution="{seeded.stuck}"' in stuck
+    assert client.get("/unresolved?param=day=1").get_data(as_text=True).count("data-execution") == 0
+
+
+def test_an_execution_names_its_owner_and_parameters(seeded: Seeded, client: FlaskClient) -> None:
+    page = client.get(f"/executions/{seeded.nightly[0]}").get_data(as_text=True)
+    assert '<span class="parameter-name">business_date</span>=' in page
+    assert "ParameterValue" not in page and "redacted" not in page
+    owner = page.split('id="execution-owner">')[1].split("<")[0]
+    assert owner.rsplit(":", 1)[1].isdigit()  # host:pid of the process that ran it
 
 
 def test_only_loopback_hosts_are_local() -> None:

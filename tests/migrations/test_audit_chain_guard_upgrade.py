@@ -13,7 +13,6 @@ import datetime
 import psycopg
 import pytest
 
-import pybatch._job_repository as repository_module
 from pybatch import JobRepository
 from pybatch import _migrator as migrator
 from pybatch._services.audit import verify_audit_chain
@@ -24,6 +23,7 @@ from pybatch.values.names import ActorRef, JobName, OperationId, ReasonCode
 from pybatch.values.retention import PurgePlanRequest, TerminalStatusSet
 from pybatch.values.status import BatchStatus
 from tests.conftest import plaintext_config
+from tests.migrations.older_package import older_package
 from tests.migrations.test_lease_upgrade import install_up_to
 
 #: The migration that adds the guards.
@@ -71,8 +71,7 @@ def test_upgrade_keeps_the_chain_and_appends_after_it(
     config = plaintext_config(blank_database)
     install_up_to(blank_database, GUARDS - 1)
     # An older package's history: a finished run with two audited stop requests.
-    with monkeypatch.context() as old_package:
-        old_package.setattr(repository_module, "supported_schema_version", lambda: GUARDS - 1)
+    with older_package(monkeypatch, GUARDS - 1):
         old_execution = _finished_execution(blank_database)
     with psycopg.connect(blank_database, autocommit=True) as conn:
         for operation in ("old-1", "old-2"):

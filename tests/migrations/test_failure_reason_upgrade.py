@@ -11,12 +11,12 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-import pybatch._job_repository as repository_module
 from pybatch import JobRepository
 from pybatch import _migrator as migrator
 from pybatch._explorer import JobExplorer
 from pybatch.etl import Job, StepRun
 from tests.conftest import plaintext_config
+from tests.migrations.older_package import older_package
 from tests.migrations.test_lease_upgrade import install_up_to
 
 #: The migration that adds the failure reason columns.
@@ -38,10 +38,7 @@ def test_a_job_live_across_the_upgrade_records_why_its_step_failed(
             chunk.commit(read=1, written=1, checkpoint={"offset": 2})
         raise KeyError("order 42")
 
-    with monkeypatch.context() as old_package:
-        old_package.setattr(repository_module, "supported_schema_version", lambda: REASONS - 1)
-        old = JobRepository.connect(config)
-    with old:
+    with older_package(monkeypatch, REASONS - 1), JobRepository.connect(config) as old:
         done = Job(old, "before_upgrade", {}).launch()
         with done:
             done.step("load", lambda step: None)

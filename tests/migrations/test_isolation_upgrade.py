@@ -16,7 +16,6 @@ from typing import Any
 import psycopg
 import pytest
 
-import pybatch._job_repository as repository_module
 from pybatch import JobRepository
 from pybatch import _migrator as migrator
 from pybatch.errors import PermissionDenied
@@ -24,6 +23,7 @@ from pybatch.etl import Job, StepRun
 from tests.conftest import plaintext_config
 from tests.contract.test_job_family_isolation import ISOLATED_TABLES, family_block
 from tests.contract.test_least_privilege import grants
+from tests.migrations.older_package import older_package
 from tests.migrations.test_lease_upgrade import install_up_to
 
 #: The last schema version without job families (migration 0008 adds them).
@@ -82,8 +82,7 @@ def test_upgrade_under_a_live_run_enables_nothing_and_the_family_resumes_its_his
     owner: psycopg.Connection[Any], blank_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runtime = plaintext_config(as_role(blank_database, "pybatch_runtime"), pool_size=3)
-    with monkeypatch.context() as old_package:
-        old_package.setattr(repository_module, "supported_schema_version", lambda: BEFORE)
+    with older_package(monkeypatch, BEFORE):
         with JobRepository.connect(runtime) as old:
             with pytest.raises(RuntimeError), Job(old, "orders.load", DAY).launch() as failed:
                 failed.step("load", loader(stop_after=4))

@@ -14,7 +14,6 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-import pybatch._job_repository as repository_module
 from pybatch import ConnectionConfig, JobRepository
 from pybatch import _migrator as migrator
 from pybatch._services.audit import verify_audit_chain
@@ -23,6 +22,7 @@ from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import NodeId, StepName
 from pybatch.values.status import BatchStatus
 from tests.conftest import plaintext_config
+from tests.migrations.older_package import older_package
 
 S = BatchStatus
 LEASE_VERSION = 4  # the migration that adds lease_expires_at
@@ -94,10 +94,7 @@ def test_after_the_lease_upgrade_runs_without_a_lease_are_recovered_and_resumed(
 ) -> None:
     config = plaintext_config(blank_database)
     install_up_to(blank_database, LEASE_VERSION - 1)
-    with monkeypatch.context() as old_package:
-        old_package.setattr(
-            repository_module, "supported_schema_version", lambda: LEASE_VERSION - 1
-        )
+    with older_package(monkeypatch, LEASE_VERSION - 1):
         with JobRepository.connect(config) as old:
             alive = legacy_run(old, "alive", status=S.STARTED, offset=3)
             dead = legacy_run(old, "dead", status=S.STARTED, offset=4)

@@ -26,7 +26,7 @@ from tests.migrations.test_lease_upgrade import install_up_to
 
 S = BatchStatus
 #: The migration that replaces the check (looked up by name: its number follows the others').
-OPEN_STEP_CHECK = next(
+CLAIMS_READ_ONE_ROW = next(
     m.version for m in migrator.shipped_migrations() if m.name == "claims_read_one_row"
 )
 
@@ -35,10 +35,10 @@ def test_a_partitioned_step_live_across_the_upgrade_completes_and_the_check_stil
     blank_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = plaintext_config(blank_database)
-    install_up_to(blank_database, OPEN_STEP_CHECK - 1)
+    install_up_to(blank_database, CLAIMS_READ_ONE_ROW - 1)
     with monkeypatch.context() as old_package:
         old_package.setattr(
-            repository_module, "supported_schema_version", lambda: OPEN_STEP_CHECK - 1
+            repository_module, "supported_schema_version", lambda: CLAIMS_READ_ONE_ROW - 1
         )
         old = JobRepository.connect(config)
     with old:
@@ -50,7 +50,7 @@ def test_a_partitioned_step_live_across_the_upgrade_completes_and_the_check_stil
         lease = ExecutionLease()
         claimed = old.run_in_unit_of_work(lambda uow: partitioned._claim_in(uow, parent, lease))
         assert claimed is not None
-        assert migrator.migrate(config)[0].version == OPEN_STEP_CHECK
+        assert migrator.migrate(config)[0].version == CLAIMS_READ_ONE_ROW
         with JobRepository.connect(config) as repository:
             ended: list[str] = []
             while claimed is not None:

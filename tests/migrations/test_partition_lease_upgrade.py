@@ -13,7 +13,6 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-import pybatch._job_repository as repository_module
 from pybatch import JobRepository
 from pybatch import _migrator as migrator
 from pybatch import _partitioned as partitioned
@@ -25,6 +24,7 @@ from pybatch.values.ownership import ExecutionLease
 from pybatch.values.status import BatchStatus, FailureCategory
 from tests.conftest import plaintext_config
 from tests.contract.test_partition_leases import recover_lost
+from tests.migrations.older_package import older_package
 from tests.migrations.test_lease_upgrade import install_up_to
 
 S = BatchStatus
@@ -94,8 +94,7 @@ def test_after_the_partition_lease_upgrade_unleased_partitions_are_recovered_and
     install_up_to(blank_database, BEFORE)
     with psycopg.connect(blank_database, autocommit=True) as conn:
         conn.execute("CREATE TABLE public.orders (id bigint NOT NULL, part text NOT NULL)")
-    with monkeypatch.context() as old_package:
-        old_package.setattr(repository_module, "supported_schema_version", lambda: BEFORE)
+    with older_package(monkeypatch, BEFORE):
         old = JobRepository.connect(config)
         run = Job(old, "fanout", PARAMS).launch()
         plan = {"p0": {"first": 1}, "p1": {"first": ROWS + 1}, "p2": {"first": 2 * ROWS + 1}}

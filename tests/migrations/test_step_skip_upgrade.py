@@ -13,12 +13,12 @@ from typing import Any
 import psycopg
 import pytest
 
-import pybatch._job_repository as repository_module
 from pybatch import JobRepository
 from pybatch import _migrator as migrator
 from pybatch._explorer import JobExplorer
 from pybatch.etl import Chunk, Job, StepRun
 from tests.conftest import plaintext_config
+from tests.migrations.older_package import older_package
 from tests.migrations.test_lease_upgrade import install_up_to
 
 #: The migration that creates pybatch.step_skip.
@@ -44,10 +44,7 @@ def test_a_job_live_across_the_upgrade_resumes_and_records_its_skips(
             chunk.commit(read=1, written=1, checkpoint={"position": 2})
         raise KeyError("stopped on purpose")
 
-    with monkeypatch.context() as old_package:
-        old_package.setattr(repository_module, "supported_schema_version", lambda: SKIPS - 1)
-        old = JobRepository.connect(config)
-    with old:
+    with older_package(monkeypatch, SKIPS - 1), JobRepository.connect(config) as old:
         with pytest.raises(KeyError), Job(old, "live", {}).launch() as live:
             live.step("load", work)
 

@@ -374,11 +374,19 @@ def _job_name_summary(draw: st.DrawFn) -> tuple[Row, object]:
     return row, summary
 
 
+def _parameter_cells(draw: st.DrawFn) -> tuple[Row, tuple[ParameterDescriptor, ...]]:
+    """An identifying-parameter document as a launch stores it, and its descriptors."""
+    key: JobInstanceKey = draw(s.instance_keys)
+    descriptors = tuple(
+        ParameterDescriptor(name.value, parameter.kind.json_tag, parameter.value.value)
+        for name, parameter in key.parameters.items()
+    )
+    return {"identifying_parameters": encode_identifying_parameters(key)}, descriptors
+
+
 @st.composite
 def _instance_projection(draw: st.DrawFn) -> tuple[Row, object]:
-    kinds = draw(
-        st.dictionaries(_texts, st.sampled_from(["string", "i64", "u64", "bool"]), max_size=4)
-    )
+    cells, parameters = _parameter_cells(draw)
     hold = draw(st.none() | st.builds(RetentionHold, _texts, _texts, s.instants.map(_utc)))
     done = (BatchStatus.STOPPED, BatchStatus.FAILED, BatchStatus.COMPLETED, BatchStatus.ABANDONED)
     finished = st.sampled_from(done)
@@ -390,10 +398,7 @@ def _instance_projection(draw: st.DrawFn) -> tuple[Row, object]:
         id=draw(s.ids),
         job_name=draw(_texts),
         instance_key_digest=draw(s.digests),
-        parameters=tuple(
-            ParameterDescriptor(name, kind)
-            for name, kind in sorted(kinds.items(), key=lambda item: item[0].encode())
-        ),
+        parameters=parameters,
         created_at=draw(s.instants.map(_utc)),
         hold=hold,
         tombstone=tombstone,
@@ -409,9 +414,7 @@ def _instance_projection(draw: st.DrawFn) -> tuple[Row, object]:
         "last_attempt": 0 if tombstone is None else tombstone.last_attempt,
         "final_status": None if tombstone is None else tombstone.final_status.value,
         "purged_at": None if tombstone is None else tombstone.purged_at,
-        "parameter_kinds": [
-            [name, kind] for name, kind in draw(st.permutations(list(kinds.items())))
-        ],
+        **cells,
     }
     return row, projection
 
@@ -490,16 +493,20 @@ def _lifecycle_cells(draw: st.DrawFn, fields: dict[str, Any]) -> Row:
 def _execution_projection(draw: st.DrawFn) -> tuple[Row, object]:
     fields = _lifecycle(draw)
     stop_at = _maybe_utc(draw(_maybe_instant))
+    cells, parameters = _parameter_cells(draw)
+    owner_recorded = draw(st.booleans())
     projection = JobExecutionProjection(
         id=draw(s.ids),
         instance_id=draw(s.ids),
         job_name=draw(_texts),
+        parameters=parameters,
         attempt=draw(s.ids),
         definition=draw(st.builds(DefinitionDescriptor, _texts, s.ids, s.digests)),
         context=draw(_descriptor("context")),
         stop_requested_at=stop_at,
         stop_requested_by=None if stop_at is None else draw(_texts),
-        owner_recorded=draw(st.booleans()),
+        owner_recorded=owner_recorded,
+        owner_host=draw(st.none() | st.just("etl-7.example:4242")) if owner_recorded else None,
         **fields,
     )
     row = {
@@ -515,6 +522,8 @@ def _execution_projection(draw: st.DrawFn) -> tuple[Row, object]:
         "manifest_digest": projection.definition.manifest_digest,
         **_descriptor_cells(projection.context),
         "owner_recorded": projection.owner_recorded,
+        "owner_host": projection.owner_host,
+        **cells,
     }
     return row, projection
 

@@ -26,7 +26,12 @@ from pybatch._fault_state import FaultState, RetryPolicy
 from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values.chunks import ChunkContext
 from pybatch.values.definitions import DefinitionIdentity
-from pybatch.values.explorer import DefinitionDescriptor, ParameterDescriptor, RetentionHold
+from pybatch.values.explorer import (
+    DefinitionDescriptor,
+    ParameterDescriptor,
+    ParameterFilter,
+    RetentionHold,
+)
 from pybatch.values.fault import (
     FaultEntry,
     FaultPhase,
@@ -428,12 +433,23 @@ def test_definitions_and_instances_read_back_equal(
     assert listed.parameters == tuple(
         sorted(
             (
-                ParameterDescriptor(name.value, p.kind.json_tag)
+                ParameterDescriptor(name.value, p.kind.json_tag, p.value.value)
                 for name, p in key.parameters.items()
             ),
             key=lambda descriptor: descriptor.name.encode(),
         )
     )
+    assert projection.parameters == listed.parameters
+    # Each value, as an operator types it, finds the instance whatever its stored kind.
+    texts = [
+        (d.name, str(d.value).lower() if d.kind == "bool" else str(d.value))
+        for d in listed.parameters
+    ]
+    for chosen in (texts[:8], texts[-1:]) if texts else ():
+        found = JobExplorer(repository).instances(
+            key.job_name.value, parameters=ParameterFilter(tuple(chosen))
+        )
+        assert [item.id for item in found.items] == [listed.id]
 
 
 # --------------------------------------------------------------------------- lifecycle

@@ -345,6 +345,7 @@ PYBATCH_ONLY: frozenset[str] = frozenset(
         "ZeroSchemaVersion",  # schema_version is u32 >= 1
         "EnvironmentValueInvalid",  # ConnectionConfig.from_env
         "CommandArgumentInvalid",  # a pybatch CLI argument out of range or not UTF-8
+        "ParameterFilterInvalid",  # the explorer's parameter filter (`--param NAME=VALUE`)
         "ChunkNotEnded",  # the ETL API: a chunk block left without commit or rollback
         "RunIdInvalid",  # Job(run_id=...)
         "MigrationChecksumMismatch",  # the migrator
