@@ -351,7 +351,7 @@ def load_history(dsn: str, history: int) -> float:
             HISTORY_SQL,
             {
                 "job_name": JOB.value,
-                "revision": DefinitionIdentity.legacy().revision.value,
+                "revision": DefinitionIdentity.LEGACY.revision.value,
                 "step_name": STEP.value,
                 "origin": dt.datetime.now(dt.UTC) - dt.timedelta(days=400),
                 "history": history,

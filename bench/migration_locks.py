@@ -87,7 +87,7 @@ def measure(server_dsn: str, rows: int) -> list[tuple[Migration, float, dict[str
         with conn.transaction():
             conn.execute("CREATE SCHEMA pybatch")  # what the migrator does before 0001
         _apply(conn, first)
-        revision = DefinitionIdentity.legacy().revision.value
+        revision = DefinitionIdentity.LEGACY.revision.value
         loading = time.monotonic()
         with conn.transaction():
             conn.execute(DEFINITION_SQL, {"job_name": JOB.value, "revision": revision})

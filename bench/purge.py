@@ -62,7 +62,7 @@ def load_history(dsn: str, history: int) -> float:
             HISTORY_SQL,
             {
                 "job_name": PURGE_JOB.value,
-                "revision": DefinitionIdentity.legacy().revision.value,
+                "revision": DefinitionIdentity.LEGACY.revision.value,
                 "step_name": STEP.value,
                 # Every loaded execution is older than the purge's 90 days.
                 "origin": dt.datetime.now(dt.UTC)

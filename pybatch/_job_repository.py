@@ -27,7 +27,6 @@ from pybatch.errors import (
     SchemaUninitialized,
     Unavailable,
 )
-from pybatch.values.capabilities import RepositoryCapability, RepositoryDescriptor
 from pybatch.values.ownership import OwnerToken
 from pybatch.values.recovery import RecoverySnapshot
 
@@ -160,14 +159,6 @@ class JobRepository:
                 )
             except DecodeError:
                 raise Unavailable() from None
-
-    def descriptor(self) -> RepositoryDescriptor:
-        """What this repository implements: every capability, at its schema version."""
-        return RepositoryDescriptor(
-            RepositoryDescriptor.CURRENT_VERSION,
-            self.schema_version,
-            frozenset(RepositoryCapability),
-        )
 
     def connection_capacity(self) -> int:
         """How many connections the pool may open (throughput, not a capability)."""

@@ -68,11 +68,7 @@ _TEXT_RULE_MESSAGES = {
 
 
 class _BrokenTextRule:
-    """One error class per family for every text rule: `subject` then what `rule` says.
-
-    Callers catch the family's class and read `rule`; the message names the subject, the
-    rule and a bound or position, never the value.
-    """
+    """One class per family for all text rules: `subject` and what `rule` says, never the value."""
 
     subject: ClassVar[str]
     rule: TextRule
@@ -97,11 +93,7 @@ class _PurgedHistory:
 
 
 class _AtFault:
-    """Errors whose optional fields name what was at fault: `str` appends the ones known.
-
-    The fields hold names only (a constraint, a table, a key path, a Python type), never a
-    value, so they are safe to show.
-    """
+    """Errors whose optional fields name what was at fault (never a value): `str` appends them."""
 
     def __str__(self) -> str:
         text = super().__str__()
@@ -377,8 +369,9 @@ class SettingsNotApplied(Unavailable):
         return PyBatchError.__str__(self)
 class PermissionDenied(_AtFault, RepositoryError):
     """The role lacks a privilege the operation needs (42501); grant it (docs/dba.md, Roles)."""
-    message = ("permission denied: the role lacks a privilege this operation needs"
-               " (SQLSTATE {sqlstate})")
+    message = (
+        "permission denied: the role lacks a privilege this operation needs (SQLSTATE {sqlstate})"
+    )
     sqlstate: str = "42501"
     object_name: str | None = None
     privilege: str | None = None
@@ -511,9 +504,6 @@ class ManifestTooLarge(DefinitionError):
 class UpgradeSelfEdge(DefinitionError):
     """An upgrade edge connects a definition to itself."""
     message = "a definition upgrade cannot connect a definition to itself"
-class DuplicateSourceStep(DefinitionError):
-    """An upgrade maps a source step twice."""
-    message = "a definition upgrade maps a source step twice"
 class DuplicateTargetStep(DefinitionError):
     """An upgrade maps two source steps onto one target step."""
     message = "a definition upgrade maps two source steps to one target step"
@@ -556,36 +546,9 @@ class StateMalformed(_AtFault, StateError):
     kind: str
     path: str | None = None
     value_type: str | None = None
-class StateFormatMismatch(StateError):
-    """The envelope belongs to the other durable-state kind."""
-    message = "durable state is not a {kind}"
-    kind: str
-class UnsupportedStateFormatVersion(StateError):
-    """The envelope format version is not 1."""
-    message = "{kind} format version {version} is unsupported"
-    kind: str
-    version: int
 class StatePayloadNotObject(StateError):
     """The state payload is not a JSON object."""
     message = "durable state payload must be a JSON object"
-class StateSchemaMismatch(StateError):
-    """The envelope schema is not the one the reader expects."""
-    message = "{kind} schema does not match the component"
-    kind: str
-class UnsupportedStateSchemaVersion(StateError):
-    """The envelope was written by a newer application schema version; deploy that code."""
-    message = "{kind} schema version {found} is newer than supported version {current}"
-    kind: str
-    found: int
-    current: int
-class InvalidStateByteLimit(StateError):
-    """A state byte limit is zero or above the hard ceiling."""
-    message = "state byte limit must be between 1 and {maximum}"
-    maximum: int
-class InvalidStateDepthLimit(StateError):
-    """A state depth limit is zero or above the hard ceiling."""
-    message = "state depth limit must be between 1 and {maximum}"
-    maximum: int
 class ZeroSchemaVersion(StateError):
     """A state schema version is zero (or outside 1..2^32-1)."""
     message = "state schema version must be from 1 to 4294967295"
@@ -608,7 +571,7 @@ class FaultStateCorrupt(RepositoryError, FaultStateError):
     """Durable fault state is unusable; no work may begin."""
     message = "durable fault state is unusable and no work may begin"
 class StaleReservation(FaultStateError):
-    """A retry reservation lost its race, skipped an ordinal or named a non-retryable phase."""
+    """A retry reservation lost its race or skipped an ordinal."""
     message = "retry reservation is stale"
 class CapacityExhausted(FaultStateError):
     """The retry state already holds its maximum number of keys."""
@@ -669,10 +632,6 @@ class EmptyStatusSet(RetentionError):
 class RetentionPlanStale(RetentionError, RepositoryError):
     """Apply found the plan's candidates changed since the survey; nothing was deleted."""
     message = "the purge plan is stale and nothing was deleted"
-class InstanceHeld(RetentionError):
-    """The instance is held (vocabulary only)."""
-    message = "job instance {job_instance_id} is held"
-    job_instance_id: int
 # One class each for the operator's and the retention service's variants of the same error.
 class OperationIdConflict(OperatorError, RetentionError):
     """The operation id is already recorded for this action with another request; use a new id."""

@@ -798,7 +798,7 @@ class JobRun:
         self.instance = instance
         self.execution = execution
         self.owner = owner
-        self.definition = definition or DefinitionIdentity.legacy()
+        self.definition = definition or DefinitionIdentity.LEGACY
         self.parameters = parameters or instance.parameters
         #: True once the run ended STOPPED because a stop was requested.
         self.stopped = False
@@ -1239,7 +1239,7 @@ class Job:
             run = JobParameters.of({RUN_ID_PARAMETER: run_id})
             parameters = JobParameters.from_pairs([*parameters.entries, *run.entries])
         self.key = JobInstanceKey(JobName(name), parameters)
-        self.definition = definition or DefinitionIdentity.legacy()
+        self.definition = definition or DefinitionIdentity.LEGACY
         self.recover_orphans = recover_orphans
         if lease is None:
             lease = _lease_from_environment()

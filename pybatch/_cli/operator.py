@@ -147,16 +147,14 @@ def _recover(args: argparse.Namespace) -> int:
         if current is None:
             raise JobExecutionNotFound(id=args.execution_id)
         evidence = operator_evidence(current)
-        if args.mark_failed:
-            request = RecoveryRequest.mark_failed(
-                current.version,
-                reason.value,
-                actor.value,
-                evidence,
-                FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(current.id)),
-            )
-        else:
-            request = RecoveryRequest.abandon(current.version, reason.value, actor.value, evidence)
+        failure = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(current.id))
+        request = RecoveryRequest(  # without a failure it abandons the execution
+            current.version,
+            reason.value,
+            actor.value,
+            evidence,
+            failure if args.mark_failed else None,
+        )
         outcome = OperatorService(repository).recover(
             operation_id,
             actor,

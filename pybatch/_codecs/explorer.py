@@ -5,7 +5,7 @@ from __future__ import annotations
 import decimal
 from typing import Any
 
-from pybatch._codecs import flow, recovery
+from pybatch._codecs import executions, flow
 from pybatch._codecs._primitives import (
     DecodeError,
     Row,
@@ -296,7 +296,7 @@ def decode_partition_projection(row: Row) -> StepPartitionProjection:
 
 
 #: The explorer's recovery, flow and operator listings decode with their own tables' codecs.
-decode_recovery_decision = recovery.decode_recovery_decision
+decode_recovery_decision = executions.decode_recovery_decision
 decode_flow_decision = flow.decode_flow_decision
 decode_operator_request = decode_operator_record
 

@@ -2,19 +2,8 @@
 
 from __future__ import annotations
 
+from pybatch._codecs import _primitives as p
 from pybatch._codecs._jsonb import to_jsonb
-from pybatch._codecs._primitives import (
-    DecodeError,
-    Row,
-    aware_at,
-    decode_json_object,
-    decode_text_value,
-    digest_at,
-    int64_at,
-    optional_enum_at,
-    row_columns,
-    text_value_at,
-)
 from pybatch.errors import JsonNotEncodable, PyBatchError, Unavailable
 from pybatch.values._canonical import canonical_json
 from pybatch.values.ids import JobInstanceId
@@ -55,26 +44,26 @@ def decode_identifying_parameters(
     document: object, *, column: str = "identifying_parameters"
 ) -> JobParameters:
     """Decode an identifying-parameter document (1 MiB; exactly type, identifying=true, value)."""
-    members = decode_json_object(document, column=column)
+    members = p.decode_json_object(document, column=column)
     try:
         size = len(canonical_json(members))
     except JsonNotEncodable:
-        raise DecodeError(column) from None
+        raise p.DecodeError(column) from None
     if size > IDENTIFYING_PARAMETERS_MAX_BYTES:
-        raise DecodeError(column)
+        raise p.DecodeError(column)
     pairs: list[tuple[ParameterName | str, JobParameter]] = []
     for raw_name, envelope in members.items():
-        name = decode_text_value(ParameterName, raw_name, column=column)
+        name = p.decode_text_value(ParameterName, raw_name, column=column)
         if not isinstance(envelope, dict) or set(envelope) != _ENVELOPE_MEMBERS:
-            raise DecodeError(column)
+            raise p.DecodeError(column)
         tag = envelope["type"]
         kind = _KINDS_BY_TAG.get(tag) if type(tag) is str else None
         if kind is None or envelope["identifying"] is not True:
-            raise DecodeError(column)
+            raise p.DecodeError(column)
         try:
             value = ParameterValue(kind, envelope["value"])
         except (PyBatchError, TypeError):
-            raise DecodeError(column) from None
+            raise p.DecodeError(column) from None
         pairs.append((name, JobParameter(value, identifying=True)))
     return JobParameters.from_pairs(pairs)  # a JSON object names each parameter once
 
@@ -88,29 +77,29 @@ def encode_job_instance_key(key: JobInstanceKey) -> dict[str, object]:
     }
 
 
-def decode_job_instance(row: Row) -> JobInstance:
+def decode_job_instance(row: p.Row) -> JobInstance:
     """Decode a job_instance row; `instance_key` must equal the digest recomputed from it."""
-    values = row_columns(row, JOB_INSTANCE_COLUMNS)
+    values = p.row_columns(row, JOB_INSTANCE_COLUMNS)
     try:
         return JobInstance(
-            id=JobInstanceId(int64_at(values, "id")),
-            job_name=text_value_at(JobName, values, "job_name"),
-            instance_key=digest_at(values, "instance_key"),
-            created_at=aware_at(values, "created_at"),
+            id=JobInstanceId(p.int64_at(values, "id")),
+            job_name=p.text_value_at(JobName, values, "job_name"),
+            instance_key=p.digest_at(values, "instance_key"),
+            created_at=p.aware_at(values, "created_at"),
             parameters=decode_identifying_parameters(values["identifying_parameters"]),
         )
     except ValueError:  # JobInstance recomputed the key from the name and parameters
-        raise DecodeError("instance_key") from None
+        raise p.DecodeError("instance_key") from None
 
 
 LOCKED_JOB_INSTANCE_COLUMNS = (*JOB_INSTANCE_COLUMNS, "last_attempt", "final_status")
 
 
-def decode_locked_job_instance(row: Row) -> LockedJobInstance:
+def decode_locked_job_instance(row: p.Row) -> LockedJobInstance:
     """Decode a lock_job_instance row: the instance, its last attempt and its tombstone."""
-    values = row_columns(row, LOCKED_JOB_INSTANCE_COLUMNS)
+    values = p.row_columns(row, LOCKED_JOB_INSTANCE_COLUMNS)
     return LockedJobInstance(
         instance=decode_job_instance(values),
-        last_attempt=int64_at(values, "last_attempt", 0),
-        final_status=optional_enum_at(BatchStatus, values, "final_status"),
+        last_attempt=p.int64_at(values, "last_attempt", 0),
+        final_status=p.optional_enum_at(BatchStatus, values, "final_status"),
     )

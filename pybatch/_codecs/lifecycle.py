@@ -5,27 +5,13 @@ from __future__ import annotations
 import datetime
 from collections.abc import Mapping
 
-from pybatch._codecs._primitives import (
-    DecodeError,
-    aware_at,
-    decode_enum,
-    decode_int64,
-    enum_at,
-    optional_aware_at,
-    text_value_at,
-)
-from pybatch.errors import (
-    ActiveExecutionHasEndTime,
-    FailedExecutionMissingFailure,
-    FinishedExecutionMissingEndTime,
-    InvalidTimestampOrder,
-)
+from pybatch import errors as e
+from pybatch._codecs import _primitives as p
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.ids import FailureId, IdentifierKind, check_identifier
-from pybatch.values.lifecycle import ExecutionMetadata
+from pybatch.values.lifecycle import ExecutionMetadata, ExecutionTimestamps
 from pybatch.values.names import ExitCode
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
-from pybatch.values.timestamps import ExecutionTimestamps
 
 #: The failure pair and the four instants of a job or step row, in their table order.
 FAILURE_COLUMNS = ("failure_category", "failure_id")
@@ -37,28 +23,27 @@ def decode_failure(category: object, failure_id: object) -> FailureSummary | Non
     if category is None and failure_id is None:
         return None
     if category is None:
-        raise DecodeError("failure_category")
+        raise p.DecodeError("failure_category")
     if failure_id is None:
-        raise DecodeError("failure_id")
-    decoded = decode_enum(FailureCategory, category, column="failure_category")
-    identifier = decode_int64(failure_id, column="failure_id", minimum=1)
+        raise p.DecodeError("failure_id")
+    decoded = p.decode_enum(FailureCategory, category, column="failure_category")
+    identifier = p.decode_int64(failure_id, column="failure_id", minimum=1)
     return FailureSummary(decoded, FailureId(identifier))
 
 
 def decode_metadata(values: Mapping[str, object], counts: ExecutionCounts) -> ExecutionMetadata:
     """Decode the lifecycle columns of a job or step row around its (already decoded) counts."""
-    status = enum_at(BatchStatus, values, "status")
-    exit_code = text_value_at(ExitCode, values, "exit_code")
+    status = p.enum_at(BatchStatus, values, "status")
+    exit_code = p.text_value_at(ExitCode, values, "exit_code")
     failure = decode_failure(values["failure_category"], values["failure_id"])
-    created_at = aware_at(values, "created_at")
-    started_at = optional_aware_at(values, "started_at")
-    ended_at = optional_aware_at(values, "ended_at")
+    created_at = p.aware_at(values, "created_at")
+    started_at = p.optional_aware_at(values, "started_at")
+    ended_at = p.optional_aware_at(values, "ended_at")
     if started_at is not None and started_at < created_at:
-        raise DecodeError("started_at")
-    if ended_at is not None and ended_at < (started_at if started_at is not None else created_at):
-        raise DecodeError("ended_at")
-    if status is BatchStatus.UNKNOWN and ended_at is not None:
-        raise DecodeError("ended_at")  # storage forbids it; the decoder refuses it too
+        raise p.DecodeError("started_at")
+    lower = created_at if started_at is None else started_at
+    if ended_at is not None and (ended_at < lower or status is BatchStatus.UNKNOWN):
+        raise p.DecodeError("ended_at")  # UNKNOWN has no end time: storage forbids it too
     try:
         return ExecutionMetadata(
             status=status,
@@ -67,19 +52,19 @@ def decode_metadata(values: Mapping[str, object], counts: ExecutionCounts) -> Ex
             counts=counts,
             failure=failure,
         )
-    except (ActiveExecutionHasEndTime, FinishedExecutionMissingEndTime, InvalidTimestampOrder):
-        raise DecodeError("ended_at") from None
-    except FailedExecutionMissingFailure:
-        raise DecodeError("failure_category") from None
+    except (e.ActiveExecutionHasEndTime, e.FinishedExecutionMissingEndTime):
+        raise p.DecodeError("ended_at") from None
+    except e.FailedExecutionMissingFailure:
+        raise p.DecodeError("failure_category") from None
 
 
 def decode_updated_at(
     values: Mapping[str, object], metadata: ExecutionMetadata
 ) -> datetime.datetime:
     """Decode `updated_at`, which can never precede `created_at`."""
-    updated_at = aware_at(values, "updated_at")
+    updated_at = p.aware_at(values, "updated_at")
     if updated_at < metadata.timestamps.created_at:
-        raise DecodeError("updated_at")
+        raise p.DecodeError("updated_at")
     return updated_at
 
 

@@ -2,17 +2,7 @@
 
 from __future__ import annotations
 
-from pybatch._codecs._primitives import (
-    DecodeError,
-    Row,
-    aware_at,
-    digest_at,
-    enum_at,
-    int64_at,
-    optional_enum_at,
-    optional_int64_at,
-    text_value_at,
-)
+from pybatch._codecs import _primitives as p
 from pybatch.values.ids import JobExecutionId, JobInstanceId, OperatorRequestId
 from pybatch.values.names import ActorRef, OperationId, ReasonCode
 from pybatch.values.operator import (
@@ -28,38 +18,24 @@ from pybatch.values.operator import (
 from pybatch.values.status import BatchStatus
 
 #: Columns `decode_operator_record` reads (operator_requests.sql find_operator_request).
-OPERATOR_REQUEST_COLUMNS = (
-    "id",
-    "job_instance_id",
-    "job_execution_id",
-    "action",
-    "authorization_class",
-    "operation_id",
-    "actor_ref",
-    "reason_code",
-    "request_digest",
-    "observed_version",
-    "prior_status",
-    "result_status",
-    "outcome_class",
-    "rejection_code",
-    "rejection_current_version",
-    "rejection_status",
-    "rejection_execution_id",
-    "requested_at",
+OPERATOR_REQUEST_COLUMNS = tuple(
+    """id job_instance_id job_execution_id action authorization_class operation_id actor_ref
+    reason_code request_digest observed_version prior_status result_status outcome_class
+    rejection_code rejection_current_version rejection_status rejection_execution_id
+    requested_at""".split()
 )
 
 
-def _decode_rejection(values: Row) -> OperatorRejection | None:
+def _decode_rejection(values: p.Row) -> OperatorRejection | None:
     """The rejection and its details; the value refuses a detail its code does not carry."""
-    code = optional_enum_at(OperatorRejectionCode, values, "rejection_code")
-    current = optional_int64_at(values, "rejection_current_version", 0)
-    status = optional_enum_at(BatchStatus, values, "rejection_status")
-    execution_id = optional_int64_at(values, "rejection_execution_id")
+    code = p.optional_enum_at(OperatorRejectionCode, values, "rejection_code")
+    current = p.optional_int64_at(values, "rejection_current_version", 0)
+    status = p.optional_enum_at(BatchStatus, values, "rejection_status")
+    execution_id = p.optional_int64_at(values, "rejection_execution_id")
     if code is None and (current, status, execution_id) == (None, None, None):
         return None
     if code is None:
-        raise DecodeError("rejection_code")
+        raise p.DecodeError("rejection_code")
     try:
         return OperatorRejection(
             code=code,
@@ -68,38 +44,39 @@ def _decode_rejection(values: Row) -> OperatorRejection | None:
             execution_id=None if execution_id is None else JobExecutionId(execution_id),
         )
     except ValueError:
-        raise DecodeError("rejection_code") from None
+        raise p.DecodeError("rejection_code") from None
 
 
-def decode_operator_record(row: Row) -> OperatorRecord:
+def decode_operator_record(row: p.Row) -> OperatorRecord:
     """Decode an operator_request row (columns `OPERATOR_REQUEST_COLUMNS`)."""
     values = {column: row[column] for column in OPERATOR_REQUEST_COLUMNS}
-    action = enum_at(OperatorAction, values, "action")
-    if enum_at(AuthorizationClass, values, "authorization_class") is not action.authorization_class:
-        raise DecodeError("authorization_class")
-    outcome = enum_at(OperatorOutcomeClass, values, "outcome_class")
+    action = p.enum_at(OperatorAction, values, "action")
+    authorization = p.enum_at(AuthorizationClass, values, "authorization_class")
+    if authorization is not action.authorization_class:
+        raise p.DecodeError("authorization_class")
+    outcome = p.enum_at(OperatorOutcomeClass, values, "outcome_class")
     rejection = _decode_rejection(values)
     if (outcome is OperatorOutcomeClass.REJECTED) != (rejection is not None):
-        raise DecodeError("outcome_class")
-    instance_id = optional_int64_at(values, "job_instance_id")
-    execution_id = optional_int64_at(values, "job_execution_id")
+        raise p.DecodeError("outcome_class")
+    instance_id = p.optional_int64_at(values, "job_instance_id")
+    execution_id = p.optional_int64_at(values, "job_execution_id")
     return OperatorRecord(
-        id=OperatorRequestId(int64_at(values, "id")),
+        id=OperatorRequestId(p.int64_at(values, "id")),
         action=action,
-        operation_id=text_value_at(OperationId, values, "operation_id"),
-        actor=text_value_at(ActorRef, values, "actor_ref"),
+        operation_id=p.text_value_at(OperationId, values, "operation_id"),
+        actor=p.text_value_at(ActorRef, values, "actor_ref"),
         reason=None
         if values["reason_code"] is None
-        else text_value_at(ReasonCode, values, "reason_code"),
-        digest=RequestDigest(digest_at(values, "request_digest")),
+        else p.text_value_at(ReasonCode, values, "reason_code"),
+        digest=RequestDigest(p.digest_at(values, "request_digest")),
         job_instance_id=None if instance_id is None else JobInstanceId(instance_id),
         job_execution_id=None if execution_id is None else JobExecutionId(execution_id),
-        observed_version=optional_int64_at(values, "observed_version", 0),
-        prior_status=optional_enum_at(BatchStatus, values, "prior_status"),
-        result_status=optional_enum_at(BatchStatus, values, "result_status"),
+        observed_version=p.optional_int64_at(values, "observed_version", 0),
+        prior_status=p.optional_enum_at(BatchStatus, values, "prior_status"),
+        result_status=p.optional_enum_at(BatchStatus, values, "result_status"),
         outcome=outcome,
         rejection=rejection,
-        requested_at=aware_at(values, "requested_at"),
+        requested_at=p.aware_at(values, "requested_at"),
     )
 
 

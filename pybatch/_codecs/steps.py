@@ -7,20 +7,8 @@ from typing import TypeVar
 
 import attrs
 
-from pybatch._codecs._primitives import (
-    DecodeError,
-    Row,
-    decode_json_object,
-    int64_at,
-    row_columns,
-    text_value_at,
-)
-from pybatch._codecs.lifecycle import (
-    FAILURE_COLUMNS,
-    INSTANT_COLUMNS,
-    decode_metadata,
-    decode_updated_at,
-)
+from pybatch._codecs import _primitives as p
+from pybatch._codecs import lifecycle
 from pybatch.errors import PyBatchError
 from pybatch.values.counts import ExecutionCounts, StepFaultCounts
 from pybatch.values.ids import JobExecutionId, StepExecutionId
@@ -45,22 +33,15 @@ CHECKPOINT_COLUMNS = tuple(f"checkpoint_{part}" for part in _STATE_PARTS)
 CONTEXT_COLUMNS = tuple(f"context_{part}" for part in _STATE_PARTS)
 
 #: The leading columns of a step_execution row, in table order.
-STEP_HEAD_COLUMNS = (
-    "id",
-    "job_execution_id",
-    "step_name",
-    "step_logical_id",
-    "status",
-    "exit_code",
-)
+STEP_HEAD_COLUMNS = tuple("id job_execution_id step_name step_logical_id status exit_code".split())
 #: Columns `decode_step_execution` reads (fault-state columns belong to the fault-state codec).
 STEP_EXECUTION_COLUMNS = (
     *STEP_HEAD_COLUMNS,
     *COUNT_COLUMNS,
     *CHECKPOINT_COLUMNS,
     *CONTEXT_COLUMNS,
-    *FAILURE_COLUMNS,
-    *INSTANT_COLUMNS,
+    *lifecycle.FAILURE_COLUMNS,
+    *lifecycle.INSTANT_COLUMNS,
     "version",
     *(column for _, column in _FAULT_COUNT_COLUMNS),
 )
@@ -79,36 +60,36 @@ def decode_state(
     """Rebuild and validate a state envelope from its four columns, within `limits`."""
     format_value = values[f"{prefix}_format"]
     if type(format_value) is not int or format_value != STATE_FORMAT_VERSION:
-        raise DecodeError(f"{prefix}_format")
-    schema = text_value_at(StateSchemaId, values, f"{prefix}_schema")
+        raise p.DecodeError(f"{prefix}_format")
+    schema = p.text_value_at(StateSchemaId, values, f"{prefix}_schema")
     schema_version = values[f"{prefix}_schema_version"]
     if type(schema_version) is not int or not 1 <= schema_version <= _U32_MAX:
-        raise DecodeError(f"{prefix}_schema_version")
-    payload = decode_json_object(values[f"{prefix}_payload"], column=f"{prefix}_payload")
+        raise p.DecodeError(f"{prefix}_schema_version")
+    payload = p.decode_json_object(values[f"{prefix}_payload"], column=f"{prefix}_payload")
     try:
         return state_cls(schema, schema_version, payload, limits=limits)
     except PyBatchError:
-        raise DecodeError(f"{prefix}_payload") from None
+        raise p.DecodeError(f"{prefix}_payload") from None
 
 
 def _decode_counters(
-    counts_cls: type[_CountsT], row: Row, columns: tuple[tuple[str, str], ...]
+    counts_cls: type[_CountsT], row: p.Row, columns: tuple[tuple[str, str], ...]
 ) -> _CountsT:
-    return counts_cls(**{field: int64_at(row, column, 0) for field, column in columns})
+    return counts_cls(**{field: p.int64_at(row, column, 0) for field, column in columns})
 
 
-def decode_step_execution(row: Row) -> StepExecution:
+def decode_step_execution(row: p.Row) -> StepExecution:
     """Decode a step_execution row (columns `STEP_EXECUTION_COLUMNS`)."""
-    values = row_columns(row, STEP_EXECUTION_COLUMNS)
-    metadata = decode_metadata(values, decode_counts(values))
+    values = p.row_columns(row, STEP_EXECUTION_COLUMNS)
+    metadata = lifecycle.decode_metadata(values, decode_counts(values))
     return StepExecution(
-        id=StepExecutionId(int64_at(values, "id")),
-        job_execution_id=JobExecutionId(int64_at(values, "job_execution_id")),
-        step_name=text_value_at(StepName, values, "step_name"),
-        logical_id=text_value_at(NodeId, values, "step_logical_id"),
+        id=StepExecutionId(p.int64_at(values, "id")),
+        job_execution_id=JobExecutionId(p.int64_at(values, "job_execution_id")),
+        step_name=p.text_value_at(StepName, values, "step_name"),
+        logical_id=p.text_value_at(NodeId, values, "step_logical_id"),
         metadata=metadata,
-        updated_at=decode_updated_at(values, metadata),
-        version=int64_at(values, "version", 0),
+        updated_at=lifecycle.decode_updated_at(values, metadata),
+        version=p.int64_at(values, "version", 0),
         checkpoint=decode_checkpoint(values),
         context=decode_context(values),
         fault_counts=_decode_counters(StepFaultCounts, values, _FAULT_COUNT_COLUMNS),
@@ -120,16 +101,16 @@ def encode_counts(counts: ExecutionCounts) -> dict[str, object]:
     return {column: getattr(counts, field) for field, column in _COUNT_COLUMNS}
 
 
-def decode_checkpoint(row: Row) -> Checkpoint:
+def decode_checkpoint(row: p.Row) -> Checkpoint:
     """Rebuild a step's checkpoint from its `checkpoint_*` columns (limits 1 MiB / depth 64)."""
     return decode_state(Checkpoint, row, "checkpoint")
 
 
-def decode_context(row: Row) -> ExecutionContext:
+def decode_context(row: p.Row) -> ExecutionContext:
     """Rebuild a step's execution context from its `context_*` columns."""
     return decode_state(ExecutionContext, row, "context")
 
 
-def decode_counts(row: Row) -> ExecutionCounts:
+def decode_counts(row: p.Row) -> ExecutionCounts:
     """The six step counters of a row (read_count ... rollback_count)."""
     return _decode_counters(ExecutionCounts, row, _COUNT_COLUMNS)

@@ -13,10 +13,9 @@ from pybatch._codecs._primitives import DecodeError, decode_aware, decode_int64
 from pybatch._repository._capability import Capability
 from pybatch._statements import Connection, Row, Statement
 from pybatch.errors import JobInstanceNotFound, RequestFieldError
-from pybatch.values.ids import IdentifierKind, check_identifier
+from pybatch.values.ids import IdentifierKind, aware_utc, check_identifier
 from pybatch.values.names import ActorRef, ReasonCode
 from pybatch.values.retention import RetentionHold
-from pybatch.values.timestamps import aware_utc
 
 
 def _decode_hold(row: Any) -> RetentionHold | None:

@@ -42,12 +42,11 @@ from pybatch.errors import (
     PartitionOwnershipLost,
     StaleVersion,
 )
-from pybatch.values.ids import IdentifierKind, check_identifier
+from pybatch.values.ids import IdentifierKind, aware_utc, check_identifier
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.ownership import ExecutionControl, ExecutionLease, LeaseState, OwnerToken
 from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus
-from pybatch.values.timestamps import aware_utc
 
 
 def lock_execution_ownership(

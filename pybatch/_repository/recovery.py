@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pybatch._clock import Clock
 from pybatch._codecs._primitives import aware_at, bool_at, enum_at, int64_at, returned, text_at
-from pybatch._codecs.executions import decode_job_execution
-from pybatch._codecs.recovery import decode_recovery_decision
+from pybatch._codecs.executions import decode_job_execution, decode_recovery_decision
 from pybatch._repository import _lifecycle, executions, steps
 from pybatch._repository._capability import Capability, job_execution_row
 from pybatch._repository.audit_chain import link_audit_record
@@ -15,7 +14,7 @@ from pybatch.errors import JobExecutionNotFound, RecoveryNotAllowed, StaleVersio
 from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values.audit import AuditRecordKind
 from pybatch.values.ids import FailureId, IdentifierKind, check_identifier
-from pybatch.values.lifecycle import ExecutionMetadata
+from pybatch.values.lifecycle import ExecutionMetadata, ExecutionTimestamps
 from pybatch.values.operator import automatic_recovery_record
 from pybatch.values.ownership import OwnerToken
 from pybatch.values.recovery import (
@@ -28,7 +27,6 @@ from pybatch.values.recovery import (
     RecoveryStepEvidence,
 )
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
-from pybatch.values.timestamps import ExecutionTimestamps
 
 
 def recover_job_execution(
@@ -56,7 +54,7 @@ def recover_job_execution(
     # then its start). Nothing decides on `decided_at`; the latest decision is the highest id.
     decided_at = max(clock.now(), times.started_at or times.created_at)
     metadata = ExecutionMetadata(
-        status=request.disposition.status,
+        status=request.status,
         exit_status=prior.metadata.exit_status,
         timestamps=ExecutionTimestamps(times.created_at, times.started_at, decided_at),
         counts=prior.metadata.counts,
@@ -192,7 +190,7 @@ class Recovery(Capability):
             }
             evidence = sha256(canonical_json(observed))
             failure = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(orphan.id))
-            request = RecoveryRequest.mark_failed(
+            request = RecoveryRequest(
                 orphan.version, "OWNER_LOST", AUTOMATIC_RECOVERY_REFERENCE, evidence, failure
             )
             result = recover_job_execution(

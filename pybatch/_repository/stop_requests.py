@@ -14,10 +14,9 @@ import attrs
 from pybatch._repository import _lifecycle, executions
 from pybatch._repository._capability import Capability
 from pybatch.errors import StaleVersion
-from pybatch.values.ids import IdentifierKind, check_identifier
+from pybatch.values.ids import IdentifierKind, aware_utc, check_identifier
 from pybatch.values.names import ActorRef
 from pybatch.values.records import JobExecution
-from pybatch.values.timestamps import aware_utc
 
 
 class StopRequests(Capability):

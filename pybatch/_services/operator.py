@@ -39,7 +39,7 @@ from pybatch.values.operator import (
 )
 from pybatch.values.parameters import JobInstanceKey
 from pybatch.values.records import JobExecution
-from pybatch.values.recovery import RecoveryDisposition, RecoveryRequest
+from pybatch.values.recovery import RecoveryRequest
 from pybatch.values.status import BatchStatus
 
 if TYPE_CHECKING:
@@ -174,7 +174,7 @@ class OperatorService:
                 )
                 return _Effect(current.status, stopped)
             if current.status is S.UNKNOWN:
-                raise _Rejected(OperatorRejection.invalid_state(S.UNKNOWN))
+                raise _Rejected(OperatorRejection(Code.INVALID_STATE, status=S.UNKNOWN))
             return _Effect(current.status, current, changed=False)  # finished or stopping
 
         return self._submit(request, effect)
@@ -194,9 +194,9 @@ class OperatorService:
             if current.status is S.ABANDONED:
                 return _Effect(current.status, current, changed=False)
             if current.status is S.UNKNOWN and uow.recovery.decision(execution_id) is None:
-                raise _Rejected(OperatorRejection.of(Code.UNRESOLVED_RECOVERY_REQUIRED))
+                raise _Rejected(OperatorRejection(Code.UNRESOLVED_RECOVERY_REQUIRED))
             if current.status not in (S.STOPPED, S.FAILED, S.UNKNOWN):
-                raise _Rejected(OperatorRejection.invalid_state(current.status))
+                raise _Rejected(OperatorRejection(Code.INVALID_STATE, status=current.status))
             at = max(uow.clock.now(), current.updated_at)
             abandoned = uow.executions.transition(
                 execution_id, current.version, LifecycleTransition.new(S.ABANDONED, at)
@@ -232,14 +232,19 @@ class OperatorService:
             current = self._execution(uow, execution_id, recovery.expected_version)
             if (
                 unknown_commit
-                and recovery.disposition is RecoveryDisposition.MARK_FAILED
+                and recovery.failure is not None
                 and recovery.reason_code != UNKNOWN_EFFECT
             ):
-                raise _Rejected(OperatorRejection.of(Code.UNRESOLVED_RECOVERY_REQUIRED))
+                raise _Rejected(OperatorRejection(Code.UNRESOLVED_RECOVERY_REQUIRED))
             _, lease = uow.ownership.lock(execution_id)
             if lease.has_lease and not lease.lease_expired and not force:
-                active = OperatorRejection.execution_already_active
-                raise _Rejected(active(JobExecutionId(execution_id), current.status))
+                raise _Rejected(
+                    OperatorRejection(
+                        Code.EXECUTION_ALREADY_ACTIVE,
+                        execution_id=JobExecutionId(execution_id),
+                        status=current.status,
+                    )
+                )
             recovered = uow.recovery.recover(execution_id, recovery).execution
             _telemetry.recovered(recovery.reason_code)
             return _Effect(current.status, recovered)
@@ -254,7 +259,7 @@ class OperatorService:
         definition: DefinitionIdentity | None = None,
     ) -> OperatorOutcome:
         """Create the first (or next) execution of an instance key, STARTING."""
-        definition = definition or DefinitionIdentity.legacy()
+        definition = definition or DefinitionIdentity.LEGACY
         action, target = OperatorAction.LAUNCH, RequestTarget.instance_key(key)
         request = _Request(action, operation_id, actor, None, target, None, definition)
 
@@ -273,19 +278,19 @@ class OperatorService:
         definition: DefinitionIdentity | None = None,
     ) -> OperatorOutcome:
         """Create the next attempt of an instance whose latest attempt is FAILED or STOPPED."""
-        definition = definition or DefinitionIdentity.legacy()
+        definition = definition or DefinitionIdentity.LEGACY
         action, target = OperatorAction.RESTART, RequestTarget.instance(JobInstanceId(instance_id))
         request = _Request(action, operation_id, actor, None, target, None, definition, instance_id)
 
         def effect(uow: UnitOfWork) -> _Effect:
             if uow.instances.get(instance_id) is None:
-                raise _Rejected(OperatorRejection.of(Code.INSTANCE_NOT_FOUND))
+                raise _Rejected(OperatorRejection(Code.INSTANCE_NOT_FOUND))
             attempts = uow.executions.of_instance(instance_id)
             if not attempts:
-                raise _Rejected(OperatorRejection.of(Code.RESTART_WITHOUT_PRIOR_ATTEMPT))
+                raise _Rejected(OperatorRejection(Code.RESTART_WITHOUT_PRIOR_ATTEMPT))
             latest = attempts[-1]
             if latest.status is S.UNKNOWN:
-                raise _Rejected(OperatorRejection.invalid_state(S.UNKNOWN))
+                raise _Rejected(OperatorRejection(Code.INVALID_STATE, status=S.UNKNOWN))
             created = uow.executions.create(instance_id, definition)
             return _Effect(latest.status, created, instance_id)
 
@@ -295,9 +300,11 @@ class OperatorService:
     def _execution(uow: UnitOfWork, execution_id: int, expected: int | None) -> JobExecution:
         current = uow.executions.get(execution_id)
         if current is None:
-            raise _Rejected(OperatorRejection.of(Code.EXECUTION_NOT_FOUND))
+            raise _Rejected(OperatorRejection(Code.EXECUTION_NOT_FOUND))
         if expected is not None and current.version != expected:
-            raise _Rejected(OperatorRejection.optimistic_conflict(current.version))
+            raise _Rejected(
+                OperatorRejection(Code.OPTIMISTIC_CONFLICT, current_version=current.version)
+            )
         return current
 
     def _probe(self, request: _Request) -> OperatorOutcome | None:

@@ -1,18 +1,13 @@
-"""The tamper-evident audit chain: record kinds and what a verification found.
+"""The audit chain's record kinds and what a verification found.
 
-Link n of the chain holds the SHA-256 of its record's canonical content (the
-`pybatch.audit_record_content` view: a JSON array of the record kind and its columns,
-bytea as hex, instants as UTC ISO 8601 with microseconds) and
-`link_digest = SHA-256(previous link digest || seq (8 bytes, big-endian) || kind (UTF-8)
-|| record id (8 bytes, big-endian) || content digest)`, the first link's previous digest
-being 32 zero bytes.
+How a link digests its record and the link before it: docs/architecture.md, The audit chain.
 """
 
 from __future__ import annotations
 
 import attrs
 
-from pybatch.values._fields import Code
+from pybatch.values.ids import Code
 
 GENESIS_DIGEST = bytes(32)  # The "previous digest" of the first link.
 

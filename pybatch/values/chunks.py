@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import attrs
 
-from pybatch.values._fields import maybe
 from pybatch.values.counts import ExecutionCounts, counter
 from pybatch.values.fault import FaultStateEnvelope
-from pybatch.values.ids import IdentifierKind, identifier_validator
+from pybatch.values.ids import IdentifierKind, identifier_validator, maybe
 from pybatch.values.ownership import OwnerToken
 from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus

@@ -54,13 +54,7 @@ class ExecutionCounts:
         """Return the counts with `rolled_back + 1` (a terminal rollback; CountExhausted at max)."""
         return attrs.evolve(self, rolled_back=_checked_sum(self.rolled_back, 1))
 
-    @property
-    def is_zero(self) -> bool:
-        """Whether every counter is zero (always true for a job execution)."""
-        return self == _ZERO
 
-
-_ZERO = ExecutionCounts()
 _FIELDS = tuple(field.name for field in attrs.fields(ExecutionCounts))
 
 

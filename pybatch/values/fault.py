@@ -16,16 +16,9 @@ from typing import Any, ClassVar
 
 import attrs
 
-from pybatch.errors import (
-    CapacityExhausted,
-    DefinitionError,
-    DomainError,
-    FaultStateEnvelopeInvalid,
-    StaleReservation,
-)
+from pybatch import errors as e
 from pybatch.values._canonical import canonical_json, sha256
-from pybatch.values._fields import Code, digest, is_
-from pybatch.values.ids import UINT64_MAX, Validator
+from pybatch.values.ids import UINT64_MAX, Code, Validator, digest, is_
 from pybatch.values.names import ClassifierRevision, StepName
 from pybatch.values.status import BatchStatus, FailureCategory
 
@@ -40,7 +33,7 @@ _U16_MAX = 2**16 - 1
 _DIGEST_BYTES = 32
 _ZERO_DIGEST = bytes(_DIGEST_BYTES)
 # Lower case only: the canonical form is lower-case hex, so anything else was not written by us.
-HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 _ENTRY_MEMBERS = frozenset({"category", "key", "ordinal", "phase", "revision"})
 
 
@@ -64,9 +57,9 @@ class FaultStateRefusal(enum.StrEnum):
     CHECKPOINT_MISMATCH = "checkpoint mismatch"  # entries of a superseded checkpoint generation
 
 
-def fault_state_refusal(refusal: FaultStateRefusal) -> FaultStateEnvelopeInvalid:
+def fault_state_refusal(refusal: FaultStateRefusal) -> e.FaultStateEnvelopeInvalid:
     """Build the refusal; the reason is a plain str so the error pickles and prints cleanly."""
-    return FaultStateEnvelopeInvalid(reason=refusal.value)
+    return e.FaultStateEnvelopeInvalid(reason=refusal.value)
 
 
 def _bounded(what: str, minimum: int, maximum: int) -> Validator:
@@ -107,11 +100,6 @@ class RetryLimit:
 
     value: int = attrs.field(validator=_bounded("RetryLimit", 0, _U16_MAX))
 
-    NONE: ClassVar[RetryLimit]  # A policy that never retries.
-
-
-RetryLimit.NONE = RetryLimit(0)
-
 
 @attrs.frozen(order=True)
 class RetryStateLimit:
@@ -121,23 +109,11 @@ class RetryStateLimit:
 
 
 class FaultPhase(Code):
-    """The framework phase that produced a fault; values are the durable lower-case names."""
+    """The item phase a retry is reserved for, each with its retry counter; the durable names."""
 
-    READ = "read"  # An item reader failed.
-    PROCESS = "process"  # An item processor failed.
-    WRITE = "write"  # An item writer failed.
-    TRANSACTION = "transaction"  # A chunk transaction failed to begin, commit or roll back.
-    CHECKPOINT = "checkpoint"  # Checkpoint or context state could not be produced or stored.
-    LISTENER = "listener"  # A listener callback failed.
-    BACKOFF = "backoff"  # Cancellable backoff failed or was interrupted.
-
-    @property
-    def is_reservable(self) -> bool:
-        """Whether a retry can be reserved: only read, process and write have retry counters."""
-        return self in _RESERVABLE
-
-
-_RESERVABLE = frozenset({FaultPhase.READ, FaultPhase.PROCESS, FaultPhase.WRITE})
+    READ = "read"
+    PROCESS = "process"
+    WRITE = "write"
 
 
 @attrs.frozen(order=True)
@@ -175,10 +151,6 @@ class RetryKey:
         material += phase.value.encode("ascii") + b"\x00" + checkpoint_digest
         return cls(sha256(material + struct.pack(">Q", ordinal)))
 
-    def hex(self) -> str:
-        """Return the 64 lower-case hex digits stored in the fault-state payload."""
-        return self.digest.hex()
-
 
 @attrs.frozen(kw_only=True)
 class FaultEntry:
@@ -194,33 +166,33 @@ class FaultEntry:
         """Return the entry's JSON object, members as docs/tables.md 3.6 names them."""
         return {
             "category": self.category.value,
-            "key": self.key.hex(),
+            "key": self.key.digest.hex(),
             "ordinal": self.ordinal.value,
             "phase": self.phase.value,
             "revision": self.revision.value,
         }
 
 
-def fault_entry_from_payload(raw: object) -> FaultEntry:
+def _entry_from_payload(raw: object) -> FaultEntry:
     """Decode one stored entry, refusing anything a reservation could not have written."""
     if not isinstance(raw, Mapping) or set(raw) != _ENTRY_MEMBERS:
         raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
     key, phase_name, category_code = raw["key"], raw["phase"], raw["category"]
-    if type(key) is not str or HEX_DIGEST.fullmatch(key) is None:
+    if type(key) is not str or _HEX_DIGEST.fullmatch(key) is None:
         raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
     if type(phase_name) is not str or type(category_code) is not str:
         raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
-    phase = FaultPhase.from_durable_code(phase_name)
-    category = FailureCategory.from_durable_code(category_code)
-    if phase is None or category is None:
-        raise fault_state_refusal(FaultStateRefusal.UNKNOWN_ENUMERATION)
+    try:
+        phase, category = FaultPhase(phase_name), FailureCategory(category_code)
+    except ValueError:
+        raise fault_state_refusal(FaultStateRefusal.UNKNOWN_ENUMERATION) from None
     ordinal, revision_text = raw["ordinal"], raw["revision"]
     # bool is an int subclass and a JSON float is never an ordinal; 0 is never reserved.
     if type(ordinal) is not int or not 1 <= ordinal <= _U16_MAX or type(revision_text) is not str:
         raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
     try:
         revision = ClassifierRevision(revision_text)
-    except (DefinitionError, DomainError):
+    except (e.DefinitionError, e.DomainError):
         raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY) from None
     return FaultEntry(
         key=RetryKey(bytes.fromhex(key)),
@@ -261,11 +233,6 @@ class FaultStateEnvelope:
         if len(canonical) > FAULT_STATE_MAX_BYTES:
             raise fault_state_refusal(FaultStateRefusal.TOO_LARGE)
         object.__setattr__(self, "_canonical", canonical)
-
-    @property
-    def is_empty(self) -> bool:
-        """Whether no retry key is retained (the state right after a chunk commit)."""
-        return not self.entries
 
     def ordinal_for(self, key: RetryKey) -> RetryOrdinal | None:
         """Return the ordinal already reserved for `key`, or None when it holds none."""
@@ -310,7 +277,7 @@ class FaultStateEnvelope:
         """The envelope after one reservation (replacing the key's entry), at `checkpoint_digest`.
 
         An ordinal is never spent twice: it must be the key's reserved one (or 0) plus 1. The order
-        of refusals is the store's: checkpoint, ordinal, capacity, then a non-reservable phase.
+        of refusals is the store's: checkpoint, ordinal, then capacity.
         """
         if not isinstance(entry, FaultEntry):
             raise TypeError("entry takes a FaultEntry")
@@ -321,19 +288,71 @@ class FaultStateEnvelope:
         previous = self.entries[index].ordinal.value if exists else RetryOrdinal.INITIAL.value
         # At 65535 no successor exists, so every ordinal is stale.
         if entry.ordinal.value != previous + 1:
-            raise StaleReservation()
+            raise e.StaleReservation()
         if not exists and len(self.entries) >= state_limit.value:
-            raise CapacityExhausted(max=state_limit.value)
-        if not entry.phase.is_reservable:
-            raise StaleReservation()
+            raise e.CapacityExhausted(max=state_limit.value)
         entries = (*self.entries[:index], entry, *self.entries[index + exists :])
         return FaultStateEnvelope(checkpoint_digest, entries)
+
+    @classmethod
+    def from_columns(
+        cls,
+        format: object,
+        schema: object,
+        schema_version: object,
+        payload: object,
+        checksum: object,
+    ) -> FaultStateEnvelope:
+        """Decode and verify the stored columns (re-canonicalised: jsonb reorders keys).
+
+        Corrupt state must stop all work: each refusal names the first rule broken, in this order.
+        """
+        stored = (format, schema, schema_version, payload, checksum)
+        if all(type(s) is type(x) and s == x for s, x in zip(stored, _EMPTY_COLUMNS, strict=True)):
+            return cls.EMPTY  # most reads: no full decode needed
+        if type(format) is not int or format != FAULT_STATE_FORMAT:
+            raise fault_state_refusal(FaultStateRefusal.UNSUPPORTED_FORMAT)
+        if type(schema) is not str or schema != FAULT_STATE_SCHEMA:
+            raise fault_state_refusal(FaultStateRefusal.UNSUPPORTED_SCHEMA)
+        if type(schema_version) is not int or schema_version != FAULT_STATE_SCHEMA_VERSION:
+            raise fault_state_refusal(FaultStateRefusal.UNSUPPORTED_SCHEMA_VERSION)
+        if not isinstance(payload, Mapping) or not {"checkpoint", "entries"} <= set(payload):
+            raise fault_state_refusal(FaultStateRefusal.MALFORMED)
+        checkpoint, raw_entries = payload["checkpoint"], payload["entries"]
+        try:
+            canonical = canonical_json({"checkpoint": checkpoint, "entries": raw_entries})
+        except e.JsonNotEncodable:
+            raise fault_state_refusal(FaultStateRefusal.MALFORMED) from None
+        if len(canonical) > FAULT_STATE_MAX_BYTES:
+            raise fault_state_refusal(FaultStateRefusal.TOO_LARGE)
+        if type(checkpoint) is not str or _HEX_DIGEST.fullmatch(checkpoint) is None:
+            raise fault_state_refusal(FaultStateRefusal.MALFORMED)
+        if not isinstance(raw_entries, list):
+            raise fault_state_refusal(FaultStateRefusal.MALFORMED)
+        if len(raw_entries) > FAULT_STATE_MAX_ENTRIES:
+            raise fault_state_refusal(FaultStateRefusal.TOO_MANY_ENTRIES)
+        entries = tuple(_entry_from_payload(raw) for raw in raw_entries)
+        # Strict entry decoding re-encodes to exactly `canonical`: the checksum covers the stored.
+        envelope = cls(bytes.fromhex(checkpoint), entries)
+        if not isinstance(checksum, bytes | bytearray | memoryview):
+            raise fault_state_refusal(FaultStateRefusal.CHECKSUM_MISMATCH)
+        if bytes(checksum) != envelope.checksum():
+            raise fault_state_refusal(FaultStateRefusal.CHECKSUM_MISMATCH)
+        return envelope
 
     def __repr__(self) -> str:
         return f"FaultStateEnvelope(entry_count={len(self.entries)}, ..)"  # digests redacted
 
 
 FaultStateEnvelope.EMPTY = FaultStateEnvelope(_ZERO_DIGEST, ())
+#: The stored columns of the empty envelope (format, schema, version, payload, checksum).
+_EMPTY_COLUMNS = (
+    FAULT_STATE_FORMAT,
+    FAULT_STATE_SCHEMA,
+    FAULT_STATE_SCHEMA_VERSION,
+    FaultStateEnvelope.EMPTY.to_payload(),
+    FaultStateEnvelope.EMPTY.checksum(),
+)
 
 
 @attrs.frozen(kw_only=True)

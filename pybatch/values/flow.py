@@ -1,14 +1,7 @@
 """Flow values: start limits, targets, decisions and manifest matching.
 
-A flow manifest (format 2 or 3) lists its nodes and transitions::
-
-    {"format": 2,
-     "nodes": [{"id": "extract", "kind": "step"}, {"id": "check", "kind": "decision"}],
-     "transitions": [{"source": "extract", "pattern": "COMPLETED", "to": "check"},
-                     {"source": "extract", "pattern": "*", "end": "fail"},
-                     {"source": "check", "pattern": "*", "end": "complete"}]}
-
-A transition names exactly one of `to` (a node id) or `end` (complete, fail or stop).
+A manifest of format 2 or 3 lists nodes and transitions (docs/etl-guide.md, Flows: deciding
+what runs next); a transition names exactly one of `to` (a node id) or `end`.
 """
 
 from __future__ import annotations
@@ -22,12 +15,10 @@ from typing import Any, ClassVar
 import attrs
 
 from pybatch.errors import ManifestInvalid, ZeroStartLimit
-from pybatch.values._fields import digest, is_, maybe
-from pybatch.values.ids import IdentifierKind, identifier_validator
+from pybatch.values.ids import IdentifierKind, aware_utc, digest, identifier_validator, is_, maybe
 from pybatch.values.names import ExitCode, NodeId
 from pybatch.values.records import StepExecution
 from pybatch.values.state import ExecutionContext
-from pybatch.values.timestamps import aware_utc
 
 _U32_MAX = 4_294_967_295
 #: Flow-graph bounds of a format 2 or 3 manifest, checked when a definition is registered.
@@ -62,21 +53,11 @@ StartLimit.UNRESTRICTED = StartLimit(_U32_MAX)
 
 
 class TerminalKind(enum.Enum):
-    """How a flow ends; the value is the durable code, `manifest_name` the manifest word."""
+    """How a flow ends; the value is the durable code, in lower case the manifest's `end`."""
 
     COMPLETE = "COMPLETE"
     FAIL = "FAIL"
     STOP = "STOP"
-
-    @property
-    def manifest_name(self) -> str:
-        """The lower-case name a manifest uses (`complete`, `fail`, `stop`)."""
-        return self.value.lower()
-
-    @classmethod
-    def from_manifest_name(cls, name: object) -> TerminalKind | None:
-        """The kind a manifest names, or None for anything else."""
-        return next((kind for kind in cls if kind.manifest_name == name), None)
 
 
 class FlowTransitionKind(enum.Enum):
@@ -169,9 +150,8 @@ def _manifest_target(transition: Mapping[str, Any]) -> FlowTarget | None:
             return FlowTarget.to_node(node)
         except Exception:  # an invalid node token selects nothing
             return None
-    kind = TerminalKind.from_manifest_name(end)
-    if kind is not None and node is None:
-        return FlowTarget.end(kind)
+    if end in ("complete", "fail", "stop") and node is None:
+        return FlowTarget.end(TerminalKind(end.upper()))
     return None
 
 

@@ -12,24 +12,32 @@ from collections.abc import Mapping
 
 import attrs
 
-from pybatch.errors import (
-    ActiveExecutionHasEndTime,
-    FailedExecutionMissingFailure,
-    FailedTransitionMissingFailure,
-    FinishedExecutionMissingEndTime,
-    IllegalTransition,
-    InvalidTimestampOrder,
-    InvalidTransitionTime,
-    RestartRequiresNewAttempt,
-    StaleVersion,
-    VersionExhausted,
-)
-from pybatch.values._fields import is_, maybe
+from pybatch import errors as e
 from pybatch.values.counts import ExecutionCounts
-from pybatch.values.ids import INT64_MAX
+from pybatch.values.ids import INT64_MAX, aware_utc, is_, maybe
 from pybatch.values.names import ExitCode
 from pybatch.values.status import BatchStatus, FailureSummary
-from pybatch.values.timestamps import ExecutionTimestamps, aware_utc
+
+
+def _optional_utc(value: _dt.datetime | None) -> _dt.datetime | None:
+    return None if value is None else aware_utc(value)
+
+
+@attrs.frozen
+class ExecutionTimestamps:
+    """Creation, start and end instants of an execution, in order."""
+
+    created_at: _dt.datetime = attrs.field(converter=aware_utc)
+    started_at: _dt.datetime | None = attrs.field(default=None, converter=_optional_utc)
+    ended_at: _dt.datetime | None = attrs.field(default=None, converter=_optional_utc)
+
+    def __attrs_post_init__(self) -> None:
+        if self.started_at is not None and self.started_at < self.created_at:
+            raise e.InvalidTimestampOrder()
+        lower = self.started_at if self.started_at is not None else self.created_at
+        if self.ended_at is not None and self.ended_at < lower:
+            raise e.InvalidTimestampOrder()
+
 
 _S = BatchStatus
 #: The transition table (docs/contract.md, Transition table): from-status -> allowed targets.
@@ -90,18 +98,18 @@ class ExecutionMetadata:
     def __attrs_post_init__(self) -> None:
         ended = self.timestamps.ended_at is not None
         if self.status.is_active and ended:
-            raise ActiveExecutionHasEndTime()
+            raise e.ActiveExecutionHasEndTime()
         if self.status.is_finished and not ended:
-            raise FinishedExecutionMissingEndTime()
+            raise e.FinishedExecutionMissingEndTime()
         if self.status is BatchStatus.FAILED and self.failure is None:
-            raise FailedExecutionMissingFailure()
+            raise e.FailedExecutionMissingFailure()
 
 
 def _check_expected(version: int, expected_version: int) -> None:
     if type(version) is not int or type(expected_version) is not int:
         raise TypeError("versions are int (bool is not accepted)")
     if expected_version != version:
-        raise StaleVersion(expected=expected_version, actual=version)
+        raise e.StaleVersion(expected=expected_version, actual=version)
 
 
 def apply_transition(
@@ -119,15 +127,15 @@ def apply_transition(
     _check_expected(version, expected_version)
     current, target = metadata.status, transition.target
     if current in (BatchStatus.STOPPED, BatchStatus.FAILED) and target is BatchStatus.STARTING:
-        raise RestartRequiresNewAttempt(from_status=current.value)
+        raise e.RestartRequiresNewAttempt(from_status=current.value)
     if not is_legal_transition(current, target):
-        raise IllegalTransition(from_status=current.value, to_status=target.value)
+        raise e.IllegalTransition(from_status=current.value, to_status=target.value)
     if target is BatchStatus.FAILED and transition.failure is None:
-        raise FailedTransitionMissingFailure()
+        raise e.FailedTransitionMissingFailure()
     times = metadata.timestamps
     lower = times.started_at if times.started_at is not None else times.created_at
     if transition.at < lower or (times.ended_at is not None and transition.at < times.ended_at):
-        raise InvalidTransitionTime() from InvalidTimestampOrder()
+        raise e.InvalidTransitionTime() from e.InvalidTimestampOrder()
 
     started_at = transition.at if target is BatchStatus.STARTED else times.started_at
     ended_at = (times.ended_at or transition.at) if target.is_finished else None
@@ -159,5 +167,5 @@ def apply_exit_enrichment(
 def _next_version(version: int) -> int:
     """`version + 1`, bounded by storage (bigint) rather than an unsigned 64-bit range."""
     if version >= INT64_MAX:
-        raise VersionExhausted(version=version)
+        raise e.VersionExhausted(version=version)
     return version + 1

@@ -1,7 +1,7 @@
 """Validated names, definition tokens, state schema ids and request fields.
 
 Names and tokens check empty -> too long (UTF-8 bytes) -> surrounding white space -> control
-character, in that order, so the reported error matches the seeds'. Errors never carry the value.
+character, in that order; the first rule broken is reported, never the value.
 A subclass only sets the class constants, so it is a plain subclass of its attrs base.
 """
 
@@ -12,14 +12,8 @@ from typing import ClassVar, NoReturn
 
 import attrs
 
-from pybatch.errors import (
-    NameInvalid,
-    RequestFieldInvalid,
-    SchemaIdInvalid,
-    TextNotUtf8,
-    TextRule,
-    TokenInvalid,
-)
+from pybatch import errors as e
+from pybatch.errors import TextRule
 
 #: Characters with the Unicode White_Space property (what Rust's `str::trim` strips). Python's
 #: `str.strip()` also strips U+001C..U+001F, which would change the reported error.
@@ -76,8 +70,8 @@ class _Text:
     def _refuse(cls, rule: TextRule | None, bound: int | None, index: int | None) -> NoReturn:
         """Raise the error of a broken `rule` (None: a lone surrogate, not UTF-8)."""
         if rule is None:
-            raise TextNotUtf8(kind=f"{cls._KIND} name")
-        raise NameInvalid(kind=cls._KIND, rule=rule, max_bytes=bound, character_index=index)
+            raise e.TextNotUtf8(kind=f"{cls._KIND} name")
+        raise e.NameInvalid(kind=cls._KIND, rule=rule, max_bytes=bound, character_index=index)
 
     def __str__(self) -> str:
         return self.value
@@ -130,8 +124,8 @@ class _DefinitionToken(_Text):
     @classmethod
     def _refuse(cls, rule: TextRule | None, bound: int | None, index: int | None) -> NoReturn:
         if rule is None:
-            raise TextNotUtf8(kind=cls._KIND)
-        raise TokenInvalid(kind=cls._KIND, rule=rule, max_bytes=bound)
+            raise e.TextNotUtf8(kind=cls._KIND)
+        raise e.TokenInvalid(kind=cls._KIND, rule=rule, max_bytes=bound)
 
 
 class NodeId(_DefinitionToken):
@@ -152,22 +146,10 @@ class DefinitionUpgradeKey(_DefinitionToken):
     _KIND = "definition upgrade key"
 
 
-class ComponentRevision(_DefinitionToken):
-    """A revision token of one opaque executable component."""
-
-    _KIND = "component revision"
-
-
 class ClassifierRevision(_DefinitionToken):
     """A revision token of one bounded fault classifier (fault-state entries carry it)."""
 
     _KIND = "classifier revision"
-
-
-class DeciderRevision(_DefinitionToken):
-    """A revision token of one flow decider."""
-
-    _KIND = "decider revision"
 
 
 class StateSchemaId(_DefinitionToken):
@@ -178,7 +160,7 @@ class StateSchemaId(_DefinitionToken):
     @classmethod
     def _refuse(cls, rule: TextRule | None, bound: int | None, index: int | None) -> NoReturn:
         if rule is not None:
-            raise SchemaIdInvalid(rule=rule, max_bytes=bound)
+            raise e.SchemaIdInvalid(rule=rule, max_bytes=bound)
         super()._refuse(rule, bound, index)
 
 
@@ -192,13 +174,13 @@ class _RequestField(_Text):
         if type(value) is not str:
             raise TypeError("a validated text value takes a str")
         if not value:
-            raise RequestFieldInvalid(field=cls._KIND, rule=TextRule.EMPTY)
+            raise e.RequestFieldInvalid(field=cls._KIND, rule=TextRule.EMPTY)
         if len(value.encode("utf-8", "surrogatepass")) > cls._MAX_BYTES:
-            raise RequestFieldInvalid(
+            raise e.RequestFieldInvalid(
                 field=cls._KIND, rule=TextRule.TOO_LONG, max_bytes=cls._MAX_BYTES
             )
         if cls._CHARSET.fullmatch(value) is None:
-            raise RequestFieldInvalid(field=cls._KIND, rule=TextRule.INVALID_CHARACTER)
+            raise e.RequestFieldInvalid(field=cls._KIND, rule=TextRule.INVALID_CHARACTER)
 
 
 class ActorRef(_RequestField):

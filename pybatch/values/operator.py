@@ -9,38 +9,28 @@ import datetime as _dt
 
 import attrs
 
-from pybatch.errors import (
-    AbandonedInstance,
-    CompletedInstance,
-    ExecutionAlreadyActive,
-    IllegalTransition,
-    IncompatibleDefinition,
-    InvalidDefinitionUpgrade,
-    JobExecutionNotFound,
-    JobInstanceNotFound,
-    RecoveryNotAllowed,
-    RestartRequiresNewAttempt,
-    RestartStateNotFound,
-    StaleVersion,
-    StartLimitExceeded,
-)
+from pybatch import errors as e
 from pybatch.values._canonical import CanonicalWriter
-from pybatch.values._fields import Code, digest, is_, maybe, optional_version
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.ids import (
+    Code,
     IdentifierKind,
     JobExecutionId,
     JobInstanceId,
     OperatorRequestId,
+    aware_utc,
     check_identifier,
     check_version,
+    digest,
     identifier_validator,
+    is_,
+    maybe,
+    version,
 )
 from pybatch.values.names import ActorRef, OperationId, ReasonCode
 from pybatch.values.parameters import JobInstanceKey
-from pybatch.values.recovery import RecoveryDisposition, RecoveryRequest, RecoveryResult
+from pybatch.values.recovery import RecoveryRequest, RecoveryResult
 from pybatch.values.status import BatchStatus, FailureSummary
-from pybatch.values.timestamps import aware_utc
 
 #: Domain-separation tag of the request digest, kept byte for byte (docs/tables.md 3.10).
 REQUEST_DIGEST_DOMAIN = "oxide-batch.operator-request.v1"
@@ -49,9 +39,8 @@ REQUEST_DIGEST_DOMAIN = "oxide-batch.operator-request.v1"
 class AuthorizationClass(Code):
     """How much an operator request may change; derived from the action and stored with it."""
 
-    READ = "READ"  # Explorer queries and retention plans.
     LIFECYCLE = "LIFECYCLE"  # Launch, restart and stop.
-    DESTRUCTIVE = "DESTRUCTIVE"  # Abandon, recover, hold, release and purge apply.
+    DESTRUCTIVE = "DESTRUCTIVE"  # Abandon and recover.
 
 
 class OperatorAction(Code):
@@ -110,15 +99,21 @@ _DETAILS = {
 }
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen
 class OperatorRejection:
     """A rejection code with exactly its details (the actual version, not the expected one)."""
 
     code: OperatorRejectionCode = attrs.field(validator=is_(OperatorRejectionCode))
-    current_version: int | None = attrs.field(default=None, validator=optional_version)
-    status: BatchStatus | None = attrs.field(default=None, validator=maybe(BatchStatus))
+    current_version: int | None = attrs.field(
+        default=None, kw_only=True, validator=attrs.validators.optional(version)
+    )
+    status: BatchStatus | None = attrs.field(
+        default=None, kw_only=True, validator=maybe(BatchStatus)
+    )
     execution_id: JobExecutionId | None = attrs.field(
-        default=None, validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True)
+        default=None,
+        kw_only=True,
+        validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True),
     )
 
     def __attrs_post_init__(self) -> None:
@@ -128,61 +123,35 @@ class OperatorRejection:
             raise ValueError(f"{self.code.value} carries exactly {sorted(self.code.details)}")
 
     @classmethod
-    def of(cls, code: OperatorRejectionCode) -> OperatorRejection:
-        """A rejection whose code carries no details."""
-        return cls(code=code)
-
-    @classmethod
-    def optimistic_conflict(cls, current_version: int) -> OperatorRejection:
-        """OPTIMISTIC_CONFLICT with the execution's actual version."""
-        return cls(code=OperatorRejectionCode.OPTIMISTIC_CONFLICT, current_version=current_version)
-
-    @classmethod
-    def invalid_state(cls, status: BatchStatus) -> OperatorRejection:
-        """INVALID_STATE with the status that forbade the action."""
-        return cls(code=OperatorRejectionCode.INVALID_STATE, status=status)
-
-    @classmethod
-    def execution_already_active(
-        cls, execution_id: JobExecutionId, status: BatchStatus
-    ) -> OperatorRejection:
-        """EXECUTION_ALREADY_ACTIVE with the active execution's id and status."""
-        return cls(
-            code=OperatorRejectionCode.EXECUTION_ALREADY_ACTIVE,
-            execution_id=execution_id,
-            status=status,
-        )
-
-    @classmethod
     def from_repository(cls, error: BaseException) -> OperatorRejection | None:
         """The audited rejection of a repository error, or None if the error must propagate."""
-        for errors, code in _REJECTION_CODES:
+        for errors, rejected in _REJECTION_CODES:
             if isinstance(error, errors):
-                return cls.of(code)
-        if isinstance(error, ExecutionAlreadyActive):
-            return cls.execution_already_active(
-                JobExecutionId(error.execution_id), BatchStatus(error.status)
-            )
-        if isinstance(error, StaleVersion):
-            return cls.optimistic_conflict(error.actual)
-        if isinstance(error, IllegalTransition | RestartRequiresNewAttempt):
-            return cls.invalid_state(BatchStatus(error.from_status))
-        if isinstance(error, RecoveryNotAllowed):
-            return cls.invalid_state(BatchStatus(error.status))
+                return cls(rejected)
+        code = OperatorRejectionCode
+        if isinstance(error, e.ExecutionAlreadyActive):
+            execution_id, status = JobExecutionId(error.execution_id), BatchStatus(error.status)
+            return cls(code.EXECUTION_ALREADY_ACTIVE, execution_id=execution_id, status=status)
+        if isinstance(error, e.StaleVersion):
+            return cls(code.OPTIMISTIC_CONFLICT, current_version=error.actual)
+        if isinstance(error, e.IllegalTransition | e.RestartRequiresNewAttempt):
+            return cls(code.INVALID_STATE, status=BatchStatus(error.from_status))
+        if isinstance(error, e.RecoveryNotAllowed):
+            return cls(code.INVALID_STATE, status=BatchStatus(error.status))
         return None
 
 
 #: Repository errors audited as a rejection whose code carries no details.
 _REJECTION_CODES = (
-    (CompletedInstance, OperatorRejectionCode.INSTANCE_COMPLETED),
-    (AbandonedInstance, OperatorRejectionCode.INSTANCE_ABANDONED),
+    (e.CompletedInstance, OperatorRejectionCode.INSTANCE_COMPLETED),
+    (e.AbandonedInstance, OperatorRejectionCode.INSTANCE_ABANDONED),
     (
-        (IncompatibleDefinition, RestartStateNotFound, InvalidDefinitionUpgrade),
+        (e.IncompatibleDefinition, e.RestartStateNotFound, e.InvalidDefinitionUpgrade),
         OperatorRejectionCode.INCOMPATIBLE_DEFINITION,
     ),
-    (StartLimitExceeded, OperatorRejectionCode.START_LIMIT_EXCEEDED),
-    (JobExecutionNotFound, OperatorRejectionCode.EXECUTION_NOT_FOUND),
-    (JobInstanceNotFound, OperatorRejectionCode.INSTANCE_NOT_FOUND),
+    (e.StartLimitExceeded, OperatorRejectionCode.START_LIMIT_EXCEEDED),
+    (e.JobExecutionNotFound, OperatorRejectionCode.EXECUTION_NOT_FOUND),
+    (e.JobInstanceNotFound, OperatorRejectionCode.INSTANCE_NOT_FOUND),
 )
 
 
@@ -245,26 +214,22 @@ class RequestDigest:
         elif isinstance(arguments, DefinitionIdentity):
             writer.text("DEFINITION")
             writer.text(arguments.revision.value)
-            writer.bytes_(arguments.manifest_digest)
+            writer.bytes_(arguments.digest)
         else:
             request = arguments.request
             writer.text("RECOVERY")
-            writer.text(request.disposition.status.value)
+            writer.text(request.status.value)
             writer.bytes_(request.evidence_digest)
             writer.u64(int(arguments.unknown_commit))
             failure: FailureSummary | None = request.failure
             if failure is None:
                 writer.text("")
             else:
-                writer.text(failure.category.as_str)
+                writer.text(failure.category.value.lower())
                 writer.u64(failure.failure_id)
             if arguments.force:  # only when set: digests of unforced requests are unchanged
                 writer.text("FORCE")
         return cls(writer.digest())
-
-    def hex(self) -> str:
-        """The lower-case hexadecimal form."""
-        return self.value.hex()
 
     def __repr__(self) -> str:
         return f"RequestDigest({self.value.hex()})"
@@ -285,7 +250,7 @@ class OperatorRecordDraft:
     job_execution_id: JobExecutionId | None = attrs.field(
         validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True)
     )
-    observed_version: int | None = attrs.field(validator=optional_version)
+    observed_version: int | None = attrs.field(validator=attrs.validators.optional(version))
     prior_status: BatchStatus | None = attrs.field(validator=maybe(BatchStatus))
     result_status: BatchStatus | None = attrs.field(validator=maybe(BatchStatus))
     outcome: OperatorOutcomeClass = attrs.field(validator=is_(OperatorOutcomeClass))
@@ -313,13 +278,6 @@ class OperatorRecord(OperatorRecordDraft):
         """The record `draft` became once appended with `record_id`."""
         return cls(id=record_id, **attrs.asdict(draft, recurse=False))
 
-    @property
-    def draft(self) -> OperatorRecordDraft:
-        """The record without its id."""
-        fields = attrs.asdict(self, recurse=False)
-        del fields["id"]
-        return OperatorRecordDraft(**fields)
-
 
 #: The actor and operation-id prefix of recoveries pybatch records on its own.
 AUTOMATIC_RECOVERY_ACTOR = "pybatch.etl"
@@ -328,9 +286,8 @@ AUTOMATIC_RECOVERY_ACTOR = "pybatch.etl"
 def automatic_recovery_record(result: RecoveryResult, now: _dt.datetime) -> OperatorRecordDraft:
     """The RECOVER request auditing an automatic recovery; its operation id names what it saw."""
     decision = result.decision
-    request = RecoveryRequest(
+    request = RecoveryRequest(  # FAILED with the execution's failure, or ABANDONED without one
         expected_version=decision.execution_version,
-        disposition=RecoveryDisposition(decision.resulting_status.value),  # FAILED or ABANDONED
         reason_code=decision.reason_code,
         operator_reference=decision.operator_reference,
         evidence_digest=decision.evidence_digest,

@@ -11,7 +11,7 @@ import secrets
 
 import attrs
 
-from pybatch.values._fields import fixed_bytes
+from pybatch.values.ids import fixed_bytes
 from pybatch.values.records import JobExecution
 
 TOKEN_BYTES = 16

@@ -13,15 +13,8 @@ from typing import TypeAlias, overload
 
 import attrs
 
-from pybatch.errors import (
-    DuplicateParameter,
-    ParameterStringTooLong,
-    ParameterValueOutOfRange,
-    TextContainsNul,
-    TextNotUtf8,
-)
-from pybatch.values._fields import Code, is_
-from pybatch.values.ids import INT64_MAX, UINT64_MAX
+from pybatch import errors as e
+from pybatch.values.ids import INT64_MAX, UINT64_MAX, Code, is_
 from pybatch.values.names import JobName, ParameterName
 
 PARAMETER_STRING_MAX_BYTES = 65_536  # Byte bound of a string parameter value.
@@ -48,21 +41,9 @@ class ParameterValueKind(Code):
         return self.value.lower()
 
     @property
-    def digest_tag(self) -> int:
-        """The tag byte of the instance-key and flow-input digests (String = 1 ... Bool = 4)."""
-        return list(ParameterValueKind).index(self) + 1
-
-    @property
     def display(self) -> str:
         """The kind's display name, used in reprs: String, I64, U64, Bool."""
         return self.value.capitalize()
-
-
-class ParameterRole(Code):
-    """Whether a parameter takes part in instance identity."""
-
-    IDENTIFYING = "Identifying"
-    NON_IDENTIFYING = "NonIdentifying"
 
 
 @attrs.frozen(repr=False)
@@ -80,11 +61,11 @@ class ParameterValue:
             try:
                 size = len(value.encode("utf-8"))
             except UnicodeEncodeError:
-                raise TextNotUtf8(kind="parameter value") from None
+                raise e.TextNotUtf8(kind="parameter value") from None
             if size > PARAMETER_STRING_MAX_BYTES:
-                raise ParameterStringTooLong(max_bytes=PARAMETER_STRING_MAX_BYTES)
+                raise e.ParameterStringTooLong(max_bytes=PARAMETER_STRING_MAX_BYTES)
             if "\x00" in value:  # PostgreSQL text and jsonb cannot store U+0000
-                raise TextContainsNul(kind="parameter value")
+                raise e.TextContainsNul(kind="parameter value")
         elif kind is ParameterValueKind.BOOL:
             if type(value) is not bool:
                 raise TypeError("a BOOL parameter takes a bool")
@@ -93,7 +74,7 @@ class ParameterValue:
                 raise TypeError(f"a {kind.value} parameter takes an int (bool is not accepted)")
             low, high = (_I64_MIN, INT64_MAX) if kind is ParameterValueKind.I64 else (0, UINT64_MAX)
             if not low <= value <= high:
-                raise ParameterValueOutOfRange(kind=kind.json_tag)
+                raise e.ParameterValueOutOfRange(kind=kind.json_tag)
         else:
             raise TypeError("unknown parameter kind")
 
@@ -125,7 +106,7 @@ class ParameterValue:
 
     def _digest_value(self, length_format: str) -> bytes:
         """The tag byte and value bytes shared by both digests; strings use `length_format`."""
-        tag = bytes([self.kind.digest_tag])
+        tag = bytes([list(ParameterValueKind).index(self.kind) + 1])  # String = 1 ... Bool = 4
         value = self.value
         # The constructor pins the Python type to the kind: str <-> STRING, bool <-> BOOL.
         if isinstance(value, str):
@@ -150,13 +131,9 @@ class JobParameter:
         """The kind of the value."""
         return self.value.kind
 
-    @property
-    def role(self) -> ParameterRole:
-        """IDENTIFYING or NON_IDENTIFYING."""
-        return ParameterRole.IDENTIFYING if self.identifying else ParameterRole.NON_IDENTIFYING
-
     def __repr__(self) -> str:
-        return f"JobParameter(kind={self.kind.display}, role={self.role}, value=<redacted>)"
+        role = "Identifying" if self.identifying else "NonIdentifying"
+        return f"JobParameter(kind={self.kind.display}, role={role}, value=<redacted>)"
 
 
 #: What `JobParameters.of` accepts per name: plain values (str, int -> I64, bool) or typed ones.
@@ -198,7 +175,7 @@ class JobParameters:
             name = raw_name if isinstance(raw_name, ParameterName) else ParameterName(raw_name)
             key = _name_key(name)
             if key in seen:
-                raise DuplicateParameter()
+                raise e.DuplicateParameter()
             if not isinstance(parameter, JobParameter):
                 raise TypeError("parameters are JobParameter values")
             seen[key] = (name, parameter)
@@ -244,10 +221,6 @@ class JobParameters:
             pairs.append((name, raw))
         return cls.from_pairs(pairs)
 
-    def with_parameter(self, name: ParameterName | str, parameter: JobParameter) -> JobParameters:
-        """Return a copy with one more parameter; a name already present is refused."""
-        return JobParameters.from_pairs([*self.entries, (name, parameter)])
-
     def __len__(self) -> int:
         return len(self.entries)
 
@@ -273,11 +246,6 @@ class JobParameters:
         return self.entries
 
     @property
-    def parameter_count(self) -> int:
-        """Number of parameters."""
-        return len(self.entries)
-
-    @property
     def identifying_count(self) -> int:
         """Number of identifying parameters."""
         return sum(1 for _, parameter in self.entries if parameter.identifying)
@@ -298,7 +266,7 @@ class JobParameters:
 
     def __repr__(self) -> str:
         return (
-            f"JobParameters(parameter_count={self.parameter_count}, "
+            f"JobParameters(parameter_count={len(self)}, "
             f"identifying_count={self.identifying_count}, ..)"
         )
 
@@ -341,13 +309,8 @@ class JobInstanceKey:
         """The 32-byte instance-key digest stored in `job_instance.instance_key` (version 1)."""
         return hashlib.sha256(self.digest_input()).digest()
 
-    @property
-    def identifying_parameter_count(self) -> int:
-        """Number of identifying parameters in the key."""
-        return len(self.parameters)
-
     def __repr__(self) -> str:
         return (
             f"JobInstanceKey(job_name={self.job_name.value!r}, "
-            f"identifying_parameter_count={self.identifying_parameter_count}, ..)"
+            f"identifying_parameter_count={len(self.parameters)}, ..)"
         )

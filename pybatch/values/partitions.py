@@ -16,9 +16,8 @@ from pybatch.errors import (
     TextNotUtf8,
     TextRule,
 )
-from pybatch.values._fields import version
 from pybatch.values.counts import ExecutionCounts
-from pybatch.values.ids import IdentifierKind, check_version, identifier_validator
+from pybatch.values.ids import IdentifierKind, check_version, identifier_validator, version
 from pybatch.values.names import ExitCode
 from pybatch.values.state import ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus

@@ -8,31 +8,25 @@ from typing import Any
 import attrs
 
 from pybatch.errors import InvalidTimestampOrder
-from pybatch.values._fields import is_, version
 from pybatch.values.counts import StepFaultCounts
 from pybatch.values.ids import (
-    INT64_MAX,
     DefinitionId,
     IdentifierKind,
     JobExecutionId,
     JobInstanceId,
     StepExecutionId,
+    aware_utc,
     identifier_validator,
+    is_,
+    version,
 )
 from pybatch.values.lifecycle import ExecutionMetadata
 from pybatch.values.names import JobName, NodeId, StepName
 from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus
-from pybatch.values.timestamps import aware_utc
 
 _INT32_MAX = 2**31 - 1
-
-
-def _definition_id(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    """An attrs validator for `job_definition` surrogate keys (1..2^63-1)."""
-    if type(value) is not int or not 1 <= value <= INT64_MAX:
-        raise ValueError(f"{attribute.name} must be a positive bigint")
 
 
 def _attempt(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -51,7 +45,7 @@ class JobInstance:
     parameters: JobParameters = attrs.field(validator=is_(JobParameters))
 
     def __attrs_post_init__(self) -> None:
-        if self.parameters.identifying_count != self.parameters.parameter_count:
+        if self.parameters.identifying_count != len(self.parameters):
             raise ValueError("an instance holds identifying parameters only")
         if self.instance_key != self.key.digest():
             raise ValueError("instance_key does not match the job name and parameters")
@@ -64,7 +58,7 @@ class JobInstance:
     def __repr__(self) -> str:
         return (
             f"JobInstance(id={self.id}, job_name={self.job_name.value!r}, "
-            f"identifying_parameter_count={self.parameters.parameter_count}, "
+            f"identifying_parameter_count={len(self.parameters)}, "
             f"created_at={self.created_at.isoformat()!r})"
         )
 
@@ -98,7 +92,7 @@ class JobExecution(_Attempt):
     id: JobExecutionId = attrs.field(validator=IdentifierKind.JOB_EXECUTION.validator)
     job_instance_id: JobInstanceId = attrs.field(validator=IdentifierKind.JOB_INSTANCE.validator)
     attempt: int = attrs.field(validator=_attempt)
-    definition_id: DefinitionId = attrs.field(validator=_definition_id)
+    definition_id: DefinitionId = attrs.field(validator=IdentifierKind.DEFINITION.validator)
     metadata: ExecutionMetadata = attrs.field(validator=is_(ExecutionMetadata))
     version: int = attrs.field(validator=version)
     updated_at: _dt.datetime = attrs.field(converter=aware_utc)
@@ -106,7 +100,7 @@ class JobExecution(_Attempt):
         default=None, validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True)
     )
     upgrade_from_definition_id: DefinitionId | None = attrs.field(
-        default=None, validator=attrs.validators.optional(_definition_id)
+        default=None, validator=identifier_validator(IdentifierKind.DEFINITION, optional=True)
     )
 
 

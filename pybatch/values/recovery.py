@@ -7,36 +7,18 @@ import enum
 
 import attrs
 
+from pybatch import errors as e
 from pybatch._config import (
     DEFAULT_MAX_CLOCK_SKEW,
     DEFAULT_STALE_THRESHOLD,
     check_max_clock_skew,
     check_stale_threshold,
 )
-from pybatch.errors import (
-    RecoveryEvidenceDigestInvalid,
-    RecoveryFieldInvalid,
-    TextNotUtf8,
-    TextRule,
-)
-from pybatch.values._fields import digest, version
-from pybatch.values.ids import IdentifierKind
+from pybatch.errors import TextRule
+from pybatch.values.ids import IdentifierKind, aware_utc, digest, version
 from pybatch.values.names import first_violation
 from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus, FailureSummary
-from pybatch.values.timestamps import aware_utc
-
-
-class RecoveryDisposition(enum.Enum):
-    """What recovery makes of the execution."""
-
-    MARK_FAILED = "FAILED"  # FAILED: the instance can be restarted.
-    ABANDON = "ABANDONED"  # ABANDONED: the instance never runs again.
-
-    @property
-    def status(self) -> BatchStatus:
-        """The resulting status."""
-        return BatchStatus(self.value)
 
 
 def _check_text(field: str, value: str, max_bytes: int) -> None:
@@ -46,9 +28,9 @@ def _check_text(field: str, value: str, max_bytes: int) -> None:
         return
     rule = violation[0]
     if rule is None:
-        raise TextNotUtf8(kind=f"recovery {field}")
+        raise e.TextNotUtf8(kind=f"recovery {field}")
     bound = max_bytes if rule is TextRule.TOO_LONG else None
-    raise RecoveryFieldInvalid(field=field, rule=rule, max_bytes=bound)
+    raise e.RecoveryFieldInvalid(field=field, rule=rule, max_bytes=bound)
 
 
 def _member_name(member: enum.Enum) -> str:
@@ -59,12 +41,15 @@ def _redacted(value: object) -> str:
     return '"<redacted>"'
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen
 class RecoveryRequest:
-    """An operator's audited decision about an unresolved execution at a known version."""
+    """An operator's audited decision about an unresolved execution at a known version.
+
+    With a `failure` it marks the execution FAILED (the instance can restart); without one it
+    abandons it (ABANDONED, never restarted) and clears any failure it had.
+    """
 
     expected_version: int = attrs.field(validator=version)
-    disposition: RecoveryDisposition = attrs.field(repr=_member_name)
     reason_code: str
     operator_reference: str
     evidence_digest: bytes = attrs.field(repr=_redacted)
@@ -74,45 +59,12 @@ class RecoveryRequest:
         _check_text("reason code", self.reason_code, 64)
         _check_text("operator reference", self.operator_reference, 128)
         if type(self.evidence_digest) is not bytes or len(self.evidence_digest) != 32:
-            raise RecoveryEvidenceDigestInvalid()
-        if (self.disposition is RecoveryDisposition.MARK_FAILED) != (self.failure is not None):
-            raise ValueError("MARK_FAILED carries a failure summary; ABANDON carries none")
+            raise e.RecoveryEvidenceDigestInvalid()
 
-    @classmethod
-    def mark_failed(
-        cls,
-        expected_version: int,
-        reason_code: str,
-        operator_reference: str,
-        evidence_digest: bytes,
-        failure: FailureSummary,
-    ) -> RecoveryRequest:
-        """Make the execution FAILED (restartable) with `failure`."""
-        return cls(
-            expected_version=expected_version,
-            disposition=RecoveryDisposition.MARK_FAILED,
-            reason_code=reason_code,
-            operator_reference=operator_reference,
-            evidence_digest=evidence_digest,
-            failure=failure,
-        )
-
-    @classmethod
-    def abandon(
-        cls,
-        expected_version: int,
-        reason_code: str,
-        operator_reference: str,
-        evidence_digest: bytes,
-    ) -> RecoveryRequest:
-        """Make the execution ABANDONED (never restartable); a prior failure is cleared."""
-        return cls(
-            expected_version=expected_version,
-            disposition=RecoveryDisposition.ABANDON,
-            reason_code=reason_code,
-            operator_reference=operator_reference,
-            evidence_digest=evidence_digest,
-        )
+    @property
+    def status(self) -> BatchStatus:
+        """What the execution becomes: FAILED with a failure, else ABANDONED."""
+        return BatchStatus.ABANDONED if self.failure is None else BatchStatus.FAILED
 
 
 @attrs.frozen(kw_only=True)
@@ -146,11 +98,6 @@ class RecoveryResult:
 
     execution: JobExecution
     decision: RecoveryDecision
-
-    @property
-    def decision_id(self) -> int:
-        """The id of the audit decision."""
-        return self.decision.id
 
 
 class OwnerObservation(enum.Enum):

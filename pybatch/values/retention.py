@@ -12,12 +12,11 @@ from collections.abc import Iterable
 
 import attrs
 
-from pybatch.errors import AgeBoundTooSmall, BatchBoundOutOfRange, EmptyStatusSet, NonTerminalStatus
+from pybatch import errors as e
 from pybatch.values._canonical import CanonicalWriter
-from pybatch.values._fields import Code, digest
+from pybatch.values.ids import Code, aware_utc, digest, is_
 from pybatch.values.names import ActorRef, JobName, OperationId, ReasonCode
 from pybatch.values.status import BatchStatus
-from pybatch.values.timestamps import aware_utc
 
 PLAN_DIGEST_DOMAIN = "oxide-batch.retention-plan.v1"
 RETENTION_DIGEST_DOMAIN = "pybatch.retention-request.v1"
@@ -35,35 +34,28 @@ class PurgeBatchBound:
 
     def __attrs_post_init__(self) -> None:
         if type(self.value) is not int or not 1 <= self.value <= 1000:
-            raise BatchBoundOutOfRange(requested=int(self.value))
+            raise e.BatchBoundOutOfRange(requested=int(self.value))
 
 
 @attrs.frozen
 class TerminalStatusSet:
     """A non-empty set of finished statuses a purge may take (checked however it is built)."""
 
-    statuses: frozenset[BatchStatus]
+    statuses: frozenset[BatchStatus] = attrs.field(
+        validator=attrs.validators.deep_iterable(is_(BatchStatus), is_(frozenset))
+    )
 
     def __attrs_post_init__(self) -> None:
-        if not isinstance(self.statuses, frozenset):
-            raise TypeError("statuses is a frozenset of BatchStatus (or use TerminalStatusSet.of)")
-        if any(not isinstance(status, BatchStatus) for status in self.statuses):
-            raise TypeError("statuses holds BatchStatus members only")
         if not self.statuses:
-            raise EmptyStatusSet()
+            raise e.EmptyStatusSet()
         for status in BatchStatus:  # declaration order: the first offender is reported
             if status in self.statuses and status not in _TERMINAL_ORDER:
-                raise NonTerminalStatus(status=status.value)
+                raise e.NonTerminalStatus(status=status.value)
 
     @classmethod
     def of(cls, statuses: Iterable[BatchStatus]) -> TerminalStatusSet:
         """Validate and build; an active or UNKNOWN status is refused."""
         return cls(frozenset(statuses))
-
-    @classmethod
-    def all(cls) -> TerminalStatusSet:
-        """STOPPED, FAILED, COMPLETED and ABANDONED."""
-        return cls(frozenset(_TERMINAL_ORDER))
 
     def ordered(self) -> list[BatchStatus]:
         """In declaration order STOPPED, FAILED, COMPLETED, ABANDONED."""
@@ -83,7 +75,7 @@ class PurgePlanRequest:
 
     def __attrs_post_init__(self) -> None:
         if self.minimum_age < MINIMUM_AGE:
-            raise AgeBoundTooSmall(minimum="1 hour")
+            raise e.AgeBoundTooSmall(minimum="1 hour")
 
 
 @attrs.frozen(order=True)

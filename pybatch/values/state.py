@@ -13,27 +13,10 @@ from typing import Any, ClassVar, TypeAlias, TypeVar, cast
 
 import attrs
 
-from pybatch.errors import (
-    InvalidStateByteLimit,
-    InvalidStateDepthLimit,
-    JsonNotEncodable,
-    StateFormatMismatch,
-    StateMalformed,
-    StatePayloadNotObject,
-    StateSchemaMismatch,
-    StateTooDeep,
-    StateTooLarge,
-    UnsupportedStateFormatVersion,
-    UnsupportedStateSchemaVersion,
-    ZeroSchemaVersion,
-)
-from pybatch.values._canonical import canonical_json, reject_constant, sha256
+from pybatch import errors as e
+from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values.names import StateSchemaId
 
-#: Envelope format name of a checkpoint (kept byte for byte).
-CHECKPOINT_FORMAT = "oxide-batch.checkpoint"
-#: Envelope format name of an execution context (kept byte for byte).
-EXECUTION_CONTEXT_FORMAT = "oxide-batch.execution-context"
 STATE_FORMAT_VERSION = 1  # The only envelope format version.
 #: Schema of the empty state of new steps and every job execution's context. The older name
 #: stays: stored envelopes and checksums carry it (`pybatch show` prints it as "empty").
@@ -43,9 +26,6 @@ EMPTY_STATE_SCHEMA = StateSchemaId("oxide_batch.empty.v1")
 #: is a valid u32 that pybatch refuses to store (StateSchemaVersionNotStorable).
 MAX_STORABLE_SCHEMA_VERSION = 2**31 - 1
 
-_MAX_BYTES = 1024 * 1024
-_MAX_DEPTH = 64
-_U16_MAX = 2**16 - 1
 _U32_MAX = 2**32 - 1
 
 _S = TypeVar("_S", bound="_DurableState")
@@ -81,31 +61,21 @@ def _not_json(value: object, path: str = "$") -> tuple[str, str] | None:
     return path, type(value).__name__
 
 
-def _limit(maximum: int, error: type[InvalidStateByteLimit | InvalidStateDepthLimit]) -> Any:
-    def check(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-        if type(value) is not int or not 1 <= value <= maximum:
-            raise error(maximum=maximum)
-
-    return check
-
-
 @attrs.frozen
 class StateLimits:
-    """Byte and depth bounds of an envelope (1..1 MiB, 1..64; default 64 KiB / 16).
+    """Byte and depth bounds of an envelope (default 64 KiB / 16; a step's 1 MiB / 64).
 
     Depth counts the root and scalar leaves: `{"payload": {}}` is 2, `{"payload": {"a": 1}}` 3.
     """
 
-    max_bytes: int = attrs.field(
-        default=64 * 1024, validator=_limit(_MAX_BYTES, InvalidStateByteLimit)
-    )
-    max_depth: int = attrs.field(default=16, validator=_limit(_MAX_DEPTH, InvalidStateDepthLimit))
+    max_bytes: int = 64 * 1024
+    max_depth: int = 16
 
     STEP: ClassVar[StateLimits]  # Limits for durable step state (checkpoint and context columns).
     PARTITION: ClassVar[StateLimits]  # Limits for partition contexts.
 
 
-StateLimits.STEP = StateLimits(_MAX_BYTES, _MAX_DEPTH)
+StateLimits.STEP = StateLimits(1024 * 1024, 64)
 StateLimits.PARTITION = StateLimits(4096, 16)
 
 
@@ -118,13 +88,6 @@ def _depth_exceeds(value: object, limit: int) -> bool:
     if isinstance(value, list | tuple):
         return any(_depth_exceeds(child, limit - 1) for child in value)
     return False
-
-
-def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result = dict(pairs)
-    if len(result) != len(pairs):
-        raise ValueError("duplicate object key")
-    return result
 
 
 @functools.lru_cache(maxsize=4)
@@ -166,19 +129,19 @@ class _DurableState:
         if not isinstance(schema, StateSchemaId):
             raise TypeError("schema is a StateSchemaId")
         if type(schema_version) is not int or not 1 <= schema_version <= _U32_MAX:
-            raise ZeroSchemaVersion()
+            raise e.ZeroSchemaVersion()
         if not isinstance(payload, dict):
-            raise StatePayloadNotObject()
+            raise e.StatePayloadNotObject()
         limits = limits if limits is not None else StateLimits()
         # The envelope's depth is its payload's plus one (the other members are scalars).
         payload_depth = limits.max_depth - 1
         try:
             payload_json = canonical_json(payload, decimals=False)
-        except JsonNotEncodable:
+        except e.JsonNotEncodable:
             if _depth_exceeds(payload, payload_depth):
-                raise StateTooDeep(kind=self._KIND, max_depth=limits.max_depth) from None
+                raise e.StateTooDeep(kind=self._KIND, max_depth=limits.max_depth) from None
             path, value_type = _not_json(payload) or (None, None)
-            raise StateMalformed(kind=self._KIND, path=path, value_type=value_type) from None
+            raise e.StateMalformed(kind=self._KIND, path=path, value_type=value_type) from None
         # canonical_json of the whole envelope, written around the already canonical payload.
         encoded = b"%s%s%s%d}" % (
             _envelope_head(self._FORMAT),
@@ -187,58 +150,17 @@ class _DurableState:
             schema_version,
         )
         if len(encoded) > limits.max_bytes:
-            raise StateTooLarge(kind=self._KIND, max_bytes=limits.max_bytes)
+            raise e.StateTooLarge(kind=self._KIND, max_bytes=limits.max_bytes)
         # Each level of nesting takes at least one byte of the canonical text, so a payload
         # shorter than the depth limit cannot exceed it (the common small checkpoint).
         if len(payload_json) >= payload_depth and _depth_exceeds(payload, payload_depth):
-            raise StateTooDeep(kind=self._KIND, max_depth=limits.max_depth)
+            raise e.StateTooDeep(kind=self._KIND, max_depth=limits.max_depth)
         self.__attrs_init__(schema, schema_version, payload_json, encoded)
 
     @classmethod
     def empty(cls: type[_S]) -> _S:
         """The default state: schema `oxide_batch.empty.v1`, version 1, payload `{}`."""
         return cls(EMPTY_STATE_SCHEMA, 1, {})
-
-    @classmethod
-    def decode(cls: type[_S], data: bytes, *, limits: StateLimits | None = None) -> _S:
-        """Validate serialized envelope bytes (any key order or spacing) before retaining them."""
-        limits = limits if limits is not None else StateLimits()
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise TypeError("decode takes bytes")
-        data = bytes(data)
-        if len(data) > limits.max_bytes:
-            raise StateTooLarge(kind=cls._KIND, max_bytes=limits.max_bytes)
-        try:
-            # NaN, infinity and a duplicate key are refused (ValueError).
-            document = json.loads(
-                data, parse_constant=reject_constant, object_pairs_hook=_unique_object
-            )
-        except (ValueError, RecursionError):
-            raise StateMalformed(kind=cls._KIND) from None
-        if _depth_exceeds(document, limits.max_depth):
-            raise StateTooDeep(kind=cls._KIND, max_depth=limits.max_depth)
-        if not isinstance(document, dict):
-            raise StateMalformed(kind=cls._KIND)
-
-        def member(name: str, maximum: int | None = None) -> Any:
-            """A present member: text, or (with `maximum`) an int 0..maximum."""
-            value: Any = document.get(name)
-            if maximum is None and type(value) is str:
-                return value
-            if maximum is None or type(value) is not int or not 0 <= value <= maximum:
-                raise StateMalformed(kind=cls._KIND)
-            return value
-
-        if member("format") != cls._FORMAT:
-            raise StateFormatMismatch(kind=cls._KIND)
-        format_version = member("format_version", _U16_MAX)
-        if format_version != STATE_FORMAT_VERSION:
-            raise UnsupportedStateFormatVersion(kind=cls._KIND, version=format_version)
-        schema_id = StateSchemaId(member("schema"))
-        schema_version = member("schema_version", _U32_MAX)
-        if "payload" not in document:
-            raise StateMalformed(kind=cls._KIND)
-        return cls(schema_id, schema_version, document["payload"], limits=limits)
 
     def encode(self) -> bytes:
         """The canonical envelope JSON bytes."""
@@ -254,23 +176,9 @@ class _DurableState:
         return self._payload_json
 
     @property
-    def format_version(self) -> int:
-        """The envelope format version (always 1)."""
-        return STATE_FORMAT_VERSION
-
-    @property
     def encoded_bytes(self) -> int:
         """Length of the canonical envelope in bytes."""
         return len(self._encoded)
-
-    def require_schema(self, schema: StateSchemaId, current_version: int) -> None:
-        """Check this state can be read by a component of `schema` up to `current_version`."""
-        if self.schema != schema:
-            raise StateSchemaMismatch(kind=self._KIND)
-        if self.schema_version > current_version:
-            raise UnsupportedStateSchemaVersion(
-                kind=self._KIND, found=self.schema_version, current=current_version
-            )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, _DurableState) or type(other) is not type(self):
@@ -293,7 +201,7 @@ class Checkpoint(_DurableState):
 
     __slots__ = ()
 
-    _FORMAT = CHECKPOINT_FORMAT
+    _FORMAT = "oxide-batch.checkpoint"
     _KIND = "checkpoint"
 
     def generation_digest(self) -> bytes:
@@ -306,5 +214,5 @@ class ExecutionContext(_DurableState):
 
     __slots__ = ()
 
-    _FORMAT = EXECUTION_CONTEXT_FORMAT
+    _FORMAT = "oxide-batch.execution-context"
     _KIND = "execution context"

@@ -1,17 +1,12 @@
-"""BatchStatus, ExitStatus, FailureCategory and FailureSummary; values are the durable codes."""
+"""BatchStatus, FailureCategory, FailureSummary and FailureReason; values are the durable codes."""
 
 from __future__ import annotations
 
-from typing import Any, TypeAlias
+from typing import Any
 
 import attrs
 
-from pybatch.values._fields import Code, is_
-from pybatch.values.ids import FailureId, IdentifierKind, check_identifier
-from pybatch.values.names import ExitCode
-
-#: The exit status of an execution is exactly one ExitCode, kept apart from its BatchStatus.
-ExitStatus: TypeAlias = ExitCode
+from pybatch.values.ids import Code, FailureId, IdentifierKind, identifier_validator, is_
 
 
 class BatchStatus(Code):
@@ -37,11 +32,6 @@ class BatchStatus(Code):
         return self in _FINISHED
 
     @property
-    def is_terminal(self) -> bool:
-        """COMPLETED or ABANDONED: the instance never runs again."""
-        return self in _TERMINAL
-
-    @property
     def is_unresolved(self) -> bool:
         """Not finished (active or UNKNOWN): blocks launches and purges."""
         return self not in _FINISHED
@@ -51,7 +41,6 @@ _ACTIVE = frozenset({BatchStatus.STARTING, BatchStatus.STARTED, BatchStatus.STOP
 _FINISHED = frozenset(
     {BatchStatus.STOPPED, BatchStatus.FAILED, BatchStatus.COMPLETED, BatchStatus.ABANDONED}
 )
-_TERMINAL = frozenset({BatchStatus.COMPLETED, BatchStatus.ABANDONED})
 
 
 class FailureCategory(Code):
@@ -73,42 +62,15 @@ class FailureCategory(Code):
     SHUTDOWN_INCOMPLETE = "SHUTDOWN_INCOMPLETE"  # A bounded shutdown left owned children.
     STALE_RECOVERED = "STALE_RECOVERED"  # Resolved from stale-ownership evidence.
 
-    @property
-    def as_str(self) -> str:
-        """The lower-case manifest and telemetry name, e.g. `user_component`."""
-        return self.value.lower()
-
-    @property
-    def policy_eligible(self) -> bool:
-        """Whether a fault policy may retry or skip it; every other category fails closed."""
-        return self in _POLICY_ELIGIBLE
-
-
-_POLICY_ELIGIBLE = frozenset(
-    {
-        FailureCategory.TRANSIENT_INFRASTRUCTURE,
-        FailureCategory.PERMANENT_INFRASTRUCTURE,
-        FailureCategory.USER_COMPONENT,
-        FailureCategory.OPTIMISTIC_CONFLICT,
-        FailureCategory.TIMEOUT,
-    }
-)
-
-
-def _check_failure_id(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    # Domain range only: a FailureId above 2^63-1 is valid but unstorable, which the encoder
-    # reports as IdentifierOutOfRange when it binds the value.
-    if type(value) is not int:
-        raise TypeError("failure_id is an int (bool is not accepted)")
-    check_identifier(IdentifierKind.FAILURE, value, storable=False)
-
 
 @attrs.frozen
 class FailureSummary:
     """A redacted failure: a category and a caller-supplied correlation id, no message text."""
 
     category: FailureCategory = attrs.field(validator=is_(FailureCategory))
-    failure_id: FailureId = attrs.field(validator=_check_failure_id)
+    failure_id: FailureId = attrs.field(  # above 2^63-1 it is refused when bound, not here
+        validator=identifier_validator(IdentifierKind.FAILURE, storable=False)
+    )
 
 
 def _bounded_name(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:

@@ -496,7 +496,7 @@ def test_a_session_starts_each_chunk_from_the_version_it_committed(
         with pytest.raises(NotCommitted):
             chunk.commit(ChunkCounts(read=1), checkpoint=cursor(3))
     state = load_committed_state(repository, context_of(step))
-    assert state.counts.committed == 2 and not state.fault_state.is_empty
+    assert state.counts.committed == 2 and state.fault_state.entries
 
 
 # --------------------------------------------------------------------------- O4
@@ -600,26 +600,6 @@ def test_a_new_key_beyond_the_state_limit_is_capacity_exhausted(
     assert fault_state.reserved_ordinal(entry(3, 1).key) is None
     durable = stored_step(repository, step.id)
     assert durable.fault_counts.process_retry == 3 and durable.version == step.version + 3
-
-
-def test_reservations_for_phases_without_a_retry_counter_are_stale(
-    repository: JobRepository, clock: ManualClock
-) -> None:
-    """Scenario O5."""
-    step = started_step(repository, clock)
-    fault_state = bound_fault_state(repository, step)
-    for phase in (
-        FaultPhase.TRANSACTION,
-        FaultPhase.CHECKPOINT,
-        FaultPhase.LISTENER,
-        FaultPhase.BACKOFF,
-    ):
-        with pytest.raises(StaleReservation):
-            fault_state.reserve(entry(1, 1, phase))
-    durable = stored_step(repository, step.id)
-    assert durable.version == step.version
-    assert durable.metadata.counts.rolled_back == 0
-    assert fault_state.unresolved() == 0
 
 
 # --------------------------------------------------------------------------- O6

@@ -403,7 +403,7 @@ INSTANCE_PATHS: dict[str, Path] = {
         rows.key
     ),
     "create_job_execution (reads the instance)": lambda uow, rows, clock: uow.executions.create(
-        rows.instance_id, DefinitionIdentity.legacy()
+        rows.instance_id, DefinitionIdentity.LEGACY
     ),
 }
 

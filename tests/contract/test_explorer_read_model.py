@@ -416,9 +416,8 @@ def test_projections_carry_identifying_values_never_other_parameters_or_payloads
 ) -> None:
     """Scenario K7: the values that tell instances apart, and nothing else of a run's input."""
     secret = "s3cret-value-0xC0FFEE"
-    parameters = JobParameters.of({"token": "t-1", "n": 5, "flag": True}).with_parameter(
-        "password", JobParameter(ParameterValue.string(secret), identifying=False)
-    )
+    password = JobParameter(ParameterValue.string(secret), identifying=False)
+    parameters = JobParameters.of({"token": "t-1", "n": 5, "flag": True, "password": password})
 
     def load(step: StepRun) -> None:
         with step.chunk() as chunk:

@@ -193,8 +193,6 @@ def test_flow_target_is_exactly_one_of_node_or_terminal() -> None:
         FlowTarget()
     with pytest.raises(ValueError):
         FlowTarget(NodeId("a"), TerminalKind.FAIL)
-    assert TerminalKind.from_manifest_name("stop") is TerminalKind.STOP
-    assert TerminalKind.from_manifest_name("STOP") is None
 
 
 def test_first_matching_transition_decides() -> None:
@@ -247,7 +245,7 @@ def test_a_legacy_definition_never_records_a_decision(
     repository: JobRepository, clock: ManualClock
 ) -> None:
     """Scenario E10."""
-    legacy = DefinitionIdentity.legacy()
+    legacy = DefinitionIdentity.LEGACY
     execution = launch(repository, clock, definition=legacy)
     source = step(repository, execution, "extract")
     with pytest.raises(FlowStateCorrupt):

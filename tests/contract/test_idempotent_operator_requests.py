@@ -354,7 +354,7 @@ def test_recovering_an_unknown_commit_needs_the_unknown_effect_reason(
     current = set_status(repository, clock, run.id, S.STARTED, S.UNKNOWN)
 
     def request(reason: str) -> RecoveryRequest:
-        return RecoveryRequest.mark_failed(
+        return RecoveryRequest(
             current.version,
             reason,
             OPS.value,

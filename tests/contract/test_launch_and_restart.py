@@ -17,6 +17,7 @@ from pybatch.errors import (
     JobExecutionNotFound,
     JobInstanceNotFound,
 )
+from pybatch.values.counts import ExecutionCounts
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
@@ -127,7 +128,7 @@ def test_launch_of_an_unknown_instance_is_not_found_and_writes_nothing(
             uow.executions.create(424242)
         assert missing.value.id == 424242
         with pytest.raises(JobInstanceNotFound) as missing_too:
-            uow.executions.create(424243, DefinitionIdentity.legacy())
+            uow.executions.create(424243, DefinitionIdentity.LEGACY)
         assert missing_too.value.id == 424243
         uow.commit()
     row = admin.execute("SELECT count(*) FROM pybatch.job_execution").fetchone()
@@ -154,7 +155,7 @@ def test_first_attempt_starts_clean(repository: JobRepository, clock: ManualCloc
         assert record.updated_at == record.created_at
         assert record.metadata.timestamps.started_at is None
         assert record.metadata.timestamps.ended_at is None
-        assert record.metadata.counts.is_zero
+        assert record.metadata.counts == ExecutionCounts()
         assert record.metadata.failure is None
         assert record.restart_of_execution_id is None
         assert record.upgrade_from_definition_id is None

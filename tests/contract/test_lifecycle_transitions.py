@@ -19,6 +19,7 @@ from pybatch.errors import (
     StaleVersion,
     StepExecutionNotFound,
 )
+from pybatch.values.counts import ExecutionCounts
 from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import ActorRef, ExitCode, JobName, StepName
@@ -421,7 +422,7 @@ def test_terminal_rollback_has_no_effect_on_a_job_execution(
         )
         uow.commit()
     assert failed.status is S.FAILED and failed.version == 2
-    assert failed.metadata.counts.is_zero
+    assert failed.metadata.counts == ExecutionCounts()
     assert stored(repository, "job", started.id) == failed
 
 

@@ -64,20 +64,20 @@ _runs = itertools.count(1)
 
 #: One rejection per code, each with the details its code carries (details are stored losslessly).
 EVERY_REJECTION: dict[OperatorRejectionCode, OperatorRejection] = {
-    Code.OPTIMISTIC_CONFLICT: OperatorRejection.optimistic_conflict(7),
-    Code.INVALID_STATE: OperatorRejection.invalid_state(S.UNKNOWN),
-    Code.INSTANCE_COMPLETED: OperatorRejection.of(Code.INSTANCE_COMPLETED),
-    Code.INSTANCE_ABANDONED: OperatorRejection.of(Code.INSTANCE_ABANDONED),
-    Code.EXECUTION_ALREADY_ACTIVE: OperatorRejection.execution_already_active(
-        JobExecutionId(2**63 - 1), S.STOPPING
+    Code.OPTIMISTIC_CONFLICT: OperatorRejection(Code.OPTIMISTIC_CONFLICT, current_version=7),
+    Code.INVALID_STATE: OperatorRejection(Code.INVALID_STATE, status=S.UNKNOWN),
+    Code.INSTANCE_COMPLETED: OperatorRejection(Code.INSTANCE_COMPLETED),
+    Code.INSTANCE_ABANDONED: OperatorRejection(Code.INSTANCE_ABANDONED),
+    Code.EXECUTION_ALREADY_ACTIVE: OperatorRejection(
+        Code.EXECUTION_ALREADY_ACTIVE, execution_id=JobExecutionId(2**63 - 1), status=S.STOPPING
     ),
-    Code.INCOMPATIBLE_DEFINITION: OperatorRejection.of(Code.INCOMPATIBLE_DEFINITION),
-    Code.RESTART_WITHOUT_PRIOR_ATTEMPT: OperatorRejection.of(Code.RESTART_WITHOUT_PRIOR_ATTEMPT),
-    Code.START_LIMIT_EXCEEDED: OperatorRejection.of(Code.START_LIMIT_EXCEEDED),
-    Code.UNRESOLVED_RECOVERY_REQUIRED: OperatorRejection.of(Code.UNRESOLVED_RECOVERY_REQUIRED),
-    Code.EXECUTION_NOT_FOUND: OperatorRejection.of(Code.EXECUTION_NOT_FOUND),
-    Code.INSTANCE_NOT_FOUND: OperatorRejection.of(Code.INSTANCE_NOT_FOUND),
-    Code.UNSUPPORTED_ACTION: OperatorRejection.of(Code.UNSUPPORTED_ACTION),
+    Code.INCOMPATIBLE_DEFINITION: OperatorRejection(Code.INCOMPATIBLE_DEFINITION),
+    Code.RESTART_WITHOUT_PRIOR_ATTEMPT: OperatorRejection(Code.RESTART_WITHOUT_PRIOR_ATTEMPT),
+    Code.START_LIMIT_EXCEEDED: OperatorRejection(Code.START_LIMIT_EXCEEDED),
+    Code.UNRESOLVED_RECOVERY_REQUIRED: OperatorRejection(Code.UNRESOLVED_RECOVERY_REQUIRED),
+    Code.EXECUTION_NOT_FOUND: OperatorRejection(Code.EXECUTION_NOT_FOUND),
+    Code.INSTANCE_NOT_FOUND: OperatorRejection(Code.INSTANCE_NOT_FOUND),
+    Code.UNSUPPORTED_ACTION: OperatorRejection(Code.UNSUPPORTED_ACTION),
 }
 
 
@@ -204,19 +204,21 @@ def test_repository_errors_map_to_rejections_with_their_details() -> None:
     from_repository = OperatorRejection.from_repository
     assert from_repository(
         ExecutionAlreadyActive(instance_id=1, execution_id=9, status="STARTED")
-    ) == OperatorRejection.execution_already_active(JobExecutionId(9), S.STARTED)
+    ) == OperatorRejection(
+        Code.EXECUTION_ALREADY_ACTIVE, execution_id=JobExecutionId(9), status=S.STARTED
+    )
     assert from_repository(StaleVersion(expected=1, actual=4)) == (
-        OperatorRejection.optimistic_conflict(4)
+        OperatorRejection(Code.OPTIMISTIC_CONFLICT, current_version=4)
     )
     assert from_repository(
         IllegalTransition(from_status="COMPLETED", to_status="STARTED")
-    ) == OperatorRejection.invalid_state(S.COMPLETED)
+    ) == OperatorRejection(Code.INVALID_STATE, status=S.COMPLETED)
     assert from_repository(RecoveryNotAllowed(id=3, status="FAILED")) == (
-        OperatorRejection.invalid_state(S.FAILED)
+        OperatorRejection(Code.INVALID_STATE, status=S.FAILED)
     )
-    assert from_repository(CompletedInstance(id=1)) == OperatorRejection.of(Code.INSTANCE_COMPLETED)
+    assert from_repository(CompletedInstance(id=1)) == OperatorRejection(Code.INSTANCE_COMPLETED)
     assert from_repository(RestartStateNotFound(execution_id=1, step_name="x")) == (
-        OperatorRejection.of(Code.INCOMPATIBLE_DEFINITION)
+        OperatorRejection(Code.INCOMPATIBLE_DEFINITION)
     )
     assert from_repository(ConcurrentModification()) is None
     assert from_repository(Unavailable()) is None
@@ -235,7 +237,7 @@ def test_request_digest_follows_the_canonical_writer_and_omits_the_actor() -> No
     def field(data: bytes) -> bytes:
         return struct.pack(">Q", len(data)) + data
 
-    definition = DefinitionIdentity.legacy()
+    definition = DefinitionIdentity.LEGACY
     key = JobInstanceKey(JobName("orders"), JobParameters.of({"day": "2026-01-01"}))
     target = RequestTarget.instance_key(key)
     assert target.value == f"instance-key:{key.digest().hex()}"
@@ -251,13 +253,13 @@ def test_request_digest_follows_the_canonical_writer_and_omits_the_actor() -> No
             field(b"NIGHTLY"),
             field(b"DEFINITION"),
             field(definition.revision.value.encode()),
-            field(definition.manifest_digest),
+            field(definition.digest),
         ]
     )
     assert computed.value == hashlib.sha256(expected).digest()
 
     evidence = bytes(range(32))
-    request = RecoveryRequest.mark_failed(
+    request = RecoveryRequest(
         5,
         "UNKNOWN_EFFECT",
         "ticket-1",
@@ -299,7 +301,7 @@ def test_request_digest_follows_the_canonical_writer_and_omits_the_actor() -> No
             + field(b"NONE")
         ).digest()
     )
-    assert repr(stop) == f"RequestDigest({stop.hex()})"
+    assert repr(stop) == f"RequestDigest({stop.value.hex()})"
 
 
 # --------------------------------------------------------------------------- H1, H2
@@ -325,7 +327,7 @@ def test_find_is_none_on_an_empty_store_then_returns_the_appended_record(
     with repository.begin() as uow:
         assert uow.operator_requests.find(value.action, value.operation_id) is None
         record = uow.operator_requests.append(value)
-        assert record.id >= 1 and record.draft == value
+        assert record.id >= 1 and record == OperatorRecord.from_draft(record.id, value)
         assert uow.operator_requests.find(value.action, value.operation_id) == record
         uow.commit()
     stored = find(repository, value.action, value.operation_id)
@@ -399,14 +401,16 @@ FORCED: dict[str, tuple[dict[str, Any], str]] = {
     "rejection missing its status": (
         {
             "outcome": Outcome.REJECTED,
-            "rejection": forced(OperatorRejection.invalid_state(S.UNKNOWN), status=None),
+            "rejection": forced(
+                OperatorRejection(Code.INVALID_STATE, status=S.UNKNOWN), status=None
+            ),
         },
         "operator_request_rejection_shape",
     ),
     "detail on a code that carries none": (
         {
             "outcome": Outcome.REJECTED,
-            "rejection": forced(OperatorRejection.of(Code.INSTANCE_NOT_FOUND), current_version=3),
+            "rejection": forced(OperatorRejection(Code.INSTANCE_NOT_FOUND), current_version=3),
         },
         "operator_request_rejection_shape",
     ),
@@ -441,7 +445,8 @@ def test_rule11_other_integrity_violations_are_never_concurrent_modification(
 def test_rule11_a_check_violation_on_a_recorded_key_is_not_concurrent_modification(
     repository: JobRepository, clock: ManualClock
 ) -> None:
-    value = append_committed(repository, draft(clock)).draft
+    value = draft(clock)
+    append_committed(repository, value)
     with repository.begin() as uow, pytest.raises(IntegrityViolation) as caught:
         uow.operator_requests.append(forced(attrs.evolve(value), observed_version=-1))
     assert not isinstance(caught.value, ConcurrentModification)
@@ -596,7 +601,8 @@ def test_two_units_of_work_appending_the_same_operation_id_have_one_winner(
         assert isinstance(losers[0].error, ConcurrentModification), losers[0].error
         assert count_rows(admin, base.action, base.operation_id) == 1
         winner = winners[0].value
-        assert winner is not None and winner.draft == racers[winners[0].index]
+        assert winner is not None
+        assert winner == OperatorRecord.from_draft(winner.id, racers[winners[0].index])
         assert find(repository, base.action, base.operation_id) == winner
 
 
@@ -623,6 +629,7 @@ def test_the_loser_waits_on_the_identity_key_until_the_winner_finishes(
         assert find(repository, first.action, first.operation_id) == recorded
     else:
         assert outcome.ok, outcome
-        assert outcome.value is not None and outcome.value.draft == second
+        assert outcome.value is not None
+        assert outcome.value == OperatorRecord.from_draft(outcome.value.id, second)
         assert find(repository, first.action, first.operation_id) == outcome.value
     assert count_rows(admin, first.action, first.operation_id) == 1

@@ -45,7 +45,7 @@ def test_the_recorded_recovery_decision_reads_back_with_its_evidence_redacted(
         decision = uow.recovery.decision(prior.id)
         uow.commit()
     assert decision is not None
-    assert decision.id == result.decision_id
+    assert decision.id == result.decision.id
     assert (decision.job_execution_id, decision.execution_version) == (prior.id, prior.version)
     assert (decision.prior_status, decision.resulting_status) == (S.STARTED, S.FAILED)
     assert decision.decided_at == clock.now()

@@ -30,6 +30,7 @@ from pybatch.errors import (
     StartLimitExceeded,
 )
 from pybatch.values.chunks import ChunkContext, ChunkCounts, FaultProgress
+from pybatch.values.counts import ExecutionCounts
 from pybatch.values.fault import (
     FaultEntry,
     FaultPhase,
@@ -114,11 +115,11 @@ def execution_in(
 
 
 def mark_failed(version: int) -> RecoveryRequest:
-    return RecoveryRequest.mark_failed(version, "OWNER_LOST", "ticket-42", EVIDENCE, STALE)
+    return RecoveryRequest(version, "OWNER_LOST", "ticket-42", EVIDENCE, STALE)
 
 
 def abandon(version: int) -> RecoveryRequest:
-    return RecoveryRequest.abandon(version, "OPERATOR_ABANDON", "ticket-43", EVIDENCE)
+    return RecoveryRequest(version, "OPERATOR_ABANDON", "ticket-43", EVIDENCE)
 
 
 def recover(
@@ -169,7 +170,7 @@ def test_mark_failed_records_the_decision_and_allows_a_restart(
     assert recovered.updated_at == decided_at
 
     [decision] = decisions(admin)
-    assert decision["id"] == result.decision_id
+    assert decision["id"] == result.decision.id
     assert decision["job_execution_id"] == prior.id
     assert decision["execution_version"] == prior.version  # observed before the decision
     assert (decision["prior_status"], decision["resulting_status"]) == ("STARTED", "FAILED")
@@ -323,7 +324,7 @@ def test_two_recoveries_at_one_version_make_one_decision(
     winner = winners[0].value
     assert winner is not None
     [decision] = decisions(admin)
-    assert decision["id"] == winner.decision_id
+    assert decision["id"] == winner.decision.id
     assert decision["resulting_status"] == winner.execution.status.value
     assert stored(repository, prior.id) == winner.execution
     assert winner.execution.version == prior.version + 1
@@ -444,7 +445,7 @@ def test_flow_step_copies_the_newest_state_of_its_node_across_attempts(
     assert inherited_progress(
         repository, ChunkContext(copy_2.id, second.id, TEST_OWNER)
     ).fault_state.ordinal_for(RetryKey(bytes([3]) * 32)) == RetryOrdinal(1)
-    assert fresh.metadata.counts.is_zero and fresh.checkpoint == Checkpoint.empty()
+    assert fresh.metadata.counts == ExecutionCounts() and fresh.checkpoint == Checkpoint.empty()
     assert durable_columns(admin, fresh.id)["fault_state_payload"]["entries"] == []
 
     with repository.begin() as uow:
@@ -718,7 +719,7 @@ def test_a_new_step_starts_clean_at_the_clock_instant(
     assert step.created_at == step.updated_at == clock.now()  # microsecond-exact
     assert step.metadata.timestamps.started_at is None
     assert step.metadata.timestamps.ended_at is None
-    assert step.metadata.counts.is_zero
+    assert step.metadata.counts == ExecutionCounts()
     assert step.checkpoint == Checkpoint.empty()
 
 

@@ -34,10 +34,10 @@ def test_each_text_rule_is_named_by_the_error(
     reason: str, operator: str, rule: TextRule, field: str
 ) -> None:
     def mark_failed() -> RecoveryRequest:
-        return RecoveryRequest.mark_failed(0, reason, operator, DIGEST, FAILURE)
+        return RecoveryRequest(0, reason, operator, DIGEST, FAILURE)
 
     def abandon() -> RecoveryRequest:
-        return RecoveryRequest.abandon(0, reason, operator, DIGEST)
+        return RecoveryRequest(0, reason, operator, DIGEST)
 
     for build in (mark_failed, abandon):
         with broken_rule(errors.RecoveryFieldInvalid, rule) as caught:
@@ -53,4 +53,4 @@ def test_each_text_rule_is_named_by_the_error(
 @pytest.mark.parametrize("digest", [b"", bytes(31), bytes(33)])
 def test_an_evidence_digest_of_the_wrong_length_is_a_typed_error(digest: bytes) -> None:
     with pytest.raises(errors.RecoveryEvidenceDigestInvalid):
-        RecoveryRequest.abandon(0, "lost", "ops", digest)
+        RecoveryRequest(0, "lost", "ops", digest)

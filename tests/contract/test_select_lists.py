@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from pybatch._codecs.chunks import COMMITTED_STEP_STATE_COLUMNS
-from pybatch._codecs.executions import JOB_EXECUTION_COLUMNS
+from pybatch._codecs.executions import JOB_EXECUTION_COLUMNS, RECOVERY_DECISION_COLUMNS
 from pybatch._codecs.explorer import (
     EXECUTION_PROJECTION_COLUMNS,
     FAILURE_REASON_COLUMNS,
@@ -31,7 +31,6 @@ from pybatch._codecs.flow import FLOW_DECISION_COLUMNS
 from pybatch._codecs.instances import JOB_INSTANCE_COLUMNS, LOCKED_JOB_INSTANCE_COLUMNS
 from pybatch._codecs.operator import OPERATOR_REQUEST_COLUMNS
 from pybatch._codecs.partitions import CLAIMED_PARTITION_COLUMNS, STEP_PARTITION_COLUMNS
-from pybatch._codecs.recovery import RECOVERY_DECISION_COLUMNS
 from pybatch._codecs.steps import COUNT_COLUMNS, STEP_EXECUTION_COLUMNS
 from pybatch._statements import Statement, load_demo_statements, load_statements
 

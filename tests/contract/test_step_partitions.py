@@ -37,6 +37,7 @@ from pybatch.errors import (
     StepExecutionNotFound,
     StepPartitionNotFound,
 )
+from pybatch.values.counts import ExecutionCounts
 from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import ExitCode, JobName, NodeId, StateSchemaId, StepName
@@ -214,7 +215,7 @@ def test_a_plan_is_numbered_in_entry_order_and_read_in_key_byte_order(f: Fixture
     assert all(
         (p.status, p.worker_step_execution_id, p.version, p.exit_status)
         == (S.STARTING, None, 0, ExitCode.UNKNOWN)
-        and p.counts.is_zero
+        and p.counts == ExecutionCounts()
         for p in created
     )
     with f.repository.begin() as uow:
@@ -334,7 +335,7 @@ def test_assign_needs_a_started_parent(repository: JobRepository, clock: ManualC
         worker.id,
         1,
     )
-    assert assigned.exit_status == ExitCode.UNKNOWN and assigned.counts.is_zero
+    assert assigned.exit_status == ExitCode.UNKNOWN and assigned.counts == ExecutionCounts()
     with repository.begin() as uow:
         assert uow.partitions.plan(parent.id) == [assigned]
 
@@ -493,7 +494,9 @@ def test_a_failed_partition_is_retried_by_a_new_worker(
     with f.repository.begin() as uow, pytest.raises(PartitionWorkerAlreadyAssigned):
         uow.partitions.assign(failed.id, failed.version, old.id)
     retried = assign(f.repository, failed, f.worker().id)
-    assert retried.status is S.STARTED and retried.counts.is_zero and retried.version == 3
+    assert (
+        retried.status is S.STARTED and retried.counts == ExecutionCounts() and retried.version == 3
+    )
     assert retried.exit_status == ExitCode.UNKNOWN
 
 
@@ -730,7 +733,7 @@ def test_a_restarted_plan_carries_completed_partitions_only(f: Fixture) -> None:
             None,
             0,
         )
-        assert fresh.counts.is_zero and fresh.exit_status == ExitCode.UNKNOWN
+        assert fresh.counts == ExecutionCounts() and fresh.exit_status == ExitCode.UNKNOWN
     assert [p.ordinal for p in carried] == [1, 2, 3]
     assert [p.context for p in carried] == [p.context for p in parts]
     assert stored_plan(f.repository, target.id) == carried

@@ -112,8 +112,11 @@ def fill(config: ConnectionConfig) -> Seeded:
             job = Job(
                 repository,
                 "nightly_orders",
-                JobParameters.of({"business_date": "2026-12-01"}).with_parameter(
-                    "token", JobParameter(ParameterValue.string(SECRET), identifying=False)
+                JobParameters.of(
+                    {
+                        "business_date": "2026-12-01",
+                        "token": JobParameter(ParameterValue.string(SECRET), identifying=False),
+                    }
                 ),
                 run_id=run_id,
             )

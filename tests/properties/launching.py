@@ -39,7 +39,7 @@ def launch(
     """A committed execution of `key` moved along `path` from STARTING (FAILED with FAILURE)."""
     with repository.begin() as uow:
         instance = uow.instances.select_or_create(key).instance
-        execution = uow.executions.create(instance.id, definition or DefinitionIdentity.legacy())
+        execution = uow.executions.create(instance.id, definition or DefinitionIdentity.LEGACY)
         execution = claim_test_owner(uow, execution, clock.advance())
         for target in path:
             transition = (

@@ -21,13 +21,8 @@ from pybatch.values.fault import (
     RetryOrdinal,
 )
 from pybatch.values.flow import FlowDecision, FlowTarget, FlowTransitionKind, TerminalKind
-from pybatch.values.ids import (
-    FailureId,
-    JobExecutionId,
-    JobInstanceId,
-    OperatorRequestId,
-)
-from pybatch.values.lifecycle import ExecutionMetadata
+from pybatch.values.ids import FailureId, JobExecutionId, JobInstanceId, OperatorRequestId
+from pybatch.values.lifecycle import ExecutionMetadata, ExecutionTimestamps
 from pybatch.values.names import ExitCode, JobName
 from pybatch.values.operator import (
     OperatorAction,
@@ -43,7 +38,6 @@ from pybatch.values.partitions import MAX_PARTITIONS, PartitionKey, StepPartitio
 from pybatch.values.recovery import RecoveryDecision
 from pybatch.values.state import Checkpoint, ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
-from pybatch.values.timestamps import ExecutionTimestamps
 
 #: Text PostgreSQL can store: any code point except NUL and lone surrogates.
 storable_text = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"))

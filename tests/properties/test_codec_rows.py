@@ -28,7 +28,12 @@ from hypothesis import strategies as st
 from pybatch._codecs import explorer as ex
 from pybatch._codecs._primitives import DecodeError
 from pybatch._codecs.chunks import COMMITTED_STEP_STATE_COLUMNS, decode_committed_step_state
-from pybatch._codecs.executions import JOB_EXECUTION_COLUMNS, decode_job_execution
+from pybatch._codecs.executions import (
+    JOB_EXECUTION_COLUMNS,
+    RECOVERY_DECISION_COLUMNS,
+    decode_job_execution,
+    decode_recovery_decision,
+)
 from pybatch._codecs.fault_state import (
     FAULT_STATE_COLUMNS,
     LOCKED_FAULT_STATE_COLUMNS,
@@ -59,7 +64,6 @@ from pybatch._codecs.partitions import (
     context_checksum,
     decode_step_partition,
 )
-from pybatch._codecs.recovery import RECOVERY_DECISION_COLUMNS, decode_recovery_decision
 from pybatch._codecs.steps import (
     STEP_EXECUTION_COLUMNS,
     decode_step_execution,

@@ -212,7 +212,7 @@ def test_recovery_refuses_stale_finished_and_absent_executions(
     path = finished if case == "finished" else (S.STARTED,)
     execution = launch(repository, clock, unique_key("recovery"), path)
     version = execution.version + offset if case == "stale" else execution.version
-    request = RecoveryRequest.abandon(version, "REASON", "operator", evidence)
+    request = RecoveryRequest(version, "REASON", "operator", evidence)
     target = absent if case == "absent" else execution.id
     expected = {
         "stale": (StaleVersion,),
@@ -368,10 +368,9 @@ def _entry(key: RetryKey, ordinal: int, phase: FaultPhase = FaultPhase.PROCESS) 
 
 @DB_EXAMPLES
 @given(
-    case=st.sampled_from(["ordinal", "phase", "capacity"]),
+    case=st.sampled_from(["ordinal", "capacity"]),
     keys=st.lists(s.digests.map(RetryKey), min_size=3, max_size=3, unique=True),
     ordinal=st.integers(0, 2**16 - 1),
-    phase=st.sampled_from([p for p in FaultPhase if not p.is_reservable]),
 )
 def test_retry_reservations_refuse_out_of_turn_ordinals(
     repository: JobRepository,
@@ -380,7 +379,6 @@ def test_retry_reservations_refuse_out_of_turn_ordinals(
     case: str,
     keys: list[RetryKey],
     ordinal: int,
-    phase: FaultPhase,
 ) -> None:
     step = _step(repository, clock)
     fault_state = FaultState(repository, RetryPolicy(RetryLimit(2**16 - 1), RetryStateLimit(2)))
@@ -391,8 +389,6 @@ def test_retry_reservations_refuse_out_of_turn_ordinals(
     if case == "ordinal":
         assume(ordinal != 2)  # 2 is the one ordinal that follows the stored one
         entry, expected = _entry(keys[0], ordinal), StaleReservation
-    elif case == "phase":
-        entry, expected = _entry(keys[1], 2, phase), StaleReservation
     else:
         entry, expected = _entry(keys[2], 1), CapacityExhausted
     with refused(admin, expected):

@@ -54,11 +54,11 @@ from pybatch.values.names import (
     ReasonCode,
     StepName,
 )
-from pybatch.values.operator import OperatorRecordDraft
+from pybatch.values.operator import OperatorRecord, OperatorRecordDraft
 from pybatch.values.parameters import JobInstanceKey
 from pybatch.values.partitions import PartitionPlanEntry
 from pybatch.values.records import StepExecution
-from pybatch.values.recovery import RecoveryDisposition, RecoveryRequest
+from pybatch.values.recovery import RecoveryRequest
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from tests.properties import strategies as s
 from tests.properties.launching import launch, unique_key
@@ -107,7 +107,7 @@ def test_operator_requests_read_back_equal(repository: JobRepository, clock: Man
         with repository.begin() as uow:
             record = uow.operator_requests.append(draft)
             uow.commit()
-        assert record.draft == draft
+        assert record == OperatorRecord.from_draft(record.id, draft)
         with repository.begin() as uow:
             assert uow.operator_requests.find(draft.action, unique) == record
         if draft.job_execution_id is not None:
@@ -134,7 +134,7 @@ def _all_items(page_of: Any) -> list[Any]:
 @DB_EXAMPLES
 @given(
     prior=st.sampled_from([(), (S.STARTED,), (S.STARTED, S.STOPPING), (S.STARTED, S.UNKNOWN)]),
-    disposition=st.sampled_from(list(RecoveryDisposition)),
+    mark_failed=st.booleans(),
     reason=s.recovery_texts,
     reference=s.recovery_texts,
     evidence=s.digests,
@@ -144,7 +144,7 @@ def test_recovery_decisions_read_back_equal(
     repository: JobRepository,
     clock: ManualClock,
     prior: tuple[BatchStatus, ...],
-    disposition: RecoveryDisposition,
+    mark_failed: bool,
     reason: str,
     reference: str,
     evidence: bytes,
@@ -153,11 +153,10 @@ def test_recovery_decisions_read_back_equal(
     execution = launch(repository, clock, unique_key("recovery"), path=prior)
     request = RecoveryRequest(
         expected_version=execution.version,
-        disposition=disposition,
         reason_code=reason,
         operator_reference=reference,
         evidence_digest=evidence,
-        failure=failure if disposition is RecoveryDisposition.MARK_FAILED else None,
+        failure=failure if mark_failed else None,
     )
     clock.advance()
     with repository.begin() as uow:
@@ -168,7 +167,7 @@ def test_recovery_decisions_read_back_equal(
     assert decision.evidence_digest == evidence
     assert (decision.prior_status, decision.resulting_status) == (
         execution.status,
-        disposition.status,
+        BatchStatus.FAILED if mark_failed else BatchStatus.ABANDONED,
     )
     with repository.begin() as uow:
         assert uow.recovery.decision(execution.id) == decision
@@ -198,7 +197,7 @@ def _flow_manifest(chain: list[tuple[NodeId, ExitCode, Any]]) -> dict[str, Any]:
         if target.node is not None:
             transition["to"] = target.node.value
         else:
-            transition["end"] = target.terminal.manifest_name
+            transition["end"] = target.terminal.value.lower()
         transitions.append(transition)
     return {
         "format": 2,
@@ -288,7 +287,7 @@ def test_partition_plans_read_back_equal(
         context = by_id[projection.id].context
         assert projection.context.schema_id == context.schema.value
         assert projection.context.schema_version == context.schema_version
-        assert projection.context.format_version == context.format_version
+        assert projection.context.format_version == 1
 
 
 # --------------------------------------------------------------------------- fault state

@@ -100,7 +100,7 @@ def inherited_progress(repository: JobRepository, context: ChunkContext) -> Inhe
     except PyBatchError:
         raise NotCommitted(reason="the committed step state is unusable") from None
     digest = state.checkpoint.generation_digest()
-    if not state.fault_state.is_empty and state.fault_state.checkpoint_digest != digest:
+    if state.fault_state.entries and state.fault_state.checkpoint_digest != digest:
         raise NotCommitted(reason="retained retries belong to a superseded checkpoint")
     return InheritedProgress(
         read_count=state.counts.read, checkpoint_digest=digest, fault_state=state.fault_state

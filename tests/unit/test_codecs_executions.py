@@ -29,12 +29,11 @@ from pybatch._codecs.steps import (
 from pybatch.values._canonical import canonical_json
 from pybatch.values.counts import ExecutionCounts, StepFaultCounts
 from pybatch.values.ids import FailureId
-from pybatch.values.lifecycle import ExecutionMetadata
+from pybatch.values.lifecycle import ExecutionMetadata, ExecutionTimestamps
 from pybatch.values.names import ExitCode, JobName, StateSchemaId
 from pybatch.values.parameters import JobInstanceKey, JobParameters, ParameterValue
 from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
-from pybatch.values.timestamps import ExecutionTimestamps
 from tests.support.rows import encode_fault_counts, encode_state
 
 T0 = datetime(2026, 6, 1, 8, 30, 0, 654321, tzinfo=UTC)

@@ -25,6 +25,7 @@ DISPLAY_NAMES = [
     "retention action",
     "step partition",
     "failure",
+    "definition",
 ]
 
 

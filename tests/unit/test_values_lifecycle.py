@@ -13,6 +13,7 @@ from pybatch.values.ids import INT64_MAX, FailureId
 from pybatch.values.lifecycle import (
     TRANSITIONS,
     ExecutionMetadata,
+    ExecutionTimestamps,
     LifecycleTransition,
     apply_exit_enrichment,
     apply_transition,
@@ -20,7 +21,6 @@ from pybatch.values.lifecycle import (
 )
 from pybatch.values.names import ExitCode
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
-from pybatch.values.timestamps import ExecutionTimestamps
 
 S = BatchStatus
 T0 = datetime(2026, 3, 1, 12, 0, 0, 1, tzinfo=UTC)

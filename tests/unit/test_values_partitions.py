@@ -87,4 +87,4 @@ def test_assign_rules() -> None:
     assert again.value.status is S.STARTED
     failed = attrs.evolve(started, status=S.FAILED, counts=ExecutionCounts(read=3), version=2)
     retried = failed.assigned(2, 11)
-    assert retried.counts.is_zero and retried.exit_status == ExitCode.UNKNOWN
+    assert retried.counts == ExecutionCounts() and retried.exit_status == ExitCode.UNKNOWN

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from pybatch import errors
+from pybatch.values.counts import ExecutionCounts
 from pybatch.values.definitions import DefinitionIdentity, DefinitionUpgrade
 from pybatch.values.ids import (
     DefinitionId,
@@ -16,7 +17,7 @@ from pybatch.values.ids import (
     JobInstanceId,
     StepExecutionId,
 )
-from pybatch.values.lifecycle import ExecutionMetadata, LifecycleTransition
+from pybatch.values.lifecycle import ExecutionMetadata, ExecutionTimestamps, LifecycleTransition
 from pybatch.values.names import (
     DefinitionRevision,
     DefinitionUpgradeKey,
@@ -37,7 +38,6 @@ from pybatch.values.records import (
 )
 from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
-from pybatch.values.timestamps import ExecutionTimestamps
 
 T0 = datetime(2026, 5, 1, tzinfo=UTC)
 #: The metadata of a new execution or step: STARTING, exit UNKNOWN, zero counters.
@@ -101,7 +101,7 @@ def test_new_job_execution_shape() -> None:
         updated_at=T0,
     )
     assert execution.created_at == T0
-    assert execution.metadata.counts.is_zero
+    assert execution.metadata.counts == ExecutionCounts()
     assert execution.restart_of_execution_id is None
     with pytest.raises(ValueError, match="attempt"):
         JobExecution(
@@ -160,7 +160,7 @@ def test_selection() -> None:
 
 
 def test_values_pickle_across_processes() -> None:
-    legacy = DefinitionIdentity.legacy()
+    legacy = DefinitionIdentity.LEGACY
     other = DefinitionIdentity.from_manifest(JobName("j"), DefinitionRevision("r"), {"format": 1})
     values: list[object] = [
         instance(),

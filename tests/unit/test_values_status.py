@@ -8,55 +8,37 @@ import pytest
 
 from pybatch import errors
 from pybatch.values.counts import ExecutionCounts, StepFaultCounts
-from pybatch.values.ids import INT64_MAX
-from pybatch.values.status import BatchStatus, ExitStatus, FailureCategory, FailureSummary
-from pybatch.values.timestamps import ExecutionTimestamps, aware_utc
+from pybatch.values.ids import INT64_MAX, aware_utc
+from pybatch.values.lifecycle import ExecutionTimestamps
+from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
 
 STATUS_TABLE = {
-    # code: (active, finished, terminal, unresolved)
-    "STARTING": (True, False, False, True),
-    "STARTED": (True, False, False, True),
-    "STOPPING": (True, False, False, True),
-    "STOPPED": (False, True, False, False),
-    "FAILED": (False, True, False, False),
-    "COMPLETED": (False, True, True, False),
-    "ABANDONED": (False, True, True, False),
-    "UNKNOWN": (False, False, False, True),
+    # code: (active, finished, unresolved)
+    "STARTING": (True, False, True),
+    "STARTED": (True, False, True),
+    "STOPPING": (True, False, True),
+    "STOPPED": (False, True, False),
+    "FAILED": (False, True, False),
+    "COMPLETED": (False, True, False),
+    "ABANDONED": (False, True, False),
+    "UNKNOWN": (False, False, True),
 }
 
 
 def test_batch_status_codes_and_properties() -> None:
     assert [status.value for status in BatchStatus] == list(STATUS_TABLE)
     for status in BatchStatus:
-        flags = (status.is_active, status.is_finished, status.is_terminal, status.is_unresolved)
+        flags = (status.is_active, status.is_finished, status.is_unresolved)
         assert flags == STATUS_TABLE[status.value]
         assert str(status) == status.value
-
-
-def test_exit_status_is_exit_code() -> None:
-    assert ExitStatus.UNKNOWN.value == "UNKNOWN"
-
-
-POLICY_ELIGIBLE = {
-    "TRANSIENT_INFRASTRUCTURE",
-    "PERMANENT_INFRASTRUCTURE",
-    "USER_COMPONENT",
-    "OPTIMISTIC_CONFLICT",
-    "TIMEOUT",
-}
 
 
 def test_failure_categories() -> None:
     assert len(FailureCategory) == 15
     for category in FailureCategory:
-        assert category.as_str == category.value.lower()
-        assert category.policy_eligible == (category.value in POLICY_ELIGIBLE)
-        assert FailureCategory.from_durable_code(category.value) is category
-    assert FailureCategory.USER_COMPONENT.as_str == "user_component"
-    assert FailureCategory.from_durable_code("user_component") is None
-    assert FailureCategory.from_durable_code("NOPE") is None
+        assert str(category) == category.value
 
 
 def test_failure_summary() -> None:
@@ -72,7 +54,6 @@ def test_failure_summary() -> None:
 
 
 def test_counts_bounds_and_sums() -> None:
-    assert ExecutionCounts().is_zero
     counts = ExecutionCounts(read=1, processed=2, written=3, filtered=4, committed=5, rolled_back=6)
     assert counts.plus(counts) == ExecutionCounts(
         read=2, processed=4, written=6, filtered=8, committed=10, rolled_back=12

@@ -1,0 +1,44 @@
+"""Every capability of the unit of work is built, and the pool is as configured."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from pybatch import ConnectionConfig, JobRepository
+from pybatch.errors import JobExecutionNotFound, JobInstanceNotFound
+from pybatch.values.names import OperationId
+from pybatch.values.operator import OperatorAction
+from pybatch.values.retention import RetentionAction
+from tests.support.clock import ManualClock
+
+
+def test_the_connection_capacity_is_the_configured_pool_size(
+    repository: JobRepository, pg_config: ConnectionConfig, clock: ManualClock
+) -> None:
+    assert repository.connection_capacity() == pg_config.pool_size == 4
+    with JobRepository.connect(attrs.evolve(pg_config, pool_size=7), clock=clock) as other:
+        assert other.connection_capacity() == 7
+
+
+def test_every_capability_answers_in_a_unit_of_work(
+    repository: JobRepository,
+) -> None:
+    """Each capability is a live set of operations of the unit of work.
+
+    A read of each runs real SQL against an empty repository: nothing to report, or the
+    typed not-found error, and the transaction stays usable.
+
+    Scenario M3.
+    """
+    with repository.begin() as uow:
+        assert uow.operator_requests.find(OperatorAction.STOP, OperationId("op-1")) is None
+        assert uow.stop_requests is uow.stop_requests  # bound once per unit of work
+        with pytest.raises(JobExecutionNotFound):
+            uow.ownership.lock(1)
+        with pytest.raises(JobInstanceNotFound):
+            uow.holds.get(1)
+        assert uow.retention.find_action(RetentionAction.APPLY_PURGE, OperationId("op-1")) is None
+        assert uow.partitions.count_by_status(1) == {}
+        assert uow.is_open
+        assert uow.executions.get(1) is None
