@@ -64,7 +64,7 @@ FOR NO KEY UPDATE;
 -- :name list_started_step_partitions :many
 -- :doc The partitions of a plan being worked on, with their workers and their ownership
 -- evidence - whether each has a lease and whether it ran out on the database clock (lost-worker
--- checks read it before any lock; lock_partition_worker_lease confirms under the locks).
+-- checks read it before any lock; end_step_partition confirms under the locks).
 SELECT
     p.id,
     p.worker_step_execution_id,
@@ -89,20 +89,6 @@ WHERE
     AND worker_step_execution_id = :worker_step_execution_id
     AND worker_owner_token = :owner_token
     AND status = 'STARTED';
-
--- :name lock_partition_worker_lease :one
--- :doc Lock one partition after its parent and read its worker's ownership evidence;
--- lease_expired compares the lease with the database clock, so every process judges it by one
--- clock (lock order - parent, then partition).
-SELECT
-    p.worker_step_execution_id,
-    p.status,
-    p.version,
-    p.worker_lease_expires_at IS NOT NULL AS leased,
-    COALESCE(p.worker_lease_expires_at <= pg_catalog.CLOCK_TIMESTAMP(), FALSE) AS lease_expired
-FROM pybatch.step_partition AS p
-WHERE p.id = :step_partition_id
-FOR UPDATE;
 
 -- :name launch_job_execution :one
 -- :doc Launch or restart the instance of a key as its owner in one statement (migration 0014

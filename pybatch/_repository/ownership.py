@@ -44,7 +44,7 @@ from pybatch._repository.executions import (
     definition_parameters,
     transition_job_execution,
 )
-from pybatch._repository.partitions import corrupt_on, lock_parent_of, partition_status
+from pybatch._repository.partitions import corrupt_on
 from pybatch._statements import Connection, Row, Statements
 from pybatch.errors import (
     ExecutionOwned,
@@ -53,7 +53,6 @@ from pybatch.errors import (
     JobExecutionNotFound,
     PartitionOwnershipLost,
     StaleVersion,
-    StepPartitionNotFound,
 )
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.ids import IdentifierKind, JobInstanceId, aware_utc, check_identifier
@@ -297,18 +296,6 @@ class Ownership(Capability):
             )
             if changed != 1:
                 raise PartitionOwnershipLost(partition_id=partition_id, worker=worker_id)
-
-    def lock_partition_lease(self, partition_id: int) -> WorkerLease | None:
-        """Lock the parent, then the partition, and read its worker's lease; None unless STARTED."""
-        with self._operation() as (q, conn):
-            lock_parent_of(q, conn, partition_id)
-            row = q.lock_partition_worker_lease.one(conn, step_partition_id=partition_id)
-            if row is None:
-                raise StepPartitionNotFound(id=partition_id)
-            if partition_status(row["status"]) is not BatchStatus.STARTED:
-                return None
-            with corrupt_on():
-                return WorkerLease(*_worker_lease(row))
 
     def started_partitions(self, parent_id: int) -> list[StartedPartition]:
         """The STARTED partitions of a plan with their workers and leases (no lock taken)."""

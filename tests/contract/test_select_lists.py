@@ -30,8 +30,8 @@ from pybatch._codecs.fault_state import LOCKED_FAULT_STATE_COLUMNS
 from pybatch._codecs.flow import FLOW_DECISION_COLUMNS
 from pybatch._codecs.instances import JOB_INSTANCE_COLUMNS
 from pybatch._codecs.operator import OPERATOR_REQUEST_COLUMNS
-from pybatch._codecs.partitions import STEP_PARTITION_COLUMNS
-from pybatch._codecs.steps import STEP_EXECUTION_COLUMNS
+from pybatch._codecs.partitions import CLAIMED_PARTITION_COLUMNS, STEP_PARTITION_COLUMNS
+from pybatch._codecs.steps import COUNT_COLUMNS, STEP_EXECUTION_COLUMNS
 from pybatch._statements import Statement, load_statements
 
 #: Statement -> the columns its reader reads: a decoder's list, or (for rows read by hand
@@ -72,12 +72,30 @@ READERS: dict[str, tuple[str, ...]] = {
     "find_reusable_flow_decision": FLOW_DECISION_COLUMNS,
     "insert_step_partitions": STEP_PARTITION_COLUMNS,
     "list_step_partitions": STEP_PARTITION_COLUMNS,
-    "lock_step_partitions_by_key": STEP_PARTITION_COLUMNS,
     "lock_step_partitions_by_ordinal": STEP_PARTITION_COLUMNS,
     "copy_step_partitions": STEP_PARTITION_COLUMNS,
     "lock_step_partition": STEP_PARTITION_COLUMNS,
-    "claim_step_partition": STEP_PARTITION_COLUMNS,
-    "lock_step_partition_workers": STEP_EXECUTION_COLUMNS,
+    "claim_step_partition": CLAIMED_PARTITION_COLUMNS,
+    "end_step_partition": (
+        *STEP_PARTITION_COLUMNS,
+        "found_version",
+        "found_status",
+        "found_worker_step_execution_id",
+        "parent_step_execution_id",
+        "parent_status",
+        "worker_status",
+        "same_execution",
+    ),
+    "summarize_step_partitions": (
+        "partitions",
+        "incomplete_status",
+        "mirrored",
+        "status",
+        "exit_code",
+        "failure_category",
+        "failure_id",
+        *COUNT_COLUMNS,
+    ),
     # read by hand: repository/flow.py
     "get_job_execution_flow_plan": ("manifest_digest", "manifest"),
     "insert_flow_decision": ("id",),
@@ -89,13 +107,6 @@ READERS: dict[str, tuple[str, ...]] = {
         "id",
         "worker_step_execution_id",
         "partition_key",
-        "version",
-        "leased",
-        "lease_expired",
-    ),
-    "lock_partition_worker_lease": (
-        "worker_step_execution_id",
-        "status",
         "version",
         "leased",
         "lease_expired",
