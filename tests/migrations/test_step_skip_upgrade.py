@@ -63,7 +63,8 @@ def test_a_job_live_across_the_upgrade_resumes_and_records_its_skips(
         explorer = JobExplorer(repository)
         before = explorer.skips(live.execution.id)
         after = explorer.skips(restarted.execution.id)
-    assert applied == [SKIPS]
+    # later migrations follow it
+    assert applied == list(range(SKIPS, migrator.supported_schema_version() + 1))
     assert before.items == ()
     # Positions 2.. resumed: ids 3..30; 7, 17 and 27 break the CHECK.
     assert [(s.item_position, s.sqlstate) for s in after.items] == [
