@@ -32,6 +32,7 @@ import itertools
 import logging
 import os
 import random
+import re
 import signal
 import threading
 import time
@@ -392,7 +393,8 @@ class StepRun:
         `read(position)` yields the items from `position` on (how many items the step has
         consumed; kept in the checkpoint as `{"position": n}`); `write(chunk, items)` writes
         a batch with the chunk's methods. A batch the server rejects for its data (SQLSTATE
-        class 22 or 23) is bisected down to the single items it rejects; each is recorded
+        class 22 or 23) is narrowed down to the single items it rejects (from the line a
+        rejected COPY names, else by bisection); each is recorded
         in `pybatch.step_skip` (keyed by `key(item)`, default its position) in the same
         transaction as the good rows and the step's progress. A batch that failed
         transiently (TransientConflict, LockTimeout, Infrastructure) is retried on a fresh
@@ -473,12 +475,28 @@ def _position_of(checkpoint: Mapping[str, Any]) -> int:
     return position
 
 
+#: The line a rejected COPY names in its error context ("COPY t, line 5: ..."), 1-based.
+_COPY_LINE = re.compile(r"^COPY .+, line (\d+)", re.MULTILINE)
+
+
+def _copy_line(rejection: Rejected) -> int | None:
+    """The COPY line the server rejected, from the driver error the rejection keeps (or None)."""
+    driver = rejection.__context__
+    context = driver.diag.context if isinstance(driver, psycopg.Error) else None
+    found = _COPY_LINE.search(context or "")
+    return None if found is None else int(found.group(1))
+
+
 class _SkipLimitReached(Exception):
-    """Bisection found one skip more than the limit allows: stop writing."""
+    """Isolation found one skip more than the limit allows: stop writing."""
+
+
+class _HintMissed(Exception):
+    """Rows before the line a COPY named were rejected too: isolate by bisection instead."""
 
 
 class _FaultTolerantLoad:
-    """One `StepRun.load` call: its chunks, their bisection, retries and skip records."""
+    """One `StepRun.load` call: its chunks, the isolation of rejected items, retries, skips."""
 
     def __init__(
         self,
@@ -508,6 +526,11 @@ class _FaultTolerantLoad:
         self.backoff = backoff
         self.policy = RetryPolicy(RetryLimit(retry_limit), _LOAD_STATE_LIMIT)
         self.result = {"read": 0, "written": 0, "skipped": 0, "retries": 0}
+        #: The state this load last committed and its position: the next chunk starts there
+        #: without parsing the checkpoint again (any other state is parsed).
+        self.known: tuple[CommittedStepState | None, int] = (None, 0)
+        #: The checkpoint's other keys, kept as they are beside "position".
+        self.extra = {k: v for k, v in step.checkpoint.items() if k != "position"}
 
     def run(self) -> LoadResult:
         position = _position_of(self.step.checkpoint)
@@ -545,10 +568,17 @@ class _FaultTolerantLoad:
                 failed = error
 
     def _attempt(self, start: int, batch: list[Any]) -> int:
-        """One transaction of the batch: written at once, or bisected after a rejection."""
+        """One transaction of the batch: written at once, or its rejected items isolated.
+
+        A rejected batch is written again in a new transaction, its rejected items isolated
+        by the line each rejected COPY names (`_isolate`); when that line proves wrong, a
+        third transaction isolates them by bisection alone.
+        """
         step = self.step
         with step.chunk() as chunk:
-            durable = _position_of(chunk._transaction.committed.checkpoint.payload)
+            state = chunk._transaction.committed
+            known, position = self.known
+            durable = position if state is known else _position_of(state.checkpoint.payload)
             if durable != start:
                 chunk._discard()
                 return durable
@@ -559,6 +589,14 @@ class _FaultTolerantLoad:
             # Nothing but this batch is in the transaction: rolling it back is rolling back
             # to a savepoint before it, without the savepoint's round trips on every chunk.
             chunk._discard()
+        try:
+            return self._isolating(start, batch, rejection, hinted=True)
+        except _HintMissed:
+            return self._isolating(start, batch, rejection, hinted=False)
+
+    def _isolating(self, start: int, batch: list[Any], rejection: Rejected, *, hinted: bool) -> int:
+        """The batch's transaction that isolates its rejected items, skips them and commits."""
+        step = self.step
         with step._chunk_type(step, step._session.begin()) as chunk:
             transaction = chunk._transaction
             try:
@@ -570,17 +608,73 @@ class _FaultTolerantLoad:
                 raise transaction._classified(error) from None
             allowed = self.skip_limit - total
             skipped: list[_skips.SkippedItem] = []
+            items = list(enumerate(batch, start))
             try:
                 if allowed <= 0:
                     raise _SkipLimitReached()
-                self._bisect(chunk, list(enumerate(batch, start)), rejection, skipped, allowed)
+                if hinted:
+                    self._isolate(chunk, items, rejection, skipped, allowed)
+                else:
+                    self._bisect(chunk, items, rejection, skipped, allowed)
             except _SkipLimitReached:
                 chunk._discard()
                 raise SkipLimitExceeded(
                     limit=self.skip_limit, step=step.name, skips=total + max(len(skipped), 1)
                 ) from None
+            except _HintMissed:
+                chunk._discard()
+                raise
             self._commit(chunk, start, len(batch), skipped)
         return start + len(batch)
+
+    def _isolate(
+        self,
+        chunk: Chunk,
+        items: list[tuple[int, Any]],
+        rejection: Rejected,
+        skipped: list[_skips.SkippedItem],
+        allowed: int,
+    ) -> None:
+        """Write `items` (rejected as a whole with `rejection`) around the line it names.
+
+        A COPY stops at the first line the server rejects and names it: the rows before it
+        were accepted, so they are written again without a savepoint, the named row alone in
+        one (skipped when rejected alone), and the rest in one; a rejected rest repeats this
+        with its own line. Without a line (executemany, a localized server, a deferred check),
+        `items` is bisected. Raises _HintMissed when the rows before the line are rejected
+        (the line did not map to `items`); the transaction must then be discarded.
+        """
+        while True:
+            line = _copy_line(rejection)
+            if line is None or not 1 <= line <= len(items):
+                self._bisect(chunk, items, rejection, skipped, allowed)
+                return
+            before, (position, item), after = items[: line - 1], items[line - 1], items[line:]
+            if before and self._write(chunk, [i for _, i in before]) is not None:
+                raise _HintMissed()
+            alone = self._write(chunk, [item], savepoint=True)
+            if alone is not None:
+                self._skip(position, item, alone, skipped, allowed)
+            if not after:
+                return
+            found = self._write(chunk, [i for _, i in after], savepoint=True)
+            if found is None:
+                return
+            items, rejection = after, found
+
+    def _skip(
+        self,
+        position: int,
+        item: Any,
+        rejection: Rejected,
+        skipped: list[_skips.SkippedItem],
+        allowed: int,
+    ) -> None:
+        """Record an item that a write of it alone had rejected; past the limit, stop."""
+        key = position if self.key is None else self.key(item)
+        skipped.append(_skips.SkippedItem(position, _skips.item_key(key), rejection))
+        if len(skipped) > allowed:
+            raise _SkipLimitReached()
 
     def _bisect(
         self,
@@ -601,11 +695,7 @@ class _FaultTolerantLoad:
         if len(items) == 1:
             if rejection is None:  # never called so: a known-bad item is written alone first
                 raise ValueError("a single item is skipped only on its own rejection")
-            position, item = items[0]
-            key = position if self.key is None else self.key(item)
-            skipped.append(_skips.SkippedItem(position, _skips.item_key(key), rejection))
-            if len(skipped) > allowed:
-                raise _SkipLimitReached()
+            self._skip(*items[0], rejection, skipped, allowed)
             return
         middle = len(items) // 2
         left, right = items[:middle], items[middle:]
@@ -658,12 +748,16 @@ class _FaultTolerantLoad:
             except psycopg.Error as error:
                 raise transaction._classified(error) from None
         written = count - len(skipped)
+        position = start + count
         chunk.commit(
             read=count,
             written=written,
-            checkpoint={**self.step.checkpoint, "position": start + count},
+            checkpoint={**self.extra, "position": position}
+            if self.extra
+            else {"position": position},
             skips=FaultProgress(write_skips=len(skipped)) if skipped else None,
         )
+        self.known = (chunk._transaction.committed, position)
         result = self.result
         result["read"] += count
         result["written"] += written
