@@ -110,13 +110,29 @@ class StepSession:
         "_lease",
         "_statements",
         "_transactions",
+        "_writes",
         "committed",
     )
 
     def __init__(self, repository: JobRepository, context: ChunkContext) -> None:
         self._transactions = repository.transactions
-        self._statements = repository.statements
+        statements = self._statements = repository.statements
         self._clock = repository.clock
+        #: The chunk writes of the step's fence (progress, full commit, rollback count): a
+        #: step's statements, or a partition worker's twins (chunks.sql).
+        self._writes = (
+            (
+                statements.update_step_chunk_progress,
+                statements.update_step_chunk_commit,
+                statements.update_step_chunk_rollback,
+            )
+            if context.partition_id is None
+            else (
+                statements.update_partition_chunk_progress,
+                statements.update_partition_chunk_commit,
+                statements.update_partition_chunk_rollback,
+            )
+        )
         #: The step and the owner whose ownership every commit proves (the fence).
         self._context = context
         #: The held connection's pool slip, the connection and its cursor (None: not held).
@@ -487,8 +503,8 @@ class ChunkTransaction:
             raise NotCommitted(reason="a state schema version above 2147483647 cannot be stored")
         session = self._session
         now = session._clock.now()
-        statements = session._statements
         fence = session._context
+        progress, full, _ = session._writes
         # The common chunk (same context, no skips, no retained retries) writes only its
         # counters and checkpoint: every other column already holds what the full statement
         # would write, as the version guard proves (chunks.sql).
@@ -501,18 +517,10 @@ class ChunkTransaction:
                 or fault_progress == NO_FAULT_PROGRESS
             )
         ):
-            statement = (
-                statements.update_step_chunk_progress
-                if fence.partition_id is None
-                else statements.update_partition_chunk_progress
-            )
+            statement = progress
             params = encode_chunk_progress(fence, state, next_counts, checkpoint, now)
         else:
-            statement = (
-                statements.update_step_chunk_commit
-                if fence.partition_id is None
-                else statements.update_partition_chunk_commit
-            )
+            statement = full
             params = encode_chunk_commit(
                 fence,
                 state,
@@ -620,13 +628,8 @@ class ChunkTransaction:
         if not self._open:
             return
         session, conn, state = self._session, self._conn, self.committed
-        fence = session._context
-        statement = (
-            session._statements.update_step_chunk_rollback
-            if fence.partition_id is None
-            else session._statements.update_partition_chunk_rollback
-        )
-        params = encode_chunk_rollback(fence, state, session._clock.now())
+        statement = session._writes[2]
+        params = encode_chunk_rollback(session._context, state, session._clock.now())
         try:
             conn.rollback()
             with conn.cursor() as cursor:
