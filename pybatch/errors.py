@@ -2,8 +2,8 @@
 
 A row is a class: name, bases (its families), fields (keyword-only, frozen), a `message` built
 from the fields only (never SQL, values, rows or the DSN) and a one-line hint as docstring.
-Each family base, a direct child of `PyBatchError`, is followed by its leaves. `catalogue()`
-renders docs/errors.md (regenerate with `python tools/errors_catalogue.py`).
+Each family base, a direct child of `PyBatchError`, is followed by its leaves;
+`python tools/errors_catalogue.py` renders the table as docs/errors.md.
 """
 
 from __future__ import annotations
@@ -589,10 +589,6 @@ class InvalidStateDepthLimit(StateError):
 class ZeroSchemaVersion(StateError):
     """A state schema version is zero (or outside 1..2^32-1)."""
     message = "state schema version must be from 1 to 4294967295"
-class StateEnvelopeInvalid(StateError):
-    """A checkpoint or context envelope was refused; `reason` names the rule."""
-    message = "durable state envelope refused: {reason}"
-    reason: str
 
 class FaultStateFormatError(PyBatchError):
     """A fault-state envelope could not be decoded or validated (docs/contract.md, Fault state)."""
@@ -916,45 +912,6 @@ class PartitionPlanNotPublished(JobRunError):
 # fmt: on
 
 
-def _section(cls: type[PyBatchError]) -> type[PyBatchError]:
-    """The family a leaf is written with: the later one, if it has two."""
-    return [family for family in FAMILIES if issubclass(cls, family)][-1]
-
-
-def _row(cls: type[PyBatchError]) -> str:
-    fields = ", ".join(
-        f"{field.name}: {field.type}"
-        + ("" if field.default is attrs.NOTHING else f" = {field.default!r}")
-        for field in attrs.fields(cls)
-    )
-    if issubclass(cls, _BrokenTextRule):
-        message = f"{cls.subject} [rule]"
-    else:
-        message = " ".join(cls.message.split())
-    bases = ", ".join(f"`{base.__name__}`" for base in cls.__bases__ if base.__name__[0] != "_")
-    cells = [f"`{cls.__name__}`", bases, fields, message, cls.__doc__ or ""]
-    return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
-
-
-def catalogue() -> str:
-    """Docs/errors.md: every error, family by family, rendered from the classes above."""
-    out = [
-        "# pybatch errors",
-        "",
-        "Generated from `pybatch/errors.py` by `python tools/errors_catalogue.py`; do not edit.",
-        "Every error is a `pybatch.errors.PyBatchError`, a frozen attrs class built with keyword",
-        "fields; its message is built from the fields only. `[rule]` is what the `rule` field",
-        "(a `TextRule`) says: is empty, exceeds {max_bytes} bytes, has surrounding whitespace,",
-        "contains an invalid character, contains a control character [at index N].",
-    ]
-    for family in FAMILIES:
-        out += ["", f"## {family.__name__}", "", family.__doc__ or "", ""]
-        out += ["| Error | Is a | Fields | Message | What it means / how to fix it |"]
-        out += ["| --- | --- | --- | --- | --- |"]
-        out += [_row(cls) for cls in ERRORS if cls is not family and _section(cls) is family]
-    return "\n".join(out) + "\n"
-
-
 #: Every error class, in table order.
 ERRORS: tuple[type[PyBatchError], ...] = tuple(
     value
@@ -965,6 +922,4 @@ ERRORS: tuple[type[PyBatchError], ...] = tuple(
 #: The family bases, in table order: the direct children of PyBatchError.
 FAMILIES = tuple(error for error in ERRORS if error.__bases__ == (PyBatchError,))
 
-__all__ = sorted(
-    ["ERRORS", "FAMILIES", "PyBatchError", "TextRule", "catalogue", *(e.__name__ for e in ERRORS)]
-)
+__all__ = sorted(["ERRORS", "FAMILIES", "PyBatchError", "TextRule", *(e.__name__ for e in ERRORS)])

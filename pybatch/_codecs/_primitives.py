@@ -64,11 +64,6 @@ def decode_aware(value: object, *, column: str) -> _dt.datetime:
         raise DecodeError(column) from None
 
 
-def decode_optional_aware(value: object, *, column: str) -> _dt.datetime | None:
-    """Decode a nullable timestamptz column (see `decode_aware`)."""
-    return None if value is None else decode_aware(value, column=column)
-
-
 def decode_digest(value: object, *, column: str, length: int = 32) -> bytes:
     """Decode a bytea column that must hold exactly `length` bytes."""
     if not isinstance(value, bytes | bytearray | memoryview):
@@ -77,13 +72,6 @@ def decode_digest(value: object, *, column: str, length: int = 32) -> bytes:
     if len(data) != length:
         raise DecodeError(column)
     return data
-
-
-def decode_bool(value: object, *, column: str) -> bool:
-    """Decode a boolean column that must be a (non-null) bool."""
-    if type(value) is not bool:
-        raise DecodeError(column)
-    return value
 
 
 def decode_text(value: object, *, column: str) -> str:
@@ -127,7 +115,11 @@ def text_at(row: Row, column: str) -> str:
 
 
 def bool_at(row: Row, column: str) -> bool:
-    return decode_bool(row[column], column=column)
+    """A boolean column that must be a (non-null) bool."""
+    value = row[column]
+    if type(value) is not bool:
+        raise DecodeError(column)
+    return value
 
 
 def aware_at(row: Row, column: str) -> _dt.datetime:
@@ -135,7 +127,8 @@ def aware_at(row: Row, column: str) -> _dt.datetime:
 
 
 def optional_aware_at(row: Row, column: str) -> _dt.datetime | None:
-    return decode_optional_aware(row[column], column=column)
+    value = row[column]
+    return None if value is None else decode_aware(value, column=column)
 
 
 def digest_at(row: Row, column: str) -> bytes:

@@ -76,10 +76,7 @@ def decode_identifying_parameters(
         except (PyBatchError, TypeError):
             raise DecodeError(column) from None
         pairs.append((name, JobParameter(value, identifying=True)))
-    try:
-        return JobParameters.from_pairs(pairs)
-    except PyBatchError:
-        raise DecodeError(column) from None
+    return JobParameters.from_pairs(pairs)  # a JSON object names each parameter once
 
 
 def encode_job_instance_key(key: JobInstanceKey) -> dict[str, object]:
@@ -94,18 +91,16 @@ def encode_job_instance_key(key: JobInstanceKey) -> dict[str, object]:
 def decode_job_instance(row: Row) -> JobInstance:
     """Decode a job_instance row; `instance_key` must equal the digest recomputed from it."""
     values = row_columns(row, JOB_INSTANCE_COLUMNS)
-    job_name = text_value_at(JobName, values, "job_name")
-    instance_key = digest_at(values, "instance_key")
-    parameters = decode_identifying_parameters(values["identifying_parameters"])
-    if JobInstanceKey(job_name, parameters).digest() != instance_key:
-        raise DecodeError("instance_key")
-    return JobInstance(
-        id=JobInstanceId(int64_at(values, "id")),
-        job_name=job_name,
-        instance_key=instance_key,
-        created_at=aware_at(values, "created_at"),
-        parameters=parameters,
-    )
+    try:
+        return JobInstance(
+            id=JobInstanceId(int64_at(values, "id")),
+            job_name=text_value_at(JobName, values, "job_name"),
+            instance_key=digest_at(values, "instance_key"),
+            created_at=aware_at(values, "created_at"),
+            parameters=decode_identifying_parameters(values["identifying_parameters"]),
+        )
+    except ValueError:  # JobInstance recomputed the key from the name and parameters
+        raise DecodeError("instance_key") from None
 
 
 LOCKED_JOB_INSTANCE_COLUMNS = (*JOB_INSTANCE_COLUMNS, "last_attempt", "final_status")

@@ -51,25 +51,24 @@ OPERATOR_REQUEST_COLUMNS = (
 
 
 def _decode_rejection(values: Row) -> OperatorRejection | None:
-    """The rejection and its details, refusing a detail its code does not carry."""
+    """The rejection and its details; the value refuses a detail its code does not carry."""
+    code = optional_enum_at(OperatorRejectionCode, values, "rejection_code")
     current = optional_int64_at(values, "rejection_current_version", 0)
     status = optional_enum_at(BatchStatus, values, "rejection_status")
     execution_id = optional_int64_at(values, "rejection_execution_id")
-    code = optional_enum_at(OperatorRejectionCode, values, "rejection_code")
-    if (current is not None) != (code is not None and code.carries_current_version):
-        raise DecodeError("rejection_current_version")
-    if (status is not None) != (code is not None and code.carries_status):
-        raise DecodeError("rejection_status")
-    if (execution_id is not None) != (code is not None and code.carries_execution_id):
-        raise DecodeError("rejection_execution_id")
-    if code is None:
+    if code is None and (current, status, execution_id) == (None, None, None):
         return None
-    return OperatorRejection(
-        code=code,
-        current_version=current,
-        status=status,
-        execution_id=None if execution_id is None else JobExecutionId(execution_id),
-    )
+    if code is None:
+        raise DecodeError("rejection_code")
+    try:
+        return OperatorRejection(
+            code=code,
+            current_version=current,
+            status=status,
+            execution_id=None if execution_id is None else JobExecutionId(execution_id),
+        )
+    except ValueError:
+        raise DecodeError("rejection_code") from None
 
 
 def decode_operator_record(row: Row) -> OperatorRecord:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, Self
 
 import attrs
 
@@ -15,6 +15,11 @@ class Code(enum.Enum):
 
     def __str__(self) -> str:
         return str(self.value)
+
+    @classmethod
+    def from_durable_code(cls, code: object) -> Self | None:
+        """The member stored as `code`, or None for anything else (never coerced)."""
+        return next((member for member in cls if member.value == code), None)
 
 
 def is_(cls: type[Any]) -> Validator:
@@ -30,6 +35,20 @@ def version(instance: object, attribute: attrs.Attribute[Any], value: object) ->
     if type(value) is not int:
         raise TypeError(f"{attribute.name} is an int")
     check_version(value)
+
+
+def fixed_bytes(length: int) -> Validator:
+    """A byte string of exactly `length` bytes (a digest, a token)."""
+
+    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if type(value) is not bytes or len(value) != length:
+            raise ValueError(f"{attribute.name} is exactly {length} bytes")
+
+    return check
+
+
+#: A SHA-256 digest.
+digest = fixed_bytes(32)
 
 
 def optional_version(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:

@@ -7,18 +7,13 @@ from __future__ import annotations
 
 import attrs
 
-from pybatch.values.counts import ExecutionCounts
+from pybatch.values._fields import maybe
+from pybatch.values.counts import ExecutionCounts, counter
 from pybatch.values.fault import FaultStateEnvelope
-from pybatch.values.ids import IdentifierKind, check_counter, check_identifier
+from pybatch.values.ids import IdentifierKind, identifier_validator
 from pybatch.values.ownership import OwnerToken
 from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus
-
-
-def _count(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if type(value) is not int:
-        raise TypeError(f"{attribute.name} is an int")
-    check_counter(attribute.name, value)
 
 
 @attrs.frozen
@@ -29,38 +24,32 @@ class ChunkContext:
     the step for a commit to land; without one the context only reads committed state.
     """
 
-    step_execution_id: int
-    job_execution_id: int
-    owner: OwnerToken | None = attrs.field(
-        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(OwnerToken))
+    step_execution_id: int = attrs.field(validator=IdentifierKind.STEP_EXECUTION.validator)
+    job_execution_id: int = attrs.field(validator=IdentifierKind.JOB_EXECUTION.validator)
+    owner: OwnerToken | None = attrs.field(default=None, validator=maybe(OwnerToken))
+    partition_id: int | None = attrs.field(
+        default=None, validator=identifier_validator(IdentifierKind.STEP_PARTITION, optional=True)
     )
-    partition_id: int | None = None
-
-    def __attrs_post_init__(self) -> None:
-        check_identifier(IdentifierKind.STEP_EXECUTION, self.step_execution_id)
-        check_identifier(IdentifierKind.JOB_EXECUTION, self.job_execution_id)
-        if self.partition_id is not None:
-            check_identifier(IdentifierKind.STEP_PARTITION, self.partition_id)
 
 
 @attrs.frozen(kw_only=True)
 class ChunkCounts:
     """What one chunk did: items read, processed, written and filtered."""
 
-    read: int = attrs.field(default=0, validator=_count)
-    processed: int = attrs.field(default=0, validator=_count)
-    written: int = attrs.field(default=0, validator=_count)
-    filtered: int = attrs.field(default=0, validator=_count)
+    read: int = attrs.field(default=0, validator=counter)
+    processed: int = attrs.field(default=0, validator=counter)
+    written: int = attrs.field(default=0, validator=counter)
+    filtered: int = attrs.field(default=0, validator=counter)
 
 
 @attrs.frozen(kw_only=True)
 class FaultProgress:
     """Skips and no-rollback retries of one chunk, added to the step's totals at commit."""
 
-    read_skips: int = attrs.field(default=0, validator=_count)
-    process_skips: int = attrs.field(default=0, validator=_count)
-    write_skips: int = attrs.field(default=0, validator=_count)
-    no_rollbacks: int = attrs.field(default=0, validator=_count)
+    read_skips: int = attrs.field(default=0, validator=counter)
+    process_skips: int = attrs.field(default=0, validator=counter)
+    write_skips: int = attrs.field(default=0, validator=counter)
+    no_rollbacks: int = attrs.field(default=0, validator=counter)
 
 
 #: A chunk that skipped and retried nothing.

@@ -8,7 +8,8 @@ from pybatch.errors import CountExhausted
 from pybatch.values.ids import INT64_MAX, check_counter
 
 
-def _counter(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+def counter(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    """A counter 0..2^63-1 (an int, never a bool), named by its field in CounterOutOfRange."""
     check_counter(attribute.name, value)
 
 
@@ -23,12 +24,12 @@ def _checked_sum(left: int, right: int) -> int:
 class ExecutionCounts:
     """Six item and transaction counters of a step (job executions carry none)."""
 
-    read: int = attrs.field(default=0, validator=_counter)
-    processed: int = attrs.field(default=0, validator=_counter)
-    written: int = attrs.field(default=0, validator=_counter)
-    filtered: int = attrs.field(default=0, validator=_counter)
-    committed: int = attrs.field(default=0, validator=_counter)
-    rolled_back: int = attrs.field(default=0, validator=_counter)
+    read: int = attrs.field(default=0, validator=counter)
+    processed: int = attrs.field(default=0, validator=counter)
+    written: int = attrs.field(default=0, validator=counter)
+    filtered: int = attrs.field(default=0, validator=counter)
+    committed: int = attrs.field(default=0, validator=counter)
+    rolled_back: int = attrs.field(default=0, validator=counter)
 
     def plus(self, other: ExecutionCounts) -> ExecutionCounts:
         """Return the counter-wise sum; a sum above 2^63-1 raises CountExhausted."""
@@ -67,10 +68,10 @@ _FIELDS = tuple(field.name for field in attrs.fields(ExecutionCounts))
 class StepFaultCounts:
     """Retry, skip and no-rollback counters of a step, copied on restart."""
 
-    read_retry: int = attrs.field(default=0, validator=_counter)
-    process_retry: int = attrs.field(default=0, validator=_counter)
-    write_retry: int = attrs.field(default=0, validator=_counter)
-    read_skip: int = attrs.field(default=0, validator=_counter)
-    process_skip: int = attrs.field(default=0, validator=_counter)
-    write_skip: int = attrs.field(default=0, validator=_counter)
-    no_rollback: int = attrs.field(default=0, validator=_counter)
+    read_retry: int = attrs.field(default=0, validator=counter)
+    process_retry: int = attrs.field(default=0, validator=counter)
+    write_retry: int = attrs.field(default=0, validator=counter)
+    read_skip: int = attrs.field(default=0, validator=counter)
+    process_skip: int = attrs.field(default=0, validator=counter)
+    write_skip: int = attrs.field(default=0, validator=counter)
+    no_rollback: int = attrs.field(default=0, validator=counter)

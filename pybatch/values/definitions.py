@@ -1,7 +1,7 @@
 """Definition identities (SHA-256 of canonical manifest bytes) and directed upgrade edges.
 
 Manifest bytes are checked on every construction (a canonical JSON object, no floats, 64 KiB);
-the format (1..3) is checked at registration (`check_manifest_format`).
+the format (1..3) is checked at registration (`ensure_definition`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from pybatch.errors import (
     JsonNotEncodable,
     ManifestInvalid,
     ManifestTooLarge,
-    UnsupportedManifestVersion,
     UpgradeSelfEdge,
 )
 from pybatch.values._canonical import canonical_json, reject_constant, sha256
@@ -28,8 +27,6 @@ from pybatch.values.names import DefinitionRevision, DefinitionUpgradeKey, JobNa
 
 MANIFEST_MAX_BYTES = 65_536  # Byte bound of a canonical manifest.
 MANIFEST_FORMAT_ONE_STEP = 1  # Manifest format of a one-step tasklet or chunk definition.
-MANIFEST_FORMAT_FLOW = 2  # Manifest format of a flow graph.
-MANIFEST_FORMAT_LOCAL_SCALE = 3  # A local-scale (split / partition) plan; the newest supported.
 #: Revision of launches without a definition. The older name stays: every stored default
 #: definition's fingerprint covers it (`pybatch show` prints "pybatch default definition").
 LEGACY_REVISION = "__m1_repository_port_v1"
@@ -37,13 +34,6 @@ LEGACY_REVISION = "__m1_repository_port_v1"
 LEGACY_MANIFEST = b'{"format":1,"repository_port":"m1","revision":"__m1_repository_port_v1"}'
 
 _U16_MAX = 2**16 - 1
-
-
-def check_manifest_format(manifest_format: int) -> int:
-    """Return `manifest_format` if this package can interpret it (1..3), else refuse it."""
-    if not MANIFEST_FORMAT_ONE_STEP <= manifest_format <= MANIFEST_FORMAT_LOCAL_SCALE:
-        raise UnsupportedManifestVersion(format=manifest_format)
-    return manifest_format
 
 
 def _contains_float(document: object) -> bool:

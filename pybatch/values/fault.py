@@ -24,7 +24,7 @@ from pybatch.errors import (
     StaleReservation,
 )
 from pybatch.values._canonical import canonical_json, sha256
-from pybatch.values._fields import Code, is_
+from pybatch.values._fields import Code, digest, is_
 from pybatch.values.ids import UINT64_MAX, Validator
 from pybatch.values.names import ClassifierRevision, StepName
 from pybatch.values.status import BatchStatus, FailureCategory
@@ -87,13 +87,6 @@ def _check_digest(value: object, what: str) -> None:
         raise ValueError(f"{what} must be exactly {_DIGEST_BYTES} bytes")
 
 
-def _digest(what: str) -> Validator:
-    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-        _check_digest(value, what)
-
-    return check
-
-
 @attrs.frozen(order=True)
 class RetryOrdinal:
     """Zero-based invocation ordinal of one retry key; 0 is the first call, which is no retry."""
@@ -102,11 +95,6 @@ class RetryOrdinal:
 
     INITIAL: ClassVar[RetryOrdinal]  # The initial, non-retried call.
     MAX: ClassVar[RetryOrdinal]  # The largest ordinal (u16).
-
-    @property
-    def is_initial(self) -> bool:
-        """Whether this is the first call (never reserved)."""
-        return self.value == 0
 
 
 RetryOrdinal.INITIAL = RetryOrdinal(0)
@@ -120,10 +108,6 @@ class RetryLimit:
     value: int = attrs.field(validator=_bounded("RetryLimit", 0, _U16_MAX))
 
     NONE: ClassVar[RetryLimit]  # A policy that never retries.
-
-    def permits(self, ordinal: RetryOrdinal) -> bool:
-        """Whether `ordinal` may be reserved: a retry (not the first call) within the limit."""
-        return not ordinal.is_initial and ordinal.value <= self.value
 
 
 RetryLimit.NONE = RetryLimit(0)
@@ -152,11 +136,6 @@ class FaultPhase(Code):
         """Whether a retry can be reserved: only read, process and write have retry counters."""
         return self in _RESERVABLE
 
-    @classmethod
-    def from_durable_name(cls, name: str) -> FaultPhase | None:
-        """Return the phase stored as `name`, or None for unknown text (never coerced)."""
-        return next((member for member in cls if member.value == name), None)
-
 
 _RESERVABLE = frozenset({FaultPhase.READ, FaultPhase.PROCESS, FaultPhase.WRITE})
 
@@ -165,7 +144,7 @@ _RESERVABLE = frozenset({FaultPhase.READ, FaultPhase.PROCESS, FaultPhase.WRITE})
 class RetryKey:
     """Opaque 32-byte digest of one retryable unit of work; ordered by bytes, repr redacted."""
 
-    digest: bytes = attrs.field(validator=_digest("RetryKey"), repr=lambda _: "<redacted>")
+    digest: bytes = attrs.field(validator=digest, repr=lambda _: "<redacted>")
 
     @classmethod
     def derive(
@@ -214,7 +193,7 @@ class FaultEntry:
     def to_payload(self) -> dict[str, object]:
         """Return the entry's JSON object, members as docs/tables.md 3.6 names them."""
         return {
-            "category": self.category.durable_code,
+            "category": self.category.value,
             "key": self.key.hex(),
             "ordinal": self.ordinal.value,
             "phase": self.phase.value,
@@ -231,7 +210,7 @@ def fault_entry_from_payload(raw: object) -> FaultEntry:
         raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
     if type(phase_name) is not str or type(category_code) is not str:
         raise fault_state_refusal(FaultStateRefusal.MALFORMED_ENTRY)
-    phase = FaultPhase.from_durable_name(phase_name)
+    phase = FaultPhase.from_durable_code(phase_name)
     category = FailureCategory.from_durable_code(category_code)
     if phase is None or category is None:
         raise fault_state_refusal(FaultStateRefusal.UNKNOWN_ENUMERATION)
@@ -261,7 +240,7 @@ def _entries_value(instance: object, attribute: attrs.Attribute[Any], value: obj
 class FaultStateEnvelope:
     """The bounded, checksummed retry state of one step, tied to one checkpoint generation."""
 
-    checkpoint_digest: bytes = attrs.field(validator=_digest("checkpoint digest"))
+    checkpoint_digest: bytes = attrs.field(validator=digest)
     entries: tuple[FaultEntry, ...] = attrs.field(validator=_entries_value)
     _canonical: bytes = attrs.field(init=False, eq=False, hash=False)
 

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import attrs
 
 from pybatch.errors import ManifestInvalid, ZeroStartLimit
-from pybatch.values._fields import is_
+from pybatch.values._fields import digest, is_, maybe
 from pybatch.values.ids import IdentifierKind, identifier_validator
 from pybatch.values.names import ExitCode, NodeId
 from pybatch.values.records import StepExecution
@@ -30,7 +30,6 @@ from pybatch.values.state import ExecutionContext
 from pybatch.values.timestamps import aware_utc
 
 _U32_MAX = 4_294_967_295
-_DIGEST_BYTES = 32
 #: Flow-graph bounds of a format 2 or 3 manifest, checked when a definition is registered.
 MAX_FLOW_NODES = 1024
 MAX_FLOW_TRANSITIONS = 4096
@@ -94,16 +93,12 @@ class FlowTransitionKind(enum.Enum):
 class FlowTarget:
     """Where a flow goes next: a node, or a terminal state (exactly one)."""
 
-    node: NodeId | None = None
-    terminal: TerminalKind | None = None
+    node: NodeId | None = attrs.field(default=None, validator=maybe(NodeId))
+    terminal: TerminalKind | None = attrs.field(default=None, validator=maybe(TerminalKind))
 
     def __attrs_post_init__(self) -> None:
         if (self.node is None) == (self.terminal is None):
             raise ValueError("a flow target is exactly one of a node or a terminal kind")
-        if self.node is not None and not isinstance(self.node, NodeId):
-            raise TypeError("node is a NodeId")
-        if self.terminal is not None and not isinstance(self.terminal, TerminalKind):
-            raise TypeError("terminal is a TerminalKind")
 
     @classmethod
     def to_node(cls, node: NodeId | str) -> FlowTarget:
@@ -114,11 +109,6 @@ class FlowTarget:
     def end(cls, kind: TerminalKind) -> FlowTarget:
         """End the flow in `kind`."""
         return cls(terminal=kind)
-
-
-def _digest(instance: object, attribute: attrs.Attribute[bytes], value: bytes) -> None:
-    if type(value) is not bytes or len(value) != _DIGEST_BYTES:
-        raise ValueError(f"{attribute.name} is 32 bytes")
 
 
 @attrs.frozen(kw_only=True)
@@ -134,8 +124,8 @@ class FlowDecisionRequest:
     kind: FlowTransitionKind = attrs.field(validator=is_(FlowTransitionKind))
     observed_outcome: ExitCode = attrs.field(validator=is_(ExitCode))
     target: FlowTarget = attrs.field(validator=is_(FlowTarget))
-    plan_fingerprint: bytes = attrs.field(validator=_digest)
-    input_digest: bytes = attrs.field(validator=_digest)
+    plan_fingerprint: bytes = attrs.field(validator=digest)
+    input_digest: bytes = attrs.field(validator=digest)
     reused_decision_id: int | None = attrs.field(
         default=None, validator=identifier_validator(IdentifierKind.FLOW_DECISION, optional=True)
     )

@@ -96,15 +96,6 @@ class ExecutionMetadata:
         if self.status is BatchStatus.FAILED and self.failure is None:
             raise FailedExecutionMissingFailure()
 
-    @classmethod
-    def starting(cls, created_at: _dt.datetime) -> ExecutionMetadata:
-        """The metadata of a new execution or step: STARTING, exit UNKNOWN, zero counters."""
-        return cls(
-            status=BatchStatus.STARTING,
-            exit_status=ExitCode.UNKNOWN,
-            timestamps=ExecutionTimestamps(created_at),
-        )
-
 
 def _check_expected(version: int, expected_version: int) -> None:
     if type(version) is not int or type(expected_version) is not int:
@@ -143,18 +134,15 @@ def apply_transition(
     counts = metadata.counts
     if transition.terminal_rollback and counts_apply:
         counts = counts.with_terminal_rollback()
-    try:
-        updated = ExecutionMetadata(
-            status=target,
-            exit_status=metadata.exit_status,  # transitions never change the exit status
-            timestamps=ExecutionTimestamps(times.created_at, started_at, ended_at),
-            counts=counts,
-            failure=transition.failure if transition.failure is not None else metadata.failure,
-        )
-    except FailedExecutionMissingFailure:
-        raise FailedTransitionMissingFailure() from None
-    except (InvalidTimestampOrder, ActiveExecutionHasEndTime, FinishedExecutionMissingEndTime) as e:
-        raise InvalidTransitionTime() from e
+    # The checks above leave the new metadata valid: FAILED carries a failure, and the instants
+    # keep their order with an end time exactly when the target is finished.
+    updated = ExecutionMetadata(
+        status=target,
+        exit_status=metadata.exit_status,  # transitions never change the exit status
+        timestamps=ExecutionTimestamps(times.created_at, started_at, ended_at),
+        counts=counts,
+        failure=transition.failure if transition.failure is not None else metadata.failure,
+    )
     return updated, _next_version(version)
 
 

@@ -2,6 +2,7 @@
 
 Names and tokens check empty -> too long (UTF-8 bytes) -> surrounding white space -> control
 character, in that order, so the reported error matches the seeds'. Errors never carry the value.
+A subclass only sets the class constants, so it is a plain subclass of its attrs base.
 """
 
 from __future__ import annotations
@@ -21,9 +22,6 @@ from pybatch.errors import (
     TokenInvalid,
 )
 
-NAME_MAX_BYTES = 128  # Byte bound of job, step and parameter names.
-TOKEN_MAX_BYTES = 128  # Byte bound of definition tokens and state schema ids.
-
 #: Characters with the Unicode White_Space property (what Rust's `str::trim` strips). Python's
 #: `str.strip()` also strips U+001C..U+001F, which would change the reported error.
 UNICODE_WHITE_SPACE = frozenset(
@@ -33,7 +31,7 @@ UNICODE_WHITE_SPACE = frozenset(
 )
 
 
-def _first_violation(value: str, max_bytes: int) -> tuple[TextRule | None, int] | None:
+def first_violation(value: str, max_bytes: int) -> tuple[TextRule | None, int] | None:
     """The first broken rule and a control character's index; (None, 0) is a lone surrogate."""
     if type(value) is not str:
         raise TypeError("a validated text value takes a str")
@@ -52,19 +50,19 @@ def _first_violation(value: str, max_bytes: int) -> tuple[TextRule | None, int] 
 
 @attrs.frozen(order=True)
 class _Text:
-    """Base of every validated text value: one `value` field, `str()` returns it."""
+    """Base of every validated text value (a name by default): one `value`, `str()` returns it."""
 
     value: str
 
-    _MAX_BYTES: ClassVar[int] = NAME_MAX_BYTES
+    _KIND: ClassVar[str] = "name"
+    _MAX_BYTES: ClassVar[int] = 128
 
     def __attrs_post_init__(self) -> None:
         type(self)._validate(self.value)
 
     @classmethod
     def _validate(cls, value: str) -> None:
-        """Refuse the first rule `value` breaks (see `_first_violation`) with `_refuse`."""
-        violation = _first_violation(value, cls._MAX_BYTES)
+        violation = first_violation(value, cls._MAX_BYTES)
         if violation is not None:
             rule, index = violation
             bound = cls._MAX_BYTES if rule is TextRule.TOO_LONG else None
@@ -73,41 +71,27 @@ class _Text:
     @classmethod
     def _refuse(cls, rule: TextRule | None, bound: int | None, index: int | None) -> NoReturn:
         """Raise the error of a broken `rule` (None: a lone surrogate, not UTF-8)."""
-        raise NotImplementedError
+        if rule is None:
+            raise TextNotUtf8(kind=f"{cls._KIND} name")
+        raise NameInvalid(kind=cls._KIND, rule=rule, max_bytes=bound, character_index=index)
 
     def __str__(self) -> str:
         return self.value
 
 
-@attrs.frozen(order=True)
-class _Name(_Text):
-    """A name validated with the DomainError leaves."""
-
-    _KIND: ClassVar[str] = "name"
-
-    @classmethod
-    def _refuse(cls, rule: TextRule | None, bound: int | None, index: int | None) -> NoReturn:
-        if rule is None:
-            raise TextNotUtf8(kind=f"{cls._KIND} name")
-        raise NameInvalid(kind=cls._KIND, rule=rule, max_bytes=bound, character_index=index)
-
-
-@attrs.frozen(order=True)
-class JobName(_Name):
+class JobName(_Text):
     """The name of a job: at most 128 bytes, no surrounding white space, no control character."""
 
     _KIND = "job"
 
 
-@attrs.frozen(order=True)
-class StepName(_Name):
+class StepName(_Text):
     """The name of a step within a job execution (same rules as JobName)."""
 
     _KIND = "step"
 
 
-@attrs.frozen(order=True, repr=False)
-class ParameterName(_Name):
+class ParameterName(_Text):
     """A job parameter name; its repr is redacted because names can describe values."""
 
     _KIND = "parameter"
@@ -116,8 +100,7 @@ class ParameterName(_Name):
         return "ParameterName(<redacted>)"
 
 
-@attrs.frozen(order=True)
-class ExitCode(_Name):
+class ExitCode(_Text):
     """A flow- and operator-facing exit code (at most 64 bytes); applications may add codes."""
 
     _KIND = "exit code"
@@ -135,12 +118,10 @@ ExitCode.FAILED = ExitCode("FAILED")
 ExitCode.STOPPED = ExitCode("STOPPED")
 
 
-@attrs.frozen(order=True)
 class _DefinitionToken(_Text):
     """A definition token validated with the DefinitionError leaves."""
 
-    _KIND: ClassVar[str] = "definition token"
-    _MAX_BYTES = TOKEN_MAX_BYTES
+    _KIND = "definition token"
 
     @classmethod
     def _refuse(cls, rule: TextRule | None, bound: int | None, index: int | None) -> NoReturn:
@@ -149,49 +130,42 @@ class _DefinitionToken(_Text):
         raise TokenInvalid(kind=cls._KIND, rule=rule, max_bytes=bound)
 
 
-@attrs.frozen(order=True)
 class NodeId(_DefinitionToken):
     """The stable logical id of a step, independent of its StepName."""
 
     _KIND = "node id"
 
 
-@attrs.frozen(order=True)
 class DefinitionRevision(_DefinitionToken):
     """An application-owned audit label of one restart-relevant definition."""
 
     _KIND = "definition revision"
 
 
-@attrs.frozen(order=True)
 class DefinitionUpgradeKey(_DefinitionToken):
     """An application-owned key naming one directed definition upgrade edge."""
 
     _KIND = "definition upgrade key"
 
 
-@attrs.frozen(order=True)
 class ComponentRevision(_DefinitionToken):
     """A revision token of one opaque executable component."""
 
     _KIND = "component revision"
 
 
-@attrs.frozen(order=True)
 class ClassifierRevision(_DefinitionToken):
     """A revision token of one bounded fault classifier (fault-state entries carry it)."""
 
     _KIND = "classifier revision"
 
 
-@attrs.frozen(order=True)
 class DeciderRevision(_DefinitionToken):
     """A revision token of one flow decider."""
 
     _KIND = "decider revision"
 
 
-@attrs.frozen(order=True)
 class StateSchemaId(_DefinitionToken):
     """The application schema id of a checkpoint or execution context (a token's rules)."""
 
@@ -204,50 +178,43 @@ class StateSchemaId(_DefinitionToken):
         super()._refuse(rule, bound, index)
 
 
-@attrs.frozen(order=True)
 class _RequestField(_Text):
     """An operator request field: non-empty, bounded, restricted ASCII charset."""
 
-    _FIELD: ClassVar[str] = "request field"
-    _MAX_BYTES: ClassVar[int] = 64
-    _CHARSET: ClassVar[re.Pattern[str]] = re.compile(r"[A-Za-z0-9._:-]+")
+    _CHARSET: ClassVar[re.Pattern[str]]
 
     @classmethod
     def _validate(cls, value: str) -> None:
         if type(value) is not str:
             raise TypeError("a validated text value takes a str")
         if not value:
-            raise RequestFieldInvalid(field=cls._FIELD, rule=TextRule.EMPTY)
+            raise RequestFieldInvalid(field=cls._KIND, rule=TextRule.EMPTY)
         if len(value.encode("utf-8", "surrogatepass")) > cls._MAX_BYTES:
             raise RequestFieldInvalid(
-                field=cls._FIELD, rule=TextRule.TOO_LONG, max_bytes=cls._MAX_BYTES
+                field=cls._KIND, rule=TextRule.TOO_LONG, max_bytes=cls._MAX_BYTES
             )
         if cls._CHARSET.fullmatch(value) is None:
-            raise RequestFieldInvalid(field=cls._FIELD, rule=TextRule.INVALID_CHARACTER)
+            raise RequestFieldInvalid(field=cls._KIND, rule=TextRule.INVALID_CHARACTER)
 
 
-@attrs.frozen(order=True)
 class ActorRef(_RequestField):
     """An audit correlation of who asked (never a credential): `[A-Za-z0-9._:@-]`, 128 bytes."""
 
-    _FIELD = "actor reference"
-    _MAX_BYTES = 128
+    _KIND = "actor reference"
     _CHARSET = re.compile(r"[A-Za-z0-9._:@-]+")
 
 
-@attrs.frozen(order=True)
 class ReasonCode(_RequestField):
     """A machine reason code for audit rows: `[A-Z0-9_]`, 64 bytes."""
 
-    _FIELD = "reason code"
+    _KIND = "reason code"
     _MAX_BYTES = 64
     _CHARSET = re.compile(r"[A-Z0-9_]+")
 
 
-@attrs.frozen(order=True)
 class OperationId(_RequestField):
     """An idempotency key of an operator or retention request: `[A-Za-z0-9._:-]`, 64 bytes."""
 
-    _FIELD = "operation id"
+    _KIND = "operation id"
     _MAX_BYTES = 64
     _CHARSET = re.compile(r"[A-Za-z0-9._:-]+")

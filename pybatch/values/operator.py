@@ -25,7 +25,7 @@ from pybatch.errors import (
     StartLimitExceeded,
 )
 from pybatch.values._canonical import CanonicalWriter
-from pybatch.values._fields import Code, is_, maybe, optional_version
+from pybatch.values._fields import Code, digest, is_, maybe, optional_version
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.ids import (
     IdentifierKind,
@@ -98,22 +98,16 @@ class OperatorRejectionCode(Code):
     UNSUPPORTED_ACTION = "UNSUPPORTED_ACTION"  # The action code is outside the vocabulary.
 
     @property
-    def carries_current_version(self) -> bool:
-        """Whether the rejection records the execution's actual version."""
-        return self is OperatorRejectionCode.OPTIMISTIC_CONFLICT
+    def details(self) -> frozenset[str]:
+        """The details a rejection of this code records, and no other."""
+        return _DETAILS.get(self, frozenset())
 
-    @property
-    def carries_status(self) -> bool:
-        """Whether the rejection records a status."""
-        return self in (
-            OperatorRejectionCode.INVALID_STATE,
-            OperatorRejectionCode.EXECUTION_ALREADY_ACTIVE,
-        )
 
-    @property
-    def carries_execution_id(self) -> bool:
-        """Whether the rejection records the active execution's id."""
-        return self is OperatorRejectionCode.EXECUTION_ALREADY_ACTIVE
+_DETAILS = {
+    OperatorRejectionCode.OPTIMISTIC_CONFLICT: frozenset({"current_version"}),
+    OperatorRejectionCode.INVALID_STATE: frozenset({"status"}),
+    OperatorRejectionCode.EXECUTION_ALREADY_ACTIVE: frozenset({"execution_id", "status"}),
+}
 
 
 @attrs.frozen(kw_only=True)
@@ -129,15 +123,9 @@ class OperatorRejection:
 
     def __attrs_post_init__(self) -> None:
         # The same shape operator_request_rejection_shape enforces in storage.
-        code = self.code
-        for detail, carried in (
-            ("current_version", code.carries_current_version),
-            ("status", code.carries_status),
-            ("execution_id", code.carries_execution_id),
-        ):
-            if (getattr(self, detail) is not None) != carried:
-                verb = "needs" if carried else "carries no"
-                raise ValueError(f"{code.value} {verb} {detail}")
+        details = ("current_version", "status", "execution_id")
+        if {name for name in details if getattr(self, name) is not None} != self.code.details:
+            raise ValueError(f"{self.code.value} carries exactly {sorted(self.code.details)}")
 
     @classmethod
     def of(cls, code: OperatorRejectionCode) -> OperatorRejection:
@@ -234,11 +222,7 @@ class RecoveryArguments:
 class RequestDigest:
     """SHA-256 of a request without the actor: equal digests are one request, else a conflict."""
 
-    value: bytes
-
-    def __attrs_post_init__(self) -> None:
-        if type(self.value) is not bytes or len(self.value) != 32:
-            raise ValueError("a request digest is 32 bytes")
+    value: bytes = attrs.field(validator=digest)
 
     @classmethod
     def compute(

@@ -11,21 +11,17 @@ import secrets
 
 import attrs
 
+from pybatch.values._fields import fixed_bytes
 from pybatch.values.records import JobExecution
 
 TOKEN_BYTES = 16
-
-
-def _token_bytes(instance: object, attribute: attrs.Attribute[bytes], value: bytes) -> None:
-    if type(value) is not bytes or len(value) != TOKEN_BYTES:
-        raise ValueError(f"an owner token is exactly {TOKEN_BYTES} bytes")
 
 
 @attrs.frozen
 class OwnerToken:
     """16 random bytes naming one runner of one execution."""
 
-    value: bytes = attrs.field(validator=_token_bytes, repr=False)
+    value: bytes = attrs.field(validator=fixed_bytes(TOKEN_BYTES), repr=False)
 
     @classmethod
     def generate(cls) -> OwnerToken:

@@ -17,8 +17,9 @@ from pybatch.errors import (
     TextNotUtf8,
     TextRule,
 )
+from pybatch.values._fields import version
 from pybatch.values.counts import ExecutionCounts
-from pybatch.values.ids import IdentifierKind, check_identifier, check_version
+from pybatch.values.ids import IdentifierKind, check_version, identifier_validator
 from pybatch.values.names import ExitCode
 from pybatch.values.records import StepExecution
 from pybatch.values.state import ExecutionContext, StateLimits
@@ -133,23 +134,20 @@ class PartitionStateError(_RuleRefused, ValueError):
 class StepPartition:
     """One stored partition of a parent step (shape: STARTING exactly when no worker)."""
 
-    id: int
-    step_execution_id: int
-    worker_step_execution_id: int | None
+    id: int = attrs.field(validator=IdentifierKind.STEP_PARTITION.validator)
+    step_execution_id: int = attrs.field(validator=IdentifierKind.STEP_EXECUTION.validator)
+    worker_step_execution_id: int | None = attrs.field(
+        validator=identifier_validator(IdentifierKind.STEP_EXECUTION, optional=True)
+    )
     key: PartitionKey
     ordinal: int
     status: BatchStatus
     exit_status: ExitCode
     counts: ExecutionCounts
     context: ExecutionContext
-    version: int
+    version: int = attrs.field(validator=version)
 
     def __attrs_post_init__(self) -> None:
-        check_identifier(IdentifierKind.STEP_PARTITION, self.id)
-        check_identifier(IdentifierKind.STEP_EXECUTION, self.step_execution_id)
-        if self.worker_step_execution_id is not None:
-            check_identifier(IdentifierKind.STEP_EXECUTION, self.worker_step_execution_id)
-        check_version(self.version)
         if type(self.ordinal) is not int or not 1 <= self.ordinal <= MAX_PARTITIONS:
             raise ValueError("a partition ordinal is 1..1024")
         if (self.status is BatchStatus.STARTING) != (self.worker_step_execution_id is None):

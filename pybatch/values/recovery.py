@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import enum
-import unicodedata
 
 import attrs
 
@@ -14,11 +13,18 @@ from pybatch._config import (
     check_max_clock_skew,
     check_stale_threshold,
 )
-from pybatch.errors import RecoveryEvidenceDigestInvalid, RecoveryFieldInvalid, TextRule
-from pybatch.values.ids import IdentifierKind, check_version
-from pybatch.values.names import UNICODE_WHITE_SPACE
+from pybatch.errors import (
+    RecoveryEvidenceDigestInvalid,
+    RecoveryFieldInvalid,
+    TextNotUtf8,
+    TextRule,
+)
+from pybatch.values._fields import digest, version
+from pybatch.values.ids import IdentifierKind
+from pybatch.values.names import first_violation
 from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus, FailureSummary
+from pybatch.values.timestamps import aware_utc
 
 
 class RecoveryDisposition(enum.Enum):
@@ -34,17 +40,15 @@ class RecoveryDisposition(enum.Enum):
 
 
 def _check_text(field: str, value: str, max_bytes: int) -> None:
-    """Validation order of names: empty, too long, surrounding whitespace, control character."""
-    if type(value) is not str:
-        raise TypeError(f"{field} is a str")
-    if not value:
-        raise RecoveryFieldInvalid(field=field, rule=TextRule.EMPTY)
-    if len(value.encode("utf-8")) > max_bytes:
-        raise RecoveryFieldInvalid(field=field, rule=TextRule.TOO_LONG, max_bytes=max_bytes)
-    if value[0] in UNICODE_WHITE_SPACE or value[-1] in UNICODE_WHITE_SPACE:
-        raise RecoveryFieldInvalid(field=field, rule=TextRule.SURROUNDING_WHITESPACE)
-    if any(unicodedata.category(character) == "Cc" for character in value):
-        raise RecoveryFieldInvalid(field=field, rule=TextRule.CONTROL_CHARACTER)
+    """The names' rules in their order (values/names.py), refused as the recovery's error."""
+    violation = first_violation(value, max_bytes)
+    if violation is None:
+        return
+    rule = violation[0]
+    if rule is None:
+        raise TextNotUtf8(kind=f"recovery {field}")
+    bound = max_bytes if rule is TextRule.TOO_LONG else None
+    raise RecoveryFieldInvalid(field=field, rule=rule, max_bytes=bound)
 
 
 def _member_name(member: enum.Enum) -> str:
@@ -59,7 +63,7 @@ def _redacted(value: object) -> str:
 class RecoveryRequest:
     """An operator's audited decision about an unresolved execution at a known version."""
 
-    expected_version: int
+    expected_version: int = attrs.field(validator=version)
     disposition: RecoveryDisposition = attrs.field(repr=_member_name)
     reason_code: str
     operator_reference: str
@@ -67,7 +71,6 @@ class RecoveryRequest:
     failure: FailureSummary | None = attrs.field(default=None, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        check_version(self.expected_version)
         _check_text("reason code", self.reason_code, 64)
         _check_text("operator reference", self.operator_reference, 128)
         if type(self.evidence_digest) is not bytes or len(self.evidence_digest) != 32:
@@ -118,26 +121,23 @@ class RecoveryDecision:
 
     id: int = attrs.field(validator=IdentifierKind.RECOVERY_DECISION.validator)
     job_execution_id: int = attrs.field(validator=IdentifierKind.JOB_EXECUTION.validator)
-    execution_version: int  # The version observed before the decision.
+    execution_version: int = attrs.field(validator=version)  # observed before the decision
     prior_status: BatchStatus = attrs.field(repr=_member_name)
     resulting_status: BatchStatus = attrs.field(repr=_member_name)
     reason_code: str
     operator_reference: str
-    evidence_digest: bytes = attrs.field(repr=_redacted)
-    decided_at: datetime.datetime = attrs.field(repr=lambda at: repr(at.isoformat()))
+    evidence_digest: bytes = attrs.field(repr=_redacted, validator=digest)
+    decided_at: datetime.datetime = attrs.field(
+        converter=aware_utc, repr=lambda at: repr(at.isoformat())
+    )
 
     def __attrs_post_init__(self) -> None:
-        check_version(self.execution_version)
         if not self.prior_status.is_unresolved:
             raise ValueError("prior_status is an unresolved status")
         if self.resulting_status not in (BatchStatus.FAILED, BatchStatus.ABANDONED):
             raise ValueError("resulting_status is FAILED or ABANDONED")
         _check_text("reason code", self.reason_code, 64)
         _check_text("operator reference", self.operator_reference, 128)
-        if type(self.evidence_digest) is not bytes or len(self.evidence_digest) != 32:
-            raise ValueError("evidence_digest is 32 bytes")
-        if self.decided_at.tzinfo is None:
-            raise ValueError("decided_at is timezone-aware")
 
 
 @attrs.frozen

@@ -14,7 +14,7 @@ import attrs
 
 from pybatch.errors import AgeBoundTooSmall, BatchBoundOutOfRange, EmptyStatusSet, NonTerminalStatus
 from pybatch.values._canonical import CanonicalWriter
-from pybatch.values._fields import Code
+from pybatch.values._fields import Code, digest
 from pybatch.values.names import ActorRef, JobName, OperationId, ReasonCode
 from pybatch.values.status import BatchStatus
 from pybatch.values.timestamps import aware_utc
@@ -219,7 +219,7 @@ class RetentionRecordDraft:
     operation_id: OperationId
     actor: ActorRef
     reason: ReasonCode
-    request_digest: bytes
+    request_digest: bytes = attrs.field(validator=digest)
     job_instance_id: int | None
     plan_digest: bytes | None
     batch_bound: int | None
@@ -231,8 +231,6 @@ class RetentionRecordDraft:
         purge = self.action is RetentionAction.APPLY_PURGE
         if purge != (self.plan_digest is not None) or purge != (self.batch_bound is not None):
             raise ValueError("APPLY_PURGE carries a plan digest and a batch bound; others none")
-        if len(self.request_digest) != 32:
-            raise ValueError("a request digest is 32 bytes")
 
 
 @attrs.frozen(kw_only=True)

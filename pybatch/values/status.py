@@ -79,19 +79,9 @@ class FailureCategory(Code):
         return self.value.lower()
 
     @property
-    def durable_code(self) -> str:
-        """The upper-case code stored in `failure_category`."""
-        return self.value
-
-    @property
     def policy_eligible(self) -> bool:
         """Whether a fault policy may retry or skip it; every other category fails closed."""
         return self in _POLICY_ELIGIBLE
-
-    @classmethod
-    def from_durable_code(cls, code: str) -> FailureCategory | None:
-        """Return the category stored as `code`, or None for unknown text (never coerced)."""
-        return next((member for member in cls if member.value == code), None)
 
 
 _POLICY_ELIGIBLE = frozenset(

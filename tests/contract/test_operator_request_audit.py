@@ -178,9 +178,9 @@ def test_actions_derive_their_authorization_class() -> None:
 def test_rejection_details_are_present_exactly_for_the_codes_that_carry_them() -> None:
     for code in Code:
         assert details_present(EVERY_REJECTION[code]) == (
-            code.carries_current_version,
-            code.carries_status,
-            code.carries_execution_id,
+            "current_version" in code.details,
+            "status" in code.details,
+            "execution_id" in code.details,
         )
     with pytest.raises(ValueError):
         OperatorRejection(code=Code.INVALID_STATE)

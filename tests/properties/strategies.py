@@ -272,9 +272,9 @@ def rejections(draw: st.DrawFn) -> OperatorRejection:
     code = draw(st.sampled_from(list(OperatorRejectionCode)))
     return OperatorRejection(
         code=code,
-        current_version=draw(versions) if code.carries_current_version else None,
-        status=draw(statuses) if code.carries_status else None,
-        execution_id=JobExecutionId(draw(ids)) if code.carries_execution_id else None,
+        current_version=draw(versions) if "current_version" in code.details else None,
+        status=draw(statuses) if "status" in code.details else None,
+        execution_id=JobExecutionId(draw(ids)) if "execution_id" in code.details else None,
     )
 
 

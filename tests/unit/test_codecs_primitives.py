@@ -18,9 +18,9 @@ from pybatch._codecs._primitives import (
     decode_enum,
     decode_int64,
     decode_json_object,
-    decode_optional_aware,
     decode_optional_int64,
     decode_text,
+    optional_aware_at,
 )
 from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values.status import BatchStatus, FailureCategory
@@ -170,7 +170,7 @@ def test_decode_aware_and_text() -> None:
     for bad in [datetime(2026, 1, 1), "2026-01-01T00:00:00Z", None]:
         with pytest.raises(DecodeError):
             decode_aware(bad, column="created_at")
-    assert decode_optional_aware(None, column="ended_at") is None
+    assert optional_aware_at({"ended_at": None}, "ended_at") is None
     assert decode_text("x", column="job_name") == "x"
     with pytest.raises(DecodeError):
         decode_text(None, column="job_name")

@@ -247,10 +247,27 @@ def test_root_refuses_binaries_the_server_user_cannot_reach(tmp_path: Path) -> N
     assert set(Path(tempfile.gettempdir()).glob("pybatch-pg-*")) == before
 
 
-@pytest.mark.skipif(IS_ROOT, reason="run_as is honoured under root")
 def test_run_as_needs_root() -> None:
-    with pytest.raises(ValueError, match="root"):
-        EmbeddedPostgres(bindir=find_bindir(), run_as="postgres").start()
+    """A non-root caller asking for run_as is refused; under root a forked child checks it
+    as `nobody` (a fork, not an exec: the interpreter may live where nobody cannot reach)."""
+    bindir = find_bindir()
+    nobody = pwd.getpwnam("nobody")
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if start() refused run_as with ValueError
+        code = 1
+        try:
+            if IS_ROOT:
+                os.setgid(nobody.pw_gid)
+                os.setuid(nobody.pw_uid)
+            EmbeddedPostgres(bindir=bindir, run_as="postgres").start()
+        except ValueError as refused:
+            code = 0 if "root" in str(refused) else 2
+        except BaseException:
+            code = 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_the_role_name_must_be_plain() -> None:

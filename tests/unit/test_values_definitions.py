@@ -13,7 +13,6 @@ from pybatch.values.definitions import (
     LEGACY_MANIFEST,
     DefinitionIdentity,
     DefinitionUpgrade,
-    check_manifest_format,
 )
 from pybatch.values.names import DefinitionRevision, DefinitionUpgradeKey, JobName, StepName
 
@@ -99,14 +98,6 @@ def test_repr_shows_only_a_digest_prefix() -> None:
         "manifest_format=1, digest_prefix='1b6a802e', canonical_manifest='<redacted>')"
     )
     assert '"m1"' not in text and 'repository_port":' not in text
-
-
-def test_manifest_format_check_is_separate() -> None:
-    assert [check_manifest_format(f) for f in (1, 2, 3)] == [1, 2, 3]
-    for unsupported in (0, 4):
-        with pytest.raises(errors.UnsupportedManifestVersion) as error:
-            check_manifest_format(unsupported)
-        assert error.value.format == unsupported
 
 
 def test_an_upgrade_refuses_self_edges_and_empty_or_duplicate_mappings_and_is_frozen() -> None:

@@ -100,7 +100,7 @@ def test_legal_transitions_apply_and_illegal_ones_name_both_statuses(
 def test_start_sets_started_at_and_keeps_exit() -> None:
     """Scenario B1."""
     updated, version = apply_transition(
-        ExecutionMetadata.starting(T0),
+        metadata_in(S.STARTING),
         0,
         0,
         LifecycleTransition.new(S.STARTED, at(5)),

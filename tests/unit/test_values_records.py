@@ -20,6 +20,7 @@ from pybatch.values.lifecycle import ExecutionMetadata, LifecycleTransition
 from pybatch.values.names import (
     DefinitionRevision,
     DefinitionUpgradeKey,
+    ExitCode,
     JobName,
     NodeId,
     StateSchemaId,
@@ -35,9 +36,14 @@ from pybatch.values.records import (
     StepExecution,
 )
 from pybatch.values.state import Checkpoint, ExecutionContext
-from pybatch.values.status import FailureCategory, FailureSummary
+from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+from pybatch.values.timestamps import ExecutionTimestamps
 
 T0 = datetime(2026, 5, 1, tzinfo=UTC)
+#: The metadata of a new execution or step: STARTING, exit UNKNOWN, zero counters.
+STARTING = ExecutionMetadata(
+    status=BatchStatus.STARTING, exit_status=ExitCode.UNKNOWN, timestamps=ExecutionTimestamps(T0)
+)
 
 
 def instance() -> JobInstance:
@@ -90,7 +96,7 @@ def test_new_job_execution_shape() -> None:
         job_instance_id=JobInstanceId(1),
         attempt=1,
         definition_id=DefinitionId(3),
-        metadata=ExecutionMetadata.starting(T0),
+        metadata=STARTING,
         version=0,
         updated_at=T0,
     )
@@ -103,7 +109,7 @@ def test_new_job_execution_shape() -> None:
             job_instance_id=JobInstanceId(1),
             attempt=0,
             definition_id=DefinitionId(3),
-            metadata=ExecutionMetadata.starting(T0),
+            metadata=STARTING,
             version=0,
             updated_at=T0,
         )
@@ -113,7 +119,7 @@ def test_new_job_execution_shape() -> None:
             job_instance_id=JobInstanceId(1),
             attempt=1,
             definition_id=DefinitionId(3),
-            metadata=ExecutionMetadata.starting(T0),
+            metadata=STARTING,
             version=0,
             updated_at=T0 - timedelta(microseconds=1),
         )
@@ -123,7 +129,7 @@ def test_new_job_execution_shape() -> None:
             job_instance_id=JobInstanceId(1),
             attempt=1,
             definition_id=DefinitionId(3),
-            metadata=ExecutionMetadata.starting(T0),
+            metadata=STARTING,
             version=-1,
             updated_at=T0,
         )
@@ -135,7 +141,7 @@ def test_new_step_execution_defaults_to_empty_state() -> None:
         job_execution_id=JobExecutionId(7),
         step_name=StepName("extract"),
         logical_id=NodeId("extract"),
-        metadata=ExecutionMetadata.starting(T0),
+        metadata=STARTING,
         version=0,
         updated_at=T0,
     )
@@ -161,7 +167,7 @@ def test_values_pickle_across_processes() -> None:
         JobParameters.of({"a": 1, "b": "x"}),
         legacy,
         Checkpoint(StateSchemaId("s"), 2, {"a": [1.5, 1e16]}),
-        ExecutionMetadata.starting(T0),
+        STARTING,
         LifecycleTransition.failed(T0, FailureSummary(FailureCategory.TIMEOUT, FailureId(1))),
         DefinitionUpgrade(DefinitionUpgradeKey("k"), legacy, other, {StepName("a"): StepName("b")}),
     ]

@@ -52,7 +52,6 @@ def test_failure_categories() -> None:
     assert len(FailureCategory) == 15
     for category in FailureCategory:
         assert category.as_str == category.value.lower()
-        assert category.durable_code == category.value
         assert category.policy_eligible == (category.value in POLICY_ELIGIBLE)
         assert FailureCategory.from_durable_code(category.value) is category
     assert FailureCategory.USER_COMPONENT.as_str == "user_component"
