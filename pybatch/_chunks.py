@@ -448,30 +448,25 @@ class ChunkTransaction:
         """
         if not self._open:
             raise NotCommitted(reason="the chunk is closed")
-        # Read once: no statement runs between here and the progress UPDATE.
-        status = self._conn.pgconn.transaction_status
+        status = self._conn.pgconn.transaction_status  # read once: nothing runs until the UPDATE
         try:
             if status == _INERROR:
                 raise NotCommitted(reason="a statement in the chunk failed")
-            statement, params, next_state = self._progress(
+            statement, params, committed = self._progress(
                 read, processed, written, filtered, fault_progress, checkpoint, context
             )
         except NotCommitted:
             self.rollback()
             raise
-        alone = status == _IDLE
-        cursor = self._cursor
-        if cursor is None:
-            cursor = self._cursor = self._conn.cursor()
-        self._update_progress(cursor, statement, params, alone=alone)
+        alone = status == _IDLE  # checkpoint-only: the UPDATE is the whole transaction
+        self._update_progress(statement, params, alone=alone)
         if not alone:
             self._commit_or_classify()
         self._open = False
-        session = self._session
-        session.committed = self.committed = next_state
+        self.committed = self._session.committed = committed
         if self._lease is not None:
             self._lease.rollback()  # idle after the COMMIT: only gives the connection back
-        return next_state
+        return committed
 
     def _progress(
         self,
@@ -543,12 +538,7 @@ class ChunkTransaction:
         return statement, params, next_state
 
     def _update_progress(
-        self,
-        cursor: psycopg.Cursor[Any],
-        statement: Statement,
-        params: dict[str, object],
-        *,
-        alone: bool,
+        self, statement: Statement, params: dict[str, object], *, alone: bool
     ) -> None:
         """Run the guarded progress UPDATE; exactly one row must change.
 
@@ -558,6 +548,7 @@ class ChunkTransaction:
             ChunkCommitOutcomeUnknown: the connection was lost under the autocommit UPDATE
                 of a checkpoint-only chunk.
         """
+        cursor = self._open_cursor()
         try:
             if alone:
                 changed = _run_alone(statement, cursor, params)
