@@ -212,12 +212,7 @@ class ChunkProbe:
 
 
 def job_started(job_name: str, instance_id: int, execution_id: int) -> JobProbe | None:
-    """The started job's span; None (and nothing else to do) without opentelemetry.
-
-    Also None when the application set neither a tracer nor a meter provider before the
-    launch (docs/operators.md): every span and count would be a no-op, and the run's chunks
-    then run the plain chunk class.
-    """
+    """The started job's span; None without opentelemetry or a provider set (all no-ops)."""
     if TRACER is None or (
         isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider)
         and type(_metrics.get_meter_provider()).__name__ == "_ProxyMeterProvider"

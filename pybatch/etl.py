@@ -479,14 +479,6 @@ def _position_of(checkpoint: Mapping[str, Any]) -> int:
 _COPY_LINE = re.compile(r"^COPY .+, line (\d+)", re.MULTILINE)
 
 
-def _copy_line(rejection: Rejected) -> int | None:
-    """The COPY line the server rejected, from the driver error the rejection keeps (or None)."""
-    driver = rejection.__context__
-    context = driver.diag.context if isinstance(driver, psycopg.Error) else None
-    found = _COPY_LINE.search(context or "")
-    return None if found is None else int(found.group(1))
-
-
 class _SkipLimitReached(Exception):
     """Isolation found one skip more than the limit allows: stop writing."""
 
@@ -526,11 +518,6 @@ class _FaultTolerantLoad:
         self.backoff = backoff
         self.policy = RetryPolicy(RetryLimit(retry_limit), _LOAD_STATE_LIMIT)
         self.result = {"read": 0, "written": 0, "skipped": 0, "retries": 0}
-        #: The state this load last committed and its position: the next chunk starts there
-        #: without parsing the checkpoint again (any other state is parsed).
-        self.known: tuple[CommittedStepState | None, int] = (None, 0)
-        #: The checkpoint's other keys, kept as they are beside "position".
-        self.extra = {k: v for k, v in step.checkpoint.items() if k != "position"}
 
     def run(self) -> LoadResult:
         position = _position_of(self.step.checkpoint)
@@ -568,17 +555,10 @@ class _FaultTolerantLoad:
                 failed = error
 
     def _attempt(self, start: int, batch: list[Any]) -> int:
-        """One transaction of the batch: written at once, or its rejected items isolated.
-
-        A rejected batch is written again in a new transaction, its rejected items isolated
-        by the line each rejected COPY names (`_isolate`); when that line proves wrong, a
-        third transaction isolates them by bisection alone.
-        """
+        """One transaction of the batch; rejected, one that isolates its rejected items."""
         step = self.step
         with step.chunk() as chunk:
-            state = chunk._transaction.committed
-            known, position = self.known
-            durable = position if state is known else _position_of(state.checkpoint.payload)
+            durable = _position_of(chunk._transaction.committed.checkpoint.payload)
             if durable != start:
                 chunk._discard()
                 return durable
@@ -589,43 +569,34 @@ class _FaultTolerantLoad:
             # Nothing but this batch is in the transaction: rolling it back is rolling back
             # to a savepoint before it, without the savepoint's round trips on every chunk.
             chunk._discard()
-        try:
-            return self._isolating(start, batch, rejection, hinted=True)
-        except _HintMissed:
-            return self._isolating(start, batch, rejection, hinted=False)
-
-    def _isolating(self, start: int, batch: list[Any], rejection: Rejected, *, hinted: bool) -> int:
-        """The batch's transaction that isolates its rejected items, skips them and commits."""
-        step = self.step
-        with step._chunk_type(step, step._session.begin()) as chunk:
-            transaction = chunk._transaction
-            try:
-                # The first statement opens the transaction the savepoints live in.
-                total = _skips.step_skip_total(
-                    transaction._session._statements, chunk.connection, step.execution.id
-                )
-            except psycopg.Error as error:
-                raise transaction._classified(error) from None
-            allowed = self.skip_limit - total
-            skipped: list[_skips.SkippedItem] = []
-            items = list(enumerate(batch, start))
-            try:
-                if allowed <= 0:
-                    raise _SkipLimitReached()
-                if hinted:
-                    self._isolate(chunk, items, rejection, skipped, allowed)
-                else:
-                    self._bisect(chunk, items, rejection, skipped, allowed)
-            except _SkipLimitReached:
-                chunk._discard()
-                raise SkipLimitExceeded(
-                    limit=self.skip_limit, step=step.name, skips=total + max(len(skipped), 1)
-                ) from None
-            except _HintMissed:
-                chunk._discard()
-                raise
-            self._commit(chunk, start, len(batch), skipped)
-        return start + len(batch)
+        isolate = self._isolate
+        while True:
+            with step._chunk_type(step, step._session.begin()) as chunk:
+                transaction = chunk._transaction
+                try:
+                    # The first statement opens the transaction the savepoints live in.
+                    total = _skips.step_skip_total(
+                        transaction._session._statements, chunk.connection, step.execution.id
+                    )
+                except psycopg.Error as error:
+                    raise transaction._classified(error) from None
+                allowed = self.skip_limit - total
+                skipped: list[_skips.SkippedItem] = []
+                try:
+                    if allowed <= 0:
+                        raise _SkipLimitReached()
+                    isolate(chunk, list(enumerate(batch, start)), rejection, skipped, allowed)
+                except _SkipLimitReached:
+                    chunk._discard()
+                    raise SkipLimitExceeded(
+                        limit=self.skip_limit, step=step.name, skips=total + max(len(skipped), 1)
+                    ) from None
+                except _HintMissed:  # a line was not its item's: bisect, in a new transaction
+                    chunk._discard()
+                    isolate = self._bisect
+                    continue
+                self._commit(chunk, start, len(batch), skipped)
+            return start + len(batch)
 
     def _isolate(
         self,
@@ -637,16 +608,16 @@ class _FaultTolerantLoad:
     ) -> None:
         """Write `items` (rejected as a whole with `rejection`) around the line it names.
 
-        A COPY stops at the first line the server rejects and names it: the rows before it
-        were accepted, so they are written again without a savepoint, the named row alone in
-        one (skipped when rejected alone), and the rest in one; a rejected rest repeats this
-        with its own line. Without a line (executemany, a localized server, a deferred check),
-        `items` is bisected. Raises _HintMissed when the rows before the line are rejected
-        (the line did not map to `items`); the transaction must then be discarded.
+        A COPY stops at the first line it rejects and names it: the rows before were accepted,
+        so they are written again without a savepoint, the row alone in one (skipped if
+        rejected), the rest in another (rejected: repeat with its line). No line: bisect.
+        _HintMissed: the rows before the line were rejected too; discard the transaction.
         """
         while True:
-            line = _copy_line(rejection)
-            if line is None or not 1 <= line <= len(items):
+            driver = rejection.__context__  # the driver's error, kept out of tracebacks
+            named = _COPY_LINE.search(getattr(getattr(driver, "diag", None), "context", "") or "")
+            line = 0 if named is None else int(named.group(1))
+            if not 1 <= line <= len(items):
                 self._bisect(chunk, items, rejection, skipped, allowed)
                 return
             before, (position, item), after = items[: line - 1], items[line - 1], items[line:]
@@ -663,17 +634,12 @@ class _FaultTolerantLoad:
             items, rejection = after, found
 
     def _skip(
-        self,
-        position: int,
-        item: Any,
-        rejection: Rejected,
-        skipped: list[_skips.SkippedItem],
-        allowed: int,
+        self, position: int, item: Any, rejection: Rejected, skipped: list[Any], n: int
     ) -> None:
-        """Record an item that a write of it alone had rejected; past the limit, stop."""
+        """Record an item that a write of it alone had rejected; past `n` skips, stop."""
         key = position if self.key is None else self.key(item)
         skipped.append(_skips.SkippedItem(position, _skips.item_key(key), rejection))
-        if len(skipped) > allowed:
+        if len(skipped) > n:
             raise _SkipLimitReached()
 
     def _bisect(
@@ -748,16 +714,12 @@ class _FaultTolerantLoad:
             except psycopg.Error as error:
                 raise transaction._classified(error) from None
         written = count - len(skipped)
-        position = start + count
         chunk.commit(
             read=count,
             written=written,
-            checkpoint={**self.extra, "position": position}
-            if self.extra
-            else {"position": position},
+            checkpoint={**self.step.checkpoint, "position": start + count},
             skips=FaultProgress(write_skips=len(skipped)) if skipped else None,
         )
-        self.known = (chunk._transaction.committed, position)
         result = self.result
         result["read"] += count
         result["written"] += written
