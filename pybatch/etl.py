@@ -32,6 +32,7 @@ import itertools
 import logging
 import os
 import random
+import re
 import signal
 import threading
 import time
@@ -390,7 +391,8 @@ class StepRun:
         `read(position)` yields the items from `position` on (how many items the step has
         consumed; kept in the checkpoint as `{"position": n}`); `write(chunk, items)` writes
         a batch with the chunk's methods. A batch the server rejects for its data (SQLSTATE
-        class 22 or 23) is bisected down to the single items it rejects; each is recorded
+        class 22 or 23) is narrowed down to the single items it rejects (from the line a
+        rejected COPY names, else by bisection); each is recorded
         in `pybatch.step_skip` (keyed by `key(item)`, default its position) in the same
         transaction as the good rows and the step's progress. A batch that failed
         transiently (TransientConflict, LockTimeout, Infrastructure) is retried on a fresh
@@ -471,12 +473,20 @@ def _position_of(checkpoint: Mapping[str, Any]) -> int:
     return position
 
 
+#: The line a rejected COPY names in its error context ("COPY t, line 5: ..."), 1-based.
+_COPY_LINE = re.compile(r"^COPY .+, line (\d+)", re.MULTILINE)
+
+
 class _SkipLimitReached(Exception):
-    """Bisection found one skip more than the limit allows: stop writing."""
+    """Isolation found one skip more than the limit allows: stop writing."""
+
+
+class _HintMissed(Exception):
+    """Rows before the line a COPY named were rejected too: isolate by bisection instead."""
 
 
 class _FaultTolerantLoad:
-    """One `StepRun.load` call: its chunks, their bisection, retries and skip records."""
+    """One `StepRun.load` call: its chunks, the isolation of rejected items, retries, skips."""
 
     def __init__(
         self,
@@ -543,7 +553,7 @@ class _FaultTolerantLoad:
                 failed = error
 
     def _attempt(self, start: int, batch: list[Any]) -> int:
-        """One transaction of the batch: written at once, or bisected after a rejection."""
+        """One transaction of the batch; rejected, one that isolates its rejected items."""
         step = self.step
         with step.chunk() as chunk:
             durable = _position_of(chunk._transaction.committed.checkpoint.payload)
@@ -557,28 +567,78 @@ class _FaultTolerantLoad:
             # Nothing but this batch is in the transaction: rolling it back is rolling back
             # to a savepoint before it, without the savepoint's round trips on every chunk.
             chunk._discard()
-        with step._chunk_type(step, step._session.begin()) as chunk:
-            transaction = chunk._transaction
-            try:
-                # The first statement opens the transaction the savepoints live in.
-                total = _skips.step_skip_total(
-                    transaction._session._statements, chunk.connection, step.execution.id
-                )
-            except psycopg.Error as error:
-                raise transaction._classified(error) from None
-            allowed = self.skip_limit - total
-            skipped: list[_skips.SkippedItem] = []
-            try:
-                if allowed <= 0:
-                    raise _SkipLimitReached()
-                self._bisect(chunk, list(enumerate(batch, start)), rejection, skipped, allowed)
-            except _SkipLimitReached:
-                chunk._discard()
-                raise SkipLimitExceeded(
-                    limit=self.skip_limit, step=step.name, skips=total + max(len(skipped), 1)
-                ) from None
-            self._commit(chunk, start, len(batch), skipped)
-        return start + len(batch)
+        isolate = self._isolate
+        while True:
+            with step._chunk_type(step, step._session.begin()) as chunk:
+                transaction = chunk._transaction
+                try:
+                    # The first statement opens the transaction the savepoints live in.
+                    total = _skips.step_skip_total(
+                        transaction._session._statements, chunk.connection, step.execution.id
+                    )
+                except psycopg.Error as error:
+                    raise transaction._classified(error) from None
+                allowed = self.skip_limit - total
+                skipped: list[_skips.SkippedItem] = []
+                try:
+                    if allowed <= 0:
+                        raise _SkipLimitReached()
+                    isolate(chunk, list(enumerate(batch, start)), rejection, skipped, allowed)
+                except _SkipLimitReached:
+                    chunk._discard()
+                    raise SkipLimitExceeded(
+                        limit=self.skip_limit, step=step.name, skips=total + max(len(skipped), 1)
+                    ) from None
+                except _HintMissed:  # a line was not its item's: bisect, in a new transaction
+                    chunk._discard()
+                    isolate = self._bisect
+                    continue
+                self._commit(chunk, start, len(batch), skipped)
+            return start + len(batch)
+
+    def _isolate(
+        self,
+        chunk: Chunk,
+        items: list[tuple[int, Any]],
+        rejection: Rejected,
+        skipped: list[_skips.SkippedItem],
+        allowed: int,
+    ) -> None:
+        """Write `items` (rejected as a whole with `rejection`) around the line it names.
+
+        A COPY stops at the first line it rejects and names it: the rows before were accepted,
+        so they are written again without a savepoint, the row alone in one (skipped if
+        rejected), the rest in another (rejected: repeat with its line). No line: bisect.
+        _HintMissed: the rows before the line were rejected too; discard the transaction.
+        """
+        while True:
+            driver = rejection.__context__  # the driver's error, kept out of tracebacks
+            named = _COPY_LINE.search(getattr(getattr(driver, "diag", None), "context", "") or "")
+            line = 0 if named is None else int(named.group(1))
+            if not 1 <= line <= len(items):
+                self._bisect(chunk, items, rejection, skipped, allowed)
+                return
+            before, (position, item), after = items[: line - 1], items[line - 1], items[line:]
+            if before and self._write(chunk, [i for _, i in before]) is not None:
+                raise _HintMissed()
+            alone = self._write(chunk, [item], savepoint=True)
+            if alone is not None:
+                self._skip(position, item, alone, skipped, allowed)
+            if not after:
+                return
+            found = self._write(chunk, [i for _, i in after], savepoint=True)
+            if found is None:
+                return
+            items, rejection = after, found
+
+    def _skip(
+        self, position: int, item: Any, rejection: Rejected, skipped: list[Any], n: int
+    ) -> None:
+        """Record an item that a write of it alone had rejected; past `n` skips, stop."""
+        key = position if self.key is None else self.key(item)
+        skipped.append(_skips.SkippedItem(position, _skips.item_key(key), rejection))
+        if len(skipped) > n:
+            raise _SkipLimitReached()
 
     def _bisect(
         self,
@@ -599,11 +659,7 @@ class _FaultTolerantLoad:
         if len(items) == 1:
             if rejection is None:  # never called so: a known-bad item is written alone first
                 raise ValueError("a single item is skipped only on its own rejection")
-            position, item = items[0]
-            key = position if self.key is None else self.key(item)
-            skipped.append(_skips.SkippedItem(position, _skips.item_key(key), rejection))
-            if len(skipped) > allowed:
-                raise _SkipLimitReached()
+            self._skip(*items[0], rejection, skipped, allowed)
             return
         middle = len(items) // 2
         left, right = items[:middle], items[middle:]
