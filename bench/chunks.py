@@ -384,7 +384,18 @@ class ServerCpu:
 
     def __init__(self, dsn: str, *, local: bool) -> None:
         self.dsn = dsn
-        self.local = local and Path("/proc/self/schedstat").exists()
+        self.local = Path("/proc/self/schedstat").exists() and (local or self._backend_visible())
+
+    def _backend_visible(self) -> bool:
+        """Whether this machine sees the server's backends (`--dsn` of a local server)."""
+        with admin_connect(self.dsn) as conn:
+            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        try:
+            return (
+                row is not None and Path(f"/proc/{row[0]}/cmdline").read_bytes()[:8] == b"postgres"
+            )
+        except OSError:
+            return False
 
     def snapshot(self, application_name: str) -> dict[int, int]:
         """CPU nanoseconds so far of each backend serving `application_name`."""

@@ -13,22 +13,26 @@ The sides, alternated `--repeat` times each:
   drawn from a fixed seed; each bad row costs its chunk's bisection (about 2 log2(size)
   COPYs of shrinking halves, each in a savepoint) and a skip record.
 
-An untimed 10,000-row plain run warms the server and the connections up first. Printed: each
-side's median throughput, its write calls and skips, and its ratio to plain.
+An untimed 10,000-row plain run warms the server and the connections up first. Printed: the
+load average, each side's median throughput, its write calls and skips, its ratio to plain,
+and its client and server CPU per 1,000 rows (the server's when its backends are on this
+machine), which a busy machine distorts less than throughput.
 Without `--dsn` an EmbeddedPostgres is started. Keep runs short on a shared machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import time
 from collections.abc import Iterator, Sequence
 
 from bench._server import admin_connect, postgres_server, scratch_database
-from bench.chunks import gc_paused, make_rows, pybatch_repository
+from bench.chunks import ServerCpu, gc_paused, make_rows, pybatch_repository
 from pybatch import ConnectionConfig, JobRepository, TlsMode, migrate
+from pybatch._config import APPLICATION_NAME
 from pybatch.etl import Chunk, Job, StepRun
 
 TABLE_SQL = (
@@ -52,13 +56,24 @@ def source(rows: int, bad_per_10k: int, seed: int = 20261204) -> list[Row]:
     return data
 
 
+#: One run of a side: seconds, write calls, skips, client CPU seconds, server CPU seconds.
+Run = tuple[float, int, int, float, float | None]
+
+
 def run_once(
-    repository: JobRepository, dsn: str, side: str, data: list[Row], size: int, run_id: int
-) -> tuple[float, int, int]:
-    """Load `data` as one job run; return (seconds of the step's work, write calls, skips)."""
+    repository: JobRepository,
+    dsn: str,
+    side: str,
+    data: list[Row],
+    size: int,
+    run_id: int,
+    cpu: ServerCpu,
+) -> Run:
+    """Load `data` as one job run, timing the step's work only."""
     with admin_connect(dsn) as conn:
         conn.execute("TRUNCATE bench_item_fault")
     timed: list[float] = []
+    used: list[float | None] = []
     calls = [0]
     skipped = [0]
 
@@ -83,31 +98,35 @@ def run_once(
         skipped[0] = result.skipped
 
     def work(step: StepRun) -> None:
+        backends = cpu.snapshot(APPLICATION_NAME)
+        client = time.process_time()
         started = time.perf_counter()
         (plain if side == "plain" else tolerant)(step)
-        timed.append(time.perf_counter() - started)
+        timed.extend((time.perf_counter() - started, time.process_time() - client))
+        used.append(cpu.since(backends))
 
     with gc_paused(), Job(repository, "bench_fault_tolerance", run_id=run_id).launch() as run:
         run.step("load", work)
-    return timed[0], calls[0], skipped[0]
+    return timed[0], calls[0], skipped[0], timed[1], used[0]
 
 
-def measure(dsn: str, rows: int, repeat: int, size: int) -> dict[str, list[tuple[float, int, int]]]:
-    """Alternate the sides (`repeat` runs each); return each side's (seconds, calls, skips)."""
+def measure(dsn: str, rows: int, repeat: int, size: int) -> dict[str, list[Run]]:
+    """Alternate the sides (`repeat` runs each); return each side's runs."""
     with admin_connect(dsn) as conn:
         conn.execute(TABLE_SQL)
     migrate(ConnectionConfig(dsn=dsn, tls_mode=TlsMode.PLAINTEXT))
     clean = source(rows, 0)
     data = {"plain": clean, **{side: source(rows, bad) for side, bad in BAD_PER_10K.items()}}
-    results: dict[str, list[tuple[float, int, int]]] = {side: [] for side in SIDES}
+    results: dict[str, list[Run]] = {side: [] for side in SIDES}
     run_id = 1  # the warm-up's
+    cpu = ServerCpu(dsn, local=False)
     with pybatch_repository(dsn) as repository:
-        run_once(repository, dsn, "plain", clean[:10_000], size, 1)  # untimed warm-up
+        run_once(repository, dsn, "plain", clean[:10_000], size, 1, cpu)  # untimed warm-up
         for round_ in range(repeat):
             order = SIDES if round_ % 2 == 0 else tuple(reversed(SIDES))
             for side in order:
                 run_id += 1
-                outcome = run_once(repository, dsn, side, data[side], size, run_id)
+                outcome = run_once(repository, dsn, side, data[side], size, run_id, cpu)
                 results[side].append(outcome)
                 print(
                     f"  round {round_ + 1}/{repeat} {side:>7}: "
@@ -130,6 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rows < 10_000 or args.repeat < 1 or args.size < 1:
         parser.error("--rows must be at least 10000, and --repeat and --size at least 1")
+    print("load average " + ", ".join(f"{value:.2f}" for value in os.getloadavg()))
     with postgres_server(args.dsn) as server, scratch_database(server, "fault") as dsn:
         print(
             f"workload: {args.rows:,} rows by COPY in chunks of {args.size}, "
@@ -137,14 +157,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         results = measure(dsn, args.rows, args.repeat, args.size)
     throughput = {
-        side: args.rows / statistics.median(seconds for seconds, _, _ in runs)
+        side: args.rows / statistics.median(run[0] for run in runs)
         for side, runs in results.items()
     }
-    print(f"{'side':>8} {'items/s':>10} {'writes':>7} {'skipped':>8} {'vs plain':>9}")
+
+    def per_1000_rows(values: list[float | None]) -> str:
+        known = [value for value in values if value is not None]
+        return f"{statistics.median(known) / args.rows * 1e6:,.1f}" if known else "n/a"
+
+    print(
+        f"{'side':>8} {'items/s':>10} {'writes':>7} {'skipped':>8} {'vs plain':>9}"
+        f" {'client CPU ms/1000 rows':>24} {'server CPU ms/1000 rows':>24}"
+    )
     for side in SIDES:
-        _, calls, skipped = results[side][-1]
+        _, calls, skipped, _, _ = results[side][-1]
         ratio = throughput[side] / throughput["plain"]
-        print(f"{side:>8} {throughput[side]:>10,.0f} {calls:>7} {skipped:>8} {ratio:>9.3f}")
+        print(
+            f"{side:>8} {throughput[side]:>10,.0f} {calls:>7} {skipped:>8} {ratio:>9.3f}"
+            f" {per_1000_rows([run[3] for run in results[side]]):>24}"
+            f" {per_1000_rows([run[4] for run in results[side]]):>24}"
+        )
+    print("load average " + ", ".join(f"{value:.2f}" for value in os.getloadavg()))
     return 0
 
 

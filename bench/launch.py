@@ -1,7 +1,8 @@
 """Launch-and-complete latency with no history and with 100,000 prior executions.
 
-Why: a launch (select_or_create_job_instance, create_job_execution, STARTING to STARTED)
-and its completion (one step, then COMPLETED) must run a fixed number of statements
+Why: a launch (one statement: the instance, the new attempt STARTED and owned) and its
+completion (a step started, the step ended, the run ended: one statement each, what
+`with Job(...).launch() as run: run.step(...)` sends) must run a fixed number of statements
 whatever the history of the job name, so a repository with years of runs launches as
 fast as a new one. This program measures both in one run and prints the ratio of the
 medians (target at most 1.2), the statements per cycle, the plan of every statement,
@@ -25,7 +26,7 @@ Method (docs/benchmarks.md, "Launch and completion latency"):
   unlike time spent waiting for a busy core;
 * statements are counted on every cycle by wrapping `Statement.run`, and on a few
   untimed cycles from libpq's protocol trace, which also sees BEGIN, SAVEPOINT, RELEASE
-  and COMMIT;
+  and COMMIT (sent as statements of their own, or by psycopg) and the round trips;
 * EXPLAIN (no ANALYZE) of each statement with the parameters of a real cycle, plus the
   generic plan a prepared statement may switch to, and pg_stat_user_tables deltas.
 """
@@ -67,8 +68,9 @@ from pybatch import ConnectionConfig, JobRepository, TlsMode, UnitOfWork, migrat
 from pybatch._statements import Mode, Statement
 from pybatch.errors import CompletedInstance
 from pybatch.values.definitions import DefinitionIdentity
-from pybatch.values.lifecycle import LifecycleTransition
-from pybatch.values.names import JobName, StepName
+from pybatch.values.flow import StartLimit
+from pybatch.values.names import JobName, NodeId, StepName
+from pybatch.values.ownership import ExecutionLease, OwnerToken
 from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.status import BatchStatus
 
@@ -86,6 +88,10 @@ HISTORY_TABLES = ("job_instance", "job_execution", "step_execution")
 #: `JobRepository.begin` runs this first in every unit of work.
 #: Transaction control psycopg sends as Query messages.
 CONTROL = ("BEGIN", "SAVEPOINT", "RELEASE", "COMMIT", "ROLLBACK")
+#: The BEGIN and COMMIT a one-statement unit of work sends as statements of its own.
+TRANSACTION_STATEMENTS = {"begin_read_committed": "BEGIN", "commit_transaction": "COMMIT"}
+#: The units of work of one cycle, in order.
+UNITS = ("launch", "step start", "step end", "run end")
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "launch.json"
 
 # One statement builds the whole history: N instances, each with one COMPLETED attempt
@@ -152,36 +158,34 @@ FROM execution AS e
 
 
 def run_cycle(repository: JobRepository, run: int) -> tuple[int, int]:
-    """One launch unit of work and one completion unit of work; their durations in ns.
+    """The launch and the completion of a one-step run; their durations in ns.
 
-    Exactly what a batch script does: the launch commits before the work starts, the
-    completion records one step and ends the job. `run` makes a new instance each time.
+    Exactly what `with Job(...).launch() as run: run.step(...)` sends (without the lease
+    renewal thread): the launch commits before the work starts, then the step starts, the
+    step ends and the run ends, one unit of work each. `run` makes a new instance each time.
     """
     key = JobInstanceKey(JOB, JobParameters.of({"run": run}))
-    now = repository.clock.now
+    owner, lease, legacy = OwnerToken.generate(), ExecutionLease(), DefinitionIdentity.LEGACY
     began = time.perf_counter_ns()
-    with repository.begin() as uow:
-        selection = uow.instances.select_or_create(key)
-        execution = uow.executions.create(selection.instance.id)
-        execution = uow.executions.transition(
-            execution.id, execution.version, LifecycleTransition.new(BatchStatus.STARTED, now())
-        )
-        uow.commit()
+    instance, execution, _ = repository.run_in_unit_of_work(
+        lambda uow: uow.ownership.launch(key, legacy, owner, lease)
+    )
     launched = time.perf_counter_ns()
-    with repository.begin() as uow:
-        step = uow.steps.create(execution.id, STEP)
-        step = uow.steps.transition(
-            step.id, step.version, LifecycleTransition.new(BatchStatus.STARTED, now())
+    if instance is None or execution is None:
+        raise RuntimeError(f"run {run} was not launched: launch keys must be new")
+    _, step = repository.run_in_unit_of_work(
+        lambda uow: uow.flow.start_step(
+            execution.id, owner, STEP, NodeId(STEP.value), StartLimit.unrestricted()
         )
-        uow.steps.transition(
-            step.id, step.version, LifecycleTransition.new(BatchStatus.COMPLETED, now())
-        )
-        uow.executions.transition(
-            execution.id, execution.version, LifecycleTransition.new(BatchStatus.COMPLETED, now())
-        )
-        uow.commit()
+    )
+    repository.run_in_unit_of_work(
+        lambda uow: uow.steps.end(execution.id, owner, step.id, BatchStatus.COMPLETED)
+    )
+    repository.run_in_unit_of_work(
+        lambda uow: uow.executions.end(execution.id, owner, BatchStatus.COMPLETED)
+    )
     completed = time.perf_counter_ns()
-    if not selection.was_created:
+    if execution.attempt != 1:
         raise RuntimeError(f"run {run} found an existing instance: launch keys must be new")
     return launched - began, completed - launched
 
@@ -220,6 +224,8 @@ class StatementRecorder:
             params: Mapping[str, object],
         ) -> psycopg.Cursor[dict[str, Any]]:
             recorder.names.append(statement.name)
+            if statement.name in TRANSACTION_STATEMENTS:
+                return original(statement, conn, mode, params)
             if recorder.units:
                 recorder.units[-1] += 1
             if recorder.capture is not None:
@@ -263,12 +269,12 @@ class WireCycle:
         return Counter(self.sequence)
 
     def units_of_work(self) -> list[tuple[str, ...]]:
-        """The sequence cut after each COMMIT: the launch, then the completion."""
+        """The sequence cut after each COMMIT, and after a statement sent alone (autocommit)."""
         units: list[tuple[str, ...]] = []
         current: list[str] = []
         for message in self.sequence:
             current.append(message)
-            if message == "COMMIT":
+            if message == "COMMIT" or current[0] != "BEGIN":
                 units.append(tuple(current))
                 current = []
         return units + ([tuple(current)] if current else [])
@@ -300,7 +306,7 @@ def parse_trace(text: str, names: Sequence[str]) -> WireCycle:
             name = next(pending, None)
             if name is None:
                 raise RuntimeError("libpq sent more statements than Statement.run recorded")
-            sequence.append(name)
+            sequence.append(TRANSACTION_STATEMENTS.get(name, name))
         elif kind == "Sync":
             round_trips += 1
     if next(pending, None) is not None:
@@ -710,11 +716,12 @@ class Phase:
         """Statements per launch and per completion as sent: pybatch's, counted on every
         measured cycle, plus the transaction control seen in the traced cycles."""
         controls = {w.control_per_unit() for w in self.wire}
-        return sorted(
+        sent = {
             tuple(a + b for a, b in zip(pybatch, control, strict=True))
             for pybatch in self.statements
             for control in controls
-        )
+        }
+        return sorted((units[0], sum(units[1:])) for units in sent)
 
     def scan_deltas(self) -> dict[str, dict[str, int]]:
         """Counter changes over the measuring window, per table."""
@@ -998,7 +1005,7 @@ def report(
         )
     )
     out.append("")
-    for label, unit in zip(("launch", "completion"), history.wire[0].units_of_work(), strict=False):
+    for label, unit in zip(UNITS, history.wire[0].units_of_work(), strict=False):
         out.append(f"- {label} ({len(unit)} statements): " + ", ".join(unit))
     out.append("")
     out.append(
@@ -1191,8 +1198,10 @@ def prepare_phase(phase: Phase, history: int, *, isolation: bool = False) -> flo
         isolate(phase.dsn, ISOLATION_ROLE, ISOLATION_PREFIX) if isolation else phase.dsn
     )
     with JobRepository.connect(config) as repository:
-        # The first launch of a job name also registers its legacy definition (one more
-        # statement): do it before loading, so the history can reference the definition.
+        # The first launch of a job name registers its legacy definition (its launch finds
+        # it unregistered): do it before loading, so the history can reference it.
+        legacy = DefinitionIdentity.LEGACY
+        repository.run_in_unit_of_work(lambda uow: uow.definitions.register(JOB, legacy))
         run_cycle(repository, phase.take_run())
     seconds = 0.0
     if history:

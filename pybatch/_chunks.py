@@ -1,23 +1,15 @@
 """The step session: one held connection per running step, and its chunk transactions.
 
-See docs/contract.md, Chunk transactions.
+See docs/contract.md, Chunk transactions. A `StepSession` keeps one pooled connection and its
+cursor from the step's first chunk to `close`; a chunk (`ChunkTransaction`) is its transaction:
+the ETL's statements, one compare-and-swap UPDATE of the step's progress fenced in its own
+predicate (the committed version, STARTED, the owner's token), and COMMIT, so a crash leaves
+the whole chunk or none of it. A refusal rolls back, a connection no longer trusted is
+discarded, and a lost COMMIT acknowledgement makes the session re-read the durable state.
 
-A `StepSession` leases one pooled connection at the step's first chunk and keeps it, with
-one cursor, until `close` (no pool checkout per chunk; the prepared UPDATE is reused). A
-chunk (`ChunkTransaction`) is that session's transaction: the ETL's own statements, then
-`commit` writes the step's counters, checkpoint and context as one compare-and-swap UPDATE
-and COMMITs, so a crash at any instant leaves either the whole chunk or none of it.
-The UPDATE's own predicate is the fence: the step's committed version, STARTED, and the
-owner token (of the job execution, or of the partition's claim) that still owns the step.
-Whatever its outcome, the chunk ends on the session's connection: a refusal rolls back, a
-connection that can no longer be trusted is discarded (the next chunk leases a fresh one),
-and a lost COMMIT acknowledgement makes the session forget its committed state, so the
-next chunk starts from whatever is durable.
-
-Statements: chunks.sql get_step_chunk_state, update_step_chunk_commit and
-update_step_chunk_progress (a step), update_partition_chunk_commit and
-update_partition_chunk_progress (a partition worker). All run prepared on the session's
-connection, each planned once per connection (docs/architecture.md).
+Statements: chunks.sql get_step_chunk_state, update_step_chunk_commit, _progress and _rollback
+(a step), update_partition_chunk_commit, _progress and _rollback (a partition worker), each
+prepared once per connection (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -110,13 +102,29 @@ class StepSession:
         "_lease",
         "_statements",
         "_transactions",
+        "_writes",
         "committed",
     )
 
     def __init__(self, repository: JobRepository, context: ChunkContext) -> None:
         self._transactions = repository.transactions
-        self._statements = repository.statements
+        statements = self._statements = repository.statements
         self._clock = repository.clock
+        #: The chunk writes of the step's fence (progress, full commit, rollback count): a
+        #: step's statements, or a partition worker's twins (chunks.sql).
+        self._writes = (
+            (
+                statements.update_step_chunk_progress,
+                statements.update_step_chunk_commit,
+                statements.update_step_chunk_rollback,
+            )
+            if context.partition_id is None
+            else (
+                statements.update_partition_chunk_progress,
+                statements.update_partition_chunk_commit,
+                statements.update_partition_chunk_rollback,
+            )
+        )
         #: The step and the owner whose ownership every commit proves (the fence).
         self._context = context
         #: The held connection's pool slip, the connection and its cursor (None: not held).
@@ -180,11 +188,7 @@ class StepSession:
 
     def _begin_apart(self) -> ChunkTransaction:
         """A chunk on a pooled connection of its own, for as long as the held one is busy."""
-        lease = self._lease_one()
-        conn = lease.connection
-        if conn is None:  # a fresh lease always holds its connection
-            lease.discard()
-            raise NotCommitted(reason="the database is unavailable")
+        lease, conn = self._lease_one()
         state = self.committed  # set: the busy chunk started from it
         if state is None:
             state = self._read_state(conn, lease.discard, lease)
@@ -193,19 +197,19 @@ class StepSession:
     def _hold(self) -> Connection:
         """Lease the connection the session holds from now on, with its cursor."""
         self._drop()
-        lease = self._lease_one()
-        conn = lease.connection
-        if conn is None:  # a fresh lease always holds its connection
-            lease.discard()
-            raise NotCommitted(reason="the database is unavailable")
+        lease, conn = self._lease_one()
         self._lease, self._conn, self._cursor = lease, conn, conn.cursor()
         return conn
 
-    def _lease_one(self) -> Lease:
+    def _lease_one(self) -> tuple[Lease, Connection]:
         try:
-            return self._transactions.lease()
+            lease = self._transactions.lease()
         except Unavailable:
             raise NotCommitted(reason="the database is unavailable") from None
+        if lease.connection is None:  # a fresh lease always holds its connection
+            lease.discard()
+            raise NotCommitted(reason="the database is unavailable")
+        return lease, lease.connection
 
     def _read_state(
         self, conn: Connection, discard: Callable[[], None], lease: Lease | None = None
@@ -391,19 +395,7 @@ class ChunkTransaction:
         checkpoint: Checkpoint,
         context: ExecutionContext | None = None,
     ) -> CommittedStepState:
-        """Commit the chunk: business writes, counters, checkpoint and context at once.
-
-        `context` defaults to the committed one. A chunk that sent no statement of its own
-        (checkpoint-only) is the UPDATE alone, sent as one autocommit statement: atomic by
-        itself, in one round trip instead of BEGIN, UPDATE, COMMIT.
-
-        Raises:
-            NotCommitted: a business statement failed, the step changed or left STARTED,
-                its owner lost it, a counter would overflow, or COMMIT was refused;
-                nothing of the chunk is durable.
-            ChunkCommitOutcomeUnknown: the acknowledgement was lost; the session re-reads
-                the step's durable state at its next chunk.
-        """
+        """Commit the chunk: business writes, counters, checkpoint and context (`commit_counts`)."""
         return self.commit_counts(
             counts.read,
             counts.processed,
@@ -425,37 +417,39 @@ class ChunkTransaction:
         checkpoint: Checkpoint,
         context: ExecutionContext | None = None,
     ) -> CommittedStepState:
-        """`commit` with the chunk's four counts already valid (as `ChunkCounts` checks them).
+        """Commit the chunk, its four counts already valid (as `ChunkCounts` checks them).
 
-        The ETL API checks its keyword counts itself and calls this, so no ChunkCounts is
-        built per chunk; only the step's new totals are checked here.
+        `context` defaults to the committed one. A chunk that sent no statement of its own
+        (checkpoint-only) is the UPDATE alone, in autocommit: one round trip, atomic by itself.
+
+        Raises:
+            NotCommitted: a business statement failed, the step changed or left STARTED, its
+                owner lost it, a counter would overflow, or COMMIT was refused; nothing of
+                the chunk is durable.
+            ChunkCommitOutcomeUnknown: the acknowledgement was lost; the session re-reads
+                the step's durable state at its next chunk.
         """
         if not self._open:
             raise NotCommitted(reason="the chunk is closed")
-        # Read once: no statement runs between here and the progress UPDATE.
-        status = self._conn.pgconn.transaction_status
+        status = self._conn.pgconn.transaction_status  # read once: nothing runs until the UPDATE
         try:
             if status == _INERROR:
                 raise NotCommitted(reason="a statement in the chunk failed")
-            statement, params, next_state = self._progress(
+            statement, params, committed = self._progress(
                 read, processed, written, filtered, fault_progress, checkpoint, context
             )
         except NotCommitted:
             self.rollback()
             raise
-        alone = status == _IDLE
-        cursor = self._cursor
-        if cursor is None:
-            cursor = self._cursor = self._conn.cursor()
-        self._update_progress(cursor, statement, params, alone=alone)
+        alone = status == _IDLE  # checkpoint-only: the UPDATE is the whole transaction
+        self._update_progress(statement, params, alone=alone)
         if not alone:
             self._commit_or_classify()
         self._open = False
-        session = self._session
-        session.committed = self.committed = next_state
+        self.committed = self._session.committed = committed
         if self._lease is not None:
             self._lease.rollback()  # idle after the COMMIT: only gives the connection back
-        return next_state
+        return committed
 
     def _progress(
         self,
@@ -487,8 +481,8 @@ class ChunkTransaction:
             raise NotCommitted(reason="a state schema version above 2147483647 cannot be stored")
         session = self._session
         now = session._clock.now()
-        statements = session._statements
         fence = session._context
+        progress, full, _ = session._writes
         # The common chunk (same context, no skips, no retained retries) writes only its
         # counters and checkpoint: every other column already holds what the full statement
         # would write, as the version guard proves (chunks.sql).
@@ -501,18 +495,10 @@ class ChunkTransaction:
                 or fault_progress == NO_FAULT_PROGRESS
             )
         ):
-            statement = (
-                statements.update_step_chunk_progress
-                if fence.partition_id is None
-                else statements.update_partition_chunk_progress
-            )
+            statement = progress
             params = encode_chunk_progress(fence, state, next_counts, checkpoint, now)
         else:
-            statement = (
-                statements.update_step_chunk_commit
-                if fence.partition_id is None
-                else statements.update_partition_chunk_commit
-            )
+            statement = full
             params = encode_chunk_commit(
                 fence,
                 state,
@@ -535,21 +521,10 @@ class ChunkTransaction:
         return statement, params, next_state
 
     def _update_progress(
-        self,
-        cursor: psycopg.Cursor[Any],
-        statement: Statement,
-        params: dict[str, object],
-        *,
-        alone: bool,
+        self, statement: Statement, params: dict[str, object], *, alone: bool
     ) -> None:
-        """Run the guarded progress UPDATE; exactly one row must change.
-
-        Raises:
-            NotCommitted: the UPDATE failed, or matched no row (the step changed, left
-                STARTED, or its owner lost it: the fence is the UPDATE's own predicate).
-            ChunkCommitOutcomeUnknown: the connection was lost under the autocommit UPDATE
-                of a checkpoint-only chunk.
-        """
+        """The fenced progress UPDATE: one row changes, else NotCommitted; lost alone: unknown."""
+        cursor = self._open_cursor()
         try:
             if alone:
                 changed = _run_alone(statement, cursor, params)
@@ -571,13 +546,7 @@ class ChunkTransaction:
             )
 
     def _commit_or_classify(self) -> None:
-        """COMMIT; a lost acknowledgement is outcome-unknown, a refusal is NotCommitted.
-
-        Raises:
-            ChunkCommitOutcomeUnknown: the connection was lost during COMMIT (the session
-                forgets its committed state: only the database knows it now).
-            NotCommitted: the server refused the COMMIT; nothing is durable.
-        """
+        """COMMIT; refused: NotCommitted; acknowledgement lost: outcome-unknown, state forgotten."""
         conn = self._conn
         try:
             conn.commit()
@@ -620,13 +589,8 @@ class ChunkTransaction:
         if not self._open:
             return
         session, conn, state = self._session, self._conn, self.committed
-        fence = session._context
-        statement = (
-            session._statements.update_step_chunk_rollback
-            if fence.partition_id is None
-            else session._statements.update_partition_chunk_rollback
-        )
-        params = encode_chunk_rollback(fence, state, session._clock.now())
+        statement = session._writes[2]
+        params = encode_chunk_rollback(session._context, state, session._clock.now())
         try:
             conn.rollback()
             with conn.cursor() as cursor:

@@ -331,7 +331,9 @@ class ConnectionConfig:
             settings = self.session_settings()
             if not statement_timeout:
                 del settings["statement_timeout"]
-            startup = " ".join(f"-c {name}={value}" for name, value in settings.items())
+            startup = " ".join(
+                f"-c {name}={value.replace(' ', chr(92) + ' ')}" for name, value in settings.items()
+            )
             params["options"] = f"{params['options']} {startup}" if "options" in params else startup
         params["application_name"] = APPLICATION_NAME
         # libpq's connect_timeout has one-second granularity; round up, never to 0 (= forever).
@@ -355,6 +357,8 @@ class ConnectionConfig:
             "lock_timeout": str(_ms(self.lock_timeout)),
             "idle_in_transaction_session_timeout": str(_ms(self.idle_transaction_timeout)),
             "TimeZone": "UTC",
+            # What a unit of work of one statement, sent in autocommit, runs under.
+            "default_transaction_isolation": "read committed",
         }
 
     @classmethod

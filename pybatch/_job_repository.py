@@ -128,7 +128,7 @@ class JobRepository:
 
     def begin(self) -> UnitOfWork:
         """Open a READ COMMITTED unit of work (Unavailable when no connection can be leased)."""
-        return UnitOfWork(self.transactions.lease(), self.statements, self.clock)
+        return UnitOfWork(self.transactions.lease(begin=False), self.statements, self.clock)
 
     def read_transaction(self) -> AbstractContextManager[Connection]:
         """A READ ONLY transaction, always rolled back, for reads outside any unit of work."""

@@ -11,6 +11,8 @@ it, moving the execution to STOPPING; `PartitionLeaseKeeper` keeps a worker's pa
 from __future__ import annotations
 
 import logging
+import os
+import queue
 import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
@@ -46,7 +48,6 @@ class _Keeper:
         repository: JobRepository,
         owner: OwnerToken,
         lease: ExecutionLease,
-        name: str,
         description: str,
     ) -> None:
         self.repository = repository
@@ -55,7 +56,7 @@ class _Keeper:
         self._description = description
         self._halt = threading.Event()
         self._lost = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._renewing = threading.Lock()
 
     @property
     def lost(self) -> bool:
@@ -63,13 +64,18 @@ class _Keeper:
         return self._lost.is_set()
 
     def start(self) -> None:
-        self._thread.start()
+        """Renew from this process's renewal threads: an idle one serves the next keeper.
+
+        A thread of its own per run cost a thread start and a join, each waiting for the
+        scheduler: milliseconds of every run's wall time on a busy host.
+        """
+        _renewal_threads().submit(self._run)
 
     def halt(self) -> None:
-        """Stop renewing (before the runner records how its work ended)."""
+        """Stop renewing before the runner records its end: no renewal is in flight after."""
         self._halt.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()
+        with self._renewing:
+            pass
 
     def raise_if_lost(self) -> None:
         """Renew once after a refused write: raise `lost_error` only if the ownership is gone.
@@ -100,7 +106,10 @@ class _Keeper:
         wait = interval
         while not self._halt.wait(wait):
             try:
-                self.renew_now()
+                with self._renewing:
+                    if self._halt.is_set():
+                        return
+                    self.renew_now()
             except self.lost_error as lost:
                 logger.error("pybatch: %s", lost)
                 return
@@ -134,8 +143,7 @@ class LeaseKeeper(_Keeper):
         if job_name is not None:
             self.telemetry_attributes = {"pybatch.job.name": job_name}
         self._stop_requested = threading.Event()
-        name, description = f"pybatch-lease-{execution_id}", f"job execution {execution_id}"
-        super().__init__(repository, owner, lease, name, description)
+        super().__init__(repository, owner, lease, f"job execution {execution_id}")
 
     def __repr__(self) -> str:
         return f"LeaseKeeper(execution={self.execution_id}, lease={self.lease.duration})"
@@ -175,9 +183,8 @@ class PartitionLeaseKeeper(_Keeper):
     ) -> None:
         self.partition_id = partition_id
         self.worker_id = worker_id
-        name = f"pybatch-partition-lease-{partition_id}"
         description = f"partition {partition_id} (worker step {worker_id})"
-        super().__init__(repository, owner, lease, name, description)
+        super().__init__(repository, owner, lease, description)
 
     def __repr__(self) -> str:
         return (
@@ -195,3 +202,33 @@ class PartitionLeaseKeeper(_Keeper):
                 self.partition_id, self.worker_id, self.owner, self.lease
             )
         )
+
+
+class _RenewalThreads:
+    """Daemon threads running keepers' renewal loops; an idle one takes the next loop."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._loops: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+
+    def submit(self, loop: Callable[[], None]) -> None:
+        if not self._idle.acquire(blocking=False):
+            threading.Thread(target=self._serve, name="pybatch-lease", daemon=True).start()
+        self._loops.put(loop)
+
+    def _serve(self) -> None:
+        while True:
+            self._loops.get()()
+            self._idle.release()
+
+
+_renewals: _RenewalThreads | None = None
+
+
+def _renewal_threads() -> _RenewalThreads:
+    """This process's renewal threads (a forked worker makes its own: threads do not fork)."""
+    global _renewals
+    if _renewals is None or _renewals.pid != os.getpid():
+        _renewals = _RenewalThreads()
+    return _renewals

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from pybatch import _telemetry
 from pybatch._job_repository import JobRepository
 from pybatch._lease_keeper import PartitionLeaseKeeper
-from pybatch._repository.ownership import StartedPartition
 from pybatch.errors import (
     ConcurrentModification,
     PartitionOwnershipLost,
@@ -62,25 +61,11 @@ Partitions = Mapping[str, Mapping[str, Any]] | Iterable[str]
 POLL_SECONDS = 0.1
 
 
-def _confirm_lost(uow: UnitOfWork, partition: StartedPartition) -> bool:
-    """Under the parent's and partition's locks: same worker, same version, lease still gone.
-
-    A renewal since the first read proves the worker alive.
-    """
-    current = uow.ownership.lock_partition_lease(partition.id)
-    return (
-        current is not None
-        and current.worker_step_execution_id == partition.worker_step_execution_id
-        and current.version == partition.version
-        and current.worker_gone
-    )
-
-
 def recover_lost_workers(repository: JobRepository, parent_id: int) -> int:
     """Record FAILED (STALE_RECOVERED) for every worker of the plan whose lease is gone.
 
-    The lease alone decides, whoever holds any lock. Each recovery is one unit of work that
-    confirms the loss under the partition's lock, then ends the worker step FAILED and its
+    The lease alone decides, whoever holds any lock. Each recovery is one guarded statement
+    that confirms the loss under the partition's lock, ends the worker step FAILED and its
     partition from it, which makes the partition claimable again; one that loses a race to
     another recoverer or to the worker itself changes nothing. Returns how many it recovered.
     """
@@ -89,29 +74,10 @@ def recover_lost_workers(repository: JobRepository, parent_id: int) -> int:
     recovered = 0
     for partition in started:
         worker_id = partition.worker_step_execution_id
-        if not partition.worker_gone:
-            continue
-
-        def recover(uow: UnitOfWork, partition: StartedPartition = partition) -> bool:
-            if not _confirm_lost(uow, partition):
-                return False
-            worker_id = partition.worker_step_execution_id
-            worker = uow.steps.get(worker_id)
-            if worker is None:  # the partition's foreign key keeps it; never reached
-                raise PartitionStateCorrupt()
-            if worker.status.is_active:
-                at = max(uow.clock.now(), worker.updated_at)
-                lost = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(worker_id))
-                uow.steps.transition(
-                    worker_id, worker.version, LifecycleTransition.failed(at, lost)
-                )
-            uow.partitions.complete(partition.id, partition.version, worker_id)
-            return True
-
-        try:
-            if not repository.run_in_unit_of_work(recover):
-                continue
-        except (StaleVersion, PartitionWorkerStale, ConcurrentModification):
+        lost = partition.id, partition.version, worker_id
+        if not partition.worker_gone or not repository.run_in_unit_of_work(
+            lambda uow: uow.partitions.recover_lost(*lost)  # noqa: B023 - called at once
+        ):
             continue
         logger.warning(
             "pybatch: worker step %s of partition %s had no live process (%s); recorded FAILED",
@@ -124,31 +90,42 @@ def recover_lost_workers(repository: JobRepository, parent_id: int) -> int:
     return recovered
 
 
-def _claim(
-    repository: JobRepository,
-    parent: StepExecution,
-    lease: ExecutionLease,
-    owner: OwnerToken | None = None,
-) -> tuple[StepPartition, StepExecution] | None:
-    """Claim the next partition for `owner` (a fresh token when None), its lease started."""
-    return repository.run_in_unit_of_work(lambda uow: uow.partitions.claim(parent, owner, lease))
+#: A claimed partition, its worker step and the claim's owner token.
+Claimed = tuple[StepPartition, StepExecution, OwnerToken]
+
+
+def _claim_in(uow: UnitOfWork, parent: StepExecution, lease: ExecutionLease) -> Claimed | None:
+    """Claim the next partition of `parent` for a fresh owner token, its lease started."""
+    owner = OwnerToken.generate()
+    claimed = uow.partitions.claim(parent, owner, lease)
+    return None if claimed is None else (*claimed, owner)
 
 
 def _end_worker(
-    repository: JobRepository, partition: StepPartition, worker_id: int, status: BatchStatus
-) -> StepPartition:
-    """End the worker step and publish its result onto the partition, in one unit of work."""
+    repository: JobRepository,
+    partition: StepPartition,
+    worker_id: int,
+    status: BatchStatus,
+    then: Callable[[UnitOfWork], Claimed | None] = lambda uow: None,
+) -> Claimed | None:
+    """End the worker step and publish its result onto the partition, then run `then`.
 
-    def end(uow: UnitOfWork) -> StepPartition:
+    One unit of work: a worker claims its next partition in the transaction that ends the
+    last one, so each partition costs one coordination COMMIT, not two.
+    """
+
+    def end(uow: UnitOfWork) -> Claimed | None:
         at = uow.clock.now()
         if status is BatchStatus.FAILED:
             failure = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(worker_id))
             transition = LifecycleTransition.failed(at, failure)
         else:
             transition = LifecycleTransition.new(status, at)
-        return uow.partitions.end_worker(
-            partition.id, partition.version, worker_id, transition, ExitCode(status.value)
-        )
+        with uow.operation():  # one operation: the claim needs no savepoint of its own
+            uow.partitions.end_worker(
+                partition.id, partition.version, worker_id, transition, ExitCode(status.value)
+            )
+            return then(uow)
 
     return repository.run_in_unit_of_work(end)
 
@@ -167,12 +144,17 @@ def work_on_plan(
     `between_partitions` raises to stop claiming. A partition whose runner raises ends FAILED
     (a restart reruns it); KeyboardInterrupt or SystemExit end it STOPPED and propagate.
     """
-    lease = lease or ExecutionLease()
+    worker_lease = lease or ExecutionLease()
+
+    def claim_next(uow: UnitOfWork) -> Claimed | None:
+        return _claim_in(uow, parent, worker_lease)
+
     ran = 0
+    claimed: Claimed | None = None
     while True:
-        between_partitions()
-        owner = OwnerToken.generate()
-        claimed = _claim(repository, parent, lease, owner)
+        if claimed is None:
+            between_partitions()
+            claimed = repository.run_in_unit_of_work(claim_next)
         if claimed is None:
             with repository.begin() as uow:
                 current = uow.steps.get(parent.id)
@@ -182,13 +164,16 @@ def work_on_plan(
             if not recover_lost_workers(repository, parent.id):
                 time.sleep(poll_seconds)
             continue
-        partition, worker = claimed
-        keeper = PartitionLeaseKeeper(repository, partition.id, worker.id, owner, lease)
+        partition, worker, owner = claimed
+        keeper = PartitionLeaseKeeper(repository, partition.id, worker.id, owner, worker_lease)
         keeper.start()
         try:
-            _run_partition(repository, runner, partition, worker, keeper)
+            claimed = _run_partition(
+                repository, runner, (partition, worker), keeper, between_partitions, claim_next
+            )
         except PartitionOwnershipLost as lost:
             logger.error("pybatch: %s (partition key %s)", lost, partition.key.value)
+            claimed = None
         finally:
             keeper.halt()
         ran += 1
@@ -197,11 +182,17 @@ def work_on_plan(
 def _run_partition(
     repository: JobRepository,
     runner: Runner,
-    partition: StepPartition,
-    worker: StepExecution,
+    claimed: tuple[StepPartition, StepExecution],
     keeper: PartitionLeaseKeeper,
-) -> None:
-    """Run one claimed partition and end it; PartitionOwnershipLost touches nothing."""
+    between_partitions: Callable[[], None],
+    claim_next: Callable[[UnitOfWork], Claimed | None],
+) -> Claimed | None:
+    """Run one claimed partition, end it and claim the next; PartitionOwnershipLost touches nothing.
+
+    The next partition is claimed in the ending's transaction unless `between_partitions`
+    raises (then the partition ends alone and the error propagates).
+    """
+    partition, worker = claimed
     try:
         runner(worker, partition, keeper)
     except PartitionOwnershipLost:
@@ -212,7 +203,7 @@ def _run_partition(
         logger.exception(
             "pybatch: partition %s failed in worker step %s", partition.key.value, worker.id
         )
-        _end_owned(repository, partition, worker.id, BatchStatus.FAILED, keeper)
+        status = BatchStatus.FAILED
     except BaseException:
         try:
             _end_owned(repository, partition, worker.id, BatchStatus.STOPPED, keeper)
@@ -220,7 +211,13 @@ def _run_partition(
             pass  # the partition is another worker's now; the interruption still propagates
         raise
     else:
-        _end_owned(repository, partition, worker.id, BatchStatus.COMPLETED, keeper)
+        status = BatchStatus.COMPLETED
+    try:
+        between_partitions()
+    except BaseException:
+        _end_owned(repository, partition, worker.id, status, keeper)
+        raise
+    return _end_owned(repository, partition, worker.id, status, keeper, claim_next)
 
 
 def _end_owned(
@@ -229,8 +226,9 @@ def _end_owned(
     worker_id: int,
     status: BatchStatus,
     keeper: PartitionLeaseKeeper,
-) -> None:
-    """Stop renewing, then end the worker.
+    then: Callable[[UnitOfWork], Claimed | None] = lambda uow: None,
+) -> Claimed | None:
+    """Stop renewing, then end the worker (and run `then` in the same transaction).
 
     A refused end whose renewal also fails means another process recovered the partition
     after the lease lapsed: PartitionOwnershipLost.
@@ -239,7 +237,7 @@ def _end_owned(
     if keeper.lost:
         raise keeper.lost_ownership()
     try:
-        _end_worker(repository, partition, worker_id, status)
+        return _end_worker(repository, partition, worker_id, status, then)
     except (StaleVersion, PartitionWorkerStale, PartitionUpdateNotAllowed, ConcurrentModification):
         keeper.renew_now()  # PartitionOwnershipLost when the partition is no longer ours
         raise
@@ -397,7 +395,9 @@ def supervise(
                 raise
             with repository.begin() as uow:
                 still_open = uow.partitions.count_open(parent.id)
-            if not still_open:
+            if not still_open:  # a worker still alive is idle, polling: stop it now
+                for process in processes:
+                    process.terminate()
                 break
             alive = [p for p in processes if p.is_alive()]
             for process in processes:
@@ -436,11 +436,9 @@ def aggregate_plan(
             raise PartitionStateCorrupt()
         at = max(uow.clock.now(), current.updated_at)
         ended = uow.partitions.aggregate(parent.id, current.version, at)
-        unfinished = [
-            p.key.value
-            for p in uow.partitions.plan(parent.id)
-            if p.status is not BatchStatus.COMPLETED
-        ]
-        return ended, unfinished
+        if ended.status is BatchStatus.COMPLETED:  # the most severe status: all completed
+            return ended, []
+        plan = uow.partitions.plan(parent.id)
+        return ended, [p.key.value for p in plan if p.status is not BatchStatus.COMPLETED]
 
     return repository.run_in_unit_of_work(aggregate)

@@ -1,6 +1,6 @@
 """Skip records: the items a fault-tolerant step skipped (migration 0011, `pybatch.step_skip`).
 
-A chunk of `StepRun.load` that bisected its batch down to the items the server rejected
+A chunk of `StepRun.load` that narrowed its batch down to the items the server rejected
 records them here, in its own transaction, before its progress UPDATE: the chunk's good rows,
 its skip records and its skip counters commit together or not at all. The explorer reads them
 back page by page (`JobExplorer.skips`).
@@ -50,7 +50,7 @@ def item_key(value: object) -> str:
 
 
 def step_skip_total(statements: Statements, conn: Connection, step_execution_id: int) -> int:
-    """The skips the step has committed so far (its first statement in a bisecting chunk).
+    """The skips the step has committed so far (its first statement in an isolating chunk).
 
     Raises:
         NotCommitted: the step is gone.
@@ -69,7 +69,7 @@ def record_skips(
 ) -> None:
     """Insert the chunk's skip records in its open transaction, one statement each.
 
-    A chunk skips few items (each costs its bisection's writes already), so one round trip
+    A chunk skips few items (each costs its isolating writes already), so one round trip
     per record is not worth an array-binding statement.
 
     The message is the typed error's own (SQLSTATE and names only): the server's message

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -86,6 +87,9 @@ class Statement:
         # What runs: the same text with positional placeholders, bound from a list built in
         # `_order`, which spares psycopg mapping a dict of parameters at every execution.
         self._positional, self._order = _positional_form(self.query)
+        # The same text numbered ($1, $2, ... one per placeholder) for a RawCursor: psycopg
+        # parses `%s` text again on every call of a statement over 4 KiB (its cache's bound).
+        self._numbered = _numbered_form(self._positional)
         self._prepare: bool | None = None  # psycopg's choice: prepared after five uses
         #: The same statement prepared server-side on first use per connection (per chunk).
         self.prepared: Statement = copy.copy(self)
@@ -114,6 +118,10 @@ class Statement:
         """How many rows the statement changed (`:affected`)."""
         with self._run(conn, "affected", params) as cursor:
             return cursor.rowcount
+
+    def send(self, conn: Connection, /, **params: object) -> psycopg.Cursor[dict[str, Any]]:
+        """Queue it in the connection's pipeline; its cursor is read after the pipeline syncs."""
+        return self._run(conn, self.mode, params)
 
     def run_with_identifiers(self, conn: Connection, /, **identifiers: str) -> None:
         """Run an `:affected` utility statement whose parameters are all names.
@@ -150,9 +158,9 @@ class Statement:
         self, conn: Connection, mode: Mode, params: Mapping[str, object]
     ) -> psycopg.Cursor[dict[str, Any]]:
         values = self._values(mode, params)
-        cursor = conn.cursor(row_factory=dict_row)
+        cursor = psycopg.RawCursor(conn, row_factory=dict_row)
         try:
-            cursor.execute(self._positional, values, prepare=self._prepare)
+            cursor.execute(self._numbered, values, prepare=self._prepare)
         except BaseException:
             cursor.close()
             raise
@@ -175,6 +183,7 @@ class Statement:
 
 
 _NAMED_OR_ESCAPED = re.compile(rb"%%|%\((\w+)\)s")
+_PERCENT_OR_PLACEHOLDER = re.compile(rb"%%|%s")
 
 
 def _positional_form(query: bytes) -> tuple[bytes, tuple[str, ...]]:
@@ -189,6 +198,14 @@ def _positional_form(query: bytes) -> tuple[bytes, tuple[str, ...]]:
         return b"%s"
 
     return _NAMED_OR_ESCAPED.sub(positional, query), tuple(order)
+
+
+def _numbered_form(positional: bytes) -> bytes:
+    """`positional` with its k-th `%s` as `$k` and `%%` as `%` (PostgreSQL's own placeholders)."""
+    numbers = itertools.count(1)
+    return re.sub(
+        rb"%%|%s", lambda m: b"%" if m[0] == b"%%" else b"$%d" % next(numbers), positional
+    )
 
 
 class Statements:

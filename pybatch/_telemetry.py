@@ -202,8 +202,13 @@ class ChunkProbe:
 
 
 def job_started(job_name: str, instance_id: int, execution_id: int) -> JobProbe | None:
-    """The started job's span; None (and nothing else to do) without opentelemetry."""
-    return None if TRACER is None else JobProbe(job_name, instance_id, execution_id)
+    """The started job's span; None without opentelemetry or a provider set (all no-ops)."""
+    if TRACER is None or (
+        isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider)
+        and type(_metrics.get_meter_provider()).__name__ == "_ProxyMeterProvider"
+    ):
+        return None
+    return JobProbe(job_name, instance_id, execution_id)
 
 
 def step_started(job: JobProbe | None, step_name: str, step_execution_id: int) -> StepProbe | None:

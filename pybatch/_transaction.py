@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -27,7 +27,7 @@ from pybatch import _sqlstate
 from pybatch._codecs._jsonb import install_strict_json_loads
 from pybatch._config import ConnectionConfig, Pooler
 from pybatch._connect import CaFile, check_idle_connection, probe_connection, watch_for_termination
-from pybatch._statements import Connection, load_statements
+from pybatch._statements import Connection, Row, Statement, load_statements
 from pybatch.errors import PyBatchError, SettingsNotApplied, Unavailable
 
 #: Run once on every new pooled connection, leaving it idle: the refusal to raise when the
@@ -104,6 +104,49 @@ class Lease:
         if not keep:
             self._release(discard=False)
 
+    def commit_alone(
+        self, statement: Statement, params: Mapping[str, object], errors: CommitErrors
+    ) -> Row | None:
+        """Run `statement` as the whole transaction, in one round trip.
+
+        In autocommit: alone, as its own transaction (READ COMMITTED, the default the startup
+        options set); behind a pooler, which sets no default, BEGIN READ COMMITTED, the
+        settings (transaction mode), the statement and COMMIT in one pipeline with one Sync.
+        A refused statement or COMMIT commits nothing (`errors.refused`); a connection lost
+        once it was sent may have committed (`errors.unknown`). The connection goes back to
+        the pool.
+        """
+        conn = self._conn
+        if conn is None or conn.pgconn.transaction_status != TransactionStatus.IDLE:
+            raise errors.aborted()
+        q = load_statements()
+        try:
+            conn.autocommit = True
+            if self._source.pooled:
+                with conn.pipeline():
+                    q.begin_read_committed.send(conn)
+                    if self._source.per_transaction:
+                        self._source.apply_settings(conn, transaction_only=True, send=True)
+                    cursor = statement.send(conn, **params)
+                    q.commit_transaction.send(conn)
+            else:  # its own transaction, READ COMMITTED by the startup options
+                cursor = statement.send(conn, **params)
+            row = cursor.fetchone()
+            conn.autocommit = False
+        except psycopg.Error as error:
+            if _sqlstate.is_connection_loss(error, conn):
+                self.discard()
+                raise errors.unknown() from None
+            if self.rollback(keep=True):
+                conn.autocommit = False
+                self._release(discard=False)
+            raise errors.refused(error) from None
+        except BaseException:
+            self.discard()  # interrupted mid-pipeline: nothing tells what the server did
+            raise
+        self._release(discard=False)
+        return row
+
     def rollback(self, *, keep: bool = False) -> bool:
         """ROLLBACK and give the connection back (kept leased with `keep`); False if discarded."""
         conn = self._conn
@@ -148,6 +191,8 @@ class TransactionSource:
         self._check = check
         #: Behind a transaction-mode pooler: every transaction sets the settings itself.
         self.per_transaction = config.pooler is Pooler.TRANSACTION
+        #: Behind a pooler, which carries no startup options.
+        self.pooled = config.pooler is not Pooler.NONE
         self._settings = config.session_settings()
         self._ca_file = CaFile(config)
         try:
@@ -197,10 +242,13 @@ class TransactionSource:
             if refusal is not None:
                 self._refused[conn] = refusal
 
-    def apply_settings(self, conn: Connection, *, transaction_only: bool) -> None:
-        """Set the timeouts and UTC by statement (behind a pooler; see `Pooler`)."""
+    def apply_settings(
+        self, conn: Connection, *, transaction_only: bool, send: bool = False
+    ) -> None:
+        """Set the timeouts and UTC by statement behind a pooler (`Pooler`); `send` queues it."""
         settings = self._settings
-        load_statements().apply_pooled_settings.one(
+        statement = load_statements().apply_pooled_settings
+        (statement.send if send else statement.one)(
             conn,
             statement_timeout=settings["statement_timeout"],
             lock_timeout=settings["lock_timeout"],
@@ -220,9 +268,10 @@ class TransactionSource:
                 return SettingsNotApplied(setting=name, expected=expected, found=str(found))
         return None
 
-    def lease(self, *, read_only: bool = False) -> Lease:
+    def lease(self, *, read_only: bool = False, begin: bool = True) -> Lease:
         """Lease a pooled connection for one transaction (READ ONLY when asked).
 
+        Without `begin`, the holder calls `Lease.begin` before its first statement.
         A connection the server ended while idle is swapped at checkout, so a run pausing
         between chunks does not fail on it; one refused when opened (clock skew) is measured
         again. Raises Unavailable (no connection in time) or ClockSkewExceeded.
@@ -244,7 +293,8 @@ class TransactionSource:
         if read_only:
             conn.read_only = True
         lease = Lease(self, conn, read_only=read_only)
-        lease.begin()
+        if begin:
+            lease.begin()
         return lease
 
     def _check_again(self, conn: Connection) -> None:

@@ -3,14 +3,17 @@
 Each operation (`uow.executions.create(...)`, pybatch/_repository/<capability>.py) runs under
 its own savepoint, so a failed one leaves nothing staged and the unit of work usable. COMMIT
 of a transaction the server already failed raises TransactionAborted, a lost acknowledgement
-CommitOutcomeUnknown; neither is ever reported as success.
+CommitOutcomeUnknown; neither is ever reported as success. A transition that is one statement
+runs as the whole unit of work through `commit_statement`, its own transaction in one round
+trip.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
-from functools import cached_property
+from functools import cached_property, partial
+from typing import TypeVar
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -31,7 +34,7 @@ from pybatch._repository.recovery import Recovery
 from pybatch._repository.retention import Retention
 from pybatch._repository.steps import Steps
 from pybatch._repository.stop_requests import StopRequests
-from pybatch._statements import Connection, Statements
+from pybatch._statements import Connection, Row, Statement, Statements
 from pybatch._transaction import CommitErrors, Lease
 from pybatch.errors import (
     CommitOutcomeUnknown,
@@ -43,6 +46,8 @@ from pybatch.errors import (
     Unavailable,
     UnitOfWorkClosed,
 )
+
+T = TypeVar("T")
 
 _COMMIT_ERRORS = CommitErrors(
     aborted=TransactionAborted, refused=_sqlstate.translate, unknown=CommitOutcomeUnknown
@@ -59,6 +64,7 @@ class UnitOfWork:
         self.clock = clock
         self.unpublished_plans: set[int] = set()
         self._operation_depth = 0
+        self._committed = False
 
     def __enter__(self) -> UnitOfWork:
         return self
@@ -85,6 +91,7 @@ class UnitOfWork:
         conn = self._lease.connection
         if conn is None:
             raise UnitOfWorkClosed()
+        self._lease.begin()  # behind a transaction-mode pooler, the settings come first
         return conn
 
     @contextmanager
@@ -129,6 +136,38 @@ class UnitOfWork:
         finally:
             self._operation_depth -= 1
 
+    def commit_statement(
+        self,
+        statement: Statement,
+        params: Mapping[str, object],
+        decode: Callable[[Row | None], T],
+        *,
+        overrides: Overrides | None = None,
+    ) -> T:
+        """Run `statement` as this whole unit of work, committed in one round trip; decode its row.
+
+        For a transition that is one statement (a plpgsql function): nothing else is staged,
+        so no savepoint, and it goes alone in one round trip (`Lease.commit_alone`).
+        The unit of work is closed after it (`commit()` returns). Errors map as in
+        `operation()`, an undecodable row is Unavailable; nothing is committed on an error but
+        CommitOutcomeUnknown (the connection was lost with the COMMIT sent).
+        """
+        if self._poisoned is not None:
+            raise self._poisoned
+        conn = self._lease.connection  # not `connection`: the settings go in the pipeline
+        if conn is None:
+            raise UnitOfWorkClosed()
+        if self._operation_depth or conn.info.transaction_status != TransactionStatus.IDLE:
+            raise RuntimeError("commit_statement must be the only statement of its unit of work")
+        refused = partial(_sqlstate.translate, overrides=overrides)
+        errors = CommitErrors(TransactionAborted, refused, CommitOutcomeUnknown)
+        row = self._lease.commit_alone(statement, params, errors)
+        self._committed = True
+        try:
+            return decode(row)
+        except DecodeError:
+            raise Unavailable() from None
+
     def transaction_settings(self) -> dict[str, str]:
         """The isolation level, timeouts and time zone in force (diagnostics)."""
         with self.operation() as conn:
@@ -137,6 +176,8 @@ class UnitOfWork:
 
     def commit(self) -> None:
         """COMMIT; raise rather than report success for anything but a durable commit."""
+        if self._committed:  # by commit_statement
+            return
         self.connection  # noqa: B018 - raises the poisoning error, else UnitOfWorkClosed if closed
         self._lease.commit(_COMMIT_ERRORS)
 

@@ -32,10 +32,12 @@ import itertools
 import logging
 import os
 import random
+import re
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import attrs
@@ -70,7 +72,6 @@ from pybatch.errors import (
     RunIdInvalid,
     SkipLimitExceeded,
     StatePayloadNotObject,
-    StepExecutionNotFound,
     StopRequested,
     TransientConflict,
 )
@@ -85,11 +86,9 @@ from pybatch.values.fault import (
     RetryStateLimit,
 )
 from pybatch.values.flow import FlowTarget, StartLimit, TerminalKind
-from pybatch.values.ids import INT64_MAX, FailureId
-from pybatch.values.lifecycle import LifecycleTransition
+from pybatch.values.ids import INT64_MAX
 from pybatch.values.names import (
     ClassifierRevision,
-    ExitCode,
     JobName,
     NodeId,
     StateSchemaId,
@@ -100,7 +99,7 @@ from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.partitions import StepPartition
 from pybatch.values.records import JobExecution, JobInstance, StepExecution
 from pybatch.values.state import Checkpoint, ExecutionContext, JsonObject, StateLimits
-from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+from pybatch.values.status import BatchStatus, FailureCategory, FailureReason
 
 __all__ = [
     "Backoff",
@@ -392,7 +391,8 @@ class StepRun:
         `read(position)` yields the items from `position` on (how many items the step has
         consumed; kept in the checkpoint as `{"position": n}`); `write(chunk, items)` writes
         a batch with the chunk's methods. A batch the server rejects for its data (SQLSTATE
-        class 22 or 23) is bisected down to the single items it rejects; each is recorded
+        class 22 or 23) is narrowed down to the single items it rejects (from the line a
+        rejected COPY names, else by bisection); each is recorded
         in `pybatch.step_skip` (keyed by `key(item)`, default its position) in the same
         transaction as the good rows and the step's progress. A batch that failed
         transiently (TransientConflict, LockTimeout, Infrastructure) is retried on a fresh
@@ -473,12 +473,20 @@ def _position_of(checkpoint: Mapping[str, Any]) -> int:
     return position
 
 
+#: The line a rejected COPY names in its error context ("COPY t, line 5: ..."), 1-based.
+_COPY_LINE = re.compile(r"^COPY .+, line (\d+)", re.MULTILINE)
+
+
 class _SkipLimitReached(Exception):
-    """Bisection found one skip more than the limit allows: stop writing."""
+    """Isolation found one skip more than the limit allows: stop writing."""
+
+
+class _HintMissed(Exception):
+    """Rows before the line a COPY named were rejected too: isolate by bisection instead."""
 
 
 class _FaultTolerantLoad:
-    """One `StepRun.load` call: its chunks, their bisection, retries and skip records."""
+    """One `StepRun.load` call: its chunks, the isolation of rejected items, retries, skips."""
 
     def __init__(
         self,
@@ -545,7 +553,7 @@ class _FaultTolerantLoad:
                 failed = error
 
     def _attempt(self, start: int, batch: list[Any]) -> int:
-        """One transaction of the batch: written at once, or bisected after a rejection."""
+        """One transaction of the batch; rejected, one that isolates its rejected items."""
         step = self.step
         with step.chunk() as chunk:
             durable = _position_of(chunk._transaction.committed.checkpoint.payload)
@@ -559,28 +567,78 @@ class _FaultTolerantLoad:
             # Nothing but this batch is in the transaction: rolling it back is rolling back
             # to a savepoint before it, without the savepoint's round trips on every chunk.
             chunk._discard()
-        with step._chunk_type(step, step._session.begin()) as chunk:
-            transaction = chunk._transaction
-            try:
-                # The first statement opens the transaction the savepoints live in.
-                total = _skips.step_skip_total(
-                    transaction._session._statements, chunk.connection, step.execution.id
-                )
-            except psycopg.Error as error:
-                raise transaction._classified(error) from None
-            allowed = self.skip_limit - total
-            skipped: list[_skips.SkippedItem] = []
-            try:
-                if allowed <= 0:
-                    raise _SkipLimitReached()
-                self._bisect(chunk, list(enumerate(batch, start)), rejection, skipped, allowed)
-            except _SkipLimitReached:
-                chunk._discard()
-                raise SkipLimitExceeded(
-                    limit=self.skip_limit, step=step.name, skips=total + max(len(skipped), 1)
-                ) from None
-            self._commit(chunk, start, len(batch), skipped)
-        return start + len(batch)
+        isolate = self._isolate
+        while True:
+            with step._chunk_type(step, step._session.begin()) as chunk:
+                transaction = chunk._transaction
+                try:
+                    # The first statement opens the transaction the savepoints live in.
+                    total = _skips.step_skip_total(
+                        transaction._session._statements, chunk.connection, step.execution.id
+                    )
+                except psycopg.Error as error:
+                    raise transaction._classified(error) from None
+                allowed = self.skip_limit - total
+                skipped: list[_skips.SkippedItem] = []
+                try:
+                    if allowed <= 0:
+                        raise _SkipLimitReached()
+                    isolate(chunk, list(enumerate(batch, start)), rejection, skipped, allowed)
+                except _SkipLimitReached:
+                    chunk._discard()
+                    raise SkipLimitExceeded(
+                        limit=self.skip_limit, step=step.name, skips=total + max(len(skipped), 1)
+                    ) from None
+                except _HintMissed:  # a line was not its item's: bisect, in a new transaction
+                    chunk._discard()
+                    isolate = self._bisect
+                    continue
+                self._commit(chunk, start, len(batch), skipped)
+            return start + len(batch)
+
+    def _isolate(
+        self,
+        chunk: Chunk,
+        items: list[tuple[int, Any]],
+        rejection: Rejected,
+        skipped: list[_skips.SkippedItem],
+        allowed: int,
+    ) -> None:
+        """Write `items` (rejected as a whole with `rejection`) around the line it names.
+
+        A COPY stops at the first line it rejects and names it: the rows before were accepted,
+        so they are written again without a savepoint, the row alone in one (skipped if
+        rejected), the rest in another (rejected: repeat with its line). No line: bisect.
+        _HintMissed: the rows before the line were rejected too; discard the transaction.
+        """
+        while True:
+            driver = rejection.__context__  # the driver's error, kept out of tracebacks
+            named = _COPY_LINE.search(getattr(getattr(driver, "diag", None), "context", "") or "")
+            line = 0 if named is None else int(named.group(1))
+            if not 1 <= line <= len(items):
+                self._bisect(chunk, items, rejection, skipped, allowed)
+                return
+            before, (position, item), after = items[: line - 1], items[line - 1], items[line:]
+            if before and self._write(chunk, [i for _, i in before]) is not None:
+                raise _HintMissed()
+            alone = self._write(chunk, [item], savepoint=True)
+            if alone is not None:
+                self._skip(position, item, alone, skipped, allowed)
+            if not after:
+                return
+            found = self._write(chunk, [i for _, i in after], savepoint=True)
+            if found is None:
+                return
+            items, rejection = after, found
+
+    def _skip(
+        self, position: int, item: Any, rejection: Rejected, skipped: list[Any], n: int
+    ) -> None:
+        """Record an item that a write of it alone had rejected; past `n` skips, stop."""
+        key = position if self.key is None else self.key(item)
+        skipped.append(_skips.SkippedItem(position, _skips.item_key(key), rejection))
+        if len(skipped) > n:
+            raise _SkipLimitReached()
 
     def _bisect(
         self,
@@ -601,11 +659,7 @@ class _FaultTolerantLoad:
         if len(items) == 1:
             if rejection is None:  # never called so: a known-bad item is written alone first
                 raise ValueError("a single item is skipped only on its own rejection")
-            position, item = items[0]
-            key = position if self.key is None else self.key(item)
-            skipped.append(_skips.SkippedItem(position, _skips.item_key(key), rejection))
-            if len(skipped) > allowed:
-                raise _SkipLimitReached()
+            self._skip(*items[0], rejection, skipped, allowed)
             return
         middle = len(items) // 2
         left, right = items[:middle], items[middle:]
@@ -913,25 +967,23 @@ class JobRun:
         return uow.ownership.verify_owner(self.execution.id, self.owner)
 
     def _finish(self, status: BatchStatus, error: BaseException | None = None) -> None:
-        def end(uow: UnitOfWork) -> JobExecution:
-            current = self._verify_owner(uow)
-            # A stop observed meanwhile (STOPPING) can only end STOPPED.
-            ended_as = BatchStatus.STOPPED if current.status is BatchStatus.STOPPING else status
-            change = _ending(ended_as, max(uow.clock.now(), current.updated_at), current.id)
-            ended = uow.executions.transition(current.id, current.version, change)
-            if ended_as is BatchStatus.FAILED and error is not None and self._records_reasons:
-                reason = failure_reason(error, self._secrets())
-                ended = uow.executions.record_failure_reason(current.id, ended.version, reason)
-            return uow.executions.enrich_exit_status(
-                current.id, ended.version, ExitCode(ended_as.value)
-            )
+        """End the execution as `status` (STOPPED once a stop was observed), in one statement."""
+        owner, reason = self._owned(), self._reason(status, error)
+        self.execution = self.repository.run_in_unit_of_work(
+            lambda uow: uow.executions.end(self.execution.id, owner, status, reason)
+        )
 
-        self.execution = self.repository.run_in_unit_of_work(end)
+    def _owned(self) -> OwnerToken:
+        """This run's owner token (ExecutionOwnershipLost in a run that owns none)."""
+        if self.owner is None:
+            raise ExecutionOwnershipLost(id=self.execution.id)
+        return self.owner
 
-    @property
-    def _records_reasons(self) -> bool:
-        """Whether the schema connected to has the failure reason columns (0009)."""
-        return self.repository.schema_version >= _FAILURE_REASONS_SCHEMA
+    def _reason(self, status: BatchStatus, error: BaseException | None) -> FailureReason | None:
+        """The failure reason a FAILED ending records for `error`, never a secret."""
+        if status is not BatchStatus.FAILED or error is None:
+            return None
+        return failure_reason(error, self._secrets())
 
     def _secrets(self) -> list[str]:
         """What a failure message must never carry: parameter values, the DSN's password."""
@@ -979,21 +1031,11 @@ class JobRun:
         """
         step_name, node = StepName(name), NodeId(name)
         limit = StartLimit.unrestricted() if start_limit is None else StartLimit(start_limit)
-
-        def start(uow: UnitOfWork) -> tuple[bool, StepExecution]:
-            """(True, the completed step) to skip, or (False, the new STARTED step)."""
-            self._verify_owner(uow)
-            latest = uow.flow.latest_step(self.instance.id, node)
-            if latest is not None and latest.step_execution.status is BatchStatus.COMPLETED:
-                return True, latest.step_execution
-            step = uow.flow.create_step(self.execution.id, step_name, node, limit)
-            at = max(uow.clock.now(), step.created_at)
-            return False, uow.steps.transition(
-                step.id, step.version, LifecycleTransition.new(BatchStatus.STARTED, at)
-            )
-
         self._at_chunk_boundary()
-        skipped, started = self.repository.run_in_unit_of_work(start)
+        owner = self._owned()
+        skipped, started = self.repository.run_in_unit_of_work(
+            lambda uow: uow.flow.start_step(self.execution.id, owner, step_name, node, limit)
+        )
         if skipped:
             logger.info(
                 "pybatch: step %s completed in an earlier attempt; skipped",
@@ -1037,21 +1079,11 @@ class JobRun:
     def _end_step(
         self, step_id: int, status: BatchStatus, error: BaseException | None = None
     ) -> StepExecution:
-        """End a step of this run: transition it to `status`, then record its exit code."""
-
-        def end(uow: UnitOfWork) -> StepExecution:
-            self._verify_owner(uow)
-            current = uow.steps.get(step_id)
-            if current is None:
-                raise StepExecutionNotFound(id=step_id)
-            change = _ending(status, max(uow.clock.now(), current.updated_at), step_id)
-            ended = uow.steps.transition(step_id, current.version, change)
-            if status is BatchStatus.FAILED and error is not None and self._records_reasons:
-                reason = failure_reason(error, self._secrets())
-                ended = uow.steps.record_failure_reason(step_id, ended.version, reason)
-            return uow.steps.enrich_exit_status(step_id, ended.version, ExitCode(status.value))
-
-        return self.repository.run_in_unit_of_work(end)
+        """End a step of this run as `status`, with its exit status and reason, in one statement."""
+        owner, reason = self._owned(), self._reason(status, error)
+        return self.repository.run_in_unit_of_work(
+            lambda uow: uow.steps.end(self.execution.id, owner, step_id, status, reason)
+        )
 
     def partitioned_step(
         self,
@@ -1196,17 +1228,6 @@ def _restore_sigterm(installed: tuple[Any, Any] | None) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
-def _ending(status: BatchStatus, at: _dt.datetime, failure_id: int) -> LifecycleTransition:
-    """The transition ending a run or a step: COMPLETED, STOPPED, or FAILED by user code.
-
-    The exit code then recorded is the conventional one named as the status (ExitCode.FAILED).
-    """
-    if status is BatchStatus.FAILED:
-        failure = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(failure_id))
-        return LifecycleTransition.failed(at, failure)
-    return LifecycleTransition.new(status, at)
-
-
 class Job:
     """A job by name and identifying parameters: what `launch` starts or restarts.
 
@@ -1263,101 +1284,90 @@ class Job:
                 renewed while the launch watched it), or the unresolved attempt is UNKNOWN
                 and needs explicit recovery with reason UNKNOWN_EFFECT (`pybatch recover`).
         """
-        owner = OwnerToken.generate()
+        owner, key, definition = OwnerToken.generate(), self.key, self.definition
+        known: list[int | None] = [None]  # the definition's id, once registered here
         seen_expiry: _dt.datetime | None = None
         deadline = time.monotonic() + self.lease.duration.total_seconds() + 1.0
         next_report = 0.0
-
-        def launch_once(uow: UnitOfWork) -> tuple[JobInstance, JobExecution]:
-            return self._launch(uow, owner)
-
         while True:
-            try:
-                instance, started = self.repository.run_in_unit_of_work(launch_once)
+            # One statement (uow.ownership.launch); the slow paths below loop back to it.
+            instance, blocking, lease = self.repository.run_in_unit_of_work(
+                lambda uow: uow.ownership.launch(key, definition, owner, self.lease, known[0])
+            )
+            if instance is not None and blocking is not None:
                 break
-            except _OwnerMayBeGone as pending:
-                renewed = seen_expiry is not None and pending.lease_expires_at > seen_expiry
-                if renewed or time.monotonic() > deadline:
-                    raise pending.active from None
-                if seen_expiry is None:
-                    seen_expiry = pending.lease_expires_at
-                    deadline = time.monotonic() + pending.remaining_seconds + 1.0
-                if time.monotonic() >= next_report:
-                    next_report = time.monotonic() + _LEASE_REPORT_SECONDS
-                    logger.info(
-                        "pybatch: waiting for the lease of job execution %s (its owner may be "
-                        "gone): %.1f s left before it can be recovered",
-                        pending.active.execution_id,
-                        max(0.0, deadline - 1.0 - time.monotonic()),
-                        extra={"job": self.key.job_name.value},
-                    )
-                time.sleep(_LEASE_POLL_SECONDS)
+            if blocking is None or lease is None:  # registered once, then launched
+                known[0] = self.repository.run_in_unit_of_work(
+                    lambda uow: uow.definitions.register(key.job_name, definition)
+                )
+                continue
+            active = ExecutionAlreadyActive(
+                instance_id=blocking.job_instance_id,
+                execution_id=blocking.id,
+                status=blocking.status.value,
+            )
+            # UNKNOWN is never recovered here (its commit may have happened: only an explicit
+            # recovery with reason UNKNOWN_EFFECT resolves it); otherwise the lease decides.
+            if not self.recover_orphans or not blocking.status.is_active:
+                raise active
+            if lease.owner_gone:
+                self.repository.run_in_unit_of_work(partial(self._recover, orphan=blocking.id))
+                continue
+            expires = lease.lease_expires_at
+            renewed = seen_expiry is not None and expires is not None and expires > seen_expiry
+            if renewed or time.monotonic() > deadline:
+                raise active
+            if seen_expiry is None:
+                seen_expiry = expires
+                deadline = time.monotonic() + lease.remaining_seconds + 1.0
+            if time.monotonic() >= next_report:
+                next_report = time.monotonic() + _LEASE_REPORT_SECONDS
+                logger.info(
+                    "pybatch: waiting for the lease of job execution %s (its owner may be "
+                    "gone): %.1f s left before it can be recovered",
+                    blocking.id,
+                    max(0.0, deadline - 1.0 - time.monotonic()),
+                    extra={"job": key.job_name.value},
+                )
+            time.sleep(_LEASE_POLL_SECONDS)
         logger.info(
             "pybatch: job %s instance %s attempt %s started (execution %s)",
             instance.job_name.value,
             instance.id,
-            started.attempt,
-            started.id,
+            blocking.attempt,
+            blocking.id,
             extra={
                 "job": instance.job_name.value,
                 "instance": instance.id,
-                "execution": started.id,
+                "execution": blocking.id,
             },
         )
         return JobRun(
-            self.repository,
-            instance,
-            started,
-            owner,
-            self.lease,
-            self.definition,
-            self.key.parameters,
+            self.repository, instance, blocking, owner, self.lease, definition, key.parameters
         )
 
-    def _launch(self, uow: UnitOfWork, owner: OwnerToken) -> tuple[JobInstance, JobExecution]:
-        instance = uow.instances.select_or_create(self.key).instance
-        try:
-            execution = uow.executions.create(instance.id, self.definition)
-        except ExecutionAlreadyActive as active:
-            if not self.recover_orphans:
-                raise
-            orphan, lease = uow.ownership.lock(active.execution_id)
-            # Only an attempt whose owner is gone is recovered here. UNKNOWN never is (its
-            # commit may have happened: only an explicit recovery with reason UNKNOWN_EFFECT
-            # resolves it). Otherwise the lease alone decides, on the database clock
-            # (`LeaseState.owner_gone`): an attempt whose lease ran out, or that no owner ever
-            # leased, has no live owner; while the lease is fresh, `launch` watches it.
-            if not orphan.status.is_active:
-                raise
-            if not lease.owner_gone:
-                if lease.lease_expires_at is not None:
-                    raise _OwnerMayBeGone(
-                        active, lease.lease_expires_at, lease.remaining_seconds
-                    ) from active
-                raise
-            uow.recovery.recover_orphaned(orphan.id, audited=True)
-            _telemetry.recovered("OWNER_LOST", self.key.job_name.value)
-            logger.warning(
-                "pybatch: job execution %s had no live owner (%s); recorded FAILED (OWNER_LOST)",
-                orphan.id,
-                "lease expired" if lease.has_lease else "no lease",
-                extra={
-                    "job": self.key.job_name.value,
-                    "instance": instance.id,
-                    "execution": orphan.id,
-                },
-            )
-            execution = uow.executions.create(instance.id, self.definition)
-        at = max(uow.clock.now(), execution.created_at)
-        claimed = uow.ownership.claim(execution.id, execution.version, owner, at, self.lease)
-        started = uow.executions.transition(
-            claimed.id, claimed.version, LifecycleTransition.new(BatchStatus.STARTED, at)
+    def _recover(self, uow: UnitOfWork, orphan: int) -> None:
+        """Record FAILED (OWNER_LOST), audited, for an attempt whose owner is still gone.
+
+        Under the execution's lock the lease is judged again: a renewal meanwhile, or another
+        process that recovered it first, leaves it alone (the launch then sees why).
+        """
+        execution, lease = uow.ownership.lock(orphan)
+        if not execution.status.is_active or not lease.owner_gone:
+            return
+        uow.recovery.recover_orphaned(orphan, audited=True)
+        _telemetry.recovered("OWNER_LOST", self.key.job_name.value)
+        logger.warning(
+            "pybatch: job execution %s had no live owner (%s); recorded FAILED (OWNER_LOST)",
+            orphan,
+            "lease expired" if lease.has_lease else "no lease",
+            extra={
+                "job": self.key.job_name.value,
+                "instance": execution.job_instance_id,
+                "execution": orphan,
+            },
         )
-        return instance, started
 
-
-#: The schema version (migration 0009) that records failure reasons.
-_FAILURE_REASONS_SCHEMA = 9
 
 #: How often a launch re-reads a lease it waits on, and how often it says it still waits.
 _LEASE_POLL_SECONDS = 0.2
@@ -1379,15 +1389,6 @@ def _lease_from_environment() -> ExecutionLease:
         raise EnvironmentValueInvalid(
             variable=LEASE_ENVIRONMENT, expected="lease in seconds (1 to 3600)"
         ) from None
-
-
-@attrs.define
-class _OwnerMayBeGone(Exception):
-    """The lease is fresh: wait for a renewal (owner alive) or the expiry (owner gone)."""
-
-    active: ExecutionAlreadyActive
-    lease_expires_at: _dt.datetime
-    remaining_seconds: float
 
 
 def _runners(

@@ -42,15 +42,3 @@ SELECT
     u.step_mapping
 FROM pybatch.definition_upgrade AS u
 WHERE u.from_definition_id = :from_definition_id AND u.to_definition_id = :to_definition_id;
-
--- :name find_upgrade_source_step_name :scalar
--- :doc The source step mapped onto a target step by the upgrade the execution was launched with.
-SELECT m.source_step_name
-FROM pybatch.job_execution AS e
-INNER JOIN pybatch.definition_upgrade AS u
-    ON
-        e.upgrade_from_definition_id = u.from_definition_id
-        AND e.definition_id = u.to_definition_id
-CROSS JOIN
-    LATERAL pg_catalog.JSONB_EACH_TEXT(u.step_mapping) AS m (source_step_name, target_step_name)
-WHERE e.id = :job_execution_id AND m.target_step_name = :step_name;

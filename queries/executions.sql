@@ -1,80 +1,3 @@
--- :name insert_job_execution :one
--- :doc Insert a launch or restart attempt in STARTING under the instance lock; backstops are
--- job_execution_attempt_unique and the partial unique index job_execution_one_unresolved.
-INSERT INTO pybatch.job_execution (
-    job_instance_id,
-    definition_id,
-    upgrade_from_definition_id,
-    restart_of_execution_id,
-    attempt,
-    status,
-    exit_code,
-    parameters,
-    context_format,
-    context_schema,
-    context_schema_version,
-    context_payload,
-    created_at,
-    updated_at,
-    version
-)
-VALUES (
-    :job_instance_id,
-    :definition_id,
-    :upgrade_from_definition_id,
-    :restart_of_execution_id,
-    :attempt,
-    'STARTING',
-    'UNKNOWN',
-    :parameters,
-    1,
-    'oxide_batch.empty.v1',
-    1,
-    CAST('{}' AS JSONB),
-    :now,
-    :now,
-    0
-)
-RETURNING
-    id,
-    job_instance_id,
-    definition_id,
-    upgrade_from_definition_id,
-    restart_of_execution_id,
-    attempt,
-    status,
-    exit_code,
-    failure_category,
-    failure_id,
-    created_at,
-    started_at,
-    ended_at,
-    updated_at,
-    version;
-
--- :name find_latest_job_execution :one
--- :doc The latest attempt of an instance (job_execution_attempt_unique, scanned backwards).
-SELECT
-    e.id,
-    e.job_instance_id,
-    e.definition_id,
-    e.upgrade_from_definition_id,
-    e.restart_of_execution_id,
-    e.attempt,
-    e.status,
-    e.exit_code,
-    e.failure_category,
-    e.failure_id,
-    e.created_at,
-    e.started_at,
-    e.ended_at,
-    e.updated_at,
-    e.version
-FROM pybatch.job_execution AS e
-WHERE e.job_instance_id = :job_instance_id
-ORDER BY e.attempt DESC
-LIMIT 1;
-
 -- :name get_job_execution :one
 -- :doc One job execution by id (job_execution_pkey).
 SELECT
@@ -166,17 +89,94 @@ SET
     version = version + 1
 WHERE id = :job_execution_id AND version = :expected_version;
 
--- :name update_job_execution_failure_reason :affected
--- :doc Record why a FAILED row failed (class, redacted message, the server's names) as a
--- compare-and-swap on the version; zero rows means a stale version or a row not FAILED.
-UPDATE pybatch.job_execution
-SET
-    failure_error_class = :error_class,
-    failure_message = :message,
-    failure_sqlstate = :sqlstate,
-    failure_constraint = :constraint_name,
-    failure_table = :table_name,
-    failure_column = :column_name,
-    updated_at = GREATEST(updated_at, :now),
-    version = version + 1
-WHERE id = :job_execution_id AND version = :expected_version AND status = 'FAILED';
+-- :name end_job_execution :one
+-- :doc End a running execution as its owner in one statement (migration 0014 end_job_execution):
+-- the transition (STOPPED once a stop was observed), its exit status and failure reason, and its
+-- unfinished steps ended with it. outcome - ended, or the error that refuses it, with details.
+SELECT
+    o.outcome,
+    o.details,
+    (o.execution).id AS id,
+    (o.execution).job_instance_id AS job_instance_id,
+    (o.execution).definition_id AS definition_id,
+    (o.execution).upgrade_from_definition_id AS upgrade_from_definition_id,
+    (o.execution).restart_of_execution_id AS restart_of_execution_id,
+    (o.execution).attempt AS attempt,
+    (o.execution).status AS status,
+    (o.execution).exit_code AS exit_code,
+    (o.execution).failure_category AS failure_category,
+    (o.execution).failure_id AS failure_id,
+    (o.execution).created_at AS created_at,
+    (o.execution).started_at AS started_at,
+    (o.execution).ended_at AS ended_at,
+    (o.execution).updated_at AS updated_at,
+    (o.execution).version AS version
+FROM pybatch.end_job_execution(
+    :job_execution_id,
+    :owner_token,
+    :status,
+    :error_class,
+    :message,
+    :sqlstate,
+    :constraint_name,
+    :table_name,
+    :column_name,
+    :now
+) AS o;
+
+-- :name create_job_execution :one
+-- :doc Create the next attempt of an instance, STARTING and unclaimed, in one statement
+-- (migration 0014 create_job_execution): under the instance lock, the latest attempt, the
+-- definition and the upgrade edge checked, the attempt counted and inserted. outcome - created,
+-- unregistered (register the definition, try again) or the error that refuses it, with details;
+-- the instance row comes back whole, so a corrupt one is refused.
+SELECT
+    o.outcome,
+    o.details,
+    (o.instance).id AS instance_id,
+    (o.instance).job_name AS job_name,
+    (o.instance).instance_key AS instance_key,
+    (o.instance).identifying_parameters AS identifying_parameters,
+    (o.instance).created_at AS instance_created_at,
+    (o.execution).id AS id,
+    (o.execution).job_instance_id AS job_instance_id,
+    (o.execution).definition_id AS definition_id,
+    (o.execution).upgrade_from_definition_id AS upgrade_from_definition_id,
+    (o.execution).restart_of_execution_id AS restart_of_execution_id,
+    (o.execution).attempt AS attempt,
+    (o.execution).status AS status,
+    (o.execution).exit_code AS exit_code,
+    (o.execution).failure_category AS failure_category,
+    (o.execution).failure_id AS failure_id,
+    (o.execution).created_at AS created_at,
+    (o.execution).started_at AS started_at,
+    (o.execution).ended_at AS ended_at,
+    (o.execution).updated_at AS updated_at,
+    (o.execution).version AS version,
+    (o.previous).id AS previous_id,
+    (o.previous).job_instance_id AS previous_job_instance_id,
+    (o.previous).definition_id AS previous_definition_id,
+    (o.previous).upgrade_from_definition_id AS previous_upgrade_from_definition_id,
+    (o.previous).restart_of_execution_id AS previous_restart_of_execution_id,
+    (o.previous).attempt AS previous_attempt,
+    (o.previous).status AS previous_status,
+    (o.previous).exit_code AS previous_exit_code,
+    (o.previous).failure_category AS previous_failure_category,
+    (o.previous).failure_id AS previous_failure_id,
+    (o.previous).created_at AS previous_created_at,
+    (o.previous).started_at AS previous_started_at,
+    (o.previous).ended_at AS previous_ended_at,
+    (o.previous).updated_at AS previous_updated_at,
+    (o.previous).version AS previous_version
+FROM pybatch.create_job_execution(
+    :job_instance_id,
+    :definition_id,
+    :definition_job_name,
+    :manifest_format,
+    :definition_revision,
+    :manifest_digest,
+    NULL,
+    NULL,
+    NULL,
+    :now
+) AS o;

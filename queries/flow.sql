@@ -1,12 +1,3 @@
--- :name count_flow_node_starts :scalar
--- :doc How often a node has started in an instance, across every attempt (start limits);
--- driven by job_execution_attempt_unique, then step_execution_logical_id_unique.
-SELECT pg_catalog.COUNT(*) AS start_count
-FROM pybatch.job_execution AS e
-INNER JOIN pybatch.step_execution AS s
-    ON e.id = s.job_execution_id AND s.step_logical_id = :node_id
-WHERE e.job_instance_id = :job_instance_id;
-
 -- :name find_latest_flow_step_execution :scalar
 -- :doc The newest step of a node in an instance (attempt, then step id, descending): the source
 -- whose durable state a flow step copies.
@@ -146,3 +137,55 @@ WHERE
     AND d.transition_kind = :transition_kind
 ORDER BY e.attempt DESC, d.sequence DESC
 LIMIT 1;
+
+-- :name start_flow_step :one
+-- :doc Start a node's step in one statement (migration 0014 start_step_execution): under the
+-- instance lock, checked for duplicates and the start limit and inserted with the durable state
+-- of the node's newest step - STARTED as the execution's owner (skipped when that step is
+-- COMPLETED), or STARTING without an owner. outcome - started, created or skipped, or the
+-- error that refuses it, its fields in details.
+SELECT
+    o.outcome,
+    o.details,
+    (o.step).id AS id,
+    (o.step).job_execution_id AS job_execution_id,
+    (o.step).step_name AS step_name,
+    (o.step).step_logical_id AS step_logical_id,
+    (o.step).status AS status,
+    (o.step).exit_code AS exit_code,
+    (o.step).read_count AS read_count,
+    (o.step).processed_count AS processed_count,
+    (o.step).write_count AS write_count,
+    (o.step).filter_count AS filter_count,
+    (o.step).commit_count AS commit_count,
+    (o.step).rollback_count AS rollback_count,
+    (o.step).checkpoint_format AS checkpoint_format,
+    (o.step).checkpoint_schema AS checkpoint_schema,
+    (o.step).checkpoint_schema_version AS checkpoint_schema_version,
+    (o.step).checkpoint_payload AS checkpoint_payload,
+    (o.step).context_format AS context_format,
+    (o.step).context_schema AS context_schema,
+    (o.step).context_schema_version AS context_schema_version,
+    (o.step).context_payload AS context_payload,
+    (o.step).failure_category AS failure_category,
+    (o.step).failure_id AS failure_id,
+    (o.step).created_at AS created_at,
+    (o.step).started_at AS started_at,
+    (o.step).ended_at AS ended_at,
+    (o.step).updated_at AS updated_at,
+    (o.step).version AS version,
+    (o.step).read_retry_count AS read_retry_count,
+    (o.step).process_retry_count AS process_retry_count,
+    (o.step).write_retry_count AS write_retry_count,
+    (o.step).read_skip_count AS read_skip_count,
+    (o.step).process_skip_count AS process_skip_count,
+    (o.step).write_skip_count AS write_skip_count,
+    (o.step).no_rollback_count AS no_rollback_count
+FROM pybatch.start_step_execution(
+    :job_execution_id,
+    :owner_token,
+    :step_name,
+    :node_id,
+    :start_limit,
+    :now
+) AS o;

@@ -27,25 +27,3 @@ SELECT
     i.created_at
 FROM pybatch.job_instance AS i
 WHERE i.id = :job_instance_id;
-
--- :name lock_job_instance :one
--- :doc Lock the instance row: it serializes every launch, restart and flow-step start of the
--- instance (lock order - instance, then job execution, then step). Returns every column the
--- instance decoder reads, so a launch refuses a corrupt instance instead of copying it.
-SELECT
-    i.id,
-    i.job_name,
-    i.instance_key,
-    i.identifying_parameters,
-    i.created_at,
-    i.last_attempt,
-    i.final_status
-FROM pybatch.job_instance AS i
-WHERE i.id = :job_instance_id
-FOR UPDATE;
-
--- :name update_job_instance_last_attempt :affected
--- :doc Advance the attempt high-water mark under the instance lock; attempts are never reused.
-UPDATE pybatch.job_instance
-SET last_attempt = :attempt
-WHERE id = :job_instance_id AND last_attempt = :attempt - 1;

@@ -101,33 +101,6 @@ FROM pybatch.step_partition AS p
 WHERE p.step_execution_id = :step_execution_id
 ORDER BY p.partition_key;
 
--- :name lock_step_partitions_by_key :many
--- :doc Lock every partition of a plan in key byte order (aggregation).
-SELECT
-    p.id,
-    p.step_execution_id,
-    p.worker_step_execution_id,
-    p.partition_key,
-    p.partition_ordinal,
-    p.status,
-    p.exit_code,
-    p.read_count,
-    p.processed_count,
-    p.write_count,
-    p.filter_count,
-    p.commit_count,
-    p.rollback_count,
-    p.context_format,
-    p.context_schema,
-    p.context_schema_version,
-    p.context_payload,
-    p.context_checksum,
-    p.version
-FROM pybatch.step_partition AS p
-WHERE p.step_execution_id = :step_execution_id
-ORDER BY p.partition_key
-FOR UPDATE;
-
 -- :name lock_step_partitions_by_ordinal :many
 -- :doc Lock every partition of a plan in ordinal order (plan restart source).
 SELECT
@@ -296,24 +269,6 @@ SET
     version = version + 1
 WHERE id = :step_partition_id AND version = :expected_version;
 
--- :name update_step_partition_complete :affected
--- :doc Publish the worker's terminal snapshot onto its partition as a compare-and-swap; the
--- worker's ownership and lease end with it.
-UPDATE pybatch.step_partition
-SET
-    status = :status,
-    exit_code = :exit_code,
-    read_count = :read_count,
-    processed_count = :processed_count,
-    write_count = :write_count,
-    filter_count = :filter_count,
-    commit_count = :commit_count,
-    rollback_count = :rollback_count,
-    worker_owner_token = NULL,
-    worker_lease_expires_at = NULL,
-    version = version + 1
-WHERE id = :step_partition_id AND version = :expected_version;
-
 -- :name update_step_execution_aggregate :affected
 -- :doc End a parent with the aggregate of its partitions - status, failure, end time, exit and
 -- counters - as a compare-and-swap on its version; updated_at never moves backwards.
@@ -335,50 +290,6 @@ SET
     version = version + 1
 WHERE id = :step_execution_id AND version = :expected_version;
 
--- :name lock_step_partition_workers :many
--- :doc Lock the worker of every assigned partition of a plan, in partition key order
--- (aggregation); each row is a full step execution.
-SELECT
-    w.id,
-    w.job_execution_id,
-    w.step_name,
-    w.step_logical_id,
-    w.status,
-    w.exit_code,
-    w.read_count,
-    w.processed_count,
-    w.write_count,
-    w.filter_count,
-    w.commit_count,
-    w.rollback_count,
-    w.checkpoint_format,
-    w.checkpoint_schema,
-    w.checkpoint_schema_version,
-    w.checkpoint_payload,
-    w.context_format,
-    w.context_schema,
-    w.context_schema_version,
-    w.context_payload,
-    w.failure_category,
-    w.failure_id,
-    w.created_at,
-    w.started_at,
-    w.ended_at,
-    w.updated_at,
-    w.version,
-    w.read_retry_count,
-    w.process_retry_count,
-    w.write_retry_count,
-    w.read_skip_count,
-    w.process_skip_count,
-    w.write_skip_count,
-    w.no_rollback_count
-FROM pybatch.step_partition AS p
-INNER JOIN pybatch.step_execution AS w ON p.worker_step_execution_id = w.id
-WHERE p.step_execution_id = :step_execution_id
-ORDER BY p.partition_key
-FOR UPDATE OF w;
-
 -- :name claim_step_partition :one
 -- :doc Claim the next partition of a STARTED parent in one guarded statement - lock the first
 -- claimable partition in ordinal order (FOR UPDATE SKIP LOCKED, so N workers never take the
@@ -398,16 +309,20 @@ WITH parent AS (
     FOR SHARE
 ),
 
+-- The parent is locked first (a one-time EXISTS); the plan's STARTING partitions are then read
+-- in ordinal order from step_partition_claimable, so the first unlocked one ends the scan.
 unclaimed AS (
     SELECT
         p.id,
         p.partition_key,
         p.partition_ordinal,
         p.version,
-        parent.job_execution_id
+        (SELECT parent.job_execution_id FROM parent) AS job_execution_id
     FROM pybatch.step_partition AS p
-    INNER JOIN parent ON p.step_execution_id = parent.id
-    WHERE p.status = 'STARTING'
+    WHERE
+        p.step_execution_id = :step_execution_id
+        AND p.status = 'STARTING'
+        AND EXISTS (SELECT 1 FROM parent)
     ORDER BY p.partition_ordinal
     LIMIT 1
     FOR UPDATE OF p SKIP LOCKED
@@ -555,7 +470,41 @@ worker AS (
     FROM picked
     LEFT JOIN resume_source ON TRUE
     LEFT JOIN pybatch.step_execution AS src ON resume_source.id = src.id
-    RETURNING id
+    RETURNING
+        id,
+        job_execution_id,
+        step_name,
+        step_logical_id,
+        status,
+        exit_code,
+        read_count,
+        processed_count,
+        write_count,
+        filter_count,
+        commit_count,
+        rollback_count,
+        checkpoint_format,
+        checkpoint_schema,
+        checkpoint_schema_version,
+        checkpoint_payload,
+        context_format,
+        context_schema,
+        context_schema_version,
+        context_payload,
+        failure_category,
+        failure_id,
+        created_at,
+        started_at,
+        ended_at,
+        updated_at,
+        version,
+        read_retry_count,
+        process_retry_count,
+        write_retry_count,
+        read_skip_count,
+        process_skip_count,
+        write_skip_count,
+        no_rollback_count
 ),
 
 assigned AS (
@@ -599,26 +548,61 @@ assigned AS (
 )
 
 SELECT
-    a.id,
-    a.step_execution_id,
-    a.worker_step_execution_id,
-    a.partition_key,
-    a.partition_ordinal,
-    a.status,
-    a.exit_code,
-    a.read_count,
-    a.processed_count,
-    a.write_count,
-    a.filter_count,
-    a.commit_count,
-    a.rollback_count,
-    a.context_format,
-    a.context_schema,
-    a.context_schema_version,
-    a.context_payload,
-    a.context_checksum,
-    a.version
-FROM assigned AS a;
+    worker.id,
+    worker.job_execution_id,
+    worker.step_name,
+    worker.step_logical_id,
+    worker.status,
+    worker.exit_code,
+    worker.read_count,
+    worker.processed_count,
+    worker.write_count,
+    worker.filter_count,
+    worker.commit_count,
+    worker.rollback_count,
+    worker.checkpoint_format,
+    worker.checkpoint_schema,
+    worker.checkpoint_schema_version,
+    worker.checkpoint_payload,
+    worker.context_format,
+    worker.context_schema,
+    worker.context_schema_version,
+    worker.context_payload,
+    worker.failure_category,
+    worker.failure_id,
+    worker.created_at,
+    worker.started_at,
+    worker.ended_at,
+    worker.updated_at,
+    worker.version,
+    worker.read_retry_count,
+    worker.process_retry_count,
+    worker.write_retry_count,
+    worker.read_skip_count,
+    worker.process_skip_count,
+    worker.write_skip_count,
+    worker.no_rollback_count,
+    a.id AS p_id,
+    a.step_execution_id AS p_step_execution_id,
+    a.worker_step_execution_id AS p_worker_step_execution_id,
+    a.partition_key AS p_partition_key,
+    a.partition_ordinal AS p_partition_ordinal,
+    a.status AS p_status,
+    a.exit_code AS p_exit_code,
+    a.read_count AS p_read_count,
+    a.processed_count AS p_processed_count,
+    a.write_count AS p_write_count,
+    a.filter_count AS p_filter_count,
+    a.commit_count AS p_commit_count,
+    a.rollback_count AS p_rollback_count,
+    a.context_format AS p_context_format,
+    a.context_schema AS p_context_schema,
+    a.context_schema_version AS p_context_schema_version,
+    a.context_payload AS p_context_payload,
+    a.context_checksum AS p_context_checksum,
+    a.version AS p_version
+FROM assigned AS a
+INNER JOIN worker ON a.worker_step_execution_id = worker.id;
 
 -- :name count_step_partitions_by_status :many
 -- :doc How many partitions of a plan are in each status (progress of a partitioned step).
@@ -661,18 +645,270 @@ WHERE p.step_execution_id = :step_execution_id AND w.started_at IS NOT NULL
 ORDER BY elapsed DESC, p.partition_key ASC
 LIMIT :limit;
 
--- :name update_partition_worker_end :affected
--- :doc End a partition's worker step - a checked lifecycle transition and its exit status in one
--- compare-and-swap write (the version moves by one for each of the two changes).
-UPDATE pybatch.step_execution
-SET
-    status = :status,
-    exit_code = :exit_code,
-    failure_category = :failure_category,
-    failure_id = :failure_id,
-    started_at = :started_at,
-    ended_at = :ended_at,
-    rollback_count = :rollback_count,
-    updated_at = GREATEST(updated_at, :transitioned_at),
-    version = :version
-WHERE id = :step_execution_id AND version = :expected_version;
+-- :name end_step_partition :one
+-- :doc End a partition's worker and publish its result onto the partition in one guarded
+-- statement. Lock the parent (FOR SHARE: claims and ends share the parent, only the aggregation's
+-- FOR UPDATE excludes them), then the partition (FOR UPDATE); if the parent is STARTED or
+-- STOPPING and the partition still STARTED at expected_version with this worker - and, with
+-- only_if_lost, if its lease ran out on the database clock or it has none - lock its worker
+-- step (of the parent's execution).
+-- An active worker is ended with status (a move of the transition table; never before its last
+-- write), failure and exit (none - the exit stays, and the version moves by one instead of two);
+-- a worker already in a result status stays as it is. The partition takes the worker's durable
+-- status, exit and counters, its owner and lease end, and its version moves by one (status NULL
+-- ends no worker: it must have ended already). Always one row: the partition's new columns, NULL
+-- when a guard refused and nothing changed, then the locked state the guards judged (found_*,
+-- parent_*; the worker as the statement's snapshot saw it), from which the caller names the
+-- refusal.
+WITH parent AS (
+    SELECT
+        s.id,
+        s.status,
+        s.job_execution_id
+    FROM pybatch.step_partition AS p
+    INNER JOIN pybatch.step_execution AS s ON p.step_execution_id = s.id
+    WHERE p.id = :step_partition_id
+    FOR SHARE OF s
+),
+
+found AS (
+    SELECT
+        p.id,
+        p.version,
+        p.status,
+        p.worker_step_execution_id,
+        p.worker_lease_expires_at,
+        parent.id AS parent_id,
+        parent.status AS parent_status,
+        parent.job_execution_id
+    FROM pybatch.step_partition AS p
+    INNER JOIN parent ON p.step_execution_id = parent.id
+    WHERE p.id = :step_partition_id
+    FOR UPDATE OF p
+),
+
+claimed AS (
+    SELECT
+        w.id,
+        w.status,
+        w.exit_code,
+        w.read_count,
+        w.processed_count,
+        w.write_count,
+        w.filter_count,
+        w.commit_count,
+        w.rollback_count
+    FROM found
+    INNER JOIN pybatch.step_execution AS w
+        ON
+            found.worker_step_execution_id = w.id
+            AND found.job_execution_id = w.job_execution_id
+    WHERE
+        found.parent_status IN ('STARTED', 'STOPPING')
+        AND found.version = :expected_version
+        AND found.status = 'STARTED'
+        AND found.worker_step_execution_id = :worker_step_execution_id
+        AND (
+            NOT :only_if_lost
+            OR COALESCE(found.worker_lease_expires_at > pg_catalog.CLOCK_TIMESTAMP(), FALSE)
+            IS FALSE
+        )
+    FOR UPDATE OF w
+),
+
+ended AS (
+    UPDATE pybatch.step_execution AS w
+    SET
+        status = CAST(:status AS TEXT),
+        exit_code = COALESCE(CAST(:exit_code AS TEXT), w.exit_code),
+        failure_category = COALESCE(CAST(:failure_category AS TEXT), w.failure_category),
+        failure_id = COALESCE(:failure_id, w.failure_id),
+        ended_at = CASE
+            WHEN CAST(:status AS TEXT) <> 'UNKNOWN' THEN GREATEST(:now, w.updated_at, w.started_at)
+        END,
+        updated_at = GREATEST(:now, w.updated_at, w.started_at),
+        version = w.version + CASE WHEN CAST(:exit_code AS TEXT) IS NULL THEN 1 ELSE 2 END
+    FROM claimed AS worker
+    WHERE
+        w.id = worker.id
+        AND CAST(:status AS TEXT) IS NOT NULL
+        AND worker.status IN ('STARTING', 'STARTED', 'STOPPING')
+        AND (
+            worker.status = 'STARTED'
+            OR CAST(:status AS TEXT) IN ('FAILED', 'UNKNOWN')
+            OR (worker.status = 'STOPPING' AND CAST(:status AS TEXT) = 'STOPPED')
+        )
+    RETURNING
+        w.status,
+        w.exit_code
+),
+
+completed AS (
+    UPDATE pybatch.step_partition AS p
+    SET
+        status = COALESCE(ended.status, worker.status),
+        exit_code = COALESCE(ended.exit_code, worker.exit_code),
+        read_count = worker.read_count,
+        processed_count = worker.processed_count,
+        write_count = worker.write_count,
+        filter_count = worker.filter_count,
+        commit_count = worker.commit_count,
+        rollback_count = worker.rollback_count,
+        worker_owner_token = NULL,
+        worker_lease_expires_at = NULL,
+        version = p.version + 1
+    FROM claimed AS worker
+    LEFT JOIN ended ON TRUE
+    WHERE
+        p.id = :step_partition_id
+        AND p.version = :expected_version
+        AND COALESCE(ended.status, worker.status) IN ('COMPLETED', 'FAILED', 'STOPPED', 'UNKNOWN')
+    RETURNING
+        p.id,
+        p.step_execution_id,
+        p.worker_step_execution_id,
+        p.partition_key,
+        p.partition_ordinal,
+        p.status,
+        p.exit_code,
+        p.read_count,
+        p.processed_count,
+        p.write_count,
+        p.filter_count,
+        p.commit_count,
+        p.rollback_count,
+        p.context_format,
+        p.context_schema,
+        p.context_schema_version,
+        p.context_payload,
+        p.context_checksum,
+        p.version
+)
+
+SELECT
+    c.id,
+    c.step_execution_id,
+    c.worker_step_execution_id,
+    c.partition_key,
+    c.partition_ordinal,
+    c.status,
+    c.exit_code,
+    c.read_count,
+    c.processed_count,
+    c.write_count,
+    c.filter_count,
+    c.commit_count,
+    c.rollback_count,
+    c.context_format,
+    c.context_schema,
+    c.context_schema_version,
+    c.context_payload,
+    c.context_checksum,
+    c.version,
+    found.version AS found_version,
+    found.status AS found_status,
+    found.worker_step_execution_id AS found_worker_step_execution_id,
+    found.parent_id AS parent_step_execution_id,
+    found.parent_status,
+    w.status AS worker_status,
+    w.job_execution_id = found.job_execution_id AS same_execution
+FROM (SELECT CAST(:step_partition_id AS BIGINT) AS id) AS asked
+LEFT JOIN found ON asked.id = found.id
+LEFT JOIN pybatch.step_execution AS w ON w.id = :worker_step_execution_id
+LEFT JOIN completed AS c ON TRUE;
+
+-- :name summarize_step_partitions :one
+-- :doc Lock a plan's partitions, then their workers, in partition key order (aggregation; the
+-- parent is locked before) and summarize them in one row - how many partitions, the status of
+-- the first partition in key order that has no worker or no result status yet, whether every
+-- partition mirrors its worker's status, exit and counters, the most severe status (UNKNOWN,
+-- then FAILED, STOPPED, COMPLETED) with the exit and the worker's failure of the first partition
+-- in key order that has it, and the counters summed as numeric (the caller refuses a sum beyond
+-- the bigint range).
+WITH children AS (
+    SELECT
+        p.partition_key,
+        p.status,
+        p.exit_code,
+        p.read_count,
+        p.processed_count,
+        p.write_count,
+        p.filter_count,
+        p.commit_count,
+        p.rollback_count,
+        p.worker_step_execution_id,
+        CASE p.status
+            WHEN 'COMPLETED' THEN 0
+            WHEN 'STOPPED' THEN 1
+            WHEN 'FAILED' THEN 2
+            WHEN 'UNKNOWN' THEN 3
+        END AS severity
+    FROM pybatch.step_partition AS p
+    WHERE p.step_execution_id = :step_execution_id
+    ORDER BY p.partition_key
+    FOR UPDATE
+),
+
+workers AS (
+    SELECT
+        w.id,
+        w.status,
+        w.exit_code,
+        w.read_count,
+        w.processed_count,
+        w.write_count,
+        w.filter_count,
+        w.commit_count,
+        w.rollback_count,
+        w.failure_category,
+        w.failure_id
+    FROM children AS c
+    INNER JOIN pybatch.step_execution AS w ON c.worker_step_execution_id = w.id
+    ORDER BY c.partition_key
+    FOR UPDATE OF w
+),
+
+judged AS (
+    SELECT
+        c.partition_key,
+        c.status,
+        c.exit_code,
+        c.severity,
+        w.failure_category,
+        w.failure_id,
+        c.read_count,
+        c.processed_count,
+        c.write_count,
+        c.filter_count,
+        c.commit_count,
+        c.rollback_count,
+        c.worker_step_execution_id IS NULL OR c.severity IS NULL AS incomplete,
+        w.id IS NOT NULL
+        AND (c.status, c.exit_code) = (w.status, w.exit_code)
+        AND (c.read_count, c.processed_count, c.write_count)
+        = (w.read_count, w.processed_count, w.write_count)
+        AND (c.filter_count, c.commit_count, c.rollback_count)
+        = (w.filter_count, w.commit_count, w.rollback_count) AS mirrors
+    FROM children AS c
+    LEFT JOIN workers AS w ON c.worker_step_execution_id = w.id
+)
+
+SELECT
+    pg_catalog.COUNT(*) AS partitions,
+    (pg_catalog.ARRAY_AGG(j.status ORDER BY j.partition_key) FILTER (WHERE j.incomplete))[1]
+        AS incomplete_status,
+    COALESCE(pg_catalog.BOOL_AND(j.mirrors), FALSE) AS mirrored,
+    (pg_catalog.ARRAY_AGG(j.status ORDER BY j.severity DESC, j.partition_key ASC))[1] AS status,
+    (pg_catalog.ARRAY_AGG(j.exit_code ORDER BY j.severity DESC, j.partition_key ASC))[1]
+        AS exit_code,
+    (pg_catalog.ARRAY_AGG(j.failure_category ORDER BY j.severity DESC, j.partition_key ASC))[1]
+        AS failure_category,
+    (pg_catalog.ARRAY_AGG(j.failure_id ORDER BY j.severity DESC, j.partition_key ASC))[1]
+        AS failure_id,
+    pg_catalog.SUM(j.read_count) AS read_count,
+    pg_catalog.SUM(j.processed_count) AS processed_count,
+    pg_catalog.SUM(j.write_count) AS write_count,
+    pg_catalog.SUM(j.filter_count) AS filter_count,
+    pg_catalog.SUM(j.commit_count) AS commit_count,
+    pg_catalog.SUM(j.rollback_count) AS rollback_count
+FROM judged AS j;

@@ -1,152 +1,3 @@
--- :name find_conflicting_step_execution :one
--- :doc A step of the execution with this name or this logical id (step_execution_name_unique,
--- step_execution_logical_id_unique), checked before inserting to report DuplicateStep.
-SELECT s.id
-FROM pybatch.step_execution AS s
-WHERE
-    s.job_execution_id = :job_execution_id
-    AND (s.step_name = :step_name OR s.step_logical_id = :node_id)
-ORDER BY s.id
-LIMIT 1;
-
--- :name find_restart_source_step_execution :scalar
--- :doc The newest step with this name in the previous attempt, whose durable state a restart copies
--- (covered by step_execution_name_unique).
-SELECT s.id
-FROM pybatch.step_execution AS s
-WHERE s.job_execution_id = :previous_job_execution_id AND s.step_name = :source_step_name
-ORDER BY s.id DESC
-LIMIT 1;
-
--- :name insert_step_execution :one
--- :doc Insert a fresh step in STARTING with empty state and the empty fault-state envelope
--- written explicitly; name and logical-id uniqueness arbitrate duplicates.
-INSERT INTO pybatch.step_execution (
-    job_execution_id,
-    step_name,
-    step_logical_id,
-    status,
-    exit_code,
-    checkpoint_format,
-    checkpoint_schema,
-    checkpoint_schema_version,
-    checkpoint_payload,
-    context_format,
-    context_schema,
-    context_schema_version,
-    context_payload,
-    fault_state_format,
-    fault_state_schema,
-    fault_state_schema_version,
-    fault_state_payload,
-    fault_state_checksum,
-    created_at,
-    updated_at,
-    version
-)
-VALUES (
-    :job_execution_id,
-    :step_name,
-    :node_id,
-    'STARTING',
-    'UNKNOWN',
-    1,
-    'oxide_batch.empty.v1',
-    1,
-    CAST('{}' AS JSONB),
-    1,
-    'oxide_batch.empty.v1',
-    1,
-    CAST('{}' AS JSONB),
-    1,
-    'oxide-batch.fault-state',
-    1,
-    :fault_state_payload,
-    :fault_state_checksum,
-    :now,
-    :now,
-    0
-)
-RETURNING id;
-
--- :name insert_step_execution_from_source :one
--- :doc Insert a restart step that copies every durable field of its source step:
--- counters, checkpoint, context, retry/skip/no-rollback counts and the fault-state envelope.
-INSERT INTO pybatch.step_execution (
-    job_execution_id,
-    step_name,
-    step_logical_id,
-    status,
-    exit_code,
-    read_count,
-    processed_count,
-    write_count,
-    filter_count,
-    commit_count,
-    rollback_count,
-    checkpoint_format,
-    checkpoint_schema,
-    checkpoint_schema_version,
-    checkpoint_payload,
-    context_format,
-    context_schema,
-    context_schema_version,
-    context_payload,
-    read_retry_count,
-    process_retry_count,
-    write_retry_count,
-    read_skip_count,
-    process_skip_count,
-    write_skip_count,
-    no_rollback_count,
-    fault_state_format,
-    fault_state_schema,
-    fault_state_schema_version,
-    fault_state_payload,
-    fault_state_checksum,
-    created_at,
-    updated_at,
-    version
-)
-SELECT
-    :job_execution_id AS job_execution_id,
-    :step_name AS step_name,
-    :node_id AS step_logical_id,
-    'STARTING' AS status,
-    'UNKNOWN' AS exit_code,
-    src.read_count,
-    src.processed_count,
-    src.write_count,
-    src.filter_count,
-    src.commit_count,
-    src.rollback_count,
-    src.checkpoint_format,
-    src.checkpoint_schema,
-    src.checkpoint_schema_version,
-    src.checkpoint_payload,
-    src.context_format,
-    src.context_schema,
-    src.context_schema_version,
-    src.context_payload,
-    src.read_retry_count,
-    src.process_retry_count,
-    src.write_retry_count,
-    src.read_skip_count,
-    src.process_skip_count,
-    src.write_skip_count,
-    src.no_rollback_count,
-    src.fault_state_format,
-    src.fault_state_schema,
-    src.fault_state_schema_version,
-    src.fault_state_payload,
-    src.fault_state_checksum,
-    :now AS created_at,
-    :now AS updated_at,
-    0 AS version
-FROM pybatch.step_execution AS src
-WHERE src.id = :source_step_execution_id
-RETURNING id;
-
 -- :name get_step_execution :one
 -- :doc One step execution with its durable state (step_execution_pkey).
 SELECT
@@ -294,76 +145,127 @@ SET
     version = version + 1
 WHERE id = :step_execution_id AND version = :expected_version;
 
--- :name lock_unfinished_step_executions :many
--- :doc Lock every unfinished step of a job execution that is ending (its steps, partitioned
--- parents and partition workers), after the execution's own lock. Waiting here for in-flight chunk
--- commits and partition claims (a claim holds its parent FOR SHARE) is what lets the next
--- statement, end_unfinished_step_executions, see every worker step a claim has just committed.
-SELECT s.id
-FROM pybatch.step_execution AS s
-WHERE
-    s.job_execution_id = :job_execution_id
-    AND s.status IN ('STARTING', 'STARTED', 'STOPPING')
-ORDER BY s.id
-FOR NO KEY UPDATE;
-
 -- :name end_unfinished_step_executions :one
 -- :doc End, in the transaction that ends their job execution, every step of it still unfinished,
--- and release every partition of its plans still claimed: STOPPED when the execution stopped,
--- else FAILED with the given category. No step stays STARTED under a finished execution, so
--- nothing of the old owner can commit a chunk afterwards (a chunk wants status STARTED).
--- Timestamps never move backwards and never precede the step's start. The parameters are cast
--- to one type each: the status fills two columns of different domains.
-WITH ended AS (
-    UPDATE pybatch.step_execution AS s
-    SET
-        status = CAST(:status AS TEXT),
-        exit_code = CAST(:status AS TEXT),
-        failure_category = CAST(:failure_category AS TEXT),
-        failure_id = CASE WHEN CAST(:failure_category AS TEXT) IS NOT NULL THEN s.id END,
-        ended_at = GREATEST(
-            s.updated_at, s.started_at, s.created_at, CAST(:ended_at AS TIMESTAMPTZ)
-        ),
-        updated_at = GREATEST(
-            s.updated_at, s.started_at, s.created_at, CAST(:ended_at AS TIMESTAMPTZ)
-        ),
-        version = s.version + 1
-    WHERE
-        s.job_execution_id = :job_execution_id
-        AND s.status IN ('STARTING', 'STARTED', 'STOPPING')
-    RETURNING s.id
-),
+-- and release every partition of its plans still claimed (migration 0014 end_unfinished_steps,
+-- which first locks them, waiting for in-flight chunk commits and partition claims): STOPPED
+-- when the execution stopped, else FAILED with the given category. No step stays STARTED under a
+-- finished execution, so nothing of the old owner can commit a chunk afterwards.
+SELECT
+    pybatch.end_unfinished_steps(
+        :job_execution_id, :status, :failure_category, :ended_at
+    ) AS ended_steps;
 
-released AS (
-    UPDATE pybatch.step_partition AS p
-    SET
-        status = CAST(:status AS TEXT),
-        exit_code = CAST(:status AS TEXT),
-        worker_owner_token = NULL,
-        worker_lease_expires_at = NULL,
-        version = p.version + 1
-    FROM pybatch.step_execution AS parent
-    WHERE
-        p.step_execution_id = parent.id
-        AND parent.job_execution_id = :job_execution_id
-        AND p.status = 'STARTED'
-    RETURNING p.id
-)
+-- :name end_step_execution :one
+-- :doc End a step of a running execution as its owner in one statement (migration 0014
+-- end_step_execution): the transition, its exit status and failure reason. outcome - ended, or
+-- the error that refuses it (the execution is not this owner's any more ...), with details.
+SELECT
+    o.outcome,
+    o.details,
+    (o.step).id AS id,
+    (o.step).job_execution_id AS job_execution_id,
+    (o.step).step_name AS step_name,
+    (o.step).step_logical_id AS step_logical_id,
+    (o.step).status AS status,
+    (o.step).exit_code AS exit_code,
+    (o.step).read_count AS read_count,
+    (o.step).processed_count AS processed_count,
+    (o.step).write_count AS write_count,
+    (o.step).filter_count AS filter_count,
+    (o.step).commit_count AS commit_count,
+    (o.step).rollback_count AS rollback_count,
+    (o.step).checkpoint_format AS checkpoint_format,
+    (o.step).checkpoint_schema AS checkpoint_schema,
+    (o.step).checkpoint_schema_version AS checkpoint_schema_version,
+    (o.step).checkpoint_payload AS checkpoint_payload,
+    (o.step).context_format AS context_format,
+    (o.step).context_schema AS context_schema,
+    (o.step).context_schema_version AS context_schema_version,
+    (o.step).context_payload AS context_payload,
+    (o.step).failure_category AS failure_category,
+    (o.step).failure_id AS failure_id,
+    (o.step).created_at AS created_at,
+    (o.step).started_at AS started_at,
+    (o.step).ended_at AS ended_at,
+    (o.step).updated_at AS updated_at,
+    (o.step).version AS version,
+    (o.step).read_retry_count AS read_retry_count,
+    (o.step).process_retry_count AS process_retry_count,
+    (o.step).write_retry_count AS write_retry_count,
+    (o.step).read_skip_count AS read_skip_count,
+    (o.step).process_skip_count AS process_skip_count,
+    (o.step).write_skip_count AS write_skip_count,
+    (o.step).no_rollback_count AS no_rollback_count
+FROM pybatch.end_step_execution(
+    :job_execution_id,
+    :owner_token,
+    :step_execution_id,
+    :status,
+    :error_class,
+    :message,
+    :sqlstate,
+    :constraint_name,
+    :table_name,
+    :column_name,
+    :now
+) AS o;
 
--- A data-modifying CTE runs to completion whether or not the query reads it: released runs.
-SELECT pg_catalog.COUNT(*) AS ended_steps FROM ended;
-
--- :name update_step_execution_failure_reason :affected
--- :doc Record why a FAILED row failed (class, redacted message, the server's names) as a
--- compare-and-swap on the version; zero rows means a stale version or a row not FAILED.
-UPDATE pybatch.step_execution
-SET
-    failure_error_class = :error_class,
-    failure_message = :message,
-    failure_sqlstate = :sqlstate,
-    failure_constraint = :constraint_name,
-    failure_table = :table_name,
-    failure_column = :column_name,
-    updated_at = GREATEST(updated_at, :now),
-    version = version + 1
-WHERE id = :step_execution_id AND version = :expected_version AND status = 'FAILED';
+-- :name create_step_execution :one
+-- :doc Create a step (STARTING) in one statement (migration 0014 create_step_execution): checked
+-- for duplicates, in a restart with the durable state of the same (or upgrade-mapped) step of the
+-- previous attempt. outcome - created, or the error that refuses it, with details; the execution
+-- comes back whole (execution_ columns), so no step begins under a corrupt one.
+SELECT
+    o.outcome,
+    o.details,
+    (o.execution).id AS execution_id,
+    (o.execution).job_instance_id AS execution_job_instance_id,
+    (o.execution).definition_id AS execution_definition_id,
+    (o.execution).upgrade_from_definition_id AS execution_upgrade_from_definition_id,
+    (o.execution).restart_of_execution_id AS execution_restart_of_execution_id,
+    (o.execution).attempt AS execution_attempt,
+    (o.execution).status AS execution_status,
+    (o.execution).exit_code AS execution_exit_code,
+    (o.execution).failure_category AS execution_failure_category,
+    (o.execution).failure_id AS execution_failure_id,
+    (o.execution).created_at AS execution_created_at,
+    (o.execution).started_at AS execution_started_at,
+    (o.execution).ended_at AS execution_ended_at,
+    (o.execution).updated_at AS execution_updated_at,
+    (o.execution).version AS execution_version,
+    (o.step).id AS id,
+    (o.step).job_execution_id AS job_execution_id,
+    (o.step).step_name AS step_name,
+    (o.step).step_logical_id AS step_logical_id,
+    (o.step).status AS status,
+    (o.step).exit_code AS exit_code,
+    (o.step).read_count AS read_count,
+    (o.step).processed_count AS processed_count,
+    (o.step).write_count AS write_count,
+    (o.step).filter_count AS filter_count,
+    (o.step).commit_count AS commit_count,
+    (o.step).rollback_count AS rollback_count,
+    (o.step).checkpoint_format AS checkpoint_format,
+    (o.step).checkpoint_schema AS checkpoint_schema,
+    (o.step).checkpoint_schema_version AS checkpoint_schema_version,
+    (o.step).checkpoint_payload AS checkpoint_payload,
+    (o.step).context_format AS context_format,
+    (o.step).context_schema AS context_schema,
+    (o.step).context_schema_version AS context_schema_version,
+    (o.step).context_payload AS context_payload,
+    (o.step).failure_category AS failure_category,
+    (o.step).failure_id AS failure_id,
+    (o.step).created_at AS created_at,
+    (o.step).started_at AS started_at,
+    (o.step).ended_at AS ended_at,
+    (o.step).updated_at AS updated_at,
+    (o.step).version AS version,
+    (o.step).read_retry_count AS read_retry_count,
+    (o.step).process_retry_count AS process_retry_count,
+    (o.step).write_retry_count AS write_retry_count,
+    (o.step).read_skip_count AS read_skip_count,
+    (o.step).process_skip_count AS process_skip_count,
+    (o.step).write_skip_count AS write_skip_count,
+    (o.step).no_rollback_count AS no_rollback_count
+FROM pybatch.create_step_execution(:job_execution_id, :step_name, :now) AS o;

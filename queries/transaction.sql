@@ -38,5 +38,20 @@ WHERE
         'statement_timeout',
         'lock_timeout',
         'idle_in_transaction_session_timeout',
-        'TimeZone'
+        'TimeZone',
+        'default_transaction_isolation'
     );
+
+-- :name commit_transaction :affected
+-- :doc Commit the transaction begin_read_committed opened, in the same pipeline; an error
+-- before it leaves the transaction failed and nothing committed.
+COMMIT;
+
+-- :name begin_read_committed :affected
+-- :doc Behind a pooler, open a transaction that commits in the same round trip
+-- (UnitOfWork.commit_statement): sent in one pipeline with its one statement and
+-- commit_transaction, on a connection in autocommit so the driver adds no BEGIN of its own;
+-- READ COMMITTED whatever the database's default, and READ WRITE. sqlfluff's postgres dialect
+-- cannot parse the transaction modes, hence the noqa, and this statement is the last of its
+-- file (tests/sql checks it).
+BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE; -- noqa: PRS

@@ -13,7 +13,13 @@ from pybatch._codecs._primitives import (
     optional_int64_at,
     text_at,
 )
-from pybatch._codecs.steps import CONTEXT_COLUMNS, COUNT_COLUMNS, decode_counts, decode_state
+from pybatch._codecs.steps import (
+    CONTEXT_COLUMNS,
+    COUNT_COLUMNS,
+    STEP_EXECUTION_COLUMNS,
+    decode_counts,
+    decode_state,
+)
 from pybatch.errors import PartitionStateCorrupt, PyBatchError
 from pybatch.values._canonical import sha256
 from pybatch.values.names import ExitCode
@@ -69,6 +75,15 @@ def decode_step_partition(row: Row) -> StepPartition:
         )
     except (DecodeError, PyBatchError, ValueError, TypeError):
         raise PartitionStateCorrupt() from None
+
+
+#: A claim's row: the worker step's columns, then the partition's prefixed `p_`.
+CLAIMED_PARTITION_COLUMNS = (*STEP_EXECUTION_COLUMNS, *(f"p_{c}" for c in STEP_PARTITION_COLUMNS))
+
+
+def decode_claimed_partition(row: Row) -> StepPartition:
+    """The partition of a claim_step_partition row (its columns prefixed `p_`)."""
+    return decode_step_partition({column: row[f"p_{column}"] for column in STEP_PARTITION_COLUMNS})
 
 
 def encode_plan_entries(entries: Sequence[PartitionPlanEntry]) -> dict[str, object]:

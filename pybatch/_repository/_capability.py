@@ -4,12 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
-from typing import Protocol
+from typing import Protocol, TypeVar
 
+import attrs
+
+from pybatch import errors
 from pybatch._clock import Clock
-from pybatch._statements import Connection, Row, Statements
+from pybatch._codecs._primitives import DecodeError, returned
+from pybatch._codecs.executions import JOB_EXECUTION_COLUMNS, decode_job_execution
+from pybatch._statements import Connection, Row, Statement, Statements
 from pybatch.errors import JobExecutionNotFound, JobInstanceNotFound, PyBatchError
 from pybatch.values.ids import IdentifierKind, check_identifier
+from pybatch.values.records import JobExecution
+
+T = TypeVar("T")
 
 #: Constraint name -> the error a violation of it means for this operation.
 Overrides = Mapping[str, Callable[[], PyBatchError]]
@@ -27,6 +35,16 @@ class Transaction(Protocol):
         self, *, overrides: Overrides | None = None
     ) -> AbstractContextManager[Connection]:
         """One atomic operation: a savepoint (none when nested), driver errors mapped."""
+
+    def commit_statement(
+        self,
+        statement: Statement,
+        params: Mapping[str, object],
+        decode: Callable[[Row | None], T],
+        *,
+        overrides: Overrides | None = None,
+    ) -> T:
+        """`statement` alone, committed in the same round trip; its row decoded by `decode`."""
 
 
 class Capability:
@@ -60,3 +78,31 @@ def job_execution_row(q: Statements, conn: Connection, execution_id: int) -> Row
     if row is None:
         raise JobExecutionNotFound(id=execution_id)
     return row
+
+
+def execution_at(row: Row, prefix: str) -> JobExecution | None:
+    """The job execution in `row`'s columns named `prefix` + column, decoded (None without one)."""
+    if row[f"{prefix}id"] is None:
+        return None
+    return decode_job_execution({column: row[prefix + column] for column in JOB_EXECUTION_COLUMNS})
+
+
+def decided(row: Row | None, *done: str) -> tuple[str, Row]:
+    """A transition function's outcome, one of `done`, and its row; else the refusal raised.
+
+    A refusal names a repository error of pybatch.errors, built from `details`; an outcome or
+    a field that is not known fails closed (DecodeError).
+    """
+    values = returned(row)
+    outcome, details = values["outcome"], values["details"]
+    if outcome in done:
+        return str(outcome), values
+    refusal = getattr(errors, outcome, None) if type(outcome) is str else None
+    if not (isinstance(refusal, type) and issubclass(refusal, errors.RepositoryError)):
+        raise DecodeError("outcome")
+    if not isinstance(details, dict):
+        raise DecodeError("details")
+    fields = {field.name for field in attrs.fields(refusal)}
+    if not set(details) <= fields or any(type(v) not in (str, int, bool) for v in details.values()):
+        raise DecodeError("details")
+    raise refusal(**details)

@@ -42,11 +42,22 @@ class LifecycleRows(Generic[Record]):
     get_statement: Callable[[Statements], Statement]
     transition_statement: Callable[[Statements], Statement]
     exit_code_statement: Callable[[Statements], Statement]
-    failure_reason_statement: Callable[[Statements], Statement]
     decode: Callable[[Row], Record]
     not_found: Callable[[int], PyBatchError]
     #: Whether transitions move the counters: steps write their rollback_count, jobs have none.
     counts_apply: bool
+
+
+def failure_reason_columns(reason: FailureReason | None) -> dict[str, object]:
+    """The failure reason parameters of an ending statement (all None without a reason)."""
+    return {
+        "error_class": reason and reason.error_class,
+        "message": reason and reason.message,
+        "sqlstate": reason and reason.sqlstate,
+        "constraint_name": reason and reason.constraint,
+        "table_name": reason and reason.table,
+        "column_name": reason and reason.column,
+    }
 
 
 def lock(rows: LifecycleRows[Record], q: Statements, conn: Connection, record_id: int) -> Record:
@@ -135,51 +146,17 @@ class LifecycleCapability(Capability, Generic[Record]):
         self, record_id: int, expected_version: int, exit_status: ExitCode
     ) -> Record:
         """Replace the exit status in any status, bumping the version (docs/contract.md)."""
-        return self._swap(
-            record_id,
-            expected_version,
-            lambda current: apply_exit_enrichment(
-                current.metadata, current.version, expected_version, exit_status
-            ),
-            lambda rows, q: rows.exit_code_statement(q),
-            exit_code=exit_status.value,
-        )
-
-    def record_failure_reason(
-        self, record_id: int, expected_version: int, reason: FailureReason
-    ) -> Record:
-        """Record why a FAILED record failed, bumping the version (StaleVersion otherwise)."""
-        return self._swap(
-            record_id,
-            expected_version,
-            lambda current: (current.metadata, expected_version + 1),
-            lambda rows, q: rows.failure_reason_statement(q),
-            error_class=reason.error_class,
-            message=reason.message,
-            sqlstate=reason.sqlstate,
-            constraint_name=reason.constraint,
-            table_name=reason.table,
-            column_name=reason.column,
-        )
-
-    def _swap(
-        self,
-        record_id: int,
-        expected_version: int,
-        next_state: Callable[[Record], tuple[ExecutionMetadata, int]],
-        statement: Callable[[LifecycleRows[Record], Statements], Statement],
-        **columns: object,
-    ) -> Record:
-        """Lock the row, compute its next state, then compare-and-swap `columns` onto it."""
         rows = self._rows
         with self._operation() as (q, conn):
             now = self._uow.clock.now()
             check_expected_version(expected_version)
             current = lock(rows, q, conn, record_id)
-            new = next_state(current)
-            changed = statement(rows, q).affected(
+            new = apply_exit_enrichment(
+                current.metadata, current.version, expected_version, exit_status
+            )
+            changed = rows.exit_code_statement(q).affected(
                 conn,
-                **columns,
+                exit_code=exit_status.value,
                 now=now,
                 expected_version=expected_version,
                 **{rows.id_parameter: record_id},

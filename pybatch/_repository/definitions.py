@@ -6,7 +6,7 @@ from functools import partial
 
 from pybatch._clock import Clock
 from pybatch._codecs._jsonb import to_jsonb
-from pybatch._codecs._primitives import decode_digest, decode_int64, decode_text
+from pybatch._codecs._primitives import decode_digest, decode_int64
 from pybatch._repository._capability import Capability
 from pybatch._statements import Connection, Statements
 from pybatch.errors import (
@@ -19,7 +19,7 @@ from pybatch.errors import (
 )
 from pybatch.values.definitions import DefinitionIdentity, DefinitionUpgrade
 from pybatch.values.flow import check_flow_graph_bounds
-from pybatch.values.names import JobName, StepName
+from pybatch.values.names import JobName
 
 
 def ensure_definition(
@@ -83,17 +83,12 @@ def _definition_for_revision(
     return decode_int64(row["id"], column="id", minimum=1)
 
 
-def upgrade_source_step_name(
-    q: Statements, conn: Connection, job_execution_id: int, step_name: StepName
-) -> str | None:
-    """The step of the previous definition that an upgraded restart's step continues, or None."""
-    source = q.find_upgrade_source_step_name.scalar(
-        conn, job_execution_id=job_execution_id, step_name=step_name.value
-    )
-    return None if source is None else decode_text(source, column="source_step_name")
-
-
 class Definitions(Capability):
+    def register(self, job_name: JobName, definition: DefinitionIdentity) -> int:
+        """The id of `definition` for `job_name`, registered when new (`ensure_definition`)."""
+        with self._operation() as (q, conn):
+            return ensure_definition(q, conn, self._uow.clock, job_name, definition)
+
     def register_upgrade(self, job_name: JobName, upgrade: DefinitionUpgrade) -> None:
         """Register a direct upgrade edge, idempotent for equal content.
 

@@ -2,42 +2,34 @@
 
 from __future__ import annotations
 
-from pybatch._codecs._jsonb import to_jsonb
 from pybatch._codecs._primitives import returned
 from pybatch._codecs.executions import decode_job_execution
-from pybatch._codecs.instances import encode_identifying_parameters
-from pybatch._repository import _lifecycle, instances, steps
-from pybatch._repository._capability import require_job_instance
+from pybatch._codecs.instances import decode_job_instance
+from pybatch._repository import _lifecycle, steps
+from pybatch._repository._capability import decided, execution_at, require_job_instance
 from pybatch._repository._lifecycle import LifecycleCapability, LifecycleRows
 from pybatch._repository.definitions import ensure_definition
-from pybatch._statements import Connection, Statements
+from pybatch._statements import Connection, Row, Statements
 from pybatch.errors import (
-    AbandonedInstance,
-    CompletedInstance,
-    ExecutionAlreadyActive,
-    IncompatibleDefinition,
     JobExecutionNotFound,
 )
 from pybatch.values.definitions import DefinitionIdentity
-from pybatch.values.ids import IdentifierKind
+from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.lifecycle import LifecycleTransition
+from pybatch.values.ownership import OwnerToken
 from pybatch.values.records import JobExecution
-from pybatch.values.status import BatchStatus
+from pybatch.values.status import BatchStatus, FailureReason
 
 
-def _refuse_latest(
-    instance_id: int, latest: JobExecution | None, tombstone: BatchStatus | None
-) -> None:
-    """Launch check order, step 2: the latest attempt (or a purged one's tombstone) decides."""
-    status, purged = (tombstone, True) if latest is None else (latest.status, False)
-    if status is BatchStatus.COMPLETED:
-        raise CompletedInstance(id=instance_id, purged=purged)
-    if status is BatchStatus.ABANDONED:
-        raise AbandonedInstance(id=instance_id, purged=purged)
-    if latest is not None and latest.status.is_unresolved:
-        raise ExecutionAlreadyActive(
-            instance_id=instance_id, execution_id=latest.id, status=latest.status.value
-        )
+def definition_parameters(definition: DefinitionIdentity, definition_id: int | None = None) -> Row:
+    """The parameters naming the definition a new attempt runs (`definition_of`, migration 0014)."""
+    return {
+        "definition_id": definition_id,
+        "definition_job_name": None if definition.job_name is None else definition.job_name.value,
+        "manifest_format": definition.manifest_format,
+        "definition_revision": definition.revision.value,
+        "manifest_digest": definition.digest,
+    }
 
 
 ROWS = LifecycleRows[JobExecution](
@@ -47,7 +39,6 @@ ROWS = LifecycleRows[JobExecution](
     get_statement=lambda q: q.get_job_execution,
     transition_statement=lambda q: q.update_job_execution_transition,
     exit_code_statement=lambda q: q.update_job_execution_exit_code,
-    failure_reason_statement=lambda q: q.update_job_execution_failure_reason,
     decode=decode_job_execution,
     not_found=lambda execution_id: JobExecutionNotFound(id=execution_id),
     counts_apply=False,  # job executions carry no counters
@@ -75,47 +66,65 @@ def transition_job_execution(
 class Executions(LifecycleCapability[JobExecution]):
     _rows = ROWS
 
+    def end(
+        self,
+        execution_id: int,
+        owner: OwnerToken,
+        status: BatchStatus,
+        reason: FailureReason | None = None,
+    ) -> JobExecution:
+        """End `owner`'s running execution as `status` (STOPPED once a stop was observed).
+
+        One statement: the transition (FAILED by user code), the exit status of the same name,
+        `reason`, and the execution's unfinished steps ended with it. Raises
+        ExecutionOwnershipLost or IllegalTransition.
+        Statements: executions.sql end_job_execution (migrations/0014).
+        """
+        params = {
+            "job_execution_id": execution_id,
+            "owner_token": owner.value,
+            "status": status.value,
+            **_lifecycle.failure_reason_columns(reason),
+            "now": self._uow.clock.now(),
+        }
+        return self._uow.commit_statement(
+            self._uow.statements.end_job_execution,
+            params,
+            lambda row: decode_job_execution(decided(row, "ended")[1]),
+        )
+
     def create(
         self, instance_id: int, definition: DefinitionIdentity = DefinitionIdentity.LEGACY
     ) -> JobExecution:
-        """Launch the first attempt or restart a STOPPED/FAILED instance.
+        """Launch the first attempt or restart a STOPPED/FAILED instance (STARTING, unclaimed).
 
         Raises, in this order: JobInstanceNotFound; CompletedInstance, AbandonedInstance or
         ExecutionAlreadyActive (latest attempt unresolved); the definition checks of
-        `ensure_definition`; IncompatibleDefinition (new digest without a direct edge).
+        `ensure_definition` (a new definition is registered here); IncompatibleDefinition (new
+        digest without a direct edge). Statements: executions.sql create_job_execution.
         """
+        check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
+        definition_id: int | None = None
         with self._operation() as (q, conn):
-            clock = self._uow.clock
-            locked = instances.lock_job_instance(q, conn, instance_id)
-            instance = locked.instance
-            latest_row = q.find_latest_job_execution.one(conn, job_instance_id=instance_id)
-            latest = None if latest_row is None else decode_job_execution(latest_row)
-            _refuse_latest(instance_id, latest, locked.final_status)
-            definition_id = ensure_definition(q, conn, clock, instance.job_name, definition)
-            upgrade_from: int | None = None
-            # Two definition rows of one job name never share a digest
-            # (job_definition_digest_unique), so another row means another digest: a direct
-            # edge must exist.
-            if latest is not None and latest.definition_id != definition_id:
-                edge = q.find_definition_upgrade.one(
-                    conn, from_definition_id=latest.definition_id, to_definition_id=definition_id
+            while True:
+                row = returned(
+                    q.create_job_execution.one(
+                        conn,
+                        job_instance_id=instance_id,
+                        **definition_parameters(definition, definition_id),
+                        now=self._uow.clock.now(),
+                    )
                 )
-                if edge is None:
-                    raise IncompatibleDefinition(instance_id=instance_id)
-                upgrade_from = int(latest.definition_id)
-            attempt = locked.last_attempt + 1
-            instances.record_job_instance_attempt(q, conn, instance_id, attempt)
-            row = q.insert_job_execution.one(
-                conn,
-                job_instance_id=instance_id,
-                definition_id=definition_id,
-                upgrade_from_definition_id=upgrade_from,
-                restart_of_execution_id=None if latest is None else latest.id,
-                attempt=attempt,
-                parameters=to_jsonb(encode_identifying_parameters(instance.key)),
-                now=clock.now(),
-            )
-            return decode_job_execution(returned(row))
+                if row["outcome"] != "JobInstanceNotFound":  # a corrupt instance is refused
+                    created_at = row["instance_created_at"]
+                    instance = decode_job_instance(
+                        {**row, "id": row["instance_id"], "created_at": created_at}
+                    )
+                    execution_at(row, "previous_")  # as is the latest attempt
+                if decided(row, "created", "unregistered")[0] == "created":
+                    return decode_job_execution(row)
+                clock = self._uow.clock
+                definition_id = ensure_definition(q, conn, clock, instance.job_name, definition)
 
     def transition(
         self, record_id: int, expected_version: int, transition: LifecycleTransition

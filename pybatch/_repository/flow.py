@@ -9,19 +9,22 @@ from pybatch._codecs._primitives import (
     decode_digest,
     decode_int64,
     decode_json_object,
-    decode_optional_int64,
     returned,
 )
-from pybatch._codecs.executions import decode_job_execution
 from pybatch._codecs.flow import decode_flow_decision, encode_flow_decision_request
 from pybatch._codecs.steps import decode_step_execution
-from pybatch._repository import instances, steps
-from pybatch._repository._capability import Capability, job_execution_row, require_job_instance
+from pybatch._repository import steps
+from pybatch._repository._capability import (
+    Capability,
+    decided,
+    job_execution_row,
+    require_job_instance,
+)
+from pybatch._statements import Row
 from pybatch.errors import (
     ConcurrentModification,
     FlowStateCorrupt,
     JobExecutionNotFound,
-    StartLimitExceeded,
 )
 from pybatch.values.flow import (
     FlowDecision,
@@ -31,8 +34,17 @@ from pybatch.values.flow import (
     StartLimit,
     decision_matches_manifest,
 )
+from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.names import NodeId, StepName
+from pybatch.values.ownership import OwnerToken
 from pybatch.values.records import StepExecution
+
+
+def _started(row: Row | None) -> tuple[bool, StepExecution]:
+    """(skipped, the step) of start_flow_step, or its refusal raised."""
+    outcome, values = decided(row, "started", "created", "skipped")
+    return outcome == "skipped", decode_step_execution(values)
+
 
 #: The only transitions that may have no source step.
 _SOURCELESS_KINDS = (FlowTransitionKind.DECIDER, FlowTransitionKind.SPLIT_AGGREGATE)
@@ -46,35 +58,44 @@ class Flow(Capability):
         node_id: NodeId,
         start_limit: StartLimit | None = None,
     ) -> StepExecution:
-        """Start a node: check its start limit and copy the newest state of the node.
+        """Create a node's step (STARTING), checking its start limit, with the node's newest state.
 
         The instance row lock serializes starts across attempts and processes, so the count
-        and the insert never interleave with another start. Raises, in this order:
-        JobExecutionNotFound, DuplicateStep, StartLimitExceeded.
+        and the insert never interleave. Raises, in this order: JobExecutionNotFound,
+        DuplicateStep, StartLimitExceeded. Statements: flow.sql start_flow_step (0014).
         """
+        check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
+        limit = start_limit or StartLimit.unrestricted()
+        return self.start_step(job_execution_id, None, step_name, node_id, limit)[1]
+
+    def start_step(
+        self,
+        job_execution_id: int,
+        owner: OwnerToken | None,
+        step_name: StepName,
+        node_id: NodeId,
+        start_limit: StartLimit,
+    ) -> tuple[bool, StepExecution]:
+        """Start a node's step as `owner`: (True, its COMPLETED step) to skip, else (False, new).
+
+        One statement, committed alone: the new step is STARTED. Without `owner` it is one
+        operation of the unit of work (`create_step`). Raises ExecutionOwnershipLost, then
+        DuplicateStep, then StartLimitExceeded. Statements: flow.sql start_flow_step.
+        """
+        params = {
+            "job_execution_id": job_execution_id,
+            "owner_token": None if owner is None else owner.value,
+            "step_name": step_name.value,
+            "node_id": node_id.value,
+            "start_limit": start_limit.value,
+            "now": self._uow.clock.now(),
+        }
         duplicate = steps.duplicate_step_overrides(job_execution_id, step_name, node_id.value)
-        with self._operation(overrides=duplicate) as (q, conn):
-            start_limit = start_limit or StartLimit.unrestricted()
-            # No step begins under a corrupt execution (docs/contract.md, Fail closed).
-            row = job_execution_row(q, conn, job_execution_id)
-            instance_id = decode_job_execution(row).job_instance_id
-            instances.lock_job_instance(q, conn, instance_id)
-            steps.refuse_duplicate_step(q, conn, job_execution_id, step_name, node_id.value)
-            node = {"job_instance_id": instance_id, "node_id": node_id.value}
-            starts = decode_int64(
-                q.count_flow_node_starts.scalar(conn, **node), column="starts", minimum=0
-            )
-            if starts >= start_limit.value:
-                raise StartLimitExceeded(
-                    instance_id=instance_id, node_id=node_id.value, limit=start_limit.value
-                )
-            source_id = decode_optional_int64(
-                q.find_latest_flow_step_execution.scalar(conn, **node), column="id", minimum=1
-            )
-            now = self._uow.clock.now()
-            return steps.insert_step_execution(
-                q, conn, job_execution_id, step_name, node_id.value, source_id, now
-            )
+        statement = self._uow.statements.start_flow_step
+        if owner is not None:
+            return self._uow.commit_statement(statement, params, _started, overrides=duplicate)
+        with self._operation(overrides=duplicate) as (_q, conn):
+            return _started(statement.one(conn, **params))
 
     def latest_step(self, instance_id: int, node_id: NodeId) -> FlowStepState | None:
         """The newest step of a node in an instance with its stored context, or None."""

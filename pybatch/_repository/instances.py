@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from pybatch._codecs.instances import (
     decode_job_instance,
-    decode_locked_job_instance,
     encode_job_instance_key,
 )
 from pybatch._repository._capability import Capability
-from pybatch._statements import Connection, Statements
-from pybatch.errors import ConcurrentModification, JobInstanceNotFound
+from pybatch.errors import ConcurrentModification
 from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.parameters import JobInstanceKey
 from pybatch.values.records import (
@@ -17,29 +15,7 @@ from pybatch.values.records import (
     Existing,
     JobInstance,
     JobInstanceSelection,
-    LockedJobInstance,
 )
-
-
-def lock_job_instance(q: Statements, conn: Connection, instance_id: int) -> LockedJobInstance:
-    """Lock and fully decode the instance row, serializing launches, restarts and step starts.
-
-    Lock order: the instance, then the job execution, then the step (JobInstanceNotFound).
-    """
-    check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
-    row = q.lock_job_instance.one(conn, job_instance_id=instance_id)
-    if row is None:
-        raise JobInstanceNotFound(id=instance_id)
-    return decode_locked_job_instance(row)
-
-
-def record_job_instance_attempt(
-    q: Statements, conn: Connection, instance_id: int, attempt: int
-) -> None:
-    """Record `attempt` as the last attempt, under the row lock (else ConcurrentModification)."""
-    update = q.update_job_instance_last_attempt
-    if update.affected(conn, job_instance_id=instance_id, attempt=attempt) != 1:
-        raise ConcurrentModification()
 
 
 class Instances(Capability):

@@ -27,12 +27,24 @@ from typing import Any
 
 import attrs
 
-from pybatch._codecs._primitives import DecodeError, bool_at, int64_at, optional_int64_at, text_at
+from pybatch._codecs._primitives import (
+    DecodeError,
+    aware_at,
+    bool_at,
+    int64_at,
+    optional_int64_at,
+    returned,
+    text_at,
+)
 from pybatch._codecs.executions import decode_job_execution
-from pybatch._repository._capability import Capability
+from pybatch._codecs.instances import encode_job_instance_key
+from pybatch._repository._capability import Capability, decided, execution_at
 from pybatch._repository._lifecycle import check_expected_version
-from pybatch._repository.executions import transition_job_execution
-from pybatch._repository.partitions import corrupt_on, lock_parent_of, partition_status
+from pybatch._repository.executions import (
+    definition_parameters,
+    transition_job_execution,
+)
+from pybatch._repository.partitions import corrupt_on
 from pybatch._statements import Connection, Row, Statements
 from pybatch.errors import (
     ExecutionOwned,
@@ -41,12 +53,13 @@ from pybatch.errors import (
     JobExecutionNotFound,
     PartitionOwnershipLost,
     StaleVersion,
-    StepPartitionNotFound,
 )
-from pybatch.values.ids import IdentifierKind, aware_utc, check_identifier
+from pybatch.values.definitions import DefinitionIdentity
+from pybatch.values.ids import IdentifierKind, JobInstanceId, aware_utc, check_identifier
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.ownership import ExecutionControl, ExecutionLease, LeaseState, OwnerToken
-from pybatch.values.records import JobExecution
+from pybatch.values.parameters import JobInstanceKey
+from pybatch.values.records import JobExecution, JobInstance
 from pybatch.values.status import BatchStatus
 
 
@@ -58,6 +71,11 @@ def lock_execution_ownership(
     row = q.lock_execution_ownership.one(conn, job_execution_id=execution_id)
     if row is None:
         raise JobExecutionNotFound(id=execution_id)
+    return execution_ownership(row)
+
+
+def execution_ownership(row: Row) -> tuple[JobExecution, LeaseState]:
+    """An execution and its ownership evidence, decoded from one row."""
     execution = decode_job_execution(row)
     token: Any = row["owner_token"]
     expires = row["lease_expires_at"]
@@ -80,6 +98,11 @@ def owner_host() -> str:
     """This process as `host:pid`, for operators only (job_execution_owner_host_format)."""
     host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:200] or "unknown"
     return f"{host}:{os.getpid()}"
+
+
+#: What a launch found: the new attempt's instance and execution; the unresolved attempt in
+#: the way and its lease (judged on the database clock); or neither (register the definition).
+Launch = tuple[JobInstance | None, JobExecution | None, LeaseState | None]
 
 
 @attrs.frozen
@@ -119,6 +142,50 @@ def _worker_lease(row: Row) -> tuple[int, int, bool, bool]:
 
 class Ownership(Capability):
     """The ownership operations of one unit of work, for executions and for partitions."""
+
+    def launch(
+        self,
+        key: JobInstanceKey,
+        definition: DefinitionIdentity,
+        owner: OwnerToken,
+        lease: ExecutionLease,
+        definition_id: int | None = None,
+    ) -> Launch:
+        """Launch or restart the instance of `key`, STARTED and claimed by `owner`: one statement.
+
+        `definition_id`: the definition's, once registered after a launch found none. Raises
+        `Executions.create`'s refusals but ExecutionAlreadyActive (returned with its lease),
+        ConcurrentModification (a purge removed the instance meanwhile), Unavailable (the
+        stored parameters are not the key's). Nothing is written unless it launched.
+        Statements: ownership.sql launch_job_execution (migrations/0014).
+        """
+        columns = encode_job_instance_key(key)
+
+        def decode(row: Row | None) -> Launch:
+            values = returned(row)
+            execution_at(values, "previous_")  # a corrupt latest attempt refuses it
+            if values["outcome"] == "ExecutionAlreadyActive":
+                return (None, *execution_ownership(values))
+            if decided(row, "launched", "unregistered")[0] == "unregistered":
+                return None, None, None
+            instance = JobInstance(
+                id=JobInstanceId(int64_at(values, "instance_id")),
+                job_name=key.job_name,
+                instance_key=key.digest(),
+                created_at=aware_at(values, "instance_created_at"),
+                parameters=key.parameters,
+            )
+            return instance, decode_job_execution(values), None
+
+        params = {
+            **columns,
+            **definition_parameters(definition, definition_id),
+            "owner_token": owner.value,
+            "owner_host": owner_host(),
+            "lease_ms": lease.milliseconds,
+            "now": self._uow.clock.now(),
+        }
+        return self._uow.commit_statement(self._uow.statements.launch_job_execution, params, decode)
 
     def claim(
         self,
@@ -229,18 +296,6 @@ class Ownership(Capability):
             )
             if changed != 1:
                 raise PartitionOwnershipLost(partition_id=partition_id, worker=worker_id)
-
-    def lock_partition_lease(self, partition_id: int) -> WorkerLease | None:
-        """Lock the parent, then the partition, and read its worker's lease; None unless STARTED."""
-        with self._operation() as (q, conn):
-            lock_parent_of(q, conn, partition_id)
-            row = q.lock_partition_worker_lease.one(conn, step_partition_id=partition_id)
-            if row is None:
-                raise StepPartitionNotFound(id=partition_id)
-            if partition_status(row["status"]) is not BatchStatus.STARTED:
-                return None
-            with corrupt_on():
-                return WorkerLease(*_worker_lease(row))
 
     def started_partitions(self, parent_id: int) -> list[StartedPartition]:
         """The STARTED partitions of a plan with their workers and leases (no lock taken)."""

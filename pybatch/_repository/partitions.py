@@ -14,11 +14,22 @@ from contextlib import contextmanager
 import attrs
 
 from pybatch._codecs._jsonb import to_jsonb
-from pybatch._codecs._primitives import DecodeError, decode_enum, decode_int64, int64_at, text_at
+from pybatch._codecs._primitives import (
+    DecodeError,
+    decode_enum,
+    decode_int64,
+    int64_at,
+    returned,
+    text_at,
+)
 from pybatch._codecs.fault_state import encode_fault_state
-from pybatch._codecs.lifecycle import encode_execution_metadata
-from pybatch._codecs.partitions import decode_step_partition, encode_plan_entries
-from pybatch._codecs.steps import decode_step_execution, encode_counts
+from pybatch._codecs.lifecycle import decode_failure, encode_execution_metadata
+from pybatch._codecs.partitions import (
+    decode_claimed_partition,
+    decode_step_partition,
+    encode_plan_entries,
+)
+from pybatch._codecs.steps import COUNT_COLUMNS, decode_counts, decode_step_execution, encode_counts
 from pybatch._repository import _lifecycle, steps
 from pybatch._repository._capability import Capability, Overrides
 from pybatch._repository._lifecycle import check_expected_version
@@ -28,6 +39,7 @@ from pybatch.errors import (
     CountExhausted,
     DuplicatePartitionKey,
     EmptyPartitionPlan,
+    IllegalTransition,
     PartitionAggregationIncomplete,
     PartitionParentNotActive,
     PartitionPlanExists,
@@ -39,31 +51,30 @@ from pybatch.errors import (
     PartitionWorkerMismatch,
     PartitionWorkerStale,
     PyBatchError,
+    StaleVersion,
     StateSchemaVersionNotStorable,
     StepExecutionNotFound,
     StepPartitionNotFound,
 )
+from pybatch.values.counts import ExecutionCounts
 from pybatch.values.fault import FaultStateEnvelope
-from pybatch.values.ids import IdentifierKind, check_identifier
-from pybatch.values.lifecycle import LifecycleTransition, apply_exit_enrichment, apply_transition
+from pybatch.values.ids import INT64_MAX, FailureId, IdentifierKind, check_identifier
+from pybatch.values.lifecycle import LifecycleTransition, apply_transition, is_legal_transition
 from pybatch.values.names import ExitCode
 from pybatch.values.ownership import ExecutionLease, OwnerToken
 from pybatch.values.partitions import (
     MAX_PARTITIONS,
     RESULT_STATUSES,
-    AggregateError,
     PartitionKey,
     PartitionPlanEntry,
-    PartitionResult,
     PartitionStateError,
     PlanProgress,
     SlowPartition,
     StepPartition,
-    aggregate_partitions,
 )
 from pybatch.values.records import StepExecution
 from pybatch.values.state import MAX_STORABLE_SCHEMA_VERSION
-from pybatch.values.status import BatchStatus
+from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 
 #: How many workers may try one partition in one attempt when each of them was lost.
 MAX_WORKER_TRIES = 5
@@ -106,10 +117,10 @@ def _decoded(rows: Sequence[Row]) -> list[StepPartition]:
     return [decode_step_partition(row) for row in rows]
 
 
-def lock_parent_of(
+def _locked_partition(
     q: Statements, conn: Connection, partition_id: int
-) -> tuple[int, tuple[int, BatchStatus]]:
-    """Lock the parent step of a partition (parents are locked before partitions).
+) -> tuple[int, int, BatchStatus, StepPartition]:
+    """Parent id, its execution id and status (locked first), and the partition (second).
 
     Raises StepPartitionNotFound, or PartitionStateCorrupt for an unreadable or missing parent.
     """
@@ -117,19 +128,9 @@ def lock_parent_of(
     found = q.get_step_partition_parent.scalar(conn, step_partition_id=partition_id)
     if found is None:
         raise StepPartitionNotFound(id=partition_id)
-    with corrupt_on():
+    with corrupt_on((DecodeError, StepExecutionNotFound)):  # the parent's foreign key holds it
         parent_id = decode_int64(found, column="step_execution_id", minimum=1)
-    try:
-        return parent_id, _lock_step(q, conn, parent_id)
-    except StepExecutionNotFound:  # the parent foreign key makes this unreachable
-        raise PartitionStateCorrupt() from None
-
-
-def _locked_partition(
-    q: Statements, conn: Connection, partition_id: int
-) -> tuple[int, int, BatchStatus, StepPartition]:
-    """Parent id, its execution id and status (locked first), and the partition (second)."""
-    parent_id, (execution_id, status) = lock_parent_of(q, conn, partition_id)
+        execution_id, status = _lock_step(q, conn, parent_id)
     row = q.lock_step_partition.one(conn, step_partition_id=partition_id)
     if row is None:
         raise StepPartitionNotFound(id=partition_id)
@@ -145,32 +146,94 @@ def _domain(partition: StepPartition, change: Callable[[], StepPartition]) -> St
         raise PartitionUpdateNotAllowed(id=partition.id, status=refused.status.value) from None
 
 
-def _end_worker(
+def _end_step_partition(
     q: Statements,
     conn: Connection,
-    worker: StepExecution,
-    transition: LifecycleTransition,
-    exit_status: ExitCode,
-) -> StepExecution:
-    """One compare-and-swap, never earlier than the worker's last write (another host's clock)."""
-    transition = attrs.evolve(transition, at=max(transition.at, worker.updated_at))
-    metadata, version = apply_transition(
-        worker.metadata, worker.version, worker.version, transition, counts_apply=True
+    partition_id: int,
+    expected_version: int,
+    worker_id: int,
+    end: tuple[LifecycleTransition, ExitCode | None] | None,
+    *,
+    only_if_lost: bool = False,
+) -> Row:
+    """Run end_step_partition, the one guarded statement of a partition's end."""
+    check_expected_version(expected_version)
+    check_identifier(IdentifierKind.STEP_PARTITION, partition_id)
+    check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
+    transition, exit_status = end or (None, None)
+    failure = None if transition is None else transition.failure
+    return returned(
+        q.end_step_partition.prepared.one(
+            conn,
+            step_partition_id=partition_id,
+            expected_version=expected_version,
+            worker_step_execution_id=worker_id,
+            only_if_lost=only_if_lost,
+            status=None if transition is None else transition.target.value,
+            exit_code=None if exit_status is None else exit_status.value,
+            failure_category=None if failure is None else failure.category.value,
+            failure_id=None if failure is None else failure.failure_id,
+            now=None if transition is None else transition.at,
+        )
     )
-    metadata, version = apply_exit_enrichment(metadata, version, version, exit_status)
-    changed = q.update_partition_worker_end.affected(
-        conn,
-        **encode_execution_metadata(metadata),
-        rollback_count=metadata.counts.rolled_back,
-        transitioned_at=transition.at,
-        version=version,
-        step_execution_id=worker.id,
-        expected_version=worker.version,
-    )
-    if changed != 1:  # unreachable under the worker lock
-        raise ConcurrentModification()
-    updated_at = max(worker.updated_at, transition.at)
-    return attrs.evolve(worker, metadata=metadata, version=version, updated_at=updated_at)
+
+
+def _end_refused(
+    row: Row, partition_id: int, expected_version: int, worker_id: int, target: BatchStatus | None
+) -> PyBatchError:
+    """Why end_step_partition changed nothing, from the state its guards judged, in check order."""
+    if row["found_version"] is None:
+        return StepPartitionNotFound(id=partition_id)
+    with corrupt_on():
+        parent_id = int64_at(row, "parent_step_execution_id")
+        version = int64_at(row, "found_version")
+    parent_status = partition_status(row["parent_status"])
+    if parent_status not in _COMPLETING_PARENT:
+        return PartitionParentNotActive(step_execution_id=parent_id, status=parent_status.value)
+    if row["found_worker_step_execution_id"] != worker_id:
+        return PartitionWorkerStale(partition_id=partition_id, worker=worker_id)
+    if row["same_execution"] is not True:
+        return PartitionWorkerMismatch(partition_id=partition_id, worker=worker_id)
+    worker_status = partition_status(row["worker_status"])
+    if target is not None and worker_status.is_active:
+        if not is_legal_transition(worker_status, target):
+            return IllegalTransition(from_status=worker_status.value, to_status=target.value)
+    elif worker_status not in RESULT_STATUSES:
+        return PartitionAggregationIncomplete(
+            step_execution_id=parent_id, status=worker_status.value
+        )
+    if version != expected_version:
+        return StaleVersion(expected=expected_version, actual=version)
+    status = partition_status(row["found_status"])
+    if status is not BatchStatus.STARTED:
+        return PartitionUpdateNotAllowed(id=partition_id, status=status.value)
+    return ConcurrentModification()
+
+
+def _aggregate(
+    parent_id: int, row: Row
+) -> tuple[BatchStatus, ExitCode, ExecutionCounts, FailureSummary | None]:
+    """The parent's outcome from summarize_step_partitions (docs/contract.md, Partitions).
+
+    PartitionAggregationIncomplete, CountExhausted, or PartitionStateCorrupt for an empty plan
+    or a partition that does not mirror its worker's durable row.
+    """
+    if row["incomplete_status"] is not None:
+        status = partition_status(row["incomplete_status"])
+        raise PartitionAggregationIncomplete(step_execution_id=parent_id, status=status.value)
+    with corrupt_on((DecodeError, PyBatchError, ValueError, TypeError)):
+        if not int64_at(row, "partitions", 0):
+            raise DecodeError("partitions")
+        sums = {column: int(row[column]) for column in COUNT_COLUMNS}  # type: ignore[call-overload]
+        status = partition_status(row["status"])
+        exit_status = ExitCode(text_at(row, "exit_code"))
+        failure = decode_failure(row["failure_category"], row["failure_id"])
+    if max(sums.values()) > INT64_MAX:
+        raise CountExhausted()
+    if row["mirrored"] is not True:
+        raise PartitionStateCorrupt()
+    failure = failure if status is BatchStatus.FAILED else None
+    return status, exit_status, decode_counts(sums), failure
 
 
 def count_step_partitions_by_status(
@@ -294,7 +357,8 @@ class Partitions(Capability):
 
     def complete(self, partition_id: int, expected_version: int, worker_id: int) -> StepPartition:
         """Publish the worker's terminal snapshot (read from its durable row) onto its partition."""
-        return self._end_partition_worker(partition_id, expected_version, worker_id, None)
+        row = self._end_partition_worker(partition_id, expected_version, worker_id, None)
+        return decode_step_partition(row)
 
     def end_worker(
         self,
@@ -302,52 +366,44 @@ class Partitions(Capability):
         expected_version: int,
         worker_id: int,
         transition: LifecycleTransition,
-        exit_status: ExitCode,
-    ) -> StepPartition:
-        """End a partition's worker step and complete the partition from it, atomically."""
+        exit_status: ExitCode | None,
+    ) -> None:
+        """End a partition's worker step and complete the partition from it, atomically.
+
+        A worker already in a result status is left as it is. `exit_status` None keeps its exit.
+        Nothing is decoded on this path (a worker's hot path): `plan()` reads the partition.
+        """
         end = (transition, exit_status)
-        return self._end_partition_worker(partition_id, expected_version, worker_id, end)
+        self._end_partition_worker(partition_id, expected_version, worker_id, end)
+
+    def recover_lost(self, partition: int, expected_version: int, worker_id: int) -> bool:
+        """End a STARTED partition's worker FAILED (STALE_RECOVERED) if its lease is gone.
+
+        The lease is judged on the database clock under the parent's and the partition's locks,
+        so a renewal since the caller's read proves the worker alive: False, nothing changed.
+        """
+        lost = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(worker_id))
+        end = (LifecycleTransition.failed(self._uow.clock.now(), lost), None)
+        with self._operation() as (q, conn):
+            row = _end_step_partition(
+                q, conn, partition, expected_version, worker_id, end, only_if_lost=True
+            )
+            return row["id"] is not None
 
     def _end_partition_worker(
         self,
         partition_id: int,
         expected_version: int,
         worker_id: int,
-        end: tuple[LifecycleTransition, ExitCode] | None,
-    ) -> StepPartition:
-        """Optionally end the worker (under its lock), then complete its partition from its row.
-
-        Lock order: parent, partition, worker; all in one savepoint.
-        """
+        end: tuple[LifecycleTransition, ExitCode | None] | None,
+    ) -> Row:
+        """End the worker (when `end` is given), then complete its partition from its row."""
         with self._operation() as (q, conn):
-            check_expected_version(expected_version)
-            check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
-            parent_id, execution_id, status, partition = _locked_partition(q, conn, partition_id)
-            _require_parent(parent_id, status, _COMPLETING_PARENT)
-            if partition.worker_step_execution_id != worker_id:
-                raise PartitionWorkerStale(partition_id=partition_id, worker=worker_id)
-            worker = _lifecycle.lock(steps.ROWS, q, conn, worker_id)
-            if worker.job_execution_id != execution_id:
-                raise PartitionWorkerMismatch(partition_id=partition_id, worker=worker_id)
-            if end is not None:
-                worker = _end_worker(q, conn, worker, *end)
-            if worker.status not in RESULT_STATUSES:
-                raise PartitionAggregationIncomplete(
-                    step_execution_id=parent_id, status=worker.status.value
-                )
-            result = PartitionResult.from_worker(worker)
-            completed = _domain(partition, lambda: partition.completed(expected_version, result))
-            changed = q.update_step_partition_complete.affected(
-                conn,
-                status=result.status.value,
-                exit_code=result.exit_status.value,
-                **encode_counts(result.counts),
-                step_partition_id=partition_id,
-                expected_version=expected_version,
-            )
-            if changed != 1:
-                raise ConcurrentModification()
-            return completed
+            row = _end_step_partition(q, conn, partition_id, expected_version, worker_id, end)
+            if row["id"] is not None:
+                return row
+            target = None if end is None else end[0].target
+            raise _end_refused(row, partition_id, expected_version, worker_id, target)
 
     def aggregate(
         self, parent_id: int, expected_version: int, transitioned_at: _dt.datetime
@@ -361,37 +417,16 @@ class Partitions(Capability):
             check_expected_version(expected_version)
             check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
             parent = _lifecycle.lock(steps.ROWS, q, conn, parent_id)
-            children = _decoded(
-                q.lock_step_partitions_by_key.many(conn, step_execution_id=parent_id)
+            status, exit_status, counts, failure = _aggregate(
+                parent_id,
+                returned(q.summarize_step_partitions.one(conn, step_execution_id=parent_id)),
             )
-            try:
-                aggregate = aggregate_partitions(children)
-            except AggregateError as refused:
-                if refused.rule == "Incomplete":
-                    status = refused.status.value if refused.status else "UNKNOWN"
-                    raise PartitionAggregationIncomplete(
-                        step_execution_id=parent_id, status=status
-                    ) from None
-                if refused.rule == "CountExhausted":
-                    raise CountExhausted() from None
-                raise PartitionStateCorrupt() from None
-            rows = q.lock_step_partition_workers.many(conn, step_execution_id=parent_id)
-            workers: dict[int, StepExecution] = {w.id: w for w in map(decode_step_execution, rows)}
-            for child in sorted(children, key=lambda p: p.key.sort_key):
-                worker = workers.get(child.worker_step_execution_id or 0)
-                if worker is None or PartitionResult.from_worker(worker) != PartitionResult(
-                    status=child.status, exit_status=child.exit_status, counts=child.counts
-                ):
-                    raise PartitionStateCorrupt()
-            failure = None
-            if aggregate.status is BatchStatus.FAILED:
-                failure = workers[aggregate.selected_worker].metadata.failure
             current = parent.metadata
             if (
                 parent.version == expected_version + 1
-                and current.status is aggregate.status
-                and current.exit_status == aggregate.exit_status
-                and current.counts == aggregate.counts
+                and current.status is status
+                and current.exit_status == exit_status
+                and current.counts == counts
                 and current.failure == failure
             ):
                 return parent
@@ -399,13 +434,11 @@ class Partitions(Capability):
             if failure is not None:  # a FAILED aggregate: its selected worker always carries one
                 transition = LifecycleTransition.failed(transitioned_at, failure)
             else:
-                transition = LifecycleTransition.new(aggregate.status, transitioned_at)
+                transition = LifecycleTransition.new(status, transitioned_at)
             metadata, version = apply_transition(
                 current, parent.version, expected_version, transition, counts_apply=True
             )
-            metadata = attrs.evolve(
-                metadata, exit_status=aggregate.exit_status, counts=aggregate.counts
-            )
+            metadata = attrs.evolve(metadata, exit_status=exit_status, counts=counts)
             changed = q.update_step_execution_aggregate.affected(
                 conn,
                 **encode_execution_metadata(metadata),
@@ -437,7 +470,7 @@ class Partitions(Capability):
             if parent.id in self._uow.unpublished_plans:
                 raise PartitionPlanNotCommitted(step_execution_id=parent.id)
             fault = encode_fault_state(FaultStateEnvelope.EMPTY)
-            row = q.claim_step_partition.one(
+            row = q.claim_step_partition.prepared.one(
                 conn,
                 step_execution_id=parent.id,
                 node_id=parent.logical_id.value,
@@ -452,14 +485,7 @@ class Partitions(Capability):
             )
             if row is None:
                 return None
-            partition = decode_step_partition(row)
-            worker_id = partition.worker_step_execution_id
-            if worker_id is None:  # the claim assigns one; never reached
-                raise PartitionStateCorrupt()
-            worker = q.get_step_execution.one(conn, step_execution_id=worker_id)
-            if worker is None:  # inserted by the same statement; never reached
-                raise PartitionStateCorrupt()
-            return partition, decode_step_execution(worker)
+            return decode_claimed_partition(row), decode_step_execution(row)
 
     def count_open(self, parent_id: int) -> int:
         """Partitions still STARTING, STARTED, or claimable again after a lost worker."""

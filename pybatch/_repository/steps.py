@@ -5,26 +5,26 @@ from __future__ import annotations
 from datetime import datetime
 from functools import partial
 
-from pybatch._codecs._jsonb import to_jsonb
-from pybatch._codecs._primitives import decode_int64, decode_optional_int64, returned
-from pybatch._codecs.executions import decode_job_execution
-from pybatch._codecs.fault_state import encode_fault_state
+from pybatch._codecs._primitives import decode_int64, returned
 from pybatch._codecs.steps import decode_step_execution
-from pybatch._repository import definitions
-from pybatch._repository._capability import Overrides, job_execution_row
-from pybatch._repository._lifecycle import LifecycleCapability, LifecycleRows
-from pybatch._statements import Connection, Statements
-from pybatch.errors import (
-    DuplicateStep,
-    InvalidDefinitionUpgrade,
-    RestartStateNotFound,
-    StepExecutionNotFound,
+from pybatch._repository._capability import (
+    Overrides,
+    decided,
+    execution_at,
+    job_execution_row,
 )
-from pybatch.values.fault import FaultStateEnvelope
-from pybatch.values.ids import IdentifierKind
+from pybatch._repository._lifecycle import (
+    LifecycleCapability,
+    LifecycleRows,
+    failure_reason_columns,
+)
+from pybatch._statements import Connection, Statements
+from pybatch.errors import DuplicateStep, StepExecutionNotFound
+from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.names import StepName
+from pybatch.values.ownership import OwnerToken
 from pybatch.values.records import StepExecution
-from pybatch.values.status import BatchStatus, FailureCategory
+from pybatch.values.status import BatchStatus, FailureCategory, FailureReason
 
 
 def duplicate_step_overrides(job_execution_id: int, step_name: StepName, node_id: str) -> Overrides:
@@ -35,48 +35,6 @@ def duplicate_step_overrides(job_execution_id: int, step_name: StepName, node_id
     return {"step_execution_name_unique": duplicate, "step_execution_logical_id_unique": duplicate}
 
 
-def refuse_duplicate_step(
-    q: Statements, conn: Connection, job_execution_id: int, step_name: StepName, node_id: str
-) -> None:
-    """Refuse a step whose name or node is already taken in the execution (DuplicateStep)."""
-    names = {"job_execution_id": job_execution_id, "step_name": step_name.value}
-    if q.find_conflicting_step_execution.one(conn, **names, node_id=node_id) is not None:
-        raise DuplicateStep(
-            job_execution_id=job_execution_id, step_name=step_name.value, node_id=node_id
-        )
-
-
-def insert_step_execution(
-    q: Statements,
-    conn: Connection,
-    job_execution_id: int,
-    step_name: StepName,
-    node_id: str,
-    source_id: int | None,
-    now: datetime,
-) -> StepExecution:
-    """Insert a STARTING step: a copy of `source_id`'s durable state, or fresh when None."""
-    names = {"job_execution_id": job_execution_id, "step_name": step_name.value}
-    if source_id is not None:
-        row = q.insert_step_execution_from_source.one(
-            conn, **names, node_id=node_id, source_step_execution_id=source_id, now=now
-        )
-    else:
-        fault = encode_fault_state(FaultStateEnvelope.EMPTY)
-        row = q.insert_step_execution.one(
-            conn,
-            **names,
-            node_id=node_id,
-            fault_state_payload=to_jsonb(fault["fault_state_payload"]),
-            fault_state_checksum=fault["fault_state_checksum"],
-            now=now,
-        )
-    step_id = decode_int64(returned(row)["id"], column="id", minimum=1)
-    return decode_step_execution(
-        returned(q.get_step_execution.one(conn, step_execution_id=step_id))
-    )
-
-
 ROWS = LifecycleRows[StepExecution](
     kind=IdentifierKind.STEP_EXECUTION,
     id_parameter="step_execution_id",
@@ -84,7 +42,6 @@ ROWS = LifecycleRows[StepExecution](
     get_statement=lambda q: q.get_step_execution,
     transition_statement=lambda q: q.update_step_execution_transition,
     exit_code_statement=lambda q: q.update_step_execution_exit_code,
-    failure_reason_statement=lambda q: q.update_step_execution_failure_reason,
     decode=decode_step_execution,
     not_found=lambda step_id: StepExecutionNotFound(id=step_id),
     counts_apply=True,  # a transition's rollback advances rollback_count
@@ -103,10 +60,9 @@ def end_unfinished_steps(
 
     In the transaction that finishes the execution, so the next chunk commit of any of them is
     refused (its compare-and-swap wants STARTED) and a restart copies a checkpoint nobody can
-    move any more. Steps end STOPPED when the execution stops, else FAILED with `category`.
+    move any more. Steps end STOPPED when the execution stops, else FAILED with `category`;
+    the statement waits for in-flight chunk commits and partition claims first.
     """
-    # Waits for in-flight chunk commits and partition claims.
-    q.lock_unfinished_step_executions.many(conn, job_execution_id=job_execution_id)
     stopped = execution_status is BatchStatus.STOPPED
     row = q.end_unfinished_step_executions.one(
         conn,
@@ -121,39 +77,54 @@ def end_unfinished_steps(
 class Steps(LifecycleCapability[StepExecution]):
     _rows = ROWS
 
+    def end(
+        self,
+        job_execution_id: int,
+        owner: OwnerToken,
+        step_id: int,
+        status: BatchStatus,
+        reason: FailureReason | None = None,
+    ) -> StepExecution:
+        """End a step of `owner`'s running execution as `status`: one statement.
+
+        The transition (FAILED by user code), the exit status of the same name and `reason`.
+        Raises ExecutionOwnershipLost, StepExecutionNotFound or IllegalTransition.
+        Statements: steps.sql end_step_execution (migrations/0014).
+        """
+        params = {
+            "job_execution_id": job_execution_id,
+            "owner_token": owner.value,
+            "step_execution_id": step_id,
+            "status": status.value,
+            **failure_reason_columns(reason),
+            "now": self._uow.clock.now(),
+        }
+        return self._uow.commit_statement(
+            self._uow.statements.end_step_execution,
+            params,
+            lambda row: decode_step_execution(decided(row, "ended")[1]),
+        )
+
     def create(self, job_execution_id: int, step_name: StepName) -> StepExecution:
-        """Create a step; in a restart attempt copy its source's durable state.
+        """Create a step (STARTING); in a restart attempt copy its source's durable state.
 
         Raises, in this order: JobExecutionNotFound, DuplicateStep, InvalidDefinitionUpgrade
         (an upgraded restart has no mapping entry), RestartStateNotFound (no source step).
+        Statements: steps.sql create_step_execution (migrations/0014).
         """
         duplicate = duplicate_step_overrides(job_execution_id, step_name, step_name.value)
         with self._operation(overrides=duplicate) as (q, conn):
-            # No step begins under a corrupt execution: the row is decoded in full.
-            execution = decode_job_execution(job_execution_row(q, conn, job_execution_id))
-            refuse_duplicate_step(q, conn, job_execution_id, step_name, step_name.value)
-            previous = execution.restart_of_execution_id
-            source_id: int | None = None
-            if previous is not None:
-                source_name = step_name.value
-                if execution.upgrade_from_definition_id is not None:
-                    mapped = definitions.upgrade_source_step_name(
-                        q, conn, job_execution_id, step_name
-                    )
-                    if mapped is None:
-                        raise InvalidDefinitionUpgrade(execution_id=job_execution_id)
-                    source_name = mapped
-                source = q.find_restart_source_step_execution.scalar(
-                    conn, previous_job_execution_id=previous, source_step_name=source_name
+            check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
+            row = returned(
+                q.create_step_execution.one(
+                    conn,
+                    job_execution_id=job_execution_id,
+                    step_name=step_name.value,
+                    now=self._uow.clock.now(),
                 )
-                source_id = decode_optional_int64(source, column="id", minimum=1)
-                if source_id is None:
-                    raise RestartStateNotFound(
-                        execution_id=job_execution_id, step_name=step_name.value
-                    )
-            now = self._uow.clock.now()
-            name = step_name.value
-            return insert_step_execution(q, conn, job_execution_id, step_name, name, source_id, now)
+            )
+            execution_at(row, "execution_")  # no step begins under a corrupt execution
+            return decode_step_execution(decided(row, "created")[1])
 
     def of_execution(self, job_execution_id: int) -> list[StepExecution]:
         """The steps of a job execution in creation order (docs/contract.md, Reads)."""

@@ -25,13 +25,17 @@ def canonical_json(value: object, *, decimals: bool = True) -> bytes:
     trip. What jsonb cannot hold back identically (NaN, NUL, a non-string key; a Decimal unless
     `decimals`) is JsonNotEncodable.
     """
-    parts: list[str] = []
+    if type(value) is dict and all(map(_flat_member, value.items())):
+        text = _FLAT.encode(value)  # what _write writes, in C
+    else:
+        parts: list[str] = []
+        try:
+            _write(value, parts, decimals=decimals)
+        except RecursionError:
+            raise JsonNotEncodable(reason="nesting too deep") from None
+        text = "".join(parts)
     try:
-        _write(value, parts, decimals=decimals)
-    except RecursionError:
-        raise JsonNotEncodable(reason="nesting too deep") from None
-    try:
-        return "".join(parts).encode("utf-8")
+        return text.encode("utf-8")
     except UnicodeEncodeError:
         raise JsonNotEncodable(reason="text is not UTF-8 encodable") from None
 
@@ -49,6 +53,24 @@ def numeric_text(value: float | decimal.Decimal) -> str:
 # What json.dumps(s, ensure_ascii=False) returns for a str, without building an encoder per
 # string: the same escapes (quote, backslash, control characters), UTF-8 kept as is.
 _encode_string = json.encoder.encode_basestring
+
+#: The C encoder writes a flat object of text, small ints, bools and nulls as _write does
+#: (sorted keys, no spaces, the same escapes, int.__repr__): a checkpoint such as {"offset": n}.
+_FLAT = json.JSONEncoder(
+    ensure_ascii=False, check_circular=False, sort_keys=True, separators=(",", ":")
+)
+
+
+def _flat_member(item: tuple[object, object]) -> bool:
+    """A member the C encoder writes as _write does: a text key, a plain value, no NUL."""
+    key, value = item
+    if type(key) is not str or "\x00" in key:
+        return False
+    if type(value) is str:
+        return "\x00" not in value
+    if type(value) is int:
+        return value.bit_length() <= _SHORT_INT_BITS
+    return value is None or type(value) is bool
 
 
 def _write(value: object, parts: list[str], *, decimals: bool) -> None:

@@ -8,7 +8,6 @@ A subclass only sets the class constants, so it is a plain subclass of its attrs
 from __future__ import annotations
 
 import re
-import unicodedata
 from typing import ClassVar, NoReturn
 
 import attrs
@@ -25,6 +24,12 @@ UNICODE_WHITE_SPACE = frozenset(
 )
 
 
+#: Unicode categories Cc (control characters) and Cs (surrogates), which are fixed ranges: a
+#: search in C instead of a category lookup per character (names are decoded on every read).
+_CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f-\x9f]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def first_violation(value: str, max_bytes: int) -> tuple[TextRule | None, int] | None:
     """The first broken rule and a control character's index; (None, 0) is a lone surrogate."""
     if type(value) is not str:
@@ -36,10 +41,9 @@ def first_violation(value: str, max_bytes: int) -> tuple[TextRule | None, int] |
         return (TextRule.TOO_LONG, 0)
     if value[0] in UNICODE_WHITE_SPACE or value[-1] in UNICODE_WHITE_SPACE:
         return (TextRule.SURROUNDING_WHITESPACE, 0)
-    for index, character in enumerate(value):
-        if unicodedata.category(character) == "Cc":
-            return (TextRule.CONTROL_CHARACTER, index)
-    return (None, 0) if any(unicodedata.category(c) == "Cs" for c in value) else None
+    if (control := _CONTROL_CHARACTER.search(value)) is not None:
+        return (TextRule.CONTROL_CHARACTER, control.start())
+    return (None, 0) if _SURROGATE.search(value) else None
 
 
 @attrs.frozen(order=True)

@@ -1,14 +1,13 @@
-"""Partition values; `assign`, `complete` and `aggregate_partitions` decide what is written."""
+"""Partition values: keys, plan entries, stored partitions and the rule of an assignment."""
 
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 
 import attrs
 
 from pybatch.errors import (
-    CountExhausted,
     NameInvalid,
     PartitionContextTooLarge,
     StaleVersion,
@@ -20,7 +19,6 @@ from pybatch.errors import (
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.ids import IdentifierKind, check_version, identifier_validator, version
 from pybatch.values.names import ExitCode
-from pybatch.values.records import StepExecution
 from pybatch.values.state import ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus
 
@@ -33,13 +31,6 @@ _KEY_MAX_BYTES = 128
 RESULT_STATUSES = frozenset(
     {BatchStatus.COMPLETED, BatchStatus.FAILED, BatchStatus.STOPPED, BatchStatus.UNKNOWN}
 )
-#: Aggregate severity: the most severe child status wins.
-SEVERITY: Mapping[BatchStatus, int] = {
-    BatchStatus.COMPLETED: 0,
-    BatchStatus.STOPPED: 1,
-    BatchStatus.FAILED: 2,
-    BatchStatus.UNKNOWN: 3,
-}
 
 
 def _check_key(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
@@ -97,25 +88,6 @@ class PartitionPlanEntry:
     context: ExecutionContext = attrs.field(converter=_partition_context)
 
 
-@attrs.frozen(kw_only=True)
-class PartitionResult:
-    """What a finished worker hands to its partition: status, exit and counts."""
-
-    status: BatchStatus
-    exit_status: ExitCode
-    counts: ExecutionCounts
-
-    def __attrs_post_init__(self) -> None:
-        if self.status not in RESULT_STATUSES:
-            raise PartitionStateError("NonTerminalResult", self.status)
-
-    @classmethod
-    def from_worker(cls, worker: StepExecution) -> PartitionResult:
-        """The terminal snapshot of a worker step."""
-        metadata = worker.metadata
-        return cls(status=metadata.status, exit_status=metadata.exit_status, counts=metadata.counts)
-
-
 class _RuleRefused(Exception):
     """A partition rule (named by `rule`) refused, with the status that broke it if any."""
 
@@ -169,67 +141,12 @@ class StepPartition:
             version=self.version + 1,
         )
 
-    def completed(self, expected_version: int, result: PartitionResult) -> StepPartition:
-        """The partition carrying its worker's terminal snapshot (it must be STARTED)."""
-        self._check_version(expected_version)
-        if self.status is not BatchStatus.STARTED or self.worker_step_execution_id is None:
-            raise PartitionStateError("InvalidState", self.status)
-        return attrs.evolve(
-            self,
-            status=result.status,
-            exit_status=result.exit_status,
-            counts=result.counts,
-            version=self.version + 1,
-        )
-
     def _check_version(self, expected_version: int) -> None:
         check_version(expected_version)
         if expected_version != self.version:
             raise StaleVersion(expected=expected_version, actual=self.version)
         if self.version >= 2**63 - 1:
             raise PartitionStateError("VersionExhausted")
-
-
-@attrs.frozen(kw_only=True)
-class PartitionAggregate:
-    """The parent's outcome: most severe status, the exit of its first child, summed counts."""
-
-    status: BatchStatus
-    exit_status: ExitCode
-    counts: ExecutionCounts
-    selected_worker: int
-
-
-class AggregateError(_RuleRefused):
-    """Why children cannot be aggregated; the repository maps each reason to its error."""
-
-
-def aggregate_partitions(children: Iterable[StepPartition]) -> PartitionAggregate:
-    """Aggregate children independently of input or completion order (else AggregateError)."""
-    ordered: Sequence[StepPartition] = sorted(children, key=lambda p: p.key.sort_key)
-    if not ordered:
-        raise AggregateError("EmptyPlan")
-    if len(ordered) > MAX_PARTITIONS:
-        raise AggregateError("PlanTooLarge")
-    if len({p.key for p in ordered}) != len(ordered):
-        raise AggregateError("DuplicateKey")
-    for child in ordered:
-        if child.worker_step_execution_id is None or child.status not in RESULT_STATUSES:
-            raise AggregateError("Incomplete", child.status)
-    status = max((p.status for p in ordered), key=SEVERITY.__getitem__)
-    selected = next(p for p in ordered if p.status is status)
-    counts = ExecutionCounts()
-    try:
-        for child in ordered:
-            counts = counts.plus(child.counts)
-    except CountExhausted:
-        raise AggregateError("CountExhausted") from None
-    worker = selected.worker_step_execution_id
-    if worker is None:  # every child was checked to have a worker above
-        raise AggregateError("Incomplete", selected.status)
-    return PartitionAggregate(
-        status=status, exit_status=selected.exit_status, counts=counts, selected_worker=worker
-    )
 
 
 @attrs.frozen(kw_only=True)

@@ -342,7 +342,7 @@ def test_sql_list_show_explain(db_dsn: str) -> None:
     assert shown.stdout.startswith("-- pybatch explorer.sql explore_instances\n")
     assert "%(job_name)s" in shown.stdout
     assert run("sql", "show", "no_such_statement", dsn=None).returncode == 4
-    for name in ("explore_instances", "insert_job_execution", "update_step_chunk_commit"):
+    for name in ("explore_instances", "insert_job_instance_if_absent", "update_step_chunk_commit"):
         plan = run("sql", "explain", name, dsn=db_dsn)
         assert plan.returncode == 0, plan.stderr
         assert "cost=" in plan.stdout

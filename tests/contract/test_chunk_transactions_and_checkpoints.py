@@ -800,8 +800,9 @@ def test_lost_commit_acknowledgement_is_outcome_unknown(
     session = StepSession(repository, context_of(step))
     with session.begin() as chunk:
         chunk.commit(ChunkCounts(read=1), checkpoint=cursor(1))
-    statements = session._statements
-    monkeypatch.setattr(session, "_statements", _TerminateAfterUpdate(statements, admin))
+    killing = _TerminateAfterUpdate(session._statements, admin)
+    writes = (killing.update_step_chunk_progress, killing.update_step_chunk_commit)
+    monkeypatch.setattr(session, "_writes", (*writes, session._writes[2]))
     chunk = session.begin()
     chunk.execute("INSERT INTO public.orders VALUES (1, 'in doubt')")
     with pytest.raises(ChunkCommitOutcomeUnknown):

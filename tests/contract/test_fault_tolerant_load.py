@@ -158,9 +158,10 @@ def test_the_target_is_the_source_minus_exactly_the_rejected_rows(
 def test_bisection_costs_write_calls_logarithmic_in_the_chunk(
     repository: JobRepository, admin: psycopg.Connection[Any], target: None
 ) -> None:
+    """executemany's rejection names no row: the chunk is bisected."""
     size = 1024
     rows = source(size, {700: "check"})
-    write = Writer("copy")
+    write = Writer("executemany")
 
     run_load(
         repository,
@@ -174,6 +175,56 @@ def test_bisection_costs_write_calls_logarithmic_in_the_chunk(
     assert 1 + levels <= write.calls <= 1 + 2 * levels
     assert len(target_ids(admin)) == size - 1
     assert [r[:2] for r in skip_records(admin)] == [(700, "700")]  # default key: the position
+
+
+def test_a_rejected_copy_row_is_found_from_the_line_the_server_names(
+    repository: JobRepository, admin: psycopg.Connection[Any], target: None
+) -> None:
+    """No bisection: the rows before the named line, the row alone, then the rest."""
+    size = 1024
+    bad = {100: "check", 700: "not_null", 1023: "check"}
+    rows = source(size, bad)
+    write = Writer("copy")
+
+    run_load(
+        repository,
+        "named_lines",
+        lambda step: step.load(reader(rows), write, chunk_size=size, skip_limit=3),
+    )
+
+    # The whole batch, then per bad row the rows before it, the row alone and (but after the
+    # last row) the rest.
+    assert write.calls == 1 + 3 * len(bad) - 1
+    assert target_ids(admin) == [row[0] for p, row in enumerate(rows) if p not in bad]
+    assert [r[:2] for r in skip_records(admin)] == [(p, str(p)) for p in sorted(bad)]
+
+
+class Reversed(Writer):
+    """COPY the items in reverse order: the line the server names is not the item's."""
+
+    def __call__(self, chunk: Chunk, items: list[Row]) -> None:
+        super().__call__(chunk, items[::-1])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_copy_whose_lines_are_not_the_items_still_skips_exactly_the_rejected_rows(
+    repository: JobRepository, admin: psycopg.Connection[Any], target: None, seed: int
+) -> None:
+    generator = random.Random(f"misleading-lines-{seed}")
+    total, size = 600, 200
+    bad = {p: generator.choice(["check", "not_null"]) for p in generator.sample(range(total), 7)}
+    rows = source(total, bad)
+
+    (result,) = run_load(
+        repository,
+        f"reversed_{seed}",
+        lambda step: step.load(reader(rows), Reversed("copy"), chunk_size=size, skip_limit=7),
+    )
+
+    assert target_ids(admin) == [row[0] for p, row in enumerate(rows) if p not in bad]
+    assert [r[0] for r in skip_records(admin)] == sorted(bad)
+    assert result == LoadResult(read=total, written=total - 7, skipped=7, retries=0, position=total)
+    assert step_row(admin)["write_skip_count"] == 7
 
 
 def test_a_clean_load_writes_each_chunk_once_and_records_no_skip(

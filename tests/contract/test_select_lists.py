@@ -30,10 +30,10 @@ from pybatch._codecs.explorer import (
 )
 from pybatch._codecs.fault_state import LOCKED_FAULT_STATE_COLUMNS
 from pybatch._codecs.flow import FLOW_DECISION_COLUMNS
-from pybatch._codecs.instances import JOB_INSTANCE_COLUMNS, LOCKED_JOB_INSTANCE_COLUMNS
+from pybatch._codecs.instances import JOB_INSTANCE_COLUMNS
 from pybatch._codecs.operator import OPERATOR_REQUEST_COLUMNS
-from pybatch._codecs.partitions import STEP_PARTITION_COLUMNS
-from pybatch._codecs.steps import STEP_EXECUTION_COLUMNS
+from pybatch._codecs.partitions import CLAIMED_PARTITION_COLUMNS, STEP_PARTITION_COLUMNS
+from pybatch._codecs.steps import COUNT_COLUMNS, STEP_EXECUTION_COLUMNS
 from pybatch._statements import Statement, load_statements
 
 #: Statement -> the columns its reader reads: a decoder's list, or (for rows read by hand
@@ -61,9 +61,6 @@ READERS: dict[str, tuple[str, ...]] = {
     "insert_job_instance_if_absent": JOB_INSTANCE_COLUMNS,
     "find_job_instance_by_key": JOB_INSTANCE_COLUMNS,
     "get_job_instance": JOB_INSTANCE_COLUMNS,
-    "lock_job_instance": LOCKED_JOB_INSTANCE_COLUMNS,
-    "insert_job_execution": JOB_EXECUTION_COLUMNS,
-    "find_latest_job_execution": JOB_EXECUTION_COLUMNS,
     "get_job_execution": JOB_EXECUTION_COLUMNS,
     "lock_job_execution": JOB_EXECUTION_COLUMNS,
     "list_job_executions": JOB_EXECUTION_COLUMNS,
@@ -79,12 +76,30 @@ READERS: dict[str, tuple[str, ...]] = {
     "find_reusable_flow_decision": FLOW_DECISION_COLUMNS,
     "insert_step_partitions": STEP_PARTITION_COLUMNS,
     "list_step_partitions": STEP_PARTITION_COLUMNS,
-    "lock_step_partitions_by_key": STEP_PARTITION_COLUMNS,
     "lock_step_partitions_by_ordinal": STEP_PARTITION_COLUMNS,
     "copy_step_partitions": STEP_PARTITION_COLUMNS,
     "lock_step_partition": STEP_PARTITION_COLUMNS,
-    "claim_step_partition": STEP_PARTITION_COLUMNS,
-    "lock_step_partition_workers": STEP_EXECUTION_COLUMNS,
+    "claim_step_partition": CLAIMED_PARTITION_COLUMNS,
+    "end_step_partition": (
+        *STEP_PARTITION_COLUMNS,
+        "found_version",
+        "found_status",
+        "found_worker_step_execution_id",
+        "parent_step_execution_id",
+        "parent_status",
+        "worker_status",
+        "same_execution",
+    ),
+    "summarize_step_partitions": (
+        "partitions",
+        "incomplete_status",
+        "mirrored",
+        "status",
+        "exit_code",
+        "failure_category",
+        "failure_id",
+        *COUNT_COLUMNS,
+    ),
     # read by hand: repository/flow.py
     "get_job_execution_flow_plan": ("manifest_digest", "manifest"),
     "insert_flow_decision": ("id",),
@@ -96,13 +111,6 @@ READERS: dict[str, tuple[str, ...]] = {
         "id",
         "worker_step_execution_id",
         "partition_key",
-        "version",
-        "leased",
-        "lease_expired",
-    ),
-    "lock_partition_worker_lease": (
-        "worker_step_execution_id",
-        "status",
         "version",
         "leased",
         "lease_expired",
@@ -120,13 +128,8 @@ READERS: dict[str, tuple[str, ...]] = {
     # existence checks: only "is there a row" is read
     "insert_definition_upgrade_if_absent": ("from_definition_id",),
     "find_definition_upgrade": ("upgrade_key", "step_mapping"),
-    "find_conflicting_step_execution": ("id",),
     # read by hand: repository/steps.py, repository/operator_requests.py
-    "insert_step_execution": ("id",),
-    "insert_step_execution_from_source": ("id",),
     "end_unfinished_step_executions": ("ended_steps",),
-    # locks only: repository/steps.py end_unfinished_steps waits here, reads nothing
-    "lock_unfinished_step_executions": ("id",),
     "insert_operator_request": ("id",),
     # read by hand: migrator.py (name is shown by `pybatch migrate --dry-run` history)
     "list_schema_migrations": ("version", "name", "checksum"),
@@ -164,6 +167,30 @@ READERS: dict[str, tuple[str, ...]] = {
         "lease_expired",
     ),
     "renew_execution_lease": ("stop_requested",),
+    # one-statement transitions (migration 0014): outcome and a refusal's details, then the
+    # decoders' columns
+    "launch_job_execution": (
+        *("outcome", "details", "lease_expired", "lease_remaining_ms"),
+        *("instance_id", "instance_created_at"),
+        *JOB_EXECUTION_COLUMNS,
+        *("owner_token", "lease_expires_at", "stop_requested"),
+        *(f"previous_{column}" for column in JOB_EXECUTION_COLUMNS),
+    ),
+    "create_job_execution": (
+        *("outcome", "details"),
+        *("instance_id", "job_name", "instance_key", "identifying_parameters"),
+        "instance_created_at",
+        *JOB_EXECUTION_COLUMNS,
+        *(f"previous_{column}" for column in JOB_EXECUTION_COLUMNS),
+    ),
+    "end_job_execution": ("outcome", "details", *JOB_EXECUTION_COLUMNS),
+    "start_flow_step": ("outcome", "details", *STEP_EXECUTION_COLUMNS),
+    "end_step_execution": ("outcome", "details", *STEP_EXECUTION_COLUMNS),
+    "create_step_execution": (
+        *("outcome", "details"),
+        *(f"execution_{column}" for column in JOB_EXECUTION_COLUMNS),
+        *STEP_EXECUTION_COLUMNS,
+    ),
     "read_recovery_snapshot": (
         "status",
         "attempt",

@@ -859,10 +859,11 @@ def test_end_partition_worker_ends_worker_and_partition_together(f: Fixture) -> 
                 other.id, other.version, worker.id, to(S.COMPLETED, f.clock), ExitCode.COMPLETED
             )
         assert uow.steps.get(worker.id) == worker  # nothing staged
-        done = uow.partitions.end_worker(
+        uow.partitions.end_worker(
             assigned.id, assigned.version, worker.id, to(S.FAILED, f.clock), ExitCode("BAD_ROW")
         )
         uow.commit()
+    done, _ = stored_plan(f.repository, f.parent.id)
     assert (done.status, done.exit_status.value, done.version) == (S.FAILED, "BAD_ROW", 2)
     with f.repository.begin() as uow:
         ended = uow.steps.get(worker.id)

@@ -1,4 +1,4 @@
-"""Crash-test worker: a fault-tolerant load (`StepRun.load`) that can stop mid-bisection.
+"""Crash-test worker: a fault-tolerant load (`StepRun.load`) that can stop mid-isolation.
 
 Run from the repository root as ``python -m tests.crash.skip_worker`` with PYTHONPATH set;
 the parent (tests/crash/test_fault_tolerant_crash.py) SIGKILLs it while a chunk is being
@@ -8,13 +8,15 @@ Environment:
     PYBATCH_DSN, PYBATCH_TLS  the job repository (ConnectionConfig.from_env)
     CRASH_RUN                 the run id: the job's identifying parameter
     CRASH_PAUSE_CALL          the write call of this attempt, counted among the calls that
-                              write part of a chunk (a bisection's), that waits to be killed
-                              after writing (0: none)
+                              write part of a chunk (isolating its rejected rows), that waits
+                              to be killed after writing (0: none)
+    CRASH_WRITE               "copy" (rejected rows found from the line the server names) or
+                              "executemany" (found by bisection)
 
 Protocol on stdout, one flushed line each:
     launched <attempt>        the attempt is STARTED
     begin <position>          the step resumes from this committed position
-    ready <position> <size>   a bisection's write of <size> items from <position> on is in
+    ready <position> <size>   an isolating write of <size> items from <position> on is in
                               its chunk's transaction, not committed; waits to be killed
     done                      the job completed
 """
@@ -43,6 +45,7 @@ CREATE_TABLE = (
     f" CONSTRAINT {TABLE}_amount_positive CHECK (amount > 0))"
 )
 COPY_ROWS = f"COPY {TABLE} (id, amount) FROM STDIN"
+INSERT_ROW = f"INSERT INTO {TABLE} (id, amount) VALUES (%s, %s)"
 
 Row = tuple[int, int]
 
@@ -66,6 +69,7 @@ def say(*words: object) -> None:
 
 def main() -> int:
     pause = int(os.environ.get("CRASH_PAUSE_CALL", "0"))
+    many = os.environ.get("CRASH_WRITE") == "executemany"
     calls = 0
 
     def read(position: int) -> Iterator[Row]:
@@ -74,8 +78,11 @@ def main() -> int:
 
     def write(chunk: Chunk, items: list[Row]) -> None:
         nonlocal calls
-        chunk.copy(COPY_ROWS, items)
-        if len(items) < CHUNK:  # part of a chunk: a bisection is under way
+        if many:
+            chunk.executemany(INSERT_ROW, items)
+        else:
+            chunk.copy(COPY_ROWS, items)
+        if len(items) < CHUNK:  # part of a chunk: its rejected rows are being isolated
             calls += 1
             if calls == pause:
                 say("ready", items[0][0] - 1, len(items))

@@ -1,12 +1,14 @@
-"""Crash proof of `StepRun.load`: a load SIGKILLed in the middle of bisections resumes exactly.
+"""Crash proof of `StepRun.load`: a load SIGKILLed while isolating rejected rows resumes exactly.
 
 A child process (tests/crash/skip_worker.py) loads a 3,000-row source with about one bad row
-in 60 in chunks of 200 by COPY, and is SIGKILLed six times while a chunk is being bisected:
-some of the chunk's good halves are written in its transaction, nothing of it is committed.
+in 60 in chunks of 200, by COPY (each rejected row found from the line the server names) and
+by executemany (found by bisection), and is SIGKILLed six times while a chunk's rejected rows
+are being isolated: some of the chunk's good rows are written in its transaction, nothing of
+it is committed.
 After each kill, the durable state must be exactly the chunks committed before it: the
 target holds the good source rows before the checkpoint's position and nothing else, the
 skip records name exactly the bad rows before it, once each, and the step's counters agree.
-The restart redoes the killed chunk's bisection from scratch; the last run completes with
+The restart redoes the killed chunk's isolation from scratch; the last run completes with
 the target equal to the source minus the bad rows and one skip record per bad row.
 """
 
@@ -62,8 +64,9 @@ def check_exact(state: dict[str, Any], context: str) -> None:
     )
 
 
-def test_a_load_sigkilled_during_bisection_resumes_exactly(
-    db_dsn: str, admin: psycopg.Connection[Any], tmp_path: Path
+@pytest.mark.parametrize("write", ["copy", "executemany"])
+def test_a_load_sigkilled_while_isolating_rejected_rows_resumes_exactly(
+    db_dsn: str, admin: psycopg.Connection[Any], tmp_path: Path, write: str
 ) -> None:
     rng = random.Random(SEED)
     admin.execute(w.CREATE_TABLE)
@@ -72,6 +75,7 @@ def test_a_load_sigkilled_during_bisection_resumes_exactly(
         PYBATCH_DSN=db_dsn,
         PYBATCH_TLS="plaintext",
         CRASH_RUN=f"skip-crash-{SEED}",
+        CRASH_WRITE=write,
         PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     )
     previous = 0
@@ -79,7 +83,7 @@ def test_a_load_sigkilled_during_bisection_resumes_exactly(
     try:
         for number in range(1, KILLS + 1):
             call = rng.randint(1, 30)
-            context = f"seed {SEED}, kill {number}/{KILLS} (bisection write {call})"
+            context = f"seed {SEED}, {write}, kill {number}/{KILLS} (isolating write {call})"
             worker = Worker(
                 env | {"CRASH_PAUSE_CALL": str(call)}, tmp_path / f"w{number}.log", MODULE
             )
@@ -91,13 +95,13 @@ def test_a_load_sigkilled_during_bisection_resumes_exactly(
                 if words[0] == "begin":
                     begin = int(words[1])
                 elif words[0] == "ready":
-                    start = int(words[1]) // w.CHUNK * w.CHUNK  # the bisected chunk
+                    start = int(words[1]) // w.CHUNK * w.CHUNK  # the isolating chunk
                     break
             worker.kill()
             assert worker.wait() == -signal.SIGKILL, f"{context}: the worker ended first"
             state = durable(admin)
             assert begin == previous, f"{context}: resumed at {begin}, not {previous}"
-            assert state["position"] == start, f"{context}: the bisected chunk is not undone"
+            assert state["position"] == start, f"{context}: the isolating chunk is not undone"
             check_exact(state, context)
             previous = state["position"]
             assert previous < w.ROWS, f"{context}: the load finished before all kills"

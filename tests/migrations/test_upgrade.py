@@ -20,6 +20,7 @@ from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import NodeId, StepName
 from pybatch.values.status import BatchStatus
 from tests.conftest import plaintext_config
+from tests.migrations.older_package import older_package
 
 ORDERS = "CREATE TABLE public.orders (id bigint PRIMARY KEY, note text NOT NULL)"
 
@@ -79,14 +80,11 @@ def _leave_a_started_step_with_a_checkpoint(repository: JobRepository) -> None:
 def test_a_step_started_under_0001_resumes_from_its_checkpoint_after_the_domains_migration(
     blank_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import pybatch._job_repository as job_repository_module
-
     config = plaintext_config(blank_database)
     first = migrator.shipped_migrations()[:1]
     assert [(m.version, m.name) for m in first] == [(1, "create_schema")]
-    with monkeypatch.context() as at_version_1:
+    with monkeypatch.context() as at_version_1, older_package(monkeypatch, 1):
         at_version_1.setattr(migrator, "shipped_migrations", lambda directory=None: first)
-        at_version_1.setattr(job_repository_module, "supported_schema_version", lambda: 1)
         assert [m.version for m in migrator.migrate(config)] == [1]
         with psycopg.connect(blank_database, autocommit=True) as conn:
             conn.execute(ORDERS)

@@ -113,3 +113,21 @@ def test_nothing_but_bytes_or_json_not_encodable_comes_out(value: Any) -> None:
         return
     assert isinstance(result, bytes)
     json.loads(result)
+
+
+@given(
+    st.dictionaries(
+        st.text(),
+        st.none() | st.booleans() | st.integers() | st.text() | st.integers(2**70, 2**80),
+        max_size=6,
+    )
+)
+def test_a_flat_object_encodes_as_the_general_writer_does(document: dict[str, Any]) -> None:
+    """The C encoder's fast path for flat objects (a checkpoint) writes what _write writes."""
+    try:
+        general = canonical_json([document])[1:-1]  # inside a list: always _write
+    except JsonNotEncodable:  # a NUL
+        with pytest.raises(JsonNotEncodable):
+            canonical_json(document)
+        return
+    assert canonical_json(document) == general

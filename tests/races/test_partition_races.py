@@ -3,21 +3,23 @@ others get typed errors."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 
-from pybatch import JobRepository, UnitOfWork
+from pybatch import ConnectionConfig, JobRepository, UnitOfWork
+from pybatch import _partitioned as partitioned
 from pybatch.errors import (
     PartitionPlanExists,
     PartitionUpdateNotAllowed,
     PartitionWorkerStale,
     StaleVersion,
 )
+from pybatch.values.ownership import ExecutionLease
 from pybatch.values.status import BatchStatus
 from tests.contract.test_step_partitions import Fixture, assign, entries, move, plan
 from tests.support.clock import ManualClock
-from tests.support.race import race, race_units_of_work
+from tests.support.race import DEADLINE_SECONDS, portable, race, race_processes, race_units_of_work
 
 S = BatchStatus
 
@@ -107,6 +109,43 @@ def test_eight_claimers_never_take_the_same_partition(
     assert {p.status for p in stored} == {S.STARTED} and {p.version for p in stored} == {1}
     assert len({p.worker_step_execution_id for p in stored}) == 60
     assert len(workers) == 61  # the parent and one worker step per claim, none wasted
+
+
+def claim_and_end_in_process(config: dict[str, Any], barrier: Any, parent_id: int) -> list[str]:
+    """Child process: its own repository; behind the barrier, claim and end until none is left."""
+    with JobRepository.connect(ConnectionConfig(**config)) as repository:
+        with repository.begin() as uow:
+            parent = uow.steps.get(parent_id)
+        assert parent is not None
+        barrier.wait(DEADLINE_SECONDS)
+        keys: list[str] = []
+        lease = ExecutionLease()
+        while (
+            claimed := repository.run_in_unit_of_work(
+                lambda uow: partitioned._claim_in(uow, parent, lease)
+            )
+        ) is not None:
+            partition, worker, _ = claimed
+            partitioned._end_worker(repository, partition, worker.id, S.COMPLETED)
+            keys.append(partition.key.value)
+        return keys
+
+
+def test_worker_processes_claim_and_end_every_partition_exactly_once(
+    pg_config: ConnectionConfig, repository: JobRepository, clock: ManualClock
+) -> None:
+    f = Fixture(repository, clock)
+    expected = [f"k{i:02d}" for i in range(40)]
+    plan(repository, f.parent, *expected)
+    results = race_processes(4, claim_and_end_in_process, [portable(pg_config), f.parent.id])
+    keys = [key for taken in cast(list[list[str]], results) for key in taken]
+    assert sorted(keys) == expected  # each claimed by exactly one process
+    with repository.begin() as uow:
+        stored = uow.partitions.plan(f.parent.id)
+        workers = uow.steps.of_execution(f.execution.id)
+    assert {(p.status, p.version) for p in stored} == {(S.COMPLETED, 2)}
+    assert len(workers) == 41  # the parent and one worker step per claim, none wasted
+    assert {w.status for w in workers if w.id != f.parent.id} == {S.COMPLETED}
 
 
 def test_a_claim_racing_an_assignment_has_one_winner(

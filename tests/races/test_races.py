@@ -22,7 +22,13 @@ from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.records import JobExecution, JobInstanceSelection, StepExecution
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from tests.support.clock import ManualClock
-from tests.support.race import launch_in_process, portable, race_processes, race_units_of_work
+from tests.support.race import (
+    launch_in_process,
+    portable,
+    race_processes,
+    race_units_of_work,
+    run_job_in_process,
+)
 
 pytestmark = pytest.mark.race
 
@@ -209,3 +215,23 @@ def test_four_processes_launching_one_key_give_one_execution(
         assert instance is not None
         assert [e.id for e in uow.executions.of_instance(instance.id)] == launched
     assert scalar(admin, "SELECT count(*) FROM pybatch.job_execution") == 1
+
+
+def test_processes_launching_one_job_through_the_etl_api_start_one_run(
+    pg_config: ConnectionConfig, repository: JobRepository, admin: psycopg.Connection[Any]
+) -> None:
+    """Scenario L3, as scripts launch: one winner; every loser sees its lease renewed."""
+    processes = 4
+    arguments = [portable(pg_config), "etl_process_race", "2026-09-10", 1.0]
+    results = race_processes(processes, run_job_in_process, arguments)
+    pairs = cast(list[tuple[str, object]], results)
+    launched = [value for status, value in pairs if status == "launched"]
+    refused = [value for status, value in pairs if status == "error"]
+    assert len(launched) == 1, results
+    assert refused == ["ExecutionAlreadyActive"] * (processes - 1), results
+    rows = admin.execute(
+        "SELECT e.id, e.attempt, e.status FROM pybatch.job_execution AS e"
+        " JOIN pybatch.job_instance AS i ON i.id = e.job_instance_id"
+        " WHERE i.job_name = 'etl_process_race'"
+    ).fetchall()
+    assert rows == [(launched[0], 1, "COMPLETED")]

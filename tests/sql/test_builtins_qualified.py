@@ -39,9 +39,9 @@ _PREVIOUS_WORD = re.compile(r"(\w+)\s*$")
 _GRAMMAR = frozenset(
     """
     all and any array as between cast check coalesce conflict distinct exists extract filter
-    from greatest grouping in include key lateral least materialized not nullif on or over
+    else from greatest grouping in include key lateral least materialized not nullif on or over
     overlay partition position primary recursive references returns row select set
-    substring table trim unique using values when where window with within
+    substring table then trim unique using values when where window with within
     """.split()
 )
 #: Types whose modifiers are written in parentheses: `NUMERIC(20, 0)`, `VARCHAR(64)`.

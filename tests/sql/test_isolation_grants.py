@@ -4,8 +4,8 @@ With isolation enabled (docs/dba.md, "Isolating job families"), the runtime role
 `job_execution`, `step_execution` and `step_partition` through column privileges only, so
 that it cannot `LOCK TABLE` them. A statement assigning a column missing from those grants
 would fail with 42501 for every isolated family, and only then: this test reads every
-`UPDATE pybatch.<table> SET ...` of queries/ and the grants of docs/dba.md, and names
-what is missing.
+`UPDATE pybatch.<table> SET ...` of queries/ and of the functions migrations/ create, and
+the grants of docs/dba.md, and names what is missing.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "dba.md"
 QUERIES = ROOT / "queries"
+MIGRATIONS = ROOT / "migrations"
 
 UPDATE = re.compile(
     r"\bUPDATE\s+pybatch\.(\w+)(?:\s+AS\s+\w+)?\s+SET\s+(.*?)(?=\bWHERE\b|\bFROM\b|\bRETURNING\b|;)",
@@ -51,10 +52,19 @@ def assigned_columns(assignments: str) -> set[str]:
 
 
 def updates_in_queries() -> dict[str, dict[str, set[str]]]:
-    """table -> column -> the files whose statements assign it."""
+    """table -> column -> the files whose statements (or functions they call) assign it.
+
+    The functions are the bodies of migrations/ (between `$$`): a runtime statement calls
+    them, and they run with its rights. A migration's own UPDATEs run as the migrator.
+    """
     found: dict[str, dict[str, set[str]]] = {}
-    for path in sorted(QUERIES.glob("*.sql")):
-        text = re.sub(r"--[^\n]*", "", path.read_text())
+    sources = [(path, path.read_text()) for path in sorted(QUERIES.glob("*.sql"))]
+    sources += [
+        (path, "\n".join(re.findall(r"\$\$(.*?)\$\$", path.read_text(), re.S)))
+        for path in sorted(MIGRATIONS.glob("*.sql"))
+    ]
+    for path, source in sources:
+        text = re.sub(r"--[^\n]*", "", source)
         for match in UPDATE.finditer(text):
             for column in assigned_columns(match.group(2)):
                 found.setdefault(match.group(1), {}).setdefault(column, set()).add(path.name)

@@ -19,6 +19,6 @@ def test_the_sql_catalogue_document_is_current() -> None:
 
 def test_every_statement_is_in_the_catalogue_with_its_tables() -> None:
     entries = {entry.name: entry for entry in sql_catalogue.catalogue()}
-    assert entries["insert_job_execution"].tables_written == ("job_execution",)
+    assert entries["insert_job_instance_if_absent"].tables_written == ("job_instance",)
     assert "job_instance" in entries["explore_job_names"].tables_read
     assert all(entry.doc for entry in entries.values())

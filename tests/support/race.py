@@ -8,7 +8,8 @@ is collected; nothing is swallowed silently, and a racer that hangs fails the te
 Processes: `race_processes(n, target, args)` starts `n` spawned processes that share a
 barrier from the spawn context and report `target(*args)`'s return value (or the
 exception's type name) through a queue. `target` must be a picklable module-level
-function; `launch_in_process` is the one used by tests/races.
+function; `launch_in_process` (a unit of work) and `run_job_in_process` (the ETL API) are
+the ones used by tests/races.
 
 `Contender` runs one unit of work on its own thread; `start_blocked(admin)` returns once
 it waits on a row lock (pg_stat_activity), which is the "let the first take its lock, start
@@ -23,12 +24,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
 import attrs
 import psycopg
 
 from pybatch import ConnectionConfig, JobRepository, UnitOfWork
+from pybatch.etl import Job
 from pybatch.values.names import JobName
 from pybatch.values.parameters import JobInstanceKey, JobParameters
 
@@ -37,6 +40,7 @@ __all__ = [
     "Contender",
     "Outcome",
     "launch_in_process",
+    "run_job_in_process",
     "race",
     "race_processes",
     "race_units_of_work",
@@ -220,6 +224,27 @@ def launch_in_process(
         except Exception as error:
             return ("error", type(error).__name__)
         return ("launched", execution.id)
+
+
+def run_job_in_process(
+    config_fields: dict[str, Any], barrier: Any, job_name: str, day: str, lease_seconds: float
+) -> tuple[str, int | str]:
+    """Child process body: own repository, wait on the barrier, `Job(...).launch()` one key.
+
+    The winner keeps its run open for three leases (its lease renewed meanwhile), then ends it
+    COMPLETED. Returns ("launched", execution id) or ("error", exception type name).
+    """
+    lease = timedelta(seconds=lease_seconds)
+    with JobRepository.connect(ConnectionConfig(**config_fields)) as repository:
+        job = Job(repository, job_name, {"day": day}, lease=lease)
+        barrier.wait(DEADLINE_SECONDS)
+        try:
+            run = job.launch()
+        except Exception as error:
+            return ("error", type(error).__name__)
+        with run:
+            time.sleep(3 * lease_seconds)
+        return ("launched", run.execution.id)
 
 
 def _process_main(

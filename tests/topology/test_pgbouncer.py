@@ -31,6 +31,7 @@ from pybatch import (
     ConnectionConfig,
     JobRepository,
     Pooler,
+    UnitOfWork,
     installed_schema_version,
     migrate,
     supported_schema_version,
@@ -44,6 +45,7 @@ from pybatch.errors import (
 from pybatch.etl import Job, StepRun
 from pybatch.values.status import BatchStatus
 from tests.conftest import dsn_for, plaintext_config
+from tests.contract.test_one_round_trip_transactions import traced
 from tests.crash import worker as w
 from tests.crash.test_etl_crash import Worker, check_consistent, durable_state
 from tests.support.pgbouncer import Bouncer, pgbouncer
@@ -85,6 +87,16 @@ def settings_in_force(conn: psycopg.Connection[Any], repository: JobRepository) 
     row = repository.statements.get_transaction_settings.one(conn)
     assert row is not None
     return {name: str(row[name]) for name in EXPECTED}
+
+
+def settings_alone(uow: UnitOfWork, repository: JobRepository) -> tuple[Any, list[str]]:
+    """The settings read as a unit of work of one statement, and its protocol trace."""
+    rows: list[Any] = []
+    statement = repository.statements.get_transaction_settings
+    conn = uow._lease.connection
+    assert conn is not None
+    trace = traced(conn, lambda: rows.append(uow.commit_statement(statement, {}, lambda r: r)))
+    return rows[0], trace
 
 
 def test_a_pooler_that_refuses_startup_options_is_named_with_its_fix(
@@ -133,7 +145,11 @@ def test_every_transaction_runs_with_pybatchs_settings_through_the_pooler(
             with repository.read_transaction() as conn:
                 assert settings_in_force(conn, repository) == EXPECTED
             with repository.begin() as uow:
-                assert settings_in_force(uow._lease.connection, repository) == EXPECTED  # type: ignore[arg-type]
+                assert settings_in_force(uow.connection, repository) == EXPECTED
+            with repository.begin() as uow:  # BEGIN, settings, statement, COMMIT: one Sync
+                row, trace = settings_alone(uow, repository)
+                assert [m for m in trace if m.startswith("F") and "\tSync" in m] == ["F\t4\tSync"]
+                assert {name: str(row[name]) for name in EXPECTED} == EXPECTED
         job = Job(repository, "pooled_settings", {"day": bouncer.pool_mode})
         seen: list[dict[str, str]] = []
 

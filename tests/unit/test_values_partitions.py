@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
-
+import attrs
 import pytest
 
 from pybatch.errors import (
@@ -15,13 +14,10 @@ from pybatch.errors import (
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.names import ExitCode
 from pybatch.values.partitions import (
-    AggregateError,
     PartitionKey,
     PartitionPlanEntry,
-    PartitionResult,
     PartitionStateError,
     StepPartition,
-    aggregate_partitions,
 )
 from pybatch.values.state import ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus
@@ -80,7 +76,7 @@ def test_shape_starting_exactly_without_worker() -> None:
         partition("a", S.STARTED, None)
 
 
-def test_assign_and_complete_rules() -> None:
+def test_assign_rules() -> None:
     fresh = partition("a", S.STARTING, None)
     with pytest.raises(StaleVersion):
         fresh.assigned(1, 9)
@@ -89,52 +85,6 @@ def test_assign_and_complete_rules() -> None:
     with pytest.raises(PartitionStateError) as again:
         started.assigned(1, 10)
     assert again.value.status is S.STARTED
-    result = PartitionResult(
-        status=S.FAILED, exit_status=ExitCode.FAILED, counts=ExecutionCounts(read=3)
-    )
-    failed = started.completed(1, result)
-    assert (failed.status, failed.counts.read, failed.version) == (S.FAILED, 3, 2)
+    failed = attrs.evolve(started, status=S.FAILED, counts=ExecutionCounts(read=3), version=2)
     retried = failed.assigned(2, 11)
     assert retried.counts == ExecutionCounts() and retried.exit_status == ExitCode.UNKNOWN
-    with pytest.raises(PartitionStateError):
-        fresh.completed(0, result)
-
-
-def test_results_are_terminal_only() -> None:
-    for status in (S.STARTING, S.STARTED, S.STOPPING, S.ABANDONED):
-        with pytest.raises(PartitionStateError):
-            PartitionResult(status=status, exit_status=ExitCode.UNKNOWN, counts=ExecutionCounts())
-
-
-def test_aggregate_is_order_independent_and_picks_the_first_key_of_the_worst_status() -> None:
-    children = [
-        partition("c", S.FAILED, 3, read=1),
-        partition("a", S.COMPLETED, 1, read=2),
-        partition("b", S.FAILED, 2, read=4),
-    ]
-    results = {aggregate_partitions(list(order)) for order in itertools.permutations(children)}
-    assert len(results) == 1
-    (aggregate,) = results
-    assert aggregate.status is S.FAILED and aggregate.exit_status.value == "EXIT_B"
-    assert aggregate.selected_worker == 2 and aggregate.counts.read == 7
-
-
-@pytest.mark.parametrize(
-    ("children", "rule"),
-    [
-        ([], "EmptyPlan"),
-        ([partition("a", S.COMPLETED, 1), partition("a", S.COMPLETED, 2)], "DuplicateKey"),
-        ([partition("a", S.STARTED, 1)], "Incomplete"),
-        (
-            [
-                partition("a", S.COMPLETED, 1, read=2**62),
-                partition("b", S.COMPLETED, 2, read=2**62),
-            ],
-            "CountExhausted",
-        ),
-    ],
-)
-def test_aggregate_refusals(children: list[StepPartition], rule: str) -> None:
-    with pytest.raises(AggregateError) as refused:
-        aggregate_partitions(children)
-    assert refused.value.rule == rule

@@ -1,0 +1,81 @@
+"""Upgrading to one-statement transitions (migration 0014) under live jobs.
+
+A run of the older package, launched and owned through its multi-statement operations, goes
+on while the migration creates the functions: its next chunk commits and it ends COMPLETED as
+the older package ended runs. Another run of the older package dies after a committed chunk;
+the upgraded package launches its instance in one statement, waits for the dead run's lease,
+recovers it (OWNER_LOST) and resumes its step from that chunk's checkpoint.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import psycopg
+import pytest
+
+from pybatch import JobRepository
+from pybatch import _migrator as migrator
+from pybatch.etl import Job, StepRun
+from pybatch.values.flow import StartLimit
+from pybatch.values.names import NodeId, StepName
+from pybatch.values.status import BatchStatus
+from tests.conftest import plaintext_config
+from tests.migrations.older_package import TRANSITIONS, older_package
+from tests.migrations.test_lease_upgrade import install_up_to
+
+
+def test_runs_of_the_older_package_finish_or_resume_across_the_upgrade(
+    blank_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = plaintext_config(blank_database)
+    install_up_to(blank_database, TRANSITIONS - 1)
+    applied: list[int] = []
+
+    def upgrade_midway(step: StepRun) -> None:
+        with step.chunk() as chunk:
+            chunk.commit(read=1, written=1, checkpoint={"offset": 1})
+        applied.extend(m.version for m in migrator.migrate(config))  # while the run is live
+        with step.chunk() as chunk:
+            chunk.commit(read=1, written=1, checkpoint={"offset": 2})
+
+    with older_package(monkeypatch, TRANSITIONS - 1):
+        with JobRepository.connect(config) as old:
+            dead = Job(old, "dead", {}, lease=datetime.timedelta(seconds=1)).launch()
+            skipped, step = old.run_in_unit_of_work(
+                lambda uow: uow.flow.start_step(
+                    dead.execution.id,
+                    dead._owned(),
+                    StepName("load"),
+                    NodeId("load"),
+                    StartLimit.unrestricted(),
+                )
+            )
+            assert not skipped
+            dying = StepRun(dead, step)
+            with dying.chunk() as chunk:
+                chunk.commit(read=1, written=1, checkpoint={"offset": 1})
+            dying.close()
+            dead._stop_renewing()  # its process is gone: nothing renews or ends it
+            with Job(old, "live", {}).launch() as live:
+                live.step("load", upgrade_midway)
+    assert applied == list(range(TRANSITIONS, migrator.supported_schema_version() + 1))
+    assert live.execution.status is BatchStatus.COMPLETED
+
+    resumed_from: list[object] = []
+    with JobRepository.connect(config) as repository:
+        with Job(repository, "dead", {}, lease=datetime.timedelta(seconds=1)).launch() as again:
+            again.step("load", lambda step: resumed_from.append(step.checkpoint))
+        assert again.attempt == 2 and again.execution.status is BatchStatus.COMPLETED
+    assert resumed_from == [{"offset": 1}]
+    with psycopg.connect(blank_database) as conn:
+        decisions = conn.execute(
+            "SELECT job_execution_id, reason_code FROM pybatch.recovery_decision"
+        ).fetchall()
+        live_step = conn.execute(
+            "SELECT s.status, s.read_count FROM pybatch.step_execution AS s"
+            " WHERE s.job_execution_id = %s",
+            (live.execution.id,),
+        ).fetchall()
+    assert decisions == [(dead.execution.id, "OWNER_LOST")]
+    assert live_step == [("COMPLETED", 2)]
