@@ -15,8 +15,7 @@ from pybatch.values.parameters import (
     ParameterValue,
     ParameterValueKind,
 )
-from pybatch.values.records import JobInstance, LockedJobInstance
-from pybatch.values.status import BatchStatus
+from pybatch.values.records import JobInstance
 
 IDENTIFYING_PARAMETERS_MAX_BYTES = 1024 * 1024
 
@@ -90,16 +89,3 @@ def decode_job_instance(row: p.Row) -> JobInstance:
         )
     except ValueError:  # JobInstance recomputed the key from the name and parameters
         raise p.DecodeError("instance_key") from None
-
-
-LOCKED_JOB_INSTANCE_COLUMNS = (*JOB_INSTANCE_COLUMNS, "last_attempt", "final_status")
-
-
-def decode_locked_job_instance(row: p.Row) -> LockedJobInstance:
-    """Decode a lock_job_instance row: the instance, its last attempt and its tombstone."""
-    values = p.row_columns(row, LOCKED_JOB_INSTANCE_COLUMNS)
-    return LockedJobInstance(
-        instance=decode_job_instance(values),
-        last_attempt=p.int64_at(values, "last_attempt", 0),
-        final_status=p.optional_enum_at(BatchStatus, values, "final_status"),
-    )

@@ -144,12 +144,3 @@ class Created(JobInstanceSelection):
 @attrs.frozen
 class Existing(JobInstanceSelection):
     """The instance already existed."""
-
-
-@attrs.frozen(kw_only=True)
-class LockedJobInstance:
-    """An instance under its row lock: last attempt, and the tombstone of a purged history."""
-
-    instance: JobInstance
-    last_attempt: int
-    final_status: BatchStatus | None

@@ -48,9 +48,7 @@ from pybatch._codecs.flow import (
 )
 from pybatch._codecs.instances import (
     JOB_INSTANCE_COLUMNS,
-    LOCKED_JOB_INSTANCE_COLUMNS,
     decode_job_instance,
-    decode_locked_job_instance,
     encode_identifying_parameters,
 )
 from pybatch._codecs.lifecycle import encode_execution_metadata
@@ -105,7 +103,7 @@ from pybatch.values.lifecycle import ExecutionMetadata
 from pybatch.values.operator import OperatorRecord
 from pybatch.values.parameters import JobInstanceKey
 from pybatch.values.partitions import StepPartition
-from pybatch.values.records import JobExecution, JobInstance, LockedJobInstance, StepExecution
+from pybatch.values.records import JobExecution, JobInstance, StepExecution
 from pybatch.values.recovery import RecoveryDecision
 from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus, FailureSummary
@@ -253,14 +251,6 @@ def _instance(draw: st.DrawFn) -> tuple[Row, JobInstance]:
         "created_at": instance.created_at,
     }
     return row, instance
-
-
-@st.composite
-def _locked_instance(draw: st.DrawFn) -> tuple[Row, object]:
-    row, instance = draw(_instance())
-    last_attempt, final = draw(s.versions), draw(st.none() | s.statuses)
-    row |= {"last_attempt": last_attempt, "final_status": None if final is None else final.value}
-    return row, LockedJobInstance(instance=instance, last_attempt=last_attempt, final_status=final)
 
 
 def _metadata_columns(metadata: ExecutionMetadata) -> Row:
@@ -678,14 +668,6 @@ DECODERS = [
         JobInstance,
         (DecodeError,),
         _instance(),
-    ),
-    Decoder(
-        "locked_job_instance",
-        decode_locked_job_instance,
-        LOCKED_JOB_INSTANCE_COLUMNS,
-        LockedJobInstance,
-        (DecodeError,),
-        _locked_instance(),
     ),
     Decoder(
         "job_execution",
