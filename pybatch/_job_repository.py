@@ -159,7 +159,3 @@ class JobRepository:
                 )
             except DecodeError:
                 raise Unavailable() from None
-
-    def connection_capacity(self) -> int:
-        """How many connections the pool may open (throughput, not a capability)."""
-        return self.config.pool_size

@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import attrs
 import pytest
 
 from pybatch import ConnectionConfig, JobRepository
-from pybatch.errors import JobExecutionNotFound, JobInstanceNotFound
+from pybatch.errors import JobExecutionNotFound, JobInstanceNotFound, Unavailable
 from pybatch.values.names import OperationId
 from pybatch.values.operator import OperatorAction
 from pybatch.values.retention import RetentionAction
 from tests.support.clock import ManualClock
 
 
-def test_the_connection_capacity_is_the_configured_pool_size(
-    repository: JobRepository, pg_config: ConnectionConfig, clock: ManualClock
+def test_the_pool_opens_no_more_connections_than_its_configured_size(
+    pg_config: ConnectionConfig, clock: ManualClock
 ) -> None:
-    assert repository.connection_capacity() == pg_config.pool_size == 4
-    with JobRepository.connect(attrs.evolve(pg_config, pool_size=7), clock=clock) as other:
-        assert other.connection_capacity() == 7
+    config = attrs.evolve(pg_config, pool_size=1, acquire_timeout=timedelta(milliseconds=200))
+    with JobRepository.connect(config, clock=clock) as repository, repository.begin():
+        with pytest.raises(Unavailable):
+            repository.begin()  # the one connection is held by the open unit of work
 
 
 def test_every_capability_answers_in_a_unit_of_work(

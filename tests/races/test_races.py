@@ -53,7 +53,7 @@ def test_eight_concurrent_launches_of_one_key_give_one_execution(
 ) -> None:
     """Scenario L3."""
     racers = 8
-    assert repository.connection_capacity() < racers  # some racers wait for a connection
+    assert repository.config.pool_size < racers  # some racers wait for a connection
     for _ in range(ITERATIONS):
         key = new_key()
 
