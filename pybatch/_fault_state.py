@@ -102,14 +102,6 @@ class FaultState:
         """How many retry keys the step retains."""
         return len(self._load(self._bound()).entries)
 
-    def resolve(self, key: RetryKey) -> None:
-        """No-op: retained state is cleared by the next chunk commit, which supersedes it."""
-        self._bound()
-
-    def clear_resolved(self) -> None:
-        """No-op, as `resolve`."""
-        self._bound()
-
     def reserve(self, entry: FaultEntry) -> None:
         """Spend retry `entry.ordinal` of `entry.key` durably, in its own transaction.
 

@@ -562,8 +562,6 @@ def test_reservations_need_a_bound_started_step(
         lambda: unbound.reserve(entry(1, 1)),
         lambda: unbound.reserved_ordinal(entry(1, 1).key),
         unbound.unresolved,
-        lambda: unbound.resolve(entry(1, 1).key),
-        unbound.clear_resolved,
     ):
         with pytest.raises(FaultStateUnbound):
             call()
