@@ -276,12 +276,6 @@ class JobExplorer:
             raise DecodeError("ceiling")
         return value
 
-    def identity_ceiling(self, query: ExplorerQuery, *, job_name: str | None = None) -> int:
-        """The current identity ceiling of `query` (0 when empty); `job_name` only for instances."""
-        if query is Q.INSTANCES and job_name is None:
-            raise TypeError("the instances ceiling is per job name")
-        return self._read(lambda conn: self._ceiling(conn, query, {"job_name": job_name}))
-
     def _page(
         self,
         query: ExplorerQuery,

@@ -38,6 +38,7 @@ from pybatch.values.explorer import (
     LatestAttempt,
     NameKey,
     PageSize,
+    ParameterFilter,
     operator_request_json,
     query_binding,
 )
@@ -336,7 +337,7 @@ def test_a_cursor_re_signed_with_a_raised_ceiling_is_refused(
     assert [item.job_name for item in first.items] == ["a_first"]
     assert first.next_cursor is not None
     launch(repository, clock, "c_created_during_the_traversal")
-    current = explorer.identity_ceiling(ExplorerQuery.JOB_NAMES)
+    current = explorer.job_names(PageSize(1)).ceiling  # a new traversal's ceiling
     assert current > first.ceiling
     binding = query_binding(ExplorerQuery.JOB_NAMES, PageSize(1), None)
     for raised in (current + 1, current + 1_000, 2**63 - 1):
@@ -402,13 +403,29 @@ def test_identity_cursor_given_to_executions_is_invalid(
 # --------------------------------------------------------------------------- K6, K7, K8
 
 
-def test_identity_ceiling_is_zero_on_an_empty_database(explorer: JobExplorer) -> None:
+def test_every_listing_of_an_empty_database_is_one_empty_page_with_ceiling_zero(
+    repository: JobRepository, clock: ManualClock, explorer: JobExplorer
+) -> None:
     """Scenario K6."""
-    for query in ExplorerQuery:
-        job_name = "none" if query is ExplorerQuery.INSTANCES else None
-        assert explorer.identity_ceiling(query, job_name=job_name) == 0
-    assert explorer.job_names().items == ()
-    assert explorer.job_names().next_cursor is None
+    day = ParameterFilter.parse(["business_date=2024-01-01"])
+    for page in (
+        explorer.job_names(),
+        explorer.instances("none"),
+        explorer.instances("none", parameters=day),
+        explorer.executions_with_parameters(day),
+        explorer.unresolved_executions(timedelta(minutes=1)),
+    ):
+        assert (page.items, page.next_cursor, page.ceiling) == ((), None, 0)
+    execution = launch(repository, clock, status=S.STARTING)  # nothing under it yet
+    for listing in (
+        explorer.step_executions,
+        explorer.recovery_decisions,
+        explorer.flow_decisions,
+        explorer.operator_requests,
+        explorer.skips,
+    ):
+        below = listing(execution.id)
+        assert (below.items, below.next_cursor, below.ceiling) == ((), None, 0)
 
 
 def test_projections_carry_identifying_values_never_other_parameters_or_payloads(
