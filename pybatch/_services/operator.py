@@ -18,7 +18,6 @@ from pybatch._unit_of_work import UnitOfWork
 from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.ids import JobExecutionId, JobInstanceId
-from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import ActorRef, OperationId, ReasonCode
 from pybatch.values.operator import (
     OperatorAction,
@@ -110,7 +109,7 @@ class _Rejected(Exception):
 class _Effect:
     prior_status: BatchStatus | None
     execution: JobExecution
-    #: Launch and restart: the instance of the execution they created (the audit names it).
+    #: Launch: the instance of the execution it created (the audit names it).
     instance_id: int | None = None
     #: False when the effect was already in place and nothing was written but the audit row.
     changed: bool = True
@@ -125,7 +124,6 @@ class _Request:
     target: RequestTarget
     expected_version: int | None
     arguments: DefinitionIdentity | RecoveryArguments | None
-    instance_id: int | None = None
     execution_id: int | None = None
     digest: RequestDigest = attrs.field(init=False)
 
@@ -141,7 +139,7 @@ class _Request:
 
 
 class OperatorService:
-    """Launch, restart, stop, abandon and recover as idempotent, audited requests."""
+    """Launch, stop and recover as idempotent, audited requests."""
 
     def __init__(self, repository: JobRepository) -> None:
         self.repository = repository
@@ -157,7 +155,7 @@ class OperatorService:
         """Ask a running execution to stop; repeated, or on a finished run, it is a no-op."""
         action, target = OperatorAction.STOP, RequestTarget.execution(JobExecutionId(execution_id))
         request = _Request(
-            action, operation_id, actor, None, target, expected_version, None, None, execution_id
+            action, operation_id, actor, None, target, expected_version, None, execution_id
         )
 
         def effect(uow: UnitOfWork) -> _Effect:
@@ -170,32 +168,6 @@ class OperatorService:
             if current.status is S.UNKNOWN:
                 raise _Rejected(OperatorRejection(Code.INVALID_STATE, status=S.UNKNOWN))
             return _Effect(current.status, current, changed=False)  # finished or stopping
-
-        return self._submit(request, effect)
-
-    def abandon(
-        self, operation_id: OperationId, actor: ActorRef, execution_id: int
-    ) -> OperatorOutcome:
-        """Make a STOPPED or FAILED execution ABANDONED: its instance never runs again."""
-        target = RequestTarget.execution(JobExecutionId(execution_id))
-        action = OperatorAction.ABANDON
-        request = _Request(
-            action, operation_id, actor, None, target, None, None, None, execution_id
-        )
-
-        def effect(uow: UnitOfWork) -> _Effect:
-            current = self._execution(uow, execution_id, None)
-            if current.status is S.ABANDONED:
-                return _Effect(current.status, current, changed=False)
-            if current.status is S.UNKNOWN and uow.recovery.decision(execution_id) is None:
-                raise _Rejected(OperatorRejection(Code.UNRESOLVED_RECOVERY_REQUIRED))
-            if current.status not in (S.STOPPED, S.FAILED, S.UNKNOWN):
-                raise _Rejected(OperatorRejection(Code.INVALID_STATE, status=current.status))
-            at = max(uow.clock.now(), current.updated_at)
-            abandoned = uow.executions.transition(
-                execution_id, current.version, LifecycleTransition.new(S.ABANDONED, at)
-            )
-            return _Effect(current.status, abandoned)
 
         return self._submit(request, effect)
 
@@ -219,7 +191,7 @@ class OperatorService:
         arguments = RecoveryArguments(request=recovery, unknown_commit=unknown_commit, force=force)
         action, version = OperatorAction.RECOVER, recovery.expected_version
         request = _Request(
-            action, operation_id, actor, reason, target, version, arguments, None, execution_id
+            action, operation_id, actor, reason, target, version, arguments, execution_id
         )
 
         def effect(uow: UnitOfWork) -> _Effect:
@@ -261,32 +233,6 @@ class OperatorService:
             instance = uow.instances.select_or_create(key).instance
             created = uow.executions.create(instance.id, definition)
             return _Effect(None, created, instance.id)
-
-        return self._submit(request, effect)
-
-    def restart(
-        self,
-        operation_id: OperationId,
-        actor: ActorRef,
-        instance_id: int,
-        definition: DefinitionIdentity | None = None,
-    ) -> OperatorOutcome:
-        """Create the next attempt of an instance whose latest attempt is FAILED or STOPPED."""
-        definition = definition or DefinitionIdentity.LEGACY
-        action, target = OperatorAction.RESTART, RequestTarget.instance(JobInstanceId(instance_id))
-        request = _Request(action, operation_id, actor, None, target, None, definition, instance_id)
-
-        def effect(uow: UnitOfWork) -> _Effect:
-            if uow.instances.get(instance_id) is None:
-                raise _Rejected(OperatorRejection(Code.INSTANCE_NOT_FOUND))
-            attempts = uow.executions.of_instance(instance_id)
-            if not attempts:
-                raise _Rejected(OperatorRejection(Code.RESTART_WITHOUT_PRIOR_ATTEMPT))
-            latest = attempts[-1]
-            if latest.status is S.UNKNOWN:
-                raise _Rejected(OperatorRejection(Code.INVALID_STATE, status=S.UNKNOWN))
-            created = uow.executions.create(instance_id, definition)
-            return _Effect(latest.status, created, instance_id)
 
         return self._submit(request, effect)
 
@@ -343,13 +289,11 @@ class OperatorService:
         rejection: OperatorRejection | None = None,
     ) -> OperatorOutcome:
         """Append the audit row and commit; replay when another caller recorded it first."""
-        instance_id = effect.instance_id if effect else request.instance_id
+        instance_id = effect.instance_id if effect else None
         execution_id = effect.execution.id if effect else request.execution_id
         # A missing target cannot be referenced (the audit row's foreign keys).
         if rejection is not None and rejection.code is Code.EXECUTION_NOT_FOUND:
             execution_id = None
-        if rejection is not None and rejection.code is Code.INSTANCE_NOT_FOUND:
-            instance_id = None
         draft = OperatorRecordDraft(
             action=request.action,
             operation_id=request.operation_id,

@@ -167,13 +167,8 @@ class RequestTarget:
         return cls(f"instance-key:{key.digest().hex()}")
 
     @classmethod
-    def instance(cls, instance_id: JobInstanceId) -> RequestTarget:
-        """`instance:<id>`: a restart names an existing instance."""
-        return cls(f"instance:{check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)}")
-
-    @classmethod
     def execution(cls, execution_id: JobExecutionId) -> RequestTarget:
-        """`execution:<id>`: stop, abandon and recover name an execution."""
+        """`execution:<id>`: stop and recover name an execution."""
         return cls(f"execution:{check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)}")
 
 

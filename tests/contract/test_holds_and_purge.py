@@ -409,9 +409,14 @@ def test_stale_purge_plans_delete_nothing(
     before = rows(admin, "job_execution")
 
     plan = retention.plan(request(S.FAILED))
-    OperatorService(repository).abandon(
-        OperationId("abandon-1"), OPS, _latest(repository, versioned)
-    )
+    latest_id = _latest(repository, versioned)
+    with repository.begin() as uow:  # the candidate moves on: FAILED to ABANDONED
+        latest = uow.executions.get(latest_id)
+        assert latest is not None
+        uow.executions.transition(
+            latest.id, latest.version, LifecycleTransition.new(S.ABANDONED, clock.now())
+        )
+        uow.commit()
     with pytest.raises(RetentionPlanStale):  # J9: a candidate's version changed
         retention.apply(OperationId("p-1"), OPS, reason, plan)
 

@@ -129,55 +129,6 @@ def test_the_same_operation_id_for_another_request_is_refused(
     assert audit_rows(admin) == [("LAUNCH", "launch-1", "APPLIED", None)]
 
 
-def test_restart_rejections_are_audited_and_replay(
-    repository: JobRepository,
-    service: OperatorService,
-    clock: ManualClock,
-    admin: psycopg.Connection[Any],
-) -> None:
-    """Scenario H6, H7."""
-    with repository.begin() as uow:
-        instance = uow.instances.select_or_create(instance_key(repository)).instance
-        uow.commit()
-    empty = service.restart(OperationId("restart-1"), OPS, instance.id)
-    assert empty.outcome is Outcome.REJECTED
-    assert (
-        empty.rejection is not None and empty.rejection.code is Code.RESTART_WITHOUT_PRIOR_ATTEMPT
-    )
-    launched = service.launch(OperationId("launch-1"), OPS, instance_key(repository))
-    assert launched.execution is not None
-    set_status(repository, clock, launched.execution.id, S.STARTED, S.COMPLETED)
-    completed = service.restart(OperationId("restart-2"), OPS, instance.id)
-    assert completed.rejection is not None and completed.rejection.code is Code.INSTANCE_COMPLETED
-    assert audit_rows(admin) == [
-        ("RESTART", "restart-1", "REJECTED", "RESTART_WITHOUT_PRIOR_ATTEMPT"),
-        ("LAUNCH", "launch-1", "APPLIED", None),
-        ("RESTART", "restart-2", "REJECTED", "INSTANCE_COMPLETED"),
-    ]
-    # A rejected request replays as well: the rejection is the recorded outcome.
-    replay = service.restart(OperationId("restart-2"), OPS, instance.id)
-    assert replay.outcome is Outcome.REPLAYED and replay.record == completed.record
-
-
-def test_restart_of_an_unknown_attempt_is_invalid_state(
-    repository: JobRepository,
-    service: OperatorService,
-    clock: ManualClock,
-    admin: psycopg.Connection[Any],
-) -> None:
-    """Scenario H7."""
-    launched = service.launch(OperationId("launch-1"), OPS, instance_key(repository))
-    assert launched.execution is not None
-    set_status(repository, clock, launched.execution.id, S.STARTED, S.UNKNOWN)
-    before = execution_row(admin, launched.execution.id)
-    unknown = service.restart(OperationId("restart-1"), OPS, launched.execution.job_instance_id)
-    assert unknown.outcome is Outcome.REJECTED and unknown.rejection is not None
-    assert (unknown.rejection.code, unknown.rejection.status) == (Code.INVALID_STATE, S.UNKNOWN)
-    assert execution_count(admin) == 1  # no second attempt
-    assert execution_row(admin, launched.execution.id) == before
-    assert audit_rows(admin)[-1] == ("RESTART", "restart-1", "REJECTED", "INVALID_STATE")
-
-
 def test_stop_is_applied_to_live_or_stopping_runs_and_rejected_for_unknown_or_missing_ones(
     repository: JobRepository,
     service: OperatorService,
@@ -251,6 +202,9 @@ def test_a_launch_refused_as_already_active_is_read_back_with_its_details(
         "REJECTED",
         "EXECUTION_ALREADY_ACTIVE",
     )
+    # A rejected request replays as well: the rejection is the recorded outcome.
+    replay = service.launch(OperationId("launch-2"), OPS, key)
+    assert replay.outcome is Outcome.REPLAYED and replay.record == refused.record
 
 
 def test_a_stop_of_a_completed_execution_is_applied_and_changes_nothing(
@@ -311,35 +265,6 @@ def test_stale_expected_version_records_the_current_one(
     assert stale.rejection == stored.rejection
     assert execution_row(admin, run.id)[:2] == ("STARTED", started.version)
     assert execution_row(admin, run.id)[5:] == (None, None)  # no stop was recorded
-
-
-def test_abandon_is_refused_for_an_unknown_outcome_and_applied_to_a_failed_run(
-    repository: JobRepository,
-    service: OperatorService,
-    clock: ManualClock,
-    admin: psycopg.Connection[Any],
-) -> None:
-    """Scenario H9."""
-    unknown = service.launch(OperationId("l-1"), OPS, instance_key(repository, "u")).execution
-    failed = service.launch(OperationId("l-2"), OPS, instance_key(repository, "f")).execution
-    assert unknown is not None and failed is not None
-    set_status(repository, clock, unknown.id, S.STARTED, S.UNKNOWN)
-    set_status(repository, clock, failed.id, S.STARTED, S.FAILED)
-    before = execution_row(admin, unknown.id)
-    refused = service.abandon(OperationId("a-1"), OPS, unknown.id)
-    assert refused.outcome is Outcome.REJECTED and refused.rejection is not None
-    assert refused.rejection.code is Code.UNRESOLVED_RECOVERY_REQUIRED
-    assert execution_row(admin, unknown.id) == before  # still UNKNOWN, same version
-    abandoned = service.abandon(OperationId("a-2"), OPS, failed.id)
-    assert abandoned.outcome is Outcome.APPLIED
-    assert abandoned.execution is not None and abandoned.execution.status is S.ABANDONED
-    assert execution_row(admin, failed.id)[0] == "ABANDONED"
-    assert audit_rows(admin)[-2:] == [
-        ("ABANDON", "a-1", "REJECTED", "UNRESOLVED_RECOVERY_REQUIRED"),
-        ("ABANDON", "a-2", "APPLIED", None),
-    ]
-    again = service.abandon(OperationId("a-3"), OPS, failed.id)
-    assert again.outcome is Outcome.APPLIED and again.record.result_status is S.ABANDONED
 
 
 def test_recovering_an_unknown_commit_needs_the_unknown_effect_reason(

@@ -289,13 +289,13 @@ def test_request_digest_follows_the_canonical_writer_and_omits_the_actor() -> No
     )
     assert recovery.value == hashlib.sha256(expected).digest()
 
-    stop = RequestDigest.compute(A.STOP, RequestTarget.instance(JobInstanceId(4)))
+    stop = RequestDigest.compute(A.STOP, RequestTarget.execution(JobExecutionId(4)))
     assert (
         stop.value
         == hashlib.sha256(
             field(b"oxide-batch.operator-request.v1")
             + field(b"STOP")
-            + field(b"instance:4")
+            + field(b"execution:4")
             + b"\x00"
             + field(b"")
             + field(b"NONE")
