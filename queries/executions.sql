@@ -79,16 +79,6 @@ SET
     version = version + 1
 WHERE id = :job_execution_id AND version = :expected_version;
 
--- :name update_job_execution_exit_code :affected
--- :doc Replace only the exit code as a compare-and-swap on the version, in any status
--- (docs/contract.md, Exit-status enrichment).
-UPDATE pybatch.job_execution
-SET
-    exit_code = :exit_code,
-    updated_at = GREATEST(updated_at, :now),
-    version = version + 1
-WHERE id = :job_execution_id AND version = :expected_version;
-
 -- :name end_job_execution :one
 -- :doc End a running execution as its owner in one statement (migration 0014 end_job_execution):
 -- the transition (STOPPED once a stop was observed), its exit status and failure reason, and its

@@ -135,16 +135,6 @@ SET
     version = version + 1
 WHERE id = :step_execution_id AND version = :expected_version;
 
--- :name update_step_execution_exit_code :affected
--- :doc Replace only the exit code as a compare-and-swap on the version, in any status
--- (docs/contract.md, Exit-status enrichment).
-UPDATE pybatch.step_execution
-SET
-    exit_code = :exit_code,
-    updated_at = GREATEST(updated_at, :now),
-    version = version + 1
-WHERE id = :step_execution_id AND version = :expected_version;
-
 -- :name end_unfinished_step_executions :one
 -- :doc End, in the transaction that ends their job execution, every step of it still unfinished,
 -- and release every partition of its plans still claimed (migration 0014 end_unfinished_steps,

@@ -69,7 +69,7 @@ def decode_updated_at(
 
 
 def encode_execution_metadata(metadata: ExecutionMetadata) -> dict[str, object]:
-    """Column values of a transition or enrichment; a failure id above 2^63-1 is refused here."""
+    """Column values of a transition; a failure id above 2^63-1 is refused here."""
     failure = metadata.failure
     return {
         "status": metadata.status.value,

@@ -1,8 +1,8 @@
 """The one compare-and-swap algorithm of job and step executions.
 
-A transition or an exit-status enrichment locks the row, computes the new state in Python
-(`values/lifecycle.py`), then writes it with an UPDATE whose `WHERE` holds the expected
-version; zero rows means another writer won, told apart from a vanished row by one re-read.
+A transition locks the row, computes the new state in Python (`values/lifecycle.py`), then
+writes it with an UPDATE whose `WHERE` holds the expected version; zero rows means another
+writer won, told apart from a vanished row by one re-read.
 """
 
 from __future__ import annotations
@@ -21,10 +21,8 @@ from pybatch.values.ids import INT64_MAX, IdentifierKind, check_identifier, chec
 from pybatch.values.lifecycle import (
     ExecutionMetadata,
     LifecycleTransition,
-    apply_exit_enrichment,
     apply_transition,
 )
-from pybatch.values.names import ExitCode
 from pybatch.values.records import JobExecution, StepExecution
 from pybatch.values.status import FailureReason
 
@@ -41,7 +39,6 @@ class LifecycleRows(Generic[Record]):
     lock_statement: Callable[[Statements], Statement]
     get_statement: Callable[[Statements], Statement]
     transition_statement: Callable[[Statements], Statement]
-    exit_code_statement: Callable[[Statements], Statement]
     decode: Callable[[Row], Record]
     not_found: Callable[[int], PyBatchError]
     #: Whether transitions move the counters: steps write their rollback_count, jobs have none.
@@ -141,27 +138,6 @@ class LifecycleCapability(Capability, Generic[Record]):
         """Apply a lifecycle transition under the row lock (compare-and-swap)."""
         with self._operation() as (q, conn):
             return _transition(self._rows, q, conn, record_id, expected_version, transition)
-
-    def enrich_exit_status(
-        self, record_id: int, expected_version: int, exit_status: ExitCode
-    ) -> Record:
-        """Replace the exit status in any status, bumping the version (docs/contract.md)."""
-        rows = self._rows
-        with self._operation() as (q, conn):
-            now = self._uow.clock.now()
-            check_expected_version(expected_version)
-            current = lock(rows, q, conn, record_id)
-            new = apply_exit_enrichment(
-                current.metadata, current.version, expected_version, exit_status
-            )
-            changed = rows.exit_code_statement(q).affected(
-                conn,
-                exit_code=exit_status.value,
-                now=now,
-                expected_version=expected_version,
-                **{rows.id_parameter: record_id},
-            )
-            return swapped(rows, q, conn, current, changed, expected_version, new, now)
 
     def get(self, record_id: int) -> Record | None:
         """One record, or None (docs/contract.md, Reads)."""

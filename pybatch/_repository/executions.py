@@ -1,4 +1,4 @@
-"""Job executions (queries/executions.sql): launch, restart, transitions, enrichment, reads."""
+"""Job executions (queries/executions.sql): launch, restart, transitions, ends, reads."""
 
 from __future__ import annotations
 
@@ -38,7 +38,6 @@ ROWS = LifecycleRows[JobExecution](
     lock_statement=lambda q: q.lock_job_execution,
     get_statement=lambda q: q.get_job_execution,
     transition_statement=lambda q: q.update_job_execution_transition,
-    exit_code_statement=lambda q: q.update_job_execution_exit_code,
     decode=decode_job_execution,
     not_found=lambda execution_id: JobExecutionNotFound(id=execution_id),
     counts_apply=False,  # job executions carry no counters

@@ -41,7 +41,6 @@ ROWS = LifecycleRows[StepExecution](
     lock_statement=lambda q: q.lock_step_execution,
     get_statement=lambda q: q.get_step_execution,
     transition_statement=lambda q: q.update_step_execution_transition,
-    exit_code_statement=lambda q: q.update_step_execution_exit_code,
     decode=decode_step_execution,
     not_found=lambda step_id: StepExecutionNotFound(id=step_id),
     counts_apply=True,  # a transition's rollback advances rollback_count

@@ -154,16 +154,6 @@ def apply_transition(
     return updated, _next_version(version)
 
 
-def apply_exit_enrichment(
-    metadata: ExecutionMetadata, version: int, expected_version: int, exit_status: ExitCode
-) -> tuple[ExecutionMetadata, int]:
-    """Replace only the exit status and bump the version, in any status."""
-    _check_expected(version, expected_version)
-    if not isinstance(exit_status, ExitCode):
-        raise TypeError("exit_status is an ExitCode")
-    return attrs.evolve(metadata, exit_status=exit_status), _next_version(version)
-
-
 def _next_version(version: int) -> int:
     """`version + 1`, bounded by storage (bigint) rather than an unsigned 64-bit range."""
     if version >= INT64_MAX:

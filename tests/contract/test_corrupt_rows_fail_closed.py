@@ -28,7 +28,7 @@ from pybatch.values.chunks import ChunkContext
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
-from pybatch.values.names import ExitCode, JobName, StepName
+from pybatch.values.names import JobName, StepName
 from pybatch.values.parameters import JobInstanceKey, JobParameters, ParameterValue
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from tests.support.clock import ManualClock
@@ -171,9 +171,6 @@ JOB_PATHS: dict[str, Path] = {
     "get_job_execution": lambda uow, rows, clock: _present(uow.executions.get(rows.latest_id)),
     "job_executions": lambda uow, rows, clock: uow.executions.of_instance(rows.instance_id),
     "transition_job_execution": _transition_latest,
-    "enrich_job_exit_status": lambda uow, rows, clock: uow.executions.enrich_exit_status(
-        rows.latest_id, 1, ExitCode("NOTED")
-    ),
     "create_job_execution (reads the latest attempt)": lambda uow, rows, clock: (
         uow.executions.create(rows.instance_id)
     ),
@@ -241,9 +238,6 @@ STEP_PATHS: dict[str, Path] = {
     # The arranged step ended FAILED with its execution (version 2): ABANDONED is still open to it.
     "transition_step_execution": lambda uow, rows, clock: uow.steps.transition(
         rows.step_id, 2, LifecycleTransition.new(S.ABANDONED, clock.advance())
-    ),
-    "enrich_step_exit_status": lambda uow, rows, clock: uow.steps.enrich_exit_status(
-        rows.step_id, 2, ExitCode("NOTED")
     ),
 }
 RESTART_COPY: tuple[str, Path] = (
@@ -494,10 +488,6 @@ def test_identifiers_above_bigint_are_out_of_range(
             lambda uow: uow.executions.transition(BIG, 0, t),
             "job execution",
         ),
-        "enrich_job_exit_status": (
-            lambda uow: uow.executions.enrich_exit_status(BIG, 0, ExitCode("X")),
-            "job execution",
-        ),
         "create_step_execution": (
             lambda uow: uow.steps.create(BIG, StepName("s")),
             "job execution",
@@ -506,10 +496,6 @@ def test_identifiers_above_bigint_are_out_of_range(
         "get_step_execution": (lambda uow: uow.steps.get(BIG), "step execution"),
         "transition_step_execution": (
             lambda uow: uow.steps.transition(BIG, 0, t),
-            "step execution",
-        ),
-        "enrich_step_exit_status": (
-            lambda uow: uow.steps.enrich_exit_status(BIG, 0, ExitCode("X")),
             "step execution",
         ),
     }
@@ -558,9 +544,7 @@ def test_an_expected_version_above_bigint_is_unavailable(
     with repository.begin() as uow:
         for call in (
             lambda: uow.executions.transition(rows.latest_id, BIG, t),
-            lambda: uow.executions.enrich_exit_status(rows.latest_id, BIG, ExitCode("X")),
             lambda: uow.steps.transition(rows.step_id, BIG, t),
-            lambda: uow.steps.enrich_exit_status(rows.step_id, BIG, ExitCode("X")),
         ):
             with pytest.raises(Unavailable):
                 call()

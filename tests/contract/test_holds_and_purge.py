@@ -60,6 +60,7 @@ from tests.contract.test_flow_decisions import request as flow_decision_request
 from tests.contract.test_recovery_of_orphaned_executions import mark_failed
 from tests.support.clock import ManualClock
 from tests.support.race import race
+from tests.support.rows import write_exit_code
 
 S = BatchStatus
 OPS = ActorRef("cli:ops")
@@ -471,9 +472,7 @@ def test_the_plan_digest_is_stable_and_depends_on_the_request(
     with repository.begin() as uow:
         [execution] = uow.executions.of_instance(instance_id)
         uow.stop_requests.request(execution.id, execution.version, OPS, clock.now())
-        uow.executions.enrich_exit_status(
-            execution.id, execution.version, execution.metadata.exit_status
-        )
+        write_exit_code(uow, execution, execution.metadata.exit_status.value)
         uow.commit()
     clock.advance(2 * HOUR)
     assert service.plan(request(S.FAILED)).digest != first.digest

@@ -429,89 +429,7 @@ def test_terminal_rollback_has_no_effect_on_a_job_execution(
 # --------------------------------------------------------------------------- B9
 
 
-def enrich(uow: UnitOfWork, kind: Kind, record: Record, exit_code: ExitCode) -> Record:
-    if kind == "job":
-        return uow.executions.enrich_exit_status(record.id, record.version, exit_code)
-    return uow.steps.enrich_exit_status(record.id, record.version, exit_code)
-
-
-def test_enriching_a_completed_execution_sets_its_exit_and_moves_updated_at_forward(
-    repository: JobRepository, clock: ManualClock
-) -> None:
-    """Scenario B9."""
-    for kind in KINDS:
-        completed = arrange(repository, clock, kind, S.COMPLETED)
-        now = clock.advance(timedelta(minutes=5))
-        with repository.begin() as uow:
-            enriched = enrich(uow, kind, completed, ExitCode("PARTIAL_LOAD"))
-            uow.commit()
-        for record in (enriched, stored(repository, kind, completed.id)):
-            assert record.status is S.COMPLETED
-            assert record.metadata.exit_status == ExitCode("PARTIAL_LOAD")
-            assert record.version == completed.version + 1
-            assert record.updated_at == now
-            assert record.metadata.timestamps == completed.metadata.timestamps
-
-
-def test_enrichment_never_moves_updated_at_backwards(
-    repository: JobRepository, clock: ManualClock
-) -> None:
-    """Scenario B9."""
-    for kind in KINDS:
-        started = arrange(repository, clock, kind, S.STARTED)
-        later = clock.now() + timedelta(hours=2)  # a caller-supplied instant ahead of the clock
-        with repository.begin() as uow:
-            completed = transition(uow, kind, started, LifecycleTransition.new(S.COMPLETED, later))
-            enriched = enrich(uow, kind, completed, ExitCode("NOOP"))
-            uow.commit()
-        assert clock.now() < later
-        assert enriched.updated_at == later
-        assert stored(repository, kind, started.id).updated_at == later
-
-
-def test_enrichment_is_allowed_in_every_status(
-    repository: JobRepository, clock: ManualClock
-) -> None:
-    """Scenario B9."""
-    for kind in KINDS:
-        records = [arrange(repository, clock, kind, status) for status in S]
-        with repository.begin() as uow:
-            for record in records:
-                enriched = enrich(uow, kind, record, ExitCode("AUDITED"))
-                assert enriched.status is record.status
-                assert enriched.version == record.version + 1
-            uow.commit()
-        for record in records:
-            assert stored(repository, kind, record.id).metadata.exit_status == ExitCode("AUDITED")
-
-
 # --------------------------------------------------------------------------- B10, B11
-
-
-def test_enrichment_with_a_stale_version_or_unknown_id_changes_nothing(
-    repository: JobRepository, clock: ManualClock
-) -> None:
-    """Scenario B10."""
-    for kind in KINDS:
-        started = arrange(repository, clock, kind, S.STARTED)
-        with repository.begin() as uow:
-            for expected in (0, 2):
-                with pytest.raises(StaleVersion) as stale:
-                    if kind == "job":
-                        uow.executions.enrich_exit_status(started.id, expected, ExitCode("X"))
-                    else:
-                        uow.steps.enrich_exit_status(started.id, expected, ExitCode("X"))
-                assert (stale.value.expected, stale.value.actual) == (expected, 1)
-            missing = started.id + 1000
-            if kind == "job":
-                with pytest.raises(JobExecutionNotFound) as not_found:
-                    uow.executions.enrich_exit_status(missing, 0, ExitCode("X"))
-            else:
-                with pytest.raises(StepExecutionNotFound) as not_found:  # type: ignore[assignment]
-                    uow.steps.enrich_exit_status(missing, 0, ExitCode("X"))
-            assert not_found.value.id == missing
-            uow.commit()
-        assert stored(repository, kind, started.id) == started
 
 
 def test_transition_of_an_unknown_id_is_not_found_in_its_own_table(
@@ -566,7 +484,7 @@ def test_updated_at_is_monotonic_after_a_stop_request(
     assert stopped.updated_at == t3 == stored(repository, "job", started.id).updated_at
 
 
-def test_updated_at_is_monotonic_after_an_enrichment(
+def test_updated_at_never_moves_back_for_an_earlier_transition_instant(
     repository: JobRepository, clock: ManualClock
 ) -> None:
     """Scenario B12."""
@@ -576,13 +494,12 @@ def test_updated_at_is_monotonic_after_an_enrichment(
         assert started_at is not None
         t1 = started_at + timedelta(seconds=10)
         t2 = started_at + timedelta(seconds=20)
-        clock.set(t2)
         with repository.begin() as uow:
-            enriched = enrich(uow, kind, started, ExitCode("NOTED"))
-            completed = transition(uow, kind, enriched, LifecycleTransition.new(S.COMPLETED, t1))
+            stopping = transition(uow, kind, started, LifecycleTransition.new(S.STOPPING, t2))
+            stopped = transition(uow, kind, stopping, LifecycleTransition.new(S.STOPPED, t1))
             uow.commit()
-        assert enriched.updated_at == t2
-        assert completed.updated_at == t2
+        assert stopping.updated_at == t2
+        assert stopped.updated_at == t2
         record = stored(repository, kind, started.id)
         assert record.updated_at == t2
         assert record.metadata.timestamps.ended_at == t1

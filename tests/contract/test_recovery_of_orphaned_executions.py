@@ -59,6 +59,7 @@ from tests.support.chunks import inherited_progress
 from tests.support.clock import ManualClock
 from tests.support.owners import TEST_OWNER, claim_test_owner
 from tests.support.race import race, race_units_of_work, wait_until_lock_wait
+from tests.support.rows import write_exit_code
 
 S = BatchStatus
 EVIDENCE = bytes(range(32))
@@ -102,9 +103,7 @@ def execution_in(
     """A committed job execution in `status`, with a non-default exit status."""
     with repository.begin() as uow:
         execution = uow.executions.create(uow.instances.select_or_create(new_key()).instance.id)
-        execution = uow.executions.enrich_exit_status(
-            execution.id, execution.version, ExitCode(exit_code)
-        )
+        execution = write_exit_code(uow, execution, exit_code)
         for target in PATHS[status]:
             execution = uow.executions.transition(
                 execution.id, execution.version, to(target, clock.advance())
@@ -193,7 +192,7 @@ def test_abandon_clears_the_failure_keeps_the_exit_and_ends_the_instance(
     """Scenario G3."""
     with repository.begin() as uow:
         prior = uow.executions.create(uow.instances.select_or_create(new_key()).instance.id)
-        prior = uow.executions.enrich_exit_status(prior.id, prior.version, ExitCode("IN_DOUBT"))
+        prior = write_exit_code(uow, prior, "IN_DOUBT")
         prior = uow.executions.transition(prior.id, prior.version, to(S.STARTED, clock.advance()))
         prior = uow.executions.transition(
             prior.id, prior.version, LifecycleTransition(S.UNKNOWN, clock.advance(), USER)

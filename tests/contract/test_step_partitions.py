@@ -48,6 +48,7 @@ from pybatch.values.state import ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from tests.support.clock import ManualClock
 from tests.support.race import terminate_backend
+from tests.support.rows import write_exit_code
 
 S = BatchStatus
 SCHEMA = StateSchemaId("tests.partition.v1")
@@ -147,7 +148,7 @@ def set_exit(repository: JobRepository, step_id: int, exit_code: str) -> None:
     with repository.begin() as uow:
         step = uow.steps.get(step_id)
         assert step is not None
-        uow.steps.enrich_exit_status(step_id, step.version, ExitCode(exit_code))
+        write_exit_code(uow, step, exit_code)
         uow.commit()
 
 

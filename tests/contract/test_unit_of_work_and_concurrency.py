@@ -42,6 +42,7 @@ from tests.support.race import (
     terminate_backend,
     wait_until_lock_wait,
 )
+from tests.support.rows import write_exit_code
 
 S = BatchStatus
 FAILURE = FailureSummary(FailureCategory.CANCELLED, FailureId(3))
@@ -165,28 +166,6 @@ def test_two_transitions_at_one_expected_version_have_one_winner_and_one_stale_v
     assert won.version == expected + 1 and won.status is S.COMPLETED
 
 
-def test_two_enrichments_at_one_version_have_one_winner_and_one_stale_version(
-    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
-) -> None:
-    """Scenario L2."""
-    started = launched(repository, clock, S.STARTED)
-    with repository.begin() as first:
-        first.executions.enrich_exit_status(started.id, 1, ExitCode("FIRST"))
-        loser = Contender(
-            repository,
-            lambda uow: uow.executions.enrich_exit_status(started.id, 1, ExitCode("SECOND")),
-        )
-        loser.start_blocked(admin)
-        first.commit()
-    outcome = loser.outcome()
-    assert isinstance(outcome.error, StaleVersion), outcome
-    assert (outcome.error.expected, outcome.error.actual) == (1, 2)
-    with repository.begin() as uow:
-        stored = uow.executions.get(started.id)
-    assert stored is not None
-    assert (stored.version, stored.metadata.exit_status) == (2, ExitCode("FIRST"))
-
-
 def test_concurrent_select_or_create_gives_one_created_and_one_existing(
     repository: JobRepository, admin: psycopg.Connection[Any]
 ) -> None:
@@ -236,7 +215,6 @@ def test_rollback_discards_everything_and_others_still_commit(
             execution = uow.executions.create(instance.id)
             uow.steps.create(execution.id, StepName("s"))
             uow.executions.transition(existing.id, existing.version, to(S.COMPLETED, clock))
-            uow.executions.enrich_exit_status(existing.id, existing.version + 1, ExitCode("GONE"))
             uow.rollback()
             assert not uow.is_open
             uow.rollback()  # a second rollback is a no-op
@@ -547,18 +525,6 @@ def test_a_deadlock_victim_gets_a_retryable_conflict_and_can_only_roll_back(
             assert stored is not None and (stored.status, stored.version) == (S.STARTED, 1)
 
 
-def enrich_latest(uow: UnitOfWork, execution_id: int, exit_code: ExitCode) -> None:
-    """Enrich at whatever version is committed now (re-read after a lost race)."""
-    while True:
-        current = uow.executions.get(execution_id)
-        assert current is not None
-        try:
-            uow.executions.enrich_exit_status(execution_id, current.version, exit_code)
-            return
-        except StaleVersion:
-            continue
-
-
 def test_run_in_unit_of_work_reruns_the_deadlock_victim(
     fast_deadlocks: None,
     connect: Callable[..., JobRepository],
@@ -578,10 +544,10 @@ def test_run_in_unit_of_work_reruns_the_deadlock_victim(
             calls[index] += 1
             if index == 1 and calls[index] > 1:
                 forced.wait_for_winner()
-            enrich_latest(uow, mine.id, ExitCode(f"BY_{index}"))
+            write_exit_code(uow, mine, f"BY_{index}")
             if calls[index] == 1:
                 forced.hold(index, uow)
-            enrich_latest(uow, theirs.id, ExitCode(f"BY_{index}"))
+            write_exit_code(uow, theirs, f"BY_{index}")
             if index == 0:
                 forced.winner_holds_both()
             return calls[index]
@@ -595,7 +561,7 @@ def test_run_in_unit_of_work_reruns_the_deadlock_victim(
     with repository.begin() as uow:
         for execution in (first, second):
             stored = uow.executions.get(execution.id)
-            assert stored is not None and stored.version == 2  # enriched once by each racer
+            assert stored is not None and stored.version == 2  # written once by each racer
 
 
 RAISE_40001 = "DO $$ BEGIN RAISE EXCEPTION 'conflict' USING ERRCODE = '40001'; END $$"

@@ -32,7 +32,7 @@ from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.flow import StartLimit
 from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
-from pybatch.values.names import ExitCode, NodeId, StepName
+from pybatch.values.names import NodeId, StepName
 from pybatch.values.ownership import ExecutionLease, OwnerToken
 from pybatch.values.parameters import JobInstanceKey
 from pybatch.values.records import JobExecution, StepExecution
@@ -89,6 +89,10 @@ _END_STEPS = (
     " ended_at = greatest(updated_at, started_at, created_at, %(at)s),"
     " updated_at = greatest(updated_at, started_at, created_at, %(at)s), version = version + 1"
     " WHERE job_execution_id = %(id)s AND status IN ('STARTING', 'STARTED', 'STOPPING')"
+)
+_EXIT = (
+    "UPDATE pybatch.{table} SET exit_code = %(exit)s, version = version + 1,"
+    " updated_at = GREATEST(updated_at, %(now)s) WHERE id = %(id)s"
 )
 _REASON = (
     "UPDATE pybatch.{table} SET failure_error_class = %(error_class)s,"
@@ -277,9 +281,9 @@ def _ended(
         change = LifecycleTransition.failed(at, failure)
     else:
         change = LifecycleTransition.new(status, at)
-    ended = records.transition(current.id, current.version, change)
+    records.transition(current.id, current.version, change)
+    table = "step_execution" if isinstance(records, Steps) else "job_execution"
     if status is S.FAILED and reason is not None and version >= 9:
-        table = "step_execution" if isinstance(records, Steps) else "job_execution"
         with records._uow.operation() as conn:
             conn.execute(
                 _REASON.format(table=table),
@@ -293,5 +297,6 @@ def _ended(
                     "column": reason.column,
                 },
             )
-        ended = records.get(current.id)
-    return records.enrich_exit_status(current.id, ended.version, ExitCode(status.value))
+    with records._uow.operation() as conn:
+        conn.execute(_EXIT.format(table=table), {"id": current.id, "exit": status.value, "now": at})
+    return records.get(current.id)

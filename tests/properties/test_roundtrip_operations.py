@@ -64,6 +64,7 @@ from tests.properties import strategies as s
 from tests.properties.launching import launch, unique_key
 from tests.support.clock import ManualClock
 from tests.support.owners import TEST_OWNER
+from tests.support.rows import write_exit_code
 
 S = BatchStatus
 DB_EXAMPLES = settings(max_examples=20)
@@ -490,7 +491,7 @@ def test_lifecycle_transitions_read_back_equal(
             assert execution.metadata.timestamps.started_at is None or (
                 execution.metadata.timestamps.started_at.utcoffset() == dt.timedelta(0)
             )
-        execution = uow.executions.enrich_exit_status(execution.id, execution.version, exit_code)
+        execution = write_exit_code(uow, execution, exit_code.value)
         uow.commit()
     assert execution.metadata.exit_status == exit_code
     with repository.begin() as uow:

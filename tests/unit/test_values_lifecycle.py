@@ -15,7 +15,6 @@ from pybatch.values.lifecycle import (
     ExecutionMetadata,
     ExecutionTimestamps,
     LifecycleTransition,
-    apply_exit_enrichment,
     apply_transition,
     is_legal_transition,
 )
@@ -199,8 +198,6 @@ def test_version_exhausted_at_the_storage_bound() -> None:
             counts_apply=True,
         )
     assert error.value.version == INT64_MAX
-    with pytest.raises(errors.VersionExhausted):
-        apply_exit_enrichment(started, INT64_MAX, INT64_MAX, ExitCode("X"))
     _, version = apply_transition(
         started,
         INT64_MAX - 1,
@@ -209,15 +206,6 @@ def test_version_exhausted_at_the_storage_bound() -> None:
         counts_apply=True,
     )
     assert version == INT64_MAX
-
-
-def test_exit_enrichment_is_allowed_in_any_status() -> None:
-    """Scenario B9."""
-    for status in BatchStatus:
-        updated, version = apply_exit_enrichment(metadata_in(status), 7, 7, ExitCode("NOOP"))
-        assert (updated.status, updated.exit_status, version) == (status, ExitCode("NOOP"), 8)
-    with pytest.raises(errors.StaleVersion):
-        apply_exit_enrichment(metadata_in(S.COMPLETED), 7, 6, ExitCode("NOOP"))
 
 
 def test_metadata_invariants() -> None:
