@@ -8,7 +8,7 @@ work (`unpublished_plans`): it is not durably published yet.
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 
 import attrs
@@ -47,7 +47,6 @@ from pybatch.errors import (
     PartitionPlanTooLarge,
     PartitionStateCorrupt,
     PartitionUpdateNotAllowed,
-    PartitionWorkerAlreadyAssigned,
     PartitionWorkerMismatch,
     PartitionWorkerStale,
     PyBatchError,
@@ -67,7 +66,6 @@ from pybatch.values.partitions import (
     RESULT_STATUSES,
     PartitionKey,
     PartitionPlanEntry,
-    PartitionStateError,
     PlanProgress,
     SlowPartition,
     StepPartition,
@@ -117,42 +115,13 @@ def _decoded(rows: Sequence[Row]) -> list[StepPartition]:
     return [decode_step_partition(row) for row in rows]
 
 
-def _locked_partition(
-    q: Statements, conn: Connection, partition_id: int
-) -> tuple[int, int, BatchStatus, StepPartition]:
-    """Parent id, its execution id and status (locked first), and the partition (second).
-
-    Raises StepPartitionNotFound, or PartitionStateCorrupt for an unreadable or missing parent.
-    """
-    check_identifier(IdentifierKind.STEP_PARTITION, partition_id)
-    found = q.get_step_partition_parent.scalar(conn, step_partition_id=partition_id)
-    if found is None:
-        raise StepPartitionNotFound(id=partition_id)
-    with corrupt_on((DecodeError, StepExecutionNotFound)):  # the parent's foreign key holds it
-        parent_id = decode_int64(found, column="step_execution_id", minimum=1)
-        execution_id, status = _lock_step(q, conn, parent_id)
-    row = q.lock_step_partition.one(conn, step_partition_id=partition_id)
-    if row is None:
-        raise StepPartitionNotFound(id=partition_id)
-    return parent_id, execution_id, status, decode_step_partition(row)
-
-
-def _domain(partition: StepPartition, change: Callable[[], StepPartition]) -> StepPartition:
-    try:
-        return change()
-    except PartitionStateError as refused:
-        if refused.rule == "VersionExhausted" or refused.status is None:
-            raise PartitionStateCorrupt() from None
-        raise PartitionUpdateNotAllowed(id=partition.id, status=refused.status.value) from None
-
-
 def _end_step_partition(
     q: Statements,
     conn: Connection,
     partition_id: int,
     expected_version: int,
     worker_id: int,
-    end: tuple[LifecycleTransition, ExitCode | None] | None,
+    end: tuple[LifecycleTransition, ExitCode | None],
     *,
     only_if_lost: bool = False,
 ) -> Row:
@@ -160,8 +129,8 @@ def _end_step_partition(
     check_expected_version(expected_version)
     check_identifier(IdentifierKind.STEP_PARTITION, partition_id)
     check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
-    transition, exit_status = end or (None, None)
-    failure = None if transition is None else transition.failure
+    transition, exit_status = end
+    failure = transition.failure
     return returned(
         q.end_step_partition.prepared.one(
             conn,
@@ -169,17 +138,17 @@ def _end_step_partition(
             expected_version=expected_version,
             worker_step_execution_id=worker_id,
             only_if_lost=only_if_lost,
-            status=None if transition is None else transition.target.value,
+            status=transition.target.value,
             exit_code=None if exit_status is None else exit_status.value,
             failure_category=None if failure is None else failure.category.value,
             failure_id=None if failure is None else failure.failure_id,
-            now=None if transition is None else transition.at,
+            now=transition.at,
         )
     )
 
 
 def _end_refused(
-    row: Row, partition_id: int, expected_version: int, worker_id: int, target: BatchStatus | None
+    row: Row, partition_id: int, expected_version: int, worker_id: int, target: BatchStatus
 ) -> PyBatchError:
     """Why end_step_partition changed nothing, from the state its guards judged, in check order."""
     if row["found_version"] is None:
@@ -195,7 +164,7 @@ def _end_refused(
     if row["same_execution"] is not True:
         return PartitionWorkerMismatch(partition_id=partition_id, worker=worker_id)
     worker_status = partition_status(row["worker_status"])
-    if target is not None and worker_status.is_active:
+    if worker_status.is_active:
         if not is_legal_transition(worker_status, target):
             return IllegalTransition(from_status=worker_status.value, to_status=target.value)
     elif worker_status not in RESULT_STATUSES:
@@ -330,36 +299,6 @@ class Partitions(Capability):
             )
             return self._new_plan(target_parent_id, rows)
 
-    def assign(self, partition_id: int, expected_version: int, worker_id: int) -> StepPartition:
-        """Hand a partition to a worker step (first assignment, or a retry after FAILED/STOPPED)."""
-        with self._operation() as (q, conn):
-            check_expected_version(expected_version)
-            check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
-            parent_id, execution_id, status, partition = _locked_partition(q, conn, partition_id)
-            _require_parent(parent_id, status, (BatchStatus.STARTED,))
-            if parent_id in self._uow.unpublished_plans:
-                raise PartitionPlanNotCommitted(step_execution_id=parent_id)
-            assigned = _domain(partition, lambda: partition.assigned(expected_version, worker_id))
-            worker_execution_id, _ = _lock_step(q, conn, worker_id)
-            if worker_id == parent_id or worker_execution_id != execution_id:
-                raise PartitionWorkerMismatch(partition_id=partition_id, worker=worker_id)
-            if q.find_partition_of_worker.scalar(conn, worker_step_execution_id=worker_id) is True:
-                raise PartitionWorkerAlreadyAssigned(worker=worker_id)
-            changed = q.update_step_partition_assign.affected(
-                conn,
-                worker_step_execution_id=worker_id,
-                step_partition_id=partition_id,
-                expected_version=expected_version,
-            )
-            if changed != 1:
-                raise ConcurrentModification()
-            return assigned
-
-    def complete(self, partition_id: int, expected_version: int, worker_id: int) -> StepPartition:
-        """Publish the worker's terminal snapshot (read from its durable row) onto its partition."""
-        row = self._end_partition_worker(partition_id, expected_version, worker_id, None)
-        return decode_step_partition(row)
-
     def end_worker(
         self,
         partition_id: int,
@@ -395,15 +334,14 @@ class Partitions(Capability):
         partition_id: int,
         expected_version: int,
         worker_id: int,
-        end: tuple[LifecycleTransition, ExitCode | None] | None,
+        end: tuple[LifecycleTransition, ExitCode | None],
     ) -> Row:
-        """End the worker (when `end` is given), then complete its partition from its row."""
+        """End the worker, then complete its partition from its row."""
         with self._operation() as (q, conn):
             row = _end_step_partition(q, conn, partition_id, expected_version, worker_id, end)
             if row["id"] is not None:
                 return row
-            target = None if end is None else end[0].target
-            raise _end_refused(row, partition_id, expected_version, worker_id, target)
+            raise _end_refused(row, partition_id, expected_version, worker_id, end[0].target)
 
     def aggregate(
         self, parent_id: int, expected_version: int, transitioned_at: _dt.datetime

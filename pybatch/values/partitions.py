@@ -10,14 +10,13 @@ import attrs
 from pybatch.errors import (
     NameInvalid,
     PartitionContextTooLarge,
-    StaleVersion,
     StateTooDeep,
     StateTooLarge,
     TextNotUtf8,
     TextRule,
 )
 from pybatch.values.counts import ExecutionCounts
-from pybatch.values.ids import IdentifierKind, check_version, identifier_validator, version
+from pybatch.values.ids import IdentifierKind, identifier_validator, version
 from pybatch.values.names import ExitCode
 from pybatch.values.state import ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus
@@ -88,19 +87,6 @@ class PartitionPlanEntry:
     context: ExecutionContext = attrs.field(converter=_partition_context)
 
 
-class _RuleRefused(Exception):
-    """A partition rule (named by `rule`) refused, with the status that broke it if any."""
-
-    def __init__(self, rule: str, status: BatchStatus | None = None) -> None:
-        super().__init__(rule)
-        self.rule = rule
-        self.status = status
-
-
-class PartitionStateError(_RuleRefused, ValueError):
-    """A partition rule refused a change (ValueError: built directly, it is a programmer's bug)."""
-
-
 @attrs.frozen(kw_only=True)
 class StepPartition:
     """One stored partition of a parent step (shape: STARTING exactly when no worker)."""
@@ -125,28 +111,6 @@ class StepPartition:
             raise ValueError("a partition is STARTING exactly when it has no worker")
         if self.context.encoded_bytes > MAX_PARTITION_CONTEXT_BYTES:
             raise PartitionContextTooLarge(max_bytes=MAX_PARTITION_CONTEXT_BYTES)
-
-    def assigned(self, expected_version: int, worker: int) -> StepPartition:
-        """The partition handed to `worker` (first assignment, or retry after FAILED/STOPPED)."""
-        self._check_version(expected_version)
-        # The shape (STARTING exactly when no worker) ties a worker to each of these statuses.
-        if self.status not in (BatchStatus.STARTING, BatchStatus.FAILED, BatchStatus.STOPPED):
-            raise PartitionStateError("InvalidState", self.status)
-        return attrs.evolve(
-            self,
-            worker_step_execution_id=worker,
-            status=BatchStatus.STARTED,
-            exit_status=ExitCode.UNKNOWN,
-            counts=ExecutionCounts(),
-            version=self.version + 1,
-        )
-
-    def _check_version(self, expected_version: int) -> None:
-        check_version(expected_version)
-        if expected_version != self.version:
-            raise StaleVersion(expected=expected_version, actual=self.version)
-        if self.version >= 2**63 - 1:
-            raise PartitionStateError("VersionExhausted")
 
 
 @attrs.frozen(kw_only=True)

@@ -728,7 +728,7 @@ def test_survey_and_apply_count_every_dependent_kind_of_row(
             execution.id, 0, LifecycleTransition.new(S.STARTED, clock.advance())
         )
         steps = {}
-        for node in ("extract", "load", "worker"):
+        for node in ("extract", "load"):
             step = uow.flow.create_step(execution.id, StepName(node), NodeId(node))
             steps[node] = uow.steps.transition(
                 step.id, 0, LifecycleTransition.new(S.STARTED, clock.advance())
@@ -738,12 +738,11 @@ def test_survey_and_apply_count_every_dependent_kind_of_row(
         )
         uow.commit()
     with repository.begin() as uow:
-        assigned = uow.partitions.assign(partition.id, 0, steps["worker"].id)
-        worker = steps["worker"]
-        uow.steps.transition(
-            worker.id, worker.version, LifecycleTransition.new(S.COMPLETED, clock.advance())
-        )
-        uow.partitions.complete(assigned.id, assigned.version, worker.id)
+        claimed = uow.partitions.claim(steps["load"])
+        assert claimed is not None and claimed[0].id == partition.id
+        assigned, worker = claimed
+        completed = LifecycleTransition.new(S.COMPLETED, clock.advance())
+        uow.partitions.end_worker(assigned.id, assigned.version, worker.id, completed, None)
         uow.partitions.aggregate(steps["load"].id, steps["load"].version, clock.advance())
         extract = uow.steps.transition(
             steps["extract"].id,

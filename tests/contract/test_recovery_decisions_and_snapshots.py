@@ -150,10 +150,6 @@ def test_completed_partitions_and_flow_decisions_are_snapshot_markers(
         parent = uow.steps.transition(
             parent.id, 0, LifecycleTransition.new(S.STARTED, clock.advance())
         )
-        worker = uow.flow.create_step(execution.id, StepName("w1"), NodeId("w1"))
-        worker = uow.steps.transition(
-            worker.id, 0, LifecycleTransition.new(S.STARTED, clock.advance())
-        )
         (partition,) = uow.partitions.create_plan(
             parent.id, [PartitionPlanEntry("a", ExecutionContext(PARTITION_SCHEMA, 1, {}))]
         )
@@ -163,11 +159,11 @@ def test_completed_partitions_and_flow_decisions_are_snapshot_markers(
     assert RecoveryMarkers.COMMITTED_FLOW_DECISION not in markers
     assert RecoveryMarkers.UNKNOWN_COMMIT not in markers
     with repository.begin() as uow:
-        assigned = uow.partitions.assign(partition.id, partition.version, worker.id)
-        uow.steps.transition(
-            worker.id, worker.version, LifecycleTransition.new(S.COMPLETED, clock.advance())
-        )
-        uow.partitions.complete(assigned.id, assigned.version, worker.id)
+        claimed = uow.partitions.claim(parent)
+        assert claimed is not None and claimed[0].id == partition.id
+        assigned, worker = claimed
+        completed = LifecycleTransition.new(S.COMPLETED, clock.advance())
+        uow.partitions.end_worker(assigned.id, assigned.version, worker.id, completed, None)
         uow.commit()
     markers = repository.recovery_snapshot(execution.id).markers
     assert RecoveryMarkers.COMPLETED_PARTITION in markers

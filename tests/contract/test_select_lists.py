@@ -78,7 +78,6 @@ READERS: dict[str, tuple[str, ...]] = {
     "list_step_partitions": STEP_PARTITION_COLUMNS,
     "lock_step_partitions_by_ordinal": STEP_PARTITION_COLUMNS,
     "copy_step_partitions": STEP_PARTITION_COLUMNS,
-    "lock_step_partition": STEP_PARTITION_COLUMNS,
     "claim_step_partition": CLAIMED_PARTITION_COLUMNS,
     "end_step_partition": (
         *STEP_PARTITION_COLUMNS,

@@ -27,12 +27,8 @@ from pybatch.errors import (
     PartitionPlanNotCommitted,
     PartitionPlanTooLarge,
     PartitionStateCorrupt,
-    PartitionUpdateNotAllowed,
-    PartitionWorkerAlreadyAssigned,
-    PartitionWorkerMismatch,
     PartitionWorkerStale,
     RepositoryDomainError,
-    StaleVersion,
     StateSchemaVersionNotStorable,
     StepExecutionNotFound,
     StepPartitionNotFound,
@@ -121,17 +117,32 @@ def plan(repository: JobRepository, parent: StepExecution, *keys: str) -> list[S
     return created
 
 
-def assign(repository: JobRepository, partition: StepPartition, worker_id: int) -> StepPartition:
+def claim(repository: JobRepository, parent_id: int) -> tuple[StepPartition, StepExecution]:
+    """The next partition of a STARTED parent, claimed for a new worker step."""
     with repository.begin() as uow:
-        assigned = uow.partitions.assign(partition.id, partition.version, worker_id)
+        parent = uow.steps.get(parent_id)
+        assert parent is not None
+        claimed = uow.partitions.claim(parent)
         uow.commit()
-    return assigned
+    assert claimed is not None
+    return claimed
 
 
-def complete(repository: JobRepository, partition: StepPartition, worker_id: int) -> StepPartition:
+def end(
+    repository: JobRepository,
+    clock: ManualClock,
+    partition: StepPartition,
+    worker_id: int,
+    status: BatchStatus = S.COMPLETED,
+) -> StepPartition:
+    """End the worker in `status` (one already ended stays as it is), completing its partition."""
     with repository.begin() as uow:
-        done = uow.partitions.complete(partition.id, partition.version, worker_id)
+        transition = to(status, clock, worker_id)
+        uow.partitions.end_worker(partition.id, partition.version, worker_id, transition, None)
         uow.commit()
+    (done,) = (
+        p for p in stored_plan(repository, partition.step_execution_id) if p.id == partition.id
+    )
     return done
 
 
@@ -183,11 +194,10 @@ class Fixture:
         return new_step(self.repository, self.clock, self.execution)
 
     def run(self, partition: StepPartition, status: BatchStatus = S.COMPLETED) -> StepPartition:
-        """Assign a new worker, end it in `status`, complete the partition."""
-        worker = self.worker()
-        assigned = assign(self.repository, partition, worker.id)
-        move(self.repository, self.clock, worker.id, status)
-        return complete(self.repository, assigned, worker.id)
+        """Claim `partition` (the next in ordinal order) for a new worker, end it in `status`."""
+        claimed, worker = claim(self.repository, self.parent.id)
+        assert claimed.id == partition.id
+        return end(self.repository, self.clock, claimed, worker.id, status)
 
 
 @pytest.fixture
@@ -304,33 +314,31 @@ def test_input_checks_precede_parent_checks(f: Fixture) -> None:
         assert uow.partitions.plan(f.parent.id) == []
 
 
-# --------------------------------------------------------------------------- assign
+# --------------------------------------------------------------------------- claim and end
 
 
-def test_assign_waits_for_the_plan_to_be_published(f: Fixture) -> None:
+def test_a_claim_waits_for_the_plan_to_be_published(f: Fixture) -> None:
     """Scenario F7."""
-    worker = f.worker()
     with f.repository.begin() as uow:
         (created,) = uow.partitions.create_plan(f.parent.id, entries("a"))
         with pytest.raises(PartitionPlanNotCommitted) as unpublished:
-            uow.partitions.assign(created.id, 0, worker.id)
+            uow.partitions.claim(f.parent)
         assert unpublished.value.step_execution_id == f.parent.id
         uow.commit()
-    assert assign(f.repository, created, worker.id).status is S.STARTED
+    claimed, _ = claim(f.repository, f.parent.id)
+    assert (claimed.id, claimed.status) == (created.id, S.STARTED)
 
 
-def test_assign_needs_a_started_parent(repository: JobRepository, clock: ManualClock) -> None:
+def test_a_claim_needs_a_started_parent(repository: JobRepository, clock: ManualClock) -> None:
     """Scenario F8, F9."""
     execution = launch(repository, clock)
     parent = new_step(repository, clock, execution, started=False)
     (created,) = plan(repository, parent, "a")
-    worker = new_step(repository, clock, execution)
-    with repository.begin() as uow, pytest.raises(PartitionParentNotActive) as starting:
-        uow.partitions.assign(created.id, 0, worker.id)
-    assert (starting.value.step_execution_id, starting.value.status) == (parent.id, "STARTING")
+    with repository.begin() as uow:
+        assert uow.partitions.claim(parent) is None  # STARTING: nothing is claimable
     assert stored_plan(repository, parent.id) == [created]
     move(repository, clock, parent.id, S.STARTED)
-    assigned = assign(repository, created, worker.id)
+    assigned, worker = claim(repository, parent.id)
     assert (assigned.status, assigned.worker_step_execution_id, assigned.version) == (
         S.STARTED,
         worker.id,
@@ -341,82 +349,46 @@ def test_assign_needs_a_started_parent(repository: JobRepository, clock: ManualC
         assert uow.partitions.plan(parent.id) == [assigned]
 
 
-def test_assign_with_a_stale_version_or_onto_a_started_partition_is_refused(f: Fixture) -> None:
-    """Scenario F10."""
-    (created,) = plan(f.repository, f.parent, "a")
-    assigned = assign(f.repository, created, f.worker().id)
-    workers = [f.worker(), f.worker()]
-    with f.repository.begin() as uow:
-        with pytest.raises(StaleVersion) as stale:
-            uow.partitions.assign(created.id, 0, workers[0].id)
-        assert (stale.value.expected, stale.value.actual) == (0, 1)
-        with pytest.raises(PartitionUpdateNotAllowed) as started:
-            uow.partitions.assign(created.id, assigned.version, workers[1].id)
-        assert started.value.status == "STARTED"
-        uow.commit()
-    assert stored_plan(f.repository, f.parent.id) == [assigned]
+def test_each_claim_takes_the_next_partition_for_a_new_sibling_worker(f: Fixture) -> None:
+    """A STARTED partition is never claimed again; each worker is a new step of the parent's
+    execution, behind exactly one partition.
 
-
-def test_worker_must_be_a_sibling_step(f: Fixture, clock: ManualClock) -> None:
-    """Scenario F11."""
-    (created,) = plan(f.repository, f.parent, "a")
-    other = launch(f.repository, clock)
-    foreign = new_step(f.repository, clock, other)
-    with f.repository.begin() as uow:
-        for worker_id in (f.parent.id, foreign.id):
-            with pytest.raises(PartitionWorkerMismatch) as mismatch:
-                uow.partitions.assign(created.id, 0, worker_id)
-            assert (mismatch.value.partition_id, mismatch.value.worker) == (created.id, worker_id)
-        uow.commit()
-    assert stored_plan(f.repository, f.parent.id) == [created]
-
-
-def test_a_worker_backs_one_partition(f: Fixture) -> None:
-    """Scenario F12."""
+    Scenario F10, F11, F12.
+    """
     first, second = plan(f.repository, f.parent, "a", "b")
-    worker = f.worker()
-    assigned = assign(f.repository, first, worker.id)
+    claims = [claim(f.repository, f.parent.id) for _ in range(2)]
+    assert [p.id for p, _ in claims] == [first.id, second.id]
+    workers = [worker for _, worker in claims]
+    assert len({w.id for w in workers}) == 2 and f.parent.id not in {w.id for w in workers}
+    assert all(w.job_execution_id == f.execution.id for w in workers)
+    assert all(w.status is S.STARTED for w in workers)
     with f.repository.begin() as uow:
-        with pytest.raises(PartitionWorkerAlreadyAssigned) as taken:
-            uow.partitions.assign(second.id, 0, worker.id)
-        assert taken.value.worker == worker.id
-        uow.commit()
-    # The second partition is still waiting for a worker; the first keeps its own.
-    assert stored_plan(f.repository, f.parent.id) == [assigned, second]
-    assert second.status is S.STARTING and second.worker_step_execution_id is None
+        assert uow.partitions.claim(f.parent) is None  # both are STARTED
+    assert stored_plan(f.repository, f.parent.id) == [p for p, _ in claims]
 
 
-def test_an_unknown_partition_or_worker_is_not_found(f: Fixture) -> None:
+def test_an_unknown_partition_is_not_found(f: Fixture) -> None:
     """Scenario F13."""
     (created,) = plan(f.repository, f.parent, "a")
     with f.repository.begin() as uow:
         with pytest.raises(StepPartitionNotFound) as missing:
-            uow.partitions.assign(created.id + 100, 0, f.parent.id)
+            uow.partitions.end_worker(
+                created.id + 100, 0, f.parent.id, to(S.COMPLETED, f.clock), None
+            )
         assert missing.value.id == created.id + 100
-        with pytest.raises(StepPartitionNotFound) as missing:
-            uow.partitions.complete(created.id + 100, 0, f.parent.id)
-        assert missing.value.id == created.id + 100
-        with pytest.raises(StepExecutionNotFound) as no_worker:
-            uow.partitions.assign(created.id, 0, 10**9)
-        assert no_worker.value.id == 10**9
         uow.commit()
     assert stored_plan(f.repository, f.parent.id) == [created]
-
-
-# --------------------------------------------------------------------------- complete
 
 
 def test_a_completed_partition_mirrors_its_workers_durable_row(
     f: Fixture, admin: psycopg.Connection[Any]
 ) -> None:
     """Scenario F14."""
-    (created,) = plan(f.repository, f.parent, "a")
-    worker = f.worker()
-    assigned = assign(f.repository, created, worker.id)
+    plan(f.repository, f.parent, "a")
+    assigned, worker = claim(f.repository, f.parent.id)
     set_counts(admin, worker.id, 5, 5, 5, 0, 1, 0)
-    move(f.repository, f.clock, worker.id, S.COMPLETED)
     set_exit(f.repository, worker.id, "ALL_LOADED")
-    done = complete(f.repository, assigned, worker.id)
+    done = end(f.repository, f.clock, assigned, worker.id)
     assert (done.status, done.exit_status.value, done.version) == (S.COMPLETED, "ALL_LOADED", 2)
     c = done.counts
     assert (c.read, c.processed, c.written, c.filtered, c.committed, c.rolled_back) == (
@@ -437,25 +409,23 @@ def test_a_completed_partition_mirrors_its_workers_durable_row(
     assert stored_plan(f.repository, f.parent.id) == [done]
 
 
-def test_completion_from_a_stale_or_unfinished_worker_is_refused(f: Fixture) -> None:
+def test_an_end_from_a_stale_or_unfinishable_worker_is_refused(f: Fixture) -> None:
     """Scenario F15, F16."""
-    (created,) = plan(f.repository, f.parent, "a")
-    worker = f.worker()
-    assigned = assign(f.repository, created, worker.id)
+    plan(f.repository, f.parent, "a")
+    assigned, worker = claim(f.repository, f.parent.id)
     sibling = f.worker()
     with f.repository.begin() as uow:
         for stale_worker in (f.parent.id, sibling.id):
             with pytest.raises(PartitionWorkerStale) as stale:
-                uow.partitions.complete(created.id, 1, stale_worker)
-            assert (stale.value.partition_id, stale.value.worker) == (created.id, stale_worker)
-        with pytest.raises(PartitionAggregationIncomplete) as running:
-            uow.partitions.complete(created.id, 1, worker.id)
-        assert (running.value.step_execution_id, running.value.status) == (f.parent.id, "STARTED")
+                uow.partitions.end_worker(
+                    assigned.id, 1, stale_worker, to(S.COMPLETED, f.clock), None
+                )
+            assert (stale.value.partition_id, stale.value.worker) == (assigned.id, stale_worker)
         uow.commit()
     assert stored_plan(f.repository, f.parent.id) == [assigned]
     move(f.repository, f.clock, worker.id, S.FAILED, S.ABANDONED)
     with f.repository.begin() as uow, pytest.raises(PartitionAggregationIncomplete) as abandoned:
-        uow.partitions.complete(assigned.id, 1, worker.id)
+        uow.partitions.end_worker(assigned.id, 1, worker.id, to(S.COMPLETED, f.clock), None)
     assert (abandoned.value.step_execution_id, abandoned.value.status) == (
         f.parent.id,
         "ABANDONED",
@@ -463,42 +433,20 @@ def test_completion_from_a_stale_or_unfinished_worker_is_refused(f: Fixture) -> 
     assert stored_plan(f.repository, f.parent.id) == [assigned]
 
 
-def test_completion_is_allowed_while_the_parent_is_stopping_not_once_stopped(f: Fixture) -> None:
+def test_an_end_is_allowed_while_the_parent_is_stopping_not_once_stopped(f: Fixture) -> None:
     """Scenario F17."""
-    first, second = plan(f.repository, f.parent, "a", "b")
-    workers = [f.worker(), f.worker()]
-    assigned = [
-        assign(f.repository, p, w.id) for p, w in zip((first, second), workers, strict=True)
-    ]
-    for worker in workers:
+    plan(f.repository, f.parent, "a", "b")
+    claims = [claim(f.repository, f.parent.id) for _ in range(2)]
+    for _, worker in claims:
         move(f.repository, f.clock, worker.id, S.COMPLETED)
     move(f.repository, f.clock, f.parent.id, S.STOPPING)
-    assert complete(f.repository, assigned[0], workers[0].id).status is S.COMPLETED
+    (first, first_worker), (second, second_worker) = claims
+    assert end(f.repository, f.clock, first, first_worker.id).status is S.COMPLETED
     move(f.repository, f.clock, f.parent.id, S.STOPPED)
     with f.repository.begin() as uow, pytest.raises(PartitionParentNotActive) as stopped:
-        uow.partitions.complete(assigned[1].id, 1, workers[1].id)
+        uow.partitions.end_worker(second.id, 1, second_worker.id, to(S.COMPLETED, f.clock), None)
     assert (stopped.value.step_execution_id, stopped.value.status) == (f.parent.id, "STOPPED")
-    assert stored_plan(f.repository, f.parent.id)[1] == assigned[1]  # still STARTED
-
-
-def test_a_failed_partition_is_retried_by_a_new_worker(
-    f: Fixture, admin: psycopg.Connection[Any]
-) -> None:
-    """Scenario F18."""
-    (created,) = plan(f.repository, f.parent, "a")
-    old = f.worker()
-    assigned = assign(f.repository, created, old.id)
-    set_counts(admin, old.id, 3, 3, 2, 0, 1, 1)
-    move(f.repository, f.clock, old.id, S.FAILED)
-    failed = complete(f.repository, assigned, old.id)
-    assert failed.status is S.FAILED and failed.counts.read == 3
-    with f.repository.begin() as uow, pytest.raises(PartitionWorkerAlreadyAssigned):
-        uow.partitions.assign(failed.id, failed.version, old.id)
-    retried = assign(f.repository, failed, f.worker().id)
-    assert (
-        retried.status is S.STARTED and retried.counts == ExecutionCounts() and retried.version == 3
-    )
-    assert retried.exit_status == ExitCode.UNKNOWN
+    assert stored_plan(f.repository, f.parent.id)[1] == second  # still STARTED
 
 
 # --------------------------------------------------------------------------- aggregate
@@ -521,13 +469,11 @@ def test_aggregating_completed_partitions_sums_counts_and_takes_the_first_keys_e
     """Scenario F19."""
     parts = plan(f.repository, f.parent, "b", "a")
     exits = {"a": "FROM_A", "b": "FROM_B"}
-    for partition in parts:
-        worker = f.worker()
-        assigned = assign(f.repository, partition, worker.id)
+    for _ in parts:
+        assigned, worker = claim(f.repository, f.parent.id)
         set_counts(admin, worker.id, 2, 2, 2, 0, 1, 0)
-        move(f.repository, f.clock, worker.id, S.COMPLETED)
-        set_exit(f.repository, worker.id, exits[partition.key.value])
-        complete(f.repository, assigned, worker.id)
+        set_exit(f.repository, worker.id, exits[assigned.key.value])
+        end(f.repository, f.clock, assigned, worker.id)
     before = f.parent.version
     ended = aggregate(f)
     assert (ended.status, ended.metadata.exit_status.value, ended.version) == (
@@ -561,14 +507,13 @@ def test_most_severe_status_wins_and_the_first_such_key_gives_the_exit(
     Scenario F20.
     """
     keys = sorted(statuses)
-    parts = plan(f.repository, f.parent, *keys)
-    for partition in parts if order == "key order" else list(reversed(parts)):
-        key = partition.key.value
-        worker = f.worker()
-        assigned = assign(f.repository, partition, worker.id)
-        move(f.repository, f.clock, worker.id, statuses[key])
+    # Claims follow the entries' order: reversed entries complete in reverse key order.
+    parts = plan(f.repository, f.parent, *(keys if order == "key order" else reversed(keys)))
+    for _ in parts:
+        assigned, worker = claim(f.repository, f.parent.id)
+        key = assigned.key.value
         set_exit(f.repository, worker.id, f"EXIT_{key.upper()}")
-        complete(f.repository, assigned, worker.id)
+        end(f.repository, f.clock, assigned, worker.id, statuses[key])
     ended = aggregate(f)
     assert ended.status is expected
     assert ended.metadata.exit_status == ExitCode(f"EXIT_{exit_from.upper()}")
@@ -601,7 +546,7 @@ def test_an_active_child_blocks_aggregation(f: Fixture) -> None:
     with f.repository.begin() as uow, pytest.raises(PartitionAggregationIncomplete) as starting:
         uow.partitions.aggregate(f.parent.id, f.parent.version, f.clock.advance())
     assert starting.value.status == "STARTING"
-    assign(f.repository, second, f.worker().id)
+    assert claim(f.repository, f.parent.id)[0].id == second.id
     with f.repository.begin() as uow, pytest.raises(PartitionAggregationIncomplete) as started:
         uow.partitions.aggregate(f.parent.id, f.parent.version, f.clock.advance())
     assert started.value.status == "STARTED"
@@ -663,12 +608,10 @@ def test_an_aggregated_counter_sum_beyond_its_range_is_count_exhausted(
     f: Fixture, admin: psycopg.Connection[Any]
 ) -> None:
     """Scenario F27."""
-    for partition in plan(f.repository, f.parent, "a", "b"):
-        worker = f.worker()
-        assigned = assign(f.repository, partition, worker.id)
+    for _ in plan(f.repository, f.parent, "a", "b"):
+        assigned, worker = claim(f.repository, f.parent.id)
         set_counts(admin, worker.id, 2**62, 0, 0, 0, 0, 0)
-        move(f.repository, f.clock, worker.id, S.COMPLETED)
-        complete(f.repository, assigned, worker.id)
+        end(f.repository, f.clock, assigned, worker.id)
     with f.repository.begin() as uow, pytest.raises(CountExhausted):
         uow.partitions.aggregate(f.parent.id, f.parent.version, f.clock.advance())
     assert stored_step(f.repository, f.parent.id) == f.parent
@@ -712,14 +655,14 @@ def test_a_restarted_plan_carries_completed_partitions_only(f: Fixture) -> None:
     parts = plan(f.repository, f.parent, "a", "b", "c")
     done_a = f.run(parts[0])
     f.run(parts[1], S.FAILED)
-    assign(f.repository, parts[2], f.worker().id)
+    assert claim(f.repository, f.parent.id)[0].id == parts[2].id
     fail_job(f.repository, f.clock, f.execution)
     second = launch(f.repository, f.clock, f.execution.job_instance_id)
     target = new_step(f.repository, f.clock, second, "load")
     with f.repository.begin() as uow:
         carried = uow.partitions.restart_plan(f.parent.id, target.id)
         with pytest.raises(PartitionPlanNotCommitted):
-            uow.partitions.assign(carried[1].id, 0, new_step_id(uow, second))
+            uow.partitions.claim(target)
         uow.commit()
     a, b, c = carried
     assert (a.status, a.worker_step_execution_id, a.version) == (
@@ -835,7 +778,7 @@ def test_a_tampered_partition_context_checksum_fails_closed(
         with pytest.raises(PartitionStateCorrupt):
             uow.partitions.plan(f.parent.id)
         with pytest.raises(PartitionStateCorrupt):
-            uow.partitions.assign(created.id, 0, f.worker().id)
+            uow.partitions.claim(f.parent)
 
 
 def test_corrupt_status_code_fails_closed(f: Fixture, admin: psycopg.Connection[Any]) -> None:
@@ -850,10 +793,9 @@ def test_corrupt_status_code_fails_closed(f: Fixture, admin: psycopg.Connection[
 
 
 def test_end_partition_worker_ends_worker_and_partition_together(f: Fixture) -> None:
-    first, second = plan(f.repository, f.parent, "a", "b")
-    worker = f.worker()
-    assigned = assign(f.repository, first, worker.id)
-    other = assign(f.repository, second, f.worker().id)
+    plan(f.repository, f.parent, "a", "b")
+    assigned, worker = claim(f.repository, f.parent.id)
+    other, _ = claim(f.repository, f.parent.id)
     with f.repository.begin() as uow:
         with pytest.raises(PartitionWorkerStale):  # the worker of another partition
             uow.partitions.end_worker(

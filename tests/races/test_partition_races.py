@@ -11,13 +11,12 @@ from pybatch import ConnectionConfig, JobRepository, UnitOfWork
 from pybatch import _partitioned as partitioned
 from pybatch.errors import (
     PartitionPlanExists,
-    PartitionUpdateNotAllowed,
     PartitionWorkerStale,
     StaleVersion,
 )
 from pybatch.values.ownership import ExecutionLease
 from pybatch.values.status import BatchStatus
-from tests.contract.test_step_partitions import Fixture, assign, entries, move, plan
+from tests.contract.test_step_partitions import Fixture, claim, entries, plan, to
 from tests.support.clock import ManualClock
 from tests.support.race import DEADLINE_SECONDS, portable, race, race_processes, race_units_of_work
 
@@ -39,40 +38,20 @@ def test_two_parents_racing_to_create_one_plan(
     assert row == (2,)
 
 
-def test_assignments_racing_for_one_partition(
+def test_ends_racing_with_a_stale_worker_have_one_winner(
     repository: JobRepository, clock: ManualClock
 ) -> None:
     f = Fixture(repository, clock)
-    (partition,) = plan(repository, f.parent, "a")
-    workers = [f.worker() for _ in range(4)]
-    outcomes = race_units_of_work(
-        repository,
-        4,
-        lambda uow, i: uow.partitions.assign(partition.id, 0, workers[i].id),
-    )
-    assert sum(o.ok for o in outcomes) == 1
-    assert {type(o.error) for o in outcomes if not o.ok} == {StaleVersion}
-
-
-def test_completions_racing_with_a_stale_worker_have_one_winner(
-    repository: JobRepository, clock: ManualClock
-) -> None:
-    f = Fixture(repository, clock)
-    (partition,) = plan(repository, f.parent, "a")
-    old = f.worker()
-    assigned = assign(repository, partition, old.id)
-    move(repository, clock, old.id, S.FAILED)
-    with repository.begin() as uow:
-        failed = uow.partitions.complete(assigned.id, assigned.version, old.id)
-        uow.commit()
-    current = f.worker()
-    retried = assign(repository, failed, current.id)
-    move(repository, clock, current.id, S.COMPLETED)
-    worker_of = [current.id, current.id, old.id]
+    plan(repository, f.parent, "a")
+    claimed, current = claim(repository, f.parent.id)
+    stale = f.worker()  # a sibling step that is not the partition's worker
+    worker_of = [current.id, current.id, stale.id]
     outcomes = race_units_of_work(
         repository,
         3,
-        lambda uow, i: uow.partitions.complete(retried.id, retried.version, worker_of[i]),
+        lambda uow, i: uow.partitions.end_worker(
+            claimed.id, claimed.version, worker_of[i], to(S.COMPLETED, clock), None
+        ),
     )
     assert [o.ok for o in outcomes].count(True) == 1
     assert isinstance(outcomes[2].error, PartitionWorkerStale)
@@ -146,34 +125,3 @@ def test_worker_processes_claim_and_end_every_partition_exactly_once(
     assert {(p.status, p.version) for p in stored} == {(S.COMPLETED, 2)}
     assert len(workers) == 41  # the parent and one worker step per claim, none wasted
     assert {w.status for w in workers if w.id != f.parent.id} == {S.COMPLETED}
-
-
-def test_a_claim_racing_an_assignment_has_one_winner(
-    repository: JobRepository, clock: ManualClock
-) -> None:
-    for _ in range(5):
-        f = Fixture(repository, clock)
-        (partition,) = plan(repository, f.parent, "only")
-        worker = f.worker()
-
-        def act(
-            uow: UnitOfWork,
-            index: int,
-            f: Fixture = f,
-            worker_id: int = worker.id,
-            partition_id: int = partition.id,
-        ) -> Any:
-            if index == 0:
-                return uow.partitions.claim(f.parent)
-            return uow.partitions.assign(partition_id, 0, worker_id)
-
-        outcomes = race_units_of_work(repository, 2, act)
-        claim, assignment = outcomes
-        if assignment.ok:
-            assert claim.ok and claim.value is None  # skipped the locked partition
-        else:
-            assert claim.ok and claim.value is not None
-            assert isinstance(assignment.error, StaleVersion | PartitionUpdateNotAllowed)
-        with repository.begin() as uow:
-            (stored,) = uow.partitions.plan(f.parent.id)
-        assert stored.version == 1 and stored.status is S.STARTED

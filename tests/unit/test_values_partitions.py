@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import attrs
 import pytest
 
 from pybatch.errors import (
     NameInvalid,
     PartitionContextTooLarge,
-    StaleVersion,
     TextRule,
 )
 from pybatch.values.counts import ExecutionCounts
@@ -16,7 +14,6 @@ from pybatch.values.names import ExitCode
 from pybatch.values.partitions import (
     PartitionKey,
     PartitionPlanEntry,
-    PartitionStateError,
     StepPartition,
 )
 from pybatch.values.state import ExecutionContext, StateLimits
@@ -74,17 +71,3 @@ def test_shape_starting_exactly_without_worker() -> None:
         partition("a", S.STARTING, 7)
     with pytest.raises(ValueError):
         partition("a", S.STARTED, None)
-
-
-def test_assign_rules() -> None:
-    fresh = partition("a", S.STARTING, None)
-    with pytest.raises(StaleVersion):
-        fresh.assigned(1, 9)
-    started = fresh.assigned(0, 9)
-    assert (started.status, started.worker_step_execution_id, started.version) == (S.STARTED, 9, 1)
-    with pytest.raises(PartitionStateError) as again:
-        started.assigned(1, 10)
-    assert again.value.status is S.STARTED
-    failed = attrs.evolve(started, status=S.FAILED, counts=ExecutionCounts(read=3), version=2)
-    retried = failed.assigned(2, 11)
-    assert retried.counts == ExecutionCounts() and retried.exit_status == ExitCode.UNKNOWN
