@@ -357,8 +357,11 @@ class Partitions(Capability):
 
     def complete(self, partition_id: int, expected_version: int, worker_id: int) -> StepPartition:
         """Publish the worker's terminal snapshot (read from its durable row) onto its partition."""
-        row = self._end_partition_worker(partition_id, expected_version, worker_id, None)
-        return decode_step_partition(row)
+        self._end_partition_worker(partition_id, expected_version, worker_id, None)
+        with self._operation() as (q, conn):
+            return decode_step_partition(
+                returned(q.lock_step_partition.one(conn, step_partition_id=partition_id))
+            )
 
     def end_worker(
         self,
