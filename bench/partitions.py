@@ -18,7 +18,8 @@ Three measurements, printed as tables (and written as JSON under bench/results/)
    every pooled connection lease is one transaction, traced at the libpq protocol level
    (ReadyForQuery and CopyInResponse count as round trips); a worker holds no connection
    outside the pool (its lease is row state). CPU is this process's and its server backends'
-   (/proc/PID/schedstat, local server only): unlike wall time, a busy machine barely moves it.
+   (/proc/PID/schedstat, local server only), read on a second, untraced run (the trace file
+   costs client CPU): unlike wall time, a busy machine moves it little.
    The hand-written queue's loop is measured the same way. Target: at most 6 round trips per
    no-op partition.
 3. Claim latency (claim unit of work: claim statement, COMMIT) over 1,024
@@ -181,8 +182,10 @@ def run_baseline(dsn: str, label: str, n: int, copy: bool, workers: int) -> floa
 class LeaseCounter:
     """Counts pooled connection leases (units of work) and their protocol round trips."""
 
-    def __init__(self, repository: JobRepository) -> None:
+    def __init__(self, repository: JobRepository, *, trace: bool = True) -> None:
         self.repository = repository
+        #: Trace the protocol (round trips); off for CPU, which libpq's trace file inflates.
+        self.trace = trace
         self.leases = 0
         self.trips: list[int] = []
         #: Server CPU nanoseconds of each backend leased, when first leased.
@@ -199,9 +202,11 @@ class LeaseCounter:
             self.leases += 1
             if conn is not None:
                 pid = conn.info.backend_pid
-                self.backends.setdefault(pid, backend_cpu_ns(pid))
-                manager = protocol_trace(conn)
-                self._open[id(conn)] = (manager, manager.__enter__())
+                if pid not in self.backends:
+                    self.backends[pid] = backend_cpu_ns(pid)
+                if self.trace:
+                    manager = protocol_trace(conn)
+                    self._open[id(conn)] = (manager, manager.__enter__())
             return leased
 
         def traced_release(conn: psycopg.Connection[Any], *, discard: bool) -> None:
@@ -228,11 +233,10 @@ def backend_cpu_ns(pid: int) -> int:
         return 0
 
 
-def cost_per_partition(dsn: str, n: int, copy: bool) -> dict[str, float]:
-    """Units of work, round trips and CPU per partition on one in-process worker.
-
-    CPU: this process's (all threads) and the server backends' it leased (local server).
-    """
+def _pybatch_worker(
+    dsn: str, n: int, copy: bool, *, trace: bool
+) -> tuple[LeaseCounter, float, float]:
+    """One in-process worker over a plan of `n`: its leases, client and server CPU seconds."""
     with JobRepository.connect(config(dsn)) as repository:
         with Job(repository, "bench_cost", {"copy": copy, "at": time.time_ns()}).launch() as run:
             # Publish the plan (untimed, uncounted), then count only the worker's loop.
@@ -246,33 +250,48 @@ def cost_per_partition(dsn: str, n: int, copy: bool) -> dict[str, float]:
                 StartLimit.unrestricted(),
             )
             runner = etl_module._runners(run.instance, run.execution, copy_rows if copy else noop)
-            with LeaseCounter(repository) as counter:
+            with LeaseCounter(repository, trace=trace) as counter:
                 cpu = time.process_time()
                 partitioned_module.work_on_plan(
                     repository, parent, runner(repository), poll_seconds=0.01
                 )
                 cpu = time.process_time() - cpu
             server = sum(backend_cpu_ns(pid) - ns for pid, ns in counter.backends.items())
+    return counter, cpu, server / 1e9
+
+
+def cost_per_partition(dsn: str, n: int, copy: bool) -> dict[str, float]:
+    """Units of work, round trips and CPU per partition on one in-process worker.
+
+    Round trips from a traced run; CPU from an untraced one, since libpq's trace writes every
+    message to a file (about 0.3 ms of client CPU per no-op partition, the queue's half that).
+    CPU: this process's (all threads) and the server backends' it leased (local server).
+    """
+    traced, _, _ = _pybatch_worker(dsn, n, copy, trace=True)
+    _, cpu, server = _pybatch_worker(dsn, n, copy, trace=False)
     # The worker's final look (an empty claim, then the open-partition count) is two units
     # of work per worker, not per partition: leave it out.
-    trips = sum(counter.trips[:-2])
+    trips = sum(traced.trips[:-2])
     return {
-        "units_of_work": (counter.leases - 2) / n,
+        "units_of_work": (traced.leases - 2) / n,
         "round_trips": trips / n,
         "client_cpu_ms": cpu * 1000 / n,
-        "server_cpu_ms": server / 1e6 / n,
+        "server_cpu_ms": server * 1000 / n,
     }
 
 
 def baseline_cost_per_partition(dsn: str, n: int, copy: bool) -> dict[str, float]:
-    """The same figures for the hand-written queue's loop, in this process."""
+    """The same figures for the hand-written queue's loop, in this process (two runs too)."""
     label = f"cost-{copy}-{time.time()}"
     _fill_queue(dsn, label, n)
     with psycopg.connect(dsn) as conn, protocol_trace(conn) as out:
-        server, cpu = backend_cpu_ns(conn.info.backend_pid), time.process_time()
         _baseline_loop(conn, label, copy)
-        cpu, server = time.process_time() - cpu, backend_cpu_ns(conn.info.backend_pid) - server
     trips = ProtocolCount.parse(out[0]).round_trips if out else 0
+    _fill_queue(dsn, f"{label}-cpu", n)
+    with psycopg.connect(dsn) as conn:
+        server, cpu = backend_cpu_ns(conn.info.backend_pid), time.process_time()
+        _baseline_loop(conn, f"{label}-cpu", copy)
+        cpu, server = time.process_time() - cpu, backend_cpu_ns(conn.info.backend_pid) - server
     return {
         "units_of_work": 2.0,
         "round_trips": trips / n,
@@ -512,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
                 f" {row['baseline_efficiency']:.2f} | {p_rate / b_rate:.2f} |"
             )
 
-        print("\nCost per partition (one in-process worker, every transaction traced):\n")
+        print("\nCost per partition (one in-process worker; round trips traced, CPU untraced):\n")
         costs = {
             f"{work} {side}": measure(dsn, n, copy=copy)
             for work, n, copy in (("no-op", 64, False), ("1,000-row COPY", 24, True))

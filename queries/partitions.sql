@@ -596,8 +596,9 @@ LIMIT :limit;
 -- write), failure and exit (none - the exit stays, and the version moves by one instead of two);
 -- a worker already in a result status stays as it is. The partition takes the worker's durable
 -- status, exit and counters, its owner and lease end, and its version moves by one (status NULL
--- ends no worker: it must have ended already). Always one row: the partition's new columns, NULL
--- when a guard refused and nothing changed, then the locked state the guards judged (found_*,
+-- ends no worker: it must have ended already). Always one row: the partition's id, NULL when a
+-- guard refused and nothing changed (its new columns are not returned: a worker's end reads none,
+-- and their output cost both sides CPU), then the locked state the guards judged (found_*,
 -- parent_*; the worker as the statement's snapshot saw it), from which the caller names the
 -- refusal.
 WITH parent AS (
@@ -703,48 +704,11 @@ completed AS (
         p.id = :step_partition_id
         AND p.version = :expected_version
         AND COALESCE(ended.status, worker.status) IN ('COMPLETED', 'FAILED', 'STOPPED', 'UNKNOWN')
-    RETURNING
-        p.id,
-        p.step_execution_id,
-        p.worker_step_execution_id,
-        p.partition_key,
-        p.partition_ordinal,
-        p.status,
-        p.exit_code,
-        p.read_count,
-        p.processed_count,
-        p.write_count,
-        p.filter_count,
-        p.commit_count,
-        p.rollback_count,
-        p.context_format,
-        p.context_schema,
-        p.context_schema_version,
-        p.context_payload,
-        p.context_checksum,
-        p.version
+    RETURNING p.id
 )
 
 SELECT
     c.id,
-    c.step_execution_id,
-    c.worker_step_execution_id,
-    c.partition_key,
-    c.partition_ordinal,
-    c.status,
-    c.exit_code,
-    c.read_count,
-    c.processed_count,
-    c.write_count,
-    c.filter_count,
-    c.commit_count,
-    c.rollback_count,
-    c.context_format,
-    c.context_schema,
-    c.context_schema_version,
-    c.context_payload,
-    c.context_checksum,
-    c.version,
     found.version AS found_version,
     found.status AS found_status,
     found.worker_step_execution_id AS found_worker_step_execution_id,

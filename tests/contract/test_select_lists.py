@@ -80,7 +80,7 @@ READERS: dict[str, tuple[str, ...]] = {
     "copy_step_partitions": STEP_PARTITION_COLUMNS,
     "claim_step_partition": CLAIMED_PARTITION_COLUMNS,
     "end_step_partition": (
-        *STEP_PARTITION_COLUMNS,
+        "id",
         "found_version",
         "found_status",
         "found_worker_step_execution_id",
