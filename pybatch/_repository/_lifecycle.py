@@ -18,11 +18,7 @@ from pybatch._repository._capability import Capability
 from pybatch._statements import Connection, Row, Statement, Statements
 from pybatch.errors import PyBatchError, StaleVersion, Unavailable, VersionOutOfRange
 from pybatch.values.ids import INT64_MAX, IdentifierKind, check_identifier, check_version
-from pybatch.values.lifecycle import (
-    ExecutionMetadata,
-    LifecycleTransition,
-    apply_transition,
-)
+from pybatch.values.lifecycle import ExecutionMetadata, LifecycleTransition, apply_transition
 from pybatch.values.records import JobExecution, StepExecution
 from pybatch.values.status import FailureReason
 

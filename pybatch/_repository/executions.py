@@ -10,9 +10,7 @@ from pybatch._repository._capability import decided, execution_at, require_job_i
 from pybatch._repository._lifecycle import LifecycleCapability, LifecycleRows
 from pybatch._repository.definitions import ensure_definition
 from pybatch._statements import Connection, Row, Statements
-from pybatch.errors import (
-    JobExecutionNotFound,
-)
+from pybatch.errors import JobExecutionNotFound
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.lifecycle import LifecycleTransition

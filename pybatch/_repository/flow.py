@@ -21,11 +21,7 @@ from pybatch._repository._capability import (
     require_job_instance,
 )
 from pybatch._statements import Row
-from pybatch.errors import (
-    ConcurrentModification,
-    FlowStateCorrupt,
-    JobExecutionNotFound,
-)
+from pybatch.errors import ConcurrentModification, FlowStateCorrupt, JobExecutionNotFound
 from pybatch.values.flow import (
     FlowDecision,
     FlowDecisionRequest,

@@ -7,12 +7,7 @@ from functools import partial
 
 from pybatch._codecs._primitives import decode_int64, returned
 from pybatch._codecs.steps import decode_step_execution
-from pybatch._repository._capability import (
-    Overrides,
-    decided,
-    execution_at,
-    job_execution_row,
-)
+from pybatch._repository._capability import Overrides, decided, execution_at, job_execution_row
 from pybatch._repository._lifecycle import (
     LifecycleCapability,
     LifecycleRows,
