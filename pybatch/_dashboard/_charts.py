@@ -1,8 +1,6 @@
-"""Geometry of the server-rendered SVG charts: numbers only, the templates draw them.
+"""Geometry of the server-rendered SVG charts (step timeline, read/written per step).
 
-Computed here so that a template never does arithmetic and the browser runs no script: a step
-timeline (one bar per step from its start to its end, or to its last update while it runs) and a
-progress chart (items read and written by each step, from its committed counters).
+Numbers only, computed here: a template does no arithmetic and the browser runs no script.
 """
 
 from __future__ import annotations

@@ -70,12 +70,9 @@ class Executions(LifecycleCapability[JobExecution]):
         status: BatchStatus,
         reason: FailureReason | None = None,
     ) -> JobExecution:
-        """End `owner`'s running execution as `status` (STOPPED once a stop was observed).
+        """End `owner`'s running execution as `status`, its unfinished steps with it: one statement.
 
-        One statement: the transition (FAILED by user code), the exit status of the same name,
-        `reason`, and the execution's unfinished steps ended with it. Raises
-        ExecutionOwnershipLost or IllegalTransition.
-        Statements: executions.sql end_job_execution (migrations/0014).
+        Raises ExecutionOwnershipLost or IllegalTransition.
         """
         params = {
             "job_execution_id": execution_id,
@@ -98,7 +95,7 @@ class Executions(LifecycleCapability[JobExecution]):
         Raises, in this order: JobInstanceNotFound; CompletedInstance, AbandonedInstance or
         ExecutionAlreadyActive (latest attempt unresolved); the definition checks of
         `ensure_definition` (a new definition is registered here); IncompatibleDefinition (new
-        digest without a direct edge). Statements: executions.sql create_job_execution.
+        digest without a direct edge).
         """
         check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
         definition_id: int | None = None

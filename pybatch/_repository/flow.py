@@ -58,7 +58,7 @@ class Flow(Capability):
 
         The instance row lock serializes starts across attempts and processes, so the count
         and the insert never interleave. Raises, in this order: JobExecutionNotFound,
-        DuplicateStep, StartLimitExceeded. Statements: flow.sql start_flow_step (0014).
+        DuplicateStep, StartLimitExceeded.
         """
         check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
         limit = start_limit or StartLimit.unrestricted()
@@ -76,7 +76,7 @@ class Flow(Capability):
 
         One statement, committed alone: the new step is STARTED. Without `owner` it is one
         operation of the unit of work (`create_step`). Raises ExecutionOwnershipLost, then
-        DuplicateStep, then StartLimitExceeded. Statements: flow.sql start_flow_step.
+        DuplicateStep, then StartLimitExceeded.
         """
         params = {
             "job_execution_id": job_execution_id,

@@ -74,15 +74,11 @@ class OperatorOutcome:
         """The recorded rejection, when the request was REJECTED."""
         return self.record.rejection
 
-    @property
-    def word(self) -> str:
-        """APPLIED, NOOP (stored as APPLIED, nothing changed), REPLAYED or REJECTED."""
-        return "NOOP" if self.noop else self.outcome.value
-
     def describe(self) -> str:
-        """One line: the word, the action, the operation id, and what the request found or left."""
+        """One line: the outcome (NOOP: APPLIED, nothing changed), action, operation id, result."""
         record = self.record
-        line = f"{self.word} {record.action.value} operation {record.operation_id.value}"
+        word = "NOOP" if self.noop else self.outcome.value
+        line = f"{word} {record.action.value} operation {record.operation_id.value}"
         rejection = self.rejection
         if rejection is not None:
             fields = {
