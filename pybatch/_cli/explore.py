@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 from pybatch import errors as e
 from pybatch._cli._arguments import duration_type
-from pybatch._cli._connection import Commands, Handler, add_command, config_from_args
+from pybatch._cli._connection import Commands, Handler, add_command, config_from_args, positive_id
 from pybatch._explorer import JobExplorer, all_pages
 from pybatch._job_repository import JobRepository
 from pybatch._migrator import installed_schema_version
@@ -54,14 +54,7 @@ def _page_size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"an integer from 1 to {MAX_PAGE_SIZE}") from None
 
 
-def _identifier(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("a positive integer id") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("a positive integer id")
-    return value
+_identifier = positive_id("integer id")
 
 
 def register(commands: Commands) -> None:

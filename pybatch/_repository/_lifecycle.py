@@ -129,11 +129,11 @@ class LifecycleCapability(Capability, Generic[Record]):
     _rows: LifecycleRows[Record]
 
     def transition(
-        self, record_id: int, expected_version: int, transition: LifecycleTransition
+        self, record_id: int, expected_version: int, change: LifecycleTransition
     ) -> Record:
         """Apply a lifecycle transition under the row lock (compare-and-swap)."""
         with self._operation() as (q, conn):
-            return _transition(self._rows, q, conn, record_id, expected_version, transition)
+            return transition(self._rows, q, conn, record_id, expected_version, change)
 
     def get(self, record_id: int) -> Record | None:
         """One record, or None (docs/contract.md, Reads)."""
@@ -141,6 +141,3 @@ class LifecycleCapability(Capability, Generic[Record]):
             check_identifier(self._rows.kind, record_id)
             row = self._rows.get_statement(q).one(conn, **{self._rows.id_parameter: record_id})
             return None if row is None else self._rows.decode(row)
-
-
-_transition = transition

@@ -121,11 +121,11 @@ class Executions(LifecycleCapability[JobExecution]):
                 definition_id = ensure_definition(q, conn, clock, instance.job_name, definition)
 
     def transition(
-        self, record_id: int, expected_version: int, transition: LifecycleTransition
+        self, record_id: int, expected_version: int, change: LifecycleTransition
     ) -> JobExecution:
-        """Apply a lifecycle transition with a version compare-and-swap."""
+        """Apply a lifecycle transition with a version compare-and-swap (its steps end with it)."""
         with self._operation() as (q, conn):
-            return transition_job_execution(q, conn, record_id, expected_version, transition)
+            return transition_job_execution(q, conn, record_id, expected_version, change)
 
     def of_instance(self, instance_id: int) -> list[JobExecution]:
         """Every attempt of an instance in attempt order (docs/contract.md, Reads)."""
