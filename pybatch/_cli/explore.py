@@ -169,17 +169,9 @@ def _instant(value: _dt.datetime | None) -> str:
     return "-" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
 
 
-class Kind(enum.Enum):
-    """What a column holds, which decides whether its cells may be shortened."""
-
-    ID = "id"  # an identifier: never shortened
-    STATUS = "status"  # a status or code: never shortened (a cut `COMPL\u2026` reads as nothing)
-    TIME = "time"  # a timestamp: never shortened
-    NUMBER = "number"  # a counter: never shortened
-    TEXT = "text"  # free text (names, reasons, messages): shortened with an ellipsis
-
-
-ID, STATUS, TIME, NUMBER, TEXT = Kind.ID, Kind.STATUS, Kind.TIME, Kind.NUMBER, Kind.TEXT
+#: What a column holds. Only free text (names, reasons, messages) is shortened to fit; ids,
+#: statuses and codes (a cut `COMPL\u2026` reads as nothing), timestamps and counters never are.
+ID, STATUS, TIME, NUMBER, TEXT = "id", "status", "time", "number", "text"
 
 
 class Column(NamedTuple):
@@ -192,7 +184,7 @@ class Column(NamedTuple):
 
     header: str
     cell: str | Callable[[Any], object]
-    kind: Kind = TEXT
+    kind: str = TEXT
     drop: int = 0
 
 
@@ -247,7 +239,7 @@ def _layout(
         floors = {
             i: min(natural[i], max(len(columns[i].header), _TEXT_FLOOR))
             for i in kept
-            if columns[i].kind is Kind.TEXT
+            if columns[i].kind == TEXT
         }
         while excess > 0:
             room = [i for i in floors if widths[i] > floors[i]]
