@@ -68,12 +68,8 @@ def _is_memory_filesystem(path: Path) -> bool:
         mounts = _MOUNTS.read_text()
     except OSError:
         return False
-    kind = None
-    for line in mounts.splitlines():
-        fields = line.split()
-        if len(fields) >= 3 and fields[1] == target:
-            kind = fields[2]
-    return kind in _MEMORY_FILESYSTEMS
+    kinds = [f[2] for f in map(str.split, mounts.splitlines()) if len(f) >= 3 and f[1] == target]
+    return bool(kinds) and kinds[-1] in _MEMORY_FILESYSTEMS
 
 
 class PostgresServer:
