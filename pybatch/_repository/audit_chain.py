@@ -126,9 +126,7 @@ def audit_links_after(
 def unlinked_audit_record(q: Statements, conn: Connection) -> tuple[str, int] | None:
     """An audit record without a link (inserted behind pybatch's back), or None."""
     row = q.find_unlinked_audit_record.one(conn)
-    if row is None:
-        return None
-    return text_at(row, "record_kind"), int64_at(row, "record_id")
+    return None if row is None else (text_at(row, "record_kind"), int64_at(row, "record_id"))
 
 
 def overdrawn_audit_purge(q: Statements, conn: Connection) -> tuple[int, str, int, int] | None:
