@@ -15,16 +15,13 @@ import os
 import shutil
 import sys
 import textwrap
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from pybatch import errors as e
 from pybatch._cli._arguments import duration_type
-from pybatch._cli._connection import Commands, Handler, add_command, config_from_args, positive_id
+from pybatch._cli._connection import Commands, Handler, add_command, open_explorer, positive_id
 from pybatch._explorer import JobExplorer, all_pages
-from pybatch._job_repository import JobRepository
-from pybatch._migrator import installed_schema_version
 from pybatch.values.definitions import LEGACY_REVISION
 from pybatch.values.explorer import (
     DEFAULT_PAGE_SIZE,
@@ -143,16 +140,6 @@ def register(commands: Commands) -> None:
         help="not updated for this long on the database clock: 90s, 10m, 2h, 1d (at least 60s;"
         " default: the stale threshold, PYBATCH_STALE_THRESHOLD_MS, 15m unless set)",
     )
-
-
-@contextmanager
-def _explorer(args: argparse.Namespace) -> Iterator[JobExplorer]:
-    config = config_from_args(args)
-    # One direct connection first: an unreachable server or a refused login is reported at
-    # once (and as exit 3 or 6), instead of after the pool's acquire timeout.
-    installed_schema_version(config)
-    with JobRepository.connect(config) as repository:
-        yield JobExplorer(repository)
 
 
 #: Legacy stored names as `show` prints them; stored values (digest inputs) and --json keep them.
@@ -303,7 +290,7 @@ def _list(args: argparse.Namespace, fetch: Fetch, columns: Sequence[Column], emp
     """Read one page and print it."""
     size = PageSize(args.limit)
     after = None if args.after is None else Cursor.from_hex(args.after)
-    with _explorer(args) as explorer:
+    with open_explorer(args) as explorer:
         page = fetch(explorer, size, after)
     next_cursor = None if page.next_cursor is None else str(page.next_cursor)
     return _print_list(args, columns, page.items, next_cursor, empty)
@@ -435,7 +422,7 @@ def _unresolved(args: argparse.Namespace) -> int:
     def fetch(explorer: JobExplorer, size: PageSize, after: Cursor | None) -> Page[Any]:
         older_than = args.older_than
         if older_than is None:  # the configured stale threshold (validated: 1 min..24 h)
-            older_than = config_from_args(args).stale_threshold
+            older_than = explorer.repository.config.stale_threshold
         return explorer.unresolved_executions(older_than, size, after, _parameter_filter(args))
 
     return _list(args, fetch, _EXECUTION_COLUMNS, "no unresolved executions")
@@ -459,7 +446,7 @@ def _running_json(item: RunningExecution) -> dict[str, Any]:
 
 def _running(args: argparse.Namespace) -> int:
     """The executions with a live lease, read once (the server's clock decides "live")."""
-    with _explorer(args) as explorer:
+    with open_explorer(args) as explorer:
         items = explorer.running_executions(PageSize(args.limit), args.after)
     after = str(items[-1].id) if len(items) == args.limit else None
     return _print_list(
@@ -474,7 +461,7 @@ def _running(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    with _explorer(args) as explorer:
+    with open_explorer(args) as explorer:
         execution = explorer.execution(args.execution)
         if execution is None:
             raise e.JobExecutionNotFound(id=args.execution)
