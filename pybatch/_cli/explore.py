@@ -462,8 +462,7 @@ def _running(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     with open_explorer(args) as explorer:
-        execution = explorer.execution(args.execution)
-        if execution is None:
+        if (execution := explorer.execution(args.execution)) is None:
             raise e.JobExecutionNotFound(id=args.execution)
         latest = explorer.latest_attempt(execution.instance_id)
         steps, _ = all_pages(explorer.step_executions, execution.id)

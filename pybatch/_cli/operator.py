@@ -103,8 +103,7 @@ def register(commands: Commands) -> None:
 def _report(outcome: OperatorOutcome) -> int:
     """Print the outcome's line; the exit code of a rejection (4 for a missing target)."""
     print(outcome.describe())
-    rejection = outcome.rejection
-    if rejection is None:
+    if (rejection := outcome.rejection) is None:
         return 0
     return 4 if rejection.code in (Code.EXECUTION_NOT_FOUND, Code.INSTANCE_NOT_FOUND) else 1
 

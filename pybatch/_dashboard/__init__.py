@@ -156,8 +156,7 @@ def create_app(source: JobExplorer | ConnectionConfig | None = None) -> flask.Fl
     def execution(execution_id: int) -> str:
         size = PageSize(MAX_PAGE_SIZE)
         with explorer.pinned() as view:
-            found = view.execution(execution_id)
-            if found is None:
+            if (found := view.execution(execution_id)) is None:
                 raise e.JobExecutionNotFound(id=execution_id)
             latest = view.latest_attempt(found.instance_id)
             steps, more_steps = all_pages(view.step_executions, execution_id, 2)

@@ -379,8 +379,7 @@ def _report_restart(
         "attempt 1",
         f"SIGKILLed {killed_at:.2f} s in, after {done:,} of {chunks:,} chunks were committed",
     )
-    decision = first.decision
-    if decision is not None:
+    if (decision := first.decision) is not None:
         audit = (
             f"{decision.prior_status.value} → {decision.resulting_status.value}, "
             f"audited decision {decision.reason_code} by {decision.operator_reference}"

@@ -56,8 +56,7 @@ def failure_reason_columns(reason: FailureReason | None) -> dict[str, object]:
 def lock(rows: LifecycleRows[Record], q: Statements, conn: Connection, record_id: int) -> Record:
     """Lock the row and decode it; raises the table's NotFound error."""
     check_identifier(rows.kind, record_id)
-    row = rows.lock_statement(q).one(conn, **{rows.id_parameter: record_id})
-    if row is None:
+    if (row := rows.lock_statement(q).one(conn, **{rows.id_parameter: record_id})) is None:
         raise rows.not_found(record_id)
     return rows.decode(row)
 

@@ -155,8 +155,7 @@ class Flow(Capability):
                 )
                 if reused_matches is not True:
                     raise FlowStateCorrupt()
-            row = q.insert_flow_decision.one(conn, **params)
-            if row is None:
+            if (row := q.insert_flow_decision.one(conn, **params)) is None:
                 raise ConcurrentModification()
             decision_id = decode_int64(row["id"], column="id", minimum=1)
             return FlowDecision(id=decision_id, **attrs.asdict(request, recurse=False))

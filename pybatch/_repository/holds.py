@@ -35,8 +35,7 @@ def _decode_hold(row: Any) -> RetentionHold | None:
 def _instance_row(statement: Statement, conn: Connection, instance_id: int) -> Row:
     """The instance's hold columns through `statement` (JobInstanceNotFound without a row)."""
     check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
-    row = statement.one(conn, job_instance_id=instance_id)
-    if row is None:
+    if (row := statement.one(conn, job_instance_id=instance_id)) is None:
         raise JobInstanceNotFound(id=instance_id)
     return row
 

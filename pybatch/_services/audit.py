@@ -55,8 +55,7 @@ def verify_audit_chain(
                 return AuditVerification(
                     links=seq, broken_at=seq + 1, reason="the link is missing (deleted)"
                 )
-            broken = _broken_link(link, previous, head_seq)
-            if broken is not None:
+            if (broken := _broken_link(link, previous, head_seq)) is not None:
                 return AuditVerification(links=seq, broken_at=number, reason=broken)
             previous, seq = link.link_digest, number
         if progress is not None:

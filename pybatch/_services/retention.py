@@ -242,8 +242,7 @@ class RetentionService:
         effect: Callable[[UnitOfWork], _Applied],
     ) -> RetentionOutcome:
         digest = retention_request_digest(action, target, reason)
-        replay = self._probe(action, operation_id, digest)
-        if replay is not None:
+        if (replay := self._probe(action, operation_id, digest)) is not None:
             return replay
         with self.repository.begin() as uow:
             applied = effect(uow)
@@ -264,8 +263,7 @@ class RetentionService:
                 record = uow.retention.append_action(draft)
             except e.ConcurrentModification:
                 uow.rollback()
-                again = self._probe(action, operation_id, digest)
-                if again is None:
+                if (again := self._probe(action, operation_id, digest)) is None:
                     raise
                 return again
             if applied.purged is not None and not applied.purged.is_empty():

@@ -51,8 +51,7 @@ def server_parent() -> str | None:
 
     Memory, because a clone's 400 file creations on a busy disk wait for its journal.
     """
-    chosen = os.environ.get(TMPDIR_ENV, "").strip()
-    if chosen:
+    if chosen := os.environ.get(TMPDIR_ENV, "").strip():
         return chosen
     memory = MEMORY_DIRECTORY
     if not _is_memory_filesystem(memory) or not os.access(memory, os.W_OK | os.X_OK):
