@@ -255,16 +255,8 @@ class StepSession:
 
     def _rollback_held(self) -> None:
         """ROLLBACK on the held connection; one that cannot roll back is discarded."""
-        conn = self._conn
-        if conn is None:
-            return
-        if conn.broken or conn.closed:
-            self._drop()
-            return
-        try:
-            conn.rollback()
-        except psycopg.Error:
-            self._drop()
+        if self._lease is not None and not self._lease.rollback(keep=True):
+            self._drop()  # the lease discarded its connection: forget it and the cursor
 
     def _drop(self) -> None:
         """Discard the held connection (it can no longer be trusted); the next chunk leases anew."""
