@@ -181,8 +181,7 @@ class StepSession:
     def forget(self) -> None:
         """Re-read the step's committed state at the next chunk: another transaction moved it.
 
-        A retry reservation (`FaultState.reserve`) advances the step's version and counters
-        in a transaction of its own; the next chunk's compare-and-swap must start from there.
+        (A retry reservation, `FaultState.reserve`, advances the step's version and counters.)
         """
         self.committed = None
 
@@ -453,12 +452,7 @@ class ChunkTransaction:
         checkpoint: Checkpoint,
         context: ExecutionContext | None,
     ) -> tuple[Statement, dict[str, object], CommittedStepState]:
-        """The progress UPDATE to send, its parameters, and the state it commits.
-
-        Raises:
-            NotCommitted: a counter would overflow, or a state schema version cannot be
-                stored.
-        """
+        """The progress UPDATE to send, its parameters, and the state it commits."""
         state = self.committed
         try:
             next_counts = state.counts.after_chunk(read, processed, written, filtered)
@@ -612,11 +606,7 @@ def _run_alone(statement: Statement, cursor: psycopg.Cursor[Any], params: dict[s
 
 
 def _still_alive(conn: Connection) -> bool:
-    """The held connection passes the pool's checkout check (no round trip).
-
-    A held connection never goes back through the pool between chunks, so a backend ended
-    while it sat idle would fail the next chunk; it is discarded and a fresh one leased.
-    """
+    """The held connection passes the pool's checkout check (it never goes back between chunks)."""
     try:
         check_idle_connection(conn)
     except psycopg.Error:

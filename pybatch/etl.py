@@ -486,6 +486,9 @@ class _FaultTolerantLoad:
     result: dict[str, int] = attrs.field(
         init=False, factory=lambda: {"read": 0, "written": 0, "skipped": 0, "retries": 0}
     )
+    #: The isolating chunk's skips so far, and how many the step's skip limit still allows.
+    skipped: list[_skips.SkippedItem] = attrs.field(init=False, factory=list)
+    allowed: int = attrs.field(init=False, default=0)
 
     def __attrs_post_init__(self) -> None:
         for name, low, high in (
@@ -550,40 +553,31 @@ class _FaultTolerantLoad:
         isolate = self._isolate
         while True:
             with step._chunk_type(step, step._session.begin()) as chunk:
-                transaction = chunk._transaction
+                statements = step.run.repository.statements
                 try:
                     # The first statement opens the transaction the savepoints live in.
-                    total = _skips.step_skip_total(
-                        transaction._session._statements, chunk.connection, step.execution.id
-                    )
+                    total = _skips.step_skip_total(statements, chunk.connection, step.execution.id)
                 except psycopg.Error as error:
-                    raise transaction._classified(error) from None
-                allowed = self.skip_limit - total
-                skipped: list[_skips.SkippedItem] = []
+                    raise chunk._transaction._classified(error) from None
+                self.allowed, self.skipped = self.skip_limit - total, []
                 try:
-                    if allowed <= 0:
+                    if self.allowed <= 0:
                         raise _SkipLimitReached()
-                    isolate(chunk, list(enumerate(batch, start)), rejection, skipped, allowed)
+                    isolate(chunk, list(enumerate(batch, start)), rejection)
                 except _SkipLimitReached:
                     chunk._discard()
+                    skips = total + max(len(self.skipped), 1)
                     raise SkipLimitExceeded(
-                        limit=self.skip_limit, step=step.name, skips=total + max(len(skipped), 1)
+                        limit=self.skip_limit, step=step.name, skips=skips
                     ) from None
                 except _HintMissed:  # a line was not its item's: bisect, in a new transaction
                     chunk._discard()
                     isolate = self._bisect
                     continue
-                self._commit(chunk, start, len(batch), skipped)
+                self._commit(chunk, start, len(batch), self.skipped)
             return start + len(batch)
 
-    def _isolate(
-        self,
-        chunk: Chunk,
-        items: list[tuple[int, Any]],
-        rejection: Rejected,
-        skipped: list[_skips.SkippedItem],
-        allowed: int,
-    ) -> None:
+    def _isolate(self, chunk: Chunk, items: list[tuple[int, Any]], rejection: Rejected) -> None:
         """Write `items` (rejected as a whole with `rejection`) around the line it names.
 
         A COPY stops at the first line it rejects and names it: the rows before were accepted,
@@ -596,14 +590,14 @@ class _FaultTolerantLoad:
             named = _COPY_LINE.search(getattr(getattr(driver, "diag", None), "context", "") or "")
             line = 0 if named is None else int(named.group(1))
             if not 1 <= line <= len(items):
-                self._bisect(chunk, items, rejection, skipped, allowed)
+                self._bisect(chunk, items, rejection)
                 return
             before, (position, item), after = items[: line - 1], items[line - 1], items[line:]
             if before and self._write(chunk, [i for _, i in before]) is not None:
                 raise _HintMissed()
             alone = self._write(chunk, [item], savepoint=True)
             if alone is not None:
-                self._skip(position, item, alone, skipped, allowed)
+                self._skip(position, item, alone)
             if not after:
                 return
             found = self._write(chunk, [i for _, i in after], savepoint=True)
@@ -611,22 +605,15 @@ class _FaultTolerantLoad:
                 return
             items, rejection = after, found
 
-    def _skip(
-        self, position: int, item: Any, rejection: Rejected, skipped: list[Any], n: int
-    ) -> None:
-        """Record an item that a write of it alone had rejected; past `n` skips, stop."""
+    def _skip(self, position: int, item: Any, rejection: Rejected) -> None:
+        """Record an item that a write of it alone had rejected; past `allowed` skips, stop."""
         key = position if self.key is None else self.key(item)
-        skipped.append(_skips.SkippedItem(position, _skips.item_key(key), rejection))
-        if len(skipped) > n:
+        self.skipped.append(_skips.SkippedItem(position, _skips.item_key(key), rejection))
+        if len(self.skipped) > self.allowed:
             raise _SkipLimitReached()
 
     def _bisect(
-        self,
-        chunk: Chunk,
-        items: list[tuple[int, Any]],
-        rejection: Rejected | None,
-        skipped: list[_skips.SkippedItem],
-        allowed: int,
+        self, chunk: Chunk, items: list[tuple[int, Any]], rejection: Rejected | None
     ) -> None:
         """Write each half of `items` (known to hold a rejected item) in a savepoint; recurse.
 
@@ -639,19 +626,19 @@ class _FaultTolerantLoad:
         if len(items) == 1:
             if rejection is None:  # never called so: a known-bad item is written alone first
                 raise ValueError("a single item is skipped only on its own rejection")
-            self._skip(*items[0], rejection, skipped, allowed)
+            self._skip(*items[0], rejection)
             return
         middle = len(items) // 2
         left, right = items[:middle], items[middle:]
         found = self._write(chunk, [item for _, item in left], savepoint=True)
         if found is not None:
-            self._bisect(chunk, left, found, skipped, allowed)
+            self._bisect(chunk, left, found)
         elif len(right) > 1:
-            self._bisect(chunk, right, None, skipped, allowed)
+            self._bisect(chunk, right, None)
             return
         found = self._write(chunk, [item for _, item in right], savepoint=True)
         if found is not None:
-            self._bisect(chunk, right, found, skipped, allowed)
+            self._bisect(chunk, right, found)
 
     def _write(self, chunk: Chunk, items: list[Any], *, savepoint: bool = False) -> Rejected | None:
         """Run `write`; a rejection of the data is returned, every other failure raised."""
@@ -674,17 +661,12 @@ class _FaultTolerantLoad:
         self, chunk: Chunk, start: int, count: int, skipped: list[_skips.SkippedItem]
     ) -> None:
         """The good rows, the skip records and the step's progress: one COMMIT."""
-        transaction = chunk._transaction
         if skipped:
+            statements = self.step.run.repository.statements
             try:
-                _skips.record_skips(
-                    transaction._session._statements,
-                    chunk.connection,
-                    self.step.execution.id,
-                    skipped,
-                )
+                _skips.record_skips(statements, chunk.connection, self.step.execution.id, skipped)
             except psycopg.Error as error:
-                raise transaction._classified(error) from None
+                raise chunk._transaction._classified(error) from None
         written = count - len(skipped)
         chunk.commit(
             read=count,
@@ -736,14 +718,10 @@ class _FaultTolerantLoad:
         )
         step._session.forget()  # the reservation advanced the step's version
         self.result["retries"] += 1
-        logger.info(
+        step.run._log(
             "pybatch: step %s retries the chunk at position %s (retry %s of %s) after %s",
-            step.name,
-            start,
-            retry,
-            self.retry_limit,
-            type(error).__name__,
-            extra=step.run._log_fields(step.name),
+            *(step.name, start, retry, self.retry_limit, type(error).__name__),
+            step=step.name,
         )
         time.sleep(self.backoff.delay(retry))
 
