@@ -14,12 +14,12 @@ from collections.abc import Sequence
 
 import attrs
 
+from pybatch._failure_reasons import CONTROL, bounded, server_name
 from pybatch._statements import Connection, Statements
 from pybatch.errors import NotCommitted, Rejected
 
-#: Bounds of the columns (step_skip_item_key_length, step_skip_message_length).
+#: The bound of the key column (step_skip_item_key_length; messages are bounded as reasons).
 MAX_KEY_BYTES = 256
-MAX_MESSAGE_BYTES = 1000
 
 
 @attrs.frozen
@@ -31,22 +31,9 @@ class SkippedItem:
     error: Rejected
 
 
-def _bounded(text: str, limit: int) -> str:
-    data = text.encode()
-    if len(data) <= limit:
-        return text
-    return data[: limit - 3].decode(errors="ignore") + "..."
-
-
-def _name(value: str | None) -> str | None:
-    """A server identifier as the columns hold it (1..63 bytes), else None."""
-    return value if value is not None and 1 <= len(value.encode()) <= 63 else None
-
-
 def item_key(value: object) -> str:
     """The key stored for an item: its text, control characters replaced, bounded."""
-    text = "".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in str(value))
-    return _bounded(text, MAX_KEY_BYTES) or "-"
+    return bounded(CONTROL.sub(" ", str(value)), MAX_KEY_BYTES) or "-"
 
 
 def step_skip_total(statements: Statements, conn: Connection, step_execution_id: int) -> int:
@@ -86,10 +73,10 @@ def record_skips(
             item_position=item.position,
             item_key=item.key,
             sqlstate=error.sqlstate,
-            constraint_name=_name(error.constraint),
-            table_name=_name(error.table),
-            column_name=_name(error.column),
-            message=_bounded(str(error), MAX_MESSAGE_BYTES),
+            constraint_name=server_name(error.constraint),
+            table_name=server_name(error.table),
+            column_name=server_name(error.column),
+            message=bounded(str(error)),
         )
         if changed != 1:
             raise NotCommitted(reason="a skip record was not inserted")
