@@ -1,11 +1,8 @@
 """The step session: one held connection per running step, and its chunk transactions.
 
-See docs/contract.md, Chunk transactions. A `StepSession` keeps one pooled connection and its
-cursor from the step's first chunk to `close`; a chunk (`ChunkTransaction`) is its transaction:
-the ETL's statements, one compare-and-swap UPDATE of the step's progress fenced in its own
-predicate (the committed version, STARTED, the owner's token), and COMMIT, so a crash leaves
-the whole chunk or none of it. A refusal rolls back, a connection no longer trusted is
-discarded, and a lost COMMIT acknowledgement makes the session re-read the durable state.
+A chunk (`ChunkTransaction`) is the ETL's statements, one compare-and-swap UPDATE of the step's
+progress fenced in its own predicate (the committed version, STARTED, the owner's token), and
+COMMIT: a crash leaves the whole chunk or none of it (docs/contract.md, Chunk transactions).
 
 Statements: chunks.sql get_step_chunk_state, update_step_chunk_commit, _progress and _rollback
 (a step), update_partition_chunk_commit, _progress and _rollback (a partition worker), each
@@ -85,12 +82,10 @@ def load_committed_state(repository: JobRepository, context: ChunkContext) -> Co
 class StepSession:
     """A running step's connection, cursor and committed state, from its first chunk to `close`.
 
-    `begin` opens the step's next chunk on the held connection. The first chunk reads and
-    checks the step's committed state; each later one starts from the state the session
-    committed last and sends nothing before the ETL's own first statement, because its
-    commit is a compare-and-swap on that version and STARTED: a stop, a recovery or another
-    writer in between still refuses the chunk, at commit. A chunk opened while another of the
-    session's chunks is still open gets a pooled connection of its own for its lifetime.
+    Only the first chunk reads the step's state; a later one starts from the state the session
+    committed last and sends nothing before the ETL's first statement: its compare-and-swap
+    still refuses it after a stop, a recovery or another writer. A chunk opened while another
+    is open gets a pooled connection of its own.
     """
 
     __slots__ = (
@@ -108,21 +103,17 @@ class StepSession:
 
     def __init__(self, repository: JobRepository, context: ChunkContext) -> None:
         self._transactions = repository.transactions
-        statements = self._statements = repository.statements
+        q = self._statements = repository.statements
         self._clock = repository.clock
         #: The chunk writes of the step's fence (progress, full commit, rollback count): a
         #: step's statements, or a partition worker's twins (chunks.sql).
         self._writes = (
-            (
-                statements.update_step_chunk_progress,
-                statements.update_step_chunk_commit,
-                statements.update_step_chunk_rollback,
-            )
+            (q.update_step_chunk_progress, q.update_step_chunk_commit, q.update_step_chunk_rollback)
             if context.partition_id is None
             else (
-                statements.update_partition_chunk_progress,
-                statements.update_partition_chunk_commit,
-                statements.update_partition_chunk_rollback,
+                q.update_partition_chunk_progress,
+                q.update_partition_chunk_commit,
+                q.update_partition_chunk_rollback,
             )
         )
         #: The step and the owner whose ownership every commit proves (the fence).
@@ -174,7 +165,7 @@ class StepSession:
                 raise NotCommitted(reason="the database is unavailable") from None
         committed = self.committed
         if committed is None:
-            committed = self.committed = self._read_state(conn, self._drop)
+            committed = self.committed = self._read_state(conn, self._drop, self._rollback_held)
         chunk = self._chunk = ChunkTransaction(self, conn, self._cursor, committed)
         return chunk
 
@@ -190,7 +181,7 @@ class StepSession:
         lease, conn = self._lease_one()
         state = self.committed  # set: the busy chunk started from it
         if state is None:
-            state = self._read_state(conn, lease.discard, lease)
+            state = self._read_state(conn, lease.discard, lease.rollback)
         return ChunkTransaction(self, conn, None, state, lease)
 
     def _hold(self) -> Connection:
@@ -211,7 +202,7 @@ class StepSession:
         return lease, lease.connection
 
     def _read_state(
-        self, conn: Connection, discard: Callable[[], None], lease: Lease | None = None
+        self, conn: Connection, discard: Callable[[], object], rollback: Callable[[], object]
     ) -> CommittedStepState:
         """Read and check the step's committed state; the chunk's transaction goes on from it."""
         context = self._context
@@ -231,10 +222,7 @@ class StepSession:
             if state.status is not BatchStatus.STARTED:
                 raise NotCommitted(reason=f"the step is {state.status.value}, not STARTED")
         except PyBatchError as error:
-            if lease is None:
-                self._rollback_held()
-            else:
-                lease.rollback()
+            rollback()
             if isinstance(error, NotCommitted):
                 raise
             raise NotCommitted(reason="the committed step state is unusable") from None
