@@ -40,7 +40,6 @@ from pybatch.errors import (
 from pybatch.values.chunks import (
     NO_FAULT_PROGRESS,
     ChunkContext,
-    ChunkCounts,
     CommittedStepState,
     FaultProgress,
 )
@@ -365,25 +364,6 @@ class ChunkTransaction:
         if isinstance(classified, Infrastructure):
             self._discard()
         return classified
-
-    def commit(
-        self,
-        counts: ChunkCounts,
-        fault_progress: FaultProgress | None = None,
-        *,
-        checkpoint: Checkpoint,
-        context: ExecutionContext | None = None,
-    ) -> CommittedStepState:
-        """Commit the chunk: business writes, counters, checkpoint and context (`commit_counts`)."""
-        return self.commit_counts(
-            counts.read,
-            counts.processed,
-            counts.written,
-            counts.filtered,
-            fault_progress,
-            checkpoint=checkpoint,
-            context=context,
-        )
 
     def commit_counts(
         self,

@@ -221,15 +221,11 @@ class Chunk:
             and 0 <= filtered <= INT64_MAX
         ):  # ChunkCounts raises the typed error naming the count that is wrong
             ChunkCounts(read=read, processed=processed, written=written, filtered=filtered)
+        state = _state(Checkpoint, checkpoint)
+        ctx = None if context is None else _state(ExecutionContext, context)
         try:
             self._step.state = self._transaction.commit_counts(
-                read,
-                processed,
-                written,
-                filtered,
-                skips,
-                checkpoint=_state(Checkpoint, checkpoint),
-                context=None if context is None else _state(ExecutionContext, context),
+                read, processed, written, filtered, skips, checkpoint=state, context=ctx
             )
         except NotCommitted:
             self._step._raise_if_ownership_lost()
