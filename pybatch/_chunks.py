@@ -169,10 +169,7 @@ class StepSession:
         return chunk
 
     def forget(self) -> None:
-        """Re-read the step's committed state at the next chunk: another transaction moved it.
-
-        (A retry reservation, `FaultState.reserve`, advances the step's version and counters.)
-        """
+        """Re-read the committed state at the next chunk: a retry reservation moved it."""
         self.committed = None
 
     def _begin_apart(self) -> ChunkTransaction:

@@ -37,11 +37,7 @@ def item_key(value: object) -> str:
 
 
 def step_skip_total(statements: Statements, conn: Connection, step_execution_id: int) -> int:
-    """The skips the step has committed so far (its first statement in an isolating chunk).
-
-    Raises:
-        NotCommitted: the step is gone.
-    """
+    """The skips the step has committed so far (NotCommitted: the step is gone)."""
     total = statements.get_step_skip_total.scalar(conn, step_execution_id=step_execution_id)
     if type(total) is not int:
         raise NotCommitted(reason="the step execution does not exist")
@@ -57,13 +53,8 @@ def record_skips(
     """Insert the chunk's skip records in its open transaction, one statement each.
 
     A chunk skips few items (each costs its isolating writes already), so one round trip
-    per record is not worth an array-binding statement.
-
-    The message is the typed error's own (SQLSTATE and names only): the server's message
-    can quote the rejected row's values.
-
-    Raises:
-        NotCommitted: not every record was inserted.
+    per record is not worth an array-binding statement. The message is the typed error's
+    own (SQLSTATE and names only): the server's message can quote the rejected row's values.
     """
     for item in skipped:
         error = item.error

@@ -1198,9 +1198,7 @@ class Job:
         self.recover_orphans = recover_orphans
         if lease is None:
             lease = _lease_from_environment()
-        if not isinstance(lease, ExecutionLease):
-            lease = ExecutionLease(lease)
-        self.lease = lease
+        self.lease = lease if isinstance(lease, ExecutionLease) else ExecutionLease(lease)
 
     def launch(self) -> JobRun:
         """Start the first attempt, or restart after FAILED or STOPPED, and mark it STARTED.
