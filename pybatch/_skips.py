@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import attrs
 
 from pybatch._failure_reasons import CONTROL, bounded, server_name
-from pybatch._statements import Connection, Statements
+from pybatch._statements import Connection, load_statements
 from pybatch.errors import NotCommitted, Rejected
 
 #: The bound of the key column (step_skip_item_key_length; messages are bounded as reasons).
@@ -36,20 +36,15 @@ def item_key(value: object) -> str:
     return bounded(CONTROL.sub(" ", str(value)), MAX_KEY_BYTES) or "-"
 
 
-def step_skip_total(statements: Statements, conn: Connection, step_execution_id: int) -> int:
+def step_skip_total(conn: Connection, step_execution_id: int) -> int:
     """The skips the step has committed so far (NotCommitted: the step is gone)."""
-    total = statements.get_step_skip_total.scalar(conn, step_execution_id=step_execution_id)
+    total = load_statements().get_step_skip_total.scalar(conn, step_execution_id=step_execution_id)
     if type(total) is not int:
         raise NotCommitted(reason="the step execution does not exist")
     return total
 
 
-def record_skips(
-    statements: Statements,
-    conn: Connection,
-    step_execution_id: int,
-    skipped: Sequence[SkippedItem],
-) -> None:
+def record_skips(conn: Connection, step_execution_id: int, skipped: Sequence[SkippedItem]) -> None:
     """Insert the chunk's skip records in its open transaction, one statement each.
 
     A chunk skips few items (each costs its isolating writes already), so one round trip
@@ -58,7 +53,7 @@ def record_skips(
     """
     for item in skipped:
         error = item.error
-        changed = statements.insert_step_skip.affected(
+        changed = load_statements().insert_step_skip.affected(
             conn,
             step_execution_id=step_execution_id,
             item_position=item.position,

@@ -549,10 +549,9 @@ class _FaultTolerantLoad:
         isolate = self._isolate
         while True:
             with step._chunk_type(step, step._session.begin()) as chunk:
-                statements = step.run.repository.statements
                 try:
                     # The first statement opens the transaction the savepoints live in.
-                    total = _skips.step_skip_total(statements, chunk.connection, step.execution.id)
+                    total = _skips.step_skip_total(chunk.connection, step.execution.id)
                 except psycopg.Error as error:
                     raise chunk._transaction._classified(error) from None
                 self.allowed, self.skipped = self.skip_limit - total, []
@@ -658,9 +657,8 @@ class _FaultTolerantLoad:
     ) -> None:
         """The good rows, the skip records and the step's progress: one COMMIT."""
         if skipped:
-            statements = self.step.run.repository.statements
             try:
-                _skips.record_skips(statements, chunk.connection, self.step.execution.id, skipped)
+                _skips.record_skips(chunk.connection, self.step.execution.id, skipped)
             except psycopg.Error as error:
                 raise chunk._transaction._classified(error) from None
         written = count - len(skipped)
