@@ -714,7 +714,11 @@ class _FaultTolerantLoad:
         self.result["retries"] += 1
         step.run._log(
             "pybatch: step %s retries the chunk at position %s (retry %s of %s) after %s",
-            *(step.name, start, retry, self.retry_limit, type(error).__name__),
+            step.name,
+            start,
+            retry,
+            self.retry_limit,
+            type(error).__name__,
             step=step.name,
         )
         time.sleep(self.backoff.delay(retry))
