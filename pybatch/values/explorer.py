@@ -21,13 +21,7 @@ from typing import Any, Generic, TypeVar, cast
 
 import attrs
 
-from pybatch.errors import (
-    CursorInvalid,
-    CursorQueryMismatch,
-    PageSizeOutOfRange,
-    ParameterFilterInvalid,
-    PyBatchError,
-)
+from pybatch import errors as e
 from pybatch.values.flow import FlowDecision
 from pybatch.values.names import ParameterName
 from pybatch.values.operator import OperatorRecord
@@ -57,7 +51,7 @@ class PageSize:
 
     def __attrs_post_init__(self) -> None:
         if type(self.value) is not int or not 1 <= self.value <= MAX_PAGE_SIZE:
-            raise PageSizeOutOfRange(requested=self.value)
+            raise e.PageSizeOutOfRange(requested=self.value)
 
 
 class ExplorerQuery(enum.Enum):
@@ -139,7 +133,7 @@ def query_binding(query: ExplorerQuery, page_size: PageSize, filter_value: objec
 
 def _cursor_bytes(instance: object, attribute: attrs.Attribute[bytes], value: bytes) -> None:
     if not isinstance(value, bytes) or not 1 <= len(value) <= MAX_CURSOR_BYTES:
-        raise CursorInvalid()
+        raise e.CursorInvalid()
 
 
 @attrs.frozen(repr=False)
@@ -152,7 +146,7 @@ class Cursor:
     def from_hex(cls, text: str) -> Cursor:
         """Parse lower-case, even-length hex; anything else is `CursorInvalid`."""
         if not isinstance(text, str) or re.fullmatch("(?:[0-9a-f]{2})*", text) is None:
-            raise CursorInvalid()
+            raise e.CursorInvalid()
         return cls(bytes.fromhex(text))
 
     def __str__(self) -> str:
@@ -174,22 +168,22 @@ class Cursor:
         """The (key, ceiling) carried; CursorQueryMismatch if intact but for another binding."""
         data = self.data
         if len(data) < 2 + 1 + 8 + _BINDING_BYTES + _CHECKSUM_BYTES:
-            raise CursorInvalid()
+            raise e.CursorInvalid()
         body, checksum = data[:-_CHECKSUM_BYTES], data[-_CHECKSUM_BYTES:]
         if hashlib.sha256(body).digest() != checksum or body[0] != CURSOR_FORMAT_VERSION:
-            raise CursorInvalid()
+            raise e.CursorInvalid()
         try:
             presented = ExplorerQuery(body[1])
         except ValueError:
-            raise CursorInvalid() from None
+            raise e.CursorInvalid() from None
         key, offset = _decode_key(body, 2)
         if len(body) != offset + 8 + _BINDING_BYTES:
-            raise CursorInvalid()
+            raise e.CursorInvalid()
         (ceiling,) = struct.unpack_from(">Q", body, offset)
         if ceiling > _I63_MAX or not isinstance(key, query.key_kind):
-            raise CursorInvalid()
+            raise e.CursorInvalid()
         if presented is not query or body[offset + 8 :] != binding:
-            raise CursorQueryMismatch()
+            raise e.CursorQueryMismatch()
         return key, ceiling
 
 
@@ -216,11 +210,11 @@ def _decode_key(body: bytes, offset: int) -> tuple[CursorKey, int]:
             length = body[offset]
             raw = body[offset + 1 : offset + 1 + length]
             if len(raw) != length:
-                raise CursorInvalid()
+                raise e.CursorInvalid()
             return NameKey(raw.decode("utf-8")), offset + 1 + length
     except (IndexError, struct.error, UnicodeDecodeError, ValueError):
-        raise CursorInvalid() from None
-    raise CursorInvalid()
+        raise e.CursorInvalid() from None
+    raise e.CursorInvalid()
 
 
 #: The decimal form of an integer parameter: no sign on 0, no leading zero, at most 20 digits.
@@ -250,9 +244,9 @@ class ParameterFilter:
                 for name in names:
                     ParameterName(name)
                 return cls(tuple(sorted((name, value) for name, _, value in split)))
-            except PyBatchError:
+            except e.PyBatchError:
                 pass
-        raise ParameterFilterInvalid(limit=MAX_PARAMETER_FILTERS)
+        raise e.ParameterFilterInvalid(limit=MAX_PARAMETER_FILTERS)
 
     def documents(self) -> list[dict[str, Any]]:
         """Every `identifying_parameters` fragment that satisfies the filter, for `@> ANY`."""

@@ -16,7 +16,7 @@ from pybatch.errors import (
     TextRule,
 )
 from pybatch.values.counts import ExecutionCounts
-from pybatch.values.ids import IdentifierKind, identifier_validator, version
+from pybatch.values.ids import IdentifierKind, version
 from pybatch.values.names import ExitCode
 from pybatch.values.state import ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus
@@ -94,7 +94,7 @@ class StepPartition:
     id: int = attrs.field(validator=IdentifierKind.STEP_PARTITION.validator)
     step_execution_id: int = attrs.field(validator=IdentifierKind.STEP_EXECUTION.validator)
     worker_step_execution_id: int | None = attrs.field(
-        validator=identifier_validator(IdentifierKind.STEP_EXECUTION, optional=True)
+        validator=IdentifierKind.STEP_EXECUTION.optional
     )
     key: PartitionKey
     ordinal: int

@@ -16,7 +16,6 @@ from pybatch.values.ids import (
     JobInstanceId,
     StepExecutionId,
     aware_utc,
-    identifier_validator,
     is_,
     version,
 )
@@ -97,10 +96,10 @@ class JobExecution(_Attempt):
     version: int = attrs.field(validator=version)
     updated_at: _dt.datetime = attrs.field(converter=aware_utc)
     restart_of_execution_id: JobExecutionId | None = attrs.field(
-        default=None, validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True)
+        default=None, validator=IdentifierKind.JOB_EXECUTION.optional
     )
     upgrade_from_definition_id: DefinitionId | None = attrs.field(
-        default=None, validator=identifier_validator(IdentifierKind.DEFINITION, optional=True)
+        default=None, validator=IdentifierKind.DEFINITION.optional
     )
 
 
