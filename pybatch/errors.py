@@ -9,6 +9,7 @@ Each family base, a direct child of `PyBatchError`, is followed by its leaves;
 from __future__ import annotations
 
 import enum
+import functools
 from typing import TYPE_CHECKING, Any, ClassVar, dataclass_transform
 
 import attrs
@@ -36,14 +37,10 @@ class PyBatchError(Exception):
         return self.message.format(**_fields(self))
 
     def __reduce__(self) -> tuple[Any, ...]:  # keep errors picklable across processes
-        return (_rebuild, (type(self), _fields(self)))
+        return (functools.partial(type(self), **_fields(self)), ())
 
 
 _define(PyBatchError)
-
-
-def _rebuild(cls: type[PyBatchError], fields: dict[str, Any]) -> PyBatchError:
-    return cls(**fields)
 
 
 class TextRule(enum.Enum):
@@ -173,10 +170,6 @@ class PartitionWorkerMismatch(RepositoryError):
     """The worker is the parent itself or belongs to another job execution."""
     message = "worker {worker} does not belong to partition {partition_id}"
     partition_id: int
-    worker: int
-class PartitionWorkerAlreadyAssigned(RepositoryError):
-    """A worker step backs at most one partition."""
-    message = "worker {worker} is already assigned to a partition"
     worker: int
 class PartitionWorkerStale(RepositoryError):
     """The completion names a worker that no longer backs the partition."""

@@ -324,6 +324,7 @@ NOT_DEFINED: dict[str, str] = {
         "by design: an unknown explorer query cannot be expressed (ExplorerQuery is an enum)"
     ),
     "DefinitionError.DuplicateSourceStep": "by design: a step mapping is a Mapping, keyed once",
+    "PartitionWorkerAlreadyAssigned": "by design: a claim creates the worker step it assigns",
     "RetentionError.InstanceHeld": "by design: a hold refuses nothing but purges, which skip it",
     # pybatch reads durable state from its columns, never from envelope bytes, and the
     # envelope's reader is the ETL script's own code (docs/contract.md, Differences).
