@@ -7,7 +7,7 @@ import enum
 
 import attrs
 
-from pybatch import _config
+from pybatch import _config as config
 from pybatch import errors as e
 from pybatch.errors import TextRule
 from pybatch.values.ids import IdentifierKind, aware_utc, digest, version
@@ -139,16 +139,16 @@ class RecoverySnapshot:
 
     def is_stale(
         self,
-        threshold: datetime.timedelta = _config.DEFAULT_STALE_THRESHOLD,
-        max_clock_skew: datetime.timedelta = _config.DEFAULT_MAX_CLOCK_SKEW,
+        threshold: datetime.timedelta = config.DEFAULT_STALE_THRESHOLD,
+        max_clock_skew: datetime.timedelta = config.DEFAULT_MAX_CLOCK_SKEW,
     ) -> bool:
         """Whether it is unresolved with no durable write for `threshold` (database clock).
 
         `updated_at` came from a client held within `max_clock_skew`, so the skew is added: a client
         slightly ahead never makes a live run look stale (bounds 1 min..24 h, 100 ms..60 s).
         """
-        _config.check_stale_threshold(threshold)
-        _config.check_max_clock_skew(max_clock_skew)
+        config.check_stale_threshold(threshold)
+        config.check_max_clock_skew(max_clock_skew)
         if not self.status.is_unresolved:
             return False
         return self.server_time - self.updated_at > threshold + max_clock_skew
