@@ -41,23 +41,14 @@ EXECUTION_PROJECTION_COLUMNS = (
     *("owner_host", "identifying_parameters", "owner_recorded"),
 )
 STEP_PROJECTION_COLUMNS = (
-    *STEP_HEAD_COLUMNS,
-    *COUNT_COLUMNS,
-    *FAILURE_COLUMNS,
-    "version",
-    *INSTANT_COLUMNS,
-    *_envelope_columns("checkpoint"),
-    *_envelope_columns("context"),
+    *(*STEP_HEAD_COLUMNS, *COUNT_COLUMNS, *FAILURE_COLUMNS, "version", *INSTANT_COLUMNS),
+    *(*_envelope_columns("checkpoint"), *_envelope_columns("context")),
 )
 PARTITION_PROJECTION_COLUMNS = (
-    *PARTITION_HEAD_COLUMNS,
-    *COUNT_COLUMNS,
-    "version",
-    *_envelope_columns("context"),
+    *(*PARTITION_HEAD_COLUMNS, *COUNT_COLUMNS, "version", *_envelope_columns("context")),
 )
 
 _KINDS = {kind.json_tag: kind for kind in ParameterValueKind}
-_COUNT_FIELDS = ("read", "processed", "written", "filtered", "commits", "rollbacks")
 
 
 def _count(value: object, *, column: str) -> int:
@@ -72,12 +63,8 @@ def _count(value: object, *, column: str) -> int:
 
 
 def _counts(row: p.Row) -> v.ProjectionCounts:
-    return v.ProjectionCounts(
-        **{
-            name: _count(row[column], column=column)
-            for name, column in zip(_COUNT_FIELDS, COUNT_COLUMNS, strict=True)
-        }
-    )
+    """The six counters, in ProjectionCounts' field order (that of COUNT_COLUMNS)."""
+    return v.ProjectionCounts(*(_count(row[column], column=column) for column in COUNT_COLUMNS))
 
 
 def _envelope(row: p.Row, prefix: str) -> v.StateEnvelopeDescriptor:
