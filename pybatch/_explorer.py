@@ -1,16 +1,7 @@
 """The explorer: read-only, keyset-paged views of everything the repository records.
 
-Every page is its own READ COMMITTED, READ ONLY transaction with the configured timeouts, always
-rolled back: no locks, never part of a unit of work. A traversal fixes an identity ceiling on its
-first page and carries it in the cursor, so rows created meanwhile never join it.
-
-A cursor is not a credential: its unkeyed SHA-256 catches damage, not forgery. A forger could
-only raise the ceiling, so every continued page reads the current ceiling in the same transaction
-and refuses a higher one (`CursorInvalid`); any lower ceiling and key describe a window plain
-paging reaches anyway. Keying it (HMAC) was rejected: a per-process key breaks cursors across
-`pybatch` invocations, and a key in the database is readable by every role that can page. The
-cost is one index-backed `MAX(id)` per continued page; a traversal whose newest rows were purged
-is refused the same way and starts again.
+Pages, identity ceilings and why a cursor is checksummed but not keyed: docs/contract.md,
+Explorer and Explorer vocabulary.
 """
 
 from __future__ import annotations

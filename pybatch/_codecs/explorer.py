@@ -171,8 +171,7 @@ def _tombstone(row: p.Row) -> v.InstanceTombstone | None:
         raise p.DecodeError("final_status")
     if final_status is None or purged_at is None:
         return None
-    last_attempt = p.int64_at(row, "last_attempt", minimum=0)
-    return v.InstanceTombstone(final_status, purged_at, last_attempt)
+    return v.InstanceTombstone(final_status, purged_at, p.int64_at(row, "last_attempt", 0))
 
 
 def _lifecycle(row: p.Row) -> dict[str, Any]:

@@ -1,9 +1,6 @@
 """Explorer vocabulary: page sizes, opaque bound cursors, parameter filters and projections.
 
-A cursor carries its query, the last key, the traversal's ceiling, an 8-byte binding of (query,
-page size, filter) and an unkeyed SHA-256 (pybatch/_explorer.py checks the ceiling against the
-database). Projections carry identifying parameter values (what tells instances apart) and
-descriptors of state, never state payloads.
+Cursor layout and what projections show (never state payloads): docs/contract.md, Explorer.
 """
 
 from __future__ import annotations
@@ -120,14 +117,12 @@ class NameKey:
 CursorKey = IdentityKey | OrderedKey | NameKey
 
 
+_BINDING_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def query_binding(query: ExplorerQuery, page_size: PageSize, filter_value: object) -> bytes:
     """First 8 bytes of SHA-256 over the canonical identity of (query, page size, filter)."""
-    identity = json.dumps(
-        [query.query_name, page_size.value, filter_value],
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
+    identity = _BINDING_JSON.encode([query.query_name, page_size.value, filter_value])
     return hashlib.sha256(identity.encode("utf-8")).digest()[:_BINDING_BYTES]
 
 
