@@ -64,19 +64,17 @@ _TEXT_RULE_MESSAGES = {
 }
 
 
-class _BrokenTextRule:
+class _BrokenTextRule(PyBatchError):
     """One class per family for all text rules: `subject` and what `rule` says, never the value."""
 
     subject: ClassVar[str]
     rule: TextRule
-    max_bytes: int | None
-    character_index: int | None = None
+    max_bytes: int | None = None
 
     def __str__(self) -> str:
         text = f"{self.subject} {_TEXT_RULE_MESSAGES[self.rule]}".format(**_fields(self))
-        if self.rule is TextRule.CONTROL_CHARACTER and self.character_index is not None:
-            text += f" at index {self.character_index}"
-        return text
+        index = getattr(self, "character_index", None)  # NameInvalid's
+        return text if index is None else f"{text} at index {index}"
 
 
 class _PurgedHistory:
@@ -380,8 +378,6 @@ class NameInvalid(_BrokenTextRule, DomainError):
     """A name breaks a text rule: empty, too long, surrounding white space, a control character."""
     subject = "{kind} name"
     kind: str
-    rule: TextRule
-    max_bytes: int | None = None
     character_index: int | None = None
 class ZeroIdentifier(DomainError):
     """An identifier is zero."""
@@ -488,8 +484,6 @@ class TokenInvalid(_BrokenTextRule, DefinitionError):
     """A definition token (revision, node id...) breaks a text rule."""
     subject = "{kind}"
     kind: str
-    rule: TextRule
-    max_bytes: int | None = None
 class ManifestTooLarge(DefinitionError):
     """The manifest exceeds 65,536 bytes."""
     message = "definition manifest exceeds {max_bytes} bytes"
@@ -521,8 +515,6 @@ class StateError(PyBatchError):
 class SchemaIdInvalid(_BrokenTextRule, StateError):
     """A state schema identifier breaks a text rule."""
     subject = "state schema identifier"
-    rule: TextRule
-    max_bytes: int | None = None
 class StateTooLarge(StateError):
     """An encoded state envelope exceeds its byte limit."""
     message = "{kind} exceeds {max_bytes} bytes"
@@ -584,8 +576,6 @@ class RecoveryFieldInvalid(_BrokenTextRule, RecoveryRequestError):
     """A recovery reason code or operator reference broke a text rule."""
     subject = "recovery {field}"
     field: str
-    rule: TextRule
-    max_bytes: int | None = None
 class RecoveryEvidenceDigestInvalid(RecoveryRequestError):
     """The evidence digest is not 32 bytes."""
     message = "recovery evidence digest must be 32 bytes"
@@ -597,8 +587,6 @@ class RequestFieldInvalid(_BrokenTextRule, RequestFieldError):
     """An actor, reason code or operation id is empty, too long or has an invalid character."""
     subject = "{field}"
     field: str
-    rule: TextRule
-    max_bytes: int | None = None
 
 class OperatorError(PyBatchError):
     """An operator request could not be settled (docs/contract.md, Operator requests)."""
@@ -872,7 +860,10 @@ class PartitionPlanNotPublished(JobRunError):
 ERRORS: tuple[type[PyBatchError], ...] = tuple(
     value
     for value in list(globals().values())
-    if isinstance(value, type) and issubclass(value, PyBatchError) and value is not PyBatchError
+    if isinstance(value, type)
+    and issubclass(value, PyBatchError)
+    and value is not PyBatchError
+    and not value.__name__.startswith("_")  # a mixin such as _BrokenTextRule
 )
 
 #: The family bases, in table order: the direct children of PyBatchError.
