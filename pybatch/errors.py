@@ -77,10 +77,11 @@ class _BrokenTextRule(PyBatchError):
         return text if index is None else f"{text} at index {index}"
 
 
-class _PurgedHistory:
+class _PurgedHistory(PyBatchError):
     """A tombstoned instance's error: `purged` says its history was purged, and so does `str`."""
 
-    purged: bool
+    id: int
+    purged: bool = False
 
     def __str__(self) -> str:
         text = super().__str__()
@@ -190,13 +191,9 @@ class CompletedInstance(_PurgedHistory, RepositoryError):
         "job instance {id} is already completed; to run the same parameters again on purpose, "
         "launch Job(..., run_id=N) with a run id not used before"
     )
-    id: int
-    purged: bool = False
 class AbandonedInstance(_PurgedHistory, RepositoryError):
     """The latest attempt of the instance is ABANDONED; it never runs again."""
     message = "job instance {id} is abandoned"
-    id: int
-    purged: bool = False
 class ExecutionAlreadyActive(RepositoryError):
     """The instance already has an unresolved execution; let it finish or recover it first."""
     message = "job instance {instance_id} already has execution {execution_id} in {status}"

@@ -67,11 +67,6 @@ class ExplorerQuery(enum.Enum):
     PARAMETER_EXECUTIONS = 11
 
     @property
-    def query_name(self) -> str:
-        """The contract's name of the query (`list_job_names`, ...); cursor bindings hash it."""
-        return f"list_{self.name.lower()}"
-
-    @property
     def key_kind(self) -> type[CursorKey]:
         """The cursor key kind this query pages by: by name, by (primary, id) or by id."""
         if self is ExplorerQuery.JOB_NAMES:
@@ -122,7 +117,8 @@ _BINDING_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_a
 
 def query_binding(query: ExplorerQuery, page_size: PageSize, filter_value: object) -> bytes:
     """First 8 bytes of SHA-256 over the canonical identity of (query, page size, filter)."""
-    identity = _BINDING_JSON.encode([query.query_name, page_size.value, filter_value])
+    name = f"list_{query.name.lower()}"  # the contract's name of the query: list_job_names...
+    identity = _BINDING_JSON.encode([name, page_size.value, filter_value])
     return hashlib.sha256(identity.encode("utf-8")).digest()[:_BINDING_BYTES]
 
 
