@@ -199,25 +199,13 @@ class JobExplorer:
 
     def _one(self, statement: Statement, decode: Callable[[Row], T], **params: object) -> T | None:
         """The decoded row of a `:one` statement, or None when it returns none."""
-
-        def work(conn: Connection) -> T | None:
-            row = statement.one(conn, **params)
-            return None if row is None else decode(row)
-
-        return self._read(work)
+        return self._read(
+            lambda conn: None if (row := statement.one(conn, **params)) is None else decode(row)
+        )
 
     def _many(self, statement: Statement, decode: Callable[[Row], T], **params: object) -> list[T]:
         """The decoded rows of a `:many` statement."""
         return self._read(lambda conn: [decode(row) for row in statement.many(conn, **params)])
-
-    def _ceiling(self, conn: Connection, query: ExplorerQuery, params: dict[str, object]) -> int:
-        ceiling = self._ceilings[query]
-        value = ceiling.scalar(conn, **_taken(ceiling, params))
-        if value is None:
-            return 0
-        if type(value) is not int or not 0 < value <= INT64_MAX:
-            raise DecodeError("ceiling")
-        return value
 
     def _page(
         self,
@@ -230,6 +218,7 @@ class JobExplorer:
     ) -> Page[Any]:
         """A page of `query` with `params` (of its statement); its cursor binds `bound_to`."""
         statement, decode = self._listings[query]
+        ceilings = self._ceilings[query]
         starts = _STARTS.get(query, {"after_id": 0})
         page_size = page_size or PageSize()
         binding = v.query_binding(query, page_size, bound_to)
@@ -242,9 +231,12 @@ class JobExplorer:
                 if not exists.scalar(conn, **_taken(exists, params)):
                     (parent_id,) = _taken(exists, params).values()
                     raise e.ExplorerRepositoryError(error=missing(id=parent_id))
-            current = self._ceiling(conn, query, params)
+            current = ceilings.scalar(conn, **_taken(ceilings, params))  # None: no rows yet
+            if current is not None and (type(current) is not int or not 0 < current <= INT64_MAX):
+                raise DecodeError("ceiling")
+            current = current or 0
             if ceiling is not None and ceiling > current:
-                raise e.CursorInvalid()  # a ceiling no traversal was given (module docstring)
+                raise e.CursorInvalid()  # a forged ceiling (docs/contract.md, Explorer vocabulary)
             bound = current if ceiling is None else ceiling
             if bound == 0:
                 return [], 0
