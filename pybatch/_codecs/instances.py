@@ -21,13 +21,10 @@ _KINDS_BY_TAG = {kind.json_tag: kind for kind in pv.ParameterValueKind}
 
 def encode_identifying_parameters(key: pv.JobInstanceKey) -> dict[str, object]:
     """The `identifying_parameters` document of a key (docs/tables.md 3.8; at most 1 MiB)."""
-    document: dict[str, object] = {}
-    for name, parameter in key.parameters.items():
-        document[name.value] = {
-            "type": parameter.kind.json_tag,
-            "identifying": True,
-            "value": parameter.value.value,
-        }
+    document: dict[str, object] = {
+        name.value: {"type": param.kind.json_tag, "identifying": True, "value": param.value.value}
+        for name, param in key.parameters.items()
+    }
     if len(canonical_json(document)) > IDENTIFYING_PARAMETERS_MAX_BYTES:
         raise Unavailable()
     return document
