@@ -125,11 +125,6 @@ class JobInstanceSelection:
 
     instance: JobInstance = attrs.field(validator=is_(JobInstance))
 
-    @property
-    def was_created(self) -> bool:
-        """Whether this call created the instance."""
-        return isinstance(self, Created)
-
 
 @attrs.frozen
 class Created(JobInstanceSelection):
