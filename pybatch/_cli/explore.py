@@ -40,8 +40,6 @@ from pybatch.values.explorer import (
 from pybatch.values.state import EMPTY_STATE_SCHEMA
 
 Parser = argparse.ArgumentParser
-#: Reads one page of a listing: (explorer, page size, cursor) -> page.
-Fetch = Callable[[JobExplorer, PageSize, Cursor | None], Page[Any]]
 
 
 def _page_size(text: str) -> int:
@@ -52,6 +50,7 @@ def _page_size(text: str) -> int:
 
 
 _identifier = positive_id("integer id")
+_EXECUTION: dict[str, Any] = {"type": _identifier, "help": "the job execution id"}
 
 
 def register(commands: Commands) -> None:
@@ -82,34 +81,24 @@ def register(commands: Commands) -> None:
         return parser
 
     command("jobs", _jobs, "list job names with the latest execution's status and time")
-    instances = command(
-        "instances", _instances, "list the instances of a job, newest first", filtered=True
+    help_text = "list the instances of a job, newest first"
+    command("instances", _instances, help_text, filtered=True).add_argument(
+        "job", help="the job name"
     )
-    instances.add_argument("job", help="the job name")
-    executions = command(
-        "executions",
-        _executions,
+    help_text = (
         "list the attempts of an instance, or with --param those of every instance (of any "
-        "job) with those parameters, newest first",
-        filtered=True,
+        "job) with those parameters, newest first"
     )
-    executions.add_argument(
+    command("executions", _executions, help_text, filtered=True).add_argument(
         "instance", type=_identifier, nargs="?", help="the job instance id (or give --param)"
     )
-    show = command(
-        "show",
-        _show,
+    help_text = (
         "show one execution: steps, counters, checkpoints, failure, stop and owner evidence, "
-        "recovery decisions",
-        paged=False,
+        "recovery decisions"
     )
-    show.add_argument("execution", type=_identifier, help="the job execution id")
-    running = command(
-        "running",
-        _running,
-        "list the executions running now: their step, progress, rate and lease",
-        paged=False,
-    )
+    command("show", _show, help_text, paged=False).add_argument("execution", **_EXECUTION)
+    help_text = "list the executions running now: their step, progress, rate and lease"
+    running = command("running", _running, help_text, paged=False)
     running.add_argument(
         "--limit",
         type=_page_size,
@@ -119,20 +108,13 @@ def register(commands: Commands) -> None:
     running.add_argument(
         "--after", type=_identifier, metavar="EXECUTION", help="only executions after this id"
     )
-    skips = command(
-        "skips",
-        _skips,
+    help_text = (
         "list the items an execution's steps skipped (StepRun.load): position, key, SQLSTATE "
-        "and the constraint, table and column the server named",
+        "and the constraint, table and column the server named"
     )
-    skips.add_argument("execution", type=_identifier, help="the job execution id")
-    unresolved = command(
-        "unresolved",
-        _unresolved,
-        "list STARTING, STARTED, STOPPING or UNKNOWN executions left unattended",
-        filtered=True,
-    )
-    unresolved.add_argument(
+    command("skips", _skips, help_text).add_argument("execution", **_EXECUTION)
+    help_text = "list STARTING, STARTED, STOPPING or UNKNOWN executions left unattended"
+    command("unresolved", _unresolved, help_text, filtered=True).add_argument(
         "--older-than",
         type=duration_type("--older-than", unit_required=False),
         default=None,
@@ -286,12 +268,18 @@ def _print_list(
     return 0
 
 
-def _list(args: argparse.Namespace, fetch: Fetch, columns: Sequence[Column], empty: str) -> int:
-    """Read one page and print it."""
+def _list(
+    args: argparse.Namespace,
+    columns: Sequence[Column],
+    empty: str,
+    read: Callable[..., Page[Any]],
+    *arguments: object,
+) -> int:
+    """Print the page `read(explorer, *arguments, page_size=, after=)` returns."""
     size = PageSize(args.limit)
     after = None if args.after is None else Cursor.from_hex(args.after)
     with open_explorer(args) as explorer:
-        page = fetch(explorer, size, after)
+        page = read(explorer, *arguments, page_size=size, after=after)
     next_cursor = None if page.next_cursor is None else str(page.next_cursor)
     return _print_list(args, columns, page.items, next_cursor, empty)
 
@@ -389,18 +377,18 @@ _REQUEST_COLUMNS = (
 
 
 def _jobs(args: argparse.Namespace) -> int:
-    return _list(args, lambda x, size, after: x.job_names(size, after), _JOB_COLUMNS, "no jobs")
+    return _list(args, _JOB_COLUMNS, "no jobs", JobExplorer.job_names)
 
 
 def _instances(args: argparse.Namespace) -> int:
-    def fetch(explorer: JobExplorer, size: PageSize, after: Cursor | None) -> Page[Any]:
-        page = explorer.instances(args.job, size, after, _parameter_filter(args))
+    def read(explorer: JobExplorer, **page: Any) -> Page[Any]:
+        found = explorer.instances(args.job, parameters=_parameter_filter(args), **page)
         # An empty first page is a job name no instance has (a typo), not an empty job.
-        if not page.items and after is None and not explorer.job_exists(args.job):
+        if not found.items and page["after"] is None and not explorer.job_exists(args.job):
             raise e.JobNotFound(job_name=args.job)
-        return page
+        return found
 
-    return _list(args, fetch, _INSTANCE_COLUMNS, "no instances")
+    return _list(args, _INSTANCE_COLUMNS, "no instances", read)
 
 
 def _executions(args: argparse.Namespace) -> int:
@@ -408,38 +396,34 @@ def _executions(args: argparse.Namespace) -> int:
         raise e.CommandArgumentInvalid(
             argument="INSTANCE", expected="either given or replaced by --param"
         )
-    parameters = _parameter_filter(args)
-
-    def fetch(explorer: JobExplorer, size: PageSize, after: Cursor | None) -> Page[Any]:
-        if parameters is None:
-            return explorer.executions(args.instance, size, after)
-        return explorer.executions_with_parameters(parameters, size, after)
-
-    return _list(args, fetch, _EXECUTION_COLUMNS, "no executions")
+    if args.param is None:
+        return _list(
+            args, _EXECUTION_COLUMNS, "no executions", JobExplorer.executions, args.instance
+        )
+    read = JobExplorer.executions_with_parameters
+    return _list(args, _EXECUTION_COLUMNS, "no executions", read, _parameter_filter(args))
 
 
 def _unresolved(args: argparse.Namespace) -> int:
-    def fetch(explorer: JobExplorer, size: PageSize, after: Cursor | None) -> Page[Any]:
+    def read(explorer: JobExplorer, **page: Any) -> Page[Any]:
         older_than = args.older_than
         if older_than is None:  # the configured stale threshold (validated: 1 min..24 h)
             older_than = explorer.repository.config.stale_threshold
-        return explorer.unresolved_executions(older_than, size, after, _parameter_filter(args))
+        return explorer.unresolved_executions(
+            older_than, parameters=_parameter_filter(args), **page
+        )
 
-    return _list(args, fetch, _EXECUTION_COLUMNS, "no unresolved executions")
+    return _list(args, _EXECUTION_COLUMNS, "no unresolved executions", read)
 
 
 def _skips(args: argparse.Namespace) -> int:
-    def fetch(explorer: JobExplorer, size: PageSize, after: Cursor | None) -> Page[Any]:
-        return explorer.skips(args.execution, size, after)
-
-    return _list(args, fetch, _SKIP_COLUMNS, "no skipped items")
+    return _list(args, _SKIP_COLUMNS, "no skipped items", JobExplorer.skips, args.execution)
 
 
 def _running_json(item: RunningExecution) -> dict[str, Any]:
-    lease_left = item.lease_left.total_seconds()
     return {
         **item.as_json(),
-        "lease_left_seconds": lease_left,
+        "lease_left_seconds": item.lease_left.total_seconds(),
         "items_per_second": item.items_per_second,
     }
 
@@ -472,8 +456,7 @@ def _show(args: argparse.Namespace) -> int:
         skip_counts = explorer.skip_counts(execution.id)
 
     def reason(key: int | None) -> dict[str, Any] | None:
-        found = reasons.get(key)
-        return None if found is None else found.as_json()
+        return None if (found := reasons.get(key)) is None else found.as_json()
 
     if args.json:
         document = {

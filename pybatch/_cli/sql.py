@@ -7,28 +7,23 @@ import json
 import sys
 
 from pybatch import _sql_catalogue as sql_catalogue
-from pybatch._cli._connection import add_connection_arguments, config_from_args
+from pybatch._cli._connection import Commands, add_command, config_from_args
 
 
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     sql = commands.add_parser("sql", help="list, show and explain the statements pybatch runs")
     actions = sql.add_subparsers(dest="sql_command", required=True, metavar="ACTION")
-    listing = actions.add_parser("list", help="every statement with its file and :doc line")
-    listing.add_argument("--json", action="store_true", help="print JSON for scripts")
-    listing.set_defaults(handler=_list)
-    show = actions.add_parser("show", help="a statement exactly as it runs")
-    show.add_argument("name", help="the statement name (see `pybatch sql list`)")
-    show.set_defaults(handler=_show)
-    explain = actions.add_parser(
-        "explain", help="the server's plan of a statement with representative parameters"
-    )
-    explain.add_argument("name", help="the statement name (see `pybatch sql list`)")
-    add_connection_arguments(explain)
-    explain.set_defaults(handler=_explain)
-    catalogue = actions.add_parser(
-        "catalogue", help="print docs/sql-catalogue.md (Markdown) generated from queries/"
-    )
-    catalogue.set_defaults(handler=_catalogue)
+    for name, handler, help_text in (
+        ("list", _list, "every statement with its file and :doc line"),
+        ("show", _show, "a statement exactly as it runs"),
+        ("explain", _explain, "the server's plan of a statement with representative parameters"),
+        ("catalogue", _catalogue, "print docs/sql-catalogue.md (Markdown) generated from queries/"),
+    ):
+        action = add_command(actions, name, handler, connects=name == "explain", help=help_text)
+        if name == "list":
+            action.add_argument("--json", action="store_true", help="print JSON for scripts")
+        elif name != "catalogue":
+            action.add_argument("name", help="the statement name (see `pybatch sql list`)")
 
 
 def _list(args: argparse.Namespace) -> int:

@@ -333,15 +333,10 @@ def _load_and_verify(
         digest = load_statements("demo").demo_orders_digest.one(conn)
     if digest is None:  # an aggregate always returns its row
         raise Unavailable()
-    final = attempts[-1]
+    final, rows, table_sha = attempts[-1], digest["row_count"], str(digest["sha256"])
     counts = final.step.metadata.counts if final.step is not None else None
-    table_sha = str(digest["sha256"])
     checks = [
-        (
-            "count",
-            digest["row_count"] == source.rows,
-            f"{digest['row_count']:,} rows in the table, {source.rows:,} in the CSV",
-        ),
+        ("count", rows == source.rows, f"{rows:,} rows in the table, {source.rows:,} in the CSV"),
         (
             "sha256",
             table_sha == source.sha256,
