@@ -16,7 +16,7 @@ import psycopg
 
 from pybatch import _sqlstate
 from pybatch import errors as e
-from pybatch._cli import dashboard, explore, operator, retention, schema, sql, worker
+from pybatch._cli import dashboard, explore, operator, retention, sql, worker
 from pybatch._cli._arguments import check_argv
 from pybatch._demo import demo
 
@@ -80,7 +80,7 @@ def _run(argv: Sequence[str] | None) -> int:
     """Run one command; every failure prints as one redacted line on stderr."""
     parser = argparse.ArgumentParser(prog="pybatch", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (schema, explore, sql, demo, worker, operator, retention, dashboard):
+    for group in (sql, explore, demo, worker, operator, retention, dashboard):
         group.register(commands)
     try:
         # Before argparse: an undecodable argument would otherwise fail wherever it is
