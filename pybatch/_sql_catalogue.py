@@ -22,17 +22,23 @@ _WRITE = re.compile(r"^\s*(INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+pybatch\.([a-z_
 # The one keyword pybatch adds to a statement's text: plan only, never ANALYZE (never run).
 _EXPLAIN_PREFIX = b"EXPLAIN (VERBOSE, COSTS)\n"
 
+_INSTANT = _dt.datetime(2026, 1, 1, tzinfo=_dt.UTC).isoformat()
+_SHA256 = "\\x" + "00" * 32  # the sha256_digest domain's size
 #: Representative values by name; others go as the untyped '1', typed by the server.
 _REPRESENTATIVE: Mapping[str, object] = {
     **dict.fromkeys(("limit", "row_limit"), "50"),
     **dict.fromkeys(("ceiling", "before_id"), str(2**62)),
     **dict.fromkeys(("status", "prior_status"), "STARTED"),
-    **{"before_attempt": "2147483647", "after_name": "", "job_name": "job_0001"},
+    **dict.fromkeys(("cutoff", "now"), _INSTANT),
+    **{"before_attempt": "2147483647", "after_name": "", "job_name": "job_0001", "ids": (1, 2)},
     **{"result_status": "STOPPING", "action": "STOP", "authorization_class": "LIFECYCLE"},
     "outcome_class": "APPLIED",
     # A jsonb[] of one identifying-parameter fragment, as the explorer's filter sends it.
     "parameter_documents": '{"{\\"business_date\\": {\\"value\\": \\"2026-11-30\\"}}"}',
 }
+#: Then by suffix. State payloads are jsonb objects: on step_execution a domain refuses anything
+#: else, and the planner checks a domain against a constant it can fold.
+_BY_SUFFIX = (("_at", _INSTANT), ("_payload", "{}"), ("checksum", _SHA256), ("digest", _SHA256))
 
 
 @attrs.frozen
@@ -88,23 +94,12 @@ def find(name: str) -> StatementEntry:
 
 def representative_parameters(entry: StatementEntry) -> dict[str, object]:
     """Values to plan `entry` with; untyped literals so the server infers each type."""
-    values: dict[str, object] = {}
-    for name in entry.parameters:
-        if name in _REPRESENTATIVE:
-            values[name] = _REPRESENTATIVE[name]
-        elif name.endswith("_at") or name in {"cutoff", "now"}:
-            values[name] = _dt.datetime(2026, 1, 1, tzinfo=_dt.UTC).isoformat()
-        elif name == "ids":
-            values[name] = (1, 2)
-        elif name.endswith("_payload"):
-            # State payloads are jsonb objects; on step_execution a domain refuses anything
-            # else, and the planner checks a domain against a constant it can fold.
-            values[name] = "{}"
-        elif name.endswith(("checksum", "digest")):
-            values[name] = "\\x" + "00" * 32  # SHA-256 sized (sha256_digest domain)
-        else:
-            values[name] = "1"
-    return values
+    return {
+        name: _REPRESENTATIVE[name]
+        if name in _REPRESENTATIVE
+        else next((value for end, value in _BY_SUFFIX if name.endswith(end)), "1")
+        for name in entry.parameters
+    }
 
 
 def explain(config: ConnectionConfig, entry: StatementEntry, params: Mapping[str, object]) -> str:

@@ -51,8 +51,7 @@ _STATUSES = ((_BAD_REQUEST, 400), (e.ExplorerTimeout | e.ExplorerRepositoryError
 
 
 def _cursor_arg() -> Cursor | None:
-    text = flask.request.args.get("after")
-    return None if not text else Cursor.from_hex(text)
+    return Cursor.from_hex(text) if (text := flask.request.args.get("after")) else None
 
 
 def _parameter_arg() -> ParameterFilter | None:
@@ -64,7 +63,7 @@ def _parameter_arg() -> ParameterFilter | None:
 def _int_arg(name: str, low: int, high: int) -> int | None:
     """An integer query argument within [low, high], None when absent; else 400."""
     text = flask.request.args.get(name)
-    if text is None or text == "":
+    if not text:
         return None
     if not text.isascii() or not text.isdigit() or not low <= int(text) <= high:
         flask.abort(400, f"{name} must be an integer from {low} to {high}")

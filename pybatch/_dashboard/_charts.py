@@ -79,15 +79,9 @@ class Progress:
     points: tuple[ProgressPoint, ...]
     maximum: int
 
-    @property
-    def read_line(self) -> str:
-        """The `points` attribute of the read polyline."""
-        return " ".join(f"{p.x},{p.read_y}" for p in self.points)
-
-    @property
-    def written_line(self) -> str:
-        """The `points` attribute of the written polyline."""
-        return " ".join(f"{p.x},{p.written_y}" for p in self.points)
+    def line(self, series: str) -> str:
+        """The `points` attribute of the polyline of `series`: "read_y" or "written_y"."""
+        return " ".join(f"{p.x},{getattr(p, series)}" for p in self.points)
 
 
 def progress(steps: Sequence[StepExecutionProjection]) -> Progress:

@@ -84,8 +84,7 @@ def _pg_config_bindir() -> Path | None:
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    value = result.stdout.strip()
-    return Path(value) if value else None
+    return Path(value) if (value := result.stdout.strip()) else None
 
 
 def _newest_debian_bindir() -> Path | None:
@@ -347,8 +346,7 @@ class EmbeddedPostgres:
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((_HOST, 0))
-        port: int = probe.getsockname()[1]
-        return port
+        return int(probe.getsockname()[1])
 
 
 def _port_clash(port: int, log: Path) -> bool:
