@@ -224,11 +224,9 @@ def _layout(
 
 
 def _print_table(columns: Sequence[Column], items: Sequence[Any], empty: str | None = None) -> None:
-    """A row per item, columns padded to their widest cell and fitted to the width.
+    """A row per item fitted to the width (see `Column`), left-out columns named once below.
 
-    To fit, free-text cells are shortened with an ellipsis (statuses, timestamps, ids and
-    counters never are), then whole columns are left out by priority, named once below. No
-    rows: `empty`, if given.
+    No rows: `empty`, if given.
     """
     if not items and empty is not None:
         print(empty)
@@ -433,14 +431,9 @@ def _running(args: argparse.Namespace) -> int:
     with open_explorer(args) as explorer:
         items = explorer.running_executions(PageSize(args.limit), args.after)
     after = str(items[-1].id) if len(items) == args.limit else None
+    more = "more may be running"
     return _print_list(
-        args,
-        _RUNNING_COLUMNS,
-        items,
-        after,
-        "nothing is running",
-        "more may be running",
-        _running_json,
+        args, _RUNNING_COLUMNS, items, after, "nothing is running", more, _running_json
     )
 
 
