@@ -103,10 +103,7 @@ def representative_parameters(entry: StatementEntry) -> dict[str, object]:
 
 
 def explain(config: ConnectionConfig, entry: StatementEntry, params: Mapping[str, object]) -> str:
-    """The server's plan of `entry` with `params`, never running it.
-
-    EXPLAIN without ANALYZE, in a transaction that is rolled back; driver errors are mapped.
-    """
+    """The server's plan of `entry` with `params`: EXPLAIN without ANALYZE, rolled back."""
     with open_connection(config, autocommit=False) as conn:
         try:
             with conn.cursor() as cursor:

@@ -224,10 +224,7 @@ def _layout(
 
 
 def _print_table(columns: Sequence[Column], items: Sequence[Any], empty: str | None = None) -> None:
-    """A row per item fitted to the width (see `Column`), left-out columns named once below.
-
-    No rows: `empty`, if given.
-    """
+    """A row per item fitted to the width (see `Column`); no rows: `empty`, if given."""
     if not items and empty is not None:
         print(empty)
         return

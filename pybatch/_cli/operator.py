@@ -68,9 +68,8 @@ def register(commands: Commands) -> None:
         help="for --wait",
     )
 
-    recover = add_command(
-        commands, "recover", _recover, help="resolve an orphaned or ambiguous execution, audited"
-    )
+    help_text = "resolve an orphaned or ambiguous execution, audited"
+    recover = add_command(commands, "recover", _recover, help=help_text)
     add_request_arguments(recover)
     recover.add_argument("execution_id", type=_execution_id, metavar="EXECUTION_ID")
     mode = recover.add_mutually_exclusive_group(required=True)
@@ -91,12 +90,8 @@ def register(commands: Commands) -> None:
 
     audit = commands.add_parser("audit", help="the tamper-evident audit chain")
     audit_commands = audit.add_subparsers(dest="audit_command", required=True, metavar="COMMAND")
-    verify = add_command(
-        audit_commands,
-        "verify",
-        _audit_verify,
-        help="walk the chain; name the first broken link (exit 1)",
-    )
+    help_text = "walk the chain; name the first broken link (exit 1)"
+    verify = add_command(audit_commands, "verify", _audit_verify, help=help_text)
     verify.add_argument("--json", action="store_true", help="the result as one JSON object")
 
 
@@ -111,8 +106,7 @@ def _report(outcome: OperatorOutcome) -> int:
 def _stop(args: argparse.Namespace) -> int:
     operation_id, actor = request_identity(args)
     with connect(args) as repository:
-        outcome = OperatorService(repository).stop(operation_id, actor, args.execution_id)
-        code = _report(outcome)
+        code = _report(OperatorService(repository).stop(operation_id, actor, args.execution_id))
         if code or not args.wait:
             return code
         deadline = time.monotonic() + args.timeout.total_seconds()

@@ -19,13 +19,6 @@ from pybatch.values.retention import (
 )
 from pybatch.values.status import BatchStatus
 
-#: The tables a purge deletes from, in the order its counts are printed.
-_TABLES = (
-    "flow_decisions recovery_decisions operator_requests step_partitions step_executions "
-    "job_executions job_instances"
-).split()
-
-
 _instance_id = positive_id("instance id")
 
 
@@ -44,12 +37,8 @@ def register(commands: Commands) -> None:
         else:
             parser.add_argument("--reason", default=reason, help=f"reason code (default {reason})")
 
-    purge = add_command(
-        commands,
-        "purge",
-        _purge,
-        help="delete finished histories of a job, whole instances at a time",
-    )
+    help_text = "delete finished histories of a job, whole instances at a time"
+    purge = add_command(commands, "purge", _purge, help=help_text)
     add_request_arguments(purge)
     purge.add_argument("--job", required=True, help="the job name")
     purge.add_argument(
@@ -97,8 +86,8 @@ def _request(args: argparse.Namespace, statuses: list[BatchStatus]) -> PurgePlan
 
 
 def _counts_line(counts: PurgeCounts) -> str:
-    values = counts.as_dict()
-    return "  ".join(f"{table} {values[table]:,}" for table in _TABLES)
+    """Rows per table, in deletion order (the order of PurgeCounts' fields)."""
+    return "  ".join(f"{table} {rows:,}" for table, rows in counts.as_dict().items())
 
 
 def _purge(args: argparse.Namespace) -> int:

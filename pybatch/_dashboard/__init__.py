@@ -209,8 +209,7 @@ def create_app(source: JobExplorer | ConnectionConfig | None = None) -> flask.Fl
     @route("/audit")
     def audit() -> str:
         # What `pybatch audit verify` reports: the whole chain walked, page by page.
-        result = verify_audit_chain(repository)
-        return flask.render_template("audit.html", result=result)
+        return flask.render_template("audit.html", result=verify_audit_chain(repository))
 
     return app
 
