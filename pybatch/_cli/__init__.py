@@ -20,38 +20,32 @@ from pybatch._cli import dashboard, explore, operator, retention, sql, worker
 from pybatch._cli._arguments import check_argv
 from pybatch._demo import demo
 
-#: Error families and their exit codes, first match wins; then Unavailable by its SQLSTATE.
-_EXIT_CODES: tuple[tuple[tuple[type[BaseException], ...], int], ...] = (
-    ((e.CommitOutcomeUnknown, e.ChunkCommitOutcomeUnknown, e.OperationOutcomeUnknown), 5),
-    ((e.PermissionDenied, e.AuthenticationFailed), 6),
+#: Exit codes and their error families, first match wins; then Unavailable by its SQLSTATE.
+_EXIT_CODES: dict[int, tuple[type[BaseException], ...]] = {
+    5: (e.CommitOutcomeUnknown, e.ChunkCommitOutcomeUnknown, e.OperationOutcomeUnknown),
+    6: (e.PermissionDenied, e.AuthenticationFailed),
     # Retrying cannot help: the server takes no writes, or cancelled the statement.
-    ((e.ReadOnlyServer,), 7),
-    ((e.StatementCancelled,), 8),
-    (
-        (
-            *(e.JobNotFound, e.JobInstanceNotFound, e.JobExecutionNotFound),
-            *(e.StepExecutionNotFound, e.StepPartitionNotFound, e.PartitionPlanNotPublished),
-            e.UnknownStatement,
-        ),
-        4,
+    7: (e.ReadOnlyServer,),
+    8: (e.StatementCancelled,),
+    4: (
+        *(e.JobNotFound, e.JobInstanceNotFound, e.JobExecutionNotFound),
+        *(e.StepExecutionNotFound, e.StepPartitionNotFound, e.PartitionPlanNotPublished),
+        e.UnknownStatement,
     ),
-    (
-        (
-            *(e.ConfigError, e.DatabaseNotFound, e.TlsVerificationFailed, e.PoolerRefused),
-            *(e.SettingsNotApplied, e.PageSizeOutOfRange, e.CursorError),
-            *(e.ExplorerAgeBoundTooSmall, e.ParameterFilterInvalid, e.RequestFieldError),
-        ),
-        2,
+    2: (
+        *(e.ConfigError, e.DatabaseNotFound, e.TlsVerificationFailed, e.PoolerRefused),
+        *(e.SettingsNotApplied, e.PageSizeOutOfRange, e.CursorError),
+        *(e.ExplorerAgeBoundTooSmall, e.ParameterFilterInvalid, e.RequestFieldError),
     ),
-    ((e.ExplorerTimeout,), 3),
-)
+    3: (e.ExplorerTimeout,),
+}
 #: Insufficient privilege and the authentication refusals: "permission denied" (exit 6).
 _PERMISSION_DENIED = frozenset({"42501", "28000", "28P01"})
 
 
 def exit_code_for(error: BaseException) -> int:
     """One table from error family to exit code (docs/operators.md)."""
-    for families, code in _EXIT_CODES:
+    for code, families in _EXIT_CODES.items():
         if isinstance(error, families):
             return code
     if isinstance(error, e.Unavailable):

@@ -153,8 +153,7 @@ def _recover(args: argparse.Namespace) -> int:
             force=args.force,
         )
         code = _report(outcome)
-        rejection = outcome.rejection
-        if rejection is not None and rejection.code is Code.EXECUTION_ALREADY_ACTIVE:
+        if (rejection := outcome.rejection) and rejection.code is Code.EXECUTION_ALREADY_ACTIVE:
             print(
                 "pybatch: its lease is fresh, so its owner looks alive; wait for the lease to run "
                 "out, or pass --force to fence the owner and recover it now",

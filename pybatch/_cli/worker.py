@@ -14,9 +14,8 @@ from pybatch.etl import join_partitioned_step
 
 
 def register(commands: Commands) -> None:
-    worker = add_command(
-        commands, "worker", _worker, help="work on the partitions of a running partitioned step"
-    )
+    help_text = "work on the partitions of a running partitioned step"
+    worker = add_command(commands, "worker", _worker, help=help_text)
     worker.add_argument("--job", required=True, help="job name")
     for flag, metavar, kind in (
         ("--param", "NAME=TEXT", "string"),

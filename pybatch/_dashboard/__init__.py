@@ -104,7 +104,8 @@ def create_app(source: JobExplorer | ConnectionConfig | None = None) -> flask.Fl
     @app.context_processor
     def page_context() -> dict[str, Any]:
         # Set by only_reads once the argument checked out; an error page before that has none.
-        return {"refresh": flask.g.get("refresh")}
+        # `param`: the filter's texts as given, shown again in its form and in the next link.
+        return {"refresh": flask.g.get("refresh"), "param": flask.request.args.getlist("param")}
 
     @app.errorhandler(e.PyBatchError)
     def pybatch_error(error: e.PyBatchError) -> tuple[str, int]:
@@ -141,9 +142,7 @@ def create_app(source: JobExplorer | ConnectionConfig | None = None) -> flask.Fl
         parameters = _parameter_arg()
         with explorer.pinned() as view:
             page = view.instances(name, PageSize(), _cursor_arg(), parameters)
-        return flask.render_template(
-            "instances.html", name=name, page=page, param=flask.request.args.getlist("param")
-        )
+        return flask.render_template("instances.html", name=name, page=page)
 
     @route("/instances/<int:instance_id>")
     def executions(instance_id: int) -> str:
@@ -200,10 +199,7 @@ def create_app(source: JobExplorer | ConnectionConfig | None = None) -> flask.Fl
         with explorer.pinned() as view:
             page = view.unresolved_executions(older_than, PageSize(), _cursor_arg(), parameters)
         return flask.render_template(
-            "unresolved.html",
-            page=page,
-            older_than=int(older_than.total_seconds()),
-            param=flask.request.args.getlist("param"),
+            "unresolved.html", page=page, older_than=int(older_than.total_seconds())
         )
 
     @route("/audit")
