@@ -1,7 +1,5 @@
 """`python -m pybatch`: the operator command line, the same as the `pybatch` script."""
 
-from __future__ import annotations
-
 import sys
 
 from pybatch._cli import main

@@ -22,21 +22,8 @@ from pybatch import errors as e
 from pybatch._cli._arguments import duration_type
 from pybatch._cli._connection import Commands, Handler, add_command, open_explorer, positive_id
 from pybatch._explorer import JobExplorer, all_pages
+from pybatch.values import explorer as v
 from pybatch.values.definitions import LEGACY_REVISION
-from pybatch.values.explorer import (
-    DEFAULT_PAGE_SIZE,
-    MAX_PAGE_SIZE,
-    Cursor,
-    JobExecutionProjection,
-    JobInstanceProjection,
-    Page,
-    PageSize,
-    ParameterFilter,
-    RunningExecution,
-    StateEnvelopeDescriptor,
-    operator_request_json,
-    recovery_decision_json,
-)
 from pybatch.values.state import EMPTY_STATE_SCHEMA
 
 Parser = argparse.ArgumentParser
@@ -46,7 +33,7 @@ def _page_size(text: str) -> int:
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"an integer from 1 to {MAX_PAGE_SIZE}") from None
+        raise argparse.ArgumentTypeError(f"an integer from 1 to {v.MAX_PAGE_SIZE}") from None
 
 
 _identifier = positive_id("integer id")
@@ -72,8 +59,8 @@ def register(commands: Commands) -> None:
             parser.add_argument(
                 "--limit",
                 type=_page_size,
-                default=DEFAULT_PAGE_SIZE,
-                help=f"rows per page, 1 to {MAX_PAGE_SIZE} ({DEFAULT_PAGE_SIZE})",
+                default=v.DEFAULT_PAGE_SIZE,
+                help=f"rows per page, 1 to {v.MAX_PAGE_SIZE} ({v.DEFAULT_PAGE_SIZE})",
             )
             parser.add_argument(
                 "--after", type=str, metavar="CURSOR", help="the cursor printed by the last page"
@@ -102,8 +89,8 @@ def register(commands: Commands) -> None:
     running.add_argument(
         "--limit",
         type=_page_size,
-        default=MAX_PAGE_SIZE,
-        help=f"at most this many, 1 to {MAX_PAGE_SIZE} ({MAX_PAGE_SIZE})",
+        default=v.MAX_PAGE_SIZE,
+        help=f"at most this many, 1 to {v.MAX_PAGE_SIZE} ({v.MAX_PAGE_SIZE})",
     )
     running.add_argument(
         "--after", type=_identifier, metavar="EXECUTION", help="only executions after this id"
@@ -128,7 +115,7 @@ def register(commands: Commands) -> None:
 _SHOWN_NAMES = {LEGACY_REVISION: "pybatch default definition", EMPTY_STATE_SCHEMA.value: "empty"}
 
 
-def _envelope(state: StateEnvelopeDescriptor) -> str:
+def _envelope(state: v.StateEnvelopeDescriptor) -> str:
     """A checkpoint or context as an operator reads it: its schema, version and stored size."""
     schema = _SHOWN_NAMES.get(state.schema_id, state.schema_id)
     return f"{schema} v{state.schema_version}, {state.encoded_len} bytes"
@@ -267,19 +254,19 @@ def _list(
     args: argparse.Namespace,
     columns: Sequence[Column],
     empty: str,
-    read: Callable[..., Page[Any]],
+    read: Callable[..., v.Page[Any]],
     *arguments: object,
 ) -> int:
     """Print the page `read(explorer, *arguments, page_size=, after=)` returns."""
-    size = PageSize(args.limit)
-    after = None if args.after is None else Cursor.from_hex(args.after)
+    size = v.PageSize(args.limit)
+    after = None if args.after is None else v.Cursor.from_hex(args.after)
     with open_explorer(args) as explorer:
         page = read(explorer, *arguments, page_size=size, after=after)
     next_cursor = None if page.next_cursor is None else str(page.next_cursor)
     return _print_list(args, columns, page.items, next_cursor, empty)
 
 
-def _parameters(item: JobInstanceProjection | JobExecutionProjection) -> str:
+def _parameters(item: v.JobInstanceProjection | v.JobExecutionProjection) -> str:
     return ", ".join(f"{p.name}={p.shown_value()}" for p in item.parameters) or "-"
 
 
@@ -287,8 +274,8 @@ def _rate(items_per_second: float | None) -> str | None:
     return None if items_per_second is None else f"{items_per_second:,.0f}"
 
 
-def _parameter_filter(args: argparse.Namespace) -> ParameterFilter | None:
-    return None if args.param is None else ParameterFilter.parse(args.param)
+def _parameter_filter(args: argparse.Namespace) -> v.ParameterFilter | None:
+    return None if args.param is None else v.ParameterFilter.parse(args.param)
 
 
 #: Left out first: the parameters, the owner flag and counters, then the instance and job, the
@@ -376,7 +363,7 @@ def _jobs(args: argparse.Namespace) -> int:
 
 
 def _instances(args: argparse.Namespace) -> int:
-    def read(explorer: JobExplorer, **page: Any) -> Page[Any]:
+    def read(explorer: JobExplorer, **page: Any) -> v.Page[Any]:
         found = explorer.instances(args.job, parameters=_parameter_filter(args), **page)
         # An empty first page is a job name no instance has (a typo), not an empty job.
         if not found.items and page["after"] is None and not explorer.job_exists(args.job):
@@ -400,7 +387,7 @@ def _executions(args: argparse.Namespace) -> int:
 
 
 def _unresolved(args: argparse.Namespace) -> int:
-    def read(explorer: JobExplorer, **page: Any) -> Page[Any]:
+    def read(explorer: JobExplorer, **page: Any) -> v.Page[Any]:
         older_than = args.older_than
         if older_than is None:  # the configured stale threshold (validated: 1 min..24 h)
             older_than = explorer.repository.config.stale_threshold
@@ -415,7 +402,7 @@ def _skips(args: argparse.Namespace) -> int:
     return _list(args, _SKIP_COLUMNS, "no skipped items", JobExplorer.skips, args.execution)
 
 
-def _running_json(item: RunningExecution) -> dict[str, Any]:
+def _running_json(item: v.RunningExecution) -> dict[str, Any]:
     return {
         **item.as_json(),
         "lease_left_seconds": item.lease_left.total_seconds(),
@@ -426,7 +413,7 @@ def _running_json(item: RunningExecution) -> dict[str, Any]:
 def _running(args: argparse.Namespace) -> int:
     """The executions with a live lease, read once (the server's clock decides "live")."""
     with open_explorer(args) as explorer:
-        items = explorer.running_executions(PageSize(args.limit), args.after)
+        items = explorer.running_executions(v.PageSize(args.limit), args.after)
     after = str(items[-1].id) if len(items) == args.limit else None
     more = "more may be running"
     return _print_list(
@@ -460,8 +447,8 @@ def _show(args: argparse.Namespace) -> int:
                 }
                 for step in steps
             ],
-            "recovery_decisions": [recovery_decision_json(d) for d in decisions],
-            "operator_requests": [operator_request_json(request) for request in requests],
+            "recovery_decisions": [v.recovery_decision_json(d) for d in decisions],
+            "operator_requests": [v.operator_request_json(request) for request in requests],
         }
         print(json.dumps(document, ensure_ascii=False))
         return 0

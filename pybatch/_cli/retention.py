@@ -10,13 +10,8 @@ from pybatch._cli._arguments import duration_type
 from pybatch._cli._connection import Commands, add_command, connect, positive_id, progress
 from pybatch._cli.operator import add_request_arguments, request_identity
 from pybatch._services.retention import PurgeProgress, RetentionOutcome, RetentionService
+from pybatch.values import retention as v
 from pybatch.values.names import JobName, ReasonCode
-from pybatch.values.retention import (
-    PurgeBatchBound,
-    PurgeCounts,
-    PurgePlanRequest,
-    TerminalStatusSet,
-)
 from pybatch.values.status import BatchStatus
 
 _instance_id = positive_id("instance id")
@@ -75,17 +70,17 @@ def _hold(args: argparse.Namespace) -> int:
     return 0
 
 
-def _request(args: argparse.Namespace, statuses: list[BatchStatus]) -> PurgePlanRequest:
-    return PurgePlanRequest(
+def _request(args: argparse.Namespace, statuses: list[BatchStatus]) -> v.PurgePlanRequest:
+    return v.PurgePlanRequest(
         job_name=JobName(args.job),
-        statuses=TerminalStatusSet.of(statuses),
+        statuses=v.TerminalStatusSet.of(statuses),
         minimum_age=args.older_than,
-        batch=PurgeBatchBound(args.batch),
+        batch=v.PurgeBatchBound(args.batch),
         forget_instances=args.forget_instances,
     )
 
 
-def _counts_line(counts: PurgeCounts) -> str:
+def _counts_line(counts: v.PurgeCounts) -> str:
     """Rows per table, in deletion order (the order of PurgeCounts' fields)."""
     return "  ".join(f"{table} {rows:,}" for table, rows in counts.as_dict().items())
 
@@ -98,7 +93,7 @@ def _purge(args: argparse.Namespace) -> int:
         service = RetentionService(repository)
         if args.dry_run:
             print(f"dry run: nothing is deleted; job {args.job}, older than {args.older_than}")
-            total = PurgeCounts()
+            total = v.PurgeCounts()
             for status in statuses:
                 counts = service.forecast(_request(args, [status]))
                 total = total + counts

@@ -155,13 +155,13 @@ class _Stop(KeyboardInterrupt):
     """SIGINT or SIGTERM arrived; unwinding stops the worker, the server and the temp files."""
 
 
+@attrs.define
 class _Signals:
     """Turns the first SIGINT/SIGTERM into `_Stop`; once shielded (cleanup) they are only noted."""
 
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self.shielded = False
-        self._previous: dict[int, Any] = {}
+    received: int | None = None
+    shielded: bool = False
+    _previous: dict[int, Any] = attrs.Factory(dict)
 
     def __enter__(self) -> _Signals:
         try:

@@ -321,8 +321,7 @@ class EmbeddedPostgres:
 
     def _run(self, args: list[str]) -> subprocess.CompletedProcess[str]:
         """Run a server program (runuser under root); a file, as a pipe would hang the read."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
-        env["LC_ALL"] = "C"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")} | {"LC_ALL": "C"}
         with tempfile.TemporaryFile("w+") as output:
             try:
                 completed = subprocess.run(
