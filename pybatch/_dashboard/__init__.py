@@ -41,7 +41,6 @@ MIN_REFRESH, MAX_REFRESH = 5, 3600
 HISTORY_LENGTH = 20
 #: A partitioned step holds at most 1,024 partitions: three full pages at most.
 PARTITION_PAGES = 3
-_ALLOWED_METHODS = frozenset({"GET", "HEAD"})
 #: The HTTP status of a refusal: not found (the repository's own error), bad input, busy.
 _NOT_FOUND = e.JobExecutionNotFound | e.JobInstanceNotFound | e.StepExecutionNotFound
 _BAD_REQUEST = (
@@ -71,11 +70,10 @@ def _int_arg(name: str, low: int, high: int) -> int | None:
 
 
 def create_app(source: JobExplorer | ConnectionConfig | None = None) -> flask.Flask:
-    """The dashboard app over an explorer, or over a repository it connects to itself.
+    """The app over an explorer, or over its own pooled repository (from `source` or PYBATCH_*).
 
-    Given a `ConnectionConfig` (or nothing: PYBATCH_* from the environment) the app opens its
-    own pooled `JobRepository`, kept for the process's life (a WSGI server's worker); given an
-    explorer, the caller owns the repository and closes it.
+    Its own repository is kept for the process's life (a WSGI worker's); an explorer's, the
+    caller closes.
     """
     if isinstance(source, JobExplorer):
         explorer = source
@@ -90,7 +88,7 @@ def create_app(source: JobExplorer | ConnectionConfig | None = None) -> flask.Fl
 
     @app.before_request
     def only_reads() -> None:
-        if flask.request.method not in _ALLOWED_METHODS:
+        if flask.request.method not in ("GET", "HEAD"):
             flask.abort(405)
         flask.g.refresh = _int_arg("refresh", MIN_REFRESH, MAX_REFRESH)
 
