@@ -15,13 +15,8 @@ import attrs
 
 from pybatch._cli._arguments import duration_type
 from pybatch._cli._connection import Commands, add_command, connect, positive_id, progress
+from pybatch._services import operator as service
 from pybatch._services.audit import verify_audit_chain
-from pybatch._services.operator import (
-    UNKNOWN_EFFECT,
-    OperatorOutcome,
-    OperatorService,
-    operator_evidence,
-)
 from pybatch.errors import JobExecutionNotFound
 from pybatch.values.ids import FailureId
 from pybatch.values.names import ActorRef, OperationId, ReasonCode
@@ -79,7 +74,7 @@ def register(commands: Commands) -> None:
         "--reason",
         required=True,
         help=f"reason code [A-Z0-9_]; an UNKNOWN execution is marked failed only with "
-        f"{UNKNOWN_EFFECT}",
+        f"{service.UNKNOWN_EFFECT}",
     )
     recover.add_argument(
         "--force",
@@ -95,7 +90,7 @@ def register(commands: Commands) -> None:
     verify.add_argument("--json", action="store_true", help="the result as one JSON object")
 
 
-def _report(outcome: OperatorOutcome) -> int:
+def _report(outcome: service.OperatorOutcome) -> int:
     """Print the outcome's line; the exit code of a rejection (4 for a missing target)."""
     print(outcome.describe())
     if (rejection := outcome.rejection) is None:
@@ -106,7 +101,8 @@ def _report(outcome: OperatorOutcome) -> int:
 def _stop(args: argparse.Namespace) -> int:
     operation_id, actor = request_identity(args)
     with connect(args) as repository:
-        code = _report(OperatorService(repository).stop(operation_id, actor, args.execution_id))
+        outcome = service.OperatorService(repository).stop(operation_id, actor, args.execution_id)
+        code = _report(outcome)
         if code or not args.wait:
             return code
         deadline = time.monotonic() + args.timeout.total_seconds()
@@ -142,9 +138,9 @@ def _recover(args: argparse.Namespace) -> int:
         failure = None
         if args.mark_failed:  # without a failure the execution is abandoned
             failure = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(current.id))
-        evidence = operator_evidence(current)
+        evidence = service.operator_evidence(current)
         request = RecoveryRequest(current.version, reason.value, actor.value, evidence, failure)
-        outcome = OperatorService(repository).recover(
+        outcome = service.OperatorService(repository).recover(
             operation_id,
             actor,
             args.execution_id,

@@ -32,12 +32,7 @@ from typing import Any
 
 import attrs
 
-from pybatch._cli._connection import (
-    Commands,
-    add_command,
-    add_connection_arguments,
-    config_from_args,
-)
+from pybatch._cli import _connection as cli
 from pybatch._config import ConnectionConfig, TlsMode
 from pybatch._demo.embedded import EmbeddedPostgres, EmbeddedPostgresUnavailable
 from pybatch._job_repository import JobRepository
@@ -65,7 +60,7 @@ _FIRST_DAY = date(2026, 1, 1)
 _LABEL = 10
 
 
-def register(commands: Commands) -> None:
+def register(commands: cli.Commands) -> None:
     """Add `pybatch demo` and the worker it runs (hidden: added without help)."""
     demo = commands.add_parser(
         "demo",
@@ -77,7 +72,7 @@ def register(commands: Commands) -> None:
     demo.add_argument(
         "--chunk-size", type=_positive, default=1000, help="rows per chunk commit (1000)"
     )
-    add_connection_arguments(
+    cli.add_connection_arguments(
         demo,
         dsn_help="run on this database instead of an embedded server; its pybatch_demo schema "
         "is dropped and created again (the DSN is never printed)",
@@ -91,7 +86,7 @@ def register(commands: Commands) -> None:
     demo.add_argument("--seed", type=int, default=42, help="seed of the data and the kill (42)")
     demo.set_defaults(handler=_demo)
 
-    worker = add_command(commands, WORKER_COMMAND, _worker, connects=False)
+    worker = cli.add_command(commands, WORKER_COMMAND, _worker, connects=False)
     worker.add_argument("--csv", required=True, type=Path)
     worker.add_argument("--chunk-size", required=True, type=_positive)
     worker.add_argument("--run", required=True)
@@ -253,7 +248,7 @@ def _run_demo(args: argparse.Namespace, stack: ExitStack) -> int:
         config = ConnectionConfig(dsn=server.dsn, tls_mode=TlsMode.PLAINTEXT)
         where = f"embedded on 127.0.0.1:{server.port}, removed on exit"
     else:
-        config = config_from_args(args)
+        config = cli.config_from_args(args)
         where = "from --dsn"
     migrate(config)
     repository = stack.enter_context(JobRepository.connect(config))
