@@ -26,15 +26,12 @@ def duration_type(option: str, *, unit_required: bool = True) -> Callable[[str],
     expected = f"a duration of at most {MAX_DURATION_DAYS}d ({form})"
 
     def parse(text: str) -> _dt.timedelta:
-        if (match := pattern.fullmatch(text.strip())) is None:
-            raise CommandArgumentInvalid(argument=option, expected=expected)
-        digits = match.group(1).lstrip("0") or "0"
-        if len(digits) > _MAX_DIGITS:
-            raise CommandArgumentInvalid(argument=option, expected=expected)
-        seconds = int(digits) * _SECONDS[match.group(2)]
-        if seconds > _MAX_SECONDS:
-            raise CommandArgumentInvalid(argument=option, expected=expected)
-        return _dt.timedelta(seconds=seconds)
+        if match := pattern.fullmatch(text.strip()):
+            digits = match.group(1).lstrip("0") or "0"
+            seconds = int(digits) * _SECONDS[match.group(2)] if len(digits) <= _MAX_DIGITS else None
+            if seconds is not None and seconds <= _MAX_SECONDS:
+                return _dt.timedelta(seconds=seconds)
+        raise CommandArgumentInvalid(argument=option, expected=expected)
 
     return parse
 

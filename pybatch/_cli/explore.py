@@ -26,8 +26,6 @@ from pybatch.values import explorer as v
 from pybatch.values.definitions import LEGACY_REVISION
 from pybatch.values.state import EMPTY_STATE_SCHEMA
 
-Parser = argparse.ArgumentParser
-
 
 def _page_size(text: str) -> int:
     try:
@@ -44,7 +42,7 @@ def register(commands: Commands) -> None:
 
     def command(
         name: str, handler: Handler, help_text: str, *, paged: bool = True, filtered: bool = False
-    ) -> Parser:
+    ) -> argparse.ArgumentParser:
         parser = add_command(commands, name, handler, help=help_text, description=help_text)
         parser.add_argument("--json", action="store_true", help="print JSON for scripts")
         if filtered:
@@ -177,8 +175,7 @@ def _print_wrapped(text: str, label: str) -> None:
     if width is None or len(label) + len(text) <= width or len(label) >= width - 10:
         print(f"{label}{text}")
         return
-    indent = " " * len(label)
-    print(textwrap.fill(text, width, initial_indent=label, subsequent_indent=indent))
+    print(textwrap.fill(text, width, initial_indent=label, subsequent_indent=" " * len(label)))
 
 
 def _layout(

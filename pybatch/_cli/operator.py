@@ -20,13 +20,12 @@ from pybatch._services.audit import verify_audit_chain
 from pybatch.errors import JobExecutionNotFound
 from pybatch.values.ids import FailureId
 from pybatch.values.names import ActorRef, OperationId, ReasonCode
-from pybatch.values.operator import OperatorRejectionCode
+from pybatch.values.operator import OperatorRejectionCode as Code
 from pybatch.values.recovery import RecoveryRequest
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 
 #: How often `stop --wait` polls the execution.
 WAIT_POLL_S = 0.5
-Code = OperatorRejectionCode
 
 _execution_id = positive_id("execution id")
 

@@ -14,8 +14,6 @@ from pybatch.values import retention as v
 from pybatch.values.names import JobName, ReasonCode
 from pybatch.values.status import BatchStatus
 
-_instance_id = positive_id("instance id")
-
 
 def register(commands: Commands) -> None:
     for name, help_text, reason in (
@@ -24,7 +22,7 @@ def register(commands: Commands) -> None:
     ):
         parser = add_command(commands, name, _hold, help=help_text)
         add_request_arguments(parser)
-        parser.add_argument("instance_id", type=_instance_id, metavar="INSTANCE")
+        parser.add_argument("instance_id", type=positive_id("instance id"), metavar="INSTANCE")
         if reason is None:
             parser.add_argument(
                 "--reason", required=True, help="reason code [A-Z0-9_], e.g. LEGAL_HOLD"

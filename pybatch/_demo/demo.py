@@ -57,7 +57,6 @@ _CUSTOMERS = tuple(
     "Granite Works|Helios Energy|Indigo Print|Juniper Cafe".split("|")
 )
 _FIRST_DAY = date(2026, 1, 1)
-_LABEL = 10
 
 
 def register(commands: cli.Commands) -> None:
@@ -435,4 +434,4 @@ def _size(size: int) -> str:
 
 
 def _line(label: str, text: str) -> None:
-    print(f"  {label:<{_LABEL}}{text}", flush=True)
+    print(f"  {label:<10}{text}", flush=True)
