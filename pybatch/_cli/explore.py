@@ -194,12 +194,8 @@ def _layout(
             for i in kept
             if columns[i].kind == TEXT
         }
-        while excess > 0:
-            room = [i for i in floors if widths[i] > floors[i]]
-            if not room:
-                break
-            widest = max(room, key=lambda i: (widths[i] - floors[i], i))
-            widths[widest] -= 1
+        while excess > 0 and (room := [i for i in floors if widths[i] > floors[i]]):
+            widths[max(room, key=lambda i: (widths[i] - floors[i], i))] -= 1  # the widest
             excess -= 1
         droppable = [i for i in kept if columns[i].drop]
         if excess <= 0 or not droppable:

@@ -186,8 +186,7 @@ class EmbeddedPostgres:
     def _start(self) -> None:
         self.bindir = find_bindir(self._bindir_choice)
         account = self._server_account()
-        self.directory = Path(tempfile.mkdtemp(prefix="pybatch-pg-", dir=self._parent))
-        directory = self.directory
+        self.directory = directory = Path(tempfile.mkdtemp(prefix="pybatch-pg-", dir=self._parent))
         if not _SHELL_SAFE_PATH.fullmatch(str(directory)):
             raise EmbeddedPostgresUnavailable(
                 f"temporary directory {directory} has characters pg_ctl cannot pass through "
