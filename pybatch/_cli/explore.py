@@ -66,10 +66,10 @@ def register(commands: Commands) -> None:
         return parser
 
     command("jobs", _jobs, "list job names with the latest execution's status and time")
-    help_text = "list the instances of a job, newest first"
-    command("instances", _instances, help_text, filtered=True).add_argument(
-        "job", help="the job name"
+    instances = command(
+        "instances", _instances, "list the instances of a job, newest first", filtered=True
     )
+    instances.add_argument("job", help="the job name")
     help_text = (
         "list the attempts of an instance, or with --param those of every instance (of any "
         "job) with those parameters, newest first"
