@@ -249,8 +249,9 @@ WITH parent AS (
     FOR SHARE
 ),
 
--- The parent is locked first (a one-time EXISTS); the plan's STARTING partitions are then read
--- in ordinal order from step_partition_claimable, so the first unlocked one ends the scan.
+-- The parent is locked first (a one-time EXISTS); the plan's STARTING partitions - those without
+-- a worker (step_partition_worker_shape) - are then read in ordinal order from
+-- step_partition_unassigned, so the first unlocked one ends the scan.
 unclaimed AS (
     SELECT
         p.id,
@@ -261,7 +262,7 @@ unclaimed AS (
     FROM pybatch.step_partition AS p
     WHERE
         p.step_execution_id = :step_execution_id
-        AND p.status = 'STARTING'
+        AND p.worker_step_execution_id IS NULL
         AND EXISTS (SELECT 1 FROM parent)
     ORDER BY p.partition_ordinal
     LIMIT 1
