@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from pybatch import _telemetry
 from pybatch._job_repository import JobRepository
 from pybatch._lease_keeper import PartitionLeaseKeeper
+from pybatch._transaction import TransactionSource
 from pybatch.errors import (
     ConcurrentModification,
     PartitionOwnershipLost,
@@ -319,7 +320,7 @@ def start_partitioned_step(
         if source is not None and uow.partitions.plan(source.id):
             uow.partitions.restart_plan(source.id, parent.id)
         else:
-            uow.partitions.create_plan(parent.id, entries)
+            uow.partitions.create_plan(parent.id, entries, decoded=False)
         return False, parent
 
     return repository.run_in_unit_of_work(start)
@@ -331,10 +332,16 @@ def _local_worker(
     runners: RunnerFactory,
     lease: ExecutionLease | None = None,
 ) -> None:
-    """A forked worker: its own repository, then a hard exit sparing the parent's connections."""
+    """A forked worker: its own repository, then a hard exit sparing the parent's connections.
+
+    The parent already probed the server and verified the schema: the fork opens its pool only,
+    each new connection checked for clock skew as the parent's are.
+    """
     code = 1
     try:
-        with JobRepository.connect(repository.config, clock=repository.clock) as own:
+        config, checked = repository.config, repository.transactions._check
+        source = TransactionSource(config, check=checked, probe=False)
+        with JobRepository(config, source, repository.clock, repository.schema_version) as own:
             work_on_plan(own, parent, runners(own), lease=lease)
         code = 0
     except BaseException:

@@ -79,6 +79,8 @@ MAX_WORKER_TRIES = 5
 _ACTIVE_PARENT = frozenset({BatchStatus.STARTING, BatchStatus.STARTED})
 _COMPLETING_PARENT = frozenset({BatchStatus.STARTED, BatchStatus.STOPPING})
 _RESTARTABLE_SOURCE = frozenset({BatchStatus.FAILED, BatchStatus.STOPPED})
+#: A fresh worker's fault state, encoded once (its canonical JSON and checksum).
+_EMPTY_FAULT = encode_fault_state(FaultStateEnvelope.EMPTY)
 
 
 @contextmanager
@@ -243,9 +245,12 @@ class Partitions(Capability):
         return sorted(_decoded(rows), key=lambda p: p.ordinal)
 
     def create_plan(
-        self, parent_id: int, entries: Sequence[PartitionPlanEntry]
+        self, parent_id: int, entries: Sequence[PartitionPlanEntry], *, decoded: bool = True
     ) -> list[StepPartition]:
-        """Create a plan for a STARTING or STARTED parent, all or nothing; entries first."""
+        """Create a plan for a STARTING or STARTED parent, all or nothing; entries first.
+
+        Without `decoded`, returns [] (a launcher reads no partition: decoding 1,024 cost ms).
+        """
         with self._operation(overrides=_plan_overrides(parent_id)) as (q, conn):
             entries = list(entries)
             if not entries:
@@ -261,7 +266,7 @@ class Partitions(Capability):
             rows = q.insert_step_partitions.many(
                 conn, step_execution_id=parent_id, **encode_plan_entries(entries)
             )
-            return self._new_plan(parent_id, rows)
+            return self._new_plan(parent_id, rows if decoded else [])
 
     def plan(self, parent_id: int) -> list[StepPartition]:
         """A parent's plan in key byte order; empty without a plan."""
@@ -313,7 +318,12 @@ class Partitions(Capability):
         Nothing is decoded on this path (a worker's hot path): `plan()` reads the partition.
         """
         end = (transition, exit_status)
-        self._end_partition_worker(partition_id, expected_version, worker_id, end)
+        with self._operation() as (q, conn):
+            row = _end_step_partition(q, conn, partition_id, expected_version, worker_id, end)
+            if row["id"] is None:
+                raise _end_refused(
+                    row, partition_id, expected_version, worker_id, transition.target
+                )
 
     def recover_lost(self, partition: int, expected_version: int, worker_id: int) -> bool:
         """End a STARTED partition's worker FAILED (STALE_RECOVERED) if its lease is gone.
@@ -328,20 +338,6 @@ class Partitions(Capability):
                 q, conn, partition, expected_version, worker_id, end, only_if_lost=True
             )
             return row["id"] is not None
-
-    def _end_partition_worker(
-        self,
-        partition_id: int,
-        expected_version: int,
-        worker_id: int,
-        end: tuple[LifecycleTransition, ExitCode | None],
-    ) -> Row:
-        """End the worker, then complete its partition from its row."""
-        with self._operation() as (q, conn):
-            row = _end_step_partition(q, conn, partition_id, expected_version, worker_id, end)
-            if row["id"] is not None:
-                return row
-            raise _end_refused(row, partition_id, expected_version, worker_id, end[0].target)
 
     def aggregate(
         self, parent_id: int, expected_version: int, transitioned_at: _dt.datetime
@@ -407,7 +403,6 @@ class Partitions(Capability):
             lease = lease or ExecutionLease()
             if parent.id in self._uow.unpublished_plans:
                 raise PartitionPlanNotCommitted(step_execution_id=parent.id)
-            fault = encode_fault_state(FaultStateEnvelope.EMPTY)
             row = q.claim_step_partition.prepared.one(
                 conn,
                 step_execution_id=parent.id,
@@ -415,8 +410,8 @@ class Partitions(Capability):
                 # Worker names add `#ordinal.version` to the parent's name cut to 100 bytes.
                 worker_name_prefix=parent.step_name.value.encode()[:100].decode("utf-8", "ignore"),
                 max_partition_version=2 * MAX_WORKER_TRIES,
-                fault_state_payload=to_jsonb(fault["fault_state_payload"]),
-                fault_state_checksum=fault["fault_state_checksum"],
+                fault_state_payload=to_jsonb(_EMPTY_FAULT["fault_state_payload"]),
+                fault_state_checksum=_EMPTY_FAULT["fault_state_checksum"],
                 now=self._uow.clock.now(),
                 owner_token=owner.value,
                 lease_ms=lease.milliseconds,
