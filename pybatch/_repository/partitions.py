@@ -117,36 +117,37 @@ def _decoded(rows: Sequence[Row]) -> list[StepPartition]:
     return [decode_step_partition(row) for row in rows]
 
 
-def _end_step_partition(
-    q: Statements,
-    conn: Connection,
+def _end_columns(
     partition_id: int,
     expected_version: int,
     worker_id: int,
     end: tuple[LifecycleTransition, ExitCode | None],
-    *,
-    only_if_lost: bool = False,
-) -> Row:
-    """Run end_step_partition, the one guarded statement of a partition's end."""
+) -> dict[str, object]:
+    """The parameters of a partition's end (end_step_partition, claim_step_partition)."""
     check_expected_version(expected_version)
     check_identifier(IdentifierKind.STEP_PARTITION, partition_id)
     check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
     transition, exit_status = end
     failure = transition.failure
-    return returned(
-        q.end_step_partition.prepared.one(
-            conn,
-            step_partition_id=partition_id,
-            expected_version=expected_version,
-            worker_step_execution_id=worker_id,
-            only_if_lost=only_if_lost,
-            status=transition.target.value,
-            exit_code=None if exit_status is None else exit_status.value,
-            failure_category=None if failure is None else failure.category.value,
-            failure_id=None if failure is None else failure.failure_id,
-            now=transition.at,
-        )
-    )
+    return {
+        "step_partition_id": partition_id,
+        "expected_version": expected_version,
+        "worker_step_execution_id": worker_id,
+        "status": transition.target.value,
+        "exit_code": None if exit_status is None else exit_status.value,
+        "failure_category": None if failure is None else failure.category.value,
+        "failure_id": None if failure is None else failure.failure_id,
+        "now": transition.at,
+    }
+
+
+#: A partition's end: its id, expected version, worker and (transition, exit).
+Ending = tuple[int, int, int, tuple[LifecycleTransition, ExitCode | None]]
+#: claim_step_partition with no partition to end.
+_NO_END = dict.fromkeys(
+    "step_partition_id expected_version worker_step_execution_id status exit_code"
+    " failure_category failure_id".split()
+)
 
 
 def _end_refused(
@@ -317,9 +318,9 @@ class Partitions(Capability):
         A worker already in a result status is left as it is. `exit_status` None keeps its exit.
         Nothing is decoded on this path (a worker's hot path): `plan()` reads the partition.
         """
-        end = (transition, exit_status)
+        end = _end_columns(partition_id, expected_version, worker_id, (transition, exit_status))
         with self._operation() as (q, conn):
-            row = _end_step_partition(q, conn, partition_id, expected_version, worker_id, end)
+            row = returned(q.end_step_partition.prepared.one(conn, **end, only_if_lost=False))
             if row["id"] is None:
                 raise _end_refused(
                     row, partition_id, expected_version, worker_id, transition.target
@@ -333,10 +334,9 @@ class Partitions(Capability):
         """
         lost = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(worker_id))
         end = (LifecycleTransition.failed(self._uow.clock.now(), lost), None)
+        ended = _end_columns(partition, expected_version, worker_id, end)
         with self._operation() as (q, conn):
-            row = _end_step_partition(
-                q, conn, partition, expected_version, worker_id, end, only_if_lost=True
-            )
+            row = returned(q.end_step_partition.prepared.one(conn, **ended, only_if_lost=True))
             return row["id"] is not None
 
     def aggregate(
@@ -391,34 +391,53 @@ class Partitions(Capability):
         parent: StepExecution,
         owner: OwnerToken | None = None,
         lease: ExecutionLease | None = None,
+        *,
+        ending: Ending | None = None,
     ) -> tuple[StepPartition, StepExecution] | None:
         """Claim the next partition of a STARTED parent for a new worker step, or None.
 
         One guarded statement locks the first claimable partition with SKIP LOCKED, creates the
         STARTED worker step (resuming the partition's latest earlier worker) and assigns it,
-        recording `owner` and starting its `lease` on the database clock.
+        recording `owner` and starting its `lease` on the database clock. With `ending` (the
+        worker's last partition) the same statement ends that one first, and claims only if the
+        end completed it; it is then the whole unit of work, committed alone in one round trip,
+        and a refused end raises as `end_worker` does.
         """
-        with self._operation() as (q, conn):
-            owner = owner or OwnerToken.generate()
-            lease = lease or ExecutionLease()
-            if parent.id in self._uow.unpublished_plans:
-                raise PartitionPlanNotCommitted(step_execution_id=parent.id)
-            row = q.claim_step_partition.prepared.one(
-                conn,
-                step_execution_id=parent.id,
-                node_id=parent.logical_id.value,
-                # Worker names add `#ordinal.version` to the parent's name cut to 100 bytes.
-                worker_name_prefix=parent.step_name.value.encode()[:100].decode("utf-8", "ignore"),
-                max_partition_version=2 * MAX_WORKER_TRIES,
-                fault_state_payload=to_jsonb(_EMPTY_FAULT["fault_state_payload"]),
-                fault_state_checksum=_EMPTY_FAULT["fault_state_checksum"],
-                now=self._uow.clock.now(),
-                owner_token=owner.value,
-                lease_ms=lease.milliseconds,
-            )
-            if row is None:
+        owner = owner or OwnerToken.generate()
+        lease = lease or ExecutionLease()
+        if parent.id in self._uow.unpublished_plans:
+            raise PartitionPlanNotCommitted(step_execution_id=parent.id)
+        params = {
+            "step_execution_id": parent.id,
+            "node_id": parent.logical_id.value,
+            # Worker names add `#ordinal.version` to the parent's name cut to 100 bytes.
+            "worker_name_prefix": parent.step_name.value.encode()[:100].decode("utf-8", "ignore"),
+            "max_partition_version": 2 * MAX_WORKER_TRIES,
+            "fault_state_payload": to_jsonb(_EMPTY_FAULT["fault_state_payload"]),
+            "fault_state_checksum": _EMPTY_FAULT["fault_state_checksum"],
+            "owner_token": owner.value,
+            "lease_ms": lease.milliseconds,
+            **(
+                _NO_END | {"now": self._uow.clock.now()}
+                if ending is None
+                else _end_columns(*ending)
+            ),
+        }
+
+        def decode(row: Row | None) -> tuple[StepPartition, StepExecution] | None:
+            row = returned(row)
+            if ending is not None and row["ended_partition_id"] is None:
+                partition_id, version, worker_id, (transition, _) = ending
+                raise _end_refused(row, partition_id, version, worker_id, transition.target)
+            if row["id"] is None:
                 return None
             return decode_claimed_partition(row), decode_step_execution(row)
+
+        statement = self._uow.statements.claim_step_partition.prepared
+        if ending is not None:
+            return self._uow.commit_statement(statement, params, decode)
+        with self._operation() as (_, conn):
+            return decode(statement.one(conn, **params))
 
     def count_open(self, parent_id: int) -> int:
         """Partitions still STARTING, STARTED, or claimable again after a lost worker."""

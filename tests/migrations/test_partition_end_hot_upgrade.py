@@ -59,7 +59,7 @@ def test_a_plan_live_across_the_upgrade_is_claimed_in_order_and_completes(
                     partition,
                     worker.id,
                     S.COMPLETED,
-                    lambda uow: partitioned._claim_in(uow, parent, lease),
+                    (parent, lease),
                 )
             aggregated, unfinished = partitioned.aggregate_plan(repository, parent)
         with run:
