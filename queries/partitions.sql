@@ -695,20 +695,6 @@ WHERE
         )
     );
 
--- :name list_slowest_step_partitions :many
--- :doc The partitions of a plan whose current worker ran (or has been running) longest, for a
--- plan's progress report; a running worker counts until now.
-SELECT
-    p.partition_key,
-    p.status,
-    p.worker_step_execution_id,
-    COALESCE(w.ended_at, :now) - w.started_at AS elapsed
-FROM pybatch.step_partition AS p
-INNER JOIN pybatch.step_execution AS w ON p.worker_step_execution_id = w.id
-WHERE p.step_execution_id = :step_execution_id AND w.started_at IS NOT NULL
-ORDER BY elapsed DESC, p.partition_key ASC
-LIMIT :limit;
-
 -- :name end_step_partition :one
 -- :doc End a partition's worker and publish its result onto the partition in one guarded
 -- statement. Lock the parent (FOR SHARE: claims and ends share the parent, only the aggregation's

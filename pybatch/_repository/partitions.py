@@ -64,10 +64,7 @@ from pybatch.values.ownership import ExecutionLease, OwnerToken
 from pybatch.values.partitions import (
     MAX_PARTITIONS,
     RESULT_STATUSES,
-    PartitionKey,
     PartitionPlanEntry,
-    PlanProgress,
-    SlowPartition,
     StepPartition,
 )
 from pybatch.values.records import StepExecution
@@ -216,12 +213,6 @@ def count_step_partitions_by_status(
     rows = q.count_step_partitions_by_status.many(conn, step_execution_id=parent_id)
     with corrupt_on():
         return {partition_status(row["status"]): int64_at(row, "partitions", 0) for row in rows}
-
-
-def _elapsed(value: object) -> _dt.timedelta:
-    if not isinstance(value, _dt.timedelta):
-        raise DecodeError("elapsed")
-    return value
 
 
 def _plan_overrides(parent_id: int) -> Overrides:
@@ -452,26 +443,3 @@ class Partitions(Capability):
         """How many partitions of a plan are in each status."""
         with self._operation() as (q, conn):
             return count_step_partitions_by_status(q, conn, parent_id)
-
-    def progress(self, parent_id: int, slowest: int = 5) -> PlanProgress:
-        """Partitions per status and the `slowest` partitions of a plan."""
-        with self._operation() as (q, conn):
-            check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
-            if q.get_step_execution.one(conn, step_execution_id=parent_id) is None:
-                raise StepExecutionNotFound(id=parent_id)
-            counts = count_step_partitions_by_status(q, conn, parent_id)
-            now = self._uow.clock.now()
-            rows = q.list_slowest_step_partitions.many(
-                conn, step_execution_id=parent_id, now=now, limit=slowest
-            )
-            with corrupt_on((DecodeError, PyBatchError)):
-                slow = tuple(
-                    SlowPartition(
-                        key=PartitionKey(text_at(row, "partition_key")),
-                        status=partition_status(row["status"]),
-                        worker_step_execution_id=int64_at(row, "worker_step_execution_id"),
-                        elapsed=_elapsed(row["elapsed"]),
-                    )
-                    for row in rows
-                )
-            return PlanProgress(counts=counts, slowest=slow)

@@ -124,12 +124,6 @@ READERS: dict[str, tuple[str, ...]] = {
         "leased",
         "lease_expired",
     ),
-    "list_slowest_step_partitions": (
-        "partition_key",
-        "status",
-        "worker_step_execution_id",
-        "elapsed",
-    ),
     # read by hand: repository/definitions.py
     "insert_job_definition_if_absent": ("id",),
     "find_job_definition_by_revision": ("id", "manifest_digest"),

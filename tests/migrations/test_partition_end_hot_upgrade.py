@@ -67,7 +67,7 @@ def test_a_plan_live_across_the_upgrade_is_claimed_in_order_and_completes(
     assert (ended, aggregated.status, unfinished) == (["a", "b", "c", "d"], S.COMPLETED, [])
 
     with psycopg.connect(blank_database) as admin:
-        indexes = dict(
+        indexes: dict[str, str] = dict(
             admin.execute(
                 "SELECT indexname, indexdef FROM pg_indexes"
                 " WHERE schemaname = 'pybatch' AND tablename = 'step_partition'"
