@@ -321,7 +321,7 @@ class ChunkTracer:
         session, transaction = chunks_module.StepSession, chunks_module.ChunkTransaction
         self._originals = {
             (session, "begin"): session.__dict__["begin"],
-            # `commit` delegates to `commit_counts`, which the ETL API calls directly.
+            # `commit_counts`: what the ETL API's `Chunk.commit` calls.
             (transaction, "commit_counts"): transaction.__dict__["commit_counts"],
             (transaction, "rollback"): transaction.__dict__["rollback"],
         }
@@ -473,7 +473,7 @@ class PhaseMeter:
         session, transaction = chunks_module.StepSession, chunks_module.ChunkTransaction
         begin = session.begin
         executemany, copy = transaction.executemany, transaction.copy
-        commit = transaction.commit_counts  # what `commit` and the ETL API's commit call
+        commit = transaction.commit_counts  # what the ETL API's commit calls
         meter = self
 
         def open_(self: Any) -> Any:

@@ -1,11 +1,8 @@
 """The step session: one held connection per running step, and its chunk transactions.
 
-See docs/contract.md, Chunk transactions. A `StepSession` keeps one pooled connection and its
-cursor from the step's first chunk to `close`; a chunk (`ChunkTransaction`) is its transaction:
-the ETL's statements, one compare-and-swap UPDATE of the step's progress fenced in its own
-predicate (the committed version, STARTED, the owner's token), and COMMIT, so a crash leaves
-the whole chunk or none of it. A refusal rolls back, a connection no longer trusted is
-discarded, and a lost COMMIT acknowledgement makes the session re-read the durable state.
+A chunk (`ChunkTransaction`) is the ETL's statements, one compare-and-swap UPDATE of the step's
+progress fenced in its own predicate (the committed version, STARTED, the owner's token), and
+COMMIT: a crash leaves the whole chunk or none of it (docs/contract.md, Chunk transactions).
 
 Statements: chunks.sql get_step_chunk_state, update_step_chunk_commit, _progress and _rollback
 (a step), update_partition_chunk_commit, _progress and _rollback (a partition worker), each
@@ -43,7 +40,6 @@ from pybatch.errors import (
 from pybatch.values.chunks import (
     NO_FAULT_PROGRESS,
     ChunkContext,
-    ChunkCounts,
     CommittedStepState,
     FaultProgress,
 )
@@ -85,12 +81,10 @@ def load_committed_state(repository: JobRepository, context: ChunkContext) -> Co
 class StepSession:
     """A running step's connection, cursor and committed state, from its first chunk to `close`.
 
-    `begin` opens the step's next chunk on the held connection. The first chunk reads and
-    checks the step's committed state; each later one starts from the state the session
-    committed last and sends nothing before the ETL's own first statement, because its
-    commit is a compare-and-swap on that version and STARTED: a stop, a recovery or another
-    writer in between still refuses the chunk, at commit. A chunk opened while another of the
-    session's chunks is still open gets a pooled connection of its own for its lifetime.
+    Only the first chunk reads the step's state; a later one starts from the state the session
+    committed last and sends nothing before the ETL's first statement: its compare-and-swap
+    still refuses it after a stop, a recovery or another writer. A chunk opened while another
+    is open gets a pooled connection of its own.
     """
 
     __slots__ = (
@@ -108,21 +102,17 @@ class StepSession:
 
     def __init__(self, repository: JobRepository, context: ChunkContext) -> None:
         self._transactions = repository.transactions
-        statements = self._statements = repository.statements
+        q = self._statements = repository.statements
         self._clock = repository.clock
         #: The chunk writes of the step's fence (progress, full commit, rollback count): a
         #: step's statements, or a partition worker's twins (chunks.sql).
         self._writes = (
-            (
-                statements.update_step_chunk_progress,
-                statements.update_step_chunk_commit,
-                statements.update_step_chunk_rollback,
-            )
+            (q.update_step_chunk_progress, q.update_step_chunk_commit, q.update_step_chunk_rollback)
             if context.partition_id is None
             else (
-                statements.update_partition_chunk_progress,
-                statements.update_partition_chunk_commit,
-                statements.update_partition_chunk_rollback,
+                q.update_partition_chunk_progress,
+                q.update_partition_chunk_commit,
+                q.update_partition_chunk_rollback,
             )
         )
         #: The step and the owner whose ownership every commit proves (the fence).
@@ -174,16 +164,12 @@ class StepSession:
                 raise NotCommitted(reason="the database is unavailable") from None
         committed = self.committed
         if committed is None:
-            committed = self.committed = self._read_state(conn, self._drop)
+            committed = self.committed = self._read_state(conn, self._drop, self._rollback_held)
         chunk = self._chunk = ChunkTransaction(self, conn, self._cursor, committed)
         return chunk
 
     def forget(self) -> None:
-        """Re-read the step's committed state at the next chunk: another transaction moved it.
-
-        A retry reservation (`FaultState.reserve`) advances the step's version and counters
-        in a transaction of its own; the next chunk's compare-and-swap must start from there.
-        """
+        """Re-read the committed state at the next chunk: a retry reservation moved it."""
         self.committed = None
 
     def _begin_apart(self) -> ChunkTransaction:
@@ -191,7 +177,7 @@ class StepSession:
         lease, conn = self._lease_one()
         state = self.committed  # set: the busy chunk started from it
         if state is None:
-            state = self._read_state(conn, lease.discard, lease)
+            state = self._read_state(conn, lease.discard, lease.rollback)
         return ChunkTransaction(self, conn, None, state, lease)
 
     def _hold(self) -> Connection:
@@ -212,7 +198,7 @@ class StepSession:
         return lease, lease.connection
 
     def _read_state(
-        self, conn: Connection, discard: Callable[[], None], lease: Lease | None = None
+        self, conn: Connection, discard: Callable[[], object], rollback: Callable[[], object]
     ) -> CommittedStepState:
         """Read and check the step's committed state; the chunk's transaction goes on from it."""
         context = self._context
@@ -232,10 +218,7 @@ class StepSession:
             if state.status is not BatchStatus.STARTED:
                 raise NotCommitted(reason=f"the step is {state.status.value}, not STARTED")
         except PyBatchError as error:
-            if lease is None:
-                self._rollback_held()
-            else:
-                lease.rollback()
+            rollback()
             if isinstance(error, NotCommitted):
                 raise
             raise NotCommitted(reason="the committed step state is unusable") from None
@@ -255,16 +238,8 @@ class StepSession:
 
     def _rollback_held(self) -> None:
         """ROLLBACK on the held connection; one that cannot roll back is discarded."""
-        conn = self._conn
-        if conn is None:
-            return
-        if conn.broken or conn.closed:
-            self._drop()
-            return
-        try:
-            conn.rollback()
-        except psycopg.Error:
-            self._drop()
+        if self._lease is not None and not self._lease.rollback(keep=True):
+            self._drop()  # the lease discarded its connection: forget it and the cursor
 
     def _drop(self) -> None:
         """Discard the held connection (it can no longer be trusted); the next chunk leases anew."""
@@ -387,25 +362,6 @@ class ChunkTransaction:
             self._discard()
         return classified
 
-    def commit(
-        self,
-        counts: ChunkCounts,
-        fault_progress: FaultProgress | None = None,
-        *,
-        checkpoint: Checkpoint,
-        context: ExecutionContext | None = None,
-    ) -> CommittedStepState:
-        """Commit the chunk: business writes, counters, checkpoint and context (`commit_counts`)."""
-        return self.commit_counts(
-            counts.read,
-            counts.processed,
-            counts.written,
-            counts.filtered,
-            fault_progress,
-            checkpoint=checkpoint,
-            context=context,
-        )
-
     def commit_counts(
         self,
         read: int,
@@ -461,12 +417,7 @@ class ChunkTransaction:
         checkpoint: Checkpoint,
         context: ExecutionContext | None,
     ) -> tuple[Statement, dict[str, object], CommittedStepState]:
-        """The progress UPDATE to send, its parameters, and the state it commits.
-
-        Raises:
-            NotCommitted: a counter would overflow, or a state schema version cannot be
-                stored.
-        """
+        """The progress UPDATE to send, its parameters, and the state it commits."""
         state = self.committed
         try:
             next_counts = state.counts.after_chunk(read, processed, written, filtered)
@@ -620,11 +571,7 @@ def _run_alone(statement: Statement, cursor: psycopg.Cursor[Any], params: dict[s
 
 
 def _still_alive(conn: Connection) -> bool:
-    """The held connection passes the pool's checkout check (no round trip).
-
-    A held connection never goes back through the pool between chunks, so a backend ended
-    while it sat idle would fail the next chunk; it is discarded and a fresh one leased.
-    """
+    """The held connection passes the pool's checkout check (it never goes back between chunks)."""
     try:
         check_idle_connection(conn)
     except psycopg.Error:

@@ -307,13 +307,10 @@ class ConnectionConfig:
             raise e.CaCertificateWithoutVerification()
 
     def __repr__(self) -> str:
-        fields = ", ".join(
-            f"{name}={getattr(self, name)!r}"
-            for name in ("pool_size", "statement_timeout", "lock_timeout")
-        )
         return (
             f'ConnectionConfig(connection="<redacted>", tls_mode={self.tls_mode.value}, '
-            f"ca_certificate={self.ca_certificate!r}, {fields})"
+            f"ca_certificate={self.ca_certificate!r}, pool_size={self.pool_size!r}, "
+            f"statement_timeout={self.statement_timeout!r}, lock_timeout={self.lock_timeout!r})"
         )
 
     __str__ = __repr__

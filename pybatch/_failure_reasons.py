@@ -21,22 +21,24 @@ _SECRET_PAIR = re.compile(
     r"\b(password|passwd|pwd|secret|token|api[_-]?key|sslpassword)(\s*[=:]\s*)('[^']*'|\S+)",
     re.IGNORECASE,
 )
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+#: Control characters: a recorded message or skipped item's key is one line of text.
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 REDACTED = "<redacted>"
 
 
-def _name(value: object) -> str | None:
+def server_name(value: object) -> str | None:
     """A server identifier as the columns hold it (1..63 bytes), else None."""
     if type(value) is not str or not 1 <= len(value.encode()) <= 63:
         return None
     return value
 
 
-def _bounded(text: str) -> str:
+def bounded(text: str, limit: int = _MAX_MESSAGE_BYTES) -> str:
+    """`text` cut to `limit` UTF-8 bytes, "..." marking a cut."""
     data = text.encode()
-    if len(data) <= _MAX_MESSAGE_BYTES:
+    if len(data) <= limit:
         return text
-    return data[: _MAX_MESSAGE_BYTES - 3].decode(errors="ignore") + "..."
+    return data[: limit - 3].decode(errors="ignore") + "..."
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
@@ -45,7 +47,7 @@ def redact(text: str, secrets: Iterable[str]) -> str:
         text = text.replace(secret, REDACTED)
     text = _URI_CREDENTIALS.sub(rf"\1{REDACTED}@", text)
     text = _SECRET_PAIR.sub(rf"\1\2{REDACTED}", text)
-    return _CONTROL.sub(" ", text)
+    return CONTROL.sub(" ", text)
 
 
 def failure_reason(error: BaseException, secrets: Iterable[str]) -> FailureReason:
@@ -62,12 +64,12 @@ def failure_reason(error: BaseException, secrets: Iterable[str]) -> FailureReaso
         names = [getattr(error, key, None) for key in keys]
         # pybatch's own messages are built from names and bounds only (pybatch/errors.py).
         text = str(error) if isinstance(error, PyBatchError) else redact(str(error), secrets)
-        message = _bounded(text) or "(no message)"
+        message = bounded(text) or "(no message)"
     return FailureReason(
         error_class=error_class,
         message=message,
         sqlstate=sqlstate if isinstance(sqlstate, str) and _SQLSTATE.match(sqlstate) else None,
-        constraint=_name(names[0]),
-        table=_name(names[1]),
-        column=_name(names[2]),
+        constraint=server_name(names[0]),
+        table=server_name(names[1]),
+        column=server_name(names[2]),
     )

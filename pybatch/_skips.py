@@ -14,12 +14,12 @@ from collections.abc import Sequence
 
 import attrs
 
-from pybatch._statements import Connection, Statements
+from pybatch._failure_reasons import CONTROL, bounded, server_name
+from pybatch._statements import Connection, load_statements
 from pybatch.errors import NotCommitted, Rejected
 
-#: Bounds of the columns (step_skip_item_key_length, step_skip_message_length).
+#: The bound of the key column (step_skip_item_key_length; messages are bounded as reasons).
 MAX_KEY_BYTES = 256
-MAX_MESSAGE_BYTES = 1000
 
 
 @attrs.frozen
@@ -31,65 +31,38 @@ class SkippedItem:
     error: Rejected
 
 
-def _bounded(text: str, limit: int) -> str:
-    data = text.encode()
-    if len(data) <= limit:
-        return text
-    return data[: limit - 3].decode(errors="ignore") + "..."
-
-
-def _name(value: str | None) -> str | None:
-    """A server identifier as the columns hold it (1..63 bytes), else None."""
-    return value if value is not None and 1 <= len(value.encode()) <= 63 else None
-
-
 def item_key(value: object) -> str:
     """The key stored for an item: its text, control characters replaced, bounded."""
-    text = "".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in str(value))
-    return _bounded(text, MAX_KEY_BYTES) or "-"
+    return bounded(CONTROL.sub(" ", str(value)), MAX_KEY_BYTES) or "-"
 
 
-def step_skip_total(statements: Statements, conn: Connection, step_execution_id: int) -> int:
-    """The skips the step has committed so far (its first statement in an isolating chunk).
-
-    Raises:
-        NotCommitted: the step is gone.
-    """
-    total = statements.get_step_skip_total.scalar(conn, step_execution_id=step_execution_id)
+def step_skip_total(conn: Connection, step_execution_id: int) -> int:
+    """The skips the step has committed so far (NotCommitted: the step is gone)."""
+    total = load_statements().get_step_skip_total.scalar(conn, step_execution_id=step_execution_id)
     if type(total) is not int:
         raise NotCommitted(reason="the step execution does not exist")
     return total
 
 
-def record_skips(
-    statements: Statements,
-    conn: Connection,
-    step_execution_id: int,
-    skipped: Sequence[SkippedItem],
-) -> None:
+def record_skips(conn: Connection, step_execution_id: int, skipped: Sequence[SkippedItem]) -> None:
     """Insert the chunk's skip records in its open transaction, one statement each.
 
     A chunk skips few items (each costs its isolating writes already), so one round trip
-    per record is not worth an array-binding statement.
-
-    The message is the typed error's own (SQLSTATE and names only): the server's message
-    can quote the rejected row's values.
-
-    Raises:
-        NotCommitted: not every record was inserted.
+    per record is not worth an array-binding statement. The message is the typed error's
+    own (SQLSTATE and names only): the server's message can quote the rejected row's values.
     """
     for item in skipped:
         error = item.error
-        changed = statements.insert_step_skip.affected(
+        changed = load_statements().insert_step_skip.affected(
             conn,
             step_execution_id=step_execution_id,
             item_position=item.position,
             item_key=item.key,
             sqlstate=error.sqlstate,
-            constraint_name=_name(error.constraint),
-            table_name=_name(error.table),
-            column_name=_name(error.column),
-            message=_bounded(str(error), MAX_MESSAGE_BYTES),
+            constraint_name=server_name(error.constraint),
+            table_name=server_name(error.table),
+            column_name=server_name(error.column),
+            message=bounded(str(error)),
         )
         if changed != 1:
             raise NotCommitted(reason="a skip record was not inserted")

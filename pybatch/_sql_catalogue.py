@@ -14,7 +14,7 @@ import psycopg
 from pybatch import _sqlstate
 from pybatch._config import ConnectionConfig
 from pybatch._connect import open_connection
-from pybatch._statements import Statement, Statements, load_statements
+from pybatch._statements import Statement, load_statements
 from pybatch.errors import UnknownStatement
 
 _TABLE = re.compile(r"\bpybatch\.([a-z_]+)\b")
@@ -73,10 +73,9 @@ def _entry(statement: Statement) -> StatementEntry:
     )
 
 
-def catalogue(statements: Statements | None = None) -> list[StatementEntry]:
+def catalogue() -> list[StatementEntry]:
     """Every statement, ordered by file and then by name."""
-    entries = [_entry(s) for s in statements or load_statements()]
-    return sorted(entries, key=lambda e: (e.file, e.name))
+    return sorted(map(_entry, load_statements()), key=lambda e: (e.file, e.name))
 
 
 def find(name: str) -> StatementEntry:
@@ -130,9 +129,8 @@ def _cell(values: Iterable[str]) -> str:
     return ", ".join(f"`{v}`" for v in values) or "-"
 
 
-def render_markdown(entries: list[StatementEntry] | None = None) -> str:
+def render_markdown() -> str:
     """docs/sql-catalogue.md: one section per file, one row per statement."""
-    entries = catalogue() if entries is None else entries
     out = [
         "# SQL catalogue",
         "",
@@ -143,7 +141,7 @@ def render_markdown(entries: list[StatementEntry] | None = None) -> str:
         "Columns: the result mode (`one` row, `many` rows, a `scalar`, or the `affected` row",
         "count), the bound parameters, and the tables the statement reads and writes.",
     ]
-    for file, group in itertools.groupby(entries, key=lambda entry: entry.file):
+    for file, group in itertools.groupby(catalogue(), key=lambda entry: entry.file):
         out += ["", f"## {file}", "", "| Statement | Mode | Parameters | Reads | Writes | Doc |"]
         out += ["|---|---|---|---|---|---|"]
         for entry in group:

@@ -183,21 +183,12 @@ class Statement:
 
 
 _NAMED_OR_ESCAPED = re.compile(rb"%%|%\((\w+)\)s")
-_PERCENT_OR_PLACEHOLDER = re.compile(rb"%%|%s")
 
 
 def _positional_form(query: bytes) -> tuple[bytes, tuple[str, ...]]:
     """`query` with each `%(name)s` as `%s`, and the names in order (`%%` is kept)."""
-    order: list[str] = []
-
-    def positional(match: re.Match[bytes]) -> bytes:
-        name = match.group(1)
-        if name is None:
-            return match.group(0)
-        order.append(name.decode())
-        return b"%s"
-
-    return _NAMED_OR_ESCAPED.sub(positional, query), tuple(order)
+    names = tuple(name.decode() for name in _NAMED_OR_ESCAPED.findall(query) if name)
+    return _NAMED_OR_ESCAPED.sub(lambda m: m[0] if m[1] is None else b"%s", query), names
 
 
 def _numbered_form(positional: bytes) -> bytes:

@@ -131,10 +131,6 @@ class StepProbe:
         )
         self.context: Context = _trace.set_span_in_context(self.span)
 
-    def chunk(self) -> ChunkProbe:
-        """Start the span of the step's next chunk."""
-        return ChunkProbe(self)
-
     @contextlib.contextmanager
     def current(self) -> Iterator[None]:
         """The step span, current while the step runs, ended with the step's outcome."""
@@ -209,28 +205,6 @@ def job_started(job_name: str, instance_id: int, execution_id: int) -> JobProbe 
     ):
         return None
     return JobProbe(job_name, instance_id, execution_id)
-
-
-def step_started(job: JobProbe | None, step_name: str, step_execution_id: int) -> StepProbe | None:
-    """A step's span under its job's; None when the job has none."""
-    return None if job is None else StepProbe(job, step_name, step_execution_id)
-
-
-def step_current(step: StepProbe | None) -> contextlib.AbstractContextManager[None]:
-    """`StepProbe.current`, or nothing to do."""
-    return contextlib.nullcontext() if step is None else step.current()
-
-
-def job_entered(job: JobProbe | None) -> None:
-    """`JobProbe.enter`, when there is a probe."""
-    if job is not None:
-        job.enter()
-
-
-def job_ended(job: JobProbe | None, status: str, error: BaseException | None) -> None:
-    """`JobProbe.ended`, when there is a probe."""
-    if job is not None:
-        job.ended(status, error)
 
 
 def _count(name: str, attributes: Mapping[str, str]) -> None:

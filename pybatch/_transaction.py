@@ -82,16 +82,13 @@ class Lease:
                 self.discard()
                 raise Unavailable(sqlstate=_sqlstate.sqlstate_of(error)) from None
 
-    def commit(self, errors: CommitErrors, *, keep: bool = False) -> None:
-        """COMMIT and give the connection back; raise the family's error unless durable.
-
-        With `keep`, a still sound connection stays leased (a step holds one for its chunks).
-        """
+    def commit(self, errors: CommitErrors) -> None:
+        """COMMIT and give the connection back; raise the family's error unless durable."""
         conn = self._conn
         if conn is None:
             raise errors.aborted()
         if conn.pgconn.transaction_status == TransactionStatus.INERROR:
-            self.rollback(keep=keep)
+            self.rollback()
             raise errors.aborted()
         try:
             conn.commit()
@@ -99,10 +96,9 @@ class Lease:
             if _sqlstate.is_connection_loss(error, conn):
                 self.discard()
                 raise errors.unknown() from None
-            self.rollback(keep=keep)
+            self.rollback()
             raise errors.refused(error) from None
-        if not keep:
-            self._release(discard=False)
+        self._release(discard=False)
 
     def commit_alone(
         self, statement: Statement, params: Mapping[str, object], errors: CommitErrors

@@ -221,15 +221,11 @@ class Chunk:
             and 0 <= filtered <= INT64_MAX
         ):  # ChunkCounts raises the typed error naming the count that is wrong
             ChunkCounts(read=read, processed=processed, written=written, filtered=filtered)
+        state = _state(Checkpoint, checkpoint)
+        ctx = None if context is None else _state(ExecutionContext, context)
         try:
             self._step.state = self._transaction.commit_counts(
-                read,
-                processed,
-                written,
-                filtered,
-                skips,
-                checkpoint=_state(Checkpoint, checkpoint),
-                context=None if context is None else _state(ExecutionContext, context),
+                read, processed, written, filtered, skips, checkpoint=state, context=ctx
             )
         except NotCommitted:
             self._step._raise_if_ownership_lost()
@@ -243,7 +239,7 @@ class _ObservedChunk(Chunk):
 
     def __init__(self, step: StepRun, transaction: ChunkTransaction) -> None:
         super().__init__(step, transaction)
-        self._probe = step._probe.chunk()  # type: ignore[union-attr]
+        self._probe = _telemetry.ChunkProbe(step._probe)  # type: ignore[arg-type]
 
     def __exit__(self, exc_type: object, exc: BaseException | None, traceback: object) -> None:
         rolled_back = exc is not None and self._transaction._open
@@ -267,34 +263,19 @@ class _ObservedChunk(Chunk):
             raise
         self._probe.ended(None)
 
-    def commit(
-        self,
-        *,
-        read: int,
-        written: int,
-        checkpoint: JsonObject,
-        processed: int | None = None,
-        filtered: int = 0,
-        context: JsonObject | None = None,
-        skips: FaultProgress | None = None,
-    ) -> None:
-        """`Chunk.commit`, counted, timed and ending the chunk's span."""
+    def commit(self, **arguments: Any) -> None:
+        """`Chunk.commit` (the same keyword arguments), counted, timed and ending the span."""
         started = time.perf_counter()
         try:
-            super().commit(
-                read=read,
-                written=written,
-                checkpoint=checkpoint,
-                processed=processed,
-                filtered=filtered,
-                context=context,
-                skips=skips,
-            )
+            super().commit(**arguments)
         except BaseException as error:
             if not self._transaction._open:  # else the block's exit rolls it back
                 self._probe.ended(error)
             raise
-        self._probe.committed(read, written, skips, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self._probe.committed(
+            arguments["read"], arguments["written"], arguments.get("skips"), seconds
+        )
 
 
 class StepRun:
@@ -316,7 +297,8 @@ class StepRun:
         self._session = StepSession(run.repository, context)
         #: The step's span (None without opentelemetry, or in a partition worker), and the
         #: chunk class bound to it once here: nothing is checked per chunk.
-        self._probe = _telemetry.step_started(run._probe, step.step_name.value, step.id)
+        job = run._probe
+        self._probe = None if job is None else _telemetry.StepProbe(job, self.name, step.id)
         self._chunk_type: type[Chunk] = Chunk if self._probe is None else _ObservedChunk
 
     @property
@@ -485,37 +467,34 @@ class _HintMissed(Exception):
     """Rows before the line a COPY named were rejected too: isolate by bisection instead."""
 
 
+@attrs.define
 class _FaultTolerantLoad:
     """One `StepRun.load` call: its chunks, the isolation of rejected items, retries, skips."""
 
-    def __init__(
-        self,
-        step: StepRun,
-        read: Callable[[int], Iterable[Any]],
-        write: Callable[[Chunk, list[Any]], object],
-        chunk_size: int,
-        key: Callable[[Any], object] | None,
-        retry_limit: int,
-        skip_limit: int,
-        backoff: Backoff,
-    ) -> None:
-        for name, value, low, high in (
-            ("chunk_size", chunk_size, 1, _MAX_CHUNK_SIZE),
-            ("retry_limit", retry_limit, 0, RetryOrdinal.MAX.value),
-            ("skip_limit", skip_limit, 0, INT64_MAX),
+    step: StepRun
+    read: Callable[[int], Iterable[Any]]
+    write: Callable[[Chunk, list[Any]], object]
+    chunk_size: int
+    key: Callable[[Any], object] | None
+    retry_limit: int
+    skip_limit: int
+    backoff: Backoff
+    result: dict[str, int] = attrs.field(
+        init=False, factory=lambda: {"read": 0, "written": 0, "skipped": 0, "retries": 0}
+    )
+    #: The isolating chunk's skips so far, and how many the step's skip limit still allows.
+    skipped: list[_skips.SkippedItem] = attrs.field(init=False, factory=list)
+    allowed: int = attrs.field(init=False, default=0)
+
+    def __attrs_post_init__(self) -> None:
+        for name, low, high in (
+            ("chunk_size", 1, _MAX_CHUNK_SIZE),
+            ("retry_limit", 0, RetryOrdinal.MAX.value),
+            ("skip_limit", 0, INT64_MAX),
         ):
+            value = getattr(self, name)
             if type(value) is not int or not low <= value <= high:
                 raise ValueError(f"{name} must be an int from {low} to {high}")
-        self.step = step
-        self.read = read
-        self.write = write
-        self.chunk_size = chunk_size
-        self.key = key
-        self.retry_limit = retry_limit
-        self.skip_limit = skip_limit
-        self.backoff = backoff
-        self.policy = RetryPolicy(RetryLimit(retry_limit), _LOAD_STATE_LIMIT)
-        self.result = {"read": 0, "written": 0, "skipped": 0, "retries": 0}
 
     def run(self) -> LoadResult:
         position = _position_of(self.step.checkpoint)
@@ -570,40 +549,30 @@ class _FaultTolerantLoad:
         isolate = self._isolate
         while True:
             with step._chunk_type(step, step._session.begin()) as chunk:
-                transaction = chunk._transaction
                 try:
                     # The first statement opens the transaction the savepoints live in.
-                    total = _skips.step_skip_total(
-                        transaction._session._statements, chunk.connection, step.execution.id
-                    )
+                    total = _skips.step_skip_total(chunk.connection, step.execution.id)
                 except psycopg.Error as error:
-                    raise transaction._classified(error) from None
-                allowed = self.skip_limit - total
-                skipped: list[_skips.SkippedItem] = []
+                    raise chunk._transaction._classified(error) from None
+                self.allowed, self.skipped = self.skip_limit - total, []
                 try:
-                    if allowed <= 0:
+                    if self.allowed <= 0:
                         raise _SkipLimitReached()
-                    isolate(chunk, list(enumerate(batch, start)), rejection, skipped, allowed)
+                    isolate(chunk, list(enumerate(batch, start)), rejection)
                 except _SkipLimitReached:
                     chunk._discard()
+                    skips = total + max(len(self.skipped), 1)
                     raise SkipLimitExceeded(
-                        limit=self.skip_limit, step=step.name, skips=total + max(len(skipped), 1)
+                        limit=self.skip_limit, step=step.name, skips=skips
                     ) from None
                 except _HintMissed:  # a line was not its item's: bisect, in a new transaction
                     chunk._discard()
                     isolate = self._bisect
                     continue
-                self._commit(chunk, start, len(batch), skipped)
+                self._commit(chunk, start, len(batch), self.skipped)
             return start + len(batch)
 
-    def _isolate(
-        self,
-        chunk: Chunk,
-        items: list[tuple[int, Any]],
-        rejection: Rejected,
-        skipped: list[_skips.SkippedItem],
-        allowed: int,
-    ) -> None:
+    def _isolate(self, chunk: Chunk, items: list[tuple[int, Any]], rejection: Rejected) -> None:
         """Write `items` (rejected as a whole with `rejection`) around the line it names.
 
         A COPY stops at the first line it rejects and names it: the rows before were accepted,
@@ -616,14 +585,14 @@ class _FaultTolerantLoad:
             named = _COPY_LINE.search(getattr(getattr(driver, "diag", None), "context", "") or "")
             line = 0 if named is None else int(named.group(1))
             if not 1 <= line <= len(items):
-                self._bisect(chunk, items, rejection, skipped, allowed)
+                self._bisect(chunk, items, rejection)
                 return
             before, (position, item), after = items[: line - 1], items[line - 1], items[line:]
             if before and self._write(chunk, [i for _, i in before]) is not None:
                 raise _HintMissed()
             alone = self._write(chunk, [item], savepoint=True)
             if alone is not None:
-                self._skip(position, item, alone, skipped, allowed)
+                self._skip(position, item, alone)
             if not after:
                 return
             found = self._write(chunk, [i for _, i in after], savepoint=True)
@@ -631,22 +600,15 @@ class _FaultTolerantLoad:
                 return
             items, rejection = after, found
 
-    def _skip(
-        self, position: int, item: Any, rejection: Rejected, skipped: list[Any], n: int
-    ) -> None:
-        """Record an item that a write of it alone had rejected; past `n` skips, stop."""
+    def _skip(self, position: int, item: Any, rejection: Rejected) -> None:
+        """Record an item that a write of it alone had rejected; past `allowed` skips, stop."""
         key = position if self.key is None else self.key(item)
-        skipped.append(_skips.SkippedItem(position, _skips.item_key(key), rejection))
-        if len(skipped) > n:
+        self.skipped.append(_skips.SkippedItem(position, _skips.item_key(key), rejection))
+        if len(self.skipped) > self.allowed:
             raise _SkipLimitReached()
 
     def _bisect(
-        self,
-        chunk: Chunk,
-        items: list[tuple[int, Any]],
-        rejection: Rejected | None,
-        skipped: list[_skips.SkippedItem],
-        allowed: int,
+        self, chunk: Chunk, items: list[tuple[int, Any]], rejection: Rejected | None
     ) -> None:
         """Write each half of `items` (known to hold a rejected item) in a savepoint; recurse.
 
@@ -659,58 +621,46 @@ class _FaultTolerantLoad:
         if len(items) == 1:
             if rejection is None:  # never called so: a known-bad item is written alone first
                 raise ValueError("a single item is skipped only on its own rejection")
-            self._skip(*items[0], rejection, skipped, allowed)
+            self._skip(*items[0], rejection)
             return
         middle = len(items) // 2
         left, right = items[:middle], items[middle:]
         found = self._write(chunk, [item for _, item in left], savepoint=True)
         if found is not None:
-            self._bisect(chunk, left, found, skipped, allowed)
+            self._bisect(chunk, left, found)
         elif len(right) > 1:
-            self._bisect(chunk, right, None, skipped, allowed)
+            self._bisect(chunk, right, None)
             return
         found = self._write(chunk, [item for _, item in right], savepoint=True)
         if found is not None:
-            self._bisect(chunk, right, found, skipped, allowed)
+            self._bisect(chunk, right, found)
 
     def _write(self, chunk: Chunk, items: list[Any], *, savepoint: bool = False) -> Rejected | None:
         """Run `write`; a rejection of the data is returned, every other failure raised."""
-        transaction = chunk._transaction
+        classified = chunk._transaction._classified
         try:
-            if savepoint:
-                with chunk.connection.transaction():
-                    self._call(chunk, items)
-            else:
-                self._call(chunk, items)
+            with chunk.connection.transaction() if savepoint else contextlib.nullcontext():
+                try:
+                    self.write(chunk, items)
+                except psycopg.Error as error:  # statements run on chunk.connection directly
+                    raise classified(error) from None
         except Rejected as error:
             if error.sqlstate[:2] in _SKIPPABLE_CLASSES:
                 return error
             raise
         except psycopg.Error as error:  # the savepoint's own statements
-            raise transaction._classified(error) from None
+            raise classified(error) from None
         return None
-
-    def _call(self, chunk: Chunk, items: list[Any]) -> None:
-        try:
-            self.write(chunk, items)
-        except psycopg.Error as error:  # statements run on chunk.connection directly
-            raise chunk._transaction._classified(error) from None
 
     def _commit(
         self, chunk: Chunk, start: int, count: int, skipped: list[_skips.SkippedItem]
     ) -> None:
         """The good rows, the skip records and the step's progress: one COMMIT."""
-        transaction = chunk._transaction
         if skipped:
             try:
-                _skips.record_skips(
-                    transaction._session._statements,
-                    chunk.connection,
-                    self.step.execution.id,
-                    skipped,
-                )
+                _skips.record_skips(chunk.connection, self.step.execution.id, skipped)
             except psycopg.Error as error:
-                raise transaction._classified(error) from None
+                raise chunk._transaction._classified(error) from None
         written = count - len(skipped)
         chunk.commit(
             read=count,
@@ -737,7 +687,8 @@ class _FaultTolerantLoad:
         """
         step = self.step
         state = self._durable_state()
-        fault_state = FaultState(step.run.repository, self.policy)
+        policy = RetryPolicy(RetryLimit(self.retry_limit), _LOAD_STATE_LIMIT)
+        fault_state = FaultState(step.run.repository, policy)
         fault_state.bind(step._session._context)
         key = RetryKey.derive(
             step.run.definition.digest,
@@ -761,14 +712,14 @@ class _FaultTolerantLoad:
         )
         step._session.forget()  # the reservation advanced the step's version
         self.result["retries"] += 1
-        logger.info(
+        step.run._log(
             "pybatch: step %s retries the chunk at position %s (retry %s of %s) after %s",
             step.name,
             start,
             retry,
             self.retry_limit,
             type(error).__name__,
-            extra=step.run._log_fields(step.name),
+            step=step.name,
         )
         time.sleep(self.backoff.delay(retry))
 
@@ -889,7 +840,8 @@ class JobRun:
         return self.execution.restart_of_execution_id is not None
 
     def __enter__(self) -> JobRun:
-        _telemetry.job_entered(self._probe)
+        if self._probe is not None:
+            self._probe.enter()
         return self
 
     def __exit__(self, exc_type: object, exc: BaseException | None, traceback: object) -> bool:
@@ -900,7 +852,8 @@ class JobRun:
             error = raised
             raise
         finally:
-            _telemetry.job_ended(self._probe, self.execution.status.value, error)
+            if self._probe is not None:
+                self._probe.ended(self.execution.status.value, error)
 
     def _record_end(self, exc: BaseException | None) -> bool:
         """Record how the run ended; True to swallow `exc` (a requested stop)."""
@@ -908,11 +861,11 @@ class JobRun:
         self._stop_renewing()
         if lost or isinstance(exc, ExecutionOwnershipLost):
             # Another process recovered this execution: record nothing, touch nothing.
-            logger.error(
+            self._log(
                 "pybatch: job execution %s was recovered by another process; this run "
                 "stops without recording how it ended",
                 self.execution.id,
-                extra=self._log_fields(),
+                level=logging.ERROR,
             )
             if exc is None:
                 raise ExecutionOwnershipLost(id=self.execution.id)
@@ -920,11 +873,7 @@ class JobRun:
         if isinstance(exc, StopRequested):
             self._finish(BatchStatus.STOPPED)
             self.stopped = True
-            logger.info(
-                "pybatch: job execution %s stopped on request",
-                self.execution.id,
-                extra=self._log_fields(),
-            )
+            self._log("pybatch: job execution %s stopped on request", self.execution.id)
             return True
         try:
             self._finish(_ended_as(exc), exc)
@@ -937,14 +886,19 @@ class JobRun:
                 extra=self._log_fields(),
             )
             return False
-        logger.info(
+        self._log(
             "pybatch: job %s execution %s ended %s",
             self.instance.job_name.value,
             self.execution.id,
             self.execution.status.value,
-            extra=self._log_fields(),
         )
         return False
+
+    def _log(
+        self, message: str, *args: object, step: str | None = None, level: int = logging.INFO
+    ) -> None:
+        """A lifecycle log line, with `_log_fields` as its `extra=`."""
+        logger.log(level, message, *args, extra=self._log_fields(step), stacklevel=2)
 
     def _log_fields(self, step: str | None = None) -> dict[str, object]:
         """The `extra=` of a lifecycle log line, for a JSON formatter (never a parameter value)."""
@@ -980,16 +934,15 @@ class JobRun:
         return self.owner
 
     def _reason(self, status: BatchStatus, error: BaseException | None) -> FailureReason | None:
-        """The failure reason a FAILED ending records for `error`, never a secret."""
+        """The failure reason a FAILED ending records for `error`, never a secret.
+
+        A failure message never carries a parameter value or the DSN's password.
+        """
         if status is not BatchStatus.FAILED or error is None:
             return None
-        return failure_reason(error, self._secrets())
-
-    def _secrets(self) -> list[str]:
-        """What a failure message must never carry: parameter values, the DSN's password."""
-        found = [str(p.value.value) for _, p in self.parameters.items()]
+        secrets = [str(p.value.value) for _, p in self.parameters.items()]
         password = self.repository.config.connection_kwargs().get("password")
-        return [*found, password] if isinstance(password, str) else found
+        return failure_reason(error, [*secrets, password] if isinstance(password, str) else secrets)
 
     def _stop_renewing(self) -> None:
         """Stop renewing the lease and handling SIGTERM, as a process that died would."""
@@ -1005,11 +958,7 @@ class JobRun:
         if keeper is None:
             return
         if self._terminated:
-            logger.info(
-                "pybatch: job execution %s stops on SIGTERM",
-                self.execution.id,
-                extra=self._log_fields(),
-            )
+            self._log("pybatch: job execution %s stops on SIGTERM", self.execution.id)
             raise StopRequested(id=self.execution.id)
         if keeper.lost:
             raise ExecutionOwnershipLost(id=self.execution.id)
@@ -1037,24 +986,15 @@ class JobRun:
             lambda uow: uow.flow.start_step(self.execution.id, owner, step_name, node, limit)
         )
         if skipped:
-            logger.info(
-                "pybatch: step %s completed in an earlier attempt; skipped",
-                name,
-                extra=self._log_fields(name),
-            )
+            self._log("pybatch: step %s completed in an earlier attempt; skipped", name, step=name)
             return StepOutcome(name=name, skipped=True, step=started)
-        logger.info(
-            "pybatch: step %s started (step execution %s)",
-            name,
-            started.id,
-            extra=self._log_fields(name),
-        )
+        self._log("pybatch: step %s started (step execution %s)", name, started.id, step=name)
         step_run = StepRun(self, started)
-        with _telemetry.step_current(step_run._probe):
+        with contextlib.nullcontext() if step_run._probe is None else step_run._probe.current():
             with self._ended_if_raising(started.id, name), contextlib.closing(step_run):
                 work(step_run)
             ended = self._end_step(started.id, BatchStatus.COMPLETED)
-        logger.info("pybatch: step %s ended COMPLETED", name, extra=self._log_fields(name))
+        self._log("pybatch: step %s ended COMPLETED", name, step=name)
         return StepOutcome(name=name, skipped=False, step=ended)
 
     @contextlib.contextmanager
@@ -1067,13 +1007,9 @@ class JobRun:
         except BaseException as error:
             status = _ended_as(error)
             self._end_step(step_id, status, error)
-            logger.info(
-                "pybatch: step %s ended %s (%s)",
-                name,
-                status.value,
-                type(error).__name__,  # its type only: a message may quote row values
-                extra=self._log_fields(name),
-            )
+            # The error's type only: a message may quote row values.
+            message = "pybatch: step %s ended %s (%s)"
+            self._log(message, name, status.value, type(error).__name__, step=name)
             raise
 
     def _end_step(
@@ -1264,9 +1200,7 @@ class Job:
         self.recover_orphans = recover_orphans
         if lease is None:
             lease = _lease_from_environment()
-        if not isinstance(lease, ExecutionLease):
-            lease = ExecutionLease(lease)
-        self.lease = lease
+        self.lease = lease if isinstance(lease, ExecutionLease) else ExecutionLease(lease)
 
     def launch(self) -> JobRun:
         """Start the first attempt, or restart after FAILED or STOPPED, and mark it STARTED.
@@ -1330,21 +1264,17 @@ class Job:
                     extra={"job": key.job_name.value},
                 )
             time.sleep(_LEASE_POLL_SECONDS)
-        logger.info(
+        run = JobRun(
+            self.repository, instance, blocking, owner, self.lease, definition, key.parameters
+        )
+        run._log(
             "pybatch: job %s instance %s attempt %s started (execution %s)",
             instance.job_name.value,
             instance.id,
             blocking.attempt,
             blocking.id,
-            extra={
-                "job": instance.job_name.value,
-                "instance": instance.id,
-                "execution": blocking.id,
-            },
         )
-        return JobRun(
-            self.repository, instance, blocking, owner, self.lease, definition, key.parameters
-        )
+        return run
 
     def _recover(self, uow: UnitOfWork, orphan: int) -> None:
         """Record FAILED (OWNER_LOST), audited, for an attempt whose owner is still gone.

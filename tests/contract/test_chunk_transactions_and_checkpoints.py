@@ -55,7 +55,7 @@ from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.records import StepExecution
 from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
-from tests.support.chunks import FirstChunks, Receipt, commit_from, inherited_progress
+from tests.support.chunks import FirstChunks, Receipt, commit, commit_from, inherited_progress
 from tests.support.clock import ManualClock
 from tests.support.owners import TEST_OWNER, claim_test_owner
 
@@ -166,8 +166,8 @@ def _close_chunk_sessions() -> Iterator[None]:
 
 def commit_chunk(manager: FirstChunks, step: StepExecution, offset: int, read: int = 1) -> None:
     with manager.begin(context_of(step)) as chunk:
-        chunk.commit(
-            ChunkCounts(read=read, processed=read, written=read), checkpoint=cursor(offset)
+        commit(
+            chunk, ChunkCounts(read=read, processed=read, written=read), checkpoint=cursor(offset)
         )
 
 
@@ -197,7 +197,8 @@ def test_a_chunk_commit_advances_progress_with_its_business_writes(
             chunk.execute("INSERT INTO public.orders VALUES (%s, %s), (%s, %s)", (1, "a", 2, "b"))
             == 2
         )
-        state = chunk.commit(
+        state = commit(
+            chunk,
             ChunkCounts(read=3, processed=3, written=2, filtered=1),
             FaultProgress(read_skips=1, process_skips=2, write_skips=3, no_rollbacks=4),
             checkpoint=cursor(3),
@@ -227,7 +228,8 @@ def test_a_chunk_commit_advances_progress_with_its_business_writes(
     # A second chunk adds to the totals; the context is kept when none is given.
     with manager.begin(context_of(step)) as chunk:
         chunk.execute("INSERT INTO public.orders VALUES (%s, %s)", (3, "c"))
-        second = chunk.commit(
+        second = commit(
+            chunk,
             ChunkCounts(read=1, processed=1, written=1),
             FaultProgress(read_skips=1),
             checkpoint=cursor(4),
@@ -312,7 +314,7 @@ def test_the_checkpoint_digest_survives_the_jsonb_round_trip(
     manager = chunks_on(repository)
     awkward = cursor(7, big=1e16, small=1e-7, nested={"bb": 1, "a": [2.5, -0.0]}, text="é/\n")
     with manager.begin(context_of(step)) as chunk:
-        chunk.commit(ChunkCounts(read=1), checkpoint=awkward)
+        commit(chunk, ChunkCounts(read=1), checkpoint=awkward)
     inherited = inherited_progress(repository, context_of(step))
     assert inherited.checkpoint_digest == awkward.generation_digest()
     assert inherited.read_count == 1
@@ -397,13 +399,13 @@ def test_a_commit_after_the_step_left_started_is_not_committed(
         )
         uow.commit()
     with pytest.raises(NotCommitted):
-        chunk.commit(ChunkCounts(read=1), checkpoint=cursor(1))
+        commit(chunk, ChunkCounts(read=1), checkpoint=cursor(1))
     assert business_ids(admin) == []
     durable = stored_step(repository, step.id)
     assert (durable.status, durable.version) == (S.STOPPING, stopping.version)
     assert durable.metadata.counts == ExecutionCounts()
     with pytest.raises(NotCommitted):  # the chunk is closed; a second commit cannot land
-        chunk.commit(ChunkCounts(read=1), checkpoint=cursor(1))
+        commit(chunk, ChunkCounts(read=1), checkpoint=cursor(1))
 
 
 def test_the_status_guard_is_part_of_the_commit_predicate(
@@ -421,7 +423,7 @@ def test_the_status_guard_is_part_of_the_commit_predicate(
             "UPDATE pybatch.step_execution SET status = 'STOPPING' WHERE id = %s", (step.id,)
         )
         with pytest.raises(NotCommitted):
-            chunk.commit(ChunkCounts(read=1), checkpoint=cursor(1))
+            commit(chunk, ChunkCounts(read=1), checkpoint=cursor(1))
     assert business_ids(admin) == []
     assert raw_step(admin, step.id)["version"] == step.version
 
@@ -440,9 +442,9 @@ def test_two_chunks_from_one_version_only_one_commits(
     assert first.committed.version == second.committed.version == step.version
     first.execute("INSERT INTO public.orders VALUES (1, 'first')")
     second.execute("INSERT INTO public.orders VALUES (2, 'second')")
-    first.commit(ChunkCounts(read=2, processed=2, written=1), checkpoint=cursor(2))
+    commit(first, ChunkCounts(read=2, processed=2, written=1), checkpoint=cursor(2))
     with pytest.raises(NotCommitted):
-        second.commit(ChunkCounts(read=3, processed=3, written=3), checkpoint=cursor(3))
+        commit(second, ChunkCounts(read=3, processed=3, written=3), checkpoint=cursor(3))
     assert business_ids(admin) == [1]
     durable = stored_step(repository, step.id)
     assert durable.metadata.counts == ExecutionCounts(read=2, processed=2, written=1, committed=1)
@@ -462,14 +464,14 @@ def test_a_chunk_opened_while_the_sessions_chunk_is_open_gets_a_connection_of_it
         assert outer.connection is not inner.connection
         outer.execute("INSERT INTO public.orders VALUES (1, 'outer')")
         inner.execute("INSERT INTO public.orders VALUES (2, 'inner')")
-        inner.commit(ChunkCounts(read=1, processed=1, written=1), checkpoint=cursor(1))
+        commit(inner, ChunkCounts(read=1, processed=1, written=1), checkpoint=cursor(1))
         assert not inner.is_open and outer.is_open
         with pytest.raises(NotCommitted):
-            outer.commit(ChunkCounts(read=2), checkpoint=cursor(2))
+            commit(outer, ChunkCounts(read=2), checkpoint=cursor(2))
         assert not outer.is_open
         # The session goes on from what its nested chunk committed.
         with session.begin() as chunk:
-            chunk.commit(ChunkCounts(read=1), checkpoint=cursor(3))
+            commit(chunk, ChunkCounts(read=1), checkpoint=cursor(3))
     assert business_ids(admin) == [2]
     durable = stored_step(repository, step.id)
     assert durable.checkpoint == cursor(3) and durable.version == step.version + 2
@@ -484,7 +486,7 @@ def test_a_session_starts_each_chunk_from_the_version_it_committed(
     with StepSession(repository, context_of(step)) as session:
         for offset in (1, 2):
             with session.begin() as chunk:
-                chunk.commit(ChunkCounts(read=1), checkpoint=cursor(offset))
+                commit(chunk, ChunkCounts(read=1), checkpoint=cursor(offset))
         assert session.committed is not None
         assert session.committed.version == step.version + 2
         assert load_committed_state(repository, context_of(step)) == session.committed
@@ -494,7 +496,7 @@ def test_a_session_starts_each_chunk_from_the_version_it_committed(
         chunk = session.begin()
         assert chunk.committed.version == step.version + 2
         with pytest.raises(NotCommitted):
-            chunk.commit(ChunkCounts(read=1), checkpoint=cursor(3))
+            commit(chunk, ChunkCounts(read=1), checkpoint=cursor(3))
     state = load_committed_state(repository, context_of(step))
     assert state.counts.committed == 2 and state.fault_state.entries
 
@@ -661,7 +663,7 @@ def test_a_rejected_statement_poisons_the_chunk_and_frees_its_connection(
             with pytest.raises(BusinessTransactionError):  # the transaction is failed now
                 chunk.execute("INSERT INTO public.orders VALUES (3, 'after')")
             with pytest.raises(NotCommitted):
-                chunk.commit(ChunkCounts(read=2, written=2), checkpoint=cursor(2))
+                commit(chunk, ChunkCounts(read=2, written=2), checkpoint=cursor(2))
         assert business_ids(admin) == [1]
         durable = stored_step(repository, step.id)
         assert durable.version == step.version
@@ -681,13 +683,13 @@ def test_a_rejected_statement_poisons_the_chunk_and_frees_its_connection(
                 assert rejected.value.sqlstate == sqlstate
                 assert not chunk.connection.closed
                 with pytest.raises(NotCommitted):
-                    chunk.commit(ChunkCounts(read=1), checkpoint=cursor(1))
+                    commit(chunk, ChunkCounts(read=1), checkpoint=cursor(1))
         assert stored_step(repository, step.id).version == step.version
         # The step is still usable, on the same (single, kept) connection.
         with session.begin() as chunk:
             assert chunk.connection.info.backend_pid == pid
             chunk.execute("INSERT INTO public.orders VALUES (2, 'retried')")
-            chunk.commit(ChunkCounts(read=1, written=1), checkpoint=cursor(1))
+            commit(chunk, ChunkCounts(read=1, written=1), checkpoint=cursor(1))
         session.close()
         assert business_ids(admin) == [1, 2]
 
@@ -711,7 +713,7 @@ def test_the_statement_timeout_cancels_a_business_statement(
                 chunk.execute("SELECT pg_sleep(30)")
             assert time.monotonic() - started < 15
             with pytest.raises(NotCommitted):
-                chunk.commit(ChunkCounts(read=1), checkpoint=cursor(1))
+                commit(chunk, ChunkCounts(read=1), checkpoint=cursor(1))
         assert business_ids(admin) == []
         assert stored_step(repository, step.id).version == step.version
         commit_chunk(manager, step, 1)  # the connection survived and the step goes on
@@ -753,7 +755,7 @@ def test_refusals_before_commit_leave_nothing_durable(
     with manager.begin(context_of(step)) as chunk:
         chunk.execute("INSERT INTO public.orders VALUES (1, 'lost')")
         with pytest.raises(NotCommitted):
-            chunk.commit(ChunkCounts(read=2), checkpoint=cursor(2))
+            commit(chunk, ChunkCounts(read=2), checkpoint=cursor(2))
     assert business_ids(admin) == []
     assert stored_step(repository, step.id).metadata.counts.read == 2**63 - 2
 
@@ -797,18 +799,18 @@ def test_lost_commit_acknowledgement_is_outcome_unknown(
     step = started_step(repository, clock)
     session = StepSession(repository, context_of(step))
     with session.begin() as chunk:
-        chunk.commit(ChunkCounts(read=1), checkpoint=cursor(1))
+        commit(chunk, ChunkCounts(read=1), checkpoint=cursor(1))
     killing = _TerminateAfterUpdate(session._statements, admin)
     writes = (killing.update_step_chunk_progress, killing.update_step_chunk_commit)
     monkeypatch.setattr(session, "_writes", (*writes, session._writes[2]))
     chunk = session.begin()
     chunk.execute("INSERT INTO public.orders VALUES (1, 'in doubt')")
     with pytest.raises(ChunkCommitOutcomeUnknown):
-        chunk.commit(ChunkCounts(read=1), checkpoint=cursor(2))
+        commit(chunk, ChunkCounts(read=1), checkpoint=cursor(2))
     # The in-memory state did not advance, and the chunk is closed.
     assert chunk.committed.version == step.version + 1
     with pytest.raises(NotCommitted):
-        chunk.commit(ChunkCounts(read=1), checkpoint=cursor(2))
+        commit(chunk, ChunkCounts(read=1), checkpoint=cursor(2))
     # Only the database knows the outcome now: the session forgot what it committed.
     assert session.committed is None
     # A fresh read shows the truth: the backend died before COMMIT, nothing landed.
@@ -820,7 +822,7 @@ def test_lost_commit_acknowledgement_is_outcome_unknown(
     # The session's next chunk starts from that durable state, on a fresh connection.
     with session.begin() as chunk:
         assert chunk.committed == state
-        chunk.commit(ChunkCounts(read=1), checkpoint=cursor(2))
+        commit(chunk, ChunkCounts(read=1), checkpoint=cursor(2))
     session.close()
     assert load_committed_state(repository, context_of(step)).checkpoint == cursor(2)
 
@@ -839,7 +841,7 @@ def test_a_state_schema_version_beyond_integer_is_not_committed(
         chunk = manager.begin(context_of(step))
         chunk.execute("INSERT INTO public.orders VALUES (1, 'refused')")
         with pytest.raises(NotCommitted) as refused:
-            chunk.commit(ChunkCounts(read=1), checkpoint=checkpoint, context=context)
+            commit(chunk, ChunkCounts(read=1), checkpoint=checkpoint, context=context)
         assert "2147483647" in str(refused.value)
         assert not chunk.is_open
     assert business_ids(admin) == []
@@ -859,7 +861,7 @@ def test_lost_acknowledgement_of_a_checkpoint_only_chunk_is_outcome_unknown(
     manager = chunks_on(repository)
     session = StepSession(repository, context_of(step))
     with session.begin() as chunk:
-        chunk.commit(ChunkCounts(read=1), checkpoint=cursor(1))
+        commit(chunk, ChunkCounts(read=1), checkpoint=cursor(1))
     # A session's later chunk sends nothing before its own: its first statement is its
     # progress UPDATE.
     chunk = session.begin()
@@ -880,7 +882,7 @@ def test_lost_acknowledgement_of_a_checkpoint_only_chunk_is_outcome_unknown(
         killer = threading.Thread(target=kill_while_it_waits)
         killer.start()
         with pytest.raises(ChunkCommitOutcomeUnknown):
-            chunk.commit(ChunkCounts(read=1), checkpoint=cursor(2))
+            commit(chunk, ChunkCounts(read=1), checkpoint=cursor(2))
         killer.join()
     assert not chunk.is_open
     assert session.committed is None  # the session re-reads the durable state
@@ -913,10 +915,10 @@ def test_a_checkpoint_only_chunk_commits_in_one_round_trip(
     step = started_step(repository, clock)
     session = StepSession(repository, context_of(step))
     with session.begin() as chunk:  # prepares the statements on the held connection
-        chunk.commit(ChunkCounts(read=1), checkpoint=cursor(1))
+        commit(chunk, ChunkCounts(read=1), checkpoint=cursor(1))
     chunk = session.begin()
     conn = chunk.connection
-    trace = _protocol(conn, lambda: chunk.commit(ChunkCounts(read=1), checkpoint=cursor(2)))
+    trace = _protocol(conn, lambda: commit(chunk, ChunkCounts(read=1), checkpoint=cursor(2)))
     sent = [line for line in trace.splitlines() if line.startswith("F")]
     assert not any("BEGIN" in line or "COMMIT" in line for line in sent), trace
     assert sum(1 for line in sent if "\tSync" in line) == 1, trace
@@ -927,7 +929,7 @@ def test_a_checkpoint_only_chunk_commits_in_one_round_trip(
 
     def business_chunk() -> None:
         chunk.execute("INSERT INTO public.orders VALUES (3, 'with progress')")
-        chunk.commit(ChunkCounts(read=1), checkpoint=cursor(3))
+        commit(chunk, ChunkCounts(read=1), checkpoint=cursor(3))
 
     sent = [line for line in _protocol(conn, business_chunk).splitlines() if "F" in line[:2]]
     assert any("BEGIN" in line for line in sent) and any("COMMIT" in line for line in sent)
@@ -947,7 +949,7 @@ def test_connection_lost_before_commit_is_not_committed(
     chunk.execute("INSERT INTO public.orders VALUES (1, 'lost')")
     terminate(admin, chunk.connection.info.backend_pid)  # after the business writes
     with pytest.raises(NotCommitted):
-        chunk.commit(ChunkCounts(read=1), checkpoint=cursor(1))
+        commit(chunk, ChunkCounts(read=1), checkpoint=cursor(1))
     assert not chunk.is_open
     assert business_ids(admin) == []
     assert stored_step(repository, step.id).version == step.version
@@ -958,7 +960,7 @@ def test_connection_lost_before_commit_is_not_committed(
     with pytest.raises(Infrastructure):
         chunk.execute("INSERT INTO public.orders VALUES (1, 'lost')")
     with pytest.raises(NotCommitted):
-        chunk.commit(ChunkCounts(read=1), checkpoint=cursor(1))
+        commit(chunk, ChunkCounts(read=1), checkpoint=cursor(1))
     commit_chunk(manager, step, 1)
     assert stored_step(repository, step.id).metadata.counts.committed == 1
 

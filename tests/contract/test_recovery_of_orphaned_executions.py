@@ -55,7 +55,7 @@ from pybatch.values.records import JobExecution, StepExecution
 from pybatch.values.recovery import RecoveryRequest, RecoveryResult
 from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
-from tests.support.chunks import inherited_progress
+from tests.support.chunks import commit, inherited_progress
 from tests.support.clock import ManualClock
 from tests.support.owners import TEST_OWNER, claim_test_owner
 from tests.support.race import race, race_units_of_work, wait_until_lock_wait
@@ -371,7 +371,8 @@ def run_node(
         uow.commit()
     context = ChunkContext(step.id, execution.id, TEST_OWNER)
     with StepSession(repository, context) as session, session.begin() as chunk:
-        chunk.commit(
+        commit(
+            chunk,
             ChunkCounts(read=offset, processed=offset, written=offset - 1, filtered=1),
             FaultProgress(read_skips=1, write_skips=offset, no_rollbacks=2),
             checkpoint=Checkpoint(SCHEMA, 1, {"offset": offset}),
@@ -467,7 +468,7 @@ def test_flow_step_copies_the_newest_state_of_its_node_across_attempts(
         StepSession(repository, ChunkContext(copy_2.id, second.id, TEST_OWNER)) as session,
         session.begin() as c,
     ):
-        c.commit(ChunkCounts(read=2), checkpoint=Checkpoint(SCHEMA, 1, {"offset": 5}))
+        commit(c, ChunkCounts(read=2), checkpoint=Checkpoint(SCHEMA, 1, {"offset": 5}))
     fail_attempt(repository, clock, second)
     third = attempt(repository, clock, instance.id)
     with repository.begin() as uow:

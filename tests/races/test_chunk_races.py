@@ -35,7 +35,7 @@ from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.records import StepExecution
 from pybatch.values.state import Checkpoint
 from pybatch.values.status import BatchStatus, FailureCategory
-from tests.support.chunks import FirstChunks
+from tests.support.chunks import FirstChunks, commit
 from tests.support.clock import ManualClock
 from tests.support.owners import TEST_OWNER, claim_test_owner
 from tests.support.race import DEADLINE_SECONDS, portable, race, race_processes
@@ -116,14 +116,14 @@ def test_two_chunk_commits_from_one_version_exactly_one_lands(
         chunks = [manager.begin(context), manager.begin(context)]
         assert chunks[0].committed.version == chunks[1].committed.version == step.version + round_
 
-        def commit(
+        def commit_one(
             index: int, chunks: list[ChunkTransaction] = chunks, round_: int = round_
         ) -> CommittedStepState:
             business_id = 10 * round_ + index
             chunks[index].execute("INSERT INTO public.orders VALUES (%s, 'race')", (business_id,))
-            return chunks[index].commit(CHUNK, checkpoint=cursor(business_id))
+            return commit(chunks[index], CHUNK, checkpoint=cursor(business_id))
 
-        outcomes = race(2, commit)
+        outcomes = race(2, commit_one)
         for chunk in chunks:
             chunk.rollback()
         [winner] = [outcome for outcome in outcomes if outcome.ok]
@@ -209,7 +209,7 @@ def commit_chunk_in_process(
             barrier.wait(DEADLINE_SECONDS)
             try:
                 chunk.execute("INSERT INTO public.orders VALUES (%s, 'process')", (pid,))
-                chunk.commit(CHUNK, checkpoint=cursor(pid))
+                commit(chunk, CHUNK, checkpoint=cursor(pid))
             except Exception as error:
                 return (type(error).__name__, pid)
     return ("committed", pid)

@@ -16,7 +16,7 @@ import attrs
 from pybatch._chunks import ChunkTransaction, StepSession, load_committed_state
 from pybatch._job_repository import JobRepository
 from pybatch.errors import NotCommitted, PyBatchError
-from pybatch.values.chunks import ChunkContext, ChunkCounts, CommittedStepState
+from pybatch.values.chunks import ChunkContext, ChunkCounts, CommittedStepState, FaultProgress
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.fault import FaultStateEnvelope
 from pybatch.values.state import Checkpoint, ExecutionContext
@@ -26,6 +26,7 @@ __all__ = [
     "InheritedProgress",
     "Receipt",
     "StateProvider",
+    "commit",
     "commit_from",
     "first_chunks",
     "inherited_progress",
@@ -123,6 +124,21 @@ class StateProvider(Protocol):
     ) -> Receipt: ...
 
 
+def commit(
+    chunk: ChunkTransaction,
+    counts: ChunkCounts,
+    fault_progress: FaultProgress | None = None,
+    *,
+    checkpoint: Checkpoint,
+    context: ExecutionContext | None = None,
+) -> CommittedStepState:
+    """`chunk.commit_counts` with the counts as one value, as the tests spell them."""
+    read, processed, written, filtered = attrs.astuple(counts)
+    return chunk.commit_counts(
+        read, processed, written, filtered, fault_progress, checkpoint=checkpoint, context=context
+    )
+
+
 def commit_from(
     chunk: ChunkTransaction, counts: ChunkCounts, provider: StateProvider
 ) -> CommittedStepState:
@@ -139,4 +155,4 @@ def commit_from(
     if not isinstance(receipt, Receipt):
         chunk.rollback()
         raise NotCommitted(reason="the state provider returned no receipt")
-    return chunk.commit(counts, checkpoint=receipt.checkpoint, context=receipt.context)
+    return commit(chunk, counts, checkpoint=receipt.checkpoint, context=receipt.context)
