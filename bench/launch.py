@@ -72,6 +72,7 @@ from pybatch.values.flow import StartLimit
 from pybatch.values.names import JobName, NodeId, StepName
 from pybatch.values.ownership import ExecutionLease, OwnerToken
 from pybatch.values.parameters import JobInstanceKey, JobParameters
+from pybatch.values.records import Existing
 from pybatch.values.status import BatchStatus
 
 JOB = JobName("bench_launch")
@@ -377,7 +378,7 @@ def validate_history(dsn: str, history: int) -> None:
     key = JobInstanceKey(JOB, JobParameters.of({"run": max(1, history // 2)}))
     with JobRepository.connect(config_for(dsn)) as repository, repository.begin() as uow:
         selection = uow.instances.select_or_create(key)
-        if selection.was_created:
+        if not isinstance(selection, Existing):
             raise RuntimeError("a loaded instance_key differs from pybatch's digest")
         executions = uow.executions.of_instance(selection.instance.id)
         steps = uow.steps.of_execution(executions[0].id)

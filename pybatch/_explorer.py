@@ -1,16 +1,7 @@
 """The explorer: read-only, keyset-paged views of everything the repository records.
 
-Every page is its own READ COMMITTED, READ ONLY transaction with the configured timeouts, always
-rolled back: no locks, never part of a unit of work. A traversal fixes an identity ceiling on its
-first page and carries it in the cursor, so rows created meanwhile never join it.
-
-A cursor is not a credential: its unkeyed SHA-256 catches damage, not forgery. A forger could
-only raise the ceiling, so every continued page reads the current ceiling in the same transaction
-and refuses a higher one (`CursorInvalid`); any lower ceiling and key describe a window plain
-paging reaches anyway. Keying it (HMAC) was rejected: a per-process key breaks cursors across
-`pybatch` invocations, and a key in the database is readable by every role that can page. The
-cost is one index-backed `MAX(id)` per continued page; a traversal whose newest rows were purged
-is refused the same way and starts again.
+Pages, identity ceilings and why a cursor is checksummed but not keyed: docs/contract.md,
+Explorer and Explorer vocabulary.
 """
 
 from __future__ import annotations
@@ -25,34 +16,16 @@ from typing import Any, TypeVar
 import attrs
 
 from pybatch import errors as e
-from pybatch._codecs import executions, flow, operator
 from pybatch._codecs import explorer as codec
 from pybatch._codecs._jsonb import CanonicalJsonb, to_jsonb
 from pybatch._codecs._primitives import DecodeError, Row
+from pybatch._codecs.executions import decode_recovery_decision
+from pybatch._codecs.flow import decode_flow_decision
+from pybatch._codecs.operator import decode_operator_record
 from pybatch._job_repository import JobRepository
 from pybatch._statements import Connection, Statement
-from pybatch.values.explorer import (
-    MAX_PAGE_SIZE,
-    MAX_RESPONSE_BYTES,
-    MIN_UNRESOLVED_AGE,
-    Cursor,
-    ExplorerQuery,
-    JobExecutionProjection,
-    JobInstanceProjection,
-    JobNameSummary,
-    LatestAttempt,
-    Page,
-    PageSize,
-    ParameterFilter,
-    RunningExecution,
-    StepExecutionProjection,
-    StepPartitionProjection,
-    StepSkip,
-    flow_decision_json,
-    operator_request_json,
-    query_binding,
-    recovery_decision_json,
-)
+from pybatch.values import explorer as v
+from pybatch.values.explorer import Cursor, ExplorerQuery, Page, PageSize, ParameterFilter
 from pybatch.values.flow import FlowDecision
 from pybatch.values.ids import INT64_MAX, IdentifierKind, check_identifier
 from pybatch.values.operator import OperatorRecord
@@ -87,11 +60,11 @@ _KEYS = {
 def _row_size(item: object) -> int:
     """UTF-8 size of a row's compact JSON: an estimate (the bound is per page), so no canonical."""
     if isinstance(item, OperatorRecord):
-        document = operator_request_json(item)
+        document = v.operator_request_json(item)
     elif isinstance(item, FlowDecision):
-        document = flow_decision_json(item)
+        document = v.flow_decision_json(item)
     elif isinstance(item, RecoveryDecision):
-        document = recovery_decision_json(item)
+        document = v.recovery_decision_json(item)
     else:
         as_json: Callable[[], dict[str, Any]] = item.as_json  # type: ignore[attr-defined]
         document = as_json()
@@ -132,7 +105,7 @@ def all_pages(
     listing: Callable[[int, PageSize, Cursor | None], Page[T]], parent_id: int, pages: int = 0
 ) -> tuple[list[T], bool]:
     """The rows under a parent, up to `pages` full pages (0: all); True when more remain."""
-    size, after = PageSize(MAX_PAGE_SIZE), None
+    size, after = PageSize(v.MAX_PAGE_SIZE), None
     items: list[T] = []
     for _ in range(pages) if pages else itertools.count():
         page = listing(parent_id, size, after)
@@ -164,63 +137,33 @@ class JobExplorer:
             ),
             **dict.fromkeys((*children, Q.STEP_SKIPS), execution),
         }
-        decode_execution, executions_ceiling = (
-            codec.decode_execution_projection,
-            q.explore_ceiling_executions,
-        )
-        #: Each listing's statement, decoder and identity ceiling.
-        self._listings = {
-            Q.JOB_NAMES: (
-                q.explore_job_names,
-                codec.decode_job_name_summary,
-                q.explore_ceiling_job_names,
-            ),
-            Q.INSTANCES: (
-                q.explore_instances,
-                codec.decode_instance_projection,
-                q.explore_ceiling_instances,
-            ),
-            Q.EXECUTIONS: (q.explore_executions, decode_execution, executions_ceiling),
-            Q.PARAMETER_EXECUTIONS: (
-                q.explore_executions_with_parameters,
-                decode_execution,
-                executions_ceiling,
-            ),
-            Q.UNRESOLVED_EXECUTIONS: (
-                q.explore_unresolved_executions,
-                decode_execution,
-                executions_ceiling,
-            ),
-            Q.STEP_EXECUTIONS: (
-                q.explore_step_executions,
-                codec.decode_step_projection,
-                q.explore_ceiling_step_executions,
-            ),
-            Q.RECOVERY_DECISIONS: (
-                q.explore_recovery_decisions,
-                executions.decode_recovery_decision,
-                q.explore_ceiling_recovery_decisions,
-            ),
-            Q.FLOW_DECISIONS: (
-                q.explore_flow_decisions,
-                flow.decode_flow_decision,
-                q.explore_ceiling_flow_decisions,
-            ),
-            Q.STEP_PARTITIONS: (
-                q.explore_step_partitions,
-                codec.decode_partition_projection,
-                q.explore_ceiling_step_partitions,
-            ),
-            Q.OPERATOR_REQUESTS: (
-                q.explore_operator_requests,
-                operator.decode_operator_record,
-                q.explore_ceiling_operator_requests,
-            ),
-            Q.STEP_SKIPS: (
-                q.explore_step_skips,
-                codec.decode_step_skip,
-                q.explore_ceiling_step_skips,
-            ),
+        decode_execution = codec.decode_execution_projection
+        #: Each listing's statement and row decoder.
+        self._listings: dict[ExplorerQuery, tuple[Statement, Callable[[Row], Any]]] = {
+            Q.JOB_NAMES: (q.explore_job_names, codec.decode_job_name_summary),
+            Q.INSTANCES: (q.explore_instances, codec.decode_instance_projection),
+            Q.EXECUTIONS: (q.explore_executions, decode_execution),
+            Q.PARAMETER_EXECUTIONS: (q.explore_executions_with_parameters, decode_execution),
+            Q.UNRESOLVED_EXECUTIONS: (q.explore_unresolved_executions, decode_execution),
+            Q.STEP_EXECUTIONS: (q.explore_step_executions, codec.decode_step_projection),
+            Q.RECOVERY_DECISIONS: (q.explore_recovery_decisions, decode_recovery_decision),
+            Q.FLOW_DECISIONS: (q.explore_flow_decisions, decode_flow_decision),
+            Q.STEP_PARTITIONS: (q.explore_step_partitions, codec.decode_partition_projection),
+            Q.OPERATOR_REQUESTS: (q.explore_operator_requests, decode_operator_record),
+            Q.STEP_SKIPS: (q.explore_step_skips, codec.decode_step_skip),
+        }
+        executions = (Q.EXECUTIONS, Q.PARAMETER_EXECUTIONS, Q.UNRESOLVED_EXECUTIONS)
+        #: Each listing's identity ceiling statement.
+        self._ceilings = {
+            Q.JOB_NAMES: q.explore_ceiling_job_names,
+            Q.INSTANCES: q.explore_ceiling_instances,
+            **dict.fromkeys(executions, q.explore_ceiling_executions),
+            Q.STEP_EXECUTIONS: q.explore_ceiling_step_executions,
+            Q.RECOVERY_DECISIONS: q.explore_ceiling_recovery_decisions,
+            Q.FLOW_DECISIONS: q.explore_ceiling_flow_decisions,
+            Q.STEP_PARTITIONS: q.explore_ceiling_step_partitions,
+            Q.OPERATOR_REQUESTS: q.explore_ceiling_operator_requests,
+            Q.STEP_SKIPS: q.explore_ceiling_step_skips,
         }
 
     def __repr__(self) -> str:
@@ -256,25 +199,13 @@ class JobExplorer:
 
     def _one(self, statement: Statement, decode: Callable[[Row], T], **params: object) -> T | None:
         """The decoded row of a `:one` statement, or None when it returns none."""
-
-        def work(conn: Connection) -> T | None:
-            row = statement.one(conn, **params)
-            return None if row is None else decode(row)
-
-        return self._read(work)
+        return self._read(
+            lambda conn: None if (row := statement.one(conn, **params)) is None else decode(row)
+        )
 
     def _many(self, statement: Statement, decode: Callable[[Row], T], **params: object) -> list[T]:
         """The decoded rows of a `:many` statement."""
         return self._read(lambda conn: [decode(row) for row in statement.many(conn, **params)])
-
-    def _ceiling(self, conn: Connection, query: ExplorerQuery, params: dict[str, object]) -> int:
-        ceiling = self._listings[query][2]
-        value = ceiling.scalar(conn, **_taken(ceiling, params))
-        if value is None:
-            return 0
-        if type(value) is not int or not 0 < value <= INT64_MAX:
-            raise DecodeError("ceiling")
-        return value
 
     def _page(
         self,
@@ -286,10 +217,11 @@ class JobExplorer:
         **params: object,
     ) -> Page[Any]:
         """A page of `query` with `params` (of its statement); its cursor binds `bound_to`."""
-        statement, decode, _ = self._listings[query]
+        statement, decode = self._listings[query]
+        ceilings = self._ceilings[query]
         starts = _STARTS.get(query, {"after_id": 0})
         page_size = page_size or PageSize()
-        binding = query_binding(query, page_size, bound_to)
+        binding = v.query_binding(query, page_size, bound_to)
         key, ceiling = (None, None) if after is None else after.open(query, binding)
         start = starts if key is None else dict(zip(starts, attrs.astuple(key), strict=True))
 
@@ -299,9 +231,12 @@ class JobExplorer:
                 if not exists.scalar(conn, **_taken(exists, params)):
                     (parent_id,) = _taken(exists, params).values()
                     raise e.ExplorerRepositoryError(error=missing(id=parent_id))
-            current = self._ceiling(conn, query, params)
+            current = ceilings.scalar(conn, **_taken(ceilings, params))  # None: no rows yet
+            if current is not None and (type(current) is not int or not 0 < current <= INT64_MAX):
+                raise DecodeError("ceiling")
+            current = current or 0
             if ceiling is not None and ceiling > current:
-                raise e.CursorInvalid()  # a ceiling no traversal was given (module docstring)
+                raise e.CursorInvalid()  # a forged ceiling (docs/contract.md, Explorer vocabulary)
             bound = current if ceiling is None else ceiling
             if bound == 0:
                 return [], 0
@@ -315,10 +250,10 @@ class JobExplorer:
         total = 0
         for item in items:
             size = _row_size(item)
-            if not kept and size > MAX_RESPONSE_BYTES:
+            if not kept and size > v.MAX_RESPONSE_BYTES:
                 raise e.ResponseTooLarge(limit=page_size.value)
             total += size
-            if total > MAX_RESPONSE_BYTES:
+            if total > v.MAX_RESPONSE_BYTES:
                 break
             kept.append(item)
         # More may follow when the response bound cut the page short or the page is full.
@@ -330,7 +265,7 @@ class JobExplorer:
 
     def job_names(
         self, page_size: PageSize | None = None, after: Cursor | None = None
-    ) -> Page[JobNameSummary]:
+    ) -> Page[v.JobNameSummary]:
         """Distinct job names of instances in byte order, with their latest execution."""
         return self._page(Q.JOB_NAMES, page_size, after, None)
 
@@ -340,7 +275,7 @@ class JobExplorer:
         page_size: PageSize | None = None,
         after: Cursor | None = None,
         parameters: ParameterFilter | None = None,
-    ) -> Page[JobInstanceProjection]:
+    ) -> Page[v.JobInstanceProjection]:
         """Instances of `job_name` (with `parameters`), newest first; unknown: an empty page."""
         _check_name(job_name)
         if parameters is None:
@@ -357,7 +292,7 @@ class JobExplorer:
 
     def executions(
         self, job_instance_id: int, page_size: PageSize | None = None, after: Cursor | None = None
-    ) -> Page[JobExecutionProjection]:
+    ) -> Page[v.JobExecutionProjection]:
         """Attempts of an instance, (attempt, id) descending (wraps JobInstanceNotFound)."""
         return self._children(Q.EXECUTIONS, job_instance_id, page_size, after)
 
@@ -366,7 +301,7 @@ class JobExplorer:
         parameters: ParameterFilter,
         page_size: PageSize | None = None,
         after: Cursor | None = None,
-    ) -> Page[JobExecutionProjection]:
+    ) -> Page[v.JobExecutionProjection]:
         """Executions of every instance with `parameters`, of any job, newest (highest id) first."""
         return self._page(
             Q.PARAMETER_EXECUTIONS,
@@ -382,13 +317,13 @@ class JobExplorer:
         page_size: PageSize | None = None,
         after: Cursor | None = None,
         parameters: ParameterFilter | None = None,
-    ) -> Page[JobExecutionProjection]:
+    ) -> Page[v.JobExecutionProjection]:
         """Unresolved executions not updated for `minimum_age` (60 s or more), with `parameters`.
 
         The cutoff is the server's statement time minus the age, to the microsecond, so a client
         whose clock is wrong neither hides a stale run nor lists a fresh one.
         """
-        if not isinstance(minimum_age, _dt.timedelta) or minimum_age < MIN_UNRESOLVED_AGE:
+        if not isinstance(minimum_age, _dt.timedelta) or minimum_age < v.MIN_UNRESOLVED_AGE:
             seconds = minimum_age.total_seconds() if isinstance(minimum_age, _dt.timedelta) else -1
             raise e.ExplorerAgeBoundTooSmall(requested_seconds=seconds)
         age_us = minimum_age // _dt.timedelta(microseconds=1)
@@ -403,7 +338,7 @@ class JobExplorer:
 
     def step_executions(
         self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
-    ) -> Page[StepExecutionProjection]:
+    ) -> Page[v.StepExecutionProjection]:
         """Steps of an execution, id ascending (wraps JobExecutionNotFound)."""
         return self._children(Q.STEP_EXECUTIONS, job_execution_id, page_size, after)
 
@@ -421,7 +356,7 @@ class JobExplorer:
 
     def step_partitions(
         self, step_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
-    ) -> Page[StepPartitionProjection]:
+    ) -> Page[v.StepPartitionProjection]:
         """Partitions of a manager step, id ascending (wraps StepExecutionNotFound)."""
         return self._children(Q.STEP_PARTITIONS, step_execution_id, page_size, after)
 
@@ -433,7 +368,7 @@ class JobExplorer:
 
     def skips(
         self, job_execution_id: int, page_size: PageSize | None = None, after: Cursor | None = None
-    ) -> Page[StepSkip]:
+    ) -> Page[v.StepSkip]:
         """Skip records of an execution's steps, id ascending (wraps JobExecutionNotFound).
 
         One per item `StepRun.load` skipped: its position and key, the SQLSTATE and the names
@@ -456,7 +391,7 @@ class JobExplorer:
         exists = self._statements.explore_job_name_exists
         return self._read(lambda conn: bool(exists.scalar(conn, job_name=job_name)))
 
-    def execution(self, job_execution_id: int) -> JobExecutionProjection | None:
+    def execution(self, job_execution_id: int) -> v.JobExecutionProjection | None:
         """One execution projection, or None when it does not exist."""
         check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
         return self._one(
@@ -465,7 +400,7 @@ class JobExplorer:
             job_execution_id=job_execution_id,
         )
 
-    def latest_attempt(self, job_instance_id: int) -> LatestAttempt | None:
+    def latest_attempt(self, job_instance_id: int) -> v.LatestAttempt | None:
         """The instance's newest attempt, or None when it has none (or does not exist)."""
         check_identifier(IdentifierKind.JOB_INSTANCE, job_instance_id)
         return self._one(
@@ -481,7 +416,7 @@ class JobExplorer:
             self._statements.explore_failure_reasons,
             codec.decode_failure_reason,
             job_execution_id=job_execution_id,
-            row_limit=MAX_PAGE_SIZE,
+            row_limit=v.MAX_PAGE_SIZE,
         )
         return dict(reasons)
 
@@ -492,11 +427,11 @@ class JobExplorer:
             self._statements.explore_step_skip_counts,
             codec.decode_skip_count,
             job_execution_id=job_execution_id,
-            row_limit=MAX_PAGE_SIZE,
+            row_limit=v.MAX_PAGE_SIZE,
         )
         return dict(counts)
 
-    def recent_executions(self, job_name: str, limit: int = 20) -> tuple[LatestAttempt, ...]:
+    def recent_executions(self, job_name: str, limit: int = 20) -> tuple[v.LatestAttempt, ...]:
         """The newest `limit` executions of a job name, newest first: a run history.
 
         `limit` is 1 to 50 (PageSizeOutOfRange): the statement reads at most `limit` attempts
@@ -515,7 +450,7 @@ class JobExplorer:
 
     def running_executions(
         self, page_size: PageSize | None = None, after_id: int | None = None
-    ) -> tuple[RunningExecution, ...]:
+    ) -> tuple[v.RunningExecution, ...]:
         """Executions running now (STARTED or STOPPING, lease live on the database clock).
 
         Id ascending after `after_id`, at most `page_size` of them (running executions are

@@ -9,6 +9,7 @@ Each family base, a direct child of `PyBatchError`, is followed by its leaves;
 from __future__ import annotations
 
 import enum
+import functools
 from typing import TYPE_CHECKING, Any, ClassVar, dataclass_transform
 
 import attrs
@@ -36,14 +37,10 @@ class PyBatchError(Exception):
         return self.message.format(**_fields(self))
 
     def __reduce__(self) -> tuple[Any, ...]:  # keep errors picklable across processes
-        return (_rebuild, (type(self), _fields(self)))
+        return (functools.partial(type(self), **_fields(self)), ())
 
 
 _define(PyBatchError)
-
-
-def _rebuild(cls: type[PyBatchError], fields: dict[str, Any]) -> PyBatchError:
-    return cls(**fields)
 
 
 class TextRule(enum.Enum):
@@ -67,25 +64,24 @@ _TEXT_RULE_MESSAGES = {
 }
 
 
-class _BrokenTextRule:
+class _BrokenTextRule(PyBatchError):
     """One class per family for all text rules: `subject` and what `rule` says, never the value."""
 
     subject: ClassVar[str]
     rule: TextRule
-    max_bytes: int | None
-    character_index: int | None = None
+    max_bytes: int | None = None
 
     def __str__(self) -> str:
         text = f"{self.subject} {_TEXT_RULE_MESSAGES[self.rule]}".format(**_fields(self))
-        if self.rule is TextRule.CONTROL_CHARACTER and self.character_index is not None:
-            text += f" at index {self.character_index}"
-        return text
+        index = getattr(self, "character_index", None)  # NameInvalid's
+        return text if index is None else f"{text} at index {index}"
 
 
-class _PurgedHistory:
+class _PurgedHistory(PyBatchError):
     """A tombstoned instance's error: `purged` says its history was purged, and so does `str`."""
 
-    purged: bool
+    id: int
+    purged: bool = False
 
     def __str__(self) -> str:
         text = super().__str__()
@@ -174,10 +170,6 @@ class PartitionWorkerMismatch(RepositoryError):
     message = "worker {worker} does not belong to partition {partition_id}"
     partition_id: int
     worker: int
-class PartitionWorkerAlreadyAssigned(RepositoryError):
-    """A worker step backs at most one partition."""
-    message = "worker {worker} is already assigned to a partition"
-    worker: int
 class PartitionWorkerStale(RepositoryError):
     """The completion names a worker that no longer backs the partition."""
     message = "worker {worker} is not the current worker for partition {partition_id}"
@@ -199,13 +191,9 @@ class CompletedInstance(_PurgedHistory, RepositoryError):
         "job instance {id} is already completed; to run the same parameters again on purpose, "
         "launch Job(..., run_id=N) with a run id not used before"
     )
-    id: int
-    purged: bool = False
 class AbandonedInstance(_PurgedHistory, RepositoryError):
     """The latest attempt of the instance is ABANDONED; it never runs again."""
     message = "job instance {id} is abandoned"
-    id: int
-    purged: bool = False
 class ExecutionAlreadyActive(RepositoryError):
     """The instance already has an unresolved execution; let it finish or recover it first."""
     message = "job instance {instance_id} already has execution {execution_id} in {status}"
@@ -387,8 +375,6 @@ class NameInvalid(_BrokenTextRule, DomainError):
     """A name breaks a text rule: empty, too long, surrounding white space, a control character."""
     subject = "{kind} name"
     kind: str
-    rule: TextRule
-    max_bytes: int | None = None
     character_index: int | None = None
 class ZeroIdentifier(DomainError):
     """An identifier is zero."""
@@ -495,8 +481,6 @@ class TokenInvalid(_BrokenTextRule, DefinitionError):
     """A definition token (revision, node id...) breaks a text rule."""
     subject = "{kind}"
     kind: str
-    rule: TextRule
-    max_bytes: int | None = None
 class ManifestTooLarge(DefinitionError):
     """The manifest exceeds 65,536 bytes."""
     message = "definition manifest exceeds {max_bytes} bytes"
@@ -528,8 +512,6 @@ class StateError(PyBatchError):
 class SchemaIdInvalid(_BrokenTextRule, StateError):
     """A state schema identifier breaks a text rule."""
     subject = "state schema identifier"
-    rule: TextRule
-    max_bytes: int | None = None
 class StateTooLarge(StateError):
     """An encoded state envelope exceeds its byte limit."""
     message = "{kind} exceeds {max_bytes} bytes"
@@ -591,8 +573,6 @@ class RecoveryFieldInvalid(_BrokenTextRule, RecoveryRequestError):
     """A recovery reason code or operator reference broke a text rule."""
     subject = "recovery {field}"
     field: str
-    rule: TextRule
-    max_bytes: int | None = None
 class RecoveryEvidenceDigestInvalid(RecoveryRequestError):
     """The evidence digest is not 32 bytes."""
     message = "recovery evidence digest must be 32 bytes"
@@ -604,8 +584,6 @@ class RequestFieldInvalid(_BrokenTextRule, RequestFieldError):
     """An actor, reason code or operation id is empty, too long or has an invalid character."""
     subject = "{field}"
     field: str
-    rule: TextRule
-    max_bytes: int | None = None
 
 class OperatorError(PyBatchError):
     """An operator request could not be settled (docs/contract.md, Operator requests)."""
@@ -879,7 +857,10 @@ class PartitionPlanNotPublished(JobRunError):
 ERRORS: tuple[type[PyBatchError], ...] = tuple(
     value
     for value in list(globals().values())
-    if isinstance(value, type) and issubclass(value, PyBatchError) and value is not PyBatchError
+    if isinstance(value, type)
+    and issubclass(value, PyBatchError)
+    and value is not PyBatchError
+    and not value.__name__.startswith("_")  # a mixin such as _BrokenTextRule
 )
 
 #: The family bases, in table order: the direct children of PyBatchError.

@@ -64,8 +64,7 @@ def exit_code_for(error: BaseException) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; a reader that closed the pipe early (`| head`) ends it quietly (exit 0).
 
-    As in the "Note on SIGPIPE" of Python's `signal` docs: flush here, then point stdout at
-    devnull so the interpreter's own flush at exit cannot raise again.
+    As the "Note on SIGPIPE" of Python's `signal` docs says: stdout then points at devnull.
     """
     try:
         code = _run(argv)
@@ -90,8 +89,7 @@ def _run(argv: Sequence[str] | None) -> int:
         # A type that refuses a value with a pybatch error (a duration beyond its bound)
         # raises through parse_args and is reported below like any other refusal.
         args = parser.parse_args(argv)
-        result: int = args.handler(args)
-        return result
+        return int(args.handler(args))
     except e.PyBatchError as error:
         failure = error
     except psycopg.Error as error:  # a path that missed its mapping: still one line

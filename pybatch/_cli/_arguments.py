@@ -26,8 +26,7 @@ def duration_type(option: str, *, unit_required: bool = True) -> Callable[[str],
     expected = f"a duration of at most {MAX_DURATION_DAYS}d ({form})"
 
     def parse(text: str) -> _dt.timedelta:
-        match = pattern.fullmatch(text.strip())
-        if match is None:
+        if (match := pattern.fullmatch(text.strip())) is None:
             raise CommandArgumentInvalid(argument=option, expected=expected)
         digits = match.group(1).lstrip("0") or "0"
         if len(digits) > _MAX_DIGITS:

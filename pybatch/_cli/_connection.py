@@ -11,14 +11,17 @@ import argparse
 import os
 import stat
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeAlias
 
 import psycopg
 import psycopg.conninfo
 
 from pybatch._config import ConnectionConfig, TlsMode
+from pybatch._explorer import JobExplorer
 from pybatch._job_repository import JobRepository
+from pybatch._migrator import installed_schema_version
 from pybatch.errors import DsnFileInsecure, DsnFileUnreadable
 
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -81,6 +84,18 @@ def progress(on_terminal: str, in_log: str) -> None:
 
 def connect(args: argparse.Namespace) -> JobRepository:
     return JobRepository.connect(config_from_args(args))
+
+
+@contextmanager
+def open_explorer(args: argparse.Namespace) -> Iterator[JobExplorer]:
+    """An explorer whose unreachable server or refused login is reported at once (exit 3 or 6).
+
+    One direct connection is made first, instead of waiting out the pool's acquire timeout.
+    """
+    config = config_from_args(args)
+    installed_schema_version(config)
+    with JobRepository.connect(config) as repository:
+        yield JobExplorer(repository)
 
 
 def config_from_args(args: argparse.Namespace) -> ConnectionConfig:

@@ -10,10 +10,7 @@ import argparse
 import ipaddress
 import sys
 
-from pybatch._cli._connection import Commands, add_command, config_from_args
-from pybatch._explorer import JobExplorer
-from pybatch._job_repository import JobRepository
-from pybatch._migrator import installed_schema_version
+from pybatch._cli._connection import Commands, add_command, open_explorer
 from pybatch.errors import CommandArgumentInvalid
 
 DEFAULT_HOST = "127.0.0.1"
@@ -65,12 +62,8 @@ def _dashboard(args: argparse.Namespace) -> int:
         raise SystemExit(
             "pybatch dashboard: Flask is not installed; pip install 'pybatch[dashboard]'"
         ) from None
-    config = config_from_args(args)
-    installed_schema_version(config)  # an unreachable server is reported now, not per page
-    with JobRepository.connect(config) as repository:
-        server = make_server(
-            args.host, args.port, create_app(JobExplorer(repository)), threaded=True
-        )
+    with open_explorer(args) as explorer:  # an unreachable server is reported now, not per page
+        server = make_server(args.host, args.port, create_app(explorer), threaded=True)
         host = f"[{args.host}]" if ":" in args.host else args.host
         print(f"pybatch dashboard: serving on http://{host}:{server.server_port}/", flush=True)
         try:

@@ -15,16 +15,13 @@ import os
 import shutil
 import sys
 import textwrap
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from pybatch import errors as e
 from pybatch._cli._arguments import duration_type
-from pybatch._cli._connection import Commands, Handler, add_command, config_from_args
+from pybatch._cli._connection import Commands, Handler, add_command, open_explorer, positive_id
 from pybatch._explorer import JobExplorer, all_pages
-from pybatch._job_repository import JobRepository
-from pybatch._migrator import installed_schema_version
 from pybatch.values.definitions import LEGACY_REVISION
 from pybatch.values.explorer import (
     DEFAULT_PAGE_SIZE,
@@ -54,14 +51,7 @@ def _page_size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"an integer from 1 to {MAX_PAGE_SIZE}") from None
 
 
-def _identifier(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("a positive integer id") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("a positive integer id")
-    return value
+_identifier = positive_id("integer id")
 
 
 def register(commands: Commands) -> None:
@@ -152,16 +142,6 @@ def register(commands: Commands) -> None:
     )
 
 
-@contextmanager
-def _explorer(args: argparse.Namespace) -> Iterator[JobExplorer]:
-    config = config_from_args(args)
-    # One direct connection first: an unreachable server or a refused login is reported at
-    # once (and as exit 3 or 6), instead of after the pool's acquire timeout.
-    installed_schema_version(config)
-    with JobRepository.connect(config) as repository:
-        yield JobExplorer(repository)
-
-
 #: Legacy stored names as `show` prints them; stored values (digest inputs) and --json keep them.
 _SHOWN_NAMES = {LEGACY_REVISION: "pybatch default definition", EMPTY_STATE_SCHEMA.value: "empty"}
 
@@ -176,17 +156,9 @@ def _instant(value: _dt.datetime | None) -> str:
     return "-" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
 
 
-class Kind(enum.Enum):
-    """What a column holds, which decides whether its cells may be shortened."""
-
-    ID = "id"  # an identifier: never shortened
-    STATUS = "status"  # a status or code: never shortened (a cut `COMPL\u2026` reads as nothing)
-    TIME = "time"  # a timestamp: never shortened
-    NUMBER = "number"  # a counter: never shortened
-    TEXT = "text"  # free text (names, reasons, messages): shortened with an ellipsis
-
-
-ID, STATUS, TIME, NUMBER, TEXT = Kind.ID, Kind.STATUS, Kind.TIME, Kind.NUMBER, Kind.TEXT
+#: What a column holds. Only free text (names, reasons, messages) is shortened to fit; ids,
+#: statuses and codes (a cut `COMPL\u2026` reads as nothing), timestamps and counters never are.
+ID, STATUS, TIME, NUMBER, TEXT = "id", "status", "time", "number", "text"
 
 
 class Column(NamedTuple):
@@ -199,7 +171,7 @@ class Column(NamedTuple):
 
     header: str
     cell: str | Callable[[Any], object]
-    kind: Kind = TEXT
+    kind: str = TEXT
     drop: int = 0
 
 
@@ -254,7 +226,7 @@ def _layout(
         floors = {
             i: min(natural[i], max(len(columns[i].header), _TEXT_FLOOR))
             for i in kept
-            if columns[i].kind is Kind.TEXT
+            if columns[i].kind == TEXT
         }
         while excess > 0:
             room = [i for i in floors if widths[i] > floors[i]]
@@ -318,7 +290,7 @@ def _list(args: argparse.Namespace, fetch: Fetch, columns: Sequence[Column], emp
     """Read one page and print it."""
     size = PageSize(args.limit)
     after = None if args.after is None else Cursor.from_hex(args.after)
-    with _explorer(args) as explorer:
+    with open_explorer(args) as explorer:
         page = fetch(explorer, size, after)
     next_cursor = None if page.next_cursor is None else str(page.next_cursor)
     return _print_list(args, columns, page.items, next_cursor, empty)
@@ -450,7 +422,7 @@ def _unresolved(args: argparse.Namespace) -> int:
     def fetch(explorer: JobExplorer, size: PageSize, after: Cursor | None) -> Page[Any]:
         older_than = args.older_than
         if older_than is None:  # the configured stale threshold (validated: 1 min..24 h)
-            older_than = config_from_args(args).stale_threshold
+            older_than = explorer.repository.config.stale_threshold
         return explorer.unresolved_executions(older_than, size, after, _parameter_filter(args))
 
     return _list(args, fetch, _EXECUTION_COLUMNS, "no unresolved executions")
@@ -474,7 +446,7 @@ def _running_json(item: RunningExecution) -> dict[str, Any]:
 
 def _running(args: argparse.Namespace) -> int:
     """The executions with a live lease, read once (the server's clock decides "live")."""
-    with _explorer(args) as explorer:
+    with open_explorer(args) as explorer:
         items = explorer.running_executions(PageSize(args.limit), args.after)
     after = str(items[-1].id) if len(items) == args.limit else None
     return _print_list(
@@ -489,9 +461,8 @@ def _running(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    with _explorer(args) as explorer:
-        execution = explorer.execution(args.execution)
-        if execution is None:
+    with open_explorer(args) as explorer:
+        if (execution := explorer.execution(args.execution)) is None:
             raise e.JobExecutionNotFound(id=args.execution)
         latest = explorer.latest_attempt(execution.instance_id)
         steps, _ = all_pages(explorer.step_executions, execution.id)

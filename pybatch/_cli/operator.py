@@ -103,8 +103,7 @@ def register(commands: Commands) -> None:
 def _report(outcome: OperatorOutcome) -> int:
     """Print the outcome's line; the exit code of a rejection (4 for a missing target)."""
     print(outcome.describe())
-    rejection = outcome.rejection
-    if rejection is None:
+    if (rejection := outcome.rejection) is None:
         return 0
     return 4 if rejection.code in (Code.EXECUTION_NOT_FOUND, Code.INSTANCE_NOT_FOUND) else 1
 
@@ -146,15 +145,11 @@ def _recover(args: argparse.Namespace) -> int:
             current = uow.executions.get(args.execution_id)
         if current is None:
             raise JobExecutionNotFound(id=args.execution_id)
+        failure = None
+        if args.mark_failed:  # without a failure the execution is abandoned
+            failure = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(current.id))
         evidence = operator_evidence(current)
-        failure = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(current.id))
-        request = RecoveryRequest(  # without a failure it abandons the execution
-            current.version,
-            reason.value,
-            actor.value,
-            evidence,
-            failure if args.mark_failed else None,
-        )
+        request = RecoveryRequest(current.version, reason.value, actor.value, evidence, failure)
         outcome = OperatorService(repository).recover(
             operation_id,
             actor,

@@ -9,11 +9,7 @@ import sys
 from pybatch._cli._arguments import duration_type
 from pybatch._cli._connection import Commands, add_command, connect, positive_id, progress
 from pybatch._cli.operator import add_request_arguments, request_identity
-from pybatch._services.retention import (
-    PurgeProgress,
-    RetentionOutcome,
-    RetentionService,
-)
+from pybatch._services.retention import PurgeProgress, RetentionOutcome, RetentionService
 from pybatch.values.names import JobName, ReasonCode
 from pybatch.values.retention import (
     PurgeBatchBound,

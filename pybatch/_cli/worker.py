@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
-from typing import Any
+from typing import NoReturn
 
 from pybatch._cli._connection import Commands, add_command, connect
 from pybatch.etl import join_partitioned_step
@@ -42,31 +42,29 @@ def register(commands: Commands) -> None:
     )
 
 
-def _pairs(values: list[str], parser_error: Callable[[str], Any]) -> list[tuple[str, str]]:
-    pairs = []
+def _refuse(message: str) -> NoReturn:
+    raise SystemExit(f"pybatch worker: {message}")
+
+
+def _pairs(values: list[str]) -> Iterator[tuple[str, str]]:
     for value in values:
         name, sep, text = value.partition("=")
         if not sep or not name:
-            parser_error(f"expected NAME=VALUE, got {value!r}")
-        pairs.append((name, text))
-    return pairs
+            _refuse(f"expected NAME=VALUE, got {value!r}")
+        yield name, text
 
 
 def parameters(args: argparse.Namespace) -> dict[str, str | int | bool]:
     """The identifying parameters given with --param, --param-int and --param-bool."""
-
-    def refuse(message: str) -> None:
-        raise SystemExit(f"pybatch worker: {message}")
-
-    result: dict[str, str | int | bool] = dict(_pairs(args.param, refuse))
-    for name, text in _pairs(args.param_int, refuse):
+    result: dict[str, str | int | bool] = dict(_pairs(args.param))
+    for name, text in _pairs(args.param_int):
         try:
             result[name] = int(text)
         except ValueError:
-            refuse(f"--param-int {name} is not an integer")
-    for name, text in _pairs(args.param_bool, refuse):
+            _refuse(f"--param-int {name} is not an integer")
+    for name, text in _pairs(args.param_bool):
         if text not in ("true", "false"):
-            refuse(f"--param-bool {name} is true or false")
+            _refuse(f"--param-bool {name} is true or false")
         result[name] = text == "true"
     return result
 
@@ -74,13 +72,13 @@ def parameters(args: argparse.Namespace) -> dict[str, str | int | bool]:
 def load_function(spec: str) -> Callable[..., None]:
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
-        raise SystemExit("pybatch worker: --function is MODULE:NAME")
+        _refuse("--function is MODULE:NAME")
     try:
         function = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as error:
-        raise SystemExit(f"pybatch worker: cannot import {spec}: {type(error).__name__}") from None
+        _refuse(f"cannot import {spec}: {type(error).__name__}")
     if not callable(function):
-        raise SystemExit(f"pybatch worker: {spec} is not callable")
+        _refuse(f"{spec} is not callable")
     return function  # type: ignore[no-any-return]
 
 
@@ -88,9 +86,9 @@ def _worker(args: argparse.Namespace) -> int:
     params = parameters(args)
     work = load_function(args.function)
     if not 0.0 <= args.wait <= 86400.0:
-        raise SystemExit("pybatch worker: --wait is 0 to 86400 seconds")
+        _refuse("--wait is 0 to 86400 seconds")
     if not 1.0 <= args.lease <= 3600.0:
-        raise SystemExit("pybatch worker: --lease is 1 to 3600 seconds")
+        _refuse("--lease is 1 to 3600 seconds")
     lease = datetime.timedelta(seconds=args.lease)
     with connect(args) as repository:
         ran = join_partitioned_step(

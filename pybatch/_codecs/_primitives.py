@@ -49,11 +49,6 @@ def decode_int64(value: object, *, column: str, minimum: int) -> int:
     return value
 
 
-def decode_optional_int64(value: object, *, column: str, minimum: int) -> int | None:
-    """Decode a nullable bigint column (see `decode_int64`)."""
-    return None if value is None else decode_int64(value, column=column, minimum=minimum)
-
-
 def decode_aware(value: object, *, column: str) -> _dt.datetime:
     """Decode a timestamptz column into an aware datetime in UTC; naive values are refused."""
     if not isinstance(value, _dt.datetime) or value.tzinfo is None or value.utcoffset() is None:
@@ -107,7 +102,8 @@ def int64_at(row: Row, column: str, minimum: int = 1) -> int:
 
 
 def optional_int64_at(row: Row, column: str, minimum: int = 1) -> int | None:
-    return decode_optional_int64(row[column], column=column, minimum=minimum)
+    value = row[column]
+    return None if value is None else decode_int64(value, column=column, minimum=minimum)
 
 
 def text_at(row: Row, column: str) -> str:

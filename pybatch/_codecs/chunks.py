@@ -7,17 +7,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from pybatch._codecs import _primitives as p
+from pybatch._codecs import steps
 from pybatch._codecs._jsonb import CanonicalJsonb
-from pybatch._codecs._primitives import DecodeError, Row, decode_enum, decode_int64, row_columns
 from pybatch._codecs.fault_state import FAULT_STATE_COLUMNS, decode_fault_state
-from pybatch._codecs.steps import (
-    CHECKPOINT_COLUMNS,
-    CONTEXT_COLUMNS,
-    COUNT_COLUMNS,
-    decode_checkpoint,
-    decode_context,
-    decode_counts,
-)
 from pybatch.errors import FaultStateCorrupt, FaultStateFormatError, PyBatchError, Unavailable
 from pybatch.values.chunks import ChunkContext, CommittedStepState, FaultProgress
 from pybatch.values.counts import ExecutionCounts
@@ -26,13 +19,9 @@ from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus
 
 
-def _as_is(canonical: bytes) -> bytes:
-    return canonical
-
-
 def _canonical_jsonb(canonical: bytes) -> CanonicalJsonb:
     """Bind JSON bytes that are already canonical as jsonb, without parsing and re-encoding."""
-    return CanonicalJsonb(canonical, dumps=_as_is)
+    return CanonicalJsonb(canonical, dumps=bytes)
 
 
 # Every chunk commit writes the empty fault state, encoded once.
@@ -42,38 +31,33 @@ _EMPTY_FAULT_STATE_CHECKSUM = FaultStateEnvelope.EMPTY.checksum()
 
 #: Columns `decode_committed_step_state` reads.
 COMMITTED_STEP_STATE_COLUMNS = (
-    "id",
-    "job_execution_id",
-    "status",
-    "version",
-    *COUNT_COLUMNS,
-    *CHECKPOINT_COLUMNS,
-    *CONTEXT_COLUMNS,
+    *("id", "job_execution_id", "status", "version"),
+    *steps.COUNT_COLUMNS,
+    *steps.CHECKPOINT_COLUMNS,
+    *steps.CONTEXT_COLUMNS,
     *FAULT_STATE_COLUMNS,
 )
 
 
-def decode_committed_step_state(row: Row) -> CommittedStepState:
+def decode_committed_step_state(row: p.Row) -> CommittedStepState:
     """Decode a get_step_chunk_state row: FaultStateCorrupt stops all work, else Unavailable."""
-    row = row_columns(row, COMMITTED_STEP_STATE_COLUMNS)
+    row = p.row_columns(row, COMMITTED_STEP_STATE_COLUMNS)
     try:
         fault_state = decode_fault_state(row)
     except (FaultStateFormatError, ValueError, TypeError):
         raise FaultStateCorrupt() from None
     try:
         return CommittedStepState(
-            step_execution_id=decode_int64(row["id"], column="id", minimum=1),
-            job_execution_id=decode_int64(
-                row["job_execution_id"], column="job_execution_id", minimum=1
-            ),
-            status=decode_enum(BatchStatus, row["status"], column="status"),
-            version=decode_int64(row["version"], column="version", minimum=0),
-            counts=decode_counts(row),
-            checkpoint=decode_checkpoint(row),
-            context=decode_context(row),
+            step_execution_id=p.int64_at(row, "id"),
+            job_execution_id=p.int64_at(row, "job_execution_id"),
+            status=p.enum_at(BatchStatus, row, "status"),
+            version=p.int64_at(row, "version", 0),
+            counts=steps.decode_counts(row),
+            checkpoint=steps.decode_checkpoint(row),
+            context=steps.decode_context(row),
             fault_state=fault_state,
         )
-    except (DecodeError, PyBatchError):
+    except (p.DecodeError, PyBatchError):
         raise Unavailable() from None
 
 

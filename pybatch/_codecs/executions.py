@@ -15,14 +15,8 @@ from pybatch.values.status import BatchStatus
 
 #: Columns `decode_job_execution` reads (no counters).
 JOB_EXECUTION_COLUMNS = (
-    "id",
-    "job_instance_id",
-    "definition_id",
-    "upgrade_from_definition_id",
-    "restart_of_execution_id",
-    "attempt",
-    "status",
-    "exit_code",
+    *("id", "job_instance_id", "definition_id", "upgrade_from_definition_id"),
+    *("restart_of_execution_id", "attempt", "status", "exit_code"),
     *lifecycle.FAILURE_COLUMNS,
     *lifecycle.INSTANT_COLUMNS,
     "version",

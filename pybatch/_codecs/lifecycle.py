@@ -22,10 +22,8 @@ def decode_failure(category: object, failure_id: object) -> FailureSummary | Non
     """Both failure columns present or both absent; a half-present pair is refused."""
     if category is None and failure_id is None:
         return None
-    if category is None:
-        raise p.DecodeError("failure_category")
-    if failure_id is None:
-        raise p.DecodeError("failure_id")
+    if category is None or failure_id is None:
+        raise p.DecodeError("failure_category" if category is None else "failure_id")
     decoded = p.decode_enum(FailureCategory, category, column="failure_category")
     identifier = p.decode_int64(failure_id, column="failure_id", minimum=1)
     return FailureSummary(decoded, FailureId(identifier))

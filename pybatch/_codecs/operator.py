@@ -3,18 +3,9 @@
 from __future__ import annotations
 
 from pybatch._codecs import _primitives as p
+from pybatch.values import operator
 from pybatch.values.ids import JobExecutionId, JobInstanceId, OperatorRequestId
 from pybatch.values.names import ActorRef, OperationId, ReasonCode
-from pybatch.values.operator import (
-    AuthorizationClass,
-    OperatorAction,
-    OperatorOutcomeClass,
-    OperatorRecord,
-    OperatorRecordDraft,
-    OperatorRejection,
-    OperatorRejectionCode,
-    RequestDigest,
-)
 from pybatch.values.status import BatchStatus
 
 #: Columns `decode_operator_record` reads (operator_requests.sql find_operator_request).
@@ -26,9 +17,9 @@ OPERATOR_REQUEST_COLUMNS = tuple(
 )
 
 
-def _decode_rejection(values: p.Row) -> OperatorRejection | None:
+def _decode_rejection(values: p.Row) -> operator.OperatorRejection | None:
     """The rejection and its details; the value refuses a detail its code does not carry."""
-    code = p.optional_enum_at(OperatorRejectionCode, values, "rejection_code")
+    code = p.optional_enum_at(operator.OperatorRejectionCode, values, "rejection_code")
     current = p.optional_int64_at(values, "rejection_current_version", 0)
     status = p.optional_enum_at(BatchStatus, values, "rejection_status")
     execution_id = p.optional_int64_at(values, "rejection_execution_id")
@@ -37,7 +28,7 @@ def _decode_rejection(values: p.Row) -> OperatorRejection | None:
     if code is None:
         raise p.DecodeError("rejection_code")
     try:
-        return OperatorRejection(
+        return operator.OperatorRejection(
             code=code,
             current_version=current,
             status=status,
@@ -47,20 +38,20 @@ def _decode_rejection(values: p.Row) -> OperatorRejection | None:
         raise p.DecodeError("rejection_code") from None
 
 
-def decode_operator_record(row: p.Row) -> OperatorRecord:
+def decode_operator_record(row: p.Row) -> operator.OperatorRecord:
     """Decode an operator_request row (columns `OPERATOR_REQUEST_COLUMNS`)."""
     values = {column: row[column] for column in OPERATOR_REQUEST_COLUMNS}
-    action = p.enum_at(OperatorAction, values, "action")
-    authorization = p.enum_at(AuthorizationClass, values, "authorization_class")
+    action = p.enum_at(operator.OperatorAction, values, "action")
+    authorization = p.enum_at(operator.AuthorizationClass, values, "authorization_class")
     if authorization is not action.authorization_class:
         raise p.DecodeError("authorization_class")
-    outcome = p.enum_at(OperatorOutcomeClass, values, "outcome_class")
+    outcome = p.enum_at(operator.OperatorOutcomeClass, values, "outcome_class")
     rejection = _decode_rejection(values)
-    if (outcome is OperatorOutcomeClass.REJECTED) != (rejection is not None):
+    if (outcome is operator.OperatorOutcomeClass.REJECTED) != (rejection is not None):
         raise p.DecodeError("outcome_class")
     instance_id = p.optional_int64_at(values, "job_instance_id")
     execution_id = p.optional_int64_at(values, "job_execution_id")
-    return OperatorRecord(
+    return operator.OperatorRecord(
         id=OperatorRequestId(p.int64_at(values, "id")),
         action=action,
         operation_id=p.text_value_at(OperationId, values, "operation_id"),
@@ -68,7 +59,7 @@ def decode_operator_record(row: p.Row) -> OperatorRecord:
         reason=None
         if values["reason_code"] is None
         else p.text_value_at(ReasonCode, values, "reason_code"),
-        digest=RequestDigest(p.digest_at(values, "request_digest")),
+        digest=operator.RequestDigest(p.digest_at(values, "request_digest")),
         job_instance_id=None if instance_id is None else JobInstanceId(instance_id),
         job_execution_id=None if execution_id is None else JobExecutionId(execution_id),
         observed_version=p.optional_int64_at(values, "observed_version", 0),
@@ -80,7 +71,7 @@ def decode_operator_record(row: p.Row) -> OperatorRecord:
     )
 
 
-def encode_operator_record_draft(draft: OperatorRecordDraft) -> dict[str, object]:
+def encode_operator_record_draft(draft: operator.OperatorRecordDraft) -> dict[str, object]:
     """insert_operator_request parameters; the class is derived here, so no caller can pick one."""
     rejection = draft.rejection
     return {

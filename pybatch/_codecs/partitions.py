@@ -4,22 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pybatch._codecs._primitives import (
-    DecodeError,
-    Row,
-    digest_at,
-    enum_at,
-    int64_at,
-    optional_int64_at,
-    text_at,
-)
-from pybatch._codecs.steps import (
-    CONTEXT_COLUMNS,
-    COUNT_COLUMNS,
-    STEP_EXECUTION_COLUMNS,
-    decode_counts,
-    decode_state,
-)
+from pybatch._codecs import _primitives as p
+from pybatch._codecs import steps
 from pybatch.errors import PartitionStateCorrupt, PyBatchError
 from pybatch.values._canonical import sha256
 from pybatch.values.names import ExitCode
@@ -28,21 +14,15 @@ from pybatch.values.state import ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus
 
 #: The leading columns of a step_partition row, in table order.
-PARTITION_HEAD_COLUMNS = (
-    "id",
-    "step_execution_id",
-    "worker_step_execution_id",
-    "partition_key",
-    "partition_ordinal",
-    "status",
-    "exit_code",
+PARTITION_HEAD_COLUMNS = tuple(
+    "id step_execution_id worker_step_execution_id partition_key partition_ordinal status"
+    " exit_code".split()
 )
 STEP_PARTITION_COLUMNS = (
     *PARTITION_HEAD_COLUMNS,
-    *COUNT_COLUMNS,
-    *CONTEXT_COLUMNS,
-    "context_checksum",
-    "version",
+    *steps.COUNT_COLUMNS,
+    *steps.CONTEXT_COLUMNS,
+    *("context_checksum", "version"),
 )
 
 
@@ -51,37 +31,40 @@ def context_checksum(context: ExecutionContext) -> bytes:
     return sha256(context.encode())
 
 
-def _context(row: Row) -> ExecutionContext:
-    context = decode_state(ExecutionContext, row, "context", StateLimits.PARTITION)
-    if context_checksum(context) != digest_at(row, "context_checksum"):
-        raise DecodeError("context_checksum")
+def _context(row: p.Row) -> ExecutionContext:
+    context = steps.decode_state(ExecutionContext, row, "context", StateLimits.PARTITION)
+    if context_checksum(context) != p.digest_at(row, "context_checksum"):
+        raise p.DecodeError("context_checksum")
     return context
 
 
-def decode_step_partition(row: Row) -> StepPartition:
+def decode_step_partition(row: p.Row) -> StepPartition:
     """Decode one step_partition row (PartitionStateCorrupt for any refused column)."""
     try:
         return StepPartition(
-            id=int64_at(row, "id"),
-            step_execution_id=int64_at(row, "step_execution_id"),
-            worker_step_execution_id=optional_int64_at(row, "worker_step_execution_id"),
-            key=PartitionKey(text_at(row, "partition_key")),
-            ordinal=int64_at(row, "partition_ordinal"),
-            status=enum_at(BatchStatus, row, "status"),
-            exit_status=ExitCode(text_at(row, "exit_code")),
-            counts=decode_counts(row),
+            id=p.int64_at(row, "id"),
+            step_execution_id=p.int64_at(row, "step_execution_id"),
+            worker_step_execution_id=p.optional_int64_at(row, "worker_step_execution_id"),
+            key=PartitionKey(p.text_at(row, "partition_key")),
+            ordinal=p.int64_at(row, "partition_ordinal"),
+            status=p.enum_at(BatchStatus, row, "status"),
+            exit_status=ExitCode(p.text_at(row, "exit_code")),
+            counts=steps.decode_counts(row),
             context=_context(row),
-            version=int64_at(row, "version", 0),
+            version=p.int64_at(row, "version", 0),
         )
-    except (DecodeError, PyBatchError, ValueError, TypeError):
+    except (p.DecodeError, PyBatchError, ValueError, TypeError):
         raise PartitionStateCorrupt() from None
 
 
 #: A claim's row: the worker step's columns, then the partition's prefixed `p_`.
-CLAIMED_PARTITION_COLUMNS = (*STEP_EXECUTION_COLUMNS, *(f"p_{c}" for c in STEP_PARTITION_COLUMNS))
+CLAIMED_PARTITION_COLUMNS = (
+    *steps.STEP_EXECUTION_COLUMNS,
+    *(f"p_{c}" for c in STEP_PARTITION_COLUMNS),
+)
 
 
-def decode_claimed_partition(row: Row) -> StepPartition:
+def decode_claimed_partition(row: p.Row) -> StepPartition:
     """The partition of a claim_step_partition row (its columns prefixed `p_`)."""
     return decode_step_partition({column: row[f"p_{column}"] for column in STEP_PARTITION_COLUMNS})
 

@@ -16,19 +16,15 @@ from pybatch.values.names import NodeId, StateSchemaId, StepName
 from pybatch.values.records import StepExecution
 from pybatch.values.state import STATE_FORMAT_VERSION, Checkpoint, ExecutionContext, StateLimits
 
-_COUNT_COLUMNS = (
-    ("read", "read_count"),
-    ("processed", "processed_count"),
-    ("written", "write_count"),
-    ("filtered", "filter_count"),
-    ("committed", "commit_count"),
-    ("rolled_back", "rollback_count"),
+#: The six counter columns of a step, in table (and ExecutionCounts field) order.
+COUNT_COLUMNS = tuple(
+    "read_count processed_count write_count filter_count commit_count rollback_count".split()
 )
+_COUNT_COLUMNS = tuple(zip(attrs.fields_dict(ExecutionCounts), COUNT_COLUMNS, strict=True))
 #: Each StepFaultCounts field and its `<field>_count` column, in table order.
 _FAULT_COUNT_COLUMNS = tuple((name, f"{name}_count") for name in attrs.fields_dict(StepFaultCounts))
 _STATE_PARTS = ("format", "schema", "schema_version", "payload")
 
-COUNT_COLUMNS = tuple(column for _, column in _COUNT_COLUMNS)  # The six counter columns of a step.
 CHECKPOINT_COLUMNS = tuple(f"checkpoint_{part}" for part in _STATE_PARTS)
 CONTEXT_COLUMNS = tuple(f"context_{part}" for part in _STATE_PARTS)
 

@@ -1,15 +1,8 @@
-"""`pybatch dashboard`: a read-only WSGI app over the explorer, HTML rendered on the server.
+"""`pybatch dashboard`: a read-only WSGI app over the explorer (docs/operators.md, Dashboard).
 
-Flask (the `dashboard` extra) with Jinja2's autoescaping: every value is escaped, the pages carry
-no script, and a Content-Security-Policy forbids any. Each page reads through one pinned
-`JobExplorer` view, so through one read-only transaction on one pooled connection, with the
-explorer's bounds (pages of at most 500 rows; identifying parameter values, never state
-payloads). Only GET and HEAD are served; any other method is 405, so the app cannot
-write even if a route were added by mistake. Authentication belongs in front of it
-(docs/operators.md, Dashboard).
-
-`create_app()` with no argument reads PYBATCH_* from the environment, for a WSGI server:
-`gunicorn 'pybatch._dashboard:create_app()'`.
+Jinja2 autoescapes every value and a Content-Security-Policy forbids script; each page reads
+through one pinned `JobExplorer` view; any method but GET and HEAD is 405. `create_app()` with
+no argument reads PYBATCH_*, for a WSGI server: `gunicorn 'pybatch._dashboard:create_app()'`.
 """
 
 from __future__ import annotations
@@ -49,6 +42,12 @@ HISTORY_LENGTH = 20
 #: A partitioned step holds at most 1,024 partitions: three full pages at most.
 PARTITION_PAGES = 3
 _ALLOWED_METHODS = frozenset({"GET", "HEAD"})
+#: The HTTP status of a refusal: not found (the repository's own error), bad input, busy.
+_NOT_FOUND = e.JobExecutionNotFound | e.JobInstanceNotFound | e.StepExecutionNotFound
+_BAD_REQUEST = (
+    e.CursorError | e.PageSizeOutOfRange | e.ExplorerAgeBoundTooSmall | e.ParameterFilterInvalid
+)
+_STATUSES = ((_BAD_REQUEST, 400), (e.ExplorerTimeout | e.ExplorerRepositoryError, 503))
 
 
 def _cursor_arg() -> Cursor | None:
@@ -111,22 +110,10 @@ def create_app(source: JobExplorer | ConnectionConfig | None = None) -> flask.Fl
     @app.errorhandler(e.PyBatchError)
     def pybatch_error(error: e.PyBatchError) -> tuple[str, int]:
         inner = error.error if isinstance(error, e.ExplorerRepositoryError) else error
-        if isinstance(
-            inner, e.JobExecutionNotFound | e.JobInstanceNotFound | e.StepExecutionNotFound
-        ):
+        if isinstance(inner, _NOT_FOUND):
             status = 404
-        elif isinstance(
-            error,
-            e.CursorError
-            | e.PageSizeOutOfRange
-            | e.ExplorerAgeBoundTooSmall
-            | e.ParameterFilterInvalid,
-        ):
-            status = 400
-        elif isinstance(error, e.ExplorerTimeout | e.ExplorerRepositoryError):
-            status = 503
         else:
-            status = 500
+            status = next((code for kinds, code in _STATUSES if isinstance(error, kinds)), 500)
         message = f"{type(inner).__name__}: {inner}"
         return flask.render_template("error.html", status=status, message=message), status
 
@@ -169,8 +156,7 @@ def create_app(source: JobExplorer | ConnectionConfig | None = None) -> flask.Fl
     def execution(execution_id: int) -> str:
         size = PageSize(MAX_PAGE_SIZE)
         with explorer.pinned() as view:
-            found = view.execution(execution_id)
-            if found is None:
+            if (found := view.execution(execution_id)) is None:
                 raise e.JobExecutionNotFound(id=execution_id)
             latest = view.latest_attempt(found.instance_id)
             steps, more_steps = all_pages(view.step_executions, execution_id, 2)

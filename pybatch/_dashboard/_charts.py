@@ -1,8 +1,6 @@
-"""Geometry of the server-rendered SVG charts: numbers only, the templates draw them.
+"""Geometry of the server-rendered SVG charts (step timeline, read/written per step).
 
-Computed here so that a template never does arithmetic and the browser runs no script: a step
-timeline (one bar per step from its start to its end, or to its last update while it runs) and a
-progress chart (items read and written by each step, from its committed counters).
+Numbers only, computed here: a template does no arithmetic and the browser runs no script.
 """
 
 from __future__ import annotations
@@ -58,16 +56,9 @@ def timeline(steps: Sequence[StepExecutionProjection]) -> Timeline:
     bars = []
     for row, (step, start) in enumerate(zip(steps, starts, strict=True)):
         seconds = max((_end(step) - start).total_seconds(), 0.0)
-        offset = (start - origin).total_seconds()
-        bars.append(
-            TimelineBar(
-                step=step,
-                x=round(LABEL_WIDTH + offset * scale, 2),
-                y=row * ROW_HEIGHT + 4,
-                width=round(max(seconds * scale, 2.0), 2),
-                seconds=seconds,
-            )
-        )
+        x = round(LABEL_WIDTH + (start - origin).total_seconds() * scale, 2)
+        width = round(max(seconds * scale, 2.0), 2)
+        bars.append(TimelineBar(step, x, y=row * ROW_HEIGHT + 4, width=width, seconds=seconds))
     return Timeline(bars=tuple(bars), height=len(steps) * ROW_HEIGHT + 8, total_seconds=span)
 
 
@@ -109,12 +100,7 @@ def progress(steps: Sequence[StepExecutionProjection]) -> Progress:
         return round(CHART_HEIGHT - MARGIN - count * usable / maximum, 2)
 
     points = tuple(
-        ProgressPoint(
-            step=step,
-            x=round(MARGIN + index * step_width, 2),
-            read_y=y(step.counts.read),
-            written_y=y(step.counts.written),
-        )
-        for index, step in enumerate(steps)
+        ProgressPoint(s, round(MARGIN + i * step_width, 2), y(s.counts.read), y(s.counts.written))
+        for i, s in enumerate(steps)
     )
     return Progress(points=points, maximum=maximum)

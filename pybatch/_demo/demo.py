@@ -98,21 +98,19 @@ def register(commands: Commands) -> None:
     worker.add_argument("--kill-after-chunks", type=_non_negative, default=0)
 
 
-def _positive(text: str) -> int:
-    value = _non_negative(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
-def _non_negative(text: str) -> int:
+def _non_negative(text: str, minimum: int = 0) -> int:
     try:
         value = int(text.replace("_", "").replace(",", ""))
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("must not be negative")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(
+            "must be at least 1" if minimum else "must not be negative"
+        )
     return value
+
+
+_positive = partial(_non_negative, minimum=1)
 
 
 def _job(repository: JobRepository, run: str) -> Job:
@@ -122,17 +120,13 @@ def _job(repository: JobRepository, run: str) -> Job:
 
 def _worker(args: argparse.Namespace) -> int:
     """The child process: launch or restart the job and load the CSV from its checkpoint."""
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)  # a stopped run stays restartable
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a stopped run stays restartable
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     with JobRepository.connect(ConnectionConfig.from_env()) as repository:
         # A restart waits for the killed attempt's lease (DEMO_LEASE), then recovers it.
         with _job(repository, args.run).launch() as run:
             run.step(STEP_NAME, partial(_load, args.csv, args.chunk_size, args.kill_after_chunks))
     return 0
-
-
-def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
 
 
 def _load(csv_path: Path, chunk_size: int, kill_after: int, step: StepRun) -> None:
@@ -385,8 +379,7 @@ def _report_restart(
         "attempt 1",
         f"SIGKILLed {killed_at:.2f} s in, after {done:,} of {chunks:,} chunks were committed",
     )
-    decision = first.decision
-    if decision is not None:
+    if (decision := first.decision) is not None:
         audit = (
             f"{decision.prior_status.value} → {decision.resulting_status.value}, "
             f"audited decision {decision.reason_code} by {decision.operator_reference}"
@@ -419,10 +412,9 @@ def _worker_failed(directory: Path, attempt: int, returncode: int) -> int:
 
 
 def _recreate_target(uow: UnitOfWork) -> None:
-    statements = load_statements("demo")
-    statements.drop_demo_schema.affected(uow.connection)
-    statements.create_demo_schema.affected(uow.connection)
-    statements.create_demo_orders.affected(uow.connection)
+    q = load_statements("demo")
+    for statement in (q.drop_demo_schema, q.create_demo_schema, q.create_demo_orders):
+        statement.affected(uow.connection)
 
 
 def _write_source(path: Path, rows: int, rng: random.Random) -> _Source:

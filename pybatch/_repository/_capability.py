@@ -74,8 +74,7 @@ def require_job_instance(q: Statements, conn: Connection, instance_id: int) -> N
 def job_execution_row(q: Statements, conn: Connection, execution_id: int) -> Row:
     """The stored row of an execution, undecoded (JobExecutionNotFound when there is none)."""
     check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
-    row = q.get_job_execution.one(conn, job_execution_id=execution_id)
-    if row is None:
+    if (row := q.get_job_execution.one(conn, job_execution_id=execution_id)) is None:
         raise JobExecutionNotFound(id=execution_id)
     return row
 

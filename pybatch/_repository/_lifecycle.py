@@ -18,11 +18,7 @@ from pybatch._repository._capability import Capability
 from pybatch._statements import Connection, Row, Statement, Statements
 from pybatch.errors import PyBatchError, StaleVersion, Unavailable, VersionOutOfRange
 from pybatch.values.ids import INT64_MAX, IdentifierKind, check_identifier, check_version
-from pybatch.values.lifecycle import (
-    ExecutionMetadata,
-    LifecycleTransition,
-    apply_transition,
-)
+from pybatch.values.lifecycle import ExecutionMetadata, LifecycleTransition, apply_transition
 from pybatch.values.records import JobExecution, StepExecution
 from pybatch.values.status import FailureReason
 
@@ -60,8 +56,7 @@ def failure_reason_columns(reason: FailureReason | None) -> dict[str, object]:
 def lock(rows: LifecycleRows[Record], q: Statements, conn: Connection, record_id: int) -> Record:
     """Lock the row and decode it; raises the table's NotFound error."""
     check_identifier(rows.kind, record_id)
-    row = rows.lock_statement(q).one(conn, **{rows.id_parameter: record_id})
-    if row is None:
+    if (row := rows.lock_statement(q).one(conn, **{rows.id_parameter: record_id})) is None:
         raise rows.not_found(record_id)
     return rows.decode(row)
 
@@ -133,11 +128,11 @@ class LifecycleCapability(Capability, Generic[Record]):
     _rows: LifecycleRows[Record]
 
     def transition(
-        self, record_id: int, expected_version: int, transition: LifecycleTransition
+        self, record_id: int, expected_version: int, change: LifecycleTransition
     ) -> Record:
         """Apply a lifecycle transition under the row lock (compare-and-swap)."""
         with self._operation() as (q, conn):
-            return _transition(self._rows, q, conn, record_id, expected_version, transition)
+            return transition(self._rows, q, conn, record_id, expected_version, change)
 
     def get(self, record_id: int) -> Record | None:
         """One record, or None (docs/contract.md, Reads)."""
@@ -145,6 +140,3 @@ class LifecycleCapability(Capability, Generic[Record]):
             check_identifier(self._rows.kind, record_id)
             row = self._rows.get_statement(q).one(conn, **{self._rows.id_parameter: record_id})
             return None if row is None else self._rows.decode(row)
-
-
-_transition = transition

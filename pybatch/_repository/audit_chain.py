@@ -93,8 +93,7 @@ def link_audit_record(
 
 def audit_chain_head(q: Statements, conn: Connection) -> tuple[int, bytes]:
     """The newest link's (seq, digest)."""
-    row = q.read_audit_chain_head.one(conn)
-    if row is None:
+    if (row := q.read_audit_chain_head.one(conn)) is None:
         raise DecodeError("audit_chain_head")
     return int64_at(row, "seq", 0), digest_at(row, "link_digest")
 
@@ -126,15 +125,12 @@ def audit_links_after(
 def unlinked_audit_record(q: Statements, conn: Connection) -> tuple[str, int] | None:
     """An audit record without a link (inserted behind pybatch's back), or None."""
     row = q.find_unlinked_audit_record.one(conn)
-    if row is None:
-        return None
-    return text_at(row, "record_kind"), int64_at(row, "record_id")
+    return None if row is None else (text_at(row, "record_kind"), int64_at(row, "record_id"))
 
 
 def overdrawn_audit_purge(q: Statements, conn: Connection) -> tuple[int, str, int, int] | None:
     """A purge that marked more links of a kind than it deleted: (id, kind, marked, deleted)."""
-    row = q.find_overdrawn_audit_purge.one(conn)
-    if row is None:
+    if (row := q.find_overdrawn_audit_purge.one(conn)) is None:
         return None
     return (
         int64_at(row, "retention_action_id"),

@@ -44,8 +44,7 @@ def ensure_definition(
     names = {"job_name": job_name.value, "definition_revision": definition.revision.value}
     # The revision is checked first and on its own, so a drifted revision whose new digest
     # already exists under another revision is still reported as DefinitionDrift.
-    known = _definition_for_revision(q, conn, names, definition)
-    if known is not None:
+    if (known := _definition_for_revision(q, conn, names, definition)) is not None:
         return known
     # Only a definition about to be registered: one stored before the bounds were enforced
     # keeps resolving, so its instances can still restart.
@@ -61,8 +60,7 @@ def ensure_definition(
     if inserted is not None:
         return decode_int64(inserted["id"], column="id", minimum=1)
     # A concurrent registration won one of the two unique constraints: read back which.
-    known = _definition_for_revision(q, conn, names, definition)
-    if known is not None:
+    if (known := _definition_for_revision(q, conn, names, definition)) is not None:
         return known
     by_digest = q.find_job_definition_by_digest.one(
         conn, job_name=job_name.value, manifest_digest=definition.digest
@@ -75,8 +73,7 @@ def ensure_definition(
 def _definition_for_revision(
     q: Statements, conn: Connection, names: dict[str, str], definition: DefinitionIdentity
 ) -> int | None:
-    row = q.find_job_definition_by_revision.one(conn, **names)
-    if row is None:
+    if (row := q.find_job_definition_by_revision.one(conn, **names)) is None:
         return None
     if decode_digest(row["manifest_digest"], column="manifest_digest") != definition.digest:
         raise DefinitionDrift(job_name=names["job_name"], revision=names["definition_revision"])

@@ -10,9 +10,7 @@ from pybatch._repository._capability import decided, execution_at, require_job_i
 from pybatch._repository._lifecycle import LifecycleCapability, LifecycleRows
 from pybatch._repository.definitions import ensure_definition
 from pybatch._statements import Connection, Row, Statements
-from pybatch.errors import (
-    JobExecutionNotFound,
-)
+from pybatch.errors import JobExecutionNotFound
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.lifecycle import LifecycleTransition
@@ -72,12 +70,9 @@ class Executions(LifecycleCapability[JobExecution]):
         status: BatchStatus,
         reason: FailureReason | None = None,
     ) -> JobExecution:
-        """End `owner`'s running execution as `status` (STOPPED once a stop was observed).
+        """End `owner`'s running execution as `status`, its unfinished steps with it: one statement.
 
-        One statement: the transition (FAILED by user code), the exit status of the same name,
-        `reason`, and the execution's unfinished steps ended with it. Raises
-        ExecutionOwnershipLost or IllegalTransition.
-        Statements: executions.sql end_job_execution (migrations/0014).
+        Raises ExecutionOwnershipLost or IllegalTransition.
         """
         params = {
             "job_execution_id": execution_id,
@@ -100,7 +95,7 @@ class Executions(LifecycleCapability[JobExecution]):
         Raises, in this order: JobInstanceNotFound; CompletedInstance, AbandonedInstance or
         ExecutionAlreadyActive (latest attempt unresolved); the definition checks of
         `ensure_definition` (a new definition is registered here); IncompatibleDefinition (new
-        digest without a direct edge). Statements: executions.sql create_job_execution.
+        digest without a direct edge).
         """
         check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
         definition_id: int | None = None
@@ -126,11 +121,11 @@ class Executions(LifecycleCapability[JobExecution]):
                 definition_id = ensure_definition(q, conn, clock, instance.job_name, definition)
 
     def transition(
-        self, record_id: int, expected_version: int, transition: LifecycleTransition
+        self, record_id: int, expected_version: int, change: LifecycleTransition
     ) -> JobExecution:
-        """Apply a lifecycle transition with a version compare-and-swap."""
+        """Apply a lifecycle transition with a version compare-and-swap (its steps end with it)."""
         with self._operation() as (q, conn):
-            return transition_job_execution(q, conn, record_id, expected_version, transition)
+            return transition_job_execution(q, conn, record_id, expected_version, change)
 
     def of_instance(self, instance_id: int) -> list[JobExecution]:
         """Every attempt of an instance in attempt order (docs/contract.md, Reads)."""

@@ -21,11 +21,7 @@ from pybatch._repository._capability import (
     require_job_instance,
 )
 from pybatch._statements import Row
-from pybatch.errors import (
-    ConcurrentModification,
-    FlowStateCorrupt,
-    JobExecutionNotFound,
-)
+from pybatch.errors import ConcurrentModification, FlowStateCorrupt, JobExecutionNotFound
 from pybatch.values.flow import (
     FlowDecision,
     FlowDecisionRequest,
@@ -62,7 +58,7 @@ class Flow(Capability):
 
         The instance row lock serializes starts across attempts and processes, so the count
         and the insert never interleave. Raises, in this order: JobExecutionNotFound,
-        DuplicateStep, StartLimitExceeded. Statements: flow.sql start_flow_step (0014).
+        DuplicateStep, StartLimitExceeded.
         """
         check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
         limit = start_limit or StartLimit.unrestricted()
@@ -80,7 +76,7 @@ class Flow(Capability):
 
         One statement, committed alone: the new step is STARTED. Without `owner` it is one
         operation of the unit of work (`create_step`). Raises ExecutionOwnershipLost, then
-        DuplicateStep, then StartLimitExceeded. Statements: flow.sql start_flow_step.
+        DuplicateStep, then StartLimitExceeded.
         """
         params = {
             "job_execution_id": job_execution_id,
@@ -159,8 +155,7 @@ class Flow(Capability):
                 )
                 if reused_matches is not True:
                     raise FlowStateCorrupt()
-            row = q.insert_flow_decision.one(conn, **params)
-            if row is None:
+            if (row := q.insert_flow_decision.one(conn, **params)) is None:
                 raise ConcurrentModification()
             decision_id = decode_int64(row["id"], column="id", minimum=1)
             return FlowDecision(id=decision_id, **attrs.asdict(request, recurse=False))

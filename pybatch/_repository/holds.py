@@ -35,8 +35,7 @@ def _decode_hold(row: Any) -> RetentionHold | None:
 def _instance_row(statement: Statement, conn: Connection, instance_id: int) -> Row:
     """The instance's hold columns through `statement` (JobInstanceNotFound without a row)."""
     check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
-    row = statement.one(conn, job_instance_id=instance_id)
-    if row is None:
+    if (row := statement.one(conn, job_instance_id=instance_id)) is None:
         raise JobInstanceNotFound(id=instance_id)
     return row
 
@@ -48,18 +47,6 @@ class Holds(Capability):
         """The instance's hold, or None."""
         with self._operation() as (q, conn):
             return _decode_hold(_instance_row(q.read_instance_hold, conn, instance_id))
-
-    def place(
-        self, instance_id: int, actor: ActorRef, reason: ReasonCode, placed_at: _dt.datetime
-    ) -> RetentionHold:
-        """Place the hold, replacing any existing one."""
-        with self._operation():
-            check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
-            hold = RetentionHold(
-                job_instance_id=instance_id, actor=actor, reason=reason, placed_at=placed_at
-            )
-            self._write(instance_id, hold)
-            return hold
 
     def place_unless_held(
         self, instance_id: int, actor: ActorRef, reason: ReasonCode, placed_at: _dt.datetime
@@ -73,23 +60,28 @@ class Holds(Capability):
             current = _decode_hold(_instance_row(q.lock_instance_hold, conn, instance_id))
             if current is not None and current.reason == reason:
                 return current, False
-            return self.place(instance_id, actor, reason, placed_at), True
+            hold = RetentionHold(
+                job_instance_id=instance_id, actor=actor, reason=reason, placed_at=placed_at
+            )
+            q.update_instance_hold.affected(
+                conn,
+                job_instance_id=instance_id,
+                actor_ref=actor.value,
+                reason_code=reason.value,
+                placed_at=aware_utc(placed_at),
+            )
+            return hold, True
 
     def release(self, instance_id: int) -> RetentionHold | None:
-        """Clear the hold; return the previous one (None if there was none)."""
-        return self._write(instance_id, None)
-
-    def _write(self, instance_id: int, hold: RetentionHold | None) -> RetentionHold | None:
-        """Lock the instance and write `hold`; clearing returns the previous hold (or None)."""
+        """Clear the hold; return the previous one (None if there was none: nothing written)."""
         with self._operation() as (q, conn):
-            row = _instance_row(q.lock_instance_hold, conn, instance_id)
-            previous = None if hold is not None else _decode_hold(row)
-            if hold is not None or previous is not None:  # clearing no hold writes nothing
+            previous = _decode_hold(_instance_row(q.lock_instance_hold, conn, instance_id))
+            if previous is not None:
                 q.update_instance_hold.affected(
                     conn,
                     job_instance_id=instance_id,
-                    actor_ref=None if hold is None else hold.actor.value,
-                    reason_code=None if hold is None else hold.reason.value,
-                    placed_at=None if hold is None else aware_utc(hold.placed_at),
+                    actor_ref=None,
+                    reason_code=None,
+                    placed_at=None,
                 )
             return previous

@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-from pybatch._codecs.instances import (
-    decode_job_instance,
-    encode_job_instance_key,
-)
+from pybatch._codecs.instances import decode_job_instance, encode_job_instance_key
 from pybatch._repository._capability import Capability
 from pybatch.errors import ConcurrentModification
 from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.parameters import JobInstanceKey
-from pybatch.values.records import (
-    Created,
-    Existing,
-    JobInstance,
-    JobInstanceSelection,
-)
+from pybatch.values.records import Created, Existing, JobInstance, JobInstanceSelection
 
 
 class Instances(Capability):

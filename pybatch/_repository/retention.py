@@ -1,11 +1,6 @@
 """Retention audit and the purge of whole instance histories, queries/retention.sql.
 
-The purge unit is a whole instance history: a candidate instance is of the requested job,
-not held, has no unresolved attempt, and its latest attempt has a requested status and was
-last written before the cutoff. Apply locks the candidates' instances and executions, checks
-that exactly the planned executions exist at the planned versions (anything else: the plan
-is stale and nothing is deleted), then deletes children first and leaves a tombstone (or,
-with forget_instances, deletes the instance rows as well).
+A plan is applied exactly or, stale, deletes nothing (docs/contract.md, Retention and purge).
 """
 
 from __future__ import annotations

@@ -7,12 +7,7 @@ from functools import partial
 
 from pybatch._codecs._primitives import decode_int64, returned
 from pybatch._codecs.steps import decode_step_execution
-from pybatch._repository._capability import (
-    Overrides,
-    decided,
-    execution_at,
-    job_execution_row,
-)
+from pybatch._repository._capability import Overrides, decided, execution_at, job_execution_row
 from pybatch._repository._lifecycle import (
     LifecycleCapability,
     LifecycleRows,
@@ -86,9 +81,7 @@ class Steps(LifecycleCapability[StepExecution]):
     ) -> StepExecution:
         """End a step of `owner`'s running execution as `status`: one statement.
 
-        The transition (FAILED by user code), the exit status of the same name and `reason`.
         Raises ExecutionOwnershipLost, StepExecutionNotFound or IllegalTransition.
-        Statements: steps.sql end_step_execution (migrations/0014).
         """
         params = {
             "job_execution_id": job_execution_id,
@@ -109,7 +102,6 @@ class Steps(LifecycleCapability[StepExecution]):
 
         Raises, in this order: JobExecutionNotFound, DuplicateStep, InvalidDefinitionUpgrade
         (an upgraded restart has no mapping entry), RestartStateNotFound (no source step).
-        Statements: steps.sql create_step_execution (migrations/0014).
         """
         duplicate = duplicate_step_overrides(job_execution_id, step_name, step_name.value)
         with self._operation(overrides=duplicate) as (q, conn):

@@ -1,9 +1,6 @@
-"""Verify the tamper-evident audit chain (`pybatch audit verify`).
+"""Verify the tamper-evident audit chain (`pybatch audit verify`): name its first break.
 
-Walks every link in order, in pages, past the head too, and reports the first break: a gap, a link
-past the head, one not following its predecessor, a digest not matching its fields, content changed
-or deleted without a later APPLY_PURGE accounting for it, or a chain ending before its head. Then:
-a purge marking more links than it deleted records, and records with no link.
+After the links: a purge marking more links than it deleted records, and records with no link.
 """
 
 from __future__ import annotations
@@ -58,8 +55,7 @@ def verify_audit_chain(
                 return AuditVerification(
                     links=seq, broken_at=seq + 1, reason="the link is missing (deleted)"
                 )
-            broken = _broken_link(link, previous, head_seq)
-            if broken is not None:
+            if (broken := _broken_link(link, previous, head_seq)) is not None:
                 return AuditVerification(links=seq, broken_at=number, reason=broken)
             previous, seq = link.link_digest, number
         if progress is not None:

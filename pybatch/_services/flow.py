@@ -61,8 +61,7 @@ class FlowPoint:
         def reusable(uow: UnitOfWork) -> FlowDecision | None:
             return self._recorded(uow, node) or self._reuse(uow, node, K.DECIDER, K.DECIDER, None)
 
-        found = self.repository.run_in_unit_of_work(reusable)
-        if found is not None:
+        if (found := self.repository.run_in_unit_of_work(reusable)) is not None:
             return found
         outcome = ExitCode(decider())
         target = self._select(node, K.DECIDER, outcome)
@@ -94,8 +93,7 @@ class FlowPoint:
         return next((d for d in decisions if d.source_node_id == node), None)
 
     def _select(self, node: NodeId, kind: FlowTransitionKind, outcome: ExitCode) -> FlowTarget:
-        target = select_flow_target(self.definition.manifest(), node, kind, outcome)
-        if target is None:
+        if (target := select_flow_target(self.definition.manifest(), node, kind, outcome)) is None:
             raise FlowStateCorrupt()
         return target
 

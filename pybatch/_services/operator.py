@@ -74,17 +74,12 @@ class OperatorOutcome:
         """The recorded rejection, when the request was REJECTED."""
         return self.record.rejection
 
-    @property
-    def word(self) -> str:
-        """APPLIED, NOOP (stored as APPLIED, nothing changed), REPLAYED or REJECTED."""
-        return "NOOP" if self.noop else self.outcome.value
-
     def describe(self) -> str:
-        """One line: the word, the action, the operation id, and what the request found or left."""
+        """One line: the outcome (NOOP: APPLIED, nothing changed), action, operation id, result."""
         record = self.record
-        line = f"{self.word} {record.action.value} operation {record.operation_id.value}"
-        rejection = self.rejection
-        if rejection is not None:
+        word = "NOOP" if self.noop else self.outcome.value
+        line = f"{word} {record.action.value} operation {record.operation_id.value}"
+        if (rejection := self.rejection) is not None:
             fields = {
                 "current_version": rejection.current_version,
                 "status": None if rejection.status is None else rejection.status.value,
@@ -92,8 +87,7 @@ class OperatorOutcome:
             }
             details = [f"{name}={value}" for name, value in fields.items() if value is not None]
             return f"{line}: rejected {rejection.code.value} {' '.join(details)}".rstrip()
-        status = record.result_status
-        if status is None:
+        if (status := record.result_status) is None:
             return line
         if self.noop:
             return f"{line}: execution is already {status.value}, nothing to change"
@@ -238,8 +232,7 @@ class OperatorService:
 
     @staticmethod
     def _execution(uow: UnitOfWork, execution_id: int, expected: int | None) -> JobExecution:
-        current = uow.executions.get(execution_id)
-        if current is None:
+        if (current := uow.executions.get(execution_id)) is None:
             raise _Rejected(OperatorRejection(Code.EXECUTION_NOT_FOUND))
         if expected is not None and current.version != expected:
             raise _Rejected(
@@ -262,8 +255,7 @@ class OperatorService:
     def _submit(
         self, request: _Request, effect: Callable[[UnitOfWork], _Effect]
     ) -> OperatorOutcome:
-        replay = self._probe(request)
-        if replay is not None:
+        if (replay := self._probe(request)) is not None:
             return replay
         rejection: OperatorRejection | None = None
         with self.repository.begin() as uow:
@@ -272,8 +264,7 @@ class OperatorService:
             except _Rejected as rejected:
                 rejection = rejected.rejection
             except e.PyBatchError as error:
-                rejection = OperatorRejection.from_repository(error)
-                if rejection is None:
+                if (rejection := OperatorRejection.from_repository(error)) is None:
                     raise
             if rejection is None:
                 return self._record(uow, request, effect=applied)
@@ -313,8 +304,7 @@ class OperatorService:
             record = uow.operator_requests.append(draft)
         except e.ConcurrentModification:
             uow.rollback()  # another caller recorded the operation id first: replay it
-            replay = self._probe(request)
-            if replay is None:
+            if (replay := self._probe(request)) is None:
                 raise e.ConcurrentModification() from None
             return replay
         try:

@@ -111,41 +111,29 @@ class RetentionService:
         self, operation_id: OperationId, actor: ActorRef, instance_id: int, reason: ReasonCode
     ) -> RetentionOutcome:
         """Place (or replace) the instance's hold: no purge takes it until released."""
-        return self._hold_request(RetentionAction.HOLD, operation_id, actor, instance_id, reason)
+
+        def effect(uow: UnitOfWork) -> _Applied:
+            hold, placed = uow.holds.place_unless_held(instance_id, actor, reason, uow.clock.now())
+            since = f"{hold.placed_at:%Y-%m-%d %H:%M:%S}"
+            noop = (
+                f"the hold already exists ({hold.reason.value} by {hold.actor.value} since {since})"
+            )
+            return _Applied(job_instance_id=instance_id, noop="" if placed else noop)
+
+        target = f"instance:{instance_id}"
+        return self._submit(RetentionAction.HOLD, operation_id, actor, reason, target, effect)
 
     def release(
         self, operation_id: OperationId, actor: ActorRef, instance_id: int, reason: ReasonCode
     ) -> RetentionOutcome:
         """Clear the instance's hold (a release without a hold is recorded too)."""
-        action = RetentionAction.RELEASE_HOLD
-        return self._hold_request(action, operation_id, actor, instance_id, reason)
-
-    def _hold_request(
-        self,
-        action: RetentionAction,
-        operation_id: OperationId,
-        actor: ActorRef,
-        instance_id: int,
-        reason: ReasonCode,
-    ) -> RetentionOutcome:
-        digest = retention_request_digest(action, f"instance:{instance_id}", reason)
 
         def effect(uow: UnitOfWork) -> _Applied:
-            if action is RetentionAction.HOLD:
-                hold, placed = uow.holds.place_unless_held(
-                    instance_id, actor, reason, uow.clock.now()
-                )
-                if not placed:
-                    return _Applied(
-                        job_instance_id=instance_id,
-                        noop=f"the hold already exists ({hold.reason.value} by "
-                        f"{hold.actor.value} since {hold.placed_at:%Y-%m-%d %H:%M:%S})",
-                    )
-            elif uow.holds.release(instance_id) is None:
-                return _Applied(job_instance_id=instance_id, noop="the instance has no hold")
-            return _Applied(job_instance_id=instance_id)
+            noop = "the instance has no hold" if uow.holds.release(instance_id) is None else ""
+            return _Applied(job_instance_id=instance_id, noop=noop)
 
-        return self._submit(action, operation_id, actor, reason, digest, effect)
+        action, target = RetentionAction.RELEASE_HOLD, f"instance:{instance_id}"
+        return self._submit(action, operation_id, actor, reason, target, effect)
 
     def plan(self, request: PurgePlanRequest) -> PurgePlan:
         """Survey the next batch in a rolled-back unit of work and seal it."""
@@ -169,15 +157,14 @@ class RetentionService:
         self, operation_id: OperationId, actor: ActorRef, reason: ReasonCode, plan: PurgePlan
     ) -> RetentionOutcome:
         """Apply one sealed plan with its audit record, or nothing (RetentionPlanStale)."""
-        action = RetentionAction.APPLY_PURGE
-        digest = retention_request_digest(action, f"plan:{plan.digest.hex()}", reason)
 
         def effect(uow: UnitOfWork) -> _Applied:
             result = uow.retention.apply_purge(plan)
             bound = plan.request.batch.value
             return _Applied(None, plan.digest, bound, result.counts, result.audit_records)
 
-        return self._submit(action, operation_id, actor, reason, digest, effect)
+        action, target = RetentionAction.APPLY_PURGE, f"plan:{plan.digest.hex()}"
+        return self._submit(action, operation_id, actor, reason, target, effect)
 
     def purge(
         self, request: PurgePlanRequest, operation_base: str, actor: ActorRef, reason: ReasonCode
@@ -251,11 +238,11 @@ class RetentionService:
         operation_id: OperationId,
         actor: ActorRef,
         reason: ReasonCode,
-        digest: bytes,
+        target: str,
         effect: Callable[[UnitOfWork], _Applied],
     ) -> RetentionOutcome:
-        replay = self._probe(action, operation_id, digest)
-        if replay is not None:
+        digest = retention_request_digest(action, target, reason)
+        if (replay := self._probe(action, operation_id, digest)) is not None:
             return replay
         with self.repository.begin() as uow:
             applied = effect(uow)
@@ -276,8 +263,7 @@ class RetentionService:
                 record = uow.retention.append_action(draft)
             except e.ConcurrentModification:
                 uow.rollback()
-                again = self._probe(action, operation_id, digest)
-                if again is None:
+                if (again := self._probe(action, operation_id, digest)) is None:
                     raise
                 return again
             if applied.purged is not None and not applied.purged.is_empty():

@@ -51,8 +51,7 @@ def server_parent() -> str | None:
 
     Memory, because a clone's 400 file creations on a busy disk wait for its journal.
     """
-    chosen = os.environ.get(TMPDIR_ENV, "").strip()
-    if chosen:
+    if chosen := os.environ.get(TMPDIR_ENV, "").strip():
         return chosen
     memory = MEMORY_DIRECTORY
     if not _is_memory_filesystem(memory) or not os.access(memory, os.W_OK | os.X_OK):
@@ -68,12 +67,8 @@ def _is_memory_filesystem(path: Path) -> bool:
         mounts = _MOUNTS.read_text()
     except OSError:
         return False
-    kind = None
-    for line in mounts.splitlines():
-        fields = line.split()
-        if len(fields) >= 3 and fields[1] == target:
-            kind = fields[2]
-    return kind in _MEMORY_FILESYSTEMS
+    kinds = [f[2] for f in map(str.split, mounts.splitlines()) if len(f) >= 3 and f[1] == target]
+    return bool(kinds) and kinds[-1] in _MEMORY_FILESYSTEMS
 
 
 class PostgresServer:

@@ -41,10 +41,8 @@ class _Server(Protocol):
 
 def clone_statement(server_version: int) -> Statement:
     """The fastest way to copy a small template on a server of this `server_version_num`."""
-    statements = load_statements("testing")
-    if server_version >= _STRATEGY_SINCE:
-        return statements.clone_template_by_file_copy
-    return statements.clone_template
+    q = load_statements("testing")
+    return q.clone_template_by_file_copy if server_version >= _STRATEGY_SINCE else q.clone_template
 
 
 class Admin:

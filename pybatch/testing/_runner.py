@@ -70,9 +70,5 @@ class JobRunner:
         process = subprocess.run(
             command, capture_output=True, text=True, timeout=timeout, env=environment, check=False
         )
-        return JobScriptResult(
-            returncode=process.returncode,
-            killed=process.returncode == -signal.SIGKILL,
-            stdout=process.stdout,
-            stderr=process.stderr,
-        )
+        killed = process.returncode == -signal.SIGKILL
+        return JobScriptResult(process.returncode, killed, process.stdout, process.stderr)

@@ -106,12 +106,20 @@ def _write(value: object, parts: list[str], *, decimals: bool) -> None:
             raise JsonNotEncodable(reason="text contains NUL")
         parts.append(_encode_string(value))
     elif isinstance(value, Mapping):
-        _write_object(value, parts, decimals=decimals)
+        for key in value:
+            if not isinstance(key, str):
+                raise JsonNotEncodable(reason="object key is not a string")
+            if "\x00" in key:
+                raise JsonNotEncodable(reason="text contains NUL")
+        parts.append("{")
+        for index, key in enumerate(sorted(value)):  # code-point order, which equals UTF-8's
+            parts.append(f",{_encode_string(key)}:" if index else f"{_encode_string(key)}:")
+            _write(value[key], parts, decimals=decimals)
+        parts.append("}")
     elif isinstance(value, list | tuple):
         parts.append("[")
         for index, item in enumerate(value):
-            if index:
-                parts.append(",")
+            parts.append("," if index else "")
             _write(item, parts, decimals=decimals)
         parts.append("]")
     else:
@@ -129,25 +137,6 @@ def _check_digits(text: str) -> str:
     if sum(character.isdigit() for character in text) > MAX_NUMBER_DIGITS:
         raise JsonNotEncodable(reason=f"a number has more than {MAX_NUMBER_DIGITS} digits")
     return text
-
-
-def _write_object(value: Mapping[object, object], parts: list[str], *, decimals: bool) -> None:
-    keys: list[str] = []
-    for key in value:
-        if not isinstance(key, str):
-            raise JsonNotEncodable(reason="object key is not a string")
-        if "\x00" in key:
-            raise JsonNotEncodable(reason="text contains NUL")
-        keys.append(key)
-    keys.sort()  # code-point order, which equals UTF-8 byte order
-    parts.append("{")
-    for index, key in enumerate(keys):
-        if index:
-            parts.append(",")
-        parts.append(_encode_string(key))
-        parts.append(":")
-        _write(value[key], parts, decimals=decimals)
-    parts.append("}")
 
 
 def reject_constant(name: str) -> NoReturn:

@@ -9,7 +9,7 @@ import attrs
 
 from pybatch.values.counts import ExecutionCounts, counter
 from pybatch.values.fault import FaultStateEnvelope
-from pybatch.values.ids import IdentifierKind, identifier_validator, maybe
+from pybatch.values.ids import IdentifierKind, maybe
 from pybatch.values.ownership import OwnerToken
 from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus
@@ -27,7 +27,7 @@ class ChunkContext:
     job_execution_id: int = attrs.field(validator=IdentifierKind.JOB_EXECUTION.validator)
     owner: OwnerToken | None = attrs.field(default=None, validator=maybe(OwnerToken))
     partition_id: int | None = attrs.field(
-        default=None, validator=identifier_validator(IdentifierKind.STEP_PARTITION, optional=True)
+        default=None, validator=IdentifierKind.STEP_PARTITION.optional
     )
 
 

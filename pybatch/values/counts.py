@@ -31,12 +31,6 @@ class ExecutionCounts:
     committed: int = attrs.field(default=0, validator=counter)
     rolled_back: int = attrs.field(default=0, validator=counter)
 
-    def plus(self, other: ExecutionCounts) -> ExecutionCounts:
-        """Return the counter-wise sum; a sum above 2^63-1 raises CountExhausted."""
-        return ExecutionCounts(
-            **{name: _checked_sum(getattr(self, name), getattr(other, name)) for name in _FIELDS}
-        )
-
     def after_chunk(
         self, read: int, processed: int, written: int, filtered: int
     ) -> ExecutionCounts:
@@ -53,9 +47,6 @@ class ExecutionCounts:
     def with_terminal_rollback(self) -> ExecutionCounts:
         """Return the counts with `rolled_back + 1` (a terminal rollback; CountExhausted at max)."""
         return attrs.evolve(self, rolled_back=_checked_sum(self.rolled_back, 1))
-
-
-_FIELDS = tuple(field.name for field in attrs.fields(ExecutionCounts))
 
 
 @attrs.frozen(kw_only=True)

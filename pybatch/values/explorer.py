@@ -1,9 +1,6 @@
 """Explorer vocabulary: page sizes, opaque bound cursors, parameter filters and projections.
 
-A cursor carries its query, the last key, the traversal's ceiling, an 8-byte binding of (query,
-page size, filter) and an unkeyed SHA-256 (pybatch/_explorer.py checks the ceiling against the
-database). Projections carry identifying parameter values (what tells instances apart) and
-descriptors of state, never state payloads.
+Cursor layout and what projections show (never state payloads): docs/contract.md, Explorer.
 """
 
 from __future__ import annotations
@@ -21,13 +18,7 @@ from typing import Any, Generic, TypeVar, cast
 
 import attrs
 
-from pybatch.errors import (
-    CursorInvalid,
-    CursorQueryMismatch,
-    PageSizeOutOfRange,
-    ParameterFilterInvalid,
-    PyBatchError,
-)
+from pybatch import errors as e
 from pybatch.values.flow import FlowDecision
 from pybatch.values.names import ParameterName
 from pybatch.values.operator import OperatorRecord
@@ -57,7 +48,7 @@ class PageSize:
 
     def __attrs_post_init__(self) -> None:
         if type(self.value) is not int or not 1 <= self.value <= MAX_PAGE_SIZE:
-            raise PageSizeOutOfRange(requested=self.value)
+            raise e.PageSizeOutOfRange(requested=self.value)
 
 
 class ExplorerQuery(enum.Enum):
@@ -74,11 +65,6 @@ class ExplorerQuery(enum.Enum):
     OPERATOR_REQUESTS = 9
     STEP_SKIPS = 10
     PARAMETER_EXECUTIONS = 11
-
-    @property
-    def query_name(self) -> str:
-        """The contract's name of the query (`list_job_names`, ...); cursor bindings hash it."""
-        return f"list_{self.name.lower()}"
 
     @property
     def key_kind(self) -> type[CursorKey]:
@@ -126,20 +112,19 @@ class NameKey:
 CursorKey = IdentityKey | OrderedKey | NameKey
 
 
+_BINDING_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def query_binding(query: ExplorerQuery, page_size: PageSize, filter_value: object) -> bytes:
     """First 8 bytes of SHA-256 over the canonical identity of (query, page size, filter)."""
-    identity = json.dumps(
-        [query.query_name, page_size.value, filter_value],
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
+    name = f"list_{query.name.lower()}"  # the contract's name of the query: list_job_names...
+    identity = _BINDING_JSON.encode([name, page_size.value, filter_value])
     return hashlib.sha256(identity.encode("utf-8")).digest()[:_BINDING_BYTES]
 
 
 def _cursor_bytes(instance: object, attribute: attrs.Attribute[bytes], value: bytes) -> None:
     if not isinstance(value, bytes) or not 1 <= len(value) <= MAX_CURSOR_BYTES:
-        raise CursorInvalid()
+        raise e.CursorInvalid()
 
 
 @attrs.frozen(repr=False)
@@ -152,7 +137,7 @@ class Cursor:
     def from_hex(cls, text: str) -> Cursor:
         """Parse lower-case, even-length hex; anything else is `CursorInvalid`."""
         if not isinstance(text, str) or re.fullmatch("(?:[0-9a-f]{2})*", text) is None:
-            raise CursorInvalid()
+            raise e.CursorInvalid()
         return cls(bytes.fromhex(text))
 
     def __str__(self) -> str:
@@ -174,22 +159,22 @@ class Cursor:
         """The (key, ceiling) carried; CursorQueryMismatch if intact but for another binding."""
         data = self.data
         if len(data) < 2 + 1 + 8 + _BINDING_BYTES + _CHECKSUM_BYTES:
-            raise CursorInvalid()
+            raise e.CursorInvalid()
         body, checksum = data[:-_CHECKSUM_BYTES], data[-_CHECKSUM_BYTES:]
         if hashlib.sha256(body).digest() != checksum or body[0] != CURSOR_FORMAT_VERSION:
-            raise CursorInvalid()
+            raise e.CursorInvalid()
         try:
             presented = ExplorerQuery(body[1])
         except ValueError:
-            raise CursorInvalid() from None
+            raise e.CursorInvalid() from None
         key, offset = _decode_key(body, 2)
         if len(body) != offset + 8 + _BINDING_BYTES:
-            raise CursorInvalid()
+            raise e.CursorInvalid()
         (ceiling,) = struct.unpack_from(">Q", body, offset)
         if ceiling > _I63_MAX or not isinstance(key, query.key_kind):
-            raise CursorInvalid()
+            raise e.CursorInvalid()
         if presented is not query or body[offset + 8 :] != binding:
-            raise CursorQueryMismatch()
+            raise e.CursorQueryMismatch()
         return key, ceiling
 
 
@@ -216,11 +201,11 @@ def _decode_key(body: bytes, offset: int) -> tuple[CursorKey, int]:
             length = body[offset]
             raw = body[offset + 1 : offset + 1 + length]
             if len(raw) != length:
-                raise CursorInvalid()
+                raise e.CursorInvalid()
             return NameKey(raw.decode("utf-8")), offset + 1 + length
     except (IndexError, struct.error, UnicodeDecodeError, ValueError):
-        raise CursorInvalid() from None
-    raise CursorInvalid()
+        raise e.CursorInvalid() from None
+    raise e.CursorInvalid()
 
 
 #: The decimal form of an integer parameter: no sign on 0, no leading zero, at most 20 digits.
@@ -250,9 +235,9 @@ class ParameterFilter:
                 for name in names:
                     ParameterName(name)
                 return cls(tuple(sorted((name, value) for name, _, value in split)))
-            except PyBatchError:
+            except e.PyBatchError:
                 pass
-        raise ParameterFilterInvalid(limit=MAX_PARAMETER_FILTERS)
+        raise e.ParameterFilterInvalid(limit=MAX_PARAMETER_FILTERS)
 
     def documents(self) -> list[dict[str, Any]]:
         """Every `identifying_parameters` fragment that satisfies the filter, for `@> ANY`."""

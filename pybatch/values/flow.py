@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import attrs
 
 from pybatch.errors import ManifestInvalid, ZeroStartLimit
-from pybatch.values.ids import IdentifierKind, aware_utc, digest, identifier_validator, is_, maybe
+from pybatch.values.ids import IdentifierKind, aware_utc, digest, is_, maybe
 from pybatch.values.names import ExitCode, NodeId
 from pybatch.values.records import StepExecution
 from pybatch.values.state import ExecutionContext
@@ -100,7 +100,7 @@ class FlowDecisionRequest:
     sequence: int = attrs.field(validator=IdentifierKind.FLOW_DECISION_SEQUENCE.validator)
     source_node_id: NodeId = attrs.field(validator=is_(NodeId))
     source_step_execution_id: int | None = attrs.field(
-        default=None, validator=identifier_validator(IdentifierKind.STEP_EXECUTION, optional=True)
+        default=None, validator=IdentifierKind.STEP_EXECUTION.optional
     )
     kind: FlowTransitionKind = attrs.field(validator=is_(FlowTransitionKind))
     observed_outcome: ExitCode = attrs.field(validator=is_(ExitCode))
@@ -108,7 +108,7 @@ class FlowDecisionRequest:
     plan_fingerprint: bytes = attrs.field(validator=digest)
     input_digest: bytes = attrs.field(validator=digest)
     reused_decision_id: int | None = attrs.field(
-        default=None, validator=identifier_validator(IdentifierKind.FLOW_DECISION, optional=True)
+        default=None, validator=IdentifierKind.FLOW_DECISION.optional
     )
     decided_at: _dt.datetime = attrs.field(converter=aware_utc)
 

@@ -54,6 +54,11 @@ class IdentifierKind(Code):
         """The attrs validator of a storable identifier of this kind (`identifier_validator`)."""
         return identifier_validator(self)
 
+    @property
+    def optional(self) -> Validator:
+        """`validator`, None allowed."""
+        return identifier_validator(self, optional=True)
+
 
 def _require_int(value: object) -> int:
     """Refuse bool and non-int values: the Python kind is part of identity, never coerced."""
@@ -86,10 +91,8 @@ def check_counter(name: str, value: int) -> int:
     """Return `value` if it is a counter in 0..2^63-1 (else CounterOutOfRange)."""
     if type(value) is int and 0 <= value <= INT64_MAX:
         return value  # the common case, checked on every chunk commit, in one comparison
-    value = _require_int(value)
-    if not 0 <= value <= INT64_MAX:
-        raise e.CounterOutOfRange(name=name)
-    return value
+    _require_int(value)
+    raise e.CounterOutOfRange(name=name)
 
 
 #: The shape of an attrs field validator.

@@ -105,13 +105,6 @@ class ExecutionMetadata:
             raise e.FailedExecutionMissingFailure()
 
 
-def _check_expected(version: int, expected_version: int) -> None:
-    if type(version) is not int or type(expected_version) is not int:
-        raise TypeError("versions are int (bool is not accepted)")
-    if expected_version != version:
-        raise e.StaleVersion(expected=expected_version, actual=version)
-
-
 def apply_transition(
     metadata: ExecutionMetadata,
     version: int,
@@ -124,7 +117,10 @@ def apply_transition(
 
     `counts_apply`: step executions, whose terminal rollback increments `rolled_back`.
     """
-    _check_expected(version, expected_version)
+    if type(version) is not int or type(expected_version) is not int:
+        raise TypeError("versions are int (bool is not accepted)")
+    if expected_version != version:
+        raise e.StaleVersion(expected=expected_version, actual=version)
     current, target = metadata.status, transition.target
     if current in (BatchStatus.STOPPED, BatchStatus.FAILED) and target is BatchStatus.STARTING:
         raise e.RestartRequiresNewAttempt(from_status=current.value)
@@ -142,6 +138,8 @@ def apply_transition(
     counts = metadata.counts
     if transition.terminal_rollback and counts_apply:
         counts = counts.with_terminal_rollback()
+    if version >= INT64_MAX:  # bounded by storage (bigint), not by the unsigned 64-bit range
+        raise e.VersionExhausted(version=version)
     # The checks above leave the new metadata valid: FAILED carries a failure, and the instants
     # keep their order with an end time exactly when the target is finished.
     updated = ExecutionMetadata(
@@ -151,11 +149,4 @@ def apply_transition(
         counts=counts,
         failure=transition.failure if transition.failure is not None else metadata.failure,
     )
-    return updated, _next_version(version)
-
-
-def _next_version(version: int) -> int:
-    """`version + 1`, bounded by storage (bigint) rather than an unsigned 64-bit range."""
-    if version >= INT64_MAX:
-        raise e.VersionExhausted(version=version)
-    return version + 1
+    return updated, version + 1

@@ -10,23 +10,10 @@ import datetime as _dt
 import attrs
 
 from pybatch import errors as e
+from pybatch.values import ids
 from pybatch.values._canonical import CanonicalWriter
 from pybatch.values.definitions import DefinitionIdentity
-from pybatch.values.ids import (
-    Code,
-    IdentifierKind,
-    JobExecutionId,
-    JobInstanceId,
-    OperatorRequestId,
-    aware_utc,
-    check_identifier,
-    check_version,
-    digest,
-    identifier_validator,
-    is_,
-    maybe,
-    version,
-)
+from pybatch.values.ids import Code, aware_utc, digest, is_, maybe, version
 from pybatch.values.names import ActorRef, OperationId, ReasonCode
 from pybatch.values.parameters import JobInstanceKey
 from pybatch.values.recovery import RecoveryRequest, RecoveryResult
@@ -110,10 +97,10 @@ class OperatorRejection:
     status: BatchStatus | None = attrs.field(
         default=None, kw_only=True, validator=maybe(BatchStatus)
     )
-    execution_id: JobExecutionId | None = attrs.field(
+    execution_id: ids.JobExecutionId | None = attrs.field(
         default=None,
         kw_only=True,
-        validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True),
+        validator=ids.IdentifierKind.JOB_EXECUTION.optional,
     )
 
     def __attrs_post_init__(self) -> None:
@@ -130,7 +117,7 @@ class OperatorRejection:
                 return cls(rejected)
         code = OperatorRejectionCode
         if isinstance(error, e.ExecutionAlreadyActive):
-            execution_id, status = JobExecutionId(error.execution_id), BatchStatus(error.status)
+            execution_id, status = ids.JobExecutionId(error.execution_id), BatchStatus(error.status)
             return cls(code.EXECUTION_ALREADY_ACTIVE, execution_id=execution_id, status=status)
         if isinstance(error, e.StaleVersion):
             return cls(code.OPTIMISTIC_CONFLICT, current_version=error.actual)
@@ -167,9 +154,10 @@ class RequestTarget:
         return cls(f"instance-key:{key.digest().hex()}")
 
     @classmethod
-    def execution(cls, execution_id: JobExecutionId) -> RequestTarget:
+    def execution(cls, execution_id: ids.JobExecutionId) -> RequestTarget:
         """`execution:<id>`: stop and recover name an execution."""
-        return cls(f"execution:{check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)}")
+        checked = ids.check_identifier(ids.IdentifierKind.JOB_EXECUTION, execution_id)
+        return cls(f"execution:{checked}")
 
 
 @attrs.frozen(kw_only=True)
@@ -202,7 +190,8 @@ class RequestDigest:
         writer = CanonicalWriter(REQUEST_DIGEST_DOMAIN)
         writer.text(action.value)
         writer.text(target.value)
-        writer.optional_u64(None if expected_version is None else check_version(expected_version))
+        expected = None if expected_version is None else ids.check_version(expected_version)
+        writer.optional_u64(expected)
         writer.text("" if reason is None else reason.value)
         if arguments is None:
             writer.text("NONE")
@@ -239,11 +228,11 @@ class OperatorRecordDraft:
     actor: ActorRef = attrs.field(validator=is_(ActorRef))
     reason: ReasonCode | None = attrs.field(validator=maybe(ReasonCode))
     digest: RequestDigest = attrs.field(validator=is_(RequestDigest))
-    job_instance_id: JobInstanceId | None = attrs.field(
-        validator=identifier_validator(IdentifierKind.JOB_INSTANCE, optional=True)
+    job_instance_id: ids.JobInstanceId | None = attrs.field(
+        validator=ids.IdentifierKind.JOB_INSTANCE.optional
     )
-    job_execution_id: JobExecutionId | None = attrs.field(
-        validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True)
+    job_execution_id: ids.JobExecutionId | None = attrs.field(
+        validator=ids.IdentifierKind.JOB_EXECUTION.optional
     )
     observed_version: int | None = attrs.field(validator=attrs.validators.optional(version))
     prior_status: BatchStatus | None = attrs.field(validator=maybe(BatchStatus))
@@ -266,10 +255,12 @@ class OperatorRecordDraft:
 class OperatorRecord(OperatorRecordDraft):
     """One stored operator request (audit row and idempotency record): the draft plus its id."""
 
-    id: OperatorRequestId = attrs.field(validator=IdentifierKind.OPERATOR_REQUEST.validator)
+    id: ids.OperatorRequestId = attrs.field(validator=ids.IdentifierKind.OPERATOR_REQUEST.validator)
 
     @classmethod
-    def from_draft(cls, record_id: OperatorRequestId, draft: OperatorRecordDraft) -> OperatorRecord:
+    def from_draft(
+        cls, record_id: ids.OperatorRequestId, draft: OperatorRecordDraft
+    ) -> OperatorRecord:
         """The record `draft` became once appended with `record_id`."""
         return cls(id=record_id, **attrs.asdict(draft, recurse=False))
 

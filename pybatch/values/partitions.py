@@ -4,16 +4,9 @@ from __future__ import annotations
 
 import attrs
 
-from pybatch.errors import (
-    NameInvalid,
-    PartitionContextTooLarge,
-    StateTooDeep,
-    StateTooLarge,
-    TextNotUtf8,
-    TextRule,
-)
+from pybatch import errors as e
 from pybatch.values.counts import ExecutionCounts
-from pybatch.values.ids import IdentifierKind, identifier_validator, version
+from pybatch.values.ids import IdentifierKind, version
 from pybatch.values.names import ExitCode
 from pybatch.values.state import ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus
@@ -33,19 +26,21 @@ def _check_key(instance: object, attribute: attrs.Attribute[str], value: str) ->
     if type(value) is not str:
         raise TypeError("a partition key is a str")
     if not value:
-        raise NameInvalid(kind="partition key", rule=TextRule.EMPTY)
+        raise e.NameInvalid(kind="partition key", rule=e.TextRule.EMPTY)
     if len(value.encode("utf-8", "surrogatepass")) > _KEY_MAX_BYTES:
-        raise NameInvalid(kind="partition key", rule=TextRule.TOO_LONG, max_bytes=_KEY_MAX_BYTES)
+        raise e.NameInvalid(
+            kind="partition key", rule=e.TextRule.TOO_LONG, max_bytes=_KEY_MAX_BYTES
+        )
     if "\x00" in value:
-        raise NameInvalid(
+        raise e.NameInvalid(
             kind="partition key",
-            rule=TextRule.CONTROL_CHARACTER,
+            rule=e.TextRule.CONTROL_CHARACTER,
             character_index=value.index("\x00"),
         )
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise TextNotUtf8(kind="partition key") from None
+        raise e.TextNotUtf8(kind="partition key") from None
 
 
 @attrs.frozen(order=False)
@@ -68,8 +63,8 @@ def _partition_context(context: ExecutionContext) -> ExecutionContext:
         return ExecutionContext(
             context.schema, context.schema_version, context.payload, limits=StateLimits.PARTITION
         )
-    except (StateTooLarge, StateTooDeep):
-        raise PartitionContextTooLarge(max_bytes=MAX_PARTITION_CONTEXT_BYTES) from None
+    except (e.StateTooLarge, e.StateTooDeep):
+        raise e.PartitionContextTooLarge(max_bytes=MAX_PARTITION_CONTEXT_BYTES) from None
 
 
 def _as_key(value: PartitionKey | str) -> PartitionKey:
@@ -91,7 +86,7 @@ class StepPartition:
     id: int = attrs.field(validator=IdentifierKind.STEP_PARTITION.validator)
     step_execution_id: int = attrs.field(validator=IdentifierKind.STEP_EXECUTION.validator)
     worker_step_execution_id: int | None = attrs.field(
-        validator=identifier_validator(IdentifierKind.STEP_EXECUTION, optional=True)
+        validator=IdentifierKind.STEP_EXECUTION.optional
     )
     key: PartitionKey
     ordinal: int
@@ -107,4 +102,4 @@ class StepPartition:
         if (self.status is BatchStatus.STARTING) != (self.worker_step_execution_id is None):
             raise ValueError("a partition is STARTING exactly when it has no worker")
         if self.context.encoded_bytes > MAX_PARTITION_CONTEXT_BYTES:
-            raise PartitionContextTooLarge(max_bytes=MAX_PARTITION_CONTEXT_BYTES)
+            raise e.PartitionContextTooLarge(max_bytes=MAX_PARTITION_CONTEXT_BYTES)

@@ -8,18 +8,9 @@ from typing import Any
 import attrs
 
 from pybatch.errors import InvalidTimestampOrder
+from pybatch.values import ids
 from pybatch.values.counts import StepFaultCounts
-from pybatch.values.ids import (
-    DefinitionId,
-    IdentifierKind,
-    JobExecutionId,
-    JobInstanceId,
-    StepExecutionId,
-    aware_utc,
-    identifier_validator,
-    is_,
-    version,
-)
+from pybatch.values.ids import IdentifierKind, aware_utc, is_, version
 from pybatch.values.lifecycle import ExecutionMetadata
 from pybatch.values.names import JobName, NodeId, StepName
 from pybatch.values.parameters import JobInstanceKey, JobParameters
@@ -38,7 +29,7 @@ def _attempt(instance: object, attribute: attrs.Attribute[Any], value: object) -
 class JobInstance:
     """A logical job instance; `instance_key` is `key.digest()` of its identifying parameters."""
 
-    id: JobInstanceId = attrs.field(validator=IdentifierKind.JOB_INSTANCE.validator)
+    id: ids.JobInstanceId = attrs.field(validator=IdentifierKind.JOB_INSTANCE.validator)
     job_name: JobName = attrs.field(validator=is_(JobName))
     instance_key: bytes
     created_at: _dt.datetime = attrs.field(converter=aware_utc)
@@ -89,18 +80,20 @@ class _Attempt:
 class JobExecution(_Attempt):
     """One launch or restart attempt of a job instance (docs/contract.md, Values)."""
 
-    id: JobExecutionId = attrs.field(validator=IdentifierKind.JOB_EXECUTION.validator)
-    job_instance_id: JobInstanceId = attrs.field(validator=IdentifierKind.JOB_INSTANCE.validator)
+    id: ids.JobExecutionId = attrs.field(validator=IdentifierKind.JOB_EXECUTION.validator)
+    job_instance_id: ids.JobInstanceId = attrs.field(
+        validator=IdentifierKind.JOB_INSTANCE.validator
+    )
     attempt: int = attrs.field(validator=_attempt)
-    definition_id: DefinitionId = attrs.field(validator=IdentifierKind.DEFINITION.validator)
+    definition_id: ids.DefinitionId = attrs.field(validator=IdentifierKind.DEFINITION.validator)
     metadata: ExecutionMetadata = attrs.field(validator=is_(ExecutionMetadata))
     version: int = attrs.field(validator=version)
     updated_at: _dt.datetime = attrs.field(converter=aware_utc)
-    restart_of_execution_id: JobExecutionId | None = attrs.field(
-        default=None, validator=identifier_validator(IdentifierKind.JOB_EXECUTION, optional=True)
+    restart_of_execution_id: ids.JobExecutionId | None = attrs.field(
+        default=None, validator=IdentifierKind.JOB_EXECUTION.optional
     )
-    upgrade_from_definition_id: DefinitionId | None = attrs.field(
-        default=None, validator=identifier_validator(IdentifierKind.DEFINITION, optional=True)
+    upgrade_from_definition_id: ids.DefinitionId | None = attrs.field(
+        default=None, validator=IdentifierKind.DEFINITION.optional
     )
 
 
@@ -108,8 +101,10 @@ class JobExecution(_Attempt):
 class StepExecution(_Attempt):
     """One attempt of a named step, with its durable chunk state."""
 
-    id: StepExecutionId = attrs.field(validator=IdentifierKind.STEP_EXECUTION.validator)
-    job_execution_id: JobExecutionId = attrs.field(validator=IdentifierKind.JOB_EXECUTION.validator)
+    id: ids.StepExecutionId = attrs.field(validator=IdentifierKind.STEP_EXECUTION.validator)
+    job_execution_id: ids.JobExecutionId = attrs.field(
+        validator=IdentifierKind.JOB_EXECUTION.validator
+    )
     step_name: StepName = attrs.field(validator=is_(StepName))
     logical_id: NodeId = attrs.field(validator=is_(NodeId))
     metadata: ExecutionMetadata = attrs.field(validator=is_(ExecutionMetadata))
@@ -129,11 +124,6 @@ class JobInstanceSelection:
     """The result of `select_or_create_job_instance`: `Created` or `Existing`."""
 
     instance: JobInstance = attrs.field(validator=is_(JobInstance))
-
-    @property
-    def was_created(self) -> bool:
-        """Whether this call created the instance."""
-        return isinstance(self, Created)
 
 
 @attrs.frozen

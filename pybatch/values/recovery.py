@@ -7,13 +7,8 @@ import enum
 
 import attrs
 
+from pybatch import _config as config
 from pybatch import errors as e
-from pybatch._config import (
-    DEFAULT_MAX_CLOCK_SKEW,
-    DEFAULT_STALE_THRESHOLD,
-    check_max_clock_skew,
-    check_stale_threshold,
-)
 from pybatch.errors import TextRule
 from pybatch.values.ids import IdentifierKind, aware_utc, digest, version
 from pybatch.values.names import first_violation
@@ -144,16 +139,16 @@ class RecoverySnapshot:
 
     def is_stale(
         self,
-        threshold: datetime.timedelta = DEFAULT_STALE_THRESHOLD,
-        max_clock_skew: datetime.timedelta = DEFAULT_MAX_CLOCK_SKEW,
+        threshold: datetime.timedelta = config.DEFAULT_STALE_THRESHOLD,
+        max_clock_skew: datetime.timedelta = config.DEFAULT_MAX_CLOCK_SKEW,
     ) -> bool:
         """Whether it is unresolved with no durable write for `threshold` (database clock).
 
         `updated_at` came from a client held within `max_clock_skew`, so the skew is added: a client
         slightly ahead never makes a live run look stale (bounds 1 min..24 h, 100 ms..60 s).
         """
-        check_stale_threshold(threshold)
-        check_max_clock_skew(max_clock_skew)
+        config.check_stale_threshold(threshold)
+        config.check_max_clock_skew(max_clock_skew)
         if not self.status.is_unresolved:
             return False
         return self.server_time - self.updated_at > threshold + max_clock_skew

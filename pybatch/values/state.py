@@ -105,16 +105,16 @@ def _envelope_schema(schema: str) -> bytes:
     return b',"schema":%s,"schema_version":' % canonical_json(schema)
 
 
-@attrs.frozen(eq=False, repr=False, init=False)
+@attrs.frozen(repr=False, init=False)
 class _DurableState:
-    """A validated envelope; equality and hashing follow its canonical bytes."""
+    """A validated envelope; equality and hashing follow its type and canonical bytes."""
 
     _FORMAT: ClassVar[str] = ""
     _KIND: ClassVar[str] = ""
 
-    schema: StateSchemaId
-    schema_version: int
-    _payload_json: bytes
+    schema: StateSchemaId = attrs.field(eq=False)
+    schema_version: int = attrs.field(eq=False)
+    _payload_json: bytes = attrs.field(eq=False)
     _encoded: bytes
 
     def __init__(
@@ -179,14 +179,6 @@ class _DurableState:
     def encoded_bytes(self) -> int:
         """Length of the canonical envelope in bytes."""
         return len(self._encoded)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, _DurableState) or type(other) is not type(self):
-            return NotImplemented
-        return self._encoded == other._encoded
-
-    def __hash__(self) -> int:
-        return hash((type(self), self._encoded))
 
     def __repr__(self) -> str:
         return (

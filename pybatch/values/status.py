@@ -94,13 +94,11 @@ class FailureReason:
     column: str | None = attrs.field(default=None, validator=_bounded_name)
 
     def __str__(self) -> str:
+        values = (self.sqlstate, self.constraint, self.table, self.column)
         named = [
             f"{name} {value}"
-            for name, value in (
-                ("SQLSTATE", self.sqlstate),
-                ("constraint", self.constraint),
-                ("table", self.table),
-                ("column", self.column),
+            for name, value in zip(
+                ("SQLSTATE", "constraint", "table", "column"), values, strict=True
             )
             if value is not None and f"{name} {value}" not in self.message
         ]

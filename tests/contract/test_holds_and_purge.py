@@ -204,17 +204,18 @@ def test_a_hold_is_placed_read_and_released_on_known_instances_only(
         with pytest.raises(JobInstanceNotFound) as read_missing:
             uow.holds.get(987654)
         with pytest.raises(JobInstanceNotFound) as place_missing:
-            uow.holds.place(987654, OPS, LEGAL, clock.now())
+            uow.holds.place_unless_held(987654, OPS, LEGAL, clock.now())
         with pytest.raises(JobInstanceNotFound) as release_missing:
             uow.holds.release(987654)
         for missing in (read_missing, place_missing, release_missing):
             assert missing.value.id == 987654
         assert uow.holds.get(instance_id) is None
         assert uow.holds.release(instance_id) is None
-        first = uow.holds.place(instance_id, OPS, LEGAL, clock.now())
-        second = uow.holds.place(
+        first, _ = uow.holds.place_unless_held(instance_id, OPS, LEGAL, clock.now())
+        second, replaced = uow.holds.place_unless_held(
             instance_id, ActorRef("cli:b"), ReasonCode("AUDIT"), clock.advance()
         )
+        assert replaced
         assert uow.holds.get(instance_id) == second != first
         assert uow.holds.release(instance_id) == second
         assert uow.holds.get(instance_id) is None

@@ -89,8 +89,8 @@ def test_select_or_create_twice_in_one_unit_of_work_creates_then_finds_the_insta
         clock.advance()
         second = uow.instances.select_or_create(key)
         uow.commit()
-    assert isinstance(first, Created) and first.was_created
-    assert isinstance(second, Existing) and not second.was_created
+    assert isinstance(first, Created)
+    assert isinstance(second, Existing)
     assert second.instance == first.instance
     assert first.instance.key == key
     assert first.instance.created_at == clock.now() - timedelta(seconds=1)

@@ -6,6 +6,7 @@ from pybatch import JobRepository
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import JobName, StepName
 from pybatch.values.parameters import JobInstanceKey, JobParameters
+from pybatch.values.records import Created, Existing
 from pybatch.values.status import BatchStatus
 from tests.support.clock import ManualClock
 
@@ -14,7 +15,7 @@ def test_launch_step_complete(repository: JobRepository, clock: ManualClock) -> 
     key = JobInstanceKey(JobName("load_orders"), JobParameters.of({"day": "2026-11-30"}))
     with repository.begin() as uow:
         selection = uow.instances.select_or_create(key)
-        assert selection.was_created
+        assert isinstance(selection, Created)
         execution = uow.executions.create(selection.instance.id)
         execution = uow.executions.transition(
             execution.id, 0, LifecycleTransition.new(BatchStatus.STARTED, clock.advance())
@@ -25,7 +26,7 @@ def test_launch_step_complete(repository: JobRepository, clock: ManualClock) -> 
         )
         uow.commit()
     with repository.begin() as uow:
-        assert uow.instances.select_or_create(key).was_created is False
+        assert isinstance(uow.instances.select_or_create(key), Existing)
         [stored] = uow.executions.of_instance(selection.instance.id)
         assert stored.status is BatchStatus.STARTED and stored.version == 1
         [stored_step] = uow.steps.of_execution(execution.id)

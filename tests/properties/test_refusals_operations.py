@@ -435,7 +435,9 @@ def test_holds_refuse_absent_instances_and_instants_without_a_utc_form(
     with refused(admin, *expected):
         _write(
             repository,
-            lambda uow: uow.holds.place(target, ActorRef("ops"), ReasonCode("AUDIT"), placed_at),
+            lambda uow: uow.holds.place_unless_held(
+                target, ActorRef("ops"), ReasonCode("AUDIT"), placed_at
+            ),
         )
     with repository.begin() as uow:
         assert uow.holds.get(instance_id) is None

@@ -365,7 +365,7 @@ def test_holds_read_back_equal(
     key = unique_key("holds")
     with repository.begin() as uow:
         instance = uow.instances.select_or_create(key).instance
-        placed = uow.holds.place(instance.id, actor, reason, placed_at)
+        placed, _ = uow.holds.place_unless_held(instance.id, actor, reason, placed_at)
         uow.commit()
     assert (placed.actor, placed.reason, placed.placed_at) == (actor, reason, placed_at)
     with repository.begin() as uow:

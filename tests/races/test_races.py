@@ -19,7 +19,7 @@ from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
 from pybatch.values.names import JobName, StepName
 from pybatch.values.parameters import JobInstanceKey, JobParameters
-from pybatch.values.records import JobExecution, JobInstanceSelection, StepExecution
+from pybatch.values.records import Created, JobExecution, JobInstanceSelection, StepExecution
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from tests.support.clock import ManualClock
 from tests.support.race import (
@@ -68,7 +68,7 @@ def test_eight_concurrent_launches_of_one_key_give_one_execution(
         losers = [o.error for o in outcomes if not o.ok]
         assert len(winners) == 1, [o.error for o in outcomes]
         [(selection, execution)] = winners
-        assert selection.was_created  # the creator's launch is the one that commits first
+        assert isinstance(selection, Created)  # the creator's launch is the one that commits first
         assert len(losers) == racers - 1
         for error in losers:
             assert isinstance(error, ExecutionAlreadyActive), repr(error)

@@ -18,9 +18,9 @@ from pybatch._codecs._primitives import (
     decode_enum,
     decode_int64,
     decode_json_object,
-    decode_optional_int64,
     decode_text,
     optional_aware_at,
+    optional_int64_at,
 )
 from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values.status import BatchStatus, FailureCategory
@@ -158,9 +158,9 @@ def test_decode_int64() -> None:
             decode_int64(bad, column="version", minimum=0)
     with pytest.raises(DecodeError):
         decode_int64(0, column="id", minimum=1)
-    assert decode_optional_int64(None, column="failure_id", minimum=1) is None
+    assert optional_int64_at({"failure_id": None}, "failure_id") is None
     with pytest.raises(DecodeError):
-        decode_optional_int64(0, column="failure_id", minimum=1)
+        optional_int64_at({"failure_id": 0}, "failure_id")
 
 
 def test_decode_aware_and_text() -> None:

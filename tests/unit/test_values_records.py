@@ -152,8 +152,8 @@ def test_new_step_execution_defaults_to_empty_state() -> None:
 
 def test_selection() -> None:
     record = instance()
-    assert Created(record).was_created
-    assert not Existing(record).was_created
+    assert isinstance(Created(record), JobInstanceSelection)
+    assert not isinstance(Existing(record), Created)
     assert Existing(record).instance is record
     created: JobInstanceSelection = Created(record)
     assert created != Existing(record)
