@@ -18,6 +18,7 @@ from pybatch.values.ids import FailureId, IdentifierKind, check_identifier
 from pybatch.values.lifecycle import ExecutionMetadata, ExecutionTimestamps
 from pybatch.values.operator import automatic_recovery_record
 from pybatch.values.ownership import OwnerToken
+from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 
 
@@ -86,6 +87,18 @@ def recover_job_execution(
     kind = AuditRecordKind.RECOVERY_DECISION
     link_audit_record(q, conn, kind, decision.id, tolerate_chain_errors=tolerate_chain_errors)
     return recovery.RecoveryResult(execution=recovered, decision=decision)
+
+
+def evidence_digest(execution: JobExecution, observation: str, **more: object) -> bytes:
+    """The evidence a recovery decision binds: any write to the execution since changes it."""
+    observed = {
+        "execution_id": execution.id,
+        "observation": observation,
+        "status": execution.status.value,
+        "updated_at": execution.updated_at.isoformat(),
+        "version": execution.version,
+    }
+    return sha256(canonical_json({**observed, **more}))
 
 
 #: The operator reference of recoveries pybatch records on its own (orphaned runs).
@@ -177,14 +190,7 @@ class Recovery(Capability):
         with self._operation() as (q, conn):
             clock = self._uow.clock
             orphan = decode_job_execution(job_execution_row(q, conn, execution_id))
-            observed = {
-                "execution_id": orphan.id,
-                "observation": "OWNER_LOST",
-                "status": orphan.status.value,
-                "updated_at": orphan.updated_at.isoformat(),
-                "version": orphan.version,
-            }
-            evidence = sha256(canonical_json(observed))
+            evidence = evidence_digest(orphan, "OWNER_LOST")
             failure = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(orphan.id))
             request = recovery.RecoveryRequest(
                 orphan.version, "OWNER_LOST", AUTOMATIC_RECOVERY_REFERENCE, evidence, failure
