@@ -142,8 +142,7 @@ class FaultState:
             reserved = envelope.reserved(entry, digest, self._policy.state_limit)
         except FaultStateFormatError:
             raise FaultStateCorrupt() from None
-        statement = self._updates.get(entry.phase)
-        if statement is None:
+        if (statement := self._updates.get(entry.phase)) is None:
             raise StaleReservation()
         columns = encode_fault_state(reserved)
         changed = statement.affected(
