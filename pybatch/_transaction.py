@@ -232,13 +232,11 @@ class TransactionSource:
             self.apply_settings(conn, transaction_only=False)
             conn.commit()
         else:
-            dropped = self._dropped_setting(conn)
-            if dropped is not None:
+            if (dropped := self._dropped_setting(conn)) is not None:
                 self._refused[conn] = dropped
                 return
         if self._check is not None:
-            refusal = self._check(conn)
-            if refusal is not None:
+            if (refusal := self._check(conn)) is not None:
                 self._refused[conn] = refusal
 
     def apply_settings(
