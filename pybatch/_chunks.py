@@ -450,15 +450,8 @@ class ChunkTransaction:
             params = encode_chunk_progress(fence, state, next_counts, checkpoint, now)
         else:
             statement = full
-            params = encode_chunk_commit(
-                fence,
-                state,
-                next_counts,
-                checkpoint,
-                context,
-                fault_progress or NO_FAULT_PROGRESS,
-                now,
-            )
+            fault = fault_progress or NO_FAULT_PROGRESS
+            params = encode_chunk_commit(fence, state, next_counts, checkpoint, context, fault, now)
         next_state = CommittedStepState(
             step_execution_id=state.step_execution_id,
             job_execution_id=state.job_execution_id,

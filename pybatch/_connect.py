@@ -118,8 +118,7 @@ def watch_for_termination(conn: psycopg.Connection[Any]) -> None:
 
     def on_notice(diagnostic: psycopg.errors.Diagnostic) -> None:
         if diagnostic.severity_nonlocalized in ("FATAL", "PANIC"):
-            watched = ref()
-            if watched is not None:
+            if (watched := ref()) is not None:
                 _ENDED.add(watched)
 
     conn.add_notice_handler(on_notice)

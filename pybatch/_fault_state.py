@@ -27,16 +27,8 @@ from pybatch.errors import (
     PyBatchError,
     StaleReservation,
 )
+from pybatch.values import fault
 from pybatch.values.chunks import ChunkContext
-from pybatch.values.fault import (
-    FaultEntry,
-    FaultPhase,
-    FaultStateEnvelope,
-    RetryKey,
-    RetryLimit,
-    RetryOrdinal,
-    RetryStateLimit,
-)
 from pybatch.values.status import BatchStatus
 
 if TYPE_CHECKING:
@@ -54,8 +46,8 @@ _COMMIT_ERRORS = CommitErrors(
 class RetryPolicy:
     """How many retries one key may spend and how many keys a step may retain."""
 
-    retry_limit: RetryLimit
-    state_limit: RetryStateLimit
+    retry_limit: fault.RetryLimit
+    state_limit: fault.RetryStateLimit
 
 
 class FaultState:
@@ -66,10 +58,10 @@ class FaultState:
         self._policy = policy
         self._context: ChunkContext | None = None
         self._statements = q = repository.statements
-        self._updates: dict[FaultPhase, Statement] = {
-            FaultPhase.READ: q.update_step_fault_reservation_read,
-            FaultPhase.PROCESS: q.update_step_fault_reservation_process,
-            FaultPhase.WRITE: q.update_step_fault_reservation_write,
+        self._updates: dict[fault.FaultPhase, Statement] = {
+            fault.FaultPhase.READ: q.update_step_fault_reservation_read,
+            fault.FaultPhase.PROCESS: q.update_step_fault_reservation_process,
+            fault.FaultPhase.WRITE: q.update_step_fault_reservation_write,
         }
 
     def _bound(self) -> ChunkContext:
@@ -82,7 +74,7 @@ class FaultState:
         self._load(context)
         self._context = context
 
-    def _load(self, context: ChunkContext) -> FaultStateEnvelope:
+    def _load(self, context: ChunkContext) -> fault.FaultStateEnvelope:
         """The retained envelope; a superseded or over-policy one is FaultStateCorrupt."""
         state = load_committed_state(self._repository, context)
         try:
@@ -94,7 +86,7 @@ class FaultState:
             raise FaultStateCorrupt() from None
         return state.fault_state
 
-    def reserved_ordinal(self, key: RetryKey) -> RetryOrdinal | None:
+    def reserved_ordinal(self, key: fault.RetryKey) -> fault.RetryOrdinal | None:
         """The ordinal stored for `key`, or None."""
         return self._load(self._bound()).ordinal_for(key)
 
@@ -102,7 +94,7 @@ class FaultState:
         """How many retry keys the step retains."""
         return len(self._load(self._bound()).entries)
 
-    def reserve(self, entry: FaultEntry) -> None:
+    def reserve(self, entry: fault.FaultEntry) -> None:
         """Spend retry `entry.ordinal` of `entry.key` durably, in its own transaction.
 
         After FaultStateCommitOutcomeUnknown retrying the same ordinal is safe: it is
@@ -129,7 +121,7 @@ class FaultState:
         lease.commit(_COMMIT_ERRORS)
 
     def _reserve_locked(
-        self, conn: psycopg.Connection[Any], context: ChunkContext, entry: FaultEntry
+        self, conn: psycopg.Connection[Any], context: ChunkContext, entry: fault.FaultEntry
     ) -> None:
         row = self._statements.lock_step_fault_state.one(
             conn,
@@ -150,8 +142,7 @@ class FaultState:
             reserved = envelope.reserved(entry, digest, self._policy.state_limit)
         except FaultStateFormatError:
             raise FaultStateCorrupt() from None
-        statement = self._updates.get(entry.phase)
-        if statement is None:
+        if (statement := self._updates.get(entry.phase)) is None:
             raise StaleReservation()
         columns = encode_fault_state(reserved)
         changed = statement.affected(

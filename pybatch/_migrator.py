@@ -60,8 +60,7 @@ def shipped_migrations() -> list[Migration]:
     """Every migration file shipped with this package, in version order, contiguous from 1."""
     found: list[Migration] = []
     for path in sorted(migrations_dir().glob("*.sql")):
-        match = _FILE_NAME.match(path.name)
-        if match is None:
+        if (match := _FILE_NAME.match(path.name)) is None:
             raise ValueError(f"migration file {path.name} is not named NNNN_description.sql")
         checksum = hashlib.sha256(path.read_bytes()).digest()
         found.append(Migration(int(match.group(1)), match.group(2), path, checksum))

@@ -89,8 +89,7 @@ def translate(
 
 def _denied_object(exc: BaseException) -> dict[str, str]:
     """The object the server refused, and the privilege when the server names it."""
-    match = _DENIED.match(_diagnostic(exc, "message_primary") or "")
-    if match is None:
+    if (match := _DENIED.match(_diagnostic(exc, "message_primary") or "")) is None:
         return {}
     named = {"object_name": f"{match.group(2)} {match.group(3)}"}
     if match.group(1) == "must be owner of":

@@ -69,8 +69,7 @@ class Statement:
     """One named statement compiled for psycopg; run it with its declared mode's method."""
 
     def __init__(self, source: Any) -> None:
-        mode = _MODES.get(type(source.result))
-        if mode is None:
+        if (mode := _MODES.get(type(source.result))) is None:
             raise ValueError(
                 f"statement {source.name} must declare :one, :many, :affected or :scalar"
             )

@@ -88,8 +88,7 @@ class UnitOfWork:
         """The connection for business statements: outside savepoints, a failed one fails COMMIT."""
         if self._poisoned is not None:
             raise self._poisoned
-        conn = self._lease.connection
-        if conn is None:
+        if (conn := self._lease.connection) is None:
             raise UnitOfWorkClosed()
         self._lease.begin()  # behind a transaction-mode pooler, the settings come first
         return conn

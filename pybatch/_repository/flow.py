@@ -13,23 +13,10 @@ from pybatch._codecs._primitives import (
 )
 from pybatch._codecs.flow import decode_flow_decision, encode_flow_decision_request
 from pybatch._codecs.steps import decode_step_execution
-from pybatch._repository import steps
-from pybatch._repository._capability import (
-    Capability,
-    decided,
-    job_execution_row,
-    require_job_instance,
-)
+from pybatch._repository import _capability, steps
 from pybatch._statements import Row
 from pybatch.errors import ConcurrentModification, FlowStateCorrupt, JobExecutionNotFound
-from pybatch.values.flow import (
-    FlowDecision,
-    FlowDecisionRequest,
-    FlowStepState,
-    FlowTransitionKind,
-    StartLimit,
-    decision_matches_manifest,
-)
+from pybatch.values import flow
 from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.names import NodeId, StepName
 from pybatch.values.ownership import OwnerToken
@@ -38,21 +25,21 @@ from pybatch.values.records import StepExecution
 
 def _started(row: Row | None) -> tuple[bool, StepExecution]:
     """(skipped, the step) of start_flow_step, or its refusal raised."""
-    outcome, values = decided(row, "started", "created", "skipped")
+    outcome, values = _capability.decided(row, "started", "created", "skipped")
     return outcome == "skipped", decode_step_execution(values)
 
 
 #: The only transitions that may have no source step.
-_SOURCELESS_KINDS = (FlowTransitionKind.DECIDER, FlowTransitionKind.SPLIT_AGGREGATE)
+_SOURCELESS_KINDS = (flow.FlowTransitionKind.DECIDER, flow.FlowTransitionKind.SPLIT_AGGREGATE)
 
 
-class Flow(Capability):
+class Flow(_capability.Capability):
     def create_step(
         self,
         job_execution_id: int,
         step_name: StepName,
         node_id: NodeId,
-        start_limit: StartLimit | None = None,
+        start_limit: flow.StartLimit | None = None,
     ) -> StepExecution:
         """Create a node's step (STARTING), checking its start limit, with the node's newest state.
 
@@ -61,7 +48,7 @@ class Flow(Capability):
         DuplicateStep, StartLimitExceeded.
         """
         check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
-        limit = start_limit or StartLimit.unrestricted()
+        limit = start_limit or flow.StartLimit.unrestricted()
         return self.start_step(job_execution_id, None, step_name, node_id, limit)[1]
 
     def start_step(
@@ -70,7 +57,7 @@ class Flow(Capability):
         owner: OwnerToken | None,
         step_name: StepName,
         node_id: NodeId,
-        start_limit: StartLimit,
+        start_limit: flow.StartLimit,
     ) -> tuple[bool, StepExecution]:
         """Start a node's step as `owner`: (True, its COMPLETED step) to skip, else (False, new).
 
@@ -93,10 +80,10 @@ class Flow(Capability):
         with self._operation(overrides=duplicate) as (_q, conn):
             return _started(statement.one(conn, **params))
 
-    def latest_step(self, instance_id: int, node_id: NodeId) -> FlowStepState | None:
+    def latest_step(self, instance_id: int, node_id: NodeId) -> flow.FlowStepState | None:
         """The newest step of a node in an instance with its stored context, or None."""
         with self._operation() as (q, conn):
-            require_job_instance(q, conn, instance_id)
+            _capability.require_job_instance(q, conn, instance_id)
             step_id = q.find_latest_flow_step_execution.scalar(
                 conn, job_instance_id=instance_id, node_id=node_id.value
             )
@@ -105,9 +92,9 @@ class Flow(Capability):
             step = decode_step_execution(
                 returned(q.get_step_execution.one(conn, step_execution_id=step_id))
             )
-            return FlowStepState(node_id, step, step.context)
+            return flow.FlowStepState(node_id, step, step.context)
 
-    def append_decision(self, request: FlowDecisionRequest) -> FlowDecision:
+    def append_decision(self, request: flow.FlowDecisionRequest) -> flow.FlowDecision:
         """Append a decision checked against the execution's manifest.
 
         Raises JobExecutionNotFound; FlowStateCorrupt (fingerprint, manifest edge, source step
@@ -124,7 +111,7 @@ class Flow(Capability):
                 manifest = decode_json_object(plan["manifest"], column="manifest")
             except DecodeError:
                 raise FlowStateCorrupt() from None
-            if digest != request.plan_fingerprint or not decision_matches_manifest(
+            if digest != request.plan_fingerprint or not flow.decision_matches_manifest(
                 manifest, request
             ):
                 raise FlowStateCorrupt()
@@ -158,7 +145,7 @@ class Flow(Capability):
             if (row := q.insert_flow_decision.one(conn, **params)) is None:
                 raise ConcurrentModification()
             decision_id = decode_int64(row["id"], column="id", minimum=1)
-            return FlowDecision(id=decision_id, **attrs.asdict(request, recurse=False))
+            return flow.FlowDecision(id=decision_id, **attrs.asdict(request, recurse=False))
 
     def find_reusable_decision(
         self,
@@ -166,11 +153,11 @@ class Flow(Capability):
         node_id: NodeId,
         plan_fingerprint: bytes,
         input_digest: bytes,
-        kind: FlowTransitionKind,
-    ) -> FlowDecision | None:
+        kind: flow.FlowTransitionKind,
+    ) -> flow.FlowDecision | None:
         """The latest decision of `node_id` on the same plan and input (JobInstanceNotFound)."""
         with self._operation() as (q, conn):
-            require_job_instance(q, conn, instance_id)
+            _capability.require_job_instance(q, conn, instance_id)
             row = q.find_reusable_flow_decision.one(
                 conn,
                 job_instance_id=instance_id,
@@ -181,9 +168,9 @@ class Flow(Capability):
             )
             return None if row is None else decode_flow_decision(row)
 
-    def decisions(self, job_execution_id: int) -> list[FlowDecision]:
+    def decisions(self, job_execution_id: int) -> list[flow.FlowDecision]:
         """The decisions of an execution in sequence order (JobExecutionNotFound without it)."""
         with self._operation() as (q, conn):
-            job_execution_row(q, conn, job_execution_id)
+            _capability.job_execution_row(q, conn, job_execution_id)
             rows = q.list_flow_decisions.many(conn, job_execution_id=job_execution_id)
             return [decode_flow_decision(row) for row in rows]

@@ -11,21 +11,14 @@ from pybatch._repository.audit_chain import link_audit_record
 from pybatch._repository.operator_requests import OperatorRequests
 from pybatch._statements import Connection, Statements
 from pybatch.errors import JobExecutionNotFound, RecoveryNotAllowed, StaleVersion
+from pybatch.values import recovery
 from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values.audit import AuditRecordKind
 from pybatch.values.ids import FailureId, IdentifierKind, check_identifier
 from pybatch.values.lifecycle import ExecutionMetadata, ExecutionTimestamps
 from pybatch.values.operator import automatic_recovery_record
 from pybatch.values.ownership import OwnerToken
-from pybatch.values.recovery import (
-    OwnerObservation,
-    RecoveryDecision,
-    RecoveryMarkers,
-    RecoveryRequest,
-    RecoveryResult,
-    RecoverySnapshot,
-    RecoveryStepEvidence,
-)
+from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 
 
@@ -34,10 +27,10 @@ def recover_job_execution(
     conn: Connection,
     clock: Clock,
     execution_id: int,
-    request: RecoveryRequest,
+    request: recovery.RecoveryRequest,
     *,
     tolerate_chain_errors: bool = False,
-) -> RecoveryResult:
+) -> recovery.RecoveryResult:
     """Mark an unresolved execution FAILED or ABANDONED and record the audited decision.
 
     Raises JobExecutionNotFound, then StaleVersion (a replayed request is stale), then
@@ -93,7 +86,19 @@ def recover_job_execution(
     )
     kind = AuditRecordKind.RECOVERY_DECISION
     link_audit_record(q, conn, kind, decision.id, tolerate_chain_errors=tolerate_chain_errors)
-    return RecoveryResult(execution=recovered, decision=decision)
+    return recovery.RecoveryResult(execution=recovered, decision=decision)
+
+
+def evidence_digest(execution: JobExecution, observation: str, **more: object) -> bytes:
+    """The evidence a recovery decision binds: any write to the execution since changes it."""
+    observed = {
+        "execution_id": execution.id,
+        "observation": observation,
+        "status": execution.status.value,
+        "updated_at": execution.updated_at.isoformat(),
+        "version": execution.version,
+    }
+    return sha256(canonical_json({**observed, **more}))
 
 
 #: The operator reference of recoveries pybatch records on its own (orphaned runs).
@@ -101,15 +106,15 @@ AUTOMATIC_RECOVERY_REFERENCE = "pybatch.etl"
 
 
 _MARKER_COLUMNS = (
-    ("completed_partition", RecoveryMarkers.COMPLETED_PARTITION),
-    ("committed_flow_decision", RecoveryMarkers.COMMITTED_FLOW_DECISION),
-    ("ambiguous_external_effect", RecoveryMarkers.AMBIGUOUS_EXTERNAL_EFFECT),
+    ("completed_partition", recovery.RecoveryMarkers.COMPLETED_PARTITION),
+    ("committed_flow_decision", recovery.RecoveryMarkers.COMMITTED_FLOW_DECISION),
+    ("ambiguous_external_effect", recovery.RecoveryMarkers.AMBIGUOUS_EXTERNAL_EFFECT),
 )
 
 
 def recovery_snapshot(
     q: Statements, conn: Connection, execution_id: int, current_owner: OwnerToken | None
-) -> RecoverySnapshot:
+) -> recovery.RecoverySnapshot:
     """Observe one execution for a recovery decision (JobExecutionNotFound); the token stays."""
     check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
     row = q.read_recovery_snapshot.one(
@@ -121,30 +126,30 @@ def recovery_snapshot(
         raise JobExecutionNotFound(id=execution_id)
     status = enum_at(BatchStatus, row, "status")
     if bool_at(row, "owner_absent"):
-        owner = OwnerObservation.ABSENT
+        owner = recovery.OwnerObservation.ABSENT
     elif bool_at(row, "owner_matches"):
-        owner = OwnerObservation.CURRENT_PROCESS
+        owner = recovery.OwnerObservation.CURRENT_PROCESS
     else:
-        owner = OwnerObservation.OTHER_PROCESS
+        owner = recovery.OwnerObservation.OTHER_PROCESS
     latest = None
     if row["latest_step_id"] is not None:
-        latest = RecoveryStepEvidence(
+        latest = recovery.RecoveryStepEvidence(
             id=int64_at(row, "latest_step_id"),
             status=enum_at(BatchStatus, row, "latest_step_status"),
             checkpoint_schema=text_at(row, "latest_step_checkpoint_schema"),
             checkpoint_schema_version=int64_at(row, "latest_step_checkpoint_schema_version"),
         )
-    markers = RecoveryMarkers.NONE
+    markers = recovery.RecoveryMarkers.NONE
     if (
         status is BatchStatus.UNKNOWN
         or row["failure_category"] == "UNKNOWN_COMMIT"
         or (latest is not None and latest.status is BatchStatus.UNKNOWN)
     ):
-        markers |= RecoveryMarkers.UNKNOWN_COMMIT
+        markers |= recovery.RecoveryMarkers.UNKNOWN_COMMIT
     for column, marker in _MARKER_COLUMNS:
         if bool_at(row, column):
             markers |= marker
-    return RecoverySnapshot(
+    return recovery.RecoverySnapshot(
         execution_id=execution_id,
         status=status,
         attempt=int64_at(row, "attempt"),
@@ -158,19 +163,23 @@ def recovery_snapshot(
 
 
 class Recovery(Capability):
-    def recover(self, execution_id: int, request: RecoveryRequest) -> RecoveryResult:
+    def recover(
+        self, execution_id: int, request: recovery.RecoveryRequest
+    ) -> recovery.RecoveryResult:
         """Mark an unresolved execution FAILED or ABANDONED with an audit decision."""
         with self._operation() as (q, conn):
             return recover_job_execution(q, conn, self._uow.clock, execution_id, request)
 
-    def decision(self, execution_id: int) -> RecoveryDecision | None:
+    def decision(self, execution_id: int) -> recovery.RecoveryDecision | None:
         """The latest recovery decision of an execution, or None (JobExecutionNotFound)."""
         with self._operation() as (q, conn):
             job_execution_row(q, conn, execution_id)
             row = q.find_latest_recovery_decision.one(conn, job_execution_id=execution_id)
             return None if row is None else decode_recovery_decision(row)
 
-    def recover_orphaned(self, execution_id: int, *, audited: bool = True) -> RecoveryResult:
+    def recover_orphaned(
+        self, execution_id: int, *, audited: bool = True
+    ) -> recovery.RecoveryResult:
         """Record FAILED (OWNER_LOST) for an execution whose lease ran out; fail its open steps.
 
         With `audited` it is also recorded as a RECOVER request by pybatch.etl. A damaged audit
@@ -181,16 +190,9 @@ class Recovery(Capability):
         with self._operation() as (q, conn):
             clock = self._uow.clock
             orphan = decode_job_execution(job_execution_row(q, conn, execution_id))
-            observed = {
-                "execution_id": orphan.id,
-                "observation": "OWNER_LOST",
-                "status": orphan.status.value,
-                "updated_at": orphan.updated_at.isoformat(),
-                "version": orphan.version,
-            }
-            evidence = sha256(canonical_json(observed))
+            evidence = evidence_digest(orphan, "OWNER_LOST")
             failure = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(orphan.id))
-            request = RecoveryRequest(
+            request = recovery.RecoveryRequest(
                 orphan.version, "OWNER_LOST", AUTOMATIC_RECOVERY_REFERENCE, evidence, failure
             )
             result = recover_job_execution(

@@ -7,12 +7,8 @@ from functools import partial
 
 from pybatch._codecs._primitives import decode_int64, returned
 from pybatch._codecs.steps import decode_step_execution
+from pybatch._repository import _lifecycle
 from pybatch._repository._capability import Overrides, decided, execution_at, job_execution_row
-from pybatch._repository._lifecycle import (
-    LifecycleCapability,
-    LifecycleRows,
-    failure_reason_columns,
-)
 from pybatch._statements import Connection, Statements
 from pybatch.errors import DuplicateStep, StepExecutionNotFound
 from pybatch.values.ids import IdentifierKind, check_identifier
@@ -30,7 +26,7 @@ def duplicate_step_overrides(job_execution_id: int, step_name: StepName, node_id
     return {"step_execution_name_unique": duplicate, "step_execution_logical_id_unique": duplicate}
 
 
-ROWS = LifecycleRows[StepExecution](
+ROWS = _lifecycle.LifecycleRows[StepExecution](
     kind=IdentifierKind.STEP_EXECUTION,
     id_parameter="step_execution_id",
     lock_statement=lambda q: q.lock_step_execution,
@@ -68,7 +64,7 @@ def end_unfinished_steps(
     return decode_int64(returned(row)["ended_steps"], column="ended_steps", minimum=0)
 
 
-class Steps(LifecycleCapability[StepExecution]):
+class Steps(_lifecycle.LifecycleCapability[StepExecution]):
     _rows = ROWS
 
     def end(
@@ -88,7 +84,7 @@ class Steps(LifecycleCapability[StepExecution]):
             "owner_token": owner.value,
             "step_execution_id": step_id,
             "status": status.value,
-            **failure_reason_columns(reason),
+            **_lifecycle.failure_reason_columns(reason),
             "now": self._uow.clock.now(),
         }
         return self._uow.commit_statement(

@@ -14,8 +14,8 @@ import attrs
 
 from pybatch import _telemetry
 from pybatch import errors as e
+from pybatch._repository.recovery import evidence_digest
 from pybatch._unit_of_work import UnitOfWork
-from pybatch.values._canonical import canonical_json, sha256
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.ids import JobExecutionId, JobInstanceId
 from pybatch.values.names import ActorRef, OperationId, ReasonCode
@@ -47,15 +47,7 @@ Code = OperatorRejectionCode
 
 def operator_evidence(execution: JobExecution) -> bytes:
     """The evidence of an operator's recovery: any write to the execution since changes it."""
-    evidence = {
-        "attempt": execution.attempt,
-        "execution_id": execution.id,
-        "observation": "OPERATOR",
-        "status": execution.status.value,
-        "updated_at": execution.updated_at.isoformat(),
-        "version": execution.version,
-    }
-    return sha256(canonical_json(evidence))
+    return evidence_digest(execution, "OPERATOR", attempt=execution.attempt)
 
 
 @attrs.frozen
