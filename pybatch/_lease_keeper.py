@@ -15,6 +15,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import TYPE_CHECKING
 
 from pybatch import _telemetry
@@ -36,7 +37,7 @@ class _Keeper:
 
     #: The error a renewal raises when the ownership is gone.
     lost_error: type[ExecutionOwnershipLost] | type[PartitionOwnershipLost]
-    #: The typed error naming the lost ownership.
+    #: Builds the typed error naming the lost ownership.
     lost_ownership: Callable[[], PyBatchError]
     #: One renewal in the caller's thread; raises `lost_error` when the ownership is gone.
     _renew_once: Callable[[], None]
@@ -143,6 +144,7 @@ class LeaseKeeper(_Keeper):
         if job_name is not None:
             self.telemetry_attributes = {"pybatch.job.name": job_name}
         self._stop_requested = threading.Event()
+        self.lost_ownership = partial(ExecutionOwnershipLost, id=execution_id)
         super().__init__(repository, owner, lease, f"job execution {execution_id}")
 
     def __repr__(self) -> str:
@@ -152,10 +154,6 @@ class LeaseKeeper(_Keeper):
     def stop_requested(self) -> bool:
         """Whether a renewal saw a stop request (and observed it)."""
         return self._stop_requested.is_set()
-
-    def lost_ownership(self) -> ExecutionOwnershipLost:
-        """ExecutionOwnershipLost naming this execution."""
-        return ExecutionOwnershipLost(id=self.execution_id)
 
     def _renew_once(self) -> None:
         if self.repository.run_in_unit_of_work(self._renew):
@@ -183,6 +181,9 @@ class PartitionLeaseKeeper(_Keeper):
     ) -> None:
         self.partition_id = partition_id
         self.worker_id = worker_id
+        self.lost_ownership = partial(
+            PartitionOwnershipLost, partition_id=partition_id, worker=worker_id
+        )
         description = f"partition {partition_id} (worker step {worker_id})"
         super().__init__(repository, owner, lease, description)
 
@@ -191,10 +192,6 @@ class PartitionLeaseKeeper(_Keeper):
             f"PartitionLeaseKeeper(partition={self.partition_id}, worker={self.worker_id}, "
             f"lease={self.lease.duration})"
         )
-
-    def lost_ownership(self) -> PartitionOwnershipLost:
-        """PartitionOwnershipLost naming this partition and worker."""
-        return PartitionOwnershipLost(partition_id=self.partition_id, worker=self.worker_id)
 
     def _renew_once(self) -> None:
         self.repository.run_in_unit_of_work(

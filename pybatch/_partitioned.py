@@ -47,6 +47,7 @@ from pybatch.values.state import ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 
 if TYPE_CHECKING:
+    from pybatch._repository.partitions import Ending
     from pybatch._unit_of_work import UnitOfWork
 
 logger = logging.getLogger("pybatch.partitioned")
@@ -95,10 +96,12 @@ def recover_lost_workers(repository: JobRepository, parent_id: int) -> int:
 Claimed = tuple[StepPartition, StepExecution, OwnerToken]
 
 
-def _claim_in(uow: UnitOfWork, parent: StepExecution, lease: ExecutionLease) -> Claimed | None:
-    """Claim the next partition of `parent` for a fresh owner token, its lease started."""
+def _claim_in(
+    uow: UnitOfWork, parent: StepExecution, lease: ExecutionLease, ending: Ending | None = None
+) -> Claimed | None:
+    """Claim the next partition of `parent` for a fresh owner token (after ending `ending`)."""
     owner = OwnerToken.generate()
-    claimed = uow.partitions.claim(parent, owner, lease)
+    claimed = uow.partitions.claim(parent, owner, lease, ending=ending)
     return None if claimed is None else (*claimed, owner)
 
 
@@ -126,10 +129,7 @@ def _end_worker(
         if claim_from is None:
             uow.partitions.end_worker(partition.id, partition.version, worker_id, *end)
             return None
-        (parent, lease), owner = claim_from, OwnerToken.generate()
-        ending = (partition.id, partition.version, worker_id, end)
-        claimed = uow.partitions.claim(parent, owner, lease, ending=ending)
-        return None if claimed is None else (*claimed, owner)
+        return _claim_in(uow, *claim_from, (partition.id, partition.version, worker_id, end))
 
     return repository.run_in_unit_of_work(end)
 

@@ -87,13 +87,7 @@ from pybatch.values.fault import (
 )
 from pybatch.values.flow import FlowTarget, StartLimit, TerminalKind
 from pybatch.values.ids import INT64_MAX
-from pybatch.values.names import (
-    ClassifierRevision,
-    JobName,
-    NodeId,
-    StateSchemaId,
-    StepName,
-)
+from pybatch.values.names import ClassifierRevision, JobName, NodeId, StateSchemaId, StepName
 from pybatch.values.ownership import ExecutionLease, OwnerToken
 from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.partitions import StepPartition
@@ -757,10 +751,7 @@ class PartitionRun(StepRun):
         super()._at_chunk_boundary()
 
     def _raise_if_ownership_lost(self) -> None:
-        """After a refused commit: PartitionOwnershipLost when the partition was recovered.
-
-        The recovery ends the worker step FAILED, so the chunk's compare-and-swap is refused.
-        """
+        """After a refused commit: PartitionOwnershipLost when the partition was recovered."""
         if self._lease_keeper is not None:
             self._lease_keeper.raise_if_lost()
         super()._raise_if_ownership_lost()
@@ -1045,10 +1036,8 @@ class JobRun:
             self.repository, self.instance.id, self.execution.id, name, entries, limit
         )
         if skipped:
-            logger.info(
-                "pybatch: partitioned step %s completed in an earlier attempt",
-                name,
-                extra=self._log_fields(name),
+            self._log(
+                "pybatch: partitioned step %s completed in an earlier attempt", name, step=name
             )
             return StepOutcome(name=name, skipped=True, step=parent)
         with self._ended_if_raising(parent.id, name):
@@ -1326,18 +1315,14 @@ def _runners(
 ) -> partitioned.RunnerFactory:
     """How a worker process (local or joined) turns a claimed partition into `work(...)`."""
 
-    def runners(repository: JobRepository) -> partitioned.Runner:
-        run = JobRun(repository, instance, execution, None)  # a worker owns no lease
+    def runner(
+        run: JobRun, worker: StepExecution, partition: StepPartition, keeper: PartitionLeaseKeeper
+    ) -> None:
+        with contextlib.closing(PartitionRun(run, worker, partition, keeper)) as partition_run:
+            work(partition_run)
 
-        def runner(
-            worker: StepExecution, partition: StepPartition, keeper: PartitionLeaseKeeper
-        ) -> None:
-            with contextlib.closing(PartitionRun(run, worker, partition, keeper)) as partition_run:
-                work(partition_run)
-
-        return runner
-
-    return runners
+    # A worker's run owns no lease: its partitions' keepers fence its chunks.
+    return lambda repository: partial(runner, JobRun(repository, instance, execution, None))
 
 
 def join_partitioned_step(

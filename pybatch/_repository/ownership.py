@@ -40,10 +40,7 @@ from pybatch._codecs.executions import decode_job_execution
 from pybatch._codecs.instances import encode_job_instance_key
 from pybatch._repository._capability import Capability, decided, execution_at
 from pybatch._repository._lifecycle import check_expected_version
-from pybatch._repository.executions import (
-    definition_parameters,
-    transition_job_execution,
-)
+from pybatch._repository.executions import definition_parameters, transition_job_execution
 from pybatch._repository.partitions import corrupt_on
 from pybatch._statements import Connection, Row, Statements
 from pybatch.errors import (
