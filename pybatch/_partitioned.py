@@ -408,17 +408,15 @@ def supervise(
                 for process in processes:
                     process.terminate()
                 break
-            alive = [p for p in processes if p.is_alive()]
-            for process in processes:
-                if not process.is_alive():
-                    process.join()
-            processes[:] = alive
-            if len(alive) < workers:
+            for process in [p for p in processes if not p.is_alive()]:
+                process.join()
+                processes.remove(process)
+            if len(processes) < workers:
                 recover_lost_workers(repository, parent.id)
-                for _ in range(workers - len(alive)):
+                for _ in range(workers - len(processes)):
                     spawn()
             # Wake as soon as a worker exits (the plan may be done), else poll.
-            multiprocessing.connection.wait([p.sentinel for p in alive], timeout=poll_seconds)
+            multiprocessing.connection.wait([p.sentinel for p in processes], timeout=poll_seconds)
     finally:
         for process in processes:
             process.join(timeout=30)

@@ -871,11 +871,8 @@ class JobRun:
         except PyBatchError:
             if exc is None:
                 raise
-            logger.exception(
-                "pybatch: could not record how job execution %s ended",
-                self.execution.id,
-                extra=self._log_fields(),
-            )
+            message = "pybatch: could not record how job execution %s ended"
+            self._log(message, self.execution.id, level=logging.ERROR, exc_info=True)
             return False
         self._log(
             "pybatch: job %s execution %s ended %s",
@@ -886,13 +883,14 @@ class JobRun:
         return False
 
     def _log(
-        self, message: str, *args: object, step: str | None = None, level: int = logging.INFO
+        self,
+        message: str,
+        *args: object,
+        step: str | None = None,
+        level: int = logging.INFO,
+        exc_info: bool = False,
     ) -> None:
-        """A lifecycle log line, with `_log_fields` as its `extra=`."""
-        logger.log(level, message, *args, extra=self._log_fields(step), stacklevel=2)
-
-    def _log_fields(self, step: str | None = None) -> dict[str, object]:
-        """The `extra=` of a lifecycle log line, for a JSON formatter (never a parameter value)."""
+        """A lifecycle log line; its `extra=` is for a JSON formatter (never a parameter value)."""
         fields: dict[str, object] = {
             "job": self.instance.job_name.value,
             "instance": self.instance.id,
@@ -900,7 +898,7 @@ class JobRun:
         }
         if step is not None:
             fields["step"] = step
-        return fields
+        logger.log(level, message, *args, extra=fields, exc_info=exc_info, stacklevel=2)
 
     def _verify_owner(self, uow: UnitOfWork) -> JobExecution:
         """This process still owns the execution (ExecutionOwnershipLost otherwise)."""

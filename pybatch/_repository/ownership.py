@@ -9,7 +9,7 @@ claim_step_partition records the token and starts the lease in the claim), and e
 its lease from a background thread while it lives (pybatch/_lease_keeper.py). The lease is
 the only authority: an unresolved execution or a STARTED partition whose lease ran out, or
 that has none, has no live owner and may be recovered (`LeaseState.owner_gone`,
-`WorkerLease.worker_gone`); a fresh lease means its owner is alive, whatever happened to its
+`StartedPartition.worker_gone`); a fresh lease means its owner is alive, whatever happened to its
 idle connections. No advisory lock and no connection held outside the pool is involved:
 liveness keeps no state in a session between transactions, and no role that can connect can
 block a recovery by holding a lock key. Every write of an owner is fenced by its token in its own
@@ -103,9 +103,11 @@ Launch = tuple[JobInstance | None, JobExecution | None, LeaseState | None]
 
 
 @attrs.frozen
-class WorkerLease:
-    """A STARTED partition's worker and its ownership evidence, as read from the partition."""
+class StartedPartition:
+    """A partition being worked on, with its worker's ownership evidence: enough to recover it."""
 
+    id: int
+    key: str
     worker_step_execution_id: int
     version: int
     #: Whether the partition has a lease (every claim starts one).
@@ -117,24 +119,6 @@ class WorkerLease:
     def worker_gone(self) -> bool:
         """The lease alone decides: its worker is gone when it ran out, or there is none."""
         return not self.leased or self.lease_expired
-
-
-@attrs.frozen
-class StartedPartition(WorkerLease):
-    """A partition being worked on: enough to check and recover its worker."""
-
-    id: int
-    key: str
-
-
-def _worker_lease(row: Row) -> tuple[int, int, bool, bool]:
-    """The `WorkerLease` fields of a partition row, in field order (DecodeError if unusable)."""
-    return (
-        int64_at(row, "worker_step_execution_id"),
-        int64_at(row, "version", 0),
-        bool_at(row, "leased"),
-        bool_at(row, "lease_expired"),
-    )
 
 
 class Ownership(Capability):
@@ -302,9 +286,12 @@ class Ownership(Capability):
             with corrupt_on():
                 return [
                     StartedPartition(
-                        *_worker_lease(row),
-                        id=int64_at(row, "id"),
-                        key=text_at(row, "partition_key"),
+                        int64_at(row, "id"),
+                        text_at(row, "partition_key"),
+                        int64_at(row, "worker_step_execution_id"),
+                        int64_at(row, "version", 0),
+                        bool_at(row, "leased"),
+                        bool_at(row, "lease_expired"),
                     )
                     for row in rows
                 ]

@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from pybatch._repository.ownership import WorkerLease
+from pybatch._repository.ownership import StartedPartition
 from pybatch.values.ownership import LeaseState, OwnerToken
 
 AT = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -42,7 +42,7 @@ def test_an_execution_owner_is_gone_only_when_its_lease_ran_out_or_never_existed
 def test_a_partition_worker_is_gone_only_when_its_lease_ran_out_or_never_existed(
     leased: bool, expired: bool, gone: bool
 ) -> None:
-    worker = WorkerLease(
-        worker_step_execution_id=3, version=1, leased=leased, lease_expired=expired
+    worker = StartedPartition(
+        id=1, key="a", worker_step_execution_id=3, version=1, leased=leased, lease_expired=expired
     )
     assert worker.worker_gone is gone
