@@ -668,16 +668,6 @@ LEFT JOIN completed AS ended ON TRUE
 LEFT JOIN assigned AS a ON TRUE
 LEFT JOIN worker ON a.worker_step_execution_id = worker.id;
 
--- :name count_step_partitions_by_status :many
--- :doc How many partitions of a plan are in each status (progress of a partitioned step).
-SELECT
-    p.status,
-    pg_catalog.COUNT(*) AS partitions
-FROM pybatch.step_partition AS p
-WHERE p.step_execution_id = :step_execution_id
-GROUP BY p.status
-ORDER BY p.status;
-
 -- :name count_open_step_partitions :scalar
 -- :doc How many partitions of a plan still need a worker or are being worked on - STARTING,
 -- STARTED, or FAILED after a lost worker and claimable again (see claim_step_partition).

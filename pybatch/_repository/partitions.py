@@ -205,16 +205,6 @@ def _aggregate(
     return status, exit_status, decode_counts(sums), failure
 
 
-def count_step_partitions_by_status(
-    q: Statements, conn: Connection, parent_id: int
-) -> dict[BatchStatus, int]:
-    """How many partitions of a plan are in each status (the plan's progress)."""
-    check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
-    rows = q.count_step_partitions_by_status.many(conn, step_execution_id=parent_id)
-    with corrupt_on():
-        return {partition_status(row["status"]): int64_at(row, "partitions", 0) for row in rows}
-
-
 def _plan_overrides(parent_id: int) -> Overrides:
     """A plan's unique keys, as the errors a duplicate key or a second plan means."""
     return {
@@ -438,8 +428,3 @@ class Partitions(Capability):
                 conn, step_execution_id=parent_id, max_partition_version=2 * MAX_WORKER_TRIES
             )
             return decode_int64(found, column="open_partitions", minimum=0)
-
-    def count_by_status(self, parent_id: int) -> dict[BatchStatus, int]:
-        """How many partitions of a plan are in each status."""
-        with self._operation() as (q, conn):
-            return count_step_partitions_by_status(q, conn, parent_id)

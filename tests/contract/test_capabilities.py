@@ -42,6 +42,6 @@ def test_every_capability_answers_in_a_unit_of_work(
         with pytest.raises(JobInstanceNotFound):
             uow.holds.get(1)
         assert uow.retention.find_action(RetentionAction.APPLY_PURGE, OperationId("op-1")) is None
-        assert uow.partitions.count_by_status(1) == {}
+        assert uow.partitions.count_open(1) == 0
         assert uow.is_open
         assert uow.executions.get(1) is None

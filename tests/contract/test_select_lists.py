@@ -115,7 +115,6 @@ READERS: dict[str, tuple[str, ...]] = {
     # read by hand: repository/partitions.py
     "lock_partition_step": ("job_execution_id", "status"),
     "lock_partition_restart_pair": ("source_job_status", "target_status", "same_logical_id"),
-    "count_step_partitions_by_status": ("status", "partitions"),
     "list_started_step_partitions": (
         "id",
         "worker_step_execution_id",
