@@ -1,11 +1,8 @@
 """Keeps a lease fresh from a background thread (docs/contract.md, Ownership and leases).
 
-A runner may spend minutes inside one chunk; its lease must not lapse meanwhile. Renewals
-go through pooled units of work (a killed idle connection is replaced, never fatal). A
-renewal that finds the ownership gone records it and stops; the runner raises the
-ownership-lost error at its next boundary and touches nothing. `LeaseKeeper` (a job
-execution's lease) doubles as the stop-request poll: a renewal that reports a stop observes
-it, moving the execution to STOPPING; `PartitionLeaseKeeper` keeps a worker's partition lease.
+A runner may spend minutes inside one chunk; its lease must not lapse meanwhile. A renewal
+that finds the ownership gone records it; the runner raises at its next boundary and touches
+nothing. `LeaseKeeper`'s renewal doubles as the stop-request poll (observing it: STOPPING).
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Partitioned steps: one step fanned out over worker processes on any number of hosts.
 
-PostgreSQL is the only coordinator. The parent publishes the plan (one row per partition)
-before any worker starts; each worker process loops: claim the next partition in one guarded
-statement (FOR UPDATE SKIP LOCKED), run it as a step of its own whose chunks commit the
-business rows with the partition's progress, then end it and publish its result onto the
-partition in one unit of work. Workers on other hosts (`pybatch.etl.join_partitioned_step`,
-`pybatch worker`) join the same plan through the same database.
-
-A worker owns its partition through an owner token and a lease (pybatch/_repository/ownership.py
-states the rules). A dead worker's partition is recorded FAILED (STALE_RECOVERED) by any other
-worker or the parent and becomes claimable again; the next worker copies the dead worker's
-checkpoint and counters, so every row is written exactly once.
+PostgreSQL is the only coordinator (docs/architecture.md, Partitioned steps): the parent
+publishes the plan before any worker starts; each worker claims a partition in one guarded
+statement, runs it as a step of its own, and ends it with the claim of the next. A dead
+worker's partition is recovered FAILED (STALE_RECOVERED) and claimable again; the next worker
+resumes from its checkpoint, so every row is written exactly once.
 """
 
 from __future__ import annotations

@@ -64,7 +64,6 @@ from pybatch.errors import (
     JobExecutionNotFound,
     LockTimeout,
     NotCommitted,
-    PartitionOwnershipLost,
     PartitionPlanNotPublished,
     PartitionsFailed,
     PyBatchError,
@@ -115,8 +114,7 @@ ETL_STATE_SCHEMA = StateSchemaId("pybatch.etl.v1")
 def _state(cls: type[Checkpoint] | type[ExecutionContext], payload: JsonObject) -> Any:
     """Build the envelope before any chunk statement runs; a non-mapping is refused typed.
 
-    A dict is encoded as it is (the envelope keeps only its canonical bytes, never the dict);
-    any other mapping is copied into one first.
+    A dict is encoded as it is (the envelope keeps only its canonical bytes); a mapping is copied.
     """
     if type(payload) is not dict:
         if not isinstance(payload, Mapping):
@@ -364,16 +362,12 @@ class StepRun:
     ) -> LoadResult:
         """Load `read`'s items in chunks written by `write`, skipping rejected items, retrying.
 
-        `read(position)` yields the items from `position` on (how many items the step has
-        consumed; kept in the checkpoint as `{"position": n}`); `write(chunk, items)` writes
-        a batch with the chunk's methods. A batch the server rejects for its data (SQLSTATE
-        class 22 or 23) is narrowed down to the single items it rejects (from the line a
-        rejected COPY names, else by bisection); each is recorded
-        in `pybatch.step_skip` (keyed by `key(item)`, default its position) in the same
-        transaction as the good rows and the step's progress. A batch that failed
-        transiently (TransientConflict, LockTimeout, Infrastructure) is retried on a fresh
-        transaction up to `retry_limit` times, each retry durably reserved before its
-        backoff. docs/etl-guide.md, "Fault tolerance".
+        `read(position)` yields the items from `position` on (kept in the checkpoint as
+        `{"position": n}`); `write(chunk, items)` writes a batch with the chunk's methods.
+        Items the server rejects for their data (SQLSTATE class 22 or 23) are recorded in
+        `pybatch.step_skip` (keyed by `key(item)`, default the position) with the chunk; a
+        transient failure is retried up to `retry_limit` times (docs/etl-guide.md, "Fault
+        tolerance").
 
         Raises:
             SkipLimitExceeded: the step's skips would exceed `skip_limit`; nothing of that
@@ -706,15 +700,9 @@ class _FaultTolerantLoad:
         )
         step._session.forget()  # the reservation advanced the step's version
         self.result["retries"] += 1
-        step.run._log(
-            "pybatch: step %s retries the chunk at position %s (retry %s of %s) after %s",
-            step.name,
-            start,
-            retry,
-            self.retry_limit,
-            type(error).__name__,
-            step=step.name,
-        )
+        message = "pybatch: step %s retries the chunk at position %s (retry %s of %s) after %s"
+        arguments = (step.name, start, retry, self.retry_limit, type(error).__name__)
+        step.run._log(message, *arguments, step=step.name)
         time.sleep(self.backoff.delay(retry))
 
 
@@ -729,31 +717,23 @@ class PartitionRun(StepRun):
         run: JobRun,
         worker: StepExecution,
         partition: StepPartition,
-        keeper: PartitionLeaseKeeper | None = None,
-        *,
-        owner: OwnerToken | None = None,
+        keeper: PartitionLeaseKeeper,
     ) -> None:
-        """`owner` is the claim's token; it defaults to the lease keeper's."""
         # A partition's chunks prove ownership through it: this worker's claim token, its id.
-        token = owner if owner is not None else None if keeper is None else keeper.owner
-        if token is None:
-            raise PartitionOwnershipLost(partition_id=partition.id, worker=worker.id)
-        context = ChunkContext(worker.id, worker.job_execution_id, token, partition.id)
+        context = ChunkContext(worker.id, worker.job_execution_id, keeper.owner, partition.id)
         super().__init__(run, worker, context=context)
         self.partition = partition
         self._lease_keeper = keeper
 
     def _at_chunk_boundary(self) -> None:
         """PartitionOwnershipLost once a renewal found the partition recovered."""
-        keeper = self._lease_keeper
-        if keeper is not None and keeper.lost:
-            raise keeper.lost_ownership()
+        if self._lease_keeper.lost:
+            raise self._lease_keeper.lost_ownership()
         super()._at_chunk_boundary()
 
     def _raise_if_ownership_lost(self) -> None:
         """After a refused commit: PartitionOwnershipLost when the partition was recovered."""
-        if self._lease_keeper is not None:
-            self._lease_keeper.raise_if_lost()
+        self._lease_keeper.raise_if_lost()
         super()._raise_if_ownership_lost()
 
     @property
@@ -1125,8 +1105,7 @@ def _ended_as(error: BaseException | None) -> BatchStatus:
 def _install_sigterm(run: JobRun) -> tuple[Any, Any] | None:
     """Make SIGTERM (what a container orchestrator sends) stop `run` at its next chunk boundary.
 
-    Only the main thread can set a handler; returns (the handler, the one it replaced) for
-    `_restore_sigterm`, or None when nothing was installed.
+    Only the main thread can set a handler: None there, else (the handler, the one it replaced).
     """
     if threading.current_thread() is not threading.main_thread():
         return None
@@ -1254,13 +1233,8 @@ class Job:
         run = JobRun(
             self.repository, instance, blocking, owner, self.lease, definition, key.parameters
         )
-        run._log(
-            "pybatch: job %s instance %s attempt %s started (execution %s)",
-            instance.job_name.value,
-            instance.id,
-            blocking.attempt,
-            blocking.id,
-        )
+        message = "pybatch: job %s instance %s attempt %s started (execution %s)"
+        run._log(message, instance.job_name.value, instance.id, blocking.attempt, blocking.id)
         return run
 
     def _recover(self, uow: UnitOfWork, orphan: int) -> None:
@@ -1336,12 +1310,10 @@ def join_partitioned_step(
 ) -> int:
     """Join a running partitioned step from any host: the worker entry point.
 
-    Finds the job instance by name and identifying parameters, waits up to `wait_seconds`
-    for its running attempt to publish the plan of `step_name`, then works on it like a
-    local worker. Returns how many partitions this process ran (0 when none was left; at
-    once when the step already completed). `lease` (1 s to 1 h, default 10 s, as `Job`'s) is
-    this worker's lease on each partition it runs: after a crash its partition is recovered
-    at most that long after the last renewal.
+    Waits up to `wait_seconds` for the running attempt of the instance to publish the plan of
+    `step_name`, then works on it like a local worker; returns how many partitions it ran (0
+    at once when the step already completed). `lease` (as `Job`'s) is this worker's lease on
+    each partition it runs: after a crash its partition is recovered at most that long after.
 
     Raises:
         PartitionPlanNotPublished: no running attempt published that step's plan in time.

@@ -1,20 +1,9 @@
 """Ownership and leases of job executions and of claimed partitions: the one home.
 
-See docs/contract.md, Ownership and leases.
-
-queries/ownership.sql. Whoever works on an execution or a partition holds it through a
-random owner token and a lease on the database clock, both row state: a runner claims its
-execution (`claim`), a partition worker claims its partition (partitions.sql
-claim_step_partition records the token and starts the lease in the claim), and each renews
-its lease from a background thread while it lives (pybatch/_lease_keeper.py). The lease is
-the only authority: an unresolved execution or a STARTED partition whose lease ran out, or
-that has none, has no live owner and may be recovered (`LeaseState.owner_gone`,
-`StartedPartition.worker_gone`); a fresh lease means its owner is alive, whatever happened to its
-idle connections. No advisory lock and no connection held outside the pool is involved:
-liveness keeps no state in a session between transactions, and no role that can connect can
-block a recovery by holding a lock key. Every write of an owner is fenced by its token in its own
-predicate, so an owner whose lease lapsed touches nothing once another process recovered
-its work.
+queries/ownership.sql; the rules are docs/contract.md, Ownership and leases. The lease on the
+database clock is the only authority (`LeaseState.owner_gone`, `StartedPartition.worker_gone`):
+no advisory lock, so no role that can connect can block a recovery by holding a lock key. Every
+write of an owner is fenced by its token in its own predicate.
 """
 
 from __future__ import annotations
@@ -176,11 +165,7 @@ class Ownership(Capability):
         claimed_at: _dt.datetime,
         lease: ExecutionLease | None = None,
     ) -> JobExecution:
-        """Record `owner` on a STARTING execution and start its lease; version unchanged.
-
-        A refusal is explained in this order: JobExecutionNotFound, StaleVersion,
-        ExecutionOwnershipNotAllowed (not STARTING), ExecutionOwned (another token).
-        """
+        """Record `owner` on a STARTING execution and start its lease (docs/contract.md)."""
         with self._operation() as (q, conn):
             lease = lease or ExecutionLease()
             check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)

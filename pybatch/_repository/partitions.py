@@ -377,12 +377,10 @@ class Partitions(Capability):
     ) -> tuple[StepPartition, StepExecution] | None:
         """Claim the next partition of a STARTED parent for a new worker step, or None.
 
-        One guarded statement locks the first claimable partition with SKIP LOCKED, creates the
-        STARTED worker step (resuming the partition's latest earlier worker) and assigns it,
-        recording `owner` and starting its `lease` on the database clock. With `ending` (the
-        worker's last partition) the same statement ends that one first, and claims only if the
-        end completed it; it is then the whole unit of work, committed alone in one round trip,
-        and a refused end raises as `end_worker` does.
+        One guarded statement (docs/architecture.md, Partitioned steps). With `ending` (the
+        worker's last partition) it ends that one first and claims only if the end completed it;
+        it is then the whole unit of work, committed alone, and a refused end raises as
+        `end_worker` does.
         """
         owner = owner or OwnerToken.generate()
         lease = lease or ExecutionLease()

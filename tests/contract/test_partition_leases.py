@@ -23,6 +23,7 @@ import pytest
 
 from pybatch import ConnectionConfig, JobRepository
 from pybatch import _partitioned as partitioned
+from pybatch._lease_keeper import PartitionLeaseKeeper
 from pybatch.errors import PartitionOwnershipLost
 from pybatch.etl import ETL_STATE_SCHEMA, Job, JobRun, PartitionRun, join_partitioned_step
 from pybatch.values.flow import StartLimit
@@ -164,7 +165,9 @@ def test_a_role_without_grants_cannot_block_recovery_of_a_dead_workers_partition
         raise SystemExit("killed")
 
     with pytest.raises(SystemExit):
-        loader(die)(PartitionRun(worker_run, dead, partition, owner=token))
+        # A keeper never started: the dead worker renews nothing.
+        keeper = PartitionLeaseKeeper(repository, partition.id, dead.id, token, LEASE)
+        loader(die)(PartitionRun(worker_run, dead, partition, keeper))
     admin.execute("DROP ROLE IF EXISTS pybatch_intruder")
     admin.execute("CREATE ROLE pybatch_intruder LOGIN")
     intruder_dsn = db_dsn.replace(f"user={admin.info.user}", "user=pybatch_intruder")
