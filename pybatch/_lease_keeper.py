@@ -56,6 +56,9 @@ class _Keeper:
         self._lost = threading.Event()
         self._renewing = threading.Lock()
 
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._description}, lease={self.lease.duration})"
+
     @property
     def lost(self) -> bool:
         """Whether a renewal found that this process no longer owns the leased work."""
@@ -64,8 +67,7 @@ class _Keeper:
     def start(self) -> None:
         """Renew from this process's renewal threads: an idle one serves the next keeper.
 
-        A thread of its own per run cost a thread start and a join, each waiting for the
-        scheduler: milliseconds of every run's wall time on a busy host.
+        A thread of its own per run cost milliseconds of wall time on a busy host.
         """
         _renewal_threads().submit(self._run)
 
@@ -76,10 +78,7 @@ class _Keeper:
             pass
 
     def raise_if_lost(self) -> None:
-        """Renew once after a refused write: raise `lost_error` only if the ownership is gone.
-
-        Any other failure of the renewal proves nothing and is not raised.
-        """
+        """Renew once after a refused write: raise only `lost_error` (nothing else proves loss)."""
         try:
             self.renew_now()
         except self.lost_error:
@@ -144,9 +143,6 @@ class LeaseKeeper(_Keeper):
         self.lost_ownership = partial(ExecutionOwnershipLost, id=execution_id)
         super().__init__(repository, owner, lease, f"job execution {execution_id}")
 
-    def __repr__(self) -> str:
-        return f"LeaseKeeper(execution={self.execution_id}, lease={self.lease.duration})"
-
     @property
     def stop_requested(self) -> bool:
         """Whether a renewal saw a stop request (and observed it)."""
@@ -183,12 +179,6 @@ class PartitionLeaseKeeper(_Keeper):
         )
         description = f"partition {partition_id} (worker step {worker_id})"
         super().__init__(repository, owner, lease, description)
-
-    def __repr__(self) -> str:
-        return (
-            f"PartitionLeaseKeeper(partition={self.partition_id}, worker={self.worker_id}, "
-            f"lease={self.lease.duration})"
-        )
 
     def _renew_once(self) -> None:
         self.repository.run_in_unit_of_work(

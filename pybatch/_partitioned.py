@@ -149,9 +149,7 @@ def work_on_plan(
     while True:
         if claimed is None:
             between_partitions()
-            claimed = repository.run_in_unit_of_work(
-                lambda uow: _claim_in(uow, parent, worker_lease)
-            )
+            claimed = repository.run_in_unit_of_work(lambda uow: _claim_in(uow, *claim_from))
         if claimed is None:
             with repository.begin() as uow:
                 current = uow.steps.get(parent.id)

@@ -283,9 +283,8 @@ class StepRun:
             if run.owner is None:  # only partition workers run without the execution's owner
                 raise ExecutionOwnershipLost(id=step.job_execution_id)
             context = ChunkContext(step.id, step.job_execution_id, run.owner)
-        # The step's session holds one pooled connection for all the chunks of the step and
-        # gives it back when the step's work returns (`close`), before the step is ended.
-        # Every chunk commit proves ownership with `context`'s owner token.
+        # One pooled connection for all the step's chunks, given back when its work returns
+        # (`close`); every chunk commit proves ownership with `context`'s owner token.
         self._session = StepSession(run.repository, context)
         #: The step's span (None without opentelemetry, or in a partition worker), and the
         #: chunk class bound to it once here: nothing is checked per chunk.
@@ -1171,12 +1170,10 @@ class Job:
     def launch(self) -> JobRun:
         """Start the first attempt, or restart after FAILED or STOPPED, and mark it STARTED.
 
-        The lease of an unresolved attempt alone decides whether its owner lives. When it is
-        still fresh, the launch watches it, at most until it runs out: a renewal proves the
+        An unresolved attempt's lease alone decides whether its owner lives: the launch watches
+        a fresh one at most until it runs out. A renewal (every third of the lease) proves the
         owner alive (ExecutionAlreadyActive), an expiry on the database clock proves it gone
-        (recovered here, then the new attempt starts). A live owner renews every third of its
-        lease, so a refusal comes within about a third of the lease; a crashed owner's
-        attempt is recovered at most one lease after its last renewal.
+        (recovered here, then the new attempt starts).
 
         Raises:
             CompletedInstance, AbandonedInstance: the instance never runs again.
