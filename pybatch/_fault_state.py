@@ -12,31 +12,15 @@ import attrs
 import psycopg
 
 from pybatch import _sqlstate
+from pybatch import errors as e
 from pybatch._chunks import load_committed_state
 from pybatch._codecs._jsonb import to_jsonb
 from pybatch._codecs._primitives import DecodeError
 from pybatch._codecs.fault_state import decode_locked_fault_state, encode_fault_state
 from pybatch._statements import Statement
 from pybatch._transaction import CommitErrors
-from pybatch.errors import (
-    FaultStateCommitOutcomeUnknown,
-    FaultStateCorrupt,
-    FaultStateFormatError,
-    FaultStateUnavailable,
-    FaultStateUnbound,
-    PyBatchError,
-    StaleReservation,
-)
+from pybatch.values import fault
 from pybatch.values.chunks import ChunkContext
-from pybatch.values.fault import (
-    FaultEntry,
-    FaultPhase,
-    FaultStateEnvelope,
-    RetryKey,
-    RetryLimit,
-    RetryOrdinal,
-    RetryStateLimit,
-)
 from pybatch.values.status import BatchStatus
 
 if TYPE_CHECKING:
@@ -44,9 +28,9 @@ if TYPE_CHECKING:
 
 #: How a reservation reports a COMMIT that did not make it durable.
 _COMMIT_ERRORS = CommitErrors(
-    aborted=FaultStateUnavailable,
-    refused=lambda _error: FaultStateUnavailable(),
-    unknown=FaultStateCommitOutcomeUnknown,
+    aborted=e.FaultStateUnavailable,
+    refused=lambda _error: e.FaultStateUnavailable(),
+    unknown=e.FaultStateCommitOutcomeUnknown,
 )
 
 
@@ -54,8 +38,8 @@ _COMMIT_ERRORS = CommitErrors(
 class RetryPolicy:
     """How many retries one key may spend and how many keys a step may retain."""
 
-    retry_limit: RetryLimit
-    state_limit: RetryStateLimit
+    retry_limit: fault.RetryLimit
+    state_limit: fault.RetryStateLimit
 
 
 class FaultState:
@@ -66,15 +50,15 @@ class FaultState:
         self._policy = policy
         self._context: ChunkContext | None = None
         self._statements = q = repository.statements
-        self._updates: dict[FaultPhase, Statement] = {
-            FaultPhase.READ: q.update_step_fault_reservation_read,
-            FaultPhase.PROCESS: q.update_step_fault_reservation_process,
-            FaultPhase.WRITE: q.update_step_fault_reservation_write,
+        self._updates: dict[fault.FaultPhase, Statement] = {
+            fault.FaultPhase.READ: q.update_step_fault_reservation_read,
+            fault.FaultPhase.PROCESS: q.update_step_fault_reservation_process,
+            fault.FaultPhase.WRITE: q.update_step_fault_reservation_write,
         }
 
     def _bound(self) -> ChunkContext:
         if self._context is None:
-            raise FaultStateUnbound()
+            raise e.FaultStateUnbound()
         return self._context
 
     def bind(self, context: ChunkContext) -> None:
@@ -82,7 +66,7 @@ class FaultState:
         self._load(context)
         self._context = context
 
-    def _load(self, context: ChunkContext) -> FaultStateEnvelope:
+    def _load(self, context: ChunkContext) -> fault.FaultStateEnvelope:
         """The retained envelope; a superseded or over-policy one is FaultStateCorrupt."""
         state = load_committed_state(self._repository, context)
         try:
@@ -90,11 +74,11 @@ class FaultState:
             state.fault_state.validate_for(
                 self._policy.retry_limit, self._policy.state_limit, digest
             )
-        except FaultStateFormatError:
-            raise FaultStateCorrupt() from None
+        except e.FaultStateFormatError:
+            raise e.FaultStateCorrupt() from None
         return state.fault_state
 
-    def reserved_ordinal(self, key: RetryKey) -> RetryOrdinal | None:
+    def reserved_ordinal(self, key: fault.RetryKey) -> fault.RetryOrdinal | None:
         """The ordinal stored for `key`, or None."""
         return self._load(self._bound()).ordinal_for(key)
 
@@ -102,7 +86,7 @@ class FaultState:
         """How many retry keys the step retains."""
         return len(self._load(self._bound()).entries)
 
-    def reserve(self, entry: FaultEntry) -> None:
+    def reserve(self, entry: fault.FaultEntry) -> None:
         """Spend retry `entry.ordinal` of `entry.key` durably, in its own transaction.
 
         After FaultStateCommitOutcomeUnknown retrying the same ordinal is safe: it is
@@ -111,25 +95,25 @@ class FaultState:
         context = self._bound()
         try:
             lease = self._repository.transactions.lease()
-        except PyBatchError:
-            raise FaultStateUnavailable() from None
+        except e.PyBatchError:
+            raise e.FaultStateUnavailable() from None
         conn = lease.connection
         try:
             if conn is None:  # a fresh lease always holds its connection
-                raise FaultStateUnavailable()
+                raise e.FaultStateUnavailable()
             self._reserve_locked(conn, context, entry)
         except psycopg.Error as error:
             if _sqlstate.is_connection_loss(error, conn):
                 lease.discard()
             lease.rollback()
-            raise FaultStateUnavailable() from None
+            raise e.FaultStateUnavailable() from None
         except BaseException:
             lease.rollback()
             raise
         lease.commit(_COMMIT_ERRORS)
 
     def _reserve_locked(
-        self, conn: psycopg.Connection[Any], context: ChunkContext, entry: FaultEntry
+        self, conn: psycopg.Connection[Any], context: ChunkContext, entry: fault.FaultEntry
     ) -> None:
         row = self._statements.lock_step_fault_state.one(
             conn,
@@ -137,22 +121,22 @@ class FaultState:
             job_execution_id=context.job_execution_id,
         )
         if row is None:
-            raise StaleReservation()
+            raise e.StaleReservation()
         try:
             locked = decode_locked_fault_state(row)
             envelope, digest = locked.envelope, locked.checkpoint_digest
             envelope.validate_for(self._policy.retry_limit, self._policy.state_limit, digest)
-        except (FaultStateFormatError, DecodeError, ValueError, TypeError):
-            raise FaultStateCorrupt() from None
+        except (e.FaultStateFormatError, DecodeError, ValueError, TypeError):
+            raise e.FaultStateCorrupt() from None
         if locked.status is not BatchStatus.STARTED:
-            raise StaleReservation()
+            raise e.StaleReservation()
         try:
             reserved = envelope.reserved(entry, digest, self._policy.state_limit)
-        except FaultStateFormatError:
-            raise FaultStateCorrupt() from None
+        except e.FaultStateFormatError:
+            raise e.FaultStateCorrupt() from None
         statement = self._updates.get(entry.phase)
         if statement is None:
-            raise StaleReservation()
+            raise e.StaleReservation()
         columns = encode_fault_state(reserved)
         changed = statement.affected(
             conn,
@@ -163,4 +147,4 @@ class FaultState:
             expected_version=locked.version,
         )
         if changed != 1:
-            raise StaleReservation()
+            raise e.StaleReservation()

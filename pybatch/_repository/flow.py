@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import attrs
 
-from pybatch._codecs._primitives import (
-    DecodeError,
-    decode_digest,
-    decode_int64,
-    decode_json_object,
-    returned,
-)
+from pybatch import errors as e
+from pybatch._codecs import _primitives as p
 from pybatch._codecs.flow import decode_flow_decision, encode_flow_decision_request
 from pybatch._codecs.steps import decode_step_execution
 from pybatch._repository import steps
@@ -21,15 +16,7 @@ from pybatch._repository._capability import (
     require_job_instance,
 )
 from pybatch._statements import Row
-from pybatch.errors import ConcurrentModification, FlowStateCorrupt, JobExecutionNotFound
-from pybatch.values.flow import (
-    FlowDecision,
-    FlowDecisionRequest,
-    FlowStepState,
-    FlowTransitionKind,
-    StartLimit,
-    decision_matches_manifest,
-)
+from pybatch.values import flow
 from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.names import NodeId, StepName
 from pybatch.values.ownership import OwnerToken
@@ -43,7 +30,7 @@ def _started(row: Row | None) -> tuple[bool, StepExecution]:
 
 
 #: The only transitions that may have no source step.
-_SOURCELESS_KINDS = (FlowTransitionKind.DECIDER, FlowTransitionKind.SPLIT_AGGREGATE)
+_SOURCELESS_KINDS = (flow.FlowTransitionKind.DECIDER, flow.FlowTransitionKind.SPLIT_AGGREGATE)
 
 
 class Flow(Capability):
@@ -52,7 +39,7 @@ class Flow(Capability):
         job_execution_id: int,
         step_name: StepName,
         node_id: NodeId,
-        start_limit: StartLimit | None = None,
+        start_limit: flow.StartLimit | None = None,
     ) -> StepExecution:
         """Create a node's step (STARTING), checking its start limit, with the node's newest state.
 
@@ -61,7 +48,7 @@ class Flow(Capability):
         DuplicateStep, StartLimitExceeded.
         """
         check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
-        limit = start_limit or StartLimit.unrestricted()
+        limit = start_limit or flow.StartLimit.unrestricted()
         return self.start_step(job_execution_id, None, step_name, node_id, limit)[1]
 
     def start_step(
@@ -70,7 +57,7 @@ class Flow(Capability):
         owner: OwnerToken | None,
         step_name: StepName,
         node_id: NodeId,
-        start_limit: StartLimit,
+        start_limit: flow.StartLimit,
     ) -> tuple[bool, StepExecution]:
         """Start a node's step as `owner`: (True, its COMPLETED step) to skip, else (False, new).
 
@@ -93,7 +80,7 @@ class Flow(Capability):
         with self._operation(overrides=duplicate) as (_q, conn):
             return _started(statement.one(conn, **params))
 
-    def latest_step(self, instance_id: int, node_id: NodeId) -> FlowStepState | None:
+    def latest_step(self, instance_id: int, node_id: NodeId) -> flow.FlowStepState | None:
         """The newest step of a node in an instance with its stored context, or None."""
         with self._operation() as (q, conn):
             require_job_instance(q, conn, instance_id)
@@ -103,11 +90,11 @@ class Flow(Capability):
             if step_id is None:
                 return None
             step = decode_step_execution(
-                returned(q.get_step_execution.one(conn, step_execution_id=step_id))
+                p.returned(q.get_step_execution.one(conn, step_execution_id=step_id))
             )
-            return FlowStepState(node_id, step, step.context)
+            return flow.FlowStepState(node_id, step, step.context)
 
-    def append_decision(self, request: FlowDecisionRequest) -> FlowDecision:
+    def append_decision(self, request: flow.FlowDecisionRequest) -> flow.FlowDecision:
         """Append a decision checked against the execution's manifest.
 
         Raises JobExecutionNotFound; FlowStateCorrupt (fingerprint, manifest edge, source step
@@ -118,16 +105,16 @@ class Flow(Capability):
             execution_id = request.job_execution_id
             plan = q.get_job_execution_flow_plan.one(conn, job_execution_id=execution_id)
             if plan is None:
-                raise JobExecutionNotFound(id=execution_id)
+                raise e.JobExecutionNotFound(id=execution_id)
             try:
-                digest = decode_digest(plan["manifest_digest"], column="manifest_digest")
-                manifest = decode_json_object(plan["manifest"], column="manifest")
-            except DecodeError:
-                raise FlowStateCorrupt() from None
-            if digest != request.plan_fingerprint or not decision_matches_manifest(
+                digest = p.decode_digest(plan["manifest_digest"], column="manifest_digest")
+                manifest = p.decode_json_object(plan["manifest"], column="manifest")
+            except p.DecodeError:
+                raise e.FlowStateCorrupt() from None
+            if digest != request.plan_fingerprint or not flow.decision_matches_manifest(
                 manifest, request
             ):
-                raise FlowStateCorrupt()
+                raise e.FlowStateCorrupt()
             node = request.source_node_id.value
             if request.source_step_execution_id is not None:
                 source_matches = q.flow_source_step_matches.scalar(
@@ -137,9 +124,9 @@ class Flow(Capability):
                     node_id=node,
                 )
                 if source_matches is not True:
-                    raise FlowStateCorrupt()
+                    raise e.FlowStateCorrupt()
             elif request.kind not in _SOURCELESS_KINDS:
-                raise FlowStateCorrupt()
+                raise e.FlowStateCorrupt()
             params = encode_flow_decision_request(request)
             if request.reused_decision_id is not None:
                 reused_matches = q.flow_reused_decision_matches.scalar(
@@ -154,11 +141,11 @@ class Flow(Capability):
                     terminal_kind=params["terminal_kind"],
                 )
                 if reused_matches is not True:
-                    raise FlowStateCorrupt()
+                    raise e.FlowStateCorrupt()
             if (row := q.insert_flow_decision.one(conn, **params)) is None:
-                raise ConcurrentModification()
-            decision_id = decode_int64(row["id"], column="id", minimum=1)
-            return FlowDecision(id=decision_id, **attrs.asdict(request, recurse=False))
+                raise e.ConcurrentModification()
+            decision_id = p.decode_int64(row["id"], column="id", minimum=1)
+            return flow.FlowDecision(id=decision_id, **attrs.asdict(request, recurse=False))
 
     def find_reusable_decision(
         self,
@@ -166,8 +153,8 @@ class Flow(Capability):
         node_id: NodeId,
         plan_fingerprint: bytes,
         input_digest: bytes,
-        kind: FlowTransitionKind,
-    ) -> FlowDecision | None:
+        kind: flow.FlowTransitionKind,
+    ) -> flow.FlowDecision | None:
         """The latest decision of `node_id` on the same plan and input (JobInstanceNotFound)."""
         with self._operation() as (q, conn):
             require_job_instance(q, conn, instance_id)
@@ -181,7 +168,7 @@ class Flow(Capability):
             )
             return None if row is None else decode_flow_decision(row)
 
-    def decisions(self, job_execution_id: int) -> list[FlowDecision]:
+    def decisions(self, job_execution_id: int) -> list[flow.FlowDecision]:
         """The decisions of an execution in sequence order (JobExecutionNotFound without it)."""
         with self._operation() as (q, conn):
             job_execution_row(q, conn, job_execution_id)
