@@ -33,11 +33,8 @@ _EMPTY_FAULT_STATE_CHECKSUM = FaultStateEnvelope.EMPTY.checksum()
 
 #: Columns `decode_committed_step_state` reads.
 COMMITTED_STEP_STATE_COLUMNS = (
-    *("id", "job_execution_id", "status", "version"),
-    *steps.COUNT_COLUMNS,
-    *steps.CHECKPOINT_COLUMNS,
-    *steps.CONTEXT_COLUMNS,
-    *FAULT_STATE_COLUMNS,
+    *("id", "job_execution_id", "status", "version", *steps.COUNT_COLUMNS),
+    *(*steps.CHECKPOINT_COLUMNS, *steps.CONTEXT_COLUMNS, *FAULT_STATE_COLUMNS),
 )
 
 

@@ -34,8 +34,7 @@ INSTANCE_PROJECTION_COLUMNS = (
 )
 EXECUTION_PROJECTION_COLUMNS = (
     *("id", "job_instance_id", "job_name", "attempt", "status", "exit_code"),
-    *FAILURE_COLUMNS,
-    *INSTANT_COLUMNS,
+    *(*FAILURE_COLUMNS, *INSTANT_COLUMNS),
     *("stop_requested_at", "stop_requested_by", "version", "definition_revision"),
     *("manifest_format", "manifest_digest", *_envelope_columns("context"), *COUNT_COLUMNS),
     *("owner_host", "identifying_parameters", "owner_recorded"),
