@@ -17,8 +17,7 @@ from pybatch.values.status import BatchStatus, FailureSummary
 
 def _check_text(field: str, value: str, max_bytes: int) -> None:
     """The names' rules in their order (values/names.py), refused as the recovery's error."""
-    violation = first_violation(value, max_bytes)
-    if violation is None:
+    if (violation := first_violation(value, max_bytes)) is None:
         return
     rule = violation[0]
     if rule is None:
