@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from pybatch import _telemetry
 from pybatch._job_repository import JobRepository
 from pybatch._lease_keeper import PartitionLeaseKeeper
+from pybatch._transaction import TransactionSource
 from pybatch.errors import (
     ConcurrentModification,
     PartitionOwnershipLost,
@@ -106,12 +107,12 @@ def _end_worker(
     partition: StepPartition,
     worker_id: int,
     status: BatchStatus,
-    then: Callable[[UnitOfWork], Claimed | None] = lambda uow: None,
+    claim_from: tuple[StepExecution, ExecutionLease] | None = None,
 ) -> Claimed | None:
-    """End the worker step and publish its result onto the partition, then run `then`.
+    """End the worker step and publish its result onto the partition; then claim from a parent.
 
-    One unit of work: a worker claims its next partition in the transaction that ends the
-    last one, so each partition costs one coordination COMMIT, not two.
+    With `claim_from` (the parent, the worker's lease) the end and the next claim are one
+    statement committed alone: each partition costs one round trip and one COMMIT.
     """
 
     def end(uow: UnitOfWork) -> Claimed | None:
@@ -121,11 +122,14 @@ def _end_worker(
             transition = LifecycleTransition.failed(at, failure)
         else:
             transition = LifecycleTransition.new(status, at)
-        with uow.operation():  # one operation: the claim needs no savepoint of its own
-            uow.partitions.end_worker(
-                partition.id, partition.version, worker_id, transition, ExitCode(status.value)
-            )
-            return then(uow)
+        end = (transition, ExitCode(status.value))
+        if claim_from is None:
+            uow.partitions.end_worker(partition.id, partition.version, worker_id, *end)
+            return None
+        (parent, lease), owner = claim_from, OwnerToken.generate()
+        ending = (partition.id, partition.version, worker_id, end)
+        claimed = uow.partitions.claim(parent, owner, lease, ending=ending)
+        return None if claimed is None else (*claimed, owner)
 
     return repository.run_in_unit_of_work(end)
 
@@ -145,16 +149,15 @@ def work_on_plan(
     (a restart reruns it); KeyboardInterrupt or SystemExit end it STOPPED and propagate.
     """
     worker_lease = lease or ExecutionLease()
-
-    def claim_next(uow: UnitOfWork) -> Claimed | None:
-        return _claim_in(uow, parent, worker_lease)
-
+    claim_from = (parent, worker_lease)
     ran = 0
     claimed: Claimed | None = None
     while True:
         if claimed is None:
             between_partitions()
-            claimed = repository.run_in_unit_of_work(claim_next)
+            claimed = repository.run_in_unit_of_work(
+                lambda uow: _claim_in(uow, parent, worker_lease)
+            )
         if claimed is None:
             with repository.begin() as uow:
                 current = uow.steps.get(parent.id)
@@ -169,7 +172,7 @@ def work_on_plan(
         keeper.start()
         try:
             claimed = _run_partition(
-                repository, runner, (partition, worker), keeper, between_partitions, claim_next
+                repository, runner, (partition, worker), keeper, between_partitions, claim_from
             )
         except PartitionOwnershipLost as lost:
             logger.error("pybatch: %s (partition key %s)", lost, partition.key.value)
@@ -185,11 +188,11 @@ def _run_partition(
     claimed: tuple[StepPartition, StepExecution],
     keeper: PartitionLeaseKeeper,
     between_partitions: Callable[[], None],
-    claim_next: Callable[[UnitOfWork], Claimed | None],
+    claim_from: tuple[StepExecution, ExecutionLease],
 ) -> Claimed | None:
     """Run one claimed partition, end it and claim the next; PartitionOwnershipLost touches nothing.
 
-    The next partition is claimed in the ending's transaction unless `between_partitions`
+    The next partition is claimed in the ending's statement unless `between_partitions`
     raises (then the partition ends alone and the error propagates).
     """
     partition, worker = claimed
@@ -217,7 +220,7 @@ def _run_partition(
     except BaseException:
         _end_owned(repository, partition, worker.id, status, keeper)
         raise
-    return _end_owned(repository, partition, worker.id, status, keeper, claim_next)
+    return _end_owned(repository, partition, worker.id, status, keeper, claim_from)
 
 
 def _end_owned(
@@ -226,9 +229,9 @@ def _end_owned(
     worker_id: int,
     status: BatchStatus,
     keeper: PartitionLeaseKeeper,
-    then: Callable[[UnitOfWork], Claimed | None] = lambda uow: None,
+    claim_from: tuple[StepExecution, ExecutionLease] | None = None,
 ) -> Claimed | None:
-    """Stop renewing, then end the worker (and run `then` in the same transaction).
+    """Stop renewing, then end the worker (and claim from `claim_from` in the same statement).
 
     A refused end whose renewal also fails means another process recovered the partition
     after the lease lapsed: PartitionOwnershipLost.
@@ -237,7 +240,7 @@ def _end_owned(
     if keeper.lost:
         raise keeper.lost_ownership()
     try:
-        return _end_worker(repository, partition, worker_id, status, then)
+        return _end_worker(repository, partition, worker_id, status, claim_from)
     except (StaleVersion, PartitionWorkerStale, PartitionUpdateNotAllowed, ConcurrentModification):
         keeper.renew_now()  # PartitionOwnershipLost when the partition is no longer ours
         raise
@@ -319,7 +322,7 @@ def start_partitioned_step(
         if source is not None and uow.partitions.plan(source.id):
             uow.partitions.restart_plan(source.id, parent.id)
         else:
-            uow.partitions.create_plan(parent.id, entries)
+            uow.partitions.create_plan(parent.id, entries, decoded=False)
         return False, parent
 
     return repository.run_in_unit_of_work(start)
@@ -331,10 +334,16 @@ def _local_worker(
     runners: RunnerFactory,
     lease: ExecutionLease | None = None,
 ) -> None:
-    """A forked worker: its own repository, then a hard exit sparing the parent's connections."""
+    """A forked worker: its own repository, then a hard exit sparing the parent's connections.
+
+    The parent already probed the server and verified the schema: the fork opens its pool only,
+    each new connection checked for clock skew as the parent's are.
+    """
     code = 1
     try:
-        with JobRepository.connect(repository.config, clock=repository.clock) as own:
+        config, checked = repository.config, repository.transactions._check
+        source = TransactionSource(config, check=checked, probe=False)
+        with JobRepository(config, source, repository.clock, repository.schema_version) as own:
             work_on_plan(own, parent, runners(own), lease=lease)
         code = 0
     except BaseException:

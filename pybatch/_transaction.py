@@ -178,7 +178,9 @@ class Lease:
 class TransactionSource:
     """The bounded pool of a repository, handing out leases; owns the CA file too."""
 
-    def __init__(self, config: ConnectionConfig, *, check: ConnectionCheck | None = None) -> None:
+    def __init__(
+        self, config: ConnectionConfig, *, check: ConnectionCheck | None = None, probe: bool = True
+    ) -> None:
         self._config = config
         # New connections that `check` refused; a lease of one raises the refusal.
         self._refused: weakref.WeakKeyDictionary[Connection, PyBatchError] = (
@@ -193,7 +195,8 @@ class TransactionSource:
         self._ca_file = CaFile(config)
         try:
             # A wrong password or database fails here at once, not after the acquire timeout.
-            probe_connection(config, self._ca_file)
+            if probe:
+                probe_connection(config, self._ca_file)
             self._pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
                 kwargs=config.connection_kwargs(ca_file=self._ca_file.path),
                 min_size=0,

@@ -64,10 +64,7 @@ from pybatch.values.ownership import ExecutionLease, OwnerToken
 from pybatch.values.partitions import (
     MAX_PARTITIONS,
     RESULT_STATUSES,
-    PartitionKey,
     PartitionPlanEntry,
-    PlanProgress,
-    SlowPartition,
     StepPartition,
 )
 from pybatch.values.records import StepExecution
@@ -79,6 +76,8 @@ MAX_WORKER_TRIES = 5
 _ACTIVE_PARENT = frozenset({BatchStatus.STARTING, BatchStatus.STARTED})
 _COMPLETING_PARENT = frozenset({BatchStatus.STARTED, BatchStatus.STOPPING})
 _RESTARTABLE_SOURCE = frozenset({BatchStatus.FAILED, BatchStatus.STOPPED})
+#: A fresh worker's fault state, encoded once (its canonical JSON and checksum).
+_EMPTY_FAULT = encode_fault_state(FaultStateEnvelope.EMPTY)
 
 
 @contextmanager
@@ -115,36 +114,37 @@ def _decoded(rows: Sequence[Row]) -> list[StepPartition]:
     return [decode_step_partition(row) for row in rows]
 
 
-def _end_step_partition(
-    q: Statements,
-    conn: Connection,
+def _end_columns(
     partition_id: int,
     expected_version: int,
     worker_id: int,
     end: tuple[LifecycleTransition, ExitCode | None],
-    *,
-    only_if_lost: bool = False,
-) -> Row:
-    """Run end_step_partition, the one guarded statement of a partition's end."""
+) -> dict[str, object]:
+    """The parameters of a partition's end (end_step_partition, claim_step_partition)."""
     check_expected_version(expected_version)
     check_identifier(IdentifierKind.STEP_PARTITION, partition_id)
     check_identifier(IdentifierKind.STEP_EXECUTION, worker_id)
     transition, exit_status = end
     failure = transition.failure
-    return returned(
-        q.end_step_partition.prepared.one(
-            conn,
-            step_partition_id=partition_id,
-            expected_version=expected_version,
-            worker_step_execution_id=worker_id,
-            only_if_lost=only_if_lost,
-            status=transition.target.value,
-            exit_code=None if exit_status is None else exit_status.value,
-            failure_category=None if failure is None else failure.category.value,
-            failure_id=None if failure is None else failure.failure_id,
-            now=transition.at,
-        )
-    )
+    return {
+        "step_partition_id": partition_id,
+        "expected_version": expected_version,
+        "worker_step_execution_id": worker_id,
+        "status": transition.target.value,
+        "exit_code": None if exit_status is None else exit_status.value,
+        "failure_category": None if failure is None else failure.category.value,
+        "failure_id": None if failure is None else failure.failure_id,
+        "now": transition.at,
+    }
+
+
+#: A partition's end: its id, expected version, worker and (transition, exit).
+Ending = tuple[int, int, int, tuple[LifecycleTransition, ExitCode | None]]
+#: claim_step_partition with no partition to end.
+_NO_END = dict.fromkeys(
+    "step_partition_id expected_version worker_step_execution_id status exit_code"
+    " failure_category failure_id".split()
+)
 
 
 def _end_refused(
@@ -215,12 +215,6 @@ def count_step_partitions_by_status(
         return {partition_status(row["status"]): int64_at(row, "partitions", 0) for row in rows}
 
 
-def _elapsed(value: object) -> _dt.timedelta:
-    if not isinstance(value, _dt.timedelta):
-        raise DecodeError("elapsed")
-    return value
-
-
 def _plan_overrides(parent_id: int) -> Overrides:
     """A plan's unique keys, as the errors a duplicate key or a second plan means."""
     return {
@@ -243,9 +237,12 @@ class Partitions(Capability):
         return sorted(_decoded(rows), key=lambda p: p.ordinal)
 
     def create_plan(
-        self, parent_id: int, entries: Sequence[PartitionPlanEntry]
+        self, parent_id: int, entries: Sequence[PartitionPlanEntry], *, decoded: bool = True
     ) -> list[StepPartition]:
-        """Create a plan for a STARTING or STARTED parent, all or nothing; entries first."""
+        """Create a plan for a STARTING or STARTED parent, all or nothing; entries first.
+
+        Without `decoded`, returns [] (a launcher reads no partition: decoding 1,024 cost ms).
+        """
         with self._operation(overrides=_plan_overrides(parent_id)) as (q, conn):
             entries = list(entries)
             if not entries:
@@ -261,7 +258,7 @@ class Partitions(Capability):
             rows = q.insert_step_partitions.many(
                 conn, step_execution_id=parent_id, **encode_plan_entries(entries)
             )
-            return self._new_plan(parent_id, rows)
+            return self._new_plan(parent_id, rows if decoded else [])
 
     def plan(self, parent_id: int) -> list[StepPartition]:
         """A parent's plan in key byte order; empty without a plan."""
@@ -312,8 +309,13 @@ class Partitions(Capability):
         A worker already in a result status is left as it is. `exit_status` None keeps its exit.
         Nothing is decoded on this path (a worker's hot path): `plan()` reads the partition.
         """
-        end = (transition, exit_status)
-        self._end_partition_worker(partition_id, expected_version, worker_id, end)
+        end = _end_columns(partition_id, expected_version, worker_id, (transition, exit_status))
+        with self._operation() as (q, conn):
+            row = returned(q.end_step_partition.prepared.one(conn, **end, only_if_lost=False))
+            if row["id"] is None:
+                raise _end_refused(
+                    row, partition_id, expected_version, worker_id, transition.target
+                )
 
     def recover_lost(self, partition: int, expected_version: int, worker_id: int) -> bool:
         """End a STARTED partition's worker FAILED (STALE_RECOVERED) if its lease is gone.
@@ -323,25 +325,10 @@ class Partitions(Capability):
         """
         lost = FailureSummary(FailureCategory.STALE_RECOVERED, FailureId(worker_id))
         end = (LifecycleTransition.failed(self._uow.clock.now(), lost), None)
+        ended = _end_columns(partition, expected_version, worker_id, end)
         with self._operation() as (q, conn):
-            row = _end_step_partition(
-                q, conn, partition, expected_version, worker_id, end, only_if_lost=True
-            )
+            row = returned(q.end_step_partition.prepared.one(conn, **ended, only_if_lost=True))
             return row["id"] is not None
-
-    def _end_partition_worker(
-        self,
-        partition_id: int,
-        expected_version: int,
-        worker_id: int,
-        end: tuple[LifecycleTransition, ExitCode | None],
-    ) -> Row:
-        """End the worker, then complete its partition from its row."""
-        with self._operation() as (q, conn):
-            row = _end_step_partition(q, conn, partition_id, expected_version, worker_id, end)
-            if row["id"] is not None:
-                return row
-            raise _end_refused(row, partition_id, expected_version, worker_id, end[0].target)
 
     def aggregate(
         self, parent_id: int, expected_version: int, transitioned_at: _dt.datetime
@@ -395,35 +382,53 @@ class Partitions(Capability):
         parent: StepExecution,
         owner: OwnerToken | None = None,
         lease: ExecutionLease | None = None,
+        *,
+        ending: Ending | None = None,
     ) -> tuple[StepPartition, StepExecution] | None:
         """Claim the next partition of a STARTED parent for a new worker step, or None.
 
         One guarded statement locks the first claimable partition with SKIP LOCKED, creates the
         STARTED worker step (resuming the partition's latest earlier worker) and assigns it,
-        recording `owner` and starting its `lease` on the database clock.
+        recording `owner` and starting its `lease` on the database clock. With `ending` (the
+        worker's last partition) the same statement ends that one first, and claims only if the
+        end completed it; it is then the whole unit of work, committed alone in one round trip,
+        and a refused end raises as `end_worker` does.
         """
-        with self._operation() as (q, conn):
-            owner = owner or OwnerToken.generate()
-            lease = lease or ExecutionLease()
-            if parent.id in self._uow.unpublished_plans:
-                raise PartitionPlanNotCommitted(step_execution_id=parent.id)
-            fault = encode_fault_state(FaultStateEnvelope.EMPTY)
-            row = q.claim_step_partition.prepared.one(
-                conn,
-                step_execution_id=parent.id,
-                node_id=parent.logical_id.value,
-                # Worker names add `#ordinal.version` to the parent's name cut to 100 bytes.
-                worker_name_prefix=parent.step_name.value.encode()[:100].decode("utf-8", "ignore"),
-                max_partition_version=2 * MAX_WORKER_TRIES,
-                fault_state_payload=to_jsonb(fault["fault_state_payload"]),
-                fault_state_checksum=fault["fault_state_checksum"],
-                now=self._uow.clock.now(),
-                owner_token=owner.value,
-                lease_ms=lease.milliseconds,
-            )
-            if row is None:
+        owner = owner or OwnerToken.generate()
+        lease = lease or ExecutionLease()
+        if parent.id in self._uow.unpublished_plans:
+            raise PartitionPlanNotCommitted(step_execution_id=parent.id)
+        params = {
+            "step_execution_id": parent.id,
+            "node_id": parent.logical_id.value,
+            # Worker names add `#ordinal.version` to the parent's name cut to 100 bytes.
+            "worker_name_prefix": parent.step_name.value.encode()[:100].decode("utf-8", "ignore"),
+            "max_partition_version": 2 * MAX_WORKER_TRIES,
+            "fault_state_payload": to_jsonb(_EMPTY_FAULT["fault_state_payload"]),
+            "fault_state_checksum": _EMPTY_FAULT["fault_state_checksum"],
+            "owner_token": owner.value,
+            "lease_ms": lease.milliseconds,
+            **(
+                _NO_END | {"now": self._uow.clock.now()}
+                if ending is None
+                else _end_columns(*ending)
+            ),
+        }
+
+        def decode(row: Row | None) -> tuple[StepPartition, StepExecution] | None:
+            row = returned(row)
+            if ending is not None and row["ended_partition_id"] is None:
+                partition_id, version, worker_id, (transition, _) = ending
+                raise _end_refused(row, partition_id, version, worker_id, transition.target)
+            if row["id"] is None:
                 return None
             return decode_claimed_partition(row), decode_step_execution(row)
+
+        statement = self._uow.statements.claim_step_partition.prepared
+        if ending is not None:
+            return self._uow.commit_statement(statement, params, decode)
+        with self._operation() as (_, conn):
+            return decode(statement.one(conn, **params))
 
     def count_open(self, parent_id: int) -> int:
         """Partitions still STARTING, STARTED, or claimable again after a lost worker."""
@@ -438,26 +443,3 @@ class Partitions(Capability):
         """How many partitions of a plan are in each status."""
         with self._operation() as (q, conn):
             return count_step_partitions_by_status(q, conn, parent_id)
-
-    def progress(self, parent_id: int, slowest: int = 5) -> PlanProgress:
-        """Partitions per status and the `slowest` partitions of a plan."""
-        with self._operation() as (q, conn):
-            check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
-            if q.get_step_execution.one(conn, step_execution_id=parent_id) is None:
-                raise StepExecutionNotFound(id=parent_id)
-            counts = count_step_partitions_by_status(q, conn, parent_id)
-            now = self._uow.clock.now()
-            rows = q.list_slowest_step_partitions.many(
-                conn, step_execution_id=parent_id, now=now, limit=slowest
-            )
-            with corrupt_on((DecodeError, PyBatchError)):
-                slow = tuple(
-                    SlowPartition(
-                        key=PartitionKey(text_at(row, "partition_key")),
-                        status=partition_status(row["status"]),
-                        worker_step_execution_id=int64_at(row, "worker_step_execution_id"),
-                        elapsed=_elapsed(row["elapsed"]),
-                    )
-                    for row in rows
-                )
-            return PlanProgress(counts=counts, slowest=slow)

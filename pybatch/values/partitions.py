@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
-from collections.abc import Mapping
 from functools import partial
 
 import attrs
@@ -102,26 +100,3 @@ class StepPartition:
             raise ValueError("a partition is STARTING exactly when it has no worker")
         if self.context.encoded_bytes > MAX_PARTITION_CONTEXT_BYTES:
             raise e.PartitionContextTooLarge(max_bytes=MAX_PARTITION_CONTEXT_BYTES)
-
-
-@attrs.frozen(kw_only=True)
-class SlowPartition:
-    """A partition and how long its current worker ran (or has been running)."""
-
-    key: PartitionKey
-    status: BatchStatus
-    worker_step_execution_id: int
-    elapsed: _dt.timedelta
-
-
-@attrs.frozen(kw_only=True)
-class PlanProgress:
-    """A plan's state: partitions per status and the slowest ones."""
-
-    counts: Mapping[BatchStatus, int]
-    slowest: tuple[SlowPartition, ...]
-
-    @property
-    def total(self) -> int:
-        """How many partitions the plan has."""
-        return sum(self.counts.values())

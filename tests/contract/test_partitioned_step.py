@@ -66,13 +66,6 @@ def test_local_workers_complete_every_partition_once(
         assert uow.partitions.count_by_status(parent.id) == {S.COMPLETED: 12}
     assert len({p.worker_step_execution_id for p in plan}) == 12
     assert run.execution.status is S.COMPLETED
-    with repository.begin() as uow:
-        progress = uow.partitions.progress(parent.id, slowest=3)
-    assert progress.total == 12 and progress.counts == {S.COMPLETED: 12}
-    assert len(progress.slowest) == 3
-    elapsed = [slow.elapsed for slow in progress.slowest]
-    assert elapsed == sorted(elapsed, reverse=True)
-    assert {slow.key.value for slow in progress.slowest} <= set(plan_of(12))
 
 
 @pytest.mark.usefixtures("orders")

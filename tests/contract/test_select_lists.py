@@ -78,7 +78,17 @@ READERS: dict[str, tuple[str, ...]] = {
     "list_step_partitions": STEP_PARTITION_COLUMNS,
     "lock_step_partitions_by_ordinal": STEP_PARTITION_COLUMNS,
     "copy_step_partitions": STEP_PARTITION_COLUMNS,
-    "claim_step_partition": CLAIMED_PARTITION_COLUMNS,
+    "claim_step_partition": (
+        "ended_partition_id",
+        "found_version",
+        "found_status",
+        "found_worker_step_execution_id",
+        "parent_step_execution_id",
+        "parent_status",
+        "worker_status",
+        *CLAIMED_PARTITION_COLUMNS,
+        "same_execution",
+    ),
     "end_step_partition": (
         "id",
         "found_version",
@@ -113,12 +123,6 @@ READERS: dict[str, tuple[str, ...]] = {
         "version",
         "leased",
         "lease_expired",
-    ),
-    "list_slowest_step_partitions": (
-        "partition_key",
-        "status",
-        "worker_step_execution_id",
-        "elapsed",
     ),
     # read by hand: repository/definitions.py
     "insert_job_definition_if_absent": ("id",),

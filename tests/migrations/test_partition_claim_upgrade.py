@@ -61,7 +61,7 @@ def test_a_partitioned_step_live_across_the_upgrade_completes_and_the_check_stil
                     partition,
                     worker.id,
                     S.COMPLETED,
-                    lambda uow: partitioned._claim_in(uow, parent, lease),
+                    (parent, lease),
                 )
             aggregated, unfinished = partitioned.aggregate_plan(repository, parent)
         with run:
