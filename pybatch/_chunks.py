@@ -19,6 +19,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from pybatch import _sqlstate
+from pybatch import errors as e
 from pybatch._codecs.chunks import (
     decode_committed_step_state,
     encode_chunk_commit,
@@ -28,21 +29,7 @@ from pybatch._codecs.chunks import (
 from pybatch._connect import check_idle_connection
 from pybatch._statements import Connection, Statement
 from pybatch._transaction import Lease
-from pybatch.errors import (
-    ChunkCommitOutcomeUnknown,
-    CountExhausted,
-    Infrastructure,
-    NotCommitted,
-    PyBatchError,
-    StepExecutionNotFound,
-    Unavailable,
-)
-from pybatch.values.chunks import (
-    NO_FAULT_PROGRESS,
-    ChunkContext,
-    CommittedStepState,
-    FaultProgress,
-)
+from pybatch.values import chunks
 from pybatch.values.fault import FaultStateEnvelope
 from pybatch.values.state import MAX_STORABLE_SCHEMA_VERSION, Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus
@@ -59,7 +46,9 @@ _INERROR = TransactionStatus.INERROR
 _EMPTY_FAULT_STATE = FaultStateEnvelope.EMPTY
 
 
-def load_committed_state(repository: JobRepository, context: ChunkContext) -> CommittedStepState:
+def load_committed_state(
+    repository: JobRepository, context: chunks.ChunkContext
+) -> chunks.CommittedStepState:
     """A step's committed state, read in its own read-only transaction.
 
     Raises:
@@ -74,7 +63,7 @@ def load_committed_state(repository: JobRepository, context: ChunkContext) -> Co
             job_execution_id=context.job_execution_id,
         )
     if row is None:
-        raise StepExecutionNotFound(id=context.step_execution_id)
+        raise e.StepExecutionNotFound(id=context.step_execution_id)
     return decode_committed_step_state(row)
 
 
@@ -100,7 +89,7 @@ class StepSession:
         "committed",
     )
 
-    def __init__(self, repository: JobRepository, context: ChunkContext) -> None:
+    def __init__(self, repository: JobRepository, context: chunks.ChunkContext) -> None:
         self._transactions = repository.transactions
         q = self._statements = repository.statements
         self._clock = repository.clock
@@ -126,7 +115,7 @@ class StepSession:
         #: The step's state as this session last committed it; None until the first chunk
         #: read it, and again after an outcome-unknown COMMIT (it is re-read from the
         #: database, the only place that knows).
-        self.committed: CommittedStepState | None = None
+        self.committed: chunks.CommittedStepState | None = None
 
     def __repr__(self) -> str:
         return (
@@ -148,7 +137,7 @@ class StepSession:
                 chunk) the step is missing, undecodable or not STARTED.
         """
         if self._context.owner is None:
-            raise NotCommitted(reason="a chunk needs the owner token of its step's execution")
+            raise e.NotCommitted(reason="a chunk needs the owner token of its step's execution")
         if self._chunk is not None and self._chunk._open:
             return self._begin_apart()
         conn = self._conn
@@ -159,9 +148,9 @@ class StepSession:
         elif self._lease is not None:
             try:
                 self._lease.begin()  # behind a transaction-mode pooler: the settings
-            except Unavailable:
+            except e.Unavailable:
                 self._lease = self._conn = self._cursor = None  # begin discarded it
-                raise NotCommitted(reason="the database is unavailable") from None
+                raise e.NotCommitted(reason="the database is unavailable") from None
         committed = self.committed
         if committed is None:
             committed = self.committed = self._read_state(conn, self._drop, self._rollback_held)
@@ -190,16 +179,16 @@ class StepSession:
     def _lease_one(self) -> tuple[Lease, Connection]:
         try:
             lease = self._transactions.lease()
-        except Unavailable:
-            raise NotCommitted(reason="the database is unavailable") from None
+        except e.Unavailable:
+            raise e.NotCommitted(reason="the database is unavailable") from None
         if lease.connection is None:  # a fresh lease always holds its connection
             lease.discard()
-            raise NotCommitted(reason="the database is unavailable")
+            raise e.NotCommitted(reason="the database is unavailable")
         return lease, lease.connection
 
     def _read_state(
         self, conn: Connection, discard: Callable[[], object], rollback: Callable[[], object]
-    ) -> CommittedStepState:
+    ) -> chunks.CommittedStepState:
         """Read and check the step's committed state; the chunk's transaction goes on from it."""
         context = self._context
         try:
@@ -210,18 +199,18 @@ class StepSession:
             )
         except psycopg.Error:
             discard()
-            raise NotCommitted(reason="the database is unavailable") from None
+            raise e.NotCommitted(reason="the database is unavailable") from None
         try:
             if row is None:
-                raise NotCommitted(reason="the step execution does not exist")
+                raise e.NotCommitted(reason="the step execution does not exist")
             state = decode_committed_step_state(row)
             if state.status is not BatchStatus.STARTED:
-                raise NotCommitted(reason=f"the step is {state.status.value}, not STARTED")
-        except PyBatchError as error:
+                raise e.NotCommitted(reason=f"the step is {state.status.value}, not STARTED")
+        except e.PyBatchError as error:
             rollback()
-            if isinstance(error, NotCommitted):
+            if isinstance(error, e.NotCommitted):
                 raise
-            raise NotCommitted(reason="the committed step state is unusable") from None
+            raise e.NotCommitted(reason="the committed step state is unusable") from None
         return state
 
     def close(self) -> None:
@@ -258,7 +247,7 @@ class ChunkTransaction:
         session: StepSession,
         conn: Connection,
         cursor: psycopg.Cursor[Any] | None,
-        state: CommittedStepState,
+        state: chunks.CommittedStepState,
         lease: Lease | None = None,
     ) -> None:
         self._session = session
@@ -298,13 +287,13 @@ class ChunkTransaction:
         classify them into Rejected, Cancelled and Infrastructure instead.
         """
         if not self._open:
-            raise NotCommitted(reason="the chunk is closed")
+            raise e.NotCommitted(reason="the chunk is closed")
         return self._conn
 
     def _open_cursor(self) -> psycopg.Cursor[Any]:
         """The chunk's cursor (made on first use by a chunk on a connection of its own)."""
         if not self._open:
-            raise NotCommitted(reason="the chunk is closed")
+            raise e.NotCommitted(reason="the chunk is closed")
         cursor = self._cursor
         if cursor is None:
             cursor = self._cursor = self._conn.cursor()
@@ -352,13 +341,13 @@ class ChunkTransaction:
             raise self._classified(error) from None
         return sent
 
-    def _classified(self, error: psycopg.Error) -> PyBatchError:
+    def _classified(self, error: psycopg.Error) -> e.PyBatchError:
         """A business statement's error as Rejected, Cancelled or Infrastructure.
 
         An Infrastructure error discards the connection: it can no longer be trusted.
         """
         classified = _sqlstate.classify_business_error(error, self._conn)
-        if isinstance(classified, Infrastructure):
+        if isinstance(classified, e.Infrastructure):
             self._discard()
         return classified
 
@@ -368,11 +357,11 @@ class ChunkTransaction:
         processed: int,
         written: int,
         filtered: int,
-        fault_progress: FaultProgress | None = None,
+        fault_progress: chunks.FaultProgress | None = None,
         *,
         checkpoint: Checkpoint,
         context: ExecutionContext | None = None,
-    ) -> CommittedStepState:
+    ) -> chunks.CommittedStepState:
         """Commit the chunk, its four counts already valid (as `ChunkCounts` checks them).
 
         `context` defaults to the committed one. A chunk that sent no statement of its own
@@ -386,15 +375,15 @@ class ChunkTransaction:
                 the step's durable state at its next chunk.
         """
         if not self._open:
-            raise NotCommitted(reason="the chunk is closed")
+            raise e.NotCommitted(reason="the chunk is closed")
         status = self._conn.pgconn.transaction_status  # read once: nothing runs until the UPDATE
         try:
             if status == _INERROR:
-                raise NotCommitted(reason="a statement in the chunk failed")
+                raise e.NotCommitted(reason="a statement in the chunk failed")
             statement, params, committed = self._progress(
                 read, processed, written, filtered, fault_progress, checkpoint, context
             )
-        except NotCommitted:
+        except e.NotCommitted:
             self.rollback()
             raise
         alone = status == _IDLE  # checkpoint-only: the UPDATE is the whole transaction
@@ -413,23 +402,23 @@ class ChunkTransaction:
         processed: int,
         written: int,
         filtered: int,
-        fault_progress: FaultProgress | None,
+        fault_progress: chunks.FaultProgress | None,
         checkpoint: Checkpoint,
         context: ExecutionContext | None,
-    ) -> tuple[Statement, dict[str, object], CommittedStepState]:
+    ) -> tuple[Statement, dict[str, object], chunks.CommittedStepState]:
         """The progress UPDATE to send, its parameters, and the state it commits."""
         state = self.committed
         try:
             next_counts = state.counts.after_chunk(read, processed, written, filtered)
-        except (CountExhausted, PyBatchError):
-            raise NotCommitted(reason="a counter would overflow") from None
+        except (e.CountExhausted, e.PyBatchError):
+            raise e.NotCommitted(reason="a counter would overflow") from None
         if context is None:
             context = state.context
         if (
             checkpoint.schema_version > MAX_STORABLE_SCHEMA_VERSION
             or context.schema_version > MAX_STORABLE_SCHEMA_VERSION
         ):
-            raise NotCommitted(reason="a state schema version above 2147483647 cannot be stored")
+            raise e.NotCommitted(reason="a state schema version above 2147483647 cannot be stored")
         session = self._session
         now = session._clock.now()
         fence = session._context
@@ -442,17 +431,17 @@ class ChunkTransaction:
             and state.fault_state is _EMPTY_FAULT_STATE
             and (
                 fault_progress is None
-                or fault_progress is NO_FAULT_PROGRESS
-                or fault_progress == NO_FAULT_PROGRESS
+                or fault_progress is chunks.NO_FAULT_PROGRESS
+                or fault_progress == chunks.NO_FAULT_PROGRESS
             )
         ):
             statement = progress
             params = encode_chunk_progress(fence, state, next_counts, checkpoint, now)
         else:
             statement = full
-            fault = fault_progress or NO_FAULT_PROGRESS
+            fault = fault_progress or chunks.NO_FAULT_PROGRESS
             params = encode_chunk_commit(fence, state, next_counts, checkpoint, context, fault, now)
-        next_state = CommittedStepState(
+        next_state = chunks.CommittedStepState(
             step_execution_id=state.step_execution_id,
             job_execution_id=state.job_execution_id,
             status=state.status,
@@ -479,13 +468,13 @@ class ChunkTransaction:
                 self._discard()
                 if alone:
                     self._session.committed = None
-                    raise ChunkCommitOutcomeUnknown() from None
+                    raise e.ChunkCommitOutcomeUnknown() from None
             else:
                 self.rollback()
-            raise NotCommitted(reason="the progress update failed") from None
+            raise e.NotCommitted(reason="the progress update failed") from None
         if changed != 1:
             self.rollback()
-            raise NotCommitted(
+            raise e.NotCommitted(
                 reason="the step changed, is no longer STARTED, or its owner lost it"
             )
 
@@ -498,9 +487,9 @@ class ChunkTransaction:
             if _sqlstate.is_connection_loss(error, conn):
                 self._discard()
                 self._session.committed = None
-                raise ChunkCommitOutcomeUnknown() from None
+                raise e.ChunkCommitOutcomeUnknown() from None
             self.rollback()
-            raise NotCommitted(reason="COMMIT was refused") from None
+            raise e.NotCommitted(reason="COMMIT was refused") from None
 
     def rollback(self) -> None:
         """Discard the chunk's business writes and progress; a second call is a no-op."""
@@ -542,10 +531,10 @@ class ChunkTransaction:
         except psycopg.Error:
             self._discard()
             session.committed = None  # only the database knows whether the count landed
-            raise NotCommitted(reason="the database is unavailable") from None
+            raise e.NotCommitted(reason="the database is unavailable") from None
         self.rollback()  # gives a connection of its own back; the held one is idle
         if changed != 1:
-            raise NotCommitted(reason="the step is no longer STARTED, or its owner lost it")
+            raise e.NotCommitted(reason="the step is no longer STARTED, or its owner lost it")
         counts = state.counts.with_terminal_rollback()
         if session.committed is state:
             session.committed = attrs.evolve(state, counts=counts)

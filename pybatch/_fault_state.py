@@ -12,21 +12,13 @@ import attrs
 import psycopg
 
 from pybatch import _sqlstate
+from pybatch import errors as e
 from pybatch._chunks import load_committed_state
 from pybatch._codecs._jsonb import to_jsonb
 from pybatch._codecs._primitives import DecodeError
 from pybatch._codecs.fault_state import decode_locked_fault_state, encode_fault_state
 from pybatch._statements import Statement
 from pybatch._transaction import CommitErrors
-from pybatch.errors import (
-    FaultStateCommitOutcomeUnknown,
-    FaultStateCorrupt,
-    FaultStateFormatError,
-    FaultStateUnavailable,
-    FaultStateUnbound,
-    PyBatchError,
-    StaleReservation,
-)
 from pybatch.values import fault
 from pybatch.values.chunks import ChunkContext
 from pybatch.values.status import BatchStatus
@@ -36,9 +28,9 @@ if TYPE_CHECKING:
 
 #: How a reservation reports a COMMIT that did not make it durable.
 _COMMIT_ERRORS = CommitErrors(
-    aborted=FaultStateUnavailable,
-    refused=lambda _error: FaultStateUnavailable(),
-    unknown=FaultStateCommitOutcomeUnknown,
+    aborted=e.FaultStateUnavailable,
+    refused=lambda _error: e.FaultStateUnavailable(),
+    unknown=e.FaultStateCommitOutcomeUnknown,
 )
 
 
@@ -66,7 +58,7 @@ class FaultState:
 
     def _bound(self) -> ChunkContext:
         if self._context is None:
-            raise FaultStateUnbound()
+            raise e.FaultStateUnbound()
         return self._context
 
     def bind(self, context: ChunkContext) -> None:
@@ -82,8 +74,8 @@ class FaultState:
             state.fault_state.validate_for(
                 self._policy.retry_limit, self._policy.state_limit, digest
             )
-        except FaultStateFormatError:
-            raise FaultStateCorrupt() from None
+        except e.FaultStateFormatError:
+            raise e.FaultStateCorrupt() from None
         return state.fault_state
 
     def reserved_ordinal(self, key: fault.RetryKey) -> fault.RetryOrdinal | None:
@@ -103,18 +95,18 @@ class FaultState:
         context = self._bound()
         try:
             lease = self._repository.transactions.lease()
-        except PyBatchError:
-            raise FaultStateUnavailable() from None
+        except e.PyBatchError:
+            raise e.FaultStateUnavailable() from None
         conn = lease.connection
         try:
             if conn is None:  # a fresh lease always holds its connection
-                raise FaultStateUnavailable()
+                raise e.FaultStateUnavailable()
             self._reserve_locked(conn, context, entry)
         except psycopg.Error as error:
             if _sqlstate.is_connection_loss(error, conn):
                 lease.discard()
             lease.rollback()
-            raise FaultStateUnavailable() from None
+            raise e.FaultStateUnavailable() from None
         except BaseException:
             lease.rollback()
             raise
@@ -129,21 +121,21 @@ class FaultState:
             job_execution_id=context.job_execution_id,
         )
         if row is None:
-            raise StaleReservation()
+            raise e.StaleReservation()
         try:
             locked = decode_locked_fault_state(row)
             envelope, digest = locked.envelope, locked.checkpoint_digest
             envelope.validate_for(self._policy.retry_limit, self._policy.state_limit, digest)
-        except (FaultStateFormatError, DecodeError, ValueError, TypeError):
-            raise FaultStateCorrupt() from None
+        except (e.FaultStateFormatError, DecodeError, ValueError, TypeError):
+            raise e.FaultStateCorrupt() from None
         if locked.status is not BatchStatus.STARTED:
-            raise StaleReservation()
+            raise e.StaleReservation()
         try:
             reserved = envelope.reserved(entry, digest, self._policy.state_limit)
-        except FaultStateFormatError:
-            raise FaultStateCorrupt() from None
+        except e.FaultStateFormatError:
+            raise e.FaultStateCorrupt() from None
         if (statement := self._updates.get(entry.phase)) is None:
-            raise StaleReservation()
+            raise e.StaleReservation()
         columns = encode_fault_state(reserved)
         changed = statement.affected(
             conn,
@@ -154,4 +146,4 @@ class FaultState:
             expected_version=locked.version,
         )
         if changed != 1:
-            raise StaleReservation()
+            raise e.StaleReservation()

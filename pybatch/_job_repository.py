@@ -11,6 +11,7 @@ from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import TypeVar
 
+from pybatch import errors as e
 from pybatch._clock import Clock, SystemClock, is_simulated, measured_skew
 from pybatch._codecs._primitives import DecodeError
 from pybatch._config import ConnectionConfig
@@ -19,14 +20,6 @@ from pybatch._repository import recovery
 from pybatch._statements import Connection, Statements, load_statements
 from pybatch._transaction import ConnectionCheck, TransactionSource
 from pybatch._unit_of_work import UnitOfWork
-from pybatch.errors import (
-    ClockSkewExceeded,
-    MigrationRequired,
-    NewerSchema,
-    RetryableConflict,
-    SchemaUninitialized,
-    Unavailable,
-)
 from pybatch.values.ownership import OwnerToken
 from pybatch.values.recovery import RecoverySnapshot
 
@@ -44,19 +37,19 @@ def _clock_skew_check(config: ConnectionConfig, clock: Clock) -> ConnectionCheck
     statements = load_statements()
     bound_ms = int(config.max_clock_skew / timedelta(milliseconds=1))
 
-    def check(conn: Connection) -> ClockSkewExceeded | None:
+    def check(conn: Connection) -> e.ClockSkewExceeded | None:
         before = clock.now()
         server = statements.read_server_clock.scalar(conn)
         after = clock.now()
         conn.rollback()
         if not isinstance(server, datetime):
-            raise Unavailable()
+            raise e.Unavailable()
         skew = measured_skew(before, server, after)
         if abs(skew) <= config.max_clock_skew:
             return None
         milliseconds = int(abs(skew) / timedelta(milliseconds=1))
         direction = "ahead of" if skew > timedelta(0) else "behind"
-        refusal = ClockSkewExceeded(skew_ms=milliseconds, direction=direction, bound_ms=bound_ms)
+        refusal = e.ClockSkewExceeded(skew_ms=milliseconds, direction=direction, bound_ms=bound_ms)
         logger.error("pybatch: refusing the connection: %s", refusal)
         return refusal
 
@@ -107,13 +100,13 @@ class JobRepository:
         with self.transactions.read_only(schema_probe=True) as conn:
             installed = self.statements.read_schema_version.scalar(conn)
         if installed is None:
-            raise SchemaUninitialized()
+            raise e.SchemaUninitialized()
         if type(installed) is not int:
-            raise Unavailable()
+            raise e.Unavailable()
         if installed < supported:
-            raise MigrationRequired(current=installed, supported=supported)
+            raise e.MigrationRequired(current=installed, supported=supported)
         if installed > supported:
-            raise NewerSchema(current=installed, supported=supported)
+            raise e.NewerSchema(current=installed, supported=supported)
         return installed
 
     def close(self) -> None:
@@ -143,7 +136,7 @@ class JobRepository:
                     result = work(uow)
                     uow.commit()
                     return result
-                except RetryableConflict:
+                except e.RetryableConflict:
                     if attempt >= self.config.unit_of_work_attempts:
                         raise
             attempt += 1
@@ -158,4 +151,4 @@ class JobRepository:
                     self.statements, conn, execution_id, current_owner
                 )
             except DecodeError:
-                raise Unavailable() from None
+                raise e.Unavailable() from None

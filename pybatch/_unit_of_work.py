@@ -19,6 +19,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from pybatch import _sqlstate
+from pybatch import errors as e
 from pybatch._clock import Clock
 from pybatch._codecs._primitives import DecodeError
 from pybatch._repository._capability import Overrides
@@ -36,21 +37,11 @@ from pybatch._repository.steps import Steps
 from pybatch._repository.stop_requests import StopRequests
 from pybatch._statements import Connection, Row, Statement, Statements
 from pybatch._transaction import CommitErrors, Lease
-from pybatch.errors import (
-    CommitOutcomeUnknown,
-    DomainError,
-    PyBatchError,
-    RepositoryDomainError,
-    RetryableConflict,
-    TransactionAborted,
-    Unavailable,
-    UnitOfWorkClosed,
-)
 
 T = TypeVar("T")
 
 _COMMIT_ERRORS = CommitErrors(
-    aborted=TransactionAborted, refused=_sqlstate.translate, unknown=CommitOutcomeUnknown
+    aborted=e.TransactionAborted, refused=_sqlstate.translate, unknown=e.CommitOutcomeUnknown
 )
 
 
@@ -59,7 +50,7 @@ class UnitOfWork:
 
     def __init__(self, lease: Lease, statements: Statements, clock: Clock) -> None:
         self._lease = lease
-        self._poisoned: PyBatchError | None = None
+        self._poisoned: e.PyBatchError | None = None
         self.statements = statements
         self.clock = clock
         self.unpublished_plans: set[int] = set()
@@ -74,7 +65,7 @@ class UnitOfWork:
             return
         try:
             self.rollback()
-        except PyBatchError:
+        except e.PyBatchError:
             if exc is None:
                 raise
 
@@ -89,7 +80,7 @@ class UnitOfWork:
         if self._poisoned is not None:
             raise self._poisoned
         if (conn := self._lease.connection) is None:
-            raise UnitOfWorkClosed()
+            raise e.UnitOfWorkClosed()
         self._lease.begin()  # behind a transaction-mode pooler, the settings come first
         return conn
 
@@ -118,17 +109,17 @@ class UnitOfWork:
             else:
                 with conn.transaction():
                     yield conn
-        except DomainError as error:
-            raise RepositoryDomainError(error=error) from error
-        except PyBatchError as error:
-            if isinstance(error, RetryableConflict | Unavailable) and conn.broken:
+        except e.DomainError as error:
+            raise e.RepositoryDomainError(error=error) from error
+        except e.PyBatchError as error:
+            if isinstance(error, e.RetryableConflict | e.Unavailable) and conn.broken:
                 self._poisoned = error
             raise
         except DecodeError:
-            raise Unavailable() from None
+            raise e.Unavailable() from None
         except psycopg.Error as error:
             mapped = _sqlstate.translate(error, overrides=overrides)
-            if isinstance(mapped, RetryableConflict) or _sqlstate.is_connection_loss(error, conn):
+            if isinstance(mapped, e.RetryableConflict) or _sqlstate.is_connection_loss(error, conn):
                 # After a conflict abort or a lost connection, only rollback is allowed.
                 self._poisoned = mapped
             raise mapped from None
@@ -155,17 +146,17 @@ class UnitOfWork:
             raise self._poisoned
         conn = self._lease.connection  # not `connection`: the settings go in the pipeline
         if conn is None:
-            raise UnitOfWorkClosed()
+            raise e.UnitOfWorkClosed()
         if self._operation_depth or conn.info.transaction_status != TransactionStatus.IDLE:
             raise RuntimeError("commit_statement must be the only statement of its unit of work")
         refused = partial(_sqlstate.translate, overrides=overrides)
-        errors = CommitErrors(TransactionAborted, refused, CommitOutcomeUnknown)
+        errors = CommitErrors(e.TransactionAborted, refused, e.CommitOutcomeUnknown)
         row = self._lease.commit_alone(statement, params, errors)
         self._committed = True
         try:
             return decode(row)
         except DecodeError:
-            raise Unavailable() from None
+            raise e.Unavailable() from None
 
     def transaction_settings(self) -> dict[str, str]:
         """The isolation level, timeouts and time zone in force (diagnostics)."""
@@ -184,7 +175,7 @@ class UnitOfWork:
         """ROLLBACK everything staged, once (Unavailable: it failed, the connection is gone)."""
         self._poisoned = None
         if not self._lease.rollback():
-            raise Unavailable()
+            raise e.Unavailable()
 
     # Each is pybatch/_repository/<name>.py over queries/<name>.sql, created on first use.
     definitions = cached_property(Definitions)

@@ -45,6 +45,7 @@ import psycopg
 
 from pybatch import _partitioned as partitioned
 from pybatch import _skips, _telemetry
+from pybatch import errors as e
 from pybatch._chunks import ChunkTransaction, StepSession, load_committed_state
 from pybatch._failure_reasons import failure_reason
 from pybatch._fault_state import FaultState, RetryPolicy
@@ -52,38 +53,10 @@ from pybatch._job_repository import JobRepository
 from pybatch._lease_keeper import LeaseKeeper, PartitionLeaseKeeper
 from pybatch._services.flow import FlowPoint
 from pybatch._unit_of_work import UnitOfWork
-from pybatch.errors import (
-    ChunkCommitOutcomeUnknown,
-    ChunkNotEnded,
-    EnvironmentValueInvalid,
-    ExecutionAlreadyActive,
-    ExecutionOwnershipLost,
-    FlowEndedInFailure,
-    FlowStateCorrupt,
-    Infrastructure,
-    JobExecutionNotFound,
-    LockTimeout,
-    NotCommitted,
-    PartitionPlanNotPublished,
-    PartitionsFailed,
-    PyBatchError,
-    Rejected,
-    RunIdInvalid,
-    SkipLimitExceeded,
-    StatePayloadNotObject,
-    StopRequested,
-    TransientConflict,
-)
+from pybatch.errors import PartitionPlanNotPublished, PartitionsFailed
+from pybatch.values import fault
 from pybatch.values.chunks import ChunkContext, ChunkCounts, CommittedStepState, FaultProgress
 from pybatch.values.definitions import DefinitionIdentity
-from pybatch.values.fault import (
-    FaultEntry,
-    FaultPhase,
-    RetryKey,
-    RetryLimit,
-    RetryOrdinal,
-    RetryStateLimit,
-)
 from pybatch.values.flow import FlowTarget, StartLimit, TerminalKind
 from pybatch.values.ids import INT64_MAX
 from pybatch.values.names import ClassifierRevision, JobName, NodeId, StateSchemaId, StepName
@@ -118,7 +91,7 @@ def _state(cls: type[Checkpoint] | type[ExecutionContext], payload: JsonObject) 
     """
     if type(payload) is not dict:
         if not isinstance(payload, Mapping):
-            raise StatePayloadNotObject()
+            raise e.StatePayloadNotObject()
         payload = dict(payload)
     return cls(ETL_STATE_SCHEMA, 1, payload, limits=StateLimits.STEP)
 
@@ -143,7 +116,7 @@ class Chunk:
             return
         # A silent rollback here would end the step COMPLETED with nothing written.
         self.rollback()
-        raise ChunkNotEnded(step_execution_id=self._step.execution.id)
+        raise e.ChunkNotEnded(step_execution_id=self._step.execution.id)
 
     def rollback(self) -> None:
         """Discard the chunk's statements on purpose; the step's rollback count advances.
@@ -153,7 +126,7 @@ class Chunk:
         """
         try:
             self._transaction.rollback_counted()
-        except NotCommitted:
+        except e.NotCommitted:
             self._step._raise_if_ownership_lost()
             raise
         self._step.state = self._transaction.committed
@@ -219,7 +192,7 @@ class Chunk:
             self._step.state = self._transaction.commit_counts(
                 read, processed, written, filtered, skips, checkpoint=state, context=ctx
             )
-        except NotCommitted:
+        except e.NotCommitted:
             self._step._raise_if_ownership_lost()
             raise
 
@@ -236,7 +209,7 @@ class _ObservedChunk(Chunk):
     def __exit__(self, exc_type: object, exc: BaseException | None, traceback: object) -> None:
         rolled_back = exc is not None and self._transaction._open
         if exc is None and self._transaction._open:  # ended neither way: Chunk raises for it
-            self._probe.ended(ChunkNotEnded(step_execution_id=self._step.execution.id))
+            self._probe.ended(e.ChunkNotEnded(step_execution_id=self._step.execution.id))
         super().__exit__(exc_type, exc, traceback)
         if rolled_back:
             self._probe.ended(exc)
@@ -281,7 +254,7 @@ class StepRun:
         self.state: CommittedStepState | None = None
         if context is None:
             if run.owner is None:  # only partition workers run without the execution's owner
-                raise ExecutionOwnershipLost(id=step.job_execution_id)
+                raise e.ExecutionOwnershipLost(id=step.job_execution_id)
             context = ChunkContext(step.id, step.job_execution_id, run.owner)
         # One pooled connection for all the step's chunks, given back when its work returns
         # (`close`); every chunk commit proves ownership with `context`'s owner token.
@@ -427,11 +400,11 @@ class LoadResult:
 #: SQLSTATE classes of rejections caused by an item's own data: such items are skipped.
 _SKIPPABLE_CLASSES = frozenset({"22", "23"})
 #: Failures after which the same batch may succeed on a fresh transaction.
-_TRANSIENT = (TransientConflict, LockTimeout, Infrastructure)
+_TRANSIENT = (e.TransientConflict, e.LockTimeout, e.Infrastructure)
 #: The fault-state classifier revision `StepRun.load` reserves its retries under.
 _LOAD_REVISION = ClassifierRevision("pybatch-load-1")
 #: How many retry keys a loading step may retain: one per chunk, cleared at its commit.
-_LOAD_STATE_LIMIT = RetryStateLimit(16)
+_LOAD_STATE_LIMIT = fault.RetryStateLimit(16)
 _MAX_CHUNK_SIZE = 1_000_000
 
 
@@ -476,7 +449,7 @@ class _FaultTolerantLoad:
     def __attrs_post_init__(self) -> None:
         for name, low, high in (
             ("chunk_size", 1, _MAX_CHUNK_SIZE),
-            ("retry_limit", 0, RetryOrdinal.MAX.value),
+            ("retry_limit", 0, fault.RetryOrdinal.MAX.value),
             ("skip_limit", 0, INT64_MAX),
         ):
             value = getattr(self, name)
@@ -509,7 +482,7 @@ class _FaultTolerantLoad:
                 failed = None
             try:
                 return self._attempt(start, batch)
-            except ChunkCommitOutcomeUnknown as unknown:
+            except e.ChunkCommitOutcomeUnknown as unknown:
                 # Never redone blindly: only the database knows whether it landed.
                 durable = _position_of(self._durable_state().checkpoint.payload)
                 if durable != start:
@@ -549,7 +522,7 @@ class _FaultTolerantLoad:
                 except _SkipLimitReached:
                     chunk._discard()
                     skips = total + max(len(self.skipped), 1)
-                    raise SkipLimitExceeded(
+                    raise e.SkipLimitExceeded(
                         limit=self.skip_limit, step=step.name, skips=skips
                     ) from None
                 except _HintMissed:  # a line was not its item's: bisect, in a new transaction
@@ -559,7 +532,7 @@ class _FaultTolerantLoad:
                 self._commit(chunk, start, len(batch), self.skipped)
             return start + len(batch)
 
-    def _isolate(self, chunk: Chunk, items: list[tuple[int, Any]], rejection: Rejected) -> None:
+    def _isolate(self, chunk: Chunk, items: list[tuple[int, Any]], rejection: e.Rejected) -> None:
         """Write `items` (rejected as a whole with `rejection`) around the line it names.
 
         A COPY stops at the first line it rejects and names it: the rows before were accepted,
@@ -587,7 +560,7 @@ class _FaultTolerantLoad:
                 return
             items, rejection = after, found
 
-    def _skip(self, position: int, item: Any, rejection: Rejected) -> None:
+    def _skip(self, position: int, item: Any, rejection: e.Rejected) -> None:
         """Record an item that a write of it alone had rejected; past `allowed` skips, stop."""
         key = position if self.key is None else self.key(item)
         self.skipped.append(_skips.SkippedItem(position, _skips.item_key(key), rejection))
@@ -595,7 +568,7 @@ class _FaultTolerantLoad:
             raise _SkipLimitReached()
 
     def _bisect(
-        self, chunk: Chunk, items: list[tuple[int, Any]], rejection: Rejected | None
+        self, chunk: Chunk, items: list[tuple[int, Any]], rejection: e.Rejected | None
     ) -> None:
         """Write each half of `items` (known to hold a rejected item) in a savepoint; recurse.
 
@@ -622,7 +595,9 @@ class _FaultTolerantLoad:
         if found is not None:
             self._bisect(chunk, right, found)
 
-    def _write(self, chunk: Chunk, items: list[Any], *, savepoint: bool = False) -> Rejected | None:
+    def _write(
+        self, chunk: Chunk, items: list[Any], *, savepoint: bool = False
+    ) -> e.Rejected | None:
         """Run `write`; a rejection of the data is returned, every other failure raised."""
         classified = chunk._transaction._classified
         try:
@@ -631,7 +606,7 @@ class _FaultTolerantLoad:
                     self.write(chunk, items)
                 except psycopg.Error as error:  # statements run on chunk.connection directly
                     raise classified(error) from None
-        except Rejected as error:
+        except e.Rejected as error:
             if error.sqlstate[:2] in _SKIPPABLE_CLASSES:
                 return error
             raise
@@ -674,26 +649,26 @@ class _FaultTolerantLoad:
         """
         step = self.step
         state = self._durable_state()
-        policy = RetryPolicy(RetryLimit(self.retry_limit), _LOAD_STATE_LIMIT)
+        policy = RetryPolicy(fault.RetryLimit(self.retry_limit), _LOAD_STATE_LIMIT)
         fault_state = FaultState(step.run.repository, policy)
         fault_state.bind(step._session._context)
-        key = RetryKey.derive(
+        key = fault.RetryKey.derive(
             step.run.definition.digest,
             step.execution.step_name,
-            FaultPhase.WRITE,
+            fault.FaultPhase.WRITE,
             state.checkpoint.generation_digest(),
             start,
         )
-        spent = fault_state.reserved_ordinal(key) or RetryOrdinal.INITIAL
+        spent = fault_state.reserved_ordinal(key) or fault.RetryOrdinal.INITIAL
         retry = spent.value + 1
         if retry > self.retry_limit:
             raise error
         fault_state.reserve(
-            FaultEntry(
+            fault.FaultEntry(
                 key=key,
-                phase=FaultPhase.WRITE,
+                phase=fault.FaultPhase.WRITE,
                 category=FailureCategory.TRANSIENT_INFRASTRUCTURE,
-                ordinal=RetryOrdinal(retry),
+                ordinal=fault.RetryOrdinal(retry),
                 revision=_LOAD_REVISION,
             )
         )
@@ -829,7 +804,7 @@ class JobRun:
         """Record how the run ended; True to swallow `exc` (a requested stop)."""
         lost = self._keeper is not None and self._keeper.lost
         self._stop_renewing()
-        if lost or isinstance(exc, ExecutionOwnershipLost):
+        if lost or isinstance(exc, e.ExecutionOwnershipLost):
             # Another process recovered this execution: record nothing, touch nothing.
             self._log(
                 "pybatch: job execution %s was recovered by another process; this run "
@@ -838,16 +813,16 @@ class JobRun:
                 level=logging.ERROR,
             )
             if exc is None:
-                raise ExecutionOwnershipLost(id=self.execution.id)
+                raise e.ExecutionOwnershipLost(id=self.execution.id)
             return False
-        if isinstance(exc, StopRequested):
+        if isinstance(exc, e.StopRequested):
             self._finish(BatchStatus.STOPPED)
             self.stopped = True
             self._log("pybatch: job execution %s stopped on request", self.execution.id)
             return True
         try:
             self._finish(_ended_as(exc), exc)
-        except PyBatchError:
+        except e.PyBatchError:
             if exc is None:
                 raise
             message = "pybatch: could not record how job execution %s ended"
@@ -884,7 +859,7 @@ class JobRun:
         if self.owner is None:
             current = uow.executions.get(self.execution.id)
             if current is None:
-                raise JobExecutionNotFound(id=self.execution.id)
+                raise e.JobExecutionNotFound(id=self.execution.id)
             return current
         return uow.ownership.verify_owner(self.execution.id, self.owner)
 
@@ -898,7 +873,7 @@ class JobRun:
     def _owned(self) -> OwnerToken:
         """This run's owner token (ExecutionOwnershipLost in a run that owns none)."""
         if self.owner is None:
-            raise ExecutionOwnershipLost(id=self.execution.id)
+            raise e.ExecutionOwnershipLost(id=self.execution.id)
         return self.owner
 
     def _reason(self, status: BatchStatus, error: BaseException | None) -> FailureReason | None:
@@ -927,11 +902,11 @@ class JobRun:
             return
         if self._terminated:
             self._log("pybatch: job execution %s stops on SIGTERM", self.execution.id)
-            raise StopRequested(id=self.execution.id)
+            raise e.StopRequested(id=self.execution.id)
         if keeper.lost:
-            raise ExecutionOwnershipLost(id=self.execution.id)
+            raise e.ExecutionOwnershipLost(id=self.execution.id)
         if keeper.stop_requested:
-            raise StopRequested(id=self.execution.id)
+            raise e.StopRequested(id=self.execution.id)
 
     def step(
         self,
@@ -970,7 +945,7 @@ class JobRun:
         """End the step STOPPED or FAILED (`_ended_as`) if its work raises; the error propagates."""
         try:
             yield
-        except ExecutionOwnershipLost:
+        except e.ExecutionOwnershipLost:
             raise  # the step belongs to the recovered execution now: leave it alone
         except BaseException as error:
             status = _ended_as(error)
@@ -1074,18 +1049,18 @@ class JobRun:
         deciders = deciders or {}
         while True:
             if node in visited:
-                raise FlowStateCorrupt()
+                raise e.FlowStateCorrupt()
             visited.add(node)
             if node in deciders:
                 target = self.decide(node, deciders[node])
             else:
                 target = self.next_after(self.step(node, steps[node]))
             if target.terminal is TerminalKind.FAIL:
-                raise FlowEndedInFailure(node_id=node)
+                raise e.FlowEndedInFailure(node_id=node)
             if target.terminal is not None:
                 return target.terminal
             if target.node is None:  # a FlowTarget is a node or a terminal; never reached
-                raise FlowStateCorrupt()
+                raise e.FlowStateCorrupt()
             node = target.node.value
 
 
@@ -1096,7 +1071,7 @@ def _ended_as(error: BaseException | None) -> BatchStatus:
     """
     if error is None:
         return BatchStatus.COMPLETED
-    if isinstance(error, StopRequested) or not isinstance(error, Exception):
+    if isinstance(error, e.StopRequested) or not isinstance(error, Exception):
         return BatchStatus.STOPPED
     return BatchStatus.FAILED
 
@@ -1157,7 +1132,7 @@ class Job:
         if run_id is not None:
             # A COMPLETED instance never runs again; a new run id names a new instance.
             if type(run_id) is not int or not 1 <= run_id <= INT64_MAX:
-                raise RunIdInvalid()
+                raise e.RunIdInvalid()
             run = JobParameters.of({RUN_ID_PARAMETER: run_id})
             parameters = JobParameters.from_pairs([*parameters.entries, *run.entries])
         self.key = JobInstanceKey(JobName(name), parameters)
@@ -1198,7 +1173,7 @@ class Job:
                     lambda uow: uow.definitions.register(key.job_name, definition)
                 )
                 continue
-            active = ExecutionAlreadyActive(
+            active = e.ExecutionAlreadyActive(
                 instance_id=blocking.job_instance_id,
                 execution_id=blocking.id,
                 status=blocking.status.value,
@@ -1274,7 +1249,7 @@ def _lease_from_environment() -> ExecutionLease:
     try:
         return ExecutionLease(_dt.timedelta(seconds=float(text)))
     except (ValueError, OverflowError):
-        raise EnvironmentValueInvalid(
+        raise e.EnvironmentValueInvalid(
             variable=LEASE_ENVIRONMENT, expected="lease in seconds (1 to 3600)"
         ) from None
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+import attrs
+
 from pybatch._codecs import _primitives as p
 from pybatch._codecs import steps
 from pybatch._codecs._jsonb import CanonicalJsonb
@@ -31,11 +33,8 @@ _EMPTY_FAULT_STATE_CHECKSUM = FaultStateEnvelope.EMPTY.checksum()
 
 #: Columns `decode_committed_step_state` reads.
 COMMITTED_STEP_STATE_COLUMNS = (
-    *("id", "job_execution_id", "status", "version"),
-    *steps.COUNT_COLUMNS,
-    *steps.CHECKPOINT_COLUMNS,
-    *steps.CONTEXT_COLUMNS,
-    *FAULT_STATE_COLUMNS,
+    *("id", "job_execution_id", "status", "version", *steps.COUNT_COLUMNS),
+    *(*steps.CHECKPOINT_COLUMNS, *steps.CONTEXT_COLUMNS, *FAULT_STATE_COLUMNS),
 )
 
 
@@ -76,10 +75,7 @@ def encode_chunk_commit(
         "context_schema": state_context.schema.value,
         "context_schema_version": state_context.schema_version,
         "context_payload": _canonical_jsonb(state_context.payload_json()),
-        "read_skips": progress.read_skips,
-        "process_skips": progress.process_skips,
-        "write_skips": progress.write_skips,
-        "no_rollbacks": progress.no_rollbacks,
+        **attrs.asdict(progress),  # read_skips, process_skips, write_skips, no_rollbacks
         "fault_state_payload": _EMPTY_FAULT_STATE_PAYLOAD,
         "fault_state_checksum": _EMPTY_FAULT_STATE_CHECKSUM,
     }

@@ -17,9 +17,7 @@ from pybatch.values.status import BatchStatus
 JOB_EXECUTION_COLUMNS = (
     *("id", "job_instance_id", "definition_id", "upgrade_from_definition_id"),
     *("restart_of_execution_id", "attempt", "status", "exit_code"),
-    *lifecycle.FAILURE_COLUMNS,
-    *lifecycle.INSTANT_COLUMNS,
-    "version",
+    *(*lifecycle.FAILURE_COLUMNS, *lifecycle.INSTANT_COLUMNS, "version"),
 )
 
 _I32_MAX = 2**31 - 1

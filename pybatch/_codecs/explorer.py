@@ -34,8 +34,7 @@ INSTANCE_PROJECTION_COLUMNS = (
 )
 EXECUTION_PROJECTION_COLUMNS = (
     *("id", "job_instance_id", "job_name", "attempt", "status", "exit_code"),
-    *FAILURE_COLUMNS,
-    *INSTANT_COLUMNS,
+    *(*FAILURE_COLUMNS, *INSTANT_COLUMNS),
     *("stop_requested_at", "stop_requested_by", "version", "definition_revision"),
     *("manifest_format", "manifest_digest", *_envelope_columns("context"), *COUNT_COLUMNS),
     *("owner_host", "identifying_parameters", "owner_recorded"),
@@ -54,9 +53,11 @@ _KINDS = {kind.json_tag: kind for kind in ParameterValueKind}
 def _count(value: object, *, column: str) -> int:
     """A stored counter or a derived (numeric) total, 0..2**63-1."""
     if isinstance(value, decimal.Decimal):
-        if not value.is_finite() or value != value.to_integral_value():
-            raise p.DecodeError(column)
-        if not 0 <= value <= INT64_MAX:
+        if (
+            not value.is_finite()
+            or value != value.to_integral_value()
+            or not 0 <= value <= INT64_MAX
+        ):
             raise p.DecodeError(column)
         return int(value)
     return p.decode_int64(value, column=column, minimum=0)

@@ -19,10 +19,8 @@ PARTITION_HEAD_COLUMNS = tuple(
     " exit_code".split()
 )
 STEP_PARTITION_COLUMNS = (
-    *PARTITION_HEAD_COLUMNS,
-    *steps.COUNT_COLUMNS,
-    *steps.CONTEXT_COLUMNS,
-    *("context_checksum", "version"),
+    *(*PARTITION_HEAD_COLUMNS, *steps.COUNT_COLUMNS),
+    *(*steps.CONTEXT_COLUMNS, "context_checksum", "version"),
 )
 
 

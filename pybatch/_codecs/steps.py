@@ -32,13 +32,8 @@ CONTEXT_COLUMNS = tuple(f"context_{part}" for part in _STATE_PARTS)
 STEP_HEAD_COLUMNS = tuple("id job_execution_id step_name step_logical_id status exit_code".split())
 #: Columns `decode_step_execution` reads (fault-state columns belong to the fault-state codec).
 STEP_EXECUTION_COLUMNS = (
-    *STEP_HEAD_COLUMNS,
-    *COUNT_COLUMNS,
-    *CHECKPOINT_COLUMNS,
-    *CONTEXT_COLUMNS,
-    *lifecycle.FAILURE_COLUMNS,
-    *lifecycle.INSTANT_COLUMNS,
-    "version",
+    *(*STEP_HEAD_COLUMNS, *COUNT_COLUMNS, *CHECKPOINT_COLUMNS, *CONTEXT_COLUMNS),
+    *(*lifecycle.FAILURE_COLUMNS, *lifecycle.INSTANT_COLUMNS, "version"),
     *(column for _, column in _FAULT_COUNT_COLUMNS),
 )
 

@@ -4,19 +4,12 @@ from __future__ import annotations
 
 from functools import partial
 
+from pybatch import errors as e
 from pybatch._clock import Clock
+from pybatch._codecs import _primitives as p
 from pybatch._codecs._jsonb import to_jsonb
-from pybatch._codecs._primitives import decode_digest, decode_int64
 from pybatch._repository._capability import Capability
 from pybatch._statements import Connection, Statements
-from pybatch.errors import (
-    ConcurrentModification,
-    DefinitionDrift,
-    DefinitionJobMismatch,
-    DefinitionUpgradeConflict,
-    Unavailable,
-    UnsupportedManifestVersion,
-)
 from pybatch.values.definitions import DefinitionIdentity, DefinitionUpgrade
 from pybatch.values.flow import check_flow_graph_bounds
 from pybatch.values.names import JobName
@@ -32,15 +25,15 @@ def ensure_definition(
     beyond the flow-graph bounds).
     """
     if definition.job_name is not None and definition.job_name != job_name:
-        raise DefinitionJobMismatch(expected=job_name.value, actual=definition.job_name.value)
+        raise e.DefinitionJobMismatch(expected=job_name.value, actual=definition.job_name.value)
     if not 1 <= definition.manifest_format <= 3:
-        raise UnsupportedManifestVersion(format=definition.manifest_format)
+        raise e.UnsupportedManifestVersion(format=definition.manifest_format)
     try:
         manifest = definition.manifest()
     except ValueError:
-        raise Unavailable() from None
+        raise e.Unavailable() from None
     if not isinstance(manifest, dict):
-        raise Unavailable()
+        raise e.Unavailable()
     names = {"job_name": job_name.value, "definition_revision": definition.revision.value}
     # The revision is checked first and on its own, so a drifted revision whose new digest
     # already exists under another revision is still reported as DefinitionDrift.
@@ -58,7 +51,7 @@ def ensure_definition(
         now=clock.now(),
     )
     if inserted is not None:
-        return decode_int64(inserted["id"], column="id", minimum=1)
+        return p.decode_int64(inserted["id"], column="id", minimum=1)
     # A concurrent registration won one of the two unique constraints: read back which.
     if (known := _definition_for_revision(q, conn, names, definition)) is not None:
         return known
@@ -66,8 +59,8 @@ def ensure_definition(
         conn, job_name=job_name.value, manifest_digest=definition.digest
     )
     if by_digest is None:
-        raise ConcurrentModification()
-    return decode_int64(by_digest["id"], column="id", minimum=1)
+        raise e.ConcurrentModification()
+    return p.decode_int64(by_digest["id"], column="id", minimum=1)
 
 
 def _definition_for_revision(
@@ -75,9 +68,9 @@ def _definition_for_revision(
 ) -> int | None:
     if (row := q.find_job_definition_by_revision.one(conn, **names)) is None:
         return None
-    if decode_digest(row["manifest_digest"], column="manifest_digest") != definition.digest:
-        raise DefinitionDrift(job_name=names["job_name"], revision=names["definition_revision"])
-    return decode_int64(row["id"], column="id", minimum=1)
+    if p.decode_digest(row["manifest_digest"], column="manifest_digest") != definition.digest:
+        raise e.DefinitionDrift(job_name=names["job_name"], revision=names["definition_revision"])
+    return p.decode_int64(row["id"], column="id", minimum=1)
 
 
 class Definitions(Capability):
@@ -92,7 +85,7 @@ class Definitions(Capability):
         Raises `ensure_definition`'s errors, then DefinitionUpgradeConflict (other content, or
         the key is taken).
         """
-        conflict = partial(DefinitionUpgradeConflict, job_name=job_name.value)
+        conflict = partial(e.DefinitionUpgradeConflict, job_name=job_name.value)
         overrides = {"definition_upgrade_target_key_unique": conflict}
         with self._operation(overrides=overrides) as (q, conn):
             clock = self._uow.clock

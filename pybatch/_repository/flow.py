@@ -4,18 +4,12 @@ from __future__ import annotations
 
 import attrs
 
-from pybatch._codecs._primitives import (
-    DecodeError,
-    decode_digest,
-    decode_int64,
-    decode_json_object,
-    returned,
-)
+from pybatch import errors as e
+from pybatch._codecs import _primitives as p
 from pybatch._codecs.flow import decode_flow_decision, encode_flow_decision_request
 from pybatch._codecs.steps import decode_step_execution
 from pybatch._repository import _capability, steps
 from pybatch._statements import Row
-from pybatch.errors import ConcurrentModification, FlowStateCorrupt, JobExecutionNotFound
 from pybatch.values import flow
 from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.names import NodeId, StepName
@@ -90,7 +84,7 @@ class Flow(_capability.Capability):
             if step_id is None:
                 return None
             step = decode_step_execution(
-                returned(q.get_step_execution.one(conn, step_execution_id=step_id))
+                p.returned(q.get_step_execution.one(conn, step_execution_id=step_id))
             )
             return flow.FlowStepState(node_id, step, step.context)
 
@@ -105,16 +99,16 @@ class Flow(_capability.Capability):
             execution_id = request.job_execution_id
             plan = q.get_job_execution_flow_plan.one(conn, job_execution_id=execution_id)
             if plan is None:
-                raise JobExecutionNotFound(id=execution_id)
+                raise e.JobExecutionNotFound(id=execution_id)
             try:
-                digest = decode_digest(plan["manifest_digest"], column="manifest_digest")
-                manifest = decode_json_object(plan["manifest"], column="manifest")
-            except DecodeError:
-                raise FlowStateCorrupt() from None
+                digest = p.decode_digest(plan["manifest_digest"], column="manifest_digest")
+                manifest = p.decode_json_object(plan["manifest"], column="manifest")
+            except p.DecodeError:
+                raise e.FlowStateCorrupt() from None
             if digest != request.plan_fingerprint or not flow.decision_matches_manifest(
                 manifest, request
             ):
-                raise FlowStateCorrupt()
+                raise e.FlowStateCorrupt()
             node = request.source_node_id.value
             if request.source_step_execution_id is not None:
                 source_matches = q.flow_source_step_matches.scalar(
@@ -124,9 +118,9 @@ class Flow(_capability.Capability):
                     node_id=node,
                 )
                 if source_matches is not True:
-                    raise FlowStateCorrupt()
+                    raise e.FlowStateCorrupt()
             elif request.kind not in _SOURCELESS_KINDS:
-                raise FlowStateCorrupt()
+                raise e.FlowStateCorrupt()
             params = encode_flow_decision_request(request)
             if request.reused_decision_id is not None:
                 reused_matches = q.flow_reused_decision_matches.scalar(
@@ -141,10 +135,10 @@ class Flow(_capability.Capability):
                     terminal_kind=params["terminal_kind"],
                 )
                 if reused_matches is not True:
-                    raise FlowStateCorrupt()
+                    raise e.FlowStateCorrupt()
             if (row := q.insert_flow_decision.one(conn, **params)) is None:
-                raise ConcurrentModification()
-            decision_id = decode_int64(row["id"], column="id", minimum=1)
+                raise e.ConcurrentModification()
+            decision_id = p.decode_int64(row["id"], column="id", minimum=1)
             return flow.FlowDecision(id=decision_id, **attrs.asdict(request, recurse=False))
 
     def find_reusable_decision(

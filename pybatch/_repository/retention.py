@@ -12,33 +12,14 @@ from typing import Any
 
 import attrs
 
-from pybatch._codecs._primitives import (
-    DecodeError,
-    aware_at,
-    decode_int64,
-    digest_at,
-    enum_at,
-    int64_at,
-    returned,
-)
+from pybatch._codecs import _primitives as p
 from pybatch._repository._capability import Capability
 from pybatch._repository.audit_chain import link_audit_record
 from pybatch._statements import Row
 from pybatch.errors import RetentionPlanStale
+from pybatch.values import retention
 from pybatch.values.audit import AuditRecordKind
 from pybatch.values.names import ActorRef, OperationId, ReasonCode
-from pybatch.values.retention import (
-    PurgeCandidate,
-    PurgeCounts,
-    PurgePlan,
-    PurgePlanRequest,
-    PurgeSurvey,
-    RetentionAction,
-    RetentionRecord,
-    RetentionRecordDraft,
-    candidate_encoding,
-    candidate_order,
-)
 from pybatch.values.status import BatchStatus
 
 
@@ -58,22 +39,24 @@ class PurgedAuditRecords:
 class PurgeResult:
     """Rows actually deleted, and which audit records were among them."""
 
-    counts: PurgeCounts
+    counts: retention.PurgeCounts
     audit_records: PurgedAuditRecords
 
 
 #: Each PurgeCounts field and the retention_action column that stores it.
-_COUNT_COLUMNS = tuple((name, f"deleted_{name}") for name in attrs.fields_dict(PurgeCounts))
+_COUNT_COLUMNS = tuple(
+    (name, f"deleted_{name}") for name in attrs.fields_dict(retention.PurgeCounts)
+)
 
 #: The rows a purge counts under each execution it removes (survey and delete alike).
 _HISTORY_ROW_COUNTS = tuple(name for name, _ in _COUNT_COLUMNS[:5])
 
 
-def _decode_record(row: Any) -> RetentionRecord:
+def _decode_record(row: Any) -> retention.RetentionRecord:
     try:
-        return RetentionRecord(
+        return retention.RetentionRecord(
             id=_int(row, "id"),
-            action=enum_at(RetentionAction, row, "action"),
+            action=p.enum_at(retention.RetentionAction, row, "action"),
             operation_id=OperationId(row["operation_id"]),
             actor=ActorRef(row["actor_ref"]),
             reason=ReasonCode(row["reason_code"]),
@@ -81,12 +64,14 @@ def _decode_record(row: Any) -> RetentionRecord:
             job_instance_id=row["job_instance_id"],
             plan_digest=None if row["plan_digest"] is None else bytes(row["plan_digest"]),
             batch_bound=row["batch_bound"],
-            counts=PurgeCounts(**{name: int(row[column]) for name, column in _COUNT_COLUMNS}),
+            counts=retention.PurgeCounts(
+                **{name: int(row[column]) for name, column in _COUNT_COLUMNS}
+            ),
             outcome=str(row["outcome_class"]),
-            applied_at=aware_at(row, "applied_at"),
+            applied_at=p.aware_at(row, "applied_at"),
         )
     except (ValueError, TypeError) as error:
-        raise DecodeError("retention_action") from error
+        raise p.DecodeError("retention_action") from error
 
 
 #: Before every possible instant: the keyset start of a survey.
@@ -94,28 +79,28 @@ _EPOCH = _dt.datetime(1, 1, 1, tzinfo=_dt.UTC)
 
 
 def _int(row: Row, column: str, minimum: int = 0) -> int:
-    return int64_at(row, column, minimum)
+    return p.int64_at(row, column, minimum)
 
 
 def _sum(row: Row, column: str) -> int:
     """A SUM over bigint columns (numeric in PostgreSQL, a Decimal here) as an int."""
     value = row[column]
     if not isinstance(value, int | Decimal) or value < 0 or value != int(value):
-        raise DecodeError(column)
+        raise p.DecodeError(column)
     return int(value)
 
 
 def _decode_ids(row: Row, column: str) -> tuple[int, ...]:
     value = row[column]
     if not isinstance(value, list):
-        raise DecodeError(column)
-    return tuple(decode_int64(item, column=column, minimum=1) for item in value)
+        raise p.DecodeError(column)
+    return tuple(p.decode_int64(item, column=column, minimum=1) for item in value)
 
 
 class Retention(Capability):
     def find_action(
-        self, action: RetentionAction, operation_id: OperationId
-    ) -> RetentionRecord | None:
+        self, action: retention.RetentionAction, operation_id: OperationId
+    ) -> retention.RetentionRecord | None:
         """The recorded retention request of (action, operation id), or None."""
         with self._operation() as (q, conn):
             row = q.find_retention_action.one(
@@ -123,16 +108,16 @@ class Retention(Capability):
             )
             return None if row is None else _decode_record(row)
 
-    def purge_batches(self, operation_base: str) -> tuple[int, PurgeCounts]:
+    def purge_batches(self, operation_base: str) -> tuple[int, retention.PurgeCounts]:
         """How many batches a purge recorded under `operation_base`, and what they deleted."""
         with self._operation() as (q, conn):
             row = q.find_purge_batches.one(conn, operation_prefix=f"{operation_base}:")
             if row is None:
-                raise DecodeError("retention_action")
+                raise p.DecodeError("retention_action")
             counts = {name: _sum(row, column) for name, column in _COUNT_COLUMNS}
-            return _int(row, "batches"), PurgeCounts(**counts)
+            return _int(row, "batches"), retention.PurgeCounts(**counts)
 
-    def append_action(self, draft: RetentionRecordDraft) -> RetentionRecord:
+    def append_action(self, draft: retention.RetentionRecordDraft) -> retention.RetentionRecord:
         """Append a retention audit row and its chain link (ConcurrentModification: recorded)."""
         with self._operation() as (q, conn):
             counts = draft.counts.as_dict()
@@ -150,13 +135,13 @@ class Retention(Capability):
                 applied_at=draft.applied_at,
                 **{column: counts[name] for name, column in _COUNT_COLUMNS},
             )
-            record_id = _int(returned(row), "id", 1)
+            record_id = _int(p.returned(row), "id", 1)
             link_audit_record(q, conn, AuditRecordKind.RETENTION_ACTION, record_id)
-            return RetentionRecord(id=record_id, **attrs.asdict(draft, recurse=False))
+            return retention.RetentionRecord(id=record_id, **attrs.asdict(draft, recurse=False))
 
     def survey(
-        self, request: PurgePlanRequest, after: tuple[_dt.datetime, int] | None = None
-    ) -> PurgeSurvey:
+        self, request: retention.PurgePlanRequest, after: tuple[_dt.datetime, int] | None = None
+    ) -> retention.PurgeSurvey:
         """The next batch of whole instance histories to purge, oldest first (read-only).
 
         An instance larger than the batch bound is taken alone. The cutoff is the server's
@@ -173,27 +158,31 @@ class Retention(Capability):
                 after_instance_id=0 if after is None else after[1],
             )
             if not rows:
-                return PurgeSurvey((), PurgeCounts())
-            candidates: list[PurgeCandidate] = []
+                return retention.PurgeSurvey((), retention.PurgeCounts())
+            candidates: list[retention.PurgeCandidate] = []
             final: dict[int, BatchStatus] = {}
             for row in rows:
                 instance_id = _int(row, "job_instance_id", 1)
                 execution_id = _int(row, "job_execution_id", 1)
-                candidates.append(PurgeCandidate(instance_id, execution_id, _int(row, "version")))
+                candidates.append(
+                    retention.PurgeCandidate(instance_id, execution_id, _int(row, "version"))
+                )
                 if instance_id not in final:
-                    final[instance_id] = enum_at(BatchStatus, row, "status")
-            candidates.sort(key=candidate_order)
+                    final[instance_id] = p.enum_at(BatchStatus, row, "status")
+            candidates.sort(key=retention.candidate_order)
             # Rows come oldest first: the last one is the keyset position of the batch.
             last = rows[-1]
-            last_key = (aware_at(last, "updated_at"), _int(last, "job_instance_id", 1))
-            counts = PurgeCounts(
+            last_key = (p.aware_at(last, "updated_at"), _int(last, "job_instance_id", 1))
+            counts = retention.PurgeCounts(
                 **{name: _int(rows[0], name) for name in _HISTORY_ROW_COUNTS},
                 job_executions=len(candidates),
                 job_instances=len(final),
             )
-            return PurgeSurvey(tuple(candidates), counts, tuple(sorted(final.items())), last_key)
+            return retention.PurgeSurvey(
+                tuple(candidates), counts, tuple(sorted(final.items())), last_key
+            )
 
-    def apply_purge(self, plan: PurgePlan) -> PurgeResult:
+    def apply_purge(self, plan: retention.PurgePlan) -> PurgeResult:
         """Delete exactly the plan's histories, or nothing (RetentionPlanStale).
 
         Race: instances, then executions, are locked FOR UPDATE in id order, so a concurrent
@@ -206,27 +195,27 @@ class Retention(Capability):
         with self._operation() as (q, conn):
             now = self._uow.clock.now()
             if plan.is_empty():
-                return PurgeResult(PurgeCounts(), PurgedAuditRecords())
+                return PurgeResult(retention.PurgeCounts(), PurgedAuditRecords())
             instance_ids = plan.instance_ids
-            locked = returned(q.lock_purge_instances.one(conn, instance_ids=instance_ids))
+            locked = p.returned(q.lock_purge_instances.one(conn, instance_ids=instance_ids))
             if _int(locked, "found") != len(instance_ids) or _int(locked, "held") != 0:
                 raise RetentionPlanStale()
-            check = returned(
+            check = p.returned(
                 q.lock_purge_executions.one(
                     conn,
                     instance_ids=instance_ids,
                     statuses=[status.value for status in plan.request.statuses.ordered()],
                 )
             )
-            expected = hashlib.sha256(candidate_encoding(plan.candidates)).digest()
+            expected = hashlib.sha256(retention.candidate_encoding(plan.candidates)).digest()
             if (
-                digest_at(check, "candidates_digest") != expected
+                p.digest_at(check, "candidates_digest") != expected
                 or _int(check, "unresolved") != 0
                 or _int(check, "not_requested") != 0
             ):
                 raise RetentionPlanStale()
             forget = plan.request.forget_instances
-            deleted = returned(
+            deleted = p.returned(
                 q.delete_purge_histories.one(
                     conn,
                     execution_ids=[candidate.job_execution_id for candidate in plan.candidates],
@@ -235,7 +224,7 @@ class Retention(Capability):
                     tombstone=not forget,
                 )
             )
-            counts = PurgeCounts(
+            counts = retention.PurgeCounts(
                 **{name: _int(deleted, name) for name in (*_HISTORY_ROW_COUNTS, "job_executions")}
             )
             audit_records = PurgedAuditRecords(

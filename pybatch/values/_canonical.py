@@ -152,17 +152,18 @@ def sha256(data: bytes) -> bytes:
 class CanonicalWriter:
     """Length-prefixed fields and big-endian u64s (request, plan digests): lists never collide."""
 
-    def __init__(self, tag: str) -> None:
+    def __init__(self, tag: str, *texts: str) -> None:
         self._parts: list[bytes] = []
-        self.text(tag)
+        self.text(tag, *texts)
 
     def bytes_(self, value: bytes) -> None:
         """A length-prefixed byte string."""
         self._parts.append(struct.pack(">Q", len(value)) + value)
 
-    def text(self, value: str) -> None:
-        """A length-prefixed UTF-8 string."""
-        self.bytes_(value.encode("utf-8"))
+    def text(self, *values: str) -> None:
+        """Length-prefixed UTF-8 strings, in order."""
+        for value in values:
+            self.bytes_(value.encode("utf-8"))
 
     def u64(self, value: int) -> None:
         """A big-endian u64."""

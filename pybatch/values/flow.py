@@ -224,7 +224,6 @@ def select_flow_target(
 
 def decision_matches_manifest(manifest: Mapping[str, Any], request: FlowDecisionRequest) -> bool:
     """Whether the manifest's first matching transition leads where the request says."""
-    target = select_flow_target(
+    return request.target == select_flow_target(
         manifest, request.source_node_id, request.kind, request.observed_outcome
     )
-    return target is not None and target == request.target

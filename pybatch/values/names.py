@@ -13,7 +13,6 @@ from typing import ClassVar, NoReturn
 import attrs
 
 from pybatch import errors as e
-from pybatch.errors import TextRule
 
 #: Characters with the Unicode White_Space property (what Rust's `str::trim` strips). Python's
 #: `str.strip()` also strips U+001C..U+001F, which would change the reported error.
@@ -30,19 +29,19 @@ _CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f-\x9f]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def first_violation(value: str, max_bytes: int) -> tuple[TextRule | None, int] | None:
+def first_violation(value: str, max_bytes: int) -> tuple[e.TextRule | None, int] | None:
     """The first broken rule and a control character's index; (None, 0) is a lone surrogate."""
     if type(value) is not str:
         raise TypeError("a validated text value takes a str")
     if not value:
-        return (TextRule.EMPTY, 0)
+        return (e.TextRule.EMPTY, 0)
     # surrogatepass: a lone surrogate counts its 3 bytes here and is refused below.
     if len(value.encode("utf-8", "surrogatepass")) > max_bytes:
-        return (TextRule.TOO_LONG, 0)
+        return (e.TextRule.TOO_LONG, 0)
     if value[0] in UNICODE_WHITE_SPACE or value[-1] in UNICODE_WHITE_SPACE:
-        return (TextRule.SURROUNDING_WHITESPACE, 0)
+        return (e.TextRule.SURROUNDING_WHITESPACE, 0)
     if (control := _CONTROL_CHARACTER.search(value)) is not None:
-        return (TextRule.CONTROL_CHARACTER, control.start())
+        return (e.TextRule.CONTROL_CHARACTER, control.start())
     return (None, 0) if _SURROGATE.search(value) else None
 
 
@@ -63,11 +62,11 @@ class _Text:
         violation = first_violation(value, cls._MAX_BYTES)
         if violation is not None:
             rule, index = violation
-            bound = cls._MAX_BYTES if rule is TextRule.TOO_LONG else None
-            cls._refuse(rule, bound, index if rule is TextRule.CONTROL_CHARACTER else None)
+            bound = cls._MAX_BYTES if rule is e.TextRule.TOO_LONG else None
+            cls._refuse(rule, bound, index if rule is e.TextRule.CONTROL_CHARACTER else None)
 
     @classmethod
-    def _refuse(cls, rule: TextRule | None, bound: int | None, index: int | None) -> NoReturn:
+    def _refuse(cls, rule: e.TextRule | None, bound: int | None, index: int | None) -> NoReturn:
         """Raise the error of a broken `rule` (None: a lone surrogate, not UTF-8)."""
         if rule is None:
             raise e.TextNotUtf8(kind=f"{cls._KIND} name")
@@ -122,7 +121,7 @@ class _DefinitionToken(_Text):
     _KIND = "definition token"
 
     @classmethod
-    def _refuse(cls, rule: TextRule | None, bound: int | None, index: int | None) -> NoReturn:
+    def _refuse(cls, rule: e.TextRule | None, bound: int | None, index: int | None) -> NoReturn:
         if rule is None:
             raise e.TextNotUtf8(kind=cls._KIND)
         raise e.TokenInvalid(kind=cls._KIND, rule=rule, max_bytes=bound)
@@ -158,7 +157,7 @@ class StateSchemaId(_DefinitionToken):
     _KIND = "state schema identifier"
 
     @classmethod
-    def _refuse(cls, rule: TextRule | None, bound: int | None, index: int | None) -> NoReturn:
+    def _refuse(cls, rule: e.TextRule | None, bound: int | None, index: int | None) -> NoReturn:
         if rule is not None:
             raise e.SchemaIdInvalid(rule=rule, max_bytes=bound)
         super()._refuse(rule, bound, index)
@@ -174,13 +173,13 @@ class _RequestField(_Text):
         if type(value) is not str:
             raise TypeError("a validated text value takes a str")
         if not value:
-            raise e.RequestFieldInvalid(field=cls._KIND, rule=TextRule.EMPTY)
+            raise e.RequestFieldInvalid(field=cls._KIND, rule=e.TextRule.EMPTY)
         if len(value.encode("utf-8", "surrogatepass")) > cls._MAX_BYTES:
             raise e.RequestFieldInvalid(
-                field=cls._KIND, rule=TextRule.TOO_LONG, max_bytes=cls._MAX_BYTES
+                field=cls._KIND, rule=e.TextRule.TOO_LONG, max_bytes=cls._MAX_BYTES
             )
         if cls._CHARSET.fullmatch(value) is None:
-            raise e.RequestFieldInvalid(field=cls._KIND, rule=TextRule.INVALID_CHARACTER)
+            raise e.RequestFieldInvalid(field=cls._KIND, rule=e.TextRule.INVALID_CHARACTER)
 
 
 class ActorRef(_RequestField):

@@ -98,9 +98,7 @@ class OperatorRejection:
         default=None, kw_only=True, validator=maybe(BatchStatus)
     )
     execution_id: ids.JobExecutionId | None = attrs.field(
-        default=None,
-        kw_only=True,
-        validator=ids.IdentifierKind.JOB_EXECUTION.optional,
+        default=None, kw_only=True, validator=ids.IdentifierKind.JOB_EXECUTION.optional
     )
 
     def __attrs_post_init__(self) -> None:
@@ -187,22 +185,18 @@ class RequestDigest:
         arguments: DefinitionIdentity | RecoveryArguments | None = None,
     ) -> RequestDigest:
         """Digest a request; `arguments`: a launch's definition, a recovery's arguments or None."""
-        writer = CanonicalWriter(REQUEST_DIGEST_DOMAIN)
-        writer.text(action.value)
-        writer.text(target.value)
+        writer = CanonicalWriter(REQUEST_DIGEST_DOMAIN, action.value, target.value)
         expected = None if expected_version is None else ids.check_version(expected_version)
         writer.optional_u64(expected)
         writer.text("" if reason is None else reason.value)
         if arguments is None:
             writer.text("NONE")
         elif isinstance(arguments, DefinitionIdentity):
-            writer.text("DEFINITION")
-            writer.text(arguments.revision.value)
+            writer.text("DEFINITION", arguments.revision.value)
             writer.bytes_(arguments.digest)
         else:
             request = arguments.request
-            writer.text("RECOVERY")
-            writer.text(request.status.value)
+            writer.text("RECOVERY", request.status.value)
             writer.bytes_(request.evidence_digest)
             writer.u64(int(arguments.unknown_commit))
             failure: FailureSummary | None = request.failure

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import attrs
 
 from pybatch import errors as e
@@ -25,18 +27,13 @@ RESULT_STATUSES = frozenset(
 def _check_key(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
     if type(value) is not str:
         raise TypeError("a partition key is a str")
+    refuse = partial(e.NameInvalid, kind="partition key")
     if not value:
-        raise e.NameInvalid(kind="partition key", rule=e.TextRule.EMPTY)
+        raise refuse(rule=e.TextRule.EMPTY)
     if len(value.encode("utf-8", "surrogatepass")) > _KEY_MAX_BYTES:
-        raise e.NameInvalid(
-            kind="partition key", rule=e.TextRule.TOO_LONG, max_bytes=_KEY_MAX_BYTES
-        )
+        raise refuse(rule=e.TextRule.TOO_LONG, max_bytes=_KEY_MAX_BYTES)
     if "\x00" in value:
-        raise e.NameInvalid(
-            kind="partition key",
-            rule=e.TextRule.CONTROL_CHARACTER,
-            character_index=value.index("\x00"),
-        )
+        raise refuse(rule=e.TextRule.CONTROL_CHARACTER, character_index=value.index("\x00"))
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:

@@ -9,7 +9,6 @@ import attrs
 
 from pybatch import _config as config
 from pybatch import errors as e
-from pybatch.errors import TextRule
 from pybatch.values.ids import IdentifierKind, aware_utc, digest, version
 from pybatch.values.names import first_violation
 from pybatch.values.records import JobExecution
@@ -18,13 +17,12 @@ from pybatch.values.status import BatchStatus, FailureSummary
 
 def _check_text(field: str, value: str, max_bytes: int) -> None:
     """The names' rules in their order (values/names.py), refused as the recovery's error."""
-    violation = first_violation(value, max_bytes)
-    if violation is None:
+    if (violation := first_violation(value, max_bytes)) is None:
         return
     rule = violation[0]
     if rule is None:
         raise e.TextNotUtf8(kind=f"recovery {field}")
-    bound = max_bytes if rule is TextRule.TOO_LONG else None
+    bound = max_bytes if rule is e.TextRule.TOO_LONG else None
     raise e.RecoveryFieldInvalid(field=field, rule=rule, max_bytes=bound)
 
 

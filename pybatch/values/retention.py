@@ -149,10 +149,8 @@ class PurgePlan:
     def new(cls, request: PurgePlanRequest, survey: PurgeSurvey) -> PurgePlan:
         """Seal a survey with the plan digest of docs/contract.md, Retention vocabulary."""
         candidates = tuple(sorted(survey.candidates, key=candidate_order))
-        writer = CanonicalWriter(PLAN_DIGEST_DOMAIN)
-        writer.text(request.job_name.value)
-        for status in request.statuses.ordered():
-            writer.text(status.value)
+        writer = CanonicalWriter(PLAN_DIGEST_DOMAIN, request.job_name.value)
+        writer.text(*(status.value for status in request.statuses.ordered()))
         writer.u64(int(request.minimum_age.total_seconds()))
         writer.u64(request.batch.value)
         writer.raw(candidate_encoding(candidates))
@@ -196,11 +194,7 @@ class RetentionHold:
 
 def retention_request_digest(action: RetentionAction, target: str, reason: ReasonCode) -> bytes:
     """The retention request digest: action, target and reason, not the actor."""
-    writer = CanonicalWriter(RETENTION_DIGEST_DOMAIN)
-    writer.text(action.value)
-    writer.text(target)
-    writer.text(reason.value)
-    return writer.digest()
+    return CanonicalWriter(RETENTION_DIGEST_DOMAIN, action.value, target, reason.value).digest()
 
 
 @attrs.frozen(kw_only=True)

@@ -38,9 +38,7 @@ class BatchStatus(Code):
 
 
 _ACTIVE = frozenset({BatchStatus.STARTING, BatchStatus.STARTED, BatchStatus.STOPPING})
-_FINISHED = frozenset(
-    {BatchStatus.STOPPED, BatchStatus.FAILED, BatchStatus.COMPLETED, BatchStatus.ABANDONED}
-)
+_FINISHED = frozenset(BatchStatus) - _ACTIVE - {BatchStatus.UNKNOWN}
 
 
 class FailureCategory(Code):
@@ -95,13 +93,8 @@ class FailureReason:
 
     def __str__(self) -> str:
         values = (self.sqlstate, self.constraint, self.table, self.column)
-        named = [
-            f"{name} {value}"
-            for name, value in zip(
-                ("SQLSTATE", "constraint", "table", "column"), values, strict=True
-            )
-            if value is not None and f"{name} {value}" not in self.message
-        ]
+        pairs = zip(("SQLSTATE", "constraint", "table", "column"), values, strict=True)
+        named = [f"{k} {v}" for k, v in pairs if v is not None and f"{k} {v}" not in self.message]
         return f"{self.error_class}: {self.message}" + (f" ({', '.join(named)})" if named else "")
 
     def as_json(self) -> dict[str, str | None]:
