@@ -245,10 +245,9 @@ PLAN_FINISHED: Final = "finished"
 def find_running_parent(
     repository: JobRepository, key: JobInstanceKey, step_name: StepName
 ) -> tuple[JobInstance, JobExecution, StepExecution] | Literal["finished"] | None:
-    """The running attempt of `key` and its STARTED step `step_name` with a plan.
+    """The running attempt of `key` and its STARTED step `step_name` with a plan, or None.
 
-    `PLAN_FINISHED` when the latest attempt completed the step or altogether; None while no
-    plan is published.
+    `PLAN_FINISHED` when the latest attempt completed the step or altogether.
     """
     with repository.begin() as uow:
         instance = uow.instances.find(key)
@@ -356,11 +355,9 @@ def supervise(
 ) -> None:
     """Keep `workers` forked processes, replaced when they die, working while partitions are open.
 
-    With 0 workers the calling process works alone.
-
-    When `between_polls` raises (StopRequested, ExecutionOwnershipLost) the workers are
-    terminated at once: a run that lost its execution must not keep respawning them, and a
-    terminated worker's uncommitted chunk rolls back with its backend.
+    With 0 workers the calling process works alone. When `between_polls` raises (StopRequested,
+    ExecutionOwnershipLost) the workers are terminated at once: a run that lost its execution
+    must not keep respawning them, and a terminated worker's uncommitted chunk rolls back.
     """
     if not 0 <= workers <= MAX_PARTITION_WORKERS:
         raise ValueError(f"workers is 0..{MAX_PARTITION_WORKERS}")

@@ -1065,10 +1065,7 @@ class JobRun:
 
 
 def _ended_as(error: BaseException | None) -> BatchStatus:
-    """COMPLETED without an error, STOPPED after a stop request or an interrupt, else FAILED.
-
-    An interrupt (KeyboardInterrupt, SystemExit) is a stop: the attempt stays restartable.
-    """
+    """COMPLETED, FAILED, or STOPPED (restartable) after a stop request or an interrupt."""
     if error is None:
         return BatchStatus.COMPLETED
     if isinstance(error, e.StopRequested) or not isinstance(error, Exception):
