@@ -134,13 +134,10 @@ class UnitOfWork:
         *,
         overrides: Overrides | None = None,
     ) -> T:
-        """Run `statement` as this whole unit of work, committed in one round trip; decode its row.
+        """Run `statement` alone as this whole unit of work, committed in the same round trip.
 
-        For a transition that is one statement (a plpgsql function): nothing else is staged,
-        so no savepoint, and it goes alone in one round trip (`Lease.commit_alone`).
-        The unit of work is closed after it (`commit()` returns). Errors map as in
-        `operation()`, an undecodable row is Unavailable; nothing is committed on an error but
-        CommitOutcomeUnknown (the connection was lost with the COMMIT sent).
+        No savepoint (nothing else is staged); `commit()` then returns. Errors map as in
+        `operation()`; nothing is committed on an error but CommitOutcomeUnknown.
         """
         if self._poisoned is not None:
             raise self._poisoned
@@ -157,12 +154,6 @@ class UnitOfWork:
             return decode(row)
         except DecodeError:
             raise e.Unavailable() from None
-
-    def transaction_settings(self) -> dict[str, str]:
-        """The isolation level, timeouts and time zone in force (diagnostics)."""
-        with self.operation() as conn:
-            row = self.statements.get_transaction_settings.one(conn)
-        return {} if row is None else {str(key): str(value) for key, value in row.items()}
 
     def commit(self) -> None:
         """COMMIT; raise rather than report success for anything but a durable commit."""
