@@ -10,7 +10,7 @@ import datetime as _dt
 import enum
 import re
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import attrs
 
@@ -41,15 +41,10 @@ class StartLimit:
 
     value: int = attrs.field(validator=_check_limit)
 
-    UNRESTRICTED: ClassVar[StartLimit]  # The default: 4294967295 starts, no limit in practice.
-
     @classmethod
     def unrestricted(cls) -> StartLimit:
-        """No limit in practice: 4294967295 starts."""
-        return cls.UNRESTRICTED
-
-
-StartLimit.UNRESTRICTED = StartLimit(_U32_MAX)
+        """The default, no limit in practice: 4294967295 starts."""
+        return cls(_U32_MAX)
 
 
 class TerminalKind(enum.Enum):

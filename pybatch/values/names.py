@@ -103,17 +103,6 @@ class ExitCode(_Text):
     _KIND = "exit code"
     _MAX_BYTES = 64
 
-    UNKNOWN: ClassVar[ExitCode]  # The exit of new executions and steps.
-    COMPLETED: ClassVar[ExitCode]  # Conventional exit of a completed execution.
-    FAILED: ClassVar[ExitCode]  # Conventional exit of a failed execution.
-    STOPPED: ClassVar[ExitCode]  # Conventional exit of a stopped execution.
-
-
-ExitCode.UNKNOWN = ExitCode("UNKNOWN")
-ExitCode.COMPLETED = ExitCode("COMPLETED")
-ExitCode.FAILED = ExitCode("FAILED")
-ExitCode.STOPPED = ExitCode("STOPPED")
-
 
 class _DefinitionToken(_Text):
     """A definition token validated with the DefinitionError leaves."""

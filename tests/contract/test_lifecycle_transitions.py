@@ -146,7 +146,7 @@ def test_start_sets_started_at_and_bumps_the_version(
             assert record.metadata.timestamps.ended_at is None
             assert record.metadata.timestamps.created_at == created.created_at
             assert record.version == 1
-            assert record.metadata.exit_status == ExitCode.UNKNOWN
+            assert record.metadata.exit_status == ExitCode("UNKNOWN")
             assert record.metadata.failure is None
         assert created.version == 0
 

@@ -56,7 +56,7 @@ def metadata_in(status: BatchStatus) -> ExecutionMetadata:
     ended = at(2) if status.is_finished else None
     return ExecutionMetadata(
         status=status,
-        exit_status=ExitCode.UNKNOWN,
+        exit_status=ExitCode("UNKNOWN"),
         timestamps=ExecutionTimestamps(T0, started, ended),
         failure=FAILURE if status is S.FAILED else None,
     )
@@ -106,7 +106,7 @@ def test_start_sets_started_at_and_keeps_exit() -> None:
         counts_apply=True,
     )
     assert (updated.status, updated.timestamps.started_at, version) == (S.STARTED, at(5), 1)
-    assert updated.exit_status == ExitCode.UNKNOWN
+    assert updated.exit_status == ExitCode("UNKNOWN")
     assert updated.timestamps.ended_at is None
 
 
@@ -212,22 +212,22 @@ def test_metadata_invariants() -> None:
     with pytest.raises(errors.ActiveExecutionHasEndTime):
         ExecutionMetadata(
             status=S.STARTED,
-            exit_status=ExitCode.UNKNOWN,
+            exit_status=ExitCode("UNKNOWN"),
             timestamps=ExecutionTimestamps(T0, T0, at(1)),
         )
     with pytest.raises(errors.FinishedExecutionMissingEndTime):
         ExecutionMetadata(
-            status=S.COMPLETED, exit_status=ExitCode.UNKNOWN, timestamps=ExecutionTimestamps(T0)
+            status=S.COMPLETED, exit_status=ExitCode("UNKNOWN"), timestamps=ExecutionTimestamps(T0)
         )
     with pytest.raises(errors.FailedExecutionMissingFailure):
         ExecutionMetadata(
             status=S.FAILED,
-            exit_status=ExitCode.UNKNOWN,
+            exit_status=ExitCode("UNKNOWN"),
             timestamps=ExecutionTimestamps(T0, None, T0),
         )
     assert (
         ExecutionMetadata(
-            status=S.UNKNOWN, exit_status=ExitCode.UNKNOWN, timestamps=ExecutionTimestamps(T0)
+            status=S.UNKNOWN, exit_status=ExitCode("UNKNOWN"), timestamps=ExecutionTimestamps(T0)
         ).timestamps.ended_at
         is None
     )
