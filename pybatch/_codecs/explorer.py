@@ -53,19 +53,10 @@ _KINDS = {kind.json_tag: kind for kind in ParameterValueKind}
 def _count(value: object, *, column: str) -> int:
     """A stored counter or a derived (numeric) total, 0..2**63-1."""
     if isinstance(value, decimal.Decimal):
-        if (
-            not value.is_finite()
-            or value != value.to_integral_value()
-            or not 0 <= value <= INT64_MAX
-        ):
+        if not (value.is_finite() and 0 <= value <= INT64_MAX and value % 1 == 0):
             raise p.DecodeError(column)
         return int(value)
     return p.decode_int64(value, column=column, minimum=0)
-
-
-def _counts(row: p.Row) -> v.ProjectionCounts:
-    """The six counters, in ProjectionCounts' field order (that of COUNT_COLUMNS)."""
-    return v.ProjectionCounts(*(_count(row[column], column=column) for column in COUNT_COLUMNS))
 
 
 def _envelope(row: p.Row, prefix: str) -> v.StateEnvelopeDescriptor:
@@ -180,7 +171,8 @@ def _lifecycle(row: p.Row) -> dict[str, Any]:
     return {
         "status": p.enum_at(BatchStatus, row, "status"),
         "exit_code": p.text_at(row, "exit_code"),
-        "counts": _counts(row),
+        # ProjectionCounts' fields are in COUNT_COLUMNS' order.
+        "counts": v.ProjectionCounts(*(_count(row[c], column=c) for c in COUNT_COLUMNS)),
         "version": p.int64_at(row, "version", 0),
     }
 

@@ -177,7 +177,7 @@ def test_stale_version_is_checked_first() -> None:
 
 def test_terminal_rollback_counts_only_on_steps() -> None:
     """Scenario B8."""
-    transition = LifecycleTransition.failed(at(3), FAILURE).with_terminal_rollback()
+    transition = LifecycleTransition(S.FAILED, at(3), FAILURE, terminal_rollback=True)
     step, _ = apply_transition(metadata_in(S.STARTED), 1, 1, transition, counts_apply=True)
     job, _ = apply_transition(metadata_in(S.STARTED), 1, 1, transition, counts_apply=False)
     assert step.counts.rolled_back == 1
