@@ -157,12 +157,10 @@ def _optional_text(row: p.Row, column: str) -> str | None:
 
 def _tombstone(row: p.Row) -> v.InstanceTombstone | None:
     """What a purge left of the instance's history, or None while it is live."""
-    final_status = p.optional_enum_at(BatchStatus, row, "final_status")
-    purged_at = p.optional_aware_at(row, "purged_at")
-    if (final_status is None) != (purged_at is None):  # job_instance_tombstone_shape
-        raise p.DecodeError("final_status")
-    if final_status is None or purged_at is None:
-        return None
+    if row["final_status"] is None and row["purged_at"] is None:
+        return None  # job_instance_tombstone_shape: both or neither; a half is DecodeError below
+    final_status = p.enum_at(BatchStatus, row, "final_status")
+    purged_at = p.aware_at(row, "purged_at")
     return v.InstanceTombstone(final_status, purged_at, p.int64_at(row, "last_attempt", 0))
 
 
