@@ -1,8 +1,4 @@
-"""Flow values: start limits, targets, decisions and manifest matching.
-
-A manifest of format 2 or 3 lists nodes and transitions (docs/etl-guide.md, Flows: deciding
-what runs next); a transition names exactly one of `to` (a node id) or `end`.
-"""
+"""Start limits, flow targets, decisions and manifest matching (docs/etl-guide.md, Flows)."""
 
 from __future__ import annotations
 

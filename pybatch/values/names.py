@@ -2,7 +2,6 @@
 
 Names and tokens check empty -> too long (UTF-8 bytes) -> surrounding white space -> control
 character, in that order; the first rule broken is reported, never the value.
-A subclass only sets the class constants, so it is a plain subclass of its attrs base.
 """
 
 from __future__ import annotations
