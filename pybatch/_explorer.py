@@ -429,11 +429,7 @@ class JobExplorer:
         return dict(counts)
 
     def recent_executions(self, job_name: str, limit: int = 20) -> tuple[v.LatestAttempt, ...]:
-        """The newest `limit` executions of a job name, newest first: a run history.
-
-        `limit` is 1 to 50 (PageSizeOutOfRange): the statement reads at most `limit` attempts
-        of each of the `limit` newest instances.
-        """
+        """The newest `limit` (1 to 50) executions of a job name, newest first: a run history."""
         _check_name(job_name)
         if type(limit) is not int or not 1 <= limit <= MAX_RECENT_EXECUTIONS:
             raise e.PageSizeOutOfRange(requested=limit)
@@ -450,8 +446,7 @@ class JobExplorer:
     ) -> tuple[v.RunningExecution, ...]:
         """Executions running now (STARTED or STOPPING, lease live on the database clock).
 
-        Id ascending after `after_id`, at most `page_size` of them (running executions are
-        as many as the processes running them, so a page of 500 shows every one in practice).
+        Id ascending after `after_id`; one page of 500 shows every one in practice.
         """
         page_size = page_size or PageSize()
         if after_id is not None:

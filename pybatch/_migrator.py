@@ -212,10 +212,6 @@ def _migrator_connection(
         yield conn
 
 
-#: How `migration_sql` opens each transaction: what a `read_write` connection sends.
-_BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE;"
-
-
 @_driver_errors_mapped
 def migration_sql(config: ConnectionConfig) -> str:
     """The exact SQL `migrate` would run now, settings included, for a DBA to run by hand."""
@@ -225,12 +221,12 @@ def migration_sql(config: ConnectionConfig) -> str:
         with _migrator_transaction(conn, config):
             pending = _pending(conn, shipped)
         cursor = psycopg.ClientCursor(conn)
-        settings = cursor.mogrify(
+        bounds = cursor.mogrify(
             statements.set_migrator_transaction_settings.query, _transaction_settings(config)
         )
 
-        def block(body: str) -> str:
-            return f"{_BEGIN}\n{settings}\n{body}\nCOMMIT;\n"
+        def block(body: str) -> str:  # BEGIN as a `read_write` connection sends it
+            return f"BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE;\n{bounds}\n{body}\nCOMMIT;\n"
 
         parts = [block(cursor.mogrify(statements.create_pybatch_schema.query))]
         for m in pending:

@@ -76,11 +76,9 @@ def _run(argv: Sequence[str] | None) -> int:
     for group in (sql, explore, demo, worker, operator, retention, dashboard):
         group.register(commands)
     try:
-        # Before argparse: an undecodable argument would otherwise fail wherever it is
-        # first encoded (psycopg, a print) with a UnicodeEncodeError traceback.
+        # Before argparse: an undecodable argument would fail where first encoded, a traceback.
         check_argv(sys.argv[1:] if argv is None else argv)
-        # A type that refuses a value with a pybatch error (a duration beyond its bound)
-        # raises through parse_args and is reported below like any other refusal.
+        # A type refusing a value with a pybatch error raises through parse_args, reported below.
         args = parser.parse_args(argv)
         return int(args.handler(args))
     except e.PyBatchError as error:
