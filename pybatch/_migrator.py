@@ -259,13 +259,12 @@ def _apply(conn: psycopg.Connection[Any], migration: Migration) -> None:
     started = time.monotonic()
     with conn.transaction():
         conn.execute(migration.text().encode("utf-8"))
-        elapsed_ms = int((time.monotonic() - started) * 1000)
         statements.insert_schema_migration.affected(
             conn,
             version=migration.version,
             name=migration.name,
             checksum=migration.checksum,
-            execution_ms=elapsed_ms,
+            execution_ms=int((time.monotonic() - started) * 1000),
         )
         if statements.update_schema_version.affected(conn, version=migration.version) != 1:
             raise e.MigrationHistoryInvalid(version=migration.version)
@@ -281,8 +280,7 @@ def migrate(config: ConnectionConfig, *, dry_run: bool = False) -> list[Migratio
     """
     shipped = shipped_migrations()
     applied: list[Migration] = []
-    races = 0
-    lock_waits = 0
+    races = lock_waits = 0
     with _migrator_connection(config, read_write=True) as conn:
         while True:
             locked = False
@@ -310,9 +308,8 @@ def migrate(config: ConnectionConfig, *, dry_run: bool = False) -> list[Migratio
                         continue
                     exhausted = migration
                 else:
-                    race = not locked and state in _FIRST_INSTALL_RACE
                     races += 1
-                    if not race or conn.broken:
+                    if locked or state not in _FIRST_INSTALL_RACE or conn.broken:
                         raise
                     if races >= _FIRST_INSTALL_ATTEMPTS:
                         raise e.MigrationLockTimeout() from None

@@ -75,12 +75,9 @@ def create_app(source: JobExplorer | ConnectionConfig | None = None) -> flask.Fl
     Its own repository is kept for the process's life (a WSGI worker's); an explorer's, the
     caller closes.
     """
-    if isinstance(source, JobExplorer):
-        explorer = source
-    else:
-        config = ConnectionConfig.from_env() if source is None else source
-        explorer = JobExplorer(JobRepository.connect(config))
-    repository = explorer.repository
+    if not isinstance(source, JobExplorer):
+        source = JobExplorer(JobRepository.connect(source or ConnectionConfig.from_env()))
+    explorer, repository = source, source.repository
     app = flask.Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = 0  # a GET has no body
     app.extensions["pybatch"] = explorer
