@@ -375,12 +375,10 @@ def _executions(args: argparse.Namespace) -> int:
 
 def _unresolved(args: argparse.Namespace) -> int:
     def read(explorer: JobExplorer, **page: Any) -> v.Page[Any]:
-        older_than = args.older_than
-        if older_than is None:  # the configured stale threshold (validated: 1 min..24 h)
-            older_than = explorer.repository.config.stale_threshold
-        return explorer.unresolved_executions(
-            older_than, parameters=_parameter_filter(args), **page
-        )
+        age = args.older_than
+        if age is None:  # the configured stale threshold (validated: 1 min..24 h)
+            age = explorer.repository.config.stale_threshold
+        return explorer.unresolved_executions(age, parameters=_parameter_filter(args), **page)
 
     return _list(args, _EXECUTION_COLUMNS, "no unresolved executions", read)
 
