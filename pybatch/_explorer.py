@@ -1,8 +1,4 @@
-"""The explorer: read-only, keyset-paged views of everything the repository records.
-
-Pages, identity ceilings and why a cursor is checksummed but not keyed: docs/contract.md,
-Explorer and Explorer vocabulary.
-"""
+"""Read-only keyset-paged views of all a repository records (docs/contract.md, Explorer)."""
 
 from __future__ import annotations
 
@@ -444,10 +440,7 @@ class JobExplorer:
     def running_executions(
         self, page_size: PageSize | None = None, after_id: int | None = None
     ) -> tuple[v.RunningExecution, ...]:
-        """Executions running now (STARTED or STOPPING, lease live on the database clock).
-
-        Id ascending after `after_id`; one page of 500 shows every one in practice.
-        """
+        """Executions whose lease is live on the database clock, id ascending after `after_id`."""
         page_size = page_size or PageSize()
         if after_id is not None:
             check_identifier(IdentifierKind.JOB_EXECUTION, after_id)
