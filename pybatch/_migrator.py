@@ -99,7 +99,6 @@ def _driver_errors_mapped(operation: Callable[_P, _T]) -> Callable[_P, _T]:
 
     @functools.wraps(operation)
     def run(*args: _P.args, **kwargs: _P.kwargs) -> _T:
-        mapped: e.PyBatchError | None = None
         try:
             return operation(*args, **kwargs)
         except psycopg.Error as error:

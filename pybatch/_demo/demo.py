@@ -9,6 +9,7 @@ the counters equal the rows.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import hashlib
 import itertools
@@ -158,12 +159,10 @@ class _Signals:
     _previous: dict[int, Any] = attrs.Factory(dict)
 
     def __enter__(self) -> _Signals:
-        try:
+        with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
             for signum in (signal.SIGINT, signal.SIGTERM):
                 if signal.getsignal(signum) is not signal.SIG_IGN:  # e.g. nohup, `&` in sh
                     self._previous[signum] = signal.signal(signum, self._handle)
-        except ValueError:  # not the main thread: leave signals alone
-            pass
         return self
 
     def __exit__(self, *exc_info: object) -> None:
