@@ -1,8 +1,6 @@
 """The `pybatch` operator command line: `pybatch._cli:main`.
 
-Exit codes (docs/operators.md): 0 done (also when the reader stopped early), 1 refused, 2 usage
-or configuration, 3 unavailable, 4 not found, 5 outcome unknown, 6 permission denied, 7 the
-server is read-only, 8 a statement was cancelled.
+Exit codes: `_EXIT_CODES` below, docs/operators.md (Exit codes) tells what each means.
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""`pybatch jobs | instances | executions | show | skips | running | unresolved`: reads.
-
-Tables sized to the terminal (`COLUMNS`, else the terminal's width; unbounded into a pipe), or
-with `--json` one document (`{"items": [...], "next": ...}` for lists); `--limit` and
-`--after` page.
-"""
+"""Reads: `pybatch jobs | instances | executions | show | skips | running | unresolved`."""
 
 from __future__ import annotations
 

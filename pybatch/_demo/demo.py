@@ -1,9 +1,7 @@
 """`pybatch demo`: load a CSV with the ETL API, SIGKILL the loader part-way, resume, verify.
 
-A child (`pybatch demo-worker`) COPYs a seeded CSV in checkpointed chunks and is SIGKILLed in
-the middle of a chunk, its rows sent but not committed; the parent starts it again, which
-records an audited OWNER_LOST decision and resumes. Exit 0 only if the table equals the CSV and
-the counters equal the rows.
+The restart records an audited OWNER_LOST decision; exit 0 only if the table equals the CSV
+and the counters equal the rows.
 """
 
 from __future__ import annotations
