@@ -22,11 +22,6 @@ from pybatch.errors import DsnFileInsecure, DsnFileUnreadable
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 Handler = Callable[[argparse.Namespace], int]
 
-_DSN_WARNING = (
-    "pybatch: warning: the password given with --dsn is visible to every local user in "
-    "/proc/PID/cmdline; prefer PYBATCH_DSN or --dsn-file"
-)
-
 
 def add_connection_arguments(
     parser: argparse.ArgumentParser,
@@ -95,7 +90,11 @@ def config_from_args(args: argparse.Namespace) -> ConnectionConfig:
     environ = dict(os.environ)
     if args.dsn is not None:
         if _has_password(args.dsn):
-            print(_DSN_WARNING, file=sys.stderr)
+            print(
+                "pybatch: warning: the password given with --dsn is visible to every local user "
+                "in /proc/PID/cmdline; prefer PYBATCH_DSN or --dsn-file",
+                file=sys.stderr,
+            )
         environ["PYBATCH_DSN"] = args.dsn
     elif getattr(args, "dsn_file", None) is not None:
         environ["PYBATCH_DSN"] = read_dsn_file(args.dsn_file)
