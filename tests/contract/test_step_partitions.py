@@ -225,7 +225,7 @@ def test_a_plan_is_numbered_in_entry_order_and_read_in_key_byte_order(f: Fixture
     assert [(p.key.value, p.ordinal) for p in created] == [("b", 1), ("a", 2), ("B", 3)]
     assert all(
         (p.status, p.worker_step_execution_id, p.version, p.exit_status)
-        == (S.STARTING, None, 0, ExitCode.UNKNOWN)
+        == (S.STARTING, None, 0, ExitCode("UNKNOWN"))
         and p.counts == ExecutionCounts()
         for p in created
     )
@@ -344,7 +344,7 @@ def test_a_claim_needs_a_started_parent(repository: JobRepository, clock: Manual
         worker.id,
         1,
     )
-    assert assigned.exit_status == ExitCode.UNKNOWN and assigned.counts == ExecutionCounts()
+    assert assigned.exit_status == ExitCode("UNKNOWN") and assigned.counts == ExecutionCounts()
     with repository.begin() as uow:
         assert uow.partitions.plan(parent.id) == [assigned]
 
@@ -677,7 +677,7 @@ def test_a_restarted_plan_carries_completed_partitions_only(f: Fixture) -> None:
             None,
             0,
         )
-        assert fresh.counts == ExecutionCounts() and fresh.exit_status == ExitCode.UNKNOWN
+        assert fresh.counts == ExecutionCounts() and fresh.exit_status == ExitCode("UNKNOWN")
     assert [p.ordinal for p in carried] == [1, 2, 3]
     assert [p.context for p in carried] == [p.context for p in parts]
     assert stored_plan(f.repository, target.id) == carried
@@ -799,7 +799,7 @@ def test_end_partition_worker_ends_worker_and_partition_together(f: Fixture) -> 
     with f.repository.begin() as uow:
         with pytest.raises(PartitionWorkerStale):  # the worker of another partition
             uow.partitions.end_worker(
-                other.id, other.version, worker.id, to(S.COMPLETED, f.clock), ExitCode.COMPLETED
+                other.id, other.version, worker.id, to(S.COMPLETED, f.clock), ExitCode("COMPLETED")
             )
         assert uow.steps.get(worker.id) == worker  # nothing staged
         uow.partitions.end_worker(
