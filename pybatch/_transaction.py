@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import attrs
@@ -105,12 +105,11 @@ class Lease:
     ) -> Sequence[Row | None]:
         """Run `statements` as the whole transaction, in one round trip; their first rows.
 
-        One in autocommit, its own transaction (READ COMMITTED by the startup options); several,
-        or behind a pooler (which sets no default): BEGIN READ COMMITTED, the settings (transaction
-        mode), the statements and COMMIT pipelined with one Sync (an error skips the rest).
-        A refused statement or COMMIT commits nothing (`errors.refused`); a connection lost
-        once it was sent may have committed (`errors.unknown`). The connection goes back to
-        the pool.
+        In autocommit, READ COMMITTED by the startup options: several are pipelined with one Sync,
+        one implicit transaction. Behind a pooler (no default), BEGIN READ COMMITTED, the settings
+        (transaction mode), the statements and COMMIT. An error skips the rest: a refused
+        statement or COMMIT commits nothing (`errors.refused`); a connection lost once it was
+        sent may have committed (`errors.unknown`). The connection goes back to the pool.
         """
         conn = self._conn
         if conn is None or conn.pgconn.transaction_status != TransactionStatus.IDLE:
@@ -118,15 +117,15 @@ class Lease:
         q = load_statements()
         try:
             conn.autocommit = True
-            if self._source.pooled or len(statements) > 1:
-                with conn.pipeline():
+            pooled = self._source.pooled
+            with conn.pipeline() if pooled or len(statements) > 1 else nullcontext():
+                if pooled:
                     q.begin_read_committed.send(conn)
                     if self._source.per_transaction:
                         self._source.apply_settings(conn, transaction_only=True, send=True)
-                    cursors = [statement.send(conn, **params) for statement, params in statements]
-                    q.commit_transaction.send(conn)
-            else:  # its own transaction, READ COMMITTED by the startup options
                 cursors = [statement.send(conn, **params) for statement, params in statements]
+                if pooled:
+                    q.commit_transaction.send(conn)
             rows = [cursor.fetchone() for cursor in cursors]
             conn.autocommit = False
         except psycopg.Error as error:

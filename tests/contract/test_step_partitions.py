@@ -46,6 +46,7 @@ from pybatch.values.partitions import PartitionPlanEntry, StepPartition
 from pybatch.values.records import JobExecution, StepExecution
 from pybatch.values.state import ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+from tests.contract.test_one_round_trip_transactions import traced
 from tests.support.clock import ManualClock
 from tests.support.race import terminate_backend
 from tests.support.rows import write_exit_code
@@ -857,11 +858,11 @@ def test_an_end_refused_after_a_recovery_claims_nothing_and_names_the_refusal(
     assert before[1].worker_step_execution_id is None
 
 
-def test_a_claim_that_fails_after_its_end_commits_neither(
+def test_an_end_and_its_claim_commit_together_in_one_round_trip_or_not_at_all(
     f: Fixture, admin: psycopg.Connection[Any], pg_config: Any, clock: ManualClock
 ) -> None:
-    """The end and the claim are one transaction: a claim stopped by a lock wait (the new
-    worker's foreign key waits on a locked job execution) leaves the end uncommitted too."""
+    """The end and the claim are one transaction under one Sync: a claim stopped by a lock wait
+    (the new worker's foreign key waits on a locked job execution) leaves the end uncommitted."""
     plan(f.repository, f.parent, "a", "b")
     assigned, worker = claim(f.repository, f.parent.id)
     before, steps = stored_plan(f.repository, f.parent.id), step_rows(admin)
@@ -874,8 +875,16 @@ def test_a_claim_that_fails_after_its_end_commits_neither(
             with pytest.raises(Unavailable):
                 end_and_claim(uow, f.parent, assigned, worker.id, f.clock)
     assert stored_plan(f.repository, f.parent.id) == before and step_rows(admin) == steps
+    claims: list[Any] = []
     with f.repository.begin() as uow:
-        claimed = end_and_claim(uow, f.parent, assigned, worker.id, f.clock)
-    assert claimed is not None and claimed[0].id == before[1].id
+        conn = uow._lease.connection
+        assert conn is not None
+
+        def run() -> None:
+            claims.append(end_and_claim(uow, f.parent, assigned, worker.id, f.clock))
+
+        trace = traced(conn, run)
+    assert [m for m in trace if m.startswith("F") and "\tSync" in m] == ["F\t4\tSync"]
+    assert claims[0] is not None and claims[0][0].id == before[1].id
     done, _ = stored_plan(f.repository, f.parent.id)
     assert (done.status, done.version) == (S.COMPLETED, assigned.version + 1)
