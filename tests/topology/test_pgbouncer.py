@@ -171,7 +171,7 @@ def test_partition_workers_end_and_claim_in_one_transaction_through_the_pooler(
     # transaction mode nothing is prepared, so the server connections stay interchangeable.
     ran: list[str] = []
     with JobRepository.connect(pooled(bouncer, admin, pool_size=2)) as repository:
-        plan = {f"p{number}": {} for number in range(6)}
+        plan: dict[str, dict[str, int]] = {f"p{number}": {} for number in range(6)}
         with Job(repository, "pooled_plan", {"day": bouncer.pool_mode}).launch() as run:
             outcome = run.partitioned_step("load", plan, lambda p: ran.append(p.key), workers=0)
         with repository.begin() as uow:
