@@ -35,7 +35,7 @@ from pybatch._repository.recovery import Recovery
 from pybatch._repository.retention import Retention
 from pybatch._repository.steps import Steps
 from pybatch._repository.stop_requests import StopRequests
-from pybatch._statements import Connection, Row, Statement, Statements
+from pybatch._statements import Connection, Statement, Statements
 from pybatch._transaction import CommitErrors, Lease
 
 T = TypeVar("T")
@@ -130,14 +130,16 @@ class UnitOfWork:
         self,
         statement: Statement,
         params: Mapping[str, object],
-        decode: Callable[[Row | None], T],
+        decode: Callable[..., T],
         *,
         overrides: Overrides | None = None,
+        then: tuple[Statement, Mapping[str, object]] | None = None,
     ) -> T:
-        """Run `statement` alone as this whole unit of work, committed in the same round trip.
+        """Run `statement` (and `then`) as this whole unit of work, committed in one round trip.
 
-        No savepoint (nothing else is staged); `commit()` then returns. Errors map as in
-        `operation()`; nothing is committed on an error but CommitOutcomeUnknown.
+        `decode` takes the row (both rows with `then`). No savepoint (nothing else is staged);
+        `commit()` then returns. Errors map as in `operation()`, an undecodable row is
+        Unavailable; nothing is committed on an error but CommitOutcomeUnknown.
         """
         if self._poisoned is not None:
             raise self._poisoned
@@ -148,10 +150,10 @@ class UnitOfWork:
             raise RuntimeError("commit_statement must be the only statement of its unit of work")
         refused = partial(_sqlstate.translate, overrides=overrides)
         errors = CommitErrors(e.TransactionAborted, refused, e.CommitOutcomeUnknown)
-        row = self._lease.commit_alone(statement, params, errors)
+        rows = self._lease.commit_alone([(statement, params), *([then] if then else [])], errors)
         self._committed = True
         try:
-            return decode(row)
+            return decode(*rows)
         except DecodeError:
             raise e.Unavailable() from None
 
