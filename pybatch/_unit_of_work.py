@@ -135,13 +135,11 @@ class UnitOfWork:
         overrides: Overrides | None = None,
         then: tuple[Statement, Mapping[str, object]] | None = None,
     ) -> T:
-        """Run `statement` as this whole unit of work, committed in one round trip; decode its row.
+        """Run `statement` (and `then`) as this whole unit of work, committed in one round trip.
 
-        For a transition that is one statement (a plpgsql function) or two (`then`; `decode` takes
-        both rows): nothing else is staged, no savepoint; alone in one round trip (`commit_alone`).
-        The unit of work is closed after it (`commit()` returns). Errors map as in
-        `operation()`, an undecodable row is Unavailable; nothing is committed on an error but
-        CommitOutcomeUnknown (the connection was lost with the COMMIT sent).
+        `decode` takes the row (both rows with `then`). No savepoint (nothing else is staged);
+        `commit()` then returns. Errors map as in `operation()`, an undecodable row is
+        Unavailable; nothing is committed on an error but CommitOutcomeUnknown.
         """
         if self._poisoned is not None:
             raise self._poisoned
@@ -158,12 +156,6 @@ class UnitOfWork:
             return decode(*rows)
         except DecodeError:
             raise e.Unavailable() from None
-
-    def transaction_settings(self) -> dict[str, str]:
-        """The isolation level, timeouts and time zone in force (diagnostics)."""
-        with self.operation() as conn:
-            row = self.statements.get_transaction_settings.one(conn)
-        return {} if row is None else {str(key): str(value) for key, value in row.items()}
 
     def commit(self) -> None:
         """COMMIT; raise rather than report success for anything but a durable commit."""

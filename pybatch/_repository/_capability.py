@@ -13,14 +13,13 @@ from pybatch._clock import Clock
 from pybatch._codecs._primitives import DecodeError, returned
 from pybatch._codecs.executions import JOB_EXECUTION_COLUMNS, decode_job_execution
 from pybatch._statements import Connection, Row, Statement, Statements
-from pybatch.errors import JobExecutionNotFound, JobInstanceNotFound, PyBatchError
 from pybatch.values.ids import IdentifierKind, check_identifier
 from pybatch.values.records import JobExecution
 
 T = TypeVar("T")
 
 #: Constraint name -> the error a violation of it means for this operation.
-Overrides = Mapping[str, Callable[[], PyBatchError]]
+Overrides = Mapping[str, Callable[[], errors.PyBatchError]]
 
 
 class Transaction(Protocol):
@@ -69,14 +68,14 @@ def require_job_instance(q: Statements, conn: Connection, instance_id: int) -> N
     """Refuse an instance id that is malformed or names no instance (JobInstanceNotFound)."""
     check_identifier(IdentifierKind.JOB_INSTANCE, instance_id)
     if q.get_job_instance.one(conn, job_instance_id=instance_id) is None:
-        raise JobInstanceNotFound(id=instance_id)
+        raise errors.JobInstanceNotFound(id=instance_id)
 
 
 def job_execution_row(q: Statements, conn: Connection, execution_id: int) -> Row:
     """The stored row of an execution, undecoded (JobExecutionNotFound when there is none)."""
     check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
     if (row := q.get_job_execution.one(conn, job_execution_id=execution_id)) is None:
-        raise JobExecutionNotFound(id=execution_id)
+        raise errors.JobExecutionNotFound(id=execution_id)
     return row
 
 

@@ -16,30 +16,14 @@ from typing import Any
 
 import attrs
 
-from pybatch._codecs._primitives import (
-    DecodeError,
-    aware_at,
-    bool_at,
-    int64_at,
-    optional_int64_at,
-    returned,
-    text_at,
-)
+from pybatch import errors as e
+from pybatch._codecs import _primitives as p
 from pybatch._codecs.executions import decode_job_execution
 from pybatch._codecs.instances import encode_job_instance_key
 from pybatch._repository._capability import Capability, decided, execution_at
-from pybatch._repository._lifecycle import check_expected_version
 from pybatch._repository.executions import definition_parameters, transition_job_execution
 from pybatch._repository.partitions import corrupt_on
 from pybatch._statements import Connection, Row, Statements
-from pybatch.errors import (
-    ExecutionOwned,
-    ExecutionOwnershipLost,
-    ExecutionOwnershipNotAllowed,
-    JobExecutionNotFound,
-    PartitionOwnershipLost,
-    StaleVersion,
-)
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.ids import IdentifierKind, JobInstanceId, aware_utc, check_identifier
 from pybatch.values.lifecycle import LifecycleTransition
@@ -56,7 +40,7 @@ def lock_execution_ownership(
     check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
     row = q.lock_execution_ownership.one(conn, job_execution_id=execution_id)
     if row is None:
-        raise JobExecutionNotFound(id=execution_id)
+        raise e.JobExecutionNotFound(id=execution_id)
     return execution_ownership(row)
 
 
@@ -66,16 +50,16 @@ def execution_ownership(row: Row) -> tuple[JobExecution, LeaseState]:
     token: Any = row["owner_token"]
     expires = row["lease_expires_at"]
     if token is not None and len(bytes(token)) != 16:
-        raise DecodeError("owner_token")
+        raise p.DecodeError("owner_token")
     if expires is not None and not isinstance(expires, _dt.datetime):
-        raise DecodeError("lease_expires_at")
+        raise p.DecodeError("lease_expires_at")
     state = LeaseState(
         execution_id=execution.id,
         owner_token=None if token is None else OwnerToken(bytes(token)),
         lease_expires_at=None if expires is None else aware_utc(expires),
-        lease_expired=bool_at(row, "lease_expired"),
-        lease_remaining_ms=optional_int64_at(row, "lease_remaining_ms", 0),
-        stop_requested=bool_at(row, "stop_requested"),
+        lease_expired=p.bool_at(row, "lease_expired"),
+        lease_remaining_ms=p.optional_int64_at(row, "lease_remaining_ms", 0),
+        stop_requested=p.bool_at(row, "stop_requested"),
     )
     return execution, state
 
@@ -132,17 +116,17 @@ class Ownership(Capability):
         columns = encode_job_instance_key(key)
 
         def decode(row: Row | None) -> Launch:
-            values = returned(row)
+            values = p.returned(row)
             execution_at(values, "previous_")  # a corrupt latest attempt refuses it
             if values["outcome"] == "ExecutionAlreadyActive":
                 return (None, *execution_ownership(values))
             if decided(row, "launched", "unregistered")[0] == "unregistered":
                 return None, None, None
             instance = JobInstance(
-                id=JobInstanceId(int64_at(values, "instance_id")),
+                id=JobInstanceId(p.int64_at(values, "instance_id")),
                 job_name=key.job_name,
                 instance_key=key.digest(),
-                created_at=aware_at(values, "instance_created_at"),
+                created_at=p.aware_at(values, "instance_created_at"),
                 parameters=key.parameters,
             )
             return instance, decode_job_execution(values), None
@@ -156,37 +140,6 @@ class Ownership(Capability):
             "now": self._uow.clock.now(),
         }
         return self._uow.commit_statement(self._uow.statements.launch_job_execution, params, decode)
-
-    def claim(
-        self,
-        execution_id: int,
-        expected_version: int,
-        owner: OwnerToken,
-        claimed_at: _dt.datetime,
-        lease: ExecutionLease | None = None,
-    ) -> JobExecution:
-        """Record `owner` on a STARTING execution and start its lease (docs/contract.md)."""
-        with self._operation() as (q, conn):
-            lease = lease or ExecutionLease()
-            check_identifier(IdentifierKind.JOB_EXECUTION, execution_id)
-            check_expected_version(expected_version)
-            changed = q.claim_execution_owner.affected(
-                conn,
-                job_execution_id=execution_id,
-                expected_version=expected_version,
-                owner_token=owner.value,
-                owner_host=owner_host(),
-                claimed_at=aware_utc(claimed_at),
-                lease_ms=lease.milliseconds,
-            )
-            execution, _lease = lock_execution_ownership(q, conn, execution_id)
-            if changed == 1:
-                return execution
-            if execution.version != expected_version:
-                raise StaleVersion(expected=expected_version, actual=execution.version)
-            if execution.status is not BatchStatus.STARTING:
-                raise ExecutionOwnershipNotAllowed(id=execution_id, status=execution.status.value)
-            raise ExecutionOwned(id=execution_id)
 
     def observe_control(
         self, execution_id: int, owner: OwnerToken, observed_at: _dt.datetime
@@ -223,18 +176,18 @@ class Ownership(Capability):
                 lease_ms=lease.milliseconds,
             )
             if row is None:
-                raise ExecutionOwnershipLost(id=execution_id)
-            return bool_at(row, "stop_requested")
+                raise e.ExecutionOwnershipLost(id=execution_id)
+            return p.bool_at(row, "stop_requested")
 
     def verify_owner(self, execution_id: int, owner: OwnerToken) -> JobExecution:
         """Lock the execution and confirm `owner` still runs it (else ExecutionOwnershipLost)."""
         with self._operation() as (q, conn):
             try:
                 execution, state = lock_execution_ownership(q, conn, execution_id)
-            except JobExecutionNotFound:
-                raise ExecutionOwnershipLost(id=execution_id) from None
+            except e.JobExecutionNotFound:
+                raise e.ExecutionOwnershipLost(id=execution_id) from None
             if state.owner_token != owner or not execution.status.is_active:
-                raise ExecutionOwnershipLost(id=execution_id)
+                raise e.ExecutionOwnershipLost(id=execution_id)
             return execution
 
     def lock(self, execution_id: int) -> tuple[JobExecution, LeaseState]:
@@ -261,7 +214,7 @@ class Ownership(Capability):
                 lease_ms=lease.milliseconds,
             )
             if changed != 1:
-                raise PartitionOwnershipLost(partition_id=partition_id, worker=worker_id)
+                raise e.PartitionOwnershipLost(partition_id=partition_id, worker=worker_id)
 
     def started_partitions(self, parent_id: int) -> list[StartedPartition]:
         """The STARTED partitions of a plan with their workers and leases (no lock taken)."""
@@ -271,12 +224,12 @@ class Ownership(Capability):
             with corrupt_on():
                 return [
                     StartedPartition(
-                        int64_at(row, "id"),
-                        text_at(row, "partition_key"),
-                        int64_at(row, "worker_step_execution_id"),
-                        int64_at(row, "version", 0),
-                        bool_at(row, "leased"),
-                        bool_at(row, "lease_expired"),
+                        p.int64_at(row, "id"),
+                        p.text_at(row, "partition_key"),
+                        p.int64_at(row, "worker_step_execution_id"),
+                        p.int64_at(row, "version", 0),
+                        p.bool_at(row, "leased"),
+                        p.bool_at(row, "lease_expired"),
                     )
                     for row in rows
                 ]

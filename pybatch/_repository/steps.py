@@ -1,4 +1,4 @@
-"""Plain step executions (queries/steps.sql): create, restart copy, transitions, reads."""
+"""Step executions (queries/steps.sql): transitions, ends, reads."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from functools import partial
 from pybatch._codecs._primitives import decode_int64, returned
 from pybatch._codecs.steps import decode_step_execution
 from pybatch._repository import _lifecycle
-from pybatch._repository._capability import Overrides, decided, execution_at, job_execution_row
+from pybatch._repository._capability import Overrides, decided, job_execution_row
 from pybatch._statements import Connection, Statements
 from pybatch.errors import DuplicateStep, StepExecutionNotFound
-from pybatch.values.ids import IdentifierKind, check_identifier
+from pybatch.values.ids import IdentifierKind
 from pybatch.values.names import StepName
 from pybatch.values.ownership import OwnerToken
 from pybatch.values.records import StepExecution
@@ -92,26 +92,6 @@ class Steps(_lifecycle.LifecycleCapability[StepExecution]):
             params,
             lambda row: decode_step_execution(decided(row, "ended")[1]),
         )
-
-    def create(self, job_execution_id: int, step_name: StepName) -> StepExecution:
-        """Create a step (STARTING); in a restart attempt copy its source's durable state.
-
-        Raises, in this order: JobExecutionNotFound, DuplicateStep, InvalidDefinitionUpgrade
-        (an upgraded restart has no mapping entry), RestartStateNotFound (no source step).
-        """
-        duplicate = duplicate_step_overrides(job_execution_id, step_name, step_name.value)
-        with self._operation(overrides=duplicate) as (q, conn):
-            check_identifier(IdentifierKind.JOB_EXECUTION, job_execution_id)
-            row = returned(
-                q.create_step_execution.one(
-                    conn,
-                    job_execution_id=job_execution_id,
-                    step_name=step_name.value,
-                    now=self._uow.clock.now(),
-                )
-            )
-            execution_at(row, "execution_")  # no step begins under a corrupt execution
-            return decode_step_execution(decided(row, "created")[1])
 
     def of_execution(self, job_execution_id: int) -> list[StepExecution]:
         """The steps of a job execution in creation order (docs/contract.md, Reads)."""

@@ -12,13 +12,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from pybatch.errors import FlowStateCorrupt
-from pybatch.values.flow import (
-    FlowDecision,
-    FlowDecisionRequest,
-    FlowTarget,
-    FlowTransitionKind,
-    select_flow_target,
-)
+from pybatch.values import flow
 from pybatch.values.names import ExitCode, NodeId
 from pybatch.values.records import StepExecution
 
@@ -27,7 +21,7 @@ if TYPE_CHECKING:
     from pybatch._unit_of_work import UnitOfWork
     from pybatch.values.definitions import DefinitionIdentity
 
-K = FlowTransitionKind
+K = flow.FlowTransitionKind
 
 
 @attrs.frozen
@@ -40,11 +34,11 @@ class FlowPoint:
     definition: DefinitionIdentity
     input_digest: bytes
 
-    def after_step(self, step: StepExecution, *, reused: bool) -> FlowDecision:
+    def after_step(self, step: StepExecution, *, reused: bool) -> flow.FlowDecision:
         """Record the transition out of `step`'s node; `reused`: it completed in an earlier run."""
         node, outcome = step.logical_id, step.metadata.exit_status
 
-        def work(uow: UnitOfWork) -> FlowDecision:
+        def work(uow: UnitOfWork) -> flow.FlowDecision:
             recorded = self._recorded(uow, node)
             if recorded is None and reused:
                 recorded = self._reuse(uow, node, K.STEP_EXIT, K.COMPLETED_STEP_REUSE, step.id)
@@ -55,10 +49,10 @@ class FlowPoint:
 
         return self.repository.run_in_unit_of_work(work)
 
-    def decide(self, node: NodeId, decider: Callable[[], str]) -> FlowDecision:
+    def decide(self, node: NodeId, decider: Callable[[], str]) -> flow.FlowDecision:
         """Run `decider` and record where it leads, unless it decided on this plan and input."""
 
-        def reusable(uow: UnitOfWork) -> FlowDecision | None:
+        def reusable(uow: UnitOfWork) -> flow.FlowDecision | None:
             return self._recorded(uow, node) or self._reuse(uow, node, K.DECIDER, K.DECIDER, None)
 
         if (found := self.repository.run_in_unit_of_work(reusable)) is not None:
@@ -73,10 +67,10 @@ class FlowPoint:
         self,
         uow: UnitOfWork,
         node: NodeId,
-        found_as: FlowTransitionKind,
-        kind: FlowTransitionKind,
+        found_as: K,
+        kind: K,
         source_step: int | None,
-    ) -> FlowDecision | None:
+    ) -> flow.FlowDecision | None:
         """Record again, as `kind`, the latest `found_as` decision on this plan and input."""
         earlier = uow.flow.find_reusable_decision(
             self.instance_id, node, self.definition.digest, self.input_digest, found_as
@@ -88,28 +82,28 @@ class FlowPoint:
             uow, node, kind, outcome, target, source_step=source_step, reused=earlier.id
         )
 
-    def _recorded(self, uow: UnitOfWork, node: NodeId) -> FlowDecision | None:
+    def _recorded(self, uow: UnitOfWork, node: NodeId) -> flow.FlowDecision | None:
         decisions = uow.flow.decisions(self.execution_id)
         return next((d for d in decisions if d.source_node_id == node), None)
 
-    def _select(self, node: NodeId, kind: FlowTransitionKind, outcome: ExitCode) -> FlowTarget:
-        if (target := select_flow_target(self.definition.manifest(), node, kind, outcome)) is None:
-            raise FlowStateCorrupt()
-        return target
+    def _select(self, node: NodeId, kind: K, outcome: ExitCode) -> flow.FlowTarget:
+        if target := flow.select_flow_target(self.definition.manifest(), node, kind, outcome):
+            return target
+        raise FlowStateCorrupt()
 
     def _append(
         self,
         uow: UnitOfWork,
         node: NodeId,
-        kind: FlowTransitionKind,
+        kind: K,
         outcome: ExitCode,
-        target: FlowTarget,
+        target: flow.FlowTarget,
         *,
         source_step: int | None = None,
         reused: int | None = None,
-    ) -> FlowDecision:
+    ) -> flow.FlowDecision:
         """Append the execution's next decision: from `node` to `target` on `outcome`."""
-        request = FlowDecisionRequest(
+        request = flow.FlowDecisionRequest(
             job_execution_id=self.execution_id,
             sequence=len(uow.flow.decisions(self.execution_id)) + 1,
             source_node_id=node,

@@ -29,6 +29,7 @@ from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from tests.support.clock import ManualClock
+from tests.support.statements import create_step
 
 PYBATCH = str(Path(sys.executable).with_name("pybatch"))
 SECRET = "hunter2-Zq9"
@@ -77,7 +78,7 @@ def launch(
             execution.version,
             LifecycleTransition.new(BatchStatus.STARTED, clock.advance()),
         )
-        step = uow.steps.create(execution.id, StepName("load"))
+        step = create_step(uow, execution.id, StepName("load"))
         if fail:
             failure = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(3))
             execution = uow.executions.transition(

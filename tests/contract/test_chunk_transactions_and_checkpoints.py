@@ -58,6 +58,7 @@ from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from tests.support.chunks import FirstChunks, Receipt, commit, commit_from, inherited_progress
 from tests.support.clock import ManualClock
 from tests.support.owners import TEST_OWNER, claim_test_owner
+from tests.support.statements import create_step
 
 S = BatchStatus
 SCHEMA = StateSchemaId("tests.orders.cursor.v1")
@@ -88,7 +89,7 @@ def started_step(
         execution = uow.executions.transition(
             execution.id, 0, LifecycleTransition.new(S.STARTED, clock.advance())
         )
-        step = uow.steps.create(execution.id, StepName(name))
+        step = create_step(uow, execution.id, StepName(name))
         step = uow.steps.transition(step.id, 0, LifecycleTransition.new(S.STARTED, clock.advance()))
         uow.commit()
     return step
@@ -352,7 +353,7 @@ def test_begin_for_refuses_a_step_that_is_not_started(
     with repository.begin() as uow:
         execution = uow.executions.create(uow.instances.select_or_create(new_key()).instance.id)
         for status, path in NOT_STARTED_PATHS.items():
-            step = uow.steps.create(execution.id, StepName(f"load-{status.value}"))
+            step = create_step(uow, execution.id, StepName(f"load-{status.value}"))
             for target in path:
                 at = clock.advance()
                 transition = (

@@ -34,6 +34,7 @@ from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from tests.support.clock import ManualClock
 from tests.support.owners import TEST_OWNER
 from tests.support.race import terminate_backend
+from tests.support.statements import create_step
 
 S = BatchStatus
 FAILURE = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(11))
@@ -59,7 +60,7 @@ def arrange(repository: JobRepository, clock: ManualClock, case: str) -> Arrange
     with repository.begin() as uow:
         instance = uow.instances.select_or_create(key).instance
         first = uow.executions.create(instance.id)
-        step = uow.steps.create(first.id, StepName("extract"))
+        step = create_step(uow, first.id, StepName("extract"))
         uow.steps.transition(step.id, 0, LifecycleTransition.new(S.STARTED, clock.advance()))
         uow.executions.transition(first.id, 0, LifecycleTransition.failed(clock.advance(), FAILURE))
         latest = uow.executions.create(instance.id)
@@ -174,8 +175,8 @@ JOB_PATHS: dict[str, Path] = {
     "create_job_execution (reads the latest attempt)": lambda uow, rows, clock: (
         uow.executions.create(rows.instance_id)
     ),
-    "create_step_execution (reads its job execution)": lambda uow, rows, clock: uow.steps.create(
-        rows.latest_id, StepName("extract")
+    "create_step_execution (reads its job execution)": lambda uow, rows, clock: create_step(
+        uow, rows.latest_id, StepName("extract")
     ),
 }
 
@@ -242,7 +243,7 @@ STEP_PATHS: dict[str, Path] = {
 }
 RESTART_COPY: tuple[str, Path] = (
     "create_step_execution (restart copies the step)",
-    lambda uow, rows, clock: uow.steps.create(rows.latest_id, StepName("extract")),
+    lambda uow, rows, clock: create_step(uow, rows.latest_id, StepName("extract")),
 )
 
 
@@ -489,7 +490,7 @@ def test_identifiers_above_bigint_are_out_of_range(
             "job execution",
         ),
         "create_step_execution": (
-            lambda uow: uow.steps.create(BIG, StepName("s")),
+            lambda uow: create_step(uow, BIG, StepName("s")),
             "job execution",
         ),
         "step_executions": (lambda uow: uow.steps.of_execution(BIG), "job execution"),
@@ -519,7 +520,7 @@ def test_a_failure_id_above_bigint_is_out_of_range_and_changes_nothing(
     with repository.begin() as uow:  # a live step: only an unfinished step can still fail
         fresh = JobInstanceKey(JobName("corrupt"), JobParameters.of({"case": "failure-id-live"}))
         restart = uow.executions.create(uow.instances.select_or_create(fresh).instance.id)
-        step = uow.steps.create(restart.id, StepName("extract"))
+        step = create_step(uow, restart.id, StepName("extract"))
         step = uow.steps.transition(
             step.id, step.version, LifecycleTransition.new(S.STARTED, clock.advance())
         )

@@ -31,6 +31,7 @@ from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.records import JobExecution
 from pybatch.values.status import FailureCategory, FailureSummary
 from tests.support.clock import ManualClock
+from tests.support.statements import create_step
 
 JOB = "invoices"
 FAILURE = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(5))
@@ -88,7 +89,7 @@ def failed_first_attempt(
         instance = uow.instances.select_or_create(new_key()).instance
         execution = uow.executions.create(instance.id, first)
         for name in steps:
-            uow.steps.create(execution.id, StepName(name))
+            create_step(uow, execution.id, StepName(name))
         execution = fail(uow, clock, execution)
         uow.commit()
     return execution
@@ -403,9 +404,9 @@ def test_an_upgraded_restart_refuses_a_step_without_a_mapping(
     with repository.begin() as uow:
         for unmapped in ("load", "extract"):  # "extract" is a source name, not a target
             with pytest.raises(InvalidDefinitionUpgrade) as invalid:
-                uow.steps.create(restart.id, StepName(unmapped))
+                create_step(uow, restart.id, StepName(unmapped))
             assert invalid.value.execution_id == restart.id
-        mapped = uow.steps.create(restart.id, StepName("extract_v2"))
+        mapped = create_step(uow, restart.id, StepName("extract_v2"))
         uow.commit()
     assert mapped.step_name == StepName("extract_v2")
     with repository.begin() as uow:

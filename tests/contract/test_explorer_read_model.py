@@ -49,6 +49,7 @@ from pybatch.values.parameters import JobInstanceKey, JobParameter, JobParameter
 from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from tests.support.clock import ManualClock
+from tests.support.statements import create_step
 
 S = BatchStatus
 USER = FailureSummary(FailureCategory.USER_COMPONENT, FailureId(7))
@@ -230,7 +231,7 @@ def test_executions_steps_and_flow_decisions_are_listed_in_their_orders(
 
     running = launch(repository, clock)
     with repository.begin() as uow:
-        steps = [uow.steps.create(running.id, StepName(f"s{i}")).id for i in range(5)]
+        steps = [create_step(uow, running.id, StepName(f"s{i}")).id for i in range(5)]
         uow.commit()
     listed = walk(lambda size, after: explorer.step_executions(running.id, size, after), 2)
     assert [item.id for item in listed] == sorted(steps)
@@ -550,7 +551,7 @@ def test_owner_recorded_and_derived_counts_exclude_partition_workers(
     assert explorer.execution(execution.id).owner_recorded is False  # type: ignore[union-attr]
     with repository.begin() as uow:
         plain, parent, worker_a, worker_b = (
-            uow.steps.create(execution.id, StepName(name)).id
+            create_step(uow, execution.id, StepName(name)).id
             for name in ("plain", "parent", "worker-a", "worker-b")
         )
         uow.commit()

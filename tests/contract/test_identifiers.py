@@ -15,6 +15,7 @@ import psycopg
 from pybatch import JobRepository
 from pybatch.values.names import JobName, StepName
 from pybatch.values.parameters import JobInstanceKey, JobParameters
+from tests.support.statements import create_step
 
 
 def key(run: int) -> JobInstanceKey:
@@ -25,7 +26,7 @@ def create(repository: JobRepository, run: int, *, commit: bool = True) -> tuple
     with repository.begin() as uow:
         instance = uow.instances.select_or_create(key(run)).instance
         execution = uow.executions.create(instance.id)
-        step = uow.steps.create(execution.id, StepName("load"))
+        step = create_step(uow, execution.id, StepName("load"))
         if commit:
             uow.commit()
     return instance.id, execution.id, step.id

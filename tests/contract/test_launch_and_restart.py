@@ -26,6 +26,7 @@ from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.records import Created, Existing, JobExecution
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from tests.support.clock import ManualClock
+from tests.support.statements import create_step
 
 S = BatchStatus
 FAILURE = FailureSummary(FailureCategory.TRANSIENT_INFRASTRUCTURE, FailureId(9))
@@ -230,7 +231,7 @@ def test_restart_leaves_the_prior_attempt_untouched(
     """Scenario C8."""
     first = launched(repository, clock, S.STARTED)
     with repository.begin() as uow:
-        uow.steps.create(first.id, StepName("load"))
+        create_step(uow, first.id, StepName("load"))
         failed = LifecycleTransition.failed(clock.advance(), FAILURE)
         first = uow.executions.transition(first.id, first.version, failed)  # and its step
         steps = uow.steps.of_execution(first.id)
@@ -278,7 +279,7 @@ def test_step_executions_are_listed_in_creation_order(
         created = []
         for name in names:
             clock.advance()
-            created.append(uow.steps.create(execution.id, StepName(name)))
+            created.append(create_step(uow, execution.id, StepName(name)))
         uow.commit()
     with repository.begin() as uow:
         listed = uow.steps.of_execution(execution.id)
@@ -298,7 +299,7 @@ def test_reads_of_unknown_ids_return_none(repository: JobRepository, clock: Manu
     """Scenario C11."""
     execution = launched(repository, clock, S.STARTED)
     with repository.begin() as uow:
-        step = uow.steps.create(execution.id, StepName("only"))
+        step = create_step(uow, execution.id, StepName("only"))
         assert uow.executions.get(execution.id + 1000) is None
         assert uow.steps.get(step.id + 1000) is None
         assert uow.executions.get(execution.id) == execution

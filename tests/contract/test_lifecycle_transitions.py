@@ -27,6 +27,7 @@ from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.records import JobExecution, StepExecution
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 from tests.support.clock import ManualClock
+from tests.support.statements import create_step
 
 S = BatchStatus
 Kind = Literal["job", "step"]
@@ -99,7 +100,7 @@ def create(uow: UnitOfWork, kind: Kind) -> Record:
     execution = uow.executions.create(uow.instances.select_or_create(new_key()).instance.id)
     if kind == "job":
         return execution
-    return uow.steps.create(execution.id, StepName("extract"))
+    return create_step(uow, execution.id, StepName("extract"))
 
 
 def drive(uow: UnitOfWork, clock: ManualClock, kind: Kind, record: Record, status: S) -> Record:

@@ -26,6 +26,7 @@ from pybatch.values.names import JobName
 from pybatch.values.parameters import JobInstanceKey, JobParameters
 from tests.support.clock import ManualClock
 from tests.support.race import terminate_backend, wait_until_lock_wait
+from tests.support.statements import support_statements
 
 _runs = itertools.count(1)
 
@@ -76,7 +77,7 @@ def test_a_one_statement_unit_of_work_is_one_round_trip_and_read_committed(
             uow.commit()  # already committed: nothing to do
         with repository.begin() as uow:
             settings = uow.commit_statement(
-                repository.statements.get_transaction_settings, {}, lambda row: row
+                support_statements().get_transaction_settings, {}, lambda row: row
             )
     sent = [line.split("\t")[2] for line in trace if line.startswith("F")]
     assert sent.count("Sync") == 1, trace

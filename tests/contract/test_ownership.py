@@ -40,6 +40,7 @@ from tests.contract.test_etl_api import (
     wait_for_lease_expiry,
 )
 from tests.support.clock import ManualClock
+from tests.support.owners import claim
 
 S = BatchStatus
 
@@ -319,19 +320,19 @@ def test_claim_execution_owner_check_order(
     with repository.begin() as uow:
         instance = uow.instances.select_or_create(job.key).instance
         execution = uow.executions.create(instance.id)
-        claimed = uow.ownership.claim(execution.id, execution.version, mine, clock.now())
+        claimed = claim(uow, execution.id, execution.version, mine, clock.now())
         assert claimed.version == execution.version  # a claim never bumps the version
-        again = uow.ownership.claim(execution.id, execution.version, mine, clock.now())
+        again = claim(uow, execution.id, execution.version, mine, clock.now())
         assert again.version == execution.version  # the same token is idempotent
         with pytest.raises(StaleVersion):
-            uow.ownership.claim(execution.id, execution.version + 1, mine, clock.now())
+            claim(uow, execution.id, execution.version + 1, mine, clock.now())
         with pytest.raises(ExecutionOwned):
-            uow.ownership.claim(execution.id, execution.version, theirs, clock.now())
+            claim(uow, execution.id, execution.version, theirs, clock.now())
         started = uow.executions.transition(
             execution.id, execution.version, LifecycleTransition.new(S.STARTED, clock.now())
         )
         with pytest.raises(ExecutionOwnershipNotAllowed):
-            uow.ownership.claim(execution.id, started.version, mine, clock.now())
+            claim(uow, execution.id, started.version, mine, clock.now())
         uow.commit()
     row = admin.execute(
         "SELECT owner_token, lease_expires_at > clock_timestamp() FROM pybatch.job_execution"

@@ -28,6 +28,8 @@ from tests.contract.test_flow_decisions import DEFINITION, new_key
 from tests.contract.test_flow_decisions import request as decision_request
 from tests.contract.test_recovery_of_orphaned_executions import S, execution_in, mark_failed
 from tests.support.clock import ManualClock
+from tests.support.owners import claim
+from tests.support.statements import create_step
 
 PARTITION_SCHEMA = StateSchemaId("tests.snapshot.partition.v1")
 
@@ -59,7 +61,7 @@ def test_domain_errors_through_a_repository_call_are_repository_errors(
 ) -> None:
     prior = execution_in(repository, clock, S.STARTED)
     with repository.begin() as uow:
-        parent = uow.steps.create(prior.id, StepName("parent"))
+        parent = create_step(uow, prior.id, StepName("parent"))
         parent = uow.steps.transition(
             parent.id, parent.version, LifecycleTransition.new(S.STARTED, clock.advance())
         )
@@ -98,11 +100,11 @@ def test_the_recovery_snapshot_reports_owner_latest_step_and_markers_without_the
     # The legacy definition has no delivery mode: its external effects are ambiguous.
     assert snapshot.markers == RecoveryMarkers.AMBIGUOUS_EXTERNAL_EFFECT
     with repository.begin() as uow:
-        uow.ownership.claim(execution.id, execution.version, owner, clock.now())
+        claim(uow, execution.id, execution.version, owner, clock.now())
         started = uow.executions.transition(
             execution.id, execution.version, LifecycleTransition.new(S.STARTED, clock.advance())
         )
-        step = uow.steps.create(execution.id, StepName("load"))
+        step = create_step(uow, execution.id, StepName("load"))
         uow.executions.transition(
             started.id, started.version, LifecycleTransition.new(S.UNKNOWN, clock.advance())
         )

@@ -60,6 +60,7 @@ from tests.support.clock import ManualClock
 from tests.support.owners import TEST_OWNER, claim_test_owner
 from tests.support.race import race, race_units_of_work, wait_until_lock_wait
 from tests.support.rows import write_exit_code
+from tests.support.statements import create_step
 
 S = BatchStatus
 EVIDENCE = bytes(range(32))
@@ -492,7 +493,7 @@ def test_restart_step_copies_the_same_named_step_of_the_previous_attempt(
 
     second = attempt(repository, clock, instance.id)
     with repository.begin() as uow:
-        copy = uow.steps.create(second.id, StepName("load"))
+        copy = create_step(uow, second.id, StepName("load"))
         uow.commit()
     assert (copy.status, copy.version, copy.job_execution_id) == (S.STARTING, 0, second.id)
     assert copy.metadata.exit_status == ExitCode("UNKNOWN") and copy.metadata.failure is None
@@ -520,11 +521,11 @@ def test_restart_step_without_a_same_named_source_is_refused(
     second = attempt(repository, clock, instance.id)
     with repository.begin() as uow:
         with pytest.raises(RestartStateNotFound) as missing:
-            uow.steps.create(second.id, StepName("report"))
+            create_step(uow, second.id, StepName("report"))
         assert (missing.value.execution_id, missing.value.step_name) == (second.id, "report")
         # Nothing was staged and the unit of work goes on (a typed refusal stages nothing).
         assert uow.steps.of_execution(second.id) == []
-        copy = uow.steps.create(second.id, StepName("load"))
+        copy = create_step(uow, second.id, StepName("load"))
         uow.commit()
     with repository.begin() as uow:
         assert [step.id for step in uow.steps.of_execution(second.id)] == [copy.id]
@@ -709,7 +710,7 @@ def test_a_new_step_starts_clean_at_the_clock_instant(
     clock.set(clock.now() + timedelta(microseconds=123457))
     with repository.begin() as uow:
         execution = uow.executions.create(uow.instances.select_or_create(new_key()).instance.id)
-        step = uow.steps.create(execution.id, StepName("extract"))
+        step = create_step(uow, execution.id, StepName("extract"))
         uow.commit()
     with repository.begin() as uow:
         stored_step = uow.steps.get(step.id)
@@ -767,9 +768,9 @@ def test_a_step_name_or_logical_id_is_used_once_per_execution(
     """
     with repository.begin() as uow:
         execution = uow.executions.create(uow.instances.select_or_create(new_key()).instance.id)
-        extract = uow.steps.create(execution.id, StepName("extract"))
+        extract = create_step(uow, execution.id, StepName("extract"))
         with pytest.raises(DuplicateStep) as same_name:
-            uow.steps.create(execution.id, StepName("extract"))
+            create_step(uow, execution.id, StepName("extract"))
         assert (same_name.value.job_execution_id, same_name.value.step_name) == (
             execution.id,
             "extract",
@@ -781,7 +782,7 @@ def test_a_step_name_or_logical_id_is_used_once_per_execution(
             "extract",
         )
         assert uow.steps.of_execution(execution.id) == [extract]
-        load = uow.steps.create(execution.id, StepName("load"))
+        load = create_step(uow, execution.id, StepName("load"))
         uow.commit()
     with repository.begin() as uow:
         assert uow.steps.of_execution(execution.id) == [extract, load]

@@ -35,6 +35,7 @@ from pybatch._codecs.operator import OPERATOR_REQUEST_COLUMNS
 from pybatch._codecs.partitions import CLAIMED_PARTITION_COLUMNS, STEP_PARTITION_COLUMNS
 from pybatch._codecs.steps import COUNT_COLUMNS, STEP_EXECUTION_COLUMNS
 from pybatch._statements import Statement, load_statements
+from tests.support.statements import support_statements
 
 #: Statement -> the columns its reader reads: a decoder's list, or (for rows read by hand
 #: in the named module) the exact columns that module reads.
@@ -125,7 +126,7 @@ READERS: dict[str, tuple[str, ...]] = {
     "insert_operator_request": ("id",),
     # read by hand: migrator.py (name is shown by `pybatch migrate --dry-run` history)
     "list_schema_migrations": ("version", "name", "checksum"),
-    # read whole: unit_of_work.py transaction_settings, the demo's digest
+    # read whole: tests/support/statements.py transaction_settings, the demo's digest
     "get_transaction_settings": (
         "transaction_isolation",
         "statement_timeout",
@@ -278,7 +279,9 @@ READERS: dict[str, tuple[str, ...]] = {
 }
 
 ROW_STATEMENTS = [
-    s for s in [*load_statements(), *load_statements("demo")] if s.mode in ("one", "many")
+    s
+    for s in [*load_statements(), *load_statements("demo"), *support_statements()]
+    if s.mode in ("one", "many")
 ]
 
 

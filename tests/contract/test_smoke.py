@@ -9,6 +9,7 @@ from pybatch.values.parameters import JobInstanceKey, JobParameters
 from pybatch.values.records import Created, Existing
 from pybatch.values.status import BatchStatus
 from tests.support.clock import ManualClock
+from tests.support.statements import create_step
 
 
 def test_launch_step_complete(repository: JobRepository, clock: ManualClock) -> None:
@@ -20,7 +21,7 @@ def test_launch_step_complete(repository: JobRepository, clock: ManualClock) -> 
         execution = uow.executions.transition(
             execution.id, 0, LifecycleTransition.new(BatchStatus.STARTED, clock.advance())
         )
-        step = uow.steps.create(execution.id, StepName("extract"))
+        step = create_step(uow, execution.id, StepName("extract"))
         step = uow.steps.transition(
             step.id, 0, LifecycleTransition.new(BatchStatus.STARTED, clock.advance())
         )

@@ -824,7 +824,7 @@ def end_and_claim(
     uow: UnitOfWork, parent: StepExecution, partition: StepPartition, worker_id: int, clock: Any
 ) -> tuple[StepPartition, StepExecution] | None:
     """A worker loop's step: end `partition` COMPLETED and claim the next, in one round trip."""
-    end = (to(S.COMPLETED, clock, worker_id), ExitCode.COMPLETED)
+    end = (to(S.COMPLETED, clock, worker_id), ExitCode("COMPLETED"))
     return uow.partitions.claim(parent, ending=(partition.id, partition.version, worker_id, end))
 
 

@@ -32,6 +32,7 @@ from pybatch.values.records import JobExecution
 from pybatch.values.status import BatchStatus
 from tests.contract.test_etl_api import DAY, business_ids, executions, loader, steps_of
 from tests.support.clock import ManualClock
+from tests.support.owners import claim
 
 S = BatchStatus
 OPERATOR = ActorRef("cli:ops")
@@ -150,11 +151,11 @@ def test_only_one_owner_token_claims_a_starting_execution(
     mine, theirs = OwnerToken.generate(), OwnerToken.generate()
     execution = new_execution(repository)
     with repository.begin() as uow:
-        claimed = uow.ownership.claim(execution.id, execution.version, mine, clock.now())
-        again = uow.ownership.claim(execution.id, execution.version, mine, clock.now())
+        claimed = claim(uow, execution.id, execution.version, mine, clock.now())
+        again = claim(uow, execution.id, execution.version, mine, clock.now())
         assert claimed.version == again.version == execution.version
         with pytest.raises(ExecutionOwned) as owned:
-            uow.ownership.claim(execution.id, execution.version, theirs, clock.now())
+            claim(uow, execution.id, execution.version, theirs, clock.now())
         assert owned.value.id == execution.id
         uow.commit()
     assert owner_of(admin, execution.id) == mine.value
@@ -165,14 +166,14 @@ def test_only_one_owner_token_claims_a_starting_execution(
         uow.commit()
     with repository.begin() as uow:
         with pytest.raises(ExecutionOwnershipNotAllowed) as not_allowed:
-            uow.ownership.claim(execution.id, started.version, theirs, clock.now())
+            claim(uow, execution.id, started.version, theirs, clock.now())
         assert (not_allowed.value.id, not_allowed.value.status) == (execution.id, "STARTED")
         # A stale version on a STARTED execution: the version is checked before the status.
         with pytest.raises(StaleVersion) as stale:
-            uow.ownership.claim(execution.id, execution.version, theirs, clock.now())
+            claim(uow, execution.id, execution.version, theirs, clock.now())
         assert (stale.value.expected, stale.value.actual) == (execution.version, started.version)
         with pytest.raises(JobExecutionNotFound) as missing:
-            uow.ownership.claim(987654, 0, theirs, clock.now())
+            claim(uow, 987654, 0, theirs, clock.now())
         assert missing.value.id == 987654
         with pytest.raises(JobExecutionNotFound) as unobserved:
             uow.ownership.observe_control(987654, theirs, clock.now())
@@ -202,7 +203,7 @@ def test_earlier_stop_or_claim_never_moves_updated_at_back(
     updated_at = execution.updated_at
     earlier = updated_at - datetime.timedelta(seconds=30)
     with repository.begin() as uow:
-        uow.ownership.claim(execution.id, execution.version, OwnerToken.generate(), earlier)
+        claim(uow, execution.id, execution.version, OwnerToken.generate(), earlier)
         uow.stop_requests.request(execution.id, execution.version, OPERATOR, earlier)
         uow.commit()
     after = stored_execution(repository, execution.id)
@@ -225,7 +226,7 @@ def test_observing_control_reports_ownership_and_a_stop_request_and_moves_to_sto
     with repository.begin() as uow:
         unclaimed = uow.ownership.observe_control(execution.id, owner, clock.now())
         assert (unclaimed.owner_matches, unclaimed.stop_requested) == (False, False)  # I8
-        uow.ownership.claim(execution.id, execution.version, owner, clock.now())
+        claim(uow, execution.id, execution.version, owner, clock.now())
         started = uow.executions.transition(
             execution.id, execution.version, LifecycleTransition.new(S.STARTED, clock.now())
         )

@@ -43,6 +43,7 @@ from tests.support.race import (
     wait_until_lock_wait,
 )
 from tests.support.rows import write_exit_code
+from tests.support.statements import create_step, transaction_settings
 
 S = BatchStatus
 FAILURE = FailureSummary(FailureCategory.CANCELLED, FailureId(3))
@@ -213,7 +214,7 @@ def test_rollback_discards_everything_and_others_still_commit(
         with repository.begin() as uow:
             instance = uow.instances.select_or_create(discarded_key).instance
             execution = uow.executions.create(instance.id)
-            uow.steps.create(execution.id, StepName("s"))
+            create_step(uow, execution.id, StepName("s"))
             uow.executions.transition(existing.id, existing.version, to(S.COMPLETED, clock))
             uow.rollback()
             assert not uow.is_open
@@ -277,7 +278,7 @@ def test_a_unit_of_work_reads_its_own_staged_writes(
         assert uow.executions.get(execution.id) == execution
         started = uow.executions.transition(execution.id, 0, to(S.STARTED, clock))
         assert uow.executions.get(execution.id) == started
-        step = uow.steps.create(execution.id, StepName("read"))
+        step = create_step(uow, execution.id, StepName("read"))
         assert uow.steps.of_execution(execution.id) == [step]
         assert uow.steps.get(step.id) == step
         # Nothing is visible to another unit of work before commit.
@@ -297,13 +298,13 @@ def test_ids_of_a_rolled_back_unit_of_work_are_never_reissued(
     with repository.begin() as uow:
         instance = uow.instances.select_or_create(key).instance
         execution = uow.executions.create(instance.id)
-        step = uow.steps.create(execution.id, StepName("s"))
+        step = create_step(uow, execution.id, StepName("s"))
         uow.rollback()
     with repository.begin() as uow:
         again = uow.instances.select_or_create(key)
         assert isinstance(again, Created)
         execution2 = uow.executions.create(again.instance.id)
-        step2 = uow.steps.create(execution2.id, StepName("s"))
+        step2 = create_step(uow, execution2.id, StepName("s"))
         uow.commit()
     assert again.instance.id > instance.id
     assert execution2.id > execution.id
@@ -412,7 +413,7 @@ def test_units_of_work_run_read_committed_with_the_configured_timeouts_despite_d
     for _ in range(2):  # a fresh and a reused pooled connection
         with repository.begin() as uow:
             uow.instances.select_or_create(new_key())
-            settings = uow.transaction_settings()
+            settings = transaction_settings(uow)
             uow.commit()
         assert settings == {
             "transaction_isolation": "read committed",
@@ -503,7 +504,7 @@ def test_a_deadlock_victim_gets_a_retryable_conflict_and_can_only_roll_back(
                     lambda: uow.executions.get(mine.id),
                     lambda: uow.executions.create(mine.job_instance_id),
                     lambda: uow.connection,
-                    uow.transaction_settings,
+                    lambda: transaction_settings(uow),
                     uow.commit,
                 ]
                 for call in refused:
@@ -681,8 +682,8 @@ def test_units_of_work_on_different_instances_never_conflict(
         b.instances.select_or_create(key_b)
         a_one = a.executions.transition(one.id, 0, to(S.STARTED, clock))
         b_two = b.executions.transition(two.id, 0, to(S.STARTED, clock))
-        a_step = a.steps.create(one.id, StepName("s"))
-        b_step = b.steps.create(two.id, StepName("s"))
+        a_step = create_step(a, one.id, StepName("s"))
+        b_step = create_step(b, two.id, StepName("s"))
         with repository.begin() as reader:  # a read-only unit of work commits in between
             reader.executions.of_instance(one.job_instance_id)
             reader.commit()

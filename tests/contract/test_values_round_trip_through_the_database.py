@@ -30,6 +30,7 @@ from pybatch.values.parameters import (
 from pybatch.values.records import Created, Existing
 from pybatch.values.status import BatchStatus
 from tests.support.clock import ManualClock
+from tests.support.statements import create_step
 
 EMPTY_FAULT_STATE_CHECKSUM = "a491114819e0d3bd8b7ca004dc0636f95b45e2fcb1a67ddb5726beaea12f9922"
 
@@ -198,7 +199,7 @@ def test_jsonb_documents_re_canonicalise_to_the_same_bytes(
                 JobInstanceKey(JobName("canon"), JobParameters.of({"other": 1}))
             ).instance.id
         )
-        step = uow.steps.create(execution.id, StepName("s"))
+        step = create_step(uow, execution.id, StepName("s"))
         uow.commit()
 
     # Identifying parameters: the server reorders keys; the document re-canonicalises.

@@ -27,6 +27,7 @@ from pybatch.values.names import JobName, StepName
 from pybatch.values.parameters import JobInstanceKey, JobParameter, JobParameters, ParameterValue
 from pybatch.values.status import BatchStatus
 from tests.support.clock import ManualClock
+from tests.support.statements import create_step
 
 SECRET = "hunter2-Zq9"
 #: Planted where an operator's browser would render it: a job name, a parameter name and value,
@@ -98,7 +99,7 @@ def _started_without_owner(
             execution.version,
             LifecycleTransition.new(BatchStatus.STARTED, clock.advance()),
         )
-        uow.steps.create(execution.id, StepName("export"))
+        create_step(uow, execution.id, StepName("export"))
         uow.commit()
     return execution.id
 

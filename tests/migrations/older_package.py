@@ -26,7 +26,7 @@ from pybatch._repository.executions import Executions
 from pybatch._repository.flow import Flow
 from pybatch._repository.ownership import Launch, Ownership
 from pybatch._repository.steps import Steps
-from pybatch._statements import Connection, Statement, Statements, load_statements
+from pybatch._statements import Connection, Statements
 from pybatch.errors import ExecutionAlreadyActive, StepExecutionNotFound
 from pybatch.values.definitions import DefinitionIdentity
 from pybatch.values.flow import StartLimit
@@ -37,6 +37,7 @@ from pybatch.values.ownership import ExecutionLease, OwnerToken
 from pybatch.values.parameters import JobInstanceKey
 from pybatch.values.records import JobExecution, StepExecution
 from pybatch.values.status import BatchStatus, FailureCategory, FailureReason, FailureSummary
+from tests.support import owners
 
 S = BatchStatus
 
@@ -103,29 +104,16 @@ _REASON = (
 )
 
 
-class ClaimBefore0012:
-    """`claim_execution_owner` as the package before migration 0012 ran it: no owner host."""
-
-    def __init__(self, current: Statement) -> None:
-        self._query = current.query.replace(b"owner_host = %(owner_host)s,\n", b"")
-        assert b"owner_host" not in self._query
-
-    def affected(self, conn: Connection, /, **params: object) -> int:
-        del params["owner_host"]
-        with conn.cursor() as cursor:
-            cursor.execute(self._query, params)
-            return cursor.rowcount
-
-
 @contextlib.contextmanager
 def older_package(monkeypatch: pytest.MonkeyPatch, version: int) -> Iterator[None]:
     """Inside: repositories accept schema `version` and write only the columns it has."""
     with monkeypatch.context() as patch:
         patch.setattr(repository_module, "supported_schema_version", lambda: version)
         if version < OWNER_HOST:
-            statements = load_statements()._by_name
-            claim = ClaimBefore0012(statements["claim_execution_owner"])
-            patch.setitem(statements, "claim_execution_owner", claim)
+            # The claim as the package before migration 0012 ran it: no owner host.
+            claim = owners.CLAIM.replace(" owner_host = %(owner_host)s,", "")
+            assert "owner_host" not in claim
+            patch.setattr(owners, "CLAIM", claim)
         if version < TRANSITIONS:
             _transitions_before_0014(patch, version)
         yield
@@ -178,7 +166,7 @@ def _transitions_before_0014(patch: pytest.MonkeyPatch, version: int) -> None:
         except ExecutionAlreadyActive as active:
             return (None, *uow.ownership.lock(active.execution_id))
         at = max(uow.clock.now(), execution.created_at)
-        uow.ownership.claim(execution.id, execution.version, owner, at, lease)
+        owners.claim(uow, execution.id, execution.version, owner, at, lease)
         started = uow.executions.transition(execution.id, 0, LifecycleTransition.new(S.STARTED, at))
         return instance, started, None
 

@@ -87,6 +87,7 @@ from tests.properties import strategies as s
 from tests.properties.launching import launch, unique_key
 from tests.support.clock import ManualClock
 from tests.support.owners import TEST_OWNER
+from tests.support.statements import create_step
 
 S = BatchStatus
 DB_EXAMPLES = settings(max_examples=25)
@@ -297,7 +298,7 @@ def _step(
 ) -> StepExecution:
     execution = launch(repository, clock, unique_key("steps"))
     with repository.begin() as uow:
-        step = uow.steps.create(execution.id, StepName("load"))
+        step = create_step(uow, execution.id, StepName("load"))
         for target in path:
             step = uow.steps.transition(
                 step.id, step.version, LifecycleTransition.new(target, clock.advance())

@@ -65,6 +65,7 @@ from tests.properties.launching import launch, unique_key
 from tests.support.clock import ManualClock
 from tests.support.owners import TEST_OWNER
 from tests.support.rows import write_exit_code
+from tests.support.statements import create_step
 
 S = BatchStatus
 DB_EXAMPLES = settings(max_examples=20)
@@ -82,7 +83,7 @@ gaps = st.timedeltas(dt.timedelta(microseconds=1), dt.timedelta(days=30))
 def _started_step(repository: JobRepository, clock: ManualClock) -> StepExecution:
     execution = launch(repository, clock, unique_key("steps"))
     with repository.begin() as uow:
-        step = uow.steps.create(execution.id, StepName("load"))
+        step = create_step(uow, execution.id, StepName("load"))
         step = uow.steps.transition(step.id, 0, LifecycleTransition.new(S.STARTED, clock.advance()))
         uow.commit()
     return step

@@ -39,6 +39,7 @@ from tests.support.chunks import FirstChunks, commit
 from tests.support.clock import ManualClock
 from tests.support.owners import TEST_OWNER, claim_test_owner
 from tests.support.race import DEADLINE_SECONDS, portable, race, race_processes
+from tests.support.statements import create_step
 
 pytestmark = pytest.mark.race
 
@@ -57,7 +58,7 @@ def started_step(repository: JobRepository, clock: ManualClock) -> StepExecution
         execution = uow.executions.transition(
             execution.id, 0, LifecycleTransition.new(BatchStatus.STARTED, clock.advance())
         )
-        step = uow.steps.create(execution.id, StepName("load"))
+        step = create_step(uow, execution.id, StepName("load"))
         step = uow.steps.transition(
             step.id, 0, LifecycleTransition.new(BatchStatus.STARTED, clock.advance())
         )

@@ -29,6 +29,7 @@ from tests.support.race import (
     race_units_of_work,
     run_job_in_process,
 )
+from tests.support.statements import create_step
 
 pytestmark = pytest.mark.race
 
@@ -127,7 +128,7 @@ def started_pair(
         execution = uow.executions.transition(
             execution.id, 0, LifecycleTransition.new(S.STARTED, at)
         )
-        step = uow.steps.create(execution.id, StepName("work"))
+        step = create_step(uow, execution.id, StepName("work"))
         step = uow.steps.transition(step.id, 0, LifecycleTransition.new(S.STARTED, at))
         uow.commit()
     return execution, step
@@ -181,7 +182,7 @@ def test_two_concurrent_steps_with_one_name_give_one_step(
         execution, _step = started_pair(repository, clock)
 
         def twin(uow: UnitOfWork, index: int, execution_id: int = execution.id) -> StepExecution:
-            return uow.steps.create(execution_id, StepName("twin"))
+            return create_step(uow, execution_id, StepName("twin"))
 
         outcomes = race_units_of_work(repository, 2, twin)
         [winner] = [o.value for o in outcomes if o.ok]

@@ -95,7 +95,7 @@ def test_the_isolated_runtime_grants_cover_every_update_of_queries() -> None:
         sorted(missing)
     )
     # The parser does see the statements it checks (a regex gone blind would pass).
-    assert {"owner_token", "lease_expires_at", "stop_requested_at", "status"} <= set(
+    assert {"lease_expires_at", "stop_requested_at", "status", "failure_message"} <= set(
         updates["job_execution"]
     )
     assert "checkpoint_payload" in updates["step_execution"]

@@ -87,8 +87,6 @@ def test_every_statement_is_called_from_the_package() -> None:
 #: Statement files whose owner module does not share their stem, and why.
 OWNER_EXCEPTIONS = {
     "schema.sql": {"_migrator.py", "_job_repository.py"},  # the migrator owns the bookkeeping
-    # The pooler settings (and the diagnostics of the unit of work's settings).
-    "transaction.sql": {"_transaction.py", "_unit_of_work.py"},
     "demo.sql": {"demo.py"},  # pybatch/_demo/demo.py, the demo main job
     "clones.sql": {"_clones.py"},  # pybatch/testing/_clones.py, the test databases
 }

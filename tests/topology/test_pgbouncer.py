@@ -50,6 +50,7 @@ from tests.crash import worker as w
 from tests.crash.test_etl_crash import Worker, check_consistent, durable_state
 from tests.support.pgbouncer import Bouncer, pgbouncer
 from tests.support.race import race
+from tests.support.statements import support_statements
 
 pytestmark = pytest.mark.crash
 
@@ -84,7 +85,7 @@ def pooled(bouncer: Bouncer, admin: psycopg.Connection[Any], **overrides: Any) -
 
 
 def settings_in_force(conn: psycopg.Connection[Any], repository: JobRepository) -> dict[str, str]:
-    row = repository.statements.get_transaction_settings.one(conn)
+    row = support_statements().get_transaction_settings.one(conn)
     assert row is not None
     return {name: str(row[name]) for name in EXPECTED}
 
@@ -92,7 +93,7 @@ def settings_in_force(conn: psycopg.Connection[Any], repository: JobRepository) 
 def settings_alone(uow: UnitOfWork, repository: JobRepository) -> tuple[Any, list[str]]:
     """The settings read as a unit of work of one statement, and its protocol trace."""
     rows: list[Any] = []
-    statement = repository.statements.get_transaction_settings
+    statement = support_statements().get_transaction_settings
     conn = uow._lease.connection
     assert conn is not None
     trace = traced(conn, lambda: rows.append(uow.commit_statement(statement, {}, lambda r: r)))
