@@ -20,14 +20,10 @@ from pybatch import ConnectionConfig, JobRepository
 from pybatch._lease_keeper import LeaseKeeper
 from pybatch.errors import (
     ExecutionAlreadyActive,
-    ExecutionOwned,
     ExecutionOwnershipLost,
-    ExecutionOwnershipNotAllowed,
-    StaleVersion,
 )
 from pybatch.etl import Job, StepRun
-from pybatch.values.lifecycle import LifecycleTransition
-from pybatch.values.ownership import ExecutionLease, OwnerToken
+from pybatch.values.ownership import ExecutionLease
 from pybatch.values.status import BatchStatus
 from tests.contract.test_etl_api import (
     DAY,
@@ -39,8 +35,6 @@ from tests.contract.test_etl_api import (
     steps_of,
     wait_for_lease_expiry,
 )
-from tests.support.clock import ManualClock
-from tests.support.owners import claim
 
 S = BatchStatus
 
@@ -307,39 +301,6 @@ def test_a_launch_waits_no_longer_than_one_lease_after_a_crash(
     with run:
         assert run.attempt == 2
     assert waited <= lease.total_seconds() + 1.0
-
-
-# --------------------------------------------------------------------------- claim
-
-
-def test_claim_execution_owner_check_order(
-    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
-) -> None:
-    mine, theirs = OwnerToken.generate(), OwnerToken.generate()
-    job = Job(repository, "claims", DAY)
-    with repository.begin() as uow:
-        instance = uow.instances.select_or_create(job.key).instance
-        execution = uow.executions.create(instance.id)
-        claimed = claim(uow, execution.id, execution.version, mine, clock.now())
-        assert claimed.version == execution.version  # a claim never bumps the version
-        again = claim(uow, execution.id, execution.version, mine, clock.now())
-        assert again.version == execution.version  # the same token is idempotent
-        with pytest.raises(StaleVersion):
-            claim(uow, execution.id, execution.version + 1, mine, clock.now())
-        with pytest.raises(ExecutionOwned):
-            claim(uow, execution.id, execution.version, theirs, clock.now())
-        started = uow.executions.transition(
-            execution.id, execution.version, LifecycleTransition.new(S.STARTED, clock.now())
-        )
-        with pytest.raises(ExecutionOwnershipNotAllowed):
-            claim(uow, execution.id, started.version, mine, clock.now())
-        uow.commit()
-    row = admin.execute(
-        "SELECT owner_token, lease_expires_at > clock_timestamp() FROM pybatch.job_execution"
-        " WHERE id = %s",
-        (execution.id,),
-    ).fetchone()
-    assert row is not None and bytes(row[0]) == mine.value and row[1] is True
 
 
 def test_lease_bounds_are_enforced() -> None:

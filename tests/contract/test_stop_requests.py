@@ -18,8 +18,6 @@ from pybatch import JobRepository
 from pybatch._explorer import JobExplorer
 from pybatch._services.operator import OperatorService
 from pybatch.errors import (
-    ExecutionOwned,
-    ExecutionOwnershipNotAllowed,
     JobExecutionNotFound,
     StaleVersion,
 )
@@ -136,59 +134,6 @@ def test_a_stop_request_with_a_stale_version_or_unknown_id_changes_nothing(
         uow.commit()
     assert stop_columns(admin, execution.id) == (None, None, "STARTING", execution.version)
     assert stored_execution(repository, execution.id) == execution
-
-
-def test_only_one_owner_token_claims_a_starting_execution(
-    repository: JobRepository, clock: ManualClock, admin: psycopg.Connection[Any]
-) -> None:
-    """A claim succeeds on STARTING and again with the same token; another token is
-    ExecutionOwned; on STARTED it is ExecutionOwnershipNotAllowed{STARTED}, but a stale
-    version is reported first; an unknown execution is JobExecutionNotFound. No refusal
-    changes the recorded owner or the version.
-
-    Scenario I4, I5, I10.
-    """
-    mine, theirs = OwnerToken.generate(), OwnerToken.generate()
-    execution = new_execution(repository)
-    with repository.begin() as uow:
-        claimed = claim(uow, execution.id, execution.version, mine, clock.now())
-        again = claim(uow, execution.id, execution.version, mine, clock.now())
-        assert claimed.version == again.version == execution.version
-        with pytest.raises(ExecutionOwned) as owned:
-            claim(uow, execution.id, execution.version, theirs, clock.now())
-        assert owned.value.id == execution.id
-        uow.commit()
-    assert owner_of(admin, execution.id) == mine.value
-    with repository.begin() as uow:
-        started = uow.executions.transition(
-            execution.id, execution.version, LifecycleTransition.new(S.STARTED, clock.advance())
-        )
-        uow.commit()
-    with repository.begin() as uow:
-        with pytest.raises(ExecutionOwnershipNotAllowed) as not_allowed:
-            claim(uow, execution.id, started.version, theirs, clock.now())
-        assert (not_allowed.value.id, not_allowed.value.status) == (execution.id, "STARTED")
-        # A stale version on a STARTED execution: the version is checked before the status.
-        with pytest.raises(StaleVersion) as stale:
-            claim(uow, execution.id, execution.version, theirs, clock.now())
-        assert (stale.value.expected, stale.value.actual) == (execution.version, started.version)
-        with pytest.raises(JobExecutionNotFound) as missing:
-            claim(uow, 987654, 0, theirs, clock.now())
-        assert missing.value.id == 987654
-        with pytest.raises(JobExecutionNotFound) as unobserved:
-            uow.ownership.observe_control(987654, theirs, clock.now())
-        assert unobserved.value.id == 987654
-        uow.commit()
-    assert owner_of(admin, execution.id) == mine.value
-    assert stored_execution(repository, execution.id) == started
-
-
-def owner_of(admin: psycopg.Connection[Any], execution_id: int) -> bytes | None:
-    row = admin.execute(
-        "SELECT owner_token FROM pybatch.job_execution WHERE id = %s", (execution_id,)
-    ).fetchone()
-    assert row is not None
-    return None if row[0] is None else bytes(row[0])
 
 
 def test_earlier_stop_or_claim_never_moves_updated_at_back(
