@@ -7,6 +7,7 @@ state tampered with behind pybatch's back (refused, never decoded as a default).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import tempfile
 import threading
@@ -290,7 +291,7 @@ def test_the_state_provider_supplies_the_committed_checkpoint_and_context(
             offset = committed_counts.read + chunk_counts.read
             return Receipt(cursor(offset), ExecutionContext(SCHEMA, 1, {"n": offset}))
 
-    with StepSession(repository, context_of(step)) as session:
+    with contextlib.closing(StepSession(repository, context_of(step))) as session:
         for _ in range(2):
             with session.begin() as chunk:
                 commit_from(chunk, ChunkCounts(read=5, processed=5, written=5), Provider())
@@ -458,7 +459,7 @@ def test_a_chunk_opened_while_the_sessions_chunk_is_open_gets_a_connection_of_it
     """A nested chunk of one session is a second writer: both start from one version, and
     only the first commit lands; the held connection stays the session's."""
     step = started_step(repository, clock)
-    with StepSession(repository, context_of(step)) as session:
+    with contextlib.closing(StepSession(repository, context_of(step))) as session:
         outer = session.begin()
         inner = session.begin()
         assert outer.connection is not inner.connection
@@ -483,7 +484,7 @@ def test_a_session_starts_each_chunk_from_the_version_it_committed(
     """The next chunk starts from the committed version without reading it; a stale state
     is refused at commit, by the progress UPDATE's own predicate. Scenario O3."""
     step = started_step(repository, clock)
-    with StepSession(repository, context_of(step)) as session:
+    with contextlib.closing(StepSession(repository, context_of(step))) as session:
         for offset in (1, 2):
             with session.begin() as chunk:
                 commit(chunk, ChunkCounts(read=1), checkpoint=cursor(offset))

@@ -8,6 +8,7 @@ released by a barrier and every race repeats; one race runs in two spawned proce
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from typing import Any, cast
@@ -205,7 +206,10 @@ def commit_chunk_in_process(
     pid = os.getpid()
     with JobRepository.connect(ConnectionConfig(**config_fields)) as repository:
         context = ChunkContext(step_id, job_execution_id, TEST_OWNER)
-        with StepSession(repository, context) as session, session.begin() as chunk:
+        with (
+            contextlib.closing(StepSession(repository, context)) as session,
+            session.begin() as chunk,
+        ):
             barrier.wait(DEADLINE_SECONDS)
             try:
                 chunk.execute("INSERT INTO public.orders VALUES (%s, 'process')", (pid,))
