@@ -75,19 +75,6 @@ class StepSession:
     is open gets a pooled connection of its own.
     """
 
-    __slots__ = (
-        "_chunk",
-        "_clock",
-        "_conn",
-        "_context",
-        "_cursor",
-        "_lease",
-        "_statements",
-        "_transactions",
-        "_writes",
-        "committed",
-    )
-
     def __init__(self, repository: JobRepository, context: chunks.ChunkContext) -> None:
         self._transactions = repository.transactions
         q = self._statements = repository.statements

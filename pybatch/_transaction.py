@@ -103,14 +103,10 @@ class Lease:
     def commit_alone(
         self, statement: Statement, params: Mapping[str, object], errors: CommitErrors
     ) -> Row | None:
-        """Run `statement` as the whole transaction, in one round trip.
+        """Run `statement` as the whole transaction in one round trip; give the connection back.
 
-        In autocommit: alone, as its own transaction (READ COMMITTED, the default the startup
-        options set); behind a pooler, which sets no default, BEGIN READ COMMITTED, the
-        settings (transaction mode), the statement and COMMIT in one pipeline with one Sync.
-        A refused statement or COMMIT commits nothing (`errors.refused`); a connection lost
-        once it was sent may have committed (`errors.unknown`). The connection goes back to
-        the pool.
+        Refused, it committed nothing (`errors.refused`); a connection lost once it was sent
+        may have committed (`errors.unknown`).
         """
         conn = self._conn
         if conn is None or conn.pgconn.transaction_status != TransactionStatus.IDLE:
@@ -118,7 +114,7 @@ class Lease:
         q = load_statements()
         try:
             conn.autocommit = True
-            if self._source.pooled:
+            if self._source.pooled:  # no startup options: BEGIN, settings, it, COMMIT, one Sync
                 with conn.pipeline():
                     q.begin_read_committed.send(conn)
                     if self._source.per_transaction:
@@ -231,13 +227,11 @@ class TransactionSource:
         elif pooler is Pooler.SESSION:
             self.apply_settings(conn, transaction_only=False)
             conn.commit()
-        else:
-            if (dropped := self._dropped_setting(conn)) is not None:
-                self._refused[conn] = dropped
-                return
-        if self._check is not None:
-            if (refusal := self._check(conn)) is not None:
-                self._refused[conn] = refusal
+        elif (dropped := self._dropped_setting(conn)) is not None:
+            self._refused[conn] = dropped
+            return
+        if self._check is not None and (refusal := self._check(conn)) is not None:
+            self._refused[conn] = refusal
 
     def apply_settings(
         self, conn: Connection, *, transaction_only: bool, send: bool = False

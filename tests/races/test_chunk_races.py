@@ -185,7 +185,7 @@ def test_concurrent_reservations_of_different_keys_both_land(
 
         outcomes = race(2, reserve_own_key)
         assert all(outcome.ok for outcome in outcomes), [o.error for o in outcomes]
-    assert stores[1].unresolved() == 2
+    assert len(load_committed_state(repository, context).fault_state.entries) == 2
     assert stores[1].reserved_ordinal(entry(2, 1).key) == RetryOrdinal(ITERATIONS)
     n = 2 * ITERATIONS
     assert step_row(admin, step.id) == (step.version + n, 0, 0, 0, 0, 0, n, n)
