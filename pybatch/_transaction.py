@@ -179,9 +179,7 @@ class TransactionSource:
     ) -> None:
         self._config = config
         # New connections that `check` refused; a lease of one raises the refusal.
-        self._refused: weakref.WeakKeyDictionary[Connection, PyBatchError] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._refused = weakref.WeakKeyDictionary[Connection, PyBatchError]()
         self._check = check
         #: Behind a transaction-mode pooler: every transaction sets the settings itself.
         self.per_transaction = config.pooler is Pooler.TRANSACTION

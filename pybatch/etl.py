@@ -152,10 +152,7 @@ class Chunk:
         if processed is None:
             processed = read
         if not (
-            type(read) is int
-            and type(processed) is int
-            and type(written) is int
-            and type(filtered) is int
+            type(read) is type(processed) is type(written) is type(filtered) is int
             and 0 <= read <= INT64_MAX
             and 0 <= processed <= INT64_MAX
             and 0 <= written <= INT64_MAX
@@ -191,7 +188,6 @@ class _ObservedChunk(Chunk):
             self._probe.ended(exc)
 
     def _discard(self) -> None:
-        """`Chunk._discard`, ending the chunk's span."""
         super()._discard()
         self._probe.ended(None)
 

@@ -566,12 +566,10 @@ def test_reservations_need_a_bound_started_step(
     """Scenario O4."""
     step = started_step(repository, clock)
     unbound = FaultState(repository, POLICY)
-    for call in (
-        lambda: unbound.reserve(entry(1, 1)),
-        lambda: unbound.reserved_ordinal(entry(1, 1).key),
-    ):
-        with pytest.raises(FaultStateUnbound):
-            call()
+    with pytest.raises(FaultStateUnbound):
+        unbound.reserve(entry(1, 1))
+    with pytest.raises(FaultStateUnbound):
+        unbound.reserved_ordinal(entry(1, 1).key)
     fault_state = bound_fault_state(repository, step)
     with repository.begin() as uow:
         uow.steps.transition(
