@@ -1113,10 +1113,8 @@ class Job:
     def launch(self) -> JobRun:
         """Start the first attempt, or restart after FAILED or STOPPED, and mark it STARTED.
 
-        An unresolved attempt's lease alone decides whether its owner lives: the launch watches
-        a fresh one at most until it runs out. A renewal (every third of the lease) proves the
-        owner alive (ExecutionAlreadyActive), an expiry on the database clock proves it gone
-        (recovered here, then the new attempt starts).
+        An unresolved attempt whose lease expires while the launch watches it is recovered
+        here (docs/etl-guide.md, Crashes and restarts).
 
         Raises:
             CompletedInstance, AbandonedInstance: the instance never runs again.
