@@ -1,8 +1,6 @@
 """`python -m pybatch`: the operator command line, the same as the `pybatch` script."""
 
-import sys
-
 from pybatch._cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

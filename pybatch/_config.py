@@ -102,20 +102,10 @@ CLOCK_SKEW_BOUNDS = (timedelta(milliseconds=100), timedelta(seconds=60))
 DEFAULT_MAX_CLOCK_SKEW = timedelta(seconds=5)
 
 
-def _within(value: object, bounds: tuple[timedelta, timedelta]) -> bool:
-    return isinstance(value, timedelta) and bounds[0] <= value <= bounds[1]
-
-
-def check_stale_threshold(value: object) -> None:
-    """Refuse a stale threshold outside 1 min..24 h (StaleThresholdOutOfRange)."""
-    if not _within(value, STALE_THRESHOLD_BOUNDS):
-        raise e.StaleThresholdOutOfRange()
-
-
-def check_max_clock_skew(value: object) -> None:
-    """Refuse a clock-skew bound outside 100 ms..60 s (ClockSkewBoundOutOfRange)."""
-    if not _within(value, CLOCK_SKEW_BOUNDS):
-        raise e.ClockSkewBoundOutOfRange()
+def check_bounds(value: object, bounds: tuple[timedelta, ...], error: type[Exception]) -> None:
+    """Refuse a duration outside `bounds` with `error` (ClockSkewBoundOutOfRange...)."""
+    if not (isinstance(value, timedelta) and bounds[0] <= value <= bounds[1]):
+        raise error()
 
 
 def encodes_as_utf8(text: str) -> bool:
@@ -295,8 +285,8 @@ class ConnectionConfig:
         attempts = self.unit_of_work_attempts
         if type(attempts) is not int or not 1 <= attempts <= MAX_UNIT_OF_WORK_ATTEMPTS:
             raise e.UnitOfWorkAttempts()
-        check_max_clock_skew(self.max_clock_skew)
-        check_stale_threshold(self.stale_threshold)
+        check_bounds(self.max_clock_skew, CLOCK_SKEW_BOUNDS, e.ClockSkewBoundOutOfRange)
+        check_bounds(self.stale_threshold, STALE_THRESHOLD_BOUNDS, e.StaleThresholdOutOfRange)
         if not isinstance(self.tls_mode, TlsMode):
             raise e.InvalidTlsMode()
         if not isinstance(self.pooler, Pooler):
@@ -335,16 +325,11 @@ class ConnectionConfig:
         params["application_name"] = APPLICATION_NAME
         # libpq's connect_timeout has one-second granularity; round up, never to 0 (= forever).
         params["connect_timeout"] = str(max(1, math.ceil(self.connect_timeout.total_seconds())))
-        if self.tls_mode is TlsMode.PLAINTEXT:
-            params["sslmode"] = "disable"
-        else:
-            params["sslmode"] = "verify-full"
-            if self.ca_certificate is None:
-                params["sslrootcert"] = "system"
-            elif ca_file is None:
+        params["sslmode"] = "disable" if self.tls_mode is TlsMode.PLAINTEXT else "verify-full"
+        if self.tls_mode is TlsMode.VERIFY_FULL:
+            if self.ca_certificate is not None and ca_file is None:
                 raise ValueError("a CA file path is required for a CA certificate")
-            else:
-                params["sslrootcert"] = ca_file
+            params["sslrootcert"] = "system" if self.ca_certificate is None else ca_file
         return params
 
     def session_settings(self) -> dict[str, str]:

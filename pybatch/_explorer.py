@@ -1,11 +1,8 @@
-"""The explorer: read-only, keyset-paged views of everything the repository records.
-
-Pages, identity ceilings and why a cursor is checksummed but not keyed: docs/contract.md,
-Explorer and Explorer vocabulary.
-"""
+"""Read-only keyset-paged views of all a repository records (docs/contract.md, Explorer)."""
 
 from __future__ import annotations
 
+import bisect
 import datetime as _dt
 import itertools
 import json
@@ -57,18 +54,23 @@ _KEYS = {
 }
 
 
-def _row_size(item: object) -> int:
+#: The JSON of the rows that are not explorer projections (which have `as_json`).
+_AS_JSON: dict[type, Callable[[Any], dict[str, Any]]] = {
+    OperatorRecord: v.operator_request_json,
+    FlowDecision: v.flow_decision_json,
+    RecoveryDecision: v.recovery_decision_json,
+}
+
+
+def _row_size(item: Any) -> int:
     """UTF-8 size of a row's compact JSON: an estimate (the bound is per page), so no canonical."""
-    if isinstance(item, OperatorRecord):
-        document = v.operator_request_json(item)
-    elif isinstance(item, FlowDecision):
-        document = v.flow_decision_json(item)
-    elif isinstance(item, RecoveryDecision):
-        document = v.recovery_decision_json(item)
-    else:
-        as_json: Callable[[], dict[str, Any]] = item.as_json  # type: ignore[attr-defined]
-        document = as_json()
+    document = _AS_JSON[type(item)](item) if type(item) in _AS_JSON else item.as_json()
     return len(_ENCODER.encode(document).encode("utf-8"))
+
+
+def shown_instant(value: _dt.datetime | None) -> str:
+    """A timestamp as the CLI and the dashboard show it, to the second; None is `-`."""
+    return "-" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _documents(parameters: ParameterFilter | None) -> list[CanonicalJsonb]:
@@ -127,14 +129,11 @@ class JobExplorer:
         # A child listing's parent: the statement telling whether it exists (its one parameter
         # is the parent's id, named as in the listing's statement), the id's kind, its error.
         execution = (q.explore_job_execution_exists, K.JOB_EXECUTION, e.JobExecutionNotFound)
+        step = (q.explore_step_execution_exists, K.STEP_EXECUTION, e.StepExecutionNotFound)
         children = (Q.STEP_EXECUTIONS, Q.RECOVERY_DECISIONS, Q.FLOW_DECISIONS, Q.OPERATOR_REQUESTS)
         self._parents: dict[ExplorerQuery, tuple[Statement, IdentifierKind, Callable[..., Any]]] = {
             Q.EXECUTIONS: (q.explore_job_instance_exists, K.JOB_INSTANCE, e.JobInstanceNotFound),
-            Q.STEP_PARTITIONS: (
-                q.explore_step_execution_exists,
-                K.STEP_EXECUTION,
-                e.StepExecutionNotFound,
-            ),
+            Q.STEP_PARTITIONS: step,
             **dict.fromkeys((*children, Q.STEP_SKIPS), execution),
         }
         decode_execution = codec.decode_execution_projection
@@ -246,16 +245,10 @@ class JobExplorer:
             return [decode(row) for row in found], bound
 
         items, bound = self._read(work)
-        kept: list[Any] = []
-        total = 0
-        for item in items:
-            size = _row_size(item)
-            if not kept and size > v.MAX_RESPONSE_BYTES:
-                raise e.ResponseTooLarge(limit=page_size.value)
-            total += size
-            if total > v.MAX_RESPONSE_BYTES:
-                break
-            kept.append(item)
+        totals = list(itertools.accumulate(map(_row_size, items)))  # the page's size row by row
+        if totals and totals[0] > v.MAX_RESPONSE_BYTES:
+            raise e.ResponseTooLarge(limit=page_size.value)
+        kept = items[: bisect.bisect_right(totals, v.MAX_RESPONSE_BYTES)]
         # More may follow when the response bound cut the page short or the page is full.
         more = bool(kept) and (len(kept) < len(items) or len(items) == page_size.value)
         if not more:
@@ -432,11 +425,7 @@ class JobExplorer:
         return dict(counts)
 
     def recent_executions(self, job_name: str, limit: int = 20) -> tuple[v.LatestAttempt, ...]:
-        """The newest `limit` executions of a job name, newest first: a run history.
-
-        `limit` is 1 to 50 (PageSizeOutOfRange): the statement reads at most `limit` attempts
-        of each of the `limit` newest instances.
-        """
+        """The newest `limit` (1 to 50) executions of a job name, newest first: a run history."""
         _check_name(job_name)
         if type(limit) is not int or not 1 <= limit <= MAX_RECENT_EXECUTIONS:
             raise e.PageSizeOutOfRange(requested=limit)
@@ -451,11 +440,7 @@ class JobExplorer:
     def running_executions(
         self, page_size: PageSize | None = None, after_id: int | None = None
     ) -> tuple[v.RunningExecution, ...]:
-        """Executions running now (STARTED or STOPPING, lease live on the database clock).
-
-        Id ascending after `after_id`, at most `page_size` of them (running executions are
-        as many as the processes running them, so a page of 500 shows every one in practice).
-        """
+        """Executions whose lease is live on the database clock, id ascending after `after_id`."""
         page_size = page_size or PageSize()
         if after_id is not None:
             check_identifier(IdentifierKind.JOB_EXECUTION, after_id)

@@ -99,7 +99,6 @@ def _driver_errors_mapped(operation: Callable[_P, _T]) -> Callable[_P, _T]:
 
     @functools.wraps(operation)
     def run(*args: _P.args, **kwargs: _P.kwargs) -> _T:
-        mapped: e.PyBatchError | None = None
         try:
             return operation(*args, **kwargs)
         except psycopg.Error as error:
@@ -212,10 +211,6 @@ def _migrator_connection(
         yield conn
 
 
-#: How `migration_sql` opens each transaction: what a `read_write` connection sends.
-_BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE;"
-
-
 @_driver_errors_mapped
 def migration_sql(config: ConnectionConfig) -> str:
     """The exact SQL `migrate` would run now, settings included, for a DBA to run by hand."""
@@ -225,12 +220,12 @@ def migration_sql(config: ConnectionConfig) -> str:
         with _migrator_transaction(conn, config):
             pending = _pending(conn, shipped)
         cursor = psycopg.ClientCursor(conn)
-        settings = cursor.mogrify(
+        bounds = cursor.mogrify(
             statements.set_migrator_transaction_settings.query, _transaction_settings(config)
         )
 
-        def block(body: str) -> str:
-            return f"{_BEGIN}\n{settings}\n{body}\nCOMMIT;\n"
+        def block(body: str) -> str:  # BEGIN as a `read_write` connection sends it
+            return f"BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE;\n{bounds}\n{body}\nCOMMIT;\n"
 
         parts = [block(cursor.mogrify(statements.create_pybatch_schema.query))]
         for m in pending:
@@ -263,13 +258,12 @@ def _apply(conn: psycopg.Connection[Any], migration: Migration) -> None:
     started = time.monotonic()
     with conn.transaction():
         conn.execute(migration.text().encode("utf-8"))
-        elapsed_ms = int((time.monotonic() - started) * 1000)
         statements.insert_schema_migration.affected(
             conn,
             version=migration.version,
             name=migration.name,
             checksum=migration.checksum,
-            execution_ms=elapsed_ms,
+            execution_ms=int((time.monotonic() - started) * 1000),
         )
         if statements.update_schema_version.affected(conn, version=migration.version) != 1:
             raise e.MigrationHistoryInvalid(version=migration.version)
@@ -285,8 +279,7 @@ def migrate(config: ConnectionConfig, *, dry_run: bool = False) -> list[Migratio
     """
     shipped = shipped_migrations()
     applied: list[Migration] = []
-    races = 0
-    lock_waits = 0
+    races = lock_waits = 0
     with _migrator_connection(config, read_write=True) as conn:
         while True:
             locked = False
@@ -314,9 +307,8 @@ def migrate(config: ConnectionConfig, *, dry_run: bool = False) -> list[Migratio
                         continue
                     exhausted = migration
                 else:
-                    race = not locked and state in _FIRST_INSTALL_RACE
                     races += 1
-                    if not race or conn.broken:
+                    if locked or state not in _FIRST_INSTALL_RACE or conn.broken:
                         raise
                     if races >= _FIRST_INSTALL_ATTEMPTS:
                         raise e.MigrationLockTimeout() from None

@@ -109,7 +109,7 @@ def _end_worker(
     """End the worker step and publish its result onto the partition; then claim from a parent.
 
     With `claim_from` (the parent, the worker's lease) the end and the next claim are one
-    statement committed alone: each partition costs one round trip and one COMMIT.
+    transaction sent in one round trip: each partition costs one COMMIT.
     """
 
     def end(uow: UnitOfWork) -> Claimed | None:
@@ -184,7 +184,7 @@ def _run_partition(
 ) -> Claimed | None:
     """Run one claimed partition, end it and claim the next; PartitionOwnershipLost touches nothing.
 
-    The next partition is claimed in the ending's statement unless `between_partitions`
+    The next partition is claimed in the ending's transaction unless `between_partitions`
     raises (then the partition ends alone and the error propagates).
     """
     partition, worker = claimed
@@ -223,7 +223,7 @@ def _end_owned(
     keeper: PartitionLeaseKeeper,
     claim_from: tuple[StepExecution, ExecutionLease] | None = None,
 ) -> Claimed | None:
-    """Stop renewing, then end the worker (and claim from `claim_from` in the same statement).
+    """Stop renewing, then end the worker (and claim from `claim_from` in the same transaction).
 
     A refused end whose renewal also fails means another process recovered the partition
     after the lease lapsed: PartitionOwnershipLost.

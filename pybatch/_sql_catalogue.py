@@ -106,15 +106,13 @@ def explain(config: ConnectionConfig, entry: StatementEntry, params: Mapping[str
     """The server's plan of `entry` with `params`: EXPLAIN without ANALYZE, rolled back."""
     with open_connection(config, autocommit=False) as conn:
         try:
-            with conn.cursor() as cursor:
-                cursor.execute(_EXPLAIN_PREFIX + entry.text.encode(), params)
-                lines = [str(row[0]) for row in cursor.fetchall()]
+            rows = conn.execute(_EXPLAIN_PREFIX + entry.text.encode(), params).fetchall()
         except psycopg.Error as error:
             raise _sqlstate.translate(error) from None
         finally:
             if not conn.closed:
                 conn.rollback()
-    return "\n".join(lines)
+    return "\n".join(str(row[0]) for row in rows)
 
 
 def _cell(values: Iterable[str]) -> str:

@@ -2,7 +2,6 @@
 
 Meaning comes from the SQLSTATE and constraint name, never from message text (it changes with
 version and locale, and can quote row values or the DSN's host: errors are raised `from None`).
-Connection refusals that waiting cannot heal get their own `Unavailable` subclasses.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import attrs
@@ -101,12 +101,15 @@ class Lease:
         self._release(discard=False)
 
     def commit_alone(
-        self, statement: Statement, params: Mapping[str, object], errors: CommitErrors
-    ) -> Row | None:
-        """Run `statement` as the whole transaction in one round trip; give the connection back.
+        self, statements: Sequence[tuple[Statement, Mapping[str, object]]], errors: CommitErrors
+    ) -> Sequence[Row | None]:
+        """Run `statements` as the whole transaction, in one round trip; their first rows.
 
-        Refused, it committed nothing (`errors.refused`); a connection lost once it was sent
-        may have committed (`errors.unknown`).
+        In autocommit, READ COMMITTED by the startup options: several are pipelined with one Sync,
+        one implicit transaction. Behind a pooler (no default), BEGIN READ COMMITTED, the settings
+        (transaction mode), the statements and COMMIT. An error skips the rest: a refused
+        statement or COMMIT commits nothing (`errors.refused`); a connection lost once it was
+        sent may have committed (`errors.unknown`). The connection goes back to the pool.
         """
         conn = self._conn
         if conn is None or conn.pgconn.transaction_status != TransactionStatus.IDLE:
@@ -114,16 +117,16 @@ class Lease:
         q = load_statements()
         try:
             conn.autocommit = True
-            if self._source.pooled:  # no startup options: BEGIN, settings, it, COMMIT, one Sync
-                with conn.pipeline():
+            pooled = self._source.pooled
+            with conn.pipeline() if pooled or len(statements) > 1 else nullcontext():
+                if pooled:
                     q.begin_read_committed.send(conn)
                     if self._source.per_transaction:
                         self._source.apply_settings(conn, transaction_only=True, send=True)
-                    cursor = statement.send(conn, **params)
+                cursors = [statement.send(conn, **params) for statement, params in statements]
+                if pooled:
                     q.commit_transaction.send(conn)
-            else:  # its own transaction, READ COMMITTED by the startup options
-                cursor = statement.send(conn, **params)
-            row = cursor.fetchone()
+            rows = [cursor.fetchone() for cursor in cursors]
             conn.autocommit = False
         except psycopg.Error as error:
             if _sqlstate.is_connection_loss(error, conn):
@@ -137,7 +140,7 @@ class Lease:
             self.discard()  # interrupted mid-pipeline: nothing tells what the server did
             raise
         self._release(discard=False)
-        return row
+        return rows
 
     def rollback(self, *, keep: bool = False) -> bool:
         """ROLLBACK and give the connection back (kept leased with `keep`); False if discarded."""

@@ -35,7 +35,7 @@ from pybatch._repository.recovery import Recovery
 from pybatch._repository.retention import Retention
 from pybatch._repository.steps import Steps
 from pybatch._repository.stop_requests import StopRequests
-from pybatch._statements import Connection, Row, Statement, Statements
+from pybatch._statements import Connection, Statement, Statements
 from pybatch._transaction import CommitErrors, Lease
 
 T = TypeVar("T")
@@ -130,14 +130,15 @@ class UnitOfWork:
         self,
         statement: Statement,
         params: Mapping[str, object],
-        decode: Callable[[Row | None], T],
+        decode: Callable[..., T],
         *,
         overrides: Overrides | None = None,
+        then: tuple[Statement, Mapping[str, object]] | None = None,
     ) -> T:
         """Run `statement` as this whole unit of work, committed in one round trip; decode its row.
 
-        For a transition that is one statement (a plpgsql function): nothing else is staged,
-        so no savepoint, and it goes alone in one round trip (`Lease.commit_alone`).
+        For a transition that is one statement (a plpgsql function) or two (`then`; `decode` takes
+        both rows): nothing else is staged, no savepoint; alone in one round trip (`commit_alone`).
         The unit of work is closed after it (`commit()` returns). Errors map as in
         `operation()`, an undecodable row is Unavailable; nothing is committed on an error but
         CommitOutcomeUnknown (the connection was lost with the COMMIT sent).
@@ -151,10 +152,10 @@ class UnitOfWork:
             raise RuntimeError("commit_statement must be the only statement of its unit of work")
         refused = partial(_sqlstate.translate, overrides=overrides)
         errors = CommitErrors(e.TransactionAborted, refused, e.CommitOutcomeUnknown)
-        row = self._lease.commit_alone(statement, params, errors)
+        rows = self._lease.commit_alone([(statement, params), *([then] if then else [])], errors)
         self._committed = True
         try:
-            return decode(row)
+            return decode(*rows)
         except DecodeError:
             raise e.Unavailable() from None
 

@@ -44,24 +44,14 @@ _define(PyBatchError)
 
 
 class TextRule(enum.Enum):
-    """The rule a validated text value broke; the value itself is never reported."""
+    """The rule a validated text value broke, as its error says it; the value is never reported."""
 
-    EMPTY = "empty"
-    TOO_LONG = "too long"
-    SURROUNDING_WHITESPACE = "surrounding whitespace"
-    CONTROL_CHARACTER = "control character"
+    EMPTY = "is empty"
+    TOO_LONG = "exceeds {max_bytes} bytes"
+    SURROUNDING_WHITESPACE = "has surrounding whitespace"
+    CONTROL_CHARACTER = "contains a control character"
     #: Request fields allow `[A-Za-z0-9._:-]` only: white space and controls alike.
-    INVALID_CHARACTER = "invalid character"
-
-
-#: What `_BrokenTextRule` says after its subject, rule by rule.
-_TEXT_RULE_MESSAGES = {
-    TextRule.EMPTY: "is empty",
-    TextRule.TOO_LONG: "exceeds {max_bytes} bytes",
-    TextRule.SURROUNDING_WHITESPACE: "has surrounding whitespace",
-    TextRule.INVALID_CHARACTER: "contains an invalid character",
-    TextRule.CONTROL_CHARACTER: "contains a control character",
-}
+    INVALID_CHARACTER = "contains an invalid character"
 
 
 class _BrokenTextRule(PyBatchError):
@@ -72,7 +62,7 @@ class _BrokenTextRule(PyBatchError):
     max_bytes: int | None = None
 
     def __str__(self) -> str:
-        text = f"{self.subject} {_TEXT_RULE_MESSAGES[self.rule]}".format(**_fields(self))
+        text = f"{self.subject} {self.rule.value}".format(**_fields(self))
         index = getattr(self, "character_index", None)  # NameInvalid's
         return text if index is None else f"{text} at index {index}"
 

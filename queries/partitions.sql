@@ -231,11 +231,11 @@ SET
 WHERE id = :step_execution_id AND version = :expected_version;
 
 -- :name claim_step_partition :one
--- :doc Claim the next partition of a STARTED parent in one guarded statement, after ending the
--- worker's last one when step_partition_id is given - so a worker's partition costs one
--- statement, committed alone. The end is end_step_partition's (its guards, locks and
--- diagnostics, ended_partition_id NULL when refused); the claim runs only when there is no
--- partition to end or its end completed it. The claim: lock the first
+-- :doc Claim the next partition of a STARTED parent in one guarded statement. With
+-- step_partition_id given it follows end_step_partition in the same transaction (a worker's
+-- loop: one round trip per partition) and claims only if that end completed the partition in
+-- this transaction - at expected_version + 1, with this worker, its row version written by the
+-- current transaction (xmin) - so a refused end claims nothing. The claim: lock the first
 -- claimable partition in ordinal order (FOR UPDATE SKIP LOCKED, so N workers never take the
 -- same one), create its STARTED worker step copying the partition's latest earlier worker (its
 -- checkpoint, counters and fault state; fresh state when there is none), and assign it as a
@@ -244,108 +244,7 @@ WHERE id = :step_execution_id AND version = :expected_version;
 -- recovered as lost (STALE_RECOVERED) while fewer than max_partition_version / 2 workers
 -- tried it in this attempt (each try adds 2 to the version). Always one row; id NULL - nothing
 -- claimable now, the parent is not STARTED, or the end was refused.
-WITH ending_parent AS (
-    SELECT
-        s.id,
-        s.status,
-        s.job_execution_id
-    FROM pybatch.step_partition AS p
-    INNER JOIN pybatch.step_execution AS s ON p.step_execution_id = s.id
-    WHERE p.id = :step_partition_id
-    FOR SHARE OF s
-),
-
-found AS (
-    SELECT
-        p.id,
-        p.version,
-        p.status,
-        p.worker_step_execution_id,
-        ending_parent.id AS parent_id,
-        ending_parent.status AS parent_status,
-        ending_parent.job_execution_id
-    FROM pybatch.step_partition AS p
-    INNER JOIN ending_parent ON p.step_execution_id = ending_parent.id
-    WHERE p.id = :step_partition_id
-    FOR UPDATE OF p
-),
-
-ending AS (
-    SELECT
-        w.id,
-        w.status,
-        w.exit_code,
-        w.read_count,
-        w.processed_count,
-        w.write_count,
-        w.filter_count,
-        w.commit_count,
-        w.rollback_count
-    FROM found
-    INNER JOIN pybatch.step_execution AS w
-        ON
-            found.worker_step_execution_id = w.id
-            AND found.job_execution_id = w.job_execution_id
-    WHERE
-        found.parent_status IN ('STARTED', 'STOPPING')
-        AND found.version = :expected_version
-        AND found.status = 'STARTED'
-        AND found.worker_step_execution_id = :worker_step_execution_id
-    FOR UPDATE OF w
-),
-
-ended AS (
-    UPDATE pybatch.step_execution AS w
-    SET
-        status = CAST(:status AS TEXT),
-        exit_code = COALESCE(CAST(:exit_code AS TEXT), w.exit_code),
-        failure_category = COALESCE(CAST(:failure_category AS TEXT), w.failure_category),
-        failure_id = COALESCE(:failure_id, w.failure_id),
-        ended_at = CASE
-            WHEN CAST(:status AS TEXT) <> 'UNKNOWN' THEN GREATEST(:now, w.updated_at, w.started_at)
-        END,
-        updated_at = GREATEST(:now, w.updated_at, w.started_at),
-        version = w.version + CASE WHEN CAST(:exit_code AS TEXT) IS NULL THEN 1 ELSE 2 END
-    FROM ending AS previous
-    WHERE
-        w.id = previous.id
-        AND CAST(:status AS TEXT) IS NOT NULL
-        AND previous.status IN ('STARTING', 'STARTED', 'STOPPING')
-        AND (
-            previous.status = 'STARTED'
-            OR CAST(:status AS TEXT) IN ('FAILED', 'UNKNOWN')
-            OR (previous.status = 'STOPPING' AND CAST(:status AS TEXT) = 'STOPPED')
-        )
-    RETURNING
-        w.status,
-        w.exit_code
-),
-
-completed AS (
-    UPDATE pybatch.step_partition AS p
-    SET
-        status = COALESCE(ended.status, previous.status),
-        exit_code = COALESCE(ended.exit_code, previous.exit_code),
-        read_count = previous.read_count,
-        processed_count = previous.processed_count,
-        write_count = previous.write_count,
-        filter_count = previous.filter_count,
-        commit_count = previous.commit_count,
-        rollback_count = previous.rollback_count,
-        worker_owner_token = NULL,
-        worker_lease_expires_at = NULL,
-        version = p.version + 1
-    FROM ending AS previous
-    LEFT JOIN ended ON TRUE
-    WHERE
-        p.id = :step_partition_id
-        AND p.version = :expected_version
-        AND COALESCE(ended.status, previous.status) IN ('COMPLETED', 'FAILED', 'STOPPED', 'UNKNOWN')
-    RETURNING p.id
-),
-
--- The claim: only without a partition to end, or once its end completed it.
-parent AS (
+WITH parent AS (
     SELECT
         s.id,
         s.job_execution_id
@@ -355,7 +254,15 @@ parent AS (
         AND s.status = 'STARTED'
         AND (
             CAST(:step_partition_id AS BIGINT) IS NULL
-            OR EXISTS (SELECT 1 FROM completed)
+            OR EXISTS (
+                SELECT 1
+                FROM pybatch.step_partition AS ended
+                WHERE
+                    ended.id = :step_partition_id
+                    AND ended.version = CAST(:expected_version AS BIGINT) + 1
+                    AND ended.worker_step_execution_id = :worker_step_execution_id
+                    AND ended.xmin = CAST(pg_catalog.PG_CURRENT_XACT_ID() AS XID)
+            )
         )
     FOR SHARE
 ),
@@ -600,13 +507,6 @@ assigned AS (
 )
 
 SELECT
-    ended.id AS ended_partition_id,
-    found.version AS found_version,
-    found.status AS found_status,
-    found.worker_step_execution_id AS found_worker_step_execution_id,
-    found.parent_id AS parent_step_execution_id,
-    found.parent_status,
-    w.status AS worker_status,
     worker.id,
     worker.job_execution_id,
     worker.step_name,
@@ -659,13 +559,9 @@ SELECT
     a.context_schema_version AS p_context_schema_version,
     a.context_payload AS p_context_payload,
     a.context_checksum AS p_context_checksum,
-    a.version AS p_version,
-    w.job_execution_id = found.job_execution_id AS same_execution
-FROM (SELECT CAST(:step_partition_id AS BIGINT) AS id) AS asked
-LEFT JOIN found ON asked.id = found.id
-LEFT JOIN pybatch.step_execution AS w ON w.id = :worker_step_execution_id
-LEFT JOIN completed AS ended ON TRUE
-LEFT JOIN assigned AS a ON TRUE
+    a.version AS p_version
+FROM (SELECT CAST(:step_execution_id AS BIGINT) AS id) AS asked
+LEFT JOIN assigned AS a ON asked.id = a.step_execution_id
 LEFT JOIN worker ON a.worker_step_execution_id = worker.id;
 
 -- :name count_open_step_partitions :scalar

@@ -1,8 +1,6 @@
 """The `pybatch` operator command line: `pybatch._cli:main`.
 
-Exit codes (docs/operators.md): 0 done (also when the reader stopped early), 1 refused, 2 usage
-or configuration, 3 unavailable, 4 not found, 5 outcome unknown, 6 permission denied, 7 the
-server is read-only, 8 a statement was cancelled.
+Exit codes: `_EXIT_CODES` below, docs/operators.md (Exit codes) tells what each means.
 """
 
 from __future__ import annotations
@@ -76,11 +74,9 @@ def _run(argv: Sequence[str] | None) -> int:
     for group in (sql, explore, demo, worker, operator, retention, dashboard):
         group.register(commands)
     try:
-        # Before argparse: an undecodable argument would otherwise fail wherever it is
-        # first encoded (psycopg, a print) with a UnicodeEncodeError traceback.
+        # Before argparse: an undecodable argument would fail where first encoded, a traceback.
         check_argv(sys.argv[1:] if argv is None else argv)
-        # A type that refuses a value with a pybatch error (a duration beyond its bound)
-        # raises through parse_args and is reported below like any other refusal.
+        # A type refusing a value with a pybatch error raises through parse_args, reported below.
         args = parser.parse_args(argv)
         return int(args.handler(args))
     except e.PyBatchError as error:

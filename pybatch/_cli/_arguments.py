@@ -9,13 +9,11 @@ from collections.abc import Callable, Sequence
 from pybatch._config import encodes_as_utf8
 from pybatch.errors import CommandArgumentInvalid
 
-#: The longest duration any option accepts: 100 years, far beyond any retention or wait,
-#: and far inside what `timedelta` and PostgreSQL's `interval` can hold.
+#: The longest duration any option accepts: 100 years, well inside `timedelta` and `interval`.
 MAX_DURATION_DAYS = 36_500
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _MAX_SECONDS = MAX_DURATION_DAYS * 86400
-#: More digits than any accepted duration has (in seconds); longer strings are refused before
-#: `int()`, which refuses over 4,300 digits with a ValueError of its own.
+#: More digits than any accepted duration (in seconds) has: longer ones never reach `int()`.
 _MAX_DIGITS = len(str(_MAX_SECONDS))
 
 

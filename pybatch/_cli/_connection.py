@@ -1,9 +1,4 @@
-"""Connection settings shared by every command that talks to PostgreSQL.
-
-The DSN comes from `--dsn`, `--dsn-file PATH` (mode 0600 enforced) or `$PYBATCH_DSN`, and is
-never printed. A password given with `--dsn` is visible to every local user in
-/proc/PID/cmdline, so pybatch warns about it on stderr.
-"""
+"""The connection options of every command that talks to PostgreSQL; the DSN is never printed."""
 
 from __future__ import annotations
 
@@ -26,11 +21,6 @@ from pybatch.errors import DsnFileInsecure, DsnFileUnreadable
 
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 Handler = Callable[[argparse.Namespace], int]
-
-_DSN_WARNING = (
-    "pybatch: warning: the password given with --dsn is visible to every local user in "
-    "/proc/PID/cmdline; prefer PYBATCH_DSN or --dsn-file"
-)
 
 
 def add_connection_arguments(
@@ -88,10 +78,7 @@ def connect(args: argparse.Namespace) -> JobRepository:
 
 @contextmanager
 def open_explorer(args: argparse.Namespace) -> Iterator[JobExplorer]:
-    """An explorer whose unreachable server or refused login is reported at once (exit 3 or 6).
-
-    One direct connection is made first, instead of waiting out the pool's acquire timeout.
-    """
+    """An explorer; one direct connection first reports a down server or refused login at once."""
     config = config_from_args(args)
     installed_schema_version(config)
     with JobRepository.connect(config) as repository:
@@ -103,7 +90,11 @@ def config_from_args(args: argparse.Namespace) -> ConnectionConfig:
     environ = dict(os.environ)
     if args.dsn is not None:
         if _has_password(args.dsn):
-            print(_DSN_WARNING, file=sys.stderr)
+            print(
+                "pybatch: warning: the password given with --dsn is visible to every local user "
+                "in /proc/PID/cmdline; prefer PYBATCH_DSN or --dsn-file",
+                file=sys.stderr,
+            )
         environ["PYBATCH_DSN"] = args.dsn
     elif getattr(args, "dsn_file", None) is not None:
         environ["PYBATCH_DSN"] = read_dsn_file(args.dsn_file)

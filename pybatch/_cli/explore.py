@@ -1,9 +1,4 @@
-"""`pybatch jobs | instances | executions | show | skips | running | unresolved`: reads.
-
-Tables sized to the terminal (`COLUMNS`, else the terminal's width; unbounded into a pipe), or
-with `--json` one document (`{"items": [...], "next": ...}` for lists); `--limit` and
-`--after` page.
-"""
+"""Reads: `pybatch jobs | instances | executions | show | skips | running | unresolved`."""
 
 from __future__ import annotations
 
@@ -22,6 +17,7 @@ from pybatch import errors as e
 from pybatch._cli._arguments import duration_type
 from pybatch._cli._connection import Commands, Handler, add_command, open_explorer, positive_id
 from pybatch._explorer import JobExplorer, all_pages
+from pybatch._explorer import shown_instant as _instant
 from pybatch.values import explorer as v
 from pybatch.values.definitions import LEGACY_REVISION
 from pybatch.values.state import EMPTY_STATE_SCHEMA
@@ -117,10 +113,6 @@ def _envelope(state: v.StateEnvelopeDescriptor) -> str:
     """A checkpoint or context as an operator reads it: its schema, version and stored size."""
     schema = _SHOWN_NAMES.get(state.schema_id, state.schema_id)
     return f"{schema} v{state.schema_version}, {state.encoded_len} bytes"
-
-
-def _instant(value: _dt.datetime | None) -> str:
-    return "-" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
 
 
 #: What a column holds. Only free text (names, reasons, messages) is shortened to fit; ids,
@@ -371,22 +363,17 @@ def _executions(args: argparse.Namespace) -> int:
         raise e.CommandArgumentInvalid(
             argument="INSTANCE", expected="either given or replaced by --param"
         )
-    if args.param is None:
-        return _list(
-            args, _EXECUTION_COLUMNS, "no executions", JobExplorer.executions, args.instance
-        )
-    read = JobExplorer.executions_with_parameters
-    return _list(args, _EXECUTION_COLUMNS, "no executions", read, _parameter_filter(args))
+    read = JobExplorer.executions if args.param is None else JobExplorer.executions_with_parameters
+    of = args.instance if args.param is None else _parameter_filter(args)
+    return _list(args, _EXECUTION_COLUMNS, "no executions", read, of)
 
 
 def _unresolved(args: argparse.Namespace) -> int:
     def read(explorer: JobExplorer, **page: Any) -> v.Page[Any]:
-        older_than = args.older_than
-        if older_than is None:  # the configured stale threshold (validated: 1 min..24 h)
-            older_than = explorer.repository.config.stale_threshold
-        return explorer.unresolved_executions(
-            older_than, parameters=_parameter_filter(args), **page
-        )
+        age = args.older_than
+        if age is None:  # the configured stale threshold (validated: 1 min..24 h)
+            age = explorer.repository.config.stale_threshold
+        return explorer.unresolved_executions(age, parameters=_parameter_filter(args), **page)
 
     return _list(args, _EXECUTION_COLUMNS, "no unresolved executions", read)
 
@@ -467,9 +454,7 @@ def _show(args: argparse.Namespace) -> int:
         "ended": _instant(execution.ended_at),
         "updated": _instant(execution.updated_at),
         "counts": ", ".join(f"{name} {n}" for name, n in execution.counts.as_json().items()),
-        "failure": "-"
-        if failure is None
-        else f"{failure.category.value} (id {failure.failure_id})",
+        "failure": f"{failure.category.value} (id {failure.failure_id})" if failure else "-",
         "reason": str(reasons[None]) if None in reasons else "-",
         "stop": "-"
         if execution.stop_requested_at is None

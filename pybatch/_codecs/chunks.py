@@ -1,7 +1,4 @@
-"""Chunk state: the committed progress row of a step, and the parameters of chunks.sql's writes.
-
-A partition worker's `update_partition_chunk_*` twins also bind `step_partition_id`.
-"""
+"""Chunk state: a step's committed progress row, and the parameters of chunks.sql's writes."""
 
 from __future__ import annotations
 

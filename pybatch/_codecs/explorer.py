@@ -53,19 +53,10 @@ _KINDS = {kind.json_tag: kind for kind in ParameterValueKind}
 def _count(value: object, *, column: str) -> int:
     """A stored counter or a derived (numeric) total, 0..2**63-1."""
     if isinstance(value, decimal.Decimal):
-        if (
-            not value.is_finite()
-            or value != value.to_integral_value()
-            or not 0 <= value <= INT64_MAX
-        ):
+        if not (value.is_finite() and 0 <= value <= INT64_MAX and value % 1 == 0):
             raise p.DecodeError(column)
         return int(value)
     return p.decode_int64(value, column=column, minimum=0)
-
-
-def _counts(row: p.Row) -> v.ProjectionCounts:
-    """The six counters, in ProjectionCounts' field order (that of COUNT_COLUMNS)."""
-    return v.ProjectionCounts(*(_count(row[column], column=column) for column in COUNT_COLUMNS))
 
 
 def _envelope(row: p.Row, prefix: str) -> v.StateEnvelopeDescriptor:
@@ -166,12 +157,10 @@ def _optional_text(row: p.Row, column: str) -> str | None:
 
 def _tombstone(row: p.Row) -> v.InstanceTombstone | None:
     """What a purge left of the instance's history, or None while it is live."""
-    final_status = p.optional_enum_at(BatchStatus, row, "final_status")
-    purged_at = p.optional_aware_at(row, "purged_at")
-    if (final_status is None) != (purged_at is None):  # job_instance_tombstone_shape
-        raise p.DecodeError("final_status")
-    if final_status is None or purged_at is None:
-        return None
+    if row["final_status"] is None and row["purged_at"] is None:
+        return None  # job_instance_tombstone_shape: both or neither; a half is DecodeError below
+    final_status = p.enum_at(BatchStatus, row, "final_status")
+    purged_at = p.aware_at(row, "purged_at")
     return v.InstanceTombstone(final_status, purged_at, p.int64_at(row, "last_attempt", 0))
 
 
@@ -180,7 +169,8 @@ def _lifecycle(row: p.Row) -> dict[str, Any]:
     return {
         "status": p.enum_at(BatchStatus, row, "status"),
         "exit_code": p.text_at(row, "exit_code"),
-        "counts": _counts(row),
+        # ProjectionCounts' fields are in COUNT_COLUMNS' order.
+        "counts": v.ProjectionCounts(*(_count(row[c], column=c) for c in COUNT_COLUMNS)),
         "version": p.int64_at(row, "version", 0),
     }
 

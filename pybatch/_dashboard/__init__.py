@@ -18,7 +18,7 @@ from werkzeug.exceptions import HTTPException
 from pybatch import errors as e
 from pybatch._config import ConnectionConfig
 from pybatch._dashboard import _charts
-from pybatch._explorer import JobExplorer, all_pages
+from pybatch._explorer import JobExplorer, all_pages, shown_instant
 from pybatch._job_repository import JobRepository
 from pybatch._services.audit import verify_audit_chain
 from pybatch.values.explorer import MAX_PAGE_SIZE, Cursor, PageSize, ParameterFilter
@@ -75,16 +75,13 @@ def create_app(source: JobExplorer | ConnectionConfig | None = None) -> flask.Fl
     Its own repository is kept for the process's life (a WSGI worker's); an explorer's, the
     caller closes.
     """
-    if isinstance(source, JobExplorer):
-        explorer = source
-    else:
-        config = ConnectionConfig.from_env() if source is None else source
-        explorer = JobExplorer(JobRepository.connect(config))
-    repository = explorer.repository
+    if not isinstance(source, JobExplorer):
+        source = JobExplorer(JobRepository.connect(source or ConnectionConfig.from_env()))
+    explorer, repository = source, source.repository
     app = flask.Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = 0  # a GET has no body
     app.extensions["pybatch"] = explorer
-    app.jinja_env.globals["instant"] = _instant  # macros see globals, not the page context
+    app.jinja_env.globals["instant"] = shown_instant  # macros see globals, not the page context
 
     @app.before_request
     def only_reads() -> None:
@@ -206,8 +203,3 @@ def create_app(source: JobExplorer | ConnectionConfig | None = None) -> flask.Fl
         return flask.render_template("audit.html", result=verify_audit_chain(repository))
 
     return app
-
-
-def _instant(value: _dt.datetime | None) -> str:
-    """A timestamp as the CLI prints it, in the database's time zone (UTC for pybatch)."""
-    return "-" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")

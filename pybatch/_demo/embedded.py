@@ -68,11 +68,7 @@ def find_bindir(bindir: str | os.PathLike[str] | None = None) -> Path:
 
 
 def _missing_programs(bindir: Path) -> list[str]:
-    return [
-        name
-        for name in _SERVER_PROGRAMS
-        if not (bindir / name).is_file() or not os.access(bindir / name, os.X_OK)
-    ]
+    return [name for name in _SERVER_PROGRAMS if not shutil.which(name, path=str(bindir))]
 
 
 def _pg_config_bindir() -> Path | None:

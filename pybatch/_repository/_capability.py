@@ -40,11 +40,12 @@ class Transaction(Protocol):
         self,
         statement: Statement,
         params: Mapping[str, object],
-        decode: Callable[[Row | None], T],
+        decode: Callable[..., T],
         *,
         overrides: Overrides | None = None,
+        then: tuple[Statement, Mapping[str, object]] | None = None,
     ) -> T:
-        """`statement` alone, committed in the same round trip; its row decoded by `decode`."""
+        """`statement` (then `then`) alone, committed in the same round trip; rows to `decode`."""
 
 
 class Capability:

@@ -140,11 +140,8 @@ def _end_columns(
 
 #: A partition's end: its id, expected version, worker and (transition, exit).
 Ending = tuple[int, int, int, tuple[LifecycleTransition, ExitCode | None]]
-#: claim_step_partition with no partition to end.
-_NO_END = dict.fromkeys(
-    "step_partition_id expected_version worker_step_execution_id status exit_code"
-    " failure_category failure_id".split()
-)
+#: claim_step_partition's parameters of the end it follows, with no partition to end.
+_NO_END = dict.fromkeys("step_partition_id expected_version worker_step_execution_id now".split())
 
 
 def _end_refused(
@@ -378,14 +375,15 @@ class Partitions(Capability):
         """Claim the next partition of a STARTED parent for a new worker step, or None.
 
         One guarded statement (docs/architecture.md, Partitioned steps). With `ending` (the
-        worker's last partition) it ends that one first and claims only if the end completed it;
-        it is then the whole unit of work, committed alone, and a refused end raises as
-        `end_worker` does.
+        worker's last partition) end_step_partition ends that one first, in the same transaction
+        and round trip, and the claim runs only if the end completed it; both are then the whole
+        unit of work, committed alone, and a refused end raises as `end_worker` does.
         """
         owner = owner or OwnerToken.generate()
         lease = lease or ExecutionLease()
         if parent.id in self._uow.unpublished_plans:
             raise PartitionPlanNotCommitted(step_execution_id=parent.id)
+        end = _NO_END | {"now": self._uow.clock.now()} if ending is None else _end_columns(*ending)
         params = {
             "step_execution_id": parent.id,
             "node_id": parent.logical_id.value,
@@ -396,27 +394,27 @@ class Partitions(Capability):
             "fault_state_checksum": _EMPTY_FAULT["fault_state_checksum"],
             "owner_token": owner.value,
             "lease_ms": lease.milliseconds,
-            **(
-                _NO_END | {"now": self._uow.clock.now()}
-                if ending is None
-                else _end_columns(*ending)
-            ),
+            **{name: end[name] for name in _NO_END},
         }
 
-        def decode(row: Row | None) -> tuple[StepPartition, StepExecution] | None:
-            row = returned(row)
-            if ending is not None and row["ended_partition_id"] is None:
+        def decode(*rows: Row | None) -> tuple[StepPartition, StepExecution] | None:
+            if ending is not None and (ended := returned(rows[0]))["id"] is None:
                 partition_id, version, worker_id, (transition, _) = ending
-                raise _end_refused(row, partition_id, version, worker_id, transition.target)
-            if row["id"] is None:
+                raise _end_refused(ended, partition_id, version, worker_id, transition.target)
+            if (row := returned(rows[-1]))["id"] is None:
                 return None
             return decode_claimed_partition(row), decode_step_execution(row)
 
-        statement = self._uow.statements.claim_step_partition.prepared
+        q = self._uow.statements
         if ending is not None:
-            return self._uow.commit_statement(statement, params, decode)
+            return self._uow.commit_statement(
+                q.end_step_partition.prepared,
+                end | {"only_if_lost": False},
+                decode,
+                then=(q.claim_step_partition.prepared, params),
+            )
         with self._operation() as (_, conn):
-            return decode(statement.one(conn, **params))
+            return decode(q.claim_step_partition.prepared.one(conn, **params))
 
     def count_open(self, parent_id: int) -> int:
         """Partitions still STARTING, STARTED, or claimable again after a lost worker."""

@@ -1,7 +1,4 @@
-"""The audit chain's record kinds and what a verification found.
-
-How a link digests its record and the link before it: docs/architecture.md, The audit chain.
-"""
+"""Audit record kinds and what verifying the chain found (docs/architecture.md, The audit chain)."""
 
 from __future__ import annotations
 

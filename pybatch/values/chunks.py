@@ -1,7 +1,4 @@
-"""Chunk values: what a chunk did and the step progress it commits.
-
-See docs/contract.md, State envelopes; Chunk transactions.
-"""
+"""What a chunk did and the step progress it commits (docs/contract.md, Chunk transactions)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Explorer vocabulary: page sizes, opaque bound cursors, parameter filters and projections.
-
-Cursor layout and what projections show (never state payloads): docs/contract.md, Explorer.
-"""
+"""Explorer page sizes, bound cursors, filters and projections (docs/contract.md, Explorer)."""
 
 from __future__ import annotations
 

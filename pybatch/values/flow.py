@@ -1,8 +1,4 @@
-"""Flow values: start limits, targets, decisions and manifest matching.
-
-A manifest of format 2 or 3 lists nodes and transitions (docs/etl-guide.md, Flows: deciding
-what runs next); a transition names exactly one of `to` (a node id) or `end`.
-"""
+"""Start limits, flow targets, decisions and manifest matching (docs/etl-guide.md, Flows)."""
 
 from __future__ import annotations
 
@@ -10,7 +6,7 @@ import datetime as _dt
 import enum
 import re
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import attrs
 
@@ -41,15 +37,10 @@ class StartLimit:
 
     value: int = attrs.field(validator=_check_limit)
 
-    UNRESTRICTED: ClassVar[StartLimit]  # The default: 4294967295 starts, no limit in practice.
-
     @classmethod
     def unrestricted(cls) -> StartLimit:
-        """No limit in practice: 4294967295 starts."""
-        return cls.UNRESTRICTED
-
-
-StartLimit.UNRESTRICTED = StartLimit(_U32_MAX)
+        """The default, no limit in practice: 4294967295 starts."""
+        return cls(_U32_MAX)
 
 
 class TerminalKind(enum.Enum):

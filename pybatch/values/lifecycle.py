@@ -80,10 +80,6 @@ class LifecycleTransition:
         """A transition to FAILED carrying its redacted failure summary."""
         return cls(target=BatchStatus.FAILED, at=at, failure=failure)
 
-    def with_terminal_rollback(self) -> LifecycleTransition:
-        """The same transition, marked as one whose terminal work was rolled back."""
-        return attrs.evolve(self, terminal_rollback=True)
-
 
 @attrs.frozen(kw_only=True)
 class ExecutionMetadata:

@@ -2,7 +2,6 @@
 
 Names and tokens check empty -> too long (UTF-8 bytes) -> surrounding white space -> control
 character, in that order; the first rule broken is reported, never the value.
-A subclass only sets the class constants, so it is a plain subclass of its attrs base.
 """
 
 from __future__ import annotations
@@ -102,17 +101,6 @@ class ExitCode(_Text):
 
     _KIND = "exit code"
     _MAX_BYTES = 64
-
-    UNKNOWN: ClassVar[ExitCode]  # The exit of new executions and steps.
-    COMPLETED: ClassVar[ExitCode]  # Conventional exit of a completed execution.
-    FAILED: ClassVar[ExitCode]  # Conventional exit of a failed execution.
-    STOPPED: ClassVar[ExitCode]  # Conventional exit of a stopped execution.
-
-
-ExitCode.UNKNOWN = ExitCode("UNKNOWN")
-ExitCode.COMPLETED = ExitCode("COMPLETED")
-ExitCode.FAILED = ExitCode("FAILED")
-ExitCode.STOPPED = ExitCode("STOPPED")
 
 
 class _DefinitionToken(_Text):

@@ -140,10 +140,6 @@ class JobParameter:
 ParameterInput: TypeAlias = "str | int | bool | ParameterValue | JobParameter"
 
 
-def _name_key(name: ParameterName) -> bytes:
-    return name.value.encode("utf-8")
-
-
 def _check_entries(
     instance: JobParameters,
     attribute: attrs.Attribute[tuple[tuple[ParameterName, JobParameter], ...]],
@@ -153,7 +149,7 @@ def _check_entries(
     for name, parameter in value:
         if not isinstance(name, ParameterName) or not isinstance(parameter, JobParameter):
             raise TypeError("entries are (ParameterName, JobParameter) pairs")
-        key = _name_key(name)
+        key = name.value.encode("utf-8")
         if previous is not None and key <= previous:
             raise ValueError("entries must be strictly ordered by name; use from_pairs or of")
         previous = key
@@ -173,7 +169,7 @@ class JobParameters:
         seen: dict[bytes, tuple[ParameterName, JobParameter]] = {}
         for raw_name, parameter in pairs:
             name = raw_name if isinstance(raw_name, ParameterName) else ParameterName(raw_name)
-            key = _name_key(name)
+            key = name.value.encode("utf-8")
             if key in seen:
                 raise e.DuplicateParameter()
             if not isinstance(parameter, JobParameter):

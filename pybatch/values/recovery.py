@@ -145,8 +145,8 @@ class RecoverySnapshot:
         `updated_at` came from a client held within `max_clock_skew`, so the skew is added: a client
         slightly ahead never makes a live run look stale (bounds 1 min..24 h, 100 ms..60 s).
         """
-        config.check_stale_threshold(threshold)
-        config.check_max_clock_skew(max_clock_skew)
+        config.check_bounds(threshold, config.STALE_THRESHOLD_BOUNDS, e.StaleThresholdOutOfRange)
+        config.check_bounds(max_clock_skew, config.CLOCK_SKEW_BOUNDS, e.ClockSkewBoundOutOfRange)
         if not self.status.is_unresolved:
             return False
         return self.server_time - self.updated_at > threshold + max_clock_skew

@@ -170,12 +170,12 @@ def test_first_run_completes_and_the_instance_never_runs_again(
     assert seen == [{"offset": 0, "read": 0, "written": 0, "commits": 0}]
     assert not outcome.skipped
     assert outcome.step.status is S.COMPLETED
-    assert outcome.step.metadata.exit_status == ExitCode.COMPLETED
+    assert outcome.step.metadata.exit_status == ExitCode("COMPLETED")
     assert business_ids(admin) == [1, 2, 3, 4, 5]
 
     [execution] = executions(repository, run)
     assert execution.status is S.COMPLETED
-    assert execution.metadata.exit_status == ExitCode.COMPLETED
+    assert execution.metadata.exit_status == ExitCode("COMPLETED")
     assert execution.metadata.failure is None
     assert run.execution == execution
     load = steps_of(repository, execution.id)["load"]
@@ -211,7 +211,7 @@ def test_failed_step_fails_the_job_and_a_restart_resumes_from_the_checkpoint(
     assert business_ids(admin) == [1, 2, 3, 4, 5, 6]
     [failed] = executions(repository, first)
     assert failed.status is S.FAILED
-    assert failed.metadata.exit_status == ExitCode.FAILED
+    assert failed.metadata.exit_status == ExitCode("FAILED")
     assert failed.metadata.failure == FailureSummary(
         FailureCategory.USER_COMPONENT, FailureId(failed.id)
     )
@@ -220,7 +220,7 @@ def test_failed_step_fails_the_job_and_a_restart_resumes_from_the_checkpoint(
     assert attempt_1["extract"].status is S.COMPLETED
     load_1 = attempt_1["load"]
     assert load_1.status is S.FAILED
-    assert load_1.metadata.exit_status == ExitCode.FAILED
+    assert load_1.metadata.exit_status == ExitCode("FAILED")
     assert load_1.metadata.failure == FailureSummary(
         FailureCategory.USER_COMPONENT, FailureId(load_1.id)
     )
@@ -244,7 +244,7 @@ def test_failed_step_fails_the_job_and_a_restart_resumes_from_the_checkpoint(
     first_execution, completed = executions(repository, second)
     assert first_execution == failed
     assert (completed.attempt, completed.status) == (2, S.COMPLETED)
-    assert completed.metadata.exit_status == ExitCode.COMPLETED
+    assert completed.metadata.exit_status == ExitCode("COMPLETED")
     attempt_2 = steps_of(repository, completed.id)
     assert list(attempt_2) == ["load"]  # a skipped step leaves no row
     load_2 = attempt_2["load"]
@@ -272,10 +272,10 @@ def test_keyboard_interrupt_stops_the_run_and_it_can_restart(
         run.step("load", interrupted)
     [stopped] = executions(repository, run)
     assert stopped.status is S.STOPPED
-    assert stopped.metadata.exit_status == ExitCode.STOPPED
+    assert stopped.metadata.exit_status == ExitCode("STOPPED")
     assert stopped.metadata.failure is None
     step = steps_of(repository, stopped.id)["load"]
-    assert step.status is S.STOPPED and step.metadata.exit_status == ExitCode.STOPPED
+    assert step.status is S.STOPPED and step.metadata.exit_status == ExitCode("STOPPED")
     assert business_ids(admin) == [1]
     assert advisory_locks(admin) == 0
 

@@ -108,7 +108,7 @@ def fail(repository: JobRepository, clock: ManualClock, execution: JobExecution)
 def step(repository: JobRepository, execution: JobExecution, node: str) -> StepExecution:
     with repository.begin() as uow:
         created = uow.flow.create_step(
-            execution.id, StepName(node), NodeId(node), StartLimit.UNRESTRICTED
+            execution.id, StepName(node), NodeId(node), StartLimit.unrestricted()
         )
         uow.commit()
     return created
@@ -179,8 +179,7 @@ def test_exit_patterns_match_any_run_and_exactly_one_character() -> None:
 
 
 def test_start_limit_unrestricted_is_the_u32_maximum() -> None:
-    assert StartLimit.UNRESTRICTED.value == 4_294_967_295
-    assert StartLimit.unrestricted() == StartLimit.UNRESTRICTED
+    assert StartLimit.unrestricted().value == 4_294_967_295
     assert StartLimit(1).value == 1
     with pytest.raises(ZeroStartLimit):
         StartLimit(0)

@@ -149,7 +149,7 @@ def test_first_attempt_starts_clean(repository: JobRepository, clock: ManualCloc
         assert record.job_instance_id == instance.id
         assert record.attempt == 1
         assert record.status is S.STARTING
-        assert record.metadata.exit_status == ExitCode.UNKNOWN
+        assert record.metadata.exit_status == ExitCode("UNKNOWN")
         assert record.version == 0
         assert record.created_at == datetime(2026, 3, 4, 5, 6, 7, 654321, tzinfo=UTC)
         assert record.updated_at == record.created_at
@@ -198,7 +198,7 @@ def test_restart_after_failed_or_stopped_creates_the_next_attempt(
         assert second.restart_of_execution_id == first.id
         assert second.created_at == clock.now()
         assert second.metadata.failure is None
-        assert second.metadata.exit_status == ExitCode.UNKNOWN
+        assert second.metadata.exit_status == ExitCode("UNKNOWN")
         with repository.begin() as uow:
             executions = uow.executions.of_instance(first.job_instance_id)
         assert [e.id for e in executions] == [first.id, second.id]

@@ -146,7 +146,7 @@ def test_start_sets_started_at_and_bumps_the_version(
             assert record.metadata.timestamps.ended_at is None
             assert record.metadata.timestamps.created_at == created.created_at
             assert record.version == 1
-            assert record.metadata.exit_status == ExitCode.UNKNOWN
+            assert record.metadata.exit_status == ExitCode("UNKNOWN")
             assert record.metadata.failure is None
         assert created.version == 0
 
@@ -387,7 +387,7 @@ def test_terminal_rollback_counts_once_on_a_step(
         failed = uow.steps.transition(
             started.id,
             started.version,
-            LifecycleTransition.failed(clock.advance(), FAILURE).with_terminal_rollback(),
+            LifecycleTransition(S.FAILED, clock.advance(), FAILURE, terminal_rollback=True),
         )
         uow.commit()
     assert failed.metadata.counts.rolled_back == 1
@@ -399,7 +399,7 @@ def test_terminal_rollback_counts_once_on_a_step(
         abandoned = uow.steps.transition(
             failed.id,
             failed.version,
-            LifecycleTransition.new(S.ABANDONED, clock.advance()).with_terminal_rollback(),
+            LifecycleTransition(S.ABANDONED, clock.advance(), terminal_rollback=True),
         )
         uow.commit()
     assert abandoned.metadata.counts.rolled_back == 2
@@ -418,7 +418,7 @@ def test_terminal_rollback_has_no_effect_on_a_job_execution(
         failed = uow.executions.transition(
             started.id,
             started.version,
-            LifecycleTransition.failed(clock.advance(), FAILURE).with_terminal_rollback(),
+            LifecycleTransition(S.FAILED, clock.advance(), FAILURE, terminal_rollback=True),
         )
         uow.commit()
     assert failed.status is S.FAILED and failed.version == 2

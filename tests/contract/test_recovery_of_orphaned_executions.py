@@ -435,7 +435,7 @@ def test_flow_step_copies_the_newest_state_of_its_node_across_attempts(
         uow.commit()
     assert (copy_2.step_name, copy_2.logical_id) == (StepName("load-v2"), NODE)
     assert (copy_2.status, copy_2.version) == (S.STARTING, 0)
-    assert copy_2.metadata.exit_status == ExitCode.UNKNOWN
+    assert copy_2.metadata.exit_status == ExitCode("UNKNOWN")
     assert copy_2.metadata.failure is None
     assert copy_2.metadata.counts == source_1.metadata.counts
     assert copy_2.checkpoint == Checkpoint(SCHEMA, 1, {"offset": 3})
@@ -498,7 +498,7 @@ def test_restart_step_copies_the_same_named_step_of_the_previous_attempt(
         copy = uow.steps.create(second.id, StepName("load"))
         uow.commit()
     assert (copy.status, copy.version, copy.job_execution_id) == (S.STARTING, 0, second.id)
-    assert copy.metadata.exit_status == ExitCode.UNKNOWN and copy.metadata.failure is None
+    assert copy.metadata.exit_status == ExitCode("UNKNOWN") and copy.metadata.failure is None
     # The six counters, checkpoint, context, retry/skip/no-rollback counts and the fault
     # state envelope with its checksum: every durable column, byte for byte.
     assert copy.metadata.counts == source.metadata.counts
@@ -718,7 +718,7 @@ def test_a_new_step_starts_clean_at_the_clock_instant(
         stored_step = uow.steps.get(step.id)
     assert stored_step == step
     assert (step.status, step.version, step.job_execution_id) == (S.STARTING, 0, execution.id)
-    assert step.metadata.exit_status == ExitCode.UNKNOWN and step.metadata.failure is None
+    assert step.metadata.exit_status == ExitCode("UNKNOWN") and step.metadata.failure is None
     assert step.created_at == step.updated_at == clock.now()  # microsecond-exact
     assert step.metadata.timestamps.started_at is None
     assert step.metadata.timestamps.ended_at is None

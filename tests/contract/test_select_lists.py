@@ -78,17 +78,7 @@ READERS: dict[str, tuple[str, ...]] = {
     "list_step_partitions": STEP_PARTITION_COLUMNS,
     "lock_step_partitions_by_ordinal": STEP_PARTITION_COLUMNS,
     "copy_step_partitions": STEP_PARTITION_COLUMNS,
-    "claim_step_partition": (
-        "ended_partition_id",
-        "found_version",
-        "found_status",
-        "found_worker_step_execution_id",
-        "parent_step_execution_id",
-        "parent_status",
-        "worker_status",
-        *CLAIMED_PARTITION_COLUMNS,
-        "same_execution",
-    ),
+    "claim_step_partition": CLAIMED_PARTITION_COLUMNS,
     "end_step_partition": (
         "id",
         "found_version",

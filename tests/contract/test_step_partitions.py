@@ -7,13 +7,15 @@ and is safe to replay, and a restart never reruns a completed partition.
 
 from __future__ import annotations
 
+import datetime
 import itertools
 from typing import Any
 
+import attrs
 import psycopg
 import pytest
 
-from pybatch import JobRepository
+from pybatch import JobRepository, UnitOfWork
 from pybatch.errors import (
     CommitOutcomeUnknown,
     CountExhausted,
@@ -29,9 +31,11 @@ from pybatch.errors import (
     PartitionStateCorrupt,
     PartitionWorkerStale,
     RepositoryDomainError,
+    StaleVersion,
     StateSchemaVersionNotStorable,
     StepExecutionNotFound,
     StepPartitionNotFound,
+    Unavailable,
 )
 from pybatch.values.counts import ExecutionCounts
 from pybatch.values.ids import FailureId
@@ -42,6 +46,7 @@ from pybatch.values.partitions import PartitionPlanEntry, StepPartition
 from pybatch.values.records import JobExecution, StepExecution
 from pybatch.values.state import ExecutionContext, StateLimits
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
+from tests.contract.test_one_round_trip_transactions import traced
 from tests.support.clock import ManualClock
 from tests.support.race import terminate_backend
 from tests.support.rows import write_exit_code
@@ -225,7 +230,7 @@ def test_a_plan_is_numbered_in_entry_order_and_read_in_key_byte_order(f: Fixture
     assert [(p.key.value, p.ordinal) for p in created] == [("b", 1), ("a", 2), ("B", 3)]
     assert all(
         (p.status, p.worker_step_execution_id, p.version, p.exit_status)
-        == (S.STARTING, None, 0, ExitCode.UNKNOWN)
+        == (S.STARTING, None, 0, ExitCode("UNKNOWN"))
         and p.counts == ExecutionCounts()
         for p in created
     )
@@ -344,7 +349,7 @@ def test_a_claim_needs_a_started_parent(repository: JobRepository, clock: Manual
         worker.id,
         1,
     )
-    assert assigned.exit_status == ExitCode.UNKNOWN and assigned.counts == ExecutionCounts()
+    assert assigned.exit_status == ExitCode("UNKNOWN") and assigned.counts == ExecutionCounts()
     with repository.begin() as uow:
         assert uow.partitions.plan(parent.id) == [assigned]
 
@@ -677,7 +682,7 @@ def test_a_restarted_plan_carries_completed_partitions_only(f: Fixture) -> None:
             None,
             0,
         )
-        assert fresh.counts == ExecutionCounts() and fresh.exit_status == ExitCode.UNKNOWN
+        assert fresh.counts == ExecutionCounts() and fresh.exit_status == ExitCode("UNKNOWN")
     assert [p.ordinal for p in carried] == [1, 2, 3]
     assert [p.context for p in carried] == [p.context for p in parts]
     assert stored_plan(f.repository, target.id) == carried
@@ -799,7 +804,7 @@ def test_end_partition_worker_ends_worker_and_partition_together(f: Fixture) -> 
     with f.repository.begin() as uow:
         with pytest.raises(PartitionWorkerStale):  # the worker of another partition
             uow.partitions.end_worker(
-                other.id, other.version, worker.id, to(S.COMPLETED, f.clock), ExitCode.COMPLETED
+                other.id, other.version, worker.id, to(S.COMPLETED, f.clock), ExitCode("COMPLETED")
             )
         assert uow.steps.get(worker.id) == worker  # nothing staged
         uow.partitions.end_worker(
@@ -813,3 +818,73 @@ def test_end_partition_worker_ends_worker_and_partition_together(f: Fixture) -> 
     assert ended is not None and ended.status is S.FAILED
     assert ended.metadata.exit_status.value == "BAD_ROW" and ended.version == worker.version + 2
     assert ended.metadata.failure is not None
+
+
+def end_and_claim(
+    uow: UnitOfWork, parent: StepExecution, partition: StepPartition, worker_id: int, clock: Any
+) -> tuple[StepPartition, StepExecution] | None:
+    """A worker loop's step: end `partition` COMPLETED and claim the next, in one round trip."""
+    end = (to(S.COMPLETED, clock, worker_id), ExitCode("COMPLETED"))
+    return uow.partitions.claim(parent, ending=(partition.id, partition.version, worker_id, end))
+
+
+def step_rows(admin: psycopg.Connection[Any]) -> int:
+    row = admin.execute("SELECT COUNT(*) FROM pybatch.step_execution").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_an_end_refused_after_a_recovery_claims_nothing_and_names_the_refusal(
+    f: Fixture, admin: psycopg.Connection[Any]
+) -> None:
+    """Another process recovered the partition (same worker, version + 1): the end is refused
+    as stale and the next partition stays unclaimed, though the partition now sits at the
+    version a successful end would have given it."""
+    plan(f.repository, f.parent, "a", "b")
+    assigned, worker = claim(f.repository, f.parent.id)
+    admin.execute(
+        "UPDATE pybatch.step_partition SET worker_lease_expires_at = now() - interval '1 second'"
+        " WHERE id = %s",
+        (assigned.id,),
+    )
+    with f.repository.begin() as uow:
+        assert uow.partitions.recover_lost(assigned.id, assigned.version, worker.id)
+        uow.commit()
+    before, steps = stored_plan(f.repository, f.parent.id), step_rows(admin)
+    with f.repository.begin() as uow, pytest.raises(StaleVersion) as stale:
+        end_and_claim(uow, f.parent, assigned, worker.id, f.clock)
+    assert (stale.value.expected, stale.value.actual) == (1, 2)
+    assert stored_plan(f.repository, f.parent.id) == before and step_rows(admin) == steps
+    assert before[1].worker_step_execution_id is None
+
+
+def test_an_end_and_its_claim_commit_together_in_one_round_trip_or_not_at_all(
+    f: Fixture, admin: psycopg.Connection[Any], pg_config: Any, clock: ManualClock
+) -> None:
+    """The end and the claim are one transaction under one Sync: a claim stopped by a lock wait
+    (the new worker's foreign key waits on a locked job execution) leaves the end uncommitted."""
+    plan(f.repository, f.parent, "a", "b")
+    assigned, worker = claim(f.repository, f.parent.id)
+    before, steps = stored_plan(f.repository, f.parent.id), step_rows(admin)
+    config = attrs.evolve(pg_config, lock_timeout=datetime.timedelta(milliseconds=200))
+    with psycopg.connect(admin.info.dsn) as holder:
+        holder.execute(
+            "SELECT 1 FROM pybatch.job_execution WHERE id = %s FOR UPDATE", (f.execution.id,)
+        )
+        with JobRepository.connect(config, clock=clock) as short_wait, short_wait.begin() as uow:
+            with pytest.raises(Unavailable):
+                end_and_claim(uow, f.parent, assigned, worker.id, f.clock)
+    assert stored_plan(f.repository, f.parent.id) == before and step_rows(admin) == steps
+    claims: list[Any] = []
+    with f.repository.begin() as uow:
+        conn = uow._lease.connection
+        assert conn is not None
+
+        def run() -> None:
+            claims.append(end_and_claim(uow, f.parent, assigned, worker.id, f.clock))
+
+        trace = traced(conn, run)
+    assert [m for m in trace if m.startswith("F") and "\tSync" in m] == ["F\t4\tSync"]
+    assert claims[0] is not None and claims[0][0].id == before[1].id
+    done, _ = stored_plan(f.repository, f.parent.id)
+    assert (done.status, done.version) == (S.COMPLETED, assigned.version + 1)

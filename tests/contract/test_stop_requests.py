@@ -279,7 +279,7 @@ def test_a_stop_ends_the_run_stopped_at_the_next_chunk_and_a_rerun_resumes(
         pytest.fail("the stop did not end the step")
     assert run.stopped
     [stopped] = executions(repository, run)
-    assert (stopped.status, stopped.metadata.exit_status) == (S.STOPPED, ExitCode.STOPPED)
+    assert (stopped.status, stopped.metadata.exit_status) == (S.STOPPED, ExitCode("STOPPED"))
     load = steps_of(repository, stopped.id)["load"]
     assert (load.status, load.checkpoint.payload) == (S.STOPPED, {"offset": 2})
     assert business_ids(admin) == [1, 2]

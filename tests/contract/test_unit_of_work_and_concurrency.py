@@ -229,7 +229,7 @@ def test_rollback_discards_everything_and_others_still_commit(
         assert uow.instances.find(kept_key) is not None
         stored = uow.executions.get(existing.id)
     assert stored is not None and stored.status is S.STOPPING
-    assert stored.metadata.exit_status == ExitCode.UNKNOWN
+    assert stored.metadata.exit_status == ExitCode("UNKNOWN")
     assert scalar(admin, "SELECT count(*) FROM pybatch.step_execution") == 0
 
 

@@ -164,6 +164,23 @@ def test_every_transaction_runs_with_pybatchs_settings_through_the_pooler(
     assert seen == [EXPECTED] * 5
 
 
+def test_partition_workers_end_and_claim_in_one_transaction_through_the_pooler(
+    bouncer: Bouncer, admin: psycopg.Connection[Any]
+) -> None:
+    # Each worker ends its partition and claims the next in one pipelined transaction; in
+    # transaction mode nothing is prepared, so the server connections stay interchangeable.
+    ran: list[str] = []
+    with JobRepository.connect(pooled(bouncer, admin, pool_size=2)) as repository:
+        plan: dict[str, dict[str, int]] = {f"p{number}": {} for number in range(6)}
+        with Job(repository, "pooled_plan", {"day": bouncer.pool_mode}).launch() as run:
+            outcome = run.partitioned_step("load", plan, lambda p: ran.append(p.key), workers=0)
+        with repository.begin() as uow:
+            partitions = uow.partitions.plan(outcome.step.id)
+    assert outcome.step.status is BatchStatus.COMPLETED and sorted(ran) == sorted(plan)
+    assert [(p.status, p.version) for p in partitions] == [(BatchStatus.COMPLETED, 2)] * 6
+    assert len({p.worker_step_execution_id for p in partitions}) == 6
+
+
 def test_a_lock_wait_in_a_chunk_still_ends_at_the_lock_timeout_through_the_pooler(
     bouncer: Bouncer, admin: psycopg.Connection[Any]
 ) -> None:

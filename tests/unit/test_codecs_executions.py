@@ -291,7 +291,7 @@ def test_decode_job_execution() -> None:
     execution = decode_job_execution(execution_row())
     assert (execution.id, execution.job_instance_id, execution.attempt) == (21, 11, 1)
     assert execution.metadata.status is BatchStatus.STARTED
-    assert execution.metadata.exit_status == ExitCode.UNKNOWN
+    assert execution.metadata.exit_status == ExitCode("UNKNOWN")
     assert execution.metadata.counts == ExecutionCounts()
     assert execution.metadata.timestamps.started_at == T0 + timedelta(seconds=1)
     assert (execution.version, execution.updated_at) == (1, T0 + timedelta(seconds=1))
@@ -493,7 +493,7 @@ def test_encoded_state_decodes_to_the_same_state() -> None:
 def test_encode_execution_metadata_and_counts() -> None:
     metadata = ExecutionMetadata(
         status=BatchStatus.FAILED,
-        exit_status=ExitCode.FAILED,
+        exit_status=ExitCode("FAILED"),
         timestamps=ExecutionTimestamps(T0, T0, T0 + timedelta(seconds=1)),
         counts=ExecutionCounts(read=4, rolled_back=1),
         failure=FailureSummary(FailureCategory.TIMEOUT, FailureId(8)),
@@ -517,7 +517,7 @@ def test_encode_execution_metadata_and_counts() -> None:
     assert encode_fault_counts(StepFaultCounts(write_skip=2))["write_skip_count"] == 2
     unstorable = ExecutionMetadata(
         status=BatchStatus.FAILED,
-        exit_status=ExitCode.FAILED,
+        exit_status=ExitCode("FAILED"),
         timestamps=ExecutionTimestamps(T0, None, T0),
         failure=FailureSummary(FailureCategory.TIMEOUT, FailureId(2**63)),
     )

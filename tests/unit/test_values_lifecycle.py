@@ -56,7 +56,7 @@ def metadata_in(status: BatchStatus) -> ExecutionMetadata:
     ended = at(2) if status.is_finished else None
     return ExecutionMetadata(
         status=status,
-        exit_status=ExitCode.UNKNOWN,
+        exit_status=ExitCode("UNKNOWN"),
         timestamps=ExecutionTimestamps(T0, started, ended),
         failure=FAILURE if status is S.FAILED else None,
     )
@@ -106,7 +106,7 @@ def test_start_sets_started_at_and_keeps_exit() -> None:
         counts_apply=True,
     )
     assert (updated.status, updated.timestamps.started_at, version) == (S.STARTED, at(5), 1)
-    assert updated.exit_status == ExitCode.UNKNOWN
+    assert updated.exit_status == ExitCode("UNKNOWN")
     assert updated.timestamps.ended_at is None
 
 
@@ -177,7 +177,7 @@ def test_stale_version_is_checked_first() -> None:
 
 def test_terminal_rollback_counts_only_on_steps() -> None:
     """Scenario B8."""
-    transition = LifecycleTransition.failed(at(3), FAILURE).with_terminal_rollback()
+    transition = LifecycleTransition(S.FAILED, at(3), FAILURE, terminal_rollback=True)
     step, _ = apply_transition(metadata_in(S.STARTED), 1, 1, transition, counts_apply=True)
     job, _ = apply_transition(metadata_in(S.STARTED), 1, 1, transition, counts_apply=False)
     assert step.counts.rolled_back == 1
@@ -212,22 +212,22 @@ def test_metadata_invariants() -> None:
     with pytest.raises(errors.ActiveExecutionHasEndTime):
         ExecutionMetadata(
             status=S.STARTED,
-            exit_status=ExitCode.UNKNOWN,
+            exit_status=ExitCode("UNKNOWN"),
             timestamps=ExecutionTimestamps(T0, T0, at(1)),
         )
     with pytest.raises(errors.FinishedExecutionMissingEndTime):
         ExecutionMetadata(
-            status=S.COMPLETED, exit_status=ExitCode.UNKNOWN, timestamps=ExecutionTimestamps(T0)
+            status=S.COMPLETED, exit_status=ExitCode("UNKNOWN"), timestamps=ExecutionTimestamps(T0)
         )
     with pytest.raises(errors.FailedExecutionMissingFailure):
         ExecutionMetadata(
             status=S.FAILED,
-            exit_status=ExitCode.UNKNOWN,
+            exit_status=ExitCode("UNKNOWN"),
             timestamps=ExecutionTimestamps(T0, None, T0),
         )
     assert (
         ExecutionMetadata(
-            status=S.UNKNOWN, exit_status=ExitCode.UNKNOWN, timestamps=ExecutionTimestamps(T0)
+            status=S.UNKNOWN, exit_status=ExitCode("UNKNOWN"), timestamps=ExecutionTimestamps(T0)
         ).timestamps.ended_at
         is None
     )

@@ -42,7 +42,7 @@ from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 T0 = datetime(2026, 5, 1, tzinfo=UTC)
 #: The metadata of a new execution or step: STARTING, exit UNKNOWN, zero counters.
 STARTING = ExecutionMetadata(
-    status=BatchStatus.STARTING, exit_status=ExitCode.UNKNOWN, timestamps=ExecutionTimestamps(T0)
+    status=BatchStatus.STARTING, exit_status=ExitCode("UNKNOWN"), timestamps=ExecutionTimestamps(T0)
 )
 
 
