@@ -3,10 +3,7 @@
 A chunk (`ChunkTransaction`) is the ETL's statements, one compare-and-swap UPDATE of the step's
 progress fenced in its own predicate (the committed version, STARTED, the owner's token), and
 COMMIT: a crash leaves the whole chunk or none of it (docs/contract.md, Chunk transactions).
-
-Statements: chunks.sql get_step_chunk_state, update_step_chunk_commit, _progress and _rollback
-(a step), update_partition_chunk_commit, _progress and _rollback (a partition worker), each
-prepared once per connection (docs/architecture.md).
+Its statements (chunks.sql) are prepared once per connection (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -44,6 +41,8 @@ _IDLE = TransactionStatus.IDLE
 _INERROR = TransactionStatus.INERROR
 #: Read once: a class attribute lookup per chunk otherwise.
 _EMPTY_FAULT_STATE = FaultStateEnvelope.EMPTY
+#: A chunk's fault progress that leaves the step's skip counters as they are.
+_NO_FAULT_PROGRESS = (None, chunks.NO_FAULT_PROGRESS)
 
 
 def load_committed_state(
@@ -75,19 +74,6 @@ class StepSession:
     still refuses it after a stop, a recovery or another writer. A chunk opened while another
     is open gets a pooled connection of its own.
     """
-
-    __slots__ = (
-        "_chunk",
-        "_clock",
-        "_conn",
-        "_context",
-        "_cursor",
-        "_lease",
-        "_statements",
-        "_transactions",
-        "_writes",
-        "committed",
-    )
 
     def __init__(self, repository: JobRepository, context: chunks.ChunkContext) -> None:
         self._transactions = repository.transactions
@@ -123,12 +109,6 @@ class StepSession:
             f"held={self._conn is not None})"
         )
 
-    def __enter__(self) -> StepSession:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
     def begin(self) -> ChunkTransaction:
         """Open the step's next chunk on the held connection.
 
@@ -138,7 +118,7 @@ class StepSession:
         """
         if self._context.owner is None:
             raise e.NotCommitted(reason="a chunk needs the owner token of its step's execution")
-        if self._chunk is not None and self._chunk._open:
+        if self._chunk is not None and self._chunk.is_open:
             return self._begin_apart()
         conn = self._conn
         # A backend that ended while the connection sat idle (idle_session_timeout, an
@@ -217,7 +197,7 @@ class StepSession:
         """Give the held connection back to the pool (rolling back a chunk left open)."""
         chunk, self._chunk = self._chunk, None
         if chunk is not None:
-            chunk._open = False
+            chunk.is_open = False
         cursor, self._cursor = self._cursor, None
         if cursor is not None:
             cursor.close()
@@ -240,7 +220,7 @@ class StepSession:
 class ChunkTransaction:
     """One open chunk of a step session: business statements and progress, committed together."""
 
-    __slots__ = ("_conn", "_cursor", "_lease", "_open", "_session", "committed")
+    __slots__ = ("_conn", "_cursor", "_lease", "_session", "committed", "is_open")
 
     def __init__(
         self,
@@ -257,7 +237,8 @@ class ChunkTransaction:
         self._cursor = cursor
         #: The pool slip of a chunk on a connection of its own (None: the session's).
         self._lease = lease
-        self._open = True
+        #: Whether the chunk can still run statements and commit.
+        self.is_open = True
         #: The step's committed state: where this chunk started, and after `commit` the
         #: state it committed.
         self.committed = state
@@ -265,13 +246,8 @@ class ChunkTransaction:
     def __repr__(self) -> str:
         return (
             f"ChunkTransaction(step_execution_id={self.committed.step_execution_id}, "
-            f"version={self.committed.version}, open={self._open})"
+            f"version={self.committed.version}, open={self.is_open})"
         )
-
-    @property
-    def is_open(self) -> bool:
-        """Whether the chunk can still run statements and commit."""
-        return self._open
 
     def __enter__(self) -> ChunkTransaction:
         return self
@@ -286,13 +262,13 @@ class ChunkTransaction:
         Errors raised through it are psycopg's own; `execute`, `executemany` and `copy`
         classify them into Rejected, Cancelled and Infrastructure instead.
         """
-        if not self._open:
+        if not self.is_open:
             raise e.NotCommitted(reason="the chunk is closed")
         return self._conn
 
     def _open_cursor(self) -> psycopg.Cursor[Any]:
         """The chunk's cursor (made on first use by a chunk on a connection of its own)."""
-        if not self._open:
+        if not self.is_open:
             raise e.NotCommitted(reason="the chunk is closed")
         cursor = self._cursor
         if cursor is None:
@@ -374,51 +350,23 @@ class ChunkTransaction:
             ChunkCommitOutcomeUnknown: the acknowledgement was lost; the session re-reads
                 the step's durable state at its next chunk.
         """
-        if not self._open:
+        if not self.is_open:
             raise e.NotCommitted(reason="the chunk is closed")
         status = self._conn.pgconn.transaction_status  # read once: nothing runs until the UPDATE
-        try:
-            if status == _INERROR:
-                raise e.NotCommitted(reason="a statement in the chunk failed")
-            statement, params, committed = self._progress(
-                read, processed, written, filtered, fault_progress, checkpoint, context
-            )
-        except e.NotCommitted:
-            self.rollback()
-            raise
-        alone = status == _IDLE  # checkpoint-only: the UPDATE is the whole transaction
-        self._update_progress(statement, params, alone=alone)
-        if not alone:
-            self._commit_or_classify()
-        self._open = False
-        self.committed = self._session.committed = committed
-        if self._lease is not None:
-            self._lease.rollback()  # idle after the COMMIT: only gives the connection back
-        return committed
-
-    def _progress(
-        self,
-        read: int,
-        processed: int,
-        written: int,
-        filtered: int,
-        fault_progress: chunks.FaultProgress | None,
-        checkpoint: Checkpoint,
-        context: ExecutionContext | None,
-    ) -> tuple[Statement, dict[str, object], chunks.CommittedStepState]:
-        """The progress UPDATE to send, its parameters, and the state it commits."""
+        if status == _INERROR:
+            raise self._refused("a statement in the chunk failed")
         state = self.committed
         try:
-            next_counts = state.counts.after_chunk(read, processed, written, filtered)
-        except (e.CountExhausted, e.PyBatchError):
-            raise e.NotCommitted(reason="a counter would overflow") from None
+            counts = state.counts.after_chunk(read, processed, written, filtered)
+        except e.PyBatchError:
+            raise self._refused("a counter would overflow") from None
         if context is None:
             context = state.context
         if (
             checkpoint.schema_version > MAX_STORABLE_SCHEMA_VERSION
             or context.schema_version > MAX_STORABLE_SCHEMA_VERSION
         ):
-            raise e.NotCommitted(reason="a state schema version above 2147483647 cannot be stored")
+            raise self._refused("a state schema version above 2147483647 cannot be stored")
         session = self._session
         now = session._clock.now()
         fence = session._context
@@ -429,29 +377,38 @@ class ChunkTransaction:
         if (
             context is state.context
             and state.fault_state is _EMPTY_FAULT_STATE
-            and (
-                fault_progress is None
-                or fault_progress is chunks.NO_FAULT_PROGRESS
-                or fault_progress == chunks.NO_FAULT_PROGRESS
-            )
+            and fault_progress in _NO_FAULT_PROGRESS
         ):
             statement = progress
-            params = encode_chunk_progress(fence, state, next_counts, checkpoint, now)
+            params = encode_chunk_progress(fence, state, counts, checkpoint, now)
         else:
             statement = full
             fault = fault_progress or chunks.NO_FAULT_PROGRESS
-            params = encode_chunk_commit(fence, state, next_counts, checkpoint, context, fault, now)
-        next_state = chunks.CommittedStepState(
+            params = encode_chunk_commit(fence, state, counts, checkpoint, context, fault, now)
+        committed = chunks.CommittedStepState(
             step_execution_id=state.step_execution_id,
             job_execution_id=state.job_execution_id,
             status=state.status,
             version=state.version + 1,
-            counts=next_counts,
+            counts=counts,
             checkpoint=checkpoint,
             context=context,
             fault_state=_EMPTY_FAULT_STATE,
         )
-        return statement, params, next_state
+        alone = status == _IDLE  # checkpoint-only: the UPDATE is the whole transaction
+        self._update_progress(statement, params, alone=alone)
+        if not alone:
+            self._commit_or_classify()
+        self.is_open = False
+        self.committed = self._session.committed = committed
+        if self._lease is not None:
+            self._lease.rollback()  # idle after the COMMIT: only gives the connection back
+        return committed
+
+    def _refused(self, reason: str) -> e.NotCommitted:
+        """Roll the chunk back and say why nothing of it is durable (the caller raises it)."""
+        self.rollback()
+        return e.NotCommitted(reason=reason)
 
     def _update_progress(
         self, statement: Statement, params: dict[str, object], *, alone: bool
@@ -473,10 +430,7 @@ class ChunkTransaction:
                 self.rollback()
             raise e.NotCommitted(reason="the progress update failed") from None
         if changed != 1:
-            self.rollback()
-            raise e.NotCommitted(
-                reason="the step changed, is no longer STARTED, or its owner lost it"
-            )
+            raise self._refused("the step changed, is no longer STARTED, or its owner lost it")
 
     def _commit_or_classify(self) -> None:
         """COMMIT; refused: NotCommitted; acknowledgement lost: outcome-unknown, state forgotten."""
@@ -488,14 +442,13 @@ class ChunkTransaction:
                 self._discard()
                 self._session.committed = None
                 raise e.ChunkCommitOutcomeUnknown() from None
-            self.rollback()
-            raise e.NotCommitted(reason="COMMIT was refused") from None
+            raise self._refused("COMMIT was refused") from None
 
     def rollback(self) -> None:
         """Discard the chunk's business writes and progress; a second call is a no-op."""
-        if not self._open:
+        if not self.is_open:
             return
-        self._open = False
+        self.is_open = False
         if self._lease is not None:
             self._lease.rollback()
         else:
@@ -503,7 +456,7 @@ class ChunkTransaction:
 
     def _discard(self) -> None:
         """Drop the chunk's connection: it can no longer be trusted."""
-        self._open = False
+        self.is_open = False
         if self._lease is not None:
             self._lease.discard()
         elif self._session._conn is self._conn:
@@ -519,7 +472,7 @@ class ChunkTransaction:
             NotCommitted: the count was refused (the step left STARTED, or its owner lost it)
                 or the database is unavailable; the business writes are rolled back.
         """
-        if not self._open:
+        if not self.is_open:
             return
         session, conn, state = self._session, self._conn, self.committed
         statement = session._writes[2]

@@ -82,10 +82,6 @@ class FaultState:
         """The ordinal stored for `key`, or None."""
         return self._load(self._bound()).ordinal_for(key)
 
-    def unresolved(self) -> int:
-        """How many retry keys the step retains."""
-        return len(self._load(self._bound()).entries)
-
     def reserve(self, entry: fault.FaultEntry) -> None:
         """Spend retry `entry.ordinal` of `entry.key` durably, in its own transaction.
 

@@ -65,10 +65,7 @@ class _Keeper:
         return self._lost.is_set()
 
     def start(self) -> None:
-        """Renew from this process's renewal threads: an idle one serves the next keeper.
-
-        A thread of its own per run cost milliseconds of wall time on a busy host.
-        """
+        """Renew from this process's renewal threads (a thread per run cost ms on a busy host)."""
         _renewal_threads().submit(self._run)
 
     def halt(self) -> None:

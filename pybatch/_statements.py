@@ -213,9 +213,6 @@ class Statements:
     def __iter__(self) -> Iterator[Statement]:
         return iter(self._by_name.values())
 
-    def __len__(self) -> int:
-        return len(self._by_name)
-
 
 def load_pugsql_module(folder: str | Path = "") -> Any:
     """The raw pugsql module of a folder of `queries/` (the shipped statements by default)."""

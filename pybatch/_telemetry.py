@@ -31,14 +31,6 @@ except ImportError:  # the `otel` extra is not installed: every hook is a no-op
 #: The scope name of pybatch's tracer and meter.
 SCOPE = "pybatch"
 
-
-def _version() -> str:
-    try:
-        return metadata.version("pybatch")
-    except metadata.PackageNotFoundError:  # run from a checkout
-        return ""
-
-
 #: pybatch's counters: (name, unit, description).
 _COUNTERS = (
     ("pybatch.items.read", "{item}", "Items read by committed chunks"),
@@ -57,9 +49,13 @@ INSTRUMENTS: dict[str, Any] | None = None
 if _trace is None:
     TRACER: Any = None
 else:
+    try:
+        _VERSION = metadata.version("pybatch")
+    except metadata.PackageNotFoundError:  # run from a checkout
+        _VERSION = ""
     # Proxies until the application sets its providers; they forward to them afterwards.
-    TRACER = _trace.get_tracer(SCOPE, _version())
-    _meter = _metrics.get_meter(SCOPE, _version())
+    TRACER = _trace.get_tracer(SCOPE, _VERSION)
+    _meter = _metrics.get_meter(SCOPE, _VERSION)
     INSTRUMENTS = {name: _meter.create_counter(name, *spec) for name, *spec in _COUNTERS}
     INSTRUMENTS[_COMMIT_DURATION] = _meter.create_histogram(
         _COMMIT_DURATION, "s", "Time to commit one chunk (progress and COMMIT)"

@@ -182,9 +182,7 @@ class TransactionSource:
     ) -> None:
         self._config = config
         # New connections that `check` refused; a lease of one raises the refusal.
-        self._refused: weakref.WeakKeyDictionary[Connection, PyBatchError] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._refused = weakref.WeakKeyDictionary[Connection, PyBatchError]()
         self._check = check
         #: Behind a transaction-mode pooler: every transaction sets the settings itself.
         self.per_transaction = config.pooler is Pooler.TRANSACTION
@@ -230,13 +228,11 @@ class TransactionSource:
         elif pooler is Pooler.SESSION:
             self.apply_settings(conn, transaction_only=False)
             conn.commit()
-        else:
-            if (dropped := self._dropped_setting(conn)) is not None:
-                self._refused[conn] = dropped
-                return
-        if self._check is not None:
-            if (refusal := self._check(conn)) is not None:
-                self._refused[conn] = refusal
+        elif (dropped := self._dropped_setting(conn)) is not None:
+            self._refused[conn] = dropped
+            return
+        if self._check is not None and (refusal := self._check(conn)) is not None:
+            self._refused[conn] = refusal
 
     def apply_settings(
         self, conn: Connection, *, transaction_only: bool, send: bool = False

@@ -1,26 +1,6 @@
 """The ETL-facing API: launch or restart a job, run steps, commit chunks with checkpoints.
 
-Written for script authors rather than mirroring the repository's ports::
-
-    job = Job(repository, "load_orders", {"business_date": "2026-11-30"})
-    with job.launch() as run:
-        run.step("load", load_orders)          # load_orders(step: StepRun) -> None
-
-    def load_orders(step: StepRun) -> None:
-        offset = step.checkpoint.get("offset", 0)
-        for rows in read_batches(start=offset):
-            with step.chunk() as chunk:
-                chunk.copy("COPY orders (id, amount) FROM STDIN", rows)
-                offset += len(rows)
-                chunk.commit(read=len(rows), written=len(rows), checkpoint={"offset": offset})
-
-A step that raises marks the step and the job FAILED; running the script again restarts
-the instance: completed steps are skipped and the failed step resumes from its last
-committed checkpoint. A run owns its execution through a lease that a background thread
-renews (pybatch/_lease_keeper.py); a later launch that finds an unresolved execution whose
-lease ran out (its process died) records an audited recovery decision (FAILED, reason
-OWNER_LOST) and restarts. A stop request ends the run STOPPED at its next chunk boundary
-(docs/etl-guide.md).
+Written for script authors (docs/etl-guide.md) rather than mirroring the repository's ports.
 Composition only: every statement is run by the repository, chunk and recovery modules.
 """
 
@@ -53,7 +33,6 @@ from pybatch._job_repository import JobRepository
 from pybatch._lease_keeper import LeaseKeeper, PartitionLeaseKeeper
 from pybatch._services.flow import FlowPoint
 from pybatch._unit_of_work import UnitOfWork
-from pybatch.errors import PartitionPlanNotPublished, PartitionsFailed
 from pybatch.values import fault
 from pybatch.values.chunks import ChunkContext, ChunkCounts, CommittedStepState, FaultProgress
 from pybatch.values.definitions import DefinitionIdentity
@@ -85,10 +64,7 @@ ETL_STATE_SCHEMA = StateSchemaId("pybatch.etl.v1")
 
 
 def _state(cls: type[Checkpoint] | type[ExecutionContext], payload: JsonObject) -> Any:
-    """Build the envelope before any chunk statement runs; a non-mapping is refused typed.
-
-    A dict is encoded as it is (the envelope keeps only its canonical bytes); a mapping is copied.
-    """
+    """The envelope, built before any chunk statement runs: a dict as it is, a mapping copied."""
     if type(payload) is not dict:
         if not isinstance(payload, Mapping):
             raise e.StatePayloadNotObject()
@@ -109,7 +85,7 @@ class Chunk:
         return self
 
     def __exit__(self, exc_type: object, exc: BaseException | None, traceback: object) -> None:
-        if not self._transaction._open:  # committed or rolled back
+        if not self._transaction.is_open:  # committed or rolled back
             return
         if exc is not None:
             self._transaction.rollback()  # the block's own error propagates
@@ -176,10 +152,7 @@ class Chunk:
         if processed is None:
             processed = read
         if not (
-            type(read) is int
-            and type(processed) is int
-            and type(written) is int
-            and type(filtered) is int
+            type(read) is type(processed) is type(written) is type(filtered) is int
             and 0 <= read <= INT64_MAX
             and 0 <= processed <= INT64_MAX
             and 0 <= written <= INT64_MAX
@@ -207,15 +180,14 @@ class _ObservedChunk(Chunk):
         self._probe = _telemetry.ChunkProbe(step._probe)  # type: ignore[arg-type]
 
     def __exit__(self, exc_type: object, exc: BaseException | None, traceback: object) -> None:
-        rolled_back = exc is not None and self._transaction._open
-        if exc is None and self._transaction._open:  # ended neither way: Chunk raises for it
+        rolled_back = exc is not None and self._transaction.is_open
+        if exc is None and self._transaction.is_open:  # ended neither way: Chunk raises for it
             self._probe.ended(e.ChunkNotEnded(step_execution_id=self._step.execution.id))
         super().__exit__(exc_type, exc, traceback)
         if rolled_back:
             self._probe.ended(exc)
 
     def _discard(self) -> None:
-        """`Chunk._discard`, ending the chunk's span."""
         super()._discard()
         self._probe.ended(None)
 
@@ -234,7 +206,7 @@ class _ObservedChunk(Chunk):
         try:
             super().commit(**arguments)
         except BaseException as error:
-            if not self._transaction._open:  # else the block's exit rolls it back
+            if not self._transaction.is_open:  # else the block's exit rolls it back
                 self._probe.ended(error)
             raise
         seconds = time.perf_counter() - started
@@ -256,8 +228,7 @@ class StepRun:
             if run.owner is None:  # only partition workers run without the execution's owner
                 raise e.ExecutionOwnershipLost(id=step.job_execution_id)
             context = ChunkContext(step.id, step.job_execution_id, run.owner)
-        # One pooled connection for all the step's chunks, given back when its work returns
-        # (`close`); every chunk commit proves ownership with `context`'s owner token.
+        # One held connection for all the step's chunks (`close`); each commit proves `context`.
         self._session = StepSession(run.repository, context)
         #: The step's span (None without opentelemetry, or in a partition worker), and the
         #: chunk class bound to it once here: nothing is checked per chunk.
@@ -1003,7 +974,7 @@ class JobRun:
             )
         ended, unfinished = partitioned.aggregate_plan(self.repository, parent, self._verify_owner)
         if ended.status is not BatchStatus.COMPLETED:
-            raise PartitionsFailed(
+            raise e.PartitionsFailed(
                 step_name=name, status=ended.status.value, keys=tuple(unfinished)
             )
         return StepOutcome(name=name, skipped=False, step=ended)
@@ -1142,10 +1113,8 @@ class Job:
     def launch(self) -> JobRun:
         """Start the first attempt, or restart after FAILED or STOPPED, and mark it STARTED.
 
-        An unresolved attempt's lease alone decides whether its owner lives: the launch watches
-        a fresh one at most until it runs out. A renewal (every third of the lease) proves the
-        owner alive (ExecutionAlreadyActive), an expiry on the database clock proves it gone
-        (recovered here, then the new attempt starts).
+        An unresolved attempt whose lease expires while the launch watches it is recovered
+        here (docs/etl-guide.md, Crashes and restarts).
 
         Raises:
             CompletedInstance, AbandonedInstance: the instance never runs again.
@@ -1293,7 +1262,7 @@ def join_partitioned_step(
     deadline = time.monotonic() + wait_seconds
     while (found := partitioned.find_running_parent(repository, key, StepName(step_name))) is None:
         if time.monotonic() >= deadline:
-            raise PartitionPlanNotPublished(
+            raise e.PartitionPlanNotPublished(
                 job_name=job_name, step_name=step_name, waited_seconds=wait_seconds
             )
         time.sleep(poll_seconds)

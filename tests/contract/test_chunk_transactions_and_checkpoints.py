@@ -7,6 +7,7 @@ state tampered with behind pybatch's back (refused, never decoded as a default).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import tempfile
 import threading
@@ -147,6 +148,11 @@ def bound_fault_state(
     return fault_state
 
 
+def retained_keys(repository: JobRepository, step: StepExecution) -> int:
+    """How many retry keys the step's durable fault state retains."""
+    return len(load_committed_state(repository, context_of(step)).fault_state.entries)
+
+
 #: The FirstChunks each test opened; their sessions are closed when the test ends.
 _opened: list[FirstChunks] = []
 
@@ -257,7 +263,7 @@ def test_a_chunk_commit_clears_fault_state_and_keeps_the_rollback_count(
     fault_state = bound_fault_state(repository, step)
     fault_state.reserve(entry(1, 1))
     fault_state.reserve(entry(2, 1, FaultPhase.WRITE))
-    assert fault_state.unresolved() == 2
+    assert retained_keys(repository, step) == 2
     before = stored_step(repository, step.id)
     assert before.metadata.counts.rolled_back == 2
 
@@ -266,7 +272,7 @@ def test_a_chunk_commit_clears_fault_state_and_keeps_the_rollback_count(
     assert after.metadata.counts.rolled_back == 2  # a commit never touches rolled_back
     assert after.metadata.counts.committed == 2
     assert after.fault_counts.process_retry == 1 and after.fault_counts.write_retry == 1
-    assert fault_state.unresolved() == 0
+    assert retained_keys(repository, step) == 0
     assert fault_state.reserved_ordinal(entry(1, 1).key) is None
     raw = raw_step(admin, step.id)
     assert bytes(raw["fault_state_checksum"]) == EMPTY_FAULT_CHECKSUM
@@ -291,7 +297,7 @@ def test_the_state_provider_supplies_the_committed_checkpoint_and_context(
             offset = committed_counts.read + chunk_counts.read
             return Receipt(cursor(offset), ExecutionContext(SCHEMA, 1, {"n": offset}))
 
-    with StepSession(repository, context_of(step)) as session:
+    with contextlib.closing(StepSession(repository, context_of(step))) as session:
         for _ in range(2):
             with session.begin() as chunk:
                 commit_from(chunk, ChunkCounts(read=5, processed=5, written=5), Provider())
@@ -459,7 +465,7 @@ def test_a_chunk_opened_while_the_sessions_chunk_is_open_gets_a_connection_of_it
     """A nested chunk of one session is a second writer: both start from one version, and
     only the first commit lands; the held connection stays the session's."""
     step = started_step(repository, clock)
-    with StepSession(repository, context_of(step)) as session:
+    with contextlib.closing(StepSession(repository, context_of(step))) as session:
         outer = session.begin()
         inner = session.begin()
         assert outer.connection is not inner.connection
@@ -484,7 +490,7 @@ def test_a_session_starts_each_chunk_from_the_version_it_committed(
     """The next chunk starts from the committed version without reading it; a stale state
     is refused at commit, by the progress UPDATE's own predicate. Scenario O3."""
     step = started_step(repository, clock)
-    with StepSession(repository, context_of(step)) as session:
+    with contextlib.closing(StepSession(repository, context_of(step))) as session:
         for offset in (1, 2):
             with session.begin() as chunk:
                 commit(chunk, ChunkCounts(read=1), checkpoint=cursor(offset))
@@ -523,7 +529,7 @@ def test_reservation_ordinals_must_follow_the_stored_one(
         fault_state.reserve(entry(1, 1))
     fault_state.reserve(entry(1, 2))
     assert fault_state.reserved_ordinal(key) == RetryOrdinal(2)
-    assert fault_state.unresolved() == 1
+    assert retained_keys(repository, step) == 1
     with pytest.raises(StaleReservation):  # going backwards
         fault_state.reserve(entry(1, 1))
 
@@ -549,7 +555,7 @@ def test_each_phase_counts_its_own_retries(repository: JobRepository, clock: Man
     assert durable.metadata.counts.committed == 0
     assert durable.version == step.version + 4
     assert durable.updated_at == clock.now()
-    assert fault_state.unresolved() == 3
+    assert retained_keys(repository, step) == 3
     envelope = load_committed_state(repository, context_of(step)).fault_state
     assert [e.key for e in envelope.entries] == sorted(e.key for e in envelope.entries)
     assert envelope.checkpoint_digest == durable.checkpoint.generation_digest()
@@ -561,13 +567,10 @@ def test_reservations_need_a_bound_started_step(
     """Scenario O4."""
     step = started_step(repository, clock)
     unbound = FaultState(repository, POLICY)
-    for call in (
-        lambda: unbound.reserve(entry(1, 1)),
-        lambda: unbound.reserved_ordinal(entry(1, 1).key),
-        unbound.unresolved,
-    ):
-        with pytest.raises(FaultStateUnbound):
-            call()
+    with pytest.raises(FaultStateUnbound):
+        unbound.reserve(entry(1, 1))
+    with pytest.raises(FaultStateUnbound):
+        unbound.reserved_ordinal(entry(1, 1).key)
     fault_state = bound_fault_state(repository, step)
     with repository.begin() as uow:
         uow.steps.transition(
@@ -597,7 +600,7 @@ def test_a_new_key_beyond_the_state_limit_is_capacity_exhausted(
         fault_state.reserve(entry(3, 1))
     assert exhausted.value.max == 2
     fault_state.reserve(entry(2, 2))  # a retained key can still advance
-    assert fault_state.unresolved() == 2
+    assert retained_keys(repository, step) == 2
     assert fault_state.reserved_ordinal(entry(3, 1).key) is None
     durable = stored_step(repository, step.id)
     assert durable.fault_counts.process_retry == 3 and durable.version == step.version + 3
@@ -1011,7 +1014,7 @@ def test_a_fault_state_checksum_mismatch_fails_closed(
         bound.reserve(entry(1, 2))
     assert raw_step(admin, step.id)["version"] == before["version"]
     with pytest.raises(FaultStateCorrupt):
-        bound.unresolved()
+        bound.reserved_ordinal(entry(1, 1).key)
 
 
 def test_fault_state_from_a_superseded_checkpoint_fails_closed(
@@ -1041,8 +1044,6 @@ def test_fault_state_from_a_superseded_checkpoint_fails_closed(
     # Reads of a bound store fail closed too (the fault state is verified on every load).
     with pytest.raises(FaultStateCorrupt):
         fault_state.reserved_ordinal(entry(1, 1).key)
-    with pytest.raises(FaultStateCorrupt):
-        fault_state.unresolved()
 
 
 def test_fault_state_above_the_policy_fails_closed(

@@ -5,6 +5,7 @@ E21, L5).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -371,7 +372,7 @@ def run_node(
         step = uow.steps.transition(step.id, step.version, to(S.STARTED, clock.advance()))
         uow.commit()
     context = ChunkContext(step.id, execution.id, TEST_OWNER)
-    with StepSession(repository, context) as session, session.begin() as chunk:
+    with contextlib.closing(StepSession(repository, context)) as session, session.begin() as chunk:
         commit(
             chunk,
             ChunkCounts(read=offset, processed=offset, written=offset - 1, filtered=1),
@@ -466,7 +467,9 @@ def test_flow_step_copies_the_newest_state_of_its_node_across_attempts(
         uow.steps.transition(copy_2.id, 0, to(S.STARTED, clock.advance()))
         uow.commit()
     with (
-        StepSession(repository, ChunkContext(copy_2.id, second.id, TEST_OWNER)) as session,
+        contextlib.closing(
+            StepSession(repository, ChunkContext(copy_2.id, second.id, TEST_OWNER))
+        ) as session,
         session.begin() as c,
     ):
         commit(c, ChunkCounts(read=2), checkpoint=Checkpoint(SCHEMA, 1, {"offset": 5}))

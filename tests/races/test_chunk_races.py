@@ -8,6 +8,7 @@ released by a barrier and every race repeats; one race runs in two spawned proce
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from typing import Any, cast
@@ -185,7 +186,7 @@ def test_concurrent_reservations_of_different_keys_both_land(
 
         outcomes = race(2, reserve_own_key)
         assert all(outcome.ok for outcome in outcomes), [o.error for o in outcomes]
-    assert stores[1].unresolved() == 2
+    assert len(load_committed_state(repository, context).fault_state.entries) == 2
     assert stores[1].reserved_ordinal(entry(2, 1).key) == RetryOrdinal(ITERATIONS)
     n = 2 * ITERATIONS
     assert step_row(admin, step.id) == (step.version + n, 0, 0, 0, 0, 0, n, n)
@@ -206,7 +207,10 @@ def commit_chunk_in_process(
     pid = os.getpid()
     with JobRepository.connect(ConnectionConfig(**config_fields)) as repository:
         context = ChunkContext(step_id, job_execution_id, TEST_OWNER)
-        with StepSession(repository, context) as session, session.begin() as chunk:
+        with (
+            contextlib.closing(StepSession(repository, context)) as session,
+            session.begin() as chunk,
+        ):
             barrier.wait(DEADLINE_SECONDS)
             try:
                 chunk.execute("INSERT INTO public.orders VALUES (%s, 'process')", (pid,))

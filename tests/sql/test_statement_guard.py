@@ -40,11 +40,11 @@ ALL_STATEMENTS = [*load_statements(), *load_statements("demo"), *load_statements
 
 def test_every_query_file_loads_in_pugsql() -> None:
     module = load_pugsql_module()
-    assert len(module._statements) == len(load_statements()) > 0
+    assert len(module._statements) == len(list(load_statements())) > 0
     demo = load_pugsql_module("demo")
-    assert len(demo._statements) == len(load_statements("demo")) > 0
+    assert len(demo._statements) == len(list(load_statements("demo"))) > 0
     testing = load_pugsql_module("testing")
-    assert len(testing._statements) == len(load_statements("testing")) > 0
+    assert len(testing._statements) == len(list(load_statements("testing"))) > 0
 
 
 @pytest.mark.parametrize("path", QUERY_FILES, ids=lambda p: p.name)
