@@ -403,7 +403,7 @@ class Partitions(Capability):
                 raise _end_refused(ended, partition_id, version, worker_id, transition.target)
             if (row := returned(rows[-1]))["id"] is None:
                 return None
-            return decode_claimed_partition(row), decode_step_execution(row)
+            return decode_claimed_partition(row, parent.id), decode_step_execution(row)
 
         q = self._uow.statements
         if ending is not None:
