@@ -8,9 +8,11 @@ nothing. `LeaseKeeper`'s renewal doubles as the stop-request poll (observing it:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING
@@ -65,12 +67,16 @@ class _Keeper:
         return self._lost.is_set()
 
     def start(self) -> None:
-        """Renew from this process's renewal threads (a thread per run cost ms on a busy host)."""
-        _renewal_threads().submit(self._run)
+        """Renew from this process's renewal threads once the first renewal is due.
+
+        A keeper halted before then (a short partition) never wakes a thread.
+        """
+        _renewal_threads().defer(self, time.monotonic() + self.lease.renew_interval.total_seconds())
 
     def halt(self) -> None:
         """Stop renewing before the runner records its end: no renewal is in flight after."""
         self._halt.set()
+        _renewal_threads().cancel(self)
         with self._renewing:
             pass
 
@@ -97,7 +103,7 @@ class _Keeper:
 
     def _run(self) -> None:
         interval = self.lease.renew_interval.total_seconds()
-        wait = interval
+        wait = 0.0  # started when the first renewal is due
         while not self._halt.wait(wait):
             try:
                 with self._renewing:
@@ -186,14 +192,41 @@ class PartitionLeaseKeeper(_Keeper):
 
 
 class _RenewalThreads:
-    """Daemon threads running keepers' renewal loops; an idle one takes the next loop."""
+    """Daemon threads running keepers' renewal loops; an idle one takes the next loop.
+
+    One more thread starts each keeper's loop when its first renewal is due.
+    """
 
     def __init__(self) -> None:
         self.pid = os.getpid()
         self._loops: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._idle = threading.Semaphore(0)
+        self._deferred: dict[_Keeper, float] = {}
+        self._changed = threading.Condition()
+        self._wake_at = math.inf
+        threading.Thread(target=self._start_due, name="pybatch-lease", daemon=True).start()
 
-    def submit(self, loop: Callable[[], None]) -> None:
+    def defer(self, keeper: _Keeper, due: float) -> None:
+        with self._changed:
+            self._deferred[keeper] = due
+            if due < self._wake_at:  # else the thread wakes earlier and sees it anyway
+                self._changed.notify()
+
+    def cancel(self, keeper: _Keeper) -> None:
+        with self._changed:
+            self._deferred.pop(keeper, None)
+
+    def _start_due(self) -> None:
+        with self._changed:
+            while True:
+                now = time.monotonic()
+                for keeper in [k for k, due in self._deferred.items() if due <= now]:
+                    del self._deferred[keeper]
+                    self._submit(keeper._run)
+                self._wake_at = min(self._deferred.values(), default=math.inf)
+                self._changed.wait(None if self._wake_at == math.inf else self._wake_at - now)
+
+    def _submit(self, loop: Callable[[], None]) -> None:
         if not self._idle.acquire(blocking=False):
             threading.Thread(target=self._serve, name="pybatch-lease", daemon=True).start()
         self._loops.put(loop)
