@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -192,49 +191,37 @@ class PartitionLeaseKeeper(_Keeper):
 
 
 class _RenewalThreads:
-    """Daemon threads running keepers' renewal loops; an idle one takes the next loop.
+    """Starts each keeper's renewal loop in a thread of its own once its first renewal is due.
 
-    One more thread starts each keeper's loop when its first renewal is due.
+    A keeper halted sooner (a short partition) costs no thread and wakes none.
     """
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self._loops: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._idle = threading.Semaphore(0)
-        self._deferred: dict[_Keeper, float] = {}
+        self._due: dict[_Keeper, float] = {}
         self._changed = threading.Condition()
         self._wake_at = math.inf
         threading.Thread(target=self._start_due, name="pybatch-lease", daemon=True).start()
 
     def defer(self, keeper: _Keeper, due: float) -> None:
         with self._changed:
-            self._deferred[keeper] = due
+            self._due[keeper] = due
             if due < self._wake_at:  # else the thread wakes earlier and sees it anyway
                 self._changed.notify()
 
     def cancel(self, keeper: _Keeper) -> None:
         with self._changed:
-            self._deferred.pop(keeper, None)
+            self._due.pop(keeper, None)
 
     def _start_due(self) -> None:
         with self._changed:
             while True:
                 now = time.monotonic()
-                for keeper in [k for k, due in self._deferred.items() if due <= now]:
-                    del self._deferred[keeper]
-                    self._submit(keeper._run)
-                self._wake_at = min(self._deferred.values(), default=math.inf)
+                for keeper in [k for k, due in self._due.items() if due <= now]:
+                    del self._due[keeper]
+                    threading.Thread(target=keeper._run, name="pybatch-lease", daemon=True).start()
+                self._wake_at = min(self._due.values(), default=math.inf)
                 self._changed.wait(None if self._wake_at == math.inf else self._wake_at - now)
-
-    def _submit(self, loop: Callable[[], None]) -> None:
-        if not self._idle.acquire(blocking=False):
-            threading.Thread(target=self._serve, name="pybatch-lease", daemon=True).start()
-        self._loops.put(loop)
-
-    def _serve(self) -> None:
-        while True:
-            self._loops.get()()
-            self._idle.release()
 
 
 _renewals: _RenewalThreads | None = None
