@@ -66,10 +66,7 @@ class _Keeper:
         return self._lost.is_set()
 
     def start(self) -> None:
-        """Renew from this process's renewal threads once the first renewal is due.
-
-        A keeper halted before then (a short partition) never wakes a thread.
-        """
+        """Renew in a thread of its own from when the first renewal is due (a short run: never)."""
         _renewal_threads().defer(self, time.monotonic() + self.lease.renew_interval.total_seconds())
 
     def halt(self) -> None:
@@ -104,6 +101,7 @@ class _Keeper:
         interval = self.lease.renew_interval.total_seconds()
         wait = 0.0  # started when the first renewal is due
         while not self._halt.wait(wait):
+            wait = interval
             try:
                 with self._renewing:
                     if self._halt.is_set():
@@ -121,8 +119,6 @@ class _Keeper:
                     type(error).__name__,
                 )
                 wait = interval / RETRY_DIVISOR
-                continue
-            wait = interval
 
 
 class LeaseKeeper(_Keeper):
@@ -191,10 +187,7 @@ class PartitionLeaseKeeper(_Keeper):
 
 
 class _RenewalThreads:
-    """Starts each keeper's renewal loop in a thread of its own once its first renewal is due.
-
-    A keeper halted sooner (a short partition) costs no thread and wakes none.
-    """
+    """Starts each keeper's renewal loop once its first renewal is due; one thread waits for all."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
