@@ -135,14 +135,16 @@ def check_idle_connection(conn: psycopg.Connection[Any]) -> None:
     if conn.closed or conn.broken:
         failure = "the connection is closed"
     else:
+        pgconn = conn.pgconn
         try:
+            if not select.select([pgconn.socket], [], [], 0)[0]:
+                return  # nothing arrived while idle (the common case): a FATAL is parsed only here
             for _ in range(2):  # the FATAL and the end of file may arrive in two reads
-                readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
-                if not readable:
+                pgconn.consume_input()
+                pgconn.is_busy()  # parses what arrived: a FATAL goes to the notice handler
+                if not select.select([pgconn.socket], [], [], 0)[0]:
                     break
-                conn.pgconn.consume_input()
-                conn.pgconn.is_busy()  # parses what arrived: a FATAL goes to the notice handler
-            if conn.pgconn.status != psycopg.pq.ConnStatus.OK or (_ENDED and conn in _ENDED):
+            if pgconn.status != psycopg.pq.ConnStatus.OK or conn in _ENDED:
                 failure = "the server ended the connection"
         except (psycopg.Error, OSError):
             failure = "the server ended the connection"
