@@ -26,7 +26,7 @@ Three measurements, printed as tables (and written as JSON under bench/results/)
    claims from plans of 10, 100 and 1,024 partitions, interleaved claim by claim (plans of 10
    and 100 are published again as they drain); target: median(1,024) / median(10) <= 1.2.
 
-4. Primary capacity: with 1, 4 and 8 client processes for `--capacity-seconds` each,
+4. Primary capacity: with 1, 4 and 8 client processes for `--capacity-seconds` each (0: none),
    checkpoint-only chunk commits, claims (claim units of work), and
    launches (launch, one empty step, completion) per second of the whole server.
 
@@ -563,10 +563,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nratio 1,024 / 10: {ratio:.2f} (target <= 1.2): {verdict}")
 
         print(f"\nPrimary capacity ({args.capacity_seconds:g} s per cell, N client processes):\n")
-        capacity = primary_capacity(
-            dsn,
-            [int(c) for c in args.capacity_clients.split(",")],
-            args.capacity_seconds,
+        capacity = (
+            primary_capacity(
+                dsn,
+                [int(c) for c in args.capacity_clients.split(",")],
+                args.capacity_seconds,
+            )
+            if args.capacity_seconds > 0
+            else []
         )
         print("| operation | clients | per second (whole primary) |")
         print("|---|---:|---:|")

@@ -8,9 +8,10 @@ nothing. `LeaseKeeper`'s renewal doubles as the stop-request poll (observing it:
 from __future__ import annotations
 
 import logging
+import math
 import os
-import queue
 import threading
+import time
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING
@@ -65,12 +66,13 @@ class _Keeper:
         return self._lost.is_set()
 
     def start(self) -> None:
-        """Renew from this process's renewal threads (a thread per run cost ms on a busy host)."""
-        _renewal_threads().submit(self._run)
+        """Renew in a thread of its own from when the first renewal is due (a short run: never)."""
+        _renewal_threads().defer(self, time.monotonic() + self.lease.renew_interval.total_seconds())
 
     def halt(self) -> None:
         """Stop renewing before the runner records its end: no renewal is in flight after."""
         self._halt.set()
+        _renewal_threads().cancel(self)
         with self._renewing:
             pass
 
@@ -97,8 +99,9 @@ class _Keeper:
 
     def _run(self) -> None:
         interval = self.lease.renew_interval.total_seconds()
-        wait = interval
+        wait = 0.0  # started when the first renewal is due
         while not self._halt.wait(wait):
+            wait = interval
             try:
                 with self._renewing:
                     if self._halt.is_set():
@@ -116,8 +119,6 @@ class _Keeper:
                     type(error).__name__,
                 )
                 wait = interval / RETRY_DIVISOR
-                continue
-            wait = interval
 
 
 class LeaseKeeper(_Keeper):
@@ -186,22 +187,34 @@ class PartitionLeaseKeeper(_Keeper):
 
 
 class _RenewalThreads:
-    """Daemon threads running keepers' renewal loops; an idle one takes the next loop."""
+    """Starts each keeper's renewal loop once its first renewal is due; one thread waits for all."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self._loops: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._idle = threading.Semaphore(0)
+        self._due: dict[_Keeper, float] = {}
+        self._changed = threading.Condition()
+        self._wake_at = math.inf
+        threading.Thread(target=self._start_due, name="pybatch-lease", daemon=True).start()
 
-    def submit(self, loop: Callable[[], None]) -> None:
-        if not self._idle.acquire(blocking=False):
-            threading.Thread(target=self._serve, name="pybatch-lease", daemon=True).start()
-        self._loops.put(loop)
+    def defer(self, keeper: _Keeper, due: float) -> None:
+        with self._changed:
+            self._due[keeper] = due
+            if due < self._wake_at:  # else the thread wakes earlier and sees it anyway
+                self._changed.notify()
 
-    def _serve(self) -> None:
-        while True:
-            self._loops.get()()
-            self._idle.release()
+    def cancel(self, keeper: _Keeper) -> None:
+        with self._changed:
+            self._due.pop(keeper, None)
+
+    def _start_due(self) -> None:
+        with self._changed:
+            while True:
+                now = time.monotonic()
+                for keeper in [k for k, due in self._due.items() if due <= now]:
+                    del self._due[keeper]
+                    threading.Thread(target=keeper._run, name="pybatch-lease", daemon=True).start()
+                self._wake_at = min(self._due.values(), default=math.inf)
+                self._changed.wait(None if self._wake_at == math.inf else self._wake_at - now)
 
 
 _renewals: _RenewalThreads | None = None

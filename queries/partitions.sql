@@ -243,7 +243,8 @@ WHERE id = :step_execution_id AND version = :expected_version;
 -- on the database clock. Claimable - STARTING, or FAILED after its worker was
 -- recovered as lost (STALE_RECOVERED) while fewer than max_partition_version / 2 workers
 -- tried it in this attempt (each try adds 2 to the version). Always one row; id NULL - nothing
--- claimable now, the parent is not STARTED, or the end was refused.
+-- claimable now, the parent is not STARTED, or the end was refused. The partition's columns the
+-- claim set (parent, worker, status, exit, zero counters) are not returned: the caller knows them.
 WITH parent AS (
     SELECT
         s.id,
@@ -490,14 +491,6 @@ assigned AS (
         p.worker_step_execution_id,
         p.partition_key,
         p.partition_ordinal,
-        p.status,
-        p.exit_code,
-        p.read_count,
-        p.processed_count,
-        p.write_count,
-        p.filter_count,
-        p.commit_count,
-        p.rollback_count,
         p.context_format,
         p.context_schema,
         p.context_schema_version,
@@ -542,18 +535,8 @@ SELECT
     worker.write_skip_count,
     worker.no_rollback_count,
     a.id AS p_id,
-    a.step_execution_id AS p_step_execution_id,
-    a.worker_step_execution_id AS p_worker_step_execution_id,
     a.partition_key AS p_partition_key,
     a.partition_ordinal AS p_partition_ordinal,
-    a.status AS p_status,
-    a.exit_code AS p_exit_code,
-    a.read_count AS p_read_count,
-    a.processed_count AS p_processed_count,
-    a.write_count AS p_write_count,
-    a.filter_count AS p_filter_count,
-    a.commit_count AS p_commit_count,
-    a.rollback_count AS p_rollback_count,
     a.context_format AS p_context_format,
     a.context_schema AS p_context_schema,
     a.context_schema_version AS p_context_schema_version,

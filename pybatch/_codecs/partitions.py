@@ -55,16 +55,18 @@ def decode_step_partition(row: p.Row) -> StepPartition:
         raise PartitionStateCorrupt() from None
 
 
-#: A claim's row: the worker step's columns, then the partition's prefixed `p_`.
-CLAIMED_PARTITION_COLUMNS = (
-    *steps.STEP_EXECUTION_COLUMNS,
-    *(f"p_{c}" for c in STEP_PARTITION_COLUMNS),
-)
+#: The partition columns a claim sets to constants: not returned (53 columns cost both sides).
+_CLAIM_SETS = {"status": "STARTED", "exit_code": "UNKNOWN", **dict.fromkeys(steps.COUNT_COLUMNS, 0)}
+_CLAIMED_OWN = [c for c in STEP_PARTITION_COLUMNS if c not in _CLAIM_SETS and "step_ex" not in c]
+#: A claim's row: the worker step's columns, then the partition's others (prefixed `p_`).
+CLAIMED_PARTITION_COLUMNS = (*steps.STEP_EXECUTION_COLUMNS, *(f"p_{c}" for c in _CLAIMED_OWN))
 
 
-def decode_claimed_partition(row: p.Row) -> StepPartition:
-    """The partition of a claim_step_partition row (its columns prefixed `p_`)."""
-    return decode_step_partition({column: row[f"p_{column}"] for column in STEP_PARTITION_COLUMNS})
+def decode_claimed_partition(row: p.Row, parent_id: int) -> StepPartition:
+    """The partition of a claim_step_partition row (its columns prefixed `p_`) of `parent_id`."""
+    own = {column: row[f"p_{column}"] for column in _CLAIMED_OWN}
+    ids = {"step_execution_id": parent_id, "worker_step_execution_id": row["id"]}
+    return decode_step_partition(own | ids | _CLAIM_SETS)
 
 
 def encode_plan_entries(entries: Sequence[PartitionPlanEntry]) -> dict[str, object]:

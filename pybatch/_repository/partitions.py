@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import attrs
 
-from pybatch._codecs._jsonb import to_jsonb
+from pybatch._codecs._jsonb import CanonicalJsonb
 from pybatch._codecs._primitives import (
     DecodeError,
     decode_enum,
@@ -22,7 +22,6 @@ from pybatch._codecs._primitives import (
     returned,
     text_at,
 )
-from pybatch._codecs.fault_state import encode_fault_state
 from pybatch._codecs.lifecycle import decode_failure, encode_execution_metadata
 from pybatch._codecs.partitions import (
     decode_claimed_partition,
@@ -76,8 +75,11 @@ MAX_WORKER_TRIES = 5
 _ACTIVE_PARENT = frozenset({BatchStatus.STARTING, BatchStatus.STARTED})
 _COMPLETING_PARENT = frozenset({BatchStatus.STARTED, BatchStatus.STOPPING})
 _RESTARTABLE_SOURCE = frozenset({BatchStatus.FAILED, BatchStatus.STOPPED})
-#: A fresh worker's fault state, encoded once (its canonical JSON and checksum).
-_EMPTY_FAULT = encode_fault_state(FaultStateEnvelope.EMPTY)
+#: A fresh worker's fault state, encoded once: its canonical JSON (bound as is) and checksum.
+_EMPTY_FAULT = {
+    "fault_state_payload": CanonicalJsonb(FaultStateEnvelope.EMPTY.canonical_bytes(), dumps=bytes),
+    "fault_state_checksum": FaultStateEnvelope.EMPTY.checksum(),
+}
 
 
 @contextmanager
@@ -390,8 +392,7 @@ class Partitions(Capability):
             # Worker names add `#ordinal.version` to the parent's name cut to 100 bytes.
             "worker_name_prefix": parent.step_name.value.encode()[:100].decode("utf-8", "ignore"),
             "max_partition_version": 2 * MAX_WORKER_TRIES,
-            "fault_state_payload": to_jsonb(_EMPTY_FAULT["fault_state_payload"]),
-            "fault_state_checksum": _EMPTY_FAULT["fault_state_checksum"],
+            **_EMPTY_FAULT,
             "owner_token": owner.value,
             "lease_ms": lease.milliseconds,
             **{name: end[name] for name in _NO_END},
@@ -403,7 +404,7 @@ class Partitions(Capability):
                 raise _end_refused(ended, partition_id, version, worker_id, transition.target)
             if (row := returned(rows[-1]))["id"] is None:
                 return None
-            return decode_claimed_partition(row), decode_step_execution(row)
+            return decode_claimed_partition(row, parent.id), decode_step_execution(row)
 
         q = self._uow.statements
         if ending is not None:
