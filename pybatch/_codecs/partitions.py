@@ -57,7 +57,8 @@ def decode_step_partition(row: p.Row) -> StepPartition:
 
 #: The partition columns a claim sets to constants: not returned (53 columns cost both sides).
 _CLAIM_SETS = {"status": "STARTED", "exit_code": "UNKNOWN", **dict.fromkeys(steps.COUNT_COLUMNS, 0)}
-_CLAIMED_OWN = [c for c in STEP_PARTITION_COLUMNS if c not in _CLAIM_SETS and "step_ex" not in c]
+_KNOWN = {*_CLAIM_SETS, "step_execution_id", "worker_step_execution_id"}  # constants, or ids
+_CLAIMED_OWN = [column for column in STEP_PARTITION_COLUMNS if column not in _KNOWN]
 #: A claim's row: the worker step's columns, then the partition's others (prefixed `p_`).
 CLAIMED_PARTITION_COLUMNS = (*steps.STEP_EXECUTION_COLUMNS, *(f"p_{c}" for c in _CLAIMED_OWN))
 
