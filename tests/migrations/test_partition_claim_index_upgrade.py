@@ -11,35 +11,27 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-import pybatch._job_repository as repository_module
-from pybatch import JobRepository
-from pybatch import _migrator as migrator
 from pybatch import _partitioned as partitioned
 from pybatch.etl import ETL_STATE_SCHEMA, Job
 from pybatch.values.flow import StartLimit
-from pybatch.values.ownership import ExecutionLease
 from pybatch.values.status import BatchStatus
 from tests.conftest import plaintext_config
-from tests.migrations.test_lease_upgrade import install_up_to
-
-S = BatchStatus
-#: The migration that swaps the index (looked up by name: its number follows the others').
-CLAIM_READS_ITS_PLAN = next(
-    m.version for m in migrator.shipped_migrations() if m.name == "partition_claim_reads_its_plan"
+from tests.migrations.live_plan import (
+    migrate_to,
+    migration_named,
+    older_package,
+    start_plan,
+    work_off,
 )
+
+CLAIM_READS_ITS_PLAN = migration_named("partition_claim_reads_its_plan")
 
 
 def test_a_plan_live_across_the_upgrade_claims_only_its_own_partitions_and_completes(
     blank_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = plaintext_config(blank_database)
-    install_up_to(blank_database, CLAIM_READS_ITS_PLAN - 1)
-    with monkeypatch.context() as old_package:
-        old_package.setattr(
-            repository_module, "supported_schema_version", lambda: CLAIM_READS_ITS_PLAN - 1
-        )
-        old = JobRepository.connect(config)
-    with old:
+    with older_package(config, CLAIM_READS_ITS_PLAN - 1, monkeypatch) as old:
         # An earlier job's plan, never worked off: its partitions stay without a worker.
         abandoned = Job(old, "fanout", {"day": "0"}).launch()
         partitioned.start_partitioned_step(
@@ -50,27 +42,10 @@ def test_a_plan_live_across_the_upgrade_claims_only_its_own_partitions_and_compl
             partitioned.plan_entries([f"x{n}" for n in range(50)], ETL_STATE_SCHEMA),
             StartLimit.unrestricted(),
         )
-        run = Job(old, "fanout", {"day": "1"}).launch()
-        entries = partitioned.plan_entries(["a", "b", "c", "d"], ETL_STATE_SCHEMA)
-        _, parent = partitioned.start_partitioned_step(
-            old, run.instance.id, run.execution.id, "load", entries, StartLimit.unrestricted()
-        )
-        lease = ExecutionLease()
-        claimed = old.run_in_unit_of_work(lambda uow: partitioned._claim_in(uow, parent, lease))
-        assert claimed is not None
-        assert migrator.migrate(config)[0].version == CLAIM_READS_ITS_PLAN
-        with JobRepository.connect(config) as repository:
-            ended: list[str] = []
-            while claimed is not None:
-                partition, worker, _ = claimed
-                ended.append(partition.key.value)
-                claimed = partitioned._end_worker(
-                    repository, partition, worker.id, S.COMPLETED, (parent, lease)
-                )
-            aggregated, unfinished = partitioned.aggregate_plan(repository, parent)
-        with run:
-            pass
-    assert (ended, aggregated.status, unfinished) == (["a", "b", "c", "d"], S.COMPLETED, [])
+        plan = start_plan(old, "1", ["a", "b", "c", "d"])
+        migrate_to(config, CLAIM_READS_ITS_PLAN)
+        worked = work_off(config, plan)
+    assert worked == (["a", "b", "c", "d"], BatchStatus.COMPLETED, [])
 
     with psycopg.connect(blank_database) as admin:
         indexes: dict[str, str] = dict(

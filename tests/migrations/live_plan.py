@@ -1,0 +1,86 @@
+"""A partitioned step that an older package started, live across a migration.
+
+Upgrade tests of the partition schema share the scenario: install the migrations before the
+one under test, start a plan with an older package (one partition claimed, the rest not), run
+the migration, then let the current package end the claimed partition and work off the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+import pybatch._job_repository as repository_module
+from pybatch import ConnectionConfig, JobRepository
+from pybatch import _migrator as migrator
+from pybatch import _partitioned as partitioned
+from pybatch.etl import ETL_STATE_SCHEMA, Job, JobRun
+from pybatch.values.flow import StartLimit
+from pybatch.values.ownership import ExecutionLease
+from pybatch.values.records import StepExecution
+from pybatch.values.status import BatchStatus
+from tests.migrations.test_lease_upgrade import install_up_to
+
+
+def migration_named(name: str) -> int:
+    """A shipped migration's number, looked up by name (its number follows the others')."""
+    return next(m.version for m in migrator.shipped_migrations() if m.name == name)
+
+
+def older_package(
+    config: ConnectionConfig, schema_version: int, monkeypatch: pytest.MonkeyPatch
+) -> JobRepository:
+    """A repository of the package whose schema ended at `schema_version` (installed now)."""
+    install_up_to(config.dsn.reveal(), schema_version)
+    with monkeypatch.context() as old_package:
+        old_package.setattr(repository_module, "supported_schema_version", lambda: schema_version)
+        return JobRepository.connect(config)
+
+
+@dataclass
+class LivePlan:
+    """A running job's plan with its first partition claimed by a worker of the older package."""
+
+    run: JobRun
+    parent: StepExecution
+    lease: ExecutionLease
+    claimed: partitioned.Claimed | None
+
+
+def start_plan(old: JobRepository, day: str, keys: list[str]) -> LivePlan:
+    """Launch a job of `day`, publish a plan of `keys` and claim its first partition."""
+    run = Job(old, "fanout", {"day": day}).launch()
+    entries = partitioned.plan_entries(keys, ETL_STATE_SCHEMA)
+    _, parent = partitioned.start_partitioned_step(
+        old, run.instance.id, run.execution.id, "load", entries, StartLimit.unrestricted()
+    )
+    lease = ExecutionLease()
+    claimed = old.run_in_unit_of_work(lambda uow: partitioned._claim_in(uow, parent, lease))
+    assert claimed is not None
+    return LivePlan(run, parent, lease, claimed)
+
+
+def work_off(config: ConnectionConfig, plan: LivePlan) -> tuple[list[str], BatchStatus, list[str]]:
+    """End every partition in claim order with the current package.
+
+    Returns the keys ended in order, the parent's aggregated status and the unfinished keys.
+    """
+    with JobRepository.connect(config) as repository:
+        ended: list[str] = []
+        claimed = plan.claimed
+        while claimed is not None:
+            partition, worker, _ = claimed
+            ended.append(partition.key.value)
+            claimed = partitioned._end_worker(
+                repository, partition, worker.id, BatchStatus.COMPLETED, (plan.parent, plan.lease)
+            )
+        aggregated, unfinished = partitioned.aggregate_plan(repository, plan.parent)
+    with plan.run:
+        pass
+    return ended, aggregated.status, unfinished
+
+
+def migrate_to(config: ConnectionConfig, version: int) -> None:
+    """Run the migrator (with the older package's plan live); the first one applied is `version`."""
+    assert migrator.migrate(config)[0].version == version
