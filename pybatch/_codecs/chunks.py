@@ -23,9 +23,12 @@ def _canonical_jsonb(canonical: bytes) -> CanonicalJsonb:
     return CanonicalJsonb(canonical, dumps=bytes)
 
 
-# Every chunk commit writes the empty fault state, encoded once.
-_EMPTY_FAULT_STATE_PAYLOAD = _canonical_jsonb(FaultStateEnvelope.EMPTY.canonical_bytes())
-_EMPTY_FAULT_STATE_CHECKSUM = FaultStateEnvelope.EMPTY.checksum()
+#: The empty fault state's parameters, encoded once: every chunk commit writes it, and so does
+#: every partition claim for its fresh worker.
+EMPTY_FAULT_STATE_PARAMETERS = {
+    "fault_state_payload": _canonical_jsonb(FaultStateEnvelope.EMPTY.canonical_bytes()),
+    "fault_state_checksum": FaultStateEnvelope.EMPTY.checksum(),
+}
 
 
 #: Columns `decode_committed_step_state` reads.
@@ -73,8 +76,7 @@ def encode_chunk_commit(
         "context_schema_version": state_context.schema_version,
         "context_payload": _canonical_jsonb(state_context.payload_json()),
         **attrs.asdict(progress),  # read_skips, process_skips, write_skips, no_rollbacks
-        "fault_state_payload": _EMPTY_FAULT_STATE_PAYLOAD,
-        "fault_state_checksum": _EMPTY_FAULT_STATE_CHECKSUM,
+        **EMPTY_FAULT_STATE_PARAMETERS,
     }
 
 

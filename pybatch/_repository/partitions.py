@@ -13,7 +13,6 @@ from contextlib import contextmanager
 
 import attrs
 
-from pybatch._codecs._jsonb import CanonicalJsonb
 from pybatch._codecs._primitives import (
     DecodeError,
     decode_enum,
@@ -22,6 +21,7 @@ from pybatch._codecs._primitives import (
     returned,
     text_at,
 )
+from pybatch._codecs.chunks import EMPTY_FAULT_STATE_PARAMETERS
 from pybatch._codecs.lifecycle import decode_failure, encode_execution_metadata
 from pybatch._codecs.partitions import (
     decode_claimed_partition,
@@ -55,7 +55,6 @@ from pybatch.errors import (
     StepPartitionNotFound,
 )
 from pybatch.values.counts import ExecutionCounts
-from pybatch.values.fault import FaultStateEnvelope
 from pybatch.values.ids import INT64_MAX, FailureId, IdentifierKind, check_identifier
 from pybatch.values.lifecycle import LifecycleTransition, apply_transition, is_legal_transition
 from pybatch.values.names import ExitCode
@@ -75,11 +74,6 @@ MAX_WORKER_TRIES = 5
 _ACTIVE_PARENT = frozenset({BatchStatus.STARTING, BatchStatus.STARTED})
 _COMPLETING_PARENT = frozenset({BatchStatus.STARTED, BatchStatus.STOPPING})
 _RESTARTABLE_SOURCE = frozenset({BatchStatus.FAILED, BatchStatus.STOPPED})
-#: A fresh worker's fault state, encoded once: its canonical JSON (bound as is) and checksum.
-_EMPTY_FAULT = {
-    "fault_state_payload": CanonicalJsonb(FaultStateEnvelope.EMPTY.canonical_bytes(), dumps=bytes),
-    "fault_state_checksum": FaultStateEnvelope.EMPTY.checksum(),
-}
 
 
 @contextmanager
@@ -392,7 +386,7 @@ class Partitions(Capability):
             # Worker names add `#ordinal.version` to the parent's name cut to 100 bytes.
             "worker_name_prefix": parent.step_name.value.encode()[:100].decode("utf-8", "ignore"),
             "max_partition_version": 2 * MAX_WORKER_TRIES,
-            **_EMPTY_FAULT,
+            **EMPTY_FAULT_STATE_PARAMETERS,
             "owner_token": owner.value,
             "lease_ms": lease.milliseconds,
             **{name: end[name] for name in _NO_END},
