@@ -35,9 +35,13 @@ _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 #: No statement timeout: a cancelled migration only wastes its work; the lock timeout is what
 #: keeps it from stalling the jobs queued behind its locks.
 _STATEMENT_TIMEOUT = "0"
-#: Tries of one migration whose statement waits past the lock timeout (55P03), and the first
-#: pause (doubled with jitter, capped): a short report or `pg_dump` ends within the window.
+#: Tries of one migration whose statement waits past the lock timeout (55P03) or is chosen as a
+#: deadlock victim (40P01), and the first pause (doubled with jitter, capped): a short report or
+#: `pg_dump` ends within the window.
 _LOCK_WAIT_ATTEMPTS = 5
+#: The lock failures that roll a file back whole and leave it worth another try. A deadlock can
+#: involve another first install: it takes no history lock, so it is not serialized with us.
+_LOCK_WAIT_STATES = {"55P03": "waited its lock timeout ({timeout}) for", "40P01": "deadlocked on"}
 _LOCK_WAIT_PAUSE = timedelta(milliseconds=100)
 _LOCK_WAIT_PAUSE_MAX = timedelta(seconds=2)
 
@@ -116,7 +120,7 @@ def installed_schema_version(config: ConnectionConfig) -> int | None:
 
 
 def _lock_migrations(conn: psycopg.Connection[Any]) -> bool:
-    """Lock the history table (an advisory key anyone could hold); a first install takes none."""
+    """Lock the history table, not an advisory key anyone could hold; a first install has none."""
     statements = load_statements()
     try:
         if statements.find_schema_migration_table.scalar(conn):
@@ -236,16 +240,18 @@ def migration_sql(config: ConnectionConfig) -> str:
     return "\n".join(parts)
 
 
-def _pause_for_lock(config: ConnectionConfig, migration: Migration, attempt: int) -> None:
+def _pause_for_lock(
+    config: ConnectionConfig, migration: Migration, state: str, attempt: int
+) -> None:
     """Log the lock wait given up on, then back off so the holder can finish."""
     backoff = min(_LOCK_WAIT_PAUSE * 2 ** (attempt - 1), _LOCK_WAIT_PAUSE_MAX)
     pause = backoff * random.uniform(0.5, 1.0)  # jitter: concurrent migrators spread out
     logger.info(
-        "migration %04d (%s) waited its lock timeout (%s) for a lock another transaction holds"
-        " on a table it changes; attempt %d of %d rolled back, next in %d ms",
+        "migration %04d (%s) %s a lock another transaction holds on a table it changes;"
+        " attempt %d of %d rolled back, next in %d ms",
         migration.version,
         migration.name,
-        _setting_ms(config.lock_timeout),
+        _LOCK_WAIT_STATES[state].format(timeout=_setting_ms(config.lock_timeout)),
         attempt,
         _LOCK_WAIT_ATTEMPTS,
         pause / timedelta(milliseconds=1),
@@ -274,8 +280,10 @@ def migrate(config: ConnectionConfig, *, dry_run: bool = False) -> list[Migratio
     """Bring the schema to the supported version; return the files applied (or pending).
 
     Concurrent migrators are safe: each file is one transaction under the history lock that
-    re-reads the version; a first install that races another rolls back and looks again. A
-    file whose table locks time out is retried whole, then MigrationTableLockTimeout.
+    re-reads the version; a first install (no history to lock) applies only the first file,
+    and one that races another rolls back and looks again. A
+    file whose table locks time out or deadlock is retried whole; after the last try a
+    timeout is MigrationTableLockTimeout and a deadlock its driver error, mapped.
     """
     shipped = shipped_migrations()
     applied: list[Migration] = []
@@ -294,17 +302,22 @@ def migrate(config: ConnectionConfig, *, dry_run: bool = False) -> list[Migratio
                     if not pending:
                         break
                     migration = pending[0]
+                    if not locked and migration.version != 1:
+                        continue  # another install created the history meanwhile: lock it first
                     load_statements().create_pybatch_schema.affected(conn)
                     _apply(conn, migration)
                     applied.append(migration)
                 lock_waits = 0  # each file has its own attempts
             except psycopg.Error as error:
                 state = _sqlstate.sqlstate_of(error)
-                if locked and migration is not None and state == "55P03" and not conn.broken:
+                lock_failure = state in _LOCK_WAIT_STATES and not conn.broken
+                if locked and migration is not None and state is not None and lock_failure:
                     lock_waits += 1
                     if lock_waits < _LOCK_WAIT_ATTEMPTS:
-                        _pause_for_lock(config, migration, lock_waits)
+                        _pause_for_lock(config, migration, state, lock_waits)
                         continue
+                    if state != "55P03":
+                        raise
                     exhausted = migration
                 else:
                     races += 1

@@ -111,6 +111,52 @@ def test_four_concurrent_migrators_in_threads_end_with_one_schema(blank_database
     assert len(_history(blank_database)) == LATEST
 
 
+def test_a_first_install_that_loses_the_race_changes_nothing_without_the_history_lock(
+    blank_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A migrator found no history, then another install committed the first file. Before it
+    applies the second file it takes the history lock like every other migrator: while an
+    upgrade holds that lock, it holds no lock on a table the second file changes (0002 indexes
+    job_execution), so the two cannot deadlock."""
+    found_no_history = threading.Event()
+    history_locked_elsewhere = threading.Event()
+    original = migrator._lock_migrations
+
+    def lock_after_the_race(conn: psycopg.Connection[Any]) -> bool:
+        locked = original(conn)
+        if not locked and not found_no_history.is_set():
+            found_no_history.set()
+            assert history_locked_elsewhere.wait(30)
+        return locked
+
+    monkeypatch.setattr(migrator, "_lock_migrations", lock_after_the_race)
+    results: list[object] = []
+    loser = threading.Thread(
+        target=lambda: results.append(migrator.migrate(plaintext_config(blank_database)))
+    )
+    loser.start()
+    assert found_no_history.wait(30)
+    with psycopg.connect(blank_database, autocommit=True) as winner:
+        winner.execute("CREATE SCHEMA IF NOT EXISTS pybatch")
+        migrator._apply(winner, migrator.shipped_migrations()[0])
+    with psycopg.connect(blank_database) as upgrade:
+        upgrade.execute("LOCK TABLE pybatch.schema_migration IN EXCLUSIVE MODE")
+        history_locked_elsewhere.set()
+        with psycopg.connect(blank_database, autocommit=True) as watcher:
+            while watcher.execute(
+                "SELECT NOT EXISTS (SELECT FROM pg_catalog.pg_locks"
+                " WHERE NOT granted AND relation = 'pybatch.schema_migration'::regclass)"
+            ).fetchone() == (True,):
+                pass  # until the loser queues behind the upgrade's lock
+        # Granted at once: the loser waits for the history lock holding nothing of 0002's.
+        upgrade.execute("LOCK TABLE pybatch.job_execution IN ACCESS EXCLUSIVE MODE NOWAIT")
+        upgrade.rollback()
+    loser.join(60)
+    assert len(results) == 1 and isinstance(results[0], list)
+    assert [m.version for m in results[0]] == ALL_VERSIONS[1:]
+    assert migrator.installed_schema_version(plaintext_config(blank_database)) == LATEST
+
+
 def _migrate_in_process(dsn: str, barrier: Any, queue: Any) -> None:
     config = plaintext_config(dsn)
     barrier.wait()

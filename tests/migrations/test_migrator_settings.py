@@ -12,6 +12,7 @@ import contextlib
 import logging
 import re
 import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -199,6 +200,51 @@ def test_a_migration_blocked_for_every_attempt_fails_typed_and_changes_nothing(
             " WHERE table_schema = 'pybatch' AND column_name = 'failure_error_class'"
         ).fetchone()
     assert columns == (0,)
+
+
+def test_a_migration_chosen_as_deadlock_victim_retries_and_applies_once_the_other_ends(
+    at_version_8: str,
+    job_execution_reader: psycopg.Connection[Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The reader holds job_execution, which 0009 alters, then asks for the history lock the
+    migrator holds: a cycle. The reader never runs the deadlock check (its deadlock_timeout is
+    an hour), so the migrator is the victim; its file rolls back whole and is tried again."""
+    caplog.set_level(logging.INFO, logger=migrator.__name__)
+    job_execution_reader.execute("SET deadlock_timeout = '1h'")
+    reader_pid = job_execution_reader.info.backend_pid
+    closed: list[BaseException] = []
+
+    def close_the_cycle() -> None:
+        try:
+            with psycopg.connect(at_version_8, autocommit=True) as watcher:
+                while not watcher.execute(
+                    "SELECT EXISTS (SELECT FROM pg_catalog.pg_locks AS l"
+                    " WHERE NOT l.granted AND l.relation = 'pybatch.job_execution'::regclass"
+                    " AND l.pid <> %s)",
+                    (reader_pid,),
+                ).fetchone() == (True,):
+                    time.sleep(0.005)
+            # Waits until the migrator's deadlock check rolls it back, then lets it retry.
+            job_execution_reader.execute("LOCK TABLE pybatch.schema_migration IN ROW SHARE MODE")
+            job_execution_reader.rollback()
+        except BaseException as error:  # reported by the assertion below
+            closed.append(error)
+
+    closer = threading.Thread(target=close_the_cycle)
+    closer.start()
+    try:
+        applied = migrator.migrate(
+            plaintext_config(at_version_8, lock_timeout=timedelta(seconds=20))
+        )
+    finally:
+        closer.join(30)
+    assert closed == []
+    assert [m.version for m in applied] == list(range(BEFORE_FAILURE_REASONS + 1, LATEST + 1))
+    messages = _retry_messages(caplog)
+    assert len(messages) == 1, messages
+    assert messages[0].startswith("migration 0009 (failure_reasons) deadlocked on a lock")
+    assert "attempt 1 of 5 rolled back" in messages[0]
 
 
 def test_printed_sql_sets_the_migrator_bounds_in_every_transaction(at_version_8: str) -> None:
