@@ -7,6 +7,7 @@ attributes (the `extra=` of the call); parameter values never appear.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 import pytest
@@ -31,7 +32,17 @@ def failing(step: StepRun) -> None:
 
 
 def lifecycle(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name.startswith("pybatch") and r.levelno >= logging.INFO]
+    """pybatch's INFO and louder records from the thread that ran the job.
+
+    Lease keepers log from threads of their own, and one left by an earlier test of the
+    session (a run it abandoned on purpose) may log while this test runs.
+    """
+    here = threading.get_ident()
+    return [
+        r
+        for r in caplog.records
+        if r.name.startswith("pybatch") and r.levelno >= logging.INFO and r.thread == here
+    ]
 
 
 def test_job_and_step_start_and_end_are_info_lines_with_structured_fields(
