@@ -20,6 +20,7 @@ from pybatch import errors as e
 from pybatch._codecs.chunks import (
     decode_committed_step_state,
     encode_chunk_commit,
+    encode_chunk_fence,
     encode_chunk_progress,
     encode_chunk_rollback,
 )
@@ -27,7 +28,9 @@ from pybatch._connect import check_idle_connection
 from pybatch._statements import Connection, Statement
 from pybatch._transaction import Lease
 from pybatch.values import chunks
+from pybatch.values.counts import ExecutionCounts
 from pybatch.values.fault import FaultStateEnvelope
+from pybatch.values.ids import INT64_MAX
 from pybatch.values.state import MAX_STORABLE_SCHEMA_VERSION, Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus
 
@@ -43,6 +46,48 @@ _INERROR = TransactionStatus.INERROR
 _EMPTY_FAULT_STATE = FaultStateEnvelope.EMPTY
 #: A chunk's fault progress that leaves the step's skip counters as they are.
 _NO_FAULT_PROGRESS = (None, chunks.NO_FAULT_PROGRESS)
+
+
+@attrs.define
+class StepProgress:
+    """A step's committed state as plain fields; its `CommittedStepState` is built when read.
+
+    A chunk only adds to the counters and swaps the checkpoint: building two frozen, validated
+    values for that on every chunk cost more client time than the rest of the chunk's Python.
+    `origin` is the state read from the database (the ids and the status no chunk changes);
+    `counts` are ExecutionCounts' six, in its field order.
+    """
+
+    origin: chunks.CommittedStepState
+    version: int
+    counts: tuple[int, ...]
+    checkpoint: Checkpoint
+    context: ExecutionContext
+    fault_state: FaultStateEnvelope
+    _value: chunks.CommittedStepState | None = None
+
+    @classmethod
+    def of(cls, state: chunks.CommittedStepState) -> StepProgress:
+        """The progress of a state read from the database (its value is that state)."""
+        counts = attrs.astuple(state.counts)
+        fields = (state.version, counts, state.checkpoint, state.context, state.fault_state)
+        return cls(state, *fields, value=state)
+
+    def value(self) -> chunks.CommittedStepState:
+        """The state as a value, built at the first read."""
+        if self._value is None:
+            self._value = attrs.evolve(
+                self.origin,
+                version=self.version,
+                counts=ExecutionCounts(**dict(zip(_COUNT_FIELDS, self.counts, strict=True))),
+                checkpoint=self.checkpoint,
+                context=self.context,
+                fault_state=self.fault_state,
+            )
+        return self._value
+
+
+_COUNT_FIELDS = tuple(field.name for field in attrs.fields(ExecutionCounts))
 
 
 def load_committed_state(
@@ -90,8 +135,9 @@ class StepSession:
                 q.update_partition_chunk_rollback,
             )
         )
-        #: The step and the owner whose ownership every commit proves (the fence).
+        #: The step and the owner whose ownership every commit proves (the fence), encoded once.
         self._context = context
+        self._fence = encode_chunk_fence(context)
         #: The held connection's pool slip, the connection and its cursor (None: not held).
         self._lease: Lease | None = None
         self._conn: Connection | None = None
@@ -101,7 +147,7 @@ class StepSession:
         #: The step's state as this session last committed it; None until the first chunk
         #: read it, and again after an outcome-unknown COMMIT (it is re-read from the
         #: database, the only place that knows).
-        self.committed: chunks.CommittedStepState | None = None
+        self.progress: StepProgress | None = None
 
     def __repr__(self) -> str:
         return (
@@ -131,23 +177,23 @@ class StepSession:
             except e.Unavailable:
                 self._lease = self._conn = self._cursor = None  # begin discarded it
                 raise e.NotCommitted(reason="the database is unavailable") from None
-        committed = self.committed
-        if committed is None:
-            committed = self.committed = self._read_state(conn, self._drop, self._rollback_held)
-        chunk = self._chunk = ChunkTransaction(self, conn, self._cursor, committed)
+        progress = self.progress
+        if progress is None:
+            progress = self.progress = self._read_state(conn, self._drop, self._rollback_held)
+        chunk = self._chunk = ChunkTransaction(self, conn, self._cursor, progress)
         return chunk
 
     def forget(self) -> None:
         """Re-read the committed state at the next chunk: a retry reservation moved it."""
-        self.committed = None
+        self.progress = None
 
     def _begin_apart(self) -> ChunkTransaction:
         """A chunk on a pooled connection of its own, for as long as the held one is busy."""
         lease, conn = self._lease_one()
-        state = self.committed  # set: the busy chunk started from it
-        if state is None:
-            state = self._read_state(conn, lease.discard, lease.rollback)
-        return ChunkTransaction(self, conn, None, state, lease)
+        progress = self.progress  # set: the busy chunk started from it
+        if progress is None:
+            progress = self._read_state(conn, lease.discard, lease.rollback)
+        return ChunkTransaction(self, conn, None, progress, lease)
 
     def _hold(self) -> Connection:
         """Lease the connection the session holds from now on, with its cursor."""
@@ -168,7 +214,7 @@ class StepSession:
 
     def _read_state(
         self, conn: Connection, discard: Callable[[], object], rollback: Callable[[], object]
-    ) -> chunks.CommittedStepState:
+    ) -> StepProgress:
         """Read and check the step's committed state; the chunk's transaction goes on from it."""
         context = self._context
         try:
@@ -191,7 +237,7 @@ class StepSession:
             if isinstance(error, e.NotCommitted):
                 raise
             raise e.NotCommitted(reason="the committed step state is unusable") from None
-        return state
+        return StepProgress.of(state)
 
     def close(self) -> None:
         """Give the held connection back to the pool (rolling back a chunk left open)."""
@@ -220,14 +266,14 @@ class StepSession:
 class ChunkTransaction:
     """One open chunk of a step session: business statements and progress, committed together."""
 
-    __slots__ = ("_conn", "_cursor", "_lease", "_session", "committed", "is_open")
+    __slots__ = ("_conn", "_cursor", "_lease", "_session", "is_open", "progress")
 
     def __init__(
         self,
         session: StepSession,
         conn: Connection,
         cursor: psycopg.Cursor[Any] | None,
-        state: chunks.CommittedStepState,
+        progress: StepProgress,
         lease: Lease | None = None,
     ) -> None:
         self._session = session
@@ -241,12 +287,12 @@ class ChunkTransaction:
         self.is_open = True
         #: The step's committed state: where this chunk started, and after `commit` the
         #: state it committed.
-        self.committed = state
+        self.progress = progress
 
     def __repr__(self) -> str:
         return (
-            f"ChunkTransaction(step_execution_id={self.committed.step_execution_id}, "
-            f"version={self.committed.version}, open={self.is_open})"
+            f"ChunkTransaction(step_execution_id={self.progress.origin.step_execution_id}, "
+            f"version={self.progress.version}, open={self.is_open})"
         )
 
     def __enter__(self) -> ChunkTransaction:
@@ -337,11 +383,12 @@ class ChunkTransaction:
         *,
         checkpoint: Checkpoint,
         context: ExecutionContext | None = None,
-    ) -> chunks.CommittedStepState:
+    ) -> None:
         """Commit the chunk, its four counts already valid (as `ChunkCounts` checks them).
 
         `context` defaults to the committed one. A chunk that sent no statement of its own
         (checkpoint-only) is the UPDATE alone, in autocommit: one round trip, atomic by itself.
+        Then `progress` is the state the chunk committed.
 
         Raises:
             NotCommitted: a business statement failed, the step changed or left STARTED, its
@@ -355,11 +402,11 @@ class ChunkTransaction:
         status = self._conn.pgconn.transaction_status  # read once: nothing runs until the UPDATE
         if status == _INERROR:
             raise self._refused("a statement in the chunk failed")
-        state = self.committed
-        try:
-            counts = state.counts.after_chunk(read, processed, written, filtered)
-        except e.PyBatchError:
-            raise self._refused("a counter would overflow") from None
+        state = self.progress
+        r, p, w, f, k, rolled_back = state.counts
+        counts = (r + read, p + processed, w + written, f + filtered, k + 1, rolled_back)
+        if max(counts) > INT64_MAX:
+            raise self._refused("a counter would overflow")
         if context is None:
             context = state.context
         if (
@@ -369,7 +416,7 @@ class ChunkTransaction:
             raise self._refused("a state schema version above 2147483647 cannot be stored")
         session = self._session
         now = session._clock.now()
-        fence = session._context
+        fence, version = session._fence, state.version
         progress, full, _ = session._writes
         # The common chunk (same context, no skips, no retained retries) writes only its
         # counters and checkpoint: every other column already holds what the full statement
@@ -380,30 +427,22 @@ class ChunkTransaction:
             and fault_progress in _NO_FAULT_PROGRESS
         ):
             statement = progress
-            params = encode_chunk_progress(fence, state, counts, checkpoint, now)
+            params = encode_chunk_progress(fence, version, counts, checkpoint, now)
         else:
             statement = full
             fault = fault_progress or chunks.NO_FAULT_PROGRESS
-            params = encode_chunk_commit(fence, state, counts, checkpoint, context, fault, now)
-        committed = chunks.CommittedStepState(
-            step_execution_id=state.step_execution_id,
-            job_execution_id=state.job_execution_id,
-            status=state.status,
-            version=state.version + 1,
-            counts=counts,
-            checkpoint=checkpoint,
-            context=context,
-            fault_state=_EMPTY_FAULT_STATE,
+            params = encode_chunk_commit(fence, version, counts, checkpoint, context, fault, now)
+        committed = StepProgress(
+            state.origin, version + 1, counts, checkpoint, context, _EMPTY_FAULT_STATE
         )
         alone = status == _IDLE  # checkpoint-only: the UPDATE is the whole transaction
         self._update_progress(statement, params, alone=alone)
         if not alone:
             self._commit_or_classify()
         self.is_open = False
-        self.committed = self._session.committed = committed
+        self.progress = self._session.progress = committed
         if self._lease is not None:
             self._lease.rollback()  # idle after the COMMIT: only gives the connection back
-        return committed
 
     def _refused(self, reason: str) -> e.NotCommitted:
         """Roll the chunk back and say why nothing of it is durable (the caller raises it)."""
@@ -424,7 +463,7 @@ class ChunkTransaction:
             if _sqlstate.is_connection_loss(error, self._conn):
                 self._discard()
                 if alone:
-                    self._session.committed = None
+                    self._session.progress = None
                     raise e.ChunkCommitOutcomeUnknown() from None
             else:
                 self.rollback()
@@ -440,7 +479,7 @@ class ChunkTransaction:
         except psycopg.Error as error:
             if _sqlstate.is_connection_loss(error, conn):
                 self._discard()
-                self._session.committed = None
+                self._session.progress = None
                 raise e.ChunkCommitOutcomeUnknown() from None
             raise self._refused("COMMIT was refused") from None
 
@@ -474,24 +513,25 @@ class ChunkTransaction:
         """
         if not self.is_open:
             return
-        session, conn, state = self._session, self._conn, self.committed
+        session, conn, start = self._session, self._conn, self.progress
         statement = session._writes[2]
-        params = encode_chunk_rollback(session._context, state, session._clock.now())
+        params = encode_chunk_rollback(session._fence, session._clock.now())
         try:
             conn.rollback()
             with conn.cursor() as cursor:
                 changed = _run_alone(statement, cursor, params)
         except psycopg.Error:
             self._discard()
-            session.committed = None  # only the database knows whether the count landed
+            session.progress = None  # only the database knows whether the count landed
             raise e.NotCommitted(reason="the database is unavailable") from None
         self.rollback()  # gives a connection of its own back; the held one is idle
         if changed != 1:
             raise e.NotCommitted(reason="the step is no longer STARTED, or its owner lost it")
-        counts = state.counts.with_terminal_rollback()
-        if session.committed is state:
-            session.committed = attrs.evolve(state, counts=counts)
-        self.committed = attrs.evolve(state, counts=counts)
+        state = start.value()
+        counted = StepProgress.of(attrs.evolve(state, counts=state.counts.with_terminal_rollback()))
+        if session.progress is start:
+            session.progress = counted
+        self.progress = counted
 
 
 def _run_alone(statement: Statement, cursor: psycopg.Cursor[Any], params: dict[str, object]) -> int:

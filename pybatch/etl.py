@@ -26,7 +26,7 @@ import psycopg
 from pybatch import _partitioned as partitioned
 from pybatch import _skips, _telemetry
 from pybatch import errors as e
-from pybatch._chunks import ChunkTransaction, StepSession, load_committed_state
+from pybatch._chunks import ChunkTransaction, StepProgress, StepSession, load_committed_state
 from pybatch._failure_reasons import failure_reason
 from pybatch._fault_state import FaultState, RetryPolicy
 from pybatch._job_repository import JobRepository
@@ -105,7 +105,7 @@ class Chunk:
         except e.NotCommitted:
             self._step._raise_if_ownership_lost()
             raise
-        self._step.state = self._transaction.committed
+        self._step._committed = self._transaction.progress
 
     def _discard(self) -> None:
         """Roll back without counting: the chunk is redone at once (`StepRun.load`)."""
@@ -162,12 +162,13 @@ class Chunk:
         state = _state(Checkpoint, checkpoint)
         ctx = None if context is None else _state(ExecutionContext, context)
         try:
-            self._step.state = self._transaction.commit_counts(
+            self._transaction.commit_counts(
                 read, processed, written, filtered, skips, checkpoint=state, context=ctx
             )
         except e.NotCommitted:
             self._step._raise_if_ownership_lost()
             raise
+        self._step._committed = self._transaction.progress
 
 
 class _ObservedChunk(Chunk):
@@ -223,7 +224,7 @@ class StepRun:
     ) -> None:
         self.run = run
         self.execution = step
-        self.state: CommittedStepState | None = None
+        self._committed: StepProgress | None = None  # see `state`
         if context is None:
             if run.owner is None:  # only partition workers run without the execution's owner
                 raise e.ExecutionOwnershipLost(id=step.job_execution_id)
@@ -240,6 +241,11 @@ class StepRun:
     def name(self) -> str:
         """The step name."""
         return self.execution.step_name.value
+
+    @property
+    def state(self) -> CommittedStepState | None:
+        """What the step's chunks last committed in this run (None: nothing yet)."""
+        return None if self._committed is None else self._committed.value()
 
     @property
     def checkpoint(self) -> dict[str, Any]:
@@ -466,7 +472,7 @@ class _FaultTolerantLoad:
         """One transaction of the batch; rejected, one that isolates its rejected items."""
         step = self.step
         with step.chunk() as chunk:
-            durable = _position_of(chunk._transaction.committed.checkpoint.payload)
+            durable = _position_of(chunk._transaction.progress.checkpoint.payload)
             if durable != start:
                 chunk._discard()
                 return durable

@@ -12,7 +12,6 @@ from pybatch._codecs._jsonb import CanonicalJsonb
 from pybatch._codecs.fault_state import FAULT_STATE_COLUMNS, decode_fault_state
 from pybatch.errors import FaultStateCorrupt, FaultStateFormatError, PyBatchError, Unavailable
 from pybatch.values.chunks import ChunkContext, CommittedStepState, FaultProgress
-from pybatch.values.counts import ExecutionCounts
 from pybatch.values.fault import FaultStateEnvelope
 from pybatch.values.state import Checkpoint, ExecutionContext
 from pybatch.values.status import BatchStatus
@@ -60,10 +59,22 @@ def decode_committed_step_state(row: p.Row) -> CommittedStepState:
         raise Unavailable() from None
 
 
+def encode_chunk_fence(fence: ChunkContext) -> dict[str, object]:
+    """The step, its execution and owner (and partition) every chunk write binds: once a session."""
+    params: dict[str, object] = {
+        "step_execution_id": fence.step_execution_id,
+        "job_execution_id": fence.job_execution_id,
+        "owner_token": None if fence.owner is None else fence.owner.value,
+    }
+    if fence.partition_id is not None:
+        params["step_partition_id"] = fence.partition_id
+    return params
+
+
 def encode_chunk_commit(
-    fence: ChunkContext,
-    state: CommittedStepState,
-    next_counts: ExecutionCounts,
+    fence: dict[str, object],
+    expected_version: int,
+    counts: tuple[int, ...],
     checkpoint: Checkpoint,
     state_context: ExecutionContext,
     progress: FaultProgress,
@@ -71,7 +82,7 @@ def encode_chunk_commit(
 ) -> dict[str, object]:
     """The parameters of update_step_chunk_commit: states go as the canonical bytes hashed."""
     return {
-        **encode_chunk_progress(fence, state, next_counts, checkpoint, now),
+        **encode_chunk_progress(fence, expected_version, counts, checkpoint, now),
         "context_schema": state_context.schema.value,
         "context_schema_version": state_context.schema_version,
         "context_payload": _canonical_jsonb(state_context.payload_json()),
@@ -80,38 +91,30 @@ def encode_chunk_commit(
     }
 
 
+#: The parameters of a chunk's counters, in ExecutionCounts' field order (rolled_back is not
+#: written by a commit).
+_COUNT_PARAMETERS = ("read_count", "processed_count", "write_count", "filter_count", "commit_count")
+
+
 def encode_chunk_progress(
-    fence: ChunkContext,
-    state: CommittedStepState,
-    next_counts: ExecutionCounts,
+    fence: dict[str, object],
+    expected_version: int,
+    counts: tuple[int, ...],
     checkpoint: Checkpoint,
     now: datetime,
 ) -> dict[str, object]:
-    """The parameters of update_step_chunk_progress (counters, checkpoint), guarded by `state`."""
+    """update_step_chunk_progress's parameters: counts and checkpoint, fenced, CAS-guarded."""
     return {
-        **encode_chunk_rollback(fence, state, now),
-        "read_count": next_counts.read,
-        "processed_count": next_counts.processed,
-        "write_count": next_counts.written,
-        "filter_count": next_counts.filtered,
-        "commit_count": next_counts.committed,
+        **fence,
+        **dict(zip(_COUNT_PARAMETERS, counts, strict=False)),
+        "now": now,
         "checkpoint_schema": checkpoint.schema.value,
         "checkpoint_schema_version": checkpoint.schema_version,
         "checkpoint_payload": _canonical_jsonb(checkpoint.payload_json()),
-        "expected_version": state.version,
+        "expected_version": expected_version,
     }
 
 
-def encode_chunk_rollback(
-    fence: ChunkContext, state: CommittedStepState, now: datetime
-) -> dict[str, object]:
-    """update_step_chunk_rollback's parameters, and the fence every chunk write binds."""
-    params: dict[str, object] = {
-        "now": now,
-        "step_execution_id": state.step_execution_id,
-        "job_execution_id": state.job_execution_id,
-        "owner_token": None if fence.owner is None else fence.owner.value,
-    }
-    if fence.partition_id is not None:
-        params["step_partition_id"] = fence.partition_id
-    return params
+def encode_chunk_rollback(fence: dict[str, object], now: datetime) -> dict[str, object]:
+    """update_step_chunk_rollback's parameters: the session's encoded fence and the instant."""
+    return {**fence, "now": now}

@@ -13,13 +13,6 @@ def counter(instance: object, attribute: attrs.Attribute[int], value: int) -> No
     check_counter(attribute.name, value)
 
 
-def _checked_sum(left: int, right: int) -> int:
-    total = left + right
-    if total > INT64_MAX:
-        raise CountExhausted()
-    return total
-
-
 @attrs.frozen(kw_only=True)
 class ExecutionCounts:
     """Six item and transaction counters of a step (job executions carry none)."""
@@ -31,22 +24,11 @@ class ExecutionCounts:
     committed: int = attrs.field(default=0, validator=counter)
     rolled_back: int = attrs.field(default=0, validator=counter)
 
-    def after_chunk(
-        self, read: int, processed: int, written: int, filtered: int
-    ) -> ExecutionCounts:
-        """The counts after one committed chunk (ChunkCounts are valid; only sums are checked)."""
-        return ExecutionCounts(
-            read=_checked_sum(self.read, read),
-            processed=_checked_sum(self.processed, processed),
-            written=_checked_sum(self.written, written),
-            filtered=_checked_sum(self.filtered, filtered),
-            committed=_checked_sum(self.committed, 1),
-            rolled_back=self.rolled_back,
-        )
-
     def with_terminal_rollback(self) -> ExecutionCounts:
         """Return the counts with `rolled_back + 1` (a terminal rollback; CountExhausted at max)."""
-        return attrs.evolve(self, rolled_back=_checked_sum(self.rolled_back, 1))
+        if self.rolled_back == INT64_MAX:
+            raise CountExhausted()
+        return attrs.evolve(self, rolled_back=self.rolled_back + 1)
 
 
 @attrs.frozen(kw_only=True)

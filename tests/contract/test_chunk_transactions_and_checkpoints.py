@@ -199,7 +199,7 @@ def test_a_chunk_commit_advances_progress_with_its_business_writes(
     context = ExecutionContext(SCHEMA, 2, {"file": "orders-1.csv"})
     at = clock.advance(timedelta(minutes=1))
     with manager.begin(context_of(step)) as chunk:
-        assert chunk.committed.version == step.version
+        assert chunk.progress.version == step.version
         assert (
             chunk.execute("INSERT INTO public.orders VALUES (%s, %s), (%s, %s)", (1, "a", 2, "b"))
             == 2
@@ -446,7 +446,7 @@ def test_two_chunks_from_one_version_only_one_commits(
     manager = chunks_on(repository)
     first = manager.begin(context_of(step))
     second = manager.begin(context_of(step))
-    assert first.committed.version == second.committed.version == step.version
+    assert first.progress.version == second.progress.version == step.version
     first.execute("INSERT INTO public.orders VALUES (1, 'first')")
     second.execute("INSERT INTO public.orders VALUES (2, 'second')")
     commit(first, ChunkCounts(read=2, processed=2, written=1), checkpoint=cursor(2))
@@ -494,14 +494,14 @@ def test_a_session_starts_each_chunk_from_the_version_it_committed(
         for offset in (1, 2):
             with session.begin() as chunk:
                 commit(chunk, ChunkCounts(read=1), checkpoint=cursor(offset))
-        assert session.committed is not None
-        assert session.committed.version == step.version + 2
-        assert load_committed_state(repository, context_of(step)) == session.committed
+        assert session.progress is not None
+        assert session.progress.version == step.version + 2
+        assert load_committed_state(repository, context_of(step)) == session.progress.value()
         # A reservation bumps the version behind the session's back: its next chunk (which
         # reads nothing) cannot commit.
         bound_fault_state(repository, step).reserve(entry(1, 1))
         chunk = session.begin()
-        assert chunk.committed.version == step.version + 2
+        assert chunk.progress.version == step.version + 2
         with pytest.raises(NotCommitted):
             commit(chunk, ChunkCounts(read=1), checkpoint=cursor(3))
     state = load_committed_state(repository, context_of(step))
@@ -812,11 +812,11 @@ def test_lost_commit_acknowledgement_is_outcome_unknown(
     with pytest.raises(ChunkCommitOutcomeUnknown):
         commit(chunk, ChunkCounts(read=1), checkpoint=cursor(2))
     # The in-memory state did not advance, and the chunk is closed.
-    assert chunk.committed.version == step.version + 1
+    assert chunk.progress.version == step.version + 1
     with pytest.raises(NotCommitted):
         commit(chunk, ChunkCounts(read=1), checkpoint=cursor(2))
     # Only the database knows the outcome now: the session forgot what it committed.
-    assert session.committed is None
+    assert session.progress is None
     # A fresh read shows the truth: the backend died before COMMIT, nothing landed.
     monkeypatch.undo()
     state = load_committed_state(repository, context_of(step))
@@ -825,7 +825,7 @@ def test_lost_commit_acknowledgement_is_outcome_unknown(
     assert business_ids(admin) == []
     # The session's next chunk starts from that durable state, on a fresh connection.
     with session.begin() as chunk:
-        assert chunk.committed == state
+        assert chunk.progress.value() == state
         commit(chunk, ChunkCounts(read=1), checkpoint=cursor(2))
     session.close()
     assert load_committed_state(repository, context_of(step)).checkpoint == cursor(2)
@@ -889,7 +889,7 @@ def test_lost_acknowledgement_of_a_checkpoint_only_chunk_is_outcome_unknown(
             commit(chunk, ChunkCounts(read=1), checkpoint=cursor(2))
         killer.join()
     assert not chunk.is_open
-    assert session.committed is None  # the session re-reads the durable state
+    assert session.progress is None  # the session re-reads the durable state
     session.close()
     state = manager.load_committed_state(context_of(step))
     assert state.version == step.version + 1  # here it did not land

@@ -116,7 +116,7 @@ def test_two_chunk_commits_from_one_version_exactly_one_lands(
     winners: list[int] = []
     for round_ in range(ITERATIONS):
         chunks = [manager.begin(context), manager.begin(context)]
-        assert chunks[0].committed.version == chunks[1].committed.version == step.version + round_
+        assert chunks[0].progress.version == chunks[1].progress.version == step.version + round_
 
         def commit_one(
             index: int, chunks: list[ChunkTransaction] = chunks, round_: int = round_

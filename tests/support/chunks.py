@@ -134,9 +134,10 @@ def commit(
 ) -> CommittedStepState:
     """`chunk.commit_counts` with the counts as one value, as the tests spell them."""
     read, processed, written, filtered = attrs.astuple(counts)
-    return chunk.commit_counts(
+    chunk.commit_counts(
         read, processed, written, filtered, fault_progress, checkpoint=checkpoint, context=context
     )
+    return chunk.progress.value()
 
 
 def commit_from(
@@ -148,7 +149,7 @@ def commit_from(
         NotCommitted: the provider failed or returned no receipt (nothing is durable).
     """
     try:
-        receipt: Any = provider.state_for_commit(chunk.committed.counts, counts)
+        receipt: Any = provider.state_for_commit(chunk.progress.value().counts, counts)
     except Exception:
         chunk.rollback()
         raise NotCommitted(reason="the state provider failed") from None

@@ -54,19 +54,11 @@ def test_failure_summary() -> None:
 
 
 def test_counts_bounds_and_sums() -> None:
-    counts = ExecutionCounts(read=1, processed=2, written=3, filtered=4, committed=5, rolled_back=6)
-    assert counts.after_chunk(1, 2, 3, 4) == ExecutionCounts(
-        read=2, processed=4, written=6, filtered=8, committed=6, rolled_back=6
-    )
     with pytest.raises(errors.CounterOutOfRange) as error:
         ExecutionCounts(written=-1)
     assert error.value.name == "written"
     with pytest.raises(errors.CounterOutOfRange):
         ExecutionCounts(read=INT64_MAX + 1)
-    with pytest.raises(errors.CountExhausted):
-        ExecutionCounts(read=INT64_MAX).after_chunk(1, 0, 0, 0)
-    with pytest.raises(errors.CountExhausted):
-        ExecutionCounts(committed=INT64_MAX).after_chunk(0, 0, 0, 0)
     with pytest.raises(errors.CountExhausted):
         ExecutionCounts(rolled_back=INT64_MAX).with_terminal_rollback()
     assert ExecutionCounts().with_terminal_rollback().rolled_back == 1
