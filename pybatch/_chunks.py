@@ -403,7 +403,7 @@ class ChunkTransaction:
         if status == _INERROR:
             raise self._refused("a statement in the chunk failed")
         state = self.progress
-        r, p, w, f, k, rolled_back = state.counts
+        r, p, w, f, k, rolled_back = state.counts  # read, processed, written, filtered, committed
         counts = (r + read, p + processed, w + written, f + filtered, k + 1, rolled_back)
         if max(counts) > INT64_MAX:
             raise self._refused("a counter would overflow")

@@ -281,9 +281,9 @@ def migrate(config: ConnectionConfig, *, dry_run: bool = False) -> list[Migratio
 
     Concurrent migrators are safe: each file is one transaction under the history lock that
     re-reads the version; a first install (no history to lock) applies only the first file,
-    and one that races another rolls back and looks again. A
-    file whose table locks time out or deadlock is retried whole; after the last try a
-    timeout is MigrationTableLockTimeout and a deadlock its driver error, mapped.
+    and one that races another rolls back and looks again. A file whose table locks time out
+    or deadlock is retried whole; after the last try a timeout is MigrationTableLockTimeout
+    and a deadlock its driver error, mapped.
     """
     shipped = shipped_migrations()
     applied: list[Migration] = []

@@ -91,11 +91,6 @@ def encode_chunk_commit(
     }
 
 
-#: The parameters of a chunk's counters, in ExecutionCounts' field order (rolled_back is not
-#: written by a commit).
-_COUNT_PARAMETERS = ("read_count", "processed_count", "write_count", "filter_count", "commit_count")
-
-
 def encode_chunk_progress(
     fence: dict[str, object],
     expected_version: int,
@@ -103,10 +98,15 @@ def encode_chunk_progress(
     checkpoint: Checkpoint,
     now: datetime,
 ) -> dict[str, object]:
-    """update_step_chunk_progress's parameters: counts and checkpoint, fenced, CAS-guarded."""
+    """update_step_chunk_progress's parameters; `counts` in ExecutionCounts' field order."""
+    read, processed, written, filtered, committed, _ = counts
     return {
         **fence,
-        **dict(zip(_COUNT_PARAMETERS, counts, strict=False)),
+        "read_count": read,
+        "processed_count": processed,
+        "write_count": written,
+        "filter_count": filtered,
+        "commit_count": committed,
         "now": now,
         "checkpoint_schema": checkpoint.schema.value,
         "checkpoint_schema_version": checkpoint.schema_version,
