@@ -303,7 +303,7 @@ def baseline_cost_per_partition(dsn: str, n: int, copy: bool) -> dict[str, float
 def claim(repository: JobRepository, parent: Any, lease: ExecutionLease) -> Any:
     """One claim unit of work, as a worker's first claim."""
     return repository.run_in_unit_of_work(
-        lambda uow: partitioned_module._claim_in(uow, parent, lease)
+        lambda uow: partitioned_module._claim_in(uow, (parent, lease, True))
     )
 
 

@@ -15,6 +15,7 @@ import multiprocessing.connection
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from pybatch import _telemetry
@@ -88,14 +89,17 @@ def recover_lost_workers(repository: JobRepository, parent_id: int) -> int:
 
 #: A claimed partition, its worker step and the claim's owner token.
 Claimed = tuple[StepPartition, StepExecution, OwnerToken]
+#: A worker's parent, its lease, and whether it claims with `Partitions.claim(fresh=True)`.
+ClaimFrom = tuple[StepExecution, ExecutionLease, bool]
 
 
 def _claim_in(
-    uow: UnitOfWork, parent: StepExecution, lease: ExecutionLease, ending: Ending | None = None
+    uow: UnitOfWork, claim_from: ClaimFrom, ending: Ending | None = None
 ) -> Claimed | None:
-    """Claim the next partition of `parent` for a fresh owner token (after ending `ending`)."""
+    """Claim the next partition of `claim_from` for a new owner token (after ending `ending`)."""
+    parent, lease, fresh = claim_from
     owner = OwnerToken.generate()
-    claimed = uow.partitions.claim(parent, owner, lease, ending=ending)
+    claimed = uow.partitions.claim(parent, owner, lease, fresh=fresh, ending=ending)
     return None if claimed is None else (*claimed, owner)
 
 
@@ -104,7 +108,7 @@ def _end_worker(
     partition: StepPartition,
     worker_id: int,
     status: BatchStatus,
-    claim_from: tuple[StepExecution, ExecutionLease] | None = None,
+    claim_from: ClaimFrom | None = None,
 ) -> Claimed | None:
     """End the worker step and publish its result onto the partition; then claim from a parent.
 
@@ -123,7 +127,7 @@ def _end_worker(
         if claim_from is None:
             uow.partitions.end_worker(partition.id, partition.version, worker_id, *end)
             return None
-        return _claim_in(uow, *claim_from, (partition.id, partition.version, worker_id, end))
+        return _claim_in(uow, claim_from, (partition.id, partition.version, worker_id, end))
 
     return repository.run_in_unit_of_work(end)
 
@@ -143,13 +147,16 @@ def work_on_plan(
     (a restart reruns it); KeyboardInterrupt or SystemExit end it STOPPED and propagate.
     """
     worker_lease = lease or ExecutionLease()
-    claim_from = (parent, worker_lease)
+    claim_from: ClaimFrom = (parent, worker_lease, True)
     ran = 0
     claimed: Claimed | None = None
     while True:
         if claimed is None:
             between_partitions()
-            claimed = repository.run_in_unit_of_work(lambda uow: _claim_in(uow, *claim_from))
+            claimed = repository.run_in_unit_of_work(partial(_claim_in, claim_from=claim_from))
+        if claimed is None and claim_from[2]:  # no first attempt's partition left: any other
+            claim_from = (parent, worker_lease, False)
+            continue
         if claimed is None:
             with repository.begin() as uow:
                 current = uow.steps.get(parent.id)
@@ -180,7 +187,7 @@ def _run_partition(
     claimed: tuple[StepPartition, StepExecution],
     keeper: PartitionLeaseKeeper,
     between_partitions: Callable[[], None],
-    claim_from: tuple[StepExecution, ExecutionLease],
+    claim_from: ClaimFrom,
 ) -> Claimed | None:
     """Run one claimed partition, end it and claim the next; PartitionOwnershipLost touches nothing.
 
@@ -221,7 +228,7 @@ def _end_owned(
     worker_id: int,
     status: BatchStatus,
     keeper: PartitionLeaseKeeper,
-    claim_from: tuple[StepExecution, ExecutionLease] | None = None,
+    claim_from: ClaimFrom | None = None,
 ) -> Claimed | None:
     """Stop renewing, then end the worker (and claim from `claim_from` in the same transaction).
 

@@ -547,6 +547,229 @@ FROM (SELECT CAST(:step_execution_id AS BIGINT) AS id) AS asked
 LEFT JOIN assigned AS a ON asked.id = a.step_execution_id
 LEFT JOIN worker ON a.worker_step_execution_id = worker.id;
 
+-- :name claim_fresh_step_partition :one
+-- :doc Claim the next unassigned partition of a first attempt's STARTED parent, with fresh
+-- state: what claim_step_partition does while such a partition is left, without the reads it
+-- needs only for the others (a partition to resume from an earlier attempt's worker, a lost
+-- worker's partition to retry), whose plans cost every claim at executor start. Nothing can be
+-- resumed in a first attempt: the partitions of an instance's other attempts are the only
+-- source (a step's logical id is unique in its execution). Guards, locks, the end it may follow
+-- and the row it returns are claim_step_partition's. id NULL - no unassigned partition is left,
+-- the parent is not STARTED or not of a first attempt, or the end was refused: the caller then
+-- claims with claim_step_partition.
+WITH parent AS (
+    SELECT
+        s.id,
+        s.job_execution_id
+    FROM pybatch.step_execution AS s
+    INNER JOIN pybatch.job_execution AS e ON s.job_execution_id = e.id
+    WHERE
+        s.id = :step_execution_id
+        AND s.status = 'STARTED'
+        AND e.attempt = 1
+        AND (
+            CAST(:step_partition_id AS BIGINT) IS NULL
+            OR EXISTS (
+                SELECT 1
+                FROM pybatch.step_partition AS ended
+                WHERE
+                    ended.id = :step_partition_id
+                    AND ended.version = CAST(:expected_version AS BIGINT) + 1
+                    AND ended.worker_step_execution_id = :worker_step_execution_id
+                    AND ended.xmin = CAST(pg_catalog.PG_CURRENT_XACT_ID() AS XID)
+            )
+        )
+    FOR SHARE OF s
+),
+
+picked AS (
+    SELECT
+        p.id,
+        p.partition_ordinal,
+        p.version,
+        (SELECT parent.job_execution_id FROM parent) AS job_execution_id
+    FROM pybatch.step_partition AS p
+    WHERE
+        p.step_execution_id = :step_execution_id
+        AND p.worker_step_execution_id IS NULL
+        AND EXISTS (SELECT 1 FROM parent)
+    ORDER BY p.partition_ordinal
+    LIMIT 1
+    FOR UPDATE OF p SKIP LOCKED
+),
+
+worker AS (
+    INSERT INTO pybatch.step_execution (
+        job_execution_id,
+        step_name,
+        step_logical_id,
+        status,
+        exit_code,
+        checkpoint_format,
+        checkpoint_schema,
+        checkpoint_schema_version,
+        checkpoint_payload,
+        context_format,
+        context_schema,
+        context_schema_version,
+        context_payload,
+        fault_state_format,
+        fault_state_schema,
+        fault_state_schema_version,
+        fault_state_payload,
+        fault_state_checksum,
+        created_at,
+        started_at,
+        updated_at
+    )
+    SELECT
+        picked.job_execution_id,
+        :worker_name_prefix
+        || '#'
+        || picked.partition_ordinal
+        || '.'
+        || (picked.version + 1) AS step_name,
+        :worker_name_prefix
+        || '#'
+        || picked.partition_ordinal
+        || '.'
+        || (picked.version + 1) AS step_logical_id,
+        'STARTED' AS status,
+        'UNKNOWN' AS exit_code,
+        1 AS checkpoint_format,
+        'oxide_batch.empty.v1' AS checkpoint_schema,
+        1 AS checkpoint_schema_version,
+        CAST('{}' AS JSONB) AS checkpoint_payload,
+        1 AS context_format,
+        'oxide_batch.empty.v1' AS context_schema,
+        1 AS context_schema_version,
+        CAST('{}' AS JSONB) AS context_payload,
+        1 AS fault_state_format,
+        'oxide-batch.fault-state' AS fault_state_schema,
+        1 AS fault_state_schema_version,
+        :fault_state_payload AS fault_state_payload,
+        :fault_state_checksum AS fault_state_checksum,
+        :now AS created_at,
+        :now AS started_at,
+        :now AS updated_at
+    FROM picked
+    RETURNING
+        id,
+        job_execution_id,
+        step_name,
+        step_logical_id,
+        status,
+        exit_code,
+        read_count,
+        processed_count,
+        write_count,
+        filter_count,
+        commit_count,
+        rollback_count,
+        checkpoint_format,
+        checkpoint_schema,
+        checkpoint_schema_version,
+        checkpoint_payload,
+        context_format,
+        context_schema,
+        context_schema_version,
+        context_payload,
+        failure_category,
+        failure_id,
+        created_at,
+        started_at,
+        ended_at,
+        updated_at,
+        version,
+        read_retry_count,
+        process_retry_count,
+        write_retry_count,
+        read_skip_count,
+        process_skip_count,
+        write_skip_count,
+        no_rollback_count
+),
+
+assigned AS (
+    UPDATE pybatch.step_partition AS p
+    SET
+        worker_step_execution_id = worker.id,
+        status = 'STARTED',
+        exit_code = 'UNKNOWN',
+        read_count = 0,
+        processed_count = 0,
+        write_count = 0,
+        filter_count = 0,
+        commit_count = 0,
+        rollback_count = 0,
+        worker_owner_token = :owner_token,
+        worker_lease_expires_at
+        = pg_catalog.CLOCK_TIMESTAMP() + CAST(:lease_ms AS BIGINT) * INTERVAL '1 millisecond',
+        version = p.version + 1
+    FROM picked, worker
+    WHERE p.id = picked.id AND p.version = picked.version
+    RETURNING
+        p.id,
+        p.step_execution_id,
+        p.worker_step_execution_id,
+        p.partition_key,
+        p.partition_ordinal,
+        p.context_format,
+        p.context_schema,
+        p.context_schema_version,
+        p.context_payload,
+        p.context_checksum,
+        p.version
+)
+
+SELECT
+    worker.id,
+    worker.job_execution_id,
+    worker.step_name,
+    worker.step_logical_id,
+    worker.status,
+    worker.exit_code,
+    worker.read_count,
+    worker.processed_count,
+    worker.write_count,
+    worker.filter_count,
+    worker.commit_count,
+    worker.rollback_count,
+    worker.checkpoint_format,
+    worker.checkpoint_schema,
+    worker.checkpoint_schema_version,
+    worker.checkpoint_payload,
+    worker.context_format,
+    worker.context_schema,
+    worker.context_schema_version,
+    worker.context_payload,
+    worker.failure_category,
+    worker.failure_id,
+    worker.created_at,
+    worker.started_at,
+    worker.ended_at,
+    worker.updated_at,
+    worker.version,
+    worker.read_retry_count,
+    worker.process_retry_count,
+    worker.write_retry_count,
+    worker.read_skip_count,
+    worker.process_skip_count,
+    worker.write_skip_count,
+    worker.no_rollback_count,
+    a.id AS p_id,
+    a.partition_key AS p_partition_key,
+    a.partition_ordinal AS p_partition_ordinal,
+    a.context_format AS p_context_format,
+    a.context_schema AS p_context_schema,
+    a.context_schema_version AS p_context_schema_version,
+    a.context_payload AS p_context_payload,
+    a.context_checksum AS p_context_checksum,
+    a.version AS p_version
+FROM (SELECT CAST(:step_execution_id AS BIGINT) AS id) AS asked
+LEFT JOIN assigned AS a ON asked.id = a.step_execution_id
+LEFT JOIN worker ON a.worker_step_execution_id = worker.id;
+
 -- :name count_open_step_partitions :scalar
 -- :doc How many partitions of a plan still need a worker or are being worked on - STARTING,
 -- STARTED, or FAILED after a lost worker and claimable again (see claim_step_partition).

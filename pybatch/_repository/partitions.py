@@ -71,6 +71,7 @@ from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 
 #: How many workers may try one partition in one attempt when each of them was lost.
 MAX_WORKER_TRIES = 5
+_MAX_VERSION = 2 * MAX_WORKER_TRIES  # each try moves a partition's version by 2
 _ACTIVE_PARENT = frozenset({BatchStatus.STARTING, BatchStatus.STARTED})
 _COMPLETING_PARENT = frozenset({BatchStatus.STARTED, BatchStatus.STOPPING})
 _RESTARTABLE_SOURCE = frozenset({BatchStatus.FAILED, BatchStatus.STOPPED})
@@ -366,11 +367,14 @@ class Partitions(Capability):
         owner: OwnerToken | None = None,
         lease: ExecutionLease | None = None,
         *,
+        fresh: bool = False,
         ending: Ending | None = None,
     ) -> tuple[StepPartition, StepExecution] | None:
         """Claim the next partition of a STARTED parent for a new worker step, or None.
 
-        One guarded statement (docs/architecture.md, Partitioned steps). With `ending` (the
+        One guarded statement (docs/architecture.md, Partitioned steps). With `fresh`, the
+        cheaper claim_fresh_step_partition, which takes only a first attempt's unassigned
+        partitions (None once none is left: claim again without it). With `ending` (the
         worker's last partition) end_step_partition ends that one first, in the same transaction
         and round trip, and the claim runs only if the end completed it; both are then the whole
         unit of work, committed alone, and a refused end raises as `end_worker` does.
@@ -380,17 +384,19 @@ class Partitions(Capability):
         if parent.id in self._uow.unpublished_plans:
             raise PartitionPlanNotCommitted(step_execution_id=parent.id)
         end = _NO_END | {"now": self._uow.clock.now()} if ending is None else _end_columns(*ending)
+        q = self._uow.statements
+        claim = (q.claim_fresh_step_partition if fresh else q.claim_step_partition).prepared
         params = {
             "step_execution_id": parent.id,
-            "node_id": parent.logical_id.value,
             # Worker names add `#ordinal.version` to the parent's name cut to 100 bytes.
             "worker_name_prefix": parent.step_name.value.encode()[:100].decode("utf-8", "ignore"),
-            "max_partition_version": 2 * MAX_WORKER_TRIES,
             **EMPTY_FAULT_STATE_PARAMETERS,
             "owner_token": owner.value,
             "lease_ms": lease.milliseconds,
             **{name: end[name] for name in _NO_END},
         }
+        if not fresh:  # what only the full claim reads: where to resume, how many tries
+            params.update(node_id=parent.logical_id.value, max_partition_version=_MAX_VERSION)
 
         def decode(*rows: Row | None) -> tuple[StepPartition, StepExecution] | None:
             if ending is not None and (ended := returned(rows[0]))["id"] is None:
@@ -400,22 +406,21 @@ class Partitions(Capability):
                 return None
             return decode_claimed_partition(row, parent.id), decode_step_execution(row)
 
-        q = self._uow.statements
         if ending is not None:
             return self._uow.commit_statement(
                 q.end_step_partition.prepared,
                 end | {"only_if_lost": False},
                 decode,
-                then=(q.claim_step_partition.prepared, params),
+                then=(claim, params),
             )
         with self._operation() as (_, conn):
-            return decode(q.claim_step_partition.prepared.one(conn, **params))
+            return decode(claim.one(conn, **params))
 
     def count_open(self, parent_id: int) -> int:
         """Partitions still STARTING, STARTED, or claimable again after a lost worker."""
         with self._operation() as (q, conn):
             check_identifier(IdentifierKind.STEP_EXECUTION, parent_id)
             found = q.count_open_step_partitions.scalar(
-                conn, step_execution_id=parent_id, max_partition_version=2 * MAX_WORKER_TRIES
+                conn, step_execution_id=parent_id, max_partition_version=_MAX_VERSION
             )
             return decode_int64(found, column="open_partitions", minimum=0)

@@ -156,7 +156,9 @@ def test_a_role_without_grants_cannot_block_recovery_of_a_dead_workers_partition
     """Any role may take any advisory-lock key (the worker step's old one too): the lease rules."""
     run, parent = publish(repository, Job(repository, "fanout", PARAMS, lease=LEASE.duration), 2)
     # A worker claims p0, commits one chunk, and dies (its lease is no longer renewed).
-    claimed = repository.run_in_unit_of_work(lambda uow: partitioned._claim_in(uow, parent, LEASE))
+    claimed = repository.run_in_unit_of_work(
+        lambda uow: partitioned._claim_in(uow, (parent, LEASE, False))
+    )
     assert claimed is not None
     partition, dead, token = claimed
     worker_run = JobRun(repository, run.instance, run.execution, None)

@@ -80,6 +80,7 @@ READERS: dict[str, tuple[str, ...]] = {
     "lock_step_partitions_by_ordinal": STEP_PARTITION_COLUMNS,
     "copy_step_partitions": STEP_PARTITION_COLUMNS,
     "claim_step_partition": CLAIMED_PARTITION_COLUMNS,
+    "claim_fresh_step_partition": CLAIMED_PARTITION_COLUMNS,
     "end_step_partition": (
         "id",
         "found_version",

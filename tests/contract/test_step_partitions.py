@@ -122,12 +122,14 @@ def plan(repository: JobRepository, parent: StepExecution, *keys: str) -> list[S
     return created
 
 
-def claim(repository: JobRepository, parent_id: int) -> tuple[StepPartition, StepExecution]:
+def claim(
+    repository: JobRepository, parent_id: int, *, fresh: bool = False
+) -> tuple[StepPartition, StepExecution]:
     """The next partition of a STARTED parent, claimed for a new worker step."""
     with repository.begin() as uow:
         parent = uow.steps.get(parent_id)
         assert parent is not None
-        claimed = uow.partitions.claim(parent)
+        claimed = uow.partitions.claim(parent, fresh=fresh)
         uow.commit()
     assert claimed is not None
     return claimed
@@ -334,16 +336,19 @@ def test_a_claim_waits_for_the_plan_to_be_published(f: Fixture) -> None:
     assert (claimed.id, claimed.status) == (created.id, S.STARTED)
 
 
-def test_a_claim_needs_a_started_parent(repository: JobRepository, clock: ManualClock) -> None:
+@pytest.mark.parametrize("fresh", [False, True], ids=["claim", "fresh_claim"])
+def test_a_claim_needs_a_started_parent(
+    repository: JobRepository, clock: ManualClock, fresh: bool
+) -> None:
     """Scenario F8, F9."""
     execution = launch(repository, clock)
     parent = new_step(repository, clock, execution, started=False)
     (created,) = plan(repository, parent, "a")
     with repository.begin() as uow:
-        assert uow.partitions.claim(parent) is None  # STARTING: nothing is claimable
+        assert uow.partitions.claim(parent, fresh=fresh) is None  # STARTING: nothing claimable
     assert stored_plan(repository, parent.id) == [created]
     move(repository, clock, parent.id, S.STARTED)
-    assigned, worker = claim(repository, parent.id)
+    assigned, worker = claim(repository, parent.id, fresh=fresh)
     assert (assigned.status, assigned.worker_step_execution_id, assigned.version) == (
         S.STARTED,
         worker.id,
@@ -354,22 +359,84 @@ def test_a_claim_needs_a_started_parent(repository: JobRepository, clock: Manual
         assert uow.partitions.plan(parent.id) == [assigned]
 
 
-def test_each_claim_takes_the_next_partition_for_a_new_sibling_worker(f: Fixture) -> None:
+@pytest.mark.parametrize("fresh", [False, True], ids=["claim", "fresh_claim"])
+def test_each_claim_takes_the_next_partition_for_a_new_sibling_worker(
+    f: Fixture, fresh: bool
+) -> None:
     """A STARTED partition is never claimed again; each worker is a new step of the parent's
     execution, behind exactly one partition.
 
     Scenario F10, F11, F12.
     """
     first, second = plan(f.repository, f.parent, "a", "b")
-    claims = [claim(f.repository, f.parent.id) for _ in range(2)]
+    claims = [claim(f.repository, f.parent.id, fresh=fresh) for _ in range(2)]
     assert [p.id for p, _ in claims] == [first.id, second.id]
     workers = [worker for _, worker in claims]
     assert len({w.id for w in workers}) == 2 and f.parent.id not in {w.id for w in workers}
     assert all(w.job_execution_id == f.execution.id for w in workers)
     assert all(w.status is S.STARTED for w in workers)
     with f.repository.begin() as uow:
-        assert uow.partitions.claim(f.parent) is None  # both are STARTED
+        assert uow.partitions.claim(f.parent, fresh=fresh) is None  # both are STARTED
     assert stored_plan(f.repository, f.parent.id) == [p for p, _ in claims]
+
+
+def test_a_fresh_claim_takes_only_a_first_attempts_unassigned_partitions(
+    f: Fixture, admin: psycopg.Connection[Any]
+) -> None:
+    """The fresh claim (a worker's first choice) gives a partition what the full claim gives it,
+    and leaves a lost worker's partition and a later attempt's plan to the full claim, which
+    resumes them from the earlier worker."""
+    a, b, c, d = plan(f.repository, f.parent, "a", "b", "c", "d")
+    full, full_worker = claim(f.repository, f.parent.id)
+    fresh, fresh_worker = claim(f.repository, f.parent.id, fresh=True)
+    assert (full.id, fresh.id) == (a.id, b.id)
+    assert (
+        attrs.evolve(
+            fresh,
+            id=a.id,
+            key=a.key,
+            ordinal=a.ordinal,
+            context=a.context,
+            worker_step_execution_id=full_worker.id,
+        )
+        == full
+    )
+    assert (
+        attrs.evolve(
+            fresh_worker,
+            id=full_worker.id,
+            step_name=full_worker.step_name,
+            logical_id=full_worker.logical_id,
+        )
+        == full_worker
+    )
+    set_counts(admin, full_worker.id, 5, 5, 5, 0, 1, 0)
+    admin.execute(  # a's worker is lost: its lease ran out
+        "UPDATE pybatch.step_partition SET worker_lease_expires_at = now() - interval '1 second'"
+        " WHERE id = %s",
+        (full.id,),
+    )
+    with f.repository.begin() as uow:
+        assert uow.partitions.recover_lost(full.id, full.version, full_worker.id)
+        uow.commit()
+    assert claim(f.repository, f.parent.id, fresh=True)[0].id == c.id
+    assert claim(f.repository, f.parent.id, fresh=True)[0].id == d.id
+    with f.repository.begin() as uow:
+        assert uow.partitions.claim(f.parent, fresh=True) is None  # only a lost one is left
+    retried, retry_worker = claim(f.repository, f.parent.id)
+    assert retried.id == a.id and retry_worker.metadata.counts.read == 5
+
+    fail_job(f.repository, f.clock, f.execution)  # a later attempt carries a, b, c, d over
+    second = launch(f.repository, f.clock, f.execution.job_instance_id)
+    target = new_step(f.repository, f.clock, second, "load")
+    with f.repository.begin() as uow:
+        carried = uow.partitions.restart_plan(f.parent.id, target.id)
+        uow.commit()
+    assert [p.status for p in carried] == [S.STARTING] * 4
+    with f.repository.begin() as uow:
+        assert uow.partitions.claim(target, fresh=True) is None
+    resumed, resumed_worker = claim(f.repository, target.id)
+    assert resumed.key == a.key and resumed_worker.metadata.counts.read == 5
 
 
 def test_an_unknown_partition_is_not_found(f: Fixture) -> None:
@@ -821,11 +888,18 @@ def test_end_partition_worker_ends_worker_and_partition_together(f: Fixture) -> 
 
 
 def end_and_claim(
-    uow: UnitOfWork, parent: StepExecution, partition: StepPartition, worker_id: int, clock: Any
+    uow: UnitOfWork,
+    parent: StepExecution,
+    partition: StepPartition,
+    worker_id: int,
+    clock: Any,
+    *,
+    fresh: bool = False,
 ) -> tuple[StepPartition, StepExecution] | None:
     """A worker loop's step: end `partition` COMPLETED and claim the next, in one round trip."""
     end = (to(S.COMPLETED, clock, worker_id), ExitCode("COMPLETED"))
-    return uow.partitions.claim(parent, ending=(partition.id, partition.version, worker_id, end))
+    ending = (partition.id, partition.version, worker_id, end)
+    return uow.partitions.claim(parent, fresh=fresh, ending=ending)
 
 
 def step_rows(admin: psycopg.Connection[Any]) -> int:
@@ -834,8 +908,9 @@ def step_rows(admin: psycopg.Connection[Any]) -> int:
     return int(row[0])
 
 
+@pytest.mark.parametrize("fresh", [False, True], ids=["claim", "fresh_claim"])
 def test_an_end_refused_after_a_recovery_claims_nothing_and_names_the_refusal(
-    f: Fixture, admin: psycopg.Connection[Any]
+    f: Fixture, admin: psycopg.Connection[Any], fresh: bool
 ) -> None:
     """Another process recovered the partition (same worker, version + 1): the end is refused
     as stale and the next partition stays unclaimed, though the partition now sits at the
@@ -852,14 +927,15 @@ def test_an_end_refused_after_a_recovery_claims_nothing_and_names_the_refusal(
         uow.commit()
     before, steps = stored_plan(f.repository, f.parent.id), step_rows(admin)
     with f.repository.begin() as uow, pytest.raises(StaleVersion) as stale:
-        end_and_claim(uow, f.parent, assigned, worker.id, f.clock)
+        end_and_claim(uow, f.parent, assigned, worker.id, f.clock, fresh=fresh)
     assert (stale.value.expected, stale.value.actual) == (1, 2)
     assert stored_plan(f.repository, f.parent.id) == before and step_rows(admin) == steps
     assert before[1].worker_step_execution_id is None
 
 
+@pytest.mark.parametrize("fresh", [False, True], ids=["claim", "fresh_claim"])
 def test_an_end_and_its_claim_commit_together_in_one_round_trip_or_not_at_all(
-    f: Fixture, admin: psycopg.Connection[Any], pg_config: Any, clock: ManualClock
+    f: Fixture, admin: psycopg.Connection[Any], pg_config: Any, clock: ManualClock, fresh: bool
 ) -> None:
     """The end and the claim are one transaction under one Sync: a claim stopped by a lock wait
     (the new worker's foreign key waits on a locked job execution) leaves the end uncommitted."""
@@ -873,7 +949,7 @@ def test_an_end_and_its_claim_commit_together_in_one_round_trip_or_not_at_all(
         )
         with JobRepository.connect(config, clock=clock) as short_wait, short_wait.begin() as uow:
             with pytest.raises(Unavailable):
-                end_and_claim(uow, f.parent, assigned, worker.id, f.clock)
+                end_and_claim(uow, f.parent, assigned, worker.id, f.clock, fresh=fresh)
     assert stored_plan(f.repository, f.parent.id) == before and step_rows(admin) == steps
     claims: list[Any] = []
     with f.repository.begin() as uow:
@@ -881,7 +957,7 @@ def test_an_end_and_its_claim_commit_together_in_one_round_trip_or_not_at_all(
         assert conn is not None
 
         def run() -> None:
-            claims.append(end_and_claim(uow, f.parent, assigned, worker.id, f.clock))
+            claims.append(end_and_claim(uow, f.parent, assigned, worker.id, f.clock, fresh=fresh))
 
         trace = traced(conn, run)
     assert [m for m in trace if m.startswith("F") and "\tSync" in m] == ["F\t4\tSync"]

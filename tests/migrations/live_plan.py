@@ -56,7 +56,9 @@ def start_plan(old: JobRepository, day: str, keys: list[str]) -> LivePlan:
         old, run.instance.id, run.execution.id, "load", entries, StartLimit.unrestricted()
     )
     lease = ExecutionLease()
-    claimed = old.run_in_unit_of_work(lambda uow: partitioned._claim_in(uow, parent, lease))
+    claimed = old.run_in_unit_of_work(
+        lambda uow: partitioned._claim_in(uow, (parent, lease, False))
+    )
     assert claimed is not None
     return LivePlan(run, parent, lease, claimed)
 
@@ -73,7 +75,11 @@ def work_off(config: ConnectionConfig, plan: LivePlan) -> tuple[list[str], Batch
             partition, worker, _ = claimed
             ended.append(partition.key.value)
             claimed = partitioned._end_worker(
-                repository, partition, worker.id, BatchStatus.COMPLETED, (plan.parent, plan.lease)
+                repository,
+                partition,
+                worker.id,
+                BatchStatus.COMPLETED,
+                (plan.parent, plan.lease, True),
             )
         aggregated, unfinished = partitioned.aggregate_plan(repository, plan.parent)
     with plan.run:

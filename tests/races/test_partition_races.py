@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 import psycopg
+import pytest
 
 from pybatch import ConnectionConfig, JobRepository, UnitOfWork
 from pybatch import _partitioned as partitioned
@@ -61,8 +62,9 @@ def test_ends_racing_with_a_stale_worker_have_one_winner(
     assert (stored.status, stored.worker_step_execution_id) == (S.COMPLETED, current.id)
 
 
+@pytest.mark.parametrize("fresh", [False, True], ids=["claim", "fresh_claim"])
 def test_eight_claimers_never_take_the_same_partition(
-    repository: JobRepository, clock: ManualClock
+    repository: JobRepository, clock: ManualClock, fresh: bool
 ) -> None:
     f = Fixture(repository, clock)
     plan(repository, f.parent, *(f"k{i:02d}" for i in range(60)))
@@ -72,7 +74,7 @@ def test_eight_claimers_never_take_the_same_partition(
         taken: list[str] = []
         while True:
             with repository.begin() as uow:
-                claimed = uow.partitions.claim(parent)
+                claimed = uow.partitions.claim(parent, fresh=fresh)
                 uow.commit()
             if claimed is None:
                 return taken
@@ -90,7 +92,9 @@ def test_eight_claimers_never_take_the_same_partition(
     assert len(workers) == 61  # the parent and one worker step per claim, none wasted
 
 
-def claim_and_end_in_process(config: dict[str, Any], barrier: Any, parent_id: int) -> list[str]:
+def claim_and_end_in_process(
+    config: dict[str, Any], barrier: Any, parent_id: int, fresh: bool
+) -> list[str]:
     """Child process: its own repository; behind the barrier, claim and end until none is left."""
     with JobRepository.connect(ConnectionConfig(**config)) as repository:
         with repository.begin() as uow:
@@ -101,7 +105,7 @@ def claim_and_end_in_process(config: dict[str, Any], barrier: Any, parent_id: in
         lease = ExecutionLease()
         while (
             claimed := repository.run_in_unit_of_work(
-                lambda uow: partitioned._claim_in(uow, parent, lease)
+                lambda uow: partitioned._claim_in(uow, (parent, lease, fresh))
             )
         ) is not None:
             partition, worker, _ = claimed
@@ -110,13 +114,14 @@ def claim_and_end_in_process(config: dict[str, Any], barrier: Any, parent_id: in
         return keys
 
 
+@pytest.mark.parametrize("fresh", [False, True], ids=["claim", "fresh_claim"])
 def test_worker_processes_claim_and_end_every_partition_exactly_once(
-    pg_config: ConnectionConfig, repository: JobRepository, clock: ManualClock
+    pg_config: ConnectionConfig, repository: JobRepository, clock: ManualClock, fresh: bool
 ) -> None:
     f = Fixture(repository, clock)
     expected = [f"k{i:02d}" for i in range(40)]
     plan(repository, f.parent, *expected)
-    results = race_processes(4, claim_and_end_in_process, [portable(pg_config), f.parent.id])
+    results = race_processes(4, claim_and_end_in_process, [portable(pg_config), f.parent.id, fresh])
     keys = [key for taken in cast(list[list[str]], results) for key in taken]
     assert sorted(keys) == expected  # each claimed by exactly one process
     with repository.begin() as uow:
