@@ -93,11 +93,9 @@ Claimed = tuple[StepPartition, StepExecution, OwnerToken]
 ClaimFrom = tuple[StepExecution, ExecutionLease, bool]
 
 
-def _claim_in(
-    uow: UnitOfWork, claim_from: ClaimFrom, ending: Ending | None = None
-) -> Claimed | None:
-    """Claim the next partition of `claim_from` for a new owner token (after ending `ending`)."""
-    parent, lease, fresh = claim_from
+def _claim_in(uow: UnitOfWork, plan: ClaimFrom, ending: Ending | None = None) -> Claimed | None:
+    """Claim the next partition of `plan` for a new owner token (after ending `ending`)."""
+    parent, lease, fresh = plan
     owner = OwnerToken.generate()
     claimed = uow.partitions.claim(parent, owner, lease, fresh=fresh, ending=ending)
     return None if claimed is None else (*claimed, owner)
@@ -110,10 +108,9 @@ def _end_worker(
     status: BatchStatus,
     claim_from: ClaimFrom | None = None,
 ) -> Claimed | None:
-    """End the worker step and publish its result onto the partition; then claim from a parent.
+    """End the worker step and publish its result onto the partition.
 
-    With `claim_from` (the parent, the worker's lease) the end and the next claim are one
-    transaction sent in one round trip: each partition costs one COMMIT.
+    With `claim_from`, the next claim shares the end's transaction and round trip (one COMMIT).
     """
 
     def end(uow: UnitOfWork) -> Claimed | None:
@@ -149,77 +146,71 @@ def work_on_plan(
     worker_lease = lease or ExecutionLease()
     claim_from: ClaimFrom = (parent, worker_lease, True)
     ran = 0
-    claimed: Claimed | None = None
     while True:
-        if claimed is None:
-            between_partitions()
-            claimed = repository.run_in_unit_of_work(partial(_claim_in, claim_from=claim_from))
-        if claimed is None and claim_from[2]:  # no first attempt's partition left: any other
+        between_partitions()
+        claim = repository.run_in_unit_of_work(partial(_claim_in, plan=claim_from))
+        while claim is not None:  # each end claims the next partition in its transaction
+            key = claim[0].key.value
+            try:
+                claim = _run_partition(repository, runner, claim, between_partitions, claim_from)
+            except PartitionOwnershipLost as lost:
+                logger.error("pybatch: %s (partition key %s)", lost, key)
+                claim = None
+            ran += 1
+        if claim_from[2]:  # no first attempt's partition is left: claim any other from now on
             claim_from = (parent, worker_lease, False)
             continue
-        if claimed is None:
-            with repository.begin() as uow:
-                current = uow.steps.get(parent.id)
-                still_open = uow.partitions.count_open(parent.id)
-            if current is None or current.status is not BatchStatus.STARTED or not still_open:
-                return ran
-            if not recover_lost_workers(repository, parent.id):
-                time.sleep(poll_seconds)
-            continue
-        partition, worker, owner = claimed
-        keeper = PartitionLeaseKeeper(repository, partition.id, worker.id, owner, worker_lease)
-        keeper.start()
-        try:
-            claimed = _run_partition(
-                repository, runner, (partition, worker), keeper, between_partitions, claim_from
-            )
-        except PartitionOwnershipLost as lost:
-            logger.error("pybatch: %s (partition key %s)", lost, partition.key.value)
-            claimed = None
-        finally:
-            keeper.halt()
-        ran += 1
+        with repository.begin() as uow:
+            current = uow.steps.get(parent.id)
+            still_open = uow.partitions.count_open(parent.id)
+        if current is None or current.status is not BatchStatus.STARTED or not still_open:
+            return ran
+        if not recover_lost_workers(repository, parent.id):
+            time.sleep(poll_seconds)
 
 
 def _run_partition(
     repository: JobRepository,
     runner: Runner,
-    claimed: tuple[StepPartition, StepExecution],
-    keeper: PartitionLeaseKeeper,
+    claimed: Claimed,
     between_partitions: Callable[[], None],
     claim_from: ClaimFrom,
 ) -> Claimed | None:
-    """Run one claimed partition, end it and claim the next; PartitionOwnershipLost touches nothing.
+    """Run a claimed partition, renewing its lease; end it and claim the next in one transaction.
 
-    The next partition is claimed in the ending's transaction unless `between_partitions`
-    raises (then the partition ends alone and the error propagates).
+    The end is alone if `between_partitions` raises; PartitionOwnershipLost touches nothing.
     """
-    partition, worker = claimed
+    partition, worker, owner = claimed
+    keeper = PartitionLeaseKeeper(repository, partition.id, worker.id, owner, claim_from[1])
+    keeper.start()
     try:
-        runner(worker, partition, keeper)
-    except PartitionOwnershipLost:
-        raise
-    except Exception:
-        if keeper.lost:
-            raise keeper.lost_ownership() from None
-        logger.exception(
-            "pybatch: partition %s failed in worker step %s", partition.key.value, worker.id
-        )
-        status = BatchStatus.FAILED
-    except BaseException:
         try:
-            _end_owned(repository, partition, worker.id, BatchStatus.STOPPED, keeper)
+            runner(worker, partition, keeper)
         except PartitionOwnershipLost:
-            pass  # the partition is another worker's now; the interruption still propagates
-        raise
-    else:
-        status = BatchStatus.COMPLETED
-    try:
-        between_partitions()
-    except BaseException:
-        _end_owned(repository, partition, worker.id, status, keeper)
-        raise
-    return _end_owned(repository, partition, worker.id, status, keeper, claim_from)
+            raise
+        except Exception:
+            if keeper.lost:
+                raise keeper.lost_ownership() from None
+            logger.exception(
+                "pybatch: partition %s failed in worker step %s", partition.key.value, worker.id
+            )
+            status = BatchStatus.FAILED
+        except BaseException:
+            try:
+                _end_owned(repository, partition, worker.id, BatchStatus.STOPPED, keeper)
+            except PartitionOwnershipLost:
+                pass  # the partition is another worker's now; the interruption still propagates
+            raise
+        else:
+            status = BatchStatus.COMPLETED
+        try:
+            between_partitions()
+        except BaseException:
+            _end_owned(repository, partition, worker.id, status, keeper)
+            raise
+        return _end_owned(repository, partition, worker.id, status, keeper, claim_from)
+    finally:
+        keeper.halt()
 
 
 def _end_owned(

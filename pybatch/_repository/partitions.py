@@ -69,9 +69,8 @@ from pybatch.values.records import StepExecution
 from pybatch.values.state import MAX_STORABLE_SCHEMA_VERSION
 from pybatch.values.status import BatchStatus, FailureCategory, FailureSummary
 
-#: How many workers may try one partition in one attempt when each of them was lost.
-MAX_WORKER_TRIES = 5
-_MAX_VERSION = 2 * MAX_WORKER_TRIES  # each try moves a partition's version by 2
+#: No partition is claimed again in an attempt from this version on: 5 lost workers, 2 each.
+_MAX_VERSION = 2 * 5
 _ACTIVE_PARENT = frozenset({BatchStatus.STARTING, BatchStatus.STARTED})
 _COMPLETING_PARENT = frozenset({BatchStatus.STARTED, BatchStatus.STOPPING})
 _RESTARTABLE_SOURCE = frozenset({BatchStatus.FAILED, BatchStatus.STOPPED})
@@ -372,12 +371,11 @@ class Partitions(Capability):
     ) -> tuple[StepPartition, StepExecution] | None:
         """Claim the next partition of a STARTED parent for a new worker step, or None.
 
-        One guarded statement (docs/architecture.md, Partitioned steps). With `fresh`, the
-        cheaper claim_fresh_step_partition, which takes only a first attempt's unassigned
-        partitions (None once none is left: claim again without it). With `ending` (the
-        worker's last partition) end_step_partition ends that one first, in the same transaction
-        and round trip, and the claim runs only if the end completed it; both are then the whole
-        unit of work, committed alone, and a refused end raises as `end_worker` does.
+        One guarded statement (docs/architecture.md, Partitioned steps); `fresh`: the cheaper
+        one that claims only a first attempt's unassigned partitions. With `ending` (the worker's
+        last partition) end_step_partition ends that one first in the same transaction and round
+        trip, and the claim runs only if the end completed it; both are the whole unit of work,
+        committed alone, and a refused end raises as `end_worker` does.
         """
         owner = owner or OwnerToken.generate()
         lease = lease or ExecutionLease()
@@ -407,11 +405,9 @@ class Partitions(Capability):
             return decode_claimed_partition(row, parent.id), decode_step_execution(row)
 
         if ending is not None:
+            ended = end | {"only_if_lost": False}
             return self._uow.commit_statement(
-                q.end_step_partition.prepared,
-                end | {"only_if_lost": False},
-                decode,
-                then=(claim, params),
+                q.end_step_partition.prepared, ended, decode, then=(claim, params)
             )
         with self._operation() as (_, conn):
             return decode(claim.one(conn, **params))
