@@ -594,7 +594,7 @@ def test_corrupt_row_fails_closed(
     admin: psycopg.Connection[Any],
 ) -> None:
     execution = launch(repository, clock)
-    admin.execute("ALTER TABLE pybatch.job_execution DROP CONSTRAINT job_execution_status_valid")
+    admin.execute("ALTER TABLE pybatch.job_execution DISABLE TRIGGER job_execution_rules")
     admin.execute(
         "UPDATE pybatch.job_execution SET status = 'started' WHERE id = %s", (execution.id,)
     )

@@ -98,10 +98,18 @@ def test_an_isolated_family_upgraded_under_a_live_run_claims_with_its_host_and_i
         1,
         6,
     )
-    assert owner.execute(
-        "SELECT count(*) FROM pg_constraint WHERE conname LIKE 'job_execution_owner_host_%'"
-        " AND convalidated"
-    ).fetchone() == (2,)
+    # The owner host's two rules hold for every row (0013 validated them; since 0021 the rule
+    # trigger of job_execution checks them).
+    for assignment, rule in (
+        ("owner_host = 'no port'", "job_execution_owner_host_format"),
+        ("owner_token = NULL, lease_expires_at = NULL", "job_execution_owner_host_has_owner"),
+    ):
+        with pytest.raises(psycopg.errors.CheckViolation) as refused:
+            owner.execute(
+                f"UPDATE pybatch.job_execution SET {assignment} WHERE id = %s", (found[0].id,)
+            )
+        assert refused.value.diag.constraint_name == rule
+        owner.rollback()
     assert owner.execute(
         "SELECT indisvalid FROM pg_index"
         " WHERE indexrelid = 'pybatch.job_instance_parameter_values'::regclass"
