@@ -1,8 +1,9 @@
-"""A partitioned step that an older package started, live across a migration.
+"""A run or a partitioned step that an older package started, live across a migration.
 
-Upgrade tests of the partition schema share the scenario: install the migrations before the
-one under test, start a plan with an older package (one partition claimed, the rest not), run
-the migration, then let the current package end the claimed partition and work off the rest.
+Upgrade tests share two scenarios: a job of the older package whose step migrates between two
+chunks (`run_across_upgrade`); and a plan that an older package started (one partition
+claimed, the rest not), the migration, then the current package ending the claimed partition
+and working off the rest.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pybatch._job_repository as repository_module
 from pybatch import ConnectionConfig, JobRepository
 from pybatch import _migrator as migrator
 from pybatch import _partitioned as partitioned
-from pybatch.etl import ETL_STATE_SCHEMA, Job, JobRun
+from pybatch.etl import ETL_STATE_SCHEMA, Job, JobRun, StepRun
 from pybatch.values.flow import StartLimit
 from pybatch.values.ownership import ExecutionLease
 from pybatch.values.records import StepExecution
@@ -90,3 +91,25 @@ def work_off(config: ConnectionConfig, plan: LivePlan) -> tuple[list[str], Batch
 def migrate_to(config: ConnectionConfig, version: int) -> None:
     """Run the migrator (with the older package's plan live); the first one applied is `version`."""
     assert migrator.migrate(config)[0].version == version
+
+
+def run_across_upgrade(
+    config: ConnectionConfig, version: int, monkeypatch: pytest.MonkeyPatch
+) -> list[int]:
+    """Run a job of the package before `version` whose step migrates between two chunks.
+
+    Returns the versions the migrator applied while the run was live.
+    """
+    applied: list[int] = []
+
+    def work(step: StepRun) -> None:
+        with step.chunk() as chunk:
+            chunk.commit(read=1, written=1, checkpoint={"offset": 1})
+        applied.extend(m.version for m in migrator.migrate(config))  # while the run is live
+        with step.chunk() as chunk:
+            chunk.commit(read=1, written=1, checkpoint={"offset": 2})
+
+    with older_package(config, version - 1, monkeypatch) as old:
+        with Job(old, "live", {}).launch() as live:
+            live.step("load", work)
+    return applied

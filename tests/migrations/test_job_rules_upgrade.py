@@ -13,13 +13,11 @@ from typing import Any
 import psycopg
 import pytest
 
-import pybatch._job_repository as repository_module
 from pybatch import JobRepository
 from pybatch import _migrator as migrator
-from pybatch.etl import Job, StepRun
+from pybatch.etl import Job
 from tests.conftest import plaintext_config
-from tests.migrations.live_plan import migration_named
-from tests.migrations.test_lease_upgrade import install_up_to
+from tests.migrations.live_plan import migration_named, run_across_upgrade
 
 JOB_RULES = migration_named("job_execution_rules_on_write")
 
@@ -65,21 +63,7 @@ def test_a_run_live_across_the_upgrade_completes_and_every_rule_still_refuses(
     blank_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = plaintext_config(blank_database)
-    install_up_to(blank_database, JOB_RULES - 1)
-    applied: list[int] = []
-
-    def work(step: StepRun) -> None:
-        with step.chunk() as chunk:
-            chunk.commit(read=1, written=1, checkpoint={"offset": 1})
-        applied.extend(m.version for m in migrator.migrate(config))  # while the run is live
-        with step.chunk() as chunk:
-            chunk.commit(read=1, written=1, checkpoint={"offset": 2})
-
-    with monkeypatch.context() as old_package:
-        old_package.setattr(repository_module, "supported_schema_version", lambda: JOB_RULES - 1)
-        old = JobRepository.connect(config)
-    with old, Job(old, "live", {}).launch() as live:
-        live.step("load", work)
+    applied = run_across_upgrade(config, JOB_RULES, monkeypatch)
     with JobRepository.connect(config) as repository, Job(repository, "next", {}).launch() as run:
         run.step("load", lambda step: None)
     assert applied == list(range(JOB_RULES, migrator.supported_schema_version() + 1))

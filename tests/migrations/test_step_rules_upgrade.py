@@ -13,12 +13,11 @@ from typing import Any
 import psycopg
 import pytest
 
-import pybatch._job_repository as repository_module
 from pybatch import JobRepository
 from pybatch import _migrator as migrator
 from pybatch.etl import Job, StepRun
 from tests.conftest import plaintext_config
-from tests.migrations.test_lease_upgrade import install_up_to
+from tests.migrations.live_plan import run_across_upgrade
 
 #: The migration that moves the rules onto triggers (the next one validates its new CHECK),
 #: looked up by name: its number follows the others'.
@@ -48,21 +47,7 @@ def test_a_job_live_across_the_upgrade_commits_and_every_rule_still_refuses(
     blank_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = plaintext_config(blank_database)
-    install_up_to(blank_database, RULES - 1)
-    applied: list[int] = []
-
-    def work(step: StepRun) -> None:
-        with step.chunk() as chunk:
-            chunk.commit(read=1, written=1, checkpoint={"offset": 1})
-        applied.extend(m.version for m in migrator.migrate(config))  # while the run is live
-        with step.chunk() as chunk:
-            chunk.commit(read=1, written=1, checkpoint={"offset": 2})
-
-    with monkeypatch.context() as old_package:
-        old_package.setattr(repository_module, "supported_schema_version", lambda: RULES - 1)
-        old = JobRepository.connect(config)
-    with old, Job(old, "live", {}).launch() as live:
-        live.step("load", work)
+    applied = run_across_upgrade(config, RULES, monkeypatch)
 
     def more(step: StepRun) -> None:
         for offset in (3, 4):
