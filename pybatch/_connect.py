@@ -94,10 +94,7 @@ def connect_or_raise(kwargs: Mapping[str, Any], *, autocommit: bool) -> psycopg.
 
 
 def probe_connection(config: ConnectionConfig, ca_file: CaFile) -> PyBatchError | None:
-    """Open and close one connection: raise a permanent refusal now, return a transient one.
-
-    The pool retries a transient refusal until the acquire timeout; None if it connected.
-    """
+    """Connect once: raise a permanent refusal, return a transient one (None: it connected)."""
     try:
         connect_or_raise(config.connection_kwargs(ca_file=ca_file.path), autocommit=True).close()
     except PyBatchError as error:
@@ -117,11 +114,19 @@ def watch_for_termination(conn: psycopg.Connection[Any]) -> None:
     ref = weakref.ref(conn)
 
     def on_notice(diagnostic: psycopg.errors.Diagnostic) -> None:
-        if diagnostic.severity_nonlocalized in ("FATAL", "PANIC"):
-            if (watched := ref()) is not None:
-                _ENDED.add(watched)
+        if diagnostic.severity_nonlocalized in ("FATAL", "PANIC") and (watched := ref()):
+            _ENDED.add(watched)
 
     conn.add_notice_handler(on_notice)
+
+
+def _readable(fd: int) -> bool:
+    """Whether input waits on `fd`: poll takes any descriptor, select none from 1024 on."""
+    if not hasattr(select, "poll"):
+        return bool(select.select([fd], [], [], 0)[0])
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def check_idle_connection(conn: psycopg.Connection[Any]) -> None:
@@ -131,23 +136,17 @@ def check_idle_connection(conn: psycopg.Connection[Any]) -> None:
     end of file; the input is consumed and EOF, a broken connection or a FATAL recorded by
     `watch_for_termination` (EOF may still be on the way) is refused. TLS tickets are harmless.
     """
-    failure: str | None = None
-    if conn.closed or conn.broken:
-        failure = "the connection is closed"
-    else:
+    if not (conn.closed or conn.broken):
         pgconn = conn.pgconn
-        try:
-            if not select.select([pgconn.socket], [], [], 0)[0]:
+        with contextlib.suppress(psycopg.Error, OSError):
+            if not _readable(pgconn.socket):
                 return  # nothing arrived while idle (the common case): a FATAL is parsed only here
             for _ in range(2):  # the FATAL and the end of file may arrive in two reads
                 pgconn.consume_input()
                 pgconn.is_busy()  # parses what arrived: a FATAL goes to the notice handler
-                if not select.select([pgconn.socket], [], [], 0)[0]:
+                if not _readable(pgconn.socket):
                     break
-            if pgconn.status != psycopg.pq.ConnStatus.OK or conn in _ENDED:
-                failure = "the server ended the connection"
-        except (psycopg.Error, OSError):
-            failure = "the server ended the connection"
-    if failure is not None:
-        conn.close()
-        raise psycopg.OperationalError(failure)
+            if pgconn.status == psycopg.pq.ConnStatus.OK and conn not in _ENDED:
+                return
+    conn.close()
+    raise psycopg.OperationalError("the server ended the connection")

@@ -110,9 +110,9 @@ class _Keeper:
             except self.lost_error as lost:
                 logger.error("pybatch: %s", lost)
                 return
-            except PyBatchError as error:
-                # A dropped or killed connection, a lock timeout: try again soon, well
-                # before the lease (three intervals) runs out.
+            except Exception as error:
+                # A dropped or killed connection, a lock timeout, anything unforeseen: try
+                # again soon, well before the lease (three intervals) runs out.
                 logger.warning(
                     "pybatch: could not renew the lease of %s (%s); retrying",
                     self._description,

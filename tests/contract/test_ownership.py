@@ -209,6 +209,37 @@ def test_a_stale_owner_gets_a_typed_error_and_touches_nothing(
     assert (decision["job_execution_id"], decision["reason_code"]) == (first.id, "OWNER_LOST")
 
 
+def test_a_renewal_that_fails_in_an_unforeseen_way_is_retried_and_the_run_keeps_its_lease(
+    repository: JobRepository, admin: psycopg.Connection[Any]
+) -> None:
+    """Whatever a renewal raises, short of the lost ownership, the keeper's thread lives on."""
+    run = Job(repository, "load_orders", DAY, lease=SHORT_LEASE).launch()
+    keeper = run._keeper
+    assert keeper is not None
+    keeper.halt()
+    flaky = LeaseKeeper(repository, run.execution.id, keeper.owner, keeper.lease)
+    renew, failures = flaky._renew_once, [RuntimeError("unforeseen")] * 3
+
+    def renew_once() -> None:
+        if failures:
+            raise failures.pop()
+        renew()
+
+    flaky._renew_once = renew_once  # type: ignore[method-assign]
+    run._keeper = flaky
+    flaky.start()
+    time.sleep(SHORT_LEASE.total_seconds() * 3)  # three leases: renewed only after the failures
+    assert failures == [] and not flaky.lost
+    assert admin.execute(
+        "SELECT lease_expires_at > clock_timestamp() FROM pybatch.job_execution WHERE id = %s",
+        (run.execution.id,),
+    ).fetchone() == (True,)
+    with run:
+        pass
+    [execution] = executions(repository, run)
+    assert execution.status is S.COMPLETED
+
+
 def test_the_lease_keeper_reports_a_lost_ownership_at_the_next_boundary(
     repository: JobRepository, admin: psycopg.Connection[Any], orders: None
 ) -> None:
