@@ -30,6 +30,8 @@ from pybatch.errors import (
     PartitionWorkerStale,
     StaleVersion,
 )
+from pybatch.values.chunks import CommittedStepState
+from pybatch.values.fault import FaultStateEnvelope
 from pybatch.values.flow import StartLimit
 from pybatch.values.ids import FailureId
 from pybatch.values.lifecycle import LifecycleTransition
@@ -47,9 +49,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("pybatch.partitioned")
 
-#: Runs one claimed partition with its worker step and the keeper of its lease (the ETL
-#: API's PartitionRun wraps them; the keeper tells it when the ownership is lost).
-Runner = Callable[[StepExecution, StepPartition, PartitionLeaseKeeper], None]
+#: Runs one claimed partition with its worker step, the keeper of its lease (the ETL API's
+#: PartitionRun wraps them; the keeper tells it when the ownership is lost) and the worker's
+#: committed state when the claim knows it (None: the first chunk reads it).
+Runner = Callable[
+    [StepExecution, StepPartition, PartitionLeaseKeeper, CommittedStepState | None], None
+]
 #: Builds a process's Runner from that process's own repository.
 RunnerFactory = Callable[[JobRepository], Runner]
 Partitions = Mapping[str, Mapping[str, Any]] | Iterable[str]
@@ -87,10 +92,25 @@ def recover_lost_workers(repository: JobRepository, parent_id: int) -> int:
     return recovered
 
 
-#: A claimed partition, its worker step and the claim's owner token.
-Claimed = tuple[StepPartition, StepExecution, OwnerToken]
+#: A claimed partition, its worker step, the claim's owner token, and the worker's committed
+#: state when the claim created it fresh (its first chunk then reads nothing).
+Claimed = tuple[StepPartition, StepExecution, OwnerToken, CommittedStepState | None]
 #: A worker's parent, its lease, and whether it claims with `Partitions.claim(fresh=True)`.
 ClaimFrom = tuple[StepExecution, ExecutionLease, bool]
+
+
+def fresh_worker_state(worker: StepExecution) -> CommittedStepState:
+    """A worker's state as claim_fresh_step_partition wrote it: its row, the empty fault state."""
+    return CommittedStepState(
+        step_execution_id=worker.id,
+        job_execution_id=worker.job_execution_id,
+        status=worker.metadata.status,
+        version=worker.version,
+        counts=worker.metadata.counts,
+        checkpoint=worker.checkpoint,
+        context=worker.context,
+        fault_state=FaultStateEnvelope.EMPTY,
+    )
 
 
 def _claim_in(uow: UnitOfWork, plan: ClaimFrom, ending: Ending | None = None) -> Claimed | None:
@@ -98,7 +118,10 @@ def _claim_in(uow: UnitOfWork, plan: ClaimFrom, ending: Ending | None = None) ->
     parent, lease, fresh = plan
     owner = OwnerToken.generate()
     claimed = uow.partitions.claim(parent, owner, lease, fresh=fresh, ending=ending)
-    return None if claimed is None else (*claimed, owner)
+    if claimed is None:
+        return None
+    partition, worker = claimed
+    return partition, worker, owner, fresh_worker_state(worker) if fresh else None
 
 
 def _end_worker(
@@ -157,15 +180,15 @@ def work_on_plan(
                 logger.error("pybatch: %s (partition key %s)", lost, key)
                 claim = None
             ran += 1
-        if claim_from[2]:  # no first attempt's partition is left: claim any other from now on
+        fresh_ran_out = claim_from[2]
+        if fresh_ran_out:  # no first attempt's partition is left: claim any other from now on
             claim_from = (parent, worker_lease, False)
-            continue
         with repository.begin() as uow:
             current = uow.steps.get(parent.id)
             still_open = uow.partitions.count_open(parent.id)
         if current is None or current.status is not BatchStatus.STARTED or not still_open:
-            return ran
-        if not recover_lost_workers(repository, parent.id):
+            return ran  # (a plan worked off by fresh claims needs no full claim to learn it)
+        if not fresh_ran_out and not recover_lost_workers(repository, parent.id):
             time.sleep(poll_seconds)
 
 
@@ -180,12 +203,12 @@ def _run_partition(
 
     The end is alone if `between_partitions` raises; PartitionOwnershipLost touches nothing.
     """
-    partition, worker, owner = claimed
+    partition, worker, owner, state = claimed
     keeper = PartitionLeaseKeeper(repository, partition.id, worker.id, owner, claim_from[1])
     keeper.start()
     try:
         try:
-            runner(worker, partition, keeper)
+            runner(worker, partition, keeper, state)
         except PartitionOwnershipLost:
             raise
         except Exception:

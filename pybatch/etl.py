@@ -669,10 +669,13 @@ class PartitionRun(StepRun):
         worker: StepExecution,
         partition: StepPartition,
         keeper: PartitionLeaseKeeper,
+        state: CommittedStepState | None = None,
     ) -> None:
         # A partition's chunks prove ownership through it: this worker's claim token, its id.
         context = ChunkContext(worker.id, worker.job_execution_id, keeper.owner, partition.id)
         super().__init__(run, worker, context=context)
+        if state is not None:  # the claim's own row: the first chunk starts from it
+            self._session.progress = StepProgress.of(state)
         self.partition = partition
         self._lease_keeper = keeper
 
@@ -1232,9 +1235,14 @@ def _runners(
     """How a worker process (local or joined) turns a claimed partition into `work(...)`."""
 
     def runner(
-        run: JobRun, worker: StepExecution, partition: StepPartition, keeper: PartitionLeaseKeeper
+        run: JobRun,
+        worker: StepExecution,
+        partition: StepPartition,
+        keeper: PartitionLeaseKeeper,
+        state: CommittedStepState | None,
     ) -> None:
-        with contextlib.closing(PartitionRun(run, worker, partition, keeper)) as partition_run:
+        claimed = PartitionRun(run, worker, partition, keeper, state)
+        with contextlib.closing(claimed) as partition_run:
             work(partition_run)
 
     # A worker's run owns no lease: its partitions' keepers fence its chunks.

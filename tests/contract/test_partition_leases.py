@@ -160,7 +160,7 @@ def test_a_role_without_grants_cannot_block_recovery_of_a_dead_workers_partition
         lambda uow: partitioned._claim_in(uow, (parent, LEASE, False))
     )
     assert claimed is not None
-    partition, dead, token = claimed
+    partition, dead, token, _ = claimed
     worker_run = JobRun(repository, run.instance, run.execution, None)
 
     def die(partition_run: PartitionRun, offset: int) -> None:

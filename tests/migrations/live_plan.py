@@ -73,7 +73,7 @@ def work_off(config: ConnectionConfig, plan: LivePlan) -> tuple[list[str], Batch
         ended: list[str] = []
         claimed = plan.claimed
         while claimed is not None:
-            partition, worker, _ = claimed
+            partition, worker, *_ = claimed
             ended.append(partition.key.value)
             claimed = partitioned._end_worker(
                 repository,

@@ -108,7 +108,7 @@ def claim_and_end_in_process(
                 lambda uow: partitioned._claim_in(uow, (parent, lease, fresh))
             )
         ) is not None:
-            partition, worker, _ = claimed
+            partition, worker, *_ = claimed
             partitioned._end_worker(repository, partition, worker.id, S.COMPLETED)
             keys.append(partition.key.value)
         return keys
