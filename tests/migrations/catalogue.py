@@ -16,6 +16,7 @@ Format, one fact per line, domains first, then grouped per table (both in name o
       index <name> <pg_get_indexdef>
       trigger <name> <pg_get_triggerdef>
     function <name>(<arguments>) returns <result> security <definer|invoker> body md5 <md5>
+      [set <setting>=<value>; ...] (the settings the function runs with, in catalog order)
 
 Columns are in their ordinal position; constraints and indexes are sorted by name. NOT NULL
 constraints (catalogued in ``pg_constraint`` from PostgreSQL 18 on) are left out, because the
@@ -147,7 +148,8 @@ SELECT
     pg_catalog.pg_get_function_identity_arguments(p.oid) AS arguments,
     pg_catalog.pg_get_function_result(p.oid) AS result,
     p.prosecdef,
-    pg_catalog.md5(p.prosrc) AS body_md5
+    pg_catalog.md5(p.prosrc) AS body_md5,
+    pg_catalog.ARRAY_TO_STRING(p.proconfig, '; ') AS settings
 FROM pg_catalog.pg_proc AS p
 INNER JOIN pg_catalog.pg_namespace AS n ON p.pronamespace = n.oid
 WHERE n.nspname = %(schema)s
@@ -204,7 +206,8 @@ def describe_catalogue(conn: psycopg.Connection, schema: str = SCHEMA) -> str:
         functions = [
             f"function {name}({arguments}) returns {result}"
             f" {'security definer' if definer else 'security invoker'} body md5 {body}"
-            for name, arguments, result, definer, body in cur.execute(
+            + (f" set {settings}" if settings else "")
+            for name, arguments, result, definer, body, settings in cur.execute(
                 _FUNCTIONS_SQL, params
             ).fetchall()
         ]
