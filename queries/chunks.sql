@@ -1,7 +1,8 @@
 -- :name get_step_chunk_state :one
 -- :doc The committed chunk state of a step (counters, checkpoint, context, fault state): the first
--- chunk of a step in a process opens with it (prepared), and load_committed_state reads it in a
--- read-only transaction. The row is not locked: the commit is a compare-and-swap.
+-- chunk of a step in a process opens with it (prepared; not after a fresh partition claim, whose
+-- returned row and bound empty fault state are that state), and load_committed_state reads it in
+-- a read-only transaction. The row is not locked: the commit is a compare-and-swap.
 SELECT
     s.id,
     s.job_execution_id,
