@@ -146,12 +146,16 @@ INSERT INTO pybatch.step_execution (
     created_at, started_at, ended_at, updated_at, version
 )
 SELECT
-    e.id, %(step_name)s, %(step_name)s, 'COMPLETED', 'COMPLETED',
+    e.id, n.name, n.name, 'COMPLETED', 'COMPLETED',
     1, 'oxide_batch.empty.v1', 1, '{}'::jsonb,
     1, 'oxide_batch.empty.v1', 1, '{}'::jsonb,
     e.created_at + interval '2 seconds', e.created_at + interval '3 seconds',
     e.created_at + interval '29 seconds', e.created_at + interval '29 seconds', 2
 FROM execution AS e
+CROSS JOIN LATERAL (
+    VALUES (%(step_name)s), (CASE WHEN %(many_names)s THEN %(step_name)s || '.' || e.id END)
+) AS n (name)
+WHERE n.name IS NOT NULL
 """
 
 
@@ -348,8 +352,13 @@ def config_for(dsn: str) -> ConnectionConfig:
     return ConnectionConfig(dsn=dsn, tls_mode=TlsMode.PLAINTEXT, pool_size=1)
 
 
-def load_history(dsn: str, history: int) -> float:
-    """Insert `history` completed executions of JOB in one statement; returns seconds."""
+def load_history(dsn: str, history: int, *, many_names: bool = False) -> float:
+    """Insert `history` completed executions of JOB in one statement; returns seconds.
+
+    With `many_names` each execution also ran a step of a name of its own (as when a step's
+    name carries a date or a tenant): the statistics then see a name shared by all executions
+    among as many others, and a plan for any name expects a few rows of it.
+    """
     began = time.monotonic()
     with admin_connect(dsn, autocommit=False) as conn:
         cursor = conn.execute(
@@ -360,10 +369,12 @@ def load_history(dsn: str, history: int) -> float:
                 "step_name": STEP.value,
                 "origin": dt.datetime.now(dt.UTC) - dt.timedelta(days=400),
                 "history": history,
+                "many_names": many_names,
             },
         )
-        if cursor.rowcount != history:
-            raise RuntimeError(f"loaded {cursor.rowcount} steps, expected {history}")
+        steps = history * (2 if many_names else 1)
+        if cursor.rowcount != steps:
+            raise RuntimeError(f"loaded {cursor.rowcount} steps, expected {steps}")
         conn.commit()
     return time.monotonic() - began
 
@@ -372,7 +383,7 @@ def validate_history(dsn: str, history: int) -> None:
     """Read loaded rows back through pybatch: digests, JSON and states must all decode.
 
     A loaded instance must be Existing (its instance_key is the real digest), its one
-    attempt and step must decode as COMPLETED, and a new launch of it must be refused
+    attempt and its steps must decode as COMPLETED, and a new launch of it must be refused
     with CompletedInstance, exactly as for an instance pybatch wrote itself.
     """
     key = JobInstanceKey(JOB, JobParameters.of({"run": max(1, history // 2)}))
@@ -382,9 +393,9 @@ def validate_history(dsn: str, history: int) -> None:
             raise RuntimeError("a loaded instance_key differs from pybatch's digest")
         executions = uow.executions.of_instance(selection.instance.id)
         steps = uow.steps.of_execution(executions[0].id)
-        if [e.status for e in executions] != [BatchStatus.COMPLETED] or [
+        if [e.status for e in executions] != [BatchStatus.COMPLETED] or {
             s.status for s in steps
-        ] != [BatchStatus.COMPLETED]:
+        } != {BatchStatus.COMPLETED}:
             raise RuntimeError("a loaded instance does not read back as one COMPLETED attempt")
         try:
             uow.executions.create(selection.instance.id)
@@ -1140,6 +1151,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="run the measured cycles as a job family role with isolation enabled"
         " (docs/dba.md, row-level security); compare with a run without it",
     )
+    parser.add_argument(
+        "--many-step-names",
+        action="store_true",
+        help="each loaded execution also ran a step of a name of its own (a date or tenant in"
+        " the name): the measured step's name is then one of many in the statistics",
+    )
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="JSON results file")
     parser.add_argument(
         "--pooler",
@@ -1187,7 +1204,9 @@ def progress(message: str) -> None:
     print(f"[bench.launch] {message}", file=sys.stderr, flush=True)
 
 
-def prepare_phase(phase: Phase, history: int, *, isolation: bool = False) -> float:
+def prepare_phase(
+    phase: Phase, history: int, *, isolation: bool = False, many_names: bool = False
+) -> float:
     """Migrate, prime, load (history phase), VACUUM ANALYZE; returns the load seconds.
 
     With `isolation`, docs/dba.md's isolation is enabled and the measured cycles run as a
@@ -1207,7 +1226,7 @@ def prepare_phase(phase: Phase, history: int, *, isolation: bool = False) -> flo
     seconds = 0.0
     if history:
         progress(f"loading {history:,} executions into the {phase.name} database")
-        seconds = load_history(phase.dsn, history)
+        seconds = load_history(phase.dsn, history, many_names=many_names)
         validate_history(phase.dsn, history)
     vacuum_analyze(phase.dsn)
     return seconds
@@ -1230,9 +1249,10 @@ def measure(
         phases = (empty, history)
         prepare_phase(empty, 0, isolation=args.isolation)
         machine["history_load_seconds"] = prepare_phase(
-            history, args.history, isolation=args.isolation
+            history, args.history, isolation=args.isolation, many_names=args.many_step_names
         )
         machine["isolation"] = args.isolation
+        machine["many_step_names"] = args.many_step_names
         inspect = enable_walinspect(history.dsn)
         machine["checkpoint_before_measuring"] = checkpoint(server_dsn)
         wal = repositories.enter_context(admin_connect(server_dsn))

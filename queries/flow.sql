@@ -1,12 +1,21 @@
 -- :name find_latest_flow_step_execution :scalar
--- :doc The newest step of a node in an instance (attempt, then step id, descending): the source
--- whose durable state a flow step copies.
+-- :doc The newest step of a node in an instance (by attempt): the source whose durable state a
+-- flow step copies. The instance's attempts, newest first (job_execution_attempt_unique), each
+-- probed for the node's step (step_execution_logical_id_unique: at most one per execution): a
+-- LATERAL subquery with LIMIT is never joined with every step of the node's name in the table,
+-- which a generic plan, blind to how many steps share a name, may choose.
 SELECT s.id
 FROM pybatch.job_execution AS e
-INNER JOIN pybatch.step_execution AS s
-    ON e.id = s.job_execution_id AND s.step_logical_id = :node_id
+CROSS JOIN
+    LATERAL (
+        SELECT node_step.id
+        FROM pybatch.step_execution AS node_step
+        WHERE node_step.job_execution_id = e.id AND node_step.step_logical_id = :node_id
+        ORDER BY node_step.id DESC
+        LIMIT 1
+    ) AS s
 WHERE e.job_instance_id = :job_instance_id
-ORDER BY e.attempt DESC, s.id DESC
+ORDER BY e.attempt DESC
 LIMIT 1;
 
 -- :name get_job_execution_flow_plan :one

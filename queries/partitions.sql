@@ -332,10 +332,18 @@ resume_source AS (
     INNER JOIN pybatch.job_execution AS this_job ON picked.job_execution_id = this_job.id
     INNER JOIN pybatch.job_execution AS attempt_job
         ON this_job.job_instance_id = attempt_job.job_instance_id
-    INNER JOIN pybatch.step_execution AS earlier_parent
-        ON
-            attempt_job.id = earlier_parent.job_execution_id
-            AND earlier_parent.step_logical_id = :node_id
+    -- Each attempt probed for the node's step (at most one per execution), never a join with
+    -- every step of the node's name in the table (see find_latest_flow_step_execution).
+    CROSS JOIN
+        LATERAL (
+            SELECT node_step.id
+            FROM pybatch.step_execution AS node_step
+            WHERE
+                node_step.job_execution_id = attempt_job.id
+                AND node_step.step_logical_id = :node_id
+            ORDER BY node_step.id DESC
+            LIMIT 1
+        ) AS earlier_parent
     INNER JOIN pybatch.step_partition AS earlier
         ON
             earlier_parent.id = earlier.step_execution_id
