@@ -1,13 +1,15 @@
 """A run or a partitioned step that an older package started, live across a migration.
 
-Upgrade tests share two scenarios: a job of the older package whose step migrates between two
-chunks (`run_across_upgrade`); and a plan that an older package started (one partition
-claimed, the rest not), the migration, then the current package ending the claimed partition
-and working off the rest.
+Upgrade tests share three scenarios: a job of the older package whose step migrates between
+two chunks (`run_across_upgrade`); a run of the older package that dies after a chunk, for
+the upgraded package to recover and resume (`die_after_a_chunk`); and a plan that an older
+package started (one partition claimed, the rest not), the migration, then the current
+package ending the claimed partition and working off the rest.
 """
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass
 
 import pytest
@@ -18,6 +20,7 @@ from pybatch import _migrator as migrator
 from pybatch import _partitioned as partitioned
 from pybatch.etl import ETL_STATE_SCHEMA, Job, JobRun, StepRun
 from pybatch.values.flow import StartLimit
+from pybatch.values.names import NodeId, StepName
 from pybatch.values.ownership import ExecutionLease
 from pybatch.values.records import StepExecution
 from pybatch.values.status import BatchStatus
@@ -37,6 +40,31 @@ def older_package(
     with monkeypatch.context() as old_package:
         old_package.setattr(repository_module, "supported_schema_version", lambda: schema_version)
         return JobRepository.connect(config)
+
+
+def die_after_a_chunk(old: JobRepository, job_name: str) -> JobRun:
+    """Launch `job_name` (1 s lease), commit one chunk of its step `load`, and die there.
+
+    Nothing renews or ends the run afterwards: a relaunch recovers it once its lease ran out
+    and resumes the step from that chunk's checkpoint ({"offset": 1}).
+    """
+    dead = Job(old, job_name, {}, lease=datetime.timedelta(seconds=1)).launch()
+    skipped, step = old.run_in_unit_of_work(
+        lambda uow: uow.flow.start_step(
+            dead.execution.id,
+            dead._owned(),
+            StepName("load"),
+            NodeId("load"),
+            StartLimit.unrestricted(),
+        )
+    )
+    assert not skipped
+    dying = StepRun(dead, step)
+    with dying.chunk() as chunk:
+        chunk.commit(read=1, written=1, checkpoint={"offset": 1})
+    dying.close()
+    dead._stop_renewing()  # its process is gone: nothing renews or ends it
+    return dead
 
 
 @dataclass

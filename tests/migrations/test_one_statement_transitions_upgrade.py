@@ -17,10 +17,9 @@ import pytest
 from pybatch import JobRepository
 from pybatch import _migrator as migrator
 from pybatch.etl import Job, StepRun
-from pybatch.values.flow import StartLimit
-from pybatch.values.names import NodeId, StepName
 from pybatch.values.status import BatchStatus
 from tests.conftest import plaintext_config
+from tests.migrations.live_plan import die_after_a_chunk
 from tests.migrations.older_package import TRANSITIONS, older_package
 from tests.migrations.test_lease_upgrade import install_up_to
 
@@ -41,22 +40,7 @@ def test_runs_of_the_older_package_finish_or_resume_across_the_upgrade(
 
     with older_package(monkeypatch, TRANSITIONS - 1):
         with JobRepository.connect(config) as old:
-            dead = Job(old, "dead", {}, lease=datetime.timedelta(seconds=1)).launch()
-            skipped, step = old.run_in_unit_of_work(
-                lambda uow: uow.flow.start_step(
-                    dead.execution.id,
-                    dead._owned(),
-                    StepName("load"),
-                    NodeId("load"),
-                    StartLimit.unrestricted(),
-                )
-            )
-            assert not skipped
-            dying = StepRun(dead, step)
-            with dying.chunk() as chunk:
-                chunk.commit(read=1, written=1, checkpoint={"offset": 1})
-            dying.close()
-            dead._stop_renewing()  # its process is gone: nothing renews or ends it
+            dead = die_after_a_chunk(old, "dead")
             with Job(old, "live", {}).launch() as live:
                 live.step("load", upgrade_midway)
     assert applied == list(range(TRANSITIONS, migrator.supported_schema_version() + 1))
