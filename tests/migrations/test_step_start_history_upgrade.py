@@ -4,7 +4,8 @@ A run of the older package goes on while the migration replaces start_step_execu
 starts its next step through the new function and completes, and an instance that failed
 before the upgrade restarts after it from its failed step's checkpoint, within its start
 limit. On a history where a step name is shared by thousands of executions among thousands
-of other names, a step start then reads the node's steps of its own instance only.
+of other names, a step start then reads the node's steps of its own instance only, and so
+does find_latest_flow_step_execution (a partitioned step's start) on its generic plan.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from pybatch import JobRepository
+from pybatch import ConnectionConfig, JobRepository
 from pybatch import _migrator as migrator
+from pybatch._statements import load_statements
 from pybatch.errors import StartLimitExceeded
 from pybatch.etl import Job, StepRun
 from tests.conftest import plaintext_config
@@ -122,26 +124,9 @@ def test_runs_of_the_older_package_go_on_and_restart_across_the_upgrade(
 def test_a_step_start_reads_only_its_instances_steps_whatever_the_history_of_its_name(
     blank_database: str,
 ) -> None:
-    config = plaintext_config(blank_database)
-    migrator.migrate(config)
-    with JobRepository.connect(config) as repository:
-        with Job(repository, "skewed", {"run": 0}).launch() as registered:
-            registered.step("load", lambda step: None)
+    with JobRepository.connect(load_history(blank_database)) as repository:
         logged: list[str] = []
         with psycopg.connect(blank_database) as admin:
-            definition = admin.execute(
-                "SELECT definition_id FROM pybatch.job_execution WHERE id = %s",
-                (registered.execution.id,),
-            ).fetchone()
-            assert definition is not None
-            loaded = admin.execute(
-                _HISTORY_SQL, {"history": HISTORY, "definition_id": definition[0]}
-            )
-            assert loaded.rowcount == 2 * HISTORY
-            admin.commit()
-            admin.autocommit = True
-            admin.execute("ANALYZE pybatch.job_execution, pybatch.step_execution")
-            admin.autocommit = False
             with Job(repository, "skewed", {"run": -1}).launch() as live:
                 execution_id = live.execution.id
                 admin.execute("LOAD 'auto_explain'")
@@ -164,6 +149,66 @@ def test_a_step_start_reads_only_its_instances_steps_whatever_the_history_of_its
     assert len(plans) == 3, logged
     rows_read = [int(rows) for plan in plans for rows in _STEP_SCAN.findall(plan)]
     assert rows_read and max(rows_read) <= 1, plans
+
+
+def test_a_partitioned_steps_start_finds_its_nodes_newest_step_by_probing_its_instance(
+    blank_database: str,
+) -> None:
+    load_history(blank_database)
+    latest = load_statements().find_latest_flow_step_execution
+    with psycopg.connect(blank_database) as admin:
+        newest = admin.execute(
+            "SELECT e.job_instance_id FROM pybatch.step_execution AS s"
+            " INNER JOIN pybatch.job_execution AS e ON s.job_execution_id = e.id"
+            " WHERE s.step_logical_id = 'load' ORDER BY s.id DESC LIMIT 1"
+        ).fetchone()
+        assert newest is not None
+        values = {"job_instance_id": newest[0], "node_id": "load"}
+        types = ", ".join(
+            {"job_instance_id": "BIGINT", "node_id": "TEXT"}[n] for n in latest._order
+        )
+        admin.execute("SET plan_cache_mode = force_generic_plan")  # the plan psycopg comes to
+        admin.execute(f"PREPARE latest ({types}) AS ".encode() + latest._numbered)
+        placeholders = ", ".join(["%s"] * len(latest._order))
+        # Values bound by the client: EXECUTE's arguments cannot be parameters of the EXPLAIN.
+        explained = (
+            psycopg.ClientCursor(admin)
+            .execute(
+                f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE latest({placeholders})",
+                [values[name] for name in latest._order],
+            )
+            .fetchone()
+        )
+    assert explained is not None
+    plan = explained[0][0]["Plan"]
+    step_scans = [node for node in _nodes(plan) if node.get("Relation Name") == "step_execution"]
+    # The instance's one `load` step is found, and no scan read a step of another instance.
+    assert plan["Actual Rows"] == 1
+    assert step_scans and all(node["Actual Rows"] <= 1 for node in step_scans), plan
+
+
+def load_history(dsn: str) -> ConnectionConfig:
+    """Migrate, run job `skewed` once (registering it), load HISTORY runs of it, ANALYZE."""
+    config = plaintext_config(dsn)
+    migrator.migrate(config)
+    with JobRepository.connect(config) as repository:
+        with Job(repository, "skewed", {"run": 0}).launch() as registered:
+            registered.step("load", lambda step: None)
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        definition = admin.execute(
+            "SELECT definition_id FROM pybatch.job_execution WHERE id = %s",
+            (registered.execution.id,),
+        ).fetchone()
+        assert definition is not None
+        loaded = admin.execute(_HISTORY_SQL, {"history": HISTORY, "definition_id": definition[0]})
+        assert loaded.rowcount == 2 * HISTORY
+        admin.execute("ANALYZE pybatch.job_execution, pybatch.step_execution")
+    return config
+
+
+def _nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """A plan node and every node below it."""
+    return [node, *(below for child in node.get("Plans", []) for below in _nodes(child))]
 
 
 def _outcome(admin: psycopg.Connection[Any], execution_id: int, node: str) -> object:
