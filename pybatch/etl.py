@@ -1241,8 +1241,8 @@ def _runners(
         keeper: PartitionLeaseKeeper,
         state: CommittedStepState | None,
     ) -> None:
-        claimed = PartitionRun(run, worker, partition, keeper, state)
-        with contextlib.closing(claimed) as partition_run:
+        partition_run = PartitionRun(run, worker, partition, keeper, state)
+        with contextlib.closing(partition_run):
             work(partition_run)
 
     # A worker's run owns no lease: its partitions' keepers fence its chunks.

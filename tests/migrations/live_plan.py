@@ -1,16 +1,17 @@
 """A run or a partitioned step that an older package started, live across a migration.
 
 Upgrade tests share three scenarios: a job of the older package whose step migrates between
-two chunks (`run_across_upgrade`); a run of the older package that dies after a chunk, for
-the upgraded package to recover and resume (`die_after_a_chunk`); and a plan that an older
-package started (one partition claimed, the rest not), the migration, then the current
-package ending the claimed partition and working off the rest.
+two chunks (`run_across_upgrade`); the same beside a run of the older package that died after a
+chunk, which the upgraded package then recovers and resumes (`recover_across_upgrade`); and a
+plan that an older package started (one partition claimed, the rest not), the migration, then
+the current package ending the claimed partition and working off the rest.
 """
 
 from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
+from functools import partial
 
 import pytest
 
@@ -24,6 +25,7 @@ from pybatch.values.names import NodeId, StepName
 from pybatch.values.ownership import ExecutionLease
 from pybatch.values.records import StepExecution
 from pybatch.values.status import BatchStatus
+from tests.migrations.older_package import older_package as older_package_of
 from tests.migrations.test_lease_upgrade import install_up_to
 
 
@@ -129,15 +131,47 @@ def run_across_upgrade(
     Returns the versions the migrator applied while the run was live.
     """
     applied: list[int] = []
-
-    def work(step: StepRun) -> None:
-        with step.chunk() as chunk:
-            chunk.commit(read=1, written=1, checkpoint={"offset": 1})
-        applied.extend(m.version for m in migrator.migrate(config))  # while the run is live
-        with step.chunk() as chunk:
-            chunk.commit(read=1, written=1, checkpoint={"offset": 2})
-
     with older_package(config, version - 1, monkeypatch) as old:
         with Job(old, "live", {}).launch() as live:
-            live.step("load", work)
+            live.step("load", partial(_migrate_between_two_chunks, config, applied))
     return applied
+
+
+def _migrate_between_two_chunks(
+    config: ConnectionConfig, applied: list[int], step: StepRun
+) -> None:
+    """A step that commits a chunk, migrates the schema (noting what applied), then another."""
+    with step.chunk() as chunk:
+        chunk.commit(read=1, written=1, checkpoint={"offset": 1})
+    applied.extend(m.version for m in migrator.migrate(config))  # while the run is live
+    with step.chunk() as chunk:
+        chunk.commit(read=1, written=1, checkpoint={"offset": 2})
+
+
+@dataclass
+class RecoveredAcrossUpgrade:
+    """`recover_across_upgrade`'s runs: the dead one, the live one, the dead one's relaunch."""
+
+    dead: JobRun
+    live: JobRun
+    again: JobRun
+    applied: list[int]
+    resumed_from: list[object]
+
+
+def recover_across_upgrade(
+    config: ConnectionConfig, version: int, monkeypatch: pytest.MonkeyPatch
+) -> RecoveredAcrossUpgrade:
+    """Before `version` (installed up to it by the caller): job `dead` dies after a chunk of its
+    step `load`, and job `live` migrates the schema between two chunks of its step and completes.
+    The upgraded package then relaunches `dead`, recovering it, and reruns its step."""
+    applied: list[int] = []
+    with older_package_of(monkeypatch, version - 1), JobRepository.connect(config) as old:
+        dead = die_after_a_chunk(old, "dead")
+        with Job(old, "live", {}).launch() as live:
+            live.step("load", partial(_migrate_between_two_chunks, config, applied))
+    resumed_from: list[object] = []
+    with JobRepository.connect(config) as repository:
+        with Job(repository, "dead", {}, lease=datetime.timedelta(seconds=1)).launch() as again:
+            again.step("load", lambda step: resumed_from.append(step.checkpoint))
+    return RecoveredAcrossUpgrade(dead, live, again, applied, resumed_from)

@@ -9,49 +9,27 @@ recovers it (OWNER_LOST) and resumes its step from that chunk's checkpoint.
 
 from __future__ import annotations
 
-import datetime
-
 import psycopg
 import pytest
 
-from pybatch import JobRepository
 from pybatch import _migrator as migrator
-from pybatch.etl import Job, StepRun
 from pybatch.values.status import BatchStatus
 from tests.conftest import plaintext_config
-from tests.migrations.live_plan import die_after_a_chunk
-from tests.migrations.older_package import TRANSITIONS, older_package
+from tests.migrations.live_plan import recover_across_upgrade
+from tests.migrations.older_package import TRANSITIONS
 from tests.migrations.test_lease_upgrade import install_up_to
 
 
 def test_runs_of_the_older_package_finish_or_resume_across_the_upgrade(
     blank_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = plaintext_config(blank_database)
     install_up_to(blank_database, TRANSITIONS - 1)
-    applied: list[int] = []
-
-    def upgrade_midway(step: StepRun) -> None:
-        with step.chunk() as chunk:
-            chunk.commit(read=1, written=1, checkpoint={"offset": 1})
-        applied.extend(m.version for m in migrator.migrate(config))  # while the run is live
-        with step.chunk() as chunk:
-            chunk.commit(read=1, written=1, checkpoint={"offset": 2})
-
-    with older_package(monkeypatch, TRANSITIONS - 1):
-        with JobRepository.connect(config) as old:
-            dead = die_after_a_chunk(old, "dead")
-            with Job(old, "live", {}).launch() as live:
-                live.step("load", upgrade_midway)
-    assert applied == list(range(TRANSITIONS, migrator.supported_schema_version() + 1))
+    runs = recover_across_upgrade(plaintext_config(blank_database), TRANSITIONS, monkeypatch)
+    dead, live, again = runs.dead, runs.live, runs.again
+    assert runs.applied == list(range(TRANSITIONS, migrator.supported_schema_version() + 1))
     assert live.execution.status is BatchStatus.COMPLETED
-
-    resumed_from: list[object] = []
-    with JobRepository.connect(config) as repository:
-        with Job(repository, "dead", {}, lease=datetime.timedelta(seconds=1)).launch() as again:
-            again.step("load", lambda step: resumed_from.append(step.checkpoint))
-        assert again.attempt == 2 and again.execution.status is BatchStatus.COMPLETED
-    assert resumed_from == [{"offset": 1}]
+    assert again.attempt == 2 and again.execution.status is BatchStatus.COMPLETED
+    assert runs.resumed_from == [{"offset": 1}]
     with psycopg.connect(blank_database) as conn:
         decisions = conn.execute(
             "SELECT job_execution_id, reason_code FROM pybatch.recovery_decision"

@@ -25,6 +25,7 @@ from tests.conftest import plaintext_config
 from tests.migrations.live_plan import migration_named
 from tests.migrations.older_package import older_package
 from tests.migrations.test_lease_upgrade import install_up_to
+from tests.support.plans import log_nested_plans
 
 STEP_START_READS_ITS_INSTANCE = migration_named("step_start_reads_its_instance")
 HISTORY = 2_000
@@ -125,23 +126,15 @@ def test_a_step_start_reads_only_its_instances_steps_whatever_the_history_of_its
     blank_database: str,
 ) -> None:
     with JobRepository.connect(load_history(blank_database)) as repository:
-        logged: list[str] = []
         with psycopg.connect(blank_database) as admin:
             with Job(repository, "skewed", {"run": -1}).launch() as live:
                 execution_id = live.execution.id
-                admin.execute("LOAD 'auto_explain'")
-                for setting in (
-                    "auto_explain.log_min_duration = 0",
-                    "auto_explain.log_nested_statements = on",
-                    "auto_explain.log_analyze = on",
-                ):
-                    admin.execute(f"SET {setting}")
+                logged = log_nested_plans(admin, analyze=True)
                 # Five starts plan the statements for their values, the sixth on; the seventh
                 # starts a `load` of this instance, a name HISTORY other executions share.
                 for node in ("n1", "n2", "n3", "n4", "n5", "n6"):
                     assert _outcome(admin, execution_id, node) == "created"
-                admin.execute("SET client_min_messages = log")
-                admin.add_notice_handler(lambda d: logged.append(d.message_primary or ""))
+                logged.clear()
                 assert _outcome(admin, execution_id, "load") == "created"
                 admin.rollback()  # the created STARTING steps go; the live run ends as it runs
     plans = [plan for plan in logged if "step_logical_id = p_node_id" in plan]
