@@ -101,7 +101,11 @@ class Lease:
         self._release(discard=False)
 
     def commit_alone(
-        self, statements: Sequence[tuple[Statement, Mapping[str, object]]], errors: CommitErrors
+        self,
+        statements: Sequence[tuple[Statement, Mapping[str, object]]],
+        errors: CommitErrors,
+        *,
+        wait_for_flush: bool = True,
     ) -> Sequence[Row | None]:
         """Run `statements` as the whole transaction, in one round trip; their first rows.
 
@@ -110,6 +114,8 @@ class Lease:
         (transaction mode), the statements and COMMIT. An error skips the rest: a refused
         statement or COMMIT commits nothing (`errors.refused`); a connection lost once it was
         sent may have committed (`errors.unknown`). The connection goes back to the pool.
+        Without `wait_for_flush`, skip_commit_flush_wait goes first: COMMIT returns before its
+        WAL is flushed (for a step's start only; docs/contract.md, Durability of commits).
         """
         conn = self._conn
         if conn is None or conn.pgconn.transaction_status != TransactionStatus.IDLE:
@@ -118,11 +124,14 @@ class Lease:
         try:
             conn.autocommit = True
             pooled = self._source.pooled
-            with conn.pipeline() if pooled or len(statements) > 1 else nullcontext():
+            pipelined = pooled or len(statements) > 1 or not wait_for_flush
+            with conn.pipeline() if pipelined else nullcontext():
                 if pooled:
                     q.begin_read_committed.send(conn)
                     if self._source.per_transaction:
                         self._source.apply_settings(conn, transaction_only=True, send=True)
+                if not wait_for_flush:
+                    q.skip_commit_flush_wait.send(conn)
                 cursors = [statement.send(conn, **params) for statement, params in statements]
                 if pooled:
                     q.commit_transaction.send(conn)

@@ -134,12 +134,14 @@ class UnitOfWork:
         *,
         overrides: Overrides | None = None,
         then: tuple[Statement, Mapping[str, object]] | None = None,
+        wait_for_flush: bool = True,
     ) -> T:
         """Run `statement` (and `then`) as this whole unit of work, committed in one round trip.
 
         `decode` takes the row (both rows with `then`). No savepoint (nothing else is staged);
         `commit()` then returns. Errors map as in `operation()`, an undecodable row is
         Unavailable; nothing is committed on an error but CommitOutcomeUnknown.
+        `wait_for_flush=False`: the COMMIT returns before the WAL is flushed (a step's start).
         """
         if self._poisoned is not None:
             raise self._poisoned
@@ -150,7 +152,9 @@ class UnitOfWork:
             raise RuntimeError("commit_statement must be the only statement of its unit of work")
         refused = partial(_sqlstate.translate, overrides=overrides)
         errors = CommitErrors(e.TransactionAborted, refused, e.CommitOutcomeUnknown)
-        rows = self._lease.commit_alone([(statement, params), *([then] if then else [])], errors)
+        rows = self._lease.commit_alone(
+            [(statement, params), *([then] if then else [])], errors, wait_for_flush=wait_for_flush
+        )
         self._committed = True
         try:
             return decode(*rows)

@@ -929,7 +929,18 @@ class JobRun:
             raise  # the step belongs to the recovered execution now: leave it alone
         except BaseException as error:
             status = _ended_as(error)
-            self._end_step(step_id, status, error)
+            try:
+                self._end_step(step_id, status, error)
+            except e.StepExecutionNotFound:
+                # A server crash lost the step's start (docs/contract.md, Durability of commits):
+                # nothing of the step committed, and the work's own error says what happened.
+                self._log(
+                    "pybatch: step %s lost its start in a server crash",
+                    name,
+                    step=name,
+                    level=logging.WARNING,
+                )
+                raise error from None
             # The error's type only: a message may quote row values.
             message = "pybatch: step %s ended %s (%s)"
             self._log(message, name, status.value, type(error).__name__, step=name)

@@ -32,6 +32,14 @@ WHERE
         'default_transaction_isolation'
     );
 
+-- :name skip_commit_flush_wait :one
+-- :doc Let this transaction's COMMIT return before its WAL is flushed (synchronous_commit off
+-- for this transaction alone). Sent first in the pipeline of a step's start, and of nothing
+-- else: a start that a server crash loses is a step that never began - nothing of it was
+-- written yet, its execution stays with its owner, and the first commit that records work of
+-- the step (a chunk, its end) waits for the flush, which carries the start with it.
+SELECT pg_catalog.SET_CONFIG('synchronous_commit', 'off', TRUE) AS synchronous_commit;
+
 -- :name commit_transaction :affected
 -- :doc Commit the transaction begin_read_committed opened, in the same pipeline; an error
 -- before it leaves the transaction failed and nothing committed.

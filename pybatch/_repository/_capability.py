@@ -43,8 +43,12 @@ class Transaction(Protocol):
         *,
         overrides: Overrides | None = None,
         then: tuple[Statement, Mapping[str, object]] | None = None,
+        wait_for_flush: bool = True,
     ) -> T:
-        """`statement` (then `then`) alone, committed in the same round trip; rows to `decode`."""
+        """`statement` (then `then`) alone, committed in the same round trip; rows to `decode`.
+
+        `wait_for_flush=False` for a step's start only (docs/contract.md, Durability of commits).
+        """
 
 
 class Capability:

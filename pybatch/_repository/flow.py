@@ -70,7 +70,9 @@ class Flow(_capability.Capability):
         duplicate = steps.duplicate_step_overrides(job_execution_id, step_name, node_id.value)
         statement = self._uow.statements.start_flow_step
         if owner is not None:
-            return self._uow.commit_statement(statement, params, _started, overrides=duplicate)
+            return self._uow.commit_statement(
+                statement, params, _started, overrides=duplicate, wait_for_flush=False
+            )
         with self._operation(overrides=duplicate) as (_q, conn):
             return _started(statement.one(conn, **params))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 from pytest_postgresql import factories
 
+from pybatch import JobRepository
 from pybatch.errors import (
     ChunkCommitOutcomeUnknown,
     Infrastructure,
@@ -23,7 +25,16 @@ from pybatch.errors import (
     PyBatchError,
     Unavailable,
 )
-from tests.faults.harness import FaultServer, digest, run_once, source, step_counts
+from pybatch.etl import Job
+from tests.faults.harness import (
+    FaultServer,
+    Hook,
+    digest,
+    loader,
+    run_once,
+    source,
+    step_counts,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -71,6 +82,84 @@ def test_restart_immediate_in_the_middle_of_a_chunk(fresh: FaultServer) -> None:
     assert isinstance(error, NotCommitted | Infrastructure | Unavailable), repr(error)
     assert fresh.table_digest()[0] == 30  # chunks 0..2 only
     finish(fresh, "restart_mid_chunk")
+
+
+def _two_steps(server: FaultServer, job: str, hook: Hook) -> BaseException | None:
+    """A step with nothing to write ("first"), then the loader ("load"); the error it ends with."""
+    try:
+        with JobRepository.connect(server.config()) as repository:
+            with Job(repository, job, {"run": "faults"}).launch() as run:
+                run.step("first", lambda step: None)
+                run.step("load", loader(ROWS, SIZE, hook))
+    except Exception as error:
+        return error
+    return None
+
+
+def _steps_of_first_attempt(server: FaultServer, job: str) -> dict[str, str]:
+    with server.admin() as conn:
+        rows = conn.execute(
+            "SELECT s.step_name, s.status FROM pybatch.step_execution AS s"
+            " JOIN pybatch.job_execution AS e ON e.id = s.job_execution_id"
+            " JOIN pybatch.job_instance AS i ON i.id = e.job_instance_id"
+            " WHERE i.job_name = %s AND e.attempt = 1",
+            (job,),
+        ).fetchall()
+    return dict(rows)
+
+
+def test_a_crash_keeps_every_step_end_and_may_lose_only_a_start_that_nothing_followed(
+    fresh: FaultServer,
+) -> None:
+    # The WAL writer sleeps 10 s: only a commit that waits for its flush survives the crash.
+    with fresh.admin() as conn:
+        conn.execute("ALTER SYSTEM SET wal_writer_delay = '10s'")
+        conn.execute("SELECT pg_catalog.pg_reload_conf()")
+    time.sleep(0.5)  # the WAL writer rereads its settings and sleeps on the new delay
+
+    def hook(index: int, point: str, chunk: Any) -> None:
+        if (index, point) == (0, "written"):  # the load step started; nothing of it committed
+            fresh.restart_immediate()
+
+    try:
+        error = _two_steps(fresh, "start_lost", hook)
+    finally:
+        with fresh.admin() as conn:
+            conn.execute("ALTER SYSTEM RESET wal_writer_delay")
+            conn.execute("SELECT pg_catalog.pg_reload_conf()")
+    assert isinstance(error, NotCommitted | Infrastructure | Unavailable), repr(error)
+    # "first" ended before the crash and its end waited; the start of "load" did not wait, and
+    # no commit after it carried it to disk.
+    assert _steps_of_first_attempt(fresh, "start_lost") == {"first": "COMPLETED"}
+    assert fresh.table_digest()[0] == 0
+
+    assert _two_steps(fresh, "start_lost", no_fault) is None
+    assert_exact(fresh, "start_lost")
+
+
+def test_a_step_start_is_durable_once_its_first_chunk_commits(fresh: FaultServer) -> None:
+    with fresh.admin() as conn:
+        conn.execute("ALTER SYSTEM SET wal_writer_delay = '10s'")
+        conn.execute("SELECT pg_catalog.pg_reload_conf()")
+    time.sleep(0.5)
+
+    def hook(index: int, point: str, chunk: Any) -> None:
+        if (index, point) == (1, "written"):  # chunk 0 committed, and its flush took the start
+            fresh.restart_immediate()
+
+    try:
+        error = _two_steps(fresh, "start_kept", hook)
+    finally:
+        with fresh.admin() as conn:
+            conn.execute("ALTER SYSTEM RESET wal_writer_delay")
+            conn.execute("SELECT pg_catalog.pg_reload_conf()")
+    assert isinstance(error, NotCommitted | Infrastructure | Unavailable), repr(error)
+    steps = _steps_of_first_attempt(fresh, "start_kept")
+    assert steps["first"] == "COMPLETED" and "load" in steps
+    assert fresh.table_digest() == (SIZE, digest(ROWS[:SIZE]))
+
+    assert _two_steps(fresh, "start_kept", no_fault) is None
+    assert_exact(fresh, "start_kept")
 
 
 def _in_flight_commit(server: FaultServer, fault: str) -> Any:
