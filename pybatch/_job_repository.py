@@ -119,12 +119,17 @@ class JobRepository:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def begin(self) -> UnitOfWork:
-        """Open a READ COMMITTED unit of work (Unavailable when no connection can be leased)."""
-        return UnitOfWork(self.transactions.lease(begin=False), self.statements, self.clock)
+    def begin(self, *, read_only: bool = False) -> UnitOfWork:
+        """Open a READ COMMITTED unit of work (Unavailable when no connection can be leased).
+
+        `read_only`: a READ ONLY one for reads, which ends with COMMIT when it is left without
+        one (it changed nothing; a ROLLBACK would drop the connection's prepared statements).
+        """
+        lease = self.transactions.lease(begin=False, read_only=read_only)
+        return UnitOfWork(lease, self.statements, self.clock)
 
     def read_transaction(self) -> AbstractContextManager[Connection]:
-        """A READ ONLY transaction, always rolled back, for reads outside any unit of work."""
+        """A READ ONLY transaction for reads outside any unit of work, ended with COMMIT."""
         return self.transactions.read_only()
 
     def run_in_unit_of_work(self, work: Callable[[UnitOfWork], T]) -> T:

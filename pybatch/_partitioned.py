@@ -71,7 +71,7 @@ def recover_lost_workers(repository: JobRepository, parent_id: int) -> int:
     partition from it, which makes the partition claimable again; one that loses a race to
     another recoverer or to the worker itself changes nothing. Returns how many it recovered.
     """
-    with repository.begin() as uow:
+    with repository.begin(read_only=True) as uow:
         started = uow.ownership.started_partitions(parent_id)
     recovered = 0
     for partition in started:
@@ -183,7 +183,7 @@ def work_on_plan(
         fresh_ran_out = claim_from[2]
         if fresh_ran_out:  # no first attempt's partition is left: claim any other from now on
             claim_from = (parent, worker_lease, False)
-        with repository.begin() as uow:
+        with repository.begin(read_only=True) as uow:
             current = uow.steps.get(parent.id)
             still_open = uow.partitions.count_open(parent.id)
         if current is None or current.status is not BatchStatus.STARTED or not still_open:
@@ -270,7 +270,7 @@ def find_running_parent(
 
     `PLAN_FINISHED` when the latest attempt completed the step or altogether.
     """
-    with repository.begin() as uow:
+    with repository.begin(read_only=True) as uow:
         instance = uow.instances.find(key)
         if instance is None:
             return None
@@ -412,7 +412,7 @@ def supervise(
                 for process in processes:
                     process.terminate()
                 raise
-            with repository.begin() as uow:
+            with repository.begin(read_only=True) as uow:
                 still_open = uow.partitions.count_open(parent.id)
             if not still_open:  # a worker still alive is idle, polling: stop it now
                 for process in processes:

@@ -63,6 +63,11 @@ class Lease:
         """The leased connection, or None once it went back to the pool."""
         return self._conn
 
+    @property
+    def read_only(self) -> bool:
+        """Whether the lease's transaction is READ ONLY."""
+        return self._read_only
+
     def begin(self) -> None:
         """Start the next transaction of a kept connection with pybatch's settings.
 
@@ -152,7 +157,12 @@ class Lease:
         return rows
 
     def rollback(self, *, keep: bool = False) -> bool:
-        """ROLLBACK and give the connection back (kept leased with `keep`); False if discarded."""
+        """ROLLBACK and give the connection back (kept leased with `keep`); False if discarded.
+
+        A READ ONLY transaction that has not failed ends with COMMIT instead: it changed
+        nothing, and psycopg answers a ROLLBACK by forgetting every prepared statement of the
+        connection (and sending DEALLOCATE ALL), so each would be parsed and planned again.
+        """
         conn = self._conn
         if conn is None:
             return True
@@ -160,7 +170,10 @@ class Lease:
             self.discard()
             return False
         try:
-            conn.rollback()
+            if self._read_only and conn.pgconn.transaction_status == TransactionStatus.INTRANS:
+                conn.commit()
+            else:
+                conn.rollback()
         except psycopg.Error:
             self.discard()
             return False
@@ -177,7 +190,7 @@ class Lease:
             return
         if not discard and self._read_only:
             try:
-                conn.read_only = False  # idle after the rollback: no round trip
+                conn.read_only = False  # idle after the transaction: no round trip
             except psycopg.Error:
                 discard = True
         self._source._release(conn, discard=discard)
@@ -336,7 +349,7 @@ class TransactionSource:
 
     @contextmanager
     def read_only(self, *, schema_probe: bool = False) -> Iterator[Connection]:
-        """A READ ONLY transaction, always rolled back; driver errors mapped (`schema_probe`)."""
+        """A READ ONLY transaction ended by `Lease.rollback`; errors mapped (`schema_probe`)."""
         lease = self.lease(read_only=True)
         conn = lease.connection
         if conn is None:  # a fresh lease always holds its connection

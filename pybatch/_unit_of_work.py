@@ -150,6 +150,8 @@ class UnitOfWork:
             raise e.UnitOfWorkClosed()
         if self._operation_depth or conn.info.transaction_status != TransactionStatus.IDLE:
             raise RuntimeError("commit_statement must be the only statement of its unit of work")
+        if self._lease.read_only:  # it runs in autocommit, where READ ONLY would not apply
+            raise RuntimeError("a read-only unit of work commits no statement")
         refused = partial(_sqlstate.translate, overrides=overrides)
         errors = CommitErrors(e.TransactionAborted, refused, e.CommitOutcomeUnknown)
         rows = self._lease.commit_alone(

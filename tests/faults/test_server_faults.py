@@ -11,6 +11,7 @@ import random
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -108,25 +109,30 @@ def _steps_of_first_attempt(server: FaultServer, job: str) -> dict[str, str]:
     return dict(rows)
 
 
-def test_a_crash_keeps_every_step_end_and_may_lose_only_a_start_that_nothing_followed(
-    fresh: FaultServer,
-) -> None:
-    # The WAL writer sleeps 10 s: only a commit that waits for its flush survives the crash.
-    with fresh.admin() as conn:
+@contextmanager
+def _wal_writer_asleep(server: FaultServer) -> Iterator[None]:
+    """The WAL writer sleeps 10 s: only a commit that waits for its flush survives a crash."""
+    with server.admin() as conn:
         conn.execute("ALTER SYSTEM SET wal_writer_delay = '10s'")
         conn.execute("SELECT pg_catalog.pg_reload_conf()")
     time.sleep(0.5)  # the WAL writer rereads its settings and sleeps on the new delay
+    try:
+        yield
+    finally:
+        with server.admin() as conn:
+            conn.execute("ALTER SYSTEM RESET wal_writer_delay")
+            conn.execute("SELECT pg_catalog.pg_reload_conf()")
 
+
+def test_a_crash_keeps_every_step_end_and_may_lose_only_a_start_that_nothing_followed(
+    fresh: FaultServer,
+) -> None:
     def hook(index: int, point: str, chunk: Any) -> None:
         if (index, point) == (0, "written"):  # the load step started; nothing of it committed
             fresh.restart_immediate()
 
-    try:
+    with _wal_writer_asleep(fresh):
         error = _two_steps(fresh, "start_lost", hook)
-    finally:
-        with fresh.admin() as conn:
-            conn.execute("ALTER SYSTEM RESET wal_writer_delay")
-            conn.execute("SELECT pg_catalog.pg_reload_conf()")
     assert isinstance(error, NotCommitted | Infrastructure | Unavailable), repr(error)
     # "first" ended before the crash and its end waited; the start of "load" did not wait, and
     # no commit after it carried it to disk.
@@ -138,21 +144,12 @@ def test_a_crash_keeps_every_step_end_and_may_lose_only_a_start_that_nothing_fol
 
 
 def test_a_step_start_is_durable_once_its_first_chunk_commits(fresh: FaultServer) -> None:
-    with fresh.admin() as conn:
-        conn.execute("ALTER SYSTEM SET wal_writer_delay = '10s'")
-        conn.execute("SELECT pg_catalog.pg_reload_conf()")
-    time.sleep(0.5)
-
     def hook(index: int, point: str, chunk: Any) -> None:
         if (index, point) == (1, "written"):  # chunk 0 committed, and its flush took the start
             fresh.restart_immediate()
 
-    try:
+    with _wal_writer_asleep(fresh):
         error = _two_steps(fresh, "start_kept", hook)
-    finally:
-        with fresh.admin() as conn:
-            conn.execute("ALTER SYSTEM RESET wal_writer_delay")
-            conn.execute("SELECT pg_catalog.pg_reload_conf()")
     assert isinstance(error, NotCommitted | Infrastructure | Unavailable), repr(error)
     steps = _steps_of_first_attempt(fresh, "start_kept")
     assert steps["first"] == "COMPLETED" and "load" in steps
