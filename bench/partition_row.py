@@ -37,11 +37,7 @@ from psycopg.rows import dict_row
 from bench import partitions as bp
 from bench._server import postgres_server, scratch_database
 from bench.chunks import machine_info, print_machine, write_results
-from pybatch import JobRepository, migrate
-from pybatch import _partitioned as partitioned_module
-from pybatch import etl as etl_module
-from pybatch.etl import Job
-from pybatch.values.flow import StartLimit
+from pybatch import migrate
 
 ROW_TABLES_SQL = (
     "CREATE TABLE row_parent (id BIGINT PRIMARY KEY, status TEXT NOT NULL)",
@@ -189,21 +185,7 @@ def row_side(dsn: str, n: int) -> Measured:
 
 def pybatch_side(dsn: str, n: int) -> Measured:
     """One in-process worker's loop over a published plan of `n` no-op partitions."""
-    config = bp.config(dsn)
-    with JobRepository.connect(config) as repository:
-        with Job(repository, "bench_row_study", {"at": time.time_ns()}).launch() as run:
-            entries = partitioned_module.plan_entries(bp.plan(n), bp.run_schema())
-            _, parent = partitioned_module.start_partitioned_step(
-                repository, run.instance.id, run.execution.id, "load", entries,
-                StartLimit.unrestricted(),
-            )  # fmt: skip
-            runner = etl_module._runners(run.instance, run.execution, bp.noop)(repository)
-            with bp.LeaseCounter(repository, trace=False) as counter:
-                wall, cpu = time.perf_counter(), time.process_time()
-                partitioned_module.work_on_plan(repository, parent, runner, poll_seconds=0.01)
-                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            server = sum(bp.backend_cpu_ns(pid) - ns for pid, ns in counter.backends.items())
-    return wall, cpu, server / 1e9
+    return bp._pybatch_worker(dsn, n, False, trace=False)[1:]
 
 
 SIDES: dict[str, Callable[[str, int], Measured]] = {

@@ -235,8 +235,8 @@ def backend_cpu_ns(pid: int) -> int:
 
 def _pybatch_worker(
     dsn: str, n: int, copy: bool, *, trace: bool
-) -> tuple[LeaseCounter, float, float]:
-    """One in-process worker over a plan of `n`: its leases, client and server CPU seconds."""
+) -> tuple[LeaseCounter, float, float, float]:
+    """One in-process worker over a plan of `n`: its leases, wall, client and server CPU seconds."""
     with JobRepository.connect(config(dsn)) as repository:
         with Job(repository, "bench_cost", {"copy": copy, "at": time.time_ns()}).launch() as run:
             # Publish the plan (untimed, uncounted), then count only the worker's loop.
@@ -251,13 +251,13 @@ def _pybatch_worker(
             )
             runner = etl_module._runners(run.instance, run.execution, copy_rows if copy else noop)
             with LeaseCounter(repository, trace=trace) as counter:
-                cpu = time.process_time()
+                wall, cpu = time.perf_counter(), time.process_time()
                 partitioned_module.work_on_plan(
                     repository, parent, runner(repository), poll_seconds=0.01
                 )
-                cpu = time.process_time() - cpu
+                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             server = sum(backend_cpu_ns(pid) - ns for pid, ns in counter.backends.items())
-    return counter, cpu, server / 1e9
+    return counter, wall, cpu, server / 1e9
 
 
 def cost_per_partition(dsn: str, n: int, copy: bool) -> dict[str, float]:
@@ -267,8 +267,8 @@ def cost_per_partition(dsn: str, n: int, copy: bool) -> dict[str, float]:
     message to a file (about 0.3 ms of client CPU per no-op partition, the queue's half that).
     CPU: this process's (all threads) and the server backends' it leased (local server).
     """
-    traced, _, _ = _pybatch_worker(dsn, n, copy, trace=True)
-    _, cpu, server = _pybatch_worker(dsn, n, copy, trace=False)
+    traced, _, _, _ = _pybatch_worker(dsn, n, copy, trace=True)
+    _, _, cpu, server = _pybatch_worker(dsn, n, copy, trace=False)
     # The worker's final look (an empty claim, then the open-partition count) is two units
     # of work per worker, not per partition: leave it out.
     trips = sum(traced.trips[:-2])

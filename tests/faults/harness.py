@@ -208,12 +208,23 @@ def loader(rows: list[tuple[int, str]], size: int, hook: Hook) -> Callable[[Step
 
 
 def run_once(
-    config: ConnectionConfig, job_name: str, rows: list[tuple[int, str]], size: int, hook: Hook
+    config: ConnectionConfig,
+    job_name: str,
+    rows: list[tuple[int, str]],
+    size: int,
+    hook: Hook,
+    *,
+    steps_before: tuple[str, ...] = (),
 ) -> BaseException | None:
-    """One attempt of the job; returns the error it ended with (None when it completed)."""
+    """One attempt of the job; returns the error it ended with (None when it completed).
+
+    `steps_before`: steps with nothing to write, run before the loader's step "load".
+    """
     try:
         with JobRepository.connect(config) as repository:
             with Job(repository, job_name, {"run": "faults"}).launch() as run:
+                for name in steps_before:
+                    run.step(name, lambda step: None)
                 run.step("load", loader(rows, size, hook))
     except Exception as error:  # the typed error the script sees
         return error

@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from pytest_postgresql import factories
 
-from pybatch import JobRepository
 from pybatch.errors import (
     ChunkCommitOutcomeUnknown,
     Infrastructure,
@@ -26,16 +25,7 @@ from pybatch.errors import (
     PyBatchError,
     Unavailable,
 )
-from pybatch.etl import Job
-from tests.faults.harness import (
-    FaultServer,
-    Hook,
-    digest,
-    loader,
-    run_once,
-    source,
-    step_counts,
-)
+from tests.faults.harness import FaultServer, Hook, digest, run_once, source, step_counts
 
 pytestmark = pytest.mark.slow
 
@@ -87,14 +77,7 @@ def test_restart_immediate_in_the_middle_of_a_chunk(fresh: FaultServer) -> None:
 
 def _two_steps(server: FaultServer, job: str, hook: Hook) -> BaseException | None:
     """A step with nothing to write ("first"), then the loader ("load"); the error it ends with."""
-    try:
-        with JobRepository.connect(server.config()) as repository:
-            with Job(repository, job, {"run": "faults"}).launch() as run:
-                run.step("first", lambda step: None)
-                run.step("load", loader(ROWS, SIZE, hook))
-    except Exception as error:
-        return error
-    return None
+    return run_once(server.config(), job, ROWS, SIZE, hook, steps_before=("first",))
 
 
 def _steps_of_first_attempt(server: FaultServer, job: str) -> dict[str, str]:
