@@ -44,7 +44,7 @@ from pybatch.etl import Job, JobRun, StepRun
 
 JOB_NAME = "crash_load"
 STEP_NAME = "load"
-ROWS = 4_000
+ROWS = 12_000  # long enough that no kill of a test lands after the last chunk
 CHUNK = 25
 TABLE = "crash_target"
 PAUSES = ("none", "after_write", "commit_race", "in_commit", "after_commit")
