@@ -446,6 +446,15 @@ class IllegalTransition(LifecycleError, RepositoryError):
     message = "transition from {from_status} to {to_status} is not allowed"
     from_status: str
     to_status: str
+class StepsUnfinished(LifecycleError, RepositoryError):
+    """A step's end was lost (a server crash or failover): the run ends FAILED; restart it."""
+    message = (
+        "job execution {id} cannot complete while its step execution {step_execution_id}"
+        " is {status}"
+    )
+    id: int
+    step_execution_id: int
+    status: str
 class RestartRequiresNewAttempt(LifecycleError, RepositoryError):
     """A STOPPED or FAILED execution never returns to STARTING; launch a new attempt."""
     message = "execution in {from_status} restarts only as a new attempt"

@@ -80,9 +80,10 @@ SET
 WHERE id = :job_execution_id AND version = :expected_version;
 
 -- :name end_job_execution :one
--- :doc End a running execution as its owner in one statement (migration 0014 end_job_execution):
+-- :doc End a running execution as its owner in one statement (migration 0024 end_job_execution):
 -- the transition (STOPPED once a stop was observed), its exit status and failure reason, and its
--- unfinished steps ended with it. outcome - ended, or the error that refuses it, with details.
+-- unfinished steps ended with it; COMPLETED is refused while a step is unfinished
+-- (StepsUnfinished). outcome - ended, or the error that refuses it, with details.
 SELECT
     o.outcome,
     o.details,

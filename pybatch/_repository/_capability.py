@@ -47,7 +47,8 @@ class Transaction(Protocol):
     ) -> T:
         """`statement` (then `then`) alone, committed in the same round trip; rows to `decode`.
 
-        `wait_for_flush=False` for a step's start only (docs/contract.md, Durability of commits).
+        `wait_for_flush=False` for a step's start and end only (docs/contract.md, Durability of
+        commits).
         """
 
 

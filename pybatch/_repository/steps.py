@@ -91,6 +91,7 @@ class Steps(_lifecycle.LifecycleCapability[StepExecution]):
             self._uow.statements.end_step_execution,
             params,
             lambda row: decode_step_execution(decided(row, "ended")[1]),
+            wait_for_flush=False,  # the run's next waiting commit carries it (docs/contract.md)
         )
 
     def of_execution(self, job_execution_id: int) -> list[StepExecution]:

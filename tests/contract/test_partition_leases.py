@@ -396,5 +396,6 @@ def test_a_renewal_after_the_partition_ended_names_the_lost_ownership(
     partitioned._end_worker(repository, partition, worker.id, S.COMPLETED)
     with repository.begin() as uow, pytest.raises(PartitionOwnershipLost):
         uow.ownership.renew_partition_lease(partition.id, worker.id, owner, LEASE)
+    partitioned.aggregate_plan(repository, parent)
     with run:
         pass

@@ -7,25 +7,39 @@ started from the env's PG_BINDIR like the session's, so it runs on every matrix 
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from pytest_postgresql import factories
 
+from pybatch import JobRepository
 from pybatch.errors import (
     ChunkCommitOutcomeUnknown,
     Infrastructure,
     NotCommitted,
     PyBatchError,
+    StepsUnfinished,
     Unavailable,
 )
-from tests.faults.harness import FaultServer, Hook, digest, run_once, source, step_counts
+from pybatch.etl import Job
+from tests.faults.harness import (
+    FaultServer,
+    Hook,
+    digest,
+    loader,
+    run_once,
+    source,
+    step_counts,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -93,45 +107,77 @@ def _steps_of_first_attempt(server: FaultServer, job: str) -> dict[str, str]:
 
 
 @contextmanager
-def _wal_writer_asleep(server: FaultServer) -> Iterator[None]:
-    """The WAL writer sleeps 10 s: only a commit that waits for its flush survives a crash."""
+def _wal_writer_stopped(server: FaultServer) -> Iterator[Callable[[], None]]:
+    """Stop the WAL writer (SIGSTOP); yield `crash()`, which kills it (SIGKILL).
+
+    While it is stopped, a commit that does not wait for its flush stays in the server's WAL
+    buffers until a later commit that waits writes them. Killing it makes the postmaster end
+    every session and recover from the WAL on disk, as after a crash: what only the buffers
+    held is lost. Without a crash, the WAL writer goes on (SIGCONT).
+    """
     with server.admin() as conn:
-        conn.execute("ALTER SYSTEM SET wal_writer_delay = '10s'")
-        conn.execute("SELECT pg_catalog.pg_reload_conf()")
-    time.sleep(0.5)  # the WAL writer rereads its settings and sleeps on the new delay
+        pid = _wal_writer_pid(conn)
+    assert pid is not None, "the server runs no WAL writer"
+    os.kill(pid, signal.SIGSTOP)
+    crashed = False
+
+    def crash() -> None:
+        nonlocal crashed
+        crashed = True
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while True:  # the server answers again once crash recovery has started a new writer
+            try:
+                with server.admin() as conn:
+                    if _wal_writer_pid(conn) not in (None, pid):
+                        return
+            except psycopg.OperationalError:
+                pass
+            assert time.monotonic() < deadline, "the server did not recover from the crash"
+            time.sleep(0.05)
+
     try:
-        yield
+        yield crash
     finally:
-        with server.admin() as conn:
-            conn.execute("ALTER SYSTEM RESET wal_writer_delay")
-            conn.execute("SELECT pg_catalog.pg_reload_conf()")
+        if not crashed:
+            os.kill(pid, signal.SIGCONT)
 
 
-def test_a_crash_keeps_every_step_end_and_may_lose_only_a_start_that_nothing_followed(
+def _wal_writer_pid(conn: psycopg.Connection[Any]) -> int | None:
+    row = conn.execute(
+        "SELECT pid FROM pg_catalog.pg_stat_activity WHERE backend_type = 'walwriter'"
+    ).fetchone()
+    return None if row is None else int(row[0])
+
+
+def test_a_crash_may_lose_step_starts_and_ends_that_no_waiting_commit_followed(
     fresh: FaultServer,
 ) -> None:
-    def hook(index: int, point: str, chunk: Any) -> None:
-        if (index, point) == (0, "written"):  # the load step started; nothing of it committed
-            fresh.restart_immediate()
+    with _wal_writer_stopped(fresh) as crash:
 
-    with _wal_writer_asleep(fresh):
+        def hook(index: int, point: str, chunk: Any) -> None:
+            if (index, point) == (0, "written"):  # "load" started; nothing of it committed
+                crash()
+
         error = _two_steps(fresh, "start_lost", hook)
     assert isinstance(error, NotCommitted | Infrastructure | Unavailable), repr(error)
-    # "first" ended before the crash and its end waited; the start of "load" did not wait, and
-    # no commit after it carried it to disk.
-    assert _steps_of_first_attempt(fresh, "start_lost") == {"first": "COMPLETED"}
+    # The start and end of "first" and the start of "load" did not wait for their flush, and
+    # no commit after them carried them to disk; the launch did wait.
+    assert _steps_of_first_attempt(fresh, "start_lost") == {}
+    assert _attempts(fresh, "start_lost") == 1
     assert fresh.table_digest()[0] == 0
 
     assert _two_steps(fresh, "start_lost", no_fault) is None
     assert_exact(fresh, "start_lost")
 
 
-def test_a_step_start_is_durable_once_its_first_chunk_commits(fresh: FaultServer) -> None:
-    def hook(index: int, point: str, chunk: Any) -> None:
-        if (index, point) == (1, "written"):  # chunk 0 committed, and its flush took the start
-            fresh.restart_immediate()
+def test_step_starts_and_ends_are_durable_once_a_later_chunk_commits(fresh: FaultServer) -> None:
+    with _wal_writer_stopped(fresh) as crash:
 
-    with _wal_writer_asleep(fresh):
+        def hook(index: int, point: str, chunk: Any) -> None:
+            if (index, point) == (1, "written"):  # chunk 0's commit waited, and wrote the rest
+                crash()
+
         error = _two_steps(fresh, "start_kept", hook)
     assert isinstance(error, NotCommitted | Infrastructure | Unavailable), repr(error)
     steps = _steps_of_first_attempt(fresh, "start_kept")
@@ -140,6 +186,49 @@ def test_a_step_start_is_durable_once_its_first_chunk_commits(fresh: FaultServer
 
     assert _two_steps(fresh, "start_kept", no_fault) is None
     assert_exact(fresh, "start_kept")
+
+
+def test_a_run_whose_last_step_end_was_lost_ends_failed_and_its_restart_resumes_exactly(
+    fresh: FaultServer,
+) -> None:
+    with _wal_writer_stopped(fresh) as crash, pytest.raises(StepsUnfinished) as unfinished:
+        with (
+            JobRepository.connect(fresh.config()) as repository,
+            Job(repository, "end_lost", {"run": "faults"}).launch() as run,
+        ):
+            run.step("load", loader(ROWS, SIZE, no_fault))
+            # Every chunk waited for its flush; the step's end did not, and the crash loses it.
+            crash()
+    assert unfinished.value.status == "STARTED"
+    # The run could not complete with a step that has no end: it ended FAILED, the step with it.
+    assert _steps_of_first_attempt(fresh, "end_lost") == {"load": "FAILED"}
+    assert _execution_statuses(fresh, "end_lost") == ["FAILED"]
+    assert fresh.table_digest() == (len(ROWS), digest(ROWS))
+
+    resumed: list[object] = []
+    with (
+        JobRepository.connect(fresh.config()) as repository,
+        Job(repository, "end_lost", {"run": "faults"}).launch() as again,
+    ):
+        again.step("load", lambda step: resumed.append(step.checkpoint))
+    assert resumed == [{"offset": len(ROWS)}]  # nothing loaded twice
+    assert _execution_statuses(fresh, "end_lost") == ["FAILED", "COMPLETED"]
+    assert fresh.table_digest() == (len(ROWS), digest(ROWS))
+
+
+def _attempts(server: FaultServer, job: str) -> int:
+    return len(_execution_statuses(server, job))
+
+
+def _execution_statuses(server: FaultServer, job: str) -> list[str]:
+    with server.admin() as conn:
+        rows = conn.execute(
+            "SELECT e.status FROM pybatch.job_execution AS e"
+            " JOIN pybatch.job_instance AS i ON i.id = e.job_instance_id"
+            " WHERE i.job_name = %s ORDER BY e.attempt",
+            (job,),
+        ).fetchall()
+    return [status for (status,) in rows]
 
 
 def _in_flight_commit(server: FaultServer, fault: str) -> Any:

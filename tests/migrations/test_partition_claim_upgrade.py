@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from pybatch import JobRepository
+from pybatch.errors import StepsUnfinished
 from pybatch.etl import Job
 from pybatch.values.names import NodeId, StepName
 from pybatch.values.status import BatchStatus
@@ -50,9 +51,11 @@ def test_a_partitioned_step_live_across_the_upgrade_completes_and_the_check_stil
         assert (
             reopened.value.diag.constraint_name == "step_execution_open_under_unfinished_execution"
         )
-        # An execution finished with a step still open is refused at COMMIT.
+        # An execution finished with a step still open is refused at COMMIT; the run itself
+        # cannot complete with it either, and ends FAILED (migration 0024).
         with (
             JobRepository.connect(config) as repository,
+            pytest.raises(StepsUnfinished),
             Job(repository, "other", {}).launch() as other,
         ):
             with repository.begin() as uow:

@@ -351,6 +351,7 @@ PYBATCH_ONLY: frozenset[str] = frozenset(
         "CommandArgumentInvalid",  # a pybatch CLI argument out of range or not UTF-8
         "ParameterFilterInvalid",  # the explorer's parameter filter (`--param NAME=VALUE`)
         "ChunkNotEnded",  # the ETL API: a chunk block left without commit or rollback
+        "StepsUnfinished",  # a run's end that finds a step's end lost (migration 0024)
         "RunIdInvalid",  # Job(run_id=...)
         "MigrationChecksumMismatch",  # the migrator
         "MigrationHistoryInvalid",
