@@ -120,7 +120,7 @@ class Lease:
         statement or COMMIT commits nothing (`errors.refused`); a connection lost once it was
         sent may have committed (`errors.unknown`). The connection goes back to the pool.
         Without `wait_for_flush`, skip_commit_flush_wait goes first: COMMIT returns before its
-        WAL is flushed (a step's start and end only; docs/contract.md, Durability of commits).
+        WAL is flushed (docs/contract.md, Durability of commits, lists which commits may).
         """
         conn = self._conn
         if conn is None or conn.pgconn.transaction_status != TransactionStatus.IDLE:

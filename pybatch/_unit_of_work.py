@@ -141,7 +141,8 @@ class UnitOfWork:
         `decode` takes the row (both rows with `then`). No savepoint (nothing else is staged);
         `commit()` then returns. Errors map as in `operation()`, an undecodable row is
         Unavailable; nothing is committed on an error but CommitOutcomeUnknown.
-        `wait_for_flush=False`: the COMMIT returns before the WAL is flushed (a step's start, end).
+        `wait_for_flush=False`: the COMMIT returns before the WAL is flushed (docs/contract.md,
+        Durability of commits).
         """
         if self._poisoned is not None:
             raise self._poisoned

@@ -47,8 +47,8 @@ class Transaction(Protocol):
     ) -> T:
         """`statement` (then `then`) alone, committed in the same round trip; rows to `decode`.
 
-        `wait_for_flush=False` for a step's start and end only (docs/contract.md, Durability of
-        commits).
+        `wait_for_flush=False` only for what docs/contract.md, Durability of commits, lists: a
+        step's start and end, a partition's end with the next claim.
         """
 
 

@@ -375,7 +375,8 @@ class Partitions(Capability):
         one that claims only a first attempt's unassigned partitions. With `ending` (the worker's
         last partition) end_step_partition ends that one first in the same transaction and round
         trip, and the claim runs only if the end completed it; both are the whole unit of work,
-        committed alone, and a refused end raises as `end_worker` does.
+        committed alone without waiting for the flush, and a refused end raises as `end_worker`
+        does.
         """
         owner = owner or OwnerToken.generate()
         lease = lease or ExecutionLease()
@@ -405,9 +406,15 @@ class Partitions(Capability):
             return decode_claimed_partition(row, parent.id), decode_step_execution(row)
 
         if ending is not None:
+            # Neither waits for its flush: the next chunk, the aggregation or the run's end does
+            # (docs/contract.md, Durability of commits); the chunks' fences refuse a lost claim.
             ended = end | {"only_if_lost": False}
             return self._uow.commit_statement(
-                q.end_step_partition.prepared, ended, decode, then=(claim, params)
+                q.end_step_partition.prepared,
+                ended,
+                decode,
+                then=(claim, params),
+                wait_for_flush=False,
             )
         with self._operation() as (_, conn):
             return decode(claim.one(conn, **params))

@@ -30,7 +30,7 @@ from pybatch.errors import (
     StepsUnfinished,
     Unavailable,
 )
-from pybatch.etl import Job
+from pybatch.etl import Job, PartitionRun
 from tests.faults.harness import (
     FaultServer,
     Hook,
@@ -214,6 +214,55 @@ def test_a_run_whose_last_step_end_was_lost_ends_failed_and_its_restart_resumes_
     assert resumed == [{"offset": len(ROWS)}]  # nothing loaded twice
     assert _execution_statuses(fresh, "end_lost") == ["FAILED", "COMPLETED"]
     assert fresh.table_digest() == (len(ROWS), digest(ROWS))
+
+
+#: Four partitions of ROWS, each loaded in chunks of SIZE rows from its checkpoint on.
+PARTITIONS = {f"p{n + 1}": {"lo": n * TOTAL // 4, "hi": (n + 1) * TOTAL // 4} for n in range(4)}
+
+
+def test_a_crash_may_lose_a_partitions_end_and_the_next_claim_and_every_row_loads_once(
+    fresh: FaultServer,
+) -> None:
+    def load(partition: PartitionRun) -> None:
+        offset, end = (int(partition.partition_context[k]) for k in ("lo", "hi"))
+        offset = int(partition.checkpoint.get("offset", offset))
+        if partition.key == "p3" and not crashed:
+            # p2's chunks waited, and carried p1's end; p2's end and this claim did not wait.
+            crashed.append(offset)
+            crash()
+        while offset < end:
+            batch = ROWS[offset : min(offset + SIZE, end)]
+            with partition.chunk() as chunk:  # p3's first: refused, its claim is gone
+                chunk.executemany("INSERT INTO public.orders (id, note) VALUES (%s, %s)", batch)
+                offset += len(batch)
+                chunk.commit(read=len(batch), written=len(batch), checkpoint={"offset": offset})
+
+    crashed: list[int] = []
+    with _wal_writer_stopped(fresh) as crash:
+        with (
+            JobRepository.connect(fresh.config()) as repository,
+            Job(repository, "partitions_lost", {}, lease=timedelta(seconds=1)).launch() as run,
+        ):
+            run.partitioned_step("load", PARTITIONS, load, workers=0)
+
+    assert crashed == [PARTITIONS["p3"]["lo"]]
+    assert run.execution.status.value == "COMPLETED"
+    assert fresh.table_digest() == (len(ROWS), digest(ROWS))
+    with fresh.admin() as conn:
+        workers = conn.execute(
+            "SELECT split_part(s.step_name, '#', 2), s.status, s.failure_category"
+            " FROM pybatch.step_execution AS s WHERE s.step_name LIKE 'load#%' ORDER BY s.id"
+        ).fetchall()
+    # p2's end was lost: its claim outlived the crash with no owner, was recovered when its
+    # lease ran out, and its next worker resumed after its last chunk. p3's claim was lost
+    # with its worker step: its first chunk was refused, and p3 was claimed again.
+    assert workers == [
+        ("1.1", "COMPLETED", None),
+        ("2.1", "FAILED", "STALE_RECOVERED"),
+        ("3.1", "COMPLETED", None),
+        ("4.1", "COMPLETED", None),
+        ("2.3", "COMPLETED", None),
+    ], workers
 
 
 def _attempts(server: FaultServer, job: str) -> int:
