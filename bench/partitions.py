@@ -257,6 +257,7 @@ def _pybatch_worker(
                 )
                 wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             server = sum(backend_cpu_ns(pid) - ns for pid, ns in counter.backends.items())
+            partitioned_module.aggregate_plan(repository, parent)  # the run completes after it
     return counter, wall, cpu, server / 1e9
 
 
@@ -335,6 +336,12 @@ def _publish(repository: JobRepository, label: str, size: int) -> Any:
     return run, parent
 
 
+def _retire(run: Any) -> None:
+    """End a drained plan's run FAILED: its parent and claimed workers never ran, so it
+    cannot complete (a run completes only after its steps)."""
+    run.__exit__(RuntimeError, RuntimeError("plan drained by the claim benchmark"), None)
+
+
 def claim_latency(
     dsn: str, sizes: list[int], rounds: int, label: str = "claims"
 ) -> dict[int, float]:
@@ -361,7 +368,7 @@ def claim_latency(
                 turn += 1
                 for size in order:
                     if not remaining[size]:
-                        plans[size][0].__exit__(None, None, None)
+                        _retire(plans[size][0])
                         name = f"{label}-{round_number}-{size}-{published[size]}"
                         published[size] += 1
                         plans[size] = _publish(repository, name, size)
@@ -372,7 +379,7 @@ def claim_latency(
                     assert claimed is not None
                     remaining[size] -= 1
             for run, _parent in plans.values():
-                run.__exit__(None, None, None)
+                _retire(run)
     return {size: statistics.median(values) * 1000 for size, values in samples.items()}
 
 
@@ -405,11 +412,11 @@ def _capacity_worker(dsn: str, kind: str, index: int, seconds: float, out: Any) 
                 while time.perf_counter() < deadline:
                     claimed = claim(repository, parent, lease)
                     if claimed is None:
-                        run.__exit__(None, None, None)
+                        _retire(run)
                         run, parent = _publish(repository, f"capacity-{index}-{time.time()}", 1024)
                         continue
                     count += 1
-                run.__exit__(None, None, None)
+                _retire(run)
             else:  # launches: launch, one step, complete
                 deadline = time.perf_counter() + seconds
                 while time.perf_counter() < deadline:
