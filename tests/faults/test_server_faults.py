@@ -15,13 +15,15 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from pytest_postgresql import factories
 
-from pybatch import JobRepository
+from pybatch import JobRepository, etl
+from pybatch import _partitioned as partitioned
 from pybatch.errors import (
     ChunkCommitOutcomeUnknown,
     Infrastructure,
@@ -30,7 +32,12 @@ from pybatch.errors import (
     StepsUnfinished,
     Unavailable,
 )
-from pybatch.etl import Job, PartitionRun
+from pybatch.etl import ETL_STATE_SCHEMA, Job, PartitionRun
+from pybatch.values.flow import StartLimit
+from pybatch.values.status import BatchStatus
+from tests.conftest import dsn_for
+from tests.crash.test_etl_crash import ROOT, Worker
+from tests.faults import claim_worker
 from tests.faults.harness import (
     FaultServer,
     Hook,
@@ -263,6 +270,75 @@ def test_a_crash_may_lose_a_partitions_end_and_the_next_claim_and_every_row_load
         ("4.1", "COMPLETED", None),
         ("2.3", "COMPLETED", None),
     ], workers
+
+
+def test_a_worker_whose_claim_a_crash_lost_commits_nothing_of_that_partition(
+    fresh: FaultServer, tmp_path: Path
+) -> None:
+    pause = tmp_path / "pause"
+    pause.touch()
+    fields = {k: v for k, v in fresh.fields.items() if v is not None}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYBATCH_", "CLAIM_"))}
+    # The run's lease is long: its renewals, commits that wait, must not carry the lost claim.
+    with (
+        JobRepository.connect(fresh.config()) as repository,
+        Job(repository, "claim_lost", {}, lease=timedelta(seconds=60)).launch() as run,
+    ):
+        entries = partitioned.plan_entries(claim_worker.PLAN, ETL_STATE_SCHEMA)
+        _, parent = partitioned.start_partitioned_step(
+            repository, run.instance.id, run.execution.id, "load", entries, StartLimit(10)
+        )
+        env |= {
+            "PYBATCH_DSN": dsn_for(**fields),
+            "PYBATCH_TLS": "plaintext",
+            "CLAIM_PARENT_ID": str(parent.id),
+            "CLAIM_PAUSE_KEY": "b",
+            "CLAIM_PAUSE_FILE": str(pause),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        }
+        with _wal_writer_stopped(fresh) as crash:
+            worker = Worker(env, tmp_path / "worker.log", "tests.faults.claim_worker")
+            try:
+                # The worker claimed a, loaded it (each chunk waited), then ended a and claimed
+                # b in one commit that did not wait; the crash loses that commit.
+                assert worker.next_line()[1] == ["paused", "b"], _tail(worker)
+                crash()
+            except BaseException:
+                worker.kill()
+                raise
+        assert _partition_statuses(fresh, parent.id) == {"a": "STARTED", "b": "STARTING"}
+
+        # This process claims b and loads it, then recovers a once the worker's lease on it ran
+        # out, and resumes a after its last chunk; the worker still believes it holds b.
+        runner = etl._runners(run.instance, run.execution, claim_worker.load)(repository)
+        partitioned.work_on_plan(
+            repository, parent, runner, poll_seconds=0.05, lease=claim_worker.LEASE
+        )
+        pause.unlink()
+        said = []
+        while (words := worker.next_line()[1]) is not None:
+            said.append(words)
+        assert worker.wait() == 0, _tail(worker)
+        assert said[0][0] == "refused" and said[-1][0] == "done", said
+        ended, unfinished = partitioned.aggregate_plan(repository, parent)
+        assert ended.status is BatchStatus.COMPLETED and not unfinished
+
+    assert run.execution.status is BatchStatus.COMPLETED
+    everything = claim_worker.source("a") + claim_worker.source("b")
+    assert fresh.table_digest() == (len(everything), digest(everything))
+
+
+def _tail(worker: Worker) -> str:
+    return Path(worker._log.name).read_text()[-3000:]
+
+
+def _partition_statuses(server: FaultServer, parent_id: int) -> dict[str, str]:
+    with server.admin() as conn:
+        rows = conn.execute(
+            "SELECT partition_key, status FROM pybatch.step_partition WHERE step_execution_id = %s",
+            (parent_id,),
+        ).fetchall()
+    return dict(rows)
 
 
 def _attempts(server: FaultServer, job: str) -> int:
