@@ -801,13 +801,12 @@ class JobRun:
             self._log("pybatch: job execution %s stopped on request", self.execution.id)
             return True
         try:
-            try:
-                self._finish(_ended_as(exc), exc)
-            except e.StepsUnfinished as unfinished:
-                # A server crash or failover lost a step's end (docs/contract.md, Durability of
-                # commits): the run ends FAILED, and a restart resumes that step.
-                self._finish(BatchStatus.FAILED, unfinished)
-                raise
+            self._finish(_ended_as(exc), exc)
+        except e.StepsUnfinished as unfinished:  # only a run without error asks to complete
+            # A server crash or failover lost a step's end (docs/contract.md, Durability of
+            # commits): the run ends FAILED, and a restart resumes that step.
+            self._finish(BatchStatus.FAILED, unfinished)
+            raise
         except e.PyBatchError:
             if exc is None:
                 raise
