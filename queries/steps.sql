@@ -137,7 +137,7 @@ WHERE id = :step_execution_id AND version = :expected_version;
 
 -- :name end_unfinished_step_executions :one
 -- :doc End, in the transaction that ends their job execution, every step of it still unfinished,
--- and release every partition of its plans still claimed (migration 0014 end_unfinished_steps,
+-- and release every partition of its plans still claimed (migration 0025 end_unfinished_steps,
 -- which first locks them, waiting for in-flight chunk commits and partition claims): STOPPED
 -- when the execution stopped, else FAILED with the given category. No step stays STARTED under a
 -- finished execution, so nothing of the old owner can commit a chunk afterwards.
