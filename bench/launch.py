@@ -159,6 +159,90 @@ WHERE n.name IS NOT NULL
 """
 
 
+#: `plans` more completed runs of JOB (runs `first` onwards), each a partitioned step of
+#: PLAN_WIDTH partitions, each partition with its worker step: executions with many steps, which
+#: raise the planner's average of steps per execution, and a large step_partition table.
+PARTITIONED_HISTORY_SQL = b"""
+WITH definition AS (
+    SELECT d.id
+    FROM pybatch.job_definition AS d
+    WHERE d.job_name = %(job_name)s AND d.definition_revision = %(revision)s
+),
+instance AS (
+    INSERT INTO pybatch.job_instance (
+        job_name, instance_key, identifying_parameters, created_at, last_attempt
+    )
+    SELECT
+        %(job_name)s,
+        sha256(
+            '\\x01'::bytea
+            || int4send(octet_length(%(job_name)s)) || convert_to(%(job_name)s, 'UTF8')
+            || int4send(octet_length('run')) || convert_to('run', 'UTF8')
+            || '\\x02'::bytea || int8send(g)
+        ),
+        jsonb_build_object(
+            'run', jsonb_build_object('type', 'i64', 'identifying', true, 'value', g)
+        ),
+        %(origin)s + g * interval '1 minute',
+        1
+    FROM generate_series(%(first)s::bigint, %(first)s::bigint + %(plans)s - 1) AS g
+    RETURNING id, identifying_parameters, created_at
+),
+execution AS (
+    INSERT INTO pybatch.job_execution (
+        job_instance_id, definition_id, attempt, status, exit_code, parameters,
+        context_format, context_schema, context_schema_version, context_payload,
+        created_at, started_at, ended_at, updated_at, version
+    )
+    SELECT
+        i.id, definition.id, 1, 'COMPLETED', 'COMPLETED', i.identifying_parameters,
+        1, 'oxide_batch.empty.v1', 1, '{}'::jsonb,
+        i.created_at, i.created_at + interval '1 second',
+        i.created_at + interval '30 seconds', i.created_at + interval '30 seconds', 2
+    FROM instance AS i CROSS JOIN definition
+    RETURNING id, created_at
+),
+step AS (
+    INSERT INTO pybatch.step_execution (
+        job_execution_id, step_name, step_logical_id, status, exit_code,
+        checkpoint_format, checkpoint_schema, checkpoint_schema_version, checkpoint_payload,
+        context_format, context_schema, context_schema_version, context_payload,
+        created_at, started_at, ended_at, updated_at, version
+    )
+    SELECT
+        e.id, n.name, n.name, 'COMPLETED', 'COMPLETED',
+        1, 'oxide_batch.empty.v1', 1, '{}'::jsonb,
+        1, 'oxide_batch.empty.v1', 1, '{}'::jsonb,
+        e.created_at + interval '2 seconds', e.created_at + interval '3 seconds',
+        e.created_at + interval '29 seconds', e.created_at + interval '29 seconds', 2
+    FROM execution AS e
+    CROSS JOIN LATERAL (
+        SELECT 'fanout'
+        UNION ALL
+        SELECT 'fanout#' || w || '.1' FROM generate_series(1, %(width)s::int) AS w
+    ) AS n (name)
+    RETURNING id, job_execution_id, step_name
+)
+INSERT INTO pybatch.step_partition (
+    step_execution_id, worker_step_execution_id, partition_key, partition_ordinal, status,
+    exit_code, context_format, context_schema, context_schema_version, context_payload,
+    context_checksum, version
+)
+SELECT
+    parent.id, worker.id, 'p' || o.ordinal, o.ordinal, 'COMPLETED', 'COMPLETED',
+    1, 'oxide_batch.empty.v1', 1, '{}'::jsonb, sha256('{}'::bytea), 2
+FROM step AS worker
+CROSS JOIN LATERAL (
+    SELECT split_part(split_part(worker.step_name, '#', 2), '.', 1)::int AS ordinal
+) AS o
+INNER JOIN step AS parent
+    ON parent.job_execution_id = worker.job_execution_id AND parent.step_name = 'fanout'
+WHERE worker.step_name <> 'fanout'
+"""
+#: Partitions per loaded partitioned run (`--partitioned-plans`).
+PLAN_WIDTH = 1000
+
+
 # --------------------------------------------------------------------------- the cycle
 
 
@@ -375,6 +459,29 @@ def load_history(dsn: str, history: int, *, many_names: bool = False) -> float:
         steps = history * (2 if many_names else 1)
         if cursor.rowcount != steps:
             raise RuntimeError(f"loaded {cursor.rowcount} steps, expected {steps}")
+        conn.commit()
+    return time.monotonic() - began
+
+
+def load_partitioned_history(dsn: str, first: int, plans: int) -> float:
+    """Insert `plans` completed partitioned runs (PLAN_WIDTH partitions each); returns seconds."""
+    began = time.monotonic()
+    with admin_connect(dsn, autocommit=False) as conn:
+        cursor = conn.execute(
+            PARTITIONED_HISTORY_SQL,
+            {
+                "job_name": JOB.value,
+                "revision": DefinitionIdentity.LEGACY.revision.value,
+                "origin": dt.datetime.now(dt.UTC) - dt.timedelta(days=400),
+                "first": first,
+                "plans": plans,
+                "width": PLAN_WIDTH,
+            },
+        )
+        if cursor.rowcount != plans * PLAN_WIDTH:
+            raise RuntimeError(
+                f"loaded {cursor.rowcount} partitions, expected {plans * PLAN_WIDTH}"
+            )
         conn.commit()
     return time.monotonic() - began
 
@@ -1157,6 +1264,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="each loaded execution also ran a step of a name of its own (a date or tenant in"
         " the name): the measured step's name is then one of many in the statistics",
     )
+    parser.add_argument(
+        "--partitioned-plans",
+        type=int,
+        default=0,
+        help="also load this many completed runs of a partitioned step of 1,000 partitions"
+        " (with their worker steps) into the history: no run's end may read them",
+    )
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="JSON results file")
     parser.add_argument(
         "--pooler",
@@ -1168,6 +1282,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if not 0 <= args.history < LAUNCH_KEY_BASE:
         parser.error("--history must be between 0 and 10**12")
+    if args.partitioned_plans < 0 or (args.partitioned_plans and not args.history):
+        parser.error("--partitioned-plans needs a --history and must not be negative")
     if args.launches < 1 or args.rounds < 1 or args.launches < args.rounds or args.warmup < 0:
         parser.error("need --launches >= --rounds >= 1 and --warmup >= 0")
     return args
@@ -1205,7 +1321,12 @@ def progress(message: str) -> None:
 
 
 def prepare_phase(
-    phase: Phase, history: int, *, isolation: bool = False, many_names: bool = False
+    phase: Phase,
+    history: int,
+    *,
+    isolation: bool = False,
+    many_names: bool = False,
+    partitioned_plans: int = 0,
 ) -> float:
     """Migrate, prime, load (history phase), VACUUM ANALYZE; returns the load seconds.
 
@@ -1228,6 +1349,9 @@ def prepare_phase(
         progress(f"loading {history:,} executions into the {phase.name} database")
         seconds = load_history(phase.dsn, history, many_names=many_names)
         validate_history(phase.dsn, history)
+        if partitioned_plans:
+            progress(f"loading {partitioned_plans:,} partitioned runs of {PLAN_WIDTH:,} partitions")
+            seconds += load_partitioned_history(phase.dsn, history + 1, partitioned_plans)
     vacuum_analyze(phase.dsn)
     return seconds
 
@@ -1249,10 +1373,15 @@ def measure(
         phases = (empty, history)
         prepare_phase(empty, 0, isolation=args.isolation)
         machine["history_load_seconds"] = prepare_phase(
-            history, args.history, isolation=args.isolation, many_names=args.many_step_names
+            history,
+            args.history,
+            isolation=args.isolation,
+            many_names=args.many_step_names,
+            partitioned_plans=args.partitioned_plans,
         )
         machine["isolation"] = args.isolation
         machine["many_step_names"] = args.many_step_names
+        machine["partitioned_plans"] = args.partitioned_plans
         inspect = enable_walinspect(history.dsn)
         machine["checkpoint_before_measuring"] = checkpoint(server_dsn)
         wal = repositories.enter_context(admin_connect(server_dsn))
