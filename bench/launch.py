@@ -89,6 +89,8 @@ HISTORY_TABLES = ("job_instance", "job_execution", "step_execution")
 #: `JobRepository.begin` runs this first in every unit of work.
 #: Transaction control psycopg sends as Query messages.
 CONTROL = ("BEGIN", "SAVEPOINT", "RELEASE", "COMMIT", "ROLLBACK")
+#: Where libpq sent a Sync, in a traced cycle's sequence: the end of an implicit transaction.
+SYNC = "Sync"
 #: The BEGIN and COMMIT a one-statement unit of work sends as statements of its own.
 TRANSACTION_STATEMENTS = {"begin_read_committed": "BEGIN", "commit_transaction": "COMMIT"}
 #: The units of work of one cycle, in order.
@@ -355,15 +357,23 @@ class WireCycle:
 
     def counts(self) -> Counter[str]:
         """Messages by kind: BEGIN, SAVEPOINT, RELEASE, COMMIT, or a pybatch statement."""
-        return Counter(self.sequence)
+        return Counter(m for m in self.sequence if m != SYNC)
 
     def units_of_work(self) -> list[tuple[str, ...]]:
-        """The sequence cut after each COMMIT, and after a statement sent alone (autocommit)."""
+        """The sequence cut after each COMMIT, and after each Sync outside BEGIN ... COMMIT.
+
+        In autocommit, what one Sync closes is one implicit transaction: a statement sent
+        alone, or several pipelined together (a step's start after skip_commit_flush_wait).
+        """
         units: list[tuple[str, ...]] = []
         current: list[str] = []
         for message in self.sequence:
-            current.append(message)
-            if message == "COMMIT" or current[0] != "BEGIN":
+            if message != SYNC:
+                current.append(message)
+            if current and (
+                (message == "COMMIT" and current[0] == "BEGIN")
+                or (message == SYNC and current[0] != "BEGIN")
+            ):
                 units.append(tuple(current))
                 current = []
         return units + ([tuple(current)] if current else [])
@@ -398,6 +408,7 @@ def parse_trace(text: str, names: Sequence[str]) -> WireCycle:
             sequence.append(TRANSACTION_STATEMENTS.get(name, name))
         elif kind == "Sync":
             round_trips += 1
+            sequence.append(SYNC)
     if next(pending, None) is not None:
         raise RuntimeError("Statement.run recorded statements libpq never sent")
     return WireCycle(tuple(sequence), round_trips, executes)
@@ -953,7 +964,7 @@ def report(
                 counts["SAVEPOINT"],
                 counts["RELEASE"],
                 counts["COMMIT"],
-                len(phase.wire[0].sequence),
+                sum(counts.values()),
                 phase.wire[0].round_trips,
                 "yes" if len({w.sequence for w in phase.wire}) == 1 else "NO",
             ]
