@@ -19,7 +19,7 @@ import psycopg
 import pugsql
 import pugsql.statement
 from psycopg import sql
-from psycopg.rows import dict_row
+from psycopg.rows import RowMaker, no_result
 from sqlalchemy.dialects.postgresql import psycopg as sqlalchemy_psycopg
 
 from pybatch._codecs._primitives import Row as Row
@@ -90,6 +90,8 @@ class Statement:
         # parses `%s` text again on every call of a statement over 4 KiB (its cache's bound).
         self._numbered = _numbered_form(self._positional)
         self._prepare: bool | None = None  # psycopg's choice: prepared after five uses
+        #: The names of the result's columns, decoded from its first result (`_dict_rows`).
+        self._names: tuple[str, ...] = ()
         #: The same statement prepared server-side on first use per connection (per chunk).
         self.prepared: Statement = copy.copy(self)
         self.prepared._prepare = True
@@ -157,13 +159,30 @@ class Statement:
         self, conn: Connection, mode: Mode, params: Mapping[str, object]
     ) -> psycopg.Cursor[dict[str, Any]]:
         values = self._values(mode, params)
-        cursor = psycopg.RawCursor(conn, row_factory=dict_row)
+        cursor = psycopg.RawCursor(conn, row_factory=self._dict_rows)
         try:
             cursor.execute(self._numbered, values, prepare=self._prepare)
         except BaseException:
             cursor.close()
             raise
         return cursor
+
+    def _dict_rows(self, cursor: psycopg.Cursor[Any]) -> RowMaker[dict[str, Any]]:
+        """Rows as dicts like psycopg's `dict_row`, their names decoded once, not per result.
+
+        A statement's text is fixed and lists its columns (tests/contract/test_select_lists.py),
+        so every result of it has the same names: decoding them again for each result cost a wide
+        row (a partition's claim returns the partition and its worker step) more than building
+        the row itself. The count is checked each time.
+        """
+        result = cursor.pgresult
+        if result is None or not result.nfields:
+            return no_result
+        names = self._names
+        if len(names) != result.nfields:
+            names = tuple(column.name for column in cursor.description or ())
+            self._names = names
+        return lambda values: dict(zip(names, values, strict=False))
 
     def _values(self, mode: Mode, params: Mapping[str, object]) -> list[object]:
         """The positional values to bind, after refusing a wrong mode or parameter set."""
