@@ -97,6 +97,7 @@ def measure(server_dsn: str, rows: int) -> list[tuple[Migration, float, dict[str
                     "job_name": JOB.value,
                     "revision": revision,
                     "step_name": STEP.value,
+                    "many_names": False,  # one step per execution
                     "origin": dt.datetime.now(dt.UTC) - dt.timedelta(days=400),
                     "history": rows,
                 },

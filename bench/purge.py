@@ -35,7 +35,7 @@ import time
 from typing import Any
 
 from bench._server import admin_connect, postgres_server, scratch_database
-from bench.launch import HISTORY_SQL, STEP, config_for, run_cycle
+from bench.launch import HISTORY_SQL, JOB, STEP, config_for, run_cycle
 from pybatch import JobRepository, migrate
 from pybatch._services.retention import RetentionService
 from pybatch.etl import Job
@@ -64,6 +64,7 @@ def load_history(dsn: str, history: int) -> float:
                 "job_name": PURGE_JOB.value,
                 "revision": DefinitionIdentity.LEGACY.revision.value,
                 "step_name": STEP.value,
+                "many_names": False,  # one step per execution
                 # Every loaded execution is older than the purge's 90 days.
                 "origin": dt.datetime.now(dt.UTC)
                 - dt.timedelta(minutes=history)
@@ -84,6 +85,10 @@ def launcher(dsn: str, first_run: int, go: Any, stop: Any, results: Any) -> None
     """Child process: launch-and-complete cycles from `go` until `stop`; report latencies."""
     latencies: list[float] = []
     with JobRepository.connect(config_for(dsn)) as repository:
+        # A job name's first launch finds its definition unregistered (the ETL API registers
+        # it then): register JOB's, as bench.launch does before its cycles.
+        legacy = DefinitionIdentity.LEGACY
+        repository.run_in_unit_of_work(lambda uow: uow.definitions.register(JOB, legacy))
         run = first_run
         for _ in range(20):  # warm-up: connection, prepared statements
             run_cycle(repository, run)
