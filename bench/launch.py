@@ -97,11 +97,12 @@ TRANSACTION_STATEMENTS = {"begin_read_committed": "BEGIN", "commit_transaction":
 UNITS = ("launch", "step start", "step end", "run end")
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "launch.json"
 
-# One statement builds the whole history: N instances, each with one COMPLETED attempt
-# and one COMPLETED step, in the shape pybatch itself writes. instance_key is the real
-# JobInstanceKey digest (docs/tables.md 3.7) of {"run": g}: version byte 1, then big-endian
-# length-prefixed job name and parameter name, tag 2 (I64) and the 8-byte value.
-HISTORY_SQL = b"""
+# One statement builds the whole history: N instances (runs `first` onwards), each with one
+# COMPLETED attempt and one COMPLETED step, in the shape pybatch itself writes. instance_key is
+# the real JobInstanceKey digest (docs/tables.md 3.7) of {"run": g}: version byte 1, then
+# big-endian length-prefixed job name and parameter name, tag 2 (I64) and the 8-byte value.
+#: The history's runs `first` to `first` + `history` - 1: their instances and one attempt each.
+_RUNS_SQL = b"""
 WITH definition AS (
     SELECT d.id
     FROM pybatch.job_definition AS d
@@ -124,7 +125,7 @@ instance AS (
         ),
         %(origin)s + g * interval '1 minute',
         1
-    FROM generate_series(1::bigint, %(history)s::bigint) AS g
+    FROM generate_series(%(first)s::bigint, %(first)s::bigint + %(history)s - 1) AS g
     RETURNING id, identifying_parameters, created_at
 ),
 execution AS (
@@ -141,7 +142,10 @@ execution AS (
     FROM instance AS i CROSS JOIN definition
     RETURNING id, created_at
 )
-INSERT INTO pybatch.step_execution (
+"""
+HISTORY_SQL = (
+    _RUNS_SQL
+    + b"""INSERT INTO pybatch.step_execution (
     job_execution_id, step_name, step_logical_id, status, exit_code,
     checkpoint_format, checkpoint_schema, checkpoint_schema_version, checkpoint_payload,
     context_format, context_schema, context_schema_version, context_payload,
@@ -159,51 +163,15 @@ CROSS JOIN LATERAL (
 ) AS n (name)
 WHERE n.name IS NOT NULL
 """
+)
 
 
 #: `plans` more completed runs of JOB (runs `first` onwards), each a partitioned step of
 #: PLAN_WIDTH partitions, each partition with its worker step: executions with many steps, which
 #: raise the planner's average of steps per execution, and a large step_partition table.
-PARTITIONED_HISTORY_SQL = b"""
-WITH definition AS (
-    SELECT d.id
-    FROM pybatch.job_definition AS d
-    WHERE d.job_name = %(job_name)s AND d.definition_revision = %(revision)s
-),
-instance AS (
-    INSERT INTO pybatch.job_instance (
-        job_name, instance_key, identifying_parameters, created_at, last_attempt
-    )
-    SELECT
-        %(job_name)s,
-        sha256(
-            '\\x01'::bytea
-            || int4send(octet_length(%(job_name)s)) || convert_to(%(job_name)s, 'UTF8')
-            || int4send(octet_length('run')) || convert_to('run', 'UTF8')
-            || '\\x02'::bytea || int8send(g)
-        ),
-        jsonb_build_object(
-            'run', jsonb_build_object('type', 'i64', 'identifying', true, 'value', g)
-        ),
-        %(origin)s + g * interval '1 minute',
-        1
-    FROM generate_series(%(first)s::bigint, %(first)s::bigint + %(plans)s - 1) AS g
-    RETURNING id, identifying_parameters, created_at
-),
-execution AS (
-    INSERT INTO pybatch.job_execution (
-        job_instance_id, definition_id, attempt, status, exit_code, parameters,
-        context_format, context_schema, context_schema_version, context_payload,
-        created_at, started_at, ended_at, updated_at, version
-    )
-    SELECT
-        i.id, definition.id, 1, 'COMPLETED', 'COMPLETED', i.identifying_parameters,
-        1, 'oxide_batch.empty.v1', 1, '{}'::jsonb,
-        i.created_at, i.created_at + interval '1 second',
-        i.created_at + interval '30 seconds', i.created_at + interval '30 seconds', 2
-    FROM instance AS i CROSS JOIN definition
-    RETURNING id, created_at
-),
+PARTITIONED_HISTORY_SQL = (
+    _RUNS_SQL
+    + b""",
 step AS (
     INSERT INTO pybatch.step_execution (
         job_execution_id, step_name, step_logical_id, status, exit_code,
@@ -241,6 +209,7 @@ INNER JOIN step AS parent
     ON parent.job_execution_id = worker.job_execution_id AND parent.step_name = 'fanout'
 WHERE worker.step_name <> 'fanout'
 """
+)
 #: Partitions per loaded partitioned run (`--partitioned-plans`).
 PLAN_WIDTH = 1000
 
@@ -463,6 +432,7 @@ def load_history(dsn: str, history: int, *, many_names: bool = False) -> float:
                 "revision": DefinitionIdentity.LEGACY.revision.value,
                 "step_name": STEP.value,
                 "origin": dt.datetime.now(dt.UTC) - dt.timedelta(days=400),
+                "first": 1,
                 "history": history,
                 "many_names": many_names,
             },
@@ -485,7 +455,7 @@ def load_partitioned_history(dsn: str, first: int, plans: int) -> float:
                 "revision": DefinitionIdentity.LEGACY.revision.value,
                 "origin": dt.datetime.now(dt.UTC) - dt.timedelta(days=400),
                 "first": first,
-                "plans": plans,
+                "history": plans,
                 "width": PLAN_WIDTH,
             },
         )

@@ -99,6 +99,7 @@ def measure(server_dsn: str, rows: int) -> list[tuple[Migration, float, dict[str
                     "step_name": STEP.value,
                     "many_names": False,  # one step per execution
                     "origin": dt.datetime.now(dt.UTC) - dt.timedelta(days=400),
+                    "first": 1,
                     "history": rows,
                 },
             )

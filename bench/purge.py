@@ -69,6 +69,7 @@ def load_history(dsn: str, history: int) -> float:
                 "origin": dt.datetime.now(dt.UTC)
                 - dt.timedelta(minutes=history)
                 - dt.timedelta(days=100),
+                "first": 1,
                 "history": history,
             },
         )
