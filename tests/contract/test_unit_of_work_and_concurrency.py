@@ -424,6 +424,23 @@ def test_units_of_work_run_read_committed_with_the_configured_timeouts_despite_d
         }
 
 
+def test_timeouts_the_server_shows_in_seconds_minutes_or_hours_pass_the_new_connection_check(
+    connect: Callable[..., JobRepository],
+) -> None:
+    """A new connection reads its settings back in milliseconds, whatever unit shows them."""
+    repository = connect(
+        statement_timeout=timedelta(hours=2),
+        lock_timeout=timedelta(minutes=3),
+        idle_transaction_timeout=timedelta(seconds=45),
+    )
+    with repository.begin() as uow:
+        uow.instances.select_or_create(new_key())
+        settings = transaction_settings(uow)
+        uow.commit()
+    assert (settings["statement_timeout"], settings["lock_timeout"]) == ("2h", "3min")
+    assert settings["idle_in_transaction_session_timeout"] == "45s"
+
+
 # --------------------------------------------------------------------------- L14
 
 
