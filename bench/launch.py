@@ -332,7 +332,7 @@ class WireCycle:
         """The sequence cut after each COMMIT, and after each Sync outside BEGIN ... COMMIT.
 
         In autocommit, what one Sync closes is one implicit transaction: a statement sent
-        alone, or several pipelined together (a step's start after skip_commit_flush_wait).
+        alone, or several pipelined together (a step's start after short_transaction_settings).
         """
         units: list[tuple[str, ...]] = []
         current: list[str] = []

@@ -119,8 +119,9 @@ class Lease:
         (transaction mode), the statements and COMMIT. An error skips the rest: a refused
         statement or COMMIT commits nothing (`errors.refused`); a connection lost once it was
         sent may have committed (`errors.unknown`). The connection goes back to the pool.
-        Without `wait_for_flush`, skip_commit_flush_wait goes first: COMMIT returns before its
-        WAL is flushed (docs/contract.md, Durability of commits, lists which commits may).
+        Without `wait_for_flush`, short_transaction_settings goes first: COMMIT returns before
+        its WAL is flushed (docs/contract.md, Durability of commits, lists which commits may),
+        and the statements run their generic plans from their first execution.
         """
         conn = self._conn
         if conn is None or conn.pgconn.transaction_status != TransactionStatus.IDLE:
@@ -136,7 +137,7 @@ class Lease:
                     if self._source.per_transaction:
                         self._source.apply_settings(conn, transaction_only=True, send=True)
                 if not wait_for_flush:
-                    q.skip_commit_flush_wait.send(conn)
+                    q.short_transaction_settings.send(conn)
                 cursors = [statement.send(conn, **params) for statement, params in statements]
                 if pooled:
                     q.commit_transaction.send(conn)

@@ -43,13 +43,19 @@ FROM (
     ('default_transaction_isolation')
 ) AS s (name);
 
--- :name skip_commit_flush_wait :one
--- :doc Let this transaction's COMMIT return before its WAL is flushed (synchronous_commit off
--- for this transaction alone). Sent first in the pipeline of a step's start, and of nothing
--- else: a start that a server crash loses is a step that never began - nothing of it was
--- written yet, its execution stays with its owner, and the first commit that records work of
--- the step (a chunk, its end) waits for the flush, which carries the start with it.
-SELECT pg_catalog.SET_CONFIG('synchronous_commit', 'off', TRUE) AS synchronous_commit;
+-- :name short_transaction_settings :one
+-- :doc The settings of a hot path's short transaction, for that transaction alone: its COMMIT
+-- returns before its WAL is flushed (synchronous_commit off), and its prepared statements run
+-- their generic plan from their first execution (plan_cache_mode force_generic_plan). Sent
+-- first in the pipeline of a step's start, of a step's end, and of a partition worker's end of
+-- a partition with its claim of the next, and of nothing else. Why those commits may skip the
+-- flush: docs/contract.md, Durability of commits. Generic plans: on its own connection a
+-- worker would otherwise plan its claim and its end afresh for their first five executions,
+-- about 6 ms of server CPU per worker process; afterwards PostgreSQL runs these statements'
+-- generic plans anyway, so forcing them changes no plan, only when it is made.
+SELECT
+    pg_catalog.SET_CONFIG('synchronous_commit', 'off', TRUE) AS synchronous_commit,
+    pg_catalog.SET_CONFIG('plan_cache_mode', 'force_generic_plan', TRUE) AS plan_cache_mode;
 
 -- :name commit_transaction :affected
 -- :doc Commit the transaction begin_read_committed opened, in the same pipeline; an error

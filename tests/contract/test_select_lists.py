@@ -150,8 +150,8 @@ READERS: dict[str, tuple[str, ...]] = {
     ),
     # read by hand: _transaction.py _dropped_setting
     "read_session_settings": ("name", "setting"),
-    # the setting in force after set_config, never read: _transaction.py commit_alone
-    "skip_commit_flush_wait": ("synchronous_commit",),
+    # the settings in force after set_config, never read: _transaction.py commit_alone
+    "short_transaction_settings": ("synchronous_commit", "plan_cache_mode"),
     "demo_orders_digest": ("row_count", "sha256"),
     # operations: repository/ownership.py, recovery.py, audit_chain.py, holds.py, retention.py
     "lock_execution_ownership": (
