@@ -19,8 +19,8 @@ SELECT
 -- :doc The settings pybatch relies on as the server runs them, the timeouts in milliseconds
 -- as pg_settings counts them, read once per new connection: a pooler that dropped the
 -- startup options is refused (SettingsNotApplied) instead of running without timeouts.
--- current_setting reads one setting where pg_settings builds every one of them (about 1 ms
--- on a new connection, against 0.3); it writes a timeout in its largest whole unit ('30s',
+-- current_setting reads one setting where pg_settings builds every one of them (1.0 ms
+-- on a new connection, against 0.5); it writes a timeout in its largest whole unit ('30s',
 -- '1min'), which the cast to INTERVAL reads back.
 SELECT
     s.name,
