@@ -97,11 +97,10 @@ TRANSACTION_STATEMENTS = {"begin_read_committed": "BEGIN", "commit_transaction":
 UNITS = ("launch", "step start", "step end", "run end")
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "launch.json"
 
-# One statement builds the whole history: N instances (runs `first` onwards), each with one
-# COMPLETED attempt and one COMPLETED step, in the shape pybatch itself writes. instance_key is
-# the real JobInstanceKey digest (docs/tables.md 3.7) of {"run": g}: version byte 1, then
-# big-endian length-prefixed job name and parameter name, tag 2 (I64) and the 8-byte value.
-#: The history's runs `first` to `first` + `history` - 1: their instances and one attempt each.
+#: The history's runs `first` to `first` + `history` - 1: their instances and one COMPLETED
+#: attempt each, in the shape pybatch itself writes. instance_key is the real JobInstanceKey
+#: digest (docs/tables.md 3.7) of {"run": g}: version byte 1, then big-endian length-prefixed
+#: job name and parameter name, tag 2 (I64) and the 8-byte value.
 _RUNS_SQL = b"""
 WITH definition AS (
     SELECT d.id
@@ -143,6 +142,8 @@ execution AS (
     RETURNING id, created_at
 )
 """
+#: One statement builds the whole history: the runs, each with one COMPLETED step (and one of
+#: a name of its own with `many_names`). Its parameters: `history_parameters`.
 HISTORY_SQL = (
     _RUNS_SQL
     + b"""INSERT INTO pybatch.step_execution (
@@ -416,6 +417,21 @@ def config_for(dsn: str) -> ConnectionConfig:
     return ConnectionConfig(dsn=dsn, tls_mode=TlsMode.PLAINTEXT, pool_size=1)
 
 
+def history_parameters(
+    job_name: str, history: int, origin: dt.datetime, *, many_names: bool = False
+) -> dict[str, object]:
+    """HISTORY_SQL's parameters: `history` runs of `job_name` from run 1, the first at `origin`."""
+    return {
+        "job_name": job_name,
+        "revision": DefinitionIdentity.LEGACY.revision.value,
+        "step_name": STEP.value,
+        "origin": origin,
+        "first": 1,
+        "history": history,
+        "many_names": many_names,
+    }
+
+
 def load_history(dsn: str, history: int, *, many_names: bool = False) -> float:
     """Insert `history` completed executions of JOB in one statement; returns seconds.
 
@@ -425,17 +441,9 @@ def load_history(dsn: str, history: int, *, many_names: bool = False) -> float:
     """
     began = time.monotonic()
     with admin_connect(dsn, autocommit=False) as conn:
+        origin = dt.datetime.now(dt.UTC) - dt.timedelta(days=400)
         cursor = conn.execute(
-            HISTORY_SQL,
-            {
-                "job_name": JOB.value,
-                "revision": DefinitionIdentity.LEGACY.revision.value,
-                "step_name": STEP.value,
-                "origin": dt.datetime.now(dt.UTC) - dt.timedelta(days=400),
-                "first": 1,
-                "history": history,
-                "many_names": many_names,
-            },
+            HISTORY_SQL, history_parameters(JOB.value, history, origin, many_names=many_names)
         )
         steps = history * (2 if many_names else 1)
         if cursor.rowcount != steps:

@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 
 from bench._server import admin_connect, postgres_server, scratch_database
-from bench.launch import HISTORY_SQL, JOB, STEP
+from bench.launch import HISTORY_SQL, JOB, history_parameters
 from pybatch._migrator import Migration, shipped_migrations
 from pybatch.values.definitions import DefinitionIdentity
 
@@ -91,18 +91,8 @@ def measure(server_dsn: str, rows: int) -> list[tuple[Migration, float, dict[str
         loading = time.monotonic()
         with conn.transaction():
             conn.execute(DEFINITION_SQL, {"job_name": JOB.value, "revision": revision})
-            conn.execute(
-                HISTORY_SQL,
-                {
-                    "job_name": JOB.value,
-                    "revision": revision,
-                    "step_name": STEP.value,
-                    "many_names": False,  # one step per execution
-                    "origin": dt.datetime.now(dt.UTC) - dt.timedelta(days=400),
-                    "first": 1,
-                    "history": rows,
-                },
-            )
+            origin = dt.datetime.now(dt.UTC) - dt.timedelta(days=400)
+            conn.execute(HISTORY_SQL, history_parameters(JOB.value, rows, origin))
         conn.autocommit = True
         conn.execute("VACUUM ANALYZE")
         conn.execute("CHECKPOINT")

@@ -35,7 +35,7 @@ import time
 from typing import Any
 
 from bench._server import admin_connect, postgres_server, scratch_database
-from bench.launch import HISTORY_SQL, JOB, STEP, config_for, run_cycle
+from bench.launch import HISTORY_SQL, JOB, config_for, history_parameters, run_cycle
 from pybatch import JobRepository, migrate
 from pybatch._services.retention import RetentionService
 from pybatch.etl import Job
@@ -58,21 +58,9 @@ def load_history(dsn: str, history: int) -> float:
             pass  # registers the job's definition, which the loader references
     began = time.monotonic()
     with admin_connect(dsn, autocommit=False) as conn:
-        cursor = conn.execute(
-            HISTORY_SQL,
-            {
-                "job_name": PURGE_JOB.value,
-                "revision": DefinitionIdentity.LEGACY.revision.value,
-                "step_name": STEP.value,
-                "many_names": False,  # one step per execution
-                # Every loaded execution is older than the purge's 90 days.
-                "origin": dt.datetime.now(dt.UTC)
-                - dt.timedelta(minutes=history)
-                - dt.timedelta(days=100),
-                "first": 1,
-                "history": history,
-            },
-        )
+        # Every loaded execution is older than the purge's 90 days.
+        origin = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=history, days=100)
+        cursor = conn.execute(HISTORY_SQL, history_parameters(PURGE_JOB.value, history, origin))
         if cursor.rowcount != history:
             raise RuntimeError(f"loaded {cursor.rowcount} steps, expected {history}")
         conn.commit()
