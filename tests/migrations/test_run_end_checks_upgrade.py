@@ -77,11 +77,11 @@ def test_a_dead_run_of_the_older_package_is_recovered_and_resumed_after_the_upgr
     assert runs.resumed_from == [{"offset": 1}]
     with psycopg.connect(blank_database) as conn:
         dead = conn.execute(
-            "SELECT e.status FROM pybatch.job_execution AS e WHERE e.id = %s",
+            "SELECT e.status, e.failure_category FROM pybatch.job_execution AS e WHERE e.id = %s",
             (runs.dead.execution.id,),
         ).fetchone()
-    # The relaunch recovered the dead attempt (ABANDONED or FAILED, never left STARTED).
-    assert dead is not None and dead[0] != "STARTED"
+    # The relaunch recovered the dead attempt through the upgraded run end.
+    assert dead == ("FAILED", "STALE_RECOVERED")
 
 
 def test_a_run_end_checks_its_steps_on_plans_for_any_execution_after_the_upgrade(
