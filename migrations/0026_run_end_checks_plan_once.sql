@@ -12,11 +12,11 @@
 -- history's average (hundreds of worker steps per partitioned run) and loses to a plan for the
 -- new execution's id (past the statistics: one step), so both were planned again at every end:
 -- 0.15 ms of a one-step job's 1.3 ms of server CPU on a development database whose 48,000 runs
--- include partitioned ones (200,000 partitions). Their generic plans are the index scans the
--- custom plans chose (the execution by its primary key, its steps by
--- step_execution_execution_identity), so both functions now always run them. On a database of
--- one-step runs the generic plans already won and nothing changes, as for the trigger
--- function's step branch, which already ran its generic plan.
+-- include partitioned ones (200,000 partitions). Their generic plans read the execution's row
+-- and its steps through indexes on the execution's id, as the custom plans do, so both
+-- functions now always run them. On a database of one-step runs the generic plans already won
+-- and nothing changes, as for the trigger function's step branch, which already ran its
+-- generic plan.
 --
 -- Locks: ALTER FUNCTION rewrites one pg_proc row each; no table is locked and running jobs
 -- are not blocked. A session picks the settings up at its next call: the catalog change
