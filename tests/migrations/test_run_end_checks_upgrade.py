@@ -11,9 +11,6 @@ end of a session.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import psycopg
 import pytest
 
@@ -22,8 +19,7 @@ from pybatch import _migrator as migrator
 from pybatch.etl import Job
 from pybatch.values.status import BatchStatus
 from tests.conftest import plaintext_config
-from tests.migrations.live_plan import migration_named, recover_across_upgrade
-from tests.migrations.older_package import older_package
+from tests.migrations.live_plan import migration_named, older_package, recover_across_upgrade
 from tests.migrations.test_lease_upgrade import install_up_to
 from tests.support.plans import log_nested_plans
 
@@ -35,18 +31,10 @@ _END = (
 )
 
 
-@contextmanager
-def _repository(dsn: str, version: int) -> Iterator[JobRepository]:
-    """A repository of the package whose schema ends at `version`."""
-    with pytest.MonkeyPatch.context() as patch, older_package(patch, version):
-        with JobRepository.connect(plaintext_config(dsn)) as repository:
-            yield repository
-
-
-def first_end_plans(dsn: str, version: int, job_name: str) -> tuple[int, list[str]]:
+def first_end_plans(dsn: str, repository: JobRepository, job_name: str) -> tuple[int, list[str]]:
     """A one-step run ended by a new session that logs its plans: the run's id, the plans that
     read its steps (the unfinished-step read, then the finished-execution check at COMMIT)."""
-    with _repository(dsn, version) as repository:
+    with repository:
         run = Job(repository, job_name, {}).launch()
         run.step("load", lambda step: None)
         run._stop_renewing()  # ended below, by hand
@@ -85,12 +73,13 @@ def test_a_dead_run_of_the_older_package_is_recovered_and_resumed_after_the_upgr
 
 
 def test_a_run_end_checks_its_steps_on_plans_for_any_execution_after_the_upgrade(
-    blank_database: str,
+    blank_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    install_up_to(blank_database, CHECKS_PLAN_ONCE - 1)
-    before_id, before = first_end_plans(blank_database, CHECKS_PLAN_ONCE - 1, "before")
-    migrator.migrate(plaintext_config(blank_database))
-    after_id, after = first_end_plans(blank_database, migrator.supported_schema_version(), "after")
+    config = plaintext_config(blank_database)
+    old = older_package(config, CHECKS_PLAN_ONCE - 1, monkeypatch)
+    before_id, before = first_end_plans(blank_database, old, "before")
+    migrator.migrate(config)
+    after_id, after = first_end_plans(blank_database, JobRepository.connect(config), "after")
     # The unfinished-step read and the finished-execution check (end_unfinished_steps's
     # statements, generic since migration 0022, are logged too and read no literal id).
     before_literal = [plan for plan in before if f"'{before_id}'::bigint" in plan]
